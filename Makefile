@@ -1,0 +1,92 @@
+# dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite;
+# `make test SAN=1` does the same with ASan/UBSan; `make demo` trains models/mlp.dp.
+# `make deps` installs the Debian packages a fresh machine lacks.
+
+SAN ?= 0
+BUILD := build
+ifeq ($(SAN),1)
+BUILD := build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+
+CC      := gcc
+MPICC   := mpicc
+BISON   := bison
+FLEX    := flex
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(SANFLAGS)
+LDFLAGS += $(SANFLAGS)
+
+IR_SRC     := $(wildcard ir/*.c)
+PASS_SRC   := $(wildcard passes/*.c)
+FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
+RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c))
+
+GEN_PARSER := $(BUILD)/gen/parser.c
+GEN_LEXER  := $(BUILD)/gen/lexer.c
+
+COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
+                $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
+RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o
+
+DPC    := $(BUILD)/dpc
+DPEXEC := $(BUILD)/dpexec
+
+.PHONY: all test demo deps clean
+all: $(DPC) $(DPEXEC)
+
+$(BUILD)/gen/parser.c $(BUILD)/gen/parser.h: compiler/parser.y
+	@mkdir -p $(dir $@)
+	$(BISON) -Wall -Werror --defines=$(BUILD)/gen/parser.h -o $(BUILD)/gen/parser.c $<
+
+$(BUILD)/gen/lexer.c $(BUILD)/gen/lexer.h: compiler/lexer.l $(BUILD)/gen/parser.h
+	@mkdir -p $(dir $@)
+	$(FLEX) --header-file=$(BUILD)/gen/lexer.h -o $(BUILD)/gen/lexer.c $<
+
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
+	$(CC) $(CFLAGS) -Wno-sign-compare -Wno-unused-function -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
+
+$(BUILD)/compiler/%.o: compiler/%.c $(BUILD)/gen/parser.h $(BUILD)/gen/lexer.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
+
+$(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iir -c $< -o $@
+
+$(BUILD)/passes/%.o: passes/%.c ir/ir.h ir/stepfile.h $(wildcard passes/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iir -Ipasses -c $< -o $@
+
+$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -Iruntime -Iir -c $< -o $@
+
+$(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
+	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
+
+$(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
+	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
+
+test: all
+	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh
+
+demo: deps all
+	BUILD=$(BUILD) bash tests/demo.sh
+
+# Debian packages dp needs; installs only what is missing (needs root or sudo).
+DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev zlib1g-dev libcjson-dev \
+            dataset-fashion-mnist python3-torch python3-numpy
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+clean:
+	rm -rf build build-san

@@ -1,0 +1,301 @@
+/*
+ * ir.c - the graph's pool, values, nodes and small queries.
+ *
+ * Everything is allocated from the graph's pool (a list of large chunks) and
+ * released at once by ir_free. Arrays of pointers (values, nodes) grow by
+ * doubling inside the pool; the old array is simply abandoned.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+struct Pool {
+	struct Pool *next;
+	size_t used, cap;
+	max_align_t data[];
+};
+
+const char *const ir_axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
+const char *const ir_kind_names[] = {
+	"act", "data", "param", "grad", "optstate", "flat", "metric", "buffer",
+};
+
+static Pool *pool_chunk(size_t cap)
+{
+	Pool *p = malloc(sizeof(Pool) + cap);
+	if (!p)
+		die("out of memory (%zu bytes)", cap);
+	p->next = NULL;
+	p->used = 0;
+	p->cap = cap;
+	return p;
+}
+
+void *ir_alloc(Graph *g, size_t n)
+{
+	size_t align = sizeof(max_align_t);
+	n = (n + align - 1) / align * align;
+	Pool *p = g->pool;
+	if (p->used + n > p->cap) {
+		Pool *q = pool_chunk(n > (1u << 20) ? n : (1u << 20));
+		q->next = p;
+		g->pool = p = q;
+	}
+	void *r = (char *)p->data + p->used;
+	p->used += n;
+	memset(r, 0, n);
+	return r;
+}
+
+char *ir_strdup(Graph *g, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *r = ir_alloc(g, n);
+	memcpy(r, s, n);
+	return r;
+}
+
+char *ir_fmt(Graph *g, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	char *r = ir_alloc(g, (size_t)n + 1);
+	va_start(ap, fmt);
+	vsnprintf(r, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+Graph *ir_new(const char *file)
+{
+	Pool *p = pool_chunk(1u << 20);
+	Graph tmp = {.pool = p};
+	Graph *g = ir_alloc(&tmp, sizeof(Graph));
+	g->pool = tmp.pool;
+	g->file = file ? ir_strdup(g, file) : "";
+	g->loss = g->logits = g->labels = -1;
+	g->metrics = (DpMetrics){-1, -1, -1, -1};
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		g->cfg.mesh[a] = 1;
+	g->cfg.micro_batch = 1;
+	g->cfg.grad_accum = 1;
+	g->cfg.log_every = 1;
+	snprintf(g->strategy, sizeof g->strategy, "ddp");
+	g->bucket_mb = 25;
+	return g;
+}
+
+void ir_free(Graph *g)
+{
+	if (!g)
+		return;
+	Pool *p = g->pool;
+	while (p) {
+		Pool *n = p->next;
+		free(p);
+		p = n;
+	}
+}
+
+/* Grow a pool-allocated pointer array to hold at least need elements. */
+static void *grow(Graph *g, void *arr, int *cap, int need, size_t elem)
+{
+	if (need <= *cap)
+		return arr;
+	int nc = *cap ? *cap * 2 : 16;
+	while (nc < need)
+		nc *= 2;
+	void *na = ir_alloc(g, (size_t)nc * elem);
+	if (arr)
+		memcpy(na, arr, (size_t)*cap * elem);
+	*cap = nc;
+	return na;
+}
+
+Value *ir_find_value(Graph *g, const char *name)
+{
+	for (int i = 0; i < g->nvalues; i++)
+		if (strcmp(g->values[i]->name, name) == 0)
+			return g->values[i];
+	return NULL;
+}
+
+const char *ir_fresh_name(Graph *g, const char *stem)
+{
+	if (!ir_find_value(g, stem))
+		return ir_strdup(g, stem);
+	for (int i = 1;; i++) {
+		char buf[256];
+		snprintf(buf, sizeof buf, "%s%d", stem, i);
+		if (!ir_find_value(g, buf))
+			return ir_strdup(g, buf);
+	}
+}
+
+Value *ir_value(Graph *g, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+		DpTensorKind kind, Loc loc)
+{
+	assert(ndim >= 0 && ndim <= DP_MAX_DIMS);
+	Value *v = ir_alloc(g, sizeof(Value));
+	v->id = g->nvalues;
+	v->name = ir_strdup(g, name);
+	v->dtype = dt;
+	v->ndim = ndim;
+	for (int i = 0; i < ndim; i++)
+		v->dims[i] = dims[i];
+	v->kind = kind;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		v->place[a] = (Place){DP_PL_REPLICATE, -1};
+	v->view_of = v->grad = v->param = v->block = v->source = v->def = -1;
+	v->offset = -1;
+	v->loc = loc;
+	g->values = grow(g, g->values, &g->capvalues, g->nvalues + 1, sizeof(Value *));
+	g->values[g->nvalues++] = v;
+	return v;
+}
+
+Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc loc)
+{
+	assert(nin >= 0 && nin <= DP_MAX_IN);
+	Node *n = ir_alloc(g, sizeof(Node));
+	n->id = g->next_node_id++;
+	n->op = op;
+	n->nin = nin;
+	for (int i = 0; i < DP_MAX_IN; i++)
+		n->in[i] = i < nin ? in[i] : -1;
+	n->out = out;
+	n->phase = ph;
+	n->progs = IR_IN_STEP;
+	n->stream = DP_STREAM_COMPUTE;
+	n->bucket = -1;
+	n->block = -1;
+	n->loc = loc;
+	g->nodes = grow(g, g->nodes, &g->capnodes, g->nnodes + 1, sizeof(Node *));
+	g->nodes[g->nnodes++] = n;
+	return n;
+}
+
+int ir_node_index(Graph *g, const Node *n)
+{
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i] == n)
+			return i;
+	return -1;
+}
+
+void ir_move_node(Graph *g, Node *n, int pos)
+{
+	int i = ir_node_index(g, n);
+	assert(i >= 0 && pos >= 0 && pos < g->nnodes);
+	if (i < pos)
+		memmove(&g->nodes[i], &g->nodes[i + 1], (size_t)(pos - i) * sizeof(Node *));
+	else if (i > pos)
+		memmove(&g->nodes[pos + 1], &g->nodes[pos], (size_t)(i - pos) * sizeof(Node *));
+	g->nodes[pos] = n;
+}
+
+void ir_remove_node(Graph *g, Node *n)
+{
+	int i = ir_node_index(g, n);
+	assert(i >= 0);
+	memmove(&g->nodes[i], &g->nodes[i + 1], (size_t)(g->nnodes - i - 1) * sizeof(Node *));
+	g->nnodes--;
+}
+
+int64_t ir_numel(const Value *v)
+{
+	int64_t n = 1;
+	for (int i = 0; i < v->ndim; i++)
+		n *= v->dims[i];
+	return n;
+}
+
+size_t ir_dtype_size(DpDtype dt)
+{
+	switch (dt) {
+	case DP_F32:
+	case DP_I32:
+		return 4;
+	case DP_BF16:
+		return 2;
+	default:
+		die("bad dtype %d", (int)dt);
+	}
+}
+
+const char *ir_dtype_name(DpDtype dt)
+{
+	static const char *const names[DP_NDTYPE] = {"f32", "i32", "bf16"};
+	return (unsigned)dt < DP_NDTYPE ? names[dt] : "?";
+}
+
+const Value *ir_root(const Graph *g, const Value *v)
+{
+	while (v->view_of >= 0)
+		v = g->values[v->view_of];
+	return v;
+}
+
+/* Element offset of v inside its root buffer. */
+static int64_t root_offset(const Graph *g, const Value *v)
+{
+	int64_t off = 0;
+	while (v->view_of >= 0) {
+		off += v->view_offset;
+		v = g->values[v->view_of];
+	}
+	return off;
+}
+
+int ir_overlaps(const Graph *g, const Value *a, const Value *b)
+{
+	if (ir_root(g, a) != ir_root(g, b))
+		return 0;
+	int64_t a0 = root_offset(g, a), b0 = root_offset(g, b);
+	return a0 < b0 + ir_numel(b) && b0 < a0 + ir_numel(a);
+}
+
+int ir_add_block(Graph *g, const char *name, Loc loc)
+{
+	g->blocks = grow(g, g->blocks, &g->capblocks, g->nblocks + 1, sizeof(Block));
+	g->blocks[g->nblocks] = (Block){ir_strdup(g, name), loc};
+	return g->nblocks++;
+}
+
+int ir_add_source(Graph *g, const Source *s)
+{
+	g->sources = grow(g, g->sources, &g->capsources, g->nsources + 1, sizeof(Source));
+	g->sources[g->nsources] = *s;
+	g->sources[g->nsources].path = ir_strdup(g, s->path ? s->path : "");
+	return g->nsources++;
+}
+
+int ir_add_bucket(Graph *g, const Bucket *b)
+{
+	g->buckets = grow(g, g->buckets, &g->capbuckets, g->nbuckets + 1, sizeof(Bucket));
+	Bucket *nb = &g->buckets[g->nbuckets];
+	*nb = *b;
+	nb->id = g->nbuckets;
+	nb->members = ir_alloc(g, (size_t)(b->nmembers ? b->nmembers : 1) * sizeof(int));
+	if (b->nmembers)
+		memcpy(nb->members, b->members, (size_t)b->nmembers * sizeof(int));
+	return g->nbuckets++;
+}
+
+int ir_world(const Graph *g)
+{
+	int w = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		w *= (int)g->cfg.mesh[a];
+	return w;
+}
+
+int64_t ir_global_batch(const Graph *g)
+{
+	return (int64_t)g->cfg.micro_batch * g->cfg.grad_accum * g->cfg.mesh[DP_AXIS_REPLICATE] *
+	       g->cfg.mesh[DP_AXIS_SHARD];
+}

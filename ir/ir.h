@@ -1,0 +1,260 @@
+/*
+ * ir.h - the graph IR shared by the front end, the passes and the step-file writer.
+ *
+ * One header, divided into sections per source file (chibicc style).
+ *
+ * Model. A Graph holds Values (tensors) and Nodes (ops) in program order. Each
+ * node reads its `in` values and writes its `out` value. Values produced by a
+ * node are SSA temporaries; persistent state (parameters, gradients, optimizer
+ * state, flat buffers, data batches, metrics) is declared, not produced, and
+ * may be written by several nodes (accumulating matmuls, in-place collectives,
+ * the optimizer). A value may be a view into a flat buffer (view_of /
+ * view_offset): gradients are views of the flat gradient buffer and a bucket
+ * is a view covering several of them, so a bucket's collective is zero-copy.
+ * Dependencies between nodes are therefore computed from what memory they read
+ * and write (ir_overlaps), not from SSA edges alone.
+ *
+ * Ops are the kernel opcodes of stepfile.h: one row per op in the registry
+ * (ir/ops.c) gives its name, arity, shape rule, gradient rule and cost.
+ *
+ * Memory. Everything the compiler allocates comes from the graph's pool and is
+ * freed at once by ir_free (QBE/chibicc style).
+ */
+#ifndef DP_IR_H
+#define DP_IR_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "stepfile.h"
+
+/* ---- source locations and diagnostics (compiler/diag.c) ---- */
+
+typedef struct {
+	const char *file; /* NULL when the node was made by a pass with no user origin */
+	int line, col;    /* 1-based */
+} Loc;
+
+typedef struct Diag Diag;
+
+/* Collects user errors: file:line:col: error: message, source line, caret. */
+struct Diag {
+	FILE *out;         /* where messages go (stderr) */
+	const char *file;  /* file name shown */
+	const char *src;   /* whole source text, for the quoted line; may be NULL */
+	int nerrors;
+	int max_errors;    /* stop reporting after this many (0: unlimited) */
+};
+
+void diag_init(Diag *d, FILE *out, const char *file, const char *src);
+void error_at(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap);
+/* Internal bug: message and abort. Never for user errors. */
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- pool, values, nodes, graph (ir/ir.c) ---- */
+
+typedef struct Pool Pool;
+
+typedef DpKernel IrOp; /* ops are the kernel opcodes; see DP_KERNELS in stepfile.h */
+
+/* Phase of a node, for printing and scheduling. */
+typedef enum {
+	PH_DATA,  /* loads the batch */
+	PH_FWD,   /* forward */
+	PH_BWD,   /* backward */
+	PH_COMM,  /* collectives and their events */
+	PH_OPT,   /* clipping and optimizer update */
+	PH_EVAL,  /* evaluation-only (loss sum, correct count) */
+} Phase;
+
+/* Which programs a node belongs to (bit mask). */
+#define IR_IN_STEP 1u /* DP_PROG_STEP */
+#define IR_IN_EVAL 2u /* DP_PROG_EVAL */
+
+typedef struct {
+	uint8_t kind; /* DpPlace */
+	int8_t dim;   /* sharded dim when kind == DP_PL_SHARD, else -1 */
+} Place;
+
+typedef struct Value {
+	int id;                    /* index in Graph.values */
+	const char *name;          /* unique; printed as %name */
+	DpDtype dtype;
+	int ndim;
+	int64_t dims[DP_MAX_DIMS]; /* per-rank shape */
+	DpTensorKind kind;
+	Place place[DP_MAX_AXES];  /* per mesh axis */
+	DpInit init;               /* parameters only */
+	float init_a, init_b;
+	int view_of;               /* value id of the flat buffer this views, or -1 */
+	int64_t view_offset;       /* element offset inside view_of */
+	int grad;                  /* parameter: its gradient value; else -1 */
+	int param;                 /* gradient: its parameter value; else -1 */
+	int block;                 /* index into Graph.blocks, or -1 */
+	int source;                /* data tensors: index into Graph.sources (train), or -1 */
+	int def;                   /* node that produces it (SSA temporaries), or -1 */
+	int64_t offset;            /* arena byte offset; -1 until memory planning */
+	int64_t nbytes;            /* bytes reserved in the arena (>= numel * size) */
+	Loc loc;
+} Value;
+
+typedef struct Node {
+	int id;                   /* unique, stable across passes */
+	IrOp op;
+	int nin;
+	int in[DP_MAX_IN];        /* value ids read */
+	int out;                  /* value id written, or -1 */
+	int64_t ia[DP_NIATTR];    /* integer attributes, meaning per op (stepfile.h) */
+	float fa[DP_NFATTR];      /* float attributes, meaning per op (stepfile.h) */
+	Phase phase;
+	unsigned progs;           /* IR_IN_STEP | IR_IN_EVAL */
+	unsigned flags;           /* DP_IF_LAST */
+	int stream;               /* DpStream */
+	int bucket;               /* bucket index for collectives, or -1 */
+	int block;                /* block it computes for, or -1 */
+	Loc loc;
+} Node;
+
+typedef struct {
+	const char *name;         /* as written in the DSL: fc1 */
+	Loc loc;
+} Block;
+
+/* A data source of the DSL (the step file's DpSource plus its path text). */
+typedef struct {
+	DpSource rec;             /* rec.path and rec.tensor are filled by the writer */
+	const char *path;         /* file path, "" for synthetic */
+	int value;                /* the data value it fills */
+	Loc loc;
+} Source;
+
+/* A fused collective: one call over a contiguous view of a flat buffer. */
+typedef struct {
+	int id;
+	IrOp op;                  /* DPK_ALL_REDUCE, DPK_REDUCE_SCATTER, DPK_ALL_GATHER */
+	unsigned axes;            /* DP_AXIS_BIT mask */
+	int view;                 /* the bucket's view value */
+	int64_t elems;            /* elements in the bucket */
+	int nmembers;
+	int *members;             /* value ids of the gradients (or params) it covers */
+} Bucket;
+
+typedef struct Graph {
+	Pool *pool;
+	const char *file;          /* the .dp file it came from */
+	Value **values;
+	int nvalues, capvalues;
+	Node **nodes;              /* program order */
+	int nnodes, capnodes;
+	int next_node_id;
+	Block *blocks;
+	int nblocks, capblocks;
+	Source *sources;
+	int nsources, capsources;
+	Bucket *buckets;
+	int nbuckets, capbuckets;
+	DpConfig cfg;              /* mesh, batch, steps, seed, arena size */
+	DpOptim opt;
+	DpSched sched;
+	char strategy[16];         /* "ddp" (more strategies in later passes) */
+	float bucket_mb;           /* bucket size limit in MiB */
+	int loss;                  /* value id of the training loss (scalar), -1 */
+	int logits;                /* value id of the logits fed to cross_entropy, -1 */
+	int labels;                /* value id of the labels fed to cross_entropy, -1 */
+	DpMetrics metrics;         /* value ids (not tensor ids until written) */
+	int nevents;
+	/* filled by passes */
+	int64_t peak_bytes;        /* arena size after memory planning */
+	int64_t persistent_bytes;  /* of which params, grads, optimizer state, data, metrics */
+} Graph;
+
+Graph *ir_new(const char *file);
+void ir_free(Graph *g);
+void *ir_alloc(Graph *g, size_t n);            /* zeroed, from the pool */
+char *ir_strdup(Graph *g, const char *s);
+char *ir_fmt(Graph *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* New value, replicated on every axis, not a view, unplanned. name is copied. */
+Value *ir_value(Graph *g, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+		DpTensorKind kind, Loc loc);
+/* A name not used yet, from a stem: "t" -> "t3". */
+const char *ir_fresh_name(Graph *g, const char *stem);
+Value *ir_find_value(Graph *g, const char *name);
+
+/* New node appended at the end of the program; out may be -1. */
+Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc loc);
+/* Insert an existing node (made by ir_node, which appended it) at position pos. */
+void ir_move_node(Graph *g, Node *n, int pos);
+int ir_node_index(Graph *g, const Node *n);
+void ir_remove_node(Graph *g, Node *n);
+
+int64_t ir_numel(const Value *v);
+size_t ir_dtype_size(DpDtype dt);
+const char *ir_dtype_name(DpDtype dt);
+/* The value whose memory v lives in (follows view_of to the root). */
+const Value *ir_root(const Graph *g, const Value *v);
+/* Do the memory ranges of a and b overlap (same root, intersecting element ranges)? */
+int ir_overlaps(const Graph *g, const Value *a, const Value *b);
+
+int ir_add_block(Graph *g, const char *name, Loc loc);
+int ir_add_source(Graph *g, const Source *s);
+int ir_add_bucket(Graph *g, const Bucket *b);
+
+/* World size = product of the mesh axes. */
+int ir_world(const Graph *g);
+/* Global batch = micro_batch * grad_accum * dp_replicate * dp_shard. */
+int64_t ir_global_batch(const Graph *g);
+
+extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
+extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
+
+/* ---- the op registry (ir/ops.c) ---- */
+
+typedef struct GradCtx GradCtx; /* passes/autodiff.c */
+
+typedef struct {
+	const char *name;   /* text form */
+	int arity;          /* number of tensor inputs; -1 variable */
+	int reads_out;      /* 0: out is only written; 1: out is read too (accum, in
+	                       place: accum, clip, sgd, adamw, all_reduce, fill no);
+	                       2: read only when ia[2] != 0 (accumulating matmul) */
+	/* Shape rule: fill out's dtype/ndim/dims from the inputs of n, or report a
+	 * user error through d (at n->loc) and return -1. NULL: the op has no SSA
+	 * output (writes existing state). */
+	int (*shape)(Graph *g, Node *n, Value *out, Diag *d);
+	/* Gradient rule: given the node and the gradient of its output, emit the
+	 * gradient contributions to its inputs (see passes/autodiff.c). NULL: not
+	 * differentiable (autodiff reports an error if a gradient must flow through). */
+	void (*grad)(GradCtx *c, Node *n, int dout);
+	/* Cost: floating-point operations and bytes moved (read + written). */
+	void (*cost)(const Graph *g, const Node *n, double *flops, double *bytes);
+} OpInfo;
+
+extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
+
+/* ---- printer and reader (ir/print.c, ir/read.c) ---- */
+
+/* The text form: declarations of persistent values, then one line per node in
+ * program order, with types, attributes and cost comments. ir_read parses the
+ * same text back into a graph (round trip: print(read(print(g))) == print(g)). */
+void ir_print(FILE *out, const Graph *g);
+Graph *ir_read(const char *text, const char *name, Diag *d);
+
+/* ---- verifier (ir/verify.c) ---- */
+
+/* Checks the invariants every pass must keep; prints each violation to out and
+ * returns the number found (0 = valid). after names the pass, for messages. */
+int ir_verify(const Graph *g, const char *after, FILE *out);
+
+/* ---- step-file writer (ir/stepfile_write.c) ---- */
+
+/* Writes g to path atomically (temp file + rename): a failure leaves nothing
+ * behind. Returns 0, or -1 with a message in err. */
+int ir_write_step(const Graph *g, const char *path, char *err, size_t errlen);
+/* Builds the in-memory DpStep (tensor ids = value ids); caller frees with dpstep_free. */
+int ir_build_step(const Graph *g, DpStep *out, char *err, size_t errlen);
+
+#endif

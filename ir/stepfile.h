@@ -1,0 +1,298 @@
+/*
+ * stepfile.h - the step-file format: the one contract between dpc and dpexec.
+ *
+ * dpc (ir/stepfile_write.c) writes a step file; dpexec (runtime/stepfile_read.c)
+ * reads it. Nothing else couples compiler and runtime: the runtime never parses
+ * the DSL and never sees the IR. One file serves every rank; a rank derives its
+ * mesh coordinates from its rank number (rank = (r*S + s)*T + t, tp fastest).
+ *
+ * Encoding. Everything is little-endian and packed field by field in the order
+ * the structs below declare them (the writer and reader serialise each field
+ * explicitly; struct padding never reaches the file):
+ *
+ *   offset  size  field
+ *   0       8     magic "DPSTEP\r\n"
+ *   8       4     u32 format version (DP_STEP_VERSION)
+ *   12      4     u32 crc32 (zlib) of every byte from offset 24 to the end
+ *   16      8     u64 total file size in bytes
+ *   24      ...   DpConfig, DpOptim, DpSched, DpMetrics, u32 nevents
+ *                 strings:  u32 nbytes, then that many bytes (NUL-terminated names)
+ *                 tensors:  u32 count, then DpTensor records
+ *                 sources:  u32 count, then DpSource records
+ *                 programs: DP_NPROG times { u32 count, then DpInstr records }
+ *
+ * A reader checks magic, then version (a newer version is refused by name,
+ * before the checksum), then size and checksum, then every index and range
+ * (tensor ids, string offsets, arena extents, opcodes); a bad file is an error
+ * message, never a crash.
+ */
+#ifndef DP_STEPFILE_H
+#define DP_STEPFILE_H
+
+#include <stdint.h>
+
+#define DP_STEP_MAGIC "DPSTEP\r\n"
+#define DP_STEP_VERSION 1u
+#define DP_STEP_HEADER_BYTES 24
+
+#define DP_MAX_DIMS 4  /* tensor rank limit */
+#define DP_MAX_AXES 4  /* mesh axes, in DpAxis order */
+#define DP_MAX_IN 4    /* tensor operands of one instruction */
+#define DP_NIATTR 6    /* integer attributes of one instruction */
+#define DP_NFATTR 2    /* float attributes of one instruction */
+
+/* Mesh axes, outermost first; rank = ((r*S + s)*C + c)*T + t. */
+typedef enum {
+	DP_AXIS_REPLICATE, /* dp_replicate: replicas that all_reduce gradients */
+	DP_AXIS_SHARD,     /* dp_shard: ranks that shard parameters/optimizer state */
+	DP_AXIS_CP,        /* cp: context parallel (reserved, always 1) */
+	DP_AXIS_TP,        /* tp: tensor parallel */
+} DpAxis;
+
+/* Element types. */
+typedef enum {
+	DP_F32,  /* IEEE float32 */
+	DP_I32,  /* int32 (labels, token ids) */
+	DP_BF16, /* bfloat16 (reserved for the CUDA backend) */
+	DP_NDTYPE
+} DpDtype;
+
+/* What a tensor is for; decides how the runtime initialises and reports it. */
+typedef enum {
+	DP_T_ACT,      /* activation or temporary of the step; arena bytes reused */
+	DP_T_DATA,     /* input batch filled by a LOAD instruction */
+	DP_T_PARAM,    /* trained parameter: a view into the flat parameter buffer */
+	DP_T_GRAD,     /* gradient of a parameter: a view into the flat gradient buffer */
+	DP_T_OPTSTATE, /* optimizer state (momentum, adam m/v); zero at start */
+	DP_T_FLAT,     /* a flat buffer (params, grads, state); buckets are views into it */
+	DP_T_METRIC,   /* scalar the runtime reads after a step (loss, grad norm, ...) */
+	DP_T_BUFFER,   /* non-trained, non-synchronised state (reserved) */
+} DpTensorKind;
+
+/* Placement of a tensor on one mesh axis. */
+typedef enum {
+	DP_PL_REPLICATE, /* every rank of the axis holds the whole tensor */
+	DP_PL_SHARD,     /* split along one dim over the axis (place_dim) */
+	DP_PL_PARTIAL,   /* each rank holds a partial sum; a reduction makes it whole */
+} DpPlace;
+
+/* Parameter initialisers; counter-based on (seed, tensor name, element index). */
+typedef enum {
+	DP_INIT_NONE,    /* not a parameter, or zero-filled */
+	DP_INIT_ZEROS,   /* 0 */
+	DP_INIT_ONES,    /* 1 */
+	DP_INIT_NORMAL,  /* normal(mean=a, std=b) */
+	DP_INIT_UNIFORM, /* uniform(low=a, high=b) */
+} DpInit;
+
+/* Where a data tensor's samples come from. */
+typedef enum {
+	DP_SRC_IDX,       /* IDX file (MNIST format), gzip or plain; u8 images scaled to [0,1] */
+	DP_SRC_NPY,       /* .npy array, float32/int32/int64, C order, first dim = samples */
+	DP_SRC_SYNTHETIC, /* deterministic synthetic classification data (see runtime/data.c) */
+} DpSourceKind;
+
+typedef enum {
+	DP_SPLIT_TRAIN, /* sampled with DistributedSampler semantics, reshuffled per epoch */
+	DP_SPLIT_EVAL,  /* read in order, every sample once, padded with label -1 */
+} DpSplit;
+
+typedef enum {
+	DP_OPT_SGD,   /* SGD with momentum (PyTorch semantics, dampening 0) */
+	DP_OPT_ADAMW, /* AdamW (decoupled weight decay, bias-corrected) */
+} DpOptKind;
+
+typedef enum {
+	DP_SCHED_CONSTANT, /* lr */
+	DP_SCHED_COSINE,   /* linear warmup over `warmup` steps, cosine to min_lr at `steps` */
+} DpSchedKind;
+
+/* Programs: instruction lists the executor walks. */
+typedef enum {
+	DP_PROG_STEP, /* one micro-batch of forward+backward; DP_IF_LAST parts only on the
+	                 last micro-batch of an optimizer step (comm, clip, update) */
+	DP_PROG_EVAL, /* one evaluation batch: forward, loss sum, correct count */
+	DP_NPROG
+} DpProgram;
+
+/* Instruction flags. */
+#define DP_IF_LAST 1u /* run only on the last micro-batch of the optimizer step */
+
+/*
+ * Kernel opcodes. X(name, "text"). Operands: in[] and out are tensor ids
+ * (-1 when unused); shapes come from the tensor table. ia[]/fa[] as commented.
+ * ORDER KERNEL: runtime kernel tables follow this order.
+ */
+#define DP_KERNELS(X)                                                                     \
+	X(NOP, "nop")                     /* nothing */                                       \
+	X(FILL, "fill")                   /* out[:] = fa0 */                                  \
+	X(COPY, "copy")                   /* out = in0 */                                     \
+	X(ACCUM, "accum")                 /* out += in0 */                                    \
+	X(SCALE, "scale")                 /* out = fa0 * in0 */                               \
+	X(MATMUL, "matmul")               /* out = op(in0) @ op(in1) (+ out if ia2);         \
+	                                     ia0 = transpose in0, ia1 = transpose in1;         \
+	                                     2-D operands, leading dims folded into rows */    \
+	X(LINEAR, "linear")               /* out = in0 @ in1 + in2; in0 [rows,k], in1 [k,n],  \
+	                                     in2 [n] bias (-1: none) */                        \
+	X(BIAS_ADD, "bias_add")           /* out[r,c] = in0[r,c] + in1[c] */                  \
+	X(BIAS_GRAD, "bias_grad")         /* out[c] = sum_r in0[r,c] (+ out if ia2) */        \
+	X(ADD, "add")                     /* out = in0 + in1 */                               \
+	X(MUL, "mul")                     /* out = in0 * in1 */                               \
+	X(RELU, "relu")                   /* out = max(in0, 0) */                             \
+	X(RELU_GRAD, "relu_grad")         /* out = in0 * (in1 > 0); in0 = dy, in1 = x */      \
+	X(GELU, "gelu")                   /* out = gelu(in0), tanh form */                    \
+	X(GELU_GRAD, "gelu_grad")         /* out = in0 * gelu'(in1); in0 = dy, in1 = x */     \
+	X(TANH, "tanh")                   /* out = tanh(in0) */                               \
+	X(TANH_GRAD, "tanh_grad")         /* out = in0 * (1 - in1^2); in0 = dy, in1 = y */    \
+	X(XENT, "cross_entropy")          /* out[0] = fa0 * sum_r -log softmax(in0[r])[in1[r]] \
+	                                     over rows with label >= 0 */                      \
+	X(XENT_GRAD, "cross_entropy_grad") /* out = fa0 * (softmax(in0) - onehot(in1)),       \
+	                                     rows with label < 0 are 0 */                      \
+	X(CORRECT, "correct")             /* out[0] = #rows argmax(in0[r]) == in1[r];         \
+	                                     out[1] = #rows with label >= 0 */                 \
+	X(LOAD, "load")                   /* fill data tensor out from source ia0 for the    \
+	                                     current micro-batch (train) or batch (eval) */    \
+	X(SQNORM, "sqnorm")               /* out[0] = sum in0^2 (+ out[0] if ia2) */          \
+	X(SQRT, "sqrt")                   /* out[0] = sqrt(in0[0]) */                          \
+	X(CLIP, "clip")                   /* out *= min(1, fa0 / (in0[0] + 1e-6)); in0 = norm */\
+	X(SGD, "sgd")                     /* in0 = grads; out = params; in1 = momentum buf;   \
+	                                     fa0 = momentum, fa1 = weight_decay; lr from step */\
+	X(ADAMW, "adamw")                 /* in0 = grads; out = params; in1 = m; in2 = v;     \
+	                                     hyperparameters from DpOptim; lr, t from step */  \
+	X(ALL_REDUCE, "all_reduce")       /* sum out in place over ia0 (axis mask), async   \
+	                                     on the comm stream */                            \
+	X(REDUCE_SCATTER, "reduce_scatter") /* in0 (whole) -> out (this rank's shard), sum;  \
+	                                       ia0 = axis mask */                             \
+	X(ALL_GATHER, "all_gather")       /* in0 (shard) -> out (whole); ia0 = axis mask */   \
+	X(EVENT_RECORD, "event_record")   /* ia0 = event: marks the point in this stream */   \
+	X(EVENT_WAIT, "event_wait")       /* ia0 = event: this stream waits for the record */
+
+typedef enum {
+#define X(name, text) DPK_##name,
+	DP_KERNELS(X)
+#undef X
+	DPK_COUNT
+} DpKernel;
+
+/* Streams of the schedule. */
+typedef enum {
+	DP_STREAM_COMPUTE, /* kernels */
+	DP_STREAM_COMM,    /* collectives */
+	DP_NSTREAM
+} DpStream;
+
+/* ---- records (in-memory form; serialised field by field) ---- */
+
+typedef struct {
+	uint32_t mesh[DP_MAX_AXES]; /* size per DpAxis; product = world size */
+	uint32_t micro_batch;       /* samples per rank per micro-batch */
+	uint32_t grad_accum;        /* micro-batches per optimizer step */
+	uint32_t eval_batch;        /* samples per rank per eval batch (= micro_batch) */
+	uint32_t steps;             /* default number of optimizer steps */
+	uint32_t eval_every;        /* evaluate every N steps (0: only at the end) */
+	uint32_t log_every;         /* log every N steps */
+	uint64_t seed;              /* init and data order */
+	uint64_t arena_bytes;       /* size of the one arena per rank */
+} DpConfig;
+
+typedef struct {
+	uint32_t kind;          /* DpOptKind */
+	float lr, beta1, beta2, eps, weight_decay, momentum;
+	float clip;             /* clip_grad_norm max norm; 0 = no clipping */
+} DpOptim;
+
+typedef struct {
+	uint32_t kind;    /* DpSchedKind */
+	uint32_t warmup;  /* warmup steps */
+	uint32_t steps;   /* steps of the cosine decay, warmup included */
+	float min_lr;     /* floor of the cosine */
+} DpSched;
+
+/* Tensor ids the runtime reads; -1 when absent. The runtime zeroes metric
+ * tensors before each optimizer step; it reads the eval metrics after every
+ * eval batch and sums them over batches and ranks itself. */
+typedef struct {
+	int32_t loss;         /* train loss sum over this rank's micro-batches (already /global batch) */
+	int32_t grad_norm;    /* global gradient norm of the step */
+	int32_t eval_loss;    /* eval: loss sum of the batch */
+	int32_t eval_correct; /* eval: [correct, counted] */
+} DpMetrics;
+
+typedef struct {
+	uint32_t name;              /* string offset */
+	uint8_t dtype;              /* DpDtype */
+	uint8_t kind;               /* DpTensorKind */
+	uint8_t ndim;
+	uint8_t init;               /* DpInit */
+	int64_t dims[DP_MAX_DIMS];  /* local (per-rank) shape */
+	uint64_t offset;            /* byte offset into the arena */
+	uint64_t nbytes;            /* bytes in the arena (>= elements * size, for padding) */
+	uint8_t place[DP_MAX_AXES]; /* DpPlace per axis */
+	int8_t place_dim[DP_MAX_AXES]; /* sharded dim per axis, -1 when not sharded */
+	float init_a, init_b;       /* initialiser parameters */
+	int64_t init_base;          /* element index of this shard's first element in the
+	                               full tensor (init is defined on the full tensor) */
+} DpTensor;
+
+typedef struct {
+	uint32_t path;        /* string offset: file path (empty for synthetic) */
+	uint8_t kind;         /* DpSourceKind */
+	uint8_t split;        /* DpSplit */
+	uint8_t role;         /* 0 = features (f32), 1 = labels (i32) */
+	uint8_t pad;
+	int32_t tensor;       /* destination tensor id (DP_T_DATA) */
+	int64_t sample_elems; /* elements per sample */
+	int64_t synth_n;      /* synthetic: number of samples */
+	int32_t synth_classes;/* synthetic: number of classes */
+	uint32_t src_line;    /* line in the .dp file, for error messages */
+} DpSource;
+
+typedef struct {
+	uint16_t op;              /* DpKernel */
+	uint8_t stream;           /* DpStream */
+	uint8_t flags;            /* DP_IF_* */
+	int32_t in[DP_MAX_IN];    /* tensor ids or -1 */
+	int32_t out;              /* tensor id or -1 */
+	int64_t ia[DP_NIATTR];    /* integer attributes (see DP_KERNELS) */
+	float fa[DP_NFATTR];      /* float attributes (see DP_KERNELS) */
+} DpInstr;
+
+/* A whole step file in memory. Pointers own malloc'd arrays. */
+typedef struct {
+	DpConfig cfg;
+	DpOptim opt;
+	DpSched sched;
+	DpMetrics metrics;
+	char *strings;
+	uint32_t nstrings; /* bytes */
+	DpTensor *tensors;
+	uint32_t ntensors;
+	DpSource *sources;
+	uint32_t nsources;
+	DpInstr *prog[DP_NPROG];
+	uint32_t nprog[DP_NPROG];
+	uint32_t nevents; /* events used by EVENT_RECORD/WAIT (ids < nevents) */
+} DpStep;
+
+/* Axis mask bit for one axis: collectives name the axes they reduce over. */
+#define DP_AXIS_BIT(a) (1u << (a))
+
+/* ---- codec (ir/stepfile.c, linked into both dpc and dpexec) ---- */
+
+#include <stddef.h>
+
+extern const char *const dp_kernel_names[DPK_COUNT]; /* ORDER KERNEL */
+
+/* Serialise s (header, checksum and all) into a malloc'd buffer. 0 or -1 (no memory). */
+int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);
+/* Parse and validate buf. 0, or -1 with a one-line reason in err; out is then empty. */
+int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen);
+/* Write atomically: a temp file beside path, fsync, rename. On failure nothing is left. */
+int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen);
+/* Read and decode a file; errors name the file. */
+int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen);
+void dpstep_free(DpStep *s);
+/* Name of a string-table offset, "" when out of range. */
+const char *dpstep_str(const DpStep *s, uint32_t off);
+
+#endif

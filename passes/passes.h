@@ -1,0 +1,46 @@
+/*
+ * passes.h - the pass pipeline: each pass is one file in passes/, listed in
+ * order in passes/pipeline.c. A pass takes the graph, transforms it in place,
+ * and returns 0, or reports user errors through the Diag and returns -1.
+ * After every pass the verifier runs (always in dpc; it is cheap), and the
+ * graph can be dumped (dpc --dump-ir=DIR, --dump-after=PASS).
+ */
+#ifndef DP_PASSES_H
+#define DP_PASSES_H
+
+#include "ir.h"
+
+typedef struct {
+	const char *name; /* as used by --dump-after and printed by --print-pipeline */
+	const char *doc;  /* one line: what holds after it */
+	int (*run)(Graph *g, Diag *d);
+} Pass;
+
+extern const Pass pipeline[];
+extern const int npipeline;
+
+typedef struct {
+	const char *dump_dir;   /* write DIR/NN-pass.ir after each pass, or NULL */
+	const char *dump_after; /* print the IR after this pass to dump_out, or NULL */
+	FILE *dump_out;
+	int verify;             /* run ir_verify after each pass (1 in dpc) */
+} PipelineOpts;
+
+/* Runs every pass in order; stops at the first failing pass. 0 or -1. */
+int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
+/* Index of a pass by name, -1 if unknown. */
+int pipeline_find(const char *name);
+
+/* The passes (one file each). */
+int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of every value */
+int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
+int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */
+int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: placement + collectives */
+int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: flat buffers, fused buckets */
+int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
+int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
+
+/* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
+void stats_print(FILE *out, const Graph *g);
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * rt.h - dpexec's internal interfaces, one section per source file.
+ *
+ * Errors: nothing below main() exits or prints-and-dies. A failing call fills
+ * an RtErr (message with the rank, host and file:line where it was raised)
+ * and returns -1; callers pass it upward with RT_CHECK. main() prints it, and
+ * on a multi-rank run aborts the MPI job so the other ranks are told instead
+ * of hanging in a collective.
+ */
+#ifndef DP_RT_H
+#define DP_RT_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ir/stepfile.h"
+
+/* ---- errors (runtime/err.c) ---- */
+
+typedef struct {
+	char msg[1024]; /* "rank R (host H) file.c:123: what went wrong" */
+	int rank;       /* set once by the bootstrap; -1 before */
+} RtErr;
+
+int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+#define RT_FAIL(e, ...) rt_fail((e), __FILE__, __LINE__, __VA_ARGS__)
+#define RT_CHECK(x)               \
+	do {                      \
+		if ((x) != 0)     \
+			return -1; \
+	} while (0)
+
+/* ---- parameter initialisation (runtime/init.c) ---- */
+
+/*
+ * Counter-based init: element i of the full tensor named `name` gets a value
+ * that depends only on (seed, name, i), so a tensor is identical whatever the
+ * sharding. Fills `count` elements starting at full-tensor element `base`.
+ */
+void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, int64_t base,
+	       int64_t count, float *dst);
+/* 64-bit hash of a name (FNV-1a), used by init and the sampler. */
+uint64_t init_hash_name(const char *name);
+/* splitmix64 of x: the counter-based generator's mixing function. */
+uint64_t init_mix64(uint64_t x);
+
+/* ---- data sources and the sampler (runtime/data.c) ---- */
+
+typedef struct DataSet DataSet; /* the loaded sources of one split */
+
+/* Load every source of `split` (IDX, .npy, synthetic) into memory, checking
+ * dtype, per-sample shape and that all sources have the same sample count.
+ * Errors name the data file and the .dp line that declared it. */
+int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
+void data_free(DataSet *d);
+int64_t data_count(const DataSet *d); /* samples */
+
+/* The sampler (DistributedSampler semantics). Position j in [0, global_batch) of
+ * the global batch of optimizer step `step` maps to a dataset index that
+ * depends only on (seed, epoch, position): epoch = step / (n / global_batch),
+ * a per-epoch permutation (Fisher-Yates driven by init_mix64), drop_last. */
+int64_t data_sample_index(uint64_t seed, int64_t n, int64_t global_batch, uint64_t step,
+			  int64_t j);
+/* Fill the DP_T_DATA tensor of source `src` (index in s->sources) for micro-batch
+ * `micro` of data-parallel rank `dp_rank` (of dp_size) at optimizer step `step`.
+ * The rank takes global-batch positions dp_rank + dp_size * t for
+ * t in [micro*micro_batch, (micro+1)*micro_batch). */
+void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, int micro,
+		     int dp_rank, int dp_size, void *dst);
+/* Eval batches read the split in order; batch b of rank r covers samples
+ * (b*dp_size + r)*eval_batch ...; past the end, features are 0 and labels -1. */
+int64_t data_eval_batches(const DataSet *d, const DpStep *s, int dp_size);
+void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, int dp_rank,
+		    int dp_size, void *dst);
+
+/* ---- safetensors (runtime/safetensors.c) ---- */
+
+typedef struct {
+	char *name;
+	int ndim;
+	int64_t dims[DP_MAX_DIMS];
+	float *data; /* F32 only */
+} StTensor;
+
+/* Write a safetensors file atomically (temp + fsync + rename); F32 tensors. */
+int st_write(const char *path, const StTensor *t, int n, RtErr *e);
+/* Read every tensor (F32 only); malloc'd, free with st_free. Errors name the file. */
+int st_read(const char *path, StTensor **out, int *n, RtErr *e);
+void st_free(StTensor *t, int n);
+
+#endif
