@@ -235,6 +235,37 @@ typedef struct {
 
 extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
 
+/*
+ * GradCtx API (passes/autodiff.c) for the gradient rules in ir/ops.c. A rule
+ * gets the forward node n and dout, the gradient of n->out (-1 when n->out is
+ * the loss itself: the seed, an implicit 1). For each input x it emits x's
+ * gradient contribution with one call; inputs that need no gradient (not on a
+ * path from a parameter to the loss) are skipped by these helpers (they return
+ * NULL), so rules need not check. Several contributions to one value are
+ * summed; a parameter's contributions go into its persistent gradient.
+ * Emitted nodes are PH_BWD, IR_IN_STEP, with the forward node's block and loc.
+ */
+/* Does value need a gradient? */
+int ad_needs(GradCtx *c, int value);
+Value *ad_value(GradCtx *c, int value);
+/* A kernel that can accumulate into its output (ia[2] = 1: MATMUL, BIAS_GRAD)
+ * writes value's gradient directly: into the parameter's gradient, or the
+ * value's gradient temporary. ia[2] is set; the rule sets the other attributes
+ * on the returned node. */
+Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
+/* A kernel that only overwrites writes a fresh temporary shaped like value,
+ * which is then summed into value's gradient (ACCUM, or it becomes it). */
+Node *ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
+/* g (an existing gradient, e.g. dout) is value's contribution as it is. */
+void ad_pass_grad(GradCtx *c, int value, int g);
+/* Lower level: a new temporary "d.<stem>" with like's dtype and dims; a
+ * backward node writing out; add a fresh temporary as value's contribution. */
+int ad_temp(GradCtx *c, const Value *like, const char *stem);
+Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
+void ad_add_grad(GradCtx *c, int value, int contribution);
+/* Report a user error at the forward node's location; ad_run then fails. */
+void ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- printer and reader (ir/print.c, ir/read.c) ---- */
 
 /* The text form: declarations of persistent values, then one line per node in
@@ -242,6 +273,28 @@ extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
  * same text back into a graph (round trip: print(read(print(g))) == print(g)). */
 void ir_print(FILE *out, const Graph *g);
 Graph *ir_read(const char *text, const char *name, Diag *d);
+/* ir_print with the pass name in the header comment ("; dp IR after PASS
+ * (file)"); after may be NULL. For dumps after each pass. */
+void ir_print_after(FILE *out, const Graph *g, const char *after);
+
+/* Text names of an op's meaningful ia[]/fa[] attributes (ir/print.c), shared
+ * with the reader. Any other non-zero attribute prints as iaN=V / faN=V. */
+typedef enum {
+	IR_ATTR_FLAG,   /* ia[index]: bare name when 1, name=V otherwise, absent when 0 */
+	IR_ATTR_INT,    /* ia[index]: name=V when non-zero */
+	IR_ATTR_ALWAYS, /* ia[index]: name=V always (event ids, source index: 0 is meaningful) */
+	IR_ATTR_AXES,   /* ia[index]: axis mask, name=dp_replicate,dp_shard when non-zero */
+	IR_ATTR_FLOAT,  /* fa[index]: name=V when non-zero */
+} IrAttrStyle;
+
+typedef struct {
+	const char *name; /* NULL ends an op's list */
+	uint8_t style;    /* IrAttrStyle */
+	uint8_t index;    /* into ia[] or fa[] */
+} IrAttrName;
+
+#define IR_MAX_ATTR_NAMES 4 /* per op, the NULL terminator included */
+extern const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES]; /* ORDER KERNEL */
 
 /* ---- verifier (ir/verify.c) ---- */
 

@@ -1,9 +1,10 @@
 /*
  * stepfile.h - the step-file format: the one contract between dpc and dpexec.
  *
- * dpc (ir/stepfile_write.c) writes a step file; dpexec (runtime/stepfile_read.c)
- * reads it. Nothing else couples compiler and runtime: the runtime never parses
- * the DSL and never sees the IR. One file serves every rank; a rank derives its
+ * dpc (ir/stepfile_write.c) writes a step file; dpexec reads it (the codec at
+ * the bottom of this header is ir/stepfile.c, linked into both). Nothing else
+ * couples compiler and runtime: the runtime never parses the DSL and never
+ * sees the IR. One file serves every rank; a rank derives its
  * mesh coordinates from its rank number (rank = (r*S + s)*T + t, tp fastest).
  *
  * Encoding. Everything is little-endian and packed field by field in the order

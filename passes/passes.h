@@ -26,7 +26,10 @@ typedef struct {
 	int verify;             /* run ir_verify after each pass (1 in dpc) */
 } PipelineOpts;
 
-/* Runs every pass in order; stops at the first failing pass. 0 or -1. */
+/* Runs every pass in order; stops at the first failing pass. 0; -1 after user
+ * errors (reported through d) or a dump that could not be written; -2 when the
+ * verifier found violations (an internal error, already printed to stderr).
+ * The front end's graph is verified (and dumped as 00-frontend) first. */
 int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
 /* Index of a pass by name, -1 if unknown. */
 int pipeline_find(const char *name);

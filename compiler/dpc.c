@@ -1,0 +1,287 @@
+/*
+ * dpc.c - the dp compiler driver: FILE.dp -> step file (and IR dumps, stats).
+ *
+ * Front end (fe_compile), then the pass pipeline (passes/pipeline.c) with the
+ * verifier after every pass, then the outputs the options ask for. Exit
+ * status: 0 success; 1 user error (bad option, bad model, unwritable output),
+ * reported as messages; 2 internal error (the verifier rejected a pass's
+ * output). On any error no step file is written: the writer is atomic and
+ * runs last.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "frontend.h"
+#include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
+
+#define DPC_VERSION "0.1.0"
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: dpc FILE.dp [options]\n"
+		"\n"
+		"Compiles a dp model to a step file that `dpexec` runs on every rank.\n"
+		"\n"
+		"  -o FILE             write the step file to FILE. Without -o the step file\n"
+		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
+		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
+		"                      those print instead, and write a step file only with -o\n"
+		"      --world-size N  number of ranks, for `mesh auto`\n"
+		"      --emit=KIND     step: write the step file (default);\n"
+		"                      ir: print the final IR to stdout;\n"
+		"                      stats: print the --stats table to stdout\n"
+		"      --dump-ir=DIR   write the IR after the front end and after every pass to\n"
+		"                      DIR/00-frontend.ir, DIR/01-shape.ir, ... (DIR is created)\n"
+		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
+		"      --print-pipeline   list the passes in order, with what holds after each\n"
+		"      --stats         also print communication, flops and memory per rank\n"
+		"                      to stdout\n"
+		"      --no-verify     do not run the IR verifier after each pass\n"
+		"  -v, --time          print the compile time to stderr\n"
+		"  -h, --help          this help\n"
+		"      --version       version and step-file format version\n"
+		"\n"
+		"Exit status: 0 ok, 1 user error (nothing written), 2 internal error.\n");
+}
+
+static void print_pipeline(FILE *out)
+{
+	int w = 0;
+	for (int i = 0; i < npipeline; i++)
+		if ((int)strlen(pipeline[i].name) > w)
+			w = (int)strlen(pipeline[i].name);
+	for (int i = 0; i < npipeline; i++)
+		fprintf(out, "%2d  %-*s  %s\n", i + 1, w, pipeline[i].name, pipeline[i].doc);
+}
+
+static void pass_names(FILE *out)
+{
+	fprintf(out, "frontend");
+	for (int i = 0; i < npipeline; i++)
+		fprintf(out, ", %s", pipeline[i].name);
+	fprintf(out, "\n");
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir)
+{
+	char *p = strdup(dir);
+	if (!p)
+		return -1;
+	for (char *s = p + 1;; s++) {
+		if (*s == '/' || *s == 0) {
+			char c = *s;
+			*s = 0;
+			if (mkdir(p, 0777) < 0 && errno != EEXIST) {
+				free(p);
+				return -1;
+			}
+			*s = c;
+			if (!c)
+				break;
+		}
+	}
+	free(p);
+	struct stat st;
+	return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* BASENAME.bin in the current directory. */
+static char *default_output(const char *path)
+{
+	char *copy = strdup(path);
+	if (!copy)
+		return NULL;
+	const char *base = basename(copy);
+	size_t n = strlen(base);
+	if (n > 3 && strcmp(base + n - 3, ".dp") == 0)
+		n -= 3;
+	char *out = malloc(n + 5);
+	if (out) {
+		memcpy(out, base, n);
+		memcpy(out + n, ".bin", 5);
+	}
+	free(copy);
+	return out;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+enum {
+	OPT_WORLD = 256,
+	OPT_EMIT,
+	OPT_DUMP_IR,
+	OPT_DUMP_AFTER,
+	OPT_PRINT_PIPELINE,
+	OPT_STATS,
+	OPT_NO_VERIFY,
+	OPT_VERSION,
+};
+
+enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"output", required_argument, NULL, 'o'},
+		{"world-size", required_argument, NULL, OPT_WORLD},
+		{"emit", required_argument, NULL, OPT_EMIT},
+		{"dump-ir", required_argument, NULL, OPT_DUMP_IR},
+		{"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
+		{"print-pipeline", no_argument, NULL, OPT_PRINT_PIPELINE},
+		{"stats", no_argument, NULL, OPT_STATS},
+		{"no-verify", no_argument, NULL, OPT_NO_VERIFY},
+		{"time", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, OPT_VERSION},
+		{NULL, 0, NULL, 0},
+	};
+	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
+	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, "o:vh", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'o':
+			output = optarg;
+			break;
+		case OPT_WORLD: {
+			char *end;
+			errno = 0;
+			long n = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || n < 1 || n > 1 << 20) {
+				fprintf(stderr, "dpc: --world-size wants a positive integer, not '%s'\n",
+					optarg);
+				return 1;
+			}
+			world = (int)n;
+			break;
+		}
+		case OPT_EMIT:
+			if (strcmp(optarg, "step") == 0)
+				emit = EMIT_STEP;
+			else if (strcmp(optarg, "ir") == 0)
+				emit = EMIT_IR;
+			else if (strcmp(optarg, "stats") == 0)
+				emit = EMIT_STATS;
+			else {
+				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats)\n", optarg);
+				return 1;
+			}
+			break;
+		case OPT_DUMP_IR:
+			dump_dir = optarg;
+			break;
+		case OPT_DUMP_AFTER:
+			if (strcmp(optarg, "frontend") != 0 && pipeline_find(optarg) < 0) {
+				fprintf(stderr, "dpc: unknown pass '%s'; passes: ", optarg);
+				pass_names(stderr);
+				return 1;
+			}
+			dump_after = optarg;
+			break;
+		case OPT_PRINT_PIPELINE:
+			print_pipeline(stdout);
+			return 0;
+		case OPT_STATS:
+			stats = 1;
+			break;
+		case OPT_NO_VERIFY:
+			verify = 0;
+			break;
+		case 'v':
+			timing = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case OPT_VERSION:
+			printf("dpc %s (step file format %u)\n", DPC_VERSION, DP_STEP_VERSION);
+			return 0;
+		default:
+			fprintf(stderr, "Try 'dpc --help'.\n");
+			return 1;
+		}
+	}
+	if (optind >= argc) {
+		fprintf(stderr, "dpc: no input file\n");
+		usage(stderr);
+		return 1;
+	}
+	if (optind + 1 < argc) {
+		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
+		return 1;
+	}
+	const char *path = argv[optind];
+	if (dump_dir && make_dirs(dump_dir) < 0) {
+		fprintf(stderr, "dpc: cannot create %s: %s\n", dump_dir, strerror(errno));
+		return 1;
+	}
+
+	/* Printing modes write a step file only when -o asks for one. */
+	int write_step = output || emit == EMIT_STEP || (emit == EMIT_DEFAULT && !dump_after);
+	char *default_out = NULL;
+	if (write_step && !output) {
+		default_out = default_output(path);
+		if (!default_out)
+			die("out of memory");
+		output = default_out;
+	}
+
+	double t0 = now_ms();
+	Diag diag;
+	diag_init(&diag, stderr, path, NULL);
+	char *src = NULL;
+	Graph *g = fe_compile(path, world, &diag, &src);
+	int status = 0;
+	if (!g || diag.nerrors) {
+		status = 1;
+		goto out;
+	}
+	diag.src = src;
+	PipelineOpts po = {
+		.dump_dir = dump_dir,
+		.dump_after = dump_after,
+		.dump_out = stdout,
+		.verify = verify,
+	};
+	int rc = pipeline_run(g, &diag, &po);
+	if (rc < 0) {
+		status = rc == -2 ? 2 : 1;
+		goto out;
+	}
+	if (emit == EMIT_IR)
+		ir_print(stdout, g);
+	if (emit == EMIT_STATS || stats)
+		stats_print(stdout, g);
+	if (write_step) {
+		char err[512];
+		if (ir_write_step(g, output, err, sizeof err) < 0) {
+			fprintf(stderr, "dpc: %s\n", err);
+			status = 1;
+			goto out;
+		}
+	}
+	if (fflush(stdout) != 0) {
+		fprintf(stderr, "dpc: cannot write to stdout: %s\n", strerror(errno));
+		status = 1;
+		goto out;
+	}
+	if (timing)
+		fprintf(stderr, "dpc: compiled %s in %.1f ms\n", path, now_ms() - t0);
+out:
+	ir_free(g);
+	free(src);
+	free(default_out);
+	return status;
+}

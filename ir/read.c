@@ -1,0 +1,1323 @@
+/*
+ * read.c - parses the text form of the IR (ir_read) back into a Graph.
+ *
+ * The form is the one ir/print.c writes and documents; the reader restores
+ * every field the printer shows, so print(read(print(g))) == print(g). It
+ * also takes hand-written IR (pass tests: IR in, one pass, IR out): the
+ * directives are optional (ir_new's defaults), their keys come in any order,
+ * spacing is free, and `#` or `;` starts a comment. A first line
+ * "; dp IR [after PASS] (FILE)" restores g->file.
+ *
+ * Names may be used before their declaration (declarations list values in id
+ * order, and a parameter's view names the flat buffer declared after it), so
+ * value references are recorded as fixups and resolved at the end. Values get
+ * ids in the order they appear (declarations, inline SSA temporaries), nodes
+ * ids in program order. Locations of values and nodes point into the IR
+ * text, so a pass run on read IR reports errors at the IR line.
+ *
+ * Malformed text is a user error through error_at (file:line:col), one per
+ * bad line, and ir_read returns NULL; it never crashes and never aborts.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static const char *const op_names[DPK_COUNT] = { /* ORDER KERNEL */
+#define X(name, text) text,
+	DP_KERNELS(X)
+#undef X
+};
+
+static const char *const phase_names[] = {"data", "fwd", "bwd", "comm", "opt", "eval"};
+static const char *const init_names[] = {"none", "zeros", "ones", "normal", "uniform"};
+static const char *const src_kind_names[] = {"idx", "npy", "synthetic"};
+static const char *const split_names[] = {"train", "eval"};
+static const char *const role_names[] = {"features", "labels"};
+static const char *const dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
+static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval",
+				       "step", "both", "none", "last"};
+
+#define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
+#define MAX_NEVENTS (1 << 24) /* far beyond any schedule; bounds the verifier's tables */
+
+typedef enum {
+	TK_END,    /* end of line (or a comment) */
+	TK_WORD,   /* a-z A-Z 0-9 _ . + - run: keywords, numbers, names */
+	TK_VALUE,  /* %name or %"quoted", text without the % */
+	TK_STRING, /* "..." decoded */
+	TK_PUNCT,  /* , = : ( ) [ ] @ ? -> */
+} TokKind;
+
+typedef struct {
+	TokKind kind;
+	const char *text;
+	int col; /* 1-based byte column */
+} Tok;
+
+/* A value reference to resolve once every name is known. */
+typedef struct {
+	int *slot;
+	const char *name;
+	Loc loc;
+} Fixup;
+
+typedef struct {
+	Graph *g;
+	Diag *d;
+	const char *file; /* Loc.file of everything read */
+	int errors;
+	int line;
+	int nbytes_given; /* the current line had nbytes= */
+	/* the current line's tokens; texts live in tbuf */
+	Tok *toks;
+	int ntoks, captoks, pos;
+	char *tbuf;
+	size_t tbufcap, tbuflen;
+	/* deferred name resolution */
+	Fixup *fix;
+	int nfix, capfix;
+	/* name -> value id + 1, open addressing */
+	int *hash;
+	size_t hcap;
+	/* sources and buckets, added to the graph after resolution (pool objects) */
+	Source **srcs;
+	int nsrcs, capsrcs;
+	Bucket **bks;
+	int nbks, capbks;
+} Reader;
+
+/* ---- errors ---- */
+
+static Loc loc_at(Reader *r, int col)
+{
+	return (Loc){r->file, r->line, col};
+}
+
+__attribute__((format(printf, 3, 4))) static int fail_at(Reader *r, int col, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	error_at(r->d, loc_at(r, col), "%s", msg);
+	r->errors++;
+	return -1;
+}
+
+/* An error at a token, quoting it. */
+static int fail_tok(Reader *r, const Tok *t, const char *what)
+{
+	if (t->kind == TK_END)
+		return fail_at(r, t->col, "%s, found end of line", what);
+	return fail_at(r, t->col, "%s, found '%s%.40s'", what, t->kind == TK_VALUE ? "%" : "",
+		       t->text);
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+	void *q = realloc(p, n ? n : 1);
+	if (!q)
+		die("out of memory reading IR");
+	return q;
+}
+
+/* ---- lexer: one line at a time ---- */
+
+static int plain_char(int c) /* must match print.c */
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '_' || c == '.';
+}
+
+static int word_char(int c)
+{
+	return plain_char(c) || c == '+' || c == '-';
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+static void push_tok(Reader *r, TokKind kind, const char *text, size_t n, int col)
+{
+	if (r->ntoks == r->captoks) {
+		r->captoks = r->captoks ? r->captoks * 2 : 32;
+		r->toks = xrealloc(r->toks, (size_t)r->captoks * sizeof(Tok));
+	}
+	char *dst = r->tbuf + r->tbuflen;
+	memcpy(dst, text, n);
+	dst[n] = '\0';
+	r->tbuflen += n + 1;
+	r->toks[r->ntoks++] = (Tok){kind, dst, col};
+}
+
+/* Decodes the string starting at s (on the opening quote) into the token
+ * buffer; returns the position after the closing quote, or NULL. */
+static const char *lex_string(Reader *r, const char *s, const char *end, TokKind kind, int col)
+{
+	const char *start = s;
+	char *dst = r->tbuf + r->tbuflen;
+	size_t n = 0;
+	for (s++; s < end && *s != '"'; s++) {
+		if (*s != '\\') {
+			dst[n++] = *s;
+			continue;
+		}
+		if (++s >= end)
+			break;
+		switch (*s) {
+		case '\\': dst[n++] = '\\'; break;
+		case '"': dst[n++] = '"'; break;
+		case 'n': dst[n++] = '\n'; break;
+		case 't': dst[n++] = '\t'; break;
+		case 'x': {
+			int h = s + 1 < end ? hexval((unsigned char)s[1]) : -1;
+			int l = s + 2 < end ? hexval((unsigned char)s[2]) : -1;
+			if (h < 0 || l < 0 || (h == 0 && l == 0)) {
+				fail_at(r, col + (int)(s - start), "bad \\x escape in string");
+				return NULL;
+			}
+			dst[n++] = (char)(h * 16 + l);
+			s += 2;
+			break;
+		}
+		default:
+			fail_at(r, col + (int)(s - start), "unknown escape '\\%c' in string",
+				(unsigned char)*s >= 0x20 ? *s : '?');
+			return NULL;
+		}
+	}
+	if (s >= end) {
+		fail_at(r, col, "unterminated string");
+		return NULL;
+	}
+	/* push_tok copies; copy onto itself is fine with memmove semantics, so
+	 * lay the token down directly instead. */
+	dst[n] = '\0';
+	if (r->ntoks == r->captoks) {
+		r->captoks = r->captoks ? r->captoks * 2 : 32;
+		r->toks = xrealloc(r->toks, (size_t)r->captoks * sizeof(Tok));
+	}
+	r->toks[r->ntoks++] = (Tok){kind, dst, col};
+	r->tbuflen += n + 1;
+	return s + 1;
+}
+
+/* Splits [s, end) into tokens; 0, or -1 after reporting. */
+static int lex_line(Reader *r, const char *s, const char *end)
+{
+	const char *line0 = s;
+	size_t need = 2 * (size_t)(end - s) + 2;
+	if (need > r->tbufcap) {
+		r->tbufcap = need;
+		r->tbuf = xrealloc(r->tbuf, need);
+	}
+	r->tbuflen = 0;
+	r->ntoks = 0;
+	r->pos = 0;
+	while (s < end) {
+		int c = (unsigned char)*s;
+		int col = (int)(s - line0) + 1;
+		if (c == ' ' || c == '\t' || c == '\r') {
+			s++;
+		} else if (c == '#' || c == ';') {
+			break;
+		} else if (c == '%') {
+			if (s + 1 < end && s[1] == '"') {
+				s = lex_string(r, s + 1, end, TK_VALUE, col);
+				if (!s)
+					return -1;
+				continue;
+			}
+			const char *p = s + 1;
+			while (p < end && plain_char((unsigned char)*p))
+				p++;
+			if (p == s + 1)
+				return fail_at(r, col, "expected a value name after '%%'");
+			push_tok(r, TK_VALUE, s + 1, (size_t)(p - s - 1), col);
+			s = p;
+		} else if (c == '"') {
+			s = lex_string(r, s, end, TK_STRING, col);
+			if (!s)
+				return -1;
+		} else if (c == '-' && s + 1 < end && s[1] == '>') {
+			push_tok(r, TK_PUNCT, s, 2, col);
+			s += 2;
+		} else if (strchr(",=:()[]@?", c)) {
+			push_tok(r, TK_PUNCT, s, 1, col);
+			s++;
+		} else if (word_char(c)) {
+			const char *p = s;
+			while (p < end && word_char((unsigned char)*p))
+				p++;
+			push_tok(r, TK_WORD, s, (size_t)(p - s), col);
+			s = p;
+		} else {
+			return fail_at(r, col, c >= 0x20 && c < 0x7f ? "unexpected character '%c'"
+								    : "unexpected byte 0x%02x", c);
+		}
+	}
+	int col = (int)(s - line0) + 1;
+	if (r->ntoks == r->captoks) {
+		r->captoks = r->captoks ? r->captoks * 2 : 32;
+		r->toks = xrealloc(r->toks, (size_t)r->captoks * sizeof(Tok));
+	}
+	r->toks[r->ntoks++] = (Tok){TK_END, "", col};
+	return 0;
+}
+
+/* ---- token helpers ---- */
+
+static const Tok *peek(Reader *r)
+{
+	return &r->toks[r->pos];
+}
+
+static const Tok *peek2(Reader *r)
+{
+	return r->pos + 1 < r->ntoks ? &r->toks[r->pos + 1] : &r->toks[r->ntoks - 1];
+}
+
+static const Tok *next(Reader *r)
+{
+	const Tok *t = &r->toks[r->pos];
+	if (t->kind != TK_END)
+		r->pos++;
+	return t;
+}
+
+static int is_punct(const Tok *t, const char *p)
+{
+	return t->kind == TK_PUNCT && strcmp(t->text, p) == 0;
+}
+
+static int is_word(const Tok *t, const char *w)
+{
+	return t->kind == TK_WORD && strcmp(t->text, w) == 0;
+}
+
+static int expect_punct(Reader *r, const char *p)
+{
+	const Tok *t = next(r);
+	if (is_punct(t, p))
+		return 0;
+	char what[32];
+	snprintf(what, sizeof what, "expected '%s'", p);
+	return fail_tok(r, t, what);
+}
+
+static int expect_end(Reader *r)
+{
+	const Tok *t = peek(r);
+	return t->kind == TK_END ? 0 : fail_tok(r, t, "expected end of line");
+}
+
+static int lookup(const char *const *names, size_t n, const char *s)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(names[i], s) == 0)
+			return (int)i;
+	return -1;
+}
+
+/* A word from a fixed list; its index, or -1 after reporting. */
+static int expect_enum(Reader *r, const char *const *names, size_t n, const char *what)
+{
+	const Tok *t = next(r);
+	int i = t->kind == TK_WORD ? lookup(names, n, t->text) : -1;
+	if (i < 0) {
+		char msg[96];
+		snprintf(msg, sizeof msg, "expected %s", what);
+		fail_tok(r, t, msg);
+	}
+	return i;
+}
+
+/* ---- numbers ---- */
+
+static int parse_i64(Reader *r, const Tok *t, int64_t *out)
+{
+	if (t->kind != TK_WORD)
+		return fail_tok(r, t, "expected an integer");
+	const char *s = t->text[0] == '+' ? t->text + 1 : t->text;
+	char *e;
+	errno = 0;
+	long long v = strtoll(s, &e, 10);
+	if (e == s || *e || errno == ERANGE || *s == '+' || *s == ' ')
+		return fail_tok(r, t, "expected an integer");
+	*out = v;
+	return 0;
+}
+
+static int parse_range(Reader *r, const Tok *t, int64_t lo, int64_t hi, int64_t *out)
+{
+	if (parse_i64(r, t, out) < 0)
+		return -1;
+	if (*out < lo || *out > hi)
+		return fail_at(r, t->col, "%s is out of range (%" PRId64 "..%" PRId64 ")", t->text, lo,
+			       hi);
+	return 0;
+}
+
+static int parse_u32(Reader *r, const Tok *t, uint32_t *out)
+{
+	int64_t v;
+	if (parse_range(r, t, 0, UINT32_MAX, &v) < 0)
+		return -1;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_int(Reader *r, const Tok *t, int *out)
+{
+	int64_t v;
+	if (parse_range(r, t, INT32_MIN, INT32_MAX, &v) < 0)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int parse_u64(Reader *r, const Tok *t, uint64_t *out)
+{
+	if (t->kind != TK_WORD || t->text[0] == '-' || t->text[0] == '+')
+		return fail_tok(r, t, "expected an unsigned integer");
+	char *e;
+	errno = 0;
+	unsigned long long v = strtoull(t->text, &e, 10);
+	if (e == t->text || *e || errno == ERANGE)
+		return fail_tok(r, t, "expected an unsigned integer");
+	*out = v;
+	return 0;
+}
+
+static int parse_float(Reader *r, const Tok *t, float *out)
+{
+	if (t->kind != TK_WORD)
+		return fail_tok(r, t, "expected a number");
+	char *e;
+	errno = 0;
+	float v = strtof(t->text, &e);
+	/* ERANGE on underflow still gives the nearest float: keep it */
+	if (e == t->text || *e || (errno == ERANGE && isinf(v)))
+		return fail_tok(r, t, "expected a number");
+	*out = v;
+	return 0;
+}
+
+/* key=: the key word; NULL after reporting. */
+static const char *parse_key(Reader *r)
+{
+	const Tok *t = next(r);
+	if (t->kind != TK_WORD) {
+		fail_tok(r, t, "expected key=value");
+		return NULL;
+	}
+	if (expect_punct(r, "=") < 0)
+		return NULL;
+	return t->text;
+}
+
+/* ---- names and fixups ---- */
+
+static uint64_t hash_name(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+static int find_value(Reader *r, const char *name)
+{
+	if (!r->hcap)
+		return -1;
+	for (size_t i = hash_name(name) & (r->hcap - 1);; i = (i + 1) & (r->hcap - 1)) {
+		int id = r->hash[i] - 1;
+		if (id < 0)
+			return -1;
+		if (strcmp(r->g->values[id]->name, name) == 0)
+			return id;
+	}
+}
+
+static void hash_insert(Reader *r, int id)
+{
+	if ((size_t)(r->g->nvalues + 1) * 2 > r->hcap) {
+		size_t nc = r->hcap ? r->hcap * 2 : 256;
+		while ((size_t)(r->g->nvalues + 1) * 2 > nc)
+			nc *= 2;
+		free(r->hash);
+		r->hash = calloc(nc, sizeof(int));
+		if (!r->hash)
+			die("out of memory reading IR");
+		r->hcap = nc;
+		for (int v = 0; v < r->g->nvalues; v++)
+			if (v != id)
+				hash_insert(r, v);
+	}
+	size_t i = hash_name(r->g->values[id]->name) & (r->hcap - 1);
+	while (r->hash[i])
+		i = (i + 1) & (r->hcap - 1);
+	r->hash[i] = id + 1;
+}
+
+/* A new value named by token t, or NULL when the name is taken. */
+static Value *new_value(Reader *r, const Tok *t)
+{
+	int old = find_value(r, t->text);
+	if (old >= 0) {
+		fail_at(r, t->col, "value %%%s is already defined (line %d)", t->text,
+			r->g->values[old]->loc.line);
+		return NULL;
+	}
+	Value *v = ir_value(r->g, t->text, DP_F32, 0, NULL, DP_T_ACT, loc_at(r, t->col));
+	hash_insert(r, v->id);
+	return v;
+}
+
+/* Records that *slot gets the id of the value token t names. */
+static void add_fixup(Reader *r, int *slot, const Tok *t)
+{
+	if (r->nfix == r->capfix) {
+		r->capfix = r->capfix ? r->capfix * 2 : 64;
+		r->fix = xrealloc(r->fix, (size_t)r->capfix * sizeof(Fixup));
+	}
+	r->fix[r->nfix++] = (Fixup){slot, ir_strdup(r->g, t->text), loc_at(r, t->col)};
+}
+
+/* %value into *slot (later), or `_` (-1) when allow_none. */
+static int parse_ref(Reader *r, int *slot, int allow_none)
+{
+	const Tok *t = next(r);
+	if (allow_none && is_word(t, "_")) {
+		*slot = -1;
+		return 0;
+	}
+	if (t->kind != TK_VALUE)
+		return fail_tok(r, t, allow_none ? "expected %value or _" : "expected %value");
+	add_fixup(r, slot, t);
+	return 0;
+}
+
+static int find_block(const Graph *g, const char *name)
+{
+	for (int i = 0; i < g->nblocks; i++)
+		if (strcmp(g->blocks[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* A block name (word or string) that must be declared. */
+static int parse_block_ref(Reader *r, int *out)
+{
+	const Tok *t = next(r);
+	if (t->kind != TK_WORD && t->kind != TK_STRING)
+		return fail_tok(r, t, "expected a block name");
+	*out = find_block(r->g, t->text);
+	if (*out < 0)
+		return fail_at(r, t->col, "unknown block '%s'", t->text);
+	return 0;
+}
+
+/* ---- types, placement, memory ---- */
+
+static int parse_type(Reader *r, Value *v)
+{
+	const Tok *t = next(r);
+	if (is_punct(t, "?")) {
+		v->dtype = DP_F32;
+		v->ndim = 0;
+		return 0;
+	}
+	int dt = t->kind == TK_WORD ? lookup(dtype_names, DP_NDTYPE, t->text) : -1;
+	if (dt < 0)
+		return fail_tok(r, t, "expected a type (f32[...], i32[...], bf16[...] or ?)");
+	v->dtype = (DpDtype)dt;
+	v->ndim = 0;
+	if (expect_punct(r, "[") < 0)
+		return -1;
+	if (is_punct(peek(r), "]")) {
+		next(r);
+		return 0;
+	}
+	for (;;) {
+		const Tok *dt_tok = next(r);
+		if (v->ndim == DP_MAX_DIMS)
+			return fail_at(r, dt_tok->col, "more than %d dimensions", DP_MAX_DIMS);
+		if (parse_range(r, dt_tok, 0, INT64_MAX, &v->dims[v->ndim]) < 0)
+			return -1;
+		v->ndim++;
+		const Tok *sep = next(r);
+		if (is_punct(sep, "]"))
+			return 0;
+		if (!is_punct(sep, ","))
+			return fail_tok(r, sep, "expected ',' or ']'");
+	}
+}
+
+/* place(dp_shard: shard0, tp: partial); the word place is consumed. */
+static int parse_place(Reader *r, Value *v)
+{
+	if (expect_punct(r, "(") < 0)
+		return -1;
+	for (;;) {
+		int a = expect_enum(r, ir_axis_names, DP_MAX_AXES, "a mesh axis");
+		if (a < 0 || expect_punct(r, ":") < 0)
+			return -1;
+		const Tok *t = next(r);
+		if (is_word(t, "replicate"))
+			v->place[a] = (Place){DP_PL_REPLICATE, -1};
+		else if (is_word(t, "partial"))
+			v->place[a] = (Place){DP_PL_PARTIAL, -1};
+		else if (t->kind == TK_WORD && strncmp(t->text, "shard", 5) == 0) {
+			Tok dim = *t;
+			dim.text += 5;
+			int64_t d;
+			if (parse_range(r, &dim, 0, DP_MAX_DIMS - 1, &d) < 0)
+				return -1;
+			v->place[a] = (Place){DP_PL_SHARD, (int8_t)d};
+		} else
+			return fail_tok(r, t, "expected replicate, partial or shardN");
+		const Tok *sep = next(r);
+		if (is_punct(sep, ")"))
+			return 0;
+		if (!is_punct(sep, ","))
+			return fail_tok(r, sep, "expected ',' or ')'");
+	}
+}
+
+/* Value attributes shared by declarations and inline temporaries:
+ * place(...), @OFFSET, nbytes=N. 1 if one was parsed, 0 if the next token is
+ * none of them, -1 on error. */
+static int parse_value_memory(Reader *r, Value *v)
+{
+	const Tok *t = peek(r);
+	if (is_word(t, "place") && is_punct(peek2(r), "(")) {
+		next(r);
+		return parse_place(r, v) < 0 ? -1 : 1;
+	}
+	if (is_punct(t, "@")) {
+		next(r);
+		return parse_range(r, next(r), -1, INT64_MAX, &v->offset) < 0 ? -1 : 1;
+	}
+	if (is_word(t, "nbytes") && is_punct(peek2(r), "=")) {
+		next(r);
+		next(r);
+		r->nbytes_given = 1;
+		return parse_range(r, next(r), INT64_MIN, INT64_MAX, &v->nbytes) < 0 ? -1 : 1;
+	}
+	return 0;
+}
+
+/* Without nbytes=, a planned value reserves exactly its size (print.c). */
+static void imply_nbytes(Reader *r, Value *v)
+{
+	if (r->nbytes_given || v->offset == -1)
+		return;
+	v->nbytes = ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+}
+
+/* Axis mask: dp_replicate,dp_shard or a number. */
+static int parse_axes(Reader *r, int64_t *mask)
+{
+	const Tok *t = peek(r);
+	if (t->kind == TK_WORD && ((t->text[0] >= '0' && t->text[0] <= '9') || t->text[0] == '-'))
+		return parse_i64(r, next(r), mask);
+	*mask = 0;
+	for (;;) {
+		int a = expect_enum(r, ir_axis_names, DP_MAX_AXES, "a mesh axis");
+		if (a < 0)
+			return -1;
+		*mask |= (int64_t)DP_AXIS_BIT(a);
+		if (!is_punct(peek(r), ","))
+			return 0;
+		next(r);
+	}
+}
+
+/* ---- directives ---- */
+
+static int parse_mesh(Reader *r)
+{
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int a = lookup(ir_axis_names, DP_MAX_AXES, key);
+		if (a < 0)
+			return fail_at(r, k->col, "unknown mesh axis '%s'", key);
+		if (parse_u32(r, next(r), &r->g->cfg.mesh[a]) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_config(Reader *r)
+{
+	DpConfig *c = &r->g->cfg;
+	static const char *const keys[] = {"micro_batch", "grad_accum", "eval_batch", "steps",
+					   "eval_every", "log_every", "seed", "arena"};
+	uint32_t *u32[] = {&c->micro_batch, &c->grad_accum, &c->eval_batch, &c->steps,
+			   &c->eval_every, &c->log_every};
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int i = lookup(keys, NELEMS(keys), key);
+		if (i < 0)
+			return fail_at(r, k->col, "unknown config key '%s'", key);
+		int rc = i < 6 ? parse_u32(r, next(r), u32[i])
+			       : parse_u64(r, next(r), i == 6 ? &c->seed : &c->arena_bytes);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_optimizer(Reader *r)
+{
+	static const char *const kinds[] = {"sgd", "adamw"}; /* DpOptKind */
+	DpOptim *o = &r->g->opt;
+	int kind = expect_enum(r, kinds, NELEMS(kinds), "sgd or adamw");
+	if (kind < 0)
+		return -1;
+	o->kind = (uint32_t)kind;
+	static const char *const keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay",
+					   "momentum", "clip"};
+	float *vals[] = {&o->lr, &o->beta1, &o->beta2, &o->eps, &o->weight_decay, &o->momentum,
+			 &o->clip};
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int i = lookup(keys, NELEMS(keys), key);
+		if (i < 0)
+			return fail_at(r, k->col, "unknown optimizer key '%s'", key);
+		if (parse_float(r, next(r), vals[i]) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_schedule(Reader *r)
+{
+	static const char *const kinds[] = {"constant", "cosine"}; /* DpSchedKind */
+	DpSched *s = &r->g->sched;
+	int kind = expect_enum(r, kinds, NELEMS(kinds), "constant or cosine");
+	if (kind < 0)
+		return -1;
+	s->kind = (uint32_t)kind;
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int rc;
+		if (strcmp(key, "warmup") == 0)
+			rc = parse_u32(r, next(r), &s->warmup);
+		else if (strcmp(key, "steps") == 0)
+			rc = parse_u32(r, next(r), &s->steps);
+		else if (strcmp(key, "min_lr") == 0)
+			rc = parse_float(r, next(r), &s->min_lr);
+		else
+			return fail_at(r, k->col, "unknown schedule key '%s'", key);
+		if (rc < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_strategy(Reader *r)
+{
+	const Tok *t = next(r);
+	if (t->kind != TK_WORD && t->kind != TK_STRING)
+		return fail_tok(r, t, "expected a strategy name");
+	if (strlen(t->text) >= sizeof r->g->strategy)
+		return fail_at(r, t->col, "strategy name '%s' is too long", t->text);
+	memset(r->g->strategy, 0, sizeof r->g->strategy);
+	memcpy(r->g->strategy, t->text, strlen(t->text));
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		if (strcmp(key, "bucket_mb") != 0)
+			return fail_at(r, k->col, "unknown strategy key '%s'", key);
+		if (parse_float(r, next(r), &r->g->bucket_mb) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_memory(Reader *r)
+{
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int64_t *dst = strcmp(key, "peak") == 0 ? &r->g->peak_bytes
+			       : strcmp(key, "persistent") == 0 ? &r->g->persistent_bytes : NULL;
+		if (!dst)
+			return fail_at(r, k->col, "unknown memory key '%s'", key);
+		if (parse_i64(r, next(r), dst) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* roles / metrics: key=%value pairs into the graph's fields. */
+static int parse_refs(Reader *r, const char *const *keys, int *const *slots, int n, const char *what)
+{
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int i = lookup(keys, (size_t)n, key);
+		if (i < 0)
+			return fail_at(r, k->col, "unknown %s '%s'", what, key);
+		if (parse_ref(r, slots[i], 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int parse_events(Reader *r)
+{
+	int64_t n;
+	if (parse_range(r, next(r), 0, MAX_NEVENTS, &n) < 0)
+		return -1;
+	r->g->nevents = (int)n;
+	return expect_end(r);
+}
+
+static int parse_block_decl(Reader *r)
+{
+	const Tok *t = next(r);
+	if (t->kind != TK_WORD && t->kind != TK_STRING)
+		return fail_tok(r, t, "expected a block name");
+	if (find_block(r->g, t->text) >= 0)
+		return fail_at(r, t->col, "block '%s' is declared twice", t->text);
+	if (expect_end(r) < 0)
+		return -1;
+	ir_add_block(r->g, t->text, loc_at(r, t->col));
+	return 0;
+}
+
+/* source SPLIT KIND "PATH" -> %v ROLE sample=N [n=N classes=N] [line=N] */
+static int parse_source(Reader *r)
+{
+	Source *s = ir_alloc(r->g, sizeof(Source));
+	s->loc = loc_at(r, r->toks[r->pos - 1].col);
+	int split = expect_enum(r, split_names, NELEMS(split_names), "train or eval");
+	if (split < 0)
+		return -1;
+	int kind = expect_enum(r, src_kind_names, NELEMS(src_kind_names), "idx, npy or synthetic");
+	if (kind < 0)
+		return -1;
+	const Tok *path = next(r);
+	if (path->kind != TK_STRING)
+		return fail_tok(r, path, "expected a quoted path");
+	s->path = ir_strdup(r->g, path->text);
+	if (expect_punct(r, "->") < 0 || parse_ref(r, &s->value, 0) < 0)
+		return -1;
+	int role = expect_enum(r, role_names, NELEMS(role_names), "features or labels");
+	if (role < 0)
+		return -1;
+	s->rec.split = (uint8_t)split;
+	s->rec.kind = (uint8_t)kind;
+	s->rec.role = (uint8_t)role;
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int rc;
+		if (strcmp(key, "sample") == 0)
+			rc = parse_i64(r, next(r), &s->rec.sample_elems);
+		else if (strcmp(key, "n") == 0)
+			rc = parse_i64(r, next(r), &s->rec.synth_n);
+		else if (strcmp(key, "classes") == 0) {
+			int c = 0;
+			rc = parse_int(r, next(r), &c);
+			s->rec.synth_classes = c;
+		} else if (strcmp(key, "line") == 0)
+			rc = parse_u32(r, next(r), &s->rec.src_line);
+		else
+			return fail_at(r, k->col, "unknown source key '%s'", key);
+		if (rc < 0)
+			return -1;
+	}
+	if (r->nsrcs == r->capsrcs) {
+		r->capsrcs = r->capsrcs ? r->capsrcs * 2 : 8;
+		r->srcs = xrealloc(r->srcs, (size_t)r->capsrcs * sizeof(Source *));
+	}
+	r->srcs[r->nsrcs++] = s;
+	return 0;
+}
+
+/* bucket rN OP axes=LIST elems=N %view = %m1, %m2, ... */
+static int parse_bucket(Reader *r)
+{
+	const Tok *t = next(r);
+	char want[32];
+	snprintf(want, sizeof want, "r%d", r->nbks);
+	if (!is_word(t, want))
+		return fail_tok(r, t, r->nbks == 0 ? "expected bucket name r0"
+						   : "expected the next bucket name rN (in order)");
+	Bucket *b = ir_alloc(r->g, sizeof(Bucket));
+	b->view = -1;
+	int op = expect_enum(r, op_names, DPK_COUNT, "a collective op");
+	if (op < 0)
+		return -1;
+	if (op != DPK_ALL_REDUCE && op != DPK_REDUCE_SCATTER && op != DPK_ALL_GATHER)
+		return fail_at(r, r->toks[r->pos - 1].col, "a bucket's op must be a collective");
+	b->op = (IrOp)op;
+	while (peek(r)->kind == TK_WORD) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int64_t x;
+		if (strcmp(key, "axes") == 0) {
+			if (parse_axes(r, &x) < 0)
+				return -1;
+			if (x < 0 || x > UINT32_MAX)
+				return fail_at(r, k->col, "axis mask out of range");
+			b->axes = (unsigned)x;
+		} else if (strcmp(key, "elems") == 0) {
+			if (parse_i64(r, next(r), &b->elems) < 0)
+				return -1;
+		} else
+			return fail_at(r, k->col, "unknown bucket key '%s'", key);
+	}
+	if (parse_ref(r, &b->view, 0) < 0 || expect_punct(r, "=") < 0)
+		return -1;
+	/* members: count them first, then record fixups into a pool array */
+	int start = r->pos, n = 0;
+	for (;;) {
+		const Tok *m = next(r);
+		if (m->kind != TK_VALUE)
+			return fail_tok(r, m, "expected a member %value");
+		n++;
+		if (peek(r)->kind == TK_END)
+			break;
+		if (expect_punct(r, ",") < 0)
+			return -1;
+	}
+	b->nmembers = n;
+	b->members = ir_alloc(r->g, (size_t)n * sizeof(int));
+	r->pos = start;
+	for (int i = 0; i < n; i++) {
+		parse_ref(r, &b->members[i], 0);
+		if (i + 1 < n)
+			next(r);
+	}
+	if (r->nbks == r->capbks) {
+		r->capbks = r->capbks ? r->capbks * 2 : 8;
+		r->bks = xrealloc(r->bks, (size_t)r->capbks * sizeof(Bucket *));
+	}
+	r->bks[r->nbks++] = b;
+	return 0;
+}
+
+/* ---- declarations ---- */
+
+/* After `%name : type`, a kind word and value attributes. */
+static int parse_decl(Reader *r, Value *v)
+{
+	int kind = expect_enum(r, ir_kind_names, DP_T_BUFFER + 1, "a value kind (act, data, param, ...)");
+	if (kind < 0)
+		return -1;
+	v->kind = (DpTensorKind)kind;
+	while (peek(r)->kind != TK_END) {
+		int m = parse_value_memory(r, v);
+		if (m < 0)
+			return -1;
+		if (m)
+			continue;
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		if (strcmp(key, "block") == 0) {
+			if (parse_block_ref(r, &v->block) < 0)
+				return -1;
+		} else if (strcmp(key, "init") == 0) {
+			int init = expect_enum(r, init_names, NELEMS(init_names), "an initialiser");
+			if (init < 0)
+				return -1;
+			v->init = (DpInit)init;
+			if (is_punct(peek(r), "(")) {
+				next(r);
+				if (parse_float(r, next(r), &v->init_a) < 0 || expect_punct(r, ",") < 0 ||
+				    parse_float(r, next(r), &v->init_b) < 0 || expect_punct(r, ")") < 0)
+					return -1;
+			}
+		} else if (strcmp(key, "view") == 0) {
+			if (parse_ref(r, &v->view_of, 0) < 0)
+				return -1;
+			const Tok *off = next(r);
+			if (off->kind != TK_WORD || off->text[0] != '+')
+				return fail_tok(r, off, "expected +OFFSET after the viewed value");
+			if (parse_i64(r, off, &v->view_offset) < 0)
+				return -1;
+		} else if (strcmp(key, "of") == 0) {
+			if (parse_ref(r, &v->param, 0) < 0)
+				return -1;
+		} else if (strcmp(key, "source") == 0) {
+			if (parse_int(r, next(r), &v->source) < 0)
+				return -1;
+		} else
+			return fail_at(r, k->col, "unknown value attribute '%s'", key);
+	}
+	imply_nbytes(r, v);
+	return 0;
+}
+
+/* ---- nodes ---- */
+
+static unsigned default_progs(Phase ph)
+{
+	switch (ph) {
+	case PH_FWD:
+		return IR_IN_STEP | IR_IN_EVAL;
+	case PH_EVAL:
+		return IR_IN_EVAL;
+	default:
+		return IR_IN_STEP;
+	}
+}
+
+/* The op's named attribute called name, or NULL. */
+static const IrAttrName *op_attr(IrOp op, const char *name)
+{
+	for (int k = 0; k < IR_MAX_ATTR_NAMES && ir_attr_names[op][k].name; k++)
+		if (strcmp(ir_attr_names[op][k].name, name) == 0)
+			return &ir_attr_names[op][k];
+	return NULL;
+}
+
+/* iaN / faN: the index, or -1. */
+static int generic_attr(const char *key, const char *prefix, int n)
+{
+	if (strncmp(key, prefix, 2) != 0 || key[2] < '0' || key[2] >= '0' + n || key[3])
+		return -1;
+	return key[2] - '0';
+}
+
+/* The attributes after a node's inputs, into n. */
+static int parse_node_attrs(Reader *r, Node *n)
+{
+	int have_phase = 0, have_progs = 0;
+	while (peek(r)->kind != TK_END) {
+		const Tok *t = next(r);
+		if (t->kind != TK_WORD)
+			return fail_tok(r, t, "expected an attribute");
+		int has_value = is_punct(peek(r), "=");
+		const IrAttrName *an = op_attr(n->op, t->text);
+		int ph = lookup(phase_names, NELEMS(phase_names), t->text);
+		if (!has_value && ph >= 0 && !have_phase) {
+			n->phase = (Phase)ph;
+			have_phase = 1;
+			/* a bare word or a string right after the phase is the block */
+			const Tok *b = peek(r);
+			if (b->kind == TK_STRING ||
+			    (b->kind == TK_WORD && !is_punct(peek2(r), "=") &&
+			     lookup(reserved, NELEMS(reserved), b->text) < 0 && !op_attr(n->op, b->text))) {
+				if (parse_block_ref(r, &n->block) < 0)
+					return -1;
+			}
+			continue;
+		}
+		if (!has_value) {
+			static const char *const progs[] = {"none", "step", "eval", "both"};
+			int p = lookup(progs, NELEMS(progs), t->text);
+			if (p >= 0) {
+				n->progs = (unsigned)p;
+				have_progs = 1;
+			} else if (strcmp(t->text, "last") == 0) {
+				n->flags |= DP_IF_LAST;
+			} else if (an && an->style == IR_ATTR_FLAG) {
+				n->ia[an->index] = 1;
+			} else {
+				return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
+					       op_names[n->op]);
+			}
+			continue;
+		}
+		next(r); /* = */
+		const Tok *val = peek(r);
+		int rc = 0, gi;
+		if (an && an->style == IR_ATTR_FLOAT) {
+			rc = parse_float(r, next(r), &n->fa[an->index]);
+		} else if (an && an->style == IR_ATTR_AXES) {
+			rc = parse_axes(r, &n->ia[an->index]);
+		} else if (an) {
+			rc = parse_i64(r, next(r), &n->ia[an->index]);
+		} else if ((gi = generic_attr(t->text, "ia", DP_NIATTR)) >= 0) {
+			rc = parse_i64(r, next(r), &n->ia[gi]);
+		} else if ((gi = generic_attr(t->text, "fa", DP_NFATTR)) >= 0) {
+			rc = parse_float(r, next(r), &n->fa[gi]);
+		} else if (strcmp(t->text, "block") == 0) {
+			rc = parse_block_ref(r, &n->block);
+		} else if (strcmp(t->text, "stream") == 0) {
+			if (is_word(val, "comm") || is_word(val, "compute")) {
+				n->stream = is_word(val, "comm") ? DP_STREAM_COMM : DP_STREAM_COMPUTE;
+				next(r);
+			} else
+				rc = parse_int(r, next(r), &n->stream);
+		} else if (strcmp(t->text, "bucket") == 0) {
+			Tok num = *next(r);
+			if (num.kind != TK_WORD || num.text[0] != 'r')
+				return fail_tok(r, &num, "expected a bucket name rN");
+			num.text++;
+			int64_t b;
+			rc = parse_range(r, &num, 0, INT32_MAX, &b);
+			n->bucket = (int)b;
+		} else if (strcmp(t->text, "progs") == 0) {
+			int64_t p;
+			rc = parse_range(r, next(r), 0, UINT32_MAX, &p);
+			n->progs = (unsigned)p;
+			have_progs = 1;
+		} else if (strcmp(t->text, "flags") == 0) {
+			int64_t f;
+			rc = parse_range(r, next(r), 0, UINT32_MAX, &f);
+			n->flags |= (unsigned)f;
+		} else {
+			return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
+				       op_names[n->op]);
+		}
+		if (rc < 0)
+			return -1;
+	}
+	if (!have_phase)
+		return fail_at(r, peek(r)->col, "missing phase (data, fwd, bwd, comm, opt or eval)");
+	if (!have_progs)
+		n->progs = default_progs(n->phase);
+	return 0;
+}
+
+/* A node line from the op word on; out_tok names a declared value written
+ * (`%v = op`), temp is a new SSA temporary (`%v : type = op`), or neither. */
+static int parse_node(Reader *r, const Tok *out_tok, Value *temp)
+{
+	const Tok *optok = next(r);
+	int op = optok->kind == TK_WORD ? lookup(op_names, DPK_COUNT, optok->text) : -1;
+	if (op < 0)
+		return fail_tok(r, optok, "expected an op or a directive");
+	const Tok *ins[DP_MAX_IN];
+	int nin = 0;
+	const Tok *t = peek(r);
+	if (t->kind == TK_VALUE || is_word(t, "_")) {
+		for (;;) {
+			t = next(r);
+			if (t->kind != TK_VALUE && !is_word(t, "_"))
+				return fail_tok(r, t, "expected an input %value or _");
+			if (nin == DP_MAX_IN)
+				return fail_at(r, t->col, "more than %d inputs", DP_MAX_IN);
+			ins[nin++] = t;
+			if (!is_punct(peek(r), ","))
+				break;
+			next(r);
+		}
+	}
+	Node *n = ir_node(r->g, (IrOp)op, -1, 0, NULL, PH_FWD, loc_at(r, optok->col));
+	n->nin = nin;
+	for (int i = 0; i < nin; i++) {
+		if (ins[i]->kind == TK_VALUE)
+			add_fixup(r, &n->in[i], ins[i]);
+		else
+			n->in[i] = -1;
+	}
+	if (parse_node_attrs(r, n) < 0)
+		return -1;
+	if (temp) {
+		n->out = temp->id;
+		temp->def = n->id;
+		temp->block = n->block;
+		temp->loc = n->loc;
+	} else if (out_tok) {
+		add_fixup(r, &n->out, out_tok);
+	}
+	return 0;
+}
+
+/* A line starting with %name: a declaration or a node writing a value. */
+static int parse_value_line(Reader *r)
+{
+	const Tok *name = next(r);
+	if (is_punct(peek(r), "=")) {
+		next(r);
+		return parse_node(r, name, NULL);
+	}
+	if (expect_punct(r, ":") < 0)
+		return -1;
+	Value *v = new_value(r, name);
+	if (!v || parse_type(r, v) < 0)
+		return -1;
+	const Tok *t = peek(r);
+	if (t->kind == TK_WORD && lookup(ir_kind_names, DP_T_BUFFER + 1, t->text) >= 0)
+		return parse_decl(r, v);
+	/* an inline SSA temporary: value attributes, then = op ... */
+	for (;;) {
+		int m = parse_value_memory(r, v);
+		if (m < 0)
+			return -1;
+		if (!m)
+			break;
+	}
+	t = next(r);
+	if (!is_punct(t, "="))
+		return fail_tok(r, t, "expected a value kind or '= op'");
+	imply_nbytes(r, v);
+	return parse_node(r, NULL, v);
+}
+
+static int parse_roles(Reader *r)
+{
+	static const char *const keys[] = {"loss", "logits", "labels"};
+	int *const slots[] = {&r->g->loss, &r->g->logits, &r->g->labels};
+	return parse_refs(r, keys, slots, 3, "role");
+}
+
+static int parse_metrics(Reader *r)
+{
+	static const char *const keys[] = {"loss", "grad_norm", "eval_loss", "eval_correct"};
+	DpMetrics *m = &r->g->metrics;
+	int *const slots[] = {&m->loss, &m->grad_norm, &m->eval_loss, &m->eval_correct};
+	return parse_refs(r, keys, slots, 4, "metric");
+}
+
+/* Directive lines: keyword, then its parser (the keyword is consumed). */
+static const struct {
+	const char *word;
+	int (*parse)(Reader *r);
+} directives[] = {
+	{"mesh", parse_mesh},         {"config", parse_config},   {"optimizer", parse_optimizer},
+	{"schedule", parse_schedule}, {"strategy", parse_strategy}, {"memory", parse_memory},
+	{"roles", parse_roles},       {"metrics", parse_metrics}, {"events", parse_events},
+	{"block", parse_block_decl},  {"source", parse_source},   {"bucket", parse_bucket},
+};
+
+static int parse_line(Reader *r)
+{
+	const Tok *t = peek(r);
+	r->nbytes_given = 0;
+	if (t->kind == TK_END)
+		return 0;
+	if (t->kind == TK_VALUE)
+		return parse_value_line(r);
+	if (t->kind != TK_WORD)
+		return fail_tok(r, t, "expected a directive, a declaration or a node");
+	for (size_t i = 0; i < NELEMS(directives); i++)
+		if (strcmp(t->text, directives[i].word) == 0) {
+			next(r);
+			return directives[i].parse(r);
+		}
+	return parse_node(r, NULL, NULL);
+}
+
+/* ---- the whole text ---- */
+
+/* "; dp IR [after PASS] (FILE)" on the first line names the source file. */
+static void parse_header(Reader *r, const char *s, const char *end)
+{
+	static const char tag[] = "; dp IR";
+	if ((size_t)(end - s) < sizeof tag - 1 || memcmp(s, tag, sizeof tag - 1) != 0)
+		return;
+	const char *open = memchr(s, '(', (size_t)(end - s));
+	const char *close = end;
+	while (close > s && (close[-1] == '\r' || close[-1] == ' '))
+		close--;
+	if (!open || close <= open + 1 || close[-1] != ')')
+		return;
+	size_t n = (size_t)(close - 1 - (open + 1));
+	char *f = ir_alloc(r->g, n + 1);
+	memcpy(f, open + 1, n);
+	r->g->file = f;
+}
+
+static void resolve(Reader *r)
+{
+	Graph *g = r->g;
+	for (int i = 0; i < r->nfix; i++) {
+		int id = find_value(r, r->fix[i].name);
+		if (id < 0) {
+			error_at(r->d, r->fix[i].loc, "unknown value %%%s", r->fix[i].name);
+			r->errors++;
+		}
+		*r->fix[i].slot = id;
+	}
+	if (r->errors)
+		return;
+	/* of= on a gradient links both ways */
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->param >= 0)
+			g->values[g->values[i]->param]->grad = i;
+	for (int i = 0; i < r->nsrcs; i++)
+		ir_add_source(g, r->srcs[i]);
+	for (int i = 0; i < r->nbks; i++)
+		ir_add_bucket(g, r->bks[i]);
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->bucket >= g->nbuckets) {
+			error_at(r->d, n->loc, "bucket r%d is not declared", n->bucket);
+			r->errors++;
+		}
+	}
+}
+
+Graph *ir_read(const char *text, const char *name, Diag *d)
+{
+	Diag quiet;
+	if (!d) {
+		diag_init(&quiet, NULL, name, text);
+		d = &quiet;
+	}
+	Reader r = {0};
+	r.g = ir_new(NULL);
+	r.d = d;
+	r.file = ir_strdup(r.g, name ? name : "<ir>");
+	const char *s = text ? text : "";
+	for (r.line = 1; *s; r.line++) {
+		const char *end = strchr(s, '\n');
+		if (!end)
+			end = s + strlen(s);
+		if (r.line == 1)
+			parse_header(&r, s, end);
+		if (lex_line(&r, s, end) == 0 && parse_line(&r) == 0)
+			expect_end(&r);
+		s = *end ? end + 1 : end;
+	}
+	if (!r.errors)
+		resolve(&r);
+	Graph *g = r.g;
+	if (r.errors) {
+		ir_free(g);
+		g = NULL;
+	}
+	free(r.toks);
+	free(r.tbuf);
+	free(r.fix);
+	free(r.hash);
+	free(r.srcs);
+	free(r.bks);
+	return g;
+}

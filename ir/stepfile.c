@@ -1,0 +1,847 @@
+/*
+ * stepfile.c - the step-file codec (encode, decode + validate, atomic write,
+ * read), linked into both dpc and dpexec. The layout is the one documented
+ * at the top of stepfile.h; every field is written and read explicitly,
+ * little-endian, so struct padding and host byte order never reach the file.
+ *
+ * Decoding is the runtime's first line of defence against a bad file: it
+ * checks, in order, the header size, the magic, the version (a newer file is
+ * refused by name before the checksum, since its layout may differ), the
+ * declared size, the crc32, then parses every record through a
+ * bounds-checked cursor, and finally validates every enum, index and arena
+ * range. Whatever the input, the result is a DpStep the executor can trust
+ * or a one-line reason; never a crash, never a huge allocation (every count
+ * is checked against the bytes that remain before anything is allocated).
+ *
+ * Conventions the validator enforces (and the writer must follow):
+ *  - dims[i] for i >= ndim are 0 or 1 (ignored); dims[i] for i < ndim are >= 1;
+ *    ndim 0 is a scalar (one element).
+ *  - A tensor with nbytes == 0 has no storage (a value the memory planner did
+ *    not place); its offset is ignored, and no instruction, source or metric
+ *    may refer to it. A tensor with storage lies inside the arena, is aligned
+ *    to its element size, and nbytes >= elements * element size.
+ *  - Synthetic sources have at most 65536 classes (labels are computed by an
+ *    argmax over classes; a corrupted count must not mean hours of work).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <libgen.h>
+#include <fcntl.h>
+#include <zlib.h>
+
+#include "stepfile.h"
+
+const char *const dp_kernel_names[DPK_COUNT] = {
+#define X(name, text) text,
+	DP_KERNELS(X)
+#undef X
+};
+
+/* Serialised record sizes (sum of the field sizes, no padding). */
+enum {
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8,
+	OPTIM_BYTES = 4 + 7 * 4,
+	SCHED_BYTES = 4 + 4 + 4 + 4,
+	METRICS_BYTES = 4 * 4,
+	TENSOR_BYTES = 4 + 4 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
+	SOURCE_BYTES = 4 + 4 + 4 + 8 + 8 + 4 + 4,
+	INSTR_BYTES = 2 + 1 + 1 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
+};
+
+static void fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	if (!err || !errlen)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- writer ---- */
+
+typedef struct {
+	unsigned char *p;
+} Put;
+
+static void put_u8(Put *w, uint8_t v) { *w->p++ = v; }
+static void put_u16(Put *w, uint16_t v)
+{
+	put_u8(w, (uint8_t)v);
+	put_u8(w, (uint8_t)(v >> 8));
+}
+static void put_u32(Put *w, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		put_u8(w, (uint8_t)(v >> (8 * i)));
+}
+static void put_u64(Put *w, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		put_u8(w, (uint8_t)(v >> (8 * i)));
+}
+static void put_i32(Put *w, int32_t v) { put_u32(w, (uint32_t)v); }
+static void put_i64(Put *w, int64_t v) { put_u64(w, (uint64_t)v); }
+static void put_f32(Put *w, float f)
+{
+	uint32_t v;
+	memcpy(&v, &f, 4);
+	put_u32(w, v);
+}
+static void put_bytes(Put *w, const void *b, size_t n)
+{
+	if (n)
+		memcpy(w->p, b, n);
+	w->p += n;
+}
+
+static void put_tensor(Put *w, const DpTensor *t)
+{
+	put_u32(w, t->name);
+	put_u8(w, t->dtype);
+	put_u8(w, t->kind);
+	put_u8(w, t->ndim);
+	put_u8(w, t->init);
+	for (int i = 0; i < DP_MAX_DIMS; i++)
+		put_i64(w, t->dims[i]);
+	put_u64(w, t->offset);
+	put_u64(w, t->nbytes);
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		put_u8(w, t->place[i]);
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		put_u8(w, (uint8_t)t->place_dim[i]);
+	put_f32(w, t->init_a);
+	put_f32(w, t->init_b);
+	put_i64(w, t->init_base);
+}
+
+static void put_source(Put *w, const DpSource *s)
+{
+	put_u32(w, s->path);
+	put_u8(w, s->kind);
+	put_u8(w, s->split);
+	put_u8(w, s->role);
+	put_u8(w, s->pad);
+	put_i32(w, s->tensor);
+	put_i64(w, s->sample_elems);
+	put_i64(w, s->synth_n);
+	put_i32(w, s->synth_classes);
+	put_u32(w, s->src_line);
+}
+
+static void put_instr(Put *w, const DpInstr *in)
+{
+	put_u16(w, in->op);
+	put_u8(w, in->stream);
+	put_u8(w, in->flags);
+	for (int i = 0; i < DP_MAX_IN; i++)
+		put_i32(w, in->in[i]);
+	put_i32(w, in->out);
+	for (int i = 0; i < DP_NIATTR; i++)
+		put_i64(w, in->ia[i]);
+	for (int i = 0; i < DP_NFATTR; i++)
+		put_f32(w, in->fa[i]);
+}
+
+int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
+{
+	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4;
+	n += 4 + (size_t)s->nstrings;
+	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
+	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
+	for (int p = 0; p < DP_NPROG; p++)
+		n += 4 + (size_t)s->nprog[p] * INSTR_BYTES;
+	unsigned char *b = malloc(n);
+	if (!b)
+		return -1;
+	Put w = {b};
+	put_bytes(&w, DP_STEP_MAGIC, 8);
+	put_u32(&w, DP_STEP_VERSION);
+	put_u32(&w, 0); /* crc, patched below */
+	put_u64(&w, n);
+
+	const DpConfig *c = &s->cfg;
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		put_u32(&w, c->mesh[i]);
+	put_u32(&w, c->micro_batch);
+	put_u32(&w, c->grad_accum);
+	put_u32(&w, c->eval_batch);
+	put_u32(&w, c->steps);
+	put_u32(&w, c->eval_every);
+	put_u32(&w, c->log_every);
+	put_u64(&w, c->seed);
+	put_u64(&w, c->arena_bytes);
+
+	const DpOptim *o = &s->opt;
+	put_u32(&w, o->kind);
+	put_f32(&w, o->lr);
+	put_f32(&w, o->beta1);
+	put_f32(&w, o->beta2);
+	put_f32(&w, o->eps);
+	put_f32(&w, o->weight_decay);
+	put_f32(&w, o->momentum);
+	put_f32(&w, o->clip);
+
+	put_u32(&w, s->sched.kind);
+	put_u32(&w, s->sched.warmup);
+	put_u32(&w, s->sched.steps);
+	put_f32(&w, s->sched.min_lr);
+
+	put_i32(&w, s->metrics.loss);
+	put_i32(&w, s->metrics.grad_norm);
+	put_i32(&w, s->metrics.eval_loss);
+	put_i32(&w, s->metrics.eval_correct);
+	put_u32(&w, s->nevents);
+
+	put_u32(&w, s->nstrings);
+	put_bytes(&w, s->strings, s->nstrings);
+	put_u32(&w, s->ntensors);
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		put_tensor(&w, &s->tensors[i]);
+	put_u32(&w, s->nsources);
+	for (uint32_t i = 0; i < s->nsources; i++)
+		put_source(&w, &s->sources[i]);
+	for (int p = 0; p < DP_NPROG; p++) {
+		put_u32(&w, s->nprog[p]);
+		for (uint32_t i = 0; i < s->nprog[p]; i++)
+			put_instr(&w, &s->prog[p][i]);
+	}
+	if ((size_t)(w.p - b) != n) {
+		/* an internal bug: the size computation and the writers disagree */
+		free(b);
+		return -1;
+	}
+	uLong crc = crc32(0L, Z_NULL, 0);
+	crc = crc32(crc, b + DP_STEP_HEADER_BYTES, (uInt)(n - DP_STEP_HEADER_BYTES));
+	Put h = {b + 12};
+	put_u32(&h, (uint32_t)crc);
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+/* ---- reader: a cursor that never reads past the end ---- */
+
+typedef struct {
+	const unsigned char *p, *end;
+	int bad; /* set on the first read past the end; later reads return 0 */
+	const char *what; /* the record being read, for the truncation message */
+} Get;
+
+static int need(Get *r, size_t n)
+{
+	if (r->bad || (size_t)(r->end - r->p) < n) {
+		r->bad = 1;
+		return 0;
+	}
+	return 1;
+}
+static uint8_t get_u8(Get *r) { return need(r, 1) ? *r->p++ : 0; }
+static uint16_t get_u16(Get *r)
+{
+	uint16_t lo = get_u8(r);
+	return (uint16_t)(lo | (uint16_t)get_u8(r) << 8);
+}
+static uint32_t get_u32(Get *r)
+{
+	if (!need(r, 4))
+		return 0;
+	uint32_t v = 0;
+	for (int i = 0; i < 4; i++)
+		v |= (uint32_t)r->p[i] << (8 * i);
+	r->p += 4;
+	return v;
+}
+static uint64_t get_u64(Get *r)
+{
+	if (!need(r, 8))
+		return 0;
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)r->p[i] << (8 * i);
+	r->p += 8;
+	return v;
+}
+static int32_t get_i32(Get *r) { return (int32_t)get_u32(r); }
+static int64_t get_i64(Get *r) { return (int64_t)get_u64(r); }
+static float get_f32(Get *r)
+{
+	uint32_t v = get_u32(r);
+	float f;
+	memcpy(&f, &v, 4);
+	return f;
+}
+
+/* Read a record count and check that count records of recbytes fit in what
+ * remains, so a lying count cannot cause a huge allocation. */
+static int get_count(Get *r, size_t recbytes, uint32_t *count)
+{
+	*count = get_u32(r);
+	if (r->bad)
+		return -1;
+	if (recbytes && (uint64_t)*count > (uint64_t)(r->end - r->p) / recbytes) {
+		r->bad = 1;
+		return -1;
+	}
+	return 0;
+}
+
+static void get_tensor(Get *r, DpTensor *t)
+{
+	t->name = get_u32(r);
+	t->dtype = get_u8(r);
+	t->kind = get_u8(r);
+	t->ndim = get_u8(r);
+	t->init = get_u8(r);
+	for (int i = 0; i < DP_MAX_DIMS; i++)
+		t->dims[i] = get_i64(r);
+	t->offset = get_u64(r);
+	t->nbytes = get_u64(r);
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		t->place[i] = get_u8(r);
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		t->place_dim[i] = (int8_t)get_u8(r);
+	t->init_a = get_f32(r);
+	t->init_b = get_f32(r);
+	t->init_base = get_i64(r);
+}
+
+static void get_source(Get *r, DpSource *s)
+{
+	s->path = get_u32(r);
+	s->kind = get_u8(r);
+	s->split = get_u8(r);
+	s->role = get_u8(r);
+	s->pad = get_u8(r);
+	s->tensor = get_i32(r);
+	s->sample_elems = get_i64(r);
+	s->synth_n = get_i64(r);
+	s->synth_classes = get_i32(r);
+	s->src_line = get_u32(r);
+}
+
+static void get_instr(Get *r, DpInstr *in)
+{
+	in->op = get_u16(r);
+	in->stream = get_u8(r);
+	in->flags = get_u8(r);
+	for (int i = 0; i < DP_MAX_IN; i++)
+		in->in[i] = get_i32(r);
+	in->out = get_i32(r);
+	for (int i = 0; i < DP_NIATTR; i++)
+		in->ia[i] = get_i64(r);
+	for (int i = 0; i < DP_NFATTR; i++)
+		in->fa[i] = get_f32(r);
+}
+
+/* ---- semantic validation ---- */
+
+static const char *const prog_names[DP_NPROG] = {"step", "eval"};
+
+static size_t dtype_size(unsigned dt) { return dt == DP_BF16 ? 2 : 4; }
+
+static int check_str(const DpStep *s, uint32_t off, const char *what, char *err, size_t errlen)
+{
+	if (off >= s->nstrings) {
+		fail(err, errlen, "%s: string offset %u out of range (string table has %u bytes)", what,
+		     off, s->nstrings);
+		return -1;
+	}
+	return 0;
+}
+
+/* Tensor id usable as an operand: in range and backed by arena memory. */
+static int check_tid(const DpStep *s, int64_t id, int allow_none, const char *what, char *err,
+		     size_t errlen)
+{
+	if (id == -1 && allow_none)
+		return 0;
+	if (id < 0 || id >= (int64_t)s->ntensors) {
+		fail(err, errlen, "%s: tensor id %lld out of range [%s, %u)", what, (long long)id,
+		     allow_none ? "-1" : "0", s->ntensors);
+		return -1;
+	}
+	if (s->tensors[id].nbytes == 0) {
+		fail(err, errlen, "%s: tensor %lld '%s' has no memory", what, (long long)id,
+		     dpstep_str(s, s->tensors[id].name));
+		return -1;
+	}
+	return 0;
+}
+
+static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen)
+{
+	const DpTensor *t = &s->tensors[i];
+	char what[64];
+	snprintf(what, sizeof what, "tensor %u", i);
+	if (check_str(s, t->name, what, err, errlen))
+		return -1;
+	const char *name = s->strings + t->name;
+	if (t->dtype >= DP_NDTYPE || t->kind > DP_T_BUFFER || t->init > DP_INIT_UNIFORM ||
+	    t->ndim > DP_MAX_DIMS) {
+		fail(err, errlen, "tensor '%s': bad dtype/kind/init/ndim (%u/%u/%u/%u)", name, t->dtype,
+		     t->kind, t->init, t->ndim);
+		return -1;
+	}
+	uint64_t numel = 1;
+	for (int d = 0; d < DP_MAX_DIMS; d++) {
+		int64_t v = t->dims[d];
+		if (d < t->ndim) {
+			/* 2^40 elements per dim, and the product below, cannot overflow u64
+			 * before the arena check rejects them */
+			if (v < 1 || v > ((int64_t)1 << 40)) {
+				fail(err, errlen, "tensor '%s': dim %d is %lld", name, d, (long long)v);
+				return -1;
+			}
+			if (numel > UINT64_MAX / (uint64_t)v / 8) {
+				fail(err, errlen, "tensor '%s': too many elements", name);
+				return -1;
+			}
+			numel *= (uint64_t)v;
+		} else if (v != 0 && v != 1) {
+			fail(err, errlen, "tensor '%s': dim %d beyond ndim %u is %lld (must be 0 or 1)",
+			     name, d, t->ndim, (long long)v);
+			return -1;
+		}
+	}
+	for (int a = 0; a < DP_MAX_AXES; a++) {
+		if (t->place[a] > DP_PL_PARTIAL || t->place_dim[a] < -1 ||
+		    t->place_dim[a] >= (t->ndim ? t->ndim : 1)) {
+			fail(err, errlen, "tensor '%s': bad placement on axis %d (%u, dim %d)", name, a,
+			     t->place[a], t->place_dim[a]);
+			return -1;
+		}
+	}
+	if (t->init_base < 0) {
+		fail(err, errlen, "tensor '%s': negative init_base", name);
+		return -1;
+	}
+	if (t->nbytes == 0)
+		return 0; /* no storage */
+	size_t es = dtype_size(t->dtype);
+	if (t->offset > s->cfg.arena_bytes || t->nbytes > s->cfg.arena_bytes - t->offset) {
+		fail(err, errlen,
+		     "tensor '%s': bytes [%llu, +%llu) lie outside the arena of %llu bytes", name,
+		     (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+		     (unsigned long long)s->cfg.arena_bytes);
+		return -1;
+	}
+	if (t->offset % es) {
+		fail(err, errlen, "tensor '%s': offset %llu is not aligned to %zu bytes", name,
+		     (unsigned long long)t->offset, es);
+		return -1;
+	}
+	if (t->nbytes < numel * es) {
+		fail(err, errlen, "tensor '%s': %llu bytes cannot hold %llu elements", name,
+		     (unsigned long long)t->nbytes, (unsigned long long)numel);
+		return -1;
+	}
+	return 0;
+}
+
+static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t errlen)
+{
+	const DpInstr *in = &s->prog[p][i];
+	char what[96];
+	snprintf(what, sizeof what, "%s program, instruction %u", prog_names[p], i);
+	if (in->op >= DPK_COUNT) {
+		fail(err, errlen, "%s: unknown opcode %u", what, in->op);
+		return -1;
+	}
+	snprintf(what, sizeof what, "%s program, instruction %u (%s)", prog_names[p], i,
+		 dp_kernel_names[in->op]);
+	if (in->stream >= DP_NSTREAM) {
+		fail(err, errlen, "%s: bad stream %u", what, in->stream);
+		return -1;
+	}
+	if (in->flags & ~DP_IF_LAST) {
+		fail(err, errlen, "%s: unknown flags 0x%x", what, in->flags);
+		return -1;
+	}
+	for (int k = 0; k < DP_MAX_IN; k++)
+		if (check_tid(s, in->in[k], 1, what, err, errlen))
+			return -1;
+	if (check_tid(s, in->out, 1, what, err, errlen))
+		return -1;
+	switch (in->op) {
+	case DPK_EVENT_RECORD:
+	case DPK_EVENT_WAIT:
+		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents) {
+			fail(err, errlen, "%s: event %lld out of range [0, %u)", what,
+			     (long long)in->ia[0], s->nevents);
+			return -1;
+		}
+		break;
+	case DPK_LOAD:
+		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nsources) {
+			fail(err, errlen, "%s: source %lld out of range [0, %u)", what,
+			     (long long)in->ia[0], s->nsources);
+			return -1;
+		}
+		break;
+	case DPK_ALL_REDUCE:
+	case DPK_REDUCE_SCATTER:
+	case DPK_ALL_GATHER:
+		if (in->ia[0] < 0 || in->ia[0] >= (1 << DP_MAX_AXES)) {
+			fail(err, errlen, "%s: bad axis mask %lld", what, (long long)in->ia[0]);
+			return -1;
+		}
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+static int validate(const DpStep *s, char *err, size_t errlen)
+{
+	const DpConfig *c = &s->cfg;
+	uint64_t world = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++) {
+		if (c->mesh[a] < 1 || c->mesh[a] > (1u << 20)) {
+			fail(err, errlen, "mesh axis %d has size %u", a, c->mesh[a]);
+			return -1;
+		}
+		world *= c->mesh[a];
+	}
+	if (world > (1u << 24)) {
+		fail(err, errlen, "mesh of %llu ranks is too large", (unsigned long long)world);
+		return -1;
+	}
+	if (c->micro_batch < 1 || c->grad_accum < 1) {
+		fail(err, errlen, "micro_batch (%u) and grad_accum (%u) must be >= 1", c->micro_batch,
+		     c->grad_accum);
+		return -1;
+	}
+	if (s->opt.kind > DP_OPT_ADAMW || s->sched.kind > DP_SCHED_COSINE) {
+		fail(err, errlen, "unknown optimizer (%u) or schedule (%u)", s->opt.kind,
+		     s->sched.kind);
+		return -1;
+	}
+	if (s->nstrings && s->strings[s->nstrings - 1] != '\0') {
+		fail(err, errlen, "string table is not NUL-terminated");
+		return -1;
+	}
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (validate_tensor(s, i, err, errlen))
+			return -1;
+	for (uint32_t i = 0; i < s->nsources; i++) {
+		const DpSource *src = &s->sources[i];
+		char what[64];
+		snprintf(what, sizeof what, "source %u", i);
+		if (check_str(s, src->path, what, err, errlen) ||
+		    check_tid(s, src->tensor, 0, what, err, errlen))
+			return -1;
+		if (src->kind > DP_SRC_SYNTHETIC || src->split > DP_SPLIT_EVAL || src->role > 1 ||
+		    src->sample_elems < 0 || src->synth_n < 0 || src->synth_classes < 0 ||
+		    src->synth_classes > 65536) {
+			fail(err, errlen, "%s: bad kind/split/role/sizes", what);
+			return -1;
+		}
+	}
+	int32_t mids[4] = {s->metrics.loss, s->metrics.grad_norm, s->metrics.eval_loss,
+			   s->metrics.eval_correct};
+	static const char *const mnames[4] = {"loss", "grad_norm", "eval_loss", "eval_correct"};
+	for (int m = 0; m < 4; m++) {
+		char what[64];
+		snprintf(what, sizeof what, "metric %s", mnames[m]);
+		if (check_tid(s, mids[m], 1, what, err, errlen))
+			return -1;
+		if (mids[m] >= 0) {
+			const DpTensor *t = &s->tensors[mids[m]];
+			uint64_t need_el = m == 3 ? 2 : 1;
+			if (t->dtype != DP_F32 || t->nbytes < need_el * 4) {
+				fail(err, errlen, "%s: must be f32 with at least %llu elements", what,
+				     (unsigned long long)need_el);
+				return -1;
+			}
+		}
+	}
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++)
+			if (validate_instr(s, p, i, err, errlen))
+				return -1;
+	return 0;
+}
+
+int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	if (len < DP_STEP_HEADER_BYTES) {
+		size_t k = len < 8 ? len : 8;
+		if (len == 0 || memcmp(buf, DP_STEP_MAGIC, k) != 0)
+			fail(err, errlen, "not a dp step file");
+		else
+			fail(err, errlen, "truncated: expected at least %d bytes, got %zu",
+			     DP_STEP_HEADER_BYTES, len);
+		return -1;
+	}
+	if (memcmp(buf, DP_STEP_MAGIC, 8) != 0) {
+		fail(err, errlen, "not a dp step file");
+		return -1;
+	}
+	Get r = {buf + 8, buf + len, 0, "header"};
+	uint32_t version = get_u32(&r);
+	if (version > DP_STEP_VERSION) {
+		fail(err, errlen,
+		     "step file format version %u is newer than this dpexec supports (%u); rebuild dpexec",
+		     version, DP_STEP_VERSION);
+		return -1;
+	}
+	if (version < DP_STEP_VERSION) {
+		fail(err, errlen, "step file format version %u is not supported (this dpexec reads %u); recompile with dpc",
+		     version, DP_STEP_VERSION);
+		return -1;
+	}
+	uint32_t crc_file = get_u32(&r);
+	uint64_t size = get_u64(&r);
+	if (size > len) {
+		fail(err, errlen, "truncated: expected %llu bytes, got %zu", (unsigned long long)size,
+		     len);
+		return -1;
+	}
+	if (size < len) {
+		fail(err, errlen, "bad size: expected %llu bytes, got %zu (trailing bytes)",
+		     (unsigned long long)size, len);
+		return -1;
+	}
+	uLong crc = crc32(0L, Z_NULL, 0);
+	/* crc32 takes a uInt length: feed large files in pieces */
+	for (size_t off = DP_STEP_HEADER_BYTES; off < len;) {
+		size_t n = len - off > (1u << 30) ? (1u << 30) : len - off;
+		crc = crc32(crc, buf + off, (uInt)n);
+		off += n;
+	}
+	if ((uint32_t)crc != crc_file) {
+		fail(err, errlen, "checksum mismatch: file is corrupted");
+		return -1;
+	}
+
+	DpStep *s = out;
+	DpConfig *c = &s->cfg;
+	for (int i = 0; i < DP_MAX_AXES; i++)
+		c->mesh[i] = get_u32(&r);
+	c->micro_batch = get_u32(&r);
+	c->grad_accum = get_u32(&r);
+	c->eval_batch = get_u32(&r);
+	c->steps = get_u32(&r);
+	c->eval_every = get_u32(&r);
+	c->log_every = get_u32(&r);
+	c->seed = get_u64(&r);
+	c->arena_bytes = get_u64(&r);
+	DpOptim *o = &s->opt;
+	o->kind = get_u32(&r);
+	o->lr = get_f32(&r);
+	o->beta1 = get_f32(&r);
+	o->beta2 = get_f32(&r);
+	o->eps = get_f32(&r);
+	o->weight_decay = get_f32(&r);
+	o->momentum = get_f32(&r);
+	o->clip = get_f32(&r);
+	s->sched.kind = get_u32(&r);
+	s->sched.warmup = get_u32(&r);
+	s->sched.steps = get_u32(&r);
+	s->sched.min_lr = get_f32(&r);
+	s->metrics.loss = get_i32(&r);
+	s->metrics.grad_norm = get_i32(&r);
+	s->metrics.eval_loss = get_i32(&r);
+	s->metrics.eval_correct = get_i32(&r);
+	s->nevents = get_u32(&r);
+	const char *what = "header records";
+	if (r.bad)
+		goto truncated;
+	what = "string table";
+	if (get_count(&r, 1, &s->nstrings))
+		goto truncated;
+	s->strings = malloc(s->nstrings ? s->nstrings : 1);
+	if (!s->strings)
+		goto nomem;
+	memcpy(s->strings, r.p, s->nstrings);
+	r.p += s->nstrings;
+
+	what = "tensor table";
+	if (get_count(&r, TENSOR_BYTES, &s->ntensors))
+		goto truncated;
+	s->tensors = calloc(s->ntensors ? s->ntensors : 1, sizeof(DpTensor));
+	if (!s->tensors)
+		goto nomem;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		get_tensor(&r, &s->tensors[i]);
+
+	what = "source table";
+	if (get_count(&r, SOURCE_BYTES, &s->nsources))
+		goto truncated;
+	s->sources = calloc(s->nsources ? s->nsources : 1, sizeof(DpSource));
+	if (!s->sources)
+		goto nomem;
+	for (uint32_t i = 0; i < s->nsources; i++)
+		get_source(&r, &s->sources[i]);
+
+	for (int p = 0; p < DP_NPROG; p++) {
+		what = prog_names[p];
+		if (get_count(&r, INSTR_BYTES, &s->nprog[p]))
+			goto truncated;
+		s->prog[p] = calloc(s->nprog[p] ? s->nprog[p] : 1, sizeof(DpInstr));
+		if (!s->prog[p])
+			goto nomem;
+		for (uint32_t i = 0; i < s->nprog[p]; i++)
+			get_instr(&r, &s->prog[p][i]);
+	}
+	if (r.bad)
+		goto truncated;
+	if (r.p != r.end) {
+		fail(err, errlen, "malformed: %zu unused bytes after the last program",
+		     (size_t)(r.end - r.p));
+		goto bad;
+	}
+	if (validate(s, err, errlen))
+		goto bad;
+	return 0;
+
+truncated:
+	fail(err, errlen, "malformed: the %s runs past the end of the file", what);
+	goto bad;
+nomem:
+	fail(err, errlen, "out of memory reading the %s", what);
+bad:
+	dpstep_free(s);
+	return -1;
+}
+
+void dpstep_free(DpStep *s)
+{
+	if (!s)
+		return;
+	free(s->strings);
+	free(s->tensors);
+	free(s->sources);
+	for (int p = 0; p < DP_NPROG; p++)
+		free(s->prog[p]);
+	memset(s, 0, sizeof *s);
+}
+
+const char *dpstep_str(const DpStep *s, uint32_t off)
+{
+	if (!s->strings || off >= s->nstrings)
+		return "";
+	return s->strings + off;
+}
+
+static int write_all(int fd, const unsigned char *b, size_t n)
+{
+	while (n) {
+		ssize_t w = write(fd, b, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		b += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen)
+{
+	unsigned char *buf;
+	size_t len;
+	if (dpstep_encode(s, &buf, &len)) {
+		fail(err, errlen, "%s: out of memory encoding the step file", path);
+		return -1;
+	}
+	size_t plen = strlen(path);
+	char *tmp = malloc(plen + 16);
+	if (!tmp) {
+		free(buf);
+		fail(err, errlen, "%s: out of memory", path);
+		return -1;
+	}
+	/* the temp file lives beside path so rename() stays on one file system */
+	snprintf(tmp, plen + 16, "%s.tmpXXXXXX", path);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		fail(err, errlen, "cannot create a temporary file beside %s: %s", path,
+		     strerror(errno));
+		free(tmp);
+		free(buf);
+		return -1;
+	}
+	int rc = write_all(fd, buf, len);
+	if (rc == 0)
+		rc = fsync(fd);
+	int e = errno;
+	if (close(fd) && rc == 0) {
+		rc = -1;
+		e = errno;
+	}
+	if (rc == 0) {
+		/* mkstemp makes the file 0600; a step file is meant to be shared */
+		chmod(tmp, 0644);
+		if (rename(tmp, path)) {
+			rc = -1;
+			e = errno;
+		}
+	}
+	if (rc) {
+		fail(err, errlen, "cannot write %s: %s", path, strerror(e));
+		unlink(tmp);
+	} else {
+		/* make the rename durable too; best effort */
+		char *dcopy = strdup(path);
+		if (dcopy) {
+			int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
+			if (dfd >= 0) {
+				fsync(dfd);
+				close(dfd);
+			}
+			free(dcopy);
+		}
+	}
+	free(tmp);
+	free(buf);
+	return rc;
+}
+
+int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+		fail(err, errlen, "%s: not a regular file", path);
+		fclose(f);
+		return -1;
+	}
+	size_t len = (size_t)st.st_size;
+	unsigned char *buf = malloc(len ? len : 1);
+	if (!buf) {
+		fail(err, errlen, "%s: out of memory (%zu bytes)", path, len);
+		fclose(f);
+		return -1;
+	}
+	size_t got = fread(buf, 1, len, f);
+	int rerr = ferror(f);
+	fclose(f);
+	if (rerr) {
+		fail(err, errlen, "cannot read %s", path);
+		free(buf);
+		return -1;
+	}
+	char why[512];
+	int rc = dpstep_decode(buf, got, out, why, sizeof why);
+	if (rc)
+		fail(err, errlen, "%s: %s", path, why);
+	free(buf);
+	return rc;
+}

@@ -1,0 +1,575 @@
+/*
+ * verify.c - the invariants every pass must keep (ir_verify).
+ *
+ * Runs after every pass (dpc always; it is cheap: linear in values + nodes,
+ * except the memory-overlap check, which sorts the temporaries). Prints one
+ * line per violation,
+ *
+ *   verify after bucket: node 12 (linear %t0): input 3 out of range
+ *
+ * and returns how many it found. Checks, in order:
+ *  - values: values[i]->id == i; dtype, kind, ndim, dims, block, source,
+ *    placement in range; def names a node that writes the value.
+ *  - views: view_of in range, no cycles, view_offset + numel <= numel of the
+ *    viewed buffer.
+ *  - param <-> grad links symmetric.
+ *  - nodes: unique ids below next_node_id; op, operands, phase, stream,
+ *    block, bucket in range; nin == ir_ops[op].arity when the op table has
+ *    the row; collectives on the comm stream; events below g->nevents.
+ *  - SSA temporaries (DP_T_ACT): at most one defining writer (a writer that
+ *    does not read its output; accumulating writers such as ACCUM or a
+ *    matmul with acc update it), and in each program (step, eval) every
+ *    read, accumulating write included, comes after a write.
+ *  - events: each EVENT_WAIT follows an EVENT_RECORD of the same event on
+ *    another stream, in the same program.
+ *  - buckets: view and members in range, every member inside the view,
+ *    elems == numel(view), the bucket's node uses the bucket's op and view.
+ *  - once memory is planned (cfg.arena_bytes > 0 or any value has an
+ *    offset): every value a node uses has offset >= 0 and
+ *    offset + nbytes <= arena; nbytes >= its size; two temporaries whose
+ *    lifetimes (first write .. last read, per program) overlap do not share
+ *    bytes.
+ * The verifier never trusts the graph: every id is range-checked before it
+ * is followed, so a broken graph gives messages, not a crash.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static const char *const op_names[DPK_COUNT] = { /* ORDER KERNEL */
+#define X(name, text) text,
+	DP_KERNELS(X)
+#undef X
+};
+
+#define MAX_REPORTED 200 /* lines printed; the count returned is exact */
+
+typedef struct {
+	const Graph *g;
+	const char *after;
+	FILE *out;
+	int count;
+} Verifier;
+
+static int vok(const Graph *g, int id)
+{
+	return id >= 0 && id < g->nvalues && g->values[id];
+}
+
+static const char *vname(const Graph *g, int id)
+{
+	return vok(g, id) && g->values[id]->name ? g->values[id]->name : "?";
+}
+
+static void prefix(Verifier *vf)
+{
+	fprintf(vf->out, "verify%s%s: ", vf->after ? " after " : "", vf->after ? vf->after : "");
+}
+
+__attribute__((format(printf, 2, 3))) static void report(Verifier *vf, const char *fmt, ...)
+{
+	if (vf->count++ >= MAX_REPORTED || !vf->out)
+		return;
+	va_list ap;
+	prefix(vf);
+	va_start(ap, fmt);
+	vfprintf(vf->out, fmt, ap);
+	va_end(ap);
+	fputc('\n', vf->out);
+}
+
+__attribute__((format(printf, 3, 4))) static void node_error(Verifier *vf, const Node *n,
+							      const char *fmt, ...)
+{
+	if (vf->count++ >= MAX_REPORTED || !vf->out)
+		return;
+	va_list ap;
+	prefix(vf);
+	fprintf(vf->out, "node %d (%s", n->id, (unsigned)n->op < DPK_COUNT ? op_names[n->op] : "?");
+	if (vok(vf->g, n->out))
+		fprintf(vf->out, " %%%s", vname(vf->g, n->out));
+	fputs("): ", vf->out);
+	va_start(ap, fmt);
+	vfprintf(vf->out, fmt, ap);
+	va_end(ap);
+	fputc('\n', vf->out);
+}
+
+__attribute__((format(printf, 3, 4))) static void value_error(Verifier *vf, int id,
+							       const char *fmt, ...)
+{
+	if (vf->count++ >= MAX_REPORTED || !vf->out)
+		return;
+	va_list ap;
+	prefix(vf);
+	fprintf(vf->out, "value %d (%%%s): ", id, vname(vf->g, id));
+	va_start(ap, fmt);
+	vfprintf(vf->out, fmt, ap);
+	va_end(ap);
+	fputc('\n', vf->out);
+}
+
+static int is_collective(IrOp op)
+{
+	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
+}
+
+/* Does n read its output? From the op table when it has the row, else from
+ * the kernel contracts of stepfile.h. */
+static int reads_out(const Node *n)
+{
+	const OpInfo *oi = &ir_ops[n->op];
+	int ro;
+	if (oi->name)
+		ro = oi->reads_out;
+	else
+		switch (n->op) {
+		case DPK_ACCUM:
+		case DPK_CLIP:
+		case DPK_SGD:
+		case DPK_ADAMW:
+		case DPK_ALL_REDUCE:
+			ro = 1;
+			break;
+		case DPK_MATMUL:
+		case DPK_BIAS_GRAD:
+		case DPK_SQNORM:
+			ro = 2;
+			break;
+		default:
+			ro = 0;
+		}
+	return ro == 1 || (ro == 2 && n->ia[2] != 0);
+}
+
+static int64_t vbytes(const Value *v)
+{
+	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+}
+
+/* ---- values ---- */
+
+/* Returns 1 when v's scalar fields are sane enough to compute its size. */
+static int check_value(Verifier *vf, int i, const Node *const *byid, int nid)
+{
+	const Graph *g = vf->g;
+	const Value *v = g->values[i];
+	int sane = 1;
+	if (v->id != i)
+		value_error(vf, i, "id is %d, not its index", v->id);
+	if (!v->name)
+		value_error(vf, i, "has no name");
+	if ((unsigned)v->dtype >= DP_NDTYPE)
+		value_error(vf, i, "bad dtype %d", (int)v->dtype), sane = 0;
+	if ((unsigned)v->kind > DP_T_BUFFER)
+		value_error(vf, i, "bad kind %d", (int)v->kind);
+	if (v->ndim < 0 || v->ndim > DP_MAX_DIMS) {
+		value_error(vf, i, "bad ndim %d", v->ndim);
+		sane = 0;
+	} else
+		for (int k = 0; k < v->ndim; k++)
+			if (v->dims[k] < 0)
+				value_error(vf, i, "negative dim %d", k), sane = 0;
+	if (v->block < -1 || v->block >= g->nblocks)
+		value_error(vf, i, "block %d out of range", v->block);
+	if (v->source < -1 || v->source >= g->nsources)
+		value_error(vf, i, "source %d out of range", v->source);
+	for (int a = 0; a < DP_MAX_AXES; a++) {
+		Place p = v->place[a];
+		if (p.kind > DP_PL_PARTIAL)
+			value_error(vf, i, "bad placement on %s", ir_axis_names[a]);
+		else if (p.kind == DP_PL_SHARD && (p.dim < 0 || p.dim >= v->ndim))
+			value_error(vf, i, "sharded on %s along dim %d of %d", ir_axis_names[a], p.dim,
+				    v->ndim);
+	}
+	if (v->def != -1) {
+		const Node *n = v->def >= 0 && v->def < nid ? byid[v->def] : NULL;
+		if (!n)
+			value_error(vf, i, "def names node %d, which is not in the graph", v->def);
+		else if (n->out != i)
+			value_error(vf, i, "def names node %d, which does not write it", v->def);
+	}
+	/* param <-> grad */
+	if (v->grad != -1) {
+		if (!vok(g, v->grad))
+			value_error(vf, i, "grad %d out of range", v->grad);
+		else if (g->values[v->grad]->param != i)
+			value_error(vf, i, "its grad %%%s names param %d", vname(g, v->grad),
+				    g->values[v->grad]->param);
+	}
+	if (v->param != -1) {
+		if (!vok(g, v->param))
+			value_error(vf, i, "param %d out of range", v->param);
+		else if (g->values[v->param]->grad != i)
+			value_error(vf, i, "its param %%%s does not name it as its grad",
+				    vname(g, v->param));
+	}
+	return sane;
+}
+
+/* Views: no cycles, inside the viewed buffer. Fills sane[] (0 for values on
+ * a broken chain) so later checks may follow view_of safely. */
+static void check_views(Verifier *vf, char *sane)
+{
+	const Graph *g = vf->g;
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (v->view_of == -1)
+			continue;
+		if (!vok(g, v->view_of) || v->view_of == i) {
+			value_error(vf, i, "view_of %d out of range", v->view_of);
+			sane[i] = 0;
+			continue;
+		}
+		/* a chain longer than the number of values has a cycle */
+		int id = i, steps = 0;
+		while (id >= 0 && steps <= g->nvalues) {
+			int up = g->values[id]->view_of;
+			id = vok(g, up) ? up : -1;
+			steps++;
+		}
+		if (steps > g->nvalues) {
+			value_error(vf, i, "views form a cycle");
+			sane[i] = 0;
+			continue;
+		}
+		const Value *base = g->values[v->view_of];
+		if (!sane[i] || !sane[v->view_of])
+			continue;
+		if (v->view_offset < 0 || v->view_offset + ir_numel(v) > ir_numel(base))
+			value_error(vf, i, "view [%" PRId64 ", %" PRId64 ") outside %%%s (%" PRId64
+					   " elements)",
+				    v->view_offset, v->view_offset + ir_numel(v), vname(g, v->view_of),
+				    ir_numel(base));
+	}
+	/* a value is usable for overlap queries only if its whole chain is */
+	for (int i = 0; i < g->nvalues; i++) {
+		int id = i, steps = 0;
+		while (sane[i] && id >= 0 && steps++ <= g->nvalues) {
+			if (!sane[id])
+				sane[i] = 0;
+			int up = g->values[id]->view_of;
+			id = vok(g, up) ? up : -1;
+		}
+	}
+}
+
+/* Root value and element offset inside it (chain known to be sane). */
+static const Value *root_of(const Graph *g, const Value *v, int64_t *off)
+{
+	*off = 0;
+	while (v->view_of >= 0) {
+		*off += v->view_offset;
+		v = g->values[v->view_of];
+	}
+	return v;
+}
+
+/* ---- nodes ---- */
+
+static void check_node(Verifier *vf, const Node *n)
+{
+	const Graph *g = vf->g;
+	if ((unsigned)n->op >= DPK_COUNT) {
+		node_error(vf, n, "bad op %d", (int)n->op);
+		return;
+	}
+	if (n->nin < 0 || n->nin > DP_MAX_IN) {
+		node_error(vf, n, "bad input count %d", n->nin);
+		return;
+	}
+	const OpInfo *oi = &ir_ops[n->op];
+	if (oi->name && oi->arity >= 0 && n->nin != oi->arity)
+		node_error(vf, n, "%d inputs, %s takes %d", n->nin, op_names[n->op], oi->arity);
+	for (int k = 0; k < n->nin; k++)
+		if (n->in[k] != -1 && !vok(g, n->in[k]))
+			node_error(vf, n, "input %d out of range (%d)", k, n->in[k]);
+	if (n->out != -1 && !vok(g, n->out))
+		node_error(vf, n, "output out of range (%d)", n->out);
+	if ((unsigned)n->phase > PH_EVAL)
+		node_error(vf, n, "bad phase %d", (int)n->phase);
+	if (n->stream < 0 || n->stream >= DP_NSTREAM)
+		node_error(vf, n, "bad stream %d", n->stream);
+	if (n->block < -1 || n->block >= g->nblocks)
+		node_error(vf, n, "block %d out of range", n->block);
+	if (n->progs & ~(IR_IN_STEP | IR_IN_EVAL))
+		node_error(vf, n, "bad program mask %u", n->progs);
+	if (is_collective(n->op) && n->stream != DP_STREAM_COMM)
+		node_error(vf, n, "collective not on the comm stream");
+	if (n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT) {
+		if (n->ia[0] < 0 || n->ia[0] >= g->nevents)
+			node_error(vf, n, "event %" PRId64 " out of range (%d events)", n->ia[0],
+				   g->nevents);
+	}
+	if (n->op == DPK_LOAD && (n->ia[0] < 0 || n->ia[0] >= g->nsources))
+		node_error(vf, n, "source %" PRId64 " out of range", n->ia[0]);
+	if (n->bucket != -1) {
+		if (n->bucket < 0 || n->bucket >= g->nbuckets)
+			node_error(vf, n, "bucket %d out of range", n->bucket);
+		else {
+			const Bucket *b = &g->buckets[n->bucket];
+			int uses = n->out == b->view;
+			for (int k = 0; k < n->nin; k++)
+				uses |= n->in[k] == b->view;
+			if (b->op != n->op)
+				node_error(vf, n, "bucket r%d is a %s", n->bucket,
+					   (unsigned)b->op < DPK_COUNT ? op_names[b->op] : "?");
+			if (!uses)
+				node_error(vf, n, "does not use bucket r%d's view %%%s", n->bucket,
+					   vname(g, b->view));
+		}
+	}
+}
+
+/* ---- buckets ---- */
+
+static void check_buckets(Verifier *vf, const char *sane)
+{
+	const Graph *g = vf->g;
+	for (int i = 0; i < g->nbuckets; i++) {
+		const Bucket *b = &g->buckets[i];
+		if (!vok(g, b->view)) {
+			report(vf, "bucket r%d: view %d out of range", i, b->view);
+			continue;
+		}
+		const Value *view = g->values[b->view];
+		if (!sane[b->view])
+			continue;
+		if (b->elems != ir_numel(view))
+			report(vf, "bucket r%d: %" PRId64 " elements, its view %%%s has %" PRId64, i,
+			       b->elems, view->name, ir_numel(view));
+		if (b->nmembers < 1 || !b->members) {
+			report(vf, "bucket r%d: no members", i);
+			continue;
+		}
+		int64_t v0;
+		const Value *root = root_of(g, view, &v0);
+		for (int m = 0; m < b->nmembers; m++) {
+			int id = b->members[m];
+			if (!vok(g, id)) {
+				report(vf, "bucket r%d: member %d out of range", i, id);
+				continue;
+			}
+			if (!sane[id])
+				continue;
+			int64_t m0;
+			const Value *mroot = root_of(g, g->values[id], &m0);
+			if (mroot != root || m0 < v0 || m0 + ir_numel(g->values[id]) > v0 + ir_numel(view))
+				report(vf, "bucket r%d: member %%%s is not inside %%%s", i, vname(g, id),
+				       view->name);
+		}
+	}
+}
+
+/* ---- programs: SSA order, events, lifetimes ---- */
+
+typedef struct {
+	int64_t start, end; /* bytes [start, end) */
+	int first, last;    /* program positions */
+	int id;
+} Interval;
+
+static int by_start(const void *a, const void *b)
+{
+	const Interval *x = a, *y = b;
+	return x->start < y->start ? -1 : x->start > y->start ? 1 : x->id - y->id;
+}
+
+/* Walks program prog (IR_IN_STEP or IR_IN_EVAL) in order. */
+static void check_program(Verifier *vf, unsigned prog, int planned, int *first, int *last,
+			  unsigned char *recorded)
+{
+	const Graph *g = vf->g;
+	const char *pname = prog == IR_IN_STEP ? "step" : "eval";
+	for (int i = 0; i < g->nvalues; i++)
+		first[i] = last[i] = -1;
+	if (recorded)
+		memset(recorded, 0, (size_t)g->nevents);
+	int pos = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & prog) || (unsigned)n->op >= DPK_COUNT || n->nin < 0 ||
+		    n->nin > DP_MAX_IN)
+			continue;
+		for (int k = 0; k < n->nin; k++) {
+			int id = n->in[k];
+			if (!vok(g, id) || g->values[id]->kind != DP_T_ACT)
+				continue;
+			if (first[id] < 0) {
+				node_error(vf, n, "reads %%%s before it is written (%s program)",
+					   vname(g, id), pname);
+				first[id] = pos;
+			}
+			last[id] = pos;
+		}
+		if (vok(g, n->out) && g->values[n->out]->kind == DP_T_ACT) {
+			int id = n->out;
+			if (first[id] < 0) {
+				if (reads_out(n))
+					node_error(vf, n, "updates %%%s before it is written (%s program)",
+						   vname(g, id), pname);
+				first[id] = pos;
+			}
+			last[id] = pos;
+		}
+		if (recorded && (n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT) &&
+		    n->ia[0] >= 0 && n->ia[0] < g->nevents && n->stream >= 0 && n->stream < 8) {
+			unsigned char bit = (unsigned char)(1u << n->stream);
+			if (n->op == DPK_EVENT_RECORD)
+				recorded[n->ia[0]] |= bit;
+			else if (!(recorded[n->ia[0]] & (unsigned char)~bit))
+				node_error(vf, n, "waits for event %" PRId64
+						  " with no earlier record on another stream (%s program)",
+					   n->ia[0], pname);
+		}
+		pos++;
+	}
+	if (!planned)
+		return;
+	/* temporaries with overlapping lifetimes must not share bytes */
+	int nt = 0;
+	for (int i = 0; i < g->nvalues; i++)
+		if (first[i] >= 0 && g->values[i]->offset >= 0)
+			nt++;
+	if (nt < 2)
+		return;
+	Interval *iv = malloc((size_t)nt * sizeof *iv);
+	if (!iv)
+		die("out of memory verifying IR");
+	nt = 0;
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (first[i] < 0 || v->offset < 0)
+			continue;
+		int64_t nb = v->nbytes > 0 ? v->nbytes : 0;
+		iv[nt++] = (Interval){v->offset, v->offset + nb, first[i], last[i], i};
+	}
+	qsort(iv, (size_t)nt, sizeof *iv, by_start);
+	for (int a = 0; a < nt; a++)
+		for (int b = a + 1; b < nt && iv[b].start < iv[a].end; b++)
+			if (iv[a].first <= iv[b].last && iv[b].first <= iv[a].last)
+				report(vf, "%%%s and %%%s share bytes [%" PRId64 ", %" PRId64
+					   ") while both live (%s program)",
+				       vname(g, iv[a].id), vname(g, iv[b].id), iv[b].start,
+				       iv[a].end < iv[b].end ? iv[a].end : iv[b].end, pname);
+	free(iv);
+}
+
+/* ---- memory plan ---- */
+
+static void check_memory(Verifier *vf, const char *used, const char *sane)
+{
+	const Graph *g = vf->g;
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (!used[i])
+			continue;
+		if (v->offset < 0) {
+			value_error(vf, i, "used but has no arena offset");
+			continue;
+		}
+		if (v->nbytes < 0 || (uint64_t)v->offset + (uint64_t)v->nbytes > g->cfg.arena_bytes)
+			value_error(vf, i, "[%" PRId64 ", +%" PRId64 ") outside the arena (%" PRIu64
+					   " bytes)",
+				    v->offset, v->nbytes, g->cfg.arena_bytes);
+		if (sane[i] && v->nbytes < vbytes(v))
+			value_error(vf, i, "nbytes %" PRId64 " < its size %" PRId64, v->nbytes, vbytes(v));
+	}
+}
+
+int ir_verify(const Graph *g, const char *after, FILE *out)
+{
+	Verifier vf = {g, after, out, 0};
+	if (g->nvalues < 0 || g->nnodes < 0 || (g->nvalues && !g->values) || (g->nnodes && !g->nodes)) {
+		report(&vf, "graph: bad value or node arrays");
+		return vf.count;
+	}
+	for (int i = 0; i < g->nvalues; i++)
+		if (!g->values[i]) {
+			report(&vf, "value %d is NULL", i);
+			return vf.count;
+		}
+	for (int i = 0; i < g->nnodes; i++)
+		if (!g->nodes[i]) {
+			report(&vf, "node at position %d is NULL", i);
+			return vf.count;
+		}
+
+	/* node ids: unique and below next_node_id */
+	int nid = g->next_node_id > 0 ? g->next_node_id : 0;
+	const Node **byid = calloc((size_t)nid + 1, sizeof *byid);
+	size_t nv1 = (size_t)g->nvalues + 1;
+	char *sane = malloc(nv1), *used = calloc(nv1, 1);
+	int *first = malloc(nv1 * sizeof(int)), *last = malloc(nv1 * sizeof(int));
+	unsigned char *recorded = NULL;
+	if (g->nevents < 0)
+		report(&vf, "graph: nevents %d is negative", g->nevents);
+	else if (g->nevents > 0)
+		recorded = malloc((size_t)g->nevents);
+	if (!byid || !sane || !used || !first || !last || (g->nevents > 0 && !recorded))
+		die("out of memory verifying IR");
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->id < 0 || n->id >= nid)
+			node_error(&vf, n, "id not below next_node_id %d", g->next_node_id);
+		else if (byid[n->id])
+			node_error(&vf, n, "id used by two nodes");
+		else
+			byid[n->id] = n;
+	}
+
+	for (int i = 0; i < g->nvalues; i++)
+		sane[i] = (char)check_value(&vf, i, byid, nid);
+	check_views(&vf, sane);
+	const int roles[] = {g->loss, g->logits, g->labels, g->metrics.loss, g->metrics.grad_norm,
+			     g->metrics.eval_loss, g->metrics.eval_correct};
+	for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++)
+		if (roles[k] != -1 && !vok(g, roles[k]))
+			report(&vf, "graph: loss/metric value %d out of range", roles[k]);
+
+	int *writer = first; /* reused: the defining writer of each temporary */
+	for (int i = 0; i < g->nvalues; i++)
+		writer[i] = -1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		check_node(&vf, n);
+		if ((unsigned)n->op >= DPK_COUNT || n->nin < 0 || n->nin > DP_MAX_IN)
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (vok(g, n->in[k]))
+				used[n->in[k]] = 1;
+		if (!vok(g, n->out))
+			continue;
+		used[n->out] = 1;
+		if (g->values[n->out]->kind != DP_T_ACT || reads_out(n))
+			continue;
+		if (writer[n->out] >= 0) {
+			node_error(&vf, n, "second writer of SSA temporary %%%s (first: node %d)",
+				   vname(g, n->out), writer[n->out]);
+		} else
+			writer[n->out] = n->id;
+	}
+	check_buckets(&vf, sane);
+
+	int planned = g->cfg.arena_bytes > 0;
+	for (int i = 0; i < g->nvalues && !planned; i++)
+		planned = g->values[i]->offset >= 0;
+	check_program(&vf, IR_IN_STEP, planned, first, last, recorded);
+	check_program(&vf, IR_IN_EVAL, planned, first, last, recorded);
+	if (planned)
+		check_memory(&vf, used, sane);
+
+	if (vf.count > MAX_REPORTED && out) {
+		prefix(&vf);
+		fprintf(out, "%d more violations not shown\n", vf.count - MAX_REPORTED);
+	}
+	free(byid);
+	free(sane);
+	free(used);
+	free(first);
+	free(last);
+	free(recorded);
+	return vf.count;
+}

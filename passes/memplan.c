@@ -1,0 +1,297 @@
+/*
+ * memplan.c - static memory planning: one arena per rank (pass "memplan").
+ *
+ * Before: the schedule form: final program order with streams and events.
+ * No value has an offset yet (offset -1).
+ *
+ * After:
+ * - Persistent values get their own ranges, first, in this order: flat
+ *   buffers (flat.params, then flat.grads: value order), non-view params and
+ *   grads, optimizer state, data, metrics, buffers. A view gets its root's
+ *   offset + view_offset * element size (params, grads, buckets).
+ * - Temporaries (DP_T_ACT roots) share the rest by lifetime: a value lives
+ *   from its first use to its last use, in each program separately (STEP
+ *   order with the DP_IF_LAST parts included; EVAL order). Two temporaries
+ *   may share bytes only when their lifetimes are disjoint in both programs.
+ *   Placement: by size, largest first (ties: value id), at the lowest
+ *   256-aligned offset that overlaps no already placed temporary whose
+ *   lifetime intersects (best fit by offset, deterministic).
+ * - offset and nbytes (root: size rounded up to 256; view: exact) are set
+ *   for every value a node uses and every persistent value; an unused
+ *   temporary keeps offset -1, nbytes 0. cfg.arena_bytes = peak_bytes = the
+ *   arena size; persistent_bytes = the persistent part.
+ *
+ * Asynchronous collectives: a collective runs on the comm stream between the
+ * compute point its start event was recorded at and the compute point that
+ * waits for its done event, not at its place in the list. So every value a
+ * collective touches lives, in STEP order, over that whole window: from the
+ * record it waits on (or, with no wait, from where the previous collective
+ * may start; the comm stream is serial) to the EVENT_WAIT that completes it
+ * (or the end of the program). Persistent gradients make this moot for
+ * ddp; gathered parameters and reduce-scatter inputs of later strategies
+ * need it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+#define MEM_ALIGN 256
+
+static int64_t align_up(int64_t x)
+{
+	return (x + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+}
+
+static int64_t value_bytes(const Value *v)
+{
+	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+}
+
+/* Persistent ranks, in arena order; -1: a temporary. */
+static int persistent_rank(const Value *v)
+{
+	switch (v->kind) {
+	case DP_T_FLAT:
+		return 0;
+	case DP_T_PARAM:
+		return 1;
+	case DP_T_GRAD:
+		return 2;
+	case DP_T_OPTSTATE:
+		return 3;
+	case DP_T_DATA:
+		return 4;
+	case DP_T_METRIC:
+		return 5;
+	case DP_T_BUFFER:
+		return 6;
+	case DP_T_ACT:
+		return -1;
+	}
+	return -1;
+}
+
+/* Lifetime of a temporary in one program: [first, last] positions, or
+ * first > last when the program does not use it. */
+typedef struct {
+	int first, last;
+} Span;
+
+typedef struct {
+	int value;
+	int64_t bytes;
+	Span span[DP_NPROG];
+} Temp;
+
+static void extend(Span *s, int lo, int hi)
+{
+	if (s->first > s->last) {
+		s->first = lo;
+		s->last = hi;
+		return;
+	}
+	if (lo < s->first)
+		s->first = lo;
+	if (hi > s->last)
+		s->last = hi;
+}
+
+static int spans_meet(const Span *a, const Span *b)
+{
+	return a->first <= a->last && b->first <= b->last && a->first <= b->last &&
+	       b->first <= a->last;
+}
+
+static int temps_meet(const Temp *a, const Temp *b)
+{
+	for (int p = 0; p < DP_NPROG; p++)
+		if (spans_meet(&a->span[p], &b->span[p]))
+			return 1;
+	return 0;
+}
+
+static int cmp_size_desc(const void *pa, const void *pb)
+{
+	const Temp *a = pa, *b = pb;
+	if (a->bytes != b->bytes)
+		return a->bytes > b->bytes ? -1 : 1;
+	return a->value - b->value;
+}
+
+typedef struct {
+	int64_t lo, hi;
+} Range;
+
+static int cmp_range(const void *pa, const void *pb)
+{
+	const Range *a = pa, *b = pb;
+	return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Uses of node n: its ins and out, over the positions [lo, hi]. span_of
+ * maps a value id to its Temp (or NULL for non-temporaries). */
+static void use_node(const Graph *g, const Node *n, int prog, int lo, int hi, Temp **temp_of)
+{
+	for (int i = -1; i < n->nin; i++) {
+		int v = i < 0 ? n->out : n->in[i];
+		if (v < 0)
+			continue;
+		const Value *r = ir_root(g, g->values[v]);
+		if (temp_of[r->id])
+			extend(&temp_of[r->id]->span[prog], lo, hi);
+	}
+}
+
+/* The STEP-order window [lo, hi] in which each collective may run, from
+ * its events (see the top comment). Positions index the STEP program. */
+static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, int *hi)
+{
+	int64_t nev = g->nevents;
+	int *rec = malloc((size_t)(nev ? nev : 1) * sizeof(int));
+	int *wait = malloc((size_t)(nev ? nev : 1) * sizeof(int));
+	if (!rec || !wait)
+		die("out of memory");
+	for (int64_t e = 0; e < nev; e++)
+		rec[e] = wait[e] = -1;
+	for (int i = 0; i < nstep; i++) {
+		const Node *n = step[i];
+		if (n->op != DPK_EVENT_RECORD && n->op != DPK_EVENT_WAIT)
+			continue;
+		if (n->ia[0] < 0 || n->ia[0] >= nev)
+			die("memplan: event %lld out of range", (long long)n->ia[0]);
+		if (n->op == DPK_EVENT_RECORD && n->stream == DP_STREAM_COMPUTE)
+			rec[n->ia[0]] = i;
+		if (n->op == DPK_EVENT_WAIT && n->stream == DP_STREAM_COMPUTE)
+			wait[n->ia[0]] = i;
+	}
+	int comm_start = 0; /* the comm stream is serial: a collective starts no
+	                       earlier than the one before it */
+	int64_t waited = -1; /* record position the comm stream last waited on */
+	for (int i = 0; i < nstep; i++) {
+		const Node *n = step[i];
+		lo[i] = hi[i] = i;
+		if (n->stream != DP_STREAM_COMM)
+			continue;
+		if (n->op == DPK_EVENT_WAIT) {
+			int r = rec[n->ia[0]];
+			if (r > waited)
+				waited = r;
+			continue;
+		}
+		if (waited > comm_start)
+			comm_start = (int)waited;
+		lo[i] = comm_start;
+		if (n->op == DPK_EVENT_RECORD)
+			continue;
+		/* the collective: until its done event is waited on by compute */
+		hi[i] = nstep - 1;
+		if (i + 1 < nstep && step[i + 1]->op == DPK_EVENT_RECORD &&
+		    step[i + 1]->stream == DP_STREAM_COMM && wait[step[i + 1]->ia[0]] >= 0)
+			hi[i] = wait[step[i + 1]->ia[0]];
+	}
+	free(rec);
+	free(wait);
+}
+
+int mem_run(Graph *g, Diag *d)
+{
+	(void)d;
+	int nv = g->nvalues;
+	int64_t off = 0;
+	/* Persistent roots, by rank then value id. */
+	for (int rank = 0; rank <= 6; rank++)
+		for (int i = 0; i < nv; i++) {
+			Value *v = g->values[i];
+			if (v->view_of < 0 && persistent_rank(v) == rank) {
+				v->offset = off;
+				v->nbytes = align_up(value_bytes(v));
+				off += v->nbytes;
+			}
+		}
+	g->persistent_bytes = off;
+
+	/* Temporaries and their lifetimes per program. */
+	Temp *temps = calloc((size_t)(nv ? nv : 1), sizeof(Temp));
+	Temp **temp_of = calloc((size_t)(nv ? nv : 1), sizeof(Temp *));
+	Node **prog = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(Node *));
+	int *lo = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
+	int *hi = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
+	if (!temps || !temp_of || !prog || !lo || !hi)
+		die("out of memory");
+	int nt = 0;
+	for (int i = 0; i < nv; i++) {
+		Value *v = g->values[i];
+		if (v->view_of < 0 && persistent_rank(v) < 0) {
+			temps[nt] = (Temp){i, align_up(value_bytes(v)), {{1, 0}, {1, 0}}};
+			nt++;
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		temp_of[temps[t].value] = &temps[t];
+	static const unsigned prog_bit[DP_NPROG] = {IR_IN_STEP, IR_IN_EVAL};
+	for (int p = 0; p < DP_NPROG; p++) {
+		int np = 0;
+		for (int i = 0; i < g->nnodes; i++)
+			if (g->nodes[i]->progs & prog_bit[p])
+				prog[np++] = g->nodes[i];
+		collective_windows(g, prog, np, lo, hi);
+		for (int i = 0; i < np; i++)
+			use_node(g, prog[i], p, lo[i], hi[i], temp_of);
+	}
+
+	/* Place the used temporaries, largest first. */
+	qsort(temps, (size_t)nt, sizeof(Temp), cmp_size_desc);
+	Range *busy = malloc((size_t)(nt ? nt : 1) * sizeof(Range));
+	if (!busy)
+		die("out of memory");
+	int64_t top = 0; /* end of the temporaries' region, relative */
+	for (int t = 0; t < nt; t++) {
+		Temp *a = &temps[t];
+		Value *v = g->values[a->value];
+		if (a->span[0].first > a->span[0].last && a->span[1].first > a->span[1].last)
+			continue; /* unused */
+		int nb = 0;
+		for (int u = 0; u < t; u++) {
+			const Value *w = g->values[temps[u].value];
+			if (w->offset >= 0 && temps_meet(a, &temps[u]))
+				busy[nb++] = (Range){w->offset - off, w->offset - off + temps[u].bytes};
+		}
+		qsort(busy, (size_t)nb, sizeof(Range), cmp_range);
+		int64_t at = 0;
+		for (int b = 0; b < nb; b++) {
+			if (busy[b].lo >= at + a->bytes)
+				break; /* fits in the gap before this range */
+			if (busy[b].hi > at)
+				at = busy[b].hi;
+		}
+		v->offset = off + at;
+		v->nbytes = a->bytes;
+		if (at + a->bytes > top)
+			top = at + a->bytes;
+	}
+	free(busy);
+	free(temps);
+	free(temp_of);
+	free(prog);
+	free(lo);
+	free(hi);
+
+	/* Views: root offset + element offset. */
+	for (int i = 0; i < nv; i++) {
+		Value *v = g->values[i];
+		if (v->view_of < 0)
+			continue;
+		const Value *r = ir_root(g, v);
+		int64_t eoff = 0;
+		for (const Value *w = v; w->view_of >= 0; w = g->values[w->view_of])
+			eoff += w->view_offset;
+		if (r->offset < 0)
+			continue; /* view of an unused temporary */
+		v->offset = r->offset + eoff * (int64_t)ir_dtype_size(v->dtype);
+		v->nbytes = value_bytes(v);
+	}
+	g->peak_bytes = off + top;
+	g->cfg.arena_bytes = (uint64_t)g->peak_bytes;
+	return 0;
+}

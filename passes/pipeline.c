@@ -1,0 +1,91 @@
+/*
+ * pipeline.c - the ordered list of passes, and the loop that runs them.
+ *
+ * The whole compiler after the front end is this list (QBE's main loop):
+ * each pass transforms the graph in place; after each one the verifier runs
+ * (dpc always does; --no-verify turns it off) and the graph can be dumped.
+ * The forms the graph takes between passes are GRAPH-FORMS.md.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+const Pass pipeline[] = {
+	{"shape", "every value has a dtype and a per-rank shape", shape_run},
+	{"autodiff", "every param has a grad; backward nodes accumulate into it", ad_run},
+	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",
+	 opt_run},
+	{"collectives", "values placed on the mesh; one collective per grad after its last writer",
+	 shard_run},
+	{"bucket", "grads laid out in backward order; collectives fused into buckets up to bucket_mb",
+	 bucket_run},
+	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
+	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
+};
+const int npipeline = sizeof pipeline / sizeof pipeline[0];
+
+int pipeline_find(const char *name)
+{
+	for (int i = 0; i < npipeline; i++)
+		if (strcmp(pipeline[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* DIR/NN-name.ir; NN = 0 is the front end's graph, NN = i + 1 pass i. */
+static int dump_file(const Graph *g, const char *dir, int nn, const char *name)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%02d-%s.ir", dir, nn, name);
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "dpc: cannot write %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	ir_print_after(f, g, name);
+	if (fclose(f) != 0) {
+		fprintf(stderr, "dpc: cannot write %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* Dump, print, verify: what happens after the front end and after each pass.
+ * The dumps come first so that a graph the verifier rejects can be read. */
+static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
+{
+	if (o->dump_dir && dump_file(g, o->dump_dir, nn, name) < 0)
+		return -1;
+	if (o->dump_after && strcmp(o->dump_after, name) == 0)
+		ir_print_after(o->dump_out ? o->dump_out : stdout, g, name);
+	if (!o->verify)
+		return 0;
+	/* Collect the violations first, so the header precedes them. */
+	char *text = NULL;
+	size_t len = 0;
+	FILE *buf = open_memstream(&text, &len);
+	if (!buf)
+		die("out of memory");
+	int bad = ir_verify(g, name, buf);
+	fclose(buf);
+	if (bad) {
+		fflush(o->dump_out ? o->dump_out : stdout);
+		fprintf(stderr, "dpc: internal error: IR verification failed after %s\n", name);
+		fputs(text, stderr);
+	}
+	free(text);
+	return bad ? -2 : 0;
+}
+
+int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
+{
+	int rc = after(g, o, 0, "frontend");
+	for (int i = 0; rc == 0 && i < npipeline; i++) {
+		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
+			return -1;
+		rc = after(g, o, i + 1, pipeline[i].name);
+	}
+	return rc;
+}

@@ -1,0 +1,244 @@
+/*
+ * stats.c - the --stats table: communication, compute and memory per rank
+ * for one optimizer step, read off the final (memory-planned) graph.
+ *
+ * Collectives: one row per (kind, axis set): calls, buckets, buffer bytes S
+ * and bus bytes, per rank, per optimizer step. DP_IF_LAST nodes run once per
+ * optimizer step, the others once per micro-batch (x grad_accum). Bus bytes
+ * follow nccl-tests: all_reduce 2(n-1)/n * S, all_gather and reduce_scatter
+ * (n-1)/n * S, where S is the whole (unsharded) buffer and n the number of
+ * ranks in the axis group; a group of one rank moves nothing.
+ *
+ * FLOPs: the op registry's cost rule over the STEP program, with the same
+ * multiplicities. Memory: the arena split by what the persistent ranges hold,
+ * and the temporaries' peak; the rows add up to the arena size.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+static int is_collective(IrOp op)
+{
+	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
+}
+
+/* "1.50 MiB" */
+static const char *human_bytes(char *buf, size_t len, double b)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	int u = 0;
+	while (b >= 1024 && u < 4) {
+		b /= 1024;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+	return buf;
+}
+
+/* "12.3 MFLOP" */
+static const char *human_flops(char *buf, size_t len, double f)
+{
+	static const char *const units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
+	int u = 0;
+	while (f >= 1000 && u < 5) {
+		f /= 1000;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", f, units[u]);
+	return buf;
+}
+
+/* "991064 (967.84 KiB)": exact, then readable. */
+static const char *bytes_cell(char *buf, size_t len, double b)
+{
+	char h[32];
+	snprintf(buf, len, "%.0f (%s)", b, human_bytes(h, sizeof h, b));
+	return buf;
+}
+
+static const char *flops_cell(char *buf, size_t len, double f)
+{
+	char h[32];
+	snprintf(buf, len, "%.0f (%s)", f, human_flops(h, sizeof h, f));
+	return buf;
+}
+
+static void axes_text(char *buf, size_t len, unsigned mask)
+{
+	buf[0] = 0;
+	size_t k = 0;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (mask & DP_AXIS_BIT(a))
+			k += (size_t)snprintf(buf + k, k < len ? len - k : 0, "%s%s", k ? "," : "",
+					      ir_axis_names[a]);
+	if (!k)
+		snprintf(buf, len, "-");
+}
+
+static int group_ranks(const Graph *g, unsigned mask)
+{
+	int n = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (mask & DP_AXIS_BIT(a))
+			n *= (int)g->cfg.mesh[a];
+	return n;
+}
+
+/* Bytes of the whole buffer a collective moves (nccl-tests' S). */
+static double coll_bytes(const Graph *g, const Node *n)
+{
+	const Value *v = g->values[n->op == DPK_REDUCE_SCATTER ? n->in[0] : n->out];
+	return (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
+}
+
+static double bus_factor(IrOp op, int n)
+{
+	if (n <= 1)
+		return 0;
+	return op == DPK_ALL_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
+}
+
+typedef struct {
+	IrOp op;
+	unsigned axes;
+	int ranks;
+	double calls, bytes, bus;
+	int buckets;
+} Row;
+
+static void print_collectives(FILE *out, const Graph *g, double accum)
+{
+	Row rows[3 << DP_MAX_AXES]; /* at most one per (collective op, axis mask) */
+	int nrows = 0;
+	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
+	if (!seen_bucket)
+		die("out of memory");
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!is_collective(n->op) || !(n->progs & IR_IN_STEP))
+			continue;
+		unsigned axes = (unsigned)n->ia[0];
+		int r = 0;
+		while (r < nrows && !(rows[r].op == n->op && rows[r].axes == axes))
+			r++;
+		if (r == nrows) {
+			if (nrows == (int)(sizeof rows / sizeof rows[0]))
+				die("stats: too many collective kinds");
+			rows[nrows++] = (Row){n->op, axes, group_ranks(g, axes), 0, 0, 0, 0};
+		}
+		double mult = (n->flags & DP_IF_LAST) ? 1 : accum;
+		double s = coll_bytes(g, n);
+		rows[r].calls += mult;
+		rows[r].bytes += mult * s;
+		rows[r].bus += mult * s * bus_factor(n->op, rows[r].ranks);
+		if (n->bucket >= 0 && n->bucket < g->nbuckets && !seen_bucket[n->bucket]) {
+			seen_bucket[n->bucket] = 1;
+			rows[r].buckets++;
+		}
+	}
+	free(seen_bucket);
+	char ax[64], c1[64], c2[64];
+	fprintf(out, "%-14s %-22s %5s %6s %7s %24s %24s\n", "collective", "axes", "ranks", "calls",
+		"buckets", "bytes", "bus bytes");
+	double tb = 0, tbus = 0, tcalls = 0;
+	for (int r = 0; r < nrows; r++) {
+		axes_text(ax, sizeof ax, rows[r].axes);
+		fprintf(out, "%-14s %-22s %5d %6.0f %7d %24s %24s\n", ir_ops[rows[r].op].name, ax,
+			rows[r].ranks, rows[r].calls, rows[r].buckets,
+			bytes_cell(c1, sizeof c1, rows[r].bytes), bytes_cell(c2, sizeof c2, rows[r].bus));
+		tb += rows[r].bytes;
+		tbus += rows[r].bus;
+		tcalls += rows[r].calls;
+	}
+	if (!nrows)
+		fprintf(out, "(no collectives)\n");
+	fprintf(out, "%-14s %-22s %5s %6.0f %7s %24s %24s\n", "total", "", "", tcalls, "",
+		bytes_cell(c1, sizeof c1, tb), bytes_cell(c2, sizeof c2, tbus));
+}
+
+static void print_flops(FILE *out, const Graph *g, double accum)
+{
+	double micro = 0, last = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost)
+			continue;
+		double f = 0, b = 0;
+		ir_ops[n->op].cost(g, n, &f, &b);
+		if (n->flags & DP_IF_LAST)
+			last += f;
+		else
+			micro += f;
+	}
+	char c[64], label[64];
+	fprintf(out, "%-36s %30s\n", "compute", "flops");
+	fprintf(out, "%-36s %30s\n", "micro-batch (forward + backward)",
+		flops_cell(c, sizeof c, micro));
+	fprintf(out, "%-36s %30s\n", "once per step (clip + optimizer)",
+		flops_cell(c, sizeof c, last));
+	snprintf(label, sizeof label, "optimizer step (%g micro-batch%s)", accum,
+		 accum == 1 ? "" : "es");
+	fprintf(out, "%-36s %30s\n", label, flops_cell(c, sizeof c, micro * accum + last));
+}
+
+enum { M_PARAMS, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
+
+/* What a persistent root holds. A flat buffer is named by its views. */
+static int category(const Graph *g, const Value *v)
+{
+	switch (v->kind) {
+	case DP_T_PARAM:
+		return M_PARAMS;
+	case DP_T_GRAD:
+		return M_GRADS;
+	case DP_T_OPTSTATE:
+		return M_OPT;
+	case DP_T_DATA:
+		return M_DATA;
+	case DP_T_FLAT:
+		for (int i = 0; i < g->nvalues; i++)
+			if (g->values[i]->view_of == v->id)
+				return g->values[i]->kind == DP_T_PARAM ? M_PARAMS : M_GRADS;
+		return M_GRADS;
+	default:
+		return M_METRICS;
+	}
+}
+
+static void print_memory(FILE *out, const Graph *g)
+{
+	static const char *const names[M_NCAT] = {"parameters", "gradients", "optimizer state",
+						  "data", "metrics"};
+	double bytes[M_NCAT] = {0};
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0)
+			bytes[category(g, v)] += (double)v->nbytes;
+	}
+	char c1[64];
+	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
+	for (int c = 0; c < M_NCAT; c++)
+		fprintf(out, "%-36s %30s\n", names[c], bytes_cell(c1, sizeof c1, bytes[c]));
+	double act = (double)(g->peak_bytes - g->persistent_bytes);
+	fprintf(out, "%-36s %30s\n", "activations (temporaries, peak)",
+		bytes_cell(c1, sizeof c1, act));
+	fprintf(out, "%-36s %30s\n", "total (arena size)",
+		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
+}
+
+void stats_print(FILE *out, const Graph *g)
+{
+	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
+	fprintf(out, "%s: strategy %s, mesh", g->file, g->strategy);
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);
+	fprintf(out, " (world %d), micro_batch %u x grad_accum %u, global batch %lld\n", ir_world(g),
+		g->cfg.micro_batch, g->cfg.grad_accum, (long long)ir_global_batch(g));
+	fprintf(out, "per rank, per optimizer step\n\n");
+	print_collectives(out, g, accum);
+	fprintf(out, "\n");
+	print_flops(out, g, accum);
+	fprintf(out, "\n");
+	print_memory(out, g);
+}
