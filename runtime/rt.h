@@ -56,6 +56,9 @@ typedef struct DataSet DataSet; /* the loaded sources of one split */
 int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
 void data_free(DataSet *d);
 int64_t data_count(const DataSet *d); /* samples */
+/* The train split must hold at least one global batch (drop_last leaves no
+ * step otherwise); call before the first data_fill_train. */
+int data_check_batch(const DataSet *d, int64_t global_batch, RtErr *e);
 
 /* The sampler (DistributedSampler semantics). Position j in [0, global_batch) of
  * the global batch of optimizer step `step` maps to a dataset index that

@@ -1,0 +1,88 @@
+/*
+ * comm.h - the communication backend interface of dpexec.
+ *
+ * A Comm knows the device mesh and this rank's coordinates, owns one
+ * communicator per axis mask the step uses (the ranks that share every
+ * coordinate NOT in the mask form a group), and runs collectives on them.
+ *
+ * Collectives are started, not completed: each start returns a ticket (a
+ * number that grows by one per started collective, in issue order), and
+ * comm's wait(ticket) blocks until every collective started before that
+ * ticket has finished. This is what a stream gives you: the executor turns
+ * "EVENT_RECORD on the comm stream" into "remember comm_issued()" and
+ * "EVENT_WAIT on the compute stream" into "wait(remembered ticket)". A
+ * collective over a group of one rank is a no-op (or a copy) and gets a
+ * ticket that is already complete.
+ *
+ * The MPI backend (comm_mpi.c) uses non-blocking MPI collectives; Open MPI
+ * advances them only inside MPI calls, so the executor calls progress()
+ * between instructions. A NCCL backend fits the same table: starts enqueue on
+ * the comm stream, tickets map to recorded cudaEvents.
+ *
+ * Every function returns 0, or -1 with an RtErr. With timeout_s > 0 a wait
+ * that takes longer fails with a message instead of hanging.
+ */
+#ifndef DP_COMM_H
+#define DP_COMM_H
+
+#include <stdint.h>
+
+#include "rt.h"
+
+typedef struct Comm Comm;
+
+/* Accumulated since the last comm_stats_reset (seconds and bytes of this rank). */
+typedef struct {
+	double issue_s;   /* time spent inside start calls */
+	double blocked_s; /* time spent blocked in waits (exposed communication) */
+	int64_t ncoll;    /* collectives started over groups larger than one rank */
+	int64_t bytes;    /* payload bytes of those collectives (this rank's buffer) */
+} CommStats;
+
+typedef struct {
+	const char *name;
+	/* buf[0..n) summed in place over the group of `axes` (f32). */
+	int (*all_reduce_start)(Comm *c, unsigned axes, float *buf, int64_t n, int64_t *ticket,
+				RtErr *e);
+	/* in[0..nout*group) summed over the group; this rank gets its block of nout. */
+	int (*reduce_scatter_start)(Comm *c, unsigned axes, const float *in, float *out,
+				    int64_t nout, int64_t *ticket, RtErr *e);
+	/* Blocks of nin from every rank of the group, in group-rank order, into out. */
+	int (*all_gather_start)(Comm *c, unsigned axes, const float *in, float *out, int64_t nin,
+				int64_t *ticket, RtErr *e);
+	/* Wait until every collective with a ticket < upto has completed. */
+	int (*wait)(Comm *c, int64_t upto, RtErr *e);
+	/* Let pending collectives advance; never blocks. */
+	int (*progress)(Comm *c, RtErr *e);
+	/* Blocking sum of n doubles over the group of `axes` (logging, metrics). */
+	int (*allreduce_f64)(Comm *c, unsigned axes, double *v, int n, RtErr *e);
+	/* Logical AND of ok over all ranks (for agreeing on errors). */
+	int (*all_ok)(Comm *c, int ok, int *all, RtErr *e);
+	void (*free)(Comm *c);
+} CommOps;
+
+struct Comm {
+	const CommOps *ops;
+	int rank, world;
+	uint32_t mesh[DP_MAX_AXES];
+	int coord[DP_MAX_AXES]; /* rank = ((r*S + s)*C + c)*T + t */
+	int64_t issued;         /* tickets handed out so far: the next ticket */
+	double timeout_s;       /* 0: waits never time out */
+	CommStats stats;
+	void *impl;             /* backend state */
+};
+
+/* Number of ranks in this rank's group for an axis mask (1 for mask 0). */
+int comm_group_size(const Comm *c, unsigned axes);
+/* Coordinates of `rank` in mesh (row-major, last axis fastest). */
+void comm_coords(const uint32_t mesh[DP_MAX_AXES], int rank, int coord[DP_MAX_AXES]);
+
+/* MPI backend. MPI must be initialised. `masks` is a bit set over axis masks
+ * (bit m set: the step uses a collective over axis mask m); every rank must
+ * pass the same value. The data-parallel mask is always created. */
+int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, RtErr *e);
+
+/* The data-parallel axes: gradients and losses are summed over these. */
+#define COMM_DP_AXES (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))
+
+#endif

@@ -1,0 +1,316 @@
+/*
+ * comm_mpi.c - the MPI communication backend (CPU ranks), plus the
+ * backend-independent mesh helpers declared in comm.h.
+ *
+ * One communicator per axis mask, made with MPI_Comm_split at start-up
+ * (colour = this rank's coordinates with the masked axes zeroed, key = world
+ * rank, so group ranks follow the mesh's row-major order). Collectives are
+ * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather;
+ * their requests sit in an array indexed by ticket. Open MPI has no progress
+ * thread by default, so the executor calls progress() (MPI_Testall on the
+ * open requests) between instructions; without that, "overlap" would only
+ * happen inside the final wait.
+ *
+ * MPI errors are returned, not fatal (MPI_ERRORS_RETURN), and become RtErrs.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "comm.h"
+
+#define NMASK (1u << DP_MAX_AXES)
+
+typedef struct {
+	MPI_Comm comm[NMASK]; /* MPI_COMM_NULL: mask not created or group of one */
+	MPI_Request *req;     /* req[i] is ticket base + i */
+	int64_t nreq, cap;
+	int64_t base;         /* ticket of req[0] */
+	int64_t first_open;   /* req[0..first_open) are known complete */
+} Mpi;
+
+void comm_coords(const uint32_t mesh[DP_MAX_AXES], int rank, int coord[DP_MAX_AXES])
+{
+	for (int a = DP_MAX_AXES - 1; a >= 0; a--) {
+		coord[a] = rank % (int)mesh[a];
+		rank /= (int)mesh[a];
+	}
+}
+
+int comm_group_size(const Comm *c, unsigned axes)
+{
+	int n = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (axes & DP_AXIS_BIT(a))
+			n *= (int)c->mesh[a];
+	return n;
+}
+
+static int mpi_check(int rc, const char *what, RtErr *e)
+{
+	if (rc == MPI_SUCCESS)
+		return 0;
+	char s[MPI_MAX_ERROR_STRING];
+	int n = 0;
+	MPI_Error_string(rc, s, &n);
+	return RT_FAIL(e, "%s failed: %s", what, s);
+}
+
+static MPI_Comm group_comm(Comm *c, unsigned axes)
+{
+	Mpi *m = c->impl;
+	return axes < NMASK ? m->comm[axes] : MPI_COMM_NULL;
+}
+
+/* Reserve a slot for a new request; returns its ticket. */
+static int new_request(Comm *c, MPI_Request **slot, int64_t *ticket, RtErr *e)
+{
+	Mpi *m = c->impl;
+	if (m->nreq == m->cap) {
+		int64_t cap = m->cap ? 2 * m->cap : 64;
+		MPI_Request *r = realloc(m->req, (size_t)cap * sizeof *r);
+		if (!r)
+			return RT_FAIL(e, "out of memory (comm requests)");
+		m->req = r;
+		m->cap = cap;
+	}
+	m->req[m->nreq] = MPI_REQUEST_NULL;
+	*slot = &m->req[m->nreq++];
+	*ticket = c->issued++;
+	return 0;
+}
+
+/* A ticket for a collective that needed no communication (group of one). */
+static int done_ticket(Comm *c, int64_t *ticket, RtErr *e)
+{
+	MPI_Request *slot;
+	return new_request(c, &slot, ticket, e);
+}
+
+static int check_count(int64_t n, RtErr *e)
+{
+	if (n < 0 || n > INT_MAX)
+		return RT_FAIL(e, "collective of %lld elements exceeds MPI's int count",
+			       (long long)n);
+	return 0;
+}
+
+static int mpi_all_reduce_start(Comm *c, unsigned axes, float *buf, int64_t n, int64_t *ticket,
+				RtErr *e)
+{
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL || n == 0) {
+		if (comm_group_size(c, axes) > 1 && n > 0)
+			return RT_FAIL(e, "no communicator for axis mask %u", axes);
+		return done_ticket(c, ticket, e);
+	}
+	RT_CHECK(check_count(n, e));
+	MPI_Request *slot;
+	RT_CHECK(new_request(c, &slot, ticket, e));
+	double t0 = MPI_Wtime();
+	int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g, slot);
+	c->stats.issue_s += MPI_Wtime() - t0;
+	c->stats.ncoll++;
+	c->stats.bytes += n * 4;
+	return mpi_check(rc, "MPI_Iallreduce", e);
+}
+
+static int mpi_reduce_scatter_start(Comm *c, unsigned axes, const float *in, float *out,
+				    int64_t nout, int64_t *ticket, RtErr *e)
+{
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL || nout == 0) {
+		if (comm_group_size(c, axes) > 1 && nout > 0)
+			return RT_FAIL(e, "no communicator for axis mask %u", axes);
+		if (in != out)
+			memmove(out, in, (size_t)nout * sizeof(float));
+		return done_ticket(c, ticket, e);
+	}
+	RT_CHECK(check_count(nout, e));
+	MPI_Request *slot;
+	RT_CHECK(new_request(c, &slot, ticket, e));
+	double t0 = MPI_Wtime();
+	int rc = MPI_Ireduce_scatter_block(in, out, (int)nout, MPI_FLOAT, MPI_SUM, g, slot);
+	c->stats.issue_s += MPI_Wtime() - t0;
+	c->stats.ncoll++;
+	c->stats.bytes += nout * 4 * comm_group_size(c, axes);
+	return mpi_check(rc, "MPI_Ireduce_scatter_block", e);
+}
+
+static int mpi_all_gather_start(Comm *c, unsigned axes, const float *in, float *out, int64_t nin,
+				int64_t *ticket, RtErr *e)
+{
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL || nin == 0) {
+		if (comm_group_size(c, axes) > 1 && nin > 0)
+			return RT_FAIL(e, "no communicator for axis mask %u", axes);
+		if (in != out)
+			memmove(out, in, (size_t)nin * sizeof(float));
+		return done_ticket(c, ticket, e);
+	}
+	RT_CHECK(check_count(nin, e));
+	MPI_Request *slot;
+	RT_CHECK(new_request(c, &slot, ticket, e));
+	double t0 = MPI_Wtime();
+	int rc = MPI_Iallgather(in, (int)nin, MPI_FLOAT, out, (int)nin, MPI_FLOAT, g, slot);
+	c->stats.issue_s += MPI_Wtime() - t0;
+	c->stats.ncoll++;
+	c->stats.bytes += nin * 4 * comm_group_size(c, axes);
+	return mpi_check(rc, "MPI_Iallgather", e);
+}
+
+/* Complete req[from, to); with a timeout, poll so a hung peer becomes an error. */
+static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
+{
+	Mpi *m = c->impl;
+	if (to <= from)
+		return 0;
+	if (to - from > INT_MAX)
+		return RT_FAIL(e, "too many pending collectives");
+	double t0 = MPI_Wtime();
+	int rc;
+	if (c->timeout_s <= 0) {
+		rc = MPI_Waitall((int)(to - from), m->req + from, MPI_STATUSES_IGNORE);
+	} else {
+		for (;;) {
+			int flag = 0;
+			rc = MPI_Testall((int)(to - from), m->req + from, &flag, MPI_STATUSES_IGNORE);
+			if (rc != MPI_SUCCESS || flag)
+				break;
+			if (MPI_Wtime() - t0 > c->timeout_s)
+				return RT_FAIL(e,
+					       "a collective did not complete within %.0f s (--timeout): "
+					       "a rank is stuck or gone",
+					       c->timeout_s);
+		}
+	}
+	c->stats.blocked_s += MPI_Wtime() - t0;
+	return mpi_check(rc, "waiting for a collective", e);
+}
+
+static int mpi_wait(Comm *c, int64_t upto, RtErr *e)
+{
+	Mpi *m = c->impl;
+	int64_t to = upto - m->base;
+	if (to > m->nreq)
+		to = m->nreq;
+	if (to > m->first_open) {
+		RT_CHECK(complete(c, m->first_open, to, e));
+		m->first_open = to;
+	}
+	if (m->first_open == m->nreq) {
+		/* everything issued is complete: recycle the array */
+		m->base += m->nreq;
+		m->nreq = m->first_open = 0;
+	}
+	return 0;
+}
+
+static int mpi_progress(Comm *c, RtErr *e)
+{
+	Mpi *m = c->impl;
+	int64_t n = m->nreq - m->first_open;
+	if (n <= 0)
+		return 0;
+	int flag = 0;
+	int rc = MPI_Testall((int)(n > INT_MAX ? INT_MAX : n), m->req + m->first_open, &flag,
+			     MPI_STATUSES_IGNORE);
+	if (rc == MPI_SUCCESS && flag && n <= INT_MAX) {
+		m->first_open = m->nreq;
+		return mpi_wait(c, c->issued, e);
+	}
+	return mpi_check(rc, "MPI_Testall", e);
+}
+
+/* Blocking collectives go through a request too, so --timeout covers them. */
+static int mpi_allreduce_f64(Comm *c, unsigned axes, double *v, int n, RtErr *e)
+{
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL)
+		return 0;
+	RT_CHECK(mpi_wait(c, c->issued, e)); /* keep tickets in order */
+	MPI_Request *slot;
+	int64_t ticket;
+	RT_CHECK(new_request(c, &slot, &ticket, e));
+	RT_CHECK(mpi_check(MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, g, slot),
+			   "MPI_Iallreduce", e));
+	CommStats keep = c->stats; /* bookkeeping reductions are not step communication */
+	int rc = mpi_wait(c, c->issued, e);
+	c->stats = keep;
+	return rc;
+}
+
+static int mpi_all_ok(Comm *c, int ok, int *all, RtErr *e)
+{
+	int v = ok ? 1 : 0, r = 0;
+	RT_CHECK(mpi_check(MPI_Allreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+			   "MPI_Allreduce", e));
+	*all = r;
+	return 0;
+}
+
+static void mpi_free(Comm *c)
+{
+	if (!c)
+		return;
+	Mpi *m = c->impl;
+	if (m) {
+		for (unsigned k = 0; k < NMASK; k++)
+			if (m->comm[k] != MPI_COMM_NULL)
+				MPI_Comm_free(&m->comm[k]);
+		free(m->req);
+		free(m);
+	}
+	free(c);
+}
+
+static const CommOps mpi_ops = {
+	.name = "mpi",
+	.all_reduce_start = mpi_all_reduce_start,
+	.reduce_scatter_start = mpi_reduce_scatter_start,
+	.all_gather_start = mpi_all_gather_start,
+	.wait = mpi_wait,
+	.progress = mpi_progress,
+	.allreduce_f64 = mpi_allreduce_f64,
+	.all_ok = mpi_all_ok,
+	.free = mpi_free,
+};
+
+int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, RtErr *e)
+{
+	*out = NULL;
+	Comm *c = calloc(1, sizeof *c);
+	Mpi *m = calloc(1, sizeof *m);
+	if (!c || !m) {
+		free(c);
+		free(m);
+		return RT_FAIL(e, "out of memory (comm)");
+	}
+	c->ops = &mpi_ops;
+	c->impl = m;
+	for (unsigned k = 0; k < NMASK; k++)
+		m->comm[k] = MPI_COMM_NULL;
+	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+	memcpy(c->mesh, mesh, sizeof c->mesh);
+	comm_coords(mesh, c->rank, c->coord);
+	masks |= 1u << COMM_DP_AXES;
+	/* every rank walks the same masks in the same order: the splits match */
+	for (unsigned k = 1; k < NMASK; k++) {
+		if (!(masks & (1u << k)) || comm_group_size(c, k) == 1)
+			continue;
+		int color = 0;
+		for (int a = 0; a < DP_MAX_AXES; a++)
+			color = color * (int)mesh[a] + ((k & DP_AXIS_BIT(a)) ? 0 : c->coord[a]);
+		if (mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, c->rank, &m->comm[k]),
+			      "MPI_Comm_split", e)) {
+			mpi_free(c);
+			return -1;
+		}
+	}
+	*out = c;
+	return 0;
+}

@@ -1,0 +1,590 @@
+/*
+ * dpexec.c - the executor's main: options, MPI bootstrap, parameter init,
+ * the training loop, evaluation, checkpoints and logging.
+ *
+ *   mpirun -np N dpexec step.bin     (or plain `dpexec step.bin`: one rank)
+ *
+ * Every rank reads the same step file and derives its mesh coordinates from
+ * its rank (rank = ((r*S + s)*C + c)*T + t). Nothing below main() exits: a
+ * failure travels up as an RtErr; main prints `dpexec: error: <msg>` and, on a
+ * multi-rank run, calls MPI_Abort so no rank is left waiting in a collective.
+ * Errors every rank sees identically (a bad step file, a world size that does
+ * not match the mesh) are agreed on first and reported once by rank 0, and
+ * every rank exits with status 1.
+ *
+ * Learning-rate schedule (tests replicate it in PyTorch), for optimizer step
+ * k counted from 0:
+ *   constant:  lr
+ *   cosine:    k < warmup:  lr * (k + 1) / warmup
+ *              else:        min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * q)),
+ *                           q = min(1, (k - warmup) / (T - warmup)),
+ *              T = sched.steps (cfg.steps when 0); q = 1 when T <= warmup.
+ * Logged step numbers (console and --losses) count from 1: the line for step
+ * k+1 carries the loss of optimizer step k and the lr it used.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "comm.h"
+#include "exec.h"
+#include "rt.h"
+
+typedef struct {
+	const char *step_path;
+	long steps;          /* -1: cfg.steps */
+	const char *device;
+	const char *save_full;
+	const char *init_from;
+	const char *losses;
+	long eval_every;     /* -1: cfg.eval_every */
+	long log_every;      /* -1: cfg.log_every */
+	int quiet, verbose, check_grads;
+	double timeout;      /* seconds, 0: none */
+} Opts;
+
+/* Everything a run holds; freed by run_free. */
+typedef struct {
+	Opts o;
+	int rank, world;
+	DpStep step;
+	Comm *comm;
+	Exec x;
+	int have_exec;
+	DataSet *train, *eval;
+	FILE *losses;
+	RtErr e;
+} Run;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: dpexec [options] STEP.bin\n"
+		"Run a training step file compiled by dpc, on every rank:\n"
+		"  mpirun -np N dpexec step.bin      (plain `dpexec step.bin` is one rank)\n"
+		"The world size must equal the mesh the step file was compiled for.\n"
+		"\n"
+		"options:\n"
+		"  --steps N             optimizer steps to run (default: the step file's)\n"
+		"  --device auto|cpu|cuda\n"
+		"                        compute device (default auto; this build has no CUDA\n"
+		"                        support, so auto runs on the CPU and cuda is an error)\n"
+		"  --eval-every N        evaluate every N steps, 0 = only at the end\n"
+		"                        (default: the step file's); needs an eval block\n"
+		"  --log-every N         log every N steps (default: the step file's)\n"
+		"  --quiet               no per-step log lines\n"
+		"  --verbose             also log communication time per log line\n"
+		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g)\n"
+		"  --init-from FILE      take initial parameters from a safetensors file (by name)\n"
+		"  --save-full FILE      after training, write every parameter to a safetensors\n"
+		"                        file (rank 0; DSL names)\n"
+		"  --check-grads         compare gradients with finite differences on the first\n"
+		"                        micro-batch (1 rank) and exit; non-zero if any fails\n"
+		"  --timeout SEC         fail (instead of hanging) when a collective takes longer\n"
+		"                        than SEC seconds (default: no limit)\n"
+		"  -h, --help            this text\n"
+		"\n"
+		"OpenBLAS uses one thread per rank when the world has more than one rank.\n");
+}
+
+static int parse_long(const char *s, long lo, long *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (!*s || *end || v < lo)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* 0: run; 1: exit 0 (help); -1: usage error (message printed). */
+static int parse_opts(int argc, char **argv, Opts *o)
+{
+	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT };
+	static const struct option longopts[] = {
+		{"steps", required_argument, NULL, O_STEPS},
+		{"device", required_argument, NULL, O_DEVICE},
+		{"save-full", required_argument, NULL, O_SAVE_FULL},
+		{"init-from", required_argument, NULL, O_INIT_FROM},
+		{"eval-every", required_argument, NULL, O_EVAL_EVERY},
+		{"log-every", required_argument, NULL, O_LOG_EVERY},
+		{"quiet", no_argument, NULL, O_QUIET},
+		{"verbose", no_argument, NULL, O_VERBOSE},
+		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
+		{"losses", required_argument, NULL, O_LOSSES},
+		{"timeout", required_argument, NULL, O_TIMEOUT},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1};
+	opterr = 0;
+	int c, li = -1;
+	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
+		switch (c) {
+		case 'h':
+			usage(stdout);
+			return 1;
+		case O_STEPS:
+			if (parse_long(optarg, 0, &o->steps))
+				goto badnum;
+			break;
+		case O_DEVICE:
+			if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+				fprintf(stderr, "dpexec: error: --device must be auto, cpu or cuda, not '%s'\n",
+					optarg);
+				return -1;
+			}
+			o->device = optarg;
+			break;
+		case O_SAVE_FULL:
+			o->save_full = optarg;
+			break;
+		case O_INIT_FROM:
+			o->init_from = optarg;
+			break;
+		case O_EVAL_EVERY:
+			if (parse_long(optarg, 0, &o->eval_every))
+				goto badnum;
+			break;
+		case O_LOG_EVERY:
+			if (parse_long(optarg, 1, &o->log_every))
+				goto badnum;
+			break;
+		case O_QUIET:
+			o->quiet = 1;
+			break;
+		case O_VERBOSE:
+			o->verbose = 1;
+			break;
+		case O_CHECK_GRADS:
+			o->check_grads = 1;
+			break;
+		case O_LOSSES:
+			o->losses = optarg;
+			break;
+		case O_TIMEOUT: {
+			char *end;
+			o->timeout = strtod(optarg, &end);
+			if (!*optarg || *end || !(o->timeout >= 0))
+				goto badnum;
+			break;
+		}
+		case ':':
+			fprintf(stderr, "dpexec: error: option '%s' needs a value (see --help)\n",
+				argv[optind - 1]);
+			return -1;
+		default:
+			fprintf(stderr, "dpexec: error: unknown option '%s' (see --help)\n",
+				argv[optind - 1]);
+			return -1;
+		}
+		continue;
+	badnum:
+		fprintf(stderr, "dpexec: error: bad value '%s' for --%s\n", optarg,
+			li >= 0 ? longopts[li].name : "?");
+		return -1;
+	}
+	if (optind != argc - 1) {
+		fprintf(stderr, "dpexec: error: %s (see --help)\n",
+			optind >= argc ? "no step file given" : "more than one step file given");
+		return -1;
+	}
+	o->step_path = argv[optind];
+	return 0;
+}
+
+/* ---- learning rate ---- */
+
+static double schedule_lr(const DpStep *s, uint64_t k)
+{
+	double lr = s->opt.lr;
+	if (s->sched.kind != DP_SCHED_COSINE)
+		return lr;
+	double warm = s->sched.warmup, total = s->sched.steps ? s->sched.steps : s->cfg.steps;
+	double min_lr = s->sched.min_lr;
+	if ((double)k < warm)
+		return lr * ((double)k + 1) / warm;
+	double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
+	if (q > 1)
+		q = 1;
+	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
+}
+
+/* ---- parameters ---- */
+
+static int replicated(const DpStep *s, const DpTensor *t)
+{
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (s->cfg.mesh[a] > 1 && t->place[a] != DP_PL_REPLICATE)
+			return 0;
+	return 1;
+}
+
+static void init_params(Run *r)
+{
+	const DpStep *s = &r->step;
+	for (uint32_t i = 0; i < s->ntensors; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (t->kind != DP_T_PARAM || !r->x.ptr[i] || t->dtype != DP_F32)
+			continue;
+		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
+			  t->init_base, exec_numel(t), r->x.ptr[i]);
+	}
+}
+
+static int init_from(Run *r)
+{
+	const DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	StTensor *st;
+	int n;
+	RT_CHECK(st_read(r->o.init_from, &st, &n, e));
+	int rc = 0;
+	for (uint32_t i = 0; i < s->ntensors && rc == 0; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (t->kind != DP_T_PARAM || !r->x.ptr[i])
+			continue;
+		const char *name = dpstep_str(s, t->name);
+		int k = 0;
+		while (k < n && strcmp(st[k].name, name))
+			k++;
+		if (k == n) {
+			rc = RT_FAIL(e, "--init-from %s: no tensor named '%s'", r->o.init_from, name);
+			break;
+		}
+		if (!replicated(s, t)) {
+			rc = RT_FAIL(e, "--init-from: parameter '%s' is sharded; loading sharded "
+				     "parameters is not supported yet", name);
+			break;
+		}
+		int same = st[k].ndim == t->ndim;
+		for (int d = 0; same && d < t->ndim; d++)
+			same = st[k].dims[d] == t->dims[d];
+		if (!same) {
+			char want[96] = "", got[96] = "";
+			for (int d = 0; d < t->ndim; d++)
+				snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld",
+					 d ? "," : "", (long long)t->dims[d]);
+			for (int d = 0; d < st[k].ndim && d < DP_MAX_DIMS; d++)
+				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld",
+					 d ? "," : "", (long long)st[k].dims[d]);
+			rc = RT_FAIL(e, "--init-from %s: tensor '%s' has shape [%s], the model wants [%s]",
+				     r->o.init_from, name, got, want);
+			break;
+		}
+		memcpy(r->x.ptr[i], st[k].data, (size_t)exec_numel(t) * sizeof(float));
+	}
+	st_free(st, n);
+	return rc;
+}
+
+static int save_full(Run *r)
+{
+	const DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	int n = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].kind == DP_T_PARAM && r->x.ptr[i]) {
+			if (!replicated(s, &s->tensors[i]))
+				return RT_FAIL(e, "--save-full: parameter '%s' is sharded; gathering "
+					       "sharded parameters is not supported yet",
+					       dpstep_str(s, s->tensors[i].name));
+			n++;
+		}
+	if (r->rank != 0)
+		return 0;
+	StTensor *st = calloc(n ? (size_t)n : 1, sizeof *st);
+	if (!st)
+		return RT_FAIL(e, "out of memory");
+	int k = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (t->kind != DP_T_PARAM || !r->x.ptr[i])
+			continue;
+		st[k].name = (char *)dpstep_str(s, t->name);
+		st[k].ndim = t->ndim;
+		memcpy(st[k].dims, t->dims, sizeof st[k].dims);
+		st[k].data = r->x.ptr[i];
+		k++;
+	}
+	int rc = st_write(r->o.save_full, st, n, e);
+	free(st);
+	if (rc == 0 && !r->o.quiet)
+		printf("saved %d parameters to %s\n", n, r->o.save_full);
+	return rc;
+}
+
+/* ---- evaluation ---- */
+
+static int evaluate(Run *r, uint64_t step)
+{
+	const DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	Exec *x = &r->x;
+	if (!r->eval || s->nprog[DP_PROG_EVAL] == 0)
+		return 0;
+	int64_t nb = data_eval_batches(r->eval, s, x->dp_size);
+	double sum[3] = {0, 0, 0}; /* loss, correct, counted */
+	float *lo = exec_f32(x, s->metrics.eval_loss), *co = exec_f32(x, s->metrics.eval_correct);
+	for (int64_t b = 0; b < nb; b++) {
+		x->eval_batch = b;
+		if (lo)
+			lo[0] = 0;
+		if (co)
+			co[0] = co[1] = 0;
+		RT_CHECK(exec_run(x, DP_PROG_EVAL, 1, e));
+		if (lo)
+			sum[0] += lo[0];
+		if (co) {
+			sum[1] += co[0];
+			sum[2] += co[1];
+		}
+	}
+	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_DP_AXES, sum, 3, e));
+	if (r->rank == 0) {
+		double n = sum[2] > 0 ? sum[2] : 1;
+		printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
+		       (unsigned long long)step, sum[0] / n, sum[1] / n, sum[1], sum[2]);
+		fflush(stdout);
+	}
+	return 0;
+}
+
+/* ---- the run ---- */
+
+static int setup(Run *r)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	if (r->world > 1)
+		cpu_set_threads(1); /* N ranks on a node each get one BLAS thread */
+	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
+	r->comm->timeout_s = r->o.timeout;
+	RT_CHECK(exec_init(&r->x, s, r->comm, e));
+	r->have_exec = 1;
+	if (r->rank == 0 && !r->o.quiet)
+		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
+	init_params(r);
+	if (r->o.init_from)
+		RT_CHECK(init_from(r));
+	int has_train = 0, has_eval = 0;
+	for (uint32_t i = 0; i < s->nsources; i++) {
+		has_train |= s->sources[i].split == DP_SPLIT_TRAIN;
+		has_eval |= s->sources[i].split == DP_SPLIT_EVAL;
+	}
+	if (has_train)
+		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, &r->train, e));
+	if (has_eval && s->nprog[DP_PROG_EVAL])
+		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, &r->eval, e));
+	int64_t global_batch = (int64_t)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
+	if (r->train && data_count(r->train) < global_batch)
+		return RT_FAIL(e, "the training data has %lld samples, fewer than one global batch "
+			       "of %lld", (long long)data_count(r->train), (long long)global_batch);
+	r->x.train = r->train;
+	r->x.eval = r->eval;
+	if (r->o.losses && r->rank == 0) {
+		r->losses = fopen(r->o.losses, "w");
+		if (!r->losses)
+			return RT_FAIL(e, "cannot write --losses file %s", r->o.losses);
+	}
+	return 0;
+}
+
+static int train(Run *r)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	Exec *x = &r->x;
+	Comm *c = r->comm;
+	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
+	uint64_t eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
+	uint64_t log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
+						  : (s->cfg.log_every ? s->cfg.log_every : 1);
+	double global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * x->dp_size;
+	float *loss_t = exec_f32(x, s->metrics.loss), *gn_t = exec_f32(x, s->metrics.grad_norm);
+	double t_log = MPI_Wtime(), t_all = t_log;
+	uint64_t since_log = 0;
+	c->stats = (CommStats){0};
+	CommStats at_log = c->stats;
+
+	for (uint64_t k = 0; k < steps; k++) {
+		exec_zero_metrics(x);
+		double lr = schedule_lr(s, k);
+		x->step = k;
+		x->cpu.lr = (float)lr;
+		x->cpu.t = (int64_t)k + 1;
+		for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
+			x->micro = (int)m;
+			RT_CHECK(exec_run(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
+		}
+		double v[1] = {loss_t ? loss_t[0] : 0};
+		RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, v, 1, e));
+		double loss = v[0], gn = gn_t ? gn_t[0] : NAN;
+		if (!isfinite(loss))
+			return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
+				       (unsigned long long)k + 1);
+		if (r->losses)
+			fprintf(r->losses, "%llu %.9g %.9g %.9g\n", (unsigned long long)k + 1, loss, gn,
+				lr);
+		since_log++;
+		int last = k + 1 == steps;
+		if (k == 0 || (k + 1) % log_every == 0 || last) {
+			double now = MPI_Wtime(), dt = (now - t_log) / (double)since_log;
+			if (r->rank == 0 && !r->o.quiet) {
+				printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
+				       (unsigned long long)steps, loss, lr);
+				if (gn_t)
+					printf(" | grad_norm %.3f", gn);
+				printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3, global_batch / dt);
+				if (r->o.verbose)
+					printf(" | comm %.2f ms issued, %.2f ms blocked",
+					       (c->stats.issue_s - at_log.issue_s) * 1e3 / (double)since_log,
+					       (c->stats.blocked_s - at_log.blocked_s) * 1e3 /
+						       (double)since_log);
+				printf("\n");
+				fflush(stdout);
+			}
+			t_log = now;
+			since_log = 0;
+			at_log = c->stats;
+		}
+		if (eval_every && (k + 1) % eval_every == 0 && !last) {
+			double t0 = MPI_Wtime();
+			RT_CHECK(evaluate(r, k + 1));
+			/* evaluation time is not step time */
+			t_log += MPI_Wtime() - t0;
+			t_all += MPI_Wtime() - t0;
+		}
+	}
+	double total = MPI_Wtime() - t_all;
+	if (r->losses) {
+		fclose(r->losses);
+		r->losses = NULL;
+	}
+	if (steps > 0 && r->rank == 0 && !r->o.quiet) {
+		double n = (double)steps;
+		printf("comm: %.3f ms issued, %.3f ms blocked per step (of %.3f ms/step; %.1f "
+		       "collectives, %.2f MiB per rank per step)\n",
+		       c->stats.issue_s * 1e3 / n, c->stats.blocked_s * 1e3 / n, total * 1e3 / n,
+		       (double)c->stats.ncoll / n, (double)c->stats.bytes / n / (1 << 20));
+		fflush(stdout);
+	}
+	return evaluate(r, steps);
+}
+
+static void run_free(Run *r)
+{
+	if (r->losses)
+		fclose(r->losses);
+	data_free(r->train);
+	data_free(r->eval);
+	if (r->have_exec)
+		exec_free(&r->x);
+	if (r->comm)
+		r->comm->ops->free(r->comm);
+	dpstep_free(&r->step);
+}
+
+/* How many ranks failed (every rank passes its own verdict). */
+static int count_failed(int failed)
+{
+	int n = 0;
+	MPI_Allreduce(&failed, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+	return n;
+}
+
+static int fail_rank(Run *r)
+{
+	fprintf(stderr, "dpexec: error: %s\n", r->e.msg);
+	fflush(stderr);
+	if (r->world > 1)
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	static Run run; /* zeroed; one per process, not shared state */
+	Run *r = &run;
+	int pr = parse_opts(argc, argv, &r->o);
+	if (pr)
+		return pr > 0 ? 0 : 2;
+	if (!strcmp(r->o.device, "cuda")) {
+		fprintf(stderr, "dpexec: error: --device cuda: this dpexec was built without CUDA "
+				"support; use --device cpu\n");
+		return 1;
+	}
+	int provided;
+	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");
+		return 1;
+	}
+	MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &r->world);
+	r->e.rank = -1;
+
+	/* the step file: every rank reads it; agree before anything collective */
+	char err[1024];
+	int ok = dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0;
+	int nfailed = count_failed(!ok);
+	if (nfailed) {
+		/* the same failure everywhere: rank 0 says it once; else the failing ranks */
+		if (!ok && (nfailed < r->world || r->rank == 0))
+			fprintf(stderr, "dpexec: error: %s\n", err);
+		fflush(stderr);
+		dpstep_free(&r->step);
+		if (nfailed < r->world)
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		MPI_Finalize();
+		return 1;
+	}
+	uint64_t want = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		want *= r->step.cfg.mesh[a];
+	if (want != (uint64_t)r->world) {
+		if (r->rank == 0) {
+			const uint32_t *m = r->step.cfg.mesh;
+			char axes[128];
+			int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[0], m[1]);
+			if (m[DP_AXIS_CP] > 1)
+				n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
+			if (m[DP_AXIS_TP] > 1)
+				snprintf(axes + n, sizeof axes - (size_t)n, " tp=%u", m[DP_AXIS_TP]);
+			fprintf(stderr,
+				"dpexec: error: %s was compiled for a mesh of %llu rank%s (%s) but this "
+				"run has %d; recompile with dpc --world-size %d or run mpirun -np %llu\n",
+				r->o.step_path, (unsigned long long)want, want == 1 ? "" : "s", axes,
+				r->world, r->world, (unsigned long long)want);
+		}
+		dpstep_free(&r->step);
+		MPI_Finalize();
+		return 1;
+	}
+	r->e.rank = r->rank;
+	if (r->rank == 0 && !r->o.quiet && !strcmp(r->o.device, "auto"))
+		printf("dpexec: built without CUDA support; running on the CPU\n");
+
+	if (setup(r))
+		return fail_rank(r);
+	int status = 0;
+	if (r->o.check_grads) {
+		int g = gradcheck_run(&r->x, &r->e);
+		if (g < 0)
+			return fail_rank(r);
+		status = g;
+	} else {
+		if (train(r))
+			return fail_rank(r);
+		if (r->o.save_full && save_full(r))
+			return fail_rank(r);
+	}
+	fflush(stdout);
+	run_free(r);
+	MPI_Finalize();
+	return status;
+}

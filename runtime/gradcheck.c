@@ -1,0 +1,145 @@
+/*
+ * gradcheck.c - dpexec --check-grads: compare the gradients the step program
+ * computes (autodiff's backward) with central finite differences of the loss.
+ *
+ * On one rank, for optimizer step 0, micro-batch 0: run the step program
+ * without its DP_IF_LAST instructions (no all-reduce, clipping or update),
+ * from zeroed gradients, so grad.<p> is exactly d(loss of this micro-batch)/dp.
+ * Then, for up to GC_MAX_ELEMS elements of every parameter (evenly spaced,
+ * always the first and the last), perturb the element by +-h, re-run the same
+ * program and read the loss metric:  fd = (L(p+h) - L(p-h)) / (2h).
+ *
+ * Choice of h and tolerance (float32 everywhere except the loss sum):
+ *  - The loss is summed in double inside cross_entropy but stored as a f32
+ *    metric, so each L carries a rounding error of about |L| * 2^-24. The
+ *    difference quotient therefore has a noise floor near |L| * 2^-23 / (2h);
+ *    h must not be tiny. Truncation error is O(h^2 * L''') for smooth ops,
+ *    and a relu kink crossed inside [p-h, p+h] adds O(h) error for a few
+ *    elements. h = 1e-3 * max(1, |p|) balances these for O(1) activations,
+ *    and the h actually applied is re-measured in float ((p+h) - p).
+ *  - Pass when |ad - fd| <= 5e-2 * max(|ad|, |fd|) + atol, with
+ *    atol = 1e-5 + 16 * |L| * FLT_EPSILON / h: the absolute term is a few
+ *    times the rounding floor above, so tiny gradients (pure noise in fd)
+ *    cannot fail the check while any real mistake in a backward rule (a
+ *    wrong sign, a missing factor, a transposed operand) is far outside it.
+ * The loss scale is 1/global_batch (the program's own), which is fine: both
+ * sides carry it.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+
+#define GC_MAX_ELEMS 20
+#define GC_H 1e-3f
+#define GC_RTOL 5e-2
+
+static int zero_grads(Exec *x)
+{
+	for (uint32_t i = 0; i < x->s->ntensors; i++) {
+		const DpTensor *t = &x->s->tensors[i];
+		if ((t->kind == DP_T_GRAD) && x->ptr[i])
+			memset(x->ptr[i], 0, (size_t)exec_numel(t) * 4);
+	}
+	return 0;
+}
+
+static int loss_at(Exec *x, double *loss, RtErr *e)
+{
+	zero_grads(x);
+	exec_zero_metrics(x);
+	RT_CHECK(exec_run(x, DP_PROG_STEP, 0, e));
+	*loss = exec_f32(x, x->s->metrics.loss)[0];
+	return 0;
+}
+
+static int find_grad(const DpStep *s, const char *pname)
+{
+	for (uint32_t i = 0; i < s->ntensors; i++) {
+		const char *n = dpstep_str(s, s->tensors[i].name);
+		if (s->tensors[i].kind == DP_T_GRAD && strncmp(n, "grad.", 5) == 0 &&
+		    strcmp(n + 5, pname) == 0)
+			return (int)i;
+	}
+	return -1;
+}
+
+int gradcheck_run(Exec *x, RtErr *e)
+{
+	const DpStep *s = x->s;
+	if (x->comm->world != 1)
+		return RT_FAIL(e, "--check-grads runs on one rank (this run has %d)", x->comm->world);
+	if (s->metrics.loss < 0)
+		return RT_FAIL(e, "--check-grads: the step file has no loss metric");
+	x->step = 0;
+	x->micro = 0;
+	x->cpu.t = 1;
+	x->cpu.lr = 0;
+
+	double l0;
+	RT_CHECK(loss_at(x, &l0, e));
+	int failed = 0, nparams = 0;
+	for (uint32_t pi = 0; pi < s->ntensors; pi++) {
+		const DpTensor *pt = &s->tensors[pi];
+		if (pt->kind != DP_T_PARAM || !x->ptr[pi])
+			continue;
+		const char *name = dpstep_str(s, pt->name);
+		int gi = find_grad(s, name);
+		if (gi < 0 || !x->ptr[gi])
+			return RT_FAIL(e, "--check-grads: parameter '%s' has no gradient tensor 'grad.%s'",
+				       name, name);
+		nparams++;
+		int64_t n = exec_numel(pt);
+		int m = n < GC_MAX_ELEMS ? (int)n : GC_MAX_ELEMS;
+		int64_t idx[GC_MAX_ELEMS];
+		float ad[GC_MAX_ELEMS];
+		/* the analytic gradient of the unperturbed point (loss_at ran the backward) */
+		RT_CHECK(loss_at(x, &l0, e));
+		for (int k = 0; k < m; k++) {
+			idx[k] = m == 1 ? 0 : (int64_t)((double)k * (double)(n - 1) / (m - 1) + 0.5);
+			ad[k] = exec_f32(x, gi)[idx[k]];
+		}
+		double max_rel = 0;
+		int bad = 0;
+		float *p = exec_f32(x, (int)pi);
+		for (int k = 0; k < m; k++) {
+			float orig = p[idx[k]];
+			float h = GC_H * fmaxf(1.0f, fabsf(orig));
+			float up = orig + h, down = orig - h;
+			double lp, lm;
+			p[idx[k]] = up;
+			RT_CHECK(loss_at(x, &lp, e));
+			p[idx[k]] = down;
+			RT_CHECK(loss_at(x, &lm, e));
+			p[idx[k]] = orig;
+			double span = (double)up - (double)down; /* the h actually applied, twice */
+			double fd = (lp - lm) / span;
+			double a = ad[k], diff = fabs(a - fd), scale = fmax(fabs(a), fabs(fd));
+			double atol = 1e-5 + 16.0 * fabs(l0) * FLT_EPSILON / (span / 2);
+			double rel = scale > 0 ? diff / scale : 0;
+			if (scale > atol && rel > max_rel) /* fd is noise below atol */
+				max_rel = rel;
+			if (diff > GC_RTOL * scale + atol) {
+				if (!bad)
+					fprintf(stderr,
+						"gradcheck %s[%lld]: autodiff %.6g, finite difference %.6g\n",
+						name, (long long)idx[k], a, fd);
+				bad++;
+			}
+		}
+		printf("gradcheck %s: %d elements, max rel err %.1e %s\n", name, m, max_rel,
+		       bad ? "FAILED" : "ok");
+		failed += bad != 0;
+	}
+	zero_grads(x);
+	exec_zero_metrics(x);
+	if (!nparams)
+		return RT_FAIL(e, "--check-grads: the step file has no parameters");
+	printf("gradcheck: %d of %d parameters %s\n", nparams - failed, nparams,
+	       failed ? "passed; FAILED" : "passed");
+	fflush(stdout);
+	return failed ? 1 : 0;
+}

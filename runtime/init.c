@@ -1,0 +1,85 @@
+/*
+ * init.c - counter-based parameter initialisation.
+ *
+ * Element i of the full tensor `name` gets a value that depends only on
+ * (seed, name, i): no generator state is carried from one element to the
+ * next, so a rank that holds elements [base, base+count) of a sharded tensor
+ * produces exactly the numbers of that slice of the unsharded tensor, and
+ * tests/torch_ref.py (numpy, uint64 arithmetic) can reproduce them.
+ *
+ * The formulas (docs/DATA.md repeats them):
+ *   mix64(x)  = splitmix64's finaliser
+ *   hash(s)   = FNV-1a 64 of the bytes of s
+ *   u         = mix64(seed ^ mix64(hash(name) + i * GOLDEN))      (mod 2^64)
+ *   u1        = ((u >> 32)        + 0.5) / 2^32                 in (0, 1)
+ *   u2        = ((u & 0xffffffff) + 0.5) / 2^32                 in (0, 1)
+ *   uniform   = a + (b - a) * u1
+ *   normal    = a + b * sqrt(-2 ln u1) * cos(2 pi u2)   (Box-Muller, cos branch only)
+ * computed in double, stored as float.
+ */
+#include <math.h>
+
+#include "rt.h"
+
+#define INIT_GOLDEN 0x9e3779b97f4a7c15ull /* 2^64 / golden ratio, splitmix64's increment */
+
+uint64_t init_mix64(uint64_t x)
+{
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+uint64_t init_hash_name(const char *name)
+{
+	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis */
+
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		h ^= *p;
+		h *= 0x100000001b3ull; /* FNV-1a 64 prime */
+	}
+	return h;
+}
+
+/* Two uniforms in (0, 1) from 64 bits; 0 and 1 never occur, so log(u1) is finite. */
+static void init_uniforms(uint64_t u, double *u1, double *u2)
+{
+	const double scale = 1.0 / 4294967296.0; /* 2^-32 */
+
+	*u1 = ((double)(u >> 32) + 0.5) * scale;
+	*u2 = ((double)(u & 0xffffffffull) + 0.5) * scale;
+}
+
+void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, int64_t base,
+	       int64_t count, float *dst)
+{
+	uint64_t h = init_hash_name(name);
+	double da = a, db = b;
+
+	for (int64_t k = 0; k < count; k++) {
+		uint64_t i = (uint64_t)(base + k);
+		double u1, u2, v;
+
+		switch (kind) {
+		case DP_INIT_NONE:
+		case DP_INIT_ZEROS:
+			v = 0.0;
+			break;
+		case DP_INIT_ONES:
+			v = 1.0;
+			break;
+		case DP_INIT_UNIFORM:
+			init_uniforms(init_mix64(seed ^ init_mix64(h + i * INIT_GOLDEN)), &u1, &u2);
+			v = da + (db - da) * u1;
+			break;
+		case DP_INIT_NORMAL:
+			init_uniforms(init_mix64(seed ^ init_mix64(h + i * INIT_GOLDEN)), &u1, &u2);
+			v = da + db * (sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+			break;
+		default:
+			v = 0.0; /* the step-file reader rejects unknown kinds */
+			break;
+		}
+		dst[k] = (float)v;
+	}
+}

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# tests/runtime_errors.sh - dpexec's user errors: each run must exit non-zero
+# (no hang: multi-rank runs are wrapped in `timeout 60`) with a clear message.
+# Also the checkpoint round trip that --init-from errors are measured against.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+
+# expect NAME WANT_SUBSTRING COMMAND...: non-zero exit, no timeout, message on stderr/stdout
+expect() {
+	local name=$1 want=$2; shift 2
+	"$@" >"$T/out" 2>&1
+	local rc=$?
+	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$want" "$T/out"; then
+		ok "$name"
+	else
+		fail "$name (exit $rc, wanted '$want')"; sed 's/^/      /' "$T/out" | head -n 8
+	fi
+}
+X() { env $MPI_ASAN timeout 60 "$DPEXEC" "$@"; }
+M() { local n=$1; shift; env $MPI_ASAN timeout 60 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"; }
+
+if ! "$DPC" models/mlp.dp -o "$T/mlp1.bin" --world-size 1 >"$T/dpc.out" 2>&1; then
+	fail "dpc models/mlp.dp --world-size 1"; sed 's/^/      /' "$T/dpc.out" | head
+	
+# a hung rank: stop one of two ranks mid-run; the other must fail within --timeout
+( M 2 "$T/mlp2.bin" --steps 100000 --timeout 3 --log-every 100000 --eval-every 0 >"$T/hang.out" 2>&1
+  echo "rc=$?" >>"$T/hang.out" ) &
+job=$!
+for i in $(seq 60); do grep -q "^step 1/" "$T/hang.out" && break; sleep 0.5; done # in the loop
+sleep 1
+exe=$(basename "$DPEXEC" | cut -c1-15) # ps shows at most 15 characters of a command name
+ranks=$(ps -eo pid=,ppid=,comm= | awk -v root=$job -v exe="$exe" '{p[$1]=$2; c[$1]=$3}
+	END {for (k in p) {x=k; while (x in p && x!=root && x>1) x=p[x]; if (x==root && c[k]==exe) print k}}')
+victim=$(echo $ranks | awk '{print $1}')
+if [ -n "$victim" ]; then
+	kill -STOP "$victim"
+	t0=$(date +%s); wait $job; took=$(( $(date +%s) - t0 ))
+	kill -CONT "$victim" 2>/dev/null
+	if grep -q "did not complete within 3 s (--timeout)" "$T/hang.out" && ! grep -q "rc=0" "$T/hang.out" &&
+		[ $took -lt 30 ]; then
+		ok "a stopped rank ends the run within --timeout (${took}s)"
+	else
+		fail "a stopped rank ends the run within --timeout (${took}s)"; sed 's/^/      /' "$T/hang.out" | tail -n 5
+	fi
+else
+	wait $job
+	echo "  skip hung-rank test (could not find the rank processes; run finished: $(tail -n 1 "$T/hang.out"))"
+fi
+finish runtime_errors
+	exit 1
+fi
+
+if ! "$DPC" models/mlp.dp -o "$T/mlp2.bin" --world-size 2 >"$T/dpc.out" 2>&1; then
+	fail "dpc models/mlp.dp --world-size 2"; sed 's/^/      /' "$T/dpc.out" | head
+fi
+
+expect "missing step file" "cannot open $T/none.bin" X "$T/none.bin"
+head -c 300 "$T/mlp1.bin" >"$T/trunc.bin"
+expect "truncated step file" "truncated: expected" X "$T/trunc.bin"
+expect "a .dp file is not a step file" "not a dp step file" X models/mlp.dp
+expect "unknown option" "unknown option '--bogus'" X --bogus "$T/mlp1.bin"
+expect "no step file" "no step file given" X
+expect "bad number" "bad value 'many' for --steps" X --steps many "$T/mlp1.bin"
+expect "--device cuda without CUDA" "built without CUDA support" X --device cuda "$T/mlp1.bin"
+expect "world size mismatch (2 ranks, 1-rank file)" \
+	"was compiled for a mesh of 1 rank (dp_replicate=1 dp_shard=1) but this run has 2; recompile with dpc --world-size 2 or run mpirun -np 1" \
+	M 2 "$T/mlp1.bin" --steps 1
+expect "--init-from a missing file" "$T/nothere.safetensors" X "$T/mlp1.bin" --init-from "$T/nothere.safetensors"
+expect "--init-from a missing file on 2 ranks (abort, no hang)" "nothere.safetensors" \
+	M 2 "$T/mlp2.bin" --init-from "$T/nothere.safetensors" --steps 1
+expect "option without its value" "option '--steps' needs a value" X "$T/mlp1.bin" --steps
+expect "bad --timeout" "bad value 'soon' for --timeout" X --timeout soon "$T/mlp1.bin"
+if X "$T/mlp1.bin" --steps 3 --quiet --save-full "$T/a.safetensors" >"$T/out" 2>&1 &&
+	X "$T/mlp1.bin" --steps 0 --quiet --init-from "$T/a.safetensors" --save-full "$T/b.safetensors" >>"$T/out" 2>&1 &&
+	cmp -s "$T/a.safetensors" "$T/b.safetensors"; then
+	ok "--save-full / --init-from round trip"
+else
+	fail "--save-full / --init-from round trip"; sed 's/^/      /' "$T/out" | head
+fi
+# a 2-rank run saves the same parameters format (rank 0 writes)
+save2() { M 2 "$T/mlp2.bin" --steps 2 --quiet --save-full "$T/c.safetensors" >"$T/out" 2>&1; }
+check "--save-full on 2 ranks" save2
+
+# broken checkpoints: a renamed tensor, a reshaped tensor
+if [ -f "$T/a.safetensors" ]; then
+	$PY - "$T/a.safetensors" "$T" <<'PYEOF'
+import json, struct, sys
+src, d = sys.argv[1], sys.argv[2]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n]); body = raw[8 + n:]
+def write(path, h):
+    j = json.dumps(h).encode()
+    open(path, "wb").write(struct.pack("<Q", len(j)) + j + body)
+h = dict(hdr); h["head.W"] = h.pop("head.w"); write(d + "/renamed.safetensors", h)
+h = dict(hdr); h["fc1.b"] = dict(h["fc1.b"], shape=[2, 128]); write(d + "/reshaped.safetensors", h)
+PYEOF
+	expect "--init-from without a parameter" "no tensor named 'head.w'" \
+		X "$T/mlp1.bin" --steps 0 --init-from "$T/renamed.safetensors"
+	expect "--init-from with a wrong shape" "tensor 'fc1.b' has shape [2,128], the model wants [256]" \
+		X "$T/mlp1.bin" --steps 0 --init-from "$T/reshaped.safetensors"
+fi
+
+# a diverging run names the step where the loss stopped being finite
+sed 's/lr=1e-3/lr=1e6/; s/clip_grad_norm 1.0/clip_grad_norm 0/' models/mlp.dp >"$T/nan.dp"
+if "$DPC" "$T/nan.dp" -o "$T/nan.bin" --world-size 1 >/dev/null 2>&1; then
+	expect "NaN loss is an error with the step" "loss is NaN at step" X "$T/nan.bin" --steps 300 --quiet
+fi
+expect "--losses into a missing directory" "cannot write --losses file" \
+	X "$T/mlp1.bin" --steps 1 --losses "$T/no/dir/losses.txt"
+
+# a hung rank: stop one of two ranks mid-run; the other must fail within --timeout
+( M 2 "$T/mlp2.bin" --steps 100000 --timeout 3 --log-every 100000 --eval-every 0 >"$T/hang.out" 2>&1
+  echo "rc=$?" >>"$T/hang.out" ) &
+job=$!
+for i in $(seq 60); do grep -q "^step 1/" "$T/hang.out" && break; sleep 0.5; done # in the loop
+sleep 1
+exe=$(basename "$DPEXEC" | cut -c1-15) # ps shows at most 15 characters of a command name
+ranks=$(ps -eo pid=,ppid=,comm= | awk -v root=$job -v exe="$exe" '{p[$1]=$2; c[$1]=$3}
+	END {for (k in p) {x=k; while (x in p && x!=root && x>1) x=p[x]; if (x==root && c[k]==exe) print k}}')
+victim=$(echo $ranks | awk '{print $1}')
+if [ -n "$victim" ]; then
+	kill -STOP "$victim"
+	t0=$(date +%s); wait $job; took=$(( $(date +%s) - t0 ))
+	kill -CONT "$victim" 2>/dev/null
+	if grep -q "did not complete within 3 s (--timeout)" "$T/hang.out" && ! grep -q "rc=0" "$T/hang.out" &&
+		[ $took -lt 30 ]; then
+		ok "a stopped rank ends the run within --timeout (${took}s)"
+	else
+		fail "a stopped rank ends the run within --timeout (${took}s)"; sed 's/^/      /' "$T/hang.out" | tail -n 5
+	fi
+else
+	wait $job
+	echo "  skip hung-rank test (could not find the rank processes; run finished: $(tail -n 1 "$T/hang.out"))"
+fi
+finish runtime_errors

@@ -1,0 +1,484 @@
+/*
+ * stepfile_fuzz.c - the step-file decoder against broken input, in-process.
+ *
+ *   stepfile_fuzz [STEP.bin]     (no argument: a small built-in step file)
+ *
+ * Takes a valid step file and checks that dpstep_decode
+ *  - round-trips it (decode, encode: the same bytes);
+ *  - refuses every truncation (each length below 256, then strided) with a
+ *    message, "truncated" once the magic is there;
+ *  - refuses every single-byte flip when the checksum is left alone, with the
+ *    message the header position calls for (magic, version, crc, size, body);
+ *  - given flips and random multi-byte mutations with the checksum fixed up
+ *    (so they reach the record parser and the semantic validators), either
+ *    refuses with a message or returns a step whose invariants hold (every
+ *    stored tensor inside the arena, every id in range) - never a crash;
+ *  - names a newer version, a non-step file, and survives lying counts;
+ * and that dpstep_write_file is atomic (no temp file left behind on failure
+ * or success). Run it under ASan/UBSan with `make test SAN=1`.
+ * Prints "stepfile_fuzz: N passed, M failed"; exit status 1 on any failure.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "stepfile.h"
+
+static int npass, nfail;
+
+static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int cond, const char *fmt, ...)
+{
+	if (cond) {
+		npass++;
+		return;
+	}
+	nfail++;
+	if (nfail > 30)
+		return; /* enough detail */
+	va_list ap;
+	va_start(ap, fmt);
+	printf("  FAIL ");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+}
+
+/* ---- a small valid step file, when no file is given ---- */
+
+static DpStep *builtin_step(void)
+{
+	static char strs[] = "x\0y\0w\0grad.w\0loss\0logits\0d.logits\0";
+	static DpTensor t[7];
+	static DpInstr prog[8];
+	static DpInstr eprog[2];
+	static DpSource src[2];
+	static DpStep s;
+	const uint32_t nm[7] = {0, 2, 4, 6, 13, 18, 25};
+	const int kind[7] = {DP_T_DATA, DP_T_DATA, DP_T_PARAM, DP_T_GRAD, DP_T_METRIC, DP_T_ACT,
+			     DP_T_ACT};
+	const int64_t d0[7] = {4, 4, 3, 3, 1, 4, 4}, d1[7] = {3, 0, 2, 2, 0, 2, 2};
+	uint64_t off = 0;
+	for (int i = 0; i < 7; i++) {
+		t[i].name = nm[i];
+		t[i].dtype = i == 1 ? DP_I32 : DP_F32;
+		t[i].kind = (uint8_t)kind[i];
+		t[i].ndim = d1[i] ? 2 : 1;
+		t[i].dims[0] = d0[i];
+		t[i].dims[1] = d1[i];
+		t[i].nbytes = (uint64_t)(d0[i] * (d1[i] ? d1[i] : 1) * 4);
+		t[i].offset = off;
+		off += (t[i].nbytes + 255) / 256 * 256;
+		for (int a = 0; a < DP_MAX_AXES; a++)
+			t[i].place_dim[a] = -1;
+	}
+	t[2].init = DP_INIT_NORMAL;
+	t[2].init_b = 0.1f;
+	src[0] = (DpSource){.path = 0, .kind = DP_SRC_SYNTHETIC, .tensor = 0, .sample_elems = 3,
+			    .synth_n = 64, .src_line = 3};
+	src[1] = (DpSource){.path = 0, .kind = DP_SRC_SYNTHETIC, .role = 1, .tensor = 1,
+			    .sample_elems = 1, .synth_n = 64, .synth_classes = 2, .src_line = 4};
+	DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
+	for (int i = 0; i < 8; i++)
+		prog[i] = base;
+	prog[0].op = DPK_LOAD, prog[0].out = 0, prog[0].ia[0] = 0;
+	prog[1].op = DPK_LOAD, prog[1].out = 1, prog[1].ia[0] = 1;
+	prog[2].op = DPK_LINEAR, prog[2].out = 5, prog[2].in[0] = 0, prog[2].in[1] = 2;
+	prog[3].op = DPK_XENT, prog[3].out = 4, prog[3].in[0] = 5, prog[3].in[1] = 1;
+	prog[3].fa[0] = 0.25f;
+	prog[4].op = DPK_XENT_GRAD, prog[4].out = 6, prog[4].in[0] = 5, prog[4].in[1] = 1;
+	prog[5].op = DPK_MATMUL, prog[5].out = 3, prog[5].in[0] = 0, prog[5].in[1] = 6;
+	prog[5].ia[0] = 1, prog[5].ia[2] = 1;
+	prog[6].op = DPK_EVENT_RECORD, prog[6].ia[0] = 0, prog[6].flags = DP_IF_LAST;
+	prog[7].op = DPK_ALL_REDUCE, prog[7].out = 3, prog[7].ia[0] = 3;
+	prog[7].stream = DP_STREAM_COMM, prog[7].flags = DP_IF_LAST;
+	eprog[0] = prog[2];
+	eprog[1] = base;
+	eprog[1].op = DPK_NOP;
+	s.cfg = (DpConfig){.mesh = {1, 1, 1, 1}, .micro_batch = 4, .grad_accum = 1, .eval_batch = 4,
+			   .steps = 10, .log_every = 1, .seed = 7, .arena_bytes = off};
+	s.opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+			  .eps = 1e-8f};
+	s.sched = (DpSched){.kind = DP_SCHED_COSINE, .warmup = 2, .steps = 10};
+	s.metrics = (DpMetrics){.loss = 4, .grad_norm = -1, .eval_loss = -1, .eval_correct = -1};
+	s.strings = strs;
+	s.nstrings = sizeof strs;
+	s.tensors = t;
+	s.ntensors = 7;
+	s.sources = src;
+	s.nsources = 2;
+	s.prog[0] = prog;
+	s.nprog[0] = 8;
+	s.prog[1] = eprog;
+	s.nprog[1] = 2;
+	s.nevents = 1;
+	return &s;
+}
+
+/* ---- helpers ---- */
+
+static void put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void fix_crc(unsigned char *b, size_t n)
+{
+	if (n < DP_STEP_HEADER_BYTES)
+		return;
+	uLong c = crc32(0L, Z_NULL, 0);
+	c = crc32(c, b + DP_STEP_HEADER_BYTES, (uInt)(n - DP_STEP_HEADER_BYTES));
+	put32(b + 12, (uint32_t)c);
+}
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int numel_ok(const DpTensor *t, uint64_t *numel)
+{
+	uint64_t n = 1;
+	for (int d = 0; d < t->ndim; d++)
+		n *= (uint64_t)t->dims[d];
+	*numel = n;
+	return 1;
+}
+
+/* What the runtime relies on after a successful decode. */
+static int invariants(const DpStep *s)
+{
+	if (s->nstrings && s->strings[s->nstrings - 1])
+		return 0;
+	for (uint32_t i = 0; i < s->ntensors; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (t->name >= s->nstrings || t->dtype >= DP_NDTYPE || t->ndim > DP_MAX_DIMS)
+			return 0;
+		uint64_t n;
+		numel_ok(t, &n);
+		if (t->nbytes && (t->offset + t->nbytes > s->cfg.arena_bytes ||
+				  t->offset + t->nbytes < t->offset || t->nbytes < n * 2))
+			return 0;
+	}
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op >= DPK_COUNT || in->stream >= DP_NSTREAM)
+				return 0;
+			for (int k = 0; k < DP_MAX_IN; k++)
+				if (in->in[k] < -1 || in->in[k] >= (int32_t)s->ntensors ||
+				    (in->in[k] >= 0 && !s->tensors[in->in[k]].nbytes))
+					return 0;
+			if (in->out < -1 || in->out >= (int32_t)s->ntensors)
+				return 0;
+			if ((in->op == DPK_EVENT_RECORD || in->op == DPK_EVENT_WAIT) &&
+			    (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents))
+				return 0;
+		}
+	for (uint32_t i = 0; i < s->nsources; i++)
+		if (s->sources[i].tensor < 0 || s->sources[i].tensor >= (int32_t)s->ntensors ||
+		    s->sources[i].path >= s->nstrings)
+			return 0;
+	for (uint32_t a = 0; a < DP_MAX_AXES; a++)
+		if (s->cfg.mesh[a] < 1)
+			return 0;
+	return s->cfg.micro_batch >= 1 && s->cfg.grad_accum >= 1;
+}
+
+/* Decode; 0 ok, else -1 with a non-empty message (checked). */
+static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *ok_inv)
+{
+	DpStep s;
+	err[0] = '\0';
+	int rc = dpstep_decode(b, n, &s, err, errlen);
+	if (rc == 0) {
+		*ok_inv = invariants(&s);
+		/* a decoded step re-encodes (its arrays are complete) */
+		unsigned char *again;
+		size_t alen;
+		if (dpstep_encode(&s, &again, &alen) == 0)
+			free(again);
+		dpstep_free(&s);
+	} else {
+		*ok_inv = 1;
+		/* the failed output is empty and freeing it again is harmless */
+		if (s.tensors || s.strings || s.ntensors)
+			*ok_inv = 0;
+		dpstep_free(&s);
+	}
+	return rc;
+}
+
+static void test_file_io(const DpStep *s)
+{
+	char dir[] = "/tmp/dpfuzz.XXXXXX";
+	if (!mkdtemp(dir)) {
+		check(0, "mkdtemp");
+		return;
+	}
+	char path[256], err[512];
+	snprintf(path, sizeof path, "%s/step.bin", dir);
+	check(dpstep_write_file(s, path, err, sizeof err) == 0, "write_file: %s", err);
+	DpStep back;
+	check(dpstep_read_file(path, &back, err, sizeof err) == 0, "read_file: %s", err);
+	dpstep_free(&back);
+	snprintf(path, sizeof path, "%s/no/such/dir/step.bin", dir);
+	check(dpstep_write_file(s, path, err, sizeof err) != 0 && strstr(err, "step.bin"),
+	      "write into a missing directory fails naming the file (%s)", err);
+	DIR *d = opendir(dir);
+	int entries = 0;
+	struct dirent *de;
+	while (d && (de = readdir(d)))
+		if (de->d_name[0] != '.')
+			entries++;
+	if (d)
+		closedir(d);
+	check(entries == 1, "no temporary files left behind (%d entries)", entries);
+	snprintf(path, sizeof path, "%s/missing.bin", dir);
+	check(dpstep_read_file(path, &back, err, sizeof err) != 0 && strstr(err, "cannot open") &&
+		      strstr(err, "missing.bin"),
+	      "missing file: %s", err);
+	snprintf(path, sizeof path, "%s/step.bin", dir);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* --emit DIR N: write N checksum-fixed mutations of the built-in step that
+ * the decoder accepts, for tests/stepfile_fuzz.sh to feed to dpexec. */
+static int emit(const char *dir, int n)
+{
+	unsigned char *buf;
+	size_t len;
+	char err[512], path[512];
+	if (dpstep_encode(builtin_step(), &buf, &len))
+		return 1;
+	snprintf(path, sizeof path, "%s/valid.bin", dir);
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return 1;
+	fwrite(buf, 1, len, f);
+	fclose(f);
+	int made = 0;
+	for (long it = 0; made < n && it < 1000000; it++) {
+		unsigned char *t = malloc(len);
+		memcpy(t, buf, len);
+		int k = 1 + (int)(rnd() % 3);
+		for (int j = 0; j < k; j++) {
+			size_t p = DP_STEP_HEADER_BYTES + rnd() % (len - DP_STEP_HEADER_BYTES);
+			uint64_t r = rnd();
+			if (r % 2 == 0 && p + 4 <= len)
+				put32(t + p, (r >> 8) % 3 == 0 ? 0xffffffffu : (uint32_t)((r >> 16) % 16));
+			else
+				t[p] = (unsigned char)(r >> 8);
+		}
+		fix_crc(t, len);
+		DpStep s;
+		if (memcmp(t, buf, len) && dpstep_decode(t, len, &s, err, sizeof err) == 0) {
+			dpstep_free(&s);
+			snprintf(path, sizeof path, "%s/m%03d.bin", dir, made++);
+			f = fopen(path, "wb");
+			if (f) {
+				fwrite(t, 1, len, f);
+				fclose(f);
+			}
+		}
+		free(t);
+	}
+	free(buf);
+	return made == n ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned char *buf;
+	size_t len;
+	char err[512];
+	int inv;
+	DpStep file;
+	const DpStep *s;
+	if (argc == 4 && !strcmp(argv[1], "--emit"))
+		return emit(argv[2], atoi(argv[3]));
+	if (argc > 1) {
+		if (dpstep_read_file(argv[1], &file, err, sizeof err)) {
+			printf("stepfile_fuzz: cannot use %s: %s\n", argv[1], err);
+			return 1;
+		}
+		s = &file;
+	} else {
+		s = builtin_step();
+	}
+	if (dpstep_encode(s, &buf, &len)) {
+		printf("stepfile_fuzz: encode failed\n");
+		return 1;
+	}
+
+	/* round trip */
+	DpStep d;
+	int rc = dpstep_decode(buf, len, &d, err, sizeof err);
+	check(rc == 0, "valid file decodes: %s", err);
+	if (rc == 0) {
+		unsigned char *b2;
+		size_t l2;
+		check(dpstep_encode(&d, &b2, &l2) == 0 && l2 == len && !memcmp(b2, buf, len),
+		      "decode + encode gives the same bytes");
+		if (l2 == len)
+			free(b2);
+		check(invariants(&d), "valid file satisfies the invariants");
+		dpstep_free(&d);
+	}
+
+	/* truncation */
+	int bad_trunc = 0;
+	for (size_t n = 0; n < len; n += n < 256 ? 1 : 7) {
+		unsigned char *t = malloc(n ? n : 1); /* exact size: ASan sees overreads */
+		memcpy(t, buf, n);
+		rc = dec(t, n, err, sizeof err, &inv);
+		int good = rc != 0 && err[0] && inv &&
+			   (n < 8 ? 1 : strstr(err, "truncated") != NULL);
+		if (!good && bad_trunc++ < 5)
+			check(0, "truncated at %zu: rc %d, '%s'", n, rc, err);
+		else if (good)
+			npass++;
+		free(t);
+	}
+
+	/* single-byte flips, checksum untouched: always refused, with the right reason */
+	int bad_flip = 0;
+	for (size_t p = 0; p < len; p += p < 512 ? 1 : 3) {
+		unsigned char *t = malloc(len);
+		memcpy(t, buf, len);
+		t[p] ^= (unsigned char)(1u << (p % 8));
+		rc = dec(t, len, err, sizeof err, &inv);
+		const char *want = p < 8 ? "not a dp step file"
+			: p < 12 ? "version"
+			: p < 16 ? "checksum mismatch"
+			: p < 24 ? "" /* size: truncated or bad size */
+			: "checksum mismatch";
+		int good = rc != 0 && err[0] && inv && strstr(err, want);
+		if (!good && bad_flip++ < 5)
+			check(0, "flip at %zu: rc %d, '%s' (want '%s')", p, rc, err, want);
+		else if (good)
+			npass++;
+		free(t);
+	}
+
+	/* flips and mutations with the checksum fixed up: reach the parser and validators */
+	int crashes_would_be_here = 0, accepted = 0, refused = 0, bad_fix = 0;
+	long iters = 0;
+	for (size_t p = DP_STEP_HEADER_BYTES; p < len; p++) {
+		for (int v = 0; v < 3; v++) {
+			unsigned char *t = malloc(len);
+			memcpy(t, buf, len);
+			t[p] = v == 0 ? (unsigned char)(t[p] ^ 0xff)
+			     : v == 1 ? (unsigned char)(t[p] + 1) : (unsigned char)rnd();
+			fix_crc(t, len);
+			rc = dec(t, len, err, sizeof err, &inv);
+			iters++;
+			if (rc == 0)
+				accepted++;
+			else
+				refused++;
+			int good = inv && (rc == 0 || (err[0] && !strstr(err, "checksum")));
+			if (!good && bad_fix++ < 5)
+				check(0, "fixed-crc mutation at %zu: rc %d inv %d '%s'", p, rc, inv, err);
+			else if (good)
+				npass++;
+			free(t);
+		}
+	}
+	for (int it = 0; it < 20000; it++) {
+		unsigned char *t = malloc(len);
+		memcpy(t, buf, len);
+		int k = 1 + (int)(rnd() % 8);
+		for (int j = 0; j < k; j++) {
+			size_t p = DP_STEP_HEADER_BYTES + rnd() % (len - DP_STEP_HEADER_BYTES);
+			uint64_t r = rnd();
+			if (r % 4 == 0 && p + 4 <= len) /* a plausible small integer or -1 */
+				put32(t + p, (r >> 8) % 3 == 0 ? 0xffffffffu : (uint32_t)((r >> 16) % 64));
+			else
+				t[p] = (unsigned char)(r >> 8);
+		}
+		fix_crc(t, len);
+		rc = dec(t, len, err, sizeof err, &inv);
+		iters++;
+		if (rc == 0)
+			accepted++;
+		else
+			refused++;
+		int good = inv && (rc == 0 || err[0]);
+		if (!good && bad_fix++ < 5)
+			check(0, "random mutation %d: rc %d inv %d '%s'", it, rc, inv, err);
+		else if (good)
+			npass++;
+		free(t);
+	}
+	(void)crashes_would_be_here;
+	printf("  %ld checksum-fixed mutations: %d refused by the parser/validators, %d accepted "
+	       "(all accepted ones satisfy the invariants)\n",
+	       iters, refused, accepted);
+
+	/* lying counts: the string table claims 4 GiB, the tensor count 2^32-1 */
+	{
+		unsigned char *t = malloc(len);
+		memcpy(t, buf, len);
+		size_t at = DP_STEP_HEADER_BYTES + 56 + 32 + 16 + 16 + 4; /* strings nbytes */
+		put32(t + at, 0xfffffff0u);
+		fix_crc(t, len);
+		rc = dec(t, len, err, sizeof err, &inv);
+		check(rc != 0 && strstr(err, "string table"), "lying string count: '%s'", err);
+		memcpy(t, buf, len);
+		uint32_t ns = (uint32_t)t[at] | (uint32_t)t[at + 1] << 8 | (uint32_t)t[at + 2] << 16 |
+			      (uint32_t)t[at + 3] << 24;
+		put32(t + at + 4 + ns, 0xffffffffu);
+		fix_crc(t, len);
+		rc = dec(t, len, err, sizeof err, &inv);
+		check(rc != 0 && strstr(err, "tensor table"), "lying tensor count: '%s'", err);
+		free(t);
+	}
+
+	/* versions and foreign files */
+	{
+		unsigned char *t = malloc(len);
+		memcpy(t, buf, len);
+		put32(t + 8, DP_STEP_VERSION + 1);
+		rc = dec(t, len, err, sizeof err, &inv);
+		check(rc != 0 && strstr(err, "step file format version 2 is newer than this dpexec "
+					     "supports (1); rebuild dpexec"),
+		      "newer version: '%s'", err);
+		put32(t + 8, 0);
+		rc = dec(t, len, err, sizeof err, &inv);
+		check(rc != 0 && strstr(err, "not supported"), "older version: '%s'", err);
+		put32(t + 8, DP_STEP_VERSION);
+		t[len - 1] ^= 1;
+		rc = dec(t, len, err, sizeof err, &inv);
+		check(rc != 0 && !strcmp(err, "checksum mismatch: file is corrupted"),
+		      "corrupted body: '%s'", err);
+		free(t);
+		static const char text[] = "mesh auto\ndata { x: f32[batch, 784] }\n# not a step file\n";
+		rc = dec((const unsigned char *)text, sizeof text - 1, err, sizeof err, &inv);
+		check(rc != 0 && !strcmp(err, "not a dp step file"), "text file: '%s'", err);
+		rc = dec((const unsigned char *)"", 0, err, sizeof err, &inv);
+		check(rc != 0 && !strcmp(err, "not a dp step file"), "empty file: '%s'", err);
+		unsigned char *big = malloc(len + 5);
+		memcpy(big, buf, len);
+		memset(big + len, 0, 5);
+		rc = dec(big, len + 5, err, sizeof err, &inv);
+		check(rc != 0 && strstr(err, "expected"), "trailing bytes: '%s'", err);
+		free(big);
+	}
+
+	test_file_io(s);
+	free(buf);
+	if (argc > 1)
+		dpstep_free(&file);
+	printf("stepfile_fuzz: %d passed, %d failed\n", npass, nfail);
+	return nfail ? 1 : 0;
+}
