@@ -33,14 +33,14 @@ RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
 
-.PHONY: all test demo deps clean
+.PHONY: all tests test demo deps clean
 all: $(DPC) $(DPEXEC)
 
-$(BUILD)/gen/parser.c $(BUILD)/gen/parser.h: compiler/parser.y
+$(BUILD)/gen/parser.c $(BUILD)/gen/parser.h &: compiler/parser.y
 	@mkdir -p $(dir $@)
 	$(BISON) -Wall -Werror --defines=$(BUILD)/gen/parser.h -o $(BUILD)/gen/parser.c $<
 
-$(BUILD)/gen/lexer.c $(BUILD)/gen/lexer.h: compiler/lexer.l $(BUILD)/gen/parser.h
+$(BUILD)/gen/lexer.c $(BUILD)/gen/lexer.h &: compiler/lexer.l $(BUILD)/gen/parser.h
 	@mkdir -p $(dir $@)
 	$(FLEX) --header-file=$(BUILD)/gen/lexer.h -o $(BUILD)/gen/lexer.c $<
 
@@ -49,7 +49,7 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 
 $(BUILD)/compiler/%.o: compiler/%.c $(BUILD)/gen/parser.h $(BUILD)/gen/lexer.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
+	$(CC) $(CFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen -c $< -o $@
 
 $(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h
 	@mkdir -p $(dir $@)
@@ -69,7 +69,21 @@ $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
 	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
 
-test: all
+# C test programs: compiler-side ones link the compiler objects, runtime-side
+# ones the runtime objects (tests/unit.sh runs them).
+COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
+RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz
+tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
+
+$(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lz -lm
+
+$(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -Iruntime -Iir $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
+
+test: all tests
 	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh
 
 demo: deps all

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""tests/compare.py - compare two dp runs numerically (numpy only).
+
+  compare.py losses A.txt B.txt --rtol R --atol A     loss columns of `dpexec --losses`
+  compare.py params A.safetensors B.safetensors --rtol R --atol A
+
+Prints the largest differences and exits 1 when a value differs by more than
+atol + rtol * |reference| (B is the reference).
+"""
+import json
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", (path, name, info["dtype"])
+        b, e = info["data_offsets"]
+        out[name] = np.frombuffer(data[base + b : base + e], dtype="<f4").reshape(info["shape"])
+    return out
+
+
+def read_losses(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                rows.append([float(t) for t in line.split()])
+    return np.array(rows)
+
+
+def close(name, a, b, rtol, atol):
+    if a.shape != b.shape:
+        print(f"{name}: shape {a.shape} vs {b.shape}")
+        return False
+    err = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    lim = atol + rtol * np.abs(b.astype(np.float64))
+    worst = float(np.max(err - lim)) if err.size else 0.0
+    rel = float(np.max(err / (np.abs(b) + 1e-12))) if err.size else 0.0
+    print(f"  {name}: max abs diff {float(err.max()) if err.size else 0:.3e}, max rel {rel:.3e}"
+          + ("" if worst <= 0 else "  EXCEEDS TOLERANCE"))
+    return worst <= 0
+
+
+def main():
+    kind, a, b = sys.argv[1:4]
+    rtol = float(sys.argv[sys.argv.index("--rtol") + 1]) if "--rtol" in sys.argv else 1e-5
+    atol = float(sys.argv[sys.argv.index("--atol") + 1]) if "--atol" in sys.argv else 1e-6
+    good = True
+    if kind == "losses":
+        la, lb = read_losses(a), read_losses(b)
+        if la.shape[0] != lb.shape[0] or la.shape[0] == 0:
+            print(f"step count {la.shape[0]} vs {lb.shape[0]}")
+            sys.exit(1)
+        good = close("loss", la[:, 1], lb[:, 1], rtol, atol)
+    else:
+        pa, pb = read_safetensors(a), read_safetensors(b)
+        if sorted(pa) != sorted(pb):
+            print(f"tensor names differ: {sorted(pa)} vs {sorted(pb)}")
+            sys.exit(1)
+        for k in sorted(pa):
+            good &= close(k, pa[k], pb[k], rtol, atol)
+    sys.exit(0 if good else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tests/run.sh - every test suite, in order; `make test` runs it (SAN=1: the
+# ASan/UBSan build). Prints each suite's "N passed, M failed" and a total.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export BUILD
+suites=(
+	"unit"          "bash tests/unit.sh"
+	"errors"        "bash tests/errors.sh"
+	"golden"        "bash tests/golden.sh"
+	"gradcheck"     "bash tests/gradcheck.sh"
+	"stepfile"      "bash tests/stepfile_fuzz.sh"
+	"runtime_errors" "bash tests/runtime_errors.sh"
+	"data_errors"   "bash tests/data_errors.sh"
+	"equivalence"   "bash tests/equivalence.sh"
+	"torch_ref"     "bash tests/torch_ref.sh"
+)
+tp=0; tf=0; failed=()
+for ((i = 0; i < ${#suites[@]}; i += 2)); do
+	name=${suites[i]}; cmd=${suites[i + 1]}
+	echo "== $name"
+	start=$(date +%s)
+	out=$($cmd 2>&1); rc=$?
+	echo "$out"
+	line=$(echo "$out" | grep -E "^[A-Za-z_]+: [0-9]+ passed, [0-9]+ failed" | tail -n 1)
+	p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); p=${p:-0}
+	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); f=${f:-0}
+	if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+	tp=$((tp + p)); tf=$((tf + f))
+	[ $rc -eq 0 ] || failed+=("$name")
+	echo "   ($name took $(( $(date +%s) - start ))s)"
+done
+echo
+[ ${#failed[@]} -eq 0 ] || echo "failed suites: ${failed[*]}"
+echo "total: $tp passed, $tf failed"
+[ $tf -eq 0 ] && [ ${#failed[@]} -eq 0 ]
