@@ -18,6 +18,12 @@ struct Pool {
 };
 
 const char *const ir_axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
+/* Text names shared by the printer and the reader; ORDER follows the enums. */
+const char *const ir_phase_names[6] = {"data", "fwd", "bwd", "comm", "opt", "eval"};      /* Phase */
+const char *const ir_init_names[5] = {"none", "zeros", "ones", "normal", "uniform"};     /* DpInit */
+const char *const ir_src_kind_names[3] = {"idx", "npy", "synthetic"};                  /* DpSourceKind */
+const char *const ir_split_names[2] = {"train", "eval"};                               /* DpSplit */
+const char *const ir_role_names[2] = {"features", "labels"};                           /* DpSource.role */
 const char *const ir_kind_names[] = {
 	"act", "data", "param", "grad", "optstate", "flat", "metric", "buffer",
 };

@@ -210,6 +210,11 @@ int64_t ir_global_batch(const Graph *g);
 
 extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
+extern const char *const ir_phase_names[6];          /* Phase: "data", "fwd", ... */
+extern const char *const ir_init_names[5];           /* DpInit */
+extern const char *const ir_src_kind_names[3];       /* DpSourceKind */
+extern const char *const ir_split_names[2];          /* DpSplit */
+extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 
 /* ---- the op registry (ir/ops.c) ---- */
 

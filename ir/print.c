@@ -76,17 +76,7 @@ const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES] = {
 	[DPK_EVENT_WAIT] = {{"ev", IR_ATTR_ALWAYS, 0}},
 };
 
-static const char *const op_names[DPK_COUNT] = { /* ORDER KERNEL */
-#define X(name, text) text,
-	DP_KERNELS(X)
-#undef X
-};
 
-static const char *const phase_names[] = {"data", "fwd", "bwd", "comm", "opt", "eval"};
-static const char *const init_names[] = {"none", "zeros", "ones", "normal", "uniform"};
-static const char *const src_kind_names[] = {"idx", "npy", "synthetic"};
-static const char *const split_names[] = {"train", "eval"};
-static const char *const role_names[] = {"features", "labels"};
 
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -405,12 +395,12 @@ static void print_directives(FILE *out, const Graph *g)
 	for (int i = 0; i < g->nsources; i++) {
 		const Source *src = &g->sources[i];
 		b.len = 0;
-		bprintf(&b, "source %s %s ", name_of(split_names, NELEMS(split_names), src->rec.split),
-			name_of(src_kind_names, NELEMS(src_kind_names), src->rec.kind));
+		bprintf(&b, "source %s %s ", name_of(ir_split_names, NELEMS(ir_split_names), src->rec.split),
+			name_of(ir_src_kind_names, NELEMS(ir_src_kind_names), src->rec.kind));
 		put_quoted(&b, src->path ? src->path : "");
 		bputs(&b, " -> ");
 		put_ref(&b, g, src->value);
-		bprintf(&b, " %s sample=%" PRId64, name_of(role_names, NELEMS(role_names), src->rec.role),
+		bprintf(&b, " %s sample=%" PRId64, name_of(ir_role_names, NELEMS(ir_role_names), src->rec.role),
 			src->rec.sample_elems);
 		if (src->rec.synth_n || src->rec.synth_classes)
 			bprintf(&b, " n=%" PRId64 " classes=%d", src->rec.synth_n, src->rec.synth_classes);
@@ -422,7 +412,7 @@ static void print_directives(FILE *out, const Graph *g)
 		const Bucket *bk = &g->buckets[i];
 		b.len = 0;
 		bprintf(&b, "bucket r%d %s axes=", i,
-			(unsigned)bk->op < DPK_COUNT ? op_names[bk->op] : "?");
+			(unsigned)bk->op < DPK_COUNT ? dp_kernel_names[bk->op] : "?");
 		put_axes(&b, bk->axes);
 		bprintf(&b, " elems=%" PRId64 " ", bk->elems);
 		put_ref(&b, g, bk->view);
@@ -470,7 +460,7 @@ static void decl_line(DeclLine *l, const Graph *g, const Value *v)
 			bprintf(&l->rest, "?%d", v->block);
 	}
 	if (v->init != DP_INIT_NONE || v->init_a != 0 || v->init_b != 0) {
-		bprintf(&l->rest, " init=%s", name_of(init_names, NELEMS(init_names), v->init));
+		bprintf(&l->rest, " init=%s", name_of(ir_init_names, NELEMS(ir_init_names), v->init));
 		if (v->init == DP_INIT_NORMAL || v->init == DP_INIT_UNIFORM || v->init_a != 0 ||
 		    v->init_b != 0) {
 			bputs(&l->rest, "(");
@@ -638,7 +628,7 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(b, " = ");
 	}
 	if (op_ok)
-		bputs(b, op_names[n->op]);
+		bputs(b, dp_kernel_names[n->op]);
 	else
 		bprintf(b, "?op%d", (int)n->op);
 	int nin = n->nin < 0 ? 0 : n->nin > DP_MAX_IN ? DP_MAX_IN : n->nin;
@@ -650,7 +640,7 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		op_attrs(b, n);
 
 	Buf *a = &l->attrs;
-	bputs(a, name_of(phase_names, NELEMS(phase_names), n->phase));
+	bputs(a, name_of(ir_phase_names, NELEMS(ir_phase_names), n->phase));
 	if (n->block != -1) {
 		if (n->block < 0 || n->block >= g->nblocks)
 			bprintf(a, " block=?%d", n->block);

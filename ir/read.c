@@ -26,17 +26,7 @@
 
 #include "ir.h"
 
-static const char *const op_names[DPK_COUNT] = { /* ORDER KERNEL */
-#define X(name, text) text,
-	DP_KERNELS(X)
-#undef X
-};
 
-static const char *const phase_names[] = {"data", "fwd", "bwd", "comm", "opt", "eval"};
-static const char *const init_names[] = {"none", "zeros", "ones", "normal", "uniform"};
-static const char *const src_kind_names[] = {"idx", "npy", "synthetic"};
-static const char *const split_names[] = {"train", "eval"};
-static const char *const role_names[] = {"features", "labels"};
 static const char *const dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
 static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval",
 				       "step", "both", "none", "last"};
@@ -825,10 +815,10 @@ static int parse_source(Reader *r)
 {
 	Source *s = ir_alloc(r->g, sizeof(Source));
 	s->loc = loc_at(r, r->toks[r->pos - 1].col);
-	int split = expect_enum(r, split_names, NELEMS(split_names), "train or eval");
+	int split = expect_enum(r, ir_split_names, NELEMS(ir_split_names), "train or eval");
 	if (split < 0)
 		return -1;
-	int kind = expect_enum(r, src_kind_names, NELEMS(src_kind_names), "idx, npy or synthetic");
+	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy or synthetic");
 	if (kind < 0)
 		return -1;
 	const Tok *path = next(r);
@@ -837,7 +827,7 @@ static int parse_source(Reader *r)
 	s->path = ir_strdup(r->g, path->text);
 	if (expect_punct(r, "->") < 0 || parse_ref(r, &s->value, 0) < 0)
 		return -1;
-	int role = expect_enum(r, role_names, NELEMS(role_names), "features or labels");
+	int role = expect_enum(r, ir_role_names, NELEMS(ir_role_names), "features or labels");
 	if (role < 0)
 		return -1;
 	s->rec.split = (uint8_t)split;
@@ -883,7 +873,7 @@ static int parse_bucket(Reader *r)
 						   : "expected the next bucket name rN (in order)");
 	Bucket *b = ir_alloc(r->g, sizeof(Bucket));
 	b->view = -1;
-	int op = expect_enum(r, op_names, DPK_COUNT, "a collective op");
+	int op = expect_enum(r, dp_kernel_names, DPK_COUNT, "a collective op");
 	if (op < 0)
 		return -1;
 	if (op != DPK_ALL_REDUCE && op != DPK_REDUCE_SCATTER && op != DPK_ALL_GATHER)
@@ -960,7 +950,7 @@ static int parse_decl(Reader *r, Value *v)
 			if (parse_block_ref(r, &v->block) < 0)
 				return -1;
 		} else if (strcmp(key, "init") == 0) {
-			int init = expect_enum(r, init_names, NELEMS(init_names), "an initialiser");
+			int init = expect_enum(r, ir_init_names, NELEMS(ir_init_names), "an initialiser");
 			if (init < 0)
 				return -1;
 			v->init = (DpInit)init;
@@ -1032,7 +1022,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			return fail_tok(r, t, "expected an attribute");
 		int has_value = is_punct(peek(r), "=");
 		const IrAttrName *an = op_attr(n->op, t->text);
-		int ph = lookup(phase_names, NELEMS(phase_names), t->text);
+		int ph = lookup(ir_phase_names, NELEMS(ir_phase_names), t->text);
 		if (!has_value && ph >= 0 && !have_phase) {
 			n->phase = (Phase)ph;
 			have_phase = 1;
@@ -1058,7 +1048,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 				n->ia[an->index] = 1;
 			} else {
 				return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
-					       op_names[n->op]);
+					       dp_kernel_names[n->op]);
 			}
 			continue;
 		}
@@ -1102,7 +1092,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			n->flags |= (unsigned)f;
 		} else {
 			return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
-				       op_names[n->op]);
+				       dp_kernel_names[n->op]);
 		}
 		if (rc < 0)
 			return -1;
@@ -1119,7 +1109,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 static int parse_node(Reader *r, const Tok *out_tok, Value *temp)
 {
 	const Tok *optok = next(r);
-	int op = optok->kind == TK_WORD ? lookup(op_names, DPK_COUNT, optok->text) : -1;
+	int op = optok->kind == TK_WORD ? lookup(dp_kernel_names, DPK_COUNT, optok->text) : -1;
 	if (op < 0)
 		return fail_tok(r, optok, "expected an op or a directive");
 	const Tok *ins[DP_MAX_IN];
