@@ -43,7 +43,7 @@ typedef struct {
 	const char *losses;
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
-	int quiet, verbose, check_grads;
+	int quiet, verbose, check_grads, no_progress;
 	double timeout;      /* seconds, 0: none */
 } Opts;
 
@@ -86,6 +86,9 @@ static void usage(FILE *f)
 		"                        micro-batch (1 rank) and exit; non-zero if any fails\n"
 		"  --timeout SEC         fail (instead of hanging) when a collective takes longer\n"
 		"                        than SEC seconds (default: no limit)\n"
+		"  --no-progress         do not poll pending collectives between instructions;\n"
+		"                        they then advance only when waited for (to measure\n"
+		"                        what the polling buys: bench/overlap.sh)\n"
 		"  -h, --help            this text\n"
 		"\n"
 		"OpenBLAS uses one thread per rank when the world has more than one rank.\n");
@@ -105,7 +108,7 @@ static int parse_long(const char *s, long lo, long *out)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT };
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -118,6 +121,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
+		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -163,6 +167,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_CHECK_GRADS:
 			o->check_grads = 1;
+			break;
+		case O_NO_PROGRESS:
+			o->no_progress = 1;
 			break;
 		case O_LOSSES:
 			o->losses = optarg;
@@ -366,6 +373,7 @@ static int setup(Run *r)
 	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
 	r->comm->timeout_s = r->o.timeout;
 	RT_CHECK(exec_init(&r->x, s, r->comm, e));
+	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet)
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));

@@ -295,7 +295,7 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 		const DpInstr *in = &s->prog[p][i];
 		if ((in->flags & DP_IF_LAST) && !last)
 			continue;
-		if (x->nfl)
+		if (x->nfl && !x->no_progress)
 			RT_CHECK(c->ops->progress(c, e));
 		switch (in->op) {
 		case DPK_EVENT_RECORD: {

@@ -41,6 +41,7 @@ typedef struct {
 	int micro;            /* micro-batch in the step */
 	int64_t eval_batch;   /* eval batch index (eval program) */
 	CpuCtx cpu;           /* lr, t = step + 1, optimizer */
+	int no_progress;      /* skip polling between instructions (dpexec --no-progress) */
 
 	/* per-run stream state */
 	int64_t *event_ticket; /* comm ticket recorded by the event, -1: recorded on compute */
