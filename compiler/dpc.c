@@ -47,7 +47,8 @@ static void usage(FILE *out)
 		"  -h, --help          this help\n"
 		"      --version       version and step-file format version\n"
 		"\n"
-		"Exit status: 0 ok, 1 user error (nothing written), 2 internal error.\n");
+		"Exit status: 0 ok, 1 user error (nothing written), 2 the IR verifier\n"
+		"found a compiler bug; other internal errors print a message and abort.\n");
 }
 
 static void print_pipeline(FILE *out)
