@@ -305,3 +305,15 @@ int64_t ir_global_batch(const Graph *g)
 	return (int64_t)g->cfg.micro_batch * g->cfg.grad_accum * g->cfg.mesh[DP_AXIS_REPLICATE] *
 	       g->cfg.mesh[DP_AXIS_SHARD];
 }
+
+unsigned ir_default_progs(Phase ph)
+{
+	switch (ph) {
+	case PH_FWD:
+		return IR_IN_STEP | IR_IN_EVAL;
+	case PH_EVAL:
+		return IR_IN_EVAL;
+	default:
+		return IR_IN_STEP;
+	}
+}

@@ -203,6 +203,10 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
 int ir_add_source(Graph *g, const Source *s);
 int ir_add_bucket(Graph *g, const Bucket *b);
 
+/* The programs a node of this phase belongs to unless said otherwise: forward
+ * nodes run in both the step and the eval program, eval nodes only in eval,
+ * the rest only in the step. The printer omits it; the reader restores it. */
+unsigned ir_default_progs(Phase ph);
 /* World size = product of the mesh axes. */
 int ir_world(const Graph *g);
 /* Global batch = micro_batch * grad_accum * dp_replicate * dp_shard. */

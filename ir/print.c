@@ -493,18 +493,6 @@ typedef struct {
 	Buf body, attrs, comment;
 } NodeLine;
 
-static unsigned default_progs(Phase ph)
-{
-	switch (ph) {
-	case PH_FWD:
-		return IR_IN_STEP | IR_IN_EVAL;
-	case PH_EVAL:
-		return IR_IN_EVAL;
-	default:
-		return IR_IN_STEP;
-	}
-}
-
 static int is_collective(IrOp op)
 {
 	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
@@ -651,7 +639,7 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 			put_quoted(a, g->blocks[n->block].name);
 		}
 	}
-	if (n->progs != default_progs(n->phase)) {
+	if (n->progs != ir_default_progs(n->phase)) {
 		static const char *const progs[] = {"none", "step", "eval", "both"};
 		if (n->progs < 4)
 			bprintf(a, " %s", progs[n->progs]);

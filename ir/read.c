@@ -983,18 +983,6 @@ static int parse_decl(Reader *r, Value *v)
 
 /* ---- nodes ---- */
 
-static unsigned default_progs(Phase ph)
-{
-	switch (ph) {
-	case PH_FWD:
-		return IR_IN_STEP | IR_IN_EVAL;
-	case PH_EVAL:
-		return IR_IN_EVAL;
-	default:
-		return IR_IN_STEP;
-	}
-}
-
 /* The op's named attribute called name, or NULL. */
 static const IrAttrName *op_attr(IrOp op, const char *name)
 {
@@ -1100,7 +1088,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 	if (!have_phase)
 		return fail_at(r, peek(r)->col, "missing phase (data, fwd, bwd, comm, opt or eval)");
 	if (!have_progs)
-		n->progs = default_progs(n->phase);
+		n->progs = ir_default_progs(n->phase);
 	return 0;
 }
 
