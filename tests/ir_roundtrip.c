@@ -768,6 +768,12 @@ int main(int argc, char **argv)
 	const char *dir = argc > 1 ? argv[1] : "tests/ir";
 	int dump = argc > 2 && strcmp(argv[2], "--dump") == 0;
 
+	/* the op registry names every opcode as the step-file header does */
+	for (int op = 0; op < DPK_COUNT; op++)
+		CHECK(ir_ops[op].name && strcmp(ir_ops[op].name, dp_kernel_names[op]) == 0,
+		      "ir_ops[%d] is named '%s' but DP_KERNELS says '%s'", op,
+		      ir_ops[op].name ? ir_ops[op].name : "(null)", dp_kernel_names[op]);
+
 	Graph *fe = build_frontend();
 	Graph *planned = build_planned();
 	if (dump) {
