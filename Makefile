@@ -16,6 +16,8 @@ FLEX    := flex
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(SANFLAGS)
+# every object also depends on the headers it includes (build/**/*.d)
+DEPFLAGS = -MMD -MP
 LDFLAGS += $(SANFLAGS)
 
 IR_SRC     := $(wildcard ir/*.c)
@@ -45,23 +47,23 @@ $(BUILD)/gen/lexer.c $(BUILD)/gen/lexer.h &: compiler/lexer.l $(BUILD)/gen/parse
 	$(FLEX) --header-file=$(BUILD)/gen/lexer.h -o $(BUILD)/gen/lexer.c $<
 
 $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
-	$(CC) $(CFLAGS) -Wno-sign-compare -Wno-unused-function -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Wno-sign-compare -Wno-unused-function -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
 
 $(BUILD)/compiler/%.o: compiler/%.c $(BUILD)/gen/parser.h $(BUILD)/gen/lexer.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen -c $< -o $@
 
 $(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iir -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -c $< -o $@
 
 $(BUILD)/passes/%.o: passes/%.c ir/ir.h ir/stepfile.h $(wildcard passes/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iir -Ipasses -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Ipasses -c $< -o $@
 
 $(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) -Iruntime -Iir -c $< -o $@
+	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
 
 $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
@@ -104,3 +106,5 @@ deps:
 
 clean:
 	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

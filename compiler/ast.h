@@ -90,6 +90,7 @@ typedef enum {
 	S_SETTING, /* name value | name k=v, ...        (mesh, train, eval) */
 	S_SECTION, /* name { body }                     (data, eval, model, train) */
 	S_BLOCK,   /* block name { body }               (model) */
+	S_BUFFER,  /* buffer name: type [init spec] [nosync] (block) */
 } StmtKind;
 
 struct Stmt {
@@ -98,9 +99,11 @@ struct Stmt {
 	Loc loc;          /* of the statement's first token */
 	Loc name_loc;     /* of name */
 	Expr *expr;       /* S_ASSIGN */
-	AstType type;     /* S_DECL, S_PARAM */
+	AstType type;     /* S_DECL, S_PARAM, S_BUFFER */
 	int has_val;
-	AstVal val;       /* S_DECL/S_SOURCE source, S_PARAM init, S_SETTING single value */
+	AstVal val;       /* S_DECL/S_SOURCE source, S_PARAM/S_BUFFER init, S_SETTING single value */
+	const char *flag; /* S_BUFFER: the word after it (nosync), or NULL */
+	Loc flag_loc;
 	Arg *kw;          /* S_SETTING k=v list (has_val == 0) */
 	Stmt *body;       /* S_SECTION, S_BLOCK */
 	int index;        /* S_BLOCK: its Graph.blocks index after lowering, or -1 */

@@ -8,12 +8,15 @@
  *
  * After (when no error was reported), the Graph holds:
  *   - cfg (mesh, micro_batch, grad_accum, eval_batch, steps, eval_every,
- *     log_every, seed), opt, sched, strategy "ddp", bucket_mb;
+ *     log_every, seed, strategy), opt, sched, strategy (its name), bucket_mb,
+ *     reshard_after_forward, prefetch, gather_limit_mb, accum_unsharded;
  *   - one Block per `block`, in order;
  *   - per data declaration a DP_T_DATA value [micro_batch, ...], its train
  *     Source and a LOAD node (IR_IN_STEP); per eval source an eval Source for
  *     the same value and a LOAD node (IR_IN_EVAL); all LOAD nodes first;
- *   - per param a DP_T_PARAM value "block.param" with its initialiser;
+ *   - per param a DP_T_PARAM value "block.param" with its initialiser, per
+ *     buffer a DP_T_BUFFER value "block.buffer" likewise (no gradient, never
+ *     communicated: autodiff only differentiates DP_T_PARAM);
  *   - per op call a DP_T_ACT f32 value with ndim 0 (shapes are the shape
  *     pass's job) and a PH_FWD node in step and eval; nested calls produce
  *     temporaries t, t1, ...;
@@ -174,8 +177,8 @@ static int find_block(Lower *L, const char *name)
 	return -1;
 }
 
-/* The param block.name; NULL if there is none. *poisoned is set when its
- * declaration failed (an error was reported for it already). */
+/* The param or buffer block.name; NULL if there is none. *poisoned is set
+ * when its declaration failed (an error was reported for it already). */
 static Value *find_param(Lower *L, int block, const char *name, int *poisoned)
 {
 	char buf[2 * AST_MAX_IDENT + 8];
@@ -183,7 +186,13 @@ static Value *find_param(Lower *L, int block, const char *name, int *poisoned)
 	Value *v = ir_find_value(L->g, buf);
 	if (poisoned)
 		*poisoned = find_sym(L, buf) != NULL;
-	return v && v->kind == DP_T_PARAM ? v : NULL;
+	return v && (v->kind == DP_T_PARAM || v->kind == DP_T_BUFFER) ? v : NULL;
+}
+
+/* "param" or "buffer", for messages. */
+static const char *member_kind(const Value *v)
+{
+	return v->kind == DP_T_BUFFER ? "buffer" : "param";
 }
 
 static int later(Loc a, Loc b)
@@ -393,40 +402,85 @@ enum {
 	T_SEED,
 	T_STEPS,
 	T_LOG_EVERY,
+	T_RESHARD,
+	T_PREFETCH,
+	T_GATHER_LIMIT_MB,
+	T_ACCUMULATE_GRADS,
 	T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
-	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every",
+	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
+	"prefetch", "gather_limit_mb", "accumulate_grads",
 };
 
-/* Strategies the DSL names; only the implemented ones compile. */
-static const struct {
-	const char *name;
-	int implemented;
-} strategies[] = {
-	{"ddp", 1}, {"zero1", 0}, {"zero2", 0}, {"full_shard", 0}, {"hybrid_shard", 0},
-};
+#define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
+#define MAX_MB (1 << 20) /* bucket_mb and gather_limit_mb: 1 TiB */
 
+/* A strategy name (ir_strategy_names) into g->strategy and cfg.strategy.
+ * Whether the mesh suits it is checked with the mesh (lower_train). */
 static void lower_strategy(Lower *L, const AstVal *v)
 {
 	if (v->kind != V_IDENT) {
-		ERR(v->loc, "expected a strategy name (ddp)");
+		ERR(v->loc, "expected a strategy name (ddp, zero1, zero2, full_shard, hybrid_shard)");
 		return;
 	}
-	for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++) {
-		if (strcmp(strategies[i].name, v->s) != 0)
+	for (int i = 0; i < DP_NSTRAT; i++) {
+		if (strcmp(ir_strategy_names[i], v->s) != 0)
 			continue;
-		if (!strategies[i].implemented) {
-			ERR(v->loc, "strategy '%s' is not implemented yet", v->s);
-			return;
-		}
 		snprintf(L->g->strategy, sizeof L->g->strategy, "%s", v->s);
+		L->g->cfg.strategy = (uint32_t)i;
 		return;
 	}
 	ERR(v->loc, "unknown strategy '%s' (strategies: ddp, zero1, zero2, full_shard, hybrid_shard)",
 	    v->s);
+}
+
+/* One of a fixed list of words (true/false, sharded/unsharded): its index,
+ * or -1 after reporting "what must be a or b". */
+static int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
+{
+	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)
+		return 0;
+	if (v->kind == V_IDENT && strcmp(v->s, b) == 0)
+		return 1;
+	ERR(v->loc, "%s must be %s or %s", what, a, b);
+	return -1;
+}
+
+/* The settings of the sharded strategies. They are accepted with every
+ * strategy (a file can switch strategy by one word); which strategies read
+ * them is documented in docs/DSL.md. */
+static void lower_shard_settings(Lower *L, const Stmt *const *set)
+{
+	Graph *g = L->g;
+	int64_t x;
+	if (set[T_RESHARD]) {
+		int w = want_word(L, &set[T_RESHARD]->val, "reshard_after_forward", "true", "false");
+		if (w >= 0)
+			g->reshard_after_forward = w == 0;
+	}
+	if (set[T_PREFETCH] &&
+	    !want_int(L, &set[T_PREFETCH]->val, "prefetch", 0, MAX_PREFETCH, &x))
+		g->prefetch = (int)x;
+	if (set[T_GATHER_LIMIT_MB]) {
+		const AstVal *v = &set[T_GATHER_LIMIT_MB]->val;
+		float mb;
+		if (!want_float(L, v, "gather_limit_mb", &mb)) {
+			if (!(mb >= 0 && mb <= MAX_MB))
+				ERR(v->loc, "gather_limit_mb must be >= 0 (0: no limit) and at most %d",
+				    MAX_MB);
+			else
+				g->gather_limit_mb = mb;
+		}
+	}
+	if (set[T_ACCUMULATE_GRADS]) {
+		int w = want_word(L, &set[T_ACCUMULATE_GRADS]->val, "accumulate_grads", "sharded",
+				  "unsharded");
+		if (w >= 0)
+			g->accum_unsharded = w;
+	}
 }
 
 /* An optional float keyword argument; a missing one keeps *out. */
@@ -542,6 +596,12 @@ static void lower_train(Lower *L)
 	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
 			   .eps = 1e-8f, .weight_decay = 0.01f};
 	g->bucket_mb = 25;
+	snprintf(g->strategy, sizeof g->strategy, "%s", ir_strategy_names[DP_STRAT_DDP]);
+	c->strategy = DP_STRAT_DDP;
+	g->reshard_after_forward = 1;
+	g->prefetch = 1;
+	g->gather_limit_mb = 0;
+	g->accum_unsharded = 0;
 	L->batch_ok = 0;
 	L->global_batch = 1;
 	if (!L->train) {
@@ -569,8 +629,17 @@ static void lower_train(Lower *L)
 		c->log_every = (uint32_t)x;
 	if (set[T_SEED] && !want_int(L, &set[T_SEED]->val, "seed", 0, INT64_MAX, &x))
 		c->seed = (uint64_t)x;
-	if (set[T_STRATEGY])
+	if (set[T_STRATEGY]) {
 		lower_strategy(L, &set[T_STRATEGY]->val);
+		/* full_shard shards over dp_shard and replicates nothing: a
+		 * dp_replicate axis would hold copies it never synchronises */
+		if (L->mesh_ok && c->strategy == DP_STRAT_FULL_SHARD && c->mesh[DP_AXIS_REPLICATE] > 1)
+			ERR(set[T_STRATEGY]->val.loc,
+			    "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
+			    "hybrid_shard",
+			    c->mesh[DP_AXIS_REPLICATE]);
+	}
+	lower_shard_settings(L, set);
 	if (set[T_OPTIMIZER])
 		lower_optimizer(L, &set[T_OPTIMIZER]->val);
 	if (set[T_CLIP_GRAD_NORM]) {
@@ -582,8 +651,8 @@ static void lower_train(Lower *L)
 		const AstVal *v = &set[T_BUCKET_MB]->val;
 		float mb;
 		if (!want_float(L, v, "bucket_mb", &mb)) {
-			if (!(mb > 0 && mb <= 1 << 20))
-				ERR(v->loc, "bucket_mb must be > 0 and at most %d", 1 << 20);
+			if (!(mb > 0 && mb <= MAX_MB))
+				ERR(v->loc, "bucket_mb must be > 0 and at most %d", MAX_MB);
 			else
 				g->bucket_mb = mb;
 		}
@@ -855,11 +924,21 @@ static const struct {
 	{"cross_entropy", DPK_XENT, 2, 2},
 };
 
+/* A param (S_PARAM) or a buffer (S_BUFFER) of a block: same types and
+ * initialisers; a buffer is not trained and never communicated. */
 static void declare_param(Lower *L, const Stmt *p, int block)
 {
 	Graph *g = L->g;
-	if (find_param(L, block, p->name, NULL)) {
-		ERR(p->name_loc, "duplicate param '%s' in block '%s'", p->name, g->blocks[block].name);
+	int is_buffer = p->kind == S_BUFFER;
+	const char *what = is_buffer ? "buffer" : "param";
+	const Value *old = find_param(L, block, p->name, NULL);
+	if (old) {
+		if ((old->kind == DP_T_BUFFER) == is_buffer)
+			ERR(p->name_loc, "duplicate %s '%s' in block '%s'", what, p->name,
+			    g->blocks[block].name);
+		else
+			ERR(p->name_loc, "duplicate name '%s' in block '%s': it is already a %s",
+			    p->name, g->blocks[block].name, member_kind(old));
 		return;
 	}
 	DpDtype dt;
@@ -867,7 +946,13 @@ static void declare_param(Lower *L, const Stmt *p, int block)
 	int64_t dims[DP_MAX_DIMS] = {0};
 	/* a param whose declaration fails is poisoned: uses of it stay quiet */
 	const char *name = ir_fmt(g, "%s.%s", g->blocks[block].name, p->name);
-	if (lower_type(L, &p->type, "param", p->name, 0, &dt, &nd, dims)) {
+	if (is_buffer && p->flag && strcmp(p->flag, "nosync") != 0) {
+		ERR(p->flag_loc, "unexpected '%s' after buffer '%s' (only 'nosync' may follow)",
+		    p->flag, p->name);
+		add_sym(L, name, -1, 0);
+		return;
+	}
+	if (lower_type(L, &p->type, what, p->name, 0, &dt, &nd, dims)) {
 		add_sym(L, name, -1, 0);
 		return;
 	}
@@ -911,7 +996,8 @@ static void declare_param(Lower *L, const Stmt *p, int block)
 			goto poison;
 		}
 	}
-	Value *v = ir_value(g, name, dt, nd, dims, DP_T_PARAM, gloc(L, p->name_loc));
+	Value *v = ir_value(g, name, dt, nd, dims, is_buffer ? DP_T_BUFFER : DP_T_PARAM,
+			    gloc(L, p->name_loc));
 	v->init = init;
 	v->init_a = a;
 	v->init_b = b;
@@ -937,19 +1023,21 @@ static void declare_model(Lower *L)
 			}
 			s->index = ir_add_block(g, s->name, gloc(L, s->name_loc));
 			for (const Stmt *p = s->body; p; p = p->next) {
-				if (p->kind == S_PARAM)
+				if (p->kind == S_PARAM || p->kind == S_BUFFER)
 					declare_param(L, p, s->index);
 				else if (p->kind == S_ASSIGN)
 					add_target(L, p->name);
 				else if (p->kind == S_BLOCK)
 					ERR(p->loc, "blocks cannot be nested");
 				else
-					ERR(p->loc, "expected a param or an assignment in block '%s'",
-					    s->name);
+					ERR(p->loc, "expected a param, a buffer or an assignment in "
+						    "block '%s'", s->name);
 			}
 			break;
 		case S_PARAM:
-			ERR(s->loc, "param '%s' must be inside a block", s->name);
+		case S_BUFFER:
+			ERR(s->loc, "%s '%s' must be inside a block",
+			    s->kind == S_PARAM ? "param" : "buffer", s->name);
 			break;
 		default:
 			ERR(s->loc, "expected an assignment or a block in the model section");
@@ -978,7 +1066,8 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 		if (!p && poisoned)
 			return -1;
 		if (!p) {
-			ERR(e->member_loc, "block '%s' has no param '%s'", e->name, e->member);
+			ERR(e->member_loc, "block '%s' has no param or buffer '%s'", e->name,
+			    e->member);
 			return -1;
 		}
 		return p->id;
@@ -1130,8 +1219,10 @@ static void lower_assign(Lower *L, const Stmt *s, int block)
 		ERR(s->name_loc, "'%s' is already defined (a name is assigned once)", s->name);
 		return;
 	}
-	if (block >= 0 && find_param(L, block, s->name, NULL)) {
-		ERR(s->name_loc, "'%s' is a param of block '%s'", s->name, L->g->blocks[block].name);
+	const Value *m = block >= 0 ? find_param(L, block, s->name, NULL) : NULL;
+	if (m) {
+		ERR(s->name_loc, "'%s' is a %s of block '%s'", s->name, member_kind(m),
+		    L->g->blocks[block].name);
 		return;
 	}
 	const Expr *e = s->expr;
@@ -1187,6 +1278,7 @@ static void find_sections(Lower *L)
 				"unknown top-level statement (expected mesh, data, eval, model or train)",
 				"",
 				"a block belongs in the model section",
+				"a buffer belongs in a block of the model section",
 			};
 			ERR(s->loc, "%s", where[s->kind]);
 			continue;

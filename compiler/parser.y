@@ -10,6 +10,8 @@
  *            | IDENT ':' type 'from' value          data declaration
  *            | IDENT 'from' value                   eval source
  *            | 'param' IDENT ':' type ['init' value] parameter (block)
+ *            | 'buffer' IDENT ':' type ['init' value] [IDENT]
+ *                                                    buffer (block); IDENT: nosync
  *            | IDENT value                          setting: steps 100, mesh auto
  *            | IDENT IDENT '=' value {',' IDENT '=' value}   mesh dp_shard=2, tp=1
  *            | IDENT '{' body '}'                   section: data, eval, model, train
@@ -124,11 +126,12 @@ static AstVal num_val(AstValKind k, int64_t i, double f, Loc l)
 %token <fnum> FLOAT "number"
 %token BLOCK "block"
 %token PARAM "param"
+%token BUFFER "buffer"
 %token FROM "from"
 %token INIT "init"
 
 %type <stmts> body
-%type <stmt> item stmt
+%type <stmt> item stmt buffer
 %type <val> value
 %type <arg> arg
 %type <args> args arglist kwlist dims
@@ -190,6 +193,12 @@ stmt:
 					$$->has_val = 1;
 					$$->val = $6;
 				}
+	| buffer		{ $$ = $1; }
+	| buffer IDENT		{
+					$$ = $1;
+					$$->flag = $2;
+					$$->flag_loc = at(ps, @2);
+				}
 	| IDENT value		{
 					$$ = new_stmt(ps, S_SETTING, $1, @1);
 					$$->has_val = 1;
@@ -207,6 +216,21 @@ stmt:
 					$$ = new_stmt(ps, S_BLOCK, $2, @2);
 					$$->loc = at(ps, @1);
 					$$->body = $4.head;
+				}
+	;
+
+buffer:
+	BUFFER IDENT ':' type	{
+					$$ = new_stmt(ps, S_BUFFER, $2, @2);
+					$$->loc = at(ps, @1);
+					$$->type = $4;
+				}
+	| BUFFER IDENT ':' type INIT value {
+					$$ = new_stmt(ps, S_BUFFER, $2, @2);
+					$$->loc = at(ps, @1);
+					$$->type = $4;
+					$$->has_val = 1;
+					$$->val = $6;
 				}
 	;
 

@@ -19,7 +19,10 @@ struct Pool {
 
 const char *const ir_axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
 /* Text names shared by the printer and the reader; ORDER follows the enums. */
-const char *const ir_phase_names[6] = {"data", "fwd", "bwd", "comm", "opt", "eval"};      /* Phase */
+const char *const ir_phase_names[7] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup"}; /* Phase */
+const char *const ir_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};        /* DpProgram */
+const char *const ir_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
+						  "hybrid_shard"};                   /* DpStrategy */
 const char *const ir_init_names[5] = {"none", "zeros", "ones", "normal", "uniform"};     /* DpInit */
 const char *const ir_src_kind_names[3] = {"idx", "npy", "synthetic"};                  /* DpSourceKind */
 const char *const ir_split_names[2] = {"train", "eval"};                               /* DpSplit */
@@ -313,6 +316,8 @@ unsigned ir_default_progs(Phase ph)
 		return IR_IN_STEP | IR_IN_EVAL;
 	case PH_EVAL:
 		return IR_IN_EVAL;
+	case PH_SETUP:
+		return IR_IN_INIT; /* EXPORT nodes print their program */
 	default:
 		return IR_IN_STEP;
 	}

@@ -68,11 +68,17 @@ typedef enum {
 	PH_COMM,  /* collectives and their events */
 	PH_OPT,   /* clipping and optimizer update */
 	PH_EVAL,  /* evaluation-only (loss sum, correct count) */
+	PH_SETUP, /* the INIT and EXPORT programs (init, shard, gather, save) */
 } Phase;
 
 /* Which programs a node belongs to (bit mask). */
 #define IR_IN_STEP 1u /* DP_PROG_STEP */
 #define IR_IN_EVAL 2u /* DP_PROG_EVAL */
+#define IR_IN_INIT 4u /* DP_PROG_INIT */
+#define IR_IN_EXPORT 8u /* DP_PROG_EXPORT */
+#define IR_ALL_PROGS 15u
+/* The program bit of DpProgram p. */
+#define IR_PROG_BIT(p) (1u << (p))
 
 typedef struct {
 	uint8_t kind; /* DpPlace */
@@ -159,8 +165,15 @@ typedef struct Graph {
 	DpConfig cfg;              /* mesh, batch, steps, seed, arena size */
 	DpOptim opt;
 	DpSched sched;
-	char strategy[16];         /* "ddp" (more strategies in later passes) */
+	char strategy[16];         /* "ddp", "zero1", "zero2", "full_shard", "hybrid_shard" */
 	float bucket_mb;           /* bucket size limit in MiB */
+	/* sharded strategies (DSL train settings; see passes/collectives.c) */
+	int reshard_after_forward; /* full_shard: free gathered params after forward (1) */
+	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
+	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
+	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
+	                              and reduce_scatter once per step (1), or
+	                              reduce_scatter every micro-batch (0, default) */
 	int loss;                  /* value id of the training loss (scalar), -1 */
 	int logits;                /* value id of the logits fed to cross_entropy, -1 */
 	int labels;                /* value id of the labels fed to cross_entropy, -1 */
@@ -205,7 +218,8 @@ int ir_add_bucket(Graph *g, const Bucket *b);
 
 /* The programs a node of this phase belongs to unless said otherwise: forward
  * nodes run in both the step and the eval program, eval nodes only in eval,
- * the rest only in the step. The printer omits it; the reader restores it. */
+ * setup nodes only in init, the rest only in the step. The printer omits it;
+ * the reader restores it. */
 unsigned ir_default_progs(Phase ph);
 /* World size = product of the mesh axes. */
 int ir_world(const Graph *g);
@@ -214,7 +228,9 @@ int64_t ir_global_batch(const Graph *g);
 
 extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
-extern const char *const ir_phase_names[6];          /* Phase: "data", "fwd", ... */
+extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
+extern const char *const ir_prog_names[DP_NPROG];    /* DpProgram: "step", "eval", "init", "export" */
+extern const char *const ir_strategy_names[DP_NSTRAT]; /* DpStrategy: "ddp", ... */
 extern const char *const ir_init_names[5];           /* DpInit */
 extern const char *const ir_src_kind_names[3];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */

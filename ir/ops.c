@@ -566,4 +566,10 @@ const OpInfo ir_ops[DPK_COUNT] = {
 	[DPK_EVENT_RECORD] = {"event_record", 0, 0, NULL, NULL, cost_none},
 	/* this stream waits for event ia0 */
 	[DPK_EVENT_WAIT] = {"event_wait", 0, 0, NULL, NULL, cost_none},
+	/* out = initial value of a parameter or buffer (init spec or checkpoint) */
+	[DPK_INIT] = {"init", 0, 0, NULL, NULL, cost_move},
+	/* in0 (a whole parameter) goes to the checkpoint writer */
+	[DPK_SAVE] = {"save", 1, 0, NULL, NULL, cost_move},
+	/* out = this rank's block of in0 over the ia0 axes (a local copy) */
+	[DPK_SHARD] = {"shard", 1, 0, NULL, NULL, cost_move},
 };

@@ -9,7 +9,7 @@
  *   config micro_batch=32 grad_accum=2 ... seed=1234 arena=0
  *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1
  *   schedule cosine warmup=100 steps=4000 min_lr=0
- *   strategy ddp bucket_mb=0.25
+ *   strategy ddp bucket_mb=0.25 reshard_after_forward=1 prefetch=1 gather_limit_mb=0 accum_unsharded=0
  *   memory peak=N persistent=N                 once planned
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
@@ -34,8 +34,11 @@
  * `op ...` when it writes nothing; inputs are `%v` or `_` (-1, an absent
  * optional operand). Then the op's attributes (ir_attr_names), then the phase,
  * the block name (quoted when it is not a plain word or is one of the words
- * below, like "eval"; block=NAME reads too), the programs when not the phase's default (step, eval,
- * both, none), last (DP_IF_LAST), stream=comm, bucket=rN.
+ * below, like "eval"; block=NAME reads too), the programs when not the
+ * phase's default (none, step, eval, both = step+eval, init, export; any
+ * other mask as progs=N), last (DP_IF_LAST), stream=comm, bucket=rN.
+ * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
+ * programs; their default program is init, so an export node says export).
  *
  * Types: f32[32,784]; `?` is an f32 value of unknown shape (the front end's
  * temporaries before the shape pass); i32[] another dtype with ndim 0.
@@ -74,6 +77,7 @@ const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES] = {
 	[DPK_ALL_GATHER] = {{"axes", IR_ATTR_AXES, 0}},
 	[DPK_EVENT_RECORD] = {{"ev", IR_ATTR_ALWAYS, 0}},
 	[DPK_EVENT_WAIT] = {{"ev", IR_ATTR_ALWAYS, 0}},
+	[DPK_SHARD] = {{"axes", IR_ATTR_AXES, 0}},
 };
 
 
@@ -357,7 +361,10 @@ static void print_directives(FILE *out, const Graph *g)
 	put_word(&b, strategy);
 	bputs(&b, " bucket_mb=");
 	put_float(&b, g->bucket_mb);
-	bputs(&b, "\n");
+	bprintf(&b, " reshard_after_forward=%d prefetch=%d gather_limit_mb=", g->reshard_after_forward,
+		g->prefetch);
+	put_float(&b, g->gather_limit_mb);
+	bprintf(&b, " accum_unsharded=%d\n", g->accum_unsharded);
 	fputs(bstr(&b), out);
 	b.len = 0;
 
@@ -498,11 +505,26 @@ static int is_collective(IrOp op)
 	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
 }
 
+/* The word for a program mask (read.c's progs_words must match); NULL when
+ * the mask has none (it prints as progs=N). */
+static const char *progs_word(unsigned progs)
+{
+	switch (progs) {
+	case 0: return "none";
+	case IR_IN_STEP: return "step";
+	case IR_IN_EVAL: return "eval";
+	case IR_IN_STEP | IR_IN_EVAL: return "both";
+	case IR_IN_INIT: return "init";
+	case IR_IN_EXPORT: return "export";
+	default: return NULL;
+	}
+}
+
 /* Words with a meaning after the phase; a block named like one prints quoted. */
 static int reserved_word(const char *s)
 {
-	static const char *const words[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "step",
-					    "both", "none", "last"};
+	static const char *const words[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup",
+					    "step", "both", "none", "init", "export", "last"};
 	for (size_t i = 0; i < NELEMS(words); i++)
 		if (strcmp(s, words[i]) == 0)
 			return 1;
@@ -640,9 +662,9 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		}
 	}
 	if (n->progs != ir_default_progs(n->phase)) {
-		static const char *const progs[] = {"none", "step", "eval", "both"};
-		if (n->progs < 4)
-			bprintf(a, " %s", progs[n->progs]);
+		const char *word = progs_word(n->progs);
+		if (word)
+			bprintf(a, " %s", word);
 		else
 			bprintf(a, " progs=%u", n->progs);
 	}

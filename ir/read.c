@@ -28,8 +28,24 @@
 
 
 static const char *const dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
-static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval",
-				       "step", "both", "none", "last"};
+/* Words with a meaning after a node's phase: not block names (print.c quotes
+ * a block named like one). */
+static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup",
+				       "step", "both", "none", "init", "export", "last"};
+
+/* Program words of node lines (must match print.c's progs_word); any other
+ * mask reads as progs=N. */
+static const struct {
+	const char *word;
+	unsigned progs;
+} progs_words[] = {
+	{"none", 0},
+	{"step", IR_IN_STEP},
+	{"eval", IR_IN_EVAL},
+	{"both", IR_IN_STEP | IR_IN_EVAL},
+	{"init", IR_IN_INIT},
+	{"export", IR_IN_EXPORT},
+};
 
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_NEVENTS (1 << 24) /* far beyond any schedule; bounds the verifier's tables */
@@ -732,23 +748,50 @@ static int parse_schedule(Reader *r)
 	return 0;
 }
 
+/* strategy NAME bucket_mb=X reshard_after_forward=0|1 prefetch=N
+ * gather_limit_mb=X accum_unsharded=0|1 (keys optional, any order) */
 static int parse_strategy(Reader *r)
 {
-	const Tok *t = next(r);
-	if (t->kind != TK_WORD && t->kind != TK_STRING)
-		return fail_tok(r, t, "expected a strategy name");
-	if (strlen(t->text) >= sizeof r->g->strategy)
-		return fail_at(r, t->col, "strategy name '%s' is too long", t->text);
-	memset(r->g->strategy, 0, sizeof r->g->strategy);
-	memcpy(r->g->strategy, t->text, strlen(t->text));
+	Graph *g = r->g;
+	int s = expect_enum(r, ir_strategy_names, DP_NSTRAT,
+			    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
+	if (s < 0)
+		return -1;
+	memset(g->strategy, 0, sizeof g->strategy);
+	snprintf(g->strategy, sizeof g->strategy, "%s", ir_strategy_names[s]);
+	g->cfg.strategy = (uint32_t)s;
+	static const char *const keys[] = {"bucket_mb", "reshard_after_forward", "prefetch",
+					   "gather_limit_mb", "accum_unsharded"};
 	while (peek(r)->kind != TK_END) {
 		const Tok *k = peek(r);
 		const char *key = parse_key(r);
 		if (!key)
 			return -1;
-		if (strcmp(key, "bucket_mb") != 0)
+		int64_t x = 0;
+		int rc;
+		switch (lookup(keys, NELEMS(keys), key)) {
+		case 0:
+			rc = parse_float(r, next(r), &g->bucket_mb);
+			break;
+		case 1:
+			rc = parse_range(r, next(r), 0, 1, &x);
+			g->reshard_after_forward = (int)x;
+			break;
+		case 2:
+			rc = parse_range(r, next(r), 0, INT32_MAX, &x);
+			g->prefetch = (int)x;
+			break;
+		case 3:
+			rc = parse_float(r, next(r), &g->gather_limit_mb);
+			break;
+		case 4:
+			rc = parse_range(r, next(r), 0, 1, &x);
+			g->accum_unsharded = (int)x;
+			break;
+		default:
 			return fail_at(r, k->col, "unknown strategy key '%s'", key);
-		if (parse_float(r, next(r), &r->g->bucket_mb) < 0)
+		}
+		if (rc < 0)
 			return -1;
 	}
 	return 0;
@@ -1025,10 +1068,11 @@ static int parse_node_attrs(Reader *r, Node *n)
 			continue;
 		}
 		if (!has_value) {
-			static const char *const progs[] = {"none", "step", "eval", "both"};
-			int p = lookup(progs, NELEMS(progs), t->text);
-			if (p >= 0) {
-				n->progs = (unsigned)p;
+			size_t p = 0;
+			while (p < NELEMS(progs_words) && strcmp(progs_words[p].word, t->text) != 0)
+				p++;
+			if (p < NELEMS(progs_words)) {
+				n->progs = progs_words[p].progs;
 				have_progs = 1;
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
@@ -1086,7 +1130,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 			return -1;
 	}
 	if (!have_phase)
-		return fail_at(r, peek(r)->col, "missing phase (data, fwd, bwd, comm, opt or eval)");
+		return fail_at(r, peek(r)->col,
+			       "missing phase (data, fwd, bwd, comm, opt, eval or setup)");
 	if (!have_progs)
 		n->progs = ir_default_progs(n->phase);
 	return 0;
@@ -1271,6 +1316,9 @@ Graph *ir_read(const char *text, const char *name, Diag *d)
 	}
 	Reader r = {0};
 	r.g = ir_new(NULL);
+	/* the DSL's defaults, for hand-written IR without them on its strategy line */
+	r.g->reshard_after_forward = 1;
+	r.g->prefetch = 1;
 	r.d = d;
 	r.file = ir_strdup(r.g, name ? name : "<ir>");
 	const char *s = text ? text : "";

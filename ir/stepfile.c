@@ -22,6 +22,12 @@
  *    to its element size, and nbytes >= elements * element size.
  *  - Synthetic sources have at most 65536 classes (labels are computed by an
  *    argmax over classes; a corrupted count must not mean hours of work).
+ *  - Kernels live in the programs that can run them: LOAD in step/eval;
+ *    collectives in step/eval/export (never init, which is local); INIT
+ *    (out: an f32 parameter or buffer) in init only; SHARD (f32 in0/out, ia0
+ *    an axis mask) in init and step (zero1 cuts the gradient shard); SAVE
+ *    (in0: an f32 parameter) in export only.
+ *  - cfg.strategy is a DpStrategy.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -44,7 +50,7 @@ const char *const dp_kernel_names[DPK_COUNT] = {
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8,
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4,
 	OPTIM_BYTES = 4 + 7 * 4,
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
@@ -177,6 +183,7 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u32(&w, c->log_every);
 	put_u64(&w, c->seed);
 	put_u64(&w, c->arena_bytes);
+	put_u32(&w, c->strategy);
 
 	const DpOptim *o = &s->opt;
 	put_u32(&w, o->kind);
@@ -342,7 +349,7 @@ static void get_instr(Get *r, DpInstr *in)
 
 /* ---- semantic validation ---- */
 
-static const char *const prog_names[DP_NPROG] = {"step", "eval"};
+static const char *const prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
 
 static size_t dtype_size(unsigned dt) { return dt == DP_BF16 ? 2 : 4; }
 
@@ -445,6 +452,38 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 	return 0;
 }
 
+static int misplaced(const char *what, const char *where, char *err, size_t errlen)
+{
+	fail(err, errlen, "%s: allowed only in %s", what, where);
+	return -1;
+}
+
+/* An operand that must be present and f32 (storage was checked by check_tid). */
+static int check_f32(const DpStep *s, int32_t id, const char *role, const char *what, char *err,
+		     size_t errlen)
+{
+	if (id < 0) {
+		fail(err, errlen, "%s: missing %s", what, role);
+		return -1;
+	}
+	if (s->tensors[id].dtype != DP_F32) {
+		fail(err, errlen, "%s: %s '%s' is not f32", what, role,
+		     dpstep_str(s, s->tensors[id].name));
+		return -1;
+	}
+	return 0;
+}
+
+/* ia0 of a collective or SHARD: a set of mesh axes. */
+static int check_mask(const DpInstr *in, const char *what, char *err, size_t errlen)
+{
+	if (in->ia[0] < 0 || in->ia[0] >= (1 << DP_MAX_AXES)) {
+		fail(err, errlen, "%s: bad axis mask %lld", what, (long long)in->ia[0]);
+		return -1;
+	}
+	return 0;
+}
+
 static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t errlen)
 {
 	const DpInstr *in = &s->prog[p][i];
@@ -479,6 +518,8 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		}
 		break;
 	case DPK_LOAD:
+		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
+			return misplaced(what, "the step and eval programs", err, errlen);
 		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nsources) {
 			fail(err, errlen, "%s: source %lld out of range [0, %u)", what,
 			     (long long)in->ia[0], s->nsources);
@@ -488,10 +529,42 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	case DPK_ALL_REDUCE:
 	case DPK_REDUCE_SCATTER:
 	case DPK_ALL_GATHER:
-		if (in->ia[0] < 0 || in->ia[0] >= (1 << DP_MAX_AXES)) {
-			fail(err, errlen, "%s: bad axis mask %lld", what, (long long)in->ia[0]);
+		/* INIT runs before anything is synchronised and must stay local: every
+		 * rank computes the same full values and cuts its own shard */
+		if (p == DP_PROG_INIT)
+			return misplaced(what, "the step, eval and export programs", err, errlen);
+		if (check_mask(in, what, err, errlen))
+			return -1;
+		break;
+	case DPK_INIT:
+		if (p != DP_PROG_INIT)
+			return misplaced(what, "the init program", err, errlen);
+		if (check_f32(s, in->out, "output", what, err, errlen))
+			return -1;
+		if (s->tensors[in->out].kind != DP_T_PARAM && s->tensors[in->out].kind != DP_T_BUFFER) {
+			fail(err, errlen, "%s: output '%s' is not a parameter or buffer", what,
+			     dpstep_str(s, s->tensors[in->out].name));
 			return -1;
 		}
+		break;
+	case DPK_SAVE:
+		if (p != DP_PROG_EXPORT)
+			return misplaced(what, "the export program", err, errlen);
+		if (check_f32(s, in->in[0], "input", what, err, errlen))
+			return -1;
+		if (s->tensors[in->in[0]].kind != DP_T_PARAM) {
+			fail(err, errlen, "%s: input '%s' is not a parameter", what,
+			     dpstep_str(s, s->tensors[in->in[0]].name));
+			return -1;
+		}
+		break;
+	case DPK_SHARD:
+		if (p != DP_PROG_INIT && p != DP_PROG_STEP)
+			return misplaced(what, "the init and step programs", err, errlen);
+		if (check_f32(s, in->in[0], "input", what, err, errlen) ||
+		    check_f32(s, in->out, "output", what, err, errlen) ||
+		    check_mask(in, what, err, errlen))
+			return -1;
 		break;
 	default:
 		break;
@@ -517,6 +590,10 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 	if (c->micro_batch < 1 || c->grad_accum < 1) {
 		fail(err, errlen, "micro_batch (%u) and grad_accum (%u) must be >= 1", c->micro_batch,
 		     c->grad_accum);
+		return -1;
+	}
+	if (c->strategy >= DP_NSTRAT) {
+		fail(err, errlen, "unknown strategy %u", c->strategy);
 		return -1;
 	}
 	if (s->opt.kind > DP_OPT_ADAMW || s->sched.kind > DP_SCHED_COSINE) {
@@ -635,6 +712,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	c->log_every = get_u32(&r);
 	c->seed = get_u64(&r);
 	c->arena_bytes = get_u64(&r);
+	c->strategy = get_u32(&r);
 	DpOptim *o = &s->opt;
 	o->kind = get_u32(&r);
 	o->lr = get_f32(&r);

@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 1u
+#define DP_STEP_VERSION 2u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -67,7 +67,8 @@ typedef enum {
 	DP_T_OPTSTATE, /* optimizer state (momentum, adam m/v); zero at start */
 	DP_T_FLAT,     /* a flat buffer (params, grads, state); buckets are views into it */
 	DP_T_METRIC,   /* scalar the runtime reads after a step (loss, grad norm, ...) */
-	DP_T_BUFFER,   /* non-trained, non-synchronised state (reserved) */
+	DP_T_BUFFER,   /* non-trained, non-synchronised state (DSL `buffer ... nosync`):
+	                  initialised like a parameter, never in a collective */
 } DpTensorKind;
 
 /* Placement of a tensor on one mesh axis. */
@@ -113,6 +114,11 @@ typedef enum {
 	DP_PROG_STEP, /* one micro-batch of forward+backward; DP_IF_LAST parts only on the
 	                 last micro-batch of an optimizer step (comm, clip, update) */
 	DP_PROG_EVAL, /* one evaluation batch: forward, loss sum, correct count */
+	DP_PROG_INIT, /* once at start-up: INIT every parameter and buffer (from its init
+	                 spec or the --init-from checkpoint), then SHARD the persistent
+	                 shards out of the full tensors (sharded strategies) */
+	DP_PROG_EXPORT, /* before writing a full checkpoint: ALL_GATHER what is sharded,
+	                   then SAVE every parameter */
 	DP_NPROG
 } DpProgram;
 
@@ -166,7 +172,17 @@ typedef enum {
 	                                       ia0 = axis mask */                             \
 	X(ALL_GATHER, "all_gather")       /* in0 (shard) -> out (whole); ia0 = axis mask */   \
 	X(EVENT_RECORD, "event_record")   /* ia0 = event: marks the point in this stream */   \
-	X(EVENT_WAIT, "event_wait")       /* ia0 = event: this stream waits for the record */
+	X(EVENT_WAIT, "event_wait")       /* ia0 = event: this stream waits for the record */ \
+	X(INIT, "init")                   /* out = the initial value of parameter/buffer out: \
+	                                     the --init-from checkpoint's tensor of out's    \
+	                                     name, else its init spec (seed, name, element    \
+	                                     index init_base + i); INIT program only */       \
+	X(SAVE, "save")                   /* hand in0 (a whole parameter) to the full         \
+	                                     checkpoint writer under its name; EXPORT only */ \
+	X(SHARD, "shard")                 /* out = this rank's block of in0 over the group    \
+	                                     of ia0 (axis mask): block k (group rank k, the  \
+	                                     all_gather order) of numel(out) elements; local;  \
+	                                     INIT and STEP (zero1: the gradient shard) */
 
 typedef enum {
 #define X(name, text) DPK_##name,
@@ -194,7 +210,19 @@ typedef struct {
 	uint32_t log_every;         /* log every N steps */
 	uint64_t seed;              /* init and data order */
 	uint64_t arena_bytes;       /* size of the one arena per rank */
+	uint32_t strategy;          /* DpStrategy; informational (logs), the programs
+	                               already say everything it implies */
 } DpConfig;
+
+/* Data-parallel strategies (DSL `strategy`). */
+typedef enum {
+	DP_STRAT_DDP,          /* replicated params, all_reduce of gradients */
+	DP_STRAT_ZERO1,        /* + optimizer state and master params sharded over dp_shard */
+	DP_STRAT_ZERO2,        /* + gradients reduce_scattered (FSDP SHARD_GRAD_OP) */
+	DP_STRAT_FULL_SHARD,   /* + params stored sharded, gathered per block (ZeRO-3, FSDP) */
+	DP_STRAT_HYBRID_SHARD, /* full_shard in dp_shard, all_reduce over dp_replicate (HSDP) */
+	DP_NSTRAT
+} DpStrategy;
 
 typedef struct {
 	uint32_t kind;          /* DpOptKind */

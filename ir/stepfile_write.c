@@ -11,8 +11,8 @@
  *   strategy must give the runtime a per-rank base, which one rank-agnostic
  *   number cannot carry);
  * - sources with their path in the string table and tensor = value id;
- * - DP_PROG_STEP = the nodes in IR_IN_STEP, in order; DP_PROG_EVAL = the
- *   nodes in IR_IN_EVAL, in order; each instruction a copy of its node.
+ * - program p = the nodes with IR_PROG_BIT(p) in progs, in order (STEP,
+ *   EVAL, INIT, EXPORT); each instruction a copy of its node.
  * The string table starts with "" (offset 0) and stores each distinct name
  * once.
  */
@@ -168,18 +168,18 @@ int ir_build_step(const Graph *g, DpStep *s, char *err, size_t errlen)
 			r->src_line = (uint32_t)src->loc.line;
 	}
 
-	static const unsigned bit[DP_NPROG] = {IR_IN_STEP, IR_IN_EVAL};
 	for (int p = 0; p < DP_NPROG; p++) {
+		unsigned bit = IR_PROG_BIT(p);
 		uint32_t n = 0;
 		for (int i = 0; i < g->nnodes; i++)
-			n += (g->nodes[i]->progs & bit[p]) != 0;
+			n += (g->nodes[i]->progs & bit) != 0;
 		s->prog[p] = calloc(n ? n : 1, sizeof(DpInstr));
 		if (!s->prog[p])
 			goto oom;
 		s->nprog[p] = n;
 		n = 0;
 		for (int i = 0; i < g->nnodes; i++)
-			if (g->nodes[i]->progs & bit[p])
+			if (g->nodes[i]->progs & bit)
 				fill_instr(g->nodes[i], &s->prog[p][n++]);
 	}
 	s->strings = t.buf;

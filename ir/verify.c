@@ -14,12 +14,24 @@
  *    viewed buffer.
  *  - param <-> grad links symmetric.
  *  - nodes: unique ids below next_node_id; op, operands, phase, stream,
- *    block, bucket in range; nin == ir_ops[op].arity when the op table has
- *    the row; collectives on the comm stream; events below g->nevents.
- *  - SSA temporaries (DP_T_ACT): at most one defining writer (a writer that
+ *    block, bucket, program mask in range; nin == ir_ops[op].arity when the
+ *    op table has the row; collectives on the comm stream; events below
+ *    g->nevents.
+ *  - programs of the setup kernels and collectives: INIT only in the init
+ *    program, writing a param or a buffer (a view of kind param counts);
+ *    SAVE only in the export program, of a param or buffer; SHARD only in
+ *    init or step (zero1 cuts its gradient shard), with numel(in0) == numel(out) * group; collectives never in init
+ *    (step, eval, export); REDUCE_SCATTER numel(in0) == numel(out) * group
+ *    and ALL_GATHER numel(out) == numel(in0) * group when both operands are
+ *    given. group = the product of cfg.mesh over the ia0 axis mask.
+ *  - buffers (DP_T_BUFFER, never synchronised): no collective operand is,
+ *    views or overlaps one.
+ *  - SSA temporaries (DP_T_ACT): at most one defining writer per program (a writer that
  *    does not read its output; accumulating writers such as ACCUM or a
- *    matmul with acc update it), and in each program (step, eval) every
- *    read, accumulating write included, comes after a write.
+ *    matmul with acc update it), and in each program (step, eval, init,
+ *    export) every read, accumulating write included, comes after a write,
+ *    except in init: there INIT nodes write parameters through views and
+ *    SHARD reads their root, so a read needs no earlier write.
  *  - events: each EVENT_WAIT follows an EVENT_RECORD of the same event on
  *    another stream, in the same program.
  *  - buckets: view and members in range, every member inside the view,
@@ -288,13 +300,13 @@ static void check_node(Verifier *vf, const Node *n)
 			node_error(vf, n, "input %d out of range (%d)", k, n->in[k]);
 	if (n->out != -1 && !vok(g, n->out))
 		node_error(vf, n, "output out of range (%d)", n->out);
-	if ((unsigned)n->phase > PH_EVAL)
+	if ((unsigned)n->phase > PH_SETUP)
 		node_error(vf, n, "bad phase %d", (int)n->phase);
 	if (n->stream < 0 || n->stream >= DP_NSTREAM)
 		node_error(vf, n, "bad stream %d", n->stream);
 	if (n->block < -1 || n->block >= g->nblocks)
 		node_error(vf, n, "block %d out of range", n->block);
-	if (n->progs & ~(IR_IN_STEP | IR_IN_EVAL))
+	if (n->progs & ~IR_ALL_PROGS)
 		node_error(vf, n, "bad program mask %u", n->progs);
 	if (is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
@@ -320,6 +332,132 @@ static void check_node(Verifier *vf, const Node *n)
 				node_error(vf, n, "does not use bucket r%d's view %%%s", n->bucket,
 					   vname(g, b->view));
 		}
+	}
+}
+
+/* ---- setup kernels, collectives, buffers ---- */
+
+/* numel of a sane value, or -1 when it does not fit int64. */
+static int64_t safe_numel(const Value *v)
+{
+	int64_t n = 1;
+	for (int k = 0; k < v->ndim; k++)
+		if (__builtin_mul_overflow(n, v->dims[k], &n))
+			return -1;
+	return n;
+}
+
+/* Ranks in the group of axis mask ia0 (product of cfg.mesh over its axes),
+ * or -1 after reporting a bad mask. */
+static int64_t group_size(Verifier *vf, const Node *n)
+{
+	int64_t mask = n->ia[0], size = 1;
+	if (mask < 0 || (mask >> DP_MAX_AXES) != 0) {
+		node_error(vf, n, "bad axis mask %" PRId64, mask);
+		return -1;
+	}
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if ((mask & DP_AXIS_BIT(a)) &&
+		    __builtin_mul_overflow(size, (int64_t)vf->g->cfg.mesh[a], &size)) {
+			node_error(vf, n, "group of axis mask %" PRId64 " is too large", mask);
+			return -1;
+		}
+	return size;
+}
+
+/* whole == part * group, for the operands of a SHARD, REDUCE_SCATTER or
+ * ALL_GATHER (whole: the full buffer, part: one rank's block). */
+static void check_split(Verifier *vf, const Node *n, int whole, int part, const char *sane)
+{
+	const Graph *g = vf->g;
+	if (!vok(g, whole) || !vok(g, part) || !sane[whole] || !sane[part])
+		return;
+	int64_t group = group_size(vf, n);
+	int64_t nw = safe_numel(g->values[whole]), np = safe_numel(g->values[part]), prod;
+	if (group < 0 || nw < 0 || np < 0)
+		return;
+	if (__builtin_mul_overflow(np, group, &prod) || prod != nw)
+		node_error(vf, n, "%%%s has %" PRId64 " elements, not %" PRId64 " (%%%s) x %" PRId64
+				  " ranks",
+			   vname(g, whole), nw, np, vname(g, part), group);
+}
+
+static int is_param_or_buffer(const Graph *g, int id)
+{
+	return vok(g, id) && (g->values[id]->kind == DP_T_PARAM || g->values[id]->kind == DP_T_BUFFER);
+}
+
+/* The buffer that value id is, views or overlaps (its view chain is sane),
+ * or -1. buffers lists the DP_T_BUFFER ids with a sane chain. */
+static int touched_buffer(const Graph *g, int id, const int *buffers, int nbuf)
+{
+	int64_t off;
+	const Value *root = root_of(g, g->values[id], &off);
+	int64_t end = off + ir_numel(g->values[id]);
+	for (const Value *v = g->values[id];; v = g->values[v->view_of]) {
+		if (v->kind == DP_T_BUFFER)
+			return v->id;
+		if (v->view_of < 0)
+			break;
+	}
+	for (int b = 0; b < nbuf; b++) {
+		int64_t boff;
+		const Value *broot = root_of(g, g->values[buffers[b]], &boff);
+		if (broot == root && boff < end && off < boff + ir_numel(g->values[buffers[b]]))
+			return buffers[b];
+	}
+	return -1;
+}
+
+/* Called for nodes whose op and input count check_node found in range. */
+static void check_setup(Verifier *vf, const Node *n, const char *sane, const int *buffers,
+			int nbuf)
+{
+	const Graph *g = vf->g;
+	int in0 = n->nin > 0 ? n->in[0] : -1;
+	switch (n->op) {
+	case DPK_INIT:
+		if (n->progs != IR_IN_INIT)
+			node_error(vf, n, "init outside the init program (programs %u)", n->progs);
+		if (vok(g, n->out) && !is_param_or_buffer(g, n->out))
+			node_error(vf, n, "init writes %%%s, which is not a param or a buffer",
+				   vname(g, n->out));
+		break;
+	case DPK_SAVE:
+		if (n->progs != IR_IN_EXPORT)
+			node_error(vf, n, "save outside the export program (programs %u)", n->progs);
+		if (vok(g, in0) && !is_param_or_buffer(g, in0))
+			node_error(vf, n, "saves %%%s, which is not a param or a buffer", vname(g, in0));
+		break;
+	case DPK_SHARD:
+		if (n->progs & ~(IR_IN_INIT | IR_IN_STEP))
+			node_error(vf, n, "shard outside the init and step programs (programs %u)",
+				   n->progs);
+		check_split(vf, n, in0, n->out, sane);
+		break;
+	case DPK_REDUCE_SCATTER:
+		check_split(vf, n, in0, n->out, sane);
+		break;
+	case DPK_ALL_GATHER:
+		check_split(vf, n, n->out, in0, sane);
+		break;
+	default:
+		break;
+	}
+	if (!is_collective(n->op))
+		return;
+	if (n->progs & IR_IN_INIT)
+		node_error(vf, n, "collective in the init program (collectives run in step, eval "
+				  "and export)");
+	for (int k = -1; k < n->nin; k++) {
+		int id = k < 0 ? n->out : n->in[k];
+		if (!vok(g, id) || !sane[id])
+			continue;
+		int b = touched_buffer(g, id, buffers, nbuf);
+		if (b >= 0)
+			node_error(vf, n, "collective on %%%s touches buffer %%%s (buffers are never "
+					  "synchronised)",
+				   vname(g, id), vname(g, b));
 	}
 }
 
@@ -377,12 +515,15 @@ static int by_start(const void *a, const void *b)
 	return x->start < y->start ? -1 : x->start > y->start ? 1 : x->id - y->id;
 }
 
-/* Walks program prog (IR_IN_STEP or IR_IN_EVAL) in order. */
-static void check_program(Verifier *vf, unsigned prog, int planned, int *first, int *last,
+/* Walks program p (a DpProgram) in order. In the INIT program a read needs
+ * no earlier write: INIT nodes write parameters through views and SHARD
+ * reads their root. */
+static void check_program(Verifier *vf, int p, int planned, int *first, int *last,
 			  unsigned char *recorded)
 {
 	const Graph *g = vf->g;
-	const char *pname = prog == IR_IN_STEP ? "step" : "eval";
+	unsigned prog = IR_PROG_BIT(p);
+	const char *pname = ir_prog_names[p];
 	for (int i = 0; i < g->nvalues; i++)
 		first[i] = last[i] = -1;
 	if (recorded)
@@ -398,8 +539,9 @@ static void check_program(Verifier *vf, unsigned prog, int planned, int *first, 
 			if (!vok(g, id) || g->values[id]->kind != DP_T_ACT)
 				continue;
 			if (first[id] < 0) {
-				node_error(vf, n, "reads %%%s before it is written (%s program)",
-					   vname(g, id), pname);
+				if (p != DP_PROG_INIT)
+					node_error(vf, n, "reads %%%s before it is written (%s program)",
+						   vname(g, id), pname);
 				first[id] = pos;
 			}
 			last[id] = pos;
@@ -407,7 +549,7 @@ static void check_program(Verifier *vf, unsigned prog, int planned, int *first, 
 		if (vok(g, n->out) && g->values[n->out]->kind == DP_T_ACT) {
 			int id = n->out;
 			if (first[id] < 0) {
-				if (reads_out(n))
+				if (reads_out(n) && p != DP_PROG_INIT)
 					node_error(vf, n, "updates %%%s before it is written (%s program)",
 						   vname(g, id), pname);
 				first[id] = pos;
@@ -530,13 +672,22 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 			report(&vf, "graph: loss/metric value %d out of range", roles[k]);
 
 	int *writer = first; /* reused: the defining writer of each temporary */
+	unsigned char *wprogs = calloc(nv1, 1); /* programs that wrote it so far */
+	if (!wprogs)
+		die("out of memory verifying IR");
 	for (int i = 0; i < g->nvalues; i++)
 		writer[i] = -1;
+	int *buffers = last; /* reused: the buffers, for the collective check */
+	int nbuf = 0;
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_BUFFER && sane[i])
+			buffers[nbuf++] = i;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		check_node(&vf, n);
 		if ((unsigned)n->op >= DPK_COUNT || n->nin < 0 || n->nin > DP_MAX_IN)
 			continue;
+		check_setup(&vf, n, sane, buffers, nbuf);
 		for (int k = 0; k < n->nin; k++)
 			if (vok(g, n->in[k]))
 				used[n->in[k]] = 1;
@@ -545,19 +696,26 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 		used[n->out] = 1;
 		if (g->values[n->out]->kind != DP_T_ACT || reads_out(n))
 			continue;
-		if (writer[n->out] >= 0) {
+		/* one defining writer per program: full_shard's gathered buffer is
+		 * written by the forward all_gather (step, eval) and by the INIT
+		 * fill and the EXPORT all_gather */
+		if (wprogs[n->out] & n->progs) {
 			node_error(&vf, n, "second writer of SSA temporary %%%s (first: node %d)",
 				   vname(g, n->out), writer[n->out]);
-		} else
-			writer[n->out] = n->id;
+		} else {
+			if (!wprogs[n->out])
+				writer[n->out] = n->id;
+			wprogs[n->out] |= (unsigned char)n->progs;
+		}
 	}
+	free(wprogs);
 	check_buckets(&vf, sane);
 
 	int planned = g->cfg.arena_bytes > 0;
 	for (int i = 0; i < g->nvalues && !planned; i++)
 		planned = g->values[i]->offset >= 0;
-	check_program(&vf, IR_IN_STEP, planned, first, last, recorded);
-	check_program(&vf, IR_IN_EVAL, planned, first, last, recorded);
+	for (int p = 0; p < DP_NPROG; p++)
+		check_program(&vf, p, planned, first, last, recorded);
 	if (planned)
 		check_memory(&vf, used, sane);
 

@@ -21,6 +21,9 @@
  *   last member's collective (that node is reused; the other members' nodes
  *   are removed).
  *
+ * Sharded strategies (zero1, zero2, full_shard, hybrid_shard) arrive already
+ * bucketed by the collectives pass and pass through unchanged.
+ *
  * Why: one call per bucket amortises the per-collective latency, and the
  * view makes the call zero-copy (no pack/unpack kernels). Fusing only
  * consecutive collectives and placing the bucket at its last member keeps
@@ -156,6 +159,11 @@ static int joins(const Graph *g, Node **mem, int nmem, const Node *n, int64_t li
 int bucket_run(Graph *g, Diag *d)
 {
 	(void)d;
+	/* Sharded strategies fix layout and buckets together in the collectives
+	 * pass (a fused reduce_scatter changes which slice a rank holds), and
+	 * their flat buffers are padded; nothing to do here. */
+	if (strcmp(g->strategy, "ddp") != 0)
+		return 0;
 	relayout(g);
 	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
 	/* Snapshot the collectives in program order (the fusion removes nodes).

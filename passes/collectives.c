@@ -12,7 +12,8 @@
  * PH_COMM, placed right after the gradient's last backward writer, in the
  * order those writers appear. The all_reduce is inserted even on a 1-rank
  * mesh: the IR shows where communication goes, the runtime skips groups of
- * one rank, and --stats reports 0 bytes.
+ * one rank, and --stats reports 0 bytes. INIT program: INIT every param and
+ * buffer where the step reads it; EXPORT: SAVE every param.
  *
  * Why after the last writer: the backward accumulates a gradient over every
  * use of its parameter; once the last contribution is in, the gradient is
@@ -20,10 +21,46 @@
  * is complete for the step (DP_IF_LAST), so it can be reduced while the rest
  * of the backward runs. The schedule pass adds the cross-stream events.
  *
- * Strategies are rows of one table keyed by g->strategy, so zero1/zero2/
- * full_shard/hybrid_shard and tp slot in as new functions; a strategy the
- * table names without a function is reported as not supported yet.
- */
+ * Sharded strategies (S = dp_shard ranks, R = dp_replicate ranks). The
+ * parameters are laid out in units (see "Units" below), each padded to a
+ * multiple of S; rank s owns slice s of every unit. Persistent state:
+ * flat.params.shard (fp32 master weights), flat.grads.shard, opt.* (all
+ * 1/S of the padded model, place dp_shard: shard0).
+ *   zero1   full params flat.params and full grads flat.grads persistent;
+ *           per unit: all_reduce of the full grads over dp_replicate,dp_shard
+ *           (last micro-batch), then SHARD cuts this rank's gradient slice;
+ *           the update runs on the shards; all_gather of each unit's updated
+ *           shard back into flat.params.
+ *   zero2   as zero1, but the gradients are reduce_scattered over dp_shard
+ *           per unit (once per step: grad_accum accumulates full grads);
+ *           with R > 1 an all_reduce of the shard over dp_replicate.
+ *   full_shard / hybrid_shard
+ *           no persistent full params: per unit (block) the forward
+ *           all_gathers into a temporary "B.gather" (step and eval) that the
+ *           block's params are views of; with reshard_after_forward the
+ *           backward reads "p.bwd" views of a second gather "B.gather.bwd"
+ *           (not made for a block whose backward does not read its
+ *           weights), so the first buffer dies after the forward. Gradients
+ *           go to a temporary "B.grads" (FILL 0 before the block's backward),
+ *           are reduce_scattered every micro-batch into "B.rs" and ACCUMed
+ *           into the shard where the next unit's backward starts (the step
+ *           waits for the reduce_scatter there, one unit of overlap).
+ *           accumulate_grads unsharded instead keeps flat.grads persistent
+ *           and reduce_scatters once per step (memory for traffic).
+ *           hybrid_shard adds an all_reduce of each shard over dp_replicate
+ *           (last micro-batch); full_shard refuses dp_replicate > 1.
+ *   All:    the grad norm is the sqnorm of the local shard all_reduced over
+ *           dp_shard (clipping by the global norm); INIT program: INIT each
+ *           param into its full place, SHARD each unit into the shard (FILL
+ *           0 first where a gathered temporary has padding); EXPORT:
+ *           all_gather what is not held whole, SAVE each param. Buffers
+ *           (nosync) get INIT only: never sharded, never communicated.
+ * Placement annotations: shards place(dp_shard: shard0), unreduced grads
+ * partial on the data-parallel axes, everything else replicated.
+ *
+ * Strategies are rows of one table keyed by g->strategy; tp is named and
+ * reported as not supported yet. */
+#include <stdint.h>
 #include <string.h>
 
 #include "passes.h"
@@ -78,6 +115,40 @@ static void splice_after(Graph *g, NodeList *queued, int nold)
 	memcpy(g->nodes, order, (size_t)total * sizeof(Node *));
 }
 
+/* A setup node (INIT or EXPORT program). */
+static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs)
+{
+	Node *n = ir_node(g, op, out, nin, in, PH_SETUP, (Loc){0});
+	n->progs = progs;
+	if (out >= 0)
+		n->block = g->values[out]->block;
+	else if (nin > 0)
+		n->block = g->values[in[0]]->block;
+	return n;
+}
+
+/* INIT for every buffer (never sharded, never communicated). */
+static void init_buffers(Graph *g)
+{
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_BUFFER)
+			setup_node(g, DPK_INIT, i, 0, NULL, IR_IN_INIT);
+}
+
+/* Replicated parameters: INIT writes each one where the step reads it, and
+ * EXPORT saves it from there. */
+static void setup_replicated(Graph *g)
+{
+	init_buffers(g);
+	int nv = g->nvalues;
+	for (int i = 0; i < nv; i++)
+		if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
+			setup_node(g, DPK_INIT, i, 0, NULL, IR_IN_INIT);
+	for (int i = 0; i < nv; i++)
+		if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
+			setup_node(g, DPK_SAVE, -1, 1, &i, IR_IN_EXPORT);
+}
+
 /* DDP: every gradient all-reduced (summed) over dp_replicate x dp_shard. The
  * XENT seed already divides by the global batch, so the sum is the mean. */
 static int ddp_run(Graph *g, Diag *d)
@@ -124,15 +195,691 @@ static int ddp_run(Graph *g, Diag *d)
 		q->nodes[q->n++] = ar;
 	}
 	splice_after(g, queued, nold);
+	setup_replicated(g);
 	return 0;
+}
+
+/* ==== sharded strategies: zero1, zero2, full_shard, hybrid_shard ==== */
+
+/*
+ * Units. Parameters are sharded in units: a unit's parameters are
+ * contiguous in the full (unsharded) space, the unit is padded to a
+ * multiple of S = dp_shard ranks (FSDP's flat-parameter padding; a
+ * parameter that does not divide is never rejected), and rank s holds
+ * elements [s*c, (s+1)*c) of it, c = padded/S, at offset off/S of the
+ * shard buffers. One unit is one collective call, so the unit IS the bucket:
+ *   zero1, zero2         units are buckets of gradients in backward order,
+ *                        greedy up to bucket_mb (as ddp's buckets);
+ *   full_shard, hybrid   units are blocks (the unit the user gathers and
+ *                        frees together), ordered by backward completion.
+ * A gradient collective over a fused range hands each rank a different slice
+ * than per-parameter collectives would, which is why the layout and the
+ * bucketing are decided together, here, and the bucket pass leaves sharded
+ * graphs alone.
+ */
+typedef struct {
+	const char *name;  /* block name, or "bucketK" */
+	int block;         /* block index, -1 when it spans blocks */
+	int *params;       /* parameter ids, layout order */
+	int nparams;
+	int64_t elems, padded, chunk, off; /* off: element offset in the full space */
+	int last;          /* node index of the last backward writer of its grads, -1 none */
+	int first;         /* node index of the first backward writer, -1 none */
+	int gather, gather_bwd; /* full_shard: gathered roots (forward, backward) */
+	int full_p, full_g;     /* views/roots of the unit's full params and grads */
+	int shard_p, shard_g;   /* views of the shard buffers */
+	int rs;                 /* reduce_scatter output when it is accumulated, or -1 */
+} Unit;
+
+typedef struct {
+	Graph *g;
+	int strat;         /* DpStrategy */
+	int S, R;          /* dp_shard, dp_replicate sizes */
+	int full;          /* params stored sharded (full_shard, hybrid_shard) */
+	int full_grads;    /* full gradients persistent (accumulated over micro-batches) */
+	int accum;         /* reduce_scatter every micro-batch into a temp, then ACCUM */
+	Unit *u;
+	int nu;
+	int nold;
+	NodeList *before, *after; /* nodes queued around the original nodes */
+	int *last;         /* per value: index of the last backward writer of a grad */
+	int *first;        /* per value: index of the first backward writer of a grad */
+} Sh;
+
+static unsigned axis_bit(DpAxis a)
+{
+	return DP_AXIS_BIT(a);
+}
+
+static void queue(Sh *sh, NodeList *l, int at, Node *n)
+{
+	NodeList *q = &l[at];
+	Node **grown = ir_alloc(sh->g, (size_t)(q->n + 1) * sizeof(Node *));
+	if (q->n)
+		memcpy(grown, q->nodes, (size_t)q->n * sizeof(Node *));
+	grown[q->n++] = n;
+	q->nodes = grown;
+}
+
+/* Program order: for each original node, the nodes queued before it, the
+ * node, the nodes queued after it. The queued nodes were made by ir_node
+ * (they are the nodes past nold); every node must land exactly once. */
+static void splice(Graph *g, NodeList *before, NodeList *after, int nold)
+{
+	int total = g->nnodes;
+	Node **order = ir_alloc(g, (size_t)(total ? total : 1) * sizeof(Node *));
+	int k = 0;
+	for (int i = 0; i < nold; i++) {
+		for (int j = 0; j < before[i].n; j++)
+			order[k++] = before[i].nodes[j];
+		order[k++] = g->nodes[i];
+		for (int j = 0; j < after[i].n; j++)
+			order[k++] = after[i].nodes[j];
+	}
+	if (k != total)
+		die("collectives: spliced %d of %d nodes", k, total);
+	memcpy(g->nodes, order, (size_t)total * sizeof(Node *));
+}
+
+static Node *comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned axes,
+		       unsigned flags, unsigned progs, int block)
+{
+	Node *n = ir_node(g, op, out, nin, in, progs == IR_IN_EXPORT ? PH_SETUP : PH_COMM,
+			  (Loc){0});
+	n->ia[0] = axes;
+	n->stream = DP_STREAM_COMM;
+	n->flags = flags;
+	n->progs = progs;
+	n->block = block;
+	return n;
+}
+
+static Node *step_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph,
+		       unsigned flags, int block)
+{
+	Node *n = ir_node(g, op, out, nin, in, ph, (Loc){0});
+	n->progs = IR_IN_STEP;
+	n->flags = flags;
+	n->block = block;
+	return n;
+}
+
+/* A bucket record for a unit's collective n over `view`, covering members. */
+static void unit_bucket(Graph *g, Node *n, int view, const int *members, int nmembers)
+{
+	int *m = ir_alloc(g, (size_t)nmembers * sizeof(int));
+	memcpy(m, members, (size_t)nmembers * sizeof(int));
+	Bucket b = {
+		.op = n->op,
+		.axes = (unsigned)n->ia[0],
+		.view = view,
+		.elems = ir_numel(g->values[view]),
+		.nmembers = nmembers,
+		.members = m,
+	};
+	n->bucket = ir_add_bucket(g, &b);
+}
+
+static Value *flat1(Graph *g, const char *name, int64_t n, DpTensorKind kind)
+{
+	return ir_value(g, name, DP_F32, 1, (int64_t[]){n}, kind, (Loc){0});
+}
+
+/* A 1-D view of `of` at element offset off. */
+static int view1(Graph *g, const char *name, int of, int64_t off, int64_t n, DpTensorKind kind,
+		 int block)
+{
+	Value *v = flat1(g, name, n, kind);
+	v->view_of = of;
+	v->view_offset = off;
+	v->block = block;
+	return v->id;
+}
+
+static void place_shard(Value *v)
+{
+	v->place[DP_AXIS_SHARD] = (Place){DP_PL_SHARD, 0};
+}
+
+static void place_partial(Value *v, unsigned axes)
+{
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (axes & DP_AXIS_BIT(a))
+			v->place[a] = (Place){DP_PL_PARTIAL, -1};
+}
+
+/* Backward writers of every gradient: last[] and first[] per value. */
+static void find_writers(Sh *sh)
+{
+	Graph *g = sh->g;
+	int nv = g->nvalues;
+	sh->last = ir_alloc(g, (size_t)nv * sizeof(int));
+	sh->first = ir_alloc(g, (size_t)nv * sizeof(int));
+	for (int v = 0; v < nv; v++) {
+		const Value *gv = g->values[v];
+		sh->last[v] = sh->first[v] = -1;
+		if (gv->kind != DP_T_GRAD || gv->param < 0)
+			continue;
+		for (int i = 0; i < sh->nold; i++) {
+			const Node *n = g->nodes[i];
+			if (n->phase == PH_BWD && (n->progs & IR_IN_STEP) && writes(g, n, gv)) {
+				if (sh->first[v] < 0)
+					sh->first[v] = i;
+				sh->last[v] = i;
+			}
+		}
+	}
+}
+
+/* Parameters in backward completion order (last writer; none last, by id). */
+static int *params_by_completion(Sh *sh, int *np)
+{
+	Graph *g = sh->g;
+	int *ps = ir_alloc(g, (size_t)g->nvalues * sizeof(int));
+	int n = 0;
+	for (int v = 0; v < g->nvalues; v++)
+		if (g->values[v]->kind == DP_T_PARAM && g->values[v]->grad >= 0)
+			ps[n++] = v;
+	/* insertion sort: stable, small n */
+	for (int i = 1; i < n; i++) {
+		int p = ps[i], j = i;
+		int kp = sh->last[g->values[p]->grad];
+		kp = kp < 0 ? INT32_MAX : kp;
+		while (j > 0) {
+			int kq = sh->last[g->values[ps[j - 1]]->grad];
+			kq = kq < 0 ? INT32_MAX : kq;
+			if (kq <= kp)
+				break;
+			ps[j] = ps[j - 1];
+			j--;
+		}
+		ps[j] = p;
+	}
+	*np = n;
+	return ps;
+}
+
+static void unit_add(Sh *sh, Unit *u, int p)
+{
+	Graph *g = sh->g;
+	int *grown = ir_alloc(g, (size_t)(u->nparams + 1) * sizeof(int));
+	if (u->nparams)
+		memcpy(grown, u->params, (size_t)u->nparams * sizeof(int));
+	grown[u->nparams++] = p;
+	u->params = grown;
+	u->elems += ir_numel(g->values[p]);
+	int gr = g->values[p]->grad;
+	if (sh->last[gr] > u->last)
+		u->last = sh->last[gr];
+	if (sh->first[gr] >= 0 && (u->first < 0 || sh->first[gr] < u->first))
+		u->first = sh->first[gr];
+}
+
+static Unit *new_unit(Sh *sh, const char *name, int block)
+{
+	Unit *u = &sh->u[sh->nu++];
+	memset(u, 0, sizeof *u);
+	u->name = name;
+	u->block = block;
+	u->last = u->first = -1;
+	u->gather = u->gather_bwd = u->full_p = u->full_g = u->shard_p = u->shard_g = u->rs = -1;
+	return u;
+}
+
+/* Units: blocks (full_shard) or buckets up to bucket_mb (zero1/zero2). */
+static void make_units(Sh *sh)
+{
+	Graph *g = sh->g;
+	int np;
+	int *ps = params_by_completion(sh, &np);
+	sh->u = ir_alloc(g, (size_t)(np ? np : 1) * sizeof(Unit));
+	if (sh->full) {
+		/* one unit per block, in the order their last gradient completes
+		 * (a block with no gradient writer goes last) */
+		for (int i = 0; i < np; i++) {
+			const Value *p = g->values[ps[i]];
+			Unit *u = NULL;
+			for (int k = 0; k < sh->nu && !u; k++)
+				if (sh->u[k].block == p->block)
+					u = &sh->u[k];
+			if (!u)
+				u = new_unit(sh, p->block >= 0 ? g->blocks[p->block].name : "model",
+					     p->block);
+			unit_add(sh, u, ps[i]);
+		}
+		/* units were created at their first (earliest completing) param;
+		 * order them by their last completion */
+		for (int i = 1; i < sh->nu; i++) {
+			Unit t = sh->u[i];
+			int kt = t.last < 0 ? INT32_MAX : t.last, j = i;
+			while (j > 0 && (sh->u[j - 1].last < 0 ? INT32_MAX : sh->u[j - 1].last) > kt) {
+				sh->u[j] = sh->u[j - 1];
+				j--;
+			}
+			sh->u[j] = t;
+		}
+		return;
+	}
+	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
+	Unit *u = NULL;
+	for (int i = 0; i < np; i++) {
+		const Value *p = g->values[ps[i]];
+		int has_writer = sh->last[p->grad] >= 0;
+		int64_t bytes = (u ? u->elems : 0) + ir_numel(p);
+		bytes *= (int64_t)ir_dtype_size(p->dtype);
+		/* a new bucket when full, and one of its own for the grads that
+		 * nothing writes (they need no collective) */
+		if (!u || (u->nparams && bytes > limit) || (has_writer != (u->last >= 0))) {
+			u = new_unit(sh, ir_fmt(g, "bucket%d", sh->nu), p->block);
+		}
+		if (u->block != p->block)
+			u->block = -1;
+		unit_add(sh, u, ps[i]);
+	}
+}
+
+/* Element offsets and the values every unit needs. */
+static void layout(Sh *sh, int fp, int fg)
+{
+	Graph *g = sh->g;
+	int64_t off = 0;
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		u->chunk = (u->elems + sh->S - 1) / sh->S;
+		u->padded = u->chunk * sh->S;
+		u->off = off;
+		off += u->padded;
+	}
+	int64_t total = off, stotal = total / sh->S;
+	unsigned dp = dp_axes();
+
+	/* The shard buffers. flat.params keeps its id: it becomes the full
+	 * buffer (zero) or the shard (full_shard); likewise flat.grads. */
+	Value *vfp = g->values[fp], *vfg = g->values[fg];
+	int sp, sg;
+	if (sh->full) {
+		vfp->name = "flat.params.shard";
+		vfp->dims[0] = stotal;
+		place_shard(vfp);
+		sp = fp;
+	} else {
+		vfp->dims[0] = total;
+		Value *v = flat1(g, "flat.params.shard", stotal, DP_T_FLAT);
+		place_shard(v);
+		sp = v->id;
+	}
+	if (sh->full_grads) {
+		vfg->dims[0] = total;
+		place_partial(vfg, dp);
+		Value *v = flat1(g, "flat.grads.shard", stotal, DP_T_FLAT);
+		place_shard(v);
+		sg = v->id;
+	} else {
+		vfg->name = "flat.grads.shard";
+		vfg->dims[0] = stotal;
+		place_shard(vfg);
+		sg = fg;
+	}
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_OPTSTATE) {
+			g->values[i]->dims[0] = stotal;
+			place_shard(g->values[i]);
+		}
+
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->off / sh->S, u->chunk,
+				   DP_T_PARAM, u->block);
+		u->shard_g = view1(g, ir_fmt(g, "%s.grad.shard", u->name), sg, u->off / sh->S,
+				   u->chunk, DP_T_GRAD, u->block);
+		place_shard(g->values[u->shard_p]);
+		place_shard(g->values[u->shard_g]);
+		if (sh->full) {
+			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->padded, DP_T_ACT)->id;
+			g->values[u->gather]->block = u->block;
+			u->full_p = u->gather;
+		} else {
+			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), fp, u->off, u->padded,
+					  DP_T_PARAM, u->block);
+		}
+		if (sh->full_grads) {
+			u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), fg, u->off, u->padded,
+					  DP_T_GRAD, u->block);
+		} else {
+			u->full_g = flat1(g, ir_fmt(g, "%s.grads", u->name), u->padded, DP_T_ACT)->id;
+			g->values[u->full_g]->block = u->block;
+		}
+		place_partial(g->values[u->full_g], dp);
+		if (sh->accum) {
+			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), u->chunk, DP_T_ACT)->id;
+			g->values[u->rs]->block = u->block;
+			place_shard(g->values[u->rs]);
+		}
+		/* params and grads: views of the unit's full buffers */
+		int64_t o = 0;
+		for (int i = 0; i < u->nparams; i++) {
+			Value *p = g->values[u->params[i]];
+			Value *gr = g->values[p->grad];
+			p->view_of = u->full_p;
+			p->view_offset = o;
+			gr->view_of = u->full_g;
+			gr->view_offset = o;
+			place_partial(gr, dp);
+			o += ir_numel(p);
+		}
+	}
+}
+
+/* Is value v one of unit u's parameters (v a param id)? */
+static int unit_of_param(const Sh *sh, int v)
+{
+	for (int k = 0; k < sh->nu; k++)
+		for (int i = 0; i < sh->u[k].nparams; i++)
+			if (sh->u[k].params[i] == v)
+				return k;
+	return -1;
+}
+
+/* full_shard: the forward all_gather of each unit before the first forward
+ * node that reads its parameters; with reshard_after_forward a second
+ * gathered buffer for the backward (its nodes read "p.bwd" views of it) and
+ * its all_gather before the first backward node reading them. */
+static void gathers(Sh *sh)
+{
+	Graph *g = sh->g;
+	int *fwd_at = ir_alloc(g, (size_t)sh->nu * sizeof(int));
+	int *bwd_at = ir_alloc(g, (size_t)sh->nu * sizeof(int));
+	int *bwd_view = ir_alloc(g, (size_t)g->nvalues * sizeof(int));
+	for (int v = 0; v < g->nvalues; v++)
+		bwd_view[v] = -1;
+	for (int k = 0; k < sh->nu; k++)
+		fwd_at[k] = bwd_at[k] = -1;
+	int reshard = g->reshard_after_forward;
+	/* where each unit's parameters are first read, forward and backward */
+	for (int i = 0; i < sh->nold; i++) {
+		const Node *n = g->nodes[i];
+		for (int j = 0; j < n->nin; j++) {
+			int v = n->in[j];
+			if (v < 0 || g->values[v]->kind != DP_T_PARAM || g->values[v]->grad < 0)
+				continue;
+			int k = unit_of_param(sh, v);
+			int *at = n->phase == PH_BWD ? &bwd_at[k] : &fwd_at[k];
+			if (k >= 0 && *at < 0)
+				*at = i;
+		}
+	}
+	/* resharding: a second gathered buffer for the units the backward
+	 * reads (a first layer whose input needs no gradient is not re-gathered) */
+	for (int k = 0; reshard && k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		if (bwd_at[k] < 0)
+			continue;
+		u->gather_bwd = flat1(g, ir_fmt(g, "%s.gather.bwd", u->name), u->padded, DP_T_ACT)->id;
+		g->values[u->gather_bwd]->block = u->block;
+		for (int i = 0; i < u->nparams; i++) {
+			const Value *p = g->values[u->params[i]];
+			Value *b = ir_value(g, ir_fmt(g, "%s.bwd", p->name), p->dtype, p->ndim, p->dims,
+					    DP_T_PARAM, p->loc);
+			b->block = p->block;
+			b->view_of = u->gather_bwd;
+			b->view_offset = p->view_offset;
+			bwd_view[p->id] = b->id;
+		}
+	}
+	for (int i = 0; reshard && i < sh->nold; i++) {
+		Node *n = g->nodes[i];
+		if (n->phase != PH_BWD)
+			continue;
+		for (int j = 0; j < n->nin; j++)
+			if (n->in[j] >= 0 && bwd_view[n->in[j]] >= 0)
+				n->in[j] = bwd_view[n->in[j]];
+	}
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		unsigned ax = axis_bit(DP_AXIS_SHARD);
+		if (fwd_at[k] >= 0) {
+			Node *ag = comm_node(g, DPK_ALL_GATHER, u->gather, 1, &u->shard_p, ax, 0,
+					     IR_IN_STEP | IR_IN_EVAL, u->block);
+			unit_bucket(g, ag, u->gather, u->params, u->nparams);
+			queue(sh, sh->before, fwd_at[k], ag);
+		}
+		if (reshard && bwd_at[k] >= 0) {
+			Node *ag = comm_node(g, DPK_ALL_GATHER, u->gather_bwd, 1, &u->shard_p, ax, 0,
+					     IR_IN_STEP, u->block);
+			int *mem = ir_alloc(g, (size_t)u->nparams * sizeof(int));
+			for (int i = 0; i < u->nparams; i++)
+				mem[i] = bwd_view[u->params[i]];
+			unit_bucket(g, ag, u->gather_bwd, mem, u->nparams);
+			queue(sh, sh->before, bwd_at[k], ag);
+		}
+	}
+}
+
+/* Index of the first node of phase ph at or after `from` (nold if none). */
+static int first_of_phase(const Sh *sh, Phase ph)
+{
+	for (int i = 0; i < sh->nold; i++)
+		if (sh->g->nodes[i]->phase == ph)
+			return i;
+	return sh->nold;
+}
+
+static int find_opt(const Sh *sh, IrOp op)
+{
+	for (int i = 0; i < sh->nold; i++)
+		if (sh->g->nodes[i]->phase == PH_OPT && sh->g->nodes[i]->op == op)
+			return i;
+	return -1;
+}
+
+/* Gradient reduction per unit and the optimizer on the shards. */
+static void reduce_and_update(Sh *sh, int fp, int fg, int sp, int sg)
+{
+	Graph *g = sh->g;
+	unsigned shard = axis_bit(DP_AXIS_SHARD), repl = axis_bit(DP_AXIS_REPLICATE);
+	int opt0 = first_of_phase(sh, PH_OPT);
+	int isq = find_opt(sh, DPK_SQNORM), iclip = find_opt(sh, DPK_CLIP);
+	int iupd = find_opt(sh, DPK_ADAMW) >= 0 ? find_opt(sh, DPK_ADAMW) : find_opt(sh, DPK_SGD);
+	int ifill = find_opt(sh, DPK_FILL);
+	if (opt0 >= sh->nold || isq < 0 || iupd < 0 || ifill < 0)
+		die("collectives: the optimizer tail is missing");
+	/* hybrid_shard always reduces its shards over dp_replicate (a group of
+	 * one on a 1-D mesh); zero2 and full-grad accumulation do when R > 1 */
+	int repl_ar = sh->strat == DP_STRAT_HYBRID_SHARD ||
+		      (sh->strat != DP_STRAT_ZERO1 && sh->R > 1);
+
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		int *grads = ir_alloc(g, (size_t)u->nparams * sizeof(int));
+		for (int i = 0; i < u->nparams; i++)
+			grads[i] = g->values[u->params[i]]->grad;
+		if (u->last < 0)
+			continue; /* nothing writes these grads: they stay zero */
+		if (!sh->full_grads) {
+			/* the unit's full grads are a temporary of this micro-batch */
+			Node *f = step_node(g, DPK_FILL, u->full_g, 0, NULL, PH_BWD, 0, u->block);
+			queue(sh, sh->before, u->first, f);
+		}
+		if (sh->strat == DP_STRAT_ZERO1) {
+			Node *ar = comm_node(g, DPK_ALL_REDUCE, u->full_g, 0, NULL, dp_axes(),
+					     DP_IF_LAST, IR_IN_STEP, u->block);
+			unit_bucket(g, ar, u->full_g, grads, u->nparams);
+			queue(sh, sh->after, u->last, ar);
+			Node *s = step_node(g, DPK_SHARD, u->shard_g, 1, &u->full_g, PH_OPT,
+					    DP_IF_LAST, u->block);
+			s->ia[0] = shard;
+			queue(sh, sh->before, isq, s);
+			continue;
+		}
+		/* reduce_scatter: once per step when full grads accumulate, else
+		 * every micro-batch (into .rs and accumulated when grad_accum > 1) */
+		unsigned flags = sh->full_grads ? DP_IF_LAST : 0;
+		int out = sh->accum ? u->rs : u->shard_g;
+		Node *rs = comm_node(g, DPK_REDUCE_SCATTER, out, 1, &u->full_g, shard, flags,
+				     IR_IN_STEP, u->block);
+		unit_bucket(g, rs, u->full_g, grads, u->nparams);
+		queue(sh, sh->after, u->last, rs);
+		Node *ar = NULL;
+		if (repl_ar) {
+			ar = comm_node(g, DPK_ALL_REDUCE, u->shard_g, 0, NULL, repl, DP_IF_LAST,
+				       IR_IN_STEP, u->block);
+			unit_bucket(g, ar, u->shard_g, &u->shard_g, 1);
+		}
+		if (sh->accum) {
+			/* accumulated where the next unit starts its backward (the end
+			 * of the backward for the last unit): the reduce_scatter
+			 * overlaps one unit of compute, and its input dies there */
+			int at = opt0;
+			for (int j = k + 1; j < sh->nu; j++)
+				if (sh->u[j].first >= 0) {
+					at = sh->u[j].first;
+					break;
+				}
+			Node *acc = step_node(g, DPK_ACCUM, u->shard_g, 1, &u->rs, PH_BWD, 0, u->block);
+			queue(sh, sh->before, at, acc);
+			if (ar)
+				queue(sh, sh->before, at, ar);
+		} else if (ar) {
+			queue(sh, sh->after, u->last, ar);
+		}
+	}
+
+	/* the optimizer tail on the shards: norm over the shard group */
+	Node *nsq = g->nodes[isq];
+	nsq->in[0] = sg;
+	Node *arn = comm_node(g, DPK_ALL_REDUCE, nsq->out, 0, NULL, shard, DP_IF_LAST, IR_IN_STEP,
+			      -1);
+	queue(sh, sh->after, isq, arn);
+	if (iclip >= 0)
+		g->nodes[iclip]->out = sg;
+	Node *upd = g->nodes[iupd];
+	upd->out = sp;
+	upd->in[0] = sg;
+	/* zero1/zero2: the updated shards gathered back into the full params */
+	if (!sh->full)
+		for (int k = 0; k < sh->nu; k++) {
+			Unit *u = &sh->u[k];
+			Node *ag = comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard,
+					     DP_IF_LAST, IR_IN_STEP, u->block);
+			unit_bucket(g, ag, u->full_p, u->params, u->nparams);
+			queue(sh, sh->after, iupd, ag);
+		}
+	/* zeroing: the full grads when they accumulate; the shard grads when
+	 * micro-batches are accumulated into them; nothing when each step's
+	 * reduce_scatter overwrites them */
+	Node *fill = g->nodes[ifill];
+	if (sh->full_grads)
+		fill->out = fg;
+	else if (sh->accum)
+		fill->out = sg;
+	else
+		fill->out = -2; /* removed after the splice */
+	(void)fp;
+}
+
+/* INIT and EXPORT programs of the sharded strategies. */
+static void setup_sharded(Sh *sh)
+{
+	Graph *g = sh->g;
+	init_buffers(g);
+	unsigned shard = axis_bit(DP_AXIS_SHARD);
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		if (sh->full && u->padded > u->elems)
+			setup_node(g, DPK_FILL, u->full_p, 0, NULL, IR_IN_INIT)->fa[0] = 0;
+		for (int i = 0; i < u->nparams; i++)
+			setup_node(g, DPK_INIT, u->params[i], 0, NULL, IR_IN_INIT);
+		setup_node(g, DPK_SHARD, u->shard_p, 1, &u->full_p, IR_IN_INIT)->ia[0] = shard;
+	}
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		if (sh->full)
+			comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard, 0, IR_IN_EXPORT,
+				  u->block);
+		for (int i = 0; i < u->nparams; i++)
+			setup_node(g, DPK_SAVE, -1, 1, &u->params[i], IR_IN_EXPORT);
+	}
+}
+
+static int sharded_run(Graph *g, Diag *d, int strat)
+{
+	Sh sh = {.g = g, .strat = strat};
+	sh.S = (int)g->cfg.mesh[DP_AXIS_SHARD];
+	sh.R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
+	sh.full = strat == DP_STRAT_FULL_SHARD || strat == DP_STRAT_HYBRID_SHARD;
+	sh.full_grads = !sh.full || g->accum_unsharded;
+	/* Sharded gradients are reduce_scattered every micro-batch into a
+	 * temporary and accumulated into the shard one unit later (see
+	 * reduce_and_update), also when grad_accum is 1: the accumulate is the
+	 * point where the step waits for that reduce_scatter, which frees the
+	 * unit's unsharded gradients while the next unit computes. */
+	sh.accum = !sh.full_grads;
+	if (strat == DP_STRAT_FULL_SHARD && sh.R > 1) {
+		error_at(d, (Loc){g->file, 0, 0},
+			 "strategy full_shard shards over dp_shard only; with dp_replicate=%d use "
+			 "hybrid_shard", sh.R);
+		return -1;
+	}
+	place_replicated(g);
+	int fp = -1, fg = -1;
+	for (int i = 0; i < g->nvalues; i++) {
+		if (g->values[i]->kind != DP_T_FLAT)
+			continue;
+		if (strcmp(g->values[i]->name, "flat.params") == 0)
+			fp = i;
+		else if (strcmp(g->values[i]->name, "flat.grads") == 0)
+			fg = i;
+	}
+	if (fp < 0 || fg < 0)
+		die("collectives: flat.params / flat.grads missing (optimizer pass not run?)");
+	sh.nold = g->nnodes;
+	sh.before = ir_alloc(g, (size_t)(sh.nold ? sh.nold : 1) * sizeof(NodeList));
+	sh.after = ir_alloc(g, (size_t)(sh.nold ? sh.nold : 1) * sizeof(NodeList));
+	find_writers(&sh);
+	make_units(&sh);
+	int nv0 = g->nvalues;
+	layout(&sh, fp, fg);
+	(void)nv0;
+	int sp = g->values[sh.u[0].shard_p]->view_of, sg = g->values[sh.u[0].shard_g]->view_of;
+	if (sh.full)
+		gathers(&sh);
+	reduce_and_update(&sh, fp, fg, sp, sg);
+	splice(g, sh.before, sh.after, sh.nold);
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->op == DPK_FILL && g->nodes[i]->out == -2) {
+			ir_remove_node(g, g->nodes[i]);
+			break;
+		}
+	setup_sharded(&sh);
+	return 0;
+}
+
+static int zero1_run(Graph *g, Diag *d)
+{
+	return sharded_run(g, d, DP_STRAT_ZERO1);
+}
+
+static int zero2_run(Graph *g, Diag *d)
+{
+	return sharded_run(g, d, DP_STRAT_ZERO2);
+}
+
+static int full_shard_run(Graph *g, Diag *d)
+{
+	return sharded_run(g, d, DP_STRAT_FULL_SHARD);
+}
+
+static int hybrid_shard_run(Graph *g, Diag *d)
+{
+	return sharded_run(g, d, DP_STRAT_HYBRID_SHARD);
 }
 
 static const Strategy strategies[] = {
 	{"ddp", ddp_run},
-	{"zero1", NULL},
-	{"zero2", NULL},
-	{"full_shard", NULL},
-	{"hybrid_shard", NULL},
+	{"zero1", zero1_run},
+	{"zero2", zero2_run},
+	{"full_shard", full_shard_run},
+	{"hybrid_shard", hybrid_shard_run},
 	{"tp", NULL},
 };
 

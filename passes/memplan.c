@@ -11,8 +11,10 @@
  *   offset + view_offset * element size (params, grads, buckets).
  * - Temporaries (DP_T_ACT roots) share the rest by lifetime: a value lives
  *   from its first use to its last use, in each program separately (STEP
- *   order with the DP_IF_LAST parts included; EVAL order). Two temporaries
- *   may share bytes only when their lifetimes are disjoint in both programs.
+ *   order with the DP_IF_LAST parts included; EVAL; INIT; EXPORT). A use
+ *   through a view counts for its root (full_shard's parameters are views
+ *   of gathered temporaries). Two temporaries may share bytes only when
+ *   their lifetimes are disjoint in every program.
  *   Placement: by size, largest first (ties: value id), at the lowest
  *   256-aligned offset that overlaps no already placed temporary whose
  *   lifetime intersects (best fit by offset, deterministic).
@@ -194,6 +196,47 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 	free(wait);
 }
 
+/* Every temporary root and its lifetime in each program (see the top
+ * comment); temp_of maps a value id to its Temp or NULL. Caller frees both. */
+static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
+{
+	int nv = g->nvalues;
+	Temp *temps = calloc((size_t)(nv ? nv : 1), sizeof(Temp));
+	Temp **temp_of = calloc((size_t)(nv ? nv : 1), sizeof(Temp *));
+	Node **prog = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(Node *));
+	int *lo = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
+	int *hi = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
+	if (!temps || !temp_of || !prog || !lo || !hi)
+		die("out of memory");
+	int nt = 0;
+	for (int i = 0; i < nv; i++) {
+		const Value *v = g->values[i];
+		if (v->view_of < 0 && persistent_rank(v) < 0) {
+			temps[nt] = (Temp){.value = i, .bytes = align_up(value_bytes(v))};
+			for (int p = 0; p < DP_NPROG; p++)
+				temps[nt].span[p] = (Span){1, 0};
+			nt++;
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		temp_of[temps[t].value] = &temps[t];
+	for (int p = 0; p < DP_NPROG; p++) {
+		int np = 0;
+		for (int i = 0; i < g->nnodes; i++)
+			if (g->nodes[i]->progs & IR_PROG_BIT(p))
+				prog[np++] = g->nodes[i];
+		collective_windows(g, prog, np, lo, hi);
+		for (int i = 0; i < np; i++)
+			use_node(g, prog[i], p, lo[i], hi[i], temp_of);
+	}
+	free(prog);
+	free(lo);
+	free(hi);
+	*ntemps = nt;
+	*temp_of_out = temp_of;
+	return temps;
+}
+
 int mem_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -211,34 +254,9 @@ int mem_run(Graph *g, Diag *d)
 		}
 	g->persistent_bytes = off;
 
-	/* Temporaries and their lifetimes per program. */
-	Temp *temps = calloc((size_t)(nv ? nv : 1), sizeof(Temp));
-	Temp **temp_of = calloc((size_t)(nv ? nv : 1), sizeof(Temp *));
-	Node **prog = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(Node *));
-	int *lo = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
-	int *hi = malloc((size_t)(g->nnodes ? g->nnodes : 1) * sizeof(int));
-	if (!temps || !temp_of || !prog || !lo || !hi)
-		die("out of memory");
-	int nt = 0;
-	for (int i = 0; i < nv; i++) {
-		Value *v = g->values[i];
-		if (v->view_of < 0 && persistent_rank(v) < 0) {
-			temps[nt] = (Temp){i, align_up(value_bytes(v)), {{1, 0}, {1, 0}}};
-			nt++;
-		}
-	}
-	for (int t = 0; t < nt; t++)
-		temp_of[temps[t].value] = &temps[t];
-	static const unsigned prog_bit[DP_NPROG] = {IR_IN_STEP, IR_IN_EVAL};
-	for (int p = 0; p < DP_NPROG; p++) {
-		int np = 0;
-		for (int i = 0; i < g->nnodes; i++)
-			if (g->nodes[i]->progs & prog_bit[p])
-				prog[np++] = g->nodes[i];
-		collective_windows(g, prog, np, lo, hi);
-		for (int i = 0; i < np; i++)
-			use_node(g, prog[i], p, lo[i], hi[i], temp_of);
-	}
+	int nt;
+	Temp **temp_of;
+	Temp *temps = temp_spans(g, &nt, &temp_of);
 
 	/* Place the used temporaries, largest first. */
 	qsort(temps, (size_t)nt, sizeof(Temp), cmp_size_desc);
@@ -249,8 +267,11 @@ int mem_run(Graph *g, Diag *d)
 	for (int t = 0; t < nt; t++) {
 		Temp *a = &temps[t];
 		Value *v = g->values[a->value];
-		if (a->span[0].first > a->span[0].last && a->span[1].first > a->span[1].last)
-			continue; /* unused */
+		int used = 0;
+		for (int p = 0; p < DP_NPROG; p++)
+			used |= a->span[p].first <= a->span[p].last;
+		if (!used)
+			continue;
 		int nb = 0;
 		for (int u = 0; u < t; u++) {
 			const Value *w = g->values[temps[u].value];
@@ -273,9 +294,6 @@ int mem_run(Graph *g, Diag *d)
 	free(busy);
 	free(temps);
 	free(temp_of);
-	free(prog);
-	free(lo);
-	free(hi);
 
 	/* Views: root offset + element offset. */
 	for (int i = 0; i < nv; i++) {
@@ -294,4 +312,56 @@ int mem_run(Graph *g, Diag *d)
 	g->peak_bytes = off + top;
 	g->cfg.arena_bytes = (uint64_t)g->peak_bytes;
 	return 0;
+}
+
+/* What a temporary root holds: parameters gathered by an all_gather,
+ * unsharded gradients (a reduce_scatter's input), or activations. */
+static int temp_class(const Graph *g, int v)
+{
+	int cls = MEM_ACTIVATIONS;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->op == DPK_ALL_GATHER && n->out >= 0 && ir_root(g, g->values[n->out])->id == v)
+			return MEM_GATHERED;
+		if (n->op == DPK_REDUCE_SCATTER && n->nin > 0 && n->in[0] >= 0 &&
+		    ir_root(g, g->values[n->in[0]])->id == v)
+			cls = MEM_UNSHARDED_GRADS;
+	}
+	return cls;
+}
+
+int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS])
+{
+	int nt;
+	Temp **temp_of;
+	Temp *temps = temp_spans(g, &nt, &temp_of);
+	int np = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		np += (g->nodes[i]->progs & IR_IN_STEP) != 0;
+	int *cls = malloc((size_t)(nt ? nt : 1) * sizeof(int));
+	if (!cls)
+		die("out of memory");
+	for (int t = 0; t < nt; t++)
+		cls[t] = temp_class(g, temps[t].value);
+	int64_t best = -1;
+	for (int c = 0; c < MEM_NCLASS; c++)
+		split[c] = 0;
+	for (int pos = 0; pos < np; pos++) {
+		int64_t now[MEM_NCLASS] = {0}, sum = 0;
+		for (int t = 0; t < nt; t++) {
+			const Span *sp = &temps[t].span[DP_PROG_STEP];
+			if (sp->first <= pos && pos <= sp->last) {
+				now[cls[t]] += temps[t].bytes;
+				sum += temps[t].bytes;
+			}
+		}
+		if (sum > best) {
+			best = sum;
+			memcpy(split, now, sizeof now);
+		}
+	}
+	free(cls);
+	free(temps);
+	free(temp_of);
+	return best < 0 ? 0 : best;
 }

@@ -43,6 +43,12 @@ int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: flat buffers, fused bu
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 
+/* passes/memplan.c: the temporaries live at the step program's peak, by
+ * what they hold; returns their total (<= the arena's temporaries region,
+ * which also holds fragmentation). */
+enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
+int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS]);
+
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
 void stats_print(FILE *out, const Graph *g);
 

@@ -7,11 +7,18 @@
  *
  * After:
  * - Compute nodes keep their relative order (it is already topological and
- *   is the forward/backward order the user reads). Collectives keep their
- *   relative order (the comm stream is serial, and every rank must issue
- *   the same collectives in the same order) and each is moved as early as
- *   its dependencies allow: right after the last earlier STEP compute node
- *   that conflicts with it, and not before the previous collective.
+ *   is the forward/backward order the user reads). Each collective is moved
+ *   as early as its dependencies allow: right after the last earlier compute
+ *   node that conflicts with it (in a program both run in), and not before
+ *   an earlier collective it conflicts with. Non-conflicting collectives may
+ *   pass each other; the order is fixed here, so every rank issues the same
+ *   collectives in the same order on the serial comm stream.
+ * - Gathering all_gathers (full_shard: they fill a temporary with a block's
+ *   parameters) are not hoisted to the top: each is issued `prefetch` block
+ *   segments before its consumer, within its consumer's phase, and fewer
+ *   when the gathered bytes in flight would pass gather_limit_mb. Its start
+ *   event is recorded there, which also bounds its buffer's lifetime for the
+ *   memory planner (and orders it on a GPU).
  * - Cross-stream edges are explicit (events numbered from 0, g->nevents):
  *     EVENT_RECORD e  compute, right after the last compute node C depends on
  *     EVENT_WAIT   e  comm, right before C
@@ -23,9 +30,9 @@
  *                     collective is still running when the step ends)
  *   Events carry C's flags (DP_IF_LAST) and progs, phase PH_COMM, out=-1,
  *   nin=0. A collective that depends on no compute node gets no e pair.
- * - Only the STEP program has collectives; nodes that are only in the EVAL
- *   program never constrain a collective, and the EVAL program's order (the
- *   forward order) is unchanged.
+ * - Collectives run in the STEP program, in STEP and EVAL (full_shard's
+ *   forward all_gathers) and in EXPORT; a compute node constrains a
+ *   collective only when they share a program.
  *
  * Dependencies come from memory overlap (ir_overlaps), not SSA edges:
  * gradients and buckets are views of one flat buffer. A node touches its
@@ -90,11 +97,78 @@ static Node *event(Graph *g, IrOp op, int stream, int64_t id, const Node *c)
  * the compute sequence (-1: before the first compute node). */
 typedef struct {
 	Node *node;
-	int dep;   /* last compute node it depends on, or -1 */
-	int after; /* placed after this compute node (>= dep, >= previous) */
+	int start; /* compute node its start event follows (dependency or prefetch floor), or -1 */
+	int after; /* placed after this compute node (>= start) */
 	int wait;  /* compute node its completion wait precedes; ncomp: the end */
 	int64_t ev_start, ev_done;
 } Coll;
+
+/* Do a and b run in a common program? */
+static int share(const Node *a, const Node *b)
+{
+	return (a->progs & b->progs) != 0;
+}
+
+/* Is c a gathering all_gather: one that fills a temporary (full_shard's
+ * gathered parameters)? Those are issued just in time, `prefetch` blocks
+ * ahead, so gathered memory stays bounded; the others go as early as legal. */
+static int gathering(const Graph *g, const Node *c)
+{
+	return c->op == DPK_ALL_GATHER && c->out >= 0 &&
+	       ir_root(g, g->values[c->out])->kind == DP_T_ACT;
+}
+
+static int64_t out_bytes(const Graph *g, const Node *c)
+{
+	const Value *v = g->values[c->out];
+	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+}
+
+/*
+ * The earliest compute position (issue after comp[floor]) of gathering
+ * all_gather c, whose consumer is comp[q], the first compute node after it
+ * in its programs. Walking back from the consumer over compute nodes of the
+ * consumer's phase and programs, the gather may pass g->prefetch block
+ * segments (a segment: consecutive nodes of one block), and only while the
+ * bytes gathered for the blocks it passes plus its own stay within
+ * gather_limit_mb (0: no limit). prefetch 0 issues it right before its
+ * consumer; the comm stream still runs it while earlier compute finishes.
+ */
+static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll *coll, int ncoll)
+{
+	if (q <= 0)
+		return -1;
+	Phase ph = comp[q]->phase;
+	int64_t limit = (int64_t)((double)g->gather_limit_mb * 1024.0 * 1024.0);
+	int64_t bytes = out_bytes(g, c);
+	int passed = 0, seg_block = comp[q]->block;
+	int j = q - 1;
+	for (; j >= 0; j--) {
+		const Node *n = comp[j];
+		if (!share(n, c))
+			continue;
+		if (n->phase != ph)
+			break;
+		if (n->block != seg_block) {
+			/* entering the segment of block n->block */
+			if (passed == g->prefetch)
+				break;
+			int64_t add = 0;
+			for (int k = 0; k < ncoll; k++)
+				if (coll[k].node != c && gathering(g, coll[k].node) &&
+				    coll[k].node->block == n->block && coll[k].node->phase == c->phase &&
+				    share(coll[k].node, c))
+					add += out_bytes(g, coll[k].node);
+			if (limit > 0 && bytes + add > limit)
+				break;
+			bytes += add;
+			passed++;
+			seg_block = n->block;
+		}
+	}
+	/* j is the last node not passed: issue right after it */
+	return j;
+}
 
 int sched_run(Graph *g, Diag *d)
 {
@@ -102,43 +176,78 @@ int sched_run(Graph *g, Diag *d)
 	int n0 = g->nnodes;
 	Node **comp = ir_alloc(g, (size_t)(n0 ? n0 : 1) * sizeof(Node *));
 	Coll *coll = ir_alloc(g, (size_t)(n0 ? n0 : 1) * sizeof(Coll));
+	int *at = ir_alloc(g, (size_t)(n0 ? n0 : 1) * sizeof(int)); /* ncomp when seen */
 	int ncomp = 0, ncoll = 0;
 	for (int i = 0; i < n0; i++) {
 		Node *n = g->nodes[i];
 		if (is_event(n))
 			die("schedule: the graph is already scheduled (event node %d)", n->id);
 		if (is_collective(n)) {
-			if (!(n->progs & IR_IN_STEP) || (n->progs & IR_IN_EVAL))
-				die("schedule: collective %d outside the step program", n->id);
-			/* Compute nodes seen so far are exactly comp[0..ncomp-1]. */
-			int dep = -1;
-			for (int j = ncomp - 1; j >= 0; j--)
-				if ((comp[j]->progs & IR_IN_STEP) && conflicts(g, comp[j], n)) {
-					dep = j;
-					break;
-				}
-			int prev = ncoll ? coll[ncoll - 1].after : -1;
-			coll[ncoll++] = (Coll){n, dep, dep > prev ? dep : prev, ncomp, -1, -1};
+			if (n->stream != DP_STREAM_COMM)
+				die("schedule: collective %d is not on the comm stream", n->id);
+			at[ncoll] = ncomp;
+			coll[ncoll++] = (Coll){n, -1, -1, ncomp, -1, -1};
 		} else {
 			comp[ncomp++] = n;
 		}
 	}
+	/* Start: after the last earlier compute node (in a common program) it
+	 * conflicts with, and for gathering all_gathers not before the prefetch
+	 * floor. Place: not before an earlier collective it conflicts with (the
+	 * comm stream keeps their order); otherwise collectives may pass each
+	 * other (a prefetched all_gather overtakes a reduce_scatter), and the
+	 * order is the same on every rank because it is fixed here. */
+	for (int c = 0; c < ncoll; c++) {
+		Node *n = coll[c].node;
+		int dep = -1;
+		for (int j = at[c] - 1; j >= 0; j--)
+			if (share(comp[j], n) && conflicts(g, comp[j], n)) {
+				dep = j;
+				break;
+			}
+		if (gathering(g, n)) {
+			int q = at[c];
+			while (q < ncomp && !share(comp[q], n))
+				q++;
+			if (q < ncomp) {
+				int f = gather_floor(g, comp, q, n, coll, ncoll);
+				if (f > dep)
+					dep = f;
+			}
+		}
+		int after = dep;
+		if (after < 0) {
+			/* nothing to wait for: right before the first compute node of
+			 * its programs (the same point as the top, in those programs,
+			 * and where a reader looks for it) */
+			int q = 0;
+			while (q < ncomp && !share(comp[q], n))
+				q++;
+			after = q - 1;
+		}
+		for (int k = 0; k < c; k++)
+			if (share(coll[k].node, n) && conflicts(g, coll[k].node, n) && coll[k].after > after)
+				after = coll[k].after;
+		coll[c].start = dep;
+		coll[c].after = after;
+	}
 	/* Completion waits: the first compute node after the collective's place
-	 * that touches its memory. */
+	 * that touches its memory in a common program. */
 	for (int c = 0; c < ncoll; c++) {
 		Coll *k = &coll[c];
 		k->wait = ncomp;
 		for (int j = k->after + 1; j < ncomp; j++)
-			if ((comp[j]->progs & IR_IN_STEP) && touches_node(g, comp[j], k->node)) {
+			if (share(comp[j], k->node) && touches_node(g, comp[j], k->node)) {
 				k->wait = j;
 				break;
 			}
-		if (k->dep >= 0)
+		if (k->start >= 0)
 			k->ev_start = g->nevents++;
 		k->ev_done = g->nevents++;
 	}
 	/* Emit. Event nodes are appended by ir_node; the final order is built in
-	 * a separate array and copied back over g->nodes. */
+	 * a separate array and copied back over g->nodes. Collectives placed
+	 * after the same compute node go in program order. */
 	int cap = n0 + 4 * ncoll;
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
 	int k = 0;
@@ -155,7 +264,7 @@ int sched_run(Graph *g, Diag *d)
 			order[k++] = comp[j];
 		/* after compute node j: start records, then the collectives */
 		for (int c = 0; c < ncoll; c++)
-			if (coll[c].dep == j && coll[c].ev_start >= 0)
+			if (coll[c].start == j && coll[c].ev_start >= 0)
 				order[k++] = event(g, DPK_EVENT_RECORD, DP_STREAM_COMPUTE,
 						   coll[c].ev_start, coll[c].node);
 		for (int c = 0; c < ncoll; c++) {

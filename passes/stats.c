@@ -11,7 +11,12 @@
  *
  * FLOPs: the op registry's cost rule over the STEP program, with the same
  * multiplicities. Memory: the arena split by what the persistent ranges hold,
- * and the temporaries' peak; the rows add up to the arena size.
+ * and the temporaries' region; the rows without indent add up to the arena
+ * size. Under the region: the temporaries live at the step program's peak
+ * (passes/memplan.c's lifetimes), split into activations, gathered
+ * parameters (full_shard's all_gather buffers) and unsharded gradients
+ * (reduce_scatter inputs); the region exceeds the live peak by whatever
+ * fragmentation the placement left.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -221,8 +226,14 @@ static void print_memory(FILE *out, const Graph *g)
 	for (int c = 0; c < M_NCAT; c++)
 		fprintf(out, "%-36s %30s\n", names[c], bytes_cell(c1, sizeof c1, bytes[c]));
 	double act = (double)(g->peak_bytes - g->persistent_bytes);
-	fprintf(out, "%-36s %30s\n", "activations (temporaries, peak)",
-		bytes_cell(c1, sizeof c1, act));
+	fprintf(out, "%-36s %30s\n", "temporaries (arena region)", bytes_cell(c1, sizeof c1, act));
+	int64_t split[MEM_NCLASS];
+	int64_t live = mem_live_peak(g, split);
+	static const char *const cls[MEM_NCLASS] = {"  activations", "  gathered parameters",
+						     "  unsharded gradients"};
+	fprintf(out, "%-36s %30s\n", "  live at the step's peak", bytes_cell(c1, sizeof c1, (double)live));
+	for (int c = 0; c < MEM_NCLASS; c++)
+		fprintf(out, "%-36s %30s\n", cls[c], bytes_cell(c1, sizeof c1, (double)split[c]));
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
 }

@@ -74,6 +74,12 @@ struct Comm {
 
 /* Number of ranks in this rank's group for an axis mask (1 for mask 0). */
 int comm_group_size(const Comm *c, unsigned axes);
+/* This rank's index in its group for an axis mask, in [0, comm_group_size):
+ * the row-major index of its coordinates on the masked axes (outermost axis
+ * first), which is the order of the group's communicator (MPI_Comm_split with
+ * key = world rank) and so the block order of all_gather and reduce_scatter.
+ * 0 for mask 0. */
+int comm_group_rank(const Comm *c, unsigned axes);
 /* Coordinates of `rank` in mesh (row-major, last axis fastest). */
 void comm_coords(const uint32_t mesh[DP_MAX_AXES], int rank, int coord[DP_MAX_AXES]);
 

@@ -48,6 +48,17 @@ int comm_group_size(const Comm *c, unsigned axes)
 	return n;
 }
 
+/* Members of a group differ only in the masked coordinates; sorted by world
+ * rank (MPI_Comm_split's key) they are in row-major order of those. */
+int comm_group_rank(const Comm *c, unsigned axes)
+{
+	int k = 0;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (axes & DP_AXIS_BIT(a))
+			k = k * (int)c->mesh[a] + c->coord[a];
+	return k;
+}
+
 static int mpi_check(int rc, const char *what, RtErr *e)
 {
 	if (rc == MPI_SUCCESS)

@@ -46,6 +46,9 @@ int cpu_is_compute(unsigned op)
 	case DPK_ALL_GATHER:
 	case DPK_EVENT_RECORD:
 	case DPK_EVENT_WAIT:
+	case DPK_INIT:
+	case DPK_SAVE:
+	case DPK_SHARD:
 		return 0;
 	default:
 		return op < DPK_COUNT;

@@ -3,7 +3,8 @@
  * host memory (OpenBLAS sgemm for MATMUL/LINEAR, plain C elsewhere).
  *
  * The executor owns memory and streams; this backend only computes. LOAD,
- * collectives and events are the executor's (cpu_run refuses them).
+ * collectives, events, INIT, SAVE and SHARD are the executor's (cpu_run
+ * refuses them).
  */
 #ifndef DP_CPU_H
 #define DP_CPU_H
@@ -17,7 +18,7 @@ typedef struct {
 	int64_t t;          /* optimizer step number, counted from 1 (bias correction, momentum) */
 } CpuCtx;
 
-/* Is op a kernel this backend runs (not LOAD, a collective or an event)? */
+/* Is op a kernel this backend runs (not one of the executor's, above)? */
 int cpu_is_compute(unsigned op);
 /* Check the operands of a compute instruction against the tensor table
  * (presence, dtype, element counts, no aliasing where a kernel forbids it),

@@ -1,6 +1,7 @@
 /*
- * dpexec.c - the executor's main: options, MPI bootstrap, parameter init,
- * the training loop, evaluation, checkpoints and logging.
+ * dpexec.c - the executor's main: options, MPI bootstrap, parameter init
+ * (the step file's init program), the training loop, evaluation, full
+ * checkpoints (the export program) and logging.
  *
  *   mpirun -np N dpexec step.bin     (or plain `dpexec step.bin`: one rank)
  *
@@ -222,107 +223,145 @@ static double schedule_lr(const DpStep *s, uint64_t k)
 	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
 }
 
-/* ---- parameters ---- */
+/* ---- parameters: the init and export programs ---- */
 
-static int replicated(const DpStep *s, const DpTensor *t)
-{
-	for (int a = 0; a < DP_MAX_AXES; a++)
-		if (s->cfg.mesh[a] > 1 && t->place[a] != DP_PL_REPLICATE)
-			return 0;
-	return 1;
-}
-
-static void init_params(Run *r)
-{
-	const DpStep *s = &r->step;
-	for (uint32_t i = 0; i < s->ntensors; i++) {
-		const DpTensor *t = &s->tensors[i];
-		if (t->kind != DP_T_PARAM || !r->x.ptr[i] || t->dtype != DP_F32)
-			continue;
-		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
-			  t->init_base, exec_numel(t), r->x.ptr[i]);
-	}
-}
-
-static int init_from(Run *r)
-{
-	const DpStep *s = &r->step;
-	RtErr *e = &r->e;
+/* Where INIT takes values from: the --init-from checkpoint when given. */
+typedef struct {
+	const DpStep *s;
+	const char *path; /* --init-from, NULL: every tensor from its init spec */
 	StTensor *st;
 	int n;
-	RT_CHECK(st_read(r->o.init_from, &st, &n, e));
-	int rc = 0;
-	for (uint32_t i = 0; i < s->ntensors && rc == 0; i++) {
-		const DpTensor *t = &s->tensors[i];
-		if (t->kind != DP_T_PARAM || !r->x.ptr[i])
-			continue;
-		const char *name = dpstep_str(s, t->name);
+} InitSource;
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *dims)
+{
+	buf[0] = '\0';
+	for (int d = 0; d < ndim && d < DP_MAX_DIMS; d++)
+		snprintf(buf + strlen(buf), len - strlen(buf), "%s%lld", d ? "," : "",
+			 (long long)dims[d]);
+}
+
+/* INIT hook. A parameter must be in the checkpoint (by name, same shape); a
+ * buffer is taken from it when there (--save-full checkpoints hold only
+ * parameters) and else from its init spec. Checkpoint tensors the model does
+ * not have are ignored. */
+static int init_tensor(void *ctx, int id, float *dst, RtErr *e)
+{
+	InitSource *src = ctx;
+	const DpStep *s = src->s;
+	const DpTensor *t = &s->tensors[id];
+	const char *name = dpstep_str(s, t->name);
+	if (src->path) {
 		int k = 0;
-		while (k < n && strcmp(st[k].name, name))
+		while (k < src->n && strcmp(src->st[k].name, name))
 			k++;
-		if (k == n) {
-			rc = RT_FAIL(e, "--init-from %s: no tensor named '%s'", r->o.init_from, name);
-			break;
+		if (k == src->n && t->kind == DP_T_PARAM)
+			return RT_FAIL(e, "--init-from %s: no tensor named '%s'", src->path, name);
+		if (k < src->n) {
+			const StTensor *c = &src->st[k];
+			int same = c->ndim == t->ndim;
+			for (int d = 0; same && d < t->ndim; d++)
+				same = c->dims[d] == t->dims[d];
+			if (!same) {
+				char want[96], got[96];
+				shape_str(want, sizeof want, t->ndim, t->dims);
+				shape_str(got, sizeof got, c->ndim, c->dims);
+				return RT_FAIL(e, "--init-from %s: tensor '%s' has shape [%s], the model "
+					       "wants [%s]", src->path, name, got, want);
+			}
+			memcpy(dst, c->data, (size_t)exec_numel(t) * sizeof(float));
+			return 0;
 		}
-		if (!replicated(s, t)) {
-			rc = RT_FAIL(e, "--init-from: parameter '%s' is sharded; loading sharded "
-				     "parameters is not supported yet", name);
-			break;
-		}
-		int same = st[k].ndim == t->ndim;
-		for (int d = 0; same && d < t->ndim; d++)
-			same = st[k].dims[d] == t->dims[d];
-		if (!same) {
-			char want[96] = "", got[96] = "";
-			for (int d = 0; d < t->ndim; d++)
-				snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld",
-					 d ? "," : "", (long long)t->dims[d]);
-			for (int d = 0; d < st[k].ndim && d < DP_MAX_DIMS; d++)
-				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld",
-					 d ? "," : "", (long long)st[k].dims[d]);
-			rc = RT_FAIL(e, "--init-from %s: tensor '%s' has shape [%s], the model wants [%s]",
-				     r->o.init_from, name, got, want);
-			break;
-		}
-		memcpy(r->x.ptr[i], st[k].data, (size_t)exec_numel(t) * sizeof(float));
 	}
-	st_free(st, n);
+	init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, name, t->init_base, exec_numel(t),
+		  dst);
+	return 0;
+}
+
+/* Run the init program once: every parameter and buffer gets its initial
+ * value, then (sharded strategies) the persistent shards are cut from them. */
+static int run_init(Run *r)
+{
+	InitSource src = {.s = &r->step, .path = r->o.init_from};
+	if (src.path)
+		RT_CHECK(st_read(src.path, &src.st, &src.n, &r->e));
+	r->x.init_tensor = init_tensor;
+	r->x.hook_ctx = &src;
+	int rc = exec_run(&r->x, DP_PROG_INIT, 1, &r->e);
+	r->x.init_tensor = NULL;
+	r->x.hook_ctx = NULL;
+	if (src.path)
+		st_free(src.st, src.n);
 	return rc;
 }
 
+/* What SAVE hands over, by tensor id (rank 0 keeps copies; others discard). */
+typedef struct {
+	const DpStep *s;
+	int keep;
+	float **data; /* [ntensors], malloc'd copies; NULL: not saved */
+} Saved;
+
+static int save_tensor(void *ctx, int id, const float *src, RtErr *e)
+{
+	Saved *sv = ctx;
+	if (!sv->keep)
+		return 0;
+	size_t bytes = (size_t)exec_numel(&sv->s->tensors[id]) * sizeof(float);
+	float *copy = realloc(sv->data[id], bytes ? bytes : 1); /* saved twice: the last wins */
+	if (!copy)
+		return RT_FAIL(e, "--save-full: out of memory copying '%s'",
+			       dpstep_str(sv->s, sv->s->tensors[id].name));
+	memcpy(copy, src, bytes);
+	sv->data[id] = copy;
+	return 0;
+}
+
+/* --save-full: every rank runs the export program (under sharded strategies
+ * it gathers the parameters, a collective); then rank 0 writes the SAVE'd
+ * tensors, in tensor-table order, atomically. */
 static int save_full(Run *r)
 {
 	const DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	int n = 0;
-	for (uint32_t i = 0; i < s->ntensors; i++)
-		if (s->tensors[i].kind == DP_T_PARAM && r->x.ptr[i]) {
-			if (!replicated(s, &s->tensors[i]))
-				return RT_FAIL(e, "--save-full: parameter '%s' is sharded; gathering "
-					       "sharded parameters is not supported yet",
-					       dpstep_str(s, s->tensors[i].name));
-			n++;
-		}
-	if (r->rank != 0)
-		return 0;
-	StTensor *st = calloc(n ? (size_t)n : 1, sizeof *st);
-	if (!st)
+	Saved sv = {.s = s, .keep = r->rank == 0};
+	sv.data = calloc(s->ntensors ? s->ntensors : 1, sizeof *sv.data);
+	if (!sv.data)
 		return RT_FAIL(e, "out of memory");
-	int k = 0;
-	for (uint32_t i = 0; i < s->ntensors; i++) {
-		const DpTensor *t = &s->tensors[i];
-		if (t->kind != DP_T_PARAM || !r->x.ptr[i])
-			continue;
-		st[k].name = (char *)dpstep_str(s, t->name);
-		st[k].ndim = t->ndim;
-		memcpy(st[k].dims, t->dims, sizeof st[k].dims);
-		st[k].data = r->x.ptr[i];
-		k++;
+	r->x.save_tensor = save_tensor;
+	r->x.hook_ctx = &sv;
+	int rc = exec_run(&r->x, DP_PROG_EXPORT, 1, e);
+	r->x.save_tensor = NULL;
+	r->x.hook_ctx = NULL;
+	StTensor *st = NULL;
+	int n = 0;
+	if (rc == 0 && sv.keep) {
+		for (uint32_t i = 0; i < s->ntensors; i++)
+			n += sv.data[i] != NULL;
+		st = calloc(n ? (size_t)n : 1, sizeof *st);
+		if (!st)
+			rc = RT_FAIL(e, "out of memory");
 	}
-	int rc = st_write(r->o.save_full, st, n, e);
+	if (rc == 0 && sv.keep) {
+		int k = 0;
+		for (uint32_t i = 0; i < s->ntensors; i++) {
+			const DpTensor *t = &s->tensors[i];
+			if (!sv.data[i])
+				continue;
+			st[k].name = (char *)dpstep_str(s, t->name);
+			st[k].ndim = t->ndim;
+			memcpy(st[k].dims, t->dims, sizeof st[k].dims);
+			st[k].data = sv.data[i];
+			k++;
+		}
+		rc = st_write(r->o.save_full, st, n, e);
+		if (rc == 0 && !r->o.quiet)
+			printf("saved %d parameters to %s\n", n, r->o.save_full);
+	}
 	free(st);
-	if (rc == 0 && !r->o.quiet)
-		printf("saved %d parameters to %s\n", n, r->o.save_full);
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		free(sv.data[i]);
+	free(sv.data);
 	return rc;
 }
 
@@ -375,11 +414,18 @@ static int setup(Run *r)
 	RT_CHECK(exec_init(&r->x, s, r->comm, e));
 	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
-	if (r->rank == 0 && !r->o.quiet)
+	if (r->rank == 0 && !r->o.quiet) {
+		const uint32_t *m = s->cfg.mesh;
+		printf("mesh: dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE], m[DP_AXIS_SHARD]);
+		if (m[DP_AXIS_CP] > 1)
+			printf(" cp=%u", m[DP_AXIS_CP]);
+		if (m[DP_AXIS_TP] > 1)
+			printf(" tp=%u", m[DP_AXIS_TP]);
+		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
+		       exec_strategy_name(s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
-	init_params(r);
-	if (r->o.init_from)
-		RT_CHECK(init_from(r));
+	}
+	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
 	for (uint32_t i = 0; i < s->nsources; i++) {
 		has_train |= s->sources[i].split == DP_SPLIT_TRAIN;

@@ -22,7 +22,17 @@ struct InFlight {
 	uint32_t instr;          /* its index in the program, for messages */
 };
 
-static const char *const prog_names[DP_NPROG] = {"step", "eval"};
+static const char *const prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
+
+/* DpStrategy names, as the DSL spells them (the compiler's ir_strategy_names
+ * lives in ir.c, which dpexec does not link). */
+static const char *const strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
+						      "hybrid_shard"};
+
+const char *exec_strategy_name(uint32_t strategy)
+{
+	return strategy < DP_NSTRAT ? strategy_names[strategy] : "?";
+}
 
 int64_t exec_numel(const DpTensor *t)
 {
@@ -69,7 +79,8 @@ static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
 			return RT_FAIL(e, "step file: %s program instruction %u (load) reads a source of "
 				       "the other split", prog_names[p], i);
 		const DpTensor *t = &s->tensors[in->out];
-		if (batch < 1 || exec_numel(t) != batch * src->sample_elems || t->dtype == DP_BF16)
+		int64_t nt = exec_numel(t); /* divide: sample_elems is unbounded in the file */
+		if (batch < 1 || nt % batch || nt / batch != src->sample_elems || t->dtype == DP_BF16)
 			return RT_FAIL(e, "step file: data tensor '%s' does not hold %lld samples of %lld "
 				       "elements", tname(s, in->out), (long long)batch,
 				       (long long)src->sample_elems);
@@ -86,8 +97,9 @@ static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
 				return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 "
 					       "input", prog_names[p], i, op);
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
-			if ((in->op == DPK_REDUCE_SCATTER && ni != no * g) ||
-			    (in->op == DPK_ALL_GATHER && no != ni * g))
+			/* whole = shard * g, by division: no product can overflow */
+			if ((in->op == DPK_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
+			    (in->op == DPK_ALL_GATHER && (no % g || no / g != ni)))
 				return RT_FAIL(e, "step file: %s program instruction %u (%s %s -> %s): sizes "
 					       "%lld -> %lld do not match a group of %d", prog_names[p], i,
 					       op, tname(s, in->in[0]), tname(s, in->out), (long long)ni,
@@ -95,7 +107,18 @@ static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
 		}
 		return 0;
 	}
-	return 0; /* events: ids checked by the decoder */
+	if (in->op == DPK_SHARD) {
+		/* the decoder checked presence, f32 and the mask */
+		int g = comm_group_size(x->comm, (unsigned)in->ia[0]);
+		int64_t ni = exec_numel(&s->tensors[in->in[0]]), no = exec_numel(&s->tensors[in->out]);
+		if (ni % g || ni / g != no)
+			return RT_FAIL(e, "step file: %s program instruction %u (shard %s -> %s): sizes "
+				       "%lld -> %lld do not match a group of %d", prog_names[p], i,
+				       tname(s, in->in[0]), tname(s, in->out), (long long)ni,
+				       (long long)no, g);
+		return 0;
+	}
+	return 0; /* events: ids checked by the decoder; INIT and SAVE: by the decoder */
 }
 
 int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e)
@@ -285,6 +308,40 @@ static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
+/* INIT, SAVE and SHARD: the kernels that move data across the executor's
+ * boundary (hooks) or depend on this rank's place in the mesh. */
+static int run_own(Exec *x, const DpInstr *in, RtErr *e)
+{
+	const DpStep *s = x->s;
+	switch (in->op) {
+	case DPK_INIT: {
+		const DpTensor *t = &s->tensors[in->out];
+		float *dst = x->ptr[in->out];
+		if (x->init_tensor)
+			return x->init_tensor(x->hook_ctx, in->out, dst, e);
+		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
+			  t->init_base, exec_numel(t), dst);
+		return 0;
+	}
+	case DPK_SAVE:
+		if (!x->save_tensor)
+			return RT_FAIL(e, "save of '%s': no checkpoint writer is set", tname(s, in->in[0]));
+		return x->save_tensor(x->hook_ctx, in->in[0], x->ptr[in->in[0]], e);
+	default: { /* SHARD */
+		int64_t n = exec_numel(&s->tensors[in->out]);
+		int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
+		const float *src = (const float *)x->ptr[in->in[0]] + (int64_t)k * n;
+		memmove(x->ptr[in->out], src, (size_t)n * sizeof(float));
+		return 0;
+	}
+	}
+}
+
+static int is_own(unsigned op)
+{
+	return op == DPK_INIT || op == DPK_SAVE || op == DPK_SHARD;
+}
+
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 {
 	const DpStep *s = x->s;
@@ -335,6 +392,8 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 			}
 			if (in->op == DPK_LOAD)
 				RT_CHECK(load(x, p, in, e));
+			else if (is_own(in->op))
+				RT_CHECK(run_own(x, in, e));
 			else
 				RT_CHECK(cpu_run(s, in, x->ptr, &x->cpu, e));
 			break;

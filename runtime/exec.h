@@ -26,6 +26,21 @@
 
 typedef struct InFlight InFlight;
 
+/*
+ * Hooks for the kernels whose data crosses the executor's boundary. Each gets
+ * the caller's ctx, the tensor id (name, shape, init spec: x->s->tensors[id])
+ * and the tensor's memory in the arena (exec_numel(&tensors[id]) f32
+ * elements); 0, or -1 with e filled, which ends the program run.
+ *  init_tensor: INIT writes dst with the initial value of parameter/buffer
+ *               `tensor`. NULL: its init spec (init_fill with cfg.seed,
+ *               the tensor's name and init_base).
+ *  save_tensor: SAVE hands over src, the whole value of parameter `tensor`;
+ *               src is only valid during the call (copy what you keep).
+ *               NULL: SAVE is an error.
+ */
+typedef int (*ExecInitHook)(void *ctx, int tensor, float *dst, RtErr *e);
+typedef int (*ExecSaveHook)(void *ctx, int tensor, const float *src, RtErr *e);
+
 typedef struct {
 	const DpStep *s;
 	Comm *comm;
@@ -42,6 +57,9 @@ typedef struct {
 	int64_t eval_batch;   /* eval batch index (eval program) */
 	CpuCtx cpu;           /* lr, t = step + 1, optimizer */
 	int no_progress;      /* skip polling between instructions (dpexec --no-progress) */
+	ExecInitHook init_tensor; /* INIT (init program); see above */
+	ExecSaveHook save_tensor; /* SAVE (export program) */
+	void *hook_ctx;           /* passed to both hooks */
 
 	/* per-run stream state */
 	int64_t *event_ticket; /* comm ticket recorded by the event, -1: recorded on compute */
@@ -55,13 +73,17 @@ uint32_t exec_comm_masks(const DpStep *s);
 /* Check every instruction against the tensor table and the mesh, allocate
  * and zero the arena, point every tensor into it. */
 int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e);
-/* Run program p; instructions flagged DP_IF_LAST only when last != 0. */
+/* Run program p (any DpProgram); instructions flagged DP_IF_LAST only when
+ * last != 0 (only the step program has them: pass 1 for the others). SHARD
+ * copies block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
 /* Zero every DP_T_METRIC tensor. */
 void exec_zero_metrics(Exec *x);
 /* f32 view of a tensor, NULL for -1 or a tensor without storage. */
 float *exec_f32(const Exec *x, int tensor);
 int64_t exec_numel(const DpTensor *t);
+/* The DSL name of a DpStrategy ("ddp", "full_shard", ...). */
+const char *exec_strategy_name(uint32_t strategy);
 void exec_free(Exec *x);
 
 /* --check-grads (runtime/gradcheck.c): finite differences against the

@@ -24,6 +24,11 @@
  *    wrong sign, a missing factor, a transposed operand) is far outside it.
  * The loss scale is 1/global_batch (the program's own), which is fine: both
  * sides carry it.
+ *
+ * Sharded step files are refused: their step program re-gathers parameters
+ * from shards (and the init program cut them with SHARD), so an in-place
+ * perturbation would not reach the forward. The mathematics is the same as
+ * ddp's; check that.
  */
 #include <float.h>
 #include <math.h>
@@ -67,9 +72,28 @@ static int find_grad(const DpStep *s, const char *pname)
 	return -1;
 }
 
+/* Does the step program rebuild parameters from shards? Then perturbing a
+ * parameter in place would be overwritten by the next gather. */
+static int shards_params(const DpStep *s)
+{
+	for (uint32_t i = 0; i < s->nprog[DP_PROG_INIT]; i++)
+		if (s->prog[DP_PROG_INIT][i].op == DPK_SHARD)
+			return 1;
+	for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++) {
+		unsigned op = s->prog[DP_PROG_STEP][i].op;
+		if (op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER)
+			return 1;
+	}
+	return 0;
+}
+
 int gradcheck_run(Exec *x, RtErr *e)
 {
 	const DpStep *s = x->s;
+	if (shards_params(s))
+		return RT_FAIL(e, "--check-grads needs a ddp step file: strategy %s shards parameters "
+			       "(gradients are the same mathematics; compile with strategy ddp)",
+			       exec_strategy_name(s->cfg.strategy));
 	if (x->comm->world != 1)
 		return RT_FAIL(e, "--check-grads runs on one rank (this run has %d)", x->comm->world);
 	if (s->metrics.loss < 0)

@@ -15,6 +15,20 @@ cd "$(dirname "$0")/.." || exit 1
 # name | model | dpc flags | passes
 cases=(
 	"mlp-ws2|models/mlp.dp|--world-size 2|collectives bucket"
+	# issue 5: one file per strategy after the schedule pass (collectives,
+	# their events, prefetch order) for mlp.dp and the 8-block mlp8.dp at
+	# 4 ranks; "@STRATEGY" compiles a copy with that strategy, "@hsdp2x2"
+	# hybrid_shard on an explicit dp_replicate=2 x dp_shard=2 mesh
+	"mlp-ddp-ws4|models/mlp.dp|--world-size 4|schedule"
+	"mlp-zero1-ws4|models/mlp.dp@zero1|--world-size 4|schedule"
+	"mlp-zero2-ws4|models/mlp.dp@zero2|--world-size 4|schedule"
+	"mlp-full_shard-ws4|models/mlp.dp@full_shard|--world-size 4|schedule"
+	"mlp-hybrid_shard-2x2|models/mlp.dp@hsdp2x2|--world-size 4|schedule"
+	"mlp8-ddp-ws4|models/mlp8.dp|--world-size 4|schedule"
+	"mlp8-zero1-ws4|models/mlp8.dp@zero1|--world-size 4|schedule"
+	"mlp8-zero2-ws4|models/mlp8.dp@zero2|--world-size 4|schedule"
+	"mlp8-full_shard-ws4|models/mlp8.dp@full_shard|--world-size 4|schedule"
+	"mlp8-hybrid_shard-2x2|models/mlp8.dp@hsdp2x2|--world-size 4|schedule"
 )
 
 if [ ! -x "$DPC" ]; then
@@ -26,11 +40,26 @@ tmp=$(tmpdir)
 trap 'rm -rf "$tmp"' EXIT
 for c in "${cases[@]}"; do
 	IFS='|' read -r name model flags passes <<<"$c"
+	# a strategy variant is a copy in $tmp, compiled from there under a
+	# stable name (the dump's first line shows the path)
+	dir=.
+	case $model in
+	*@*)
+		v=${model#*@}; model=${model%@*}
+		copy=$(basename "$model" .dp)-$v.dp
+		if [ "$v" = hsdp2x2 ]; then
+			sed -e 's/^  strategy ddp/  strategy hybrid_shard/' \
+				-e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' "$model" >"$tmp/$copy"
+		else
+			sed -e "s/^  strategy ddp/  strategy $v/" "$model" >"$tmp/$copy"
+		fi
+		dir=$tmp; model=$copy ;;
+	esac
 	for pass in $passes; do
 		want=tests/golden/$name.$pass.ir
 		got=$tmp/$name.$pass.ir
 		# shellcheck disable=SC2086 # flags are words
-		if ! "$DPC" "$model" $flags --dump-after="$pass" >"$got" 2>"$tmp/err"; then
+		if ! (cd "$dir" && "$DPC" "$model" $flags --dump-after="$pass") >"$got" 2>"$tmp/err"; then
 			fail "$name after $pass: dpc failed: $(head -n 3 "$tmp/err")"
 			continue
 		fi

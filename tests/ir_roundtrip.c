@@ -13,10 +13,13 @@
  * directory: every pass's dump must read, verify and round-trip.)
  *
  * What it checks:
- *  - two graphs built by hand, the front end's form and the fully scheduled
- *    and planned form (views, buckets, events, offsets), are valid
- *    (ir_verify), print, read back with every field equal, and print again
- *    byte for byte the same;
+ *  - three graphs built by hand, the front end's form, the fully scheduled
+ *    and planned form (views, buckets, events, offsets) and a sharded form
+ *    (init/export programs: init, shard, all_gather, reduce_scatter, save,
+ *    a buffer, the strategy settings), are valid (ir_verify), print, read
+ *    back with every field equal, and print again byte for byte the same;
+ *  - the program words of node lines (none, step, eval, both, init, export,
+ *    progs=N) read and print back;
  *  - every tests/ir/ *.ir file reads, verifies, and round-trips; a file whose
  *    first line is the printer's header must already be in printed form;
  *  - broken graphs make ir_verify report the violation;
@@ -140,7 +143,11 @@ static int graph_diff(const Graph *a, const Graph *b)
 	DIFF(memcmp(&a->cfg, &b->cfg, sizeof a->cfg), "cfg");
 	DIFF(memcmp(&a->opt, &b->opt, sizeof a->opt), "opt");
 	DIFF(memcmp(&a->sched, &b->sched, sizeof a->sched), "sched");
-	DIFF(strcmp(a->strategy, b->strategy) || a->bucket_mb != b->bucket_mb, "strategy");
+	DIFF(strcmp(a->strategy, b->strategy) || a->bucket_mb != b->bucket_mb ||
+		     a->reshard_after_forward != b->reshard_after_forward ||
+		     a->prefetch != b->prefetch || a->gather_limit_mb != b->gather_limit_mb ||
+		     a->accum_unsharded != b->accum_unsharded,
+	     "strategy");
 	DIFF(a->peak_bytes != b->peak_bytes || a->persistent_bytes != b->persistent_bytes, "memory");
 	DIFF(a->nevents != b->nevents, "nevents");
 	const int ra[] = {a->loss, a->logits, a->labels, a->metrics.loss, a->metrics.grad_norm,
@@ -266,7 +273,11 @@ static Node *node(Graph *g, IrOp op, Value *out, Phase ph, int block, Value *i0,
 
 static void settings(Graph *g)
 {
-	g->cfg = (DpConfig){{1, 2, 1, 1}, 32, 2, 32, 4000, 1000, 100, 1234, 0};
+	g->cfg = (DpConfig){.mesh = {1, 2, 1, 1}, .micro_batch = 32, .grad_accum = 2,
+			    .eval_batch = 32, .steps = 4000, .eval_every = 1000, .log_every = 100,
+			    .seed = 1234, .strategy = DP_STRAT_DDP};
+	g->reshard_after_forward = 1;
+	g->prefetch = 1;
 	g->opt = (DpOptim){DP_OPT_ADAMW, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 1.0f};
 	g->sched = (DpSched){DP_SCHED_COSINE, 100, 4000, 0};
 	g->bucket_mb = 0.25f;
@@ -492,6 +503,129 @@ static Graph *build_planned(void)
 	return g;
 }
 
+/* A sharded form (hybrid_shard on 2x2) with the init and export programs:
+ * the params are views of a gathered temporary, the persistent state is the
+ * dp_shard block; a buffer sits beside them, never communicated. */
+static Graph *build_sharded(void)
+{
+	Graph *g = ir_new("sharded.dp");
+	settings(g);
+	g->cfg.mesh[DP_AXIS_REPLICATE] = 2;
+	g->cfg.micro_batch = 8;
+	g->cfg.eval_batch = 8;
+	g->cfg.strategy = DP_STRAT_HYBRID_SHARD;
+	snprintf(g->strategy, sizeof g->strategy, "hybrid_shard");
+	g->reshard_after_forward = 0;
+	g->prefetch = 2;
+	g->gather_limit_mb = 64.5f;
+	g->accum_unsharded = 1;
+	int b0 = ir_add_block(g, "b0", noloc);
+	Value *x = val(g, "x", DP_F32, 2, 8, 16, DP_T_DATA);
+	Value *gather = val(g, "b0.gather", DP_F32, 1, 68, 0, DP_T_ACT);
+	Value *w = val(g, "b0.w", DP_F32, 2, 16, 4, DP_T_PARAM);
+	Value *b = val(g, "b0.b", DP_F32, 1, 4, 0, DP_T_PARAM);
+	Value *mask = val(g, "b0.mask", DP_F32, 2, 8, 4, DP_T_BUFFER);
+	w->init = DP_INIT_NORMAL, w->init_b = 0.1f, w->block = b0;
+	b->init = DP_INIT_ZEROS, b->block = b0;
+	mask->init = DP_INIT_ONES, mask->block = b0;
+	w->view_of = b->view_of = gather->id;
+	w->view_offset = 0, b->view_offset = 64;
+	Value *shard = val(g, "flat.params", DP_F32, 1, 34, 0, DP_T_FLAT);
+	Value *grads = val(g, "flat.grads", DP_F32, 1, 68, 0, DP_T_FLAT);
+	Value *gshard = val(g, "flat.grads.shard", DP_F32, 1, 34, 0, DP_T_FLAT);
+
+	/* init program: every param and buffer, then this rank's block */
+	node(g, DPK_INIT, w, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	node(g, DPK_INIT, b, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	node(g, DPK_INIT, mask, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	Node *n = node(g, DPK_SHARD, shard, PH_SETUP, -1, gather, 0, 0);
+	n->progs = IR_IN_INIT, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	/* step and eval: gather, compute with the buffer */
+	n = node(g, DPK_ALL_GATHER, gather, PH_COMM, b0, shard, 0, 0);
+	n->progs = IR_IN_STEP | IR_IN_EVAL, n->stream = DP_STREAM_COMM;
+	n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	Value *h = val(g, "h", DP_F32, 2, 8, 4, DP_T_ACT);
+	node(g, DPK_LINEAR, h, PH_FWD, b0, x, w, b);
+	Value *hm = val(g, "hm", DP_F32, 2, 8, 4, DP_T_ACT);
+	node(g, DPK_MUL, hm, PH_FWD, b0, h, mask, 0);
+	/* gradients: reduce_scatter over dp_shard, all_reduce over dp_replicate */
+	n = node(g, DPK_REDUCE_SCATTER, gshard, PH_COMM, b0, grads, 0, 0);
+	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	n = node(g, DPK_ALL_REDUCE, gshard, PH_COMM, b0, 0, 0, 0);
+	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
+	n->ia[0] = DP_AXIS_BIT(DP_AXIS_REPLICATE);
+	/* export program: gather again, save the params */
+	n = node(g, DPK_ALL_GATHER, gather, PH_SETUP, b0, shard, 0, 0);
+	n->progs = IR_IN_EXPORT, n->stream = DP_STREAM_COMM, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	node(g, DPK_SAVE, NULL, PH_SETUP, b0, w, 0, 0)->progs = IR_IN_EXPORT;
+	node(g, DPK_SAVE, NULL, PH_SETUP, b0, b, 0, 0)->progs = IR_IN_EXPORT;
+	/* a node in step and export (no word for that mask: progs=9) */
+	node(g, DPK_FILL, grads, PH_OPT, -1, 0, 0, 0)->progs = IR_IN_STEP | IR_IN_EXPORT;
+	return g;
+}
+
+/* The program words read as their masks and print back. */
+static void test_prog_words(void)
+{
+	static const struct { const char *word; unsigned progs; } words[] = {
+		{"none", 0}, {"step", IR_IN_STEP}, {"eval", IR_IN_EVAL},
+		{"both", IR_IN_STEP | IR_IN_EVAL}, {"init", IR_IN_INIT}, {"export", IR_IN_EXPORT},
+		{"progs=12", IR_IN_INIT | IR_IN_EXPORT}, {"progs=2", IR_IN_EVAL},
+	};
+	for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+		/* opt's default program is step, setup's is init */
+		for (int setup = 0; setup < 2; setup++) {
+			char text[160];
+			snprintf(text, sizeof text, "%%f : f32[4] flat\n%%f = fill %s %s\n",
+				 setup ? "setup" : "opt", words[i].word);
+			char *errs = NULL;
+			Graph *g = read_str(text, "words.ir", NULL, &errs);
+			CHECK(g && g->nnodes == 1 && g->nodes[0]->progs == words[i].progs,
+			      "program word '%s' after %s: %s", words[i].word, setup ? "setup" : "opt",
+			      errs ? errs : "wrong mask");
+			if (g) {
+				char *s1 = print_str(g);
+				/* the phase, then the word unless it is the phase's default */
+				const char *ph = setup ? "setup" : "opt";
+				const char *word = words[i].progs == IR_IN_EVAL ? "eval" : words[i].word;
+				int dflt = words[i].progs == (setup ? IR_IN_INIT : IR_IN_STEP);
+				char want[64];
+				snprintf(want, sizeof want, "fill  %s%s%s\n", ph, dflt ? "" : " ",
+					 dflt ? "" : word);
+				CHECK(strstr(s1, want) != NULL, "program word '%s' after %s prints as:\n%s",
+				      words[i].word, ph, s1);
+				roundtrip(g, words[i].word);
+				free(s1);
+			}
+			ir_free(g);
+			free(errs);
+		}
+	}
+	/* setup nodes default to init: an export node says so, an init one not */
+	Graph *sh = build_sharded();
+	char *s = print_str(sh);
+	CHECK(strstr(s, "setup b0 init") == NULL && strstr(s, "setup b0\n"),
+	      "init nodes should not print a program word:\n%s", s);
+	CHECK(strstr(s, "save %b0.w") && strstr(strstr(s, "save %b0.w"), "setup b0 export"),
+	      "save node does not say export:\n%s", s);
+	CHECK(strstr(s, "strategy hybrid_shard bucket_mb=0.25 reshard_after_forward=0 prefetch=2 "
+			"gather_limit_mb=64.5 accum_unsharded=1\n"),
+	      "strategy line:\n%s", s);
+	CHECK(strstr(s, "progs=9"), "a step+export node prints progs=9");
+	Graph *g2 = read_str(s, "sharded.ir", NULL, NULL);
+	CHECK(g2 && g2->cfg.strategy == DP_STRAT_HYBRID_SHARD,
+	      "the reader sets cfg.strategy from the strategy name");
+	ir_free(g2);
+	/* a hand-written strategy line without the keys gets the DSL defaults */
+	g2 = read_str("strategy full_shard\n", "s.ir", NULL, NULL);
+	CHECK(g2 && g2->cfg.strategy == DP_STRAT_FULL_SHARD && g2->reshard_after_forward == 1 &&
+		      g2->prefetch == 1 && g2->gather_limit_mb == 0 && g2->accum_unsharded == 0,
+	      "strategy defaults");
+	ir_free(g2);
+	free(s);
+	ir_free(sh);
+}
+
 /* ---- verifier: each broken graph must be reported ---- */
 
 typedef void (*Breaker)(Graph *g);
@@ -531,9 +665,77 @@ static void br_cycle(Graph *g)
 }
 static void br_def(Graph *g) { ir_find_value(g, "h1")->def = 999; }
 
+/* on the sharded form */
+static void br_init_prog(Graph *g) { find_node(g, DPK_INIT, 0)->progs = IR_IN_STEP; }
+static void br_init_out(Graph *g) { find_node(g, DPK_INIT, 0)->out = ir_find_value(g, "x")->id; }
+static void br_save_prog(Graph *g) { find_node(g, DPK_SAVE, 0)->progs = IR_IN_INIT; }
+static void br_save_in(Graph *g) { find_node(g, DPK_SAVE, 0)->in[0] = ir_find_value(g, "h")->id; }
+static void br_shard_prog(Graph *g) { find_node(g, DPK_SHARD, 0)->progs = IR_IN_EXPORT; }
+static void br_shard_group(Graph *g) { find_node(g, DPK_SHARD, 0)->ia[0] = 3; }
+static void br_rs_size(Graph *g) { ir_find_value(g, "flat.grads.shard")->dims[0] = 30; }
+static void br_ag_size(Graph *g) { find_node(g, DPK_ALL_GATHER, 0)->ia[0] = DP_AXIS_BIT(DP_AXIS_CP); }
+static void br_ag_init(Graph *g) { find_node(g, DPK_ALL_GATHER, 1)->progs |= IR_IN_INIT; }
+static void br_mask(Graph *g) { find_node(g, DPK_ALL_GATHER, 0)->ia[0] = 1 << 9; }
+static void br_buffer(Graph *g) { find_node(g, DPK_ALL_REDUCE, 0)->out = ir_find_value(g, "b0.mask")->id; }
+static void br_buffer_view(Graph *g)
+{
+	/* a buffer inside the gradient buffer: the reduce_scatter reads it */
+	Value *m = ir_find_value(g, "b0.mask");
+	m->view_of = ir_find_value(g, "flat.grads")->id;
+	m->view_offset = 8;
+}
+
+typedef struct {
+	const char *name;
+	Breaker fn;
+	const char *expect;
+} BreakCase;
+
+/* Each case breaks a fresh read of text; ir_verify must report it. */
+static void break_each(const char *text, const BreakCase *cases, size_t ncases)
+{
+	for (size_t i = 0; i < ncases; i++) {
+		Graph *g = read_str(text, "broken.ir", NULL, NULL);
+		if (!g) {
+			CHECK(0, "verifier %s: text does not read", cases[i].name);
+			continue;
+		}
+		cases[i].fn(g);
+		char *msgs = NULL;
+		int k = verify_str(g, &msgs);
+		CHECK(k > 0 && strstr(msgs, cases[i].expect), "verifier %s: expected '%s', got %d:\n%s",
+		      cases[i].name, cases[i].expect, k, msgs);
+		/* a broken graph still prints (dumps show what went wrong) */
+		char *s = print_str(g);
+		CHECK(s && *s, "verifier %s: broken graph does not print", cases[i].name);
+		free(s);
+		free(msgs);
+		ir_free(g);
+	}
+}
+
+static void test_verifier_sharded(const char *text)
+{
+	static const BreakCase cases[] = {
+		{"init program", br_init_prog, "init outside the init program"},
+		{"init output", br_init_out, "init writes %x, which is not a param or a buffer"},
+		{"save program", br_save_prog, "save outside the export program"},
+		{"save input", br_save_in, "saves %h, which is not a param or a buffer"},
+		{"shard program", br_shard_prog, "shard outside the init and step programs"},
+		{"shard group", br_shard_group, "%b0.gather has 68 elements, not 34 (%flat.params) x 4 ranks"},
+		{"reduce_scatter size", br_rs_size, "%flat.grads has 68 elements, not 30"},
+		{"all_gather size", br_ag_size, "not 34 (%flat.params) x 1 ranks"},
+		{"collective in init", br_ag_init, "collective in the init program"},
+		{"axis mask", br_mask, "bad axis mask 512"},
+		{"buffer", br_buffer, "touches buffer %b0.mask"},
+		{"buffer view", br_buffer_view, "collective on %flat.grads touches buffer %b0.mask"},
+	};
+	break_each(text, cases, sizeof cases / sizeof cases[0]);
+}
+
 static void test_verifier(const char *planned_text)
 {
-	struct { const char *name; Breaker fn; const char *expect; } cases[] = {
+	static const BreakCase cases[] = {
 		{"input", br_input, "input 0 out of range"},
 		{"arity", br_arity, "inputs, relu takes 1"},
 		{"stream", br_stream, "comm stream"},
@@ -551,24 +753,7 @@ static void test_verifier(const char *planned_text)
 		{"cycle", br_cycle, "cycle"},
 		{"def", br_def, "def names node 999"},
 	};
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		Graph *g = read_str(planned_text, "planned.ir", NULL, NULL);
-		if (!g) {
-			CHECK(0, "verifier %s: planned text does not read", cases[i].name);
-			continue;
-		}
-		cases[i].fn(g);
-		char *msgs = NULL;
-		int k = verify_str(g, &msgs);
-		CHECK(k > 0 && strstr(msgs, cases[i].expect), "verifier %s: expected '%s', got %d:\n%s",
-		      cases[i].name, cases[i].expect, k, msgs);
-		/* a broken graph still prints (dumps show what went wrong) */
-		char *s = print_str(g);
-		CHECK(s && *s, "verifier %s: broken graph does not print", cases[i].name);
-		free(s);
-		free(msgs);
-		ir_free(g);
-	}
+	break_each(planned_text, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* ---- malformed texts ---- */
@@ -604,6 +789,10 @@ static void test_malformed(void)
 		{"%x : f32[2] data place(tp: shard9)\n", "out of range"},
 		{"events 99999999999\n", "out of range"},
 		{"; dp IR (unterminated\nblock a\nblock a\n", "declared twice"},
+		{"strategy zero9\n", "expected a strategy"},
+		{"strategy ddp prefetch=x\n", "expected an integer"},
+		{"strategy ddp reshard_after_forward=2\n", "out of range"},
+		{"strategy ddp nope=1\n", "unknown strategy key 'nope'"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		int nerr = 0;
@@ -749,9 +938,13 @@ static void test_files(const char *dir)
 			CHECK(k == 0, "%s does not verify:\n%s", path, msgs);
 			free(msgs);
 			char *s1 = print_str(g);
-			if (strncmp(text, "; dp IR", 7) == 0)
-				CHECK(strcmp(text, s1) == 0, "%s is not in printed form (line %d differs)",
+			/* past the header line: a dump's says "after PASS", ir_print's not */
+			if (strncmp(text, "; dp IR", 7) == 0) {
+				const char *t = strchr(text, '\n'), *p = strchr(s1, '\n');
+				t = t ? t : "", p = p ? p : "";
+				CHECK(strcmp(t, p) == 0, "%s is not in printed form (line %d differs)",
 				      path, diff_line(text, s1));
+			}
 			roundtrip(g, path);
 			test_fuzz(s1, 300);
 			free(s1);
@@ -776,9 +969,11 @@ int main(int argc, char **argv)
 
 	Graph *fe = build_frontend();
 	Graph *planned = build_planned();
+	Graph *sharded = build_sharded();
 	if (dump) {
 		ir_print(stdout, fe);
 		ir_print(stdout, planned);
+		ir_print(stdout, sharded);
 	}
 	char *msgs = NULL;
 	int k = verify_str(fe, &msgs);
@@ -787,8 +982,17 @@ int main(int argc, char **argv)
 	k = verify_str(planned, &msgs);
 	CHECK(k == 0, "planned graph does not verify:\n%s", msgs);
 	free(msgs);
+	k = verify_str(sharded, &msgs);
+	CHECK(k == 0, "sharded graph does not verify:\n%s", msgs);
+	free(msgs);
 	roundtrip(fe, "frontend");
 	roundtrip(planned, "planned");
+	roundtrip(sharded, "sharded");
+	test_prog_words();
+	char *shtext = print_str(sharded);
+	test_verifier_sharded(shtext);
+	test_fuzz(shtext, 1000);
+	free(shtext);
 
 	char *text = print_str(planned);
 	test_header(planned);
@@ -802,6 +1006,7 @@ int main(int argc, char **argv)
 	test_files(dir);
 	ir_free(fe);
 	ir_free(planned);
+	ir_free(sharded);
 
 	printf("ir_roundtrip: %d passed, %d failed\n", npass, nfail);
 	return nfail ? 1 : 0;

@@ -14,7 +14,9 @@ suites=(
 	"runtime_errors" "bash tests/runtime_errors.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
+	"sharding"      "bash tests/sharding.sh"
 	"torch_ref"     "bash tests/torch_ref.sh"
+	"cuda"          "bash tests/cuda.sh"
 )
 tp=0; tf=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do

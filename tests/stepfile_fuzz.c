@@ -13,7 +13,11 @@
  *    (so they reach the record parser and the semantic validators), either
  *    refuses with a message or returns a step whose invariants hold (every
  *    stored tensor inside the arena, every id in range) - never a crash;
- *  - names a newer version, a non-step file, and survives lying counts;
+ *  - names a newer and an older version, a non-step file, and survives lying
+ *    counts;
+ *  - enforces which kernels each program may hold (INIT in init, SHARD in
+ *    init/step, SAVE in export, LOAD in step/eval, no collective in init) and the
+ *    operands of INIT/SAVE/SHARD, and the strategy's range;
  * and that dpstep_write_file is atomic (no temp file left behind on failure
  * or success). Run it under ASan/UBSan with `make test SAN=1`.
  * Prints "stepfile_fuzz: N passed, M failed"; exit status 1 on any failure.
@@ -55,6 +59,7 @@ static DpStep *builtin_step(void)
 	static DpTensor t[7];
 	static DpInstr prog[8];
 	static DpInstr eprog[2];
+	static DpInstr iprog[1], xprog[1];
 	static DpSource src[2];
 	static DpStep s;
 	const uint32_t nm[7] = {0, 2, 4, 6, 13, 18, 25};
@@ -98,6 +103,10 @@ static DpStep *builtin_step(void)
 	eprog[0] = prog[2];
 	eprog[1] = base;
 	eprog[1].op = DPK_NOP;
+	iprog[0] = base;
+	iprog[0].op = DPK_INIT, iprog[0].out = 2;
+	xprog[0] = base;
+	xprog[0].op = DPK_SAVE, xprog[0].in[0] = 2;
 	s.cfg = (DpConfig){.mesh = {1, 1, 1, 1}, .micro_batch = 4, .grad_accum = 1, .eval_batch = 4,
 			   .steps = 10, .log_every = 1, .seed = 7, .arena_bytes = off};
 	s.opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -114,6 +123,10 @@ static DpStep *builtin_step(void)
 	s.nprog[0] = 8;
 	s.prog[1] = eprog;
 	s.nprog[1] = 2;
+	s.prog[DP_PROG_INIT] = iprog;
+	s.nprog[DP_PROG_INIT] = 1;
+	s.prog[DP_PROG_EXPORT] = xprog;
+	s.nprog[DP_PROG_EXPORT] = 1;
 	s.nevents = 1;
 	return &s;
 }
@@ -182,7 +195,32 @@ static int invariants(const DpStep *s)
 			if ((in->op == DPK_EVENT_RECORD || in->op == DPK_EVENT_WAIT) &&
 			    (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents))
 				return 0;
+			/* kernels only in the programs that can run them */
+			int coll = in->op == DPK_ALL_REDUCE || in->op == DPK_REDUCE_SCATTER ||
+				   in->op == DPK_ALL_GATHER;
+			if ((coll && p == DP_PROG_INIT) ||
+			    (in->op == DPK_LOAD && p != DP_PROG_STEP && p != DP_PROG_EVAL) ||
+			    (in->op == DPK_INIT && p != DP_PROG_INIT) ||
+			    (in->op == DPK_SHARD && p != DP_PROG_INIT && p != DP_PROG_STEP) ||
+			    (in->op == DPK_SAVE && p != DP_PROG_EXPORT))
+				return 0;
+			if (in->op == DPK_INIT &&
+			    (in->out < 0 || s->tensors[in->out].dtype != DP_F32 ||
+			     (s->tensors[in->out].kind != DP_T_PARAM &&
+			      s->tensors[in->out].kind != DP_T_BUFFER)))
+				return 0;
+			if (in->op == DPK_SAVE &&
+			    (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32 ||
+			     s->tensors[in->in[0]].kind != DP_T_PARAM))
+				return 0;
+			if (in->op == DPK_SHARD &&
+			    (in->in[0] < 0 || in->out < 0 || s->tensors[in->in[0]].dtype != DP_F32 ||
+			     s->tensors[in->out].dtype != DP_F32 || in->ia[0] < 0 ||
+			     in->ia[0] >= (1 << DP_MAX_AXES)))
+				return 0;
 		}
+	if (s->cfg.strategy >= DP_NSTRAT)
+		return 0;
 	for (uint32_t i = 0; i < s->nsources; i++)
 		if (s->sources[i].tensor < 0 || s->sources[i].tensor >= (int32_t)s->ntensors ||
 		    s->sources[i].path >= s->nstrings)
@@ -215,6 +253,97 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
 		dpstep_free(&s);
 	}
 	return rc;
+}
+
+/* Append instruction `in` to program p of the built-in step (strategy as
+ * given), encode, decode: accepted when want is NULL, else refused with a
+ * message containing want. */
+static void rule(const char *name, int p, DpInstr in, uint32_t strategy, const char *want)
+{
+	DpStep s = *builtin_step();
+	DpInstr *prog = malloc((s.nprog[p] + 1) * sizeof *prog);
+	if (s.nprog[p])
+		memcpy(prog, s.prog[p], s.nprog[p] * sizeof *prog);
+	prog[s.nprog[p]] = in;
+	s.prog[p] = prog;
+	s.nprog[p]++;
+	s.cfg.strategy = strategy;
+	unsigned char *buf;
+	size_t len;
+	char err[512] = "";
+	DpStep d;
+	int rc = -1;
+	if (dpstep_encode(&s, &buf, &len) == 0) {
+		rc = dpstep_decode(buf, len, &d, err, sizeof err);
+		free(buf);
+	}
+	if (want)
+		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
+		      rc, err);
+	else {
+		check(rc == 0 && d.cfg.strategy == strategy && d.nprog[p] == s.nprog[p],
+		      "%s: accepted (rc %d, '%s')", name, rc, err);
+	}
+	if (rc == 0)
+		dpstep_free(&d);
+	free(prog);
+}
+
+/* Which kernels each program may hold, and the operands of INIT/SAVE/SHARD.
+ * Tensors of the built-in step: 0 x, 1 y (i32), 2 w (param), 3 grad.w,
+ * 4 loss, 5 logits, 6 d.logits. */
+static void test_program_rules(void)
+{
+	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
+	DpInstr init = base, save = base, shard = base, load = base, ar = base, ag = base;
+	init.op = DPK_INIT, init.out = 2;
+	save.op = DPK_SAVE, save.in[0] = 2;
+	shard.op = DPK_SHARD, shard.in[0] = 2, shard.out = 3, shard.ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	load.op = DPK_LOAD, load.out = 0, load.ia[0] = 0;
+	ar.op = DPK_ALL_REDUCE, ar.out = 3, ar.ia[0] = 3, ar.stream = DP_STREAM_COMM;
+	ag.op = DPK_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.ia[0] = 2, ag.stream = DP_STREAM_COMM;
+
+	rule("strategy full_shard", DP_PROG_INIT, init, DP_STRAT_FULL_SHARD, NULL);
+	rule("strategy hybrid_shard", DP_PROG_INIT, init, DP_STRAT_HYBRID_SHARD, NULL);
+	rule("unknown strategy", DP_PROG_INIT, init, DP_NSTRAT, "unknown strategy 5");
+	rule("init in the step program", DP_PROG_STEP, init, 0,
+	     "step program, instruction 8 (init): allowed only in the init program");
+	rule("init in the export program", DP_PROG_EXPORT, init, 0, "allowed only in the init program");
+	DpInstr d = init;
+	d.out = 5;
+	rule("init of an activation", DP_PROG_INIT, d, 0, "output 'logits' is not a parameter or buffer");
+	d.out = 1;
+	rule("init of an i32 tensor", DP_PROG_INIT, d, 0, "output 'y' is not f32");
+	d.out = -1;
+	rule("init without output", DP_PROG_INIT, d, 0, "missing output");
+	rule("save in the init program", DP_PROG_INIT, save, 0, "allowed only in the export program");
+	rule("save in the eval program", DP_PROG_EVAL, save, 0, "allowed only in the export program");
+	d = save;
+	d.in[0] = 3;
+	rule("save of a gradient", DP_PROG_EXPORT, d, 0, "input 'grad.w' is not a parameter");
+	rule("shard in the init program", DP_PROG_INIT, shard, DP_STRAT_FULL_SHARD, NULL);
+	rule("shard in the step program (zero1)", DP_PROG_STEP, shard, DP_STRAT_ZERO1, NULL);
+	rule("shard in the eval program", DP_PROG_EVAL, shard, 0,
+	     "eval program, instruction 2 (shard): allowed only in the init and step programs");
+	rule("shard in the export program", DP_PROG_EXPORT, shard, 0,
+	     "allowed only in the init and step programs");
+	d = shard;
+	d.ia[0] = 1 << DP_MAX_AXES;
+	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 16");
+	d = shard;
+	d.in[0] = 1;
+	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "input 'y' is not f32");
+	d = shard;
+	d.out = -1;
+	rule("shard without output", DP_PROG_INIT, d, 0, "missing output");
+	rule("load in the init program", DP_PROG_INIT, load, 0,
+	     "init program, instruction 1 (load): allowed only in the step and eval programs");
+	rule("load in the export program", DP_PROG_EXPORT, load, 0, "allowed only in the step and eval");
+	rule("all_reduce in the init program", DP_PROG_INIT, ar, 0,
+	     "allowed only in the step, eval and export programs");
+	rule("all_gather in the init program", DP_PROG_INIT, ag, 0, "allowed only in the step, eval");
+	rule("all_gather in the export program", DP_PROG_EXPORT, ag, DP_STRAT_FULL_SHARD, NULL);
+	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
 }
 
 static void test_file_io(const DpStep *s)
@@ -429,7 +558,7 @@ int main(int argc, char **argv)
 	{
 		unsigned char *t = malloc(len);
 		memcpy(t, buf, len);
-		size_t at = DP_STEP_HEADER_BYTES + 56 + 32 + 16 + 16 + 4; /* strings nbytes */
+		size_t at = DP_STEP_HEADER_BYTES + 60 + 32 + 16 + 16 + 4; /* strings nbytes */
 		put32(t + at, 0xfffffff0u);
 		fix_crc(t, len);
 		rc = dec(t, len, err, sizeof err, &inv);
@@ -448,14 +577,20 @@ int main(int argc, char **argv)
 	{
 		unsigned char *t = malloc(len);
 		memcpy(t, buf, len);
+		char want[128];
 		put32(t + 8, DP_STEP_VERSION + 1);
 		rc = dec(t, len, err, sizeof err, &inv);
-		check(rc != 0 && strstr(err, "step file format version 2 is newer than this dpexec "
-					     "supports (1); rebuild dpexec"),
-		      "newer version: '%s'", err);
+		snprintf(want, sizeof want, "step file format version %u is newer than this dpexec "
+			 "supports (%u); rebuild dpexec", DP_STEP_VERSION + 1, DP_STEP_VERSION);
+		check(rc != 0 && strstr(err, want), "newer version: '%s'", err);
 		put32(t + 8, 0);
 		rc = dec(t, len, err, sizeof err, &inv);
 		check(rc != 0 && strstr(err, "not supported"), "older version: '%s'", err);
+		put32(t + 8, DP_STEP_VERSION - 1); /* version 1: before init/export and strategy */
+		rc = dec(t, len, err, sizeof err, &inv);
+		snprintf(want, sizeof want, "step file format version %u is not supported (this "
+			 "dpexec reads %u); recompile with dpc", DP_STEP_VERSION - 1, DP_STEP_VERSION);
+		check(rc != 0 && strstr(err, want), "previous version: '%s'", err);
 		put32(t + 8, DP_STEP_VERSION);
 		t[len - 1] ^= 1;
 		rc = dec(t, len, err, sizeof err, &inv);
@@ -476,6 +611,8 @@ int main(int argc, char **argv)
 	}
 
 	test_file_io(s);
+	if (argc <= 1)
+		test_program_rules();
 	free(buf);
 	if (argc > 1)
 		dpstep_free(&file);

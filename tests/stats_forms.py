@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""tests/stats_forms.py - dpc's --emit=stats tables against closed forms.
+
+  DPC=build/dpc stats_forms.py MODEL.dp...   (run by tests/sharding.sh)
+
+For each model and strategy, at n = 1, 2 and 4 ranks, the collective table
+(bytes and nccl-tests bus bytes per optimizer step and rank, calls, buckets)
+must EQUAL the closed form computed here, and the memory table's parameter,
+gradient and optimizer-state rows must fall as 1/n within a stated bound.
+Prints one "  ok ..." or "  FAIL ..." line per check; exits 1 on any FAIL.
+
+Independence: the parameter counts come from the model TEXT (the `param`
+lines, parsed here by a regex, never from dpc's output), checked against the
+hand-computed totals in KNOWN. Sizes are bytes, f32 = 4 bytes.
+
+The closed forms (S(x) = 4 bytes * x elements, f = (n-1)/n with n the ranks
+of the collective's group, A = grad_accum, U = the sharding units, x' = x
+padded up to a multiple of dp_shard, per unit):
+  bytes column = sum over calls of S (the full buffer), bus = factor * bytes
+  (nccl-tests: all_reduce 2f, all_gather and reduce_scatter f).
+  ddp           all_reduce(dp_replicate,dp_shard) S(P), unpadded: ddp's
+                buckets are plain ranges of the flat gradients.
+  zero1         all_reduce(dp_replicate,dp_shard) S(P')  [the padded units:
+                dp reduces the unit buffers, pad included]
+                + all_gather(dp_shard) S(P')
+  zero2         reduce_scatter(dp_shard) S(P') + all_gather(dp_shard) S(P')
+  full_shard    reshard_after_forward true (default):
+                  A * (all_gather S(P') forward + all_gather S(P' - P'_first)
+                  backward + reduce_scatter S(P'))
+                reshard_after_forward false: A * (all_gather S(P') +
+                  reduce_scatter S(P'))
+                accumulate_grads unsharded: the reduce_scatter once per step.
+  hybrid_shard  full_shard over dp_shard + all_reduce(dp_replicate) of the
+                gradient shards once per step: S(P'/S_shard).
+  every sharded strategy: + all_reduce(dp_shard) of the 4-byte squared norm
+                (clip_grad_norm over the shards); ddp's norm is local.
+P'_first: the first block's backward never reads its weights (the input x
+needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
+again for the backward; check_ir() verifies that in the IR.
+
+Units, chosen so the padding has a closed form:
+  full_shard/hybrid: one unit per block (blocks padded separately);
+  zero1/zero2: bucket_mb 1024 (the whole model is one unit: P' = P padded
+  once) and bucket_mb 1e-6 (every parameter its own unit: each padded). The
+  greedy fill of intermediate bucket sizes is left to the golden IR files.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from fractions import Fraction
+
+DPC = os.environ.get("DPC", "build/dpc")
+KNOWN = {"mlp": 247766, "mlp8": 27593}  # hand-computed: see the model files
+ALIGN = 256  # the arena aligns each buffer to 256 bytes
+
+failures = 0
+checks = 0
+
+
+def ok(cond, what):
+    global failures, checks
+    checks += 1
+    if cond:
+        print(f"  ok   {what}")
+    else:
+        failures += 1
+        print(f"  FAIL {what}")
+    return cond
+
+
+def model_params(text):
+    """[(block, [param numels in order])] from the model text."""
+    blocks = []
+    cur = None
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        m = re.match(r"\s*block\s+(\w+)\s*\{", line)
+        if m:
+            cur = (m.group(1), [])
+            blocks.append(cur)
+        m = re.match(r"\s*param\s+\w+\s*:\s*f32\[([0-9,\s]+)\]", line)
+        if m:
+            n = 1
+            for d in m.group(1).split(","):
+                n *= int(d)
+            cur[1].append(n)
+    return blocks
+
+
+def setting(text, name, default):
+    m = re.search(r"^\s*" + name + r"\s+(\S+)", text, re.M)
+    return m.group(1) if m else default
+
+
+def pad(x, n):
+    return -(-x // n) * n
+
+
+def dpc(src_text, args):
+    with tempfile.NamedTemporaryFile("w", suffix=".dp", delete=False) as f:
+        f.write(src_text)
+        path = f.name
+    try:
+        r = subprocess.run([DPC, path] + args, capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if r.returncode != 0:
+        raise RuntimeError(f"dpc {' '.join(args)} failed: {r.stderr.strip()[:400]}")
+    return r.stdout
+
+
+ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)"
+                 r"\s+(\d+) \([^)]*\)\s+(\d+) \([^)]*\)\s*$")
+MEM = re.compile(r"^(parameters|gradients|optimizer state)\s+(\d+) \(")
+
+
+def parse_stats(out):
+    coll, mem = {}, {}
+    for line in out.splitlines():
+        m = ROW.match(line)
+        if m:
+            key = (m.group(1), m.group(2))
+            assert key not in coll, f"two rows for {key}"
+            coll[key] = tuple(int(m.group(i)) for i in range(3, 8))  # ranks calls buckets bytes bus
+        m = MEM.match(line)
+        if m:
+            mem[m.group(1)] = int(m.group(2))
+    return coll, mem
+
+
+def row(ranks, calls, buckets, elems, factor):
+    """Expected (ranks, calls, buckets, bytes, bus) for `calls` collectives
+    moving `elems` f32 elements in all; factor: 2 all_reduce, 1 otherwise."""
+    size = 4 * elems
+    bus = Fraction(factor * (ranks - 1), ranks) * size
+    assert bus.denominator == 1, "bus bytes not an integer"
+    return (ranks, calls, buckets, size, int(bus))
+
+
+def expected(blocks, strategy, R, S, A, knobs):
+    """The closed-form collective table for one compile (see the docstring)."""
+    params = [p for _, ps in blocks for p in ps]
+    P = sum(params)
+    exp = {}
+    if strategy == "ddp":
+        # bucket_mb 1024: one bucket
+        exp[("all_reduce", "dp_replicate,dp_shard")] = row(R * S, 1, 1, P, 2)
+        return exp
+    norm = row(S, 1, 0, 1, 2)  # the squared norm, one f32
+    if strategy in ("zero1", "zero2"):
+        if knobs.get("bucket") == "tiny":
+            units = params  # every parameter its own unit
+        else:
+            units = [P]  # one unit
+        U = len(units)
+        Pp = sum(pad(u, S) for u in units)
+        if strategy == "zero1":
+            exp[("all_reduce", "dp_replicate,dp_shard")] = row(R * S, U, U, Pp, 2)
+        else:
+            exp[("reduce_scatter", "dp_shard")] = row(S, U, U, Pp, 1)
+        exp[("all_gather", "dp_shard")] = row(S, U, U, Pp, 1)
+        exp[("all_reduce", "dp_shard")] = norm
+        return exp
+    # full_shard / hybrid_shard: one unit per block
+    units = [pad(sum(ps), S) for _, ps in blocks]
+    U = len(units)
+    Pp = sum(units)
+    first = units[0]
+    if knobs.get("reshard", True):
+        ag = row(S, A * (2 * U - 1), 2 * U - 1, A * (Pp + Pp - first), 1)
+    else:
+        ag = row(S, A * U, U, A * Pp, 1)
+    exp[("all_gather", "dp_shard")] = ag
+    rs_times = 1 if knobs.get("unsharded") else A
+    exp[("reduce_scatter", "dp_shard")] = row(S, rs_times * U, U, rs_times * Pp, 1)
+    if strategy == "hybrid_shard":
+        exp[("all_reduce", "dp_replicate")] = row(R, U, U, Pp // S, 2)
+    exp[("all_reduce", "dp_shard")] = norm
+    return exp
+
+
+def edit(text, strategy, mesh=None, extra=(), bucket=None, accum=None):
+    t = re.sub(r"^(\s*)strategy \w+", r"\1strategy " + strategy, text, count=1, flags=re.M)
+    if mesh:
+        t = re.sub(r"^mesh .*$", "mesh " + mesh, t, count=1, flags=re.M)
+    if bucket is not None:
+        t = re.sub(r"^(\s*)bucket_mb \S+", r"\g<1>bucket_mb " + bucket, t, count=1, flags=re.M)
+    if accum is not None:
+        t = re.sub(r"^(\s*)grad_accum \S+", r"\g<1>grad_accum " + str(accum), t, count=1, flags=re.M)
+    if extra:
+        t = re.sub(r"^(\s*)(strategy \w+)", lambda m: m.group(1) + m.group(2) + "".join(
+            "\n" + m.group(1) + e for e in extra), t, count=1, flags=re.M)
+    return t
+
+
+def check_table(name, text, args, strategy, R, S, A, knobs):
+    coll, _ = parse_stats(dpc(text, args + ["--emit=stats"]))
+    exp = expected(BLOCKS, strategy, R, S, A, knobs)
+    good = ok(coll == exp, f"{name}: collective table = closed form")
+    if not good:
+        for k in sorted(set(coll) | set(exp)):
+            print(f"       {k}: dpc {coll.get(k)} want {exp.get(k)}  (ranks calls buckets bytes bus)")
+
+
+def check_ir(model, text, blocks):
+    """full_shard at 4 ranks: every block but the first is all_gathered again
+    for the backward, and no backward node reads the first block's weights."""
+    ir = dpc(edit(text, "full_shard"), ["--world-size", "4", "--dump-after=schedule"])
+    regathered = set(re.findall(r"^bucket r\d+ all_gather \S+ elems=\d+ %(\w+)\.gather\.bwd ", ir, re.M))
+    names = [b for b, _ in blocks]
+    ok(regathered == set(names[1:]),
+       f"{model}: full_shard re-gathers for the backward exactly {names[1:]} (not {names[0]})")
+    first = names[0]
+    pnames = re.findall(r"^\s*param\s+(\w+)", text.split(f"block {first}", 1)[1].split("block ", 1)[0], re.M)
+    weights = {f"%{first}.{p}" for p in pnames} | {f"%{first}.{p}.bwd" for p in pnames}
+    reads = []
+    for line in ir.splitlines():
+        if not line.startswith("%") or " = " not in line:
+            continue
+        toks = [t.strip(",") for t in line.split(" = ", 1)[1].split()]
+        # the first block's weights: its params, their ".bwd" views, its
+        # gathered buffers
+        if "bwd" in toks and any(t in weights or t.startswith(f"%{first}.gather") for t in toks):
+            reads.append(line.split()[0])
+    ok(pnames and not reads,
+       f"{model}: no backward node reads {first}'s weights {sorted(weights)} (found {reads})")
+
+
+def check_memory(model, text):
+    P = sum(p for _, ps in BLOCKS for p in ps)
+    U_blocks = len(BLOCKS)
+    for strategy in ("full_shard", "hybrid_shard", "zero1", "zero2"):
+        mem = {}
+        for n in (1, 2, 4):
+            _, mem[n] = parse_stats(dpc(edit(text, strategy), ["--world-size", str(n), "--emit=stats"]))
+        U = U_blocks if strategy in ("full_shard", "hybrid_shard") else len(
+            [p for _, ps in BLOCKS for p in ps])  # buckets: at most one per parameter
+        # The bound: rank shard of P elements is P/n rounded up per unit
+        # (padding adds < 1 element per unit per rank: < 4U bytes), and each
+        # buffer is aligned to 256 bytes (< 256 per buffer: 1 for params and
+        # grads, 2 for AdamW's m and v).
+        rows = [("optimizer state", 8, 2)]
+        if strategy in ("full_shard", "hybrid_shard"):
+            rows = [("parameters", 4, 1), ("gradients", 4, 1)] + rows
+        for rname, bpe, nbuf in rows:
+            for n in (1, 2, 4):
+                lo = Fraction(bpe * P, n)
+                hi = lo + bpe * U + ALIGN * nbuf
+                got = mem[n].get(rname)
+                ok(got is not None and lo <= got < hi,
+                   f"{model} {strategy} n={n}: {rname} {got} in [{bpe}P/n, +{bpe}U+{ALIGN * nbuf}) = "
+                   f"[{float(lo):.0f}, {float(hi):.0f})")
+        if strategy in ("full_shard", "hybrid_shard"):
+            tot = {n: sum(mem[n][r] for r in ("parameters", "gradients", "optimizer state")) for n in (1, 2, 4)}
+            ok(tot[1] == ALIGN * (-(-4 * P // ALIGN)) * 4,
+               f"{model} {strategy}: params+grads+optimizer at n=1 = 4 aligned copies of 4P ({tot[1]})")
+            ok(tot[2] < tot[1] and tot[4] < tot[2],
+               f"{model} {strategy}: params+grads+optimizer per rank {tot[1]} > {tot[2]} > {tot[4]}")
+
+
+def main():
+    global BLOCKS
+    for path in sys.argv[1:]:
+        model = os.path.basename(path)[:-3]
+        text = open(path).read()
+        BLOCKS = model_params(text)
+        P = sum(p for _, ps in BLOCKS for p in ps)
+        ok(KNOWN.get(model) in (None, P), f"{model}: {P} parameters in {len(BLOCKS)} blocks from the text")
+        A = int(setting(text, "grad_accum", "1"))
+        if A < 2:
+            ok(False, f"{model}: grad_accum {A}: the forms need grad_accum > 1 to see A")
+        pads = [b for b, ps in BLOCKS if sum(ps) % 4]
+        print(f"     {model}: blocks {[(b, sum(ps)) for b, ps in BLOCKS]}, padded at n=4: {pads}")
+        check_ir(model, text, BLOCKS)
+        for n in (1, 2, 4):
+            ws = ["--world-size", str(n)]
+            big = "1024"
+            check_table(f"{model} ddp n={n}", edit(text, "ddp", bucket=big), ws, "ddp", 1, n, A, {})
+            for s in ("zero1", "zero2"):
+                check_table(f"{model} {s} n={n} one bucket", edit(text, s, bucket=big), ws, s, 1, n, A, {})
+                check_table(f"{model} {s} n={n} a bucket per parameter", edit(text, s, bucket="0.000001"),
+                            ws, s, 1, n, A, {"bucket": "tiny"})
+            for s in ("full_shard", "hybrid_shard"):
+                check_table(f"{model} {s} n={n}", edit(text, s), ws, s, 1, n, A, {})
+                check_table(f"{model} {s} n={n} reshard_after_forward false",
+                            edit(text, s, extra=["reshard_after_forward false"]), ws, s, 1, n, A,
+                            {"reshard": False})
+                check_table(f"{model} {s} n={n} accumulate_grads unsharded",
+                            edit(text, s, extra=["accumulate_grads unsharded"]), ws, s, 1, n, A,
+                            {"unsharded": True})
+            check_table(f"{model} full_shard n={n} no reshard, unsharded accumulation",
+                        edit(text, "full_shard", extra=["reshard_after_forward false",
+                                                       "accumulate_grads unsharded"]),
+                        ws, "full_shard", 1, n, A, {"reshard": False, "unsharded": True})
+            check_table(f"{model} full_shard n={n} grad_accum 4", edit(text, "full_shard", accum=4),
+                        ws, "full_shard", 1, n, 4, {})
+            # prefetch and the gather limit move collectives, not bytes
+            check_table(f"{model} full_shard n={n} prefetch 2, gather_limit_mb 0.001",
+                        edit(text, "full_shard", extra=["prefetch 2", "gather_limit_mb 0.001"]),
+                        ws, "full_shard", 1, n, A, {})
+        check_table(f"{model} hybrid_shard 2x2", edit(text, "hybrid_shard", mesh="dp_replicate=2, dp_shard=2"),
+                    [], "hybrid_shard", 2, 2, A, {})
+        check_table(f"{model} hybrid_shard 2x2 accumulate_grads unsharded",
+                    edit(text, "hybrid_shard", mesh="dp_replicate=2, dp_shard=2",
+                         extra=["accumulate_grads unsharded"]),
+                    [], "hybrid_shard", 2, 2, A, {"unsharded": True})
+        check_memory(model, text)
+    print(f"stats_forms: {checks - failures} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
