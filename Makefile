@@ -107,4 +107,6 @@ deps:
 clean:
 	rm -rf build build-san
 
+include mk/cuda.mk
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
