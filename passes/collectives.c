@@ -236,14 +236,20 @@ typedef struct {
 	int strat;         /* DpStrategy */
 	int S, R;          /* dp_shard, dp_replicate sizes */
 	int full;          /* params stored sharded (full_shard, hybrid_shard) */
-	int full_grads;    /* full gradients persistent (accumulated over micro-batches) */
-	int accum;         /* reduce_scatter every micro-batch into a temp, then ACCUM */
+	int full_grads;    /* full gradients persistent (accumulated over micro-batches);
+	                      otherwise they are reduce_scattered every micro-batch
+	                      into a temporary ".rs" and accumulated into the shard
+	                      one unit later, also when grad_accum is 1: the
+	                      accumulate is where the step waits for that
+	                      reduce_scatter, which frees the unit's unsharded
+	                      gradients while the next unit computes */
 	Unit *u;
 	int nu;
 	int nold;
 	NodeList *before, *after; /* nodes queued around the original nodes */
 	int *last;         /* per value: index of the last backward writer of a grad */
 	int *first;        /* per value: index of the first backward writer of a grad */
+	int *unit_of;      /* per value: the unit of a parameter, else -1 (set by layout) */
 } Sh;
 
 static unsigned axis_bit(DpAxis a)
@@ -526,6 +532,10 @@ static void layout(Sh *sh, int fp, int fg)
 			place_shard(g->values[i]);
 		}
 
+	int nv = g->nvalues; /* the values below are views and temporaries, not params */
+	sh->unit_of = ir_alloc(g, (size_t)nv * sizeof(int));
+	for (int v = 0; v < nv; v++)
+		sh->unit_of[v] = -1;
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
 		u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->off / sh->S, u->chunk,
@@ -550,7 +560,7 @@ static void layout(Sh *sh, int fp, int fg)
 			g->values[u->full_g]->block = u->block;
 		}
 		place_partial(g->values[u->full_g], dp);
-		if (sh->accum) {
+		if (!sh->full_grads) {
 			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), u->chunk, DP_T_ACT)->id;
 			g->values[u->rs]->block = u->block;
 			place_shard(g->values[u->rs]);
@@ -559,6 +569,7 @@ static void layout(Sh *sh, int fp, int fg)
 		int64_t o = 0;
 		for (int i = 0; i < u->nparams; i++) {
 			Value *p = g->values[u->params[i]];
+			sh->unit_of[p->id] = k;
 			Value *gr = g->values[p->grad];
 			p->view_of = u->full_p;
 			p->view_offset = o;
@@ -568,16 +579,6 @@ static void layout(Sh *sh, int fp, int fg)
 			o += ir_numel(p);
 		}
 	}
-}
-
-/* Is value v one of unit u's parameters (v a param id)? */
-static int unit_of_param(const Sh *sh, int v)
-{
-	for (int k = 0; k < sh->nu; k++)
-		for (int i = 0; i < sh->u[k].nparams; i++)
-			if (sh->u[k].params[i] == v)
-				return k;
-	return -1;
 }
 
 /* full_shard: the forward all_gather of each unit before the first forward
@@ -602,9 +603,11 @@ static void gathers(Sh *sh)
 			int v = n->in[j];
 			if (v < 0 || g->values[v]->kind != DP_T_PARAM || g->values[v]->grad < 0)
 				continue;
-			int k = unit_of_param(sh, v);
+			int k = sh->unit_of[v];
+			if (k < 0)
+				continue;
 			int *at = n->phase == PH_BWD ? &bwd_at[k] : &fwd_at[k];
-			if (k >= 0 && *at < 0)
+			if (*at < 0)
 				*at = i;
 		}
 	}
@@ -673,7 +676,7 @@ static int find_opt(const Sh *sh, IrOp op)
 }
 
 /* Gradient reduction per unit and the optimizer on the shards. */
-static void reduce_and_update(Sh *sh, int fp, int fg, int sp, int sg)
+static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 {
 	Graph *g = sh->g;
 	unsigned shard = axis_bit(DP_AXIS_SHARD), repl = axis_bit(DP_AXIS_REPLICATE);
@@ -712,9 +715,9 @@ static void reduce_and_update(Sh *sh, int fp, int fg, int sp, int sg)
 			continue;
 		}
 		/* reduce_scatter: once per step when full grads accumulate, else
-		 * every micro-batch (into .rs and accumulated when grad_accum > 1) */
+		 * every micro-batch into .rs */
 		unsigned flags = sh->full_grads ? DP_IF_LAST : 0;
-		int out = sh->accum ? u->rs : u->shard_g;
+		int out = sh->full_grads ? u->shard_g : u->rs;
 		Node *rs = comm_node(g, DPK_REDUCE_SCATTER, out, 1, &u->full_g, shard, flags,
 				     IR_IN_STEP, u->block);
 		unit_bucket(g, rs, u->full_g, grads, u->nparams);
@@ -725,7 +728,7 @@ static void reduce_and_update(Sh *sh, int fp, int fg, int sp, int sg)
 				       IR_IN_STEP, u->block);
 			unit_bucket(g, ar, u->shard_g, &u->shard_g, 1);
 		}
-		if (sh->accum) {
+		if (!sh->full_grads) {
 			/* accumulated where the next unit starts its backward (the end
 			 * of the backward for the last unit): the reduce_scatter
 			 * overlaps one unit of compute, and its input dies there */
@@ -764,17 +767,9 @@ static void reduce_and_update(Sh *sh, int fp, int fg, int sp, int sg)
 			unit_bucket(g, ag, u->full_p, u->params, u->nparams);
 			queue(sh, sh->after, iupd, ag);
 		}
-	/* zeroing: the full grads when they accumulate; the shard grads when
-	 * micro-batches are accumulated into them; nothing when each step's
-	 * reduce_scatter overwrites them */
-	Node *fill = g->nodes[ifill];
-	if (sh->full_grads)
-		fill->out = fg;
-	else if (sh->accum)
-		fill->out = sg;
-	else
-		fill->out = -2; /* removed after the splice */
-	(void)fp;
+	/* zeroing: the full grads when they accumulate, else the shard grads
+	 * the micro-batches are accumulated into */
+	g->nodes[ifill]->out = sh->full_grads ? fg : sg;
 }
 
 /* INIT and EXPORT programs of the sharded strategies. */
@@ -808,12 +803,6 @@ static int sharded_run(Graph *g, Diag *d, int strat)
 	sh.R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
 	sh.full = strat == DP_STRAT_FULL_SHARD || strat == DP_STRAT_HYBRID_SHARD;
 	sh.full_grads = !sh.full || g->accum_unsharded;
-	/* Sharded gradients are reduce_scattered every micro-batch into a
-	 * temporary and accumulated into the shard one unit later (see
-	 * reduce_and_update), also when grad_accum is 1: the accumulate is the
-	 * point where the step waits for that reduce_scatter, which frees the
-	 * unit's unsharded gradients while the next unit computes. */
-	sh.accum = !sh.full_grads;
 	if (strat == DP_STRAT_FULL_SHARD && sh.R > 1) {
 		error_at(d, (Loc){g->file, 0, 0},
 			 "strategy full_shard shards over dp_shard only; with dp_replicate=%d use "
@@ -837,19 +826,12 @@ static int sharded_run(Graph *g, Diag *d, int strat)
 	sh.after = ir_alloc(g, (size_t)(sh.nold ? sh.nold : 1) * sizeof(NodeList));
 	find_writers(&sh);
 	make_units(&sh);
-	int nv0 = g->nvalues;
 	layout(&sh, fp, fg);
-	(void)nv0;
 	int sp = g->values[sh.u[0].shard_p]->view_of, sg = g->values[sh.u[0].shard_g]->view_of;
 	if (sh.full)
 		gathers(&sh);
-	reduce_and_update(&sh, fp, fg, sp, sg);
+	reduce_and_update(&sh, fg, sp, sg);
 	splice(g, sh.before, sh.after, sh.nold);
-	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i]->op == DPK_FILL && g->nodes[i]->out == -2) {
-			ir_remove_node(g, g->nodes[i]);
-			break;
-		}
 	setup_sharded(&sh);
 	return 0;
 }

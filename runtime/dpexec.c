@@ -206,23 +206,6 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	return 0;
 }
 
-/* ---- learning rate ---- */
-
-static double schedule_lr(const DpStep *s, uint64_t k)
-{
-	double lr = s->opt.lr;
-	if (s->sched.kind != DP_SCHED_COSINE)
-		return lr;
-	double warm = s->sched.warmup, total = s->sched.steps ? s->sched.steps : s->cfg.steps;
-	double min_lr = s->sched.min_lr;
-	if ((double)k < warm)
-		return lr * ((double)k + 1) / warm;
-	double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
-	if (q > 1)
-		q = 1;
-	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
-}
-
 /* ---- parameters: the init and export programs ---- */
 
 /* Where INIT takes values from: the --init-from checkpoint when given. */
@@ -295,73 +278,26 @@ static int run_init(Run *r)
 	return rc;
 }
 
-/* What SAVE hands over, by tensor id (rank 0 keeps copies; others discard). */
-typedef struct {
-	const DpStep *s;
-	int keep;
-	float **data; /* [ntensors], malloc'd copies; NULL: not saved */
-} Saved;
-
-static int save_tensor(void *ctx, int id, const float *src, RtErr *e)
-{
-	Saved *sv = ctx;
-	if (!sv->keep)
-		return 0;
-	size_t bytes = (size_t)exec_numel(&sv->s->tensors[id]) * sizeof(float);
-	float *copy = realloc(sv->data[id], bytes ? bytes : 1); /* saved twice: the last wins */
-	if (!copy)
-		return RT_FAIL(e, "--save-full: out of memory copying '%s'",
-			       dpstep_str(sv->s, sv->s->tensors[id].name));
-	memcpy(copy, src, bytes);
-	sv->data[id] = copy;
-	return 0;
-}
-
 /* --save-full: every rank runs the export program (under sharded strategies
  * it gathers the parameters, a collective); then rank 0 writes the SAVE'd
  * tensors, in tensor-table order, atomically. */
 static int save_full(Run *r)
 {
-	const DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	Saved sv = {.s = s, .keep = r->rank == 0};
-	sv.data = calloc(s->ntensors ? s->ntensors : 1, sizeof *sv.data);
-	if (!sv.data)
-		return RT_FAIL(e, "out of memory");
-	r->x.save_tensor = save_tensor;
+	StSaved sv;
+	RT_CHECK(st_saved_init(&sv, &r->step, r->rank == 0, e));
+	r->x.save_tensor = st_saved_hook;
 	r->x.hook_ctx = &sv;
 	int rc = exec_run(&r->x, DP_PROG_EXPORT, 1, e);
 	r->x.save_tensor = NULL;
 	r->x.hook_ctx = NULL;
-	StTensor *st = NULL;
 	int n = 0;
 	if (rc == 0 && sv.keep) {
-		for (uint32_t i = 0; i < s->ntensors; i++)
-			n += sv.data[i] != NULL;
-		st = calloc(n ? (size_t)n : 1, sizeof *st);
-		if (!st)
-			rc = RT_FAIL(e, "out of memory");
-	}
-	if (rc == 0 && sv.keep) {
-		int k = 0;
-		for (uint32_t i = 0; i < s->ntensors; i++) {
-			const DpTensor *t = &s->tensors[i];
-			if (!sv.data[i])
-				continue;
-			st[k].name = (char *)dpstep_str(s, t->name);
-			st[k].ndim = t->ndim;
-			memcpy(st[k].dims, t->dims, sizeof st[k].dims);
-			st[k].data = sv.data[i];
-			k++;
-		}
-		rc = st_write(r->o.save_full, st, n, e);
+		rc = st_saved_write(&sv, r->o.save_full, &n, e);
 		if (rc == 0 && !r->o.quiet)
 			printf("saved %d parameters to %s\n", n, r->o.save_full);
 	}
-	free(st);
-	for (uint32_t i = 0; i < s->ntensors; i++)
-		free(sv.data[i]);
-	free(sv.data);
+	st_saved_free(&sv);
 	return rc;
 }
 
@@ -468,7 +404,7 @@ static int train(Run *r)
 
 	for (uint64_t k = 0; k < steps; k++) {
 		exec_zero_metrics(x);
-		double lr = schedule_lr(s, k);
+		double lr = exec_lr(s, k);
 		x->step = k;
 		x->cpu.lr = (float)lr;
 		x->cpu.t = (int64_t)k + 1;

@@ -9,6 +9,7 @@
  * the compute that follows it; the comm backend counts the time the compute
  * stream spends blocked in waits, which is the communication left exposed.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -52,6 +53,21 @@ static int is_collective(unsigned op)
 	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
 }
 
+double exec_lr(const DpStep *s, uint64_t k)
+{
+	double lr = s->opt.lr;
+	if (s->sched.kind != DP_SCHED_COSINE)
+		return lr;
+	double warm = s->sched.warmup, total = s->sched.steps ? s->sched.steps : s->cfg.steps;
+	double min_lr = s->sched.min_lr;
+	if ((double)k < warm)
+		return lr * ((double)k + 1) / warm;
+	double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
+	if (q > 1)
+		q = 1;
+	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
+}
+
 uint32_t exec_comm_masks(const DpStep *s)
 {
 	uint32_t m = 0;
@@ -62,10 +78,8 @@ uint32_t exec_comm_masks(const DpStep *s)
 	return m;
 }
 
-/* Load-time checks of the instructions the executor itself runs. */
-static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
+int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr *e)
 {
-	const DpStep *s = x->s;
 	const DpInstr *in = &s->prog[p][i];
 	const char *op = dp_kernel_names[in->op];
 	if (in->op == DPK_LOAD) {
@@ -87,7 +101,7 @@ static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
 		return 0;
 	}
 	if (is_collective(in->op)) {
-		int g = comm_group_size(x->comm, (unsigned)in->ia[0]);
+		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		if (in->out < 0 || s->tensors[in->out].dtype != DP_F32)
 			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 output",
 				       prog_names[p], i, op);
@@ -109,7 +123,7 @@ static int check_own(Exec *x, int p, uint32_t i, RtErr *e)
 	}
 	if (in->op == DPK_SHARD) {
 		/* the decoder checked presence, f32 and the mask */
-		int g = comm_group_size(x->comm, (unsigned)in->ia[0]);
+		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		int64_t ni = exec_numel(&s->tensors[in->in[0]]), no = exec_numel(&s->tensors[in->out]);
 		if (ni % g || ni / g != no)
 			return RT_FAIL(e, "step file: %s program instruction %u (shard %s -> %s): sizes "
@@ -136,7 +150,7 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e)
 			if (cpu_is_compute(in->op))
 				RT_CHECK(cpu_check(s, in, e));
 			else
-				RT_CHECK(check_own(x, p, i, e));
+				RT_CHECK(exec_check_instr(s, comm, p, i, e));
 		}
 
 	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only

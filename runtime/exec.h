@@ -68,6 +68,12 @@ typedef struct {
 	int nfl, capfl;
 } Exec;
 
+/* Load-time checks of instruction i of program p that the compute backend
+ * does not make itself: LOAD against its source, collective and SHARD sizes
+ * against the group of their axis mask (any executor, CPU or CUDA). */
+int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr *e);
+/* Learning rate of optimizer step k (from 0) under the step file's schedule. */
+double exec_lr(const DpStep *s, uint64_t k);
 /* Axis masks the step's collectives use (bit m for mask m), for comm init. */
 uint32_t exec_comm_masks(const DpStep *s);
 /* Check every instruction against the tensor table and the mesh, allocate

@@ -93,4 +93,19 @@ int st_write(const char *path, const StTensor *t, int n, RtErr *e);
 int st_read(const char *path, StTensor **out, int *n, RtErr *e);
 void st_free(StTensor *t, int n);
 
+/* What an EXPORT program's SAVE instructions hand over, by tensor id: the
+ * save hook of every executor (CPU and CUDA) for --save-full. keep = 0 (ranks
+ * other than 0) discards; st_saved_write writes the kept tensors in
+ * tensor-table order, atomically, and tells how many in *n. */
+typedef struct {
+	const DpStep *s;
+	int keep;
+	float **data; /* [ntensors], malloc'd copies; NULL: not saved */
+} StSaved;
+
+int st_saved_init(StSaved *sv, const DpStep *s, int keep, RtErr *e);
+int st_saved_hook(void *ctx, int id, const float *src, RtErr *e);
+int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e);
+void st_saved_free(StSaved *sv);
+
 #endif

@@ -421,3 +421,71 @@ void st_free(StTensor *t, int n)
 	}
 	free(t);
 }
+
+/* ---- collecting an EXPORT program's SAVEs ---- */
+
+static int64_t numel(const DpTensor *t)
+{
+	int64_t n = 1;
+	for (int d = 0; d < t->ndim; d++)
+		n *= t->dims[d];
+	return n;
+}
+
+int st_saved_init(StSaved *sv, const DpStep *s, int keep, RtErr *e)
+{
+	sv->s = s;
+	sv->keep = keep;
+	sv->data = calloc(s->ntensors ? s->ntensors : 1, sizeof *sv->data);
+	return sv->data ? 0 : RT_FAIL(e, "out of memory");
+}
+
+int st_saved_hook(void *ctx, int id, const float *src, RtErr *e)
+{
+	StSaved *sv = ctx;
+	if (!sv->keep)
+		return 0;
+	size_t bytes = (size_t)numel(&sv->s->tensors[id]) * sizeof(float);
+	float *copy = realloc(sv->data[id], bytes ? bytes : 1); /* saved twice: the last wins */
+	if (!copy)
+		return RT_FAIL(e, "--save-full: out of memory copying '%s'",
+			       dpstep_str(sv->s, sv->s->tensors[id].name));
+	memcpy(copy, src, bytes);
+	sv->data[id] = copy;
+	return 0;
+}
+
+int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e)
+{
+	const DpStep *s = sv->s;
+	int k = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		k += sv->data[i] != NULL;
+	StTensor *st = calloc(k ? (size_t)k : 1, sizeof *st);
+	if (!st)
+		return RT_FAIL(e, "out of memory");
+	k = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (!sv->data[i])
+			continue;
+		st[k].name = (char *)dpstep_str(s, t->name);
+		st[k].ndim = t->ndim;
+		memcpy(st[k].dims, t->dims, sizeof st[k].dims);
+		st[k].data = sv->data[i];
+		k++;
+	}
+	int rc = st_write(path, st, k, e);
+	free(st);
+	*n = k;
+	return rc;
+}
+
+void st_saved_free(StSaved *sv)
+{
+	if (sv->data && sv->s)
+		for (uint32_t i = 0; i < sv->s->ntensors; i++)
+			free(sv->data[i]);
+	free(sv->data);
+	sv->data = NULL;
+}

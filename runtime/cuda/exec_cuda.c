@@ -162,66 +162,19 @@ int cuda_select_device(int local_rank, int *device, RtErr *e)
 
 /* ---- load-time checks ---- */
 
+/* The executor's own instructions: the shared load-time checks
+ * (runtime/exec.c), plus a communicator for every collective's stream and
+ * mask. The decoder keeps INIT/SAVE in init/export and LOAD in step/eval. */
 static int check_own(CuExec *x, int p, uint32_t i, RtErr *e)
 {
-	const DpStep *s = x->s;
-	const DpInstr *in = &s->prog[p][i];
-	const char *op = dp_kernel_names[in->op];
-	if (in->op == DPK_LOAD) {
-		const DpSource *src = &s->sources[in->ia[0]];
-		int want = p == DP_PROG_STEP ? DP_SPLIT_TRAIN : DP_SPLIT_EVAL;
-		int64_t batch = p == DP_PROG_STEP ? s->cfg.micro_batch : s->cfg.eval_batch;
-		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
-			return RT_FAIL(e, "step file: load in the %s program", prog_names[p]);
-		if (in->out < 0 || in->out != src->tensor)
-			return RT_FAIL(e, "step file: %s program instruction %u (load): output is not "
-				       "the source's tensor", prog_names[p], i);
-		if (src->split != want)
-			return RT_FAIL(e, "step file: %s program instruction %u (load) reads a source of "
-				       "the other split", prog_names[p], i);
-		const DpTensor *t = &s->tensors[in->out];
-		if (batch < 1 || exec_numel(t) != batch * src->sample_elems || t->dtype == DP_BF16)
-			return RT_FAIL(e, "step file: data tensor '%s' does not hold %lld samples of %lld "
-				       "elements", tname(s, in->out), (long long)batch,
-				       (long long)src->sample_elems);
-		return 0;
-	}
-	if (is_collective(in->op) || in->op == DPK_SHARD) {
-		int g = comm_group_size(x->comm, (unsigned)in->ia[0]);
-		if (in->out < 0 || s->tensors[in->out].dtype != DP_F32)
-			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 output",
-				       prog_names[p], i, op);
-		int64_t no = exec_numel(&s->tensors[in->out]);
-		if (in->op == DPK_ALL_REDUCE)
-			return 0;
-		if (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32)
-			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 input",
-				       prog_names[p], i, op);
-		int64_t ni = exec_numel(&s->tensors[in->in[0]]);
-		if (((in->op == DPK_REDUCE_SCATTER || in->op == DPK_SHARD) && ni != no * g) ||
-		    (in->op == DPK_ALL_GATHER && no != ni * g))
-			return RT_FAIL(e, "step file: %s program instruction %u (%s %s -> %s): sizes "
-				       "%lld -> %lld do not match a group of %d", prog_names[p], i, op,
-				       tname(s, in->in[0]), tname(s, in->out), (long long)ni,
-				       (long long)no, g);
-		if (in->op != DPK_SHARD && g > 1 &&
-		    !cu_nccl_comm(x->nccl, in->stream, (unsigned)in->ia[0]))
-			return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s stream "
-				       "(cuda_nccl_init was given other masks)", (long long)in->ia[0],
-				       stream_names[in->stream]);
-		return 0;
-	}
-	if (in->op == DPK_INIT || in->op == DPK_SAVE) {
-		int id = in->op == DPK_INIT ? in->out : in->in[0];
-		if (id < 0 || s->tensors[id].dtype != DP_F32)
-			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 tensor",
-				       prog_names[p], i, op);
-		if (p != DP_PROG_INIT && p != DP_PROG_EXPORT)
-			return RT_FAIL(e, "step file: %s in the %s program (host-side kernels run only "
-				       "in init and export)", op, prog_names[p]);
-		return 0;
-	}
-	return 0; /* events: ids checked by the decoder */
+	const DpInstr *in = &x->s->prog[p][i];
+	RT_CHECK(exec_check_instr(x->s, x->comm, p, i, e));
+	if (is_collective(in->op) && comm_group_size(x->comm, (unsigned)in->ia[0]) > 1 &&
+	    !cu_nccl_comm(x->nccl, in->stream, (unsigned)in->ia[0]))
+		return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s stream "
+			       "(cuda_nccl_init was given other masks)", (long long)in->ia[0],
+			       stream_names[in->stream]);
+	return 0;
 }
 
 /* GPU-only rules on top of cpu_check. */

@@ -118,105 +118,27 @@ static int parse(int argc, char **argv, Opts *o)
 	return 0;
 }
 
-/* dpexec.c's schedule (the value it prints; the GPU derives its own). */
-static double schedule_lr(const DpStep *s, uint64_t k)
-{
-	double lr = s->opt.lr;
-	if (s->sched.kind != DP_SCHED_COSINE)
-		return lr;
-	double warm = s->sched.warmup, total = s->sched.steps ? s->sched.steps : s->cfg.steps;
-	double min_lr = s->sched.min_lr;
-	if ((double)k < warm)
-		return lr * ((double)k + 1) / warm;
-	double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
-	if (q > 1)
-		q = 1;
-	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
-}
-
-/* Parameters and buffers: the init program when the step file has one, else
- * (older step files) every f32 parameter from its init spec, on the host. */
+/* Parameters and buffers: the init program, each tensor from its init spec
+ * (the executor's default without an init hook). */
 static int init_params(Smoke *m)
 {
-	const DpStep *s = &m->step;
-	if (s->nprog[DP_PROG_INIT])
-		return cuda_exec_run(m->x, DP_PROG_INIT, &m->e);
-	for (uint32_t i = 0; i < s->ntensors; i++) {
-		const DpTensor *t = &s->tensors[i];
-		if ((t->kind != DP_T_PARAM && t->kind != DP_T_BUFFER) || !t->nbytes ||
-		    t->dtype != DP_F32)
-			continue;
-		float *h = malloc((size_t)exec_numel(t) * sizeof(float) + 4);
-		if (!h)
-			return RT_FAIL(&m->e, "out of memory");
-		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
-			  t->init_base, exec_numel(t), h);
-		int rc = cuda_exec_write(m->x, (int)i, h, &m->e);
-		free(h);
-		RT_CHECK(rc);
-	}
-	return 0;
+	return cuda_exec_run(m->x, DP_PROG_INIT, &m->e);
 }
 
-typedef struct {
-	const DpStep *s;
-	float **data;
-} Saved;
-
-static int save_hook(void *ctx, int id, const float *src, RtErr *e)
-{
-	Saved *sv = ctx;
-	size_t bytes = (size_t)exec_numel(&sv->s->tensors[id]) * sizeof(float);
-	float *c = realloc(sv->data[id], bytes ? bytes : 4);
-	if (!c)
-		return RT_FAIL(e, "out of memory");
-	memcpy(c, src, bytes);
-	sv->data[id] = c;
-	return 0;
-}
-
-/* Every parameter to a safetensors file: via the export program when there
- * is one (sharded strategies gather there), else the local tensors. */
+/* Every parameter to a safetensors file through the export program
+ * (sharded strategies gather there); rank 0 writes. */
 static int save_full(Smoke *m)
 {
-	const DpStep *s = &m->step;
 	RtErr *e = &m->e;
-	Saved sv = {s, calloc(s->ntensors ? s->ntensors : 1, sizeof(float *))};
-	if (!sv.data)
-		return RT_FAIL(e, "out of memory");
-	int rc = 0;
-	if (s->nprog[DP_PROG_EXPORT]) {
-		cuda_exec_set_hooks(m->x, NULL, save_hook, &sv);
-		rc = cuda_exec_run(m->x, DP_PROG_EXPORT, e);
-		cuda_exec_set_hooks(m->x, NULL, NULL, NULL);
-	} else {
-		for (uint32_t i = 0; i < s->ntensors && !rc; i++) {
-			const DpTensor *t = &s->tensors[i];
-			if (t->kind != DP_T_PARAM || !t->nbytes)
-				continue;
-			sv.data[i] = malloc((size_t)exec_numel(t) * sizeof(float) + 4);
-			rc = sv.data[i] ? cuda_exec_read(m->x, (int)i, sv.data[i], e)
-					: RT_FAIL(e, "out of memory");
-		}
-	}
-	StTensor *st = calloc(s->ntensors ? s->ntensors : 1, sizeof *st);
+	StSaved sv;
+	RT_CHECK(st_saved_init(&sv, &m->step, m->rank == 0, e));
+	cuda_exec_set_hooks(m->x, NULL, st_saved_hook, &sv);
+	int rc = cuda_exec_run(m->x, DP_PROG_EXPORT, e);
+	cuda_exec_set_hooks(m->x, NULL, NULL, NULL);
 	int n = 0;
-	if (!rc && !st)
-		rc = RT_FAIL(e, "out of memory");
-	for (uint32_t i = 0; !rc && i < s->ntensors; i++)
-		if (sv.data[i]) {
-			st[n].name = (char *)dpstep_str(s, s->tensors[i].name);
-			st[n].ndim = s->tensors[i].ndim;
-			memcpy(st[n].dims, s->tensors[i].dims, sizeof st[n].dims);
-			st[n].data = sv.data[i];
-			n++;
-		}
-	if (!rc && m->rank == 0)
-		rc = st_write(m->o.save_full, st, n, e);
-	for (uint32_t i = 0; i < s->ntensors; i++)
-		free(sv.data[i]);
-	free(sv.data);
-	free(st);
+	if (!rc && sv.keep)
+		rc = st_saved_write(&sv, m->o.save_full, &n, e);
+	st_saved_free(&sv);
 	return rc;
 }
 
@@ -268,7 +190,7 @@ static int run(Smoke *m)
 		if (s->metrics.grad_norm >= 0)
 			RT_CHECK(cuda_exec_read(m->x, s->metrics.grad_norm, &gn, e));
 		RT_CHECK(cuda_exec_scalars(m->x, &lr_dev, &t, e));
-		double lr = schedule_lr(s, k), v[1] = {loss};
+		double lr = exec_lr(s, k), v[1] = {loss};
 		/* device cos/pow may differ from glibc's in the last ulp of a double */
 		if (fabs((double)lr_dev - lr) > 1e-6 * fabs(lr) + 1e-12 || t != (int64_t)k + 1)
 			return RT_FAIL(e, "step %llu: the device schedule says lr %.9g t %lld, the host "
