@@ -1,5 +1,6 @@
 # dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite;
-# `make test SAN=1` does the same with ASan/UBSan; `make demo` trains models/mlp.dp.
+# `make test SAN=1` does the same with ASan/UBSan; `make demo` trains models/mlp.dp;
+# `make demo-gpt` trains models/gpt2-tiny.dp on English text (the fortunes package).
 # `make deps` installs the Debian packages a fresh machine lacks.
 
 SAN ?= 0
@@ -34,9 +35,10 @@ RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
+TEXT2SHARD := $(BUILD)/text2shard
 
-.PHONY: all tests test demo deps clean
-all: $(DPC) $(DPEXEC)
+.PHONY: all tests test demo demo-gpt deps clean
+all: $(DPC) $(DPEXEC) $(TEXT2SHARD)
 
 $(BUILD)/gen/parser.c $(BUILD)/gen/parser.h &: compiler/parser.y
 	@mkdir -p $(dir $@)
@@ -71,6 +73,11 @@ $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
 	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
 
+# text -> byte-level llm.c token shard (tools/text2shard.c; standalone)
+$(TEXT2SHARD): tools/text2shard.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -lm
+
 # C test programs: compiler-side ones link the compiler objects, runtime-side
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
@@ -91,9 +98,15 @@ test: all tests
 demo: deps all
 	BUILD=$(BUILD) bash tests/demo.sh
 
+# The tiny GPT on the fortunes text: shard (build/data/fortunes{,_val}.bin, the
+# paths models/gpt2-tiny.dp reads), compile, train, loss vs unigram entropy.
+# DEMO_GPT_STEPS overrides the step count.
+demo-gpt: deps all
+	BUILD=$(BUILD) bash tests/demo_gpt.sh
+
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
 DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev zlib1g-dev libcjson-dev \
-            dataset-fashion-mnist python3-torch python3-numpy
+            dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \

@@ -33,11 +33,15 @@ static void usage(FILE *out)
 		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
 		"                      those print instead, and write a step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
+		"  -D NAME=VALUE       set the config constant NAME to VALUE (an integer or a\n"
+		"                      number) instead of its expression in the config section;\n"
+		"                      repeatable (the last one for a NAME wins). A NAME the\n"
+		"                      config section does not define is an error\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
 		"                      stats: print the --stats table to stdout\n"
 		"      --dump-ir=DIR   write the IR after the front end and after every pass to\n"
-		"                      DIR/00-frontend.ir, DIR/01-shape.ir, ... (DIR is created)\n"
+		"                      DIR/00-frontend.ir, DIR/01-tp.ir, ... (DIR is created)\n"
 		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
 		"      --print-pipeline   list the passes in order, with what holds after each\n"
 		"      --stats         also print communication, flops and memory per rank\n"
@@ -149,10 +153,26 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
+	FeDefine *defines = NULL;
+	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int c;
-	while ((c = getopt_long(argc, argv, "o:vh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "o:vhD:", longopts, NULL)) != -1) {
 		switch (c) {
+		case 'D': {
+			FeDefine *nd = realloc(defines, sizeof(FeDefine) * (size_t)(ndefines + 1));
+			if (!nd)
+				die("out of memory");
+			defines = nd;
+			if (fe_parse_define(optarg, &defines[ndefines]) < 0) {
+				fprintf(stderr, "dpc: -D wants NAME=VALUE with a number VALUE, not '%s'\n",
+					optarg);
+				free(defines);
+				return 1;
+			}
+			ndefines++;
+			break;
+		}
 		case 'o':
 			output = optarg;
 			break;
@@ -243,7 +263,8 @@ int main(int argc, char **argv)
 	Diag diag;
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
-	Graph *g = fe_compile(path, world, &diag, &src);
+	FeOptions fo = {.world_size = world, .defines = defines, .ndefines = ndefines};
+	Graph *g = fe_compile_opts(path, &fo, &diag, &src);
 	int status = 0;
 	if (!g || diag.nerrors) {
 		status = 1;
@@ -284,5 +305,6 @@ out:
 	ir_free(g);
 	free(src);
 	free(default_out);
+	free(defines);
 	return status;
 }

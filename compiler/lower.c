@@ -1,6 +1,7 @@
 /*
  * lower.c - semantic checks of the syntax tree and its lowering to the graph
- * IR; fe_compile, the front end's entry point.
+ * IR (the sections other than model, which is compiler/model.c); fe_compile,
+ * the front end's entry point.
  *
  * Before: a tree from compiler/parser.y that parsed without errors (a file
  * with syntax errors is not lowered: its half-statements would only produce
@@ -10,22 +11,15 @@
  *   - cfg (mesh, micro_batch, grad_accum, eval_batch, steps, eval_every,
  *     log_every, seed, strategy), opt, sched, strategy (its name), bucket_mb,
  *     reshard_after_forward, prefetch, gather_limit_mb, accum_unsharded;
- *   - one Block per `block`, in order;
  *   - per data declaration a DP_T_DATA value [micro_batch, ...], its train
  *     Source and a LOAD node (IR_IN_STEP); per eval source an eval Source for
  *     the same value and a LOAD node (IR_IN_EVAL); all LOAD nodes first;
- *   - per param a DP_T_PARAM value "block.param" with its initialiser, per
- *     buffer a DP_T_BUFFER value "block.buffer" likewise (no gradient, never
- *     communicated: autodiff only differentiates DP_T_PARAM);
- *   - per op call a DP_T_ACT f32 value with ndim 0 (shapes are the shape
- *     pass's job) and a PH_FWD node in step and eval; nested calls produce
- *     temporaries t, t1, ...;
- *   - the cross_entropy assignment: an XENT node (step only, fa0 = 1/global
- *     batch), the metric loss.sum and its ACCUM node, and with an eval section
- *     the eval.loss (XENT, fa0 = 1) and eval.correct (CORRECT) metrics.
+ *   - the model (see compiler/model.c).
  *
- * Sections are checked in dependency order, not file order: mesh, train
- * (batch sizes need the mesh), data (shapes need micro_batch), eval, model.
+ * Sections are checked in dependency order, not file order: config (every
+ * number may use its constants), mesh, train (batch sizes need the mesh),
+ * data (shapes need micro_batch), eval, model. Numbers are constant
+ * expressions (compiler/consts.c), evaluated where they are used.
  */
 #include <errno.h>
 #include <limits.h>
@@ -35,61 +29,30 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "ast.h"
-#include "frontend.h"
+#include "lower.h"
 
 #define MAX_ELEMS ((int64_t)1 << 40) /* elements of one tensor */
 #define MAX_AXIS (1 << 15)           /* size of one mesh axis (4 axes: the product fits int64) */
 #define MAX_WORLD (1 << 24)          /* ranks */
 #define MAX_FILE_BYTES (64u << 20)   /* source files larger than this are refused */
 
-/* A name the model can refer to: a data value or an assignment target. */
-typedef struct {
-	const char *name;
-	int value;   /* value id, or -1 when its definition had an error */
-	int is_data;
-} Sym;
-
-typedef struct {
-	ParseState *ps;
-	Diag *d;
-	Graph *g;
-	int world_size;
-	Loc top; /* 1:1, for what is missing from the whole file */
-	const Stmt *mesh, *data, *eval, *model, *train;
-	int mesh_ok, batch_ok;
-	int64_t global_batch;
-	Sym *syms;
-	int nsyms, capsyms;
-	const char **targets; /* every assignment target of the model */
-	int ntargets, captargets;
-	int next_temp;
-	int loss_seen;
-	Loc loss_loc;
-	struct Pending *errs; /* reported in source order at the end */
-	int nerrs, caperrs;
-} Lower;
-
 /* Sections are checked in dependency order; their errors are collected and
  * reported sorted by position, so the user reads them top to bottom. */
-typedef struct Pending {
+struct Pending {
 	Loc loc;
 	int seq;
 	char *msg;
-} Pending;
-
-static void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-#define ERR(loc, ...) lerr(L, (loc), __VA_ARGS__)
+};
 
 /* ---- small helpers ---- */
 
-static Loc gloc(Lower *L, Loc l)
+Loc lower_gloc(Lower *L, Loc l)
 {
 	l.file = L->g->file; /* graph Locs must outlive the tree and the caller's path */
 	return l;
 }
 
-static void *grow(Lower *L, void *arr, int *cap, int need, size_t elem)
+void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem)
 {
 	if (need <= *cap)
 		return arr;
@@ -101,7 +64,7 @@ static void *grow(Lower *L, void *arr, int *cap, int need, size_t elem)
 	return na;
 }
 
-static void lerr(Lower *L, Loc loc, const char *fmt, ...)
+void lerr(Lower *L, Loc loc, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -111,7 +74,7 @@ static void lerr(Lower *L, Loc loc, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, (size_t)n + 1, fmt, ap);
 	va_end(ap);
-	L->errs = grow(L, L->errs, &L->caperrs, L->nerrs + 1, sizeof(Pending));
+	L->errs = lower_grow(L, L->errs, &L->caperrs, L->nerrs + 1, sizeof(Pending));
 	L->errs[L->nerrs] = (Pending){loc, L->nerrs, msg};
 	L->nerrs++;
 }
@@ -126,73 +89,80 @@ static int pending_cmp(const void *a, const void *b)
 	return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-static Sym *find_sym(Lower *L, const char *name)
+/* ---- hash maps ---- */
+
+static uint64_t hash_str(const char *s)
 {
-	for (int i = 0; i < L->nsyms; i++)
-		if (strcmp(L->syms[i].name, name) == 0)
-			return &L->syms[i];
-	return NULL;
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
 }
 
-static void add_sym(Lower *L, const char *name, int value, int is_data)
+int *map_get(const NameMap *m, const char *key)
 {
-	L->syms = grow(L, L->syms, &L->capsyms, L->nsyms + 1, sizeof(Sym));
-	L->syms[L->nsyms++] = (Sym){name, value, is_data};
-}
-
-static int is_target(Lower *L, const char *name)
-{
-	for (int i = 0; i < L->ntargets; i++)
-		if (strcmp(L->targets[i], name) == 0)
-			return 1;
-	return 0;
-}
-
-static void add_target(Lower *L, const char *name)
-{
-	L->targets = grow(L, L->targets, &L->captargets, L->ntargets + 1, sizeof(char *));
-	L->targets[L->ntargets++] = name;
-}
-
-/* A temporary's name: like ir_fresh_name(g, "t"), but never a name the user
- * assigns later in the file. */
-static const char *fresh_temp(Lower *L)
-{
-	for (;; L->next_temp++) {
-		char buf[32];
-		if (L->next_temp == 0)
-			snprintf(buf, sizeof buf, "t");
-		else
-			snprintf(buf, sizeof buf, "t%d", L->next_temp);
-		if (!ir_find_value(L->g, buf) && !is_target(L, buf))
-			return ir_strdup(L->g, buf);
+	if (!m->cap)
+		return NULL;
+	for (size_t i = hash_str(key) & (size_t)(m->cap - 1);; i = (i + 1) & (size_t)(m->cap - 1)) {
+		if (!m->slots[i].key)
+			return NULL;
+		if (strcmp(m->slots[i].key, key) == 0)
+			return &m->slots[i].val;
 	}
 }
 
-static int find_block(Lower *L, const char *name)
+void map_put(Lower *L, NameMap *m, const char *key, int val)
 {
-	for (int i = 0; i < L->g->nblocks; i++)
-		if (strcmp(L->g->blocks[i].name, name) == 0)
-			return i;
-	return -1;
+	int *v = map_get(m, key);
+	if (v) {
+		*v = val;
+		return;
+	}
+	if (2 * (m->n + 1) > m->cap) { /* at most half full: probes stay short */
+		NameMap nm = {NULL, m->cap ? 2 * m->cap : 64, 0};
+		nm.slots = ast_alloc(L->ps, sizeof(MapSlot) * (size_t)nm.cap);
+		for (int i = 0; i < m->cap; i++)
+			if (m->slots[i].key)
+				map_put(L, &nm, m->slots[i].key, m->slots[i].val);
+		*m = nm;
+	}
+	size_t i = hash_str(key) & (size_t)(m->cap - 1);
+	while (m->slots[i].key)
+		i = (i + 1) & (size_t)(m->cap - 1);
+	m->slots[i] = (MapSlot){key, val};
+	m->n++;
 }
 
-/* The param or buffer block.name; NULL if there is none. *poisoned is set
- * when its declaration failed (an error was reported for it already). */
-static Value *find_param(Lower *L, int block, const char *name, int *poisoned)
+Sym *lower_find_sym(Lower *L, const char *name)
 {
-	char buf[2 * AST_MAX_IDENT + 8];
-	snprintf(buf, sizeof buf, "%s.%s", L->g->blocks[block].name, name);
-	Value *v = ir_find_value(L->g, buf);
-	if (poisoned)
-		*poisoned = find_sym(L, buf) != NULL;
-	return v && (v->kind == DP_T_PARAM || v->kind == DP_T_BUFFER) ? v : NULL;
+	int *i = map_get(&L->symmap, name);
+	return i ? &L->syms[*i] : NULL;
 }
 
-/* "param" or "buffer", for messages. */
-static const char *member_kind(const Value *v)
+void lower_add_sym(Lower *L, const char *name, int value, int is_data)
 {
-	return v->kind == DP_T_BUFFER ? "buffer" : "param";
+	L->syms = lower_grow(L, L->syms, &L->capsyms, L->nsyms + 1, sizeof(Sym));
+	L->syms[L->nsyms] = (Sym){name, value, is_data};
+	map_put(L, &L->symmap, name, L->nsyms++);
+}
+
+Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+		   DpTensorKind kind, Loc loc)
+{
+	Value *v = ir_value(L->g, name, dt, ndim, dims, kind, loc);
+	map_put(L, &L->values, v->name, v->id);
+	return v;
+}
+
+const char *lower_fresh_name(Lower *L, const char *stem)
+{
+	if (!map_get(&L->values, stem) && !map_get(&L->targets, stem))
+		return ir_strdup(L->g, stem);
+	for (int i = 1;; i++) {
+		const char *s = ir_fmt(L->g, "%s%d", stem, i);
+		if (!map_get(&L->values, s) && !map_get(&L->targets, s))
+			return s;
+	}
 }
 
 static int later(Loc a, Loc b)
@@ -202,8 +172,7 @@ static int later(Loc a, Loc b)
 
 /* ---- values: numbers, keyword arguments ---- */
 
-static int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi,
-		    int64_t *out)
+int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out)
 {
 	if (v->kind != V_INT) {
 		ERR(v->loc, "%s must be an integer", what);
@@ -226,7 +195,7 @@ static int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int
 }
 
 /* A number that fits a finite f32. */
-static int want_float(Lower *L, const AstVal *v, const char *what, float *out)
+int want_float(Lower *L, const AstVal *v, const char *what, float *out)
 {
 	double x;
 	if (v->kind == V_INT)
@@ -247,8 +216,8 @@ static int want_float(Lower *L, const AstVal *v, const char *what, float *out)
 
 /* Match the keyword arguments of a call against keys; found[i] gets the
  * argument for keys[i] or NULL. V_IDENT (no parentheses) has none. */
-static int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
-		      const Arg **found)
+int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
+	       const Arg **found)
 {
 	int rc = 0;
 	for (int i = 0; i < nkeys; i++)
@@ -303,10 +272,13 @@ static void lower_mesh(Lower *L)
 		L->mesh_ok = 1;
 		return;
 	}
-	if (s->has_val) {
-		if (s->val.kind == V_IDENT && strcmp(s->val.s, "auto") == 0) {
+	if (s->val) {
+		AstVal v;
+		if (eval_value(L, s->val, &v))
+			return;
+		if (v.kind == V_IDENT && strcmp(v.s, "auto") == 0) {
 			if (world == 0) {
-				ERR(s->val.loc, "mesh auto needs --world-size N");
+				ERR(v.loc, "mesh auto needs --world-size N");
 				return;
 			}
 			/* tp, cp and dp_replicate stay 1; the rest goes to dp_shard */
@@ -314,13 +286,14 @@ static void lower_mesh(Lower *L)
 			L->mesh_ok = 1;
 			return;
 		}
-		ERR(s->val.loc, "expected 'mesh auto' or 'mesh dp_replicate=N, dp_shard=N, ...'");
+		ERR(v.loc, "expected 'mesh auto' or 'mesh dp_replicate=N, dp_shard=N, ...'");
 		return;
 	}
 	int64_t size[DP_MAX_AXES] = {1, 1, 1, 1};
-	const Arg *given[DP_MAX_AXES] = {NULL};
+	const Expr *given[DP_MAX_AXES] = {NULL};
+	AstVal gv[DP_MAX_AXES];
 	int auto_axis = -1, ok = 1;
-	for (const Arg *a = s->kw; a; a = a->next) {
+	for (const Expr *a = s->kw; a; a = a->next) {
 		int ax = 0;
 		while (ax < DP_MAX_AXES && strcmp(ir_axis_names[ax], a->key) != 0)
 			ax++;
@@ -336,15 +309,19 @@ static void lower_mesh(Lower *L)
 			continue;
 		}
 		given[ax] = a;
-		if (a->val.kind == V_IDENT && strcmp(a->val.s, "auto") == 0) {
+		if (eval_value(L, a, &gv[ax])) {
+			ok = 0;
+			continue;
+		}
+		if (gv[ax].kind == V_IDENT && strcmp(gv[ax].s, "auto") == 0) {
 			if (auto_axis >= 0) {
-				ERR(a->val.loc, "only one mesh axis can be auto");
+				ERR(gv[ax].loc, "only one mesh axis can be auto");
 				ok = 0;
 			}
 			auto_axis = ax;
 			continue;
 		}
-		if (want_int(L, &a->val, a->key, 1, MAX_AXIS, &size[ax]))
+		if (want_int(L, &gv[ax], a->key, 1, MAX_AXIS, &size[ax]))
 			ok = 0;
 	}
 	if (!ok)
@@ -354,13 +331,13 @@ static void lower_mesh(Lower *L)
 		if (ax != auto_axis)
 			fixed *= size[ax]; /* at most 2^60: each axis is at most 2^15 */
 	if (auto_axis >= 0) {
-		const Arg *a = given[auto_axis];
+		const AstVal *a = &gv[auto_axis];
 		if (world == 0) {
-			ERR(a->val.loc, "mesh axis '%s=auto' needs --world-size N", a->key);
+			ERR(a->loc, "mesh axis '%s=auto' needs --world-size N", given[auto_axis]->key);
 			return;
 		}
 		if (fixed > world || world % fixed != 0) {
-			ERR(a->val.loc, "world size %d is not divisible by the fixed mesh axes (%lld)",
+			ERR(a->loc, "world size %d is not divisible by the fixed mesh axes (%lld)",
 			    world, (long long)fixed);
 			return;
 		}
@@ -373,14 +350,11 @@ static void lower_mesh(Lower *L)
 		ERR(s->name_loc, "the mesh has too many ranks (at most %d)", MAX_WORLD);
 		return;
 	}
+	/* tp > 1 is tensor parallelism (passes/tp.c); the global batch does not
+	 * count the tp ranks: they share their samples */
 	if (size[DP_AXIS_CP] != 1) {
-		ERR(given[DP_AXIS_CP]->val.loc, "context parallelism (cp=%lld) is not implemented yet",
+		ERR(gv[DP_AXIS_CP].loc, "context parallelism (cp=%lld) is not implemented yet",
 		    (long long)size[DP_AXIS_CP]);
-		ok = 0;
-	}
-	if (size[DP_AXIS_TP] != 1) {
-		ERR(given[DP_AXIS_TP]->val.loc, "tensor parallelism (tp=%lld) is not implemented yet",
-		    (long long)size[DP_AXIS_TP]);
 		ok = 0;
 	}
 	for (int ax = 0; ax < DP_MAX_AXES; ax++)
@@ -452,20 +426,20 @@ static int want_word(Lower *L, const AstVal *v, const char *what, const char *a,
 /* The settings of the sharded strategies. They are accepted with every
  * strategy (a file can switch strategy by one word); which strategies read
  * them is documented in docs/DSL.md. */
-static void lower_shard_settings(Lower *L, const Stmt *const *set)
+static void lower_shard_settings(Lower *L, const AstVal *const *val)
 {
 	Graph *g = L->g;
 	int64_t x;
-	if (set[T_RESHARD]) {
-		int w = want_word(L, &set[T_RESHARD]->val, "reshard_after_forward", "true", "false");
+	if (val[T_RESHARD]) {
+		int w = want_word(L, val[T_RESHARD], "reshard_after_forward", "true", "false");
 		if (w >= 0)
 			g->reshard_after_forward = w == 0;
 	}
-	if (set[T_PREFETCH] &&
-	    !want_int(L, &set[T_PREFETCH]->val, "prefetch", 0, MAX_PREFETCH, &x))
+	if (val[T_PREFETCH] &&
+	    !want_int(L, val[T_PREFETCH], "prefetch", 0, MAX_PREFETCH, &x))
 		g->prefetch = (int)x;
-	if (set[T_GATHER_LIMIT_MB]) {
-		const AstVal *v = &set[T_GATHER_LIMIT_MB]->val;
+	if (val[T_GATHER_LIMIT_MB]) {
+		const AstVal *v = val[T_GATHER_LIMIT_MB];
 		float mb;
 		if (!want_float(L, v, "gather_limit_mb", &mb)) {
 			if (!(mb >= 0 && mb <= MAX_MB))
@@ -475,8 +449,8 @@ static void lower_shard_settings(Lower *L, const Stmt *const *set)
 				g->gather_limit_mb = mb;
 		}
 	}
-	if (set[T_ACCUMULATE_GRADS]) {
-		int w = want_word(L, &set[T_ACCUMULATE_GRADS]->val, "accumulate_grads", "sharded",
+	if (val[T_ACCUMULATE_GRADS]) {
+		int w = want_word(L, val[T_ACCUMULATE_GRADS], "accumulate_grads", "sharded",
 				  "unsharded");
 		if (w >= 0)
 			g->accum_unsharded = w;
@@ -585,7 +559,10 @@ static void lower_train(Lower *L)
 	Graph *g = L->g;
 	DpConfig *c = &g->cfg;
 	const Stmt *set[T_COUNT] = {NULL};
+	AstVal vals[T_COUNT];
+	const AstVal *val[T_COUNT] = {NULL}; /* the evaluated values; NULL after an error */
 	int64_t x;
+	int ok = 1;
 
 	c->steps = 100;
 	c->log_every = 10;
@@ -609,7 +586,7 @@ static void lower_train(Lower *L)
 		return;
 	}
 	for (const Stmt *s = L->train->body; s; s = s->next) {
-		if (s->kind != S_SETTING || !s->has_val) {
+		if (s->kind != S_SETTING || !s->val) {
 			ERR(s->loc, "expected a setting like 'steps 100' in the train section");
 			continue;
 		}
@@ -620,35 +597,40 @@ static void lower_train(Lower *L)
 			ERR(s->name_loc, "unknown train setting '%s'", s->name);
 		else if (set[k])
 			ERR(s->name_loc, "duplicate train setting '%s'", s->name);
-		else
+		else {
 			set[k] = s;
+			if (eval_value(L, s->val, &vals[k]) == 0)
+				val[k] = &vals[k];
+			else
+				ok = 0;
+		}
 	}
-	if (set[T_STEPS] && !want_int(L, &set[T_STEPS]->val, "steps", 1, INT32_MAX, &x))
+	if (val[T_STEPS] && !want_int(L, val[T_STEPS], "steps", 1, INT32_MAX, &x))
 		c->steps = (uint32_t)x;
-	if (set[T_LOG_EVERY] && !want_int(L, &set[T_LOG_EVERY]->val, "log_every", 1, INT32_MAX, &x))
+	if (val[T_LOG_EVERY] && !want_int(L, val[T_LOG_EVERY], "log_every", 1, INT32_MAX, &x))
 		c->log_every = (uint32_t)x;
-	if (set[T_SEED] && !want_int(L, &set[T_SEED]->val, "seed", 0, INT64_MAX, &x))
+	if (val[T_SEED] && !want_int(L, val[T_SEED], "seed", 0, INT64_MAX, &x))
 		c->seed = (uint64_t)x;
-	if (set[T_STRATEGY]) {
-		lower_strategy(L, &set[T_STRATEGY]->val);
+	if (val[T_STRATEGY]) {
+		lower_strategy(L, val[T_STRATEGY]);
 		/* full_shard shards over dp_shard and replicates nothing: a
 		 * dp_replicate axis would hold copies it never synchronises */
 		if (L->mesh_ok && c->strategy == DP_STRAT_FULL_SHARD && c->mesh[DP_AXIS_REPLICATE] > 1)
-			ERR(set[T_STRATEGY]->val.loc,
+			ERR(val[T_STRATEGY]->loc,
 			    "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
 			    "hybrid_shard",
 			    c->mesh[DP_AXIS_REPLICATE]);
 	}
-	lower_shard_settings(L, set);
-	if (set[T_OPTIMIZER])
-		lower_optimizer(L, &set[T_OPTIMIZER]->val);
-	if (set[T_CLIP_GRAD_NORM]) {
-		const AstVal *v = &set[T_CLIP_GRAD_NORM]->val;
+	lower_shard_settings(L, val);
+	if (val[T_OPTIMIZER])
+		lower_optimizer(L, val[T_OPTIMIZER]);
+	if (val[T_CLIP_GRAD_NORM]) {
+		const AstVal *v = val[T_CLIP_GRAD_NORM];
 		if (!want_float(L, v, "clip_grad_norm", &g->opt.clip) && g->opt.clip < 0)
 			ERR(v->loc, "clip_grad_norm must be >= 0 (0 turns clipping off)");
 	}
-	if (set[T_BUCKET_MB]) {
-		const AstVal *v = &set[T_BUCKET_MB]->val;
+	if (val[T_BUCKET_MB]) {
+		const AstVal *v = val[T_BUCKET_MB];
 		float mb;
 		if (!want_float(L, v, "bucket_mb", &mb)) {
 			if (!(mb > 0 && mb <= MAX_MB))
@@ -658,13 +640,12 @@ static void lower_train(Lower *L)
 		}
 	}
 	g->sched = (DpSched){.kind = DP_SCHED_CONSTANT, .steps = c->steps};
-	if (set[T_SCHEDULE])
-		lower_schedule(L, &set[T_SCHEDULE]->val);
+	if (val[T_SCHEDULE])
+		lower_schedule(L, val[T_SCHEDULE]);
 
 	/* batch: micro_batch, or global_batch split over grad_accum and the dp axes */
-	int ok = 1;
-	if (set[T_GRAD_ACCUM]) {
-		if (want_int(L, &set[T_GRAD_ACCUM]->val, "grad_accum", 1, 1 << 20, &x))
+	if (val[T_GRAD_ACCUM]) {
+		if (want_int(L, val[T_GRAD_ACCUM], "grad_accum", 1, 1 << 20, &x))
 			ok = 0;
 		else
 			c->grad_accum = (uint32_t)x;
@@ -683,24 +664,25 @@ static void lower_train(Lower *L)
 		return; /* the batch arithmetic would only repeat an earlier error */
 	int64_t dp = (int64_t)c->grad_accum * c->mesh[DP_AXIS_REPLICATE] * c->mesh[DP_AXIS_SHARD];
 	if (mb) {
-		if (want_int(L, &mb->val, "micro_batch", 1, INT32_MAX, &x))
+		if (want_int(L, val[T_MICRO_BATCH], "micro_batch", 1, INT32_MAX, &x))
 			return;
 		if (__builtin_mul_overflow(x, dp, &L->global_batch) || L->global_batch > MAX_ELEMS) {
-			ERR(mb->val.loc, "the global batch (micro_batch * grad_accum * dp ranks) is too large");
+			ERR(val[T_MICRO_BATCH]->loc,
+			    "the global batch (micro_batch * grad_accum * dp ranks) is too large");
 			return;
 		}
 	} else {
-		if (want_int(L, &gb->val, "global_batch", 1, MAX_ELEMS, &x))
+		if (want_int(L, val[T_GLOBAL_BATCH], "global_batch", 1, MAX_ELEMS, &x))
 			return;
 		if (x % dp != 0) {
-			ERR(gb->val.loc,
+			ERR(val[T_GLOBAL_BATCH]->loc,
 			    "global_batch %lld is not divisible by grad_accum * dp_replicate * dp_shard = %lld",
 			    (long long)x, (long long)dp);
 			return;
 		}
 		if (x / dp > INT32_MAX) {
-			ERR(gb->val.loc, "global_batch %lld gives a micro-batch that is too large",
-			    (long long)x);
+			ERR(val[T_GLOBAL_BATCH]->loc,
+			    "global_batch %lld gives a micro-batch that is too large", (long long)x);
 			return;
 		}
 		L->global_batch = x;
@@ -715,8 +697,8 @@ static void lower_train(Lower *L)
 
 /* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
  * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
-static int lower_type(Lower *L, const AstType *t, const char *what, const char *name,
-		      int is_data, DpDtype *dt, int *ndim, int64_t *dims)
+int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+	       DpDtype *dt, int *ndim, int64_t *dims)
 {
 	if (strcmp(t->dtype, "f32") == 0)
 		*dt = DP_F32;
@@ -739,10 +721,15 @@ static int lower_type(Lower *L, const AstType *t, const char *what, const char *
 	}
 	int rc = 0, i = 0;
 	int64_t numel = 1;
-	for (const Arg *a = t->dims; a; a = a->next, i++) {
-		const AstVal *v = &a->val;
-		int is_batch = v->kind == V_IDENT && strcmp(v->s, "batch") == 0;
+	for (const Expr *e = t->dims; e; e = e->next, i++) {
+		AstVal val;
+		const AstVal *v = &val;
 		dims[i] = 0;
+		if (eval_value(L, e, &val)) {
+			rc = -1;
+			continue;
+		}
+		int is_batch = v->kind == V_IDENT && strcmp(v->s, "batch") == 0;
 		if (is_data && i == 0) {
 			if (!is_batch) {
 				ERR(v->loc, "the first dimension of data '%s' must be 'batch'", name);
@@ -752,6 +739,9 @@ static int lower_type(Lower *L, const AstType *t, const char *what, const char *
 		}
 		if (is_batch) {
 			ERR(v->loc, "'batch' can only be the first dimension of a data declaration");
+			rc = -1;
+		} else if (v->kind == V_IDENT) {
+			ERR(v->loc, "unknown constant '%s' (a dimension must be a number)", v->s);
 			rc = -1;
 		} else if (want_int(L, v, "a dimension", 1, MAX_ELEMS, &dims[i])) {
 			rc = -1;
@@ -764,13 +754,57 @@ static int lower_type(Lower *L, const AstType *t, const char *what, const char *
 	return rc;
 }
 
-/* Fill s->rec.kind, synth_n/classes and s->path from a source spec. */
-static int lower_source(Lower *L, const AstVal *v, Source *s)
+/* Fill s->rec.kind, synth_n/classes, shift and s->path from the source
+ * expression e of data `name`, declared dt with nd dims. */
+static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, int nd,
+			Source *s)
 {
-	if (!is_spec(v)) {
-		ERR(v->loc, "expected a data source: idx(\"file\"), npy(\"file\") or "
-			    "synthetic(n=N, classes=C)");
+	AstVal val;
+	const AstVal *v = &val;
+	if (eval_value(L, e, &val))
 		return -1;
+	if (!is_spec(v)) {
+		ERR(v->loc, "expected a data source: idx(\"file\"), npy(\"file\"), tokens(\"glob\") "
+			    "or synthetic(n=N, classes=C)");
+		return -1;
+	}
+	if (strcmp(v->s, "tokens") == 0) {
+		const Arg *path = v->args, *shift = NULL;
+		if (!path || path->key || path->val.kind != V_STRING) {
+			ERR(v->loc, "tokens() takes a file path or glob string, like "
+				    "tokens(\"data/*.bin\", shift=1)");
+			return -1;
+		}
+		if (!path->val.s[0]) {
+			ERR(path->val.loc, "empty file path");
+			return -1;
+		}
+		for (const Arg *a = path->next; a; a = a->next) {
+			if (!a->key || strcmp(a->key, "shift") != 0) {
+				ERR(a->key_loc, "tokens() takes a path and shift=0|1 only");
+				return -1;
+			}
+			if (shift) {
+				ERR(a->key_loc, "duplicate argument 'shift'");
+				return -1;
+			}
+			shift = a;
+		}
+		int64_t sh = 0;
+		if (shift && want_int(L, &shift->val, "shift", 0, 1, &sh))
+			return -1;
+		/* windows of T tokens: a sample is one row of T ids (nd < 0: the
+		 * declaration failed and was reported) */
+		if (nd >= 0 && (dt != DP_I32 || nd != 2)) {
+			ERR(v->loc, "tokens() fills i32[batch, T] data, but '%s' is %s with %d "
+				    "dimension%s",
+			    name, ir_dtype_name(dt), nd, nd == 1 ? "" : "s");
+			return -1;
+		}
+		s->rec.kind = DP_SRC_TOKENS;
+		s->rec.shift = (uint8_t)sh;
+		s->path = path->val.s;
+		return 0;
 	}
 	int is_idx = strcmp(v->s, "idx") == 0;
 	if (is_idx || strcmp(v->s, "npy") == 0) {
@@ -800,7 +834,7 @@ static int lower_source(Lower *L, const AstVal *v, Source *s)
 		s->path = "";
 		return 0;
 	}
-	ERR(v->loc, "unknown data source '%s' (sources: idx, npy, synthetic)", v->s);
+	ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
 	return -1;
 }
 
@@ -814,7 +848,7 @@ static void lower_data(Lower *L)
 			ERR(s->loc, "expected a data declaration, like x: f32[batch, 784] from idx(\"file\")");
 			continue;
 		}
-		if (find_sym(L, s->name)) {
+		if (lower_find_sym(L, s->name)) {
 			ERR(s->name_loc, "duplicate data '%s'", s->name);
 			continue;
 		}
@@ -823,8 +857,8 @@ static void lower_data(Lower *L)
 		int64_t dims[DP_MAX_DIMS] = {0};
 		Source src = {0};
 		if (lower_type(L, &s->type, "data", s->name, 1, &dt, &nd, dims) ||
-		    lower_source(L, &s->val, &src) || !L->batch_ok) {
-			add_sym(L, s->name, -1, 1);
+		    lower_source(L, s->val, s->name, dt, nd, &src) || !L->batch_ok) {
+			lower_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		int64_t sample = 1, batch_elems;
@@ -833,22 +867,22 @@ static void lower_data(Lower *L)
 		if (__builtin_mul_overflow(sample, (int64_t)g->cfg.micro_batch, &batch_elems) ||
 		    batch_elems > MAX_ELEMS) {
 			ERR(s->name_loc, "a micro-batch of data '%s' is too large", s->name);
-			add_sym(L, s->name, -1, 1);
+			lower_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		dims[0] = g->cfg.micro_batch;
-		Value *v = ir_value(g, s->name, dt, nd, dims, DP_T_DATA, gloc(L, s->name_loc));
+		Value *v = lower_value(L, s->name, dt, nd, dims, DP_T_DATA, lower_gloc(L, s->name_loc));
 		src.rec.split = DP_SPLIT_TRAIN;
 		src.rec.role = dt == DP_I32;
 		src.rec.sample_elems = sample;
-		src.rec.src_line = (uint32_t)s->val.loc.line;
+		src.rec.src_line = (uint32_t)s->val->loc.line;
 		src.value = v->id;
-		src.loc = gloc(L, s->val.loc);
+		src.loc = lower_gloc(L, s->val->loc);
 		v->source = ir_add_source(g, &src);
 		Node *n = ir_node(g, DPK_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
 		n->ia[0] = v->source;
 		n->progs = IR_IN_STEP;
-		add_sym(L, s->name, v->id, 1);
+		lower_add_sym(L, s->name, v->id, 1);
 	}
 }
 
@@ -858,11 +892,12 @@ static void lower_eval(Lower *L)
 	const Stmt *every = NULL;
 	const Stmt **given = ast_alloc(L->ps, sizeof(Stmt *) * (size_t)(L->nsyms + 1));
 	for (const Stmt *s = L->eval->body; s; s = s->next) {
-		if (s->kind == S_SETTING && strcmp(s->name, "every") == 0 && s->has_val) {
+		if (s->kind == S_SETTING && strcmp(s->name, "every") == 0 && s->val) {
 			int64_t x;
+			AstVal v;
 			if (every)
 				ERR(s->name_loc, "duplicate eval setting 'every'");
-			else if (!want_int(L, &s->val, "every", 0, INT32_MAX, &x))
+			else if (!eval_value(L, s->val, &v) && !want_int(L, &v, "every", 0, INT32_MAX, &x))
 				g->cfg.eval_every = (uint32_t)x;
 			every = s;
 			continue;
@@ -875,7 +910,7 @@ static void lower_eval(Lower *L)
 			ERR(s->loc, "expected 'name from source' or 'every N' in the eval section");
 			continue;
 		}
-		Sym *sym = find_sym(L, s->name);
+		Sym *sym = lower_find_sym(L, s->name);
 		if (!sym || !sym->is_data) {
 			ERR(s->name_loc, "eval name '%s' is not declared in data", s->name);
 			continue;
@@ -887,15 +922,18 @@ static void lower_eval(Lower *L)
 		}
 		given[i] = s;
 		Source src = {0};
-		if (lower_source(L, &s->val, &src) || sym->value < 0)
+		const Value *d = sym->value >= 0 ? g->values[sym->value] : NULL;
+		/* a data declaration that failed: check the source's own arguments only */
+		if (lower_source(L, s->val, s->name, d ? d->dtype : DP_I32, d ? d->ndim : -1, &src) ||
+		    !d)
 			continue;
 		Value *v = g->values[sym->value];
 		src.rec.split = DP_SPLIT_EVAL;
 		src.rec.role = v->dtype == DP_I32;
 		src.rec.sample_elems = g->sources[v->source].rec.sample_elems;
-		src.rec.src_line = (uint32_t)s->val.loc.line;
+		src.rec.src_line = (uint32_t)s->val->loc.line;
 		src.value = v->id;
-		src.loc = gloc(L, s->val.loc);
+		src.loc = lower_gloc(L, s->val->loc);
 		int si = ir_add_source(g, &src);
 		Node *n = ir_node(g, DPK_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
 		n->ia[0] = si;
@@ -907,360 +945,12 @@ static void lower_eval(Lower *L)
 			    L->syms[i].name);
 }
 
-/* ---- model ---- */
-
-static const struct {
-	const char *name;
-	IrOp op;
-	int min_args, max_args;
-} ops[] = {
-	{"linear", DPK_LINEAR, 2, 3},
-	{"matmul", DPK_MATMUL, 2, 2},
-	{"add", DPK_ADD, 2, 2},
-	{"mul", DPK_MUL, 2, 2},
-	{"relu", DPK_RELU, 1, 1},
-	{"gelu", DPK_GELU, 1, 1},
-	{"tanh", DPK_TANH, 1, 1},
-	{"cross_entropy", DPK_XENT, 2, 2},
-};
-
-/* A param (S_PARAM) or a buffer (S_BUFFER) of a block: same types and
- * initialisers; a buffer is not trained and never communicated. */
-static void declare_param(Lower *L, const Stmt *p, int block)
-{
-	Graph *g = L->g;
-	int is_buffer = p->kind == S_BUFFER;
-	const char *what = is_buffer ? "buffer" : "param";
-	const Value *old = find_param(L, block, p->name, NULL);
-	if (old) {
-		if ((old->kind == DP_T_BUFFER) == is_buffer)
-			ERR(p->name_loc, "duplicate %s '%s' in block '%s'", what, p->name,
-			    g->blocks[block].name);
-		else
-			ERR(p->name_loc, "duplicate name '%s' in block '%s': it is already a %s",
-			    p->name, g->blocks[block].name, member_kind(old));
-		return;
-	}
-	DpDtype dt;
-	int nd = 0;
-	int64_t dims[DP_MAX_DIMS] = {0};
-	/* a param whose declaration fails is poisoned: uses of it stay quiet */
-	const char *name = ir_fmt(g, "%s.%s", g->blocks[block].name, p->name);
-	if (is_buffer && p->flag && strcmp(p->flag, "nosync") != 0) {
-		ERR(p->flag_loc, "unexpected '%s' after buffer '%s' (only 'nosync' may follow)",
-		    p->flag, p->name);
-		add_sym(L, name, -1, 0);
-		return;
-	}
-	if (lower_type(L, &p->type, what, p->name, 0, &dt, &nd, dims)) {
-		add_sym(L, name, -1, 0);
-		return;
-	}
-	DpInit init = DP_INIT_ZEROS;
-	float a = 0, b = 0;
-	if (p->has_val) {
-		const AstVal *v = &p->val;
-		if (!is_spec(v)) {
-			ERR(v->loc, "expected an initialiser: normal(mean, std), uniform(low, high), "
-				    "zeros or ones");
-			goto poison;
-		}
-		int two = strcmp(v->s, "normal") == 0 || strcmp(v->s, "uniform") == 0;
-		if (strcmp(v->s, "zeros") == 0 || strcmp(v->s, "ones") == 0) {
-			if (v->nargs) {
-				ERR(v->loc, "'%s' takes no arguments", v->s);
-				goto poison;
-			}
-			init = v->s[0] == 'z' ? DP_INIT_ZEROS : DP_INIT_ONES;
-		} else if (two) {
-			int normal = v->s[0] == 'n';
-			if (v->nargs != 2 || v->args->key || v->args->next->key) {
-				ERR(v->loc, "'%s' takes two numbers: %s", v->s,
-				    normal ? "normal(mean, std)" : "uniform(low, high)");
-				goto poison;
-			}
-			if (want_float(L, &v->args->val, normal ? "mean" : "low", &a) ||
-			    want_float(L, &v->args->next->val, normal ? "std" : "high", &b))
-				goto poison;
-			if (normal && b < 0) {
-				ERR(v->args->next->val.loc, "std must be >= 0");
-				goto poison;
-			}
-			if (!normal && b < a) {
-				ERR(v->args->next->val.loc, "uniform's high must be >= low");
-				goto poison;
-			}
-			init = normal ? DP_INIT_NORMAL : DP_INIT_UNIFORM;
-		} else {
-			ERR(v->loc, "unknown initialiser '%s' (normal, uniform, zeros, ones)", v->s);
-			goto poison;
-		}
-	}
-	Value *v = ir_value(g, name, dt, nd, dims, is_buffer ? DP_T_BUFFER : DP_T_PARAM,
-			    gloc(L, p->name_loc));
-	v->init = init;
-	v->init_a = a;
-	v->init_b = b;
-	v->block = block;
-	return;
-poison:
-	add_sym(L, name, -1, 0);
-}
-
-/* Blocks and params first, so `block.param` may be used anywhere. */
-static void declare_model(Lower *L)
-{
-	Graph *g = L->g;
-	for (Stmt *s = L->model->body; s; s = s->next) {
-		switch (s->kind) {
-		case S_ASSIGN:
-			add_target(L, s->name);
-			break;
-		case S_BLOCK:
-			if (find_block(L, s->name) >= 0) {
-				ERR(s->name_loc, "duplicate block '%s'", s->name);
-				break;
-			}
-			s->index = ir_add_block(g, s->name, gloc(L, s->name_loc));
-			for (const Stmt *p = s->body; p; p = p->next) {
-				if (p->kind == S_PARAM || p->kind == S_BUFFER)
-					declare_param(L, p, s->index);
-				else if (p->kind == S_ASSIGN)
-					add_target(L, p->name);
-				else if (p->kind == S_BLOCK)
-					ERR(p->loc, "blocks cannot be nested");
-				else
-					ERR(p->loc, "expected a param, a buffer or an assignment in "
-						    "block '%s'", s->name);
-			}
-			break;
-		case S_PARAM:
-		case S_BUFFER:
-			ERR(s->loc, "%s '%s' must be inside a block",
-			    s->kind == S_PARAM ? "param" : "buffer", s->name);
-			break;
-		default:
-			ERR(s->loc, "expected an assignment or a block in the model section");
-			break;
-		}
-	}
-}
-
-static int lower_call(Lower *L, const Expr *e, int block, const char *target);
-
-/* The value an expression denotes, or -1 (after an error, or for a name whose
- * definition failed: that was reported already). */
-static int lower_expr(Lower *L, const Expr *e, int block)
-{
-	switch (e->kind) {
-	case E_CALL:
-		return lower_call(L, e, block, NULL);
-	case E_MEMBER: {
-		int b = find_block(L, e->name);
-		if (b < 0) {
-			ERR(e->loc, "unknown block '%s'", e->name);
-			return -1;
-		}
-		int poisoned;
-		Value *p = find_param(L, b, e->member, &poisoned);
-		if (!p && poisoned)
-			return -1;
-		if (!p) {
-			ERR(e->member_loc, "block '%s' has no param or buffer '%s'", e->name,
-			    e->member);
-			return -1;
-		}
-		return p->id;
-	}
-	case E_NAME: {
-		if (block >= 0) {
-			int poisoned;
-			Value *p = find_param(L, block, e->name, &poisoned);
-			if (p)
-				return p->id;
-			if (poisoned)
-				return -1;
-		}
-		Sym *s = find_sym(L, e->name);
-		if (s)
-			return s->value;
-		if (is_target(L, e->name))
-			ERR(e->loc, "'%s' is used before it is assigned", e->name);
-		else
-			ERR(e->loc, "unknown identifier '%s'", e->name);
-		return -1;
-	}
-	}
-	die("bad expression kind %d", (int)e->kind);
-}
-
-/* Lower the arguments of a call into in[] (the first max_args, at most
- * DP_MAX_IN, are kept and type-checked: f32, but i32 at index labels_at).
- * Returns the number of failures. */
-static int lower_args(Lower *L, const Expr *e, int block, int *in, int labels_at, int max_args)
-{
-	int bad = 0, i = 0;
-	for (const Expr *a = e->args; a; a = a->next, i++) {
-		int id = lower_expr(L, a, block);
-		if (id < 0) {
-			bad++;
-			continue;
-		}
-		if (i >= max_args)
-			continue; /* the arity error covers it */
-		in[i] = id;
-		const Value *v = L->g->values[id];
-		DpDtype want = i == labels_at ? DP_I32 : DP_F32;
-		if (v->dtype != want) {
-			ERR(a->loc, "argument %d of '%s' must be %s, but '%s' is %s", i + 1, e->name,
-			    ir_dtype_name(want), v->name, ir_dtype_name(v->dtype));
-			bad++;
-		}
-	}
-	return bad;
-}
-
-static int check_arity(Lower *L, const Expr *e, int min, int max)
-{
-	if (e->nargs >= min && e->nargs <= max)
-		return 0;
-	if (min == max)
-		ERR(e->loc, "'%s' takes %d argument%s, got %d", e->name, min, min == 1 ? "" : "s",
-		    e->nargs);
-	else
-		ERR(e->loc, "'%s' takes %d to %d arguments, got %d", e->name, min, max, e->nargs);
-	return -1;
-}
-
-static int lower_call(Lower *L, const Expr *e, int block, const char *target)
-{
-	Graph *g = L->g;
-	size_t k = 0;
-	while (k < sizeof ops / sizeof ops[0] && strcmp(ops[k].name, e->name) != 0)
-		k++;
-	int in[DP_MAX_IN] = {0};
-	if (k == sizeof ops / sizeof ops[0]) {
-		ERR(e->loc, "unknown op '%s'", e->name);
-		lower_args(L, e, block, in, -1, 0); /* report errors inside it too */
-		return -1;
-	}
-	if (ops[k].op == DPK_XENT) {
-		ERR(e->loc, "cross_entropy must be assigned directly, like loss = cross_entropy(logits, y)");
-		return -1;
-	}
-	int bad = check_arity(L, e, ops[k].min_args, ops[k].max_args) != 0;
-	bad += lower_args(L, e, block, in, -1, ops[k].max_args);
-	if (bad)
-		return -1;
-	Loc loc = gloc(L, e->loc);
-	Value *v = ir_value(g, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
-	Node *n = ir_node(g, ops[k].op, v->id, e->nargs, in, PH_FWD, loc);
-	n->progs = IR_IN_STEP | IR_IN_EVAL;
-	n->block = block;
-	v->def = n->id;
-	return v->id;
-}
-
-static Value *metric(Lower *L, const char *stem, int64_t n, Loc loc)
-{
-	int64_t dims[1] = {n};
-	return ir_value(L->g, ir_fresh_name(L->g, stem), DP_F32, 1, dims, DP_T_METRIC, loc);
-}
-
-/* target = cross_entropy(logits, labels): the training loss and its metrics. */
-static int lower_loss(Lower *L, const Stmt *s, int block)
-{
-	Graph *g = L->g;
-	const Expr *e = s->expr;
-	if (L->loss_seen) {
-		ERR(e->loc, "more than one cross_entropy loss (the first is on line %d)",
-		    L->loss_loc.line);
-		return -1;
-	}
-	L->loss_seen = 1;
-	L->loss_loc = e->loc;
-	int in[DP_MAX_IN] = {0};
-	int bad = check_arity(L, e, 2, 2) != 0;
-	bad += lower_args(L, e, block, in, 1, 2);
-	if (bad || !L->batch_ok)
-		return -1;
-	Loc loc = gloc(L, e->loc);
-	Value *loss = ir_value(g, s->name, DP_F32, 0, NULL, DP_T_ACT, loc);
-	Node *n = ir_node(g, DPK_XENT, loss->id, 2, in, PH_FWD, loc);
-	n->fa[0] = 1.0f / (float)L->global_batch; /* the loss is the global-batch mean */
-	n->progs = IR_IN_STEP;
-	n->block = block;
-	loss->def = n->id;
-	g->loss = loss->id;
-	g->logits = in[0];
-	g->labels = in[1];
-
-	Value *sum = metric(L, "loss.sum", 1, loc);
-	n = ir_node(g, DPK_ACCUM, sum->id, 1, &loss->id, PH_FWD, loc);
-	n->progs = IR_IN_STEP;
-	g->metrics.loss = sum->id;
-	if (L->eval) {
-		Value *el = metric(L, "eval.loss", 1, loc);
-		n = ir_node(g, DPK_XENT, el->id, 2, in, PH_EVAL, loc);
-		n->fa[0] = 1.0f; /* a sum: the runtime divides by the samples counted */
-		n->progs = IR_IN_EVAL;
-		Value *ec = metric(L, "eval.correct", 2, loc);
-		n = ir_node(g, DPK_CORRECT, ec->id, 2, in, PH_EVAL, loc);
-		n->progs = IR_IN_EVAL;
-		g->metrics.eval_loss = el->id;
-		g->metrics.eval_correct = ec->id;
-	}
-	return loss->id;
-}
-
-static void lower_assign(Lower *L, const Stmt *s, int block)
-{
-	if (find_sym(L, s->name)) {
-		ERR(s->name_loc, "'%s' is already defined (a name is assigned once)", s->name);
-		return;
-	}
-	const Value *m = block >= 0 ? find_param(L, block, s->name, NULL) : NULL;
-	if (m) {
-		ERR(s->name_loc, "'%s' is a %s of block '%s'", s->name, member_kind(m),
-		    L->g->blocks[block].name);
-		return;
-	}
-	const Expr *e = s->expr;
-	int id = -1;
-	if (e->kind != E_CALL)
-		ERR(e->loc, "the right-hand side must be an op call, like relu(%s)", e->name);
-	else if (e->depth <= AST_MAX_DEPTH) /* deeper ones were reported by the scanner */
-		id = strcmp(e->name, "cross_entropy") == 0 ? lower_loss(L, s, block)
-							   : lower_call(L, e, block, s->name);
-	add_sym(L, s->name, id, 0);
-}
-
-static void lower_model(Lower *L)
-{
-	declare_model(L);
-	for (const Stmt *s = L->model->body; s; s = s->next) {
-		if (s->kind == S_ASSIGN)
-			lower_assign(L, s, -1);
-		else if (s->kind == S_BLOCK) {
-			for (const Stmt *p = s->body; p; p = p->next) {
-				if (p->kind == S_ASSIGN && s->index >= 0)
-					lower_assign(L, p, s->index);
-				else if (p->kind == S_ASSIGN && !find_sym(L, p->name))
-					add_sym(L, p->name, -1, 0); /* a duplicate block: quiet */
-			}
-		}
-	}
-	if (!L->loss_seen)
-		ERR(L->model->name_loc,
-		    "the model has no loss: assign one, like loss = cross_entropy(logits, y)");
-}
-
 /* ---- the file ---- */
 
 static void find_sections(Lower *L)
 {
-	static const char *const names[] = {"data", "eval", "model", "train"};
-	const Stmt **slots[] = {&L->data, &L->eval, &L->model, &L->train};
+	static const char *const names[] = {"config", "data", "eval", "model", "train"};
+	const Stmt **slots[] = {&L->config, &L->data, &L->eval, &L->model, &L->train};
 	for (const Stmt *s = L->ps->top; s; s = s->next) {
 		if (s->kind == S_SETTING && strcmp(s->name, "mesh") == 0) {
 			if (L->mesh)
@@ -1275,20 +965,22 @@ static void find_sections(Lower *L)
 				"a data declaration belongs in the data section",
 				"'name from source' belongs in the eval section",
 				"a param belongs in a block of the model section",
-				"unknown top-level statement (expected mesh, data, eval, model or train)",
+				"unknown top-level statement (expected mesh, config, data, eval, model or "
+				"train)",
 				"",
 				"a block belongs in the model section",
 				"a buffer belongs in a block of the model section",
+				"repeat belongs in the model section",
 			};
 			ERR(s->loc, "%s", where[s->kind]);
 			continue;
 		}
 		size_t k = 0;
-		while (k < 4 && strcmp(names[k], s->name) != 0)
+		while (k < 5 && strcmp(names[k], s->name) != 0)
 			k++;
-		if (k == 4)
-			ERR(s->name_loc, "unknown section '%s' (sections: data, eval, model, train)",
-			    s->name);
+		if (k == 5)
+			ERR(s->name_loc,
+			    "unknown section '%s' (sections: config, data, eval, model, train)", s->name);
 		else if (*slots[k])
 			ERR(s->name_loc, "duplicate '%s' section", s->name);
 		else
@@ -1296,12 +988,14 @@ static void find_sections(Lower *L)
 	}
 }
 
-Graph *ast_lower(ParseState *ps, int world_size)
+Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 {
-	Lower lw = {.ps = ps, .d = ps->d, .world_size = world_size, .top = {ps->file, 1, 1}};
+	Lower lw = {.ps = ps, .d = ps->d, .world_size = opts ? opts->world_size : 0,
+		    .opts = opts, .top = {ps->file, 1, 1}};
 	Lower *L = &lw;
 	L->g = ir_new(ps->file);
 	find_sections(L);
+	lower_config(L);
 	lower_mesh(L);
 	lower_train(L);
 	if (!L->data)
@@ -1317,8 +1011,19 @@ Graph *ast_lower(ParseState *ps, int world_size)
 	if (L->nerrs == 0)
 		return L->g;
 	qsort(L->errs, (size_t)L->nerrs, sizeof(Pending), pending_cmp);
-	for (int i = 0; i < L->nerrs; i++)
-		error_at(L->d, L->errs[i].loc, "%s", L->errs[i].msg);
+	int first_here = 0; /* the first message at this position */
+	for (int i = 0; i < L->nerrs; i++) {
+		const Pending *e = &L->errs[i];
+		if (e->loc.line != L->errs[first_here].loc.line ||
+		    e->loc.col != L->errs[first_here].loc.col)
+			first_here = i;
+		/* a repeat body lowers its statements N times: say each thing once */
+		int dup = 0;
+		for (int j = i - 64 > first_here ? i - 64 : first_here; j < i && !dup; j++)
+			dup = strcmp(L->errs[j].msg, e->msg) == 0;
+		if (!dup)
+			error_at(L->d, e->loc, "%s", e->msg);
+	}
 	ir_free(L->g);
 	return NULL;
 }
@@ -1371,6 +1076,12 @@ static char *read_file(const char *path, size_t *len)
 
 Graph *fe_compile(const char *path, int world_size, Diag *d, char **src_out)
 {
+	FeOptions o = {.world_size = world_size};
+	return fe_compile_opts(path, &o, d, src_out);
+}
+
+Graph *fe_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out)
+{
 	if (src_out)
 		*src_out = NULL;
 	int errors0 = d->nerrors;
@@ -1395,7 +1106,7 @@ Graph *fe_compile(const char *path, int world_size, Diag *d, char **src_out)
 	ParseState ps = {.d = d, .file = path};
 	Graph *g = NULL;
 	if (ast_parse(&ps, raw, len) == 0)
-		g = ast_lower(&ps, world_size);
+		g = ast_lower(&ps, opts);
 	ast_free(&ps);
 	free(raw);
 	if (d->nerrors > errors0) {

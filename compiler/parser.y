@@ -6,24 +6,27 @@
  * line, so every statement, block and section ends with NEWLINE:
  *
  *   body    := { NEWLINE | stmt NEWLINE | error NEWLINE }
- *   stmt    := IDENT '=' expr                       assignment (model)
- *            | IDENT ':' type 'from' value          data declaration
- *            | IDENT 'from' value                   eval source
- *            | 'param' IDENT ':' type ['init' value] parameter (block)
- *            | 'buffer' IDENT ':' type ['init' value] [IDENT]
- *                                                    buffer (block); IDENT: nosync
- *            | IDENT value                          setting: steps 100, mesh auto
- *            | IDENT IDENT '=' value {',' IDENT '=' value}   mesh dp_shard=2, tp=1
- *            | IDENT '{' body '}'                   section: data, eval, model, train
- *            | 'block' IDENT '{' body '}'           block (model)
- *   type    := IDENT ['[' value {',' value} ']']    f32[batch, 784]
- *   value   := INT | FLOAT | '-' INT | '-' FLOAT | STRING | IDENT
- *            | IDENT '(' [arg {',' arg}] ')'        arg := value | IDENT '=' value
- *   expr    := IDENT | IDENT '.' IDENT | IDENT '(' [expr {',' expr}] ')'
+ *   stmt    := IDENT '=' expr                       assignment (model, config)
+ *            | IDENT ':' type 'from' expr           data declaration
+ *            | IDENT 'from' expr                    eval source
+ *            | 'param' IDENT ':' type ['init' expr] [annot]    parameter (block)
+ *            | 'buffer' IDENT ':' type ['init' expr] [annot]   buffer (block)
+ *            | IDENT expr                           setting: steps 100, mesh auto
+ *            | IDENT IDENT '=' expr {',' IDENT '=' expr}   mesh dp_shard=2, tp=1
+ *            | IDENT '{' body '}'                   section: config, data, eval, model, train
+ *            | 'block' IDENT ['[' expr ']'] '{' body '}'   block (model): fc1, h[i]
+ *            | 'repeat' expr IDENT IDENT '{' body '}'      repeat N as i { ... } (model)
+ *   annot   := IDENT | IDENT '(' args ')'           nosync, split(tp, col)
+ *   type    := IDENT ['[' expr {',' expr} ']']      f32[batch, 784]
+ *   expr    := expr ('+' | '-' | '*' | '/') expr | '-' expr | '(' expr ')'
+ *            | INT | FLOAT | STRING | IDENT | IDENT '.' IDENT
+ *            | IDENT '(' [arg {',' arg}] ')'        arg := expr | IDENT '=' expr
  *
- * Which statement is allowed where is checked by compiler/lower.c. Error
- * recovery: `error NEWLINE` in every statement list skips to the end of the
- * bad statement, so one run reports one error per bad statement.
+ * One expression grammar serves op calls, specs, dims and constant
+ * arithmetic; which forms are allowed where (a tensor operand, a number, a
+ * spec) and which statement is allowed where is checked by compiler/lower.c.
+ * Error recovery: `error NEWLINE` in every statement list skips to the end of
+ * the bad statement, so one run reports one error per bad statement.
  */
 %define api.pure full
 %define api.prefix {fe_yy}
@@ -40,7 +43,6 @@
 typedef void *yyscan_t;
 #endif
 typedef struct { Stmt *head, *tail; } StmtList;
-typedef struct { Arg *head, *tail; int n; } ArgList;
 typedef struct { Expr *head, *tail; int n; } ExprList;
 }
 
@@ -73,35 +75,64 @@ static Stmt *new_stmt(ParseState *ps, StmtKind kind, const char *name, FE_YYLTYP
 	s->kind = kind;
 	s->name = name;
 	s->loc = s->name_loc = at(ps, l);
-	s->index = -1;
 	if (++ps->nstmts == AST_MAX_STMTS)
 		error_at(ps->d, s->loc, "too many statements (the limit is %d)", AST_MAX_STMTS);
 	return s;
 }
 
-static Arg *new_arg(ParseState *ps, const char *key, Loc key_loc, AstVal v)
-{
-	Arg *a = ast_alloc(ps, sizeof(Arg));
-	a->key = key;
-	a->key_loc = key_loc;
-	a->val = v;
-	return a;
-}
-
-static ArgList arg_append(ArgList l, Arg *a)
+static ExprList expr_append(ExprList l, Expr *e)
 {
 	if (l.tail)
-		l.tail->next = a;
+		l.tail->next = e;
 	else
-		l.head = a;
-	l.tail = a;
+		l.head = e;
+	l.tail = e;
 	l.n++;
 	return l;
 }
 
-static AstVal num_val(AstValKind k, int64_t i, double f, Loc l)
+/* Bound the height of expression trees (a long chain of operators) so that
+ * the recursive lowering cannot run out of stack: reported once, at the node
+ * that first passes the limit. */
+static Expr *new_expr(ParseState *ps, ExprKind kind, Loc loc, int height)
 {
-	return (AstVal){.kind = k, .i = i, .f = f, .loc = l};
+	Expr *e = ast_alloc(ps, sizeof(Expr));
+	e->kind = kind;
+	e->loc = loc;
+	e->height = height;
+	if (height == AST_MAX_EXPR + 1)
+		error_at(ps->d, loc, "expression is nested too deeply (more than %d levels)",
+			 AST_MAX_EXPR);
+	return e;
+}
+
+static Expr *binary(ParseState *ps, int op, Expr *l, Expr *r, Loc op_loc)
+{
+	int h = l->height > r->height ? l->height : r->height;
+	Expr *e = new_expr(ps, E_BINARY, l->loc, h + 1);
+	e->op = op;
+	e->lhs = l;
+	e->rhs = r;
+	e->member_loc = op_loc; /* the operator, for errors about this operation */
+	e->depth = l->depth > r->depth ? l->depth : r->depth;
+	return e;
+}
+
+static Expr *call(ParseState *ps, const char *name, Loc loc, ExprList args)
+{
+	int h = 0, inner = 0;
+	for (Expr *a = args.head; a; a = a->next) {
+		if (a->height > h)
+			h = a->height;
+		if (a->depth > inner)
+			inner = a->depth;
+	}
+	Expr *e = new_expr(ps, E_CALL, loc, h + 1);
+	e->name = name;
+	e->args = args.head;
+	e->nargs = args.n;
+	e->depth = inner + 1; /* the scanner bounds it */
+	return e;
 }
 }
 
@@ -109,9 +140,6 @@ static AstVal num_val(AstValKind k, int64_t i, double f, Loc l)
 	char *str;
 	int64_t inum;
 	double fnum;
-	AstVal val;
-	Arg *arg;
-	ArgList args;
 	Expr *expr;
 	ExprList exprs;
 	AstType type;
@@ -129,15 +157,17 @@ static AstVal num_val(AstValKind k, int64_t i, double f, Loc l)
 %token BUFFER "buffer"
 %token FROM "from"
 %token INIT "init"
+%token REPEAT "repeat"
+
+%left '+' '-'
+%left '*' '/'
+%precedence NEG
 
 %type <stmts> body
-%type <stmt> item stmt buffer
-%type <val> value
-%type <arg> arg
-%type <args> args arglist kwlist dims
+%type <stmt> item stmt decl
+%type <expr> expr primary arg annot opt_init
+%type <exprs> args arglist kwlist dims
 %type <type> type
-%type <expr> expr
-%type <exprs> exprs exprlist
 
 %%
 
@@ -170,38 +200,26 @@ stmt:
 					$$ = new_stmt(ps, S_ASSIGN, $1, @1);
 					$$->expr = $3;
 				}
-	| IDENT ':' type FROM value {
+	| IDENT ':' type FROM expr {
 					$$ = new_stmt(ps, S_DECL, $1, @1);
 					$$->type = $3;
-					$$->has_val = 1;
 					$$->val = $5;
 				}
-	| IDENT FROM value	{
+	| IDENT FROM expr	{
 					$$ = new_stmt(ps, S_SOURCE, $1, @1);
-					$$->has_val = 1;
 					$$->val = $3;
 				}
-	| PARAM IDENT ':' type	{
-					$$ = new_stmt(ps, S_PARAM, $2, @2);
-					$$->loc = at(ps, @1);
-					$$->type = $4;
-				}
-	| PARAM IDENT ':' type INIT value {
-					$$ = new_stmt(ps, S_PARAM, $2, @2);
-					$$->loc = at(ps, @1);
-					$$->type = $4;
-					$$->has_val = 1;
-					$$->val = $6;
-				}
-	| buffer		{ $$ = $1; }
-	| buffer IDENT		{
+	| decl opt_init		{
 					$$ = $1;
-					$$->flag = $2;
-					$$->flag_loc = at(ps, @2);
+					$$->val = $2;
 				}
-	| IDENT value		{
+	| decl opt_init annot	{
+					$$ = $1;
+					$$->val = $2;
+					$$->annot = $3;
+				}
+	| IDENT expr		{
 					$$ = new_stmt(ps, S_SETTING, $1, @1);
-					$$->has_val = 1;
 					$$->val = $2;
 				}
 	| IDENT kwlist		{
@@ -217,27 +235,59 @@ stmt:
 					$$->loc = at(ps, @1);
 					$$->body = $4.head;
 				}
+	| BLOCK IDENT '[' expr ']' '{' body '}' {
+					$$ = new_stmt(ps, S_BLOCK, $2, @2);
+					$$->loc = at(ps, @1);
+					$$->expr = $4;
+					$$->body = $7.head;
+				}
+	| REPEAT expr IDENT IDENT '{' body '}' {
+					$$ = new_stmt(ps, S_REPEAT, $4, @4);
+					$$->loc = at(ps, @1);
+					$$->expr = $2;
+					$$->body = $6.head;
+					if (strcmp($3, "as") != 0)
+						error_at(ps->d, at(ps, @3),
+							 "expected 'as' after the repeat count, like repeat 12 as i { ... }");
+				}
 	;
 
-buffer:
-	BUFFER IDENT ':' type	{
+decl:
+	PARAM IDENT ':' type	{
+					$$ = new_stmt(ps, S_PARAM, $2, @2);
+					$$->loc = at(ps, @1);
+					$$->type = $4;
+				}
+	| BUFFER IDENT ':' type	{
 					$$ = new_stmt(ps, S_BUFFER, $2, @2);
 					$$->loc = at(ps, @1);
 					$$->type = $4;
 				}
-	| BUFFER IDENT ':' type INIT value {
-					$$ = new_stmt(ps, S_BUFFER, $2, @2);
-					$$->loc = at(ps, @1);
-					$$->type = $4;
-					$$->has_val = 1;
-					$$->val = $6;
+	;
+
+opt_init:
+	%empty			{ $$ = NULL; }
+	| INIT expr		{ $$ = $2; }
+	;
+
+annot:
+	IDENT			{
+					$$ = new_expr(ps, E_NAME, at(ps, @1), 1);
+					$$->name = $1;
 				}
+	| IDENT '(' args ')'	{ $$ = call(ps, $1, at(ps, @1), $3); }
 	;
 
 kwlist:
-	IDENT '=' value		{ $$ = arg_append((ArgList){0}, new_arg(ps, $1, at(ps, @1), $3)); }
-	| kwlist ',' IDENT '=' value {
-					$$ = arg_append($1, new_arg(ps, $3, at(ps, @3), $5));
+	IDENT '=' expr		{
+					$3->key = $1;
+					$3->key_loc = at(ps, @1);
+					$$ = expr_append((ExprList){0}, $3);
+				}
+	| kwlist ',' IDENT '=' expr {
+					$5->key = $3;
+					$5->key_loc = at(ps, @3);
+					$$ = expr_append($1, $5);
 				}
 	;
 
@@ -250,80 +300,66 @@ type:
 	;
 
 dims:
-	value			{ $$ = arg_append((ArgList){0}, new_arg(ps, NULL, $1.loc, $1)); }
-	| dims ',' value	{ $$ = arg_append($1, new_arg(ps, NULL, $3.loc, $3)); }
+	expr			{ $$ = expr_append((ExprList){0}, $1); }
+	| dims ',' expr		{ $$ = expr_append($1, $3); }
 	;
 
-value:
-	INT			{ $$ = num_val(V_INT, $1, (double)$1, at(ps, @1)); }
-	| FLOAT			{ $$ = num_val(V_FLOAT, 0, $1, at(ps, @1)); }
-	| '-' INT		{ $$ = num_val(V_INT, -$2, -(double)$2, at(ps, @1)); }
-	| '-' FLOAT		{ $$ = num_val(V_FLOAT, 0, -$2, at(ps, @1)); }
-	| STRING		{ $$ = (AstVal){.kind = V_STRING, .s = $1, .loc = at(ps, @1)}; }
-	| IDENT			{ $$ = (AstVal){.kind = V_IDENT, .s = $1, .loc = at(ps, @1)}; }
-	| IDENT '(' args ')'	{
-					$$ = (AstVal){.kind = V_CALL, .s = $1, .args = $3.head,
-						      .nargs = $3.n, .loc = at(ps, @1)};
+expr:
+	primary			{ $$ = $1; }
+	| expr '+' expr		{ $$ = binary(ps, '+', $1, $3, at(ps, @2)); }
+	| expr '-' expr		{ $$ = binary(ps, '-', $1, $3, at(ps, @2)); }
+	| expr '*' expr		{ $$ = binary(ps, '*', $1, $3, at(ps, @2)); }
+	| expr '/' expr		{ $$ = binary(ps, '/', $1, $3, at(ps, @2)); }
+	| '-' expr %prec NEG	{
+					$$ = new_expr(ps, E_NEG, at(ps, @1), $2->height + 1);
+					$$->lhs = $2;
+					$$->depth = $2->depth;
 				}
 	;
 
+primary:
+	INT			{
+					$$ = new_expr(ps, E_INT, at(ps, @1), 1);
+					$$->i = $1;
+				}
+	| FLOAT			{
+					$$ = new_expr(ps, E_FLOAT, at(ps, @1), 1);
+					$$->f = $1;
+				}
+	| STRING		{
+					$$ = new_expr(ps, E_STRING, at(ps, @1), 1);
+					$$->name = $1;
+				}
+	| IDENT			{
+					$$ = new_expr(ps, E_NAME, at(ps, @1), 1);
+					$$->name = $1;
+				}
+	| IDENT '.' IDENT	{
+					$$ = new_expr(ps, E_MEMBER, at(ps, @1), 1);
+					$$->name = $1;
+					$$->member = $3;
+					$$->member_loc = at(ps, @3);
+				}
+	| IDENT '(' args ')'	{ $$ = call(ps, $1, at(ps, @1), $3); }
+	| '(' expr ')'		{ $$ = $2; }
+	;
+
 args:
-	%empty			{ $$ = (ArgList){0}; }
+	%empty			{ $$ = (ExprList){0}; }
 	| arglist		{ $$ = $1; }
 	;
 
 arglist:
-	arg			{ $$ = arg_append((ArgList){0}, $1); }
-	| arglist ',' arg	{ $$ = arg_append($1, $3); }
+	arg			{ $$ = expr_append((ExprList){0}, $1); }
+	| arglist ',' arg	{ $$ = expr_append($1, $3); }
 	;
 
 arg:
-	value			{ $$ = new_arg(ps, NULL, $1.loc, $1); }
-	| IDENT '=' value	{ $$ = new_arg(ps, $1, at(ps, @1), $3); }
-	;
-
-expr:
-	IDENT			{
-					$$ = ast_alloc(ps, sizeof(Expr));
-					$$->kind = E_NAME;
-					$$->name = $1;
-					$$->loc = at(ps, @1);
-				}
-	| IDENT '.' IDENT	{
-					$$ = ast_alloc(ps, sizeof(Expr));
-					$$->kind = E_MEMBER;
-					$$->name = $1;
-					$$->member = $3;
-					$$->loc = at(ps, @1);
-					$$->member_loc = at(ps, @3);
-				}
-	| IDENT '(' exprs ')'	{
-					$$ = ast_alloc(ps, sizeof(Expr));
-					$$->kind = E_CALL;
-					$$->name = $1;
-					$$->loc = at(ps, @1);
-					$$->args = $3.head;
-					$$->nargs = $3.n;
-					int inner = 0;
-					for (Expr *a = $3.head; a; a = a->next)
-						if (a->depth > inner)
-							inner = a->depth;
-					$$->depth = inner + 1; /* the scanner bounds it */
-				}
-	;
-
-exprs:
-	%empty			{ $$ = (ExprList){0}; }
-	| exprlist		{ $$ = $1; }
-	;
-
-exprlist:
-	expr			{ $$ = (ExprList){$1, $1, 1}; }
-	| exprlist ',' expr	{
-					$$ = $1;
-					$$.tail->next = $3;
-					$$.tail = $3;
-					$$.n++;
+	expr			{ $$ = $1; }
+	| IDENT '=' expr	{
+					$$ = $3;
+					$$->key = $1;
+					$$->key_loc = at(ps, @1);
 				}
 	;
 

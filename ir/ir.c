@@ -23,8 +23,9 @@ const char *const ir_phase_names[7] = {"data", "fwd", "bwd", "comm", "opt", "eva
 const char *const ir_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};        /* DpProgram */
 const char *const ir_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
 						  "hybrid_shard"};                   /* DpStrategy */
-const char *const ir_init_names[5] = {"none", "zeros", "ones", "normal", "uniform"};     /* DpInit */
-const char *const ir_src_kind_names[3] = {"idx", "npy", "synthetic"};                  /* DpSourceKind */
+const char *const ir_init_names[7] = {"none", "zeros", "ones", "normal", "uniform", "rope_cos",
+					"rope_sin"};     /* DpInit */
+const char *const ir_src_kind_names[4] = {"idx", "npy", "synthetic", "tokens"};        /* DpSourceKind */
 const char *const ir_split_names[2] = {"train", "eval"};                               /* DpSplit */
 const char *const ir_role_names[2] = {"features", "labels"};                           /* DpSource.role */
 const char *const ir_kind_names[] = {

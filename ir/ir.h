@@ -231,8 +231,8 @@ extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "pa
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_prog_names[DP_NPROG];    /* DpProgram: "step", "eval", "init", "export" */
 extern const char *const ir_strategy_names[DP_NSTRAT]; /* DpStrategy: "ddp", ... */
-extern const char *const ir_init_names[5];           /* DpInit */
-extern const char *const ir_src_kind_names[3];       /* DpSourceKind */
+extern const char *const ir_init_names[7];           /* DpInit */
+extern const char *const ir_src_kind_names[4];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 
@@ -318,7 +318,7 @@ typedef struct {
 	uint8_t index;    /* into ia[] or fa[] */
 } IrAttrName;
 
-#define IR_MAX_ATTR_NAMES 4 /* per op, the NULL terminator included */
+#define IR_MAX_ATTR_NAMES 5 /* per op, the NULL terminator included */
 extern const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES]; /* ORDER KERNEL */
 
 /* ---- verifier (ir/verify.c) ---- */

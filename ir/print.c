@@ -77,7 +77,25 @@ const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES] = {
 	[DPK_ALL_GATHER] = {{"axes", IR_ATTR_AXES, 0}},
 	[DPK_EVENT_RECORD] = {{"ev", IR_ATTR_ALWAYS, 0}},
 	[DPK_EVENT_WAIT] = {{"ev", IR_ATTR_ALWAYS, 0}},
-	[DPK_SHARD] = {{"axes", IR_ATTR_AXES, 0}},
+	[DPK_SHARD] = {{"axes", IR_ATTR_AXES, 0}, {"dim", IR_ATTR_INT, 1}},
+	[DPK_EMBEDDING_GRAD] = {{"acc", IR_ATTR_FLAG, 2}},
+	[DPK_LAYERNORM] = {{"eps", IR_ATTR_FLOAT, 0}},
+	[DPK_LAYERNORM_GRAD] = {{"eps", IR_ATTR_FLOAT, 0}},
+	[DPK_LAYERNORM_GRAD_G] = {{"eps", IR_ATTR_FLOAT, 0}, {"acc", IR_ATTR_FLAG, 2}},
+	[DPK_RMSNORM] = {{"eps", IR_ATTR_FLOAT, 0}},
+	[DPK_RMSNORM_GRAD] = {{"eps", IR_ATTR_FLOAT, 0}},
+	[DPK_RMSNORM_GRAD_G] = {{"eps", IR_ATTR_FLOAT, 0}, {"acc", IR_ATTR_FLAG, 2}},
+	[DPK_ATTENTION] = {{"heads", IR_ATTR_INT, 0}},
+	[DPK_ATTENTION_GRAD] = {{"heads", IR_ATTR_INT, 0}},
+	[DPK_ROPE] = {{"inverse", IR_ATTR_FLAG, 0}},
+	/* reshape: dims 1.. of the result, and how many were given */
+	[DPK_RESHAPE] = {{"d1", IR_ATTR_INT, 0}, {"d2", IR_ATTR_INT, 1}, {"d3", IR_ATTR_INT, 2},
+			 {"ndims", IR_ATTR_INT, 4}},
+	[DPK_SPLIT] = {{"parts", IR_ATTR_INT, 0}, {"index", IR_ATTR_ALWAYS, 1}},
+	[DPK_SPLIT_GRAD] = {{"parts", IR_ATTR_INT, 0}, {"index", IR_ATTR_ALWAYS, 1}},
+	[DPK_TP_COPY] = {{"axes", IR_ATTR_AXES, 0}},
+	[DPK_TP_REDUCE] = {{"axes", IR_ATTR_AXES, 0}},
+	[DPK_INTERLEAVE] = {{"parts", IR_ATTR_INT, 0}, {"dim", IR_ATTR_INT, 1}},
 };
 
 
@@ -409,6 +427,8 @@ static void print_directives(FILE *out, const Graph *g)
 		put_ref(&b, g, src->value);
 		bprintf(&b, " %s sample=%" PRId64, name_of(ir_role_names, NELEMS(ir_role_names), src->rec.role),
 			src->rec.sample_elems);
+		if (src->rec.shift)
+			bprintf(&b, " shift=%u", (unsigned)src->rec.shift);
 		if (src->rec.synth_n || src->rec.synth_classes)
 			bprintf(&b, " n=%" PRId64 " classes=%d", src->rec.synth_n, src->rec.synth_classes);
 		if (src->rec.src_line)
@@ -500,11 +520,6 @@ typedef struct {
 	Buf body, attrs, comment;
 } NodeLine;
 
-static int is_collective(IrOp op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 /* The word for a program mask (read.c's progs_words must match); NULL when
  * the mask has none (it prints as progs=N). */
 static const char *progs_word(unsigned progs)
@@ -566,15 +581,15 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 	int whole = n->op == DPK_REDUCE_SCATTER && n->nin > 0 ? n->in[0] : n->out;
 	if (n->op == DPK_ALL_REDUCE && n->out == -1 && n->nin > 0)
 		whole = n->in[0];
-	if (!value_ok(g, whole))
-		return;
+	if (!value_ok(g, whole) || g->values[whole]->ndim == 0)
+		return; /* not shaped yet (before the shape pass) */
 	double size = (double)value_bytes(g->values[whole]);
 	double ranks = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		if ((uint64_t)n->ia[0] & DP_AXIS_BIT(a))
 			ranks *= g->cfg.mesh[a];
 	double factor = ranks <= 1 ? 0 : (ranks - 1) / ranks;
-	if (n->op == DPK_ALL_REDUCE)
+	if (n->op == DPK_ALL_REDUCE || n->op == DPK_TP_REDUCE)
 		factor *= 2;
 	put_si(b, size * factor, "B");
 	bprintf(b, "/rank (bus, n=%.0f)", ranks);
@@ -681,7 +696,7 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 
 	if (!op_ok)
 		return;
-	if (is_collective(n->op)) {
+	if (dp_is_collective(n->op)) {
 		collective_comment(&l->comment, g, n);
 	} else if (cost_safe(g, n)) {
 		double flops = 0, bytes = 0;

@@ -853,7 +853,7 @@ static int parse_block_decl(Reader *r)
 	return 0;
 }
 
-/* source SPLIT KIND "PATH" -> %v ROLE sample=N [n=N classes=N] [line=N] */
+/* source SPLIT KIND "PATH" -> %v ROLE sample=N [shift=1] [n=N classes=N] [line=N] */
 static int parse_source(Reader *r)
 {
 	Source *s = ir_alloc(r->g, sizeof(Source));
@@ -861,7 +861,7 @@ static int parse_source(Reader *r)
 	int split = expect_enum(r, ir_split_names, NELEMS(ir_split_names), "train or eval");
 	if (split < 0)
 		return -1;
-	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy or synthetic");
+	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy, synthetic or tokens");
 	if (kind < 0)
 		return -1;
 	const Tok *path = next(r);
@@ -890,9 +890,15 @@ static int parse_source(Reader *r)
 			int c = 0;
 			rc = parse_int(r, next(r), &c);
 			s->rec.synth_classes = c;
-		} else if (strcmp(key, "line") == 0)
+		} else if (strcmp(key, "line") == 0) {
 			rc = parse_u32(r, next(r), &s->rec.src_line);
-		else
+		} else if (strcmp(key, "shift") == 0) {
+			int sh = 0;
+			rc = parse_int(r, next(r), &sh);
+			if (rc == 0 && (sh < 0 || sh > 1))
+				return fail_at(r, k->col, "shift must be 0 or 1");
+			s->rec.shift = (uint8_t)sh;
+		} else
 			return fail_at(r, k->col, "unknown source key '%s'", key);
 		if (rc < 0)
 			return -1;
@@ -919,7 +925,7 @@ static int parse_bucket(Reader *r)
 	int op = expect_enum(r, dp_kernel_names, DPK_COUNT, "a collective op");
 	if (op < 0)
 		return -1;
-	if (op != DPK_ALL_REDUCE && op != DPK_REDUCE_SCATTER && op != DPK_ALL_GATHER)
+	if (!dp_is_collective((unsigned)op))
 		return fail_at(r, r->toks[r->pos - 1].col, "a bucket's op must be a collective");
 	b->op = (IrOp)op;
 	while (peek(r)->kind == TK_WORD) {

@@ -133,7 +133,7 @@ static void put_source(Put *w, const DpSource *s)
 	put_u8(w, s->kind);
 	put_u8(w, s->split);
 	put_u8(w, s->role);
-	put_u8(w, s->pad);
+	put_u8(w, s->shift);
 	put_i32(w, s->tensor);
 	put_i64(w, s->sample_elems);
 	put_i64(w, s->synth_n);
@@ -325,7 +325,7 @@ static void get_source(Get *r, DpSource *s)
 	s->kind = get_u8(r);
 	s->split = get_u8(r);
 	s->role = get_u8(r);
-	s->pad = get_u8(r);
+	s->shift = get_u8(r);
 	s->tensor = get_i32(r);
 	s->sample_elems = get_i64(r);
 	s->synth_n = get_i64(r);
@@ -390,7 +390,7 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 	if (check_str(s, t->name, what, err, errlen))
 		return -1;
 	const char *name = s->strings + t->name;
-	if (t->dtype >= DP_NDTYPE || t->kind > DP_T_BUFFER || t->init > DP_INIT_UNIFORM ||
+	if (t->dtype >= DP_NDTYPE || t->kind > DP_T_BUFFER || t->init > DP_INIT_ROPE_SIN ||
 	    t->ndim > DP_MAX_DIMS) {
 		fail(err, errlen, "tensor '%s': bad dtype/kind/init/ndim (%u/%u/%u/%u)", name, t->dtype,
 		     t->kind, t->init, t->ndim);
@@ -488,6 +488,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 {
 	const DpInstr *in = &s->prog[p][i];
 	char what[96];
+	int id;
 	snprintf(what, sizeof what, "%s program, instruction %u", prog_names[p], i);
 	if (in->op >= DPK_COUNT) {
 		fail(err, errlen, "%s: unknown opcode %u", what, in->op);
@@ -529,6 +530,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	case DPK_ALL_REDUCE:
 	case DPK_REDUCE_SCATTER:
 	case DPK_ALL_GATHER:
+	case DPK_TP_REDUCE:
 		/* INIT runs before anything is synchronised and must stay local: every
 		 * rank computes the same full values and cuts its own shard */
 		if (p == DP_PROG_INIT)
@@ -541,9 +543,11 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return misplaced(what, "the init program", err, errlen);
 		if (check_f32(s, in->out, "output", what, err, errlen))
 			return -1;
-		if (s->tensors[in->out].kind != DP_T_PARAM && s->tensors[in->out].kind != DP_T_BUFFER) {
-			fail(err, errlen, "%s: output '%s' is not a parameter or buffer", what,
-			     dpstep_str(s, s->tensors[in->out].name));
+		/* in0, when given, is the parameter the output is the whole of */
+		id = in->in[0] >= 0 ? in->in[0] : in->out;
+		if (s->tensors[id].kind != DP_T_PARAM && s->tensors[id].kind != DP_T_BUFFER) {
+			fail(err, errlen, "%s: '%s' is not a parameter or buffer", what,
+			     dpstep_str(s, s->tensors[id].name));
 			return -1;
 		}
 		break;
@@ -552,9 +556,11 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return misplaced(what, "the export program", err, errlen);
 		if (check_f32(s, in->in[0], "input", what, err, errlen))
 			return -1;
-		if (s->tensors[in->in[0]].kind != DP_T_PARAM) {
-			fail(err, errlen, "%s: input '%s' is not a parameter", what,
-			     dpstep_str(s, s->tensors[in->in[0]].name));
+		/* in1, when given, is the parameter in0 is the whole of */
+		id = in->in[1] >= 0 ? in->in[1] : in->in[0];
+		if (s->tensors[id].kind != DP_T_PARAM) {
+			fail(err, errlen, "%s: '%s' is not a parameter", what,
+			     dpstep_str(s, s->tensors[id].name));
 			return -1;
 		}
 		break;
@@ -615,7 +621,7 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		if (check_str(s, src->path, what, err, errlen) ||
 		    check_tid(s, src->tensor, 0, what, err, errlen))
 			return -1;
-		if (src->kind > DP_SRC_SYNTHETIC || src->split > DP_SPLIT_EVAL || src->role > 1 ||
+		if (src->kind > DP_SRC_TOKENS || src->split > DP_SPLIT_EVAL || src->role > 1 || src->shift > 1 ||
 		    src->sample_elems < 0 || src->synth_n < 0 || src->synth_classes < 0 ||
 		    src->synth_classes > 65536) {
 			fail(err, errlen, "%s: bad kind/split/role/sizes", what);

@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 2u
+#define DP_STEP_VERSION 3u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -85,6 +85,9 @@ typedef enum {
 	DP_INIT_ONES,    /* 1 */
 	DP_INIT_NORMAL,  /* normal(mean=a, std=b) */
 	DP_INIT_UNIFORM, /* uniform(low=a, high=b) */
+	DP_INIT_ROPE_COS, /* rotary table [T, half]: element (t, j) = cos(t * a^(-j/half)),
+	                     a = theta, b = half (the last dim); buffers only */
+	DP_INIT_ROPE_SIN, /* the same with sin */
 } DpInit;
 
 /* Where a data tensor's samples come from. */
@@ -92,6 +95,9 @@ typedef enum {
 	DP_SRC_IDX,       /* IDX file (MNIST format), gzip or plain; u8 images scaled to [0,1] */
 	DP_SRC_NPY,       /* .npy array, float32/int32/int64, C order, first dim = samples */
 	DP_SRC_SYNTHETIC, /* deterministic synthetic classification data (see runtime/data.c) */
+	DP_SRC_TOKENS,    /* llm.c token shards (uint16, header of 256 int32: 20240520, 1, n):
+	                     sample k = sample_elems tokens from k*sample_elems + shift; the
+	                     path is a glob, shards in name order (runtime/data.c) */
 } DpSourceKind;
 
 typedef enum {
@@ -141,8 +147,10 @@ typedef enum {
 	                                     2-D operands, leading dims folded into rows */    \
 	X(LINEAR, "linear")               /* out = in0 @ in1 + in2; in0 [rows,k], in1 [k,n],  \
 	                                     in2 [n] bias (-1: none) */                        \
-	X(BIAS_ADD, "bias_add")           /* out[r,c] = in0[r,c] + in1[c] */                  \
-	X(BIAS_GRAD, "bias_grad")         /* out[c] = sum_r in0[r,c] (+ out if ia2) */        \
+	X(BIAS_ADD, "bias_add")           /* out[r,c] = in0[r,c] + in1[c], c over in1's      \
+	                                     elements (in1 = in0's trailing dims) */          \
+	X(BIAS_GRAD, "bias_grad")         /* out[c] = sum_r in0[r,c] (+ out if ia2), c over \
+	                                     out's elements */                                \
 	X(ADD, "add")                     /* out = in0 + in1 */                               \
 	X(MUL, "mul")                     /* out = in0 * in1 */                               \
 	X(RELU, "relu")                   /* out = max(in0, 0) */                             \
@@ -159,7 +167,8 @@ typedef enum {
 	                                     out[1] = #rows with label >= 0 */                 \
 	X(LOAD, "load")                   /* fill data tensor out from source ia0 for the    \
 	                                     current micro-batch (train) or batch (eval) */    \
-	X(SQNORM, "sqnorm")               /* out[0] = sum in0^2 (+ out[0] if ia2) */          \
+	X(SQNORM, "sqnorm")               /* out[0] = w * sum in0^2 (+ out[0] if ia2);        \
+	                                     w = fa0, 0 meaning 1 (tp: replicated grads 1/tp) */\
 	X(SQRT, "sqrt")                   /* out[0] = sqrt(in0[0]) */                          \
 	X(CLIP, "clip")                   /* out *= min(1, fa0 / (in0[0] + 1e-6)); in0 = norm */\
 	X(SGD, "sgd")                     /* in0 = grads; out = params; in1 = momentum buf;   \
@@ -182,7 +191,51 @@ typedef enum {
 	X(SHARD, "shard")                 /* out = this rank's block of in0 over the group    \
 	                                     of ia0 (axis mask): block k (group rank k, the  \
 	                                     all_gather order) of numel(out) elements; local;  \
-	                                     INIT and STEP (zero1: the gradient shard) */
+	                                     INIT and STEP (zero1: the gradient shard);     \
+	                                     ia1 = dim: 0 contiguous blocks (above), k > 0    \
+	                                     the block along dim k of in0 (tp col split) */   \
+	X(EMBEDDING, "embedding")         /* out[r,:] = in1[in0[r],:]; in0 = ids i32 [rows..], \
+	                                     in1 = table f32 [V,d]; out [rows..,d];           \
+	                                     an id outside [0,V) is a run-time error */       \
+	X(EMBEDDING_GRAD, "embedding_grad") /* out[in1[r],:] += in0[r,:] (zeroed first unless \
+	                                     ia2); in0 = dy [rows..,d], in1 = ids, in2 = the \
+	                                     table (shape only); out [V,d] */                 \
+	X(LAYERNORM, "layernorm")         /* out = (x-mean)/sqrt(var+fa0)*in1 + in2 over the  \
+	                                     last dim; in {x, gamma [C], beta [C]} */          \
+	X(LAYERNORM_GRAD, "layernorm_grad") /* out = dx; in {dy, x, gamma}; fa0 = eps */      \
+	X(LAYERNORM_GRAD_G, "layernorm_grad_g") /* out[c] = sum_r dy*xhat (+ out if ia2);    \
+	                                     in {dy, x}; fa0 = eps */                         \
+	X(RMSNORM, "rmsnorm")             /* out = x/sqrt(mean(x^2)+fa0)*in1; in {x, g [C]} */\
+	X(RMSNORM_GRAD, "rmsnorm_grad")   /* out = dx; in {dy, x, g}; fa0 = eps */            \
+	X(RMSNORM_GRAD_G, "rmsnorm_grad_g") /* out[c] = sum_r dy*x/rms (+ out if ia2);       \
+	                                     in {dy, x}; fa0 = eps */                         \
+	X(SILU, "silu")                   /* out = x * sigmoid(x) */                          \
+	X(SILU_GRAD, "silu_grad")         /* out = dy * silu'(x); in {dy, x} */               \
+	X(SOFTMAX, "softmax")             /* out = softmax of in0 over the last dim */        \
+	X(SOFTMAX_GRAD, "softmax_grad")   /* out = y*(dy - sum(dy*y)); in {dy, y} */          \
+	X(ATTENTION, "attention")         /* causal multi-head self-attention: in0 = qkv     \
+	                                     [B,T,3C], per head [q|k|v] of hd = C/ia0 each;  \
+	                                     out [B,T,C] (head-major); ia0 = heads (local) */ \
+	X(ATTENTION_GRAD, "attention_grad") /* out = d qkv [B,T,3C]; in {dy [B,T,C], qkv};  \
+	                                     ia0 = heads; recomputes the probabilities */     \
+	X(ROPE, "rope")                   /* rotary embedding of the q and k of each head of \
+	                                     a packed qkv [B,T,3C] (v unchanged), rotate-half \
+	                                     form; in {qkv, cos [Tc,hd/2], sin [Tc,hd/2]},    \
+	                                     position = index along T (T <= Tc); ia0 = 1:     \
+	                                     rotate by -angle (the gradient) */               \
+	X(TRANSPOSE, "transpose")         /* out = in0 with its last two dims swapped */      \
+	X(RESHAPE, "reshape")             /* out = in0's elements in out's shape (a copy) */  \
+	X(SPLIT, "split")                 /* out = chunk ia1 of ia0 equal chunks of in0's   \
+	                                     last dim */                                      \
+	X(SPLIT_GRAD, "split_grad")       /* out = zeros, chunk ia1 of ia0 = in0 (dy) */     \
+	X(TP_COPY, "tp_copy")             /* out = in0 (Megatron's f: its gradient is a     \
+	                                     tp_reduce over the same axes ia0) */             \
+	X(TP_REDUCE, "tp_reduce")         /* out = sum of in0 over the ia0 axes (Megatron's \
+	                                     g), a collective on the comm stream; its         \
+	                                     gradient passes through */                       \
+	X(INTERLEAVE, "interleave")       /* undo a dim-ia1 shard after an all_gather: in0   \
+	                                     [ia0][outer][s][inner] -> out [outer][ia0*s]     \
+	                                     [inner] (the tp-split parameter, whole) */
 
 typedef enum {
 #define X(name, text) DPK_##name,
@@ -268,7 +321,7 @@ typedef struct {
 	uint8_t kind;         /* DpSourceKind */
 	uint8_t split;        /* DpSplit */
 	uint8_t role;         /* 0 = features (f32), 1 = labels (i32) */
-	uint8_t pad;
+	uint8_t shift;        /* tokens: offset of the window (0: inputs, 1: targets) */
 	int32_t tensor;       /* destination tensor id (DP_T_DATA) */
 	int64_t sample_elems; /* elements per sample */
 	int64_t synth_n;      /* synthetic: number of samples */
@@ -305,6 +358,14 @@ typedef struct {
 
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */
 #define DP_AXIS_BIT(a) (1u << (a))
+
+/* The collectives: kernels that move data between the ranks of the ia0 axes,
+ * on the comm stream. TP_REDUCE is an out-of-place all_reduce. */
+static inline int dp_is_collective(unsigned op)
+{
+	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER ||
+	       op == DPK_TP_REDUCE;
+}
 
 /* ---- codec (ir/stepfile.c, linked into both dpc and dpexec) ---- */
 

@@ -123,11 +123,6 @@ __attribute__((format(printf, 3, 4))) static void value_error(Verifier *vf, int 
 	fputc('\n', vf->out);
 }
 
-static int is_collective(IrOp op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 /* Does n read its output? From the op table when it has the row, else from
  * the kernel contracts of stepfile.h. */
 static int reads_out(const Node *n)
@@ -308,7 +303,7 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "block %d out of range", n->block);
 	if (n->progs & ~IR_ALL_PROGS)
 		node_error(vf, n, "bad program mask %u", n->progs);
-	if (is_collective(n->op) && n->stream != DP_STREAM_COMM)
+	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
 	if (n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT) {
 		if (n->ia[0] < 0 || n->ia[0] >= g->nevents)
@@ -419,16 +414,24 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 	case DPK_INIT:
 		if (n->progs != IR_IN_INIT)
 			node_error(vf, n, "init outside the init program (programs %u)", n->progs);
-		if (vok(g, n->out) && !is_param_or_buffer(g, n->out))
+		/* in0, when given, names the param a whole temporary is
+		 * initialised as (a tensor-parallel param, cut afterwards) */
+		if (in0 >= 0 && vok(g, in0) && !is_param_or_buffer(g, in0))
+			node_error(vf, n, "init as %%%s, which is not a param or a buffer",
+				   vname(g, in0));
+		if (in0 < 0 && vok(g, n->out) && !is_param_or_buffer(g, n->out))
 			node_error(vf, n, "init writes %%%s, which is not a param or a buffer",
 				   vname(g, n->out));
 		break;
-	case DPK_SAVE:
+	case DPK_SAVE: {
+		/* in1, when given, names the param in0 (its whole value) is saved as */
+		int id = n->nin > 1 && n->in[1] >= 0 ? n->in[1] : in0;
 		if (n->progs != IR_IN_EXPORT)
 			node_error(vf, n, "save outside the export program (programs %u)", n->progs);
-		if (vok(g, in0) && !is_param_or_buffer(g, in0))
-			node_error(vf, n, "saves %%%s, which is not a param or a buffer", vname(g, in0));
+		if (vok(g, id) && !is_param_or_buffer(g, id))
+			node_error(vf, n, "saves %%%s, which is not a param or a buffer", vname(g, id));
 		break;
+	}
 	case DPK_SHARD:
 		if (n->progs & ~(IR_IN_INIT | IR_IN_STEP))
 			node_error(vf, n, "shard outside the init and step programs (programs %u)",
@@ -444,7 +447,7 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 	default:
 		break;
 	}
-	if (!is_collective(n->op))
+	if (!dp_is_collective(n->op))
 		return;
 	if (n->progs & IR_IN_INIT)
 		node_error(vf, n, "collective in the init program (collectives run in step, eval "

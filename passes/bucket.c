@@ -33,11 +33,6 @@
 
 #include "passes.h"
 
-static int is_collective(IrOp op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 /* A gradient collective this pass may fuse: in-place on a grad view of a
  * flat buffer. Other collectives (later strategies) are left as they are. */
 static int fusable(const Graph *g, const Node *n)
@@ -172,7 +167,7 @@ int bucket_run(Graph *g, Diag *d)
 	Node **coll = ir_alloc(g, (size_t)(g->nnodes ? g->nnodes : 1) * sizeof(Node *));
 	int nc = 0;
 	for (int i = 0; i < g->nnodes; i++)
-		if (is_collective(g->nodes[i]->op))
+		if (dp_is_collective(g->nodes[i]->op))
 			coll[nc++] = g->nodes[i];
 	Node **mem = ir_alloc(g, (size_t)(nc ? nc : 1) * sizeof(Node *));
 	int nmem = 0;

@@ -58,8 +58,17 @@
  * Placement annotations: shards place(dp_shard: shard0), unreduced grads
  * partial on the data-parallel axes, everything else replicated.
  *
- * Strategies are rows of one table keyed by g->strategy; tp is named and
- * reported as not supported yet. */
+ * Tensor parallelism (tp > 1; passes/tp.c made split parameters per rank):
+ * every strategy above treats a split parameter like any other (its
+ * data-parallel collectives run among the ranks with the same tp
+ * coordinate), and units never mix split and replicated parameters ("U.tp"
+ * units). INIT of a split parameter initialises "p.whole" (INIT p.whole as
+ * p) and SHARDs this rank's block along the split dim over tp; EXPORT
+ * all_gathers it over tp, INTERLEAVEs it back to the whole layout and SAVEs
+ * it as p. The gradient norm weights each split gradient (range) 1 and each
+ * replicated one 1/tp and all_reduces the sum over tp as well (tp_norm).
+ *
+ * Strategies are rows of one table keyed by g->strategy. */
 #include <stdint.h>
 #include <string.h>
 
@@ -70,13 +79,131 @@ typedef struct {
 	int (*run)(Graph *g, Diag *d); /* NULL: known to the DSL, not implemented yet */
 } Strategy;
 
-/* Parameters (and everything else) replicated on every axis: the default of
- * ir_value, restated here because this pass owns placement. */
+/* Parameters (and everything else) replicated on every data-parallel axis:
+ * the default of ir_value, restated here because this pass owns placement.
+ * The tp placement of tensor-parallel parameters (passes/tp.c) stays, and
+ * their gradients get it too. */
 static void place_replicated(Graph *g)
 {
-	for (int i = 0; i < g->nvalues; i++)
+	for (int i = 0; i < g->nvalues; i++) {
+		Value *v = g->values[i];
+		Place tp = v->kind == DP_T_PARAM ? v->place[DP_AXIS_TP] : (Place){DP_PL_REPLICATE, -1};
 		for (int a = 0; a < DP_MAX_AXES; a++)
-			g->values[i]->place[a] = (Place){DP_PL_REPLICATE, -1};
+			v->place[a] = (Place){DP_PL_REPLICATE, -1};
+		v->place[DP_AXIS_TP] = tp;
+	}
+	for (int i = 0; i < g->nvalues; i++) {
+		Value *v = g->values[i];
+		if (v->kind == DP_T_GRAD && v->param >= 0)
+			v->place[DP_AXIS_TP] = g->values[v->param]->place[DP_AXIS_TP];
+	}
+}
+
+/* ---- tensor parallelism: whole-tensor setup and the gradient norm ---- */
+
+#define TPBIT DP_AXIS_BIT(DP_AXIS_TP)
+
+/* The dim a tensor-parallel parameter is split along over tp, or -1. */
+static int tp_dim(const Graph *g, const Value *p)
+{
+	if (g->cfg.mesh[DP_AXIS_TP] <= 1 || p->place[DP_AXIS_TP].kind != DP_PL_SHARD)
+		return -1;
+	return p->place[DP_AXIS_TP].dim;
+}
+
+/* "p.whole": the whole (all tp ranks') value of split parameter p, a
+ * temporary of the INIT and EXPORT programs, with p's initialiser. */
+static int whole_of(Graph *g, const Value *p)
+{
+	const char *name = ir_fmt(g, "%s.whole", p->name);
+	Value *w = ir_find_value(g, name);
+	if (w)
+		return w->id;
+	int64_t dims[DP_MAX_DIMS];
+	memcpy(dims, p->dims, sizeof dims);
+	dims[tp_dim(g, p)] *= g->cfg.mesh[DP_AXIS_TP];
+	w = ir_value(g, name, p->dtype, p->ndim, dims, DP_T_ACT, p->loc);
+	w->init = p->init;
+	w->init_a = p->init_a;
+	w->init_b = p->init_b;
+	w->block = p->block;
+	return w->id;
+}
+
+static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs);
+static Node *comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned axes,
+		       unsigned flags, unsigned progs, int block);
+
+/* INIT of parameter p where the step reads it. A tensor-parallel one is
+ * initialised whole (INIT p.whole as p: the same values as on one rank) and
+ * this rank's block cut out along its split dim. */
+static void init_param(Graph *g, int p)
+{
+	int dim = tp_dim(g, g->values[p]);
+	if (dim < 0) {
+		setup_node(g, DPK_INIT, p, 0, NULL, IR_IN_INIT);
+		return;
+	}
+	int w = whole_of(g, g->values[p]);
+	setup_node(g, DPK_INIT, w, 1, &p, IR_IN_INIT);
+	Node *s = setup_node(g, DPK_SHARD, p, 1, &w, IR_IN_INIT);
+	s->ia[0] = TPBIT;
+	s->ia[1] = dim;
+}
+
+/* SAVE of parameter p (whole on the data-parallel axes by now). A
+ * tensor-parallel one is all_gathered over tp ([tp][block] order),
+ * INTERLEAVEd back into its whole layout and saved under p's name. */
+static void save_param(Graph *g, int p)
+{
+	const Value *v = g->values[p];
+	int dim = tp_dim(g, v);
+	if (dim < 0) {
+		setup_node(g, DPK_SAVE, -1, 1, &p, IR_IN_EXPORT);
+		return;
+	}
+	int T = (int)g->cfg.mesh[DP_AXIS_TP];
+	int w = whole_of(g, v);
+	Value *t = ir_value(g, ir_fmt(g, "%s.tp_gather", v->name), v->dtype, 1,
+			    (int64_t[]){ir_numel(v) * T}, DP_T_ACT, v->loc);
+	t->block = v->block;
+	comm_node(g, DPK_ALL_GATHER, t->id, 1, &p, TPBIT, 0, IR_IN_EXPORT, v->block);
+	Node *il = setup_node(g, DPK_INTERLEAVE, w, 1, &t->id, IR_IN_EXPORT);
+	il->ia[0] = T;
+	il->ia[1] = dim;
+	setup_node(g, DPK_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
+}
+
+/* The global gradient norm with tp > 1: the squared norm of each gradient
+ * range (`grads`, nranges values) weighted 1 when it is split over tp (each
+ * tp rank holds a different part) and 1/tp when it is replicated (every tp
+ * rank holds the same values), summed into the SQNORM node's output and
+ * all_reduced over tp (and the `extra` axes). The SQNORM node at index isq
+ * is reused for the first range; the rest and the all_reduce are returned
+ * in `after`, in order, for the caller to place after it. */
+static int tp_norm(Graph *g, int isq, const int *grads, int nranges, unsigned extra,
+		   Node **after)
+{
+	Node *sq = g->nodes[isq];
+	double T = g->cfg.mesh[DP_AXIS_TP];
+	int k = 0;
+	for (int i = 0; i < nranges; i++) {
+		const Value *gv = g->values[grads[i]];
+		int split = gv->place[DP_AXIS_TP].kind == DP_PL_SHARD;
+		Node *n = sq;
+		if (i > 0) {
+			n = ir_node(g, DPK_SQNORM, sq->out, 1, &grads[i], PH_OPT, (Loc){0});
+			n->progs = IR_IN_STEP;
+			n->flags = DP_IF_LAST;
+			n->ia[2] = 1; /* accumulate */
+			after[k++] = n;
+		}
+		n->in[0] = grads[i];
+		n->fa[0] = split ? 1.0f : (float)(1.0 / T);
+	}
+	after[k++] = comm_node(g, DPK_ALL_REDUCE, sq->out, 0, NULL, TPBIT | extra, DP_IF_LAST,
+			       IR_IN_STEP, -1);
+	return k;
 }
 
 /* Does node n write memory overlapping value v? */
@@ -143,10 +270,10 @@ static void setup_replicated(Graph *g)
 	int nv = g->nvalues;
 	for (int i = 0; i < nv; i++)
 		if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
-			setup_node(g, DPK_INIT, i, 0, NULL, IR_IN_INIT);
+			init_param(g, i);
 	for (int i = 0; i < nv; i++)
 		if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
-			setup_node(g, DPK_SAVE, -1, 1, &i, IR_IN_EXPORT);
+			save_param(g, i);
 }
 
 /* DDP: every gradient all-reduced (summed) over dp_replicate x dp_shard. The
@@ -194,6 +321,23 @@ static int ddp_run(Graph *g, Diag *d)
 		NodeList *q = &queued[last[v]];
 		q->nodes[q->n++] = ar;
 	}
+	if (g->cfg.mesh[DP_AXIS_TP] > 1) {
+		/* the norm over the (all_reduced) gradients, one range per param */
+		int isq = -1;
+		for (int i = 0; i < nold && isq < 0; i++)
+			if (g->nodes[i]->phase == PH_OPT && g->nodes[i]->op == DPK_SQNORM)
+				isq = i;
+		if (isq < 0)
+			die("collectives: the optimizer tail has no sqnorm");
+		int *grads = ir_alloc(g, (size_t)g->nvalues * sizeof(int)), ng = 0;
+		for (int v = 0; v < g->nvalues; v++)
+			if (g->values[v]->kind == DP_T_GRAD && g->values[v]->param >= 0)
+				grads[ng++] = v;
+		Node **after = ir_alloc(g, (size_t)(ng + 1) * sizeof(Node *));
+		int na = tp_norm(g, isq, grads, ng, 0, after);
+		queued[isq].nodes = after;
+		queued[isq].n = na;
+	}
 	splice_after(g, queued, nold);
 	setup_replicated(g);
 	return 0;
@@ -229,6 +373,9 @@ typedef struct {
 	int full_p, full_g;     /* views/roots of the unit's full params and grads */
 	int shard_p, shard_g;   /* views of the shard buffers */
 	int rs;                 /* reduce_scatter output when it is accumulated, or -1 */
+	int tp;                 /* its params are split over tp (tp > 1): a unit never mixes
+	                           split and replicated params, so the gradient norm can
+	                           weight its shard as a whole (tp_norm) */
 } Unit;
 
 typedef struct {
@@ -421,12 +568,13 @@ static void unit_add(Sh *sh, Unit *u, int p)
 		u->first = sh->first[gr];
 }
 
-static Unit *new_unit(Sh *sh, const char *name, int block)
+static Unit *new_unit(Sh *sh, const char *name, int block, int tp)
 {
 	Unit *u = &sh->u[sh->nu++];
 	memset(u, 0, sizeof *u);
-	u->name = name;
+	u->name = tp ? ir_fmt(sh->g, "%s.tp", name) : name;
 	u->block = block;
+	u->tp = tp;
 	u->last = u->first = -1;
 	u->gather = u->gather_bwd = u->full_p = u->full_g = u->shard_p = u->shard_g = u->rs = -1;
 	return u;
@@ -444,13 +592,14 @@ static void make_units(Sh *sh)
 		 * (a block with no gradient writer goes last) */
 		for (int i = 0; i < np; i++) {
 			const Value *p = g->values[ps[i]];
+			int tp = tp_dim(g, p) >= 0;
 			Unit *u = NULL;
 			for (int k = 0; k < sh->nu && !u; k++)
-				if (sh->u[k].block == p->block)
+				if (sh->u[k].block == p->block && sh->u[k].tp == tp)
 					u = &sh->u[k];
 			if (!u)
 				u = new_unit(sh, p->block >= 0 ? g->blocks[p->block].name : "model",
-					     p->block);
+					     p->block, tp);
 			unit_add(sh, u, ps[i]);
 		}
 		/* units were created at their first (earliest completing) param;
@@ -470,13 +619,15 @@ static void make_units(Sh *sh)
 	Unit *u = NULL;
 	for (int i = 0; i < np; i++) {
 		const Value *p = g->values[ps[i]];
-		int has_writer = sh->last[p->grad] >= 0;
+		int has_writer = sh->last[p->grad] >= 0, tp = tp_dim(g, p) >= 0;
 		int64_t bytes = (u ? u->elems : 0) + ir_numel(p);
 		bytes *= (int64_t)ir_dtype_size(p->dtype);
 		/* a new bucket when full, and one of its own for the grads that
-		 * nothing writes (they need no collective) */
-		if (!u || (u->nparams && bytes > limit) || (has_writer != (u->last >= 0))) {
-			u = new_unit(sh, ir_fmt(g, "bucket%d", sh->nu), p->block);
+		 * nothing writes (they need no collective) or when the params
+		 * switch between split over tp and replicated */
+		if (!u || (u->nparams && bytes > limit) || (has_writer != (u->last >= 0)) ||
+		    tp != u->tp) {
+			u = new_unit(sh, ir_fmt(g, "bucket%d", sh->nu), p->block, tp);
 		}
 		if (u->block != p->block)
 			u->block = -1;
@@ -544,6 +695,9 @@ static void layout(Sh *sh, int fp, int fg)
 				   u->chunk, DP_T_GRAD, u->block);
 		place_shard(g->values[u->shard_p]);
 		place_shard(g->values[u->shard_g]);
+		if (u->tp) /* different values on every tp rank */
+			g->values[u->shard_p]->place[DP_AXIS_TP] =
+				g->values[u->shard_g]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
 		if (sh->full) {
 			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->padded, DP_T_ACT)->id;
 			g->values[u->gather]->block = u->block;
@@ -734,7 +888,7 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 			 * overlaps one unit of compute, and its input dies there */
 			int at = opt0;
 			for (int j = k + 1; j < sh->nu; j++)
-				if (sh->u[j].first >= 0) {
+				if (sh->u[j].first > u->last) { /* a tied weight's unit starts early */
 					at = sh->u[j].first;
 					break;
 				}
@@ -747,12 +901,23 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 		}
 	}
 
-	/* the optimizer tail on the shards: norm over the shard group */
+	/* the optimizer tail on the shards: norm over the shard group (with tp,
+	 * per unit, weighted, and over tp too) */
 	Node *nsq = g->nodes[isq];
 	nsq->in[0] = sg;
-	Node *arn = comm_node(g, DPK_ALL_REDUCE, nsq->out, 0, NULL, shard, DP_IF_LAST, IR_IN_STEP,
-			      -1);
-	queue(sh, sh->after, isq, arn);
+	if (g->cfg.mesh[DP_AXIS_TP] > 1) {
+		int *ranges = ir_alloc(g, (size_t)sh->nu * sizeof(int));
+		for (int k = 0; k < sh->nu; k++)
+			ranges[k] = sh->u[k].shard_g;
+		Node **after = ir_alloc(g, (size_t)(sh->nu + 1) * sizeof(Node *));
+		int na = tp_norm(g, isq, ranges, sh->nu, shard, after);
+		for (int i = 0; i < na; i++)
+			queue(sh, sh->after, isq, after[i]);
+	} else {
+		Node *arn = comm_node(g, DPK_ALL_REDUCE, nsq->out, 0, NULL, shard, DP_IF_LAST,
+				      IR_IN_STEP, -1);
+		queue(sh, sh->after, isq, arn);
+	}
 	if (iclip >= 0)
 		g->nodes[iclip]->out = sg;
 	Node *upd = g->nodes[iupd];
@@ -783,7 +948,7 @@ static void setup_sharded(Sh *sh)
 		if (sh->full && u->padded > u->elems)
 			setup_node(g, DPK_FILL, u->full_p, 0, NULL, IR_IN_INIT)->fa[0] = 0;
 		for (int i = 0; i < u->nparams; i++)
-			setup_node(g, DPK_INIT, u->params[i], 0, NULL, IR_IN_INIT);
+			init_param(g, u->params[i]);
 		setup_node(g, DPK_SHARD, u->shard_p, 1, &u->full_p, IR_IN_INIT)->ia[0] = shard;
 	}
 	for (int k = 0; k < sh->nu; k++) {
@@ -792,7 +957,7 @@ static void setup_sharded(Sh *sh)
 			comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard, 0, IR_IN_EXPORT,
 				  u->block);
 		for (int i = 0; i < u->nparams; i++)
-			setup_node(g, DPK_SAVE, -1, 1, &u->params[i], IR_IN_EXPORT);
+			save_param(g, u->params[i]);
 	}
 }
 
@@ -862,7 +1027,6 @@ static const Strategy strategies[] = {
 	{"zero2", zero2_run},
 	{"full_shard", full_shard_run},
 	{"hybrid_shard", hybrid_shard_run},
-	{"tp", NULL},
 };
 
 int shard_run(Graph *g, Diag *d)

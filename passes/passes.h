@@ -35,6 +35,7 @@ int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
 int pipeline_find(const char *name);
 
 /* The passes (one file each). */
+int tp_run(Graph *g, Diag *d);        /* passes/tp.c: tensor parallelism (Megatron) */
 int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of every value */
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */

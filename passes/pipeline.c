@@ -13,6 +13,8 @@
 #include "passes.h"
 
 const Pass pipeline[] = {
+	{"tp", "tp-split params have per-rank shapes; tp_copy/tp_reduce around split linears",
+	 tp_run},
 	{"shape", "every value has a dtype and a per-rank shape", shape_run},
 	{"autodiff", "every param has a grad; backward nodes accumulate into it", ad_run},
 	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",

@@ -49,7 +49,7 @@
 
 static int is_collective(const Node *n)
 {
-	return n->op == DPK_ALL_REDUCE || n->op == DPK_REDUCE_SCATTER || n->op == DPK_ALL_GATHER;
+	return dp_is_collective(n->op);
 }
 
 static int is_event(const Node *n)

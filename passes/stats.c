@@ -23,11 +23,6 @@
 
 #include "passes.h"
 
-static int is_collective(IrOp op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 /* "1.50 MiB" */
 static const char *human_bytes(char *buf, size_t len, double b)
 {
@@ -101,7 +96,7 @@ static double bus_factor(IrOp op, int n)
 {
 	if (n <= 1)
 		return 0;
-	return op == DPK_ALL_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
+	return op == DPK_ALL_REDUCE || op == DPK_TP_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
 }
 
 typedef struct {
@@ -114,14 +109,14 @@ typedef struct {
 
 static void print_collectives(FILE *out, const Graph *g, double accum)
 {
-	Row rows[3 << DP_MAX_AXES]; /* at most one per (collective op, axis mask) */
+	Row rows[4 << DP_MAX_AXES]; /* at most one per (collective op, axis mask) */
 	int nrows = 0;
 	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
 	if (!seen_bucket)
 		die("out of memory");
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (!is_collective(n->op) || !(n->progs & IR_IN_STEP))
+		if (!dp_is_collective(n->op) || !(n->progs & IR_IN_STEP))
 			continue;
 		unsigned axes = (unsigned)n->ia[0];
 		int r = 0;

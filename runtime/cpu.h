@@ -1,10 +1,10 @@
 /*
  * cpu.h - the CPU compute backend: every compute kernel of DP_KERNELS on
- * host memory (OpenBLAS sgemm for MATMUL/LINEAR, plain C elsewhere).
+ * host memory (OpenBLAS sgemm for MATMUL, LINEAR and ATTENTION, plain C elsewhere).
  *
  * The executor owns memory and streams; this backend only computes. LOAD,
- * collectives, events, INIT, SAVE and SHARD are the executor's (cpu_run
- * refuses them).
+ * collectives (TP_REDUCE included), events, INIT, SAVE and SHARD are the
+ * executor's (cpu_run refuses them).
  */
 #ifndef DP_CPU_H
 #define DP_CPU_H

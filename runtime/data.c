@@ -1,10 +1,23 @@
 /*
- * data.c - data sources (IDX, .npy, synthetic) and the sampler.
+ * data.c - data sources (IDX, .npy, synthetic, llm.c token shards) and the sampler.
  *
- * data_open loads every source of one split into one malloc'd array each
- * (4-byte elements: float for f32 tensors, int32 for i32 tensors), checking
- * what the .dp file declared against what the file holds. Errors name the
- * data file and the .dp line; a malformed file is an error, never a crash.
+ * data_open loads every IDX, .npy and synthetic source of one split into one
+ * malloc'd array each (4-byte elements: float for f32 tensors, int32 for i32
+ * tensors), checking what the .dp file declared against what the file holds.
+ * Token shards are different: they can be gigabytes of uint16, so they are
+ * mapped read-only (mmap) and a sample's tokens are widened to int32 when a
+ * batch is filled. Errors name the data file and the .dp line; a malformed
+ * file is an error, never a crash.
+ *
+ * Token shards (llm.c's format): a header of 256 little-endian int32 (magic
+ * 20240520, version 1, token count n, the rest unused), then n little-endian
+ * uint16 tokens; the file is exactly 1024 + 2n bytes. The source's path is a
+ * glob(3) pattern; the matches, in glob's sorted order, are concatenated in
+ * sample space: with T = sample_elems, a shard holds (n - 1) / T samples and
+ * sample k of a shard is tokens [k*T + shift, k*T + shift + T), shift 0 for the
+ * inputs and 1 for the next-token targets. Both shifts give the same count, a
+ * window never crosses a shard, and the last token of a shard is only ever a
+ * target.
  *
  * The sampler follows DistributedSampler semantics with drop_last: the train
  * split is reshuffled every epoch by a Fisher-Yates permutation whose random
@@ -31,10 +44,15 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "rt.h"
@@ -44,6 +62,17 @@
 #define DATA_MAX_BYTES (1ll << 40) /* refuse absurd sizes from corrupt headers */
 #define NPY_MAX_HEADER (1u << 20)  /* numpy writes a few hundred bytes */
 #define NPY_MAX_DIMS 32
+#define TOK_MAGIC 20240520
+#define TOK_VERSION 1
+#define TOK_HEADER_BYTES 1024 /* 256 int32 */
+
+/* One mapped token shard. */
+typedef struct {
+	void *map;       /* the whole file, PROT_READ */
+	size_t maplen;
+	int64_t ntok;    /* tokens after the header */
+	int64_t first;   /* index of its first sample in the concatenation */
+} TokShard;
 
 /* One loaded source: n samples of `elems` 4-byte elements. */
 typedef struct {
@@ -51,7 +80,12 @@ typedef struct {
 	int role;      /* 0 features, 1 labels */
 	int64_t n;     /* samples */
 	int64_t elems; /* elements per sample */
-	void *data;    /* n * elems floats or int32s */
+	void *data;    /* n * elems floats or int32s; NULL for tokens */
+	/* tokens only: */
+	int tokens;    /* 1: samples come from shards[], not data */
+	int shift;     /* window offset (0 inputs, 1 targets) */
+	int nshards;
+	TokShard *shards; /* first ascending */
 } DataSource;
 
 /* The permutation of the epoch last asked for. Mutable behind a const
@@ -613,6 +647,174 @@ static int load_synthetic(LoadCtx *c, const DpStep *s, const DpSource *rec, int 
 	return 0;
 }
 
+/* ---- llm.c token shards (see the top of the file) ---- */
+
+static int32_t le32(const unsigned char *p)
+{
+	return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+			 (uint32_t)p[3] << 24);
+}
+
+/* Open, check and map one shard of T-token windows; *sh filled on success. */
+static int map_shard(LoadCtx *c, const char *path, int64_t T, TokShard *sh)
+{
+	unsigned char hdr[TOK_HEADER_BYTES];
+	struct stat st;
+
+	errno = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return RT_FAIL(c->e, "cannot open token shard %s: %s (%s)", path, strerror(errno),
+			       c->where);
+	if (fstat(fd, &st) != 0) {
+		int err = errno;
+		close(fd);
+		return RT_FAIL(c->e, "cannot stat token shard %s: %s (%s)", path, strerror(err),
+			       c->where);
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return RT_FAIL(c->e, "token shard %s is not a regular file (%s)", path, c->where);
+	}
+	int64_t size = st.st_size;
+	if (size < TOK_HEADER_BYTES) {
+		close(fd);
+		return RT_FAIL(c->e,
+			       "token shard %s is truncated: %lld bytes, shorter than the %d-byte header (%s)",
+			       path, (long long)size, TOK_HEADER_BYTES, c->where);
+	}
+	ssize_t got = pread(fd, hdr, sizeof hdr, 0);
+	if (got != (ssize_t)sizeof hdr) {
+		int err = errno;
+		close(fd);
+		return RT_FAIL(c->e, "cannot read the header of token shard %s: %s (%s)", path,
+			       got < 0 ? strerror(err) : "short read", c->where);
+	}
+	int32_t magic = le32(hdr), version = le32(hdr + 4), n = le32(hdr + 8);
+	if (magic != TOK_MAGIC || version != TOK_VERSION) {
+		close(fd);
+		return RT_FAIL(c->e,
+			       "token shard %s has a bad header: magic %d, version %d; llm.c shards have %d, %d (%s)",
+			       path, magic, version, TOK_MAGIC, TOK_VERSION, c->where);
+	}
+	int64_t want = TOK_HEADER_BYTES + 2 * (int64_t)n;
+	if (n < 0 || size != want) {
+		close(fd);
+		return RT_FAIL(c->e,
+			       "token shard %s has the wrong size%s: its header says %d tokens (%lld bytes), the file has %lld bytes (%s)",
+			       path, size < want ? " (truncated)" : "", n, (long long)want,
+			       (long long)size, c->where);
+	}
+	if ((int64_t)n < T + 1) {
+		close(fd);
+		return RT_FAIL(c->e,
+			       "token shard %s holds %d tokens, fewer than one window of %lld + 1 (%s)",
+			       path, n, (long long)T, c->where);
+	}
+	errno = 0;
+	void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+	int err = errno;
+	close(fd); /* the mapping keeps the file */
+	if (map == MAP_FAILED)
+		return RT_FAIL(c->e, "cannot map token shard %s (%lld bytes): %s (%s)", path,
+			       (long long)size, strerror(err), c->where);
+	sh->map = map;
+	sh->maplen = (size_t)size;
+	sh->ntok = n;
+	return 0;
+}
+
+static void unmap_shards(DataSource *d)
+{
+	for (int i = 0; i < d->nshards; i++)
+		if (d->shards[i].map)
+			munmap(d->shards[i].map, d->shards[i].maplen);
+	free(d->shards);
+	d->shards = NULL;
+	d->nshards = 0;
+}
+
+static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d)
+{
+	glob_t g;
+	int64_t T = rec->sample_elems;
+
+	if (dtype != DP_I32)
+		return RT_FAIL(c->e, "tokens from %s must be declared i32, not %s (%s)", c->path,
+			       dtype_name(dtype), c->where);
+	if (rec->shift > 1)
+		return RT_FAIL(c->e, "tokens from %s: shift %u, only 0 and 1 are supported (%s)",
+			       c->path, rec->shift, c->where);
+	d->tokens = 1;
+	d->shift = rec->shift;
+	d->elems = T;
+	memset(&g, 0, sizeof g);
+	int rc = glob(c->path, GLOB_ERR, NULL, &g); /* sorted (no GLOB_NOSORT) */
+	if (rc == GLOB_NOMATCH) {
+		globfree(&g);
+		if (!strpbrk(c->path, "*?["))
+			return RT_FAIL(c->e, "cannot open token shard %s: no such file (%s)", c->path,
+				       c->where);
+		return RT_FAIL(c->e, "token shard pattern %s matches no file (%s)", c->path, c->where);
+	}
+	if (rc != 0) {
+		globfree(&g);
+		return RT_FAIL(c->e, "cannot expand token shard pattern %s: %s (%s)", c->path,
+			       rc == GLOB_NOSPACE ? "out of memory" : "read error", c->where);
+	}
+	d->shards = calloc(g.gl_pathc, sizeof *d->shards);
+	if (!d->shards) {
+		globfree(&g);
+		return RT_FAIL(c->e, "out of memory loading %s", c->path);
+	}
+	int64_t total = 0;
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		TokShard *sh = &d->shards[i];
+		if (map_shard(c, g.gl_pathv[i], T, sh) != 0) {
+			globfree(&g);
+			return -1; /* data_free unmaps what was mapped */
+		}
+		d->nshards++;
+		sh->first = total;
+		total += (sh->ntok - 1) / T;
+	}
+	globfree(&g);
+	d->n = total;
+	return 0;
+}
+
+/* Sample idx of a token source into out[0..T), widened to int32. */
+static void token_sample(const DataSource *ds, int64_t idx, int32_t *out)
+{
+	int lo = 0, hi = ds->nshards - 1;
+
+	assert(idx >= 0 && idx < ds->n && ds->nshards > 0);
+	while (lo < hi) { /* the last shard with first <= idx */
+		int mid = (lo + hi + 1) / 2;
+		if (ds->shards[mid].first <= idx)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	const TokShard *sh = &ds->shards[lo];
+	int64_t start = (idx - sh->first) * ds->elems + ds->shift;
+	assert(start + ds->elems <= sh->ntok);
+	const unsigned char *p = (const unsigned char *)sh->map + TOK_HEADER_BYTES + 2 * start;
+	for (int64_t k = 0; k < ds->elems; k++)
+		out[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+}
+
+/* Sample idx of any source into out (elems 4-byte elements). */
+static void copy_sample(const DataSource *ds, int64_t idx, void *out)
+{
+	if (ds->tokens) {
+		token_sample(ds, idx, out);
+		return;
+	}
+	size_t sample_bytes = (size_t)ds->elems * 4;
+	memcpy(out, (const char *)ds->data + idx * sample_bytes, sample_bytes);
+}
+
 /* ---- the data set ---- */
 
 static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataSource *d,
@@ -640,6 +842,8 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataS
 		return load_npy(&c, rec, dtype, d);
 	case DP_SRC_SYNTHETIC:
 		return load_synthetic(&c, s, rec, dtype, d);
+	case DP_SRC_TOKENS:
+		return load_tokens(&c, rec, dtype, d);
 	default:
 		return RT_FAIL(e, "data source %u has unknown kind %u (%s)", idx, rec->kind, c.where);
 	}
@@ -699,8 +903,10 @@ void data_free(DataSet *d)
 	if (!d)
 		return;
 	if (d->src)
-		for (uint32_t i = 0; i < d->nsources; i++)
+		for (uint32_t i = 0; i < d->nsources; i++) {
 			free(d->src[i].data);
+			unmap_shards(&d->src[i]);
+		}
 	free(d->src);
 	if (d->cache)
 		free(d->cache->perm);
@@ -792,8 +998,7 @@ void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, 
 	for (int64_t t = 0; t < mb; t++) {
 		int64_t pos = dp_rank + (int64_t)dp_size * ((int64_t)micro * mb + t);
 		int64_t idx = perm[window + pos];
-		memcpy((char *)dst + t * sample_bytes, (const char *)ds->data + idx * sample_bytes,
-		       sample_bytes);
+		copy_sample(ds, idx, (char *)dst + t * sample_bytes);
 	}
 }
 
@@ -821,8 +1026,10 @@ void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, i
 		int64_t idx = (batch * dp_size + dp_rank) * eb + t;
 		char *out = (char *)dst + t * sample_bytes;
 		if (idx < d->n) {
-			memcpy(out, (const char *)ds->data + idx * sample_bytes, sample_bytes);
-		} else if (ds->role == 1) {
+			copy_sample(ds, idx, out);
+		} else if (ds->tokens ? ds->shift == 1 : ds->role == 1) {
+			/* labels and token targets: -1 (skipped by the loss); token
+			 * inputs: 0, a valid id, so the embedding stays in range */
 			for (int64_t k = 0; k < ds->elems; k++)
 				((int32_t *)out)[k] = -1;
 		} else {

@@ -228,17 +228,17 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *dims)
  * buffer is taken from it when there (--save-full checkpoints hold only
  * parameters) and else from its init spec. Checkpoint tensors the model does
  * not have are ignored. */
-static int init_tensor(void *ctx, int id, float *dst, RtErr *e)
+static int init_tensor(void *ctx, int name_id, int id, float *dst, RtErr *e)
 {
 	InitSource *src = ctx;
 	const DpStep *s = src->s;
 	const DpTensor *t = &s->tensors[id];
-	const char *name = dpstep_str(s, t->name);
+	const char *name = dpstep_str(s, s->tensors[name_id].name);
 	if (src->path) {
 		int k = 0;
 		while (k < src->n && strcmp(src->st[k].name, name))
 			k++;
-		if (k == src->n && t->kind == DP_T_PARAM)
+		if (k == src->n && s->tensors[name_id].kind == DP_T_PARAM)
 			return RT_FAIL(e, "--init-from %s: no tensor named '%s'", src->path, name);
 		if (k < src->n) {
 			const StTensor *c = &src->st[k];
@@ -396,6 +396,12 @@ static int train(Run *r)
 	uint64_t log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
 						  : (s->cfg.log_every ? s->cfg.log_every : 1);
 	double global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * x->dp_size;
+	/* a token model reports tokens/s: the tokens of one training sample */
+	double tokens = 0;
+	for (uint32_t i = 0; i < s->nsources; i++)
+		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
+		    s->sources[i].shift == 0)
+			tokens = (double)s->sources[i].sample_elems;
 	float *loss_t = exec_f32(x, s->metrics.loss), *gn_t = exec_f32(x, s->metrics.grad_norm);
 	double t_log = MPI_Wtime(), t_all = t_log;
 	uint64_t since_log = 0;
@@ -430,7 +436,12 @@ static int train(Run *r)
 				       (unsigned long long)steps, loss, lr);
 				if (gn_t)
 					printf(" | grad_norm %.3f", gn);
-				printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3, global_batch / dt);
+				if (tokens > 0)
+					printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
+					       global_batch * tokens / dt);
+				else
+					printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3,
+					       global_batch / dt);
 				if (r->o.verbose)
 					printf(" | comm %.2f ms issued, %.2f ms blocked",
 					       (c->stats.issue_s - at_log.issue_s) * 1e3 / (double)since_log,

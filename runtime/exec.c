@@ -48,11 +48,6 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
-static int is_collective(unsigned op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 double exec_lr(const DpStep *s, uint64_t k)
 {
 	double lr = s->opt.lr;
@@ -73,7 +68,7 @@ uint32_t exec_comm_masks(const DpStep *s)
 	uint32_t m = 0;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++)
-			if (is_collective(s->prog[p][i].op))
+			if (dp_is_collective(s->prog[p][i].op))
 				m |= 1u << (s->prog[p][i].ia[0] & 15);
 	return m;
 }
@@ -100,7 +95,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 				       (long long)src->sample_elems);
 		return 0;
 	}
-	if (is_collective(in->op)) {
+	if (dp_is_collective(in->op)) {
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		if (in->out < 0 || s->tensors[in->out].dtype != DP_F32)
 			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 output",
@@ -112,7 +107,8 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 					       "input", prog_names[p], i, op);
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
 			/* whole = shard * g, by division: no product can overflow */
-			if ((in->op == DPK_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
+			if ((in->op == DPK_TP_REDUCE && ni != no) ||
+			    (in->op == DPK_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
 			    (in->op == DPK_ALL_GATHER && (no % g || no / g != ni)))
 				return RT_FAIL(e, "step file: %s program instruction %u (%s %s -> %s): sizes "
 					       "%lld -> %lld do not match a group of %d", prog_names[p], i,
@@ -125,11 +121,13 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		/* the decoder checked presence, f32 and the mask */
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		int64_t ni = exec_numel(&s->tensors[in->in[0]]), no = exec_numel(&s->tensors[in->out]);
-		if (ni % g || ni / g != no)
+		const DpTensor *ti = &s->tensors[in->in[0]];
+		if (ni % g || ni / g != no || in->ia[1] < 0 || in->ia[1] >= (ti->ndim ? ti->ndim : 1) ||
+		    (ti->ndim && ti->dims[in->ia[1]] % g))
 			return RT_FAIL(e, "step file: %s program instruction %u (shard %s -> %s): sizes "
-				       "%lld -> %lld do not match a group of %d", prog_names[p], i,
-				       tname(s, in->in[0]), tname(s, in->out), (long long)ni,
-				       (long long)no, g);
+				       "%lld -> %lld along dim %lld do not match a group of %d",
+				       prog_names[p], i, tname(s, in->in[0]), tname(s, in->out),
+				       (long long)ni, (long long)no, (long long)in->ia[1], g);
 		return 0;
 	}
 	return 0; /* events: ids checked by the decoder; INIT and SAVE: by the decoder */
@@ -278,6 +276,13 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 	float *out = x->ptr[in->out];
 	int64_t n = exec_numel(&x->s->tensors[in->out]);
 	switch (in->op) {
+	case DPK_TP_REDUCE:
+		/* out-of-place: the input is complete when the collective is issued
+		 * (the schedule's events say so), so copy it and reduce in place */
+		if (x->ptr[in->in[0]] != (void *)out)
+			memmove(out, x->ptr[in->in[0]], (size_t)n * sizeof(float));
+		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
+		break;
 	case DPK_ALL_REDUCE:
 		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
 		break;
@@ -330,22 +335,35 @@ static int run_own(Exec *x, const DpInstr *in, RtErr *e)
 	switch (in->op) {
 	case DPK_INIT: {
 		const DpTensor *t = &s->tensors[in->out];
+		int name = in->in[0] >= 0 ? in->in[0] : in->out;
 		float *dst = x->ptr[in->out];
 		if (x->init_tensor)
-			return x->init_tensor(x->hook_ctx, in->out, dst, e);
-		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
-			  t->init_base, exec_numel(t), dst);
+			return x->init_tensor(x->hook_ctx, name, in->out, dst, e);
+		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
+			  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t), dst);
 		return 0;
 	}
-	case DPK_SAVE:
+	case DPK_SAVE: {
+		int name = in->in[1] >= 0 ? in->in[1] : in->in[0];
 		if (!x->save_tensor)
-			return RT_FAIL(e, "save of '%s': no checkpoint writer is set", tname(s, in->in[0]));
-		return x->save_tensor(x->hook_ctx, in->in[0], x->ptr[in->in[0]], e);
-	default: { /* SHARD */
-		int64_t n = exec_numel(&s->tensors[in->out]);
+			return RT_FAIL(e, "save of '%s': no checkpoint writer is set", tname(s, name));
+		return x->save_tensor(x->hook_ctx, name, in->in[0], x->ptr[in->in[0]], e);
+	}
+	default: { /* SHARD: block k of the group along dim ia1 (0: contiguous) */
+		const DpTensor *ti = &s->tensors[in->in[0]];
 		int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
-		const float *src = (const float *)x->ptr[in->in[0]] + (int64_t)k * n;
-		memmove(x->ptr[in->out], src, (size_t)n * sizeof(float));
+		int dim = (int)in->ia[1];
+		int64_t outer = 1, inner = 1;
+		for (int d = 0; d < dim; d++)
+			outer *= ti->dims[d];
+		for (int d = dim; d < ti->ndim; d++)
+			inner *= ti->dims[d];
+		/* in0 is [outer][g * n]: row o's block k is n elements */
+		int64_t n = exec_numel(&s->tensors[in->out]) / outer;
+		const float *src = x->ptr[in->in[0]];
+		float *dst = x->ptr[in->out];
+		for (int64_t o = 0; o < outer; o++)
+			memmove(dst + o * n, src + o * inner + (int64_t)k * n, (size_t)n * sizeof(float));
 		return 0;
 	}
 	}
@@ -393,6 +411,7 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 		case DPK_ALL_REDUCE:
 		case DPK_REDUCE_SCATTER:
 		case DPK_ALL_GATHER:
+		case DPK_TP_REDUCE:
 			if (in->stream == DP_STREAM_COMPUTE)
 				RT_CHECK(check_hazard(x, p, i, e));
 			RT_CHECK(start_collective(x, p, i, e));

@@ -28,18 +28,22 @@ typedef struct InFlight InFlight;
 
 /*
  * Hooks for the kernels whose data crosses the executor's boundary. Each gets
- * the caller's ctx, the tensor id (name, shape, init spec: x->s->tensors[id])
- * and the tensor's memory in the arena (exec_numel(&tensors[id]) f32
- * elements); 0, or -1 with e filled, which ends the program run.
+ * the caller's ctx, `name` (the tensor whose name and kind identify the
+ * parameter or buffer: x->s->tensors[name]), `tensor` (the tensor whose
+ * memory dst/src is: its shape, init spec and init_base) and that memory
+ * (exec_numel(&tensors[tensor]) f32 elements); 0, or -1 with e filled, which
+ * ends the program run. name == tensor except for a tensor-parallel
+ * parameter, initialised and saved whole through a temporary (INIT's in0,
+ * SAVE's in1 name the parameter).
  *  init_tensor: INIT writes dst with the initial value of parameter/buffer
- *               `tensor`. NULL: its init spec (init_fill with cfg.seed,
- *               the tensor's name and init_base).
- *  save_tensor: SAVE hands over src, the whole value of parameter `tensor`;
+ *               `name`. NULL: the init spec (init_fill with cfg.seed,
+ *               name's name and tensor's spec and init_base).
+ *  save_tensor: SAVE hands over src, the whole value of parameter `name`;
  *               src is only valid during the call (copy what you keep).
  *               NULL: SAVE is an error.
  */
-typedef int (*ExecInitHook)(void *ctx, int tensor, float *dst, RtErr *e);
-typedef int (*ExecSaveHook)(void *ctx, int tensor, const float *src, RtErr *e);
+typedef int (*ExecInitHook)(void *ctx, int name, int tensor, float *dst, RtErr *e);
+typedef int (*ExecSaveHook)(void *ctx, int name, int tensor, const float *src, RtErr *e);
 
 typedef struct {
 	const DpStep *s;

@@ -76,6 +76,16 @@ void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, i
 			init_uniforms(init_mix64(seed ^ init_mix64(h + i * INIT_GOLDEN)), &u1, &u2);
 			v = da + db * (sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 			break;
+		case DP_INIT_ROPE_COS:
+		case DP_INIT_ROPE_SIN: {
+			/* b = half, the table's last dim; a = theta; in double so that
+			 * the table equals the reference's to the last float bit */
+			int64_t half = (int64_t)b > 0 ? (int64_t)b : 1;
+			double t = (double)((int64_t)i / half), j = (double)((int64_t)i % half);
+			double ang = t * pow(da, -j / (double)half);
+			v = kind == DP_INIT_ROPE_COS ? cos(ang) : sin(ang);
+			break;
+		}
 		default:
 			v = 0.0; /* the step-file reader rejects unknown kinds */
 			break;

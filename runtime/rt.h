@@ -50,9 +50,10 @@ uint64_t init_mix64(uint64_t x);
 
 typedef struct DataSet DataSet; /* the loaded sources of one split */
 
-/* Load every source of `split` (IDX, .npy, synthetic) into memory, checking
- * dtype, per-sample shape and that all sources have the same sample count.
- * Errors name the data file and the .dp line that declared it. */
+/* Load every source of `split` (IDX, .npy, synthetic) into memory, or map it
+ * (llm.c token shards: a glob, windows of sample_elems tokens widened to int32
+ * when filled), checking dtype, per-sample shape and that all sources have the
+ * same sample count. Errors name the data file and the .dp line that declared it. */
 int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
 void data_free(DataSet *d);
 int64_t data_count(const DataSet *d); /* samples */
@@ -73,7 +74,8 @@ int64_t data_sample_index(uint64_t seed, int64_t n, int64_t global_batch, uint64
 void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, int micro,
 		     int dp_rank, int dp_size, void *dst);
 /* Eval batches read the split in order; batch b of rank r covers samples
- * (b*dp_size + r)*eval_batch ...; past the end, features are 0 and labels -1. */
+ * (b*dp_size + r)*eval_batch ...; past the end, features are 0 and labels -1
+ * (token sources: inputs (shift 0) are 0, targets (shift 1) -1). */
 int64_t data_eval_batches(const DataSet *d, const DpStep *s, int dp_size);
 void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, int dp_rank,
 		    int dp_size, void *dst);
@@ -101,10 +103,11 @@ typedef struct {
 	const DpStep *s;
 	int keep;
 	float **data; /* [ntensors], malloc'd copies; NULL: not saved */
+	int *name;    /* [ntensors]: the tensor whose name data[i] is saved under */
 } StSaved;
 
 int st_saved_init(StSaved *sv, const DpStep *s, int keep, RtErr *e);
-int st_saved_hook(void *ctx, int id, const float *src, RtErr *e);
+int st_saved_hook(void *ctx, int name, int id, const float *src, RtErr *e);
 int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e);
 void st_saved_free(StSaved *sv);
 

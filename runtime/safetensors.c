@@ -437,10 +437,11 @@ int st_saved_init(StSaved *sv, const DpStep *s, int keep, RtErr *e)
 	sv->s = s;
 	sv->keep = keep;
 	sv->data = calloc(s->ntensors ? s->ntensors : 1, sizeof *sv->data);
-	return sv->data ? 0 : RT_FAIL(e, "out of memory");
+	sv->name = calloc(s->ntensors ? s->ntensors : 1, sizeof *sv->name);
+	return sv->data && sv->name ? 0 : RT_FAIL(e, "out of memory");
 }
 
-int st_saved_hook(void *ctx, int id, const float *src, RtErr *e)
+int st_saved_hook(void *ctx, int name, int id, const float *src, RtErr *e)
 {
 	StSaved *sv = ctx;
 	if (!sv->keep)
@@ -449,9 +450,10 @@ int st_saved_hook(void *ctx, int id, const float *src, RtErr *e)
 	float *copy = realloc(sv->data[id], bytes ? bytes : 1); /* saved twice: the last wins */
 	if (!copy)
 		return RT_FAIL(e, "--save-full: out of memory copying '%s'",
-			       dpstep_str(sv->s, sv->s->tensors[id].name));
+			       dpstep_str(sv->s, sv->s->tensors[name].name));
 	memcpy(copy, src, bytes);
 	sv->data[id] = copy;
+	sv->name[id] = name;
 	return 0;
 }
 
@@ -469,7 +471,7 @@ int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e)
 		const DpTensor *t = &s->tensors[i];
 		if (!sv->data[i])
 			continue;
-		st[k].name = (char *)dpstep_str(s, t->name);
+		st[k].name = (char *)dpstep_str(s, s->tensors[sv->name[i]].name);
 		st[k].ndim = t->ndim;
 		memcpy(st[k].dims, t->dims, sizeof st[k].dims);
 		st[k].data = sv->data[i];
@@ -487,5 +489,7 @@ void st_saved_free(StSaved *sv)
 		for (uint32_t i = 0; i < sv->s->ntensors; i++)
 			free(sv->data[i]);
 	free(sv->data);
+	free(sv->name);
 	sv->data = NULL;
+	sv->name = NULL;
 }

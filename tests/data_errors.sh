@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # tests/data_errors.sh - bad or missing data files, wrong dtype or shape, a
 # dataset smaller than the global batch: dpexec exits non-zero with a message
-# naming the file, and leaves no partial --save-full output behind.
+# naming the file, and leaves no partial --save-full output behind. Then llm.c
+# token shards through dpexec (bad magic, wrong size, a glob without a match), and
+# tools/text2shard: token counts, the entropy against Python's, nothing left
+# behind on an error.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
@@ -83,4 +86,111 @@ if [ -e "$IDX" ]; then
 	sed -e "s|npy(\"$T/x.npy\")|idx(\"$IDX\")|" "$T/good.dp" >"$T/idxshape.dp"
 	"$DPC" "$T/idxshape.dp" -o "$T/idxshape.bin" && expect_fail idxshape "train-images-idx3-ubyte.gz"
 fi
+# ---- token shards through dpexec ----
+TEXT2SHARD=$ROOT/$BUILD/text2shard
+$PY - "$T" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+def shard(path, toks, magic=20240520, version=1, n=None, cut=0):
+    h = np.zeros(256, np.int32); h[0], h[1], h[2] = magic, version, len(toks) if n is None else n
+    b = h.tobytes() + np.asarray(toks, np.uint16).tobytes()
+    open(path, "wb").write(b[: len(b) - cut] if cut else b)
+rng = np.random.default_rng(1)
+toks = rng.integers(0, 11, 600)
+shard(f"{d}/tok_a.bin", toks[:300]); shard(f"{d}/tok_b.bin", toks[300:])
+shard(f"{d}/s_badmagic.bin", toks, magic=1234)
+shard(f"{d}/s_badsize.bin", toks, cut=3)
+PYEOF
+tokmodel() { # tokmodel NAME PATTERN
+	cat >"$T/$1.dp" <<DP
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: i32[batch, 8] from tokens("$2")
+  y: i32[batch, 8] from tokens("$2", shift=1)
+}
+model {
+  block emb {
+    param wte: f32[11, 4] init normal(0, 0.1)
+    h = embedding(x, wte)
+  }
+  block head {
+    param w: f32[4, 11] init normal(0, 0.1)
+    logits = matmul(h, w)
+  }
+  loss = cross_entropy(logits, y)
+}
+train {
+  strategy ddp
+  optimizer sgd(lr=0.1)
+  micro_batch 4
+}
+DP
+	"$DPC" "$T/$1.dp" -o "$T/$1.bin" >"$T/$1.dpc" 2>&1
+}
+if tokmodel tokgood "$T/tok_*.bin"; then
+	if env $MPI_ASAN "$DPEXEC" "$T/tokgood.bin" --steps 3 --save-full "$T/tokgood.st" >"$T/tokgood.out" 2>&1 &&
+		[ -s "$T/tokgood.st" ]; then
+		ok "a model on two token shards trains"
+	else
+		fail "a model on two token shards trains"; sed 's/^/      /' "$T/tokgood.out" | head
+	fi
+	tokmodel badmagic "$T/s_badmagic.bin" && expect_fail badmagic "s_badmagic.bin has a bad header"
+	tokmodel badsize "$T/s_badsize.bin" && expect_fail badsize "s_badsize.bin has the wrong size"
+	tokmodel nomatch "$T/none_*.bin" && expect_fail nomatch "none_\\*.bin matches no file"
+else
+	fail "dpc compiles a tokens() model:"; sed 's/^/      /' "$T/tokgood.dpc" | head -n 3
+fi
+
+# ---- tools/text2shard ----
+printf 'the cat sat on the mat.\nthe dog ate the hat!\n' >"$T/a.txt"
+printf 'A second file: \x01\xff bytes too.\n' >"$T/b.txt"
+if out=$("$TEXT2SHARD" -o "$T/t.bin" --val "$T/v.bin" --val-frac 0.25 "$T/a.txt" "$T/b.txt" 2>&1); then
+	if $PY - "$T" "$out" <<'PYEOF'; then
+import sys, math, re, collections
+d, out = sys.argv[1], sys.argv[2]
+data = open(f"{d}/a.txt", "rb").read() + open(f"{d}/b.txt", "rb").read()
+nval = int(len(data) * 0.25); train, val = data[: len(data) - nval], data[len(data) - nval :]
+def shard(path):
+    b = open(path, "rb").read()
+    h = [int.from_bytes(b[4 * i : 4 * i + 4], "little", signed=True) for i in range(256)]
+    toks = [int.from_bytes(b[1024 + 2 * i : 1026 + 2 * i], "little") for i in range(h[2])]
+    assert h[:2] == [20240520, 1] and not any(h[3:]), h[:4]
+    assert len(b) == 1024 + 2 * h[2], (len(b), h[2])
+    return bytes(toks)
+assert shard(f"{d}/t.bin") == train, "train tokens are not the bytes"
+assert shard(f"{d}/v.bin") == val, "val tokens are not the last 25%"
+c = collections.Counter(train)
+H = -sum(k / len(train) * math.log(k / len(train)) for k in c.values())
+m = re.search(r"train: .*: (\d+) tokens", out); assert m and int(m.group(1)) == len(train), out
+m = re.search(r"val: .*: (\d+) tokens", out); assert m and int(m.group(1)) == len(val), out
+m = re.search(r"entropy.*: ([0-9.]+) nats/token, ([0-9.]+) bits/byte", out)
+assert m and abs(float(m.group(1)) - H) < 1e-4 and abs(float(m.group(2)) - H / math.log(2)) < 1e-4, (out, H)
+PYEOF
+		ok "text2shard: tokens, counts and entropy match Python"
+	else
+		fail "text2shard: tokens, counts and entropy match Python"; echo "$out" | sed 's/^/      /'
+	fi
+else
+	fail "text2shard on two files: $out"
+fi
+t2s_fail() { # t2s_fail NAME WANT_RC SUBSTRING ARGS...: fails, says SUBSTRING, leaves no output
+	local name=$1 want=$2 sub=$3; shift 3
+	rm -f "$T"/o.bin* "$T"/ov.bin*
+	"$TEXT2SHARD" "$@" >"$T/t2s.out" 2>&1
+	local rc=$?
+	if [ $rc -eq "$want" ] && grep -q -- "$sub" "$T/t2s.out" && ! ls "$T" | grep -q "^o.bin\|^ov.bin"; then
+		ok "text2shard $name: exit $rc, '$sub'"
+	else
+		fail "text2shard $name: want exit $want and '$sub', got $rc:"; sed 's/^/      /' "$T/t2s.out" | head -n 3
+		ls "$T" | grep "^o.bin\|^ov.bin" | sed 's/^/      left /'
+	fi
+}
+t2s_fail missing 1 "nope.txt" -o "$T/o.bin" --val "$T/ov.bin" --val-frac 0.1 "$T/a.txt" "$T/nope.txt"
+t2s_fail nodir 1 "nodir/v.bin" -o "$T/o.bin" --val "$T/nodir/v.bin" --val-frac 0.1 "$T/a.txt"
+t2s_fail isdir 1 "cannot rename" -o "$T/o.bin" --val "$T" --val-frac 0.1 "$T/a.txt"
+t2s_fail frac 2 "between 0 and 1" -o "$T/o.bin" --val "$T/ov.bin" --val-frac 1.5 "$T/a.txt"
+t2s_fail noval 2 "needs --val-frac" -o "$T/o.bin" --val "$T/ov.bin" "$T/a.txt"
+t2s_fail noout 2 "-o OUT.bin is required" "$T/a.txt"
+t2s_fail tiny 1 "at least 2" -o "$T/o.bin" --val "$T/ov.bin" --val-frac 0.5 /dev/null
+"$TEXT2SHARD" --help | grep -q "usage: text2shard -o OUT.bin" && ok "text2shard --help" || fail "text2shard --help"
 finish data_errors

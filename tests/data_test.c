@@ -1,6 +1,7 @@
 /*
  * data_test.c - unit tests of the runtime's data side: counter-based init,
- * the sampler, data sources (IDX, .npy, synthetic) and safetensors.
+ * the sampler, data sources (IDX, .npy, synthetic, llm.c token shards) and
+ * safetensors.
  *
  * Standalone; build and run from the repository root:
  *   gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Iruntime -Iir \
@@ -820,6 +821,198 @@ static void test_synthetic(void)
 	expect_open_error(&ts, DP_SPLIT_TRAIN, "synthetic features are f32", "synthetic i32 features");
 }
 
+/* ---- llm.c token shards ---- */
+
+/* A token source (role 1 as the front end sets for i32) with its shift. */
+static int add_tokens(TestStep *ts, DpSplit split, const char *pattern, int64_t T, int shift,
+		      uint32_t line)
+{
+	int i = add_source(ts, DP_SRC_TOKENS, split, 1, pattern, DP_I32, T, 0, 0, line);
+	ts->sources[i].shift = (uint8_t)shift;
+	return i;
+}
+
+/* A shard of n tokens tok[0..n) with the given header fields; extra bytes are
+ * appended (negative: that many bytes cut off the end). */
+static void write_shard(const char *path, const uint16_t *tok, int32_t n, int32_t magic,
+			int32_t version, int32_t hdr_n, int extra)
+{
+	size_t len = 1024 + 2 * (size_t)n + (extra > 0 ? (size_t)extra : 0);
+	unsigned char *b = calloc(1, len);
+	int32_t h[3] = {magic, version, hdr_n};
+	for (int i = 0; i < 3; i++)
+		for (int k = 0; k < 4; k++)
+			b[4 * i + k] = (unsigned char)((uint32_t)h[i] >> (8 * k));
+	for (int32_t i = 0; i < n; i++) {
+		b[1024 + 2 * i] = (unsigned char)(tok[i] & 0xff);
+		b[1024 + 2 * i + 1] = (unsigned char)(tok[i] >> 8);
+	}
+	write_bytes(path, b, extra < 0 ? len + (size_t)extra : len);
+	free(b);
+}
+
+/* Token i of test shard s: distinct across shards, some above 32767 so a
+ * signed widening would show. */
+static uint16_t tok_value(int s, int i)
+{
+	return (uint16_t)(s * 20000 + i * 3 + 1); /* shard 2: 40001 .. */
+}
+
+static void test_tokens(void)
+{
+	enum { T = 5, N0 = 23, N1 = 17, N2 = T + 1 };
+	/* samples: (23-1)/5 = 4, (17-1)/5 = 3, (6-1)/5 = 1: 8 in all */
+	static const int ns[3] = {N0, N1, N2}, per[3] = {4, 3, 1};
+	uint16_t tok[3][N0];
+	/* written out of order: glob sorts by name */
+	const char *names[3] = {"tok_0.bin", "tok_1.bin", "tok_2.bin"};
+	for (int sh = 2; sh >= 0; sh--) {
+		for (int i = 0; i < ns[sh]; i++)
+			tok[sh][i] = tok_value(sh, i);
+		write_shard(tpath(names[sh]), tok[sh], ns[sh], 20240520, 1, ns[sh], 0);
+	}
+	/* expected sample k: (shard, first token) */
+	int ks[8], kf[8], nk = 0;
+	for (int sh = 0; sh < 3; sh++)
+		for (int j = 0; j < per[sh]; j++)
+			ks[nk] = sh, kf[nk++] = j * T;
+
+	TestStep ts;
+	step_init(&ts, 2, 1, 77);
+	int sx = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_*.bin"), T, 0, 3);
+	int sy = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_*.bin"), T, 1, 4);
+	int ex = add_tokens(&ts, DP_SPLIT_EVAL, tpath("tok_*.bin"), T, 0, 7);
+	int ey = add_tokens(&ts, DP_SPLIT_EVAL, tpath("tok_*.bin"), T, 1, 8);
+	DataSet *d, *ev;
+	RtErr e = new_err();
+	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) != 0) {
+		CHECK(0, "token train split: %s", e.msg);
+		return;
+	}
+	if (open_split(&ts, DP_SPLIT_EVAL, &ev, &e) != 0) {
+		CHECK(0, "token eval split: %s", e.msg);
+		data_free(d);
+		return;
+	}
+	CHECK(data_count(d) == 8 && data_count(ev) == 8, "token samples %lld / %lld, want 8",
+	      (long long)data_count(d), (long long)data_count(ev));
+
+	/* Eval reads in order: every window, shard by shard, x and y shifted by one;
+	 * 8 samples in batches of 2 on 3 ranks: 2 batches, 4 padded samples. */
+	int64_t nb = data_eval_batches(ev, &ts.s, 3);
+	CHECK(nb == 2, "token eval batches %lld, want 2", (long long)nb);
+	int ok = 1, pads = 0, seen = 0;
+	for (int64_t b = 0; b < nb; b++)
+		for (int r = 0; r < 3; r++) {
+			int32_t x[2 * T], y[2 * T];
+			data_fill_eval(ev, &ts.s, ex, b, r, 3, x);
+			data_fill_eval(ev, &ts.s, ey, b, r, 3, y);
+			for (int t = 0; t < 2; t++) {
+				int64_t k = (b * 3 + r) * 2 + t;
+				for (int j = 0; j < T; j++) {
+					if (k < 8) {
+						ok &= x[t * T + j] == tok[ks[k]][kf[k] + j];
+						ok &= y[t * T + j] == tok[ks[k]][kf[k] + j + 1];
+					} else {
+						ok &= x[t * T + j] == 0 && y[t * T + j] == -1;
+					}
+				}
+				seen += k < 8;
+				pads += k >= 8;
+			}
+		}
+	CHECK(ok && seen == 8 && pads == 4, "token eval windows/padding wrong (seen %d, pads %d)",
+	      seen, pads);
+
+	/* Train: the sampler's global batch, x and y the same windows. */
+	int gb = 4, dp = 2;
+	ts.s.cfg.micro_batch = 1;
+	ts.s.cfg.grad_accum = 2;
+	ok = 1;
+	for (uint64_t st = 0; st < 5; st++) /* 2 steps per epoch: crosses epochs */
+		for (int r = 0; r < dp; r++)
+			for (int m = 0; m < 2; m++) {
+				int32_t x[T], y[T];
+				data_fill_train(d, &ts.s, sx, st, m, r, dp, x);
+				data_fill_train(d, &ts.s, sy, st, m, r, dp, y);
+				int64_t k = data_sample_index(77, 8, gb, st, r + dp * m);
+				for (int j = 0; j < T; j++)
+					ok &= x[j] == tok[ks[k]][kf[k] + j] && y[j] == tok[ks[k]][kf[k] + j + 1];
+			}
+	CHECK(ok, "token train windows do not follow the sampler");
+	data_free(d);
+	data_free(ev);
+
+	/* One named file (no glob characters) and the exact T+1 minimum. */
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_2.bin"), T, 0, 3);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_2.bin"), T, 1, 4);
+	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) == 0) {
+		int32_t x[T], y[T];
+		CHECK(data_count(d) == 1, "a T+1-token shard has %lld samples", (long long)data_count(d));
+		data_fill_train(d, &ts.s, 0, 0, 0, 0, 1, x);
+		data_fill_train(d, &ts.s, 1, 0, 0, 0, 1, y);
+		CHECK(x[0] == tok[2][0] && x[4] == tok[2][4] && y[0] == tok[2][1] && y[4] == tok[2][5] &&
+		      x[0] > 32767, "a T+1-token shard's window: x %d..%d y %d..%d", x[0], x[4], y[0], y[4]);
+		data_free(d);
+	} else {
+		CHECK(0, "one shard by name: %s", e.msg);
+	}
+
+	/* Errors: each names the file (or the pattern) and the .dp line. */
+	struct {
+		const char *file;
+		int32_t n, magic, version, hdr_n;
+		int extra;
+		const char *want;
+	} bad[] = {
+		{"bad_magic.bin", 20, 20240521, 1, 20, 0, "bad header: magic 20240521"},
+		{"bad_version.bin", 20, 20240520, 2, 20, 0, "version 2"},
+		{"bad_trunc.bin", 20, 20240520, 1, 20, -1, "wrong size (truncated)"},
+		{"bad_extra.bin", 20, 20240520, 1, 20, 2, "the file has 1066 bytes"},
+		{"bad_count.bin", 20, 20240520, 1, 21, 0, "says 21 tokens (1066 bytes)"},
+		{"bad_neg.bin", 20, 20240520, 1, -5, 0, "says -5 tokens"},
+		{"bad_short.bin", T, 20240520, 1, T, 0, "holds 5 tokens, fewer than one window of 5 + 1"},
+		{"bad_empty.bin", 0, 20240520, 1, 0, 0, "holds 0 tokens"},
+		{"bad_hdr.bin", 0, 20240520, 1, 0, -600, "shorter than the 1024-byte header"},
+	};
+	uint16_t some[32] = {0};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		write_shard(tpath(bad[i].file), some, bad[i].n, bad[i].magic, bad[i].version,
+			    bad[i].hdr_n, bad[i].extra);
+		step_init(&ts, 1, 1, 1);
+		add_tokens(&ts, DP_SPLIT_TRAIN, tpath(bad[i].file), T, 0, 12);
+		char want[256];
+		snprintf(want, sizeof want, "%s", bad[i].want);
+		expect_open_error(&ts, DP_SPLIT_TRAIN, want, bad[i].file);
+		expect_open_error(&ts, DP_SPLIT_TRAIN, tpath(bad[i].file), bad[i].file);
+		expect_open_error(&ts, DP_SPLIT_TRAIN, "(models/test.dp:12)", bad[i].file);
+	}
+	/* A bad shard among good ones, matched by a glob: named, everything freed. */
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("*_*.bin"), T, 0, 3);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, tpath("bad_count.bin"), "bad shard in a glob");
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("nothing_*.bin"), T, 0, 3);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "nothing_*.bin matches no file", "glob without a match");
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("nothing.bin"), T, 0, 3);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "nothing.bin: no such file", "missing shard");
+	step_init(&ts, 1, 1, 1);
+	add_source(&ts, DP_SRC_TOKENS, DP_SPLIT_TRAIN, 0, tpath("tok_0.bin"), DP_F32, T, 0, 0, 3);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "must be declared i32, not f32", "f32 tokens");
+	/* x and y from shards of different lengths: the sample-count check. */
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_0.bin"), T, 0, 3);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("tok_1.bin"), T, 1, 4);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "differ in sample count", "x and y from different shards");
+	mkdir(tpath("dir_0.bin"), 0755);
+	step_init(&ts, 1, 1, 1);
+	add_tokens(&ts, DP_SPLIT_TRAIN, tpath("dir_*.bin"), T, 0, 3);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "not a regular file", "a directory as a shard");
+	rmdir(tpath("dir_0.bin"));
+}
+
 /* ---- safetensors ---- */
 
 static int count_temps(const char *dir, const char *base)
@@ -1063,6 +1256,7 @@ int main(void)
 	test_idx_files();
 	test_npy();
 	test_synthetic();
+	test_tokens();
 	test_safetensors();
 	test_fashion_mnist();
 	remove_tree(tmpdir);

@@ -11,7 +11,8 @@
 # (internal error, sanitizer report).
 #
 # Then $BUILD/tests/fe_fuzz (tests/fe_fuzz.c, built by `make tests`, with the
-# sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp.
+# sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
+# valid model in tests/errors/seeds/ (the transformer syntax).
 #
 # Environment: BUILD (build or build-san), DPC (default $BUILD/dpc), SAN=1,
 # FUZZ_N (mutants, default 2000).
@@ -97,14 +98,17 @@ else
 fi
 
 # The fuzzer (built by `make tests` from the compiler's objects): mutated
-# copies of models/mlp.dp must never crash the front end.
+# copies of models/mlp.dp and of the seeds must never crash the front end.
 if [ -x "$BUILD/tests/fe_fuzz" ]; then
-	if TMPDIR="$tmp" "$BUILD/tests/fe_fuzz" models/mlp.dp "$FUZZ_N" 1 >"$tmp/fuzz" 2>&1 && ! crashed "$tmp/fuzz"; then
-		cat "$tmp/fuzz"
-		pass=$((pass + 1))
-	else
-		bad "fe_fuzz" "$(tail -20 "$tmp/fuzz")"
-	fi
+	for seed in models/mlp.dp tests/errors/seeds/*.dp; do
+		if TMPDIR="$tmp" "$BUILD/tests/fe_fuzz" "$seed" "$FUZZ_N" 1 >"$tmp/fuzz" 2>&1 &&
+			! crashed "$tmp/fuzz"; then
+			cat "$tmp/fuzz"
+			pass=$((pass + 1))
+		else
+			bad "fe_fuzz $seed" "$(tail -20 "$tmp/fuzz")"
+		fi
+	done
 else
 	bad "fe_fuzz" "$BUILD/tests/fe_fuzz is not built (make tests)"
 fi

@@ -83,6 +83,12 @@ static const char *const tokens[] = {
 	"batch", "auto", "f32", "i32", "x", "y", "fc1.w", "99999999999999999999999",
 	"1e999", "-1", "0", "3.5", "\\", "mesh auto\n", "mesh dp_shard=auto\n",
 	"loss = cross_entropy(logits, y)\n", "relu(relu(relu(relu(relu(relu(relu(relu(",
+	/* issue 4: config, constant expressions, repeat, keywords, annotations */
+	"config {\n", "repeat 3 as i {\n", "repeat 65536 as j {\n", "block h[i] {\n", "*", "/",
+	"+", "sqrt(", "9223372036854775807 * 2", "d / 3", "i", "d", " split(tp, col)",
+	" split(tp, row)", "heads=", "transpose_b=true", "eps=", "x = add(x, relu(x))\n",
+	"attention(", "reshape(x, -1, ", "tokens(\"t.bin\", shift=1)", "rope_cos(theta=10)",
+	"embedding(", "h.0.w",
 };
 
 static void mutate(Buf *b, uint64_t *s)

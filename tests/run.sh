@@ -16,6 +16,8 @@ suites=(
 	"equivalence"   "bash tests/equivalence.sh"
 	"sharding"      "bash tests/sharding.sh"
 	"torch_ref"     "bash tests/torch_ref.sh"
+	"transformer"   "bash tests/transformer.sh"
+	"tp"            "bash tests/tp.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
 tp=0; tf=0; failed=()

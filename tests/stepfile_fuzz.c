@@ -311,7 +311,7 @@ static void test_program_rules(void)
 	rule("init in the export program", DP_PROG_EXPORT, init, 0, "allowed only in the init program");
 	DpInstr d = init;
 	d.out = 5;
-	rule("init of an activation", DP_PROG_INIT, d, 0, "output 'logits' is not a parameter or buffer");
+	rule("init of an activation", DP_PROG_INIT, d, 0, "'logits' is not a parameter or buffer");
 	d.out = 1;
 	rule("init of an i32 tensor", DP_PROG_INIT, d, 0, "output 'y' is not f32");
 	d.out = -1;
@@ -320,7 +320,7 @@ static void test_program_rules(void)
 	rule("save in the eval program", DP_PROG_EVAL, save, 0, "allowed only in the export program");
 	d = save;
 	d.in[0] = 3;
-	rule("save of a gradient", DP_PROG_EXPORT, d, 0, "input 'grad.w' is not a parameter");
+	rule("save of a gradient", DP_PROG_EXPORT, d, 0, "'grad.w' is not a parameter");
 	rule("shard in the init program", DP_PROG_INIT, shard, DP_STRAT_FULL_SHARD, NULL);
 	rule("shard in the step program (zero1)", DP_PROG_STEP, shard, DP_STRAT_ZERO1, NULL);
 	rule("shard in the eval program", DP_PROG_EVAL, shard, 0,
@@ -586,7 +586,7 @@ int main(int argc, char **argv)
 		put32(t + 8, 0);
 		rc = dec(t, len, err, sizeof err, &inv);
 		check(rc != 0 && strstr(err, "not supported"), "older version: '%s'", err);
-		put32(t + 8, DP_STEP_VERSION - 1); /* version 1: before init/export and strategy */
+		put32(t + 8, DP_STEP_VERSION - 1); /* the previous version */
 		rc = dec(t, len, err, sizeof err, &inv);
 		snprintf(want, sizeof want, "step file format version %u is not supported (this "
 			 "dpexec reads %u); recompile with dpc", DP_STEP_VERSION - 1, DP_STEP_VERSION);

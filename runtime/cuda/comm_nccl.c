@@ -50,8 +50,7 @@ void cuda_comm_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op == DPK_ALL_REDUCE || in->op == DPK_REDUCE_SCATTER ||
-			    in->op == DPK_ALL_GATHER)
+			if (dp_is_collective(in->op))
 				masks[in->stream < DP_NSTREAM ? in->stream : 0] |=
 					1u << (in->ia[0] & (NMASK - 1));
 		}

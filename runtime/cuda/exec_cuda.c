@@ -111,11 +111,6 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
-static int is_collective(unsigned op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER;
-}
-
 static int64_t cols_of(const DpTensor *t) { return t->ndim ? t->dims[t->ndim - 1] : 1; }
 static int64_t rows_of(const DpTensor *t) { return exec_numel(t) / cols_of(t); }
 
@@ -169,7 +164,7 @@ static int check_own(CuExec *x, int p, uint32_t i, RtErr *e)
 {
 	const DpInstr *in = &x->s->prog[p][i];
 	RT_CHECK(exec_check_instr(x->s, x->comm, p, i, e));
-	if (is_collective(in->op) && comm_group_size(x->comm, (unsigned)in->ia[0]) > 1 &&
+	if (dp_is_collective(in->op) && comm_group_size(x->comm, (unsigned)in->ia[0]) > 1 &&
 	    !cu_nccl_comm(x->nccl, in->stream, (unsigned)in->ia[0]))
 		return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s stream "
 			       "(cuda_nccl_init was given other masks)", (long long)in->ia[0],
@@ -186,6 +181,10 @@ static int check_gpu(const DpStep *s, const DpInstr *in, RtErr *e)
 			return RT_FAIL(e, "step file: %s of '%s': bf16 is not implemented in the CUDA "
 				       "backend yet", dp_kernel_names[in->op], tname(s, id));
 	}
+	/* the transformer kernels (issue 4) have CPU kernels only so far */
+	if (in->op >= DPK_EMBEDDING && in->op != DPK_TP_REDUCE)
+		return RT_FAIL(e, "step file: %s is not implemented in the CUDA backend yet (run "
+			       "with the CPU executor)", dp_kernel_names[in->op]);
 	if (in->op == DPK_COPY) {
 		const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
 		int disjoint = o->offset + o->nbytes <= a->offset || a->offset + a->nbytes <= o->offset;
@@ -340,7 +339,8 @@ static int run_kernel(CuExec *x, const DpInstr *in, RtErr *e)
 			     x->scratch[in->stream], x->sc));
 		return 0;
 	case DPK_SQNORM:
-		CU(cu_k_sqnorm(st, o, a, exec_numel(t0), in->ia[2] != 0, x->scratch[in->stream]));
+		CU(cu_k_sqnorm(st, o, a, exec_numel(t0), in->ia[2] != 0,
+			       in->fa[0] != 0 ? in->fa[0] : 1.0f, x->scratch[in->stream]));
 		return 0;
 	case DPK_SQRT:
 		CU(cu_k_sqrt(st, o, a));
@@ -377,7 +377,8 @@ static int run_collective(CuExec *x, const DpInstr *in, RtErr *e)
 	}
 	switch (in->op) {
 	case DPK_ALL_REDUCE:
-		CU_NCCL(ncclAllReduce(out, out, n, ncclFloat32, ncclSum, c, st), e);
+	case DPK_TP_REDUCE: /* out of place when src != out */
+		CU_NCCL(ncclAllReduce(src, out, n, ncclFloat32, ncclSum, c, st), e);
 		break;
 	case DPK_REDUCE_SCATTER:
 		CU_NCCL(ncclReduceScatter(src, out, n, ncclFloat32, ncclSum, c, st), e);
@@ -397,15 +398,20 @@ static int run_host(CuExec *x, const DpInstr *in, RtErr *e)
 	const DpStep *s = x->s;
 	cudaStream_t st = x->st[in->stream];
 	int id = in->op == DPK_INIT ? in->out : in->in[0];
+	/* the tensor whose name is the parameter's (INIT in0 / SAVE in1 for a
+	 * tensor-parallel parameter handled whole) */
+	int name = in->op == DPK_INIT ? (in->in[0] >= 0 ? in->in[0] : id)
+				      : (in->in[1] >= 0 ? in->in[1] : id);
 	const DpTensor *t = &s->tensors[id];
 	size_t bytes = (size_t)exec_numel(t) * 4;
 	CU(cudaStreamSynchronize(st)); /* the bounce buffer may still feed a copy */
 	if (in->op == DPK_INIT) {
 		if (x->init_hook)
-			RT_CHECK(x->init_hook(x->hook_ctx, id, x->bounce, e));
+			RT_CHECK(x->init_hook(x->hook_ctx, name, id, x->bounce, e));
 		else
-			init_fill(t->init, t->init_a, t->init_b, s->cfg.seed, dpstep_str(s, t->name),
-				  t->init_base, exec_numel(t), x->bounce);
+			init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
+				  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t),
+				  x->bounce);
 		if (bytes)
 			CU(cudaMemcpyAsync(x->ptr[id], x->bounce, bytes, cudaMemcpyHostToDevice, st));
 		return 0;
@@ -415,7 +421,7 @@ static int run_host(CuExec *x, const DpInstr *in, RtErr *e)
 	if (bytes)
 		CU(cudaMemcpyAsync(x->bounce, x->ptr[id], bytes, cudaMemcpyDeviceToHost, st));
 	CU(cudaStreamSynchronize(st));
-	return x->save_hook(x->hook_ctx, id, x->bounce, e);
+	return x->save_hook(x->hook_ctx, name, id, x->bounce, e);
 }
 
 /* ---- a program run ---- */
@@ -451,6 +457,7 @@ static int enqueue_run(CuExec *x, DpProgram p, int micro, int last, int kind, Rt
 		case DPK_ALL_REDUCE:
 		case DPK_REDUCE_SCATTER:
 		case DPK_ALL_GATHER:
+		case DPK_TP_REDUCE:
 			RT_CHECK(run_collective(x, in, e));
 			if (x->o.timeout_s > 0) {
 				int64_t seq = -1;
@@ -464,13 +471,17 @@ static int enqueue_run(CuExec *x, DpProgram p, int micro, int last, int kind, Rt
 					   g->bytes, cudaMemcpyDeviceToDevice, st));
 			break;
 		}
-		case DPK_SHARD: {
-			size_t n = (size_t)exec_numel(&s->tensors[in->out]);
+		case DPK_SHARD: { /* block k along dim ia1: outer rows of n elements */
+			const DpTensor *ti = &s->tensors[in->in[0]];
+			size_t outer = 1, row = 1;
+			for (int d = 0; d < ti->ndim; d++)
+				*(d < in->ia[1] ? &outer : &row) *= (size_t)ti->dims[d];
+			size_t n = (size_t)exec_numel(&s->tensors[in->out]) / outer;
 			int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
 			const float *src = (const float *)x->ptr[in->in[0]] + (size_t)k * n;
 			if (n && src != x->ptr[in->out])
-				CU(cudaMemcpyAsync(x->ptr[in->out], src, n * 4, cudaMemcpyDeviceToDevice,
-						   st));
+				CU(cudaMemcpy2DAsync(x->ptr[in->out], n * 4, src, row * 4, n * 4, outer,
+						     cudaMemcpyDeviceToDevice, st));
 			break;
 		}
 		case DPK_INIT:

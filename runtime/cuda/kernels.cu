@@ -385,7 +385,7 @@ __global__ void k_sqnorm_part(const float *a, int64_t n, double *part)
 		part[blockIdx.x] = s;
 }
 
-__global__ void k_sqnorm_sum(float *o, const double *part, int accumulate)
+__global__ void k_sqnorm_sum(float *o, const double *part, int accumulate, float w)
 {
 	__shared__ double sh[THREADS];
 	double s = 0;
@@ -393,18 +393,18 @@ __global__ void k_sqnorm_sum(float *o, const double *part, int accumulate)
 		s += part[i];
 	s = block_sum<double>(s, sh);
 	if (threadIdx.x == 0)
-		o[0] = (float)(accumulate ? (double)o[0] + s : s);
+		o[0] = (float)(accumulate ? (double)o[0] + w * s : w * s);
 }
 
 extern "C" cudaError_t cu_k_sqnorm(cudaStream_t st, float *o, const float *a, int64_t n,
-				   int accumulate, double *scratch)
+				   int accumulate, float w, double *scratch)
 {
 	/* always CU_REDUCE_BLOCKS blocks (idle ones write 0): a fixed tree */
 	k_sqnorm_part<<<CU_REDUCE_BLOCKS, THREADS, 0, st>>>(a, n, scratch);
 	cudaError_t err = cudaGetLastError();
 	if (err != cudaSuccess)
 		return err;
-	k_sqnorm_sum<<<1, THREADS, 0, st>>>(o, scratch, accumulate);
+	k_sqnorm_sum<<<1, THREADS, 0, st>>>(o, scratch, accumulate, w);
 	return cudaGetLastError();
 }
 

@@ -73,9 +73,9 @@ cudaError_t cu_k_bias_grad(cudaStream_t st, float *o, const float *a, int64_t ro
  */
 cudaError_t cu_k_xent(cudaStream_t st, int op, float *o, const float *x, const int32_t *y,
 		      int64_t rows, int64_t classes, float scale, double *scratch, CuScalars *sc);
-/* o[0] = sum a^2 (+ o[0] if accumulate); scratch: CU_REDUCE_BLOCKS doubles */
+/* o[0] = w * sum a^2 (+ o[0] if accumulate); scratch: CU_REDUCE_BLOCKS doubles */
 cudaError_t cu_k_sqnorm(cudaStream_t st, float *o, const float *a, int64_t n, int accumulate,
-			double *scratch);
+			float w, double *scratch);
 cudaError_t cu_k_sqrt(cudaStream_t st, float *o, const float *a);
 cudaError_t cu_k_clip(cudaStream_t st, float *o, int64_t n, const float *norm, float max_norm);
 cudaError_t cu_k_sgd(cudaStream_t st, float *p, const float *g, float *buf, int64_t n,

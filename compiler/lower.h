@@ -1,0 +1,123 @@
+/*
+ * lower.h - the lowering context shared by the front end's semantic files:
+ * lower.c (sections, settings, data), consts.c (constant expressions and the
+ * config section) and model.c (the model section: blocks, repeat, ops).
+ *
+ * Internal to compiler/; nothing outside the front end includes it.
+ */
+#ifndef DP_LOWER_H
+#define DP_LOWER_H
+
+#include "ast.h"
+
+/* A string -> int hash map (open addressing) for the name lookups, so that
+ * lowering stays linear in the size of the unrolled model. Keys are not
+ * copied: they must outlive the map (tree or graph strings). */
+typedef struct {
+	const char *key;
+	int val;
+} MapSlot;
+
+typedef struct {
+	MapSlot *slots;
+	int cap, n;
+} NameMap;
+
+/* A name the model can refer to: a data value or an assignment target. */
+typedef struct {
+	const char *name;
+	int value;   /* latest binding's value id, or -1 when its definition had an error */
+	int is_data;
+} Sym;
+
+/* A config constant or a -D value. */
+typedef struct {
+	int is_float;
+	int64_t i;
+	double f;
+} Num;
+
+typedef struct {
+	const char *name;
+	Num val;
+	int ok;      /* evaluated without error (uses of a failed one stay quiet) */
+} Const;
+
+#define MAX_REPEAT_NEST 8 /* repeat inside repeat */
+
+typedef struct Pending Pending;
+
+typedef struct {
+	ParseState *ps;
+	Diag *d;
+	Graph *g;
+	int world_size;
+	const FeOptions *opts;
+	Loc top; /* 1:1, for what is missing from the whole file */
+	const Stmt *config, *mesh, *data, *eval, *model, *train;
+	int mesh_ok, batch_ok;
+	int64_t global_batch;
+	Sym *syms;
+	int nsyms, capsyms;
+	NameMap symmap;   /* name -> index into syms */
+	NameMap values;   /* value name -> id, for every value the front end made;
+	                     -1 for a param or buffer whose declaration failed */
+	NameMap targets;  /* every assignment target of the model (val unused) */
+	NameMap blocks;   /* block name -> index into Graph.blocks */
+	Const *consts;
+	int nconsts, capconsts;
+	NameMap constmap; /* name -> index into consts */
+	const char *rep_var[MAX_REPEAT_NEST]; /* enclosing repeat variables, outermost first */
+	int64_t rep_val[MAX_REPEAT_NEST];
+	int nrep;
+	int *inst_block;  /* per block instance in program order: its block index, or -1 */
+	int ninst, capinst;
+	int64_t unrolled; /* statements instantiated by repeat */
+	int next_temp;
+	int loss_seen;
+	Loc loss_loc;
+	Pending *errs; /* reported in source order at the end */
+	int nerrs, caperrs;
+} Lower;
+
+void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define ERR(loc, ...) lerr(L, (loc), __VA_ARGS__)
+
+/* ---- lower.c: helpers shared by the files ---- */
+
+Loc lower_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
+void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
+int *map_get(const NameMap *m, const char *key);
+void map_put(Lower *L, NameMap *m, const char *key, int val);
+Sym *lower_find_sym(Lower *L, const char *name);
+void lower_add_sym(Lower *L, const char *name, int value, int is_data);
+/* ir_value, registered in L->values (name must be unused). */
+Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+		   DpTensorKind kind, Loc loc);
+/* A name not used by any value nor assigned by the user: stem, stem1, ... */
+const char *lower_fresh_name(Lower *L, const char *stem);
+int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out);
+int want_float(Lower *L, const AstVal *v, const char *what, float *out);
+int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
+	       const Arg **found);
+int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+	       DpDtype *dt, int *ndim, int64_t *dims);
+
+/* ---- consts.c: constant expressions and the config section ---- */
+
+/* Evaluate e as a number (config constants and repeat variables resolved).
+ * what names the position for messages ("a dimension"). -1 after an error. */
+int eval_num(Lower *L, const Expr *e, const char *what, Num *out);
+/* Evaluate e as a setting value or spec: numbers fold to V_INT/V_FLOAT, a
+ * name that is not a constant stays V_IDENT, calls become V_CALL with their
+ * arguments evaluated. Tensor expressions (block.param) are errors. */
+int eval_value(Lower *L, const Expr *e, AstVal *out);
+/* Is name a config constant or a repeat variable in scope? */
+int is_constant(Lower *L, const char *name);
+void lower_config(Lower *L);
+
+/* ---- model.c ---- */
+
+void lower_model(Lower *L);
+
+#endif

@@ -1,0 +1,833 @@
+/*
+ * model.c - the model section: blocks, params and buffers, repeat, op calls
+ * and the loss.
+ *
+ * Before: config, mesh, train and data are lowered (data names are symbols).
+ *
+ * After (when no error was reported), the Graph holds:
+ *   - one Block per block instance, in program order: `block fc1` is fc1,
+ *     `block h[i]` inside `repeat N as i` is h.0 ... h.<N-1>;
+ *   - per param a DP_T_PARAM value "block.param" (h.0.wqkv) with its
+ *     initialiser, dims global, and place[DP_AXIS_TP] = shard(dim) when it
+ *     is annotated split(tp, col|row); per buffer a DP_T_BUFFER value likewise
+ *     (no gradient, never communicated);
+ *   - per op call a DP_T_ACT value (dtype f32, ndim 0: shapes are the shape
+ *     pass's job) and a PH_FWD node in step and eval, with the op's keyword
+ *     arguments in ia[]/fa[]; nested calls produce temporaries t, t1, ...;
+ *   - the cross_entropy assignment: an XENT node (step only, fa0 = 1/global
+ *     batch), the metric loss.sum and its ACCUM node, and with an eval section
+ *     the eval.loss (XENT, fa0 = 1) and eval.correct (CORRECT) metrics.
+ *
+ * Two walks over the tree, in program order, unroll repeat the same way: the
+ * first declares blocks, params, buffers and the names the model assigns
+ * (so `block.param` may be used anywhere, and a use before any assignment
+ * is told apart from an unknown name); the second lowers the assignments.
+ * Both are linear in the unrolled size: every lookup is a hash map.
+ *
+ * Names. A use sees the latest binding before it in program order. The
+ * first binding of a name keeps it as the value's name; a later one made in
+ * a block is named <block>.<name> (h.3.x), else (or if that is taken) the
+ * next free <name>N.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "lower.h"
+
+#define MAX_REPEAT (1 << 16)        /* count of one repeat */
+#define MAX_UNROLLED ((int64_t)1 << 20) /* statements instantiated by repeat in all */
+#define MAX_ELEMS ((int64_t)1 << 40)
+
+/* ---- the op table ---- */
+
+enum { K_BOOL, K_INT, K_FLOAT };
+
+/* A keyword argument of an op: its node attribute ia[slot] (K_BOOL, K_INT)
+ * or fa[slot] (K_FLOAT). */
+typedef struct {
+	const char *name;
+	int kind;
+	int slot;
+	int required;
+	double def; /* K_FLOAT: the default (written when not given) */
+	int64_t min;  /* K_INT: the least value; K_FLOAT: must be > min */
+} OpKey;
+
+typedef struct {
+	const char *name;
+	IrOp op;
+	int min_in, max_in; /* tensor operands */
+	int ids_at;         /* the operand that is i32 (ids, labels), or -1 */
+	const OpKey *keys;  /* NULL-terminated, or NULL */
+	int dims;           /* reshape: positional dims follow the tensor */
+} OpSpec;
+
+static const OpKey eps_keys[] = {{"eps", K_FLOAT, 0, 0, 1e-5, 0}, {NULL, 0, 0, 0, 0, 0}};
+static const OpKey heads_keys[] = {{"heads", K_INT, 0, 1, 0, 1}, {NULL, 0, 0, 0, 0, 0}};
+static const OpKey matmul_keys[] = {
+	{"transpose_a", K_BOOL, 0, 0, 0, 0},
+	{"transpose_b", K_BOOL, 1, 0, 0, 0},
+	{NULL, 0, 0, 0, 0, 0},
+};
+static const OpKey split_keys[] = {
+	{"parts", K_INT, 0, 1, 0, 1},
+	{"index", K_INT, 1, 1, 0, 0},
+	{NULL, 0, 0, 0, 0, 0},
+};
+
+static const OpSpec ops[] = {
+	{"linear", DPK_LINEAR, 2, 3, -1, NULL, 0},
+	{"matmul", DPK_MATMUL, 2, 2, -1, matmul_keys, 0},
+	{"add", DPK_ADD, 2, 2, -1, NULL, 0},
+	{"mul", DPK_MUL, 2, 2, -1, NULL, 0},
+	{"relu", DPK_RELU, 1, 1, -1, NULL, 0},
+	{"gelu", DPK_GELU, 1, 1, -1, NULL, 0},
+	{"tanh", DPK_TANH, 1, 1, -1, NULL, 0},
+	{"silu", DPK_SILU, 1, 1, -1, NULL, 0},
+	{"softmax", DPK_SOFTMAX, 1, 1, -1, NULL, 0},
+	{"embedding", DPK_EMBEDDING, 2, 2, 0, NULL, 0},
+	{"layernorm", DPK_LAYERNORM, 3, 3, -1, eps_keys, 0},
+	{"rmsnorm", DPK_RMSNORM, 2, 2, -1, eps_keys, 0},
+	{"attention", DPK_ATTENTION, 1, 1, -1, heads_keys, 0},
+	{"rope", DPK_ROPE, 3, 3, -1, NULL, 0},
+	{"transpose", DPK_TRANSPOSE, 1, 1, -1, NULL, 0},
+	{"reshape", DPK_RESHAPE, 1, 1, -1, NULL, 1},
+	{"split", DPK_SPLIT, 1, 1, -1, split_keys, 0},
+	{"cross_entropy", DPK_XENT, 2, 2, 1, NULL, 0},
+};
+
+static const OpSpec *find_op(const char *name)
+{
+	for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
+		if (strcmp(ops[k].name, name) == 0)
+			return &ops[k];
+	return NULL;
+}
+
+/* ---- lookups ---- */
+
+static int find_block(Lower *L, const char *name)
+{
+	int *b = map_get(&L->blocks, name);
+	return b ? *b : -1;
+}
+
+/* The param or buffer block.name; NULL if there is none. *poisoned is set
+ * when its declaration failed (an error was reported for it already). */
+static Value *find_param(Lower *L, int block, const char *name, int *poisoned)
+{
+	char buf[2 * AST_MAX_IDENT + 64];
+	snprintf(buf, sizeof buf, "%s.%s", L->g->blocks[block].name, name);
+	int *id = map_get(&L->values, buf);
+	if (poisoned)
+		*poisoned = id && *id < 0;
+	if (!id || *id < 0)
+		return NULL;
+	Value *v = L->g->values[*id];
+	return v->kind == DP_T_PARAM || v->kind == DP_T_BUFFER ? v : NULL;
+}
+
+/* "param" or "buffer", for messages. */
+static const char *member_kind(const Value *v)
+{
+	return v->kind == DP_T_BUFFER ? "buffer" : "param";
+}
+
+/* A temporary's name: t, t1, ... never a name the user assigns. */
+static const char *fresh_temp(Lower *L)
+{
+	for (;; L->next_temp++) {
+		char buf[32];
+		if (L->next_temp == 0)
+			snprintf(buf, sizeof buf, "t");
+		else
+			snprintf(buf, sizeof buf, "t%d", L->next_temp);
+		if (!map_get(&L->values, buf) && !map_get(&L->targets, buf))
+			return ir_strdup(L->g, buf);
+	}
+}
+
+/* ---- repeat ---- */
+
+/* The count of `repeat N as i`, after checking the variable; -1 after an
+ * error (quiet: the second walk evaluates again what the first reported). */
+static int64_t repeat_count(Lower *L, const Stmt *s, int quiet)
+{
+	int nerrs = L->nerrs;
+	Num n;
+	int64_t count = -1;
+	if (L->nrep == MAX_REPEAT_NEST) {
+		ERR(s->loc, "repeat is nested too deeply (at most %d levels)", MAX_REPEAT_NEST);
+	} else if (is_constant(L, s->name)) {
+		ERR(s->name_loc, "repeat variable '%s' is already a %s", s->name,
+		    map_get(&L->constmap, s->name) ? "config constant" : "repeat variable");
+	} else if (eval_num(L, s->expr, "the repeat count", &n) == 0) {
+		if (n.is_float)
+			ERR(s->expr->loc, "the repeat count must be a positive integer, got the float %g",
+			    n.f);
+		else if (n.i < 1)
+			ERR(s->expr->loc, "the repeat count must be a positive integer, got %lld",
+			    (long long)n.i);
+		else if (n.i > MAX_REPEAT)
+			ERR(s->expr->loc, "the repeat count is too large (at most %d)", MAX_REPEAT);
+		else
+			count = n.i;
+	}
+	if (quiet)
+		L->nerrs = nerrs; /* drop the messages: the first walk has them */
+	return count;
+}
+
+/* ---- declarations: blocks, params, buffers ---- */
+
+/* split(tp, col|row) after a param: the tp placement of v (global dims). */
+static int lower_split(Lower *L, const Expr *a, const char *name, Value *v)
+{
+	const Expr *axis = a->args, *dir = axis ? axis->next : NULL;
+	if (a->kind != E_CALL || strcmp(a->name, "split") != 0) {
+		ERR(a->loc, "unexpected '%s' after param '%s' (only split(tp, col|row) may follow)",
+		    a->kind == E_CALL || a->kind == E_NAME ? a->name : "?", name);
+		return -1;
+	}
+	if (a->nargs != 2 || axis->key || dir->key || axis->kind != E_NAME || dir->kind != E_NAME) {
+		ERR(a->loc, "split takes a mesh axis and a direction, like split(tp, col)");
+		return -1;
+	}
+	if (strcmp(axis->name, "tp") != 0) {
+		int known = 0;
+		for (int ax = 0; ax < DP_MAX_AXES; ax++)
+			known |= strcmp(ir_axis_names[ax], axis->name) == 0;
+		if (known)
+			ERR(axis->loc, "only the tp axis can split a param (the strategy decides how "
+				       "'%s' shards it)",
+			    axis->name);
+		else
+			ERR(axis->loc, "unknown mesh axis '%s' in split (only tp)", axis->name);
+		return -1;
+	}
+	int row = strcmp(dir->name, "row") == 0;
+	if (!row && strcmp(dir->name, "col") != 0) {
+		ERR(dir->loc, "split direction must be col or row, not '%s'", dir->name);
+		return -1;
+	}
+	if (row && v->ndim != 2) {
+		ERR(dir->loc, "split(tp, row) needs a 2-D param, but '%s' has %d dimension%s", name,
+		    v->ndim, v->ndim == 1 ? "" : "s");
+		return -1;
+	}
+	/* col: the output features (the last dim); row: the input features */
+	v->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, (int8_t)(row ? 0 : v->ndim - 1)};
+	return 0;
+}
+
+/* The initialiser spec of a param or buffer into init, a, b. */
+static int lower_init(Lower *L, const Stmt *p, int is_buffer, const int64_t *dims, int nd,
+		      DpInit *init, float *a, float *b)
+{
+	AstVal val;
+	const AstVal *v = &val;
+	if (eval_value(L, p->val, &val))
+		return -1;
+	if (v->kind != V_IDENT && v->kind != V_CALL) {
+		ERR(v->loc, "expected an initialiser: normal(mean, std), uniform(low, high), "
+			    "zeros or ones");
+		return -1;
+	}
+	int two = strcmp(v->s, "normal") == 0 || strcmp(v->s, "uniform") == 0;
+	int rope = strcmp(v->s, "rope_cos") == 0 || strcmp(v->s, "rope_sin") == 0;
+	if (strcmp(v->s, "zeros") == 0 || strcmp(v->s, "ones") == 0) {
+		if (v->nargs) {
+			ERR(v->loc, "'%s' takes no arguments", v->s);
+			return -1;
+		}
+		*init = v->s[0] == 'z' ? DP_INIT_ZEROS : DP_INIT_ONES;
+	} else if (two) {
+		int normal = v->s[0] == 'n';
+		if (v->nargs != 2 || v->args->key || v->args->next->key) {
+			ERR(v->loc, "'%s' takes two numbers: %s", v->s,
+			    normal ? "normal(mean, std)" : "uniform(low, high)");
+			return -1;
+		}
+		if (want_float(L, &v->args->val, normal ? "mean" : "low", a) ||
+		    want_float(L, &v->args->next->val, normal ? "std" : "high", b))
+			return -1;
+		if (normal && *b < 0) {
+			ERR(v->args->next->val.loc, "std must be >= 0");
+			return -1;
+		}
+		if (!normal && *b < *a) {
+			ERR(v->args->next->val.loc, "uniform's high must be >= low");
+			return -1;
+		}
+		*init = normal ? DP_INIT_NORMAL : DP_INIT_UNIFORM;
+	} else if (rope) {
+		if (!is_buffer) {
+			ERR(v->loc, "%s is for buffers only (a rotary table is not trained): "
+				    "declare '%s' as a buffer",
+			    v->s, p->name);
+			return -1;
+		}
+		static const char *const keys[] = {"theta"};
+		const Arg *th;
+		float theta = 10000.0f;
+		if (get_kwargs(L, v, keys, 1, &th) || (th && want_float(L, &th->val, "theta", &theta)))
+			return -1;
+		if (!(theta > 0)) {
+			ERR(th->val.loc, "theta must be > 0");
+			return -1;
+		}
+		*init = v->s[5] == 'c' ? DP_INIT_ROPE_COS : DP_INIT_ROPE_SIN;
+		*a = theta;
+		*b = (float)dims[nd - 1]; /* half the head dim: the table's last dim */
+	} else {
+		ERR(v->loc, "unknown initialiser '%s' (normal, uniform, zeros, ones, rope_cos, "
+			    "rope_sin)",
+		    v->s);
+		return -1;
+	}
+	return 0;
+}
+
+/* A param (S_PARAM) or a buffer (S_BUFFER) of a block: same types and
+ * initialisers; a buffer is not trained and never communicated. */
+static void declare_param(Lower *L, const Stmt *p, int block)
+{
+	Graph *g = L->g;
+	int is_buffer = p->kind == S_BUFFER;
+	const char *what = is_buffer ? "buffer" : "param";
+	const Value *old = find_param(L, block, p->name, NULL);
+	if (old) {
+		if ((old->kind == DP_T_BUFFER) == is_buffer)
+			ERR(p->name_loc, "duplicate %s '%s' in block '%s'", what, p->name,
+			    g->blocks[block].name);
+		else
+			ERR(p->name_loc, "duplicate name '%s' in block '%s': it is already a %s",
+			    p->name, g->blocks[block].name, member_kind(old));
+		return;
+	}
+	DpDtype dt;
+	int nd = 0;
+	int64_t dims[DP_MAX_DIMS] = {0};
+	/* a param whose declaration fails is poisoned: uses of it stay quiet */
+	const char *name = ir_fmt(g, "%s.%s", g->blocks[block].name, p->name);
+	const Expr *an = p->annot;
+	if (is_buffer && an && (an->kind != E_NAME || strcmp(an->name, "nosync") != 0)) {
+		if (an->kind == E_CALL && strcmp(an->name, "split") == 0)
+			ERR(an->loc, "a buffer cannot be split (only params are)");
+		else
+			ERR(an->loc, "unexpected '%s' after buffer '%s' (only 'nosync' may follow)",
+			    an->name, p->name);
+		goto poison;
+	}
+	if (lower_type(L, &p->type, what, p->name, 0, &dt, &nd, dims))
+		goto poison;
+	DpInit init = DP_INIT_ZEROS;
+	float a = 0, b = 0;
+	if (p->val && lower_init(L, p, is_buffer, dims, nd, &init, &a, &b))
+		goto poison;
+	Value *v = lower_value(L, name, dt, nd, dims, is_buffer ? DP_T_BUFFER : DP_T_PARAM,
+			       lower_gloc(L, p->name_loc));
+	v->init = init;
+	v->init_a = a;
+	v->init_b = b;
+	v->block = block;
+	if (!is_buffer && an && lower_split(L, an, p->name, v))
+		map_put(L, &L->values, v->name, -1); /* quiet from now on, like a failed one */
+	return;
+poison:
+	map_put(L, &L->values, name, -1);
+}
+
+static void record_instance(Lower *L, int block)
+{
+	L->inst_block = lower_grow(L, L->inst_block, &L->capinst, L->ninst + 1, sizeof(int));
+	L->inst_block[L->ninst++] = block;
+}
+
+/* Count unrolled statements; 0 once the limit is passed (reported once). */
+static int count_unrolled(Lower *L, const Stmt *s)
+{
+	if (L->unrolled > MAX_UNROLLED)
+		return 0;
+	if (++L->unrolled > MAX_UNROLLED) {
+		ERR(s->loc, "the model unrolls to more than %lld statements", (long long)MAX_UNROLLED);
+		return 0;
+	}
+	return 1;
+}
+
+static void declare_block(Lower *L, const Stmt *s)
+{
+	const char *name = s->name;
+	if (s->expr) {
+		Num n;
+		if (eval_num(L, s->expr, "a block index", &n)) {
+			record_instance(L, -1);
+			return;
+		}
+		if (n.is_float || n.i < 0) {
+			ERR(s->expr->loc, "a block index must be an integer >= 0");
+			record_instance(L, -1);
+			return;
+		}
+		name = ir_fmt(L->g, "%s.%lld", s->name, (long long)n.i);
+	}
+	if (find_block(L, name) >= 0) {
+		ERR(s->name_loc, "duplicate block '%s'", name);
+		record_instance(L, -1);
+		return;
+	}
+	int b = ir_add_block(L->g, name, lower_gloc(L, s->name_loc));
+	map_put(L, &L->blocks, L->g->blocks[b].name, b);
+	record_instance(L, b);
+	for (const Stmt *p = s->body; p; p = p->next) {
+		if (!count_unrolled(L, p))
+			return;
+		if (p->kind == S_PARAM || p->kind == S_BUFFER)
+			declare_param(L, p, b);
+		else if (p->kind == S_ASSIGN)
+			map_put(L, &L->targets, p->name, 0);
+		else if (p->kind == S_BLOCK)
+			ERR(p->loc, "blocks cannot be nested");
+		else if (p->kind == S_REPEAT)
+			ERR(p->loc, "repeat cannot be inside a block (put the block inside the repeat)");
+		else
+			ERR(p->loc, "expected a param, a buffer or an assignment in block '%s'", name);
+	}
+}
+
+static void declare_list(Lower *L, const Stmt *list)
+{
+	for (const Stmt *s = list; s; s = s->next) {
+		if (!count_unrolled(L, s))
+			return;
+		switch (s->kind) {
+		case S_ASSIGN:
+			map_put(L, &L->targets, s->name, 0);
+			break;
+		case S_BLOCK:
+			declare_block(L, s);
+			break;
+		case S_REPEAT: {
+			int64_t n = repeat_count(L, s, 0);
+			/* an iteration counts too: nested empty repeats are no cheaper */
+			for (int64_t i = 0; i < n && count_unrolled(L, s); i++) {
+				L->rep_var[L->nrep] = s->name;
+				L->rep_val[L->nrep++] = i;
+				declare_list(L, s->body);
+				L->nrep--;
+			}
+			break;
+		}
+		case S_PARAM:
+		case S_BUFFER:
+			ERR(s->loc, "%s '%s' must be inside a block",
+			    s->kind == S_PARAM ? "param" : "buffer", s->name);
+			break;
+		default:
+			ERR(s->loc, "expected an assignment, a block or a repeat in the model section");
+			break;
+		}
+	}
+}
+
+/* ---- expressions ---- */
+
+static int lower_call(Lower *L, const Expr *e, int block, const char *target);
+
+/* The value a tensor expression denotes, or -1 (after an error, or for a
+ * name whose definition failed: that was reported already). */
+static int lower_expr(Lower *L, const Expr *e, int block)
+{
+	switch (e->kind) {
+	case E_CALL:
+		return lower_call(L, e, block, NULL);
+	case E_MEMBER: {
+		int b = find_block(L, e->name);
+		if (b < 0) {
+			ERR(e->loc, "unknown block '%s'", e->name);
+			return -1;
+		}
+		int poisoned;
+		Value *p = find_param(L, b, e->member, &poisoned);
+		if (!p && poisoned)
+			return -1;
+		if (!p) {
+			ERR(e->member_loc, "block '%s' has no param or buffer '%s'", e->name,
+			    e->member);
+			return -1;
+		}
+		return p->id;
+	}
+	case E_NAME: {
+		if (block >= 0) {
+			int poisoned;
+			Value *p = find_param(L, block, e->name, &poisoned);
+			if (p)
+				return p->id;
+			if (poisoned)
+				return -1;
+		}
+		Sym *s = lower_find_sym(L, e->name);
+		if (s)
+			return s->value;
+		if (map_get(&L->targets, e->name))
+			ERR(e->loc, "'%s' is used before it is assigned", e->name);
+		else if (is_constant(L, e->name))
+			ERR(e->loc, "'%s' is a constant, not a tensor", e->name);
+		else
+			ERR(e->loc, "unknown identifier '%s'", e->name);
+		return -1;
+	}
+	default:
+		ERR(e->loc, "expected a tensor here (a name, block.param or an op call), not a "
+			    "number or a string");
+		return -1;
+	}
+}
+
+/* One keyword argument's value into n->ia / n->fa. */
+static int lower_keyword(Lower *L, const OpKey *k, const Expr *a, Node *n)
+{
+	if (k->kind == K_BOOL) {
+		int t = a->kind == E_NAME && strcmp(a->name, "true") == 0;
+		if (!t && !(a->kind == E_NAME && strcmp(a->name, "false") == 0)) {
+			ERR(a->loc, "%s must be true or false", k->name);
+			return -1;
+		}
+		n->ia[k->slot] = t;
+		return 0;
+	}
+	Num v;
+	if (eval_num(L, a, k->name, &v))
+		return -1;
+	if (k->kind == K_INT) {
+		if (v.is_float) {
+			ERR(a->loc, "%s must be an integer, got %g", k->name, v.f);
+			return -1;
+		}
+		if (v.i < k->min || v.i > INT32_MAX) {
+			ERR(a->loc, "%s must be %s %lld, got %lld", k->name,
+			    v.i < k->min ? "at least" : "at most",
+			    (long long)(v.i < k->min ? k->min : INT32_MAX), (long long)v.i);
+			return -1;
+		}
+		n->ia[k->slot] = v.i;
+		return 0;
+	}
+	double x = v.is_float ? v.f : (double)v.i;
+	if (!(x > (double)k->min) || !(x < 3.4e38)) {
+		ERR(a->loc, "%s must be > %lld and fit f32, got %g", k->name, (long long)k->min, x);
+		return -1;
+	}
+	n->fa[k->slot] = (float)x;
+	return 0;
+}
+
+/* reshape(x, d1, ...): the dims after x into ia0.. and their count into ia4. */
+static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *n)
+{
+	int rc = 0, k = 0, infer = 0;
+	for (const Expr *a = first; a && !a->key; a = a->next, k++) {
+		Num v;
+		if (eval_num(L, a, "a reshape dimension", &v)) {
+			rc = -1;
+			continue;
+		}
+		if (k >= DP_MAX_DIMS - 1) {
+			ERR(a->loc, "reshape gives at most %d dims after x (the result has at most %d)",
+			    DP_MAX_DIMS - 1, DP_MAX_DIMS);
+			return -1;
+		}
+		if (v.is_float || (v.i < 1 && v.i != -1) || v.i > MAX_ELEMS) {
+			ERR(a->loc, "a reshape dimension must be a positive integer or -1");
+			rc = -1;
+		} else if (v.i == -1 && infer++) {
+			ERR(a->loc, "only one reshape dimension can be -1");
+			rc = -1;
+		}
+		n->ia[k] = v.i;
+	}
+	if (k == 0) {
+		ERR(e->loc, "reshape needs the new dims after x (the first dim is kept), like "
+			    "reshape(x, T, heads, hd)");
+		return -1;
+	}
+	n->ia[4] = k;
+	return rc;
+}
+
+/* The operands of a call of op: positional tensors (lowered into in[],
+ * their count into *ntensor), then keywords into attrs->ia/fa (defaults
+ * included); reshape's dims too. -1 after errors. */
+static int call_operands(Lower *L, const Expr *e, const OpSpec *op, int block, int *in,
+			 int *ntensor, Node *attrs)
+{
+	Graph *g = L->g;
+	int bad = 0, npos = 0;
+	const Expr *dims = NULL;
+	for (const Expr *a = e->args; a; a = a->next)
+		npos += !a->key;
+	/* tensor operands: every positional one, or reshape's first */
+	*ntensor = op->dims ? (npos > 0) : npos;
+	if (*ntensor < op->min_in || *ntensor > op->max_in) {
+		if (op->min_in == op->max_in)
+			ERR(e->loc, "'%s' takes %d argument%s, got %d", e->name, op->min_in,
+			    op->min_in == 1 ? "" : "s", *ntensor);
+		else
+			ERR(e->loc, "'%s' takes %d to %d arguments, got %d", e->name,
+			    op->min_in, op->max_in, *ntensor);
+		bad++;
+	}
+	int i = 0, seen_key = 0;
+	for (const Expr *a = e->args; a; a = a->next) {
+		if (a->key) {
+			seen_key = 1;
+			continue;
+		}
+		if (seen_key) {
+			ERR(a->loc, "positional argument after a keyword argument");
+			bad++;
+			continue;
+		}
+		if (op->dims && i == 1) {
+			dims = a;
+			break;
+		}
+		int id = lower_expr(L, a, block);
+		if (id < 0) {
+			bad++;
+		} else if (i < op->max_in) {
+			in[i] = id;
+			const Value *v = g->values[id];
+			DpDtype want = i == op->ids_at ? DP_I32 : DP_F32;
+			if (v->dtype != want) {
+				ERR(a->loc, "argument %d of '%s' must be %s, but '%s' is %s", i + 1,
+				    e->name, ir_dtype_name(want), v->name, ir_dtype_name(v->dtype));
+				bad++;
+			}
+		}
+		i++;
+	}
+	const Expr *given[4] = {NULL};
+	int nkeys = 0;
+	while (op->keys && op->keys[nkeys].name)
+		nkeys++;
+	for (int k = 0; k < nkeys; k++)
+		if (op->keys[k].kind == K_FLOAT)
+			attrs->fa[op->keys[k].slot] = (float)op->keys[k].def;
+	for (const Expr *a = e->args; a; a = a->next) {
+		if (!a->key)
+			continue;
+		int k = 0;
+		while (k < nkeys && strcmp(op->keys[k].name, a->key) != 0)
+			k++;
+		if (k == nkeys) {
+			if (nkeys == 0)
+				ERR(a->key_loc, "unknown keyword '%s': '%s' takes no keywords", a->key,
+				    e->name);
+			else if (nkeys == 1)
+				ERR(a->key_loc, "unknown keyword '%s' for '%s' (it takes %s)", a->key,
+				    e->name, op->keys[0].name);
+			else
+				ERR(a->key_loc, "unknown keyword '%s' for '%s' (it takes %s and %s)",
+				    a->key, e->name, op->keys[0].name, op->keys[1].name);
+			bad++;
+		} else if (given[k]) {
+			ERR(a->key_loc, "duplicate keyword '%s'", a->key);
+			bad++;
+		} else {
+			given[k] = a;
+			if (lower_keyword(L, &op->keys[k], a, attrs))
+				bad++;
+		}
+	}
+	for (int k = 0; k < nkeys; k++) {
+		if (op->keys[k].required && !given[k]) {
+			ERR(e->loc, "'%s' needs %s=N", e->name, op->keys[k].name);
+			bad++;
+		}
+	}
+	if (op->op == DPK_SPLIT && !bad && attrs->ia[1] >= attrs->ia[0]) {
+		ERR(given[1]->loc, "split index %lld is out of range for %lld parts",
+		    (long long)attrs->ia[1], (long long)attrs->ia[0]);
+		bad++;
+	}
+	if (op->dims && npos > 0 && lower_reshape_dims(L, e, dims, attrs))
+		bad++;
+	return bad ? -1 : 0;
+}
+
+/* A call of an op (not cross_entropy): a new value named target (a fresh
+ * temporary when NULL) and its node. */
+static int lower_call(Lower *L, const Expr *e, int block, const char *target)
+{
+	Graph *g = L->g;
+	const OpSpec *op = find_op(e->name);
+	if (!op) {
+		ERR(e->loc, "unknown op '%s'", e->name);
+		for (const Expr *a = e->args; a; a = a->next)
+			if (!a->key)
+				lower_expr(L, a, block); /* report errors inside it too */
+		return -1;
+	}
+	if (op->op == DPK_XENT) {
+		ERR(e->loc, "cross_entropy must be assigned directly, like loss = cross_entropy(logits, y)");
+		return -1;
+	}
+	int in[DP_MAX_IN] = {0}, nin;
+	Node attrs = {0};
+	if (call_operands(L, e, op, block, in, &nin, &attrs))
+		return -1;
+	Loc loc = lower_gloc(L, e->loc);
+	Value *v = lower_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
+	Node *n = ir_node(g, op->op, v->id, nin, in, PH_FWD, loc);
+	memcpy(n->ia, attrs.ia, sizeof n->ia);
+	memcpy(n->fa, attrs.fa, sizeof n->fa);
+	n->progs = IR_IN_STEP | IR_IN_EVAL;
+	n->block = block;
+	v->def = n->id;
+	return v->id;
+}
+
+static Value *metric(Lower *L, const char *stem, int64_t n, Loc loc)
+{
+	int64_t dims[1] = {n};
+	return lower_value(L, lower_fresh_name(L, stem), DP_F32, 1, dims, DP_T_METRIC, loc);
+}
+
+/* name = cross_entropy(logits, labels): the training loss and its metrics. */
+static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
+{
+	Graph *g = L->g;
+	if (L->loss_seen) {
+		ERR(e->loc, "more than one cross_entropy loss (the first is on line %d)",
+		    L->loss_loc.line);
+		return -1;
+	}
+	L->loss_seen = 1;
+	L->loss_loc = e->loc;
+	int in[DP_MAX_IN] = {0}, nin;
+	Node attrs = {0};
+	if (call_operands(L, e, find_op("cross_entropy"), block, in, &nin, &attrs) ||
+	    !L->batch_ok)
+		return -1;
+	Loc loc = lower_gloc(L, e->loc);
+	Value *loss = lower_value(L, name, DP_F32, 0, NULL, DP_T_ACT, loc);
+	Node *n = ir_node(g, DPK_XENT, loss->id, 2, in, PH_FWD, loc);
+	/* the loss is the mean over every labelled row of the global batch: a
+	 * sample of labels i32[batch, T] (next-token targets) has T rows */
+	const Value *lab = g->values[in[1]];
+	double rows = 1;
+	for (int k = 1; k < lab->ndim; k++)
+		rows *= (double)lab->dims[k];
+	n->fa[0] = (float)(1.0 / ((double)L->global_batch * rows));
+	n->progs = IR_IN_STEP;
+	n->block = block;
+	loss->def = n->id;
+	g->loss = loss->id;
+	g->logits = in[0];
+	g->labels = in[1];
+
+	Value *sum = metric(L, "loss.sum", 1, loc);
+	n = ir_node(g, DPK_ACCUM, sum->id, 1, &loss->id, PH_FWD, loc);
+	n->progs = IR_IN_STEP;
+	g->metrics.loss = sum->id;
+	if (L->eval) {
+		Value *el = metric(L, "eval.loss", 1, loc);
+		n = ir_node(g, DPK_XENT, el->id, 2, in, PH_EVAL, loc);
+		n->fa[0] = 1.0f; /* a sum: the runtime divides by the samples counted */
+		n->progs = IR_IN_EVAL;
+		Value *ec = metric(L, "eval.correct", 2, loc);
+		n = ir_node(g, DPK_CORRECT, ec->id, 2, in, PH_EVAL, loc);
+		n->progs = IR_IN_EVAL;
+		g->metrics.eval_loss = el->id;
+		g->metrics.eval_correct = ec->id;
+	}
+	return loss->id;
+}
+
+/* The value name of a binding of s->name (see the file comment). */
+static const char *binding_name(Lower *L, const Stmt *s, int block, int first)
+{
+	if (first && !map_get(&L->values, s->name))
+		return s->name;
+	if (block >= 0) {
+		const char *qual = ir_fmt(L->g, "%s.%s", L->g->blocks[block].name, s->name);
+		if (!map_get(&L->values, qual))
+			return qual;
+		return lower_fresh_name(L, qual);
+	}
+	return lower_fresh_name(L, s->name);
+}
+
+static void lower_assign(Lower *L, const Stmt *s, int block)
+{
+	Sym *sym = lower_find_sym(L, s->name);
+	if (sym && sym->is_data) {
+		ERR(s->name_loc, "'%s' is data: it cannot be assigned (pick another name)", s->name);
+		return;
+	}
+	const Value *m = block >= 0 ? find_param(L, block, s->name, NULL) : NULL;
+	if (m) {
+		ERR(s->name_loc, "'%s' is a %s of block '%s'", s->name, member_kind(m),
+		    L->g->blocks[block].name);
+		return;
+	}
+	const Expr *e = s->expr;
+	int id = -1;
+	if (e->kind != E_CALL)
+		ERR(e->loc, "the right-hand side must be an op call, like relu(%s)",
+		    e->kind == E_NAME ? e->name : "x");
+	else if (e->depth <= AST_MAX_DEPTH) { /* deeper ones were reported by the scanner */
+		const char *name = binding_name(L, s, block, sym == NULL);
+		id = strcmp(e->name, "cross_entropy") == 0 ? lower_loss(L, e, name, block)
+							   : lower_call(L, e, block, name);
+	}
+	/* the new binding is seen from the next statement on (x = add(x, ...)) */
+	sym = lower_find_sym(L, s->name);
+	if (sym)
+		sym->value = id;
+	else
+		lower_add_sym(L, s->name, id, 0);
+}
+
+static void lower_list(Lower *L, const Stmt *list, int *inst)
+{
+	for (const Stmt *s = list; s; s = s->next) {
+		if (s->kind == S_ASSIGN) {
+			lower_assign(L, s, -1);
+		} else if (s->kind == S_BLOCK) {
+			int b = *inst < L->ninst ? L->inst_block[*inst] : -1;
+			++*inst;
+			for (const Stmt *p = s->body; p; p = p->next) {
+				if (p->kind != S_ASSIGN)
+					continue;
+				if (b >= 0)
+					lower_assign(L, p, b);
+				else if (!lower_find_sym(L, p->name))
+					lower_add_sym(L, p->name, -1, 0); /* a failed block: quiet */
+			}
+		} else if (s->kind == S_REPEAT) {
+			int64_t n = repeat_count(L, s, 1);
+			for (int64_t i = 0; i < n; i++) {
+				L->rep_var[L->nrep] = s->name;
+				L->rep_val[L->nrep++] = i;
+				lower_list(L, s->body, inst);
+				L->nrep--;
+			}
+		}
+	}
+}
+
+void lower_model(Lower *L)
+{
+	declare_list(L, L->model->body);
+	if (L->unrolled > MAX_UNROLLED)
+		return;
+	int inst = 0;
+	lower_list(L, L->model->body, &inst);
+	if (!L->loss_seen)
+		ERR(L->model->name_loc,
+		    "the model has no loss: assign one, like loss = cross_entropy(logits, y)");
+}

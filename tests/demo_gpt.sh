@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# tests/demo_gpt.sh - `make demo-gpt`: a byte-level shard of English text from the
+# Debian fortunes package, the tiny GPT-2 (models/gpt2-tiny.dp) trained on it, and
+# its loss beside the text's unigram entropy (the loss of the best model that
+# ignores context: a model that learnt anything ends well below it).
+#
+# The text is a fixed list of the package's plain-text fortune files (not the .dat
+# indices or .u8 links), in this order, so the shard is the same on every machine
+# with fortunes 1:1.99.1. The shards go to build/data/fortunes.bin (train) and
+# build/data/fortunes_val.bin (the last 10%): the paths models/gpt2-tiny.dp reads,
+# relative to the repository root. Environment: DEMO_GPT_STEPS (default 600, the
+# model's cosine schedule; about a minute on 2 cores), DEMO_GPT_RANKS (default 1;
+# >1 runs under mpirun with --world-size N), DEMO_GPT_MODEL (default
+# models/gpt2-tiny.dp).
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+STEPS=${DEMO_GPT_STEPS:-600}
+RANKS=${DEMO_GPT_RANKS:-1}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+FORTUNES=/usr/share/games/fortunes
+FILES="cookie computers definitions education humorists literature people science wisdom work"
+MODEL=${DEMO_GPT_MODEL:-models/gpt2-tiny.dp}
+
+paths=()
+for f in $FILES; do
+	if [ ! -f "$FORTUNES/$f" ]; then
+		echo "demo-gpt: $FORTUNES/$f is missing: install the fortunes package (make deps)" >&2
+		exit 1
+	fi
+	paths+=("$FORTUNES/$f")
+done
+mkdir -p build/data "$BUILD/demo"
+echo "== text2shard -o build/data/fortunes.bin --val build/data/fortunes_val.bin --val-frac 0.1 ($FILES)"
+out=$("$BUILD/text2shard" -o build/data/fortunes.bin --val build/data/fortunes_val.bin \
+	--val-frac 0.1 "${paths[@]}")
+echo "$out"
+H=$(echo "$out" | sed -n 's/^unigram entropy.*: \([0-9.]*\) nats\/token.*/\1/p')
+
+if [ ! -f "$MODEL" ]; then
+	echo "demo-gpt: $MODEL does not exist yet; stopping after the shard" >&2
+	exit 1
+fi
+echo "== dpc $MODEL --world-size $RANKS -o $BUILD/demo/gpt2-tiny.bin"
+"$BUILD/dpc" "$MODEL" --world-size "$RANKS" -o "$BUILD/demo/gpt2-tiny.bin"
+LOSSES="$BUILD/demo/gpt2-tiny.losses"
+echo "== dpexec $BUILD/demo/gpt2-tiny.bin --steps $STEPS ($RANKS rank(s))"
+LOG="$BUILD/demo/gpt2-tiny.log"
+start=$(date +%s)
+if [ "$RANKS" -gt 1 ]; then
+	mpirun --oversubscribe -np "$RANKS" "$BUILD/dpexec" "$BUILD/demo/gpt2-tiny.bin" \
+		--steps "$STEPS" --losses "$LOSSES" 2>&1 | tee "$LOG"
+else
+	"$BUILD/dpexec" "$BUILD/demo/gpt2-tiny.bin" --steps "$STEPS" --losses "$LOSSES" 2>&1 | tee "$LOG"
+fi
+[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+secs=$(( $(date +%s) - start ))
+# the last held-out loss dpexec printed ("eval step N | test loss X | ..."), if any
+VAL=$(sed -n 's/^eval step .* | test loss \([0-9.]*\).*/\1/p' "$LOG" | tail -n 1)
+
+# --losses: "step loss grad_norm lr" per step. The end is the mean of the last
+# 10 steps (one batch's loss is noisy).
+awk -v H="$H" -v secs="$secs" -v val="$VAL" '
+	{ loss[NR] = $2 }
+	END {
+		if (NR == 0) { print "demo-gpt: no losses written"; exit 1 }
+		k = NR < 10 ? NR : 10; s = 0
+		for (i = NR - k + 1; i <= NR; i++) s += loss[i]
+		end = s / k
+		printf "\ntiny GPT on fortunes, %d steps in %ds:\n", NR, secs
+		printf "  first loss              %.4f nats/token\n", loss[1]
+		printf "  last loss (mean of %2d)  %.4f nats/token\n", k, end
+		if (val != "")
+			printf "  validation loss         %.4f nats/token (build/data/fortunes_val.bin)\n", val
+		printf "  unigram entropy         %.4f nats/token (%.4f bits/byte)\n", H, H / log(2)
+		if (end < H) {
+			printf "  the loss ends %.3f nats/token below the unigram entropy\n", H - end
+		} else {
+			printf "  the loss did not get below the unigram entropy\n"
+			exit 1
+		}
+	}' "$LOSSES"
