@@ -33,3 +33,40 @@ mpi() {
 	env $MPI_ASAN timeout 300 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
+
+# ---- equivalence runs (tests/sharding.sh, tests/tp.sh): the caller sets $T
+# (a scratch directory) and $STEPS ----
+
+# eq_run NAME NP DPFILE [dpexec args...]: compile for NP ranks and run STEPS
+# steps, writing $T/NAME.loss (--losses) and $T/NAME.st (--save-full)
+eq_run() {
+	local name=$1 np=$2 src=$3; shift 3
+	"$DPC" "$src" --world-size "$np" -o "$T/$name.bin" 2>"$T/$name.log" ||
+		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
+	mpi "$np" "$T/$name.bin" --steps "$STEPS" --quiet --losses "$T/$name.loss" \
+		--save-full "$T/$name.st" --eval-every 0 "$@" >"$T/$name.log" 2>&1 ||
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec on $np ranks"; return 1; }
+}
+# eq_same NAME REF: losses (rtol 1e-5) and final parameters (atol 1e-6 +
+# rtol 1e-4) of two eq_runs agree; the suites' headers say why these bounds
+eq_same() {
+	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
+		fail "$1 matches $2 (a run is missing)"; return
+	fi
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 >"$T/$1.cmp" &&
+		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >>"$T/$1.cmp"; then
+		ok "$1 matches $2 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
+			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
+	else
+		cat "$T/$1.cmp"
+		fail "$1 matches $2"
+	fi
+}
+# variant SRC DST SED-SCRIPT...: a copy of SRC edited by sed, which must change it
+variant() {
+	local src=$1 dst=$2 s a=()
+	shift 2
+	for s in "$@"; do a+=(-e "$s"); done
+	sed "${a[@]}" "$src" >"$dst"
+	if cmp -s "$src" "$dst"; then fail "sed $* did not change $src"; fi
+}

@@ -37,38 +37,9 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-15}
 
-run() { # run NAME NP DPFILE [dpexec args...] -- compiles with --world-size NP
-	local name=$1 np=$2 src=$3; shift 3
-	"$DPC" "$src" --world-size "$np" -o "$T/$name.bin" 2>"$T/$name.log" ||
-		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
-	mpi "$np" "$T/$name.bin" --steps $STEPS --quiet --losses "$T/$name.loss" \
-		--save-full "$T/$name.st" --eval-every 0 "$@" >"$T/$name.log" 2>&1 ||
-		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec on $np ranks"; return 1; }
-}
-same() { # same NAME REF: losses and final parameters agree
-	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
-		fail "$1 matches $2 (a run is missing)"; return
-	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >>"$T/$1.cmp"; then
-		ok "$1 matches $2 ($(worst "$T/$1.cmp"))"
-	else
-		cat "$T/$1.cmp"
-		fail "$1 matches $2"
-	fi
-}
-worst() { # the largest loss and parameter differences compare.py printed
-	awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
-	     END {printf "losses rel %s, params abs %.1e", l, p}' "$1"
-}
-variant() { # variant SRC DST SED-SCRIPT: a copy of SRC edited by sed, which must change it
-	sed -e "$3" "$1" >"$2"
-	if cmp -s "$1" "$2"; then fail "sed '$3' did not change $1"; fi
-}
-
 for model in mlp mlp8; do
 	src=models/$model.dp
-	run "$model-ddp1" 1 "$src"
+	eq_run "$model-ddp1" 1 "$src"
 	# the reference must actually train: the loss falls over the steps
 	if awk 'NR==1{a=$2} END{exit !($2 < a)}' "$T/$model-ddp1.loss" 2>/dev/null; then
 		ok "$model: loss falls at 1 rank (ddp)"
@@ -78,13 +49,13 @@ for model in mlp mlp8; do
 	for s in zero1 zero2 full_shard hybrid_shard; do
 		variant "$src" "$T/$model-$s.dp" "s/^  strategy ddp/  strategy $s/"
 		for np in 1 2 4; do
-			run "$model-$s$np" $np "$T/$model-$s.dp" && same "$model-$s$np" "$model-ddp1"
+			eq_run "$model-$s$np" $np "$T/$model-$s.dp" && eq_same "$model-$s$np" "$model-ddp1"
 		done
 	done
 	variant "$T/$model-hybrid_shard.dp" "$T/$model-hsdp2x2.dp" \
 		's/^mesh auto/mesh dp_replicate=2, dp_shard=2/'
 	# the mesh line fixes the world size; --world-size 4 must agree with it
-	run "$model-hsdp2x2" 4 "$T/$model-hsdp2x2.dp" && same "$model-hsdp2x2" "$model-ddp1"
+	eq_run "$model-hsdp2x2" 4 "$T/$model-hsdp2x2.dp" && eq_same "$model-hsdp2x2" "$model-ddp1"
 done
 
 # full_shard's knobs change the schedule, the memory or the traffic, never
@@ -92,7 +63,7 @@ done
 fs=$T/mlp8-full_shard.dp
 knob() { # knob NAME SETTING: full_shard at 4 ranks with one more train setting
 	variant "$fs" "$T/mlp8-$1.dp" "s/^  strategy full_shard/  strategy full_shard\n  $2/"
-	run "mlp8-$1" 4 "$T/mlp8-$1.dp" && same "mlp8-$1" mlp8-ddp1
+	eq_run "mlp8-$1" 4 "$T/mlp8-$1.dp" && eq_same "mlp8-$1" mlp8-ddp1
 }
 knob noreshard "reshard_after_forward false"
 knob accum-unsharded "accumulate_grads unsharded"
@@ -100,15 +71,15 @@ knob prefetch0 "prefetch 0"
 knob prefetch2 "prefetch 2"
 knob gatherlimit "gather_limit_mb 0.001"
 variant "$fs" "$T/mlp8-fs-accum1.dp" 's/^  grad_accum 2/  grad_accum 1/'
-run mlp8-fs-accum1 4 "$T/mlp8-fs-accum1.dp" && same mlp8-fs-accum1 mlp8-ddp1
+eq_run mlp8-fs-accum1 4 "$T/mlp8-fs-accum1.dp" && eq_same mlp8-fs-accum1 mlp8-ddp1
 
 # --init-from: continue from the 1-rank ddp run's final weights, at 1 rank
 # with ddp and at 4 ranks with full_shard (INIT shards the loaded tensors)
 for model in mlp mlp8; do
 	if [ -s "$T/$model-ddp1.st" ]; then
-		run "$model-ddp1-cont" 1 "models/$model.dp" --init-from "$T/$model-ddp1.st" &&
-		run "$model-fs4-cont" 4 "$T/$model-full_shard.dp" --init-from "$T/$model-ddp1.st" &&
-		same "$model-fs4-cont" "$model-ddp1-cont"
+		eq_run "$model-ddp1-cont" 1 "models/$model.dp" --init-from "$T/$model-ddp1.st" &&
+		eq_run "$model-fs4-cont" 4 "$T/$model-full_shard.dp" --init-from "$T/$model-ddp1.st" &&
+		eq_same "$model-fs4-cont" "$model-ddp1-cont"
 		# and it really started from the file: its first loss is the
 		# trained model's, below the fresh run's first loss
 		if awk 'NR==FNR && FNR==1 {a=$2} NR!=FNR && FNR==1 {exit !($2 < a)}' \
@@ -124,7 +95,7 @@ done
 
 # the comparison can fail: a 10% different learning rate must not match
 variant "$fs" "$T/mlp8-lr.dp" 's/lr=3e-3/lr=3.3e-3/'
-run mlp8-lr 4 "$T/mlp8-lr.dp"
+eq_run mlp8-lr 4 "$T/mlp8-lr.dp"
 if $PY tests/compare.py losses "$T/mlp8-lr.loss" "$T/mlp8-ddp1.loss" --rtol 1e-5 --atol 0 >/dev/null ||
 	$PY tests/compare.py params "$T/mlp8-lr.st" "$T/mlp8-ddp1.st" --rtol 1e-4 --atol 1e-6 >/dev/null; then
 	fail "a 10% different learning rate is detected"

@@ -275,6 +275,26 @@ def save_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def add_train_args(ap, weight_decay):
+    """The optimizer, schedule and output options every reference shares
+    (tests/torch_gpt.py imports this); dp's train settings, by name."""
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.999)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight-decay", type=float, default=weight_decay)
+    ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm max norm; 0: none")
+    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--sched-steps", type=int, default=0, help="cosine length, warmup included")
+    ap.add_argument("--min-lr", type=float, default=0.0)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--grad-norm", action="store_true", help="append the pre-clip gradient norm")
+    ap.add_argument("--out", help="write the loss lines here instead of stdout")
+    ap.add_argument("--save", help="write the final weights (safetensors)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--init", help="safetensors file of the initial weights")
@@ -291,22 +311,8 @@ def main():
     ap.add_argument("--global-batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.999)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
+    add_train_args(ap, weight_decay=0.0)
     ap.add_argument("--momentum", type=float, default=0.0)
-    ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm max norm; 0: none")
-    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
-    ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--sched-steps", type=int, default=0, help="cosine length, warmup included")
-    ap.add_argument("--min-lr", type=float, default=0.0)
-    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    ap.add_argument("--grad-norm", action="store_true", help="append the pre-clip gradient norm")
-    ap.add_argument("--out", help="write the loss lines here instead of stdout")
-    ap.add_argument("--save", help="write the final weights (safetensors)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
     ap.add_argument("--print-indices", type=int, metavar="STEP",
                     help="print the global batch's dataset indices of STEP (n from --data) and exit")
     ap.add_argument("--print-synthetic", type=int, metavar="COUNT",

@@ -31,43 +31,16 @@ STEPS=${STEPS:-8}
 	/usr/share/common-licenses/GPL-3 >"$T/shard.log" 2>&1 ||
 	{ cat "$T/shard.log"; fail "text2shard"; }
 
-variant() { # variant SRC DST SED-SCRIPT...: a copy of SRC edited by sed, which must change it
-	local src=$1 dst=$2; shift 2
-	sed "$@" "$src" >"$dst"
-	if cmp -s "$src" "$dst"; then fail "sed $* did not change $src"; fi
-}
-run() { # run NAME NP DPFILE [dpexec args...]
-	local name=$1 np=$2 src=$3; shift 3
-	"$DPC" "$src" --world-size "$np" -o "$T/$name.bin" 2>"$T/$name.log" ||
-		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
-	mpi "$np" "$T/$name.bin" --steps "$STEPS" --quiet --losses "$T/$name.loss" \
-		--save-full "$T/$name.st" --eval-every 0 "$@" >"$T/$name.log" 2>&1 ||
-		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec on $np ranks"; return 1; }
-}
-same() { # same NAME REF: losses and final parameters agree
-	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
-		fail "$1 matches $2 (a run is missing)"; return
-	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >>"$T/$1.cmp"; then
-		ok "$1 matches $2 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
-			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
-	else
-		cat "$T/$1.cmp"
-		fail "$1 matches $2"
-	fi
-}
-
 data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
 gpt=$T/gpt.dp
-variant models/gpt2-tiny.dp "$gpt" -e "$data"
+variant models/gpt2-tiny.dp "$gpt" "$data"
 mesh() { # mesh DST MESH-LINE [STRATEGY] [SRC]: SRC (the gpt) on that mesh
 	local src=${4:-$gpt}
 	{ echo "mesh $2"; grep -v '^mesh ' "$src"; } |
 		sed -e "s/^  strategy .*/  strategy ${3:-ddp}/" >"$1"
 	grep -q "^mesh $2\$" "$1" || fail "mesh line of $1"
 }
-run gpt-1 1 "$gpt"
+eq_run gpt-1 1 "$gpt"
 if awk 'NR==1{a=$2} END{exit !($2 < a)}' "$T/gpt-1.loss" 2>/dev/null; then
 	ok "gpt2-tiny: loss falls at 1 rank"
 else
@@ -76,19 +49,19 @@ fi
 
 mesh "$T/tp2.dp" "tp=2"
 grep -q "^  strategy ddp" "$gpt" || fail "gpt2-tiny's strategy is ddp (the reference)"
-run tp2 2 "$T/tp2.dp" && same tp2 gpt-1
+eq_run tp2 2 "$T/tp2.dp" && eq_same tp2 gpt-1
 mesh "$T/tp2dp2.dp" "tp=2, dp_shard=2"
-run tp2dp2 4 "$T/tp2dp2.dp" && same tp2dp2 gpt-1
+eq_run tp2dp2 4 "$T/tp2dp2.dp" && eq_same tp2dp2 gpt-1
 mesh "$T/tp2fs2.dp" "tp=2, dp_shard=2" full_shard
-run tp2fs2 4 "$T/tp2fs2.dp" && same tp2fs2 gpt-1
+eq_run tp2fs2 4 "$T/tp2fs2.dp" && eq_same tp2fs2 gpt-1
 mesh "$T/tp2hs.dp" "dp_replicate=2, dp_shard=2, tp=2" hybrid_shard
-run tp2hs 8 "$T/tp2hs.dp" && same tp2hs gpt-1
+eq_run tp2hs 8 "$T/tp2hs.dp" && eq_same tp2hs gpt-1
 mesh "$T/fs4.dp" "dp_shard=4" full_shard
-run fs4 4 "$T/fs4.dp" && same fs4 gpt-1
+eq_run fs4 4 "$T/fs4.dp" && eq_same fs4 gpt-1
 
 # the comparison can fail: 10% more learning rate at tp=2
-variant "$T/tp2.dp" "$T/tp2lr.dp" -e 's/lr=\([0-9.e-]*\)/lr=\1*1.1/'
-if run tp2lr 2 "$T/tp2lr.dp" &&
+variant "$T/tp2.dp" "$T/tp2lr.dp" 's/lr=\([0-9.e-]*\)/lr=\1*1.1/'
+if eq_run tp2lr 2 "$T/tp2lr.dp" &&
 	! $PY tests/compare.py losses "$T/tp2lr.loss" "$T/gpt-1.loss" --rtol 1e-5 --atol 0 >/dev/null; then
 	ok "a 10% different lr at tp=2 is rejected"
 else
@@ -97,10 +70,10 @@ fi
 
 # llama: rmsnorm, rope, swiglu under tp
 llama=$T/llama.dp
-variant models/llama.dp "$llama" -e "$data"
-run llama-1 1 "$llama"
+variant models/llama.dp "$llama" "$data"
+eq_run llama-1 1 "$llama"
 mesh "$T/llama-tp2.dp" "tp=2" ddp "$llama"
-run llama-tp2 2 "$T/llama-tp2.dp" && same llama-tp2 llama-1
+eq_run llama-tp2 2 "$T/llama-tp2.dp" && eq_same llama-tp2 llama-1
 
 # --stats: tp_reduce bytes per step against the closed form, and the
 # figures for tp=2 vs dp=2
