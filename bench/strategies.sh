@@ -2,7 +2,9 @@
 # bench/strategies.sh - every data-parallel strategy against ddp, in one run.
 #
 # For each model (models/mlp.dp, models/mlp8.dp) and strategy (ddp, zero1,
-# zero2, full_shard at world size 4; hybrid_shard on a 2x2 mesh), prints:
+# zero2, full_shard at world size 4; hybrid_shard on a 2x2 mesh; "mixed":
+# per-block strategies, tests/lib.sh's mixed: full_shard with fc1 ddp, fc2
+# zero1, fc3 not resharded, head zero2), prints:
 #   bus bytes per optimizer step and rank (dpc --stats, nccl-tests convention)
 #   arena bytes per rank (the whole static memory plan) and the parameter +
 #   gradient + optimizer-state part of it
@@ -21,6 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
+. tests/lib.sh # mixed
 
 cell() { # cell FILE ROWNAME: the exact byte count of a --stats row
 	grep -E "^$2 " "$1" | tail -n 1 | awk '{for (i = NF; i > 0; i--) if ($i ~ /^[0-9]+$/) {print $i; exit}}'
@@ -32,9 +35,13 @@ for model in models/mlp.dp models/mlp8.dp; do
 	printf "%-13s %14s %7s %12s %7s %12s %7s %9s %7s\n" strategy "bus B/step" ratio \
 		"arena B" ratio "p+g+opt B" ratio "ms/step" ratio
 	base_bus=; base_arena=; base_pgo=; base_ms=
-	for st in ddp zero1 zero2 full_shard hybrid_shard; do
+	for st in ddp zero1 zero2 full_shard hybrid_shard mixed; do
 		src="$T/$st.dp"
-		sed -E "s/^( *strategy ).*/\1$st/" "$model" >"$src"
+		if [ "$st" = mixed ]; then
+			mixed "$model" "$src"
+		else
+			sed -E "s/^( *strategy ).*/\1$st/" "$model" >"$src"
+		fi
 		args=(--world-size "$NP")
 		if [ "$st" = hybrid_shard ]; then
 			sed -i -E "s/^mesh .*/mesh dp_replicate=2, dp_shard=$((NP / 2))/" "$src"

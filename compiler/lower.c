@@ -392,28 +392,32 @@ static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
 #define MAX_MB (1 << 20) /* bucket_mb and gather_limit_mb: 1 TiB */
 
+int lower_strategy_word(Lower *L, const AstVal *v)
+{
+	if (v->kind != V_IDENT) {
+		ERR(v->loc, "expected a strategy name (ddp, zero1, zero2, full_shard, hybrid_shard)");
+		return -1;
+	}
+	for (int i = 0; i < DP_NSTRAT; i++)
+		if (strcmp(ir_strategy_names[i], v->s) == 0)
+			return i;
+	ERR(v->loc, "unknown strategy '%s' (strategies: ddp, zero1, zero2, full_shard, hybrid_shard)",
+	    v->s);
+	return -1;
+}
+
 /* A strategy name (ir_strategy_names) into g->strategy and cfg.strategy.
  * Whether the mesh suits it is checked with the mesh (lower_train). */
 static void lower_strategy(Lower *L, const AstVal *v)
 {
-	if (v->kind != V_IDENT) {
-		ERR(v->loc, "expected a strategy name (ddp, zero1, zero2, full_shard, hybrid_shard)");
+	int s = lower_strategy_word(L, v);
+	if (s < 0)
 		return;
-	}
-	for (int i = 0; i < DP_NSTRAT; i++) {
-		if (strcmp(ir_strategy_names[i], v->s) != 0)
-			continue;
-		snprintf(L->g->strategy, sizeof L->g->strategy, "%s", v->s);
-		L->g->cfg.strategy = (uint32_t)i;
-		return;
-	}
-	ERR(v->loc, "unknown strategy '%s' (strategies: ddp, zero1, zero2, full_shard, hybrid_shard)",
-	    v->s);
+	snprintf(L->g->strategy, sizeof L->g->strategy, "%s", ir_strategy_names[s]);
+	L->g->cfg.strategy = (uint32_t)s;
 }
 
-/* One of a fixed list of words (true/false, sharded/unsharded): its index,
- * or -1 after reporting "what must be a or b". */
-static int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
+int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
 {
 	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)
 		return 0;

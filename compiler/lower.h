@@ -98,6 +98,11 @@ Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64
 const char *lower_fresh_name(Lower *L, const char *stem);
 int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out);
 int want_float(Lower *L, const AstVal *v, const char *what, float *out);
+/* One of two words (true/false, sharded/unsharded): 0 for a, 1 for b, or -1
+ * after reporting "what must be a or b". */
+int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b);
+/* A strategy name: its DpStrategy, or -1 after reporting. */
+int lower_strategy_word(Lower *L, const AstVal *v);
 int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
 	       const Arg **found);
 int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,

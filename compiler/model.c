@@ -6,7 +6,8 @@
  *
  * After (when no error was reported), the Graph holds:
  *   - one Block per block instance, in program order: `block fc1` is fc1,
- *     `block h[i]` inside `repeat N as i` is h.0 ... h.<N-1>;
+ *     `block h[i]` inside `repeat N as i` is h.0 ... h.<N-1>; with the
+ *     block's own `strategy` and `reshard_after_forward` when it sets them;
  *   - per param a DP_T_PARAM value "block.param" (h.0.wqkv) with its
  *     initialiser, dims global, and place[DP_AXIS_TP] = shard(dim) when it
  *     is annotated split(tp, col|row); per buffer a DP_T_BUFFER value likewise
@@ -356,6 +357,47 @@ static int count_unrolled(Lower *L, const Stmt *s)
 	return 1;
 }
 
+/* A block's own setting: `strategy NAME` overrides train's strategy for
+ * the block's parameters; `reshard_after_forward true|false` overrides
+ * train's for the block (read only when the block is full_shard or
+ * hybrid_shard, like train's: a file can switch strategy by one word). */
+static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
+{
+	Block *bl = &L->g->blocks[b];
+	int strat = strcmp(p->name, "strategy") == 0;
+	if (!strat && strcmp(p->name, "reshard_after_forward") != 0) {
+		ERR(p->name_loc, "unknown block setting '%s' (block settings: strategy, "
+				 "reshard_after_forward)", p->name);
+		return;
+	}
+	if (*seen & (1u << strat)) {
+		ERR(p->name_loc, "duplicate block setting '%s'", p->name);
+		return;
+	}
+	*seen |= 1u << strat;
+	AstVal v;
+	if (eval_value(L, p->val, &v))
+		return;
+	if (!strat) {
+		int w = want_word(L, &v, "reshard_after_forward", "true", "false");
+		if (w >= 0)
+			bl->reshard = w == 0;
+		return;
+	}
+	int s = lower_strategy_word(L, &v);
+	if (s < 0)
+		return;
+	DpConfig *c = &L->g->cfg;
+	/* as for train's strategy: nothing would synchronise the replicas */
+	if (L->mesh_ok && s == DP_STRAT_FULL_SHARD && c->mesh[DP_AXIS_REPLICATE] > 1) {
+		ERR(v.loc, "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
+			   "hybrid_shard", c->mesh[DP_AXIS_REPLICATE]);
+		return;
+	}
+	bl->strategy = s;
+	bl->strategy_loc = lower_gloc(L, p->name_loc);
+}
+
 static void declare_block(Lower *L, const Stmt *s)
 {
 	const char *name = s->name;
@@ -380,6 +422,7 @@ static void declare_block(Lower *L, const Stmt *s)
 	int b = ir_add_block(L->g, name, lower_gloc(L, s->name_loc));
 	map_put(L, &L->blocks, L->g->blocks[b].name, b);
 	record_instance(L, b);
+	unsigned seen = 0; /* block settings given */
 	for (const Stmt *p = s->body; p; p = p->next) {
 		if (!count_unrolled(L, p))
 			return;
@@ -387,12 +430,15 @@ static void declare_block(Lower *L, const Stmt *s)
 			declare_param(L, p, b);
 		else if (p->kind == S_ASSIGN)
 			map_put(L, &L->targets, p->name, 0);
+		else if (p->kind == S_SETTING && p->val)
+			block_setting(L, p, b, &seen);
 		else if (p->kind == S_BLOCK)
 			ERR(p->loc, "blocks cannot be nested");
 		else if (p->kind == S_REPEAT)
 			ERR(p->loc, "repeat cannot be inside a block (put the block inside the repeat)");
 		else
-			ERR(p->loc, "expected a param, a buffer or an assignment in block '%s'", name);
+			ERR(p->loc, "expected a param, a buffer, an assignment or a setting "
+				    "(strategy, reshard_after_forward) in block '%s'", name);
 	}
 }
 

@@ -272,8 +272,26 @@ int ir_overlaps(const Graph *g, const Value *a, const Value *b)
 int ir_add_block(Graph *g, const char *name, Loc loc)
 {
 	g->blocks = grow(g, g->blocks, &g->capblocks, g->nblocks + 1, sizeof(Block));
-	g->blocks[g->nblocks] = (Block){ir_strdup(g, name), loc};
+	g->blocks[g->nblocks] = (Block){ir_strdup(g, name), loc, -1, -1, loc};
 	return g->nblocks++;
+}
+
+DpStrategy ir_block_strategy(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].strategy >= 0)
+		return (DpStrategy)g->blocks[b].strategy;
+	return (DpStrategy)g->cfg.strategy;
+}
+
+int ir_any_sharded(const Graph *g)
+{
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (v->kind == DP_T_PARAM && v->grad >= 0 &&
+		    ir_block_strategy(g, v->block) != DP_STRAT_DDP)
+			return 1;
+	}
+	return 0;
 }
 
 int ir_add_source(Graph *g, const Source *s)

@@ -124,9 +124,14 @@ typedef struct Node {
 	Loc loc;
 } Node;
 
+/* A block: the unit full_shard gathers and frees together, and the unit a
+ * strategy can be overridden for (`strategy ddp` inside the block). */
 typedef struct {
 	const char *name;         /* as written in the DSL: fc1 */
 	Loc loc;
+	int strategy;             /* DpStrategy overriding train's, or -1: train's */
+	int reshard;              /* reshard_after_forward for this block: 0, 1, or -1: train's */
+	Loc strategy_loc;         /* where the override is written (messages) */
 } Block;
 
 /* A data source of the DSL (the step file's DpSource plus its path text). */
@@ -213,6 +218,12 @@ const Value *ir_root(const Graph *g, const Value *v);
 int ir_overlaps(const Graph *g, const Value *a, const Value *b);
 
 int ir_add_block(Graph *g, const char *name, Loc loc);
+/* The strategy block b's parameters follow: its override, else train's
+ * (b < 0: train's). */
+DpStrategy ir_block_strategy(const Graph *g, int b);
+/* Does any trained parameter follow a strategy other than ddp? (Then the
+ * collectives pass lays out sharded units and the bucket pass stands back.) */
+int ir_any_sharded(const Graph *g);
 int ir_add_source(Graph *g, const Source *s);
 int ir_add_bucket(Graph *g, const Bucket *b);
 

@@ -14,7 +14,8 @@
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
  *   events 4
- *   block fc1
+ *   block fc1 strategy=ddp                     strategy= and reshard_after_forward=
+ *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
  *
@@ -414,7 +415,12 @@ static void print_directives(FILE *out, const Graph *g)
 
 	for (int i = 0; i < g->nblocks; i++) {
 		b.len = 0;
-		put_word(&b, g->blocks[i].name ? g->blocks[i].name : "");
+		const Block *bl = &g->blocks[i];
+		put_word(&b, bl->name ? bl->name : "");
+		if (bl->strategy >= 0 && bl->strategy < DP_NSTRAT)
+			bprintf(&b, " strategy=%s", ir_strategy_names[bl->strategy]);
+		if (bl->reshard >= 0)
+			bprintf(&b, " reshard_after_forward=%d", bl->reshard);
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {

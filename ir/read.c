@@ -840,6 +840,7 @@ static int parse_events(Reader *r)
 	return expect_end(r);
 }
 
+/* block NAME [strategy=S] [reshard_after_forward=0|1] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -847,9 +848,28 @@ static int parse_block_decl(Reader *r)
 		return fail_tok(r, t, "expected a block name");
 	if (find_block(r->g, t->text) >= 0)
 		return fail_at(r, t->col, "block '%s' is declared twice", t->text);
-	if (expect_end(r) < 0)
-		return -1;
-	ir_add_block(r->g, t->text, loc_at(r, t->col));
+	int bi = ir_add_block(r->g, t->text, loc_at(r, t->col)); /* may move blocks[] */
+	Block *b = &r->g->blocks[bi];
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		if (strcmp(key, "strategy") == 0) {
+			b->strategy_loc = loc_at(r, k->col);
+			b->strategy = expect_enum(r, ir_strategy_names, DP_NSTRAT,
+						  "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
+			if (b->strategy < 0)
+				return -1;
+		} else if (strcmp(key, "reshard_after_forward") == 0) {
+			int64_t x;
+			if (parse_range(r, next(r), 0, 1, &x) < 0)
+				return -1;
+			b->reshard = (int)x;
+		} else {
+			return fail_at(r, k->col, "unknown block key '%s'", key);
+		}
+	}
 	return 0;
 }
 

@@ -154,10 +154,10 @@ static int joins(const Graph *g, Node **mem, int nmem, const Node *n, int64_t li
 int bucket_run(Graph *g, Diag *d)
 {
 	(void)d;
-	/* Sharded strategies fix layout and buckets together in the collectives
-	 * pass (a fused reduce_scatter changes which slice a rank holds), and
-	 * their flat buffers are padded; nothing to do here. */
-	if (strcmp(g->strategy, "ddp") != 0)
+	/* Sharded strategies (any block's) fix layout and buckets together in
+	 * the collectives pass (a fused reduce_scatter changes which slice a
+	 * rank holds), and their flat buffers are padded; nothing to do here. */
+	if (ir_any_sharded(g))
 		return 0;
 	relayout(g);
 	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);

@@ -56,7 +56,9 @@
  *           all_gather what is not held whole, SAVE each param. Buffers
  *           (nosync) get INIT only: never sharded, never communicated.
  * Placement annotations: shards place(dp_shard: shard0), unreduced grads
- * partial on the data-parallel axes, everything else replicated.
+ * partial on the data-parallel axes, everything else replicated (the shard
+ * buffers stay shard0 when they also hold ddp units; those units' views
+ * are replicated).
  *
  * Tensor parallelism (tp > 1; passes/tp.c made split parameters per rank):
  * every strategy above treats a split parameter like any other (its
@@ -66,18 +68,24 @@
  * p) and SHARDs this rank's block along the split dim over tp; EXPORT
  * all_gathers it over tp, INTERLEAVEs it back to the whole layout and SAVEs
  * it as p. The gradient norm weights each split gradient (range) 1 and each
- * replicated one 1/tp and all_reduces the sum over tp as well (tp_norm).
+ * replicated one 1/tp and all_reduces the sum over tp as well
+ * (weighted_norm).
  *
- * Strategies are rows of one table keyed by g->strategy. */
+ * Per-block strategies. A block may set its own `strategy` (and
+ * `reshard_after_forward`); train's applies to the others. When every
+ * parameter follows ddp the graph takes the ddp path above. Otherwise
+ * every parameter is laid out in units as for the sharded strategies, and
+ * each unit follows its block's strategy: the zero1/zero2/full_shard/hybrid
+ * treatment above per unit, and for a ddp unit (never padded or cut) its
+ * params and grads live whole in the shard buffers, its grads accumulate
+ * there and are all_reduced in place over dp_replicate,dp_shard once per
+ * step. One optimizer tail updates the shard buffers; the norm then weights
+ * each ddp unit's squared norm 1/dp_shard (every rank of the shard group
+ * holds it) before the all_reduce over dp_shard. */
 #include <stdint.h>
 #include <string.h>
 
 #include "passes.h"
-
-typedef struct {
-	const char *name;
-	int (*run)(Graph *g, Diag *d); /* NULL: known to the DSL, not implemented yet */
-} Strategy;
 
 /* Parameters (and everything else) replicated on every data-parallel axis:
  * the default of ir_value, restated here because this pass owns placement.
@@ -174,36 +182,41 @@ static void save_param(Graph *g, int p)
 	setup_node(g, DPK_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
 }
 
-/* The global gradient norm with tp > 1: the squared norm of each gradient
- * range (`grads`, nranges values) weighted 1 when it is split over tp (each
- * tp rank holds a different part) and 1/tp when it is replicated (every tp
- * rank holds the same values), summed into the SQNORM node's output and
- * all_reduced over tp (and the `extra` axes). The SQNORM node at index isq
- * is reused for the first range; the rest and the all_reduce are returned
- * in `after`, in order, for the caller to place after it. */
-static int tp_norm(Graph *g, int isq, const int *grads, int nranges, unsigned extra,
-		   Node **after)
+/* The global gradient norm as a weighted sum: the squared norm of each
+ * gradient range (`ranges`, n values) counts weight[i], 1/k when k ranks of
+ * the norm's all_reduce group hold the same values (a gradient replicated
+ * over tp counts 1/tp, one replicated over dp_shard by a ddp block among
+ * sharded ones 1/dp_shard), so the all_reduce over `axes` sums every
+ * distinct gradient element once. The SQNORM node at index isq is reused
+ * for the first range; the rest and the all_reduce are returned in
+ * `after`, in order, for the caller to place after it. */
+static int weighted_norm(Graph *g, int isq, const int *ranges, const float *weight, int n,
+			 unsigned axes, Node **after)
 {
 	Node *sq = g->nodes[isq];
-	double T = g->cfg.mesh[DP_AXIS_TP];
 	int k = 0;
-	for (int i = 0; i < nranges; i++) {
-		const Value *gv = g->values[grads[i]];
-		int split = gv->place[DP_AXIS_TP].kind == DP_PL_SHARD;
-		Node *n = sq;
+	for (int i = 0; i < n; i++) {
+		Node *nd = sq;
 		if (i > 0) {
-			n = ir_node(g, DPK_SQNORM, sq->out, 1, &grads[i], PH_OPT, (Loc){0});
-			n->progs = IR_IN_STEP;
-			n->flags = DP_IF_LAST;
-			n->ia[2] = 1; /* accumulate */
-			after[k++] = n;
+			nd = ir_node(g, DPK_SQNORM, sq->out, 1, &ranges[i], PH_OPT, (Loc){0});
+			nd->progs = IR_IN_STEP;
+			nd->flags = DP_IF_LAST;
+			nd->ia[2] = 1; /* accumulate */
+			after[k++] = nd;
 		}
-		n->in[0] = grads[i];
-		n->fa[0] = split ? 1.0f : (float)(1.0 / T);
+		nd->in[0] = ranges[i];
+		nd->fa[0] = weight[i];
 	}
-	after[k++] = comm_node(g, DPK_ALL_REDUCE, sq->out, 0, NULL, TPBIT | extra, DP_IF_LAST,
-			       IR_IN_STEP, -1);
+	after[k++] = comm_node(g, DPK_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST, IR_IN_STEP, -1);
 	return k;
+}
+
+/* The weight of a gradient range over tp: 1 when split over tp (each tp
+ * rank holds a different part), 1/tp when replicated. */
+static float tp_weight(const Graph *g, const Value *range)
+{
+	return range->place[DP_AXIS_TP].kind == DP_PL_SHARD ? 1.0f
+							     : (float)(1.0 / g->cfg.mesh[DP_AXIS_TP]);
 }
 
 /* Does node n write memory overlapping value v? */
@@ -330,11 +343,14 @@ static int ddp_run(Graph *g, Diag *d)
 		if (isq < 0)
 			die("collectives: the optimizer tail has no sqnorm");
 		int *grads = ir_alloc(g, (size_t)g->nvalues * sizeof(int)), ng = 0;
+		float *w = ir_alloc(g, (size_t)g->nvalues * sizeof(float));
 		for (int v = 0; v < g->nvalues; v++)
-			if (g->values[v]->kind == DP_T_GRAD && g->values[v]->param >= 0)
+			if (g->values[v]->kind == DP_T_GRAD && g->values[v]->param >= 0) {
+				w[ng] = tp_weight(g, g->values[v]);
 				grads[ng++] = v;
+			}
 		Node **after = ir_alloc(g, (size_t)(ng + 1) * sizeof(Node *));
-		int na = tp_norm(g, isq, grads, ng, 0, after);
+		int na = weighted_norm(g, isq, grads, w, ng, TPBIT, after);
 		queued[isq].nodes = after;
 		queued[isq].n = na;
 	}
@@ -343,7 +359,8 @@ static int ddp_run(Graph *g, Diag *d)
 	return 0;
 }
 
-/* ==== sharded strategies: zero1, zero2, full_shard, hybrid_shard ==== */
+/* ==== sharded strategies: zero1, zero2, full_shard, hybrid_shard, and
+ * ddp blocks among them ==== */
 
 /*
  * Units. Parameters are sharded in units: a unit's parameters are
@@ -352,10 +369,15 @@ static int ddp_run(Graph *g, Diag *d)
  * parameter that does not divide is never rejected), and rank s holds
  * elements [s*c, (s+1)*c) of it, c = padded/S, at offset off/S of the
  * shard buffers. One unit is one collective call, so the unit IS the bucket:
- *   zero1, zero2         units are buckets of gradients in backward order,
- *                        greedy up to bucket_mb (as ddp's buckets);
+ *   zero1, zero2, ddp    units are buckets of gradients in backward order,
+ *                        greedy up to bucket_mb (as ddp's buckets), never
+ *                        mixing strategies;
  *   full_shard, hybrid   units are blocks (the unit the user gathers and
  *                        frees together), ordered by backward completion.
+ * Each unit follows the strategy of its parameters' block (a block's own
+ * `strategy`, else train's). A ddp unit (a ddp block in a graph where others
+ * shard) is not padded or cut: this rank holds and updates all of it, in the
+ * same buffers as the shards, so one optimizer tail updates both.
  * A gradient collective over a fused range hands each rank a different slice
  * than per-parameter collectives would, which is why the layout and the
  * bucketing are decided together, here, and the bucket pass leaves sharded
@@ -366,7 +388,21 @@ typedef struct {
 	int block;         /* block index, -1 when it spans blocks */
 	int *params;       /* parameter ids, layout order */
 	int nparams;
-	int64_t elems, padded, chunk, off; /* off: element offset in the full space */
+	int strat;         /* DpStrategy of its parameters' block */
+	int sharded;       /* cut over dp_shard (every strategy but ddp) */
+	int full;          /* params stored sharded and gathered (full_shard, hybrid) */
+	int full_grads;    /* full gradients persistent (zero1, zero2, full_shard with
+	                      accumulate_grads unsharded); otherwise they are
+	                      reduce_scattered every micro-batch into a temporary
+	                      ".rs" and accumulated into the shard one unit later,
+	                      also when grad_accum is 1: the accumulate is where the
+	                      step waits for that reduce_scatter, which frees the
+	                      unit's unsharded gradients while the next unit computes.
+	                      ddp units accumulate in place in the shared buffers */
+	int reshard;       /* full: gathered again for the backward */
+	int64_t elems, padded, chunk; /* chunk = padded / (sharded ? S : 1) */
+	int64_t loff;      /* element offset of this rank's part (shard buffers, opt.*) */
+	int64_t foff, goff; /* element offsets in the full flat.params / flat.grads, -1 none */
 	int last;          /* node index of the last backward writer of its grads, -1 none */
 	int first;         /* node index of the first backward writer, -1 none */
 	int gather, gather_bwd; /* full_shard: gathered roots (forward, backward) */
@@ -375,21 +411,14 @@ typedef struct {
 	int rs;                 /* reduce_scatter output when it is accumulated, or -1 */
 	int tp;                 /* its params are split over tp (tp > 1): a unit never mixes
 	                           split and replicated params, so the gradient norm can
-	                           weight its shard as a whole (tp_norm) */
+	                           weight its shard as a whole (weighted_norm) */
 } Unit;
 
 typedef struct {
 	Graph *g;
-	int strat;         /* DpStrategy */
 	int S, R;          /* dp_shard, dp_replicate sizes */
-	int full;          /* params stored sharded (full_shard, hybrid_shard) */
-	int full_grads;    /* full gradients persistent (accumulated over micro-batches);
-	                      otherwise they are reduce_scattered every micro-batch
-	                      into a temporary ".rs" and accumulated into the shard
-	                      one unit later, also when grad_accum is 1: the
-	                      accumulate is where the step waits for that
-	                      reduce_scatter, which frees the unit's unsharded
-	                      gradients while the next unit computes */
+	int mixed;         /* some units are ddp (not sharded) */
+	int64_t ftot, gtot; /* elements of the full flat.params / flat.grads (0: none) */
 	Unit *u;
 	int nu;
 	int nold;
@@ -568,118 +597,145 @@ static void unit_add(Sh *sh, Unit *u, int p)
 		u->first = sh->first[gr];
 }
 
-static Unit *new_unit(Sh *sh, const char *name, int block, int tp)
+static int is_full(int strat)
 {
+	return strat == DP_STRAT_FULL_SHARD || strat == DP_STRAT_HYBRID_SHARD;
+}
+
+static Unit *new_unit(Sh *sh, const char *name, int block, int tp, int strat)
+{
+	Graph *g = sh->g;
 	Unit *u = &sh->u[sh->nu++];
 	memset(u, 0, sizeof *u);
-	u->name = tp ? ir_fmt(sh->g, "%s.tp", name) : name;
+	u->name = tp ? ir_fmt(g, "%s.tp", name) : name;
 	u->block = block;
 	u->tp = tp;
+	u->strat = strat;
+	u->sharded = strat != DP_STRAT_DDP;
+	u->full = is_full(strat);
+	u->full_grads = !u->full || g->accum_unsharded;
+	int own = block >= 0 ? g->blocks[block].reshard : -1;
+	u->reshard = u->full && (own >= 0 ? own : g->reshard_after_forward);
 	u->last = u->first = -1;
 	u->gather = u->gather_bwd = u->full_p = u->full_g = u->shard_p = u->shard_g = u->rs = -1;
 	return u;
 }
 
-/* Units: blocks (full_shard) or buckets up to bucket_mb (zero1/zero2). */
+/* Units: blocks (full_shard, hybrid_shard) or buckets up to bucket_mb
+ * (zero1, zero2, ddp), in the order their last gradient completes (units
+ * whose gradients nothing writes go last). */
 static void make_units(Sh *sh)
 {
 	Graph *g = sh->g;
 	int np;
 	int *ps = params_by_completion(sh, &np);
 	sh->u = ir_alloc(g, (size_t)(np ? np : 1) * sizeof(Unit));
-	if (sh->full) {
-		/* one unit per block, in the order their last gradient completes
-		 * (a block with no gradient writer goes last) */
-		for (int i = 0; i < np; i++) {
-			const Value *p = g->values[ps[i]];
-			int tp = tp_dim(g, p) >= 0;
+	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
+	Unit *bk = NULL; /* the open bucket */
+	for (int i = 0; i < np; i++) {
+		const Value *p = g->values[ps[i]];
+		int tp = tp_dim(g, p) >= 0, strat = ir_block_strategy(g, p->block);
+		if (is_full(strat)) {
+			/* one unit per block (and per tp split) */
+			bk = NULL;
 			Unit *u = NULL;
 			for (int k = 0; k < sh->nu && !u; k++)
-				if (sh->u[k].block == p->block && sh->u[k].tp == tp)
+				if (sh->u[k].full && sh->u[k].block == p->block && sh->u[k].tp == tp)
 					u = &sh->u[k];
 			if (!u)
 				u = new_unit(sh, p->block >= 0 ? g->blocks[p->block].name : "model",
-					     p->block, tp);
+					     p->block, tp, strat);
 			unit_add(sh, u, ps[i]);
+			continue;
 		}
-		/* units were created at their first (earliest completing) param;
-		 * order them by their last completion */
-		for (int i = 1; i < sh->nu; i++) {
-			Unit t = sh->u[i];
-			int kt = t.last < 0 ? INT32_MAX : t.last, j = i;
-			while (j > 0 && (sh->u[j - 1].last < 0 ? INT32_MAX : sh->u[j - 1].last) > kt) {
-				sh->u[j] = sh->u[j - 1];
-				j--;
-			}
-			sh->u[j] = t;
-		}
-		return;
-	}
-	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
-	Unit *u = NULL;
-	for (int i = 0; i < np; i++) {
-		const Value *p = g->values[ps[i]];
-		int has_writer = sh->last[p->grad] >= 0, tp = tp_dim(g, p) >= 0;
-		int64_t bytes = (u ? u->elems : 0) + ir_numel(p);
+		int has_writer = sh->last[p->grad] >= 0;
+		int64_t bytes = (bk ? bk->elems : 0) + ir_numel(p);
 		bytes *= (int64_t)ir_dtype_size(p->dtype);
 		/* a new bucket when full, and one of its own for the grads that
-		 * nothing writes (they need no collective) or when the params
-		 * switch between split over tp and replicated */
-		if (!u || (u->nparams && bytes > limit) || (has_writer != (u->last >= 0)) ||
-		    tp != u->tp) {
-			u = new_unit(sh, ir_fmt(g, "bucket%d", sh->nu), p->block, tp);
+		 * nothing writes (they need no collective), when the params switch
+		 * between split over tp and replicated, or the strategy changes */
+		if (!bk || (bk->nparams && bytes > limit) || (has_writer != (bk->last >= 0)) ||
+		    tp != bk->tp || strat != bk->strat)
+			bk = new_unit(sh, ir_fmt(g, "bucket%d", sh->nu), p->block, tp, strat);
+		if (bk->block != p->block)
+			bk->block = -1;
+		unit_add(sh, bk, ps[i]);
+	}
+	/* block units were created at their first (earliest completing) param;
+	 * order all units by their last completion (stable: buckets already are) */
+	for (int i = 1; i < sh->nu; i++) {
+		Unit t = sh->u[i];
+		int kt = t.last < 0 ? INT32_MAX : t.last, j = i;
+		while (j > 0 && (sh->u[j - 1].last < 0 ? INT32_MAX : sh->u[j - 1].last) > kt) {
+			sh->u[j] = sh->u[j - 1];
+			j--;
 		}
-		if (u->block != p->block)
-			u->block = -1;
-		unit_add(sh, u, ps[i]);
+		sh->u[j] = t;
 	}
 }
 
-/* Element offsets and the values every unit needs. */
+/* Element offsets and the values every unit needs.
+ *
+ * Buffers: "flat.params.shard" and "flat.grads.shard" (and opt.*) hold, per
+ * unit, what this rank updates: its chunk of a sharded unit, the whole of a
+ * ddp unit. "flat.params" holds the full params of the zero1/zero2 units
+ * and "flat.grads" the full grads of the sharded units that keep them;
+ * when no unit needs one, that value becomes the shard buffer instead
+ * (keeping its id), so the graph never holds an empty buffer. */
 static void layout(Sh *sh, int fp, int fg)
 {
 	Graph *g = sh->g;
-	int64_t off = 0;
+	int64_t ltot = 0;
+	sh->ftot = sh->gtot = 0;
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
-		u->chunk = (u->elems + sh->S - 1) / sh->S;
-		u->padded = u->chunk * sh->S;
-		u->off = off;
-		off += u->padded;
+		int parts = u->sharded ? sh->S : 1;
+		u->chunk = (u->elems + parts - 1) / parts;
+		u->padded = u->chunk * parts;
+		u->loff = ltot;
+		ltot += u->chunk;
+		u->foff = u->goff = -1;
+		if (u->sharded && !u->full) {
+			u->foff = sh->ftot;
+			sh->ftot += u->padded;
+		}
+		if (u->sharded && u->full_grads) {
+			u->goff = sh->gtot;
+			sh->gtot += u->padded;
+		}
+		if (!u->sharded)
+			sh->mixed = 1;
 	}
-	int64_t total = off, stotal = total / sh->S;
 	unsigned dp = dp_axes();
 
-	/* The shard buffers. flat.params keeps its id: it becomes the full
-	 * buffer (zero) or the shard (full_shard); likewise flat.grads. */
 	Value *vfp = g->values[fp], *vfg = g->values[fg];
 	int sp, sg;
-	if (sh->full) {
-		vfp->name = "flat.params.shard";
-		vfp->dims[0] = stotal;
-		place_shard(vfp);
-		sp = fp;
-	} else {
-		vfp->dims[0] = total;
-		Value *v = flat1(g, "flat.params.shard", stotal, DP_T_FLAT);
+	if (sh->ftot) {
+		vfp->dims[0] = sh->ftot;
+		Value *v = flat1(g, "flat.params.shard", ltot, DP_T_FLAT);
 		place_shard(v);
 		sp = v->id;
+	} else {
+		vfp->name = "flat.params.shard";
+		vfp->dims[0] = ltot;
+		place_shard(vfp);
+		sp = fp;
 	}
-	if (sh->full_grads) {
-		vfg->dims[0] = total;
+	if (sh->gtot) {
+		vfg->dims[0] = sh->gtot;
 		place_partial(vfg, dp);
-		Value *v = flat1(g, "flat.grads.shard", stotal, DP_T_FLAT);
+		Value *v = flat1(g, "flat.grads.shard", ltot, DP_T_FLAT);
 		place_shard(v);
 		sg = v->id;
 	} else {
 		vfg->name = "flat.grads.shard";
-		vfg->dims[0] = stotal;
+		vfg->dims[0] = ltot;
 		place_shard(vfg);
 		sg = fg;
 	}
 	for (int i = 0; i < g->nvalues; i++)
 		if (g->values[i]->kind == DP_T_OPTSTATE) {
-			g->values[i]->dims[0] = stotal;
+			g->values[i]->dims[0] = ltot;
 			place_shard(g->values[i]);
 		}
 
@@ -689,32 +745,40 @@ static void layout(Sh *sh, int fp, int fg)
 		sh->unit_of[v] = -1;
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
-		u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->off / sh->S, u->chunk,
-				   DP_T_PARAM, u->block);
-		u->shard_g = view1(g, ir_fmt(g, "%s.grad.shard", u->name), sg, u->off / sh->S,
-				   u->chunk, DP_T_GRAD, u->block);
-		place_shard(g->values[u->shard_p]);
-		place_shard(g->values[u->shard_g]);
+		if (u->sharded) {
+			u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->loff, u->chunk,
+					   DP_T_PARAM, u->block);
+			u->shard_g = view1(g, ir_fmt(g, "%s.grad.shard", u->name), sg, u->loff,
+					   u->chunk, DP_T_GRAD, u->block);
+			place_shard(g->values[u->shard_p]);
+			place_shard(g->values[u->shard_g]);
+		} else {
+			/* ddp: the whole unit, params and grads, in the shared buffers */
+			u->shard_p = u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), sp, u->loff,
+						       u->chunk, DP_T_PARAM, u->block);
+			u->shard_g = u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), sg, u->loff,
+						       u->chunk, DP_T_GRAD, u->block);
+		}
 		if (u->tp) /* different values on every tp rank */
 			g->values[u->shard_p]->place[DP_AXIS_TP] =
 				g->values[u->shard_g]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
-		if (sh->full) {
+		if (u->full) {
 			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->padded, DP_T_ACT)->id;
 			g->values[u->gather]->block = u->block;
 			u->full_p = u->gather;
-		} else {
-			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), fp, u->off, u->padded,
+		} else if (u->sharded) {
+			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), fp, u->foff, u->padded,
 					  DP_T_PARAM, u->block);
 		}
-		if (sh->full_grads) {
-			u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), fg, u->off, u->padded,
+		if (u->goff >= 0) {
+			u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), fg, u->goff, u->padded,
 					  DP_T_GRAD, u->block);
-		} else {
+		} else if (u->sharded) {
 			u->full_g = flat1(g, ir_fmt(g, "%s.grads", u->name), u->padded, DP_T_ACT)->id;
 			g->values[u->full_g]->block = u->block;
 		}
 		place_partial(g->values[u->full_g], dp);
-		if (!sh->full_grads) {
+		if (u->sharded && !u->full_grads) {
 			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), u->chunk, DP_T_ACT)->id;
 			g->values[u->rs]->block = u->block;
 			place_shard(g->values[u->rs]);
@@ -735,8 +799,9 @@ static void layout(Sh *sh, int fp, int fg)
 	}
 }
 
-/* full_shard: the forward all_gather of each unit before the first forward
- * node that reads its parameters; with reshard_after_forward a second
+/* full_shard: the forward all_gather of each full unit before the first
+ * forward node that reads its parameters; with reshard_after_forward (the
+ * block's, else train's) a second
  * gathered buffer for the backward (its nodes read "p.bwd" views of it) and
  * its all_gather before the first backward node reading them. */
 static void gathers(Sh *sh)
@@ -749,8 +814,7 @@ static void gathers(Sh *sh)
 		bwd_view[v] = -1;
 	for (int k = 0; k < sh->nu; k++)
 		fwd_at[k] = bwd_at[k] = -1;
-	int reshard = g->reshard_after_forward;
-	/* where each unit's parameters are first read, forward and backward */
+	/* where each full unit's parameters are first read, forward and backward */
 	for (int i = 0; i < sh->nold; i++) {
 		const Node *n = g->nodes[i];
 		for (int j = 0; j < n->nin; j++) {
@@ -758,7 +822,7 @@ static void gathers(Sh *sh)
 			if (v < 0 || g->values[v]->kind != DP_T_PARAM || g->values[v]->grad < 0)
 				continue;
 			int k = sh->unit_of[v];
-			if (k < 0)
+			if (k < 0 || !sh->u[k].full)
 				continue;
 			int *at = n->phase == PH_BWD ? &bwd_at[k] : &fwd_at[k];
 			if (*at < 0)
@@ -767,9 +831,9 @@ static void gathers(Sh *sh)
 	}
 	/* resharding: a second gathered buffer for the units the backward
 	 * reads (a first layer whose input needs no gradient is not re-gathered) */
-	for (int k = 0; reshard && k < sh->nu; k++) {
+	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
-		if (bwd_at[k] < 0)
+		if (!u->reshard || bwd_at[k] < 0)
 			continue;
 		u->gather_bwd = flat1(g, ir_fmt(g, "%s.gather.bwd", u->name), u->padded, DP_T_ACT)->id;
 		g->values[u->gather_bwd]->block = u->block;
@@ -783,7 +847,7 @@ static void gathers(Sh *sh)
 			bwd_view[p->id] = b->id;
 		}
 	}
-	for (int i = 0; reshard && i < sh->nold; i++) {
+	for (int i = 0; i < sh->nold; i++) {
 		Node *n = g->nodes[i];
 		if (n->phase != PH_BWD)
 			continue;
@@ -800,7 +864,7 @@ static void gathers(Sh *sh)
 			unit_bucket(g, ag, u->gather, u->params, u->nparams);
 			queue(sh, sh->before, fwd_at[k], ag);
 		}
-		if (reshard && bwd_at[k] >= 0) {
+		if (u->gather_bwd >= 0) {
 			Node *ag = comm_node(g, DPK_ALL_GATHER, u->gather_bwd, 1, &u->shard_p, ax, 0,
 					     IR_IN_STEP, u->block);
 			int *mem = ir_alloc(g, (size_t)u->nparams * sizeof(int));
@@ -840,10 +904,6 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 	int ifill = find_opt(sh, DPK_FILL);
 	if (opt0 >= sh->nold || isq < 0 || iupd < 0 || ifill < 0)
 		die("collectives: the optimizer tail is missing");
-	/* hybrid_shard always reduces its shards over dp_replicate (a group of
-	 * one on a 1-D mesh); zero2 and full-grad accumulation do when R > 1 */
-	int repl_ar = sh->strat == DP_STRAT_HYBRID_SHARD ||
-		      (sh->strat != DP_STRAT_ZERO1 && sh->R > 1);
 
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
@@ -852,12 +912,20 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 			grads[i] = g->values[u->params[i]]->grad;
 		if (u->last < 0)
 			continue; /* nothing writes these grads: they stay zero */
-		if (!sh->full_grads) {
+		if (!u->sharded) {
+			/* ddp: the bucket all_reduced in place once per step */
+			Node *ar = comm_node(g, DPK_ALL_REDUCE, u->full_g, 0, NULL, dp_axes(),
+					     DP_IF_LAST, IR_IN_STEP, u->block);
+			unit_bucket(g, ar, u->full_g, grads, u->nparams);
+			queue(sh, sh->after, u->last, ar);
+			continue;
+		}
+		if (!u->full_grads) {
 			/* the unit's full grads are a temporary of this micro-batch */
 			Node *f = step_node(g, DPK_FILL, u->full_g, 0, NULL, PH_BWD, 0, u->block);
 			queue(sh, sh->before, u->first, f);
 		}
-		if (sh->strat == DP_STRAT_ZERO1) {
+		if (u->strat == DP_STRAT_ZERO1) {
 			Node *ar = comm_node(g, DPK_ALL_REDUCE, u->full_g, 0, NULL, dp_axes(),
 					     DP_IF_LAST, IR_IN_STEP, u->block);
 			unit_bucket(g, ar, u->full_g, grads, u->nparams);
@@ -870,19 +938,21 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 		}
 		/* reduce_scatter: once per step when full grads accumulate, else
 		 * every micro-batch into .rs */
-		unsigned flags = sh->full_grads ? DP_IF_LAST : 0;
-		int out = sh->full_grads ? u->shard_g : u->rs;
+		unsigned flags = u->full_grads ? DP_IF_LAST : 0;
+		int out = u->full_grads ? u->shard_g : u->rs;
 		Node *rs = comm_node(g, DPK_REDUCE_SCATTER, out, 1, &u->full_g, shard, flags,
 				     IR_IN_STEP, u->block);
 		unit_bucket(g, rs, u->full_g, grads, u->nparams);
 		queue(sh, sh->after, u->last, rs);
+		/* hybrid_shard always reduces its shards over dp_replicate (a group
+		 * of one on a 1-D mesh); zero2 and full_shard do when R > 1 */
 		Node *ar = NULL;
-		if (repl_ar) {
+		if (u->strat == DP_STRAT_HYBRID_SHARD || sh->R > 1) {
 			ar = comm_node(g, DPK_ALL_REDUCE, u->shard_g, 0, NULL, repl, DP_IF_LAST,
 				       IR_IN_STEP, u->block);
 			unit_bucket(g, ar, u->shard_g, &u->shard_g, 1);
 		}
-		if (!sh->full_grads) {
+		if (!u->full_grads) {
 			/* accumulated where the next unit starts its backward (the end
 			 * of the backward for the last unit): the reduce_scatter
 			 * overlaps one unit of compute, and its input dies there */
@@ -901,16 +971,23 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 		}
 	}
 
-	/* the optimizer tail on the shards: norm over the shard group (with tp,
-	 * per unit, weighted, and over tp too) */
+	/* the optimizer tail on the shards: the norm over the shard group; per
+	 * unit and weighted when some gradients are replicated over the group
+	 * (ddp units over dp_shard, with tp the unsplit ones over tp) */
 	Node *nsq = g->nodes[isq];
 	nsq->in[0] = sg;
-	if (g->cfg.mesh[DP_AXIS_TP] > 1) {
+	int T = (int)g->cfg.mesh[DP_AXIS_TP];
+	if (T > 1 || sh->mixed) {
 		int *ranges = ir_alloc(g, (size_t)sh->nu * sizeof(int));
-		for (int k = 0; k < sh->nu; k++)
-			ranges[k] = sh->u[k].shard_g;
+		float *w = ir_alloc(g, (size_t)sh->nu * sizeof(float));
+		for (int k = 0; k < sh->nu; k++) {
+			const Unit *u = &sh->u[k];
+			ranges[k] = u->shard_g;
+			w[k] = (u->sharded ? 1.0f : (float)(1.0 / sh->S)) *
+			       (T > 1 ? tp_weight(g, g->values[u->shard_g]) : 1.0f);
+		}
 		Node **after = ir_alloc(g, (size_t)(sh->nu + 1) * sizeof(Node *));
-		int na = tp_norm(g, isq, ranges, sh->nu, shard, after);
+		int na = weighted_norm(g, isq, ranges, w, sh->nu, shard | (T > 1 ? TPBIT : 0), after);
 		for (int i = 0; i < na; i++)
 			queue(sh, sh->after, isq, after[i]);
 	} else {
@@ -924,17 +1001,27 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 	upd->out = sp;
 	upd->in[0] = sg;
 	/* zero1/zero2: the updated shards gathered back into the full params */
-	if (!sh->full)
-		for (int k = 0; k < sh->nu; k++) {
-			Unit *u = &sh->u[k];
-			Node *ag = comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard,
-					     DP_IF_LAST, IR_IN_STEP, u->block);
-			unit_bucket(g, ag, u->full_p, u->params, u->nparams);
-			queue(sh, sh->after, iupd, ag);
-		}
-	/* zeroing: the full grads when they accumulate, else the shard grads
-	 * the micro-batches are accumulated into */
-	g->nodes[ifill]->out = sh->full_grads ? fg : sg;
+	for (int k = 0; k < sh->nu; k++) {
+		Unit *u = &sh->u[k];
+		if (!u->sharded || u->full)
+			continue;
+		Node *ag = comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard, DP_IF_LAST,
+				     IR_IN_STEP, u->block);
+		unit_bucket(g, ag, u->full_p, u->params, u->nparams);
+		queue(sh, sh->after, iupd, ag);
+	}
+	/* zeroing: the full grads where they accumulate, and the shard buffer
+	 * where micro-batches are accumulated into it (ddp units, and the
+	 * reduce_scatters of full_shard units) */
+	int acc_shard = 0;
+	for (int k = 0; k < sh->nu; k++)
+		acc_shard |= !sh->u[k].sharded || !sh->u[k].full_grads;
+	g->nodes[ifill]->out = sh->gtot ? fg : sg;
+	if (sh->gtot && acc_shard) {
+		Node *f = step_node(g, DPK_FILL, sg, 0, NULL, PH_OPT, DP_IF_LAST, -1);
+		f->fa[0] = 0;
+		queue(sh, sh->after, ifill, f);
+	}
 }
 
 /* INIT and EXPORT programs of the sharded strategies. */
@@ -945,15 +1032,16 @@ static void setup_sharded(Sh *sh)
 	unsigned shard = axis_bit(DP_AXIS_SHARD);
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
-		if (sh->full && u->padded > u->elems)
+		if (u->full && u->padded > u->elems)
 			setup_node(g, DPK_FILL, u->full_p, 0, NULL, IR_IN_INIT)->fa[0] = 0;
 		for (int i = 0; i < u->nparams; i++)
 			init_param(g, u->params[i]);
-		setup_node(g, DPK_SHARD, u->shard_p, 1, &u->full_p, IR_IN_INIT)->ia[0] = shard;
+		if (u->sharded)
+			setup_node(g, DPK_SHARD, u->shard_p, 1, &u->full_p, IR_IN_INIT)->ia[0] = shard;
 	}
 	for (int k = 0; k < sh->nu; k++) {
 		Unit *u = &sh->u[k];
-		if (sh->full)
+		if (u->full)
 			comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard, 0, IR_IN_EXPORT,
 				  u->block);
 		for (int i = 0; i < u->nparams; i++)
@@ -961,19 +1049,11 @@ static void setup_sharded(Sh *sh)
 	}
 }
 
-static int sharded_run(Graph *g, Diag *d, int strat)
+static int sharded_run(Graph *g, Diag *d)
 {
-	Sh sh = {.g = g, .strat = strat};
+	Sh sh = {.g = g};
 	sh.S = (int)g->cfg.mesh[DP_AXIS_SHARD];
 	sh.R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
-	sh.full = strat == DP_STRAT_FULL_SHARD || strat == DP_STRAT_HYBRID_SHARD;
-	sh.full_grads = !sh.full || g->accum_unsharded;
-	if (strat == DP_STRAT_FULL_SHARD && sh.R > 1) {
-		error_at(d, (Loc){g->file, 0, 0},
-			 "strategy full_shard shards over dp_shard only; with dp_replicate=%d use "
-			 "hybrid_shard", sh.R);
-		return -1;
-	}
 	place_replicated(g);
 	int fp = -1, fg = -1;
 	for (int i = 0; i < g->nvalues; i++) {
@@ -991,57 +1071,34 @@ static int sharded_run(Graph *g, Diag *d, int strat)
 	sh.after = ir_alloc(g, (size_t)(sh.nold ? sh.nold : 1) * sizeof(NodeList));
 	find_writers(&sh);
 	make_units(&sh);
+	/* full_shard shards over dp_shard and replicates nothing: a dp_replicate
+	 * axis would hold copies it never synchronises (the front end reports
+	 * this at the setting; hand-written IR meets it here) */
+	for (int k = 0; k < sh.nu; k++) {
+		const Unit *u = &sh.u[k];
+		if (u->strat != DP_STRAT_FULL_SHARD || sh.R <= 1)
+			continue;
+		int own = u->block >= 0 && g->blocks[u->block].strategy >= 0;
+		error_at(d, own ? g->blocks[u->block].strategy_loc : (Loc){g->file, 0, 0},
+			 "strategy full_shard shards over dp_shard only; with dp_replicate=%d use "
+			 "hybrid_shard", sh.R);
+		return -1;
+	}
 	layout(&sh, fp, fg);
 	int sp = g->values[sh.u[0].shard_p]->view_of, sg = g->values[sh.u[0].shard_g]->view_of;
-	if (sh.full)
-		gathers(&sh);
+	gathers(&sh);
 	reduce_and_update(&sh, fg, sp, sg);
 	splice(g, sh.before, sh.after, sh.nold);
 	setup_sharded(&sh);
 	return 0;
 }
 
-static int zero1_run(Graph *g, Diag *d)
-{
-	return sharded_run(g, d, DP_STRAT_ZERO1);
-}
-
-static int zero2_run(Graph *g, Diag *d)
-{
-	return sharded_run(g, d, DP_STRAT_ZERO2);
-}
-
-static int full_shard_run(Graph *g, Diag *d)
-{
-	return sharded_run(g, d, DP_STRAT_FULL_SHARD);
-}
-
-static int hybrid_shard_run(Graph *g, Diag *d)
-{
-	return sharded_run(g, d, DP_STRAT_HYBRID_SHARD);
-}
-
-static const Strategy strategies[] = {
-	{"ddp", ddp_run},
-	{"zero1", zero1_run},
-	{"zero2", zero2_run},
-	{"full_shard", full_shard_run},
-	{"hybrid_shard", hybrid_shard_run},
-};
-
+/* The strategy of each block decides: when every parameter follows ddp, the
+ * per-gradient all_reduces (fused later by the bucket pass); otherwise the
+ * units above, each by its own strategy. */
 int shard_run(Graph *g, Diag *d)
 {
-	Loc loc = {g->file, 0, 0}; /* the strategy has no location of its own */
-	for (size_t i = 0; i < sizeof strategies / sizeof strategies[0]; i++) {
-		if (strcmp(g->strategy, strategies[i].name) != 0)
-			continue;
-		if (!strategies[i].run) {
-			error_at(d, loc, "strategy '%s' is not supported yet (supported: ddp)",
-				 g->strategy);
-			return -1;
-		}
-		return strategies[i].run(g, d);
-	}
-	error_at(d, loc, "unknown strategy '%s'", g->strategy);
-	return -1;
+	if (g->cfg.strategy >= DP_NSTRAT)
+		die("collectives: strategy %u out of range", g->cfg.strategy);
+	return ir_any_sharded(g) ? sharded_run(g, d) : ddp_run(g, d);
 }

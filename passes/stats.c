@@ -236,7 +236,13 @@ static void print_memory(FILE *out, const Graph *g)
 void stats_print(FILE *out, const Graph *g)
 {
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
-	fprintf(out, "%s: strategy %s, mesh", g->file, g->strategy);
+	fprintf(out, "%s: strategy %s", g->file, g->strategy);
+	int nown = 0; /* blocks with their own strategy */
+	for (int b = 0; b < g->nblocks; b++)
+		if (g->blocks[b].strategy >= 0 && g->blocks[b].strategy < DP_NSTRAT)
+			fprintf(out, "%s%s %s", nown++ ? ", " : " (blocks: ", g->blocks[b].name,
+				ir_strategy_names[g->blocks[b].strategy]);
+	fprintf(out, "%s, mesh", nown ? ")" : "");
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);
 	fprintf(out, " (world %d), micro_batch %u x grad_accum %u, global batch %lld\n", ir_world(g),

@@ -91,8 +91,9 @@ int gradcheck_run(Exec *x, RtErr *e)
 {
 	const DpStep *s = x->s;
 	if (shards_params(s))
-		return RT_FAIL(e, "--check-grads needs a ddp step file: strategy %s shards parameters "
-			       "(gradients are the same mathematics; compile with strategy ddp)",
+		return RT_FAIL(e, "--check-grads needs a ddp step file: this one shards parameters "
+			       "(strategy %s, or a block's own; gradients are the same mathematics: "
+			       "compile with strategy ddp and no block strategies)",
 			       exec_strategy_name(s->cfg.strategy));
 	if (x->comm->world != 1)
 		return RT_FAIL(e, "--check-grads runs on one rank (this run has %d)", x->comm->world);

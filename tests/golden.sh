@@ -29,6 +29,9 @@ cases=(
 	"mlp8-zero2-ws4|models/mlp8.dp@zero2|--world-size 4|schedule"
 	"mlp8-full_shard-ws4|models/mlp8.dp@full_shard|--world-size 4|schedule"
 	"mlp8-hybrid_shard-2x2|models/mlp8.dp@hsdp2x2|--world-size 4|schedule"
+	# per-block strategies: train's full_shard with fc1 ddp, fc2 zero1,
+	# fc3 not resharded and head zero2 (tests/lib.sh's mixed)
+	"mlp8-mixed-ws4|models/mlp8.dp@mixed|--world-size 4|schedule"
 	# issue 4: one GPT-2 layer at tp=2: the tp_copy / tp_reduce the tp pass
 	# placed, and where the schedule issues and waits for them
 	"gpt2-tiny-tp2|models/gpt2-tiny.dp@tp2|--world-size 2 -D layers=1|tp schedule"
@@ -52,6 +55,8 @@ for c in "${cases[@]}"; do
 		copy=$(basename "$model" .dp)-$v.dp
 		if [ "$v" = tp2 ]; then
 			{ echo "mesh tp=2"; grep -v '^mesh ' "$model"; } >"$tmp/$copy"
+		elif [ "$v" = mixed ]; then
+			mixed "$model" "$tmp/$copy"
 		elif [ "$v" = hsdp2x2 ]; then
 			sed -e 's/^  strategy ddp/  strategy hybrid_shard/' \
 				-e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' "$model" >"$tmp/$copy"

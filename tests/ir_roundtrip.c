@@ -158,7 +158,10 @@ static int graph_diff(const Graph *a, const Graph *b)
 		DIFF(strcmp(name_or(a, ra[i]), name_or(b, rb[i])), "role %d", i);
 	DIFF(a->nblocks != b->nblocks, "nblocks");
 	for (int i = 0; i < a->nblocks && i < b->nblocks; i++)
-		DIFF(strcmp(a->blocks[i].name, b->blocks[i].name), "block %d", i);
+		DIFF(strcmp(a->blocks[i].name, b->blocks[i].name) ||
+			     a->blocks[i].strategy != b->blocks[i].strategy ||
+			     a->blocks[i].reshard != b->blocks[i].reshard,
+		     "block %d", i);
 	DIFF(a->nsources != b->nsources, "nsources");
 	for (int i = 0; i < a->nsources && i < b->nsources; i++) {
 		const Source *x = &a->sources[i], *y = &b->sources[i];
@@ -793,6 +796,9 @@ static void test_malformed(void)
 		{"strategy ddp prefetch=x\n", "expected an integer"},
 		{"strategy ddp reshard_after_forward=2\n", "out of range"},
 		{"strategy ddp nope=1\n", "unknown strategy key 'nope'"},
+		{"block fc1 strategy=zero9\n", "expected a strategy"},
+		{"block fc1 reshard_after_forward=3\n", "out of range"},
+		{"block fc1 colour=1\n", "unknown block key 'colour'"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		int nerr = 0;

@@ -70,3 +70,15 @@ variant() {
 	sed "${a[@]}" "$src" >"$dst"
 	if cmp -s "$src" "$dst"; then fail "sed $* did not change $src"; fi
 }
+# mixed SRC DST [STRATEGY]: SRC (an MLP with blocks fc1, fc2, fc3 ... head and
+# train's `strategy ddp`) with per-block strategies: train's STRATEGY
+# (full_shard), fc1 ddp, fc2 zero1, head zero2, and fc3 (train's strategy)
+# with its own reshard_after_forward false
+mixed() {
+	variant "$1" "$2" "s/^  strategy ddp/  strategy ${3:-full_shard}/" \
+		's/^  block fc1 {/&\n    strategy ddp/' 's/^  block fc2 {/&\n    strategy zero1/' \
+		's/^  block fc3 {/&\n    reshard_after_forward false/' \
+		's/^  block head {/&\n    strategy zero2/'
+	[ "$(grep -c '^    strategy \|^    reshard_after_forward' "$2")" = 4 ] ||
+		fail "mixed: the four block settings are not all in $2"
+}

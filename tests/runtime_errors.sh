@@ -87,20 +87,29 @@ PYEOF
 fi
 
 # sharded step files: the init program cuts the shards, the export program
-# gathers them; --check-grads refuses them (skipped while dpc cannot build one)
+# gathers them; --check-grads refuses them. Under full_shard, and under
+# per-block strategies (tests/lib.sh's mixed: a ddp block whole among
+# sharded ones), the ddp 2-rank checkpoint loaded and saved again is the
+# same file.
 sed 's/strategy ddp/strategy full_shard/' models/mlp.dp >"$T/fs.dp"
-if "$DPC" "$T/fs.dp" -o "$T/fs2.bin" --world-size 2 >"$T/dpc.out" 2>&1; then
-	# the ddp 2-rank checkpoint, loaded into full_shard and saved again, is the same file
-	fsround() { M 2 "$T/fs2.bin" --steps 0 --quiet --init-from "$T/c.safetensors" \
-		--save-full "$T/fs.safetensors" >"$T/out" 2>&1 && cmp -s "$T/c.safetensors" "$T/fs.safetensors"; }
-	check "full_shard on 2 ranks: --init-from / --save-full round trip" fsround
-	expect "--check-grads refuses a sharded step file" \
-		"--check-grads needs a ddp step file: strategy full_shard shards parameters" \
-		M 2 "$T/fs2.bin" --check-grads
-else
-	echo "  skip sharded step-file tests (dpc cannot compile strategy full_shard yet)"
-	sed 's/^/      /' "$T/dpc.out" | head -n 3
-fi
+mixed models/mlp.dp "$T/mixed.dp"
+for v in fs mixed; do
+	if ! "$DPC" "$T/$v.dp" -o "$T/${v}2.bin" --world-size 2 >"$T/dpc.out" 2>&1; then
+		fail "dpc $v.dp --world-size 2"; sed 's/^/      /' "$T/dpc.out" | head -n 3
+		continue
+	fi
+	round() { M 2 "$T/${v}2.bin" --steps 0 --quiet --init-from "$T/c.safetensors" \
+		--save-full "$T/$v.safetensors" >"$T/out" 2>&1 && cmp -s "$T/c.safetensors" "$T/$v.safetensors"; }
+	check "$v on 2 ranks: --init-from / --save-full round trip" round
+done
+expect "--check-grads refuses a sharded step file" \
+	"--check-grads needs a ddp step file: this one shards parameters (strategy full_shard" \
+	M 2 "$T/fs2.bin" --check-grads
+# train's strategy ddp, one block full_shard: sharded all the same
+sed 's/^  block fc2 {/&\n    strategy full_shard/' models/mlp.dp >"$T/onefs.dp"
+"$DPC" "$T/onefs.dp" -o "$T/onefs1.bin" --world-size 1 >"$T/dpc.out" 2>&1 || fail "dpc onefs.dp"
+expect "--check-grads refuses a step file with a sharded block" \
+	"this one shards parameters (strategy ddp, or a block's own" X "$T/onefs1.bin" --check-grads
 
 # a diverging run names the step where the loss stopped being finite
 sed 's/lr=1e-3/lr=1e6/; s/clip_grad_norm 1.0/clip_grad_norm 0/' models/mlp.dp >"$T/nan.dp"

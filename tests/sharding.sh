@@ -12,6 +12,9 @@
 #     turned: reshard_after_forward false, accumulate_grads unsharded,
 #     prefetch 0 and 2, gather_limit_mb tiny (one gathered block at a time),
 #     grad_accum 1;
+#   - per-block strategies: a block's own `strategy` / `reshard_after_forward`
+#     (every strategy in one model), at 1, 2 and 4 ranks and on 2x2, and
+#     its eval program's test loss and accuracy;
 #   - --init-from: full_shard at 4 ranks started from the 1-rank ddp run's
 #     saved weights continues exactly as ddp at 1 rank started from the same
 #     file (a checkpoint loads at any world size and strategy).
@@ -92,6 +95,39 @@ for model in mlp mlp8; do
 		fail "$model: --init-from (no 1-rank ddp checkpoint)"
 	fi
 done
+
+# per-block strategies (lib.sh's mixed: train's full_shard, fc1 ddp, fc2
+# zero1, fc3 not resharded, head zero2) at 1, 2 and 4 ranks, and under
+# hybrid_shard on the 2x2 mesh (every unit's strategy in one step, one
+# optimizer over the shards and the whole ddp block, the norm weighting the
+# ddp block 1/dp_shard)
+for model in mlp mlp8; do
+	mixed "models/$model.dp" "$T/$model-mixed.dp"
+	for np in 1 2 4; do
+		eq_run "$model-mixed$np" $np "$T/$model-mixed.dp" && eq_same "$model-mixed$np" "$model-ddp1"
+	done
+	mixed "models/$model.dp" "$T/$model-mixed-h.dp" hybrid_shard
+	variant "$T/$model-mixed-h.dp" "$T/$model-mixed-hsdp2x2.dp" \
+		's/^mesh auto/mesh dp_replicate=2, dp_shard=2/'
+	eq_run "$model-mixed-hsdp2x2" 4 "$T/$model-mixed-hsdp2x2.dp" &&
+		eq_same "$model-mixed-hsdp2x2" "$model-ddp1"
+done
+
+# the eval program under per-block strategies (gathers for the full_shard
+# blocks, the ddp block read whole, the zero blocks' gathered params)
+# reports the 1-rank ddp run's test loss and accuracy
+evals() { mpi "$1" "$2" --steps 10 --eval-every 5 --quiet 2>&1 | grep '^eval step' >"$3"; }
+if "$DPC" "$T/mlp8-mixed.dp" --world-size 4 -o "$T/mix-eval.bin" 2>"$T/dpc.err" &&
+	"$DPC" models/mlp8.dp --world-size 1 -o "$T/ddp-eval.bin" 2>>"$T/dpc.err" &&
+	evals 4 "$T/mix-eval.bin" "$T/mix.eval" && evals 1 "$T/ddp-eval.bin" "$T/ddp.eval" &&
+	[ "$(wc -l <"$T/mix.eval")" = 2 ] &&
+	paste -d' ' "$T/mix.eval" "$T/ddp.eval" | awk '{ # loss within 2e-4, same correct count
+		d = $7 - $19; if (d < 0) d = -d; if (d > 2e-4 || $12 != $24) bad = 1 } END { exit bad }'; then
+	ok "mlp8 mixed at 4 ranks: eval loss and accuracy = 1-rank ddp ($(head -n 1 "$T/mix.eval"))"
+else
+	cat "$T/dpc.err" "$T/mix.eval" "$T/ddp.eval" 2>/dev/null
+	fail "mlp8 mixed at 4 ranks: eval loss and accuracy = 1-rank ddp"
+fi
 
 # the comparison can fail: a 10% different learning rate must not match
 variant "$fs" "$T/mlp8-lr.dp" 's/lr=3e-3/lr=3.3e-3/'

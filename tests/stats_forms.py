@@ -34,6 +34,15 @@ padded up to a multiple of dp_shard, per unit):
                 gradient shards once per step: S(P'/S_shard).
   every sharded strategy: + all_reduce(dp_shard) of the 4-byte squared norm
                 (clip_grad_norm over the shards); ddp's norm is local.
+Per-block strategies (a block's own `strategy`, `reshard_after_forward`):
+  each block's parameters follow the forms above for its own strategy (a
+  ddp block's buckets unpadded), summed per row; the norm's all_reduce is
+  there when any block shards. expected_mixed() computes this per block,
+  and is checked against expected() where every block has one strategy.
+  Memory, exactly up to the 256-byte alignment of each buffer: optimizer
+  state 8L, parameters 4(L + F), gradients 4(L + G), where L is what this
+  rank updates (ddp blocks whole, the rest padded/S), F the full params
+  zero1/zero2 keep (padded) and G the full gradients they keep.
 P'_first: the first block's backward never reads its weights (the input x
 needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
 again for the backward; check_ir() verifies that in the IR.
@@ -181,6 +190,139 @@ def expected(blocks, strategy, R, S, A, knobs):
     return exp
 
 
+def expected_mixed(blocks, strat_of, R, S, A, knobs, reshard_of=None):
+    """The collective table with a strategy per block (strat_of: block ->
+    strategy), zero1/zero2/ddp buckets one per parameter (bucket_mb tiny)."""
+    exp = {}
+
+    def add(key, ranks, calls, buckets, elems, factor):
+        r = row(ranks, calls, buckets, elems, factor)
+        if key in exp:
+            old = exp[key]
+            r = (ranks,) + tuple(a + b for a, b in zip(old[1:], r[1:]))
+        exp[key] = r
+
+    dp, sh, rp = "dp_replicate,dp_shard", "dp_shard", "dp_replicate"
+    sharded = False
+    for i, (b, ps) in enumerate(blocks):
+        s = strat_of[b]
+        if s == "ddp":
+            for p in ps:
+                add(("all_reduce", dp), R * S, 1, 1, p, 2)
+            continue
+        sharded = True
+        if s in ("zero1", "zero2"):
+            for p in ps:
+                pp = pad(p, S)
+                if s == "zero1":
+                    add(("all_reduce", dp), R * S, 1, 1, pp, 2)
+                else:
+                    add(("reduce_scatter", sh), S, 1, 1, pp, 1)
+                    if R > 1:
+                        add(("all_reduce", rp), R, 1, 1, pp // S, 2)
+                add(("all_gather", sh), S, 1, 1, pp, 1)
+            continue
+        u = pad(sum(ps), S)
+        reshard = (reshard_of or {}).get(b, knobs.get("reshard", True))
+        add(("all_gather", sh), S, A, 1, A * u, 1)
+        if reshard and i > 0:
+            add(("all_gather", sh), S, A, 1, A * u, 1)
+        rs_times = 1 if knobs.get("unsharded") else A
+        add(("reduce_scatter", sh), S, rs_times, 1, rs_times * u, 1)
+        if s == "hybrid_shard":
+            add(("all_reduce", rp), R, 1, 1, u // S, 2)
+    if sharded:
+        add(("all_reduce", sh), S, 1, 0, 1, 2)
+    return exp
+
+
+def mixed_memory(blocks, strat_of, S, knobs):
+    """(L, F, G) in elements: this rank's updated part, the full params and
+    the full gradients kept (see the docstring)."""
+    L = F = G = 0
+    for b, ps in blocks:
+        s = strat_of[b]
+        if s == "ddp":
+            L += sum(ps)
+        elif s in ("zero1", "zero2"):
+            for p in ps:
+                L += pad(p, S) // S
+                F += pad(p, S)
+                G += pad(p, S)
+        else:
+            L += pad(sum(ps), S) // S
+            if knobs.get("unsharded"):
+                G += pad(sum(ps), S)
+    return L, F, G
+
+
+def edit_blocks(text, settings):
+    """text with each block's own settings ({block: [lines]}) written first
+    in its body."""
+    for b, lines in settings.items():
+        t = re.sub(r"^(\s*)block " + b + r" \{\n", lambda m: m.group(0) + "".join(
+            m.group(1) + "  " + e + "\n" for e in lines), text, count=1, flags=re.M)
+        assert t != text, f"no block {b}"
+        text = t
+    return text
+
+
+def check_mixed(model, text, blocks):
+    """Per-block strategies: the collective table and the memory rows."""
+    names = [b for b, _ in blocks]
+    A = int(setting(text, "grad_accum", "1"))
+    tiny = "0.000001"
+    # one strategy per block through the per-block form equals expected()
+    for s in ("zero1", "zero2", "full_shard", "hybrid_shard"):
+        knobs = {"bucket": "tiny"} if s.startswith("zero") else {}
+        for S in (1, 2, 4):
+            ok(expected_mixed(blocks, {b: s for b in names}, 1, S, A, {}) ==
+               expected(blocks, s, 1, S, A, knobs),
+               f"{model}: the per-block form of {s} at n={S} equals its own form")
+    # the first block ddp, the last zero2, the second zero1, the third
+    # not resharded, the rest train's full_shard
+    mix = {b: "full_shard" for b in names}
+    own = {names[0]: ["strategy ddp"], names[-1]: ["strategy zero2"], names[1]: ["strategy zero1"]}
+    mix.update({names[0]: "ddp", names[-1]: "zero2", names[1]: "zero1"})
+    reshard_of = {}
+    if len(names) > 3:
+        own[names[2]] = ["reshard_after_forward false"]
+        reshard_of[names[2]] = False
+    cases = [
+        ("full_shard, mixed blocks", edit_blocks(edit(text, "full_shard", bucket=tiny), own), mix, {}),
+        ("full_shard, mixed blocks, accumulate_grads unsharded",
+         edit_blocks(edit(text, "full_shard", bucket=tiny, extra=["accumulate_grads unsharded"]), own),
+         mix, {"unsharded": True}),
+        ("ddp with one full_shard block",
+         edit_blocks(edit(text, "ddp", bucket=tiny), {names[1]: ["strategy full_shard"]}),
+         {b: ("full_shard" if b == names[1] else "ddp") for b in names}, {}),
+    ]
+    for what, t, strat_of, knobs in cases:
+        for n in (1, 2, 4):
+            coll, mem = parse_stats(dpc(t, ["--world-size", str(n), "--emit=stats"]))
+            exp = expected_mixed(blocks, strat_of, 1, n, A, knobs, reshard_of)
+            if not ok(coll == exp, f"{model} {what} n={n}: collective table = closed form"):
+                for k in sorted(set(coll) | set(exp)):
+                    print(f"       {k}: dpc {coll.get(k)} want {exp.get(k)}")
+            L, F, G = mixed_memory(blocks, strat_of, n, knobs)
+            for rname, lo, nbuf in (("optimizer state", 8 * L, 2), ("parameters", 4 * (L + F), 2),
+                                    ("gradients", 4 * (L + G), 2)):
+                got = mem.get(rname)
+                ok(got is not None and lo <= got < lo + ALIGN * nbuf,
+                   f"{model} {what} n={n}: {rname} {got} in [{lo}, {lo + ALIGN * nbuf})")
+    # hybrid_shard on 2x2 with a ddp and a zero2 block (zero2 reduces its
+    # shards over dp_replicate)
+    strat_of = {b: "hybrid_shard" for b in names}
+    strat_of.update({names[0]: "ddp", names[-1]: "zero2"})
+    t = edit_blocks(edit(text, "hybrid_shard", mesh="dp_replicate=2, dp_shard=2", bucket=tiny),
+                    {names[0]: ["strategy ddp"], names[-1]: ["strategy zero2"]})
+    coll, _ = parse_stats(dpc(t, ["--emit=stats"]))
+    exp = expected_mixed(blocks, strat_of, 2, 2, A, {})
+    if not ok(coll == exp, f"{model} hybrid_shard 2x2, a ddp and a zero2 block: collective table = closed form"):
+        for k in sorted(set(coll) | set(exp)):
+            print(f"       {k}: dpc {coll.get(k)} want {exp.get(k)}")
+
+
 def edit(text, strategy, mesh=None, extra=(), bucket=None, accum=None):
     t = re.sub(r"^(\s*)strategy \w+", r"\1strategy " + strategy, text, count=1, flags=re.M)
     if mesh:
@@ -307,6 +449,7 @@ def main():
                          extra=["accumulate_grads unsharded"]),
                     [], "hybrid_shard", 2, 2, A, {"unsharded": True})
         check_memory(model, text)
+        check_mixed(model, text, BLOCKS)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 

@@ -9,6 +9,8 @@
 #   - tp=2 x dp_shard=2, ddp        (4 ranks; rank = s*2 + t)
 #   - tp=2 x dp_shard=2, full_shard (4 ranks: FSDP + TP, 2-D)
 #   - tp=2 x dp_replicate=2 x dp_shard=2, hybrid_shard (8 ranks, 3-D)
+#   - tp=2 x dp_shard=2, per-block strategies: full_shard layers without
+#     resharding, a ddp embedding, a zero2 final norm (4 ranks)
 #   - full_shard at 4 ranks (no tp)
 #   - models/llama.dp at tp=2 against its own 1-rank run
 # Losses (rtol 1e-5) and the final parameters (--save-full: the EXPORT
@@ -58,6 +60,12 @@ mesh "$T/tp2hs.dp" "dp_replicate=2, dp_shard=2, tp=2" hybrid_shard
 eq_run tp2hs 8 "$T/tp2hs.dp" && eq_same tp2hs gpt-1
 mesh "$T/fs4.dp" "dp_shard=4" full_shard
 eq_run fs4 4 "$T/fs4.dp" && eq_same fs4 gpt-1
+# per-block strategies under tp: the embedding (and the tied head weight)
+# ddp, the final norm zero2, the layers full_shard without resharding; the
+# norm weights the ddp unit 1/(dp_shard*tp)
+variant "$T/tp2fs2.dp" "$T/tp2mix.dp" 's/^  block embed {/&\n    strategy ddp/' \
+	's/^  block lnf {/&\n    strategy zero2/' 's/^    block h\[i\] {/&\n      reshard_after_forward false/'
+eq_run tp2mix 4 "$T/tp2mix.dp" && eq_same tp2mix gpt-1
 
 # the comparison can fail: 10% more learning rate at tp=2
 variant "$T/tp2.dp" "$T/tp2lr.dp" 's/lr=\([0-9.e-]*\)/lr=\1*1.1/'
