@@ -107,6 +107,33 @@ static void place_replicated(Graph *g)
 	}
 }
 
+/* A setup node (INIT or EXPORT program). */
+static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs)
+{
+	Node *n = ir_node(g, op, out, nin, in, PH_SETUP, (Loc){0});
+	n->progs = progs;
+	if (out >= 0)
+		n->block = g->values[out]->block;
+	else if (nin > 0)
+		n->block = g->values[in[0]]->block;
+	return n;
+}
+
+/* A collective on the comm stream over the mesh axes `axes` (PH_SETUP in
+ * the EXPORT program, else PH_COMM). */
+static Node *comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned axes,
+		       unsigned flags, unsigned progs, int block)
+{
+	Node *n = ir_node(g, op, out, nin, in, progs == IR_IN_EXPORT ? PH_SETUP : PH_COMM,
+			  (Loc){0});
+	n->ia[0] = axes;
+	n->stream = DP_STREAM_COMM;
+	n->flags = flags;
+	n->progs = progs;
+	n->block = block;
+	return n;
+}
+
 /* ---- tensor parallelism: whole-tensor setup and the gradient norm ---- */
 
 #define TPBIT DP_AXIS_BIT(DP_AXIS_TP)
@@ -138,9 +165,6 @@ static int whole_of(Graph *g, const Value *p)
 	return w->id;
 }
 
-static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs);
-static Node *comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned axes,
-		       unsigned flags, unsigned progs, int block);
 
 /* INIT of parameter p where the step reads it. A tensor-parallel one is
  * initialised whole (INIT p.whole as p: the same values as on one rank) and
@@ -253,18 +277,6 @@ static void splice_after(Graph *g, NodeList *queued, int nold)
 	if (k != total)
 		die("collectives: spliced %d of %d nodes", k, total);
 	memcpy(g->nodes, order, (size_t)total * sizeof(Node *));
-}
-
-/* A setup node (INIT or EXPORT program). */
-static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs)
-{
-	Node *n = ir_node(g, op, out, nin, in, PH_SETUP, (Loc){0});
-	n->progs = progs;
-	if (out >= 0)
-		n->block = g->values[out]->block;
-	else if (nin > 0)
-		n->block = g->values[in[0]]->block;
-	return n;
 }
 
 /* INIT for every buffer (never sharded, never communicated). */
@@ -461,19 +473,6 @@ static void splice(Graph *g, NodeList *before, NodeList *after, int nold)
 	if (k != total)
 		die("collectives: spliced %d of %d nodes", k, total);
 	memcpy(g->nodes, order, (size_t)total * sizeof(Node *));
-}
-
-static Node *comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned axes,
-		       unsigned flags, unsigned progs, int block)
-{
-	Node *n = ir_node(g, op, out, nin, in, progs == IR_IN_EXPORT ? PH_SETUP : PH_COMM,
-			  (Loc){0});
-	n->ia[0] = axes;
-	n->stream = DP_STREAM_COMM;
-	n->flags = flags;
-	n->progs = progs;
-	n->block = block;
-	return n;
 }
 
 static Node *step_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph,
