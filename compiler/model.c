@@ -423,9 +423,14 @@ static void declare_block(Lower *L, const Stmt *s)
 	map_put(L, &L->blocks, L->g->blocks[b].name, b);
 	record_instance(L, b);
 	unsigned seen = 0; /* block settings given */
+	const Stmt *setting = NULL, *param = NULL;
 	for (const Stmt *p = s->body; p; p = p->next) {
 		if (!count_unrolled(L, p))
 			return;
+		if (p->kind == S_PARAM)
+			param = p;
+		if (p->kind == S_SETTING && p->val && !setting)
+			setting = p;
 		if (p->kind == S_PARAM || p->kind == S_BUFFER)
 			declare_param(L, p, b);
 		else if (p->kind == S_ASSIGN)
@@ -440,6 +445,11 @@ static void declare_block(Lower *L, const Stmt *s)
 			ERR(p->loc, "expected a param, a buffer, an assignment or a setting "
 				    "(strategy, reshard_after_forward) in block '%s'", name);
 	}
+	/* a setting places the params declared here; a tied weight read here
+	 * follows the block that declares it */
+	if (setting && !param)
+		ERR(setting->name_loc, "block '%s' declares no params: its %s has nothing to act on "
+				       "(a param follows the block that declares it)", name, setting->name);
 }
 
 static void declare_list(Lower *L, const Stmt *list)
