@@ -19,11 +19,10 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-200}
 NP=${NP:-4}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. tests/lib.sh # mixed; the MPI-as-root settings
 export OPENBLAS_NUM_THREADS=1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. tests/lib.sh # mixed
 
 cell() { # cell FILE ROWNAME: the exact byte count of a --stats row
 	grep -E "^$2 " "$1" | tail -n 1 | awk '{for (i = NF; i > 0; i--) if ($i ~ /^[0-9]+$/) {print $i; exit}}'

@@ -617,13 +617,9 @@ static void lower_train(Lower *L)
 		c->seed = (uint64_t)x;
 	if (val[T_STRATEGY]) {
 		lower_strategy(L, val[T_STRATEGY]);
-		/* full_shard shards over dp_shard and replicates nothing: a
-		 * dp_replicate axis would hold copies it never synchronises */
-		if (L->mesh_ok && c->strategy == DP_STRAT_FULL_SHARD && c->mesh[DP_AXIS_REPLICATE] > 1)
-			ERR(val[T_STRATEGY]->loc,
-			    "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
-			    "hybrid_shard",
-			    c->mesh[DP_AXIS_REPLICATE]);
+		char why[160];
+		if (L->mesh_ok && !ir_strategy_fits(g, (int)c->strategy, why, sizeof why))
+			ERR(val[T_STRATEGY]->loc, "%s", why);
 	}
 	lower_shard_settings(L, val);
 	if (val[T_OPTIMIZER])

@@ -387,11 +387,9 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	int s = lower_strategy_word(L, &v);
 	if (s < 0)
 		return;
-	DpConfig *c = &L->g->cfg;
-	/* as for train's strategy: nothing would synchronise the replicas */
-	if (L->mesh_ok && s == DP_STRAT_FULL_SHARD && c->mesh[DP_AXIS_REPLICATE] > 1) {
-		ERR(v.loc, "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
-			   "hybrid_shard", c->mesh[DP_AXIS_REPLICATE]);
+	char why[160];
+	if (L->mesh_ok && !ir_strategy_fits(L->g, s, why, sizeof why)) {
+		ERR(v.loc, "%s", why);
 		return;
 	}
 	bl->strategy = s;

@@ -294,6 +294,16 @@ int ir_any_sharded(const Graph *g)
 	return 0;
 }
 
+int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len)
+{
+	unsigned R = g->cfg.mesh[DP_AXIS_REPLICATE];
+	if (strat != DP_STRAT_FULL_SHARD || R <= 1)
+		return 1;
+	snprintf(msg, len, "strategy full_shard shards over dp_shard only; with dp_replicate=%u use "
+			   "hybrid_shard", R);
+	return 0;
+}
+
 int ir_add_source(Graph *g, const Source *s)
 {
 	g->sources = grow(g, g->sources, &g->capsources, g->nsources + 1, sizeof(Source));

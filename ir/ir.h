@@ -224,6 +224,11 @@ DpStrategy ir_block_strategy(const Graph *g, int b);
 /* Does any trained parameter follow a strategy other than ddp? (Then the
  * collectives pass lays out sharded units and the bucket pass stands back.) */
 int ir_any_sharded(const Graph *g);
+/* Does strategy strat suit g's mesh? 1, or 0 with the reason in msg (the
+ * front end reports it at the setting, the collectives pass for IR input).
+ * full_shard shards over dp_shard and replicates nothing: a dp_replicate
+ * axis would hold copies nothing synchronises. */
+int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len);
 int ir_add_source(Graph *g, const Source *s);
 int ir_add_bucket(Graph *g, const Bucket *b);
 

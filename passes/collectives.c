@@ -429,7 +429,6 @@ typedef struct {
 typedef struct {
 	Graph *g;
 	int S, R;          /* dp_shard, dp_replicate sizes */
-	int mixed;         /* some units are ddp (not sharded) */
 	int64_t ftot, gtot; /* elements of the full flat.params / flat.grads (0: none) */
 	Unit *u;
 	int nu;
@@ -702,8 +701,6 @@ static void layout(Sh *sh, int fp, int fg)
 			u->goff = sh->gtot;
 			sh->gtot += u->padded;
 		}
-		if (!u->sharded)
-			sh->mixed = 1;
 	}
 	unsigned dp = dp_axes();
 
@@ -975,8 +972,14 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 	 * (ddp units over dp_shard, with tp the unsplit ones over tp) */
 	Node *nsq = g->nodes[isq];
 	nsq->in[0] = sg;
-	int T = (int)g->cfg.mesh[DP_AXIS_TP];
-	if (T > 1 || sh->mixed) {
+	/* mixed: ddp units among sharded ones (the norm weights them);
+	 * acc_shard: units accumulating into the shard buffer (zeroed per step) */
+	int T = (int)g->cfg.mesh[DP_AXIS_TP], mixed = 0, acc_shard = 0;
+	for (int k = 0; k < sh->nu; k++) {
+		mixed |= !sh->u[k].sharded;
+		acc_shard |= !sh->u[k].sharded || !sh->u[k].full_grads;
+	}
+	if (T > 1 || mixed) {
 		int *ranges = ir_alloc(g, (size_t)sh->nu * sizeof(int));
 		float *w = ir_alloc(g, (size_t)sh->nu * sizeof(float));
 		for (int k = 0; k < sh->nu; k++) {
@@ -1012,9 +1015,6 @@ static void reduce_and_update(Sh *sh, int fg, int sp, int sg)
 	/* zeroing: the full grads where they accumulate, and the shard buffer
 	 * where micro-batches are accumulated into it (ddp units, and the
 	 * reduce_scatters of full_shard units) */
-	int acc_shard = 0;
-	for (int k = 0; k < sh->nu; k++)
-		acc_shard |= !sh->u[k].sharded || !sh->u[k].full_grads;
 	g->nodes[ifill]->out = sh->gtot ? fg : sg;
 	if (sh->gtot && acc_shard) {
 		Node *f = step_node(g, DPK_FILL, sg, 0, NULL, PH_OPT, DP_IF_LAST, -1);
@@ -1070,17 +1070,15 @@ static int sharded_run(Graph *g, Diag *d)
 	sh.after = ir_alloc(g, (size_t)(sh.nold ? sh.nold : 1) * sizeof(NodeList));
 	find_writers(&sh);
 	make_units(&sh);
-	/* full_shard shards over dp_shard and replicates nothing: a dp_replicate
-	 * axis would hold copies it never synchronises (the front end reports
-	 * this at the setting; hand-written IR meets it here) */
+	/* the front end reports a strategy that does not suit the mesh at the
+	 * setting; hand-written IR meets it here */
 	for (int k = 0; k < sh.nu; k++) {
 		const Unit *u = &sh.u[k];
-		if (u->strat != DP_STRAT_FULL_SHARD || sh.R <= 1)
+		char why[160];
+		if (ir_strategy_fits(g, u->strat, why, sizeof why))
 			continue;
 		int own = u->block >= 0 && g->blocks[u->block].strategy >= 0;
-		error_at(d, own ? g->blocks[u->block].strategy_loc : (Loc){g->file, 0, 0},
-			 "strategy full_shard shards over dp_shard only; with dp_replicate=%d use "
-			 "hybrid_shard", sh.R);
+		error_at(d, own ? g->blocks[u->block].strategy_loc : (Loc){g->file, 0, 0}, "%s", why);
 		return -1;
 	}
 	layout(&sh, fp, fg);

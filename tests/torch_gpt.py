@@ -213,19 +213,7 @@ def train(args):
         idx = torch.from_numpy(sampler.batch(step))
         logits = model.forward(x_all[idx])
         loss = F.cross_entropy(logits.reshape(-1, vocab), y_all[idx].reshape(-1), reduction="sum") / div
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        if args.clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
-        else:
-            norm = torch.norm(torch.stack([t.grad.norm() for t in params]))
-        for group in opt.param_groups:
-            group["lr"] = torch_ref.lr_at(args, step)
-        opt.step()
-        line = f"{step} {loss.item():.9g}"
-        if args.grad_norm:
-            line += f" {norm.item():.9g}"
-        print(line, file=out, flush=True)
+        torch_ref.step_and_log(args, step, opt, params, loss, out)
     if args.save:
         torch_ref.save_safetensors(args.save, {n: t for n, t in model.p.items() if n not in model.buffers})
 

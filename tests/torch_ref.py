@@ -206,6 +206,25 @@ def lr_at(args, step):
     return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def step_and_log(args, step, opt, params, loss, out):
+    """One optimizer step from `loss` as dp takes it: gradients, the norm
+    (clipped by it when --clip), the scheduled lr, the update; then the
+    "step loss [grad_norm]" line (tests/torch_gpt.py shares this)."""
+    opt.zero_grad(set_to_none=False)
+    loss.backward()
+    if args.clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
+    else:
+        norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
+    for group in opt.param_groups:
+        group["lr"] = lr_at(args, step)
+    opt.step()
+    line = f"{step} {loss.item():.9g}"
+    if args.grad_norm:
+        line += f" {norm.item():.9g}"
+    print(line, file=out, flush=True)
+
+
 def train(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     weights = read_safetensors(args.init)
@@ -243,19 +262,7 @@ def train(args):
             if k + 1 < len(layers):
                 h = F.relu(h)
         loss = F.cross_entropy(h, y_all[idx])
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        if args.clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
-        else:
-            norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
-        for group in opt.param_groups:
-            group["lr"] = lr_at(args, step)
-        opt.step()
-        line = f"{step} {loss.item():.9g}"
-        if args.grad_norm:
-            line += f" {norm.item():.9g}"
-        print(line, file=out, flush=True)
+        step_and_log(args, step, opt, params, loss, out)
     if args.save:
         save_safetensors(args.save, {n + s: t for n, wb in zip(args.layers.split(","), layers)
                                      for s, t in zip((".w", ".b"), wb) if t is not None})
