@@ -399,21 +399,21 @@ int lower_strategy_word(Lower *L, const AstVal *v)
 		return -1;
 	}
 	for (int i = 0; i < DP_NSTRAT; i++)
-		if (strcmp(ir_strategy_names[i], v->s) == 0)
+		if (strcmp(dp_strategy_names[i], v->s) == 0)
 			return i;
 	ERR(v->loc, "unknown strategy '%s' (strategies: ddp, zero1, zero2, full_shard, hybrid_shard)",
 	    v->s);
 	return -1;
 }
 
-/* A strategy name (ir_strategy_names) into g->strategy and cfg.strategy.
+/* A strategy name (dp_strategy_names) into g->strategy and cfg.strategy.
  * Whether the mesh suits it is checked with the mesh (lower_train). */
 static void lower_strategy(Lower *L, const AstVal *v)
 {
 	int s = lower_strategy_word(L, v);
 	if (s < 0)
 		return;
-	snprintf(L->g->strategy, sizeof L->g->strategy, "%s", ir_strategy_names[s]);
+	snprintf(L->g->strategy, sizeof L->g->strategy, "%s", dp_strategy_names[s]);
 	L->g->cfg.strategy = (uint32_t)s;
 }
 
@@ -577,7 +577,7 @@ static void lower_train(Lower *L)
 	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
 			   .eps = 1e-8f, .weight_decay = 0.01f};
 	g->bucket_mb = 25;
-	snprintf(g->strategy, sizeof g->strategy, "%s", ir_strategy_names[DP_STRAT_DDP]);
+	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[DP_STRAT_DDP]);
 	c->strategy = DP_STRAT_DDP;
 	g->reshard_after_forward = 1;
 	g->prefetch = 1;

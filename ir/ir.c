@@ -20,9 +20,6 @@ struct Pool {
 const char *const ir_axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
 /* Text names shared by the printer and the reader; ORDER follows the enums. */
 const char *const ir_phase_names[7] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup"}; /* Phase */
-const char *const ir_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};        /* DpProgram */
-const char *const ir_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
-						  "hybrid_shard"};                   /* DpStrategy */
 const char *const ir_init_names[7] = {"none", "zeros", "ones", "normal", "uniform", "rope_cos",
 					"rope_sin"};     /* DpInit */
 const char *const ir_src_kind_names[4] = {"idx", "npy", "synthetic", "tokens"};        /* DpSourceKind */
@@ -226,21 +223,15 @@ int64_t ir_numel(const Value *v)
 
 size_t ir_dtype_size(DpDtype dt)
 {
-	switch (dt) {
-	case DP_F32:
-	case DP_I32:
-		return 4;
-	case DP_BF16:
-		return 2;
-	default:
+	size_t n = dp_dtype_size(dt);
+	if (!n)
 		die("bad dtype %d", (int)dt);
-	}
+	return n;
 }
 
 const char *ir_dtype_name(DpDtype dt)
 {
-	static const char *const names[DP_NDTYPE] = {"f32", "i32", "bf16"};
-	return (unsigned)dt < DP_NDTYPE ? names[dt] : "?";
+	return dp_name(dp_dtype_names, DP_NDTYPE, dt);
 }
 
 const Value *ir_root(const Graph *g, const Value *v)

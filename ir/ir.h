@@ -245,8 +245,6 @@ int64_t ir_global_batch(const Graph *g);
 extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
-extern const char *const ir_prog_names[DP_NPROG];    /* DpProgram: "step", "eval", "init", "export" */
-extern const char *const ir_strategy_names[DP_NSTRAT]; /* DpStrategy: "ddp", ... */
 extern const char *const ir_init_names[7];           /* DpInit */
 extern const char *const ir_src_kind_names[4];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */

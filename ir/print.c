@@ -418,7 +418,7 @@ static void print_directives(FILE *out, const Graph *g)
 		const Block *bl = &g->blocks[i];
 		put_word(&b, bl->name ? bl->name : "");
 		if (bl->strategy >= 0 && bl->strategy < DP_NSTRAT)
-			bprintf(&b, " strategy=%s", ir_strategy_names[bl->strategy]);
+			bprintf(&b, " strategy=%s", dp_strategy_names[bl->strategy]);
 		if (bl->reshard >= 0)
 			bprintf(&b, " reshard_after_forward=%d", bl->reshard);
 		fprintf(out, "block %s\n", bstr(&b));

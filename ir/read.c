@@ -27,7 +27,6 @@
 #include "ir.h"
 
 
-static const char *const dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
 /* Words with a meaning after a node's phase: not block names (print.c quotes
  * a block named like one). */
 static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup",
@@ -547,7 +546,7 @@ static int parse_type(Reader *r, Value *v)
 		v->ndim = 0;
 		return 0;
 	}
-	int dt = t->kind == TK_WORD ? lookup(dtype_names, DP_NDTYPE, t->text) : -1;
+	int dt = t->kind == TK_WORD ? lookup(dp_dtype_names, DP_NDTYPE, t->text) : -1;
 	if (dt < 0)
 		return fail_tok(r, t, "expected a type (f32[...], i32[...], bf16[...] or ?)");
 	v->dtype = (DpDtype)dt;
@@ -753,12 +752,12 @@ static int parse_schedule(Reader *r)
 static int parse_strategy(Reader *r)
 {
 	Graph *g = r->g;
-	int s = expect_enum(r, ir_strategy_names, DP_NSTRAT,
+	int s = expect_enum(r, dp_strategy_names, DP_NSTRAT,
 			    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
 	if (s < 0)
 		return -1;
 	memset(g->strategy, 0, sizeof g->strategy);
-	snprintf(g->strategy, sizeof g->strategy, "%s", ir_strategy_names[s]);
+	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[s]);
 	g->cfg.strategy = (uint32_t)s;
 	static const char *const keys[] = {"bucket_mb", "reshard_after_forward", "prefetch",
 					   "gather_limit_mb", "accum_unsharded"};
@@ -857,7 +856,7 @@ static int parse_block_decl(Reader *r)
 			return -1;
 		if (strcmp(key, "strategy") == 0) {
 			b->strategy_loc = loc_at(r, k->col);
-			b->strategy = expect_enum(r, ir_strategy_names, DP_NSTRAT,
+			b->strategy = expect_enum(r, dp_strategy_names, DP_NSTRAT,
 						  "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
 			if (b->strategy < 0)
 				return -1;

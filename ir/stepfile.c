@@ -47,6 +47,21 @@ const char *const dp_kernel_names[DPK_COUNT] = {
 	DP_KERNELS(X)
 #undef X
 };
+const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
+const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
+						  "hybrid_shard"};
+const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
+const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm"};
+
+size_t dp_dtype_size(unsigned dt)
+{
+	return dt == DP_F32 || dt == DP_I32 ? 4 : dt == DP_BF16 ? 2 : 0;
+}
+
+const char *dp_name(const char *const *names, unsigned n, unsigned i)
+{
+	return i < n ? names[i] : "?";
+}
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
@@ -349,9 +364,6 @@ static void get_instr(Get *r, DpInstr *in)
 
 /* ---- semantic validation ---- */
 
-static const char *const prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
-
-static size_t dtype_size(unsigned dt) { return dt == DP_BF16 ? 2 : 4; }
 
 static int check_str(const DpStep *s, uint32_t off, const char *what, char *err, size_t errlen)
 {
@@ -431,7 +443,7 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 	}
 	if (t->nbytes == 0)
 		return 0; /* no storage */
-	size_t es = dtype_size(t->dtype);
+	size_t es = dp_dtype_size(t->dtype);
 	if (t->offset > s->cfg.arena_bytes || t->nbytes > s->cfg.arena_bytes - t->offset) {
 		fail(err, errlen,
 		     "tensor '%s': bytes [%llu, +%llu) lie outside the arena of %llu bytes", name,
@@ -489,12 +501,12 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	const DpInstr *in = &s->prog[p][i];
 	char what[96];
 	int id;
-	snprintf(what, sizeof what, "%s program, instruction %u", prog_names[p], i);
+	snprintf(what, sizeof what, "%s program, instruction %u", dp_prog_names[p], i);
 	if (in->op >= DPK_COUNT) {
 		fail(err, errlen, "%s: unknown opcode %u", what, in->op);
 		return -1;
 	}
-	snprintf(what, sizeof what, "%s program, instruction %u (%s)", prog_names[p], i,
+	snprintf(what, sizeof what, "%s program, instruction %u (%s)", dp_prog_names[p], i,
 		 dp_kernel_names[in->op]);
 	if (in->stream >= DP_NSTREAM) {
 		fail(err, errlen, "%s: bad stream %u", what, in->stream);
@@ -768,7 +780,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 		get_source(&r, &s->sources[i]);
 
 	for (int p = 0; p < DP_NPROG; p++) {
-		what = prog_names[p];
+		what = dp_prog_names[p];
 		if (get_count(&r, INSTR_BYTES, &s->nprog[p]))
 			goto truncated;
 		s->prog[p] = calloc(s->nprog[p] ? s->nprog[p] : 1, sizeof(DpInstr));

@@ -367,11 +367,53 @@ static inline int dp_is_collective(unsigned op)
 	       op == DPK_TP_REDUCE;
 }
 
+/* What executes an opcode. Compute kernels belong to a compute backend (CPU,
+ * CUDA); everything else is the executor's own: it moves data across the
+ * runtime's boundary (LOAD, INIT, SAVE), between ranks (collectives), or
+ * orders the streams (events). */
+typedef enum {
+	DP_OPC_KERNEL,     /* a compute kernel of the backend's kernel table */
+	DP_OPC_COLLECTIVE, /* dp_is_collective: the comm backend, on the instruction's stream */
+	DP_OPC_EVENT,      /* EVENT_RECORD / EVENT_WAIT */
+	DP_OPC_LOAD,       /* LOAD: the data loader fills a data tensor */
+	DP_OPC_HOST,       /* INIT / SAVE: host hooks (initial values, checkpoint writer) */
+	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
+} DpOpClass;
+
+static inline DpOpClass dp_op_class(unsigned op)
+{
+	if (dp_is_collective(op))
+		return DP_OPC_COLLECTIVE;
+	switch (op) {
+	case DPK_EVENT_RECORD:
+	case DPK_EVENT_WAIT:
+		return DP_OPC_EVENT;
+	case DPK_LOAD:
+		return DP_OPC_LOAD;
+	case DPK_INIT:
+	case DPK_SAVE:
+		return DP_OPC_HOST;
+	case DPK_SHARD:
+		return DP_OPC_SHARD;
+	default:
+		return DP_OPC_KERNEL;
+	}
+}
+
 /* ---- codec (ir/stepfile.c, linked into both dpc and dpexec) ---- */
 
 #include <stddef.h>
 
-extern const char *const dp_kernel_names[DPK_COUNT]; /* ORDER KERNEL */
+/* Names shared by compiler and runtime (one table each, in ir/stepfile.c). */
+extern const char *const dp_kernel_names[DPK_COUNT];   /* ORDER KERNEL */
+extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export" */
+extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
+extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16" */
+extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm" */
+/* Bytes of one element of dtype dt (0 for an unknown dtype). */
+size_t dp_dtype_size(unsigned dt);
+/* The name in a table of n names, "?" when out of range (for messages). */
+const char *dp_name(const char *const *names, unsigned n, unsigned i);
 
 /* Serialise s (header, checksum and all) into a malloc'd buffer. 0 or -1 (no memory). */
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);

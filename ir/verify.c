@@ -526,7 +526,7 @@ static void check_program(Verifier *vf, int p, int planned, int *first, int *las
 {
 	const Graph *g = vf->g;
 	unsigned prog = IR_PROG_BIT(p);
-	const char *pname = ir_prog_names[p];
+	const char *pname = dp_prog_names[p];
 	for (int i = 0; i < g->nvalues; i++)
 		first[i] = last[i] = -1;
 	if (recorded)

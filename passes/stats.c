@@ -241,7 +241,7 @@ void stats_print(FILE *out, const Graph *g)
 	for (int b = 0; b < g->nblocks; b++)
 		if (g->blocks[b].strategy >= 0 && g->blocks[b].strategy < DP_NSTRAT)
 			fprintf(out, "%s%s %s", nown++ ? ", " : " (blocks: ", g->blocks[b].name,
-				ir_strategy_names[g->blocks[b].strategy]);
+				dp_strategy_names[g->blocks[b].strategy]);
 	fprintf(out, "%s, mesh", nown ? ")" : "");
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);

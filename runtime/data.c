@@ -126,7 +126,7 @@ static void format_where(char *buf, size_t len, const char *dp_file, uint32_t li
 
 static const char *dtype_name(int dtype)
 {
-	return dtype == DP_F32 ? "f32" : dtype == DP_I32 ? "i32" : dtype == DP_BF16 ? "bf16" : "?";
+	return dp_name(dp_dtype_names, DP_NDTYPE, (unsigned)dtype);
 }
 
 /* n * elems * 4 bytes, or -1 when that overflows or is absurd. */

@@ -358,7 +358,7 @@ static int setup(Run *r)
 		if (m[DP_AXIS_TP] > 1)
 			printf(" tp=%u", m[DP_AXIS_TP]);
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
-		       exec_strategy_name(s->cfg.strategy));
+		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
 	}
 	RT_CHECK(run_init(r));

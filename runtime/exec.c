@@ -23,18 +23,6 @@ struct InFlight {
 	uint32_t instr;          /* its index in the program, for messages */
 };
 
-static const char *const prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
-
-/* DpStrategy names, as the DSL spells them (the compiler's ir_strategy_names
- * lives in ir.c, which dpexec does not link). */
-static const char *const strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
-						      "hybrid_shard"};
-
-const char *exec_strategy_name(uint32_t strategy)
-{
-	return strategy < DP_NSTRAT ? strategy_names[strategy] : "?";
-}
-
 int64_t exec_numel(const DpTensor *t)
 {
 	int64_t n = 1;
@@ -83,10 +71,10 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		int64_t batch = p == DP_PROG_STEP ? s->cfg.micro_batch : s->cfg.eval_batch;
 		if (in->out < 0 || in->out != src->tensor)
 			return RT_FAIL(e, "step file: %s program instruction %u (load): output is not "
-				       "the source's tensor", prog_names[p], i);
+				       "the source's tensor", dp_prog_names[p], i);
 		if (src->split != want)
 			return RT_FAIL(e, "step file: %s program instruction %u (load) reads a source of "
-				       "the other split", prog_names[p], i);
+				       "the other split", dp_prog_names[p], i);
 		const DpTensor *t = &s->tensors[in->out];
 		int64_t nt = exec_numel(t); /* divide: sample_elems is unbounded in the file */
 		if (batch < 1 || nt % batch || nt / batch != src->sample_elems || t->dtype == DP_BF16)
@@ -99,19 +87,19 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		if (in->out < 0 || s->tensors[in->out].dtype != DP_F32)
 			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 output",
-				       prog_names[p], i, op);
+				       dp_prog_names[p], i, op);
 		int64_t no = exec_numel(&s->tensors[in->out]);
 		if (in->op != DPK_ALL_REDUCE) {
 			if (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32)
 				return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 "
-					       "input", prog_names[p], i, op);
+					       "input", dp_prog_names[p], i, op);
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
 			/* whole = shard * g, by division: no product can overflow */
 			if ((in->op == DPK_TP_REDUCE && ni != no) ||
 			    (in->op == DPK_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
 			    (in->op == DPK_ALL_GATHER && (no % g || no / g != ni)))
 				return RT_FAIL(e, "step file: %s program instruction %u (%s %s -> %s): sizes "
-					       "%lld -> %lld do not match a group of %d", prog_names[p], i,
+					       "%lld -> %lld do not match a group of %d", dp_prog_names[p], i,
 					       op, tname(s, in->in[0]), tname(s, in->out), (long long)ni,
 					       (long long)no, g);
 		}
@@ -126,7 +114,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		    (ti->ndim && ti->dims[in->ia[1]] % g))
 			return RT_FAIL(e, "step file: %s program instruction %u (shard %s -> %s): sizes "
 				       "%lld -> %lld along dim %lld do not match a group of %d",
-				       prog_names[p], i, tname(s, in->in[0]), tname(s, in->out),
+				       dp_prog_names[p], i, tname(s, in->in[0]), tname(s, in->out),
 				       (long long)ni, (long long)no, (long long)in->ia[1], g);
 		return 0;
 	}
@@ -238,7 +226,7 @@ static int check_hazard(Exec *x, int p, uint32_t idx, RtErr *e)
 					       "schedule error in the %s program: instruction %u (%s) "
 					       "touches '%s' while instruction %u (%s of '%s') is in "
 					       "flight with no event_wait before it",
-					       prog_names[p], idx, dp_kernel_names[in->op],
+					       dp_prog_names[p], idx, dp_kernel_names[in->op],
 					       tname(x->s, id), fl->instr, dp_kernel_names[c->op],
 					       tname(x->s, c->out));
 			}
@@ -399,7 +387,7 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 			if (!x->event_set[ev])
 				return RT_FAIL(e, "schedule error in the %s program: instruction %u waits "
 					       "for event %d, which was not recorded before it",
-					       prog_names[p], i, ev);
+					       dp_prog_names[p], i, ev);
 			if (in->stream == DP_STREAM_COMPUTE && x->event_ticket[ev] >= 0) {
 				RT_CHECK(c->ops->wait(c, x->event_ticket[ev], e));
 				retire(x, x->event_ticket[ev]);

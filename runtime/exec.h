@@ -92,8 +92,6 @@ void exec_zero_metrics(Exec *x);
 /* f32 view of a tensor, NULL for -1 or a tensor without storage. */
 float *exec_f32(const Exec *x, int tensor);
 int64_t exec_numel(const DpTensor *t);
-/* The DSL name of a DpStrategy ("ddp", "full_shard", ...). */
-const char *exec_strategy_name(uint32_t strategy);
 void exec_free(Exec *x);
 
 /* --check-grads (runtime/gradcheck.c): finite differences against the

@@ -94,7 +94,7 @@ int gradcheck_run(Exec *x, RtErr *e)
 		return RT_FAIL(e, "--check-grads needs a ddp step file: this one shards parameters "
 			       "(strategy %s, or a block's own; gradients are the same mathematics: "
 			       "compile with strategy ddp and no block strategies)",
-			       exec_strategy_name(s->cfg.strategy));
+			       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 	if (x->comm->world != 1)
 		return RT_FAIL(e, "--check-grads runs on one rank (this run has %d)", x->comm->world);
 	if (s->metrics.loss < 0)

@@ -40,8 +40,6 @@
 			return RT_FAIL(e, "%s: %s", #call, cublasGetStatusString(st_));     \
 	} while (0)
 
-static const char *const prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
-static const char *const stream_names[DP_NSTREAM] = {"compute", "comm"};
 
 /* Where a collective is, for the watchdog's message. */
 typedef struct {
@@ -168,7 +166,7 @@ static int check_own(CuExec *x, int p, uint32_t i, RtErr *e)
 	    !cu_nccl_comm(x->nccl, in->stream, (unsigned)in->ia[0]))
 		return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s stream "
 			       "(cuda_nccl_init was given other masks)", (long long)in->ia[0],
-			       stream_names[in->stream]);
+			       dp_stream_names[in->stream]);
 	return 0;
 }
 
@@ -451,7 +449,7 @@ static int enqueue_run(CuExec *x, DpProgram p, int micro, int last, int kind, Rt
 			if (!x->ev_set[in->ia[0]])
 				return RT_FAIL(e, "schedule error in the %s program: instruction %u waits "
 					       "for event %lld, which was not recorded before it",
-					       prog_names[p], i, (long long)in->ia[0]);
+					       dp_prog_names[p], i, (long long)in->ia[0]);
 			CU(cudaStreamWaitEvent(st, x->ev[in->ia[0]], 0));
 			break;
 		case DPK_ALL_REDUCE:
@@ -554,7 +552,7 @@ static int init_body(CuExec *x, RtErr *e)
 			const DpInstr *in = &s->prog[p][i];
 			if (in->stream >= DP_NSTREAM)
 				return RT_FAIL(e, "step file: %s program instruction %u: bad stream %u",
-					       prog_names[p], i, in->stream);
+					       dp_prog_names[p], i, in->stream);
 			if (cpu_is_compute(in->op)) {
 				RT_CHECK(cpu_check(s, in, e));
 				RT_CHECK(check_gpu(s, in, e));
@@ -677,7 +675,7 @@ static void pending_text(CuExec *x, int kind, char *buf, size_t len)
 						 "program instruction %u, micro-batch %d)",
 						 used ? "; " : "", dp_kernel_names[in->op],
 						 tname(x->s, in->out), (long long)in->ia[0],
-						 stream_names[st], prog_names[m->prog], m->instr, m->micro);
+						 dp_stream_names[st], dp_prog_names[m->prog], m->instr, m->micro);
 			break;
 		}
 	}
