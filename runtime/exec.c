@@ -180,6 +180,28 @@ float *exec_f32(const Exec *x, int tensor)
 	return x->ptr[tensor];
 }
 
+int64_t exec_tensor_bytes(const DpStep *s, int tensor)
+{
+	const DpTensor *t = &s->tensors[tensor];
+	return exec_numel(t) * (int64_t)dp_dtype_size(t->dtype);
+}
+
+int exec_tensor_read(Exec *x, int tensor, void *host, RtErr *e)
+{
+	if (tensor < 0 || (uint32_t)tensor >= x->s->ntensors || !x->ptr[tensor])
+		return RT_FAIL(e, "tensor %d has no storage to read", tensor);
+	memcpy(host, x->ptr[tensor], (size_t)exec_tensor_bytes(x->s, tensor));
+	return 0;
+}
+
+int exec_tensor_write(Exec *x, int tensor, const void *host, RtErr *e)
+{
+	if (tensor < 0 || (uint32_t)tensor >= x->s->ntensors || !x->ptr[tensor])
+		return RT_FAIL(e, "tensor %d has no storage to write", tensor);
+	memcpy(x->ptr[tensor], host, (size_t)exec_tensor_bytes(x->s, tensor));
+	return 0;
+}
+
 void exec_zero_metrics(Exec *x)
 {
 	for (uint32_t i = 0; i < x->s->ntensors; i++)

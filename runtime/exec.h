@@ -87,6 +87,14 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e);
  * last != 0 (only the step program has them: pass 1 for the others). SHARD
  * copies block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
+/* Copy a whole tensor (nbytes of its dtype's elements) out of / into the
+ * executor's memory, after the work issued so far. The only way code outside
+ * the executor and its backends touches tensor data (checkpoints, metrics,
+ * gradcheck), so it works whatever memory the backend computes in. */
+int exec_tensor_read(Exec *x, int tensor, void *host, RtErr *e);
+int exec_tensor_write(Exec *x, int tensor, const void *host, RtErr *e);
+/* Bytes of a tensor's elements (numel * dtype size; not its padded nbytes). */
+int64_t exec_tensor_bytes(const DpStep *s, int tensor);
 /* Zero every DP_T_METRIC tensor. */
 void exec_zero_metrics(Exec *x);
 /* f32 view of a tensor, NULL for -1 or a tensor without storage. */
