@@ -31,7 +31,8 @@ GEN_LEXER  := $(BUILD)/gen/lexer.c
 
 COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
                 $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
-RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o
+RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
+                $(BUILD)/ir/stepfile_check.o
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
@@ -55,7 +56,7 @@ $(BUILD)/compiler/%.o: compiler/%.c $(BUILD)/gen/parser.h $(BUILD)/gen/lexer.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen -c $< -o $@
 
-$(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h
+$(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h ir/ops.def
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -c $< -o $@
 

@@ -415,6 +415,66 @@ void lower_config(Lower *L)
 	}
 }
 
+/* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
+ * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
+int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+	       DpDtype *dt, int *ndim, int64_t *dims)
+{
+	if (strcmp(t->dtype, "f32") == 0)
+		*dt = DP_F32;
+	else if (strcmp(t->dtype, "i32") == 0 && is_data)
+		*dt = DP_I32;
+	else {
+		ERR(t->loc, "unsupported dtype '%s' for %s '%s' (use %s)", t->dtype, what, name,
+		    is_data ? "f32 or i32" : "f32");
+		return -1;
+	}
+	if (!t->bracketed) {
+		ERR(t->loc, "%s '%s' needs a shape, like %s", what, name,
+		    is_data ? "f32[batch, 784]" : "f32[784, 256]");
+		return -1;
+	}
+	if (t->ndims > DP_MAX_DIMS) {
+		ERR(t->loc, "%s '%s' has %d dimensions (at most %d)", what, name, t->ndims,
+		    DP_MAX_DIMS);
+		return -1;
+	}
+	int rc = 0, i = 0;
+	int64_t numel = 1;
+	for (const Expr *e = t->dims; e; e = e->next, i++) {
+		AstVal val;
+		const AstVal *v = &val;
+		dims[i] = 0;
+		if (eval_value(L, e, &val)) {
+			rc = -1;
+			continue;
+		}
+		int is_batch = v->kind == V_IDENT && strcmp(v->s, "batch") == 0;
+		if (is_data && i == 0) {
+			if (!is_batch) {
+				ERR(v->loc, "the first dimension of data '%s' must be 'batch'", name);
+				rc = -1;
+			}
+			continue;
+		}
+		if (is_batch) {
+			ERR(v->loc, "'batch' can only be the first dimension of a data declaration");
+			rc = -1;
+		} else if (v->kind == V_IDENT) {
+			ERR(v->loc, "unknown constant '%s' (a dimension must be a number)", v->s);
+			rc = -1;
+		} else if (want_int(L, v, "a dimension", 1, MAX_ELEMS, &dims[i])) {
+			rc = -1;
+		} else if (__builtin_mul_overflow(numel, dims[i], &numel) || numel > MAX_ELEMS) {
+			ERR(v->loc, "%s '%s' is too large (more than 2^40 elements)", what, name);
+			return -1;
+		}
+	}
+	*ndim = t->ndims;
+	return rc;
+}
+
+
 int fe_parse_define(const char *arg, FeDefine *out)
 {
 	const char *eq = strchr(arg, '=');

@@ -31,220 +31,13 @@
 
 #include "lower.h"
 
-#define MAX_ELEMS ((int64_t)1 << 40) /* elements of one tensor */
 #define MAX_AXIS (1 << 15)           /* size of one mesh axis (4 axes: the product fits int64) */
 #define MAX_WORLD (1 << 24)          /* ranks */
 #define MAX_FILE_BYTES (64u << 20)   /* source files larger than this are refused */
 
-/* Sections are checked in dependency order; their errors are collected and
- * reported sorted by position, so the user reads them top to bottom. */
-struct Pending {
-	Loc loc;
-	int seq;
-	char *msg;
-};
-
-/* ---- small helpers ---- */
-
-Loc lower_gloc(Lower *L, Loc l)
-{
-	l.file = L->g->file; /* graph Locs must outlive the tree and the caller's path */
-	return l;
-}
-
-void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem)
-{
-	if (need <= *cap)
-		return arr;
-	int nc = *cap ? *cap * 2 : 16;
-	void *na = ast_alloc(L->ps, (size_t)nc * elem);
-	if (arr)
-		memcpy(na, arr, (size_t)*cap * elem);
-	*cap = nc;
-	return na;
-}
-
-void lerr(Lower *L, Loc loc, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	char *msg = ast_alloc(L->ps, (size_t)n + 1);
-	va_start(ap, fmt);
-	vsnprintf(msg, (size_t)n + 1, fmt, ap);
-	va_end(ap);
-	L->errs = lower_grow(L, L->errs, &L->caperrs, L->nerrs + 1, sizeof(Pending));
-	L->errs[L->nerrs] = (Pending){loc, L->nerrs, msg};
-	L->nerrs++;
-}
-
-static int pending_cmp(const void *a, const void *b)
-{
-	const Pending *x = a, *y = b;
-	if (x->loc.line != y->loc.line)
-		return x->loc.line < y->loc.line ? -1 : 1;
-	if (x->loc.col != y->loc.col)
-		return x->loc.col < y->loc.col ? -1 : 1;
-	return x->seq < y->seq ? -1 : x->seq > y->seq;
-}
-
-/* ---- hash maps ---- */
-
-static uint64_t hash_str(const char *s)
-{
-	uint64_t h = 1469598103934665603ull; /* FNV-1a */
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
-}
-
-int *map_get(const NameMap *m, const char *key)
-{
-	if (!m->cap)
-		return NULL;
-	for (size_t i = hash_str(key) & (size_t)(m->cap - 1);; i = (i + 1) & (size_t)(m->cap - 1)) {
-		if (!m->slots[i].key)
-			return NULL;
-		if (strcmp(m->slots[i].key, key) == 0)
-			return &m->slots[i].val;
-	}
-}
-
-void map_put(Lower *L, NameMap *m, const char *key, int val)
-{
-	int *v = map_get(m, key);
-	if (v) {
-		*v = val;
-		return;
-	}
-	if (2 * (m->n + 1) > m->cap) { /* at most half full: probes stay short */
-		NameMap nm = {NULL, m->cap ? 2 * m->cap : 64, 0};
-		nm.slots = ast_alloc(L->ps, sizeof(MapSlot) * (size_t)nm.cap);
-		for (int i = 0; i < m->cap; i++)
-			if (m->slots[i].key)
-				map_put(L, &nm, m->slots[i].key, m->slots[i].val);
-		*m = nm;
-	}
-	size_t i = hash_str(key) & (size_t)(m->cap - 1);
-	while (m->slots[i].key)
-		i = (i + 1) & (size_t)(m->cap - 1);
-	m->slots[i] = (MapSlot){key, val};
-	m->n++;
-}
-
-Sym *lower_find_sym(Lower *L, const char *name)
-{
-	int *i = map_get(&L->symmap, name);
-	return i ? &L->syms[*i] : NULL;
-}
-
-void lower_add_sym(Lower *L, const char *name, int value, int is_data)
-{
-	L->syms = lower_grow(L, L->syms, &L->capsyms, L->nsyms + 1, sizeof(Sym));
-	L->syms[L->nsyms] = (Sym){name, value, is_data};
-	map_put(L, &L->symmap, name, L->nsyms++);
-}
-
-Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
-		   DpTensorKind kind, Loc loc)
-{
-	Value *v = ir_value(L->g, name, dt, ndim, dims, kind, loc);
-	map_put(L, &L->values, v->name, v->id);
-	return v;
-}
-
-const char *lower_fresh_name(Lower *L, const char *stem)
-{
-	if (!map_get(&L->values, stem) && !map_get(&L->targets, stem))
-		return ir_strdup(L->g, stem);
-	for (int i = 1;; i++) {
-		const char *s = ir_fmt(L->g, "%s%d", stem, i);
-		if (!map_get(&L->values, s) && !map_get(&L->targets, s))
-			return s;
-	}
-}
-
 static int later(Loc a, Loc b)
 {
 	return a.line > b.line || (a.line == b.line && a.col > b.col);
-}
-
-/* ---- values: numbers, keyword arguments ---- */
-
-int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out)
-{
-	if (v->kind != V_INT) {
-		ERR(v->loc, "%s must be an integer", what);
-		return -1;
-	}
-	if (v->i < lo) {
-		if (lo == 1)
-			ERR(v->loc, "%s must be a positive integer, got %lld", what, (long long)v->i);
-		else
-			ERR(v->loc, "%s must be at least %lld, got %lld", what, (long long)lo,
-			    (long long)v->i);
-		return -1;
-	}
-	if (v->i > hi) {
-		ERR(v->loc, "%s is too large (at most %lld)", what, (long long)hi);
-		return -1;
-	}
-	*out = v->i;
-	return 0;
-}
-
-/* A number that fits a finite f32. */
-int want_float(Lower *L, const AstVal *v, const char *what, float *out)
-{
-	double x;
-	if (v->kind == V_INT)
-		x = (double)v->i;
-	else if (v->kind == V_FLOAT)
-		x = v->f;
-	else {
-		ERR(v->loc, "%s must be a number", what);
-		return -1;
-	}
-	if (!isfinite((float)x)) {
-		ERR(v->loc, "%s is out of range for f32", what);
-		return -1;
-	}
-	*out = (float)x;
-	return 0;
-}
-
-/* Match the keyword arguments of a call against keys; found[i] gets the
- * argument for keys[i] or NULL. V_IDENT (no parentheses) has none. */
-int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
-	       const Arg **found)
-{
-	int rc = 0;
-	for (int i = 0; i < nkeys; i++)
-		found[i] = NULL;
-	if (call->kind != V_CALL)
-		return 0;
-	for (const Arg *a = call->args; a; a = a->next) {
-		if (!a->key) {
-			ERR(a->val.loc, "arguments of '%s' must be named, like %s=...", call->s,
-			    nkeys ? keys[0] : "name");
-			rc = -1;
-			continue;
-		}
-		int k = 0;
-		while (k < nkeys && strcmp(keys[k], a->key) != 0)
-			k++;
-		if (k == nkeys) {
-			ERR(a->key_loc, "unknown argument '%s' for '%s'", a->key, call->s);
-			rc = -1;
-		} else if (found[k]) {
-			ERR(a->key_loc, "duplicate argument '%s'", a->key);
-			rc = -1;
-		} else {
-			found[k] = a;
-		}
-	}
-	return rc;
 }
 
 /* A V_IDENT or V_CALL naming a spec (optimizer, schedule, source, init). */
@@ -392,20 +185,6 @@ static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
 #define MAX_MB (1 << 20) /* bucket_mb and gather_limit_mb: 1 TiB */
 
-int lower_strategy_word(Lower *L, const AstVal *v)
-{
-	if (v->kind != V_IDENT) {
-		ERR(v->loc, "expected a strategy name (ddp, zero1, zero2, full_shard, hybrid_shard)");
-		return -1;
-	}
-	for (int i = 0; i < DP_NSTRAT; i++)
-		if (strcmp(dp_strategy_names[i], v->s) == 0)
-			return i;
-	ERR(v->loc, "unknown strategy '%s' (strategies: ddp, zero1, zero2, full_shard, hybrid_shard)",
-	    v->s);
-	return -1;
-}
-
 /* A strategy name (dp_strategy_names) into g->strategy and cfg.strategy.
  * Whether the mesh suits it is checked with the mesh (lower_train). */
 static void lower_strategy(Lower *L, const AstVal *v)
@@ -415,16 +194,6 @@ static void lower_strategy(Lower *L, const AstVal *v)
 		return;
 	snprintf(L->g->strategy, sizeof L->g->strategy, "%s", dp_strategy_names[s]);
 	L->g->cfg.strategy = (uint32_t)s;
-}
-
-int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
-{
-	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)
-		return 0;
-	if (v->kind == V_IDENT && strcmp(v->s, b) == 0)
-		return 1;
-	ERR(v->loc, "%s must be %s or %s", what, a, b);
-	return -1;
 }
 
 /* The settings of the sharded strategies. They are accepted with every
@@ -695,65 +464,6 @@ static void lower_train(Lower *L)
 
 /* ---- types, data sources, initialisers ---- */
 
-/* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
- * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
-int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
-	       DpDtype *dt, int *ndim, int64_t *dims)
-{
-	if (strcmp(t->dtype, "f32") == 0)
-		*dt = DP_F32;
-	else if (strcmp(t->dtype, "i32") == 0 && is_data)
-		*dt = DP_I32;
-	else {
-		ERR(t->loc, "unsupported dtype '%s' for %s '%s' (use %s)", t->dtype, what, name,
-		    is_data ? "f32 or i32" : "f32");
-		return -1;
-	}
-	if (!t->bracketed) {
-		ERR(t->loc, "%s '%s' needs a shape, like %s", what, name,
-		    is_data ? "f32[batch, 784]" : "f32[784, 256]");
-		return -1;
-	}
-	if (t->ndims > DP_MAX_DIMS) {
-		ERR(t->loc, "%s '%s' has %d dimensions (at most %d)", what, name, t->ndims,
-		    DP_MAX_DIMS);
-		return -1;
-	}
-	int rc = 0, i = 0;
-	int64_t numel = 1;
-	for (const Expr *e = t->dims; e; e = e->next, i++) {
-		AstVal val;
-		const AstVal *v = &val;
-		dims[i] = 0;
-		if (eval_value(L, e, &val)) {
-			rc = -1;
-			continue;
-		}
-		int is_batch = v->kind == V_IDENT && strcmp(v->s, "batch") == 0;
-		if (is_data && i == 0) {
-			if (!is_batch) {
-				ERR(v->loc, "the first dimension of data '%s' must be 'batch'", name);
-				rc = -1;
-			}
-			continue;
-		}
-		if (is_batch) {
-			ERR(v->loc, "'batch' can only be the first dimension of a data declaration");
-			rc = -1;
-		} else if (v->kind == V_IDENT) {
-			ERR(v->loc, "unknown constant '%s' (a dimension must be a number)", v->s);
-			rc = -1;
-		} else if (want_int(L, v, "a dimension", 1, MAX_ELEMS, &dims[i])) {
-			rc = -1;
-		} else if (__builtin_mul_overflow(numel, dims[i], &numel) || numel > MAX_ELEMS) {
-			ERR(v->loc, "%s '%s' is too large (more than 2^40 elements)", what, name);
-			return -1;
-		}
-	}
-	*ndim = t->ndims;
-	return rc;
-}
-
 /* Fill s->rec.kind, synth_n/classes, shift and s->path from the source
  * expression e of data `name`, declared dt with nd dims. */
 static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, int nd,
@@ -1010,20 +720,7 @@ Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 		lower_model(L);
 	if (L->nerrs == 0)
 		return L->g;
-	qsort(L->errs, (size_t)L->nerrs, sizeof(Pending), pending_cmp);
-	int first_here = 0; /* the first message at this position */
-	for (int i = 0; i < L->nerrs; i++) {
-		const Pending *e = &L->errs[i];
-		if (e->loc.line != L->errs[first_here].loc.line ||
-		    e->loc.col != L->errs[first_here].loc.col)
-			first_here = i;
-		/* a repeat body lowers its statements N times: say each thing once */
-		int dup = 0;
-		for (int j = i - 64 > first_here ? i - 64 : first_here; j < i && !dup; j++)
-			dup = strcmp(L->errs[j].msg, e->msg) == 0;
-		if (!dup)
-			error_at(L->d, e->loc, "%s", e->msg);
-	}
+	lower_report(L);
 	ir_free(L->g);
 	return NULL;
 }

@@ -1,7 +1,9 @@
 /*
  * lower.h - the lowering context shared by the front end's semantic files:
- * lower.c (sections, settings, data), consts.c (constant expressions and the
- * config section) and model.c (the model section: blocks, repeat, ops).
+ * lower.c (sections, settings, data; the driver), consts.c (constant
+ * expressions, the config section, declared types), model.c (the model
+ * section: blocks, repeat, ops) and scope.c (errors, names, values, setting
+ * checks). Dependencies go one way: lower.c -> model.c -> consts.c -> scope.c.
  *
  * Internal to compiler/; nothing outside the front end includes it.
  */
@@ -44,6 +46,7 @@ typedef struct {
 } Const;
 
 #define MAX_REPEAT_NEST 8 /* repeat inside repeat */
+#define MAX_ELEMS ((int64_t)1 << 40) /* elements of one tensor */
 
 typedef struct Pending Pending;
 
@@ -83,7 +86,7 @@ typedef struct {
 void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define ERR(loc, ...) lerr(L, (loc), __VA_ARGS__)
 
-/* ---- lower.c: helpers shared by the files ---- */
+/* ---- scope.c: helpers shared by the files (the bottom layer) ---- */
 
 Loc lower_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
 void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
@@ -105,8 +108,8 @@ int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const 
 int lower_strategy_word(Lower *L, const AstVal *v);
 int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
 	       const Arg **found);
-int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
-	       DpDtype *dt, int *ndim, int64_t *dims);
+/* Report the collected errors through L->d, sorted by position. */
+void lower_report(Lower *L);
 
 /* ---- consts.c: constant expressions and the config section ---- */
 
@@ -120,6 +123,10 @@ int eval_value(Lower *L, const Expr *e, AstVal *out);
 /* Is name a config constant or a repeat variable in scope? */
 int is_constant(Lower *L, const char *name);
 void lower_config(Lower *L);
+/* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
+ * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
+int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+	       DpDtype *dt, int *ndim, int64_t *dims);
 
 /* ---- model.c ---- */
 

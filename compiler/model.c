@@ -37,73 +37,6 @@
 
 #define MAX_REPEAT (1 << 16)        /* count of one repeat */
 #define MAX_UNROLLED ((int64_t)1 << 20) /* statements instantiated by repeat in all */
-#define MAX_ELEMS ((int64_t)1 << 40)
-
-/* ---- the op table ---- */
-
-enum { K_BOOL, K_INT, K_FLOAT };
-
-/* A keyword argument of an op: its node attribute ia[slot] (K_BOOL, K_INT)
- * or fa[slot] (K_FLOAT). */
-typedef struct {
-	const char *name;
-	int kind;
-	int slot;
-	int required;
-	double def; /* K_FLOAT: the default (written when not given) */
-	int64_t min;  /* K_INT: the least value; K_FLOAT: must be > min */
-} OpKey;
-
-typedef struct {
-	const char *name;
-	IrOp op;
-	int min_in, max_in; /* tensor operands */
-	int ids_at;         /* the operand that is i32 (ids, labels), or -1 */
-	const OpKey *keys;  /* NULL-terminated, or NULL */
-	int dims;           /* reshape: positional dims follow the tensor */
-} OpSpec;
-
-static const OpKey eps_keys[] = {{"eps", K_FLOAT, 0, 0, 1e-5, 0}, {NULL, 0, 0, 0, 0, 0}};
-static const OpKey heads_keys[] = {{"heads", K_INT, 0, 1, 0, 1}, {NULL, 0, 0, 0, 0, 0}};
-static const OpKey matmul_keys[] = {
-	{"transpose_a", K_BOOL, 0, 0, 0, 0},
-	{"transpose_b", K_BOOL, 1, 0, 0, 0},
-	{NULL, 0, 0, 0, 0, 0},
-};
-static const OpKey split_keys[] = {
-	{"parts", K_INT, 0, 1, 0, 1},
-	{"index", K_INT, 1, 1, 0, 0},
-	{NULL, 0, 0, 0, 0, 0},
-};
-
-static const OpSpec ops[] = {
-	{"linear", DPK_LINEAR, 2, 3, -1, NULL, 0},
-	{"matmul", DPK_MATMUL, 2, 2, -1, matmul_keys, 0},
-	{"add", DPK_ADD, 2, 2, -1, NULL, 0},
-	{"mul", DPK_MUL, 2, 2, -1, NULL, 0},
-	{"relu", DPK_RELU, 1, 1, -1, NULL, 0},
-	{"gelu", DPK_GELU, 1, 1, -1, NULL, 0},
-	{"tanh", DPK_TANH, 1, 1, -1, NULL, 0},
-	{"silu", DPK_SILU, 1, 1, -1, NULL, 0},
-	{"softmax", DPK_SOFTMAX, 1, 1, -1, NULL, 0},
-	{"embedding", DPK_EMBEDDING, 2, 2, 0, NULL, 0},
-	{"layernorm", DPK_LAYERNORM, 3, 3, -1, eps_keys, 0},
-	{"rmsnorm", DPK_RMSNORM, 2, 2, -1, eps_keys, 0},
-	{"attention", DPK_ATTENTION, 1, 1, -1, heads_keys, 0},
-	{"rope", DPK_ROPE, 3, 3, -1, NULL, 0},
-	{"transpose", DPK_TRANSPOSE, 1, 1, -1, NULL, 0},
-	{"reshape", DPK_RESHAPE, 1, 1, -1, NULL, 1},
-	{"split", DPK_SPLIT, 1, 1, -1, split_keys, 0},
-	{"cross_entropy", DPK_XENT, 2, 2, 1, NULL, 0},
-};
-
-static const OpSpec *find_op(const char *name)
-{
-	for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++)
-		if (strcmp(ops[k].name, name) == 0)
-			return &ops[k];
-	return NULL;
-}
 
 /* ---- lookups ---- */
 
@@ -540,28 +473,29 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 	}
 }
 
-/* One keyword argument's value into n->ia / n->fa. */
-static int lower_keyword(Lower *L, const OpKey *k, const Expr *a, Node *n)
+/* One keyword argument's value into n->ia / n->fa (the attribute's DSL rules
+ * in ir/ops.def). */
+static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 {
-	if (k->kind == K_BOOL) {
+	if (k->style == IR_ATTR_FLAG) {
 		int t = a->kind == E_NAME && strcmp(a->name, "true") == 0;
 		if (!t && !(a->kind == E_NAME && strcmp(a->name, "false") == 0)) {
-			ERR(a->loc, "%s must be true or false", k->name);
+			ERR(a->loc, "%s must be true or false", k->key);
 			return -1;
 		}
 		n->ia[k->slot] = t;
 		return 0;
 	}
 	Num v;
-	if (eval_num(L, a, k->name, &v))
+	if (eval_num(L, a, k->key, &v))
 		return -1;
-	if (k->kind == K_INT) {
+	if (k->style != IR_ATTR_FLOAT) {
 		if (v.is_float) {
-			ERR(a->loc, "%s must be an integer, got %g", k->name, v.f);
+			ERR(a->loc, "%s must be an integer, got %g", k->key, v.f);
 			return -1;
 		}
 		if (v.i < k->min || v.i > INT32_MAX) {
-			ERR(a->loc, "%s must be %s %lld, got %lld", k->name,
+			ERR(a->loc, "%s must be %s %lld, got %lld", k->key,
 			    v.i < k->min ? "at least" : "at most",
 			    (long long)(v.i < k->min ? k->min : INT32_MAX), (long long)v.i);
 			return -1;
@@ -571,7 +505,7 @@ static int lower_keyword(Lower *L, const OpKey *k, const Expr *a, Node *n)
 	}
 	double x = v.is_float ? v.f : (double)v.i;
 	if (!(x > (double)k->min) || !(x < 3.4e38)) {
-		ERR(a->loc, "%s must be > %lld and fit f32, got %g", k->name, (long long)k->min, x);
+		ERR(a->loc, "%s must be > %lld and fit f32, got %g", k->key, (long long)k->min, x);
 		return -1;
 	}
 	n->fa[k->slot] = (float)x;
@@ -611,19 +545,29 @@ static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *
 	return rc;
 }
 
+/* The DSL keywords of op (attributes with a key), at most DP_NIATTR + DP_NFATTR. */
+static int op_keys(const OpInfo *op, const OpAttr **keys)
+{
+	int n = 0;
+	for (const OpAttr *a = op->attrs; a->name; a++)
+		if (a->key)
+			keys[n++] = a;
+	return n;
+}
+
 /* The operands of a call of op: positional tensors (lowered into in[],
  * their count into *ntensor), then keywords into attrs->ia/fa (defaults
  * included); reshape's dims too. -1 after errors. */
-static int call_operands(Lower *L, const Expr *e, const OpSpec *op, int block, int *in,
+static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, int *in,
 			 int *ntensor, Node *attrs)
 {
 	Graph *g = L->g;
-	int bad = 0, npos = 0;
+	int bad = 0, npos = 0, dims_after = op->dsl == OP_DSL_DIMS;
 	const Expr *dims = NULL;
 	for (const Expr *a = e->args; a; a = a->next)
 		npos += !a->key;
 	/* tensor operands: every positional one, or reshape's first */
-	*ntensor = op->dims ? (npos > 0) : npos;
+	*ntensor = dims_after ? (npos > 0) : npos;
 	if (*ntensor < op->min_in || *ntensor > op->max_in) {
 		if (op->min_in == op->max_in)
 			ERR(e->loc, "'%s' takes %d argument%s, got %d", e->name, op->min_in,
@@ -644,7 +588,7 @@ static int call_operands(Lower *L, const Expr *e, const OpSpec *op, int block, i
 			bad++;
 			continue;
 		}
-		if (op->dims && i == 1) {
+		if (dims_after && i == 1) {
 			dims = a;
 			break;
 		}
@@ -663,18 +607,17 @@ static int call_operands(Lower *L, const Expr *e, const OpSpec *op, int block, i
 		}
 		i++;
 	}
-	const Expr *given[4] = {NULL};
-	int nkeys = 0;
-	while (op->keys && op->keys[nkeys].name)
-		nkeys++;
+	const OpAttr *keys[DP_NIATTR + DP_NFATTR];
+	const Expr *given[DP_NIATTR + DP_NFATTR] = {NULL};
+	int nkeys = op_keys(op, keys);
 	for (int k = 0; k < nkeys; k++)
-		if (op->keys[k].kind == K_FLOAT)
-			attrs->fa[op->keys[k].slot] = (float)op->keys[k].def;
+		if (keys[k]->style == IR_ATTR_FLOAT)
+			attrs->fa[keys[k]->slot] = keys[k]->def;
 	for (const Expr *a = e->args; a; a = a->next) {
 		if (!a->key)
 			continue;
 		int k = 0;
-		while (k < nkeys && strcmp(op->keys[k].name, a->key) != 0)
+		while (k < nkeys && strcmp(keys[k]->key, a->key) != 0)
 			k++;
 		if (k == nkeys) {
 			if (nkeys == 0)
@@ -682,51 +625,58 @@ static int call_operands(Lower *L, const Expr *e, const OpSpec *op, int block, i
 				    e->name);
 			else if (nkeys == 1)
 				ERR(a->key_loc, "unknown keyword '%s' for '%s' (it takes %s)", a->key,
-				    e->name, op->keys[0].name);
+				    e->name, keys[0]->key);
 			else
 				ERR(a->key_loc, "unknown keyword '%s' for '%s' (it takes %s and %s)",
-				    a->key, e->name, op->keys[0].name, op->keys[1].name);
+				    a->key, e->name, keys[0]->key, keys[1]->key);
 			bad++;
 		} else if (given[k]) {
 			ERR(a->key_loc, "duplicate keyword '%s'", a->key);
 			bad++;
 		} else {
 			given[k] = a;
-			if (lower_keyword(L, &op->keys[k], a, attrs))
+			if (lower_keyword(L, keys[k], a, attrs))
 				bad++;
 		}
 	}
 	for (int k = 0; k < nkeys; k++) {
-		if (op->keys[k].required && !given[k]) {
-			ERR(e->loc, "'%s' needs %s=N", e->name, op->keys[k].name);
+		if (keys[k]->required && !given[k]) {
+			ERR(e->loc, "'%s' needs %s=N", e->name, keys[k]->key);
 			bad++;
 		}
 	}
-	if (op->op == DPK_SPLIT && !bad && attrs->ia[1] >= attrs->ia[0]) {
-		ERR(given[1]->loc, "split index %lld is out of range for %lld parts",
-		    (long long)attrs->ia[1], (long long)attrs->ia[0]);
-		bad++;
+	/* an index below another attribute (split's index < parts) */
+	for (int k = 0; k < nkeys && !bad; k++) {
+		const OpAttr *lim = keys[k]->below >= 0 ? &op->attrs[keys[k]->below] : NULL;
+		if (lim && given[k] && attrs->ia[keys[k]->slot] >= attrs->ia[lim->slot]) {
+			ERR(given[k]->loc, "%s %s %lld is out of range for %lld %s", e->name,
+			    keys[k]->key, (long long)attrs->ia[keys[k]->slot],
+			    (long long)attrs->ia[lim->slot], lim->key);
+			bad++;
+		}
 	}
-	if (op->dims && npos > 0 && lower_reshape_dims(L, e, dims, attrs))
+	if (dims_after && npos > 0 && lower_reshape_dims(L, e, dims, attrs))
 		bad++;
 	return bad ? -1 : 0;
 }
 
-/* A call of an op (not cross_entropy): a new value named target (a fresh
+/* A call of an op (not the loss): a new value named target (a fresh
  * temporary when NULL) and its node. */
 static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 {
 	Graph *g = L->g;
-	const OpSpec *op = find_op(e->name);
-	if (!op) {
+	int opc = ir_dsl_op(e->name);
+	if (opc < 0) {
 		ERR(e->loc, "unknown op '%s'", e->name);
 		for (const Expr *a = e->args; a; a = a->next)
 			if (!a->key)
 				lower_expr(L, a, block); /* report errors inside it too */
 		return -1;
 	}
-	if (op->op == DPK_XENT) {
-		ERR(e->loc, "cross_entropy must be assigned directly, like loss = cross_entropy(logits, y)");
+	const OpInfo *op = &ir_ops[opc];
+	if (op->dsl == OP_DSL_LOSS) {
+		ERR(e->loc, "%s must be assigned directly, like loss = %s(logits, y)", e->name,
+		    e->name);
 		return -1;
 	}
 	int in[DP_MAX_IN] = {0}, nin;
@@ -735,7 +685,7 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 		return -1;
 	Loc loc = lower_gloc(L, e->loc);
 	Value *v = lower_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
-	Node *n = ir_node(g, op->op, v->id, nin, in, PH_FWD, loc);
+	Node *n = ir_node(g, (IrOp)opc, v->id, nin, in, PH_FWD, loc);
 	memcpy(n->ia, attrs.ia, sizeof n->ia);
 	memcpy(n->fa, attrs.fa, sizeof n->fa);
 	n->progs = IR_IN_STEP | IR_IN_EVAL;
@@ -763,7 +713,7 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	L->loss_loc = e->loc;
 	int in[DP_MAX_IN] = {0}, nin;
 	Node attrs = {0};
-	if (call_operands(L, e, find_op("cross_entropy"), block, in, &nin, &attrs) ||
+	if (call_operands(L, e, &ir_ops[DPK_XENT], block, in, &nin, &attrs) ||
 	    !L->batch_ok)
 		return -1;
 	Loc loc = lower_gloc(L, e->loc);
@@ -835,8 +785,9 @@ static void lower_assign(Lower *L, const Stmt *s, int block)
 		    e->kind == E_NAME ? e->name : "x");
 	else if (e->depth <= AST_MAX_DEPTH) { /* deeper ones were reported by the scanner */
 		const char *name = binding_name(L, s, block, sym == NULL);
-		id = strcmp(e->name, "cross_entropy") == 0 ? lower_loss(L, e, name, block)
-							   : lower_call(L, e, block, name);
+		int op = ir_dsl_op(e->name);
+		id = op >= 0 && ir_ops[op].dsl == OP_DSL_LOSS ? lower_loss(L, e, name, block)
+							       : lower_call(L, e, block, name);
 	}
 	/* the new binding is seen from the next statement on (x = add(x, ...)) */
 	sym = lower_find_sym(L, s->name);

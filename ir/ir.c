@@ -159,6 +159,7 @@ Value *ir_value(Graph *g, const char *name, DpDtype dt, int ndim, const int64_t 
 		v->place[a] = (Place){DP_PL_REPLICATE, -1};
 	v->view_of = v->grad = v->param = v->block = v->source = v->def = -1;
 	v->offset = -1;
+	v->batch_dim = v->seq_dim = -1;
 	v->loc = loc;
 	g->values = grow(g, g->values, &g->capvalues, g->nvalues + 1, sizeof(Value *));
 	g->values[g->nvalues++] = v;
@@ -300,6 +301,14 @@ int ir_add_source(Graph *g, const Source *s)
 	g->sources = grow(g, g->sources, &g->capsources, g->nsources + 1, sizeof(Source));
 	g->sources[g->nsources] = *s;
 	g->sources[g->nsources].path = ir_strdup(g, s->path ? s->path : "");
+	/* data is per sample: dim 0 indexes the samples; a token window's dim 1
+	 * is its sequence */
+	if (s->value >= 0 && s->value < g->nvalues) {
+		Value *v = g->values[s->value];
+		v->batch_dim = 0;
+		if (s->rec.kind == DP_SRC_TOKENS && v->ndim >= 2)
+			v->seq_dim = 1;
+	}
 	return g->nsources++;
 }
 

@@ -14,8 +14,8 @@
  * Dependencies between nodes are therefore computed from what memory they read
  * and write (ir_overlaps), not from SSA edges alone.
  *
- * Ops are the kernel opcodes of stepfile.h: one row per op in the registry
- * (ir/ops.c) gives its name, arity, shape rule, gradient rule and cost.
+ * Ops are the opcodes of stepfile.h: one row per op in ir/ops.def gives its
+ * name, arity, shape, gradient, cost, tp and batch rules (ir_ops, ir/ops.c).
  *
  * Memory. Everything the compiler allocates comes from the graph's pool and is
  * freed at once by ir_free (QBE/chibicc style).
@@ -30,7 +30,7 @@
 
 #include "stepfile.h"
 
-/* ---- source locations and diagnostics (compiler/diag.c) ---- */
+/* ---- source locations and diagnostics (ir/diag.c) ---- */
 
 typedef struct {
 	const char *file; /* NULL when the node was made by a pass with no user origin */
@@ -58,7 +58,7 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 typedef struct Pool Pool;
 
-typedef DpKernel IrOp; /* ops are the kernel opcodes; see DP_KERNELS in stepfile.h */
+typedef DpKernel IrOp; /* ops are the step file's opcodes: ir/ops.def */
 
 /* Phase of a node, for printing and scheduling. */
 typedef enum {
@@ -104,6 +104,11 @@ typedef struct Value {
 	int def;                   /* node that produces it (SSA temporaries), or -1 */
 	int64_t offset;            /* arena byte offset; -1 until memory planning */
 	int64_t nbytes;            /* bytes reserved in the arena (>= numel * size) */
+	int8_t batch_dim;          /* per-sample values: the dim that indexes samples; -1:
+	                              none (parameters, reductions). Data has it at 0; ops
+	                              carry it (ir_batch_rule). Not printed: the shape pass
+	                              derives it. */
+	int8_t seq_dim;            /* token data and what follows it: the sequence dim, or -1 */
 	Loc loc;
 } Value;
 
@@ -250,40 +255,150 @@ extern const char *const ir_src_kind_names[4];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 
-/* ---- the op registry (ir/ops.c) ---- */
+/* ---- the op registry (ir/ops.c, from the rows of ir/ops.def) ---- */
 
-typedef struct GradCtx GradCtx; /* passes/autodiff.c */
+/* How users reach an op in the DSL (the DSL column). */
+typedef enum {
+	OP_DSL_NO,   /* made by passes only */
+	OP_DSL_CALL, /* name(tensors..., key=value...) */
+	OP_DSL_DIMS, /* name(x, d1, d2, ...): positional dims after the tensor (reshape) */
+	OP_DSL_LOSS, /* only as `loss = name(...)` */
+} OpDsl;
+
+/* Does a node read its output (the RO column)? */
+typedef enum {
+	OP_RO_NO,  /* out is only written */
+	OP_RO_YES, /* out is read too (in place: accum, clip, optimizers, all_reduce) */
+	OP_RO_ACC, /* read only when ia[2] != 0 (accumulating kernels) */
+} OpReadsOut;
+
+/* Tensor parallelism (the TP column; passes/tp.c). */
+typedef enum {
+	OP_TP_NO,    /* reading a tp-local (column-split) value is an error */
+	OP_TP_LOCAL, /* tp-local values flow through: each output column block
+	                depends only on the same block of the inputs */
+	OP_TP_HEADS, /* LOCAL, with heads in ia[0]: each rank computes heads / tp */
+} OpTp;
+
+/*
+ * Batch rules (the BATCH column): how the batch dimension of per-sample
+ * values flows through an op, and which uses would mix samples, so that a
+ * program's result would depend on how the global batch is split over ranks
+ * and micro-batches. passes/shape.c applies them to every node it shapes
+ * (the forward); each value's batch_dim/seq_dim follows. See ir_batch_rule.
+ */
+typedef enum {
+	OP_BATCH_NONE,      /* not checked: output has no batch dim (passes' own ops) */
+	OP_BATCH_SAME,      /* out = in0, dim for dim */
+	OP_BATCH_ELEMWISE,  /* same-rank operands must agree on the batch dim; a smaller
+	                       operand broadcast over leading dims must not be per-sample
+	                       nor cover the other's batch dim */
+	OP_BATCH_BIAS,      /* x + b over x's trailing dims: as ELEMWISE's broadcast */
+	OP_BATCH_ROWS,      /* works along the last dim: it must not be the batch dim;
+	                       other operands (gamma, beta) not per-sample */
+	OP_BATCH_LINEAR,    /* x's last dim is contracted: not the batch; w, b not per-sample */
+	OP_BATCH_MATMUL,    /* b not per-sample; a per-sample a not transposed; the DSL
+	                       transposes 2-D operands only */
+	OP_BATCH_EMBED,     /* out takes the ids' batch and sequence dims; table not per-sample */
+	OP_BATCH_SEQ,       /* [B, T, C] mixing along T (attention, rope): batch dim 0 */
+	OP_BATCH_TRANSPOSE, /* the batch dim must not be one of the last two */
+	OP_BATCH_RESHAPE,   /* keeps dim 0 only: the batch must be dim 0 */
+	OP_BATCH_REDUCE,    /* sums over rows (the loss): fine, but the last (class) dim
+	                       must not be the batch; out has no batch dim */
+} OpBatch;
+
+/* The text names of IR attributes. Any non-zero attribute without a name
+ * prints as iaN=V / faN=V. */
+typedef enum {
+	IR_ATTR_FLAG,   /* ia[slot]: bare name when 1, name=V otherwise, absent when 0 */
+	IR_ATTR_INT,    /* ia[slot]: name=V when non-zero */
+	IR_ATTR_ALWAYS, /* ia[slot]: name=V always (event ids, source index: 0 is meaningful) */
+	IR_ATTR_AXES,   /* ia[slot]: axis mask, name=dp_replicate,dp_shard when non-zero */
+	IR_ATTR_FLOAT,  /* fa[slot]: name=V when non-zero */
+} IrAttrStyle;
+
+/* One meaningful attribute of an op: its IR name and, when users write it,
+ * its DSL keyword. */
+typedef struct {
+	const char *name;  /* IR text name; NULL ends an op's list */
+	uint8_t style;     /* IrAttrStyle */
+	uint8_t slot;      /* index into ia[] (fa[] for IR_ATTR_FLOAT) */
+	const char *key;   /* DSL keyword, or NULL: passes set it */
+	uint8_t required;  /* DSL: must be given */
+	float def;         /* DSL float: the value when not given */
+	int64_t min;       /* DSL int: the least value; float: must be > min */
+	int8_t below;      /* DSL int: must be < the attribute at this index of the
+	                      op's list (split's index < parts); -1: no bound */
+} OpAttr;
+
+typedef struct GradCtx GradCtx; /* ir/grad.c */
 
 typedef struct {
-	const char *name;   /* text form */
-	int arity;          /* number of tensor inputs; -1 variable */
-	int reads_out;      /* 0: out is only written; 1: out is read too (accum, in
-	                       place: accum, clip, sgd, adamw, all_reduce, fill no);
-	                       2: read only when ia[2] != 0 (accumulating matmul) */
+	const char *name;   /* text form, step-file name and DSL spelling */
+	uint8_t cls;        /* DpOpClass */
+	uint8_t dsl;        /* OpDsl */
+	int8_t min_in, max_in; /* tensor inputs (nin) */
+	int8_t ids_at;      /* the input that is i32 (ids, labels), or -1 */
+	uint8_t reads_out;  /* OpReadsOut */
 	/* Shape rule: fill out's dtype/ndim/dims from the inputs of n, or report a
 	 * user error through d (at n->loc) and return -1. NULL: the op has no SSA
 	 * output (writes existing state). */
 	int (*shape)(Graph *g, Node *n, Value *out, Diag *d);
-	/* Gradient rule: given the node and the gradient of its output, emit the
-	 * gradient contributions to its inputs (see passes/autodiff.c). NULL: not
-	 * differentiable (autodiff reports an error if a gradient must flow through). */
+	/* Gradient rule: given the forward node and the gradient of its output,
+	 * emit the gradient contributions to its inputs (GradCtx API below),
+	 * typically with grad_op. NULL: not differentiable. */
 	void (*grad)(GradCtx *c, Node *n, int dout);
-	/* Cost: floating-point operations and bytes moved (read + written). */
+	IrOp grad_op;
+	/* Cost: floating-point operations and bytes moved (read + written);
+	 * cost_k flops per element for the per-element rules. */
 	void (*cost)(const Graph *g, const Node *n, double *flops, double *bytes);
+	float cost_k;
+	uint8_t tp;         /* OpTp */
+	uint8_t batch;      /* OpBatch */
+	const OpAttr *attrs; /* meaningful attributes, ended by name == NULL */
 } OpInfo;
 
 extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
 
+/* Does n read its output (reads_out, with ia[2] for OP_RO_ACC)? */
+int ir_reads_out(const Node *n);
+/* The attribute of op named name (IR text), or NULL. */
+const OpAttr *ir_op_attr(IrOp op, const char *name);
+/* The op a DSL call spells name, or -1. */
+int ir_dsl_op(const char *name);
+/* Apply n's batch rule: check that n does not mix samples, and set the
+ * batch_dim/seq_dim of its SSA output. 0, or -1 after reporting a user error
+ * at n->loc through d. */
+int ir_batch_rule(Graph *g, Node *n, Diag *d);
+
+/* ---- the gradient builder (ir/grad.c), used by gradient rules ---- */
+
 /*
- * GradCtx API (passes/autodiff.c) for the gradient rules in ir/ops.c. A rule
- * gets the forward node n and dout, the gradient of n->out (-1 when n->out is
- * the loss itself: the seed, an implicit 1). For each input x it emits x's
- * gradient contribution with one call; inputs that need no gradient (not on a
- * path from a parameter to the loss) are skipped by these helpers (they return
- * NULL), so rules need not check. Several contributions to one value are
- * summed; a parameter's contributions go into its persistent gradient.
- * Emitted nodes are PH_BWD, IR_IN_STEP, with the forward node's block and loc.
+ * A rule gets the forward node n and dout, the gradient of n->out (-1 when
+ * n->out is the loss itself: the seed, an implicit 1). For each input x it
+ * emits x's gradient contribution with one call; inputs that need no gradient
+ * (not on a path from a parameter to the loss) are skipped by these helpers
+ * (they return NULL), so rules need not check. Several contributions to one
+ * value are summed; a parameter's contributions go into its persistent
+ * gradient. Emitted nodes are PH_BWD, IR_IN_STEP, with the forward node's
+ * block and loc. passes/autodiff.c drives it (grad_ctx_new, grad_ctx_set_node).
  */
+struct GradCtx {
+	Graph *g;
+	Diag *d;
+	Node *fwd;            /* forward node whose gradient rule is running */
+	unsigned char *needs; /* per value: on a path param -> loss */
+	int *grad;            /* per value: current gradient value id, or -1 */
+	unsigned char *owned; /* per value: grad[v] is a temporary only v uses */
+	int nvalues;          /* values before autodiff; the arrays cover these */
+	int nerr;             /* user errors reported by rules */
+};
+
+/* Arrays for the first nvalues values, no gradient yet; grad_ctx_free frees them. */
+void grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues);
+void grad_ctx_free(GradCtx *c);
+/* The gradient value of v so far, or -1. */
+int ad_grad_of(GradCtx *c, int value);
 /* Does value need a gradient? */
 int ad_needs(GradCtx *c, int value);
 Value *ad_value(GradCtx *c, int value);
@@ -297,12 +412,13 @@ Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
 Node *ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
 /* g (an existing gradient, e.g. dout) is value's contribution as it is. */
 void ad_pass_grad(GradCtx *c, int value, int g);
-/* Lower level: a new temporary "d.<stem>" with like's dtype and dims; a
- * backward node writing out; add a fresh temporary as value's contribution. */
+/* Lower level: a new temporary "d.<stem>" with like's dtype, dims and batch
+ * dims; a backward node writing out; add a fresh temporary as value's
+ * contribution. */
 int ad_temp(GradCtx *c, const Value *like, const char *stem);
 Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
 void ad_add_grad(GradCtx *c, int value, int contribution);
-/* Report a user error at the forward node's location; ad_run then fails. */
+/* Report a user error at the forward node's location. */
 void ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- printer and reader (ir/print.c, ir/read.c) ---- */
@@ -315,25 +431,6 @@ Graph *ir_read(const char *text, const char *name, Diag *d);
 /* ir_print with the pass name in the header comment ("; dp IR after PASS
  * (file)"); after may be NULL. For dumps after each pass. */
 void ir_print_after(FILE *out, const Graph *g, const char *after);
-
-/* Text names of an op's meaningful ia[]/fa[] attributes (ir/print.c), shared
- * with the reader. Any other non-zero attribute prints as iaN=V / faN=V. */
-typedef enum {
-	IR_ATTR_FLAG,   /* ia[index]: bare name when 1, name=V otherwise, absent when 0 */
-	IR_ATTR_INT,    /* ia[index]: name=V when non-zero */
-	IR_ATTR_ALWAYS, /* ia[index]: name=V always (event ids, source index: 0 is meaningful) */
-	IR_ATTR_AXES,   /* ia[index]: axis mask, name=dp_replicate,dp_shard when non-zero */
-	IR_ATTR_FLOAT,  /* fa[index]: name=V when non-zero */
-} IrAttrStyle;
-
-typedef struct {
-	const char *name; /* NULL ends an op's list */
-	uint8_t style;    /* IrAttrStyle */
-	uint8_t index;    /* into ia[] or fa[] */
-} IrAttrName;
-
-#define IR_MAX_ATTR_NAMES 5 /* per op, the NULL terminator included */
-extern const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES]; /* ORDER KERNEL */
 
 /* ---- verifier (ir/verify.c) ---- */
 

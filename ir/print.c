@@ -33,7 +33,7 @@
  * tensor's size. A node line is `[%out : type [place] [@off] =] op ins attrs`
  * for a new SSA temporary, `%out = op ...` when it writes a declared value,
  * `op ...` when it writes nothing; inputs are `%v` or `_` (-1, an absent
- * optional operand). Then the op's attributes (ir_attr_names), then the phase,
+ * optional operand). Then the op's attributes (ir/ops.def), then the phase,
  * the block name (quoted when it is not a plain word or is one of the words
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
@@ -59,47 +59,6 @@
 #include <string.h>
 
 #include "ir.h"
-
-/* Attribute names of the text form; ORDER KERNEL (designated initialisers). */
-const IrAttrName ir_attr_names[DPK_COUNT][IR_MAX_ATTR_NAMES] = {
-	[DPK_FILL] = {{"value", IR_ATTR_FLOAT, 0}},
-	[DPK_SCALE] = {{"scale", IR_ATTR_FLOAT, 0}},
-	[DPK_MATMUL] = {{"transA", IR_ATTR_FLAG, 0}, {"transB", IR_ATTR_FLAG, 1},
-			{"acc", IR_ATTR_FLAG, 2}},
-	[DPK_BIAS_GRAD] = {{"acc", IR_ATTR_FLAG, 2}},
-	[DPK_XENT] = {{"scale", IR_ATTR_FLOAT, 0}},
-	[DPK_XENT_GRAD] = {{"scale", IR_ATTR_FLOAT, 0}},
-	[DPK_LOAD] = {{"source", IR_ATTR_ALWAYS, 0}},
-	[DPK_SQNORM] = {{"acc", IR_ATTR_FLAG, 2}},
-	[DPK_CLIP] = {{"max_norm", IR_ATTR_FLOAT, 0}},
-	[DPK_SGD] = {{"momentum", IR_ATTR_FLOAT, 0}, {"weight_decay", IR_ATTR_FLOAT, 1}},
-	[DPK_ALL_REDUCE] = {{"axes", IR_ATTR_AXES, 0}},
-	[DPK_REDUCE_SCATTER] = {{"axes", IR_ATTR_AXES, 0}},
-	[DPK_ALL_GATHER] = {{"axes", IR_ATTR_AXES, 0}},
-	[DPK_EVENT_RECORD] = {{"ev", IR_ATTR_ALWAYS, 0}},
-	[DPK_EVENT_WAIT] = {{"ev", IR_ATTR_ALWAYS, 0}},
-	[DPK_SHARD] = {{"axes", IR_ATTR_AXES, 0}, {"dim", IR_ATTR_INT, 1}},
-	[DPK_EMBEDDING_GRAD] = {{"acc", IR_ATTR_FLAG, 2}},
-	[DPK_LAYERNORM] = {{"eps", IR_ATTR_FLOAT, 0}},
-	[DPK_LAYERNORM_GRAD] = {{"eps", IR_ATTR_FLOAT, 0}},
-	[DPK_LAYERNORM_GRAD_G] = {{"eps", IR_ATTR_FLOAT, 0}, {"acc", IR_ATTR_FLAG, 2}},
-	[DPK_RMSNORM] = {{"eps", IR_ATTR_FLOAT, 0}},
-	[DPK_RMSNORM_GRAD] = {{"eps", IR_ATTR_FLOAT, 0}},
-	[DPK_RMSNORM_GRAD_G] = {{"eps", IR_ATTR_FLOAT, 0}, {"acc", IR_ATTR_FLAG, 2}},
-	[DPK_ATTENTION] = {{"heads", IR_ATTR_INT, 0}},
-	[DPK_ATTENTION_GRAD] = {{"heads", IR_ATTR_INT, 0}},
-	[DPK_ROPE] = {{"inverse", IR_ATTR_FLAG, 0}},
-	/* reshape: dims 1.. of the result, and how many were given */
-	[DPK_RESHAPE] = {{"d1", IR_ATTR_INT, 0}, {"d2", IR_ATTR_INT, 1}, {"d3", IR_ATTR_INT, 2},
-			 {"ndims", IR_ATTR_INT, 4}},
-	[DPK_SPLIT] = {{"parts", IR_ATTR_INT, 0}, {"index", IR_ATTR_ALWAYS, 1}},
-	[DPK_SPLIT_GRAD] = {{"parts", IR_ATTR_INT, 0}, {"index", IR_ATTR_ALWAYS, 1}},
-	[DPK_TP_COPY] = {{"axes", IR_ATTR_AXES, 0}},
-	[DPK_TP_REDUCE] = {{"axes", IR_ATTR_AXES, 0}},
-	[DPK_INTERLEAVE] = {{"parts", IR_ATTR_INT, 0}, {"dim", IR_ATTR_INT, 1}},
-};
-
-
 
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -564,7 +523,7 @@ static int cost_safe(const Graph *g, const Node *n)
 	const OpInfo *oi = &ir_ops[n->op];
 	if (!oi->cost || n->nin < 0 || n->nin > DP_MAX_IN)
 		return 0;
-	if (oi->name && oi->arity >= 0 && n->nin != oi->arity)
+	if (n->nin < oi->min_in || n->nin > oi->max_in)
 		return 0;
 	for (int i = 0; i < n->nin; i++) {
 		if (n->in[i] == -1)
@@ -604,20 +563,18 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 static void op_attrs(Buf *b, const Node *n)
 {
 	unsigned named_i = 0, named_f = 0; /* attribute slots printed by name */
-	const IrAttrName *an = ir_attr_names[n->op];
-	for (int k = 0; k < IR_MAX_ATTR_NAMES && an[k].name; k++) {
-		const IrAttrName *a = &an[k];
+	for (const OpAttr *a = ir_ops[n->op].attrs; a->name; a++) {
 		if (a->style == IR_ATTR_FLOAT) {
-			named_f |= 1u << a->index;
-			float f = n->fa[a->index];
+			named_f |= 1u << a->slot;
+			float f = n->fa[a->slot];
 			if (f != 0 || signbit(f) || isnan(f)) {
 				bprintf(b, " %s=", a->name);
 				put_float(b, f);
 			}
 			continue;
 		}
-		named_i |= 1u << a->index;
-		int64_t x = n->ia[a->index];
+		named_i |= 1u << a->slot;
+		int64_t x = n->ia[a->slot];
 		if (x == 0 && a->style != IR_ATTR_ALWAYS)
 			continue;
 		if (a->style == IR_ATTR_FLAG && x == 1)

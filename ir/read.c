@@ -1051,15 +1051,6 @@ static int parse_decl(Reader *r, Value *v)
 
 /* ---- nodes ---- */
 
-/* The op's named attribute called name, or NULL. */
-static const IrAttrName *op_attr(IrOp op, const char *name)
-{
-	for (int k = 0; k < IR_MAX_ATTR_NAMES && ir_attr_names[op][k].name; k++)
-		if (strcmp(ir_attr_names[op][k].name, name) == 0)
-			return &ir_attr_names[op][k];
-	return NULL;
-}
-
 /* iaN / faN: the index, or -1. */
 static int generic_attr(const char *key, const char *prefix, int n)
 {
@@ -1077,7 +1068,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 		if (t->kind != TK_WORD)
 			return fail_tok(r, t, "expected an attribute");
 		int has_value = is_punct(peek(r), "=");
-		const IrAttrName *an = op_attr(n->op, t->text);
+		const OpAttr *an = ir_op_attr(n->op, t->text);
 		int ph = lookup(ir_phase_names, NELEMS(ir_phase_names), t->text);
 		if (!has_value && ph >= 0 && !have_phase) {
 			n->phase = (Phase)ph;
@@ -1086,7 +1077,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			const Tok *b = peek(r);
 			if (b->kind == TK_STRING ||
 			    (b->kind == TK_WORD && !is_punct(peek2(r), "=") &&
-			     lookup(reserved, NELEMS(reserved), b->text) < 0 && !op_attr(n->op, b->text))) {
+			     lookup(reserved, NELEMS(reserved), b->text) < 0 && !ir_op_attr(n->op, b->text))) {
 				if (parse_block_ref(r, &n->block) < 0)
 					return -1;
 			}
@@ -1102,7 +1093,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
 			} else if (an && an->style == IR_ATTR_FLAG) {
-				n->ia[an->index] = 1;
+				n->ia[an->slot] = 1;
 			} else {
 				return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
 					       dp_kernel_names[n->op]);
@@ -1113,11 +1104,11 @@ static int parse_node_attrs(Reader *r, Node *n)
 		const Tok *val = peek(r);
 		int rc = 0, gi;
 		if (an && an->style == IR_ATTR_FLOAT) {
-			rc = parse_float(r, next(r), &n->fa[an->index]);
+			rc = parse_float(r, next(r), &n->fa[an->slot]);
 		} else if (an && an->style == IR_ATTR_AXES) {
-			rc = parse_axes(r, &n->ia[an->index]);
+			rc = parse_axes(r, &n->ia[an->slot]);
 		} else if (an) {
-			rc = parse_i64(r, next(r), &n->ia[an->index]);
+			rc = parse_i64(r, next(r), &n->ia[an->slot]);
 		} else if ((gi = generic_attr(t->text, "ia", DP_NIATTR)) >= 0) {
 			rc = parse_i64(r, next(r), &n->ia[gi]);
 		} else if ((gi = generic_attr(t->text, "fa", DP_NFATTR)) >= 0) {

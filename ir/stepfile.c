@@ -42,10 +42,21 @@
 
 #include "stepfile.h"
 
+/* The shared columns of ir/ops.def: name, executor class, operand rule. */
 const char *const dp_kernel_names[DPK_COUNT] = {
-#define X(name, text) text,
-	DP_KERNELS(X)
-#undef X
+#define OP(id, name, ...) name,
+#include "ops.def"
+#undef OP
+};
+const unsigned char dp_op_classes[DPK_COUNT] = {
+#define OP(id, name, cls, ...) DP_OPC_##cls,
+#include "ops.def"
+#undef OP
+};
+const unsigned char dp_op_rules[DPK_COUNT] = {
+#define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_OR_##rule,
+#include "ops.def"
+#undef OP
 };
 const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
 const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
@@ -585,7 +596,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		break;
 	default:
-		break;
+		return dpstep_check_operands(s, in, what, err, errlen);
 	}
 	return 0;
 }

@@ -132,117 +132,69 @@ typedef enum {
 #define DP_IF_LAST 1u /* run only on the last micro-batch of the optimizer step */
 
 /*
- * Kernel opcodes. X(name, "text"). Operands: in[] and out are tensor ids
- * (-1 when unused); shapes come from the tensor table. ia[]/fa[] as commented.
- * ORDER KERNEL: runtime kernel tables follow this order.
+ * Opcodes: one row per op in ir/ops.def, the only place an op is named, with
+ * the meaning of its operands and attributes. ORDER KERNEL: tables indexed by
+ * opcode follow it.
  */
-#define DP_KERNELS(X)                                                                     \
-	X(NOP, "nop")                     /* nothing */                                       \
-	X(FILL, "fill")                   /* out[:] = fa0 */                                  \
-	X(COPY, "copy")                   /* out = in0 */                                     \
-	X(ACCUM, "accum")                 /* out += in0 */                                    \
-	X(SCALE, "scale")                 /* out = fa0 * in0 */                               \
-	X(MATMUL, "matmul")               /* out = op(in0) @ op(in1) (+ out if ia2);         \
-	                                     ia0 = transpose in0, ia1 = transpose in1;         \
-	                                     2-D operands, leading dims folded into rows */    \
-	X(LINEAR, "linear")               /* out = in0 @ in1 + in2; in0 [rows,k], in1 [k,n],  \
-	                                     in2 [n] bias (-1: none) */                        \
-	X(BIAS_ADD, "bias_add")           /* out[r,c] = in0[r,c] + in1[c], c over in1's      \
-	                                     elements (in1 = in0's trailing dims) */          \
-	X(BIAS_GRAD, "bias_grad")         /* out[c] = sum_r in0[r,c] (+ out if ia2), c over \
-	                                     out's elements */                                \
-	X(ADD, "add")                     /* out = in0 + in1 */                               \
-	X(MUL, "mul")                     /* out = in0 * in1 */                               \
-	X(RELU, "relu")                   /* out = max(in0, 0) */                             \
-	X(RELU_GRAD, "relu_grad")         /* out = in0 * (in1 > 0); in0 = dy, in1 = x */      \
-	X(GELU, "gelu")                   /* out = gelu(in0), tanh form */                    \
-	X(GELU_GRAD, "gelu_grad")         /* out = in0 * gelu'(in1); in0 = dy, in1 = x */     \
-	X(TANH, "tanh")                   /* out = tanh(in0) */                               \
-	X(TANH_GRAD, "tanh_grad")         /* out = in0 * (1 - in1^2); in0 = dy, in1 = y */    \
-	X(XENT, "cross_entropy")          /* out[0] = fa0 * sum_r -log softmax(in0[r])[in1[r]] \
-	                                     over rows with label >= 0 */                      \
-	X(XENT_GRAD, "cross_entropy_grad") /* out = fa0 * (softmax(in0) - onehot(in1)),       \
-	                                     rows with label < 0 are 0 */                      \
-	X(CORRECT, "correct")             /* out[0] = #rows argmax(in0[r]) == in1[r];         \
-	                                     out[1] = #rows with label >= 0 */                 \
-	X(LOAD, "load")                   /* fill data tensor out from source ia0 for the    \
-	                                     current micro-batch (train) or batch (eval) */    \
-	X(SQNORM, "sqnorm")               /* out[0] = w * sum in0^2 (+ out[0] if ia2);        \
-	                                     w = fa0, 0 meaning 1 (tp: replicated grads 1/tp) */\
-	X(SQRT, "sqrt")                   /* out[0] = sqrt(in0[0]) */                          \
-	X(CLIP, "clip")                   /* out *= min(1, fa0 / (in0[0] + 1e-6)); in0 = norm */\
-	X(SGD, "sgd")                     /* in0 = grads; out = params; in1 = momentum buf;   \
-	                                     fa0 = momentum, fa1 = weight_decay; lr from step */\
-	X(ADAMW, "adamw")                 /* in0 = grads; out = params; in1 = m; in2 = v;     \
-	                                     hyperparameters from DpOptim; lr, t from step */  \
-	X(ALL_REDUCE, "all_reduce")       /* sum out in place over ia0 (axis mask), async   \
-	                                     on the comm stream */                            \
-	X(REDUCE_SCATTER, "reduce_scatter") /* in0 (whole) -> out (this rank's shard), sum;  \
-	                                       ia0 = axis mask */                             \
-	X(ALL_GATHER, "all_gather")       /* in0 (shard) -> out (whole); ia0 = axis mask */   \
-	X(EVENT_RECORD, "event_record")   /* ia0 = event: marks the point in this stream */   \
-	X(EVENT_WAIT, "event_wait")       /* ia0 = event: this stream waits for the record */ \
-	X(INIT, "init")                   /* out = the initial value of parameter/buffer out: \
-	                                     the --init-from checkpoint's tensor of out's    \
-	                                     name, else its init spec (seed, name, element    \
-	                                     index init_base + i); INIT program only */       \
-	X(SAVE, "save")                   /* hand in0 (a whole parameter) to the full         \
-	                                     checkpoint writer under its name; EXPORT only */ \
-	X(SHARD, "shard")                 /* out = this rank's block of in0 over the group    \
-	                                     of ia0 (axis mask): block k (group rank k, the  \
-	                                     all_gather order) of numel(out) elements; local;  \
-	                                     INIT and STEP (zero1: the gradient shard);     \
-	                                     ia1 = dim: 0 contiguous blocks (above), k > 0    \
-	                                     the block along dim k of in0 (tp col split) */   \
-	X(EMBEDDING, "embedding")         /* out[r,:] = in1[in0[r],:]; in0 = ids i32 [rows..], \
-	                                     in1 = table f32 [V,d]; out [rows..,d];           \
-	                                     an id outside [0,V) is a run-time error */       \
-	X(EMBEDDING_GRAD, "embedding_grad") /* out[in1[r],:] += in0[r,:] (zeroed first unless \
-	                                     ia2); in0 = dy [rows..,d], in1 = ids, in2 = the \
-	                                     table (shape only); out [V,d] */                 \
-	X(LAYERNORM, "layernorm")         /* out = (x-mean)/sqrt(var+fa0)*in1 + in2 over the  \
-	                                     last dim; in {x, gamma [C], beta [C]} */          \
-	X(LAYERNORM_GRAD, "layernorm_grad") /* out = dx; in {dy, x, gamma}; fa0 = eps */      \
-	X(LAYERNORM_GRAD_G, "layernorm_grad_g") /* out[c] = sum_r dy*xhat (+ out if ia2);    \
-	                                     in {dy, x}; fa0 = eps */                         \
-	X(RMSNORM, "rmsnorm")             /* out = x/sqrt(mean(x^2)+fa0)*in1; in {x, g [C]} */\
-	X(RMSNORM_GRAD, "rmsnorm_grad")   /* out = dx; in {dy, x, g}; fa0 = eps */            \
-	X(RMSNORM_GRAD_G, "rmsnorm_grad_g") /* out[c] = sum_r dy*x/rms (+ out if ia2);       \
-	                                     in {dy, x}; fa0 = eps */                         \
-	X(SILU, "silu")                   /* out = x * sigmoid(x) */                          \
-	X(SILU_GRAD, "silu_grad")         /* out = dy * silu'(x); in {dy, x} */               \
-	X(SOFTMAX, "softmax")             /* out = softmax of in0 over the last dim */        \
-	X(SOFTMAX_GRAD, "softmax_grad")   /* out = y*(dy - sum(dy*y)); in {dy, y} */          \
-	X(ATTENTION, "attention")         /* causal multi-head self-attention: in0 = qkv     \
-	                                     [B,T,3C], per head [q|k|v] of hd = C/ia0 each;  \
-	                                     out [B,T,C] (head-major); ia0 = heads (local) */ \
-	X(ATTENTION_GRAD, "attention_grad") /* out = d qkv [B,T,3C]; in {dy [B,T,C], qkv};  \
-	                                     ia0 = heads; recomputes the probabilities */     \
-	X(ROPE, "rope")                   /* rotary embedding of the q and k of each head of \
-	                                     a packed qkv [B,T,3C] (v unchanged), rotate-half \
-	                                     form; in {qkv, cos [Tc,hd/2], sin [Tc,hd/2]},    \
-	                                     position = index along T (T <= Tc); ia0 = 1:     \
-	                                     rotate by -angle (the gradient) */               \
-	X(TRANSPOSE, "transpose")         /* out = in0 with its last two dims swapped */      \
-	X(RESHAPE, "reshape")             /* out = in0's elements in out's shape (a copy) */  \
-	X(SPLIT, "split")                 /* out = chunk ia1 of ia0 equal chunks of in0's   \
-	                                     last dim */                                      \
-	X(SPLIT_GRAD, "split_grad")       /* out = zeros, chunk ia1 of ia0 = in0 (dy) */     \
-	X(TP_COPY, "tp_copy")             /* out = in0 (Megatron's f: its gradient is a     \
-	                                     tp_reduce over the same axes ia0) */             \
-	X(TP_REDUCE, "tp_reduce")         /* out = sum of in0 over the ia0 axes (Megatron's \
-	                                     g), a collective on the comm stream; its         \
-	                                     gradient passes through */                       \
-	X(INTERLEAVE, "interleave")       /* undo a dim-ia1 shard after an all_gather: in0   \
-	                                     [ia0][outer][s][inner] -> out [outer][ia0*s]     \
-	                                     [inner] (the tp-split parameter, whole) */
-
 typedef enum {
-#define X(name, text) DPK_##name,
-	DP_KERNELS(X)
-#undef X
+#define OP(id, name, cls, ...) DPK_##id,
+#include "ops.def"
+#undef OP
 	DPK_COUNT
 } DpKernel;
+
+/*
+ * Operand rules (the RULE column of ir/ops.def): what every instruction of an
+ * op must satisfy against the tensor table, whatever backend runs it. The
+ * decoder (dpstep_decode) enforces them, so a kernel may trust its operands'
+ * presence, dtypes, element counts and disjointness; a backend checks only
+ * its own limits (BLAS int ranges, dtypes it cannot do). "f32" below means
+ * the operand's dtype must be f32; "same size" equal element counts; "rows"
+ * and "cols" the [rows, cols] fold of a tensor (the last dim is cols).
+ */
+typedef enum {
+	DP_OR_NONE,        /* nothing to check (nop) */
+	DP_OR_EXEC,        /* the executor's own op: checked by the decoder's own rules */
+	DP_OR_FILL,        /* out present */
+	DP_OR_COPY,        /* out, in0 present, same dtype and size */
+	DP_OR_UNARY,       /* out, in0 f32, same size */
+	DP_OR_BINARY,      /* out, in0, in1 f32, same size */
+	DP_OR_MATMUL,      /* op(in0) [m,k] @ op(in1) [k,n] -> out [.., n], m*n elements;
+	                      out disjoint from the inputs */
+	DP_OR_LINEAR,      /* in0 [rows,k] @ in1 [k,n] (+ in2 [n]) -> out [rows.., n];
+	                      out disjoint from the inputs */
+	DP_OR_BIAS_ADD,    /* out, in0 same size; size(in0) a multiple of size(in1) */
+	DP_OR_BIAS_GRAD,   /* size(in0) a multiple of size(out); disjoint */
+	DP_OR_XENT,        /* in0 f32 logits, in1 i32 labels (one per row), out >= 1 */
+	DP_OR_XENT_GRAD,   /* as XENT, out the size of in0 */
+	DP_OR_CORRECT,     /* as XENT, out >= 2 */
+	DP_OR_SCALAR,      /* out, in0 f32 */
+	DP_OR_CLIP,        /* out, in0 (the norm) f32; the norm outside out */
+	DP_OR_SGD,         /* params out, grads in0 same size; in1 momentum (same size) or
+	                      absent with fa0 == 0 */
+	DP_OR_ADAMW,       /* params out, grads in0, m in1, v in2: f32, same size */
+	DP_OR_EMBEDDING,   /* in0 i32 ids, in1 table [V, d], out [ids.., d]; disjoint */
+	DP_OR_EMBEDDING_GRAD, /* in0 dy [ids.., d], in1 i32 ids, in2 table (optional, the
+	                      size of out), out [V, d]; disjoint */
+	DP_OR_NORM_AFFINE, /* in0 x, in1 gamma [cols], in2 beta [cols], out like x,
+	                      fa0 (eps) >= 0; disjoint */
+	DP_OR_NORM_SCALE,  /* as NORM_AFFINE without beta */
+	DP_OR_NORM_GRAD,   /* in0 dy, in1 x, in2 gamma: dy, x, out alike; fa0 >= 0; disjoint */
+	DP_OR_NORM_GRAD_G, /* in0 dy, in1 x alike, out [cols]; fa0 >= 0; disjoint */
+	DP_OR_SOFTMAX,     /* out, in0 alike; disjoint */
+	DP_OR_SOFTMAX_GRAD,/* out, in0 (dy), in1 (y) alike; disjoint */
+	DP_OR_ATTENTION,   /* in0 qkv [B, T, 3C], 3C a multiple of 3 * heads (ia0), out
+	                      [B, T, C]; disjoint */
+	DP_OR_ATTENTION_GRAD, /* in0 dy [B, T, C], in1 qkv, out like qkv; disjoint */
+	DP_OR_ROPE,        /* in0 qkv [B, T, 3C], in1 cos, in2 sin [Tc >= T, hd/2], 3C a
+	                      multiple of 3 * hd, out like qkv; disjoint */
+	DP_OR_TRANSPOSE,   /* out is in0 with its last two dims swapped; disjoint */
+	DP_OR_RESHAPE,     /* out, in0 same dtype and size (may alias: a copy in place) */
+	DP_OR_SPLIT,       /* out = part ia1 of ia0 equal column blocks of in0; disjoint */
+	DP_OR_SPLIT_GRAD,  /* in0 = part ia1 of ia0 column blocks of out; disjoint */
+	DP_OR_INTERLEAVE,  /* out, in0 same dtype and size; out's dim ia1 divisible by
+	                      ia0; disjoint */
+} DpOperandRule;
 
 /* Streams of the schedule. */
 typedef enum {
@@ -359,45 +311,32 @@ typedef struct {
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */
 #define DP_AXIS_BIT(a) (1u << (a))
 
-/* The collectives: kernels that move data between the ranks of the ia0 axes,
- * on the comm stream. TP_REDUCE is an out-of-place all_reduce. */
-static inline int dp_is_collective(unsigned op)
-{
-	return op == DPK_ALL_REDUCE || op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER ||
-	       op == DPK_TP_REDUCE;
-}
-
-/* What executes an opcode. Compute kernels belong to a compute backend (CPU,
- * CUDA); everything else is the executor's own: it moves data across the
- * runtime's boundary (LOAD, INIT, SAVE), between ranks (collectives), or
- * orders the streams (events). */
+/* What executes an opcode (the CLASS column of ir/ops.def). Compute kernels
+ * belong to a compute backend (CPU, CUDA); everything else is the executor's
+ * own: it moves data across the runtime's boundary (LOAD, INIT, SAVE),
+ * between ranks (collectives), or orders the streams (events). */
 typedef enum {
 	DP_OPC_KERNEL,     /* a compute kernel of the backend's kernel table */
-	DP_OPC_COLLECTIVE, /* dp_is_collective: the comm backend, on the instruction's stream */
+	DP_OPC_COLLECTIVE, /* the comm backend, on the instruction's stream */
 	DP_OPC_EVENT,      /* EVENT_RECORD / EVENT_WAIT */
 	DP_OPC_LOAD,       /* LOAD: the data loader fills a data tensor */
 	DP_OPC_HOST,       /* INIT / SAVE: host hooks (initial values, checkpoint writer) */
 	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
 } DpOpClass;
 
+extern const unsigned char dp_op_classes[DPK_COUNT]; /* DpOpClass; ORDER KERNEL */
+extern const unsigned char dp_op_rules[DPK_COUNT];   /* DpOperandRule; ORDER KERNEL */
+
 static inline DpOpClass dp_op_class(unsigned op)
 {
-	if (dp_is_collective(op))
-		return DP_OPC_COLLECTIVE;
-	switch (op) {
-	case DPK_EVENT_RECORD:
-	case DPK_EVENT_WAIT:
-		return DP_OPC_EVENT;
-	case DPK_LOAD:
-		return DP_OPC_LOAD;
-	case DPK_INIT:
-	case DPK_SAVE:
-		return DP_OPC_HOST;
-	case DPK_SHARD:
-		return DP_OPC_SHARD;
-	default:
-		return DP_OPC_KERNEL;
-	}
+	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
+}
+
+/* The collectives: ops that move data between the ranks of the ia0 axes, on
+ * the comm stream. TP_REDUCE is an out-of-place all_reduce. */
+static inline int dp_is_collective(unsigned op)
+{
+	return dp_op_class(op) == DP_OPC_COLLECTIVE;
 }
 
 /* ---- codec (ir/stepfile.c, linked into both dpc and dpexec) ---- */
@@ -424,6 +363,10 @@ int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errle
 /* Read and decode a file; errors name the file. */
 int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen);
 void dpstep_free(DpStep *s);
+/* The operand rule of in's op (ir/stepfile_check.c); what names the
+ * instruction in the message. 0, or -1 with the reason in err. */
+int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, char *err,
+			  size_t errlen);
 /* Name of a string-table offset, "" when out of range. */
 const char *dpstep_str(const DpStep *s, uint32_t off);
 

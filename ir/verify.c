@@ -50,12 +50,6 @@
 
 #include "ir.h"
 
-static const char *const op_names[DPK_COUNT] = { /* ORDER KERNEL */
-#define X(name, text) text,
-	DP_KERNELS(X)
-#undef X
-};
-
 #define MAX_REPORTED 200 /* lines printed; the count returned is exact */
 
 typedef struct {
@@ -99,7 +93,7 @@ __attribute__((format(printf, 3, 4))) static void node_error(Verifier *vf, const
 		return;
 	va_list ap;
 	prefix(vf);
-	fprintf(vf->out, "node %d (%s", n->id, (unsigned)n->op < DPK_COUNT ? op_names[n->op] : "?");
+	fprintf(vf->out, "node %d (%s", n->id, (unsigned)n->op < DPK_COUNT ? dp_kernel_names[n->op] : "?");
 	if (vok(vf->g, n->out))
 		fprintf(vf->out, " %%%s", vname(vf->g, n->out));
 	fputs("): ", vf->out);
@@ -121,34 +115,6 @@ __attribute__((format(printf, 3, 4))) static void value_error(Verifier *vf, int 
 	vfprintf(vf->out, fmt, ap);
 	va_end(ap);
 	fputc('\n', vf->out);
-}
-
-/* Does n read its output? From the op table when it has the row, else from
- * the kernel contracts of stepfile.h. */
-static int reads_out(const Node *n)
-{
-	const OpInfo *oi = &ir_ops[n->op];
-	int ro;
-	if (oi->name)
-		ro = oi->reads_out;
-	else
-		switch (n->op) {
-		case DPK_ACCUM:
-		case DPK_CLIP:
-		case DPK_SGD:
-		case DPK_ADAMW:
-		case DPK_ALL_REDUCE:
-			ro = 1;
-			break;
-		case DPK_MATMUL:
-		case DPK_BIAS_GRAD:
-		case DPK_SQNORM:
-			ro = 2;
-			break;
-		default:
-			ro = 0;
-		}
-	return ro == 1 || (ro == 2 && n->ia[2] != 0);
 }
 
 static int64_t vbytes(const Value *v)
@@ -288,8 +254,13 @@ static void check_node(Verifier *vf, const Node *n)
 		return;
 	}
 	const OpInfo *oi = &ir_ops[n->op];
-	if (oi->name && oi->arity >= 0 && n->nin != oi->arity)
-		node_error(vf, n, "%d inputs, %s takes %d", n->nin, op_names[n->op], oi->arity);
+	if (n->nin < oi->min_in || n->nin > oi->max_in) {
+		if (oi->min_in == oi->max_in)
+			node_error(vf, n, "%d inputs, %s takes %d", n->nin, oi->name, oi->min_in);
+		else
+			node_error(vf, n, "%d inputs, %s takes %d to %d", n->nin, oi->name,
+				   oi->min_in, oi->max_in);
+	}
 	for (int k = 0; k < n->nin; k++)
 		if (n->in[k] != -1 && !vok(g, n->in[k]))
 			node_error(vf, n, "input %d out of range (%d)", k, n->in[k]);
@@ -322,7 +293,7 @@ static void check_node(Verifier *vf, const Node *n)
 				uses |= n->in[k] == b->view;
 			if (b->op != n->op)
 				node_error(vf, n, "bucket r%d is a %s", n->bucket,
-					   (unsigned)b->op < DPK_COUNT ? op_names[b->op] : "?");
+					   (unsigned)b->op < DPK_COUNT ? dp_kernel_names[b->op] : "?");
 			if (!uses)
 				node_error(vf, n, "does not use bucket r%d's view %%%s", n->bucket,
 					   vname(g, b->view));
@@ -552,7 +523,7 @@ static void check_program(Verifier *vf, int p, int planned, int *first, int *las
 		if (vok(g, n->out) && g->values[n->out]->kind == DP_T_ACT) {
 			int id = n->out;
 			if (first[id] < 0) {
-				if (reads_out(n) && p != DP_PROG_INIT)
+				if (ir_reads_out(n) && p != DP_PROG_INIT)
 					node_error(vf, n, "updates %%%s before it is written (%s program)",
 						   vname(g, id), pname);
 				first[id] = pos;
@@ -697,7 +668,7 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 		if (!vok(g, n->out))
 			continue;
 		used[n->out] = 1;
-		if (g->values[n->out]->kind != DP_T_ACT || reads_out(n))
+		if (g->values[n->out]->kind != DP_T_ACT || ir_reads_out(n))
 			continue;
 		/* one defining writer per program: full_shard's gathered buffer is
 		 * written by the forward all_gather (step, eval) and by the INIT

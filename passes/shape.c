@@ -5,8 +5,11 @@
  * dtype and dims; SSA temporaries (DP_T_ACT made by a node) have ndim 0,
  * shape unknown.
  *
- * After: every value has dtype and dims (XENT's output is f32[1]). For each
- * node in program order, its op's shape rule (ir/ops.c) computes the output
+ * After: every value has dtype and dims (XENT's output is f32[1]), and every
+ * SSA temporary its batch_dim / seq_dim. For each node in program order, its
+ * op's batch rule (ir_batch_rule) checks that the node does not mix samples
+ * (a result that would depend on the world size is an error at every world
+ * size), then its shape rule (ir/op_shape.c) computes the output
  * type from the inputs: an SSA temporary takes it; a declared output (a metric
  * written by ACCUM/XENT/CORRECT/SQRT, a gradient written by an accumulating
  * kernel) must already match it.
@@ -46,20 +49,28 @@ static int repeats(Node **failed, int nfailed, const Node *n)
 	return 0;
 }
 
-/* Runs the shape rule; a repeat of an earlier failure reports nothing. */
+/* The batch rule, then the shape rule (ir/op_shape.c); a repeat of an
+ * earlier failure reports nothing. The batch rule goes first: an operand
+ * whose batch would line up with another dim is the error to report, even
+ * when the sizes happen not to match at this micro-batch. */
 static int apply_rule(Graph *g, Node *n, Value *out, Diag *d, int quiet)
 {
-	if (!quiet)
-		return ir_ops[n->op].shape(g, n, out, d);
+	Diag mute = *d;
 	char *text = NULL;
 	size_t len = 0;
-	Diag mute = *d;
-	mute.out = open_memstream(&text, &len);
-	if (!mute.out)
-		die("out of memory");
-	int r = ir_ops[n->op].shape(g, n, out, &mute);
-	fclose(mute.out);
-	free(text);
+	if (quiet) {
+		mute.out = open_memstream(&text, &len);
+		if (!mute.out)
+			die("out of memory");
+	}
+	Diag *to = quiet ? &mute : d;
+	int r = ir_batch_rule(g, n, to);
+	if (r == 0)
+		r = ir_ops[n->op].shape(g, n, out, to);
+	if (quiet) {
+		fclose(mute.out);
+		free(text);
+	}
 	return r;
 }
 

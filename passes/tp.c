@@ -19,9 +19,10 @@
  *   followed by TP_REDUCE (Megatron's g: an all-reduce over tp on the comm
  *   stream; the gradient passes through) and, when it has a bias, a BIAS_ADD
  *   of the (replicated) bias after the reduction;
- * - tp-local values flow only through ops that work per column block:
- *   elementwise ops, attention (its head count is divided by T: heads are
- *   split over tp), rope, gelu/silu, and into a row-parallel linear. Anything
+ * - tp-local values flow only through ops that work per column block (the
+ *   TP column of ir/ops.def: elementwise ops and activations, attention, whose
+ *   head count is divided by T: heads are split over tp, rope), and into a
+ *   row-parallel linear. Anything
  *   else that reads a tp-local value (a reduction over the split dim, a
  *   reshape, the loss) is a user error naming the value and the op.
  *
@@ -47,25 +48,12 @@ static int split_dim(const Value *v)
 	return v->place[DP_AXIS_TP].kind == DP_PL_SHARD ? v->place[DP_AXIS_TP].dim : -1;
 }
 
-/* Ops through which a tp-local (column-split) value may flow: each output
- * column block depends only on the same block of the inputs. */
+/* Ops through which a tp-local (column-split) value may flow (the TP column
+ * of ir/ops.def): each output column block depends only on the same block of
+ * the inputs. */
 static int local_ok(const Node *n)
 {
-	switch (n->op) {
-	case DPK_ADD:
-	case DPK_MUL:
-	case DPK_SCALE:
-	case DPK_COPY:
-	case DPK_RELU:
-	case DPK_GELU:
-	case DPK_TANH:
-	case DPK_SILU:
-	case DPK_ATTENTION:
-	case DPK_ROPE:
-		return 1;
-	default:
-		return 0;
-	}
+	return ir_ops[n->op].tp != OP_TP_NO;
 }
 
 static const char *dsl_name(const Node *n)
@@ -227,16 +215,16 @@ int tp_run(Graph *g, Diag *d)
 			bad = 1;
 			continue;
 		}
-		if (!all && (n->op == DPK_ADD || n->op == DPK_MUL)) {
+		if (!all) {
 			error_at(d, n->loc, "%s: mixes a tensor split over tp with a whole one",
 				 dsl_name(n));
 			bad = 1;
 			continue;
 		}
-		if (n->op == DPK_ATTENTION) {
+		if (ir_ops[n->op].tp == OP_TP_HEADS) {
 			if (n->ia[0] % T) {
-				error_at(d, n->loc, "attention: %lld heads cannot be split over tp=%d",
-					 (long long)n->ia[0], T);
+				error_at(d, n->loc, "%s: %lld heads cannot be split over tp=%d",
+					 dsl_name(n), (long long)n->ia[0], T);
 				bad = 1;
 				continue;
 			}

@@ -5,10 +5,13 @@
 # dpc must report:
 #   # expect: 7:12: error: unknown identifier 'h9'   (LINE:COL: error: SUBSTRING)
 #   # args: --world-size 3                            (extra dpc arguments)
+#   # world-sizes: 1 2 3       (compile once per --world-size; `mesh auto`)
 # For each file dpc must exit with status 1, print every expected message as
 # FILE:LINE:COL: error: ...SUBSTRING... on stderr, quote a source line with a
 # caret, write no output file, and print nothing that looks like a crash
 # (internal error, sanitizer report).
+#
+# Every tests/batch_ok/*.dp must compile at world sizes 1, 2 and 3.
 #
 # Then $BUILD/tests/fe_fuzz (tests/fe_fuzz.c, built by `make tests`, with the
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
@@ -43,15 +46,20 @@ if [ ! -x "$DPC" ]; then
 	exit 1
 fi
 
-for f in tests/errors/*.dp; do
+# check_file FILE [WORLD]: compile FILE (with --world-size WORLD when given)
+# and check its expectations.
+check_file() {
+	local f=$1 ws=${2:-} what=$1 args
+	[ -n "$ws" ] && what="$f (world size $ws)"
 	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
+	[ -n "$ws" ] && args="$args --world-size $ws"
 	rm -f "$tmp/out.bin"
 	# shellcheck disable=SC2086
 	"$DPC" "$f" $args -o "$tmp/out.bin" >"$tmp/stdout" 2>"$tmp/stderr"
 	rc=$?
 	ok=1
 	if [ $rc -ne 1 ]; then
-		bad "$f" "exit status $rc, want 1"
+		bad "$what" "exit status $rc, want 1"
 		ok=0
 	fi
 	nexp=0
@@ -60,24 +68,24 @@ for f in tests/errors/*.dp; do
 		pos=${exp%%: error: *}    # LINE:COL
 		msg=${exp#*: error: }     # message substring
 		if ! grep -F -- "$f:$pos: error: " "$tmp/stderr" | grep -qF -- "$msg"; then
-			bad "$f" "missing '$f:$pos: error: ...$msg...'"
+			bad "$what" "missing '$f:$pos: error: ...$msg...'"
 			ok=0
 		fi
 	done < <(sed -n 's/^# expect: //p' "$f")
 	if [ $nexp -eq 0 ]; then
-		bad "$f" "no '# expect:' line"
+		bad "$what" "no '# expect:' line"
 		ok=0
 	fi
 	if ! grep -qE '^[[:space:]]*\^[[:space:]]*$' "$tmp/stderr"; then
-		bad "$f" "no caret line on stderr"
+		bad "$what" "no caret line on stderr"
 		ok=0
 	fi
 	if [ -e "$tmp/out.bin" ]; then
-		bad "$f" "an output file was written"
+		bad "$what" "an output file was written"
 		ok=0
 	fi
 	if crashed "$tmp/stderr"; then
-		bad "$f" "crash or sanitizer report"
+		bad "$what" "crash or sanitizer report"
 		ok=0
 	fi
 	if [ $ok = 1 ]; then
@@ -85,6 +93,33 @@ for f in tests/errors/*.dp; do
 	else
 		sed 's/^/    | /' "$tmp/stderr" | head -30
 	fi
+}
+
+# A file with `# world-sizes: 1 2 3` is compiled once per world size (its
+# mesh is `mesh auto`) and must fail the same way at each.
+for f in tests/errors/*.dp; do
+	sizes=$(sed -n 's/^# world-sizes: //p' "$f")
+	if [ -z "$sizes" ]; then
+		check_file "$f"
+	else
+		for ws in $sizes; do
+			check_file "$f" "$ws"
+		done
+	fi
+done
+
+# Programs that are per-sample correct compile at every world size (the batch
+# rules must not refuse a bias add or a position embedding).
+for f in tests/batch_ok/*.dp; do
+	for ws in 1 2 3; do
+		if "$DPC" "$f" --world-size "$ws" -o "$tmp/ok.bin" >/dev/null 2>"$tmp/stderr" &&
+			[ -s "$tmp/ok.bin" ]; then
+			pass=$((pass + 1))
+		else
+			bad "$f (world size $ws)" "does not compile: $(head -c 400 "$tmp/stderr")"
+		fi
+		rm -f "$tmp/ok.bin"
+	done
 done
 
 # A file that cannot be read: a message without a position, status 1.

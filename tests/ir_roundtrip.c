@@ -967,11 +967,44 @@ int main(int argc, char **argv)
 	const char *dir = argc > 1 ? argv[1] : "tests/ir";
 	int dump = argc > 2 && strcmp(argv[2], "--dump") == 0;
 
-	/* the op registry names every opcode as the step-file header does */
-	for (int op = 0; op < DPK_COUNT; op++)
-		CHECK(ir_ops[op].name && strcmp(ir_ops[op].name, dp_kernel_names[op]) == 0,
-		      "ir_ops[%d] is named '%s' but DP_KERNELS says '%s'", op,
-		      ir_ops[op].name ? ir_ops[op].name : "(null)", dp_kernel_names[op]);
+	/* the rows of ir/ops.def are consistent: what a new row can get wrong */
+	for (int op = 0; op < DPK_COUNT; op++) {
+		const OpInfo *oi = &ir_ops[op];
+		CHECK(oi->name && oi->name[0], "op %d has no name", op);
+		CHECK(oi->min_in >= 0 && oi->min_in <= oi->max_in && oi->max_in <= DP_MAX_IN &&
+			      oi->ids_at < oi->max_in,
+		      "%s: bad IN(%d, %d, %d)", oi->name, oi->min_in, oi->max_in, oi->ids_at);
+		CHECK(oi->cost != NULL, "%s has no cost rule", oi->name);
+		CHECK(oi->dsl == OP_DSL_NO || (oi->shape && oi->batch != OP_BATCH_NONE),
+		      "%s is in the DSL but has no shape or batch rule", oi->name);
+		CHECK(oi->tp == OP_TP_NO || oi->shape, "%s is tp-local without a shape rule",
+		      oi->name);
+		CHECK((oi->cls == DP_OPC_KERNEL) == (dp_op_rules[op] != DP_OR_EXEC),
+		      "%s: a kernel needs an operand rule (and only a kernel has one)", oi->name);
+		/* the generic rules (act_x as relu's, act_y as tanh's) emit grad_op(dy, .) */
+		if (oi->grad && (oi->grad == ir_ops[DPK_RELU].grad || oi->grad == ir_ops[DPK_TANH].grad))
+			CHECK(oi->grad_op != DPK_NOP && ir_ops[oi->grad_op].min_in == 2,
+			      "%s: a generic gradient rule needs a two-input kernel", oi->name);
+		if (oi->grad && oi->grad_op != DPK_NOP)
+			CHECK(ir_ops[oi->grad_op].shape != NULL, "%s: its gradient kernel %s has no "
+			      "shape rule", oi->name, ir_ops[oi->grad_op].name);
+		unsigned seen_i = 0, seen_f = 0;
+		for (const OpAttr *a = oi->attrs; a->name; a++) {
+			int fl = a->style == IR_ATTR_FLOAT;
+			CHECK(a->slot < (fl ? DP_NFATTR : DP_NIATTR), "%s.%s: slot %d out of range",
+			      oi->name, a->name, a->slot);
+			unsigned *seen = fl ? &seen_f : &seen_i;
+			CHECK(!(*seen & (1u << a->slot)), "%s.%s: slot %d named twice", oi->name,
+			      a->name, a->slot);
+			*seen |= 1u << a->slot;
+			CHECK(!a->key || oi->dsl != OP_DSL_NO, "%s.%s: a DSL keyword of an op users "
+			      "cannot call", oi->name, a->name);
+			CHECK(a->below < 0 || oi->attrs[a->below].name, "%s.%s: bad bound", oi->name,
+			      a->name);
+		}
+		if (oi->dsl != OP_DSL_NO)
+			CHECK(ir_dsl_op(oi->name) == op, "the DSL spelling %s is not unique", oi->name);
+	}
 
 	Graph *fe = build_frontend();
 	Graph *planned = build_planned();

@@ -7,6 +7,7 @@ BUILD=${BUILD:-build}
 export BUILD
 suites=(
 	"unit"          "bash tests/unit.sh"
+	"layers"        "bash tests/layers.sh"
 	"errors"        "bash tests/errors.sh"
 	"golden"        "bash tests/golden.sh"
 	"gradcheck"     "bash tests/gradcheck.sh"

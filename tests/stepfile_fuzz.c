@@ -346,6 +346,51 @@ static void test_program_rules(void)
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
 }
 
+/* The operand rules (ir/stepfile_check.c): what every backend may trust.
+ * Tensors as above: 0 x f32[4,3], 1 y i32[4], 2 w f32[3,2], 3 grad.w f32[3,2],
+ * 4 loss f32[1], 5 logits f32[4,2], 6 d.logits f32[4,2]. */
+static void test_operand_rules(void)
+{
+	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
+	DpInstr mm = base, relu = base, add = base, xg = base;
+	mm.op = DPK_MATMUL, mm.in[0] = 0, mm.in[1] = 2, mm.out = 5;
+	relu.op = DPK_RELU, relu.in[0] = 5, relu.out = 6;
+	add.op = DPK_ADD, add.in[0] = 5, add.in[1] = 6, add.out = 6;
+	xg.op = DPK_XENT_GRAD, xg.in[0] = 5, xg.in[1] = 1, xg.out = 6;
+	rule("matmul [4,3] @ [3,2] -> [4,2]", DP_PROG_STEP, mm, 0, NULL);
+	rule("relu", DP_PROG_STEP, relu, 0, NULL);
+	rule("add in place", DP_PROG_STEP, add, 0, NULL);
+	DpInstr d = mm;
+	d.in[1] = 3, d.ia[1] = 1; /* [4,3] @ [3,2]^T */
+	rule("matmul with inner dims 3 vs 2", DP_PROG_STEP, d, 0, "inner dimensions differ (3 vs 2)");
+	d = mm;
+	d.out = 3;
+	rule("matmul into a [3,2]", DP_PROG_STEP, d, 0, "the output is not [4, 2]");
+	d = base;
+	d.op = DPK_SOFTMAX, d.in[0] = 5, d.out = 5;
+	rule("softmax in place", DP_PROG_STEP, d, 0, "the output overlaps an input");
+	d = mm;
+	d.in[1] = 1;
+	rule("matmul of an i32 operand", DP_PROG_STEP, d, 0, "input 1 'y' is i32, not f32");
+	d = mm;
+	d.in[1] = -1;
+	rule("matmul without its second operand", DP_PROG_STEP, d, 0, "missing input 1");
+	d = relu;
+	d.out = 3;
+	rule("relu of [4,2] into [3,2]", DP_PROG_STEP, d, 0, "the operands differ in size");
+	d = xg;
+	d.in[1] = 4;
+	rule("cross_entropy_grad with f32 labels", DP_PROG_STEP, d, 0, "input 1 'loss' is f32, not i32");
+	d = xg;
+	d.out = 4;
+	rule("cross_entropy_grad into a [1]", DP_PROG_STEP, d, 0,
+	     "the output and the logits differ in size");
+	d = base;
+	d.op = DPK_LAYERNORM, d.in[0] = 5, d.in[1] = 4, d.in[2] = 4, d.out = 6;
+	rule("layernorm with a gamma of the wrong size", DP_PROG_STEP, d, 0,
+	     "gamma's size does not match x's last dim");
+}
+
 static void test_file_io(const DpStep *s)
 {
 	char dir[] = "/tmp/dpfuzz.XXXXXX";
@@ -613,6 +658,7 @@ int main(int argc, char **argv)
 	test_file_io(s);
 	if (argc <= 1)
 		test_program_rules();
+	test_operand_rules();
 	free(buf);
 	if (argc > 1)
 		dpstep_free(&file);

@@ -1,5 +1,6 @@
 /*
- * diag.c - user-error reporting (chibicc/gcc style) and internal-bug aborts.
+ * diag.c - user-error reporting (chibicc/gcc style) and internal-bug aborts,
+ * below the front end, the IR and the passes, which all report through it.
  *
  *   model.dp:7:12: error: unknown identifier 'h9'
  *       logits = linear(h9, w, b)

@@ -1,0 +1,211 @@
+/*
+ * op_grad.c - the gradient rules of the ops (the GRAD column of ir/ops.def).
+ *
+ * A rule gets the forward node and the gradient of its output and emits the
+ * gradient contributions to its inputs through the gradient builder (ir.h,
+ * ir/grad.c); it only says which kernel computes each contribution. Most
+ * activations share act_x / act_y with their gradient kernel in the table's
+ * GRAD column; the rules here that name kernels are the ops whose backward is
+ * more than one kernel or permutes operands.
+ */
+#include "op_rules.h"
+
+/* The kernel the GRAD column names for n's op. */
+#define GRAD_OP(n) (ir_ops[(n)->op].grad_op)
+
+/* ---- gradient rules ---- */
+
+/* ---- generic rules ---- */
+
+/* y = x (copy, tp_reduce's forward-to-backward identity): dy passes. */
+void grad_pass(GradCtx *c, Node *n, int dy)
+{
+	ad_pass_grad(c, n->in[0], dy);
+}
+
+/* An activation whose gradient kernel (grad_op) reads dy and the input x. */
+void grad_act_x(GradCtx *c, Node *n, int dy)
+{
+	ad_emit_grad(c, GRAD_OP(n), n->in[0], 2, (int[]){dy, n->in[0]});
+}
+
+/* An activation whose gradient kernel (grad_op) reads dy and the output y
+ * (tanh: dx = dy * (1 - y^2), softmax). */
+void grad_act_y(GradCtx *c, Node *n, int dy)
+{
+	ad_emit_grad(c, GRAD_OP(n), n->in[0], 2, (int[]){dy, n->out});
+}
+
+
+/* y = x @ w + b: d.x = d.y @ w^T; grad.w += x^T @ d.y; grad.b += sum_rows d.y. */
+void grad_linear(GradCtx *c, Node *n, int dy)
+{
+	Node *m;
+	if ((m = ad_emit_acc(c, DPK_MATMUL, n->in[0], 2, (int[]){dy, n->in[1]})))
+		m->ia[1] = 1;
+	if ((m = ad_emit_acc(c, DPK_MATMUL, n->in[1], 2, (int[]){n->in[0], dy})))
+		m->ia[0] = 1;
+	if (n->nin > 2 && n->in[2] >= 0)
+		ad_emit_acc(c, DPK_BIAS_GRAD, n->in[2], 1, (int[]){dy});
+}
+
+/*
+ * C = op(A) @ op(B), op = transpose when ia0 / ia1. With dC:
+ *   ta tb | dA                    | dB
+ *   0  0  | dC @ B^T              | A^T @ dC
+ *   0  1  | dC @ B                | dC^T @ A
+ *   1  0  | B @ dC^T              | A @ dC
+ *   1  1  | B^T @ dC^T            | dC^T @ A^T
+ */
+void grad_matmul(GradCtx *c, Node *n, int dc)
+{
+	int a = n->in[0], b = n->in[1], ta = n->ia[0] != 0, tb = n->ia[1] != 0;
+	Node *m;
+	if (!ta)
+		m = ad_emit_acc(c, DPK_MATMUL, a, 2, (int[]){dc, b});
+	else
+		m = ad_emit_acc(c, DPK_MATMUL, a, 2, (int[]){b, dc});
+	if (m) {
+		m->ia[0] = ta && tb;
+		m->ia[1] = ta || !tb;
+	}
+	if (!tb)
+		m = ad_emit_acc(c, DPK_MATMUL, b, 2, (int[]){a, dc});
+	else
+		m = ad_emit_acc(c, DPK_MATMUL, b, 2, (int[]){dc, a});
+	if (m) {
+		m->ia[0] = !ta || tb;
+		m->ia[1] = ta && tb;
+	}
+}
+
+/* y = a + b: both get dy. */
+void grad_add(GradCtx *c, Node *n, int dy)
+{
+	ad_pass_grad(c, n->in[0], dy);
+	ad_pass_grad(c, n->in[1], dy);
+}
+
+/* y = a * b: d.a = dy * b, d.b = dy * a. */
+void grad_mul(GradCtx *c, Node *n, int dy)
+{
+	ad_emit_grad(c, GRAD_OP(n), n->in[0], 2, (int[]){dy, n->in[1]});
+	ad_emit_grad(c, GRAD_OP(n), n->in[1], 2, (int[]){dy, n->in[0]});
+}
+
+
+/* y = s * x: d.x = s * dy. */
+void grad_scale(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (m)
+		m->fa[0] = n->fa[0];
+}
+
+/* y = x + b (broadcast over rows): d.x = dy; d.b = sum_rows dy. */
+void grad_bias_add(GradCtx *c, Node *n, int dy)
+{
+	ad_pass_grad(c, n->in[0], dy);
+	ad_emit_acc(c, DPK_BIAS_GRAD, n->in[1], 1, (int[]){dy});
+}
+
+
+
+
+/* The loss is the seed (dy = -1, an implicit 1): d.logits = fa0 * (softmax -
+ * onehot). No gradient into the labels. The kernel cannot scale by a tensor,
+ * so a cross_entropy that feeds further computation is not differentiable. */
+void grad_xent(GradCtx *c, Node *n, int dy)
+{
+	if (dy >= 0) {
+		ad_error(c, "cross_entropy: only a cross_entropy that is the loss itself can be "
+			    "differentiated");
+		return;
+	}
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 2, (int[]){n->in[0], n->in[1]});
+	if (m)
+		m->fa[0] = n->fa[0];
+}
+
+/* ---- gradient rules of the transformer ops ---- */
+
+/* out = table[ids]: the table's gradient is a scatter-add; ids get none. */
+void grad_embedding(GradCtx *c, Node *n, int dy)
+{
+	ad_emit_acc(c, GRAD_OP(n), n->in[1], 3, (int[]){dy, n->in[0], n->in[1]});
+}
+
+void grad_layernorm(GradCtx *c, Node *n, int dy)
+{
+	Node *m;
+	if ((m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 3, (int[]){dy, n->in[0], n->in[1]})))
+		m->fa[0] = n->fa[0];
+	if ((m = ad_emit_acc(c, DPK_LAYERNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
+		m->fa[0] = n->fa[0];
+	ad_emit_acc(c, DPK_BIAS_GRAD, n->in[2], 1, (int[]){dy});
+}
+
+void grad_rmsnorm(GradCtx *c, Node *n, int dy)
+{
+	Node *m;
+	if ((m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 3, (int[]){dy, n->in[0], n->in[1]})))
+		m->fa[0] = n->fa[0];
+	if ((m = ad_emit_acc(c, DPK_RMSNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
+		m->fa[0] = n->fa[0];
+}
+
+
+
+/* The backward recomputes the probabilities from qkv (nothing saved). */
+void grad_attention(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 2, (int[]){dy, n->in[0]});
+	if (m)
+		m->ia[0] = n->ia[0];
+}
+
+/* A rotation's gradient is the opposite rotation; cos/sin (buffers) get none. */
+void grad_rope(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 3, (int[]){dy, n->in[1], n->in[2]});
+	if (m)
+		m->ia[0] = !n->ia[0];
+}
+
+void grad_transpose(GradCtx *c, Node *n, int dy)
+{
+	ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+}
+
+/* dy reshaped back to x's shape: the attributes name x's dims after the first. */
+void grad_reshape(GradCtx *c, Node *n, int dy)
+{
+	const Value *x = ad_value(c, n->in[0]);
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (!m)
+		return;
+	for (int i = 1; i < x->ndim; i++)
+		m->ia[i - 1] = x->dims[i];
+	m->ia[4] = x->ndim - 1;
+}
+
+void grad_split(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (m) {
+		m->ia[0] = n->ia[0];
+		m->ia[1] = n->ia[1];
+	}
+}
+
+/* Megatron's f: identity forward, all-reduce (tp_reduce) of the gradient. */
+void grad_tp_copy(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (m) {
+		m->ia[0] = n->ia[0];
+		m->stream = DP_STREAM_COMM; /* a collective */
+	}
+}
+
+

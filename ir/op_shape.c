@@ -1,0 +1,750 @@
+/*
+ * op_shape.c - the shape rules and batch rules of the ops (the shape and
+ * BATCH columns of ir/ops.def), run by passes/shape.c on every node.
+ *
+ * Shape rules fill a scratch `out` (dtype, ndim, dims) from the node's inputs,
+ * which the shape pass has already shaped, or report a user error at the node
+ * and return -1. Messages name the op as the DSL does and the operands by role
+ * ("linear: x is f32[32,784] but w is f32[700,256]: inner dimensions differ").
+ *
+ * Batch rules (ir_batch_rule, at the bottom) keep a program's result
+ * independent of how the global batch is cut into ranks and micro-batches.
+ * Every per-sample value knows its batch dimension (data: dim 0) and, for
+ * token data, its sequence dimension (dim 1). An op that would mix samples -
+ * contract over the batch dim, move it, reduce along it, or line it up with a
+ * dimension of another operand that is not per-sample - is a user error at
+ * every world size, instead of a result that changes with the micro-batch.
+ * Gradients are not checked: the backward sums parameter gradients over the
+ * batch by construction (the weight gradient of a linear contracts over the
+ * rows on purpose), which is the one place samples meet, and the loss scales
+ * by the global batch.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "op_rules.h"
+
+#define V(g, id) ((g)->values[(id)])
+
+/* ---- helpers ---- */
+
+
+static const char *op_name(const Node *n)
+{
+	return ir_ops[n->op].name;
+}
+
+static int is_float(DpDtype t)
+{
+	return t == DP_F32 || t == DP_BF16;
+}
+
+static void copy_type(Value *out, const Value *v)
+{
+	out->dtype = v->dtype;
+	out->ndim = v->ndim;
+	memcpy(out->dims, v->dims, sizeof out->dims);
+}
+
+static void set_type(Value *out, DpDtype t, int ndim, const int64_t *dims)
+{
+	out->dtype = t;
+	out->ndim = ndim;
+	for (int i = 0; i < ndim; i++)
+		out->dims[i] = dims[i];
+}
+
+static int same_type(const Value *a, const Value *b)
+{
+	if (a->dtype != b->dtype || a->ndim != b->ndim)
+		return 0;
+	for (int i = 0; i < a->ndim; i++)
+		if (a->dims[i] != b->dims[i])
+			return 0;
+	return 1;
+}
+
+static int need_float(Node *n, const Value *v, const char *role, Diag *d)
+{
+	if (is_float(v->dtype) && v->ndim >= 1)
+		return 0;
+	error_at(d, n->loc, "%s: %s must be a float tensor, got %s", op_name(n), role, IR_TYPE(v));
+	return -1;
+}
+
+/* ---- shape rules ---- */
+
+/* out has in0's type (copy, scale, accum, relu, gelu, tanh). */
+int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
+{
+	copy_type(out, V(g, n->in[0]));
+	return 0;
+}
+
+int shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (need_float(n, V(g, n->in[0]), "x", d))
+		return -1;
+	return shape_like0(g, n, out, d);
+}
+
+/* Are b's dims a's trailing dims (b has fewer)? */
+static int trails(const Value *a, const Value *b)
+{
+	if (b->ndim < 1 || b->ndim >= a->ndim || a->dtype != b->dtype)
+		return 0;
+	for (int i = 0; i < b->ndim; i++)
+		if (b->dims[b->ndim - 1 - i] != a->dims[a->ndim - 1 - i])
+			return 0;
+	return 1;
+}
+
+/* Elementwise binary: same shape and dtype; add broadcasts a smaller operand
+ * over the other's leading dims (it becomes a bias_add). */
+int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
+	if (n->op == DPK_ADD && (trails(a, b) || trails(b, a))) {
+		/* add broadcasts the smaller operand over the other's leading dims
+		 * (a learned position embedding [T, d] onto [B, T, d]): that is a
+		 * bias_add, whose gradient sums over the leading dims */
+		if (trails(b, a)) {
+			int t = n->in[0];
+			n->in[0] = n->in[1];
+			n->in[1] = t;
+		}
+		n->op = DPK_BIAS_ADD;
+		return shape_bias_add(g, n, out, d);
+	}
+	if (!same_type(a, b)) {
+		error_at(d, n->loc, "%s: operands differ: a is %s but b is %s (elementwise ops need "
+			 "the same shape and dtype)", op_name(n), IR_TYPE(a), IR_TYPE(b));
+		return -1;
+	}
+	if (need_float(n, a, "a", d))
+		return -1;
+	copy_type(out, a);
+	return 0;
+}
+
+/* *_GRAD(dy, x): dy and x same type; out like x. */
+int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *dy = V(g, n->in[0]), *x = V(g, n->in[1]);
+	if (!same_type(dy, x)) {
+		error_at(d, n->loc, "%s: dy is %s but x is %s", op_name(n), IR_TYPE(dy), IR_TYPE(x));
+		return -1;
+	}
+	copy_type(out, x);
+	return 0;
+}
+
+/*
+ * MATMUL: each operand folded to 2-D [prod(leading dims), last dim], then
+ * transposed when its flag (ia0, ia1) is set. Without a transpose of in0, the
+ * result keeps in0's leading dims ([rows..., n]); otherwise it is 2-D.
+ */
+int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
+	if (need_float(n, a, "a", d) || need_float(n, b, "b", d))
+		return -1;
+	if (a->dtype != b->dtype) {
+		error_at(d, n->loc, "%s: a is %s but b is %s: dtypes differ", op_name(n), IR_TYPE(a),
+			 IR_TYPE(b));
+		return -1;
+	}
+	int64_t am = n->ia[0] ? ir_fold_cols(a) : ir_fold_rows(a), ak = n->ia[0] ? ir_fold_rows(a) : ir_fold_cols(a);
+	int64_t bk = n->ia[1] ? ir_fold_cols(b) : ir_fold_rows(b), bn = n->ia[1] ? ir_fold_rows(b) : ir_fold_cols(b);
+	if (ak != bk) {
+		error_at(d, n->loc, "%s: a is %s%s but b is %s%s: inner dimensions differ (%lld vs %lld)",
+			 op_name(n), IR_TYPE(a), n->ia[0] ? " (transposed)" : "", IR_TYPE(b),
+			 n->ia[1] ? " (transposed)" : "", (long long)ak, (long long)bk);
+		return -1;
+	}
+	if (!n->ia[0] && a->ndim >= 2) {
+		copy_type(out, a);
+		out->dims[a->ndim - 1] = bn;
+	} else {
+		set_type(out, a->dtype, 2, (int64_t[]){am, bn});
+	}
+	return 0;
+}
+
+/* LINEAR: x [rows..., k] @ w [k, n] + b [n] -> [rows..., n]. */
+int shape_linear(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]), *w = V(g, n->in[1]);
+	int bi = n->nin > 2 ? n->in[2] : -1;
+	if (need_float(n, x, "x", d) || need_float(n, w, "w", d))
+		return -1;
+	if (w->ndim != 2) {
+		error_at(d, n->loc, "%s: w must be 2-D [in, out], got %s", op_name(n), IR_TYPE(w));
+		return -1;
+	}
+	if (x->dtype != w->dtype) {
+		error_at(d, n->loc, "%s: x is %s but w is %s: dtypes differ", op_name(n), IR_TYPE(x),
+			 IR_TYPE(w));
+		return -1;
+	}
+	if (ir_fold_cols(x) != w->dims[0]) {
+		error_at(d, n->loc, "%s: x is %s but w is %s: inner dimensions differ", op_name(n),
+			 IR_TYPE(x), IR_TYPE(w));
+		return -1;
+	}
+	if (bi >= 0) {
+		const Value *b = V(g, bi);
+		if (b->ndim != 1 || b->dims[0] != w->dims[1] || b->dtype != w->dtype) {
+			error_at(d, n->loc, "%s: b is %s but w is %s: b must be %s[%lld]", op_name(n),
+				 IR_TYPE(b), IR_TYPE(w), ir_dtype_name(w->dtype), (long long)w->dims[1]);
+			return -1;
+		}
+	}
+	copy_type(out, x);
+	out->dims[x->ndim - 1] = w->dims[1];
+	return 0;
+}
+
+/* BIAS_ADD: x [rows..., c...] + b [c...] (b = x's trailing dims). */
+int shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]), *b = V(g, n->in[1]);
+	if (!trails(x, b)) {
+		error_at(d, n->loc, "%s: x is %s but b is %s: b's dims must be x's last dims "
+			 "(b %s[%lld])", op_name(n), IR_TYPE(x), IR_TYPE(b), ir_dtype_name(x->dtype),
+			 (long long)ir_fold_cols(x));
+		return -1;
+	}
+	copy_type(out, x);
+	return 0;
+}
+
+/* BIAS_GRAD: dy [rows..., c] -> [c]. */
+int shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *dy = V(g, n->in[0]);
+	if (need_float(n, dy, "dy", d))
+		return -1;
+	set_type(out, dy->dtype, 1, (int64_t[]){ir_fold_cols(dy)});
+	return 0;
+}
+
+/* Logits f32 [rows..., classes] and labels i32 [rows...] (cross_entropy, its
+ * gradient, correct). */
+static int check_xent(Graph *g, Node *n, Diag *d)
+{
+	const Value *lg = V(g, n->in[0]), *lb = V(g, n->in[1]);
+	if (lg->dtype != DP_F32 || lg->ndim < 2) {
+		error_at(d, n->loc, "%s: logits must be f32[rows, classes], got %s", op_name(n),
+			 IR_TYPE(lg));
+		return -1;
+	}
+	if (lb->dtype != DP_I32) {
+		error_at(d, n->loc, "%s: labels must be i32 class indices, got %s", op_name(n), IR_TYPE(lb));
+		return -1;
+	}
+	int ok = lb->ndim == lg->ndim - 1;
+	for (int i = 0; ok && i < lb->ndim; i++)
+		ok = lb->dims[i] == lg->dims[i];
+	if (!ok) {
+		error_at(d, n->loc, "%s: logits is %s but labels is %s: labels must have one entry per "
+			 "row of logits", op_name(n), IR_TYPE(lg), IR_TYPE(lb));
+		return -1;
+	}
+	return 0;
+}
+
+int shape_xent(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (check_xent(g, n, d))
+		return -1;
+	set_type(out, DP_F32, 1, (int64_t[]){1});
+	return 0;
+}
+
+int shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (check_xent(g, n, d))
+		return -1;
+	copy_type(out, V(g, n->in[0]));
+	return 0;
+}
+
+/* CORRECT: [correct, counted], f32 so that metrics are all one dtype. */
+int shape_correct(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (check_xent(g, n, d))
+		return -1;
+	set_type(out, DP_F32, 1, (int64_t[]){2});
+	return 0;
+}
+
+/* A scalar kept in a [1] tensor (sqnorm, sqrt). */
+int shape_scalar(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (need_float(n, V(g, n->in[0]), "x", d))
+		return -1;
+	set_type(out, DP_F32, 1, (int64_t[]){1});
+	return 0;
+}
+
+/* ---- shape rules of the transformer ops ---- */
+
+static int need_dims(Node *n, const Value *v, const char *role, int ndim, const char *form,
+		     Diag *d)
+{
+	if (is_float(v->dtype) && v->ndim == ndim)
+		return 0;
+	error_at(d, n->loc, "%s: %s must be %s, got %s", op_name(n), role, form, IR_TYPE(v));
+	return -1;
+}
+
+/* A per-channel vector of x's last dim (layernorm/rmsnorm gamma and beta). */
+static int need_channel(Node *n, const Value *x, const Value *v, const char *role, Diag *d)
+{
+	if (v->ndim == 1 && v->dims[0] == ir_fold_cols(x) && v->dtype == x->dtype)
+		return 0;
+	error_at(d, n->loc, "%s: x is %s but %s is %s: %s must be %s[%lld]", op_name(n), IR_TYPE(x),
+		 role, IR_TYPE(v), role, ir_dtype_name(x->dtype), (long long)ir_fold_cols(x));
+	return -1;
+}
+
+/* EMBEDDING: ids i32 [rows...] (at most 3 dims), table [V, d] -> [rows..., d]. */
+static int check_embedding(Graph *g, Node *n, const Value *ids, const Value *tab, Diag *d)
+{
+	if (ids->dtype != DP_I32 || ids->ndim < 1 || ids->ndim >= DP_MAX_DIMS) {
+		error_at(d, n->loc, "%s: ids must be i32 token ids with 1 to %d dims, got %s",
+			 op_name(n), DP_MAX_DIMS - 1, IR_TYPE(ids));
+		return -1;
+	}
+	return need_dims(n, tab, "table", 2, "a float [vocab, dim] matrix", d);
+}
+
+int shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *ids = V(g, n->in[0]), *tab = V(g, n->in[1]);
+	if (check_embedding(g, n, ids, tab, d))
+		return -1;
+	set_type(out, tab->dtype, ids->ndim, ids->dims);
+	out->ndim = ids->ndim + 1;
+	out->dims[ids->ndim] = tab->dims[1];
+	return 0;
+}
+
+/* EMBEDDING_GRAD {dy [rows..., d], ids [rows...], table [V, d]} -> [V, d]. */
+int shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *dy = V(g, n->in[0]), *ids = V(g, n->in[1]), *tab = V(g, n->in[2]);
+	if (check_embedding(g, n, ids, tab, d))
+		return -1;
+	int ok = dy->ndim == ids->ndim + 1 && dy->dims[ids->ndim] == tab->dims[1] &&
+		 dy->dtype == tab->dtype;
+	for (int i = 0; ok && i < ids->ndim; i++)
+		ok = dy->dims[i] == ids->dims[i];
+	if (!ok) {
+		error_at(d, n->loc, "%s: dy is %s but ids is %s and table %s", op_name(n), IR_TYPE(dy),
+			 IR_TYPE(ids), IR_TYPE(tab));
+		return -1;
+	}
+	copy_type(out, tab);
+	return 0;
+}
+
+/* LAYERNORM {x, gamma [C], beta [C]}, RMSNORM {x, g [C]}: out like x. */
+int shape_norm(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]);
+	if (need_float(n, x, "x", d) || need_channel(n, x, V(g, n->in[1]), "gamma", d))
+		return -1;
+	if (n->nin > 2 && need_channel(n, x, V(g, n->in[2]), "beta", d))
+		return -1;
+	copy_type(out, x);
+	return 0;
+}
+
+/* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x. */
+int shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[1]);
+	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
+	    need_channel(n, x, V(g, n->in[2]), "gamma", d))
+		return -1;
+	return 0;
+}
+
+/* LAYERNORM_GRAD_G / RMSNORM_GRAD_G {dy, x}: [C]. */
+int shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[1]);
+	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
+		return -1;
+	set_type(out, x->dtype, 1, (int64_t[]){ir_fold_cols(x)});
+	return 0;
+}
+
+/* qkv [B, T, 3C] with 3C divisible by 3 * heads (ia0). */
+static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
+{
+	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d))
+		return -1;
+	if (n->ia[0] < 1 || qkv->dims[2] % (3 * n->ia[0]) != 0) {
+		error_at(d, n->loc, "%s: qkv is %s: its last dim must split into q, k and v of %lld "
+			 "heads each", op_name(n), IR_TYPE(qkv), (long long)n->ia[0]);
+		return -1;
+	}
+	return 0;
+}
+
+int shape_attention(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *qkv = V(g, n->in[0]);
+	if (check_qkv(g, n, qkv, d))
+		return -1;
+	copy_type(out, qkv);
+	out->dims[2] = qkv->dims[2] / 3;
+	return 0;
+}
+
+/* ATTENTION_GRAD {dy [B, T, C], qkv [B, T, 3C]}: out like qkv. */
+int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *dy = V(g, n->in[0]), *qkv = V(g, n->in[1]);
+	if (check_qkv(g, n, qkv, d))
+		return -1;
+	if (dy->ndim != 3 || dy->dtype != qkv->dtype || dy->dims[0] != qkv->dims[0] ||
+	    dy->dims[1] != qkv->dims[1] || 3 * dy->dims[2] != qkv->dims[2]) {
+		error_at(d, n->loc, "%s: dy is %s but qkv is %s", op_name(n), IR_TYPE(dy), IR_TYPE(qkv));
+		return -1;
+	}
+	copy_type(out, qkv);
+	return 0;
+}
+
+/* ROPE {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}: out like qkv; T <= Tc and
+ * 3C a multiple of 3 * hd. */
+int shape_rope(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *qkv = V(g, n->in[0]), *cs = V(g, n->in[1]), *sn = V(g, n->in[2]);
+	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d) ||
+	    need_dims(n, cs, "cos", 2, "a float [T, head_dim / 2] table", d))
+		return -1;
+	if (!same_type(cs, sn)) {
+		error_at(d, n->loc, "%s: cos is %s but sin is %s", op_name(n), IR_TYPE(cs), IR_TYPE(sn));
+		return -1;
+	}
+	int64_t hd = 2 * cs->dims[1];
+	if (cs->dims[1] < 1 || qkv->dims[2] % (3 * hd) != 0) {
+		error_at(d, n->loc, "%s: qkv is %s but cos is %s: the last dim of qkv must be a "
+			 "multiple of 3 * %lld (q, k, v of head_dim 2 * %lld)", op_name(n), IR_TYPE(qkv),
+			 IR_TYPE(cs), (long long)hd, (long long)cs->dims[1]);
+		return -1;
+	}
+	if (qkv->dims[1] > cs->dims[0]) {
+		error_at(d, n->loc, "%s: qkv is %s but cos is %s: the tables cover %lld positions, "
+			 "fewer than T = %lld", op_name(n), IR_TYPE(qkv), IR_TYPE(cs),
+			 (long long)cs->dims[0], (long long)qkv->dims[1]);
+		return -1;
+	}
+	copy_type(out, qkv);
+	return 0;
+}
+
+/* TRANSPOSE: the last two dims swapped. */
+int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]);
+	if (x->ndim < 2) {
+		error_at(d, n->loc, "%s: x must have at least 2 dims, got %s", op_name(n), IR_TYPE(x));
+		return -1;
+	}
+	copy_type(out, x);
+	out->dims[x->ndim - 2] = x->dims[x->ndim - 1];
+	out->dims[x->ndim - 1] = x->dims[x->ndim - 2];
+	return 0;
+}
+
+/* RESHAPE: out = [x.dims[0], ia0, .., ia(ia4-1)]; one of them may be -1 (inferred). */
+int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]);
+	int64_t nd = n->ia[4];
+	if (x->ndim < 1 || nd < 0 || nd >= DP_MAX_DIMS) {
+		error_at(d, n->loc, "%s: x is %s: give 0 to %d dims after the first", op_name(n),
+			 IR_TYPE(x), DP_MAX_DIMS - 1);
+		return -1;
+	}
+	int64_t rest = ir_numel(x) / (x->dims[0] ? x->dims[0] : 1), prod = 1;
+	int infer = -1;
+	set_type(out, x->dtype, 1, x->dims);
+	out->ndim = 1 + (int)nd;
+	for (int i = 0; i < nd; i++) {
+		int64_t v = n->ia[i];
+		if (v == -1 && infer < 0) {
+			infer = i + 1;
+			continue;
+		}
+		if (v < 1) {
+			error_at(d, n->loc, "%s: dim %d is %lld: dims must be positive (or -1 once)",
+				 op_name(n), i + 1, (long long)v);
+			return -1;
+		}
+		if (prod > rest / v) {
+			error_at(d, n->loc, "%s: x is %s: %lld elements after the first dim, fewer than "
+				 "the new shape needs", op_name(n), IR_TYPE(x), (long long)rest);
+			return -1;
+		}
+		out->dims[i + 1] = v;
+		prod *= v;
+	}
+	if (infer > 0) {
+		if (prod == 0 || rest % prod != 0) {
+			error_at(d, n->loc, "%s: x is %s: %lld elements after the first dim do not "
+				 "split into blocks of %lld", op_name(n), IR_TYPE(x), (long long)rest,
+				 (long long)prod);
+			return -1;
+		}
+		out->dims[infer] = rest / prod;
+		prod = rest;
+	}
+	if (prod != rest) {
+		error_at(d, n->loc, "%s: x is %s: %lld elements after the first dim, the new shape "
+			 "has %lld", op_name(n), IR_TYPE(x), (long long)rest, (long long)prod);
+		return -1;
+	}
+	return 0;
+}
+
+/* SPLIT: chunk ia1 of ia0 equal chunks of the last dim. */
+static int check_split(Node *n, const Value *x, int64_t lastdim, Diag *d)
+{
+	if (n->ia[0] < 1 || lastdim % n->ia[0] != 0 || n->ia[1] < 0 || n->ia[1] >= n->ia[0]) {
+		error_at(d, n->loc, "%s: x is %s: cannot take part %lld of %lld equal parts of its "
+			 "last dim", op_name(n), IR_TYPE(x), (long long)n->ia[1], (long long)n->ia[0]);
+		return -1;
+	}
+	return 0;
+}
+
+int shape_split(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]);
+	if (need_float(n, x, "x", d) || check_split(n, x, ir_fold_cols(x), d))
+		return -1;
+	copy_type(out, x);
+	out->dims[x->ndim - 1] /= n->ia[0];
+	return 0;
+}
+
+/* SPLIT_GRAD: dy is one chunk; out has ia0 times its last dim. */
+int shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *dy = V(g, n->in[0]);
+	if (need_float(n, dy, "dy", d) || check_split(n, dy, ir_fold_cols(dy) * n->ia[0], d))
+		return -1;
+	copy_type(out, dy);
+	out->dims[dy->ndim - 1] *= n->ia[0];
+	return 0;
+}
+
+
+/* ---- batch rules ---- */
+
+/* "argument 2 'h'": an operand as the user wrote it (the value's name). */
+static const char *arg_str(Graph *g, const Node *n, int k, char *buf, size_t len)
+{
+	snprintf(buf, len, "argument %d '%s'", k + 1, V(g, n->in[k])->name);
+	return buf;
+}
+
+#define ARG(k) arg_str(g, n, (k), (char[160]){0}, 160)
+
+#define MIXES "; the result would depend on how the global batch is split over ranks " \
+	      "and micro-batches"
+
+/* A per-sample operand where the op needs one that is the same for every
+ * sample (a weight, a table). */
+static int per_sample(Graph *g, Node *n, int k, const Value *v, const char *why, Diag *d)
+{
+	error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, but %s%s", op_name(n),
+		 ARG(k), IR_TYPE(v), v->batch_dim, why, MIXES);
+	return -1;
+}
+
+/* Inputs from k on must not be per-sample. */
+static int shared_from(Graph *g, Node *n, int k, const char *why, Diag *d)
+{
+	for (int i = k; i < n->nin; i++)
+		if (n->in[i] >= 0 && V(g, n->in[i])->batch_dim >= 0)
+			return per_sample(g, n, i, V(g, n->in[i]), why, d);
+	return 0;
+}
+
+/* The batch dim of x must not be dim `dim`, which the op works along. */
+static int not_along(Graph *g, Node *n, int k, const Value *x, int dim, const char *what,
+		     Diag *d)
+{
+	if (x->batch_dim < 0 || x->batch_dim != dim)
+		return 0;
+	error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, which %s%s", op_name(n),
+		 ARG(k), IR_TYPE(x), dim, what, MIXES);
+	return -1;
+}
+
+/* Elementwise operands a (in0) and b (in1). Same rank: the batch dims must
+ * line up (a value that is not per-sample lined up with a batch dim is the
+ * same only while its size happens to equal the micro-batch). Ranks differ:
+ * the smaller one is broadcast over the larger's leading dims, so it must not
+ * be per-sample and must not cover the larger's batch dim. */
+static int batch_elemwise(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
+	int ka = 0, kb = 1;
+	if (a->ndim < b->ndim) {
+		const Value *t = a;
+		a = b;
+		b = t;
+		ka = 1;
+		kb = 0;
+	}
+	if (a->ndim == b->ndim) {
+		if (a->batch_dim != b->batch_dim) {
+			int k = a->batch_dim >= 0 ? ka : kb, o = a->batch_dim >= 0 ? kb : ka;
+			const Value *x = a->batch_dim >= 0 ? a : b, *y = a->batch_dim >= 0 ? b : a;
+			if (y->batch_dim >= 0)
+				error_at(d, n->loc, "%s: %s is %s with the batch in dim %d but %s is %s with "
+					 "the batch in dim %d%s", op_name(n), ARG(k), IR_TYPE(x),
+					 x->batch_dim, ARG(o), IR_TYPE(y), y->batch_dim, MIXES);
+			else
+				error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, but %s (%s) is "
+					 "the same for every sample: its dim %d lines up with the batch only "
+					 "while its size equals the micro-batch%s", op_name(n), ARG(k),
+					 IR_TYPE(x), x->batch_dim, ARG(o), IR_TYPE(y), x->batch_dim,
+					 MIXES);
+			return -1;
+		}
+	} else {
+		int lead_dims = a->ndim - b->ndim;
+		if (b->batch_dim >= 0) {
+			error_at(d, n->loc, "%s: %s is %s with the batch in dim %d; broadcast over the "
+				 "leading dims of %s (%s), its batch would line up with dim %d of %s%s",
+				 op_name(n), ARG(kb), IR_TYPE(b), b->batch_dim, ARG(ka),
+				 IR_TYPE(a), b->batch_dim + lead_dims, ARG(ka), MIXES);
+			return -1;
+		}
+		if (a->batch_dim >= lead_dims) {
+			error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, which %s (%s) would "
+				 "cover: one value per sample position that is the same for every "
+				 "sample%s", op_name(n), ARG(ka), IR_TYPE(a), a->batch_dim,
+				 ARG(kb), IR_TYPE(b), MIXES);
+			return -1;
+		}
+	}
+	out->batch_dim = a->batch_dim >= 0 ? a->batch_dim : b->batch_dim;
+	out->seq_dim = a->seq_dim >= 0 ? a->seq_dim : b->ndim == a->ndim ? b->seq_dim : -1;
+	return 0;
+}
+
+static int batch_matmul(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
+	for (int k = 0; k < 2; k++) {
+		const Value *x = k ? b : a;
+		if (n->ia[k] && x->ndim > 2) {
+			error_at(d, n->loc, "%s: transpose_%c needs a 2-D operand, but %s is %s (matmul "
+				 "folds leading dims into rows; reshape or transpose it first)",
+				 op_name(n), k ? 'b' : 'a', k ? "b" : "a", IR_TYPE(x));
+			return -1;
+		}
+	}
+	if (n->ia[0] && a->batch_dim >= 0)
+		return per_sample(g, n, 0, a, "transpose_a contracts over the rows of a", d);
+	if (b->batch_dim >= 0)
+		return per_sample(g, n, 1, b, n->ia[1] ? "transpose_b makes its rows the result's "
+					   "columns" : "matmul contracts over the rows of b", d);
+	out->batch_dim = a->batch_dim;
+	out->seq_dim = a->seq_dim;
+	return 0;
+}
+
+int ir_batch_rule(Graph *g, Node *n, Diag *d)
+{
+	Value *out = n->out >= 0 ? V(g, n->out) : NULL;
+	const Value *x = n->nin > 0 && n->in[0] >= 0 ? V(g, n->in[0]) : NULL;
+	if (!out)
+		return 0;
+	int bd = -1, sd = -1;
+	switch ((OpBatch)ir_ops[n->op].batch) {
+	case OP_BATCH_NONE:
+		break;
+	case OP_BATCH_SAME:
+		bd = x->batch_dim;
+		sd = x->seq_dim;
+		break;
+	case OP_BATCH_ELEMWISE:
+	case OP_BATCH_BIAS:
+		return batch_elemwise(g, n, out, d);
+	case OP_BATCH_ROWS:
+		if (not_along(g, n, 0, x, x->ndim - 1, "it works along (the last dim)", d) ||
+		    shared_from(g, n, 1, "it must be the same for every sample", d))
+			return -1;
+		bd = x->batch_dim;
+		sd = x->seq_dim;
+		break;
+	case OP_BATCH_LINEAR:
+		if (not_along(g, n, 0, x, x->ndim - 1, "linear contracts over (the last dim)", d) ||
+		    shared_from(g, n, 1, "a weight or bias must be the same for every sample", d))
+			return -1;
+		bd = x->batch_dim;
+		sd = x->seq_dim;
+		break;
+	case OP_BATCH_MATMUL:
+		return batch_matmul(g, n, out, d);
+	case OP_BATCH_EMBED:
+		if (shared_from(g, n, 1, "the table must be the same for every sample", d))
+			return -1;
+		bd = x->batch_dim;
+		sd = x->seq_dim;
+		break;
+	case OP_BATCH_SEQ:
+		if (x->batch_dim > 0) {
+			error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, but %s mixes the "
+				 "positions of dim 1 and needs the batch in dim 0%s", op_name(n),
+				 ARG(0), IR_TYPE(x), x->batch_dim, op_name(n), MIXES);
+			return -1;
+		}
+		if (shared_from(g, n, 1, "the tables must be the same for every sample", d))
+			return -1;
+		bd = x->batch_dim;
+		sd = x->seq_dim;
+		break;
+	case OP_BATCH_TRANSPOSE:
+		if (x->batch_dim >= x->ndim - 2) {
+			error_at(d, n->loc, "%s: %s is %s with the batch in dim %d: swapping its last two "
+				 "dims would move the batch dimension%s", op_name(n), ARG(0), IR_TYPE(x),
+				 x->batch_dim, MIXES);
+			return -1;
+		}
+		bd = x->batch_dim;
+		sd = x->seq_dim < x->ndim - 2 ? x->seq_dim : 2 * x->ndim - 3 - x->seq_dim;
+		break;
+	case OP_BATCH_RESHAPE:
+		if (x->batch_dim > 0) {
+			error_at(d, n->loc, "%s: %s is %s with the batch in dim %d, but reshape keeps only "
+				 "dim 0 and regroups the rest, so it would move the batch dimension%s",
+				 op_name(n), ARG(0), IR_TYPE(x), x->batch_dim, MIXES);
+			return -1;
+		}
+		bd = x->batch_dim;
+		/* the sequence dim survives when dim 1 is kept as it is */
+		sd = x->seq_dim == 1 && n->ia[4] >= 1 && x->ndim > 1 && n->ia[0] == x->dims[1] ? 1
+											     : -1;
+		break;
+	case OP_BATCH_REDUCE:
+		if (not_along(g, n, 0, x, x->ndim - 1, "holds the classes", d))
+			return -1;
+		break;
+	}
+	out->batch_dim = (int8_t)bd;
+	out->seq_dim = (int8_t)sd;
+	return 0;
+}

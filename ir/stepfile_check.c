@@ -1,0 +1,445 @@
+/*
+ * stepfile_check.c - the operand rules of the ops (DpOperandRule, the RULE
+ * column of ir/ops.def), checked by the step-file decoder on every
+ * instruction of a compute op.
+ *
+ * These are the ops' contracts, not any backend's: operands present, dtypes,
+ * element counts that match the shapes the kernel derives, and outputs
+ * disjoint from inputs where a kernel cannot work in place. After the decoder
+ * accepts a file, every backend may run any instruction without reading or
+ * writing outside a tensor; a backend checks only its own limits (BLAS int
+ * ranges, dtypes it cannot compute). Labels and token ids are the one thing
+ * only known at run time, and kernels check them there.
+ *
+ * Shapes fold to [rows, cols]: the last dim is cols, the rest fold into rows.
+ */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "stepfile.h"
+
+typedef struct {
+	const DpStep *s;
+	const DpInstr *in;
+	const char *what; /* "step program, instruction 12 (matmul)" */
+	char *err;
+	size_t errlen;
+} Chk;
+
+static const char *tname(const DpStep *s, int id)
+{
+	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
+}
+
+static int64_t numel(const DpTensor *t)
+{
+	int64_t n = 1;
+	for (int d = 0; d < t->ndim; d++)
+		n *= t->dims[d];
+	return n;
+}
+
+static int64_t cols_of(const DpTensor *t)
+{
+	return t->ndim ? t->dims[t->ndim - 1] : 1;
+}
+
+static int64_t rows_of(const DpTensor *t)
+{
+	return numel(t) / cols_of(t);
+}
+
+__attribute__((format(printf, 2, 3))) static int bad(Chk *c, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	snprintf(c->err, c->errlen, "%s (out %s, in %s, %s): %s", c->what, tname(c->s, c->in->out),
+		 tname(c->s, c->in->in[0]), tname(c->s, c->in->in[1]), msg);
+	return -1;
+}
+
+/* Operand k (-1: out): present, and of dtype dt unless dt < 0. NULL after
+ * reporting. */
+static const DpTensor *opnd(Chk *c, int k, int dt)
+{
+	int id = k < 0 ? c->in->out : c->in->in[k];
+	if (id < 0) {
+		if (k < 0)
+			bad(c, "missing output");
+		else
+			bad(c, "missing input %d", k);
+		return NULL;
+	}
+	const DpTensor *t = &c->s->tensors[id];
+	if (dt >= 0 && t->dtype != dt) {
+		if (k < 0)
+			bad(c, "the output '%s' is %s, not %s", tname(c->s, id),
+			    dp_name(dp_dtype_names, DP_NDTYPE, t->dtype), dp_dtype_names[dt]);
+		else
+			bad(c, "input %d '%s' is %s, not %s", k, tname(c->s, id),
+			    dp_name(dp_dtype_names, DP_NDTYPE, t->dtype), dp_dtype_names[dt]);
+		return NULL;
+	}
+	return t;
+}
+
+static int disjoint(const DpTensor *a, const DpTensor *b)
+{
+	return a->offset + a->nbytes <= b->offset || b->offset + b->nbytes <= a->offset;
+}
+
+/* The output is disjoint from every present input. */
+static int out_disjoint(Chk *c)
+{
+	const DpTensor *o = &c->s->tensors[c->in->out];
+	for (int k = 0; k < DP_MAX_IN; k++)
+		if (c->in->in[k] >= 0 && !disjoint(o, &c->s->tensors[c->in->in[k]]))
+			return 0;
+	return 1;
+}
+
+#define NEED(cond, ...)                               \
+	do {                                          \
+		if (!(cond))                          \
+			return bad(c, __VA_ARGS__);   \
+	} while (0)
+#define OPND(var, k, dt)                            \
+	const DpTensor *var = opnd(c, (k), (dt));   \
+	if (!var)                                   \
+	return -1
+#define DISJOINT() NEED(out_disjoint(c), "the output overlaps an input")
+
+/* Attention's qkv [B, T, 3C] with ia0 heads: fills B, T, C. */
+static int qkv_dims(Chk *c, const DpTensor *qkv, int64_t *b, int64_t *t, int64_t *ch)
+{
+	int64_t h = c->in->ia[0];
+	NEED(qkv->ndim == 3, "qkv must be [batch, T, 3*C]");
+	NEED(h >= 1 && h <= INT_MAX && qkv->dims[2] >= 3 * h && qkv->dims[2] % (3 * h) == 0,
+	     "qkv's last dim %lld does not split into 3 * %lld heads", (long long)qkv->dims[2],
+	     (long long)h);
+	*b = qkv->dims[0];
+	*t = qkv->dims[1];
+	*ch = qkv->dims[2] / 3;
+	return 0;
+}
+
+static int check_elementwise(Chk *c, int rule)
+{
+	const DpInstr *in = c->in;
+	switch (rule) {
+	case DP_OR_NONE:
+		return 0;
+	case DP_OR_FILL: {
+		OPND(o, -1, -1);
+		(void)o;
+		return 0;
+	}
+	case DP_OR_COPY:
+	case DP_OR_RESHAPE: {
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		NEED(o->dtype == a->dtype && numel(o) == numel(a),
+		     "the operands differ in dtype or size");
+		return 0;
+	}
+	case DP_OR_UNARY: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		NEED(numel(o) == numel(a), "the operands differ in size");
+		return 0;
+	}
+	case DP_OR_BINARY: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		OPND(b, 1, DP_F32);
+		NEED(numel(o) == numel(a) && numel(a) == numel(b), "the operands differ in size");
+		return 0;
+	}
+	case DP_OR_BIAS_ADD: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		OPND(b, 1, DP_F32);
+		NEED(numel(o) == numel(a) && numel(a) % numel(b) == 0,
+		     "the operand sizes do not match (x %lld, bias %lld, out %lld)",
+		     (long long)numel(a), (long long)numel(b), (long long)numel(o));
+		return 0;
+	}
+	case DP_OR_BIAS_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		NEED(numel(a) % numel(o) == 0, "the operand sizes do not match");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_SCALAR: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		(void)o;
+		(void)a;
+		return 0;
+	}
+	case DP_OR_CLIP: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		NEED(disjoint(o, a), "the norm lies inside the clipped buffer");
+		return 0;
+	}
+	case DP_OR_SGD: {
+		OPND(p, -1, DP_F32);
+		OPND(g, 0, DP_F32);
+		NEED(numel(p) == numel(g), "params and grads differ in size");
+		if (in->in[1] >= 0) {
+			OPND(m, 1, DP_F32);
+			NEED(numel(m) == numel(p), "the momentum buffer differs in size");
+		} else {
+			NEED(in->fa[0] == 0, "momentum without a momentum buffer");
+		}
+		return 0;
+	}
+	case DP_OR_ADAMW: {
+		OPND(p, -1, DP_F32);
+		OPND(g, 0, DP_F32);
+		OPND(m, 1, DP_F32);
+		OPND(v, 2, DP_F32);
+		NEED(numel(p) == numel(g) && numel(m) == numel(p) && numel(v) == numel(p),
+		     "params, grads and state differ in size");
+		return 0;
+	}
+	default:
+		return 1; /* not an elementwise rule */
+	}
+}
+
+static int check_gemm(Chk *c, int rule)
+{
+	const DpInstr *in = c->in;
+	switch (rule) {
+	case DP_OR_MATMUL: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		OPND(b, 1, DP_F32);
+		int64_t m = in->ia[0] ? cols_of(a) : rows_of(a), k = in->ia[0] ? rows_of(a) : cols_of(a);
+		int64_t k2 = in->ia[1] ? cols_of(b) : rows_of(b), n = in->ia[1] ? rows_of(b) : cols_of(b);
+		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
+		NEED(numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
+		     (long long)m, (long long)n);
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_LINEAR: {
+		OPND(o, -1, DP_F32);
+		OPND(x, 0, DP_F32);
+		OPND(w, 1, DP_F32);
+		int64_t k = cols_of(x), n = cols_of(w);
+		NEED(rows_of(w) == k, "x and w inner dimensions differ");
+		NEED(numel(o) == rows_of(x) * n && cols_of(o) == n, "the output shape does not match");
+		if (in->in[2] >= 0) {
+			OPND(b, 2, DP_F32);
+			NEED(numel(b) == n, "the bias size does not match");
+		}
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_XENT:
+	case DP_OR_XENT_GRAD:
+	case DP_OR_CORRECT: {
+		OPND(o, -1, DP_F32);
+		OPND(x, 0, DP_F32);
+		OPND(y, 1, DP_I32);
+		NEED(numel(y) == rows_of(x), "labels (%lld) and logits rows (%lld) differ",
+		     (long long)numel(y), (long long)rows_of(x));
+		if (rule == DP_OR_XENT_GRAD)
+			NEED(numel(o) == numel(x), "the output and the logits differ in size");
+		else
+			NEED(numel(o) >= (rule == DP_OR_CORRECT ? 2 : 1), "the output is too small");
+		return 0;
+	}
+	case DP_OR_EMBEDDING: {
+		OPND(o, -1, DP_F32);
+		OPND(ids, 0, DP_I32);
+		OPND(tab, 1, DP_F32);
+		NEED(tab->ndim == 2, "the table must be [vocab, dim]");
+		NEED(cols_of(o) == tab->dims[1] && numel(o) == numel(ids) * tab->dims[1],
+		     "the output shape does not match ids and table");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_EMBEDDING_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(dy, 0, DP_F32);
+		OPND(ids, 1, DP_I32);
+		if (in->in[2] >= 0) {
+			OPND(tab, 2, DP_F32);
+			NEED(numel(tab) == numel(o), "the output and the table differ in size");
+		}
+		NEED(o->ndim == 2, "the output must be [vocab, dim]");
+		NEED(cols_of(dy) == cols_of(o) && numel(dy) == numel(ids) * cols_of(o),
+		     "dy's shape does not match ids and table");
+		NEED(disjoint(o, dy) && disjoint(o, ids), "the output overlaps an input");
+		return 0;
+	}
+	default:
+		return 1;
+	}
+}
+
+static int check_rows(Chk *c, int rule)
+{
+	const DpInstr *in = c->in;
+	switch (rule) {
+	case DP_OR_NORM_AFFINE:
+	case DP_OR_NORM_SCALE: {
+		OPND(o, -1, DP_F32);
+		OPND(x, 0, DP_F32);
+		OPND(g, 1, DP_F32);
+		NEED(numel(o) == numel(x) && cols_of(o) == cols_of(x), "the output and x differ in shape");
+		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
+		if (rule == DP_OR_NORM_AFFINE) {
+			OPND(b, 2, DP_F32);
+			NEED(numel(b) == cols_of(x), "beta's size does not match x's last dim");
+		}
+		NEED(in->fa[0] >= 0, "negative eps");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_NORM_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(dy, 0, DP_F32);
+		OPND(x, 1, DP_F32);
+		OPND(g, 2, DP_F32);
+		NEED(numel(o) == numel(x) && numel(dy) == numel(x) && cols_of(o) == cols_of(x) &&
+		     cols_of(dy) == cols_of(x), "dy, x and the output differ in shape");
+		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
+		NEED(in->fa[0] >= 0, "negative eps");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_NORM_GRAD_G: {
+		OPND(o, -1, DP_F32);
+		OPND(dy, 0, DP_F32);
+		OPND(x, 1, DP_F32);
+		NEED(numel(dy) == numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
+		NEED(numel(o) == cols_of(x), "the output's size does not match x's last dim");
+		NEED(in->fa[0] >= 0, "negative eps");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_SOFTMAX:
+	case DP_OR_SOFTMAX_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		NEED(numel(o) == numel(a) && cols_of(o) == cols_of(a), "the operands differ in shape");
+		if (rule == DP_OR_SOFTMAX_GRAD) {
+			OPND(y, 1, DP_F32);
+			NEED(numel(y) == numel(a) && cols_of(y) == cols_of(a), "dy and y differ in shape");
+		}
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_SPLIT:
+	case DP_OR_SPLIT_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		const DpTensor *whole = rule == DP_OR_SPLIT ? a : o, *part = rule == DP_OR_SPLIT ? o : a;
+		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < in->ia[0], "bad part index");
+		NEED(cols_of(part) * in->ia[0] == cols_of(whole) && rows_of(part) == rows_of(whole),
+		     "the operand shapes do not match the split");
+		DISJOINT();
+		return 0;
+	}
+	default:
+		return 1;
+	}
+}
+
+static int check_transformer(Chk *c, int rule)
+{
+	const DpInstr *in = c->in;
+	switch (rule) {
+	case DP_OR_ATTENTION: {
+		OPND(o, -1, DP_F32);
+		OPND(qkv, 0, DP_F32);
+		int64_t b, t, ch;
+		if (qkv_dims(c, qkv, &b, &t, &ch))
+			return -1;
+		NEED(numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_ATTENTION_GRAD: {
+		OPND(o, -1, DP_F32);
+		OPND(dy, 0, DP_F32);
+		OPND(qkv, 1, DP_F32);
+		int64_t b, t, ch;
+		if (qkv_dims(c, qkv, &b, &t, &ch))
+			return -1;
+		NEED(numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
+		NEED(numel(o) == numel(qkv) && cols_of(o) == 3 * ch, "the output is not shaped like qkv");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_ROPE: {
+		OPND(o, -1, DP_F32);
+		OPND(qkv, 0, DP_F32);
+		OPND(cs, 1, DP_F32);
+		OPND(sn, 2, DP_F32);
+		NEED(qkv->ndim == 3, "qkv must be [batch, T, 3*C]");
+		NEED(cs->ndim == 2 && sn->ndim == 2 && cs->dims[0] == sn->dims[0] &&
+		     cs->dims[1] == sn->dims[1] && cs->dims[1] >= 1, "cos and sin must be [T, head_dim/2]");
+		NEED(qkv->dims[2] % (6 * cs->dims[1]) == 0,
+		     "qkv's last dim is not a multiple of 3 * head_dim");
+		NEED(qkv->dims[1] <= cs->dims[0], "the rope tables are shorter than T");
+		NEED(numel(o) == numel(qkv) && cols_of(o) == cols_of(qkv),
+		     "the output is not shaped like qkv");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_TRANSPOSE: {
+		OPND(o, -1, -1);
+		OPND(x, 0, -1);
+		NEED(o->dtype == x->dtype, "the operands differ in dtype");
+		NEED(x->ndim >= 2 && o->ndim >= 2 && numel(o) == numel(x) &&
+		     o->dims[o->ndim - 1] == x->dims[x->ndim - 2] &&
+		     o->dims[o->ndim - 2] == x->dims[x->ndim - 1],
+		     "the output is not x with its last two dims swapped");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_INTERLEAVE: {
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		NEED(o->dtype == a->dtype && numel(o) == numel(a), "the operands differ in dtype or size");
+		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < o->ndim &&
+		     o->dims[in->ia[1]] % in->ia[0] == 0, "the split dim does not divide into the parts");
+		DISJOINT();
+		return 0;
+	}
+	default:
+		return 1;
+	}
+}
+
+int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, char *err,
+			  size_t errlen)
+{
+	Chk c = {s, in, what, err, errlen};
+	int rule = dp_op_rules[in->op];
+	if (rule == DP_OR_EXEC)
+		return 0;
+	int r = check_elementwise(&c, rule);
+	if (r > 0)
+		r = check_gemm(&c, rule);
+	if (r > 0)
+		r = check_rows(&c, rule);
+	if (r > 0)
+		r = check_transformer(&c, rule);
+	if (r > 0) {
+		snprintf(err, errlen, "%s: no operand rule %d (internal error)", what, rule);
+		return -1;
+	}
+	return r;
+}
