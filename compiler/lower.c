@@ -173,13 +173,14 @@ enum {
 	T_PREFETCH,
 	T_GATHER_LIMIT_MB,
 	T_ACCUMULATE_GRADS,
+	T_GRADIENT_CHECKPOINTING,
 	T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
 	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
-	"prefetch", "gather_limit_mb", "accumulate_grads",
+	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing",
 };
 
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
@@ -391,6 +392,11 @@ static void lower_train(Lower *L)
 			ERR(val[T_STRATEGY]->loc, "%s", why);
 	}
 	lower_shard_settings(L, val);
+	if (val[T_GRADIENT_CHECKPOINTING]) {
+		int w = want_word(L, val[T_GRADIENT_CHECKPOINTING], "gradient_checkpointing", "true",
+				  "false");
+		L->grad_ckpt = w == 0;
+	}
 	if (val[T_OPTIMIZER])
 		lower_optimizer(L, val[T_OPTIMIZER]);
 	if (val[T_CLIP_GRAD_NORM]) {

@@ -77,6 +77,8 @@ typedef struct {
 	int ninst, capinst;
 	int64_t unrolled; /* statements instantiated by repeat */
 	int next_temp;
+	int grad_ckpt;    /* train's gradient_checkpointing: recompute every block
+	                     made by repeat (unless the block says otherwise) */
 	int loss_seen;
 	Loc loss_loc;
 	Pending *errs; /* reported in source order at the end */

@@ -290,31 +290,42 @@ static int count_unrolled(Lower *L, const Stmt *s)
 	return 1;
 }
 
-/* A block's own setting: `strategy NAME` overrides train's strategy for
- * the block's parameters; `reshard_after_forward true|false` overrides
- * train's for the block (read only when the block is full_shard or
- * hybrid_shard, like train's: a file can switch strategy by one word). */
+/* A block's own settings (each at most once). */
+enum { BS_STRATEGY, BS_RESHARD, BS_RECOMPUTE, BS_COUNT };
+static const char *const block_settings[BS_COUNT] = {"strategy", "reshard_after_forward",
+						     "recompute"}; /* ORDER BS_ */
+#define BLOCK_SETTINGS "strategy, reshard_after_forward, recompute"
+
+/* A block's own setting: `strategy NAME` overrides train's strategy for the
+ * block's parameters; `reshard_after_forward true|false` overrides train's
+ * for the block (read only when the block is full_shard or hybrid_shard,
+ * like train's: a file can switch strategy by one word); `recompute
+ * true|false` overrides train's gradient_checkpointing for the block. */
 static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 {
 	Block *bl = &L->g->blocks[b];
-	int strat = strcmp(p->name, "strategy") == 0;
-	if (!strat && strcmp(p->name, "reshard_after_forward") != 0) {
-		ERR(p->name_loc, "unknown block setting '%s' (block settings: strategy, "
-				 "reshard_after_forward)", p->name);
+	int k = 0;
+	while (k < BS_COUNT && strcmp(p->name, block_settings[k]) != 0)
+		k++;
+	if (k == BS_COUNT) {
+		ERR(p->name_loc, "unknown block setting '%s' (block settings: " BLOCK_SETTINGS ")",
+		    p->name);
 		return;
 	}
-	if (*seen & (1u << strat)) {
+	if (*seen & (1u << k)) {
 		ERR(p->name_loc, "duplicate block setting '%s'", p->name);
 		return;
 	}
-	*seen |= 1u << strat;
+	*seen |= 1u << k;
 	AstVal v;
 	if (eval_value(L, p->val, &v))
 		return;
-	if (!strat) {
-		int w = want_word(L, &v, "reshard_after_forward", "true", "false");
-		if (w >= 0)
+	if (k != BS_STRATEGY) {
+		int w = want_word(L, &v, block_settings[k], "true", "false");
+		if (w >= 0 && k == BS_RESHARD)
 			bl->reshard = w == 0;
+		else if (w >= 0)
+			bl->recompute = w == 0;
 		return;
 	}
 	int s = lower_strategy_word(L, &v);
@@ -352,6 +363,8 @@ static void declare_block(Lower *L, const Stmt *s)
 	}
 	int b = ir_add_block(L->g, name, lower_gloc(L, s->name_loc));
 	map_put(L, &L->blocks, L->g->blocks[b].name, b);
+	/* gradient_checkpointing recomputes the blocks a repeat makes */
+	L->g->blocks[b].recompute = L->grad_ckpt && L->nrep > 0;
 	record_instance(L, b);
 	unsigned seen = 0; /* block settings given */
 	const Stmt *setting = NULL, *param = NULL;
@@ -374,7 +387,7 @@ static void declare_block(Lower *L, const Stmt *s)
 			ERR(p->loc, "repeat cannot be inside a block (put the block inside the repeat)");
 		else
 			ERR(p->loc, "expected a param, a buffer, an assignment or a setting "
-				    "(strategy, reshard_after_forward) in block '%s'", name);
+				    "(" BLOCK_SETTINGS ") in block '%s'", name);
 	}
 	/* a setting places the params declared here; a tied weight read here
 	 * follows the block that declares it */

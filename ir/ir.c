@@ -264,7 +264,8 @@ int ir_overlaps(const Graph *g, const Value *a, const Value *b)
 int ir_add_block(Graph *g, const char *name, Loc loc)
 {
 	g->blocks = grow(g, g->blocks, &g->capblocks, g->nblocks + 1, sizeof(Block));
-	g->blocks[g->nblocks] = (Block){ir_strdup(g, name), loc, -1, -1, loc};
+	g->blocks[g->nblocks] = (Block){.name = ir_strdup(g, name), .loc = loc, .strategy = -1,
+					.reshard = -1, .strategy_loc = loc};
 	return g->nblocks++;
 }
 

@@ -124,6 +124,8 @@ typedef struct Node {
 	unsigned progs;           /* IR_IN_STEP | IR_IN_EVAL */
 	unsigned flags;           /* DP_IF_LAST */
 	int stream;               /* DpStream */
+	int recompute;            /* 1: a copy of a forward node, re-run before its block's
+	                             backward (passes/recompute.c); printed `recompute` */
 	int bucket;               /* bucket index for collectives, or -1 */
 	int block;                /* block it computes for, or -1 */
 	Loc loc;
@@ -136,6 +138,9 @@ typedef struct {
 	Loc loc;
 	int strategy;             /* DpStrategy overriding train's, or -1: train's */
 	int reshard;              /* reshard_after_forward for this block: 0, 1, or -1: train's */
+	int recompute;            /* 1: keep only the block's inputs after its forward and
+	                             run the forward again before its backward (activation
+	                             recompute, passes/recompute.c); 0: keep activations */
 	Loc strategy_loc;         /* where the override is written (messages) */
 } Block;
 
@@ -431,6 +436,11 @@ Graph *ir_read(const char *text, const char *name, Diag *d);
 /* ir_print with the pass name in the header comment ("; dp IR after PASS
  * (file)"); after may be NULL. For dumps after each pass. */
 void ir_print_after(FILE *out, const Graph *g, const char *after);
+
+/* Words with a meaning after a node's phase (program words, last, recompute):
+ * never read as a block name; the printer quotes a block named like one. */
+#define IR_NRESERVED 14
+extern const char *const ir_reserved_words[IR_NRESERVED];
 
 /* ---- verifier (ir/verify.c) ---- */
 

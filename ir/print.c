@@ -14,7 +14,7 @@
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
  *   events 4
- *   block fc1 strategy=ddp                     strategy= and reshard_after_forward=
+ *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=
  *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
@@ -37,7 +37,8 @@
  * the block name (quoted when it is not a plain word or is one of the words
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
- * other mask as progs=N), last (DP_IF_LAST), stream=comm, bucket=rN.
+ * other mask as progs=N), last (DP_IF_LAST), recompute (a forward node re-run
+ * before its block's backward), stream=comm, bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
  *
@@ -380,6 +381,8 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " strategy=%s", dp_strategy_names[bl->strategy]);
 		if (bl->reshard >= 0)
 			bprintf(&b, " reshard_after_forward=%d", bl->reshard);
+		if (bl->recompute)
+			bprintf(&b, " recompute=%d", bl->recompute);
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {
@@ -500,13 +503,15 @@ static const char *progs_word(unsigned progs)
 	}
 }
 
-/* Words with a meaning after the phase; a block named like one prints quoted. */
+const char *const ir_reserved_words[IR_NRESERVED] = {
+	"data", "fwd", "bwd", "comm", "opt", "eval", "setup", "step", "both", "none", "init",
+	"export", "last", "recompute"};
+
+/* A block named like a reserved word prints quoted. */
 static int reserved_word(const char *s)
 {
-	static const char *const words[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup",
-					    "step", "both", "none", "init", "export", "last"};
-	for (size_t i = 0; i < NELEMS(words); i++)
-		if (strcmp(s, words[i]) == 0)
+	for (size_t i = 0; i < IR_NRESERVED; i++)
+		if (strcmp(s, ir_reserved_words[i]) == 0)
 			return 1;
 	return 0;
 }
@@ -648,6 +653,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 	}
 	if (n->flags & DP_IF_LAST)
 		bputs(a, " last");
+	if (n->recompute)
+		bputs(a, " recompute");
 	if (n->flags & ~DP_IF_LAST)
 		bprintf(a, " flags=%u", n->flags & ~DP_IF_LAST);
 	if (n->stream == DP_STREAM_COMM)

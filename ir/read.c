@@ -27,10 +27,6 @@
 #include "ir.h"
 
 
-/* Words with a meaning after a node's phase: not block names (print.c quotes
- * a block named like one). */
-static const char *const reserved[] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup",
-				       "step", "both", "none", "init", "export", "last"};
 
 /* Program words of node lines (must match print.c's progs_word); any other
  * mask reads as progs=N. */
@@ -839,7 +835,7 @@ static int parse_events(Reader *r)
 	return expect_end(r);
 }
 
-/* block NAME [strategy=S] [reshard_after_forward=0|1] */
+/* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -865,6 +861,11 @@ static int parse_block_decl(Reader *r)
 			if (parse_range(r, next(r), 0, 1, &x) < 0)
 				return -1;
 			b->reshard = (int)x;
+		} else if (strcmp(key, "recompute") == 0) {
+			int64_t x;
+			if (parse_range(r, next(r), 0, 1, &x) < 0)
+				return -1;
+			b->recompute = (int)x;
 		} else {
 			return fail_at(r, k->col, "unknown block key '%s'", key);
 		}
@@ -1077,7 +1078,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			const Tok *b = peek(r);
 			if (b->kind == TK_STRING ||
 			    (b->kind == TK_WORD && !is_punct(peek2(r), "=") &&
-			     lookup(reserved, NELEMS(reserved), b->text) < 0 && !ir_op_attr(n->op, b->text))) {
+			     lookup(ir_reserved_words, IR_NRESERVED, b->text) < 0 && !ir_op_attr(n->op, b->text))) {
 				if (parse_block_ref(r, &n->block) < 0)
 					return -1;
 			}
@@ -1092,6 +1093,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 				have_progs = 1;
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
+			} else if (strcmp(t->text, "recompute") == 0) {
+				n->recompute = 1;
 			} else if (an && an->style == IR_ATTR_FLAG) {
 				n->ia[an->slot] = 1;
 			} else {

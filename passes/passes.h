@@ -38,6 +38,7 @@ int pipeline_find(const char *name);
 int tp_run(Graph *g, Diag *d);        /* passes/tp.c: tensor parallelism (Megatron) */
 int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of every value */
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
+int recompute_run(Graph *g, Diag *d); /* passes/recompute.c: activation recompute */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */
 int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: placement + collectives */
 int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: flat buffers, fused buckets */

@@ -17,6 +17,7 @@ const Pass pipeline[] = {
 	 tp_run},
 	{"shape", "every value has a dtype and a per-rank shape", shape_run},
 	{"autodiff", "every param has a grad; backward nodes accumulate into it", ad_run},
+	{"recompute", "recompute blocks re-run their forward before their backward", recompute_run},
 	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",
 	 opt_run},
 	{"collectives", "values placed on the mesh; one collective per grad after its last writer",

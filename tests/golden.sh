@@ -35,6 +35,10 @@ cases=(
 	# issue 4: one GPT-2 layer at tp=2: the tp_copy / tp_reduce the tp pass
 	# placed, and where the schedule issues and waits for them
 	"gpt2-tiny-tp2|models/gpt2-tiny.dp@tp2|--world-size 2 -D layers=1|tp schedule"
+	# issue 16: one recomputed GPT-2 layer under full_shard at 2 ranks: the
+	# second forward (recompute) after the backward all_gather, before the
+	# block's backward and its reduce_scatter
+	"gpt2-tiny-rcfs2|models/gpt2-tiny.dp@rcfs|--world-size 2 -D layers=1|recompute schedule"
 )
 
 if [ ! -x "$DPC" ]; then
@@ -57,6 +61,9 @@ for c in "${cases[@]}"; do
 			{ echo "mesh tp=2"; grep -v '^mesh ' "$model"; } >"$tmp/$copy"
 		elif [ "$v" = mixed ]; then
 			mixed "$model" "$tmp/$copy"
+		elif [ "$v" = rcfs ]; then
+			sed -e 's/^  strategy ddp/  strategy full_shard\n  gradient_checkpointing true/' \
+				"$model" >"$tmp/$copy"
 		elif [ "$v" = hsdp2x2 ]; then
 			sed -e 's/^  strategy ddp/  strategy hybrid_shard/' \
 				-e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' "$model" >"$tmp/$copy"

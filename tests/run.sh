@@ -19,6 +19,7 @@ suites=(
 	"torch_ref"     "bash tests/torch_ref.sh"
 	"transformer"   "bash tests/transformer.sh"
 	"tp"            "bash tests/tp.sh"
+	"recompute"     "bash tests/recompute.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
 tp=0; tf=0; failed=()
