@@ -34,6 +34,16 @@ mpi() {
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
 
+# text_shard: byte-level token shards of the GPL-3 text Debian ships in
+# $T/text.bin and $T/val.bin, and $data, a sed script pointing a transformer
+# model's data paths (build/data/fortunes*.bin) at them
+text_shard() {
+	"$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 \
+		/usr/share/common-licenses/GPL-3 >"$T/shard.log" 2>&1 ||
+		{ cat "$T/shard.log"; fail "text2shard"; }
+	data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
+}
+
 # ---- equivalence runs (tests/sharding.sh, tests/tp.sh): the caller sets $T
 # (a scratch directory) and $STEPS ----
 

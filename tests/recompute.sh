@@ -16,10 +16,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-6}
 
-"$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 \
-	/usr/share/common-licenses/GPL-3 >"$T/shard.log" 2>&1 ||
-	{ cat "$T/shard.log"; fail "text2shard"; }
-data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
+text_shard
 
 # make NAME SRC MESH STRATEGY RECOMPUTE: SRC on MESH ("" keeps mesh auto) with
 # STRATEGY, and with train's gradient_checkpointing when RECOMPUTE is 1

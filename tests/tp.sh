@@ -29,11 +29,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-8}
 
-"$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 \
-	/usr/share/common-licenses/GPL-3 >"$T/shard.log" 2>&1 ||
-	{ cat "$T/shard.log"; fail "text2shard"; }
-
-data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
+text_shard
 gpt=$T/gpt.dp
 variant models/gpt2-tiny.dp "$gpt" "$data"
 mesh() { # mesh DST MESH-LINE [STRATEGY] [SRC]: SRC (the gpt) on that mesh
