@@ -119,6 +119,8 @@ static void make_bucket(Graph *g, Node **mem, int nmem)
 	view->block = block;
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		view->place[a] = first->place[a];
+	if (view->place[DP_AXIS_TP].kind == DP_PL_SHARD)
+		view->place[DP_AXIS_TP].dim = 0; /* 1-D: this tp rank's part */
 	Bucket b = {
 		.op = tail->op,
 		.axes = (unsigned)tail->ia[0],
