@@ -274,17 +274,6 @@ DpStrategy ir_block_strategy(const Graph *g, int b)
 	return (DpStrategy)g->cfg.strategy;
 }
 
-int ir_any_sharded(const Graph *g)
-{
-	for (int i = 0; i < g->nvalues; i++) {
-		const Value *v = g->values[i];
-		if (v->kind == DP_T_PARAM && v->grad >= 0 &&
-		    ir_block_strategy(g, v->block) != DP_STRAT_DDP)
-			return 1;
-	}
-	return 0;
-}
-
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len)
 {
 	unsigned R = g->cfg.mesh[DP_AXIS_REPLICATE];

@@ -39,8 +39,9 @@ int tp_run(Graph *g, Diag *d);        /* passes/tp.c: tensor parallelism (Megatr
 int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of every value */
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */
-int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: placement + collectives */
-int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: flat buffers, fused buckets */
+int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
+int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: each unit's collectives */
+int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 
