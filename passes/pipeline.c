@@ -23,8 +23,9 @@ const Pass pipeline[] = {
 	{"layout", "params in units (buckets up to bucket_mb, or blocks) in flat buffers; "
 		   "sharded units cut over dp_shard",
 	 layout_run},
-	{"collectives", "each unit's collectives per its strategy, after its grads' last writer; "
-			"INIT and EXPORT programs",
+	{"setup", "INIT writes every param and buffer where the step reads it; EXPORT saves them",
+	 setup_run},
+	{"collectives", "each unit's collectives per its strategy, after its grads' last writer",
 	 shard_run},
 	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
 	 bucket_run},

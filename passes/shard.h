@@ -1,13 +1,13 @@
 /*
- * shard.h - the sharding plan shared by the passes layout, collectives
- * and bucket (internal to passes/).
+ * shard.h - the sharding plan shared by the passes layout, setup,
+ * collectives and bucket (internal to passes/).
  *
  * What each data-parallel strategy does is one row of shard_strategies
  * (passes/shard.c). The layout pass reads it to group the parameters into
  * units and lay out the flat buffers, and leaves the result, a ShardPlan, on
- * the graph (Graph.shard); collectives inserts each unit's collectives as
- * its strategy's row says and writes the INIT and EXPORT programs, and
- * bucket fuses the per-gradient all_reduces of replicated
+ * the graph (Graph.shard); setup writes the INIT and EXPORT programs from
+ * the plan, collectives inserts each unit's collectives as its strategy's
+ * row says, and bucket fuses the per-gradient all_reduces of replicated
  * units. The plan is not part of the text IR: the passes after layout run
  * on the graph layout made, in the same dpc run.
  */
