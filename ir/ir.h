@@ -172,7 +172,7 @@ typedef struct Graph {
 	DpSched sched;
 	char strategy[16];         /* "ddp", "zero1", "zero2", "full_shard", "hybrid_shard" */
 	float bucket_mb;           /* bucket size limit in MiB */
-	/* sharded strategies (DSL train settings; see passes/collectives.c) */
+	/* sharded strategies (DSL train settings, defaults in ir_new; passes/layout.c) */
 	int reshard_after_forward; /* full_shard: free gathered params after forward (1) */
 	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
