@@ -224,7 +224,7 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
  * (b < 0: train's). */
 DpStrategy ir_block_strategy(const Graph *g, int b);
 /* Does strategy strat suit g's mesh? 1, or 0 with the reason in msg (the
- * front end reports it at the setting, the collectives pass for IR input).
+ * front end reports it at the setting, the layout pass for IR input).
  * full_shard shards over dp_shard and replicates nothing: a dp_replicate
  * axis would hold copies nothing synchronises. */
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len);
