@@ -451,7 +451,10 @@ int layout_run(Graph *g, Diag *d)
 	if (g->cfg.strategy >= DP_NSTRAT)
 		die("layout: strategy %u out of range", g->cfg.strategy);
 	ShardPlan *pl = ir_alloc(g, sizeof *pl);
-	pl->S = (int)g->cfg.mesh[DP_AXIS_SHARD];
+	pl->S = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (shard_cut_axes() & DP_AXIS_BIT(a))
+			pl->S *= (int)g->cfg.mesh[a];
 	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
 	pl->flat_params = flat_buffer(g, "flat.params");
 	pl->flat_grads = flat_buffer(g, "flat.grads");

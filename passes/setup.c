@@ -112,7 +112,7 @@ int setup_run(Graph *g, Diag *d)
 				save_param(g, i);
 		return 0;
 	}
-	unsigned shard = DP_AXIS_BIT(DP_AXIS_SHARD);
+	unsigned shard = shard_cut_axes();
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
 		if (u->gathered && u->padded > u->elems)

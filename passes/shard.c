@@ -50,6 +50,11 @@ unsigned shard_dp_axes(void)
 	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD);
 }
 
+unsigned shard_cut_axes(void)
+{
+	return DP_AXIS_BIT(DP_AXIS_SHARD);
+}
+
 int shard_tp_dim(const Graph *g, const Value *p)
 {
 	if (g->cfg.mesh[DP_AXIS_TP] <= 1 || p->place[DP_AXIS_TP].kind != DP_PL_SHARD)

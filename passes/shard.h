@@ -90,7 +90,7 @@ typedef struct {
 } Unit;
 
 typedef struct ShardPlan {
-	int S, R;          /* dp_shard, dp_replicate sizes */
+	int S, R;          /* ranks in the cut axes (dp_shard), in dp_replicate */
 	int sharded;       /* some unit is cut: shard buffers, unit values */
 	int flat_params, flat_grads;   /* "flat.params", "flat.grads" */
 	int shard_params, shard_grads; /* the shard buffers (sharded only, else -1) */
@@ -102,8 +102,13 @@ typedef struct ShardPlan {
 /* The plan the layout pass left on g (dies when it did not run). */
 ShardPlan *shard_plan(const Graph *g);
 
-/* Mask of the data-parallel axes: a gradient is a sum over their ranks. */
+/* Mesh axis masks (DP_AXIS_BIT). The data-parallel axes: their ranks see
+ * different samples, so a gradient is a sum over them. The cut axes: the
+ * group a cut unit is sliced over (rank s of it holds slice s). Context
+ * parallelism will add cp to the first, and to the second if its ranks
+ * join the shard group. */
 unsigned shard_dp_axes(void);
+unsigned shard_cut_axes(void);
 
 /* The dim a tensor-parallel parameter is split along over tp, or -1. */
 int shard_tp_dim(const Graph *g, const Value *p);
