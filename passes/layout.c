@@ -27,9 +27,8 @@
  *     no collective); in a sharded graph where parameters switch between
  *     tp-split and replicated (the gradient norm weights a shard as a
  *     whole); in an all-ddp graph where another collective (a tp_reduce)
- *     runs between two gradients' completions (the per-gradient
- *     all_reduces the bucket pass fuses are then not adjacent on the comm
- *     stream).
+ *     runs between two gradients' completions (a ddp bucket is a run of
+ *     gradient all_reduces that follow each other on the comm stream).
  * Units are ordered by the completion of their last gradient.
  *
  * After, when every unit is ddp (uncut): params and grads are views of
@@ -244,7 +243,8 @@ static int view1(Graph *g, const char *name, int of, int64_t off, int64_t n, DpT
 	return v->id;
 }
 
-/* Param and grad i of unit u at element offset *off of fp / fg. */
+/* Param p and its grad: views of fp and fg at element offset *off, which
+ * moves past them. */
 static void place_in(Graph *g, int p, int fp, int fg, int64_t *off)
 {
 	Value *pv = g->values[p], *gv = g->values[pv->grad];
