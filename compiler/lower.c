@@ -338,21 +338,7 @@ static void lower_train(Lower *L)
 	int64_t x;
 	int ok = 1;
 
-	c->steps = 100;
-	c->log_every = 10;
-	c->seed = 0;
-	c->grad_accum = 1;
-	c->micro_batch = 1;
-	c->eval_every = 0;
-	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
-			   .eps = 1e-8f, .weight_decay = 0.01f};
-	g->bucket_mb = 25;
-	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[DP_STRAT_DDP]);
-	c->strategy = DP_STRAT_DDP;
-	g->reshard_after_forward = 1;
-	g->prefetch = 1;
-	g->gather_limit_mb = 0;
-	g->accum_unsharded = 0;
+	/* unset settings keep ir_new's defaults */
 	L->batch_ok = 0;
 	L->global_batch = 1;
 	if (!L->train) {

@@ -86,13 +86,24 @@ Graph *ir_new(const char *file)
 	g->file = file ? ir_strdup(g, file) : "";
 	g->loss = g->logits = g->labels = -1;
 	g->metrics = (DpMetrics){-1, -1, -1, -1};
+	/* The defaults of the DSL's train settings (docs/DSL.md), which are
+	 * also those of hand-written IR without the directive or key: the
+	 * front end sets only what the file says. */
+	DpConfig *c = &g->cfg;
 	for (int a = 0; a < DP_MAX_AXES; a++)
-		g->cfg.mesh[a] = 1;
-	g->cfg.micro_batch = 1;
-	g->cfg.grad_accum = 1;
-	g->cfg.log_every = 1;
-	snprintf(g->strategy, sizeof g->strategy, "ddp");
+		c->mesh[a] = 1;
+	c->micro_batch = 1;
+	c->grad_accum = 1;
+	c->steps = 100;
+	c->log_every = 10;
+	c->strategy = DP_STRAT_DDP;
+	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[DP_STRAT_DDP]);
+	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+			   .eps = 1e-8f, .weight_decay = 0.01f};
+	g->sched = (DpSched){.kind = DP_SCHED_CONSTANT, .steps = c->steps};
 	g->bucket_mb = 25;
+	g->reshard_after_forward = 1;
+	g->prefetch = 1;
 	return g;
 }
 
@@ -274,17 +285,6 @@ DpStrategy ir_block_strategy(const Graph *g, int b)
 	if (b >= 0 && b < g->nblocks && g->blocks[b].strategy >= 0)
 		return (DpStrategy)g->blocks[b].strategy;
 	return (DpStrategy)g->cfg.strategy;
-}
-
-int ir_any_sharded(const Graph *g)
-{
-	for (int i = 0; i < g->nvalues; i++) {
-		const Value *v = g->values[i];
-		if (v->kind == DP_T_PARAM && v->grad >= 0 &&
-		    ir_block_strategy(g, v->block) != DP_STRAT_DDP)
-			return 1;
-	}
-	return 0;
 }
 
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len)

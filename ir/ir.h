@@ -182,7 +182,7 @@ typedef struct Graph {
 	DpSched sched;
 	char strategy[16];         /* "ddp", "zero1", "zero2", "full_shard", "hybrid_shard" */
 	float bucket_mb;           /* bucket size limit in MiB */
-	/* sharded strategies (DSL train settings; see passes/collectives.c) */
+	/* sharded strategies (DSL train settings, defaults in ir_new; passes/layout.c) */
 	int reshard_after_forward; /* full_shard: free gathered params after forward (1) */
 	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
@@ -195,6 +195,8 @@ typedef struct Graph {
 	DpMetrics metrics;         /* value ids (not tensor ids until written) */
 	int nevents;
 	/* filled by passes */
+	struct ShardPlan *shard;   /* units and flat buffers (passes/layout.c), for the
+	                              passes after it; not in the text IR */
 	int64_t peak_bytes;        /* arena size after memory planning */
 	int64_t persistent_bytes;  /* of which params, grads, optimizer state, data, metrics */
 } Graph;
@@ -231,11 +233,8 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
 /* The strategy block b's parameters follow: its override, else train's
  * (b < 0: train's). */
 DpStrategy ir_block_strategy(const Graph *g, int b);
-/* Does any trained parameter follow a strategy other than ddp? (Then the
- * collectives pass lays out sharded units and the bucket pass stands back.) */
-int ir_any_sharded(const Graph *g);
 /* Does strategy strat suit g's mesh? 1, or 0 with the reason in msg (the
- * front end reports it at the setting, the collectives pass for IR input).
+ * front end reports it at the setting, the layout pass for IR input).
  * full_shard shards over dp_shard and replicates nothing: a dp_replicate
  * axis would hold copies nothing synchronises. */
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len);

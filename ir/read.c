@@ -1334,10 +1334,7 @@ Graph *ir_read(const char *text, const char *name, Diag *d)
 		d = &quiet;
 	}
 	Reader r = {0};
-	r.g = ir_new(NULL);
-	/* the DSL's defaults, for hand-written IR without them on its strategy line */
-	r.g->reshard_after_forward = 1;
-	r.g->prefetch = 1;
+	r.g = ir_new(NULL); /* the DSL's defaults, for hand-written IR that omits settings */
 	r.d = d;
 	r.file = ir_strdup(r.g, name ? name : "<ir>");
 	const char *s = text ? text : "";

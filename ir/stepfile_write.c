@@ -2,14 +2,14 @@
  * stepfile_write.c - the planned graph as a step file (dpc's output).
  *
  * ir_build_step turns a memory-planned graph into the in-memory DpStep that
- * ir/stepfile.c encodes; ir_write_step writes it atomically. The mapping is
- * the one GRAPH-FORMS.md "Step file" gives:
+ * ir/stepfile.c encodes; ir_write_step writes it atomically. The mapping
+ * (ir/stepfile.h describes the records):
  * - tensor id = value id, for every value (an unused temporary is a tensor
  *   with offset 0 and nbytes 0, so the ids never need renumbering);
  * - DpTensor from the value: per-rank dims, arena offset/nbytes, placement
- *   per axis, initialiser; init_base 0 (nothing is sharded yet: a sharded
- *   strategy must give the runtime a per-rank base, which one rank-agnostic
- *   number cannot carry);
+ *   per axis, initialiser; init_base 0 (the INIT program initialises every
+ *   parameter whole and SHARDs it afterwards, passes/setup.c: a per-rank
+ *   base is something one rank-agnostic number cannot carry);
  * - sources with their path in the string table and tensor = value id;
  * - program p = the nodes with IR_PROG_BIT(p) in progs, in order (STEP,
  *   EVAL, INIT, EXPORT); each instruction a copy of its node.

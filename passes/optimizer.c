@@ -1,15 +1,15 @@
 /*
  * optimizer.c - lowers the optimizer step: flat buffers, grad norm, clipping,
- * the update, and zeroing the gradients.
+ * the update, and zeroing the gradients (pass "optimizer").
  *
- * Before: after autodiff: every param has its persistent gradient value.
+ * Before: the autodiff form: every param has its persistent gradient value.
  *
- * After (GRAPH-FORMS.md "After optimizer"):
- * - DP_T_FLAT "flat.params" and "flat.grads", f32[total param elements]. Each
- *   param is a view of flat.params at a running element offset (declaration
- *   order; the bucket pass re-lays them out later) and its gradient a view of
- *   flat.grads at the SAME offset: params and grads share one layout, so the
- *   update is one elementwise kernel over the flat buffers.
+ * After:
+ * - DP_T_FLAT "flat.params" and "flat.grads", f32[total param elements]:
+ *   the buffers the update runs over, one elementwise kernel for every
+ *   parameter. Which element holds which parameter (and, for sharded
+ *   strategies, their sizes) is the layout pass's decision: params and
+ *   grads are not views of them yet.
  * - optimizer state, DP_T_OPTSTATE of the same length: adamw "opt.m", "opt.v";
  *   sgd "opt.momentum" only when momentum != 0.
  * - appended nodes, all PH_OPT, IR_IN_STEP, DP_IF_LAST (once per optimizer
@@ -19,6 +19,8 @@
  *     ADAMW flat.params {flat.grads, opt.m, opt.v}
  *       | SGD flat.params {flat.grads, opt.momentum or -1} fa0 momentum fa1 wd
  *     FILL flat.grads = 0                               (next step accumulates)
+ * Trained parameters must be f32 (user error at the param otherwise), and a
+ * model without any is a user error.
  */
 #include "passes.h"
 
@@ -62,17 +64,6 @@ int opt_run(Graph *g, Diag *d)
 
 	int fp = flat_value(g, "flat.params", total, DP_T_FLAT);
 	int fg = flat_value(g, "flat.grads", total, DP_T_FLAT);
-	int64_t off = 0;
-	for (int i = 0; i < g->nvalues; i++) {
-		Value *p = g->values[i];
-		if (p->kind != DP_T_PARAM)
-			continue;
-		Value *gr = g->values[p->grad];
-		p->view_of = fp;
-		gr->view_of = fg;
-		p->view_offset = gr->view_offset = off;
-		off += ir_numel(p);
-	}
 
 	int m = -1, v = -1;
 	if (g->opt.kind == DP_OPT_ADAMW) {

@@ -40,8 +40,10 @@ int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of ev
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
 int recompute_run(Graph *g, Diag *d); /* passes/recompute.c: activation recompute */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */
-int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: placement + collectives */
-int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: flat buffers, fused buckets */
+int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
+int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
+int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: each unit's collectives */
+int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 

@@ -4,7 +4,8 @@
  * The whole compiler after the front end is this list (QBE's main loop):
  * each pass transforms the graph in place; after each one the verifier runs
  * (dpc always does; --no-verify turns it off) and the graph can be dumped.
- * The forms the graph takes between passes are GRAPH-FORMS.md.
+ * The form the graph takes before and after each pass is at the top of the
+ * pass's file.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -20,9 +21,14 @@ const Pass pipeline[] = {
 	{"recompute", "recompute blocks re-run their forward before their backward", recompute_run},
 	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",
 	 opt_run},
-	{"collectives", "values placed on the mesh; one collective per grad after its last writer",
+	{"layout", "params in units (buckets up to bucket_mb, or blocks) in flat buffers; "
+		   "sharded units cut over dp_shard",
+	 layout_run},
+	{"setup", "INIT writes every param and buffer where the step reads it; EXPORT saves them",
+	 setup_run},
+	{"collectives", "each unit's collectives per its strategy, after its grads' last writer",
 	 shard_run},
-	{"bucket", "grads laid out in backward order; collectives fused into buckets up to bucket_mb",
+	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
 	 bucket_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},

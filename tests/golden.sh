@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.." || exit 1
 
 # name | model | dpc flags | passes
 cases=(
-	"mlp-ws2|models/mlp.dp|--world-size 2|collectives bucket"
+	# ddp at 2 ranks: the flat layout in backward order (layout), one
+	# all_reduce per gradient (collectives), fused per unit (bucket)
+	"mlp-ws2|models/mlp.dp|--world-size 2|layout collectives bucket"
 	# issue 5: one file per strategy after the schedule pass (collectives,
 	# their events, prefetch order) for mlp.dp and the 8-block mlp8.dp at
 	# 4 ranks; "@STRATEGY" compiles a copy with that strategy, "@hsdp2x2"
@@ -31,7 +33,8 @@ cases=(
 	"mlp8-hybrid_shard-2x2|models/mlp8.dp@hsdp2x2|--world-size 4|schedule"
 	# per-block strategies: train's full_shard with fc1 ddp, fc2 zero1,
 	# fc3 not resharded and head zero2 (tests/lib.sh's mixed)
-	"mlp8-mixed-ws4|models/mlp8.dp@mixed|--world-size 4|schedule"
+	# (layout: the units of every strategy in one graph, their buffers)
+	"mlp8-mixed-ws4|models/mlp8.dp@mixed|--world-size 4|layout schedule"
 	# issue 4: one GPT-2 layer at tp=2: the tp_copy / tp_reduce the tp pass
 	# placed, and where the schedule issues and waits for them
 	"gpt2-tiny-tp2|models/gpt2-tiny.dp@tp2|--world-size 2 -D layers=1|tp schedule"

@@ -6,7 +6,8 @@
 # Runs (each STEPS steps of models/gpt2-tiny.dp on a byte-level shard of the
 # GPL-3 text, reference: 1 rank, ddp):
 #   - tp=2                          (2 ranks)
-#   - tp=2 x dp_shard=2, ddp        (4 ranks; rank = s*2 + t)
+#   - tp=2 x dp_shard=2, ddp        (4 ranks; rank = s*2 + t), also with
+#     buckets of 10 KB
 #   - tp=2 x dp_shard=2, full_shard (4 ranks: FSDP + TP, 2-D)
 #   - tp=2 x dp_replicate=2 x dp_shard=2, hybrid_shard (8 ranks, 3-D)
 #   - tp=2 x dp_shard=2, per-block strategies: full_shard layers without
@@ -50,6 +51,10 @@ grep -q "^  strategy ddp" "$gpt" || fail "gpt2-tiny's strategy is ddp (the refer
 eq_run tp2 2 "$T/tp2.dp" && eq_same tp2 gpt-1
 mesh "$T/tp2dp2.dp" "tp=2, dp_shard=2"
 eq_run tp2dp2 4 "$T/tp2dp2.dp" && eq_same tp2dp2 gpt-1
+# small ddp buckets: some hold only tp-split weights (their 1-D view is
+# shard0 on tp, whatever dim the first weight is split on)
+variant "$T/tp2dp2.dp" "$T/tp2b.dp" 's/^  strategy ddp/&\n  bucket_mb 0.01/'
+eq_run tp2b 4 "$T/tp2b.dp" && eq_same tp2b gpt-1
 mesh "$T/tp2fs2.dp" "tp=2, dp_shard=2" full_shard
 eq_run tp2fs2 4 "$T/tp2fs2.dp" && eq_same tp2fs2 gpt-1
 mesh "$T/tp2hs.dp" "dp_replicate=2, dp_shard=2, tp=2" hybrid_shard

@@ -1,0 +1,487 @@
+/*
+ * layout.c - units and the flat-buffer layout (pass "layout").
+ *
+ * The one place that decides which parameters are reduced and gathered
+ * together (units: the buckets) and where every parameter, gradient and
+ * optimizer-state element lives. The passes after it (setup, collectives,
+ * bucket) follow the plan it leaves in g->shard (passes/shard.h).
+ *
+ * Before: the optimizer form: "flat.params" and "flat.grads" f32[total
+ * trained elements] and the optimizer state of the same length; the
+ * DP_IF_LAST optimizer tail (SQNORM, CLIP, ADAMW/SGD, FILL) runs over them;
+ * params and grads are not views yet.
+ *
+ * Placement: every value replicated on every mesh axis (passes/tp.c's tp
+ * placement of split parameters stays, and their gradients get it too).
+ *
+ * Units. Every trained parameter is in one unit; a unit follows the
+ * strategy of its parameters' block (its own `strategy`, else train's) and
+ * is one collective call, so the unit is the bucket:
+ *   gathered strategies (full_shard, hybrid_shard): one unit per block
+ *     (and per tp split), the unit the user gathers and frees together;
+ *   the others (ddp, zero1, zero2): parameters in backward completion
+ *     order (last gradient writer; parameters nothing writes last),
+ *     greedily up to bucket_mb (a parameter larger than the limit is a
+ *     bucket of its own). A new bucket starts where the strategy changes
+ *     or at the first parameter whose gradient nothing writes (those need
+ *     no collective); in a sharded graph where parameters switch between
+ *     tp-split and replicated (the gradient norm weights a shard as a
+ *     whole); in an all-ddp graph where another collective (a tp_reduce)
+ *     runs between two gradients' completions (a ddp bucket is a run of
+ *     gradient all_reduces that follow each other on the comm stream).
+ * Units are ordered by the completion of their last gradient.
+ *
+ * After, when every unit is ddp (uncut): params and grads are views of
+ * flat.params / flat.grads at equal offsets, unit after unit in that order
+ * (so a unit is a contiguous range: its all_reduce is zero-copy). Nothing
+ * else changes.
+ *
+ * After, otherwise (S = dp_shard ranks): a cut unit is padded to a
+ * multiple of S (FSDP's flat-parameter padding; a parameter that does not
+ * divide is never rejected) and rank s holds elements [s*c, (s+1)*c) of it,
+ * c = padded/S; an uncut (ddp) unit is held whole. Buffers:
+ *   "flat.params.shard", "flat.grads.shard" and opt.* (place dp_shard:
+ *     shard0): per unit, what this rank updates, at loff: "U.shard" and
+ *     "U.grad.shard" views of a cut unit's chunk; "U.params" and "U.grads"
+ *     views of an uncut unit (its params and grads live there);
+ *   "flat.params": the full params of cut, not gathered units (zero1,
+ *     zero2), "U.params" views; "flat.grads": the full grads of cut units
+ *     with full_grads, "U.grads" views (partial on the data-parallel axes).
+ *     When no unit needs one, that value becomes the shard buffer instead
+ *     (keeping its id), so the graph never holds an empty buffer;
+ *   gathered units: "U.gather" (f32[padded], a temporary of the step and
+ *     eval programs) that its params are views of, and with
+ *     reshard_after_forward a second one "U.gather.bwd" whose "p.bwd"
+ *     views the backward nodes now read (not made for a unit the backward
+ *     does not read, e.g. a first layer whose input needs no gradient);
+ *     the unit's full grads "U.grads" are a temporary unless full_grads,
+ *     and "U.rs" (f32[chunk], shard0) takes their reduce_scatter.
+ *   Params and grads are views of their unit's full buffers in unit order;
+ *   grads are partial on the data-parallel axes; a tp-split unit's shard
+ *   views are shard0 on tp. The optimizer tail runs on the shard buffers
+ *   (SQNORM of, CLIP and update into flat.grads.shard / flat.params.shard);
+ *   its FILL zeroes the buffer the backward accumulates into (flat.grads
+ *   when some unit keeps full grads, else the shard buffer).
+ * Hand-written IR with a strategy that does not suit the mesh is reported
+ * here (the front end reports it at the DSL setting).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "shard.h"
+
+static void place_replicated(Graph *g)
+{
+	for (int i = 0; i < g->nvalues; i++) {
+		Value *v = g->values[i];
+		Place tp = v->kind == DP_T_PARAM ? v->place[DP_AXIS_TP] : (Place){DP_PL_REPLICATE, -1};
+		for (int a = 0; a < DP_MAX_AXES; a++)
+			v->place[a] = (Place){DP_PL_REPLICATE, -1};
+		v->place[DP_AXIS_TP] = tp;
+	}
+	for (int i = 0; i < g->nvalues; i++) {
+		Value *v = g->values[i];
+		if (v->kind == DP_T_GRAD && v->param >= 0)
+			v->place[DP_AXIS_TP] = g->values[v->param]->place[DP_AXIS_TP];
+	}
+}
+
+static void place_shard(Value *v)
+{
+	v->place[DP_AXIS_SHARD] = (Place){DP_PL_SHARD, 0};
+}
+
+static void place_partial(Value *v, unsigned axes)
+{
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (axes & DP_AXIS_BIT(a))
+			v->place[a] = (Place){DP_PL_PARTIAL, -1};
+}
+
+static int trained(const Value *v)
+{
+	return v->kind == DP_T_PARAM && v->grad >= 0;
+}
+
+/* ---- units ---- */
+
+/* Trained parameters in backward completion order (last writer of the
+ * gradient; none last; ties by id). */
+static int *params_by_completion(Graph *g, const int *last, int *np)
+{
+	int *ps = ir_alloc(g, (size_t)(g->nvalues ? g->nvalues : 1) * sizeof(int));
+	int n = 0;
+	for (int v = 0; v < g->nvalues; v++)
+		if (trained(g->values[v]))
+			ps[n++] = v;
+	/* insertion sort: stable, small n */
+	for (int i = 1; i < n; i++) {
+		int p = ps[i], j = i;
+		int kp = last[g->values[p]->grad];
+		kp = kp < 0 ? INT32_MAX : kp;
+		while (j > 0) {
+			int kq = last[g->values[ps[j - 1]]->grad];
+			kq = kq < 0 ? INT32_MAX : kq;
+			if (kq <= kp)
+				break;
+			ps[j] = ps[j - 1];
+			j--;
+		}
+		ps[j] = p;
+	}
+	*np = n;
+	return ps;
+}
+
+static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int tp, int strat)
+{
+	Unit *u = &pl->u[pl->nu++];
+	memset(u, 0, sizeof *u);
+	u->name = tp ? ir_fmt(g, "%s.tp", name) : name;
+	u->block = block;
+	u->tp = tp;
+	u->strat = strat;
+	u->cut = shard_strategies[strat].cut;
+	u->gathered = shard_strategies[strat].gathered;
+	u->full_grads = !u->gathered || g->accum_unsharded;
+	int own = block >= 0 ? g->blocks[block].reshard : -1;
+	u->reshard = u->gathered && (own >= 0 ? own : g->reshard_after_forward);
+	u->first = u->last = -1;
+	u->foff = u->goff = -1;
+	u->full_p = u->full_g = u->shard_p = u->shard_g = -1;
+	u->gather = u->gather_bwd = u->rs = -1;
+	return u;
+}
+
+static void unit_add(Graph *g, Unit *u, int p)
+{
+	int *grown = ir_alloc(g, (size_t)(u->nparams + 1) * sizeof(int));
+	if (u->nparams)
+		memcpy(grown, u->params, (size_t)u->nparams * sizeof(int));
+	grown[u->nparams++] = p;
+	u->params = grown;
+	u->elems += ir_numel(g->values[p]);
+}
+
+/* Does a bucket end between parameters a and b (completion order)? See
+ * "Units" above. coll[i] counts the collectives among the first i nodes. */
+static int bucket_ends(const Graph *g, const ShardPlan *pl, const int *last, const int *coll,
+		       int a, int b)
+{
+	int la = last[g->values[a]->grad], lb = last[g->values[b]->grad];
+	if ((la >= 0) != (lb >= 0))
+		return 1;
+	if (pl->sharded)
+		return (shard_tp_dim(g, g->values[a]) >= 0) != (shard_tp_dim(g, g->values[b]) >= 0);
+	return la >= 0 && coll[lb] - coll[la + 1] > 0;
+}
+
+static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *last)
+{
+	int np;
+	int *ps = params_by_completion(g, last, &np);
+	int *coll = ir_alloc(g, (size_t)(g->nnodes + 1) * sizeof(int));
+	for (int i = 0; i < g->nnodes; i++)
+		coll[i + 1] = coll[i] + dp_is_collective(g->nodes[i]->op);
+	pl->u = ir_alloc(g, (size_t)(np ? np : 1) * sizeof(Unit));
+	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
+	Unit *bk = NULL; /* the open bucket */
+	for (int i = 0; i < np; i++) {
+		const Value *p = g->values[ps[i]];
+		int tp = pl->sharded && shard_tp_dim(g, p) >= 0;
+		int strat = ir_block_strategy(g, p->block);
+		if (shard_strategies[strat].gathered) {
+			/* one unit per block (and per tp split) */
+			bk = NULL;
+			Unit *u = NULL;
+			for (int k = 0; k < pl->nu && !u; k++)
+				if (pl->u[k].gathered && pl->u[k].block == p->block && pl->u[k].tp == tp)
+					u = &pl->u[k];
+			if (!u)
+				u = new_unit(g, pl, p->block >= 0 ? g->blocks[p->block].name : "model",
+					     p->block, tp, strat);
+			unit_add(g, u, ps[i]);
+			continue;
+		}
+		int64_t bytes = ((bk ? bk->elems : 0) + ir_numel(p)) * (int64_t)ir_dtype_size(p->dtype);
+		if (!bk || bytes > limit || strat != bk->strat ||
+		    bucket_ends(g, pl, last, coll, bk->params[bk->nparams - 1], ps[i]))
+			bk = new_unit(g, pl, ir_fmt(g, "bucket%d", pl->nu), p->block, tp, strat);
+		if (bk->block != p->block)
+			bk->block = -1;
+		unit_add(g, bk, ps[i]);
+	}
+	/* block units were created at their first (earliest completing) param;
+	 * order all units by their last completion (stable: buckets already are) */
+	shard_unit_spans(pl, g, first, last);
+	for (int i = 1; i < pl->nu; i++) {
+		Unit t = pl->u[i];
+		int kt = t.last < 0 ? INT32_MAX : t.last, j = i;
+		while (j > 0 && (pl->u[j - 1].last < 0 ? INT32_MAX : pl->u[j - 1].last) > kt) {
+			pl->u[j] = pl->u[j - 1];
+			j--;
+		}
+		pl->u[j] = t;
+	}
+}
+
+/* ---- the flat layout ---- */
+
+static Value *flat1(Graph *g, const char *name, int64_t n, DpTensorKind kind)
+{
+	return ir_value(g, name, DP_F32, 1, (int64_t[]){n}, kind, (Loc){0});
+}
+
+/* A 1-D view of `of` at element offset off. */
+static int view1(Graph *g, const char *name, int of, int64_t off, int64_t n, DpTensorKind kind,
+		 int block)
+{
+	Value *v = flat1(g, name, n, kind);
+	v->view_of = of;
+	v->view_offset = off;
+	v->block = block;
+	return v->id;
+}
+
+/* Param p and its grad: views of fp and fg at element offset *off, which
+ * moves past them. */
+static void place_in(Graph *g, int p, int fp, int fg, int64_t *off)
+{
+	Value *pv = g->values[p], *gv = g->values[pv->grad];
+	pv->view_of = fp;
+	gv->view_of = fg;
+	pv->view_offset = gv->view_offset = *off;
+	*off += ir_numel(pv);
+}
+
+/* Every unit uncut: the units one after another in the flat buffers. */
+static void lay_out_whole(Graph *g, ShardPlan *pl)
+{
+	int64_t off = 0;
+	for (int k = 0; k < pl->nu; k++)
+		for (int i = 0; i < pl->u[k].nparams; i++)
+			place_in(g, pl->u[k].params[i], pl->flat_params, pl->flat_grads, &off);
+	if (off != ir_numel(g->values[pl->flat_params]))
+		die("layout: units cover %lld of %lld elements", (long long)off,
+		    (long long)ir_numel(g->values[pl->flat_params]));
+}
+
+/* The shard buffer "F.shard" (ltot elements) beside flat buffer f, which
+ * keeps `full` elements (placed partial on `partial`); with full = 0 f
+ * itself becomes the shard buffer. */
+static int shard_buffer(Graph *g, int f, int64_t full, int64_t ltot, unsigned partial)
+{
+	Value *v = g->values[f];
+	const char *name = ir_fmt(g, "%s.shard", v->name);
+	if (!full) {
+		v->name = name;
+		v->dims[0] = ltot;
+		place_shard(v);
+		return f;
+	}
+	v->dims[0] = full;
+	place_partial(v, partial);
+	Value *s = flat1(g, name, ltot, DP_T_FLAT);
+	place_shard(s);
+	return s->id;
+}
+
+/* Offsets, sizes and the buffers and views of every unit of a sharded
+ * graph (see "After, otherwise" above). */
+static void lay_out_shards(Graph *g, ShardPlan *pl)
+{
+	int fp = pl->flat_params, fg = pl->flat_grads;
+	int64_t ltot = 0;
+	for (int k = 0; k < pl->nu; k++) {
+		Unit *u = &pl->u[k];
+		int parts = u->cut ? pl->S : 1;
+		u->chunk = (u->elems + parts - 1) / parts;
+		u->padded = u->chunk * parts;
+		u->loff = ltot;
+		ltot += u->chunk;
+		if (u->cut && !u->gathered) {
+			u->foff = pl->ftot;
+			pl->ftot += u->padded;
+		}
+		if (u->cut && u->full_grads) {
+			u->goff = pl->gtot;
+			pl->gtot += u->padded;
+		}
+	}
+	unsigned dp = shard_dp_axes();
+
+	int sp = pl->shard_params = shard_buffer(g, fp, pl->ftot, ltot, 0);
+	int sg = pl->shard_grads = shard_buffer(g, fg, pl->gtot, ltot, dp);
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_OPTSTATE) {
+			g->values[i]->dims[0] = ltot;
+			place_shard(g->values[i]);
+		}
+
+	for (int k = 0; k < pl->nu; k++) {
+		Unit *u = &pl->u[k];
+		if (u->cut) {
+			u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->loff, u->chunk,
+					   DP_T_PARAM, u->block);
+			u->shard_g = view1(g, ir_fmt(g, "%s.grad.shard", u->name), sg, u->loff,
+					   u->chunk, DP_T_GRAD, u->block);
+			place_shard(g->values[u->shard_p]);
+			place_shard(g->values[u->shard_g]);
+		} else {
+			/* ddp: the whole unit, params and grads, in the shared buffers */
+			u->shard_p = u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), sp, u->loff,
+						       u->chunk, DP_T_PARAM, u->block);
+			u->shard_g = u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), sg, u->loff,
+						       u->chunk, DP_T_GRAD, u->block);
+		}
+		if (u->tp) /* different values on every tp rank */
+			g->values[u->shard_p]->place[DP_AXIS_TP] =
+				g->values[u->shard_g]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
+		if (u->gathered) {
+			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->padded, DP_T_ACT)->id;
+			g->values[u->gather]->block = u->block;
+			u->full_p = u->gather;
+		} else if (u->cut) {
+			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), fp, u->foff, u->padded,
+					  DP_T_PARAM, u->block);
+		}
+		if (u->goff >= 0) {
+			u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), fg, u->goff, u->padded,
+					  DP_T_GRAD, u->block);
+		} else if (u->cut) {
+			u->full_g = flat1(g, ir_fmt(g, "%s.grads", u->name), u->padded, DP_T_ACT)->id;
+			g->values[u->full_g]->block = u->block;
+		}
+		place_partial(g->values[u->full_g], dp);
+		if (u->cut && !u->full_grads) {
+			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), u->chunk, DP_T_ACT)->id;
+			g->values[u->rs]->block = u->block;
+			place_shard(g->values[u->rs]);
+		}
+		int64_t off = 0;
+		for (int i = 0; i < u->nparams; i++) {
+			place_in(g, u->params[i], u->full_p, u->full_g, &off);
+			place_partial(g->values[g->values[u->params[i]]->grad], dp);
+		}
+	}
+}
+
+/* Resharding: a second gathered buffer for each gathered unit the
+ * backward reads, and the backward reads its "p.bwd" views. */
+static void lay_out_backward_gathers(Graph *g, ShardPlan *pl)
+{
+	int nv = g->nvalues;
+	int *unit_of = ir_alloc(g, (size_t)nv * sizeof(int));
+	int *bwd_view = ir_alloc(g, (size_t)nv * sizeof(int));
+	for (int v = 0; v < nv; v++)
+		unit_of[v] = bwd_view[v] = -1;
+	for (int k = 0; k < pl->nu; k++)
+		for (int i = 0; i < pl->u[k].nparams; i++)
+			unit_of[pl->u[k].params[i]] = k;
+	char *read = ir_alloc(g, (size_t)(pl->nu ? pl->nu : 1));
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->phase != PH_BWD)
+			continue;
+		for (int j = 0; j < n->nin; j++)
+			if (n->in[j] >= 0 && n->in[j] < nv && unit_of[n->in[j]] >= 0)
+				read[unit_of[n->in[j]]] = 1;
+	}
+	for (int k = 0; k < pl->nu; k++) {
+		Unit *u = &pl->u[k];
+		if (!u->reshard || !read[k])
+			continue;
+		u->gather_bwd = flat1(g, ir_fmt(g, "%s.gather.bwd", u->name), u->padded, DP_T_ACT)->id;
+		g->values[u->gather_bwd]->block = u->block;
+		u->bwd_params = ir_alloc(g, (size_t)u->nparams * sizeof(int));
+		for (int i = 0; i < u->nparams; i++) {
+			const Value *p = g->values[u->params[i]];
+			Value *b = ir_value(g, ir_fmt(g, "%s.bwd", p->name), p->dtype, p->ndim, p->dims,
+					    DP_T_PARAM, p->loc);
+			b->block = p->block;
+			b->view_of = u->gather_bwd;
+			b->view_offset = p->view_offset;
+			u->bwd_params[i] = bwd_view[p->id] = b->id;
+		}
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (n->phase != PH_BWD)
+			continue;
+		for (int j = 0; j < n->nin; j++)
+			if (n->in[j] >= 0 && n->in[j] < nv && bwd_view[n->in[j]] >= 0)
+				n->in[j] = bwd_view[n->in[j]];
+	}
+}
+
+static Node *find_opt(const Graph *g, IrOp op)
+{
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->phase == PH_OPT && g->nodes[i]->op == op)
+			return g->nodes[i];
+	return NULL;
+}
+
+/* The optimizer tail on what this rank updates: the shard buffers. */
+static void retarget_optimizer(Graph *g, const ShardPlan *pl)
+{
+	Node *sq = find_opt(g, DPK_SQNORM), *clip = find_opt(g, DPK_CLIP);
+	Node *upd = find_opt(g, DPK_ADAMW) ? find_opt(g, DPK_ADAMW) : find_opt(g, DPK_SGD);
+	Node *fill = find_opt(g, DPK_FILL);
+	if (!sq || !upd || !fill)
+		die("layout: the optimizer tail is missing");
+	sq->in[0] = pl->shard_grads;
+	if (clip)
+		clip->out = pl->shard_grads;
+	upd->out = pl->shard_params;
+	upd->in[0] = pl->shard_grads;
+	fill->out = pl->gtot ? pl->flat_grads : pl->shard_grads;
+}
+
+static int flat_buffer(const Graph *g, const char *name)
+{
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_FLAT && strcmp(g->values[i]->name, name) == 0)
+			return i;
+	die("layout: %s missing (optimizer pass not run?)", name);
+}
+
+int layout_run(Graph *g, Diag *d)
+{
+	if (g->cfg.strategy >= DP_NSTRAT)
+		die("layout: strategy %u out of range", g->cfg.strategy);
+	ShardPlan *pl = ir_alloc(g, sizeof *pl);
+	pl->S = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (shard_cut_axes() & DP_AXIS_BIT(a))
+			pl->S *= (int)g->cfg.mesh[a];
+	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
+	pl->flat_params = flat_buffer(g, "flat.params");
+	pl->flat_grads = flat_buffer(g, "flat.grads");
+	pl->shard_params = pl->shard_grads = -1;
+	for (int v = 0; v < g->nvalues; v++)
+		if (trained(g->values[v]) && shard_strategies[ir_block_strategy(g, g->values[v]->block)].cut)
+			pl->sharded = 1;
+	place_replicated(g);
+	int *first, *last;
+	shard_writers(g, g->nnodes, &first, &last);
+	make_units(g, pl, first, last);
+	for (int k = 0; k < pl->nu; k++) {
+		const Unit *u = &pl->u[k];
+		char why[160];
+		if (ir_strategy_fits(g, u->strat, why, sizeof why))
+			continue;
+		int own = u->block >= 0 && g->blocks[u->block].strategy >= 0;
+		error_at(d, own ? g->blocks[u->block].strategy_loc : (Loc){g->file, 0, 0}, "%s", why);
+		return -1;
+	}
+	if (pl->sharded) {
+		lay_out_shards(g, pl);
+		lay_out_backward_gathers(g, pl);
+		retarget_optimizer(g, pl);
+	} else {
+		lay_out_whole(g, pl);
+	}
+	g->shard = pl;
+	return 0;
+}

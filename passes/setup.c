@@ -1,0 +1,134 @@
+/*
+ * setup.c - the INIT and EXPORT programs (pass "setup").
+ *
+ * INIT runs once at start-up and writes every parameter and buffer where the
+ * step reads it; EXPORT runs before a full checkpoint and gathers every
+ * parameter back whole under its DSL name. Both follow the layout pass's
+ * plan, so sharding stays invisible to the runtime.
+ *
+ * Before: the layout form (passes/layout.c): units laid out, params and
+ * grads views of their buffers. No PH_SETUP nodes.
+ *
+ * After: PH_SETUP nodes appended after the step's nodes, in this order:
+ *   INIT every buffer (nosync: never sharded, never communicated);
+ *   every unit uncut (all ddp): INIT each trained param in declaration
+ *     order, then (EXPORT) SAVE each;
+ *   otherwise, per unit: FILL 0 of a gathered unit's temporary when it has
+ *     padding, INIT each param into its full place, SHARD the unit's full
+ *     params into this rank's slice (cut units); then per unit (EXPORT):
+ *     all_gather a gathered unit's slices back into its temporary, SAVE
+ *     each param.
+ * Tensor parallelism (tp > 1): INIT of a split parameter p initialises
+ * "p.whole" (INIT p.whole as p: the same values as on one rank, a
+ * temporary) and SHARDs this rank's block along the split dim over tp;
+ * EXPORT all_gathers p over tp into "p.tp_gather" ([tp][block] order),
+ * INTERLEAVEs it back into p.whole and SAVEs that as p.
+ */
+#include <string.h>
+
+#include "shard.h"
+
+#define TPBIT DP_AXIS_BIT(DP_AXIS_TP)
+
+static Node *setup_node(Graph *g, IrOp op, int out, int nin, const int *in, unsigned progs)
+{
+	Node *n = ir_node(g, op, out, nin, in, PH_SETUP, (Loc){0});
+	n->progs = progs;
+	if (out >= 0)
+		n->block = g->values[out]->block;
+	else if (nin > 0)
+		n->block = g->values[in[0]]->block;
+	return n;
+}
+
+/* "p.whole": the whole (all tp ranks') value of split parameter p, with
+ * p's initialiser. */
+static int whole_of(Graph *g, const Value *p)
+{
+	const char *name = ir_fmt(g, "%s.whole", p->name);
+	Value *w = ir_find_value(g, name);
+	if (w)
+		return w->id;
+	int64_t dims[DP_MAX_DIMS];
+	memcpy(dims, p->dims, sizeof dims);
+	dims[shard_tp_dim(g, p)] *= g->cfg.mesh[DP_AXIS_TP];
+	w = ir_value(g, name, p->dtype, p->ndim, dims, DP_T_ACT, p->loc);
+	w->init = p->init;
+	w->init_a = p->init_a;
+	w->init_b = p->init_b;
+	w->block = p->block;
+	return w->id;
+}
+
+static void init_param(Graph *g, int p)
+{
+	int dim = shard_tp_dim(g, g->values[p]);
+	if (dim < 0) {
+		setup_node(g, DPK_INIT, p, 0, NULL, IR_IN_INIT);
+		return;
+	}
+	int w = whole_of(g, g->values[p]);
+	setup_node(g, DPK_INIT, w, 1, &p, IR_IN_INIT);
+	Node *s = setup_node(g, DPK_SHARD, p, 1, &w, IR_IN_INIT);
+	s->ia[0] = TPBIT;
+	s->ia[1] = dim;
+}
+
+/* SAVE of parameter p, whole on the data-parallel axes by now. */
+static void save_param(Graph *g, int p)
+{
+	const Value *v = g->values[p];
+	int dim = shard_tp_dim(g, v);
+	if (dim < 0) {
+		setup_node(g, DPK_SAVE, -1, 1, &p, IR_IN_EXPORT);
+		return;
+	}
+	int T = (int)g->cfg.mesh[DP_AXIS_TP];
+	int w = whole_of(g, v);
+	Value *t = ir_value(g, ir_fmt(g, "%s.tp_gather", v->name), v->dtype, 1,
+			    (int64_t[]){ir_numel(v) * T}, DP_T_ACT, v->loc);
+	t->block = v->block;
+	shard_comm_node(g, DPK_ALL_GATHER, t->id, 1, &p, TPBIT, 0, IR_IN_EXPORT, v->block);
+	Node *il = setup_node(g, DPK_INTERLEAVE, w, 1, &t->id, IR_IN_EXPORT);
+	il->ia[0] = T;
+	il->ia[1] = dim;
+	setup_node(g, DPK_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
+}
+
+int setup_run(Graph *g, Diag *d)
+{
+	(void)d;
+	const ShardPlan *pl = shard_plan(g);
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->kind == DP_T_BUFFER)
+			setup_node(g, DPK_INIT, i, 0, NULL, IR_IN_INIT);
+	if (!pl->sharded) {
+		int nv = g->nvalues; /* the p.whole values made below are not params */
+		for (int i = 0; i < nv; i++)
+			if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
+				init_param(g, i);
+		for (int i = 0; i < nv; i++)
+			if (g->values[i]->kind == DP_T_PARAM && g->values[i]->grad >= 0)
+				save_param(g, i);
+		return 0;
+	}
+	unsigned shard = shard_cut_axes();
+	for (int k = 0; k < pl->nu; k++) {
+		const Unit *u = &pl->u[k];
+		if (u->gathered && u->padded > u->elems)
+			setup_node(g, DPK_FILL, u->full_p, 0, NULL, IR_IN_INIT)->fa[0] = 0;
+		for (int i = 0; i < u->nparams; i++)
+			init_param(g, u->params[i]);
+		if (u->cut)
+			setup_node(g, DPK_SHARD, u->shard_p, 1, &u->full_p, IR_IN_INIT)->ia[0] = shard;
+	}
+	for (int k = 0; k < pl->nu; k++) {
+		const Unit *u = &pl->u[k];
+		if (u->gathered)
+			shard_comm_node(g, DPK_ALL_GATHER, u->full_p, 1, &u->shard_p, shard, 0,
+					IR_IN_EXPORT, u->block);
+		for (int i = 0; i < u->nparams; i++)
+			save_param(g, u->params[i]);
+	}
+	return 0;
+}
