@@ -159,7 +159,7 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 
 static void print_flops(FILE *out, const Graph *g, double accum)
 {
-	double micro = 0, last = 0;
+	double micro = 0, last = 0, again = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost)
@@ -170,11 +170,16 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 			last += f;
 		else
 			micro += f;
+		if (n->recompute)
+			again += f;
 	}
 	char c[64], label[64];
 	fprintf(out, "%-36s %30s\n", "compute", "flops");
 	fprintf(out, "%-36s %30s\n", "micro-batch (forward + backward)",
 		flops_cell(c, sizeof c, micro));
+	if (again > 0) /* only with recompute: the other tables stay as they were */
+		fprintf(out, "%-36s %30s\n", "  of which recompute (forward again)",
+			flops_cell(c, sizeof c, again));
 	fprintf(out, "%-36s %30s\n", "once per step (clip + optimizer)",
 		flops_cell(c, sizeof c, last));
 	snprintf(label, sizeof label, "optimizer step (%g micro-batch%s)", accum,

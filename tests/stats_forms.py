@@ -43,6 +43,17 @@ Per-block strategies (a block's own `strategy`, `reshard_after_forward`):
   state 8L, parameters 4(L + F), gradients 4(L + G), where L is what this
   rank updates (ddp blocks whole, the rest padded/S), F the full params
   zero1/zero2 keep (padded) and G the full gradients they keep.
+Recompute (every block `recompute true`; check_recompute): each block of these
+  MLPs is h = relu(linear(x, w, b)) (the head without relu); its backward
+  reads the linear's output (relu_grad's x, or cross_entropy_grad's logits)
+  and the block's input, which stays alive, so the copy is exactly the
+  linear - except the head's: the loss's backward (cross_entropy_grad, outside
+  any block) reads the logits before the head's backward starts, so they are
+  never dropped. Extra FLOPs per micro-batch = sum over the blocks but the
+  last of 2*M*in*out + M*out (M = micro_batch), the "of which recompute" row;
+  the micro-batch row grows by exactly that; the activations at the step's
+  peak do not grow (ddp: they shrink; under full_shard the peak can be where
+  a gathered block dominates).
 P'_first: the first block's backward never reads its weights (the input x
 needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
 again for the backward; check_ir() verifies that in the IR.
@@ -370,6 +381,55 @@ def check_ir(model, text, blocks):
        f"{model}: no backward node reads {first}'s weights {sorted(weights)} (found {reads})")
 
 
+def linear_shapes(text):
+    """[(block, in, out)] from each block's `param w: f32[in, out]` line."""
+    out, cur = [], None
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        m = re.match(r"\s*block\s+(\w+)\s*\{", line)
+        if m:
+            cur = m.group(1)
+        m = re.match(r"\s*param\s+w\s*:\s*f32\[\s*(\d+)\s*,\s*(\d+)\s*\]", line)
+        if m:
+            out.append((cur, int(m.group(1)), int(m.group(2))))
+    return out
+
+
+FLOPS = re.compile(r"^(micro-batch \(forward \+ backward\)|  of which recompute \(forward again\))"
+                   r"\s+(\d+) \(")
+ACT = re.compile(r"^  activations\s+(\d+) \(")
+MB = re.compile(r"micro_batch (\d+) x")
+
+
+def flop_rows(out):
+    rows = {m.group(1).strip(): int(m.group(2)) for m in map(FLOPS.match, out.splitlines()) if m}
+    act = [int(m.group(1)) for m in map(ACT.match, out.splitlines()) if m]
+    return rows, act[0] if act else None, int(MB.search(out).group(1))
+
+
+def check_recompute(model, text):
+    shapes = linear_shapes(text)
+    ok(len(shapes) == len(BLOCKS), f"{model}: a linear weight per block ({len(shapes)})")
+    rc = edit_blocks(text, {b: ["recompute true"] for b, _, _ in shapes})
+    for strategy in ("ddp", "full_shard"):
+        for n in (1, 2):
+            args = ["--world-size", str(n), "--emit=stats"]
+            base, act0, M = flop_rows(dpc(edit(text, strategy), args))
+            got, act1, _ = flop_rows(dpc(edit(rc, strategy), args))
+            want = sum(2 * M * i * o + M * o for _, i, o in shapes[:-1])
+            again = got.get("of which recompute (forward again)")
+            ok(again == want, f"{model} {strategy} n={n} recompute: extra flops {again} = "
+               f"sum over the blocks but the head of 2*M*in*out + M*out = {want} (M={M})")
+            mb0, mb1 = base.get("micro-batch (forward + backward)"), got.get("micro-batch (forward + backward)")
+            ok(mb0 is not None and mb1 == mb0 + want,
+               f"{model} {strategy} n={n} recompute: micro-batch flops {mb0} + {want} = {mb1}")
+            ok("of which recompute (forward again)" not in base,
+               f"{model} {strategy} n={n}: no recompute row without recompute")
+            ok(act0 is not None and act1 is not None and
+               (act1 < act0 if strategy == "ddp" else act1 <= act0),
+               f"{model} {strategy} n={n} recompute: activations at the peak {act0} -> {act1}")
+
+
 def check_memory(model, text):
     P = sum(p for _, ps in BLOCKS for p in ps)
     U_blocks = len(BLOCKS)
@@ -450,6 +510,7 @@ def main():
                     [], "hybrid_shard", 2, 2, A, {"unsharded": True})
         check_memory(model, text)
         check_mixed(model, text, BLOCKS)
+        check_recompute(model, text)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 
