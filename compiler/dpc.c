@@ -33,6 +33,9 @@ static void usage(FILE *out)
 		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
 		"                      those print instead, and write a step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
+		"      --tp N, --cp N, --dp-replicate N\n"
+		"                      the axes `mesh auto` fixes first (default 1 each);\n"
+		"                      dp_shard takes the rest of the world size\n"
 		"  -D NAME=VALUE       set the config constant NAME to VALUE (an integer or a\n"
 		"                      number) instead of its expression in the config section;\n"
 		"                      repeatable (the last one for a NAME wins). A NAME the\n"
@@ -125,6 +128,9 @@ static double now_ms(void)
 
 enum {
 	OPT_WORLD = 256,
+	OPT_TP,
+	OPT_CP,
+	OPT_DP_REPLICATE,
 	OPT_EMIT,
 	OPT_DUMP_IR,
 	OPT_DUMP_AFTER,
@@ -141,6 +147,9 @@ int main(int argc, char **argv)
 	static const struct option longopts[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"world-size", required_argument, NULL, OPT_WORLD},
+		{"tp", required_argument, NULL, OPT_TP},
+		{"cp", required_argument, NULL, OPT_CP},
+		{"dp-replicate", required_argument, NULL, OPT_DP_REPLICATE},
 		{"emit", required_argument, NULL, OPT_EMIT},
 		{"dump-ir", required_argument, NULL, OPT_DUMP_IR},
 		{"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
@@ -156,6 +165,7 @@ int main(int argc, char **argv)
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
+	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
 	int c;
 	while ((c = getopt_long(argc, argv, "o:vhD:", longopts, NULL)) != -1) {
 		switch (c) {
@@ -176,16 +186,23 @@ int main(int argc, char **argv)
 		case 'o':
 			output = optarg;
 			break;
-		case OPT_WORLD: {
+		case OPT_WORLD:
+		case OPT_TP:
+		case OPT_CP:
+		case OPT_DP_REPLICATE: {
+			static const char *const names[] = {"world-size", "tp", "cp", "dp-replicate"};
 			char *end;
 			errno = 0;
 			long n = strtol(optarg, &end, 10);
 			if (errno || *end || end == optarg || n < 1 || n > 1 << 20) {
-				fprintf(stderr, "dpc: --world-size wants a positive integer, not '%s'\n",
-					optarg);
+				fprintf(stderr, "dpc: --%s wants a positive integer, not '%s'\n",
+					names[c - OPT_WORLD], optarg);
 				return 1;
 			}
-			world = (int)n;
+			if (c == OPT_WORLD)
+				world = (int)n;
+			else
+				axis[c - OPT_TP] = (int)n;
 			break;
 		}
 		case OPT_EMIT:
@@ -263,7 +280,8 @@ int main(int argc, char **argv)
 	Diag diag;
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
-	FeOptions fo = {.world_size = world, .defines = defines, .ndefines = ndefines};
+	FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1], .dp_replicate = axis[2],
+			.defines = defines, .ndefines = ndefines};
 	Graph *g = fe_compile_opts(path, &fo, &diag, &src);
 	int status = 0;
 	if (!g || diag.nerrors) {

@@ -48,6 +48,40 @@ static int is_spec(const AstVal *v)
 
 /* ---- mesh ---- */
 
+/* dpc --tp/--cp/--dp-replicate apply to `mesh auto` only: an explicit mesh
+ * says its axes itself. 1 after reporting when one is given. */
+static int mesh_flags_given(Lower *L, Loc loc)
+{
+	const FeOptions *o = L->opts;
+	if (!o || (o->tp <= 1 && o->cp <= 1 && o->dp_replicate <= 1))
+		return 0;
+	ERR(loc, "dpc --tp, --cp and --dp-replicate size the axes of `mesh auto`; this mesh "
+		 "statement sets its axes itself (write them there)");
+	return 1;
+}
+
+/* `mesh auto` on `world` ranks: tp, cp and dp_replicate from dpc's flags (1
+ * when not given), in the seeds' order, and dp_shard takes the rest. */
+static void mesh_auto(Lower *L, Loc loc, int world)
+{
+	const FeOptions *o = L->opts;
+	uint32_t *mesh = L->g->cfg.mesh;
+	int64_t tp = o && o->tp > 1 ? o->tp : 1, cp = o && o->cp > 1 ? o->cp : 1;
+	int64_t rep = o && o->dp_replicate > 1 ? o->dp_replicate : 1;
+	int64_t fixed = tp * cp * rep; /* each flag is at most 2^20 */
+	if (fixed > world || world % fixed != 0) {
+		ERR(loc, "mesh auto: world size %d is not divisible by tp=%lld x cp=%lld x "
+			 "dp_replicate=%lld", world, (long long)tp, (long long)cp, (long long)rep);
+		return;
+	}
+	mesh[DP_AXIS_TP] = (uint32_t)tp;
+	mesh[DP_AXIS_CP] = (uint32_t)cp;
+	mesh[DP_AXIS_REPLICATE] = (uint32_t)rep;
+	mesh[DP_AXIS_SHARD] = (uint32_t)(world / fixed);
+	L->cp_loc = loc;
+	L->mesh_ok = 1;
+}
+
 static void lower_mesh(Lower *L)
 {
 	uint32_t *mesh = L->g->cfg.mesh;
@@ -61,8 +95,9 @@ static void lower_mesh(Lower *L)
 	}
 	if (!s) { /* no mesh statement: like `mesh auto` when a world size is given */
 		if (world > 0)
-			mesh[DP_AXIS_SHARD] = (uint32_t)world;
-		L->mesh_ok = 1;
+			mesh_auto(L, L->top, world);
+		else
+			L->mesh_ok = !mesh_flags_given(L, L->top);
 		return;
 	}
 	if (s->val) {
@@ -74,14 +109,14 @@ static void lower_mesh(Lower *L)
 				ERR(v.loc, "mesh auto needs --world-size N");
 				return;
 			}
-			/* tp, cp and dp_replicate stay 1; the rest goes to dp_shard */
-			mesh[DP_AXIS_SHARD] = (uint32_t)world;
-			L->mesh_ok = 1;
+			mesh_auto(L, v.loc, world);
 			return;
 		}
 		ERR(v.loc, "expected 'mesh auto' or 'mesh dp_replicate=N, dp_shard=N, ...'");
 		return;
 	}
+	if (mesh_flags_given(L, s->name_loc))
+		return;
 	int64_t size[DP_MAX_AXES] = {1, 1, 1, 1};
 	const Expr *given[DP_MAX_AXES] = {NULL};
 	AstVal gv[DP_MAX_AXES];
@@ -143,13 +178,10 @@ static void lower_mesh(Lower *L)
 		ERR(s->name_loc, "the mesh has too many ranks (at most %d)", MAX_WORLD);
 		return;
 	}
-	/* tp > 1 is tensor parallelism (passes/tp.c); the global batch does not
-	 * count the tp ranks: they share their samples */
-	if (size[DP_AXIS_CP] != 1) {
-		ERR(gv[DP_AXIS_CP].loc, "context parallelism (cp=%lld) is not implemented yet",
-		    (long long)size[DP_AXIS_CP]);
-		ok = 0;
-	}
+	/* tp > 1 is tensor parallelism (passes/tp.c), cp > 1 context parallelism
+	 * (passes/cp.c); the global batch counts neither: the ranks of a tp or cp
+	 * group share their samples */
+	L->cp_loc = given[DP_AXIS_CP] ? gv[DP_AXIS_CP].loc : s->name_loc;
 	for (int ax = 0; ax < DP_MAX_AXES; ax++)
 		mesh[ax] = (uint32_t)size[ax];
 	L->mesh_ok = ok;
@@ -572,6 +604,18 @@ static void lower_data(Lower *L)
 			lower_add_sym(L, s->name, -1, 1);
 			continue;
 		}
+		uint32_t cp = g->cfg.mesh[DP_AXIS_CP];
+		if (cp > 1 && src.rec.kind == DP_SRC_TOKENS) {
+			/* context parallelism gives each cp rank two of 2*cp chunks */
+			if (nd < 2 || dims[1] % (2 * (int64_t)cp) != 0) {
+				ERR(s->name_loc, "data '%s': a sequence of %lld tokens does not split into "
+				    "2 x cp = %u equal chunks (each cp rank holds two, for causal load "
+				    "balance)", s->name, nd < 2 ? 1LL : (long long)dims[1], 2 * cp);
+				lower_add_sym(L, s->name, -1, 1);
+				continue;
+			}
+			L->has_seq = 1;
+		}
 		dims[0] = g->cfg.micro_batch;
 		Value *v = lower_value(L, s->name, dt, nd, dims, DP_T_DATA, lower_gloc(L, s->name_loc));
 		src.rec.split = DP_SPLIT_TRAIN;
@@ -586,6 +630,9 @@ static void lower_data(Lower *L)
 		n->progs = IR_IN_STEP;
 		lower_add_sym(L, s->name, v->id, 1);
 	}
+	if (g->cfg.mesh[DP_AXIS_CP] > 1 && !L->has_seq && L->nerrs == 0)
+		ERR(L->cp_loc, "cp=%u: context parallelism splits token data [batch, T] over its "
+		    "sequence, and this model reads none", g->cfg.mesh[DP_AXIS_CP]);
 }
 
 static void lower_eval(Lower *L)

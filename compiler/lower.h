@@ -77,6 +77,8 @@ typedef struct {
 	int ninst, capinst;
 	int64_t unrolled; /* statements instantiated by repeat */
 	int next_temp;
+	Loc cp_loc;       /* where the mesh sets cp (messages) */
+	int has_seq;      /* token data read (what context parallelism splits) */
 	int grad_ckpt;    /* train's gradient_checkpointing: recompute every block
 	                     made by repeat (unless the block says otherwise) */
 	int loss_seen;

@@ -255,7 +255,7 @@ extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_init_names[7];           /* DpInit */
-extern const char *const ir_src_kind_names[4];       /* DpSourceKind */
+extern const char *const ir_src_kind_names[5];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 

@@ -164,6 +164,42 @@ void grad_attention(GradCtx *c, Node *n, int dy)
 		m->ia[0] = n->ia[0];
 }
 
+/* Context-parallel attention: d qkv's q columns from the local queries; the
+ * gathered kv's gradient (every key seen from these queries), which the
+ * all_gather's gradient reduce_scatters back to the key's owner. */
+void grad_attention_cp(GradCtx *c, Node *n, int dy)
+{
+	const int in[4] = {dy, n->in[0], n->in[1], n->in[2]};
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 4, in);
+	if (m) {
+		m->ia[0] = n->ia[0];
+		m->ia[1] = n->ia[1];
+	}
+	if ((m = ad_emit_grad(c, DPK_ATTENTION_CP_GRAD_KV, n->in[1], 4, in))) {
+		m->ia[0] = n->ia[0];
+		m->ia[1] = n->ia[1];
+	}
+}
+
+/* kv_pack's gradient scatters d kv back into the k and v columns. */
+void grad_kv_pack(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (m)
+		m->ia[0] = n->ia[0];
+}
+
+/* A forward all_gather (cp's keys and values): each rank's block of the
+ * gradient, summed over the group, is its input's gradient. */
+void grad_all_gather(GradCtx *c, Node *n, int dy)
+{
+	Node *m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 1, (int[]){dy});
+	if (m) {
+		m->ia[0] = n->ia[0];
+		m->stream = DP_STREAM_COMM;
+	}
+}
+
 /* A rotation's gradient is the opposite rotation; cos/sin (buffers) get none. */
 void grad_rope(GradCtx *c, Node *n, int dy)
 {

@@ -420,6 +420,80 @@ int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* KV_PACK {qkv [B, T, 3C]} -> [B, T, 2C]; KV_UNPACK {kv [B, T, 2C]} -> [B, T, 3C]. */
+int shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *qkv = V(g, n->in[0]);
+	if (check_qkv(g, n, qkv, d))
+		return -1;
+	copy_type(out, qkv);
+	out->dims[2] = qkv->dims[2] / 3 * 2;
+	return 0;
+}
+
+int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *kv = V(g, n->in[0]);
+	if (need_dims(n, kv, "kv", 3, "a float [batch, T, 2*C] tensor", d))
+		return -1;
+	if (n->ia[0] < 1 || kv->dims[2] % (2 * n->ia[0]) != 0) {
+		error_at(d, n->loc, "%s: kv is %s: its last dim must split into k and v of %lld heads",
+			 op_name(n), IR_TYPE(kv), (long long)n->ia[0]);
+		return -1;
+	}
+	copy_type(out, kv);
+	out->dims[2] = kv->dims[2] / 2 * 3;
+	return 0;
+}
+
+/* The cp attention's {qkv [B, T, 3C], kv [cp, B, T, 2C], pos i32 [T]}
+ * starting at input k, ia1 = cp. */
+static int check_cp_operands(Graph *g, Node *n, int k, Diag *d)
+{
+	const Value *qkv = V(g, n->in[k]), *kv = V(g, n->in[k + 1]), *pos = V(g, n->in[k + 2]);
+	if (check_qkv(g, n, qkv, d))
+		return -1;
+	int64_t b = qkv->dims[0], t = qkv->dims[1], c = qkv->dims[2] / 3;
+	if (n->ia[1] < 1 || kv->ndim != 4 || kv->dtype != qkv->dtype || kv->dims[0] != n->ia[1] ||
+	    kv->dims[1] != b || kv->dims[2] != t || kv->dims[3] != 2 * c) {
+		error_at(d, n->loc, "%s: kv is %s but qkv is %s: kv must be [cp=%lld, %lld, %lld, %lld]",
+			 op_name(n), IR_TYPE(kv), IR_TYPE(qkv), (long long)n->ia[1], (long long)b,
+			 (long long)t, (long long)(2 * c));
+		return -1;
+	}
+	if (pos->dtype != DP_I32 || pos->ndim != 1 || pos->dims[0] != t) {
+		error_at(d, n->loc, "%s: pos is %s: it must be i32[%lld], the positions of qkv's rows",
+			 op_name(n), IR_TYPE(pos), (long long)t);
+		return -1;
+	}
+	return 0;
+}
+
+/* ATTENTION_CP {qkv, kv, pos} -> [B, T, C]. */
+int shape_attention_cp(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (check_cp_operands(g, n, 0, d))
+		return -1;
+	return shape_attention(g, n, out, d);
+}
+
+/* ATTENTION_CP_GRAD {dy, qkv, kv, pos} -> like qkv. */
+int shape_attention_cp_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (check_cp_operands(g, n, 1, d))
+		return -1;
+	return shape_attention_grad(g, n, out, d);
+}
+
+/* ATTENTION_CP_GRAD_KV {dy, qkv, kv, pos} -> like kv. */
+int shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (shape_attention_cp_grad(g, n, out, d))
+		return -1;
+	copy_type(out, V(g, n->in[2]));
+	return 0;
+}
+
 /* ROPE {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}: out like qkv; T <= Tc and
  * 3C a multiple of 3 * hd. */
 int shape_rope(Graph *g, Node *n, Value *out, Diag *d)

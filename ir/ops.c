@@ -143,31 +143,35 @@ void cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
  * (2*B*H*T*T*hd) plus the softmax (~5 flops per kept score). The CPU kernel
  * computes row blocks against the keys up to the block's end, close to half.
  */
-static void attn_dims(const Graph *g, const Node *n, double *bh, double *t, double *hd)
+static void attn_dims(const Graph *g, const Node *n, int qkv_at, double *bh, double *t,
+		      double *tk, double *hd)
 {
-	const Value *qkv = g->values[n->in[n->nin - 1]]; /* qkv is the last input */
+	const Value *qkv = g->values[n->in[qkv_at]];
 	double heads = n->ia[0] > 0 ? (double)n->ia[0] : 1;
 	*bh = (double)qkv->dims[0] * heads;
 	*t = (double)qkv->dims[1];
+	/* context parallelism: the local queries see the keys of all cp ranks */
+	*tk = *t * (n->nin > 2 && n->ia[1] > 1 ? (double)n->ia[1] : 1);
 	*hd = (double)qkv->dims[2] / 3 / heads;
 }
 
+/* The forward (attention, attention_cp: qkv is in0). */
 void cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
 {
-	double bh, t, hd;
-	attn_dims(g, n, &bh, &t, &hd);
-	*flops = 2 * bh * t * t * hd + 5 * bh * t * t / 2;
+	double bh, t, tk, hd;
+	attn_dims(g, n, 0, &bh, &t, &tk, &hd);
+	*flops = 2 * bh * t * tk * hd + 5 * bh * t * tk / 2;
 	*bytes = io_bytes(g, n);
 }
 
-/* The backward: recompute S = Q K^T, then dV = P^T dO, dP = dO V^T, dQ = dS K,
- * dK = dS^T Q: five causal products (2.5 x the forward's two) plus the softmax
- * backward. */
+/* The backward (in {dy, qkv, ...}): recompute S = Q K^T, then dV = P^T dO,
+ * dP = dO V^T, dQ = dS K, dK = dS^T Q: five causal products (2.5 x the
+ * forward's two) plus the softmax backward. */
 void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *bytes)
 {
-	double bh, t, hd;
-	attn_dims(g, n, &bh, &t, &hd);
-	*flops = 5 * bh * t * t * hd + 10 * bh * t * t / 2;
+	double bh, t, tk, hd;
+	attn_dims(g, n, 1, &bh, &t, &tk, &hd);
+	*flops = 5 * bh * t * tk * hd + 10 * bh * t * tk / 2;
 	*bytes = io_bytes(g, n);
 }
 

@@ -397,6 +397,8 @@ static void print_directives(FILE *out, const Graph *g)
 			src->rec.sample_elems);
 		if (src->rec.shift)
 			bprintf(&b, " shift=%u", (unsigned)src->rec.shift);
+		if (src->rec.seq_split)
+			bprintf(&b, " seq_split=%u", (unsigned)src->rec.seq_split);
 		if (src->rec.synth_n || src->rec.synth_classes)
 			bprintf(&b, " n=%" PRId64 " classes=%d", src->rec.synth_n, src->rec.synth_classes);
 		if (src->rec.src_line)

@@ -873,7 +873,8 @@ static int parse_block_decl(Reader *r)
 	return 0;
 }
 
-/* source SPLIT KIND "PATH" -> %v ROLE sample=N [shift=1] [n=N classes=N] [line=N] */
+/* source SPLIT KIND "PATH" -> %v ROLE sample=N [shift=1] [seq_split=1] [n=N classes=N]
+ * [line=N] */
 static int parse_source(Reader *r)
 {
 	Source *s = ir_alloc(r->g, sizeof(Source));
@@ -881,7 +882,7 @@ static int parse_source(Reader *r)
 	int split = expect_enum(r, ir_split_names, NELEMS(ir_split_names), "train or eval");
 	if (split < 0)
 		return -1;
-	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy, synthetic or tokens");
+	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy, synthetic, tokens or positions");
 	if (kind < 0)
 		return -1;
 	const Tok *path = next(r);
@@ -912,6 +913,11 @@ static int parse_source(Reader *r)
 			s->rec.synth_classes = c;
 		} else if (strcmp(key, "line") == 0) {
 			rc = parse_u32(r, next(r), &s->rec.src_line);
+		} else if (strcmp(key, "seq_split") == 0) {
+			int64_t x;
+			if (parse_range(r, next(r), 0, 1, &x) < 0)
+				return -1;
+			s->rec.seq_split = (uint8_t)x;
 		} else if (strcmp(key, "shift") == 0) {
 			int sh = 0;
 			rc = parse_int(r, next(r), &sh);

@@ -81,7 +81,7 @@ enum {
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
 	TENSOR_BYTES = 4 + 4 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
-	SOURCE_BYTES = 4 + 4 + 4 + 8 + 8 + 4 + 4,
+	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
 	INSTR_BYTES = 2 + 1 + 1 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
 };
 
@@ -160,6 +160,7 @@ static void put_source(Put *w, const DpSource *s)
 	put_u8(w, s->split);
 	put_u8(w, s->role);
 	put_u8(w, s->shift);
+	put_u8(w, s->seq_split);
 	put_i32(w, s->tensor);
 	put_i64(w, s->sample_elems);
 	put_i64(w, s->synth_n);
@@ -352,6 +353,7 @@ static void get_source(Get *r, DpSource *s)
 	s->split = get_u8(r);
 	s->role = get_u8(r);
 	s->shift = get_u8(r);
+	s->seq_split = get_u8(r);
 	s->tensor = get_i32(r);
 	s->sample_elems = get_i64(r);
 	s->synth_n = get_i64(r);
@@ -644,7 +646,8 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		if (check_str(s, src->path, what, err, errlen) ||
 		    check_tid(s, src->tensor, 0, what, err, errlen))
 			return -1;
-		if (src->kind > DP_SRC_TOKENS || src->split > DP_SPLIT_EVAL || src->role > 1 || src->shift > 1 ||
+		if (src->kind > DP_SRC_POSITIONS || src->split > DP_SPLIT_EVAL || src->role > 1 ||
+		    src->shift > 1 || src->seq_split > 1 ||
 		    src->sample_elems < 0 || src->synth_n < 0 || src->synth_classes < 0 ||
 		    src->synth_classes > 65536) {
 			fail(err, errlen, "%s: bad kind/split/role/sizes", what);

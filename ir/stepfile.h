@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 3u
+#define DP_STEP_VERSION 4u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -98,6 +98,9 @@ typedef enum {
 	DP_SRC_TOKENS,    /* llm.c token shards (uint16, header of 256 int32: 20240520, 1, n):
 	                     sample k = sample_elems tokens from k*sample_elems + shift; the
 	                     path is a glob, shards in name order (runtime/data.c) */
+	DP_SRC_POSITIONS, /* i32 [sample_elems]: the global positions of this rank's tokens
+	                     in a sample, the same for every sample and step (0, 1, ... or,
+	                     with seq_split, this cp rank's zigzag chunks); path "" */
 } DpSourceKind;
 
 typedef enum {
@@ -194,6 +197,14 @@ typedef enum {
 	DP_OR_SPLIT_GRAD,  /* in0 = part ia1 of ia0 column blocks of out; disjoint */
 	DP_OR_INTERLEAVE,  /* out, in0 same dtype and size; out's dim ia1 divisible by
 	                      ia0; disjoint */
+	DP_OR_KV_PACK,     /* in0 qkv [B, T, 3C] (3C a multiple of 3 * heads), out
+	                      [B, T, 2C]; disjoint */
+	DP_OR_KV_UNPACK,   /* in0 kv [B, T, 2C], out [B, T, 3C]; disjoint */
+	DP_OR_ATTENTION_CP, /* in0 qkv [B, T, 3C], in1 kv [ia1, B, T, 2C], in2 i32 [T],
+	                      out [B, T, C]; disjoint */
+	DP_OR_ATTENTION_CP_GRAD, /* in0 dy [B, T, C], in1..3 as ATTENTION_CP's, out like
+	                      qkv; disjoint */
+	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
 } DpOperandRule;
 
 /* Streams of the schedule. */
@@ -274,6 +285,10 @@ typedef struct {
 	uint8_t split;        /* DpSplit */
 	uint8_t role;         /* 0 = features (f32), 1 = labels (i32) */
 	uint8_t shift;        /* tokens: offset of the window (0: inputs, 1: targets) */
+	uint8_t seq_split;    /* tokens, positions: 1 = each sample's sequence is split over
+	                         the cp ranks: the window is sample_elems * cp tokens and this
+	                         rank gets its two chunks, r and 2*cp-1-r of 2*cp (the zigzag
+	                         layout of ir/ops.def); 0 = whole */
 	int32_t tensor;       /* destination tensor id (DP_T_DATA) */
 	int64_t sample_elems; /* elements per sample */
 	int64_t synth_n;      /* synthetic: number of samples */

@@ -409,6 +409,47 @@ static int check_transformer(Chk *c, int rule)
 		DISJOINT();
 		return 0;
 	}
+	case DP_OR_KV_PACK:
+	case DP_OR_KV_UNPACK: {
+		OPND(o, -1, DP_F32);
+		OPND(a, 0, DP_F32);
+		const DpTensor *qkv = rule == DP_OR_KV_PACK ? a : o, *kv = rule == DP_OR_KV_PACK ? o : a;
+		int64_t b, t, ch;
+		if (qkv_dims(c, qkv, &b, &t, &ch))
+			return -1;
+		NEED(kv->ndim == 3 && kv->dims[0] == b && kv->dims[1] == t && kv->dims[2] == 2 * ch,
+		     "kv is not [batch, T, 2*C] of qkv [batch, T, 3*C]");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_ATTENTION_CP:
+	case DP_OR_ATTENTION_CP_GRAD:
+	case DP_OR_ATTENTION_CP_GRAD_KV: {
+		int k = rule == DP_OR_ATTENTION_CP ? 0 : 1; /* where qkv is */
+		OPND(o, -1, DP_F32);
+		OPND(qkv, k, DP_F32);
+		OPND(kv, k + 1, DP_F32);
+		OPND(pos, k + 2, DP_I32);
+		int64_t b, t, ch;
+		if (qkv_dims(c, qkv, &b, &t, &ch))
+			return -1;
+		NEED(in->ia[1] >= 1 && in->ia[1] <= (1 << 20), "bad cp size");
+		/* by division: ia1 comes from the file, the product could overflow */
+		NEED(numel(kv) % in->ia[1] == 0 && numel(kv) / in->ia[1] == b * t * 2 * ch &&
+		     kv->dims[kv->ndim - 1] == 2 * ch, "kv is not [cp, batch, T, 2*C]");
+		NEED(numel(pos) == t, "pos does not have one position per row");
+		if (rule == DP_OR_ATTENTION_CP) {
+			NEED(numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
+		} else {
+			OPND(dy, 0, DP_F32);
+			NEED(numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
+			const DpTensor *like = rule == DP_OR_ATTENTION_CP_GRAD ? qkv : kv;
+			NEED(numel(o) == numel(like) && cols_of(o) == cols_of(like),
+			     "the output is not shaped like its operand");
+		}
+		DISJOINT();
+		return 0;
+	}
 	case DP_OR_INTERLEAVE: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);

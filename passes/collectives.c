@@ -187,7 +187,7 @@ static void gathers(Ins *in)
 				*at = i;
 		}
 	}
-	unsigned shard = shard_cut_axes();
+	unsigned shard = shard_cut_axes(g);
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
 		if (fwd_at[k] >= 0) {
@@ -215,7 +215,7 @@ static void all_reduce_each(Ins *in, const Unit *u, const int *last)
 		const Value *p = g->values[u->params[i]];
 		if (last[p->grad] < 0)
 			continue;
-		Node *ar = shard_comm_node(g, DPK_ALL_REDUCE, p->grad, 0, NULL, shard_dp_axes(),
+		Node *ar = shard_comm_node(g, DPK_ALL_REDUCE, p->grad, 0, NULL, shard_dp_axes(g),
 					   DP_IF_LAST, IR_IN_STEP, p->block);
 		ar->loc = p->loc;
 		queue(in, in->after, last[p->grad], ar);
@@ -239,7 +239,7 @@ static void reduce_unit(Ins *in, int k, const int *last)
 	Graph *g = in->g;
 	const Unit *u = &in->pl->u[k];
 	const ShardStrategy *st = &shard_strategies[u->strat];
-	unsigned shard = shard_cut_axes(), repl = DP_AXIS_BIT(DP_AXIS_REPLICATE);
+	unsigned shard = shard_cut_axes(g), repl = DP_AXIS_BIT(DP_AXIS_REPLICATE);
 	if (u->last < 0)
 		return; /* nothing writes these grads: they stay zero */
 	int *grads = unit_grads(g, u);
@@ -256,7 +256,7 @@ static void reduce_unit(Ins *in, int k, const int *last)
 			return;
 		}
 		queue(in, in->after, u->last,
-		      unit_comm(in, u, DPK_ALL_REDUCE, u->full_g, -1, shard_dp_axes(), DP_IF_LAST,
+		      unit_comm(in, u, DPK_ALL_REDUCE, u->full_g, -1, shard_dp_axes(g), DP_IF_LAST,
 				grads));
 		if (st->reduce == SHARD_ALL_REDUCE_CUT) {
 			Node *s = step_node(g, DPK_SHARD, u->shard_g, 1, &u->full_g, PH_OPT, DP_IF_LAST,
@@ -330,7 +330,7 @@ static void norm(Ins *in)
 	Graph *g = in->g;
 	const ShardPlan *pl = in->pl;
 	int T = (int)g->cfg.mesh[DP_AXIS_TP], mixed = 0;
-	unsigned axes = (pl->sharded ? shard_cut_axes() : 0) | (T > 1 ? TPBIT : 0);
+	unsigned axes = (pl->sharded ? shard_cut_axes(g) : 0) | (T > 1 ? TPBIT : 0);
 	if (!axes)
 		return; /* every rank holds the whole reduced gradient */
 	for (int k = 0; k < pl->nu; k++)
@@ -404,7 +404,7 @@ int shard_run(Graph *g, Diag *d)
 		if (u->cut && !u->gathered)
 			queue(&in, in.after, in.iupd,
 			      unit_comm(&in, u, DPK_ALL_GATHER, u->full_p, u->shard_p,
-					shard_cut_axes(), DP_IF_LAST, u->params));
+					shard_cut_axes(g), DP_IF_LAST, u->params));
 	}
 	if (pl->gtot && acc_shard) {
 		Node *f = step_node(g, DPK_FILL, pl->shard_grads, 0, NULL, PH_OPT, DP_IF_LAST, -1);

@@ -308,7 +308,7 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 			pl->gtot += u->padded;
 		}
 	}
-	unsigned dp = shard_dp_axes();
+	unsigned dp = shard_dp_axes(g);
 
 	int sp = pl->shard_params = shard_buffer(g, fp, pl->ftot, ltot, 0);
 	int sg = pl->shard_grads = shard_buffer(g, fg, pl->gtot, ltot, dp);
@@ -453,7 +453,7 @@ int layout_run(Graph *g, Diag *d)
 	ShardPlan *pl = ir_alloc(g, sizeof *pl);
 	pl->S = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
-		if (shard_cut_axes() & DP_AXIS_BIT(a))
+		if (shard_cut_axes(g) & DP_AXIS_BIT(a))
 			pl->S *= (int)g->cfg.mesh[a];
 	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
 	pl->flat_params = flat_buffer(g, "flat.params");

@@ -37,6 +37,7 @@ int pipeline_find(const char *name);
 /* The passes (one file each). */
 int tp_run(Graph *g, Diag *d);        /* passes/tp.c: tensor parallelism (Megatron) */
 int shape_run(Graph *g, Diag *d);     /* passes/shape.c: shapes and dtypes of every value */
+int cp_run(Graph *g, Diag *d);        /* passes/cp.c: context parallelism */
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
 int recompute_run(Graph *g, Diag *d); /* passes/recompute.c: activation recompute */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */

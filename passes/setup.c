@@ -112,7 +112,7 @@ int setup_run(Graph *g, Diag *d)
 				save_param(g, i);
 		return 0;
 	}
-	unsigned shard = shard_cut_axes();
+	unsigned shard = shard_cut_axes(g);
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
 		if (u->gathered && u->padded > u->elems)

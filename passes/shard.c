@@ -45,14 +45,25 @@ ShardPlan *shard_plan(const Graph *g)
 	return g->shard;
 }
 
-unsigned shard_dp_axes(void)
+/* Context parallelism: the cp ranks of a group hold different tokens of the
+ * same samples, so a parameter's gradient is partial over cp too. It is
+ * summed with the data-parallel gradients, and the sharded strategies cut
+ * over dp_shard x cp (torchtitan's FSDP over dp_shard x cp: the cp ranks'
+ * memory shards too, and one reduce_scatter sums and cuts at once). cp = 1
+ * adds nothing, so the masks stay as they were. */
+static unsigned cp_bit(const Graph *g)
 {
-	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD);
+	return g->cfg.mesh[DP_AXIS_CP] > 1 ? DP_AXIS_BIT(DP_AXIS_CP) : 0;
 }
 
-unsigned shard_cut_axes(void)
+unsigned shard_dp_axes(const Graph *g)
 {
-	return DP_AXIS_BIT(DP_AXIS_SHARD);
+	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g);
+}
+
+unsigned shard_cut_axes(const Graph *g)
+{
+	return DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g);
 }
 
 int shard_tp_dim(const Graph *g, const Value *p)

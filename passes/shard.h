@@ -102,13 +102,12 @@ typedef struct ShardPlan {
 /* The plan the layout pass left on g (dies when it did not run). */
 ShardPlan *shard_plan(const Graph *g);
 
-/* Mesh axis masks (DP_AXIS_BIT). The data-parallel axes: their ranks see
- * different samples, so a gradient is a sum over them. The cut axes: the
- * group a cut unit is sliced over (rank s of it holds slice s). Context
- * parallelism will add cp to the first, and to the second if its ranks
- * join the shard group. */
-unsigned shard_dp_axes(void);
-unsigned shard_cut_axes(void);
+/* The axes a gradient is summed over (dp_replicate x dp_shard, and cp: its
+ * ranks hold other tokens of the same samples), and the group a cut unit is
+ * sliced over (dp_shard, and cp: FSDP over dp_shard x cp; rank s of it holds
+ * slice s). With cp = 1 neither names cp. */
+unsigned shard_dp_axes(const Graph *g);
+unsigned shard_cut_axes(const Graph *g);
 
 /* The dim a tensor-parallel parameter is split along over tp, or -1. */
 int shard_tp_dim(const Graph *g, const Value *p);

@@ -42,6 +42,11 @@ cases=(
 	# second forward (recompute) after the backward all_gather, before the
 	# block's backward and its reduce_scatter
 	"gpt2-tiny-rcfs2|models/gpt2-tiny.dp@rcfs|--world-size 2 -D layers=1|recompute schedule"
+	# issue 16: one GPT-2 layer at cp=2: the position embedding read at each
+	# token's position, K and V packed and all_gathered over cp for
+	# attention_cp, their gradients reduce_scattered back; every gradient
+	# all_reduced over cp too
+	"gpt2-tiny-cp2|models/gpt2-tiny.dp@cp2|--world-size 2 -D layers=1|cp schedule"
 )
 
 if [ ! -x "$DPC" ]; then
@@ -60,8 +65,8 @@ for c in "${cases[@]}"; do
 	*@*)
 		v=${model#*@}; model=${model%@*}
 		copy=$(basename "$model" .dp)-$v.dp
-		if [ "$v" = tp2 ]; then
-			{ echo "mesh tp=2"; grep -v '^mesh ' "$model"; } >"$tmp/$copy"
+		if [ "$v" = tp2 ] || [ "$v" = cp2 ]; then
+			{ echo "mesh ${v%2}=2"; grep -v '^mesh ' "$model"; } >"$tmp/$copy"
 		elif [ "$v" = mixed ]; then
 			mixed "$model" "$tmp/$copy"
 		elif [ "$v" = rcfs ]; then

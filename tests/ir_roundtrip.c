@@ -983,7 +983,9 @@ int main(int argc, char **argv)
 		if (oi->grad && (oi->grad == ir_ops[DPK_RELU].grad || oi->grad == ir_ops[DPK_TANH].grad))
 			CHECK(oi->grad_op != DPK_NOP && ir_ops[oi->grad_op].min_in == 2,
 			      "%s: a generic gradient rule needs a two-input kernel", oi->name);
-		if (oi->grad && oi->grad_op != DPK_NOP)
+		/* autodiff's nodes are shaped from their operands; a collective's output
+		 * is shaped like the value it is the gradient of */
+		if (oi->grad && oi->grad_op != DPK_NOP && ir_ops[oi->grad_op].cls == DP_OPC_KERNEL)
 			CHECK(ir_ops[oi->grad_op].shape != NULL, "%s: its gradient kernel %s has no "
 			      "shape rule", oi->name, ir_ops[oi->grad_op].name);
 		unsigned seen_i = 0, seen_f = 0;
