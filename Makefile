@@ -24,7 +24,7 @@ LDFLAGS += $(SANFLAGS)
 IR_SRC     := $(wildcard ir/*.c)
 PASS_SRC   := $(wildcard passes/*.c)
 FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
-RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c))
+RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
 
 GEN_PARSER := $(BUILD)/gen/parser.c
 GEN_LEXER  := $(BUILD)/gen/lexer.c
@@ -63,7 +63,7 @@ $(BUILD)/passes/%.o: passes/%.c ir/ir.h ir/stepfile.h $(wildcard passes/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Ipasses -c $< -o $@
 
-$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h)
+$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h runtime/cpu/*.h)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
 

@@ -303,6 +303,21 @@ static int save_full(Run *r)
 
 /* ---- evaluation ---- */
 
+/* A metric tensor's first n values (at most 2: loss, or correct and counted). */
+static int metric(Exec *x, int id, double *v, int n, RtErr *e)
+{
+	float f[2] = {0, 0};
+	if (id < 0)
+		return 0;
+	if (exec_tensor_bytes(x->s, id) > (int64_t)sizeof f)
+		return RT_FAIL(e, "metric '%s' has more than %d elements",
+			       dpstep_str(x->s, x->s->tensors[id].name), (int)(sizeof f / sizeof f[0]));
+	RT_CHECK(exec_tensor_read(x, id, f, e));
+	for (int i = 0; i < n; i++)
+		v[i] += f[i];
+	return 0;
+}
+
 static int evaluate(Run *r, uint64_t step)
 {
 	const DpStep *s = &r->step;
@@ -312,20 +327,12 @@ static int evaluate(Run *r, uint64_t step)
 		return 0;
 	int64_t nb = data_eval_batches(r->eval, s, x->dp_size);
 	double sum[3] = {0, 0, 0}; /* loss, correct, counted */
-	float *lo = exec_f32(x, s->metrics.eval_loss), *co = exec_f32(x, s->metrics.eval_correct);
 	for (int64_t b = 0; b < nb; b++) {
 		x->eval_batch = b;
-		if (lo)
-			lo[0] = 0;
-		if (co)
-			co[0] = co[1] = 0;
+		RT_CHECK(exec_zero_metrics(x, e));
 		RT_CHECK(exec_run(x, DP_PROG_EVAL, 1, e));
-		if (lo)
-			sum[0] += lo[0];
-		if (co) {
-			sum[1] += co[0];
-			sum[2] += co[1];
-		}
+		RT_CHECK(metric(x, s->metrics.eval_loss, sum, 1, e));
+		RT_CHECK(metric(x, s->metrics.eval_correct, sum + 1, 2, e));
 	}
 	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_DP_AXES, sum, 3, e));
 	if (r->rank == 0) {
@@ -343,11 +350,10 @@ static int setup(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	if (r->world > 1)
-		cpu_set_threads(1); /* N ranks on a node each get one BLAS thread */
 	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
 	r->comm->timeout_s = r->o.timeout;
-	RT_CHECK(exec_init(&r->x, s, r->comm, e));
+	BackendOpts bo = {.timeout_s = r->o.timeout};
+	RT_CHECK(exec_init(&r->x, s, r->comm, &cpu_backend, &bo, e));
 	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
@@ -402,25 +408,24 @@ static int train(Run *r)
 		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
 		    s->sources[i].shift == 0)
 			tokens = (double)s->sources[i].sample_elems;
-	float *loss_t = exec_f32(x, s->metrics.loss), *gn_t = exec_f32(x, s->metrics.grad_norm);
 	double t_log = MPI_Wtime(), t_all = t_log;
 	uint64_t since_log = 0;
 	c->stats = (CommStats){0};
 	CommStats at_log = c->stats;
 
 	for (uint64_t k = 0; k < steps; k++) {
-		exec_zero_metrics(x);
 		double lr = exec_lr(s, k);
-		x->step = k;
-		x->cpu.lr = (float)lr;
-		x->cpu.t = (int64_t)k + 1;
-		for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
-			x->micro = (int)m;
-			RT_CHECK(exec_run(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
-		}
-		double v[1] = {loss_t ? loss_t[0] : 0};
+		RT_CHECK(exec_step_launch(x, k, e));
+		if (k + 1 < steps)
+			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps step k on a GPU */
+		RT_CHECK(exec_step_wait(x, e));
+		double v[1] = {0}, g[1] = {NAN};
+		RT_CHECK(metric(x, s->metrics.loss, v, 1, e));
+		if (s->metrics.grad_norm >= 0)
+			g[0] = 0;
+		RT_CHECK(metric(x, s->metrics.grad_norm, g, 1, e));
 		RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, v, 1, e));
-		double loss = v[0], gn = gn_t ? gn_t[0] : NAN;
+		double loss = v[0], gn = g[0];
 		if (!isfinite(loss))
 			return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
 				       (unsigned long long)k + 1);
@@ -434,7 +439,7 @@ static int train(Run *r)
 			if (r->rank == 0 && !r->o.quiet) {
 				printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
 				       (unsigned long long)steps, loss, lr);
-				if (gn_t)
+				if (s->metrics.grad_norm >= 0)
 					printf(" | grad_norm %.3f", gn);
 				if (tokens > 0)
 					printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
@@ -503,8 +508,11 @@ static int fail_rank(Run *r)
 {
 	fprintf(stderr, "dpexec: error: %s\n", r->e.msg);
 	fflush(stderr);
-	if (r->world > 1)
+	if (r->world > 1) {
+		if (r->have_exec)
+			exec_abort(&r->x); /* e.g. NCCL: stop before MPI kills the ranks */
 		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
 	return 1;
 }
 

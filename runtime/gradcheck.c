@@ -42,22 +42,33 @@
 #define GC_H 1e-3f
 #define GC_RTOL 5e-2
 
-static int zero_grads(Exec *x)
+/* Zero every gradient tensor (through the backend: any memory). */
+static int zero_grads(Exec *x, RtErr *e)
 {
-	for (uint32_t i = 0; i < x->s->ntensors; i++) {
-		const DpTensor *t = &x->s->tensors[i];
-		if ((t->kind == DP_T_GRAD) && x->ptr[i])
-			memset(x->ptr[i], 0, (size_t)exec_numel(t) * 4);
-	}
-	return 0;
+	const DpStep *s = x->s;
+	size_t most = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].kind == DP_T_GRAD && (size_t)exec_tensor_bytes(s, (int)i) > most)
+			most = (size_t)exec_tensor_bytes(s, (int)i);
+	void *zeros = calloc(most ? most : 1, 1);
+	if (!zeros)
+		return RT_FAIL(e, "out of memory (--check-grads)");
+	int rc = 0;
+	for (uint32_t i = 0; i < s->ntensors && !rc; i++)
+		if (s->tensors[i].kind == DP_T_GRAD && s->tensors[i].nbytes)
+			rc = exec_tensor_write(x, (int)i, zeros, e);
+	free(zeros);
+	return rc;
 }
 
 static int loss_at(Exec *x, double *loss, RtErr *e)
 {
-	zero_grads(x);
-	exec_zero_metrics(x);
+	float l;
+	RT_CHECK(zero_grads(x, e));
+	RT_CHECK(exec_zero_metrics(x, e));
 	RT_CHECK(exec_run(x, DP_PROG_STEP, 0, e));
-	*loss = exec_f32(x, x->s->metrics.loss)[0];
+	RT_CHECK(exec_tensor_read(x, x->s->metrics.loss, &l, e));
+	*loss = l;
 	return 0;
 }
 
@@ -101,8 +112,6 @@ int gradcheck_run(Exec *x, RtErr *e)
 		return RT_FAIL(e, "--check-grads: the step file has no loss metric");
 	x->step = 0;
 	x->micro = 0;
-	x->cpu.t = 1;
-	x->cpu.lr = 0;
 
 	/* Test hook: DP_GRADCHECK_SKEW=s scales the analytic gradients by (1+s),
 	 * so tests/gradcheck.sh can show that a wrong gradient is caught. */
@@ -112,39 +121,56 @@ int gradcheck_run(Exec *x, RtErr *e)
 	double l0;
 	RT_CHECK(loss_at(x, &l0, e));
 	int failed = 0, nparams = 0;
-	for (uint32_t pi = 0; pi < s->ntensors; pi++) {
+	float *p = NULL, *g = NULL;
+	int rc = 0;
+	for (uint32_t pi = 0; pi < s->ntensors && !rc; pi++) {
 		const DpTensor *pt = &s->tensors[pi];
-		if (pt->kind != DP_T_PARAM || !x->ptr[pi])
+		if (pt->kind != DP_T_PARAM || !pt->nbytes)
 			continue;
 		const char *name = dpstep_str(s, pt->name);
 		int gi = find_grad(s, name);
-		if (gi < 0 || !x->ptr[gi])
-			return RT_FAIL(e, "--check-grads: parameter '%s' has no gradient tensor 'grad.%s'",
-				       name, name);
+		if (gi < 0 || !s->tensors[gi].nbytes) {
+			rc = RT_FAIL(e, "--check-grads: parameter '%s' has no gradient tensor 'grad.%s'",
+				     name, name);
+			break;
+		}
 		nparams++;
 		int64_t n = exec_numel(pt);
 		int m = n < GC_MAX_ELEMS ? (int)n : GC_MAX_ELEMS;
 		int64_t idx[GC_MAX_ELEMS];
 		float ad[GC_MAX_ELEMS];
+		free(p);
+		free(g);
+		p = malloc((size_t)n * sizeof *p + 1);
+		g = malloc((size_t)n * sizeof *g + 1);
+		if (!p || !g) {
+			rc = RT_FAIL(e, "out of memory (--check-grads of '%s')", name);
+			break;
+		}
 		/* the analytic gradient of the unperturbed point (loss_at ran the backward) */
-		RT_CHECK(loss_at(x, &l0, e));
+		if ((rc = loss_at(x, &l0, e)) || (rc = exec_tensor_read(x, gi, g, e)) ||
+		    (rc = exec_tensor_read(x, (int)pi, p, e)))
+			break;
 		for (int k = 0; k < m; k++) {
 			idx[k] = m == 1 ? 0 : (int64_t)((double)k * (double)(n - 1) / (m - 1) + 0.5);
-			ad[k] = exec_f32(x, gi)[idx[k]] * skew;
+			ad[k] = g[idx[k]] * skew;
 		}
 		double max_rel = 0;
 		int bad = 0;
-		float *p = exec_f32(x, (int)pi);
-		for (int k = 0; k < m; k++) {
+		for (int k = 0; k < m && !rc; k++) {
 			float orig = p[idx[k]];
 			float h = GC_H * fmaxf(1.0f, fabsf(orig));
 			float up = orig + h, down = orig - h;
 			double lp, lm;
 			p[idx[k]] = up;
-			RT_CHECK(loss_at(x, &lp, e));
+			if ((rc = exec_tensor_write(x, (int)pi, p, e)) || (rc = loss_at(x, &lp, e)))
+				break;
 			p[idx[k]] = down;
-			RT_CHECK(loss_at(x, &lm, e));
+			if ((rc = exec_tensor_write(x, (int)pi, p, e)) || (rc = loss_at(x, &lm, e)))
+				break;
 			p[idx[k]] = orig;
+			if ((rc = exec_tensor_write(x, (int)pi, p, e)))
+				break;
 			double span = (double)up - (double)down; /* the h actually applied, twice */
 			double fd = (lp - lm) / span;
 			double a = ad[k], diff = fabs(a - fd), scale = fmax(fabs(a), fabs(fd));
@@ -160,12 +186,17 @@ int gradcheck_run(Exec *x, RtErr *e)
 				bad++;
 			}
 		}
+		if (rc)
+			break;
 		printf("gradcheck %s: %d elements, max rel err %.1e %s\n", name, m, max_rel,
 		       bad ? "FAILED" : "ok");
 		failed += bad != 0;
 	}
-	zero_grads(x);
-	exec_zero_metrics(x);
+	free(p);
+	free(g);
+	RT_CHECK(rc);
+	RT_CHECK(zero_grads(x, e));
+	RT_CHECK(exec_zero_metrics(x, e));
 	if (!nparams)
 		return RT_FAIL(e, "--check-grads: the step file has no parameters");
 	printf("gradcheck: %d of %d parameters %s\n", nparams - failed, nparams,

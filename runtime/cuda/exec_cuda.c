@@ -553,8 +553,7 @@ static int init_body(CuExec *x, RtErr *e)
 			if (in->stream >= DP_NSTREAM)
 				return RT_FAIL(e, "step file: %s program instruction %u: bad stream %u",
 					       dp_prog_names[p], i, in->stream);
-			if (cpu_is_compute(in->op)) {
-				RT_CHECK(cpu_check(s, in, e));
+			if (dp_op_class(in->op) == DP_OPC_KERNEL) {
 				RT_CHECK(check_gpu(s, in, e));
 			} else {
 				RT_CHECK(check_own(x, p, i, e));
