@@ -71,7 +71,7 @@ $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
 
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
-	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
+	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm -ldl
 
 # text -> byte-level llm.c token shard (tools/text2shard.c; standalone)
 $(TEXT2SHARD): tools/text2shard.c
@@ -81,7 +81,7 @@ $(TEXT2SHARD): tools/text2shard.c
 # C test programs: compiler-side ones link the compiler objects, runtime-side
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
-RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz
+RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)

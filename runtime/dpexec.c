@@ -1,7 +1,9 @@
 /*
- * dpexec.c - the executor's main: options, MPI bootstrap, parameter init
- * (the step file's init program), the training loop, evaluation, full
- * checkpoints (the export program) and logging.
+ * dpexec.c - the executor's main: options, MPI bootstrap, the compute device
+ * (--device: the CPU backend, or the CUDA backend loaded with dlopen;
+ * runtime/backend.c), parameter init (the step file's init program), the
+ * training loop, evaluation, full checkpoints (the export program) and
+ * logging.
  *
  *   mpirun -np N dpexec step.bin     (or plain `dpexec step.bin`: one rank)
  *
@@ -10,8 +12,8 @@
  * failure travels up as an RtErr; main prints `dpexec: error: <msg>` and, on a
  * multi-rank run, calls MPI_Abort so no rank is left waiting in a collective.
  * Errors every rank sees identically (a bad step file, a world size that does
- * not match the mesh) are agreed on first and reported once by rank 0, and
- * every rank exits with status 1.
+ * not match the mesh, --device cuda without a GPU) are agreed on first and
+ * reported once by rank 0, and every rank exits with status 1.
  *
  * Learning-rate schedule (tests replicate it in PyTorch), for optimizer step
  * k counted from 0:
@@ -23,6 +25,7 @@
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
  */
+#include <dlfcn.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,7 +47,7 @@ typedef struct {
 	const char *losses;
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
-	int quiet, verbose, check_grads, no_progress;
+	int quiet, verbose, check_grads, no_progress, no_graph;
 	double timeout;      /* seconds, 0: none */
 } Opts;
 
@@ -54,6 +57,8 @@ typedef struct {
 	int rank, world;
 	DpStep step;
 	Comm *comm;
+	const BackendOps *ops; /* the compute backend (--device) */
+	void *dl;              /* dlopen handle of a loaded backend */
 	Exec x;
 	int have_exec;
 	DataSet *train, *eval;
@@ -72,8 +77,15 @@ static void usage(FILE *f)
 		"options:\n"
 		"  --steps N             optimizer steps to run (default: the step file's)\n"
 		"  --device auto|cpu|cuda\n"
-		"                        compute device (default auto; this build has no CUDA\n"
-		"                        support, so auto runs on the CPU and cuda is an error)\n"
+		"                        compute device (default auto: the GPU when the CUDA\n"
+		"                        driver reports one on every rank and the CUDA backend\n"
+		"                        loads, else the CPU with a one-line notice saying why).\n"
+		"                        cuda without a usable GPU is an error naming the cause.\n"
+		"                        The CUDA backend is libdpcuda.so beside this dpexec, or\n"
+		"                        the file $" BACKEND_CUDA_ENV " names; dpexec itself needs\n"
+		"                        no CUDA library\n"
+		"  --no-graph            (cuda) enqueue every step instead of replaying the step\n"
+		"                        captured once as a CUDA Graph (same kernels; debugging)\n"
 		"  --eval-every N        evaluate every N steps, 0 = only at the end\n"
 		"                        (default: the step file's); needs an eval block\n"
 		"  --log-every N         log every N steps (default: the step file's)\n"
@@ -109,7 +121,7 @@ static int parse_long(const char *s, long lo, long *out)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS };
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -123,6 +135,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
+		{"no-graph", no_argument, NULL, O_NO_GRAPH},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -171,6 +184,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_NO_PROGRESS:
 			o->no_progress = 1;
+			break;
+		case O_NO_GRAPH:
+			o->no_graph = 1;
 			break;
 		case O_LOSSES:
 			o->losses = optarg;
@@ -352,8 +368,14 @@ static int setup(Run *r)
 	RtErr *e = &r->e;
 	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
 	r->comm->timeout_s = r->o.timeout;
-	BackendOpts bo = {.timeout_s = r->o.timeout};
-	RT_CHECK(exec_init(&r->x, s, r->comm, &cpu_backend, &bo, e));
+	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
+	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
+				&node) != MPI_SUCCESS)
+		return RT_FAIL(e, "MPI_Comm_split_type failed");
+	MPI_Comm_rank(node, &bo.local_rank);
+	MPI_Comm_free(&node);
+	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
 	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
@@ -366,6 +388,11 @@ static int setup(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
+		if (r->ops != &cpu_backend) {
+			char d[512];
+			exec_describe(&r->x, d, sizeof d);
+			printf("device: %s\n", d);
+		}
 	}
 	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
@@ -491,6 +518,8 @@ static void run_free(Run *r)
 	data_free(r->eval);
 	if (r->have_exec)
 		exec_free(&r->x);
+	if (r->dl)
+		dlclose(r->dl);
 	if (r->comm)
 		r->comm->ops->free(r->comm);
 	dpstep_free(&r->step);
@@ -502,6 +531,61 @@ static int count_failed(int failed)
 	int n = 0;
 	MPI_Allreduce(&failed, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
 	return n;
+}
+
+/* Every rank passes its own verdict; a failure is reported once by rank 0
+ * when every rank failed (the same input everywhere), else by each failing
+ * rank, and then the job is aborted. 1: go on; 0: every rank exits 1. */
+static int agree(Run *r, int ok, const char *msg)
+{
+	int nfailed = count_failed(!ok);
+	if (!nfailed)
+		return 1;
+	if (!ok && (nfailed < r->world || r->rank == 0))
+		fprintf(stderr, "dpexec: error: %s\n", msg);
+	fflush(stderr);
+	if (nfailed < r->world)
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	return 0;
+}
+
+/* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
+ * or an error naming the cause (msg). auto: the CUDA backend only when every
+ * rank can use one (NCCL and MPI collectives do not mix); otherwise the CPU,
+ * and notice says why. */
+static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nlen)
+{
+	const char *dev = r->o.device;
+	const BackendOps *cuda = NULL;
+	char why[512] = "";
+	r->ops = &cpu_backend;
+	notice[0] = '\0';
+	if (!strcmp(dev, "cpu"))
+		return 0;
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why);
+	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
+	      cuda->probe(why, sizeof why) > 0;
+	if (!strcmp(dev, "cuda")) {
+		if (!gpu) {
+			snprintf(msg, len, "--device cuda: %s", why);
+			return -1;
+		}
+		r->ops = cuda;
+		return 0;
+	}
+	int all = 0;
+	MPI_Allreduce(&gpu, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	if (all) {
+		r->ops = cuda;
+		return 0;
+	}
+	if (gpu)
+		snprintf(why, sizeof why, "another rank has none");
+	if (r->dl)
+		dlclose(r->dl);
+	r->dl = NULL;
+	snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
+	return 0;
 }
 
 static int fail_rank(Run *r)
@@ -523,11 +607,6 @@ int main(int argc, char **argv)
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
-	if (!strcmp(r->o.device, "cuda")) {
-		fprintf(stderr, "dpexec: error: --device cuda: this dpexec was built without CUDA "
-				"support; use --device cpu\n");
-		return 1;
-	}
 	int provided;
 	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
 		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");
@@ -540,15 +619,8 @@ int main(int argc, char **argv)
 	/* the step file: every rank reads it; agree before anything collective */
 	char err[1024];
 	int ok = dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0;
-	int nfailed = count_failed(!ok);
-	if (nfailed) {
-		/* the same failure everywhere: rank 0 says it once; else the failing ranks */
-		if (!ok && (nfailed < r->world || r->rank == 0))
-			fprintf(stderr, "dpexec: error: %s\n", err);
-		fflush(stderr);
+	if (!agree(r, ok, err)) {
 		dpstep_free(&r->step);
-		if (nfailed < r->world)
-			MPI_Abort(MPI_COMM_WORLD, 1);
 		MPI_Finalize();
 		return 1;
 	}
@@ -575,8 +647,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r->e.rank = r->rank;
-	if (r->rank == 0 && !r->o.quiet && !strcmp(r->o.device, "auto"))
-		printf("dpexec: built without CUDA support; running on the CPU\n");
+	char notice[640];
+	ok = choose_device(r, err, sizeof err, notice, sizeof notice) == 0;
+	if (!agree(r, ok, err)) {
+		run_free(r);
+		MPI_Finalize();
+		return 1;
+	}
+	if (r->rank == 0 && !r->o.quiet && notice[0])
+		printf("dpexec: %s\n", notice);
 
 	if (setup(r))
 		return fail_rank(r);
