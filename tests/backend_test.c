@@ -116,7 +116,7 @@ int main(void)
 	const CpuKernel *const parts[] = {cpu_layout_kernels, cpu_elementwise_kernels,
 					  cpu_gemm_kernels,   cpu_loss_kernels,
 					  cpu_optim_kernels,  cpu_norm_kernels,
-					  cpu_attention_kernels};
+					  cpu_seq_kernels};
 	for (unsigned op = 0; op < DPK_COUNT; op++) {
 		int claims = 0;
 		for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)

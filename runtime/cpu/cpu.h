@@ -5,9 +5,9 @@
  * the backend only through BackendOps (backend.h).
  *
  * One table, filled by the files that own the kernels. Each concept file
- * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, attention.c)
+ * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c)
  * defines a partial table of DPK_COUNT rows with designated initialisers,
- * `[DPK_GELU] = {check_unary, NULL, run_gelu, 0}`, so an op's check, its run
+ * `[DPK_<OP>] = {check_<op>, NULL, run_<op>, 0}`, so an op's check, its run
  * and its row live in one file; backend_cpu.c merges the partial tables
  * into the backend's one table and refuses an op claimed twice. Adding a
  * CPU kernel is one row (and its functions) in the file of its concept.
@@ -22,9 +22,9 @@
 
 #include "../rt.h"
 
-/* Per optimizer step: what SGD and ADAMW need beyond their operands. */
+/* Per optimizer step: what the optimizer kernels need beyond their operands. */
 typedef struct {
-	const DpOptim *opt; /* hyperparameters (ADAMW) */
+	const DpOptim *opt; /* hyperparameters */
 	float lr;           /* learning rate of this optimizer step */
 	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum) */
 } CpuStep;
@@ -61,7 +61,7 @@ extern const CpuKernel cpu_gemm_kernels[DPK_COUNT];        /* gemm.c */
 extern const CpuKernel cpu_loss_kernels[DPK_COUNT];        /* loss.c */
 extern const CpuKernel cpu_optim_kernels[DPK_COUNT];       /* optim.c */
 extern const CpuKernel cpu_norm_kernels[DPK_COUNT];        /* norm.c */
-extern const CpuKernel cpu_attention_kernels[DPK_COUNT];   /* attention.c */
+extern const CpuKernel cpu_seq_kernels[DPK_COUNT];         /* seq.c */
 
 /* ---- shapes ---- */
 

@@ -2,8 +2,8 @@
  * cpu/loss.c - the CPU kernels of the classification loss: cross entropy
  * (its sum over rows, scaled by fa0), its gradient, and the count of
  * correct argmax predictions. Rows with a negative label are padding
- * (eval's last batch) and count for nothing. The softmax sum and the loss
- * sum are in double, so finite differences (--check-grads) and cross-rank
+ * (eval's last batch) and count for nothing. The sum of exponentials and the
+ * loss sum are in double, so finite differences (--check-grads) and cross-rank
  * comparisons are not drowned in float32 summation noise.
  */
 #include <math.h>
@@ -70,7 +70,7 @@ static int xent(const CpuArgs *k, RtErr *e)
 		for (int64_t j = 0; j < classes; j++)
 			sum += exp((double)row[j] - mx);
 		if (in->op == DPK_XENT) {
-			total += log(sum) + mx - row[label]; /* -log softmax */
+			total += log(sum) + mx - row[label]; /* -log p(label) */
 		} else {
 			float *d = out + r * classes;
 			for (int64_t j = 0; j < classes; j++)

@@ -80,6 +80,9 @@ static float *addr(const CuArgs *a, int k)
 
 /* ---- per-step scalars ---- */
 
+/* CuScalars.opt_k: AdamW's per-step constants */
+enum { ADAM_DECAY, ADAM_STEP_SIZE, ADAM_BC2_SQRT };
+
 /* exec.c's exec_lr for step k, then the constants AdamW derives from lr
  * and t exactly as the CPU's optim.c computes them (double, then rounded to
  * float). */
@@ -103,9 +106,9 @@ __global__ void k_sched(CuScalars *sc, DpOptim opt, DpSched sched, uint32_t cfg_
 	double lrd = lrf, t = (double)(k + 1);
 	sc->lr = lrf;
 	sc->t = (int64_t)k + 1;
-	sc->adam_decay = (float)(1.0 - lrd * opt.weight_decay);
-	sc->adam_step_size = (float)(lrd / (1.0 - pow((double)opt.beta1, t)));
-	sc->adam_bc2_sqrt = (float)sqrt(1.0 - pow((double)opt.beta2, t));
+	sc->opt_k[ADAM_DECAY] = (float)(1.0 - lrd * opt.weight_decay);
+	sc->opt_k[ADAM_STEP_SIZE] = (float)(lrd / (1.0 - pow((double)opt.beta1, t)));
+	sc->opt_k[ADAM_BC2_SQRT] = (float)sqrt(1.0 - pow((double)opt.beta2, t));
 }
 
 __global__ void k_step_advance(CuScalars *sc)
@@ -451,7 +454,7 @@ __global__ void k_xent_rows(int op, float *o, const float *x, const int32_t *y, 
 	sum = block_sum<double>(sum, shd);
 	if (op == DPK_XENT) {
 		if (threadIdx.x == 0)
-			scratch[r] = log(sum) + mx - row[label]; /* -log softmax */
+			scratch[r] = log(sum) + mx - row[label]; /* -log p(label) */
 		return;
 	}
 	double sc2 = scale;
@@ -605,7 +608,8 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float beta1,
 			float beta2, float eps, const CuScalars *sc)
 {
-	float decay = sc->adam_decay, step_size = sc->adam_step_size, bc2_sqrt = sc->adam_bc2_sqrt;
+	float decay = sc->opt_k[ADAM_DECAY], step_size = sc->opt_k[ADAM_STEP_SIZE];
+	float bc2_sqrt = sc->opt_k[ADAM_BC2_SQRT];
 	/* the CPU: (float)(1.0 - b1) with b1 the double of the float beta1 */
 	float one_b1 = (float)(1.0 - (double)beta1), one_b2 = (float)(1.0 - (double)beta2);
 	FOR_EACH(i, n) {

@@ -12,8 +12,8 @@
  * stream capture.
  *
  * Semantics follow the CPU backend (runtime/cpu/), kernel for kernel: the
- * CPU is the reference. Where the CPU accumulates in double (cross entropy,
- * sqnorm, bias_grad) so does the GPU, and every reduction has a fixed shape
+ * CPU is the reference. Where the CPU accumulates in double so does the
+ * GPU, and every reduction has a fixed shape
  * (fixed grid, fixed tree), so a run is bitwise reproducible and a graph
  * replay equals an eager run. Elementwise kernels are compiled with
  * -fmad=false so a*b+c rounds like the CPU's (gcc -O2 on x86-64 does not
@@ -43,18 +43,17 @@ extern "C" {
  */
 typedef struct {
 	uint64_t step;          /* optimizer step k, from 0; incremented at the end of a step */
-	int64_t t;              /* k + 1: bias correction, SGD's first-step rule */
+	int64_t t;              /* k + 1: bias correction, momentum's first step */
 	float lr;               /* exec_lr(k) rounded to float, as the CPU backend gets it */
-	float adam_decay;       /* (float)(1 - lr * weight_decay) */
-	float adam_step_size;   /* (float)(lr / (1 - beta1^t)) */
-	float adam_bc2_sqrt;    /* (float)sqrt(1 - beta2^t) */
+	float opt_k[4];         /* the optimizer kernels' per-step constants, derived from
+	                           lr and t by the schedule kernel (kernels.cu) */
 	int32_t err;            /* 0, or 1: a label out of range (first one wins) */
 	int32_t err_label;      /* the offending label */
 	int64_t err_row;        /* its row */
 	int64_t err_classes;    /* the logits' columns */
 } CuScalars;
 
-/* Doubles of the fixed-size reductions' first pass (sqnorm): partial sums. */
+/* Doubles of the fixed-size reductions' first pass: partial sums. */
 #define CU_REDUCE_BLOCKS 256
 
 /* One kernel call: the instruction, device addresses, its stream's resources. */
@@ -84,8 +83,8 @@ typedef struct {
 /* The table (kernels.cu). */
 extern const CuKernelTable cu_kernel_table;
 
-/* The schedule kernel (lr and the AdamW constants of step sc->step, from
- * the step file's schedule), the step counter's increment, and the
+/* The schedule kernel (lr and the optimizer's constants of step sc->step,
+ * from the step file's schedule), the step counter's increment, and the
  * watchdog's progress mark (*slot = value once the stream gets there; slot
  * is mapped pinned host memory). Each returns the launch's error. */
 cudaError_t cu_k_sched(cudaStream_t st, CuScalars *sc, DpOptim opt, DpSched sched,

@@ -1,9 +1,10 @@
 /*
- * cpu/attention.c - the CPU kernels of attention: softmax over the last dim
- * and its gradient, causal multi-head self-attention over a packed qkv
- * (forward and a backward that recomputes the probabilities; both products
- * are cblas_sgemm on strided views), and the rotary embedding of q and k.
- * Softmax sums and the gradient's dot products accumulate in double.
+ * cpu/seq.c - the CPU kernels that mix the positions of a sequence: softmax
+ * over the last dim and its gradient, causal multi-head self-attention over
+ * a packed qkv (forward and a backward that recomputes the probabilities;
+ * both products are cblas_sgemm on strided views), and the rotary position
+ * encoding of q and k. Softmax sums and the gradient's dot products
+ * accumulate in double.
  */
 #include <limits.h>
 #include <math.h>
@@ -242,12 +243,12 @@ static int check_rope(const DpStep *s, const DpInstr *in, RtErr *e)
 }
 
 /*
- * Rotary embedding, rotate-half form: in each head's q and k (hd = 2*half
- * columns), element j < half pairs with j + half at position t:
+ * Rotary position encoding, rotate-half form: in each head's q and k (hd =
+ * 2*half columns), element j < half pairs with j + half at position t:
  *   out[j]        = x[j] * cos[t, j] - x[j + half] * sin[t, j]
  *   out[j + half] = x[j + half] * cos[t, j] + x[j] * sin[t, j]
  * (HF Llama: x * cos + rotate_half(x) * sin). v is copied. ia0 = 1: sin
- * negated, the transpose of the rotation (its gradient).
+ * negated, the inverse rotation (its gradient).
  */
 static int run_rope(const CpuArgs *a, RtErr *e)
 {
@@ -282,7 +283,7 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 }
 
 /* ORDER KERNEL (designated): operands, limits, run, bf16 */
-const CpuKernel cpu_attention_kernels[DPK_COUNT] = {
+const CpuKernel cpu_seq_kernels[DPK_COUNT] = {
 	[DPK_SOFTMAX] = {check_softmax, NULL, run_softmax, 0},
 	[DPK_SOFTMAX_GRAD] = {check_softmax, NULL, run_softmax_grad, 0},
 	[DPK_ATTENTION] = {check_attention, limit_attention, attention, 0},
