@@ -24,7 +24,7 @@ LDFLAGS += $(SANFLAGS)
 IR_SRC     := $(wildcard ir/*.c)
 PASS_SRC   := $(wildcard passes/*.c)
 FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
-RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c))
+RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
 
 GEN_PARSER := $(BUILD)/gen/parser.c
 GEN_LEXER  := $(BUILD)/gen/lexer.c
@@ -64,7 +64,7 @@ $(BUILD)/passes/%.o: passes/%.c ir/ir.h ir/stepfile.h $(wildcard passes/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Ipasses -c $< -o $@
 
-$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h)
+$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h runtime/cpu/*.h)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
 
@@ -72,7 +72,7 @@ $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
 
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
-	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
+	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm -ldl
 
 # text -> byte-level llm.c token shard (tools/text2shard.c; standalone)
 $(TEXT2SHARD): tools/text2shard.c
@@ -82,7 +82,7 @@ $(TEXT2SHARD): tools/text2shard.c
 # C test programs: compiler-side ones link the compiler objects, runtime-side
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
-RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz
+RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)

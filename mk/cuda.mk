@@ -1,14 +1,19 @@
 # mk/cuda.mk - the CUDA backend's build (included by the top-level Makefile).
 #
-#   make cuda        build/libdpcuda.a (kernels, executor, NCCL comm) and the
-#                    GPU test driver build/tests/cuda_smoke
-#   make cuda-check  the same, then a no-GPU sanity run (tests/cuda.sh)
+#   make cuda        build/libdpcuda.so: the CUDA backend (kernels, the backend,
+#                    NCCL communicators) that `dpexec --device cuda|auto` loads
+#                    with dlopen from beside the dpexec binary
+#   make cuda-check  the same, then tests/cuda.sh
 #
-# `make` (all) builds these too when nvcc exists (CI: /usr/local/cuda), so CI
-# proves the CUDA code compiles even where nothing can run it; without nvcc
-# `all` is unchanged and dpexec never depends on CUDA. Host code is C11 built
-# with the same CFLAGS as the rest (-Wall -Wextra); kernels are nvcc with
-# -Xcompiler=-Wall,-Wextra. Both must stay warning-free.
+# `make` (all) builds it too when nvcc exists (CI: /usr/local/cuda), so CI
+# proves the CUDA code compiles and links even where nothing can run it;
+# without nvcc `all` is unchanged. dpexec never links a CUDA library: the
+# shared object carries them (cudart static; cuBLAS and NCCL shared, found by
+# rpath), is linked with --no-undefined (self-contained: it takes its own
+# PIC copies of runtime/err.c and the step-file codec) and exports one symbol,
+# dp_cuda_backend. Host code is C11 built with the same CFLAGS as the rest
+# (-Wall -Wextra); kernels are nvcc with -Xcompiler=-Wall,-Wextra. Both must
+# stay warning-free.
 #
 # Knobs: NVCC (the Makefile's), CUDA_ARCH (default: sm_80 + sm_90 cubins and
 # compute_90 PTX for newer GPUs).
@@ -18,21 +23,24 @@ CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 # -fmad=false: a*b+c rounds like the CPU reference (no FMA contraction)
 NVCCFLAGS  ?= -O2 -lineinfo
-NVCCFLAGS  += -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler=-Wall,-Wextra
+NVCCFLAGS  += -std=c++17 -fmad=false $(CUDA_ARCH) -Xcompiler=-fPIC,-fvisibility=hidden \
+              -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
 CUDA_INC   := -I$(CUDA_HOME)/include
-# cudart static (the nvcc default); cuBLAS and NCCL shared, found by rpath
+CUDA_CFLAGS = $(CFLAGS) -fPIC -fvisibility=hidden
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
-              -lcudart_static -lstdc++ -ldl -lrt -lpthread
+              -lcudart_static -lstdc++ -ldl -lrt -lpthread -lz -lm
 
-CUDA_OBJ   := $(BUILD)/runtime/cuda/kernels.o $(BUILD)/runtime/cuda/exec_cuda.o \
-              $(BUILD)/runtime/cuda/comm_nccl.o
-CUDA_LIB   := $(BUILD)/libdpcuda.a
-CUDA_SMOKE := $(BUILD)/tests/cuda_smoke
-CUDA_HDRS  := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/exec.h \
+# the step-file codec's name tables and op classes (and what it links in)
+CUDA_PIC_IR := $(wildcard ir/stepfile.c ir/stepfile_check.c)
+CUDA_OBJ   := $(BUILD)/runtime/cuda/kernels.o $(BUILD)/runtime/cuda/backend_cuda.o \
+              $(BUILD)/runtime/cuda/comm_nccl.o $(BUILD)/runtime/cuda/pic/err.o \
+              $(patsubst ir/%.c,$(BUILD)/runtime/cuda/pic/%.o,$(CUDA_PIC_IR))
+CUDA_SO    := $(BUILD)/libdpcuda.so
+CUDA_HDRS  := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
               ir/stepfile.h
 
 .PHONY: cuda cuda-check
-cuda: $(CUDA_LIB) $(CUDA_SMOKE)
+cuda: $(CUDA_SO)
 
 ifeq ($(HAVE_NVCC),1)
 ifneq ($(SAN),1)
@@ -42,19 +50,22 @@ endif
 
 $(BUILD)/runtime/cuda/%.o: runtime/cuda/%.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Iruntime -Iir -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CUDA_INC) -Iruntime -Iir -MMD -MP -c $< -o $@
 
 $(BUILD)/runtime/cuda/%.o: runtime/cuda/%.c $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) $(DEPFLAGS) $(CUDA_INC) -Iruntime -Iir -c $< -o $@
+	$(MPICC) $(CUDA_CFLAGS) $(DEPFLAGS) $(CUDA_INC) -Iruntime -Iir -c $< -o $@
 
-$(CUDA_LIB): $(CUDA_OBJ)
-	rm -f $@
-	ar rcs $@ $^
-
-$(CUDA_SMOKE): $(BUILD)/runtime/cuda/smoke.o $(CUDA_LIB) $(RUNTIME_OBJ)
+# position-independent copies of the runtime pieces the shared object needs
+$(BUILD)/runtime/cuda/pic/err.o: runtime/err.c runtime/rt.h ir/stepfile.h
 	@mkdir -p $(dir $@)
-	$(MPICC) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS) -lopenblas -lcjson -lz -lm
+	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
+$(BUILD)/runtime/cuda/pic/%.o: ir/%.c ir/stepfile.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iir -c $< -o $@
+
+$(CUDA_SO): $(CUDA_OBJ)
+	$(MPICC) -shared -Wl,--no-undefined -Wl,-soname,libdpcuda.so -o $@ $^ $(CUDA_LIBS)
 
 cuda-check: cuda
 	BUILD=$(BUILD) bash tests/cuda.sh

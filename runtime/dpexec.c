@@ -1,7 +1,9 @@
 /*
- * dpexec.c - the executor's main: options, MPI bootstrap, parameter init
- * (the step file's init program), the training loop, evaluation, full
- * checkpoints (the export program) and logging.
+ * dpexec.c - the executor's main: options, MPI bootstrap, the compute device
+ * (--device: the CPU backend, or the CUDA backend loaded with dlopen;
+ * runtime/backend.c), parameter init (the step file's init program), the
+ * training loop, evaluation, full checkpoints (the export program) and
+ * logging.
  *
  *   mpirun -np N dpexec step.bin     (or plain `dpexec step.bin`: one rank)
  *
@@ -10,8 +12,8 @@
  * failure travels up as an RtErr; main prints `dpexec: error: <msg>` and, on a
  * multi-rank run, calls MPI_Abort so no rank is left waiting in a collective.
  * Errors every rank sees identically (a bad step file, a world size that does
- * not match the mesh) are agreed on first and reported once by rank 0, and
- * every rank exits with status 1.
+ * not match the mesh, --device cuda without a GPU) are agreed on first and
+ * reported once by rank 0, and every rank exits with status 1.
  *
  * Learning-rate schedule (tests replicate it in PyTorch), for optimizer step
  * k counted from 0:
@@ -23,6 +25,7 @@
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
  */
+#include <dlfcn.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,7 +47,7 @@ typedef struct {
 	const char *losses;
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
-	int quiet, verbose, check_grads, no_progress;
+	int quiet, verbose, check_grads, no_progress, no_graph;
 	double timeout;      /* seconds, 0: none */
 } Opts;
 
@@ -54,6 +57,8 @@ typedef struct {
 	int rank, world;
 	DpStep step;
 	Comm *comm;
+	const BackendOps *ops; /* the compute backend (--device) */
+	void *dl;              /* dlopen handle of a loaded backend */
 	Exec x;
 	int have_exec;
 	DataSet *train, *eval;
@@ -72,8 +77,15 @@ static void usage(FILE *f)
 		"options:\n"
 		"  --steps N             optimizer steps to run (default: the step file's)\n"
 		"  --device auto|cpu|cuda\n"
-		"                        compute device (default auto; this build has no CUDA\n"
-		"                        support, so auto runs on the CPU and cuda is an error)\n"
+		"                        compute device (default auto: the GPU when the CUDA\n"
+		"                        driver reports one on every rank and the CUDA backend\n"
+		"                        loads, else the CPU with a one-line notice saying why).\n"
+		"                        cuda without a usable GPU is an error naming the cause.\n"
+		"                        The CUDA backend is libdpcuda.so beside this dpexec, or\n"
+		"                        the file $" BACKEND_CUDA_ENV " names; dpexec itself needs\n"
+		"                        no CUDA library\n"
+		"  --no-graph            (cuda) enqueue every step instead of replaying the step\n"
+		"                        captured once as a CUDA Graph (same kernels; debugging)\n"
 		"  --eval-every N        evaluate every N steps, 0 = only at the end\n"
 		"                        (default: the step file's); needs an eval block\n"
 		"  --log-every N         log every N steps (default: the step file's)\n"
@@ -109,7 +121,7 @@ static int parse_long(const char *s, long lo, long *out)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS };
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -123,6 +135,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
+		{"no-graph", no_argument, NULL, O_NO_GRAPH},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -171,6 +184,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_NO_PROGRESS:
 			o->no_progress = 1;
+			break;
+		case O_NO_GRAPH:
+			o->no_graph = 1;
 			break;
 		case O_LOSSES:
 			o->losses = optarg;
@@ -303,6 +319,21 @@ static int save_full(Run *r)
 
 /* ---- evaluation ---- */
 
+/* A metric tensor's first n values (at most 2: loss, or correct and counted). */
+static int metric(Exec *x, int id, double *v, int n, RtErr *e)
+{
+	float f[2] = {0, 0};
+	if (id < 0)
+		return 0;
+	if (exec_tensor_bytes(x->s, id) > (int64_t)sizeof f)
+		return RT_FAIL(e, "metric '%s' has more than %d elements",
+			       dpstep_str(x->s, x->s->tensors[id].name), (int)(sizeof f / sizeof f[0]));
+	RT_CHECK(exec_tensor_read(x, id, f, e));
+	for (int i = 0; i < n; i++)
+		v[i] += f[i];
+	return 0;
+}
+
 static int evaluate(Run *r, uint64_t step)
 {
 	const DpStep *s = &r->step;
@@ -312,20 +343,12 @@ static int evaluate(Run *r, uint64_t step)
 		return 0;
 	int64_t nb = data_eval_batches(r->eval, s, x->dp_size);
 	double sum[3] = {0, 0, 0}; /* loss, correct, counted */
-	float *lo = exec_f32(x, s->metrics.eval_loss), *co = exec_f32(x, s->metrics.eval_correct);
 	for (int64_t b = 0; b < nb; b++) {
 		x->eval_batch = b;
-		if (lo)
-			lo[0] = 0;
-		if (co)
-			co[0] = co[1] = 0;
+		RT_CHECK(exec_zero_metrics(x, e));
 		RT_CHECK(exec_run(x, DP_PROG_EVAL, 1, e));
-		if (lo)
-			sum[0] += lo[0];
-		if (co) {
-			sum[1] += co[0];
-			sum[2] += co[1];
-		}
+		RT_CHECK(metric(x, s->metrics.eval_loss, sum, 1, e));
+		RT_CHECK(metric(x, s->metrics.eval_correct, sum + 1, 2, e));
 	}
 	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_DP_AXES, sum, 3, e));
 	if (r->rank == 0) {
@@ -343,11 +366,16 @@ static int setup(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	if (r->world > 1)
-		cpu_set_threads(1); /* N ranks on a node each get one BLAS thread */
 	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
 	r->comm->timeout_s = r->o.timeout;
-	RT_CHECK(exec_init(&r->x, s, r->comm, e));
+	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
+	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
+	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
+				&node) != MPI_SUCCESS)
+		return RT_FAIL(e, "MPI_Comm_split_type failed");
+	MPI_Comm_rank(node, &bo.local_rank);
+	MPI_Comm_free(&node);
+	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
 	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
@@ -360,6 +388,11 @@ static int setup(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
+		if (r->ops != &cpu_backend) {
+			char d[512];
+			exec_describe(&r->x, d, sizeof d);
+			printf("device: %s\n", d);
+		}
 	}
 	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
@@ -402,25 +435,24 @@ static int train(Run *r)
 		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
 		    s->sources[i].shift == 0)
 			tokens = (double)s->sources[i].sample_elems;
-	float *loss_t = exec_f32(x, s->metrics.loss), *gn_t = exec_f32(x, s->metrics.grad_norm);
 	double t_log = MPI_Wtime(), t_all = t_log;
 	uint64_t since_log = 0;
 	c->stats = (CommStats){0};
 	CommStats at_log = c->stats;
 
 	for (uint64_t k = 0; k < steps; k++) {
-		exec_zero_metrics(x);
 		double lr = exec_lr(s, k);
-		x->step = k;
-		x->cpu.lr = (float)lr;
-		x->cpu.t = (int64_t)k + 1;
-		for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
-			x->micro = (int)m;
-			RT_CHECK(exec_run(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
-		}
-		double v[1] = {loss_t ? loss_t[0] : 0};
+		RT_CHECK(exec_step_launch(x, k, e));
+		if (k + 1 < steps)
+			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps step k on a GPU */
+		RT_CHECK(exec_step_wait(x, e));
+		double v[1] = {0}, g[1] = {NAN};
+		RT_CHECK(metric(x, s->metrics.loss, v, 1, e));
+		if (s->metrics.grad_norm >= 0)
+			g[0] = 0;
+		RT_CHECK(metric(x, s->metrics.grad_norm, g, 1, e));
 		RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, v, 1, e));
-		double loss = v[0], gn = gn_t ? gn_t[0] : NAN;
+		double loss = v[0], gn = g[0];
 		if (!isfinite(loss))
 			return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
 				       (unsigned long long)k + 1);
@@ -434,7 +466,7 @@ static int train(Run *r)
 			if (r->rank == 0 && !r->o.quiet) {
 				printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
 				       (unsigned long long)steps, loss, lr);
-				if (gn_t)
+				if (s->metrics.grad_norm >= 0)
 					printf(" | grad_norm %.3f", gn);
 				if (tokens > 0)
 					printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
@@ -486,6 +518,8 @@ static void run_free(Run *r)
 	data_free(r->eval);
 	if (r->have_exec)
 		exec_free(&r->x);
+	if (r->dl)
+		dlclose(r->dl);
 	if (r->comm)
 		r->comm->ops->free(r->comm);
 	dpstep_free(&r->step);
@@ -499,12 +533,70 @@ static int count_failed(int failed)
 	return n;
 }
 
+/* Every rank passes its own verdict; a failure is reported once by rank 0
+ * when every rank failed (the same input everywhere), else by each failing
+ * rank, and then the job is aborted. 1: go on; 0: every rank exits 1. */
+static int agree(Run *r, int ok, const char *msg)
+{
+	int nfailed = count_failed(!ok);
+	if (!nfailed)
+		return 1;
+	if (!ok && (nfailed < r->world || r->rank == 0))
+		fprintf(stderr, "dpexec: error: %s\n", msg);
+	fflush(stderr);
+	if (nfailed < r->world)
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	return 0;
+}
+
+/* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
+ * or an error naming the cause (msg). auto: the CUDA backend only when every
+ * rank can use one (NCCL and MPI collectives do not mix); otherwise the CPU,
+ * and notice says why. */
+static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nlen)
+{
+	const char *dev = r->o.device;
+	const BackendOps *cuda = NULL;
+	char why[512] = "";
+	r->ops = &cpu_backend;
+	notice[0] = '\0';
+	if (!strcmp(dev, "cpu"))
+		return 0;
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why);
+	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
+	      cuda->probe(why, sizeof why) > 0;
+	if (!strcmp(dev, "cuda")) {
+		if (!gpu) {
+			snprintf(msg, len, "--device cuda: %s", why);
+			return -1;
+		}
+		r->ops = cuda;
+		return 0;
+	}
+	int all = 0;
+	MPI_Allreduce(&gpu, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	if (all) {
+		r->ops = cuda;
+		return 0;
+	}
+	if (gpu)
+		snprintf(why, sizeof why, "another rank has none");
+	if (r->dl)
+		dlclose(r->dl);
+	r->dl = NULL;
+	snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
+	return 0;
+}
+
 static int fail_rank(Run *r)
 {
 	fprintf(stderr, "dpexec: error: %s\n", r->e.msg);
 	fflush(stderr);
-	if (r->world > 1)
+	if (r->world > 1) {
+		if (r->have_exec)
+			exec_abort(&r->x); /* e.g. NCCL: stop before MPI kills the ranks */
 		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
 	return 1;
 }
 
@@ -515,11 +607,6 @@ int main(int argc, char **argv)
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
-	if (!strcmp(r->o.device, "cuda")) {
-		fprintf(stderr, "dpexec: error: --device cuda: this dpexec was built without CUDA "
-				"support; use --device cpu\n");
-		return 1;
-	}
 	int provided;
 	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
 		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");
@@ -532,15 +619,8 @@ int main(int argc, char **argv)
 	/* the step file: every rank reads it; agree before anything collective */
 	char err[1024];
 	int ok = dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0;
-	int nfailed = count_failed(!ok);
-	if (nfailed) {
-		/* the same failure everywhere: rank 0 says it once; else the failing ranks */
-		if (!ok && (nfailed < r->world || r->rank == 0))
-			fprintf(stderr, "dpexec: error: %s\n", err);
-		fflush(stderr);
+	if (!agree(r, ok, err)) {
 		dpstep_free(&r->step);
-		if (nfailed < r->world)
-			MPI_Abort(MPI_COMM_WORLD, 1);
 		MPI_Finalize();
 		return 1;
 	}
@@ -567,8 +647,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	r->e.rank = r->rank;
-	if (r->rank == 0 && !r->o.quiet && !strcmp(r->o.device, "auto"))
-		printf("dpexec: built without CUDA support; running on the CPU\n");
+	char notice[640];
+	ok = choose_device(r, err, sizeof err, notice, sizeof notice) == 0;
+	if (!agree(r, ok, err)) {
+		run_free(r);
+		MPI_Finalize();
+		return 1;
+	}
+	if (r->rank == 0 && !r->o.quiet && notice[0])
+		printf("dpexec: %s\n", notice);
 
 	if (setup(r))
 		return fail_rank(r);

@@ -1,18 +1,21 @@
 /*
- * exec.c - the CPU executor: arena set-up (llm.c's malloc_and_point: one
- * allocation, every tensor a pointer at its planned offset) and the walk over
- * a program with the two-stream semantics described in exec.h.
+ * exec.c - the executor: load-time checks, the compute backend's set-up
+ * (backend.h), staged batches, and the walk over a program with the
+ * two-stream semantics described in exec.h, once for every backend.
  *
- * Between instructions the executor lets the comm backend progress its
- * pending collectives (Open MPI advances non-blocking collectives only inside
- * MPI calls), so communication started on the comm stream really overlaps
- * the compute that follows it; the comm backend counts the time the compute
- * stream spends blocked in waits, which is the communication left exposed.
+ * On a synchronous backend (CPU) the executor emulates the two streams on
+ * the host: between instructions it lets the comm backend progress its
+ * pending collectives (Open MPI advances non-blocking collectives only
+ * inside MPI calls), so communication started on the comm stream really
+ * overlaps the compute that follows it; the comm backend counts the time
+ * the compute stream spends blocked in waits, which is the communication
+ * left exposed. On a backend with streams (CUDA) events and collectives are
+ * the backend's, and an optimizer step is captured once and replayed.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "exec.h"
 
@@ -121,7 +124,148 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 	return 0; /* events: ids checked by the decoder; INIT and SAVE: by the decoder */
 }
 
-int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e)
+int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in, RtErr *e)
+{
+	if (!ops->has_kernel(in->op))
+		return RT_FAIL(e, "step file: the %s backend has no kernel for %s (the instruction "
+			       "writing '%s')%s", ops->name, dp_kernel_names[in->op],
+			       tname(s, in->out), ops == &cpu_backend ? "" : "; use --device cpu");
+	return ops->check(s, in, e);
+}
+
+/* ---- staged batches ---- */
+
+/* The batches LOAD reads for one source: `slots` of `bytes` each. */
+struct Stage {
+	size_t bytes;       /* one batch */
+	int slots;          /* grad_accum (train), 1 (eval) */
+	void *host;         /* slots * bytes, from the backend's host_alloc */
+	void *next;         /* train: step next_step's batches (exec_prefetch), malloc'd */
+	int64_t next_step;  /* -1: none */
+};
+
+static void *host_alloc(Exec *x, size_t bytes)
+{
+	const BackendOps *o = x->be.ops;
+	return o->host_alloc ? o->host_alloc(&x->be, bytes) : malloc(bytes);
+}
+
+static void host_free(Exec *x, void *p)
+{
+	const BackendOps *o = x->be.ops;
+	if (p && o->host_alloc)
+		o->host_free(&x->be, p);
+	else
+		free(p);
+}
+
+/* A stage for every source that a LOAD reads. */
+static int stage_init(Exec *x, RtErr *e)
+{
+	const DpStep *s = x->s;
+	x->staged_step = -1;
+	x->stage = calloc(s->nsources ? s->nsources : 1, sizeof *x->stage);
+	if (!x->stage)
+		return RT_FAIL(e, "out of memory (staging)");
+	for (int p = DP_PROG_STEP; p <= DP_PROG_EVAL; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op != DPK_LOAD || x->stage[in->ia[0]])
+				continue;
+			Stage *g = calloc(1, sizeof *g);
+			if (!g)
+				return RT_FAIL(e, "out of memory (staging)");
+			x->stage[in->ia[0]] = g;
+			g->bytes = (size_t)exec_tensor_bytes(s, in->out);
+			g->slots = p == DP_PROG_STEP ? (int)s->cfg.grad_accum : 1;
+			g->next_step = -1;
+			size_t all = g->bytes * (size_t)g->slots;
+			g->host = host_alloc(x, all ? all : 1);
+			if (!g->host)
+				return RT_FAIL(e, "out of memory: %zu bytes of batch staging", all);
+		}
+	return 0;
+}
+
+static void stage_free(Exec *x)
+{
+	for (uint32_t i = 0; x->stage && i < x->s->nsources; i++)
+		if (x->stage[i]) {
+			host_free(x, x->stage[i]->host);
+			free(x->stage[i]->next);
+			free(x->stage[i]);
+		}
+	free(x->stage);
+	x->stage = NULL;
+}
+
+/* The train batches of step k, every micro-batch, into dst (slots * bytes). */
+static int fill_train(Exec *x, uint32_t src, uint64_t k, void *dst, RtErr *e)
+{
+	if (!x->train)
+		return RT_FAIL(e, "no training data is loaded for source %u", src);
+	const Stage *g = x->stage[src];
+	for (int m = 0; m < g->slots; m++)
+		data_fill_train(x->train, x->s, (int)src, k, m, x->dp_rank, x->dp_size,
+				(char *)dst + (size_t)m * g->bytes);
+	return 0;
+}
+
+/* Stage step k's batches (from exec_prefetch's copy when it made one). */
+static int stage_step(Exec *x, uint64_t k, RtErr *e)
+{
+	const DpStep *s = x->s;
+	if (x->staged_step == (int64_t)k)
+		return 0;
+	for (uint32_t src = 0; src < s->nsources; src++) {
+		Stage *g = x->stage[src];
+		if (!g || s->sources[src].split != DP_SPLIT_TRAIN)
+			continue;
+		if (g->next_step == (int64_t)k)
+			memcpy(g->host, g->next, g->bytes * (size_t)g->slots);
+		else
+			RT_CHECK(fill_train(x, src, k, g->host, e));
+	}
+	x->staged_step = (int64_t)k;
+	return 0;
+}
+
+int exec_prefetch(Exec *x, uint64_t k, RtErr *e)
+{
+	const DpStep *s = x->s;
+	if (!x->be.ops->sync)
+		return 0; /* a synchronous backend has finished the step: nothing overlaps */
+	for (uint32_t src = 0; src < s->nsources; src++) {
+		Stage *g = x->stage[src];
+		if (!g || s->sources[src].split != DP_SPLIT_TRAIN || g->next_step == (int64_t)k)
+			continue;
+		if (!g->next && !(g->next = malloc(g->bytes * (size_t)g->slots + 1)))
+			return RT_FAIL(e, "out of memory (batch prefetch)");
+		RT_CHECK(fill_train(x, src, k, g->next, e));
+		g->next_step = (int64_t)k;
+	}
+	return 0;
+}
+
+/* The eval batch x->eval_batch of every eval source. */
+static int stage_eval(Exec *x, RtErr *e)
+{
+	const DpStep *s = x->s;
+	for (uint32_t src = 0; src < s->nsources; src++) {
+		Stage *g = x->stage[src];
+		if (!g || s->sources[src].split != DP_SPLIT_EVAL)
+			continue;
+		if (!x->eval)
+			return RT_FAIL(e, "no eval data is loaded for source %u", src);
+		data_fill_eval(x->eval, s, (int)src, x->eval_batch, x->dp_rank, x->dp_size, g->host);
+	}
+	return 0;
+}
+
+/* ---- set-up ---- */
+
+int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
+	      const BackendOpts *o, RtErr *e)
 {
 	memset(x, 0, sizeof *x);
 	x->s = s;
@@ -129,56 +273,60 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e)
 	x->dp_size = (int)(s->cfg.mesh[DP_AXIS_REPLICATE] * s->cfg.mesh[DP_AXIS_SHARD]);
 	x->dp_rank = comm->coord[DP_AXIS_REPLICATE] * (int)s->cfg.mesh[DP_AXIS_SHARD] +
 		     comm->coord[DP_AXIS_SHARD];
-	x->cpu.opt = &s->opt;
+	x->staged_step = -1;
+	x->no_graph = o->no_graph;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (cpu_is_compute(in->op))
-				RT_CHECK(cpu_check(s, in, e));
+			if (dp_op_class(in->op) == DP_OPC_KERNEL)
+				RT_CHECK(exec_check_kernel(s, ops, in, e));
 			else
 				RT_CHECK(exec_check_instr(s, comm, p, i, e));
 		}
 
-	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
-	 * as tensors touch it, so a bogus arena size fails here or costs nothing */
-	size_t bytes = (size_t)((s->cfg.arena_bytes + 63) / 64 * 64);
-	if (bytes == 0)
-		bytes = 64;
-	x->arena_len = bytes;
-	x->arena = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (x->arena == MAP_FAILED)
-		x->arena = NULL;
-	x->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *x->ptr);
+	x->be = (Backend){.ops = ops, .s = s, .comm = comm};
 	x->event_ticket = calloc(s->nevents ? s->nevents : 1, sizeof *x->event_ticket);
 	x->event_set = calloc(s->nevents ? s->nevents : 1, 1);
-	if (!x->arena || !x->ptr || !x->event_ticket || !x->event_set) {
+	if (!x->event_ticket || !x->event_set) {
 		exec_free(x);
-		return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB arena",
-			       (double)bytes / (1 << 20));
+		return RT_FAIL(e, "out of memory (events)");
 	}
-	for (uint32_t i = 0; i < s->ntensors; i++)
-		if (s->tensors[i].nbytes)
-			x->ptr[i] = x->arena + s->tensors[i].offset;
+	if (ops->init(&x->be, o, e)) {
+		exec_free(x);
+		return -1;
+	}
+	x->have_be = 1;
+	if (stage_init(x, e)) {
+		exec_free(x);
+		return -1;
+	}
 	return 0;
 }
 
 void exec_free(Exec *x)
 {
-	if (x->arena)
-		munmap(x->arena, x->arena_len);
-	free(x->ptr);
+	stage_free(x);
+	if (x->have_be)
+		x->be.ops->free(&x->be);
+	free(x->bounce);
 	free(x->event_ticket);
 	free(x->event_set);
 	free(x->fl);
 	memset(x, 0, sizeof *x);
 }
 
-float *exec_f32(const Exec *x, int tensor)
+void exec_abort(Exec *x)
 {
-	if (tensor < 0 || (uint32_t)tensor >= x->s->ntensors)
-		return NULL;
-	return x->ptr[tensor];
+	if (x->have_be && x->be.ops->abort)
+		x->be.ops->abort(&x->be);
 }
+
+void exec_describe(Exec *x, char *buf, size_t len)
+{
+	x->be.ops->describe(&x->be, buf, len);
+}
+
+/* ---- host access ---- */
 
 int64_t exec_tensor_bytes(const DpStep *s, int tensor)
 {
@@ -186,27 +334,41 @@ int64_t exec_tensor_bytes(const DpStep *s, int tensor)
 	return exec_numel(t) * (int64_t)dp_dtype_size(t->dtype);
 }
 
+static int has_storage(Exec *x, int tensor)
+{
+	return tensor >= 0 && (uint32_t)tensor < x->s->ntensors && x->be.ptr[tensor];
+}
+
 int exec_tensor_read(Exec *x, int tensor, void *host, RtErr *e)
 {
-	if (tensor < 0 || (uint32_t)tensor >= x->s->ntensors || !x->ptr[tensor])
+	if (!has_storage(x, tensor))
 		return RT_FAIL(e, "tensor %d has no storage to read", tensor);
-	memcpy(host, x->ptr[tensor], (size_t)exec_tensor_bytes(x->s, tensor));
-	return 0;
+	return x->be.ops->read(&x->be, x->be.ptr[tensor], host,
+			       (size_t)exec_tensor_bytes(x->s, tensor), e);
 }
 
 int exec_tensor_write(Exec *x, int tensor, const void *host, RtErr *e)
 {
-	if (tensor < 0 || (uint32_t)tensor >= x->s->ntensors || !x->ptr[tensor])
+	if (!has_storage(x, tensor))
 		return RT_FAIL(e, "tensor %d has no storage to write", tensor);
-	memcpy(x->ptr[tensor], host, (size_t)exec_tensor_bytes(x->s, tensor));
+	return x->be.ops->write(&x->be, x->be.ptr[tensor], host,
+				(size_t)exec_tensor_bytes(x->s, tensor), e);
+}
+
+/* Zero the metrics on the compute stream (in a step: captured with it). */
+static int zero_metrics(Exec *x, RtErr *e)
+{
+	for (uint32_t i = 0; i < x->s->ntensors; i++)
+		if (x->s->tensors[i].kind == DP_T_METRIC && x->be.ptr[i])
+			RT_CHECK(x->be.ops->zero(&x->be, DP_STREAM_COMPUTE, x->be.ptr[i],
+						 x->s->tensors[i].nbytes, e));
 	return 0;
 }
 
-void exec_zero_metrics(Exec *x)
+int exec_zero_metrics(Exec *x, RtErr *e)
 {
-	for (uint32_t i = 0; i < x->s->ntensors; i++)
-		if (x->s->tensors[i].kind == DP_T_METRIC && x->ptr[i])
-			memset(x->ptr[i], 0, x->s->tensors[i].nbytes);
+	RT_CHECK(zero_metrics(x, e));
+	return x->be.ops->sync ? x->be.ops->sync(&x->be, "zeroing the metrics", e) : 0;
 }
 
 /* ---- memory hazards between the streams ---- */
@@ -283,25 +445,25 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 		    overlap(fl.wlo, fl.whi, x->fl[f].rlo, x->fl[f].rhi) ||
 		    overlap(fl.wlo, fl.whi, x->fl[f].wlo, x->fl[f].whi))
 			RT_CHECK(c->ops->wait(c, x->fl[f].ticket + 1, e));
-	float *out = x->ptr[in->out];
+	float *out = x->be.ptr[in->out];
 	int64_t n = exec_numel(&x->s->tensors[in->out]);
 	switch (in->op) {
 	case DPK_TP_REDUCE:
 		/* out-of-place: the input is complete when the collective is issued
 		 * (the schedule's events say so), so copy it and reduce in place */
-		if (x->ptr[in->in[0]] != (void *)out)
-			memmove(out, x->ptr[in->in[0]], (size_t)n * sizeof(float));
+		if (x->be.ptr[in->in[0]] != (void *)out)
+			memmove(out, x->be.ptr[in->in[0]], (size_t)n * sizeof(float));
 		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
 		break;
 	case DPK_ALL_REDUCE:
 		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
 		break;
 	case DPK_REDUCE_SCATTER:
-		RT_CHECK(c->ops->reduce_scatter_start(c, axes, x->ptr[in->in[0]], out, n, &fl.ticket,
+		RT_CHECK(c->ops->reduce_scatter_start(c, axes, x->be.ptr[in->in[0]], out, n, &fl.ticket,
 						      e));
 		break;
 	default:
-		RT_CHECK(c->ops->all_gather_start(c, axes, x->ptr[in->in[0]], out,
+		RT_CHECK(c->ops->all_gather_start(c, axes, x->be.ptr[in->in[0]], out,
 						  exec_numel(&x->s->tensors[in->in[0]]), &fl.ticket,
 						  e));
 		break;
@@ -320,129 +482,249 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
-static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
+/* The host copy INIT fills and SAVE hands over: one tensor's elements. */
+static int bounce(Exec *x, int tensor, RtErr *e)
+{
+	size_t bytes = (size_t)exec_tensor_bytes(x->s, tensor);
+	if (bytes <= x->bounce_bytes)
+		return 0;
+	float *b = realloc(x->bounce, bytes);
+	if (!b)
+		return RT_FAIL(e, "out of memory: %zu bytes for '%s'", bytes, tname(x->s, tensor));
+	x->bounce = b;
+	x->bounce_bytes = bytes;
+	return 0;
+}
+
+/* INIT and SAVE: the hooks see host memory; the executor copies it. */
+static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 {
 	const DpStep *s = x->s;
-	int src = (int)in->ia[0];
-	void *dst = x->ptr[in->out];
-	if (p == DP_PROG_STEP) {
-		if (!x->train)
-			return RT_FAIL(e, "no training data is loaded for source %d", src);
-		data_fill_train(x->train, s, src, x->step, x->micro, x->dp_rank, x->dp_size, dst);
-	} else {
-		if (!x->eval)
-			return RT_FAIL(e, "no eval data is loaded for source %d", src);
-		data_fill_eval(x->eval, s, src, x->eval_batch, x->dp_rank, x->dp_size, dst);
+	if (in->op == DPK_INIT) {
+		const DpTensor *t = &s->tensors[in->out];
+		int name = in->in[0] >= 0 ? in->in[0] : in->out;
+		RT_CHECK(bounce(x, in->out, e));
+		if (x->init_tensor)
+			RT_CHECK(x->init_tensor(x->hook_ctx, name, in->out, x->bounce, e));
+		else
+			init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
+				  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t),
+				  x->bounce);
+		return exec_tensor_write(x, in->out, x->bounce, e);
+	}
+	int name = in->in[1] >= 0 ? in->in[1] : in->in[0];
+	if (!x->save_tensor)
+		return RT_FAIL(e, "save of '%s': no checkpoint writer is set", tname(s, name));
+	RT_CHECK(bounce(x, in->in[0], e));
+	RT_CHECK(exec_tensor_read(x, in->in[0], x->bounce, e));
+	return x->save_tensor(x->hook_ctx, name, in->in[0], x->bounce, e);
+}
+
+/* SHARD: block k of the group along dim ia1 (0: contiguous). in0 is
+ * [outer][g * n]: row o's block k is n elements. */
+static int shard(Exec *x, const DpInstr *in, RtErr *e)
+{
+	const DpStep *s = x->s;
+	const DpTensor *ti = &s->tensors[in->in[0]];
+	int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
+	int dim = (int)in->ia[1];
+	int64_t outer = 1, inner = 1;
+	for (int d = 0; d < dim; d++)
+		outer *= ti->dims[d];
+	for (int d = dim; d < ti->ndim; d++)
+		inner *= ti->dims[d];
+	int64_t n = exec_numel(&s->tensors[in->out]) / outer;
+	const char *src = x->be.ptr[in->in[0]];
+	return x->be.ops->copy2d(&x->be, in->stream, x->be.ptr[in->out], (size_t)n * 4,
+				 src + (size_t)k * (size_t)n * 4, (size_t)inner * 4, (size_t)n * 4,
+				 (size_t)outer, e);
+}
+
+static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
+{
+	const Stage *g = x->stage[in->ia[0]];
+	int slot = p == DP_PROG_STEP ? x->micro : 0;
+	return x->be.ops->upload(&x->be, in->stream, x->be.ptr[in->out],
+				 (const char *)g->host + (size_t)slot * g->bytes, g->bytes, e);
+}
+
+static int event(Exec *x, int p, uint32_t i, RtErr *e)
+{
+	const DpInstr *in = &x->s->prog[p][i];
+	Backend *b = &x->be;
+	Comm *c = x->comm;
+	int ev = (int)in->ia[0];
+	if (in->op == DPK_EVENT_RECORD) {
+		x->event_set[ev] = 1;
+		if (b->ops->event_record)
+			return b->ops->event_record(b, in->stream, (unsigned)ev, e);
+		/* host streams: comm covers every collective issued so far; compute: done now */
+		x->event_ticket[ev] = in->stream == DP_STREAM_COMM ? c->issued : -1;
+		return 0;
+	}
+	if (!x->event_set[ev])
+		return RT_FAIL(e, "schedule error in the %s program: instruction %u waits for event "
+			       "%d, which was not recorded before it", dp_prog_names[p], i, ev);
+	if (b->ops->event_wait)
+		return b->ops->event_wait(b, in->stream, (unsigned)ev, e);
+	if (in->stream == DP_STREAM_COMPUTE && x->event_ticket[ev] >= 0) {
+		RT_CHECK(c->ops->wait(c, x->event_ticket[ev], e));
+		retire(x, x->event_ticket[ev]);
+	}
+	/* a wait on the comm stream orders collectives after compute that has
+	 * already run (host compute is synchronous): nothing to do */
+	return 0;
+}
+
+/* Enqueue (synchronous backend: run) program p, without the final wait. */
+static int walk(Exec *x, DpProgram p, int last, RtErr *e)
+{
+	const DpStep *s = x->s;
+	Backend *b = &x->be;
+	const BackendOps *o = b->ops;
+	Comm *c = x->comm;
+	int host = !o->collective; /* the two streams are emulated here */
+	memset(x->event_set, 0, s->nevents ? s->nevents : 1);
+	x->nfl = 0;
+	if (o->run_begin)
+		RT_CHECK(o->run_begin(b, p, e));
+	for (uint32_t i = 0; i < s->nprog[p]; i++) {
+		const DpInstr *in = &s->prog[p][i];
+		DpOpClass cls = dp_op_class(in->op);
+		if ((in->flags & DP_IF_LAST) && !last)
+			continue;
+		b->at = (BackendAt){p, i, x->micro};
+		if (host && x->nfl && !x->no_progress)
+			RT_CHECK(c->ops->progress(c, e));
+		if (cls == DP_OPC_EVENT) {
+			RT_CHECK(event(x, p, i, e));
+			continue;
+		}
+		if (cls == DP_OPC_COLLECTIVE) {
+			if (!host) {
+				RT_CHECK(o->collective(b, in, e));
+				continue;
+			}
+			if (in->stream == DP_STREAM_COMPUTE)
+				RT_CHECK(check_hazard(x, p, i, e));
+			RT_CHECK(start_collective(x, p, i, e));
+			continue;
+		}
+		if (host && in->stream == DP_STREAM_COMM) {
+			/* a kernel on the comm stream runs after the collectives before it */
+			RT_CHECK(c->ops->wait(c, c->issued, e));
+		} else if (host && x->nfl) {
+			RT_CHECK(check_hazard(x, p, i, e));
+		}
+		switch (cls) {
+		case DP_OPC_LOAD:
+			RT_CHECK(load(x, p, in, e));
+			break;
+		case DP_OPC_HOST:
+			RT_CHECK(init_save(x, in, e));
+			break;
+		case DP_OPC_SHARD:
+			RT_CHECK(shard(x, in, e));
+			break;
+		default:
+			RT_CHECK(o->kernel(b, in, e));
+			break;
+		}
+	}
+	if (o->run_end)
+		RT_CHECK(o->run_end(b, e));
+	if (host) {
+		RT_CHECK(c->ops->wait(c, c->issued, e));
+		x->nfl = 0;
 	}
 	return 0;
 }
 
-/* INIT, SAVE and SHARD: the kernels that move data across the executor's
- * boundary (hooks) or depend on this rank's place in the mesh. */
-static int run_own(Exec *x, const DpInstr *in, RtErr *e)
+/* Wait for everything issued on a backend with streams. */
+static int sync_all(Exec *x, const char *what, RtErr *e)
 {
-	const DpStep *s = x->s;
-	switch (in->op) {
-	case DPK_INIT: {
-		const DpTensor *t = &s->tensors[in->out];
-		int name = in->in[0] >= 0 ? in->in[0] : in->out;
-		float *dst = x->ptr[in->out];
-		if (x->init_tensor)
-			return x->init_tensor(x->hook_ctx, name, in->out, dst, e);
-		init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
-			  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t), dst);
-		return 0;
-	}
-	case DPK_SAVE: {
-		int name = in->in[1] >= 0 ? in->in[1] : in->in[0];
-		if (!x->save_tensor)
-			return RT_FAIL(e, "save of '%s': no checkpoint writer is set", tname(s, name));
-		return x->save_tensor(x->hook_ctx, name, in->in[0], x->ptr[in->in[0]], e);
-	}
-	default: { /* SHARD: block k of the group along dim ia1 (0: contiguous) */
-		const DpTensor *ti = &s->tensors[in->in[0]];
-		int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
-		int dim = (int)in->ia[1];
-		int64_t outer = 1, inner = 1;
-		for (int d = 0; d < dim; d++)
-			outer *= ti->dims[d];
-		for (int d = dim; d < ti->ndim; d++)
-			inner *= ti->dims[d];
-		/* in0 is [outer][g * n]: row o's block k is n elements */
-		int64_t n = exec_numel(&s->tensors[in->out]) / outer;
-		const float *src = x->ptr[in->in[0]];
-		float *dst = x->ptr[in->out];
-		for (int64_t o = 0; o < outer; o++)
-			memmove(dst + o * n, src + o * inner + (int64_t)k * n, (size_t)n * sizeof(float));
-		return 0;
-	}
-	}
-}
-
-static int is_own(unsigned op)
-{
-	return op == DPK_INIT || op == DPK_SAVE || op == DPK_SHARD;
+	return x->be.ops->sync ? x->be.ops->sync(&x->be, what, e) : 0;
 }
 
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 {
+	char what[64];
+	RT_CHECK(exec_step_wait(x, e));
+	if (p == DP_PROG_STEP)
+		RT_CHECK(stage_step(x, x->step, e));
+	if (p == DP_PROG_EVAL)
+		RT_CHECK(stage_eval(x, e));
+	RT_CHECK(walk(x, p, last, e));
+	if (p == DP_PROG_EVAL)
+		snprintf(what, sizeof what, "eval batch %lld", (long long)x->eval_batch);
+	else
+		snprintf(what, sizeof what, "the %s program", dp_prog_names[p]);
+	return sync_all(x, what, e);
+}
+
+/* ---- optimizer steps ---- */
+
+/* One optimizer step in stream order: what a graph holds. */
+static int enqueue_step(Exec *x, RtErr *e)
+{
 	const DpStep *s = x->s;
-	Comm *c = x->comm;
-	memset(x->event_set, 0, s->nevents ? s->nevents : 1);
-	x->nfl = 0;
-	for (uint32_t i = 0; i < s->nprog[p]; i++) {
-		const DpInstr *in = &s->prog[p][i];
-		if ((in->flags & DP_IF_LAST) && !last)
-			continue;
-		if (x->nfl && !x->no_progress)
-			RT_CHECK(c->ops->progress(c, e));
-		switch (in->op) {
-		case DPK_EVENT_RECORD: {
-			int ev = (int)in->ia[0];
-			x->event_set[ev] = 1;
-			/* comm: covers every collective issued so far; compute: done now */
-			x->event_ticket[ev] = in->stream == DP_STREAM_COMM ? c->issued : -1;
-			break;
-		}
-		case DPK_EVENT_WAIT: {
-			int ev = (int)in->ia[0];
-			if (!x->event_set[ev])
-				return RT_FAIL(e, "schedule error in the %s program: instruction %u waits "
-					       "for event %d, which was not recorded before it",
-					       dp_prog_names[p], i, ev);
-			if (in->stream == DP_STREAM_COMPUTE && x->event_ticket[ev] >= 0) {
-				RT_CHECK(c->ops->wait(c, x->event_ticket[ev], e));
-				retire(x, x->event_ticket[ev]);
-			}
-			/* a wait on the comm stream orders collectives after compute that
-			 * has already run (compute is synchronous): nothing to do */
-			break;
-		}
-		case DPK_ALL_REDUCE:
-		case DPK_REDUCE_SCATTER:
-		case DPK_ALL_GATHER:
-		case DPK_TP_REDUCE:
-			if (in->stream == DP_STREAM_COMPUTE)
-				RT_CHECK(check_hazard(x, p, i, e));
-			RT_CHECK(start_collective(x, p, i, e));
-			break;
-		default:
-			if (in->stream == DP_STREAM_COMM) {
-				/* a kernel on the comm stream runs after the collectives before it */
-				RT_CHECK(c->ops->wait(c, c->issued, e));
-			} else if (x->nfl) {
-				RT_CHECK(check_hazard(x, p, i, e));
-			}
-			if (in->op == DPK_LOAD)
-				RT_CHECK(load(x, p, in, e));
-			else if (is_own(in->op))
-				RT_CHECK(run_own(x, in, e));
-			else
-				RT_CHECK(cpu_run(s, in, x->ptr, &x->cpu, e));
-			break;
-		}
+	Backend *b = &x->be;
+	if (b->ops->step_head)
+		RT_CHECK(b->ops->step_head(b, e));
+	RT_CHECK(zero_metrics(x, e));
+	for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
+		x->micro = (int)m;
+		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
 	}
-	RT_CHECK(c->ops->wait(c, c->issued, e));
-	x->nfl = 0;
+	if (b->ops->step_tail)
+		RT_CHECK(b->ops->step_tail(b, e));
 	return 0;
+}
+
+static int capture_step(Exec *x, RtErr *e)
+{
+	Backend *b = &x->be;
+	RT_CHECK(b->ops->capture_begin(b, e));
+	int rc = enqueue_step(x, e);
+	RtErr end_err = {.rank = e->rank};
+	int end = b->ops->capture_end(b, rc ? &end_err : e); /* always end the capture */
+	RT_CHECK(rc);
+	RT_CHECK(end);
+	x->captured = 1;
+	return 0;
+}
+
+int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
+{
+	Backend *b = &x->be;
+	RT_CHECK(exec_step_wait(x, e));
+	RT_CHECK(stage_step(x, k, e));
+	x->step = k;
+	RT_CHECK(b->ops->set_step(b, k, exec_lr(x->s, k), e));
+	if (b->ops->replay && !x->no_graph) {
+		if (!x->captured)
+			RT_CHECK(capture_step(x, e));
+		RT_CHECK(b->ops->replay(b, e));
+	} else {
+		RT_CHECK(enqueue_step(x, e));
+	}
+	x->running = 1;
+	x->running_step = k;
+	return 0;
+}
+
+int exec_step_wait(Exec *x, RtErr *e)
+{
+	if (!x->running)
+		return 0;
+	char what[64];
+	snprintf(what, sizeof what, "step %llu", (unsigned long long)x->running_step + 1);
+	x->running = 0;
+	return sync_all(x, what, e);
+}
+
+int exec_step(Exec *x, uint64_t k, RtErr *e)
+{
+	RT_CHECK(exec_step_launch(x, k, e));
+	return exec_step_wait(x, e);
 }

@@ -1,27 +1,42 @@
 /*
- * exec.h - the CPU executor: one arena per rank, the tensor pointers into it,
- * and the walk over a program's instructions with two-stream semantics.
+ * exec.h - the executor: checks a step file against the mesh and a compute
+ * backend (backend.h), stages the data batches, and walks a program's
+ * instructions with two-stream semantics, whatever the backend.
  *
- * Streams on the CPU. Compute-stream instructions run synchronously, in
- * order. Comm-stream collectives are started non-blocking and keep running
- * while later compute instructions execute. Cross-stream order comes only
- * from events, as on a GPU:
+ * Streams. Cross-stream order comes only from events, as on a GPU:
  *   EVENT_RECORD on comm    - the event covers every collective issued so far;
- *   EVENT_WAIT on compute   - blocks until those collectives have completed;
- *   EVENT_RECORD on compute - satisfied at once (compute is synchronous);
- *   EVENT_WAIT on comm      - an ordering point, satisfied once recorded.
- * A compute instruction that touches memory of a collective that no event has
- * made visible yet is a schedule bug (a race on a GPU): the run fails and
- * names both instructions. A collective placed on the compute stream runs
+ *   EVENT_WAIT on compute   - compute waits until those collectives have completed;
+ *   EVENT_RECORD on compute - marks the compute done so far;
+ *   EVENT_WAIT on comm      - later collectives start after that compute.
+ * A wait for an event that was not recorded earlier in the run is a schedule
+ * error. A backend with streams (CUDA) turns these into its own events and
+ * stream waits. On a synchronous backend (CPU) the executor emulates the
+ * streams on the host: compute-stream instructions run in order as they are
+ * reached; comm-stream collectives are started non-blocking on the MPI comm
+ * backend and keep running while later compute instructions execute (the
+ * executor polls them between instructions). There a compute instruction
+ * that touches memory of a collective no event has made visible yet is a
+ * schedule bug (a race on a GPU): the run fails and names both
+ * instructions. A collective placed on the compute stream runs
  * synchronously; a compute kernel placed on the comm stream first waits for
  * the collectives issued before it (stream order). At the end of a program
  * run everything is waited for.
+ *
+ * Data. LOAD copies a batch the executor staged in host memory (from the
+ * backend's host_alloc: pinned on a GPU) into the data tensor: for the step
+ * program one batch per micro-batch of the optimizer step, staged before
+ * the step starts (exec_prefetch stages step k+1 while step k runs on a
+ * backend with streams); for the eval program the batch of eval_batch.
+ *
+ * Optimizer steps. exec_step runs grad_accum runs of the step program (the
+ * DP_IF_LAST parts on the last) after zeroing the metrics; on a backend with
+ * graphs the whole step is captured once and replayed every step.
  */
 #ifndef DP_EXEC_H
 #define DP_EXEC_H
 
+#include "backend.h"
 #include "comm.h"
-#include "cpu.h"
 #include "rt.h"
 
 typedef struct InFlight InFlight;
@@ -30,8 +45,10 @@ typedef struct InFlight InFlight;
  * Hooks for the kernels whose data crosses the executor's boundary. Each gets
  * the caller's ctx, `name` (the tensor whose name and kind identify the
  * parameter or buffer: x->s->tensors[name]), `tensor` (the tensor whose
- * memory dst/src is: its shape, init spec and init_base) and that memory
- * (exec_numel(&tensors[tensor]) f32 elements); 0, or -1 with e filled, which
+ * memory dst/src is: its shape, init spec and init_base) and a host copy
+ * of that memory (exec_numel(&tensors[tensor]) f32 elements, valid during
+ * the call; the executor moves it to or from the backend); 0, or -1 with e
+ * filled, which
  * ends the program run. name == tensor except for a tensor-parallel
  * parameter, initialised and saved whole through a temporary (INIT's in0,
  * SAVE's in1 name the parameter).
@@ -45,48 +62,79 @@ typedef struct InFlight InFlight;
 typedef int (*ExecInitHook)(void *ctx, int name, int tensor, float *dst, RtErr *e);
 typedef int (*ExecSaveHook)(void *ctx, int name, int tensor, const float *src, RtErr *e);
 
+typedef struct Stage Stage;
+
 typedef struct {
 	const DpStep *s;
 	Comm *comm;
-	unsigned char *arena; /* one allocation, cfg.arena_bytes, 64-byte aligned, zeroed */
-	size_t arena_len;
-	void **ptr;           /* ptr[i] = arena + tensors[i].offset; NULL without storage */
+	Backend be;           /* the compute backend; be.ptr: tensor addresses in its memory */
+	int have_be;          /* be.ops->init succeeded: free it */
 	DataSet *train;       /* sources of DP_SPLIT_TRAIN (LOAD in the step program) */
 	DataSet *eval;        /* sources of DP_SPLIT_EVAL (LOAD in the eval program) */
 	int dp_rank, dp_size; /* data-parallel coordinates: r*S + s of R*S */
 
-	/* where the next run is: set by the caller before exec_run */
+	/* where the next run is: set by the caller before exec_run (exec_step
+	 * sets step and micro itself) */
 	uint64_t step;        /* optimizer step, from 0 */
 	int micro;            /* micro-batch in the step */
 	int64_t eval_batch;   /* eval batch index (eval program) */
-	CpuCtx cpu;           /* lr, t = step + 1, optimizer */
 	int no_progress;      /* skip polling between instructions (dpexec --no-progress) */
 	ExecInitHook init_tensor; /* INIT (init program); see above */
 	ExecSaveHook save_tensor; /* SAVE (export program) */
 	void *hook_ctx;           /* passed to both hooks */
 
+	/* staged batches: stage[i] for source i (NULL: no LOAD reads it) */
+	Stage **stage;
+	int64_t staged_step;  /* the step whose batches stage holds, -1: none */
+	float *bounce;        /* host copy of one tensor for INIT and SAVE */
+	size_t bounce_bytes;
+
+	/* optimizer steps on a backend with streams */
+	int no_graph;         /* BackendOpts.no_graph: enqueue each step instead of replaying */
+	int captured;         /* the step graph exists */
+	int running;          /* a step was launched and not waited for */
+	uint64_t running_step;
+
 	/* per-run stream state */
-	int64_t *event_ticket; /* comm ticket recorded by the event, -1: recorded on compute */
+	int64_t *event_ticket; /* host streams: comm ticket recorded by the event, -1: compute */
 	int8_t *event_set;     /* recorded in this run? */
-	InFlight *fl;          /* collectives not yet made visible to compute */
+	InFlight *fl;          /* host streams: collectives not yet made visible to compute */
 	int nfl, capfl;
 } Exec;
 
-/* Load-time checks of instruction i of program p that the compute backend
- * does not make itself: LOAD against its source, collective and SHARD sizes
- * against the group of their axis mask (any executor, CPU or CUDA). */
+/* Load-time checks of instruction i of program p that no backend makes:
+ * LOAD against its source, collective and SHARD sizes against the group of
+ * their axis mask. */
 int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr *e);
+/* Load-time check of a compute instruction against a backend: its kernel
+ * table has the op (else an error naming the op and the backend), then the
+ * backend's own limits. Needs no device (tests call it). */
+int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in, RtErr *e);
 /* Learning rate of optimizer step k (from 0) under the step file's schedule. */
 double exec_lr(const DpStep *s, uint64_t k);
 /* Axis masks the step's collectives use (bit m for mask m), for comm init. */
 uint32_t exec_comm_masks(const DpStep *s);
-/* Check every instruction against the tensor table and the mesh, allocate
- * and zero the arena, point every tensor into it. */
-int exec_init(Exec *x, const DpStep *s, Comm *comm, RtErr *e);
-/* Run program p (any DpProgram); instructions flagged DP_IF_LAST only when
- * last != 0 (only the step program has them: pass 1 for the others). SHARD
- * copies block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
+/* Check every instruction against the tensor table, the mesh and the
+ * backend `ops`, then initialise the backend (its arena, zeroed, with every
+ * tensor pointed into it). */
+int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
+	      const BackendOpts *o, RtErr *e);
+/* Run program p (any DpProgram) and wait for it; instructions flagged
+ * DP_IF_LAST only when last != 0 (only the step program has them: pass 1
+ * for the others). The step program runs micro-batch x->micro of step
+ * x->step (whose batches are staged first if they are not). SHARD copies
+ * block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
+/* Optimizer step k (from 0): stage its batches, zero the metrics, run the
+ * step program once per micro-batch (DP_IF_LAST parts on the last) with
+ * lr = exec_lr(k) and t = k + 1. exec_step_launch returns without waiting
+ * on a backend with streams (replaying the captured step, or enqueueing
+ * it with --no-graph); exec_prefetch(k + 1) then stages the next batches
+ * while it runs; exec_step_wait waits. exec_step is launch + wait. */
+int exec_step_launch(Exec *x, uint64_t k, RtErr *e);
+int exec_prefetch(Exec *x, uint64_t k, RtErr *e);
+int exec_step_wait(Exec *x, RtErr *e);
+int exec_step(Exec *x, uint64_t k, RtErr *e);
 /* Copy a whole tensor (nbytes of its dtype's elements) out of / into the
  * executor's memory, after the work issued so far. The only way code outside
  * the executor and its backends touches tensor data (checkpoints, metrics,
@@ -96,10 +144,12 @@ int exec_tensor_write(Exec *x, int tensor, const void *host, RtErr *e);
 /* Bytes of a tensor's elements (numel * dtype size; not its padded nbytes). */
 int64_t exec_tensor_bytes(const DpStep *s, int tensor);
 /* Zero every DP_T_METRIC tensor. */
-void exec_zero_metrics(Exec *x);
-/* f32 view of a tensor, NULL for -1 or a tensor without storage. */
-float *exec_f32(const Exec *x, int tensor);
+int exec_zero_metrics(Exec *x, RtErr *e);
 int64_t exec_numel(const DpTensor *t);
+/* One line about the compute device (logs). */
+void exec_describe(Exec *x, char *buf, size_t len);
+/* A failing rank, before MPI_Abort: the backend stops its collectives. */
+void exec_abort(Exec *x);
 void exec_free(Exec *x);
 
 /* --check-grads (runtime/gradcheck.c): finite differences against the

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# tests/cuda.sh - the CUDA backend's tests (build/tests/cuda_smoke against the
-# CPU dpexec). Without a visible GPU it says so loudly, checks only that
-# cuda_smoke refuses to run (exit 3, a clear message), and exits 0.
+# tests/cuda.sh - `dpexec --device cuda` (the CUDA backend, build/libdpcuda.so,
+# loaded with dlopen) against `dpexec --device cpu`.
 #
-# On a GPU (NONE OF THIS HAS RUN YET; docs/CUDA.md):
+# Everywhere (no GPU needed):
+#   - ldd: dpexec itself names no libcudart, libcublas or libnccl;
+#   - --device cuda with the backend library missing ($DPEXEC_CUDA_LIB at a
+#     file that is not there): exit 1 and one line naming the dlopen error;
+#   - without a usable GPU: --device cuda is exit 1 and one line naming the
+#     cause (no driver / driver older than the runtime / no device), on 1
+#     rank and, said once, on 2; --device auto trains on the CPU after a
+#     one-line notice, with the same losses as --device cpu.
+# On a GPU (NONE OF THIS HAS RUN YET; docs/CUDA.md), else each reported as
+# SKIP and counted as skipped, never as passed:
 #   1. models/mlp.dp at 1 rank, 50 steps: CUDA vs CPU losses and parameters.
 #      Tolerance: both are fp32, but cuBLAS and OpenBLAS sum each GEMM in a
 #      different order (~1e-6 relative per product), device tanhf/exp/pow
@@ -20,37 +28,21 @@
 #   5. a stopped rank: the other ends within --timeout, naming the pending
 #      collective (the watchdog).
 # Data: Fashion-MNIST when /usr/share/datasets has it, else the same MLP on
-# synthetic data (the GPU machine may not have the Debian dataset package).
+# synthetic data (a GPU machine may not have the Debian dataset package).
 set -u
 . "$(dirname "$0")/lib.sh"
-SMOKE=${SMOKE:-$ROOT/$BUILD/tests/cuda_smoke}
 STEPS=${STEPS:-50}
-
-if [ ! -x "$SMOKE" ]; then
-	echo "SKIP: $SMOKE is not built (no nvcc? run make cuda): CUDA tests not run"
-	exit 0
-fi
-ndev=$("$SMOKE" --probe 2>/dev/null | awk '/^cuda devices:/ {print $3}')
-ndev=${ndev:-0}
-if [ "$ndev" -eq 0 ]; then
-	echo "************************************************************"
-	echo "SKIP: no GPU visible: the CUDA tests were NOT run"
-	echo "************************************************************"
-	out=$("$SMOKE" "$ROOT/models/mlp.dp" 2>&1); rc=$?
-	if [ $rc -eq 3 ] && echo "$out" | grep -q "no CUDA device is visible"; then
-		ok "cuda_smoke without a GPU refuses to run (exit 3, message)"
-	else
-		fail "cuda_smoke without a GPU refuses to run (rc=$rc: $out)"
-	fi
-	finish cuda
-	exit $?
-fi
-
-"$SMOKE" --probe
+CUDA_SO=$ROOT/$BUILD/libdpcuda.so
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
-# numpy for compare.py: Debian's python, else whatever python3 has it
-if ! $PY -c 'import numpy' 2>/dev/null; then PY=python3; fi
+X() { env $MPI_ASAN timeout 120 "$DPEXEC" "$@"; }
+
+# ---- everywhere ----
+if ldd "$DPEXEC" | grep -Eq 'libcudart|libcublas|libnccl|libcuda\.'; then
+	fail "ldd dpexec names no CUDA library"; ldd "$DPEXEC" | grep -E 'cuda|cublas|nccl'
+else
+	ok "ldd dpexec names no CUDA library (libcudart, libcublas, libnccl)"
+fi
 
 # the model: mlp.dp, on synthetic data when Fashion-MNIST is absent
 MODEL=$ROOT/models/mlp.dp
@@ -60,22 +52,86 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 	MODEL=$T/mlp.dp
 	echo "  (no Fashion-MNIST here: synthetic data)"
 fi
+"$DPC" "$MODEL" --world-size 1 -o "$T/w1.bin" || fail "dpc (1 rank)"
+"$DPC" "$MODEL" --world-size 2 -o "$T/w2.bin" || fail "dpc (2 ranks)"
+
+# one_error NAME WANT CMD...: exit 1, exactly one line on stderr, containing WANT
+one_error() {
+	local name=$1 want=$2; shift 2
+	"$@" >"$T/out" 2>"$T/err"; local rc=$?
+	if [ $rc -eq 1 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -qF -- "$want" "$T/err"; then
+		ok "$name: $(cat "$T/err")"
+	else
+		fail "$name (exit $rc, wanted one line with '$want')"; sed 's/^/      /' "$T/err" | head
+	fi
+}
+one_error "--device cuda without the backend library" \
+	"cannot load the CUDA backend: $T/none/libdpcuda.so" \
+	env DPEXEC_CUDA_LIB="$T/none/libdpcuda.so" $MPI_ASAN "$DPEXEC" --device cuda "$T/w1.bin"
+
+# Is there a usable GPU (and a CUDA backend)?
+GPU=0
+if [ ! -f "$CUDA_SO" ]; then
+	why="the CUDA backend is not built ($CUDA_SO: no nvcc, or a SAN=1 build)"
+elif X "$T/w1.bin" --device cuda --steps 0 --quiet >"$T/probe.out" 2>&1; then
+	GPU=1
+else
+	why=$(cat "$T/probe.out")
+	one_error "--device cuda without a GPU: one line naming the cause" "dpexec: error: --device cuda: " \
+		X "$T/w1.bin" --device cuda --steps 1
+	grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cudaGetDeviceCount" "$T/err" ||
+		fail "the --device cuda error names no cause: $(cat "$T/err")"
+	mpirun --oversubscribe -np 2 env $MPI_ASAN "$DPEXEC" "$T/w2.bin" --device cuda \
+		--steps 1 >"$T/out2" 2>"$T/err2"; rc=$?
+	if [ $rc -ne 0 ] && [ "$(grep -c 'dpexec: error: --device cuda' "$T/err2")" -eq 1 ]; then
+		ok "--device cuda without a GPU on 2 ranks: said once, exit $rc"
+	else
+		fail "--device cuda without a GPU on 2 ranks (exit $rc)"; head -n 5 "$T/err2"
+	fi
+fi
+
+if [ $GPU = 0 ]; then
+	# auto falls back to the CPU, with one notice line, and trains as --device cpu
+	if X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
+		X "$T/w1.bin" --device cpu --steps 3 --eval-every 0 --quiet --losses "$T/cpu.loss" \
+			>/dev/null 2>&1 &&
+		[ "$(grep -c 'running on the CPU' "$T/auto.out")" -eq 1 ] && cmp -s "$T/auto.loss" "$T/cpu.loss"; then
+		ok "--device auto without a GPU: $(grep 'running on the CPU' "$T/auto.out")"
+	else
+		fail "--device auto without a GPU falls back to the CPU"; head -n 4 "$T/auto.out"
+	fi
+	echo "************************************************************"
+	echo "SKIPPED: no usable GPU: the CUDA tests were NOT run"
+	echo "  ($why)"
+	echo "************************************************************"
+	for t in "CUDA matches the CPU at 1 rank" "graph replay and --no-graph are bitwise equal" \
+		"compute-sanitizer memcheck" "CUDA at 2 ranks (NCCL) matches the CPU" \
+		"a stopped rank ends the run within --timeout"; do
+		skip "$t (no GPU)"
+	done
+	finish cuda
+	exit $?
+fi
+
+# ---- on a GPU ----
+head -n 4 "$T/probe.out"
+# numpy for compare.py: Debian's python, else whatever python3 has it
+if ! $PY -c 'import numpy' 2>/dev/null; then PY=python3; fi
 
 cpu() { # cpu NAME NP BIN
-	mpi "$2" "$3" --steps $STEPS --quiet --eval-every 0 --losses "$T/$1.loss" \
+	mpi "$2" "$3" --device cpu --steps $STEPS --quiet --eval-every 0 --losses "$T/$1.loss" \
 		--save-full "$T/$1.st" >"$T/$1.log" 2>&1 ||
-		{ tail -n 5 "$T/$1.log"; fail "$1: dpexec"; return 1; }
+		{ tail -n 5 "$T/$1.log"; fail "$1: dpexec --device cpu"; return 1; }
 }
-gpu() { # gpu NAME BIN [cuda_smoke args]
+gpu() { # gpu NAME BIN [dpexec args]
 	local name=$1 bin=$2; shift 2
-	timeout 300 "$SMOKE" "$bin" --steps $STEPS --losses "$T/$name.loss" \
+	X "$bin" --device cuda --steps $STEPS --eval-every 0 --losses "$T/$name.loss" \
 		--save-full "$T/$name.st" "$@" >"$T/$name.log" 2>&1 ||
-		{ tail -n 5 "$T/$name.log"; fail "$name: cuda_smoke"; return 1; }
-	grep "ms/step" "$T/$name.log" | sed 's/^/  /'
+		{ tail -n 5 "$T/$name.log"; fail "$name: dpexec --device cuda"; return 1; }
+	grep "ms/step" "$T/$name.log" | tail -n 1 | sed 's/^/  /'
 }
 
 # 1. CUDA vs CPU at one rank
-"$DPC" "$MODEL" --world-size 1 -o "$T/w1.bin" || fail "dpc (1 rank)"
 if cpu cpu1 1 "$T/w1.bin" && gpu gpu1 "$T/w1.bin"; then
 	if $PY tests/compare.py losses "$T/gpu1.loss" "$T/cpu1.loss" --rtol 1e-3 --atol 0 &&
 		$PY tests/compare.py params "$T/gpu1.st" "$T/cpu1.st" --rtol 1e-3 --atol 1e-4; then
@@ -99,28 +155,28 @@ fi
 SAN_BIN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN_BIN" ]; then
 	for mode in "" --no-graph; do
-		if "$SAN_BIN" --tool memcheck --error-exitcode 9 "$SMOKE" "$T/w1.bin" --steps 3 --quiet \
-			$mode >"$T/san.log" 2>&1; then
+		if "$SAN_BIN" --tool memcheck --error-exitcode 9 "$DPEXEC" "$T/w1.bin" --device cuda \
+			--steps 3 --quiet --eval-every 0 $mode >"$T/san.log" 2>&1; then
 			ok "compute-sanitizer memcheck clean ${mode:-(graph)}"
 		else
 			fail "compute-sanitizer memcheck clean ${mode:-(graph)}"; tail -n 20 "$T/san.log"
 		fi
 	done
 else
-	echo "  skip compute-sanitizer (not installed)"
+	skip "compute-sanitizer memcheck (not installed)"
 fi
 
 # 4. two ranks over NCCL (one GPU: a distinct NCCL_HOSTID per process)
 cat >"$T/rank.sh" <<EOF
 #!/bin/sh
 export NCCL_HOSTID=dp-rank-\${OMPI_COMM_WORLD_RANK:-0}
-exec "$SMOKE" "\$@"
+exec "$DPEXEC" "\$@"
 EOF
 chmod +x "$T/rank.sh"
-"$DPC" "$MODEL" --world-size 2 -o "$T/w2.bin" || fail "dpc (2 ranks)"
 if cpu cpu2 2 "$T/w2.bin"; then
-	if timeout 300 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --steps $STEPS \
-		--losses "$T/gpu2.loss" --save-full "$T/gpu2.st" >"$T/gpu2.log" 2>&1 &&
+	if timeout 300 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
+		--steps $STEPS --eval-every 0 --losses "$T/gpu2.loss" --save-full "$T/gpu2.st" \
+		>"$T/gpu2.log" 2>&1 &&
 		$PY tests/compare.py losses "$T/gpu2.loss" "$T/cpu2.loss" --rtol 1e-3 --atol 0 &&
 		$PY tests/compare.py params "$T/gpu2.st" "$T/cpu2.st" --rtol 1e-3 --atol 1e-4; then
 		ok "CUDA at 2 ranks (NCCL) matches the CPU at 2 ranks"
@@ -130,11 +186,11 @@ if cpu cpu2 2 "$T/w2.bin"; then
 fi
 
 # 5. the watchdog: stop one of two ranks; the other must end within --timeout
-( timeout 120 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --steps 1000000 \
-	--timeout 3 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
+( timeout 120 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
+	--steps 1000000 --eval-every 0 --timeout 3 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
 job=$!
 for i in $(seq 120); do grep -q "^step 2/" "$T/hang.out" && break; sleep 0.5; done
-victim=$(pgrep -f "cuda_smoke $T/w2.bin" | tail -n 1)
+victim=$(pgrep -f "dpexec $T/w2.bin --device cuda --steps 1000000" | tail -n 1)
 if [ -n "$victim" ]; then
 	kill -STOP "$victim"
 	t0=$(date +%s); wait $job; took=$(( $(date +%s) - t0 ))

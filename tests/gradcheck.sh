@@ -1,26 +1,93 @@
 #!/usr/bin/env bash
-# tests/gradcheck.sh - autodiff gradients of every op match central finite
-# differences: each tests/gradcheck/*.dp model is compiled and run with
-# `dpexec --check-grads` (tolerance and step size: runtime/gradcheck.c).
+# tests/gradcheck.sh - autodiff gradients match finite differences, and the
+# check cannot be fooled (criterion, step and noise floor: runtime/gradcheck.c).
+#
+# 1. Every tests/gradcheck/*.dp model (one op or a small combination each)
+#    and models/mlp8.dp (a deep relu MLP: kinks everywhere): `dpexec
+#    --check-grads` passes, and every parameter is "ok" (none left "not
+#    checked").
+# 2. models/gpt2-tiny.dp and models/llama.dp (the small size tests/transformer.sh
+#    uses: ctx 64, d 64, 2 layers, ffn 176), on byte tokens of the GPL-3 text:
+#    unskewed every parameter is ok; with the analytic gradients zeroed
+#    (DP_GRADCHECK_SKEW=-1) or 20 % off either way (0.2: x1.2, -0.2: x0.8)
+#    every parameter FAILS (the lines are counted), exit 1. gpt2-tiny's
+#    global_batch is 4 here instead of 16 (the same parameters; a quarter of
+#    the time per loss evaluation).
+# 3. A parameter whose gradient is zero on both sides (a relu layer kept dead
+#    by a bias of -100) is reported "not checked", never "ok", and the
+#    parameters after it are still checked (a zeroed head.b fails).
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
-for f in tests/gradcheck/*.dp; do
+cd "$ROOT"
+GC() { env $MPI_ASAN timeout 600 "$DPEXEC" "$@" --check-grads --device cpu; }
+nparams() { grep -c "^gradcheck [^:]*:" "$1"; }
+share() { # share min|max FILE: the extreme share of the tolerance over the parameters
+	sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' "$2" | sort -g |
+		if [ "$1" = min ]; then head -n 1; else tail -n 1; fi
+}
+
+# 1. every op, and a deep relu MLP
+for f in tests/gradcheck/*.dp models/mlp8.dp; do
 	n=$(basename "$f" .dp)
-	if "$DPC" "$f" -o "$T/$n.bin" >"$T/$n.out" 2>&1 &&
-		env $MPI_ASAN "$DPEXEC" "$T/$n.bin" --check-grads >>"$T/$n.out" 2>&1; then
-		ok "$n: $(grep -c ' ok' "$T/$n.out") tensors checked"
+	if "$DPC" "$f" --world-size 1 -o "$T/$n.bin" >"$T/$n.out" 2>&1 &&
+		GC "$T/$n.bin" >>"$T/$n.out" 2>&1 &&
+		[ "$(grep -c ' ok$' "$T/$n.out")" -eq "$(nparams "$T/$n.out")" ]; then
+		ok "$n: $(grep -c ' ok$' "$T/$n.out") parameters ok"
 	else
 		fail "$n"; sed 's/^/      /' "$T/$n.out" | tail -n 8
 	fi
 done
-# the check can fail: gradients 20% off (DP_GRADCHECK_SKEW, a test hook in
-# runtime/gradcheck.c) must be reported, with a non-zero exit
-"$DPC" tests/gradcheck/linear.dp -o "$T/skew.bin" >/dev/null 2>&1
-if env $MPI_ASAN DP_GRADCHECK_SKEW=0.2 "$DPEXEC" "$T/skew.bin" --check-grads >"$T/skew.out" 2>&1; then
-	fail "gradients 20% off are caught"; tail -n 4 "$T/skew.out" | sed 's/^/      /'
+
+# 2. the transformers, unskewed and skewed
+TEXT=/usr/share/common-licenses/GPL-3
+if ! "$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 $TEXT \
+	>"$T/shard.log" 2>&1; then
+	fail "text2shard $TEXT"; cat "$T/shard.log"
+fi
+for m in gpt2-tiny llama; do
+	sed -e "s#\"build/data/fortunes.bin\"#\"$T/text.bin\"#" \
+		-e "s#\"build/data/fortunes_val.bin\"#\"$T/val.bin\"#" \
+		-e 's/^  global_batch 16 .*/  global_batch 4/' models/$m.dp >"$T/$m.dp"
+done
+"$DPC" "$T/gpt2-tiny.dp" -o "$T/gpt.bin" 2>"$T/dpc.out" || { fail "dpc gpt2-tiny"; cat "$T/dpc.out"; }
+"$DPC" "$T/llama.dp" -D ctx=64 -D d=64 -D layers=2 -D ffn=176 -o "$T/llama.bin" 2>"$T/dpc.out" ||
+	{ fail "dpc llama"; cat "$T/dpc.out"; }
+for m in gpt llama; do
+	GC "$T/$m.bin" >"$T/$m.out" 2>&1; rc=$?
+	np=$(nparams "$T/$m.out")
+	if [ $rc -eq 0 ] && [ "$np" -gt 0 ] && [ "$(grep -c ' ok$' "$T/$m.out")" -eq "$np" ]; then
+		ok "$m: all $np parameters ok, using at most $(share max "$T/$m.out") of the tolerance"
+	else
+		fail "$m: unskewed (exit $rc)"; grep -v ' ok$' "$T/$m.out" | tail -n 8 | sed 's/^/      /'
+	fi
+	for skew in -1 0.2 -0.2; do
+		DP_GRADCHECK_SKEW=$skew GC "$T/$m.bin" >"$T/$m.skew" 2>"$T/$m.skew.err"; rc=$?
+		nf=$(grep -c '^gradcheck [^:]*: .* FAILED$' "$T/$m.skew")
+		if [ $rc -eq 1 ] && [ "$np" -gt 0 ] && [ "$nf" -eq "$np" ]; then
+			ok "$m: DP_GRADCHECK_SKEW=$skew fails all $nf parameters, by at least $(share min \
+				"$T/$m.skew") times the tolerance"
+		else
+			fail "$m: DP_GRADCHECK_SKEW=$skew fails $nf of $np parameters (exit $rc)"
+			grep -v ' FAILED$' "$T/$m.skew" | tail -n 6 | sed 's/^/      /'
+		fi
+	done
+done
+
+# 3. nothing to compare is "not checked"
+sed 's/param b: f32\[8\]    init normal(0, 0.5)/param b: f32[8]    init normal(-100, 0.01)/' \
+	tests/gradcheck/relu.dp >"$T/dead.dp"
+"$DPC" "$T/dead.dp" -o "$T/dead.bin" 2>"$T/dpc.out" || { fail "dpc dead.dp"; cat "$T/dpc.out"; }
+GC "$T/dead.bin" >"$T/dead.out" 2>&1; rc=$?
+DP_GRADCHECK_SKEW=-1 GC "$T/dead.bin" >"$T/dead.skew" 2>&1; rc2=$?
+if [ $rc -eq 0 ] && grep -q '^gradcheck fc1.w: .* not checked$' "$T/dead.out" &&
+	grep -q '^gradcheck fc1.b: .* not checked$' "$T/dead.out" &&
+	! grep -q '^gradcheck fc1\..* ok$' "$T/dead.out" &&
+	grep -q '^gradcheck head.b: .* ok$' "$T/dead.out" &&
+	[ $rc2 -eq 1 ] && grep -q '^gradcheck head.b: .* FAILED$' "$T/dead.skew"; then
+	ok "a dead layer's parameters are 'not checked': $(tail -n 1 "$T/dead.out")"
 else
-	ok "gradients 20% off are caught: $(grep -c FAIL "$T/skew.out") tensors flagged"
+	fail "a dead layer's parameters are 'not checked' (exit $rc, $rc2)"; cat "$T/dead.out" "$T/dead.skew"
 fi
 finish gradcheck

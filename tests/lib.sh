@@ -1,7 +1,8 @@
 # tests/lib.sh - shared helpers for the shell test suites (sourced, not run).
 #
-# Each suite counts its checks with ok/fail and ends with `finish NAME`, which
-# prints "NAME: N passed, M failed" and returns non-zero on any failure.
+# Each suite counts its checks with ok/fail/skip and ends with `finish NAME`,
+# which prints "NAME: N passed, M failed" (", K skipped" when some were) and
+# returns non-zero on any failure. A skipped check is never a passed one.
 
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,14 +18,20 @@ MPI_ASAN="ASAN_OPTIONS=detect_leaks=0"
 
 npass=0
 nfail=0
+nskip=0
 ok() { npass=$((npass + 1)); echo "  ok   $*"; }
 fail() { nfail=$((nfail + 1)); echo "  FAIL $*"; }
+skip() { nskip=$((nskip + 1)); echo "  SKIP $*"; }
 check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
 	local d=$1; shift
 	if "$@"; then ok "$d"; else fail "$d"; fi
 }
 finish() {
-	echo "$1: $npass passed, $nfail failed"
+	if [ "$nskip" -gt 0 ]; then
+		echo "$1: $npass passed, $nfail failed, $nskip skipped"
+	else
+		echo "$1: $npass passed, $nfail failed"
+	fi
 	[ "$nfail" -eq 0 ]
 }
 # mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores)

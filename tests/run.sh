@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/run.sh - every test suite, in order; `make test` runs it (SAN=1: the
-# ASan/UBSan build). Prints each suite's "N passed, M failed" and a total.
+# ASan/UBSan build). Prints each suite's "N passed, M failed[, K skipped]" and
+# a total; skipped checks (no GPU here) are counted apart, never as passed.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -22,7 +23,7 @@ suites=(
 	"recompute"     "bash tests/recompute.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
-tp=0; tf=0; failed=()
+tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do
 	name=${suites[i]}; cmd=${suites[i + 1]}
 	echo "== $name"
@@ -32,12 +33,17 @@ for ((i = 0; i < ${#suites[@]}; i += 2)); do
 	line=$(echo "$out" | grep -E "^[A-Za-z_]+: [0-9]+ passed, [0-9]+ failed" | tail -n 1)
 	p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/'); p=${p:-0}
 	f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); f=${f:-0}
+	sk=$(echo "$line" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p'); sk=${sk:-0}
 	if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-	tp=$((tp + p)); tf=$((tf + f))
+	tp=$((tp + p)); tf=$((tf + f)); ts=$((ts + sk))
 	[ $rc -eq 0 ] || failed+=("$name")
 	echo "   ($name took $(( $(date +%s) - start ))s)"
 done
 echo
 [ ${#failed[@]} -eq 0 ] || echo "failed suites: ${failed[*]}"
-echo "total: $tp passed, $tf failed"
+if [ $ts -gt 0 ]; then
+	echo "total: $tp passed, $tf failed, $ts skipped (not run here: see the SKIP lines)"
+else
+	echo "total: $tp passed, $tf failed"
+fi
 [ $tf -eq 0 ] && [ ${#failed[@]} -eq 0 ]

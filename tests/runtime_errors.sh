@@ -39,7 +39,7 @@ expect "a .dp file is not a step file" "not a dp step file" X models/mlp.dp
 expect "unknown option" "unknown option '--bogus'" X --bogus "$T/mlp1.bin"
 expect "no step file" "no step file given" X
 expect "bad number" "bad value 'many' for --steps" X --steps many "$T/mlp1.bin"
-expect "--device cuda without CUDA" "built without CUDA support" X --device cuda "$T/mlp1.bin"
+expect "--device cuda without a GPU" "dpexec: error: --device cuda: " X --device cuda "$T/mlp1.bin"
 expect "world size mismatch (2 ranks, 1-rank file)" \
 	"was compiled for a mesh of 1 rank (dp_replicate=1 dp_shard=1) but this run has 2; recompile with dpc --world-size 2 or run mpirun -np 1" \
 	M 2 "$T/mlp1.bin" --steps 1

@@ -1,5 +1,5 @@
 /*
- * comm_nccl.c - NCCL communicators for the CUDA executor.
+ * comm_nccl.c - NCCL communicators for the CUDA backend (nccl_int.h).
  *
  * Bootstrap: rank 0 calls ncclGetUniqueId, MPI_Bcast over MPI_COMM_WORLD
  * hands the id to every rank, ncclCommInitRank makes the world communicator.
@@ -9,7 +9,7 @@
  * (flattened), key = world rank, so NCCL group ranks are the row-major order
  * of the masked coordinates, the same order comm_mpi.c's MPI_Comm_split and
  * comm_group_rank use. A mask whose group is one rank gets no communicator:
- * the executor runs such a collective locally.
+ * the backend runs such a collective locally.
  *
  * Collectives of one communicator are serialised by NCCL, and two streams
  * issuing on one communicator could deadlock across ranks, so the compute
@@ -43,7 +43,7 @@ int cu_nccl_fail(ncclResult_t r, const char *what, RtErr *e, const char *file, i
 		       last && *last ? ": " : "", last ? last : "");
 }
 
-void cuda_comm_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
+void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
 {
 	for (int st = 0; st < DP_NSTREAM; st++)
 		masks[st] = 0;
@@ -54,6 +54,23 @@ void cuda_comm_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
 				masks[in->stream < DP_NSTREAM ? in->stream : 0] |=
 					1u << (in->ia[0] & (NMASK - 1));
 		}
+}
+
+int cu_nccl_group_size(const Comm *c, unsigned mask)
+{
+	int n = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (mask & DP_AXIS_BIT(a))
+			n *= (int)c->mesh[a];
+	return n;
+}
+
+int cu_nccl_version(void)
+{
+	int v = 0;
+	if (ncclGetVersion(&v) != ncclSuccess)
+		v = 0;
+	return v;
 }
 
 /* Colour of this rank's group for `mask`: its coordinates outside the mask. */
@@ -79,7 +96,7 @@ static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTRE
 	CU_NCCL(ncclCommInitRank(&nc->world_comm, comm->world, id, comm->rank), e);
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 1; m < NMASK; m++) {
-			if (!(masks[st] & (1u << m)) || comm_group_size(comm, m) < 2)
+			if (!(masks[st] & (1u << m)) || cu_nccl_group_size(comm, m) < 2)
 				continue;
 			CU_NCCL(ncclCommSplit(nc->world_comm, colour_of(comm, m), comm->rank,
 					      &nc->comm[st][m], NULL), e);
@@ -87,7 +104,7 @@ static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTRE
 	return 0;
 }
 
-int cuda_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e)
+int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e)
 {
 	*out = NULL;
 	CuNccl *nc = calloc(1, sizeof *nc);
@@ -96,8 +113,8 @@ int cuda_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTRE
 	nc->rank = comm->rank;
 	nc->world = comm->world;
 	if (init_body(nc, comm, masks, e)) {
-		cuda_nccl_abort(nc); /* the other ranks may be stuck in an init: do not wait */
-		cuda_nccl_free(nc);
+		cu_nccl_abort(nc); /* the other ranks may be stuck in an init: do not wait */
+		cu_nccl_free(nc);
 		return -1;
 	}
 	*out = nc;
@@ -109,11 +126,6 @@ ncclComm_t cu_nccl_comm(CuNccl *nc, int stream, unsigned mask)
 	if (!nc || stream < 0 || stream >= DP_NSTREAM || mask >= NMASK)
 		return NULL;
 	return nc->comm[stream][mask];
-}
-
-int cu_nccl_aborted(const CuNccl *nc)
-{
-	return nc && nc->aborted;
 }
 
 int cu_nccl_async_error(CuNccl *nc, RtErr *e)
@@ -135,7 +147,7 @@ int cu_nccl_async_error(CuNccl *nc, RtErr *e)
 	return 0;
 }
 
-void cuda_nccl_abort(CuNccl *nc)
+void cu_nccl_abort(CuNccl *nc)
 {
 	if (!nc || nc->aborted)
 		return;
@@ -152,7 +164,7 @@ void cuda_nccl_abort(CuNccl *nc)
 	}
 }
 
-void cuda_nccl_free(CuNccl *nc)
+void cu_nccl_free(CuNccl *nc)
 {
 	if (!nc)
 		return;

@@ -1,22 +1,42 @@
 /*
- * nccl_int.h - what the CUDA executor needs from comm_nccl.c beyond cuda.h:
- * the communicator of a (stream, axis mask) and NCCL error reporting.
- * Internal to runtime/cuda/.
+ * nccl_int.h - the CUDA backend's NCCL communicators (comm_nccl.c), as
+ * backend_cuda.c uses them: one per (stream, axis mask) the step's
+ * collectives use, NCCL error reporting, and abort. Internal to
+ * runtime/cuda/.
  */
 #ifndef DP_CU_NCCL_INT_H
 #define DP_CU_NCCL_INT_H
 
 #include <nccl.h>
 
-#include "cuda.h"
+#include "../comm.h"
 
+typedef struct CuNccl CuNccl;
+
+/* Axis masks the step's collectives use, per stream (bit m: mask m). */
+void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM]);
+/* Ranks in this rank's group for an axis mask (the product of the masked
+ * mesh axes; comm.h's comm_group_size, which lives in the dpexec binary). */
+int cu_nccl_group_size(const Comm *comm, unsigned mask);
+/* Collective over MPI_COMM_WORLD (MPI initialised, device selected): rank 0
+ * makes the NCCL unique id, MPI_Bcast shares it, ncclCommInitRank builds the
+ * world communicator and ncclCommSplit one per (stream, mask) in `masks`
+ * whose group has more than one rank (colour: the coordinates outside the
+ * mask; key: the world rank, so NCCL ranks follow the mesh's row-major order,
+ * the all_gather order). With one rank no NCCL call is made. */
+int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e);
+/* ncclCommAbort on every communicator; idempotent. Destroy every graph that
+ * captured a NCCL call first: NCCL waits for those. */
+void cu_nccl_abort(CuNccl *nc);
+/* Destroy the communicators (after the graphs); NULL is fine. */
+void cu_nccl_free(CuNccl *nc);
 /* The communicator for collectives of `mask` issued on `stream`; NULL when
  * the group has one rank (the collective is then local) or nc is NULL. */
 ncclComm_t cu_nccl_comm(CuNccl *nc, int stream, unsigned mask);
 /* 0, or -1 with e naming the first communicator with an asynchronous error. */
 int cu_nccl_async_error(CuNccl *nc, RtErr *e);
-/* Has cuda_nccl_abort run? */
-int cu_nccl_aborted(const CuNccl *nc);
+/* NCCL's version, for logs. */
+int cu_nccl_version(void);
 /* 0 for ncclSuccess, else -1 with "what: NCCL's message (last error)". */
 int cu_nccl_fail(ncclResult_t r, const char *what, RtErr *e, const char *file, int line);
 #define CU_NCCL(call, e)                                                   \

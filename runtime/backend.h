@@ -1,0 +1,166 @@
+/*
+ * backend.h - the compute-backend interface of dpexec: what CommOps is for
+ * communication, BackendOps is for computation. The executor (exec.c)
+ * walks a program once for every backend and hands each instruction to the
+ * backend through this table; a backend never sees the walk, the data
+ * loader, the hooks or the mesh logic, and never borrows another backend's
+ * checks.
+ *
+ * A backend owns: its memory (one arena per rank, every tensor at its
+ * planned offset: Backend.ptr), an opcode-indexed kernel table (every
+ * DP_OPC_KERNEL opcode it implements; one missing is refused at load by the
+ * executor, naming the op), the load-time check of its own limits (BLAS int
+ * sizes, dtypes it cannot do; the operand rules are the step-file
+ * decoder's), and the copies between host memory and its memory.
+ *
+ * Two kinds of backend:
+ *  - synchronous (CPU): every call has finished when it returns and the
+ *    memory is host memory. The stream members are NULL; exec.c emulates
+ *    the two streams on the host (exec.h) with the MPI comm backend, checks
+ *    for cross-stream hazards and polls MPI progress between instructions.
+ *  - with streams (CUDA): calls enqueue work on the instruction's stream
+ *    and return. Events, collectives (the backend's own communicators, one
+ *    per stream and axis mask: a CommOps start has no stream, and NCCL
+ *    serialises a communicator's work, so NCCL lives here, not behind
+ *    CommOps) and the fork/join of the two streams around a program run are
+ *    the backend's; sync() waits for everything issued, under the
+ *    --timeout watchdog. With graph members, the executor captures one
+ *    whole optimizer step once and replays it every step; nothing captured
+ *    may depend on a host value that changes between steps (set_step
+ *    happens outside the capture; step_head derives lr and t on the device).
+ *
+ * The CPU backend is linked into dpexec (cpu_backend); the CUDA backend is
+ * a shared object that exports `dp_cuda_backend` (a const BackendOps) and
+ * is loaded with dlopen (backend_load_cuda), so dpexec itself never links
+ * a CUDA library. DP_BACKEND_ABI guards the layout of these structs across
+ * that boundary.
+ *
+ * Every int function returns 0, or -1 with an RtErr.
+ */
+#ifndef DP_BACKEND_H
+#define DP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "rt.h"
+
+/* Bump when BackendOps, Backend, BackendOpts or the step-file structs change. */
+#define DP_BACKEND_ABI (1000u + DP_STEP_VERSION)
+
+typedef struct Backend Backend;
+typedef struct BackendOps BackendOps;
+
+/* What the executor tells a backend at init. */
+typedef struct {
+	int local_rank;   /* this rank's index among the ranks of its node: picks the device */
+	int no_graph;     /* 1: enqueue every optimizer step eagerly (no graph replay) */
+	double timeout_s; /* > 0: a wait longer than this fails and aborts the collectives */
+} BackendOpts;
+
+/* Where the executor's walk is: for messages and the watchdog. */
+typedef struct {
+	int prog;       /* DpProgram */
+	uint32_t instr; /* index in the program */
+	int micro;      /* micro-batch of the step program */
+} BackendAt;
+
+struct Backend {
+	const BackendOps *ops;
+	const DpStep *s;
+	const Comm *comm; /* mesh coordinates, group sizes and ranks; the MPI comm */
+	void **ptr;       /* [ntensors]: tensor i's address in the backend's memory,
+	                     NULL without storage; set by init */
+	BackendAt at;
+	void *impl;       /* the backend's own state */
+};
+
+struct BackendOps {
+	const char *name; /* "cpu", "cuda": --device names it */
+	unsigned abi;     /* DP_BACKEND_ABI of the build */
+
+	/* ---- before init: no device state (tests call these) ---- */
+	/* Usable devices (> 0), or 0 with the reason in why. */
+	int (*probe)(char *why, size_t len);
+	/* The kernel table: 1 when the backend runs compute opcode op. */
+	int (*has_kernel)(unsigned op);
+	/* The backend's own limits for one compute instruction it has a kernel
+	 * for, at load time (the executor checked presence and ranges). */
+	int (*check)(const DpStep *s, const DpInstr *in, RtErr *e);
+
+	/* ---- lifetime ---- */
+	/* Device, memory (b->ptr), streams, handles. b->ops, s and comm are set. */
+	int (*init)(Backend *b, const BackendOpts *o, RtErr *e);
+	/* One line about the device (logs). */
+	void (*describe)(Backend *b, char *buf, size_t len);
+	/* A failing rank, before MPI_Abort: stop collectives without waiting
+	 * (NULL: nothing to do). free() must still be safe afterwards. */
+	void (*abort)(Backend *b);
+	/* Waits for issued work (unless aborted), then releases everything. */
+	void (*free)(Backend *b);
+
+	/* ---- work in stream order (synchronous backends: done on return) ---- */
+	int (*kernel)(Backend *b, const DpInstr *in, RtErr *e);
+	/* bytes from host memory into dst (a backend address); the host memory
+	 * (from host_alloc, for a capturable copy) must not change until the
+	 * stream has passed this point. */
+	int (*upload)(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,
+		      RtErr *e);
+	/* rows of width bytes, backend memory to backend memory, row r from
+	 * src + r*spitch to dst + r*dpitch (regions may overlap: memmove). */
+	int (*copy2d)(Backend *b, unsigned stream, void *dst, size_t dpitch, const void *src,
+		      size_t spitch, size_t width, size_t rows, RtErr *e);
+	int (*zero)(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *e);
+
+	/* ---- host <-> backend, after every issued piece of work (synchronous) ---- */
+	int (*read)(Backend *b, const void *src, void *host, size_t bytes, RtErr *e);
+	int (*write)(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e);
+	/* Host memory for batches that upload reads (pinned on a GPU). NULL: malloc/free. */
+	void *(*host_alloc)(Backend *b, size_t bytes);
+	void (*host_free)(Backend *b, void *p);
+
+	/* ---- the optimizer step's scalars (lr; t = k + 1) ---- */
+	/* Before step k is started, outside any capture. */
+	int (*set_step)(Backend *b, uint64_t k, double lr, RtErr *e);
+	/* First and last work of a step, in stream order (captured); NULL: none. */
+	int (*step_head)(Backend *b, RtErr *e);
+	int (*step_tail)(Backend *b, RtErr *e);
+
+	/* ---- streams: all NULL on a synchronous backend ---- */
+	int (*run_begin)(Backend *b, DpProgram p, RtErr *e); /* both streams see what came before */
+	int (*run_end)(Backend *b, RtErr *e);                /* ... and what comes after sees the run */
+	int (*event_record)(Backend *b, unsigned stream, unsigned event, RtErr *e);
+	int (*event_wait)(Backend *b, unsigned stream, unsigned event, RtErr *e);
+	/* A collective instruction (dp_is_collective) on its stream. */
+	int (*collective)(Backend *b, const DpInstr *in, RtErr *e);
+	/* Wait for everything issued; `what` names it in a timeout message. */
+	int (*sync)(Backend *b, const char *what, RtErr *e);
+
+	/* ---- graphs: all NULL without (the executor then enqueues each step) ---- */
+	int (*capture_begin)(Backend *b, RtErr *e);
+	int (*capture_end)(Backend *b, RtErr *e); /* ends the capture even after a failure */
+	int (*replay)(Backend *b, RtErr *e);
+};
+
+/* The CPU backend (runtime/cpu/backend_cpu.c). */
+extern const BackendOps cpu_backend;
+
+/* ---- choosing and loading a backend (runtime/backend.c) ---- */
+
+/* The environment variable naming the CUDA backend's shared object. */
+#define BACKEND_CUDA_ENV "DPEXEC_CUDA_LIB"
+#define BACKEND_CUDA_LIB "libdpcuda.so"
+
+/* Where the CUDA backend is: $DPEXEC_CUDA_LIB, else libdpcuda.so beside
+ * the running dpexec (readlink /proc/self/exe). */
+void backend_cuda_path(char *buf, size_t len);
+/* dlopen the CUDA backend and check its ABI. 0 with *ops and *handle (for
+ * dlclose after free), or -1 with the reason (the dlopen error) in why. */
+int backend_load_cuda(const BackendOps **ops, void **handle, char *why, size_t len);
+/* Is there a GPU, asked of the driver alone (libcuda.so.1: cuInit,
+ * cuDeviceGetCount), without loading the CUDA backend or any toolkit
+ * library? 1, or 0 with the reason. */
+int backend_gpu_present(char *why, size_t len);
+
+#endif

@@ -1,0 +1,197 @@
+/*
+ * cpu/backend_cpu.c - the CPU compute backend (BackendOps cpu_backend): the
+ * readable reference for every kernel. Synchronous: every call has finished
+ * when it returns, and its memory is host memory (one mmap'd arena), so the
+ * executor emulates the streams and the MPI comm backend reads the tensors
+ * in place.
+ *
+ * The kernel table is one array of DPK_COUNT rows (CpuKernel, cpu/cpu.h),
+ * merged at init from the partial tables of the concept files; an op that
+ * two files claim is an internal error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <cblas.h>
+
+#include "../backend.h"
+#include "cpu.h"
+
+static const CpuKernel *const parts[] = {
+	cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels, cpu_loss_kernels,
+	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,
+};
+#define NPARTS (sizeof parts / sizeof parts[0])
+
+typedef struct {
+	unsigned char *arena; /* cfg.arena_bytes, 64-byte aligned, zeroed */
+	size_t arena_len;
+	CpuKernel kern[DPK_COUNT]; /* the table */
+	CpuStep step;
+} CpuBackend;
+
+/* The row of op: the one partial table that has it; NULL: none. */
+static const CpuKernel *find(unsigned op)
+{
+	if (op >= DPK_COUNT)
+		return NULL;
+	for (size_t i = 0; i < NPARTS; i++)
+		if (parts[i][op].run)
+			return &parts[i][op];
+	return NULL;
+}
+
+static int cpu_probe(char *why, size_t len)
+{
+	return 1;
+}
+
+static int cpu_has_kernel(unsigned op)
+{
+	return find(op) != NULL;
+}
+
+static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
+{
+	const CpuKernel *k = find(in->op);
+	/* The operand rules; delete this call with the rows' `operands` once
+	 * the step-file decoder validates operands from the op table. */
+	if (k->operands)
+		RT_CHECK(k->operands(s, in, e));
+	if (!k->bf16)
+		for (int j = -1; j < DP_MAX_IN; j++) {
+			int id = j < 0 ? in->out : in->in[j];
+			if (id >= 0 && s->tensors[id].dtype == DP_BF16)
+				return cpu_bad(&(CpuChk){s, in, e}, "bf16 is not supported on the CPU");
+		}
+	return k->limits ? k->limits(s, in, e) : 0;
+}
+
+static void cpu_free(Backend *b)
+{
+	CpuBackend *c = b->impl;
+	if (c && c->arena)
+		munmap(c->arena, c->arena_len);
+	free(c);
+	free(b->ptr);
+	b->impl = NULL;
+	b->ptr = NULL;
+}
+
+static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
+{
+	const DpStep *s = b->s;
+	CpuBackend *c = calloc(1, sizeof *c);
+	if (!c)
+		return RT_FAIL(e, "out of memory (CPU backend)");
+	b->impl = c;
+	for (unsigned op = 0; op < DPK_COUNT; op++) {
+		int claims = 0;
+		for (size_t i = 0; i < NPARTS; i++)
+			claims += parts[i][op].run != NULL;
+		if (claims > 1) {
+			cpu_free(b);
+			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
+				       dp_kernel_names[op]);
+		}
+		if (claims)
+			c->kern[op] = *find(op);
+	}
+	c->step.opt = &s->opt;
+	if (b->comm->world > 1)
+		openblas_set_num_threads(1); /* N ranks on a node each get one BLAS thread */
+
+	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
+	 * as tensors touch it, so a bogus arena size fails here or costs nothing */
+	size_t bytes = (size_t)((s->cfg.arena_bytes + 63) / 64 * 64);
+	if (bytes == 0)
+		bytes = 64;
+	c->arena_len = bytes;
+	c->arena = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->arena == MAP_FAILED)
+		c->arena = NULL;
+	b->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *b->ptr);
+	if (!c->arena || !b->ptr) {
+		cpu_free(b);
+		return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB arena",
+			       (double)bytes / (1 << 20));
+	}
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].nbytes)
+			b->ptr[i] = c->arena + s->tensors[i].offset;
+	return 0;
+}
+
+static void cpu_describe(Backend *b, char *buf, size_t len)
+{
+	snprintf(buf, len, "CPU (OpenBLAS %s, %d threads)", openblas_get_config(),
+		 openblas_get_num_threads());
+}
+
+static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	CpuArgs a = {b->s, in, b->ptr, &c->step};
+	return c->kern[in->op].run(&a, e);
+}
+
+static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,
+		      RtErr *e)
+{
+	memcpy(dst, host, bytes);
+	return 0;
+}
+
+static int cpu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, const void *src,
+		      size_t spitch, size_t width, size_t rows, RtErr *e)
+{
+	for (size_t r = 0; r < rows; r++)
+		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+	return 0;
+}
+
+static int cpu_zero(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *e)
+{
+	memset(dst, 0, bytes);
+	return 0;
+}
+
+static int cpu_read(Backend *b, const void *src, void *host, size_t bytes, RtErr *e)
+{
+	memcpy(host, src, bytes);
+	return 0;
+}
+
+static int cpu_write(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e)
+{
+	memcpy(dst, host, bytes);
+	return 0;
+}
+
+static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	c->step.lr = (float)lr;
+	c->step.t = (int64_t)k + 1;
+	return 0;
+}
+
+const BackendOps cpu_backend = {
+	.name = "cpu",
+	.abi = DP_BACKEND_ABI,
+	.probe = cpu_probe,
+	.has_kernel = cpu_has_kernel,
+	.check = cpu_check,
+	.init = cpu_init,
+	.describe = cpu_describe,
+	.free = cpu_free,
+	.kernel = cpu_kernel,
+	.upload = cpu_upload,
+	.copy2d = cpu_copy2d,
+	.zero = cpu_zero,
+	.read = cpu_read,
+	.write = cpu_write,
+	.set_step = cpu_set_step,
+};
