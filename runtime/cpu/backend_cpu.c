@@ -21,7 +21,7 @@
 
 static const CpuKernel *const parts[] = {
 	cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels, cpu_loss_kernels,
-	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,
+	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,     cpu_cp_kernels,
 };
 #define NPARTS (sizeof parts / sizeof parts[0])
 

@@ -62,6 +62,7 @@ extern const CpuKernel cpu_loss_kernels[DPK_COUNT];        /* loss.c */
 extern const CpuKernel cpu_optim_kernels[DPK_COUNT];       /* optim.c */
 extern const CpuKernel cpu_norm_kernels[DPK_COUNT];        /* norm.c */
 extern const CpuKernel cpu_seq_kernels[DPK_COUNT];         /* seq.c */
+extern const CpuKernel cpu_cp_kernels[DPK_COUNT];          /* attention_cp.c */
 
 /* ---- shapes ---- */
 
