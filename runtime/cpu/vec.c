@@ -77,7 +77,6 @@ LANEWISE(v_sqrt, VF, W, sqrtf)
 #define VEC_NAME "scalar"
 #endif
 
-typedef double VD __attribute__((vector_size(W * 8)));   /* W doubles */
 typedef int VI __attribute__((vector_size(W * 4)));       /* W lanes of masks */
 typedef float VFH __attribute__((vector_size(DW * 4)));   /* DW floats */
 
@@ -88,16 +87,66 @@ static inline VF ld(const float *p)
 	return v;
 }
 static inline void st(float *p, VF v) { memcpy(p, &v, sizeof v); }
-static inline VF splat(float s) { return (VF){0} + s; }
-static inline VD widen(VF v) { return __builtin_convertvector(v, VD); }
-static inline VF narrow(VD v) { return __builtin_convertvector(v, VF); }
-static inline VF sel(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }
-static inline double hsum(VD v)
+static inline VF splat(float s)
 {
-	double s = 0;
+	VF v;
 	for (int k = 0; k < W; k++)
-		s += v[k];
-	return s;
+		v[k] = s;
+	return v;
+}
+static inline VF sel(VI m, VF a, VF b) { return (VF)(((VI)a & m) | ((VI)b & ~m)); }
+
+/*
+ * Double precision goes through native double vectors (VDN, DW = W/2
+ * lanes): a float vector is widened as its low and high halves, and every
+ * double accumulator is a pair. (GCC keeps a vector twice the native
+ * width in memory, and its loops crawl.)
+ */
+static inline VDN splatd(double s)
+{
+	VDN v;
+	for (int k = 0; k < DW; k++)
+		v[k] = s;
+	return v;
+}
+static inline VDN lo(VF v)
+{
+	VFH h;
+	memcpy(&h, &v, sizeof h);
+	return __builtin_convertvector(h, VDN);
+}
+static inline VDN hi(VF v)
+{
+	VFH h;
+	memcpy(&h, (const char *)&v + sizeof h, sizeof h);
+	return __builtin_convertvector(h, VDN);
+}
+/* float(a) in the low half, float(b) in the high half */
+static inline VF join(VDN a, VDN b)
+{
+	VFH x = __builtin_convertvector(a, VFH), y = __builtin_convertvector(b, VFH);
+	VF v;
+	memcpy(&v, &x, sizeof x);
+	memcpy((char *)&v + sizeof x, &y, sizeof y);
+	return v;
+}
+static inline VDN ldd(const double *p)
+{
+	VDN v;
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+static inline void std_(double *p, VDN v) { memcpy(p, &v, sizeof v); }
+/* The lanes' sum of a pair of accumulators, as a tree (halves pairwise). */
+static inline double hsum(VDN a, VDN b)
+{
+	double t[DW];
+	VDN v = a + b;
+	memcpy(t, &v, sizeof t);
+	for (int w = DW / 2; w >= 1; w /= 2)
+		for (int k = 0; k < w; k++)
+			t[k] += t[k + w];
+	return t[0];
 }
 
 /* The tail of n - i < W elements of p, padded with `pad`. */
@@ -232,64 +281,72 @@ static float vmax(const float *x, int64_t n)
 
 static double exp_shift(float *y, const float *x, float shift, int64_t n)
 {
-	VD acc = {0};
+	VDN a0 = {0}, a1 = {0};
 	VF sh = splat(shift);
 	int64_t i = 0;
 	for (; i + W <= n; i += W) {
 		VF e = v_exp(ld(x + i) - sh);
 		st(y + i, e);
-		acc += widen(e);
+		a0 += lo(e);
+		a1 += hi(e);
 	}
 	if (i < n) {
 		VF e = v_exp(ld_tail(x + i, n - i, -INFINITY) - sh); /* pads: exp(-inf) = 0 */
 		st_tail(y + i, n - i, e);
-		acc += widen(e);
+		a0 += lo(e);
+		a1 += hi(e);
 	}
-	return hsum(acc);
+	return hsum(a0, a1);
 }
 
 static double exp_sum_d(const float *x, double shift, int64_t n)
 {
-	VDN acc = {0}, sh = (VDN){0} + shift;
+	VDN a0 = {0}, a1 = {0}, sh = splatd(shift);
 	int64_t i = 0;
-	for (; i + DW <= n; i += DW) {
-		VFH h;
-		memcpy(&h, x + i, sizeof h);
-		acc += v_expd(__builtin_convertvector(h, VDN) - sh);
+	for (; i + W <= n; i += W) {
+		VF v = ld(x + i);
+		a0 += v_expd(lo(v) - sh);
+		a1 += v_expd(hi(v) - sh);
 	}
 	if (i < n) {
-		VDN t;
-		for (int k = 0; k < DW; k++)
-			t[k] = i + k < n ? (double)x[i + k] : -INFINITY;
-		acc += v_expd(t - sh);
+		VF v = ld_tail(x + i, n - i, -INFINITY);
+		a0 += v_expd(lo(v) - sh);
+		a1 += v_expd(hi(v) - sh);
 	}
-	double s = 0;
-	for (int k = 0; k < DW; k++)
-		s += acc[k];
-	return s;
+	return hsum(a0, a1);
 }
 
 static double dot(const float *a, const float *b, int64_t n)
 {
-	VD acc = {0};
+	VDN a0 = {0}, a1 = {0};
 	int64_t i = 0;
-	for (; i + W <= n; i += W)
-		acc += widen(ld(a + i)) * widen(ld(b + i));
-	if (i < n)
-		acc += widen(ld_tail(a + i, n - i, 0)) * widen(ld_tail(b + i, n - i, 0));
-	return hsum(acc);
+	for (; i + W <= n; i += W) {
+		VF u = ld(a + i), v = ld(b + i);
+		a0 += lo(u) * lo(v);
+		a1 += hi(u) * hi(v);
+	}
+	if (i < n) {
+		VF u = ld_tail(a + i, n - i, 0), v = ld_tail(b + i, n - i, 0);
+		a0 += lo(u) * lo(v);
+		a1 += hi(u) * hi(v);
+	}
+	return hsum(a0, a1);
 }
 
 /* in double, rounded once: (float)(p * (d - c)) */
+static inline VF softmax_bwd_v(VF p, VF d, VDN c)
+{
+	return join(lo(p) * (lo(d) - c), hi(p) * (hi(d) - c));
+}
+
 static void softmax_bwd(float *o, const float *p, const float *d, double c, int64_t n)
 {
-	VD cc = (VD){0} + c;
+	VDN cc = splatd(c);
 	int64_t i = 0;
 	for (; i + W <= n; i += W)
-		st(o + i, narrow(widen(ld(p + i)) * (widen(ld(d + i)) - cc)));
+		st(o + i, softmax_bwd_v(ld(p + i), ld(d + i), cc));
 	if (i < n)
-		st_tail(o + i, n - i,
-			narrow(widen(ld_tail(p + i, n - i, 0)) * (widen(ld_tail(d + i, n - i, 0)) - cc)));
+		st_tail(o + i, n - i, softmax_bwd_v(ld_tail(p + i, n - i, 0), ld_tail(d + i, n - i, 0), cc));
 }
 
 /* ---- layernorm / rmsnorm rows (double statistics, as the scalar kernels) ---- */
@@ -297,63 +354,79 @@ static void softmax_bwd(float *o, const float *p, const float *d, double c, int6
 /* sum of (double)x^2 */
 static double sqsum(const float *x, int64_t n)
 {
-	VD acc = {0};
+	VDN a0 = {0}, a1 = {0};
 	int64_t i = 0;
 	for (; i + W <= n; i += W) {
-		VD v = widen(ld(x + i));
-		acc += v * v;
+		VF v = ld(x + i);
+		a0 += lo(v) * lo(v);
+		a1 += hi(v) * hi(v);
 	}
 	if (i < n) {
-		VD v = widen(ld_tail(x + i, n - i, 0));
-		acc += v * v;
+		VF v = ld_tail(x + i, n - i, 0);
+		a0 += lo(v) * lo(v);
+		a1 += hi(v) * hi(v);
 	}
-	return hsum(acc);
+	return hsum(a0, a1);
 }
 
 static void norm_stats(const float *x, int64_t n, int rms, double eps, double *mean, double *rstd)
 {
-	VD acc = {0};
-	int64_t i = 0;
 	if (rms) {
 		*mean = 0;
 		*rstd = 1.0 / sqrt(sqsum(x, n) / (double)n + eps);
 		return;
 	}
 	/* two sweeps over a row that sits in L1: mean, then the centred squares */
-	for (; i + W <= n; i += W)
-		acc += widen(ld(x + i));
-	if (i < n)
-		acc += widen(ld_tail(x + i, n - i, 0));
-	double m = hsum(acc) / (double)n;
-	VD mv = (VD){0} + m, q = {0};
-	for (i = 0; i + W <= n; i += W) {
-		VD d = widen(ld(x + i)) - mv;
-		q += d * d;
+	VDN a0 = {0}, a1 = {0};
+	int64_t i = 0;
+	for (; i + W <= n; i += W) {
+		VF v = ld(x + i);
+		a0 += lo(v);
+		a1 += hi(v);
 	}
 	if (i < n) {
-		VD d = widen(ld_tail(x + i, n - i, 0)) - mv;
-		VD keep = {0};
-		for (int k = 0; k < n - i; k++)
-			keep[k] = 1;
-		q += d * d * keep; /* pads are 0 - m: not part of the row */
+		VF v = ld_tail(x + i, n - i, 0);
+		a0 += lo(v);
+		a1 += hi(v);
+	}
+	double m = hsum(a0, a1) / (double)n;
+	VDN mv = splatd(m), q0 = {0}, q1 = {0};
+	for (i = 0; i + W <= n; i += W) {
+		VF v = ld(x + i);
+		VDN d0 = lo(v) - mv, d1 = hi(v) - mv;
+		q0 += d0 * d0;
+		q1 += d1 * d1;
+	}
+	if (i < n) { /* pads are 0 - m: weigh them 0 */
+		VF v = ld_tail(x + i, n - i, 0), keep;
+		for (int k = 0; k < W; k++)
+			keep[k] = k < n - i;
+		VDN d0 = lo(v) - mv, d1 = hi(v) - mv;
+		q0 += d0 * d0 * lo(keep);
+		q1 += d1 * d1 * hi(keep);
 	}
 	*mean = m;
-	*rstd = 1.0 / sqrt(hsum(q) / (double)n + eps);
+	*rstd = 1.0 / sqrt(hsum(q0, q1) / (double)n + eps);
+}
+
+/* (float)((x - mean) * rstd) */
+static inline VF xhat(VF x, VDN mv, VDN rv)
+{
+	return join((lo(x) - mv) * rv, (hi(x) - mv) * rv);
 }
 
 static void norm_fwd(float *y, const float *x, const float *g, const float *b, int64_t n,
 		     double mean, double rstd)
 {
-	VD mv = (VD){0} + mean, rv = (VD){0} + rstd;
+	VDN mv = splatd(mean), rv = splatd(rstd);
 	int64_t i = 0;
 	for (; i + W <= n; i += W) {
-		VF xh = narrow((widen(ld(x + i)) - mv) * rv);
+		VF xh = xhat(ld(x + i), mv, rv);
 		st(y + i, b ? xh * ld(g + i) + ld(b + i) : xh * ld(g + i));
 	}
 	if (i < n) {
 		int64_t r = n - i;
-		VF xh = narrow((widen(ld_tail(x + i, r, 0)) - mv) * rv);
-		VF gv = ld_tail(g + i, r, 0);
+		VF xh = xhat(ld_tail(x + i, r, 0), mv, rv), gv = ld_tail(g + i, r, 0);
 		st_tail(y + i, r, b ? xh * gv + ld_tail(b + i, r, 0) : xh * gv);
 	}
 }
@@ -363,52 +436,50 @@ static void norm_fwd(float *y, const float *x, const float *g, const float *b, i
  *   layernorm: dx = rstd * (gd - mean(gd) - xhat * mean(gd * xhat))
  *   rmsnorm:   dx = rstd * (gd - xhat * mean(gd * xhat))
  */
+static inline void norm_bwd_sums(VF dy, VF x, VF g, VDN mv, VDN rv, VDN *sg, VDN *sgx)
+{
+	VDN gd0 = lo(dy) * lo(g), gd1 = hi(dy) * hi(g);
+	sg[0] += gd0;
+	sg[1] += gd1;
+	sgx[0] += gd0 * (lo(x) - mv) * rv;
+	sgx[1] += gd1 * (hi(x) - mv) * rv;
+}
+
+static inline VF norm_bwd_out(VF dy, VF x, VF g, VDN mv, VDN rv, VDN sg, VDN sgx)
+{
+	VDN xh0 = (lo(x) - mv) * rv, xh1 = (hi(x) - mv) * rv;
+	return join(rv * (lo(dy) * lo(g) - sg - xh0 * sgx), rv * (hi(dy) * hi(g) - sg - xh1 * sgx));
+}
+
 static void norm_bwd(float *dx, const float *dy, const float *x, const float *g, int64_t n,
 		     int rms, double mean, double rstd)
 {
-	VD mv = (VD){0} + mean, rv = (VD){0} + rstd, sgv = {0}, sgxv = {0};
-	int64_t i = 0;
-	for (; i + W <= n; i += W) {
-		VD gd = widen(ld(dy + i)) * widen(ld(g + i));
-		sgv += gd;
-		sgxv += gd * (widen(ld(x + i)) - mv) * rv;
-	}
-	if (i < n) {
-		int64_t r = n - i;
-		VD gd = widen(ld_tail(dy + i, r, 0)) * widen(ld_tail(g + i, r, 0));
-		sgv += gd;
-		sgxv += gd * (widen(ld_tail(x + i, r, 0)) - mv) * rv; /* gd = 0 on pads */
-	}
-	double sg = rms ? 0 : hsum(sgv) / (double)n, sgx = hsum(sgxv) / (double)n;
-	VD sgb = (VD){0} + sg, sgxb = (VD){0} + sgx;
-	for (i = 0; i + W <= n; i += W) {
-		VD xh = (widen(ld(x + i)) - mv) * rv;
-		VD gd = widen(ld(dy + i)) * widen(ld(g + i));
-		st(dx + i, narrow(rv * (gd - sgb - xh * sgxb)));
-	}
-	if (i < n) {
-		int64_t r = n - i;
-		VD xh = (widen(ld_tail(x + i, r, 0)) - mv) * rv;
-		VD gd = widen(ld_tail(dy + i, r, 0)) * widen(ld_tail(g + i, r, 0));
-		st_tail(dx + i, r, narrow(rv * (gd - sgb - xh * sgxb)));
-	}
+	VDN mv = splatd(mean), rv = splatd(rstd), sg[2] = {{0}, {0}}, sgx[2] = {{0}, {0}};
+	int64_t i = 0, r = n % W;
+	for (; i + W <= n; i += W)
+		norm_bwd_sums(ld(dy + i), ld(x + i), ld(g + i), mv, rv, sg, sgx);
+	if (r) /* dy * g = 0 on the pads */
+		norm_bwd_sums(ld_tail(dy + i, r, 0), ld_tail(x + i, r, 0), ld_tail(g + i, r, 0), mv, rv,
+			      sg, sgx);
+	VDN sgb = splatd(rms ? 0 : hsum(sg[0], sg[1]) / (double)n);
+	VDN sgxb = splatd(hsum(sgx[0], sgx[1]) / (double)n);
+	for (i = 0; i + W <= n; i += W)
+		st(dx + i, norm_bwd_out(ld(dy + i), ld(x + i), ld(g + i), mv, rv, sgb, sgxb));
+	if (r)
+		st_tail(dx + i, r, norm_bwd_out(ld_tail(dy + i, r, 0), ld_tail(x + i, r, 0),
+						ld_tail(g + i, r, 0), mv, rv, sgb, sgxb));
 }
-
-static inline VD ldd(const double *p)
-{
-	VD v;
-	memcpy(&v, p, sizeof v);
-	return v;
-}
-static inline void std_(double *p, VD v) { memcpy(p, &v, sizeof v); }
 
 static void norm_gamma(double *acc, const float *dy, const float *x, int64_t n, double mean,
 		       double rstd)
 {
-	VD mv = (VD){0} + mean, rv = (VD){0} + rstd;
+	VDN mv = splatd(mean), rv = splatd(rstd);
 	int64_t i = 0;
-	for (; i + W <= n; i += W)
-		std_(acc + i, ldd(acc + i) + widen(ld(dy + i)) * ((widen(ld(x + i)) - mv) * rv));
+	for (; i + W <= n; i += W) {
+		VF d = ld(dy + i), v = ld(x + i);
+		std_(acc + i, ldd(acc + i) + lo(d) * ((lo(v) - mv) * rv));
+		std_(acc + i + DW, ldd(acc + i + DW) + hi(d) * ((hi(v) - mv) * rv));
+	}
 	for (; i < n; i++)
 		acc[i] += (double)dy[i] * (((double)x[i] - mean) * rstd);
 }
@@ -416,8 +487,11 @@ static void norm_gamma(double *acc, const float *dy, const float *x, int64_t n, 
 static void col_sum(double *acc, const float *x, int64_t n)
 {
 	int64_t i = 0;
-	for (; i + W <= n; i += W)
-		std_(acc + i, ldd(acc + i) + widen(ld(x + i)));
+	for (; i + W <= n; i += W) {
+		VF v = ld(x + i);
+		std_(acc + i, ldd(acc + i) + lo(v));
+		std_(acc + i + DW, ldd(acc + i + DW) + hi(v));
+	}
 	for (; i < n; i++)
 		acc[i] += x[i];
 }
