@@ -144,13 +144,13 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
  * when j <= i.
  *
  * Flash-style, per (sample, head) on one thread: query blocks of ATT_BQ
- * rows against key tiles of ATT_BK rows, only the tiles on or below the
- * diagonal. All products are cblas_sgemm on strided views of qkv.
+ * rows against key tiles of bk rows, only the tiles that reach the
+ * block's last row. All products are cblas_sgemm on strided views of qkv.
  *
  * Forward, per query block, with per-row running max m, sum l (double):
  *   S = scale Q K_t^T;  m' = max(m, rowmax S);  P = exp(S - m');
  *   l = l exp(m - m') + rowsum P;  O = O exp(m - m') + P V_t;  at the end O /= l.
- * O accumulates in the output itself; memory: a few ATT_BQ x ATT_BK tiles.
+ * O accumulates in the output itself.
  *
  * Backward (nothing is saved by the forward), per query block, two sweeps
  * over its key tiles. Sweep 1 recomputes m and l as above, and
@@ -158,13 +158,16 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
  * rowsum(dO * O), what FlashAttention-2 reads from the forward). Sweep 2,
  * with P = exp(S - m) / l final:
  *   dS = P * (dP - D);  dV_t += P^T dO;  dQ += scale dS K_t;  dK_t += scale dS^T Q.
- * Sweep 2 needs S and dP again: when the query block's panel of them
- * (2 x ATT_BQ x T floats) fits in ATT_PANEL bytes, sweep 1 keeps them
- * (5 tile products per tile in all); else sweep 2 recomputes them (7, FA2's
- * trade of flops for memory). Either way memory is O(ATT_BQ x T) at most,
- * never T x T.
+ *
+ * The tile width: when a query block's whole row panel (S, and dP in the
+ * backward: ATT_BQ x T floats each) fits in ATT_PANEL bytes, bk = T and
+ * each block has one tile: the online rescaling never happens, sweep 2
+ * reuses sweep 1's S and dP (5 products per block in all, each as wide as
+ * the causal range), and memory is O(ATT_BQ T). Longer sequences take
+ * tiles of ATT_BK: memory O(ATT_BQ ATT_BK), and sweep 2 recomputes S and
+ * dP (7 products per tile, FA2's trade). Never a T x T matrix.
  */
-#define ATT_BQ 64
+#define ATT_BQ 32
 #define ATT_BK 64
 #define ATT_PANEL (1 << 20)
 
@@ -173,9 +176,9 @@ typedef struct {
 	const float *qkv, *dy;
 	float *o;
 	int64_t bsz, t, heads;
-	int ld, c, hd, grad, cache;
+	int ld, c, hd, grad, bk;
 	float scale;
-	float *scratch;    /* per thread: `per` floats */
+	float *scratch; /* per thread: `per` floats */
 	size_t per;
 } Att;
 
@@ -184,6 +187,14 @@ static int tile_valid(int64_t q0, int i, int64_t k0, int nb)
 {
 	int64_t v = q0 + i + 1 - k0;
 	return v < 0 ? 0 : v > nb ? nb : (int)v;
+}
+
+/* Masked entries of a row of S become -inf, so that exp makes them 0
+ * through the same full-width loops (no ragged tails on the diagonal). */
+static void mask_row(float *sr, int valid, int nb)
+{
+	for (int j = valid; j < nb; j++)
+		sr[j] = -INFINITY;
 }
 
 /*
@@ -198,14 +209,15 @@ static void online_tile(const Att *a, float *s, int mb, int nb, int64_t q0, int6
 		float *sr = s + (int64_t)i * nb;
 		int valid = tile_valid(q0, i, k0, nb);
 		alpha[i] = 1;
-		if (valid > 0) {
-			double mt = a->vec->max(sr, valid), mn = m[i] > mt ? m[i] : mt;
-			alpha[i] = m[i] == -INFINITY ? 0 : exp(m[i] - mn);
-			double ps = a->vec->exp_shift(sr, sr, (float)mn, valid);
-			l[i] = l[i] * alpha[i] + ps;
-			m[i] = mn;
+		if (valid == 0) {
+			memset(sr, 0, (size_t)nb * sizeof(float));
+			continue;
 		}
-		memset(sr + valid, 0, (size_t)(nb - valid) * sizeof(float));
+		mask_row(sr, valid, nb);
+		double mt = a->vec->max(sr, nb), mn = m[i] > mt ? m[i] : mt;
+		alpha[i] = m[i] == -INFINITY ? 0 : exp(m[i] - mn);
+		l[i] = l[i] * alpha[i] + a->vec->exp_shift(sr, sr, (float)mn, nb);
+		m[i] = mn;
 	}
 }
 
@@ -214,14 +226,14 @@ static void att_fwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 	int ld = a->ld, hd = a->hd;
 	const float *q = a->qkv + b * a->t * ld + 3 * hd * h, *k = q + hd, *v = q + 2 * hd;
 	float *s = buf;
-	double *m = (double *)(s + ATT_BQ * ATT_BK), *l = m + ATT_BQ, *alpha = l + ATT_BQ;
+	double *m = (double *)(s + (size_t)ATT_BQ * a->bk), *l = m + ATT_BQ, *alpha = l + ATT_BQ;
 	for (int64_t q0 = 0; q0 < a->t; q0 += ATT_BQ) {
 		int mb = (int)(a->t - q0 < ATT_BQ ? a->t - q0 : ATT_BQ);
 		float *ob = a->o + (b * a->t + q0) * a->c + hd * h;
 		for (int i = 0; i < mb; i++)
 			m[i] = -INFINITY, l[i] = 0;
-		for (int64_t k0 = 0; k0 < q0 + mb; k0 += ATT_BK) {
-			int nb = (int)(q0 + mb - k0 < ATT_BK ? q0 + mb - k0 : ATT_BK);
+		for (int64_t k0 = 0; k0 < q0 + mb; k0 += a->bk) {
+			int nb = (int)(q0 + mb - k0 < a->bk ? q0 + mb - k0 : a->bk);
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, a->scale,
 				    q + q0 * ld, ld, k + k0 * ld, ld, 0.0f, s, nb);
 			online_tile(a, s, mb, nb, q0, k0, m, l, alpha);
@@ -241,71 +253,61 @@ static void att_fwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 
 static void att_bwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 {
-	int ld = a->ld, hd = a->hd, c = a->c;
+	int ld = a->ld, hd = a->hd, c = a->c, bk = a->bk;
 	int64_t t = a->t;
 	const float *q = a->qkv + b * t * ld + 3 * hd * h, *k = q + hd, *v = q + 2 * hd;
 	float *dq = a->o + b * t * ld + 3 * hd * h, *dk = dq + hd, *dv = dq + 2 * hd;
-	const float *dob = NULL;
-	float *s = buf, *dp = s + ATT_BQ * ATT_BK;
-	double *m = (double *)(dp + ATT_BQ * ATT_BK), *l = m + ATT_BQ, *alpha = l + ATT_BQ,
+	float *s = buf, *dp = s + (size_t)ATT_BQ * bk;
+	double *m = (double *)(dp + (size_t)ATT_BQ * bk), *l = m + ATT_BQ, *alpha = l + ATT_BQ,
 	       *dd = alpha + ATT_BQ;
-	float *panel = (float *)(dd + ATT_BQ); /* cache: S then dP of every tile, tile after tile */
 	for (int64_t r = 0; r < t; r++) /* dK, dV accumulate over the query blocks */
 		memset(dk + r * ld, 0, 2 * (size_t)hd * sizeof(float));
 	for (int64_t q0 = 0; q0 < t; q0 += ATT_BQ) {
 		int mb = (int)(t - q0 < ATT_BQ ? t - q0 : ATT_BQ);
-		const float *qb = q + q0 * ld;
-		dob = a->dy + (b * t + q0) * c + hd * h;
+		const float *qb = q + q0 * ld, *dob = a->dy + (b * t + q0) * c + hd * h;
+		int one = q0 + mb <= bk; /* one tile: sweep 2 reuses sweep 1's P and dP */
 		for (int i = 0; i < mb; i++)
 			m[i] = -INFINITY, l[i] = 0, dd[i] = 0;
-		/* sweep 1: m, l, D */
-		for (int64_t k0 = 0; k0 < q0 + mb; k0 += ATT_BK) {
-			int nb = (int)(q0 + mb - k0 < ATT_BK ? q0 + mb - k0 : ATT_BK);
-			float *st = a->cache ? panel + 2 * (size_t)mb * k0 : s, *dpt = st + (size_t)mb * nb;
-			if (!a->cache)
-				dpt = dp;
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, a->scale, qb, ld,
-				    k + k0 * ld, ld, 0.0f, st, nb);
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, 1.0f, dob, c,
-				    v + k0 * ld, ld, 0.0f, dpt, nb);
-			float *p = a->cache ? s : st; /* exp into the tile buffer, keep S in the panel */
-			if (a->cache)
-				memcpy(p, st, (size_t)mb * nb * sizeof(float));
-			online_tile(a, p, mb, nb, q0, k0, m, l, alpha);
-			for (int i = 0; i < mb; i++)
-				dd[i] = dd[i] * alpha[i] +
-					a->vec->dot(p + (int64_t)i * nb, dpt + (int64_t)i * nb, nb);
-		}
-		for (int i = 0; i < mb; i++)
-			dd[i] /= l[i];
-		/* sweep 2 */
-		for (int64_t k0 = 0; k0 < q0 + mb; k0 += ATT_BK) {
-			int nb = (int)(q0 + mb - k0 < ATT_BK ? q0 + mb - k0 : ATT_BK);
-			float *st = s, *dpt = dp;
-			if (a->cache) {
-				st = panel + 2 * (size_t)mb * k0;
-				dpt = st + (size_t)mb * nb;
-			} else {
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, a->scale,
-					    qb, ld, k + k0 * ld, ld, 0.0f, st, nb);
-				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, 1.0f, dob,
-					    c, v + k0 * ld, ld, 0.0f, dpt, nb);
+		for (int sweep = 1; sweep <= 2; sweep++)
+			for (int64_t k0 = 0; k0 < q0 + mb; k0 += bk) {
+				int nb = (int)(q0 + mb - k0 < bk ? q0 + mb - k0 : bk);
+				if (sweep == 1 || !one) {
+					cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd,
+						    a->scale, qb, ld, k + k0 * ld, ld, 0.0f, s, nb);
+					cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mb, nb, hd, 1.0f,
+						    dob, c, v + k0 * ld, ld, 0.0f, dp, nb);
+				}
+				if (sweep == 1) { /* m, l; D = rowsum(P * dP), P = exp(S - m) */
+					online_tile(a, s, mb, nb, q0, k0, m, l, alpha);
+					for (int i = 0; i < mb; i++)
+						dd[i] = dd[i] * alpha[i] + a->vec->dot(s + (int64_t)i * nb,
+											dp + (int64_t)i * nb, nb);
+					if (k0 + nb >= q0 + mb) /* the last tile */
+						for (int i = 0; i < mb; i++)
+							dd[i] /= l[i];
+					continue;
+				}
+				for (int i = 0; i < mb; i++) { /* P in s, then dS in dp */
+					float *sr = s + (int64_t)i * nb, *dr = dp + (int64_t)i * nb;
+					int valid = tile_valid(q0, i, k0, nb);
+					if (!one) { /* recomputed S: P = exp(S - m) */
+						if (valid == 0) {
+							memset(sr, 0, (size_t)nb * sizeof(float));
+						} else {
+							mask_row(sr, valid, nb);
+							a->vec->exp_shift(sr, sr, (float)m[i], nb);
+						}
+					}
+					a->vec->map(MAP_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), nb);
+					a->vec->softmax_bwd(dr, sr, dr, dd[i], nb);
+				}
+				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, 1.0f, s, nb,
+					    dob, c, 1.0f, dv + k0 * ld, ld);
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, hd, nb, a->scale,
+					    dp, nb, k + k0 * ld, ld, k0 > 0 ? 1.0f : 0.0f, dq + q0 * ld, ld);
+				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, a->scale, dp,
+					    nb, qb, ld, 1.0f, dk + k0 * ld, ld);
 			}
-			for (int i = 0; i < mb; i++) { /* P in st, then dS in dpt */
-				float *sr = st + (int64_t)i * nb, *dr = dpt + (int64_t)i * nb;
-				int valid = tile_valid(q0, i, k0, nb);
-				a->vec->exp_shift(sr, sr, (float)m[i], valid);
-				a->vec->map(MAP_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), valid);
-				memset(sr + valid, 0, (size_t)(nb - valid) * sizeof(float));
-				a->vec->softmax_bwd(dr, sr, dr, dd[i], nb);
-			}
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, 1.0f, st, nb, dob,
-				    c, 1.0f, dv + k0 * ld, ld);
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, hd, nb, a->scale, dpt,
-				    nb, k + k0 * ld, ld, k0 > 0 ? 1.0f : 0.0f, dq + q0 * ld, ld);
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, a->scale, dpt, nb,
-				    qb, ld, 1.0f, dk + k0 * ld, ld);
-		}
 	}
 }
 
@@ -333,11 +335,10 @@ static int attention(const CpuArgs *x, RtErr *e)
 		 .hd = hd, .grad = grad, .scale = (float)(1.0 / sqrt((double)hd))};
 	if (a.bsz == 0 || a.t == 0)
 		return 0;
-	/* per thread: S and dP tiles, 4 x ATT_BQ doubles, and the panel cache */
-	size_t tiles = 2 * ATT_BQ * ATT_BK + 8 * ATT_BQ;
-	size_t panel = 2 * (size_t)ATT_BQ * (size_t)a.t;
-	a.cache = grad && panel * sizeof(float) <= ATT_PANEL;
-	a.per = tiles + (a.cache ? panel : 0);
+	/* per thread: S (and dP) tiles of ATT_BQ x bk, and 4 x ATT_BQ doubles */
+	size_t tiles = (grad ? 2 : 1) * (size_t)ATT_BQ;
+	a.bk = tiles * (size_t)a.t * sizeof(float) <= ATT_PANEL ? (int)a.t : ATT_BK;
+	a.per = tiles * (size_t)a.bk + 8 * ATT_BQ;
 	int threads = cpu_pool_size(x->pool);
 	a.scratch = malloc(a.per * sizeof(float) * (size_t)threads);
 	if (!a.scratch)
