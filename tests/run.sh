@@ -19,6 +19,7 @@ suites=(
 	"torch_ref"     "bash tests/torch_ref.sh"
 	"transformer"   "bash tests/transformer.sh"
 	"tp"            "bash tests/tp.sh"
+	"trace"         "bash tests/trace.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
 tp=0; tf=0; ts=0; failed=()
