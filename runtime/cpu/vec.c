@@ -109,27 +109,31 @@ static inline VDN splatd(double s)
 		v[k] = s;
 	return v;
 }
-static inline VDN lo(VF v)
-{
-	VFH h;
-	memcpy(&h, &v, sizeof h);
-	return __builtin_convertvector(h, VDN);
-}
+#if VEC_ISA == 2
+/* lanes moved by intrinsics: GCC's generic half-vector copies go through the stack */
+static inline VDN lo(VF v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
 static inline VDN hi(VF v)
 {
-	VFH h;
-	memcpy(&h, (const char *)&v + sizeof h, sizeof h);
-	return __builtin_convertvector(h, VDN);
+	return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 /* float(a) in the low half, float(b) in the high half */
 static inline VF join(VDN a, VDN b)
 {
-	VFH x = __builtin_convertvector(a, VFH), y = __builtin_convertvector(b, VFH);
-	VF v;
-	memcpy(&v, &x, sizeof x);
-	memcpy((char *)&v + sizeof x, &y, sizeof y);
-	return v;
+	__m512d x = _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(a)));
+	return _mm512_castpd_ps(_mm512_insertf64x4(x, _mm256_castps_pd(_mm512_cvtpd_ps(b)), 1));
 }
+#elif VEC_ISA == 1
+static inline VDN lo(VF v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+static inline VDN hi(VF v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+static inline VF join(VDN a, VDN b)
+{
+	return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1);
+}
+#else
+static inline VDN lo(VF v) { return (VDN){v[0], v[1]}; }
+static inline VDN hi(VF v) { return (VDN){v[2], v[3]}; }
+static inline VF join(VDN a, VDN b) { return (VF){(float)a[0], (float)a[1], (float)b[0], (float)b[1]}; }
+#endif
 static inline VDN ldd(const double *p)
 {
 	VDN v;
@@ -140,15 +144,19 @@ static inline void std_(double *p, VDN v) { memcpy(p, &v, sizeof v); }
 /* The lanes' sum of a pair of accumulators, as a tree (halves pairwise). */
 static inline double hsum(VDN a, VDN b)
 {
-	double t[DW];
 	VDN v = a + b;
-	memcpy(t, &v, sizeof t);
-	for (int w = DW / 2; w >= 1; w /= 2)
-		for (int k = 0; k < w; k++)
-			t[k] += t[k + w];
-	return t[0];
+#if VEC_ISA == 2
+	__m256d h = _mm512_castpd512_pd256(v) + _mm512_extractf64x4_pd(v, 1);
+#elif VEC_ISA == 1
+	__m256d h = v;
+#endif
+#if VEC_ISA >= 1
+	__m128d q = _mm256_castpd256_pd128(h) + _mm256_extractf128_pd(h, 1);
+	return q[0] + q[1];
+#else
+	return v[0] + v[1];
+#endif
 }
-
 /* The tail of n - i < W elements of p, padded with `pad`. */
 static inline VF ld_tail(const float *p, int64_t rem, float pad)
 {
