@@ -41,7 +41,8 @@ void cpu_pool_free(CpuPool *p);
 int cpu_pool_size(const CpuPool *p);
 /* fn over [0, n), one contiguous piece per thread cut at multiples of
  * grain (fewer threads when there are fewer grains); returns when every
- * piece is done. Serial (one call, thread 0) without a pool. */
+ * piece is done. Serial (one call, thread 0) without a pool. Called by the
+ * backend's thread only: a task must not call it (one job at a time). */
 void cpu_parallel(CpuPool *p, int64_t n, int64_t grain, CpuTask fn, void *ctx);
 
 /* Elements per piece of a parallel loop: below about two of these a loop
