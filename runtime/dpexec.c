@@ -45,6 +45,7 @@ typedef struct {
 	const char *save_full;
 	const char *init_from;
 	const char *losses;
+	const char *trace;   /* --trace FILE */
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
 	int quiet, verbose, check_grads, no_progress, no_graph;
@@ -102,9 +103,14 @@ static void usage(FILE *f)
 		"  --no-progress         do not poll pending collectives between instructions;\n"
 		"                        they then advance only when waited for (to measure\n"
 		"                        what the polling buys: bench/overlap.sh)\n"
+		"  --trace FILE          write a Chrome/Perfetto JSON trace of the run (every\n"
+		"                        step, eval and export): a lane per stream, a span per\n"
+		"                        instruction, collectives with bytes and axes, waits\n"
+		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
 		"  -h, --help            this text\n"
 		"\n"
-		"OpenBLAS uses one thread per rank when the world has more than one rank.\n");
+		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
+		"the cores the rank may run on); OpenBLAS runs one thread inside each of them.\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -121,7 +127,8 @@ static int parse_long(const char *s, long lo, long *out)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH };
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
+	       O_TRACE };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -136,6 +143,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
+		{"trace", required_argument, NULL, O_TRACE},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -190,6 +198,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_LOSSES:
 			o->losses = optarg;
+			break;
+		case O_TRACE:
+			o->trace = optarg;
 			break;
 		case O_TIMEOUT: {
 			char *end;
@@ -514,6 +525,8 @@ static void run_free(Run *r)
 {
 	if (r->losses)
 		fclose(r->losses);
+	trace_free(r->x.trace);
+	r->x.trace = NULL;
 	data_free(r->train);
 	data_free(r->eval);
 	if (r->have_exec)
@@ -666,9 +679,17 @@ int main(int argc, char **argv)
 			return fail_rank(r);
 		status = g;
 	} else {
+		if (r->o.trace && r->ops != &cpu_backend) {
+			RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
+			return fail_rank(r);
+		}
+		if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
+			return fail_rank(r);
 		if (train(r))
 			return fail_rank(r);
 		if (r->o.save_full && save_full(r))
+			return fail_rank(r);
+		if (r->x.trace && trace_close(r->x.trace, &r->x, &r->e))
 			return fail_rank(r);
 	}
 	fflush(stdout);

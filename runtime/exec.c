@@ -596,6 +596,8 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 		b->at = (BackendAt){p, i, x->micro};
 		if (host && x->nfl && !x->no_progress)
 			RT_CHECK(c->ops->progress(c, e));
+		if (x->trace)
+			trace_mark(x->trace, x, p, i);
 		if (cls == DP_OPC_EVENT) {
 			RT_CHECK(event(x, p, i, e));
 			continue;
@@ -637,6 +639,8 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 		RT_CHECK(c->ops->wait(c, c->issued, e));
 		x->nfl = 0;
 	}
+	if (x->trace)
+		trace_mark(x->trace, x, p, TRACE_END);
 	return 0;
 }
 

@@ -21,6 +21,7 @@ suites=(
 	"transformer"   "bash tests/transformer.sh"
 	"tp"            "bash tests/tp.sh"
 	"recompute"     "bash tests/recompute.sh"
+	"trace"         "bash tests/trace.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
 tp=0; tf=0; ts=0; failed=()

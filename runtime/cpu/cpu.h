@@ -29,12 +29,109 @@ typedef struct {
 	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum) */
 } CpuStep;
 
+/* ---- threads (pool.c) ---- */
+
+typedef struct CpuPool CpuPool;
+/* A piece [lo, hi) of a parallel loop, run by thread `thread` (0: the caller). */
+typedef void (*CpuTask)(void *ctx, int64_t lo, int64_t hi, int thread);
+
+/* A pool of `threads` threads in all (the caller is one of them). */
+int cpu_pool_new(CpuPool **p, int threads, RtErr *e);
+void cpu_pool_free(CpuPool *p);
+int cpu_pool_size(const CpuPool *p);
+/* fn over [0, n), one contiguous piece per thread cut at multiples of
+ * grain (fewer threads when there are fewer grains); returns when every
+ * piece is done. Serial (one call, thread 0) without a pool. Called by the
+ * backend's thread only: a task must not call it (one job at a time). */
+void cpu_parallel(CpuPool *p, int64_t n, int64_t grain, CpuTask fn, void *ctx);
+
+/* Elements per piece of a parallel loop: below about two of these a loop
+ * runs on one thread (a wake-up costs microseconds, 16 K floats of
+ * elementwise work about as much). */
+#define CPU_GRAIN 16384
+/* Rows of `cols` elements per piece: about CPU_GRAIN elements. */
+static inline int64_t cpu_grain_rows(int64_t cols)
+{
+	return cols >= CPU_GRAIN ? 1 : CPU_GRAIN / (cols > 0 ? cols : 1);
+}
+
+/* ---- vectorised loops (vec.c, built once per instruction set) ---- */
+
+/* The elementwise maps: o[i] = f(a[i], b[i]) with s a scalar (SCALE). */
+typedef enum {
+	MAP_ACCUM,     /* o += a */
+	MAP_SCALE,     /* o = s * a */
+	MAP_ADD,       /* o = a + b */
+	MAP_MUL,       /* o = a * b */
+	MAP_RELU,      /* o = max(a, 0) */
+	MAP_RELU_GRAD, /* o = b > 0 ? a : 0          (a = dy, b = x) */
+	MAP_GELU,      /* o = gelu(a), tanh form */
+	MAP_GELU_GRAD, /* o = a * gelu'(b) */
+	MAP_TANH,      /* o = tanh(a) */
+	MAP_TANH_GRAD, /* o = a * (1 - b * b)        (b = tanh(x)) */
+	MAP_SILU,      /* o = a / (1 + exp(-a)) */
+	MAP_SILU_GRAD, /* o = a * silu'(b) */
+	MAP_COUNT
+} CpuMap;
+
+/* AdamW's per-step scalars (optim.c computes them as PyTorch does). */
+typedef struct {
+	float decay, beta1, beta2, one_b1, one_b2, bc2_sqrt, step_size, eps;
+} CpuAdam;
+
+/*
+ * The inner loops of the kernels, one table per instruction set: "avx512"
+ * and "avx2" call SLEEF's vector exp/tanh (max error 1.0 ulp, the _u10
+ * functions; float exp in double lanes is SLEEF's double exp, also 1.0
+ * ulp), "scalar" calls libm per element (any CPU; the reference). Every
+ * element's result is independent of its position in the array (tails go
+ * through the same vector code, padded), so a loop cut into pieces
+ * anywhere gives bitwise the results of the whole. Reductions accumulate
+ * in double, in a fixed order for a given table.
+ */
+typedef struct {
+	const char *isa;
+	void (*map)(CpuMap op, float *o, const float *a, const float *b, float s, int64_t n);
+	/* max of x[0..n), n >= 1 */
+	float (*max)(const float *x, int64_t n);
+	/* y = exp(x - shift) (y may be x); returns the sum of y in double */
+	double (*exp_shift)(float *y, const float *x, float shift, int64_t n);
+	/* sum of exp((double)x - shift), exp in double */
+	double (*exp_sum_d)(const float *x, double shift, int64_t n);
+	/* sum of (double)a * b */
+	double (*dot)(const float *a, const float *b, int64_t n);
+	/* o = (float)(p * (d - c)) in double (softmax backward: c = rowsum(p * d)) */
+	void (*softmax_bwd)(float *o, const float *p, const float *d, double c, int64_t n);
+	/* mean (0 when rms) and 1/sqrt(var + eps) (rms: 1/sqrt(mean(x^2) + eps)) */
+	void (*norm_stats)(const float *x, int64_t n, int rms, double eps, double *mean,
+			   double *rstd);
+	/* y = (float)((x - mean) * rstd) * g (+ b when b != NULL) */
+	void (*norm_fwd)(float *y, const float *x, const float *g, const float *b, int64_t n,
+			 double mean, double rstd);
+	/* dx of one row (layernorm; rms: no mean term) */
+	void (*norm_bwd)(float *dx, const float *dy, const float *x, const float *g, int64_t n,
+			 int rms, double mean, double rstd);
+	/* acc[j] += dy[j] * (x[j] - mean) * rstd, in double */
+	void (*norm_gamma)(double *acc, const float *dy, const float *x, int64_t n, double mean,
+			   double rstd);
+	/* acc[j] += x[j], in double */
+	void (*col_sum)(double *acc, const float *x, int64_t n);
+	/* sum of (double)x^2 */
+	double (*sqsum)(const float *x, int64_t n);
+	/* torch.optim.AdamW's single-tensor update of n elements */
+	void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, const CpuAdam *c);
+} CpuVec;
+
+extern const CpuVec cpu_vec_scalar, cpu_vec_avx2, cpu_vec_avx512;
+
 /* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */
 typedef struct {
 	const DpStep *s;
 	const DpInstr *in;
 	void *const *ptr;
 	const CpuStep *step;
+	const CpuVec *vec; /* the inner loops for this CPU */
+	CpuPool *pool;     /* the rank's threads (size 1: serial) */
 } CpuArgs;
 
 typedef int (*CpuCheckFn)(const DpStep *s, const DpInstr *in, RtErr *e);
@@ -53,6 +150,10 @@ typedef struct {
 	/* 1: computes bf16 operands too (byte copies); else bf16 is refused */
 	int bf16;
 } CpuKernel;
+
+/* vec->map over n elements on the rank's threads (elementwise.c). */
+void cpu_map(const CpuArgs *k, CpuMap op, float *o, const float *a, const float *b, float s,
+	     int64_t n);
 
 /* The partial tables, one per concept file. */
 extern const CpuKernel cpu_layout_kernels[DPK_COUNT];      /* layout.c */
