@@ -26,6 +26,14 @@
  *     double) within 64 ulp on [-5, 12] (the float rounding of its inner
  *     polynomial; the old 1 + tanh form was off by millions of ulp there).
  *
+ *  4. context-parallel attention (runtime/cpu/attention_cp.c): a sequence of
+ *     cp*T tokens cut in the zigzag layout over cp ranks; every rank's
+ *     attention_cp of its rows against all ranks' kv_packs equals those rows
+ *     of the plain attention in double of the whole sequence, and so do the
+ *     q gradient (attention_cp_grad) and, summed over ranks as the
+ *     reduce_scatter sums them, the key/value gradients
+ *     (attention_cp_grad_kv), unpacked by kv_unpack; tolerance as in 1.
+ *
  * Prints "cpu_kernels: N passed, M failed" last.
  */
 #include <float.h>
@@ -123,19 +131,20 @@ static const CpuKernel *find(unsigned op)
 {
 	const CpuKernel *parts[] = {cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels,
 				    cpu_loss_kernels,   cpu_optim_kernels,       cpu_norm_kernels,
-				    cpu_seq_kernels};
+				    cpu_seq_kernels,    cpu_cp_kernels};
 	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
 		if (parts[i][op].run)
 			return &parts[i][op];
 	return NULL;
 }
 
-/* Check and run one instruction; 0 on success. */
+/* Check (the decoder's operand rule, the backend's limits) and run one
+ * instruction; 0 on success. */
 static int run(Ctx *c, const CpuVec *vec, CpuPool *pool, DpInstr in)
 {
 	RtErr e = {.rank = 0};
 	const CpuKernel *k = find(in.op);
-	if (!k || (k->operands && k->operands(&c->s, &in, &e)) ||
+	if (!k || dpstep_check_operands(&c->s, &in, "test", e.msg, sizeof e.msg) ||
 	    (k->limits && k->limits(&c->s, &in, &e))) {
 		printf("  %s: %s\n", dp_kernel_names[in.op], k ? e.msg : "no kernel");
 		return -1;
@@ -253,6 +262,124 @@ static void test_attention(const CpuVec *vec)
 		free(ro);
 		free(rd);
 		ctx_free(&c);
+	}
+}
+
+/* ---- 4. context-parallel attention against the whole sequence ---- */
+
+/* Global position of local row j of cp rank r (T local rows): ir/ops.def. */
+static int64_t zigzag(int64_t r, int64_t j, int64_t cp, int64_t t)
+{
+	int64_t l = t / 2;
+	return j < l ? r * l + j : (2 * cp - 1 - r) * l + (j - l);
+}
+
+static void test_attention_cp(const CpuVec *vec)
+{
+	static const struct {
+		int64_t B, T; /* T: local rows per rank */
+		int cp, H, hd;
+	} cases[] = {{2, 8, 2, 2, 4}, {1, 6, 3, 1, 8}, {1, 130, 2, 2, 16}, {2, 4, 4, 3, 4}};
+	for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+		int64_t B = cases[ci].B, T = cases[ci].T, cp = cases[ci].cp, TG = cp * T;
+		int H = cases[ci].H, hd = cases[ci].hd;
+		int64_t C = (int64_t)H * hd;
+		Ctx w; /* the whole sequence, for the reference */
+		ctx_init(&w);
+		int qf = tensor(&w, DP_F32, B, TG, 3 * C, 1.5f), df = tensor(&w, DP_F32, B, TG, C, 1.0f);
+		double *ro = malloc((size_t)(B * TG * C) * sizeof(double));
+		double *rd = malloc((size_t)(B * TG * 3 * C) * sizeof(double));
+		ref_attention(F(&w, qf), F(&w, df), B, TG, H, hd, ro, rd);
+		Ctx c; /* one rank's tensors, the gathered kv shared by all */
+		ctx_init(&c);
+		int qkv = tensor(&c, DP_F32, B, T, 3 * C, 0), dy = tensor(&c, DP_F32, B, T, C, 0);
+		int pos = tensor(&c, DP_I32, T, 0, 0, 0), kv = tensor(&c, DP_F32, B, T, 2 * C, 0);
+		int all = tensor(&c, DP_F32, cp * B, T, 2 * C, 0), out = tensor(&c, DP_F32, B, T, C, 0);
+		int dq = tensor(&c, DP_F32, B, T, 3 * C, 0), dkv = tensor(&c, DP_F32, cp * B, T, 2 * C, 0);
+		double *sum = calloc((size_t)(cp * B * T * 2 * C), sizeof(double));
+		double ef = 0, eq = 0;
+		int ok = 1;
+		/* this rank's rows of the whole sequence; kv_pack of each rank into its block */
+		for (int pass = 0; pass < 2; pass++)
+			for (int64_t r = 0; r < cp && ok; r++) {
+				for (int64_t b = 0; b < B; b++)
+					for (int64_t j = 0; j < T; j++) {
+						int64_t p = zigzag(r, j, cp, T);
+						memcpy(F(&c, qkv) + (b * T + j) * 3 * C, F(&w, qf) + (b * TG + p) * 3 * C,
+						       (size_t)(3 * C) * sizeof(float));
+						memcpy(F(&c, dy) + (b * T + j) * C, F(&w, df) + (b * TG + p) * C,
+						       (size_t)C * sizeof(float));
+						((int32_t *)c.ptr[pos])[j] = (int32_t)p;
+					}
+				DpInstr pk = instr(DPK_KV_PACK, kv, qkv, -1, -1);
+				pk.ia[0] = H;
+				ok = run(&c, vec, NULL, pk) == 0;
+				if (pass == 0) { /* gather: block r is rank r's kv */
+					memcpy(F(&c, all) + r * B * T * 2 * C, F(&c, kv),
+					       (size_t)(B * T * 2 * C) * sizeof(float));
+					continue;
+				}
+				DpInstr f = instr(DPK_ATTENTION_CP, out, qkv, all, pos);
+				DpInstr g = {.op = DPK_ATTENTION_CP_GRAD, .in = {dy, qkv, all, pos}, .out = dq};
+				DpInstr gk = {.op = DPK_ATTENTION_CP_GRAD_KV, .in = {dy, qkv, all, pos}, .out = dkv};
+				f.ia[0] = g.ia[0] = gk.ia[0] = H;
+				f.ia[1] = g.ia[1] = gk.ia[1] = cp;
+				ok = ok && run(&c, vec, NULL, f) == 0 && run(&c, vec, NULL, g) == 0 &&
+				     run(&c, vec, NULL, gk) == 0;
+				for (int64_t b = 0; ok && b < B; b++)
+					for (int64_t j = 0; j < T; j++) {
+						int64_t p = zigzag(r, j, cp, T);
+						for (int64_t k = 0; k < C; k++) {
+							double want = ro[(b * TG + p) * C + k];
+							ef = fmax(ef, fabs(F(&c, out)[(b * T + j) * C + k] - want));
+						}
+						for (int64_t k = 0; k < 3 * C; k++) { /* q columns only */
+							if ((k % (3 * hd)) >= hd)
+								continue;
+							double want = rd[(b * TG + p) * 3 * C + k];
+							eq = fmax(eq, fabs(F(&c, dq)[(b * T + j) * 3 * C + k] - want));
+						}
+					}
+				for (int64_t i = 0; ok && i < cp * B * T * 2 * C; i++)
+					sum[i] += F(&c, dkv)[i]; /* the reduce_scatter's sum */
+			}
+		/* rank r's keys and values: its block of the sum, unpacked */
+		double ek = 0, mo = 0, md = 0;
+		for (int64_t i = 0; i < B * TG * C; i++)
+			mo = fmax(mo, fabs(ro[i]));
+		for (int64_t i = 0; i < B * TG * 3 * C; i++)
+			md = fmax(md, fabs(rd[i]));
+		for (int64_t r = 0; ok && r < cp; r++) {
+			for (int64_t i = 0; i < B * T * 2 * C; i++)
+				F(&c, kv)[i] = (float)sum[r * B * T * 2 * C + i];
+			DpInstr un = instr(DPK_KV_UNPACK, dq, kv, -1, -1);
+			un.ia[0] = H;
+			ok = run(&c, vec, NULL, un) == 0;
+			for (int64_t b = 0; ok && b < B; b++)
+				for (int64_t j = 0; j < T; j++)
+					for (int64_t k = 0; k < 3 * C; k++) {
+						int64_t p = zigzag(r, j, cp, T);
+						double want = (k % (3 * hd)) < hd ? 0 : rd[(b * TG + p) * 3 * C + k];
+						ek = fmax(ek, fabs(F(&c, dq)[(b * T + j) * 3 * C + k] - want));
+					}
+		}
+		ef /= mo > 0 ? mo : 1;
+		eq /= md > 0 ? md : 1;
+		ek /= md > 0 ? md : 1;
+		printf("  attention_cp B=%lld T=%lld x cp=%lld heads=%d hd=%d: forward %.1e, dq %.1e, "
+		       "dk/dv %.1e (relative)\n", (long long)B, (long long)T, (long long)cp, H, hd, ef,
+		       eq, ek);
+		check(ok && ef <= 2e-5, "attention_cp forward cp=%lld T=%lld: %.2e", (long long)cp,
+		      (long long)T, ef);
+		check(ok && eq <= 2e-5, "attention_cp dq cp=%lld T=%lld: %.2e", (long long)cp,
+		      (long long)T, eq);
+		check(ok && ek <= 2e-5, "attention_cp dk/dv cp=%lld T=%lld: %.2e", (long long)cp,
+		      (long long)T, ek);
+		free(sum);
+		free(ro);
+		free(rd);
+		ctx_free(&c);
+		ctx_free(&w);
 	}
 }
 
@@ -499,6 +626,7 @@ int main(void)
 	printf("inner loops: %s\n", best->isa);
 	test_attention(best);
 	test_attention(&cpu_vec_scalar);
+	test_attention_cp(best);
 	test_threads(best);
 	test_isa(&cpu_vec_avx2, avx2);
 	test_isa(&cpu_vec_avx512, avx512);

@@ -7,15 +7,16 @@
  * One table, filled by the files that own the kernels. Each concept file
  * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c)
  * defines a partial table of DPK_COUNT rows with designated initialisers,
- * `[DPK_<OP>] = {check_<op>, NULL, run_<op>, 0}`, so an op's check, its run
- * and its row live in one file; backend_cpu.c merges the partial tables
+ * `[DPK_<OP>] = {limit_<op> or NULL, run_<op>, bf16}`, so an op's limits,
+ * its run and its row live in one file; backend_cpu.c merges the partial tables
  * into the backend's one table and refuses an op claimed twice. Adding a
  * CPU kernel is one row (and its functions) in the file of its concept.
  *
  * Layout: leading dims fold into rows, a tensor [a, b, c] is a [a*b, c]
- * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the checks
- * ran once at load time (labels and token ids, known only at run time, are
- * checked where they are read).
+ * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the step-file
+ * decoder checked the op's operand rules (ir/stepfile_check.c) and the
+ * backend its own limits once at load time (labels, token ids and positions,
+ * known only at run time, are checked where they are read).
  */
 #ifndef DP_CPU_INT_H
 #define DP_CPU_INT_H
@@ -139,11 +140,6 @@ typedef int (*CpuRunFn)(const CpuArgs *a, RtErr *e);
 
 /* A row of the kernel table (ORDER KERNEL); run == NULL: not this file's. */
 typedef struct {
-	/* Operand rules (presence, dtype, element counts, no aliasing where the
-	 * kernel forbids it), once at load time, so run never reads or writes
-	 * outside a tensor. They are generic facts of the op, which the
-	 * step-file decoder takes over from the op table; then delete them. */
-	CpuCheckFn operands;
 	/* This backend's own limits (BLAS takes int sizes); NULL: none. */
 	CpuCheckFn limits;
 	CpuRunFn run;
@@ -188,7 +184,7 @@ static inline float *cpu_f(const CpuArgs *a, int id) { return id >= 0 ? a->ptr[i
 
 const char *cpu_tname(const DpStep *s, int id);
 
-/* ---- operand checks (check.c) ---- */
+/* ---- load-time limits (check.c) ---- */
 
 typedef struct {
 	const DpStep *s;
@@ -198,22 +194,9 @@ typedef struct {
 
 /* "step file: OP instruction (out X, in Y, Z): what"; returns -1. */
 int cpu_bad(const CpuChk *c, const char *what);
-/* Operand k (-1: out) is present and of dtype dt; NULL (error in c->e) if not. */
-const DpTensor *cpu_opnd(const CpuChk *c, int k, DpDtype dt);
-int cpu_disjoint(const DpTensor *a, const DpTensor *b);
-/* The output is disjoint from every present input. */
-int cpu_out_disjoint(const CpuChk *c);
-/* Operands 0..nin-1 and the output are f32 and of one element count. */
-int cpu_check_same_size(const DpStep *s, const DpInstr *in, int nin, RtErr *e);
-
 #define CPU_NEED(cond, msg)                          \
 	do {                                         \
 		if (!(cond))                         \
 			return cpu_bad(&c, (msg));   \
 	} while (0)
-#define CPU_OPND(var, k, dt)                           \
-	const DpTensor *var = cpu_opnd(&c, (k), (dt)); \
-	if (!var)                                      \
-	return -1
-
 #endif

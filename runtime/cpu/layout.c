@@ -17,13 +17,6 @@ static int run_nop(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-static int check_fill(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0, "missing output");
-	return 0;
-}
-
 typedef struct {
 	void *o;
 	float v;
@@ -52,17 +45,6 @@ static int run_fill(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* copy, reshape, tp_copy: out = in0, same dtype and element count */
-static int check_copy(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == a->dtype && cpu_numel(o) == cpu_numel(a),
-		 "operands differ in dtype or size");
-	return 0;
-}
-
 /* Nothing to do when the memory planner gave out and in0 one address (a
  * reshape or tp_copy whose input dies there can be a view). */
 static int run_copy(const CpuArgs *a, RtErr *e)
@@ -75,20 +57,6 @@ static int run_copy(const CpuArgs *a, RtErr *e)
 }
 
 /* ---- transpose ---- */
-
-static int check_transpose(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *x = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == x->dtype && o->dtype != DP_BF16, "operands differ in dtype (or bf16)");
-	CPU_NEED(x->ndim >= 2 && o->ndim >= 2 && cpu_numel(o) == cpu_numel(x) &&
-		 o->dims[o->ndim - 1] == x->dims[x->ndim - 2] &&
-		 o->dims[o->ndim - 2] == x->dims[x->ndim - 1],
-		 "output is not x with its last two dims swapped");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
 
 /* [.., r, c] -> [.., c, r] for 4-byte elements, in tiles for the cache. */
 static void transpose(const uint32_t *x, int64_t batch, int64_t r, int64_t c, uint32_t *o)
@@ -114,19 +82,6 @@ static int run_transpose(const CpuArgs *a, RtErr *e)
 }
 
 /* ---- split and its gradient ---- */
-
-static int check_split(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	const DpTensor *whole = in->op == DPK_SPLIT ? a : o, *part = in->op == DPK_SPLIT ? o : a;
-	CPU_NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < in->ia[0], "bad part index");
-	CPU_NEED(cpu_cols(part) * in->ia[0] == cpu_cols(whole) && cpu_rows(part) == cpu_rows(whole),
-		 "operand shapes do not match the split");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
 
 static int run_split(const CpuArgs *a, RtErr *e)
 {
@@ -155,19 +110,6 @@ static int run_split_grad(const CpuArgs *a, RtErr *e)
 
 /* ---- interleave ---- */
 
-static int check_interleave(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == a->dtype && o->dtype != DP_BF16 && cpu_numel(o) == cpu_numel(a),
-		 "operands differ in dtype or size (or bf16)");
-	CPU_NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < o->ndim &&
-		 o->dims[in->ia[1]] % in->ia[0] == 0, "the split dim does not divide into the parts");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
 /* in0 [parts][outer][s][inner] -> out [outer][parts*s][inner] (4-byte elements). */
 static int run_interleave(const CpuArgs *a, RtErr *e)
 {
@@ -188,36 +130,6 @@ static int run_interleave(const CpuArgs *a, RtErr *e)
 }
 
 /* ---- embedding ---- */
-
-static int check_embedding(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(ids, 0, DP_I32);
-	CPU_OPND(tab, 1, DP_F32);
-	CPU_NEED(tab->ndim == 2, "the table must be [vocab, dim]");
-	CPU_NEED(cpu_cols(o) == tab->dims[1] && cpu_numel(o) == cpu_numel(ids) * tab->dims[1],
-		 "output shape does not match ids and table");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-static int check_embedding_grad(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(dy, 0, DP_F32);
-	CPU_OPND(ids, 1, DP_I32);
-	if (in->in[2] >= 0) {
-		CPU_OPND(tab, 2, DP_F32);
-		CPU_NEED(cpu_numel(tab) == cpu_numel(o), "output and table differ in size");
-	}
-	CPU_NEED(o->ndim == 2, "the output must be [vocab, dim]");
-	CPU_NEED(cpu_cols(dy) == cpu_cols(o) && cpu_numel(dy) == cpu_numel(ids) * cpu_cols(o),
-		 "dy shape does not match ids and table");
-	CPU_NEED(cpu_disjoint(o, dy) && cpu_disjoint(o, ids), "output overlaps an input");
-	return 0;
-}
 
 /* The gather (grad = 0) or the scatter-add into the table [V, d] (grad =
  * 1). An id outside [0, V) is a run-time error (the ids come from data),
@@ -277,17 +189,17 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 static int run_embedding(const CpuArgs *a, RtErr *e) { return embedding(a, 0, e); }
 static int run_embedding_grad(const CpuArgs *a, RtErr *e) { return embedding(a, 1, e); }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_layout_kernels[DPK_COUNT] = {
-	[DPK_NOP] = {NULL, NULL, run_nop, 0},
-	[DPK_FILL] = {check_fill, NULL, run_fill, 0},
-	[DPK_COPY] = {check_copy, NULL, run_copy, 1},
-	[DPK_RESHAPE] = {check_copy, NULL, run_copy, 1},
-	[DPK_TP_COPY] = {check_copy, NULL, run_copy, 1},
-	[DPK_TRANSPOSE] = {check_transpose, NULL, run_transpose, 0},
-	[DPK_SPLIT] = {check_split, NULL, run_split, 0},
-	[DPK_SPLIT_GRAD] = {check_split, NULL, run_split_grad, 0},
-	[DPK_INTERLEAVE] = {check_interleave, NULL, run_interleave, 0},
-	[DPK_EMBEDDING] = {check_embedding, NULL, run_embedding, 0},
-	[DPK_EMBEDDING_GRAD] = {check_embedding_grad, NULL, run_embedding_grad, 0},
+	[DPK_NOP] = {NULL, run_nop, 0},
+	[DPK_FILL] = {NULL, run_fill, 0},
+	[DPK_COPY] = {NULL, run_copy, 1},
+	[DPK_RESHAPE] = {NULL, run_copy, 1},
+	[DPK_TP_COPY] = {NULL, run_copy, 1},
+	[DPK_TRANSPOSE] = {NULL, run_transpose, 0},
+	[DPK_SPLIT] = {NULL, run_split, 0},
+	[DPK_SPLIT_GRAD] = {NULL, run_split_grad, 0},
+	[DPK_INTERLEAVE] = {NULL, run_interleave, 0},
+	[DPK_EMBEDDING] = {NULL, run_embedding, 0},
+	[DPK_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
 };

@@ -10,16 +10,6 @@
 
 #include "cpu.h"
 
-static int check_reduce(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	(void)o;
-	(void)a;
-	return 0;
-}
-
 /* out[0] = w * sum in0^2 (+ out[0] if ia2); w = fa0, 0 meaning 1. The sum
  * is in double over blocks of SQ_BLOCK elements added in block order: the
  * same at any thread count. */
@@ -65,15 +55,6 @@ static int run_sqrt(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-static int check_clip(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_NEED(cpu_disjoint(o, a), "the norm lies inside the clipped buffer");
-	return 0;
-}
-
 /* torch.nn.utils.clip_grad_norm_: scale only when the coefficient is < 1 */
 static int run_clip(const CpuArgs *k, RtErr *e)
 {
@@ -82,22 +63,6 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	float coef = k->in->fa[0] / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
 	if (coef < 1.0f)
 		cpu_map(k, MAP_SCALE, o, o, NULL, coef, n);
-	return 0;
-}
-
-/* in0 = grads, out = params, in1 = momentum buffer (-1: none) */
-static int check_sgd(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(p, -1, DP_F32);
-	CPU_OPND(g, 0, DP_F32);
-	CPU_NEED(cpu_numel(p) == cpu_numel(g), "params and grads differ in size");
-	if (in->in[1] >= 0) {
-		CPU_OPND(m, 1, DP_F32);
-		CPU_NEED(cpu_numel(m) == cpu_numel(p), "momentum buffer differs in size");
-	} else {
-		CPU_NEED(in->fa[0] == 0, "momentum without a momentum buffer");
-	}
 	return 0;
 }
 
@@ -121,19 +86,6 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 		}
 		o[i] = o[i] - lr * g;
 	}
-	return 0;
-}
-
-/* in0 = grads, out = params, in1 = m, in2 = v */
-static int check_adamw(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(p, -1, DP_F32);
-	CPU_OPND(g, 0, DP_F32);
-	CPU_OPND(m, 1, DP_F32);
-	CPU_OPND(v, 2, DP_F32);
-	CPU_NEED(cpu_numel(p) == cpu_numel(g) && cpu_numel(m) == cpu_numel(p) &&
-		 cpu_numel(v) == cpu_numel(p), "params, grads and state differ in size");
 	return 0;
 }
 
@@ -173,11 +125,11 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_optim_kernels[DPK_COUNT] = {
-	[DPK_SQNORM] = {check_reduce, NULL, run_sqnorm, 0},
-	[DPK_SQRT] = {check_reduce, NULL, run_sqrt, 0},
-	[DPK_CLIP] = {check_clip, NULL, run_clip, 0},
-	[DPK_SGD] = {check_sgd, NULL, run_sgd, 0},
-	[DPK_ADAMW] = {check_adamw, NULL, run_adamw, 0},
+	[DPK_SQNORM] = {NULL, run_sqnorm, 0},
+	[DPK_SQRT] = {NULL, run_sqrt, 0},
+	[DPK_CLIP] = {NULL, run_clip, 0},
+	[DPK_SGD] = {NULL, run_sgd, 0},
+	[DPK_ADAMW] = {NULL, run_adamw, 0},
 };

@@ -18,22 +18,6 @@
 
 /* ---- softmax ---- */
 
-static int check_softmax(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_NEED(cpu_numel(o) == cpu_numel(a) && cpu_cols(o) == cpu_cols(a),
-		 "operands differ in shape");
-	if (in->op == DPK_SOFTMAX_GRAD) {
-		CPU_OPND(y, 1, DP_F32);
-		CPU_NEED(cpu_numel(y) == cpu_numel(a) && cpu_cols(y) == cpu_cols(a),
-			 "dy and y differ in shape");
-	}
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
 typedef struct {
 	const CpuVec *vec;
 	float *o;
@@ -86,46 +70,6 @@ static int run_softmax_grad(const CpuArgs *k, RtErr *e)
 }
 
 /* ---- attention ---- */
-
-/* qkv [B, T, 3C] with heads ia0: C and the head dim must split evenly. */
-static int qkv_ok(CpuChk *c, const DpTensor *qkv)
-{
-	int64_t h = c->in->ia[0];
-	if (qkv->ndim != 3)
-		return cpu_bad(c, "qkv must be [batch, T, 3*C]");
-	if (h < 1 || qkv->dims[2] < 3 * h || qkv->dims[2] % (3 * h) != 0)
-		return cpu_bad(c, "qkv's last dim does not split into 3 * heads");
-	return 0;
-}
-
-static int check_attention(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(qkv, 0, DP_F32);
-	RT_CHECK(qkv_ok(&c, qkv));
-	int64_t ch = qkv->dims[2] / 3;
-	CPU_NEED(cpu_numel(o) == qkv->dims[0] * qkv->dims[1] * ch && cpu_cols(o) == ch,
-		 "output is not [batch, T, C]");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-static int check_attention_grad(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(dy, 0, DP_F32);
-	CPU_OPND(qkv, 1, DP_F32);
-	RT_CHECK(qkv_ok(&c, qkv));
-	int64_t ch = qkv->dims[2] / 3;
-	CPU_NEED(cpu_numel(dy) == qkv->dims[0] * qkv->dims[1] * ch && cpu_cols(dy) == ch,
-		 "dy is not [batch, T, C]");
-	CPU_NEED(cpu_numel(o) == cpu_numel(qkv) && cpu_cols(o) == 3 * ch,
-		 "output is not shaped like qkv");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
 
 /* BLAS takes int sizes and strides. */
 static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
@@ -350,26 +294,6 @@ static int attention(const CpuArgs *x, RtErr *e)
 
 /* ---- rope ---- */
 
-/* in {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}, T <= Tc */
-static int check_rope(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(qkv, 0, DP_F32);
-	CPU_OPND(cs, 1, DP_F32);
-	CPU_OPND(sn, 2, DP_F32);
-	CPU_NEED(qkv->ndim == 3, "qkv must be [batch, T, 3*C]");
-	CPU_NEED(cs->ndim == 2 && sn->ndim == 2 && cs->dims[0] == sn->dims[0] &&
-		 cs->dims[1] == sn->dims[1] && cs->dims[1] >= 1, "cos and sin must be [T, head_dim/2]");
-	CPU_NEED(qkv->dims[2] % (6 * cs->dims[1]) == 0,
-		 "qkv's last dim is not a multiple of 3 * head_dim");
-	CPU_NEED(qkv->dims[1] <= cs->dims[0], "the rope tables are shorter than T");
-	CPU_NEED(cpu_numel(o) == cpu_numel(qkv) && cpu_cols(o) == cpu_cols(qkv),
-		 "output is not shaped like qkv");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
 /*
  * Rotary position encoding, rotate-half form: in each head's q and k (hd =
  * 2*half columns), element j < half pairs with j + half at position t:
@@ -410,11 +334,11 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_seq_kernels[DPK_COUNT] = {
-	[DPK_SOFTMAX] = {check_softmax, NULL, run_softmax, 0},
-	[DPK_SOFTMAX_GRAD] = {check_softmax, NULL, run_softmax_grad, 0},
-	[DPK_ATTENTION] = {check_attention, limit_attention, attention, 0},
-	[DPK_ATTENTION_GRAD] = {check_attention_grad, limit_attention, attention, 0},
-	[DPK_ROPE] = {check_rope, NULL, run_rope, 0},
+	[DPK_SOFTMAX] = {NULL, run_softmax, 0},
+	[DPK_SOFTMAX_GRAD] = {NULL, run_softmax_grad, 0},
+	[DPK_ATTENTION] = {limit_attention, attention, 0},
+	[DPK_ATTENTION_GRAD] = {limit_attention, attention, 0},
+	[DPK_ROPE] = {NULL, run_rope, 0},
 };
