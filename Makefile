@@ -31,7 +31,7 @@ GEN_LEXER  := $(BUILD)/gen/lexer.c
 
 COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
                 $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
-RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o
+RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o $(BUILD)/ir/outfile.o
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec

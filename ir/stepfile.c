@@ -36,10 +36,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <libgen.h>
-#include <fcntl.h>
 #include <zlib.h>
 
+#include "outfile.h"
 #include "stepfile.h"
 
 const char *const dp_kernel_names[DPK_COUNT] = {
@@ -829,21 +828,6 @@ const char *dpstep_str(const DpStep *s, uint32_t off)
 	return s->strings + off;
 }
 
-static int write_all(int fd, const unsigned char *b, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, b, n);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		b += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen)
 {
 	unsigned char *buf;
@@ -852,55 +836,12 @@ int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errle
 		fail(err, errlen, "%s: out of memory encoding the step file", path);
 		return -1;
 	}
-	size_t plen = strlen(path);
-	char *tmp = malloc(plen + 16);
-	if (!tmp) {
-		free(buf);
-		fail(err, errlen, "%s: out of memory", path);
-		return -1;
-	}
-	/* the temp file lives beside path so rename() stays on one file system */
-	snprintf(tmp, plen + 16, "%s.tmpXXXXXX", path);
-	int fd = mkstemp(tmp);
-	if (fd < 0) {
-		fail(err, errlen, "cannot create a temporary file beside %s: %s", path,
-		     strerror(errno));
-		free(tmp);
-		free(buf);
-		return -1;
-	}
-	int rc = write_all(fd, buf, len);
-	if (rc == 0)
-		rc = fsync(fd);
-	int e = errno;
-	if (close(fd) && rc == 0) {
-		rc = -1;
-		e = errno;
-	}
+	OutFile f;
+	int rc = out_open(&f, path, err, errlen);
 	if (rc == 0) {
-		/* mkstemp makes the file 0600; a step file is meant to be shared */
-		chmod(tmp, 0644);
-		if (rename(tmp, path)) {
-			rc = -1;
-			e = errno;
-		}
+		out_write(&f, buf, len);
+		rc = out_commit(&f, err, errlen);
 	}
-	if (rc) {
-		fail(err, errlen, "cannot write %s: %s", path, strerror(e));
-		unlink(tmp);
-	} else {
-		/* make the rename durable too; best effort */
-		char *dcopy = strdup(path);
-		if (dcopy) {
-			int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
-			if (dfd >= 0) {
-				fsync(dfd);
-				close(dfd);
-			}
-			free(dcopy);
-		}
-	}
-	free(tmp);
 	free(buf);
 	return rc;
 }

@@ -419,7 +419,9 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i);
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);
 /* Parse and validate buf. 0, or -1 with a one-line reason in err; out is then empty. */
 int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen);
-/* Write atomically: a temp file beside path, fsync, rename. On failure nothing is left. */
+/* Write through ir/outfile.h: atomically (PATH.dptmp, fsync, rename) onto a
+ * regular file, in place into a device or FIFO, through symbolic links. On
+ * failure nothing is left. */
 int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen);
 /* Read and decode a file; errors name the file. */
 int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen);

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../ir/outfile.h"
 #include "../ir/stepfile.h"
 
 /* ---- errors (runtime/err.c) ---- */
@@ -89,11 +90,64 @@ typedef struct {
 	float *data; /* F32 only */
 } StTensor;
 
-/* Write a safetensors file atomically (temp + fsync + rename); F32 tensors. */
+/* Write a safetensors file of F32 tensors safely (ir/outfile.h: atomic,
+ * through links, in place into a device). */
 int st_write(const char *path, const StTensor *t, int n, RtErr *e);
 /* Read every tensor (F32 only); malloc'd, free with st_free. Errors name the file. */
 int st_read(const char *path, StTensor **out, int *n, RtErr *e);
 void st_free(StTensor *t, int n);
+
+/* Element types a dp safetensors file holds. ORDER ST_ */
+enum { ST_F32, ST_I64, ST_NDTYPE };
+
+/* One tensor of a file being written: declared up front (the header), its
+ * bytes appended later in declaration order. */
+typedef struct {
+	const char *name;
+	int dtype; /* ST_* */
+	int ndim;
+	int64_t dims[DP_MAX_DIMS];
+} StDecl;
+
+typedef struct {
+	OutFile f;
+	int open;
+	int64_t want, done; /* data bytes declared / appended */
+	int64_t bytes;      /* file bytes so far (header included) */
+} StWriter;
+
+/* Streaming writer: st_begin writes the header, st_put appends data bytes
+ * (any chunking), st_end checks that exactly the declared bytes came and
+ * commits; st_cancel (after a failure) removes the temp file. */
+int st_begin(StWriter *w, const char *path, const StDecl *t, int n, RtErr *e);
+int st_put(StWriter *w, const void *data, int64_t nbytes, RtErr *e);
+int st_end(StWriter *w, RtErr *e);
+void st_cancel(StWriter *w);
+
+/* One tensor of a file being read: begin/end are byte offsets in the data. */
+typedef struct {
+	char *name;
+	int dtype; /* ST_* */
+	int ndim;
+	int64_t dims[DP_MAX_DIMS];
+	int64_t begin, end;
+} StEntry;
+
+typedef struct {
+	char *path;
+	int fd;
+	int64_t size, data_start;
+	StEntry *t;
+	int n;
+} StFile;
+
+/* Open and validate a file's header (no data is read). */
+int st_open(StFile *f, const char *path, RtErr *e);
+/* Index of the tensor named name, -1 if none. */
+int st_find(const StFile *f, const char *name);
+/* nbytes of tensor i from byte off of its data. */
+int st_pread(const StFile *f, int i, int64_t off, void *dst, int64_t nbytes, RtErr *e);
+void st_close(StFile *f);
 
 /* What an EXPORT program's SAVE instructions hand over, by tensor id: the
  * save hook of every executor (CPU and CUDA) for --save-full. keep = 0 (ranks

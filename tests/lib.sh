@@ -33,6 +33,18 @@ mpi() {
 	env $MPI_ASAN timeout 300 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
+# expect NAME WANT_SUBSTRING COMMAND...: the command exits non-zero (not by
+# `timeout`: 124 and up) with WANT_SUBSTRING in its output ($T/out)
+expect() {
+	local name=$1 want=$2; shift 2
+	"$@" >"$T/out" 2>&1
+	local rc=$?
+	if [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -qF -- "$want" "$T/out"; then
+		ok "$name"
+	else
+		fail "$name (exit $rc, wanted '$want')"; sed 's/^/      /' "$T/out" | head -n 8
+	fi
+}
 
 # ---- equivalence runs (tests/sharding.sh, tests/tp.sh): the caller sets $T
 # (a scratch directory) and $STEPS ----

@@ -12,6 +12,7 @@ suites=(
 	"gradcheck"     "bash tests/gradcheck.sh"
 	"stepfile"      "bash tests/stepfile_fuzz.sh"
 	"runtime_errors" "bash tests/runtime_errors.sh"
+	"outputs"       "bash tests/outputs.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
 	"sharding"      "bash tests/sharding.sh"

@@ -8,17 +8,6 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
 
-# expect NAME WANT_SUBSTRING COMMAND...: non-zero exit, no timeout, message on stderr/stdout
-expect() {
-	local name=$1 want=$2; shift 2
-	"$@" >"$T/out" 2>&1
-	local rc=$?
-	if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$want" "$T/out"; then
-		ok "$name"
-	else
-		fail "$name (exit $rc, wanted '$want')"; sed 's/^/      /' "$T/out" | head -n 8
-	fi
-}
 X() { env $MPI_ASAN timeout 60 "$DPEXEC" "$@"; }
 M() { local n=$1; shift; env $MPI_ASAN timeout 60 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"; }
 
