@@ -34,6 +34,7 @@
 #include "comm.h"
 #include "exec.h"
 #include "rt.h"
+#include "world.h"
 
 typedef struct {
 	const char *step_path;
@@ -45,7 +46,7 @@ typedef struct {
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
 	int quiet, verbose, check_grads, no_progress;
-	double timeout;      /* seconds, 0: none */
+	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 } Opts;
 
 /* Everything a run holds; freed by run_free. */
@@ -85,8 +86,9 @@ static void usage(FILE *f)
 		"                        file (rank 0; DSL names)\n"
 		"  --check-grads         compare gradients with finite differences on the first\n"
 		"                        micro-batch (1 rank) and exit; non-zero if any fails\n"
-		"  --timeout SEC         fail (instead of hanging) when a collective takes longer\n"
-		"                        than SEC seconds (default: no limit)\n"
+		"  --timeout SEC         fail (instead of hanging) when a collective or any wait\n"
+		"                        for another rank takes longer than SEC seconds\n"
+		"                        (default 600, as PyTorch's process groups; 0: no limit)\n"
 		"  --no-progress         do not poll pending collectives between instructions;\n"
 		"                        they then advance only when waited for (to measure\n"
 		"                        what the polling buys: bench/overlap.sh)\n"
@@ -126,7 +128,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1};
+	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1,
+		    .timeout = WORLD_DEFAULT_TIMEOUT};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {

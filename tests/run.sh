@@ -13,6 +13,7 @@ suites=(
 	"stepfile"      "bash tests/stepfile_fuzz.sh"
 	"runtime_errors" "bash tests/runtime_errors.sh"
 	"outputs"       "bash tests/outputs.sh"
+	"faults"        "bash tests/faults.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
 	"sharding"      "bash tests/sharding.sh"

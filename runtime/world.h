@@ -1,0 +1,56 @@
+/*
+ * world.h - host-side control traffic between all ranks (runtime/world.c):
+ * agreeing on errors and signals, gathering checkpoint pieces, and the one
+ * way every MPI wait of the runtime is done.
+ *
+ * These are not the step's collectives (those go through a comm backend,
+ * comm.h, on the device): they move small host buffers over
+ * MPI_COMM_WORLD, which every run has since MPI is the bootstrap (mpirun,
+ * srun or a singleton), whatever the compute and comm backends.
+ *
+ * Waiting. Open MPI's blocking waits spin at 100% CPU, forever if a peer is
+ * stopped or gone. world_waitall polls instead: MPI_Testall with
+ * sched_yield for the first WORLD_SPIN_MS milliseconds (a normal wait ends
+ * there, at full speed), then sleeps that double from 20 us to 1 ms between
+ * tests (a stuck peer costs about a thousand cheap tests a second, not a
+ * core), and fails after timeout_s seconds (0: never) with a message naming
+ * what was waited for.
+ */
+#ifndef DP_WORLD_H
+#define DP_WORLD_H
+
+#include <mpi.h>
+
+#include "rt.h"
+
+#define WORLD_SPIN_MS 2.0          /* polling at full speed before backing off */
+#define WORLD_DEFAULT_TIMEOUT 600.0 /* seconds: PyTorch's process-group default */
+
+typedef struct {
+	int rank, size;
+	double timeout_s; /* 0: waits never time out */
+} World;
+
+/* MPI is initialised; rank and size of MPI_COMM_WORLD. */
+void world_init(World *w, double timeout_s);
+/* Complete n requests (see the top of the file). *blocked_s (may be NULL)
+ * gets the seconds spent waiting. what: "a collective", ... for messages. */
+int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
+		  double *blocked_s, RtErr *e);
+/* Between steps: every rank passes the signal it has seen (0: none) and
+ * whether it failed. Out: the largest signal number any rank saw, and the
+ * lowest failing rank (-1: none), the one that prints the error. */
+int world_agree(const World *w, int sig, int failed, int *sig_out, int *first_failed, RtErr *e);
+/* Every rank's nbytes (any size, also 0) to every rank: *all (malloc'd)
+ * holds them in rank order; offs[r] (malloc'd, size+1 entries) is where
+ * rank r's bytes start, offs[size] the total. */
+int world_allgatherv(const World *w, const void *mine, int64_t nbytes, char **all, int64_t **offs,
+		     RtErr *e);
+/* Rank 0 gets counts[r] floats from every rank r at displs[r] of recv
+ * (both only read on rank 0); the others send n floats. */
+int world_gatherv_f32(const World *w, const float *mine, int n, float *recv, const int *counts,
+		      const int *displs, RtErr *e);
+/* Broadcast n bytes from rank 0. */
+int world_bcast(const World *w, void *buf, int n, RtErr *e);
+
+#endif
