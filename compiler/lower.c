@@ -9,7 +9,7 @@
  *
  * After (when no error was reported), the Graph holds:
  *   - cfg (mesh, micro_batch, grad_accum, eval_batch, steps, eval_every,
- *     log_every, seed, strategy), opt, sched, strategy (its name), bucket_mb,
+ *     log_every, seed, strategy, save_every, keep_last), opt, sched, strategy (its name), bucket_mb,
  *     reshard_after_forward, prefetch, gather_limit_mb, accum_unsharded;
  *   - per data declaration a DP_T_DATA value [micro_batch, ...], its train
  *     Source and a LOAD node (IR_IN_STEP); per eval source an eval Source for
@@ -380,13 +380,15 @@ enum {
 	T_PREFETCH,
 	T_GATHER_LIMIT_MB,
 	T_ACCUMULATE_GRADS,
+	T_SAVE_EVERY,
+	T_KEEP_LAST,
 	T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
 	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
-	"prefetch", "gather_limit_mb", "accumulate_grads",
+	"prefetch", "gather_limit_mb", "accumulate_grads", "save_every", "keep_last",
 };
 
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
@@ -574,6 +576,8 @@ static void lower_train(Lower *L)
 	c->grad_accum = 1;
 	c->micro_batch = 1;
 	c->eval_every = 0;
+	c->save_every = 0;
+	c->keep_last = 0;
 	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
 			   .eps = 1e-8f, .weight_decay = 0.01f};
 	g->bucket_mb = 25;
@@ -615,6 +619,10 @@ static void lower_train(Lower *L)
 		c->log_every = (uint32_t)x;
 	if (val[T_SEED] && !want_int(L, val[T_SEED], "seed", 0, INT64_MAX, &x))
 		c->seed = (uint64_t)x;
+	if (val[T_SAVE_EVERY] && !want_int(L, val[T_SAVE_EVERY], "save_every", 1, INT32_MAX, &x))
+		c->save_every = (uint32_t)x;
+	if (val[T_KEEP_LAST] && !want_int(L, val[T_KEEP_LAST], "keep_last", 1, INT32_MAX, &x))
+		c->keep_last = (uint32_t)x;
 	if (val[T_STRATEGY]) {
 		lower_strategy(L, val[T_STRATEGY]);
 		char why[160];

@@ -64,7 +64,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4,
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4,
 	OPTIM_BYTES = 4 + 7 * 4,
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
@@ -171,7 +171,7 @@ static void put_instr(Put *w, const DpInstr *in)
 
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 {
-	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4;
+	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4 + 4;
 	n += 4 + (size_t)s->nstrings;
 	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
 	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
@@ -198,6 +198,8 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u64(&w, c->seed);
 	put_u64(&w, c->arena_bytes);
 	put_u32(&w, c->strategy);
+	put_u32(&w, c->save_every);
+	put_u32(&w, c->keep_last);
 
 	const DpOptim *o = &s->opt;
 	put_u32(&w, o->kind);
@@ -219,6 +221,7 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_i32(&w, s->metrics.eval_loss);
 	put_i32(&w, s->metrics.eval_correct);
 	put_u32(&w, s->nevents);
+	put_u32(&w, s->source);
 
 	put_u32(&w, s->nstrings);
 	put_bytes(&w, s->strings, s->nstrings);
@@ -622,6 +625,10 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		fail(err, errlen, "string table is not NUL-terminated");
 		return -1;
 	}
+	if (s->source && s->source >= s->nstrings) {
+		fail(err, errlen, "the .dp path's string offset %u is out of range", s->source);
+		return -1;
+	}
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (validate_tensor(s, i, err, errlen))
 			return -1;
@@ -730,6 +737,8 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	c->seed = get_u64(&r);
 	c->arena_bytes = get_u64(&r);
 	c->strategy = get_u32(&r);
+	c->save_every = get_u32(&r);
+	c->keep_last = get_u32(&r);
 	DpOptim *o = &s->opt;
 	o->kind = get_u32(&r);
 	o->lr = get_f32(&r);
@@ -748,6 +757,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	s->metrics.eval_loss = get_i32(&r);
 	s->metrics.eval_correct = get_i32(&r);
 	s->nevents = get_u32(&r);
+	s->source = get_u32(&r);
 	const char *what = "header records";
 	if (r.bad)
 		goto truncated;
