@@ -46,16 +46,24 @@ void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, i
 uint64_t init_hash_name(const char *name);
 /* splitmix64 of x: the counter-based generator's mixing function. */
 uint64_t init_mix64(uint64_t x);
+/* Dim k of tensor t whole, the size init works on: its per-rank size times
+ * every mesh axis that shards it along k. */
+int64_t init_whole_dim(const DpStep *s, const DpTensor *t, int k);
 
 /* ---- data sources and the sampler (runtime/data.c) ---- */
 
 typedef struct DataSet DataSet; /* the loaded sources of one split */
 
-/* Load every source of `split` (IDX, .npy, synthetic) into memory, or map it
- * (llm.c token shards: a glob, windows of sample_elems tokens widened to int32
- * when filled), checking dtype, per-sample shape and that all sources have the
- * same sample count. Errors name the data file and the .dp line that declared it. */
+/* Load every source of `split` (IDX, .npy, synthetic) into memory, or open it
+ * (llm.c token shards: a glob, each shard's size checked against its header;
+ * windows of sample_elems tokens read and widened to int32 when filled),
+ * checking dtype, per-sample shape, that all sources have the same sample
+ * count and every label against the model's classes. Errors name the data
+ * file and the .dp file (dp_file, else the step file's source) and line. */
 int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
+/* The first error of a batch fill since data_open (a shard that shrank, a
+ * token outside the vocabulary; the batch got zeros): 0, or -1 with e. */
+int data_error(const DataSet *d, RtErr *e);
 void data_free(DataSet *d);
 int64_t data_count(const DataSet *d); /* samples */
 /* The train split must hold at least one global batch (drop_last leaves no
