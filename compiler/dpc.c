@@ -77,30 +77,6 @@ static void pass_names(FILE *out)
 	fprintf(out, "\n");
 }
 
-/* mkdir -p */
-static int make_dirs(const char *dir)
-{
-	char *p = strdup(dir);
-	if (!p)
-		return -1;
-	for (char *s = p + 1;; s++) {
-		if (*s == '/' || *s == 0) {
-			char c = *s;
-			*s = 0;
-			if (mkdir(p, 0777) < 0 && errno != EEXIST) {
-				free(p);
-				return -1;
-			}
-			*s = c;
-			if (!c)
-				break;
-		}
-	}
-	free(p);
-	struct stat st;
-	return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
-
 /* BASENAME.bin in the current directory. */
 static char *default_output(const char *path)
 {
@@ -248,7 +224,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const char *path = argv[optind];
-	if (dump_dir && make_dirs(dump_dir) < 0) {
+	if (dump_dir && out_mkdirs(dump_dir) < 0) {
 		fprintf(stderr, "dpc: cannot create %s: %s\n", dump_dir, strerror(errno));
 		return 1;
 	}

@@ -285,3 +285,34 @@ void out_abort(OutFile *f)
 	free(f->path);
 	f->tmp = f->target = f->path = NULL;
 }
+
+int out_mkdirs(const char *dir)
+{
+	char *p = strdup(dir);
+	if (!p)
+		return -1;
+	for (char *q = p + 1;; q++) {
+		if (*q == '/' || !*q) {
+			char ch = *q;
+			*q = '\0';
+			if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+				int err = errno;
+				free(p);
+				errno = err;
+				return -1;
+			}
+			*q = ch;
+			if (!ch)
+				break;
+		}
+	}
+	free(p);
+	struct stat st;
+	if (stat(dir, &st) != 0)
+		return -1;
+	if (!S_ISDIR(st.st_mode)) {
+		errno = ENOTDIR;
+		return -1;
+	}
+	return 0;
+}

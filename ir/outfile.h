@@ -59,5 +59,7 @@ void out_abort(OutFile *f);
 int out_sync_dir(const char *dir);
 /* The directory part of path ("." when it has none); malloc'd. */
 char *out_dirname(const char *path);
+/* mkdir -p: 0 when dir is (now) a directory, else -1 with errno set. */
+int out_mkdirs(const char *dir);
 
 #endif

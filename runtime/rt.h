@@ -2,10 +2,11 @@
  * rt.h - dpexec's internal interfaces, one section per source file.
  *
  * Errors: nothing below main() exits or prints-and-dies. A failing call fills
- * an RtErr (message with the rank, host and file:line where it was raised)
- * and returns -1; callers pass it upward with RT_CHECK. main() prints it, and
- * on a multi-rank run aborts the MPI job so the other ranks are told instead
- * of hanging in a collective.
+ * an RtErr (the message, and the C file:line where it was raised) and
+ * returns -1; callers pass it upward with RT_CHECK. main() prints it once
+ * (the first rank that failed; the C location only with --verbose), and on
+ * a multi-rank run makes sure no other rank is left waiting in a
+ * collective (agreement between steps, else MPI_Abort).
  */
 #ifndef DP_RT_H
 #define DP_RT_H
@@ -20,8 +21,12 @@
 /* ---- errors (runtime/err.c) ---- */
 
 typedef struct {
-	char msg[1024]; /* "rank R (host H) file.c:123: what went wrong" */
-	int rank;       /* set once by the bootstrap; -1 before */
+	char msg[1024];   /* what went wrong, in the user's terms (files, .dp lines, steps) */
+	const char *file; /* C source file and line that raised it (--verbose) */
+	int line;
+	int rank;         /* set once by the bootstrap; -1 before */
+	int echo;         /* 1: only says that another rank failed (world_sync); not printed */
+	int lost;         /* 1: another rank did not answer in time: no sync can follow */
 } RtErr;
 
 int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
@@ -32,6 +37,16 @@ int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
 		if ((x) != 0)     \
 			return -1; \
 	} while (0)
+/* "PROG: error: MSG" on stderr; verbose adds rank, host and the C file:line. */
+void rt_err_print(const char *prog, const RtErr *e, int verbose);
+
+/* ---- signals (runtime/signals.c) ---- */
+
+/* Record SIGINT and SIGTERM instead of dying; a second one kills at once. */
+void sig_install(void);
+/* The signal recorded (SIGINT or SIGTERM), 0 if none. */
+int sig_pending(void);
+const char *sig_name(int sig); /* "SIGTERM" */
 
 /* ---- parameter initialisation (runtime/init.c) ---- */
 

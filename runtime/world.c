@@ -45,8 +45,10 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 		if (timeout_s > 0 && el > timeout_s) {
 			if (blocked_s)
 				*blocked_s += el;
-			return RT_FAIL(e, "%s did not complete within %.0f s (--timeout): a rank is "
-				       "stuck or gone", what, timeout_s);
+			RT_FAIL(e, "%s did not complete within %.0f s (--timeout): a rank is stuck or "
+				"gone", what, timeout_s);
+			e->lost = 1;
+			return -1;
 		}
 		if (el * 1e3 < WORLD_SPIN_MS) {
 			sched_yield(); /* other ranks may share this core */
@@ -63,18 +65,40 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 	return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, what, e);
 }
 
-int world_agree(const World *w, int sig, int failed, int *sig_out, int *first_failed, RtErr *e)
+int world_sync_within(World *w, int rc, int sig, double seconds, RtErr *e)
 {
-	/* max of (size - rank) over failing ranks names the lowest of them */
-	int v[2] = {sig, failed ? w->size - w->rank : 0}, r[2] = {0, 0};
+	int v[2] = {sig, rc != 0 && !e->echo ? w->size - w->rank : 0}, r[2] = {0, 0};
 	MPI_Request req;
-	int rc = MPI_Iallreduce(v, r, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
-	if (rc != MPI_SUCCESS)
-		return mpi_fail(rc, "MPI_Iallreduce", e);
-	RT_CHECK(world_waitall(1, &req, w->timeout_s, "agreeing with the other ranks", NULL, e));
-	*sig_out = r[0];
-	*first_failed = r[1] ? w->size - r[1] : -1;
-	return 0;
+	RtErr ae = {.rank = e->rank};
+	int mrc = MPI_Iallreduce(v, r, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
+	if (mrc != MPI_SUCCESS)
+		mpi_fail(mrc, "MPI_Iallreduce", &ae);
+	else
+		mrc = world_waitall(1, &req, seconds, "agreeing with the other ranks", NULL, &ae);
+	if (mrc) {
+		w->failed = w->broken = 1;
+		w->printer = w->rank;
+		if (rc == 0)
+			*e = ae;
+		return -1;
+	}
+	if (r[0] > w->sig)
+		w->sig = r[0];
+	if (!r[1] && rc == 0)
+		return 0;
+	w->failed = 1;
+	w->printer = r[1] ? w->size - r[1] : w->rank;
+	if (rc == 0) {
+		e->msg[0] = '\0';
+		RT_FAIL(e, "stopped because rank %d failed", w->printer);
+		e->echo = 1;
+	}
+	return -1;
+}
+
+int world_sync(World *w, int rc, int sig, RtErr *e)
+{
+	return world_sync_within(w, rc, sig, w->timeout_s, e);
 }
 
 int world_allgatherv(const World *w, const void *mine, int64_t nbytes, char **all, int64_t **offs,

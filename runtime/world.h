@@ -29,6 +29,11 @@
 typedef struct {
 	int rank, size;
 	double timeout_s; /* 0: waits never time out */
+	/* what the sync points have agreed on (world_sync) */
+	int sig;          /* the largest signal any rank has seen, 0: none */
+	int failed;       /* some rank failed: the run ends */
+	int printer;      /* the lowest rank that found an error itself: it prints */
+	int broken;       /* a sync point itself failed (a rank is stuck or gone) */
 } World;
 
 /* MPI is initialised; rank and size of MPI_COMM_WORLD. */
@@ -37,10 +42,16 @@ void world_init(World *w, double timeout_s);
  * gets the seconds spent waiting. what: "a collective", ... for messages. */
 int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 		  double *blocked_s, RtErr *e);
-/* Between steps: every rank passes the signal it has seen (0: none) and
- * whether it failed. Out: the largest signal number any rank saw, and the
- * lowest failing rank (-1: none), the one that prints the error. */
-int world_agree(const World *w, int sig, int failed, int *sig_out, int *first_failed, RtErr *e);
+/* A sync point of the whole run: every rank passes its result so far (rc,
+ * e) and a signal it has seen (0: none). 0 when no rank has failed (w->sig
+ * may have been raised). Else -1 on every rank with w->failed, w->printer
+ * set; a rank without an error of its own gets one that only echoes it
+ * (e->echo: not printed). If the sync itself fails (a rank is stuck or gone,
+ * after timeout_s), w->broken is set and this rank's own error kept.
+ * world_sync_within waits at most `seconds` (an error mid-step: the other
+ * ranks may be stuck in a collective the failed rank never joins). */
+int world_sync(World *w, int rc, int sig, RtErr *e);
+int world_sync_within(World *w, int rc, int sig, double seconds, RtErr *e);
 /* Every rank's nbytes (any size, also 0) to every rank: *all (malloc'd)
  * holds them in rank order; offs[r] (malloc'd, size+1 entries) is where
  * rank r's bytes start, offs[size] the total. */

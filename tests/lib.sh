@@ -94,3 +94,12 @@ mixed() {
 	[ "$(grep -c '^    strategy \|^    reshard_after_forward' "$2")" = 4 ] ||
 		fail "mixed: the four block settings are not all in $2"
 }
+
+# gpt_text DST: models/gpt2-tiny.dp reading byte-level shards of the GPL-3
+# text Debian ships ($T/text.bin, $T/val.bin, made here)
+gpt_text() {
+	"$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 \
+		/usr/share/common-licenses/GPL-3 >"$T/shard.log" 2>&1 || { cat "$T/shard.log"; fail "text2shard"; }
+	variant "$ROOT/models/gpt2-tiny.dp" "$1" \
+		's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
+}

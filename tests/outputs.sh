@@ -75,4 +75,34 @@ fi
 expect "--save-full onto a full disk" "No space left on device" \
 	X "$T/ref.bin" --steps 1 --quiet --save-full /dev/full
 
+# ---- logs and checkpoints ----
+# a full disk under --losses: the run stops with the error, non-zero
+expect "--losses on a full disk (/dev/full): an error, non-zero exit" \
+	"cannot write the --losses file /dev/full: No space left on device" \
+	X "$T/ref.bin" --steps 5 --quiet --losses /dev/full
+expect "--log-json on a full disk" "cannot write the --log-json file /dev/full: No space left on device" \
+	X "$T/ref.bin" --steps 5 --quiet --log-json /dev/full
+# a save directory too small for one checkpoint: found before training
+mkdir "$T/small"
+if mount -t tmpfs -o size=200k tmpfs "$T/small" 2>/dev/null; then
+	expect "a 200 KB tmpfs as the save directory: an error before training" \
+		"the save directory $T/small has 0.2 MiB free; a checkpoint of this model needs about 2.9 MiB" \
+		X "$T/ref.bin" --steps 5 --save-dir "$T/small"
+	grep -q "^step 1/" "$T/out" && fail "it trained before finding the save directory too small"
+	umount "$T/small"
+else
+	echo "  SKIP mounting a 200 KB tmpfs is not permitted here (not root?)"
+fi
+echo file >"$T/afile"
+expect "--save-dir onto a file" "the save directory $T/afile is not a directory" \
+	X "$T/ref.bin" --steps 5 --save-dir "$T/afile"
+# a stale checkpoint temp directory is removed by the next run
+mkdir -p "$T/ck/step-000003.dptmp"
+if X "$T/ref.bin" --steps 3 --quiet --save-dir "$T/ck" >"$T/out" 2>&1 && [ ! -e "$T/ck/step-000003.dptmp" ] &&
+	[ "$(cat "$T/ck/latest")" = step-000003 ]; then
+	ok "a killed save's temp directory is removed by the next run in the same save directory"
+else
+	fail "stale checkpoint temp"; ls "$T/ck"
+fi
+
 finish outputs

@@ -14,6 +14,8 @@ suites=(
 	"runtime_errors" "bash tests/runtime_errors.sh"
 	"outputs"       "bash tests/outputs.sh"
 	"faults"        "bash tests/faults.sh"
+	"resume"        "bash tests/resume.sh"
+	"logs"          "bash tests/logs.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
 	"sharding"      "bash tests/sharding.sh"
