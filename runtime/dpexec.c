@@ -636,7 +636,7 @@ static int setup(Run *r)
 				(unsigned long long)steps, (unsigned long long)total,
 				exec_lr(s, steps ? steps - 1 : 0), (double)s->sched.min_lr);
 	}
-	return world_sync(&r->w, rc, 0, e);
+	return world_sync(&r->w, rc, sig_pending(), e);
 }
 
 /* The training loop: 0 done, -1 error, 128 + N stopped by signal N. */
@@ -753,7 +753,7 @@ static int train(Run *r)
 	if (ran == 0 && r->eval) { /* --steps 0 (or nothing left to resume): evaluate what is there */
 		EvalResult ev;
 		RT_CHECK(evaluate(r, &ev));
-		if (r->rank == 0 && !r->o.quiet && ev.have)
+		if (r->rank == 0 && ev.have)
 			printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
 			       (unsigned long long)r->start, ev.loss, ev.accuracy, ev.correct, ev.counted);
 	}
@@ -816,6 +816,12 @@ static int run(Run *r)
 	if (r->rank == 0 && !r->o.quiet && !strcmp(r->o.device, "auto"))
 		printf("dpexec: built without CUDA support; running on the CPU\n");
 	RT_CHECK(setup(r));
+	if (r->w.sig) { /* a signal during set-up: nothing trained, nothing to save */
+		if (r->rank == 0)
+			printf("interrupted by %s before the first step; nothing was saved\n",
+			       sig_name(r->w.sig));
+		return 128 + r->w.sig;
+	}
 	if (r->o.check_grads) {
 		int g = gradcheck_run(&r->x, &r->e);
 		RT_CHECK(world_sync(&r->w, g < 0 ? -1 : 0, 0, &r->e));

@@ -173,11 +173,11 @@ void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, doubl
 		if (mfu >= 0)
 			printf(" | MFU %.2f%%", 100 * mfu);
 		printf(" | %s elapsed, ETA %s%s\n", el, et, extra ? extra : "");
-		if (ev && ev->have)
-			printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
-			       (unsigned long long)step, ev->loss, ev->accuracy, ev->correct, ev->counted);
-		fflush(stdout);
 	}
+	if (ev && ev->have) /* a result, not progress: also with --quiet */
+		printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
+		       (unsigned long long)step, ev->loss, ev->accuracy, ev->correct, ev->counted);
+	fflush(stdout);
 	if (!m->json)
 		return;
 	char line[1024];
