@@ -120,10 +120,12 @@ static int ival_splice(IvalMap *m, int64_t lo, int64_t hi, const Ival *add, int 
 		m->v = v;
 		m->cap = cap;
 	}
-	memmove(m->v + i + nl + nadd + nr, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
+	if (m->n > j) /* (m->v may still be NULL when there is nothing to move) */
+		memmove(m->v + i + nl + nadd + nr, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
 	if (nl)
 		m->v[i] = left;
-	memcpy(m->v + i + nl, add, (size_t)nadd * sizeof *add);
+	if (nadd)
+		memcpy(m->v + i + nl, add, (size_t)nadd * sizeof *add);
 	if (nr)
 		m->v[i + nl + nadd] = right;
 	m->n = nn;
@@ -391,7 +393,8 @@ static int build_segments(Ckpt *c, const IvalMap *m, RtErr *e)
 		c->save[0] = malloc((size_t)(c->nfill[0] ? c->nfill[0] : 1) * sizeof(Seg));
 		if (!c->save[0])
 			return RT_FAIL(e, "out of memory");
-		memcpy(c->save[0], c->fill[0], (size_t)c->nfill[0] * sizeof(Seg));
+		if (c->nfill[0])
+			memcpy(c->save[0], c->fill[0], (size_t)c->nfill[0] * sizeof(Seg));
 		c->nsave = c->nfill[0];
 	}
 	return rc;
