@@ -35,7 +35,18 @@ rank_pids() {
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 now() { date +%s.%N; }
 # gone PID: no such process, or only its zombie (its parent has not reaped it yet)
-gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null); [ -z "$st" ] || [ "${st#Z}" != "$st" ]; }
+gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null | tr -d " "); [ -z "$st" ] || [ "${st#Z}" != "$st" ]; }
+# all_gone PIDS...: wait (up to 10 s) until every one is gone; 0 when they are
+all_gone() {
+	local p j left
+	for j in $(seq 100); do
+		left=0
+		for p in "$@"; do gone "$p" || left=1; done
+		[ $left = 0 ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
 
 "$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >"$T/dpc.out" 2>&1 || fail "dpc mlp.dp"
 
@@ -56,13 +67,13 @@ if [ -n "$victim" ] && [ -n "$waiter" ]; then
 	sleep 2
 	c1=$(cpu_ticks "$waiter"); w1=$(now)
 	wait $job
+	all_gone "$victim" "$waiter"
 	took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
-	kill -CONT "$victim" 2>/dev/null
 	# ticks are 1/100 s: the share of one core the waiting rank used
 	cpu=$(awk -v c="$((c1 - c0))" -v a="$w0" -v b="$w1" 'BEGIN {printf "%.0f", c / (b - a)}')
 	if grep -q "did not complete within 4 s (--timeout)" "$T/hang.out" && ! grep -q "rc=0" "$T/hang.out" &&
 		awk -v t="$took" 'BEGIN {exit !(t < 9)}'; then
-		ok "a stopped rank ends every rank with the timeout message (${took} s, timeout 4 s)"
+		ok "a stopped rank ends every rank with the timeout message; all gone after ${took} s (timeout 4 s)"
 	else
 		fail "a stopped rank ends every rank within the timeout (${took}s)"; sed 's/^/      /' "$T/hang.out" | tail -n 5
 	fi
@@ -71,6 +82,7 @@ if [ -n "$victim" ] && [ -n "$waiter" ]; then
 	else
 		fail "rank processes left"; ps -o pid,stat,cmd -p "$victim,$waiter"
 	fi
+	kill -CONT "$victim" 2>/dev/null
 	if [ "$cpu" -lt 25 ]; then
 		ok "the waiting rank backs off: ${cpu}% of a core while its peer is stopped"
 	else
@@ -141,10 +153,13 @@ for i in $(seq "$KILL_TRIALS"); do
 	t0=$(now)
 	[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
 	wait $job
+	all_gone $pids
 	took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
 	awk -v t="$took" -v w="$worst" 'BEGIN {exit !(t > w)}' && worst=$took
 	left=0
-	for p in $pids; do gone "$p" || left=1; done
+	for p in $pids; do
+		gone "$p" || { left=1; echo "    trial $i: rank $p is left: $(ps -o stat=,etime=,cmd= -p "$p")"; }
+	done
 	[ $left = 0 ] && allgone=$((allgone + 1))
 	awk -v t="$took" 'BEGIN {exit !(t <= 15)}' || slow=$((slow + 1))
 	last=$(cat "$d/latest" 2>/dev/null)
