@@ -12,8 +12,9 @@
 
 #include "world.h"
 
-#define WORLD_SLEEP_MIN_NS 20000L   /* first back-off sleep: 20 us */
+#define WORLD_SLEEP_MIN_NS 10000L   /* shortest back-off sleep: 10 us */
 #define WORLD_SLEEP_MAX_NS 1000000L /* longest: 1 ms */
+#define WORLD_SLEEP_SHARE 100       /* sleep at most 1/100 of the wait so far */
 
 void world_init(World *w, double timeout_s)
 {
@@ -34,7 +35,7 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 		  double *blocked_s, RtErr *e)
 {
 	double t0 = MPI_Wtime(), el = 0;
-	long sleep_ns = 0;
+	long sleep_ns;
 	int rc;
 	for (;;) {
 		int flag = 0;
@@ -54,7 +55,11 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 			sched_yield(); /* other ranks may share this core */
 			continue;
 		}
-		sleep_ns = sleep_ns ? sleep_ns * 2 : WORLD_SLEEP_MIN_NS;
+		/* Open MPI advances a collective only inside MPI calls: a sleep delays
+		 * it by up to its length, so it stays a small share of the wait */
+		sleep_ns = (long)(el * 1e9 / WORLD_SLEEP_SHARE);
+		if (sleep_ns < WORLD_SLEEP_MIN_NS)
+			sleep_ns = WORLD_SLEEP_MIN_NS;
 		if (sleep_ns > WORLD_SLEEP_MAX_NS)
 			sleep_ns = WORLD_SLEEP_MAX_NS;
 		struct timespec ts = {0, sleep_ns};

@@ -11,10 +11,12 @@
  * Waiting. Open MPI's blocking waits spin at 100% CPU, forever if a peer is
  * stopped or gone. world_waitall polls instead: MPI_Testall with
  * sched_yield for the first WORLD_SPIN_MS milliseconds (a normal wait ends
- * there, at full speed), then sleeps that double from 20 us to 1 ms between
- * tests (a stuck peer costs about a thousand cheap tests a second, not a
- * core), and fails after timeout_s seconds (0: never) with a message naming
- * what was waited for.
+ * there, at full speed), then with a sleep between tests of 1/100 of the
+ * time waited so far, from 10 us up to 1 ms (Open MPI advances a collective
+ * only inside MPI calls, so a long collective is slowed by about 1%, while
+ * a stuck peer costs about a thousand cheap tests a second, not a core),
+ * and fails after timeout_s seconds (0: never) with a message naming what
+ * was waited for.
  */
 #ifndef DP_WORLD_H
 #define DP_WORLD_H
@@ -23,7 +25,7 @@
 
 #include "rt.h"
 
-#define WORLD_SPIN_MS 2.0          /* polling at full speed before backing off */
+#define WORLD_SPIN_MS 20.0         /* polling at full speed before backing off */
 #define WORLD_DEFAULT_TIMEOUT 600.0 /* seconds: PyTorch's process-group default */
 
 typedef struct {
