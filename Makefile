@@ -36,7 +36,7 @@ GEN_LEXER  := $(BUILD)/gen/lexer.c
 COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
                 $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
 RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
-                $(BUILD)/ir/stepfile_check.o $(VEC_OBJ)
+                $(BUILD)/ir/stepfile_check.o $(BUILD)/ir/outfile.o $(VEC_OBJ)
 # SLEEF: vectorised expf/tanhf (1.0 ulp) for the CPU kernels, as PyTorch uses
 RUNTIME_LIBS := -lopenblas -lsleef -lcjson -lz -lm
 
