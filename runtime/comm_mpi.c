@@ -300,7 +300,7 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 	MPI_Comm_size(MPI_COMM_WORLD, &c->world);
 	memcpy(c->mesh, mesh, sizeof c->mesh);
 	comm_coords(mesh, c->rank, c->coord);
-	masks |= 1u << COMM_DP_AXES;
+	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES;
 	/* every rank walks the same masks in the same order: the splits match */
 	for (unsigned k = 1; k < NMASK; k++) {
 		if (!(masks & (1u << k)) || comm_group_size(c, k) == 1)

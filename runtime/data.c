@@ -97,6 +97,10 @@ typedef struct {
 	/* tokens only: */
 	int tokens;    /* 1: samples come from shards[], not data */
 	int shift;     /* window offset (0 inputs, 1 targets) */
+	int64_t window; /* tokens of a sample in the shard: elems, or elems * cp when the
+	                   sequence is split over the cp ranks (seq_split) */
+	/* positions: every "sample" is this rank's positions (no samples of its own) */
+	int positions;
 	int nshards;
 	TokShard *shards; /* first ascending */
 } DataSource;
@@ -115,6 +119,7 @@ typedef struct {
 
 struct DataSet {
 	DpSplit split;
+	int cp, cp_rank;    /* context parallelism: the cp ranks, this rank's coordinate */
 	int64_t n;          /* samples, the same for every source */
 	uint32_t nsources;  /* = s->nsources; slots of other splits are unloaded */
 	DataSource *src;
@@ -126,7 +131,17 @@ typedef struct {
 	const char *path;  /* file path, or "synthetic" */
 	char where[512];   /* "models/mlp.dp:8" */
 	RtErr *e;
+	int cp, cp_rank;   /* the DataSet's */
 } LoadCtx;
+
+/* The position in the whole sequence of local row j of cp rank r, of a
+ * sequence of `window` tokens split over cp ranks: two chunks of L =
+ * window / (2 cp) tokens, r and 2cp-1-r (the zigzag layout of ir/ops.def). */
+static int64_t zigzag_pos(int64_t r, int64_t j, int64_t cp, int64_t window)
+{
+	int64_t l = window / (2 * cp);
+	return j < l ? r * l + j : (2 * cp - 1 - r) * l + (j - l);
+}
 
 static const char *source_name(const DpStep *s, const DpSource *rec)
 {
@@ -764,6 +779,11 @@ static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d
 	d->tokens = 1;
 	d->shift = rec->shift;
 	d->elems = T;
+	/* a split sequence: the shard's window is the whole sequence, of which this
+	 * cp rank takes its two chunks (token_sample) */
+	if (rec->seq_split)
+		T *= c->cp;
+	d->window = T;
 	memset(&g, 0, sizeof g);
 	int rc = glob(c->path, GLOB_ERR, NULL, &g); /* sorted (no GLOB_NOSORT) */
 	if (rc == GLOB_NOMATCH) {
@@ -832,10 +852,10 @@ static void token_sample(const DataSet *d, const DataSource *ds, int64_t idx, in
 			hi = mid - 1;
 	}
 	const TokShard *sh = &ds->shards[lo];
-	int64_t start = (idx - sh->first) * ds->elems + ds->shift;
-	assert(start + ds->elems <= sh->ntok);
+	int64_t start = (idx - sh->first) * ds->window + ds->shift;
+	assert(start + ds->window <= sh->ntok);
 	unsigned char *p = d->st->tok;
-	size_t len = (size_t)ds->elems * 2, got = 0;
+	size_t len = (size_t)ds->window * 2, got = 0;
 	off_t at = TOK_HEADER_BYTES + 2 * start;
 	while (got < len) {
 		ssize_t r = pread(sh->fd, p + got, len - got, at + (off_t)got);
@@ -845,24 +865,35 @@ static void token_sample(const DataSet *d, const DataSource *ds, int64_t idx, in
 			fill_failed(d, "cannot read token shard %s: %s: tokens [%lld, %lld) are past "
 				    "its end, the file is shorter than when the run started (%s)",
 				    sh->path, r < 0 ? strerror(errno) : "truncated", (long long)start,
-				    (long long)(start + ds->elems), ds->where);
-			memset(out, 0, len * 2);
+				    (long long)(start + ds->window), ds->where);
+			memset(out, 0, (size_t)ds->elems * 4);
 			return;
 		}
 		got += (size_t)r;
 	}
-	for (int64_t k = 0; k < ds->elems; k++) {
-		out[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
-		if (ds->limit && out[k] >= ds->limit) {
+	int split = ds->window != ds->elems;
+	for (int64_t j = 0; j < ds->elems; j++) {
+		int64_t k = split ? zigzag_pos(d->cp_rank, j, d->cp, ds->window) : j;
+		out[j] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+		if (ds->limit && out[j] >= ds->limit) {
 			fill_failed(d, "token shard %s: token %d at index %lld is outside the model's "
-				    "vocabulary of %lld (%s)", sh->path, out[k], (long long)(start + k),
+				    "vocabulary of %lld (%s)", sh->path, out[j], (long long)(start + k),
 				    (long long)ds->limit, ds->where);
-			out[k] = 0;
+			out[j] = 0;
 		}
 	}
 }
 
 /* Sample idx of any source into out (elems 4-byte elements). */
+/* A positions source: this rank's global positions of the tokens of a
+ * sample (the zigzag chunks when the sequence is split over cp). */
+static void fill_positions(const DataSet *d, const DataSource *ds, int32_t *out)
+{
+	int split = ds->window != ds->elems;
+	for (int64_t j = 0; j < ds->elems; j++)
+		out[j] = (int32_t)(split ? zigzag_pos(d->cp_rank, j, d->cp, ds->window) : j);
+}
+
 static void copy_sample(const DataSet *d, const DataSource *ds, int64_t idx, void *out)
 {
 	if (ds->tokens) {
@@ -931,11 +962,11 @@ static int check_labels(const LoadCtx *c, const DataSource *d)
 	return 0;
 }
 
-static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataSource *d,
-		       RtErr *e)
+static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const DataSet *set,
+		       DataSource *d, RtErr *e)
 {
 	const DpSource *rec = &s->sources[idx];
-	LoadCtx c = {.path = source_name(s, rec), .e = e};
+	LoadCtx c = {.path = source_name(s, rec), .e = e, .cp = set->cp, .cp_rank = set->cp_rank};
 
 	format_where(c.where, sizeof c.where, dp_file, rec->src_line);
 	if (rec->tensor < 0 || (uint32_t)rec->tensor >= s->ntensors)
@@ -965,13 +996,22 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataS
 	case DP_SRC_TOKENS:
 		rc = load_tokens(&c, rec, dtype, d);
 		break;
+	case DP_SRC_POSITIONS:
+		if (dtype != DP_I32 || (rec->seq_split && rec->sample_elems % 2))
+			return RT_FAIL(e, "data source %u: positions must be i32 and, split over cp, "
+				       "an even count (%s)", idx, c.where);
+		d->positions = 1;
+		d->elems = rec->sample_elems;
+		d->window = rec->seq_split ? rec->sample_elems * c.cp : rec->sample_elems;
+		return 0;
 	default:
 		return RT_FAIL(e, "data source %u has unknown kind %u (%s)", idx, rec->kind, c.where);
 	}
 	return rc ? rc : check_labels(&c, d);
 }
 
-int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e)
+int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, DataSet **out,
+	      RtErr *e)
 {
 	DataSet *d = calloc(1, sizeof *d);
 	int first = -1;
@@ -982,6 +1022,8 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out
 	if (!dp_file && *dpstep_str(s, s->source))
 		dp_file = dpstep_str(s, s->source);
 	d->split = split;
+	d->cp = (int)s->cfg.mesh[DP_AXIS_CP];
+	d->cp_rank = cp_rank;
 	d->nsources = s->nsources;
 	d->src = calloc(s->nsources ? s->nsources : 1, sizeof *d->src);
 	d->st = calloc(1, sizeof *d->st);
@@ -993,12 +1035,14 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out
 	for (uint32_t i = 0; i < s->nsources; i++) {
 		if (s->sources[i].split != split)
 			continue;
-		if (load_source(s, i, dp_file, &d->src[i], e) != 0) {
+		if (load_source(s, i, dp_file, d, &d->src[i], e) != 0) {
 			data_free(d);
 			return -1;
 		}
-		if (d->src[i].tokens && d->src[i].elems > longest)
-			longest = d->src[i].elems;
+		if (d->src[i].tokens && d->src[i].window > longest)
+			longest = d->src[i].window;
+		if (d->src[i].positions)
+			continue; /* not samples: the same for every one */
 		if (first < 0) {
 			first = (int)i;
 			d->n = d->src[i].n;
@@ -1123,6 +1167,10 @@ void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, 
 	int64_t mb = s->cfg.micro_batch;
 	int64_t gb = mb * s->cfg.grad_accum * dp_size;
 	size_t sample_bytes = (size_t)ds->elems * 4;
+	if (ds->positions) {
+		fill_positions(d, ds, dst);
+		return;
+	}
 
 	assert(d->split == DP_SPLIT_TRAIN && gb > 0 && d->n >= gb); /* data_check_batch */
 	assert(dp_rank >= 0 && dp_rank < dp_size && micro >= 0 && (uint32_t)micro < s->cfg.grad_accum);
@@ -1154,6 +1202,10 @@ void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, i
 	const DataSource *ds = source_of(d, s, src);
 	int64_t eb = eval_batch_size(s);
 	size_t sample_bytes = (size_t)ds->elems * 4;
+	if (ds->positions) {
+		fill_positions(d, ds, dst);
+		return;
+	}
 
 	assert(dp_rank >= 0 && dp_rank < dp_size && batch >= 0);
 	for (int64_t t = 0; t < eb; t++) {

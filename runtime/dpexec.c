@@ -473,7 +473,7 @@ static int evaluate(Run *r, EvalResult *ev)
 		}
 	}
 	RT_CHECK(data_error(r->eval, e));
-	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_DP_AXES, sum, 3, e));
+	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_SAMPLE_AXES, sum, 3, e));
 	double n = sum[2] > 0 ? sum[2] : 1;
 	*ev = (EvalResult){1, sum[0] / n, sum[1] / n, sum[1], sum[2]};
 	return 0;
@@ -582,9 +582,9 @@ static int setup_local(Run *r)
 		has_eval |= s->sources[i].split == DP_SPLIT_EVAL;
 	}
 	if (has_train)
-		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, &r->train, e));
+		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, r->comm->coord[DP_AXIS_CP], &r->train, e));
 	if (has_eval && s->nprog[DP_PROG_EVAL])
-		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, &r->eval, e));
+		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, r->comm->coord[DP_AXIS_CP], &r->eval, e));
 	int64_t global_batch = (int64_t)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
 	if (r->train && data_count(r->train) < global_batch)
 		return RT_FAIL(e, "the training data has %lld samples, fewer than one global batch "
@@ -712,7 +712,7 @@ static int train(Run *r)
 		if (s->metrics.grad_norm >= 0)
 			RT_CHECK(exec_tensor_read(x, s->metrics.grad_norm, gf, e));
 		double v[1] = {lf[0]};
-		RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, v, 1, e));
+		RT_CHECK(c->ops->allreduce_f64(c, COMM_SAMPLE_AXES, v, 1, e));
 		double loss = v[0], gn = gf[0];
 		int rc = data_error(r->train, e);
 		if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {

@@ -75,7 +75,8 @@ typedef struct DataSet DataSet; /* the loaded sources of one split */
  * checking dtype, per-sample shape, that all sources have the same sample
  * count and every label against the model's classes. Errors name the data
  * file and the .dp file (dp_file, else the step file's source) and line. */
-int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
+int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, DataSet **out,
+	      RtErr *e);
 /* The first error of a batch fill since data_open (a shard that shrank, a
  * token outside the vocabulary; the batch got zeros): 0, or -1 with e. */
 int data_error(const DataSet *d, RtErr *e);

@@ -146,7 +146,7 @@ static RtErr new_err(void)
 /* data_open of one split; 0 or -1 with the message in e. */
 static int open_split(TestStep *ts, DpSplit split, DataSet **d, RtErr *e)
 {
-	return data_open(&ts->s, split, "models/test.dp", d, e);
+	return data_open(&ts->s, split, "models/test.dp", 0, d, e);
 }
 
 /* Expect data_open to fail with a message containing `want` (NULL: any). */

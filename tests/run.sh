@@ -25,6 +25,7 @@ suites=(
 	"transformer"   "bash tests/transformer.sh"
 	"tp"            "bash tests/tp.sh"
 	"recompute"     "bash tests/recompute.sh"
+	"cp"            "bash tests/cp.sh"
 	"trace"         "bash tests/trace.sh"
 	"cuda"          "bash tests/cuda.sh"
 )
