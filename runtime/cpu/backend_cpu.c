@@ -99,7 +99,8 @@ static const CpuKernel *find(unsigned op)
 	for (size_t i = 0; i < NPARTS; i++)
 		if (parts[i][op].run)
 			return &parts[i][op];
-	return NULL;
+	/* the elementwise ops are vec.c's maps (every table computes the same set) */
+	return cpu_vec_scalar.is_map(op) ? &cpu_map_kernel : NULL;
 }
 
 static int cpu_probe(char *why, size_t len)
@@ -155,8 +156,9 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
 				       dp_kernel_names[op]);
 		}
-		if (claims)
-			c->kern[op] = *find(op);
+		const CpuKernel *k = find(op);
+		if (k)
+			c->kern[op] = *k;
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;

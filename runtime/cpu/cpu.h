@@ -58,22 +58,6 @@ static inline int64_t cpu_grain_rows(int64_t cols)
 
 /* ---- vectorised loops (vec.c, built once per instruction set) ---- */
 
-/* The elementwise maps: o[i] = f(a[i], b[i]) with s a scalar (SCALE). */
-typedef enum {
-	MAP_ACCUM,     /* o += a */
-	MAP_SCALE,     /* o = s * a */
-	MAP_ADD,       /* o = a + b */
-	MAP_MUL,       /* o = a * b */
-	MAP_RELU,      /* o = max(a, 0) */
-	MAP_RELU_GRAD, /* o = b > 0 ? a : 0          (a = dy, b = x) */
-	MAP_GELU,      /* o = gelu(a), tanh form */
-	MAP_GELU_GRAD, /* o = a * gelu'(b) */
-	MAP_TANH,      /* o = tanh(a) */
-	MAP_TANH_GRAD, /* o = a * (1 - b * b)        (b = tanh(x)) */
-	MAP_SILU,      /* o = a / (1 + exp(-a)) */
-	MAP_SILU_GRAD, /* o = a * silu'(b) */
-	MAP_COUNT
-} CpuMap;
 
 /* AdamW's per-step scalars (optim.c computes them as PyTorch does). */
 typedef struct {
@@ -92,7 +76,12 @@ typedef struct {
  */
 typedef struct {
 	const char *isa;
-	void (*map)(CpuMap op, float *o, const float *a, const float *b, float s, int64_t n);
+	/* o[i] = f(a[i], b[i]) for the elementwise op `op` (an opcode: ACCUM o += a,
+	 * SCALE o = s * a, ADD, MUL, the activations and their gradients with a =
+	 * dy and b = the input or output their ops.def row says), n elements */
+	void (*map)(unsigned op, float *o, const float *a, const float *b, float s, int64_t n);
+	/* Does map() compute op? (the same answer in every table) */
+	int (*is_map)(unsigned op);
 	/* max of x[0..n), n >= 1 */
 	float (*max)(const float *x, int64_t n);
 	/* y = exp(x - shift) (y may be x); returns the sum of y in double */
@@ -148,8 +137,10 @@ typedef struct {
 } CpuKernel;
 
 /* vec->map over n elements on the rank's threads (elementwise.c). */
-void cpu_map(const CpuArgs *k, CpuMap op, float *o, const float *a, const float *b, float s,
+void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
 	     int64_t n);
+/* The kernel row of every op vec->map computes (elementwise.c). */
+extern const CpuKernel cpu_map_kernel;
 
 /* The partial tables, one per concept file. */
 extern const CpuKernel cpu_layout_kernels[DPK_COUNT];      /* layout.c */

@@ -1,10 +1,10 @@
 /*
  * cpu/elementwise.c - CPU kernels that compute each output element from the
- * same element of their inputs: accum, scale, add, mul, the activations
- * (relu, gelu in its tanh form, tanh, silu) with their gradients, and the
- * row broadcast bias_add. The arithmetic is vec.c's maps (CpuMap, with the
- * formulas; float, in the order the CUDA kernels repeat), over pieces of
- * the arrays on the rank's threads.
+ * same element of their inputs: the one kernel of every op vec.c's map
+ * computes (accum, scale, add, mul, the activations and their gradients:
+ * the formulas are vec.c's, float, in the order the CUDA kernels repeat),
+ * over pieces of the arrays on the rank's threads, and the row broadcast
+ * bias_add.
  */
 
 #include "cpu.h"
@@ -26,7 +26,7 @@ static Ew ew(const CpuArgs *k)
 
 typedef struct {
 	const CpuVec *vec;
-	CpuMap op;
+	unsigned op;
 	float *o;
 	const float *a, *b;
 	float s;
@@ -38,7 +38,7 @@ static void map_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	j->vec->map(j->op, j->o + lo, j->a + lo, j->b ? j->b + lo : NULL, j->s, hi - lo);
 }
 
-void cpu_map(const CpuArgs *k, CpuMap op, float *o, const float *a, const float *b, float s,
+void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
 	     int64_t n)
 {
 	MapJob j = {k->vec, op, o, a, b, s};
@@ -48,16 +48,12 @@ void cpu_map(const CpuArgs *k, CpuMap op, float *o, const float *a, const float 
 /* The op's map over its operands: out = f(in0[, in1]) (ACCUM: out += in0). */
 static int run_map(const CpuArgs *k, RtErr *e)
 {
-	static const CpuMap maps[DPK_COUNT] = {
-		[DPK_ACCUM] = MAP_ACCUM, [DPK_SCALE] = MAP_SCALE,         [DPK_ADD] = MAP_ADD,
-		[DPK_MUL] = MAP_MUL,     [DPK_RELU] = MAP_RELU,           [DPK_RELU_GRAD] = MAP_RELU_GRAD,
-		[DPK_GELU] = MAP_GELU,   [DPK_GELU_GRAD] = MAP_GELU_GRAD, [DPK_TANH] = MAP_TANH,
-		[DPK_TANH_GRAD] = MAP_TANH_GRAD, [DPK_SILU] = MAP_SILU,   [DPK_SILU_GRAD] = MAP_SILU_GRAD,
-	};
 	Ew v = ew(k);
-	cpu_map(k, maps[k->in->op], v.o, v.a, v.b, k->in->fa[0], v.n);
+	cpu_map(k, k->in->op, v.o, v.a, v.b, k->in->fa[0], v.n);
 	return 0;
 }
+
+const CpuKernel cpu_map_kernel = {NULL, run_map, 0};
 
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ---- */
 
@@ -71,7 +67,7 @@ static void bias_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const BiasJob *j = ctx;
 	for (int64_t r = lo; r < hi; r++)
-		j->vec->map(MAP_ADD, j->v.o + r * j->c, j->v.a + r * j->c, j->v.b, 0, j->c);
+		j->vec->map(DPK_ADD, j->v.o + r * j->c, j->v.a + r * j->c, j->v.b, 0, j->c);
 }
 
 static int run_bias_add(const CpuArgs *k, RtErr *e)
@@ -84,17 +80,5 @@ static int run_bias_add(const CpuArgs *k, RtErr *e)
 
 /* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_elementwise_kernels[DPK_COUNT] = {
-	[DPK_ACCUM] = {NULL, run_map, 0},
-	[DPK_SCALE] = {NULL, run_map, 0},
-	[DPK_ADD] = {NULL, run_map, 0},
-	[DPK_MUL] = {NULL, run_map, 0},
-	[DPK_RELU] = {NULL, run_map, 0},
-	[DPK_RELU_GRAD] = {NULL, run_map, 0},
-	[DPK_GELU] = {NULL, run_map, 0},
-	[DPK_GELU_GRAD] = {NULL, run_map, 0},
-	[DPK_TANH] = {NULL, run_map, 0},
-	[DPK_TANH_GRAD] = {NULL, run_map, 0},
-	[DPK_SILU] = {NULL, run_map, 0},
-	[DPK_SILU_GRAD] = {NULL, run_map, 0},
 	[DPK_BIAS_ADD] = {NULL, run_bias_add, 0},
 };

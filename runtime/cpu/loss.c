@@ -54,7 +54,7 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 				}
 				double sum = v->exp_shift(d, row, v->max(row, nc), nc);
 				double el = d[label];
-				v->map(MAP_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
+				v->map(DPK_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
 				d[label] = (float)(j->scale * (el / sum - 1.0));
 				continue;
 			}

@@ -62,7 +62,7 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	int64_t n = cpu_numel(cpu_t(k, k->in->out));
 	float coef = k->in->fa[0] / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
 	if (coef < 1.0f)
-		cpu_map(k, MAP_SCALE, o, o, NULL, coef, n);
+		cpu_map(k, DPK_SCALE, o, o, NULL, coef, n);
 	return 0;
 }
 

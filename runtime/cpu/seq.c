@@ -34,7 +34,7 @@ static void softmax_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 		const float *x = j->a + r * c;
 		float *o = j->o + r * c;
 		double sum = j->vec->exp_shift(o, x, j->vec->max(x, c), c);
-		j->vec->map(MAP_SCALE, o, o, NULL, (float)(1.0 / sum), c);
+		j->vec->map(DPK_SCALE, o, o, NULL, (float)(1.0 / sum), c);
 	}
 }
 
@@ -184,13 +184,13 @@ static void att_fwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 			if (k0 > 0)
 				for (int i = 0; i < mb; i++)
 					if (alpha[i] != 1)
-						a->vec->map(MAP_SCALE, ob + (int64_t)i * a->c,
+						a->vec->map(DPK_SCALE, ob + (int64_t)i * a->c,
 							    ob + (int64_t)i * a->c, NULL, (float)alpha[i], hd);
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, hd, nb, 1.0f, s, nb,
 				    v + k0 * ld, ld, k0 > 0 ? 1.0f : 0.0f, ob, a->c);
 		}
 		for (int i = 0; i < mb; i++)
-			a->vec->map(MAP_SCALE, ob + (int64_t)i * a->c, ob + (int64_t)i * a->c, NULL,
+			a->vec->map(DPK_SCALE, ob + (int64_t)i * a->c, ob + (int64_t)i * a->c, NULL,
 				    (float)(1.0 / l[i]), hd);
 	}
 }
@@ -242,7 +242,7 @@ static void att_bwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 							a->vec->exp_shift(sr, sr, (float)m[i], nb);
 						}
 					}
-					a->vec->map(MAP_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), nb);
+					a->vec->map(DPK_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), nb);
 					a->vec->softmax_bwd(dr, sr, dr, dd[i], nb);
 				}
 				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, 1.0f, s, nb,

@@ -192,37 +192,44 @@ static inline VF gelu_e(VF x)
 	return v_exp(sel(t < splat(80.0f), t, splat(80.0f)));
 }
 
-static inline VF map_one(CpuMap op, VF a, VF b, float s)
+/* The elementwise ops, the CPU backend's kernels for them (backend_cpu.c
+ * asks is_map): adding one is its case in map_one and its line here. */
+#define VEC_MAPS(X)                                                                      \
+	X(DPK_ACCUM) X(DPK_SCALE) X(DPK_ADD) X(DPK_MUL) X(DPK_RELU) X(DPK_RELU_GRAD)      \
+	X(DPK_GELU) X(DPK_GELU_GRAD) X(DPK_TANH) X(DPK_TANH_GRAD) X(DPK_SILU)              \
+	X(DPK_SILU_GRAD)
+
+static inline VF map_one(unsigned op, VF a, VF b, float s)
 {
 	switch (op) {
-	case MAP_ACCUM: /* o = a + o: map() passes o as b */
-	case MAP_ADD:
+	case DPK_ACCUM: /* o = a + o: map() passes o as b */
+	case DPK_ADD:
 		return a + b;
-	case MAP_SCALE:
+	case DPK_SCALE:
 		return splat(s) * a;
-	case MAP_MUL:
+	case DPK_MUL:
 		return a * b;
-	case MAP_RELU:
+	case DPK_RELU:
 		return sel(a > splat(0), a, splat(0));
-	case MAP_RELU_GRAD:
+	case DPK_RELU_GRAD:
 		return sel(b > splat(0), a, splat(0));
-	case MAP_GELU: {
+	case DPK_GELU: {
 		VF e = gelu_e(a);
 		return a / (splat(1.0f) + e);
 	}
-	case MAP_GELU_GRAD: {
+	case DPK_GELU_GRAD: {
 		/* s = sigma(2u), 1 - s = e * s: gelu' = s * (1 + 2 x e s du) */
 		VF x = b, e = gelu_e(x), sg = splat(1.0f) / (splat(1.0f) + e);
 		VF du = splat(gelu_s) * (splat(1.0f) + splat(3.0f * 0.044715f) * x * x);
 		return a * (sg * (splat(1.0f) + splat(2.0f) * x * e * sg * du));
 	}
-	case MAP_TANH:
+	case DPK_TANH:
 		return v_tanh(a);
-	case MAP_TANH_GRAD:
+	case DPK_TANH_GRAD:
 		return a * (splat(1.0f) - b * b);
-	case MAP_SILU:
+	case DPK_SILU:
 		return a / (splat(1.0f) + v_exp(-a));
-	case MAP_SILU_GRAD: {
+	case DPK_SILU_GRAD: {
 		VF sg = splat(1.0f) / (splat(1.0f) + v_exp(-b));
 		return a * sg * (splat(1.0f) + b * (splat(1.0f) - sg));
 	}
@@ -243,28 +250,30 @@ static inline VF map_one(CpuMap op, VF a, VF b, float s)
 		break;                                                               \
 	}
 
-static void map(CpuMap op, float *o, const float *a, const float *b, float s, int64_t n)
+static void map(unsigned op, float *o, const float *a, const float *b, float s, int64_t n)
 {
-	if (op == MAP_ACCUM)
+	if (op == DPK_ACCUM)
 		b = o;
 	else if (!b)
 		b = a;
 	switch (op) {
-		MAP_LOOP(MAP_ACCUM)
-		MAP_LOOP(MAP_SCALE)
-		MAP_LOOP(MAP_ADD)
-		MAP_LOOP(MAP_MUL)
-		MAP_LOOP(MAP_RELU)
-		MAP_LOOP(MAP_RELU_GRAD)
-		MAP_LOOP(MAP_GELU)
-		MAP_LOOP(MAP_GELU_GRAD)
-		MAP_LOOP(MAP_TANH)
-		MAP_LOOP(MAP_TANH_GRAD)
-		MAP_LOOP(MAP_SILU)
-		MAP_LOOP(MAP_SILU_GRAD)
+		VEC_MAPS(MAP_LOOP)
 	default:
 		break;
 	}
+}
+
+/* The ops map() computes: the CPU backend's elementwise kernels. */
+static int is_map(unsigned op)
+{
+#define MAP_CASE(OP) case OP:
+	switch (op) {
+		VEC_MAPS(MAP_CASE)
+		return 1;
+	default:
+		return 0;
+	}
+#undef MAP_CASE
 }
 
 /* ---- rows: softmax, cross entropy ---- */
@@ -539,6 +548,7 @@ static void adamw(float *p, const float *g, float *m, float *v, int64_t n, const
 const CpuVec VEC_TABLE = {
 	.isa = VEC_NAME,
 	.map = map,
+	.is_map = is_map,
 	.max = vmax,
 	.exp_shift = exp_shift,
 	.exp_sum_d = exp_sum_d,
