@@ -559,7 +559,7 @@ static void test_isa(const CpuVec *v, int have)
 			continue;
 		/* the maps with an exp or tanh: the rest are IEEE +-* in one order */
 		int transcendental = op == DPK_GELU || op == DPK_GELU_GRAD || op == DPK_TANH ||
-				     op == DPK_SILU || op == DPK_SILU_GRAD;
+				     op == DPK_SILU || op == DPK_SILU_GRAD || op == DPK_SIGMOID;
 		memcpy(o1, b, sizeof o1);
 		memcpy(o2, b, sizeof o2);
 		v->map(op, o1, a, b, 0.37f, N);

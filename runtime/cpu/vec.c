@@ -197,7 +197,7 @@ static inline VF gelu_e(VF x)
 #define VEC_MAPS(X)                                                                      \
 	X(DPK_ACCUM) X(DPK_SCALE) X(DPK_ADD) X(DPK_MUL) X(DPK_RELU) X(DPK_RELU_GRAD)      \
 	X(DPK_GELU) X(DPK_GELU_GRAD) X(DPK_TANH) X(DPK_TANH_GRAD) X(DPK_SILU)              \
-	X(DPK_SILU_GRAD)
+	X(DPK_SILU_GRAD) X(DPK_SIGMOID) X(DPK_SIGMOID_GRAD)
 
 static inline VF map_one(unsigned op, VF a, VF b, float s)
 {
@@ -229,6 +229,10 @@ static inline VF map_one(unsigned op, VF a, VF b, float s)
 		return a * (splat(1.0f) - b * b);
 	case DPK_SILU:
 		return a / (splat(1.0f) + v_exp(-a));
+	case DPK_SIGMOID: /* torch.sigmoid: 1 / (1 + exp(-x)) */
+		return splat(1.0f) / (splat(1.0f) + v_exp(-a));
+	case DPK_SIGMOID_GRAD: /* dy * y * (1 - y), y the output */
+		return a * b * (splat(1.0f) - b);
 	case DPK_SILU_GRAD: {
 		VF sg = splat(1.0f) / (splat(1.0f) + v_exp(-b));
 		return a * sg * (splat(1.0f) + b * (splat(1.0f) - sg));

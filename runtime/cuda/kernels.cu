@@ -219,6 +219,8 @@ ELEMENTWISE(GeluGrad, float x = b[i];
 	    float du = GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
 	    o[i] = a[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du))
 ELEMENTWISE(Tanh, o[i] = tanhf(a[i]))
+ELEMENTWISE(Sigmoid, o[i] = 1.0f / (1.0f + expf(-a[i])))
+ELEMENTWISE(SigmoidGrad, o[i] = a[i] * b[i] * (1.0f - b[i]))
 ELEMENTWISE(TanhGrad, o[i] = a[i] * (1.0f - b[i] * b[i]))
 
 template <class F> __global__ void k_elementwise(float *o, const float *a, const float *b,
@@ -657,6 +659,8 @@ static CuKernelTable make_table()
 	t.k[DPK_GELU_GRAD] = {run_elementwise<GeluGrad>, NULL, NULL, 0};
 	t.k[DPK_TANH] = {run_elementwise<Tanh>, NULL, NULL, 0};
 	t.k[DPK_TANH_GRAD] = {run_elementwise<TanhGrad>, NULL, NULL, 0};
+	t.k[DPK_SIGMOID] = {run_elementwise<Sigmoid>, NULL, NULL, 0};
+	t.k[DPK_SIGMOID_GRAD] = {run_elementwise<SigmoidGrad>, NULL, NULL, 0};
 	t.k[DPK_XENT] = {run_xent, NULL, xent_scratch, 0};
 	t.k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0};
 	t.k[DPK_CORRECT] = {run_xent, NULL, xent_scratch, 0};
