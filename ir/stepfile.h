@@ -205,7 +205,33 @@ typedef enum {
 	DP_OR_ATTENTION_CP_GRAD, /* in0 dy [B, T, C], in1..3 as ATTENTION_CP's, out like
 	                      qkv; disjoint */
 	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
+	DP_OR_ACCUM,       /* out, in0 same size (each f32 or bf16: out += in0 converts) */
+	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
+	DP_NOR
 } DpOperandRule;
+
+/*
+ * Operand dtypes (mixed precision). Every rule states, per operand, which
+ * dtype it may have; the decoder checks it and the compiler's precision pass
+ * (passes/precision.c) reads the same table to decide where casts go. A
+ * kernel computes in f32 whatever it stores: bf16 operands are converted on
+ * load and rounded (to nearest even) on store.
+ */
+typedef enum {
+	DP_OD_NONE,  /* not a tensor operand of the rule, or checked by the rule itself
+	                (copies: the same dtype as in0, any) */
+	DP_OD_CD,    /* f32 or bf16: the instruction's compute dtype, one for all its CD
+	                operands (the dtype of the first present one, in0..in3 then out) */
+	DP_OD_CDF,   /* the compute dtype, or f32: a parameter gradient an accumulating
+	                kernel writes in the reduce dtype */
+	DP_OD_FLOAT, /* f32 or bf16, whatever the others are */
+	DP_OD_F32,   /* f32: statistics, metrics, master weights, optimizer state */
+	DP_OD_BF16,  /* bf16: the compute copy an optimizer writes */
+	DP_OD_I32,   /* ids, labels, positions */
+} DpOperandDtype;
+
+/* Per rule: the DpOperandDtype of out (index 0) and in0..in3 (1..4). */
+extern const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN];
 
 /* Streams of the schedule. */
 typedef enum {
