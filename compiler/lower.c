@@ -278,6 +278,8 @@ static void lower_precision(Lower *L, const AstVal *const *val)
 {
 	Graph *g = L->g;
 	int prec = val[T_PRECISION] ? lower_dtype_word(L, val[T_PRECISION], "precision") : -1;
+	if (L->opts && L->opts->precision) /* dpc --precision: as if the file said it */
+		prec = strcmp(L->opts->precision, "bf16") == 0 ? DP_BF16 : DP_F32;
 	int pd = val[T_PARAM_DTYPE] ? lower_dtype_word(L, val[T_PARAM_DTYPE], "param_dtype") : -1;
 	int bd = val[T_BUFFER_DTYPE] ? lower_dtype_word(L, val[T_BUFFER_DTYPE], "buffer_dtype") : -1;
 	int rd = val[T_REDUCE_DTYPE] ? lower_dtype_word(L, val[T_REDUCE_DTYPE], "reduce_dtype") : -1;
