@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# tests/bf16.sh - mixed precision (issue 14): `precision bf16` trains like the
+# PyTorch reference in bf16, and the same at any world size and strategy.
+#
+# 1. PyTorch (tests/torch_gpt.py --precision bf16) trains models/gpt2-tiny.dp and
+#    models/llama.dp (small: -D ctx=64 d=64 layers=2 ffn=176) from the same
+#    initial safetensors on the same windows (transformer.sh's settings) for
+#    20 steps. The reference keeps f32 masters and AdamW in f32 and stores in
+#    bf16 (round to nearest even) exactly the values dp stores: each op's
+#    output and its gradient, the weights read as rounded copies; it computes
+#    in f32 in between, as dp's kernels do.
+# 2. gpt2-tiny in bf16 at 1, 2 and 4 ranks under ddp, zero2 and full_shard,
+#    and at tp=2, against 1 rank ddp in bf16.
+#
+# Tolerance, derived. bf16 keeps 8 significant bits: a stored value carries a
+# relative rounding error up to u = 2^-8 and neighbouring bf16 values are 2u
+# apart. dp and the reference round at the same places, so they differ only
+# where their f32 results, computed in different summation orders, fall on
+# different sides of a rounding boundary. f32 order differences are eps ~
+# 1e-7..2.4e-6 relative (transformer.sh measures them over 20 steps); such a
+# difference flips a rounding with probability ~eps/(2u) and then moves the
+# value by 2u, so the rounded values differ by sqrt(2u eps) RMS per element:
+# ~1.4e-4 for eps = 2.4e-6. The losses follow their inputs' perturbation with
+# a gain ~1: storing in bf16 instead of f32 (RMS 2u/sqrt(12) ~ 2.3e-3 per
+# element) moves the 20 reference losses by at most 1.9e-3 relative. With a
+# factor ~3.5 of margin the bound is rtol 2^-11 = 4.9e-4 on every loss; it
+# also bounds the equivalence runs (2.), whose f32 order differences (the
+# sums over ranks and micro-batches, the tp row-parallel sums) are of the
+# same size. What it rejects: a 10% larger learning rate moves the losses by
+# 2.5e-3 at step 1 and 1e-2..3e-2 later (checked below), and a backend that
+# computed in f32 throughout lies nearer the f32 reference than the bf16 one
+# (the sum of the relative differences is checked against both).
+# Parameters (2.): the f32 masters of two runs whose gradients differ by such
+# flips drift apart by a few AdamW steps' worth at most on a few elements;
+# atol 4e-4 (a fifth of lr 2e-3) + rtol 1e-2.
+set -u
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT" || exit 1
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+STEPS=20
+TOL=4.8828125e-4 # 2^-11
+if ! $PY -c "import torch" 2>/dev/null; then
+	fail "python3-torch missing (make deps)"; finish bf16; exit 1
+fi
+text_shard
+GB=8
+OPT="optimizer adamw(lr=2e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)"
+SCHED="schedule cosine(warmup=5, steps=40, min_lr=2e-4)"
+TORCH_OPT="--lr 2e-3 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 --clip 1
+	--schedule cosine --warmup 5 --sched-steps 40 --min-lr 2e-4 --global-batch $GB --seed 1234"
+
+# bf16_copy SRC DST [STRATEGY [MESH]]: SRC in bf16 on the test's shards and settings
+bf16_copy() {
+	local st=${3:-ddp} mesh=${4:-}
+	{ [ -z "$mesh" ] || echo "$mesh"; grep -v '^mesh ' "$1"; } | sed -e "$data" \
+		-e "s/^  optimizer .*/  $OPT/" -e "s/^  schedule .*/  $SCHED/" \
+		-e "s/^  global_batch .*/  global_batch $GB/" -e "s/^  grad_accum .*//" \
+		-e "s/^  clip_grad_norm .*/  clip_grad_norm 1.0/" -e "s/^  seed .*/  seed 1234/" \
+		-e "s/^  strategy .*/  strategy $st\n  precision bf16/" >"$2"
+	grep -q "^  precision bf16" "$2" || fail "copy of $1"
+}
+
+# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files
+rel_sum() {
+	paste "$1" "$2" | awk '{d = $2 - $4; if (d < 0) d = -d; s += d / ($4 < 0 ? -$4 : $4)} END {printf "%.3e", s}'
+}
+
+# ---- 1. PyTorch ----
+LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"
+torch_case() { # NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...
+	local name=$1 kind=$2 src=$3; shift 3
+	local dpc_args=()
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
+	[ $# -gt 0 ] && shift
+	bf16_copy "$src" "$T/$name.dp"
+	"$DPC" "$T/$name.dp" "${dpc_args[@]}" -o "$T/$name.bin" 2>"$T/$name.log" ||
+		{ cat "$T/$name.log"; fail "$name: dpc"; return; }
+	mpi 1 "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
+		>"$T/$name.log" 2>&1 &&
+	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
+		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return; }
+	local pr
+	for pr in bf16 f32; do
+		# shellcheck disable=SC2086
+		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
+			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
+			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
+			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return; }
+	done
+	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch.bf16" --rtol $TOL --atol 0 \
+		>"$T/$name.cmp"; then
+		ok "$name bf16: $STEPS losses agree with PyTorch bf16 to rtol 2^-11 ($(awk '/ loss:/ {print $8}' "$T/$name.cmp"); $(head -n 1 "$T/$name.torch.bf16" | cut -d' ' -f2) -> $(tail -n 1 "$T/$name.torch.bf16" | cut -d' ' -f2))"
+	else
+		cat "$T/$name.cmp"; paste "$T/$name.dp.txt" "$T/$name.torch.bf16" | head -n 8
+		fail "$name bf16: losses differ from PyTorch bf16"
+	fi
+	local nb nf
+	nb=$(rel_sum "$T/$name.dp.txt" "$T/$name.torch.bf16")
+	nf=$(rel_sum "$T/$name.dp.txt" "$T/$name.torch.f32")
+	if awk -v b="$nb" -v f="$nf" 'BEGIN {exit !(b < f)}'; then
+		ok "$name bf16: nearer PyTorch bf16 than PyTorch f32 (sum of relative differences $nb vs $nf)"
+	else
+		fail "$name bf16: nearer PyTorch bf16 than PyTorch f32 ($nb vs $nf)"
+	fi
+}
+# shellcheck disable=SC2086
+{
+torch_case gpt2-tiny gpt2 models/gpt2-tiny.dp
+torch_case llama llama models/llama.dp $LLAMA_SMALL -- --seq 64
+}
+if [ -s "$T/gpt2-tiny.dp.txt" ]; then
+	# shellcheck disable=SC2086
+	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/gpt2-tiny.init.st" --data "$T/text.bin" \
+		--steps $STEPS --threads 1 $TORCH_OPT --lr 2.2e-3 --precision bf16 --out "$T/wrong.torch" \
+		>/dev/null 2>&1
+	if [ -s "$T/wrong.torch" ] &&
+		! $PY tests/compare.py losses "$T/gpt2-tiny.dp.txt" "$T/wrong.torch" --rtol $TOL --atol 0 >/dev/null; then
+		ok "bf16: a 10% different learning rate is detected"
+	else
+		fail "bf16: a 10% different learning rate is detected"
+	fi
+else
+	fail "bf16: a 10% different learning rate is detected (no gpt2-tiny run)"
+fi
+
+# ---- 2. world sizes and strategies ----
+eq_bf16() { # NAME REF: losses rtol 2^-11, params atol 4e-4 + rtol 1e-2
+	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
+		fail "$1 matches $2 (a run is missing)"; return
+	fi
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol $TOL --atol 0 >"$T/$1.cmp" &&
+		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-2 --atol 4e-4 >>"$T/$1.cmp"; then
+		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
+			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
+	else
+		cat "$T/$1.cmp"
+		fail "$1 matches $2 in bf16"
+	fi
+}
+bf16_copy models/gpt2-tiny.dp "$T/eq-ddp.dp" ddp
+eq_run g-ddp1 1 "$T/eq-ddp.dp"
+for st in ddp zero2 full_shard; do
+	bf16_copy models/gpt2-tiny.dp "$T/eq-$st.dp" "$st"
+	for np in 1 2 4; do
+		[ "$st$np" = ddp1 ] && continue
+		eq_run "g-$st$np" $np "$T/eq-$st.dp" && eq_bf16 "g-$st$np" g-ddp1
+	done
+done
+bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
+eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1
+finish bf16
