@@ -41,7 +41,8 @@
 #include "outfile.h"
 #include "stepfile.h"
 
-/* The shared columns of ir/ops.def: name, executor class, operand rule. */
+/* The shared columns of ir/ops.def: name, executor class, operand rule,
+ * what it reads and writes in place. */
 const char *const dp_kernel_names[DPK_COUNT] = {
 #define OP(id, name, ...) name,
 #include "ops.def"
@@ -54,6 +55,11 @@ const unsigned char dp_op_classes[DPK_COUNT] = {
 };
 const unsigned char dp_op_rules[DPK_COUNT] = {
 #define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_OR_##rule,
+#include "ops.def"
+#undef OP
+};
+const unsigned char dp_op_ro[DPK_COUNT] = {
+#define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_RO_##ro,
 #include "ops.def"
 #undef OP
 };

@@ -373,12 +373,36 @@ typedef enum {
 	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
 } DpOpClass;
 
+/* The RO column of ir/ops.def: does an instruction read its output, and
+ * does it write inputs (a backend that stages operands, e.g. bf16 on the
+ * CPU, converts in what is read and back what is written). */
+typedef enum {
+	DP_RO_NO,  /* out is only written */
+	DP_RO_YES, /* out is read too (in place) */
+	DP_RO_ACC, /* out is read when ia[2] != 0 (accumulating kernels) */
+	DP_RO_UPD, /* YES, and in[1..] are written too (optimizer state, the bf16 copy) */
+} DpReadsOut;
+
 extern const unsigned char dp_op_classes[DPK_COUNT]; /* DpOpClass; ORDER KERNEL */
+extern const unsigned char dp_op_ro[DPK_COUNT];      /* DpReadsOut; ORDER KERNEL */
 extern const unsigned char dp_op_rules[DPK_COUNT];   /* DpOperandRule; ORDER KERNEL */
 
 static inline DpOpClass dp_op_class(unsigned op)
 {
 	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
+}
+
+static inline int dp_reads_out(const DpInstr *in)
+{
+	unsigned ro = in->op < DPK_COUNT ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
+	return ro == DP_RO_YES || ro == DP_RO_UPD || (ro == DP_RO_ACC && in->ia[2] != 0);
+}
+
+/* Does the instruction write its input k (besides its out)? */
+static inline int dp_writes_in(const DpInstr *in, int k)
+{
+	return in->op < DPK_COUNT && dp_op_ro[in->op] == DP_RO_UPD && k >= 1 && k < DP_MAX_IN &&
+	       in->in[k] >= 0;
 }
 
 /* The collectives: ops that move data between the ranks of the ia0 axes, on
