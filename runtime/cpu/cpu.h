@@ -151,6 +151,25 @@ extern const CpuKernel cpu_optim_kernels[DPK_COUNT];       /* optim.c */
 extern const CpuKernel cpu_norm_kernels[DPK_COUNT];        /* norm.c */
 extern const CpuKernel cpu_seq_kernels[DPK_COUNT];         /* seq.c */
 extern const CpuKernel cpu_cp_kernels[DPK_COUNT];          /* attention_cp.c */
+extern const CpuKernel cpu_bf16_kernels[DPK_COUNT];        /* bf16.c */
+
+/* ---- bf16 (bf16.c) ---- */
+
+/* f32 -> bf16 rounding to nearest even (NaN stays NaN), and back. */
+uint16_t cpu_to_bf16(float f);
+float cpu_from_bf16(uint16_t b);
+/* n elements converted on the rank's threads. */
+void cpu_bf16_store(CpuPool *pool, uint16_t *dst, const float *src, int64_t n);
+void cpu_bf16_load(CpuPool *pool, float *dst, const uint16_t *src, int64_t n);
+/* Running a bf16 instruction on f32 copies (a kernel without a bf16 path):
+ * the workspace floats it needs; its bf16 operands converted into ws and
+ * pointed to by shadow (ptr's copy); what it wrote rounded back and shadow
+ * restored. */
+size_t cpu_stage_need(const DpStep *s, const DpInstr *in);
+void cpu_stage_in(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		  void **shadow, float *ws);
+void cpu_stage_out(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		   void **shadow);
 
 /* ---- shapes ---- */
 
