@@ -30,14 +30,28 @@
 # 2.5e-3 at step 1 and 1e-2..3e-2 later (checked below), and a backend that
 # computed in f32 throughout lies nearer the f32 reference than the bf16 one
 # (the sum of the relative differences is checked against both).
-# Parameters (2.): the f32 masters of two runs whose gradients differ by such
-# flips drift apart by a few AdamW steps' worth at most on a few elements;
-# atol 4e-4 (a fifth of lr 2e-3) + rtol 1e-2.
+# Measured: 5.3e-5 (gpt2-tiny) and 4.2e-5 (llama) against PyTorch; 4.4e-5 to
+# 2.4e-4 (tp=2) between world sizes and strategies.
+# Parameters (2.) are compared by the whole training update, not element by
+# element: AdamW divides each gradient by sqrt(v), so an element whose
+# gradient is ~0 takes steps of ~lr whatever the sign of its rounding noise,
+# and two runs' elements may differ by several lr after 20 steps (up to
+# 1e-2 measured) while the model moved the same way. The bound is on
+# |(A - init) - (B - init)| / |B - init| over all tensors (2-norms): 2^-6 =
+# 1.6e-2. Measured: 3.8e-3 (ddp at 2 ranks) to 6.3e-3 (full_shard at 4)
+# against 1 rank; the f32 run is 2.8e-2 from the bf16 one (and f32 world
+# sizes agree to 1.2e-6), so the bound tells bf16 reorderings from bf16
+# against f32. tp=2 is not a reordering only: a row-parallel linear's
+# partial products are rounded to bf16 and their all_reduce sums in bf16
+# (as Megatron's), one rounding more on 2 of the ~14 values a layer
+# stores; its losses stay within rtol 2^-11 (2.4e-4 measured) and its
+# update within 2^-5 (1.3e-2 measured).
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT" || exit 1
 T=$(tmpdir)
-trap 'rm -rf "$T"' EXIT
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$T"' EXIT
+echo "bf16: scratch $T"
 STEPS=20
 TOL=4.8828125e-4 # 2^-11
 if ! $PY -c "import torch" 2>/dev/null; then
@@ -63,7 +77,7 @@ bf16_copy() {
 
 # rel_sum A B: the sum over steps of |A - B| / |B| of two loss files
 rel_sum() {
-	paste "$1" "$2" | awk '{d = $2 - $4; if (d < 0) d = -d; s += d / ($4 < 0 ? -$4 : $4)} END {printf "%.3e", s}'
+	paste "$1" "$2" | awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
 }
 
 # ---- 1. PyTorch ----
@@ -126,20 +140,24 @@ else
 fi
 
 # ---- 2. world sizes and strategies ----
-eq_bf16() { # NAME REF: losses rtol 2^-11, params atol 4e-4 + rtol 1e-2
+eq_bf16() { # NAME REF [UPDATE-RTOL]: losses rtol 2^-11, updates 2^-6 (from the same init)
+	local urtol=${3:-0.015625}
 	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
 		fail "$1 matches $2 (a run is missing)"; return
 	fi
 	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol $TOL --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-2 --atol 4e-4 >>"$T/$1.cmp"; then
-		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
-			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
+		$PY tests/compare.py updates "$T/init.st" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
+			>>"$T/$1.cmp"; then
+		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
+			END {printf "losses rel %s, updates rel %s", l, u}' "$T/$1.cmp"))"
 	else
 		cat "$T/$1.cmp"
 		fail "$1 matches $2 in bf16"
 	fi
 }
 bf16_copy models/gpt2-tiny.dp "$T/eq-ddp.dp" ddp
+"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \
+	--quiet --save-full "$T/init.st" >/dev/null 2>&1 || fail "the initial weights"
 eq_run g-ddp1 1 "$T/eq-ddp.dp"
 for st in ddp zero2 full_shard; do
 	bf16_copy models/gpt2-tiny.dp "$T/eq-$st.dp" "$st"
@@ -149,5 +167,5 @@ for st in ddp zero2 full_shard; do
 	done
 done
 bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
-eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1
+eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 0.03125
 finish bf16
