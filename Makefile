@@ -38,7 +38,7 @@ COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
 RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
                 $(BUILD)/ir/stepfile_check.o $(BUILD)/ir/outfile.o $(VEC_OBJ)
 # SLEEF: vectorised expf/tanhf (1.0 ulp) for the CPU kernels, as PyTorch uses
-RUNTIME_LIBS := -lopenblas -lsleef -lcjson -lz -lm
+RUNTIME_LIBS := -lopenblas -ldnnl -lsleef -lcjson -lz -lm
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec

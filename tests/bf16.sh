@@ -30,8 +30,9 @@
 # 2.5e-3 at step 1 and 1e-2..3e-2 later (checked below), and a backend that
 # computed in f32 throughout lies nearer the f32 reference than the bf16 one
 # (the sum of the relative differences is checked against both).
-# Measured: 5.3e-5 (gpt2-tiny) and 4.2e-5 (llama) against PyTorch; 4.4e-5 to
-# 2.4e-4 (tp=2) between world sizes and strategies.
+# Measured: 1.2e-4 (gpt2-tiny) and 6.0e-5 (llama) against PyTorch (5.3e-5 and
+# 4.2e-5 with OpenBLAS in place of oneDNN: DP_CPU_BF16_GEMM=blas); 4.1e-5 to
+# 1.1e-4 between world sizes and strategies.
 # Parameters (2.) are compared by the whole training update, not element by
 # element: AdamW divides each gradient by sqrt(v), so an element whose
 # gradient is ~0 takes steps of ~lr whatever the sign of its rounding noise,
@@ -44,8 +45,9 @@
 # against f32. tp=2 is not a reordering only: a row-parallel linear's
 # partial products are rounded to bf16 and their all_reduce sums in bf16
 # (as Megatron's), one rounding more on 2 of the ~14 values a layer
-# stores; its losses stay within rtol 2^-11 (2.4e-4 measured) and its
-# update within 2^-5 (1.3e-2 measured).
+# stores, on top of the flips: its bounds are doubled, rtol 2^-10 on the
+# losses (3.5e-4 measured; all 14 roundings moved them by 1.9e-3) and 2^-5
+# on the update (1.6e-2 measured).
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT" || exit 1
@@ -140,12 +142,12 @@ else
 fi
 
 # ---- 2. world sizes and strategies ----
-eq_bf16() { # NAME REF [UPDATE-RTOL]: losses rtol 2^-11, updates 2^-6 (from the same init)
-	local urtol=${3:-0.015625}
+eq_bf16() { # NAME REF [LOSS-RTOL UPDATE-RTOL]: losses 2^-11, updates 2^-6 (from the same init)
+	local ltol=${3:-$TOL} urtol=${4:-0.015625}
 	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
 		fail "$1 matches $2 (a run is missing)"; return
 	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol $TOL --atol 0 >"$T/$1.cmp" &&
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol "$ltol" --atol 0 >"$T/$1.cmp" &&
 		$PY tests/compare.py updates "$T/init.st" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
 			>>"$T/$1.cmp"; then
 		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
@@ -167,5 +169,5 @@ for st in ddp zero2 full_shard; do
 	done
 done
 bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
-eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 0.03125
+eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 9.765625e-4 0.03125
 finish bf16

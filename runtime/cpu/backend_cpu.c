@@ -48,6 +48,7 @@ typedef struct {
 	float *ws;
 	size_t ws_floats;
 	void **shadow;
+	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls */
 } CpuBackend;
 
 /* The inner loops for this CPU, or the ones DP_CPU_ISA names. */
@@ -138,6 +139,7 @@ static void cpu_free(Backend *b)
 		cpu_pool_free(c->pool);
 		free(c->ws);
 		free(c->shadow);
+		cpu_gemm16_free(c->gemm16);
 	}
 	free(c);
 	free(b->ptr);
@@ -167,7 +169,8 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
-	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e)) {
+	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
+	    cpu_gemm16_new(&c->gemm16, e)) {
 		cpu_free(b);
 		return -1;
 	}
@@ -194,6 +197,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
+			/* a run_bf16 may decline: room for staging it too */
 			if (dp_op_class(in->op) == DP_OPC_KERNEL && !c->kern[in->op].bf16) {
 				size_t need = cpu_stage_need(s, in);
 				c->ws_floats = need > c->ws_floats ? need : c->ws_floats;
@@ -218,7 +222,8 @@ static void cpu_describe(Backend *b, char *buf, size_t len)
 	int k = snprintf(buf, len, "CPU (%s, %d threads; OpenBLAS %s)", c->vec->isa,
 			 cpu_pool_size(c->pool), openblas_get_config());
 	if (c->ws_floats && k > 0 && (size_t)k < len)
-		snprintf(buf + k, len - (size_t)k, "; bf16 workspace %.2f MiB",
+		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
+			 cpu_gemm16_describe(c->gemm16),
 			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
 }
 
@@ -226,13 +231,17 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	const CpuKernel *k = &c->kern[in->op];
-	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in)) {
-		CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool};
+	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, c->gemm16};
+	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
+	if (k->run_bf16) {
+		int rc = k->run_bf16(&a, e);
+		if (rc <= 0)
+			return rc;
 	}
 	/* a bf16 instruction of a kernel without a bf16 path: on f32 copies */
 	cpu_stage_in(c->pool, b->s, in, b->ptr, c->shadow, c->ws);
-	CpuArgs a = {b->s, in, c->shadow, &c->step, c->vec, c->pool};
+	a.ptr = c->shadow;
 	int rc = k->run(&a, e);
 	cpu_stage_out(c->pool, b->s, in, b->ptr, c->shadow);
 	return rc;

@@ -1,0 +1,185 @@
+/*
+ * cpu/gemm_bf16.c - matmul and linear on bf16 operands: oneDNN's matmul
+ * primitive (bf16 x bf16, f32 accumulation, the result rounded once to a
+ * bf16 output or kept in an f32 one: a weight gradient accumulated in f32).
+ *
+ * Why oneDNN: OpenBLAS 0.3.21 as Debian packages it exports no bf16 GEMM,
+ * so the alternative is converting both operands to f32 for sgemm and the
+ * result back. bench/bf16_gemm.c measured both on this machine
+ * (avx512_bf16, one thread): oneDNN's brgemm kernels are 1.8x to 3.9x
+ * faster (1024x256x768: 4.1 vs 10.5 ms; 1024x768x50257: 0.69 vs 2.69 s)
+ * and need no f32 copies. Where the CPU has no bf16 instructions (oneDNN's
+ * effective ISA below avx512_core_bf16), or DP_CPU_BF16_GEMM=blas, this
+ * declines and the backend runs the instruction on f32 copies with
+ * OpenBLAS (bf16.c's staging): slower, the same rounding points.
+ *
+ * One primitive per instruction, made at its first run and kept (oneDNN
+ * builds its kernel for the shapes then); transposes are strides. oneDNN
+ * runs its own OpenMP threads (OMP_NUM_THREADS).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "cpu.h"
+
+typedef struct {
+	const DpInstr *in;
+	dnnl_primitive_t prim;
+	dnnl_memory_t mem[4]; /* src, weights, dst, bias */
+} Prim;
+
+struct CpuGemm16 {
+	dnnl_engine_t eng;
+	dnnl_stream_t stream;
+	Prim *p;
+	int np, cap;
+	int usable; /* bf16 instructions, and not turned off */
+};
+
+int cpu_gemm16_new(CpuGemm16 **out, RtErr *e)
+{
+	CpuGemm16 *g = calloc(1, sizeof *g);
+	if (!g)
+		return RT_FAIL(e, "out of memory (oneDNN)");
+	const char *want = getenv("DP_CPU_BF16_GEMM");
+	g->usable = dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 &&
+		    !(want && strcmp(want, "blas") == 0);
+	if (g->usable && (dnnl_engine_create(&g->eng, dnnl_cpu, 0) != dnnl_success ||
+			  dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags) !=
+				  dnnl_success)) {
+		free(g);
+		return RT_FAIL(e, "oneDNN: cannot create a CPU engine");
+	}
+	*out = g;
+	return 0;
+}
+
+void cpu_gemm16_free(CpuGemm16 *g)
+{
+	if (!g)
+		return;
+	for (int i = 0; i < g->np; i++) {
+		for (int k = 0; k < 4; k++)
+			if (g->p[i].mem[k])
+				dnnl_memory_destroy(g->p[i].mem[k]);
+		dnnl_primitive_destroy(g->p[i].prim);
+	}
+	free(g->p);
+	if (g->stream)
+		dnnl_stream_destroy(g->stream);
+	if (g->eng)
+		dnnl_engine_destroy(g->eng);
+	free(g);
+}
+
+const char *cpu_gemm16_describe(const CpuGemm16 *g)
+{
+	return g && g->usable ? "bf16 GEMM oneDNN" : "bf16 GEMM via f32 (OpenBLAS)";
+}
+
+static dnnl_data_type_t dt_of(const DpTensor *t)
+{
+	return t->dtype == DP_BF16 ? dnnl_bf16 : dnnl_f32;
+}
+
+/* A 2-D [r, c] view with strides (rs, cs). */
+static int desc(dnnl_memory_desc_t *d, int64_t r, int64_t c, int64_t rs, int64_t cs,
+		dnnl_data_type_t dt)
+{
+	dnnl_dims_t dims = {r, c}, strides = {rs, cs};
+	return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides) != dnnl_success;
+}
+
+/* The primitive of matmul/linear instruction in, made on its first run. */
+static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
+{
+	const DpInstr *in = k->in;
+	for (int i = 0; i < g->np; i++)
+		if (g->p[i].in == in)
+			return &g->p[i];
+	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
+	const DpTensor *bias = in->op == DPK_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
+	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	int acc = in->op == DPK_MATMUL && in->ia[2];
+	int64_t ra = cpu_rows(a), ca = cpu_cols(a), rb = cpu_rows(b), cb = cpu_cols(b);
+	int64_t m = ta ? ca : ra, kk = ta ? ra : ca, n = tb ? rb : cb;
+	dnnl_memory_desc_t ad, bd, od, biasd;
+	/* op(A) [m, k]: A stored [ra, ca] row-major; transposed: strides swap */
+	int bad = desc(&ad, m, kk, ta ? 1 : ca, ta ? ca : 1, dt_of(a)) ||
+		  desc(&bd, kk, n, tb ? 1 : cb, tb ? cb : 1, dt_of(b)) ||
+		  desc(&od, m, n, n, 1, dt_of(o)) ||
+		  (bias && desc(&biasd, 1, n, n, 1, dt_of(bias)));
+	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
+	dnnl_matmul_desc_t md;
+	dnnl_primitive_desc_t pd = NULL;
+	Prim p = {.in = in};
+	if (!bad && acc) /* out += A @ B: oneDNN's sum post-op */
+		bad = dnnl_primitive_attr_create(&attr) || dnnl_post_ops_create(&po) ||
+		      dnnl_post_ops_append_sum(po, 1.0f) || dnnl_primitive_attr_set_post_ops(attr, po);
+	if (!bad)
+		bad = dnnl_matmul_desc_init(&md, &ad, &bd, bias ? &biasd : NULL, &od) ||
+		      dnnl_primitive_desc_create(&pd, &md, attr, g->eng, NULL) ||
+		      dnnl_primitive_create(&p.prim, pd);
+	if (!bad)
+		bad = dnnl_memory_create(&p.mem[0], &ad, g->eng, DNNL_MEMORY_NONE) ||
+		      dnnl_memory_create(&p.mem[1], &bd, g->eng, DNNL_MEMORY_NONE) ||
+		      dnnl_memory_create(&p.mem[2], &od, g->eng, DNNL_MEMORY_NONE) ||
+		      (bias && dnnl_memory_create(&p.mem[3], &biasd, g->eng, DNNL_MEMORY_NONE));
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	if (po)
+		dnnl_post_ops_destroy(po);
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
+	if (bad) {
+		for (int i = 0; i < 4; i++)
+			if (p.mem[i])
+				dnnl_memory_destroy(p.mem[i]);
+		if (p.prim)
+			dnnl_primitive_destroy(p.prim);
+		RT_FAIL(e, "oneDNN: no bf16 matmul for %s (out %s: [%lld, %lld] x [%lld, %lld])",
+			dp_kernel_names[in->op], cpu_tname(k->s, in->out), (long long)m, (long long)kk,
+			(long long)kk, (long long)n);
+		return NULL;
+	}
+	if (g->np == g->cap) {
+		int cap = g->cap ? 2 * g->cap : 64;
+		Prim *grown = realloc(g->p, (size_t)cap * sizeof *grown);
+		if (!grown) {
+			RT_FAIL(e, "out of memory (oneDNN primitives)");
+			return NULL;
+		}
+		g->p = grown;
+		g->cap = cap;
+	}
+	g->p[g->np] = p;
+	return &g->p[g->np++];
+}
+
+int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
+{
+	if (!g || !g->usable)
+		return 1; /* the backend stages it on f32 copies */
+	Prim *p = prim_of(g, k, e);
+	if (!p)
+		return -1;
+	const DpInstr *in = k->in;
+	int ids[4] = {in->in[0], in->in[1], in->out, in->op == DPK_LINEAR ? in->in[2] : -1};
+	dnnl_exec_arg_t args[4];
+	int nargs = 0;
+	static const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+	for (int i = 0; i < 4; i++) {
+		if (ids[i] < 0 || !p->mem[i])
+			continue;
+		dnnl_memory_set_data_handle(p->mem[i], k->ptr[ids[i]]);
+		args[nargs++] = (dnnl_exec_arg_t){which[i], p->mem[i]};
+	}
+	if (dnnl_primitive_execute(p->prim, g->stream, nargs, args) != dnnl_success ||
+	    dnnl_stream_wait(g->stream) != dnnl_success)
+		return RT_FAIL(e, "oneDNN: the bf16 %s writing %s failed", dp_kernel_names[in->op],
+			       cpu_tname(k->s, in->out));
+	return 0;
+}
