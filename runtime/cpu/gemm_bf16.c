@@ -13,26 +13,37 @@
  * declines and the backend runs the instruction on f32 copies with
  * OpenBLAS (bf16.c's staging): slower, the same rounding points.
  *
- * One primitive per instruction, made at its first run and kept (oneDNN
- * builds its kernel for the shapes then); transposes are strides. oneDNN
- * runs its own OpenMP threads (OMP_NUM_THREADS).
+ * Threads: like gemm.c's sgemm, a product is split over the rank's pool
+ * (row blocks of the output when m >= n, else column blocks, cut at
+ * multiples of 64) and each piece is one single-threaded oneDNN call: its
+ * OpenMP workers would otherwise spin against the pool's (pool.c). One
+ * primitive per instruction and piece, made at its first run and kept
+ * (oneDNN builds its kernel for the shapes then), with its own memory
+ * objects and the piece's thread's stream; transposes are strides.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
+void omp_set_num_threads(int n); /* libgomp, which oneDNN runs on */
+
+#define MAX_THREADS 1024
+
 #include "cpu.h"
 
 typedef struct {
 	const DpInstr *in;
+	int64_t lo, hi; /* the piece: rows (by_rows) or columns of the output */
 	dnnl_primitive_t prim;
 	dnnl_memory_t mem[4]; /* src, weights, dst, bias */
 } Prim;
 
 struct CpuGemm16 {
 	dnnl_engine_t eng;
-	dnnl_stream_t stream;
+	dnnl_stream_t stream[MAX_THREADS]; /* per pool thread, made at its first use */
+	pthread_mutex_t mu;                /* the cache and the streams */
 	Prim *p;
 	int np, cap;
 	int usable; /* bf16 instructions, and not turned off */
@@ -46,12 +57,11 @@ int cpu_gemm16_new(CpuGemm16 **out, RtErr *e)
 	const char *want = getenv("DP_CPU_BF16_GEMM");
 	g->usable = dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16 &&
 		    !(want && strcmp(want, "blas") == 0);
-	if (g->usable && (dnnl_engine_create(&g->eng, dnnl_cpu, 0) != dnnl_success ||
-			  dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags) !=
-				  dnnl_success)) {
+	if (g->usable && dnnl_engine_create(&g->eng, dnnl_cpu, 0) != dnnl_success) {
 		free(g);
 		return RT_FAIL(e, "oneDNN: cannot create a CPU engine");
 	}
+	pthread_mutex_init(&g->mu, NULL);
 	*out = g;
 	return 0;
 }
@@ -67,8 +77,10 @@ void cpu_gemm16_free(CpuGemm16 *g)
 		dnnl_primitive_destroy(g->p[i].prim);
 	}
 	free(g->p);
-	if (g->stream)
-		dnnl_stream_destroy(g->stream);
+	for (int t = 0; t < MAX_THREADS; t++)
+		if (g->stream[t])
+			dnnl_stream_destroy(g->stream[t]);
+	pthread_mutex_destroy(&g->mu);
 	if (g->eng)
 		dnnl_engine_destroy(g->eng);
 	free(g);
@@ -92,30 +104,46 @@ static int desc(dnnl_memory_desc_t *d, int64_t r, int64_t c, int64_t rs, int64_t
 	return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides) != dnnl_success;
 }
 
-/* The primitive of matmul/linear instruction in, made on its first run. */
-static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
+/* The sizes of matmul/linear instruction in: op(A) [m, k] @ op(B) [k, n]. */
+static void dims_of(const CpuArgs *k, int64_t *m, int64_t *kk, int64_t *n)
+{
+	const DpInstr *in = k->in;
+	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]);
+	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	*m = ta ? cpu_cols(a) : cpu_rows(a);
+	*kk = ta ? cpu_rows(a) : cpu_cols(a);
+	*n = tb ? cpu_rows(b) : cpu_cols(b);
+}
+
+/* The primitive of piece [lo, hi) of matmul/linear instruction in (rows of
+ * the output when by_rows, else columns), made on its first run. Called
+ * with g->mu held. */
+static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, int64_t hi,
+		     RtErr *e)
 {
 	const DpInstr *in = k->in;
 	for (int i = 0; i < g->np; i++)
-		if (g->p[i].in == in)
+		if (g->p[i].in == in && g->p[i].lo == lo && g->p[i].hi == hi)
 			return &g->p[i];
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
 	const DpTensor *bias = in->op == DPK_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
 	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
 	int acc = in->op == DPK_MATMUL && in->ia[2];
-	int64_t ra = cpu_rows(a), ca = cpu_cols(a), rb = cpu_rows(b), cb = cpu_cols(b);
-	int64_t m = ta ? ca : ra, kk = ta ? ra : ca, n = tb ? rb : cb;
+	int64_t ca = cpu_cols(a), cb = cpu_cols(b), m, kk, n;
+	dims_of(k, &m, &kk, &n);
+	int64_t pm = by_rows ? hi - lo : m, pn = by_rows ? n : hi - lo; /* the piece */
 	dnnl_memory_desc_t ad, bd, od, biasd;
-	/* op(A) [m, k]: A stored [ra, ca] row-major; transposed: strides swap */
-	int bad = desc(&ad, m, kk, ta ? 1 : ca, ta ? ca : 1, dt_of(a)) ||
-		  desc(&bd, kk, n, tb ? 1 : cb, tb ? cb : 1, dt_of(b)) ||
-		  desc(&od, m, n, n, 1, dt_of(o)) ||
-		  (bias && desc(&biasd, 1, n, n, 1, dt_of(bias)));
+	/* op(A) [m, k]: A stored [ra, ca] row-major; transposed: strides swap.
+	 * A piece keeps the whole tensors' strides (its pointers move). */
+	int bad = desc(&ad, pm, kk, ta ? 1 : ca, ta ? ca : 1, dt_of(a)) ||
+		  desc(&bd, kk, pn, tb ? 1 : cb, tb ? cb : 1, dt_of(b)) ||
+		  desc(&od, pm, pn, n, 1, dt_of(o)) ||
+		  (bias && desc(&biasd, 1, pn, n, 1, dt_of(bias)));
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
 	dnnl_matmul_desc_t md;
 	dnnl_primitive_desc_t pd = NULL;
-	Prim p = {.in = in};
+	Prim p = {.in = in, .lo = lo, .hi = hi};
 	if (!bad && acc) /* out += A @ B: oneDNN's sum post-op */
 		bad = dnnl_primitive_attr_create(&attr) || dnnl_post_ops_create(&po) ||
 		      dnnl_post_ops_append_sum(po, 1.0f) || dnnl_primitive_attr_set_post_ops(attr, po);
@@ -141,8 +169,8 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 		if (p.prim)
 			dnnl_primitive_destroy(p.prim);
 		RT_FAIL(e, "oneDNN: no bf16 matmul for %s (out %s: [%lld, %lld] x [%lld, %lld])",
-			dp_kernel_names[in->op], cpu_tname(k->s, in->out), (long long)m, (long long)kk,
-			(long long)kk, (long long)n);
+			dp_kernel_names[in->op], cpu_tname(k->s, in->out), (long long)pm, (long long)kk,
+			(long long)kk, (long long)pn);
 		return NULL;
 	}
 	if (g->np == g->cap) {
@@ -159,27 +187,85 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 	return &g->p[g->np++];
 }
 
+typedef struct {
+	CpuGemm16 *g;
+	const CpuArgs *k;
+	int by_rows;
+	int failed;
+	RtErr err;
+} Job;
+
+/* One piece: its primitive on this thread's stream, pointers moved to it. */
+static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	Job *j = ctx;
+	CpuGemm16 *g = j->g;
+	const CpuArgs *k = j->k;
+	const DpInstr *in = k->in;
+	RtErr e = {0};
+	omp_set_num_threads(1); /* this thread's OpenMP calls: the pool is the parallelism */
+	pthread_mutex_lock(&g->mu);
+	Prim *p = thread < MAX_THREADS ? prim_of(g, k, j->by_rows, lo, hi, &e) : NULL;
+	if (p && !g->stream[thread] &&
+	    dnnl_stream_create(&g->stream[thread], g->eng, dnnl_stream_default_flags) != dnnl_success)
+		p = NULL, RT_FAIL(&e, "oneDNN: cannot create a stream");
+	pthread_mutex_unlock(&g->mu);
+	if (!p) {
+		if (!j->failed)
+			j->err = e;
+		j->failed = 1;
+		return;
+	}
+	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
+	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	int64_t n = cpu_cols(o);
+	/* element offsets of the piece in A, B, the output and the bias */
+	int64_t off[4] = {0, 0, 0, 0};
+	if (j->by_rows) {
+		off[0] = ta ? lo : lo * cpu_cols(a);
+		off[2] = lo * n;
+	} else {
+		off[1] = tb ? lo * cpu_cols(b) : lo;
+		off[2] = lo;
+		off[3] = lo;
+	}
+	int ids[4] = {in->in[0], in->in[1], in->out, in->op == DPK_LINEAR ? in->in[2] : -1};
+	static const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+	dnnl_exec_arg_t args[4];
+	int nargs = 0;
+	for (int i = 0; i < 4; i++) {
+		if (ids[i] < 0 || !p->mem[i])
+			continue;
+		size_t el = dp_dtype_size(k->s->tensors[ids[i]].dtype);
+		dnnl_memory_set_data_handle(p->mem[i], (char *)k->ptr[ids[i]] + off[i] * el);
+		args[nargs++] = (dnnl_exec_arg_t){which[i], p->mem[i]};
+	}
+	if (dnnl_primitive_execute(p->prim, g->stream[thread], nargs, args) != dnnl_success ||
+	    dnnl_stream_wait(g->stream[thread]) != dnnl_success) {
+		if (!j->failed)
+			RT_FAIL(&j->err, "oneDNN: the bf16 %s writing %s failed",
+				dp_kernel_names[in->op], cpu_tname(k->s, in->out));
+		j->failed = 1;
+	}
+	(void)a;
+}
+
+/* Below this many flops a product is one call (gemm.c's GEMM_SERIAL). */
+#define GEMM16_SERIAL (1 << 21)
+
 int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 {
 	if (!g || !g->usable)
 		return 1; /* the backend stages it on f32 copies */
-	Prim *p = prim_of(g, k, e);
-	if (!p)
+	int64_t m, kk, n;
+	dims_of(k, &m, &kk, &n);
+	Job j = {.g = g, .k = k, .by_rows = m >= n};
+	int64_t items = j.by_rows ? m : n;
+	double flops = 2.0 * (double)m * (double)n * (double)kk;
+	cpu_parallel(k->pool, items, flops < GEMM16_SERIAL ? items : 64, piece, &j);
+	if (j.failed) {
+		*e = j.err;
 		return -1;
-	const DpInstr *in = k->in;
-	int ids[4] = {in->in[0], in->in[1], in->out, in->op == DPK_LINEAR ? in->in[2] : -1};
-	dnnl_exec_arg_t args[4];
-	int nargs = 0;
-	static const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-	for (int i = 0; i < 4; i++) {
-		if (ids[i] < 0 || !p->mem[i])
-			continue;
-		dnnl_memory_set_data_handle(p->mem[i], k->ptr[ids[i]]);
-		args[nargs++] = (dnnl_exec_arg_t){which[i], p->mem[i]};
 	}
-	if (dnnl_primitive_execute(p->prim, g->stream, nargs, args) != dnnl_success ||
-	    dnnl_stream_wait(g->stream) != dnnl_success)
-		return RT_FAIL(e, "oneDNN: the bf16 %s writing %s failed", dp_kernel_names[in->op],
-			       cpu_tname(k->s, in->out));
 	return 0;
 }
