@@ -197,8 +197,10 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			/* a run_bf16 may decline: room for staging it too */
-			if (dp_op_class(in->op) == DP_OPC_KERNEL && !c->kern[in->op].bf16) {
+			/* oneDNN's matmuls need none; without it they are staged */
+			const CpuKernel *k = &c->kern[in->op];
+			if (dp_op_class(in->op) == DP_OPC_KERNEL && !k->bf16 &&
+			    !(k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
 				c->ws_floats = need > c->ws_floats ? need : c->ws_floats;
 			}

@@ -80,6 +80,8 @@ static int staged(const DpStep *s, const DpInstr *in, int j)
 		return 0;
 	if (j >= 0 && dp_writes_in(in, j))
 		return 0;
+	if (in->op == DPK_EMBEDDING_GRAD && j == 2)
+		return 0; /* the table: its shape only (ir/ops.def) */
 	for (int k = -1; k < j; k++) /* the same tensor twice: staged once */
 		if ((k < 0 ? in->out : in->in[k]) == id)
 			return 0;

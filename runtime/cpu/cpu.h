@@ -164,6 +164,8 @@ extern const CpuKernel cpu_bf16_kernels[DPK_COUNT];        /* bf16.c */
 int cpu_gemm16_new(CpuGemm16 **out, RtErr *e);
 void cpu_gemm16_free(CpuGemm16 *g);
 const char *cpu_gemm16_describe(const CpuGemm16 *g);
+/* Does this CPU run bf16 matmuls through oneDNN (else they are staged)? */
+int cpu_gemm16_usable(const CpuGemm16 *g);
 /* matmul / linear with bf16 operands through oneDNN: 0, -1, or 1 when this
  * CPU has no bf16 instructions (the caller stages it on f32 copies) */
 int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e);

@@ -86,6 +86,11 @@ void cpu_gemm16_free(CpuGemm16 *g)
 	free(g);
 }
 
+int cpu_gemm16_usable(const CpuGemm16 *g)
+{
+	return g && g->usable;
+}
+
 const char *cpu_gemm16_describe(const CpuGemm16 *g)
 {
 	return g && g->usable ? "bf16 GEMM oneDNN" : "bf16 GEMM via f32 (OpenBLAS)";
