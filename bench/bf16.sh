@@ -17,6 +17,7 @@
 # conversion against oneDNN at the GEMM shapes of these models.
 # Not a test: timings move with the machine's load.
 #   STEPS=20 GPT2_STEPS=1 bash bench/bf16.sh
+#   GEMM=0 TINY_PRECISIONS= bash bench/bf16.sh    # models/gpt2.dp only
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -29,8 +30,9 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 "$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 \
 	/usr/share/common-licenses/GPL-3 >/dev/null
-data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
+data='s|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|; s|"build/data/train.bin"|"'"$T"'/text.bin"|; s|"build/data/val.bin"|"'"$T"'/val.bin"|'
 
+if [ "${GEMM:-1}" = 1 ]; then
 echo "== GEMM: bf16 operands, f32 accumulation, bf16 result (1 thread)"
 gcc -O2 bench/bf16_gemm.c -o "$T/gemm" -lopenblas -ldnnl
 for s in "1024 256 768" "1024 256 1024" "1024 1024 256" "1024 768 2304" "1024 768 3072" \
@@ -38,6 +40,7 @@ for s in "1024 256 768" "1024 256 1024" "1024 1024 256" "1024 768 2304" "1024 76
 	# shellcheck disable=SC2086
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$T/gemm" $s 3
 done
+fi
 
 # dp_run NAME MODEL STEPS PRECISION DPC-ARGS...: "ms_per_step arena_MiB peak_rss_KiB"
 dp_run() {
@@ -46,7 +49,7 @@ dp_run() {
 	"$BUILD/dpc" "$T/$name.dp" --precision "$prec" "$@" -o "$T/$name.bin"
 	/usr/bin/time -f "%M" -o "$T/$name.rss" "$BUILD/dpexec" "$T/$name.bin" --steps "$steps" \
 		--log-every 1 --eval-every 0 >"$T/$name.out" 2>&1 ||
-		{ cat "$T/$name.out"; exit 1; }
+		{ cat "$T/$name.out" >&2; exit 1; }
 	local ms arena
 	ms=$(sed -n 's/^step \([0-9]*\)\/.*| \([0-9.]*\) ms\/step.*/\1 \2/p' "$T/$name.out" |
 		awk '$1 > 1 {s += $2; n++} END {if (n) printf "%.1f", s / n; else print "?"}')
@@ -58,7 +61,7 @@ dp_run() {
 # torch_run KIND INIT SEQ GB MICRO STEPS PRECISION HEADS: "ms_per_step peak_rss_KiB"
 torch_run() {
 	/usr/bin/time -f "%M" -o "$T/torch.rss" /usr/bin/python3 - "$@" "$T/text.bin" "$THREADS" \
-		>"$T/torch.out" <<'PY'
+		>"$T/torch.out" 2>"$T/torch.err" <<'PY'
 import sys, time, types, torch
 sys.path.insert(0, "tests")
 import torch_gpt, torch_ref
@@ -90,6 +93,7 @@ for step in range(steps + 1):
 t = times[1:] if len(times) > 1 else times
 print(f"{1e3 * sum(t) / len(t):.1f}")
 PY
+	[ -s "$T/torch.out" ] || { cat "$T/torch.err" >&2; exit 1; }
 	echo "$(cat "$T/torch.out") $(cat "$T/torch.rss")"
 }
 
@@ -106,7 +110,7 @@ echo
 echo "== step time and memory, 1 rank, $THREADS threads"
 printf "%-16s %-5s %10s %9s %10s   %10s %10s   %6s %6s\n" model prec "dp ms" "arena MiB" \
 	"dp RSS MiB" "torch ms" "torch MiB" "ms x" "RSS x"
-for prec in f32 bf16; do
+for prec in ${TINY_PRECISIONS-f32 bf16}; do
 	r=$(dp_run "tiny-$prec" models/gpt2-tiny.dp "$STEPS" $prec -D d=256)
 	"$BUILD/dpexec" "$T/tiny-$prec.bin" --steps 0 --quiet --save-full "$T/tiny.st" >/dev/null 2>&1
 	row "gpt2-tiny d=256" $prec "$r" "$(torch_run gpt2 "$T/tiny.st" 64 16 16 "$STEPS" $prec 4)"

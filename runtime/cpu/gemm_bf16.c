@@ -13,13 +13,19 @@
  * declines and the backend runs the instruction on f32 copies with
  * OpenBLAS (bf16.c's staging): slower, the same rounding points.
  *
- * Threads: like gemm.c's sgemm, a product is split over the rank's pool
- * (row blocks of the output when m >= n, else column blocks, cut at
- * multiples of 64) and each piece is one single-threaded oneDNN call: its
- * OpenMP workers would otherwise spin against the pool's (pool.c). One
- * primitive per instruction and piece, made at its first run and kept
- * (oneDNN builds its kernel for the shapes then), with its own memory
- * objects and the piece's thread's stream; transposes are strides.
+ * Threads: a product is split over the rank's pool in row blocks of the
+ * output (cut at multiples of 64), each piece one single-threaded oneDNN
+ * call: oneDNN's OpenMP workers spin after every parallel region and would
+ * fight the pool's threads between one kernel and the next (pool.c). A
+ * piece must be a dense block: a piece of a transposed A (weight
+ * gradients) or a column block has gaps between its rows, for which
+ * oneDNN falls back from its brgemm kernels to a gemm that packs its
+ * operands into f32 buffers of its own (412 MB per thread for GPT-2's tied
+ * head). So a large product with a transposed A (GEMM16_DENSE) is one
+ * oneDNN call over the pool's number of OpenMP threads (the spinning after
+ * it is a small part of its time). One primitive per instruction and
+ * piece, made at its first run and kept, with its own memory objects and
+ * its thread's stream; transposes are strides.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -196,6 +202,7 @@ typedef struct {
 	CpuGemm16 *g;
 	const CpuArgs *k;
 	int by_rows;
+	int threads; /* OpenMP threads of each call: 1 in a pool piece */
 	int failed;
 	RtErr err;
 } Job;
@@ -208,7 +215,7 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	const CpuArgs *k = j->k;
 	const DpInstr *in = k->in;
 	RtErr e = {0};
-	omp_set_num_threads(1); /* this thread's OpenMP calls: the pool is the parallelism */
+	omp_set_num_threads(j->threads > 1 ? j->threads : 1); /* 1: the pool is the parallelism */
 	pthread_mutex_lock(&g->mu);
 	Prim *p = thread < MAX_THREADS ? prim_of(g, k, j->by_rows, lo, hi, &e) : NULL;
 	if (p && !g->stream[thread] &&
@@ -245,8 +252,11 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 		dnnl_memory_set_data_handle(p->mem[i], (char *)k->ptr[ids[i]] + off[i] * el);
 		args[nargs++] = (dnnl_exec_arg_t){which[i], p->mem[i]};
 	}
-	if (dnnl_primitive_execute(p->prim, g->stream[thread], nargs, args) != dnnl_success ||
-	    dnnl_stream_wait(g->stream[thread]) != dnnl_success) {
+	int bad = dnnl_primitive_execute(p->prim, g->stream[thread], nargs, args) != dnnl_success ||
+		  dnnl_stream_wait(g->stream[thread]) != dnnl_success;
+	if (j->threads > 1)
+		omp_set_num_threads(1);
+	if (bad) {
 		if (!j->failed)
 			RT_FAIL(&j->err, "oneDNN: the bf16 %s writing %s failed",
 				dp_kernel_names[in->op], cpu_tname(k->s, in->out));
@@ -257,6 +267,10 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 
 /* Below this many flops a product is one call (gemm.c's GEMM_SERIAL). */
 #define GEMM16_SERIAL (1 << 21)
+/* From this many flops a product with a transposed A is one dense call on
+ * oneDNN's threads; below, its pieces' f32 packing buffers are small
+ * (pieces x K x 4 bytes) and the pool splits it like the others. */
+#define GEMM16_DENSE (1LL << 31)
 
 int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 {
@@ -264,10 +278,15 @@ int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 		return 1; /* the backend stages it on f32 copies */
 	int64_t m, kk, n;
 	dims_of(k, &m, &kk, &n);
-	Job j = {.g = g, .k = k, .by_rows = m >= n};
-	int64_t items = j.by_rows ? m : n;
+	Job j = {.g = g, .k = k, .by_rows = 1};
 	double flops = 2.0 * (double)m * (double)n * (double)kk;
-	cpu_parallel(k->pool, items, flops < GEMM16_SERIAL ? items : 64, piece, &j);
+	if (k->in->op == DPK_MATMUL && k->in->ia[0] && flops >= GEMM16_DENSE) {
+		/* a large transposed A: one dense call on oneDNN's threads (the top) */
+		j.threads = cpu_pool_size(k->pool);
+		piece(&j, 0, m, 0);
+	} else {
+		cpu_parallel(k->pool, m, flops < GEMM16_SERIAL ? m : 64, piece, &j);
+	}
 	if (j.failed) {
 		*e = j.err;
 		return -1;
