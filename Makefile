@@ -121,7 +121,8 @@ demo-gpt: deps all
 	BUILD=$(BUILD) DEMO_GPT_PRECISION=$(PRECISION) bash tests/demo_gpt.sh
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
-DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libsleef-dev zlib1g-dev libcjson-dev \
+DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
+            libcjson-dev \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
