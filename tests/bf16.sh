@@ -30,17 +30,17 @@
 # 2.5e-3 at step 1 and 1e-2..3e-2 later (checked below), and a backend that
 # computed in f32 throughout lies nearer the f32 reference than the bf16 one
 # (the sum of the relative differences is checked against both).
-# Measured: 1.2e-4 (gpt2-tiny) and 6.0e-5 (llama) against PyTorch (5.3e-5 and
-# 4.2e-5 with OpenBLAS in place of oneDNN: DP_CPU_BF16_GEMM=blas); 4.1e-5 to
-# 1.1e-4 between world sizes and strategies.
+# Measured: 5.5e-5 (gpt2-tiny) and 4.6e-5 (llama) against PyTorch (1.2e-4 at
+# most over the kernel versions and GEMM paths tried); 2.2e-5 to 9.7e-5
+# between world sizes and strategies.
 # Parameters (2.) are compared by the whole training update, not element by
 # element: AdamW divides each gradient by sqrt(v), so an element whose
 # gradient is ~0 takes steps of ~lr whatever the sign of its rounding noise,
 # and two runs' elements may differ by several lr after 20 steps (up to
 # 1e-2 measured) while the model moved the same way. The bound is on
 # |(A - init) - (B - init)| / |B - init| over all tensors (2-norms): 2^-6 =
-# 1.6e-2. Measured: 3.8e-3 (ddp at 2 ranks) to 6.3e-3 (full_shard at 4)
-# against 1 rank; the f32 run is 2.8e-2 from the bf16 one (and f32 world
+# 1.6e-2. Measured: 3.6e-3 to 3.9e-3 (up to 6.3e-3 over the kernel versions
+# tried) against 1 rank; the f32 run is 2.8e-2 from the bf16 one (and f32 world
 # sizes agree to 1.2e-6), so the bound tells bf16 reorderings from bf16
 # against f32. tp=2 is not a reordering only: a row-parallel linear's
 # partial products are rounded to bf16 and their all_reduce sums in bf16
