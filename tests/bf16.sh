@@ -60,11 +60,7 @@ if ! $PY -c "import torch" 2>/dev/null; then
 	fail "python3-torch missing (make deps)"; finish bf16; exit 1
 fi
 text_shard
-GB=8
-OPT="optimizer adamw(lr=2e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)"
-SCHED="schedule cosine(warmup=5, steps=40, min_lr=2e-4)"
-TORCH_OPT="--lr 2e-3 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 --clip 1
-	--schedule cosine --warmup 5 --sched-steps 40 --min-lr 2e-4 --global-batch $GB --seed 1234"
+# transformer.sh's train settings (tests/lib.sh: GB, OPT, SCHED, TORCH_OPT)
 
 # bf16_copy SRC DST [STRATEGY [MESH]]: SRC in bf16 on the test's shards and settings
 bf16_copy() {
