@@ -9,6 +9,8 @@
 #    bf16 (round to nearest even) exactly the values dp stores: each op's
 #    output and its gradient, the weights read as rounded copies; it computes
 #    in f32 in between, as dp's kernels do.
+#    gpt2-tiny also with the bf16 GEMMs on f32 copies (DP_CPU_BF16_GEMM=blas:
+#    what a CPU without bf16 instructions runs).
 # 2. gpt2-tiny in bf16 at 1, 2 and 4 ranks under ddp, zero2 and full_shard,
 #    and at tp=2, against 1 rank ddp in bf16.
 #
@@ -122,6 +124,19 @@ torch_case() { # NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...
 torch_case gpt2-tiny gpt2 models/gpt2-tiny.dp
 torch_case llama llama models/llama.dp $LLAMA_SMALL -- --seq 64
 }
+# a CPU without bf16 instructions: the bf16 GEMMs on f32 copies (OpenBLAS),
+# the same rounding points, the same bound
+if [ -s "$T/gpt2-tiny.torch.bf16" ]; then
+	DP_CPU_BF16_GEMM=blas mpi 1 "$T/gpt2-tiny.bin" --steps $STEPS --eval-every 0 --quiet \
+		--init-from "$T/gpt2-tiny.init.st" --losses "$T/blas.dp.txt" >"$T/blas.log" 2>&1 ||
+		cat "$T/blas.log"
+	if $PY tests/compare.py losses "$T/blas.dp.txt" "$T/gpt2-tiny.torch.bf16" --rtol $TOL --atol 0 \
+		>"$T/blas.cmp"; then
+		ok "gpt2-tiny bf16, GEMMs through f32 (DP_CPU_BF16_GEMM=blas): agree with PyTorch bf16 ($(awk '/ loss:/ {print $8}' "$T/blas.cmp"))"
+	else
+		cat "$T/blas.cmp"; fail "gpt2-tiny bf16, GEMMs through f32: losses differ from PyTorch bf16"
+	fi
+fi
 if [ -s "$T/gpt2-tiny.dp.txt" ]; then
 	# shellcheck disable=SC2086
 	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/gpt2-tiny.init.st" --data "$T/text.bin" \
