@@ -75,9 +75,11 @@ bf16_copy() {
 	grep -q "^  precision bf16" "$2" || fail "copy of $1"
 }
 
-# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files
+# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files (dpexec's
+# start with a '#' header)
 rel_sum() {
-	paste "$1" "$2" | awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
+	paste <(grep -v '^#' "$1") <(grep -v '^#' "$2") |
+		awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
 }
 
 # ---- 1. PyTorch ----
