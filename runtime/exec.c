@@ -681,6 +681,24 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 	return sync_all(x, what, e);
 }
 
+int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e)
+{
+	Backend *b = &x->be;
+	const BackendOps *o = b->ops;
+	if ((unsigned)p >= DP_NPROG || i >= x->s->nprog[p] ||
+	    dp_op_class(x->s->prog[p][i].op) != DP_OPC_KERNEL)
+		return RT_FAIL(e, "instruction %u of the %s program is not a kernel", i,
+			       (unsigned)p < DP_NPROG ? dp_prog_names[p] : "?");
+	RT_CHECK(exec_step_wait(x, e));
+	if (o->run_begin)
+		RT_CHECK(o->run_begin(b, p, e));
+	b->at = (BackendAt){p, i, 0};
+	RT_CHECK(o->kernel(b, &x->s->prog[p][i], e));
+	if (o->run_end)
+		RT_CHECK(o->run_end(b, e));
+	return sync_all(x, "a kernel run alone", e);
+}
+
 /* ---- optimizer steps ---- */
 
 /* One optimizer step in stream order: what a graph holds. */

@@ -13,6 +13,10 @@
 #    what a CPU without bf16 instructions runs).
 # 2. gpt2-tiny in bf16 at 1, 2 and 4 ranks under ddp, zero2 and full_shard,
 #    and at tp=2, against 1 rank ddp in bf16.
+# 3. Resume: 10 steps, a checkpoint, --resume to 20 continues bit for bit
+#    like the uninterrupted bf16 run (losses and final parameters the same
+#    bytes), full_shard (sharded form) and zero2 (full form) at 2 ranks, tp=2:
+#    the load derives the bf16 compute copies from the loaded masters again.
 #
 # Tolerance, derived. bf16 keeps 8 significant bits: a stored value carries a
 # relative rounding error up to u = 2^-8 and neighbouring bf16 values are 2u
@@ -183,4 +187,21 @@ for st in ddp zero2 full_shard; do
 done
 bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
 eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 9.765625e-4 0.03125
+
+# ---- 3. resume ----
+for c in full_shard2:sharded zero22:full tp2:sharded; do
+	n=g-${c%%:*} form=${c#*:}
+	[ -s "$T/$n.loss" ] || { fail "$n: resume (no uninterrupted run)"; continue; }
+	mpi 2 "$T/$n.bin" --steps 10 --quiet --eval-every 0 --losses "$T/$n.r.loss" \
+		--save-dir "$T/$n.ck" --save-form "$form" >"$T/$n.r.log" 2>&1 &&
+	mpi 2 "$T/$n.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.r.loss" \
+		--resume "$T/$n.ck" --save-full "$T/$n.r.st" >>"$T/$n.r.log" 2>&1 ||
+		{ tail -n 5 "$T/$n.r.log"; fail "$n: 10 steps, a $form checkpoint, --resume"; continue; }
+	if cmp -s "$T/$n.r.loss" "$T/$n.loss" && cmp -s "$T/$n.r.st" "$T/$n.st"; then
+		ok "${n#g-} bf16, $form checkpoint: 10 + --resume 10 steps give the straight run's losses and parameters, bit for bit"
+	else
+		paste "$T/$n.r.loss" "$T/$n.loss" | sed -n 10,13p
+		fail "${n#g-} bf16, $form checkpoint: resumed run differs from the straight one"
+	fi
+done
 finish bf16
