@@ -72,6 +72,13 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 
 int world_sync_within(World *w, int rc, int sig, double seconds, RtErr *e)
 {
+	if (w->broken || e->lost) {
+		/* a rank already did not answer: another meeting would only time out again */
+		if (!w->broken)
+			w->printer = w->rank;
+		w->failed = w->broken = 1;
+		return -1;
+	}
 	int v[2] = {sig, rc != 0 && !e->echo ? w->size - w->rank : 0}, r[2] = {0, 0};
 	MPI_Request req;
 	RtErr ae = {.rank = e->rank};

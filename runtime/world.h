@@ -49,7 +49,9 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
  * may have been raised). Else -1 on every rank with w->failed, w->printer
  * set; a rank without an error of its own gets one that only echoes it
  * (e->echo: not printed). If the sync itself fails (a rank is stuck or gone,
- * after timeout_s), w->broken is set and this rank's own error kept.
+ * after timeout_s), w->broken is set and this rank's own error kept; once
+ * broken, or when e->lost says a collective already timed out, it returns
+ * -1 at once instead of waiting out the timeout a second time.
  * world_sync_within waits at most `seconds` (an error mid-step: the other
  * ranks may be stuck in a collective the failed rank never joins). */
 int world_sync(World *w, int rc, int sig, RtErr *e);
