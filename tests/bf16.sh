@@ -17,6 +17,7 @@
 #    like the uninterrupted bf16 run (losses and final parameters the same
 #    bytes), full_shard (sharded form) and zero2 (full form) at 2 ranks, tp=2:
 #    the load derives the bf16 compute copies from the loaded masters again.
+#    And full_shard's checkpoint resumed at 1 rank ddp, within 2.'s bounds.
 #
 # Tolerance, derived. bf16 keeps 8 significant bits: a stored value carries a
 # relative rounding error up to u = 2^-8 and neighbouring bf16 values are 2u
@@ -204,4 +205,13 @@ for c in full_shard2:sharded zero22:full tp2:sharded; do
 		fail "${n#g-} bf16, $form checkpoint: resumed run differs from the straight one"
 	fi
 done
+# another layout: full_shard's step-10 checkpoint (2 ranks) resumed at 1 rank
+# ddp is a reordering like 2.: the same bounds against 1 rank straight
+if [ -s "$T/g-full_shard2.r.loss" ] && [ -s "$T/g-ddp1.bin" ]; then
+	cp "$T/g-full_shard2.r.loss" "$T/g-fs2to1.loss" # (the resume cuts it after step 10)
+	mpi 1 "$T/g-ddp1.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/g-fs2to1.loss" \
+		--resume "$T/g-full_shard2.ck/step-000010" --save-full "$T/g-fs2to1.st" \
+		>"$T/g-fs2to1.log" 2>&1 || { tail -n 5 "$T/g-fs2to1.log"; fail "full_shard 2 -> ddp 1: --resume"; }
+	eq_bf16 g-fs2to1 g-ddp1
+fi
 finish bf16
