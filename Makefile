@@ -1,6 +1,7 @@
 # dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite;
 # `make test SAN=1` does the same with ASan/UBSan; `make demo` trains models/mlp.dp;
-# `make demo-gpt` trains models/gpt2-tiny.dp on English text (the fortunes package).
+# `make demo-gpt` trains models/gpt2-tiny.dp on English text (the fortunes package);
+# `make demo-gpt PRECISION=bf16` trains it in f32 and in bf16 and compares.
 # `make deps` installs the Debian packages a fresh machine lacks.
 
 SAN ?= 0
@@ -38,7 +39,7 @@ COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
 RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
                 $(BUILD)/ir/stepfile_check.o $(BUILD)/ir/outfile.o $(VEC_OBJ)
 # SLEEF: vectorised expf/tanhf (1.0 ulp) for the CPU kernels, as PyTorch uses
-RUNTIME_LIBS := -lopenblas -lsleef -lcjson -lz -lm
+RUNTIME_LIBS := -lopenblas -ldnnl -lgomp -lsleef -lcjson -lz -lm
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
@@ -96,7 +97,7 @@ $(TEXT2SHARD): tools/text2shard.c
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
-                  $(BUILD)/tests/cpu_kernels_test
+                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
@@ -117,10 +118,11 @@ demo: deps all
 # paths models/gpt2-tiny.dp reads), compile, train, loss vs unigram entropy.
 # DEMO_GPT_STEPS overrides the step count.
 demo-gpt: deps all
-	BUILD=$(BUILD) bash tests/demo_gpt.sh
+	BUILD=$(BUILD) DEMO_GPT_PRECISION=$(PRECISION) bash tests/demo_gpt.sh
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
-DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libsleef-dev zlib1g-dev libcjson-dev \
+DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
+            libcjson-dev \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \

@@ -44,6 +44,8 @@ static void usage(FILE *out)
 		"                      number) instead of its expression in the config section;\n"
 		"                      repeatable (the last one for a NAME wins). A NAME the\n"
 		"                      config section does not define is an error\n"
+		"      --precision=D   f32 or bf16: train's precision setting, whatever the file\n"
+		"                      says (param_dtype and buffer_dtype; docs/DSL.md)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
 		"                      stats: print the --stats table to stdout\n"
@@ -118,6 +120,7 @@ enum {
 	OPT_STATS,
 	OPT_NO_VERIFY,
 	OPT_VERSION,
+	OPT_PRECISION,
 };
 
 enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
@@ -139,6 +142,7 @@ int main(int argc, char **argv)
 		{"time", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, OPT_VERSION},
+		{"precision", required_argument, NULL, OPT_PRECISION},
 		{NULL, 0, NULL, 0},
 	};
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
@@ -146,6 +150,7 @@ int main(int argc, char **argv)
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
+	const char *precision = NULL;
 	int c;
 	while ((c = getopt_long(argc, argv, "o:vhD:", longopts, NULL)) != -1) {
 		switch (c) {
@@ -194,6 +199,15 @@ int main(int argc, char **argv)
 				emit = EMIT_STATS;
 			else {
 				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats)\n", optarg);
+				return 1;
+			}
+			break;
+		case OPT_PRECISION:
+			if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "fp32") == 0 ||
+			    strcmp(optarg, "bf16") == 0)
+				precision = optarg;
+			else {
+				fprintf(stderr, "dpc: --precision wants f32 or bf16, not '%s'\n", optarg);
 				return 1;
 			}
 			break;
@@ -271,7 +285,7 @@ int main(int argc, char **argv)
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
 	FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1], .dp_replicate = axis[2],
-			.defines = defines, .ndefines = ndefines};
+			.defines = defines, .ndefines = ndefines, .precision = precision};
 	Graph *g = fe_compile_opts(path, &fo, &diag, &src);
 	int status = 0;
 	if (!g || diag.nerrors) {

@@ -30,6 +30,8 @@ typedef struct {
 	int tp, cp, dp_replicate;
 	const FeDefine *defines;  /* -D overrides, in command-line order (a later one wins) */
 	int ndefines;
+	const char *precision;    /* dpc's --precision (f32, bf16): replaces train's `precision`
+	                             setting; NULL: the file's */
 } FeOptions;
 
 /* Parse "NAME=VALUE" (VALUE an integer or a number, optionally negative) into

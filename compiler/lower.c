@@ -208,6 +208,10 @@ enum {
 	T_GRADIENT_CHECKPOINTING,
 	T_SAVE_EVERY,
 	T_KEEP_LAST,
+	T_PRECISION,
+	T_PARAM_DTYPE,
+	T_REDUCE_DTYPE,
+	T_BUFFER_DTYPE,
 	T_COUNT
 };
 
@@ -215,7 +219,7 @@ static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
 	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
 	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing", "save_every",
-	"keep_last",
+	"keep_last", "precision", "param_dtype", "reduce_dtype", "buffer_dtype",
 };
 
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
@@ -264,6 +268,33 @@ static void lower_shard_settings(Lower *L, const AstVal *const *val)
 		if (w >= 0)
 			g->accum_unsharded = w;
 	}
+}
+
+/* Mixed precision (passes/precision.c). `precision D` is the short form of
+ * param_dtype D and buffer_dtype D; the gradients are reduced in f32 unless
+ * reduce_dtype says bf16 (torchtitan's default, FSDP's MixedPrecision
+ * names). Master weights and optimizer state are always f32. */
+static void lower_precision(Lower *L, const AstVal *const *val)
+{
+	Graph *g = L->g;
+	int prec = val[T_PRECISION] ? lower_dtype_word(L, val[T_PRECISION], "precision") : -1;
+	if (L->opts && L->opts->precision) /* dpc --precision: as if the file said it */
+		prec = strcmp(L->opts->precision, "bf16") == 0 ? DP_BF16 : DP_F32;
+	int pd = val[T_PARAM_DTYPE] ? lower_dtype_word(L, val[T_PARAM_DTYPE], "param_dtype") : -1;
+	int bd = val[T_BUFFER_DTYPE] ? lower_dtype_word(L, val[T_BUFFER_DTYPE], "buffer_dtype") : -1;
+	int rd = val[T_REDUCE_DTYPE] ? lower_dtype_word(L, val[T_REDUCE_DTYPE], "reduce_dtype") : -1;
+	if (prec >= 0 && pd >= 0 && pd != prec)
+		ERR(val[T_PARAM_DTYPE]->loc, "param_dtype %s contradicts precision %s",
+		    dp_dtype_names[pd], dp_dtype_names[prec]);
+	g->param_dtype = pd >= 0 ? pd : prec >= 0 ? prec : DP_F32;
+	g->buffer_dtype = bd >= 0 ? bd : prec >= 0 ? prec : DP_F32;
+	if (rd == DP_BF16 && g->param_dtype == DP_F32) {
+		ERR(val[T_REDUCE_DTYPE]->loc,
+		    "reduce_dtype bf16 is narrower than param_dtype f32: the f32 gradients would be "
+		    "rounded to bf16 (set precision bf16, or reduce in f32)");
+		rd = DP_F32;
+	}
+	g->reduce_dtype = rd >= 0 ? rd : DP_F32;
 }
 
 /* An optional float keyword argument; a missing one keeps *out. */
@@ -417,6 +448,7 @@ static void lower_train(Lower *L)
 			ERR(val[T_STRATEGY]->loc, "%s", why);
 	}
 	lower_shard_settings(L, val);
+	lower_precision(L, val);
 	if (val[T_GRADIENT_CHECKPOINTING]) {
 		int w = want_word(L, val[T_GRADIENT_CHECKPOINTING], "gradient_checkpointing", "true",
 				  "false");

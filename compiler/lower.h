@@ -108,6 +108,9 @@ int want_float(Lower *L, const AstVal *v, const char *what, float *out);
 /* One of two words (true/false, sharded/unsharded): 0 for a, 1 for b, or -1
  * after reporting "what must be a or b". */
 int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b);
+/* A floating-point dtype for the precision settings: DP_F32 (f32, fp32) or
+ * DP_BF16 (bf16), or -1 after reporting "what must be f32 or bf16". */
+int lower_dtype_word(Lower *L, const AstVal *v, const char *what);
 /* A strategy name: its DpStrategy, or -1 after reporting. */
 int lower_strategy_word(Lower *L, const AstVal *v);
 int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,

@@ -291,10 +291,55 @@ static int count_unrolled(Lower *L, const Stmt *s)
 }
 
 /* A block's own settings (each at most once). */
-enum { BS_STRATEGY, BS_RESHARD, BS_RECOMPUTE, BS_COUNT };
-static const char *const block_settings[BS_COUNT] = {"strategy", "reshard_after_forward",
-						     "recompute"}; /* ORDER BS_ */
-#define BLOCK_SETTINGS "strategy, reshard_after_forward, recompute"
+enum {
+	BS_STRATEGY,
+	BS_RESHARD,
+	BS_RECOMPUTE,
+	BS_PRECISION,
+	BS_PARAM_DTYPE,
+	BS_BUFFER_DTYPE,
+	BS_REDUCE_DTYPE,
+	BS_COUNT
+};
+static const char *const block_settings[BS_COUNT] = {
+	"strategy",  "reshard_after_forward", "recompute",   "precision",
+	"param_dtype", "buffer_dtype",        "reduce_dtype"}; /* ORDER BS_ */
+#define BLOCK_SETTINGS                                                                     \
+	"strategy, reshard_after_forward, recompute, precision, param_dtype, buffer_dtype"
+
+/* A block's precision settings: `precision D` sets its param_dtype and
+ * buffer_dtype, which `param_dtype` / `buffer_dtype` may state instead (not
+ * contradict). The gradients of every block share the flat gradient buffer
+ * the optimizer runs over, so reduce_dtype is train's only; and a block
+ * computing in f32 cannot have its gradients reduced in bf16. */
+static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Block *bl)
+{
+	if (k == BS_REDUCE_DTYPE) {
+		ERR(p->name_loc, "reduce_dtype is a train setting: the gradients of every block share "
+				 "one flat buffer and one reduction dtype");
+		return;
+	}
+	int dt = lower_dtype_word(L, v, block_settings[k]);
+	if (dt < 0)
+		return;
+	int pd = k == BS_BUFFER_DTYPE ? -1 : dt;
+	if (pd >= 0 && bl->param_dtype >= 0 && bl->param_dtype != pd) {
+		ERR(v->loc, "param_dtype %s contradicts the block's precision %s",
+		    dp_dtype_names[pd], dp_dtype_names[bl->param_dtype]);
+		return;
+	}
+	if (pd == DP_F32 && L->g->reduce_dtype == DP_BF16) {
+		ERR(v->loc, "block '%s' computes in f32 but the gradients are reduced in bf16 "
+			    "(train's reduce_dtype): reduce in f32, or compute the block in bf16",
+		    bl->name);
+		return;
+	}
+	if (pd >= 0)
+		bl->param_dtype = pd;
+	if (k != BS_PARAM_DTYPE)
+		bl->buffer_dtype = dt;
+	bl->precision_loc = lower_gloc(L, p->name_loc);
+}
 
 /* A block's own setting: `strategy NAME` overrides train's strategy for the
  * block's parameters; `reshard_after_forward true|false` overrides train's
@@ -320,6 +365,10 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	AstVal v;
 	if (eval_value(L, p->val, &v))
 		return;
+	if (k >= BS_PRECISION) {
+		block_precision(L, p, k, &v, bl);
+		return;
+	}
 	if (k != BS_STRATEGY) {
 		int w = want_word(L, &v, block_settings[k], "true", "false");
 		if (w >= 0 && k == BS_RESHARD)

@@ -235,6 +235,16 @@ int lower_strategy_word(Lower *L, const AstVal *v)
 	return -1;
 }
 
+int lower_dtype_word(Lower *L, const AstVal *v, const char *what)
+{
+	if (v->kind == V_IDENT && (strcmp(v->s, "f32") == 0 || strcmp(v->s, "fp32") == 0))
+		return DP_F32;
+	if (v->kind == V_IDENT && strcmp(v->s, "bf16") == 0)
+		return DP_BF16;
+	ERR(v->loc, "%s must be f32 or bf16", what);
+	return -1;
+}
+
 int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
 {
 	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)

@@ -104,6 +104,7 @@ Graph *ir_new(const char *file)
 	g->bucket_mb = 25;
 	g->reshard_after_forward = 1;
 	g->prefetch = 1;
+	g->param_dtype = g->reduce_dtype = g->buffer_dtype = DP_F32;
 	return g;
 }
 
@@ -276,7 +277,8 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 {
 	g->blocks = grow(g, g->blocks, &g->capblocks, g->nblocks + 1, sizeof(Block));
 	g->blocks[g->nblocks] = (Block){.name = ir_strdup(g, name), .loc = loc, .strategy = -1,
-					.reshard = -1, .strategy_loc = loc};
+					.reshard = -1, .strategy_loc = loc,
+					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc};
 	return g->nblocks++;
 }
 
@@ -285,6 +287,35 @@ DpStrategy ir_block_strategy(const Graph *g, int b)
 	if (b >= 0 && b < g->nblocks && g->blocks[b].strategy >= 0)
 		return (DpStrategy)g->blocks[b].strategy;
 	return (DpStrategy)g->cfg.strategy;
+}
+
+DpDtype ir_block_param_dtype(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].param_dtype >= 0)
+		return (DpDtype)g->blocks[b].param_dtype;
+	return (DpDtype)g->param_dtype;
+}
+
+DpDtype ir_block_buffer_dtype(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].buffer_dtype >= 0)
+		return (DpDtype)g->blocks[b].buffer_dtype;
+	return (DpDtype)g->buffer_dtype;
+}
+
+int ir_mixed_precision(const Graph *g)
+{
+	if (g->param_dtype != DP_F32 || g->reduce_dtype != DP_F32 || g->buffer_dtype != DP_F32)
+		return 1;
+	for (int b = 0; b < g->nblocks; b++)
+		if (ir_block_param_dtype(g, b) != DP_F32 || ir_block_buffer_dtype(g, b) != DP_F32)
+			return 1;
+	return 0;
+}
+
+int ir_is_float(DpDtype dt)
+{
+	return dt == DP_F32 || dt == DP_BF16;
 }
 
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len)

@@ -142,6 +142,10 @@ typedef struct {
 	                             run the forward again before its backward (activation
 	                             recompute, passes/recompute.c); 0: keep activations */
 	Loc strategy_loc;         /* where the override is written (messages) */
+	int param_dtype;          /* DpDtype the block's parameters are computed in (its
+	                             activations too), or -1: train's (passes/precision.c) */
+	int buffer_dtype;         /* DpDtype of the block's buffers, or -1: train's */
+	Loc precision_loc;        /* where a precision override is written (messages) */
 } Block;
 
 /* A data source of the DSL (the step file's DpSource plus its path text). */
@@ -189,6 +193,12 @@ typedef struct Graph {
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */
+	/* mixed precision (DSL precision / param_dtype / reduce_dtype / buffer_dtype,
+	 * passes/precision.c): master weights and optimizer state are always f32 */
+	int param_dtype;           /* DpDtype compute reads parameters in, and activations
+	                              are stored in (DP_F32 or DP_BF16; blocks may override) */
+	int reduce_dtype;          /* DpDtype of the gradients: accumulated and reduced in it */
+	int buffer_dtype;          /* DpDtype of `buffer` tensors (blocks may override) */
 	int loss;                  /* value id of the training loss (scalar), -1 */
 	int logits;                /* value id of the logits fed to cross_entropy, -1 */
 	int labels;                /* value id of the labels fed to cross_entropy, -1 */
@@ -233,6 +243,14 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
 /* The strategy block b's parameters follow: its override, else train's
  * (b < 0: train's). */
 DpStrategy ir_block_strategy(const Graph *g, int b);
+/* The dtype block b computes in and stores its buffers in: its override,
+ * else train's (b < 0: train's). */
+DpDtype ir_block_param_dtype(const Graph *g, int b);
+DpDtype ir_block_buffer_dtype(const Graph *g, int b);
+/* Does any block compute in, or store a buffer in, a dtype other than f32? */
+int ir_mixed_precision(const Graph *g);
+/* Is dt a floating-point dtype (f32, bf16)? */
+int ir_is_float(DpDtype dt);
 /* Does strategy strat suit g's mesh? 1, or 0 with the reason in msg (the
  * front end reports it at the setting, the layout pass for IR input).
  * full_shard shards over dp_shard and replicates nothing: a dp_replicate
@@ -274,6 +292,8 @@ typedef enum {
 	OP_RO_NO,  /* out is only written */
 	OP_RO_YES, /* out is read too (in place: accum, clip, optimizers, all_reduce) */
 	OP_RO_ACC, /* read only when ia[2] != 0 (accumulating kernels) */
+	OP_RO_UPD, /* YES, and the inputs from in[1] on are written too (an optimizer's
+	              state, the compute copy it writes): ir_writes_in */
 } OpReadsOut;
 
 /* Tensor parallelism (the TP column; passes/tp.c). */
@@ -366,6 +386,9 @@ extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
 
 /* Does n read its output (reads_out, with ia[2] for OP_RO_ACC)? */
 int ir_reads_out(const Node *n);
+/* Does n write its input k (besides its out)? Passes that order nodes by
+ * the memory they write (schedule) ask. */
+int ir_writes_in(const Node *n, int k);
 /* The attribute of op named name (IR text), or NULL. */
 const OpAttr *ir_op_attr(IrOp op, const char *name);
 /* The op a DSL call spells name, or -1. */

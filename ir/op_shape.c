@@ -81,6 +81,19 @@ int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* CAST: in0's shape in out's dtype (set by the pass that makes it; a float
+ * in0 to a float out). */
+int shape_cast(Graph *g, Node *n, Value *out, Diag *d)
+{
+	DpDtype dt = out->dtype;
+	if (need_float(n, V(g, n->in[0]), "x", d))
+		return -1;
+	copy_type(out, V(g, n->in[0]));
+	if (is_float(dt))
+		out->dtype = dt;
+	return 0;
+}
+
 int shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (need_float(n, V(g, n->in[0]), "x", d))
@@ -234,7 +247,7 @@ int shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
 static int check_xent(Graph *g, Node *n, Diag *d)
 {
 	const Value *lg = V(g, n->in[0]), *lb = V(g, n->in[1]);
-	if (lg->dtype != DP_F32 || lg->ndim < 2) {
+	if (!is_float(lg->dtype) || lg->ndim < 2) {
 		error_at(d, n->loc, "%s: logits must be f32[rows, classes], got %s", op_name(n),
 			 IR_TYPE(lg));
 		return -1;

@@ -32,7 +32,12 @@ const char *ir_type_str(const Value *v, char *buf, size_t len)
 int ir_reads_out(const Node *n)
 {
 	int ro = ir_ops[n->op].reads_out;
-	return ro == OP_RO_YES || (ro == OP_RO_ACC && n->ia[2] != 0);
+	return ro == OP_RO_YES || ro == OP_RO_UPD || (ro == OP_RO_ACC && n->ia[2] != 0);
+}
+
+int ir_writes_in(const Node *n, int k)
+{
+	return ir_ops[n->op].reads_out == OP_RO_UPD && k >= 1 && k < n->nin && n->in[k] >= 0;
 }
 
 const OpAttr *ir_op_attr(IrOp op, const char *name)

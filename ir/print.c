@@ -10,11 +10,13 @@
  *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1
  *   schedule cosine warmup=100 steps=4000 min_lr=0
  *   strategy ddp bucket_mb=0.25 reshard_after_forward=1 prefetch=1 gather_limit_mb=0 accum_unsharded=0
+ *   precision param_dtype=bf16 reduce_dtype=f32 buffer_dtype=bf16   when not all f32
  *   memory peak=N persistent=N                 once planned
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
  *   events 4
- *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=
+ *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=,
+ *                                              param_dtype=, buffer_dtype=
  *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
@@ -349,6 +351,11 @@ static void print_directives(FILE *out, const Graph *g)
 		g->prefetch);
 	put_float(&b, g->gather_limit_mb);
 	bprintf(&b, " accum_unsharded=%d\n", g->accum_unsharded);
+	if (ir_mixed_precision(g))
+		bprintf(&b, "precision param_dtype=%s reduce_dtype=%s buffer_dtype=%s\n",
+			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->param_dtype),
+			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->reduce_dtype),
+			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->buffer_dtype));
 	fputs(bstr(&b), out);
 	b.len = 0;
 
@@ -388,6 +395,12 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " reshard_after_forward=%d", bl->reshard);
 		if (bl->recompute)
 			bprintf(&b, " recompute=%d", bl->recompute);
+		if (bl->param_dtype >= 0)
+			bprintf(&b, " param_dtype=%s",
+				name_of(dp_dtype_names, DP_NDTYPE, (unsigned)bl->param_dtype));
+		if (bl->buffer_dtype >= 0)
+			bprintf(&b, " buffer_dtype=%s",
+				name_of(dp_dtype_names, DP_NDTYPE, (unsigned)bl->buffer_dtype));
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {

@@ -794,6 +794,36 @@ static int parse_strategy(Reader *r)
 	return 0;
 }
 
+/* The value of a precision key: f32 or bf16, or -1 after reporting. */
+static int expect_float_dtype(Reader *r, const Tok *key)
+{
+	int dt = expect_enum(r, dp_dtype_names, DP_NDTYPE, "a dtype (f32, bf16)");
+	if (dt == DP_I32)
+		return fail_at(r, key->col, "%s must be f32 or bf16", key->text);
+	return dt;
+}
+
+/* precision param_dtype=D reduce_dtype=D buffer_dtype=D (keys optional) */
+static int parse_precision(Reader *r)
+{
+	Graph *g = r->g;
+	static const char *const keys[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+	while (peek(r)->kind != TK_END) {
+		const Tok *k = peek(r);
+		const char *key = parse_key(r);
+		if (!key)
+			return -1;
+		int i = lookup(keys, NELEMS(keys), key);
+		if (i < 0)
+			return fail_at(r, k->col, "unknown precision key '%s'", key);
+		int dt = expect_float_dtype(r, k);
+		if (dt < 0)
+			return -1;
+		*(i == 0 ? &g->param_dtype : i == 1 ? &g->reduce_dtype : &g->buffer_dtype) = dt;
+	}
+	return 0;
+}
+
 static int parse_memory(Reader *r)
 {
 	while (peek(r)->kind != TK_END) {
@@ -837,7 +867,8 @@ static int parse_events(Reader *r)
 	return expect_end(r);
 }
 
-/* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] */
+/* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1]
+ * [param_dtype=D] [buffer_dtype=D] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -868,6 +899,11 @@ static int parse_block_decl(Reader *r)
 			if (parse_range(r, next(r), 0, 1, &x) < 0)
 				return -1;
 			b->recompute = (int)x;
+		} else if (strcmp(key, "param_dtype") == 0 || strcmp(key, "buffer_dtype") == 0) {
+			int dt = expect_float_dtype(r, k);
+			if (dt < 0)
+				return -1;
+			*(key[0] == 'p' ? &b->param_dtype : &b->buffer_dtype) = dt;
 		} else {
 			return fail_at(r, k->col, "unknown block key '%s'", key);
 		}
@@ -1262,6 +1298,7 @@ static const struct {
 } directives[] = {
 	{"mesh", parse_mesh},         {"config", parse_config},   {"optimizer", parse_optimizer},
 	{"schedule", parse_schedule}, {"strategy", parse_strategy}, {"memory", parse_memory},
+	{"precision", parse_precision},
 	{"roles", parse_roles},       {"metrics", parse_metrics}, {"events", parse_events},
 	{"block", parse_block_decl},  {"source", parse_source},   {"bucket", parse_bucket},
 };

@@ -41,7 +41,8 @@
 #include "outfile.h"
 #include "stepfile.h"
 
-/* The shared columns of ir/ops.def: name, executor class, operand rule. */
+/* The shared columns of ir/ops.def: name, executor class, operand rule,
+ * what it reads and writes in place. */
 const char *const dp_kernel_names[DPK_COUNT] = {
 #define OP(id, name, ...) name,
 #include "ops.def"
@@ -54,6 +55,11 @@ const unsigned char dp_op_classes[DPK_COUNT] = {
 };
 const unsigned char dp_op_rules[DPK_COUNT] = {
 #define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_OR_##rule,
+#include "ops.def"
+#undef OP
+};
+const unsigned char dp_op_ro[DPK_COUNT] = {
+#define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_RO_##ro,
 #include "ops.def"
 #undef OP
 };
@@ -501,6 +507,39 @@ static int check_f32(const DpStep *s, int32_t id, const char *role, const char *
 	return 0;
 }
 
+/* An operand that must be present and float (f32 or bf16). */
+static int check_float(const DpStep *s, int32_t id, const char *role, const char *what, char *err,
+		       size_t errlen)
+{
+	if (id < 0) {
+		fail(err, errlen, "%s: missing %s", what, role);
+		return -1;
+	}
+	if (s->tensors[id].dtype != DP_F32 && s->tensors[id].dtype != DP_BF16) {
+		fail(err, errlen, "%s: %s '%s' is not f32 or bf16", what, role,
+		     dpstep_str(s, s->tensors[id].name));
+		return -1;
+	}
+	return 0;
+}
+
+/* A collective moves one dtype: its float operands alike (the comm backend
+ * reduces bf16 in f32). */
+static int check_same_float(const DpStep *s, const DpInstr *in, const char *what, char *err,
+			    size_t errlen)
+{
+	int a = in->in[0] >= 0 ? in->in[0] : in->out;
+	if (check_float(s, a, "operand", what, err, errlen) ||
+	    check_float(s, in->out, "output", what, err, errlen))
+		return -1;
+	if (s->tensors[a].dtype != s->tensors[in->out].dtype) {
+		fail(err, errlen, "%s: '%s' and '%s' differ in dtype", what,
+		     dpstep_str(s, s->tensors[a].name), dpstep_str(s, s->tensors[in->out].name));
+		return -1;
+	}
+	return 0;
+}
+
 /* ia0 of a collective or SHARD: a set of mesh axes. */
 static int check_mask(const DpInstr *in, const char *what, char *err, size_t errlen)
 {
@@ -562,13 +601,14 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		 * rank computes the same full values and cuts its own shard */
 		if (p == DP_PROG_INIT)
 			return misplaced(what, "the step, eval and export programs", err, errlen);
-		if (check_mask(in, what, err, errlen))
+		if (check_mask(in, what, err, errlen) || check_same_float(s, in, what, err, errlen))
 			return -1;
 		break;
 	case DPK_INIT:
 		if (p != DP_PROG_INIT)
 			return misplaced(what, "the init program", err, errlen);
-		if (check_f32(s, in->out, "output", what, err, errlen))
+		/* initial values are f32, rounded to bf16 for a bf16 buffer */
+		if (check_float(s, in->out, "output", what, err, errlen))
 			return -1;
 		/* in0, when given, is the parameter the output is the whole of */
 		id = in->in[0] >= 0 ? in->in[0] : in->out;
@@ -594,9 +634,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	case DPK_SHARD:
 		if (p != DP_PROG_INIT && p != DP_PROG_STEP)
 			return misplaced(what, "the init and step programs", err, errlen);
-		if (check_f32(s, in->in[0], "input", what, err, errlen) ||
-		    check_f32(s, in->out, "output", what, err, errlen) ||
-		    check_mask(in, what, err, errlen))
+		if (check_same_float(s, in, what, err, errlen) || check_mask(in, what, err, errlen))
 			return -1;
 		break;
 	default:

@@ -205,7 +205,33 @@ typedef enum {
 	DP_OR_ATTENTION_CP_GRAD, /* in0 dy [B, T, C], in1..3 as ATTENTION_CP's, out like
 	                      qkv; disjoint */
 	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
+	DP_OR_ACCUM,       /* out, in0 same size (each f32 or bf16: out += in0 converts) */
+	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
+	DP_NOR
 } DpOperandRule;
+
+/*
+ * Operand dtypes (mixed precision). Every rule states, per operand, which
+ * dtype it may have; the decoder checks it and the compiler's precision pass
+ * (passes/precision.c) reads the same table to decide where casts go. A
+ * kernel computes in f32 whatever it stores: bf16 operands are converted on
+ * load and rounded (to nearest even) on store.
+ */
+typedef enum {
+	DP_OD_NONE,  /* not a tensor operand of the rule, or checked by the rule itself
+	                (copies: the same dtype as in0, any) */
+	DP_OD_CD,    /* f32 or bf16: the instruction's compute dtype, one for all its CD
+	                operands (the dtype of the first present one, in0..in3 then out) */
+	DP_OD_CDF,   /* the compute dtype, or f32: a parameter gradient an accumulating
+	                kernel writes in the reduce dtype */
+	DP_OD_FLOAT, /* f32 or bf16, whatever the others are */
+	DP_OD_F32,   /* f32: statistics, metrics, master weights, optimizer state */
+	DP_OD_BF16,  /* bf16: the compute copy an optimizer writes */
+	DP_OD_I32,   /* ids, labels, positions */
+} DpOperandDtype;
+
+/* Per rule: the DpOperandDtype of out (index 0) and in0..in3 (1..4). */
+extern const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN];
 
 /* Streams of the schedule. */
 typedef enum {
@@ -347,12 +373,36 @@ typedef enum {
 	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
 } DpOpClass;
 
+/* The RO column of ir/ops.def: does an instruction read its output, and
+ * does it write inputs (a backend that stages operands, e.g. bf16 on the
+ * CPU, converts in what is read and back what is written). */
+typedef enum {
+	DP_RO_NO,  /* out is only written */
+	DP_RO_YES, /* out is read too (in place) */
+	DP_RO_ACC, /* out is read when ia[2] != 0 (accumulating kernels) */
+	DP_RO_UPD, /* YES, and in[1..] are written too (optimizer state, the bf16 copy) */
+} DpReadsOut;
+
 extern const unsigned char dp_op_classes[DPK_COUNT]; /* DpOpClass; ORDER KERNEL */
+extern const unsigned char dp_op_ro[DPK_COUNT];      /* DpReadsOut; ORDER KERNEL */
 extern const unsigned char dp_op_rules[DPK_COUNT];   /* DpOperandRule; ORDER KERNEL */
 
 static inline DpOpClass dp_op_class(unsigned op)
 {
 	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
+}
+
+static inline int dp_reads_out(const DpInstr *in)
+{
+	unsigned ro = in->op < DPK_COUNT ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
+	return ro == DP_RO_YES || ro == DP_RO_UPD || (ro == DP_RO_ACC && in->ia[2] != 0);
+}
+
+/* Does the instruction write its input k (besides its out)? */
+static inline int dp_writes_in(const DpInstr *in, int k)
+{
+	return in->op < DPK_COUNT && dp_op_ro[in->op] == DP_RO_UPD && k >= 1 && k < DP_MAX_IN &&
+	       in->in[k] >= 0;
 }
 
 /* The collectives: ops that move data between the ranks of the ia0 axes, on

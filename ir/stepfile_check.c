@@ -62,8 +62,8 @@ __attribute__((format(printf, 2, 3))) static int bad(Chk *c, const char *fmt, ..
 	return -1;
 }
 
-/* Operand k (-1: out): present, and of dtype dt unless dt < 0. NULL after
- * reporting. */
+/* Operand k (-1: out): present, and of dtype dt unless dt < 0 (the rule's
+ * dtypes are checked first, by check_dtypes). NULL after reporting. */
 static const DpTensor *opnd(Chk *c, int k, int dt)
 {
 	int id = k < 0 ? c->in->out : c->in->in[k];
@@ -85,6 +85,127 @@ static const DpTensor *opnd(Chk *c, int k, int dt)
 		return NULL;
 	}
 	return t;
+}
+
+/* ---- operand dtypes ---- */
+
+#define CD DP_OD_CD
+#define CDF DP_OD_CDF
+#define FL DP_OD_FLOAT
+#define F32 DP_OD_F32
+#define B16 DP_OD_BF16
+#define I32 DP_OD_I32
+/* out, in0, in1, in2, in3 (DpOperandDtype; 0: none or the rule's own check) */
+const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
+	[DP_OR_UNARY] = {CD, CD},
+	[DP_OR_BINARY] = {CD, CD, CD},
+	[DP_OR_MATMUL] = {CDF, CD, CD},
+	[DP_OR_LINEAR] = {CD, CD, CD, CD},
+	[DP_OR_BIAS_ADD] = {CD, CD, CD},
+	[DP_OR_BIAS_GRAD] = {CDF, CD},
+	[DP_OR_XENT] = {F32, FL, I32},
+	[DP_OR_XENT_GRAD] = {CD, CD, I32},
+	[DP_OR_CORRECT] = {F32, FL, I32},
+	[DP_OR_SCALAR] = {F32, FL},
+	[DP_OR_CLIP] = {FL, F32},
+	[DP_OR_SGD] = {F32, FL, F32, B16},
+	[DP_OR_ADAMW] = {F32, FL, F32, F32, B16},
+	[DP_OR_EMBEDDING] = {CD, I32, CD},
+	[DP_OR_EMBEDDING_GRAD] = {CDF, CD, I32, FL},
+	[DP_OR_NORM_AFFINE] = {CD, CD, CD, CD},
+	[DP_OR_NORM_SCALE] = {CD, CD, CD},
+	[DP_OR_NORM_GRAD] = {CD, CD, CD, CD},
+	[DP_OR_NORM_GRAD_G] = {CDF, CD, CD},
+	[DP_OR_SOFTMAX] = {CD, CD},
+	[DP_OR_SOFTMAX_GRAD] = {CD, CD, CD},
+	[DP_OR_ATTENTION] = {CD, CD},
+	[DP_OR_ATTENTION_GRAD] = {CD, CD, CD},
+	[DP_OR_ROPE] = {CD, CD, CD, CD},
+	[DP_OR_SPLIT] = {CD, CD},
+	[DP_OR_SPLIT_GRAD] = {CD, CD},
+	[DP_OR_KV_PACK] = {CD, CD},
+	[DP_OR_KV_UNPACK] = {CD, CD},
+	[DP_OR_ATTENTION_CP] = {CD, CD, CD, I32},
+	[DP_OR_ATTENTION_CP_GRAD] = {CD, CD, CD, CD, I32},
+	[DP_OR_ATTENTION_CP_GRAD_KV] = {CD, CD, CD, CD, I32},
+	[DP_OR_ACCUM] = {FL, FL},
+	[DP_OR_CAST] = {FL, FL},
+};
+#undef CD
+#undef CDF
+#undef FL
+#undef F32
+#undef B16
+#undef I32
+
+static const char *operand_name(int k, char *buf, size_t len)
+{
+	if (k < 0)
+		snprintf(buf, len, "the output");
+	else
+		snprintf(buf, len, "input %d", k);
+	return buf;
+}
+
+/* Every present operand has a dtype its rule allows (dp_rule_dtypes). */
+static int check_dtypes(Chk *c, int rule)
+{
+	const unsigned char *od = dp_rule_dtypes[rule];
+	int cd = -1, cd_at = 0; /* the compute dtype and the operand it comes from */
+	for (int j = 1; j <= DP_MAX_IN + 1 && cd < 0; j++) {
+		int k = j <= DP_MAX_IN ? j - 1 : -1, id = k < 0 ? c->in->out : c->in->in[k];
+		if (id >= 0 && od[k + 1] == DP_OD_CD)
+			cd = c->s->tensors[id].dtype, cd_at = k;
+	}
+	for (int k = -1; k < DP_MAX_IN; k++) {
+		int id = k < 0 ? c->in->out : c->in->in[k];
+		if (id < 0 || od[k + 1] == DP_OD_NONE)
+			continue;
+		int dt = c->s->tensors[id].dtype, ok = 0;
+		const char *want = "";
+		switch ((DpOperandDtype)od[k + 1]) {
+		case DP_OD_NONE:
+			ok = 1;
+			break;
+		case DP_OD_CD:
+			ok = (dt == DP_F32 || dt == DP_BF16) && dt == cd;
+			break;
+		case DP_OD_CDF:
+			ok = dt == DP_F32 || (dt == DP_BF16 && dt == cd);
+			break;
+		case DP_OD_FLOAT:
+			ok = dt == DP_F32 || dt == DP_BF16;
+			want = "f32 or bf16";
+			break;
+		case DP_OD_F32:
+			ok = dt == DP_F32;
+			want = "f32";
+			break;
+		case DP_OD_BF16:
+			ok = dt == DP_BF16;
+			want = "bf16";
+			break;
+		case DP_OD_I32:
+			ok = dt == DP_I32;
+			want = "i32";
+			break;
+		}
+		if (!ok) {
+			char who[32];
+			int fl = dt == DP_F32 || dt == DP_BF16;
+			if (!fl && (od[k + 1] == DP_OD_CD || od[k + 1] == DP_OD_CDF))
+				want = "f32 or bf16";
+			else if (od[k + 1] == DP_OD_CD || od[k + 1] == DP_OD_CDF)
+				return bad(c, "%s '%s' is %s, not the compute dtype %s (%s's)",
+					   operand_name(k, who, sizeof who), tname(c->s, id),
+					   dp_name(dp_dtype_names, DP_NDTYPE, (unsigned)dt),
+					   dp_name(dp_dtype_names, DP_NDTYPE, (unsigned)cd),
+					   tname(c->s, cd_at < 0 ? c->in->out : c->in->in[cd_at]));
+			return bad(c, "%s '%s' is %s, not %s", operand_name(k, who, sizeof who),
+				   tname(c->s, id), dp_name(dp_dtype_names, DP_NDTYPE, (unsigned)dt), want);
+		}
+	}
+	return 0;
 }
 
 static int disjoint(const DpTensor *a, const DpTensor *b)
@@ -147,66 +268,77 @@ static int check_elementwise(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_UNARY: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		NEED(numel(o) == numel(a), "the operands differ in size");
 		return 0;
 	}
 	case DP_OR_BINARY: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
-		OPND(b, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		OPND(b, 1, -1);
 		NEED(numel(o) == numel(a) && numel(a) == numel(b), "the operands differ in size");
 		return 0;
 	}
 	case DP_OR_BIAS_ADD: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
-		OPND(b, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		OPND(b, 1, -1);
 		NEED(numel(o) == numel(a) && numel(a) % numel(b) == 0,
 		     "the operand sizes do not match (x %lld, bias %lld, out %lld)",
 		     (long long)numel(a), (long long)numel(b), (long long)numel(o));
 		return 0;
 	}
 	case DP_OR_BIAS_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		NEED(numel(a) % numel(o) == 0, "the operand sizes do not match");
 		DISJOINT();
 		return 0;
 	}
 	case DP_OR_SCALAR: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		(void)o;
 		(void)a;
 		return 0;
 	}
 	case DP_OR_CLIP: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		NEED(disjoint(o, a), "the norm lies inside the clipped buffer");
 		return 0;
 	}
-	case DP_OR_SGD: {
-		OPND(p, -1, DP_F32);
-		OPND(g, 0, DP_F32);
+	case DP_OR_SGD:
+	case DP_OR_ADAMW: {
+		int adam = rule == DP_OR_ADAMW, copy = adam ? 3 : 2;
+		OPND(p, -1, -1);
+		OPND(g, 0, -1);
 		NEED(numel(p) == numel(g), "params and grads differ in size");
-		if (in->in[1] >= 0) {
-			OPND(m, 1, DP_F32);
+		if (adam) {
+			OPND(m, 1, -1);
+			OPND(v, 2, -1);
+			NEED(numel(m) == numel(p) && numel(v) == numel(p), "the state differs in size");
+		} else if (in->in[1] >= 0) {
+			OPND(m, 1, -1);
 			NEED(numel(m) == numel(p), "the momentum buffer differs in size");
 		} else {
 			NEED(in->fa[0] == 0, "momentum without a momentum buffer");
 		}
+		if (in->in[copy] >= 0) {
+			OPND(cp, copy, -1);
+			NEED(numel(cp) == numel(p), "the compute copy differs in size");
+			NEED(disjoint(cp, p) && disjoint(cp, g), "the compute copy overlaps an operand");
+		}
 		return 0;
 	}
-	case DP_OR_ADAMW: {
-		OPND(p, -1, DP_F32);
-		OPND(g, 0, DP_F32);
-		OPND(m, 1, DP_F32);
-		OPND(v, 2, DP_F32);
-		NEED(numel(p) == numel(g) && numel(m) == numel(p) && numel(v) == numel(p),
-		     "params, grads and state differ in size");
+	case DP_OR_ACCUM:
+	case DP_OR_CAST: {
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		NEED(numel(o) == numel(a), "the operands differ in size");
+		if (rule == DP_OR_CAST)
+			NEED(disjoint(o, a), "the output overlaps the input");
 		return 0;
 	}
 	default:
@@ -219,9 +351,9 @@ static int check_gemm(Chk *c, int rule)
 	const DpInstr *in = c->in;
 	switch (rule) {
 	case DP_OR_MATMUL: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
-		OPND(b, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		OPND(b, 1, -1);
 		int64_t m = in->ia[0] ? cols_of(a) : rows_of(a), k = in->ia[0] ? rows_of(a) : cols_of(a);
 		int64_t k2 = in->ia[1] ? cols_of(b) : rows_of(b), n = in->ia[1] ? rows_of(b) : cols_of(b);
 		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
@@ -231,14 +363,14 @@ static int check_gemm(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_LINEAR: {
-		OPND(o, -1, DP_F32);
-		OPND(x, 0, DP_F32);
-		OPND(w, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(x, 0, -1);
+		OPND(w, 1, -1);
 		int64_t k = cols_of(x), n = cols_of(w);
 		NEED(rows_of(w) == k, "x and w inner dimensions differ");
 		NEED(numel(o) == rows_of(x) * n && cols_of(o) == n, "the output shape does not match");
 		if (in->in[2] >= 0) {
-			OPND(b, 2, DP_F32);
+			OPND(b, 2, -1);
 			NEED(numel(b) == n, "the bias size does not match");
 		}
 		DISJOINT();
@@ -247,9 +379,9 @@ static int check_gemm(Chk *c, int rule)
 	case DP_OR_XENT:
 	case DP_OR_XENT_GRAD:
 	case DP_OR_CORRECT: {
-		OPND(o, -1, DP_F32);
-		OPND(x, 0, DP_F32);
-		OPND(y, 1, DP_I32);
+		OPND(o, -1, -1);
+		OPND(x, 0, -1);
+		OPND(y, 1, -1);
 		NEED(numel(y) == rows_of(x), "labels (%lld) and logits rows (%lld) differ",
 		     (long long)numel(y), (long long)rows_of(x));
 		if (rule == DP_OR_XENT_GRAD)
@@ -259,9 +391,9 @@ static int check_gemm(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_EMBEDDING: {
-		OPND(o, -1, DP_F32);
-		OPND(ids, 0, DP_I32);
-		OPND(tab, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(ids, 0, -1);
+		OPND(tab, 1, -1);
 		NEED(tab->ndim == 2, "the table must be [vocab, dim]");
 		NEED(cols_of(o) == tab->dims[1] && numel(o) == numel(ids) * tab->dims[1],
 		     "the output shape does not match ids and table");
@@ -269,11 +401,11 @@ static int check_gemm(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_EMBEDDING_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(dy, 0, DP_F32);
-		OPND(ids, 1, DP_I32);
+		OPND(o, -1, -1);
+		OPND(dy, 0, -1);
+		OPND(ids, 1, -1);
 		if (in->in[2] >= 0) {
-			OPND(tab, 2, DP_F32);
+			OPND(tab, 2, -1);
 			NEED(numel(tab) == numel(o), "the output and the table differ in size");
 		}
 		NEED(o->ndim == 2, "the output must be [vocab, dim]");
@@ -293,13 +425,13 @@ static int check_rows(Chk *c, int rule)
 	switch (rule) {
 	case DP_OR_NORM_AFFINE:
 	case DP_OR_NORM_SCALE: {
-		OPND(o, -1, DP_F32);
-		OPND(x, 0, DP_F32);
-		OPND(g, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(x, 0, -1);
+		OPND(g, 1, -1);
 		NEED(numel(o) == numel(x) && cols_of(o) == cols_of(x), "the output and x differ in shape");
 		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
 		if (rule == DP_OR_NORM_AFFINE) {
-			OPND(b, 2, DP_F32);
+			OPND(b, 2, -1);
 			NEED(numel(b) == cols_of(x), "beta's size does not match x's last dim");
 		}
 		NEED(in->fa[0] >= 0, "negative eps");
@@ -307,10 +439,10 @@ static int check_rows(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_NORM_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(dy, 0, DP_F32);
-		OPND(x, 1, DP_F32);
-		OPND(g, 2, DP_F32);
+		OPND(o, -1, -1);
+		OPND(dy, 0, -1);
+		OPND(x, 1, -1);
+		OPND(g, 2, -1);
 		NEED(numel(o) == numel(x) && numel(dy) == numel(x) && cols_of(o) == cols_of(x) &&
 		     cols_of(dy) == cols_of(x), "dy, x and the output differ in shape");
 		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
@@ -319,9 +451,9 @@ static int check_rows(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_NORM_GRAD_G: {
-		OPND(o, -1, DP_F32);
-		OPND(dy, 0, DP_F32);
-		OPND(x, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(dy, 0, -1);
+		OPND(x, 1, -1);
 		NEED(numel(dy) == numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
 		NEED(numel(o) == cols_of(x), "the output's size does not match x's last dim");
 		NEED(in->fa[0] >= 0, "negative eps");
@@ -330,11 +462,11 @@ static int check_rows(Chk *c, int rule)
 	}
 	case DP_OR_SOFTMAX:
 	case DP_OR_SOFTMAX_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		NEED(numel(o) == numel(a) && cols_of(o) == cols_of(a), "the operands differ in shape");
 		if (rule == DP_OR_SOFTMAX_GRAD) {
-			OPND(y, 1, DP_F32);
+			OPND(y, 1, -1);
 			NEED(numel(y) == numel(a) && cols_of(y) == cols_of(a), "dy and y differ in shape");
 		}
 		DISJOINT();
@@ -342,8 +474,8 @@ static int check_rows(Chk *c, int rule)
 	}
 	case DP_OR_SPLIT:
 	case DP_OR_SPLIT_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		const DpTensor *whole = rule == DP_OR_SPLIT ? a : o, *part = rule == DP_OR_SPLIT ? o : a;
 		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < in->ia[0], "bad part index");
 		NEED(cols_of(part) * in->ia[0] == cols_of(whole) && rows_of(part) == rows_of(whole),
@@ -361,8 +493,8 @@ static int check_transformer(Chk *c, int rule)
 	const DpInstr *in = c->in;
 	switch (rule) {
 	case DP_OR_ATTENTION: {
-		OPND(o, -1, DP_F32);
-		OPND(qkv, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(qkv, 0, -1);
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
@@ -371,9 +503,9 @@ static int check_transformer(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_ATTENTION_GRAD: {
-		OPND(o, -1, DP_F32);
-		OPND(dy, 0, DP_F32);
-		OPND(qkv, 1, DP_F32);
+		OPND(o, -1, -1);
+		OPND(dy, 0, -1);
+		OPND(qkv, 1, -1);
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
@@ -383,10 +515,10 @@ static int check_transformer(Chk *c, int rule)
 		return 0;
 	}
 	case DP_OR_ROPE: {
-		OPND(o, -1, DP_F32);
-		OPND(qkv, 0, DP_F32);
-		OPND(cs, 1, DP_F32);
-		OPND(sn, 2, DP_F32);
+		OPND(o, -1, -1);
+		OPND(qkv, 0, -1);
+		OPND(cs, 1, -1);
+		OPND(sn, 2, -1);
 		NEED(qkv->ndim == 3, "qkv must be [batch, T, 3*C]");
 		NEED(cs->ndim == 2 && sn->ndim == 2 && cs->dims[0] == sn->dims[0] &&
 		     cs->dims[1] == sn->dims[1] && cs->dims[1] >= 1, "cos and sin must be [T, head_dim/2]");
@@ -411,8 +543,8 @@ static int check_transformer(Chk *c, int rule)
 	}
 	case DP_OR_KV_PACK:
 	case DP_OR_KV_UNPACK: {
-		OPND(o, -1, DP_F32);
-		OPND(a, 0, DP_F32);
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
 		const DpTensor *qkv = rule == DP_OR_KV_PACK ? a : o, *kv = rule == DP_OR_KV_PACK ? o : a;
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
@@ -426,10 +558,10 @@ static int check_transformer(Chk *c, int rule)
 	case DP_OR_ATTENTION_CP_GRAD:
 	case DP_OR_ATTENTION_CP_GRAD_KV: {
 		int k = rule == DP_OR_ATTENTION_CP ? 0 : 1; /* where qkv is */
-		OPND(o, -1, DP_F32);
-		OPND(qkv, k, DP_F32);
-		OPND(kv, k + 1, DP_F32);
-		OPND(pos, k + 2, DP_I32);
+		OPND(o, -1, -1);
+		OPND(qkv, k, -1);
+		OPND(kv, k + 1, -1);
+		OPND(pos, k + 2, -1);
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
@@ -441,7 +573,7 @@ static int check_transformer(Chk *c, int rule)
 		if (rule == DP_OR_ATTENTION_CP) {
 			NEED(numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
 		} else {
-			OPND(dy, 0, DP_F32);
+			OPND(dy, 0, -1);
 			NEED(numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
 			const DpTensor *like = rule == DP_OR_ATTENTION_CP_GRAD ? qkv : kv;
 			NEED(numel(o) == numel(like) && cols_of(o) == cols_of(like),
@@ -471,7 +603,11 @@ int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, 
 	int rule = dp_op_rules[in->op];
 	if (rule == DP_OR_EXEC)
 		return 0;
-	int r = check_elementwise(&c, rule);
+	if (rule >= DP_NOR) {
+		snprintf(err, errlen, "%s: no operand rule %d (internal error)", what, rule);
+		return -1;
+	}
+	int r = check_dtypes(&c, rule) ? -1 : check_elementwise(&c, rule);
 	if (r > 0)
 		r = check_gemm(&c, rule);
 	if (r > 0)

@@ -244,6 +244,69 @@ static const Value *root_of(const Graph *g, const Value *v, int64_t *off)
 
 /* ---- nodes ---- */
 
+/* The dtypes of a compute kernel's operands against its rule
+ * (dp_rule_dtypes, what the step-file decoder enforces): every CD operand
+ * alike and float, CDF the compute dtype or f32, and so on. Skipped while an
+ * operand has no type yet (the front end's `?` temporaries). */
+static void check_dtypes(Verifier *vf, const Node *n)
+{
+	const Graph *g = vf->g;
+	unsigned rule = dp_op_rules[n->op];
+	if (rule == DP_OR_EXEC || rule >= DP_NOR)
+		return;
+	const unsigned char *od = dp_rule_dtypes[rule];
+	int ids[1 + DP_MAX_IN] = {n->out, -1, -1, -1, -1};
+	for (int k = 0; k < n->nin; k++)
+		ids[k + 1] = n->in[k];
+	int cd = -1;
+	for (int j = 0; j < 1 + DP_MAX_IN; j++) {
+		int id = ids[j];
+		if (id < 0)
+			continue;
+		if (!vok(g, id))
+			return;
+		const Value *v = g->values[id];
+		if (v->ndim == 0 && v->kind == DP_T_ACT)
+			return; /* not shaped yet */
+		if (cd < 0 && od[j] == DP_OD_CD && j > 0)
+			cd = v->dtype;
+	}
+	if (cd < 0 && ids[0] >= 0 && od[0] == DP_OD_CD)
+		cd = g->values[ids[0]]->dtype;
+	for (int j = 0; j < 1 + DP_MAX_IN; j++) {
+		if (ids[j] < 0)
+			continue;
+		int dt = g->values[ids[j]]->dtype, fl = ir_is_float((DpDtype)dt), ok = 1;
+		switch ((DpOperandDtype)od[j]) {
+		case DP_OD_NONE:
+			break;
+		case DP_OD_CD:
+			ok = fl && dt == cd;
+			break;
+		case DP_OD_CDF:
+			ok = dt == DP_F32 || (fl && dt == cd);
+			break;
+		case DP_OD_FLOAT:
+			ok = fl;
+			break;
+		case DP_OD_F32:
+			ok = dt == DP_F32;
+			break;
+		case DP_OD_BF16:
+			ok = dt == DP_BF16;
+			break;
+		case DP_OD_I32:
+			ok = dt == DP_I32;
+			break;
+		}
+		if (!ok)
+			node_error(vf, n, "%s %%%s is %s: not a dtype %s computes with%s%s",
+				   j ? "input" : "output", vname(g, ids[j]), ir_dtype_name((DpDtype)dt),
+				   ir_ops[n->op].name, cd >= 0 ? " in " : "",
+				   cd >= 0 ? ir_dtype_name((DpDtype)cd) : "");
+	}
+}
+
 static void check_node(Verifier *vf, const Node *n)
 {
 	const Graph *g = vf->g;
@@ -270,6 +333,7 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "output out of range (%d)", n->out);
 	if ((unsigned)n->phase > PH_SETUP)
 		node_error(vf, n, "bad phase %d", (int)n->phase);
+	check_dtypes(vf, n);
 	if (n->stream < 0 || n->stream >= DP_NSTREAM)
 		node_error(vf, n, "bad stream %d", n->stream);
 	if (n->block < -1 || n->block >= g->nblocks)

@@ -32,6 +32,9 @@
  *     > 1), an all_reduce of the shard over dp_replicate, DP_IF_LAST;
  *   cut units that are not gathered (zero1, zero2): after the update, an
  *     all_gather of the updated shard back into "U.params", DP_IF_LAST.
+ * A bf16 unit's all_gathers read the compute copy of its shard
+ * ("U.shard.bf16", which the update writes) into bf16 buffers: half the
+ * bytes of f32. Gradients are reduced in reduce_dtype, their own dtype.
  * The all_reduces run even on a 1-rank mesh: the IR shows where
  * communication goes, the runtime skips groups of one rank, and --stats
  * reports 0 bytes. The XENT seed already divides by the global batch, so
@@ -190,14 +193,15 @@ static void gathers(Ins *in)
 	unsigned shard = shard_cut_axes(g);
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
+		int src = u->shard_c >= 0 ? u->shard_c : u->shard_p; /* bf16: the compute copy */
 		if (fwd_at[k] >= 0) {
-			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather, 1, &u->shard_p, shard, 0,
+			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather, 1, &src, shard, 0,
 						   IR_IN_STEP | IR_IN_EVAL, u->block);
 			unit_bucket(g, ag, u->gather, u->params, u->nparams);
 			queue(in, in->before, fwd_at[k], ag);
 		}
 		if (u->gather_bwd >= 0 && bwd_at[k] >= 0) {
-			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather_bwd, 1, &u->shard_p, shard,
+			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather_bwd, 1, &src, shard,
 						   0, IR_IN_STEP, u->block);
 			unit_bucket(g, ag, u->gather_bwd, u->bwd_params, u->nparams);
 			queue(in, in->before, bwd_at[k], ag);
@@ -403,8 +407,9 @@ int shard_run(Graph *g, Diag *d)
 		acc_shard |= !u->cut || !u->full_grads;
 		if (u->cut && !u->gathered)
 			queue(&in, in.after, in.iupd,
-			      unit_comm(&in, u, DPK_ALL_GATHER, u->full_p, u->shard_p,
-					shard_cut_axes(g), DP_IF_LAST, u->params));
+			      unit_comm(&in, u, DPK_ALL_GATHER, u->full_p,
+					u->shard_c >= 0 ? u->shard_c : u->shard_p, shard_cut_axes(g),
+					DP_IF_LAST, u->params));
 	}
 	if (pl->gtot && acc_shard) {
 		Node *f = step_node(g, DPK_FILL, pl->shard_grads, 0, NULL, PH_OPT, DP_IF_LAST, -1);

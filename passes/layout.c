@@ -62,6 +62,18 @@
  *   (SQNORM of, CLIP and update into flat.grads.shard / flat.params.shard);
  *   its FILL zeroes the buffer the backward accumulates into (flat.grads
  *   when some unit keeps full grads, else the shard buffer).
+ * Mixed precision (passes/precision.c gave each trained param the dtype its
+ * block computes in; grads have reduce_dtype): the optimizer updates f32
+ * masters and writes a bf16 compute copy in the same pass ("flat.params.bf16"
+ * all ddp, "flat.params.shard.bf16" sharded, element for element beside
+ * flat.params / flat.params.shard: the update's copy operand). A bf16 param
+ * is a view of the compute copy (all ddp, uncut units), of
+ * "flat.params.bf16" (the full bf16 params of cut, not gathered units; f32
+ * units keep theirs in flat.params) or of its unit's bf16 "U.gather"; its
+ * f32 master is a view "p.master" of flat.params (all ddp), of the unit's
+ * shard view (uncut), or of a temporary "U.master" (cut: INIT and EXPORT
+ * only, the masters live as shards), and the gathers read "U.shard.bf16",
+ * the copy of the shard. Sharded buckets do not mix dtypes.
  * Hand-written IR with a strategy that does not suit the mesh is reported
  * here (the front end reports it at the DSL setting).
  */
@@ -150,17 +162,23 @@ static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int 
 	u->foff = u->goff = -1;
 	u->full_p = u->full_g = u->shard_p = u->shard_g = -1;
 	u->gather = u->gather_bwd = u->rs = -1;
+	u->shard_c = u->master = -1;
+	u->dtype = DP_F32;
 	return u;
 }
 
 static void unit_add(Graph *g, Unit *u, int p)
 {
 	int *grown = ir_alloc(g, (size_t)(u->nparams + 1) * sizeof(int));
+	int *masters = ir_alloc(g, (size_t)(u->nparams + 1) * sizeof(int));
 	if (u->nparams)
 		memcpy(grown, u->params, (size_t)u->nparams * sizeof(int));
 	grown[u->nparams++] = p;
 	u->params = grown;
+	u->masters = masters; /* filled by place_in */
 	u->elems += ir_numel(g->values[p]);
+	if (g->values[p]->dtype == DP_BF16)
+		u->dtype = DP_BF16;
 }
 
 /* Does a bucket end between parameters a and b (completion order)? See
@@ -172,7 +190,8 @@ static int bucket_ends(const Graph *g, const ShardPlan *pl, const int *last, con
 	if ((la >= 0) != (lb >= 0))
 		return 1;
 	if (pl->sharded)
-		return (shard_tp_dim(g, g->values[a]) >= 0) != (shard_tp_dim(g, g->values[b]) >= 0);
+		return (shard_tp_dim(g, g->values[a]) >= 0) != (shard_tp_dim(g, g->values[b]) >= 0) ||
+		       g->values[a]->dtype != g->values[b]->dtype;
 	return la >= 0 && coll[lb] - coll[la + 1] > 0;
 }
 
@@ -227,40 +246,63 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 
 /* ---- the flat layout ---- */
 
-static Value *flat1(Graph *g, const char *name, int64_t n, DpTensorKind kind)
+static Value *flat1(Graph *g, const char *name, int dt, int64_t n, DpTensorKind kind)
 {
-	return ir_value(g, name, DP_F32, 1, (int64_t[]){n}, kind, (Loc){0});
+	return ir_value(g, name, (DpDtype)dt, 1, (int64_t[]){n}, kind, (Loc){0});
 }
 
-/* A 1-D view of `of` at element offset off. */
+/* A 1-D view of `of` (in its dtype) at element offset off. */
 static int view1(Graph *g, const char *name, int of, int64_t off, int64_t n, DpTensorKind kind,
 		 int block)
 {
-	Value *v = flat1(g, name, n, kind);
+	Value *v = flat1(g, name, g->values[of]->dtype, n, kind);
 	v->view_of = of;
 	v->view_offset = off;
 	v->block = block;
 	return v->id;
 }
 
-/* Param p and its grad: views of fp and fg at element offset *off, which
- * moves past them. */
-static void place_in(Graph *g, int p, int fp, int fg, int64_t *off)
+/* Param i of unit u and its grad: views at element offset *off of the
+ * buffers its compute values (fc), f32 masters (fm; -1 when the param is
+ * its own master) and grads (fg) live in; *off moves past them. A master
+ * "p.master" carries p's initialiser: INIT writes it as p. */
+static void place_in(Graph *g, Unit *u, int i, int fc, int fm, int fg, int64_t *off)
 {
-	Value *pv = g->values[p], *gv = g->values[pv->grad];
-	pv->view_of = fp;
+	Value *pv = g->values[u->params[i]], *gv = g->values[pv->grad];
+	pv->view_of = fc;
 	gv->view_of = fg;
 	pv->view_offset = gv->view_offset = *off;
+	u->masters[i] = pv->id;
+	if (fm >= 0) {
+		Value *m = ir_value(g, ir_fmt(g, "%s.master", pv->name), g->values[fm]->dtype,
+				    pv->ndim, pv->dims, DP_T_PARAM, pv->loc);
+		m->block = pv->block;
+		m->view_of = fm;
+		m->view_offset = *off;
+		m->place[DP_AXIS_TP] = pv->place[DP_AXIS_TP];
+		m->init = pv->init;
+		m->init_a = pv->init_a;
+		m->init_b = pv->init_b;
+		u->masters[i] = m->id;
+	}
 	*off += ir_numel(pv);
 }
 
-/* Every unit uncut: the units one after another in the flat buffers. */
+/* Every unit uncut: the units one after another in the flat buffers; a
+ * bf16 param's compute copy in pl->copy at its master's offset. */
 static void lay_out_whole(Graph *g, ShardPlan *pl)
 {
 	int64_t off = 0;
-	for (int k = 0; k < pl->nu; k++)
-		for (int i = 0; i < pl->u[k].nparams; i++)
-			place_in(g, pl->u[k].params[i], pl->flat_params, pl->flat_grads, &off);
+	for (int k = 0; k < pl->nu; k++) {
+		Unit *u = &pl->u[k];
+		for (int i = 0; i < u->nparams; i++) {
+			int bf16 = g->values[u->params[i]]->dtype == DP_BF16;
+			place_in(g, u, i, bf16 ? pl->copy : pl->flat_params,
+				 bf16 ? pl->flat_params : -1, pl->flat_grads, &off);
+			if (bf16)
+				u->master = pl->flat_params;
+		}
+	}
 	if (off != ir_numel(g->values[pl->flat_params]))
 		die("layout: units cover %lld of %lld elements", (long long)off,
 		    (long long)ir_numel(g->values[pl->flat_params]));
@@ -281,7 +323,7 @@ static int shard_buffer(Graph *g, int f, int64_t full, int64_t ltot, unsigned pa
 	}
 	v->dims[0] = full;
 	place_partial(v, partial);
-	Value *s = flat1(g, name, ltot, DP_T_FLAT);
+	Value *s = flat1(g, name, v->dtype, ltot, DP_T_FLAT);
 	place_shard(s);
 	return s->id;
 }
@@ -299,7 +341,10 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 		u->padded = u->chunk * parts;
 		u->loff = ltot;
 		ltot += u->chunk;
-		if (u->cut && !u->gathered) {
+		if (u->cut && !u->gathered && u->dtype == DP_BF16) {
+			u->foff = pl->ftot16;
+			pl->ftot16 += u->padded;
+		} else if (u->cut && !u->gathered) {
 			u->foff = pl->ftot;
 			pl->ftot += u->padded;
 		}
@@ -317,9 +362,18 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 			g->values[i]->dims[0] = ltot;
 			place_shard(g->values[i]);
 		}
+	if (pl->copy >= 0) {
+		Value *c = g->values[pl->copy];
+		c->name = ir_fmt(g, "%s.bf16", g->values[sp]->name);
+		c->dims[0] = ltot;
+		place_shard(c);
+	}
+	if (pl->ftot16)
+		pl->full16 = flat1(g, "flat.params.bf16", DP_BF16, pl->ftot16, DP_T_FLAT)->id;
 
 	for (int k = 0; k < pl->nu; k++) {
 		Unit *u = &pl->u[k];
+		int bf16 = u->dtype == DP_BF16;
 		if (u->cut) {
 			u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->loff, u->chunk,
 					   DP_T_PARAM, u->block);
@@ -327,40 +381,64 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 					   u->chunk, DP_T_GRAD, u->block);
 			place_shard(g->values[u->shard_p]);
 			place_shard(g->values[u->shard_g]);
+			if (bf16) {
+				u->shard_c = view1(g, ir_fmt(g, "%s.shard.bf16", u->name), pl->copy,
+						   u->loff, u->chunk, DP_T_PARAM, u->block);
+				place_shard(g->values[u->shard_c]);
+			}
 		} else {
-			/* ddp: the whole unit, params and grads, in the shared buffers */
+			/* ddp: the whole unit, params and grads, in the shared buffers
+			 * (a bf16 unit's compute copy beside its masters) */
 			u->shard_p = u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), sp, u->loff,
 						       u->chunk, DP_T_PARAM, u->block);
 			u->shard_g = u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), sg, u->loff,
 						       u->chunk, DP_T_GRAD, u->block);
+			if (bf16) {
+				u->master = u->shard_p;
+				u->full_p = view1(g, ir_fmt(g, "%s.params.bf16", u->name), pl->copy,
+						  u->loff, u->chunk, DP_T_PARAM, u->block);
+			}
 		}
-		if (u->tp) /* different values on every tp rank */
+		if (u->tp) { /* different values on every tp rank */
 			g->values[u->shard_p]->place[DP_AXIS_TP] =
 				g->values[u->shard_g]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
+			if (u->shard_c >= 0)
+				g->values[u->shard_c]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
+			if (!u->cut && bf16)
+				g->values[u->full_p]->place[DP_AXIS_TP] = (Place){DP_PL_SHARD, 0};
+		}
 		if (u->gathered) {
-			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->padded, DP_T_ACT)->id;
+			u->gather = flat1(g, ir_fmt(g, "%s.gather", u->name), u->dtype, u->padded,
+					  DP_T_ACT)->id;
 			g->values[u->gather]->block = u->block;
 			u->full_p = u->gather;
 		} else if (u->cut) {
-			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), fp, u->foff, u->padded,
-					  DP_T_PARAM, u->block);
+			u->full_p = view1(g, ir_fmt(g, "%s.params", u->name), bf16 ? pl->full16 : fp,
+					  u->foff, u->padded, DP_T_PARAM, u->block);
+		}
+		if (u->cut && bf16) {
+			u->master = flat1(g, ir_fmt(g, "%s.master", u->name), DP_F32, u->padded,
+					  DP_T_ACT)->id;
+			g->values[u->master]->block = u->block;
 		}
 		if (u->goff >= 0) {
 			u->full_g = view1(g, ir_fmt(g, "%s.grads", u->name), fg, u->goff, u->padded,
 					  DP_T_GRAD, u->block);
 		} else if (u->cut) {
-			u->full_g = flat1(g, ir_fmt(g, "%s.grads", u->name), u->padded, DP_T_ACT)->id;
+			u->full_g = flat1(g, ir_fmt(g, "%s.grads", u->name), g->reduce_dtype, u->padded,
+					  DP_T_ACT)->id;
 			g->values[u->full_g]->block = u->block;
 		}
 		place_partial(g->values[u->full_g], dp);
 		if (u->cut && !u->full_grads) {
-			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), u->chunk, DP_T_ACT)->id;
+			u->rs = flat1(g, ir_fmt(g, "%s.rs", u->name), g->reduce_dtype, u->chunk,
+				      DP_T_ACT)->id;
 			g->values[u->rs]->block = u->block;
 			place_shard(g->values[u->rs]);
 		}
 		int64_t off = 0;
 		for (int i = 0; i < u->nparams; i++) {
-			place_in(g, u->params[i], u->full_p, u->full_g, &off);
+			place_in(g, u, i, u->full_p, u->master, u->full_g, &off);
 			place_partial(g->values[g->values[u->params[i]]->grad], dp);
 		}
 	}
@@ -391,7 +469,8 @@ static void lay_out_backward_gathers(Graph *g, ShardPlan *pl)
 		Unit *u = &pl->u[k];
 		if (!u->reshard || !read[k])
 			continue;
-		u->gather_bwd = flat1(g, ir_fmt(g, "%s.gather.bwd", u->name), u->padded, DP_T_ACT)->id;
+		u->gather_bwd = flat1(g, ir_fmt(g, "%s.gather.bwd", u->name), u->dtype, u->padded,
+				      DP_T_ACT)->id;
 		g->values[u->gather_bwd]->block = u->block;
 		u->bwd_params = ir_alloc(g, (size_t)u->nparams * sizeof(int));
 		for (int i = 0; i < u->nparams; i++) {
@@ -420,6 +499,22 @@ static Node *find_opt(const Graph *g, IrOp op)
 		if (g->nodes[i]->phase == PH_OPT && g->nodes[i]->op == op)
 			return g->nodes[i];
 	return NULL;
+}
+
+/* The update writes the bf16 compute copy beside the masters (ADAMW's in3,
+ * SGD's in2), when there is one. */
+static void attach_copy(Graph *g, const ShardPlan *pl)
+{
+	Node *upd = find_opt(g, DPK_ADAMW) ? find_opt(g, DPK_ADAMW) : find_opt(g, DPK_SGD);
+	if (!upd)
+		die("layout: the optimizer tail is missing");
+	if (pl->copy < 0)
+		return;
+	int at = upd->op == DPK_ADAMW ? 3 : 2;
+	for (int k = upd->nin; k < at; k++)
+		upd->in[k] = -1;
+	upd->in[at] = pl->copy;
+	upd->nin = at + 1;
 }
 
 /* The optimizer tail on what this rank updates: the shard buffers. */
@@ -458,10 +553,14 @@ int layout_run(Graph *g, Diag *d)
 	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
 	pl->flat_params = flat_buffer(g, "flat.params");
 	pl->flat_grads = flat_buffer(g, "flat.grads");
-	pl->shard_params = pl->shard_grads = -1;
+	pl->shard_params = pl->shard_grads = pl->copy = pl->full16 = -1;
 	for (int v = 0; v < g->nvalues; v++)
 		if (trained(g->values[v]) && shard_strategies[ir_block_strategy(g, g->values[v]->block)].cut)
 			pl->sharded = 1;
+	for (int v = 0; v < g->nvalues; v++)
+		if (trained(g->values[v]) && g->values[v]->dtype == DP_BF16 && pl->copy < 0)
+			pl->copy = flat1(g, "flat.params.bf16", DP_BF16,
+					 ir_numel(g->values[pl->flat_params]), DP_T_FLAT)->id;
 	place_replicated(g);
 	int *first, *last;
 	shard_writers(g, g->nnodes, &first, &last);
@@ -482,6 +581,7 @@ int layout_run(Graph *g, Diag *d)
 	} else {
 		lay_out_whole(g, pl);
 	}
+	attach_copy(g, pl);
 	g->shard = pl;
 	return 0;
 }

@@ -41,6 +41,7 @@ int cp_run(Graph *g, Diag *d);        /* passes/cp.c: context parallelism */
 int ad_run(Graph *g, Diag *d);        /* passes/autodiff.c: reverse-mode gradients */
 int recompute_run(Graph *g, Diag *d); /* passes/recompute.c: activation recompute */
 int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer update */
+int precision_run(Graph *g, Diag *d); /* passes/precision.c: mixed precision dtypes */
 int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: each unit's collectives */

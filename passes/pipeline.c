@@ -23,6 +23,8 @@ const Pass pipeline[] = {
 	{"recompute", "recompute blocks re-run their forward before their backward", recompute_run},
 	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",
 	 opt_run},
+	{"precision", "params computed, activations stored, grads reduced in their dtypes; casts",
+	 precision_run},
 	{"layout", "params in units (buckets up to bucket_mb, or blocks) in flat buffers; "
 		   "sharded units cut over dp_shard",
 	 layout_run},

@@ -37,7 +37,9 @@
  * Dependencies come from memory overlap (ir_overlaps), not SSA edges:
  * gradients and buckets are views of one flat buffer. A node touches its
  * ins and its out; two nodes conflict when one writes memory the other
- * touches. (Whether a node also reads its out, ir_ops[op].reads_out, does not
+ * touches (a node writes its out and the inputs ir_writes_in names: an
+ * optimizer's state and the bf16 compute copy it writes, which the
+ * all_gathers after the update read). (Whether a node also reads its out, ir_ops[op].reads_out, does not
  * change conflicts: out is written either way.)
  *
  * Waits go as late as possible so the collective overlaps the compute
@@ -75,11 +77,21 @@ static int touches_node(const Graph *g, const Node *n, const Node *c)
 	return c->out >= 0 && touches(g, n, g->values[c->out]);
 }
 
+/* Does a write memory b touches (its out, or an input it updates)? */
+static int writes_into(const Graph *g, const Node *a, const Node *b)
+{
+	if (a->out >= 0 && touches(g, b, g->values[a->out]))
+		return 1;
+	for (int i = 0; i < a->nin; i++)
+		if (ir_writes_in(a, i) && touches(g, b, g->values[a->in[i]]))
+			return 1;
+	return 0;
+}
+
 /* One writes what the other touches. */
 static int conflicts(const Graph *g, const Node *a, const Node *b)
 {
-	return (a->out >= 0 && touches(g, b, g->values[a->out])) ||
-	       (b->out >= 0 && touches(g, a, g->values[b->out]));
+	return writes_into(g, a, b) || writes_into(g, b, a);
 }
 
 static Node *event(Graph *g, IrOp op, int stream, int64_t id, const Node *c)

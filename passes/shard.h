@@ -87,6 +87,19 @@ typedef struct {
 	int gather, gather_bwd; /* gathered: the gathered temporaries (forward, backward) */
 	int *bwd_params;        /* gather_bwd: per param, its "p.bwd" view the backward reads */
 	int rs;                 /* reduce_scatter output when it is accumulated, or -1 */
+	/* Mixed precision (passes/precision.c gave each param the dtype its block
+	 * computes in): a bf16 unit's params are compute copies; its f32
+	 * masters are what the optimizer updates, INIT writes and EXPORT saves. */
+	int dtype;              /* DpDtype its params are computed in */
+	int shard_c;            /* bf16, cut: the compute copy of this rank's part (a view of
+	                           ShardPlan.copy the optimizer writes and the all_gathers
+	                           read); -1 otherwise */
+	int master;             /* bf16: the unit's f32 masters whole, where INIT writes and
+	                           EXPORT gathers them: a temporary "U.master" (cut), its
+	                           shard view (uncut, sharded graph), flat.params (all
+	                           ddp); -1 when the params are their own masters (f32) */
+	int *masters;           /* per param: the f32 value INIT writes and SAVE reads (the
+	                           param itself, or its "p.master" view of master) */
 } Unit;
 
 typedef struct ShardPlan {
@@ -95,6 +108,12 @@ typedef struct ShardPlan {
 	int flat_params, flat_grads;   /* "flat.params", "flat.grads" */
 	int shard_params, shard_grads; /* the shard buffers (sharded only, else -1) */
 	int64_t ftot, gtot; /* elements of the full flat.params / flat.grads (sharded; 0: none) */
+	int copy;          /* the bf16 compute copy beside the f32 masters the optimizer
+	                      updates ("flat.params.bf16" all ddp, "flat.params.shard.bf16"
+	                      sharded; the same elements), or -1: every param is f32 */
+	int full16;        /* sharded: "flat.params.bf16", the full bf16 params of cut, not
+	                      gathered bf16 units (zero1, zero2), or -1 */
+	int64_t ftot16;    /* its elements */
 	Unit *u;
 	int nu;
 } ShardPlan;

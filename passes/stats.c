@@ -10,7 +10,10 @@
  * ranks in the axis group; a group of one rank moves nothing.
  *
  * FLOPs: the op registry's cost rule over the STEP program, with the same
- * multiplicities. Memory: the arena split by what the persistent ranges hold,
+ * multiplicities. Bytes follow each value's dtype (bf16 gathers move half of
+ * f32's). Memory: the arena split by what the persistent ranges hold (with
+ * mixed precision, "parameters" are the f32 masters, and f32 params a block
+ * computes in, and the bf16 compute copies are a row of their own),
  * and the temporaries' region; the rows without indent add up to the arena
  * size. Under the region: the temporaries live at the step program's peak
  * (passes/memplan.c's lifetimes), split into activations, gathered
@@ -187,14 +190,14 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 	fprintf(out, "%-36s %30s\n", label, flops_cell(c, sizeof c, micro * accum + last));
 }
 
-enum { M_PARAMS, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
+enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
 
 /* What a persistent root holds. A flat buffer is named by its views. */
 static int category(const Graph *g, const Value *v)
 {
 	switch (v->kind) {
 	case DP_T_PARAM:
-		return M_PARAMS;
+		return v->dtype == DP_BF16 ? M_COPIES : M_PARAMS;
 	case DP_T_GRAD:
 		return M_GRADS;
 	case DP_T_OPTSTATE:
@@ -203,8 +206,8 @@ static int category(const Graph *g, const Value *v)
 		return M_DATA;
 	case DP_T_FLAT:
 		for (int i = 0; i < g->nvalues; i++)
-			if (g->values[i]->view_of == v->id)
-				return g->values[i]->kind == DP_T_PARAM ? M_PARAMS : M_GRADS;
+			if (g->values[i]->view_of == v->id && g->values[i]->kind == DP_T_PARAM)
+				return v->dtype == DP_BF16 ? M_COPIES : M_PARAMS;
 		return M_GRADS;
 	default:
 		return M_METRICS;
@@ -213,8 +216,8 @@ static int category(const Graph *g, const Value *v)
 
 static void print_memory(FILE *out, const Graph *g)
 {
-	static const char *const names[M_NCAT] = {"parameters", "gradients", "optimizer state",
-						  "data", "metrics"};
+	static const char *const names[M_NCAT] = {"parameters", "parameters, bf16 copies",
+						  "gradients", "optimizer state", "data", "metrics"};
 	double bytes[M_NCAT] = {0};
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
@@ -224,7 +227,8 @@ static void print_memory(FILE *out, const Graph *g)
 	char c1[64];
 	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
 	for (int c = 0; c < M_NCAT; c++)
-		fprintf(out, "%-36s %30s\n", names[c], bytes_cell(c1, sizeof c1, bytes[c]));
+		if (c != M_COPIES || bytes[c] > 0) /* mixed precision only */
+			fprintf(out, "%-36s %30s\n", names[c], bytes_cell(c1, sizeof c1, bytes[c]));
 	double act = (double)(g->peak_bytes - g->persistent_bytes);
 	fprintf(out, "%-36s %30s\n", "temporaries (arena region)", bytes_cell(c1, sizeof c1, act));
 	int64_t split[MEM_NCLASS];
@@ -250,8 +254,13 @@ void stats_print(FILE *out, const Graph *g)
 	fprintf(out, "%s, mesh", nown ? ")" : "");
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);
-	fprintf(out, " (world %d), micro_batch %u x grad_accum %u, global batch %lld\n", ir_world(g),
+	fprintf(out, " (world %d), micro_batch %u x grad_accum %u, global batch %lld", ir_world(g),
 		g->cfg.micro_batch, g->cfg.grad_accum, (long long)ir_global_batch(g));
+	if (ir_mixed_precision(g))
+		fprintf(out, ", precision param_dtype %s reduce_dtype %s buffer_dtype %s",
+			ir_dtype_name((DpDtype)g->param_dtype), ir_dtype_name((DpDtype)g->reduce_dtype),
+			ir_dtype_name((DpDtype)g->buffer_dtype));
+	fprintf(out, "\n");
 	fprintf(out, "per rank, per optimizer step\n\n");
 	print_collectives(out, g, accum);
 	fprintf(out, "\n");

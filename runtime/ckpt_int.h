@@ -48,6 +48,10 @@ struct Ckpt {
 	int nfill[CKPT_MAX_COMP];
 	Seg *save[CKPT_MAX_COMP];      /* masters; save[c][i] is save[0][i]'s state c */
 	int nsave;
+	uint32_t *recast;              /* the init program's CASTs (instruction indices): */
+	int nrecast;                   /* the compute copies a load derives again, */
+	Seg *cast_in;                  /* from these places of their inputs outside */
+	int ncast_in;                  /* the roots (root: the input tensor) */
 	/* ownership, after the first save: */
 	int planned;
 	Range *owned;                  /* every rank's owned pieces, rank by rank */

@@ -14,7 +14,12 @@
  * copy; its optimizer state sits at the same offset of the instruction's m,
  * v or momentum tensor. Masters are what is saved; every copy is what is
  * loaded (zero1's whole parameters beside their master shard, tp's
- * replicated norms on every tp rank).
+ * replicated norms on every tp rank). A CAST of the init program (bf16:
+ * a master's compute copy) is neither: after a load it runs again, so the
+ * copies are those of the loaded masters. Its input lies in a root (loaded
+ * already) or is a whole parameter the init program made (zero1/2's
+ * gathered masters): then the load writes the input first, from the
+ * elements the map says it held when the CAST read it.
  *
  * Ownership: on the first save the ranks exchange their master segments
  * (world_allgatherv) and every rank computes the same answer: an element
@@ -194,12 +199,59 @@ static int entry_of(Ckpt *c, int32_t name, RtErr *e)
 	return c->nent++;
 }
 
+static int is_root(const DpStep *s, uint32_t id);
+static int push_seg(Seg **v, int *n, int *cap, Seg sg, RtErr *e);
+
+/* Does tensor id lie inside a root (what a load writes)? */
+static int in_root(const DpStep *s, uint32_t id)
+{
+	const DpTensor *t = &s->tensors[id];
+	for (uint32_t j = 0; j < s->ntensors; j++) {
+		const DpTensor *r = &s->tensors[j];
+		if (r->offset <= t->offset && t->offset + t->nbytes <= r->offset + r->nbytes &&
+		    is_root(s, j))
+			return 1;
+	}
+	return 0;
+}
+
+/* Init instruction i, a CAST: derive its output again after a load. */
+static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *cap, int *capin,
+		      RtErr *e)
+{
+	const DpStep *s = c->s;
+	int32_t src = s->prog[DP_PROG_INIT][i].in[0];
+	const DpTensor *t = &s->tensors[src];
+	uint32_t *r = realloc(c->recast, (size_t)(c->nrecast + 1) * sizeof *r);
+	if (!r)
+		return RT_FAIL(e, "out of memory");
+	c->recast = r;
+	c->recast[c->nrecast++] = i;
+	if (in_root(s, (uint32_t)src))
+		return 0;
+	int ntmp = 0;
+	int64_t lo = elem_of(t), n = exec_numel(t), got = 0;
+	if (t->dtype != DP_F32 || ival_query(m, lo, lo + n, 0, tmp, &ntmp, cap))
+		return RT_FAIL(e, "checkpoints: the init program casts '%s', which this runtime "
+			       "cannot trace", dpstep_str(s, t->name));
+	for (int k = 0; k < ntmp; k++) {
+		Seg sg = {(*tmp)[k].ent, src, (*tmp)[k].lo - lo, (*tmp)[k].full,
+			  (*tmp)[k].hi - (*tmp)[k].lo};
+		RT_CHECK(push_seg(&c->cast_in, &c->ncast_in, capin, sg, e));
+		got += sg.n;
+	}
+	if (got != n)
+		return RT_FAIL(e, "checkpoints: the init program casts '%s', which is not made "
+			       "of parameters only", dpstep_str(s, t->name));
+	return 0;
+}
+
 /* Read the init program over the arena (see the top of the file). */
 static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 {
 	const DpStep *s = c->s;
 	Ival *tmp = NULL;
-	int ntmp = 0, cap = 0, rc = 0;
+	int ntmp = 0, cap = 0, capin = 0, rc = 0;
 	for (uint32_t i = 0; rc == 0 && i < s->nprog[DP_PROG_INIT]; i++) {
 		const DpInstr *in = &s->prog[DP_PROG_INIT][i];
 		if (in->out < 0)
@@ -207,6 +259,15 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 		const DpTensor *o = &s->tensors[in->out];
 		int64_t olo = elem_of(o), on = exec_numel(o);
 		ntmp = 0;
+		if (in->op == DPK_CAST && (rc = add_recast(c, m, i, &tmp, &cap, &capin, e)))
+			break;
+		if (o->dtype != DP_F32) {
+			/* not f32 elements (a bf16 copy): the bytes it covers are unknown */
+			int64_t ohi = (int64_t)((o->offset + (uint64_t)exec_tensor_bytes(s, (int)in->out) + 3) / 4);
+			if (ival_splice(m, olo, ohi, NULL, 0))
+				rc = RT_FAIL(e, "out of memory");
+			continue;
+		}
 		if (in->op == DPK_INIT) {
 			int32_t name = in->in[0] >= 0 ? in->in[0] : in->out;
 			if (s->tensors[name].kind == DP_T_PARAM) {
@@ -440,6 +501,8 @@ void ckpt_free(Ckpt *c)
 		free(c->save[k]);
 	}
 	free(c->ent);
+	free(c->recast);
+	free(c->cast_in);
 	free(c->step_path);
 	free(c->owned);
 	free(c->owned_src);

@@ -480,6 +480,22 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 			rc = exec_tensor_write(c->x, h.id[r], h.data[r], e);
 		ckpt_hosts_free(&h);
 	}
+	/* the compute copies of what was loaded (ckpt_layout.c): the casts'
+	 * inputs outside the roots first */
+	if (rc == 0 && c->ncast_in) {
+		Hosts h;
+		rc = ckpt_hosts_read(c, c->cast_in, c->ncast_in, &h, e);
+		for (int j = 0; rc == 0 && j < c->ncast_in; j++) {
+			const Seg *sg = &c->cast_in[j];
+			rc = read_range(c, &src, sg->ent, 0, sg->full, sg->n,
+					ckpt_host_of(&h, sg->root) + sg->at, dir, e);
+		}
+		for (int r = 0; rc == 0 && r < h.n; r++)
+			rc = exec_tensor_write(c->x, h.id[r], h.data[r], e);
+		ckpt_hosts_free(&h);
+	}
+	for (int i = 0; rc == 0 && i < c->nrecast; i++)
+		rc = exec_run_kernel(c->x, DP_PROG_INIT, c->recast[i], e);
 	if (rc == 0) {
 		run->step = (uint64_t)jnum(js, "step", 0);
 		run->loss = jnum(js, "loss", 0);

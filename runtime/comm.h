@@ -41,15 +41,17 @@ typedef struct {
 
 typedef struct {
 	const char *name;
-	/* buf[0..n) summed in place over the group of `axes` (f32). */
-	int (*all_reduce_start)(Comm *c, unsigned axes, float *buf, int64_t n, int64_t *ticket,
-				RtErr *e);
+	/* Elements of dtype dt (f32 or bf16: a bf16 sum adds in f32 and rounds
+	 * each partial sum to nearest even). */
+	/* buf[0..n) summed in place over the group of `axes`. */
+	int (*all_reduce_start)(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
+				int64_t *ticket, RtErr *e);
 	/* in[0..nout*group) summed over the group; this rank gets its block of nout. */
-	int (*reduce_scatter_start)(Comm *c, unsigned axes, const float *in, float *out,
+	int (*reduce_scatter_start)(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
 				    int64_t nout, int64_t *ticket, RtErr *e);
 	/* Blocks of nin from every rank of the group, in group-rank order, into out. */
-	int (*all_gather_start)(Comm *c, unsigned axes, const float *in, float *out, int64_t nin,
-				int64_t *ticket, RtErr *e);
+	int (*all_gather_start)(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
+				int64_t nin, int64_t *ticket, RtErr *e);
 	/* Wait until every collective with a ticket < upto has completed. */
 	int (*wait)(Comm *c, int64_t upto, RtErr *e);
 	/* Let pending collectives advance; never blocks. */

@@ -114,9 +114,54 @@ static int check_count(int64_t n, RtErr *e)
 	return 0;
 }
 
-static int mpi_all_reduce_start(Comm *c, unsigned axes, float *buf, int64_t n, int64_t *ticket,
-				RtErr *e)
+/* MPI has no bf16 type or sum: bf16 moves as 16-bit words and sums with
+ * this op, in f32, each partial sum rounded to nearest even (NCCL's
+ * ncclBfloat16 sum does the same on GPUs). The order of the partial sums is
+ * MPI's: another world size rounds at other points. */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
+	(void)dt;
+	const uint16_t *a = in;
+	uint16_t *b = inout;
+	for (int i = 0; i < *len; i++) {
+		uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16, u;
+		float fa, fb, f;
+		memcpy(&fa, &ua, 4);
+		memcpy(&fb, &ub, 4);
+		f = fa + fb;
+		memcpy(&u, &f, 4);
+		if ((u & 0x7fffffffu) > 0x7f800000u)
+			b[i] = (uint16_t)((u >> 16) | 0x40u);
+		else
+			b[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	}
+}
+
+static MPI_Op bf16_op = MPI_OP_NULL;
+
+/* The MPI type and sum of dtype dt. */
+static int mpi_type(DpDtype dt, MPI_Datatype *type, MPI_Op *sum, RtErr *e)
+{
+	if (dt == DP_F32) {
+		*type = MPI_FLOAT;
+		*sum = MPI_SUM;
+		return 0;
+	}
+	if (dt != DP_BF16)
+		return RT_FAIL(e, "collective of dtype %s", dp_name(dp_dtype_names, DP_NDTYPE, dt));
+	if (bf16_op == MPI_OP_NULL && MPI_Op_create(bf16_sum, 1, &bf16_op) != MPI_SUCCESS)
+		return RT_FAIL(e, "MPI_Op_create (the bf16 sum) failed");
+	*type = MPI_UINT16_T;
+	*sum = bf16_op;
+	return 0;
+}
+
+static int mpi_all_reduce_start(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
+				int64_t *ticket, RtErr *e)
+{
+	MPI_Datatype type;
+	MPI_Op sum;
+	RT_CHECK(mpi_type(dt, &type, &sum, e));
 	MPI_Comm g = group_comm(c, axes);
 	if (g == MPI_COMM_NULL || n == 0) {
 		if (comm_group_size(c, axes) > 1 && n > 0)
@@ -127,54 +172,60 @@ static int mpi_all_reduce_start(Comm *c, unsigned axes, float *buf, int64_t n, i
 	MPI_Request *slot;
 	RT_CHECK(new_request(c, &slot, ticket, e));
 	double t0 = MPI_Wtime();
-	int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g, slot);
+	int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, sum, g, slot);
 	c->stats.issue_s += MPI_Wtime() - t0;
 	c->stats.ncoll++;
-	c->stats.bytes += n * 4;
+	c->stats.bytes += n * (int64_t)dp_dtype_size(dt);
 	return mpi_check(rc, "MPI_Iallreduce", e);
 }
 
-static int mpi_reduce_scatter_start(Comm *c, unsigned axes, const float *in, float *out,
-				    int64_t nout, int64_t *ticket, RtErr *e)
+static int mpi_reduce_scatter_start(Comm *c, unsigned axes, DpDtype dt, const void *in,
+				    void *out, int64_t nout, int64_t *ticket, RtErr *e)
 {
+	MPI_Datatype type;
+	MPI_Op sum;
+	RT_CHECK(mpi_type(dt, &type, &sum, e));
 	MPI_Comm g = group_comm(c, axes);
 	if (g == MPI_COMM_NULL || nout == 0) {
 		if (comm_group_size(c, axes) > 1 && nout > 0)
 			return RT_FAIL(e, "no communicator for axis mask %u", axes);
 		if (in != out)
-			memmove(out, in, (size_t)nout * sizeof(float));
+			memmove(out, in, (size_t)nout * dp_dtype_size(dt));
 		return done_ticket(c, ticket, e);
 	}
 	RT_CHECK(check_count(nout, e));
 	MPI_Request *slot;
 	RT_CHECK(new_request(c, &slot, ticket, e));
 	double t0 = MPI_Wtime();
-	int rc = MPI_Ireduce_scatter_block(in, out, (int)nout, MPI_FLOAT, MPI_SUM, g, slot);
+	int rc = MPI_Ireduce_scatter_block(in, out, (int)nout, type, sum, g, slot);
 	c->stats.issue_s += MPI_Wtime() - t0;
 	c->stats.ncoll++;
-	c->stats.bytes += nout * 4 * comm_group_size(c, axes);
+	c->stats.bytes += nout * (int64_t)dp_dtype_size(dt) * comm_group_size(c, axes);
 	return mpi_check(rc, "MPI_Ireduce_scatter_block", e);
 }
 
-static int mpi_all_gather_start(Comm *c, unsigned axes, const float *in, float *out, int64_t nin,
-				int64_t *ticket, RtErr *e)
+static int mpi_all_gather_start(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
+				int64_t nin, int64_t *ticket, RtErr *e)
 {
+	MPI_Datatype type;
+	MPI_Op sum;
+	RT_CHECK(mpi_type(dt, &type, &sum, e));
 	MPI_Comm g = group_comm(c, axes);
 	if (g == MPI_COMM_NULL || nin == 0) {
 		if (comm_group_size(c, axes) > 1 && nin > 0)
 			return RT_FAIL(e, "no communicator for axis mask %u", axes);
 		if (in != out)
-			memmove(out, in, (size_t)nin * sizeof(float));
+			memmove(out, in, (size_t)nin * dp_dtype_size(dt));
 		return done_ticket(c, ticket, e);
 	}
 	RT_CHECK(check_count(nin, e));
 	MPI_Request *slot;
 	RT_CHECK(new_request(c, &slot, ticket, e));
 	double t0 = MPI_Wtime();
-	int rc = MPI_Iallgather(in, (int)nin, MPI_FLOAT, out, (int)nin, MPI_FLOAT, g, slot);
+	int rc = MPI_Iallgather(in, (int)nin, type, out, (int)nin, type, g, slot);
 	c->stats.issue_s += MPI_Wtime() - t0;
 	c->stats.ncoll++;
-	c->stats.bytes += nin * 4 * comm_group_size(c, axes);
+	c->stats.bytes += nin * (int64_t)dp_dtype_size(dt) * comm_group_size(c, axes);
 	return mpi_check(rc, "MPI_Iallgather", e);
 }
 

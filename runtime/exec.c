@@ -90,14 +90,9 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 	}
 	if (dp_is_collective(in->op)) {
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
-		if (in->out < 0 || s->tensors[in->out].dtype != DP_F32)
-			return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 output",
-				       dp_prog_names[p], i, op);
+		/* the decoder checked the dtypes: f32 or bf16, in and out alike */
 		int64_t no = exec_numel(&s->tensors[in->out]);
 		if (in->op != DPK_ALL_REDUCE) {
-			if (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32)
-				return RT_FAIL(e, "step file: %s program instruction %u (%s) needs an f32 "
-					       "input", dp_prog_names[p], i, op);
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
 			/* whole = shard * g, by division: no product can overflow */
 			if ((in->op == DPK_TP_REDUCE && ni != no) ||
@@ -447,25 +442,26 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 		    overlap(fl.wlo, fl.whi, x->fl[f].rlo, x->fl[f].rhi) ||
 		    overlap(fl.wlo, fl.whi, x->fl[f].wlo, x->fl[f].whi))
 			RT_CHECK(c->ops->wait(c, x->fl[f].ticket + 1, e));
-	float *out = x->be.ptr[in->out];
+	void *out = x->be.ptr[in->out];
 	int64_t n = exec_numel(&x->s->tensors[in->out]);
+	DpDtype dt = (DpDtype)x->s->tensors[in->out].dtype; /* in0's too (the decoder) */
 	switch (in->op) {
 	case DPK_TP_REDUCE:
 		/* out-of-place: the input is complete when the collective is issued
 		 * (the schedule's events say so), so copy it and reduce in place */
-		if (x->be.ptr[in->in[0]] != (void *)out)
-			memmove(out, x->be.ptr[in->in[0]], (size_t)n * sizeof(float));
-		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
+		if (x->be.ptr[in->in[0]] != out)
+			memmove(out, x->be.ptr[in->in[0]], (size_t)n * dp_dtype_size(dt));
+		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
 		break;
 	case DPK_ALL_REDUCE:
-		RT_CHECK(c->ops->all_reduce_start(c, axes, out, n, &fl.ticket, e));
+		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
 		break;
 	case DPK_REDUCE_SCATTER:
-		RT_CHECK(c->ops->reduce_scatter_start(c, axes, x->be.ptr[in->in[0]], out, n, &fl.ticket,
-						      e));
+		RT_CHECK(c->ops->reduce_scatter_start(c, axes, dt, x->be.ptr[in->in[0]], out, n,
+						      &fl.ticket, e));
 		break;
 	default:
-		RT_CHECK(c->ops->all_gather_start(c, axes, x->be.ptr[in->in[0]], out,
+		RT_CHECK(c->ops->all_gather_start(c, axes, dt, x->be.ptr[in->in[0]], out,
 						  exec_numel(&x->s->tensors[in->in[0]]), &fl.ticket,
 						  e));
 		break;
@@ -484,10 +480,21 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
+/* f32 -> bf16, nearest even (a bf16 buffer's initial values) */
+static uint16_t bf16_round(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* The host copy INIT fills and SAVE hands over: one tensor's elements. */
 static int bounce(Exec *x, int tensor, RtErr *e)
 {
-	size_t bytes = (size_t)exec_tensor_bytes(x->s, tensor);
+	/* f32 values: a bf16 tensor's are rounded in place before the copy */
+	size_t bytes = (size_t)exec_numel(&x->s->tensors[tensor]) * sizeof(float);
 	if (bytes <= x->bounce_bytes)
 		return 0;
 	float *b = realloc(x->bounce, bytes);
@@ -512,6 +519,11 @@ static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 			init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
 				  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t),
 				  x->bounce);
+		if (t->dtype == DP_BF16) { /* a bf16 buffer: its f32 initial values rounded */
+			uint16_t *h = (uint16_t *)x->bounce;
+			for (int64_t k = 0; k < exec_numel(t); k++)
+				h[k] = bf16_round(x->bounce[k]);
+		}
 		return exec_tensor_write(x, in->out, x->bounce, e);
 	}
 	int name = in->in[1] >= 0 ? in->in[1] : in->in[0];
@@ -537,8 +549,9 @@ static int shard(Exec *x, const DpInstr *in, RtErr *e)
 		inner *= ti->dims[d];
 	int64_t n = exec_numel(&s->tensors[in->out]) / outer;
 	const char *src = x->be.ptr[in->in[0]];
-	return x->be.ops->copy2d(&x->be, in->stream, x->be.ptr[in->out], (size_t)n * 4,
-				 src + (size_t)k * (size_t)n * 4, (size_t)inner * 4, (size_t)n * 4,
+	size_t el = dp_dtype_size(ti->dtype);
+	return x->be.ops->copy2d(&x->be, in->stream, x->be.ptr[in->out], (size_t)n * el,
+				 src + (size_t)k * (size_t)n * el, (size_t)inner * el, (size_t)n * el,
 				 (size_t)outer, e);
 }
 
@@ -666,6 +679,24 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 	else
 		snprintf(what, sizeof what, "the %s program", dp_prog_names[p]);
 	return sync_all(x, what, e);
+}
+
+int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e)
+{
+	Backend *b = &x->be;
+	const BackendOps *o = b->ops;
+	if ((unsigned)p >= DP_NPROG || i >= x->s->nprog[p] ||
+	    dp_op_class(x->s->prog[p][i].op) != DP_OPC_KERNEL)
+		return RT_FAIL(e, "instruction %u of the %s program is not a kernel", i,
+			       (unsigned)p < DP_NPROG ? dp_prog_names[p] : "?");
+	RT_CHECK(exec_step_wait(x, e));
+	if (o->run_begin)
+		RT_CHECK(o->run_begin(b, p, e));
+	b->at = (BackendAt){p, i, 0};
+	RT_CHECK(o->kernel(b, &x->s->prog[p][i], e));
+	if (o->run_end)
+		RT_CHECK(o->run_end(b, e));
+	return sync_all(x, "a kernel run alone", e);
 }
 
 /* ---- optimizer steps ---- */

@@ -127,6 +127,9 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
  * x->step (whose batches are staged first if they are not). SHARD copies
  * block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
+/* Run kernel instruction i of program p alone and wait for it (a checkpoint
+ * load derives the bf16 copies of the masters it wrote again this way). */
+int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 /* Optimizer step k (from 0): stage its batches, zero the metrics, run the
  * step program once per micro-batch (DP_IF_LAST parts on the last) with
  * lr = exec_lr(k) and t = k + 1. exec_step_launch returns without waiting

@@ -3,6 +3,9 @@
 
   compare.py losses A.txt B.txt --rtol R --atol A     loss columns of `dpexec --losses`
   compare.py params A.safetensors B.safetensors --rtol R --atol A
+  compare.py updates INIT.safetensors A.safetensors B.safetensors --rtol R
+      the training updates A - INIT and B - INIT: |(A-INIT) - (B-INIT)| <= R |B-INIT|
+      over all tensors together (2-norms; bf16 runs: tests/bf16.sh says why)
 
 Prints the largest differences and exits 1 when a value differs by more than
 atol + rtol * |reference| (B is the reference).
@@ -52,8 +55,29 @@ def close(name, a, b, rtol, atol):
     return worst <= 0
 
 
+def updates(init, a, b, rtol):
+    """The 2-norm of the difference of two runs' updates, relative to B's."""
+    p0, pa, pb = read_safetensors(init), read_safetensors(a), read_safetensors(b)
+    if sorted(pa) != sorted(pb) or sorted(p0) != sorted(pb):
+        print(f"tensor names differ: {sorted(pa)} vs {sorted(pb)}")
+        return False
+    num = den = 0.0
+    for k in sorted(pb):
+        da = pa[k].astype(np.float64) - p0[k]
+        db = pb[k].astype(np.float64) - p0[k]
+        num += float(((da - db) ** 2).sum())
+        den += float((db ** 2).sum())
+    rel = (num / den) ** 0.5 if den > 0 else float("inf")
+    print(f"  updates: relative difference {rel:.3e} (2-norm over every tensor)"
+          + ("" if rel <= rtol else "  EXCEEDS TOLERANCE"))
+    return rel <= rtol
+
+
 def main():
     kind, a, b = sys.argv[1:4]
+    if kind == "updates":
+        rtol = float(sys.argv[sys.argv.index("--rtol") + 1])
+        sys.exit(0 if updates(a, b, sys.argv[4], rtol) else 1)
     rtol = float(sys.argv[sys.argv.index("--rtol") + 1]) if "--rtol" in sys.argv else 1e-5
     atol = float(sys.argv[sys.argv.index("--atol") + 1]) if "--atol" in sys.argv else 1e-6
     good = True

@@ -149,7 +149,7 @@ static int run(Ctx *c, const CpuVec *vec, CpuPool *pool, DpInstr in)
 		printf("  %s: %s\n", dp_kernel_names[in.op], k ? e.msg : "no kernel");
 		return -1;
 	}
-	CpuArgs a = {&c->s, &in, c->ptr, &c->step, vec, pool};
+	CpuArgs a = {&c->s, &in, c->ptr, &c->step, vec, pool, NULL}; /* f32 kernels: no bf16 GEMMs */
 	if (k->run(&a, &e)) {
 		printf("  %s: %s\n", dp_kernel_names[in.op], e.msg);
 		return -1;

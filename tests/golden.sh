@@ -47,6 +47,17 @@ cases=(
 	# attention_cp, their gradients reduce_scattered back; every gradient
 	# all_reduced over cp too
 	"gpt2-tiny-cp2|models/gpt2-tiny.dp@cp2|--world-size 2 -D layers=1|cp schedule"
+	# issue 14: mixed precision. mlp.dp in bf16 at 2 ranks: the data cast to
+	# bf16 before fc1, bf16 params beside their f32 masters, f32 gradients,
+	# AdamW writing flat.params.bf16, INIT casting the masters into it
+	"mlp-bf16-ws2|models/mlp.dp@bf16|--world-size 2|precision layout schedule"
+	# one GPT-2 layer in bf16 under full_shard at 2 ranks: bf16 gathers of the
+	# shards' compute copies, f32 reduce_scatters, the masters in INIT/EXPORT
+	"gpt2-tiny-bf16fs2|models/gpt2-tiny.dp@bf16fs|--world-size 2 -D layers=1|schedule"
+	# zero2 with one block (fc3) computed in f32 in a bf16 model: casts where
+	# its activations and gradients cross into and out of it, units split by
+	# dtype, an f32 flat.params beside flat.params.bf16
+	"mlp8-bf16z2-ws4|models/mlp8.dp@bf16z2|--world-size 4|precision layout schedule"
 )
 
 if [ ! -x "$DPC" ]; then
@@ -72,6 +83,11 @@ for c in "${cases[@]}"; do
 		elif [ "$v" = rcfs ]; then
 			sed -e 's/^  strategy ddp/  strategy full_shard\n  gradient_checkpointing true/' \
 				"$model" >"$tmp/$copy"
+		elif [ "$v" = bf16 ] || [ "$v" = bf16fs ] || [ "$v" = bf16z2 ]; then
+			st=ddp; f32=; [ "$v" = bf16fs ] && st=full_shard
+			[ "$v" = bf16z2 ] && st=zero2 && f32=fc3
+			sed -e "s/^  strategy ddp/  strategy $st\n  precision bf16/" \
+				-e "/^  block $f32 {/a\\    param_dtype f32" "$model" >"$tmp/$copy"
 		elif [ "$v" = hsdp2x2 ]; then
 			sed -e 's/^  strategy ddp/  strategy hybrid_shard/' \
 				-e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' "$model" >"$tmp/$copy"

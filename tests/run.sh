@@ -23,6 +23,7 @@ suites=(
 	"sharding"      "bash tests/sharding.sh"
 	"torch_ref"     "bash tests/torch_ref.sh"
 	"transformer"   "bash tests/transformer.sh"
+	"bf16"          "bash tests/bf16.sh"
 	"tp"            "bash tests/tp.sh"
 	"recompute"     "bash tests/recompute.sh"
 	"cp"            "bash tests/cp.sh"

@@ -141,7 +141,7 @@ fi
 
 # collective bytes and memory per rank against closed forms (no runs): each
 # of stats_forms.py's checks counts as one here
-DPC="$DPC" $PY tests/stats_forms.py models/mlp.dp models/mlp8.dp >"$T/forms.log" 2>&1
+DPC="$DPC" $PY tests/stats_forms.py models/mlp.dp models/mlp8.dp models/gpt2.dp >"$T/forms.log" 2>&1
 rc=$?
 grep -E '^  (ok|FAIL) ' "$T/forms.log" | grep -v '^  ok ' || true
 np_=$(grep -c '^  ok ' "$T/forms.log"); nf_=$(grep -c '^  FAIL ' "$T/forms.log")

@@ -54,6 +54,14 @@ Recompute (every block `recompute true`; check_recompute): each block of these
   the micro-batch row grows by exactly that; the activations at the step's
   peak do not grow (ddp: they shrink; under full_shard the peak can be where
   a gathered block dominates).
+Mixed precision (check_bf16, and check_gpt2_bf16 for models/gpt2.dp, full_shard
+at 8 ranks): with precision bf16 the all_gather rows are exactly half of the
+f32 run's (bytes and bus bytes: they move the bf16 compute copies), the
+gradient reductions unchanged with reduce_dtype f32 and halved with bf16; the
+memory rows of the f32 masters and the optimizer state are the f32 run's
+(zero1/zero2: the masters are 4L, the full params becoming bf16 copies), the
+bf16 copies 2 bytes per element; GPT-2's activations at the step's peak
+(ddp) halve up to alignment.
 P'_first: the first block's backward never reads its weights (the input x
 needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
 again for the backward; check_ir() verifies that in the IR.
@@ -133,7 +141,8 @@ def dpc(src_text, args):
 
 ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)"
                  r"\s+(\d+) \([^)]*\)\s+(\d+) \([^)]*\)\s*$")
-MEM = re.compile(r"^(parameters|gradients|optimizer state)\s+(\d+) \(")
+MEM = re.compile(r"^(parameters|parameters, bf16 copies|gradients|optimizer state|  activations"
+                 r"|  gathered parameters|  unsharded gradients|  live at the step's peak)\s+(\d+) \(")
 
 
 def parse_stats(out):
@@ -146,7 +155,7 @@ def parse_stats(out):
             coll[key] = tuple(int(m.group(i)) for i in range(3, 8))  # ranks calls buckets bytes bus
         m = MEM.match(line)
         if m:
-            mem[m.group(1)] = int(m.group(2))
+            mem[m.group(1).strip()] = int(m.group(2))
     return coll, mem
 
 
@@ -462,10 +471,135 @@ def check_memory(model, text):
                f"{model} {strategy}: params+grads+optimizer per rank {tot[1]} > {tot[2]} > {tot[4]}")
 
 
+def halve(r):
+    """A row moving bf16 instead of f32: bytes and bus bytes exactly halved."""
+    ranks, calls, buckets, size, bus = r
+    assert size % 2 == 0 and bus % 2 == 0, f"odd bytes {r}"
+    return (ranks, calls, buckets, size // 2, bus // 2)
+
+
+def aligned(b):
+    return ALIGN * (-(-b // ALIGN))
+
+
+def check_bf16(model, text):
+    """precision bf16: the all_gathers move the bf16 compute copies (exactly
+    half of f32's bytes); gradients are reduced in reduce_dtype (f32 by
+    default: those rows unchanged; bf16: halved too; the norm's 4-byte
+    all_reduce is f32 always). Memory: the f32 masters ("parameters"),
+    gradients (reduce f32) and optimizer state are EXACTLY the f32 run's; the
+    compute copies are 2 bytes per element of what f32 keeps of the params
+    beside the update's part: ddp 2P, zero1/zero2 2(L + F), full_shard 2L
+    (each aligned to 256 bytes once per buffer). zero1/zero2 keep only this
+    rank's masters (4L: f32 kept 4(L + F), its full params being f32): their
+    full params are bf16 copies."""
+    for strategy, knobs, bucket in (("ddp", {}, "1024"), ("zero1", {}, "1024"),
+                                    ("zero2", {"bucket": "tiny"}, "0.000001"),
+                                    ("full_shard", {}, None), ("hybrid_shard", {}, None)):
+        for reduce in ("f32", "bf16"):
+            extra = ["precision bf16"] + (["reduce_dtype bf16"] if reduce == "bf16" else [])
+            for n in (1, 2, 4):
+                A = int(setting(text, "grad_accum", "1"))
+                t32 = edit(text, strategy, bucket=bucket)
+                t16 = edit(text, strategy, bucket=bucket, extra=extra)
+                args = ["--world-size", str(n), "--emit=stats"]
+                c32, m32 = parse_stats(dpc(t32, args))
+                c16, m16 = parse_stats(dpc(t16, args))
+                exp = expected(BLOCKS, strategy, 1, n, A, knobs)
+                ok(c32 == exp, f"{model} {strategy} n={n}: f32 table = closed form")
+                want = {}
+                for k, r in exp.items():
+                    grads = k[0] != "all_gather" and r[3] != 4  # not the norm
+                    want[k] = halve(r) if k[0] == "all_gather" or (grads and reduce == "bf16") else r
+                what = f"{model} {strategy} n={n} bf16 (reduce {reduce})"
+                if not ok(c16 == want, f"{what}: all_gather bytes = f32/2, gradient "
+                          f"reductions in {reduce}"):
+                    for k in sorted(set(c16) | set(want)):
+                        print(f"       {k}: dpc {c16.get(k)} want {want.get(k)}")
+                zero = strategy in ("zero1", "zero2")
+                for rname in ("optimizer state",) + (("parameters",) if not zero else ()) + \
+                        (("gradients",) if reduce == "f32" else ()):
+                    ok(m16.get(rname) == m32.get(rname),
+                       f"{what}: {rname} {m16.get(rname)} = f32's {m32.get(rname)}")
+                if reduce == "bf16":
+                    g = m16.get("gradients")
+                    ok(g is not None and aligned(m32["gradients"] // 2) - ALIGN <= g <= aligned(m32["gradients"] // 2) + ALIGN,
+                       f"{what}: gradients {g} = f32's / 2 ({m32['gradients'] // 2}) up to alignment")
+                P = sum(p for _, ps in BLOCKS for p in ps)
+                if strategy == "ddp":
+                    copies = 2 * P
+                elif strategy in ("zero1", "zero2"):
+                    units = [P] if bucket == "1024" else [p for _, ps in BLOCKS for p in ps]
+                    L = sum(pad(u, n) // n for u in units)
+                    F = sum(pad(u, n) for u in units)
+                    copies = 2 * (L + F)
+                    # the masters are this rank's part only: f32 kept 4(L + F)
+                    ok(m16.get("parameters") == aligned(4 * L) and m32["parameters"] >= 4 * (L + F),
+                       f"{what}: f32 masters {m16.get('parameters')} = 4L aligned ({aligned(4 * L)}); "
+                       f"f32 kept 4(L + F) = {4 * (L + F)} ({m32['parameters']})")
+                else:
+                    copies = 2 * sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
+                got = m16.get("parameters, bf16 copies")
+                nbuf = 2 if strategy in ("zero1", "zero2") else 1
+                ok(got is not None and copies <= got < copies + ALIGN * nbuf,
+                   f"{what}: bf16 copies {got} in [{copies}, +{ALIGN * nbuf})")
+
+
+def check_gpt2_bf16(path):
+    """models/gpt2.dp full_shard at 8 ranks (the issue's case): all_gather
+    bytes exactly 1/2 of f32's, the reduce_scatter unchanged (reduce f32),
+    masters, gradients and optimizer state unchanged, the copies 2 bytes per
+    element of the shard; and under ddp (where every temporary is an
+    activation) the activations at the step's peak halve: GPT-2 in bf16 has
+    no cast and every temporary but the f32 loss is bf16, so
+    |2 * bf16 - f32| <= 256 bytes (the arena's alignment) per temporary."""
+    text = open(path).read().replace("global_batch 8", "global_batch 16")
+    args = ["--world-size", "8", "--emit=stats"]
+    # the sizes come from the IR here (the model's shapes are config
+    # expressions): P from the flat buffer, each block's unit from its gather
+    ir32 = dpc(edit(text, "ddp"), ["--world-size", "8", "--emit=ir"])
+    P = int(re.search(r"^%flat\.params\s+: f32\[(\d+)\]", ir32, re.M).group(1))
+    ok(P == 124439808, f"gpt2: {P} parameters (GPT-2 small, tied head: 124439808)")
+    irfs = dpc(edit(text, "full_shard", extra=["precision bf16"]), ["--world-size", "8", "--emit=ir"])
+    units = [int(e) for e in re.findall(r"^bucket r\d+ all_gather axes=dp_shard elems=(\d+) %[\w.]+\.gather = ",
+                                         irfs, re.M)]
+    ok(sum(units) >= P and sum(units) - P < 8 * len(units) and all(u % 8 == 0 for u in units),
+       f"gpt2 full_shard n=8: {len(units)} units of {sum(units)} elements = P padded per block")
+    L = sum(u // 8 for u in units)
+    fs32 = edit(text, "full_shard")
+    fs16 = edit(text, "full_shard", extra=["precision bf16"])
+    c32, m32 = parse_stats(dpc(fs32, args))
+    c16, m16 = parse_stats(dpc(fs16, args))
+    ag32, ag16 = c32[("all_gather", "dp_shard")], c16[("all_gather", "dp_shard")]
+    ok(ag16[3] * 2 == ag32[3] and ag16[4] * 2 == ag32[4] and ag16[:3] == ag32[:3],
+       f"gpt2 full_shard n=8: bf16 all_gather {ag16[3]} bytes = f32's {ag32[3]} / 2 exactly")
+    ok(c16[("reduce_scatter", "dp_shard")] == c32[("reduce_scatter", "dp_shard")],
+       "gpt2 full_shard n=8: reduce_scatter (reduce_dtype f32) unchanged")
+    for rname in ("parameters", "gradients", "optimizer state"):
+        ok(m16.get(rname) == m32.get(rname), f"gpt2 full_shard n=8 bf16: {rname} {m16.get(rname)} = f32's")
+    ok(m32["parameters"] == aligned(4 * L), f"gpt2 full_shard n=8: masters {m32['parameters']} = 4L aligned")
+    ok(m16.get("parameters, bf16 copies") == aligned(2 * L),
+       f"gpt2 full_shard n=8 bf16: copies {m16.get('parameters, bf16 copies')} = 2L aligned ({aligned(2 * L)})")
+    peak = "live at the step's peak"
+    ok(m16[peak] < m32[peak], f"gpt2 full_shard n=8: the live peak shrinks {m32[peak]} -> {m16[peak]}")
+    d32 = dpc(edit(text, "ddp"), args)
+    d16 = dpc(edit(text, "ddp", extra=["precision bf16"]), args)
+    a32, a16 = parse_stats(d32)[1]["activations"], parse_stats(d16)[1]["activations"]
+    ir = dpc(edit(text, "ddp", extra=["precision bf16"]), ["--world-size", "8", "--emit=ir"])
+    temps = len(re.findall(r"^%\S+ : \S+ .*= ", ir, re.M))
+    casts = len([ln for ln in ir.splitlines() if "= cast " in ln and " setup" not in ln])
+    ok(casts == 0, f"gpt2 bf16: no cast in the step ({casts})")
+    ok(abs(2 * a16 - a32) <= ALIGN * temps,
+       f"gpt2 ddp n=8: bf16 activations at the peak {a16} = f32's {a32} / 2 within 256 B x {temps} temporaries")
+
+
 def main():
     global BLOCKS
     for path in sys.argv[1:]:
         model = os.path.basename(path)[:-3]
+        if model == "gpt2":
+            check_gpt2_bf16(path)
+            continue
         text = open(path).read()
         BLOCKS = model_params(text)
         P = sum(p for _, ps in BLOCKS for p in ps)
@@ -511,6 +645,7 @@ def main():
         check_memory(model, text)
         check_mixed(model, text, BLOCKS)
         check_recompute(model, text)
+        check_bf16(model, text)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 

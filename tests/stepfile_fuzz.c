@@ -256,11 +256,29 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
 }
 
 /* Append instruction `in` to program p of the built-in step (strategy as
- * given), encode, decode: accepted when want is NULL, else refused with a
- * message containing want. */
-static void rule(const char *name, int p, DpInstr in, uint32_t strategy, const char *want)
+ * given; with bf16 set, one more tensor: 7 "h", bf16 [4,2], an
+ * activation), encode, decode: accepted when want is NULL, else refused
+ * with a message containing want. */
+static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int bf16,
+		    const char *want)
 {
 	DpStep s = *builtin_step();
+	DpTensor tens[16];
+	char strs[256];
+	if (bf16) {
+		memcpy(tens, s.tensors, s.ntensors * sizeof *tens);
+		memcpy(strs, s.strings, s.nstrings);
+		memcpy(strs + s.nstrings, "h", 2);
+		tens[s.ntensors] = tens[6];
+		tens[s.ntensors].name = s.nstrings;
+		tens[s.ntensors].dtype = DP_BF16;
+		tens[s.ntensors].offset = s.cfg.arena_bytes;
+		s.cfg.arena_bytes += 256;
+		s.tensors = tens;
+		s.strings = strs;
+		s.nstrings += 2;
+		s.ntensors++;
+	}
 	DpInstr *prog = malloc((s.nprog[p] + 1) * sizeof *prog);
 	if (s.nprog[p])
 		memcpy(prog, s.prog[p], s.nprog[p] * sizeof *prog);
@@ -287,6 +305,11 @@ static void rule(const char *name, int p, DpInstr in, uint32_t strategy, const c
 	if (rc == 0)
 		dpstep_free(&d);
 	free(prog);
+}
+
+static void rule(const char *name, int p, DpInstr in, uint32_t strategy, const char *want)
+{
+	rule_dt(name, p, in, strategy, 0, want);
 }
 
 /* Which kernels each program may hold, and the operands of INIT/SAVE/SHARD.
@@ -332,7 +355,7 @@ static void test_program_rules(void)
 	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 16");
 	d = shard;
 	d.in[0] = 1;
-	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "input 'y' is not f32");
+	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32 or bf16");
 	d = shard;
 	d.out = -1;
 	rule("shard without output", DP_PROG_INIT, d, 0, "missing output");
@@ -389,6 +412,29 @@ static void test_operand_rules(void)
 	d.op = DPK_LAYERNORM, d.in[0] = 5, d.in[1] = 4, d.in[2] = 4, d.out = 6;
 	rule("layernorm with a gamma of the wrong size", DP_PROG_STEP, d, 0,
 	     "gamma's size does not match x's last dim");
+	/* mixed precision (dp_rule_dtypes), with h (7) bf16 [4,2] */
+	d = relu;
+	d.in[0] = 7, d.out = 5;
+	rule_dt("relu of bf16 into f32", DP_PROG_STEP, d, 0, 1,
+		"the output 'logits' is f32, not the compute dtype bf16 (h's)");
+	d.op = DPK_CAST;
+	rule_dt("cast of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
+	d = mm;
+	d.in[0] = 5, d.ia[0] = 1, d.in[1] = 7, d.out = 3;
+	rule_dt("matmul mixing f32 and bf16", DP_PROG_STEP, d, 0, 1,
+		"input 1 'h' is bf16, not the compute dtype f32 (logits's)");
+	d = xg;
+	d.out = 7;
+	rule_dt("cross_entropy_grad of f32 logits into bf16", DP_PROG_STEP, d, 0, 1,
+		"the output 'h' is bf16, not the compute dtype f32");
+	d = base;
+	d.op = DPK_ALL_GATHER, d.in[0] = 7, d.out = 5, d.ia[0] = 2, d.stream = DP_STREAM_COMM;
+	rule_dt("all_gather from bf16 into f32", DP_PROG_STEP, d, 0, 1, "differ in dtype");
+	d = base;
+	d.op = DPK_SQNORM, d.in[0] = 7, d.out = 4;
+	rule_dt("sqnorm of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
+	d.out = 7, d.in[0] = 5;
+	rule_dt("sqnorm into bf16", DP_PROG_STEP, d, 0, 1, "the output 'h' is bf16, not f32");
 }
 
 static void test_file_io(const DpStep *s)

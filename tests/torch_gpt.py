@@ -127,6 +127,41 @@ def rope_tables(T, half, theta, dtype):
             torch.tensor(np.sin(ang).astype(np.float32), dtype=dtype))
 
 
+# ---- bf16 storage, dp's way (precision bf16) ----
+
+def to_bf16(x):
+    """Round to the nearest bf16, ties to even (what torch's .bfloat16() does
+    and dp's kernels do on every store), kept in x's dtype."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+class Store(torch.autograd.Function):
+    """A value a dp kernel stores in bf16: rounded going forward; its
+    gradient, which dp stores in bf16 too, rounded coming back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return to_bf16(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return to_bf16(g)
+
+
+class Copy(torch.autograd.Function):
+    """The bf16 compute copy of an f32 master weight: rounded going forward;
+    the gradient reaches the master unrounded (reduce_dtype f32: dp's
+    accumulating kernels write f32 gradients from bf16 operands)."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return to_bf16(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 # ---- the models ----
 
 class Model:
@@ -134,6 +169,13 @@ class Model:
 
     def __init__(self, args, weights, dtype):
         self.kind, self.heads, self.eps = args.model, args.heads, args.norm_eps
+        # precision bf16 (docs/PRECISION.md): f32 arithmetic everywhere, every
+        # value dp stores rounded to bf16 where dp's kernels store it (each
+        # op's output and its gradient), the weights read as rounded copies of
+        # the f32 masters the optimizer updates
+        bf16 = getattr(args, "precision", "f32") == "bf16"
+        self.st = Store.apply if bf16 else (lambda x: x)
+        self.cp = Copy.apply if bf16 else (lambda x: x)
         self.buffers = {"rope.cos", "rope.sin"}
         self.p = {}
         for name, arr in weights.items():
@@ -156,32 +198,42 @@ class Model:
             if self.p["rope.cos"].shape[1] != hd // 2 or self.p["rope.cos"].shape[0] < args.seq:
                 sys.exit(f"torch_gpt: rope.cos is {tuple(self.p['rope.cos'].shape)}, "
                          f"needs [>= {args.seq}, {hd // 2}]")
+            if bf16:  # buffer_dtype bf16: dp rounds the tables' initial values
+                for n in self.buffers:
+                    self.p[n] = to_bf16(self.p[n])
 
     def params(self):
         """The trained tensors (buffers excluded), in a fixed order."""
         return [t for n, t in sorted(self.p.items()) if n not in self.buffers]
 
     def forward(self, ids):
-        p, H, eps = self.p, self.heads, self.eps
+        """The logits, storing (st) what dp's kernels store: one op of dp's
+        IR per st, so with bf16 the roundings fall where dp's do."""
+        H, eps, st = self.heads, self.eps, self.st
+        p = {n: (t if n in self.buffers else self.cp(t)) for n, t in self.p.items()}
         d = p["embed.wte"].shape[1]
         x = F.embedding(ids, p["embed.wte"])
         if self.kind == "gpt2":
-            x = x + p["embed.wpe"]  # [T, d] over every sample (T = the model's ctx)
+            x = st(x + p["embed.wpe"])  # [T, d] over every sample (T = the model's ctx)
             for i in range(self.layers):
                 w = lambda n: p[f"h.{i}.{n}"]  # noqa: E731
-                h = F.layer_norm(x, (d,), w("ln1g"), w("ln1b"), eps)
-                x = x + attention(h @ w("wqkv") + w("bqkv"), H) @ w("wo") + w("bo")
-                h = F.layer_norm(x, (d,), w("ln2g"), w("ln2b"), eps)
-                x = x + F.gelu(h @ w("wfc") + w("bfc"), approximate="tanh") @ w("wproj") + w("bproj")
-            x = F.layer_norm(x, (d,), p["lnf.g"], p["lnf.b"], eps)
-            return x @ p["embed.wte"].t()
+                h = st(F.layer_norm(x, (d,), w("ln1g"), w("ln1b"), eps))
+                a = st(attention(st(h @ w("wqkv") + w("bqkv")), H))
+                x = st(x + st(a @ w("wo") + w("bo")))
+                h = st(F.layer_norm(x, (d,), w("ln2g"), w("ln2b"), eps))
+                g = st(F.gelu(st(h @ w("wfc") + w("bfc")), approximate="tanh"))
+                x = st(x + st(g @ w("wproj") + w("bproj")))
+            x = st(F.layer_norm(x, (d,), p["lnf.g"], p["lnf.b"], eps))
+            return st(x @ p["embed.wte"].t())
         for i in range(self.layers):
             w = lambda n: p[f"h.{i}.{n}"]  # noqa: E731
-            qkv = rope(rmsnorm(x, w("norm1"), eps) @ w("wqkv"), p["rope.cos"], p["rope.sin"], H)
-            x = x + attention(qkv, H) @ w("wo")
-            h = rmsnorm(x, w("norm2"), eps)
-            x = x + (F.silu(h @ w("w1")) * (h @ w("w3"))) @ w("w2")
-        return rmsnorm(x, p["norm.g"], eps) @ p["head.w"]
+            qkv = st(rope(st(st(rmsnorm(x, w("norm1"), eps)) @ w("wqkv")), p["rope.cos"],
+                          p["rope.sin"], H))
+            x = st(x + st(st(attention(qkv, H)) @ w("wo")))
+            h = st(rmsnorm(x, w("norm2"), eps))
+            m = st(st(F.silu(st(h @ w("w1")))) * st(h @ w("w3")))
+            x = st(x + st(m @ w("w2")))
+        return st(st(rmsnorm(x, p["norm.g"], eps)) @ p["head.w"])
 
 
 # ---- training ----
@@ -230,6 +282,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234, help="the step file's seed (data order)")
     ap.add_argument("--global-batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="dp's precision setting: bf16 stores every value dp stores in bf16")
     torch_ref.add_train_args(ap, weight_decay=0.01)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -46,12 +46,8 @@ fi
 "$TEXT2SHARD" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 $TEXT >"$T/shard.log" 2>&1 ||
 	{ cat "$T/shard.log"; fail "text2shard"; finish transformer; exit 1; }
 
-# the test's train settings, written into each model's copy and given to torch_gpt.py
-GB=8
-OPT="optimizer adamw(lr=2e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)"
-SCHED="schedule cosine(warmup=5, steps=40, min_lr=2e-4)"
-TORCH_OPT="--lr 2e-3 --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 --clip 1
-	--schedule cosine --warmup 5 --sched-steps 40 --min-lr 2e-4 --global-batch $GB --seed 1234"
+# the test's train settings (tests/lib.sh: GB, OPT, SCHED, TORCH_OPT), written into
+# each model's copy and given to torch_gpt.py
 
 # model_copy SRC DST: SRC reading the test's shards, with the test's train settings
 model_copy() {

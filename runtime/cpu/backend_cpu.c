@@ -31,6 +31,7 @@
 static const CpuKernel *const parts[] = {
 	cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels, cpu_loss_kernels,
 	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,     cpu_cp_kernels,
+	cpu_bf16_kernels,
 };
 #define NPARTS (sizeof parts / sizeof parts[0])
 
@@ -41,6 +42,13 @@ typedef struct {
 	CpuStep step;
 	const CpuVec *vec;
 	CpuPool *pool;
+	/* bf16 instructions of kernels without a bf16 path run on f32 copies
+	 * (bf16.c): the workspace they are converted into, and the tensor
+	 * addresses with the staged ones pointing there */
+	float *ws;
+	size_t ws_floats;
+	void **shadow;
+	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls */
 } CpuBackend;
 
 /* The inner loops for this CPU, or the ones DP_CPU_ISA names. */
@@ -117,13 +125,8 @@ static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	const CpuKernel *k = find(in->op);
 	/* the op's operand rules were the decoder's (ir/stepfile_check.c): only
-	 * this backend's own limits are left */
-	if (!k->bf16)
-		for (int j = -1; j < DP_MAX_IN; j++) {
-			int id = j < 0 ? in->out : in->in[j];
-			if (id >= 0 && s->tensors[id].dtype == DP_BF16)
-				return cpu_bad(&(CpuChk){s, in, e}, "bf16 is not supported on the CPU");
-		}
+	 * this backend's own limits are left; a bf16 instruction of a kernel
+	 * without a bf16 path runs on f32 copies (bf16.c) */
 	return k->limits ? k->limits(s, in, e) : 0;
 }
 
@@ -132,8 +135,12 @@ static void cpu_free(Backend *b)
 	CpuBackend *c = b->impl;
 	if (c && c->arena)
 		munmap(c->arena, c->arena_len);
-	if (c)
+	if (c) {
 		cpu_pool_free(c->pool);
+		free(c->ws);
+		free(c->shadow);
+		cpu_gemm16_free(c->gemm16);
+	}
 	free(c);
 	free(b->ptr);
 	b->impl = NULL;
@@ -162,7 +169,8 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
-	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e)) {
+	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
+	    cpu_gemm16_new(&c->gemm16, e)) {
 		cpu_free(b);
 		return -1;
 	}
@@ -186,21 +194,59 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].nbytes)
 			b->ptr[i] = c->arena + s->tensors[i].offset;
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			/* oneDNN's matmuls need none; without it they are staged */
+			const CpuKernel *k = &c->kern[in->op];
+			if (dp_op_class(in->op) == DP_OPC_KERNEL && !k->bf16 &&
+			    !(k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
+				size_t need = cpu_stage_need(s, in);
+				c->ws_floats = need > c->ws_floats ? need : c->ws_floats;
+			}
+		}
+	if (c->ws_floats) {
+		c->ws = aligned_alloc(64, c->ws_floats * sizeof(float));
+		c->shadow = malloc((s->ntensors ? s->ntensors : 1) * sizeof *c->shadow);
+		if (!c->ws || !c->shadow) {
+			cpu_free(b);
+			return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB bf16 workspace",
+				       (double)(c->ws_floats * sizeof(float)) / (1 << 20));
+		}
+		memcpy(c->shadow, b->ptr, s->ntensors * sizeof *c->shadow);
+	}
 	return 0;
 }
 
 static void cpu_describe(Backend *b, char *buf, size_t len)
 {
 	CpuBackend *c = b->impl;
-	snprintf(buf, len, "CPU (%s, %d threads; OpenBLAS %s)", c->vec->isa,
-		 cpu_pool_size(c->pool), openblas_get_config());
+	int k = snprintf(buf, len, "CPU (%s, %d threads; OpenBLAS %s)", c->vec->isa,
+			 cpu_pool_size(c->pool), openblas_get_config());
+	if (c->ws_floats && k > 0 && (size_t)k < len)
+		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
+			 cpu_gemm16_describe(c->gemm16),
+			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
 }
 
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
-	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool};
-	return c->kern[in->op].run(&a, e);
+	const CpuKernel *k = &c->kern[in->op];
+	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, c->gemm16};
+	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
+		return k->run(&a, e);
+	if (k->run_bf16) {
+		int rc = k->run_bf16(&a, e);
+		if (rc <= 0)
+			return rc;
+	}
+	/* a bf16 instruction of a kernel without a bf16 path: on f32 copies */
+	cpu_stage_in(c->pool, b->s, in, b->ptr, c->shadow, c->ws);
+	a.ptr = c->shadow;
+	int rc = k->run(&a, e);
+	cpu_stage_out(c->pool, b->s, in, b->ptr, c->shadow);
+	return rc;
 }
 
 static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,

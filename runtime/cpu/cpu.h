@@ -114,6 +114,8 @@ typedef struct {
 
 extern const CpuVec cpu_vec_scalar, cpu_vec_avx2, cpu_vec_avx512;
 
+typedef struct CpuGemm16 CpuGemm16; /* gemm_bf16.c */
+
 /* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */
 typedef struct {
 	const DpStep *s;
@@ -122,6 +124,7 @@ typedef struct {
 	const CpuStep *step;
 	const CpuVec *vec; /* the inner loops for this CPU */
 	CpuPool *pool;     /* the rank's threads (size 1: serial) */
+	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls (gemm_bf16.c) */
 } CpuArgs;
 
 typedef int (*CpuCheckFn)(const DpStep *s, const DpInstr *in, RtErr *e);
@@ -132,8 +135,11 @@ typedef struct {
 	/* This backend's own limits (BLAS takes int sizes); NULL: none. */
 	CpuCheckFn limits;
 	CpuRunFn run;
-	/* 1: computes bf16 operands too (byte copies); else bf16 is refused */
+	/* 1: computes bf16 operands itself (copies, CAST); else a bf16
+	 * instruction runs on f32 copies (bf16.c) unless run_bf16 takes it */
 	int bf16;
+	/* A bf16 instruction's own path: 0 done, -1 error, 1 declined (staged) */
+	CpuRunFn run_bf16;
 } CpuKernel;
 
 /* vec->map over n elements on the rank's threads (elementwise.c). */
@@ -151,6 +157,34 @@ extern const CpuKernel cpu_optim_kernels[DPK_COUNT];       /* optim.c */
 extern const CpuKernel cpu_norm_kernels[DPK_COUNT];        /* norm.c */
 extern const CpuKernel cpu_seq_kernels[DPK_COUNT];         /* seq.c */
 extern const CpuKernel cpu_cp_kernels[DPK_COUNT];          /* attention_cp.c */
+extern const CpuKernel cpu_bf16_kernels[DPK_COUNT];        /* bf16.c */
+
+/* ---- bf16 (bf16.c, gemm_bf16.c) ---- */
+
+int cpu_gemm16_new(CpuGemm16 **out, RtErr *e);
+void cpu_gemm16_free(CpuGemm16 *g);
+const char *cpu_gemm16_describe(const CpuGemm16 *g);
+/* Does this CPU run bf16 matmuls through oneDNN (else they are staged)? */
+int cpu_gemm16_usable(const CpuGemm16 *g);
+/* matmul / linear with bf16 operands through oneDNN: 0, -1, or 1 when this
+ * CPU has no bf16 instructions (the caller stages it on f32 copies) */
+int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e);
+
+/* f32 -> bf16 rounding to nearest even (NaN stays NaN), and back. */
+uint16_t cpu_to_bf16(float f);
+float cpu_from_bf16(uint16_t b);
+/* n elements converted on the rank's threads. */
+void cpu_bf16_store(CpuPool *pool, uint16_t *dst, const float *src, int64_t n);
+void cpu_bf16_load(CpuPool *pool, float *dst, const uint16_t *src, int64_t n);
+/* Running a bf16 instruction on f32 copies (a kernel without a bf16 path):
+ * the workspace floats it needs; its bf16 operands converted into ws and
+ * pointed to by shadow (ptr's copy); what it wrote rounded back and shadow
+ * restored. */
+size_t cpu_stage_need(const DpStep *s, const DpInstr *in);
+void cpu_stage_in(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		  void **shadow, float *ws);
+void cpu_stage_out(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		   void **shadow);
 
 /* ---- shapes ---- */
 

@@ -45,15 +45,65 @@ void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const floa
 	cpu_parallel(k->pool, n, CPU_GRAIN, map_piece, &j);
 }
 
+/* ---- the maps on bf16 operands: a chunk at a time through f32 ---- */
+
+#define CHUNK 512 /* floats per operand per chunk: on the stack, in L1 */
+
+typedef struct {
+	const CpuVec *vec;
+	unsigned op; /* the opcode: vec.c's map */
+	void *o;
+	const void *a, *b;
+	int o16, a16, b16; /* which are bf16 (each may be: accum's f32 sum of bf16) */
+	float s;
+} Map16;
+
+static const float *widen(float *buf, const void *x, int is16, int64_t at, int64_t n)
+{
+	if (!is16)
+		return (const float *)x + at;
+	for (int64_t i = 0; i < n; i++)
+		buf[i] = cpu_from_bf16(((const uint16_t *)x)[at + i]);
+	return buf;
+}
+
+static void map16_piece(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Map16 *j = ctx;
+	float ob[CHUNK], ab[CHUNK], bb[CHUNK];
+	(void)thread;
+	for (int64_t at = lo; at < hi; at += CHUNK) {
+		int64_t n = hi - at < CHUNK ? hi - at : CHUNK;
+		float *o = j->o16 ? ob : (float *)j->o + at;
+		if (j->o16 && j->op == DPK_ACCUM) /* the one map that reads out */
+			widen(ob, j->o, 1, at, n);
+		const float *a = widen(ab, j->a, j->a16, at, n);
+		const float *b = j->b ? widen(bb, j->b, j->b16, at, n) : NULL;
+		j->vec->map(j->op, o, a, b, j->s, n);
+		if (j->o16)
+			for (int64_t i = 0; i < n; i++)
+				((uint16_t *)j->o)[at + i] = cpu_to_bf16(ob[i]);
+	}
+}
+
 /* The op's map over its operands: out = f(in0[, in1]) (ACCUM: out += in0). */
 static int run_map(const CpuArgs *k, RtErr *e)
 {
+	const DpInstr *in = k->in;
+	int o16 = cpu_t(k, in->out)->dtype == DP_BF16, a16 = cpu_t(k, in->in[0])->dtype == DP_BF16;
+	int b16 = in->in[1] >= 0 && cpu_t(k, in->in[1])->dtype == DP_BF16;
+	if (o16 || a16 || b16) {
+		Map16 j = {k->vec, in->op, k->ptr[in->out], k->ptr[in->in[0]],
+			   in->in[1] >= 0 ? k->ptr[in->in[1]] : NULL, o16, a16, b16, in->fa[0]};
+		cpu_parallel(k->pool, cpu_numel(cpu_t(k, in->out)), CPU_GRAIN, map16_piece, &j);
+		return 0;
+	}
 	Ew v = ew(k);
-	cpu_map(k, k->in->op, v.o, v.a, v.b, k->in->fa[0], v.n);
+	cpu_map(k, in->op, v.o, v.a, v.b, in->fa[0], v.n);
 	return 0;
 }
 
-const CpuKernel cpu_map_kernel = {NULL, run_map, 0};
+const CpuKernel cpu_map_kernel = {NULL, run_map, 1, NULL}; /* bf16: a chunk at a time */
 
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ---- */
 

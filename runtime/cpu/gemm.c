@@ -151,9 +151,14 @@ static int run_bias_grad(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
+static int run_gemm16(const CpuArgs *k, RtErr *e)
+{
+	return cpu_gemm16_run(k->gemm16, k, e);
+}
+
+/* ORDER KERNEL (designated): limits, run, bf16, run_bf16 */
 const CpuKernel cpu_gemm_kernels[DPK_COUNT] = {
-	[DPK_MATMUL] = {limit_matmul, run_matmul, 0},
-	[DPK_LINEAR] = {limit_linear, run_linear, 0},
+	[DPK_MATMUL] = {limit_matmul, run_matmul, 0, run_gemm16},
+	[DPK_LINEAR] = {limit_linear, run_linear, 0, run_gemm16},
 	[DPK_BIAS_GRAD] = {NULL, run_bias_grad, 0},
 };

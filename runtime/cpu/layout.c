@@ -176,6 +176,13 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 			return RT_FAIL(e, "token id %d at position %lld of %s is outside the vocabulary "
 				       "[0, %lld) of %s", j.ids[r], (long long)r, cpu_tname(s, in->in[ids_k]),
 				       (long long)v, cpu_tname(s, grad ? in->out : in->in[1]));
+	if (!grad && tt->dtype == DP_BF16) { /* bf16 table and output: rows of 2-byte words */
+		const uint16_t *tab = a->ptr[in->in[1]];
+		uint16_t *o = a->ptr[in->out];
+		for (int64_t r = 0; r < j.rows; r++)
+			memcpy(o + r * j.d, tab + (int64_t)j.ids[r] * j.d, (size_t)j.d * sizeof *o);
+		return 0;
+	}
 	if (!grad) {
 		cpu_parallel(a->pool, j.rows, cpu_grain_rows(j.d), gather_rows, &j);
 		return 0;
@@ -200,6 +207,6 @@ const CpuKernel cpu_layout_kernels[DPK_COUNT] = {
 	[DPK_SPLIT] = {NULL, run_split, 0},
 	[DPK_SPLIT_GRAD] = {NULL, run_split_grad, 0},
 	[DPK_INTERLEAVE] = {NULL, run_interleave, 0},
-	[DPK_EMBEDDING] = {NULL, run_embedding, 0},
+	[DPK_EMBEDDING] = {NULL, run_embedding, 1},
 	[DPK_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
 };

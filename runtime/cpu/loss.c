@@ -33,6 +33,12 @@ typedef struct {
 	int64_t rows, classes;
 	double scale;
 	double *part; /* per block: loss sum, or correct and counted (CORRECT) */
+	/* bf16 logits (x16) and gradient (out16), NULL when f32: each row goes
+	 * through this thread's two f32 rows of `row` (2 * classes floats per
+	 * thread), so no f32 copy of the logits exists (GPT-2's are 0.8 GB) */
+	const uint16_t *x16;
+	uint16_t *out16;
+	float *row;
 } Xent;
 
 static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
@@ -43,19 +49,26 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 	for (int64_t blk = lo; blk < hi; blk++) {
 		int64_t r1 = (blk + 1) * XENT_BLOCK < j->rows ? (blk + 1) * XENT_BLOCK : j->rows;
 		double total = 0, right = 0, counted = 0;
+		float *buf = j->row ? j->row + (int64_t)thread * 2 * nc : NULL;
 		for (int64_t r = blk * XENT_BLOCK; r < r1; r++) {
-			const float *row = j->x + r * nc;
+			const float *row = j->x ? j->x + r * nc : buf;
 			int32_t label = j->y[r];
+			if (j->x16)
+				for (int64_t c = 0; c < nc; c++)
+					buf[c] = cpu_from_bf16(j->x16[r * nc + c]);
 			if (j->op == DPK_XENT_GRAD) {
-				float *d = j->out + r * nc;
+				float *d = j->out16 ? buf + nc : j->out + r * nc;
 				if (label < 0) {
 					memset(d, 0, (size_t)nc * sizeof(float));
-					continue;
+				} else {
+					double sum = v->exp_shift(d, row, v->max(row, nc), nc);
+					double el = d[label];
+					v->map(DPK_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
+					d[label] = (float)(j->scale * (el / sum - 1.0));
 				}
-				double sum = v->exp_shift(d, row, v->max(row, nc), nc);
-				double el = d[label];
-				v->map(DPK_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
-				d[label] = (float)(j->scale * (el / sum - 1.0));
+				if (j->out16)
+					for (int64_t c = 0; c < nc; c++)
+						j->out16[r * nc + c] = cpu_to_bf16(d[c]);
 				continue;
 			}
 			if (label < 0)
@@ -81,17 +94,23 @@ static int xent(const CpuArgs *k, RtErr *e)
 {
 	const DpStep *s = k->s;
 	const DpInstr *in = k->in;
-	const DpTensor *t0 = cpu_t(k, in->in[0]);
-	Xent j = {k->vec, in->op, cpu_f(k, in->in[0]), k->ptr[in->in[1]], cpu_f(k, in->out),
-		  cpu_rows(t0), cpu_cols(t0), in->fa[0], NULL};
+	const DpTensor *t0 = cpu_t(k, in->in[0]), *to = cpu_t(k, in->out);
+	int b16 = t0->dtype == DP_BF16, o16 = to->dtype == DP_BF16;
+	Xent j = {k->vec, in->op, b16 ? NULL : cpu_f(k, in->in[0]), k->ptr[in->in[1]],
+		  o16 ? NULL : cpu_f(k, in->out), cpu_rows(t0), cpu_cols(t0), in->fa[0], NULL,
+		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[in->out] : NULL, NULL};
 	for (int64_t r = 0; r < j.rows; r++)
 		if (j.y[r] >= j.classes)
 			return RT_FAIL(e, "label %d of row %lld is out of range for %lld classes (%s)",
 				       j.y[r], (long long)r, (long long)j.classes, cpu_tname(s, in->in[1]));
 	int64_t blocks = (j.rows + XENT_BLOCK - 1) / XENT_BLOCK;
 	j.part = malloc((size_t)(2 * blocks + 1) * sizeof(double));
-	if (!j.part)
+	if (b16 || o16)
+		j.row = malloc((size_t)cpu_pool_size(k->pool) * 2 * (size_t)j.classes * sizeof(float));
+	if (!j.part || ((b16 || o16) && !j.row)) {
+		free(j.part);
 		return RT_FAIL(e, "out of memory (cross entropy of %lld rows)", (long long)j.rows);
+	}
 	cpu_parallel(k->pool, blocks, (CPU_GRAIN + XENT_BLOCK * j.classes - 1) / (XENT_BLOCK * j.classes),
 		     xent_blocks, &j);
 	double total = 0, counted = 0;
@@ -100,6 +119,7 @@ static int xent(const CpuArgs *k, RtErr *e)
 		counted += j.part[2 * b + 1];
 	}
 	free(j.part);
+	free(j.row);
 	if (in->op == DPK_XENT)
 		j.out[0] = (float)(j.scale * total);
 	else if (in->op == DPK_CORRECT)
@@ -107,9 +127,10 @@ static int xent(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 (bf16 logits and their
+ * gradient row by row: no f32 copy of the logits) */
 const CpuKernel cpu_loss_kernels[DPK_COUNT] = {
-	[DPK_XENT] = {NULL, xent, 0},
-	[DPK_XENT_GRAD] = {NULL, xent, 0},
-	[DPK_CORRECT] = {NULL, xent, 0},
+	[DPK_XENT] = {NULL, xent, 1},
+	[DPK_XENT_GRAD] = {NULL, xent, 1},
+	[DPK_CORRECT] = {NULL, xent, 1},
 };

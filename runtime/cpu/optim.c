@@ -10,6 +10,14 @@
 
 #include "cpu.h"
 
+/* The bf16 compute copy of updated masters, in the same pass (while the
+ * piece is in cache): precision bf16 reads no weight twice. */
+static void write_copy(uint16_t *copy, const float *p, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		copy[i] = cpu_to_bf16(p[i]);
+}
+
 /* out[0] = w * sum in0^2 (+ out[0] if ia2); w = fa0, 0 meaning 1. The sum
  * is in double over blocks of SQ_BLOCK elements added in block order: the
  * same at any thread count. */
@@ -86,6 +94,8 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 		}
 		o[i] = o[i] - lr * g;
 	}
+	if (in->in[2] >= 0) /* the bf16 compute copy */
+		write_copy(k->ptr[in->in[2]], o, n);
 	return 0;
 }
 
@@ -96,6 +106,7 @@ typedef struct {
 	const CpuVec *vec;
 	float *p, *m, *v;
 	const float *g;
+	uint16_t *copy; /* the bf16 compute copy (in3), or NULL */
 	CpuAdam c;
 } AdamJob;
 
@@ -103,6 +114,8 @@ static void adam_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const AdamJob *j = ctx;
 	j->vec->adamw(j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo, &j->c);
+	if (j->copy)
+		write_copy(j->copy + lo, j->p + lo, hi - lo);
 }
 
 static int run_adamw(const CpuArgs *k, RtErr *e)
@@ -112,7 +125,8 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	double lr = k->step->lr, b1 = op->beta1, b2 = op->beta2;
 	double bc1 = 1.0 - pow(b1, (double)k->step->t), bc2 = 1.0 - pow(b2, (double)k->step->t);
 	AdamJob j = {.vec = k->vec, .p = cpu_f(k, in->out), .m = cpu_f(k, in->in[1]),
-		     .v = cpu_f(k, in->in[2]), .g = cpu_f(k, in->in[0])};
+		     .v = cpu_f(k, in->in[2]), .g = cpu_f(k, in->in[0]),
+		     .copy = in->in[3] >= 0 ? k->ptr[in->in[3]] : NULL};
 	j.c = (CpuAdam){.decay = (float)(1.0 - lr * op->weight_decay),
 			.beta1 = op->beta1,
 			.beta2 = op->beta2,

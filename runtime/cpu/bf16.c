@@ -1,0 +1,155 @@
+/*
+ * cpu/bf16.c - bf16 on the CPU (docs/PRECISION.md): storage in bf16,
+ * arithmetic in f32. Conversions round to nearest even on every store, as
+ * PyTorch's .bfloat16() does (NaN stays a quiet NaN, overflow rounds to
+ * infinity), so a user gets bf16's numerics and half the memory.
+ *
+ * A kernel with a bf16 path of its own (a row of the table with bf16 set:
+ * copies, CAST, the GEMMs) reads and writes bf16 itself. Every other kernel
+ * runs a bf16 instruction on f32 copies (cpu_stage_*, called by
+ * backend_cpu.c): the bf16 operands it reads are converted into the
+ * backend's workspace, the kernel runs there, and what it wrote is rounded
+ * back. The workspace is sized at init for the largest such instruction and
+ * printed with the arena.
+ */
+#include <string.h>
+
+#include "cpu.h"
+
+uint16_t cpu_to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+float cpu_from_bf16(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
+
+typedef struct {
+	void *dst;
+	const void *src;
+	int to_bf16;
+} Conv;
+
+static void conv_piece(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Conv *c = ctx;
+	(void)thread;
+	if (c->to_bf16) {
+		uint16_t *d = (uint16_t *)c->dst + lo;
+		const float *s = (const float *)c->src + lo;
+		for (int64_t i = 0; i < hi - lo; i++)
+			d[i] = cpu_to_bf16(s[i]);
+	} else {
+		float *d = (float *)c->dst + lo;
+		const uint16_t *s = (const uint16_t *)c->src + lo;
+		for (int64_t i = 0; i < hi - lo; i++)
+			d[i] = cpu_from_bf16(s[i]);
+	}
+}
+
+void cpu_bf16_store(CpuPool *pool, uint16_t *dst, const float *src, int64_t n)
+{
+	Conv c = {dst, src, 1};
+	cpu_parallel(pool, n, CPU_GRAIN, conv_piece, &c);
+}
+
+void cpu_bf16_load(CpuPool *pool, float *dst, const uint16_t *src, int64_t n)
+{
+	Conv c = {dst, src, 0};
+	cpu_parallel(pool, n, CPU_GRAIN, conv_piece, &c);
+}
+
+/* ---- staging an instruction on f32 copies ---- */
+
+/* Is operand slot j (-1: out) of `in` staged: bf16, and not a compute copy
+ * the kernel writes itself (an optimizer's in3/in2, dp_writes_in)? */
+static int staged(const DpStep *s, const DpInstr *in, int j)
+{
+	int id = j < 0 ? in->out : in->in[j];
+	if (id < 0 || s->tensors[id].dtype != DP_BF16)
+		return 0;
+	if (j >= 0 && dp_writes_in(in, j))
+		return 0;
+	if (in->op == DPK_EMBEDDING_GRAD && j == 2)
+		return 0; /* the table: its shape only (ir/ops.def) */
+	for (int k = -1; k < j; k++) /* the same tensor twice: staged once */
+		if ((k < 0 ? in->out : in->in[k]) == id)
+			return 0;
+	return 1;
+}
+
+static size_t stage_len(const DpTensor *t)
+{
+	return (size_t)((cpu_numel(t) + 15) / 16 * 16); /* floats, 64-byte pieces */
+}
+
+size_t cpu_stage_need(const DpStep *s, const DpInstr *in)
+{
+	size_t n = 0;
+	for (int j = -1; j < DP_MAX_IN; j++)
+		if (staged(s, in, j))
+			n += stage_len(&s->tensors[j < 0 ? in->out : in->in[j]]);
+	return n;
+}
+
+void cpu_stage_in(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		  void **shadow, float *ws)
+{
+	for (int j = -1; j < DP_MAX_IN; j++) {
+		if (!staged(s, in, j))
+			continue;
+		int id = j < 0 ? in->out : in->in[j];
+		shadow[id] = ws;
+		/* the output is read only when the op updates it in place */
+		if (j >= 0 || dp_reads_out(in))
+			cpu_bf16_load(pool, ws, ptr[id], cpu_numel(&s->tensors[id]));
+		ws += stage_len(&s->tensors[id]);
+	}
+}
+
+void cpu_stage_out(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const *ptr,
+		   void **shadow)
+{
+	for (int j = -1; j < DP_MAX_IN; j++) {
+		if (!staged(s, in, j))
+			continue;
+		int id = j < 0 ? in->out : in->in[j];
+		if (j < 0 || dp_writes_in(in, j))
+			cpu_bf16_store(pool, ptr[id], shadow[id], cpu_numel(&s->tensors[id]));
+		shadow[id] = ptr[id];
+	}
+}
+
+/* ---- CAST: out = in0 in out's dtype ---- */
+
+static int run_cast(const CpuArgs *k, RtErr *e)
+{
+	const DpTensor *o = cpu_t(k, k->in->out), *a = cpu_t(k, k->in->in[0]);
+	void *dst = k->ptr[k->in->out];
+	const void *src = k->ptr[k->in->in[0]];
+	int64_t n = cpu_numel(o);
+	(void)e;
+	if (o->dtype == a->dtype)
+		memmove(dst, src, (size_t)n * dp_dtype_size(o->dtype));
+	else if (o->dtype == DP_BF16)
+		cpu_bf16_store(k->pool, dst, src, n);
+	else
+		cpu_bf16_load(k->pool, dst, src, n);
+	return 0;
+}
+
+/* ORDER KERNEL (designated): limits, run, bf16 (the decoder checks
+ * CAST's operands: f32 or bf16, the same size, disjoint) */
+const CpuKernel cpu_bf16_kernels[DPK_COUNT] = {
+	[DPK_CAST] = {NULL, run_cast, 1},
+};
