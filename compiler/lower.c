@@ -206,6 +206,7 @@ enum {
 	T_GATHER_LIMIT_MB,
 	T_ACCUMULATE_GRADS,
 	T_GRADIENT_CHECKPOINTING,
+	T_PRECISION,
 	T_COUNT
 };
 
@@ -213,6 +214,7 @@ static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
 	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
 	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing",
+	"precision",
 };
 
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
@@ -410,6 +412,11 @@ static void lower_train(Lower *L)
 			ERR(val[T_STRATEGY]->loc, "%s", why);
 	}
 	lower_shard_settings(L, val);
+	if (val[T_PRECISION]) { /* f32 GEMMs on a GPU: fp32, or TF32 tensor cores */
+		int w = want_word(L, val[T_PRECISION], "precision", "f32", "tf32");
+		if (w >= 0)
+			L->g->cfg.gemm_math = w ? DP_GEMM_TF32 : DP_GEMM_F32;
+	}
 	if (val[T_GRADIENT_CHECKPOINTING]) {
 		int w = want_word(L, val[T_GRADIENT_CHECKPOINTING], "gradient_checkpointing", "true",
 				  "false");

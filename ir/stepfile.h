@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 4u
+#define DP_STEP_VERSION 5u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -228,7 +228,15 @@ typedef struct {
 	uint64_t arena_bytes;       /* size of the one arena per rank */
 	uint32_t strategy;          /* DpStrategy; informational (logs), the programs
 	                               already say everything it implies */
+	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs */
 } DpConfig;
+
+/* f32 matrix products on a GPU (DSL `precision f32|tf32`; the CPU ignores it). */
+typedef enum {
+	DP_GEMM_F32,  /* full fp32 (the default) */
+	DP_GEMM_TF32, /* TF32 tensor cores: inputs rounded to a 10-bit mantissa */
+	DP_NGEMM
+} DpGemmMath;
 
 /* Data-parallel strategies (DSL `strategy`). */
 typedef enum {
