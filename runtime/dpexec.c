@@ -90,7 +90,7 @@ static void usage(FILE *f)
 		"                        (default: the step file's); needs an eval block\n"
 		"  --log-every N         log every N steps (default: the step file's)\n"
 		"  --quiet               no per-step log lines\n"
-		"  --verbose             also log communication time per log line\n"
+		"  --verbose             also log communication and host time per log line\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g)\n"
 		"  --init-from FILE      take initial parameters from a safetensors file (by name)\n"
 		"  --save-full FILE      after training, write every parameter to a safetensors\n"
@@ -418,6 +418,69 @@ static int setup(Run *r)
 	return 0;
 }
 
+/* What the step lines need between steps. */
+typedef struct {
+	uint64_t steps, log_every;
+	double global_batch, tokens; /* tokens of one sample; 0: not a token model */
+	double t_log;                /* when the last line was written */
+	double host_s;               /* host time in launches and prefetches since then */
+	uint64_t since_log;
+	CommStats at_log;
+} Log;
+
+/* The line of step k (its metrics, the loss reduced over the data-parallel
+ * ranks, the NaN check, --losses, the console). On a backend with streams
+ * this runs while the next step is already on the device. */
+static int report_step(Run *r, Log *lg, uint64_t k)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	Comm *c = r->comm;
+	double loss = 0, gn = NAN, lr = exec_lr(s, k);
+	RT_CHECK(exec_step_metrics(&r->x, k, &loss, &gn, e));
+	RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, &loss, 1, e));
+	if (!isfinite(loss))
+		return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
+			       (unsigned long long)k + 1);
+	if (r->losses)
+		fprintf(r->losses, "%llu %.9g %.9g %.9g\n", (unsigned long long)k + 1, loss, gn, lr);
+	lg->since_log++;
+	int last = k + 1 == lg->steps;
+	if (k == 0 || (k + 1) % lg->log_every == 0 || last) {
+		double now = MPI_Wtime(), dt = (now - lg->t_log) / (double)lg->since_log;
+		if (r->rank == 0 && !r->o.quiet) {
+			printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
+			       (unsigned long long)lg->steps, loss, lr);
+			if (s->metrics.grad_norm >= 0)
+				printf(" | grad_norm %.3f", gn);
+			if (lg->tokens > 0)
+				printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
+				       lg->global_batch * lg->tokens / dt);
+			else
+				printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3, lg->global_batch / dt);
+			if (r->o.verbose)
+				printf(" | comm %.2f ms issued, %.2f ms blocked | host %.1f us/step",
+				       (c->stats.issue_s - lg->at_log.issue_s) * 1e3 / (double)lg->since_log,
+				       (c->stats.blocked_s - lg->at_log.blocked_s) * 1e3 /
+					       (double)lg->since_log,
+				       lg->host_s * 1e6 / (double)lg->since_log);
+			printf("\n");
+			fflush(stdout);
+		}
+		lg->t_log = now;
+		lg->since_log = 0;
+		lg->host_s = 0;
+		lg->at_log = c->stats;
+	}
+	return 0;
+}
+
+/* The training loop. Step k is launched, step k+1's batches are staged (and
+ * on a GPU copied) while it runs, then the line of step k-1 is written from
+ * the metrics step k-1 left behind: on a GPU the host never waits for the
+ * step it just launched, so the device always has the next step queued.
+ * Before an evaluation and after the last step every launched step is
+ * reported, so an evaluation sees the parameters of exactly the steps before it. */
 static int train(Run *r)
 {
 	DpStep *s = &r->step;
@@ -426,74 +489,45 @@ static int train(Run *r)
 	Comm *c = r->comm;
 	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
 	uint64_t eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
-	uint64_t log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
-						  : (s->cfg.log_every ? s->cfg.log_every : 1);
-	double global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * x->dp_size;
+	Log lg = {.steps = steps};
+	lg.log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
+					   : (s->cfg.log_every ? s->cfg.log_every : 1);
+	lg.global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * x->dp_size;
 	/* a token model reports tokens/s: the tokens of one training sample */
-	double tokens = 0;
 	for (uint32_t i = 0; i < s->nsources; i++)
 		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
 		    s->sources[i].shift == 0)
-			tokens = (double)s->sources[i].sample_elems;
-	double t_log = MPI_Wtime(), t_all = t_log;
-	uint64_t since_log = 0;
+			lg.tokens = (double)s->sources[i].sample_elems;
+	lg.t_log = MPI_Wtime();
+	double t_all = lg.t_log;
 	c->stats = (CommStats){0};
-	CommStats at_log = c->stats;
+	lg.at_log = c->stats;
+	int64_t pending = -1; /* launched, its line not written yet */
 
 	for (uint64_t k = 0; k < steps; k++) {
-		double lr = exec_lr(s, k);
+		double h0 = MPI_Wtime();
 		RT_CHECK(exec_step_launch(x, k, e));
 		if (k + 1 < steps)
-			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps step k on a GPU */
-		RT_CHECK(exec_step_wait(x, e));
-		double v[1] = {0}, g[1] = {NAN};
-		RT_CHECK(metric(x, s->metrics.loss, v, 1, e));
-		if (s->metrics.grad_norm >= 0)
-			g[0] = 0;
-		RT_CHECK(metric(x, s->metrics.grad_norm, g, 1, e));
-		RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, v, 1, e));
-		double loss = v[0], gn = g[0];
-		if (!isfinite(loss))
-			return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
-				       (unsigned long long)k + 1);
-		if (r->losses)
-			fprintf(r->losses, "%llu %.9g %.9g %.9g\n", (unsigned long long)k + 1, loss, gn,
-				lr);
-		since_log++;
+			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
+		lg.host_s += MPI_Wtime() - h0;
+		if (pending >= 0)
+			RT_CHECK(report_step(r, &lg, (uint64_t)pending));
+		pending = (int64_t)k;
 		int last = k + 1 == steps;
-		if (k == 0 || (k + 1) % log_every == 0 || last) {
-			double now = MPI_Wtime(), dt = (now - t_log) / (double)since_log;
-			if (r->rank == 0 && !r->o.quiet) {
-				printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
-				       (unsigned long long)steps, loss, lr);
-				if (s->metrics.grad_norm >= 0)
-					printf(" | grad_norm %.3f", gn);
-				if (tokens > 0)
-					printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
-					       global_batch * tokens / dt);
-				else
-					printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3,
-					       global_batch / dt);
-				if (r->o.verbose)
-					printf(" | comm %.2f ms issued, %.2f ms blocked",
-					       (c->stats.issue_s - at_log.issue_s) * 1e3 / (double)since_log,
-					       (c->stats.blocked_s - at_log.blocked_s) * 1e3 /
-						       (double)since_log);
-				printf("\n");
-				fflush(stdout);
-			}
-			t_log = now;
-			since_log = 0;
-			at_log = c->stats;
+		int eval_now = eval_every && (k + 1) % eval_every == 0 && !last;
+		if (eval_now || last) {
+			RT_CHECK(report_step(r, &lg, k));
+			pending = -1;
 		}
-		if (eval_every && (k + 1) % eval_every == 0 && !last) {
+		if (eval_now) {
 			double t0 = MPI_Wtime();
 			RT_CHECK(evaluate(r, k + 1));
 			/* evaluation time is not step time */
-			t_log += MPI_Wtime() - t0;
+			lg.t_log += MPI_Wtime() - t0;
 			t_all += MPI_Wtime() - t0;
 		}
 	}
+	RT_CHECK(exec_step_wait(x, e));
 	double total = MPI_Wtime() - t_all;
 	if (r->losses) {
 		fclose(r->losses);
@@ -552,7 +586,8 @@ static int agree(Run *r, int ok, const char *msg)
 /* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
  * or an error naming the cause (msg). auto: the CUDA backend only when every
  * rank can use one (NCCL and MPI collectives do not mix); otherwise the CPU,
- * and notice says why. */
+ * and notice says why; but a GPU the backend cannot use (a driver older than
+ * its CUDA runtime) is an error for auto too. */
 static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nlen)
 {
 	const char *dev = r->o.device;
@@ -562,9 +597,13 @@ static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nle
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
-	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why);
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why), probe = 0;
 	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
-	      cuda->probe(why, sizeof why) > 0;
+	      (probe = cuda->probe(why, sizeof why)) > 0;
+	if (probe < 0) { /* a GPU this build cannot use (an old driver): never a silent CPU run */
+		snprintf(msg, len, "--device %s: %s", dev, why);
+		return -1;
+	}
 	if (!strcmp(dev, "cuda")) {
 		if (!gpu) {
 			snprintf(msg, len, "--device cuda: %s", why);
