@@ -15,8 +15,10 @@
  * The launchers trust their operands: the step-file decoder validates them
  * (presence, dtypes, element counts); only this backend's own limits (int
  * sizes for cuBLAS, partially overlapping copies) are the rows' `limits`.
- * Every launch goes through CU_LAUNCH, `<<<>>>` under nvcc (a test build
- * may define it otherwise), and is followed by a check of its error.
+ * Every launch goes through CU_LAUNCH (CU_LAUNCH_SMEM with dynamic shared
+ * memory), `<<<>>>` under nvcc; the CUDA emulator (tests/cuda_emu,
+ * docs/CUDA-EMU.md) defines both as its own launch. Each is followed by a
+ * check of its error.
  */
 #include <limits.h>
 #include <math.h>
@@ -26,6 +28,13 @@
 #ifndef CU_LAUNCH
 #define CU_LAUNCH(kernel, grid, block, stream, ...) \
 	kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+/* A launch with smem bytes of dynamic shared memory (`extern __shared__`);
+ * above 48 KiB the kernel needs cudaFuncSetAttribute(kernel,
+ * cudaFuncAttributeMaxDynamicSharedMemorySize, smem) first. */
+#ifndef CU_LAUNCH_SMEM
+#define CU_LAUNCH_SMEM(kernel, grid, block, smem, stream, ...) \
+	kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #endif
 
 #define THREADS 256
