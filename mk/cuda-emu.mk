@@ -30,7 +30,8 @@ EMU_CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter 
 EMU_HDRS   := $(wildcard tests/cuda_emu/*.h tests/cuda_emu/include/*.h)
 EMU_LIB_OBJ := $(patsubst tests/cuda_emu/%.cc,$(EMU)/emu/%.o,$(wildcard tests/cuda_emu/*.cc)) \
                $(EMU)/emu/switch.o
-EMU_CUDA_OBJ := $(EMU)/runtime/cuda/kernels.o $(EMU)/runtime/cuda/backend_cuda.o \
+EMU_CU := $(notdir $(basename $(wildcard runtime/cuda/*.cu)))
+EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/cuda/backend_cuda.o \
                 $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o $(EMU)/pic/stepfile.o \
                 $(EMU)/pic/stepfile_check.o
 EMU_RT_HDRS := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
@@ -47,13 +48,13 @@ $(EMU)/dpexec: FORCE
 .PHONY: FORCE
 FORCE:
 
-$(EMU)/gen/kernels.cu: runtime/cuda/kernels.cu mk/cuda-emu.mk
+$(EMU)/gen/%.cu: runtime/cuda/%.cu mk/cuda-emu.mk
 	@mkdir -p $(dir $@)
-	{ echo '#line 1 "runtime/cuda/kernels.cu"'; \
+	{ echo '#line 1 "runtime/cuda/$*.cu"'; \
 	  sed -E 's/extern[[:space:]]+__shared__[[:space:]]+(__align__\([0-9]+\)[[:space:]]+)?([A-Za-z_][A-Za-z_0-9:]*([[:space:]]+[A-Za-z_][A-Za-z_0-9:]*)*)[[:space:]]+([A-Za-z_][A-Za-z_0-9]*)[[:space:]]*\[\][[:space:]]*;/static \2 *const \4 = (\2 *)dpemu_dyn_smem();/' $<; \
 	} >$@
 
-$(EMU)/runtime/cuda/kernels.o: $(EMU)/gen/kernels.cu $(EMU_RT_HDRS) $(EMU_HDRS)
+$(EMU)/runtime/cuda/%.o: $(EMU)/gen/%.cu $(EMU_RT_HDRS) $(EMU_HDRS) $(wildcard runtime/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(MPICXX) -x c++ $(EMU_CXXFLAGS) -fsanitize=alignment -fno-sanitize-recover=alignment \
 		-include tests/cuda_emu/include/dpemu_device.h $(EMU_INC) -Iruntime/cuda -Iruntime -Iir \
