@@ -172,10 +172,10 @@ static __device__ void forward_pass(const Geom &g, int64_t b, int64_t h, int64_t
 		load_keys<HD>(g, b, h, p0, ks, vs);
 		__syncthreads();
 		float s[n], mt = -INFINITY;
-#pragma unroll
+CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float dot = 0;
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++)
 				dot += q[k] * ks[j][lane + ATT_LANES * k];
 			dot = row_sum(dot) * g.scale;
@@ -187,14 +187,14 @@ static __device__ void forward_pass(const Geom &g, int64_t b, int64_t h, int64_t
 			continue; /* nothing visible yet */
 		float corr = expf(m - mn); /* 0 on the first visible tile */
 		double lt = 0;
-#pragma unroll
+CU_UNROLL
 		for (int k = 0; k < per; k++)
 			o[k] *= corr;
-#pragma unroll
+CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float pj = expf(s[j] - mn);
 			lt += pj;
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++)
 				o[k] += pj * vs[j][lane + ATT_LANES * k];
 		}
@@ -284,10 +284,10 @@ __global__ void k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats,
 		__syncthreads();
 		load_keys<HD>(g, b, h, p0, ks, vs);
 		__syncthreads();
-#pragma unroll
+CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float sdot = 0, pdot = 0;
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++) {
 				sdot += q[k] * ks[j][lane + ATT_LANES * k];
 				pdot += dout[k] * vs[j][lane + ATT_LANES * k];
@@ -296,7 +296,7 @@ __global__ void k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats,
 			pdot = row_sum(pdot);
 			float pj = p0 + j <= p ? expf(sdot - m) * inv : 0.0f;
 			float ds = pj * (pdot - dd);
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++)
 				dq[k] += ds * ks[j][lane + ATT_LANES * k];
 		}
@@ -368,10 +368,10 @@ __global__ void k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float
 			tmax = qp[j] > tmax ? qp[j] : tmax;
 		if (tmax < kmin)
 			continue; /* no query of the tile sees these keys (uniform) */
-#pragma unroll
+CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float sdot = 0, pdot = 0;
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++) {
 				sdot += qs[j][lane + ATT_LANES * k] * k_[k];
 				pdot += ds_[j][lane + ATT_LANES * k] * v_[k];
@@ -380,7 +380,7 @@ __global__ void k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float
 			pdot = row_sum(pdot);
 			float pj = kp <= qp[j] ? expf(sdot - qm[j]) * qinv[j] : 0.0f;
 			float dsj = pj * (pdot - qd[j]);
-#pragma unroll
+CU_UNROLL
 			for (int k = 0; k < per; k++) {
 				dv[k] += pj * ds_[j][lane + ATT_LANES * k];
 				dk[k] += dsj * qs[j][lane + ATT_LANES * k];

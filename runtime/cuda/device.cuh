@@ -36,6 +36,14 @@
 	kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #endif
 
+/* Unroll a loop with a constant trip count (nvcc; a host compiler of the
+ * same source, e.g. the emulator's, ignores it). */
+#ifdef __CUDACC__
+#define CU_UNROLL _Pragma("unroll")
+#else
+#define CU_UNROLL
+#endif
+
 #define CU_THREADS 256     /* default block size */
 #define CU_MAX_GRID 4096   /* grid-stride kernels: enough blocks to fill any GPU */
 #define CU_FULL_MASK 0xffffffffu
@@ -188,7 +196,7 @@ template <typename V> static __device__ V block_sum(V v, V *sh)
 	return sh[0];
 }
 
-static __device__ float block_max(float v, float *sh)
+static __device__ __forceinline__ float block_max(float v, float *sh)
 {
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	v = warp_max(v);
