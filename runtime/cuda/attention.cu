@@ -216,7 +216,8 @@ static __device__ void load_row(const float *src, int64_t hd, int active, float 
 
 /* ---- forward ---- */
 
-template <int HD> __global__ void k_attn_fwd(Geom g, float *out)
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom g, float *out)
 {
 	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
 	__shared__ int64_t shp[ATT_ROWS];
@@ -245,7 +246,8 @@ template <int HD> __global__ void k_attn_fwd(Geom g, float *out)
 /* ---- backward, the query side: dQ and the rows' (m, inv, D) ---- */
 
 template <int HD>
-__global__ void k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats, int want_dq,
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
+k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats, int want_dq,
 			     int zero_kv)
 {
 	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
@@ -284,7 +286,6 @@ __global__ void k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats,
 		__syncthreads();
 		load_keys<HD>(g, b, h, p0, ks, vs);
 		__syncthreads();
-CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float sdot = 0, pdot = 0;
 CU_UNROLL
@@ -320,7 +321,8 @@ CU_UNROLL
 
 /* out_kv: the output is [cp, B, T, 2C] (per head [dk|dv]); else d qkv. */
 template <int HD>
-__global__ void k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_kv)
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
+k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_kv)
 {
 	const int n = Tile<HD>::N, per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
 	__shared__ float qs[Tile<HD>::N][HD], ds_[Tile<HD>::N][HD];
@@ -368,7 +370,6 @@ __global__ void k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float
 			tmax = qp[j] > tmax ? qp[j] : tmax;
 		if (tmax < kmin)
 			continue; /* no query of the tile sees these keys (uniform) */
-CU_UNROLL
 		for (int j = 0; j < n; j++) {
 			float sdot = 0, pdot = 0;
 CU_UNROLL
