@@ -47,10 +47,13 @@ $(EMU)/dpexec: FORCE
 .PHONY: FORCE
 FORCE:
 
+# extern __shared__ [__align__(N)] TYPE NAME[];  ->  static TYPE *const NAME = (TYPE *)dpemu_dyn_smem();
+EMU_DYN_SMEM := s/extern[[:space:]]+__shared__[[:space:]]+(__align__\([0-9]+\)[[:space:]]+)?([A-Za-z_][A-Za-z_0-9:]*([[:space:]]+[A-Za-z_][A-Za-z_0-9:]*)*)[[:space:]]+([A-Za-z_][A-Za-z_0-9]*)[[:space:]]*\[\][[:space:]]*;/static \2 *const \4 = (\2 *)dpemu_dyn_smem();/
+
 $(EMU)/gen/kernels.cu: runtime/cuda/kernels.cu mk/cuda-emu.mk
 	@mkdir -p $(dir $@)
 	{ echo '#line 1 "runtime/cuda/kernels.cu"'; \
-	  sed -E 's/extern[[:space:]]+__shared__[[:space:]]+(__align__\([0-9]+\)[[:space:]]+)?([A-Za-z_][A-Za-z_0-9:]*([[:space:]]+[A-Za-z_][A-Za-z_0-9:]*)*)[[:space:]]+([A-Za-z_][A-Za-z_0-9]*)[[:space:]]*\[\][[:space:]]*;/static \2 *const \4 = (\2 *)dpemu_dyn_smem();/' $<; \
+	  sed -E "$(EMU_DYN_SMEM)" $<; \
 	} >$@
 
 $(EMU)/runtime/cuda/kernels.o: $(EMU)/gen/kernels.cu $(EMU_RT_HDRS) $(EMU_HDRS)
@@ -79,3 +82,14 @@ $(EMU)/emu/switch.o: tests/cuda_emu/switch.S
 
 $(EMU)/libdpcuda.so: $(EMU_CUDA_OBJ) $(EMU_LIB_OBJ)
 	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libdpcuda.so -o $@ $^ -lopenblas -lz -lm -ldl
+
+# the emulator's own tests (tests/cuda_emu/selftest.cu), built like kernels.cu
+cuda-emu: $(EMU)/selftest
+$(EMU)/gen/selftest.cu: tests/cuda_emu/selftest.cu mk/cuda-emu.mk
+	@mkdir -p $(dir $@)
+	{ echo '#line 1 "tests/cuda_emu/selftest.cu"'; sed -E "$(EMU_DYN_SMEM)" $<; } >$@
+$(EMU)/selftest.o: $(EMU)/gen/selftest.cu $(EMU_HDRS)
+	$(MPICXX) -x c++ $(EMU_CXXFLAGS) -fsanitize=alignment -fno-sanitize-recover=alignment \
+		-include tests/cuda_emu/include/dpemu_device.h $(EMU_INC) -c $< -o $@
+$(EMU)/selftest: $(EMU)/selftest.o $(EMU_LIB_OBJ)
+	$(MPICXX) -o $@ $^ -lopenblas -lm -ldl

@@ -576,9 +576,9 @@ extern "C" void __ubsan_handle_type_mismatch_v1(TypeMismatchData *d, uintptr_t p
 	const char *k = d->check_kind < 12 ? kinds[d->check_kind] : "access to";
 	unsigned long align = 1ul << d->log_alignment;
 	if (!ptr)
-		fatal("%snull pointer: %s type '%s' (%s:%u:%u)", kernel_context().c_str(), k, d->type->name,
+		fatal("%snull pointer: %s type %s (%s:%u:%u)", kernel_context().c_str(), k, d->type->name,
 		      d->loc.file, d->loc.line, d->loc.column);
-	fatal("%smisaligned address %p: %s type '%s', which needs %lu-byte alignment (%s:%u:%u; on a "
+	fatal("%smisaligned address %p: %s type %s, which needs %lu-byte alignment (%s:%u:%u; on a "
 	      "GPU cudaErrorMisalignedAddress)", kernel_context().c_str(), (void *)ptr, k, d->type->name,
 	      align, d->loc.file, d->loc.line, d->loc.column);
 }
