@@ -16,7 +16,8 @@
 #     reordered on one rank, ncclCommAbort under a live graph;
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp
-#     (small: -D ctx=16 -D d=32, on the GPL-3 text), every strategy at 1, 2
+#     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
+#     text), every strategy at 1, 2
 #     and 4 ranks as listed below, and tp=2 x dp_shard=2. Each case runs
 #     with its own DPEMU_SEED and DPEMU_COMM (collectives as late as the
 #     events allow, or as early), so the cases together walk many orders.
@@ -109,7 +110,7 @@ done
 selftest reduce_nosync race DPEMU_THREADS=asc
 selftest streams_race race DPEMU_RUN=lazy
 selftest barrier_exit "returned while .* wait at __syncthreads"
-selftest shfl_exited "returned while lane .* waits for it at __shfl_sync"
+selftest shfl_exited "returned while lanes .* wait for it at __shfl_sync"
 selftest shfl_mask "does not name the calling lane"
 selftest deadlock "deadlock: no thread of the block can go on"
 selftest misaligned "misaligned address"
@@ -123,13 +124,15 @@ selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
 # ---- 2. models: --device cuda (emulated) vs --device cpu ----
 
 text_shard
-small="-D ctx=16 -D d=32"
+# the emulator runs every GPU thread: few heads and samples keep it quick
+small="-D ctx=16 -D d=32 -D heads=2"
 # sources: synthetic mlp, mlp8 as it is, the transformers small on the text
 awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/mlp.dp |
 	sed -E 's/from idx\("[^"]*"\)/from synthetic(n=4096, classes=10)/' >"$T/mlp.dp"
 cp models/mlp8.dp "$T/mlp8.dp"
 for m in gpt2-tiny llama; do
-	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/$m.dp | sed -e "$data" >"$T/$m.dp"
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/$m.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/$m.dp"
 done
 dargs() { # extra dpc arguments per model
 	case $1 in
