@@ -57,20 +57,10 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
-export OPENBLAS_NUM_THREADS=1 # the same summation order in both backends, and no spinning
 t_start=$(date +%s)
-
-if [ "${SAN:-0}" = 1 ]; then
-	skip "the CUDA emulator suite (SAN=1: the emulator's fibers are not ASan-clean; run it without SAN)"
+if ! emu_start "the CUDA emulator suite"; then
 	finish cuda_emu
 	exit $?
-fi
-
-if ! make -s cuda-emu >"$T/build.log" 2>&1; then
-	tail -n 30 "$T/build.log"
-	fail "make cuda-emu"
-	finish cuda_emu
-	exit 1
 fi
 ok "make cuda-emu: build-emu/dpexec, build-emu/libdpcuda.so from runtime/cuda"
 EMU=$ROOT/build-emu/dpexec

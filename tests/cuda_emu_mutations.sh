@@ -30,16 +30,10 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
-export OPENBLAS_NUM_THREADS=1
 t_start=$(date +%s)
-
-if [ "${SAN:-0}" = 1 ]; then
-	skip "the CUDA emulator's mutation checks (SAN=1: the emulator is not ASan-clean)"
+if ! emu_start "the CUDA emulator's mutation checks"; then
 	finish cuda_emu_mutations
 	exit $?
-fi
-if ! make -s all cuda-emu >"$T/build.log" 2>&1; then
-	tail -n 20 "$T/build.log"; fail "make cuda-emu"; finish cuda_emu_mutations; exit 1
 fi
 
 # a copy of what the emulated build needs, timestamps kept, so `make
