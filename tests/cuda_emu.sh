@@ -94,7 +94,7 @@ selftest() {
 	fi
 }
 for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 gemm streams graph \
-	capture_illegal capture_unjoined memcpy_checks nccl; do
+	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
 selftest reduce_nosync race DPEMU_THREADS=asc
@@ -108,6 +108,7 @@ selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"
 selftest out_of_bounds "illegal device address"
 selftest gemm_ld_past "matrix A .* is not inside one device buffer"
+selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
 selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
 

@@ -444,6 +444,12 @@ static int c_gemm(void)
 			    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
 	from_dev(&c1, dC, 1);
 	EXPECT(c1 == -3.0f);
+	/* bf16 out: 1.5 * -2 + 0.0078125 * 0 = -3, exactly; then rounded once */
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, db, CUDA_R_16BF, 1, db + 1,
+			    CUDA_R_16BF, 1, &zero, db, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+	CK(cudaMemcpy(hb, db, 2, cudaMemcpyDeviceToHost));
+	EXPECT(__bfloat162float(hb[0]) == -3.0f);
 	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, db, CUDA_R_16BF, 1, dB, CUDA_R_32F,
 			    1, &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
 	       CUBLAS_STATUS_NOT_SUPPORTED);
@@ -610,6 +616,68 @@ static int c_memcpy_checks(void)
 	return 0;
 }
 
+static void host_fn(void *p)
+{
+	*(int *)p += 1;
+}
+
+static void host_fn_calls_cuda(void *p)
+{
+	cudaDeviceSynchronize(); /* forbidden in a host function */
+}
+
+/* cudaLaunchHostFunc runs in stream order; a legacy-stream copy waits for a
+ * blocking stream's work; events without timing refuse elapsed time */
+static int c_host_fn(void)
+{
+	cudaStream_t s, sb;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamCreate(&sb)); /* blocking: the legacy stream waits for it */
+	float *a = dev_floats(256), h[256];
+	CK(cudaMemset(a, 0, 1024));
+	CK(cudaDeviceSynchronize());
+	static int count;
+	CU_LAUNCH(k_add, 1, 256, s, a, 1.0f, 256);
+	CK(cudaLaunchHostFunc(s, host_fn, &count));
+	CK(cudaStreamSynchronize(s));
+	EXPECT(count == 1);
+	CU_LAUNCH(k_add, 1, 256, sb, a, 2.0f, 256);
+	CK(cudaMemcpy(h, a, 1024, cudaMemcpyDeviceToHost)); /* legacy stream: after sb's kernel */
+	EXPECT(h[0] == 3 && h[255] == 3);
+	cudaEvent_t e1, e2;
+	CK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+	CK(cudaEventCreate(&e2));
+	CK(cudaEventRecord(e1, s));
+	CK(cudaEventRecord(e2, s));
+	CK(cudaEventSynchronize(e2));
+	float ms;
+	EXPECT(cudaEventElapsedTime(&ms, e1, e2) == cudaErrorInvalidResourceHandle);
+	cudaGetLastError();
+	return 0;
+}
+
+static int c_host_fn_cuda(void)
+{
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaLaunchHostFunc(s, host_fn_calls_cuda, NULL));
+	CK(cudaStreamSynchronize(s));
+	return 0;
+}
+
+static int c_capture_pageable(void)
+{
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(4), h[4] = {0};
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	EXPECT(cudaMemcpyAsync(a, h, 16, cudaMemcpyHostToDevice, s) == cudaErrorStreamCaptureUnsupported);
+	cudaGraph_t g;
+	EXPECT(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+	cudaGetLastError();
+	return 0;
+}
+
 /* each of these must be stopped by the emulator (a FATAL line, exit 99) */
 static int c_barrier_exit(void)
 {
@@ -750,6 +818,14 @@ static int c_nccl(void)
 			want += 1.0f + (2 * rank + i) + q;
 		EXPECT(__bfloat162float(rb[i]) == want);
 	}
+	int hi[3] = {rank, 2 * rank, -rank}, ri[3];
+	int *di;
+	CK(cudaMalloc((void **)&di, 12));
+	CK(cudaMemcpy(di, hi, 12, cudaMemcpyHostToDevice));
+	EXPECT(ncclAllReduce(di, di, 3, ncclInt32, ncclSum, c, s) == ncclSuccess);
+	CK(cudaStreamSynchronize(s));
+	CK(cudaMemcpy(ri, di, 12, cudaMemcpyDeviceToHost));
+	EXPECT(ri[0] == size * (size - 1) / 2 && ri[1] == size * (size - 1) && ri[2] == -ri[0]);
 	ncclComm_t half;
 	EXPECT(ncclCommSplit(c, rank % 2, rank, &half, NULL) == ncclSuccess);
 	int hn;
@@ -816,6 +892,9 @@ static const struct {
 	{"capture_illegal", c_capture_illegal},
 	{"capture_unjoined", c_capture_unjoined},
 	{"memcpy_checks", c_memcpy_checks},
+	{"host_fn", c_host_fn},
+	{"host_fn_cuda", c_host_fn_cuda},
+	{"capture_pageable", c_capture_pageable},
 	{"barrier_exit", c_barrier_exit},
 	{"shfl_exited", c_shfl_exited},
 	{"shfl_mask", c_shfl_mask},
