@@ -1,7 +1,7 @@
 # mk/cuda-emu.mk - the CUDA emulator build (included by the top-level Makefile).
 #
 #   make cuda-emu    build-emu/dpexec and build-emu/libdpcuda.so: the REAL
-#                    runtime/cuda sources (kernels.cu compiled as host C++,
+#                    runtime/cuda sources (every .cu compiled as host C++,
 #                    backend_cuda.c, comm_nccl.c) built against the emulator's
 #                    headers and linked with its implementation
 #                    (tests/cuda_emu/), so `build-emu/dpexec --device cuda`
@@ -14,9 +14,9 @@
 # runtime/cuda code on its way in: `extern __shared__ T name[];` (dynamic
 # shared memory) becomes a pointer to the launch's dynamic region, because
 # C++ has no declaration that means "this launch's shared memory"; a #line
-# keeps every message pointing at runtime/cuda/kernels.cu.
+# keeps every message pointing at the real runtime/cuda/*.cu file.
 #
-# kernels.cu is compiled with -fsanitize=alignment (the emulator's handler
+# The .cu files are compiled with -fsanitize=alignment (the emulator's handler
 # reports a misaligned float4 access with the emulated thread) and
 # -ffp-contract=off (nvcc's -fmad=false: no fused multiply-adds).
 
@@ -30,7 +30,7 @@ EMU_CFLAGS := -O2 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter 
 EMU_HDRS   := $(wildcard tests/cuda_emu/*.h tests/cuda_emu/include/*.h)
 EMU_LIB_OBJ := $(patsubst tests/cuda_emu/%.cc,$(EMU)/emu/%.o,$(wildcard tests/cuda_emu/*.cc)) \
                $(EMU)/emu/switch.o
-EMU_CU := $(notdir $(basename $(wildcard runtime/cuda/*.cu)))
+EMU_CU     := $(notdir $(basename $(wildcard runtime/cuda/*.cu)))
 EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/cuda/backend_cuda.o \
                 $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o $(EMU)/pic/stepfile.o \
                 $(EMU)/pic/stepfile_check.o
@@ -48,10 +48,14 @@ $(EMU)/dpexec: FORCE
 .PHONY: FORCE
 FORCE:
 
+# extern __shared__ [__align__(N)] TYPE NAME[];  ->  static TYPE *const NAME = (TYPE *)dpemu_dyn_smem();
+EMU_DYN_SMEM := s/extern[[:space:]]+__shared__[[:space:]]+(__align__\([0-9]+\)[[:space:]]+)?([A-Za-z_][A-Za-z_0-9:]*([[:space:]]+[A-Za-z_][A-Za-z_0-9:]*)*)[[:space:]]+([A-Za-z_][A-Za-z_0-9]*)[[:space:]]*\[\][[:space:]]*;/static \2 *const \4 = (\2 *)dpemu_dyn_smem();/
+
+# every runtime/cuda/*.cu, as host C++
 $(EMU)/gen/%.cu: runtime/cuda/%.cu mk/cuda-emu.mk
 	@mkdir -p $(dir $@)
 	{ echo '#line 1 "runtime/cuda/$*.cu"'; \
-	  sed -E 's/extern[[:space:]]+__shared__[[:space:]]+(__align__\([0-9]+\)[[:space:]]+)?([A-Za-z_][A-Za-z_0-9:]*([[:space:]]+[A-Za-z_][A-Za-z_0-9:]*)*)[[:space:]]+([A-Za-z_][A-Za-z_0-9]*)[[:space:]]*\[\][[:space:]]*;/static \2 *const \4 = (\2 *)dpemu_dyn_smem();/' $<; \
+	  sed -E "$(EMU_DYN_SMEM)" $<; \
 	} >$@
 
 $(EMU)/runtime/cuda/%.o: $(EMU)/gen/%.cu $(EMU_RT_HDRS) $(EMU_HDRS) $(wildcard runtime/cuda/*.cuh)
@@ -80,3 +84,14 @@ $(EMU)/emu/switch.o: tests/cuda_emu/switch.S
 
 $(EMU)/libdpcuda.so: $(EMU_CUDA_OBJ) $(EMU_LIB_OBJ)
 	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libdpcuda.so -o $@ $^ -lopenblas -lz -lm -ldl
+
+# the emulator's own tests (tests/cuda_emu/selftest.cu), built like runtime/cuda/*.cu
+cuda-emu: $(EMU)/selftest
+$(EMU)/gen/selftest.cu: tests/cuda_emu/selftest.cu mk/cuda-emu.mk
+	@mkdir -p $(dir $@)
+	{ echo '#line 1 "tests/cuda_emu/selftest.cu"'; sed -E "$(EMU_DYN_SMEM)" $<; } >$@
+$(EMU)/selftest.o: $(EMU)/gen/selftest.cu $(EMU_HDRS)
+	$(MPICXX) -x c++ $(EMU_CXXFLAGS) -fsanitize=alignment -fno-sanitize-recover=alignment \
+		-include tests/cuda_emu/include/dpemu_device.h $(EMU_INC) -c $< -o $@
+$(EMU)/selftest: $(EMU)/selftest.o $(EMU_LIB_OBJ)
+	$(MPICXX) -o $@ $^ -lopenblas -lm -ldl

@@ -9,7 +9,10 @@
 #   - without a usable GPU: --device cuda is exit 1 and one line naming the
 #     cause (no driver / driver older than the runtime / no device), on 1
 #     rank and, said once, on 2; --device auto trains on the CPU after a
-#     one-line notice, with the same losses as --device cpu.
+#     one-line notice, with the same losses as --device cpu;
+#   - a driver older than the runtime is a FAILURE, not a skip: the machine
+#     has a GPU whose driver cannot run this build (tests/cuda_emu.sh checks
+#     that this suite fails on it, with the emulator's DPEMU_DRIVER_VERSION).
 # On a GPU (NONE OF THIS HAS RUN YET; docs/CUDA.md), else each reported as
 # SKIP and counted as skipped, never as passed:
 #   1. models/mlp.dp at 1 rank, 50 steps: CUDA vs CPU losses and parameters.
@@ -77,6 +80,11 @@ elif X "$T/w1.bin" --device cuda --steps 0 --quiet >"$T/probe.out" 2>&1; then
 	GPU=1
 else
 	why=$(cat "$T/probe.out")
+	# no driver or no device is a machine without a GPU: skip. A driver older
+	# than the runtime is a broken installation on a GPU machine: fail.
+	if grep -q "older than the CUDA runtime" "$T/probe.out"; then
+		fail "the CUDA driver is older than the runtime this backend needs: $why"
+	fi
 	one_error "--device cuda without a GPU: one line naming the cause" "dpexec: error: --device cuda: " \
 		X "$T/w1.bin" --device cuda --steps 1
 	grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cannot be used" "$T/err" ||

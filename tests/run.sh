@@ -22,6 +22,8 @@ suites=(
 	"tp"            "bash tests/tp.sh"
 	"recompute"     "bash tests/recompute.sh"
 	"cuda"          "bash tests/cuda.sh"
+	"cuda_emu"      "bash tests/cuda_emu.sh"
+	"cuda_emu_mutations" "bash tests/cuda_emu_mutations.sh"
 )
 tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do

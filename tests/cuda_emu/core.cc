@@ -6,11 +6,11 @@
  * Memory. Device memory is carved from one PROT_NONE reservation: every
  * cudaMalloc gets its own pages, ending at a page boundary (the 256-byte
  * rounded size is flush with it) and followed by an unmapped guard page, so
- * an access past the end faults. Fresh allocations are filled with 0xff
- * bytes (NaN as floats): reading memory nobody wrote shows. Freed ranges
+ * an access past the end faults. Fresh allocations up to 8 MiB are filled
+ * with 0xff bytes (NaN as floats): reading memory nobody wrote shows. Freed ranges
  * are never reused (a dangling pointer faults). The pages of live
- * allocations are readable and writable only while device work runs (a
- * Session): host code touching device memory faults at the instruction,
+ * allocations are readable and writable only while device work runs (from
+ * the first operation a Session runs to its end): host code touching device memory faults at the instruction,
  * and the SIGSEGV handler names the allocation and exits. Pinned host
  * memory (cudaMallocHost/cudaHostAlloc) is ordinary host memory that the
  * emulator tracks: asynchronous copies read it when the stream gets there,

@@ -4,10 +4,11 @@
  * (in ascending, descending or shuffled order: DPEMU_BLOCKS) and each
  * block's threads run as cooperative fibers (switch.S) on the scheduler's
  * thread. A thread runs until it reaches __syncthreads, a warp primitive or
- * its end; the next runnable thread then runs (ascending, descending or
- * shuffled each round: DPEMU_THREADS). So code that reads what another
- * thread writes without the barrier between them reads stale shared memory
- * (filled with 0xff bytes before every block) for some order.
+ * its end; then the next runnable thread runs: in ascending or descending
+ * thread order, or a seeded random pick among the runnable ones
+ * (DPEMU_THREADS). So code that reads what another thread writes without
+ * the barrier between them reads stale shared memory (filled with 0xff
+ * bytes before every block) for some order.
  *
  * Rules checked (each an error that names the kernel, its launch site, the
  * block and the thread, and ends the process: on a GPU they are undefined
@@ -60,10 +61,18 @@ struct Thread {
 	int pred;          /* __syncthreads_count/and/or */
 	int wop;           /* warp primitive waited at */
 	unsigned wmask;
+	unsigned warrived; /* a group's leader: the lanes of wmask that have arrived */
 	int warg, wwidth;
 	uint64_t wval, wres;
 	const char *file;  /* where it waits */
 	int line;
+};
+
+/* A warp's bookkeeping: the lanes leading a pending primitive (one per
+ * group of lanes meeting at one: the first to arrive), and the lanes that
+ * returned. */
+struct Warp {
+	unsigned leaders, exited;
 };
 
 struct KernelWork;
@@ -73,6 +82,9 @@ struct Block {
 	const KernelWork *k = nullptr;
 	unsigned n = 0;            /* threads */
 	std::vector<Thread> t;
+	std::vector<Warp> w;
+	std::vector<int> ready;    /* threads that can run (new or released) */
+	Pick order;                /* ascending / descending release order, or random picks */
 	unsigned arrived = 0;      /* at __syncthreads */
 	unsigned exited = 0;
 	int bar_result = 0;
@@ -217,6 +229,8 @@ static void thread_main(void *)
 
 /* ---- __syncthreads ---- */
 
+static void release(int t);
+
 static void barrier_complete()
 {
 	if (!blk.arrived || blk.arrived + blk.exited < blk.n)
@@ -237,9 +251,17 @@ static void barrier_complete()
 	}
 	blk.bar_result = count; /* the kind decides what the callers read */
 	blk.arrived = 0;
-	for (auto &th : blk.t)
-		if (th.st == T_BAR)
-			th.st = T_READY;
+	int me = blk.cur;
+	if (blk.order == PICK_HIGH) {
+		for (int i = (int)blk.n - 1; i >= 0; i--)
+			if (i != me)
+				release(i);
+	} else {
+		for (int i = 0; i < (int)blk.n; i++)
+			if (i != me)
+				release(i);
+	}
+	blk.t[me].st = T_READY; /* goes on */
 	(void)all;
 	(void)any;
 }
@@ -283,12 +305,21 @@ namespace emu {
 static void warp_exit_check(int t)
 {
 	int base = t / 32 * 32, lane = t % 32;
-	for (int i = 0; i < 32 && base + i < (int)blk.n; i++) {
-		Thread &o = blk.t[base + i];
-		if (o.st == T_WARP && (o.wmask >> lane & 1))
-			kfail("the thread (lane %d) returned while lane %d waits for it at %s (mask 0x%08x) "
-			      "at %s:%d", lane, i, wop_name(o.wop), o.wmask, o.file, o.line);
+	Warp &w = blk.w[t / 32];
+	w.exited |= 1u << lane;
+	for (unsigned l = w.leaders; l; l &= l - 1) {
+		Thread &o = blk.t[base + __builtin_ctz(l)];
+		if (o.wmask >> lane & 1)
+			kfail("the thread (lane %d) returned while lanes 0x%08x wait for it at %s (mask "
+			      "0x%08x) at %s:%d", lane, o.warrived, wop_name(o.wop), o.wmask, o.file, o.line);
 	}
+}
+
+/* Threads become runnable in the block's release order. */
+static void release(int t)
+{
+	blk.t[t].st = T_READY;
+	blk.ready.push_back(t);
 }
 } // namespace emu
 
@@ -299,11 +330,19 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 		fatal("%s outside a kernel (%s:%d)", wop_name(op), file, line);
 	int t = blk.cur, base = t / 32 * 32, lane = t % 32;
 	Thread &me = blk.t[t];
+	Warp &w = blk.w[t / 32];
+	unsigned exist = blk.n - base >= 32 ? ~0u : (1u << (blk.n - base)) - 1;
 	if (!(mask >> lane & 1))
 		kfail("%s at %s:%d with mask 0x%08x, which does not name the calling lane %d",
 		      wop_name(op), file, line, mask, lane);
 	if (op <= DPEMU_SHFL_XOR && (width < 1 || width > 32 || (width & (width - 1))))
 		kfail("%s at %s:%d: width %d is not a power of 2 up to 32", wop_name(op), file, line, width);
+	if (mask & ~exist)
+		kfail("%s at %s:%d: mask 0x%08x names lane %d, which does not exist (%u threads per "
+		      "block)", wop_name(op), file, line, mask, __builtin_ctz(mask & ~exist), blk.n);
+	if (mask & w.exited)
+		kfail("%s at %s:%d: mask 0x%08x names lane %d, which has returned", wop_name(op), file,
+		      line, mask, __builtin_ctz(mask & w.exited));
 	me.st = T_WARP;
 	me.wop = op;
 	me.wmask = mask;
@@ -312,40 +351,50 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 	me.wval = value;
 	me.file = file;
 	me.line = line;
-	/* has every lane of the mask arrived at the same primitive? */
-	for (int i = 0; i < 32; i++) {
-		if (!(mask >> i & 1))
-			continue;
-		if (base + i >= (int)blk.n)
-			kfail("%s at %s:%d: mask 0x%08x names lane %d, which does not exist (%u threads per "
-			      "block)", wop_name(op), file, line, mask, i, blk.n);
-		Thread &o = blk.t[base + i];
-		if (o.st == T_DONE)
-			kfail("%s at %s:%d: mask 0x%08x names lane %d, which has returned", wop_name(op),
-			      file, line, mask, i);
-		if (o.st != T_WARP) {
-			yield_to_scheduler(); /* a later arrival completes it */
-			return me.wres;
+	/* join the group of lanes waiting with this mask, or lead a new one */
+	Thread *lead = nullptr;
+	for (unsigned l = w.leaders; l; l &= l - 1) {
+		Thread &o = blk.t[base + __builtin_ctz(l)];
+		if (o.wmask == mask) {
+			if (o.wop != op)
+				kfail("%s at %s:%d with mask 0x%08x, while lanes 0x%08x of it wait at %s "
+				      "(%s:%d): the lanes of a mask must meet at the same primitive",
+				      wop_name(op), file, line, mask, o.warrived, wop_name(o.wop), o.file, o.line);
+			lead = &o;
+		} else if (o.wmask & mask) {
+			kfail("%s at %s:%d with mask 0x%08x, while lanes 0x%08x named in it wait at %s with "
+			      "mask 0x%08x (%s:%d): the lanes of a mask must meet at the same primitive",
+			      wop_name(op), file, line, mask, o.warrived & mask, wop_name(o.wop), o.wmask,
+			      o.file, o.line);
 		}
-		if (o.wop != op || o.wmask != mask)
-			kfail("%s at %s:%d with mask 0x%08x, while lane %d named in it waits at %s with mask "
-			      "0x%08x (%s:%d): the lanes of a mask must meet at the same primitive",
-			      wop_name(op), file, line, mask, i, wop_name(o.wop), o.wmask, o.file, o.line);
 	}
+	if (!lead) {
+		lead = &me;
+		me.warrived = 0;
+		w.leaders |= 1u << lane;
+	}
+	lead->warrived |= 1u << lane;
+	if (lead->warrived != mask) {
+		dpemu_switch(&me.sp, blk.sched_sp); /* the last lane to arrive completes it */
+		set_regs(blk.cur);
+		return me.wres;
+	}
+	w.leaders &= ~(1u << (lead - &blk.t[base]));
 	uint64_t ballot = 0;
-	for (int i = 0; i < 32; i++)
-		if (mask >> i & 1 && blk.t[base + i].wval)
+	for (unsigned m = mask; m; m &= m - 1) {
+		int i = __builtin_ctz(m);
+		if (blk.t[base + i].wval)
 			ballot |= 1ull << i;
-	for (int i = 0; i < 32; i++) {
-		if (!(mask >> i & 1))
-			continue;
+	}
+	for (unsigned m = mask; m; m &= m - 1) {
+		int i = __builtin_ctz(m);
 		Thread &o = blk.t[base + i];
-		int w = o.wwidth, seg = i & ~(w - 1), src = i;
+		int wd = o.wwidth, seg = i & ~(wd - 1), src = i;
 		switch (op) {
-		case DPEMU_SHFL_IDX: src = seg + (o.warg & (w - 1)); break;
+		case DPEMU_SHFL_IDX: src = seg + (o.warg & (wd - 1)); break;
 		case DPEMU_SHFL_UP: src = i - o.warg >= seg ? i - o.warg : i; break;
-		case DPEMU_SHFL_DOWN: src = i + o.warg < seg + w ? i + o.warg : i; break;
-		case DPEMU_SHFL_XOR: src = (i ^ o.warg) >= seg && (i ^ o.warg) < seg + w ? i ^ o.warg : i; break;
+		case DPEMU_SHFL_DOWN: src = i + o.warg < seg + wd ? i + o.warg : i; break;
+		case DPEMU_SHFL_XOR: src = (i ^ o.warg) >= seg && (i ^ o.warg) < seg + wd ? i ^ o.warg : i; break;
 		default: break;
 		}
 		if (op <= DPEMU_SHFL_XOR) {
@@ -363,9 +412,16 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 			o.wres = 0;
 		}
 	}
-	for (int i = 0; i < 32; i++)
-		if (mask >> i & 1)
-			blk.t[base + i].st = T_READY;
+	/* the others run again in the block's order; this lane goes on */
+	if (blk.order == PICK_HIGH) {
+		for (int i = 31; i >= 0; i--)
+			if ((mask >> i & 1) && i != lane)
+				release(base + i);
+	} else {
+		for (unsigned m = mask & ~(1u << lane); m; m &= m - 1)
+			release(base + __builtin_ctz(m));
+	}
+	me.st = T_READY;
 	return me.wres;
 }
 
@@ -420,7 +476,11 @@ static Pick make_order(unsigned n, Pick how, std::vector<unsigned> &order)
 	return how;
 }
 
-/* Run one block to its end. */
+/* Run one block to its end: the runnable threads (all, at first) one at a
+ * time until each reaches a barrier, a warp primitive or its end; a
+ * completed barrier or primitive makes its threads runnable again. The
+ * order: ascending or descending thread index, or a seeded random pick
+ * among the runnable ones (DPEMU_THREADS). */
 static void run_block(const KernelWork &k, unsigned b)
 {
 	unsigned n = k.block.x * k.block.y * k.block.z;
@@ -430,6 +490,7 @@ static void run_block(const KernelWork &k, unsigned b)
 	blk.arrived = blk.exited = 0;
 	blk.cur = -1;
 	blk.t.assign(n, Thread{});
+	blk.w.assign((n + 31) / 32, Warp{0, 0});
 	dpemu_regs.bid = unflatten(b, k.grid);
 	uintptr_t sh0 = (uintptr_t)__start_dpemu_shared, sh1 = (uintptr_t)__stop_dpemu_shared;
 	if (sh0 && sh1 > sh0)
@@ -437,33 +498,11 @@ static void run_block(const KernelWork &k, unsigned b)
 	if (k.smem)
 		memset(dyn_base, 0xff, k.smem);
 	std::vector<unsigned> order;
-	Pick how = make_order(n, cfg().threads, order);
-	for (;;) {
-		if (how == PICK_RANDOM)
-			shuffle(order);
-		bool ran = false;
-		for (unsigned i : order) {
-			Thread &th = blk.t[i];
-			if (th.st != T_NEW && th.st != T_READY)
-				continue;
-			ran = true;
-			blk.cur = (int)i;
-			set_regs((int)i);
-			if (th.st == T_NEW) {
-				th.stack = get_stack();
-				th.sp = new_context(th.stack, i);
-				th.st = T_READY;
-			}
-			dpemu_switch(&blk.sched_sp, th.sp);
-			if (th.st == T_DONE) {
-				stack_pool.push_back(th.stack);
-				th.stack = nullptr;
-			}
-			blk.cur = -1;
-		}
-		if (blk.exited == n)
-			break;
-		if (!ran) {
+	blk.order = make_order(n, cfg().threads, order);
+	blk.ready.assign(order.begin(), order.end());
+	size_t head = 0;
+	while (blk.exited < n) {
+		if (head == blk.ready.size()) {
 			std::string who;
 			for (unsigned i = 0; i < n && who.size() < 600; i++) {
 				const Thread &th = blk.t[i];
@@ -477,6 +516,27 @@ static void run_block(const KernelWork &k, unsigned b)
 			kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited,
 			      who.c_str());
 		}
+		if (blk.order == PICK_RANDOM) /* a random runnable thread next */
+			std::swap(blk.ready[head], blk.ready[head + rnd(blk.ready.size() - head)]);
+		int i = blk.ready[head++];
+		if (head > 4096 && head * 2 > blk.ready.size()) {
+			blk.ready.erase(blk.ready.begin(), blk.ready.begin() + (long)head);
+			head = 0;
+		}
+		Thread &th = blk.t[i];
+		blk.cur = i;
+		set_regs(i);
+		if (th.st == T_NEW) {
+			th.stack = get_stack();
+			th.sp = new_context(th.stack, (unsigned)i);
+			th.st = T_READY;
+		}
+		dpemu_switch(&blk.sched_sp, th.sp);
+		if (th.st == T_DONE) {
+			stack_pool.push_back(th.stack);
+			th.stack = nullptr;
+		}
+		blk.cur = -1;
 	}
 	blk.k = nullptr;
 }
@@ -576,9 +636,9 @@ extern "C" void __ubsan_handle_type_mismatch_v1(TypeMismatchData *d, uintptr_t p
 	const char *k = d->check_kind < 12 ? kinds[d->check_kind] : "access to";
 	unsigned long align = 1ul << d->log_alignment;
 	if (!ptr)
-		fatal("%snull pointer: %s type '%s' (%s:%u:%u)", kernel_context().c_str(), k, d->type->name,
+		fatal("%snull pointer: %s type %s (%s:%u:%u)", kernel_context().c_str(), k, d->type->name,
 		      d->loc.file, d->loc.line, d->loc.column);
-	fatal("%smisaligned address %p: %s type '%s', which needs %lu-byte alignment (%s:%u:%u; on a "
+	fatal("%smisaligned address %p: %s type %s, which needs %lu-byte alignment (%s:%u:%u; on a "
 	      "GPU cudaErrorMisalignedAddress)", kernel_context().c_str(), (void *)ptr, k, d->type->name,
 	      align, d->loc.file, d->loc.line, d->loc.column);
 }

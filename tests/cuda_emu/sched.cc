@@ -492,10 +492,16 @@ static cudaError_t copy(const char *api, void *dst, size_t dpitch, const void *s
 	if (!width || !rows)
 		return cudaSuccess;
 	bool pageable = (dk == MEM_HOST || sk == MEM_HOST) && !(dk == MEM_HOST && sk == MEM_HOST);
-	if (pageable && s->cap)
+	if (pageable && s->cap) {
+		if (!s->cap->invalid) {
+			s->cap->invalid = true;
+			s->cap->why = api + std::string(" with pageable host memory");
+		}
 		return misuse(cudaErrorStreamCaptureUnsupported, "%s from/to pageable host memory (%s) "
-			      "while capturing: a graph cannot stage pageable memory; use pinned memory",
-			      api, describe(dk == MEM_HOST ? dst : src).c_str());
+			      "while capturing: a graph cannot stage pageable memory; use pinned memory "
+			      "(the capture is invalidated)", api,
+			      describe(dk == MEM_HOST ? dst : src).c_str());
+	}
 	if (sk == MEM_HOST && dk != MEM_HOST) { /* staged now: the host may reuse its buffer */
 		w->snapshot.resize(width * rows);
 		for (size_t r = 0; r < rows; r++)
