@@ -24,7 +24,11 @@ LDFLAGS += $(SANFLAGS)
 IR_SRC     := $(wildcard ir/*.c)
 PASS_SRC   := $(wildcard passes/*.c)
 FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
-RT_SRC     := $(filter-out runtime/dpexec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
+RT_SRC     := $(filter-out runtime/dpexec.c runtime/cpu/vec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
+# runtime/cpu/vec.c is built once per instruction set; the CPU backend picks
+# one at run time from the CPU's features (one binary runs everywhere)
+VEC_OBJ    := $(BUILD)/runtime/cpu/vec_scalar.o $(BUILD)/runtime/cpu/vec_avx2.o \
+              $(BUILD)/runtime/cpu/vec_avx512.o
 
 GEN_PARSER := $(BUILD)/gen/parser.c
 GEN_LEXER  := $(BUILD)/gen/lexer.c
@@ -32,7 +36,9 @@ GEN_LEXER  := $(BUILD)/gen/lexer.c
 COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
                 $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
 RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
-                $(BUILD)/ir/stepfile_check.o
+                $(BUILD)/ir/stepfile_check.o $(BUILD)/ir/outfile.o $(VEC_OBJ)
+# SLEEF: vectorised expf/tanhf (1.0 ulp) for the CPU kernels, as PyTorch uses
+RUNTIME_LIBS := -lopenblas -lsleef -lcjson -lz -lm
 
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
@@ -68,11 +74,18 @@ $(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
 
+$(BUILD)/runtime/cpu/vec_scalar.o: VEC_FLAGS := -DVEC_ISA=0
+$(BUILD)/runtime/cpu/vec_avx2.o: VEC_FLAGS := -DVEC_ISA=1 -mavx2 -mfma
+$(BUILD)/runtime/cpu/vec_avx512.o: VEC_FLAGS := -DVEC_ISA=2 -mavx512f -mavx2 -mfma
+$(VEC_OBJ): $(BUILD)/runtime/cpu/vec_%.o: runtime/cpu/vec.c runtime/rt.h ir/stepfile.h runtime/cpu/cpu.h
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) $(VEC_FLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
+
 $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
 
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
-	$(MPICC) $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm -ldl
+	$(MPICC) $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS) -ldl
 
 # text -> byte-level llm.c token shard (tools/text2shard.c; standalone)
 $(TEXT2SHARD): tools/text2shard.c
@@ -82,7 +95,8 @@ $(TEXT2SHARD): tools/text2shard.c
 # C test programs: compiler-side ones link the compiler objects, runtime-side
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
-RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test
+RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
+                  $(BUILD)/tests/cpu_kernels_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
@@ -91,7 +105,7 @@ $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) -Iruntime -Iir $(LDFLAGS) -o $@ $^ -lopenblas -lcjson -lz -lm
+	$(MPICC) $(CFLAGS) -Iruntime -Iir $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS)
 
 test: all tests
 	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh
@@ -106,7 +120,7 @@ demo-gpt: deps all
 	BUILD=$(BUILD) bash tests/demo_gpt.sh
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
-DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev zlib1g-dev libcjson-dev \
+DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libsleef-dev zlib1g-dev libcjson-dev \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \

@@ -14,9 +14,9 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-400}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# one BLAS thread per rank everywhere, like the anchor (dpexec already does this
-# when world > 1; the env var makes the 1-rank run comparable)
-export OPENBLAS_NUM_THREADS=1
+# one thread per rank everywhere, like the anchor: dpexec's own threads
+# (DP_NUM_THREADS; by default every core it may run on) and OpenBLAS's
+export OPENBLAS_NUM_THREADS=1 DP_NUM_THREADS=1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 FM=/usr/share/datasets/fashion-mnist

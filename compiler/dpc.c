@@ -5,8 +5,10 @@
  * verifier after every pass, then the outputs the options ask for. Exit
  * status: 0 success; 1 user error (bad option, bad model, unwritable output),
  * reported as messages; 2 internal error (the verifier rejected a pass's
- * output). On any error no step file is written: the writer is atomic and
- * runs last.
+ * output). On any error no step file is written: the output path is
+ * checked before compiling (ir/outfile.h: its directory exists and is
+ * writable; a device or FIFO is written through, a link's target written)
+ * and the writer is atomic and runs last.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -17,6 +19,7 @@
 #include <time.h>
 
 #include "frontend.h"
+#include "outfile.h"
 #include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
 
 #define DPC_VERSION "0.1.0"
@@ -28,7 +31,8 @@ static void usage(FILE *out)
 		"\n"
 		"Compiles a dp model to a step file that `dpexec` runs on every rank.\n"
 		"\n"
-		"  -o FILE             write the step file to FILE. Without -o the step file\n"
+		"  -o FILE             write the step file to FILE (atomically; through a\n"
+		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
 		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
 		"                      those print instead, and write a step file only with -o\n"
@@ -74,30 +78,6 @@ static void pass_names(FILE *out)
 	for (int i = 0; i < npipeline; i++)
 		fprintf(out, ", %s", pipeline[i].name);
 	fprintf(out, "\n");
-}
-
-/* mkdir -p */
-static int make_dirs(const char *dir)
-{
-	char *p = strdup(dir);
-	if (!p)
-		return -1;
-	for (char *s = p + 1;; s++) {
-		if (*s == '/' || *s == 0) {
-			char c = *s;
-			*s = 0;
-			if (mkdir(p, 0777) < 0 && errno != EEXIST) {
-				free(p);
-				return -1;
-			}
-			*s = c;
-			if (!c)
-				break;
-		}
-	}
-	free(p);
-	struct stat st;
-	return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
 }
 
 /* BASENAME.bin in the current directory. */
@@ -261,7 +241,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const char *path = argv[optind];
-	if (dump_dir && make_dirs(dump_dir) < 0) {
+	if (dump_dir && out_mkdirs(dump_dir) < 0) {
 		fprintf(stderr, "dpc: cannot create %s: %s\n", dump_dir, strerror(errno));
 		return 1;
 	}
@@ -276,6 +256,16 @@ int main(int argc, char **argv)
 		output = default_out;
 	}
 
+	/* a step file that cannot be written is found before the work, not after */
+	if (write_step) {
+		char err[1024];
+		if (out_check(output, 0, err, sizeof err) < 0) {
+			fprintf(stderr, "dpc: %s\n", err);
+			free(default_out);
+			free(defines);
+			return 1;
+		}
+	}
 	double t0 = now_ms();
 	Diag diag;
 	diag_init(&diag, stderr, path, NULL);

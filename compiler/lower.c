@@ -9,7 +9,7 @@
  *
  * After (when no error was reported), the Graph holds:
  *   - cfg (mesh, micro_batch, grad_accum, eval_batch, steps, eval_every,
- *     log_every, seed, strategy), opt, sched, strategy (its name), bucket_mb,
+ *     log_every, seed, strategy, save_every, keep_last), opt, sched, strategy (its name), bucket_mb,
  *     reshard_after_forward, prefetch, gather_limit_mb, accum_unsharded;
  *   - per data declaration a DP_T_DATA value [micro_batch, ...], its train
  *     Source and a LOAD node (IR_IN_STEP); per eval source an eval Source for
@@ -206,6 +206,8 @@ enum {
 	T_GATHER_LIMIT_MB,
 	T_ACCUMULATE_GRADS,
 	T_GRADIENT_CHECKPOINTING,
+	T_SAVE_EVERY,
+	T_KEEP_LAST,
 	T_PRECISION,
 	T_COUNT
 };
@@ -213,8 +215,8 @@ enum {
 static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
 	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
 	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
-	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing",
-	"precision",
+	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing", "save_every",
+	"keep_last", "precision",
 };
 
 #define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
@@ -405,6 +407,10 @@ static void lower_train(Lower *L)
 		c->log_every = (uint32_t)x;
 	if (val[T_SEED] && !want_int(L, val[T_SEED], "seed", 0, INT64_MAX, &x))
 		c->seed = (uint64_t)x;
+	if (val[T_SAVE_EVERY] && !want_int(L, val[T_SAVE_EVERY], "save_every", 1, INT32_MAX, &x))
+		c->save_every = (uint32_t)x;
+	if (val[T_KEEP_LAST] && !want_int(L, val[T_KEEP_LAST], "keep_last", 1, INT32_MAX, &x))
+		c->keep_last = (uint32_t)x;
 	if (val[T_STRATEGY]) {
 		lower_strategy(L, val[T_STRATEGY]);
 		char why[160];

@@ -74,7 +74,7 @@ static int need_float(Node *n, const Value *v, const char *role, Diag *d)
 
 /* ---- shape rules ---- */
 
-/* out has in0's type (copy, scale, accum, relu, gelu, tanh). */
+/* out has in0's type (copies, activations, accumulation). */
 int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 {
 	copy_type(out, V(g, n->in[0]));

@@ -315,9 +315,14 @@ static void print_directives(FILE *out, const Graph *g)
 		fprintf(out, " %s=%u", ir_axis_names[a], c->mesh[a]);
 	fprintf(out,
 		"\nconfig micro_batch=%u grad_accum=%u eval_batch=%u steps=%u eval_every=%u "
-		"log_every=%u seed=%" PRIu64 " arena=%" PRIu64 "\n",
+		"log_every=%u seed=%" PRIu64 " arena=%" PRIu64,
 		c->micro_batch, c->grad_accum, c->eval_batch, c->steps, c->eval_every, c->log_every,
 		c->seed, c->arena_bytes);
+	if (c->save_every) /* printed when set: dumps of models without them stay as they were */
+		fprintf(out, " save_every=%u", c->save_every);
+	if (c->keep_last)
+		fprintf(out, " keep_last=%u", c->keep_last);
+	fprintf(out, "\n");
 
 	Buf b = {0};
 	const DpOptim *o = &g->opt;

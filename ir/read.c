@@ -670,9 +670,11 @@ static int parse_config(Reader *r)
 {
 	DpConfig *c = &r->g->cfg;
 	static const char *const keys[] = {"micro_batch", "grad_accum", "eval_batch", "steps",
-					   "eval_every", "log_every", "seed", "arena"};
+					   "eval_every", "log_every", "seed", "arena",
+					   "save_every", "keep_last"};
 	uint32_t *u32[] = {&c->micro_batch, &c->grad_accum, &c->eval_batch, &c->steps,
-			   &c->eval_every, &c->log_every};
+			   &c->eval_every, &c->log_every, NULL, NULL,
+			   &c->save_every, &c->keep_last};
 	while (peek(r)->kind != TK_END) {
 		const Tok *k = peek(r);
 		const char *key = parse_key(r);
@@ -681,8 +683,8 @@ static int parse_config(Reader *r)
 		int i = lookup(keys, NELEMS(keys), key);
 		if (i < 0)
 			return fail_at(r, k->col, "unknown config key '%s'", key);
-		int rc = i < 6 ? parse_u32(r, next(r), u32[i])
-			       : parse_u64(r, next(r), i == 6 ? &c->seed : &c->arena_bytes);
+		int rc = u32[i] ? parse_u32(r, next(r), u32[i])
+				: parse_u64(r, next(r), i == 6 ? &c->seed : &c->arena_bytes);
 		if (rc < 0)
 			return -1;
 	}

@@ -36,10 +36,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <libgen.h>
-#include <fcntl.h>
 #include <zlib.h>
 
+#include "outfile.h"
 #include "stepfile.h"
 
 /* The shared columns of ir/ops.def: name, executor class, operand rule. */
@@ -76,7 +75,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4,
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4 + 4,
 	OPTIM_BYTES = 4 + 7 * 4,
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
@@ -184,7 +183,7 @@ static void put_instr(Put *w, const DpInstr *in)
 
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 {
-	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4;
+	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4 + 4;
 	n += 4 + (size_t)s->nstrings;
 	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
 	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
@@ -211,6 +210,8 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u64(&w, c->seed);
 	put_u64(&w, c->arena_bytes);
 	put_u32(&w, c->strategy);
+	put_u32(&w, c->save_every);
+	put_u32(&w, c->keep_last);
 	put_u32(&w, c->gemm_math);
 
 	const DpOptim *o = &s->opt;
@@ -233,6 +234,7 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_i32(&w, s->metrics.eval_loss);
 	put_i32(&w, s->metrics.eval_correct);
 	put_u32(&w, s->nevents);
+	put_u32(&w, s->source);
 
 	put_u32(&w, s->nstrings);
 	put_bytes(&w, s->strings, s->nstrings);
@@ -641,6 +643,10 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		fail(err, errlen, "string table is not NUL-terminated");
 		return -1;
 	}
+	if (s->source && s->source >= s->nstrings) {
+		fail(err, errlen, "the .dp path's string offset %u is out of range", s->source);
+		return -1;
+	}
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (validate_tensor(s, i, err, errlen))
 			return -1;
@@ -670,8 +676,12 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		if (mids[m] >= 0) {
 			const DpTensor *t = &s->tensors[mids[m]];
 			uint64_t need_el = m == 3 ? 2 : 1;
-			if (t->dtype != DP_F32 || t->nbytes < need_el * 4) {
-				fail(err, errlen, "%s: must be f32 with at least %llu elements", what,
+			uint64_t numel = 1; /* the dims were checked with the tensors */
+			for (int d = 0; d < t->ndim; d++)
+				numel *= (uint64_t)t->dims[d];
+			/* the runtime reads exactly this many into a fixed host array */
+			if (t->dtype != DP_F32 || numel != need_el) {
+				fail(err, errlen, "%s: must be f32 with exactly %llu element(s)", what,
 				     (unsigned long long)need_el);
 				return -1;
 			}
@@ -750,6 +760,8 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	c->seed = get_u64(&r);
 	c->arena_bytes = get_u64(&r);
 	c->strategy = get_u32(&r);
+	c->save_every = get_u32(&r);
+	c->keep_last = get_u32(&r);
 	c->gemm_math = get_u32(&r);
 	DpOptim *o = &s->opt;
 	o->kind = get_u32(&r);
@@ -769,6 +781,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	s->metrics.eval_loss = get_i32(&r);
 	s->metrics.eval_correct = get_i32(&r);
 	s->nevents = get_u32(&r);
+	s->source = get_u32(&r);
 	const char *what = "header records";
 	if (r.bad)
 		goto truncated;
@@ -849,21 +862,6 @@ const char *dpstep_str(const DpStep *s, uint32_t off)
 	return s->strings + off;
 }
 
-static int write_all(int fd, const unsigned char *b, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, b, n);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		b += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen)
 {
 	unsigned char *buf;
@@ -872,55 +870,12 @@ int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errle
 		fail(err, errlen, "%s: out of memory encoding the step file", path);
 		return -1;
 	}
-	size_t plen = strlen(path);
-	char *tmp = malloc(plen + 16);
-	if (!tmp) {
-		free(buf);
-		fail(err, errlen, "%s: out of memory", path);
-		return -1;
-	}
-	/* the temp file lives beside path so rename() stays on one file system */
-	snprintf(tmp, plen + 16, "%s.tmpXXXXXX", path);
-	int fd = mkstemp(tmp);
-	if (fd < 0) {
-		fail(err, errlen, "cannot create a temporary file beside %s: %s", path,
-		     strerror(errno));
-		free(tmp);
-		free(buf);
-		return -1;
-	}
-	int rc = write_all(fd, buf, len);
-	if (rc == 0)
-		rc = fsync(fd);
-	int e = errno;
-	if (close(fd) && rc == 0) {
-		rc = -1;
-		e = errno;
-	}
+	OutFile f;
+	int rc = out_open(&f, path, err, errlen);
 	if (rc == 0) {
-		/* mkstemp makes the file 0600; a step file is meant to be shared */
-		chmod(tmp, 0644);
-		if (rename(tmp, path)) {
-			rc = -1;
-			e = errno;
-		}
+		out_write(&f, buf, len);
+		rc = out_commit(&f, err, errlen);
 	}
-	if (rc) {
-		fail(err, errlen, "cannot write %s: %s", path, strerror(e));
-		unlink(tmp);
-	} else {
-		/* make the rename durable too; best effort */
-		char *dcopy = strdup(path);
-		if (dcopy) {
-			int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
-			if (dfd >= 0) {
-				fsync(dfd);
-				close(dfd);
-			}
-			free(dcopy);
-		}
-	}
-	free(tmp);
 	free(buf);
 	return rc;
 }

@@ -16,7 +16,7 @@
  *   8       4     u32 format version (DP_STEP_VERSION)
  *   12      4     u32 crc32 (zlib) of every byte from offset 24 to the end
  *   16      8     u64 total file size in bytes
- *   24      ...   DpConfig, DpOptim, DpSched, DpMetrics, u32 nevents
+ *   24      ...   DpConfig, DpOptim, DpSched, DpMetrics, u32 nevents, u32 source
  *                 strings:  u32 nbytes, then that many bytes (NUL-terminated names)
  *                 tensors:  u32 count, then DpTensor records
  *                 sources:  u32 count, then DpSource records
@@ -228,7 +228,13 @@ typedef struct {
 	uint64_t arena_bytes;       /* size of the one arena per rank */
 	uint32_t strategy;          /* DpStrategy; informational (logs), the programs
 	                               already say everything it implies */
-	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs */
+	uint32_t save_every;        /* checkpoint every N optimizer steps (DSL save_every,
+	                               dpexec --save-every); 0: only at the end and on a
+	                               signal, when a save directory is given (version 4) */
+	uint32_t keep_last;         /* checkpoints kept in the save directory (DSL keep_last,
+	                               dpexec --keep-last); 0: all (version 4) */
+	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs
+	                               (version 5) */
 } DpConfig;
 
 /* f32 matrix products on a GPU (DSL `precision f32|tf32`; the CPU ignores it). */
@@ -329,6 +335,9 @@ typedef struct {
 	DpInstr *prog[DP_NPROG];
 	uint32_t nprog[DP_NPROG];
 	uint32_t nevents; /* events used by EVENT_RECORD/WAIT (ids < nevents) */
+	uint32_t source;  /* string offset of the .dp file's path as dpc was given it, for
+	                     dpexec's messages ("models/mlp.dp:8"); 0 ("") when unknown
+	                     (version 4) */
 } DpStep;
 
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */
@@ -381,7 +390,9 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i);
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);
 /* Parse and validate buf. 0, or -1 with a one-line reason in err; out is then empty. */
 int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen);
-/* Write atomically: a temp file beside path, fsync, rename. On failure nothing is left. */
+/* Write through ir/outfile.h: atomically (PATH.dptmp, fsync, rename) onto a
+ * regular file, in place into a device or FIFO, through symbolic links. On
+ * failure nothing is left. */
 int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen);
 /* Read and decode a file; errors name the file. */
 int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen);

@@ -11,6 +11,7 @@
  *   parameter whole and SHARDs it afterwards, passes/setup.c: a per-rank
  *   base is something one rank-agnostic number cannot carry);
  * - sources with their path in the string table and tensor = value id;
+ * - source = the .dp file's path (g->file) in the string table;
  * - program p = the nodes with IR_PROG_BIT(p) in progs, in order (STEP,
  *   EVAL, INIT, EXPORT); each instruction a copy of its node.
  * The string table starts with "" (offset 0) and stores each distinct name
@@ -139,6 +140,9 @@ int ir_build_step(const Graph *g, DpStep *s, char *err, size_t errlen)
 		return -1;
 	}
 	if (str_intern(&t, "") == UINT32_MAX)
+		goto oom;
+	s->source = str_intern(&t, g->file ? g->file : "");
+	if (s->source == UINT32_MAX)
 		goto oom;
 
 	s->ntensors = (uint32_t)g->nvalues;

@@ -32,8 +32,8 @@ EMU_LIB_OBJ := $(patsubst tests/cuda_emu/%.cc,$(EMU)/emu/%.o,$(wildcard tests/cu
                $(EMU)/emu/switch.o
 EMU_CU     := $(notdir $(basename $(wildcard runtime/cuda/*.cu)))
 EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/cuda/backend_cuda.o \
-                $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o $(EMU)/pic/stepfile.o \
-                $(EMU)/pic/stepfile_check.o
+                $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o \
+                $(patsubst ir/%.c,$(EMU)/pic/%.o,$(CUDA_PIC_IR)) # mk/cuda.mk's list
 EMU_RT_HDRS := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
                ir/stepfile.h
 
@@ -71,7 +71,7 @@ $(EMU)/runtime/cuda/%.o: runtime/cuda/%.c $(EMU_RT_HDRS) $(EMU_HDRS)
 $(EMU)/pic/err.o: runtime/err.c runtime/rt.h ir/stepfile.h
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) -Iruntime -Iir -c $< -o $@
-$(EMU)/pic/%.o: ir/%.c ir/stepfile.h
+$(EMU)/pic/%.o: ir/%.c ir/stepfile.h ir/outfile.h
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) -Iir -c $< -o $@
 

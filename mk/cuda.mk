@@ -38,7 +38,7 @@ CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl
               -lcudart_static -lstdc++ -ldl -lrt -lpthread -lz -lm
 
 # the step-file codec's name tables and op classes (and what it links in)
-CUDA_PIC_IR := $(wildcard ir/stepfile.c ir/stepfile_check.c)
+CUDA_PIC_IR := $(wildcard ir/stepfile.c ir/stepfile_check.c ir/outfile.c)
 CUDA_CU    := $(wildcard runtime/cuda/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_CU)) $(BUILD)/runtime/cuda/backend_cuda.o \
               $(BUILD)/runtime/cuda/comm_nccl.o $(BUILD)/runtime/cuda/pic/err.o \

@@ -90,5 +90,9 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 
 /* The data-parallel axes: gradients and losses are summed over these. */
 #define COMM_DP_AXES (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))
+/* The axes a step's tokens are spread over: the data-parallel ones and cp
+ * (each cp rank holds part of every sequence). Losses and eval counts are
+ * summed over these. (A cp axis of size 1 is a group of one: no cost.) */
+#define COMM_SAMPLE_AXES (COMM_DP_AXES | DP_AXIS_BIT(DP_AXIS_CP))
 
 #endif

@@ -11,6 +11,11 @@
  * open requests) between instructions; without that, "overlap" would only
  * happen inside the final wait.
  *
+ * Every wait goes through world_waitall (world.h): full-speed polling for
+ * the first milliseconds, then sleeps that back off, so a stopped or lost
+ * peer costs no CPU; it fails after c->timeout_s (dpexec's --timeout,
+ * default 10 minutes, 0 = never) with a message instead of hanging.
+ *
  * MPI errors are returned, not fatal (MPI_ERRORS_RETURN), and become RtErrs.
  */
 #include <limits.h>
@@ -20,6 +25,7 @@
 #include <mpi.h>
 
 #include "comm.h"
+#include "world.h"
 
 #define NMASK (1u << DP_MAX_AXES)
 
@@ -172,7 +178,8 @@ static int mpi_all_gather_start(Comm *c, unsigned axes, const float *in, float *
 	return mpi_check(rc, "MPI_Iallgather", e);
 }
 
-/* Complete req[from, to); with a timeout, poll so a hung peer becomes an error. */
+/* Complete req[from, to): world_waitall polls with back-off, so a hung
+ * peer costs no CPU and becomes an error after the timeout. */
 static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
 {
 	Mpi *m = c->impl;
@@ -180,25 +187,8 @@ static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
 		return 0;
 	if (to - from > INT_MAX)
 		return RT_FAIL(e, "too many pending collectives");
-	double t0 = MPI_Wtime();
-	int rc;
-	if (c->timeout_s <= 0) {
-		rc = MPI_Waitall((int)(to - from), m->req + from, MPI_STATUSES_IGNORE);
-	} else {
-		for (;;) {
-			int flag = 0;
-			rc = MPI_Testall((int)(to - from), m->req + from, &flag, MPI_STATUSES_IGNORE);
-			if (rc != MPI_SUCCESS || flag)
-				break;
-			if (MPI_Wtime() - t0 > c->timeout_s)
-				return RT_FAIL(e,
-					       "a collective did not complete within %.0f s (--timeout): "
-					       "a rank is stuck or gone",
-					       c->timeout_s);
-		}
-	}
-	c->stats.blocked_s += MPI_Wtime() - t0;
-	return mpi_check(rc, "waiting for a collective", e);
+	return world_waitall((int)(to - from), m->req + from, c->timeout_s, "a collective",
+			     &c->stats.blocked_s, e);
 }
 
 static int mpi_wait(Comm *c, int64_t upto, RtErr *e)
@@ -256,8 +246,10 @@ static int mpi_allreduce_f64(Comm *c, unsigned axes, double *v, int n, RtErr *e)
 static int mpi_all_ok(Comm *c, int ok, int *all, RtErr *e)
 {
 	int v = ok ? 1 : 0, r = 0;
-	RT_CHECK(mpi_check(MPI_Allreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
-			   "MPI_Allreduce", e));
+	MPI_Request req;
+	RT_CHECK(mpi_check(MPI_Iallreduce(&v, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req),
+			   "MPI_Iallreduce", e));
+	RT_CHECK(world_waitall(1, &req, c->timeout_s, "agreeing with the other ranks", NULL, e));
 	*all = r;
 	return 0;
 }
@@ -308,7 +300,7 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 	MPI_Comm_size(MPI_COMM_WORLD, &c->world);
 	memcpy(c->mesh, mesh, sizeof c->mesh);
 	comm_coords(mesh, c->rank, c->coord);
-	masks |= 1u << COMM_DP_AXES;
+	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES;
 	/* every rank walks the same masks in the same order: the splits match */
 	for (unsigned k = 1; k < NMASK; k++) {
 		if (!(masks & (1u << k)) || comm_group_size(c, k) == 1)

@@ -3,11 +3,22 @@
  *
  * data_open loads every IDX, .npy and synthetic source of one split into one
  * malloc'd array each (4-byte elements: float for f32 tensors, int32 for i32
- * tensors), checking what the .dp file declared against what the file holds.
- * Token shards are different: they can be gigabytes of uint16, so they are
- * mapped read-only (mmap) and a sample's tokens are widened to int32 when a
- * batch is filled. Errors name the data file and the .dp line; a malformed
- * file is an error, never a crash.
+ * tensors), checking what the .dp file declared against what the file holds,
+ * and every label against the classes of the model (the last dim of the
+ * logits its cross_entropy reads), so a bad label is found at load, not
+ * hundreds of steps in. Token shards are different: they can be gigabytes
+ * of uint16, so each stays an open file whose size is checked at load
+ * against its header, and a sample's tokens are read with pread and widened
+ * to int32 when a batch is filled (not mmap: a shard truncated while the run
+ * reads it would be SIGBUS; with pread it is a short read, an error). Token
+ * ids are checked against the model's vocabulary as they are read. Errors
+ * name the data file and the .dp file and line; a malformed file is an
+ * error, never a crash.
+ *
+ * Errors while filling a batch (a shard that shrank, a token out of range)
+ * cannot be returned through the executor's LOAD: the batch gets zeros, the
+ * first error is kept, and data_error reports it after the step (the
+ * training loop checks it before it logs or saves anything of that step).
  *
  * Token shards (llm.c's format): a header of 256 little-endian int32 (magic
  * 20240520, version 1, token count n, the rest unused), then n little-endian
@@ -43,6 +54,7 @@
  * in k order, first maximum wins).
  */
 #include <assert.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -50,7 +62,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -66,10 +77,10 @@
 #define TOK_VERSION 1
 #define TOK_HEADER_BYTES 1024 /* 256 int32 */
 
-/* One mapped token shard. */
+/* One token shard: an open file. */
 typedef struct {
-	void *map;       /* the whole file, PROT_READ */
-	size_t maplen;
+	int fd;          /* -1 when not open */
+	char *path;
 	int64_t ntok;    /* tokens after the header */
 	int64_t first;   /* index of its first sample in the concatenation */
 } TokShard;
@@ -78,30 +89,41 @@ typedef struct {
 typedef struct {
 	int loaded;    /* belongs to this split */
 	int role;      /* 0 features, 1 labels */
+	int64_t limit; /* labels and token ids must be < limit (0: no check) */
+	char where[512]; /* "models/mlp.dp:8", for errors while filling */
 	int64_t n;     /* samples */
 	int64_t elems; /* elements per sample */
 	void *data;    /* n * elems floats or int32s; NULL for tokens */
 	/* tokens only: */
 	int tokens;    /* 1: samples come from shards[], not data */
 	int shift;     /* window offset (0 inputs, 1 targets) */
+	int64_t window; /* tokens of a sample in the shard: elems, or elems * cp when the
+	                   sequence is split over the cp ranks (seq_split) */
+	/* positions: every "sample" is this rank's positions (no samples of its own) */
+	int positions;
 	int nshards;
 	TokShard *shards; /* first ascending */
 } DataSource;
 
-/* The permutation of the epoch last asked for. Mutable behind a const
- * DataSet: the executor of one rank is single-threaded. */
+/* What filling a batch changes, behind a const DataSet (the executor of
+ * one rank is single-threaded): the permutation of the epoch last asked
+ * for, the read buffer of token samples, and the first error. */
 typedef struct {
 	int valid;
 	uint64_t seed, epoch;
-	int64_t *perm; /* n entries, allocated by data_open for the train split */
-} PermCache;
+	int64_t *perm;     /* n entries, allocated by data_open for the train split */
+	unsigned char *tok; /* 2 * the longest token sample */
+	int failed;
+	RtErr err;
+} DataState;
 
 struct DataSet {
 	DpSplit split;
+	int cp, cp_rank;    /* context parallelism: the cp ranks, this rank's coordinate */
 	int64_t n;          /* samples, the same for every source */
 	uint32_t nsources;  /* = s->nsources; slots of other splits are unloaded */
 	DataSource *src;
-	PermCache *cache;
+	DataState *st;
 };
 
 /* Context of one source load: for messages. */
@@ -109,7 +131,17 @@ typedef struct {
 	const char *path;  /* file path, or "synthetic" */
 	char where[512];   /* "models/mlp.dp:8" */
 	RtErr *e;
+	int cp, cp_rank;   /* the DataSet's */
 } LoadCtx;
+
+/* The position in the whole sequence of local row j of cp rank r, of a
+ * sequence of `window` tokens split over cp ranks: two chunks of L =
+ * window / (2 cp) tokens, r and 2cp-1-r (the zigzag layout of ir/ops.def). */
+static int64_t zigzag_pos(int64_t r, int64_t j, int64_t cp, int64_t window)
+{
+	int64_t l = window / (2 * cp);
+	return j < l ? r * l + j : (2 * cp - 1 - r) * l + (j - l);
+}
 
 static const char *source_name(const DpStep *s, const DpSource *rec)
 {
@@ -655,8 +687,8 @@ static int32_t le32(const unsigned char *p)
 			 (uint32_t)p[3] << 24);
 }
 
-/* Open, check and map one shard of T-token windows; *sh filled on success. */
-static int map_shard(LoadCtx *c, const char *path, int64_t T, TokShard *sh)
+/* Open and check one shard of T-token windows; *sh filled on success. */
+static int open_shard(LoadCtx *c, const char *path, int64_t T, TokShard *sh)
 {
 	unsigned char hdr[TOK_HEADER_BYTES];
 	struct stat st;
@@ -711,24 +743,23 @@ static int map_shard(LoadCtx *c, const char *path, int64_t T, TokShard *sh)
 			       "token shard %s holds %d tokens, fewer than one window of %lld + 1 (%s)",
 			       path, n, (long long)T, c->where);
 	}
-	errno = 0;
-	void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-	int err = errno;
-	close(fd); /* the mapping keeps the file */
-	if (map == MAP_FAILED)
-		return RT_FAIL(c->e, "cannot map token shard %s (%lld bytes): %s (%s)", path,
-			       (long long)size, strerror(err), c->where);
-	sh->map = map;
-	sh->maplen = (size_t)size;
+	sh->path = strdup(path);
+	if (!sh->path) {
+		close(fd);
+		return RT_FAIL(c->e, "out of memory loading %s", path);
+	}
+	sh->fd = fd;
 	sh->ntok = n;
 	return 0;
 }
 
-static void unmap_shards(DataSource *d)
+static void close_shards(DataSource *d)
 {
-	for (int i = 0; i < d->nshards; i++)
-		if (d->shards[i].map)
-			munmap(d->shards[i].map, d->shards[i].maplen);
+	for (int i = 0; i < d->nshards; i++) {
+		if (d->shards[i].fd >= 0)
+			close(d->shards[i].fd);
+		free(d->shards[i].path);
+	}
 	free(d->shards);
 	d->shards = NULL;
 	d->nshards = 0;
@@ -748,6 +779,11 @@ static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d
 	d->tokens = 1;
 	d->shift = rec->shift;
 	d->elems = T;
+	/* a split sequence: the shard's window is the whole sequence, of which this
+	 * cp rank takes its two chunks (token_sample) */
+	if (rec->seq_split)
+		T *= c->cp;
+	d->window = T;
 	memset(&g, 0, sizeof g);
 	int rc = glob(c->path, GLOB_ERR, NULL, &g); /* sorted (no GLOB_NOSORT) */
 	if (rc == GLOB_NOMATCH) {
@@ -770,9 +806,10 @@ static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d
 	int64_t total = 0;
 	for (size_t i = 0; i < g.gl_pathc; i++) {
 		TokShard *sh = &d->shards[i];
-		if (map_shard(c, g.gl_pathv[i], T, sh) != 0) {
+		sh->fd = -1;
+		if (open_shard(c, g.gl_pathv[i], T, sh) != 0) {
 			globfree(&g);
-			return -1; /* data_free unmaps what was mapped */
+			return -1; /* data_free closes what was opened */
 		}
 		d->nshards++;
 		sh->first = total;
@@ -783,8 +820,26 @@ static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d
 	return 0;
 }
 
-/* Sample idx of a token source into out[0..T), widened to int32. */
-static void token_sample(const DataSource *ds, int64_t idx, int32_t *out)
+/* Keep the first error of a batch fill (data_error reports it). */
+static void fill_failed(const DataSet *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fill_failed(const DataSet *d, const char *fmt, ...)
+{
+	DataState *st = d->st;
+	if (st->failed)
+		return;
+	char msg[900];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	st->err.rank = -1;
+	RT_FAIL(&st->err, "%s", msg);
+	st->failed = 1;
+}
+
+/* Sample idx of a token source into out[0..T), widened to int32 (zeros
+ * after an error). */
+static void token_sample(const DataSet *d, const DataSource *ds, int64_t idx, int32_t *out)
 {
 	int lo = 0, hi = ds->nshards - 1;
 
@@ -797,31 +852,121 @@ static void token_sample(const DataSource *ds, int64_t idx, int32_t *out)
 			hi = mid - 1;
 	}
 	const TokShard *sh = &ds->shards[lo];
-	int64_t start = (idx - sh->first) * ds->elems + ds->shift;
-	assert(start + ds->elems <= sh->ntok);
-	const unsigned char *p = (const unsigned char *)sh->map + TOK_HEADER_BYTES + 2 * start;
-	for (int64_t k = 0; k < ds->elems; k++)
-		out[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+	int64_t start = (idx - sh->first) * ds->window + ds->shift;
+	assert(start + ds->window <= sh->ntok);
+	unsigned char *p = d->st->tok;
+	size_t len = (size_t)ds->window * 2, got = 0;
+	off_t at = TOK_HEADER_BYTES + 2 * start;
+	while (got < len) {
+		ssize_t r = pread(sh->fd, p + got, len - got, at + (off_t)got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			fill_failed(d, "cannot read token shard %s: %s: tokens [%lld, %lld) are past "
+				    "its end, the file is shorter than when the run started (%s)",
+				    sh->path, r < 0 ? strerror(errno) : "truncated", (long long)start,
+				    (long long)(start + ds->window), ds->where);
+			memset(out, 0, (size_t)ds->elems * 4);
+			return;
+		}
+		got += (size_t)r;
+	}
+	int split = ds->window != ds->elems;
+	for (int64_t j = 0; j < ds->elems; j++) {
+		int64_t k = split ? zigzag_pos(d->cp_rank, j, d->cp, ds->window) : j;
+		out[j] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+		if (ds->limit && out[j] >= ds->limit) {
+			fill_failed(d, "token shard %s: token %d at index %lld is outside the model's "
+				    "vocabulary of %lld (%s)", sh->path, out[j], (long long)(start + k),
+				    (long long)ds->limit, ds->where);
+			out[j] = 0;
+		}
+	}
 }
 
 /* Sample idx of any source into out (elems 4-byte elements). */
-static void copy_sample(const DataSource *ds, int64_t idx, void *out)
+/* A positions source: this rank's global positions of the tokens of a
+ * sample (the zigzag chunks when the sequence is split over cp). */
+static void fill_positions(const DataSet *d, const DataSource *ds, int32_t *out)
+{
+	int split = ds->window != ds->elems;
+	for (int64_t j = 0; j < ds->elems; j++)
+		out[j] = (int32_t)(split ? zigzag_pos(d->cp_rank, j, d->cp, ds->window) : j);
+}
+
+static void copy_sample(const DataSet *d, const DataSource *ds, int64_t idx, void *out)
 {
 	if (ds->tokens) {
-		token_sample(ds, idx, out);
+		token_sample(d, ds, idx, out);
 		return;
 	}
 	size_t sample_bytes = (size_t)ds->elems * 4;
 	memcpy(out, (const char *)ds->data + idx * sample_bytes, sample_bytes);
 }
 
+int data_error(const DataSet *d, RtErr *e)
+{
+	if (!d || !d->st->failed)
+		return 0;
+	int rank = e->rank;
+	*e = d->st->err;
+	e->rank = rank;
+	return -1;
+}
+
 /* ---- the data set ---- */
 
-static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataSource *d,
-		       RtErr *e)
+/* The bound labels or token ids of data tensor `id` must stay below: the
+ * classes of a cross_entropy/correct that reads them as labels (the last
+ * dim of its logits) or the rows of an embedding table they index; the
+ * smallest when several read them, 0 when none does. */
+static int64_t id_limit(const DpStep *s, int32_t id)
+{
+	int64_t lim = 0;
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			const DpTensor *t = NULL;
+			int k = 0;
+			if ((in->op == DPK_XENT || in->op == DPK_XENT_GRAD || in->op == DPK_CORRECT) &&
+			    in->in[1] == id && in->in[0] >= 0) {
+				t = &s->tensors[in->in[0]];
+				k = t->ndim ? t->ndim - 1 : 0;
+			} else if (in->op == DPK_EMBEDDING && in->in[0] == id && in->in[1] >= 0) {
+				t = &s->tensors[in->in[1]];
+			}
+			if (!t || !t->ndim)
+				continue;
+			int64_t n = init_whole_dim(s, t, k);
+			if (n > 0 && (lim == 0 || n < lim))
+				lim = n;
+		}
+	return lim;
+}
+
+/* Every label of a loaded label source below its limit. */
+static int check_labels(const LoadCtx *c, const DataSource *d)
+{
+	const int32_t *v = d->data;
+	if (d->role != 1 || d->tokens || !d->limit || !v)
+		return 0;
+	for (int64_t k = 0; k < d->n * d->elems; k++)
+		if (v[k] >= d->limit) {
+			char at[64] = "";
+			if (d->elems > 1)
+				snprintf(at, sizeof at, ", element %lld", (long long)(k % d->elems));
+			return RT_FAIL(c->e, "data file %s: label %d of sample %lld%s is outside the %lld "
+				       "classes of the model (%s)", c->path, v[k], (long long)(k / d->elems),
+				       at, (long long)d->limit, c->where);
+		}
+	return 0;
+}
+
+static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const DataSet *set,
+		       DataSource *d, RtErr *e)
 {
 	const DpSource *rec = &s->sources[idx];
-	LoadCtx c = {.path = source_name(s, rec), .e = e};
+	LoadCtx c = {.path = source_name(s, rec), .e = e, .cp = set->cp, .cp_rank = set->cp_rank};
 
 	format_where(c.where, sizeof c.where, dp_file, rec->src_line);
 	if (rec->tensor < 0 || (uint32_t)rec->tensor >= s->ntensors)
@@ -835,21 +980,38 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, DataS
 	int dtype = s->tensors[rec->tensor].dtype;
 	d->role = rec->role;
 	d->loaded = 1;
+	d->limit = dtype == DP_I32 ? id_limit(s, rec->tensor) : 0;
+	snprintf(d->where, sizeof d->where, "%s", c.where);
+	int rc;
 	switch (rec->kind) {
 	case DP_SRC_IDX:
-		return load_idx(&c, rec, dtype, d);
+		rc = load_idx(&c, rec, dtype, d);
+		break;
 	case DP_SRC_NPY:
-		return load_npy(&c, rec, dtype, d);
+		rc = load_npy(&c, rec, dtype, d);
+		break;
 	case DP_SRC_SYNTHETIC:
-		return load_synthetic(&c, s, rec, dtype, d);
+		rc = load_synthetic(&c, s, rec, dtype, d);
+		break;
 	case DP_SRC_TOKENS:
-		return load_tokens(&c, rec, dtype, d);
+		rc = load_tokens(&c, rec, dtype, d);
+		break;
+	case DP_SRC_POSITIONS:
+		if (dtype != DP_I32 || (rec->seq_split && rec->sample_elems % 2))
+			return RT_FAIL(e, "data source %u: positions must be i32 and, split over cp, "
+				       "an even count (%s)", idx, c.where);
+		d->positions = 1;
+		d->elems = rec->sample_elems;
+		d->window = rec->seq_split ? rec->sample_elems * c.cp : rec->sample_elems;
+		return 0;
 	default:
 		return RT_FAIL(e, "data source %u has unknown kind %u (%s)", idx, rec->kind, c.where);
 	}
+	return rc ? rc : check_labels(&c, d);
 }
 
-int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e)
+int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, DataSet **out,
+	      RtErr *e)
 {
 	DataSet *d = calloc(1, sizeof *d);
 	int first = -1;
@@ -857,21 +1019,30 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out
 	*out = NULL;
 	if (!d)
 		return RT_FAIL(e, "out of memory");
+	if (!dp_file && *dpstep_str(s, s->source))
+		dp_file = dpstep_str(s, s->source);
 	d->split = split;
+	d->cp = (int)s->cfg.mesh[DP_AXIS_CP];
+	d->cp_rank = cp_rank;
 	d->nsources = s->nsources;
 	d->src = calloc(s->nsources ? s->nsources : 1, sizeof *d->src);
-	d->cache = calloc(1, sizeof *d->cache);
-	if (!d->src || !d->cache) {
+	d->st = calloc(1, sizeof *d->st);
+	if (!d->src || !d->st) {
 		data_free(d);
 		return RT_FAIL(e, "out of memory");
 	}
+	int64_t longest = 1; /* token sample, for the read buffer */
 	for (uint32_t i = 0; i < s->nsources; i++) {
 		if (s->sources[i].split != split)
 			continue;
-		if (load_source(s, i, dp_file, &d->src[i], e) != 0) {
+		if (load_source(s, i, dp_file, d, &d->src[i], e) != 0) {
 			data_free(d);
 			return -1;
 		}
+		if (d->src[i].tokens && d->src[i].window > longest)
+			longest = d->src[i].window;
+		if (d->src[i].positions)
+			continue; /* not samples: the same for every one */
 		if (first < 0) {
 			first = (int)i;
 			d->n = d->src[i].n;
@@ -888,11 +1059,16 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out
 		}
 	}
 	if (split == DP_SPLIT_TRAIN && d->n > 0) {
-		d->cache->perm = malloc((size_t)d->n * sizeof *d->cache->perm);
-		if (!d->cache->perm) {
+		d->st->perm = malloc((size_t)d->n * sizeof *d->st->perm);
+		if (!d->st->perm) {
 			data_free(d);
 			return RT_FAIL(e, "out of memory for the sampler's permutation");
 		}
+	}
+	d->st->tok = malloc((size_t)longest * 2);
+	if (!d->st->tok) {
+		data_free(d);
+		return RT_FAIL(e, "out of memory");
 	}
 	*out = d;
 	return 0;
@@ -905,12 +1081,14 @@ void data_free(DataSet *d)
 	if (d->src)
 		for (uint32_t i = 0; i < d->nsources; i++) {
 			free(d->src[i].data);
-			unmap_shards(&d->src[i]);
+			close_shards(&d->src[i]);
 		}
 	free(d->src);
-	if (d->cache)
-		free(d->cache->perm);
-	free(d->cache);
+	if (d->st) {
+		free(d->st->perm);
+		free(d->st->tok);
+	}
+	free(d->st);
 	free(d);
 }
 
@@ -964,7 +1142,7 @@ int64_t data_sample_index(uint64_t seed, int64_t n, int64_t global_batch, uint64
 
 static const int64_t *cached_permutation(const DataSet *d, uint64_t seed, uint64_t epoch)
 {
-	PermCache *c = d->cache;
+	DataState *c = d->st;
 
 	if (!c->valid || c->seed != seed || c->epoch != epoch) {
 		epoch_permutation(seed, epoch, d->n, c->perm);
@@ -989,6 +1167,10 @@ void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, 
 	int64_t mb = s->cfg.micro_batch;
 	int64_t gb = mb * s->cfg.grad_accum * dp_size;
 	size_t sample_bytes = (size_t)ds->elems * 4;
+	if (ds->positions) {
+		fill_positions(d, ds, dst);
+		return;
+	}
 
 	assert(d->split == DP_SPLIT_TRAIN && gb > 0 && d->n >= gb); /* data_check_batch */
 	assert(dp_rank >= 0 && dp_rank < dp_size && micro >= 0 && (uint32_t)micro < s->cfg.grad_accum);
@@ -998,7 +1180,7 @@ void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, 
 	for (int64_t t = 0; t < mb; t++) {
 		int64_t pos = dp_rank + (int64_t)dp_size * ((int64_t)micro * mb + t);
 		int64_t idx = perm[window + pos];
-		copy_sample(ds, idx, (char *)dst + t * sample_bytes);
+		copy_sample(d, ds, idx, (char *)dst + t * sample_bytes);
 	}
 }
 
@@ -1020,13 +1202,17 @@ void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, i
 	const DataSource *ds = source_of(d, s, src);
 	int64_t eb = eval_batch_size(s);
 	size_t sample_bytes = (size_t)ds->elems * 4;
+	if (ds->positions) {
+		fill_positions(d, ds, dst);
+		return;
+	}
 
 	assert(dp_rank >= 0 && dp_rank < dp_size && batch >= 0);
 	for (int64_t t = 0; t < eb; t++) {
 		int64_t idx = (batch * dp_size + dp_rank) * eb + t;
 		char *out = (char *)dst + t * sample_bytes;
 		if (idx < d->n) {
-			copy_sample(ds, idx, out);
+			copy_sample(d, ds, idx, out);
 		} else if (ds->tokens ? ds->shift == 1 : ds->role == 1) {
 			/* labels and token targets: -1 (skipped by the loss); token
 			 * inputs: 0, a valid id, so the embedding stays in range */

@@ -2,18 +2,30 @@
  * dpexec.c - the executor's main: options, MPI bootstrap, the compute device
  * (--device: the CPU backend, or the CUDA backend loaded with dlopen;
  * runtime/backend.c), parameter init (the step file's init program), the
- * training loop, evaluation, full checkpoints (the export program) and
- * logging.
+ * training loop, evaluation, full parameter exports (the export program),
+ * training-state checkpoints and resume (runtime/ckpt.c), logs
+ * (runtime/metrics.c), traces (runtime/trace.c) and signals.
  *
  *   mpirun -np N dpexec step.bin     (or plain `dpexec step.bin`: one rank)
  *
  * Every rank reads the same step file and derives its mesh coordinates from
  * its rank (rank = ((r*S + s)*C + c)*T + t). Nothing below main() exits: a
- * failure travels up as an RtErr; main prints `dpexec: error: <msg>` and, on a
- * multi-rank run, calls MPI_Abort so no rank is left waiting in a collective.
- * Errors every rank sees identically (a bad step file, a world size that does
- * not match the mesh, --device cuda without a GPU) are agreed on first and
- * reported once by rank 0, and every rank exits with status 1.
+ * failure travels up as an RtErr.
+ *
+ * Errors are printed once. The ranks meet at sync points (world_sync):
+ * after each set-up phase and after every step. A rank's error there is
+ * known to all; the lowest rank that found an error itself prints it and
+ * ends the job (MPI_Abort, with Open MPI's help text turned off), the
+ * others wait to be ended. An error between sync points (inside a step)
+ * gets a short sync: if the other ranks are stuck in a collective the
+ * failed rank never joins, it prints its own error and aborts the job.
+ * Checks come before work: output paths, the save directory's space, the
+ * checkpoint to resume from and the data are checked before the first step.
+ *
+ * Signals: SIGINT/SIGTERM are recorded (runtime/signals.c); at the next
+ * step's sync every rank learns of them, the step is finished, a
+ * checkpoint is written when saving is configured, rank 0 says how to
+ * resume, and the job exits with 128 + the signal.
  *
  * Learning-rate schedule (tests replicate it in PyTorch), for optimizer step
  * k counted from 0:
@@ -31,12 +43,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
+#include "ckpt.h"
 #include "comm.h"
 #include "exec.h"
+#include "metrics.h"
 #include "rt.h"
+#include "world.h"
+
+/* MFU on the CPU is measured against this per-rank peak unless
+ * --peak-tflops says otherwise: a round number, not a measurement. */
+#define DPEXEC_CPU_PEAK_TFLOPS 1.0
+/* How long a failed rank waits for the others to agree before it ends the
+ * job alone (they may be stuck in a collective it never joins). */
+#define DPEXEC_GRACE_S 5.0
 
 typedef struct {
 	const char *step_path;
@@ -45,24 +68,43 @@ typedef struct {
 	const char *save_full;
 	const char *init_from;
 	const char *losses;
+	const char *trace;   /* --trace FILE */
+	const char *log_json;
+	const char *save_dir;
+	const char *resume;
+	long save_every;     /* -1: cfg.save_every */
+	long keep_last;      /* -1: cfg.keep_last */
+	CkptForm save_form;
 	long eval_every;     /* -1: cfg.eval_every */
 	long log_every;      /* -1: cfg.log_every */
 	int quiet, verbose, check_grads, no_progress, no_graph;
-	double timeout;      /* seconds, 0: none */
+	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
+	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
+	int argc;
+	char **argv;         /* for the resume command printed on a signal */
 } Opts;
 
 /* Everything a run holds; freed by run_free. */
 typedef struct {
 	Opts o;
 	int rank, world;
+	World w;
 	DpStep step;
+	int have_step;
 	Comm *comm;
 	const BackendOps *ops; /* the compute backend (--device) */
 	void *dl;              /* dlopen handle of a loaded backend */
 	Exec x;
 	int have_exec;
 	DataSet *train, *eval;
-	FILE *losses;
+	Ckpt *ck;
+	Metrics m;
+	char *save_dir;      /* NULL: no checkpoints */
+	char *resume_dir;    /* the checkpoint --resume names */
+	uint64_t start;      /* steps done before this run (resume) */
+	uint64_t saved;      /* step of the last checkpoint written or loaded, with have_saved */
+	int have_saved;
+	char *saved_path;
 	RtErr e;
 } Run;
 
@@ -90,21 +132,54 @@ static void usage(FILE *f)
 		"                        (default: the step file's); needs an eval block\n"
 		"  --log-every N         log every N steps (default: the step file's)\n"
 		"  --quiet               no per-step log lines\n"
-		"  --verbose             also log communication and host time per log line\n"
-		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g)\n"
+		"  --verbose             also log communication and host time per log line, and\n"
+		"                        show the rank, host and source location of an error\n"
+		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
+		"                        after a `# ...` header line, a line at a time\n"
+		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, loss,\n"
+		"                        lr, grad_norm, ms_per_step, samples_per_s, tokens_per_s\n"
+		"                        and mfu (token models), eval_loss and eval_accuracy (when\n"
+		"                        evaluated), elapsed_s, eta_s\n"
+		"  --peak-tflops X       peak TFLOP/s of one rank, for MFU (default on the CPU: %g)\n"
 		"  --init-from FILE      take initial parameters from a safetensors file (by name)\n"
 		"  --save-full FILE      after training, write every parameter to a safetensors\n"
 		"                        file (rank 0; DSL names)\n"
 		"  --check-grads         compare gradients with finite differences on the first\n"
 		"                        micro-batch (1 rank) and exit; non-zero if any fails\n"
-		"  --timeout SEC         fail (instead of hanging) when a collective takes longer\n"
-		"                        than SEC seconds (default: no limit)\n"
+		"  --timeout SEC         fail (instead of hanging) when a collective or any wait\n"
+		"                        for another rank takes longer than SEC seconds\n"
+		"                        (default 600, as PyTorch's process groups; 0: no limit)\n"
 		"  --no-progress         do not poll pending collectives between instructions;\n"
 		"                        they then advance only when waited for (to measure\n"
 		"                        what the polling buys: bench/overlap.sh)\n"
+		"  --trace FILE          write a Chrome/Perfetto JSON trace of the run (every\n"
+		"                        step, eval and export): a lane per stream, a span per\n"
+		"                        instruction, collectives with bytes and axes, waits\n"
+		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
+		"\ncheckpoints (docs/CHECKPOINTS.md):\n"
+		"  --save-dir DIR        write training-state checkpoints to DIR/step-N: at the end,\n"
+		"                        on SIGINT/SIGTERM and every --save-every steps; DIR/latest\n"
+		"                        names the newest complete one (default DIR: checkpoints,\n"
+		"                        when the model sets save_every; with --resume, its DIR)\n"
+		"  --save-every N        a checkpoint every N steps (default: the model's save_every)\n"
+		"  --keep-last K         keep the newest K checkpoints (default: the model's\n"
+		"                        keep_last; 0: all)\n"
+		"  --save-form full|sharded\n"
+		"                        full (default): rank 0 writes model.safetensors (loads in\n"
+		"                        PyTorch) and optimizer.safetensors; sharded: every rank\n"
+		"                        writes its own part in parallel. Both load at any world\n"
+		"                        size and strategy\n"
+		"  --resume PATH         continue from a checkpoint: DIR (its latest), DIR/latest or\n"
+		"                        DIR/step-N; the steps after it repeat the uninterrupted\n"
+		"                        run's exactly at the same layout\n"
+		"\n"
 		"  -h, --help            this text\n"
 		"\n"
-		"OpenBLAS uses one thread per rank when the world has more than one rank.\n");
+		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
+		"the cores the rank may run on); OpenBLAS runs one thread inside each of them.\n"
+		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
+		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n",
+		DPEXEC_CPU_PEAK_TFLOPS);
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -121,7 +196,9 @@ static int parse_long(const char *s, long lo, long *out)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH };
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
+	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_EVERY, O_KEEP_LAST, O_SAVE_FORM,
+	       O_RESUME };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -136,10 +213,20 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
+		{"trace", required_argument, NULL, O_TRACE},
+		{"log-json", required_argument, NULL, O_LOG_JSON},
+		{"peak-tflops", required_argument, NULL, O_PEAK},
+		{"save-dir", required_argument, NULL, O_SAVE_DIR},
+		{"save-every", required_argument, NULL, O_SAVE_EVERY},
+		{"keep-last", required_argument, NULL, O_KEEP_LAST},
+		{"save-form", required_argument, NULL, O_SAVE_FORM},
+		{"resume", required_argument, NULL, O_RESUME},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1};
+	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1,
+		    .timeout = WORLD_DEFAULT_TIMEOUT, .save_every = -1, .keep_last = -1,
+		    .save_form = CKPT_FULL, .argc = argc, .argv = argv};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
@@ -191,6 +278,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_LOSSES:
 			o->losses = optarg;
 			break;
+		case O_TRACE:
+			o->trace = optarg;
+			break;
 		case O_TIMEOUT: {
 			char *end;
 			o->timeout = strtod(optarg, &end);
@@ -198,6 +288,38 @@ static int parse_opts(int argc, char **argv, Opts *o)
 				goto badnum;
 			break;
 		}
+		case O_PEAK: {
+			char *end;
+			o->peak_tflops = strtod(optarg, &end);
+			if (!*optarg || *end || !(o->peak_tflops > 0))
+				goto badnum;
+			break;
+		}
+		case O_LOG_JSON:
+			o->log_json = optarg;
+			break;
+		case O_SAVE_DIR:
+			o->save_dir = optarg;
+			break;
+		case O_RESUME:
+			o->resume = optarg;
+			break;
+		case O_SAVE_EVERY:
+			if (parse_long(optarg, 0, &o->save_every))
+				goto badnum;
+			break;
+		case O_KEEP_LAST:
+			if (parse_long(optarg, 0, &o->keep_last))
+				goto badnum;
+			break;
+		case O_SAVE_FORM:
+			if (!strcmp(optarg, "full") || !strcmp(optarg, "sharded")) {
+				o->save_form = !strcmp(optarg, "full") ? CKPT_FULL : CKPT_SHARDED;
+				break;
+			}
+			fprintf(stderr, "dpexec: error: --save-form must be full or sharded, not '%s'\n",
+				optarg);
+			return -1;
 		case ':':
 			fprintf(stderr, "dpexec: error: option '%s' needs a value (see --help)\n",
 				argv[optind - 1]);
@@ -219,6 +341,11 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		return -1;
 	}
 	o->step_path = argv[optind];
+	if (o->resume && o->init_from) {
+		fprintf(stderr, "dpexec: error: --resume and --init-from exclude each other: a resumed "
+				"run takes its parameters from the checkpoint\n");
+		return -1;
+	}
 	return 0;
 }
 
@@ -319,55 +446,109 @@ static int save_full(Run *r)
 
 /* ---- evaluation ---- */
 
-/* A metric tensor's first n values (at most 2: loss, or correct and counted). */
-static int metric(Exec *x, int id, double *v, int n, RtErr *e)
-{
-	float f[2] = {0, 0};
-	if (id < 0)
-		return 0;
-	if (exec_tensor_bytes(x->s, id) > (int64_t)sizeof f)
-		return RT_FAIL(e, "metric '%s' has more than %d elements",
-			       dpstep_str(x->s, x->s->tensors[id].name), (int)(sizeof f / sizeof f[0]));
-	RT_CHECK(exec_tensor_read(x, id, f, e));
-	for (int i = 0; i < n; i++)
-		v[i] += f[i];
-	return 0;
-}
-
-static int evaluate(Run *r, uint64_t step)
+/* Every eval batch; the sums over ranks in *ev (a collective). */
+static int evaluate(Run *r, EvalResult *ev)
 {
 	const DpStep *s = &r->step;
 	RtErr *e = &r->e;
 	Exec *x = &r->x;
+	memset(ev, 0, sizeof *ev);
 	if (!r->eval || s->nprog[DP_PROG_EVAL] == 0)
 		return 0;
 	int64_t nb = data_eval_batches(r->eval, s, x->dp_size);
 	double sum[3] = {0, 0, 0}; /* loss, correct, counted */
+	float lo[1], co[2];
 	for (int64_t b = 0; b < nb; b++) {
 		x->eval_batch = b;
 		RT_CHECK(exec_zero_metrics(x, e));
 		RT_CHECK(exec_run(x, DP_PROG_EVAL, 1, e));
-		RT_CHECK(metric(x, s->metrics.eval_loss, sum, 1, e));
-		RT_CHECK(metric(x, s->metrics.eval_correct, sum + 1, 2, e));
+		if (s->metrics.eval_loss >= 0) {
+			RT_CHECK(exec_tensor_read(x, s->metrics.eval_loss, lo, e));
+			sum[0] += lo[0];
+		}
+		if (s->metrics.eval_correct >= 0) {
+			RT_CHECK(exec_tensor_read(x, s->metrics.eval_correct, co, e));
+			sum[1] += co[0];
+			sum[2] += co[1];
+		}
 	}
-	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_DP_AXES, sum, 3, e));
-	if (r->rank == 0) {
-		double n = sum[2] > 0 ? sum[2] : 1;
-		printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
-		       (unsigned long long)step, sum[0] / n, sum[1] / n, sum[1], sum[2]);
-		fflush(stdout);
-	}
+	RT_CHECK(data_error(r->eval, e));
+	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_SAMPLE_AXES, sum, 3, e));
+	double n = sum[2] > 0 ? sum[2] : 1;
+	*ev = (EvalResult){1, sum[0] / n, sum[1] / n, sum[1], sum[2]};
 	return 0;
+}
+
+/* ---- checkpoints ---- */
+
+/* Write a training-state checkpoint after r->start + done steps. */
+static int save_state(Run *r, uint64_t step, double loss)
+{
+	CkptRun run = {step, loss, r->train ? data_count(r->train) : 0};
+	int64_t keep = r->o.keep_last >= 0 ? r->o.keep_last : r->step.cfg.keep_last;
+	char *path = NULL;
+	int64_t bytes = 0;
+	double t0 = MPI_Wtime();
+	RT_CHECK(ckpt_save(r->ck, r->save_dir, r->o.save_form, &run, (int)keep, &path, &bytes,
+			   &r->e));
+	if (r->rank == 0) {
+		if (!r->o.quiet)
+			printf("checkpoint %s: %s, %.2f MiB in %.2f s\n", path,
+			       r->o.save_form == CKPT_FULL ? "full" : "sharded",
+			       (double)bytes / (1 << 20), MPI_Wtime() - t0);
+		fflush(stdout);
+		free(r->saved_path);
+		r->saved_path = path;
+	} else {
+		free(path);
+	}
+	r->saved = step;
+	r->have_saved = 1;
+	return 0;
+}
+
+/* The command that resumes this run: its own, with --resume DIR. */
+static void print_resume(const Run *r)
+{
+	printf("resume with: ");
+	if (getenv("SLURM_JOB_ID") && r->world > 1)
+		printf("srun -n %d ", r->world);
+	else if (r->world > 1)
+		printf("mpirun -np %d ", r->world);
+	for (int i = 0; i < r->o.argc; i++) {
+		const char *a = r->o.argv[i];
+		if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) {
+			i++; /* and its value */
+			continue;
+		}
+		if (!strncmp(a, "--resume=", 9) || !strncmp(a, "--init-from=", 12))
+			continue;
+		printf("%s ", a);
+	}
+	printf("--resume %s\n", r->save_dir);
 }
 
 /* ---- the run ---- */
 
-static int setup(Run *r)
+/* Before any work: options and output paths (rank 0 checks the paths). */
+static int check_outputs(Run *r)
+{
+	char err[1024];
+	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full};
+	const char *what[] = {"--losses", "--log-json", "--save-full"};
+	if (r->rank != 0)
+		return 0;
+	for (int i = 0; i < 3; i++)
+		if (paths[i] && out_check(paths[i], 0, err, sizeof err))
+			return RT_FAIL(&r->e, "%s: %s", what[i], err);
+	return 0;
+}
+
+/* Set-up every rank does alone; agreed on by the caller. */
+static int setup_local(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	RT_CHECK(comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e));
-	r->comm->timeout_s = r->o.timeout;
 	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
@@ -401,153 +582,281 @@ static int setup(Run *r)
 		has_eval |= s->sources[i].split == DP_SPLIT_EVAL;
 	}
 	if (has_train)
-		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, &r->train, e));
+		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, r->comm->coord[DP_AXIS_CP], &r->train, e));
 	if (has_eval && s->nprog[DP_PROG_EVAL])
-		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, &r->eval, e));
+		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, r->comm->coord[DP_AXIS_CP], &r->eval, e));
 	int64_t global_batch = (int64_t)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
 	if (r->train && data_count(r->train) < global_batch)
 		return RT_FAIL(e, "the training data has %lld samples, fewer than one global batch "
 			       "of %lld", (long long)data_count(r->train), (long long)global_batch);
 	r->x.train = r->train;
 	r->x.eval = r->eval;
-	if (r->o.losses && r->rank == 0) {
-		r->losses = fopen(r->o.losses, "w");
-		if (!r->losses)
-			return RT_FAIL(e, "cannot write --losses file %s", r->o.losses);
+	if (r->o.check_grads)
+		return 0;
+
+	RT_CHECK(ckpt_new(&r->ck, &r->x, &r->w, r->o.step_path, e));
+	uint64_t save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+	char *parent = NULL;
+	if (r->o.resume)
+		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, e));
+	const char *dir = r->o.save_dir ? r->o.save_dir : parent ? parent
+				     : save_every ? "checkpoints" : NULL;
+	if (dir && !(r->save_dir = strdup(dir))) {
+		free(parent);
+		return RT_FAIL(e, "out of memory");
+	}
+	free(parent);
+	if (r->rank == 0 && r->save_dir)
+		RT_CHECK(ckpt_prepare_dir(r->ck, r->save_dir, e));
+	if (r->rank == 0 && r->o.save_full) {
+		char err[1024];
+		if (out_check(r->o.save_full, (uint64_t)ckpt_params(r->ck) * 4, err, sizeof err))
+			return RT_FAIL(e, "--save-full: %s", err);
+	}
+	if (r->resume_dir) {
+		CkptRun run;
+		char *notes = NULL;
+		double t0 = MPI_Wtime();
+		RT_CHECK(ckpt_load(r->ck, r->resume_dir, &run, &notes, e));
+		if (r->rank == 0) { /* also with --quiet: it says what this run is */
+			printf("resumed from %s: step %llu, loss %.4f (loaded in %.2f s)\n", r->resume_dir,
+			       (unsigned long long)run.step, run.loss, MPI_Wtime() - t0);
+			if (notes)
+				printf("%s", notes);
+			if (r->train && run.train_samples != data_count(r->train))
+				printf("note: the training data has %lld samples, the checkpoint's run had "
+				       "%lld: the data order differs from the interrupted run's\n",
+				       (long long)data_count(r->train), (long long)run.train_samples);
+		}
+		free(notes);
+		r->start = run.step;
+		r->saved = run.step;
+		r->have_saved = 1;
+		r->saved_path = strdup(r->resume_dir);
 	}
 	return 0;
 }
 
-/* What the step lines need between steps. */
-typedef struct {
-	uint64_t steps, log_every;
-	double global_batch, tokens; /* tokens of one sample; 0: not a token model */
-	double t_log;                /* when the last line was written */
-	double host_s;               /* host time in launches and prefetches since then */
-	uint64_t since_log;
-	CommStats at_log;
-} Log;
+static int setup(Run *r)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	int rc = check_outputs(r);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	rc = comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e);
+	if (r->comm)
+		r->comm->timeout_s = r->o.timeout;
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	rc = setup_local(r);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	/* the logs (rank 0), once everything else is known to be right */
+	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
+	Metrics *m = &r->m;
+	m->quiet = r->o.quiet;
+	m->world = r->world;
+	m->first = r->start;
+	m->steps = steps;
+	m->global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
+	for (uint32_t i = 0; i < s->nsources; i++) /* a token model: the tokens of a sample */
+		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
+		    s->sources[i].shift == 0)
+			m->tokens = (double)s->sources[i].sample_elems;
+	if (m->tokens > 0 && r->ck) {
+		m->flops_per_token = metrics_flops_per_token(s, ckpt_params(r->ck));
+		m->peak_flops = (r->o.peak_tflops > 0 ? r->o.peak_tflops : DPEXEC_CPU_PEAK_TFLOPS) * 1e12;
+	}
+	rc = r->rank == 0 ? metrics_open(m, r->o.losses, r->o.log_json, e) : 0;
+	if (rc == 0 && r->rank == 0 && r->o.steps >= 0 && s->sched.kind == DP_SCHED_COSINE) {
+		uint64_t total = s->sched.steps ? s->sched.steps : s->cfg.steps;
+		if (steps < total)
+			fprintf(stderr, "dpexec: warning: --steps %llu ends the run before its cosine "
+					"schedule does (%llu steps): the last lr is %.3g, not min_lr %.3g\n",
+				(unsigned long long)steps, (unsigned long long)total,
+				exec_lr(s, steps ? steps - 1 : 0), (double)s->sched.min_lr);
+	}
+	return world_sync(&r->w, rc, sig_pending(), e);
+}
 
-/* The line of step k (its metrics, the loss reduced over the data-parallel
- * ranks, the NaN check, --losses, the console). On a backend with streams
- * this runs while the next step is already on the device. */
-static int report_step(Run *r, Log *lg, uint64_t k)
+/* Where the training loop is between its steps' reports. */
+typedef struct {
+	uint64_t steps, eval_every, log_every, save_every;
+	double t_log;     /* when the last line was written */
+	double t_report;  /* when the last step was reported */
+	double t_all;     /* the loop's start, moved on by eval and save time */
+	double host_s;    /* host time in launches and prefetches since the last line */
+	uint64_t since_log, ran;
+	CommStats at_log;
+} Loop;
+
+/* Step k's report: its metrics (on a backend with streams, from the report
+ * step k left behind), the loss reduced over the ranks that hold samples,
+ * the data and NaN checks, --losses, and the sync point of step k. With
+ * final set (no step is in flight after k) also what must see the
+ * parameters after exactly k + 1 steps: eval, a checkpoint, the stop on a
+ * signal. Returns 0, -1 on error, or 128 + N after a signal N stopped the
+ * run (only with final). */
+static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
 	Comm *c = r->comm;
-	double loss = 0, gn = NAN, lr = exec_lr(s, k);
+	Metrics *m = &r->m;
+	double lr = exec_lr(s, k), loss = 0, gn = NAN;
 	RT_CHECK(exec_step_metrics(&r->x, k, &loss, &gn, e));
-	RT_CHECK(c->ops->allreduce_f64(c, COMM_DP_AXES, &loss, 1, e));
-	if (!isfinite(loss))
-		return RT_FAIL(e, "loss is %s at step %llu", isnan(loss) ? "NaN" : "infinite",
-			       (unsigned long long)k + 1);
-	if (r->losses)
-		fprintf(r->losses, "%llu %.9g %.9g %.9g\n", (unsigned long long)k + 1, loss, gn, lr);
-	lg->since_log++;
-	int last = k + 1 == lg->steps;
-	if (k == 0 || (k + 1) % lg->log_every == 0 || last) {
-		double now = MPI_Wtime(), dt = (now - lg->t_log) / (double)lg->since_log;
-		if (r->rank == 0 && !r->o.quiet) {
-			printf("step %llu/%llu | loss %.4f | lr %.2e", (unsigned long long)k + 1,
-			       (unsigned long long)lg->steps, loss, lr);
-			if (s->metrics.grad_norm >= 0)
-				printf(" | grad_norm %.3f", gn);
-			if (lg->tokens > 0)
-				printf(" | %.2f ms/step | %.0f tokens/s", dt * 1e3,
-				       lg->global_batch * lg->tokens / dt);
-			else
-				printf(" | %.2f ms/step | %.0f samples/s", dt * 1e3, lg->global_batch / dt);
+	double v[1] = {loss};
+	RT_CHECK(c->ops->allreduce_f64(c, COMM_SAMPLE_AXES, v, 1, e));
+	loss = v[0];
+	int rc = data_error(r->train, e);
+	if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {
+		const char *what = !isfinite(loss) ? "loss" : "gradient norm";
+		double bad = !isfinite(loss) ? loss : gn;
+		char last[1200] = "no checkpoint was written";
+		if (r->have_saved)
+			snprintf(last, sizeof last, "the last checkpoint, from step %llu, is %s",
+				 (unsigned long long)r->saved, r->saved_path ? r->saved_path : "?");
+		rc = RT_FAIL(e, "%s is %s at step %llu; nothing was saved from it (%s)", what,
+			     isnan(bad) ? "NaN" : "infinite", (unsigned long long)k + 1, last);
+	}
+	double now = MPI_Wtime();
+	if (rc == 0 && r->rank == 0) {
+		metrics_step(m, k + 1, loss, gn, lr, now - lp->t_report);
+		rc = metrics_error(m, e);
+	}
+	lp->t_report = now;
+	RT_CHECK(world_sync(&r->w, rc, sig_pending(), e));
+	lp->since_log++;
+	lp->ran++;
+	int last = k + 1 == lp->steps, stop = final && r->w.sig != 0;
+	EvalResult ev = {0};
+	if (final && !stop && r->eval && ((lp->eval_every && (k + 1) % lp->eval_every == 0) || last)) {
+		double t0 = MPI_Wtime();
+		RT_CHECK(evaluate(r, &ev));
+		/* evaluation time is not step time */
+		lp->t_log += MPI_Wtime() - t0;
+		lp->t_report += MPI_Wtime() - t0;
+		lp->t_all += MPI_Wtime() - t0;
+	}
+	if (k == r->start || (k + 1) % lp->log_every == 0 || last || stop || ev.have) {
+		now = MPI_Wtime();
+		double n = (double)lp->since_log, dt = (now - lp->t_log) / n;
+		if (r->rank == 0) {
+			char extra[160] = "";
 			if (r->o.verbose)
-				printf(" | comm %.2f ms issued, %.2f ms blocked | host %.1f us/step",
-				       (c->stats.issue_s - lg->at_log.issue_s) * 1e3 / (double)lg->since_log,
-				       (c->stats.blocked_s - lg->at_log.blocked_s) * 1e3 /
-					       (double)lg->since_log,
-				       lg->host_s * 1e6 / (double)lg->since_log);
-			printf("\n");
+				snprintf(extra, sizeof extra,
+					 " | comm %.2f ms issued, %.2f ms blocked | host %.1f us/step",
+					 (c->stats.issue_s - lp->at_log.issue_s) * 1e3 / n,
+					 (c->stats.blocked_s - lp->at_log.blocked_s) * 1e3 / n,
+					 lp->host_s * 1e6 / n);
+			metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
+				    &ev, extra, now);
+		}
+		lp->t_log = now;
+		lp->since_log = 0;
+		lp->host_s = 0;
+		lp->at_log = c->stats;
+	}
+	if (final && r->save_dir &&
+	    ((lp->save_every && (k + 1) % lp->save_every == 0) || last || stop)) {
+		double t0 = MPI_Wtime();
+		RT_CHECK(save_state(r, k + 1, loss));
+		lp->t_log += MPI_Wtime() - t0; /* nor is saving */
+		lp->t_report += MPI_Wtime() - t0;
+		lp->t_all += MPI_Wtime() - t0;
+	}
+	if (stop) {
+		if (r->rank == 0) {
+			printf("interrupted at step %llu by %s; ", (unsigned long long)k + 1,
+			       sig_name(r->w.sig));
+			if (r->save_dir)
+				print_resume(r);
+			else
+				printf("no checkpoint was written (no --save-dir or save_every)\n");
 			fflush(stdout);
 		}
-		lg->t_log = now;
-		lg->since_log = 0;
-		lg->host_s = 0;
-		lg->at_log = c->stats;
+		return 128 + r->w.sig;
 	}
 	return 0;
 }
 
-/* The training loop. Step k is launched, step k+1's batches are staged (and
- * on a GPU copied) while it runs, then the line of step k-1 is written from
- * the metrics step k-1 left behind: on a GPU the host never waits for the
- * step it just launched, so the device always has the next step queued.
- * Before an evaluation and after the last step every launched step is
- * reported, so an evaluation sees the parameters of exactly the steps before it. */
+/* The training loop: 0 done, -1 error, 128 + N stopped by signal N.
+ * Step k is launched, step k+1's batches are staged (and on a GPU copied)
+ * while it runs, then step k-1 is reported from the metrics it left behind:
+ * on a GPU the host never waits for the step it just launched, so the
+ * device always has the next step queued. A step after which something
+ * must see the parameters (eval, a checkpoint, the last step, a signal
+ * seen at the previous step's sync point) is reported at once, with
+ * nothing in flight behind it. */
 static int train(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
 	Exec *x = &r->x;
 	Comm *c = r->comm;
-	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
-	uint64_t eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
-	Log lg = {.steps = steps};
-	lg.log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
+	Metrics *m = &r->m;
+	Loop lp = {.steps = m->steps};
+	lp.eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
+	lp.log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
 					   : (s->cfg.log_every ? s->cfg.log_every : 1);
-	lg.global_batch = (double)s->cfg.micro_batch * s->cfg.grad_accum * x->dp_size;
-	/* a token model reports tokens/s: the tokens of one training sample */
-	for (uint32_t i = 0; i < s->nsources; i++)
-		if (s->sources[i].kind == DP_SRC_TOKENS && s->sources[i].split == DP_SPLIT_TRAIN &&
-		    s->sources[i].shift == 0)
-			lg.tokens = (double)s->sources[i].sample_elems;
-	lg.t_log = MPI_Wtime();
-	double t_all = lg.t_log;
+	lp.save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+	lp.t_log = lp.t_report = lp.t_all = MPI_Wtime();
 	c->stats = (CommStats){0};
-	lg.at_log = c->stats;
-	int64_t pending = -1; /* launched, its line not written yet */
+	lp.at_log = c->stats;
+	metrics_start(m, lp.t_log);
 
-	for (uint64_t k = 0; k < steps; k++) {
+	if (r->start >= lp.steps && r->resume_dir && r->rank == 0)
+		printf("nothing to do: the checkpoint is at step %llu of %llu\n",
+		       (unsigned long long)r->start, (unsigned long long)lp.steps);
+	int64_t pending = -1; /* launched, not reported yet */
+	for (uint64_t k = r->start; k < lp.steps; k++) {
 		double h0 = MPI_Wtime();
 		RT_CHECK(exec_step_launch(x, k, e));
-		if (k + 1 < steps)
+		if (k + 1 < lp.steps)
 			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
-		lg.host_s += MPI_Wtime() - h0;
+		lp.host_s += MPI_Wtime() - h0;
 		if (pending >= 0)
-			RT_CHECK(report_step(r, &lg, (uint64_t)pending));
+			RT_CHECK(report_step(r, &lp, (uint64_t)pending, 0));
 		pending = (int64_t)k;
-		int last = k + 1 == steps;
-		int eval_now = eval_every && (k + 1) % eval_every == 0 && !last;
-		if (eval_now || last) {
-			RT_CHECK(report_step(r, &lg, k));
+		int now = k + 1 == lp.steps || r->w.sig != 0 ||
+			  (r->eval && lp.eval_every && (k + 1) % lp.eval_every == 0) ||
+			  (r->save_dir && lp.save_every && (k + 1) % lp.save_every == 0);
+		if (now) {
+			int rc = report_step(r, &lp, k, 1);
+			if (rc != 0)
+				return rc;
 			pending = -1;
-		}
-		if (eval_now) {
-			double t0 = MPI_Wtime();
-			RT_CHECK(evaluate(r, k + 1));
-			/* evaluation time is not step time */
-			lg.t_log += MPI_Wtime() - t0;
-			t_all += MPI_Wtime() - t0;
 		}
 	}
 	RT_CHECK(exec_step_wait(x, e));
-	double total = MPI_Wtime() - t_all;
-	if (r->losses) {
-		fclose(r->losses);
-		r->losses = NULL;
-	}
-	if (steps > 0 && r->rank == 0 && !r->o.quiet) {
-		double n = (double)steps;
+	double total = MPI_Wtime() - lp.t_all;
+	if (lp.ran > 0 && r->rank == 0 && !r->o.quiet) {
+		double n = (double)lp.ran;
 		printf("comm: %.3f ms issued, %.3f ms blocked per step (of %.3f ms/step; %.1f "
 		       "collectives, %.2f MiB per rank per step)\n",
 		       c->stats.issue_s * 1e3 / n, c->stats.blocked_s * 1e3 / n, total * 1e3 / n,
 		       (double)c->stats.ncoll / n, (double)c->stats.bytes / n / (1 << 20));
 		fflush(stdout);
 	}
-	return evaluate(r, steps);
+	if (lp.ran == 0 && r->eval) { /* --steps 0 (or nothing left to resume): evaluate what is there */
+		EvalResult ev;
+		RT_CHECK(evaluate(r, &ev));
+		if (r->rank == 0 && ev.have)
+			printf("eval step %llu | test loss %.4f | test accuracy %.4f (%.0f/%.0f)\n",
+			       (unsigned long long)r->start, ev.loss, ev.accuracy, ev.correct, ev.counted);
+	}
+	int rc = r->rank == 0 ? metrics_close(m, e) : 0;
+	return world_sync(&r->w, rc, 0, e);
 }
 
 static void run_free(Run *r)
 {
-	if (r->losses)
-		fclose(r->losses);
+	RtErr ignore = {.rank = -1};
+	metrics_close(&r->m, &ignore);
+	ckpt_free(r->ck);
+	free(r->save_dir);
+	free(r->resume_dir);
+	free(r->saved_path);
+	trace_free(r->x.trace);
+	r->x.trace = NULL;
 	data_free(r->train);
 	data_free(r->eval);
 	if (r->have_exec)
@@ -556,39 +865,46 @@ static void run_free(Run *r)
 		dlclose(r->dl);
 	if (r->comm)
 		r->comm->ops->free(r->comm);
-	dpstep_free(&r->step);
+	if (r->have_step)
+		dpstep_free(&r->step);
 }
 
-/* How many ranks failed (every rank passes its own verdict). */
-static int count_failed(int failed)
+/* The step file, read by every rank, and the world size against its mesh. */
+static int load_step(Run *r)
 {
-	int n = 0;
-	MPI_Allreduce(&failed, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-	return n;
-}
-
-/* Every rank passes its own verdict; a failure is reported once by rank 0
- * when every rank failed (the same input everywhere), else by each failing
- * rank, and then the job is aborted. 1: go on; 0: every rank exits 1. */
-static int agree(Run *r, int ok, const char *msg)
-{
-	int nfailed = count_failed(!ok);
-	if (!nfailed)
-		return 1;
-	if (!ok && (nfailed < r->world || r->rank == 0))
-		fprintf(stderr, "dpexec: error: %s\n", msg);
-	fflush(stderr);
-	if (nfailed < r->world)
-		MPI_Abort(MPI_COMM_WORLD, 1);
-	return 0;
+	char err[1024];
+	int rc = 0;
+	if (dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0)
+		r->have_step = 1;
+	else
+		rc = RT_FAIL(&r->e, "%s", err);
+	RT_CHECK(world_sync(&r->w, rc, 0, &r->e));
+	uint64_t want = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		want *= r->step.cfg.mesh[a];
+	if (want != (uint64_t)r->world) {
+		const uint32_t *m = r->step.cfg.mesh;
+		char axes[128];
+		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[0], m[1]);
+		if (m[DP_AXIS_CP] > 1)
+			n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
+		if (m[DP_AXIS_TP] > 1)
+			snprintf(axes + n, sizeof axes - (size_t)n, " tp=%u", m[DP_AXIS_TP]);
+		rc = RT_FAIL(&r->e,
+			     "%s was compiled for a mesh of %llu rank%s (%s) but this run has %d; "
+			     "recompile with dpc --world-size %d or run mpirun -np %llu",
+			     r->o.step_path, (unsigned long long)want, want == 1 ? "" : "s", axes, r->world,
+			     r->world, (unsigned long long)want);
+	}
+	return world_sync(&r->w, rc, 0, &r->e);
 }
 
 /* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
- * or an error naming the cause (msg). auto: the CUDA backend only when every
- * rank can use one (NCCL and MPI collectives do not mix); otherwise the CPU,
- * and notice says why; but a GPU the backend cannot use (a driver older than
- * its CUDA runtime) is an error for auto too. */
-static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nlen)
+ * or an error naming the cause. auto: the CUDA backend only when every rank
+ * can use one (NCCL and MPI collectives do not mix); otherwise the CPU, and
+ * notice says why; but a GPU the backend cannot use (a driver older than its
+ * CUDA runtime) is an error for auto too. A collective: every rank calls it. */
+static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 {
 	const char *dev = r->o.device;
 	const BackendOps *cuda = NULL;
@@ -600,15 +916,11 @@ static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nle
 	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why), probe = 0;
 	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
 	      (probe = cuda->probe(why, sizeof why)) > 0;
-	if (probe < 0) { /* a GPU this build cannot use (an old driver): never a silent CPU run */
-		snprintf(msg, len, "--device %s: %s", dev, why);
-		return -1;
-	}
+	if (probe < 0) /* a GPU this build cannot use (an old driver): never a silent CPU run */
+		return RT_FAIL(e, "--device %s: %s", dev, why);
 	if (!strcmp(dev, "cuda")) {
-		if (!gpu) {
-			snprintf(msg, len, "--device cuda: %s", why);
-			return -1;
-		}
+		if (!gpu)
+			return RT_FAIL(e, "--device cuda: %s", why);
 		r->ops = cuda;
 		return 0;
 	}
@@ -627,25 +939,98 @@ static int choose_device(Run *r, char *msg, size_t len, char *notice, size_t nle
 	return 0;
 }
 
-static int fail_rank(Run *r)
+/* The trained run and what follows it, with --trace around them. */
+static int train_and_export(Run *r)
 {
-	fprintf(stderr, "dpexec: error: %s\n", r->e.msg);
+	if (r->o.trace && r->ops != &cpu_backend)
+		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
+	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
+		return -1;
+	int rc = train(r);
+	if (rc != 0)
+		return rc;
+	rc = r->o.save_full ? save_full(r) : 0;
+	if (rc == 0 && r->x.trace)
+		rc = trace_close(r->x.trace, &r->x, &r->e);
+	return rc;
+}
+
+static int run(Run *r)
+{
+	RT_CHECK(load_step(r));
+	r->e.rank = r->rank;
+	char notice[640];
+	int dev = choose_device(r, notice, sizeof notice, &r->e);
+	RT_CHECK(world_sync(&r->w, dev, 0, &r->e));
+	if (r->rank == 0 && !r->o.quiet && notice[0])
+		printf("dpexec: %s\n", notice);
+	RT_CHECK(setup(r));
+	if (r->w.sig) { /* a signal during set-up: nothing trained, nothing to save */
+		if (r->rank == 0)
+			printf("interrupted by %s before the first step; nothing was saved\n",
+			       sig_name(r->w.sig));
+		return 128 + r->w.sig;
+	}
+	if (r->o.check_grads) {
+		int g = gradcheck_run(&r->x, &r->e);
+		RT_CHECK(world_sync(&r->w, g < 0 ? -1 : 0, 0, &r->e));
+		return g;
+	}
+	int rc = train_and_export(r);
+	if (rc > 0)
+		return rc; /* stopped by a signal */
+	return world_sync(&r->w, rc, 0, &r->e);
+}
+
+/* End the job with status: print the error once, and with several ranks
+ * end them all quietly. Returns the exit status (a single rank) or does
+ * not return. */
+static int finish(Run *r, int rc)
+{
+	World *w = &r->w;
+	if (rc < 0 && !w->failed && r->world > 1) {
+		if (r->e.lost) { /* a rank did not answer: no sync can succeed */
+			w->failed = w->broken = 1;
+			w->printer = r->rank;
+		} else { /* an error between sync points: the others may be in a collective */
+			double grace = r->o.timeout > 0 && r->o.timeout < DPEXEC_GRACE_S
+					       ? r->o.timeout : DPEXEC_GRACE_S;
+			world_sync_within(w, rc, 0, grace, &r->e);
+		}
+	}
+	int errored = rc < 0 || w->failed, status = errored ? 1 : rc;
+	/* a rank that cannot reach the others and was signalled is being ended by
+	 * the launcher because another rank ended the job: that rank has spoken */
+	int ended = w->broken && sig_pending();
+	if (errored && !ended && (r->world == 1 || w->printer == r->rank || w->broken))
+		rt_err_print("dpexec", &r->e, r->o.verbose);
+	fflush(stdout);
 	fflush(stderr);
-	if (r->world > 1) {
+	if (r->world > 1 && status != 0) {
 		if (r->have_exec)
 			exec_abort(&r->x); /* e.g. NCCL: stop before MPI kills the ranks */
-		MPI_Abort(MPI_COMM_WORLD, 1);
+		/* one rank ends the job: quietly (OMPI_MCA_orte_execute_quiet, set in main) and
+		 * with the status as mpirun's exit code; the others wait to be ended */
+		int ender = w->broken ? r->rank : w->failed ? w->printer : 0;
+		if (ender == r->rank)
+			MPI_Abort(MPI_COMM_WORLD, status);
+		for (int i = 0; i < 600; i++)
+			usleep(100000);
 	}
-	return 1;
+	run_free(r);
+	MPI_Finalize();
+	return status;
 }
 
 int main(int argc, char **argv)
 {
-	static Run run; /* zeroed; one per process, not shared state */
-	Run *r = &run;
+	static Run run_state; /* zeroed; one per process, not shared state */
+	Run *r = &run_state;
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
+	/* MPI_Abort without Open MPI's help text (the user's setting wins) */
+	setenv("OMPI_MCA_orte_execute_quiet", "1", 0);
 	int provided;
 	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
 		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");
@@ -653,65 +1038,8 @@ int main(int argc, char **argv)
 	}
 	MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &r->world);
+	world_init(&r->w, r->o.timeout);
 	r->e.rank = -1;
-
-	/* the step file: every rank reads it; agree before anything collective */
-	char err[1024];
-	int ok = dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0;
-	if (!agree(r, ok, err)) {
-		dpstep_free(&r->step);
-		MPI_Finalize();
-		return 1;
-	}
-	uint64_t want = 1;
-	for (int a = 0; a < DP_MAX_AXES; a++)
-		want *= r->step.cfg.mesh[a];
-	if (want != (uint64_t)r->world) {
-		if (r->rank == 0) {
-			const uint32_t *m = r->step.cfg.mesh;
-			char axes[128];
-			int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[0], m[1]);
-			if (m[DP_AXIS_CP] > 1)
-				n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
-			if (m[DP_AXIS_TP] > 1)
-				snprintf(axes + n, sizeof axes - (size_t)n, " tp=%u", m[DP_AXIS_TP]);
-			fprintf(stderr,
-				"dpexec: error: %s was compiled for a mesh of %llu rank%s (%s) but this "
-				"run has %d; recompile with dpc --world-size %d or run mpirun -np %llu\n",
-				r->o.step_path, (unsigned long long)want, want == 1 ? "" : "s", axes,
-				r->world, r->world, (unsigned long long)want);
-		}
-		dpstep_free(&r->step);
-		MPI_Finalize();
-		return 1;
-	}
-	r->e.rank = r->rank;
-	char notice[640];
-	ok = choose_device(r, err, sizeof err, notice, sizeof notice) == 0;
-	if (!agree(r, ok, err)) {
-		run_free(r);
-		MPI_Finalize();
-		return 1;
-	}
-	if (r->rank == 0 && !r->o.quiet && notice[0])
-		printf("dpexec: %s\n", notice);
-
-	if (setup(r))
-		return fail_rank(r);
-	int status = 0;
-	if (r->o.check_grads) {
-		int g = gradcheck_run(&r->x, &r->e);
-		if (g < 0)
-			return fail_rank(r);
-		status = g;
-	} else {
-		if (train(r))
-			return fail_rank(r);
-		if (r->o.save_full && save_full(r))
-			return fail_rank(r);
-	}
-	fflush(stdout);
-	run_free(r);
-	MPI_Finalize();
-	return status;
+	sig_install();
+	return finish(r, run(r));
 }

@@ -1,10 +1,12 @@
 /*
- * err.c - rt_fail: fill an RtErr with "rank R (host H) file:line: message".
+ * err.c - RtErr: what went wrong (for the user) and where it was raised
+ * (the C source file and line, for the developer).
  *
- * The runtime never exits below main(): a failing call records what went
- * wrong here and returns -1; main() prints the message and, on a multi-rank
- * run, aborts the MPI job so no rank is left waiting in a collective.
- * e->rank is set by the bootstrap; before that (rank -1) the rank is omitted.
+ * The runtime never exits below main(): a failing call records the message
+ * here and returns -1; main() decides which rank prints it (once, the
+ * first rank that failed) and how the other ranks are told. The message
+ * names user-facing things (files, .dp lines, steps); the C location, rank
+ * and host are printed only with --verbose (rt_err_print).
  */
 #include <stdio.h>
 #include <string.h>
@@ -14,21 +16,31 @@
 
 int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
 {
-	char host[64] = "?";
-	if (gethostname(host, sizeof host) != 0)
-		strcpy(host, "?");
-	host[sizeof host - 1] = '\0';
-	int n;
-	if (e->rank >= 0)
-		n = snprintf(e->msg, sizeof e->msg, "rank %d (host %s) %s:%d: ", e->rank, host, file,
-			     line);
-	else
-		n = snprintf(e->msg, sizeof e->msg, "%s:%d: ", file, line);
-	if (n < 0 || (size_t)n >= sizeof e->msg)
-		n = 0;
+	e->file = file;
+	e->line = line;
+	e->echo = 0;
+	e->lost = 0;
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(e->msg + n, sizeof e->msg - (size_t)n, fmt, ap);
+	vsnprintf(e->msg, sizeof e->msg, fmt, ap);
 	va_end(ap);
 	return -1;
+}
+
+void rt_err_print(const char *prog, const RtErr *e, int verbose)
+{
+	if (verbose && e->file) {
+		char host[64] = "?";
+		if (gethostname(host, sizeof host) != 0)
+			strcpy(host, "?");
+		host[sizeof host - 1] = '\0';
+		if (e->rank >= 0)
+			fprintf(stderr, "%s: error: rank %d (host %s) %s:%d: %s\n", prog, e->rank, host,
+				e->file, e->line, e->msg);
+		else
+			fprintf(stderr, "%s: error: %s:%d: %s\n", prog, e->file, e->line, e->msg);
+	} else {
+		fprintf(stderr, "%s: error: %s\n", prog, e->msg);
+	}
+	fflush(stderr);
 }

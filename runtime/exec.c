@@ -80,6 +80,8 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 				       "the other split", dp_prog_names[p], i);
 		const DpTensor *t = &s->tensors[in->out];
 		int64_t nt = exec_numel(t); /* divide: sample_elems is unbounded in the file */
+		if (src->kind == DP_SRC_POSITIONS)
+			batch = 1; /* one set of positions, the same for every sample */
 		if (batch < 1 || nt % batch || nt / batch != src->sample_elems || t->dtype == DP_BF16)
 			return RT_FAIL(e, "step file: data tensor '%s' does not hold %lld samples of %lld "
 				       "elements", tname(s, in->out), (long long)batch,
@@ -589,6 +591,8 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 		b->at = (BackendAt){p, i, x->micro};
 		if (host && x->nfl && !x->no_progress)
 			RT_CHECK(c->ops->progress(c, e));
+		if (x->trace)
+			trace_mark(x->trace, x, p, i);
 		if (cls == DP_OPC_EVENT) {
 			RT_CHECK(event(x, p, i, e));
 			continue;
@@ -630,6 +634,8 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 		RT_CHECK(c->ops->wait(c, c->issued, e));
 		x->nfl = 0;
 	}
+	if (x->trace)
+		trace_mark(x->trace, x, p, TRACE_END);
 	return 0;
 }
 

@@ -70,6 +70,7 @@ typedef int (*ExecInitHook)(void *ctx, int name, int tensor, float *dst, RtErr *
 typedef int (*ExecSaveHook)(void *ctx, int name, int tensor, const float *src, RtErr *e);
 
 typedef struct Stage Stage;
+typedef struct Trace Trace; /* runtime/trace.c */
 
 typedef struct {
 	const DpStep *s;
@@ -86,6 +87,7 @@ typedef struct {
 	int micro;            /* micro-batch in the step */
 	int64_t eval_batch;   /* eval batch index (eval program) */
 	int no_progress;      /* skip polling between instructions (dpexec --no-progress) */
+	Trace *trace;         /* dpexec --trace: marks every instruction run; NULL: none */
 	ExecInitHook init_tensor; /* INIT (init program); see above */
 	ExecSaveHook save_tensor; /* SAVE (export program) */
 	void *hook_ctx;           /* passed to both hooks */
@@ -165,6 +167,18 @@ void exec_describe(Exec *x, char *buf, size_t len);
 /* A failing rank, before MPI_Abort: the backend stops its collectives. */
 void exec_abort(Exec *x);
 void exec_free(Exec *x);
+
+/* ---- dpexec --trace (runtime/trace.c): a Chrome/Perfetto trace ---- */
+
+#define TRACE_END UINT32_MAX
+/* Every rank, after exec_init (a barrier sets the common time origin). */
+int trace_open(Trace **t, const char *path, int rank, RtErr *e);
+/* The walk is at instruction `instr` of program `prog`, or (TRACE_END) past
+ * the run's final wait: closes the span of the previous mark. */
+void trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr);
+/* Every rank: rank 0 gathers the events and writes the file. */
+int trace_close(Trace *t, const Exec *x, RtErr *e);
+void trace_free(Trace *t);
 
 /* --check-grads (runtime/gradcheck.c): finite differences against the
  * step program's gradients on the first micro-batch. 0: every parameter

@@ -93,3 +93,12 @@ void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, i
 		dst[k] = (float)v;
 	}
 }
+
+int64_t init_whole_dim(const DpStep *s, const DpTensor *t, int k)
+{
+	int64_t n = t->dims[k];
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (t->place[a] == DP_PL_SHARD && t->place_dim[a] == k)
+			n *= s->cfg.mesh[a];
+	return n;
+}

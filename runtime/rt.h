@@ -2,10 +2,11 @@
  * rt.h - dpexec's internal interfaces, one section per source file.
  *
  * Errors: nothing below main() exits or prints-and-dies. A failing call fills
- * an RtErr (message with the rank, host and file:line where it was raised)
- * and returns -1; callers pass it upward with RT_CHECK. main() prints it, and
- * on a multi-rank run aborts the MPI job so the other ranks are told instead
- * of hanging in a collective.
+ * an RtErr (the message, and the C file:line where it was raised) and
+ * returns -1; callers pass it upward with RT_CHECK. main() prints it once
+ * (the first rank that failed; the C location only with --verbose), and on
+ * a multi-rank run makes sure no other rank is left waiting in a
+ * collective (agreement between steps, else MPI_Abort).
  */
 #ifndef DP_RT_H
 #define DP_RT_H
@@ -14,13 +15,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../ir/outfile.h"
 #include "../ir/stepfile.h"
 
 /* ---- errors (runtime/err.c) ---- */
 
 typedef struct {
-	char msg[1024]; /* "rank R (host H) file.c:123: what went wrong" */
-	int rank;       /* set once by the bootstrap; -1 before */
+	char msg[1024];   /* what went wrong, in the user's terms (files, .dp lines, steps) */
+	const char *file; /* C source file and line that raised it (--verbose) */
+	int line;
+	int rank;         /* set once by the bootstrap; -1 before */
+	int echo;         /* 1: only says that another rank failed (world_sync); not printed */
+	int lost;         /* 1: another rank did not answer in time: no sync can follow */
 } RtErr;
 
 int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
@@ -31,6 +37,16 @@ int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
 		if ((x) != 0)     \
 			return -1; \
 	} while (0)
+/* "PROG: error: MSG" on stderr; verbose adds rank, host and the C file:line. */
+void rt_err_print(const char *prog, const RtErr *e, int verbose);
+
+/* ---- signals (runtime/signals.c) ---- */
+
+/* Record SIGINT and SIGTERM instead of dying; a second one kills at once. */
+void sig_install(void);
+/* The signal recorded (SIGINT or SIGTERM), 0 if none. */
+int sig_pending(void);
+const char *sig_name(int sig); /* "SIGTERM" */
 
 /* ---- parameter initialisation (runtime/init.c) ---- */
 
@@ -45,16 +61,25 @@ void init_fill(DpInit kind, float a, float b, uint64_t seed, const char *name, i
 uint64_t init_hash_name(const char *name);
 /* splitmix64 of x: the counter-based generator's mixing function. */
 uint64_t init_mix64(uint64_t x);
+/* Dim k of tensor t whole, the size init works on: its per-rank size times
+ * every mesh axis that shards it along k. */
+int64_t init_whole_dim(const DpStep *s, const DpTensor *t, int k);
 
 /* ---- data sources and the sampler (runtime/data.c) ---- */
 
 typedef struct DataSet DataSet; /* the loaded sources of one split */
 
-/* Load every source of `split` (IDX, .npy, synthetic) into memory, or map it
- * (llm.c token shards: a glob, windows of sample_elems tokens widened to int32
- * when filled), checking dtype, per-sample shape and that all sources have the
- * same sample count. Errors name the data file and the .dp line that declared it. */
-int data_open(const DpStep *s, DpSplit split, const char *dp_file, DataSet **out, RtErr *e);
+/* Load every source of `split` (IDX, .npy, synthetic) into memory, or open it
+ * (llm.c token shards: a glob, each shard's size checked against its header;
+ * windows of sample_elems tokens read and widened to int32 when filled),
+ * checking dtype, per-sample shape, that all sources have the same sample
+ * count and every label against the model's classes. Errors name the data
+ * file and the .dp file (dp_file, else the step file's source) and line. */
+int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, DataSet **out,
+	      RtErr *e);
+/* The first error of a batch fill since data_open (a shard that shrank, a
+ * token outside the vocabulary; the batch got zeros): 0, or -1 with e. */
+int data_error(const DataSet *d, RtErr *e);
 void data_free(DataSet *d);
 int64_t data_count(const DataSet *d); /* samples */
 /* The train split must hold at least one global batch (drop_last leaves no
@@ -89,11 +114,64 @@ typedef struct {
 	float *data; /* F32 only */
 } StTensor;
 
-/* Write a safetensors file atomically (temp + fsync + rename); F32 tensors. */
+/* Write a safetensors file of F32 tensors safely (ir/outfile.h: atomic,
+ * through links, in place into a device). */
 int st_write(const char *path, const StTensor *t, int n, RtErr *e);
 /* Read every tensor (F32 only); malloc'd, free with st_free. Errors name the file. */
 int st_read(const char *path, StTensor **out, int *n, RtErr *e);
 void st_free(StTensor *t, int n);
+
+/* Element types a dp safetensors file holds. ORDER ST_ */
+enum { ST_F32, ST_I64, ST_NDTYPE };
+
+/* One tensor of a file being written: declared up front (the header), its
+ * bytes appended later in declaration order. */
+typedef struct {
+	const char *name;
+	int dtype; /* ST_* */
+	int ndim;
+	int64_t dims[DP_MAX_DIMS];
+} StDecl;
+
+typedef struct {
+	OutFile f;
+	int open;
+	int64_t want, done; /* data bytes declared / appended */
+	int64_t bytes;      /* file bytes so far (header included) */
+} StWriter;
+
+/* Streaming writer: st_begin writes the header, st_put appends data bytes
+ * (any chunking), st_end checks that exactly the declared bytes came and
+ * commits; st_cancel (after a failure) removes the temp file. */
+int st_begin(StWriter *w, const char *path, const StDecl *t, int n, RtErr *e);
+int st_put(StWriter *w, const void *data, int64_t nbytes, RtErr *e);
+int st_end(StWriter *w, RtErr *e);
+void st_cancel(StWriter *w);
+
+/* One tensor of a file being read: begin/end are byte offsets in the data. */
+typedef struct {
+	char *name;
+	int dtype; /* ST_* */
+	int ndim;
+	int64_t dims[DP_MAX_DIMS];
+	int64_t begin, end;
+} StEntry;
+
+typedef struct {
+	char *path;
+	int fd;
+	int64_t size, data_start;
+	StEntry *t;
+	int n;
+} StFile;
+
+/* Open and validate a file's header (no data is read). */
+int st_open(StFile *f, const char *path, RtErr *e);
+/* Index of the tensor named name, -1 if none. */
+int st_find(const StFile *f, const char *name);
+/* nbytes of tensor i from byte off of its data. */
+int st_pread(const StFile *f, int i, int64_t off, void *dst, int64_t nbytes, RtErr *e);
+void st_close(StFile *f);
 
 /* What an EXPORT program's SAVE instructions hand over, by tensor id: the
  * save hook of every executor (CPU and CUDA) for --save-full. keep = 0 (ranks

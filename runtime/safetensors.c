@@ -1,20 +1,27 @@
 /*
- * safetensors.c - full checkpoints in the safetensors format (F32 tensors).
+ * safetensors.c - checkpoints in the safetensors format: F32 tensors (and
+ * I64 for the tables of a sharded checkpoint).
  *
  * Layout: u64 little-endian N, then N bytes of JSON
  *   {"__metadata__": {"format": "pt"},
  *    "fc1.w": {"dtype": "F32", "shape": [784, 256], "data_offsets": [0, 802816]}, ...}
  * padded with spaces so that 8 + N is a multiple of 8, then the tensor bytes
- * (offsets relative to the start of the data). Files load in PyTorch with
- * safetensors.torch.load_file and in tests/torch_ref.py.
+ * (offsets relative to the start of the data), in the order declared. Files
+ * load in PyTorch with safetensors.torch.load_file and in tests/torch_ref.py.
  *
- * st_write is atomic: a temp file beside the target, fsync, rename; on any
- * failure the temp is removed and nothing is left. st_read checks every field
- * against the file size before reading, so a truncated or corrupt file is an
- * error naming the file, never a crash. Hosts are little-endian (x86-64,
- * aarch64): F32 bytes are copied as they are.
+ * Writing streams: st_begin writes the header of declared tensors, st_put
+ * appends their bytes in order (a checkpoint larger than memory is written
+ * one tensor at a time), st_end checks the count and commits. The file goes
+ * through ir/outfile.h: atomic (PATH.dptmp, fsync, rename, directory fsync)
+ * onto a regular file, through symbolic links, in place into a device; on
+ * any failure nothing is left. Reading: st_open parses and checks every
+ * header field against the file size (a truncated or corrupt file is an
+ * error naming the file, never a crash) and st_pread reads any byte range of
+ * the data, so a loader reads only the parts it needs. Hosts are
+ * little-endian (x86-64, aarch64): bytes are copied as they are.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +30,14 @@
 
 #include <cjson/cJSON.h>
 
+#include "../ir/outfile.h"
 #include "rt.h"
 
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */
 #define ST_MAX_INT 9007199254740992.0 /* 2^53: JSON numbers are doubles */
+
+static const char *const st_dtype_names[ST_NDTYPE] = {"F32", "I64"}; /* ORDER ST_ */
+static const int st_dtype_bytes[ST_NDTYPE] = {4, 8};
 
 static int64_t tensor_elems(int ndim, const int64_t *dims)
 {
@@ -36,10 +47,15 @@ static int64_t tensor_elems(int ndim, const int64_t *dims)
 	return n;
 }
 
+static int64_t decl_bytes(const StDecl *d)
+{
+	return tensor_elems(d->ndim, d->dims) * st_dtype_bytes[d->dtype];
+}
+
 /* ---- writing ---- */
 
 /* The JSON header, padded; malloc'd into *out. 0 or -1 (no memory). */
-static int build_header(const StTensor *t, int n, char **out, size_t *len)
+static int build_header(const StDecl *t, int n, char **out, size_t *len)
 {
 	cJSON *root = cJSON_CreateObject(), *meta = NULL;
 	uint64_t offset = 0;
@@ -54,8 +70,8 @@ static int build_header(const StTensor *t, int n, char **out, size_t *len)
 	for (int i = 0; i < n; i++) {
 		cJSON *o = cJSON_AddObjectToObject(root, t[i].name);
 		cJSON *shape, *offs;
-		uint64_t bytes = (uint64_t)tensor_elems(t[i].ndim, t[i].dims) * 4;
-		if (!o || !cJSON_AddStringToObject(o, "dtype", "F32"))
+		uint64_t bytes = (uint64_t)decl_bytes(&t[i]);
+		if (!o || !cJSON_AddStringToObject(o, "dtype", st_dtype_names[t[i].dtype]))
 			goto fail;
 		if (!(shape = cJSON_AddArrayToObject(o, "shape")))
 			goto fail;
@@ -96,11 +112,14 @@ fail:
 	return -1;
 }
 
-static int check_tensors(const char *path, const StTensor *t, int n, RtErr *e)
+static int check_decls(const char *path, const StDecl *t, int n, RtErr *e)
 {
 	for (int i = 0; i < n; i++) {
 		if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0)
 			return RT_FAIL(e, "cannot write %s: tensor %d has no usable name", path, i);
+		if (t[i].dtype < 0 || t[i].dtype >= ST_NDTYPE)
+			return RT_FAIL(e, "cannot write %s: tensor %s has dtype %d", path, t[i].name,
+				       t[i].dtype);
 		if (t[i].ndim < 0 || t[i].ndim > DP_MAX_DIMS)
 			return RT_FAIL(e, "cannot write %s: tensor %s has %d dimensions", path,
 				       t[i].name, t[i].ndim);
@@ -108,8 +127,6 @@ static int check_tensors(const char *path, const StTensor *t, int n, RtErr *e)
 			if (t[i].dims[k] < 0 || t[i].dims[k] > (1ll << 40))
 				return RT_FAIL(e, "cannot write %s: tensor %s has dimension %lld", path,
 					       t[i].name, (long long)t[i].dims[k]);
-		if (tensor_elems(t[i].ndim, t[i].dims) > 0 && !t[i].data)
-			return RT_FAIL(e, "cannot write %s: tensor %s has no data", path, t[i].name);
 		for (int j = 0; j < i; j++)
 			if (strcmp(t[i].name, t[j].name) == 0)
 				return RT_FAIL(e, "cannot write %s: two tensors are named %s", path,
@@ -118,94 +135,94 @@ static int check_tensors(const char *path, const StTensor *t, int n, RtErr *e)
 	return 0;
 }
 
-/* "<dir>/.<base>.XXXXXX" beside path, so rename() stays on one file system. */
-static char *temp_name(const char *path)
+int st_begin(StWriter *w, const char *path, const StDecl *t, int n, RtErr *e)
 {
-	const char *slash = strrchr(path, '/');
-	size_t dirlen = slash ? (size_t)(slash - path) + 1 : 0;
-	const char *base = slash ? slash + 1 : path;
-	size_t len = dirlen + 1 + strlen(base) + 8;
-	char *tmp = malloc(len);
+	char *header = NULL, err[1024];
+	size_t hlen = 0;
 
-	if (tmp)
-		snprintf(tmp, len, "%.*s.%s.XXXXXX", (int)dirlen, path, base);
-	return tmp;
+	memset(w, 0, sizeof *w);
+	w->f.fd = -1;
+	RT_CHECK(check_decls(path, t, n, e));
+	if (build_header(t, n, &header, &hlen) != 0)
+		return RT_FAIL(e, "cannot write %s: out of memory", path);
+	for (int i = 0; i < n; i++)
+		w->want += decl_bytes(&t[i]);
+	if (out_open(&w->f, path, err, sizeof err)) {
+		free(header);
+		return RT_FAIL(e, "%s", err);
+	}
+	w->open = 1;
+	unsigned char len8[8];
+	for (int k = 0; k < 8; k++)
+		len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
+	out_write(&w->f, len8, 8);
+	out_write(&w->f, header, hlen);
+	free(header);
+	w->bytes = 8 + (int64_t)hlen;
+	return 0;
 }
 
-static void sync_dir(const char *path)
+int st_put(StWriter *w, const void *data, int64_t nbytes, RtErr *e)
 {
-	const char *slash = strrchr(path, '/');
-	char *dir = slash ? strndup(path, (size_t)(slash - path) + 1) : strdup(".");
-	FILE *f = dir ? fopen(dir, "r") : NULL;
+	if (w->done + nbytes > w->want)
+		return RT_FAIL(e, "writing %s: %lld bytes more than the header declares", w->f.path,
+			       (long long)(w->done + nbytes - w->want));
+	if (nbytes > 0)
+		out_write(&w->f, data, (size_t)nbytes);
+	w->done += nbytes;
+	w->bytes += nbytes;
+	return 0;
+}
 
-	if (f) { /* best effort: makes the rename itself durable */
-		fsync(fileno(f));
-		fclose(f);
+int st_end(StWriter *w, RtErr *e)
+{
+	char err[1024];
+	if (!w->open)
+		return RT_FAIL(e, "st_end without st_begin");
+	w->open = 0;
+	if (w->done != w->want) {
+		RT_FAIL(e, "writing %s: %lld of %lld data bytes written", w->f.path,
+			(long long)w->done, (long long)w->want);
+		out_abort(&w->f);
+		return -1;
 	}
-	free(dir);
+	if (out_commit(&w->f, err, sizeof err))
+		return RT_FAIL(e, "%s", err);
+	return 0;
+}
+
+void st_cancel(StWriter *w)
+{
+	if (w->open)
+		out_abort(&w->f);
+	w->open = 0;
 }
 
 int st_write(const char *path, const StTensor *t, int n, RtErr *e)
 {
-	char *header = NULL, *tmp = NULL;
-	size_t hlen = 0;
-	FILE *f = NULL;
-	int fd = -1;
-
-	RT_CHECK(check_tensors(path, t, n, e));
-	if (build_header(t, n, &header, &hlen) != 0)
+	StDecl *d = calloc(n > 0 ? (size_t)n : 1, sizeof *d);
+	if (!d)
 		return RT_FAIL(e, "cannot write %s: out of memory", path);
-	tmp = temp_name(path);
-	if (!tmp) {
-		free(header);
-		return RT_FAIL(e, "cannot write %s: out of memory", path);
+	for (int i = 0; i < n; i++) {
+		d[i] = (StDecl){.name = t[i].name, .dtype = ST_F32, .ndim = t[i].ndim};
+		memcpy(d[i].dims, t[i].dims, sizeof d[i].dims);
+		if (t[i].ndim >= 0 && t[i].ndim <= DP_MAX_DIMS && !t[i].data &&
+		    tensor_elems(t[i].ndim, t[i].dims) > 0) {
+			free(d);
+			return RT_FAIL(e, "cannot write %s: tensor %s has no data", path,
+				       t[i].name ? t[i].name : "?");
+		}
 	}
-	fd = mkstemp(tmp);
-	if (fd < 0) {
-		RT_FAIL(e, "cannot write %s: %s", path, strerror(errno));
-		free(tmp);
-		free(header);
+	StWriter w;
+	int rc = st_begin(&w, path, d, n, e);
+	for (int i = 0; rc == 0 && i < n; i++)
+		rc = st_put(&w, t[i].data, decl_bytes(&d[i]), e);
+	free(d);
+	if (rc) {
+		st_cancel(&w);
 		return -1;
 	}
-	fchmod(fd, 0644); /* mkstemp makes 0600; checkpoints are shared */
-	f = fdopen(fd, "wb");
-	if (!f) {
-		RT_FAIL(e, "cannot write %s: %s", path, strerror(errno));
-		close(fd);
-		goto fail;
-	}
-	unsigned char len8[8];
-	for (int k = 0; k < 8; k++)
-		len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
-	errno = 0;
-	int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, hlen, f) == hlen;
-	for (int i = 0; ok && i < n; i++) {
-		size_t cnt = (size_t)tensor_elems(t[i].ndim, t[i].dims);
-		ok = fwrite(t[i].data, sizeof(float), cnt, f) == cnt;
-	}
-	ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-	if (!ok) {
-		RT_FAIL(e, "cannot write %s: %s", path, errno ? strerror(errno) : "write failed");
-		fclose(f);
-		goto fail;
-	}
-	if (fclose(f) != 0) {
-		RT_FAIL(e, "cannot write %s: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (rename(tmp, path) != 0) {
-		RT_FAIL(e, "cannot write %s: rename: %s", path, strerror(errno));
-		goto fail;
-	}
-	sync_dir(path);
-	free(tmp);
-	free(header);
-	return 0;
-fail:
-	unlink(tmp);
-	free(tmp);
-	free(header);
-	return -1;
+	return st_end(&w, e);
 }
 
 /* ---- reading ---- */
@@ -233,9 +250,8 @@ static int cmp_extent(const void *a, const void *b)
 	return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Fill t (name, shape, offsets in ext) from one header entry. */
-static int parse_entry(const char *path, const cJSON *o, int64_t data_len, StTensor *t,
-		       Extent *ext, RtErr *e)
+/* Fill t (name, dtype, shape, offsets) from one header entry. */
+static int parse_entry(const char *path, const cJSON *o, int64_t data_len, StEntry *t, RtErr *e)
 {
 	const char *name = o->string;
 	int64_t elems = 1;
@@ -247,7 +263,11 @@ static int parse_entry(const char *path, const cJSON *o, int64_t data_len, StTen
 	const cJSON *offs = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
 	if (!cJSON_IsString(dtype))
 		return RT_FAIL(e, "%s: tensor %s has no dtype", path, name);
-	if (strcmp(dtype->valuestring, "F32") != 0)
+	t->dtype = -1;
+	for (int k = 0; k < ST_NDTYPE; k++)
+		if (strcmp(dtype->valuestring, st_dtype_names[k]) == 0)
+			t->dtype = k;
+	if (t->dtype < 0)
 		return RT_FAIL(e, "%s: tensor %s has dtype %.32s; dp reads F32 only", path, name,
 			       dtype->valuestring);
 	if (!cJSON_IsArray(shape))
@@ -266,36 +286,28 @@ static int parse_entry(const char *path, const cJSON *o, int64_t data_len, StTen
 		elems *= t->dims[k];
 	}
 	if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
-	    json_uint(offs->child, &ext->begin) != 0 || json_uint(offs->child->next, &ext->end) != 0)
+	    json_uint(offs->child, &t->begin) != 0 || json_uint(offs->child->next, &t->end) != 0)
 		return RT_FAIL(e, "%s: tensor %s has bad data_offsets", path, name);
-	if (ext->begin > ext->end || ext->end > data_len)
+	if (t->begin > t->end || t->end > data_len)
 		return RT_FAIL(e, "%s: tensor %s has data_offsets [%lld, %lld] outside the %lld data bytes",
-			       path, name, (long long)ext->begin, (long long)ext->end,
+			       path, name, (long long)t->begin, (long long)t->end,
 			       (long long)data_len);
-	if (ext->end - ext->begin != elems * 4)
+	if (t->end - t->begin != elems * st_dtype_bytes[t->dtype])
 		return RT_FAIL(e, "%s: tensor %s has %lld data bytes but its shape needs %lld", path,
-			       name, (long long)(ext->end - ext->begin), (long long)(elems * 4));
+			       name, (long long)(t->end - t->begin),
+			       (long long)(elems * st_dtype_bytes[t->dtype]));
 	t->name = strdup(name);
 	if (!t->name)
 		return RT_FAIL(e, "%s: out of memory", path);
 	return 0;
 }
 
-static int read_at(FILE *f, int64_t off, void *buf, size_t len)
+static int parse_header(StFile *f, const char *text, size_t hlen, RtErr *e)
 {
-	if (fseeko(f, (off_t)off, SEEK_SET) != 0)
-		return -1;
-	return fread(buf, 1, len, f) == len ? 0 : -1;
-}
-
-static int parse_header(const char *path, FILE *f, const char *text, size_t hlen,
-			int64_t data_start, int64_t data_len, StTensor **out, int *nout, RtErr *e)
-{
-	const char *end = NULL;
+	const char *end = NULL, *path = f->path;
 	cJSON *root = cJSON_ParseWithLengthOpts(text, hlen, &end, 0);
-	StTensor *t = NULL;
 	Extent *ext = NULL;
-	int n = 0, cap;
+	int64_t data_len = f->size - f->data_start;
 
 	if (!root)
 		return RT_FAIL(e, "%s: the safetensors header is not valid JSON", path);
@@ -308,10 +320,10 @@ static int parse_header(const char *path, FILE *f, const char *text, size_t hlen
 		cJSON_Delete(root);
 		return RT_FAIL(e, "%s: the safetensors header is not a JSON object", path);
 	}
-	cap = cJSON_GetArraySize(root);
-	t = calloc(cap ? cap : 1, sizeof *t);
+	int cap = cJSON_GetArraySize(root);
+	f->t = calloc(cap ? cap : 1, sizeof *f->t);
 	ext = calloc(cap ? cap : 1, sizeof *ext);
-	if (!t || !ext) {
+	if (!f->t || !ext) {
 		RT_FAIL(e, "%s: out of memory", path);
 		goto fail;
 	}
@@ -322,93 +334,158 @@ static int parse_header(const char *path, FILE *f, const char *text, size_t hlen
 		}
 		if (strcmp(o->string, "__metadata__") == 0)
 			continue;
-		for (int i = 0; i < n; i++)
-			if (strcmp(t[i].name, o->string) == 0) {
-				RT_FAIL(e, "%s: tensor %s appears twice", path, o->string);
-				goto fail;
-			}
-		if (parse_entry(path, o, data_len, &t[n], &ext[n], e) != 0)
+		if (st_find(f, o->string) >= 0) {
+			RT_FAIL(e, "%s: tensor %s appears twice", path, o->string);
 			goto fail;
-		ext[n].index = n;
-		n++;
+		}
+		if (parse_entry(path, o, data_len, &f->t[f->n], e) != 0)
+			goto fail;
+		ext[f->n] = (Extent){f->t[f->n].begin, f->t[f->n].end, f->n};
+		f->n++;
 	}
-	qsort(ext, n, sizeof *ext, cmp_extent);
-	for (int i = 1; i < n; i++)
+	qsort(ext, f->n, sizeof *ext, cmp_extent);
+	for (int i = 1; i < f->n; i++)
 		if (ext[i].begin < ext[i - 1].end) {
-			RT_FAIL(e, "%s: tensors %s and %s overlap", path, t[ext[i - 1].index].name,
-				t[ext[i].index].name);
+			RT_FAIL(e, "%s: tensors %s and %s overlap", path, f->t[ext[i - 1].index].name,
+				f->t[ext[i].index].name);
 			goto fail;
 		}
-	/* Read in file order (sorted extents): one forward pass over the file. */
-	for (int k = 0; k < n; k++) {
-		StTensor *ti = &t[ext[k].index];
-		size_t bytes = (size_t)(ext[k].end - ext[k].begin);
-		ti->data = malloc(bytes ? bytes : 1);
-		if (!ti->data) {
-			RT_FAIL(e, "%s: out of memory for tensor %s", path, ti->name);
-			goto fail;
-		}
-		if (bytes && read_at(f, data_start + ext[k].begin, ti->data, bytes) != 0) {
-			RT_FAIL(e, "%s: cannot read tensor %s: %s", path, ti->name,
-				ferror(f) ? strerror(errno) : "file shorter than its header says");
-			goto fail;
-		}
-	}
 	free(ext);
 	cJSON_Delete(root);
-	*out = t;
-	*nout = n;
 	return 0;
 fail:
-	st_free(t, n);
 	free(ext);
 	cJSON_Delete(root);
 	return -1;
 }
 
-int st_read(const char *path, StTensor **out, int *nout, RtErr *e)
+int st_open(StFile *f, const char *path, RtErr *e)
 {
-	FILE *f = fopen(path, "rb");
 	struct stat st;
 	unsigned char len8[8];
 	uint64_t hlen = 0;
-	char *text = NULL;
 	int rc;
 
-	*out = NULL;
-	*nout = 0;
-	if (!f)
+	memset(f, 0, sizeof *f);
+	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (f->fd < 0)
 		return RT_FAIL(e, "cannot open %s: %s", path, strerror(errno));
-	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-		fclose(f);
+	f->path = strdup(path);
+	if (!f->path) {
+		st_close(f);
+		return RT_FAIL(e, "%s: out of memory", path);
+	}
+	if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		st_close(f);
 		return RT_FAIL(e, "%s is not a regular file", path);
 	}
-	if (st.st_size < 8 || fread(len8, 1, 8, f) != 8) {
-		fclose(f);
+	f->size = st.st_size;
+	if (f->size < 8 || pread(f->fd, len8, 8, 0) != 8) {
+		st_close(f);
 		return RT_FAIL(e, "%s is too short for a safetensors file (%lld bytes)", path,
 			       (long long)st.st_size);
 	}
 	for (int k = 0; k < 8; k++)
 		hlen |= (uint64_t)len8[k] << (8 * k);
-	if (hlen < 2 || hlen > ST_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
-		fclose(f);
+	if (hlen < 2 || hlen > ST_MAX_HEADER || hlen > (uint64_t)f->size - 8) {
+		st_close(f);
 		return RT_FAIL(e, "%s: safetensors header length %llu does not fit the %lld-byte file",
 			       path, (unsigned long long)hlen, (long long)st.st_size);
 	}
-	text = malloc(hlen);
+	char *text = malloc(hlen);
 	if (!text) {
-		fclose(f);
+		st_close(f);
 		return RT_FAIL(e, "%s: out of memory", path);
 	}
-	if (fread(text, 1, hlen, f) != hlen) {
+	f->data_start = 8 + (int64_t)hlen;
+	if (pread(f->fd, text, hlen, 8) != (ssize_t)hlen)
 		rc = RT_FAIL(e, "%s: cannot read the header", path);
-	} else {
-		int64_t start = 8 + (int64_t)hlen;
-		rc = parse_header(path, f, text, hlen, start, (int64_t)st.st_size - start, out, nout, e);
-	}
+	else
+		rc = parse_header(f, text, hlen, e);
 	free(text);
-	fclose(f);
+	if (rc)
+		st_close(f);
 	return rc;
+}
+
+int st_find(const StFile *f, const char *name)
+{
+	for (int i = 0; i < f->n; i++)
+		if (strcmp(f->t[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+int st_pread(const StFile *f, int i, int64_t off, void *dst, int64_t nbytes, RtErr *e)
+{
+	const StEntry *t = &f->t[i];
+	if (off < 0 || nbytes < 0 || off + nbytes > t->end - t->begin)
+		return RT_FAIL(e, "%s: bytes [%lld, %lld) are outside tensor %s", f->path,
+			       (long long)off, (long long)(off + nbytes), t->name);
+	char *p = dst;
+	int64_t pos = f->data_start + t->begin + off;
+	while (nbytes > 0) {
+		ssize_t got = pread(f->fd, p, (size_t)(nbytes > (1 << 30) ? (1 << 30) : nbytes), pos);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			return RT_FAIL(e, "%s: cannot read tensor %s: %s", f->path, t->name,
+				       got < 0 ? strerror(errno) : "file shorter than its header says");
+		p += got;
+		pos += got;
+		nbytes -= got;
+	}
+	return 0;
+}
+
+void st_close(StFile *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	for (int i = 0; i < f->n; i++)
+		free(f->t[i].name);
+	free(f->t);
+	free(f->path);
+	memset(f, 0, sizeof *f);
+}
+
+int st_read(const char *path, StTensor **out, int *nout, RtErr *e)
+{
+	StFile f;
+	*out = NULL;
+	*nout = 0;
+	RT_CHECK(st_open(&f, path, e));
+	StTensor *t = calloc(f.n ? (size_t)f.n : 1, sizeof *t);
+	if (!t) {
+		st_close(&f);
+		return RT_FAIL(e, "%s: out of memory", path);
+	}
+	int n = 0, rc = 0;
+	for (int i = 0; rc == 0 && i < f.n; i++) {
+		const StEntry *s = &f.t[i];
+		if (s->dtype != ST_F32) {
+			rc = RT_FAIL(e, "%s: tensor %s has dtype %s; dp reads F32 only", path, s->name,
+				     st_dtype_names[s->dtype]);
+			break;
+		}
+		t[n].name = strdup(s->name);
+		t[n].ndim = s->ndim;
+		memcpy(t[n].dims, s->dims, sizeof t[n].dims);
+		t[n].data = malloc(s->end > s->begin ? (size_t)(s->end - s->begin) : 1);
+		n++;
+		if (!t[n - 1].name || !t[n - 1].data)
+			rc = RT_FAIL(e, "%s: out of memory for tensor %s", path, s->name);
+		else
+			rc = st_pread(&f, i, 0, t[n - 1].data, s->end - s->begin, e);
+	}
+	st_close(&f);
+	if (rc) {
+		st_free(t, n);
+		return -1;
+	}
+	*out = t;
+	*nout = n;
+	return 0;
 }
 
 void st_free(StTensor *t, int n)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/data_errors.sh - bad or missing data files, wrong dtype or shape, a
-# dataset smaller than the global batch: dpexec exits non-zero with a message
+# dataset smaller than the global batch, a label out of range: dpexec exits
+# non-zero with a message
 # naming the file, and leaves no partial --save-full output behind. Then llm.c
 # token shards through dpexec (bad magic, wrong size, a glob without a match), and
 # tools/text2shard: token counts, the entropy against Python's, nothing left
@@ -22,6 +23,8 @@ np.save(f"{d}/y_short.npy", rng.integers(0, 5, 60).astype(np.int32))
 np.save(f"{d}/y_float.npy", rng.standard_normal(64).astype(np.float32))
 np.save(f"{d}/x_tiny.npy", rng.standard_normal((4, 6)).astype(np.float32))
 np.save(f"{d}/y_tiny.npy", rng.integers(0, 5, 4).astype(np.int32))
+y = rng.integers(0, 5, 64).astype(np.int32); y[37] = 200 # a label of 200 among 5 classes
+np.save(f"{d}/y_range.npy", y)
 raw = open(f"{d}/x.npy", "rb").read()
 open(f"{d}/x_trunc.npy", "wb").write(raw[: len(raw) // 2])
 open(f"{d}/x_junk.npy", "wb").write(b"this is not an npy file at all" * 4)
@@ -81,6 +84,9 @@ model labels "$T/x.npy" "$T/y_float.npy";    expect_fail labels "y_float.npy"
 model trunc "$T/x_trunc.npy" "$T/y.npy";     expect_fail trunc "x_trunc.npy"
 model junk "$T/x_junk.npy" "$T/y.npy";       expect_fail junk "x_junk.npy"
 model tiny "$T/x_tiny.npy" "$T/y_tiny.npy";  expect_fail tiny "global batch"
+# found at load (not when its sample is drawn), naming the file, the sample and the .dp line
+model range "$T/x.npy" "$T/y_range.npy"
+expect_fail range "y_range.npy: label 200 of sample 37 is outside the 5 classes of the model ($T/range.dp:4)"
 IDX=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 if [ -e "$IDX" ]; then
 	sed -e "s|npy(\"$T/x.npy\")|idx(\"$IDX\")|" "$T/good.dp" >"$T/idxshape.dp"

@@ -146,7 +146,7 @@ static RtErr new_err(void)
 /* data_open of one split; 0 or -1 with the message in e. */
 static int open_split(TestStep *ts, DpSplit split, DataSet **d, RtErr *e)
 {
-	return data_open(&ts->s, split, "models/test.dp", d, e);
+	return data_open(&ts->s, split, "models/test.dp", 0, d, e);
 }
 
 /* Expect data_open to fail with a message containing `want` (NULL: any). */
@@ -1013,19 +1013,123 @@ static void test_tokens(void)
 	rmdir(tpath("dir_0.bin"));
 }
 
+/* ---- checks against the model: label range, token ids, shards that shrink ---- */
+
+/* A model tensor of the given shape and an instruction reading data tensor
+ * `id`: XENT (logits [rows, classes], id the labels) or EMBEDDING (table
+ * [classes, 4], id the ids). */
+static void add_reader(TestStep *ts, DpInstr *prog, int32_t id, int64_t classes, int embedding)
+{
+	DpTensor *t = &ts->tensors[ts->s.ntensors];
+	t->name = add_string(ts, embedding ? "wte" : "logits");
+	t->dtype = DP_F32;
+	t->kind = embedding ? DP_T_PARAM : DP_T_ACT;
+	t->ndim = 2;
+	t->dims[0] = embedding ? classes : 4;
+	t->dims[1] = embedding ? 4 : classes;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		t->place_dim[a] = -1;
+	int32_t tid = (int32_t)ts->s.ntensors++;
+	DpInstr *in = &prog[ts->s.nprog[DP_PROG_STEP]++];
+	memset(in, 0, sizeof *in);
+	in->op = embedding ? DPK_EMBEDDING : DPK_XENT;
+	for (int k = 0; k < DP_MAX_IN; k++)
+		in->in[k] = -1;
+	in->in[0] = embedding ? id : tid;
+	in->in[1] = embedding ? tid : id;
+	in->out = -1;
+	ts->s.prog[DP_PROG_STEP] = prog;
+}
+
+static void test_model_checks(void)
+{
+	DpInstr prog[4];
+	RtErr e = new_err();
+	DataSet *d;
+
+	/* a label of 7 among 5 classes: an error at load naming file and sample */
+	int32_t y[6] = {0, 1, 2, 7, 4, 0};
+	int64_t shape[1] = {6};
+	float x[6][2] = {{0}};
+	int64_t xshape[2] = {6, 2};
+	write_npy(tpath("lab_y.npy"), "<i4", shape, 1, y, sizeof y);
+	write_npy(tpath("lab_x.npy"), "<f4", xshape, 2, x, sizeof x);
+	TestStep ts;
+	step_init(&ts, 2, 1, 1);
+	add_source(&ts, DP_SRC_NPY, DP_SPLIT_TRAIN, 0, tpath("lab_x.npy"), DP_F32, 2, 0, 0, 4);
+	int sy = add_source(&ts, DP_SRC_NPY, DP_SPLIT_TRAIN, 1, tpath("lab_y.npy"), DP_I32, 1, 0, 0, 5);
+	add_reader(&ts, prog, ts.sources[sy].tensor, 5, 0);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "lab_y.npy: label 7 of sample 3 is outside the 5 classes "
+			  "of the model (models/test.dp:5)", "a label out of range");
+	/* with 8 classes the same file loads */
+	ts.tensors[ts.s.ntensors - 1].dims[1] = 8;
+	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) == 0) {
+		passed++;
+		data_free(d);
+	} else {
+		CHECK(0, "labels below the classes: %s", e.msg);
+	}
+
+	/* token shards: an id outside the vocabulary, then a shard cut short
+	 * after it was opened: errors from data_error, zeros in the batch, no
+	 * signal */
+	enum { T = 4, N = 41 };
+	uint16_t tok[N];
+	for (int i = 0; i < N; i++)
+		tok[i] = (uint16_t)(i % 9);
+	tok[17] = 300;
+	write_shard(tpath("vocab.bin"), tok, N, 20240520, 1, N, 0);
+	step_init(&ts, 2, 1, 5);
+	int sx = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("vocab.bin"), T, 0, 3);
+	add_reader(&ts, prog, ts.sources[sx].tensor, 256, 1);
+	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) != 0) {
+		CHECK(0, "token shard: %s", e.msg);
+		return;
+	}
+	int32_t out[2 * T];
+	int bad = 0;
+	for (uint64_t step = 0; step < 5 && !bad; step++) {
+		data_fill_train(d, &ts.s, sx, step, 0, 0, 1, out);
+		bad = data_error(d, &e) != 0;
+	}
+	CHECK(bad && strstr(e.msg, "token 300 at index 17 is outside the model's vocabulary of 256"),
+	      "a token outside the vocabulary: %s", bad ? e.msg : "not found");
+	data_free(d);
+
+	for (int i = 0; i < N; i++)
+		tok[i] = (uint16_t)(i % 9);
+	write_shard(tpath("shrinks.bin"), tok, N, 20240520, 1, N, 0);
+	step_init(&ts, 2, 1, 5);
+	sx = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("shrinks.bin"), T, 0, 3);
+	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) != 0) {
+		CHECK(0, "token shard: %s", e.msg);
+		return;
+	}
+	if (truncate(tpath("shrinks.bin"), 1024 + 2 * 10) != 0)
+		abort();
+	bad = 0;
+	for (uint64_t step = 0; step < 5 && !bad; step++) {
+		data_fill_train(d, &ts.s, sx, step, 0, 0, 1, out);
+		bad = data_error(d, &e) != 0;
+	}
+	CHECK(bad && strstr(e.msg, "shrinks.bin") && strstr(e.msg, "shorter than when the run started"),
+	      "a shard cut short while training: %s", bad ? e.msg : "not noticed");
+	data_free(d);
+}
+
 /* ---- safetensors ---- */
 
 static int count_temps(const char *dir, const char *base)
 {
 	DIR *dd = opendir(dir);
 	struct dirent *de;
-	char prefix[256];
+	char tmp[256];
 	int n = 0;
-	snprintf(prefix, sizeof prefix, ".%s.", base);
+	snprintf(tmp, sizeof tmp, "%s" OUT_TMP_SUFFIX, base); /* ir/outfile.h's temp name */
 	if (!dd)
 		return 0;
 	while ((de = readdir(dd)))
-		n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+		n += strcmp(de->d_name, tmp) == 0;
 	closedir(dd);
 	return n;
 }
@@ -1189,9 +1293,9 @@ static void test_safetensors(void)
 	/* Failures leave nothing behind. */
 	CHECK(st_write(tpath("nodir/x.safetensors"), in, 3, &e) == -1, "write into a missing dir");
 	mkdir(tpath("isdir.safetensors"), 0755);
-	CHECK(st_write(tpath("isdir.safetensors"), in, 3, &e) == -1 && strstr(e.msg, "rename"),
-	      "rename over a directory should fail: %s", e.msg);
-	CHECK(count_temps(tmpdir, "isdir.safetensors") == 0, "failed rename left a temp file");
+	CHECK(st_write(tpath("isdir.safetensors"), in, 3, &e) == -1 && strstr(e.msg, "a directory"),
+	      "writing onto a directory should be refused: %s", e.msg);
+	CHECK(count_temps(tmpdir, "isdir.safetensors") == 0, "a refused write left a temp file");
 	rmdir(tpath("isdir.safetensors"));
 
 	/* A write error midway (file-size limit): no target, no temp. */
@@ -1257,6 +1361,7 @@ int main(void)
 	test_npy();
 	test_synthetic();
 	test_tokens();
+	test_model_checks();
 	test_safetensors();
 	test_fashion_mnist();
 	remove_tree(tmpdir);

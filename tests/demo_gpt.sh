@@ -17,7 +17,6 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${DEMO_GPT_STEPS:-600}
 RANKS=${DEMO_GPT_RANKS:-1}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 FORTUNES=/usr/share/games/fortunes
 FILES="cookie computers definitions education humorists literature people science wisdom work"
 MODEL=${DEMO_GPT_MODEL:-models/gpt2-tiny.dp}
@@ -41,33 +40,34 @@ if [ ! -f "$MODEL" ]; then
 	echo "demo-gpt: $MODEL does not exist yet; stopping after the shard" >&2
 	exit 1
 fi
-echo "== dpc $MODEL --world-size $RANKS -o $BUILD/demo/gpt2-tiny.bin"
-"$BUILD/dpc" "$MODEL" --world-size "$RANKS" -o "$BUILD/demo/gpt2-tiny.bin"
+# each command is printed as it is run
+show() { printf '=='; printf ' %q' "$@"; printf '\n'; }
+cmd=("$BUILD/dpc" "$MODEL" --world-size "$RANKS" -o "$BUILD/demo/gpt2-tiny.bin")
+show "${cmd[@]}"
+"${cmd[@]}"
 LOSSES="$BUILD/demo/gpt2-tiny.losses"
-echo "== dpexec $BUILD/demo/gpt2-tiny.bin --steps $STEPS ($RANKS rank(s))"
 LOG="$BUILD/demo/gpt2-tiny.log"
+cmd=("$BUILD/dpexec" "$BUILD/demo/gpt2-tiny.bin" --steps "$STEPS" --losses "$LOSSES")
+[ "$RANKS" -gt 1 ] && cmd=(mpirun --oversubscribe --allow-run-as-root -np "$RANKS" "${cmd[@]}")
+show "${cmd[@]}"
 start=$(date +%s)
-if [ "$RANKS" -gt 1 ]; then
-	mpirun --oversubscribe -np "$RANKS" "$BUILD/dpexec" "$BUILD/demo/gpt2-tiny.bin" \
-		--steps "$STEPS" --losses "$LOSSES" 2>&1 | tee "$LOG"
-else
-	"$BUILD/dpexec" "$BUILD/demo/gpt2-tiny.bin" --steps "$STEPS" --losses "$LOSSES" 2>&1 | tee "$LOG"
-fi
+"${cmd[@]}" 2>&1 | tee "$LOG"
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 secs=$(( $(date +%s) - start ))
 # the last held-out loss dpexec printed ("eval step N | test loss X | ..."), if any
 VAL=$(sed -n 's/^eval step .* | test loss \([0-9.]*\).*/\1/p' "$LOG" | tail -n 1)
 
-# --losses: "step loss grad_norm lr" per step. The end is the mean of the last
+# --losses: "step loss grad_norm lr" per step after a "# ..." header. The end is the mean of the last
 # 10 steps (one batch's loss is noisy).
 awk -v H="$H" -v secs="$secs" -v val="$VAL" '
-	{ loss[NR] = $2 }
+	/^#/ { next }
+	{ loss[++n] = $2 }
 	END {
-		if (NR == 0) { print "demo-gpt: no losses written"; exit 1 }
-		k = NR < 10 ? NR : 10; s = 0
-		for (i = NR - k + 1; i <= NR; i++) s += loss[i]
+		if (n == 0) { print "demo-gpt: no losses written"; exit 1 }
+		k = n < 10 ? n : 10; s = 0
+		for (i = n - k + 1; i <= n; i++) s += loss[i]
 		end = s / k
-		printf "\ntiny GPT on fortunes, %d steps in %ds:\n", NR, secs
+		printf "\ntiny GPT on fortunes, %d steps in %ds:\n", n, secs
 		printf "  first loss              %.4f nats/token\n", loss[1]
 		printf "  last loss (mean of %2d)  %.4f nats/token\n", k, end
 		if (val != "")

@@ -16,7 +16,8 @@ cd "$ROOT"
 
 CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -O1 -g"
 [ "${SAN:-0}" = 1 ] && CFLAGS="$CFLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-if gcc $CFLAGS -Iir tests/stepfile_fuzz.c ir/stepfile.c ir/stepfile_check.c -lz -o "$T/fuzz" 2>"$T/cc.err"; then
+if gcc $CFLAGS -Iir tests/stepfile_fuzz.c ir/stepfile.c ir/stepfile_check.c ir/outfile.c -lz \
+	-o "$T/fuzz" 2>"$T/cc.err"; then
 	ok "build stepfile_fuzz"
 else
 	fail "build stepfile_fuzz"; sed 's/^/      /' "$T/cc.err"

@@ -236,11 +236,11 @@ static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands (the decoder's rules), limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_cp_kernels[DPK_COUNT] = {
-	[DPK_KV_PACK] = {NULL, NULL, run_kv_pack, 0},
-	[DPK_KV_UNPACK] = {NULL, NULL, run_kv_pack, 0},
-	[DPK_ATTENTION_CP] = {NULL, limit_attention_cp, run_attention_cp, 0},
-	[DPK_ATTENTION_CP_GRAD] = {NULL, limit_attention_cp, run_attention_cp, 0},
-	[DPK_ATTENTION_CP_GRAD_KV] = {NULL, limit_attention_cp, run_attention_cp, 0},
+	[DPK_KV_PACK] = {NULL, run_kv_pack, 0},
+	[DPK_KV_UNPACK] = {NULL, run_kv_pack, 0},
+	[DPK_ATTENTION_CP] = {limit_attention_cp, run_attention_cp, 0},
+	[DPK_ATTENTION_CP_GRAD] = {limit_attention_cp, run_attention_cp, 0},
+	[DPK_ATTENTION_CP_GRAD_KV] = {limit_attention_cp, run_attention_cp, 0},
 };

@@ -8,11 +8,20 @@
  * The kernel table is one array of DPK_COUNT rows (CpuKernel, cpu/cpu.h),
  * merged at init from the partial tables of the concept files; an op that
  * two files claim is an internal error.
+ *
+ * Init also picks the inner loops for this CPU (cpu_vec_avx512 / avx2 /
+ * scalar, vec.c; DP_CPU_ISA forces one) and starts the rank's threads
+ * (pool.c): DP_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this
+ * process may run on (its affinity mask; an unbound rank of several on a
+ * node takes its share). OpenBLAS always runs one thread: gemm.c splits
+ * the products over the pool, so one set of threads serves every kernel.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
@@ -30,7 +39,57 @@ typedef struct {
 	size_t arena_len;
 	CpuKernel kern[DPK_COUNT]; /* the table */
 	CpuStep step;
+	const CpuVec *vec;
+	CpuPool *pool;
 } CpuBackend;
+
+/* The inner loops for this CPU, or the ones DP_CPU_ISA names. */
+static int pick_vec(const CpuVec **out, RtErr *e)
+{
+	const CpuVec *all[] = {&cpu_vec_avx512, &cpu_vec_avx2, &cpu_vec_scalar};
+	int ok[3] = {0, 0, 1};
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_cpu_init();
+	ok[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	ok[0] = ok[1] && __builtin_cpu_supports("avx512f");
+#endif
+	const char *want = getenv("DP_CPU_ISA");
+	for (int i = 0; i < 3; i++) {
+		if (want && *want && strcmp(want, all[i]->isa) != 0)
+			continue;
+		if (!ok[i])
+			return RT_FAIL(e, "DP_CPU_ISA=%s: this CPU does not have it", want);
+		*out = all[i];
+		return 0;
+	}
+	return RT_FAIL(e, "DP_CPU_ISA=%s: not one of avx512, avx2, scalar", want);
+}
+
+/* Threads for this rank (see the top of the file). */
+static int pick_threads(int *out, RtErr *e)
+{
+	const char *names[] = {"DP_NUM_THREADS", "OMP_NUM_THREADS"};
+	for (int i = 0; i < 2; i++) {
+		const char *v = getenv(names[i]);
+		if (!v || !*v)
+			continue;
+		char *end;
+		long n = strtol(v, &end, 10);
+		if (*end || n < 1 || n > 1024)
+			return RT_FAIL(e, "%s=%s: not a thread count in [1, 1024]", names[i], v);
+		*out = (int)n;
+		return 0;
+	}
+	cpu_set_t set;
+	int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+	int local = ls ? atoi(ls) : 1;
+	if (local > 1 && n >= online) /* not bound: the node's ranks share its cores */
+		n /= local;
+	*out = n < 1 ? 1 : n;
+	return 0;
+}
 
 /* The row of op: the one partial table that has it; NULL: none. */
 static const CpuKernel *find(unsigned op)
@@ -40,7 +99,8 @@ static const CpuKernel *find(unsigned op)
 	for (size_t i = 0; i < NPARTS; i++)
 		if (parts[i][op].run)
 			return &parts[i][op];
-	return NULL;
+	/* the elementwise ops are vec.c's maps (every table computes the same set) */
+	return cpu_vec_scalar.is_map(op) ? &cpu_map_kernel : NULL;
 }
 
 static int cpu_probe(char *why, size_t len)
@@ -56,10 +116,8 @@ static int cpu_has_kernel(unsigned op)
 static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	const CpuKernel *k = find(in->op);
-	/* The operand rules; delete this call with the rows' `operands` once
-	 * the step-file decoder validates operands from the op table. */
-	if (k->operands)
-		RT_CHECK(k->operands(s, in, e));
+	/* the op's operand rules were the decoder's (ir/stepfile_check.c): only
+	 * this backend's own limits are left */
 	if (!k->bf16)
 		for (int j = -1; j < DP_MAX_IN; j++) {
 			int id = j < 0 ? in->out : in->in[j];
@@ -74,6 +132,8 @@ static void cpu_free(Backend *b)
 	CpuBackend *c = b->impl;
 	if (c && c->arena)
 		munmap(c->arena, c->arena_len);
+	if (c)
+		cpu_pool_free(c->pool);
 	free(c);
 	free(b->ptr);
 	b->impl = NULL;
@@ -96,12 +156,17 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
 				       dp_kernel_names[op]);
 		}
-		if (claims)
-			c->kern[op] = *find(op);
+		const CpuKernel *k = find(op);
+		if (k)
+			c->kern[op] = *k;
 	}
 	c->step.opt = &s->opt;
-	if (b->comm->world > 1)
-		openblas_set_num_threads(1); /* N ranks on a node each get one BLAS thread */
+	int threads = 1;
+	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e)) {
+		cpu_free(b);
+		return -1;
+	}
+	openblas_set_num_threads(1); /* the pool's threads call it (gemm.c) */
 
 	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
 	 * as tensors touch it, so a bogus arena size fails here or costs nothing */
@@ -126,14 +191,15 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 
 static void cpu_describe(Backend *b, char *buf, size_t len)
 {
-	snprintf(buf, len, "CPU (OpenBLAS %s, %d threads)", openblas_get_config(),
-		 openblas_get_num_threads());
+	CpuBackend *c = b->impl;
+	snprintf(buf, len, "CPU (%s, %d threads; OpenBLAS %s)", c->vec->isa,
+		 cpu_pool_size(c->pool), openblas_get_config());
 }
 
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
-	CpuArgs a = {b->s, in, b->ptr, &c->step};
+	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool};
 	return c->kern[in->op].run(&a, e);
 }
 

@@ -7,15 +7,16 @@
  * One table, filled by the files that own the kernels. Each concept file
  * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c)
  * defines a partial table of DPK_COUNT rows with designated initialisers,
- * `[DPK_<OP>] = {check_<op>, NULL, run_<op>, 0}`, so an op's check, its run
- * and its row live in one file; backend_cpu.c merges the partial tables
+ * `[DPK_<OP>] = {limit_<op> or NULL, run_<op>, bf16}`, so an op's limits,
+ * its run and its row live in one file; backend_cpu.c merges the partial tables
  * into the backend's one table and refuses an op claimed twice. Adding a
  * CPU kernel is one row (and its functions) in the file of its concept.
  *
  * Layout: leading dims fold into rows, a tensor [a, b, c] is a [a*b, c]
- * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the checks
- * ran once at load time (labels and token ids, known only at run time, are
- * checked where they are read).
+ * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the step-file
+ * decoder checked the op's operand rules (ir/stepfile_check.c) and the
+ * backend its own limits once at load time (labels, token ids and positions,
+ * known only at run time, are checked where they are read).
  */
 #ifndef DP_CPU_INT_H
 #define DP_CPU_INT_H
@@ -29,12 +30,98 @@ typedef struct {
 	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum) */
 } CpuStep;
 
+/* ---- threads (pool.c) ---- */
+
+typedef struct CpuPool CpuPool;
+/* A piece [lo, hi) of a parallel loop, run by thread `thread` (0: the caller). */
+typedef void (*CpuTask)(void *ctx, int64_t lo, int64_t hi, int thread);
+
+/* A pool of `threads` threads in all (the caller is one of them). */
+int cpu_pool_new(CpuPool **p, int threads, RtErr *e);
+void cpu_pool_free(CpuPool *p);
+int cpu_pool_size(const CpuPool *p);
+/* fn over [0, n), one contiguous piece per thread cut at multiples of
+ * grain (fewer threads when there are fewer grains); returns when every
+ * piece is done. Serial (one call, thread 0) without a pool. Called by the
+ * backend's thread only: a task must not call it (one job at a time). */
+void cpu_parallel(CpuPool *p, int64_t n, int64_t grain, CpuTask fn, void *ctx);
+
+/* Elements per piece of a parallel loop: below about two of these a loop
+ * runs on one thread (a wake-up costs microseconds, 16 K floats of
+ * elementwise work about as much). */
+#define CPU_GRAIN 16384
+/* Rows of `cols` elements per piece: about CPU_GRAIN elements. */
+static inline int64_t cpu_grain_rows(int64_t cols)
+{
+	return cols >= CPU_GRAIN ? 1 : CPU_GRAIN / (cols > 0 ? cols : 1);
+}
+
+/* ---- vectorised loops (vec.c, built once per instruction set) ---- */
+
+
+/* AdamW's per-step scalars (optim.c computes them as PyTorch does). */
+typedef struct {
+	float decay, beta1, beta2, one_b1, one_b2, bc2_sqrt, step_size, eps;
+} CpuAdam;
+
+/*
+ * The inner loops of the kernels, one table per instruction set: "avx512"
+ * and "avx2" call SLEEF's vector exp/tanh (max error 1.0 ulp, the _u10
+ * functions; float exp in double lanes is SLEEF's double exp, also 1.0
+ * ulp), "scalar" calls libm per element (any CPU; the reference). Every
+ * element's result is independent of its position in the array (tails go
+ * through the same vector code, padded), so a loop cut into pieces
+ * anywhere gives bitwise the results of the whole. Reductions accumulate
+ * in double, in a fixed order for a given table.
+ */
+typedef struct {
+	const char *isa;
+	/* o[i] = f(a[i], b[i]) for the elementwise op `op` (an opcode: ACCUM o += a,
+	 * SCALE o = s * a, ADD, MUL, the activations and their gradients with a =
+	 * dy and b = the input or output their ops.def row says), n elements */
+	void (*map)(unsigned op, float *o, const float *a, const float *b, float s, int64_t n);
+	/* Does map() compute op? (the same answer in every table) */
+	int (*is_map)(unsigned op);
+	/* max of x[0..n), n >= 1 */
+	float (*max)(const float *x, int64_t n);
+	/* y = exp(x - shift) (y may be x); returns the sum of y in double */
+	double (*exp_shift)(float *y, const float *x, float shift, int64_t n);
+	/* sum of exp((double)x - shift), exp in double */
+	double (*exp_sum_d)(const float *x, double shift, int64_t n);
+	/* sum of (double)a * b */
+	double (*dot)(const float *a, const float *b, int64_t n);
+	/* o = (float)(p * (d - c)) in double (softmax backward: c = rowsum(p * d)) */
+	void (*softmax_bwd)(float *o, const float *p, const float *d, double c, int64_t n);
+	/* mean (0 when rms) and 1/sqrt(var + eps) (rms: 1/sqrt(mean(x^2) + eps)) */
+	void (*norm_stats)(const float *x, int64_t n, int rms, double eps, double *mean,
+			   double *rstd);
+	/* y = (float)((x - mean) * rstd) * g (+ b when b != NULL) */
+	void (*norm_fwd)(float *y, const float *x, const float *g, const float *b, int64_t n,
+			 double mean, double rstd);
+	/* dx of one row (layernorm; rms: no mean term) */
+	void (*norm_bwd)(float *dx, const float *dy, const float *x, const float *g, int64_t n,
+			 int rms, double mean, double rstd);
+	/* acc[j] += dy[j] * (x[j] - mean) * rstd, in double */
+	void (*norm_gamma)(double *acc, const float *dy, const float *x, int64_t n, double mean,
+			   double rstd);
+	/* acc[j] += x[j], in double */
+	void (*col_sum)(double *acc, const float *x, int64_t n);
+	/* sum of (double)x^2 */
+	double (*sqsum)(const float *x, int64_t n);
+	/* torch.optim.AdamW's single-tensor update of n elements */
+	void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, const CpuAdam *c);
+} CpuVec;
+
+extern const CpuVec cpu_vec_scalar, cpu_vec_avx2, cpu_vec_avx512;
+
 /* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */
 typedef struct {
 	const DpStep *s;
 	const DpInstr *in;
 	void *const *ptr;
 	const CpuStep *step;
+	const CpuVec *vec; /* the inner loops for this CPU */
+	CpuPool *pool;     /* the rank's threads (size 1: serial) */
 } CpuArgs;
 
 typedef int (*CpuCheckFn)(const DpStep *s, const DpInstr *in, RtErr *e);
@@ -42,17 +129,18 @@ typedef int (*CpuRunFn)(const CpuArgs *a, RtErr *e);
 
 /* A row of the kernel table (ORDER KERNEL); run == NULL: not this file's. */
 typedef struct {
-	/* Operand rules (presence, dtype, element counts, no aliasing where the
-	 * kernel forbids it), once at load time, so run never reads or writes
-	 * outside a tensor. They are generic facts of the op, which the
-	 * step-file decoder takes over from the op table; then delete them. */
-	CpuCheckFn operands;
 	/* This backend's own limits (BLAS takes int sizes); NULL: none. */
 	CpuCheckFn limits;
 	CpuRunFn run;
 	/* 1: computes bf16 operands too (byte copies); else bf16 is refused */
 	int bf16;
 } CpuKernel;
+
+/* vec->map over n elements on the rank's threads (elementwise.c). */
+void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
+	     int64_t n);
+/* The kernel row of every op vec->map computes (elementwise.c). */
+extern const CpuKernel cpu_map_kernel;
 
 /* The partial tables, one per concept file. */
 extern const CpuKernel cpu_layout_kernels[DPK_COUNT];      /* layout.c */
@@ -87,7 +175,7 @@ static inline float *cpu_f(const CpuArgs *a, int id) { return id >= 0 ? a->ptr[i
 
 const char *cpu_tname(const DpStep *s, int id);
 
-/* ---- operand checks (check.c) ---- */
+/* ---- load-time limits (check.c) ---- */
 
 typedef struct {
 	const DpStep *s;
@@ -97,22 +185,9 @@ typedef struct {
 
 /* "step file: OP instruction (out X, in Y, Z): what"; returns -1. */
 int cpu_bad(const CpuChk *c, const char *what);
-/* Operand k (-1: out) is present and of dtype dt; NULL (error in c->e) if not. */
-const DpTensor *cpu_opnd(const CpuChk *c, int k, DpDtype dt);
-int cpu_disjoint(const DpTensor *a, const DpTensor *b);
-/* The output is disjoint from every present input. */
-int cpu_out_disjoint(const CpuChk *c);
-/* Operands 0..nin-1 and the output are f32 and of one element count. */
-int cpu_check_same_size(const DpStep *s, const DpInstr *in, int nin, RtErr *e);
-
 #define CPU_NEED(cond, msg)                          \
 	do {                                         \
 		if (!(cond))                         \
 			return cpu_bad(&c, (msg));   \
 	} while (0)
-#define CPU_OPND(var, k, dt)                           \
-	const DpTensor *var = cpu_opnd(&c, (k), (dt)); \
-	if (!var)                                      \
-	return -1
-
 #endif

@@ -1,11 +1,11 @@
 /*
  * cpu/elementwise.c - CPU kernels that compute each output element from the
- * same element of their inputs: accum, scale, add, mul, the activations
- * (relu, gelu in its tanh form, tanh, silu) with their gradients, and the
- * row broadcast bias_add. Plain float arithmetic in the order written (the
- * CUDA kernels repeat it operation for operation).
+ * same element of their inputs: the one kernel of every op vec.c's map
+ * computes (accum, scale, add, mul, the activations and their gradients:
+ * the formulas are vec.c's, float, in the order the CUDA kernels repeat),
+ * over pieces of the arrays on the rank's threads, and the row broadcast
+ * bias_add.
  */
-#include <math.h>
 
 #include "cpu.h"
 
@@ -22,161 +22,63 @@ static Ew ew(const CpuArgs *k)
 		    cpu_numel(cpu_t(k, k->in->out))};
 }
 
-static int check_unary(const DpStep *s, const DpInstr *in, RtErr *e)
+/* ---- the maps: vec->map over pieces of the arrays, in parallel ---- */
+
+typedef struct {
+	const CpuVec *vec;
+	unsigned op;
+	float *o;
+	const float *a, *b;
+	float s;
+} MapJob;
+
+static void map_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	return cpu_check_same_size(s, in, 1, e);
+	const MapJob *j = ctx;
+	j->vec->map(j->op, j->o + lo, j->a + lo, j->b ? j->b + lo : NULL, j->s, hi - lo);
 }
 
-static int check_binary(const DpStep *s, const DpInstr *in, RtErr *e)
+void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
+	     int64_t n)
 {
-	return cpu_check_same_size(s, in, 2, e);
+	MapJob j = {k->vec, op, o, a, b, s};
+	cpu_parallel(k->pool, n, CPU_GRAIN, map_piece, &j);
 }
 
-static int run_accum(const CpuArgs *k, RtErr *e)
+/* The op's map over its operands: out = f(in0[, in1]) (ACCUM: out += in0). */
+static int run_map(const CpuArgs *k, RtErr *e)
 {
 	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] += v.a[i];
+	cpu_map(k, k->in->op, v.o, v.a, v.b, k->in->fa[0], v.n);
 	return 0;
 }
 
-static int run_scale(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = k->in->fa[0] * v.a[i];
-	return 0;
-}
-
-static int run_add(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] + v.b[i];
-	return 0;
-}
-
-static int run_mul(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] * v.b[i];
-	return 0;
-}
-
-static int run_relu(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] > 0 ? v.a[i] : 0;
-	return 0;
-}
-
-/* in0 = dy, in1 = x */
-static int run_relu_grad(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.b[i] > 0 ? v.a[i] : 0;
-	return 0;
-}
-
-static const float gelu_s = 0.7978845608028654f; /* sqrt(2/pi) */
-
-static int run_gelu(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++) {
-		float x = v.a[i];
-		v.o[i] = 0.5f * x * (1.0f + tanhf(gelu_s * (x + 0.044715f * x * x * x)));
-	}
-	return 0;
-}
-
-/* in0 = dy, in1 = x */
-static int run_gelu_grad(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++) {
-		float x = v.b[i];
-		float th = tanhf(gelu_s * (x + 0.044715f * x * x * x));
-		float du = gelu_s * (1.0f + 3.0f * 0.044715f * x * x);
-		v.o[i] = v.a[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
-	}
-	return 0;
-}
-
-static int run_tanh(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = tanhf(v.a[i]);
-	return 0;
-}
-
-/* in0 = dy, in1 = y = tanh(x) */
-static int run_tanh_grad(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] * (1.0f - v.b[i] * v.b[i]);
-	return 0;
-}
-
-static int run_silu(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] / (1.0f + expf(-v.a[i]));
-	return 0;
-}
-
-/* in0 = dy, in1 = x: silu'(x) = sig(x) * (1 + x * (1 - sig(x))) */
-static int run_silu_grad(const CpuArgs *k, RtErr *e)
-{
-	Ew v = ew(k);
-	for (int64_t i = 0; i < v.n; i++) {
-		float x = v.b[i], sg = 1.0f / (1.0f + expf(-x));
-		v.o[i] = v.a[i] * sg * (1.0f + x * (1.0f - sg));
-	}
-	return 0;
-}
+const CpuKernel cpu_map_kernel = {NULL, run_map, 0};
 
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ---- */
 
-static int check_bias_add(const DpStep *s, const DpInstr *in, RtErr *e)
+typedef struct {
+	const CpuVec *vec;
+	Ew v;
+	int64_t c; /* bias elements: the row length */
+} BiasJob;
+
+static void bias_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_OPND(b, 1, DP_F32);
-	CPU_NEED(cpu_numel(o) == cpu_numel(a) && cpu_numel(a) % cpu_numel(b) == 0,
-		 "operand sizes do not match");
-	return 0;
+	const BiasJob *j = ctx;
+	for (int64_t r = lo; r < hi; r++)
+		j->vec->map(DPK_ADD, j->v.o + r * j->c, j->v.a + r * j->c, j->v.b, 0, j->c);
 }
 
 static int run_bias_add(const CpuArgs *k, RtErr *e)
 {
-	Ew v = ew(k);
-	int64_t c = cpu_numel(cpu_t(k, k->in->in[1]));
-	for (int64_t i = 0; i < v.n; i++)
-		v.o[i] = v.a[i] + v.b[i % c];
+	BiasJob j = {k->vec, ew(k), cpu_numel(cpu_t(k, k->in->in[1]))};
+	if (j.c > 0)
+		cpu_parallel(k->pool, j.v.n / j.c, cpu_grain_rows(j.c), bias_rows, &j);
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_elementwise_kernels[DPK_COUNT] = {
-	[DPK_ACCUM] = {check_unary, NULL, run_accum, 0},
-	[DPK_SCALE] = {check_unary, NULL, run_scale, 0},
-	[DPK_ADD] = {check_binary, NULL, run_add, 0},
-	[DPK_MUL] = {check_binary, NULL, run_mul, 0},
-	[DPK_RELU] = {check_unary, NULL, run_relu, 0},
-	[DPK_RELU_GRAD] = {check_binary, NULL, run_relu_grad, 0},
-	[DPK_GELU] = {check_unary, NULL, run_gelu, 0},
-	[DPK_GELU_GRAD] = {check_binary, NULL, run_gelu_grad, 0},
-	[DPK_TANH] = {check_unary, NULL, run_tanh, 0},
-	[DPK_TANH_GRAD] = {check_binary, NULL, run_tanh_grad, 0},
-	[DPK_SILU] = {check_unary, NULL, run_silu, 0},
-	[DPK_SILU_GRAD] = {check_binary, NULL, run_silu_grad, 0},
-	[DPK_BIAS_ADD] = {check_bias_add, NULL, run_bias_add, 0},
+	[DPK_BIAS_ADD] = {NULL, run_bias_add, 0},
 };

@@ -1,10 +1,12 @@
 /*
  * cpu/gemm.c - the CPU kernels of matrix products: matmul and linear
- * (OpenBLAS cblas_sgemm, row-major) and linear's bias gradient, a column
- * sum accumulated in double. BLAS takes int sizes: larger matrices are
- * refused at load (the rows' limits).
+ * (OpenBLAS cblas_sgemm, row-major, one OpenBLAS thread per call and the
+ * product split over the rank's threads) and linear's bias gradient, a
+ * column sum accumulated in double. BLAS takes int sizes: larger matrices
+ * are refused at load (the rows' limits).
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cblas.h>
@@ -21,20 +23,6 @@ static void matmul_dims(const DpTensor *a, const DpTensor *b, const DpInstr *in,
 	*n = in->ia[1] ? cpu_rows(b) : cpu_cols(b);
 }
 
-static int check_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_OPND(b, 1, DP_F32);
-	int64_t m, k, k2, n;
-	matmul_dims(a, b, in, &m, &k, &k2, &n);
-	CPU_NEED(k == k2, "inner dimensions differ");
-	CPU_NEED(cpu_numel(o) == m * n && cpu_cols(o) == n, "output shape does not match");
-	CPU_NEED(cpu_disjoint(o, a) && cpu_disjoint(o, b), "output overlaps an input");
-	return 0;
-}
-
 static int limit_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	CpuChk c = {s, in, e};
@@ -44,39 +32,67 @@ static int limit_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-static void sgemm(const float *a, int64_t ra, int64_t ca, int ta, const float *b, int64_t rb,
-		  int64_t cb, int tb, float *c, float beta)
+/*
+ * C [m, n] = beta * C + op(A) op(B), row-major, split over the pool: into
+ * row blocks of C when m >= n, else column blocks, cut at multiples of 64
+ * (whole register tiles of OpenBLAS's kernels, so every element of C is
+ * summed in the same order whatever the cut). Below GEMM_SERIAL flops it
+ * is one call. With a bias, each piece first copies the bias into its own
+ * part of C (beta = 1 then adds the product to it): no separate pass.
+ */
+#define GEMM_SERIAL (1 << 21)
+
+typedef struct {
+	const float *a, *b;
+	float *c;
+	const float *bias; /* [n] copied into every row first; NULL: none */
+	int ta, tb, m, n, k, lda, ldb, ldc, by_rows;
+	float beta;
+} Gemm;
+
+static void gemm_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	int m = (int)(ta ? ca : ra), k = (int)(ta ? ra : ca), n = (int)(tb ? rb : cb);
-	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-		    n, k, 1.0f, a, (int)ca, b, (int)cb, beta, c, n);
+	const Gemm *g = ctx;
+	int m = g->m, n = g->n;
+	const float *a = g->a, *b = g->b;
+	float *c = g->c;
+	const float *bias = g->bias;
+	if (g->by_rows) { /* rows lo..hi of C: rows of op(A) */
+		m = (int)(hi - lo);
+		a += g->ta ? lo : lo * g->lda;
+		c += lo * g->ldc;
+	} else { /* columns lo..hi of C: columns of op(B) */
+		n = (int)(hi - lo);
+		b += g->tb ? lo * g->ldb : lo;
+		c += lo;
+		bias = bias ? bias + lo : NULL;
+	}
+	if (bias)
+		for (int r = 0; r < m; r++)
+			memcpy(c + (int64_t)r * g->ldc, bias, (size_t)n * sizeof(float));
+	cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+		    m, n, g->k, 1.0f, a, g->lda, b, g->ldb, bias ? 1.0f : g->beta, c, g->ldc);
+}
+
+/* C = beta * C + op(A) op(B) (+ bias rows); A is [ra, ca], B [rb, cb] as stored. */
+static void sgemm(const CpuArgs *x, const float *a, int64_t ra, int64_t ca, int ta, const float *b,
+		  int64_t rb, int64_t cb, int tb, float *c, float beta, const float *bias)
+{
+	Gemm g = {a, b, c, bias, ta, tb, (int)(ta ? ca : ra), (int)(tb ? rb : cb), (int)(ta ? ra : ca),
+		  (int)ca, (int)cb, (int)(tb ? rb : cb), 0, beta};
+	g.by_rows = g.m >= g.n;
+	double flops = 2.0 * g.m * g.n * g.k;
+	int64_t items = g.by_rows ? g.m : g.n;
+	cpu_parallel(x->pool, items, flops < GEMM_SERIAL ? items : 64, gemm_piece, &g);
 }
 
 static int run_matmul(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
-	sgemm(cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), in->ia[0] != 0, cpu_f(k, in->in[1]),
-	      cpu_rows(t1), cpu_cols(t1), in->ia[1] != 0, cpu_f(k, in->out), in->ia[2] ? 1.0f : 0.0f);
-	return 0;
-}
-
-/* out = in0 [rows, k] @ in1 [k, n] + in2 [n] (in2 -1: no bias) */
-static int check_linear(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(x, 0, DP_F32);
-	CPU_OPND(w, 1, DP_F32);
-	int64_t k = cpu_cols(x), n = cpu_cols(w);
-	CPU_NEED(cpu_rows(w) == k, "x and w inner dimensions differ");
-	CPU_NEED(cpu_numel(o) == cpu_rows(x) * n && cpu_cols(o) == n, "output shape does not match");
-	if (in->in[2] >= 0) {
-		CPU_OPND(b, 2, DP_F32);
-		CPU_NEED(cpu_numel(b) == n, "bias size does not match");
-		CPU_NEED(cpu_disjoint(o, b), "output overlaps the bias");
-	}
-	CPU_NEED(cpu_disjoint(o, x) && cpu_disjoint(o, w), "output overlaps an input");
+	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), in->ia[0] != 0, cpu_f(k, in->in[1]),
+	      cpu_rows(t1), cpu_cols(t1), in->ia[1] != 0, cpu_f(k, in->out), in->ia[2] ? 1.0f : 0.0f,
+	      NULL);
 	return 0;
 }
 
@@ -94,48 +110,50 @@ static int run_linear(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
-	float *o = cpu_f(k, in->out);
-	int64_t rows = cpu_rows(t0), cols = cpu_cols(cpu_t(k, in->out));
-	float beta = 0;
-	if (in->in[2] >= 0) {
-		const float *bias = cpu_f(k, in->in[2]);
-		for (int64_t r = 0; r < rows; r++)
-			memcpy(o + r * cols, bias, (size_t)cols * sizeof(float));
-		beta = 1;
-	}
-	sgemm(cpu_f(k, in->in[0]), rows, cpu_cols(t0), 0, cpu_f(k, in->in[1]), cpu_rows(t1),
-	      cpu_cols(t1), 0, o, beta);
+	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), 0, cpu_f(k, in->in[1]),
+	      cpu_rows(t1), cpu_cols(t1), 0, cpu_f(k, in->out), 0.0f,
+	      in->in[2] >= 0 ? cpu_f(k, in->in[2]) : NULL);
 	return 0;
 }
 
-/* out[c] = sum_r in0[r, c] (+ out if ia2), in double */
-static int check_bias_grad(const DpStep *s, const DpInstr *in, RtErr *e)
+/* Column sums, split by columns: every column is summed over the rows in
+ * order (in double, vectorised across columns), whatever the split. */
+typedef struct {
+	const CpuVec *vec;
+	const float *a;
+	float *o;
+	double *sum;
+	int64_t rows, c;
+	int acc;
+} ColSum;
+
+static void col_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_NEED(cpu_numel(a) % cpu_numel(o) == 0, "operand sizes do not match");
-	CPU_NEED(cpu_disjoint(o, a), "output overlaps the input");
-	return 0;
+	const ColSum *j = ctx;
+	double *sum = j->sum + lo;
+	for (int64_t i = 0; i < hi - lo; i++)
+		sum[i] = j->acc ? j->o[lo + i] : 0;
+	for (int64_t r = 0; r < j->rows; r++)
+		j->vec->col_sum(sum, j->a + r * j->c + lo, hi - lo);
+	for (int64_t i = 0; i < hi - lo; i++)
+		j->o[lo + i] = (float)sum[i];
 }
 
 static int run_bias_grad(const CpuArgs *k, RtErr *e)
 {
-	float *o = cpu_f(k, k->in->out);
-	const float *a = cpu_f(k, k->in->in[0]);
 	int64_t c = cpu_numel(cpu_t(k, k->in->out)), rows = cpu_numel(cpu_t(k, k->in->in[0])) / c;
-	for (int64_t j = 0; j < c; j++) {
-		double sum = k->in->ia[2] ? o[j] : 0;
-		for (int64_t r = 0; r < rows; r++)
-			sum += a[r * c + j];
-		o[j] = (float)sum;
-	}
+	ColSum j = {k->vec, cpu_f(k, k->in->in[0]), cpu_f(k, k->in->out), malloc((size_t)c * sizeof(double)),
+		    rows, c, k->in->ia[2] != 0};
+	if (!j.sum)
+		return RT_FAIL(e, "out of memory (bias gradient of %lld channels)", (long long)c);
+	cpu_parallel(k->pool, c, rows * c < 2 * CPU_GRAIN ? c : 16, col_piece, &j);
+	free(j.sum);
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_gemm_kernels[DPK_COUNT] = {
-	[DPK_MATMUL] = {check_matmul, limit_matmul, run_matmul, 0},
-	[DPK_LINEAR] = {check_linear, limit_linear, run_linear, 0},
-	[DPK_BIAS_GRAD] = {check_bias_grad, NULL, run_bias_grad, 0},
+	[DPK_MATMUL] = {limit_matmul, run_matmul, 0},
+	[DPK_LINEAR] = {limit_linear, run_linear, 0},
+	[DPK_BIAS_GRAD] = {NULL, run_bias_grad, 0},
 };

@@ -2,7 +2,9 @@
  * cpu/layout.c - CPU kernels that set or move memory without arithmetic:
  * nop, fill, copy, reshape, tp_copy, transpose, split and its gradient,
  * interleave, and the embedding gather with its scatter-add gradient.
- * Copies are byte copies (bf16 operands are fine where the row says so).
+ * Copies are byte copies (bf16 operands are fine where the row says so);
+ * a copy onto itself (a view the memory planner made) is free. Fill and
+ * the embeddings use the rank's threads.
  */
 #include <string.h>
 
@@ -15,65 +17,46 @@ static int run_nop(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-static int check_fill(const DpStep *s, const DpInstr *in, RtErr *e)
+typedef struct {
+	void *o;
+	float v;
+	int i32;
+} Fill;
+
+static void fill_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0, "missing output");
-	return 0;
+	const Fill *f = ctx;
+	if (f->i32) {
+		for (int64_t i = lo; i < hi; i++)
+			((int32_t *)f->o)[i] = (int32_t)f->v;
+	} else if (f->v == 0) {
+		memset((float *)f->o + lo, 0, (size_t)(hi - lo) * sizeof(float));
+	} else {
+		for (int64_t i = lo; i < hi; i++)
+			((float *)f->o)[i] = f->v;
+	}
 }
 
 static int run_fill(const CpuArgs *a, RtErr *e)
 {
 	const DpInstr *in = a->in;
-	int64_t n = cpu_numel(cpu_t(a, in->out));
-	float *o = cpu_f(a, in->out);
-	if (cpu_t(a, in->out)->dtype == DP_I32) {
-		int32_t *oi = a->ptr[in->out];
-		for (int64_t i = 0; i < n; i++)
-			oi[i] = (int32_t)in->fa[0];
-	} else if (in->fa[0] == 0) {
-		memset(o, 0, (size_t)n * sizeof(float));
-	} else {
-		for (int64_t i = 0; i < n; i++)
-			o[i] = in->fa[0];
-	}
+	Fill f = {a->ptr[in->out], in->fa[0], cpu_t(a, in->out)->dtype == DP_I32};
+	cpu_parallel(a->pool, cpu_numel(cpu_t(a, in->out)), 4 * CPU_GRAIN, fill_piece, &f);
 	return 0;
 }
 
-/* copy, reshape, tp_copy: out = in0, same dtype and element count */
-static int check_copy(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == a->dtype && cpu_numel(o) == cpu_numel(a),
-		 "operands differ in dtype or size");
-	return 0;
-}
-
+/* Nothing to do when the memory planner gave out and in0 one address (a
+ * reshape or tp_copy whose input dies there can be a view). */
 static int run_copy(const CpuArgs *a, RtErr *e)
 {
 	const DpTensor *to = cpu_t(a, a->in->out);
-	memmove(a->ptr[a->in->out], a->ptr[a->in->in[0]],
-		(size_t)cpu_numel(to) * (to->dtype == DP_BF16 ? 2 : 4));
+	if (a->ptr[a->in->out] != a->ptr[a->in->in[0]])
+		memmove(a->ptr[a->in->out], a->ptr[a->in->in[0]],
+			(size_t)cpu_numel(to) * (to->dtype == DP_BF16 ? 2 : 4));
 	return 0;
 }
 
 /* ---- transpose ---- */
-
-static int check_transpose(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *x = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == x->dtype && o->dtype != DP_BF16, "operands differ in dtype (or bf16)");
-	CPU_NEED(x->ndim >= 2 && o->ndim >= 2 && cpu_numel(o) == cpu_numel(x) &&
-		 o->dims[o->ndim - 1] == x->dims[x->ndim - 2] &&
-		 o->dims[o->ndim - 2] == x->dims[x->ndim - 1],
-		 "output is not x with its last two dims swapped");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
 
 /* [.., r, c] -> [.., c, r] for 4-byte elements, in tiles for the cache. */
 static void transpose(const uint32_t *x, int64_t batch, int64_t r, int64_t c, uint32_t *o)
@@ -99,19 +82,6 @@ static int run_transpose(const CpuArgs *a, RtErr *e)
 }
 
 /* ---- split and its gradient ---- */
-
-static int check_split(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	const DpTensor *whole = in->op == DPK_SPLIT ? a : o, *part = in->op == DPK_SPLIT ? o : a;
-	CPU_NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < in->ia[0], "bad part index");
-	CPU_NEED(cpu_cols(part) * in->ia[0] == cpu_cols(whole) && cpu_rows(part) == cpu_rows(whole),
-		 "operand shapes do not match the split");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
 
 static int run_split(const CpuArgs *a, RtErr *e)
 {
@@ -140,19 +110,6 @@ static int run_split_grad(const CpuArgs *a, RtErr *e)
 
 /* ---- interleave ---- */
 
-static int check_interleave(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_NEED(in->out >= 0 && in->in[0] >= 0, "missing operand");
-	const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
-	CPU_NEED(o->dtype == a->dtype && o->dtype != DP_BF16 && cpu_numel(o) == cpu_numel(a),
-		 "operands differ in dtype or size (or bf16)");
-	CPU_NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < o->ndim &&
-		 o->dims[in->ia[1]] % in->ia[0] == 0, "the split dim does not divide into the parts");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
 /* in0 [parts][outer][s][inner] -> out [outer][parts*s][inner] (4-byte elements). */
 static int run_interleave(const CpuArgs *a, RtErr *e)
 {
@@ -174,38 +131,36 @@ static int run_interleave(const CpuArgs *a, RtErr *e)
 
 /* ---- embedding ---- */
 
-static int check_embedding(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(ids, 0, DP_I32);
-	CPU_OPND(tab, 1, DP_F32);
-	CPU_NEED(tab->ndim == 2, "the table must be [vocab, dim]");
-	CPU_NEED(cpu_cols(o) == tab->dims[1] && cpu_numel(o) == cpu_numel(ids) * tab->dims[1],
-		 "output shape does not match ids and table");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-static int check_embedding_grad(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(dy, 0, DP_F32);
-	CPU_OPND(ids, 1, DP_I32);
-	if (in->in[2] >= 0) {
-		CPU_OPND(tab, 2, DP_F32);
-		CPU_NEED(cpu_numel(tab) == cpu_numel(o), "output and table differ in size");
-	}
-	CPU_NEED(o->ndim == 2, "the output must be [vocab, dim]");
-	CPU_NEED(cpu_cols(dy) == cpu_cols(o) && cpu_numel(dy) == cpu_numel(ids) * cpu_cols(o),
-		 "dy shape does not match ids and table");
-	CPU_NEED(cpu_disjoint(o, dy) && cpu_disjoint(o, ids), "output overlaps an input");
-	return 0;
-}
-
 /* The gather (grad = 0) or the scatter-add into the table [V, d] (grad =
- * 1). An id outside [0, V) is a run-time error (the ids come from data). */
+ * 1). An id outside [0, V) is a run-time error (the ids come from data),
+ * checked before any thread starts. The gather goes to the threads by
+ * rows; the scatter-add by columns, so that two rows with one id never
+ * race and every table entry adds its rows in order. */
+typedef struct {
+	const int32_t *ids;
+	const float *src;
+	float *o;
+	int64_t rows, d;
+} Emb;
+
+static void gather_rows(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Emb *j = ctx;
+	for (int64_t r = lo; r < hi; r++)
+		memcpy(j->o + r * j->d, j->src + (int64_t)j->ids[r] * j->d, (size_t)j->d * sizeof(float));
+}
+
+static void scatter_cols(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Emb *j = ctx;
+	for (int64_t r = 0; r < j->rows; r++) {
+		float *row = j->o + (int64_t)j->ids[r] * j->d;
+		const float *g = j->src + r * j->d;
+		for (int64_t c = lo; c < hi; c++)
+			row[c] += g[c];
+	}
+}
+
 static int embedding(const CpuArgs *a, int grad, RtErr *e)
 {
 	const DpStep *s = a->s;
@@ -213,44 +168,38 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 	int ids_k = grad ? 1 : 0;
 	const DpTensor *tt = &s->tensors[grad ? in->out : in->in[1]];
 	const DpTensor *ti = &s->tensors[in->in[ids_k]];
-	const int32_t *ids = a->ptr[in->in[ids_k]];
-	int64_t v = tt->dims[0], d = tt->dims[1], rows = cpu_numel(ti);
-	float *o = a->ptr[in->out];
-	if (grad && !in->ia[2])
-		memset(o, 0, (size_t)(v * d) * sizeof(float));
-	const float *src = a->ptr[in->in[grad ? 0 : 1]];
-	for (int64_t r = 0; r < rows; r++) {
-		int32_t id = ids[r];
-		if (id < 0 || id >= v)
+	Emb j = {a->ptr[in->in[ids_k]], a->ptr[in->in[grad ? 0 : 1]], a->ptr[in->out], cpu_numel(ti),
+		 tt->dims[1]};
+	int64_t v = tt->dims[0];
+	for (int64_t r = 0; r < j.rows; r++)
+		if (j.ids[r] < 0 || j.ids[r] >= v)
 			return RT_FAIL(e, "token id %d at position %lld of %s is outside the vocabulary "
-				       "[0, %lld) of %s", id, (long long)r, cpu_tname(s, in->in[ids_k]),
+				       "[0, %lld) of %s", j.ids[r], (long long)r, cpu_tname(s, in->in[ids_k]),
 				       (long long)v, cpu_tname(s, grad ? in->out : in->in[1]));
-		if (!grad) {
-			memcpy(o + r * d, src + (int64_t)id * d, (size_t)d * sizeof(float));
-		} else {
-			float *row = o + (int64_t)id * d;
-			const float *g = src + r * d;
-			for (int64_t j = 0; j < d; j++)
-				row[j] += g[j];
-		}
+	if (!grad) {
+		cpu_parallel(a->pool, j.rows, cpu_grain_rows(j.d), gather_rows, &j);
+		return 0;
 	}
+	if (!in->ia[2])
+		memset(j.o, 0, (size_t)(v * j.d) * sizeof(float));
+	cpu_parallel(a->pool, j.d, j.rows * j.d < 2 * CPU_GRAIN ? j.d : 16, scatter_cols, &j);
 	return 0;
 }
 
 static int run_embedding(const CpuArgs *a, RtErr *e) { return embedding(a, 0, e); }
 static int run_embedding_grad(const CpuArgs *a, RtErr *e) { return embedding(a, 1, e); }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_layout_kernels[DPK_COUNT] = {
-	[DPK_NOP] = {NULL, NULL, run_nop, 0},
-	[DPK_FILL] = {check_fill, NULL, run_fill, 0},
-	[DPK_COPY] = {check_copy, NULL, run_copy, 1},
-	[DPK_RESHAPE] = {check_copy, NULL, run_copy, 1},
-	[DPK_TP_COPY] = {check_copy, NULL, run_copy, 1},
-	[DPK_TRANSPOSE] = {check_transpose, NULL, run_transpose, 0},
-	[DPK_SPLIT] = {check_split, NULL, run_split, 0},
-	[DPK_SPLIT_GRAD] = {check_split, NULL, run_split_grad, 0},
-	[DPK_INTERLEAVE] = {check_interleave, NULL, run_interleave, 0},
-	[DPK_EMBEDDING] = {check_embedding, NULL, run_embedding, 0},
-	[DPK_EMBEDDING_GRAD] = {check_embedding_grad, NULL, run_embedding_grad, 0},
+	[DPK_NOP] = {NULL, run_nop, 0},
+	[DPK_FILL] = {NULL, run_fill, 0},
+	[DPK_COPY] = {NULL, run_copy, 1},
+	[DPK_RESHAPE] = {NULL, run_copy, 1},
+	[DPK_TP_COPY] = {NULL, run_copy, 1},
+	[DPK_TRANSPOSE] = {NULL, run_transpose, 0},
+	[DPK_SPLIT] = {NULL, run_split, 0},
+	[DPK_SPLIT_GRAD] = {NULL, run_split_grad, 0},
+	[DPK_INTERLEAVE] = {NULL, run_interleave, 0},
+	[DPK_EMBEDDING] = {NULL, run_embedding, 0},
+	[DPK_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
 };

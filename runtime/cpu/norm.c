@@ -1,95 +1,15 @@
 /*
  * cpu/norm.c - the CPU kernels of layernorm and rmsnorm over the last dim:
  * forward, dx, and the gamma gradient (column sums). Row statistics,
- * the gradients' dot products and the column sums accumulate in double.
+ * the gradients' dot products and the column sums accumulate in double
+ * (vec.c's norm_* loops). Each kernel makes one pass over memory: a row
+ * is read once from memory and its sweeps (mean, centred squares, the
+ * output) run while it sits in L1. Rows go to the rank's threads.
  */
-#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
-
-/* in {x, gamma [C], beta [C]} (rmsnorm: no beta); fa0 = eps */
-static int check_norm(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(x, 0, DP_F32);
-	CPU_OPND(g, 1, DP_F32);
-	CPU_NEED(cpu_numel(o) == cpu_numel(x) && cpu_cols(o) == cpu_cols(x),
-		 "output and x differ in shape");
-	CPU_NEED(cpu_numel(g) == cpu_cols(x), "gamma size does not match x's last dim");
-	if (in->op == DPK_LAYERNORM) {
-		CPU_OPND(b, 2, DP_F32);
-		CPU_NEED(cpu_numel(b) == cpu_cols(x), "beta size does not match x's last dim");
-	}
-	CPU_NEED(in->fa[0] >= 0, "negative eps");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-/* in {dy, x, gamma}; out = dx */
-static int check_norm_grad(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(dy, 0, DP_F32);
-	CPU_OPND(x, 1, DP_F32);
-	CPU_OPND(g, 2, DP_F32);
-	CPU_NEED(cpu_numel(o) == cpu_numel(x) && cpu_numel(dy) == cpu_numel(x) &&
-		 cpu_cols(o) == cpu_cols(x) && cpu_cols(dy) == cpu_cols(x),
-		 "dy, x and output differ in shape");
-	CPU_NEED(cpu_numel(g) == cpu_cols(x), "gamma size does not match x's last dim");
-	CPU_NEED(in->fa[0] >= 0, "negative eps");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-/* in {dy, x}; out [C] */
-static int check_norm_grad_g(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(dy, 0, DP_F32);
-	CPU_OPND(x, 1, DP_F32);
-	CPU_NEED(cpu_numel(dy) == cpu_numel(x) && cpu_cols(dy) == cpu_cols(x),
-		 "dy and x differ in shape");
-	CPU_NEED(cpu_numel(o) == cpu_cols(x), "output size does not match x's last dim");
-	CPU_NEED(in->fa[0] >= 0, "negative eps");
-	CPU_NEED(cpu_out_disjoint(&c), "output overlaps an input");
-	return 0;
-}
-
-/* Mean and 1/sqrt(var + eps) of one row, in double (two passes: no cancellation). */
-static void row_stats(const float *x, int64_t c, double eps, double *mean, double *rstd)
-{
-	double m = 0, v = 0;
-	for (int64_t j = 0; j < c; j++)
-		m += x[j];
-	m /= (double)c;
-	for (int64_t j = 0; j < c; j++)
-		v += ((double)x[j] - m) * ((double)x[j] - m);
-	*mean = m;
-	*rstd = 1.0 / sqrt(v / (double)c + eps);
-}
-
-/* 1/sqrt(mean(x^2) + eps) of one row. */
-static double row_rrms(const float *x, int64_t c, double eps)
-{
-	double q = 0;
-	for (int64_t j = 0; j < c; j++)
-		q += (double)x[j] * x[j];
-	return 1.0 / sqrt(q / (double)c + eps);
-}
-
-/* The statistics of row xr: mean 0 and 1/rms for rmsnorm. */
-static void stats(int rms, const float *xr, int64_t c, double eps, double *mean, double *rstd)
-{
-	*mean = 0;
-	if (rms)
-		*rstd = row_rrms(xr, c, eps);
-	else
-		row_stats(xr, c, eps, mean, rstd);
-}
 
 /* The operands every norm kernel reads: in0, in1, in2, out, [rows, cols] of in0. */
 typedef struct {
@@ -97,110 +17,107 @@ typedef struct {
 	float *o;
 	int64_t rows, cols;
 	double eps;
+	int rms;
+	const CpuVec *vec;
+	double *stats; /* grad_g: [rows][2] mean, rstd */
+	int acc;       /* grad_g: add to out */
 } Nv;
 
-static Nv nv(const CpuArgs *k)
+static Nv nv(const CpuArgs *k, int rms)
 {
 	const DpTensor *t0 = cpu_t(k, k->in->in[0]);
 	int64_t cols = cpu_cols(t0);
 	return (Nv){cpu_f(k, k->in->in[0]), cpu_f(k, k->in->in[1]), cpu_f(k, k->in->in[2]),
-		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols, k->in->fa[0]};
+		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols, k->in->fa[0], rms,
+		    k->vec, NULL, k->in->ia[2] != 0};
 }
 
-/* forward (rms: no mean, no beta) */
-static void norm_fwd(int rms, const Nv *v)
+/* forward, rows lo..hi (rms: no mean, no beta) */
+static void fwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	const float *g = v->b, *b = v->c;
+	const Nv *v = ctx;
 	int64_t c = v->cols;
-	for (int64_t r = 0; r < v->rows; r++) {
-		const float *xr = v->a + r * c;
-		float *orow = v->o + r * c;
+	for (int64_t r = lo; r < hi; r++) {
 		double mean, rstd;
-		stats(rms, xr, c, v->eps, &mean, &rstd);
-		for (int64_t j = 0; j < c; j++) {
-			float xh = (float)(((double)xr[j] - mean) * rstd);
-			orow[j] = rms ? xh * g[j] : xh * g[j] + b[j];
-		}
+		v->vec->norm_stats(v->a + r * c, c, v->rms, v->eps, &mean, &rstd);
+		v->vec->norm_fwd(v->o + r * c, v->a + r * c, v->b, v->rms ? NULL : v->c, c, mean, rstd);
 	}
 }
 
-/*
- * dx, per row with xhat = (x - mean) * rstd and gd = dy * g:
- *   layernorm: dx = rstd * (gd - mean(gd) - xhat * mean(gd * xhat))
- *   rmsnorm:   dx = rrms * (gd - xhat * mean(gd * xhat)),  xhat = x * rrms
- */
-static void norm_bwd(int rms, const Nv *v)
+/* dx, rows lo..hi: in {dy, x, gamma} (the formulas: vec.c's norm_bwd) */
+static void bwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	const float *dy = v->a, *x = v->b, *g = v->c;
+	const Nv *v = ctx;
 	int64_t c = v->cols;
-	for (int64_t r = 0; r < v->rows; r++) {
-		const float *xr = x + r * c, *dr = dy + r * c;
-		float *orow = v->o + r * c;
-		double mean, rstd, sg = 0, sgx = 0;
-		stats(rms, xr, c, v->eps, &mean, &rstd);
-		for (int64_t j = 0; j < c; j++) {
-			double gd = (double)dr[j] * g[j];
-			sg += gd;
-			sgx += gd * ((double)xr[j] - mean) * rstd;
-		}
-		sg = rms ? 0 : sg / (double)c;
-		sgx /= (double)c;
-		for (int64_t j = 0; j < c; j++) {
-			double xh = ((double)xr[j] - mean) * rstd;
-			orow[j] = (float)(rstd * ((double)dr[j] * g[j] - sg - xh * sgx));
-		}
-	}
-}
-
-/* d gamma: column sums of dy * xhat, in double; + out when ia2. */
-static int norm_grad_g(int rms, const Nv *v, int acc, RtErr *e)
-{
-	const float *dy = v->a, *x = v->b;
-	int64_t c = v->cols;
-	double *sum = calloc((size_t)c, sizeof(double));
-	if (!sum)
-		return RT_FAIL(e, "out of memory (norm gradient of %lld channels)", (long long)c);
-	for (int64_t r = 0; r < v->rows; r++) {
-		const float *xr = x + r * c, *dr = dy + r * c;
+	for (int64_t r = lo; r < hi; r++) {
+		const float *xr = v->b + r * c;
 		double mean, rstd;
-		stats(rms, xr, c, v->eps, &mean, &rstd);
-		for (int64_t j = 0; j < c; j++)
-			sum[j] += (double)dr[j] * (((double)xr[j] - mean) * rstd);
+		v->vec->norm_stats(xr, c, v->rms, v->eps, &mean, &rstd);
+		v->vec->norm_bwd(v->o + r * c, v->a + r * c, xr, v->c, c, v->rms, mean, rstd);
 	}
-	for (int64_t j = 0; j < c; j++)
-		v->o[j] = (float)(acc ? v->o[j] + sum[j] : sum[j]);
-	free(sum);
-	return 0;
+}
+
+/* d gamma in two parallel loops: the statistics of every row (by rows),
+ * then the column sums of dy * xhat in double (by columns: each column is
+ * summed over the rows in order, whatever the split). */
+static void stats_rows(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Nv *v = ctx;
+	for (int64_t r = lo; r < hi; r++)
+		v->vec->norm_stats(v->b + r * v->cols, v->cols, v->rms, v->eps, &v->stats[2 * r],
+				   &v->stats[2 * r + 1]);
+}
+
+static void gamma_cols(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Nv *v = ctx;
+	int64_t c = v->cols, w = hi - lo;
+	double sum[256];
+	for (int64_t j0 = lo; j0 < hi; j0 += 256) {
+		w = hi - j0 < 256 ? hi - j0 : 256;
+		memset(sum, 0, sizeof sum);
+		for (int64_t r = 0; r < v->rows; r++)
+			v->vec->norm_gamma(sum, v->a + r * c + j0, v->b + r * c + j0, w, v->stats[2 * r],
+					   v->stats[2 * r + 1]);
+		for (int64_t j = 0; j < w; j++)
+			v->o[j0 + j] = (float)(v->acc ? v->o[j0 + j] + sum[j] : sum[j]);
+	}
 }
 
 /* Each pair of kernels shares its code: rmsnorm is layernorm without the
  * mean and beta. */
 static int run_fwd(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k);
-	norm_fwd(k->in->op == DPK_RMSNORM, &v);
+	Nv v = nv(k, k->in->op == DPK_RMSNORM);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), fwd_rows, &v);
 	return 0;
 }
 
 static int run_bwd(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k);
-	norm_bwd(k->in->op == DPK_RMSNORM_GRAD, &v);
+	Nv v = nv(k, k->in->op == DPK_RMSNORM_GRAD);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), bwd_rows, &v);
 	return 0;
 }
 
 static int run_grad_g(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k);
-	return norm_grad_g(k->in->op == DPK_RMSNORM_GRAD_G, &v, k->in->ia[2] != 0, e);
+	Nv v = nv(k, k->in->op == DPK_RMSNORM_GRAD_G);
+	v.stats = malloc((size_t)(2 * v.rows + 1) * sizeof(double));
+	if (!v.stats)
+		return RT_FAIL(e, "out of memory (norm gradient of %lld rows)", (long long)v.rows);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), stats_rows, &v);
+	cpu_parallel(k->pool, v.cols, v.rows * v.cols < 2 * CPU_GRAIN ? v.cols : 16, gamma_cols, &v);
+	free(v.stats);
+	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_norm_kernels[DPK_COUNT] = {
-	[DPK_LAYERNORM] = {check_norm, NULL, run_fwd, 0},
-	[DPK_LAYERNORM_GRAD] = {check_norm_grad, NULL, run_bwd, 0},
-	[DPK_LAYERNORM_GRAD_G] = {check_norm_grad_g, NULL, run_grad_g, 0},
-	[DPK_RMSNORM] = {check_norm, NULL, run_fwd, 0},
-	[DPK_RMSNORM_GRAD] = {check_norm_grad, NULL, run_bwd, 0},
-	[DPK_RMSNORM_GRAD_G] = {check_norm_grad_g, NULL, run_grad_g, 0},
+	[DPK_LAYERNORM] = {NULL, run_fwd, 0},
+	[DPK_LAYERNORM_GRAD] = {NULL, run_bwd, 0},
+	[DPK_LAYERNORM_GRAD_G] = {NULL, run_grad_g, 0},
+	[DPK_RMSNORM] = {NULL, run_fwd, 0},
+	[DPK_RMSNORM_GRAD] = {NULL, run_bwd, 0},
+	[DPK_RMSNORM_GRAD_G] = {NULL, run_grad_g, 0},
 };

@@ -6,29 +6,45 @@
  * operation; lr and t come from the step (CpuStep).
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu.h"
 
-static int check_reduce(const DpStep *s, const DpInstr *in, RtErr *e)
+/* out[0] = w * sum in0^2 (+ out[0] if ia2); w = fa0, 0 meaning 1. The sum
+ * is in double over blocks of SQ_BLOCK elements added in block order: the
+ * same at any thread count. */
+#define SQ_BLOCK 65536
+
+typedef struct {
+	const CpuVec *vec;
+	const float *a;
+	int64_t n;
+	double *part;
+} SqJob;
+
+static void sq_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	(void)o;
-	(void)a;
-	return 0;
+	const SqJob *j = ctx;
+	for (int64_t b = lo; b < hi; b++) {
+		int64_t i0 = b * SQ_BLOCK, len = j->n - i0 < SQ_BLOCK ? j->n - i0 : SQ_BLOCK;
+		j->part[b] = j->vec->sqsum(j->a + i0, len);
+	}
 }
 
-/* out[0] = w * sum in0^2 (+ out[0] if ia2); w = fa0, 0 meaning 1 */
 static int run_sqnorm(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	float *o = cpu_f(k, in->out);
-	const float *a = cpu_f(k, in->in[0]);
-	int64_t m = cpu_numel(cpu_t(k, in->in[0]));
+	SqJob j = {k->vec, cpu_f(k, in->in[0]), cpu_numel(cpu_t(k, in->in[0])), NULL};
+	int64_t blocks = (j.n + SQ_BLOCK - 1) / SQ_BLOCK;
+	j.part = malloc((size_t)(blocks + 1) * sizeof(double));
+	if (!j.part)
+		return RT_FAIL(e, "out of memory (norm of %lld elements)", (long long)j.n);
+	cpu_parallel(k->pool, blocks, 1, sq_blocks, &j);
 	double sum = 0, w = in->fa[0] != 0 ? in->fa[0] : 1.0; /* tp weight, 0 = 1 */
-	for (int64_t i = 0; i < m; i++)
-		sum += (double)a[i] * a[i];
+	for (int64_t b = 0; b < blocks; b++)
+		sum += j.part[b];
+	free(j.part);
 	o[0] = (float)((in->ia[2] ? o[0] : 0) + w * sum);
 	return 0;
 }
@@ -39,15 +55,6 @@ static int run_sqrt(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-static int check_clip(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(o, -1, DP_F32);
-	CPU_OPND(a, 0, DP_F32);
-	CPU_NEED(cpu_disjoint(o, a), "the norm lies inside the clipped buffer");
-	return 0;
-}
-
 /* torch.nn.utils.clip_grad_norm_: scale only when the coefficient is < 1 */
 static int run_clip(const CpuArgs *k, RtErr *e)
 {
@@ -55,24 +62,7 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	int64_t n = cpu_numel(cpu_t(k, k->in->out));
 	float coef = k->in->fa[0] / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
 	if (coef < 1.0f)
-		for (int64_t i = 0; i < n; i++)
-			o[i] *= coef;
-	return 0;
-}
-
-/* in0 = grads, out = params, in1 = momentum buffer (-1: none) */
-static int check_sgd(const DpStep *s, const DpInstr *in, RtErr *e)
-{
-	CpuChk c = {s, in, e};
-	CPU_OPND(p, -1, DP_F32);
-	CPU_OPND(g, 0, DP_F32);
-	CPU_NEED(cpu_numel(p) == cpu_numel(g), "params and grads differ in size");
-	if (in->in[1] >= 0) {
-		CPU_OPND(m, 1, DP_F32);
-		CPU_NEED(cpu_numel(m) == cpu_numel(p), "momentum buffer differs in size");
-	} else {
-		CPU_NEED(in->fa[0] == 0, "momentum without a momentum buffer");
-	}
+		cpu_map(k, DPK_SCALE, o, o, NULL, coef, n);
 	return 0;
 }
 
@@ -99,51 +89,47 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* in0 = grads, out = params, in1 = m, in2 = v */
-static int check_adamw(const DpStep *s, const DpInstr *in, RtErr *e)
+/* torch.optim.AdamW (1.13, single tensor): scalars in double as Python
+ * computes them, tensor arithmetic in float in the same order (vec.c's
+ * adamw), over pieces of the flat buffer on the rank's threads */
+typedef struct {
+	const CpuVec *vec;
+	float *p, *m, *v;
+	const float *g;
+	CpuAdam c;
+} AdamJob;
+
+static void adam_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 {
-	CpuChk c = {s, in, e};
-	CPU_OPND(p, -1, DP_F32);
-	CPU_OPND(g, 0, DP_F32);
-	CPU_OPND(m, 1, DP_F32);
-	CPU_OPND(v, 2, DP_F32);
-	CPU_NEED(cpu_numel(p) == cpu_numel(g) && cpu_numel(m) == cpu_numel(p) &&
-		 cpu_numel(v) == cpu_numel(p), "params, grads and state differ in size");
-	return 0;
+	const AdamJob *j = ctx;
+	j->vec->adamw(j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo, &j->c);
 }
 
-/* torch.optim.AdamW (1.13, single tensor): scalars in double as Python
- * computes them, tensor arithmetic in float in the same order */
 static int run_adamw(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpOptim *op = k->step->opt;
-	float *o = cpu_f(k, in->out);
-	const float *a = cpu_f(k, in->in[0]);
-	int64_t n = cpu_numel(cpu_t(k, in->out));
 	double lr = k->step->lr, b1 = op->beta1, b2 = op->beta2;
-	float decay = (float)(1.0 - lr * op->weight_decay);
-	float one_b1 = (float)(1.0 - b1), one_b2 = (float)(1.0 - b2);
 	double bc1 = 1.0 - pow(b1, (double)k->step->t), bc2 = 1.0 - pow(b2, (double)k->step->t);
-	float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-	float beta1 = op->beta1, beta2 = op->beta2, eps = op->eps;
-	float *m = cpu_f(k, in->in[1]), *v = cpu_f(k, in->in[2]);
-	for (int64_t i = 0; i < n; i++) {
-		float g = a[i];
-		o[i] *= decay;
-		m[i] = m[i] * beta1 + one_b1 * g;
-		v[i] = v[i] * beta2 + one_b2 * (g * g);
-		float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-		o[i] += (-step_size * m[i]) / denom;
-	}
+	AdamJob j = {.vec = k->vec, .p = cpu_f(k, in->out), .m = cpu_f(k, in->in[1]),
+		     .v = cpu_f(k, in->in[2]), .g = cpu_f(k, in->in[0])};
+	j.c = (CpuAdam){.decay = (float)(1.0 - lr * op->weight_decay),
+			.beta1 = op->beta1,
+			.beta2 = op->beta2,
+			.one_b1 = (float)(1.0 - b1),
+			.one_b2 = (float)(1.0 - b2),
+			.bc2_sqrt = (float)sqrt(bc2),
+			.step_size = (float)(lr / bc1),
+			.eps = op->eps};
+	cpu_parallel(k->pool, cpu_numel(cpu_t(k, in->out)), CPU_GRAIN, adam_piece, &j);
 	return 0;
 }
 
-/* ORDER KERNEL (designated): operands, limits, run, bf16 */
+/* ORDER KERNEL (designated): limits, run, bf16 */
 const CpuKernel cpu_optim_kernels[DPK_COUNT] = {
-	[DPK_SQNORM] = {check_reduce, NULL, run_sqnorm, 0},
-	[DPK_SQRT] = {check_reduce, NULL, run_sqrt, 0},
-	[DPK_CLIP] = {check_clip, NULL, run_clip, 0},
-	[DPK_SGD] = {check_sgd, NULL, run_sgd, 0},
-	[DPK_ADAMW] = {check_adamw, NULL, run_adamw, 0},
+	[DPK_SQNORM] = {NULL, run_sqnorm, 0},
+	[DPK_SQRT] = {NULL, run_sqrt, 0},
+	[DPK_CLIP] = {NULL, run_clip, 0},
+	[DPK_SGD] = {NULL, run_sgd, 0},
+	[DPK_ADAMW] = {NULL, run_adamw, 0},
 };

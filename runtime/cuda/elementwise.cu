@@ -2,13 +2,13 @@
  * elementwise.cu - CUDA kernels that compute each output element from the
  * same element of their inputs (the CPU's runtime/cpu/elementwise.c): accum,
  * scale, add, mul, the activations (relu, gelu in its tanh form, tanh,
- * silu) with their gradients, and the row broadcast bias_add.
+ * silu, sigmoid) with their gradients, and the row broadcast bias_add.
  *
  * One functor per op, one kernel template: float arithmetic in the CPU's
  * order, operation for operation. Compiled with -fmad=false (mk/cuda.mk),
  * so nothing is contracted into an FMA the CPU does not do: accum, scale,
- * add, mul, relu, tanh_grad and bias_add are bitwise equal to the CPU. gelu,
- * gelu_grad, tanh, silu and silu_grad call the device's tanhf / expf, which
+ * add, mul, relu, tanh_grad, sigmoid_grad and bias_add are bitwise equal to the CPU. gelu,
+ * gelu_grad, tanh, silu, silu_grad and sigmoid call the device's tanhf / expf, which
  * differ from glibc's by at most 2 ulp (CUDA's documented bounds; glibc's
  * are within 1), so those agree to a few ulp per element. No reductions.
  *
@@ -64,6 +64,8 @@ ELEMENTWISE(Tanh, 0, tanhf(a))
 ELEMENTWISE(TanhGrad, 0, a * (1.0f - b * b))
 ELEMENTWISE(Silu, 0, a / (1.0f + expf(-a)))
 ELEMENTWISE(SiluGrad, 0, silu_grad(a, b))
+ELEMENTWISE(Sigmoid, 0, 1.0f / (1.0f + expf(-a)))
+ELEMENTWISE(SigmoidGrad, 0, a * b * (1.0f - b)) /* dy * y * (1 - y), y the output */
 
 template <class F>
 __global__ void k_map(float *o, const float *a, const float *b, int64_t n, float fa0)
@@ -153,5 +155,7 @@ extern "C" void cu_elementwise_rows(CuKernel *k)
 	k[DPK_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0};
 	k[DPK_SILU] = {run_map<Silu>, NULL, NULL, 0};
 	k[DPK_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0};
+	k[DPK_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0};
+	k[DPK_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0};
 	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0};
 }

@@ -1,0 +1,86 @@
+/*
+ * ckpt_int.h - what the checkpoint files share (ckpt_layout.c: this rank's
+ * layout and the ownership; ckpt.c: saving; ckpt_load.c: loading). Not a
+ * public interface: ckpt.h is.
+ */
+#ifndef DP_CKPT_INT_H
+#define DP_CKPT_INT_H
+
+#include "ckpt.h"
+
+#define CKPT_FORMAT "dp-checkpoint"
+#define CKPT_VERSION 1
+#define CKPT_MAX_COMP 3       /* the parameter + up to two optimizer states */
+#define CKPT_STATE "state.json"
+#define CKPT_LATEST "latest"
+
+/* A run of n elements of whole tensor ent, from element full, held in
+ * this rank's tensor root from element at. */
+typedef struct {
+	int32_t ent, root;
+	int64_t at, full, n;
+} Seg;
+
+/* What the ranks exchange: a master segment without this rank's places. */
+typedef struct {
+	int32_t ent, pad;
+	int64_t full, n;
+} Range;
+
+typedef struct {
+	int32_t name;              /* tensor id whose name it has */
+	int ndim;
+	int64_t dims[DP_MAX_DIMS]; /* whole shape */
+	int64_t numel;
+} Entry;
+
+struct Ckpt {
+	Exec *x;
+	const DpStep *s;
+	World *w;
+	char *step_path;
+	uint32_t step_crc;
+	Entry *ent;
+	int nent;
+	int ncomp;                     /* 1 + optimizer states */
+	const char *comp[CKPT_MAX_COMP]; /* "", "exp_avg", "exp_avg_sq" / "momentum_buffer" */
+	Seg *fill[CKPT_MAX_COMP];      /* every place of this rank, per component */
+	int nfill[CKPT_MAX_COMP];
+	Seg *save[CKPT_MAX_COMP];      /* masters; save[c][i] is save[0][i]'s state c */
+	int nsave;
+	/* ownership, after the first save: */
+	int planned;
+	Range *owned;                  /* every rank's owned pieces, rank by rank */
+	int *owned_src;                /* for this rank's: the save segment it lies in */
+	int64_t *owned_off;            /* owned[] of rank r start at owned_off[r] */
+	int64_t *ent_count;            /* [nent * size]: elements rank r owns of entry e */
+};
+
+
+/* Names (ORDER DpOptKind, DpSchedKind). */
+extern const char *const ckpt_opt_kinds[2];
+extern const char *const ckpt_sched_kinds[2];
+
+/* ckpt_layout.c */
+const char *ckpt_ent_name(const Ckpt *c, int e);
+void ckpt_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
+/* "fc1.w", "fc1.w.exp_avg", ...: component cc of entry k. */
+void ckpt_comp_name(const Ckpt *c, int cc, int k, char *buf, size_t len);
+/* Samples per optimizer step. */
+int64_t ckpt_global_batch(const DpStep *s);
+/* Exchange the masters; fill owned, owned_src, owned_off, ent_count. A
+ * collective. */
+int ckpt_plan(Ckpt *c, RtErr *e);
+
+/* Host copies of the tensors a list of segments lives in (exec_tensor_read). */
+typedef struct {
+	int32_t *id;
+	float **data;
+	int n;
+} Hosts;
+
+int ckpt_hosts_read(Ckpt *c, const Seg *seg, int nseg, Hosts *h, RtErr *e);
+float *ckpt_host_of(const Hosts *h, int32_t id);
+void ckpt_hosts_free(Hosts *h);
+
+#endif

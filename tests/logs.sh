@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tests/logs.sh - the logs people expect (issue 13):
+#  - --log-json on the tiny GPT-2 at 2 ranks, parsed: one object per
+#    logged step, every key present and numeric (step, loss, lr, grad_norm,
+#    ms_per_step, samples_per_s, tokens_per_s, mfu, elapsed_s, eta_s, and
+#    eval_loss / eval_accuracy where it evaluated), ETA falling;
+#  - --losses: a header line, then one line per step;
+#  - the progress line shows elapsed time and ETA; --steps shorter than the
+#    schedule warns;
+#  - an error is printed once, without C source locations; --verbose adds
+#    rank, host and file:line.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+export OMPI_MCA_orte_execute_quiet=1
+
+gpt_text "$T/gpt.dp"
+"$DPC" "$T/gpt.dp" --world-size 2 -o "$T/gpt.bin" >/dev/null || fail "dpc gpt"
+mpi 2 "$T/gpt.bin" --steps 30 --log-every 5 --eval-every 10 --log-json "$T/log.json" \
+	--losses "$T/losses.txt" >"$T/run.out" 2>"$T/run.err" || { fail "dpexec --log-json"; cat "$T/run.err"; }
+
+if $PY - "$T/log.json" <<'EOF'; then
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = ["step", "loss", "lr", "grad_norm", "ms_per_step", "samples_per_s", "tokens_per_s", "mfu",
+        "elapsed_s", "eta_s"]
+assert [r["step"] for r in rows] == [1, 5, 10, 15, 20, 25, 30], [r["step"] for r in rows]
+for r in rows:
+    for k in keys + (["eval_loss", "eval_accuracy"] if r["step"] in (10, 20, 30) else []):
+        assert k in r, (r["step"], k)
+        assert isinstance(r[k], (int, float)) and math.isfinite(r[k]), (r["step"], k, r[k])
+    assert 0 < r["mfu"] < 1, r["mfu"]
+eta = [r["eta_s"] for r in rows]
+# it falls (step times vary on a loaded machine: first > middle > last = 0)
+assert eta[0] > eta[len(eta) // 2] > eta[-1] == 0, eta
+el = [r["elapsed_s"] for r in rows]
+assert all(a < b for a, b in zip(el, el[1:])), el
+print("  (%d objects; eta_s %s)" % (len(rows), " ".join("%.2f" % e for e in eta)))
+EOF
+	ok "--log-json: an object per logged step, every key present and numeric, eval where evaluated, ETA falls"
+else
+	fail "--log-json"; head -n 3 "$T/log.json"
+fi
+if [ "$(head -n 1 "$T/losses.txt")" = "# step loss grad_norm lr" ] && [ "$(grep -vc '^#' "$T/losses.txt")" = 30 ]; then
+	ok "--losses: a header line, then one line per step"
+else
+	fail "--losses header and lines"; head -n 2 "$T/losses.txt"
+fi
+if grep -q "^step 30/30 | loss [0-9.]* | .* tokens/s | MFU [0-9.]*% | [0-9hms]* elapsed, ETA 0s$" "$T/run.out"; then
+	ok "the progress line shows tokens/s, MFU, elapsed and ETA"
+else
+	fail "progress line"; grep "^step 30/" "$T/run.out"
+fi
+if grep -q "warning: --steps 30 ends the run before its cosine schedule does (600 steps)" "$T/run.err"; then
+	ok "--steps shorter than the schedule warns"
+else
+	fail "no --steps warning"; cat "$T/run.err"
+fi
+
+# errors: once, without C locations; --verbose adds them
+mpi 2 "$T/gpt.bin" --steps 1 --losses "$T/no/such/dir/l.txt" >"$T/e1.out" 2>&1
+if [ "$(grep -c "error" "$T/e1.out")" = 1 ] && ! grep -q "\.c:[0-9]" "$T/e1.out" && ! grep -q "MPI_ABORT\|mpirun" "$T/e1.out"; then
+	ok "an error is printed once, without C source locations or Open MPI's abort text"
+else
+	fail "error printing"; cat "$T/e1.out"
+fi
+mpi 2 "$T/gpt.bin" --steps 1 --verbose --losses "$T/no/such/dir/l.txt" >"$T/e2.out" 2>&1
+if grep -q "error: rank 0 (host .*) runtime/dpexec.c:[0-9]*: --losses: cannot write" "$T/e2.out"; then
+	ok "--verbose shows the rank, host and C source location of an error"
+else
+	fail "--verbose error"; cat "$T/e2.out"
+fi
+
+finish logs

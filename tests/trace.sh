@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tests/trace.sh - dpexec --trace FILE (runtime/trace.c) writes a Chrome /
+# Perfetto trace that parses and means what it says: models/mlp.dp (three
+# all_reduce buckets per step at 2 ranks) for 3 steps, at 1 and at 2 ranks.
+# Checked (tests/trace_check.py):
+#   - the file is JSON with a traceEvents list, every span is "X" with
+#     ts >= 0 and dur >= 0, on a named process (rank) and lane;
+#   - on every lane, spans nest or are disjoint (what the viewers need);
+#   - every step has its run spans ("step k micro m"), each holding its
+#     instruction spans, in program order and in time;
+#   - at 2 ranks: both ranks, each with its collectives on a comm lane
+#     (bytes > 0, the data-parallel axes) and its waits as "wait" spans.
+# The cost of tracing: step time with and without --trace is printed (the
+# trace is two clock reads and an append per instruction; not asserted,
+# timings move with the machine's load).
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+STEPS=3
+if [ ! -e /usr/share/datasets/fashion-mnist ]; then
+	fail "needs dataset-fashion-mnist (make deps)"; finish trace; exit 1
+fi
+for np in 1 2; do
+	"$DPC" models/mlp.dp --world-size "$np" -o "$T/m$np.bin" >"$T/dpc$np.log" 2>&1 ||
+		{ cat "$T/dpc$np.log"; fail "dpc at $np ranks"; continue; }
+	if mpi "$np" "$T/m$np.bin" --steps $STEPS --eval-every 0 --log-every $STEPS \
+		--trace "$T/t$np.json" >"$T/run$np.log" 2>&1; then
+		ok "$np rank(s): dpexec --trace ran"
+	else
+		tail -n 20 "$T/run$np.log"; fail "$np rank(s): dpexec --trace"; continue
+	fi
+	if out=$($PY tests/trace_check.py "$T/t$np.json" "$np" "$STEPS" 2>&1); then
+		ok "$np rank(s): $out"
+	else
+		echo "$out" | sed 's/^/      /'; fail "$np rank(s): the trace"
+	fi
+done
+# the overhead, for the record (--trace vs none, 1 rank, 20 steps)
+for v in plain traced; do
+	extra=(); [ $v = traced ] && extra=(--trace "$T/o.json")
+	env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 21 --eval-every 0 --log-every 20 "${extra[@]}" \
+		>"$T/$v.log" 2>&1
+done
+echo "  (step time without / with --trace: $(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/plain.log") /" \
+	"$(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/traced.log") ms)"
+# a file that cannot be written is an error, not a crash
+if env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 1 --eval-every 0 --quiet \
+	--trace "$T/no/such/dir/t.json" >"$T/bad.log" 2>&1; then
+	fail "an unwritable --trace path is refused"
+elif grep -q "cannot write the trace" "$T/bad.log"; then
+	ok "an unwritable --trace path is refused: $(grep -o 'cannot write the trace.*' "$T/bad.log")"
+else
+	cat "$T/bad.log"; fail "an unwritable --trace path is refused with a message"
+fi
+finish trace
