@@ -18,7 +18,8 @@
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp
 #     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
 #     text), every strategy at 1, 2
-#     and 4 ranks as listed below, and tp=2 x dp_shard=2. Each case runs
+#     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
+#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2). Each case runs
 #     with its own DPEMU_SEED and DPEMU_COMM (collectives as late as the
 #     events allow, or as early), so the cases together walk many orders.
 #     An op the CUDA backend has no kernel for is refused at load: the case
@@ -215,10 +216,14 @@ model_case gpt2-tiny hybrid_shard 4 "dp_replicate=2, dp_shard=2"
 model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
 model_case gpt2-tiny full_shard 4 "tp=2, dp_shard=2"
 model_case llama ddp 1
+model_case llama zero1 2
 model_case llama zero2 2
 model_case llama full_shard 4
 model_case llama hybrid_shard 4 "dp_replicate=2, dp_shard=2"
 model_case llama ddp 4 "tp=2, dp_shard=2"
+# context parallelism: zigzag chunks, K/V gathered on cp (attention_cp, kv_pack)
+model_case gpt2-tiny ddp 2 "cp=2"
+model_case llama full_shard 4 "cp=2, dp_shard=2"
 
 # ---- 3. graph replay vs --no-graph, bitwise ----
 # graph_eager NAME BIN NP: the same seed and policy, with and without the graph
