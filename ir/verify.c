@@ -31,7 +31,9 @@
  *    matmul with acc update it), and in each program (step, eval, init,
  *    export) every read, accumulating write included, comes after a write,
  *    except in init: there INIT nodes write parameters through views and
- *    SHARD reads their root, so a read needs no earlier write.
+ *    SHARD reads their root, so a read needs no earlier write. A view of a
+ *    temporary (passes/views.c) is its root here: reading it is reading
+ *    the root.
  *  - events: each EVENT_WAIT follows an EVENT_RECORD of the same event on
  *    another stream, in the same program.
  *  - buckets: view and members in range, every member inside the view,
@@ -489,11 +491,23 @@ static int by_start(const void *a, const void *b)
 	return x->start < y->start ? -1 : x->start > y->start ? 1 : x->id - y->id;
 }
 
+/* The temporary whose lifetime a use of value id extends, or -1: id itself,
+ * or for a view of a temporary (passes/views.c) its root, so reading the
+ * view needs the root written and keeps the root's bytes alive. */
+static int act_id(const Graph *g, int id, const char *sane)
+{
+	if (!vok(g, id) || g->values[id]->kind != DP_T_ACT)
+		return -1;
+	int64_t off;
+	const Value *r = sane[id] ? root_of(g, g->values[id], &off) : g->values[id];
+	return r->kind == DP_T_ACT ? r->id : id;
+}
+
 /* Walks program p (a DpProgram) in order. In the INIT program a read needs
  * no earlier write: INIT nodes write parameters through views and SHARD
  * reads their root. */
-static void check_program(Verifier *vf, int p, int planned, int *first, int *last,
-			  unsigned char *recorded)
+static void check_program(Verifier *vf, int p, int planned, const char *sane, int *first,
+			  int *last, unsigned char *recorded)
 {
 	const Graph *g = vf->g;
 	unsigned prog = IR_PROG_BIT(p);
@@ -509,8 +523,8 @@ static void check_program(Verifier *vf, int p, int planned, int *first, int *las
 		    n->nin > DP_MAX_IN)
 			continue;
 		for (int k = 0; k < n->nin; k++) {
-			int id = n->in[k];
-			if (!vok(g, id) || g->values[id]->kind != DP_T_ACT)
+			int id = act_id(g, n->in[k], sane);
+			if (id < 0)
 				continue;
 			if (first[id] < 0) {
 				if (p != DP_PROG_INIT)
@@ -520,8 +534,8 @@ static void check_program(Verifier *vf, int p, int planned, int *first, int *las
 			}
 			last[id] = pos;
 		}
-		if (vok(g, n->out) && g->values[n->out]->kind == DP_T_ACT) {
-			int id = n->out;
+		if (act_id(g, n->out, sane) >= 0) {
+			int id = act_id(g, n->out, sane);
 			if (first[id] < 0) {
 				if (ir_reads_out(n) && p != DP_PROG_INIT)
 					node_error(vf, n, "updates %%%s before it is written (%s program)",
@@ -689,7 +703,7 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 	for (int i = 0; i < g->nvalues && !planned; i++)
 		planned = g->values[i]->offset >= 0;
 	for (int p = 0; p < DP_NPROG; p++)
-		check_program(&vf, p, planned, first, last, recorded);
+		check_program(&vf, p, planned, sane, first, last, recorded);
 	if (planned)
 		check_memory(&vf, used, sane);
 

@@ -46,6 +46,7 @@ int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT pro
 int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: each unit's collectives */
 int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
+int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 
 /* passes/memplan.c: the temporaries live at the step program's peak, by

@@ -33,6 +33,7 @@ const Pass pipeline[] = {
 	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
 	 bucket_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
+	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
 };
 const int npipeline = sizeof pipeline / sizeof pipeline[0];

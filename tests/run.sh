@@ -26,6 +26,7 @@ suites=(
 	"tp"            "bash tests/tp.sh"
 	"recompute"     "bash tests/recompute.sh"
 	"cp"            "bash tests/cp.sh"
+	"views"         "bash tests/views.sh"
 	"trace"         "bash tests/trace.sh"
 	"cuda"          "bash tests/cuda.sh"
 	"cuda_emu"      "bash tests/cuda_emu.sh"
