@@ -135,8 +135,9 @@ deps:
 	fi
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-emu
 
 include mk/cuda.mk
+include mk/cuda-emu.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

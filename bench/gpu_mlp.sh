@@ -20,7 +20,7 @@ STEPS=${STEPS:-1000}
 PEAK_TFLOPS=${PEAK_TFLOPS:-67}
 DPEXEC=$BUILD/dpexec
 if [ ! -f "$BUILD/libdpcuda.so" ]; then
-	echo "SKIP: $BUILD/libdpcuda.so is not built (make cuda)"; exit 0
+	echo "SKIPPED: $BUILD/libdpcuda.so is not built (make cuda)"; exit 0
 fi
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -32,7 +32,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 fi
 "$BUILD/dpc" "$MODEL" --world-size 1 -o "$T/w1.bin"
 if ! "$DPEXEC" "$T/w1.bin" --device cuda --steps 0 >"$T/probe" 2>&1; then
-	echo "SKIP: no usable GPU: GPU benchmark not run ($(cat "$T/probe"))"; exit 0
+	echo "SKIPPED: no usable GPU: GPU benchmark not run ($(cat "$T/probe"))"; exit 0
 fi
 grep "^device:" "$T/probe"
 

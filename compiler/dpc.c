@@ -44,7 +44,7 @@ static void usage(FILE *out)
 		"                      number) instead of its expression in the config section;\n"
 		"                      repeatable (the last one for a NAME wins). A NAME the\n"
 		"                      config section does not define is an error\n"
-		"      --precision=D   f32 or bf16: train's precision setting, whatever the file\n"
+		"      --precision=P   f32, tf32 or bf16: train's precision setting, whatever the file\n"
 		"                      says (param_dtype and buffer_dtype; docs/DSL.md)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
@@ -204,10 +204,11 @@ int main(int argc, char **argv)
 			break;
 		case OPT_PRECISION:
 			if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "fp32") == 0 ||
-			    strcmp(optarg, "bf16") == 0)
+			    strcmp(optarg, "tf32") == 0 || strcmp(optarg, "bf16") == 0)
 				precision = optarg;
 			else {
-				fprintf(stderr, "dpc: --precision wants f32 or bf16, not '%s'\n", optarg);
+				fprintf(stderr, "dpc: --precision wants f32, tf32 or bf16, not '%s'\n",
+					optarg);
 				return 1;
 			}
 			break;

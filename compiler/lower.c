@@ -277,9 +277,24 @@ static void lower_shard_settings(Lower *L, const AstVal *const *val)
 static void lower_precision(Lower *L, const AstVal *const *val)
 {
 	Graph *g = L->g;
-	int prec = val[T_PRECISION] ? lower_dtype_word(L, val[T_PRECISION], "precision") : -1;
-	if (L->opts && L->opts->precision) /* dpc --precision: as if the file said it */
+	/* precision tf32: f32 dtypes, and a GPU may run the f32 GEMMs on TF32
+	 * tensor cores (cfg.gemm_math); f32 and bf16 are dtypes */
+	const AstVal *pv = val[T_PRECISION];
+	int tf32 = pv && pv->kind == V_IDENT && strcmp(pv->s, "tf32") == 0;
+	int prec = tf32 ? DP_F32 : -1;
+	if (pv && !tf32) {
+		int ok = pv->kind == V_IDENT && (strcmp(pv->s, "f32") == 0 ||
+						 strcmp(pv->s, "fp32") == 0 || strcmp(pv->s, "bf16") == 0);
+		if (ok)
+			prec = lower_dtype_word(L, pv, "precision");
+		else
+			ERR(pv->loc, "precision must be f32, tf32 or bf16");
+	}
+	if (L->opts && L->opts->precision) { /* dpc --precision: as if the file said it */
+		tf32 = strcmp(L->opts->precision, "tf32") == 0;
 		prec = strcmp(L->opts->precision, "bf16") == 0 ? DP_BF16 : DP_F32;
+	}
+	g->cfg.gemm_math = tf32 ? DP_GEMM_TF32 : DP_GEMM_F32;
 	int pd = val[T_PARAM_DTYPE] ? lower_dtype_word(L, val[T_PARAM_DTYPE], "param_dtype") : -1;
 	int bd = val[T_BUFFER_DTYPE] ? lower_dtype_word(L, val[T_BUFFER_DTYPE], "buffer_dtype") : -1;
 	int rd = val[T_REDUCE_DTYPE] ? lower_dtype_word(L, val[T_REDUCE_DTYPE], "reduce_dtype") : -1;

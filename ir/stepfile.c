@@ -27,7 +27,7 @@
  *    (out: an f32 parameter or buffer) in init only; SHARD (f32 in0/out, ia0
  *    an axis mask) in init and step (zero1 cuts the gradient shard); SAVE
  *    (in0: an f32 parameter) in export only.
- *  - cfg.strategy is a DpStrategy.
+ *  - cfg.strategy is a DpStrategy; cfg.gemm_math a DpGemmMath.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -81,7 +81,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4,
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4 + 4,
 	OPTIM_BYTES = 4 + 7 * 4,
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
@@ -218,6 +218,7 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u32(&w, c->strategy);
 	put_u32(&w, c->save_every);
 	put_u32(&w, c->keep_last);
+	put_u32(&w, c->gemm_math);
 
 	const DpOptim *o = &s->opt;
 	put_u32(&w, o->kind);
@@ -667,6 +668,10 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		fail(err, errlen, "unknown strategy %u", c->strategy);
 		return -1;
 	}
+	if (c->gemm_math >= DP_NGEMM) {
+		fail(err, errlen, "unknown GEMM precision %u", c->gemm_math);
+		return -1;
+	}
 	if (s->opt.kind > DP_OPT_ADAMW || s->sched.kind > DP_SCHED_COSINE) {
 		fail(err, errlen, "unknown optimizer (%u) or schedule (%u)", s->opt.kind,
 		     s->sched.kind);
@@ -795,6 +800,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	c->strategy = get_u32(&r);
 	c->save_every = get_u32(&r);
 	c->keep_last = get_u32(&r);
+	c->gemm_math = get_u32(&r);
 	DpOptim *o = &s->opt;
 	o->kind = get_u32(&r);
 	o->lr = get_f32(&r);

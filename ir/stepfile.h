@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 4u
+#define DP_STEP_VERSION 5u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -259,7 +259,16 @@ typedef struct {
 	                               signal, when a save directory is given (version 4) */
 	uint32_t keep_last;         /* checkpoints kept in the save directory (DSL keep_last,
 	                               dpexec --keep-last); 0: all (version 4) */
+	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs
+	                               (version 5) */
 } DpConfig;
+
+/* f32 matrix products on a GPU (DSL `precision f32|tf32`; the CPU ignores it). */
+typedef enum {
+	DP_GEMM_F32,  /* full fp32 (the default) */
+	DP_GEMM_TF32, /* TF32 tensor cores: inputs rounded to a 10-bit mantissa */
+	DP_NGEMM
+} DpGemmMath;
 
 /* Data-parallel strategies (DSL `strategy`). */
 typedef enum {

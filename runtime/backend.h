@@ -81,7 +81,10 @@ struct BackendOps {
 	unsigned abi;     /* DP_BACKEND_ABI of the build */
 
 	/* ---- before init: no device state (tests call these) ---- */
-	/* Usable devices (> 0), or 0 with the reason in why. */
+	/* Usable devices (> 0); 0 with the reason in why when there is none
+	 * (--device auto then runs on the CPU); -1 with the reason when a device
+	 * is there but this backend cannot use it (a driver older than the
+	 * runtime it was built with): an error, even for --device auto. */
 	int (*probe)(char *why, size_t len);
 	/* The kernel table: 1 when the backend runs compute opcode op. */
 	int (*has_kernel)(unsigned op);
@@ -119,6 +122,21 @@ struct BackendOps {
 	/* Host memory for batches that upload reads (pinned on a GPU). NULL: malloc/free. */
 	void *(*host_alloc)(Backend *b, size_t bytes);
 	void (*host_free)(Backend *b, void *p);
+
+	/* ---- staged batches and step results: all NULL on a synchronous backend ---- */
+	/* host (from host_alloc) is about to be written: wait until no copy
+	 * that stage_push issued still reads it. */
+	int (*stage_wait)(Backend *b, const void *host, RtErr *e);
+	/* host (from host_alloc, bytes long) now holds the batches of optimizer
+	 * step k: copy them into the backend's memory now, beside whatever runs
+	 * (at most the two steps before k may still be in flight). A LOAD inside
+	 * step k then reads that copy (upload maps the host address to it), so a
+	 * captured step reads the batches of whichever step it is replayed as. */
+	int (*stage_push)(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e);
+	/* Wait for optimizer step k only (steps launched after it keep running)
+	 * and give its loss and grad-norm metrics (0 when the step file has
+	 * none), which the step left in host-visible memory: no device copy. */
+	int (*step_wait)(Backend *b, uint64_t k, float metrics[2], RtErr *e);
 
 	/* ---- the optimizer step's scalars (lr; t = k + 1) ---- */
 	/* Before step k is started, outside any capture. */

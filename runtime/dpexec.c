@@ -132,8 +132,8 @@ static void usage(FILE *f)
 		"                        (default: the step file's); needs an eval block\n"
 		"  --log-every N         log every N steps (default: the step file's)\n"
 		"  --quiet               no per-step log lines\n"
-		"  --verbose             also log communication time per log line, and show the\n"
-		"                        rank, host and source location of an error\n"
+		"  --verbose             also log communication and host time per log line, and\n"
+		"                        show the rank, host and source location of an error\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
 		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, loss,\n"
@@ -680,7 +680,115 @@ static int setup(Run *r)
 	return world_sync(&r->w, rc, sig_pending(), e);
 }
 
-/* The training loop: 0 done, -1 error, 128 + N stopped by signal N. */
+/* Where the training loop is between its steps' reports. */
+typedef struct {
+	uint64_t steps, eval_every, log_every, save_every;
+	double t_log;     /* when the last line was written */
+	double t_report;  /* when the last step was reported */
+	double t_all;     /* the loop's start, moved on by eval and save time */
+	double host_s;    /* host time in launches and prefetches since the last line */
+	uint64_t since_log, ran;
+	CommStats at_log;
+} Loop;
+
+/* Step k's report: its metrics (on a backend with streams, from the report
+ * step k left behind), the loss reduced over the ranks that hold samples,
+ * the data and NaN checks, --losses, and the sync point of step k. With
+ * final set (no step is in flight after k) also what must see the
+ * parameters after exactly k + 1 steps: eval, a checkpoint, the stop on a
+ * signal. Returns 0, -1 on error, or 128 + N after a signal N stopped the
+ * run (only with final). */
+static int report_step(Run *r, Loop *lp, uint64_t k, int final)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	Comm *c = r->comm;
+	Metrics *m = &r->m;
+	double lr = exec_lr(s, k), loss = 0, gn = NAN;
+	RT_CHECK(exec_step_metrics(&r->x, k, &loss, &gn, e));
+	double v[1] = {loss};
+	RT_CHECK(c->ops->allreduce_f64(c, COMM_SAMPLE_AXES, v, 1, e));
+	loss = v[0];
+	int rc = data_error(r->train, e);
+	if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {
+		const char *what = !isfinite(loss) ? "loss" : "gradient norm";
+		double bad = !isfinite(loss) ? loss : gn;
+		char last[1200] = "no checkpoint was written";
+		if (r->have_saved)
+			snprintf(last, sizeof last, "the last checkpoint, from step %llu, is %s",
+				 (unsigned long long)r->saved, r->saved_path ? r->saved_path : "?");
+		rc = RT_FAIL(e, "%s is %s at step %llu; nothing was saved from it (%s)", what,
+			     isnan(bad) ? "NaN" : "infinite", (unsigned long long)k + 1, last);
+	}
+	double now = MPI_Wtime();
+	if (rc == 0 && r->rank == 0) {
+		metrics_step(m, k + 1, loss, gn, lr, now - lp->t_report);
+		rc = metrics_error(m, e);
+	}
+	lp->t_report = now;
+	RT_CHECK(world_sync(&r->w, rc, sig_pending(), e));
+	lp->since_log++;
+	lp->ran++;
+	int last = k + 1 == lp->steps, stop = final && r->w.sig != 0;
+	EvalResult ev = {0};
+	if (final && !stop && r->eval && ((lp->eval_every && (k + 1) % lp->eval_every == 0) || last)) {
+		double t0 = MPI_Wtime();
+		RT_CHECK(evaluate(r, &ev));
+		/* evaluation time is not step time */
+		lp->t_log += MPI_Wtime() - t0;
+		lp->t_report += MPI_Wtime() - t0;
+		lp->t_all += MPI_Wtime() - t0;
+	}
+	if (k == r->start || (k + 1) % lp->log_every == 0 || last || stop || ev.have) {
+		now = MPI_Wtime();
+		double n = (double)lp->since_log, dt = (now - lp->t_log) / n;
+		if (r->rank == 0) {
+			char extra[160] = "";
+			if (r->o.verbose)
+				snprintf(extra, sizeof extra,
+					 " | comm %.2f ms issued, %.2f ms blocked | host %.1f us/step",
+					 (c->stats.issue_s - lp->at_log.issue_s) * 1e3 / n,
+					 (c->stats.blocked_s - lp->at_log.blocked_s) * 1e3 / n,
+					 lp->host_s * 1e6 / n);
+			metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
+				    &ev, extra, now);
+		}
+		lp->t_log = now;
+		lp->since_log = 0;
+		lp->host_s = 0;
+		lp->at_log = c->stats;
+	}
+	if (final && r->save_dir &&
+	    ((lp->save_every && (k + 1) % lp->save_every == 0) || last || stop)) {
+		double t0 = MPI_Wtime();
+		RT_CHECK(save_state(r, k + 1, loss));
+		lp->t_log += MPI_Wtime() - t0; /* nor is saving */
+		lp->t_report += MPI_Wtime() - t0;
+		lp->t_all += MPI_Wtime() - t0;
+	}
+	if (stop) {
+		if (r->rank == 0) {
+			printf("interrupted at step %llu by %s; ", (unsigned long long)k + 1,
+			       sig_name(r->w.sig));
+			if (r->save_dir)
+				print_resume(r);
+			else
+				printf("no checkpoint was written (no --save-dir or save_every)\n");
+			fflush(stdout);
+		}
+		return 128 + r->w.sig;
+	}
+	return 0;
+}
+
+/* The training loop: 0 done, -1 error, 128 + N stopped by signal N.
+ * Step k is launched, step k+1's batches are staged (and on a GPU copied)
+ * while it runs, then step k-1 is reported from the metrics it left behind:
+ * on a GPU the host never waits for the step it just launched, so the
+ * device always has the next step queued. A step after which something
+ * must see the parameters (eval, a checkpoint, the last step, a signal
+ * seen at the previous step's sync point) is reported at once, with
+ * nothing in flight behind it. */
 static int train(Run *r)
 {
 	DpStep *s = &r->step;
@@ -688,106 +796,50 @@ static int train(Run *r)
 	Exec *x = &r->x;
 	Comm *c = r->comm;
 	Metrics *m = &r->m;
-	uint64_t steps = m->steps;
-	uint64_t eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
-	uint64_t log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
-						  : (s->cfg.log_every ? s->cfg.log_every : 1);
-	uint64_t save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
-	double t_log = MPI_Wtime(), t_all = t_log;
-	uint64_t since_log = 0, ran = 0;
+	Loop lp = {.steps = m->steps};
+	lp.eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
+	lp.log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
+					   : (s->cfg.log_every ? s->cfg.log_every : 1);
+	lp.save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+	lp.t_log = lp.t_report = lp.t_all = MPI_Wtime();
 	c->stats = (CommStats){0};
-	CommStats at_log = c->stats;
-	metrics_start(m, t_log);
+	lp.at_log = c->stats;
+	metrics_start(m, lp.t_log);
 
-	if (r->start >= steps && r->resume_dir && r->rank == 0)
+	if (r->start >= lp.steps && r->resume_dir && r->rank == 0)
 		printf("nothing to do: the checkpoint is at step %llu of %llu\n",
-		       (unsigned long long)r->start, (unsigned long long)steps);
-	for (uint64_t k = r->start; k < steps; k++) {
-		double t_step = MPI_Wtime();
-		double lr = exec_lr(s, k);
+		       (unsigned long long)r->start, (unsigned long long)lp.steps);
+	int64_t pending = -1; /* launched, not reported yet */
+	for (uint64_t k = r->start; k < lp.steps; k++) {
+		double h0 = MPI_Wtime();
 		RT_CHECK(exec_step_launch(x, k, e));
-		if (k + 1 < steps)
-			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps step k on a GPU */
-		RT_CHECK(exec_step_wait(x, e));
-		float lf[1] = {0}, gf[1] = {NAN};
-		if (s->metrics.loss >= 0)
-			RT_CHECK(exec_tensor_read(x, s->metrics.loss, lf, e));
-		if (s->metrics.grad_norm >= 0)
-			RT_CHECK(exec_tensor_read(x, s->metrics.grad_norm, gf, e));
-		double v[1] = {lf[0]};
-		RT_CHECK(c->ops->allreduce_f64(c, COMM_SAMPLE_AXES, v, 1, e));
-		double loss = v[0], gn = gf[0];
-		int rc = data_error(r->train, e);
-		if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {
-			const char *what = !isfinite(loss) ? "loss" : "gradient norm";
-			double bad = !isfinite(loss) ? loss : gn;
-			char last[1200] = "no checkpoint was written";
-			if (r->have_saved)
-				snprintf(last, sizeof last, "the last checkpoint, from step %llu, is %s",
-					 (unsigned long long)r->saved, r->saved_path ? r->saved_path : "?");
-			rc = RT_FAIL(e, "%s is %s at step %llu; nothing was saved from it (%s)", what,
-				     isnan(bad) ? "NaN" : "infinite", (unsigned long long)k + 1, last);
-		}
-		if (rc == 0 && r->rank == 0) {
-			metrics_step(m, k + 1, loss, gn, lr, MPI_Wtime() - t_step);
-			rc = metrics_error(m, e);
-		}
-		RT_CHECK(world_sync(&r->w, rc, sig_pending(), e));
-		since_log++;
-		ran++;
-		int last = k + 1 == steps, stop = r->w.sig != 0;
-		EvalResult ev = {0};
-		if (!stop && r->eval && ((eval_every && (k + 1) % eval_every == 0) || last)) {
-			double t0 = MPI_Wtime();
-			RT_CHECK(evaluate(r, &ev));
-			/* evaluation time is not step time */
-			t_log += MPI_Wtime() - t0;
-			t_all += MPI_Wtime() - t0;
-		}
-		if (k == r->start || (k + 1) % log_every == 0 || last || stop || ev.have) {
-			double now = MPI_Wtime(), dt = (now - t_log) / (double)since_log;
-			if (r->rank == 0) {
-				char extra[160] = "";
-				if (r->o.verbose)
-					snprintf(extra, sizeof extra, " | comm %.2f ms issued, %.2f ms blocked",
-						 (c->stats.issue_s - at_log.issue_s) * 1e3 / (double)since_log,
-						 (c->stats.blocked_s - at_log.blocked_s) * 1e3 / (double)since_log);
-				metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
-					    &ev, extra, now);
-			}
-			t_log = now;
-			since_log = 0;
-			at_log = c->stats;
-		}
-		if (r->save_dir && ((save_every && (k + 1) % save_every == 0) || last || stop)) {
-			double t0 = MPI_Wtime();
-			RT_CHECK(save_state(r, k + 1, loss));
-			t_log += MPI_Wtime() - t0; /* nor is saving */
-			t_all += MPI_Wtime() - t0;
-		}
-		if (stop) {
-			if (r->rank == 0) {
-				printf("interrupted at step %llu by %s; ", (unsigned long long)k + 1,
-				       sig_name(r->w.sig));
-				if (r->save_dir)
-					print_resume(r);
-				else
-					printf("no checkpoint was written (no --save-dir or save_every)\n");
-				fflush(stdout);
-			}
-			return 128 + r->w.sig;
+		if (k + 1 < lp.steps)
+			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
+		lp.host_s += MPI_Wtime() - h0;
+		if (pending >= 0)
+			RT_CHECK(report_step(r, &lp, (uint64_t)pending, 0));
+		pending = (int64_t)k;
+		int now = k + 1 == lp.steps || r->w.sig != 0 ||
+			  (r->eval && lp.eval_every && (k + 1) % lp.eval_every == 0) ||
+			  (r->save_dir && lp.save_every && (k + 1) % lp.save_every == 0);
+		if (now) {
+			int rc = report_step(r, &lp, k, 1);
+			if (rc != 0)
+				return rc;
+			pending = -1;
 		}
 	}
-	double total = MPI_Wtime() - t_all;
-	if (ran > 0 && r->rank == 0 && !r->o.quiet) {
-		double n = (double)ran;
+	RT_CHECK(exec_step_wait(x, e));
+	double total = MPI_Wtime() - lp.t_all;
+	if (lp.ran > 0 && r->rank == 0 && !r->o.quiet) {
+		double n = (double)lp.ran;
 		printf("comm: %.3f ms issued, %.3f ms blocked per step (of %.3f ms/step; %.1f "
 		       "collectives, %.2f MiB per rank per step)\n",
 		       c->stats.issue_s * 1e3 / n, c->stats.blocked_s * 1e3 / n, total * 1e3 / n,
 		       (double)c->stats.ncoll / n, (double)c->stats.bytes / n / (1 << 20));
 		fflush(stdout);
 	}
-	if (ran == 0 && r->eval) { /* --steps 0 (or nothing left to resume): evaluate what is there */
+	if (lp.ran == 0 && r->eval) { /* --steps 0 (or nothing left to resume): evaluate what is there */
 		EvalResult ev;
 		RT_CHECK(evaluate(r, &ev));
 		if (r->rank == 0 && ev.have)
@@ -853,7 +905,8 @@ static int load_step(Run *r)
 /* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
  * or an error naming the cause. auto: the CUDA backend only when every rank
  * can use one (NCCL and MPI collectives do not mix); otherwise the CPU, and
- * notice says why. A collective: every rank calls it. */
+ * notice says why; but a GPU the backend cannot use (a driver older than its
+ * CUDA runtime) is an error for auto too. A collective: every rank calls it. */
 static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 {
 	const char *dev = r->o.device;
@@ -863,9 +916,11 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
-	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why);
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why), probe = 0;
 	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
-	      cuda->probe(why, sizeof why) > 0;
+	      (probe = cuda->probe(why, sizeof why)) > 0;
+	if (probe < 0) /* a GPU this build cannot use (an old driver): never a silent CPU run */
+		return RT_FAIL(e, "--device %s: %s", dev, why);
 	if (!strcmp(dev, "cuda")) {
 		if (!gpu)
 			return RT_FAIL(e, "--device cuda: %s", why);

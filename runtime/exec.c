@@ -137,8 +137,6 @@ struct Stage {
 	size_t bytes;       /* one batch */
 	int slots;          /* grad_accum (train), 1 (eval) */
 	void *host;         /* slots * bytes, from the backend's host_alloc */
-	void *next;         /* train: step next_step's batches (exec_prefetch), malloc'd */
-	int64_t next_step;  /* -1: none */
 };
 
 static void *host_alloc(Exec *x, size_t bytes)
@@ -175,7 +173,6 @@ static int stage_init(Exec *x, RtErr *e)
 			x->stage[in->ia[0]] = g;
 			g->bytes = (size_t)exec_tensor_bytes(s, in->out);
 			g->slots = p == DP_PROG_STEP ? (int)s->cfg.grad_accum : 1;
-			g->next_step = -1;
 			size_t all = g->bytes * (size_t)g->slots;
 			g->host = host_alloc(x, all ? all : 1);
 			if (!g->host)
@@ -189,7 +186,6 @@ static void stage_free(Exec *x)
 	for (uint32_t i = 0; x->stage && i < x->s->nsources; i++)
 		if (x->stage[i]) {
 			host_free(x, x->stage[i]->host);
-			free(x->stage[i]->next);
 			free(x->stage[i]);
 		}
 	free(x->stage);
@@ -208,20 +204,26 @@ static int fill_train(Exec *x, uint32_t src, uint64_t k, void *dst, RtErr *e)
 	return 0;
 }
 
-/* Stage step k's batches (from exec_prefetch's copy when it made one). */
+/* Stage step k's batches in the host buffers; on a backend with streams
+ * also push them to the device (after the previous push has left the
+ * buffer), so the copy overlaps the steps still running. */
 static int stage_step(Exec *x, uint64_t k, RtErr *e)
 {
 	const DpStep *s = x->s;
+	const BackendOps *o = x->be.ops;
 	if (x->staged_step == (int64_t)k)
 		return 0;
+	x->staged_step = -1;
 	for (uint32_t src = 0; src < s->nsources; src++) {
 		Stage *g = x->stage[src];
 		if (!g || s->sources[src].split != DP_SPLIT_TRAIN)
 			continue;
-		if (g->next_step == (int64_t)k)
-			memcpy(g->host, g->next, g->bytes * (size_t)g->slots);
-		else
-			RT_CHECK(fill_train(x, src, k, g->host, e));
+		size_t all = g->bytes * (size_t)g->slots;
+		if (o->stage_wait)
+			RT_CHECK(o->stage_wait(&x->be, g->host, e));
+		RT_CHECK(fill_train(x, src, k, g->host, e));
+		if (o->stage_push)
+			RT_CHECK(o->stage_push(&x->be, g->host, all, k, e));
 	}
 	x->staged_step = (int64_t)k;
 	return 0;
@@ -229,19 +231,9 @@ static int stage_step(Exec *x, uint64_t k, RtErr *e)
 
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e)
 {
-	const DpStep *s = x->s;
-	if (!x->be.ops->sync)
+	if (!x->be.ops->stage_push)
 		return 0; /* a synchronous backend has finished the step: nothing overlaps */
-	for (uint32_t src = 0; src < s->nsources; src++) {
-		Stage *g = x->stage[src];
-		if (!g || s->sources[src].split != DP_SPLIT_TRAIN || g->next_step == (int64_t)k)
-			continue;
-		if (!g->next && !(g->next = malloc(g->bytes * (size_t)g->slots + 1)))
-			return RT_FAIL(e, "out of memory (batch prefetch)");
-		RT_CHECK(fill_train(x, src, k, g->next, e));
-		g->next_step = (int64_t)k;
-	}
-	return 0;
+	return stage_step(x, k, e);
 }
 
 /* The eval batch x->eval_batch of every eval source. */
@@ -271,6 +263,7 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
 	x->dp_rank = comm->coord[DP_AXIS_REPLICATE] * (int)s->cfg.mesh[DP_AXIS_SHARD] +
 		     comm->coord[DP_AXIS_SHARD];
 	x->staged_step = -1;
+	x->mstep[0] = x->mstep[1] = -1;
 	x->no_graph = o->no_graph;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
@@ -670,6 +663,8 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 	char what[64];
 	RT_CHECK(exec_step_wait(x, e));
 	if (p == DP_PROG_STEP)
+		x->staged_step = -1; /* the loads read the host buffers: fill them now */
+	if (p == DP_PROG_STEP)
 		RT_CHECK(stage_step(x, x->step, e));
 	if (p == DP_PROG_EVAL)
 		RT_CHECK(stage_eval(x, e));
@@ -731,32 +726,91 @@ static int capture_step(Exec *x, RtErr *e)
 	return 0;
 }
 
+/* The metrics of step k into mval[k & 1] (a synchronous backend: read
+ * them now, the step has finished). */
+static int keep_metrics(Exec *x, uint64_t k, const float m[2])
+{
+	x->mstep[k & 1] = (int64_t)k;
+	x->mval[k & 1][0] = m[0];
+	x->mval[k & 1][1] = m[1];
+	return 0;
+}
+
+static int read_metrics(Exec *x, uint64_t k, RtErr *e)
+{
+	const DpStep *s = x->s;
+	float m[2] = {0, 0};
+	if (s->metrics.loss >= 0)
+		RT_CHECK(exec_tensor_read(x, s->metrics.loss, &m[0], e));
+	if (s->metrics.grad_norm >= 0)
+		RT_CHECK(exec_tensor_read(x, s->metrics.grad_norm, &m[1], e));
+	return keep_metrics(x, k, m);
+}
+
+/* Wait for the oldest step in flight (a backend with streams). */
+static int wait_oldest(Exec *x, RtErr *e)
+{
+	uint64_t k = x->inflight[0];
+	float m[2] = {0, 0};
+	x->inflight[0] = x->inflight[1];
+	x->ninflight--;
+	RT_CHECK(x->be.ops->step_wait(&x->be, k, m, e));
+	return keep_metrics(x, k, m);
+}
+
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 {
 	Backend *b = &x->be;
-	RT_CHECK(exec_step_wait(x, e));
+	const BackendOps *o = b->ops;
+	if (!o->step_wait) { /* synchronous: the step runs here */
+		RT_CHECK(stage_step(x, k, e));
+		x->step = k;
+		RT_CHECK(o->set_step(b, k, exec_lr(x->s, k), e));
+		RT_CHECK(enqueue_step(x, e));
+		return read_metrics(x, k, e);
+	}
+	while (x->ninflight >= 2) /* at most two steps in flight: k-2 is done */
+		RT_CHECK(wait_oldest(x, e));
 	RT_CHECK(stage_step(x, k, e));
 	x->step = k;
-	RT_CHECK(b->ops->set_step(b, k, exec_lr(x->s, k), e));
-	if (b->ops->replay && !x->no_graph) {
+	RT_CHECK(o->set_step(b, k, exec_lr(x->s, k), e));
+	if (o->replay && !x->no_graph && x->warm) {
 		if (!x->captured)
 			RT_CHECK(capture_step(x, e));
-		RT_CHECK(b->ops->replay(b, e));
+		RT_CHECK(o->replay(b, e));
 	} else {
-		RT_CHECK(enqueue_step(x, e));
+		RT_CHECK(enqueue_step(x, e)); /* --no-graph, or the eager first step */
+		x->warm = 1;
 	}
-	x->running = 1;
-	x->running_step = k;
+	x->inflight[x->ninflight++] = k;
+	return 0;
+}
+
+int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtErr *e)
+{
+	for (int i = 0; i < x->ninflight; i++)
+		if (x->inflight[i] == k) {
+			while (x->ninflight > 0 && x->inflight[0] <= k)
+				RT_CHECK(wait_oldest(x, e));
+			break;
+		}
+	if (x->mstep[k & 1] != (int64_t)k)
+		return RT_FAIL(e, "internal error: the metrics of step %llu are not kept",
+			       (unsigned long long)k + 1);
+	*loss = x->mval[k & 1][0];
+	*grad_norm = x->s->metrics.grad_norm >= 0 ? x->mval[k & 1][1] : NAN;
 	return 0;
 }
 
 int exec_step_wait(Exec *x, RtErr *e)
 {
-	if (!x->running)
+	if (!x->ninflight)
 		return 0;
 	char what[64];
-	snprintf(what, sizeof what, "step %llu", (unsigned long long)x->running_step + 1);
-	x->running = 0;
+	snprintf(what, sizeof what, "step %llu",
+		 (unsigned long long)x->inflight[x->ninflight - 1] + 1);
+	while (x->ninflight > 0)
+		RT_CHECK(wait_oldest(x, e));
 	return sync_all(x, what, e);
 }
 

@@ -25,12 +25,19 @@
  * Data. LOAD copies a batch the executor staged in host memory (from the
  * backend's host_alloc: pinned on a GPU) into the data tensor: for the step
  * program one batch per micro-batch of the optimizer step, staged before
- * the step starts (exec_prefetch stages step k+1 while step k runs on a
- * backend with streams); for the eval program the batch of eval_batch.
+ * the step starts; for the eval program the batch of eval_batch. On a
+ * backend with streams a staged step is pushed to the device at once
+ * (stage_push), so exec_prefetch(k+1) fills and copies step k+1's batches
+ * while step k runs, and step k+1's loads read the device copy.
  *
  * Optimizer steps. exec_step runs grad_accum runs of the step program (the
  * DP_IF_LAST parts on the last) after zeroing the metrics; on a backend with
- * graphs the whole step is captured once and replayed every step.
+ * graphs the first step runs eagerly (it warms up NCCL's connections,
+ * cuBLAS and lazily loaded kernels outside any capture), the second is
+ * captured once, and every step from then on is one replay. On a backend
+ * with streams at most two steps are in flight: launching step k waits for
+ * step k-2, and the metrics of step k are read (exec_step_metrics) from
+ * memory the step itself wrote, while the steps after it run.
  */
 #ifndef DP_EXEC_H
 #define DP_EXEC_H
@@ -91,11 +98,14 @@ typedef struct {
 	float *bounce;        /* host copy of one tensor for INIT and SAVE */
 	size_t bounce_bytes;
 
-	/* optimizer steps on a backend with streams */
+	/* optimizer steps */
 	int no_graph;         /* BackendOpts.no_graph: enqueue each step instead of replaying */
+	int warm;             /* a step ran eagerly: the next one is captured */
 	int captured;         /* the step graph exists */
-	int running;          /* a step was launched and not waited for */
-	uint64_t running_step;
+	uint64_t inflight[2]; /* launched steps not waited for, oldest first (streams) */
+	int ninflight;
+	int64_t mstep[2];     /* the step whose metrics mval[k & 1] holds, -1: none */
+	float mval[2][2];     /* its loss and grad norm */
 
 	/* per-run stream state */
 	int64_t *event_ticket; /* host streams: comm ticket recorded by the event, -1: compute */
@@ -134,10 +144,14 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
  * step program once per micro-batch (DP_IF_LAST parts on the last) with
  * lr = exec_lr(k) and t = k + 1. exec_step_launch returns without waiting
  * on a backend with streams (replaying the captured step, or enqueueing
- * it with --no-graph); exec_prefetch(k + 1) then stages the next batches
- * while it runs; exec_step_wait waits. exec_step is launch + wait. */
+ * it with --no-graph), after waiting for step k-2 if that still runs;
+ * exec_prefetch(k + 1) then stages the next batches while it runs;
+ * exec_step_metrics(k) waits for step k alone and gives its loss metric
+ * (this rank's sum) and grad norm (NAN when the step file has none);
+ * exec_step_wait waits for everything. exec_step is launch + wait. */
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e);
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e);
+int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtErr *e);
 int exec_step_wait(Exec *x, RtErr *e);
 int exec_step(Exec *x, uint64_t k, RtErr *e);
 /* Copy a whole tensor (nbytes of its dtype's elements) out of / into the

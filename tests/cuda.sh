@@ -9,7 +9,10 @@
 #   - without a usable GPU: --device cuda is exit 1 and one line naming the
 #     cause (no driver / driver older than the runtime / no device), on 1
 #     rank and, said once, on 2; --device auto trains on the CPU after a
-#     one-line notice, with the same losses as --device cpu.
+#     one-line notice, with the same losses as --device cpu;
+#   - a driver older than the runtime is a FAILURE, not a skip: the machine
+#     has a GPU whose driver cannot run this build (tests/cuda_emu.sh checks
+#     that this suite fails on it, with the emulator's DPEMU_DRIVER_VERSION).
 # On a GPU (NONE OF THIS HAS RUN YET; docs/CUDA.md), else each reported as
 # SKIP and counted as skipped, never as passed:
 #   1. models/mlp.dp at 1 rank, 50 steps: CUDA vs CPU losses and parameters.
@@ -77,10 +80,20 @@ elif X "$T/w1.bin" --device cuda --steps 0 --quiet >"$T/probe.out" 2>&1; then
 	GPU=1
 else
 	why=$(cat "$T/probe.out")
+	# no driver or no device is a machine without a GPU: skip. A driver older
+	# than the runtime is a broken installation on a GPU machine: fail.
+	if grep -q "older than the CUDA runtime" "$T/probe.out"; then
+		fail "the CUDA driver is older than the runtime this backend needs: $why"
+	fi
 	one_error "--device cuda without a GPU: one line naming the cause" "dpexec: error: --device cuda: " \
 		X "$T/w1.bin" --device cuda --steps 1
-	grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cudaGetDeviceCount" "$T/err" ||
+	grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cannot be used" "$T/err" ||
 		fail "the --device cuda error names no cause: $(cat "$T/err")"
+	# a GPU that is there but unusable (a driver older than the CUDA 13 runtime)
+	# is a failure of this machine's set-up, never a skip
+	if grep -Eq "older than the CUDA runtime|cannot be used" "$T/err"; then
+		fail "a GPU is present but the CUDA backend cannot use it: $(cat "$T/err")"
+	fi
 	mpirun --oversubscribe -np 2 env $MPI_ASAN "$DPEXEC" "$T/w2.bin" --device cuda \
 		--steps 1 >"$T/out2" 2>"$T/err2"; rc=$?
 	if [ $rc -ne 0 ] && [ "$(grep -c 'dpexec: error: --device cuda' "$T/err2")" -eq 1 ]; then

@@ -132,3 +132,21 @@ gpt_text() {
 	variant "$ROOT/models/gpt2-tiny.dp" "$1" \
 		's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
 }
+
+# ---- the CUDA emulator suites (tests/cuda_emu.sh, cuda_emu_mutations.sh) ----
+
+# emu_start SUITE: builds what they need (make all cuda-emu); with SAN=1 the
+# suite is one SKIP (the emulator's fibers switch stacks under ASan's feet,
+# and the emulated build is never sanitized). Non-zero: finish now.
+emu_start() {
+	export OPENBLAS_NUM_THREADS=1 # the same summation order in both backends, and no spinning
+	if [ "${SAN:-0}" = 1 ]; then
+		skip "$1 (SAN=1: the CUDA emulator is not ASan-clean; run it without SAN)"
+		return 1
+	fi
+	if ! make -s -C "$ROOT" all cuda-emu >"$T/build.log" 2>&1; then
+		tail -n 30 "$T/build.log"
+		fail "make cuda-emu"
+		return 1
+	fi
+}

@@ -30,6 +30,8 @@ suites=(
 	"views"         "bash tests/views.sh"
 	"trace"         "bash tests/trace.sh"
 	"cuda"          "bash tests/cuda.sh"
+	"cuda_emu"      "bash tests/cuda_emu.sh"
+	"cuda_emu_mutations" "bash tests/cuda_emu_mutations.sh"
 )
 tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do

@@ -39,7 +39,7 @@ if grep -qE "^%t : [^=]+ = reshape %l1\.w " "$T/after.ir" &&
 else
 	fail "the reshapes that must stay copies"; grep -E "= reshape" "$T/after.ir" | sed 's/^/      /'
 fi
-"$DPEXEC" "$T/r.bin" --check-grads --device cpu >"$T/gc" 2>&1
+env $MPI_ASAN "$DPEXEC" "$T/r.bin" --check-grads --device cpu >"$T/gc" 2>&1
 if [ $? -eq 0 ] && [ "$(grep -c ' ok$' "$T/gc")" = 2 ]; then
 	ok "reshapes.dp: gradcheck passes through the views"
 else

@@ -1,49 +1,65 @@
 /*
  * backend_cuda.c - the CUDA compute backend: the BackendOps `dp_cuda_backend`
  * that libdpcuda.so exports (backend.h; dpexec loads it with dlopen). Device
- * choice, one cudaMalloc'd arena, two streams with events, NCCL collectives,
- * the step graph, the polling wait with its watchdog, and teardown. The
- * kernels and their table are kernels.cu; the communicators comm_nccl.c.
+ * choice, one cudaMalloc'd arena, three streams with events, NCCL
+ * collectives, the step graph, batches staged on the device ahead of their
+ * step, results reported through mapped host memory, the polling wait with
+ * its watchdog, and teardown. The kernels and their table are the .cu files
+ * (kernels.h); the communicators comm_nccl.c.
  *
  * The model (the executor's walk in exec.c drives it):
  *  - one arena per rank, every tensor a pointer at its offset (Backend.ptr);
- *  - two streams (compute, comm), non-blocking; EVENT_RECORD/EVENT_WAIT are
- *    cudaEventRecord/cudaStreamWaitEvent on the instruction's stream, so the
- *    cross-stream order is exactly the schedule's. Each program run forks the
- *    comm stream off the compute stream (run_begin) and joins it back
- *    (run_end): a run sees everything before it, and everything after it
- *    sees the whole run, on both streams;
- *  - kernels: the op's row of cu_kernel_table, with a cuBLAS handle
- *    (workspace set once, CUBLAS_DEFAULT_MATH: no TF32) on each stream that
- *    has a GEMM, and a reduction scratch buffer per stream;
+ *  - two streams of the schedule (compute, comm), non-blocking;
+ *    EVENT_RECORD/EVENT_WAIT are cudaEventRecord/cudaStreamWaitEvent on the
+ *    instruction's stream, so the cross-stream order is exactly the
+ *    schedule's. Each program run forks the comm stream off the compute
+ *    stream (run_begin) and joins it back (run_end): a run sees everything
+ *    before it, and everything after it sees the whole run, on both
+ *    streams. A third, the copy stream, carries the staged batches;
+ *  - kernels: the op's row of cu_kernel_table, with its plan entry (fusions
+ *    decided at load by the planners), a cuBLAS handle (workspace set once;
+ *    fp32, or TF32 with `precision tf32`) on each stream that has a GEMM,
+ *    and a scratch buffer per stream;
  *  - collectives: NCCL on the instruction's stream, one communicator per
  *    (stream, axis mask) the step uses (two streams never share one: NCCL
  *    serialises a communicator's operations);
- *  - the executor captures one optimizer step (schedule kernel, zeroed
- *    metrics, grad_accum runs of STEP, the step-counter increment) into one
- *    CUDA Graph (capture_begin/capture_end), instantiated once and replayed
- *    with one cudaGraphLaunch per step. lr and the step counter live in
- *    device memory (CuScalars), so the graph bakes in no host value that
- *    changes between steps; --no-graph enqueues the same sequence eagerly;
- *  - LOAD uploads the executor's staged batch from pinned host memory
- *    (host_alloc); the captured copy reads the buffer the executor refreshes
- *    before each launch. read/write (INIT, SAVE, metrics) are copies on the
- *    compute stream after everything issued, waited for by polling.
+ *  - optimizer steps: the executor runs the first eagerly (NCCL connects,
+ *    cuBLAS and lazily loaded kernels initialise outside any capture), then
+ *    captures one (schedule kernel, zeroed metrics, grad_accum runs of STEP,
+ *    report and step-counter increment) into one CUDA Graph, instantiated
+ *    once and replayed with one cudaGraphLaunch per step. lr and the step
+ *    counter live in device memory (CuScalars), so the graph bakes in no
+ *    host value that changes between steps; --no-graph enqueues the same
+ *    sequence eagerly;
+ *  - batches: stage_push copies step k's batches (pinned host memory) on
+ *    the copy stream into device buffer k % 2 as soon as step k-2 is done
+ *    with it; LOAD inside a step is a kernel that copies from buffer
+ *    (device step counter) % 2, so the graph reads whichever step it is
+ *    replayed as, and the host-to-device copy of step k+1 overlaps step k;
+ *  - results: the step's last kernel writes the loss and grad-norm metrics,
+ *    the device's lr and t and any error a kernel met into mapped pinned
+ *    memory (slot k % 2); step_wait(k) polls step k's event and reads them:
+ *    no copy, no round trip inside the step, and step k+1 keeps running;
+ *  - read/write (INIT, SAVE, checkpoints) go through one pinned bounce
+ *    buffer per stream, on the compute stream after everything issued, and
+ *    are waited for by polling: no synchronous copy races the non-blocking
+ *    streams.
  *
  * Operand rules (presence, dtypes, element counts) are the step-file
  * decoder's: this backend relies on them and checks only its own limits at
- * load (no bf16 yet; the rows' limits).
+ * load (no bf16 yet; the rows' limits; SHARD operands disjoint).
  *
  * Faults: every wait polls (cudaEventQuery, never a blocking sync) and
  * checks NCCL's async errors; with timeout_s > 0 a wait that exceeds it
  * destroys the graph, aborts every NCCL communicator and fails naming the
  * pending collective, known from progress marks each stream writes to
- * mapped host memory after every collective. Teardown and abort destroy the
- * graph exec and the graph first (NCCL waits for graphs that captured its
- * communicators), then the communicators, then memory.
+ * mapped host memory after every collective. NCCL init and every
+ * ncclInProgress are settled under a deadline too. Teardown and abort
+ * destroy the graph exec and the graph first (NCCL waits for graphs that
+ * captured its communicators), then the communicators, then memory.
  *
  * Plain C compiled by gcc with -Wall -Wextra: the CUDA runtime, cuBLAS and
- * NCCL C APIs only. Nothing here has run on a GPU yet: see docs/CUDA.md.
+ * NCCL C APIs only. Nothing here has run on a GPU: see docs/CUDA.md.
  */
 #include <math.h>
 #include <stdio.h>
@@ -58,6 +74,10 @@
 #include "nccl_int.h"
 
 #define CU_WORKSPACE_BYTES (32u << 20) /* cuBLAS workspace per handle (Hopper's advice) */
+#define CU_BOUNCE_BYTES (16u << 20)    /* pinned bounce buffer per stream (read/write) */
+#define CU_INIT_DEADLINE_S 300.0       /* NCCL init without --timeout */
+#define CU_SETTLE_S 300.0              /* an ncclInProgress without --timeout */
+#define MARK_SHIFT 24                  /* progress mark: step << 24 | sequence number */
 
 #define CU(call)                                                                            \
 	do {                                                                                \
@@ -87,18 +107,40 @@ typedef struct {
 	int n, cap;
 } MarkTable;
 
+/* A pinned host buffer from host_alloc and its two device copies (step
+ * parities) that stage_push fills on the copy stream. */
+typedef struct {
+	unsigned char *host;
+	size_t bytes;
+	void *dev[2];        /* NULL until the first push */
+	cudaEvent_t copied;  /* after the last copy out of host */
+	int pushed;          /* a push happened: loads inside steps read dev[] */
+} Region;
+
 typedef struct {
 	BackendOpts o;
 	int device;
 	CuNccl *nccl;
 	unsigned char *arena;
 	cudaStream_t st[DP_NSTREAM];
+	cudaStream_t copy_st;            /* staged batches */
 	cublasHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
 	void *blas_ws[DP_NSTREAM];
-	double *scratch[DP_NSTREAM];     /* per stream: reductions never share */
+	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
+	unsigned char *bounce[DP_NSTREAM]; /* pinned, CU_BOUNCE_BYTES */
+	int tf32;
+	CuFuse *fuse[DP_NPROG];          /* the planners' entries, per instruction */
+	void **aux;                      /* device memory the planners asked for */
+	int naux;
 	cudaEvent_t *ev;                 /* [nevents] */
 	cudaEvent_t fork, join, done;
+	cudaEvent_t step_done[2];        /* after step k (parity k % 2) on the compute stream */
+	cudaEvent_t pushed[2];           /* after the batches of step k were copied */
 	CuScalars *sc;                   /* device */
+	CuReport *rep;                   /* mapped pinned host memory, [3] */
+	CuReport *rep_dev;
+	Region *reg;
+	int nreg, capreg;
 	cudaGraph_t graph;
 	cudaGraphExec_t gexec;
 	int capturing;
@@ -106,9 +148,8 @@ typedef struct {
 	int kind;                        /* mark table of the latest run */
 	uint64_t next_step;              /* what the device counter holds */
 	int counter_known;
-	int check_step;                  /* a step ran: after the next wait, device schedule vs host */
-	uint64_t want_step;
-	float want_lr;
+	uint64_t cur_step;               /* the step set_step announced last */
+	float want_lr[2];                /* the host's lr of step k, [k % 2] */
 	/* watchdog: marks[k][stream] = last finished collective of run kind k */
 	volatile int64_t *marks;         /* mapped pinned host memory, [2][DP_NSTREAM] */
 	int64_t *marks_dev;
@@ -129,8 +170,16 @@ static int64_t numel(const DpTensor *t)
 	return n;
 }
 
+static double settle_deadline(const CuBackend *x)
+{
+	return cu_nccl_now() + (x->o.timeout_s > 0 ? x->o.timeout_s : CU_SETTLE_S);
+}
+
 /* ---- before init ---- */
 
+/* > 0 devices; 0: none (no driver, no device: --device auto runs on the
+ * CPU); -1: a device this build cannot use (a driver older than the
+ * runtime, or another driver error): a loud error, never a skip. */
 static int cu_probe(char *why, size_t len)
 {
 	int drv = 0, rtv = 0, n = 0;
@@ -146,18 +195,21 @@ static int cu_probe(char *why, size_t len)
 		const char *vis = getenv("CUDA_VISIBLE_DEVICES");
 		snprintf(why, len, "no CUDA device is visible (driver %d.%d%s%s)", drv / 1000,
 			 drv % 1000 / 10, vis ? ", CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "");
-	} else if (drv == 0) {
+		return 0;
+	}
+	if (drv == 0) {
 		snprintf(why, len, "no CUDA driver is installed (libcuda.so.1 not found; "
 			 "cudaGetDeviceCount: %s)", cudaGetErrorString(err));
-	} else if (drv < rtv) {
-		snprintf(why, len, "the CUDA driver (%d.%d) is older than the CUDA runtime this "
-			 "backend was built with (%d.%d): %s", drv / 1000, drv % 1000 / 10,
-			 rtv / 1000, rtv % 1000 / 10, cudaGetErrorString(err));
-	} else {
-		snprintf(why, len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
-			 cudaGetErrorName(err));
+		return 0;
 	}
-	return 0;
+	if (drv < rtv)
+		snprintf(why, len, "the CUDA driver (%d.%d) is older than the CUDA runtime this "
+			 "backend was built with (%d.%d): %s; install a newer driver", drv / 1000,
+			 drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10, cudaGetErrorString(err));
+	else
+		snprintf(why, len, "the CUDA driver %d.%d cannot be used: cudaGetDeviceCount: %s (%s)",
+			 drv / 1000, drv % 1000 / 10, cudaGetErrorString(err), cudaGetErrorName(err));
+	return -1;
 }
 
 static int cu_has_kernel(unsigned op)
@@ -180,15 +232,8 @@ static int cu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 
 /* ---- waiting, with the watchdog ---- */
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Graphs first (NCCL waits for every graph that captured a communicator),
- * then the communicators. Idempotent. */
+ * then the communicators. Idempotent. Memory is freed later, by cu_free. */
 static void abort_all(CuBackend *x)
 {
 	if (x->gexec)
@@ -199,28 +244,38 @@ static void abort_all(CuBackend *x)
 	x->graph = NULL;
 	cu_nccl_abort(x->nccl);
 	x->aborted = 1;
+	cudaGetLastError();
 }
 
-/* The first collective of each stream that has not finished, by the marks. */
-static void pending_text(Backend *b, int kind, char *buf, size_t len)
+/* The first collective of each stream that has not finished, by the marks
+ * (a step's marks carry the step number: marks of an earlier step mean
+ * nothing of `step` has finished on that stream). */
+static void pending_text(Backend *b, int kind, int64_t step, char *buf, size_t len)
 {
 	CuBackend *x = b->impl;
 	const MarkTable *t = &x->tab[kind];
 	size_t used = 0;
 	buf[0] = 0;
 	for (int st = 0; st < DP_NSTREAM; st++) {
-		int64_t last = x->marks[kind * DP_NSTREAM + st];
+		int64_t m = x->marks[kind * DP_NSTREAM + st], last = -1;
+		if (kind == 1)
+			last = m;
+		else if (m >= 0 && m >> MARK_SHIFT == step)
+			last = m & ((1 << MARK_SHIFT) - 1);
+		else if (m >= 0 && m >> MARK_SHIFT > step)
+			continue; /* this stream is past the step */
 		for (int i = (int)(last + 1); i < t->n; i++) {
-			const Mark *m = &t->v[i];
-			if (m->stream != st)
+			const Mark *mk = &t->v[i];
+			if (mk->stream != st)
 				continue;
-			const DpInstr *in = &b->s->prog[m->prog][m->instr];
+			const DpInstr *in = &b->s->prog[mk->prog][mk->instr];
 			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
 						 "%s%s of '%s' over axis mask %lld on the %s stream (%s "
 						 "program instruction %u, micro-batch %d)",
 						 used ? "; " : "", dp_kernel_names[in->op],
 						 tname(b->s, in->out), (long long)in->ia[0],
-						 dp_stream_names[st], dp_prog_names[m->prog], m->instr, m->micro);
+						 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr,
+						 mk->micro);
 			break;
 		}
 	}
@@ -228,18 +283,23 @@ static void pending_text(Backend *b, int kind, char *buf, size_t len)
 		snprintf(buf, len, "no collective outstanding (compute is what did not finish)");
 }
 
-/* Poll `ev` (recorded after the work) until it completes. */
-static int wait_event(Backend *b, cudaEvent_t ev, const char *what, RtErr *e)
+/* Poll `ev` (recorded after the work) until it completes; `step` names the
+ * optimizer step being waited for (-1: the latest run) in a timeout. */
+static int wait_event(Backend *b, cudaEvent_t ev, const char *what, int64_t step, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	double t0 = now_s(), last_check = t0;
+	double t0 = cu_nccl_now(), last_check = t0;
+	if (x->aborted)
+		return RT_FAIL(e, "%s: the CUDA backend was aborted", what);
 	for (long spins = 0;; spins++) {
 		cudaError_t q = cudaEventQuery(ev);
 		if (q == cudaSuccess)
 			break;
-		if (q != cudaErrorNotReady)
+		if (q != cudaErrorNotReady) {
+			abort_all(x); /* a sticky device error: nothing more will complete */
 			return RT_FAIL(e, "%s: %s (%s)", what, cudaGetErrorString(q), cudaGetErrorName(q));
-		double t = now_s();
+		}
+		double t = cu_nccl_now();
 		if (t - last_check > 1e-3) { /* NCCL's own errors: a peer died, a timeout */
 			last_check = t;
 			if (cu_nccl_async_error(x->nccl, e)) {
@@ -249,7 +309,7 @@ static int wait_event(Backend *b, cudaEvent_t ev, const char *what, RtErr *e)
 		}
 		if (x->o.timeout_s > 0 && t - t0 > x->o.timeout_s) {
 			char pend[512];
-			pending_text(b, x->kind, pend, sizeof pend);
+			pending_text(b, step >= 0 ? 0 : x->kind, step, pend, sizeof pend);
 			abort_all(x);
 			return RT_FAIL(e, "%s did not finish within --timeout %.3g s; pending: %s; "
 				       "aborted every NCCL communicator", what, x->o.timeout_s, pend);
@@ -270,41 +330,42 @@ static int join_comm(CuBackend *x, RtErr *e)
 	return 0;
 }
 
-/* What the kernels report back: a label out of range; after a step, the
- * device's lr and t against the host's schedule (device cos/pow may differ
- * from glibc's in the last ulp of a double). */
-static int check_scalars(Backend *b, RtErr *e)
+/* A kernel's report of bad data, as the CPU's message for the same value. */
+static int report_error(const CuReport *r, RtErr *e)
 {
-	CuBackend *x = b->impl;
-	CuScalars sc;
-	CU(cudaMemcpy(&sc, x->sc, sizeof sc, cudaMemcpyDeviceToHost));
-	if (sc.err)
-		return RT_FAIL(e, "label %d of row %lld is out of range for %lld classes",
-			       sc.err_label, (long long)sc.err_row, (long long)sc.err_classes);
-	if (x->check_step) {
-		x->check_step = 0;
-		double want = x->want_lr;
-		if (sc.t != (int64_t)x->want_step + 1 ||
-		    !(fabs((double)sc.lr - want) <= 1e-6 * fabs(want) + 1e-12))
-			return RT_FAIL(e, "step %llu: the device schedule says lr %.9g t %lld, the host "
-				       "lr %.9g t %llu", (unsigned long long)x->want_step + 1, sc.lr,
-				       (long long)sc.t, want, (unsigned long long)x->want_step + 1);
+	switch (r->err) {
+	case CU_ERR_NONE:
+		return 0;
+	case CU_ERR_LABEL:
+		return RT_FAIL(e, "label %lld of row %lld is out of range for %lld classes",
+			       (long long)r->err_value, (long long)r->err_index, (long long)r->err_limit);
+	case CU_ERR_TOKEN:
+		return RT_FAIL(e, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
+			       (long long)r->err_value, (long long)r->err_index, (long long)r->err_limit);
+	case CU_ERR_POSITION:
+		return RT_FAIL(e, "row %lld's position %lld is not the zigzag layout of a sequence of "
+			       "%lld", (long long)r->err_index, (long long)r->err_value,
+			       (long long)r->err_limit);
+	default:
+		return RT_FAIL(e, "a CUDA kernel reported error %d", r->err);
 	}
-	return 0;
 }
 
+/* Wait for everything issued (both streams), then the report of any error a
+ * kernel met. */
 static int cu_sync(Backend *b, const char *what, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	if (x->aborted)
 		return RT_FAIL(e, "%s: the CUDA backend was aborted", what);
 	RT_CHECK(join_comm(x, e));
+	CU(cu_k_report(x->st[DP_STREAM_COMPUTE], x->sc, x->rep_dev, 0, NULL, NULL));
 	CU(cudaEventRecord(x->done, x->st[DP_STREAM_COMPUTE]));
-	if (wait_event(b, x->done, what, e)) {
+	if (wait_event(b, x->done, what, -1, e)) {
 		x->counter_known = 0;
 		return -1;
 	}
-	return check_scalars(b, e);
+	return report_error(&x->rep[2], e);
 }
 
 /* ---- set-up and teardown ---- */
@@ -321,6 +382,8 @@ static int add_mark(CuBackend *x, int kind, int stream, const BackendAt *at, int
 		t->v = v;
 		t->cap = cap;
 	}
+	if (t->n >= (1 << MARK_SHIFT) - 1)
+		return RT_FAIL(e, "too many collectives in one run for the watchdog's marks");
 	t->v[t->n] = (Mark){stream, at->prog, at->instr, at->micro};
 	*seq = t->n++;
 	return 0;
@@ -332,24 +395,81 @@ static void reset_marks(CuBackend *x, int kind)
 		x->marks[kind * DP_NSTREAM + st] = -1;
 }
 
+/* The planners' device memory: zeroed, freed with the backend. */
+static void *plan_alloc(CuPlan *p, size_t bytes)
+{
+	CuBackend *x = p->impl;
+	void *d = NULL, **v = realloc(x->aux, (size_t)(x->naux + 1) * sizeof *v);
+	if (!v)
+		return NULL;
+	x->aux = v;
+	if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	x->aux[x->naux++] = d;
+	if (cudaMemsetAsync(d, 0, bytes ? bytes : 1, x->st[DP_STREAM_COMPUTE]) != cudaSuccess) {
+		cudaGetLastError();
+		return NULL;
+	}
+	return d;
+}
+
+static int plan(Backend *b, CuBackend *x, RtErr *e)
+{
+	const DpStep *s = b->s;
+	CuPlan p = {.s = s, .ptr = b->ptr, .alloc = plan_alloc, .impl = x};
+	for (int g = 0; g < DP_NPROG; g++) {
+		x->fuse[g] = calloc(s->nprog[g] ? s->nprog[g] : 1, sizeof *x->fuse[g]);
+		if (!x->fuse[g])
+			return RT_FAIL(e, "out of memory (kernel plan)");
+		p.fuse[g] = x->fuse[g];
+	}
+	RT_CHECK(cu_plan_clip(&p, e));
+	return cu_plan_xent(&p, e);
+}
+
+/* SHARD is a strided copy kernel: its operands must not overlap. */
+static int check_shards(const DpStep *s, RtErr *e)
+{
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op != DPK_SHARD)
+				continue;
+			const DpTensor *a = &s->tensors[in->in[0]], *o = &s->tensors[in->out];
+			if (a->offset < o->offset + o->nbytes && o->offset < a->offset + a->nbytes)
+				return RT_FAIL(e, "step file: %s program instruction %u: shard of '%s' into "
+					       "'%s': overlapping operands are not supported on CUDA",
+					       dp_prog_names[p], i, tname(s, in->in[0]), tname(s, in->out));
+		}
+	return 0;
+}
+
 /* The device, the communicators, memory, streams, handles, events. On
  * failure cu_init frees the partial set-up. */
 static int init_body(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
 	int ndev = 0;
+	if (cu_kernel_table.twice >= 0)
+		return RT_FAIL(e, "internal error: two CUDA kernel files claim %s",
+			       dp_kernel_names[cu_kernel_table.twice]);
+	RT_CHECK(check_shards(s, e));
 	CU(cudaGetDeviceCount(&ndev));
 	if (ndev < 1)
 		return RT_FAIL(e, "no CUDA device is visible");
 	x->device = x->o.local_rank % ndev;
 	CU(cudaSetDevice(x->device));
+	x->tf32 = s->cfg.gemm_math == DP_GEMM_TF32;
 
 	/* what the kernel rows need, per stream; a communicator per collective */
 	int gemm_on[DP_NSTREAM] = {0, 0};
-	size_t scratch[DP_NSTREAM] = {CU_REDUCE_BLOCKS, CU_REDUCE_BLOCKS};
+	size_t scratch[DP_NSTREAM] = {CU_SCRATCH_MIN, CU_SCRATCH_MIN};
 	uint32_t masks[DP_NSTREAM];
 	cu_nccl_masks(s, masks);
-	RT_CHECK(cu_nccl_init(&x->nccl, b->comm, masks, e));
+	RT_CHECK(cu_nccl_init(&x->nccl, b->comm, masks,
+			      x->o.timeout_s > 0 ? x->o.timeout_s : CU_INIT_DEADLINE_S, e));
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
@@ -369,9 +489,13 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 				scratch[in->stream] = k->scratch(s, in);
 		}
 
+	for (int k = 0; k < DP_NSTREAM; k++)
+		CU(cudaStreamCreateWithFlags(&x->st[k], cudaStreamNonBlocking));
+	CU(cudaStreamCreateWithFlags(&x->copy_st, cudaStreamNonBlocking));
+	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
 	size_t bytes = (size_t)((s->cfg.arena_bytes + 255) / 256 * 256);
 	CU(cudaMalloc((void **)&x->arena, bytes ? bytes : 256));
-	CU(cudaMemset(x->arena, 0, bytes ? bytes : 256));
+	CU(cudaMemsetAsync(x->arena, 0, bytes ? bytes : 256, cs));
 	b->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *b->ptr);
 	x->ev = calloc(s->nevents ? s->nevents : 1, sizeof *x->ev);
 	if (!b->ptr || !x->ev)
@@ -381,14 +505,15 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			b->ptr[i] = x->arena + s->tensors[i].offset;
 
 	for (int k = 0; k < DP_NSTREAM; k++) {
-		CU(cudaStreamCreateWithFlags(&x->st[k], cudaStreamNonBlocking));
-		CU(cudaMalloc((void **)&x->scratch[k], scratch[k] * sizeof(double)));
+		CU(cudaMalloc(&x->scratch[k], scratch[k]));
+		CU(cudaHostAlloc((void **)&x->bounce[k], CU_BOUNCE_BYTES, cudaHostAllocDefault));
 		if (!gemm_on[k])
 			continue;
 		BLAS(cublasCreate(&x->blas[k]));
 		BLAS(cublasSetStream(x->blas[k], x->st[k]));
-		/* fp32 GEMMs stay fp32: no TF32 (CPU agreement; docs/CUDA.md) */
-		BLAS(cublasSetMathMode(x->blas[k], CUBLAS_DEFAULT_MATH));
+		/* fp32 GEMMs stay fp32 unless the step file says precision tf32 */
+		BLAS(cublasSetMathMode(x->blas[k], x->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+							   : CUBLAS_DEFAULT_MATH));
 		CU(cudaMalloc(&x->blas_ws[k], CU_WORKSPACE_BYTES));
 		BLAS(cublasSetWorkspace(x->blas[k], x->blas_ws[k], CU_WORKSPACE_BYTES));
 	}
@@ -397,15 +522,25 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	CU(cudaEventCreateWithFlags(&x->fork, cudaEventDisableTiming));
 	CU(cudaEventCreateWithFlags(&x->join, cudaEventDisableTiming));
 	CU(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
+	for (int k = 0; k < 2; k++) {
+		CU(cudaEventCreateWithFlags(&x->step_done[k], cudaEventDisableTiming));
+		CU(cudaEventCreateWithFlags(&x->pushed[k], cudaEventDisableTiming));
+	}
 	CU(cudaMalloc((void **)&x->sc, sizeof *x->sc));
-	CU(cudaMemset(x->sc, 0, sizeof *x->sc));
+	CU(cudaMemsetAsync(x->sc, 0, sizeof *x->sc, cs));
 	x->counter_known = 1; /* step 0 */
+	CU(cudaHostAlloc((void **)&x->rep, 3 * sizeof *x->rep, cudaHostAllocMapped));
+	CU(cudaHostGetDevicePointer((void **)&x->rep_dev, x->rep, 0));
+	memset(x->rep, 0, 3 * sizeof *x->rep);
+	x->rep[0].step = x->rep[1].step = -1;
 	CU(cudaHostAlloc((void **)&x->marks, 2 * DP_NSTREAM * sizeof(int64_t), cudaHostAllocMapped));
 	CU(cudaHostGetDevicePointer((void **)&x->marks_dev, (void *)x->marks, 0));
 	reset_marks(x, 0);
 	reset_marks(x, 1);
-	CU(cudaDeviceSynchronize()); /* start-up: the set-up above has finished */
-	return 0;
+	RT_CHECK(plan(b, x, e));
+	/* start-up: the set-up above has finished, waited for by polling */
+	CU(cudaEventRecord(x->done, cs));
+	return wait_event(b, x->done, "initialising the CUDA backend", -1, e);
 }
 
 static void cu_free(Backend *b)
@@ -413,25 +548,38 @@ static void cu_free(Backend *b)
 	CuBackend *x = b->impl;
 	if (!x)
 		return;
-	if (!x->aborted && x->done) { /* let issued work finish, under the watchdog */
+	if (!x->aborted && x->done && x->st[DP_STREAM_COMPUTE]) {
+		/* let issued work finish, under the watchdog; also the copy stream */
 		RtErr ignore = {.rank = -1};
-		cu_sync(b, "teardown", &ignore);
+		if (cu_sync(b, "teardown", &ignore) == 0 && x->copy_st &&
+		    cudaEventRecord(x->done, x->copy_st) == cudaSuccess)
+			wait_event(b, x->done, "teardown", -1, &ignore);
 	}
 	/* graphs, then communicators, then memory */
 	if (x->gexec)
 		cudaGraphExecDestroy(x->gexec);
 	if (x->graph)
 		cudaGraphDestroy(x->graph);
+	if (x->aborted)
+		cu_nccl_abort(x->nccl); /* idempotent */
 	cu_nccl_free(x->nccl);
 	for (uint32_t i = 0; x->ev && i < b->s->nevents; i++)
 		if (x->ev[i])
 			cudaEventDestroy(x->ev[i]);
-	if (x->fork)
-		cudaEventDestroy(x->fork);
-	if (x->join)
-		cudaEventDestroy(x->join);
-	if (x->done)
-		cudaEventDestroy(x->done);
+	cudaEvent_t evs[] = {x->fork, x->join, x->done, x->step_done[0], x->step_done[1],
+			     x->pushed[0], x->pushed[1]};
+	for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+		if (evs[i])
+			cudaEventDestroy(evs[i]);
+	for (int i = 0; i < x->nreg; i++) {
+		Region *r = &x->reg[i];
+		if (r->copied)
+			cudaEventDestroy(r->copied);
+		for (int k = 0; k < 2; k++)
+			if (r->dev[k])
+				cudaFree(r->dev[k]);
+		cudaFreeHost(r->host);
+	}
 	for (int k = 0; k < DP_NSTREAM; k++) {
 		if (x->blas[k])
 			cublasDestroy(x->blas[k]);
@@ -439,11 +587,19 @@ static void cu_free(Backend *b)
 			cudaFree(x->blas_ws[k]);
 		if (x->scratch[k])
 			cudaFree(x->scratch[k]);
+		if (x->bounce[k])
+			cudaFreeHost(x->bounce[k]);
 		if (x->st[k])
 			cudaStreamDestroy(x->st[k]);
 	}
+	if (x->copy_st)
+		cudaStreamDestroy(x->copy_st);
+	for (int i = 0; i < x->naux; i++)
+		cudaFree(x->aux[i]);
 	if (x->sc)
 		cudaFree(x->sc);
+	if (x->rep)
+		cudaFreeHost(x->rep);
 	if (x->marks)
 		cudaFreeHost((void *)x->marks);
 	if (x->arena)
@@ -451,6 +607,10 @@ static void cu_free(Backend *b)
 	cudaGetLastError();
 	for (int k = 0; k < 2; k++)
 		free(x->tab[k].v);
+	for (int g = 0; g < DP_NPROG; g++)
+		free(x->fuse[g]);
+	free(x->aux);
+	free(x->reg);
 	free(x->ev);
 	free(b->ptr);
 	free(x);
@@ -486,10 +646,12 @@ static void cu_describe(Backend *b, char *buf, size_t len)
 			 rtv, nv);
 		return;
 	}
-	snprintf(buf, len, "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s",
+	snprintf(buf, len,
+		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s",
 		 p.name, p.major, p.minor, p.multiProcessorCount,
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
-		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph");
+		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
+		 x->tf32 ? ", TF32 GEMMs" : "");
 }
 
 static void cu_abort(Backend *b)
@@ -504,19 +666,43 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream],
-		    x->scratch[in->stream], x->sc};
+		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
 	return cu_kernel_table.k[in->op].run(&a, e);
 }
 
+/* The staging region host lies in, or NULL. */
+static Region *region_of(CuBackend *x, const void *host)
+{
+	const unsigned char *h = host;
+	for (int i = 0; i < x->nreg; i++)
+		if (h >= x->reg[i].host && h < x->reg[i].host + x->reg[i].bytes)
+			return &x->reg[i];
+	return NULL;
+}
+
+/* LOAD. Inside an optimizer step from a pushed region: the kernel that
+ * copies from the device copy of the step the device counter says (what a
+ * graph replays correctly); otherwise a copy from the pinned buffer, which
+ * the executor leaves alone until the run's wait. */
 static int cu_upload(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,
 		     RtErr *e)
 {
 	CuBackend *x = b->impl;
-	if (bytes)
-		CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, x->st[stream]));
+	Region *r = region_of(x, host);
+	if (!bytes)
+		return 0;
+	if (x->in_step && r && r->pushed) {
+		size_t off = (size_t)((const unsigned char *)host - r->host);
+		CU(cu_k_load(x->st[stream], dst, (unsigned char *)r->dev[0] + off,
+			     (unsigned char *)r->dev[1] + off, bytes, x->sc));
+		return 0;
+	}
+	CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, x->st[stream]));
 	return 0;
 }
 
+/* SHARD: a kernel (no pitch limit; cudaMemcpy2DAsync refuses pitches above
+ * cudaDeviceProp.memPitch, ~2 GiB); a contiguous block is one memcpy. */
 static int cu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, const void *src,
 		     size_t spitch, size_t width, size_t rows, RtErr *e)
 {
@@ -526,8 +712,7 @@ static int cu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, cons
 	if (rows == 1 || (dpitch == width && spitch == width))
 		CU(cudaMemcpyAsync(dst, src, width * rows, cudaMemcpyDeviceToDevice, x->st[stream]));
 	else
-		CU(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
-				     x->st[stream]));
+		CU(cu_k_copy2d(x->st[stream], dst, dpitch, src, spitch, width, rows));
 	return 0;
 }
 
@@ -539,40 +724,103 @@ static int cu_zero(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *
 	return 0;
 }
 
-/* Host copies go on the compute stream after everything issued, and are
- * waited for by polling: no synchronous copy races the non-blocking streams,
- * and no blocking wait escapes the watchdog. A read waits first (a copy
- * into pageable memory returns only when done, i.e. after the stream's
- * earlier work), a write after (the host buffer is then free again). */
+/* Host copies go through the compute stream's pinned bounce buffer, after
+ * everything issued, in chunks, each waited for by polling: no synchronous
+ * copy races the non-blocking streams, no blocking wait escapes the
+ * watchdog, and no copy touches pageable memory. */
 static int cu_read(Backend *b, const void *src, void *host, size_t bytes, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	unsigned char *bb = x->bounce[DP_STREAM_COMPUTE];
 	RT_CHECK(cu_sync(b, "reading a tensor", e));
-	CU(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, x->st[DP_STREAM_COMPUTE]));
-	return cu_sync(b, "reading a tensor", e);
+	for (size_t at = 0; at < bytes; at += CU_BOUNCE_BYTES) {
+		size_t n = bytes - at < CU_BOUNCE_BYTES ? bytes - at : CU_BOUNCE_BYTES;
+		CU(cudaMemcpyAsync(bb, (const unsigned char *)src + at, n, cudaMemcpyDeviceToHost,
+				   x->st[DP_STREAM_COMPUTE]));
+		RT_CHECK(cu_sync(b, "reading a tensor", e));
+		memcpy((unsigned char *)host + at, bb, n);
+	}
+	return 0;
 }
 
 static int cu_write(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	RT_CHECK(join_comm(x, e));
-	CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, x->st[DP_STREAM_COMPUTE]));
-	return cu_sync(b, "writing a tensor", e);
+	unsigned char *bb = x->bounce[DP_STREAM_COMPUTE];
+	RT_CHECK(cu_sync(b, "writing a tensor", e)); /* the bounce buffer is free */
+	for (size_t at = 0; at < bytes; at += CU_BOUNCE_BYTES) {
+		size_t n = bytes - at < CU_BOUNCE_BYTES ? bytes - at : CU_BOUNCE_BYTES;
+		memcpy(bb, (const unsigned char *)host + at, n);
+		CU(cudaMemcpyAsync((unsigned char *)dst + at, bb, n, cudaMemcpyHostToDevice,
+				   x->st[DP_STREAM_COMPUTE]));
+		RT_CHECK(cu_sync(b, "writing a tensor", e));
+	}
+	return 0;
 }
 
+/* Pinned, and a staging region (its device copies come with the first push). */
 static void *cu_host_alloc(Backend *b, size_t bytes)
 {
+	CuBackend *x = b->impl;
 	void *p = NULL;
+	if (x->nreg == x->capreg) {
+		int cap = x->capreg ? 2 * x->capreg : 8;
+		Region *r = realloc(x->reg, (size_t)cap * sizeof *r);
+		if (!r)
+			return NULL;
+		x->reg = r;
+		x->capreg = cap;
+	}
 	if (cudaMallocHost(&p, bytes) != cudaSuccess) {
 		cudaGetLastError();
 		return NULL;
 	}
+	x->reg[x->nreg++] = (Region){.host = p, .bytes = bytes};
 	return p;
 }
 
 static void cu_host_free(Backend *b, void *p)
 {
-	cudaFreeHost(p);
+	CuBackend *x = b->impl;
+	Region *r = region_of(x, p);
+	if (!r) {
+		cudaFreeHost(p);
+		return;
+	}
+	/* the backend's teardown frees the region with its device copies */
+}
+
+/* ---- staged batches ---- */
+
+static int cu_stage_wait(Backend *b, const void *host, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	Region *r = region_of(x, host);
+	if (!r || !r->copied)
+		return 0;
+	return wait_event(b, r->copied, "staging a batch", -1, e);
+}
+
+static int cu_stage_push(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	Region *r = region_of(x, host);
+	int par = (int)(k & 1);
+	if (!r || (const unsigned char *)host != r->host || bytes > r->bytes)
+		return RT_FAIL(e, "internal error: stage_push of memory host_alloc did not give");
+	if (!r->dev[0]) { /* the first push: before any capture (the first step is eager) */
+		CU(cudaMalloc(&r->dev[0], r->bytes ? r->bytes : 1));
+		CU(cudaMalloc(&r->dev[1], r->bytes ? r->bytes : 1));
+		CU(cudaEventCreateWithFlags(&r->copied, cudaEventDisableTiming));
+	}
+	/* device copy k % 2 was read by step k-2 */
+	CU(cudaStreamWaitEvent(x->copy_st, x->step_done[par], 0));
+	if (bytes)
+		CU(cudaMemcpyAsync(r->dev[par], r->host, bytes, cudaMemcpyHostToDevice, x->copy_st));
+	CU(cudaEventRecord(r->copied, x->copy_st));
+	CU(cudaEventRecord(x->pushed[par], x->copy_st));
+	r->pushed = 1;
+	return 0;
 }
 
 /* ---- optimizer steps ---- */
@@ -580,19 +828,17 @@ static void cu_host_free(Backend *b, void *p)
 static int cu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
 	if (x->aborted)
 		return RT_FAIL(e, "the CUDA backend was aborted");
-	if (!x->counter_known || k != x->next_step) { /* resume, or a jump */
-		uint64_t step = k;
-		CU(cudaMemcpyAsync(&x->sc->step, &step, sizeof step, cudaMemcpyHostToDevice,
-				   x->st[DP_STREAM_COMPUTE]));
-		RT_CHECK(cu_sync(b, "setting the step counter", e));
-	}
-	reset_marks(x, 0);
+	if (!x->counter_known || k != x->next_step) /* resume, or a jump: in stream order */
+		CU(cu_k_set_step(cs, x->sc, k));
+	/* the step's batches are on the device before it starts (outside any capture) */
+	CU(cudaStreamWaitEvent(cs, x->pushed[k & 1], 0));
 	x->next_step = k + 1;
 	x->counter_known = 1;
-	x->want_step = k;
-	x->want_lr = (float)lr;
+	x->cur_step = k;
+	x->want_lr[k & 1] = (float)lr;
 	return 0;
 }
 
@@ -601,17 +847,53 @@ static int cu_step_head(Backend *b, RtErr *e)
 	CuBackend *x = b->impl;
 	const DpStep *s = b->s;
 	x->in_step = 1;
+	x->kind = 0;
 	x->tab[0].n = 0;
 	CU(cu_k_sched(x->st[DP_STREAM_COMPUTE], x->sc, s->opt, s->sched, s->cfg.steps));
 	return 0;
 }
 
+/* The report (metrics, lr, t, errors) into slot step % 2, then the counter;
+ * an eager step also records its completion event here. */
 static int cu_step_tail(Backend *b, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	const DpStep *s = b->s;
+	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
+	const float *loss = s->metrics.loss >= 0 ? b->ptr[s->metrics.loss] : NULL;
+	const float *gn = s->metrics.grad_norm >= 0 ? b->ptr[s->metrics.grad_norm] : NULL;
 	x->in_step = 0;
-	CU(cu_k_step_advance(x->st[DP_STREAM_COMPUTE], x->sc));
-	x->check_step = !x->capturing; /* an eager step: check it after its wait */
+	CU(cu_k_report(cs, x->sc, x->rep_dev, 1, loss, gn));
+	CU(cu_k_step_advance(cs, x->sc));
+	if (!x->capturing)
+		CU(cudaEventRecord(x->step_done[x->cur_step & 1], cs));
+	return 0;
+}
+
+/* Step k's results from its report; the device's lr and t against the
+ * host's schedule (device cos/pow may differ from glibc's in the last bit
+ * of a double). */
+static int cu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
+{
+	CuBackend *x = b->impl;
+	char what[64];
+	snprintf(what, sizeof what, "step %llu", (unsigned long long)k + 1);
+	if (wait_event(b, x->step_done[k & 1], what, (int64_t)k, e)) {
+		x->counter_known = 0;
+		return -1;
+	}
+	const CuReport *r = &x->rep[k & 1];
+	if (r->step != (int64_t)k)
+		return RT_FAIL(e, "step %llu: the device reported step %lld (lost track of the "
+			       "steps in flight)", (unsigned long long)k + 1, (long long)r->step + 1);
+	RT_CHECK(report_error(r, e));
+	double want = x->want_lr[k & 1];
+	if (r->t != (int64_t)k + 1 || !(fabs((double)r->lr - want) <= 1e-6 * fabs(want) + 1e-12))
+		return RT_FAIL(e, "step %llu: the device schedule says lr %.9g t %lld, the host "
+			       "lr %.9g t %llu", (unsigned long long)k + 1, r->lr, (long long)r->t,
+			       want, (unsigned long long)k + 1);
+	metrics[0] = r->loss;
+	metrics[1] = r->grad_norm;
 	return 0;
 }
 
@@ -649,6 +931,15 @@ static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 	return 0;
 }
 
+/* An NCCL call on a non-blocking communicator; ncclInProgress is settled
+ * before anything else is issued on it. */
+static int nccl_call(CuBackend *x, ncclResult_t r, ncclComm_t c, const char *what, RtErr *e)
+{
+	if (r == ncclInProgress)
+		return cu_nccl_settle(c, what, settle_deadline(x), e);
+	return r == ncclSuccess ? 0 : cu_nccl_fail(r, what, e, __FILE__, __LINE__);
+}
+
 static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
@@ -667,20 +958,23 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	switch (in->op) {
 	case DPK_ALL_REDUCE:
 	case DPK_TP_REDUCE: /* out of place when src != out */
-		CU_NCCL(ncclAllReduce(src, out, n, ncclFloat32, ncclSum, c, st), e);
+		RT_CHECK(nccl_call(x, ncclAllReduce(src, out, n, ncclFloat32, ncclSum, c, st), c,
+				   "ncclAllReduce", e));
 		break;
 	case DPK_REDUCE_SCATTER:
-		CU_NCCL(ncclReduceScatter(src, out, n, ncclFloat32, ncclSum, c, st), e);
+		RT_CHECK(nccl_call(x, ncclReduceScatter(src, out, n, ncclFloat32, ncclSum, c, st), c,
+				   "ncclReduceScatter", e));
 		break;
 	default:
-		CU_NCCL(ncclAllGather(src, out, (size_t)numel(&s->tensors[in->in[0]]), ncclFloat32,
-				      c, st), e);
+		RT_CHECK(nccl_call(x, ncclAllGather(src, out, (size_t)numel(&s->tensors[in->in[0]]),
+						    ncclFloat32, c, st), c, "ncclAllGather", e));
 		break;
 	}
 	if (x->o.timeout_s > 0) { /* the watchdog's progress mark */
 		int64_t seq = -1;
 		RT_CHECK(add_mark(x, x->kind, in->stream, &b->at, &seq, e));
-		CU(cu_k_mark(st, x->marks_dev + x->kind * DP_NSTREAM + in->stream, seq));
+		CU(cu_k_mark(st, x->marks_dev + x->kind * DP_NSTREAM + in->stream, seq,
+			     x->kind == 0 ? x->sc : NULL));
 	}
 	return 0;
 }
@@ -702,6 +996,7 @@ static int cu_capture_end(Backend *b, RtErr *e)
 	cudaGraph_t g = NULL;
 	cudaError_t end = cudaStreamEndCapture(cs, &g);
 	x->capturing = 0;
+	x->in_step = 0;
 	if (end != cudaSuccess) {
 		if (g)
 			cudaGraphDestroy(g);
@@ -716,9 +1011,10 @@ static int cu_capture_end(Backend *b, RtErr *e)
 static int cu_replay(Backend *b, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	CU(cudaGraphLaunch(x->gexec, x->st[DP_STREAM_COMPUTE]));
-	x->kind = 0;         /* the watchdog reads the step's marks */
-	x->check_step = 1;   /* ... and the device's lr after the wait */
+	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
+	CU(cudaGraphLaunch(x->gexec, cs));
+	CU(cudaEventRecord(x->step_done[x->cur_step & 1], cs));
+	x->kind = 0; /* the watchdog reads the step's marks */
 	return 0;
 }
 
@@ -741,6 +1037,9 @@ __attribute__((visibility("default"))) const BackendOps dp_cuda_backend = {
 	.write = cu_write,
 	.host_alloc = cu_host_alloc,
 	.host_free = cu_host_free,
+	.stage_wait = cu_stage_wait,
+	.stage_push = cu_stage_push,
+	.step_wait = cu_step_wait,
 	.set_step = cu_set_step,
 	.step_head = cu_step_head,
 	.step_tail = cu_step_tail,

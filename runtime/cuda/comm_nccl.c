@@ -1,15 +1,26 @@
 /*
  * comm_nccl.c - NCCL communicators for the CUDA backend (nccl_int.h).
  *
- * Bootstrap: rank 0 calls ncclGetUniqueId, MPI_Bcast over MPI_COMM_WORLD
- * hands the id to every rank, ncclCommInitRank makes the world communicator.
- * Then ncclCommSplit makes one communicator per (stream, axis mask) the step
- * uses, in the same order on every rank (a split is collective over the
- * parent): colour = this rank's coordinates with the masked axes zeroed
- * (flattened), key = world rank, so NCCL group ranks are the row-major order
- * of the masked coordinates, the same order comm_mpi.c's MPI_Comm_split and
- * comm_group_rank use. A mask whose group is one rank gets no communicator:
- * the backend runs such a collective locally.
+ * Bootstrap: rank 0 calls ncclGetUniqueId, MPI_Ibcast over MPI_COMM_WORLD
+ * hands the id to every rank, ncclCommInitRankConfig makes the world
+ * communicator. Then ncclCommSplit makes one communicator per (stream, axis
+ * mask) the step uses, in the same order on every rank (a split is
+ * collective over the parent): colour = this rank's coordinates with the
+ * masked axes zeroed (flattened), key = world rank, so NCCL group ranks are
+ * the row-major order of the masked coordinates, the same order comm_mpi.c's
+ * MPI_Comm_split and comm_group_rank use. A mask whose group is one rank gets
+ * no communicator: the backend runs such a collective locally.
+ *
+ * Deadlines. Every communicator is non-blocking (ncclConfig_t.blocking = 0):
+ * init and split return at once (ncclInProgress) and cu_nccl_settle polls
+ * ncclCommGetAsyncError until ncclSuccess, an error, or the deadline, so a
+ * rank that never arrives ends the init with an error naming the step
+ * instead of a hang (the caller then aborts every communicator). Any later
+ * NCCL call may also return ncclInProgress; the caller settles the
+ * communicator before it issues anything else on it (NCCL's rule for
+ * non-blocking communicators). Teardown is ncclCommFinalize, settled under
+ * a deadline, then ncclCommDestroy; a communicator that does not finalize in
+ * time is aborted.
  *
  * Collectives of one communicator are serialised by NCCL, and two streams
  * issuing on one communicator could deadlock across ranks, so the compute
@@ -21,11 +32,14 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 #include <nccl.h>
 
 #include "nccl_int.h"
+
+#define FINALIZE_DEADLINE_S 60.0 /* teardown: finalize or abort */
 
 #define NMASK (1u << DP_MAX_AXES)
 
@@ -82,29 +96,100 @@ static int colour_of(const Comm *c, unsigned mask)
 	return col;
 }
 
-static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e)
+double cu_nccl_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void nap(void)
+{
+	struct timespec ts = {0, 200000}; /* 0.2 ms */
+	nanosleep(&ts, NULL);
+}
+
+int cu_nccl_settle(ncclComm_t c, const char *what, double deadline, RtErr *e)
+{
+	for (;;) {
+		ncclResult_t st = ncclInProgress;
+		ncclResult_t r = ncclCommGetAsyncError(c, &st);
+		if (r != ncclSuccess)
+			return cu_nccl_fail(r, "ncclCommGetAsyncError", e, __FILE__, __LINE__);
+		if (st == ncclSuccess)
+			return 0;
+		if (st != ncclInProgress)
+			return cu_nccl_fail(st, what, e, __FILE__, __LINE__);
+		if (cu_nccl_now() > deadline)
+			return RT_FAIL(e, "%s did not complete within its deadline (a rank that never "
+				       "arrived?)", what);
+		nap();
+	}
+}
+
+/* A call on a non-blocking communicator: ncclInProgress is settled. */
+#define NB(call, comm, e)                                                                \
+	do {                                                                             \
+		ncclResult_t r_ = (call);                                                \
+		if (r_ == ncclInProgress)                                                \
+			RT_CHECK(cu_nccl_settle((comm), #call, deadline, (e)));          \
+		else if (r_ != ncclSuccess)                                              \
+			return cu_nccl_fail(r_, #call, (e), __FILE__, __LINE__);         \
+	} while (0)
+
+/* The unique id from rank 0, polled so that a rank that never arrives ends
+ * the wait at the deadline. */
+static int share_id(ncclUniqueId *id, double deadline, RtErr *e)
+{
+	MPI_Request rq;
+	int rc = MPI_Ibcast(id, (int)sizeof *id, MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
+	if (rc != MPI_SUCCESS)
+		return RT_FAIL(e, "MPI_Ibcast of the NCCL unique id failed (MPI error %d)", rc);
+	for (;;) {
+		int done = 0;
+		rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
+		if (rc != MPI_SUCCESS)
+			return RT_FAIL(e, "MPI_Test of the NCCL unique id failed (MPI error %d)", rc);
+		if (done)
+			return 0;
+		if (cu_nccl_now() > deadline)
+			return RT_FAIL(e, "the NCCL unique id did not arrive from rank 0 within the "
+				       "deadline");
+		nap();
+	}
+}
+
+static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTREAM],
+		     double deadline, RtErr *e)
 {
 	if (comm->world == 1)
 		return 0;
 
 	ncclUniqueId id;
+	memset(&id, 0, sizeof id);
 	if (comm->rank == 0)
 		CU_NCCL(ncclGetUniqueId(&id), e);
-	int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-	if (rc != MPI_SUCCESS)
-		return RT_FAIL(e, "MPI_Bcast of the NCCL unique id failed (MPI error %d)", rc);
-	CU_NCCL(ncclCommInitRank(&nc->world_comm, comm->world, id, comm->rank), e);
+	RT_CHECK(share_id(&id, deadline, e));
+	ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+	cfg.blocking = 0;
+	NB(ncclCommInitRankConfig(&nc->world_comm, comm->world, id, comm->rank, &cfg),
+	   nc->world_comm, e);
+	RT_CHECK(cu_nccl_settle(nc->world_comm, "ncclCommInitRankConfig", deadline, e));
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 1; m < NMASK; m++) {
 			if (!(masks[st] & (1u << m)) || cu_nccl_group_size(comm, m) < 2)
 				continue;
-			CU_NCCL(ncclCommSplit(nc->world_comm, colour_of(comm, m), comm->rank,
-					      &nc->comm[st][m], NULL), e);
+			ncclConfig_t sc = NCCL_CONFIG_INITIALIZER;
+			sc.blocking = 0;
+			NB(ncclCommSplit(nc->world_comm, colour_of(comm, m), comm->rank,
+					 &nc->comm[st][m], &sc), nc->world_comm, e);
+			RT_CHECK(cu_nccl_settle(nc->comm[st][m], "ncclCommSplit", deadline, e));
 		}
 	return 0;
 }
 
-int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e)
+int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM],
+		 double deadline_s, RtErr *e)
 {
 	*out = NULL;
 	CuNccl *nc = calloc(1, sizeof *nc);
@@ -112,7 +197,7 @@ int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM
 		return RT_FAIL(e, "out of memory (NCCL state)");
 	nc->rank = comm->rank;
 	nc->world = comm->world;
-	if (init_body(nc, comm, masks, e)) {
+	if (init_body(nc, comm, masks, cu_nccl_now() + deadline_s, e)) {
 		cu_nccl_abort(nc); /* the other ranks may be stuck in an init: do not wait */
 		cu_nccl_free(nc);
 		return -1;
@@ -164,15 +249,30 @@ void cu_nccl_abort(CuNccl *nc)
 	}
 }
 
+/* Finalize (settled under a deadline), then destroy; abort what does not
+ * finalize. */
+static void close_comm(ncclComm_t c, double deadline)
+{
+	RtErr ignore = {.rank = -1};
+	ncclResult_t r = ncclCommFinalize(c);
+	if ((r != ncclSuccess && r != ncclInProgress) ||
+	    cu_nccl_settle(c, "ncclCommFinalize", deadline, &ignore)) {
+		ncclCommAbort(c);
+		return;
+	}
+	ncclCommDestroy(c);
+}
+
 void cu_nccl_free(CuNccl *nc)
 {
 	if (!nc)
 		return;
+	double deadline = cu_nccl_now() + FINALIZE_DEADLINE_S;
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 0; m < NMASK; m++)
 			if (nc->comm[st][m])
-				ncclCommDestroy(nc->comm[st][m]);
+				close_comm(nc->comm[st][m], deadline);
 	if (nc->world_comm)
-		ncclCommDestroy(nc->world_comm);
+		close_comm(nc->world_comm, deadline);
 	free(nc);
 }

@@ -1,10 +1,28 @@
 /*
- * kernels.h - the CUDA backend's kernel table (kernels.cu, compiled by nvcc)
- * as the backend (backend_cuda.c, plain C) sees it: one row per opcode,
- * ORDER KERNEL, holding the op's launcher and what it needs from the
- * backend (a cuBLAS handle on its stream, reduction scratch, its own load
- * limits). An opcode whose row has no launcher is not implemented on CUDA
- * and is refused at load by the executor, naming the op.
+ * kernels.h - the CUDA backend's kernel table as the backend
+ * (backend_cuda.c, plain C) and the kernel files (the .cu files of runtime/cuda, nvcc)
+ * see it: one row per opcode, ORDER KERNEL, holding the op's launcher and
+ * what it needs from the backend (a cuBLAS handle on its stream, scratch
+ * memory, its own load limits), plus the load-time planners that fuse
+ * neighbouring instructions.
+ *
+ * Each kernel file owns the ops of one concept and fills their rows
+ * (cu_<concept>_rows); kernels.cu merges them into cu_kernel_table, so an
+ * op's device code, launcher and row live in exactly one file:
+ *   layout.cu       fill, copies, transposes, splits, interleave, embedding,
+ *                   the context-parallel kv packing, and the strided copy of
+ *                   SHARD (cu_k_copy2d)
+ *   elementwise.cu  activations and their gradients, add, mul, scale, accum,
+ *                   bias_add
+ *   gemm.cu         matmul, linear (cuBLAS), bias_grad
+ *   loss.cu         cross entropy, its gradient, correct
+ *   optim.cu        squared norm, sqrt, clip, SGD, AdamW
+ *   norm.cu         layernorm and rmsnorm with their gradients
+ *   seq.cu          softmax and its gradient, rope
+ *   attention.cu    causal attention (flash style) and the context-parallel
+ *                   attention kernels
+ *   kernels.cu      the table, the per-step schedule and report kernels, the
+ *                   watchdog's progress mark
  *
  * Every launcher enqueues on the instruction's stream and checks the launch
  * (cudaGetLastError) and every cuBLAS status; nothing here synchronises,
@@ -12,12 +30,11 @@
  * stream capture.
  *
  * Semantics follow the CPU backend (runtime/cpu/), kernel for kernel: the
- * CPU is the reference. Where the CPU accumulates in double so does the
- * GPU, and every reduction has a fixed shape
- * (fixed grid, fixed tree), so a run is bitwise reproducible and a graph
- * replay equals an eager run. Elementwise kernels are compiled with
- * -fmad=false so a*b+c rounds like the CPU's (gcc -O2 on x86-64 does not
- * contract to FMA).
+ * CPU is the reference. Each kernel file states, per op, the accumulation
+ * order and how far its results may differ from the CPU's (docs/CUDA.md
+ * collects them). Every reduction has a fixed shape (grid and tree derived
+ * from the tensor shapes only), so a run is bitwise reproducible and a
+ * graph replay equals an eager run.
  */
 #ifndef DP_CU_KERNELS_H
 #define DP_CU_KERNELS_H
@@ -33,13 +50,25 @@ extern "C" {
 
 #include "../rt.h"
 
+/* CuScalars.opt_k: the optimizer's per-step constants (AdamW's), computed by
+ * the schedule kernel (kernels.cu) as the CPU computes them, read by optim.cu */
+enum { CU_OPT_DECAY, CU_OPT_STEP_SIZE, CU_OPT_BC2_SQRT };
+
+/* What a kernel can find wrong in data (sc->err): the CPU fails with an
+ * error for the same value. */
+enum {
+	CU_ERR_NONE,
+	CU_ERR_LABEL,    /* a label >= classes (value, row, classes) */
+	CU_ERR_TOKEN,    /* a token id outside [0, V) (value, position, V) */
+	CU_ERR_POSITION, /* a cp position not in the zigzag layout (value, row, sequence) */
+};
+
 /*
  * Per-step scalars in device memory. The schedule kernel at the head of every
  * optimizer step derives lr and the optimizer's per-step constants from
- * `step`; the tail kernel increments `step`. A captured graph therefore bakes
- * no host value that changes between steps. The err_* fields are the one
- * thing kernels report back (a label out of range); the backend reads them
- * after a step.
+ * `step`; the tail kernel reports and increments `step`. A captured graph
+ * therefore bakes no host value that changes between steps. err* is the one
+ * thing kernels report back (first error wins).
  */
 typedef struct {
 	uint64_t step;          /* optimizer step k, from 0; incremented at the end of a step */
@@ -47,50 +76,130 @@ typedef struct {
 	float lr;               /* exec_lr(k) rounded to float, as the CPU backend gets it */
 	float opt_k[4];         /* the optimizer kernels' per-step constants, derived from
 	                           lr and t by the schedule kernel (kernels.cu) */
-	int32_t err;            /* 0, or 1: a label out of range (first one wins) */
-	int32_t err_label;      /* the offending label */
-	int64_t err_row;        /* its row */
-	int64_t err_classes;    /* the logits' columns */
+	int32_t err;            /* CU_ERR_*: 0, or the first bad value a kernel met */
+	int32_t pad;
+	int64_t err_value;      /* the offending value */
+	int64_t err_index;      /* its row / position */
+	int64_t err_limit;      /* the bound it broke */
 } CuScalars;
 
-/* Doubles of the fixed-size reductions' first pass: partial sums. */
-#define CU_REDUCE_BLOCKS 256
+/*
+ * What the device tells the host without a copy: written by a kernel into
+ * mapped pinned host memory (one slot per step parity, and one for other
+ * runs), read by the host after the event that follows it completed.
+ */
+typedef struct {
+	int64_t step;           /* the optimizer step these are from (k), -1: a non-step run */
+	int64_t t;              /* the device's t of that step */
+	float lr;               /* the device's lr of that step */
+	float loss;             /* the loss metric at the end of the step (0 when absent) */
+	float grad_norm;        /* the grad-norm metric (0 when absent) */
+	int32_t err;            /* CuScalars.err and its details */
+	int64_t err_value, err_index, err_limit;
+} CuReport;
+
+/* Fusions the planners decide at load, one entry per instruction of every
+ * program (all zero: the instruction runs as written). Device addresses. */
+typedef struct {
+	int skip;               /* 1: another instruction does this one's work */
+	const float *clip_norm; /* optimizer: scale the gradients by torch's clip coefficient
+	                           from this norm first (the folded clip); NULL: none */
+	float clip_max;         /* ... and this max_norm */
+	double *rowstats;       /* cross entropy: per row (max, sum of exp) that the loss
+	                           kernel writes and its gradient reads; NULL: none */
+	int rowstats_in;        /* 1: the gradient reads rowstats (its loss wrote them) */
+} CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's resources. */
 typedef struct {
 	const DpStep *s;
 	const DpInstr *in;
-	void *const *ptr;     /* device address of every tensor */
-	cudaStream_t st;      /* the instruction's stream */
-	cublasHandle_t blas;  /* that stream's cuBLAS handle (rows with blas = 1) */
-	double *scratch;      /* that stream's reduction scratch */
-	CuScalars *sc;        /* device per-step scalars */
+	void *const *ptr;       /* device address of every tensor */
+	cudaStream_t st;        /* the instruction's stream */
+	cublasHandle_t blas;    /* that stream's cuBLAS handle (rows with blas = 1) */
+	void *scratch;          /* that stream's scratch (at least the row's scratch bytes,
+	                           256-byte aligned) */
+	CuScalars *sc;          /* device per-step scalars */
+	const CuFuse *fuse;     /* the instruction's plan entry */
+	int tf32;               /* GEMMs may use TF32 tensor cores (precision tf32) */
 } CuArgs;
 
 typedef struct {
 	int (*run)(const CuArgs *a, RtErr *e); /* NULL: not implemented on CUDA */
 	/* This backend's own limits for the op at load (NULL: none). */
 	int (*limits)(const DpStep *s, const DpInstr *in, RtErr *e);
-	/* Doubles of scratch the op needs on its stream (NULL: CU_REDUCE_BLOCKS). */
+	/* Bytes of per-stream scratch the op needs (NULL: CU_SCRATCH_MIN). */
 	size_t (*scratch)(const DpStep *s, const DpInstr *in);
 	int blas; /* 1: needs a cuBLAS handle on its stream */
 } CuKernel;
 
 typedef struct {
 	CuKernel k[DPK_COUNT]; /* ORDER KERNEL */
+	int twice;             /* an opcode two kernel files claim (internal error), -1: none */
 } CuKernelTable;
+
+/* Scratch bytes every stream has (the two-stage reductions' partial sums). */
+#define CU_REDUCE_BLOCKS 256
+#define CU_SCRATCH_MIN (CU_REDUCE_BLOCKS * sizeof(double) * 2)
 
 /* The table (kernels.cu). */
 extern const CuKernelTable cu_kernel_table;
 
+/* The rows of each kernel file (they set k[op] for their ops only). */
+void cu_layout_rows(CuKernel *k);
+void cu_elementwise_rows(CuKernel *k);
+void cu_gemm_rows(CuKernel *k);
+void cu_loss_rows(CuKernel *k);
+void cu_optim_rows(CuKernel *k);
+void cu_norm_rows(CuKernel *k);
+void cu_seq_rows(CuKernel *k);
+void cu_attention_rows(CuKernel *k);
+
+/*
+ * Load-time planning. A planner reads every program and fills the CuFuse
+ * entries of the instructions it fuses, with device memory from alloc
+ * (persistent, zeroed, freed by the backend). fuse[p][i] belongs to
+ * instruction i of program p; ptr are the tensors' device addresses.
+ */
+typedef struct CuPlan {
+	const DpStep *s;
+	void *const *ptr;
+	CuFuse *fuse[DP_NPROG];
+	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
+	void *impl;
+} CuPlan;
+
+/* The clip folded into the optimizers that read its gradients (optim.cu). */
+int cu_plan_clip(CuPlan *p, RtErr *e);
+/* Cross entropy's row statistics shared with its gradient (loss.cu). */
+int cu_plan_xent(CuPlan *p, RtErr *e);
+
+/* ---- kernels of the backend itself (not ops) ---- */
+
 /* The schedule kernel (lr and the optimizer's constants of step sc->step,
- * from the step file's schedule), the step counter's increment, and the
- * watchdog's progress mark (*slot = value once the stream gets there; slot
- * is mapped pinned host memory). Each returns the launch's error. */
+ * from the step file's schedule), the step counter's set and increment, the
+ * report of the scalars and metrics into mapped memory, and the watchdog's
+ * progress mark (*slot = value once the stream gets there; slot is mapped
+ * pinned host memory). Each returns the launch's error. */
 cudaError_t cu_k_sched(cudaStream_t st, CuScalars *sc, DpOptim opt, DpSched sched,
 		       uint32_t cfg_steps);
+cudaError_t cu_k_set_step(cudaStream_t st, CuScalars *sc, uint64_t step);
 cudaError_t cu_k_step_advance(cudaStream_t st, CuScalars *sc);
-cudaError_t cu_k_mark(cudaStream_t st, volatile int64_t *slot, int64_t value);
+/* rep[parity of sc->step] (in_step) or rep[2] (otherwise) = the scalars and the
+ * metrics (loss, grad_norm: device addresses, NULL when absent). */
+cudaError_t cu_k_report(cudaStream_t st, const CuScalars *sc, CuReport *rep, int in_step,
+			const float *loss, const float *grad_norm);
+/* The watchdog's mark: *slot = seq, or (sc->step << 24) | seq when sc is
+ * given (inside an optimizer step: the mark says which step got there). */
+cudaError_t cu_k_mark(cudaStream_t st, volatile int64_t *slot, int64_t seq, const CuScalars *sc);
+/* Rows of width bytes from src + r*spitch to dst + r*dpitch, r < rows: a
+ * kernel (no pitch limit; the regions must not overlap unless identical). */
+cudaError_t cu_k_copy2d(cudaStream_t st, void *dst, size_t dpitch, const void *src,
+			size_t spitch, size_t width, size_t rows);
+/* A staged batch into the arena: dst = (sc->step odd ? src1 : src0)[0..bytes):
+ * the graph's load, which picks the device copy of the step being run. */
+cudaError_t cu_k_load(cudaStream_t st, void *dst, const void *src0, const void *src1,
+		      size_t bytes, const CuScalars *sc);
 
 #ifdef __cplusplus
 }

@@ -19,16 +19,27 @@ void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM]);
  * mesh axes; comm.h's comm_group_size, which lives in the dpexec binary). */
 int cu_nccl_group_size(const Comm *comm, unsigned mask);
 /* Collective over MPI_COMM_WORLD (MPI initialised, device selected): rank 0
- * makes the NCCL unique id, MPI_Bcast shares it, ncclCommInitRank builds the
- * world communicator and ncclCommSplit one per (stream, mask) in `masks`
- * whose group has more than one rank (colour: the coordinates outside the
- * mask; key: the world rank, so NCCL ranks follow the mesh's row-major order,
- * the all_gather order). With one rank no NCCL call is made. */
-int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM], RtErr *e);
+ * makes the NCCL unique id, MPI_Ibcast shares it, ncclCommInitRankConfig
+ * builds the world communicator and ncclCommSplit one per (stream, mask) in
+ * `masks` whose group has more than one rank (colour: the coordinates
+ * outside the mask; key: the world rank, so NCCL ranks follow the mesh's
+ * row-major order, the all_gather order). Every communicator is
+ * non-blocking; the whole init must complete within deadline_s seconds, else
+ * it fails (and aborts what it made). With one rank no NCCL call is made. */
+int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM],
+		 double deadline_s, RtErr *e);
+/* Poll a non-blocking communicator until it is ready (ncclSuccess), has an
+ * error (-1 naming `what`), or the CLOCK_MONOTONIC time `deadline` passes
+ * (-1). After any NCCL call on it that returned ncclInProgress. */
+int cu_nccl_settle(ncclComm_t c, const char *what, double deadline, RtErr *e);
+/* CLOCK_MONOTONIC in seconds (the deadlines' clock). */
+double cu_nccl_now(void);
 /* ncclCommAbort on every communicator; idempotent. Destroy every graph that
  * captured a NCCL call first: NCCL waits for those. */
 void cu_nccl_abort(CuNccl *nc);
-/* Destroy the communicators (after the graphs); NULL is fine. */
+/* Finalize and destroy the communicators (after the graphs): each
+ * ncclCommFinalize is settled within 60 s, else that communicator is
+ * aborted; NULL is fine. */
 void cu_nccl_free(CuNccl *nc);
 /* The communicator for collectives of `mask` issued on `stream`; NULL when
  * the group has one rank (the collective is then local) or nc is NULL. */

@@ -1,0 +1,547 @@
+/*
+ * attention.cu - causal multi-head attention on CUDA in the flash style
+ * (tiled, online softmax, no T x T matrix in memory; the backward
+ * recomputes), for the ordinary op and the context-parallel ones (the CPU's
+ * runtime/cpu/seq.c attention and runtime/cpu/attention_cp.c):
+ *   attention            out [B,T,C] from qkv [B,T,3C] (per head [q|k|v] of hd)
+ *   attention_grad       d qkv from {dy, qkv}
+ *   attention_cp         this cp rank's queries (zigzag positions pos [T])
+ *                        against the gathered keys kv [cp,B,T,2C] (per head [k|v])
+ *   attention_cp_grad    d qkv, only the q columns set (k and v columns 0)
+ *   attention_cp_grad_kv d kv [cp,B,T,2C] of every gathered key
+ *
+ * Keys are walked in position order: for the ordinary op key position p is
+ * row p of the batch; for cp it is the zigzag chunk p / L (L = T/2) of the
+ * gathered block of rank r = chunk (chunk < cp) or 2cp-1-chunk, row
+ * (chunk < cp ? 0 : L) + p % L. A query at position q sees the keys at
+ * positions <= q.
+ *
+ * Kernels (64 query or key rows per block, 4 threads per row, each owning
+ * every 4th of the HD head dims, HD the head dim rounded up to 16, 32, 64,
+ * 128 or 256; key/query tiles in shared memory):
+ *   k_attn_fwd<HD>   per query tile: over key tiles up to the tile's last
+ *                    position, scores s = scale * q.k (the row's 4 threads'
+ *                    partial dot products combined by xor shuffles), masked,
+ *                    the tile's max, then o = o * exp(m - m') + sum p v and
+ *                    l likewise (l in double); out = o / l.
+ *   k_attn_bwd_q<HD> per query tile: the forward again (m, l, O), then
+ *                    D = dO . O and, with m and inv = 1/l kept per row,
+ *                    p = exp(s - m) * inv, dp = dO . v, ds = p (dp - D),
+ *                    dQ = scale * sum ds k. Leaves (m, inv, D) per query row
+ *                    in scratch for:
+ *   k_attn_bwd_kv<HD> per key tile: over the query tiles that can see it,
+ *                    dV = sum p dO, dK = scale * sum ds q.
+ * Every output element is written by one thread with a fixed loop order: no
+ * atomics, deterministic, graph == eager.
+ *
+ * Numerics against the CPU (which does S = scale * Q K^T and P V with
+ * sgemm, the softmax with the final max, expf, a double sum and a float
+ * 1/sum): the dot products are summed in another order (4 strided partial
+ * sums, then a butterfly), the softmax is the online one (rescaled by
+ * expf(m - m') as the max grows), and D is dO . O instead of rowsum(P * dP)
+ * (equal in exact arithmetic). Each is a few float ulp per value; through
+ * T keys the outputs agree to ~1e-6 relative (larger where values cancel).
+ * This file is compiled with FMA contraction (mk/cuda.mk): it cannot match
+ * the CPU bit for bit anyway, and FMAs are most of its work.
+ */
+#include "device.cuh"
+
+#define ATT_ROWS 64                       /* query (or key) rows per block */
+#define ATT_LANES 4                       /* threads per row */
+#define ATT_THREADS (ATT_ROWS * ATT_LANES) /* 256 */
+
+/* Keys per shared tile: the tiles of K and V (or Q and dO) stay <= 32 KB. */
+template <int HD> struct Tile {
+	static const int N = HD <= 128 ? 32 : 16;
+	static const int PER = HD / ATT_LANES; /* head dims per thread */
+};
+
+/* Where the operands are; the same for every kernel of one instruction. */
+struct Geom {
+	const float *qkv;    /* [B, T, 3C] */
+	const float *kv;     /* cp: [cp, B, T, 2C]; NULL: the keys are qkv's */
+	const int32_t *pos;  /* cp: the query rows' positions [T] */
+	int64_t b, t, h, c, hd; /* batch, local rows, heads, C, head dim */
+	int64_t cp;          /* 0: ordinary attention */
+	int64_t nkeys;       /* keys per (batch, head): T, or cp * T */
+	float scale;
+};
+
+/* The position of query row t (clamped: a bad position is reported by
+ * k_cp_check and must not take a kernel out of bounds). */
+static __device__ __forceinline__ int64_t qpos(const Geom &g, int64_t t)
+{
+	if (!g.cp)
+		return t;
+	int64_t p = g.pos[t];
+	return p < 0 ? 0 : p >= g.nkeys ? g.nkeys - 1 : p;
+}
+
+/* K of the key at position p of batch b, head h; V is K + hd. */
+static __device__ __forceinline__ const float *key_at(const Geom &g, int64_t b, int64_t h,
+						      int64_t p)
+{
+	if (!g.cp)
+		return g.qkv + (b * g.t + p) * 3 * g.c + 3 * g.hd * h + g.hd;
+	int64_t l = g.t / 2, ch = p / l, off = p - ch * l;
+	int64_t r = ch < g.cp ? ch : 2 * g.cp - 1 - ch, j = (ch < g.cp ? 0 : l) + off;
+	return g.kv + ((r * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h;
+}
+
+/* Stored key row s of batch b (0 <= s < nkeys: row s of the batch, or
+ * gathered block s / T, row s % T): its position. */
+static __device__ __forceinline__ int64_t key_pos_of_row(const Geom &g, int64_t s)
+{
+	if (!g.cp)
+		return s;
+	int64_t r = s / g.t, j = s - r * g.t, l = g.t / 2;
+	return j < l ? r * l + j : (2 * g.cp - 1 - r) * l + (j - l);
+}
+
+/* ... and its K (V is K + hd). */
+static __device__ __forceinline__ const float *key_of_row(const Geom &g, int64_t b, int64_t h,
+							  int64_t s)
+{
+	if (!g.cp)
+		return g.qkv + (b * g.t + s) * 3 * g.c + 3 * g.hd * h + g.hd;
+	int64_t r = s / g.t, j = s - r * g.t;
+	return g.kv + ((r * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h;
+}
+
+/* The sum over a row's 4 threads (lanes 4i..4i+3 of a warp). */
+static __device__ __forceinline__ float row_sum(float v)
+{
+	v += __shfl_xor_sync(CU_FULL_MASK, v, 1);
+	v += __shfl_xor_sync(CU_FULL_MASK, v, 2);
+	return v;
+}
+
+/* The block's largest (or smallest) of one int per row; every thread gets it. */
+static __device__ int64_t rows_extreme(int64_t v, int want_max, int64_t *sh)
+{
+	int row = threadIdx.x / ATT_LANES;
+	__syncthreads();
+	if (threadIdx.x % ATT_LANES == 0)
+		sh[row] = v;
+	__syncthreads();
+	int64_t x = sh[0];
+	for (int i = 1; i < ATT_ROWS; i++)
+		x = want_max ? (sh[i] > x ? sh[i] : x) : (sh[i] < x ? sh[i] : x);
+	return x;
+}
+
+/* A tile of N keys from position p0: K and V into shared memory, zero past
+ * the keys or the head dim. */
+template <int HD>
+static __device__ void load_keys(const Geom &g, int64_t b, int64_t h, int64_t p0,
+				 float (*ks)[HD], float (*vs)[HD])
+{
+	const int n = Tile<HD>::N;
+	for (int i = threadIdx.x; i < n * HD; i += ATT_THREADS) {
+		int j = i / HD, d = i % HD;
+		int64_t p = p0 + j;
+		float kx = 0, vx = 0;
+		if (p < g.nkeys && d < g.hd) {
+			const float *k = key_at(g, b, h, p);
+			kx = ld(k + d);
+			vx = ld(k + g.hd + d);
+		}
+		ks[j][d] = kx;
+		vs[j][d] = vx;
+	}
+}
+
+/*
+ * The forward over the keys of query row (b, t, h) held in q: m (max),
+ * l (sum of exp, double) and o (unnormalised output dims) of the online
+ * softmax. All threads of the block run it (shared tiles, shuffles); rows
+ * past T (p < 0) compute nothing useful.
+ */
+template <int HD>
+static __device__ void forward_pass(const Geom &g, int64_t b, int64_t h, int64_t p,
+				    int64_t last, const float *q, float &m, double &l, float *o,
+				    float (*ks)[HD], float (*vs)[HD])
+{
+	const int n = Tile<HD>::N, per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
+	m = -INFINITY;
+	l = 0;
+	for (int k = 0; k < per; k++)
+		o[k] = 0;
+	for (int64_t p0 = 0; p0 <= last; p0 += n) {
+		__syncthreads(); /* the previous tile is consumed */
+		load_keys<HD>(g, b, h, p0, ks, vs);
+		__syncthreads();
+		float s[n], mt = -INFINITY;
+CU_UNROLL
+		for (int j = 0; j < n; j++) {
+			float dot = 0;
+CU_UNROLL
+			for (int k = 0; k < per; k++)
+				dot += q[k] * ks[j][lane + ATT_LANES * k];
+			dot = row_sum(dot) * g.scale;
+			s[j] = p0 + j <= p ? dot : -INFINITY;
+			mt = s[j] > mt ? s[j] : mt;
+		}
+		float mn = mt > m ? mt : m;
+		if (mn == -INFINITY)
+			continue; /* nothing visible yet */
+		float corr = expf(m - mn); /* 0 on the first visible tile */
+		double lt = 0;
+CU_UNROLL
+		for (int k = 0; k < per; k++)
+			o[k] *= corr;
+CU_UNROLL
+		for (int j = 0; j < n; j++) {
+			float pj = expf(s[j] - mn);
+			lt += pj;
+CU_UNROLL
+			for (int k = 0; k < per; k++)
+				o[k] += pj * vs[j][lane + ATT_LANES * k];
+		}
+		l = l * corr + lt;
+		m = mn;
+	}
+}
+
+/* The query row of this thread: its q dims (scaled: no) and dO dims. */
+template <int HD>
+static __device__ void load_row(const float *src, int64_t hd, int active, float *dst)
+{
+	const int per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
+	for (int k = 0; k < per; k++) {
+		int d = lane + ATT_LANES * k;
+		dst[k] = active && d < hd ? ld(src + d) : 0.0f;
+	}
+}
+
+/* ---- forward ---- */
+
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom g, float *out)
+{
+	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
+	__shared__ int64_t shp[ATT_ROWS];
+	const int per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
+	int64_t nqt = (g.t + ATT_ROWS - 1) / ATT_ROWS, bi = blockIdx.x;
+	int64_t qt = bi % nqt, h = (bi / nqt) % g.h, b = bi / (nqt * g.h);
+	int64_t t = qt * ATT_ROWS + threadIdx.x / ATT_LANES;
+	int active = t < g.t;
+	int64_t p = active ? qpos(g, t) : -1;
+	float q[per], o[per], m;
+	double l;
+	load_row<HD>(g.qkv + (b * g.t + (active ? t : 0)) * 3 * g.c + 3 * g.hd * h, g.hd, active, q);
+	int64_t last = rows_extreme(p, 1, shp);
+	forward_pass<HD>(g, b, h, p, last, q, m, l, o, ks, vs);
+	if (!active)
+		return;
+	float *orow = out + (b * g.t + t) * g.c + g.hd * h;
+	float inv = (float)(1.0 / l);
+	for (int k = 0; k < per; k++) {
+		int d = lane + ATT_LANES * k;
+		if (d < g.hd)
+			st(orow + d, o[k] * inv);
+	}
+}
+
+/* ---- backward, the query side: dQ and the rows' (m, inv, D) ---- */
+
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
+k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats, int want_dq,
+			     int zero_kv)
+{
+	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
+	__shared__ int64_t shp[ATT_ROWS];
+	const int n = Tile<HD>::N, per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
+	int64_t nqt = (g.t + ATT_ROWS - 1) / ATT_ROWS, bi = blockIdx.x;
+	int64_t qt = bi % nqt, h = (bi / nqt) % g.h, b = bi / (nqt * g.h);
+	int64_t t = qt * ATT_ROWS + threadIdx.x / ATT_LANES;
+	int active = t < g.t;
+	int64_t tt = active ? t : 0, p = active ? qpos(g, t) : -1;
+	float q[per], o[per], dout[per], m;
+	double l;
+	load_row<HD>(g.qkv + (b * g.t + tt) * 3 * g.c + 3 * g.hd * h, g.hd, active, q);
+	load_row<HD>(dy + (b * g.t + tt) * g.c + g.hd * h, g.hd, active, dout);
+	int64_t last = rows_extreme(p, 1, shp);
+	forward_pass<HD>(g, b, h, p, last, q, m, l, o, ks, vs);
+	float inv = (float)(1.0 / l);
+	double dsum = 0; /* D = dO . O */
+	for (int k = 0; k < per; k++)
+		dsum += (double)dout[k] * (o[k] * inv);
+	dsum += __shfl_xor_sync(CU_FULL_MASK, dsum, 1);
+	dsum += __shfl_xor_sync(CU_FULL_MASK, dsum, 2);
+	float dd = (float)dsum;
+	int64_t row = (b * g.h + h) * g.t + tt; /* stats row of (b, h, t) */
+	if (active && lane == 0) {
+		stats[3 * row] = m;
+		stats[3 * row + 1] = inv;
+		stats[3 * row + 2] = dd;
+	}
+	if (!want_dq)
+		return; /* uniform over the block */
+	float dq[per];
+	for (int k = 0; k < per; k++)
+		dq[k] = 0;
+	for (int64_t p0 = 0; p0 <= last; p0 += n) {
+		__syncthreads();
+		load_keys<HD>(g, b, h, p0, ks, vs);
+		__syncthreads();
+		for (int j = 0; j < n; j++) {
+			float sdot = 0, pdot = 0;
+CU_UNROLL
+			for (int k = 0; k < per; k++) {
+				sdot += q[k] * ks[j][lane + ATT_LANES * k];
+				pdot += dout[k] * vs[j][lane + ATT_LANES * k];
+			}
+			sdot = row_sum(sdot) * g.scale;
+			pdot = row_sum(pdot);
+			float pj = p0 + j <= p ? expf(sdot - m) * inv : 0.0f;
+			float ds = pj * (pdot - dd);
+CU_UNROLL
+			for (int k = 0; k < per; k++)
+				dq[k] += ds * ks[j][lane + ATT_LANES * k];
+		}
+	}
+	if (!active)
+		return;
+	float *drow = dqkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h;
+	for (int k = 0; k < per; k++) {
+		int d = lane + ATT_LANES * k;
+		if (d < g.hd) {
+			st(drow + d, g.scale * dq[k]);
+			if (zero_kv) {
+				st(drow + g.hd + d, 0.0f);
+				st(drow + 2 * g.hd + d, 0.0f);
+			}
+		}
+	}
+}
+
+/* ---- backward, the key side: dK and dV of every stored key row ---- */
+
+/* out_kv: the output is [cp, B, T, 2C] (per head [dk|dv]); else d qkv. */
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
+k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_kv)
+{
+	const int n = Tile<HD>::N, per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
+	__shared__ float qs[Tile<HD>::N][HD], ds_[Tile<HD>::N][HD];
+	__shared__ float qm[Tile<HD>::N], qinv[Tile<HD>::N], qd[Tile<HD>::N];
+	__shared__ int64_t qp[Tile<HD>::N], shp[ATT_ROWS];
+	int64_t nkt = (g.nkeys + ATT_ROWS - 1) / ATT_ROWS, bi = blockIdx.x;
+	int64_t kt = bi % nkt, h = (bi / nkt) % g.h, b = bi / (nkt * g.h);
+	int64_t s = kt * ATT_ROWS + threadIdx.x / ATT_LANES;
+	int active = s < g.nkeys;
+	int64_t ss = active ? s : 0;
+	int64_t kp = active ? key_pos_of_row(g, s) : INT64_MAX;
+	const float *krow = key_of_row(g, b, h, ss);
+	float k_[per], v_[per], dk[per], dv[per];
+	load_row<HD>(krow, g.hd, active, k_);
+	load_row<HD>(krow + g.hd, g.hd, active, v_);
+	for (int k = 0; k < per; k++)
+		dk[k] = dv[k] = 0;
+	int64_t kmin = rows_extreme(kp, 0, shp);
+	/* ordinary attention: queries before kmin see none of these keys */
+	int64_t first = g.cp ? 0 : (kmin < g.t ? kmin : g.t) / n * n;
+	for (int64_t t0 = first; t0 < g.t; t0 += n) {
+		__syncthreads();
+		for (int i = threadIdx.x; i < n * HD; i += ATT_THREADS) {
+			int j = i / HD, d = i % HD;
+			int64_t t = t0 + j;
+			float qx = 0, dx = 0;
+			if (t < g.t && d < g.hd) {
+				qx = ld(g.qkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h + d);
+				dx = ld(dy + (b * g.t + t) * g.c + g.hd * h + d);
+			}
+			qs[j][d] = qx;
+			ds_[j][d] = dx;
+		}
+		for (int j = threadIdx.x; j < n; j += ATT_THREADS) {
+			int64_t t = t0 + j, row = (b * g.h + h) * g.t + t;
+			int ok = t < g.t;
+			qp[j] = ok ? qpos(g, t) : -1;
+			qm[j] = ok ? stats[3 * row] : 0.0f;
+			qinv[j] = ok ? stats[3 * row + 1] : 0.0f;
+			qd[j] = ok ? stats[3 * row + 2] : 0.0f;
+		}
+		__syncthreads();
+		int64_t tmax = -1;
+		for (int j = 0; j < n; j++)
+			tmax = qp[j] > tmax ? qp[j] : tmax;
+		if (tmax < kmin)
+			continue; /* no query of the tile sees these keys (uniform) */
+		for (int j = 0; j < n; j++) {
+			float sdot = 0, pdot = 0;
+CU_UNROLL
+			for (int k = 0; k < per; k++) {
+				sdot += qs[j][lane + ATT_LANES * k] * k_[k];
+				pdot += ds_[j][lane + ATT_LANES * k] * v_[k];
+			}
+			sdot = row_sum(sdot) * g.scale;
+			pdot = row_sum(pdot);
+			float pj = kp <= qp[j] ? expf(sdot - qm[j]) * qinv[j] : 0.0f;
+			float dsj = pj * (pdot - qd[j]);
+CU_UNROLL
+			for (int k = 0; k < per; k++) {
+				dv[k] += pj * ds_[j][lane + ATT_LANES * k];
+				dk[k] += dsj * qs[j][lane + ATT_LANES * k];
+			}
+		}
+	}
+	if (!active)
+		return;
+	float *orow;
+	if (out_kv) {
+		int64_t r = s / g.t, j = s - r * g.t;
+		orow = out + ((r * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h;
+	} else {
+		orow = out + (b * g.t + s) * 3 * g.c + 3 * g.hd * h + g.hd;
+	}
+	for (int k = 0; k < per; k++) {
+		int d = lane + ATT_LANES * k;
+		if (d < g.hd) {
+			st(orow + d, g.scale * dk[k]);
+			st(orow + g.hd + d, dv[k]);
+		}
+	}
+}
+
+/* ---- the cp positions: the zigzag layout the kernels assume ---- */
+
+__global__ void k_cp_check(const int32_t *pos, int64_t t, int64_t tg, CuScalars *sc)
+{
+	int64_t l = t / 2;
+	CU_FOR_EACH(j, t) {
+		int64_t first = j < l ? 0 : l;
+		int64_t p = pos[j];
+		if (p < 0 || p >= tg || p != (int64_t)pos[first] + j - first)
+			cu_report_error(sc, CU_ERR_POSITION, p, j, tg);
+	}
+}
+
+/* ---- launchers ---- */
+
+static int head_dim_class(int64_t hd)
+{
+	return hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 256 ? 256 : 0;
+}
+
+/* The operands of any of the five ops. */
+static Geom geom_of(const CuArgs *a)
+{
+	const DpInstr *in = a->in;
+	int cp = in->op == DPK_ATTENTION_CP || in->op == DPK_ATTENTION_CP_GRAD ||
+		 in->op == DPK_ATTENTION_CP_GRAD_KV;
+	int q = in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP ? 0 : 1; /* qkv's operand */
+	const DpTensor *tq = cu_t(a, q);
+	Geom g;
+	g.qkv = cu_f(a, q);
+	g.kv = cp ? cu_f(a, q + 1) : (const float *)0;
+	g.pos = cp ? (const int32_t *)cu_p(a, q + 2) : (const int32_t *)0;
+	g.b = tq->dims[0];
+	g.t = tq->dims[1];
+	g.h = in->ia[0];
+	g.c = tq->dims[2] / 3;
+	g.hd = g.c / g.h;
+	g.cp = cp ? in->ia[1] : 0;
+	g.nkeys = cp ? g.cp * g.t : g.t;
+	g.scale = (float)(1.0 / sqrt((double)g.hd));
+	return g;
+}
+
+/* The kernels' own limits: head dims up to 256 (registers and shared tiles),
+ * positions in int32, grids within 2^31 blocks. */
+static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
+{
+	int q = in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP ? 0 : 1;
+	const DpTensor *tq = &s->tensors[in->in[q]];
+	int cp = in->op != DPK_ATTENTION && in->op != DPK_ATTENTION_GRAD;
+	int64_t hd = tq->dims[2] / 3 / in->ia[0], keys = tq->dims[1] * (cp ? in->ia[1] : 1);
+	int64_t blocks = tq->dims[0] * in->ia[0] * ((keys + ATT_ROWS - 1) / ATT_ROWS);
+	if (!head_dim_class(hd))
+		return RT_FAIL(e, "step file: %s: head dim %lld; the CUDA attention kernels take head "
+			       "dims up to 256", dp_kernel_names[in->op], (long long)hd);
+	if (keys > INT_MAX || blocks > INT_MAX)
+		return RT_FAIL(e, "step file: %s: %lld keys of %lld sequences are too many for the "
+			       "CUDA attention kernels", dp_kernel_names[in->op], (long long)keys,
+			       (long long)(tq->dims[0] * in->ia[0]));
+	return 0;
+}
+
+/* (m, inv, D) per (batch, head, query row) */
+static size_t scratch_attention(const DpStep *s, const DpInstr *in)
+{
+	if (in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP)
+		return 0;
+	const DpTensor *tq = &s->tensors[in->in[1]];
+	return (size_t)(3 * tq->dims[0] * in->ia[0] * tq->dims[1]) * sizeof(float);
+}
+
+template <int HD> static int launch(const CuArgs *a, const Geom &g, RtErr *e)
+{
+	const DpInstr *in = a->in;
+	unsigned qblocks = (unsigned)(g.b * g.h * ((g.t + ATT_ROWS - 1) / ATT_ROWS));
+	unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + ATT_ROWS - 1) / ATT_ROWS));
+	float *stats = (float *)a->scratch;
+	switch (in->op) {
+	case DPK_ATTENTION:
+	case DPK_ATTENTION_CP:
+		CU_LAUNCH(k_attn_fwd<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, -1));
+		CU_LAUNCHED(a, e);
+		return 0;
+	case DPK_ATTENTION_GRAD:
+		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), cu_f(a, -1), stats,
+			  1, 0);
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH(k_attn_bwd_kv<HD>, kblocks, ATT_THREADS, a->st, g, cu_f(a, 0), stats,
+			  cu_f(a, -1), 0);
+		CU_LAUNCHED(a, e);
+		return 0;
+	case DPK_ATTENTION_CP_GRAD:
+		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), cu_f(a, -1), stats,
+			  1, 1);
+		CU_LAUNCHED(a, e);
+		return 0;
+	default: /* DPK_ATTENTION_CP_GRAD_KV */
+		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), (float *)0, stats,
+			  0, 0);
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH(k_attn_bwd_kv<HD>, kblocks, ATT_THREADS, a->st, g, cu_f(a, 0), stats,
+			  cu_f(a, -1), 1);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
+}
+
+static int run_attention(const CuArgs *a, RtErr *e)
+{
+	Geom g = geom_of(a);
+	if (g.b <= 0 || g.t <= 0 || g.h <= 0)
+		return 0;
+	if (g.cp) {
+		CU_LAUNCH(k_cp_check, cu_grid(g.t), CU_THREADS, a->st, g.pos, g.t, g.nkeys, a->sc);
+		CU_LAUNCHED(a, e);
+	}
+	switch (head_dim_class(g.hd)) {
+	case 16:
+		return launch<16>(a, g, e);
+	case 32:
+		return launch<32>(a, g, e);
+	case 64:
+		return launch<64>(a, g, e);
+	case 128:
+		return launch<128>(a, g, e);
+	default:
+		return launch<256>(a, g, e);
+	}
+}
+
+extern "C" void cu_attention_rows(CuKernel *k)
+{
+	/* run, limits, scratch, blas */
+	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0};
+	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0};
+	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0};
+	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0};
+	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0};
+}

@@ -1,0 +1,296 @@
+/*
+ * device.cuh - what the CUDA kernel files (the .cu files of runtime/cuda) share: the
+ * launch macros, launch-error checks, tensor shapes and addresses from a
+ * CuArgs, element load/store helpers, and the deterministic block and warp
+ * reductions. Only static inline functions and templates: every .cu file
+ * gets its own copy (no definitions of globals here).
+ *
+ * Determinism. Every reduction here combines in a fixed tree that depends
+ * only on blockDim (chosen from the tensor shapes, never from the device),
+ * so a kernel gives the same bits on every run, eager or replayed, and on
+ * every GPU model.
+ *
+ * Element types. Kernels read and write tensor elements through ld()/st()
+ * (and ld4()/st4() for four at once): a bf16 tensor needs only overloads
+ * of these for __nv_bfloat16 and the kernel's storage type as a template
+ * parameter; arithmetic is in float (or double) whatever is stored.
+ */
+#ifndef DP_CU_DEVICE_CUH
+#define DP_CU_DEVICE_CUH
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* The only two launch forms (a test build may define them otherwise, e.g.
+ * a CUDA emulator that runs the kernels on the host). 1-D grids and blocks
+ * everywhere: kernels decompose blockIdx.x themselves. */
+#ifndef CU_LAUNCH
+#define CU_LAUNCH(kernel, grid, block, stream, ...) \
+	kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef CU_LAUNCH_SMEM
+#define CU_LAUNCH_SMEM(kernel, grid, block, smem, stream, ...) \
+	kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
+/* Unroll a loop with a constant trip count (nvcc; a host compiler of the
+ * same source, e.g. the emulator's, ignores it). */
+#ifdef __CUDACC__
+#define CU_UNROLL _Pragma("unroll")
+#else
+#define CU_UNROLL
+#endif
+
+#define CU_THREADS 256     /* default block size */
+#define CU_MAX_GRID 4096   /* grid-stride kernels: enough blocks to fill any GPU */
+#define CU_FULL_MASK 0xffffffffu
+
+/* Blocks for n elements at CU_THREADS per block, grid-stride beyond CU_MAX_GRID. */
+static inline unsigned cu_grid(int64_t n)
+{
+	int64_t b = (n + CU_THREADS - 1) / CU_THREADS;
+	return (unsigned)(b < CU_MAX_GRID ? (b > 0 ? b : 1) : CU_MAX_GRID);
+}
+
+#define CU_FOR_EACH(i, n) \
+	for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+	     i += (int64_t)gridDim.x * blockDim.x)
+
+/* The error of the last launch of instruction a's kernel, as an RtErr. */
+#define CU_LAUNCHED(a, e)                                                                   \
+	do {                                                                                \
+		cudaError_t err_ = cudaGetLastError();                                      \
+		if (err_ != cudaSuccess)                                                    \
+			return RT_FAIL((e), "%s: %s (%s)", dp_kernel_names[(a)->in->op],    \
+				       cudaGetErrorString(err_), cudaGetErrorName(err_));   \
+	} while (0)
+/* A CUDA runtime call made for instruction a. */
+#define CU_OK(a, call, e)                                                                   \
+	do {                                                                                \
+		cudaError_t err_ = (call);                                                  \
+		if (err_ != cudaSuccess)                                                    \
+			return RT_FAIL((e), "%s: %s: %s (%s)", dp_kernel_names[(a)->in->op], \
+				       #call, cudaGetErrorString(err_), cudaGetErrorName(err_)); \
+	} while (0)
+
+/* ---- shapes and operands ---- */
+
+static inline int64_t cu_numel(const DpTensor *t)
+{
+	int64_t n = 1;
+	for (int d = 0; d < t->ndim; d++)
+		n *= t->dims[d];
+	return n;
+}
+/* [rows, cols]: the last dim is cols, the leading dims fold into rows. */
+static inline int64_t cu_cols(const DpTensor *t) { return t->ndim ? t->dims[t->ndim - 1] : 1; }
+static inline int64_t cu_rows(const DpTensor *t)
+{
+	int64_t c = cu_cols(t);
+	return c ? cu_numel(t) / c : 0;
+}
+
+/* Operand k (-1: out) of the call: its table entry, NULL when absent. */
+static inline const DpTensor *cu_t(const CuArgs *a, int k)
+{
+	int id = k < 0 ? a->in->out : a->in->in[k];
+	return id >= 0 ? &a->s->tensors[id] : (const DpTensor *)0;
+}
+/* Its device address, NULL when absent. */
+static inline void *cu_p(const CuArgs *a, int k)
+{
+	int id = k < 0 ? a->in->out : a->in->in[k];
+	return id >= 0 ? a->ptr[id] : (void *)0;
+}
+static inline float *cu_f(const CuArgs *a, int k) { return (float *)cu_p(a, k); }
+
+/* 16-byte aligned (a float4 load or store may use it). */
+static inline int cu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The per-instruction plan entry (fusions) of the call. */
+static inline const CuFuse *cu_fuse(const CuArgs *a) { return a->fuse; }
+
+/* ---- element access: the one place that knows the storage type ---- */
+
+static __device__ __forceinline__ float ld(const float *p) { return *p; }
+static __device__ __forceinline__ void st(float *p, float v) { *p = v; }
+static __device__ __forceinline__ float4 ld4(const float *p)
+{
+	return *(const float4 *)p; /* callers check 16-byte alignment */
+}
+static __device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
+
+/* ---- first error wins: a value from data (a label, a token id, a
+ * position) that the CPU would refuse with an error; the backend reads the
+ * report after the run and fails with the CPU's message ---- */
+static __device__ __forceinline__ void cu_report_error(CuScalars *sc, int kind, int64_t value,
+						      int64_t index, int64_t limit)
+{
+	if (atomicCAS(&sc->err, 0, kind) == 0) {
+		sc->err_value = value;
+		sc->err_index = index;
+		sc->err_limit = limit;
+	}
+}
+
+/* ---- reductions with a fixed tree ----
+ *
+ * warp_sum: butterfly over the 32 lanes (every lane gets the same value);
+ * block_sum: each warp's butterfly, then warp 0 over the warp results in
+ * order; every thread gets the result. blockDim.x must be a multiple of 32
+ * (at most 1024); `sh` holds 32 values. */
+
+static __device__ __forceinline__ float shfl_xor(float v, int o)
+{
+	return __shfl_xor_sync(CU_FULL_MASK, v, o);
+}
+static __device__ __forceinline__ double shfl_xor(double v, int o)
+{
+	return __shfl_xor_sync(CU_FULL_MASK, v, o);
+}
+static __device__ __forceinline__ int shfl_xor(int v, int o)
+{
+	return __shfl_xor_sync(CU_FULL_MASK, v, o);
+}
+
+template <typename V> static __device__ __forceinline__ V warp_sum(V v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += shfl_xor(v, o);
+	return v;
+}
+
+/* NaN-propagating max (fmaxf would drop a NaN; the CPU's `a > b ? a : b`
+ * chain keeps whatever the comparisons say, and a NaN anywhere makes the
+ * result unusable either way). */
+static __device__ __forceinline__ float max_nan(float a, float b)
+{
+	return (a != a || b != b) ? __int_as_float(0x7fc00000) : (a > b ? a : b);
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = max_nan(v, shfl_xor(v, o));
+	return v;
+}
+
+template <typename V> static __device__ V block_sum(V v, V *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_sum(v);
+	__syncthreads(); /* sh may still be read by a previous call */
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	if (w == 0) {
+		V x = lane < nw ? sh[lane] : (V)0;
+		x = warp_sum(x);
+		if (lane == 0)
+			sh[0] = x;
+	}
+	__syncthreads();
+	return sh[0];
+}
+
+static __device__ __forceinline__ float block_max(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	if (w == 0) {
+		float x = lane < nw ? sh[lane] : -INFINITY;
+		x = warp_max(x);
+		if (lane == 0)
+			sh[0] = x;
+	}
+	__syncthreads();
+	return sh[0];
+}
+
+/* Threads for a block that walks one row of `cols` elements: a multiple of
+ * 32, at most CU_THREADS, about 4 elements per thread. From the shape only. */
+static inline unsigned cu_row_threads(int64_t cols)
+{
+	int64_t t = (cols + 3) / 4;
+	t = (t + 31) / 32 * 32;
+	return (unsigned)(t < 32 ? 32 : t > CU_THREADS ? CU_THREADS : t);
+}
+
+/* Column sums in two stages (bias and norm gradients): out[j] = (out[j] if
+ * accumulating) + sum_r term(r, j), in double, rounded once. Stage 1: a
+ * block per (tile of COLSUM_COLS columns, chunk of rows), COLSUM_LANES row
+ * lanes combined in order; stage 2: the chunks in order. The rows cut into
+ * chunks of about 64, at most 1024 blocks in all. From the shape only. */
+#define COLSUM_COLS 32 /* one warp reads 128 contiguous bytes of a row */
+#define COLSUM_LANES (CU_THREADS / COLSUM_COLS)
+static inline int64_t cu_col_chunks(int64_t rows, int64_t c)
+{
+	int64_t tiles = (c + COLSUM_COLS - 1) / COLSUM_COLS, most = 1024 / tiles;
+	int64_t ch = (rows + 63) / 64;
+	if (ch > most)
+		ch = most;
+	return ch < 1 ? 1 : ch;
+}
+
+/* part[ch * c + j] = sum of term(r, j) over chunk ch's rows */
+template <class Term>
+__global__ void k_colsum_part(Term term, int64_t rows, int64_t c, int64_t chunks, double *part)
+{
+	__shared__ double sh[COLSUM_LANES][COLSUM_COLS];
+	int64_t tiles = (c + COLSUM_COLS - 1) / COLSUM_COLS;
+	int64_t tile = blockIdx.x % tiles, ch = blockIdx.x / tiles;
+	int64_t per = (rows + chunks - 1) / chunks, lo = ch * per, hi = lo + per < rows ? lo + per : rows;
+	int tx = threadIdx.x % COLSUM_COLS, ty = threadIdx.x / COLSUM_COLS;
+	int64_t j = tile * COLSUM_COLS + tx;
+	double s = 0;
+	if (j < c)
+		for (int64_t r = lo + ty; r < hi; r += COLSUM_LANES)
+			s += term(r, j);
+	sh[ty][tx] = s;
+	__syncthreads();
+	if (ty == 0 && j < c) {
+		double t = 0;
+		for (int k = 0; k < COLSUM_LANES; k++)
+			t += sh[k][tx];
+		part[ch * c + j] = t;
+	}
+}
+
+/* o[j] = (o[j] if accumulating) + the partials in chunk order, rounded once */
+template <int Unused>
+__global__ void k_colsum_final(float *o, const double *part, int64_t c, int64_t chunks,
+			       int accumulate)
+{
+	CU_FOR_EACH(j, c) {
+		double s = 0;
+		for (int64_t ch = 0; ch < chunks; ch++)
+			s += part[ch * c + j];
+		o[j] = (float)(accumulate ? (double)o[j] + s : s);
+	}
+}
+
+/* Both stages on stream st; part: cu_col_chunks(rows, c) * c doubles. */
+template <class Term>
+static cudaError_t cu_colsum(cudaStream_t st, Term term, float *o, int64_t rows, int64_t c,
+			     int accumulate, double *part)
+{
+	int64_t chunks = cu_col_chunks(rows, c), tiles = (c + COLSUM_COLS - 1) / COLSUM_COLS;
+	if (c <= 0)
+		return cudaSuccess;
+	CU_LAUNCH(k_colsum_part<Term>, (unsigned)(tiles * chunks), CU_THREADS, st, term, rows, c,
+		  chunks, part);
+	cudaError_t err = cudaGetLastError();
+	if (err != cudaSuccess)
+		return err;
+	CU_LAUNCH(k_colsum_final<0>, cu_grid(c), CU_THREADS, st, o, part, c, chunks, accumulate);
+	return cudaGetLastError();
+}
+
+#endif

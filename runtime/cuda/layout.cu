@@ -1,0 +1,483 @@
+/*
+ * layout.cu - CUDA kernels that set or move memory without arithmetic (the
+ * CPU's runtime/cpu/layout.c and attention_cp.c's packing): nop, fill, copy,
+ * reshape, tp_copy, transpose, split and its gradient, interleave, the
+ * embedding gather and its gradient, kv_pack / kv_unpack; and two kernels of
+ * the backend: the strided copy behind SHARD (cu_k_copy2d, no pitch limit)
+ * and the graph's load of a staged batch (cu_k_load).
+ *
+ * Numerics: every op here except embedding_grad moves bits, so it equals the
+ * CPU bitwise. embedding_grad sums, for each (token id, column), the
+ * gradient rows of that id in ascending row order in float, starting from 0
+ * (or from the output when accumulating): the CPU's exact sequence of
+ * additions, so it is bitwise equal to the CPU too, and deterministic (no
+ * atomics): the rows are first grouped by id with a stable counting sort.
+ *
+ * Token ids outside [0, V) are reported (CU_ERR_TOKEN, the CPU's error) and
+ * read as nothing: the gather writes a zero row, the gradient skips them.
+ */
+#include "device.cuh"
+
+/* ---- strided rows: dst[r*dpitch + j] = src[r*spitch + j] (src NULL: 0) ---- */
+
+/* A block per row (grid-stride over rows) when rows are wide, else a flat
+ * walk over the elements. Elements of T. */
+template <typename T>
+__global__ void k_rows_wide(T *dst, int64_t dpitch, const T *src, int64_t spitch, int64_t width,
+			    int64_t rows)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t j = threadIdx.x; j < width; j += blockDim.x)
+			dst[r * dpitch + j] = src ? src[r * spitch + j] : (T)0;
+}
+
+template <typename T>
+__global__ void k_rows_flat(T *dst, int64_t dpitch, const T *src, int64_t spitch, int64_t width,
+			    int64_t rows)
+{
+	CU_FOR_EACH(i, rows * width) {
+		int64_t r = i / width, j = i - r * width;
+		dst[r * dpitch + j] = src ? src[r * spitch + j] : (T)0;
+	}
+}
+
+template <typename T>
+static cudaError_t rows_copy(cudaStream_t st, T *dst, int64_t dpitch, const T *src, int64_t spitch,
+			     int64_t width, int64_t rows)
+{
+	if (width <= 0 || rows <= 0)
+		return cudaSuccess;
+	if (width >= 64)
+		CU_LAUNCH(k_rows_wide<T>, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
+			  width >= CU_THREADS ? CU_THREADS : 64, st, dst, dpitch, src, spitch, width,
+			  rows);
+	else
+		CU_LAUNCH(k_rows_flat<T>, cu_grid(rows * width), CU_THREADS, st, dst, dpitch, src,
+			  spitch, width, rows);
+	return cudaGetLastError();
+}
+
+/* Four-byte words when everything is a multiple of four, else bytes. */
+extern "C" cudaError_t cu_k_copy2d(cudaStream_t st, void *dst, size_t dpitch, const void *src,
+				   size_t spitch, size_t width, size_t rows)
+{
+	if (((uintptr_t)dst | (uintptr_t)src | dpitch | spitch | width) % 4 == 0)
+		return rows_copy<uint32_t>(st, (uint32_t *)dst, (int64_t)dpitch / 4,
+					   (const uint32_t *)src, (int64_t)spitch / 4,
+					   (int64_t)width / 4, (int64_t)rows);
+	return rows_copy<unsigned char>(st, (unsigned char *)dst, (int64_t)dpitch,
+					(const unsigned char *)src, (int64_t)spitch, (int64_t)width,
+					(int64_t)rows);
+}
+
+/* ---- the graph's load: the staged copy of the step being run ---- */
+
+template <typename T>
+__global__ void k_load(T *dst, const T *src0, const T *src1, int64_t n, const CuScalars *sc)
+{
+	const T *src = (sc->step & 1) ? src1 : src0;
+	CU_FOR_EACH(i, n)
+		dst[i] = src[i];
+}
+
+extern "C" cudaError_t cu_k_load(cudaStream_t st, void *dst, const void *src0, const void *src1,
+				 size_t bytes, const CuScalars *sc)
+{
+	if (!bytes)
+		return cudaSuccess;
+	if (((uintptr_t)dst | (uintptr_t)src0 | (uintptr_t)src1 | bytes) % 4 == 0)
+		CU_LAUNCH(k_load<uint32_t>, cu_grid((int64_t)bytes / 4), CU_THREADS, st,
+			  (uint32_t *)dst, (const uint32_t *)src0, (const uint32_t *)src1,
+			  (int64_t)bytes / 4, sc);
+	else
+		CU_LAUNCH(k_load<unsigned char>, cu_grid((int64_t)bytes), CU_THREADS, st,
+			  (unsigned char *)dst, (const unsigned char *)src0,
+			  (const unsigned char *)src1, (int64_t)bytes, sc);
+	return cudaGetLastError();
+}
+
+/* ---- nop, fill ---- */
+
+static int run_nop(const CuArgs *a, RtErr *e)
+{
+	return 0;
+}
+
+template <typename T> __global__ void k_fill(T *o, int64_t n, T v)
+{
+	CU_FOR_EACH(i, n)
+		o[i] = v;
+}
+
+static int run_fill(const CuArgs *a, RtErr *e)
+{
+	int64_t n = cu_numel(cu_t(a, -1));
+	if (n <= 0)
+		return 0;
+	if (cu_t(a, -1)->dtype == DP_I32)
+		CU_LAUNCH(k_fill<int32_t>, cu_grid(n), CU_THREADS, a->st, (int32_t *)cu_p(a, -1), n,
+			  (int32_t)a->in->fa[0]);
+	else if (a->in->fa[0] == 0)
+		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)n * dp_dtype_size(cu_t(a, -1)->dtype),
+					 a->st), e);
+	else
+		CU_LAUNCH(k_fill<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->in->fa[0]);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* ---- copy, reshape, tp_copy: out = in0 (same dtype and size) ---- */
+
+static int overlap_partly(const DpTensor *o, const DpTensor *i)
+{
+	int disjoint = o->offset + o->nbytes <= i->offset || i->offset + i->nbytes <= o->offset;
+	return !disjoint && o->offset != i->offset;
+}
+
+/* A copy whose operands partly overlap (reshape may alias) goes through
+ * scratch, like the CPU's memmove. */
+static size_t scratch_copy(const DpStep *s, const DpInstr *in)
+{
+	const DpTensor *o = &s->tensors[in->out], *i = &s->tensors[in->in[0]];
+	return overlap_partly(o, i) ? (size_t)cu_numel(o) * dp_dtype_size(o->dtype) : 0;
+}
+
+static int run_copy(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *o = cu_t(a, -1), *i = cu_t(a, 0);
+	size_t bytes = (size_t)cu_numel(o) * dp_dtype_size(o->dtype);
+	if (!bytes || cu_p(a, -1) == cu_p(a, 0))
+		return 0;
+	if (overlap_partly(o, i)) {
+		CU_OK(a, cudaMemcpyAsync(a->scratch, cu_p(a, 0), bytes, cudaMemcpyDeviceToDevice, a->st),
+		      e);
+		CU_OK(a, cudaMemcpyAsync(cu_p(a, -1), a->scratch, bytes, cudaMemcpyDeviceToDevice, a->st),
+		      e);
+		return 0;
+	}
+	CU_OK(a, cudaMemcpyAsync(cu_p(a, -1), cu_p(a, 0), bytes, cudaMemcpyDeviceToDevice, a->st), e);
+	return 0;
+}
+
+/* ---- transpose: [.., r, c] -> [.., c, r], 32 x 32 tiles through shared memory ---- */
+
+#define TILE 32
+
+template <typename T>
+__global__ void k_transpose(T *o, const T *x, int64_t r, int64_t c, int64_t tiles_r,
+			    int64_t tiles_c)
+{
+	__shared__ T tile[TILE][TILE + 1]; /* +1: no bank conflicts on the transposed read */
+	int64_t bi = blockIdx.x, tc = bi % tiles_c, tr = (bi / tiles_c) % tiles_r;
+	int64_t b = bi / (tiles_c * tiles_r);
+	const T *xb = x + b * r * c;
+	T *ob = o + b * r * c;
+	int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE; /* 32 x 8 threads */
+	for (int k = ty; k < TILE; k += CU_THREADS / TILE) {
+		int64_t i = tr * TILE + k, j = tc * TILE + tx;
+		if (i < r && j < c)
+			tile[k][tx] = xb[i * c + j];
+	}
+	__syncthreads();
+	for (int k = ty; k < TILE; k += CU_THREADS / TILE) {
+		int64_t j = tc * TILE + k, i = tr * TILE + tx; /* out row j, column i */
+		if (i < r && j < c)
+			ob[j * r + i] = tile[tx][k];
+	}
+}
+
+static int run_transpose(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t0 = cu_t(a, 0);
+	int64_t n = cu_numel(cu_t(a, -1));
+	int64_t r = t0->dims[t0->ndim - 2], c = t0->dims[t0->ndim - 1];
+	if (n <= 0 || r * c <= 0)
+		return 0;
+	int64_t tr = (r + TILE - 1) / TILE, tcn = (c + TILE - 1) / TILE, batch = n / (r * c);
+	CU_LAUNCH(k_transpose<uint32_t>, (unsigned)(batch * tr * tcn), CU_THREADS, a->st,
+		  (uint32_t *)cu_p(a, -1), (const uint32_t *)cu_p(a, 0), r, c, tr, tcn);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* The grid is one block per tile: at most 2^31 - 1. */
+static int limit_transpose(const DpStep *s, const DpInstr *in, RtErr *e)
+{
+	const DpTensor *t0 = &s->tensors[in->in[0]];
+	int64_t r = t0->dims[t0->ndim - 2], c = t0->dims[t0->ndim - 1], n = cu_numel(t0);
+	int64_t tiles = r * c != 0 ? n / (r * c) * ((r + TILE - 1) / TILE) * ((c + TILE - 1) / TILE) : 0;
+	if (tiles > INT_MAX)
+		return RT_FAIL(e, "step file: transpose of '%s': %lld tiles are too many for one "
+			       "CUDA grid", dpstep_str(s, t0->name), (long long)tiles);
+	return 0;
+}
+
+/* ---- split: out = column chunk ia1 of ia0; split_grad: its zero-padded inverse ---- */
+
+static int run_split(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t0 = cu_t(a, 0);
+	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cs = cols / a->in->ia[0];
+	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), cs, cu_f(a, 0) + a->in->ia[1] * cs, cols, cs,
+				  rows), e);
+	return 0;
+}
+
+/* out[r, j] = dy[r, j - lo] for j in [lo, lo + cols), else 0: every output
+ * element written once. */
+__global__ void k_split_grad(float *o, const float *dy, int64_t rows, int64_t cols, int64_t cw,
+			     int64_t lo)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t j = threadIdx.x; j < cw; j += blockDim.x)
+			o[r * cw + j] = j >= lo && j < lo + cols ? dy[r * cols + j - lo] : 0.0f;
+}
+
+static int run_split_grad(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t0 = cu_t(a, 0);
+	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cw = cols * a->in->ia[0];
+	if (rows <= 0 || cw <= 0)
+		return 0;
+	CU_LAUNCH(k_split_grad, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
+		  cw >= CU_THREADS ? CU_THREADS : 64, a->st, cu_f(a, -1), cu_f(a, 0), rows, cols, cw,
+		  a->in->ia[1] * cols);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* ---- interleave: in0 [parts][outer][s][inner] -> out [outer][parts*s][inner] ---- */
+
+static int run_interleave(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *to = cu_t(a, -1);
+	int64_t parts = a->in->ia[0], dim = a->in->ia[1], outer = 1, inner = 1;
+	for (int64_t i = 0; i < dim; i++)
+		outer *= to->dims[i];
+	for (int64_t i = dim + 1; i < to->ndim; i++)
+		inner *= to->dims[i];
+	int64_t blk = to->dims[dim] / parts * inner;
+	const uint32_t *x = (const uint32_t *)cu_p(a, 0);
+	uint32_t *o = (uint32_t *)cu_p(a, -1);
+	for (int64_t p = 0; p < parts; p++) /* out block (u*parts + p) = in block (p*outer + u) */
+		CU_OK(a, rows_copy<uint32_t>(a->st, o + p * blk, parts * blk, x + p * outer * blk, blk,
+					     blk, outer), e);
+	return 0;
+}
+
+/* ---- kv_pack / kv_unpack: per head [q|k|v] of hd <-> [k|v] ---- */
+
+static int run_kv_pack(const CuArgs *a, RtErr *e)
+{
+	int unpack = a->in->op == DPK_KV_UNPACK;
+	const DpTensor *tq = unpack ? cu_t(a, -1) : cu_t(a, 0);
+	int64_t heads = a->in->ia[0], hd = tq->dims[2] / 3 / heads;
+	int64_t rows = tq->dims[0] * tq->dims[1] * heads; /* one row per (token, head) */
+	if (!unpack) {
+		CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), 2 * hd, cu_f(a, 0) + hd, 3 * hd, 2 * hd,
+					  rows), e);
+		return 0;
+	}
+	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), 3 * hd, (const float *)0, 0, hd, rows), e);
+	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1) + hd, 3 * hd, cu_f(a, 0), 2 * hd, 2 * hd, rows),
+	      e);
+	return 0;
+}
+
+/* ---- embedding: out[r, :] = table[ids[r], :] ---- */
+
+__global__ void k_embedding(float *o, const int32_t *ids, const float *tab, int64_t rows,
+			    int64_t v, int64_t d, int vec4, CuScalars *sc)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		int64_t id = ids[r];
+		int bad = id < 0 || id >= v;
+		if (bad && threadIdx.x == 0)
+			cu_report_error(sc, CU_ERR_TOKEN, id, r, v);
+		float *orow = o + r * d;
+		const float *trow = tab + (bad ? 0 : id) * d;
+		if (vec4) {
+			for (int64_t j = 4 * (int64_t)threadIdx.x; j < d; j += 4 * (int64_t)blockDim.x)
+				st4(orow + j, bad ? make_float4(0, 0, 0, 0) : ld4(trow + j));
+		} else {
+			for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+				st(orow + j, bad ? 0.0f : ld(trow + j));
+		}
+	}
+}
+
+static int run_embedding(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *tab = cu_t(a, 1);
+	int64_t rows = cu_numel(cu_t(a, 0)), v = tab->dims[0], d = tab->dims[1];
+	if (rows <= 0 || d <= 0)
+		return 0;
+	int vec4 = d % 4 == 0 && cu_aligned16(cu_p(a, -1)) && cu_aligned16(cu_p(a, 1));
+	CU_LAUNCH(k_embedding, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
+		  cu_row_threads(d), a->st, cu_f(a, -1),
+		  (const int32_t *)cu_p(a, 0), cu_f(a, 1), rows, v, d, vec4, a->sc);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/*
+ * embedding_grad: out[ids[r], :] += dy[r, :], deterministic. A stable
+ * counting sort groups the rows by id (ascending rows within an id), then
+ * one block per id sums its rows in that order:
+ *   1. k_emb_rank   (one block): rank[r] = rows before r with the same id,
+ *                   cnt[id] = rows with that id (ids outside [0, V) in
+ *                   bucket V);
+ *   2. k_emb_scan   (one block): start[id] = exclusive prefix sum of cnt;
+ *   3. k_emb_place  order[start[id] + rank[r]] = r;
+ *   4. k_emb_sum    for each id that has rows: out[id, j] (+)= its rows' dy[., j]
+ *                   in ascending order.
+ * Scratch (int32): cnt[V+1], start[V+1], rank[rows], order[rows].
+ */
+#define EMB_RANK_THREADS 1024
+
+__global__ void k_emb_rank(const int32_t *ids, int64_t rows, int64_t v, int32_t *cnt,
+			   int32_t *rank, CuScalars *sc)
+{
+	__shared__ int32_t tile[EMB_RANK_THREADS];
+	for (int64_t i = threadIdx.x; i <= v; i += blockDim.x)
+		cnt[i] = 0;
+	__syncthreads();
+	for (int64_t base = 0; base < rows; base += blockDim.x) {
+		int64_t r = base + threadIdx.x;
+		int n = (int)(rows - base < (int64_t)blockDim.x ? rows - base : blockDim.x);
+		int32_t id = (int32_t)v;
+		if (r < rows) {
+			int32_t raw = ids[r];
+			if (raw < 0 || raw >= v)
+				cu_report_error(sc, CU_ERR_TOKEN, raw, r, v);
+			else
+				id = raw;
+		}
+		tile[threadIdx.x] = id;
+		__syncthreads();
+		int before = 0, last = 1;
+		for (int k = 0; k < n; k++) {
+			before += k < (int)threadIdx.x && tile[k] == id;
+			last &= !(k > (int)threadIdx.x && tile[k] == id);
+		}
+		int32_t got = r < rows ? cnt[id] : 0;
+		__syncthreads(); /* every thread has read cnt before the updates */
+		if (r < rows) {
+			rank[r] = got + before;
+			if (last)
+				cnt[id] = got + before + 1;
+		}
+		__syncthreads();
+	}
+}
+
+__global__ void k_emb_scan(const int32_t *cnt, int32_t *start, int64_t n)
+{
+	__shared__ int32_t part[EMB_RANK_THREADS];
+	int64_t per = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
+	int32_t sum = 0;
+	for (int64_t i = lo; i < lo + per && i < n; i++)
+		sum += cnt[i];
+	part[threadIdx.x] = sum;
+	__syncthreads();
+	for (unsigned o = 1; o < blockDim.x; o <<= 1) { /* inclusive scan (integers: exact) */
+		int32_t add = threadIdx.x >= o ? part[threadIdx.x - o] : 0;
+		__syncthreads();
+		part[threadIdx.x] += add;
+		__syncthreads();
+	}
+	int32_t run = threadIdx.x ? part[threadIdx.x - 1] : 0;
+	for (int64_t i = lo; i < lo + per && i < n; i++) {
+		start[i] = run;
+		run += cnt[i];
+	}
+}
+
+__global__ void k_emb_place(const int32_t *ids, int64_t rows, int64_t v, const int32_t *start,
+			    const int32_t *rank, int32_t *order)
+{
+	CU_FOR_EACH(r, rows) {
+		int32_t id = ids[r];
+		if (id < 0 || id >= v)
+			id = (int32_t)v;
+		order[start[id] + rank[r]] = (int32_t)r;
+	}
+}
+
+__global__ void k_emb_sum(float *o, const float *dy, const int32_t *ids, int64_t rows, int64_t v,
+			  int64_t d, const int32_t *cnt, const int32_t *start, const int32_t *order,
+			  int accumulate)
+{
+	for (int64_t k = blockIdx.x; k < rows; k += gridDim.x) {
+		int32_t id = ids[order[k]];
+		if (id < 0 || id >= v || start[id] != k)
+			continue; /* not the first row of its id */
+		int64_t end = k + cnt[id];
+		for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+			float acc = accumulate ? o[id * d + j] : 0.0f;
+			for (int64_t q = k; q < end; q++)
+				acc += ld(dy + (int64_t)order[q] * d + j);
+			o[id * d + j] = acc;
+		}
+	}
+}
+
+static size_t scratch_embedding_grad(const DpStep *s, const DpInstr *in)
+{
+	int64_t v = s->tensors[in->out].dims[0], rows = cu_numel(&s->tensors[in->in[1]]);
+	return (size_t)(2 * (v + 1) + 2 * rows) * sizeof(int32_t);
+}
+
+/* int32 positions and counts, and one block's scan over V + 1 buckets. */
+static int limit_embedding_grad(const DpStep *s, const DpInstr *in, RtErr *e)
+{
+	int64_t v = s->tensors[in->out].dims[0], rows = cu_numel(&s->tensors[in->in[1]]);
+	if (v >= INT_MAX || rows >= INT_MAX)
+		return RT_FAIL(e, "step file: embedding_grad '%s': %lld rows of a %lld-row table do not "
+			       "fit int32 indices", dpstep_str(s, s->tensors[in->out].name),
+			       (long long)rows, (long long)v);
+	return 0;
+}
+
+static int run_embedding_grad(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *to = cu_t(a, -1);
+	int64_t v = to->dims[0], d = to->dims[1], rows = cu_numel(cu_t(a, 1));
+	int acc = a->in->ia[2] != 0;
+	const int32_t *ids = (const int32_t *)cu_p(a, 1);
+	int32_t *cnt = (int32_t *)a->scratch, *start = cnt + v + 1, *rank = start + v + 1;
+	int32_t *order = rank + rows;
+	if (!acc)
+		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(v * d) * sizeof(float), a->st), e);
+	if (rows <= 0 || d <= 0)
+		return 0;
+	CU_LAUNCH(k_emb_rank, 1, EMB_RANK_THREADS, a->st, ids, rows, v, cnt, rank, a->sc);
+	CU_LAUNCHED(a, e);
+	CU_LAUNCH(k_emb_scan, 1, EMB_RANK_THREADS, a->st, cnt, start, v + 1);
+	CU_LAUNCHED(a, e);
+	CU_LAUNCH(k_emb_place, cu_grid(rows), CU_THREADS, a->st, ids, rows, v, start, rank, order);
+	CU_LAUNCHED(a, e);
+	/* acc = 0 was zeroed above: the sums start from the output either way */
+	CU_LAUNCH(k_emb_sum, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID), cu_row_threads(d),
+		  a->st, cu_f(a, -1), cu_f(a, 0), ids, rows, v, d, cnt, start, order, 1);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+extern "C" void cu_layout_rows(CuKernel *k)
+{
+	/* run, limits, scratch, blas */
+	k[DPK_NOP] = {run_nop, NULL, NULL, 0};
+	k[DPK_FILL] = {run_fill, NULL, NULL, 0};
+	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0};
+	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0};
+	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0};
+	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0};
+	k[DPK_SPLIT] = {run_split, NULL, NULL, 0};
+	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0};
+	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0};
+	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0};
+	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0};
+	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0};
+	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0};
+}

@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# tests/cuda_emu.sh - the CUDA backend (runtime/cuda, unchanged) run on the
+# CUDA emulator (tests/cuda_emu, `make cuda-emu`, docs/CUDA-EMU.md) against
+# the CPU backend, and, on a machine with a GPU, the same cases on real CUDA.
+#
+#  1. the emulator's own checks (build-emu/selftest): kernels, warps,
+#     atomics, float4, dynamic shared memory, bf16, cuBLAS, streams, capture
+#     and graphs, NCCL over MPI work; and each misuse is caught: a thread
+#     leaving a barrier, a warp mask naming an exited lane or not the caller,
+#     a block deadlock, a misaligned float4, host code touching device
+#     memory, a host pointer passed to a kernel, an out-of-bounds access, a
+#     copy of the wrong kind or past its buffer, a pitch above memPitch,
+#     illegal calls during capture, an unjoined capture, a leading dimension
+#     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
+#     missing event between two streams (DPEMU_RUN=lazy), a collective
+#     reordered on one rank, ncclCommAbort under a live graph;
+#  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
+#     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp
+#     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
+#     text), every strategy at 1, 2
+#     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
+#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2). Each case runs
+#     with its own DPEMU_SEED and DPEMU_COMM (collectives as late as the
+#     events allow, or as early), so the cases together walk many orders.
+#     An op the CUDA backend has no kernel for is refused at load: the case
+#     is SKIPPED naming the op, never passed or failed;
+#  3. graph replay vs --no-graph: losses and parameters bitwise equal;
+#  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
+#     every rank, with a message naming the step and the pending collective;
+#  5. the device probe: a driver older than the runtime is a one-line error
+#     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
+#     driver and no device are one-line errors too;
+#  6. on a real GPU: the model cases of 2. on real CUDA with the normal build
+#     (build/dpexec), and compute-sanitizer memcheck and racecheck when it is
+#     installed. Without a GPU each is reported SKIPPED.
+#
+# Tolerances. On the emulator both backends round the same IEEE way and use
+# the same libm and OpenBLAS, so what differs is only the kernels' own
+# algorithms: tree or fixed-grid reductions instead of sequential sums, float
+# partial sums where the CPU uses double, an online softmax, GEMMs issued in
+# cuBLAS's column-major form. That is ~1e-7 relative per operation (the MLPs
+# measure bitwise equal). AdamW's first steps move each parameter by about
+# the learning rate whatever its gradient's size, so noise in near-zero
+# gradients reaches the parameters at up to ~1e-6. We allow losses rtol 1e-5
+# and parameters atol 1e-5 + rtol 1e-3: a wrong kernel (a lost term, a wrong
+# index, a missing barrier or event) moves the loss by >1e-3 and parameters
+# by the learning rate (>=1e-4 by step 3) within the STEPS steps, and the
+# mutations (tests/cuda_emu_mutations.sh) are all caught. On a real GPU
+# cuBLAS sums in another order and CUDA's expf/tanhf/exp are 1-2 ulp, not
+# glibc's: losses rtol 1e-3, parameters atol 1e-4 + rtol 1e-3 (tests/cuda.sh's
+# estimates, to tighten from the first measured spread).
+#
+# SAN=1: skipped (one SKIP line): the emulator's fibers switch stacks under
+# ASan's feet; the emulated build is never sanitized.
+set -u
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT" || exit 1
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+STEPS=${STEPS:-3}
+t_start=$(date +%s)
+if ! emu_start "the CUDA emulator suite"; then
+	finish cuda_emu
+	exit $?
+fi
+ok "make cuda-emu: build-emu/dpexec, build-emu/libdpcuda.so from runtime/cuda"
+EMU=$ROOT/build-emu/dpexec
+CPU=$ROOT/build/dpexec
+SELF=$ROOT/build-emu/selftest
+
+# ---- 1. the emulator's own checks ----
+
+# selftest CASE WANT [ENV...]: WANT is "ok", "race" (exit 3: the race showed
+# as wrong numbers) or a text the FATAL line / output must contain
+selftest() {
+	local c=$1 want=$2 np=1; shift 2
+	case $c in nccl*) np=2 ;; esac
+	if [ $np = 1 ]; then
+		env "$@" timeout 60 "$SELF" "$c" >"$T/self.out" 2>&1
+	else
+		env "$@" timeout 60 mpirun --oversubscribe -np 2 "$SELF" "$c" >"$T/self.out" 2>&1
+	fi
+	local rc=$?
+	local msg
+	msg=$(grep -m1 -E "FATAL|wrong|ok $c" "$T/self.out" | sed 's/^cuda-emu: //' | cut -c1-160)
+	case $want in
+	ok) [ $rc = 0 ] && grep -q "^ok $c" "$T/self.out" ;;
+	race) [ $rc = 3 ] ;;
+	*) [ $rc = 99 ] && grep -q "FATAL:.*$want" "$T/self.out" ;;
+	esac
+	if [ $? = 0 ]; then
+		ok "emulator: $c${1:+ ($*)}: $msg"
+	else
+		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
+	fi
+}
+for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 gemm streams graph \
+	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
+	selftest $c ok
+done
+selftest reduce_nosync race DPEMU_THREADS=asc
+selftest streams_race race DPEMU_RUN=lazy
+selftest barrier_exit "returned while .* wait at __syncthreads"
+selftest shfl_exited "returned while lanes .* wait for it at __shfl_sync"
+selftest shfl_mask "does not name the calling lane"
+selftest deadlock "deadlock: no thread of the block can go on"
+selftest misaligned "misaligned address"
+selftest host_touch "host code touched device memory"
+selftest kernel_host_ptr "argument 1 is .*pageable host memory"
+selftest out_of_bounds "illegal device address"
+selftest gemm_ld_past "matrix A .* is not inside one device buffer"
+selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
+selftest nccl_mismatch "NCCL collective mismatch"
+selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
+
+# ---- 2. models: --device cuda (emulated) vs --device cpu ----
+
+text_shard
+# the emulator runs every GPU thread: few heads and samples keep it quick
+small="-D ctx=16 -D d=32 -D heads=2"
+# sources: synthetic mlp, mlp8 as it is, the transformers small on the text
+awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/mlp.dp |
+	sed -E 's/from idx\("[^"]*"\)/from synthetic(n=4096, classes=10)/' >"$T/mlp.dp"
+cp models/mlp8.dp "$T/mlp8.dp"
+for m in gpt2-tiny llama; do
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/$m.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/$m.dp"
+done
+dargs() { # extra dpc arguments per model
+	case $1 in
+	gpt2-tiny) echo "$small" ;;
+	llama) echo "$small -D ffn=96 -D layers=2" ;;
+	esac
+}
+# variant of a model: strategy and mesh line
+model_src() { # model_src MODEL STRATEGY MESH -> path
+	local out=$T/$1-$2-${3// /}.dp
+	{ echo "mesh $3"; grep -v '^mesh ' "$T/$1.dp"; } |
+		sed -e "s/^  strategy .*/  strategy $2/" >"$out"
+	echo "$out"
+}
+
+ncase=0
+declare -A TAG # case name -> the tag of its files in $T
+agree=$T/agreement.txt
+: >"$agree"
+gpu_cases=()
+# model_case MODEL STRATEGY NP [MESH]: the emulated CUDA backend vs the CPU
+model_case() {
+	local model=$1 strat=$2 np=$3 mesh=${4:-auto}
+	local name="$model $strat np=$np${4:+ mesh=$4}" tag=c$ncase
+	TAG[$name]=$tag
+	ncase=$((ncase + 1))
+	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
+	local src
+	src=$(model_src "$model" "$strat" "$mesh")
+	# shellcheck disable=SC2046
+	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") -o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
+		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
+	fi
+	gpu_cases+=("$tag|$np|$name")
+	if ! mpi "$np" "$T/$tag.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+		--losses "$T/$tag.cpu.loss" --save-full "$T/$tag.cpu.st" >"$T/$tag.cpu.log" 2>&1; then
+		fail "$name: --device cpu"; tail -n 5 "$T/$tag.cpu.log"; return
+	fi
+	env DPEMU_SEED=$ncase DPEMU_COMM=$comm timeout 300 mpirun --oversubscribe -np "$np" "$EMU" \
+		"$T/$tag.bin" --device cuda --steps "$STEPS" --quiet --eval-every 0 \
+		--losses "$T/$tag.emu.loss" --save-full "$T/$tag.emu.st" >"$T/$tag.emu.log" 2>&1
+	local rc=$?
+	if [ $rc != 0 ]; then
+		local op
+		op=$(grep -m1 -oE "has no kernel for [a-z_0-9]+" "$T/$tag.emu.log" | awk '{print $NF}')
+		if [ -n "$op" ]; then
+			skip "$name: the CUDA backend has no kernel for $op yet (refused at load)"
+			echo "$name | skipped: no CUDA kernel for $op" >>"$agree"
+		else
+			fail "$name: --device cuda on the emulator (exit $rc, DPEMU_SEED=$ncase DPEMU_COMM=$comm)"
+			grep -v "^ \|^$\|^---" "$T/$tag.emu.log" | tail -n 8 | sed 's/^/      /'
+		fi
+		return
+	fi
+	compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" 1e-5 1e-5 1e-3
+}
+# compare NAME RUN REF LOSS_RTOL PARAM_ATOL PARAM_RTOL
+compare() {
+	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 >"$2.cmp" &&
+		$PY tests/compare.py params "$2.st" "$3.st" --rtol "$6" --atol "$5" >>"$2.cmp"; then
+		local fig
+		fig=$(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
+			END {printf "losses rel %.1e, params abs %.1e", l, p}' "$2.cmp")
+		ok "$1: $fig"
+		echo "$1 | $fig" >>"$agree"
+	else
+		fail "$1: outside losses rtol $4, params atol $5 + rtol $6"
+		grep -E "EXCEEDS|step count" "$2.cmp" | head -n 5 | sed 's/^/      /'
+	fi
+}
+
+for np in 1 2 4; do
+	for s in ddp zero1 zero2 full_shard hybrid_shard; do
+		model_case mlp8 $s $np
+	done
+done
+model_case mlp8 hybrid_shard 4 "dp_replicate=2, dp_shard=2"
+model_case mlp ddp 1
+for s in ddp zero1 zero2 full_shard hybrid_shard; do
+	model_case mlp $s 4
+done
+model_case mlp zero2 2
+model_case gpt2-tiny ddp 1
+model_case gpt2-tiny full_shard 2
+for s in ddp zero1 zero2 full_shard; do
+	model_case gpt2-tiny $s 4
+done
+model_case gpt2-tiny hybrid_shard 4 "dp_replicate=2, dp_shard=2"
+model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
+model_case gpt2-tiny full_shard 4 "tp=2, dp_shard=2"
+model_case llama ddp 1
+model_case llama zero1 2
+model_case llama zero2 2
+model_case llama full_shard 4
+model_case llama hybrid_shard 4 "dp_replicate=2, dp_shard=2"
+model_case llama ddp 4 "tp=2, dp_shard=2"
+# context parallelism: zigzag chunks, K/V gathered on cp (attention_cp, kv_pack)
+model_case gpt2-tiny ddp 2 "cp=2"
+model_case llama full_shard 4 "cp=2, dp_shard=2"
+
+# ---- 3. graph replay vs --no-graph, bitwise ----
+# graph_eager NAME BIN NP: the same seed and policy, with and without the graph
+graph_eager() {
+	local name=$1 bin=$2 np=$3 r
+	for r in graph eager; do
+		env DPEMU_SEED=7 timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$bin" --device cuda \
+			--steps "$STEPS" --quiet --eval-every 0 --losses "$T/ge-$r.loss" \
+			--save-full "$T/ge-$r.st" $([ $r = eager ] && echo --no-graph) >"$T/ge-$r.log" 2>&1 ||
+			{
+				if op=$(grep -m1 -oE "has no kernel for [a-z_0-9]+" "$T/ge-$r.log"); then
+					skip "graph replay == --no-graph on $name: the CUDA backend $op yet"
+				else
+					fail "graph replay == --no-graph on $name: the $r run failed"
+					tail -n 5 "$T/ge-$r.log"
+				fi
+				return
+			}
+	done
+	if cmp -s "$T/ge-graph.loss" "$T/ge-eager.loss" && cmp -s "$T/ge-graph.st" "$T/ge-eager.st"; then
+		ok "graph replay == --no-graph on $name: losses and parameters bitwise equal"
+	else
+		fail "graph replay == --no-graph on $name (not bitwise equal)"
+		diff "$T/ge-graph.loss" "$T/ge-eager.loss" | head -n 4
+	fi
+}
+graph_eager "mlp8 zero2 np=4" "$T/${TAG[mlp8 zero2 np=4]}.bin" 4
+graph_eager "gpt2-tiny tp=2 x dp_shard=2" "$T/${TAG[gpt2-tiny ddp np=4 mesh=tp=2, dp_shard=2]}.bin" 4
+
+# ---- 4. a stalled rank under --timeout ----
+"$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
+t0=$(date +%s)
+env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \
+	--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/stall.log" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
+if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
+	echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
+	ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s, exit $rc)"
+	echo "      ${msg#*error: }" | cut -c1-200
+else
+	fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+fi
+
+# ---- 5. the device probe: mismatch, no driver, no device ----
+probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line containing WANT
+	local name=$1 want=$2; shift 2
+	env "$@" "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
+	local rc=$?
+	if [ $rc = 1 ] && [ "$(wc -l <"$T/probe.err")" = 1 ] && grep -q -- "$want" "$T/probe.err"; then
+		ok "$name: $(cut -c1-150 "$T/probe.err")"
+	else
+		fail "$name (exit $rc, wanted one line with '$want')"; head -n 3 "$T/probe.err"
+	fi
+}
+"$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/stall.bin" >/dev/null 2>&1
+probe "a driver older than the runtime (12.2 < 13.0)" "older than the CUDA runtime" DPEMU_DRIVER_VERSION=12020
+probe "no CUDA driver" "no CUDA driver is installed" DPEMU_DRIVER_VERSION=0
+probe "no CUDA device" "no CUDA device is visible" DPEMU_DEVICES=0
+# tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
+env BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+rc=$?
+if [ $rc != 0 ] && grep -q "FAIL.*older than" "$T/cudash.out"; then
+	ok "tests/cuda.sh fails (exit $rc) on a driver older than the runtime: $(grep -m1 'FAIL.*older' "$T/cudash.out" | cut -c1-110)"
+else
+	fail "tests/cuda.sh must fail on a driver older than the runtime (exit $rc)"
+	grep -E "FAIL|SKIP|cuda:" "$T/cudash.out" | head -n 5
+fi
+env BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+rc=$?
+if [ $rc = 0 ] && grep -q "skipped" "$T/cudash.out"; then
+	ok "tests/cuda.sh without a driver: passes with its GPU checks skipped ($(tail -n 1 "$T/cudash.out"))"
+else
+	fail "tests/cuda.sh without a driver (exit $rc)"; tail -n 5 "$T/cudash.out"
+fi
+
+# ---- 6. the same cases on a real GPU ----
+GPU=0
+if [ -f "$ROOT/build/libdpcuda.so" ] &&
+	"$CPU" "$T/stall.bin" --device cuda --steps 0 --quiet >"$T/realgpu.out" 2>&1; then
+	GPU=1
+else
+	why=$(head -n 1 "$T/realgpu.out" 2>/dev/null)
+	[ -f "$ROOT/build/libdpcuda.so" ] || why="build/libdpcuda.so is not built (no nvcc?)"
+	if echo "$why" | grep -q "older than the CUDA runtime"; then
+		fail "real GPU: the CUDA driver is older than the runtime: $why"
+	fi
+fi
+if [ $GPU = 1 ]; then
+	# several ranks on one GPU: NCCL 2.28 needs each to look like its own host
+	printf '#!/bin/sh\nexport NCCL_HOSTID=dp-rank-${OMPI_COMM_WORLD_RANK:-0}\nexec "$@"\n' >"$T/rank.sh"
+	chmod +x "$T/rank.sh"
+	for c in "${gpu_cases[@]}"; do
+		IFS='|' read -r tag np name <<<"$c"
+		if timeout 600 mpirun --oversubscribe -np "$np" "$T/rank.sh" "$CPU" "$T/$tag.bin" \
+			--device cuda --steps "$STEPS" --quiet --eval-every 0 --losses "$T/$tag.gpu.loss" \
+			--save-full "$T/$tag.gpu.st" >"$T/$tag.gpu.log" 2>&1; then
+			compare "real GPU: $name" "$T/$tag.gpu" "$T/$tag.cpu" 1e-3 1e-4 1e-3
+		elif op=$(grep -m1 -oE "has no kernel for [a-z_0-9]+" "$T/$tag.gpu.log"); then
+			skip "real GPU: $name: the CUDA backend $op yet"
+		else
+			fail "real GPU: $name"; tail -n 5 "$T/$tag.gpu.log"
+		fi
+	done
+	SAN_BIN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+	for tool in memcheck racecheck; do
+		if [ -x "$SAN_BIN" ]; then
+			if "$SAN_BIN" --tool $tool --error-exitcode 9 "$CPU" "$T/${TAG[mlp8 ddp np=1]}.bin" --device cuda --steps 2 \
+				--quiet --eval-every 0 >"$T/san.log" 2>&1; then
+				ok "real GPU: compute-sanitizer $tool clean (mlp8, 1 rank)"
+			else
+				fail "real GPU: compute-sanitizer $tool (mlp8, 1 rank)"; tail -n 20 "$T/san.log"
+			fi
+		else
+			skip "real GPU: compute-sanitizer $tool (not installed)"
+		fi
+	done
+else
+	echo "  (no usable GPU here: ${why:-none}; the real-GPU checks below are NOT run)"
+	for c in "${gpu_cases[@]}"; do
+		skip "real GPU: ${c##*|} (no GPU)"
+	done
+	skip "real GPU: compute-sanitizer memcheck (no GPU)"
+	skip "real GPU: compute-sanitizer racecheck (no GPU)"
+fi
+
+echo "  agreement, --device cuda (emulated) vs --device cpu over $STEPS steps:"
+sed 's/^/    /' "$agree"
+echo "  (cuda_emu took $(($(date +%s) - t_start))s)"
+finish cuda_emu

@@ -1,0 +1,279 @@
+/*
+ * emu.h - the CUDA emulator's internals (tests/cuda_emu; test code, never
+ * shipped as a backend). The emulator runs the real runtime/cuda sources on
+ * the CPU: libdpcuda.so built by `make cuda-emu` links these files in place
+ * of cudart, cuBLAS and NCCL. docs/CUDA-EMU.md is the user's page; this
+ * header is the map of the implementation:
+ *
+ *   core.cc    process state, configuration (DPEMU_* variables), errors,
+ *              device and pinned memory (device memory is PROT_NONE to the
+ *              host outside device work), the fault handler
+ *   sched.cc   streams as queues and events as edges, the adversarial
+ *              scheduler, copies/sets/host functions, stream capture and
+ *              graphs, and the runtime API over them
+ *   kernel.cc  kernels: blocks in turn, threads as fibers (switch.S),
+ *              __syncthreads, warp primitives with mask checks
+ *   cublas.cc  the cuBLAS subset over OpenBLAS
+ *   nccl.cc    the NCCL subset over MPI
+ *
+ * The emulator is a process-wide runtime, like the CUDA runtime it stands
+ * for: its state is one struct (State, S()). It is single-threaded: every
+ * API call runs on the caller's thread, and device work runs inside API
+ * calls (at enqueue when the scheduler chooses to, at queries, at waits).
+ */
+#ifndef DPEMU_EMU_H
+#define DPEMU_EMU_H
+
+#include <cstdarg>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "include/cuda_runtime_api.h"
+
+namespace emu {
+
+/* ---- diagnostics (core.cc) ---- */
+
+/* "cuda-emu: FATAL: ..." on stderr, a backtrace, exit status 99: what
+ * hardware would turn into a fault, a hang or undefined behaviour. */
+[[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "cuda-emu: ..." on stderr. */
+void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A misuse the real call would reject: say why, record it as the last
+ * error, return it. */
+cudaError_t misuse(cudaError_t err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Record err as the last error (cudaSuccess records nothing); return it. */
+cudaError_t record(cudaError_t err);
+/* The error every call returns before a device exists (no driver, driver
+ * too old, no device), else cudaSuccess. */
+cudaError_t init_error();
+
+/* ---- configuration (DPEMU_* environment variables, read once) ---- */
+
+enum Pick { PICK_RANDOM, PICK_LOW, PICK_HIGH };
+struct Config {
+	int ndev;              /* DPEMU_DEVICES (1) */
+	int driver;            /* DPEMU_DRIVER_VERSION (13000; 0: no driver) */
+	uint64_t seed;         /* DPEMU_SEED (1) */
+	Pick comm;             /* DPEMU_COMM: late (LOW) | early (HIGH) | random */
+	Pick run;              /* DPEMU_RUN: lazy (LOW) | eager (HIGH) | random */
+	Pick threads;          /* DPEMU_THREADS: asc (LOW) | desc (HIGH) | random */
+	Pick blocks;           /* DPEMU_BLOCKS: asc | desc | random */
+	long stall_rank;       /* DPEMU_STALL=RANK:N: world rank RANK's device */
+	long stall_at;         /*   stops at its N-th collective (1-based); -1 none */
+	int same_buffers;      /* DPEMU_NCCL_SAME_BUFFERS (1): ranks pass the same arena offsets */
+	size_t mem_bytes;      /* DPEMU_MEM_GB (64): device memory */
+	int trace;             /* DPEMU_TRACE (0): print every executed operation */
+	int profile;           /* DPEMU_PROFILE (0): time per kind of work, at exit */
+};
+const Config &cfg();
+
+/* ---- memory (core.cc) ---- */
+
+struct Alloc {
+	uintptr_t base;        /* what the caller got */
+	size_t size;
+	uintptr_t map_base;    /* whole pages: [map_base, map_base + map_size) */
+	size_t map_size;
+	int ordinal;           /* allocation order (the same on every rank) */
+	bool device;           /* else pinned host memory */
+	unsigned flags;        /* cudaHostAlloc flags */
+	bool live;
+};
+enum MemKind {
+	MEM_HOST,    /* pageable host memory (anything the emulator did not allocate) */
+	MEM_PINNED,  /* cudaMallocHost / cudaHostAlloc */
+	MEM_DEVICE,  /* a live cudaMalloc allocation */
+	MEM_INVALID  /* in the device range, but not in a live allocation */
+};
+struct Where {
+	MemKind kind;
+	const Alloc *alloc;   /* the allocation (live or freed), or NULL */
+};
+Where classify(const void *p);
+/* [p, p + n) lies in one live allocation of the kind classify found. */
+bool within(const Where &w, const void *p, size_t n);
+/* Device code may touch [p, p + n): device memory or mapped pinned memory.
+ * Else false with a sentence in why. */
+bool device_accessible(const void *p, size_t n, std::string *why);
+/* "allocation #3 (4096 bytes, device) + 0x40" */
+std::string describe(const void *p);
+cudaError_t dev_alloc(void **p, size_t size);
+cudaError_t dev_free(void *p);
+cudaError_t host_alloc(void **p, size_t size, unsigned flags);
+cudaError_t host_free(void *p);
+size_t dev_used();
+
+/* Device memory is host-accessible only while a Session is alive (the
+ * scheduler runs device work inside one); host code touching it otherwise
+ * faults, and the fault handler names the allocation. */
+struct Session {
+	Session();
+	~Session();
+};
+/* Device work is about to touch device memory: open it (inside a Session;
+ * it stays open until the outermost Session ends). */
+void open_device_memory();
+/* Inside a Session, host-side work (a host function) runs with device
+ * memory protected again. */
+struct HostSection {
+	HostSection();
+	~HostSection();
+};
+
+/* ---- work and the scheduler (sched.cc) ---- */
+
+struct Op;
+using OpRef = std::shared_ptr<Op>;
+struct NcclComm;
+
+/* What an operation does. One Work is shared by a stream operation or by a
+ * graph node and all its replays; per-execution state lives in Op::flight. */
+struct Work {
+	virtual ~Work() {}
+	virtual std::string what() const = 0;
+	/* Run. true: done; false: in flight (poll until ready, then finish). */
+	virtual bool start(Op &op) = 0;
+	virtual bool poll(Op &op) { return true; }
+	virtual void finish(Op &op) {}
+	/* May it start now? (a collective: its turn on its communicator) */
+	virtual bool can_start(Op &op) { return true; }
+	/* Called once when an Op is made from this work (issue order). */
+	virtual void issued(Op &op) {}
+	virtual NcclComm *comm() const { return nullptr; }
+};
+
+struct Op {
+	uint64_t seq;                  /* issue order */
+	std::shared_ptr<Work> work;
+	std::vector<OpRef> deps;       /* cleared as they complete */
+	enum State { PENDING, FLIGHT, FINISHABLE, DONE } state = PENDING;
+	int stream_id;
+	std::shared_ptr<void> flight;  /* per-execution state of a Work */
+	uint64_t comm_seq = 0;         /* a collective's index on its communicator */
+	bool stalled = false;          /* DPEMU_STALL: never starts */
+	double done_at = 0;            /* host seconds (cudaEventElapsedTime) */
+};
+
+struct Capture;
+struct Stream {
+	int id;
+	unsigned flags;
+	bool legacy;
+	OpRef last;                    /* the latest operation (implicit dependency) */
+	Capture *cap = nullptr;        /* capturing into this capture */
+	std::vector<int> cap_deps;     /* nodes the next captured operation depends on */
+};
+struct Event {
+	unsigned flags;
+	OpRef rec;                     /* the latest record outside capture */
+	Capture *cap = nullptr;        /* the latest record was in this capture */
+	uint64_t cap_id = 0;
+	std::vector<int> cap_nodes;
+};
+
+struct Node {
+	std::shared_ptr<Work> work;
+	std::vector<int> deps;
+	int stream_id;
+};
+struct GraphData {
+	std::vector<Node> nodes;
+	std::set<NcclComm *> comms;    /* communicators the graph captured */
+};
+struct Capture {
+	uint64_t id;
+	Stream *origin;
+	cudaStreamCaptureMode mode;
+	std::shared_ptr<GraphData> g;
+	bool invalid = false;
+	std::string why;
+	std::set<Stream *> members;
+};
+
+/* The stream a handle names (0, cudaStreamLegacy, cudaStreamPerThread: the
+ * legacy stream), or NULL after recording cudaErrorInvalidResourceHandle. */
+Stream *stream_of(cudaStream_t h, const char *api);
+/* Enqueue work on a stream, or record it as a node when the stream is
+ * capturing. cudaSuccess or the error (recorded). */
+cudaError_t submit(Stream *s, std::shared_ptr<Work> w, const char *api);
+/* Run device work until done() (a blocking wait: a stalled device blocks
+ * forever, as a hung GPU would). target: the operation waited for (the
+ * lazy policy runs only what it depends on), or NULL. */
+void run_until(const std::function<bool()> &done, const OpRef &target, const char *api);
+/* A synchronous call during a capture in global or thread-local mode:
+ * invalidate the capture, say why, and return the error to return. */
+cudaError_t capture_violation(const char *api);
+bool capturing();
+/* Make the comm graph references of a graph's communicators follow its
+ * lifetime (nccl.cc). */
+void comm_graph_ref(NcclComm *c, int delta);
+
+/* A Work from a closure (cuBLAS, zero-size marks). */
+struct FnWork : Work {
+	std::string name;
+	std::function<void()> fn;
+	FnWork(std::string n, std::function<void()> f) : name(std::move(n)), fn(std::move(f)) {}
+	std::string what() const override { return name; }
+	bool start(Op &) override
+	{
+		if (fn)
+			fn();
+		return true;
+	}
+};
+
+/* ---- process state ---- */
+
+struct State {
+	cudaError_t last_error = cudaSuccess;
+	int device = 0;
+	int world_rank = -1;           /* MPI_COMM_WORLD rank, once MPI is up */
+
+	/* memory */
+	uintptr_t dev_lo = 0, dev_hi = 0, dev_next = 0;
+	std::map<uintptr_t, Alloc> allocs;   /* live and freed, by base */
+	int next_ordinal = 0;
+	int session_depth = 0;
+	bool open = false;                   /* device memory is host-accessible now */
+
+	/* scheduling */
+	Stream legacy{0, 0, true, nullptr, nullptr, {}};
+	std::set<Stream *> streams;
+	std::set<Event *> events;
+	std::set<std::shared_ptr<GraphData> *> graphs, execs;
+	std::vector<OpRef> pending;          /* not done, in issue order */
+	uint64_t op_seq = 0;
+	int next_stream_id = 1;
+	uint64_t rng = 0;                    /* splitmix64 state (rnd) */
+	Capture *capture = nullptr;          /* one capture at a time */
+	uint64_t capture_ids = 0;
+	std::map<const void *, int> func_smem; /* cudaFuncSetAttribute */
+	bool in_host_fn = false;
+	long collectives_started = 0;        /* for DPEMU_STALL */
+	bool stall_noted = false;
+};
+State &S();
+/* This process's MPI_COMM_WORLD rank once MPI is up, else -1 (nccl.cc). */
+int world_rank();
+/* A uniform draw in [0, n). */
+uint64_t rnd(uint64_t n);
+double now_s();
+
+} // namespace emu
+
+/* Every API entry point: refuses calls from a host function, which CUDA
+ * forbids to call the runtime. */
+#define EMU_API_ENTRY(name)                                                                    \
+	do {                                                                                   \
+		if (emu::S().in_host_fn)                                                       \
+			emu::fatal("%s called from a host function (cudaLaunchHostFunc): CUDA " \
+				   "forbids runtime calls there", name);                          \
+	} while (0)
+
+#endif

@@ -1,0 +1,649 @@
+/*
+ * kernel.cc - the CUDA emulator's kernels: a launch is a queued stream
+ * operation; when the scheduler runs it, its blocks run one after another
+ * (in ascending, descending or shuffled order: DPEMU_BLOCKS) and each
+ * block's threads run as cooperative fibers (switch.S) on the scheduler's
+ * thread. A thread runs until it reaches __syncthreads, a warp primitive or
+ * its end; then the next runnable thread runs: in ascending or descending
+ * thread order, or a seeded random pick among the runnable ones
+ * (DPEMU_THREADS). So code that reads what another thread writes without
+ * the barrier between them reads stale shared memory (filled with 0xff
+ * bytes before every block) for some order.
+ *
+ * Rules checked (each an error that names the kernel, its launch site, the
+ * block and the thread, and ends the process: on a GPU they are undefined
+ * behaviour, a hang or a fault):
+ *  - a thread that exits while others wait at __syncthreads, or before a
+ *    __syncthreads the others then reach;
+ *  - a warp primitive (__shfl*_sync, __ballot_sync, __any/__all_sync,
+ *    __syncwarp) whose mask does not name the calling lane, names a lane
+ *    that exited or does not exist, or names a lane that waits at a
+ *    different primitive or mask; a shuffle that reads a lane outside the
+ *    mask;
+ *  - every thread of a block waiting with none able to go on (deadlock);
+ *  - a launch configuration outside the device's limits (returned as the
+ *    launch's error, as CUDA does), dynamic shared memory above 48 KiB
+ *    without cudaFuncSetAttribute, a pointer argument that is host memory
+ *    or a freed allocation;
+ *  - a misaligned access (kernels are built with -fsanitize=alignment and
+ *    the handler below reports it with the thread), an access outside any
+ *    live device allocation (the fault handler, core.cc).
+ * A warp's lanes are not in lock-step: Volta's independent thread
+ * scheduling, where only the *_sync primitives synchronise lanes.
+ */
+#include <algorithm>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "emu.h"
+#include "include/dpemu_device.h"
+
+DpemuRegs dpemu_regs;
+
+extern "C" void dpemu_switch(void **save, void *to);
+extern "C" void dpemu_fiber_tramp(void);
+/* the linker's bounds of every __shared__ variable */
+extern "C" char __start_dpemu_shared[] __attribute__((weak));
+extern "C" char __stop_dpemu_shared[] __attribute__((weak));
+
+namespace emu {
+
+static const size_t STACK = 128 * 1024, GUARD = 4096;
+static const size_t DYN_SMEM = 256 * 1024;
+
+enum TState : uint8_t { T_NEW, T_READY, T_BAR, T_WARP, T_DONE };
+
+struct Thread {
+	TState st;
+	void *sp;
+	char *stack;
+	int pred;          /* __syncthreads_count/and/or */
+	int wop;           /* warp primitive waited at */
+	unsigned wmask;
+	unsigned warrived; /* a group's leader: the lanes of wmask that have arrived */
+	int warg, wwidth;
+	uint64_t wval, wres;
+	const char *file;  /* where it waits */
+	int line;
+};
+
+/* A warp's bookkeeping: the lanes leading a pending primitive (one per
+ * group of lanes meeting at one: the first to arrive), and the lanes that
+ * returned. */
+struct Warp {
+	unsigned leaders, exited;
+};
+
+struct KernelWork;
+
+/* The block that runs now (one at a time). */
+struct Block {
+	const KernelWork *k = nullptr;
+	unsigned n = 0;            /* threads */
+	std::vector<Thread> t;
+	std::vector<Warp> w;
+	std::vector<int> ready;    /* threads that can run (new or released) */
+	Pick order;                /* ascending / descending release order, or random picks */
+	unsigned arrived = 0;      /* at __syncthreads */
+	unsigned exited = 0;
+	int bar_result = 0;
+	int cur = -1;              /* running thread */
+	void *sched_sp = nullptr;
+	unsigned bid = 0;          /* linear block index */
+};
+
+static Block blk;
+static std::vector<char *> stack_pool;
+static std::vector<std::pair<uintptr_t, uintptr_t>> guards; /* stack guard pages */
+static char *dyn_base;
+static size_t dyn_open; /* bytes of dynamic shared memory readable now */
+
+struct KernelWork : Work {
+	dpemu::LaunchSite at;
+	dim3 grid, block;
+	size_t smem;
+	std::function<void()> body;
+	std::string what() const override
+	{
+		char b[256];
+		snprintf(b, sizeof b, "kernel %s<<<(%u,%u,%u), (%u,%u,%u), %zu>>> (%s:%d)", at.kernel,
+			 grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, at.file, at.line);
+		return b;
+	}
+	bool start(Op &) override;
+};
+
+static uint3 unflatten(unsigned i, dim3 d)
+{
+	return uint3{i % d.x, (i / d.x) % d.y, i / (d.x * d.y)};
+}
+
+std::string kernel_context()
+{
+	if (!blk.k)
+		return "";
+	char b[512];
+	uint3 bi = unflatten(blk.bid, blk.k->grid);
+	if (blk.cur >= 0) {
+		uint3 ti = unflatten((unsigned)blk.cur, blk.k->block);
+		snprintf(b, sizeof b, "kernel %s (launched at %s:%d), block (%u,%u,%u), thread (%u,%u,%u) "
+			 "[warp %d lane %d]: ", blk.k->at.kernel, blk.k->at.file, blk.k->at.line, bi.x,
+			 bi.y, bi.z, ti.x, ti.y, ti.z, blk.cur / 32, blk.cur % 32);
+	} else {
+		snprintf(b, sizeof b, "kernel %s (launched at %s:%d), block (%u,%u,%u): ",
+			 blk.k->at.kernel, blk.k->at.file, blk.k->at.line, bi.x, bi.y, bi.z);
+	}
+	return b;
+}
+
+bool fiber_guard(uintptr_t a)
+{
+	for (auto &g : guards)
+		if (a >= g.first && a < g.second)
+			return true;
+	return false;
+}
+
+[[noreturn]] static void kfail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void kfail(const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	fatal("%s%s", kernel_context().c_str(), buf);
+}
+
+static char *get_stack()
+{
+	if (!stack_pool.empty()) {
+		char *s = stack_pool.back();
+		stack_pool.pop_back();
+		return s;
+	}
+	char *m = (char *)mmap(NULL, STACK + GUARD, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		fatal("out of memory for emulated thread stacks");
+	mprotect(m, GUARD, PROT_NONE);
+	guards.push_back({(uintptr_t)m, (uintptr_t)m + GUARD});
+	return m;
+}
+
+static void thread_main(void *);
+
+/* A fresh context on stack s that starts thread_main (switch.S's layout). */
+static void *new_context(char *s, unsigned color)
+{
+	/* stagger the tops: stacks a page multiple apart would all hit the
+	 * same cache sets */
+	uintptr_t top = ((uintptr_t)s + STACK + GUARD - (color % 61) * 64) & ~(uintptr_t)15;
+	uint64_t *a = (uint64_t *)(top - 24); /* the return slot: A = 8 mod 16 */
+	uint64_t *sp = a - 6;
+	sp[0] = 0;                         /* r15 */
+	sp[1] = 0;                         /* r14 */
+	sp[2] = (uint64_t)thread_main;     /* r13: the function */
+	sp[3] = 0;                         /* r12: its argument */
+	sp[4] = 0;                         /* rbx */
+	sp[5] = 0;                         /* rbp */
+	sp[6] = (uint64_t)dpemu_fiber_tramp;
+	return sp;
+}
+
+static void set_regs(int t)
+{
+	dpemu_regs.tid = unflatten((unsigned)t, blk.k->block);
+}
+
+static void yield_to_scheduler()
+{
+	Thread &me = blk.t[blk.cur];
+	dpemu_switch(&me.sp, blk.sched_sp);
+	set_regs(blk.cur); /* resumed */
+}
+
+static void warp_exit_check(int t);
+
+static void thread_main(void *)
+{
+	blk.k->body();
+	int t = blk.cur;
+	Thread &me = blk.t[t];
+	me.st = T_DONE;
+	blk.exited++;
+	if (blk.arrived) {
+		int w = -1;
+		for (unsigned i = 0; i < blk.n; i++)
+			if (blk.t[i].st == T_BAR)
+				w = (int)i;
+		kfail("the thread returned while %u thread(s) wait at __syncthreads (thread %d at %s:%d): "
+		      "every thread of the block must reach every __syncthreads", blk.arrived, w,
+		      blk.t[w].file, blk.t[w].line);
+	}
+	warp_exit_check(t);
+	dpemu_switch(&me.sp, blk.sched_sp);
+	__builtin_unreachable();
+}
+
+/* ---- __syncthreads ---- */
+
+static void release(int t);
+
+static void barrier_complete()
+{
+	if (!blk.arrived || blk.arrived + blk.exited < blk.n)
+		return;
+	if (blk.exited) {
+		unsigned gone = 0;
+		while (blk.t[gone].st != T_DONE)
+			gone++;
+		kfail("__syncthreads at %s:%d: %u thread(s) returned before it (thread %u first): every "
+		      "thread of the block must reach every __syncthreads", blk.t[blk.cur].file,
+		      blk.t[blk.cur].line, blk.exited, gone);
+	}
+	int count = 0, all = 1, any = 0;
+	for (auto &th : blk.t) {
+		count += th.pred;
+		all &= th.pred;
+		any |= th.pred;
+	}
+	blk.bar_result = count; /* the kind decides what the callers read */
+	blk.arrived = 0;
+	int me = blk.cur;
+	if (blk.order == PICK_HIGH) {
+		for (int i = (int)blk.n - 1; i >= 0; i--)
+			if (i != me)
+				release(i);
+	} else {
+		for (int i = 0; i < (int)blk.n; i++)
+			if (i != me)
+				release(i);
+	}
+	blk.t[me].st = T_READY; /* goes on */
+	(void)all;
+	(void)any;
+}
+
+} // namespace emu
+
+using namespace emu;
+
+int dpemu_barrier(int kind, int pred, const char *file, int line)
+{
+	if (blk.cur < 0)
+		fatal("__syncthreads outside a kernel (%s:%d)", file, line);
+	Thread &me = blk.t[blk.cur];
+	me.st = T_BAR;
+	me.pred = pred;
+	me.file = file;
+	me.line = line;
+	blk.arrived++;
+	barrier_complete();
+	if (me.st == T_BAR)
+		yield_to_scheduler();
+	int count = blk.bar_result;
+	switch (kind) {
+	case DPEMU_BAR_COUNT: return count;
+	case DPEMU_BAR_AND: return count == (int)blk.n;
+	case DPEMU_BAR_OR: return count > 0;
+	default: return 0;
+	}
+}
+
+/* ---- warp primitives ---- */
+
+static const char *wop_name(int op)
+{
+	static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp"};
+	return op >= 0 && op < 8 ? n[op] : "?";
+}
+
+namespace emu {
+static void warp_exit_check(int t)
+{
+	int base = t / 32 * 32, lane = t % 32;
+	Warp &w = blk.w[t / 32];
+	w.exited |= 1u << lane;
+	for (unsigned l = w.leaders; l; l &= l - 1) {
+		Thread &o = blk.t[base + __builtin_ctz(l)];
+		if (o.wmask >> lane & 1)
+			kfail("the thread (lane %d) returned while lanes 0x%08x wait for it at %s (mask "
+			      "0x%08x) at %s:%d", lane, o.warrived, wop_name(o.wop), o.wmask, o.file, o.line);
+	}
+}
+
+/* Threads become runnable in the block's release order. */
+static void release(int t)
+{
+	blk.t[t].st = T_READY;
+	blk.ready.push_back(t);
+}
+} // namespace emu
+
+uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, const char *file,
+		    int line)
+{
+	if (blk.cur < 0)
+		fatal("%s outside a kernel (%s:%d)", wop_name(op), file, line);
+	int t = blk.cur, base = t / 32 * 32, lane = t % 32;
+	Thread &me = blk.t[t];
+	Warp &w = blk.w[t / 32];
+	unsigned exist = blk.n - base >= 32 ? ~0u : (1u << (blk.n - base)) - 1;
+	if (!(mask >> lane & 1))
+		kfail("%s at %s:%d with mask 0x%08x, which does not name the calling lane %d",
+		      wop_name(op), file, line, mask, lane);
+	if (op <= DPEMU_SHFL_XOR && (width < 1 || width > 32 || (width & (width - 1))))
+		kfail("%s at %s:%d: width %d is not a power of 2 up to 32", wop_name(op), file, line, width);
+	if (mask & ~exist)
+		kfail("%s at %s:%d: mask 0x%08x names lane %d, which does not exist (%u threads per "
+		      "block)", wop_name(op), file, line, mask, __builtin_ctz(mask & ~exist), blk.n);
+	if (mask & w.exited)
+		kfail("%s at %s:%d: mask 0x%08x names lane %d, which has returned", wop_name(op), file,
+		      line, mask, __builtin_ctz(mask & w.exited));
+	me.st = T_WARP;
+	me.wop = op;
+	me.wmask = mask;
+	me.warg = arg;
+	me.wwidth = width;
+	me.wval = value;
+	me.file = file;
+	me.line = line;
+	/* join the group of lanes waiting with this mask, or lead a new one */
+	Thread *lead = nullptr;
+	for (unsigned l = w.leaders; l; l &= l - 1) {
+		Thread &o = blk.t[base + __builtin_ctz(l)];
+		if (o.wmask == mask) {
+			if (o.wop != op)
+				kfail("%s at %s:%d with mask 0x%08x, while lanes 0x%08x of it wait at %s "
+				      "(%s:%d): the lanes of a mask must meet at the same primitive",
+				      wop_name(op), file, line, mask, o.warrived, wop_name(o.wop), o.file, o.line);
+			lead = &o;
+		} else if (o.wmask & mask) {
+			kfail("%s at %s:%d with mask 0x%08x, while lanes 0x%08x named in it wait at %s with "
+			      "mask 0x%08x (%s:%d): the lanes of a mask must meet at the same primitive",
+			      wop_name(op), file, line, mask, o.warrived & mask, wop_name(o.wop), o.wmask,
+			      o.file, o.line);
+		}
+	}
+	if (!lead) {
+		lead = &me;
+		me.warrived = 0;
+		w.leaders |= 1u << lane;
+	}
+	lead->warrived |= 1u << lane;
+	if (lead->warrived != mask) {
+		dpemu_switch(&me.sp, blk.sched_sp); /* the last lane to arrive completes it */
+		set_regs(blk.cur);
+		return me.wres;
+	}
+	w.leaders &= ~(1u << (lead - &blk.t[base]));
+	uint64_t ballot = 0;
+	for (unsigned m = mask; m; m &= m - 1) {
+		int i = __builtin_ctz(m);
+		if (blk.t[base + i].wval)
+			ballot |= 1ull << i;
+	}
+	for (unsigned m = mask; m; m &= m - 1) {
+		int i = __builtin_ctz(m);
+		Thread &o = blk.t[base + i];
+		int wd = o.wwidth, seg = i & ~(wd - 1), src = i;
+		switch (op) {
+		case DPEMU_SHFL_IDX: src = seg + (o.warg & (wd - 1)); break;
+		case DPEMU_SHFL_UP: src = i - o.warg >= seg ? i - o.warg : i; break;
+		case DPEMU_SHFL_DOWN: src = i + o.warg < seg + wd ? i + o.warg : i; break;
+		case DPEMU_SHFL_XOR: src = (i ^ o.warg) >= seg && (i ^ o.warg) < seg + wd ? i ^ o.warg : i; break;
+		default: break;
+		}
+		if (op <= DPEMU_SHFL_XOR) {
+			if (!(mask >> src & 1))
+				kfail("%s at %s:%d: lane %d reads lane %d, which is not in the mask 0x%08x "
+				      "(an undefined value on a GPU)", wop_name(op), file, line, i, src, mask);
+			o.wres = blk.t[base + src].wval;
+		} else if (op == DPEMU_BALLOT) {
+			o.wres = ballot;
+		} else if (op == DPEMU_ANY) {
+			o.wres = ballot != 0;
+		} else if (op == DPEMU_ALL) {
+			o.wres = ballot == mask;
+		} else {
+			o.wres = 0;
+		}
+	}
+	/* the others run again in the block's order; this lane goes on */
+	if (blk.order == PICK_HIGH) {
+		for (int i = 31; i >= 0; i--)
+			if ((mask >> i & 1) && i != lane)
+				release(base + i);
+	} else {
+		for (unsigned m = mask & ~(1u << lane); m; m &= m - 1)
+			release(base + __builtin_ctz(m));
+	}
+	me.st = T_READY;
+	return me.wres;
+}
+
+unsigned dpemu_activemask(void)
+{
+	if (blk.cur < 0)
+		return 0;
+	int base = blk.cur / 32 * 32;
+	unsigned m = 0;
+	for (int i = 0; i < 32 && base + i < (int)blk.n; i++)
+		if (blk.t[base + i].st != T_DONE)
+			m |= 1u << i;
+	return m;
+}
+
+long long dpemu_clock(void)
+{
+	return (long long)(now_s() * 1e9);
+}
+
+void *dpemu_dyn_smem(void)
+{
+	if (!dyn_base) {
+		dyn_base = (char *)mmap(NULL, DYN_SMEM + GUARD, PROT_NONE,
+					MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (dyn_base == MAP_FAILED)
+			fatal("cannot map dynamic shared memory");
+		guards.push_back({(uintptr_t)dyn_base, (uintptr_t)dyn_base + DYN_SMEM + GUARD});
+	}
+	return dyn_base;
+}
+
+namespace emu {
+
+static void shuffle(std::vector<unsigned> &v)
+{
+	for (size_t i = v.size(); i > 1; i--)
+		std::swap(v[i - 1], v[rnd(i)]);
+}
+
+/* 0..n-1 ascending or descending as the policy (or, for random, a seeded
+ * coin among the three) says; PICK_RANDOM: the caller shuffles. */
+static Pick make_order(unsigned n, Pick how, std::vector<unsigned> &order)
+{
+	order.resize(n);
+	for (unsigned i = 0; i < n; i++)
+		order[i] = i;
+	if (how == PICK_RANDOM)
+		how = (Pick)rnd(3);
+	if (how == PICK_HIGH)
+		std::reverse(order.begin(), order.end());
+	return how;
+}
+
+/* Run one block to its end: the runnable threads (all, at first) one at a
+ * time until each reaches a barrier, a warp primitive or its end; a
+ * completed barrier or primitive makes its threads runnable again. The
+ * order: ascending or descending thread index, or a seeded random pick
+ * among the runnable ones (DPEMU_THREADS). */
+static void run_block(const KernelWork &k, unsigned b)
+{
+	unsigned n = k.block.x * k.block.y * k.block.z;
+	blk.k = &k;
+	blk.n = n;
+	blk.bid = b;
+	blk.arrived = blk.exited = 0;
+	blk.cur = -1;
+	blk.t.assign(n, Thread{});
+	blk.w.assign((n + 31) / 32, Warp{0, 0});
+	dpemu_regs.bid = unflatten(b, k.grid);
+	uintptr_t sh0 = (uintptr_t)__start_dpemu_shared, sh1 = (uintptr_t)__stop_dpemu_shared;
+	if (sh0 && sh1 > sh0)
+		memset((void *)sh0, 0xff, sh1 - sh0);
+	if (k.smem)
+		memset(dyn_base, 0xff, k.smem);
+	std::vector<unsigned> order;
+	blk.order = make_order(n, cfg().threads, order);
+	blk.ready.assign(order.begin(), order.end());
+	size_t head = 0;
+	while (blk.exited < n) {
+		if (head == blk.ready.size()) {
+			std::string who;
+			for (unsigned i = 0; i < n && who.size() < 600; i++) {
+				const Thread &th = blk.t[i];
+				if (th.st == T_DONE)
+					continue;
+				char b2[160];
+				snprintf(b2, sizeof b2, "%sthread %u at %s (%s:%d)", who.empty() ? "" : "; ", i,
+					 th.st == T_BAR ? "__syncthreads" : wop_name(th.wop), th.file, th.line);
+				who += b2;
+			}
+			kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited,
+			      who.c_str());
+		}
+		if (blk.order == PICK_RANDOM) /* a random runnable thread next */
+			std::swap(blk.ready[head], blk.ready[head + rnd(blk.ready.size() - head)]);
+		int i = blk.ready[head++];
+		if (head > 4096 && head * 2 > blk.ready.size()) {
+			blk.ready.erase(blk.ready.begin(), blk.ready.begin() + (long)head);
+			head = 0;
+		}
+		Thread &th = blk.t[i];
+		blk.cur = i;
+		set_regs(i);
+		if (th.st == T_NEW) {
+			th.stack = get_stack();
+			th.sp = new_context(th.stack, (unsigned)i);
+			th.st = T_READY;
+		}
+		dpemu_switch(&blk.sched_sp, th.sp);
+		if (th.st == T_DONE) {
+			stack_pool.push_back(th.stack);
+			th.stack = nullptr;
+		}
+		blk.cur = -1;
+	}
+	blk.k = nullptr;
+}
+
+bool KernelWork::start(Op &)
+{
+	dpemu_regs.gdim = grid;
+	dpemu_regs.bdim = block;
+	unsigned nb = grid.x * grid.y * grid.z;
+	if (smem) {
+		dpemu_dyn_smem();
+		size_t open = (smem + GUARD - 1) / GUARD * GUARD;
+		if (open != dyn_open) {
+			mprotect(dyn_base, DYN_SMEM, PROT_NONE);
+			mprotect(dyn_base, open, PROT_READ | PROT_WRITE);
+			dyn_open = open;
+		}
+	}
+	std::vector<unsigned> order;
+	if (make_order(nb, cfg().blocks, order) == PICK_RANDOM)
+		shuffle(order);
+	for (unsigned b : order)
+		run_block(*this, b);
+	return true;
+}
+
+} // namespace emu
+
+/* ---- launching ---- */
+
+void dpemu::check_arg(const LaunchSite &at, int index, const volatile void *p)
+{
+	if (!p)
+		return;
+	std::string why;
+	if (!device_accessible((const void *)p, 1, &why))
+		fatal("kernel %s (launched at %s:%d): argument %d is %s; a kernel that dereferences it "
+		      "faults on a GPU", at.kernel, at.file, at.line, index + 1, why.c_str());
+}
+
+cudaError_t dpemu::launch(const LaunchSite &at, dim3 grid, dim3 block, size_t smem, cudaStream_t h,
+			  const void *func, std::function<void()> body)
+{
+	EMU_API_ENTRY("a kernel launch");
+	if (cudaError_t e = init_error())
+		return record(e);
+	unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+	if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || block.x > 1024 ||
+	    block.y > 1024 || block.z > 64 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+		return misuse(cudaErrorInvalidConfiguration, "kernel %s (launched at %s:%d): grid "
+			      "(%u,%u,%u) block (%u,%u,%u) is outside the device's limits", at.kernel,
+			      at.file, at.line, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+	auto lim = S().func_smem.find(func);
+	size_t max = lim != S().func_smem.end() ? (size_t)lim->second : 48 * 1024;
+	if (smem > max)
+		return misuse(cudaErrorInvalidValue, "kernel %s (launched at %s:%d): %zu bytes of dynamic "
+			      "shared memory, above its limit of %zu (cudaFuncSetAttribute("
+			      "cudaFuncAttributeMaxDynamicSharedMemorySize) raises it up to 227 KiB)",
+			      at.kernel, at.file, at.line, smem, max);
+	Stream *s = stream_of(h, "a kernel launch");
+	if (!s)
+		return cudaErrorInvalidResourceHandle;
+	auto w = std::make_shared<KernelWork>();
+	w->at = at;
+	w->grid = grid;
+	w->block = block;
+	w->smem = smem;
+	w->body = std::move(body);
+	return submit(s, w, at.kernel);
+}
+
+/* ---- misaligned accesses (kernels.cu is built with -fsanitize=alignment) ---- */
+
+namespace {
+struct SourceLocation {
+	const char *file;
+	uint32_t line, column;
+};
+struct TypeDescriptor {
+	uint16_t kind, info;
+	char name[1];
+};
+struct TypeMismatchData {
+	SourceLocation loc;
+	const TypeDescriptor *type;
+	unsigned char log_alignment;
+	unsigned char check_kind;
+};
+} // namespace
+
+extern "C" void __ubsan_handle_type_mismatch_v1(TypeMismatchData *d, uintptr_t ptr)
+{
+	static const char *kinds[] = {"load of", "store to", "reference binding to", "member access within",
+				      "member call on", "constructor call on", "downcast of", "downcast of",
+				      "upcast of", "cast to virtual base of", "_Nonnull binding to",
+				      "dynamic operation on"};
+	const char *k = d->check_kind < 12 ? kinds[d->check_kind] : "access to";
+	unsigned long align = 1ul << d->log_alignment;
+	if (!ptr)
+		fatal("%snull pointer: %s type %s (%s:%u:%u)", kernel_context().c_str(), k, d->type->name,
+		      d->loc.file, d->loc.line, d->loc.column);
+	fatal("%smisaligned address %p: %s type %s, which needs %lu-byte alignment (%s:%u:%u; on a "
+	      "GPU cudaErrorMisalignedAddress)", kernel_context().c_str(), (void *)ptr, k, d->type->name,
+	      align, d->loc.file, d->loc.line, d->loc.column);
+}
+
+extern "C" void __ubsan_handle_type_mismatch_v1_abort(TypeMismatchData *d, uintptr_t ptr)
+{
+	__ubsan_handle_type_mismatch_v1(d, ptr);
+}

@@ -1,0 +1,689 @@
+/*
+ * nccl.cc - the CUDA emulator's NCCL subset over MPI (each rank is an MPI
+ * process). A communicator is an MPI communicator: ncclCommInitRank splits
+ * MPI_COMM_WORLD by the unique id (so every world rank must be initialising
+ * some communicator at that point: the emulator's limit), ncclCommSplit
+ * splits its parent's (collective over the parent, as in NCCL). With a
+ * non-blocking config, init and split return ncclInProgress and
+ * ncclCommGetAsyncError reports ncclInProgress for a few polls (a seeded
+ * number) before ncclSuccess; the MPI part itself is done at the call.
+ *
+ * A collective is queued on its stream (or captured into a graph) when it
+ * is called, after NCCL's argument checks (communicator, type, operation,
+ * device buffers of the right extent). A communicator runs its collectives
+ * one at a time in the order they were issued on it (calls, and a graph's
+ * collectives in capture order at each launch), as NCCL does. When its
+ * stream and its communicator let it start, the collective:
+ *  1. stages its input in host memory and exchanges a descriptor with every
+ *     rank (MPI_Iallgather): kind, type, reduction, count, its sequence
+ *     number on the communicator and, unless DPEMU_NCCL_SAME_BUFFERS=0, the
+ *     allocation and offset of its buffers (dp's ranks share one layout,
+ *     so a different buffer means a different tensor). Any difference is a
+ *     mismatch: every rank reports it and exits, where NCCL would hang or
+ *     reduce garbage;
+ *  2. fills its output with 0xff bytes (NaN) and runs the MPI collective
+ *     (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather,
+ *     MPI_Ibcast) while the scheduler runs other work: compute that reads
+ *     the output before an event says it may reads NaN;
+ *  3. writes the result when the scheduler decides it completes (as late
+ *     or as early as the events allow: DPEMU_COMM).
+ * bf16 is summed in fp32 (MPI_FLOAT) and rounded once to nearest even;
+ * NCCL rounds after every step of its ring, so NCCL's bf16 sums differ in
+ * the last bit (docs/CUDA-EMU.md).
+ *
+ * ncclCommAbort and ncclCommDestroy of a communicator that a CUDA graph
+ * still alive has captured are reported as the hang they are in NCCL 2.28
+ * (it waits for those graphs to be destroyed). DPEMU_STALL=RANK:N stops
+ * rank RANK's device at its N-th collective (the fault tests).
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <deque>
+
+#include "emu.h"
+#include "include/nccl.h"
+
+using namespace emu;
+
+enum Kind { K_ALLREDUCE, K_REDUCESCATTER, K_ALLGATHER, K_BROADCAST };
+static const char *kind_names[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
+static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+				   "float16", "float32", "float64", "bfloat16"};
+static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
+
+namespace emu {
+struct NcclComm {
+	int id;
+	MPI_Comm mpi = MPI_COMM_NULL;
+	int rank = 0, nranks = 1;
+	int init_polls = 0;       /* non-blocking init: polls left reporting ncclInProgress */
+	bool aborted = false, finalized = false;
+	ncclResult_t async = ncclSuccess;
+	std::deque<Op *> fifo;    /* issued, not started */
+	Op *active = nullptr;     /* started, not finished */
+	uint64_t issued = 0;
+	int graph_refs = 0;       /* graphs and graph execs that captured it */
+};
+} // namespace emu
+
+struct ncclComm : NcclComm {};
+
+static std::set<ncclComm *> &comms()
+{
+	static std::set<ncclComm *> *c = new std::set<ncclComm *>;
+	return *c;
+}
+static int next_comm_id;
+static std::string last_error;
+static int group_depth;
+static std::vector<std::function<ncclResult_t()>> group_ops;
+
+static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	last_error = buf;
+	note("%s", buf);
+	return r;
+}
+
+namespace emu {
+void comm_graph_ref(NcclComm *c, int delta)
+{
+	c->graph_refs += delta;
+}
+} // namespace emu
+
+static bool live(ncclComm_t c)
+{
+	return c && comms().count(c);
+}
+
+namespace emu {
+int world_rank()
+{
+	int init = 0, fin = 0;
+	MPI_Initialized(&init);
+	MPI_Finalized(&fin);
+	if (init && !fin && S().world_rank < 0)
+		MPI_Comm_rank(MPI_COMM_WORLD, &S().world_rank);
+	return S().world_rank;
+}
+} // namespace emu
+
+/* ---- the collective ---- */
+
+struct Desc {
+	int32_t kind, dtype, redop, root;
+	int64_t count;
+	uint64_t seq;
+	int32_t send_alloc, recv_alloc;
+	int64_t send_off, recv_off;
+};
+
+struct Flight {
+	int phase = 0;
+	Desc mine;
+	std::vector<Desc> all;
+	std::vector<char> in, out; /* staged, in the MPI type */
+	MPI_Request req = MPI_REQUEST_NULL;
+};
+
+static bool staged_as_float(ncclDataType_t t) { return t == ncclBfloat16 || t == ncclFloat32; }
+static size_t nccl_size(ncclDataType_t t)
+{
+	switch (t) {
+	case ncclInt8: case ncclUint8: return 1;
+	case ncclFloat16: case ncclBfloat16: return 2;
+	case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+	default: return 4;
+	}
+}
+static size_t staged_size(ncclDataType_t t) { return staged_as_float(t) ? 4 : nccl_size(t); }
+static MPI_Datatype mpi_type(ncclDataType_t t)
+{
+	switch (t) {
+	case ncclInt8: return MPI_SIGNED_CHAR;
+	case ncclUint8: return MPI_UNSIGNED_CHAR;
+	case ncclInt32: return MPI_INT;
+	case ncclUint32: return MPI_UNSIGNED;
+	case ncclInt64: return MPI_LONG_LONG;
+	case ncclUint64: return MPI_UNSIGNED_LONG_LONG;
+	case ncclFloat64: return MPI_DOUBLE;
+	default: return MPI_FLOAT;
+	}
+}
+static MPI_Op mpi_op(ncclRedOp_t op)
+{
+	switch (op) {
+	case ncclProd: return MPI_PROD;
+	case ncclMax: return MPI_MAX;
+	case ncclMin: return MPI_MIN;
+	default: return MPI_SUM;
+	}
+}
+
+static void stage_in(const void *dev, size_t n, ncclDataType_t t, std::vector<char> &out)
+{
+	out.resize(n * staged_size(t) + 1);
+	if (t == ncclBfloat16) {
+		float *f = (float *)out.data();
+		for (size_t i = 0; i < n; i++)
+			f[i] = (float)((const __nv_bfloat16 *)dev)[i];
+	} else {
+		memcpy(out.data(), dev, n * nccl_size(t));
+	}
+}
+
+static void stage_out(void *dev, size_t n, ncclDataType_t t, const std::vector<char> &in)
+{
+	if (t == ncclBfloat16) {
+		const float *f = (const float *)in.data();
+		for (size_t i = 0; i < n; i++)
+			((__nv_bfloat16 *)dev)[i] = __nv_bfloat16(f[i]);
+	} else {
+		memcpy(dev, in.data(), n * nccl_size(t));
+	}
+}
+
+static std::string desc_text(const Desc &d)
+{
+	char b[256];
+	int n = snprintf(b, sizeof b, "call #%llu %s of %lld x %s", (unsigned long long)d.seq,
+			 kind_names[d.kind], (long long)d.count, type_names[d.dtype]);
+	if (d.kind == K_ALLREDUCE || d.kind == K_REDUCESCATTER)
+		n += snprintf(b + n, sizeof b - n, " (%s)", op_names[d.redop]);
+	if (d.kind == K_BROADCAST)
+		n += snprintf(b + n, sizeof b - n, " (root %d)", d.root);
+	snprintf(b + n, sizeof b - n, ", send buffer: allocation #%d + %lld, receive buffer: allocation #%d + %lld",
+		 d.send_alloc, (long long)d.send_off, d.recv_alloc, (long long)d.recv_off);
+	return b;
+}
+
+struct CollWork : Work {
+	ncclComm *c;
+	Kind kind;
+	const void *send;
+	void *recv;
+	size_t count; /* NCCL's count argument */
+	ncclDataType_t dtype;
+	ncclRedOp_t op;
+	int root;
+
+	NcclComm *comm() const override { return c; }
+	size_t in_elems() const { return kind == K_REDUCESCATTER ? count * c->nranks : count; }
+	size_t out_elems() const { return kind == K_ALLGATHER ? count * c->nranks : count; }
+	std::string what() const override
+	{
+		char b[200];
+		snprintf(b, sizeof b, "%s of %zu x %s on communicator #%d (rank %d of %d)", kind_names[kind],
+			 count, type_names[dtype], c->id, c->rank, c->nranks);
+		return b;
+	}
+	void issued(Op &op) override
+	{
+		op.comm_seq = c->issued++;
+		if (!c->aborted)
+			c->fifo.push_back(&op);
+	}
+	bool can_start(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		if (c->active || c->fifo.empty() || c->fifo.front() != &op)
+			return false;
+		const Config &cf = cfg();
+		if (cf.stall_at > 0 && world_rank() == cf.stall_rank &&
+		    S().collectives_started + 1 == cf.stall_at) {
+			op.stalled = true;
+			note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
+			     what().c_str());
+			return false;
+		}
+		return true;
+	}
+	bool start(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		c->fifo.pop_front();
+		c->active = &op;
+		S().collectives_started++;
+		auto f = std::make_shared<Flight>();
+		Desc &d = f->mine;
+		memset(&d, 0, sizeof d);
+		d.kind = kind;
+		d.dtype = dtype;
+		d.redop = kind == K_ALLREDUCE || kind == K_REDUCESCATTER ? op_ : 0;
+		d.root = root;
+		d.count = (int64_t)count;
+		d.seq = op.comm_seq;
+		if (cfg().same_buffers) {
+			Where ws = classify(send), wr = classify(recv);
+			d.send_alloc = ws.alloc ? ws.alloc->ordinal : -1;
+			d.recv_alloc = wr.alloc ? wr.alloc->ordinal : -1;
+			d.send_off = ws.alloc ? (int64_t)((uintptr_t)send - ws.alloc->base) : 0;
+			d.recv_off = wr.alloc ? (int64_t)((uintptr_t)recv - wr.alloc->base) : 0;
+		}
+		stage_in(send, in_elems(), dtype, f->in);
+		f->all.resize(c->nranks);
+		MPI_Iallgather(&f->mine, sizeof(Desc), MPI_BYTE, f->all.data(), sizeof(Desc), MPI_BYTE,
+			       c->mpi, &f->req);
+		op.flight = f;
+		return false;
+	}
+	int op_ = 0;
+	bool poll(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		Flight &f = *(Flight *)op.flight.get();
+		int done = 0;
+		MPI_Test(&f.req, &done, MPI_STATUS_IGNORE);
+		if (!done)
+			return false;
+		if (f.phase == 1)
+			return true;
+		/* phase 0 done: every rank's descriptor is here */
+		for (int r = 0; r < c->nranks; r++)
+			if (memcmp(&f.all[r], &f.all[0], sizeof(Desc))) {
+				std::string s;
+				for (int q = 0; q < c->nranks; q++)
+					s += "\n  rank " + std::to_string(q) + ": " + desc_text(f.all[q]);
+				fatal("NCCL collective mismatch on communicator #%d (%d ranks): the ranks issued "
+				      "different collectives at the same point of the communicator's order (NCCL "
+				      "would hang or reduce unrelated buffers):%s", c->id, c->nranks, s.c_str());
+			}
+		f.phase = 1;
+		open_device_memory();
+		memset(recv, 0xff, out_elems() * nccl_size(dtype)); /* in flight: undefined */
+		size_t n = in_elems(), sz = staged_size(dtype);
+		MPI_Datatype mt = mpi_type(dtype);
+		switch (kind) {
+		case K_ALLREDUCE:
+			MPI_Iallreduce(MPI_IN_PLACE, f.in.data(), (int)n, mt, mpi_op((ncclRedOp_t)op_), c->mpi, &f.req);
+			break;
+		case K_REDUCESCATTER:
+			f.out.resize(count * sz + 1);
+			MPI_Ireduce_scatter_block(f.in.data(), f.out.data(), (int)count, mt,
+						  mpi_op((ncclRedOp_t)op_), c->mpi, &f.req);
+			break;
+		case K_ALLGATHER:
+			f.out.resize(count * c->nranks * sz + 1);
+			MPI_Iallgather(f.in.data(), (int)count, mt, f.out.data(), (int)count, mt, c->mpi, &f.req);
+			break;
+		case K_BROADCAST:
+			MPI_Ibcast(f.in.data(), (int)count, mt, root, c->mpi, &f.req);
+			break;
+		}
+		return false;
+	}
+	void finish(Op &op) override
+	{
+		if (c->aborted)
+			return;
+		Flight &f = *(Flight *)op.flight.get();
+		std::vector<char> &res = kind == K_ALLREDUCE || kind == K_BROADCAST ? f.in : f.out;
+		if (op_ == ncclAvg) {
+			size_t n = out_elems();
+			if (staged_as_float(dtype))
+				for (size_t i = 0; i < n; i++)
+					((float *)res.data())[i] /= (float)c->nranks;
+			else if (dtype == ncclFloat64)
+				for (size_t i = 0; i < n; i++)
+					((double *)res.data())[i] /= c->nranks;
+		}
+		stage_out(recv, out_elems(), dtype, res);
+		c->active = nullptr;
+	}
+};
+
+static ncclResult_t check_comm(ncclComm_t c, const char *api)
+{
+	if (!live(c))
+		return nfail(ncclInvalidArgument, "%s: communicator %p is not a live communicator", api, (void *)c);
+	if (c->aborted)
+		return nfail(ncclInvalidUsage, "%s: communicator #%d was aborted", api, c->id);
+	if (c->init_polls > 0)
+		return nfail(ncclInvalidUsage, "%s: communicator #%d is still initialising (poll "
+			     "ncclCommGetAsyncError until it is no longer ncclInProgress)", api, c->id);
+	return ncclSuccess;
+}
+
+static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t count, ncclDataType_t t,
+			       ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t st)
+{
+	const char *api = kind_names[kind];
+	EMU_API_ENTRY(api);
+	if (ncclResult_t r = check_comm(c, api))
+		return r;
+	if ((unsigned)t >= ncclNumTypes || t == ncclFloat16)
+		return nfail(ncclInvalidArgument, "%s: data type %d is not emulated", api, (int)t);
+	if ((unsigned)op >= ncclNumOps)
+		return nfail(ncclInvalidArgument, "%s: reduction %d", api, (int)op);
+	if (kind == K_BROADCAST && (root < 0 || root >= c->nranks))
+		return nfail(ncclInvalidArgument, "%s: root %d of %d ranks", api, root, c->nranks);
+	auto w = std::make_shared<CollWork>();
+	w->c = c;
+	w->kind = kind;
+	w->send = send;
+	w->recv = recv;
+	w->count = count;
+	w->dtype = t;
+	w->op_ = (int)op;
+	w->root = root;
+	size_t es = nccl_size(t);
+	std::string why;
+	if (count && (!device_accessible(send, w->in_elems() * es, &why) ||
+		      !device_accessible(recv, w->out_elems() * es, &why)))
+		return nfail(ncclInvalidArgument, "%s of %zu x %s on communicator #%d: a buffer is not "
+			     "device memory of that size: %s", api, count, type_names[t], c->id, why.c_str());
+	if (kind == K_ALLGATHER && send != recv &&
+	    (const char *)send > (const char *)recv && (const char *)send < (const char *)recv + w->out_elems() * es &&
+	    send != (const char *)recv + (size_t)c->rank * count * es)
+		return nfail(ncclInvalidArgument, "%s: an in-place all-gather's send buffer must be this "
+			     "rank's slot of the receive buffer", api);
+	Stream *s = stream_of(st, api);
+	if (!s)
+		return ncclInvalidArgument;
+	auto enq = [s, w, api]() -> ncclResult_t {
+		if (!w->count)
+			return ncclSuccess;
+		cudaError_t e = submit(s, w, api);
+		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
+	};
+	if (group_depth > 0) {
+		group_ops.push_back(enq);
+		return ncclSuccess;
+	}
+	return enq();
+}
+
+/* ---- communicators ---- */
+
+static ncclResult_t new_comm(MPI_Comm m, int blocking, ncclComm_t *out)
+{
+	ncclComm *c = new ncclComm;
+	c->id = next_comm_id++;
+	c->mpi = m;
+	MPI_Comm_rank(m, &c->rank);
+	MPI_Comm_size(m, &c->nranks);
+	c->init_polls = blocking ? 0 : 1 + (int)rnd(3);
+	comms().insert(c);
+	*out = c;
+	return blocking ? ncclSuccess : ncclInProgress;
+}
+
+static ncclResult_t need_mpi(const char *api)
+{
+	int init = 0;
+	MPI_Initialized(&init);
+	if (!init)
+		return nfail(ncclSystemError, "%s: the emulator's NCCL runs over MPI; MPI is not initialised",
+			     api);
+	world_rank();
+	return ncclSuccess;
+}
+
+static int blocking_of(const ncclConfig_t *cf, int inherit)
+{
+	return cf && cf->blocking != NCCL_CONFIG_UNDEF_INT ? cf->blocking != 0 : inherit;
+}
+
+static ncclResult_t check_config(const ncclConfig_t *cf, const char *api)
+{
+	if (cf && (cf->magic != 0xcafebeef || cf->size != sizeof(ncclConfig_t)))
+		return nfail(ncclInvalidArgument, "%s: the config was not set from NCCL_CONFIG_INITIALIZER", api);
+	return ncclSuccess;
+}
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int *v)
+{
+	if (!v)
+		return ncclInvalidArgument;
+	*v = NCCL_VERSION_CODE;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+	EMU_API_ENTRY("ncclGetUniqueId");
+	if (!id)
+		return ncclInvalidArgument;
+	memset(id, 0, sizeof *id);
+	strcpy(id->internal, "dpemu-nccl");
+	uint64_t r = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(now_s() * 1e9);
+	memcpy(id->internal + 16, &r, 8);
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+				    ncclConfig_t *config)
+{
+	EMU_API_ENTRY("ncclCommInitRank");
+	if (!comm)
+		return ncclInvalidArgument;
+	*comm = nullptr;
+	if (ncclResult_t r = need_mpi("ncclCommInitRank"))
+		return r;
+	if (ncclResult_t r = check_config(config, "ncclCommInitRankConfig"))
+		return r;
+	if (strcmp(id.internal, "dpemu-nccl"))
+		return nfail(ncclInvalidArgument, "ncclCommInitRank: the unique id does not come from "
+			     "ncclGetUniqueId");
+	if (nranks < 1 || rank < 0 || rank >= nranks)
+		return nfail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
+	if (init_error())
+		return nfail(ncclUnhandledCudaError, "ncclCommInitRank: %s", cudaGetErrorString(init_error()));
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < sizeof id.internal; i++)
+		h = (h ^ (unsigned char)id.internal[i]) * 16777619u;
+	MPI_Comm m;
+	MPI_Comm_split(MPI_COMM_WORLD, (int)(h & 0x7fffffff), rank, &m);
+	int size = 0, mr = 0;
+	MPI_Comm_size(m, &size);
+	MPI_Comm_rank(m, &mr);
+	if (size != nranks || mr != rank)
+		return nfail(ncclInvalidUsage, "ncclCommInitRank: rank %d of %d, but %d process(es) "
+			     "initialised a communicator with this id (this one as rank %d)", rank, nranks,
+			     size, mr);
+	return new_comm(m, blocking_of(config, 1), comm);
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+	return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+{
+	EMU_API_ENTRY("ncclCommSplit");
+	if (!newcomm)
+		return ncclInvalidArgument;
+	*newcomm = nullptr;
+	if (ncclResult_t r = check_comm(comm, "ncclCommSplit"))
+		return r;
+	if (ncclResult_t r = check_config(config, "ncclCommSplit"))
+		return r;
+	MPI_Comm m;
+	MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &m);
+	bool blocking = blocking_of(config, comm->init_polls == 0 ? 1 : 0);
+	if (m == MPI_COMM_NULL)
+		return blocking ? ncclSuccess : ncclInProgress;
+	return new_comm(m, blocking, newcomm);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
+{
+	if (!live(comm) || !err)
+		return ncclInvalidArgument;
+	if (comm->init_polls > 0) {
+		comm->init_polls--;
+		*err = ncclInProgress;
+		return ncclSuccess;
+	}
+	*err = comm->async;
+	return ncclSuccess;
+}
+
+static void hang_check(ncclComm_t c, const char *api)
+{
+	if (c->graph_refs > 0)
+		fatal("%s of communicator #%d while %d CUDA graph(s)/graph exec(s) that captured its "
+		      "collectives still exist: NCCL 2.28 waits in %s until every such graph is destroyed, "
+		      "so this call hangs forever. Destroy the graph exec and the graph first.", api, c->id,
+		      c->graph_refs, api);
+}
+
+/* Everything issued on the communicator has run. */
+static void flush(ncclComm_t c, const char *api)
+{
+	run_until(
+		[c] {
+			for (auto &o : S().pending)
+				if (o->work->comm() == c)
+					return false;
+			return true;
+		},
+		nullptr, api);
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+	EMU_API_ENTRY("ncclCommAbort");
+	if (!comm)
+		return ncclSuccess;
+	if (!live(comm))
+		return nfail(ncclInvalidArgument, "ncclCommAbort: %p is not a live communicator", (void *)comm);
+	hang_check(comm, "ncclCommAbort");
+	comm->aborted = true; /* queued and running collectives end without results */
+	comm->fifo.clear();
+	comm->active = nullptr;
+	comms().erase(comm); /* the object stays: queued work points at it */
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+	EMU_API_ENTRY("ncclCommFinalize");
+	if (ncclResult_t r = check_comm(comm, "ncclCommFinalize"))
+		return r;
+	flush(comm, "ncclCommFinalize");
+	comm->finalized = true;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+	EMU_API_ENTRY("ncclCommDestroy");
+	if (!comm)
+		return ncclSuccess;
+	if (!live(comm))
+		return nfail(ncclInvalidArgument, "ncclCommDestroy: %p is not a live communicator", (void *)comm);
+	hang_check(comm, "ncclCommDestroy");
+	flush(comm, "ncclCommDestroy");
+	comms().erase(comm);
+	comm->aborted = true;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+	if (!live(comm) || !count)
+		return ncclInvalidArgument;
+	*count = comm->nranks;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+	if (!live(comm) || !rank)
+		return ncclInvalidArgument;
+	*rank = comm->rank;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *dev)
+{
+	if (!live(comm) || !dev)
+		return ncclInvalidArgument;
+	*dev = S().device;
+	return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+	switch (r) {
+	case ncclSuccess: return "no error";
+	case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+	case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+	case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+	case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+	case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+	case ncclRemoteError: return "remote process exited or there was a network error";
+	case ncclInProgress: return "NCCL operation in progress";
+	default: return "unknown result code";
+	}
+}
+
+const char *ncclGetLastError(ncclComm_t)
+{
+	return last_error.c_str();
+}
+
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+			   ncclComm_t c, cudaStream_t st)
+{
+	return collective(K_ALLREDUCE, s, r, n, t, op, 0, c, st);
+}
+
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+			       ncclComm_t c, cudaStream_t st)
+{
+	return collective(K_REDUCESCATTER, s, r, n, t, op, 0, c, st);
+}
+
+ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t t, ncclComm_t c,
+			   cudaStream_t st)
+{
+	return collective(K_ALLGATHER, s, r, n, t, ncclSum, 0, c, st);
+}
+
+ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
+			   cudaStream_t st)
+{
+	return collective(K_BROADCAST, s, r, n, t, ncclSum, root, c, st);
+}
+
+ncclResult_t ncclGroupStart(void)
+{
+	group_depth++;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+	if (group_depth <= 0)
+		return nfail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+	if (--group_depth > 0)
+		return ncclSuccess;
+	std::vector<std::function<ncclResult_t()>> ops;
+	ops.swap(group_ops);
+	for (auto &f : ops)
+		if (ncclResult_t r = f())
+			return r;
+	return ncclSuccess;
+}
+
+} // extern "C"

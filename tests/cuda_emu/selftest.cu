@@ -1,0 +1,938 @@
+/*
+ * selftest.cu - the CUDA emulator's own tests: each case is a small CUDA
+ * program (kernels, streams, capture, cuBLAS, NCCL) that either must work
+ * (prints "ok") or must be caught (the emulator prints its diagnosis and
+ * exits non-zero, or the call returns the error CUDA documents). Built like
+ * runtime/cuda/kernels.cu (mk/cuda-emu.mk); tests/cuda_emu.sh runs every
+ * case and checks the outcome and the message.
+ *
+ *   build-emu/selftest CASE        (the nccl_* cases under mpirun -np 2)
+ *   build-emu/selftest --list
+ */
+#include <cublas_v2.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(call)                                                                               \
+	do {                                                                                   \
+		cudaError_t e_ = (call);                                                       \
+		if (e_ != cudaSuccess) {                                                       \
+			printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,             \
+			       cudaGetErrorName(e_));                                          \
+			exit(1);                                                               \
+		}                                                                              \
+	} while (0)
+#define EXPECT(cond)                                                                           \
+	do {                                                                                   \
+		if (!(cond)) {                                                                 \
+			printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                 \
+			exit(1);                                                               \
+		}                                                                              \
+	} while (0)
+
+static float *dev_floats(size_t n)
+{
+	float *p;
+	CK(cudaMalloc((void **)&p, n * sizeof(float)));
+	return p;
+}
+
+static void to_dev(float *d, const float *h, size_t n)
+{
+	CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+static void from_dev(float *h, const float *d, size_t n)
+{
+	CK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* ---- kernels ---- */
+
+/* sum of n floats per block, shared-memory tree; `sync_first` 0 drops the
+ * barrier between the stores and the first reads (the mutation) */
+__global__ void k_block_sum(const float *x, float *out, int n, int sync_first)
+{
+	__shared__ float sh[256];
+	float v = 0;
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		v += x[blockIdx.x * n + i];
+	sh[threadIdx.x] = v;
+	if (sync_first)
+		__syncthreads();
+	for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+		if (threadIdx.x < s)
+			sh[threadIdx.x] += sh[threadIdx.x + s];
+		__syncthreads();
+	}
+	if (threadIdx.x == 0)
+		out[blockIdx.x] = sh[0];
+}
+
+__global__ void k_warp_sum(const float *x, float *out, unsigned *ballot, int *count)
+{
+	float v = x[threadIdx.x];
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	float d = x[threadIdx.x];
+	for (int o = 16; o > 0; o >>= 1)
+		d += __shfl_down_sync(0xffffffffu, d, o);
+	unsigned b = __ballot_sync(0xffffffffu, x[threadIdx.x] > 0);
+	int c = __syncthreads_count(x[threadIdx.x] > 0);
+	if (threadIdx.x % 32 == 0) {
+		out[2 * (threadIdx.x / 32)] = v;
+		out[2 * (threadIdx.x / 32) + 1] = d;
+		ballot[threadIdx.x / 32] = b;
+	}
+	if (threadIdx.x == 0)
+		*count = c;
+}
+
+__global__ void k_atomic(float *acc, int *iacc, unsigned long long *cas)
+{
+	atomicAdd(acc, 1.0f);
+	atomicAdd(iacc, 2);
+	atomicMax(iacc + 1, (int)(threadIdx.x + blockIdx.x * blockDim.x));
+	unsigned long long old = *cas, seen;
+	do {
+		seen = old;
+		old = atomicCAS(cas, seen, seen + 1);
+	} while (old != seen);
+}
+
+__global__ void k_vec4(const float *x, float *y, int n4)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
+		float4 v = reinterpret_cast<const float4 *>(x)[i];
+		v.x *= 2; v.y *= 2; v.z *= 2; v.w *= 2;
+		reinterpret_cast<float4 *>(y)[i] = v;
+	}
+}
+
+__global__ void k_dyn(float *out, int n)
+{
+	extern __shared__ float tile[];
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		tile[i] = (float)i;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float s = 0;
+		for (int i = 0; i < n; i++)
+			s += tile[i];
+		out[0] = s;
+	}
+}
+
+__global__ void k_dims(int *out)
+{
+	int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+	int b = blockIdx.x + gridDim.x * blockIdx.y;
+	out[b * blockDim.x * blockDim.y * blockDim.z + t] = t * 1000 + b;
+}
+
+__global__ void k_add(float *x, float v, int n)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+		x[i] += v;
+}
+
+__global__ void k_copy(const float *a, float *b, int n)
+{
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+		b[i] = a[i];
+}
+
+__global__ void k_mark(volatile long long *slot, long long v)
+{
+	*slot = v;
+}
+
+__global__ void k_bf16(const float *x, __nv_bfloat16 *y, float *back, int n)
+{
+	int i = threadIdx.x;
+	if (i < n) {
+		y[i] = __float2bfloat16(x[i]);
+		back[i] = __bfloat162float(y[i]);
+	}
+}
+
+/* errors */
+__global__ void k_exit_early(float *x)
+{
+	if (threadIdx.x == 5)
+		return;
+	__syncthreads();
+	x[threadIdx.x] = 1;
+}
+
+__global__ void k_shfl_exited(float *x)
+{
+	if (threadIdx.x == 7)
+		return;
+	x[threadIdx.x] = __shfl_sync(0xffffffffu, x[threadIdx.x], 0);
+}
+
+__global__ void k_shfl_not_me(float *x)
+{
+	x[threadIdx.x] = __shfl_sync(0x0000ffffu, x[threadIdx.x], 0);
+}
+
+__global__ void k_warp_vs_bar(float *x)
+{
+	if (threadIdx.x < 16)
+		x[threadIdx.x] = __shfl_sync(0xffffffffu, x[threadIdx.x], 0);
+	else
+		__syncthreads();
+}
+
+__global__ void k_touch(const float *x, float *y)
+{
+	y[threadIdx.x] = x[threadIdx.x];
+}
+
+__global__ void k_oob(float *x, int n)
+{
+	x[n + 4096] = 1; /* a page past the end */
+}
+
+static void cpu_sum_ref(const float *x, int blocks, int n, float *ref)
+{
+	for (int b = 0; b < blocks; b++) {
+		double s = 0;
+		for (int i = 0; i < n; i++)
+			s += x[b * n + i];
+		ref[b] = (float)s;
+	}
+}
+
+/* ---- positive cases ---- */
+
+static int c_reduce(void)
+{
+	const int B = 8, N = 1000;
+	float h[B * N], r[B], ref[B];
+	for (int i = 0; i < B * N; i++)
+		h[i] = (float)((i * 37) % 101) / 7.0f;
+	float *x = dev_floats(B * N), *o = dev_floats(B);
+	to_dev(x, h, B * N);
+	CU_LAUNCH(k_block_sum, B, 256, 0, x, o, N, 1);
+	CK(cudaGetLastError());
+	from_dev(r, o, B);
+	cpu_sum_ref(h, B, N, ref);
+	for (int b = 0; b < B; b++)
+		EXPECT(fabsf(r[b] - ref[b]) <= 1e-3f * fabsf(ref[b]));
+	return 0;
+}
+
+static int c_reduce_nosync(void)
+{
+	/* the dropped barrier: wrong for the ascending thread order */
+	const int B = 8, N = 1000;
+	float h[B * N], r[B], ref[B];
+	for (int i = 0; i < B * N; i++)
+		h[i] = 1.0f;
+	float *x = dev_floats(B * N), *o = dev_floats(B);
+	to_dev(x, h, B * N);
+	CU_LAUNCH(k_block_sum, B, 256, 0, x, o, N, 0);
+	CK(cudaGetLastError());
+	from_dev(r, o, B);
+	cpu_sum_ref(h, B, N, ref);
+	int wrong = 0;
+	for (int b = 0; b < B; b++)
+		wrong += !(r[b] == ref[b]);
+	printf("%d of %d block sums wrong without the barrier\n", wrong, B);
+	return wrong ? 3 : 0; /* 3: the race showed */
+}
+
+static int c_warp(void)
+{
+	float h[64];
+	for (int i = 0; i < 64; i++)
+		h[i] = (float)(i % 5) - 1.0f;
+	float *x = dev_floats(64), *o = dev_floats(4);
+	unsigned *b;
+	int *c;
+	CK(cudaMalloc((void **)&b, 8));
+	CK(cudaMalloc((void **)&c, 4));
+	to_dev(x, h, 64);
+	CU_LAUNCH(k_warp_sum, 1, 64, 0, x, o, b, c);
+	CK(cudaGetLastError());
+	float r[4];
+	unsigned hb[2];
+	int hc;
+	from_dev(r, o, 4);
+	CK(cudaMemcpy(hb, b, 8, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(&hc, c, 4, cudaMemcpyDeviceToHost));
+	for (int w = 0; w < 2; w++) {
+		float s = 0;
+		unsigned bal = 0;
+		for (int i = 0; i < 32; i++) {
+			s += h[32 * w + i];
+			bal |= (unsigned)(h[32 * w + i] > 0) << i;
+		}
+		EXPECT(r[2 * w] == s && r[2 * w + 1] == s && hb[w] == bal);
+	}
+	int pos = 0;
+	for (int i = 0; i < 64; i++)
+		pos += h[i] > 0;
+	EXPECT(hc == pos);
+	return 0;
+}
+
+static int c_atomic(void)
+{
+	float *acc = dev_floats(1);
+	int *iacc;
+	unsigned long long *cas;
+	CK(cudaMalloc((void **)&iacc, 8));
+	CK(cudaMalloc((void **)&cas, 8));
+	CK(cudaMemset(acc, 0, 4));
+	CK(cudaMemset(iacc, 0, 8));
+	CK(cudaMemset(cas, 0, 8));
+	CU_LAUNCH(k_atomic, 4, 128, 0, acc, iacc, cas);
+	CK(cudaGetLastError());
+	float a;
+	int ia[2];
+	unsigned long long c;
+	from_dev(&a, acc, 1);
+	CK(cudaMemcpy(ia, iacc, 8, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(&c, cas, 8, cudaMemcpyDeviceToHost));
+	EXPECT(a == 512 && ia[0] == 1024 && ia[1] == 511 && c == 512);
+	return 0;
+}
+
+static int c_vec4(void)
+{
+	const int n = 4096;
+	static float h[n], r[n];
+	for (int i = 0; i < n; i++)
+		h[i] = (float)i;
+	float *x = dev_floats(n), *y = dev_floats(n);
+	to_dev(x, h, n);
+	CU_LAUNCH(k_vec4, 4, 128, 0, x, y, n / 4);
+	CK(cudaGetLastError());
+	from_dev(r, y, n);
+	for (int i = 0; i < n; i++)
+		EXPECT(r[i] == 2 * h[i]);
+	return 0;
+}
+
+static int c_dyn_smem(void)
+{
+	const int n = 20000; /* 80 000 bytes: above 48 KiB */
+	float *o = dev_floats(1), r;
+	EXPECT(cudaFuncSetAttribute(k_dyn, cudaFuncAttributeMaxDynamicSharedMemorySize, n * 4) == cudaSuccess);
+	CU_LAUNCH_SMEM(k_dyn, 2, 256, n * 4, 0, o, n);
+	CK(cudaGetLastError());
+	from_dev(&r, o, 1);
+	float want = 0;
+	for (int i = 0; i < n; i++)
+		want += (float)i;
+	EXPECT(r == want);
+	return 0;
+}
+
+static int c_dyn_smem_limit(void)
+{
+	float *o = dev_floats(1);
+	CU_LAUNCH_SMEM(k_dyn, 1, 64, 64 * 1024, 0, o, 16 * 1024);
+	cudaError_t e = cudaGetLastError();
+	EXPECT(e == cudaErrorInvalidValue);
+	CU_LAUNCH(k_dims, 1, 2048, 0, (int *)o); /* too many threads */
+	EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration);
+	return 0;
+}
+
+static int c_dims(void)
+{
+	int *o, h[2 * 3 * 4 * 2 * 3];
+	CK(cudaMalloc((void **)&o, sizeof h));
+	CU_LAUNCH(k_dims, dim3(2, 3), dim3(4, 2, 3), 0, o);
+	CK(cudaGetLastError());
+	CK(cudaMemcpy(h, o, sizeof h, cudaMemcpyDeviceToHost));
+	for (int b = 0; b < 6; b++)
+		for (int t = 0; t < 24; t++)
+			EXPECT(h[b * 24 + t] == t * 1000 + b);
+	return 0;
+}
+
+static int c_bf16(void)
+{
+	/* round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> 1;
+	 * 1 + 3*2^-8 is a tie -> 1 + 2^-6; NaN stays NaN */
+	float h[5] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 256 + 1.0f / 65536, -2.5f, NAN};
+	float want[5] = {1.0f, 1.0f + 4.0f / 256, 1.0f + 2.0f / 256, -2.5f, NAN};
+	float *x = dev_floats(5), *back = dev_floats(5);
+	__nv_bfloat16 *y;
+	CK(cudaMalloc((void **)&y, 10));
+	to_dev(x, h, 5);
+	CU_LAUNCH(k_bf16, 1, 32, 0, x, y, back, 5);
+	CK(cudaGetLastError());
+	float r[5];
+	from_dev(r, back, 5);
+	for (int i = 0; i < 4; i++)
+		EXPECT(r[i] == want[i]);
+	EXPECT(r[4] != r[4]);
+	return 0;
+}
+
+static void naive_gemm(int m, int n, int k, const float *A, int lda, bool ta, const float *B, int ldb,
+		       bool tb, float *C)
+{
+	for (int i = 0; i < m; i++)
+		for (int j = 0; j < n; j++) {
+			double s = 0;
+			for (int p = 0; p < k; p++)
+				s += (double)(ta ? A[i * lda + p] : A[p * lda + i]) *
+				     (tb ? B[p * ldb + j] : B[j * ldb + p]);
+			C[j * m + i] = (float)s;
+		}
+}
+
+static int c_gemm(void)
+{
+	const int m = 5, n = 7, k = 3;
+	float A[m * k], B[k * n], C[m * n], R[m * n];
+	for (int i = 0; i < m * k; i++)
+		A[i] = (float)(i % 7) - 3;
+	for (int i = 0; i < k * n; i++)
+		B[i] = (float)(i % 5) * 0.5f;
+	float *dA = dev_floats(m * k), *dB = dev_floats(k * n), *dC = dev_floats(m * n);
+	to_dev(dA, A, m * k);
+	to_dev(dB, B, k * n);
+	cublasHandle_t h;
+	EXPECT(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+	float one = 1, zero = 0;
+	/* op(A) = A^T stored k x m (lda k), op(B) = B stored k x n (ldb k) */
+	EXPECT(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, k, dB, k, &zero, dC, m) ==
+	       CUBLAS_STATUS_SUCCESS);
+	from_dev(C, dC, m * n);
+	naive_gemm(m, n, k, A, k, true, B, k, false, R);
+	for (int i = 0; i < m * n; i++)
+		EXPECT(C[i] == R[i]);
+	/* the documented argument checks: lda below the stored rows */
+	EXPECT(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m - 1, dB, k, &zero, dC, m) ==
+	       CUBLAS_STATUS_INVALID_VALUE);
+	EXPECT(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, m, dB, k, &zero, dC, m - 1) ==
+	       CUBLAS_STATUS_INVALID_VALUE);
+	EXPECT(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, n, k, &one, dA, m, dB, k, &zero, dC, m) ==
+	       CUBLAS_STATUS_INVALID_VALUE);
+	/* TF32: 1 + 2^-12 rounds to 1 (10 mantissa bits); fp32 keeps it */
+	float a1 = 1.0f + 1.0f / 4096, b1 = 1.0f, c1;
+	to_dev(dA, &a1, 1);
+	to_dev(dB, &b1, 1);
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_32F, 1, dB, CUDA_R_32F, 1,
+			    &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT) ==
+	       CUBLAS_STATUS_SUCCESS);
+	from_dev(&c1, dC, 1);
+	EXPECT(c1 == 1.0f);
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, dA, CUDA_R_32F, 1, dB, CUDA_R_32F, 1,
+			    &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+	       CUBLAS_STATUS_SUCCESS);
+	from_dev(&c1, dC, 1);
+	EXPECT(c1 == a1);
+	/* bf16 in, fp32 out; an unsupported combination */
+	__nv_bfloat16 hb[2] = {__float2bfloat16(1.5f), __float2bfloat16(-2.0f)};
+	__nv_bfloat16 *db;
+	CK(cudaMalloc((void **)&db, 4));
+	CK(cudaMemcpy(db, hb, 4, cudaMemcpyHostToDevice));
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, db, CUDA_R_16BF, 1, db + 1,
+			    CUDA_R_16BF, 1, &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+	from_dev(&c1, dC, 1);
+	EXPECT(c1 == -3.0f);
+	/* bf16 out: 1.5 * -2 + 0.0078125 * 0 = -3, exactly; then rounded once */
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, db, CUDA_R_16BF, 1, db + 1,
+			    CUDA_R_16BF, 1, &zero, db, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+	CK(cudaMemcpy(hb, db, 2, cudaMemcpyDeviceToHost));
+	EXPECT(__bfloat162float(hb[0]) == -3.0f);
+	EXPECT(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, db, CUDA_R_16BF, 1, dB, CUDA_R_32F,
+			    1, &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+	       CUBLAS_STATUS_NOT_SUPPORTED);
+	cublasDestroy(h);
+	return 0;
+}
+
+static int c_gemm_ld_past(void)
+{
+	/* a leading dimension cuBLAS accepts but that runs past the buffer */
+	float *dA = dev_floats(16), *dB = dev_floats(16), *dC = dev_floats(16);
+	cublasHandle_t h;
+	cublasCreate(&h);
+	float one = 1, zero = 0;
+	cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, dA, 64, dB, 4, &zero, dC, 4);
+	return 0;
+}
+
+/* streams: a producer on s1, a consumer on s2; with `event` the consumer
+ * waits for the producer */
+static int streams_case(int event)
+{
+	const int n = 1024;
+	float *a = dev_floats(n), *b = dev_floats(n);
+	CK(cudaMemset(a, 0, n * 4));
+	CK(cudaDeviceSynchronize());
+	cudaStream_t s1, s2;
+	cudaEvent_t ev;
+	CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	CU_LAUNCH(k_add, 4, 256, s1, a, 1.0f, n);
+	CK(cudaEventRecord(ev, s1));
+	if (event)
+		CK(cudaStreamWaitEvent(s2, ev, 0));
+	CU_LAUNCH(k_copy, 4, 256, s2, a, b, n);
+	CK(cudaStreamSynchronize(s2));
+	CK(cudaDeviceSynchronize());
+	static float h[n];
+	from_dev(h, b, n);
+	int wrong = 0;
+	for (int i = 0; i < n; i++)
+		wrong += h[i] != 1.0f;
+	printf("%d of %d elements wrong\n", wrong, n);
+	return wrong ? 3 : 0;
+}
+
+static int c_streams(void) { return streams_case(1); }
+static int c_streams_race(void) { return streams_case(0); }
+
+/* capture a fork/join of two streams; replay re-executes; --no-graph path equal */
+static int c_graph(void)
+{
+	const int n = 256;
+	float *a = dev_floats(n), *b = dev_floats(n);
+	CK(cudaMemset(a, 0, n * 4));
+	CK(cudaMemset(b, 0, n * 4));
+	cudaStream_t s1, s2;
+	cudaEvent_t fork, join;
+	CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+	CK(cudaDeviceSynchronize());
+	CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+	cudaStreamCaptureStatus st;
+	CK(cudaStreamIsCapturing(s1, &st));
+	EXPECT(st == cudaStreamCaptureStatusActive);
+	CU_LAUNCH(k_add, 1, 256, s1, a, 1.0f, n);
+	CK(cudaEventRecord(fork, s1));
+	CK(cudaStreamWaitEvent(s2, fork, 0));
+	CU_LAUNCH(k_copy, 1, 256, s2, a, b, n);
+	CK(cudaEventRecord(join, s2));
+	CK(cudaStreamWaitEvent(s1, join, 0));
+	CU_LAUNCH(k_add, 1, 256, s1, b, 10.0f, n);
+	cudaGraph_t g;
+	CK(cudaStreamEndCapture(s1, &g));
+	EXPECT(cudaEventQuery(join) == cudaErrorCapturedEvent);
+	cudaGraphExec_t x;
+	CK(cudaGraphInstantiate(&x, g, 0));
+	CK(cudaGraphUpload(x, s1));
+	for (int r = 0; r < 3; r++)
+		CK(cudaGraphLaunch(x, s1));
+	CK(cudaStreamSynchronize(s1));
+	float ha[n], hb[n];
+	from_dev(ha, a, n);
+	from_dev(hb, b, n);
+	EXPECT(ha[0] == 3 && hb[n - 1] == 13); /* the third replay: a = 3, b = a + 10 */
+	CK(cudaGraphExecDestroy(x));
+	CK(cudaGraphDestroy(g));
+	return 0;
+}
+
+static int c_capture_illegal(void)
+{
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(4), h[4] = {0};
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	CU_LAUNCH(k_add, 1, 32, s, a, 1.0f, 4);
+	EXPECT(cudaMemcpy(h, a, 16, cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureUnsupported);
+	EXPECT(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+	void *p;
+	EXPECT(cudaMalloc(&p, 64) == cudaErrorStreamCaptureUnsupported);
+	EXPECT(cudaMemcpyAsync(a, h, 16, cudaMemcpyHostToDevice, s) == cudaErrorStreamCaptureInvalidated ||
+	       cudaGetLastError() != cudaSuccess);
+	cudaGraph_t g;
+	EXPECT(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && g == NULL);
+	cudaGetLastError();
+	return 0;
+}
+
+static int c_capture_unjoined(void)
+{
+	cudaStream_t s1, s2;
+	cudaEvent_t fork;
+	CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+	float *a = dev_floats(4);
+	CK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+	CK(cudaEventRecord(fork, s1));
+	CK(cudaStreamWaitEvent(s2, fork, 0));
+	CU_LAUNCH(k_add, 1, 32, s2, a, 1.0f, 4); /* never joined back */
+	cudaGraph_t g;
+	EXPECT(cudaStreamEndCapture(s1, &g) == cudaErrorStreamCaptureUnjoined && g == NULL);
+	return 0;
+}
+
+static int c_memcpy_checks(void)
+{
+	float *d = dev_floats(64), h[64] = {0};
+	EXPECT(cudaMemcpy(d, d + 32, 64, cudaMemcpyHostToDevice) == cudaErrorInvalidValue); /* wrong kind */
+	EXPECT(cudaMemcpy(h, d, 64 * 4 + 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue); /* past the end */
+	cudaGetLastError();
+	/* pitch above memPitch (2 GiB - 1) */
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	EXPECT(cudaMemcpy2DAsync(d, 8, d + 32, (size_t)3 << 30, 8, 2, cudaMemcpyDeviceToDevice, s) ==
+	       cudaErrorInvalidPitchValue);
+	EXPECT(cudaGetLastError() == cudaErrorInvalidPitchValue && cudaGetLastError() == cudaSuccess);
+	/* 2-D copy: rows of 2 floats from a pitch of 4 */
+	float src[8] = {0, 1, 2, 3, 4, 5, 6, 7}, out[4];
+	to_dev(d, src, 8);
+	CK(cudaMemcpy2DAsync(d + 16, 8, d + 1, 16, 8, 2, cudaMemcpyDeviceToDevice, s));
+	CK(cudaStreamSynchronize(s));
+	from_dev(out, d + 16, 4);
+	EXPECT(out[0] == 1 && out[1] == 2 && out[2] == 5 && out[3] == 6);
+	/* mapped pinned memory written by a kernel */
+	long long *hostp, *devp;
+	CK(cudaHostAlloc((void **)&hostp, 8, cudaHostAllocMapped));
+	CK(cudaHostGetDevicePointer((void **)&devp, hostp, 0));
+	CU_LAUNCH(k_mark, 1, 1, s, devp, 42LL);
+	CK(cudaStreamSynchronize(s));
+	EXPECT(*(volatile long long *)hostp == 42);
+	cudaPointerAttributes at;
+	CK(cudaPointerGetAttributes(&at, d));
+	EXPECT(at.type == cudaMemoryTypeDevice);
+	CK(cudaPointerGetAttributes(&at, h));
+	EXPECT(at.type == cudaMemoryTypeUnregistered);
+	size_t fr, tot;
+	CK(cudaMemGetInfo(&fr, &tot));
+	EXPECT(fr < tot);
+	return 0;
+}
+
+static void host_fn(void *p)
+{
+	*(int *)p += 1;
+}
+
+static void host_fn_calls_cuda(void *p)
+{
+	cudaDeviceSynchronize(); /* forbidden in a host function */
+}
+
+/* cudaLaunchHostFunc runs in stream order; a legacy-stream copy waits for a
+ * blocking stream's work; events without timing refuse elapsed time */
+static int c_host_fn(void)
+{
+	cudaStream_t s, sb;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamCreate(&sb)); /* blocking: the legacy stream waits for it */
+	float *a = dev_floats(256), h[256];
+	CK(cudaMemset(a, 0, 1024));
+	CK(cudaDeviceSynchronize());
+	static int count;
+	CU_LAUNCH(k_add, 1, 256, s, a, 1.0f, 256);
+	CK(cudaLaunchHostFunc(s, host_fn, &count));
+	CK(cudaStreamSynchronize(s));
+	EXPECT(count == 1);
+	CU_LAUNCH(k_add, 1, 256, sb, a, 2.0f, 256);
+	CK(cudaMemcpy(h, a, 1024, cudaMemcpyDeviceToHost)); /* legacy stream: after sb's kernel */
+	EXPECT(h[0] == 3 && h[255] == 3);
+	cudaEvent_t e1, e2;
+	CK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+	CK(cudaEventCreate(&e2));
+	CK(cudaEventRecord(e1, s));
+	CK(cudaEventRecord(e2, s));
+	CK(cudaEventSynchronize(e2));
+	float ms;
+	EXPECT(cudaEventElapsedTime(&ms, e1, e2) == cudaErrorInvalidResourceHandle);
+	cudaGetLastError();
+	return 0;
+}
+
+static int c_host_fn_cuda(void)
+{
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaLaunchHostFunc(s, host_fn_calls_cuda, NULL));
+	CK(cudaStreamSynchronize(s));
+	return 0;
+}
+
+static int c_capture_pageable(void)
+{
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(4), h[4] = {0};
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	EXPECT(cudaMemcpyAsync(a, h, 16, cudaMemcpyHostToDevice, s) == cudaErrorStreamCaptureUnsupported);
+	cudaGraph_t g;
+	EXPECT(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+	cudaGetLastError();
+	return 0;
+}
+
+/* each of these must be stopped by the emulator (a FATAL line, exit 99) */
+static int c_barrier_exit(void)
+{
+	float *a = dev_floats(64);
+	CU_LAUNCH(k_exit_early, 1, 64, 0, a);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_shfl_exited(void)
+{
+	float *a = dev_floats(32);
+	CU_LAUNCH(k_shfl_exited, 1, 32, 0, a);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_shfl_mask(void)
+{
+	float *a = dev_floats(32);
+	CU_LAUNCH(k_shfl_not_me, 1, 32, 0, a);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_deadlock(void)
+{
+	float *a = dev_floats(32);
+	CU_LAUNCH(k_warp_vs_bar, 1, 32, 0, a);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_misaligned(void)
+{
+	float *x = dev_floats(64), *y = dev_floats(64);
+	CU_LAUNCH(k_vec4, 1, 4, 0, x + 1, y, 4);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_host_touch(void)
+{
+	float *x = dev_floats(64);
+	CK(cudaMemset(x, 0, 256));
+	CK(cudaDeviceSynchronize());
+	printf("read %f\n", x[3]); /* host code reading device memory */
+	return 0;
+}
+
+static int c_kernel_host_ptr(void)
+{
+	float *h = (float *)malloc(256), *y = dev_floats(64);
+	CU_LAUNCH(k_touch, 1, 32, 0, h, y);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_out_of_bounds(void)
+{
+	float *x = dev_floats(64);
+	CU_LAUNCH(k_oob, 1, 1, 0, x, 64);
+	CK(cudaDeviceSynchronize());
+	return 0;
+}
+
+static int c_versions(void)
+{
+	int n = -1, drv = -1, rt = -1;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	cudaDriverGetVersion(&drv);
+	cudaRuntimeGetVersion(&rt);
+	printf("count %d (%s) driver %d runtime %d\n", n, cudaGetErrorName(e), drv, rt);
+	return 0;
+}
+
+/* ---- NCCL (mpirun -np 2) ---- */
+
+static ncclComm_t world(void)
+{
+	int rank, size;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	ncclUniqueId id;
+	if (rank == 0)
+		ncclGetUniqueId(&id);
+	MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+	ncclComm_t c;
+	ncclConfig_t cf = NCCL_CONFIG_INITIALIZER;
+	cf.blocking = 0;
+	ncclResult_t r = ncclCommInitRankConfig(&c, size, id, rank, &cf);
+	EXPECT(r == ncclSuccess || r == ncclInProgress);
+	ncclResult_t st;
+	do
+		EXPECT(ncclCommGetAsyncError(c, &st) == ncclSuccess);
+	while (st == ncclInProgress);
+	EXPECT(st == ncclSuccess);
+	return c;
+}
+
+static int c_nccl(void)
+{
+	ncclComm_t c = world();
+	int rank, size;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float h[8], r[16];
+	for (int i = 0; i < 8; i++)
+		h[i] = (float)(rank * 8 + i);
+	float *x = dev_floats(8), *y = dev_floats(16);
+	to_dev(x, h, 8);
+	EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, c, s) == ncclSuccess);
+	EXPECT(ncclAllGather(x, y, 8, ncclFloat32, c, s) == ncclSuccess);
+	CK(cudaStreamSynchronize(s));
+	from_dev(r, y, 16);
+	for (int i = 0; i < 16; i++) {
+		float want = 0;
+		for (int q = 0; q < size; q++)
+			want += (float)(q * 8 + i % 8);
+		EXPECT(r[i] == want);
+	}
+	/* reduce-scatter of bf16, summed in fp32 and rounded once */
+	__nv_bfloat16 hb[4], rb[2];
+	for (int i = 0; i < 4; i++)
+		hb[i] = __float2bfloat16(1.0f + i + rank);
+	__nv_bfloat16 *db, *dr;
+	CK(cudaMalloc((void **)&db, 8));
+	CK(cudaMalloc((void **)&dr, 4));
+	CK(cudaMemcpy(db, hb, 8, cudaMemcpyHostToDevice));
+	EXPECT(ncclReduceScatter(db, dr, 2, ncclBfloat16, ncclSum, c, s) == ncclSuccess);
+	CK(cudaStreamSynchronize(s));
+	CK(cudaMemcpy(rb, dr, 4, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 2; i++) {
+		float want = 0;
+		for (int q = 0; q < size; q++)
+			want += 1.0f + (2 * rank + i) + q;
+		EXPECT(__bfloat162float(rb[i]) == want);
+	}
+	int hi[3] = {rank, 2 * rank, -rank}, ri[3];
+	int *di;
+	CK(cudaMalloc((void **)&di, 12));
+	CK(cudaMemcpy(di, hi, 12, cudaMemcpyHostToDevice));
+	EXPECT(ncclAllReduce(di, di, 3, ncclInt32, ncclSum, c, s) == ncclSuccess);
+	CK(cudaStreamSynchronize(s));
+	CK(cudaMemcpy(ri, di, 12, cudaMemcpyDeviceToHost));
+	EXPECT(ri[0] == size * (size - 1) / 2 && ri[1] == size * (size - 1) && ri[2] == -ri[0]);
+	ncclComm_t half;
+	EXPECT(ncclCommSplit(c, rank % 2, rank, &half, NULL) == ncclSuccess);
+	int hn;
+	ncclCommCount(half, &hn);
+	EXPECT(hn == (size + 1 - rank % 2) / 2);
+	ncclCommDestroy(half);
+	ncclCommDestroy(c);
+	return 0;
+}
+
+static int c_nccl_mismatch(void)
+{
+	/* rank 1 issues its two all-reduces in the other order */
+	ncclComm_t c = world();
+	int rank;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(100), *b = dev_floats(100);
+	CK(cudaMemset(a, 0, 400));
+	CK(cudaMemset(b, 0, 400));
+	float *first = rank == 1 ? b : a, *second = rank == 1 ? a : b;
+	ncclAllReduce(first, first, 100, ncclFloat32, ncclSum, c, s);
+	ncclAllReduce(second, second, 100, ncclFloat32, ncclSum, c, s);
+	CK(cudaStreamSynchronize(s));
+	return 0;
+}
+
+static int c_nccl_abort_graph(void)
+{
+	/* ncclCommAbort while a graph that captured the communicator exists */
+	ncclComm_t c = world();
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(16);
+	CK(cudaMemset(a, 0, 64));
+	CK(cudaDeviceSynchronize());
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	ncclAllReduce(a, a, 16, ncclFloat32, ncclSum, c, s);
+	cudaGraph_t g;
+	CK(cudaStreamEndCapture(s, &g));
+	ncclCommAbort(c);
+	return 0;
+}
+
+static const struct {
+	const char *name;
+	int (*fn)(void);
+} cases[] = {
+	{"reduce", c_reduce},
+	{"reduce_nosync", c_reduce_nosync},
+	{"warp", c_warp},
+	{"atomic", c_atomic},
+	{"vec4", c_vec4},
+	{"dyn_smem", c_dyn_smem},
+	{"dyn_smem_limit", c_dyn_smem_limit},
+	{"dims", c_dims},
+	{"bf16", c_bf16},
+	{"gemm", c_gemm},
+	{"gemm_ld_past", c_gemm_ld_past},
+	{"streams", c_streams},
+	{"streams_race", c_streams_race},
+	{"graph", c_graph},
+	{"capture_illegal", c_capture_illegal},
+	{"capture_unjoined", c_capture_unjoined},
+	{"memcpy_checks", c_memcpy_checks},
+	{"host_fn", c_host_fn},
+	{"host_fn_cuda", c_host_fn_cuda},
+	{"capture_pageable", c_capture_pageable},
+	{"barrier_exit", c_barrier_exit},
+	{"shfl_exited", c_shfl_exited},
+	{"shfl_mask", c_shfl_mask},
+	{"deadlock", c_deadlock},
+	{"misaligned", c_misaligned},
+	{"host_touch", c_host_touch},
+	{"kernel_host_ptr", c_kernel_host_ptr},
+	{"out_of_bounds", c_out_of_bounds},
+	{"versions", c_versions},
+	{"nccl", c_nccl},
+	{"nccl_mismatch", c_nccl_mismatch},
+	{"nccl_abort_graph", c_nccl_abort_graph},
+};
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: selftest CASE | --list\n");
+		return 2;
+	}
+	if (!strcmp(argv[1], "--list")) {
+		for (auto &c : cases)
+			printf("%s\n", c.name);
+		return 0;
+	}
+	for (auto &c : cases)
+		if (!strcmp(argv[1], c.name)) {
+			int mpi = !strncmp(c.name, "nccl", 4), rc;
+			if (mpi)
+				MPI_Init(&argc, &argv);
+			rc = c.fn();
+			if (!rc)
+				printf("ok %s\n", c.name);
+			fflush(stdout);
+			if (mpi)
+				MPI_Finalize();
+			return rc;
+		}
+	fprintf(stderr, "selftest: no case %s\n", argv[1]);
+	return 2;
+}

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# tests/cuda_emu_mutations.sh - the CUDA emulator catches real bugs in the
+# CUDA backend: each mutation below is applied (sed/awk/perl) to a copy of
+# runtime/cuda, the emulated backend is rebuilt (`make cuda-emu` in the
+# copy), a small case is run under the emulator against the CPU, and the
+# case must FAIL: a non-zero exit (a diagnosis from the emulator, or the
+# backend's own error) or losses/parameters outside tests/cuda_emu.sh's
+# tolerances. A mutation that no longer applies (the code moved) is a
+# failure too, so this script follows the code it attacks.
+#
+#   event_record  backend_cuda.c's EVENT_RECORD records nothing: the waits
+#                 see an older record (or none) and run early
+#   event_wait    backend_cuda.c's EVENT_WAIT waits for nothing: a stream
+#                 reads what the other has not finished
+#   gemm_trans    the GEMM's transpose flags swapped (op T for N)
+#   gemm_ld       the GEMM's B leading dimension one too large
+#   no_sync       block_sum's __syncthreads between the stores into shared
+#                 memory and the reads of them, dropped
+#   reorder       rank 1 issues its first collective after its second
+#
+# Each case runs twice, with collectives as late and as early as the events
+# allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
+# orders); a mutation is caught when a run fails. Cases: mlp8 zero2 at 2
+# ranks (two streams, reduce-scatter and all-gather), mlp8 ddp at 1 rank
+# (no_sync, gemm). Runtime: ~1-2 min (one rebuild of the .cu files for
+# no_sync).
+set -u
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT" || exit 1
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+STEPS=${STEPS:-3}
+t_start=$(date +%s)
+if ! emu_start "the CUDA emulator's mutation checks"; then
+	finish cuda_emu_mutations
+	exit $?
+fi
+
+# a copy of what the emulated build needs, timestamps kept, so `make
+# cuda-emu` there rebuilds only what a mutation touches
+W=$T/tree
+mkdir -p "$W"
+cp -a Makefile mk ir compiler passes runtime tests tools build build-emu "$W"/ 2>/dev/null
+for m in mlp8; do cp models/$m.dp "$T/$m.dp"; done
+"$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/one.bin" >/dev/null 2>&1
+sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
+"$DPC" "$T/zero2.dp" --world-size 2 -o "$T/two.bin" >/dev/null 2>&1
+for b in one two; do
+	np=1; [ $b = two ] && np=2
+	mpi $np "$T/$b.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+		--losses "$T/$b.cpu.loss" --save-full "$T/$b.cpu.st" >/dev/null 2>&1 || fail "cpu reference $b"
+done
+
+# run NAME BIN NP ENV...: the mutated emulated backend; 0 when the run
+# failed or disagrees with the CPU (the mutation was caught)
+run() {
+	local name=$1 bin=$2 np=$3; shift 3
+	env "$@" timeout 300 mpirun --oversubscribe -np "$np" "$W/build-emu/dpexec" "$T/$bin.bin" \
+		--device cuda --steps "$STEPS" --quiet --eval-every 0 --losses "$T/$name.loss" \
+		--save-full "$T/$name.st" >"$T/$name.log" 2>&1
+	local rc=$?
+	if [ $rc != 0 ]; then
+		why=$(grep -m1 -E "FATAL|error:" "$T/$name.log" | sed 's/^cuda-emu: //; s/^dpexec: //' | cut -c1-170)
+		[ -n "$why" ] || why="exit $rc: $(grep -v '^ \|^$\|^---' "$T/$name.log" | tail -n 1 | cut -c1-150)"
+		return 0
+	fi
+	if ! $PY tests/compare.py losses "$T/$name.loss" "$T/$bin.cpu.loss" --rtol 1e-5 --atol 0 >"$T/$name.cmp" ||
+		! $PY tests/compare.py params "$T/$name.st" "$T/$bin.cpu.st" --rtol 1e-3 --atol 1e-5 >>"$T/$name.cmp"; then
+		why="wrong numbers: $(grep -m1 -E 'EXCEEDS|step count' "$T/$name.cmp" | sed 's/^ *//' | cut -c1-120)"
+		return 0
+	fi
+	why="passed: losses and parameters within tolerance"
+	return 1
+}
+
+# mutate NAME FILE-GLOB PROGRAM...: apply PROGRAM (a command reading the
+# file on stdin, writing it on stdout) to the first file of the glob it
+# changes; 1 when none changed
+mutate() {
+	local name=$1 glob=$2 f; shift 2
+	for f in $W/$glob; do
+		"$@" <"$f" >"$T/mutated"
+		if ! cmp -s "$f" "$T/mutated"; then
+			cp "$f" "$T/original"
+			echo "$f" >"$T/mutated.file"
+			cp "$T/mutated" "$f"
+			diff "$T/original" "$f" | grep '^[<>]' | head -n 4 | sed 's/^/      /'
+			return 0
+		fi
+	done
+	fail "mutation $name does not apply any more (no file of runtime/cuda/$glob changed): update tests/cuda_emu_mutations.sh"
+	return 1
+}
+restore() {
+	cp "$T/original" "$(cat "$T/mutated.file")"
+}
+
+# check NAME BIN NP ENVS...: rebuild, run under each environment (a
+# comma-separated list per run), require at least one caught run
+check() {
+	local name=$1 bin=$2 np=$3; shift 3
+	if ! make -s -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
+		fail "$name: the mutated backend does not build"; tail -n 5 "$T/$name.build"
+		restore; return
+	fi
+	local caught=0 e i=0 lines=()
+	for e in "$@"; do
+		i=$((i + 1))
+		# shellcheck disable=SC2086
+		if run "$name-$i" "$bin" "$np" ${e//,/ }; then
+			caught=$((caught + 1))
+			lines+=("caught with $e: $why")
+		else
+			lines+=("NOT caught with $e: $why")
+		fi
+	done
+	if [ $caught -gt 0 ]; then
+		ok "mutation $name caught ($caught of $# runs)"
+	else
+		fail "mutation $name NOT caught by the emulator"
+	fi
+	printf '      %s\n' "${lines[@]}"
+	restore
+}
+
+# 1, 2: the events of the schedule (backend_cuda.c)
+if mutate event_record "runtime/cuda/backend_cuda.c" \
+	sed 's/^\tCU(cudaEventRecord(x->ev\[event\], x->st\[stream\]));/\t(void)x; \/* MUTATION: no record *\//'; then
+	check event_record two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+if mutate event_wait "runtime/cuda/backend_cuda.c" \
+	sed 's/^\tCU(cudaStreamWaitEvent(x->st\[stream\], x->ev\[event\], 0));/\t(void)x; \/* MUTATION: no wait *\//'; then
+	check event_wait two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# 3, 4: the GEMM (kernels.cu, or gemm.cu once the kernels are split)
+if mutate gemm_trans "runtime/cuda/*.cu" sed 's/tb ? CUBLAS_OP_T : CUBLAS_OP_N/tb ? CUBLAS_OP_N : CUBLAS_OP_T/'; then
+	check gemm_trans one 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+if mutate gemm_ld "runtime/cuda/*.cu" sed 's/(int)(cb ? cb : 1)/(int)(cb ? cb + 1 : 1)/'; then
+	check gemm_ld one 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+# 5: the barrier in block_sum after the stores into shared memory
+# shellcheck disable=SC2016
+if mutate no_sync "runtime/cuda/*.cu*" awk '
+	/block_sum\(V v/ { f = 1 }
+	f == 1 && /sh\[[^]]*\] = v;/ { f = 2; print; next }
+	f == 2 && /^[ \t]*__syncthreads\(\);/ { f = 3; sub(/__syncthreads\(\);/, "/* MUTATION: no __syncthreads */") }
+	{ print }'; then
+	check no_sync one 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+fi
+# 6: a collective reordered on one rank: rank 1 holds its first collective
+# back and issues it after the second
+# shellcheck disable=SC2016
+if mutate reorder "runtime/cuda/backend_cuda.c" perl -0pe '
+	s{^static int cu_collective\(Backend \*b, const DpInstr \*in, RtErr \*e\)\n\{}{static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e);
+/* MUTATION: rank 1 issues its first collective after its second */
+static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
+{
+	static const DpInstr *held;
+	static int done;
+	if (b->comm->rank == 1 && !done) {
+		if (!held) {
+			held = in;
+			return 0;
+		}
+		done = 1;
+		if (cu_collective_orig(b, in, e))
+			return -1;
+		return cu_collective_orig(b, held, e);
+	}
+	return cu_collective_orig(b, in, e);
+}
+
+static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
+\{}m'; then
+	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+
+# the unmutated copy, rebuilt, passes (the checks above are not always-fail)
+if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean two 2 DPEMU_SEED=3; then
+	ok "the unmutated backend passes the same case ($why)"
+else
+	fail "the unmutated backend fails the case: $why"
+fi
+echo "  (cuda_emu_mutations took $(($(date +%s) - t_start))s)"
+finish cuda_emu_mutations
