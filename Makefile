@@ -121,7 +121,7 @@ demo-gpt: deps all
 	BUILD=$(BUILD) DEMO_GPT_PRECISION=$(PRECISION) bash tests/demo_gpt.sh
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
-DEB_PKGS := flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
+DEB_PKGS := g++ flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
             libcjson-dev \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
