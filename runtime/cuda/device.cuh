@@ -11,9 +11,10 @@
  * every GPU model.
  *
  * Element types. Kernels read and write tensor elements through ld()/st()
- * (and ld4()/st4() for four at once): a bf16 tensor needs only overloads
- * of these for __nv_bfloat16 and the kernel's storage type as a template
- * parameter; arithmetic is in float (or double) whatever is stored.
+ * (and ld4()/st4() for four at once), in float (or double). bf16 tensors
+ * (cu_bf16, the bits) are read by the GEMMs, the optimizers' compute copy
+ * and the conversions of bf16.cu; every other kernel runs a bf16
+ * instruction on f32 copies that bf16.cu converts (the CPU's scheme).
  */
 #ifndef DP_CU_DEVICE_CUH
 #define DP_CU_DEVICE_CUH
@@ -122,6 +123,24 @@ static __device__ __forceinline__ float4 ld4(const float *p)
 	return *(const float4 *)p; /* callers check 16-byte alignment */
 }
 static __device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
+
+/* bf16 storage (docs/PRECISION.md): the bits of a bfloat16, converted with
+ * the CPU's rounding (runtime/cpu/bf16.c, PyTorch's): to nearest even, a NaN
+ * stays a quiet NaN with its sign, overflow rounds to infinity. Integer
+ * operations only, so every device and the emulator give the CPU's bits. */
+typedef uint16_t cu_bf16;
+static __device__ __forceinline__ cu_bf16 cu_to_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (cu_bf16)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (cu_bf16)(u >> 16);
+}
+static __device__ __forceinline__ float cu_from_bf16(cu_bf16 b)
+{
+	return __uint_as_float((uint32_t)b << 16);
+}
 
 /* ---- first error wins: a value from data (a label, a token id, a
  * position) that the CPU would refuse with an error; the backend reads the
