@@ -15,6 +15,10 @@
  * gradients alone, as on the CPU (and in torch 1.13; the NaN loss is then
  * reported by dpexec).
  *
+ * precision bf16: SGD (in2) and AdamW (in3) also round each updated master
+ * to nearest even into its bf16 compute copy in the same loop (the CPU's
+ * bits: cu_to_bf16); bf16 gradients reach them as f32 copies (bf16.cu).
+ *
  * The fold (cu_plan_clip): clip reads and writes every gradient once more
  * between the norm and the optimizer. When the only readers of the clipped
  * gradients are SGD/AdamW instructions (until they are overwritten whole),
