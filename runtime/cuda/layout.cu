@@ -469,9 +469,9 @@ extern "C" void cu_layout_rows(CuKernel *k)
 	/* run, limits, scratch, blas, bf16 */
 	k[DPK_NOP] = {run_nop, NULL, NULL, 0, 0};
 	k[DPK_FILL] = {run_fill, NULL, NULL, 0, 0};
-	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0, 0};
-	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 0};
-	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 0};
+	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
 	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 0};
 	k[DPK_SPLIT] = {run_split, NULL, NULL, 0, 0};
 	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 0};
