@@ -189,4 +189,27 @@ int st_saved_hook(void *ctx, int name, int id, const float *src, RtErr *e);
 int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e);
 void st_saved_free(StSaved *sv);
 
+/*
+ * bf16 on a backend kernel without a bf16 path (docs/PRECISION.md): the
+ * instruction runs on f32 copies. Is operand slot j (-1: out) of `in` one
+ * of them: bf16, not a compute copy the kernel writes itself (an
+ * optimizer's, dp_writes_in), not embedding_grad's table (its shape only),
+ * and not a tensor an earlier slot already staged? Both compute backends
+ * stage by this rule (runtime/cpu/bf16.c, runtime/cuda/bf16.cu).
+ */
+static inline int rt_bf16_staged(const DpStep *s, const DpInstr *in, int j)
+{
+	int id = j < 0 ? in->out : in->in[j];
+	if (id < 0 || s->tensors[id].dtype != DP_BF16)
+		return 0;
+	if (j >= 0 && dp_writes_in(in, j))
+		return 0;
+	if (in->op == DPK_EMBEDDING_GRAD && j == 2)
+		return 0;
+	for (int k = -1; k < j; k++)
+		if ((k < 0 ? in->out : in->in[k]) == id)
+			return 0;
+	return 1;
+}
+
 #endif

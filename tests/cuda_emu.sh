@@ -15,7 +15,8 @@
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
 #     reordered on one rank, ncclCommAbort under a live graph;
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
-#     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp
+#     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp (also
+#     in bf16)
 #     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
 #     text), every strategy at 1, 2
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
@@ -24,7 +25,8 @@
 #     events allow, or as early), so the cases together walk many orders.
 #     An op the CUDA backend has no kernel for is refused at load: the case
 #     is SKIPPED naming the op, never passed or failed;
-#  3. graph replay vs --no-graph: losses and parameters bitwise equal;
+#  3. graph replay vs --no-graph: losses and parameters bitwise equal (f32,
+#     and gpt2-tiny bf16 full_shard at 2 ranks);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
 #     every rank, with a message naming the step and the pending collective;
 #  5. the device probe: a driver older than the runtime is a one-line error
@@ -50,6 +52,27 @@
 # glibc's: losses rtol 1e-3, parameters atol 1e-4 + rtol 1e-3 (tests/cuda.sh's
 # estimates, to tighten from the first measured spread).
 #
+# bf16 cases (precision bf16: gpt2-tiny and llama at 1 and 2 ranks, ddp and
+# full_shard; gpt2-tiny zero2 and tp=2 x dp_shard=2, llama cp=2 x dp_shard=2;
+# mlp8, whose casts the transformers lack, ddp at 1 and 2)
+# against the CPU's bf16 run. Derivation, as tests/bf16.sh's: bf16 keeps 8
+# significant bits (u = 2^-8); both backends round at the same places, so
+# they differ only where their f32 results, eps apart (the f32 cases here:
+# <= 1e-7 relative; a bf16 GEMM is oneDNN's order on the CPU, OpenBLAS's on
+# the emulator: the same size), straddle a rounding boundary: probability
+# ~eps/(2u), then 2u apart, sqrt(2u eps) ~ 3e-5 RMS per element. tests/bf16.sh
+# measured 2.2e-5..9.7e-5 on the losses and 3.6e-3..3.9e-3 on the training
+# updates between world sizes, over 20 steps at eps up to 2.4e-6; the flip
+# rate scales with eps, the spread with its square root: x0.2 here, and 3
+# steps instead of 20. Bounds, with margins of ~6 and ~3 over those scaled
+# figures: losses rtol 2^-13 = 1.2e-4, and the training updates (RUN - INIT
+# against REF - INIT, 2-norm over all tensors: AdamW turns noise in
+# near-zero gradients into steps of ~lr, so parameters are not compared
+# element by element) rtol 2^-9 = 2.0e-3. A backend computing in f32
+# throughout is 2.3e-2 from the bf16 updates after 3 steps (gpt2-tiny:
+# rejected; its losses, 1.1e-5 apart at 3 steps, are not the check that
+# tells); a wrong kernel moves both by far more.
+#
 # SAN=1: skipped (one SKIP line): the emulator's fibers switch stacks under
 # ASan's feet; the emulated build is never sanitized.
 set -u
@@ -58,6 +81,8 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
+BF16_LOSS=1.220703125e-4 # 2^-13, bf16 cases (the header derives it)
+BF16_UPDATE=1.953125e-3  # 2^-9
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator suite"; then
 	finish cuda_emu
@@ -146,16 +171,18 @@ agree=$T/agreement.txt
 : >"$agree"
 gpu_cases=()
 # model_case MODEL STRATEGY NP [MESH]: the emulated CUDA backend vs the CPU
+# PREC=bf16 model_case ...: the step file compiled with --precision bf16
 model_case() {
-	local model=$1 strat=$2 np=$3 mesh=${4:-auto}
-	local name="$model $strat np=$np${4:+ mesh=$4}" tag=c$ncase
+	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
+	local name="$model${prec:+ $prec} $strat np=$np${4:+ mesh=$4}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
 	local src
 	src=$(model_src "$model" "$strat" "$mesh")
 	# shellcheck disable=SC2046
-	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") -o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
+	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
+		-o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
 		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
 	fi
 	gpu_cases+=("$tag|$np|$name")
@@ -179,19 +206,37 @@ model_case() {
 		fi
 		return
 	fi
-	compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" 1e-5 1e-5 1e-3
+	if [ -z "$prec" ]; then
+		compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" 1e-5 1e-5 1e-3
+	elif mpi "$np" "$T/$tag.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+		--save-full "$T/$tag.init.st" >/dev/null 2>&1; then
+		compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" \
+			"$BF16_LOSS" 0 "$BF16_UPDATE" "$T/$tag.init.st"
+	else
+		fail "$name: the initial weights"
+	fi
 }
-# compare NAME RUN REF LOSS_RTOL PARAM_ATOL PARAM_RTOL
+# compare NAME RUN REF LOSS_RTOL PARAM_ATOL PARAM_RTOL [INIT]: losses, and
+# the parameters element by element; with INIT (bf16) the training updates
+# instead (RUN - INIT against REF - INIT, 2-norm over all tensors, rtol
+# PARAM_RTOL; the header says why)
 compare() {
+	local what="params abs" within="params atol $5 + rtol $6"
+	local params=(params "$2.st" "$3.st" --rtol "$6" --atol "$5")
+	if [ -n "${7:-}" ]; then
+		what="updates rel" within="updates rtol $6"
+		params=(updates "$7" "$2.st" "$3.st" --rtol "$6")
+	fi
 	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 >"$2.cmp" &&
-		$PY tests/compare.py params "$2.st" "$3.st" --rtol "$6" --atol "$5" >>"$2.cmp"; then
+		$PY tests/compare.py "${params[@]}" >>"$2.cmp"; then
 		local fig
-		fig=$(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
-			END {printf "losses rel %.1e, params abs %.1e", l, p}' "$2.cmp")
+		fig=$(awk -v what="$what" '/ loss:/ {l = $8} / updates:/ {p = $4}
+			/ max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
+			END {printf "losses rel %.1e, %s %.1e", l, what, p}' "$2.cmp")
 		ok "$1: $fig"
 		echo "$1 | $fig" >>"$agree"
 	else
-		fail "$1: outside losses rtol $4, params atol $5 + rtol $6"
+		fail "$1: outside losses rtol $4, $within"
 		grep -E "EXCEEDS|step count" "$2.cmp" | head -n 5 | sed 's/^/      /'
 	fi
 }
@@ -224,6 +269,20 @@ model_case llama ddp 4 "tp=2, dp_shard=2"
 # context parallelism: zigzag chunks, K/V gathered on cp (attention_cp, kv_pack)
 model_case gpt2-tiny ddp 2 "cp=2"
 model_case llama full_shard 4 "cp=2, dp_shard=2"
+# bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
+# the optimizers' compute copies, the other kernels on f32 copies)
+for m in gpt2-tiny llama; do
+	PREC=bf16 model_case $m ddp 1
+	PREC=bf16 model_case $m full_shard 1
+	PREC=bf16 model_case $m ddp 2
+	PREC=bf16 model_case $m full_shard 2
+done
+PREC=bf16 model_case gpt2-tiny zero2 2
+# mlp8 in bf16 has casts (the f32 images into the first layer)
+PREC=bf16 model_case mlp8 ddp 1
+PREC=bf16 model_case mlp8 ddp 2
+PREC=bf16 model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
+PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 
 # ---- 3. graph replay vs --no-graph, bitwise ----
 # graph_eager NAME BIN NP: the same seed and policy, with and without the graph
@@ -252,6 +311,7 @@ graph_eager() {
 }
 graph_eager "mlp8 zero2 np=4" "$T/${TAG[mlp8 zero2 np=4]}.bin" 4
 graph_eager "gpt2-tiny tp=2 x dp_shard=2" "$T/${TAG[gpt2-tiny ddp np=4 mesh=tp=2, dp_shard=2]}.bin" 4
+graph_eager "gpt2-tiny bf16 full_shard np=2" "$T/${TAG[gpt2-tiny bf16 full_shard np=2]}.bin" 2
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1

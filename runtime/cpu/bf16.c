@@ -71,23 +71,6 @@ void cpu_bf16_load(CpuPool *pool, float *dst, const uint16_t *src, int64_t n)
 
 /* ---- staging an instruction on f32 copies ---- */
 
-/* Is operand slot j (-1: out) of `in` staged: bf16, and not a compute copy
- * the kernel writes itself (an optimizer's in3/in2, dp_writes_in)? */
-static int staged(const DpStep *s, const DpInstr *in, int j)
-{
-	int id = j < 0 ? in->out : in->in[j];
-	if (id < 0 || s->tensors[id].dtype != DP_BF16)
-		return 0;
-	if (j >= 0 && dp_writes_in(in, j))
-		return 0;
-	if (in->op == DPK_EMBEDDING_GRAD && j == 2)
-		return 0; /* the table: its shape only (ir/ops.def) */
-	for (int k = -1; k < j; k++) /* the same tensor twice: staged once */
-		if ((k < 0 ? in->out : in->in[k]) == id)
-			return 0;
-	return 1;
-}
-
 static size_t stage_len(const DpTensor *t)
 {
 	return (size_t)((cpu_numel(t) + 15) / 16 * 16); /* floats, 64-byte pieces */
@@ -97,7 +80,7 @@ size_t cpu_stage_need(const DpStep *s, const DpInstr *in)
 {
 	size_t n = 0;
 	for (int j = -1; j < DP_MAX_IN; j++)
-		if (staged(s, in, j))
+		if (rt_bf16_staged(s, in, j))
 			n += stage_len(&s->tensors[j < 0 ? in->out : in->in[j]]);
 	return n;
 }
@@ -106,7 +89,7 @@ void cpu_stage_in(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const
 		  void **shadow, float *ws)
 {
 	for (int j = -1; j < DP_MAX_IN; j++) {
-		if (!staged(s, in, j))
+		if (!rt_bf16_staged(s, in, j))
 			continue;
 		int id = j < 0 ? in->out : in->in[j];
 		shadow[id] = ws;
@@ -121,7 +104,7 @@ void cpu_stage_out(CpuPool *pool, const DpStep *s, const DpInstr *in, void *cons
 		   void **shadow)
 {
 	for (int j = -1; j < DP_MAX_IN; j++) {
-		if (!staged(s, in, j))
+		if (!rt_bf16_staged(s, in, j))
 			continue;
 		int id = j < 0 ? in->out : in->in[j];
 		if (j < 0 || dp_writes_in(in, j))

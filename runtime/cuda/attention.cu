@@ -538,10 +538,10 @@ static int run_attention(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_attention_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0};
-	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0};
-	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0};
-	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0};
-	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0, 0};
+	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 0};
+	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 0};
+	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 0};
+	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 0};
 }

@@ -47,7 +47,7 @@
  *
  * Operand rules (presence, dtypes, element counts) are the step-file
  * decoder's: this backend relies on them and checks only its own limits at
- * load (no bf16 yet; the rows' limits; SHARD operands disjoint).
+ * load (the rows' limits; SHARD operands disjoint).
  *
  * Faults: every wait polls (cudaEventQuery, never a blocking sync) and
  * checks NCCL's async errors; with timeout_s > 0 a wait that exceeds it
@@ -127,6 +127,9 @@ typedef struct {
 	cublasHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
 	void *blas_ws[DP_NSTREAM];
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
+	int staging;                     /* some bf16 instruction runs on f32 copies (bf16.cu) */
+	void **shadow;                   /* staging: the tensors' addresses with the staged
+	                                    operands' f32 copies in place of theirs */
 	unsigned char *bounce[DP_NSTREAM]; /* pinned, CU_BOUNCE_BYTES */
 	int tf32;
 	CuFuse *fuse[DP_NPROG];          /* the planners' entries, per instruction */
@@ -217,15 +220,18 @@ static int cu_has_kernel(unsigned op)
 	return op < DPK_COUNT && cu_kernel_table.k[op].run != NULL;
 }
 
+/* Where instruction in's f32 copies of bf16 operands start in its stream's
+ * scratch: after the row's own scratch bytes. */
+static size_t stage_at(const DpStep *s, const DpInstr *in)
+{
+	const CuKernel *k = &cu_kernel_table.k[in->op];
+	size_t own = k->scratch ? k->scratch(s, in) : CU_SCRATCH_MIN;
+	return (own + 255) / 256 * 256;
+}
+
 /* Own limits only: the decoder guarantees the operands (see the top). */
 static int cu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	for (int k = -1; k < DP_MAX_IN; k++) {
-		int id = k < 0 ? in->out : in->in[k];
-		if (id >= 0 && s->tensors[id].dtype == DP_BF16)
-			return RT_FAIL(e, "step file: %s of '%s': bf16 is not implemented in the CUDA "
-				       "backend yet", dp_kernel_names[in->op], tname(s, id));
-	}
 	const CuKernel *k = &cu_kernel_table.k[in->op];
 	return k->limits ? k->limits(s, in, e) : 0;
 }
@@ -485,8 +491,10 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 				continue;
 			const CuKernel *k = &cu_kernel_table.k[in->op];
 			gemm_on[in->stream] |= k->blas;
-			if (k->scratch && k->scratch(s, in) > scratch[in->stream])
-				scratch[in->stream] = k->scratch(s, in);
+			size_t need = stage_at(s, in) + (k->bf16 ? 0 : cu_stage_need(s, in));
+			if (need > scratch[in->stream])
+				scratch[in->stream] = need;
+			x->staging |= !k->bf16 && cu_stage_need(s, in) > 0;
 		}
 
 	for (int k = 0; k < DP_NSTREAM; k++)
@@ -498,11 +506,14 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	CU(cudaMemsetAsync(x->arena, 0, bytes ? bytes : 256, cs));
 	b->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *b->ptr);
 	x->ev = calloc(s->nevents ? s->nevents : 1, sizeof *x->ev);
-	if (!b->ptr || !x->ev)
+	x->shadow = x->staging ? calloc(s->ntensors ? s->ntensors : 1, sizeof *x->shadow) : NULL;
+	if (!b->ptr || !x->ev || (x->staging && !x->shadow))
 		return RT_FAIL(e, "out of memory (CUDA backend tables)");
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].nbytes)
 			b->ptr[i] = x->arena + s->tensors[i].offset;
+	if (x->shadow)
+		memcpy(x->shadow, b->ptr, s->ntensors * sizeof *x->shadow);
 
 	for (int k = 0; k < DP_NSTREAM; k++) {
 		CU(cudaMalloc(&x->scratch[k], scratch[k]));
@@ -612,6 +623,7 @@ static void cu_free(Backend *b)
 	free(x->aux);
 	free(x->reg);
 	free(x->ev);
+	free(x->shadow);
 	free(b->ptr);
 	free(x);
 	b->ptr = NULL;
@@ -665,9 +677,22 @@ static void cu_abort(Backend *b)
 static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	const CuKernel *k = &cu_kernel_table.k[in->op];
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
-	return cu_kernel_table.k[in->op].run(&a, e);
+	if (!x->shadow || k->bf16 || !cu_stage_need(b->s, in))
+		return k->run(&a, e);
+	/* a bf16 instruction of a kernel without a bf16 path: on f32 copies
+	 * after the row's own scratch (bf16.cu) */
+	cudaStream_t st = a.st;
+	CU(cu_stage_in(st, b->s, in, b->ptr, x->shadow, (char *)a.scratch + stage_at(b->s, in)));
+	a.ptr = x->shadow;
+	int rc = k->run(&a, e);
+	cudaError_t err = cu_stage_out(st, b->s, in, b->ptr, x->shadow);
+	if (rc)
+		return rc;
+	CU(err);
+	return 0;
 }
 
 /* The staging region host lies in, or NULL. */
@@ -947,27 +972,30 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	cudaStream_t st = x->st[in->stream];
 	unsigned mask = (unsigned)in->ia[0];
 	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
-	float *out = b->ptr[in->out];
-	const float *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;
+	void *out = b->ptr[in->out];
+	const void *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;
 	size_t n = (size_t)numel(&s->tensors[in->out]);
+	/* bf16 moves and sums as ncclBfloat16 (NCCL adds in f32 and rounds) */
+	int bf16 = s->tensors[in->out].dtype == DP_BF16;
+	ncclDataType_t dt = bf16 ? ncclBfloat16 : ncclFloat32;
 	if (!c) { /* a group of one: all_reduce is nothing, the others a copy */
 		if (in->op != DPK_ALL_REDUCE && src != out && n)
-			CU(cudaMemcpyAsync(out, src, n * 4, cudaMemcpyDeviceToDevice, st));
+			CU(cudaMemcpyAsync(out, src, n * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, st));
 		return 0;
 	}
 	switch (in->op) {
 	case DPK_ALL_REDUCE:
 	case DPK_TP_REDUCE: /* out of place when src != out */
-		RT_CHECK(nccl_call(x, ncclAllReduce(src, out, n, ncclFloat32, ncclSum, c, st), c,
+		RT_CHECK(nccl_call(x, ncclAllReduce(src, out, n, dt, ncclSum, c, st), c,
 				   "ncclAllReduce", e));
 		break;
 	case DPK_REDUCE_SCATTER:
-		RT_CHECK(nccl_call(x, ncclReduceScatter(src, out, n, ncclFloat32, ncclSum, c, st), c,
+		RT_CHECK(nccl_call(x, ncclReduceScatter(src, out, n, dt, ncclSum, c, st), c,
 				   "ncclReduceScatter", e));
 		break;
 	default:
 		RT_CHECK(nccl_call(x, ncclAllGather(src, out, (size_t)numel(&s->tensors[in->in[0]]),
-						    ncclFloat32, c, st), c, "ncclAllGather", e));
+						    dt, c, st), c, "ncclAllGather", e));
 		break;
 	}
 	if (x->o.timeout_s > 0) { /* the watchdog's progress mark */

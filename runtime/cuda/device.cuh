@@ -11,9 +11,10 @@
  * every GPU model.
  *
  * Element types. Kernels read and write tensor elements through ld()/st()
- * (and ld4()/st4() for four at once): a bf16 tensor needs only overloads
- * of these for __nv_bfloat16 and the kernel's storage type as a template
- * parameter; arithmetic is in float (or double) whatever is stored.
+ * (and ld4()/st4() for four at once), in float (or double). bf16 tensors
+ * (cu_bf16, the bits) are read by the GEMMs, the optimizers' compute copy
+ * and the conversions of bf16.cu; every other kernel runs a bf16
+ * instruction on f32 copies that bf16.cu converts (the CPU's scheme).
  */
 #ifndef DP_CU_DEVICE_CUH
 #define DP_CU_DEVICE_CUH
@@ -122,6 +123,56 @@ static __device__ __forceinline__ float4 ld4(const float *p)
 	return *(const float4 *)p; /* callers check 16-byte alignment */
 }
 static __device__ __forceinline__ void st4(float *p, float4 v) { *(float4 *)p = v; }
+
+/* bf16 storage (docs/PRECISION.md): the bits of a bfloat16, converted with
+ * the CPU's rounding (runtime/cpu/bf16.c, PyTorch's): to nearest even, a NaN
+ * stays a quiet NaN with its sign, overflow rounds to infinity. Integer
+ * operations only, so every device and the emulator give the CPU's bits. */
+typedef uint16_t cu_bf16;
+static __device__ __forceinline__ cu_bf16 cu_to_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (cu_bf16)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (cu_bf16)(u >> 16);
+}
+static __device__ __forceinline__ float cu_from_bf16(cu_bf16 b)
+{
+	return __uint_as_float((uint32_t)b << 16);
+}
+static __device__ __forceinline__ float ld(const cu_bf16 *p) { return cu_from_bf16(*p); }
+static __device__ __forceinline__ void st(cu_bf16 *p, float v) { *p = cu_to_bf16(v); }
+
+/* Eight elements at once, 16-byte aligned (callers check): one 128-bit
+ * access of eight bf16, or two float4. */
+static __device__ __forceinline__ void ld8(const float *p, float *v)
+{
+	float4 a = ld4(p), b = ld4(p + 4);
+	v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+	v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+static __device__ __forceinline__ void ld8(const cu_bf16 *p, float *v)
+{
+	uint4 w = *(const uint4 *)p;
+	uint32_t u[4] = {w.x, w.y, w.z, w.w};
+	for (int k = 0; k < 4; k++) {
+		v[2 * k] = cu_from_bf16((cu_bf16)u[k]);
+		v[2 * k + 1] = cu_from_bf16((cu_bf16)(u[k] >> 16));
+	}
+}
+static __device__ __forceinline__ void st8(float *p, const float *v)
+{
+	st4(p, make_float4(v[0], v[1], v[2], v[3]));
+	st4(p + 4, make_float4(v[4], v[5], v[6], v[7]));
+}
+static __device__ __forceinline__ void st8(cu_bf16 *p, const float *v)
+{
+	uint32_t u[4];
+	for (int k = 0; k < 4; k++)
+		u[k] = cu_to_bf16(v[2 * k]) | (uint32_t)cu_to_bf16(v[2 * k + 1]) << 16;
+	*(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
+}
 
 /* ---- first error wins: a value from data (a label, a token id, a
  * position) that the CPU would refuse with an error; the backend reads the

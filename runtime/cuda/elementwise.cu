@@ -15,6 +15,11 @@
  * Four elements at a time (float4) when the element count is a multiple of
  * four and every operand is 16-byte aligned (the planner aligns tensors to
  * 256 bytes, so that is the usual case); otherwise one at a time.
+ *
+ * bf16 (precision bf16): the maps read and write bf16 themselves, eight
+ * elements per thread with 128-bit accesses when aligned, f32 arithmetic,
+ * each stored element rounded once to nearest even: bitwise the CPU's bf16
+ * maps. bias_add on bf16 runs on f32 copies (bf16.cu), as on the CPU.
  */
 #include "device.cuh"
 
@@ -22,7 +27,7 @@
  * only by accum; fa0 is scale's factor. */
 #define ELEMENTWISE(name, reads_out_, expr)                                          \
 	struct name {                                                                 \
-		static const int reads_out = reads_out_;                              \
+		static constexpr int reads_out = reads_out_;                              \
 		__device__ __forceinline__ float operator()(float a, float b, float o, \
 							    float fa0) const           \
 		{                                                                     \
@@ -90,12 +95,78 @@ __global__ void k_map4(float *o, const float *a, const float *b, int64_t n4, flo
 	}
 }
 
+/* bf16 operands (TO: the output's type, TA: the inputs'): f32 arithmetic,
+ * one rounding per stored element, so the same bits as the CPU's chunked
+ * bf16 maps (and as staging). One at a time, or eight per thread with
+ * 128-bit accesses when n8 groups of eight are 16-byte aligned. */
+template <class F, typename TO, typename TA>
+__global__ void k_map_t(TO *o, const TA *a, const TA *b, int64_t n, float fa0)
+{
+	F f;
+	CU_FOR_EACH(i, n) {
+		float bi = b ? ld(b + i) : 0.0f, oi = F::reads_out ? ld(o + i) : 0.0f;
+		st(o + i, f(ld(a + i), bi, oi, fa0));
+	}
+}
+
+template <class F, typename TO, typename TA>
+__global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float fa0)
+{
+	F f;
+	CU_FOR_EACH(i, n8) {
+		float x[8], y[8] = {0, 0, 0, 0, 0, 0, 0, 0}, z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+		ld8(a + 8 * i, x);
+		if (b)
+			ld8(b + 8 * i, y);
+		if (F::reads_out)
+			ld8(o + 8 * i, z);
+		for (int k = 0; k < 8; k++)
+			z[k] = f(x[k], y[k], z[k], fa0);
+		st8(o + 8 * i, z);
+	}
+}
+
+template <class F, typename TO, typename TA>
+static void launch_map(const CuArgs *a, TO *o, const TA *x, const TA *y, int64_t n)
+{
+	if (n % 8 == 0 && cu_aligned16(o) && cu_aligned16(x) && (!y || cu_aligned16(y)))
+		CU_LAUNCH((k_map8<F, TO, TA>), cu_grid(n / 8), CU_THREADS, a->st, o, x, y, n / 8,
+			  a->in->fa[0]);
+	else
+		CU_LAUNCH((k_map_t<F, TO, TA>), cu_grid(n), CU_THREADS, a->st, o, x, y, n,
+			  a->in->fa[0]);
+}
+
+/* The operand rules: every operand of a map has the output's dtype, except
+ * accum's (f32 or bf16 each: a sum kept in f32 of bf16 terms, or back). */
+template <class F> static int run_map_bf16(const CuArgs *a, RtErr *e)
+{
+	int64_t n = cu_numel(cu_t(a, -1));
+	int o16 = cu_t(a, -1)->dtype == DP_BF16, x16 = cu_t(a, 0)->dtype == DP_BF16;
+	void *o = cu_p(a, -1), *x = cu_p(a, 0), *y = cu_p(a, 1);
+	if (o16 && x16) {
+		launch_map<F>(a, (cu_bf16 *)o, (const cu_bf16 *)x, (const cu_bf16 *)y, n);
+	} else {
+		if constexpr (!F::reads_out)
+			return RT_FAIL(e, "%s: mixed f32 and bf16 operands (the decoder allows none)",
+				       dp_kernel_names[a->in->op]);
+		else if (o16)
+			launch_map<F>(a, (cu_bf16 *)o, (const float *)x, (const float *)NULL, n);
+		else
+			launch_map<F>(a, (float *)o, (const cu_bf16 *)x, (const cu_bf16 *)NULL, n);
+	}
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 template <class F> static int run_map(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1));
 	float *o = cu_f(a, -1), *x = cu_f(a, 0), *y = cu_f(a, 1);
 	if (n <= 0)
 		return 0;
+	if (cu_t(a, -1)->dtype == DP_BF16 || cu_t(a, 0)->dtype == DP_BF16)
+		return run_map_bf16<F>(a, e);
 	if (n % 4 == 0 && cu_aligned16(o) && cu_aligned16(x) && (!y || cu_aligned16(y)))
 		CU_LAUNCH(k_map4<F>, cu_grid(n / 4), CU_THREADS, a->st, o, x, y, n / 4, a->in->fa[0]);
 	else
@@ -142,20 +213,20 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_elementwise_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_ACCUM] = {run_map<Accum>, NULL, NULL, 0};
-	k[DPK_SCALE] = {run_map<Scale>, NULL, NULL, 0};
-	k[DPK_ADD] = {run_map<Add>, NULL, NULL, 0};
-	k[DPK_MUL] = {run_map<Mul>, NULL, NULL, 0};
-	k[DPK_RELU] = {run_map<Relu>, NULL, NULL, 0};
-	k[DPK_RELU_GRAD] = {run_map<ReluGrad>, NULL, NULL, 0};
-	k[DPK_GELU] = {run_map<Gelu>, NULL, NULL, 0};
-	k[DPK_GELU_GRAD] = {run_map<GeluGrad>, NULL, NULL, 0};
-	k[DPK_TANH] = {run_map<Tanh>, NULL, NULL, 0};
-	k[DPK_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0};
-	k[DPK_SILU] = {run_map<Silu>, NULL, NULL, 0};
-	k[DPK_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0};
-	k[DPK_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0};
-	k[DPK_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0};
-	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_ACCUM] = {run_map<Accum>, NULL, NULL, 0, 1};
+	k[DPK_SCALE] = {run_map<Scale>, NULL, NULL, 0, 1};
+	k[DPK_ADD] = {run_map<Add>, NULL, NULL, 0, 1};
+	k[DPK_MUL] = {run_map<Mul>, NULL, NULL, 0, 1};
+	k[DPK_RELU] = {run_map<Relu>, NULL, NULL, 0, 1};
+	k[DPK_RELU_GRAD] = {run_map<ReluGrad>, NULL, NULL, 0, 1};
+	k[DPK_GELU] = {run_map<Gelu>, NULL, NULL, 0, 1};
+	k[DPK_GELU_GRAD] = {run_map<GeluGrad>, NULL, NULL, 0, 1};
+	k[DPK_TANH] = {run_map<Tanh>, NULL, NULL, 0, 1};
+	k[DPK_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0, 1};
+	k[DPK_SILU] = {run_map<Silu>, NULL, NULL, 0, 1};
+	k[DPK_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0, 1};
+	k[DPK_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0, 1};
+	k[DPK_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0, 1};
+	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 0};
 }

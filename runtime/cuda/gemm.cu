@@ -3,7 +3,13 @@
  * runtime/cpu/gemm.c): matmul and linear through cuBLAS, and linear's bias
  * gradient as a two-stage column sum.
  *
- * matmul, linear: cublasGemmEx, fp32 in and out. Row-major C[m,n] = op(A)
+ * matmul, linear: cublasGemmEx, fp32 in and out; or bf16 operands
+ * (CUDA_R_16BF) with fp32 compute (CUBLAS_COMPUTE_32F) writing bf16 rounded
+ * once to nearest even, or fp32 (a weight gradient accumulated with beta =
+ * 1): the CPU's oneDNN matmul does the same (runtime/cpu/gemm_bf16.c), in
+ * another summation order. A bf16 linear's bias rows are bf16 copies of the
+ * bf16 bias (exact), then the product is added to them in fp32 and rounded
+ * once. TF32 applies to fp32 operands only. Row-major C[m,n] = op(A)
  * op(B) (+ beta C) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first
  * with the same transpose flags. Compute type CUBLAS_COMPUTE_32F (full fp32
  * FMA), or CUBLAS_COMPUTE_32F_FAST_TF32 when the step file says `precision
@@ -58,13 +64,18 @@ static int gemm(const CuArgs *a, float beta, RtErr *e)
 	gemm_dims(a->s, a->in, &m, &k, &n);
 	int64_t ca = cu_cols(ta_), cb = cu_cols(tb_);
 	const float one = 1.0f;
+	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
+	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
+	cudaDataType_t ab = ta_->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	cudaDataType_t c = cu_t(a, -1)->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 	if (m == 0 || n == 0)
 		return 0;
 	cublasStatus_t st = cublasGemmEx(
 		a->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
-		(int)k, &one, cu_p(a, 1), CUDA_R_32F, (int)(cb ? cb : 1), cu_p(a, 0), CUDA_R_32F,
-		(int)(ca ? ca : 1), &beta, cu_p(a, -1), CUDA_R_32F, (int)n,
-		a->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+		(int)k, &one, cu_p(a, 1), ab, (int)(cb ? cb : 1), cu_p(a, 0), ab, (int)(ca ? ca : 1),
+		&beta, cu_p(a, -1), c, (int)n,
+		a->tf32 && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+		CUBLAS_GEMM_DEFAULT);
 	if (st != CUBLAS_STATUS_SUCCESS)
 		return RT_FAIL(e, "%s: cublasGemmEx (%lld x %lld x %lld%s): %s",
 			       dp_kernel_names[a->in->op], (long long)m, (long long)k, (long long)n,
@@ -77,12 +88,14 @@ static int run_matmul(const CuArgs *a, RtErr *e)
 	return gemm(a, a->in->ia[2] ? 1.0f : 0.0f, e);
 }
 
-/* o[r, :] = bias for every row: linear's start before beta = 1 */
-__global__ void k_bias_rows(float *o, const float *bias, int64_t rows, int64_t cols)
+/* o[r, :] = bias for every row: linear's start before beta = 1 (T: float,
+ * or cu_bf16 when linear is bf16: bias and output alike, an exact copy) */
+template <typename T>
+__global__ void k_bias_rows(T *o, const T *bias, int64_t rows, int64_t cols)
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
 		for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-			st(o + r * cols + j, ld(bias + j));
+			o[r * cols + j] = bias[j];
 }
 
 static int run_linear(const CuArgs *a, RtErr *e)
@@ -90,8 +103,13 @@ static int run_linear(const CuArgs *a, RtErr *e)
 	float beta = 0;
 	int64_t rows = cu_rows(cu_t(a, 0)), cols = cu_cols(cu_t(a, -1));
 	if (a->in->in[2] >= 0 && rows * cols > 0) {
-		CU_LAUNCH(k_bias_rows, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
-			  cu_row_threads(cols), a->st, cu_f(a, -1), cu_f(a, 2), rows, cols);
+		unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
+		if (cu_t(a, -1)->dtype == DP_BF16)
+			CU_LAUNCH(k_bias_rows<cu_bf16>, grid, cu_row_threads(cols), a->st,
+				  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 2), rows, cols);
+		else
+			CU_LAUNCH(k_bias_rows<float>, grid, cu_row_threads(cols), a->st, cu_f(a, -1),
+				  cu_f(a, 2), rows, cols);
 		CU_LAUNCHED(a, e);
 		beta = 1;
 	}
@@ -126,8 +144,8 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_gemm_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_MATMUL] = {run_matmul, limit_gemm, NULL, 1};
-	k[DPK_LINEAR] = {run_linear, limit_gemm, NULL, 1};
-	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_MATMUL] = {run_matmul, limit_gemm, NULL, 1, 1};
+	k[DPK_LINEAR] = {run_linear, limit_gemm, NULL, 1, 1};
+	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 0};
 }

@@ -14,6 +14,7 @@ static CuKernelTable make_table()
 	void (*const files[])(CuKernel *) = {
 		cu_layout_rows, cu_elementwise_rows, cu_gemm_rows, cu_loss_rows,
 		cu_optim_rows,  cu_norm_rows,        cu_seq_rows,  cu_attention_rows,
+		cu_bf16_rows,
 	};
 	CuKernelTable t = {};
 	t.twice = -1;

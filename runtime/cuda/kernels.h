@@ -131,6 +131,8 @@ typedef struct {
 	/* Bytes of per-stream scratch the op needs (NULL: CU_SCRATCH_MIN). */
 	size_t (*scratch)(const DpStep *s, const DpInstr *in);
 	int blas; /* 1: needs a cuBLAS handle on its stream */
+	int bf16; /* 1: reads and writes bf16 operands itself; 0: a bf16 instruction
+	             runs on f32 copies (cu_stage_*, bf16.cu) */
 } CuKernel;
 
 typedef struct {
@@ -141,6 +143,25 @@ typedef struct {
 /* Scratch bytes every stream has (the two-stage reductions' partial sums). */
 #define CU_REDUCE_BLOCKS 256
 #define CU_SCRATCH_MIN (CU_REDUCE_BLOCKS * sizeof(double) * 2)
+
+/*
+ * bf16 instructions of kernels without a bf16 path (bf16.cu), the CPU's
+ * scheme (runtime/cpu/bf16.c): every bf16 operand the kernel reads is
+ * widened into f32 copies in the stream's scratch (after the row's own
+ * scratch bytes), the f32 kernel runs on them, and what it wrote is rounded
+ * back to nearest even. An optimizer's compute copy (dp_writes_in) is never
+ * staged: the optimizer writes it itself.
+ */
+/* Bytes of f32 copies instruction `in` needs (0: nothing is bf16). */
+size_t cu_stage_need(const DpStep *s, const DpInstr *in);
+/* Widen in's bf16 operands into ws (cu_stage_need bytes, 256-byte aligned)
+ * on stream st and point shadow[id] at their copies; shadow starts as a copy
+ * of the tensors' addresses. */
+cudaError_t cu_stage_in(cudaStream_t st, const DpStep *s, const DpInstr *in,
+			void *const *ptr, void **shadow, void *ws);
+/* Round what in wrote back into its bf16 tensors; shadow is restored. */
+cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpInstr *in,
+			 void *const *ptr, void **shadow);
 
 /* The table (kernels.cu). */
 extern const CuKernelTable cu_kernel_table;
@@ -154,6 +175,7 @@ void cu_optim_rows(CuKernel *k);
 void cu_norm_rows(CuKernel *k);
 void cu_seq_rows(CuKernel *k);
 void cu_attention_rows(CuKernel *k);
+void cu_bf16_rows(CuKernel *k);
 
 /*
  * Load-time planning. A planner reads every program and fills the CuFuse

@@ -466,18 +466,18 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_layout_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_NOP] = {run_nop, NULL, NULL, 0};
-	k[DPK_FILL] = {run_fill, NULL, NULL, 0};
-	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0};
-	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0};
-	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0};
-	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0};
-	k[DPK_SPLIT] = {run_split, NULL, NULL, 0};
-	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0};
-	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0};
-	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0};
-	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0};
-	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0};
-	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_NOP] = {run_nop, NULL, NULL, 0, 0};
+	k[DPK_FILL] = {run_fill, NULL, NULL, 0, 0};
+	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 0};
+	k[DPK_SPLIT] = {run_split, NULL, NULL, 0, 0};
+	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 0};
+	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 0};
+	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0, 0};
+	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 0};
+	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 0};
+	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 0};
 }

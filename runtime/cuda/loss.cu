@@ -271,8 +271,8 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 
 extern "C" void cu_loss_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_XENT] = {run_xent, NULL, scratch_xent, 0};
-	k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0};
-	k[DPK_CORRECT] = {run_xent, NULL, scratch_xent, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_XENT] = {run_xent, NULL, scratch_xent, 0, 0};
+	k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0, 0};
+	k[DPK_CORRECT] = {run_xent, NULL, scratch_xent, 0, 0};
 }

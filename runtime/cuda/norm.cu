@@ -172,11 +172,11 @@ static int run_grad_g(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_norm_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_LAYERNORM] = {run_fwd, NULL, NULL, 0};
-	k[DPK_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0};
-	k[DPK_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0};
-	k[DPK_RMSNORM] = {run_fwd, NULL, NULL, 0};
-	k[DPK_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0};
-	k[DPK_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_LAYERNORM] = {run_fwd, NULL, NULL, 0, 0};
+	k[DPK_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 0};
+	k[DPK_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 0};
+	k[DPK_RMSNORM] = {run_fwd, NULL, NULL, 0, 0};
+	k[DPK_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 0};
+	k[DPK_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 0};
 }

@@ -15,6 +15,10 @@
  * gradients alone, as on the CPU (and in torch 1.13; the NaN loss is then
  * reported by dpexec).
  *
+ * precision bf16: SGD (in2) and AdamW (in3) also round each updated master
+ * to nearest even into its bf16 compute copy in the same loop (the CPU's
+ * bits: cu_to_bf16); bf16 gradients reach them as f32 copies (bf16.cu).
+ *
  * The fold (cu_plan_clip): clip reads and writes every gradient once more
  * between the norm and the optimizer. When the only readers of the clipped
  * gradients are SGD/AdamW instructions (until they are overwritten whole),
@@ -121,8 +125,8 @@ static int run_clip(const CuArgs *a, RtErr *e)
 
 /* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf ---- */
 
-__global__ void k_sgd(float *p, const float *g, float *buf, int64_t n, float mom, float wd,
-		      const CuScalars *sc, const float *norm, float max_norm)
+__global__ void k_sgd(float *p, const float *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
+		      float wd, const CuScalars *sc, const float *norm, float max_norm)
 {
 	float lr = sc->lr, coef = clip_coef(norm, max_norm);
 	int64_t t = sc->t;
@@ -137,7 +141,10 @@ __global__ void k_sgd(float *p, const float *g, float *buf, int64_t n, float mom
 			st(buf + i, b);
 			gi = b;
 		}
-		st(p + i, pi - lr * gi);
+		pi = pi - lr * gi;
+		st(p + i, pi);
+		if (copy)
+			copy[i] = cu_to_bf16(pi);
 	}
 }
 
@@ -146,8 +153,9 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	if (n <= 0)
 		return 0;
-	CU_LAUNCH(k_sgd, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0), cu_f(a, 1), n,
-		  a->in->fa[0], a->in->fa[1], a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+	CU_LAUNCH(k_sgd, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0), cu_f(a, 1),
+		  (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], a->sc, a->fuse->clip_norm,
+		  a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -189,8 +197,8 @@ static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, float beta1,
 	return k;
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float beta1,
-			float beta2, float eps, const CuScalars *sc, const float *norm,
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, cu_bf16 *copy, int64_t n,
+			float beta1, float beta2, float eps, const CuScalars *sc, const float *norm,
 			float max_norm)
 {
 	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
@@ -200,13 +208,15 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n,
 		st(p + i, pi);
 		st(m + i, mi);
 		st(v + i, vi);
+		if (copy)
+			copy[i] = cu_to_bf16(pi);
 	}
 }
 
-/* n4 groups of four: every operand 16-byte aligned */
-__global__ void k_adamw4(float *p, const float *g, float *m, float *v, int64_t n4, float beta1,
-			 float beta2, float eps, const CuScalars *sc, const float *norm,
-			 float max_norm)
+/* n4 groups of four: every operand 16-byte aligned (the copy 8-byte) */
+__global__ void k_adamw4(float *p, const float *g, float *m, float *v, cu_bf16 *copy, int64_t n4,
+			 float beta1, float beta2, float eps, const CuScalars *sc,
+			 const float *norm, float max_norm)
 {
 	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n4) {
@@ -218,6 +228,10 @@ __global__ void k_adamw4(float *p, const float *g, float *m, float *v, int64_t n
 		st4(p + 4 * i, pp);
 		st4(m + 4 * i, mm);
 		st4(v + 4 * i, vv);
+		if (copy)
+			*(uint2 *)(copy + 4 * i) =
+				make_uint2(cu_to_bf16(pp.x) | (uint32_t)cu_to_bf16(pp.y) << 16,
+					   cu_to_bf16(pp.z) | (uint32_t)cu_to_bf16(pp.w) << 16);
 	}
 }
 
@@ -226,14 +240,16 @@ static int run_adamw(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	const DpOptim *o = &a->s->opt;
 	float *p = cu_f(a, -1), *g = cu_f(a, 0), *m = cu_f(a, 1), *v = cu_f(a, 2);
+	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the bf16 compute copy, or NULL */
 	if (n <= 0)
 		return 0;
-	if (n % 4 == 0 && cu_aligned16(p) && cu_aligned16(g) && cu_aligned16(m) && cu_aligned16(v))
-		CU_LAUNCH(k_adamw4, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, n / 4, o->beta1,
-			  o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+	if (n % 4 == 0 && cu_aligned16(p) && cu_aligned16(g) && cu_aligned16(m) && cu_aligned16(v) &&
+	    ((uintptr_t)copy & 7u) == 0)
+		CU_LAUNCH(k_adamw4, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, n / 4,
+			  o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
-		CU_LAUNCH(k_adamw, cu_grid(n), CU_THREADS, a->st, p, g, m, v, n, o->beta1, o->beta2,
-			  o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+		CU_LAUNCH(k_adamw, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, o->beta1,
+			  o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -315,10 +331,10 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 
 extern "C" void cu_optim_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_SQNORM] = {run_sqnorm, NULL, NULL, 0};
-	k[DPK_SQRT] = {run_sqrt, NULL, NULL, 0};
-	k[DPK_CLIP] = {run_clip, NULL, NULL, 0};
-	k[DPK_SGD] = {run_sgd, NULL, NULL, 0};
-	k[DPK_ADAMW] = {run_adamw, NULL, NULL, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_SQNORM] = {run_sqnorm, NULL, NULL, 0, 0};
+	k[DPK_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
+	k[DPK_CLIP] = {run_clip, NULL, NULL, 0, 0};
+	k[DPK_SGD] = {run_sgd, NULL, NULL, 0, 0};
+	k[DPK_ADAMW] = {run_adamw, NULL, NULL, 0, 0};
 }

@@ -115,8 +115,8 @@ static int run_rope(const CuArgs *a, RtErr *e)
 
 extern "C" void cu_seq_rows(CuKernel *k)
 {
-	/* run, limits, scratch, blas */
-	k[DPK_SOFTMAX] = {run_softmax, NULL, NULL, 0};
-	k[DPK_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0};
-	k[DPK_ROPE] = {run_rope, NULL, NULL, 0};
+	/* run, limits, scratch, blas, bf16 */
+	k[DPK_SOFTMAX] = {run_softmax, NULL, NULL, 0, 0};
+	k[DPK_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 0};
+	k[DPK_ROPE] = {run_rope, NULL, NULL, 0, 0};
 }
