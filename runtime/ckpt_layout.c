@@ -19,7 +19,8 @@
  * copies are those of the loaded masters. Its input lies in a root (loaded
  * already) or is a whole parameter the init program made (zero1/2's
  * gathered masters): then the load writes the input first, from the
- * elements the map says it held when the CAST read it.
+ * elements the map says it held when the CAST read it, and zeros where a
+ * FILL of 0 left padding no parameter covers.
  *
  * Ownership: on the first save the ranks exchange their master segments
  * (world_allgatherv) and every rank computes the same answer: an element
@@ -230,19 +231,36 @@ static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *ca
 	if (in_root(s, (uint32_t)src))
 		return 0;
 	int ntmp = 0;
-	int64_t lo = elem_of(t), n = exec_numel(t), got = 0;
+	int64_t lo = elem_of(t), n = exec_numel(t);
 	if (t->dtype != DP_F32 || ival_query(m, lo, lo + n, 0, tmp, &ntmp, cap))
 		return RT_FAIL(e, "checkpoints: the init program casts '%s', which this runtime "
 			       "cannot trace", dpstep_str(s, t->name));
-	for (int k = 0; k < ntmp; k++) {
+	/* elements no parameter covers (the padding of a unit cut over
+	 * dp_shard) are the zeros of a FILL before the cast: written as zeros
+	 * again (ent -1), so the copy is the one a fresh start makes */
+	int zeroed = 0;
+	for (uint32_t j = 0; j < i; j++) {
+		const DpInstr *f = &s->prog[DP_PROG_INIT][j];
+		if (f->op == DPK_FILL && f->out == src)
+			zeroed = f->fa[0] == 0.0f;
+	}
+	int64_t at = 0; /* elements of the input placed so far */
+	for (int k = 0; k <= ntmp; k++) {
+		int64_t next = k < ntmp ? (*tmp)[k].lo - lo : n;
+		if (next > at) {
+			if (!zeroed)
+				return RT_FAIL(e, "checkpoints: the init program casts '%s', which is "
+					       "not made of parameters only", dpstep_str(s, t->name));
+			Seg gap = {-1, src, at, 0, next - at};
+			RT_CHECK(push_seg(&c->cast_in, &c->ncast_in, capin, gap, e));
+		}
+		if (k == ntmp)
+			break;
 		Seg sg = {(*tmp)[k].ent, src, (*tmp)[k].lo - lo, (*tmp)[k].full,
 			  (*tmp)[k].hi - (*tmp)[k].lo};
 		RT_CHECK(push_seg(&c->cast_in, &c->ncast_in, capin, sg, e));
-		got += sg.n;
+		at = sg.at + sg.n;
 	}
-	if (got != n)
-		return RT_FAIL(e, "checkpoints: the init program casts '%s', which is not made "
-			       "of parameters only", dpstep_str(s, t->name));
 	return 0;
 }
 

@@ -487,8 +487,11 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 		rc = ckpt_hosts_read(c, c->cast_in, c->ncast_in, &h, e);
 		for (int j = 0; rc == 0 && j < c->ncast_in; j++) {
 			const Seg *sg = &c->cast_in[j];
-			rc = read_range(c, &src, sg->ent, 0, sg->full, sg->n,
-					ckpt_host_of(&h, sg->root) + sg->at, dir, e);
+			float *to = ckpt_host_of(&h, sg->root) + sg->at;
+			if (sg->ent < 0) /* padding: the init program's zeros */
+				memset(to, 0, (size_t)sg->n * sizeof *to);
+			else
+				rc = read_range(c, &src, sg->ent, 0, sg->full, sg->n, to, dir, e);
 		}
 		for (int r = 0; rc == 0 && r < h.n; r++)
 			rc = exec_tensor_write(c->x, h.id[r], h.data[r], e);

@@ -15,7 +15,8 @@
 #    and at tp=2, against 1 rank ddp in bf16.
 # 3. Resume: 10 steps, a checkpoint, --resume to 20 continues bit for bit
 #    like the uninterrupted bf16 run (losses and final parameters the same
-#    bytes), full_shard (sharded form) and zero2 (full form) at 2 ranks, tp=2:
+#    bytes), full_shard (sharded form) and zero2 (full form) at 2 ranks, tp=2,
+#    and mlp8 under zero2 (its gathered master has padding):
 #    the load derives the bf16 compute copies from the loaded masters again.
 #    And full_shard's checkpoint resumed at 1 rank ddp, within 2.'s bounds.
 #
@@ -190,8 +191,13 @@ bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
 eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 9.765625e-4 0.03125
 
 # ---- 3. resume ----
-for c in full_shard2:sharded zero22:full tp2:sharded; do
-	n=g-${c%%:*} form=${c#*:}
+# mlp8 under zero2: its gathered f32 master has elements no parameter covers
+# (zeroed by the init program); the load casts it into the bf16 copy again
+sed 's/^  strategy ddp/  strategy zero2\n  precision bf16/' models/mlp8.dp >"$T/m8z2.dp"
+grep -q "^  precision bf16" "$T/m8z2.dp" || fail "copy of models/mlp8.dp"
+eq_run m8-zero22 2 "$T/m8z2.dp"
+for c in g-full_shard2:sharded g-zero22:full g-tp2:sharded m8-zero22:full; do
+	n=${c%%:*} form=${c#*:}
 	[ -s "$T/$n.loss" ] || { fail "$n: resume (no uninterrupted run)"; continue; }
 	mpi 2 "$T/$n.bin" --steps 10 --quiet --eval-every 0 --losses "$T/$n.r.loss" \
 		--save-dir "$T/$n.ck" --save-form "$form" >"$T/$n.r.log" 2>&1 &&
