@@ -123,18 +123,8 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 	(void)dt;
 	const uint16_t *a = in;
 	uint16_t *b = inout;
-	for (int i = 0; i < *len; i++) {
-		uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16, u;
-		float fa, fb, f;
-		memcpy(&fa, &ua, 4);
-		memcpy(&fb, &ub, 4);
-		f = fa + fb;
-		memcpy(&u, &f, 4);
-		if ((u & 0x7fffffffu) > 0x7f800000u)
-			b[i] = (uint16_t)((u >> 16) | 0x40u);
-		else
-			b[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-	}
+	for (int i = 0; i < *len; i++)
+		b[i] = rt_to_bf16(rt_from_bf16(a[i]) + rt_from_bf16(b[i]));
 }
 
 static MPI_Op bf16_op = MPI_OP_NULL;

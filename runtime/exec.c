@@ -473,16 +473,6 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
-/* f32 -> bf16, nearest even (a bf16 buffer's initial values) */
-static uint16_t bf16_round(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40u);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* The host copy INIT fills and SAVE hands over: one tensor's elements. */
 static int bounce(Exec *x, int tensor, RtErr *e)
 {
@@ -515,7 +505,7 @@ static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 		if (t->dtype == DP_BF16) { /* a bf16 buffer: its f32 initial values rounded */
 			uint16_t *h = (uint16_t *)x->bounce;
 			for (int64_t k = 0; k < exec_numel(t); k++)
-				h[k] = bf16_round(x->bounce[k]);
+				h[k] = rt_to_bf16(x->bounce[k]);
 		}
 		return exec_tensor_write(x, in->out, x->bounce, e);
 	}
@@ -662,10 +652,10 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 {
 	char what[64];
 	RT_CHECK(exec_step_wait(x, e));
-	if (p == DP_PROG_STEP)
+	if (p == DP_PROG_STEP) {
 		x->staged_step = -1; /* the loads read the host buffers: fill them now */
-	if (p == DP_PROG_STEP)
 		RT_CHECK(stage_step(x, x->step, e));
+	}
 	if (p == DP_PROG_EVAL)
 		RT_CHECK(stage_eval(x, e));
 	RT_CHECK(walk(x, p, last, e));

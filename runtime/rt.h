@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../ir/outfile.h"
 #include "../ir/stepfile.h"
@@ -188,6 +189,26 @@ int st_saved_init(StSaved *sv, const DpStep *s, int keep, RtErr *e);
 int st_saved_hook(void *ctx, int name, int id, const float *src, RtErr *e);
 int st_saved_write(const StSaved *sv, const char *path, int *n, RtErr *e);
 void st_saved_free(StSaved *sv);
+
+/* f32 -> bf16 rounding to nearest even, as PyTorch stores (a NaN stays a
+ * quiet NaN), and back: the one definition the host code uses (the CPU
+ * kernels, INIT of bf16 buffers, MPI's bf16 sum). */
+static inline uint16_t rt_to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float rt_from_bf16(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
 
 /*
  * bf16 on a backend kernel without a bf16 path (docs/PRECISION.md): the

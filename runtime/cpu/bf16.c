@@ -18,20 +18,12 @@
 
 uint16_t cpu_to_bf16(float f)
 {
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
+	return rt_to_bf16(f);
 }
 
 float cpu_from_bf16(uint16_t b)
 {
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
+	return rt_from_bf16(b);
 }
 
 typedef struct {
