@@ -714,11 +714,9 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		if (mids[m] >= 0) {
 			const DpTensor *t = &s->tensors[mids[m]];
 			uint64_t need_el = m == 3 ? 2 : 1;
-			uint64_t numel = 1; /* the dims were checked with the tensors */
-			for (int d = 0; d < t->ndim; d++)
-				numel *= (uint64_t)t->dims[d];
-			/* the runtime reads exactly this many into a fixed host array */
-			if (t->dtype != DP_F32 || numel != need_el) {
+			/* the runtime reads exactly this many into a fixed host array
+			 * (the dims were checked with the tensors) */
+			if (t->dtype != DP_F32 || (uint64_t)dp_numel(t) != need_el) {
 				fail(err, errlen, "%s: must be f32 with exactly %llu element(s)", what,
 				     (unsigned long long)need_el);
 				return -1;

@@ -396,6 +396,15 @@ extern const unsigned char dp_op_classes[DPK_COUNT]; /* DpOpClass; ORDER KERNEL 
 extern const unsigned char dp_op_ro[DPK_COUNT];      /* DpReadsOut; ORDER KERNEL */
 extern const unsigned char dp_op_rules[DPK_COUNT];   /* DpOperandRule; ORDER KERNEL */
 
+/* Elements of a tensor: the product of its dims (1 for a scalar). */
+static inline int64_t dp_numel(const DpTensor *t)
+{
+	int64_t n = 1;
+	for (int d = 0; d < t->ndim; d++)
+		n *= t->dims[d];
+	return n;
+}
+
 static inline DpOpClass dp_op_class(unsigned op)
 {
 	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;

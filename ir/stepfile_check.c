@@ -32,14 +32,6 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
-static int64_t numel(const DpTensor *t)
-{
-	int64_t n = 1;
-	for (int d = 0; d < t->ndim; d++)
-		n *= t->dims[d];
-	return n;
-}
-
 static int64_t cols_of(const DpTensor *t)
 {
 	return t->ndim ? t->dims[t->ndim - 1] : 1;
@@ -47,7 +39,7 @@ static int64_t cols_of(const DpTensor *t)
 
 static int64_t rows_of(const DpTensor *t)
 {
-	return numel(t) / cols_of(t);
+	return dp_numel(t) / cols_of(t);
 }
 
 __attribute__((format(printf, 2, 3))) static int bad(Chk *c, const char *fmt, ...)
@@ -263,36 +255,36 @@ static int check_elementwise(Chk *c, int rule)
 	case DP_OR_RESHAPE: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(o->dtype == a->dtype && numel(o) == numel(a),
+		NEED(o->dtype == a->dtype && dp_numel(o) == dp_numel(a),
 		     "the operands differ in dtype or size");
 		return 0;
 	}
 	case DP_OR_UNARY: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(numel(o) == numel(a), "the operands differ in size");
+		NEED(dp_numel(o) == dp_numel(a), "the operands differ in size");
 		return 0;
 	}
 	case DP_OR_BINARY: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		OPND(b, 1, -1);
-		NEED(numel(o) == numel(a) && numel(a) == numel(b), "the operands differ in size");
+		NEED(dp_numel(o) == dp_numel(a) && dp_numel(a) == dp_numel(b), "the operands differ in size");
 		return 0;
 	}
 	case DP_OR_BIAS_ADD: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		OPND(b, 1, -1);
-		NEED(numel(o) == numel(a) && numel(a) % numel(b) == 0,
+		NEED(dp_numel(o) == dp_numel(a) && dp_numel(a) % dp_numel(b) == 0,
 		     "the operand sizes do not match (x %lld, bias %lld, out %lld)",
-		     (long long)numel(a), (long long)numel(b), (long long)numel(o));
+		     (long long)dp_numel(a), (long long)dp_numel(b), (long long)dp_numel(o));
 		return 0;
 	}
 	case DP_OR_BIAS_GRAD: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(numel(a) % numel(o) == 0, "the operand sizes do not match");
+		NEED(dp_numel(a) % dp_numel(o) == 0, "the operand sizes do not match");
 		DISJOINT();
 		return 0;
 	}
@@ -314,20 +306,20 @@ static int check_elementwise(Chk *c, int rule)
 		int adam = rule == DP_OR_ADAMW, copy = adam ? 3 : 2;
 		OPND(p, -1, -1);
 		OPND(g, 0, -1);
-		NEED(numel(p) == numel(g), "params and grads differ in size");
+		NEED(dp_numel(p) == dp_numel(g), "params and grads differ in size");
 		if (adam) {
 			OPND(m, 1, -1);
 			OPND(v, 2, -1);
-			NEED(numel(m) == numel(p) && numel(v) == numel(p), "the state differs in size");
+			NEED(dp_numel(m) == dp_numel(p) && dp_numel(v) == dp_numel(p), "the state differs in size");
 		} else if (in->in[1] >= 0) {
 			OPND(m, 1, -1);
-			NEED(numel(m) == numel(p), "the momentum buffer differs in size");
+			NEED(dp_numel(m) == dp_numel(p), "the momentum buffer differs in size");
 		} else {
 			NEED(in->fa[0] == 0, "momentum without a momentum buffer");
 		}
 		if (in->in[copy] >= 0) {
 			OPND(cp, copy, -1);
-			NEED(numel(cp) == numel(p), "the compute copy differs in size");
+			NEED(dp_numel(cp) == dp_numel(p), "the compute copy differs in size");
 			NEED(disjoint(cp, p) && disjoint(cp, g), "the compute copy overlaps an operand");
 		}
 		return 0;
@@ -336,7 +328,7 @@ static int check_elementwise(Chk *c, int rule)
 	case DP_OR_CAST: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(numel(o) == numel(a), "the operands differ in size");
+		NEED(dp_numel(o) == dp_numel(a), "the operands differ in size");
 		if (rule == DP_OR_CAST)
 			NEED(disjoint(o, a), "the output overlaps the input");
 		return 0;
@@ -357,7 +349,7 @@ static int check_gemm(Chk *c, int rule)
 		int64_t m = in->ia[0] ? cols_of(a) : rows_of(a), k = in->ia[0] ? rows_of(a) : cols_of(a);
 		int64_t k2 = in->ia[1] ? cols_of(b) : rows_of(b), n = in->ia[1] ? rows_of(b) : cols_of(b);
 		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
-		NEED(numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
+		NEED(dp_numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
 		     (long long)m, (long long)n);
 		DISJOINT();
 		return 0;
@@ -368,10 +360,10 @@ static int check_gemm(Chk *c, int rule)
 		OPND(w, 1, -1);
 		int64_t k = cols_of(x), n = cols_of(w);
 		NEED(rows_of(w) == k, "x and w inner dimensions differ");
-		NEED(numel(o) == rows_of(x) * n && cols_of(o) == n, "the output shape does not match");
+		NEED(dp_numel(o) == rows_of(x) * n && cols_of(o) == n, "the output shape does not match");
 		if (in->in[2] >= 0) {
 			OPND(b, 2, -1);
-			NEED(numel(b) == n, "the bias size does not match");
+			NEED(dp_numel(b) == n, "the bias size does not match");
 		}
 		DISJOINT();
 		return 0;
@@ -382,12 +374,12 @@ static int check_gemm(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(x, 0, -1);
 		OPND(y, 1, -1);
-		NEED(numel(y) == rows_of(x), "labels (%lld) and logits rows (%lld) differ",
-		     (long long)numel(y), (long long)rows_of(x));
+		NEED(dp_numel(y) == rows_of(x), "labels (%lld) and logits rows (%lld) differ",
+		     (long long)dp_numel(y), (long long)rows_of(x));
 		if (rule == DP_OR_XENT_GRAD)
-			NEED(numel(o) == numel(x), "the output and the logits differ in size");
+			NEED(dp_numel(o) == dp_numel(x), "the output and the logits differ in size");
 		else
-			NEED(numel(o) >= (rule == DP_OR_CORRECT ? 2 : 1), "the output is too small");
+			NEED(dp_numel(o) >= (rule == DP_OR_CORRECT ? 2 : 1), "the output is too small");
 		return 0;
 	}
 	case DP_OR_EMBEDDING: {
@@ -395,7 +387,7 @@ static int check_gemm(Chk *c, int rule)
 		OPND(ids, 0, -1);
 		OPND(tab, 1, -1);
 		NEED(tab->ndim == 2, "the table must be [vocab, dim]");
-		NEED(cols_of(o) == tab->dims[1] && numel(o) == numel(ids) * tab->dims[1],
+		NEED(cols_of(o) == tab->dims[1] && dp_numel(o) == dp_numel(ids) * tab->dims[1],
 		     "the output shape does not match ids and table");
 		DISJOINT();
 		return 0;
@@ -406,10 +398,10 @@ static int check_gemm(Chk *c, int rule)
 		OPND(ids, 1, -1);
 		if (in->in[2] >= 0) {
 			OPND(tab, 2, -1);
-			NEED(numel(tab) == numel(o), "the output and the table differ in size");
+			NEED(dp_numel(tab) == dp_numel(o), "the output and the table differ in size");
 		}
 		NEED(o->ndim == 2, "the output must be [vocab, dim]");
-		NEED(cols_of(dy) == cols_of(o) && numel(dy) == numel(ids) * cols_of(o),
+		NEED(cols_of(dy) == cols_of(o) && dp_numel(dy) == dp_numel(ids) * cols_of(o),
 		     "dy's shape does not match ids and table");
 		NEED(disjoint(o, dy) && disjoint(o, ids), "the output overlaps an input");
 		return 0;
@@ -428,11 +420,11 @@ static int check_rows(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(x, 0, -1);
 		OPND(g, 1, -1);
-		NEED(numel(o) == numel(x) && cols_of(o) == cols_of(x), "the output and x differ in shape");
-		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
+		NEED(dp_numel(o) == dp_numel(x) && cols_of(o) == cols_of(x), "the output and x differ in shape");
+		NEED(dp_numel(g) == cols_of(x), "gamma's size does not match x's last dim");
 		if (rule == DP_OR_NORM_AFFINE) {
 			OPND(b, 2, -1);
-			NEED(numel(b) == cols_of(x), "beta's size does not match x's last dim");
+			NEED(dp_numel(b) == cols_of(x), "beta's size does not match x's last dim");
 		}
 		NEED(in->fa[0] >= 0, "negative eps");
 		DISJOINT();
@@ -443,9 +435,9 @@ static int check_rows(Chk *c, int rule)
 		OPND(dy, 0, -1);
 		OPND(x, 1, -1);
 		OPND(g, 2, -1);
-		NEED(numel(o) == numel(x) && numel(dy) == numel(x) && cols_of(o) == cols_of(x) &&
+		NEED(dp_numel(o) == dp_numel(x) && dp_numel(dy) == dp_numel(x) && cols_of(o) == cols_of(x) &&
 		     cols_of(dy) == cols_of(x), "dy, x and the output differ in shape");
-		NEED(numel(g) == cols_of(x), "gamma's size does not match x's last dim");
+		NEED(dp_numel(g) == cols_of(x), "gamma's size does not match x's last dim");
 		NEED(in->fa[0] >= 0, "negative eps");
 		DISJOINT();
 		return 0;
@@ -454,8 +446,8 @@ static int check_rows(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(dy, 0, -1);
 		OPND(x, 1, -1);
-		NEED(numel(dy) == numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
-		NEED(numel(o) == cols_of(x), "the output's size does not match x's last dim");
+		NEED(dp_numel(dy) == dp_numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
+		NEED(dp_numel(o) == cols_of(x), "the output's size does not match x's last dim");
 		NEED(in->fa[0] >= 0, "negative eps");
 		DISJOINT();
 		return 0;
@@ -464,10 +456,10 @@ static int check_rows(Chk *c, int rule)
 	case DP_OR_SOFTMAX_GRAD: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(numel(o) == numel(a) && cols_of(o) == cols_of(a), "the operands differ in shape");
+		NEED(dp_numel(o) == dp_numel(a) && cols_of(o) == cols_of(a), "the operands differ in shape");
 		if (rule == DP_OR_SOFTMAX_GRAD) {
 			OPND(y, 1, -1);
-			NEED(numel(y) == numel(a) && cols_of(y) == cols_of(a), "dy and y differ in shape");
+			NEED(dp_numel(y) == dp_numel(a) && cols_of(y) == cols_of(a), "dy and y differ in shape");
 		}
 		DISJOINT();
 		return 0;
@@ -498,7 +490,7 @@ static int check_transformer(Chk *c, int rule)
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
-		NEED(numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
+		NEED(dp_numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
 		DISJOINT();
 		return 0;
 	}
@@ -509,8 +501,8 @@ static int check_transformer(Chk *c, int rule)
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
-		NEED(numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
-		NEED(numel(o) == numel(qkv) && cols_of(o) == 3 * ch, "the output is not shaped like qkv");
+		NEED(dp_numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
+		NEED(dp_numel(o) == dp_numel(qkv) && cols_of(o) == 3 * ch, "the output is not shaped like qkv");
 		DISJOINT();
 		return 0;
 	}
@@ -525,7 +517,7 @@ static int check_transformer(Chk *c, int rule)
 		NEED(qkv->dims[2] % (6 * cs->dims[1]) == 0,
 		     "qkv's last dim is not a multiple of 3 * head_dim");
 		NEED(qkv->dims[1] <= cs->dims[0], "the rope tables are shorter than T");
-		NEED(numel(o) == numel(qkv) && cols_of(o) == cols_of(qkv),
+		NEED(dp_numel(o) == dp_numel(qkv) && cols_of(o) == cols_of(qkv),
 		     "the output is not shaped like qkv");
 		DISJOINT();
 		return 0;
@@ -534,7 +526,7 @@ static int check_transformer(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(x, 0, -1);
 		NEED(o->dtype == x->dtype, "the operands differ in dtype");
-		NEED(x->ndim >= 2 && o->ndim >= 2 && numel(o) == numel(x) &&
+		NEED(x->ndim >= 2 && o->ndim >= 2 && dp_numel(o) == dp_numel(x) &&
 		     o->dims[o->ndim - 1] == x->dims[x->ndim - 2] &&
 		     o->dims[o->ndim - 2] == x->dims[x->ndim - 1],
 		     "the output is not x with its last two dims swapped");
@@ -567,16 +559,16 @@ static int check_transformer(Chk *c, int rule)
 			return -1;
 		NEED(in->ia[1] >= 1 && in->ia[1] <= (1 << 20), "bad cp size");
 		/* by division: ia1 comes from the file, the product could overflow */
-		NEED(numel(kv) % in->ia[1] == 0 && numel(kv) / in->ia[1] == b * t * 2 * ch &&
+		NEED(dp_numel(kv) % in->ia[1] == 0 && dp_numel(kv) / in->ia[1] == b * t * 2 * ch &&
 		     kv->dims[kv->ndim - 1] == 2 * ch, "kv is not [cp, batch, T, 2*C]");
-		NEED(numel(pos) == t, "pos does not have one position per row");
+		NEED(dp_numel(pos) == t, "pos does not have one position per row");
 		if (rule == DP_OR_ATTENTION_CP) {
-			NEED(numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
+			NEED(dp_numel(o) == b * t * ch && cols_of(o) == ch, "the output is not [batch, T, C]");
 		} else {
 			OPND(dy, 0, -1);
-			NEED(numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
+			NEED(dp_numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
 			const DpTensor *like = rule == DP_OR_ATTENTION_CP_GRAD ? qkv : kv;
-			NEED(numel(o) == numel(like) && cols_of(o) == cols_of(like),
+			NEED(dp_numel(o) == dp_numel(like) && cols_of(o) == cols_of(like),
 			     "the output is not shaped like its operand");
 		}
 		DISJOINT();
@@ -585,7 +577,7 @@ static int check_transformer(Chk *c, int rule)
 	case DP_OR_INTERLEAVE: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
-		NEED(o->dtype == a->dtype && numel(o) == numel(a), "the operands differ in dtype or size");
+		NEED(o->dtype == a->dtype && dp_numel(o) == dp_numel(a), "the operands differ in dtype or size");
 		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < o->ndim &&
 		     o->dims[in->ia[1]] % in->ia[0] == 0, "the split dim does not divide into the parts");
 		DISJOINT();

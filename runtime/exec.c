@@ -28,10 +28,7 @@ struct InFlight {
 
 int64_t exec_numel(const DpTensor *t)
 {
-	int64_t n = 1;
-	for (int d = 0; d < t->ndim; d++)
-		n *= t->dims[d];
-	return n;
+	return dp_numel(t);
 }
 
 static const char *tname(const DpStep *s, int id)

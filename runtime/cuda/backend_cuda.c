@@ -165,14 +165,6 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
-static int64_t numel(const DpTensor *t)
-{
-	int64_t n = 1;
-	for (int d = 0; d < t->ndim; d++)
-		n *= t->dims[d];
-	return n;
-}
-
 static double settle_deadline(const CuBackend *x)
 {
 	return cu_nccl_now() + (x->o.timeout_s > 0 ? x->o.timeout_s : CU_SETTLE_S);
@@ -974,7 +966,7 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
 	void *out = b->ptr[in->out];
 	const void *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;
-	size_t n = (size_t)numel(&s->tensors[in->out]);
+	size_t n = (size_t)dp_numel(&s->tensors[in->out]);
 	/* bf16 moves and sums as ncclBfloat16 (NCCL adds in f32 and rounds) */
 	int bf16 = s->tensors[in->out].dtype == DP_BF16;
 	ncclDataType_t dt = bf16 ? ncclBfloat16 : ncclFloat32;
@@ -994,7 +986,7 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 				   "ncclReduceScatter", e));
 		break;
 	default:
-		RT_CHECK(nccl_call(x, ncclAllGather(src, out, (size_t)numel(&s->tensors[in->in[0]]),
+		RT_CHECK(nccl_call(x, ncclAllGather(src, out, (size_t)dp_numel(&s->tensors[in->in[0]]),
 						    dt, c, st), c, "ncclAllGather", e));
 		break;
 	}
