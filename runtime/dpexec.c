@@ -684,7 +684,8 @@ static int setup(Run *r)
 typedef struct {
 	uint64_t steps, eval_every, log_every, save_every;
 	double t_log;     /* when the last line was written */
-	double t_report;  /* when the last step was reported */
+	double t_report;  /* when the last reported step was seen done */
+	double done[2];   /* synchronous backend: when step k finished, in done[k & 1] */
 	double t_all;     /* the loop's start, moved on by eval and save time */
 	double host_s;    /* host time in launches and prefetches since the last line */
 	uint64_t since_log, ran;
@@ -720,28 +721,30 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 		rc = RT_FAIL(e, "%s is %s at step %llu; nothing was saved from it (%s)", what,
 			     isnan(bad) ? "NaN" : "infinite", (unsigned long long)k + 1, last);
 	}
-	double now = MPI_Wtime();
+	/* when step k was seen done: on a synchronous backend at the end of
+	 * its launch (its report may come after step k + 1 ran), else now that
+	 * its metrics arrived */
+	double now = MPI_Wtime(), done = exec_synchronous(&r->x) ? lp->done[k & 1] : now;
 	if (rc == 0 && r->rank == 0) {
-		metrics_step(m, k + 1, loss, gn, lr, now - lp->t_report);
+		metrics_step(m, k + 1, loss, gn, lr, done - lp->t_report);
 		rc = metrics_error(m, e);
 	}
-	lp->t_report = now;
+	lp->t_report = done;
 	RT_CHECK(world_sync(&r->w, rc, sig_pending(), e));
 	lp->since_log++;
 	lp->ran++;
 	int last = k + 1 == lp->steps, stop = final && r->w.sig != 0;
 	EvalResult ev = {0};
+	double paused = 0; /* evaluation time, which is not step time */
 	if (final && !stop && r->eval && ((lp->eval_every && (k + 1) % lp->eval_every == 0) || last)) {
 		double t0 = MPI_Wtime();
 		RT_CHECK(evaluate(r, &ev));
-		/* evaluation time is not step time */
-		lp->t_log += MPI_Wtime() - t0;
-		lp->t_report += MPI_Wtime() - t0;
-		lp->t_all += MPI_Wtime() - t0;
+		paused = MPI_Wtime() - t0;
+		lp->t_all += paused;
 	}
 	if (k == r->start || (k + 1) % lp->log_every == 0 || last || stop || ev.have) {
 		now = MPI_Wtime();
-		double n = (double)lp->since_log, dt = (now - lp->t_log) / n;
+		double n = (double)lp->since_log, dt = (done - lp->t_log) / n;
 		if (r->rank == 0) {
 			char extra[160] = "";
 			if (r->o.verbose)
@@ -753,11 +756,14 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 			metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
 				    &ev, extra, now);
 		}
-		lp->t_log = now;
+		lp->t_log = done;
 		lp->since_log = 0;
 		lp->host_s = 0;
 		lp->at_log = c->stats;
 	}
+	/* from step k's end on: its log line's time ends at `done` */
+	lp->t_log += paused;
+	lp->t_report += paused;
 	if (final && r->save_dir &&
 	    ((lp->save_every && (k + 1) % lp->save_every == 0) || last || stop)) {
 		double t0 = MPI_Wtime();
@@ -813,6 +819,7 @@ static int train(Run *r)
 	for (uint64_t k = r->start; k < lp.steps; k++) {
 		double h0 = MPI_Wtime();
 		RT_CHECK(exec_step_launch(x, k, e));
+		lp.done[k & 1] = MPI_Wtime();
 		if (k + 1 < lp.steps)
 			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
 		lp.host_s += MPI_Wtime() - h0;

@@ -789,6 +789,11 @@ int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtEr
 	return 0;
 }
 
+int exec_synchronous(const Exec *x)
+{
+	return !x->be.ops->step_wait;
+}
+
 int exec_step_wait(Exec *x, RtErr *e)
 {
 	if (!x->ninflight)

@@ -152,6 +152,8 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e);
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e);
 int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtErr *e);
+/* 1: the backend runs a step inside exec_step_launch (no streams) */
+int exec_synchronous(const Exec *x);
 int exec_step_wait(Exec *x, RtErr *e);
 int exec_step(Exec *x, uint64_t k, RtErr *e);
 /* Copy a whole tensor (nbytes of its dtype's elements) out of / into the

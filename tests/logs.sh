@@ -43,6 +43,29 @@ EOF
 else
 	fail "--log-json"; head -n 3 "$T/log.json"
 fi
+# Every step's own time: --log-every 1 at 1 rank, where the CPU runs a step
+# inside its launch and a report can come after the next step ran. Each
+# step's ms_per_step must be its own (the last one is not ~0, none is twice
+# another's), and together they make up the run's elapsed time.
+"$DPC" "$T/gpt.dp" -o "$T/gpt1.bin" >/dev/null || fail "dpc gpt 1 rank"
+"$DPEXEC" "$T/gpt1.bin" --steps 8 --log-every 1 --eval-every 0 --log-json "$T/each.json" \
+	>"$T/each.out" 2>&1 || { fail "dpexec --log-every 1"; cat "$T/each.out"; }
+if $PY - "$T/each.json" <<'EOF'; then
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == list(range(1, 9)), [r["step"] for r in rows]
+ms = [r["ms_per_step"] for r in rows]
+mid = statistics.median(ms[1:])
+assert all(mid / 3 < m < mid * 3 for m in ms[1:]), ms
+# the wall time since the loop began (no eval here) against the sum
+el = rows[-1]["elapsed_s"] * 1e3
+assert abs(sum(ms) - el) < 0.1 * el + 20, (sum(ms), el)
+print("  (ms/step %s; sum %.0f ms, elapsed %.0f ms)" % (" ".join("%.1f" % m for m in ms), sum(ms), el))
+EOF
+	ok "--log-every 1: each step's time is its own, the last one too, and they sum to the elapsed time"
+else
+	fail "per-step times"; cat "$T/each.json"
+fi
 if [ "$(head -n 1 "$T/losses.txt")" = "# step loss grad_norm lr" ] && [ "$(grep -vc '^#' "$T/losses.txt")" = 30 ]; then
 	ok "--losses: a header line, then one line per step"
 else
