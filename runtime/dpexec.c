@@ -572,7 +572,7 @@ static int setup_local(Run *r)
 		int bf16 = 0; /* the CPU's bf16 path and workspace are worth a line */
 		for (uint32_t i = 0; i < s->ntensors; i++)
 			bf16 |= s->tensors[i].dtype == DP_BF16;
-		if (r->ops != &cpu_backend || bf16) {
+		if (r->ops != &cpu_backend || bf16 || r->o.verbose) {
 			char d[512];
 			exec_describe(&r->x, d, sizeof d);
 			printf("device: %s\n", d);

@@ -13,7 +13,8 @@
  *     online rescaling give ~1e-6 relative in practice (printed), and a
  *     wrong mask, scale or rescale is off by far more than 1e-3.
  *  2. thread-count invariance: every kernel that uses the pool, GEMMs
- *     included, gives bitwise the same output with 1, 2 and 3 threads
+ *     included (OpenBLAS's kernels as dpexec picks them for this CPU:
+ *     gemm.c), gives bitwise the same output with 1, 2 and 3 threads
  *     (static cuts, no cross-item reductions whose order moves: pool.c).
  *  3. the instruction sets (vec.c): each table the CPU has against the
  *     scalar one (libm per element): AdamW and the other maps without
@@ -43,9 +44,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "../runtime/cpu/cpu.h"
 
 static int npass, nfail;
+static CpuBlas blas; /* set in main, before any GEMM */
 
 static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void check(int ok, const char *fmt, ...)
@@ -149,7 +153,7 @@ static int run(Ctx *c, const CpuVec *vec, CpuPool *pool, DpInstr in)
 		printf("  %s: %s\n", dp_kernel_names[in.op], k ? e.msg : "no kernel");
 		return -1;
 	}
-	CpuArgs a = {&c->s, &in, c->ptr, &c->step, vec, pool, NULL}; /* f32 kernels: no bf16 GEMMs */
+	CpuArgs a = {&c->s, &in, c->ptr, &c->step, vec, pool, &blas, NULL}; /* f32 kernels: no bf16 GEMMs */
 	if (k->run(&a, &e)) {
 		printf("  %s: %s\n", dp_kernel_names[in.op], e.msg);
 		return -1;
@@ -486,6 +490,20 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		}
 		in->ia[0] = 2;
 		return k == 14 ? "attention" : "attention_grad";
+	case 16: /* the four transposes with m < n: column cuts, or row cuts */
+	case 17: /* where the core's kernels allow no column cut (gemm.c) */
+	case 18:
+	case 19: {
+		int ta = (k - 16) & 1, tb = (k - 16) >> 1;
+		a = ta ? tensor(c, DP_F32, 300, 200, 0, 1) : tensor(c, DP_F32, 200, 300, 0, 1);
+		b = tb ? tensor(c, DP_F32, 700, 300, 0, 1) : tensor(c, DP_F32, 300, 700, 0, 1);
+		o = tensor(c, DP_F32, 200, 700, 0, 0);
+		*in = instr(DPK_MATMUL, o, a, b, -1);
+		in->ia[0] = ta, in->ia[1] = tb;
+		static const char *names[] = {"matmul NN, m < n", "matmul TN, m < n", "matmul NT, m < n",
+					      "matmul TT, m < n"};
+		return names[k - 16];
+	}
 	default:
 		return NULL;
 	}
@@ -626,7 +644,8 @@ int main(void)
 	avx512 = avx2 && __builtin_cpu_supports("avx512f");
 #endif
 	const CpuVec *best = avx512 ? &cpu_vec_avx512 : avx2 ? &cpu_vec_avx2 : &cpu_vec_scalar;
-	printf("inner loops: %s\n", best->isa);
+	cpu_blas_init(&blas); /* the GEMM kernels and cuts dpexec uses on this CPU */
+	printf("inner loops: %s; %s\n", best->isa, openblas_get_config());
 	test_attention(best);
 	test_attention(&cpu_vec_scalar);
 	test_attention_cp(best);

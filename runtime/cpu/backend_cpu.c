@@ -48,6 +48,7 @@ typedef struct {
 	float *ws;
 	size_t ws_floats;
 	void **shadow;
+	CpuBlas blas;      /* OpenBLAS's core and cuts */
 	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls */
 } CpuBackend;
 
@@ -169,12 +170,12 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
+	cpu_blas_init(&c->blas);
 	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
 	    cpu_gemm16_new(&c->gemm16, e)) {
 		cpu_free(b);
 		return -1;
 	}
-	openblas_set_num_threads(1); /* the pool's threads call it (gemm.c) */
 
 	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
 	 * as tensors touch it, so a bogus arena size fails here or costs nothing */
@@ -221,7 +222,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 static void cpu_describe(Backend *b, char *buf, size_t len)
 {
 	CpuBackend *c = b->impl;
-	int k = snprintf(buf, len, "CPU (%s, %d threads; OpenBLAS %s)", c->vec->isa,
+	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->vec->isa,
 			 cpu_pool_size(c->pool), openblas_get_config());
 	if (c->ws_floats && k > 0 && (size_t)k < len)
 		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
@@ -233,7 +234,7 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	const CpuKernel *k = &c->kern[in->op];
-	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, c->gemm16};
+	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
 	if (k->run_bf16) {

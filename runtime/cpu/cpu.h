@@ -116,6 +116,14 @@ extern const CpuVec cpu_vec_scalar, cpu_vec_avx2, cpu_vec_avx512;
 
 typedef struct CpuGemm16 CpuGemm16; /* gemm_bf16.c */
 
+/* OpenBLAS as gemm.c uses it: the kernels' core is picked for this CPU by
+ * cpu_blas_init (before any BLAS call), and products are cut for the
+ * pool's threads at multiples of `grain` rows, or columns where `cols`. */
+typedef struct {
+	int grain, cols;
+} CpuBlas;
+void cpu_blas_init(CpuBlas *b);
+
 /* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */
 typedef struct {
 	const DpStep *s;
@@ -124,6 +132,7 @@ typedef struct {
 	const CpuStep *step;
 	const CpuVec *vec; /* the inner loops for this CPU */
 	CpuPool *pool;     /* the rank's threads (size 1: serial) */
+	const CpuBlas *blas; /* OpenBLAS's cuts (gemm.c) */
 	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls (gemm_bf16.c) */
 } CpuArgs;
 

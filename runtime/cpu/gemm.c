@@ -5,13 +5,76 @@
  * column sum accumulated in double. BLAS takes int sizes: larger matrices
  * are refused at load (the rows' limits).
  */
+#include <cpuid.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cblas.h>
 
 #include "cpu.h"
+
+/*
+ * OpenBLAS's kernels for this CPU. Its DYNAMIC_ARCH build (Debian's) picks
+ * them by CPUID when it loads; 0.3.21 does not know AMD Zen 4 and, as the
+ * CPU has avx512_bf16, takes Cooperlake's AVX-512 kernels. Zen 4 executes
+ * a 512-bit operation as two 256-bit halves, and there OpenBLAS's Haswell
+ * (AVX2) sgemm is the faster one: 101-107 against 88-101 GFLOP/s on the
+ * GEMM shapes of bench/gpt_cpu.sh's model, 6% over all of them, one thread
+ * (docs/PERF.md). So on Zen 4 (an AMD CPU of family 19h with AVX-512) dp
+ * runs OpenBLAS's own core selection again with OPENBLAS_CORETYPE=Haswell,
+ * through the two entry points DYNAMIC_ARCH builds export (weak: a BLAS
+ * without them keeps its choice), before any BLAS call. A user's
+ * OPENBLAS_CORETYPE, or DP_BLAS_CORE=keep, leaves OpenBLAS's choice alone.
+ * The choice depends on the CPU model only, never on a timing.
+ */
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+static int zen4(void)
+{
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+	if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541 /* "Auth" enticAMD */)
+		return 0;
+	__get_cpuid(1, &a, &b, &c, &d);
+	unsigned family = ((a >> 8) & 0xf) + ((a >> 8 & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
+	__builtin_cpu_init();
+	return family == 0x19 && __builtin_cpu_supports("avx512f");
+#else
+	return 0;
+#endif
+}
+
+/*
+ * Where a product may be cut so that every element of C is summed in the
+ * same order as in one call (the pool's bitwise thread-count invariance):
+ * measured per OpenBLAS core (tests/cpu_kernels_test checks the core this
+ * machine runs). Cooperlake's and SkylakeX's AVX-512 kernels: rows or
+ * columns of C at multiples of 64. Haswell's and Zen's: rows at multiples
+ * of 24 only; a column cut changes the sums of the whole product (all 5
+ * cuts of a 1000 x 1024 x 333 product moved bits, at any multiple), and row
+ * cuts at multiples of 64 moved bits of transposed-A products. Another
+ * core: rows or columns at 64, as before dp knew any of this.
+ */
+void cpu_blas_init(CpuBlas *b)
+{
+	const char *keep = getenv("DP_BLAS_CORE");
+	const char *user = getenv("OPENBLAS_CORETYPE");
+	if (!(user && *user) && !(keep && strcmp(keep, "keep") == 0) &&
+	    gotoblas_dynamic_init && gotoblas_dynamic_quit && zen4()) {
+		setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+		gotoblas_dynamic_quit();
+		gotoblas_dynamic_init();
+		unsetenv("OPENBLAS_CORETYPE");
+	}
+	openblas_set_num_threads(1); /* the pool's threads call it */
+	const char *core = openblas_get_corename();
+	int avx2_kernels = core && (strcasecmp(core, "haswell") == 0 || strcasecmp(core, "zen") == 0);
+	b->grain = avx2_kernels ? 24 : 64;
+	b->cols = !avx2_kernels;
+}
 
 /* m, k, n of out = op(in0) @ op(in1) (ia0, ia1: transpose flags). */
 static void matmul_dims(const DpTensor *a, const DpTensor *b, const DpInstr *in, int64_t *m,
@@ -34,10 +97,10 @@ static int limit_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
 
 /*
  * C [m, n] = beta * C + op(A) op(B), row-major, split over the pool: into
- * row blocks of C when m >= n, else column blocks, cut at multiples of 64
- * (whole register tiles of OpenBLAS's kernels, so every element of C is
- * summed in the same order whatever the cut). Below GEMM_SERIAL flops it
- * is one call. With a bias, each piece first copies the bias into its own
+ * row blocks of C when m >= n (or the core's kernels allow no column cut),
+ * else column blocks, cut at the core's multiples (CpuBlas, above: every
+ * element of C is summed in the same order whatever the cut). Below
+ * GEMM_SERIAL flops it is one call. With a bias, each piece first copies the bias into its own
  * part of C (beta = 1 then adds the product to it): no separate pass.
  */
 #define GEMM_SERIAL (1 << 21)
@@ -80,10 +143,10 @@ static void sgemm(const CpuArgs *x, const float *a, int64_t ra, int64_t ca, int 
 {
 	Gemm g = {a, b, c, bias, ta, tb, (int)(ta ? ca : ra), (int)(tb ? rb : cb), (int)(ta ? ra : ca),
 		  (int)ca, (int)cb, (int)(tb ? rb : cb), 0, beta};
-	g.by_rows = g.m >= g.n;
+	g.by_rows = g.m >= g.n || !x->blas->cols;
 	double flops = 2.0 * g.m * g.n * g.k;
 	int64_t items = g.by_rows ? g.m : g.n;
-	cpu_parallel(x->pool, items, flops < GEMM_SERIAL ? items : 64, gemm_piece, &g);
+	cpu_parallel(x->pool, items, flops < GEMM_SERIAL ? items : x->blas->grain, gemm_piece, &g);
 }
 
 static int run_matmul(const CpuArgs *k, RtErr *e)
