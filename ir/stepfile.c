@@ -635,6 +635,10 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	case DPK_SHARD:
 		if (p != DP_PROG_INIT && p != DP_PROG_STEP)
 			return misplaced(what, "the init and step programs", err, errlen);
+		if (in->in[0] < 0 || in->out < 0) { /* the executor copies in0's slice to out */
+			fail(err, errlen, "%s: missing %s", what, in->out < 0 ? "output" : "input 0");
+			return -1;
+		}
 		if (check_same_float(s, in, what, err, errlen) || check_mask(in, what, err, errlen))
 			return -1;
 		break;

@@ -213,9 +213,12 @@ static int invariants(const DpStep *s)
 			    (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32 ||
 			     s->tensors[in->in[0]].kind != DP_T_PARAM))
 				return 0;
+			/* a shard moves elements of one float dtype (bf16: a compute copy) */
 			if (in->op == DPK_SHARD &&
-			    (in->in[0] < 0 || in->out < 0 || s->tensors[in->in[0]].dtype != DP_F32 ||
-			     s->tensors[in->out].dtype != DP_F32 || in->ia[0] < 0 ||
+			    (in->in[0] < 0 || in->out < 0 ||
+			     (s->tensors[in->in[0]].dtype != DP_F32 &&
+			      s->tensors[in->in[0]].dtype != DP_BF16) ||
+			     s->tensors[in->out].dtype != s->tensors[in->in[0]].dtype || in->ia[0] < 0 ||
 			     in->ia[0] >= (1 << DP_MAX_AXES)))
 				return 0;
 		}
@@ -359,6 +362,9 @@ static void test_program_rules(void)
 	d = shard;
 	d.out = -1;
 	rule("shard without output", DP_PROG_INIT, d, 0, "missing output");
+	d = shard; /* the executor reads in0 (found by the random mutations) */
+	d.in[0] = -1;
+	rule("shard without input", DP_PROG_INIT, d, 0, "missing input 0");
 	rule("load in the init program", DP_PROG_INIT, load, 0,
 	     "init program, instruction 1 (load): allowed only in the step and eval programs");
 	rule("load in the export program", DP_PROG_EXPORT, load, 0, "allowed only in the step and eval");
