@@ -310,6 +310,24 @@ static void lower_precision(Lower *L, const AstVal *const *val)
 		rd = DP_F32;
 	}
 	g->reduce_dtype = rd >= 0 ? rd : DP_F32;
+	/* where the file asks for bf16, for a backend that cannot (cfg.bf16_line);
+	 * dpc --precision bf16 is no place in the file */
+	const AstVal *asks[] = {L->opts && L->opts->precision ? NULL : pv, val[T_PARAM_DTYPE],
+				val[T_BUFFER_DTYPE], val[T_REDUCE_DTYPE]};
+	for (int i = 0; i < 4; i++)
+		if (asks[i] && asks[i]->kind == V_IDENT && strcmp(asks[i]->s, "bf16") == 0) {
+			lower_note_bf16(L, asks[i]->loc);
+			break;
+		}
+}
+
+/* The first place the file asks for bf16 (train's setting or a block's). */
+void lower_note_bf16(Lower *L, Loc at)
+{
+	if (L->g->cfg.bf16_line == 0 && at.line > 0) {
+		L->g->cfg.bf16_line = (uint32_t)at.line;
+		L->g->cfg.bf16_col = (uint32_t)at.col;
+	}
 }
 
 /* An optional float keyword argument; a missing one keeps *out. */

@@ -93,6 +93,7 @@ void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf,
 /* ---- scope.c: helpers shared by the files (the bottom layer) ---- */
 
 Loc lower_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
+void lower_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: first bf16 request */
 void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
 int *map_get(const NameMap *m, const char *key);
 void map_put(Lower *L, NameMap *m, const char *key, int val);

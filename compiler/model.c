@@ -322,6 +322,8 @@ static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Blo
 	int dt = lower_dtype_word(L, v, block_settings[k]);
 	if (dt < 0)
 		return;
+	if (dt == DP_BF16)
+		lower_note_bf16(L, v->loc);
 	int pd = k == BS_BUFFER_DTYPE ? -1 : dt;
 	if (pd >= 0 && bl->param_dtype >= 0 && bl->param_dtype != pd) {
 		ERR(v->loc, "param_dtype %s contradicts the block's precision %s",

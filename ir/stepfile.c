@@ -81,7 +81,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 
 /* Serialised record sizes (sum of the field sizes, no padding). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4 + 4,
+	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4,
 	OPTIM_BYTES = 4 + 7 * 4,
 	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
@@ -219,6 +219,8 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u32(&w, c->save_every);
 	put_u32(&w, c->keep_last);
 	put_u32(&w, c->gemm_math);
+	put_u32(&w, c->bf16_line);
+	put_u32(&w, c->bf16_col);
 
 	const DpOptim *o = &s->opt;
 	put_u32(&w, o->kind);
@@ -803,6 +805,8 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	c->save_every = get_u32(&r);
 	c->keep_last = get_u32(&r);
 	c->gemm_math = get_u32(&r);
+	c->bf16_line = get_u32(&r);
+	c->bf16_col = get_u32(&r);
 	DpOptim *o = &s->opt;
 	o->kind = get_u32(&r);
 	o->lr = get_f32(&r);

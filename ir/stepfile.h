@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 5u
+#define DP_STEP_VERSION 6u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -261,6 +261,10 @@ typedef struct {
 	                               dpexec --keep-last); 0: all (version 4) */
 	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs
 	                               (version 5) */
+	uint32_t bf16_line;         /* where the .dp file (DpStep.source) first asks for */
+	uint32_t bf16_col;          /* bf16 (train's precision or *_dtype, or a block's), for
+	                               a backend that cannot run bf16 to name it; 0: nowhere,
+	                               or dpc --precision bf16 (version 6) */
 } DpConfig;
 
 /* f32 matrix products on a GPU (DSL `precision f32|tf32`; the CPU ignores it). */

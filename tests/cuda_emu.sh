@@ -31,7 +31,8 @@
 #     every rank, with a message naming the step and the pending collective;
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
-#     driver and no device are one-line errors too;
+#     driver and no device are one-line errors too; a bf16 step on a device
+#     of compute capability 7.0 is one naming the .dp file's line and column;
 #  6. on a real GPU: the model cases of 2. on real CUDA with the normal build
 #     (build/dpexec), and compute-sanitizer memcheck and racecheck when it is
 #     installed. Without a GPU each is reported SKIPPED.
@@ -332,7 +333,7 @@ fi
 # ---- 5. the device probe: mismatch, no driver, no device ----
 probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line containing WANT
 	local name=$1 want=$2; shift 2
-	env "$@" "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
+	env "$@" "$EMU" "${PROBE_BIN:-$T/stall.bin}" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
 	local rc=$?
 	if [ $rc = 1 ] && [ "$(wc -l <"$T/probe.err")" = 1 ] && grep -q -- "$want" "$T/probe.err"; then
 		ok "$name: $(cut -c1-150 "$T/probe.err")"
@@ -344,6 +345,22 @@ probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line cont
 probe "a driver older than the runtime (12.2 < 13.0)" "older than the CUDA runtime" DPEMU_DRIVER_VERSION=12020
 probe "no CUDA driver" "no CUDA driver is installed" DPEMU_DRIVER_VERSION=0
 probe "no CUDA device" "no CUDA device is visible" DPEMU_DEVICES=0
+# bf16 on a GPU without it (DPEMU_SM=70: a V100): refused at load, naming
+# where the .dp file asks for bf16 (the line and column found here by grep)
+awk '{print} /^train \{/ {print "  precision bf16"}' "$T/mlp8.dp" >"$T/mlp8b.dp"
+at=$(grep -n "^  precision bf16$" "$T/mlp8b.dp" | cut -d: -f1)
+"$DPC" "$T/mlp8b.dp" --world-size 1 -o "$T/bf16.bin" >/dev/null 2>&1
+"$DPC" "$T/mlp8.dp" --world-size 1 --precision bf16 -o "$T/bf16cl.bin" >/dev/null 2>&1
+PROBE_BIN=$T/bf16.bin probe "bf16 on compute capability 7.0" \
+	"mlp8b.dp:$at:13: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); CUDA device 0, .*, is 7.0" \
+	DPEMU_SM=70
+PROBE_BIN=$T/bf16cl.bin probe "bf16 from dpc --precision on compute capability 7.0" \
+	"mlp8.dp: precision bf16 (dpc --precision bf16): bf16 needs a GPU" DPEMU_SM=70
+if DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+	ok "the same bf16 step file runs on compute capability 8.0"
+else
+	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
+fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 env BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?

@@ -655,8 +655,8 @@ int main(int argc, char **argv)
 	{
 		unsigned char *t = malloc(len);
 		memcpy(t, buf, len);
-		/* config 72, optim 32, sched 16, metrics 16, nevents 4, source 4: strings nbytes */
-		size_t at = DP_STEP_HEADER_BYTES + 72 + 32 + 16 + 16 + 4 + 4;
+		/* config 80, optim 32, sched 16, metrics 16, nevents 4, source 4: strings nbytes */
+		size_t at = DP_STEP_HEADER_BYTES + 80 + 32 + 16 + 16 + 4 + 4;
 		put32(t + at, 0xfffffff0u);
 		fix_crc(t, len);
 		rc = dec(t, len, err, sizeof err, &inv);

@@ -444,6 +444,33 @@ static int check_shards(const DpStep *s, RtErr *e)
 	return 0;
 }
 
+/* A step with bf16 tensors needs bf16 arithmetic on the device: compute
+ * capability 8.0 (A100) or newer; the error names where the .dp file asked
+ * for bf16 (cfg.bf16_line, dpc's record), as a compile error would. */
+static int check_bf16(const DpStep *s, int dev, RtErr *e)
+{
+	int bf16 = 0;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		bf16 |= s->tensors[i].dtype == DP_BF16;
+	if (!bf16)
+		return 0;
+	struct cudaDeviceProp p;
+	CU(cudaGetDeviceProperties(&p, dev));
+	if (p.major >= 8)
+		return 0;
+	const char *file = s->source ? s->strings + s->source : "";
+	char where[600];
+	if (s->cfg.bf16_line && *file)
+		snprintf(where, sizeof where, "%.500s:%u:%u", file, s->cfg.bf16_line, s->cfg.bf16_col);
+	else
+		snprintf(where, sizeof where, "%.500s%sprecision bf16 (dpc --precision bf16)", file,
+			 *file ? ": " : "");
+	return RT_FAIL(e,
+		       "%s: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); CUDA "
+		       "device %d, %s, is %d.%d: run on the CPU (--device cpu) or compile in f32",
+		       where, dev, p.name, p.major, p.minor);
+}
+
 /* The device, the communicators, memory, streams, handles, events. On
  * failure cu_init frees the partial set-up. */
 static int init_body(Backend *b, CuBackend *x, RtErr *e)
@@ -459,6 +486,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 		return RT_FAIL(e, "no CUDA device is visible");
 	x->device = x->o.local_rank % ndev;
 	CU(cudaSetDevice(x->device));
+	RT_CHECK(check_bf16(s, x->device, e));
 	x->tf32 = s->cfg.gemm_math == DP_GEMM_TF32;
 
 	/* what the kernel rows need, per stream; a communicator per collective */

@@ -600,7 +600,9 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 	if (d < 0 || d >= cfg().ndev)
 		return record(cudaErrorInvalidDevice);
 	memset(p, 0, sizeof *p);
-	snprintf(p->name, sizeof p->name, "dp CUDA emulator (sm_90, CPU)");
+	/* DPEMU_SM=70: pose as an older GPU (a V100's compute capability 7.0) */
+	long long sm = num_env("DPEMU_SM", 90);
+	snprintf(p->name, sizeof p->name, "dp CUDA emulator (sm_%lld, CPU)", sm);
 	p->totalGlobalMem = cfg().mem_bytes;
 	p->sharedMemPerBlock = SMEM_DEFAULT;
 	p->regsPerBlock = 65536;
@@ -612,8 +614,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 	p->maxGridSize[0] = 2147483647;
 	p->maxGridSize[1] = p->maxGridSize[2] = 65535;
 	p->totalConstMem = 65536;
-	p->major = 9;
-	p->minor = 0;
+	p->major = (int)(sm / 10);
+	p->minor = (int)(sm % 10);
 	p->multiProcessorCount = 132;
 	p->canMapHostMemory = 1;
 	p->concurrentKernels = 1;
