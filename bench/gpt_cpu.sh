@@ -27,6 +27,12 @@
 # set of the largest process (for 2 ranks, of the largest rank), measured the
 # same way for both.
 #
+# OpenBLAS's kernels: where dp picks other kernels than OpenBLAS's default
+# (Haswell's on AMD Zen 4), PyTorch also runs at 1 x 1 with dp's kernels,
+# printed as a second anchor row. After the table, a traced dp run says
+# where its 1-thread step goes (the GEMMs, attention, the rest) and what
+# ratio the GEMMs alone would allow.
+#
 # Then one optimizer step of models/gpt2.dp (124M parameters, ctx 1024,
 # global batch 8 in 2 micro-batches) at 1 rank x 1 thread against PyTorch on
 # the same shapes: GPT2_STEPS steps each (default 2), the last one timed, the
@@ -98,7 +104,8 @@ torch_run() {
 	shift 4
 	local run=($PY bench/gpt_cpu.py --threads "$th" --steps "$steps" --warmup "$warm" "$@")
 	[ "$np" -gt 1 ] && run=(mpirun --oversubscribe -np "$np" "${run[@]}")
-	if ! env OPENBLAS_NUM_THREADS="$th" OMP_NUM_THREADS="$th" /usr/bin/time -f "maxrss_kb %M" \
+	if ! env OPENBLAS_NUM_THREADS="$th" OMP_NUM_THREADS="$th" ${CORE:+OPENBLAS_CORETYPE=$CORE} \
+		/usr/bin/time -f "maxrss_kb %M" \
 		-o "$T/torch.time" "${run[@]}" >"$out" 2>&1; then
 		echo "gpt_cpu: PyTorch failed:" >&2; tail -n 20 "$out" >&2; exit 1
 	fi
@@ -109,6 +116,15 @@ torch_run() {
 }
 
 CONFIGS=("1 1" "1 2" "2 1") # ranks threads
+# OpenBLAS's kernels: dp picks its own on some CPUs (Haswell's on AMD Zen 4:
+# runtime/cpu/gemm.c, docs/PERF.md); PyTorch runs OpenBLAS's default. When
+# they differ, PyTorch also runs at 1 x 1 with dp's choice, as a second
+# anchor, so that the table shows what the kernels alone are worth.
+DP_CORE=$("$BUILD/dpexec" "$T/tiny1.bin" --steps 1 --verbose 2>/dev/null |
+	sed -nE 's/^device: .*NO_AFFINITY ([A-Za-z0-9]+) .*/\1/p')
+TORCH_CORE=$($PY -c 'import torch, ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())' 2>/dev/null)
+echo "OpenBLAS kernels: dp ${DP_CORE:-?}, PyTorch ${TORCH_CORE:-?}"
+CORES_DIFFER=$([ -n "$DP_CORE" ] && [ "$DP_CORE" != "$TORCH_CORE" ] && echo 1)
 echo "gpt2-tiny (d=256, 4 layers, 4 heads, T=128, vocab 256), $TOKENS tokens per step;"
 echo "$ROUNDS interleaved rounds of $STEPS timed steps after $WARMUP warm-up, per configuration and side"
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -118,6 +134,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
 		RES=$T/torch_$1_$2 torch_run "$1" "$2" "$STEPS" "$WARMUP" $TORCH_TINY
 		echo "  round $r, $1 rank(s) x $2 thread(s): dp $(tail -n 1 "$T/dp_$1_$2" | cut -d' ' -f1) ms," \
 			"PyTorch $(tail -n 1 "$T/torch_$1_$2" | cut -d' ' -f1) ms per step"
+		if [ "$1 $2" = "1 1" ] && [ -n "$CORES_DIFFER" ]; then
+			CORE=$DP_CORE RES=$T/torchk_1_1 torch_run 1 1 "$STEPS" "$WARMUP" $TORCH_TINY
+			echo "    PyTorch with OpenBLAS's $DP_CORE kernels: $(tail -n 1 "$T/torchk_1_1" | cut -d' ' -f1) ms per step"
+		fi
 	done
 done
 
@@ -134,8 +154,43 @@ for c in "${CONFIGS[@]}"; do
 		-v t="$tms" -v dr="$drss" -v tr="$trss" -v tok="$TOKENS" 'BEGIN {
 		printf "%-20s %12.0f %14.0f %6.2fx %10.0f MiB %14.0f MiB\n", n, tok * 1000 / d,
 			tok * 1000 / t, t / d, dr, tr }'
+	if [ "$1 $2" = "1 1" ] && [ -n "$CORES_DIFFER" ]; then
+		tms=$(cut -d' ' -f1 "$T/torchk_1_1" | median)
+		awk -v n="  PyTorch, $DP_CORE" -v d="$dms" -v t="$tms" -v tok="$TOKENS" 'BEGIN {
+			printf "%-20s %12s %14.0f %6.2fx   (PyTorch with dp'"'"'s OpenBLAS kernels)\n", n, "",
+				tok * 1000 / t, t / d }'
+	fi
 done
 echo "(ratio: dp tokens/s over PyTorch's; > 1: dp is faster)"
+
+# Where dp's 1-thread step goes, from a --trace of it (runtime/trace.c): the
+# matrix products (linear, matmul: OpenBLAS), attention (its tile products
+# are OpenBLAS too), the rest; and the ratio dp would have if its step were
+# its matrix products alone, against the same run's PyTorch median.
+env DP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$BUILD/dpexec" "$T/tiny1.bin" --steps $((STEPS + WARMUP)) \
+	--log-every $((STEPS + WARMUP)) --trace "$T/trace.json" >/dev/null 2>&1 ||
+	{ echo "gpt_cpu: the traced dp run failed" >&2; exit 1; }
+$PY - "$T/trace.json" "$WARMUP" "$(cut -d' ' -f1 "$T/torch_1_1" | median)" <<'EOF'
+import collections, json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+warm, torch_ms = int(sys.argv[2]), float(sys.argv[3])
+step = lambda e: e.get("args", {}).get("step", 0)
+runs = [e for e in ev if e.get("cat") == "run" and e["name"].startswith("step ")
+        and int(e["name"].split()[1]) > warm]
+ms = collections.Counter()
+for e in ev:
+    if e.get("cat") == "kernel" and step(e) > warm:
+        op = e["name"].split(" = ")[-1]
+        ms["gemm" if op in ("linear", "matmul") else "attention" if op.startswith("attention") else "rest"] += e["dur"] / 1e3
+n = len({e["name"].split()[1] for e in runs})
+total = sum(e["dur"] for e in runs) / 1e3 / n
+g, a, r = ms["gemm"] / n, ms["attention"] / n, ms["rest"] / n
+print(f"\ndp's 1-thread step, traced ({n} steps): {total:.1f} ms = linear/matmul {g:.1f} ms "
+      f"({100 * g / total:.0f}%), attention {a:.1f} ms ({100 * a / total:.0f}%), "
+      f"the rest {total - g - a:.1f} ms")
+print(f"  ratio if the step were its linear/matmul GEMMs alone: {torch_ms / g:.2f}x; "
+      f"with attention too: {torch_ms / (g + a):.2f}x (PyTorch median {torch_ms:.1f} ms)")
+EOF
 
 [ "$GPT2" = 1 ] || exit 0
 echo
