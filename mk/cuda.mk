@@ -8,7 +8,7 @@
 # `make` (all) builds it too when nvcc exists (CI: /usr/local/cuda), so CI
 # proves the CUDA code compiles and links even where nothing can run it;
 # without nvcc `all` is unchanged. dpexec never links a CUDA library: the
-# shared object carries them (cudart static; cuBLAS and NCCL shared, found by
+# shared object carries them (cudart static; cuBLASLt and NCCL shared, found by
 # rpath), is linked with --no-undefined (self-contained: it takes its own
 # PIC copies of runtime/err.c and the step-file codec) and exports one symbol,
 # dp_cuda_backend. Host code is C11 built with the same CFLAGS as the rest
@@ -34,7 +34,7 @@ CUDA_FMAD_FILES := attention
 cuda_fmad = $(if $(filter $(1),$(CUDA_FMAD_FILES)),-fmad=true,-fmad=false)
 CUDA_INC   := -I$(CUDA_HOME)/include
 CUDA_CFLAGS = $(CFLAGS) -fPIC -fvisibility=hidden
-CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnccl \
               -lcudart_static -lstdc++ -ldl -lrt -lpthread -lz -lm
 
 # the step-file codec's name tables and op classes (and what it links in)

@@ -12,8 +12,15 @@
 #                 see an older record (or none) and run early
 #   event_wait    backend_cuda.c's EVENT_WAIT waits for nothing: a stream
 #                 reads what the other has not finished
-#   gemm_trans    the GEMM's transpose flags swapped (op T for N)
-#   gemm_ld       the GEMM's B leading dimension one too large
+#   gemm_trans    the GEMM's transpose flags swapped (op T for N) in its
+#                 cuBLASLt matmul descriptor
+#   gemm_ld       the leading dimension of the GEMM's B (cuBLASLt's A
+#                 layout) one too large
+#   lt_bias       linear's bias epilogue dropped (CUBLASLT_EPILOGUE_DEFAULT):
+#                 the fp32 linears with an aligned bias lose their bias
+#   lt_align      the heuristic told that B (cuBLASLt's A) is 256-byte
+#                 aligned whatever its address: the algorithm chosen cannot
+#                 take the under-aligned weight views of flat buffers
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
@@ -22,8 +29,11 @@
 # allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
 # orders); a mutation is caught when a run fails. Cases: mlp8 zero2 at 2
 # ranks (two streams, reduce-scatter and all-gather), mlp8 ddp at 1 rank
-# (no_sync, gemm). Runtime: ~1-2 min (one rebuild of the .cu files for
-# no_sync).
+# (no_sync, gemm_*); the cuBLASLt mutations (lt_*) run the 2-rank case
+# (lt_bias: with biases initialised normal(0, 0.5) instead of zeros, else
+# a dropped bias is still ~lr after 3 steps) under both collective
+# policies and must be caught by both runs.
+# Runtime: ~1-2 min (one rebuild of the .cu files for no_sync).
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT" || exit 1
@@ -45,8 +55,11 @@ for m in mlp8; do cp models/$m.dp "$T/$m.dp"; done
 "$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/one.bin" >/dev/null 2>&1
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
 "$DPC" "$T/zero2.dp" --world-size 2 -o "$T/two.bin" >/dev/null 2>&1
-for b in one two; do
-	np=1; [ $b = two ] && np=2
+# the same with biases that are not zero at the start (a dropped bias shows)
+sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
+"$DPC" "$T/biased.dp" --world-size 2 -o "$T/biased.bin" >/dev/null 2>&1
+for b in one two biased; do
+	np=2; [ $b = one ] && np=1
 	mpi $np "$T/$b.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
 		--losses "$T/$b.cpu.loss" --save-full "$T/$b.cpu.st" >/dev/null 2>&1 || fail "cpu reference $b"
 done
@@ -120,7 +133,17 @@ check() {
 		fail "mutation $name NOT caught by the emulator"
 	fi
 	printf '      %s\n' "${lines[@]}"
+	printf '%s\n' "${lines[@]}" >"$T/$name.lines"
 	restore
+}
+
+# check_all NAME BIN NP ENVS...: check, but every run must catch it
+check_all() {
+	local before=$nfail
+	check "$@"
+	if [ "$nfail" = "$before" ] && grep -q "NOT caught with" "$T/$1.lines"; then
+		fail "mutation $1 NOT caught by every run"
+	fi
 }
 
 # 1, 2: the events of the schedule (backend_cuda.c)
@@ -132,12 +155,19 @@ if mutate event_wait "runtime/cuda/backend_cuda.c" \
 	sed 's/^\tCU(cudaStreamWaitEvent(x->st\[stream\], x->ev\[event\], 0));/\t(void)x; \/* MUTATION: no wait *\//'; then
 	check event_wait two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
-# 3, 4: the GEMM (kernels.cu, or gemm.cu once the kernels are split)
-if mutate gemm_trans "runtime/cuda/*.cu" sed 's/tb ? CUBLAS_OP_T : CUBLAS_OP_N/tb ? CUBLAS_OP_N : CUBLAS_OP_T/'; then
+# 3, 4: the GEMM's cuBLASLt descriptors (gemm.cu's plan_one)
+if mutate gemm_trans "runtime/cuda/gemm.cu" sed 's/tb ? CUBLAS_OP_T : CUBLAS_OP_N/tb ? CUBLAS_OP_N : CUBLAS_OP_T/'; then
 	check gemm_trans one 1 DPEMU_SEED=1 DPEMU_SEED=2
 fi
-if mutate gemm_ld "runtime/cuda/*.cu" sed 's/(int)(cb ? cb : 1)/(int)(cb ? cb + 1 : 1)/'; then
+if mutate gemm_ld "runtime/cuda/gemm.cu" sed 's/(uint64_t)cw, (uint64_t)rw, cw)/(uint64_t)cw, (uint64_t)rw, cw + 1)/'; then
 	check gemm_ld one 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+# 4a, 4b: cuBLASLt's epilogue and heuristic (both runs must catch them)
+if mutate lt_bias "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGUE_BIAS;/uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;/'; then
+	check_all lt_bias biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+if mutate lt_align "runtime/cuda/gemm.cu" sed 's/MIN_ALIGNMENT_A_BYTES, g->align\[0\])/MIN_ALIGNMENT_A_BYTES, 256)/'; then
+	check_all lt_align two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
 # 5: the barrier in block_sum after the stores into shared memory
 # shellcheck disable=SC2016

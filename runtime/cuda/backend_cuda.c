@@ -17,14 +17,15 @@
  *    before it, and everything after it sees the whole run, on both
  *    streams. A third, the copy stream, carries the staged batches;
  *  - kernels: the op's row of cu_kernel_table, with its plan entry (fusions
- *    decided at load by the planners), a cuBLAS handle (workspace set once;
- *    fp32, or TF32 with `precision tf32`) on each stream that has a GEMM,
- *    and a scratch buffer per stream;
+ *    decided at load by the planners; every GEMM's cuBLASLt algorithm is
+ *    chosen there too, before any capture), a cuBLASLt handle and a 32 MiB
+ *    workspace on each stream that has a GEMM, and a scratch buffer per
+ *    stream;
  *  - collectives: NCCL on the instruction's stream, one communicator per
  *    (stream, axis mask) the step uses (two streams never share one: NCCL
  *    serialises a communicator's operations);
  *  - optimizer steps: the executor runs the first eagerly (NCCL connects,
- *    cuBLAS and lazily loaded kernels initialise outside any capture), then
+ *    cuBLASLt and lazily loaded kernels initialise outside any capture), then
  *    captures one (schedule kernel, zeroed metrics, grad_accum runs of STEP,
  *    report and step-counter increment) into one CUDA Graph, instantiated
  *    once and replayed with one cudaGraphLaunch per step. lr and the step
@@ -56,9 +57,11 @@
  * mapped host memory after every collective. NCCL init and every
  * ncclInProgress are settled under a deadline too. Teardown and abort
  * destroy the graph exec and the graph first (NCCL waits for graphs that
- * captured its communicators), then the communicators, then memory.
+ * captured its communicators), then the communicators, then the GEMMs'
+ * cuBLASLt descriptors, the cuBLASLt handles and their workspaces, then
+ * memory.
  *
- * Plain C compiled by gcc with -Wall -Wextra: the CUDA runtime, cuBLAS and
+ * Plain C compiled by gcc with -Wall -Wextra: the CUDA runtime, cuBLASLt and
  * NCCL C APIs only. Nothing here has run on a GPU: see docs/CUDA.md.
  */
 #include <math.h>
@@ -73,7 +76,6 @@
 #include "kernels.h"
 #include "nccl_int.h"
 
-#define CU_WORKSPACE_BYTES (32u << 20) /* cuBLAS workspace per handle (Hopper's advice) */
 #define CU_BOUNCE_BYTES (16u << 20)    /* pinned bounce buffer per stream (read/write) */
 #define CU_INIT_DEADLINE_S 300.0       /* NCCL init without --timeout */
 #define CU_SETTLE_S 300.0              /* an ncclInProgress without --timeout */
@@ -90,7 +92,7 @@
 	do {                                                                                \
 		cublasStatus_t st_ = (call);                                                \
 		if (st_ != CUBLAS_STATUS_SUCCESS)                                           \
-			return RT_FAIL(e, "%s: %s", #call, cublasGetStatusString(st_));     \
+			return RT_FAIL(e, "%s: %s", #call, cublasLtGetStatusString(st_));   \
 	} while (0)
 
 /* Where a collective is, for the watchdog's message. */
@@ -124,8 +126,8 @@ typedef struct {
 	unsigned char *arena;
 	cudaStream_t st[DP_NSTREAM];
 	cudaStream_t copy_st;            /* staged batches */
-	cublasHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
-	void *blas_ws[DP_NSTREAM];
+	cublasLtHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
+	void *blas_ws[DP_NSTREAM];       /* its workspace, CU_BLAS_WS_BYTES */
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
 	int staging;                     /* some bf16 instruction runs on f32 copies (bf16.cu) */
 	void **shadow;                   /* staging: the tensors' addresses with the staged
@@ -417,6 +419,7 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
 	CuPlan p = {.s = s, .ptr = b->ptr, .alloc = plan_alloc, .impl = x};
+	memcpy(p.blas, x->blas, sizeof p.blas);
 	for (int g = 0; g < DP_NPROG; g++) {
 		x->fuse[g] = calloc(s->nprog[g] ? s->nprog[g] : 1, sizeof *x->fuse[g]);
 		if (!x->fuse[g])
@@ -424,7 +427,9 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 		p.fuse[g] = x->fuse[g];
 	}
 	RT_CHECK(cu_plan_clip(&p, e));
-	return cu_plan_xent(&p, e);
+	RT_CHECK(cu_plan_xent(&p, e));
+	/* cuBLASLt's algorithms, chosen here, outside any capture */
+	return cu_plan_gemm(&p, e);
 }
 
 /* SHARD is a strided copy kernel: its operands must not overlap. */
@@ -540,13 +545,11 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 		CU(cudaHostAlloc((void **)&x->bounce[k], CU_BOUNCE_BYTES, cudaHostAllocDefault));
 		if (!gemm_on[k])
 			continue;
-		BLAS(cublasCreate(&x->blas[k]));
-		BLAS(cublasSetStream(x->blas[k], x->st[k]));
-		/* fp32 GEMMs stay fp32 unless the step file says precision tf32 */
-		BLAS(cublasSetMathMode(x->blas[k], x->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-							   : CUBLAS_DEFAULT_MATH));
-		CU(cudaMalloc(&x->blas_ws[k], CU_WORKSPACE_BYTES));
-		BLAS(cublasSetWorkspace(x->blas[k], x->blas_ws[k], CU_WORKSPACE_BYTES));
+		/* a handle has no stream, math mode or workspace of its own: each
+		 * GEMM's plan carries its compute type (TF32 only with precision
+		 * tf32), each call the stream and this workspace */
+		BLAS(cublasLtCreate(&x->blas[k]));
+		CU(cudaMalloc(&x->blas_ws[k], CU_BLAS_WS_BYTES));
 	}
 	for (uint32_t i = 0; i < s->nevents; i++)
 		CU(cudaEventCreateWithFlags(&x->ev[i], cudaEventDisableTiming));
@@ -611,9 +614,14 @@ static void cu_free(Backend *b)
 				cudaFree(r->dev[k]);
 		cudaFreeHost(r->host);
 	}
+	/* the GEMMs' cuBLASLt descriptors, then the handles, then their
+	 * workspaces (nothing is in flight: synced above, graphs destroyed) */
+	for (int g = 0; g < DP_NPROG; g++)
+		for (uint32_t i = 0; x->fuse[g] && i < b->s->nprog[g]; i++)
+			cu_gemm_free(&x->fuse[g][i]);
 	for (int k = 0; k < DP_NSTREAM; k++) {
 		if (x->blas[k])
-			cublasDestroy(x->blas[k]);
+			cublasLtDestroy(x->blas[k]);
 		if (x->blas_ws[k])
 			cudaFree(x->blas_ws[k]);
 		if (x->scratch[k])
@@ -698,7 +706,7 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	const CuKernel *k = &cu_kernel_table.k[in->op];
-	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream],
+	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
 	if (!x->shadow || k->bf16 || !cu_stage_need(b->s, in))
 		return k->run(&a, e);

@@ -1,26 +1,47 @@
 /*
  * gemm.cu - the CUDA kernels of matrix products (the CPU's
- * runtime/cpu/gemm.c): matmul and linear through cuBLAS, and linear's bias
+ * runtime/cpu/gemm.c): matmul and linear through cuBLASLt, and linear's bias
  * gradient as a two-stage column sum.
  *
- * matmul, linear: cublasGemmEx, fp32 in and out; or bf16 operands
- * (CUDA_R_16BF) with fp32 compute (CUBLAS_COMPUTE_32F) writing bf16 rounded
- * once to nearest even, or fp32 (a weight gradient accumulated with beta =
- * 1): the CPU's oneDNN matmul does the same (runtime/cpu/gemm_bf16.c), in
- * another summation order. A bf16 linear's bias rows are bf16 copies of the
- * bf16 bias (exact), then the product is added to them in fp32 and rounded
- * once. TF32 applies to fp32 operands only. Row-major C[m,n] = op(A)
- * op(B) (+ beta C) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first
- * with the same transpose flags. Compute type CUBLAS_COMPUTE_32F (full fp32
- * FMA), or CUBLAS_COMPUTE_32F_FAST_TF32 when the step file says `precision
- * tf32` (tensor cores with 10-bit mantissa inputs: ~1e-3 relative per
- * product, so a tf32 run agrees with the CPU only loosely). cuBLAS sums a
- * dot product in its own order (blocked, split differently per shape and
- * GPU), OpenBLAS in another: fp32 results differ from the CPU by ~1e-6
- * relative (a few ulp times sqrt(k)). cuBLAS is bitwise reproducible run to
- * run on one GPU model with a fixed workspace (set once per handle), so
- * graph == eager. linear first writes the bias into every output row, then
- * beta = 1, as the CPU does.
+ * matmul, linear: cublasLtMatmul, one path for every dtype: fp32 operands
+ * writing fp32, or bf16 operands (CUDA_R_16BF) writing bf16 rounded once to
+ * nearest even, or fp32 (a weight gradient accumulated with beta = 1).
+ * Compute type CUBLAS_COMPUTE_32F (fp32 accumulation; for fp32 operands full
+ * fp32 FMA), or CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands when the step
+ * file says `precision tf32` (tensor cores with 10-bit mantissa inputs: ~1e-3
+ * relative per product); scale type fp32. The CPU's oneDNN (bf16) and
+ * OpenBLAS (fp32) do the same in another summation order. Row-major C[m,n]
+ * = op(A) op(B) (+ beta C) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's
+ * A is our in1 and its B our in0, with the same transpose flags; a row-major
+ * [r, c] tensor is a column-major c x r matrix with leading dimension c.
+ *
+ * Everything about a call is decided at load, before any capture
+ * (cu_plan_gemm, from the backend's planning step): the descriptors, and the
+ * algorithm from cublasLtMatmulAlgoGetHeuristic told the operands' real
+ * alignment (MIN_ALIGNMENT_*: cuBLASLt assumes 256 bytes otherwise, and views
+ * into flat buffers are often less aligned) and the stream's workspace size.
+ * A run only enqueues cublasLtMatmul with that algorithm, the stream's
+ * workspace and the operands' addresses (checked to be as aligned as
+ * planned). One algorithm per instruction and a fixed workspace: cuBLASLt is
+ * bitwise reproducible run to run on one GPU model, so graph == eager.
+ *
+ * One rounding. A bf16 output must be the fp32 result rounded once: the
+ * heuristic may pick only split-K schemes that reduce in the compute type
+ * (REDUCTION_SCHEME_MASK = COMPUTE_TYPE; INPLACE and OUTPUT_TYPE add
+ * partial sums in the output type, bf16). fp32 outputs allow every scheme
+ * (every partial sum is fp32 anyway).
+ *
+ * linear's bias. fp32 output: CUBLASLT_EPILOGUE_BIAS (bias fp32, the type
+ * of D as cuBLASLt requires) when the bias is 16-byte aligned: the epilogue
+ * adds it to the finished fp32 accumulator, the same single fp32 addition
+ * beta = 1 makes, so the numerics are those of the copy below (cuBLASLt's
+ * heuristic sees the bias pointer, but kernels have faulted on an
+ * under-aligned bias anyway: PyTorch falls back below 16 bytes too).
+ * bf16 output, or a less aligned bias: the bias is copied into every output
+ * row (exact) and the product added with beta = 1. cuBLASLt documents that
+ * C is converted to the scale type (fp32) with the accumulator and the sum
+ * rounded once to D's type; it does not say in which precision the epilogue
+ * adds a bf16 bias, so bf16 keeps the documented path.
  *
  * bias_grad: out[c] = sum_r in0[r, c] (+ out) by cu_colsum (device.cuh):
  * chunks of rows summed in double per column, then the chunks in order,
@@ -30,7 +51,20 @@
  * (<= 1 ulp). Before, one thread per column walked every row: 24 blocks
  * for d = 768; now about 1024 blocks read the gradient once, coalesced.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "device.cuh"
+
+/* One matmul or linear instruction's cuBLASLt call, made at load. */
+struct CuGemm {
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, c; /* cuBLASLt's A (our in1), B (our in0), C = D (out) */
+	cublasLtMatmulAlgo_t algo;
+	float beta;                     /* 1: add to the output (acc, or the bias rows) */
+	int bias_rows;                  /* linear: copy the bias into the rows first */
+	uint32_t align[4];              /* alignment planned for: A, B, C = D, bias (bytes) */
+};
 
 /* m, k, n of out = op(in0) @ op(in1) (ia0, ia1: transpose flags; linear: none). */
 static void gemm_dims(const DpStep *s, const DpInstr *in, int64_t *m, int64_t *k, int64_t *n)
@@ -42,7 +76,7 @@ static void gemm_dims(const DpStep *s, const DpInstr *in, int64_t *m, int64_t *k
 	*n = tb ? cu_rows(b) : cu_cols(b);
 }
 
-/* cuBLAS takes int sizes and leading dimensions. */
+/* cuBLASLt supports sizes and leading dimensions that fit an int32. */
 static int limit_gemm(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	int64_t m, k, n;
@@ -50,42 +84,165 @@ static int limit_gemm(const DpStep *s, const DpInstr *in, RtErr *e)
 	int64_t la = cu_cols(&s->tensors[in->in[0]]), lb = cu_cols(&s->tensors[in->in[1]]);
 	if (m > INT_MAX || k > INT_MAX || n > INT_MAX || la > INT_MAX || lb > INT_MAX)
 		return RT_FAIL(e, "step file: %s '%s': a %lld x %lld x %lld product is too large for "
-			       "cuBLAS (int sizes)", dp_kernel_names[in->op],
+			       "cuBLASLt (int sizes)", dp_kernel_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
 			       (long long)n);
 	return 0;
 }
 
-static int gemm(const CuArgs *a, float beta, RtErr *e)
+/* The largest power of two up to 256 that divides the address. */
+static uint32_t align_of(const void *p)
 {
-	const DpTensor *ta_ = cu_t(a, 0), *tb_ = cu_t(a, 1);
-	int ta = a->in->op == DPK_MATMUL && a->in->ia[0], tb = a->in->op == DPK_MATMUL && a->in->ia[1];
+	uint32_t r = 256;
+	while (r > 1 && (uintptr_t)p % r)
+		r /= 2;
+	return r;
+}
+
+/* A cuBLASLt call made for instruction `in` of step s. */
+#define LT(call)                                                                            \
+	do {                                                                                \
+		cublasStatus_t st_ = (call);                                                \
+		if (st_ != CUBLAS_STATUS_SUCCESS)                                           \
+			return RT_FAIL(e, "%s '%s': %s: %s", dp_kernel_names[in->op],        \
+				       dpstep_str(s, s->tensors[in->out].name), #call,      \
+				       cublasLtGetStatusString(st_));                       \
+	} while (0)
+
+static int set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t at,
+		    uint32_t v)
+{
+	return cublasLtMatmulPreferenceSetAttribute(pref, at, &v, sizeof v) != CUBLAS_STATUS_SUCCESS;
+}
+
+/* The best algorithm for g's problem with these alignments, within the
+ * stream's workspace. */
+static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
+				cublasLtMatmulHeuristicResult_t *res, int *count)
+{
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return st;
+	uint64_t ws = CU_BLAS_WS_BYTES;
+	st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+						  sizeof ws);
+	if (st == CUBLAS_STATUS_SUCCESS &&
+	    (set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g->align[0]) ||
+	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g->align[1]) ||
+	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g->align[2]) ||
+	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g->align[2]) ||
+	     (bf16_out && set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+				   CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))))
+		st = CUBLAS_STATUS_INVALID_VALUE;
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulAlgoGetHeuristic(lt, g->op, g->a, g->b, g->c, g->c, pref, 1, res,
+						    count);
+	cublasStatus_t st2 = cublasLtMatmulPreferenceDestroy(pref);
+	return st != CUBLAS_STATUS_SUCCESS ? st : st2;
+}
+
+/* Instruction in's descriptors and algorithm into f->gemm (freed by
+ * cu_gemm_free, also when this fails half-way). */
+static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
+{
+	const DpStep *s = p->s;
 	int64_t m, k, n;
-	gemm_dims(a->s, a->in, &m, &k, &n);
-	int64_t ca = cu_cols(ta_), cb = cu_cols(tb_);
-	const float one = 1.0f;
+	gemm_dims(s, in, &m, &k, &n);
+	if (!m || !n || !k)
+		return 0; /* no product: run_gemm writes zeros or the bias itself */
+	cublasLtHandle_t lt = p->blas[in->stream];
+	if (!lt)
+		return RT_FAIL(e, "internal error: %s '%s' on a stream without a cuBLASLt handle",
+			       dp_kernel_names[in->op], dpstep_str(s, s->tensors[in->out].name));
+	const DpTensor *tx = &s->tensors[in->in[0]], *tw = &s->tensors[in->in[1]];
+	const void *px = p->ptr[in->in[0]], *pw = p->ptr[in->in[1]], *po = p->ptr[in->out];
+	const void *pbias = in->op == DPK_LINEAR && in->in[2] >= 0 ? p->ptr[in->in[2]] : NULL;
+	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
 	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
 	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
-	cudaDataType_t ab = ta_->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-	cudaDataType_t c = cu_t(a, -1)->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-	if (m == 0 || n == 0)
-		return 0;
-	cublasStatus_t st = cublasGemmEx(
-		a->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
-		(int)k, &one, cu_p(a, 1), ab, (int)(cb ? cb : 1), cu_p(a, 0), ab, (int)(ca ? ca : 1),
-		&beta, cu_p(a, -1), c, (int)n,
-		a->tf32 && ab == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-		CUBLAS_GEMM_DEFAULT);
-	if (st != CUBLAS_STATUS_SUCCESS)
-		return RT_FAIL(e, "%s: cublasGemmEx (%lld x %lld x %lld%s): %s",
-			       dp_kernel_names[a->in->op], (long long)m, (long long)k, (long long)n,
-			       a->tf32 ? ", tf32" : "", cublasGetStatusString(st));
+	cudaDataType_t ab = tx->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	cudaDataType_t c = s->tensors[in->out].dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	int tf32 = s->cfg.gemm_math == DP_GEMM_TF32 && ab == CUDA_R_32F;
+	CuGemm *g = (CuGemm *)calloc(1, sizeof *g);
+	if (!g)
+		return RT_FAIL(e, "out of memory (GEMM plan)");
+	f->gemm = g;
+	int epilogue = pbias && c == CUDA_R_32F && align_of(pbias) >= 16;
+	g->bias_rows = pbias && !epilogue;
+	g->beta = g->bias_rows || (in->op == DPK_MATMUL && in->ia[2]) ? 1.0f : 0.0f;
+	g->align[0] = align_of(pw);
+	g->align[1] = align_of(px);
+	g->align[2] = align_of(po);
+	g->align[3] = epilogue ? align_of(pbias) : 0;
+
+	LT(cublasLtMatmulDescCreate(&g->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+				    CUDA_R_32F));
+	int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+	if (epilogue) {
+		uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+		int32_t bias_type = c; /* D's type: what cuBLASLt requires of a bias */
+		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pbias,
+						  sizeof pbias));
+		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+						  sizeof bias_type));
+	}
+	/* row-major [r, c] = column-major c x r, leading dimension c */
+	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
+	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, cw));
+	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, cx));
+	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, n));
+
+	cublasLtMatmulHeuristicResult_t res;
+	int count = 0;
+	memset(&res, 0, sizeof res);
+	LT(heuristic(lt, g, c == CUDA_R_16BF, &res, &count));
+	if (count < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (%s%s, "
+			       "alignments %u/%u/%u bytes): %s", dp_kernel_names[in->op],
+			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
+			       (long long)n, ab == CUDA_R_16BF ? "bf16" : "fp32", tf32 ? ", tf32" : "",
+			       g->align[0], g->align[1], g->align[2],
+			       count < 1 ? "no result" : cublasLtGetStatusString(res.state));
+	if (res.workspaceSize > CU_BLAS_WS_BYTES)
+		return RT_FAIL(e, "%s '%s': cuBLASLt's algorithm needs %zu bytes of workspace, more than "
+			       "the %zu asked for", dp_kernel_names[in->op],
+			       dpstep_str(s, s->tensors[in->out].name), res.workspaceSize,
+			       (size_t)CU_BLAS_WS_BYTES);
+	g->algo = res.algo;
 	return 0;
 }
 
-static int run_matmul(const CuArgs *a, RtErr *e)
+extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 {
-	return gemm(a, a->in->ia[2] ? 1.0f : 0.0f, e);
+	for (int g = 0; g < DP_NPROG; g++)
+		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
+			const DpInstr *in = &p->s->prog[g][i];
+			if (in->op == DPK_MATMUL || in->op == DPK_LINEAR)
+				RT_CHECK(plan_one(p, in, &p->fuse[g][i], e));
+		}
+	return 0;
+}
+
+extern "C" void cu_gemm_free(CuFuse *f)
+{
+	CuGemm *g = f->gemm;
+	if (!g)
+		return;
+	/* teardown: a failure here changes nothing that follows */
+	if (g->c)
+		cublasLtMatrixLayoutDestroy(g->c);
+	if (g->b)
+		cublasLtMatrixLayoutDestroy(g->b);
+	if (g->a)
+		cublasLtMatrixLayoutDestroy(g->a);
+	if (g->op)
+		cublasLtMatmulDescDestroy(g->op);
+	free(g);
+	f->gemm = NULL;
 }
 
 /* o[r, :] = bias for every row: linear's start before beta = 1 (T: float,
@@ -98,22 +255,55 @@ __global__ void k_bias_rows(T *o, const T *bias, int64_t rows, int64_t cols)
 			o[r * cols + j] = bias[j];
 }
 
-static int run_linear(const CuArgs *a, RtErr *e)
+static int bias_rows(const CuArgs *a, int64_t rows, int64_t cols, RtErr *e)
 {
-	float beta = 0;
-	int64_t rows = cu_rows(cu_t(a, 0)), cols = cu_cols(cu_t(a, -1));
-	if (a->in->in[2] >= 0 && rows * cols > 0) {
-		unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
-		if (cu_t(a, -1)->dtype == DP_BF16)
-			CU_LAUNCH(k_bias_rows<cu_bf16>, grid, cu_row_threads(cols), a->st,
-				  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 2), rows, cols);
-		else
-			CU_LAUNCH(k_bias_rows<float>, grid, cu_row_threads(cols), a->st, cu_f(a, -1),
-				  cu_f(a, 2), rows, cols);
-		CU_LAUNCHED(a, e);
-		beta = 1;
+	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
+	if (cu_t(a, -1)->dtype == DP_BF16)
+		CU_LAUNCH(k_bias_rows<cu_bf16>, grid, cu_row_threads(cols), a->st,
+			  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 2), rows, cols);
+	else
+		CU_LAUNCH(k_bias_rows<float>, grid, cu_row_threads(cols), a->st, cu_f(a, -1),
+			  cu_f(a, 2), rows, cols);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+static int run_gemm(const CuArgs *a, RtErr *e)
+{
+	int64_t m, k, n;
+	gemm_dims(a->s, a->in, &m, &k, &n);
+	if (!m || !n)
+		return 0;
+	int has_bias = a->in->op == DPK_LINEAR && a->in->in[2] >= 0;
+	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is */
+		if (has_bias)
+			return bias_rows(a, m, n, e);
+		if (a->in->op == DPK_MATMUL && a->in->ia[2])
+			return 0;
+		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype),
+					 a->st), e);
+		return 0;
 	}
-	return gemm(a, beta, e);
+	const CuGemm *g = a->fuse->gemm;
+	const void *pa = cu_p(a, 1), *pb = cu_p(a, 0);
+	void *pc = cu_p(a, -1);
+	if (!g || align_of(pa) < g->align[0] || align_of(pb) < g->align[1] ||
+	    align_of(pc) < g->align[2] || (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]))
+		return RT_FAIL(e, "internal error: %s '%s': %s", dp_kernel_names[a->in->op],
+			       dpstep_str(a->s, cu_t(a, -1)->name),
+			       g ? "the operands are less aligned than when its cuBLASLt algorithm was "
+				   "chosen" : "no cuBLASLt plan");
+	if (g->bias_rows)
+		RT_CHECK(bias_rows(a, m, n, e));
+	const float one = 1.0f;
+	cublasStatus_t st = cublasLtMatmul(a->blas, g->op, &one, pa, g->a, pb, g->b, &g->beta, pc, g->c,
+					   pc, g->c, &g->algo, a->blas_ws, CU_BLAS_WS_BYTES, a->st);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
+			       dp_kernel_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
+			       (long long)m, (long long)k, (long long)n, a->tf32 ? ", tf32" : "",
+			       cublasLtGetStatusString(st));
+	return 0;
 }
 
 /* ---- bias_grad: two-stage column sums in double ---- */
@@ -145,7 +335,7 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 extern "C" void cu_gemm_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_MATMUL] = {run_matmul, limit_gemm, NULL, 1, 1};
-	k[DPK_LINEAR] = {run_linear, limit_gemm, NULL, 1, 1};
+	k[DPK_MATMUL] = {run_gemm, limit_gemm, NULL, 1, 1};
+	k[DPK_LINEAR] = {run_gemm, limit_gemm, NULL, 1, 1};
 	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 0};
 }

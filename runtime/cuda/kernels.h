@@ -2,9 +2,10 @@
  * kernels.h - the CUDA backend's kernel table as the backend
  * (backend_cuda.c, plain C) and the kernel files (the .cu files of runtime/cuda, nvcc)
  * see it: one row per opcode, ORDER KERNEL, holding the op's launcher and
- * what it needs from the backend (a cuBLAS handle on its stream, scratch
- * memory, its own load limits), plus the load-time planners that fuse
- * neighbouring instructions.
+ * what it needs from the backend (a cuBLASLt handle and workspace on its
+ * stream, scratch memory, its own load limits), plus the load-time planners
+ * that fuse neighbouring instructions or, for the GEMMs, choose cuBLASLt's
+ * algorithm before anything is captured.
  *
  * Each kernel file owns the ops of one concept and fills their rows
  * (cu_<concept>_rows); kernels.cu merges them into cu_kernel_table, so an
@@ -14,7 +15,7 @@
  *                   SHARD (cu_k_copy2d)
  *   elementwise.cu  activations and their gradients, add, mul, scale, accum,
  *                   bias_add
- *   gemm.cu         matmul, linear (cuBLAS), bias_grad
+ *   gemm.cu         matmul, linear (cuBLASLt), bias_grad
  *   loss.cu         cross entropy, its gradient, correct
  *   optim.cu        squared norm, sqrt, clip, SGD, AdamW
  *   norm.cu         layernorm and rmsnorm with their gradients
@@ -25,7 +26,7 @@
  *                   watchdog's progress mark
  *
  * Every launcher enqueues on the instruction's stream and checks the launch
- * (cudaGetLastError) and every cuBLAS status; nothing here synchronises,
+ * (cudaGetLastError) and every cuBLASLt status; nothing here synchronises,
  * allocates or touches host memory, so every launcher is legal inside
  * stream capture.
  *
@@ -41,7 +42,7 @@
 
 #include <stdint.h>
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -108,6 +109,8 @@ typedef struct {
 	double *rowstats;       /* cross entropy: per row (max, sum of exp) that the loss
 	                           kernel writes and its gradient reads; NULL: none */
 	int rowstats_in;        /* 1: the gradient reads rowstats (its loss wrote them) */
+	struct CuGemm *gemm;    /* matmul, linear: the cuBLASLt descriptors and algorithm
+	                           chosen at load (host memory, gemm.cu); NULL: none */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's resources. */
@@ -116,7 +119,8 @@ typedef struct {
 	const DpInstr *in;
 	void *const *ptr;       /* device address of every tensor */
 	cudaStream_t st;        /* the instruction's stream */
-	cublasHandle_t blas;    /* that stream's cuBLAS handle (rows with blas = 1) */
+	cublasLtHandle_t blas;  /* that stream's cuBLASLt handle (rows with blas = 1) */
+	void *blas_ws;          /* ... and its workspace, CU_BLAS_WS_BYTES */
 	void *scratch;          /* that stream's scratch (at least the row's scratch bytes,
 	                           256-byte aligned) */
 	CuScalars *sc;          /* device per-step scalars */
@@ -130,7 +134,7 @@ typedef struct {
 	int (*limits)(const DpStep *s, const DpInstr *in, RtErr *e);
 	/* Bytes of per-stream scratch the op needs (NULL: CU_SCRATCH_MIN). */
 	size_t (*scratch)(const DpStep *s, const DpInstr *in);
-	int blas; /* 1: needs a cuBLAS handle on its stream */
+	int blas; /* 1: needs a cuBLASLt handle and workspace on its stream */
 	int bf16; /* 1: reads and writes bf16 operands itself; 0: a bf16 instruction
 	             runs on f32 copies (cu_stage_*, bf16.cu) */
 } CuKernel;
@@ -139,6 +143,10 @@ typedef struct {
 	CuKernel k[DPK_COUNT]; /* ORDER KERNEL */
 	int twice;             /* an opcode two kernel files claim (internal error), -1: none */
 } CuKernelTable;
+
+/* cuBLASLt workspace per stream with GEMMs (Hopper's advice: 32 MiB); every
+ * algorithm chosen needs at most this much. */
+#define CU_BLAS_WS_BYTES ((size_t)32 << 20)
 
 /* Scratch bytes every stream has (the two-stage reductions' partial sums). */
 #define CU_REDUCE_BLOCKS 256
@@ -187,6 +195,7 @@ typedef struct CuPlan {
 	const DpStep *s;
 	void *const *ptr;
 	CuFuse *fuse[DP_NPROG];
+	cublasLtHandle_t blas[DP_NSTREAM]; /* per stream, NULL on one without GEMMs */
 	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
 	void *impl;
 } CuPlan;
@@ -195,6 +204,12 @@ typedef struct CuPlan {
 int cu_plan_clip(CuPlan *p, RtErr *e);
 /* Cross entropy's row statistics shared with its gradient (loss.cu). */
 int cu_plan_xent(CuPlan *p, RtErr *e);
+/* Every GEMM's cuBLASLt descriptors and algorithm (heuristic query with the
+ * operands' real addresses), before any capture (gemm.cu). */
+int cu_plan_gemm(CuPlan *p, RtErr *e);
+/* Destroy what cu_plan_gemm made for one entry (idempotent); before the
+ * cuBLASLt handles are destroyed. */
+void cu_gemm_free(CuFuse *f);
 
 /* ---- kernels of the backend itself (not ops) ---- */
 

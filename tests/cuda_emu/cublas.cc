@@ -1,5 +1,6 @@
 /*
- * cublas.cc - the CUDA emulator's cuBLAS subset. A handle has a stream
+ * cublas.cc - the CUDA emulator's cuBLAS and cuBLASLt subsets (cuBLASLt:
+ * the second half, with its own notes). A cuBLAS handle has a stream
  * (cublasSetStream), a workspace, a math mode and a pointer mode. A GEMM is
  * checked when it is called, as cuBLAS checks it (the documented rules: m,
  * n, k >= 0; op N, T or C; lda >= max(1, rows of A as stored), likewise ldb,
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "emu.h"
+#include "include/cublasLt.h"
 #include "include/cublas_v2.h"
 #include "include/cuda_bf16.h"
 
@@ -106,16 +108,39 @@ static CBLAS_TRANSPOSE cb(cublasOperation_t op)
 	return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; /* real: C is T */
 }
 
+/* Say why api returns st (a misuse the real library rejects), return st. */
+static cublasStatus_t refuse(cublasStatus_t st, const char *api, const char *fmt, va_list ap)
+{
+	char buf[512];
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	note("%s: %s: %s", api, buf, cublasGetStatusName(st));
+	return st;
+}
+
 static cublasStatus_t bad(const char *api, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static cublasStatus_t bad(const char *api, const char *fmt, ...)
 {
-	char buf[512];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(buf, sizeof buf, fmt, ap);
+	cublasStatus_t st = refuse(CUBLAS_STATUS_INVALID_VALUE, api, fmt, ap);
 	va_end(ap);
-	note("%s: %s: CUBLAS_STATUS_INVALID_VALUE", api, buf);
-	return CUBLAS_STATUS_INVALID_VALUE;
+	return st;
+}
+
+/* What a handle's creation refuses: no place for the handle, no usable
+ * device, a capture in progress (what: the call, and why it may not be
+ * captured). */
+static cublasStatus_t create_refused(const void *h, const char *what)
+{
+	if (!h)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	if (init_error())
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (capturing()) {
+		capture_violation(what);
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	}
+	return CUBLAS_STATUS_SUCCESS;
 }
 
 static cublasStatus_t gemm(const char *api, cublasHandle_t h, cublasOperation_t ta,
@@ -229,14 +254,8 @@ extern "C" {
 cublasStatus_t cublasCreate(cublasHandle_t *h)
 {
 	EMU_API_ENTRY("cublasCreate");
-	if (!h)
-		return CUBLAS_STATUS_INVALID_VALUE;
-	if (init_error())
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	if (capturing()) {
-		capture_violation("cublasCreate (it allocates device memory)");
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	}
+	if (cublasStatus_t st = create_refused(h, "cublasCreate (it allocates device memory)"))
+		return st;
 	cublasContext *c = new cublasContext{nullptr, nullptr, 0, CUBLAS_DEFAULT_MATH, CUBLAS_POINTER_MODE_HOST};
 	handles().insert(c);
 	*h = c;
@@ -414,6 +433,539 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
 	return gemm("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha,
 		    Operand{"A", A, At, 0, 0, lda, sA}, Operand{"B", B, Bt, 0, 0, ldb, sB}, beta, C, Ct,
 		    ldc, sC, batch, compute);
+}
+
+} // extern "C"
+
+/* ==== cuBLASLt ==== */
+
+/*
+ * The descriptors are host objects, as in the library: creating, setting and
+ * destroying them is allowed anywhere (also during capture). What the
+ * library documents is checked where it checks it: attribute sizes at the
+ * set; the problem (types against the compute type, transposes against the
+ * layouts' shapes, ld >= rows, the bias epilogue's pointer and type) by the
+ * heuristic and again by cublasLtMatmul; the algorithm's alignments and
+ * workspace by cublasLtMatmul. A heuristic query is host work that dp does
+ * once per GEMM at load: during a capture it is reported (and the capture
+ * invalidated), like cublasLtCreate/Destroy and a cublasLtMatmul without an
+ * algorithm (which queries the heuristic itself).
+ */
+
+struct cublasLtContext {
+	int unused;
+};
+struct cublasLtMatmulDescEmu {
+	cublasComputeType_t compute;
+	cudaDataType scale;
+	int32_t pointer_mode;
+	int32_t ta, tb, tc;
+	uint32_t epilogue;
+	const void *bias;
+	int32_t bias_type; /* -1: D's type */
+};
+struct cublasLtMatrixLayoutEmu {
+	cudaDataType t;
+	uint64_t rows, cols;
+	int64_t ld;
+};
+struct cublasLtMatmulPreferenceEmu {
+	uint64_t max_ws;
+	uint32_t reduction_mask;
+	uint32_t align[4]; /* A, B, C, D: the minimum alignment the caller guarantees */
+};
+
+template <typename T> static std::set<T *> &live_set()
+{
+	static std::set<T *> *s = new std::set<T *>;
+	return *s;
+}
+template <typename T> static bool lt_live(T *p)
+{
+	return p && live_set<T>().count(p);
+}
+/* A new descriptor holding v, in *out. */
+template <typename T> static cublasStatus_t lt_make(T **out, const T &v)
+{
+	T *x = new T(v);
+	live_set<T>().insert(x);
+	*out = x;
+	return CUBLAS_STATUS_SUCCESS;
+}
+/* Destroy a descriptor (one destroyed already, or never made: FATAL). */
+template <typename T> static cublasStatus_t lt_unmake(T *p, const char *api)
+{
+	if (!lt_live(p))
+		fatal("%s: %p is not a live descriptor (destroyed twice?)", api, (void *)p);
+	live_set<T>().erase(p);
+	delete p;
+	return CUBLAS_STATUS_SUCCESS;
+}
+template <typename T> static void need_live(T *p, const char *api, const char *what)
+{
+	if (!lt_live(p))
+		fatal("%s: %s %p is not a live descriptor (never created, or destroyed)", api, what,
+		      (void *)p);
+}
+
+#define LT_ALGO_MAGIC 0x44504c54414c474full /* "DPLTALGO" */
+/* What the emulated heuristic decided, kept in cublasLtMatmulAlgo_t.data. */
+enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION };
+
+/* One matmul as the descriptors describe it. */
+struct LtProblem {
+	int m, n, k;
+	cublasOperation_t ta, tb;
+	cudaDataType ab, cd;
+	cublasComputeType_t compute;
+	bool bias;
+	cudaDataType bias_type;
+	uint64_t signature() const
+	{
+		uint64_t h = 1469598103934665603ull;
+		for (uint64_t v : {(uint64_t)m, (uint64_t)n, (uint64_t)k, (uint64_t)ta, (uint64_t)tb,
+				   (uint64_t)ab, (uint64_t)cd, (uint64_t)compute, (uint64_t)bias})
+			h = (h ^ v) * 1099511628211ull;
+		return h;
+	}
+};
+
+static uint32_t lt_align_of(const void *p)
+{
+	uint32_t r = 256;
+	while (r > 1 && (uintptr_t)p % r)
+		r /= 2;
+	return r;
+}
+
+static cublasStatus_t lt_unsupported(const char *api, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static cublasStatus_t lt_unsupported(const char *api, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	cublasStatus_t st = refuse(CUBLAS_STATUS_NOT_SUPPORTED, api, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+/* The checks cuBLASLt makes of a problem (heuristic and matmul alike). */
+static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+				 cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+				 cublasLtMatrixLayout_t D, LtProblem *p)
+{
+	need_live(d, api, "the matmul descriptor");
+	need_live(A, api, "Adesc");
+	need_live(B, api, "Bdesc");
+	need_live(C, api, "Cdesc");
+	need_live(D, api, "Ddesc");
+	bool f32 = A->t == CUDA_R_32F && B->t == CUDA_R_32F && D->t == CUDA_R_32F;
+	bool bf = A->t == CUDA_R_16BF && B->t == CUDA_R_16BF && (D->t == CUDA_R_16BF || D->t == CUDA_R_32F);
+	bool c32 = d->compute == CUBLAS_COMPUTE_32F || d->compute == CUBLAS_COMPUTE_32F_PEDANTIC;
+	bool fast = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 || d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ||
+		    d->compute == CUBLAS_COMPUTE_32F_FAST_16F;
+	if (C->t != D->t || d->scale != CUDA_R_32F || !((f32 && (c32 || fast)) || (bf && c32)))
+		return lt_unsupported(api, "A %s, B %s, C %s, D %s with compute type %d and scale type %s "
+				      "is not a supported combination", tname(A->t), tname(B->t),
+				      tname(C->t), tname(D->t), (int)d->compute, tname(d->scale));
+	if (d->pointer_mode != 0)
+		return lt_unsupported(api, "only CUBLASLT_POINTER_MODE_HOST is emulated");
+	if (d->tc != CUBLAS_OP_N)
+		return bad(api, "CUBLASLT_MATMUL_DESC_TRANSC %d: only CUBLAS_OP_N is supported", d->tc);
+	for (const cublasLtMatrixLayoutEmu *l : {A, B, C, D}) {
+		const char *nm = l == A ? "A" : l == B ? "B" : l == C ? "C" : "D";
+		if (l->rows > INT32_MAX || l->cols > INT32_MAX || l->ld > INT32_MAX)
+			return lt_unsupported(api, "%s is %llu x %llu, ld %lld: beyond int32", nm,
+					      (unsigned long long)l->rows, (unsigned long long)l->cols,
+					      (long long)l->ld);
+		if (l->ld < (int64_t)(l->rows > 1 ? l->rows : 1))
+			return bad(api, "%s: ld %lld < max(1, rows %llu): the columns of the column-major "
+				   "matrix overlap", nm, (long long)l->ld, (unsigned long long)l->rows);
+	}
+	/* D is m x n; op(A) must be m x k and op(B) k x n */
+	uint64_t ar = d->ta == CUBLAS_OP_N ? A->rows : A->cols, ac = d->ta == CUBLAS_OP_N ? A->cols : A->rows;
+	uint64_t br = d->tb == CUBLAS_OP_N ? B->rows : B->cols, bc = d->tb == CUBLAS_OP_N ? B->cols : B->rows;
+	if (ar != D->rows || bc != D->cols || ac != br || C->rows != D->rows || C->cols != D->cols)
+		return bad(api, "the transposes and layouts disagree: op%s(A) is %llu x %llu, op%s(B) "
+			   "%llu x %llu, C %llu x %llu, D %llu x %llu", d->ta == CUBLAS_OP_N ? "N" : "T",
+			   (unsigned long long)ar, (unsigned long long)ac, d->tb == CUBLAS_OP_N ? "N" : "T",
+			   (unsigned long long)br, (unsigned long long)bc, (unsigned long long)C->rows,
+			   (unsigned long long)C->cols, (unsigned long long)D->rows,
+			   (unsigned long long)D->cols);
+	if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+		return lt_unsupported(api, "epilogue %u: the emulator has DEFAULT and BIAS only",
+				      d->epilogue);
+	p->bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+	p->bias_type = d->bias_type < 0 ? D->t : (cudaDataType)d->bias_type;
+	if (p->bias && !d->bias)
+		return bad(api, "CUBLASLT_EPILOGUE_BIAS without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+	if (p->bias && p->bias_type != D->t)
+		return lt_unsupported(api, "bias type %s with D %s: the bias must have D's type",
+				      tname(p->bias_type), tname(D->t));
+	p->m = (int)D->rows;
+	p->n = (int)D->cols;
+	p->k = (int)ac;
+	p->ta = (cublasOperation_t)d->ta;
+	p->tb = (cublasOperation_t)d->tb;
+	p->ab = A->t;
+	p->cd = D->t;
+	p->compute = d->compute;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The emulated heuristic: one algorithm, needing exactly the alignments
+ * the preference allows (a real heuristic picks the fastest it may, and
+ * the fastest assume the most alignment), 1 MiB of workspace when allowed
+ * (split-K), the first reduction scheme the mask allows. */
+static cublasLtMatmulAlgo_t lt_choose(const LtProblem &p, const cublasLtMatmulPreferenceEmu &pref,
+				      size_t *ws)
+{
+	cublasLtMatmulAlgo_t a;
+	memset(&a, 0, sizeof a);
+	a.data[ALGO_MAGIC] = LT_ALGO_MAGIC;
+	a.data[ALGO_PROBLEM] = p.signature();
+	for (int i = 0; i < 4; i++)
+		a.data[ALGO_ALIGN] |= (uint64_t)(pref.align[i] & 0xffff) << (16 * i);
+	*ws = pref.max_ws >= (1u << 20) ? (1u << 20) : 0;
+	a.data[ALGO_WS] = *ws;
+	uint32_t mask = pref.reduction_mask & CUBLASLT_REDUCTION_SCHEME_MASK;
+	a.data[ALGO_REDUCTION] = mask & CUBLASLT_REDUCTION_SCHEME_INPLACE ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+				 : mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+				 : mask & CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE ? CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE
+				 : CUBLASLT_REDUCTION_SCHEME_NONE;
+	return a;
+}
+
+static cublasLtMatmulPreferenceEmu lt_default_pref()
+{
+	return cublasLtMatmulPreferenceEmu{0, CUBLASLT_REDUCTION_SCHEME_MASK, {256, 256, 256, 256}};
+}
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+	EMU_API_ENTRY("cublasLtCreate");
+	if (cublasStatus_t st = create_refused(h, "cublasLtCreate (it initialises the library on the device)"))
+		return st;
+	cublasLtContext *c = new cublasLtContext{0};
+	live_set<cublasLtContext>().insert(c);
+	*h = c;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+	EMU_API_ENTRY("cublasLtDestroy");
+	if (!lt_live(h))
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (capturing())
+		capture_violation("cublasLtDestroy");
+	live_set<cublasLtContext>().erase(h);
+	delete h;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasLtGetStatusName(cublasStatus_t s)
+{
+	return cublasGetStatusName(s);
+}
+
+const char *cublasLtGetStatusString(cublasStatus_t s)
+{
+	return cublasGetStatusString(s);
+}
+
+size_t cublasLtGetVersion(void)
+{
+	return CUBLAS_VERSION;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+					cudaDataType scale)
+{
+	if (!d)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	switch (compute) {
+	case CUBLAS_COMPUTE_32F: case CUBLAS_COMPUTE_32F_PEDANTIC: case CUBLAS_COMPUTE_32F_FAST_TF32:
+	case CUBLAS_COMPUTE_32F_FAST_16BF: case CUBLAS_COMPUTE_32F_FAST_16F:
+		break;
+	default:
+		return bad("cublasLtMatmulDescCreate", "compute type %d is not one of the emulated 32F ones",
+			   (int)compute);
+	}
+	return lt_make(d, cublasLtMatmulDescEmu{compute, scale, 0, CUBLAS_OP_N, CUBLAS_OP_N, CUBLAS_OP_N,
+						 CUBLASLT_EPILOGUE_DEFAULT, nullptr, -1});
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+	return lt_unmake(d, "cublasLtMatmulDescDestroy");
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t at,
+					      const void *buf, size_t size)
+{
+	const char *api = "cublasLtMatmulDescSetAttribute";
+	need_live(d, api, "the matmul descriptor");
+	size_t want = at == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void *)
+		      : at == CUBLASLT_MATMUL_DESC_EPILOGUE ? sizeof(uint32_t) : sizeof(int32_t);
+	if (!buf || size != want)
+		return bad(api, "attribute %d: buf %p, %zu bytes (the attribute has %zu)", (int)at, buf, size,
+			   want);
+	int32_t v;
+	memcpy(&v, buf, sizeof v);
+	switch (at) {
+	case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: d->compute = (cublasComputeType_t)v; break;
+	case CUBLASLT_MATMUL_DESC_SCALE_TYPE: d->scale = (cudaDataType)v; break;
+	case CUBLASLT_MATMUL_DESC_POINTER_MODE: d->pointer_mode = v; break;
+	case CUBLASLT_MATMUL_DESC_TRANSA:
+	case CUBLASLT_MATMUL_DESC_TRANSB:
+	case CUBLASLT_MATMUL_DESC_TRANSC:
+		if ((unsigned)v > CUBLAS_OP_C)
+			return bad(api, "transpose %d is not CUBLAS_OP_N, _T or _C", v);
+		(at == CUBLASLT_MATMUL_DESC_TRANSA ? d->ta : at == CUBLASLT_MATMUL_DESC_TRANSB ? d->tb : d->tc) =
+			v == CUBLAS_OP_C ? CUBLAS_OP_T : v; /* real types: C is T */
+		break;
+	case CUBLASLT_MATMUL_DESC_EPILOGUE: d->epilogue = (uint32_t)v; break;
+	case CUBLASLT_MATMUL_DESC_BIAS_POINTER: memcpy(&d->bias, buf, sizeof d->bias); break;
+	case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: d->bias_type = v; break;
+	default:
+		return bad(api, "attribute %d is not emulated", (int)at);
+	}
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t rows,
+					  uint64_t cols, int64_t ld)
+{
+	if (!l)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	if (t != CUDA_R_32F && t != CUDA_R_16BF)
+		return lt_unsupported("cublasLtMatrixLayoutCreate", "type %s is not emulated", tname(t));
+	if (ld < 0)
+		return bad("cublasLtMatrixLayoutCreate", "ld %lld: only non-negative values are supported",
+			   (long long)ld);
+	return lt_make(l, cublasLtMatrixLayoutEmu{t, rows, cols, ld});
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+	return lt_unmake(l, "cublasLtMatrixLayoutDestroy");
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+	if (!p)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	return lt_make(p, lt_default_pref());
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+	return lt_unmake(p, "cublasLtMatmulPreferenceDestroy");
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+						    cublasLtMatmulPreferenceAttributes_t at,
+						    const void *buf, size_t size)
+{
+	const char *api = "cublasLtMatmulPreferenceSetAttribute";
+	need_live(p, api, "the preference");
+	size_t want = at == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? sizeof(uint64_t) : sizeof(uint32_t);
+	if (!buf || size != want)
+		return bad(api, "attribute %d: buf %p, %zu bytes (the attribute has %zu)", (int)at, buf, size,
+			   want);
+	uint32_t v = 0;
+	if (at != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+		memcpy(&v, buf, sizeof v);
+	switch (at) {
+	case CUBLASLT_MATMUL_PREF_SEARCH_MODE: break;
+	case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: memcpy(&p->max_ws, buf, sizeof p->max_ws); break;
+	case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: p->reduction_mask = v; break;
+	case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+	case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+	case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+	case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+		if (!v || (v & (v - 1)) || v > 256)
+			return bad(api, "alignment %u is not a power of two up to 256", v);
+		p->align[at - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = v;
+		break;
+	default:
+		return bad(api, "attribute %d is not emulated", (int)at);
+	}
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+					      cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+					      cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+					      cublasLtMatmulPreference_t pref, int requested,
+					      cublasLtMatmulHeuristicResult_t res[], int *count)
+{
+	const char *api = "cublasLtMatmulAlgoGetHeuristic";
+	EMU_API_ENTRY(api);
+	if (!lt_live(h))
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (capturing()) {
+		capture_violation("cublasLtMatmulAlgoGetHeuristic (algorithms are chosen once, before "
+				  "any capture)");
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	}
+	if (requested <= 0 || !res || !count)
+		return bad(api, "requestedAlgoCount %d, results %p, returnAlgoCount %p", requested,
+			   (void *)res, (void *)count);
+	need_live(pref, api, "the preference");
+	LtProblem p;
+	if (cublasStatus_t st = lt_problem(api, d, A, B, C, D, &p))
+		return st;
+	memset(res, 0, sizeof *res);
+	res[0].algo = lt_choose(p, *pref, &res[0].workspaceSize);
+	res[0].state = CUBLAS_STATUS_SUCCESS;
+	res[0].wavesCount = 1.0f;
+	*count = 1;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+			      const void *A, cublasLtMatrixLayout_t Ad, const void *B,
+			      cublasLtMatrixLayout_t Bd, const void *beta, const void *C,
+			      cublasLtMatrixLayout_t Cd, void *D, cublasLtMatrixLayout_t Dd,
+			      const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+			      cudaStream_t stream)
+{
+	const char *api = "cublasLtMatmul";
+	EMU_API_ENTRY(api);
+	if (!lt_live(h))
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	LtProblem p;
+	if (cublasStatus_t st = lt_problem(api, d, Ad, Bd, Cd, Dd, &p))
+		return st;
+	cublasLtMatmulAlgo_t chosen;
+	if (!algo) {
+		if (capturing()) {
+			capture_violation("cublasLtMatmul without an algorithm (it queries the heuristic)");
+			return CUBLAS_STATUS_NOT_SUPPORTED;
+		}
+		size_t need;
+		chosen = lt_choose(p, lt_default_pref(), &need);
+		algo = &chosen;
+	}
+	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC)
+		return bad(api, "the algorithm is not one cublasLtMatmulAlgoGetHeuristic returned");
+	if (algo->data[ALGO_PROBLEM] != p.signature())
+		return bad(api, "the algorithm was chosen for another problem (types, sizes, transposes or "
+			   "epilogue changed since the heuristic query)");
+	if (!alpha || !beta)
+		return bad(api, "alpha or beta is NULL");
+	float av, bv;
+	memcpy(&av, alpha, 4); /* CUBLASLT_POINTER_MODE_HOST: read at the call */
+	memcpy(&bv, beta, 4);
+	/* the alignments the algorithm was chosen for (a misaligned operand:
+	 * the library refuses the algorithm) */
+	const void *ptrs[4] = {A, B, C, D};
+	for (int i = 0; i < 4; i++) {
+		uint32_t need = (uint32_t)(algo->data[ALGO_ALIGN] >> (16 * i)) & 0xffff;
+		if (i == 2 && bv == 0)
+			continue; /* C is not read */
+		if (lt_align_of(ptrs[i]) < need)
+			return lt_unsupported(api, "matrix %c at %s is %u-byte aligned, the algorithm needs "
+					      "%u (its heuristic query promised CUBLASLT_MATMUL_PREF_"
+					      "MIN_ALIGNMENT_%c_BYTES = %u)", "ABCD"[i],
+					      describe(ptrs[i]).c_str(), lt_align_of(ptrs[i]), need,
+					      "ABCD"[i], need);
+	}
+	if (p.bias && lt_align_of(d->bias) < 16)
+		fatal("%s: the bias epilogue's vector at %s is %u-byte aligned: its kernels read it 16 "
+		      "bytes at a time (on a GPU: a misaligned address fault)", api,
+		      describe(d->bias).c_str(), lt_align_of(d->bias));
+	if (ws_bytes < algo->data[ALGO_WS])
+		return bad(api, "workspaceSizeInBytes %zu is less than the algorithm's %llu", ws_bytes,
+			   (unsigned long long)algo->data[ALGO_WS]);
+	if (ws_bytes) {
+		std::string why;
+		if (!ws || !device_accessible(ws, ws_bytes, &why))
+			fatal("%s: the workspace (%zu bytes at %p) is not device memory: %s", api, ws_bytes,
+			      ws, why.c_str());
+	}
+	if (C == D && (Cd->ld != Dd->ld || Cd->t != Dd->t))
+		return bad(api, "in place (C == D) with Cdesc and Ddesc of different ld or type");
+	Operand Aop{"A", A, Ad->t, (int)Ad->rows, (int)Ad->cols, (int)Ad->ld, 0};
+	Operand Bop{"B", B, Bd->t, (int)Bd->rows, (int)Bd->cols, (int)Bd->ld, 0};
+	Operand Cop{"C", C, Cd->t, (int)Cd->rows, (int)Cd->cols, (int)Cd->ld, 0};
+	Operand Dop{"D", D, Dd->t, (int)Dd->rows, (int)Dd->cols, (int)Dd->ld, 0};
+	Operand Bias{"the bias", d->bias, p.bias_type, p.m, 1, p.m, 0};
+	for (const Operand *o : {&Aop, &Bop, &Cop, &Dop, &Bias}) {
+		if ((o == &Aop || o == &Bop) && !p.k)
+			continue;
+		if ((o == &Cop && bv == 0) || (o == &Bias && !p.bias))
+			continue;
+		std::string why;
+		if (!device_accessible(o->p, o->extent(), &why))
+			fatal("%s: %s (%d x %d, ld %d, column-major) is not inside one device buffer: %s "
+			      "(a wrong leading dimension or shape reads past the buffer; on a GPU an "
+			      "illegal address)", api, o->name, o->rows, o->cols, o->ld, why.c_str());
+	}
+	Stream *s = stream_of(stream, api);
+	if (!s)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	const char *tf_env = getenv("NVIDIA_TF32_OVERRIDE");
+	bool tf = p.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && p.ab == CUDA_R_32F &&
+		  !(tf_env && !strcmp(tf_env, "0"));
+	char what[200];
+	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s", api, p.m, p.n, p.k,
+		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "", p.bias ? " +bias" : "");
+	auto run = [=]() {
+		int m = p.m, n = p.n, k = p.k;
+		std::vector<float> ta_, tb_, acc;
+		const float *a = k ? as_f32(Aop, 0, tf, ta_) : nullptr;
+		const float *b = k ? as_f32(Bop, 0, tf, tb_) : nullptr;
+		/* the fp32 result: in D itself when D is fp32 and C is D (the
+		 * cublasGemmEx path's arithmetic), else in a copy laid out as D */
+		bool direct = Dop.t == CUDA_R_32F && (C == D || bv == 0);
+		float *out;
+		int ld = Dop.ld;
+		if (direct) {
+			out = (float *)D;
+		} else {
+			acc.assign((size_t)ld * n, 0.0f);
+			out = acc.data();
+			if (bv != 0)
+				for (int j = 0; j < n; j++)
+					for (int i = 0; i < m; i++) {
+						size_t at = (size_t)j * Cop.ld + i;
+						acc[(size_t)j * ld + i] =
+							Cop.t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)C)[at]
+									     : ((const float *)C)[at];
+					}
+		}
+		if (k)
+			cblas_sgemm(CblasColMajor, cb(p.ta), cb(p.tb), m, n, k, av, a, Aop.ld, b, Bop.ld, bv,
+				    out, ld);
+		else
+			for (int j = 0; j < n; j++)
+				for (int i = 0; i < m; i++)
+					out[(size_t)j * ld + i] = bv == 0 ? 0.0f : bv * out[(size_t)j * ld + i];
+		if (p.bias) /* the epilogue: + bias[row] in fp32, to the finished product */
+			for (int j = 0; j < n; j++)
+				for (int i = 0; i < m; i++)
+					out[(size_t)j * ld + i] +=
+						p.bias_type == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)Bias.p)[i]
+									   : ((const float *)Bias.p)[i];
+		if (direct)
+			return;
+		for (int j = 0; j < n; j++)
+			for (int i = 0; i < m; i++) {
+				size_t at = (size_t)j * ld + i;
+				if (Dop.t == CUDA_R_16BF)
+					((__nv_bfloat16 *)D)[at] = __nv_bfloat16(acc[at]); /* one rounding */
+				else
+					((float *)D)[at] = acc[at];
+			}
+	};
+	if (submit(s, std::make_shared<FnWork>(what, run), api))
+		return CUBLAS_STATUS_EXECUTION_FAILED;
+	return CUBLAS_STATUS_SUCCESS;
 }
 
 } // extern "C"

@@ -9,6 +9,7 @@
  *   build-emu/selftest CASE        (the nccl_* cases under mpirun -np 2)
  *   build-emu/selftest --list
  */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -454,6 +455,99 @@ static int c_gemm(void)
 			    1, &zero, dC, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
 	       CUBLAS_STATUS_NOT_SUPPORTED);
 	cublasDestroy(h);
+
+	/* cuBLASLt: the same product (A^T stored k x m) plus a bias per row of
+	 * C through the epilogue; exact in fp32 */
+	to_dev(dA, A, m * k);
+	to_dev(dB, B, k * n);
+	float bias[m];
+	for (int i = 0; i < m; i++)
+		bias[i] = 0.25f * (float)i - 0.5f;
+	float *dbias = dev_floats(m);
+	to_dev(dbias, bias, m);
+	void *ws;
+	const size_t ws_bytes = 1u << 20;
+	CK(cudaMalloc(&ws, ws_bytes));
+	cublasLtHandle_t lt;
+	EXPECT(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+	cublasLtMatmulDesc_t op;
+	EXPECT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+	int32_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+	uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt) ==
+	       CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opt, 2) ==
+	       CUBLAS_STATUS_INVALID_VALUE); /* the attribute's size */
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+	       CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias,
+					      sizeof dbias) == CUBLAS_STATUS_SUCCESS);
+	cublasLtMatrixLayout_t la, lb, lc, lc_short;
+	EXPECT(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, k, m, k) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutCreate(&lc_short, CUDA_R_32F, m, n, m - 1) == CUBLAS_STATUS_SUCCESS);
+	cublasLtMatmulPreference_t pref;
+	EXPECT(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+	uint64_t max_ws = ws_bytes;
+	EXPECT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+						    sizeof max_ws) == CUBLAS_STATUS_SUCCESS);
+	cublasLtMatmulHeuristicResult_t res;
+	int count = 0;
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_SUCCESS && count == 1 && res.state == CUBLAS_STATUS_SUCCESS &&
+	       res.workspaceSize <= ws_bytes);
+	EXPECT(cublasLtMatmul(lt, op, &one, dA, la, dB, lb, &zero, dC, lc, dC, lc, &res.algo, ws, ws_bytes,
+			      0) == CUBLAS_STATUS_SUCCESS);
+	from_dev(C, dC, m * n);
+	for (int i = 0; i < m * n; i++)
+		EXPECT(C[i] == R[i] + bias[i % m]);
+	/* the documented checks: ld below rows; transposes that disagree with
+	 * the layouts; a workspace below the algorithm's; an operand less
+	 * aligned than the heuristic was told (256 bytes by default) */
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc_short, lc_short, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_INVALID_VALUE);
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opn, sizeof opn) ==
+	       CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_INVALID_VALUE);
+	EXPECT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt) ==
+	       CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_SUCCESS);
+	if (res.workspaceSize)
+		EXPECT(cublasLtMatmul(lt, op, &one, dA, la, dB, lb, &zero, dC, lc, dC, lc, &res.algo, ws, 0,
+				      0) == CUBLAS_STATUS_INVALID_VALUE);
+	EXPECT(cublasLtMatmul(lt, op, &one, dA + 1, la, dB, lb, &zero, dC, lc, dC, lc, &res.algo, ws,
+			      ws_bytes, 0) == CUBLAS_STATUS_NOT_SUPPORTED);
+	/* bf16 inputs with a TF32 compute type: not a supported combination */
+	cublasLtMatmulDesc_t op_tf;
+	cublasLtMatrixLayout_t lbf;
+	EXPECT(cublasLtMatmulDescCreate(&op_tf, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F) ==
+	       CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutCreate(&lbf, CUDA_R_16BF, 1, 1, 1) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op_tf, lbf, lbf, lbf, lbf, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_NOT_SUPPORTED);
+	/* a heuristic query during capture invalidates it (dp chooses at load) */
+	cudaStream_t s;
+	cudaGraph_t g;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &count) ==
+	       CUBLAS_STATUS_NOT_SUPPORTED);
+	EXPECT(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && g == NULL);
+	cudaGetLastError();
+	CK(cudaStreamDestroy(s));
+	EXPECT(cublasLtMatmulPreferenceDestroy(pref) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutDestroy(lbf) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutDestroy(lc_short) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutDestroy(lc) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutDestroy(lb) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatrixLayoutDestroy(la) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulDescDestroy(op_tf) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtMatmulDescDestroy(op) == CUBLAS_STATUS_SUCCESS);
+	EXPECT(cublasLtDestroy(lt) == CUBLAS_STATUS_SUCCESS);
+	CK(cudaFree(ws));
 	return 0;
 }
 
