@@ -311,8 +311,9 @@ static inline unsigned cu_row_threads(int64_t cols)
 }
 
 /* Threads for a block that walks a row of c elements in chunks of w (1 or
- * 8): cu_row_threads of the element count that gives each thread about as
- * many chunks as the scalar walk gives it elements. From the shape only. */
+ * 8): w = 1 is cu_row_threads (about four elements per thread); w = 8 about
+ * c / 8 threads, one chunk of eight (one 128-bit access) each. From the
+ * shape only. */
 static inline unsigned cu_row_threads_w(int64_t c, int w)
 {
 	return cu_row_threads(w == 8 ? c / 2 : c);
