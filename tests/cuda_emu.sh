@@ -271,7 +271,8 @@ model_case llama ddp 4 "tp=2, dp_shard=2"
 model_case gpt2-tiny ddp 2 "cp=2"
 model_case llama full_shard 4 "cp=2, dp_shard=2"
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
-# the optimizers' compute copies, the other kernels on f32 copies)
+# the optimizers' compute copies, the norms, softmax, losses, rope, attention
+# and layout ops on their own bf16 paths, bias_grad on f32 copies)
 for m in gpt2-tiny llama; do
 	PREC=bf16 model_case $m ddp 1
 	PREC=bf16 model_case $m full_shard 1

@@ -24,6 +24,8 @@
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
+#   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
+#   bf16_round    softmax's bf16 stores truncate instead of rounding
 #
 # Each case runs twice, with collectives as late and as early as the events
 # allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
@@ -212,5 +214,65 @@ if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean two 2 DPEMU_SE
 else
 	fail "the unmutated backend fails the case: $why"
 fi
+# ---- bf16 kernels (issue 14): their own paths, not the staged f32 ones ----
+# 7, 8: bf16_stride walks a norm's row in 128-bit chunks with the scalar
+# stride (the chunks overlap: the mean counts elements several times);
+# bf16_round stores softmax's outputs truncated to bf16 instead of rounded
+# to nearest even. Case: a small model in precision bf16 whose layernorm
+# and softmax rows are 48 wide (the 128-bit path) beside 20-wide ones (the
+# scalar path), SGD (no AdamW amplifying bf16 noise), against the CPU's
+# bf16 run with run()'s tolerances; the unmutated backend passes it.
+cat >"$T/b16.dp" <<'MODEL'
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: f32[batch, 64] from synthetic(n=512, classes=10)
+  y: i32[batch]     from synthetic(n=512, classes=10)
+}
+model {
+  block l1 {
+    param w: f32[64, 48] init normal(0, 0.3)
+    param p: f32[48] init normal(0, 0.5)
+    param g: f32[48] init normal(1, 0.1)
+    param b: f32[48] init normal(0, 0.1)
+    t = add(linear(x, w), p)
+    s = softmax(layernorm(t, g, b))
+  }
+  block l2 {
+    param w: f32[48, 20] init normal(0, 0.5)
+    param g: f32[20] init normal(1, 0.1)
+    u = softmax(rmsnorm(linear(s, w), g))
+  }
+  block head {
+    param w: f32[20, 10] init normal(0, 0.5)
+    logits = linear(u, w)
+  }
+  loss = cross_entropy(logits, y)
+}
+train {
+  strategy ddp
+  optimizer sgd(lr=0.1)
+  micro_batch 8
+  seed 3
+}
+MODEL
+if "$DPC" "$T/b16.dp" --precision bf16 -o "$T/b16.bin" >"$T/b16.dpc" 2>&1 &&
+	mpi 1 "$T/b16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+		--losses "$T/b16.cpu.loss" --save-full "$T/b16.cpu.st" >/dev/null 2>&1; then
+	if mutate bf16_stride "runtime/cuda/norm.cu" sed '0,/j += W \* blockDim.x/s//j += blockDim.x/'; then
+		check bf16_stride b16 1 DPEMU_SEED=1 DPEMU_SEED=2
+	fi
+	if mutate bf16_round "runtime/cuda/seq.cu" \
+		sed 's/ov\[k\] = expf(xv\[k\] - mx) \* inv;/ov[k] = __uint_as_float(__float_as_uint(expf(xv[k] - mx) * inv) \& 0xffff0000u); \/* MUTATION: truncated *\//'; then
+		check bf16_round b16 1 DPEMU_SEED=1 DPEMU_SEED=2
+	fi
+	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean-b16 b16 1 DPEMU_SEED=3; then
+		ok "the unmutated backend passes the bf16 case ($why)"
+	else
+		fail "the unmutated backend fails the bf16 case: $why"
+	fi
+else
+	fail "the bf16 case: dpc or the CPU reference"; head -n 5 "$T/b16.dpc"
+fi
+
 echo "  (cuda_emu_mutations took $(($(date +%s) - t_start))s)"
 finish cuda_emu_mutations

@@ -43,6 +43,13 @@
  * T keys the outputs agree to ~1e-6 relative (larger where values cancel).
  * This file is compiled with FMA contraction (mk/cuda.mk): it cannot match
  * the CPU bit for bit anyway, and FMAs are most of its work.
+ *
+ * bf16 (precision bf16): every kernel is templated on the storage of qkv,
+ * kv, dy and the output (Geom<T>); the tiles and rows are widened into
+ * float on load (eight at a time, 128 bits, when the head dim is a multiple
+ * of 8 and the operands are 16-byte aligned), the arithmetic is the f32
+ * kernel's, each output element is rounded once: what the f32 kernel on
+ * staged copies gave (the loads change, not the order of any sum).
  */
 #include "device.cuh"
 
@@ -56,20 +63,23 @@ template <int HD> struct Tile {
 	static const int PER = HD / ATT_LANES; /* head dims per thread */
 };
 
-/* Where the operands are; the same for every kernel of one instruction. */
-struct Geom {
-	const float *qkv;    /* [B, T, 3C] */
-	const float *kv;     /* cp: [cp, B, T, 2C]; NULL: the keys are qkv's */
+/* Where the operands are; the same for every kernel of one instruction.
+ * T: the storage of qkv, kv, dy and the output (float or cu_bf16). */
+template <typename T> struct Geom {
+	const T *qkv;        /* [B, T, 3C] */
+	const T *kv;         /* cp: [cp, B, T, 2C]; NULL: the keys are qkv's */
 	const int32_t *pos;  /* cp: the query rows' positions [T] */
 	int64_t b, t, h, c, hd; /* batch, local rows, heads, C, head dim */
 	int64_t cp;          /* 0: ordinary attention */
 	int64_t nkeys;       /* keys per (batch, head): T, or cp * T */
 	float scale;
+	int vec8;            /* the tiles load eight bf16 (128 bits) at a time: bf16, hd a
+	                        multiple of 8, qkv, kv and dy 16-byte aligned */
 };
 
 /* The position of query row t (clamped: a bad position is reported by
  * k_cp_check and must not take a kernel out of bounds). */
-static __device__ __forceinline__ int64_t qpos(const Geom &g, int64_t t)
+template <typename T> static __device__ __forceinline__ int64_t qpos(const Geom<T> &g, int64_t t)
 {
 	if (!g.cp)
 		return t;
@@ -78,8 +88,8 @@ static __device__ __forceinline__ int64_t qpos(const Geom &g, int64_t t)
 }
 
 /* K of the key at position p of batch b, head h; V is K + hd. */
-static __device__ __forceinline__ const float *key_at(const Geom &g, int64_t b, int64_t h,
-						      int64_t p)
+template <typename T>
+static __device__ __forceinline__ const T *key_at(const Geom<T> &g, int64_t b, int64_t h, int64_t p)
 {
 	if (!g.cp)
 		return g.qkv + (b * g.t + p) * 3 * g.c + 3 * g.hd * h + g.hd;
@@ -90,7 +100,8 @@ static __device__ __forceinline__ const float *key_at(const Geom &g, int64_t b, 
 
 /* Stored key row s of batch b (0 <= s < nkeys: row s of the batch, or
  * gathered block s / T, row s % T): its position. */
-static __device__ __forceinline__ int64_t key_pos_of_row(const Geom &g, int64_t s)
+template <typename T>
+static __device__ __forceinline__ int64_t key_pos_of_row(const Geom<T> &g, int64_t s)
 {
 	if (!g.cp)
 		return s;
@@ -99,8 +110,9 @@ static __device__ __forceinline__ int64_t key_pos_of_row(const Geom &g, int64_t 
 }
 
 /* ... and its K (V is K + hd). */
-static __device__ __forceinline__ const float *key_of_row(const Geom &g, int64_t b, int64_t h,
-							  int64_t s)
+template <typename T>
+static __device__ __forceinline__ const T *key_of_row(const Geom<T> &g, int64_t b, int64_t h,
+						      int64_t s)
 {
 	if (!g.cp)
 		return g.qkv + (b * g.t + s) * 3 * g.c + 3 * g.hd * h + g.hd;
@@ -130,25 +142,57 @@ static __device__ int64_t rows_extreme(int64_t v, int want_max, int64_t *sh)
 	return x;
 }
 
-/* A tile of N keys from position p0: K and V into shared memory, zero past
- * the keys or the head dim. */
-template <int HD>
-static __device__ void load_keys(const Geom &g, int64_t b, int64_t h, int64_t p0,
-				 float (*ks)[HD], float (*vs)[HD])
+/* Two tiles of N rows into shared memory: row j of ta and tb from the
+ * pointers rows(j, &pa, &pb) gives (returning 0: a zero row), dims past hd
+ * zero; vec8: eight dims per load, 128 bits of bf16 (a group of eight lies
+ * wholly inside or outside hd). */
+template <int HD, typename T, class Rows>
+static __device__ void load_tiles(int vec8, int64_t hd, Rows rows, float (*ta)[HD],
+				  float (*tb)[HD])
 {
 	const int n = Tile<HD>::N;
+	const T *pa, *pb;
+	if (vec8) {
+		for (int i = threadIdx.x; i < n * HD / 8; i += ATT_THREADS) {
+			int j = i / (HD / 8), d = 8 * (i % (HD / 8));
+			float xa[8] = {}, xb[8] = {};
+			if (d < hd && rows(j, &pa, &pb)) {
+				ld8(pa + d, xa);
+				ld8(pb + d, xb);
+			}
+CU_UNROLL
+			for (int q = 0; q < 8; q++) {
+				ta[j][d + q] = xa[q];
+				tb[j][d + q] = xb[q];
+			}
+		}
+		return;
+	}
 	for (int i = threadIdx.x; i < n * HD; i += ATT_THREADS) {
 		int j = i / HD, d = i % HD;
-		int64_t p = p0 + j;
-		float kx = 0, vx = 0;
-		if (p < g.nkeys && d < g.hd) {
-			const float *k = key_at(g, b, h, p);
-			kx = ld(k + d);
-			vx = ld(k + g.hd + d);
+		float xa = 0, xb = 0;
+		if (d < hd && rows(j, &pa, &pb)) {
+			xa = ld(pa + d);
+			xb = ld(pb + d);
 		}
-		ks[j][d] = kx;
-		vs[j][d] = vx;
+		ta[j][d] = xa;
+		tb[j][d] = xb;
 	}
+}
+
+/* A tile of N keys from position p0: K and V, zero past the keys. */
+template <int HD, typename T>
+static __device__ void load_keys(const Geom<T> &g, int64_t b, int64_t h, int64_t p0,
+				 float (*ks)[HD], float (*vs)[HD])
+{
+	auto rows = [&](int j, const T **k, const T **v) {
+		if (p0 + j >= g.nkeys)
+			return 0;
+		*k = key_at(g, b, h, p0 + j);
+		*v = *k + g.hd;
+		return 1;
+	};
+	load_tiles<HD, T>(g.vec8, g.hd, rows, ks, vs);
 }
 
 /*
@@ -157,8 +201,8 @@ static __device__ void load_keys(const Geom &g, int64_t b, int64_t h, int64_t p0
  * softmax. All threads of the block run it (shared tiles, shuffles); rows
  * past T (p < 0) compute nothing useful.
  */
-template <int HD>
-static __device__ void forward_pass(const Geom &g, int64_t b, int64_t h, int64_t p,
+template <int HD, typename T>
+static __device__ void forward_pass(const Geom<T> &g, int64_t b, int64_t h, int64_t p,
 				    int64_t last, const float *q, float &m, double &l, float *o,
 				    float (*ks)[HD], float (*vs)[HD])
 {
@@ -204,8 +248,8 @@ CU_UNROLL
 }
 
 /* The query row of this thread: its q dims (scaled: no) and dO dims. */
-template <int HD>
-static __device__ void load_row(const float *src, int64_t hd, int active, float *dst)
+template <int HD, typename T>
+static __device__ void load_row(const T *src, int64_t hd, int active, float *dst)
 {
 	const int per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
 	for (int k = 0; k < per; k++) {
@@ -216,8 +260,8 @@ static __device__ void load_row(const float *src, int64_t hd, int active, float 
 
 /* ---- forward ---- */
 
-template <int HD>
-__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom g, float *out)
+template <int HD, typename T>
+__global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom<T> g, T *out)
 {
 	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
 	__shared__ int64_t shp[ATT_ROWS];
@@ -234,7 +278,7 @@ __global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom
 	forward_pass<HD>(g, b, h, p, last, q, m, l, o, ks, vs);
 	if (!active)
 		return;
-	float *orow = out + (b * g.t + t) * g.c + g.hd * h;
+	T *orow = out + (b * g.t + t) * g.c + g.hd * h;
 	float inv = (float)(1.0 / l);
 	for (int k = 0; k < per; k++) {
 		int d = lane + ATT_LANES * k;
@@ -245,10 +289,9 @@ __global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1) k_attn_fwd(Geom
 
 /* ---- backward, the query side: dQ and the rows' (m, inv, D) ---- */
 
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
-k_attn_bwd_q(Geom g, const float *dy, float *dqkv, float *stats, int want_dq,
-			     int zero_kv)
+k_attn_bwd_q(Geom<T> g, const T *dy, T *dqkv, float *stats, int want_dq, int zero_kv)
 {
 	__shared__ float ks[Tile<HD>::N][HD], vs[Tile<HD>::N][HD];
 	__shared__ int64_t shp[ATT_ROWS];
@@ -304,7 +347,7 @@ CU_UNROLL
 	}
 	if (!active)
 		return;
-	float *drow = dqkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h;
+	T *drow = dqkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h;
 	for (int k = 0; k < per; k++) {
 		int d = lane + ATT_LANES * k;
 		if (d < g.hd) {
@@ -320,9 +363,9 @@ CU_UNROLL
 /* ---- backward, the key side: dK and dV of every stored key row ---- */
 
 /* out_kv: the output is [cp, B, T, 2C] (per head [dk|dv]); else d qkv. */
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(ATT_THREADS, HD <= 64 ? 2 : 1)
-k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_kv)
+k_attn_bwd_kv(Geom<T> g, const T *dy, const float *stats, T *out, int out_kv)
 {
 	const int n = Tile<HD>::N, per = Tile<HD>::PER, lane = threadIdx.x % ATT_LANES;
 	__shared__ float qs[Tile<HD>::N][HD], ds_[Tile<HD>::N][HD];
@@ -334,7 +377,7 @@ k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_k
 	int active = s < g.nkeys;
 	int64_t ss = active ? s : 0;
 	int64_t kp = active ? key_pos_of_row(g, s) : INT64_MAX;
-	const float *krow = key_of_row(g, b, h, ss);
+	const T *krow = key_of_row(g, b, h, ss);
 	float k_[per], v_[per], dk[per], dv[per];
 	load_row<HD>(krow, g.hd, active, k_);
 	load_row<HD>(krow + g.hd, g.hd, active, v_);
@@ -345,17 +388,15 @@ k_attn_bwd_kv(Geom g, const float *dy, const float *stats, float *out, int out_k
 	int64_t first = g.cp ? 0 : (kmin < g.t ? kmin : g.t) / n * n;
 	for (int64_t t0 = first; t0 < g.t; t0 += n) {
 		__syncthreads();
-		for (int i = threadIdx.x; i < n * HD; i += ATT_THREADS) {
-			int j = i / HD, d = i % HD;
+		auto rows = [&](int j, const T **q, const T **d) {
 			int64_t t = t0 + j;
-			float qx = 0, dx = 0;
-			if (t < g.t && d < g.hd) {
-				qx = ld(g.qkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h + d);
-				dx = ld(dy + (b * g.t + t) * g.c + g.hd * h + d);
-			}
-			qs[j][d] = qx;
-			ds_[j][d] = dx;
-		}
+			if (t >= g.t)
+				return 0;
+			*q = g.qkv + (b * g.t + t) * 3 * g.c + 3 * g.hd * h;
+			*d = dy + (b * g.t + t) * g.c + g.hd * h;
+			return 1;
+		};
+		load_tiles<HD, T>(g.vec8, g.hd, rows, qs, ds_);
 		for (int j = threadIdx.x; j < n; j += ATT_THREADS) {
 			int64_t t = t0 + j, row = (b * g.h + h) * g.t + t;
 			int ok = t < g.t;
@@ -390,7 +431,7 @@ CU_UNROLL
 	}
 	if (!active)
 		return;
-	float *orow;
+	T *orow;
 	if (out_kv) {
 		int64_t r = s / g.t, j = s - r * g.t;
 		orow = out + ((r * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h;
@@ -427,16 +468,16 @@ static int head_dim_class(int64_t hd)
 }
 
 /* The operands of any of the five ops. */
-static Geom geom_of(const CuArgs *a)
+template <typename T> static Geom<T> geom_of(const CuArgs *a)
 {
 	const DpInstr *in = a->in;
 	int cp = in->op == DPK_ATTENTION_CP || in->op == DPK_ATTENTION_CP_GRAD ||
 		 in->op == DPK_ATTENTION_CP_GRAD_KV;
 	int q = in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP ? 0 : 1; /* qkv's operand */
 	const DpTensor *tq = cu_t(a, q);
-	Geom g;
-	g.qkv = cu_f(a, q);
-	g.kv = cp ? cu_f(a, q + 1) : (const float *)0;
+	Geom<T> g;
+	g.qkv = (const T *)cu_p(a, q);
+	g.kv = cp ? (const T *)cu_p(a, q + 1) : (const T *)0;
 	g.pos = cp ? (const int32_t *)cu_p(a, q + 2) : (const int32_t *)0;
 	g.b = tq->dims[0];
 	g.t = tq->dims[1];
@@ -446,6 +487,8 @@ static Geom geom_of(const CuArgs *a)
 	g.cp = cp ? in->ia[1] : 0;
 	g.nkeys = cp ? g.cp * g.t : g.t;
 	g.scale = (float)(1.0 / sqrt((double)g.hd));
+	/* every row offset the tiles read is a multiple of hd (or of C = h hd) */
+	g.vec8 = cu_vec8<T>(g.hd, g.qkv, g.kv, q ? cu_p(a, 0) : (const void *)0);
 	return g;
 }
 
@@ -477,8 +520,10 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	return (size_t)(3 * tq->dims[0] * in->ia[0] * tq->dims[1]) * sizeof(float);
 }
 
-template <int HD> static int launch(const CuArgs *a, const Geom &g, RtErr *e)
+template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
+	T *out = (T *)cu_p(a, -1);
+	const T *dy = (const T *)cu_p(a, 0);
 	const DpInstr *in = a->in;
 	unsigned qblocks = (unsigned)(g.b * g.h * ((g.t + ATT_ROWS - 1) / ATT_ROWS));
 	unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + ATT_ROWS - 1) / ATT_ROWS));
@@ -486,36 +531,36 @@ template <int HD> static int launch(const CuArgs *a, const Geom &g, RtErr *e)
 	switch (in->op) {
 	case DPK_ATTENTION:
 	case DPK_ATTENTION_CP:
-		CU_LAUNCH(k_attn_fwd<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, -1));
+		CU_LAUNCH((k_attn_fwd<HD, T>), qblocks, ATT_THREADS, a->st, g, out);
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DPK_ATTENTION_GRAD:
-		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), cu_f(a, -1), stats,
+		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 0);
 		CU_LAUNCHED(a, e);
-		CU_LAUNCH(k_attn_bwd_kv<HD>, kblocks, ATT_THREADS, a->st, g, cu_f(a, 0), stats,
-			  cu_f(a, -1), 0);
+		CU_LAUNCH((k_attn_bwd_kv<HD, T>), kblocks, ATT_THREADS, a->st, g, dy, stats,
+			  out, 0);
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DPK_ATTENTION_CP_GRAD:
-		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), cu_f(a, -1), stats,
+		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
 	default: /* DPK_ATTENTION_CP_GRAD_KV */
-		CU_LAUNCH(k_attn_bwd_q<HD>, qblocks, ATT_THREADS, a->st, g, cu_f(a, 0), (float *)0, stats,
+		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, (T *)0, stats,
 			  0, 0);
 		CU_LAUNCHED(a, e);
-		CU_LAUNCH(k_attn_bwd_kv<HD>, kblocks, ATT_THREADS, a->st, g, cu_f(a, 0), stats,
-			  cu_f(a, -1), 1);
+		CU_LAUNCH((k_attn_bwd_kv<HD, T>), kblocks, ATT_THREADS, a->st, g, dy, stats,
+			  out, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
 }
 
-static int run_attention(const CuArgs *a, RtErr *e)
+template <typename T> static int run_attention_t(const CuArgs *a, RtErr *e)
 {
-	Geom g = geom_of(a);
+	Geom<T> g = geom_of<T>(a);
 	if (g.b <= 0 || g.t <= 0 || g.h <= 0)
 		return 0;
 	if (g.cp) {
@@ -536,12 +581,19 @@ static int run_attention(const CuArgs *a, RtErr *e)
 	}
 }
 
+/* Every operand but the cp positions has one dtype (the operand rules). */
+static int run_attention(const CuArgs *a, RtErr *e)
+{
+	return cu_t(a, -1)->dtype == DP_BF16 ? run_attention_t<cu_bf16>(a, e)
+					     : run_attention_t<float>(a, e);
+}
+
 extern "C" void cu_attention_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0, 0};
-	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 0};
-	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 0};
-	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 0};
-	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 0};
+	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0, 1};
+	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
+	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 1};
+	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
+	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 1};
 }

@@ -11,10 +11,12 @@
  * every GPU model.
  *
  * Element types. Kernels read and write tensor elements through ld()/st()
- * (and ld4()/st4() for four at once), in float (or double). bf16 tensors
- * (cu_bf16, the bits) are read by the GEMMs, the optimizers' compute copy
- * and the conversions of bf16.cu; every other kernel runs a bf16
- * instruction on f32 copies that bf16.cu converts (the CPU's scheme).
+ * (and ld4()/st4() for four at once, ld8()/st8() for eight, ldw/stw for a
+ * chunk of 1 or 8), in float (or double), whatever the storage: float or
+ * cu_bf16 (the bits; widened exactly on load, rounded to nearest even on
+ * store). Kernels with a bf16 path are templated on the storage type; the
+ * rest run a bf16 instruction on f32 copies that bf16.cu converts (the
+ * CPU's scheme; docs/CUDA.md lists which).
  */
 #ifndef DP_CU_DEVICE_CUH
 #define DP_CU_DEVICE_CUH
@@ -174,6 +176,40 @@ static __device__ __forceinline__ void st8(cu_bf16 *p, const float *v)
 	*(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
 }
 
+/* W elements from p (W = 1: one ld; W = 8: one ld8, p 16-byte aligned) into
+ * v, and back: lets one loop body serve the scalar path and the 128-bit
+ * one (a kernel templated on W walks a row in chunks of W). */
+template <int W, typename T> static __device__ __forceinline__ void ldw(const T *p, float *v)
+{
+	if constexpr (W == 8)
+		ld8(p, v);
+	else
+		v[0] = ld(p);
+}
+template <int W, typename T> static __device__ __forceinline__ void stw(T *p, const float *v)
+{
+	if constexpr (W == 8)
+		st8(p, v);
+	else
+		st(p, v[0]);
+}
+
+/* The 128-bit path of a kernel over rows of c elements of T is allowed:
+ * bf16 (f32 keeps its scalar order, the one staging and the CPU
+ * comparisons were measured with), c a multiple of 8 (every row start
+ * 16-byte aligned too) and each given base 16-byte aligned (views and
+ * split outputs need not be). NULL pointers are ignored. */
+template <typename T>
+static inline int cu_vec8(int64_t c, const void *p0, const void *p1 = 0, const void *p2 = 0,
+			  const void *p3 = 0)
+{
+	const void *p[4] = {p0, p1, p2, p3};
+	int ok = sizeof(T) == 2 && c % 8 == 0;
+	for (int k = 0; k < 4; k++)
+		ok = ok && (!p[k] || cu_aligned16(p[k]));
+	return ok;
+}
+
 /* ---- first error wins: a value from data (a label, a token id, a
  * position) that the CPU would refuse with an error; the backend reads the
  * report after the run and fails with the CPU's message ---- */
@@ -274,6 +310,15 @@ static inline unsigned cu_row_threads(int64_t cols)
 	return (unsigned)(t < 32 ? 32 : t > CU_THREADS ? CU_THREADS : t);
 }
 
+/* Threads for a block that walks a row of c elements in chunks of w (1 or
+ * 8): w = 1 is cu_row_threads (about four elements per thread); w = 8 about
+ * c / 8 threads, one chunk of eight (one 128-bit access) each. From the
+ * shape only. */
+static inline unsigned cu_row_threads_w(int64_t c, int w)
+{
+	return cu_row_threads(w == 8 ? c / 2 : c);
+}
+
 /* Column sums in two stages (bias and norm gradients): out[j] = (out[j] if
  * accumulating) + sum_r term(r, j), in double, rounded once. Stage 1: a
  * block per (tile of COLSUM_COLS columns, chunk of rows), COLSUM_LANES row
@@ -314,22 +359,24 @@ __global__ void k_colsum_part(Term term, int64_t rows, int64_t c, int64_t chunks
 	}
 }
 
-/* o[j] = (o[j] if accumulating) + the partials in chunk order, rounded once */
-template <int Unused>
-__global__ void k_colsum_final(float *o, const double *part, int64_t c, int64_t chunks,
+/* o[j] = (o[j] if accumulating) + the partials in chunk order, rounded once
+ * to float, and (bf16 output) once more to bf16: what the f32 kernel on a
+ * staged copy gives */
+template <typename TO>
+__global__ void k_colsum_final(TO *o, const double *part, int64_t c, int64_t chunks,
 			       int accumulate)
 {
 	CU_FOR_EACH(j, c) {
 		double s = 0;
 		for (int64_t ch = 0; ch < chunks; ch++)
 			s += part[ch * c + j];
-		o[j] = (float)(accumulate ? (double)o[j] + s : s);
+		st(o + j, (float)(accumulate ? (double)ld(o + j) + s : s));
 	}
 }
 
 /* Both stages on stream st; part: cu_col_chunks(rows, c) * c doubles. */
-template <class Term>
-static cudaError_t cu_colsum(cudaStream_t st, Term term, float *o, int64_t rows, int64_t c,
+template <class Term, typename TO>
+static cudaError_t cu_colsum(cudaStream_t st, Term term, TO *o, int64_t rows, int64_t c,
 			     int accumulate, double *part)
 {
 	int64_t chunks = cu_col_chunks(rows, c), tiles = (c + COLSUM_COLS - 1) / COLSUM_COLS;
@@ -340,7 +387,7 @@ static cudaError_t cu_colsum(cudaStream_t st, Term term, float *o, int64_t rows,
 	cudaError_t err = cudaGetLastError();
 	if (err != cudaSuccess)
 		return err;
-	CU_LAUNCH(k_colsum_final<0>, cu_grid(c), CU_THREADS, st, o, part, c, chunks, accumulate);
+	CU_LAUNCH(k_colsum_final<TO>, cu_grid(c), CU_THREADS, st, o, part, c, chunks, accumulate);
 	return cudaGetLastError();
 }
 

@@ -19,7 +19,10 @@
  * bf16 (precision bf16): the maps read and write bf16 themselves, eight
  * elements per thread with 128-bit accesses when aligned, f32 arithmetic,
  * each stored element rounded once to nearest even: bitwise the CPU's bf16
- * maps. bias_add on bf16 runs on f32 copies (bf16.cu), as on the CPU.
+ * maps. bias_add on bf16 likewise: eight elements per thread with 128-bit
+ * accesses when the row length is a multiple of 8 and the operands are
+ * aligned, else one at a time; one f32 add and one rounding per element,
+ * so bitwise what staging gave (the CPU stages it).
  */
 #include "device.cuh"
 
@@ -178,7 +181,8 @@ template <class F> static int run_map(const CuArgs *a, RtErr *e)
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ----
  * Rows over blocks, columns over threads: no per-element division. */
 
-__global__ void k_bias_add(float *o, const float *x, const float *bias, int64_t rows, int64_t c)
+template <typename T>
+__global__ void k_bias_add(T *o, const T *x, const T *bias, int64_t rows, int64_t c)
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
 		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
@@ -195,6 +199,22 @@ __global__ void k_bias_add4(float *o, const float *x, const float *bias, int64_t
 		}
 }
 
+/* bf16: c8 = c / 8 chunks of eight per row, 128-bit accesses (every
+ * operand 16-byte aligned), or one element at a time (k_bias_add<cu_bf16>) */
+template <typename T>
+__global__ void k_bias_add8(T *o, const T *x, const T *bias, int64_t rows, int64_t c8)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t j = threadIdx.x; j < c8; j += blockDim.x) {
+			float v[8], w[8];
+			ld8(x + (r * c8 + j) * 8, v);
+			ld8(bias + 8 * j, w);
+			for (int k = 0; k < 8; k++)
+				v[k] = v[k] + w[k];
+			st8(o + (r * c8 + j) * 8, v);
+		}
+}
+
 static int run_bias_add(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1)), c = cu_numel(cu_t(a, 1));
@@ -202,11 +222,22 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 		return 0;
 	int64_t rows = n / c;
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
+	if (cu_t(a, -1)->dtype == DP_BF16) { /* operand rule BIAS_ADD: all three alike */
+		cu_bf16 *o = (cu_bf16 *)cu_p(a, -1);
+		const cu_bf16 *x = (const cu_bf16 *)cu_p(a, 0), *b = (const cu_bf16 *)cu_p(a, 1);
+		if (cu_vec8<cu_bf16>(c, o, x, b))
+			CU_LAUNCH(k_bias_add8<cu_bf16>, grid, cu_row_threads_w(c, 8), a->st, o, x, b,
+				  rows, c / 8);
+		else
+			CU_LAUNCH(k_bias_add<cu_bf16>, grid, cu_row_threads(c), a->st, o, x, b, rows, c);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
 	float *o = cu_f(a, -1), *x = cu_f(a, 0), *b = cu_f(a, 1);
 	if (c % 4 == 0 && cu_aligned16(o) && cu_aligned16(x) && cu_aligned16(b))
 		CU_LAUNCH(k_bias_add4, grid, cu_row_threads(c), a->st, o, x, b, rows, c / 4);
 	else
-		CU_LAUNCH(k_bias_add, grid, cu_row_threads(c), a->st, o, x, b, rows, c);
+		CU_LAUNCH(k_bias_add<float>, grid, cu_row_threads(c), a->st, o, x, b, rows, c);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -228,5 +259,5 @@ extern "C" void cu_elementwise_rows(CuKernel *k)
 	k[DPK_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0, 1};
 	k[DPK_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0, 1};
 	k[DPK_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0, 1};
-	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 0};
+	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 1};
 }

@@ -15,6 +15,14 @@
  *
  * Token ids outside [0, V) are reported (CU_ERR_TOKEN, the CPU's error) and
  * read as nothing: the gather writes a zero row, the gradient skips them.
+ *
+ * bf16 (precision bf16): the ops that move elements move 2-byte elements
+ * (rows_copy_bytes picks the widest word, up to one 128-bit access, that
+ * the addresses, pitches and widths allow; transpose tiles uint16_t): no
+ * conversion, bitwise. fill rounds its value once; embedding_grad sums in
+ * float from the widened gradients (and the widened output when
+ * accumulating), one rounding per stored element (its output may be f32):
+ * what the f32 kernels on staged copies gave.
  */
 #include "device.cuh"
 
@@ -28,7 +36,7 @@ __global__ void k_rows_wide(T *dst, int64_t dpitch, const T *src, int64_t spitch
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
 		for (int64_t j = threadIdx.x; j < width; j += blockDim.x)
-			dst[r * dpitch + j] = src ? src[r * spitch + j] : (T)0;
+			dst[r * dpitch + j] = src ? src[r * spitch + j] : T();
 }
 
 template <typename T>
@@ -37,7 +45,7 @@ __global__ void k_rows_flat(T *dst, int64_t dpitch, const T *src, int64_t spitch
 {
 	CU_FOR_EACH(i, rows * width) {
 		int64_t r = i / width, j = i - r * width;
-		dst[r * dpitch + j] = src ? src[r * spitch + j] : (T)0;
+		dst[r * dpitch + j] = src ? src[r * spitch + j] : T();
 	}
 }
 
@@ -57,18 +65,50 @@ static cudaError_t rows_copy(cudaStream_t st, T *dst, int64_t dpitch, const T *s
 	return cudaGetLastError();
 }
 
-/* Four-byte words when everything is a multiple of four, else bytes. */
+/* Rows of width bytes (src NULL: zeros) in the widest word, 16 (one 128-bit
+ * access), 8, 4, 2 or 1 bytes, that divides both addresses, both pitches
+ * and the width: a move of bits, the same in every dtype. */
+static cudaError_t rows_copy_bytes(cudaStream_t st, void *dst, size_t dpitch, const void *src,
+				   size_t spitch, size_t width, size_t rows)
+{
+	size_t m = (uintptr_t)dst | dpitch | width | (src ? (uintptr_t)src | spitch : 0);
+	size_t w = m % 16 == 0 ? 16 : m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : m % 2 == 0 ? 2 : 1;
+	int64_t dp = (int64_t)(dpitch / w), sp = (int64_t)(spitch / w), n = (int64_t)(width / w);
+	switch (w) {
+	case 16:
+		return rows_copy<uint4>(st, (uint4 *)dst, dp, (const uint4 *)src, sp, n, (int64_t)rows);
+	case 8:
+		return rows_copy<uint2>(st, (uint2 *)dst, dp, (const uint2 *)src, sp, n, (int64_t)rows);
+	case 4:
+		return rows_copy<uint32_t>(st, (uint32_t *)dst, dp, (const uint32_t *)src, sp, n,
+					   (int64_t)rows);
+	case 2:
+		return rows_copy<uint16_t>(st, (uint16_t *)dst, dp, (const uint16_t *)src, sp, n,
+					   (int64_t)rows);
+	default:
+		return rows_copy<unsigned char>(st, (unsigned char *)dst, dp,
+						(const unsigned char *)src, sp, n, (int64_t)rows);
+	}
+}
+
 extern "C" cudaError_t cu_k_copy2d(cudaStream_t st, void *dst, size_t dpitch, const void *src,
 				   size_t spitch, size_t width, size_t rows)
 {
-	if (((uintptr_t)dst | (uintptr_t)src | dpitch | spitch | width) % 4 == 0)
-		return rows_copy<uint32_t>(st, (uint32_t *)dst, (int64_t)dpitch / 4,
-					   (const uint32_t *)src, (int64_t)spitch / 4,
-					   (int64_t)width / 4, (int64_t)rows);
-	return rows_copy<unsigned char>(st, (unsigned char *)dst, (int64_t)dpitch,
-					(const unsigned char *)src, (int64_t)spitch, (int64_t)width,
-					(int64_t)rows);
+	return rows_copy_bytes(st, dst, dpitch, src, spitch, width, rows);
 }
+
+/* The same in elements of es bytes. */
+static cudaError_t rows_copy_elems(cudaStream_t st, void *dst, int64_t dpitch, const void *src,
+				   int64_t spitch, int64_t width, int64_t rows, size_t es)
+{
+	if (width <= 0 || rows <= 0)
+		return cudaSuccess;
+	return rows_copy_bytes(st, dst, (size_t)dpitch * es, src, (size_t)spitch * es,
+			       (size_t)width * es, (size_t)rows);
+}
+
+/* Element i of a tensor of es-byte elements at p. */
+static inline void *elem_at(void *p, int64_t i, size_t es) { return (char *)p + i * (int64_t)es; }
 
 /* ---- the graph's load: the staged copy of the step being run ---- */
 
@@ -109,6 +149,13 @@ template <typename T> __global__ void k_fill(T *o, int64_t n, T v)
 		o[i] = v;
 }
 
+/* bf16: v rounded once, as the f32 fill of a staged copy rounded back */
+__global__ void k_fill_bf16(cu_bf16 *o, int64_t n, float v)
+{
+	CU_FOR_EACH(i, n)
+		st(o + i, v);
+}
+
 static int run_fill(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1));
@@ -120,6 +167,9 @@ static int run_fill(const CuArgs *a, RtErr *e)
 	else if (a->in->fa[0] == 0)
 		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)n * dp_dtype_size(cu_t(a, -1)->dtype),
 					 a->st), e);
+	else if (cu_t(a, -1)->dtype == DP_BF16)
+		CU_LAUNCH(k_fill_bf16, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
+			  a->in->fa[0]);
 	else
 		CU_LAUNCH(k_fill<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->in->fa[0]);
 	CU_LAUNCHED(a, e);
@@ -194,8 +244,12 @@ static int run_transpose(const CuArgs *a, RtErr *e)
 	if (n <= 0 || r * c <= 0)
 		return 0;
 	int64_t tr = (r + TILE - 1) / TILE, tcn = (c + TILE - 1) / TILE, batch = n / (r * c);
-	CU_LAUNCH(k_transpose<uint32_t>, (unsigned)(batch * tr * tcn), CU_THREADS, a->st,
-		  (uint32_t *)cu_p(a, -1), (const uint32_t *)cu_p(a, 0), r, c, tr, tcn);
+	if (t0->dtype == DP_BF16)
+		CU_LAUNCH(k_transpose<uint16_t>, (unsigned)(batch * tr * tcn), CU_THREADS, a->st,
+			  (uint16_t *)cu_p(a, -1), (const uint16_t *)cu_p(a, 0), r, c, tr, tcn);
+	else
+		CU_LAUNCH(k_transpose<uint32_t>, (unsigned)(batch * tr * tcn), CU_THREADS, a->st,
+			  (uint32_t *)cu_p(a, -1), (const uint32_t *)cu_p(a, 0), r, c, tr, tcn);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -214,35 +268,33 @@ static int limit_transpose(const DpStep *s, const DpInstr *in, RtErr *e)
 
 /* ---- split: out = column chunk ia1 of ia0; split_grad: its zero-padded inverse ---- */
 
+static size_t elem_size(const DpTensor *t) { return dp_dtype_size(t->dtype); }
+
 static int run_split(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
 	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cs = cols / a->in->ia[0];
-	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), cs, cu_f(a, 0) + a->in->ia[1] * cs, cols, cs,
-				  rows), e);
+	size_t es = elem_size(t0);
+	CU_OK(a, rows_copy_elems(a->st, cu_p(a, -1), cs, elem_at(cu_p(a, 0), a->in->ia[1] * cs, es),
+				 cols, cs, rows, es), e);
 	return 0;
 }
 
 /* out[r, j] = dy[r, j - lo] for j in [lo, lo + cols), else 0: every output
- * element written once. */
-__global__ void k_split_grad(float *o, const float *dy, int64_t rows, int64_t cols, int64_t cw,
-			     int64_t lo)
-{
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-		for (int64_t j = threadIdx.x; j < cw; j += blockDim.x)
-			o[r * cw + j] = j >= lo && j < lo + cols ? dy[r * cols + j - lo] : 0.0f;
-}
-
+ * element written once, by three strided copies (zeros, dy, zeros). */
 static int run_split_grad(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
 	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cw = cols * a->in->ia[0];
+	int64_t lo = a->in->ia[1] * cols, hi = lo + cols;
+	size_t es = elem_size(t0);
+	void *o = cu_p(a, -1);
 	if (rows <= 0 || cw <= 0)
 		return 0;
-	CU_LAUNCH(k_split_grad, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
-		  cw >= CU_THREADS ? CU_THREADS : 64, a->st, cu_f(a, -1), cu_f(a, 0), rows, cols, cw,
-		  a->in->ia[1] * cols);
-	CU_LAUNCHED(a, e);
+	CU_OK(a, rows_copy_elems(a->st, o, cw, (const void *)0, 0, lo, rows, es), e);
+	CU_OK(a, rows_copy_elems(a->st, elem_at(o, lo, es), cw, cu_p(a, 0), cols, cols, rows, es), e);
+	CU_OK(a, rows_copy_elems(a->st, elem_at(o, hi, es), cw, (const void *)0, 0, cw - hi, rows, es),
+	      e);
 	return 0;
 }
 
@@ -252,16 +304,16 @@ static int run_interleave(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *to = cu_t(a, -1);
 	int64_t parts = a->in->ia[0], dim = a->in->ia[1], outer = 1, inner = 1;
+	size_t es = elem_size(to);
 	for (int64_t i = 0; i < dim; i++)
 		outer *= to->dims[i];
 	for (int64_t i = dim + 1; i < to->ndim; i++)
 		inner *= to->dims[i];
 	int64_t blk = to->dims[dim] / parts * inner;
-	const uint32_t *x = (const uint32_t *)cu_p(a, 0);
-	uint32_t *o = (uint32_t *)cu_p(a, -1);
 	for (int64_t p = 0; p < parts; p++) /* out block (u*parts + p) = in block (p*outer + u) */
-		CU_OK(a, rows_copy<uint32_t>(a->st, o + p * blk, parts * blk, x + p * outer * blk, blk,
-					     blk, outer), e);
+		CU_OK(a, rows_copy_elems(a->st, elem_at(cu_p(a, -1), p * blk, es), parts * blk,
+					 elem_at(cu_p(a, 0), p * outer * blk, es), blk, blk, outer, es),
+		      e);
 	return 0;
 }
 
@@ -273,51 +325,61 @@ static int run_kv_pack(const CuArgs *a, RtErr *e)
 	const DpTensor *tq = unpack ? cu_t(a, -1) : cu_t(a, 0);
 	int64_t heads = a->in->ia[0], hd = tq->dims[2] / 3 / heads;
 	int64_t rows = tq->dims[0] * tq->dims[1] * heads; /* one row per (token, head) */
+	size_t es = elem_size(tq);
+	void *o = cu_p(a, -1);
 	if (!unpack) {
-		CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), 2 * hd, cu_f(a, 0) + hd, 3 * hd, 2 * hd,
-					  rows), e);
+		CU_OK(a, rows_copy_elems(a->st, o, 2 * hd, elem_at(cu_p(a, 0), hd, es), 3 * hd, 2 * hd,
+					 rows, es), e);
 		return 0;
 	}
-	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1), 3 * hd, (const float *)0, 0, hd, rows), e);
-	CU_OK(a, rows_copy<float>(a->st, cu_f(a, -1) + hd, 3 * hd, cu_f(a, 0), 2 * hd, 2 * hd, rows),
-	      e);
+	CU_OK(a, rows_copy_elems(a->st, o, 3 * hd, (const void *)0, 0, hd, rows, es), e);
+	CU_OK(a, rows_copy_elems(a->st, elem_at(o, hd, es), 3 * hd, cu_p(a, 0), 2 * hd, 2 * hd, rows,
+				 es), e);
 	return 0;
 }
 
 /* ---- embedding: out[r, :] = table[ids[r], :] ---- */
 
-__global__ void k_embedding(float *o, const int32_t *ids, const float *tab, int64_t rows,
-			    int64_t v, int64_t d, int vec4, CuScalars *sc)
+/* Rows of dw words of W (16 bytes when the row and both bases allow, else
+ * one element): moved, never converted, so bitwise in f32 and bf16. */
+template <typename W>
+__global__ void k_embedding(W *o, const int32_t *ids, const W *tab, int64_t rows, int64_t v,
+			    int64_t dw, CuScalars *sc)
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		int64_t id = ids[r];
 		int bad = id < 0 || id >= v;
 		if (bad && threadIdx.x == 0)
 			cu_report_error(sc, CU_ERR_TOKEN, id, r, v);
-		float *orow = o + r * d;
-		const float *trow = tab + (bad ? 0 : id) * d;
-		if (vec4) {
-			for (int64_t j = 4 * (int64_t)threadIdx.x; j < d; j += 4 * (int64_t)blockDim.x)
-				st4(orow + j, bad ? make_float4(0, 0, 0, 0) : ld4(trow + j));
-		} else {
-			for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-				st(orow + j, bad ? 0.0f : ld(trow + j));
-		}
+		W *orow = o + r * dw;
+		const W *trow = tab + (bad ? 0 : id) * dw;
+		for (int64_t j = threadIdx.x; j < dw; j += blockDim.x)
+			orow[j] = bad ? W() : trow[j];
 	}
+}
+
+template <typename W>
+static int launch_embedding(const CuArgs *a, int64_t rows, int64_t v, int64_t dw, RtErr *e)
+{
+	CU_LAUNCH(k_embedding<W>, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
+		  cu_row_threads(4 * dw), a->st, (W *)cu_p(a, -1), (const int32_t *)cu_p(a, 0),
+		  (const W *)cu_p(a, 1), rows, v, dw, a->sc);
+	CU_LAUNCHED(a, e);
+	return 0;
 }
 
 static int run_embedding(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *tab = cu_t(a, 1);
 	int64_t rows = cu_numel(cu_t(a, 0)), v = tab->dims[0], d = tab->dims[1];
+	size_t es = elem_size(tab), bytes = (size_t)d * es;
 	if (rows <= 0 || d <= 0)
 		return 0;
-	int vec4 = d % 4 == 0 && cu_aligned16(cu_p(a, -1)) && cu_aligned16(cu_p(a, 1));
-	CU_LAUNCH(k_embedding, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID),
-		  cu_row_threads(d), a->st, cu_f(a, -1),
-		  (const int32_t *)cu_p(a, 0), cu_f(a, 1), rows, v, d, vec4, a->sc);
-	CU_LAUNCHED(a, e);
-	return 0;
+	if (bytes % 16 == 0 && cu_aligned16(cu_p(a, -1)) && cu_aligned16(cu_p(a, 1)))
+		return launch_embedding<uint4>(a, rows, v, (int64_t)(bytes / 16), e);
+	if (es == 2)
+		return launch_embedding<uint16_t>(a, rows, v, d, e);
+	return launch_embedding<uint32_t>(a, rows, v, d, e);
 }
 
 /*
@@ -404,7 +466,8 @@ __global__ void k_emb_place(const int32_t *ids, int64_t rows, int64_t v, const i
 	}
 }
 
-__global__ void k_emb_sum(float *o, const float *dy, const int32_t *ids, int64_t rows, int64_t v,
+template <typename TO, typename TD>
+__global__ void k_emb_sum(TO *o, const TD *dy, const int32_t *ids, int64_t rows, int64_t v,
 			  int64_t d, const int32_t *cnt, const int32_t *start, const int32_t *order,
 			  int accumulate)
 {
@@ -414,10 +477,10 @@ __global__ void k_emb_sum(float *o, const float *dy, const int32_t *ids, int64_t
 			continue; /* not the first row of its id */
 		int64_t end = k + cnt[id];
 		for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-			float acc = accumulate ? o[id * d + j] : 0.0f;
+			float acc = accumulate ? ld(o + id * d + j) : 0.0f;
 			for (int64_t q = k; q < end; q++)
 				acc += ld(dy + (int64_t)order[q] * d + j);
-			o[id * d + j] = acc;
+			st(o + id * d + j, acc);
 		}
 	}
 }
@@ -448,7 +511,7 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 	int32_t *cnt = (int32_t *)a->scratch, *start = cnt + v + 1, *rank = start + v + 1;
 	int32_t *order = rank + rows;
 	if (!acc)
-		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(v * d) * sizeof(float), a->st), e);
+		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(v * d) * elem_size(to), a->st), e);
 	if (rows <= 0 || d <= 0)
 		return 0;
 	CU_LAUNCH(k_emb_rank, 1, EMB_RANK_THREADS, a->st, ids, rows, v, cnt, rank, a->sc);
@@ -457,9 +520,24 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 	CU_LAUNCHED(a, e);
 	CU_LAUNCH(k_emb_place, cu_grid(rows), CU_THREADS, a->st, ids, rows, v, start, rank, order);
 	CU_LAUNCHED(a, e);
-	/* acc = 0 was zeroed above: the sums start from the output either way */
-	CU_LAUNCH(k_emb_sum, (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID), cu_row_threads(d),
-		  a->st, cu_f(a, -1), cu_f(a, 0), ids, rows, v, d, cnt, start, order, 1);
+	/* acc = 0 was zeroed above: the sums start from the output either way;
+	 * the output is f32 or, with bf16 gradients, bf16 (operand rule
+	 * EMBEDDING_GRAD) */
+	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
+	int o16 = to->dtype == DP_BF16, d16 = cu_t(a, 0)->dtype == DP_BF16;
+	if (o16 && d16)
+		CU_LAUNCH((k_emb_sum<cu_bf16, cu_bf16>), grid, cu_row_threads(d), a->st,
+			  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 0), ids, rows, v, d, cnt,
+			  start, order, 1);
+	else if (d16)
+		CU_LAUNCH((k_emb_sum<float, cu_bf16>), grid, cu_row_threads(d), a->st, cu_f(a, -1),
+			  (const cu_bf16 *)cu_p(a, 0), ids, rows, v, d, cnt, start, order, 1);
+	else if (!o16)
+		CU_LAUNCH((k_emb_sum<float, float>), grid, cu_row_threads(d), a->st, cu_f(a, -1),
+			  cu_f(a, 0), ids, rows, v, d, cnt, start, order, 1);
+	else
+		return RT_FAIL(e, "embedding_grad: a bf16 output of f32 gradients (the decoder "
+			       "allows none)");
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -468,16 +546,16 @@ extern "C" void cu_layout_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
 	k[DPK_NOP] = {run_nop, NULL, NULL, 0, 0};
-	k[DPK_FILL] = {run_fill, NULL, NULL, 0, 0};
+	k[DPK_FILL] = {run_fill, NULL, NULL, 0, 1};
 	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
 	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
 	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 0};
-	k[DPK_SPLIT] = {run_split, NULL, NULL, 0, 0};
-	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 0};
-	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 0};
-	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0, 0};
-	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 0};
-	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 0};
-	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 0};
+	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 1};
+	k[DPK_SPLIT] = {run_split, NULL, NULL, 0, 1};
+	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 1};
+	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 1};
+	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0, 1};
+	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 1};
+	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 1};
+	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 1};
 }

@@ -28,6 +28,15 @@
  *
  * correct: argmax with the first maximum winning (the CPU's `>` scan), one
  * flag per row, counted in a fixed tree: exact.
+ *
+ * bf16 logits (precision bf16): the kernels are templated on the logits'
+ * storage, the loss and the statistics stay f32/double, the gradient is
+ * rounded once per element. Rows of a multiple of 8 classes with 16-byte
+ * aligned operands are read (and the gradient written) in chunks of eight,
+ * 128 bits at a time: the threads' running (max, sum) then cover other
+ * elements, so S may differ from the scalar walk's by double rounding
+ * (~1e-16 relative; the loss is f32, the gradient bf16: equal unless a
+ * value lies that close to a rounding boundary). correct stays exact.
  */
 #include "device.cuh"
 
@@ -44,19 +53,24 @@ static __device__ __forceinline__ int64_t row_label(const int32_t *y, int64_t r,
 	return label;
 }
 
-/* M and S of one row: every thread of the block gets them. */
-static __device__ void row_stats(const float *row, int64_t classes, float *shf, double *shd,
+/* M and S of one row: every thread of the block gets them. Chunks of W. */
+template <int W, typename T>
+static __device__ void row_stats(const T *row, int64_t classes, float *shf, double *shd,
 				 float *mx, double *sum)
 {
 	float m = -INFINITY;
 	double s = 0;
-	for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-		float x = ld(row + j);
-		if (x > m) {
-			s = s * exp((double)m - x) + 1.0; /* exp(-inf) = 0 on the first */
-			m = x;
-		} else if (!(x == -INFINITY)) { /* exp(-inf - m) adds 0; a NaN adds NaN */
-			s += exp((double)x - m);
+	for (int64_t j0 = W * threadIdx.x; j0 < classes; j0 += W * blockDim.x) {
+		float xv[W];
+		ldw<W>(row + j0, xv);
+		for (int k = 0; k < W; k++) {
+			float x = xv[k];
+			if (x > m) {
+				s = s * exp((double)m - x) + 1.0; /* exp(-inf) = 0 on the first */
+				m = x;
+			} else if (!(x == -INFINITY)) { /* exp(-inf - m) adds 0; a NaN adds NaN */
+				s += exp((double)x - m);
+			}
 		}
 	}
 	float big = block_max(m, shf);
@@ -67,25 +81,30 @@ static __device__ void row_stats(const float *row, int64_t classes, float *shf, 
 
 /* XENT (part[r] = -log p(label), or 0) and CORRECT (part[r], part[rows + r]);
  * stats (NULL: none): the loss's M and S per row for its gradient. */
-__global__ void k_xent_rows(int op, const float *x, const int32_t *y, int64_t rows,
-			    int64_t classes, double *part, double *stats, CuScalars *sc)
+template <int W, typename T>
+__global__ void k_xent_rows(int op, const T *x, const int32_t *y, int64_t rows, int64_t classes,
+			    double *part, double *stats, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
 	__shared__ int64_t shi[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *row = x + r * classes;
+		const T *row = x + r * classes;
 		int64_t label = row_label(y, r, classes, sc);
 		if (op == DPK_CORRECT) {
 			/* argmax, first maximum wins: per thread its first best, then the
 			 * block keeps the larger value or, on a tie, the smaller index */
 			float bv = -INFINITY;
 			int64_t bi = classes;
-			for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-				if (bi == classes || ld(row + j) > bv) {
-					bv = ld(row + j);
-					bi = j;
-				}
+			for (int64_t j0 = W * threadIdx.x; j0 < classes; j0 += W * blockDim.x) {
+				float xv[W];
+				ldw<W>(row + j0, xv);
+				for (int k = 0; k < W; k++)
+					if (bi == classes || xv[k] > bv) {
+						bv = xv[k];
+						bi = j0 + k;
+					}
+			}
 			for (int o = 16; o > 0; o >>= 1) {
 				float v2 = shfl_xor(bv, o);
 				int64_t i2 = (int64_t)__shfl_xor_sync(CU_FULL_MASK, (long long)bi, o);
@@ -120,7 +139,7 @@ __global__ void k_xent_rows(int op, const float *x, const int32_t *y, int64_t ro
 		}
 		float mx;
 		double sum;
-		row_stats(row, classes, shf, shd, &mx, &sum);
+		row_stats<W>(row, classes, shf, shd, &mx, &sum);
 		if (threadIdx.x == 0) {
 			part[r] = log(sum) + mx - ld(row + label); /* -log p(label) */
 			if (stats) {
@@ -154,18 +173,20 @@ __global__ void k_xent_sum(int op, float *o, int64_t rows, float scale, const do
 }
 
 /* d = scale * (softmax(x) - onehot(label)); stats_in: M and S from the loss. */
-__global__ void k_xent_grad(float *o, const float *x, const int32_t *y, int64_t rows,
-			    int64_t classes, float scale, const double *stats, CuScalars *sc)
+template <int W, typename T>
+__global__ void k_xent_grad(T *o, const T *x, const int32_t *y, int64_t rows, int64_t classes,
+			    float scale, const double *stats, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *row = x + r * classes;
-		float *d = o + r * classes;
+		const T *row = x + r * classes;
+		T *d = o + r * classes;
 		int64_t label = row_label(y, r, classes, sc);
 		if (label < 0) {
-			for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-				st(d + j, 0.0f);
+			const float zero[W] = {};
+			for (int64_t j = W * threadIdx.x; j < classes; j += W * blockDim.x)
+				stw<W>(d + j, zero);
 			continue;
 		}
 		float mx;
@@ -174,11 +195,16 @@ __global__ void k_xent_grad(float *o, const float *x, const int32_t *y, int64_t 
 			mx = (float)stats[2 * r];
 			sum = stats[2 * r + 1];
 		} else {
-			row_stats(row, classes, shf, shd, &mx, &sum);
+			row_stats<W>(row, classes, shf, shd, &mx, &sum);
 		}
 		double sc2 = scale;
-		for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-			st(d + j, (float)(sc2 * (exp((double)ld(row + j) - mx) / sum - (j == label))));
+		for (int64_t j = W * threadIdx.x; j < classes; j += W * blockDim.x) {
+			float xv[W], dv[W];
+			ldw<W>(row + j, xv);
+			for (int k = 0; k < W; k++)
+				dv[k] = (float)(sc2 * (exp((double)xv[k] - mx) / sum - (j + k == label)));
+			stw<W>(d + j, dv);
+		}
 	}
 }
 
@@ -188,30 +214,46 @@ static size_t scratch_xent(const DpStep *s, const DpInstr *in)
 	return 2 * (size_t)cu_rows(&s->tensors[in->in[0]]) * sizeof(double);
 }
 
-static int run_xent(const CuArgs *a, RtErr *e)
+/* The row kernels of one op on logits of T, chunks of W elements. */
+template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 {
 	int op = a->in->op;
 	int64_t rows = cu_rows(cu_t(a, 0)), classes = cu_cols(cu_t(a, 0));
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? (rows > 0 ? rows : 1) : CU_MAX_GRID);
+	unsigned threads = cu_row_threads_w(classes, W);
+	const T *x = (const T *)cu_p(a, 0);
+	const int32_t *y = (const int32_t *)cu_p(a, 1);
 	double *part = (double *)a->scratch;
 	if (op == DPK_XENT_GRAD) {
 		if (rows <= 0)
 			return 0;
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
-		CU_LAUNCH(k_xent_grad, grid, cu_row_threads(classes), a->st, cu_f(a, -1), cu_f(a, 0),
-			  (const int32_t *)cu_p(a, 1), rows, classes, a->in->fa[0], stats, a->sc);
+		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1), x, y, rows,
+			  classes, a->in->fa[0], stats, a->sc);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
 	if (rows > 0) {
-		CU_LAUNCH(k_xent_rows, grid, cu_row_threads(classes), a->st, op, cu_f(a, 0),
-			  (const int32_t *)cu_p(a, 1), rows, classes, part,
+		CU_LAUNCH((k_xent_rows<W, T>), grid, threads, a->st, op, x, y, rows, classes, part,
 			  op == DPK_XENT ? a->fuse->rowstats : (double *)0, a->sc);
 		CU_LAUNCHED(a, e);
 	}
 	CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, op, cu_f(a, -1), rows, a->in->fa[0], part);
 	CU_LAUNCHED(a, e);
 	return 0;
+}
+
+/* The loss and correct write f32 from f32 or bf16 logits; the gradient
+ * writes the logits' dtype (operand rules XENT, XENT_GRAD, CORRECT). */
+static int run_xent(const CuArgs *a, RtErr *e)
+{
+	int64_t classes = cu_cols(cu_t(a, 0));
+	if (cu_t(a, 0)->dtype != DP_BF16)
+		return launch_xent<1, float>(a, e);
+	const void *o = a->in->op == DPK_XENT_GRAD ? cu_p(a, -1) : (const void *)0;
+	if (cu_vec8<cu_bf16>(classes, cu_p(a, 0), o))
+		return launch_xent<8, cu_bf16>(a, e);
+	return launch_xent<1, cu_bf16>(a, e);
 }
 
 /* ---- planning: the gradient reuses its loss's row statistics ---- */
@@ -272,7 +314,7 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 extern "C" void cu_loss_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_XENT] = {run_xent, NULL, scratch_xent, 0, 0};
-	k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0, 0};
-	k[DPK_CORRECT] = {run_xent, NULL, scratch_xent, 0, 0};
+	k[DPK_XENT] = {run_xent, NULL, scratch_xent, 0, 1};
+	k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0, 1};
+	k[DPK_CORRECT] = {run_xent, NULL, scratch_xent, 0, 1};
 }

@@ -20,24 +20,44 @@
  * scratch, then cu_colsum (device.cuh): column sums in two stages in double
  * (chunks of rows, then the chunks in order), rounded once: within 1 ulp of
  * the CPU's row-order sum.
+ *
+ * bf16 (precision bf16): every kernel is templated on the storage of its
+ * operands (the gamma gradient's output may be f32 beside bf16 inputs) and
+ * computes exactly as the f32 kernel does on the widened values, each
+ * stored element rounded once: what staging gave. When the row length is a
+ * multiple of 8 and the operands 16-byte aligned, a thread walks its row in
+ * chunks of eight (128-bit loads and stores, cu_row_threads_w threads);
+ * that regroups the double partial sums of the statistics among threads
+ * (~1e-16 relative), so a result may move by 1 bf16 ulp where its f32 value
+ * straddles a rounding boundary by less than that (~2^-29 per element).
  */
 #include "device.cuh"
 
-/* mean and rstd of one row (every thread gets them); rms: mean 0. */
-static __device__ void row_stats(int rms, const float *x, int64_t c, double eps, double *sh,
+/* mean and rstd of one row (every thread gets them); rms: mean 0. Chunks of
+ * W elements (W = 8: 128-bit loads of bf16). */
+template <int W, typename T>
+static __device__ void row_stats(int rms, const T *x, int64_t c, double eps, double *sh,
 				 double *mean, double *rstd)
 {
 	double m = 0;
 	if (!rms) {
 		double s = 0;
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			s += ld(x + j);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W];
+			ldw<W>(x + j, xv);
+			for (int k = 0; k < W; k++)
+				s += xv[k];
+		}
 		m = block_sum<double>(s, sh) / (double)c;
 	}
 	double q = 0;
-	for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-		double d = (double)ld(x + j) - m;
-		q += d * d;
+	for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+		float xv[W];
+		ldw<W>(x + j, xv);
+		for (int k = 0; k < W; k++) {
+			double d = (double)xv[k] - m;
+			q += d * d;
+		}
 	}
 	q = block_sum<double>(q, sh);
 	*mean = m;
@@ -45,56 +65,80 @@ static __device__ void row_stats(int rms, const float *x, int64_t c, double eps,
 }
 
 /* forward: in {x, g, b} (rms: no b) */
-__global__ void k_norm_fwd(int rms, float *o, const float *x, const float *g, const float *b,
-			   int64_t rows, int64_t c, double eps)
+template <int W, typename T>
+__global__ void k_norm_fwd(int rms, T *o, const T *x, const T *g, const T *b, int64_t rows,
+			   int64_t c, double eps)
 {
 	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *xr = x + r * c;
-		float *orow = o + r * c;
+		const T *xr = x + r * c;
+		T *orow = o + r * c;
 		double mean, rstd;
-		row_stats(rms, xr, c, eps, sh, &mean, &rstd);
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-			float xh = (float)(((double)ld(xr + j) - mean) * rstd);
-			st(orow + j, rms ? xh * ld(g + j) : xh * ld(g + j) + ld(b + j));
+		row_stats<W>(rms, xr, c, eps, sh, &mean, &rstd);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W], gv[W], bv[W], ov[W];
+			ldw<W>(xr + j, xv);
+			ldw<W>(g + j, gv);
+			if (!rms)
+				ldw<W>(b + j, bv);
+			for (int k = 0; k < W; k++) {
+				float xh = (float)(((double)xv[k] - mean) * rstd);
+				ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
+			}
+			stw<W>(orow + j, ov);
 		}
 	}
 }
 
 /* dx: in {dy, x, g} */
-__global__ void k_norm_bwd(int rms, float *o, const float *dy, const float *x, const float *g,
-			   int64_t rows, int64_t c, double eps)
+template <int W, typename T>
+__global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, int64_t rows,
+			   int64_t c, double eps)
 {
 	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *xr = x + r * c, *dr = dy + r * c;
-		float *orow = o + r * c;
+		const T *xr = x + r * c, *dr = dy + r * c;
+		T *orow = o + r * c;
 		double mean, rstd, sg = 0, sgx = 0;
-		row_stats(rms, xr, c, eps, sh, &mean, &rstd);
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-			double gd = (double)ld(dr + j) * ld(g + j);
-			sg += gd;
-			sgx += gd * ((double)ld(xr + j) - mean) * rstd;
+		row_stats<W>(rms, xr, c, eps, sh, &mean, &rstd);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W], dv[W], gv[W];
+			ldw<W>(xr + j, xv);
+			ldw<W>(dr + j, dv);
+			ldw<W>(g + j, gv);
+			for (int k = 0; k < W; k++) {
+				double gd = (double)dv[k] * gv[k];
+				sg += gd;
+				sgx += gd * ((double)xv[k] - mean) * rstd;
+			}
 		}
 		sg = block_sum<double>(sg, sh);
 		sgx = block_sum<double>(sgx, sh);
 		sg = rms ? 0 : sg / (double)c;
 		sgx /= (double)c;
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-			double xh = ((double)ld(xr + j) - mean) * rstd;
-			st(orow + j, (float)(rstd * ((double)ld(dr + j) * ld(g + j) - sg - xh * sgx)));
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W], dv[W], gv[W], ov[W];
+			ldw<W>(xr + j, xv);
+			ldw<W>(dr + j, dv);
+			ldw<W>(g + j, gv);
+			for (int k = 0; k < W; k++) {
+				double xh = ((double)xv[k] - mean) * rstd;
+				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+			}
+			stw<W>(orow + j, ov);
 		}
 	}
 }
 
 /* gamma gradient, stage 0: stats[2r] = mean, stats[2r + 1] = rstd */
-__global__ void k_norm_stats(int rms, const float *x, int64_t rows, int64_t c, double eps,
+template <int W, typename T>
+__global__ void k_norm_stats(int rms, const T *x, int64_t rows, int64_t c, double eps,
 			     double *stats)
 {
 	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		double mean, rstd;
-		row_stats(rms, x + r * c, c, eps, sh, &mean, &rstd);
+		row_stats<W>(rms, x + r * c, c, eps, sh, &mean, &rstd);
 		if (threadIdx.x == 0) {
 			stats[2 * r] = mean;
 			stats[2 * r + 1] = rstd;
@@ -103,8 +147,8 @@ __global__ void k_norm_stats(int rms, const float *x, int64_t rows, int64_t c, d
 }
 
 /* stage 1's term: dy * xh with the row's statistics from stage 0 */
-struct NormGTerm {
-	const float *dy, *x;
+template <typename T> struct NormGTerm {
+	const T *dy, *x;
 	const double *stats;
 	int64_t c;
 	__device__ double operator()(int64_t r, int64_t j) const
@@ -119,27 +163,44 @@ static unsigned row_grid(int64_t rows)
 	return (unsigned)(rows < CU_MAX_GRID ? (rows > 0 ? rows : 1) : CU_MAX_GRID);
 }
 
-static int run_fwd(const CuArgs *a, RtErr *e)
+/* The launch of kernel K<W, T> for rows of c elements: the 128-bit walk
+ * when cu_vec8 allows it for these operands, else the scalar one. */
+#define NORM_LAUNCH(K, T, rows, c, vec, ...)                                                 \
+	do {                                                                                 \
+		if (vec)                                                                     \
+			CU_LAUNCH((K<8, T>), row_grid(rows), cu_row_threads_w(c, 8), a->st,  \
+				  __VA_ARGS__);                                              \
+		else                                                                         \
+			CU_LAUNCH((K<1, T>), row_grid(rows), cu_row_threads(c), a->st,       \
+				  __VA_ARGS__);                                              \
+	} while (0)
+
+template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
 	int64_t c = cu_cols(t0), rows = cu_rows(t0);
+	int rms = a->in->op == DPK_RMSNORM;
+	T *o = (T *)cu_p(a, -1);
+	const T *x = (const T *)cu_p(a, 0), *g = (const T *)cu_p(a, 1);
+	const T *b = rms ? (const T *)0 : (const T *)cu_p(a, 2);
 	if (rows <= 0 || c <= 0)
 		return 0;
-	CU_LAUNCH(k_norm_fwd, row_grid(rows), cu_row_threads(c), a->st, a->in->op == DPK_RMSNORM,
-		  cu_f(a, -1), cu_f(a, 0), cu_f(a, 1), cu_f(a, 2), rows, c, (double)a->in->fa[0]);
+	NORM_LAUNCH(k_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, g, b), rms, o, x, g, b, rows, c,
+		    (double)a->in->fa[0]);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
 
-static int run_bwd(const CuArgs *a, RtErr *e)
+template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t1 = cu_t(a, 1);
 	int64_t c = cu_cols(t1), rows = cu_rows(t1);
+	T *o = (T *)cu_p(a, -1);
+	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1), *g = (const T *)cu_p(a, 2);
 	if (rows <= 0 || c <= 0)
 		return 0;
-	CU_LAUNCH(k_norm_bwd, row_grid(rows), cu_row_threads(c), a->st,
-		  a->in->op == DPK_RMSNORM_GRAD, cu_f(a, -1), cu_f(a, 0), cu_f(a, 1), cu_f(a, 2), rows,
-		  c, (double)a->in->fa[0]);
+	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g),
+		    a->in->op == DPK_RMSNORM_GRAD, o, dy, x, g, rows, c, (double)a->in->fa[0]);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -152,31 +213,52 @@ static size_t scratch_grad_g(const DpStep *s, const DpInstr *in)
 	return (size_t)(2 * rows + cu_col_chunks(rows, c) * c) * sizeof(double);
 }
 
-static int run_grad_g(const CuArgs *a, RtErr *e)
+/* T: dy and x; TO: the output (f32 or T: operand rule NORM_GRAD_G) */
+template <typename T, typename TO> static int run_grad_g_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t1 = cu_t(a, 1);
 	int64_t c = cu_cols(t1), rows = cu_rows(t1);
 	int rms = a->in->op == DPK_RMSNORM_GRAD_G;
 	double *stats = (double *)a->scratch, *part = stats + 2 * rows;
+	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1);
 	if (c <= 0)
 		return 0;
 	if (rows > 0) {
-		CU_LAUNCH(k_norm_stats, row_grid(rows), cu_row_threads(c), a->st, rms, cu_f(a, 1), rows,
-			  c, (double)a->in->fa[0], stats);
+		NORM_LAUNCH(k_norm_stats, T, rows, c, cu_vec8<T>(c, x), rms, x, rows, c,
+			    (double)a->in->fa[0], stats);
 		CU_LAUNCHED(a, e);
 	}
-	NormGTerm term = {cu_f(a, 0), cu_f(a, 1), stats, c};
-	CU_OK(a, cu_colsum(a->st, term, cu_f(a, -1), rows, c, a->in->ia[2] != 0, part), e);
+	NormGTerm<T> term = {dy, x, stats, c};
+	CU_OK(a, cu_colsum(a->st, term, (TO *)cu_p(a, -1), rows, c, a->in->ia[2] != 0, part), e);
 	return 0;
+}
+
+static int run_fwd(const CuArgs *a, RtErr *e)
+{
+	return cu_t(a, 0)->dtype == DP_BF16 ? run_fwd_t<cu_bf16>(a, e) : run_fwd_t<float>(a, e);
+}
+
+static int run_bwd(const CuArgs *a, RtErr *e)
+{
+	return cu_t(a, 0)->dtype == DP_BF16 ? run_bwd_t<cu_bf16>(a, e) : run_bwd_t<float>(a, e);
+}
+
+static int run_grad_g(const CuArgs *a, RtErr *e)
+{
+	if (cu_t(a, 0)->dtype != DP_BF16)
+		return run_grad_g_t<float, float>(a, e);
+	if (cu_t(a, -1)->dtype == DP_BF16)
+		return run_grad_g_t<cu_bf16, cu_bf16>(a, e);
+	return run_grad_g_t<cu_bf16, float>(a, e);
 }
 
 extern "C" void cu_norm_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_LAYERNORM] = {run_fwd, NULL, NULL, 0, 0};
-	k[DPK_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 0};
-	k[DPK_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 0};
-	k[DPK_RMSNORM] = {run_fwd, NULL, NULL, 0, 0};
-	k[DPK_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 0};
-	k[DPK_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 0};
+	k[DPK_LAYERNORM] = {run_fwd, NULL, NULL, 0, 1};
+	k[DPK_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
+	k[DPK_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
+	k[DPK_RMSNORM] = {run_fwd, NULL, NULL, 0, 1};
+	k[DPK_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
+	k[DPK_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
 }

@@ -12,61 +12,112 @@
  * dot)) in double: within 1 ulp of the CPU.
  * rope: per element x1 * c - x2 * s and x2 * c + x1 * s in float, v copied,
  * -fmad=false: bitwise equal to the CPU.
+ *
+ * bf16: the kernels are templated on the storage; f32 arithmetic as above
+ * on the widened values, one rounding per stored element (rope's v is
+ * moved, never converted). Rows whose length is a multiple of 8 with
+ * 16-byte aligned operands are walked in chunks of eight (128-bit
+ * accesses): rope is per element, so bitwise what staging gave; softmax's
+ * double sums are regrouped among the threads (~1e-16 relative), which can
+ * move an output by 1 bf16 ulp only where its f32 value lies that close to
+ * a rounding boundary.
  */
 #include "device.cuh"
 
 /* ---- softmax ---- */
 
-__global__ void k_softmax(float *o, const float *x, int64_t rows, int64_t c)
+template <int W, typename T> __global__ void k_softmax(T *o, const T *x, int64_t rows, int64_t c)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *xr = x + r * c;
-		float *orow = o + r * c;
+		const T *xr = x + r * c;
+		T *orow = o + r * c;
 		float mx = -INFINITY;
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			mx = max_nan(mx, ld(xr + j));
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				mx = max_nan(mx, xv[k]);
+		}
 		mx = block_max(mx, shf);
 		double sum = 0;
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			sum += expf(ld(xr + j) - mx);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				sum += expf(xv[k] - mx);
+		}
 		sum = block_sum<double>(sum, shd);
 		float inv = (float)(1.0 / sum);
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			st(orow + j, expf(ld(xr + j) - mx) * inv);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float xv[W], ov[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				ov[k] = expf(xv[k] - mx) * inv;
+			stw<W>(orow + j, ov);
+		}
 	}
 }
 
 /* out = y * (dy - sum(dy * y)); in {dy, y} */
-__global__ void k_softmax_grad(float *o, const float *dy, const float *y, int64_t rows, int64_t c)
+template <int W, typename T>
+__global__ void k_softmax_grad(T *o, const T *dy, const T *y, int64_t rows, int64_t c)
 {
 	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *dr = dy + r * c, *yr = y + r * c;
+		const T *dr = dy + r * c, *yr = y + r * c;
 		double dot = 0;
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			dot += (double)ld(dr + j) * ld(yr + j);
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float dv[W], yv[W];
+			ldw<W>(dr + j, dv);
+			ldw<W>(yr + j, yv);
+			for (int k = 0; k < W; k++)
+				dot += (double)dv[k] * yv[k];
+		}
 		dot = block_sum<double>(dot, sh);
-		for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-			st(o + r * c + j, (float)(ld(yr + j) * (ld(dr + j) - dot)));
+		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+			float dv[W], yv[W], ov[W];
+			ldw<W>(dr + j, dv);
+			ldw<W>(yr + j, yv);
+			for (int k = 0; k < W; k++)
+				ov[k] = (float)(yv[k] * (dv[k] - dot));
+			stw<W>(o + r * c + j, ov);
+		}
 	}
+}
+
+template <typename T> static int run_softmax_t(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t0 = cu_t(a, 0);
+	int64_t c = cu_cols(t0), rows = cu_rows(t0);
+	T *o = (T *)cu_p(a, -1);
+	const T *x = (const T *)cu_p(a, 0), *y = (const T *)cu_p(a, 1);
+	if (rows <= 0 || c <= 0)
+		return 0;
+	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
+	int w = cu_vec8<T>(c, o, x, y) ? 8 : 1;
+	if (a->in->op == DPK_SOFTMAX) {
+		if (w == 8)
+			CU_LAUNCH((k_softmax<8, T>), grid, cu_row_threads_w(c, 8), a->st, o, x, rows, c);
+		else
+			CU_LAUNCH((k_softmax<1, T>), grid, cu_row_threads(c), a->st, o, x, rows, c);
+	} else {
+		if (w == 8)
+			CU_LAUNCH((k_softmax_grad<8, T>), grid, cu_row_threads_w(c, 8), a->st, o, x, y,
+				  rows, c);
+		else
+			CU_LAUNCH((k_softmax_grad<1, T>), grid, cu_row_threads(c), a->st, o, x, y, rows,
+				  c);
+	}
+	CU_LAUNCHED(a, e);
+	return 0;
 }
 
 static int run_softmax(const CuArgs *a, RtErr *e)
 {
-	const DpTensor *t0 = cu_t(a, 0);
-	int64_t c = cu_cols(t0), rows = cu_rows(t0);
-	if (rows <= 0 || c <= 0)
-		return 0;
-	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
-	if (a->in->op == DPK_SOFTMAX)
-		CU_LAUNCH(k_softmax, grid, cu_row_threads(c), a->st, cu_f(a, -1), cu_f(a, 0), rows, c);
-	else
-		CU_LAUNCH(k_softmax_grad, grid, cu_row_threads(c), a->st, cu_f(a, -1), cu_f(a, 0),
-			  cu_f(a, 1), rows, c);
-	CU_LAUNCHED(a, e);
-	return 0;
+	return cu_t(a, 0)->dtype == DP_BF16 ? run_softmax_t<cu_bf16>(a, e)
+					    : run_softmax_t<float>(a, e);
 }
 
 /* ---- rope ----
@@ -76,8 +127,9 @@ static int run_softmax(const CuArgs *a, RtErr *e)
  * with s negated for the inverse (ia0). v is copied. One thread per pair (or
  * per v element): rows * heads * (2 * half + hd) = rows * 3C / 2... indexed
  * as (row, column of the row's first 2/3 pairs or v). */
-__global__ void k_rope(float *o, const float *x, const float *cs, const float *sn, int64_t rows,
-		       int64_t t, int64_t ld3, int64_t half, float sign)
+template <typename T>
+__global__ void k_rope(T *o, const T *x, const T *cs, const T *sn, int64_t rows, int64_t t,
+		       int64_t ld3, int64_t half, float sign)
 {
 	int64_t hd = 2 * half, per_row = ld3 / 3 * 2; /* per head: half + half pairs, hd v */
 	CU_FOR_EACH(i, rows * per_row) {
@@ -86,8 +138,8 @@ __global__ void k_rope(float *o, const float *x, const float *cs, const float *s
 		int64_t base = r * ld3 + 3 * hd * h;
 		if (w < hd) {
 			int64_t part = w / half, j = w - part * half; /* part 0: q, 1: k */
-			const float *xi = x + base + part * hd;
-			float *oi = o + base + part * hd;
+			const T *xi = x + base + part * hd;
+			T *oi = o + base + part * hd;
 			int64_t p = r % t;
 			float c = ld(cs + p * half + j), sv = sign * ld(sn + p * half + j);
 			float x1 = ld(xi + j), x2 = ld(xi + j + half);
@@ -95,28 +147,76 @@ __global__ void k_rope(float *o, const float *x, const float *cs, const float *s
 			st(oi + j + half, x2 * c + x1 * sv);
 		} else {
 			int64_t v = base + 2 * hd + (w - hd);
-			st(o + v, ld(x + v));
+			o[v] = x[v]; /* moved, not converted: bitwise in either storage */
 		}
 	}
 }
 
-static int run_rope(const CuArgs *a, RtErr *e)
+/* The same in chunks of eight (half a multiple of 8, every operand 16-byte
+ * aligned, ld3 a multiple of 8): one thread per eight pairs of q or k, or
+ * eight v elements; 128-bit loads and stores of bf16. */
+template <typename T>
+__global__ void k_rope8(T *o, const T *x, const T *cs, const T *sn, int64_t rows, int64_t t,
+			int64_t ld3, int64_t half, float sign)
+{
+	int64_t hd = 2 * half, per_row = ld3 / 3 * 2 / 8; /* chunks of eight per row */
+	CU_FOR_EACH(i, rows * per_row) {
+		int64_t r = i / per_row, k = 8 * (i - r * per_row);
+		int64_t h = k / (2 * hd), w = k - h * 2 * hd;
+		int64_t base = r * ld3 + 3 * hd * h;
+		if (w < hd) {
+			int64_t part = w / half, j = w - part * half;
+			const T *xi = x + base + part * hd;
+			T *oi = o + base + part * hd;
+			int64_t p = r % t;
+			float c[8], sv[8], x1[8], x2[8], y1[8], y2[8];
+			ld8(cs + p * half + j, c);
+			ld8(sn + p * half + j, sv);
+			ld8(xi + j, x1);
+			ld8(xi + j + half, x2);
+			for (int q = 0; q < 8; q++) {
+				sv[q] = sign * sv[q];
+				y1[q] = x1[q] * c[q] - x2[q] * sv[q];
+				y2[q] = x2[q] * c[q] + x1[q] * sv[q];
+			}
+			st8(oi + j, y1);
+			st8(oi + j + half, y2);
+		} else {
+			int64_t v = base + 2 * hd + (w - hd);
+			*(uint4 *)(o + v) = *(const uint4 *)(x + v);
+		}
+	}
+}
+
+template <typename T> static int run_rope_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *tq = cu_t(a, 0), *tc = cu_t(a, 1);
 	int64_t rows = tq->dims[0] * tq->dims[1], half = tc->dims[1];
+	T *o = (T *)cu_p(a, -1);
+	const T *x = (const T *)cu_p(a, 0), *cs = (const T *)cu_p(a, 1), *sn = (const T *)cu_p(a, 2);
 	if (rows <= 0 || half <= 0)
 		return 0;
-	CU_LAUNCH(k_rope, cu_grid(rows * tq->dims[2] / 3 * 2), CU_THREADS, a->st, cu_f(a, -1),
-		  cu_f(a, 0), cu_f(a, 1), cu_f(a, 2), rows, tq->dims[1], tq->dims[2], half,
-		  a->in->ia[0] ? -1.0f : 1.0f);
+	float sign = a->in->ia[0] ? -1.0f : 1.0f;
+	int64_t pairs = rows * tq->dims[2] / 3 * 2;
+	if (half % 8 == 0 && tq->dims[2] % 8 == 0 && cu_vec8<T>(half, o, x, cs, sn))
+		CU_LAUNCH(k_rope8<T>, cu_grid(pairs / 8), CU_THREADS, a->st, o, x, cs, sn, rows,
+			  tq->dims[1], tq->dims[2], half, sign);
+	else
+		CU_LAUNCH(k_rope<T>, cu_grid(pairs), CU_THREADS, a->st, o, x, cs, sn, rows,
+			  tq->dims[1], tq->dims[2], half, sign);
 	CU_LAUNCHED(a, e);
 	return 0;
+}
+
+static int run_rope(const CuArgs *a, RtErr *e)
+{
+	return cu_t(a, 0)->dtype == DP_BF16 ? run_rope_t<cu_bf16>(a, e) : run_rope_t<float>(a, e);
 }
 
 extern "C" void cu_seq_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_SOFTMAX] = {run_softmax, NULL, NULL, 0, 0};
-	k[DPK_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 0};
-	k[DPK_ROPE] = {run_rope, NULL, NULL, 0, 0};
+	k[DPK_SOFTMAX] = {run_softmax, NULL, NULL, 0, 1};
+	k[DPK_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 1};
+	k[DPK_ROPE] = {run_rope, NULL, NULL, 0, 1};
 }
