@@ -159,10 +159,14 @@ dargs() { # extra dpc arguments per model
 	esac
 }
 # variant of a model: strategy and mesh line
+# REDUCE=bf16: gradients reduced and optimized in bf16 (reduce_dtype bf16);
+# SGD=1: SGD with momentum in place of AdamW
 model_src() { # model_src MODEL STRATEGY MESH -> path
-	local out=$T/$1-$2-${3// /}.dp
+	local out=$T/$1-$2-${3// /}${REDUCE:+-r$REDUCE}${SGD:+-sgd}.dp
+	local extra=${REDUCE:+\\n  reduce_dtype $REDUCE}
 	{ echo "mesh $3"; grep -v '^mesh ' "$T/$1.dp"; } |
-		sed -e "s/^  strategy .*/  strategy $2/" >"$out"
+		sed -e "s/^  strategy .*/  strategy $2$extra/" \
+			-e "${SGD:+s/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/}" >"$out"
 	echo "$out"
 }
 
@@ -175,7 +179,7 @@ gpu_cases=()
 # PREC=bf16 model_case ...: the step file compiled with --precision bf16
 model_case() {
 	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
-	local name="$model${prec:+ $prec} $strat np=$np${4:+ mesh=$4}" tag=c$ncase
+	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd} $strat np=$np${4:+ mesh=$4}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
@@ -272,7 +276,7 @@ model_case gpt2-tiny ddp 2 "cp=2"
 model_case llama full_shard 4 "cp=2, dp_shard=2"
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
-# and layout ops on their own bf16 paths, bias_grad on f32 copies)
+# and layout ops on their own bf16 paths, bias_grad too)
 for m in gpt2-tiny llama; do
 	PREC=bf16 model_case $m ddp 1
 	PREC=bf16 model_case $m full_shard 1
@@ -284,6 +288,14 @@ PREC=bf16 model_case gpt2-tiny zero2 2
 PREC=bf16 model_case mlp8 ddp 1
 PREC=bf16 model_case mlp8 ddp 2
 PREC=bf16 model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
+# bf16 gradients (reduce_dtype bf16): reduce_scatter/all_reduce in bf16, and
+# sqnorm, clip, AdamW and SGD reading them on their own bf16 paths; the clip
+# folded into the optimizer must round g * coef to bf16 as clip would store
+# it (without that rounding mlp8's AdamW updates were 6.1e-3 apart, SGD's
+# 1.7e-3; with it both are bitwise the CPU's)
+PREC=bf16 REDUCE=bf16 model_case gpt2-tiny zero2 2
+PREC=bf16 REDUCE=bf16 model_case mlp8 ddp 2
+PREC=bf16 REDUCE=bf16 SGD=1 model_case mlp8 ddp 2
 PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 
 # ---- 3. graph replay vs --no-graph, bitwise ----

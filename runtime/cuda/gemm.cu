@@ -45,7 +45,8 @@
  *
  * bias_grad: out[c] = sum_r in0[r, c] (+ out) by cu_colsum (device.cuh):
  * chunks of rows summed in double per column, then the chunks in order,
- * added to the output (or 0), rounded once. The CPU sums the rows in order in
+ * added to the output (or 0), rounded once (to f32, or to bf16 for a bf16
+ * output; a bf16 in0 is widened as it is read: no staging). The CPU sums the rows in order in
  * double: the two differ only in the double rounding of the partial sums
  * (~1e-16 relative), which the final float rounding almost always hides
  * (<= 1 ulp). Before, one thread per column walked every row: 24 blocks
@@ -308,9 +309,9 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 
 /* ---- bias_grad: two-stage column sums in double ---- */
 
-/* term(r, j) = in0[r, j] */
-struct BiasTerm {
-	const float *x;
+/* term(r, j) = in0[r, j]; T: in0's dtype (f32, or bf16 widened exactly) */
+template <typename T> struct BiasTerm {
+	const T *x;
 	int64_t c;
 	__device__ double operator()(int64_t r, int64_t j) const { return ld(x + r * c + j); }
 };
@@ -321,15 +322,25 @@ static size_t scratch_bias_grad(const DpStep *s, const DpInstr *in)
 	return (size_t)(cu_col_chunks(rows, c) * c) * sizeof(double);
 }
 
-static int run_bias_grad(const CuArgs *a, RtErr *e)
+/* T: in0; TO: the output (the compute dtype, or f32 where the gradient
+ * accumulates in f32: operand rule BIAS_GRAD), rounded once */
+template <typename T, typename TO> static int run_bias_grad_t(const CuArgs *a, RtErr *e)
 {
 	int64_t c = cu_numel(cu_t(a, -1));
 	if (c <= 0)
 		return 0;
-	BiasTerm term = {cu_f(a, 0), c};
-	CU_OK(a, cu_colsum(a->st, term, cu_f(a, -1), cu_numel(cu_t(a, 0)) / c, c, a->in->ia[2] != 0,
-			   (double *)a->scratch), e);
+	BiasTerm<T> term = {(const T *)cu_p(a, 0), c};
+	CU_OK(a, cu_colsum(a->st, term, (TO *)cu_p(a, -1), cu_numel(cu_t(a, 0)) / c, c,
+			   a->in->ia[2] != 0, (double *)a->scratch), e);
 	return 0;
+}
+
+static int run_bias_grad(const CuArgs *a, RtErr *e)
+{
+	int in16 = cu_t(a, 0)->dtype == DP_BF16, out16 = cu_t(a, -1)->dtype == DP_BF16;
+	if (in16)
+		return out16 ? run_bias_grad_t<cu_bf16, cu_bf16>(a, e) : run_bias_grad_t<cu_bf16, float>(a, e);
+	return out16 ? run_bias_grad_t<float, cu_bf16>(a, e) : run_bias_grad_t<float, float>(a, e);
 }
 
 extern "C" void cu_gemm_rows(CuKernel *k)
@@ -337,5 +348,5 @@ extern "C" void cu_gemm_rows(CuKernel *k)
 	/* run, limits, scratch, blas, bf16 */
 	k[DPK_MATMUL] = {run_gemm, limit_gemm, NULL, 1, 1};
 	k[DPK_LINEAR] = {run_gemm, limit_gemm, NULL, 1, 1};
-	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 0};
+	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 1};
 }

@@ -17,14 +17,18 @@
  *
  * precision bf16: SGD (in2) and AdamW (in3) also round each updated master
  * to nearest even into its bf16 compute copy in the same loop (the CPU's
- * bits: cu_to_bf16); bf16 gradients reach them as f32 copies (bf16.cu).
+ * bits: cu_to_bf16). Gradients in bf16 (reduce_dtype bf16) are read as bf16
+ * by sqnorm (eight per 128-bit load), clip (rounding its result once), SGD
+ * and AdamW (four per 64-bit load beside the float4 of the f32 state):
+ * widened exactly, so the same arithmetic as the CPU's staged f32 copies.
  *
  * The fold (cu_plan_clip): clip reads and writes every gradient once more
  * between the norm and the optimizer. When the only readers of the clipped
  * gradients are SGD/AdamW instructions (until they are overwritten whole),
  * the clip instruction is skipped and each optimizer multiplies its
- * gradient by the same float coefficient first: the same values as clip
- * then update, bitwise, with the gradients read once by the norm and once by
+ * gradient by the same float coefficient first (rounded to bf16 as clip
+ * would store it when the gradients are bf16: clipped<G>): the same values
+ * as clip then update, bitwise, with the gradients read once by the norm and once by
  * the update (8 bytes per parameter less: ~1 GB, ~0.3 ms per step on an
  * H100 for GPT-2 124M). The gradients stay unclipped in memory, which is
  * why nothing else may read them before they are zeroed.
@@ -33,13 +37,21 @@
 
 /* ---- sqnorm: out[0] = w * sum in0^2 (+ out[0] if ia2) ---- */
 
-__global__ void k_sqnorm_part(const float *a, int64_t n, int vec4, double *part)
+/* T: in0's dtype; vec: f32 four per float4, bf16 eight per 128-bit load */
+template <typename T> __global__ void k_sqnorm_part(const T *a, int64_t n, int vec, double *part)
 {
 	__shared__ double sh[32];
 	double s = 0;
-	if (vec4) {
+	if (vec && sizeof(T) == 2) {
+		CU_FOR_EACH(i, n / 8) {
+			float v[8];
+			ld8(a + 8 * i, v);
+			for (int k = 0; k < 8; k++)
+				s += (double)v[k] * v[k];
+		}
+	} else if (vec) {
 		CU_FOR_EACH(i, n / 4) {
-			float4 v = ld4(a + 4 * i);
+			float4 v = ld4((const float *)a + 4 * i);
 			s += (double)v.x * v.x;
 			s += (double)v.y * v.y;
 			s += (double)v.z * v.z;
@@ -70,9 +82,15 @@ __global__ void k_sqnorm_sum(float *o, const double *part, int accumulate, float
 static int run_sqnorm(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, 0));
-	int vec4 = n % 4 == 0 && cu_aligned16(cu_p(a, 0));
-	CU_LAUNCH(k_sqnorm_part, CU_REDUCE_BLOCKS, CU_THREADS, a->st, cu_f(a, 0), n, vec4,
-		  (double *)a->scratch);
+	if (cu_t(a, 0)->dtype == DP_BF16) {
+		int vec = n % 8 == 0 && cu_aligned16(cu_p(a, 0));
+		CU_LAUNCH(k_sqnorm_part<cu_bf16>, CU_REDUCE_BLOCKS, CU_THREADS, a->st,
+			  (const cu_bf16 *)cu_p(a, 0), n, vec, (double *)a->scratch);
+	} else {
+		int vec = n % 4 == 0 && cu_aligned16(cu_p(a, 0));
+		CU_LAUNCH(k_sqnorm_part<float>, CU_REDUCE_BLOCKS, CU_THREADS, a->st, cu_f(a, 0), n,
+			  vec, (double *)a->scratch);
+	}
 	CU_LAUNCHED(a, e);
 	CU_LAUNCH(k_sqnorm_sum, 1, CU_THREADS, a->st, cu_f(a, -1), (const double *)a->scratch,
 		  a->in->ia[2] != 0, a->in->fa[0] != 0 ? a->in->fa[0] : 1.0f);
@@ -104,7 +122,7 @@ static __device__ __forceinline__ float clip_coef(const float *norm, float max_n
 	return coef < 1.0f ? coef : 1.0f;
 }
 
-__global__ void k_clip(float *o, int64_t n, const float *norm, float max_norm)
+template <typename T> __global__ void k_clip(T *o, int64_t n, const float *norm, float max_norm)
 {
 	float coef = clip_coef(norm, max_norm);
 	if (!(coef < 1.0f))
@@ -118,22 +136,40 @@ static int run_clip(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	if (n <= 0 || a->fuse->skip) /* folded into the optimizers */
 		return 0;
-	CU_LAUNCH(k_clip, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, cu_f(a, 0), a->in->fa[0]);
+	if (cu_t(a, -1)->dtype == DP_BF16)
+		CU_LAUNCH(k_clip<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
+			  cu_f(a, 0), a->in->fa[0]);
+	else
+		CU_LAUNCH(k_clip<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, cu_f(a, 0),
+			  a->in->fa[0]);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
 
+/* The folded clip of one gradient: what clip would have stored (g * coef,
+ * rounded to bf16 when the gradients are bf16) and the optimizer then read.
+ * Without the rounding a bf16 run would differ from clip-then-update by up
+ * to one bf16 ulp per element (measured: 3.6e-3 relative in mlp8's first
+ * SGD update with reduce_dtype bf16). */
+template <typename G> static __device__ __forceinline__ float clipped(float g, float coef)
+{
+	if (!(coef < 1.0f))
+		return g;
+	g = g * coef;
+	return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;
+}
+
 /* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf ---- */
 
-__global__ void k_sgd(float *p, const float *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
+/* G: the gradient's dtype (f32, or bf16 widened as it is read) */
+template <typename G>
+__global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
 		      float wd, const CuScalars *sc, const float *norm, float max_norm)
 {
 	float lr = sc->lr, coef = clip_coef(norm, max_norm);
 	int64_t t = sc->t;
 	CU_FOR_EACH(i, n) {
-		float gi = ld(g + i), pi = ld(p + i);
-		if (coef < 1.0f)
-			gi = gi * coef; /* the folded clip */
+		float gi = clipped<G>(ld(g + i), coef), pi = ld(p + i); /* the folded clip */
 		if (wd != 0)
 			gi = gi + wd * pi;
 		if (mom != 0) {
@@ -153,9 +189,14 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	if (n <= 0)
 		return 0;
-	CU_LAUNCH(k_sgd, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0), cu_f(a, 1),
-		  (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], a->sc, a->fuse->clip_norm,
-		  a->fuse->clip_max);
+	if (cu_t(a, 0)->dtype == DP_BF16)
+		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
+			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n,
+			  a->in->fa[0], a->in->fa[1], a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+	else
+		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
+			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], a->sc,
+			  a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -166,11 +207,10 @@ struct AdamK {
 	float decay, step_size, bc2_sqrt, beta1, beta2, one_b1, one_b2, eps, coef;
 };
 
+/* g: the gradient after the folded clip (clipped<G>) */
 static __device__ __forceinline__ float adam_one(const AdamK &k, float g, float *p, float *m,
 						 float *v)
 {
-	if (k.coef < 1.0f)
-		g = g * k.coef; /* the folded clip */
 	float pi = *p * k.decay;
 	float mi = *m * k.beta1 + k.one_b1 * g;
 	float vi = *v * k.beta2 + k.one_b2 * (g * g);
@@ -197,14 +237,15 @@ static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, float beta1,
 	return k;
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, cu_bf16 *copy, int64_t n,
+template <typename G>
+__global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n,
 			float beta1, float beta2, float eps, const CuScalars *sc, const float *norm,
 			float max_norm)
 {
 	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n) {
 		float pi = ld(p + i), mi = ld(m + i), vi = ld(v + i);
-		pi = adam_one(k, ld(g + i), &pi, &mi, &vi);
+		pi = adam_one(k, clipped<G>(ld(g + i), k.coef), &pi, &mi, &vi);
 		st(p + i, pi);
 		st(m + i, mi);
 		st(v + i, vi);
@@ -213,18 +254,29 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, cu_bf16 *c
 	}
 }
 
-/* n4 groups of four: every operand 16-byte aligned (the copy 8-byte) */
-__global__ void k_adamw4(float *p, const float *g, float *m, float *v, cu_bf16 *copy, int64_t n4,
+/* four gradients: a float4, or four bf16 in one 8-byte load */
+static __device__ __forceinline__ float4 ld4g(const float *g) { return ld4(g); }
+static __device__ __forceinline__ float4 ld4g(const cu_bf16 *g)
+{
+	uint2 w = *(const uint2 *)g;
+	return make_float4(cu_from_bf16((cu_bf16)w.x), cu_from_bf16((cu_bf16)(w.x >> 16)),
+			   cu_from_bf16((cu_bf16)w.y), cu_from_bf16((cu_bf16)(w.y >> 16)));
+}
+
+/* n4 groups of four: p, m, v 16-byte aligned, g 16 (f32) or 8 (bf16), the
+ * copy 8-byte */
+template <typename G>
+__global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n4,
 			 float beta1, float beta2, float eps, const CuScalars *sc,
 			 const float *norm, float max_norm)
 {
 	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n4) {
-		float4 pp = ld4(p + 4 * i), gg = ld4(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
-		pp.x = adam_one(k, gg.x, &pp.x, &mm.x, &vv.x);
-		pp.y = adam_one(k, gg.y, &pp.y, &mm.y, &vv.y);
-		pp.z = adam_one(k, gg.z, &pp.z, &mm.z, &vv.z);
-		pp.w = adam_one(k, gg.w, &pp.w, &mm.w, &vv.w);
+		float4 pp = ld4(p + 4 * i), gg = ld4g(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
+		pp.x = adam_one(k, clipped<G>(gg.x, k.coef), &pp.x, &mm.x, &vv.x);
+		pp.y = adam_one(k, clipped<G>(gg.y, k.coef), &pp.y, &mm.y, &vv.y);
+		pp.z = adam_one(k, clipped<G>(gg.z, k.coef), &pp.z, &mm.z, &vv.z);
+		pp.w = adam_one(k, clipped<G>(gg.w, k.coef), &pp.w, &mm.w, &vv.w);
 		st4(p + 4 * i, pp);
 		st4(m + 4 * i, mm);
 		st4(v + 4 * i, vv);
@@ -235,23 +287,29 @@ __global__ void k_adamw4(float *p, const float *g, float *m, float *v, cu_bf16 *
 	}
 }
 
-static int run_adamw(const CuArgs *a, RtErr *e)
+template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1));
 	const DpOptim *o = &a->s->opt;
-	float *p = cu_f(a, -1), *g = cu_f(a, 0), *m = cu_f(a, 1), *v = cu_f(a, 2);
+	float *p = cu_f(a, -1), *m = cu_f(a, 1), *v = cu_f(a, 2);
+	const G *g = (const G *)cu_p(a, 0);
 	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the bf16 compute copy, or NULL */
 	if (n <= 0)
 		return 0;
-	if (n % 4 == 0 && cu_aligned16(p) && cu_aligned16(g) && cu_aligned16(m) && cu_aligned16(v) &&
-	    ((uintptr_t)copy & 7u) == 0)
-		CU_LAUNCH(k_adamw4, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, n / 4,
+	if (n % 4 == 0 && cu_aligned16(p) && ((uintptr_t)g & (4 * sizeof(G) - 1)) == 0 &&
+	    cu_aligned16(m) && cu_aligned16(v) && ((uintptr_t)copy & 7u) == 0)
+		CU_LAUNCH(k_adamw4<G>, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, n / 4,
 			  o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
-		CU_LAUNCH(k_adamw, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, o->beta1,
+		CU_LAUNCH(k_adamw<G>, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, o->beta1,
 			  o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
+}
+
+static int run_adamw(const CuArgs *a, RtErr *e)
+{
+	return cu_t(a, 0)->dtype == DP_BF16 ? run_adamw_t<cu_bf16>(a, e) : run_adamw_t<float>(a, e);
 }
 
 /* ---- planning: clip folded into the optimizers ---- */
@@ -332,9 +390,9 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 extern "C" void cu_optim_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_SQNORM] = {run_sqnorm, NULL, NULL, 0, 0};
+	k[DPK_SQNORM] = {run_sqnorm, NULL, NULL, 0, 1};
 	k[DPK_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
-	k[DPK_CLIP] = {run_clip, NULL, NULL, 0, 0};
-	k[DPK_SGD] = {run_sgd, NULL, NULL, 0, 0};
-	k[DPK_ADAMW] = {run_adamw, NULL, NULL, 0, 0};
+	k[DPK_CLIP] = {run_clip, NULL, NULL, 0, 1};
+	k[DPK_SGD] = {run_sgd, NULL, NULL, 0, 1};
+	k[DPK_ADAMW] = {run_adamw, NULL, NULL, 0, 1};
 }
