@@ -321,14 +321,6 @@ static void lower_precision(Lower *L, const AstVal *const *val)
 		}
 }
 
-/* The first place the file asks for bf16 (train's setting or a block's). */
-void lower_note_bf16(Lower *L, Loc at)
-{
-	if (L->g->cfg.bf16_line == 0 && at.line > 0) {
-		L->g->cfg.bf16_line = (uint32_t)at.line;
-		L->g->cfg.bf16_col = (uint32_t)at.col;
-	}
-}
 
 /* An optional float keyword argument; a missing one keeps *out. */
 static int kw_float(Lower *L, const Arg *a, float *out)

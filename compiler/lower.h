@@ -93,7 +93,6 @@ void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf,
 /* ---- scope.c: helpers shared by the files (the bottom layer) ---- */
 
 Loc lower_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
-void lower_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: first bf16 request */
 void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
 int *map_get(const NameMap *m, const char *key);
 void map_put(Lower *L, NameMap *m, const char *key, int val);
@@ -112,6 +111,7 @@ int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const 
 /* A floating-point dtype for the precision settings: DP_F32 (f32, fp32) or
  * DP_BF16 (bf16), or -1 after reporting "what must be f32 or bf16". */
 int lower_dtype_word(Lower *L, const AstVal *v, const char *what);
+void lower_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: the first bf16 request */
 /* A strategy name: its DpStrategy, or -1 after reporting. */
 int lower_strategy_word(Lower *L, const AstVal *v);
 int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,

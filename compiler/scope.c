@@ -245,6 +245,16 @@ int lower_dtype_word(Lower *L, const AstVal *v, const char *what)
 	return -1;
 }
 
+/* The first place the file asks for bf16 (train's setting or a block's),
+ * kept in the step file for a backend that cannot run bf16 to name it. */
+void lower_note_bf16(Lower *L, Loc at)
+{
+	if (L->g->cfg.bf16_line == 0 && at.line > 0) {
+		L->g->cfg.bf16_line = (uint32_t)at.line;
+		L->g->cfg.bf16_col = (uint32_t)at.col;
+	}
+}
+
 int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
 {
 	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)
