@@ -48,7 +48,7 @@ fi
 # step's ms_per_step must be its own (the last one is not ~0, none is twice
 # another's), and together they make up the run's elapsed time.
 "$DPC" "$T/gpt.dp" -o "$T/gpt1.bin" >/dev/null || fail "dpc gpt 1 rank"
-"$DPEXEC" "$T/gpt1.bin" --steps 8 --log-every 1 --eval-every 0 --log-json "$T/each.json" \
+mpi 1 "$T/gpt1.bin" --steps 8 --log-every 1 --eval-every 0 --log-json "$T/each.json" \
 	>"$T/each.out" 2>&1 || { fail "dpexec --log-every 1"; cat "$T/each.out"; }
 if $PY - "$T/each.json" <<'EOF'; then
 import json, statistics, sys
