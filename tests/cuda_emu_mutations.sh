@@ -209,12 +209,16 @@ static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
 	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
 
-# the unmutated copy, rebuilt, passes (the checks above are not always-fail)
-if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean two 2 DPEMU_SEED=3; then
-	ok "the unmutated backend passes the same case ($why)"
-else
-	fail "the unmutated backend fails the case: $why"
-fi
+# unmutated WHAT BIN NP: the restored copy, rebuilt, passes the case (the
+# checks are not always-fail)
+unmutated() {
+	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run "clean-$2" "$2" "$3" DPEMU_SEED=3; then
+		ok "the unmutated backend passes $1 ($why)"
+	else
+		fail "the unmutated backend fails $1: $why"
+	fi
+}
+unmutated "the same case" two 2
 # ---- bf16 kernels (issue 14): their own paths, not the staged f32 ones ----
 # 7, 8: bf16_stride walks a norm's row in 128-bit chunks with the scalar
 # stride (the chunks overlap: the mean counts elements several times);
@@ -266,11 +270,7 @@ if "$DPC" "$T/b16.dp" --precision bf16 -o "$T/b16.bin" >"$T/b16.dpc" 2>&1 &&
 		sed 's/ov\[k\] = expf(xv\[k\] - mx) \* inv;/ov[k] = __uint_as_float(__float_as_uint(expf(xv[k] - mx) * inv) \& 0xffff0000u); \/* MUTATION: truncated *\//'; then
 		check bf16_round b16 1 DPEMU_SEED=1 DPEMU_SEED=2
 	fi
-	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean-b16 b16 1 DPEMU_SEED=3; then
-		ok "the unmutated backend passes the bf16 case ($why)"
-	else
-		fail "the unmutated backend fails the bf16 case: $why"
-	fi
+	unmutated "the bf16 case" b16 1
 else
 	fail "the bf16 case: dpc or the CPU reference"; head -n 5 "$T/b16.dpc"
 fi
@@ -288,11 +288,7 @@ if "$DPC" "$T/r16.dp" --world-size 2 --precision bf16 -o "$T/r16.bin" >"$T/r16.d
 		sed 's/return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;/return g; \/* MUTATION *\//'; then
 		check bf16_clipfold r16 2 DPEMU_COMM=late DPEMU_COMM=early
 	fi
-	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run clean-r16 r16 2 DPEMU_SEED=3; then
-		ok "the unmutated backend passes the reduce_dtype bf16 case ($why)"
-	else
-		fail "the unmutated backend fails the reduce_dtype bf16 case: $why"
-	fi
+	unmutated "the reduce_dtype bf16 case" r16 2
 else
 	fail "the reduce_dtype bf16 case: dpc or the CPU reference"; head -n 5 "$T/r16.dpc"
 fi
