@@ -176,7 +176,9 @@ static void usage(FILE *f)
 		"  -h, --help            this text\n"
 		"\n"
 		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
-		"the cores the rank may run on); OpenBLAS runs one thread inside each of them.\n"
+		"the cores the rank may run on); OpenBLAS runs one thread inside each of them,\n"
+		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE to choose, or\n"
+		"DP_BLAS_CORE=keep for OpenBLAS's own choice; --verbose shows the kernels).\n"
 		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
 		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n",
 		DPEXEC_CPU_PEAK_TFLOPS);
