@@ -409,6 +409,15 @@ static inline int64_t dp_numel(const DpTensor *t)
 	return n;
 }
 
+/* 1: some tensor of the step is bf16 (precision bf16 or a bf16 block) */
+static inline int dp_step_has_bf16(const DpStep *s)
+{
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].dtype == DP_BF16)
+			return 1;
+	return 0;
+}
+
 static inline DpOpClass dp_op_class(unsigned op)
 {
 	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;

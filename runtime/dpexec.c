@@ -571,10 +571,8 @@ static int setup_local(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
-		int bf16 = 0; /* the CPU's bf16 path and workspace are worth a line */
-		for (uint32_t i = 0; i < s->ntensors; i++)
-			bf16 |= s->tensors[i].dtype == DP_BF16;
-		if (r->ops != &cpu_backend || bf16 || r->o.verbose) {
+		/* the CPU's bf16 path and workspace are worth a line */
+		if (r->ops != &cpu_backend || dp_step_has_bf16(s) || r->o.verbose) {
 			char d[512];
 			exec_describe(&r->x, d, sizeof d);
 			printf("device: %s\n", d);

@@ -454,10 +454,7 @@ static int check_shards(const DpStep *s, RtErr *e)
  * for bf16 (cfg.bf16_line, dpc's record), as a compile error would. */
 static int check_bf16(const DpStep *s, int dev, RtErr *e)
 {
-	int bf16 = 0;
-	for (uint32_t i = 0; i < s->ntensors; i++)
-		bf16 |= s->tensors[i].dtype == DP_BF16;
-	if (!bf16)
+	if (!dp_step_has_bf16(s))
 		return 0;
 	struct cudaDeviceProp p;
 	CU(cudaGetDeviceProperties(&p, dev));
