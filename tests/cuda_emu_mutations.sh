@@ -35,7 +35,9 @@
 # (no_sync, gemm_*); the cuBLASLt mutations (lt_*) run the 2-rank case
 # (lt_bias: with biases initialised normal(0, 0.5) instead of zeros, else
 # a dropped bias is still ~lr after 3 steps) under both collective
-# policies and must be caught by both runs.
+# policies and must be caught by both runs. The bf16 cases' CPU references
+# run their GEMMs on f32 copies (DP_CPU_BF16_GEMM=blas), as the emulated
+# cuBLASLt does (tests/cuda_emu.sh's header says why).
 # Runtime: ~1-2 min (one rebuild of the .cu files for no_sync).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -261,7 +263,7 @@ train {
 }
 MODEL
 if "$DPC" "$T/b16.dp" --precision bf16 -o "$T/b16.bin" >"$T/b16.dpc" 2>&1 &&
-	mpi 1 "$T/b16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+	DP_CPU_BF16_GEMM=blas mpi 1 "$T/b16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
 		--losses "$T/b16.cpu.loss" --save-full "$T/b16.cpu.st" >/dev/null 2>&1; then
 	if mutate bf16_stride "runtime/cuda/norm.cu" sed '0,/j += W \* blockDim.x/s//j += blockDim.x/'; then
 		check bf16_stride b16 1 DPEMU_SEED=1 DPEMU_SEED=2
@@ -282,7 +284,7 @@ fi
 # updates with the bug, which this found).
 sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r16.dp"
 if "$DPC" "$T/r16.dp" --world-size 2 --precision bf16 -o "$T/r16.bin" >"$T/r16.dpc" 2>&1 &&
-	mpi 2 "$T/r16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+	DP_CPU_BF16_GEMM=blas mpi 2 "$T/r16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
 		--losses "$T/r16.cpu.loss" --save-full "$T/r16.cpu.st" >/dev/null 2>&1; then
 	if mutate bf16_clipfold "runtime/cuda/optim.cu" \
 		sed 's/return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;/return g; \/* MUTATION *\//'; then
