@@ -190,7 +190,7 @@ gpu_cases=()
 # PREC=bf16 model_case ...: the step file compiled with --precision bf16
 model_case() {
 	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
-	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd} $strat np=$np${4:+ mesh=$4}" tag=c$ncase
+	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
@@ -208,7 +208,7 @@ model_case() {
 		>"$T/$tag.cpu.log" 2>&1; then
 		fail "$name: --device cpu"; tail -n 5 "$T/$tag.cpu.log"; return
 	fi
-	env DPEMU_SEED=$ncase DPEMU_COMM=$comm timeout 300 mpirun --oversubscribe -np "$np" "$EMU" \
+	env DPEMU_SEED=$ncase DPEMU_COMM=$comm ${EMU_ENV:-} timeout 300 mpirun --oversubscribe -np "$np" "$EMU" \
 		"$T/$tag.bin" --device cuda --steps "$STEPS" --quiet --eval-every 0 \
 		--losses "$T/$tag.emu.loss" --save-full "$T/$tag.emu.st" >"$T/$tag.emu.log" 2>&1
 	local rc=$?
@@ -270,6 +270,16 @@ for s in ddp zero1 zero2 full_shard hybrid_shard; do
 	model_case mlp $s 4
 done
 model_case mlp zero2 2
+# cuBLASLt with no algorithm for the bias epilogue (DPEMU_LT_EPILOGUE=0: its
+# heuristic answers NOT_SUPPORTED, as a library or GPU without a fitting
+# kernel does): gemm.cu plans those linears with the bias copied into the
+# rows and beta = 1 instead of failing the load, and the run still matches
+EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case mlp ddp 2
+if grep -q "no algorithm for the bias epilogue" "$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log"; then
+	ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($(grep -c "no algorithm for the bias epilogue" "$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log") queries) and the bias-rows plan ran"
+else
+	fail "DPEMU_LT_EPILOGUE=0: no query with the bias epilogue was refused (the case proves nothing)"
+fi
 model_case gpt2-tiny ddp 1
 model_case gpt2-tiny full_shard 2
 for s in ddp zero1 zero2 full_shard; do
@@ -382,6 +392,22 @@ PROBE_BIN=$T/bf16.bin probe "bf16 on compute capability 7.0" \
 	DPEMU_SM=70
 PROBE_BIN=$T/bf16cl.bin probe "bf16 from dpc --precision on compute capability 7.0" \
 	"mlp8.dp: precision bf16 (dpc --precision bf16): bf16 needs a GPU" DPEMU_SM=70
+# a build without kernels for the device (DPEMU_IMAGE_SM: the oldest compute
+# capability the emulated build's kernels run on; dp's default CUDA_ARCH
+# starts at 8.0): an f32 step is refused at load with the rebuild to make,
+# and the bf16 advice to compile in f32 says the build must change too
+probe "f32 on compute capability 7.0 with the default CUDA_ARCH" \
+	"is compute capability 7.0, and this build of the CUDA backend has no kernels for it (cudaErrorNoKernelImageForDevice): rebuild it with make CUDA_ARCH='-gencode arch=compute_70,code=sm_70'" \
+	DPEMU_SM=70
+PROBE_BIN=$T/bf16.bin probe "bf16 on 7.0 without kernels for it" \
+	"or compile in f32 with the CUDA backend built for this GPU" DPEMU_SM=70
+PROBE_BIN=$T/bf16.bin probe "bf16 on 7.0 with kernels built for it: the advice is f32 alone" \
+	"or compile in f32$" DPEMU_SM=70 DPEMU_IMAGE_SM=70
+if DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+	ok "an f32 step runs on 7.0 when the build has kernels for it (DPEMU_IMAGE_SM=70)"
+else
+	fail "f32 on 7.0 with DPEMU_IMAGE_SM=70"; tail -n 3 "$T/probe.out"
+fi
 if DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "the same bf16 step file runs on compute capability 8.0"
 else

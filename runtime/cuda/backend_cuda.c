@@ -449,28 +449,45 @@ static int check_shards(const DpStep *s, RtErr *e)
 	return 0;
 }
 
-/* A step with bf16 tensors needs bf16 arithmetic on the device: compute
- * capability 8.0 (A100) or newer; the error names where the .dp file asked
- * for bf16 (cfg.bf16_line, dpc's record), as a compile error would. */
-static int check_bf16(const DpStep *s, int dev, RtErr *e)
+/* The device can run this step: this build has its kernels for the device
+ * (CUDA_ARCH in mk/cuda.mk: by default compute capability 8.x, and 9.0 and
+ * newer through PTX), and a step with bf16 tensors gets bf16 arithmetic:
+ * compute capability 8.0 (A100) or newer. The bf16 error names where the
+ * .dp file asked for bf16 (cfg.bf16_line, dpc's record), as a compile error
+ * would. Both are told at load, not as the first launch's "no kernel image". */
+static int check_device(const DpStep *s, int dev, RtErr *e)
 {
-	if (!dp_step_has_bf16(s))
-		return 0;
 	struct cudaDeviceProp p;
 	CU(cudaGetDeviceProperties(&p, dev));
-	if (p.major >= 8)
-		return 0;
-	const char *file = s->source ? s->strings + s->source : "";
-	char where[600];
-	if (s->cfg.bf16_line && *file)
-		snprintf(where, sizeof where, "%.500s:%u:%u", file, s->cfg.bf16_line, s->cfg.bf16_col);
-	else
-		snprintf(where, sizeof where, "%.500s%sprecision bf16 (dpc --precision bf16)", file,
-			 *file ? ": " : "");
-	return RT_FAIL(e,
-		       "%s: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); CUDA "
-		       "device %d, %s, is %d.%d: run on the CPU (--device cpu) or compile in f32",
-		       where, dev, p.name, p.major, p.minor);
+	cudaError_t img = cu_kernel_image();
+	int built = img == cudaSuccess;
+	if (!built && img != cudaErrorNoKernelImageForDevice && img != cudaErrorInvalidDeviceFunction)
+		return RT_FAIL(e, "cudaFuncGetAttributes (does this build run on CUDA device %d?): %s (%s)",
+			       dev, cudaGetErrorString(img), cudaGetErrorName(img));
+	(void)cudaGetLastError(); /* the probe's refusal is told here, not at a later launch */
+	if (dp_step_has_bf16(s) && p.major < 8) {
+		const char *file = s->source ? s->strings + s->source : "";
+		char where[600];
+		if (s->cfg.bf16_line && *file)
+			snprintf(where, sizeof where, "%.500s:%u:%u", file, s->cfg.bf16_line,
+				 s->cfg.bf16_col);
+		else
+			snprintf(where, sizeof where, "%.500s%sprecision bf16 (dpc --precision bf16)",
+				 file, *file ? ": " : "");
+		return RT_FAIL(e,
+			       "%s: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); "
+			       "CUDA device %d, %s, is %d.%d: run on the CPU (--device cpu) or compile in "
+			       "f32%s", where, dev, p.name, p.major, p.minor,
+			       built ? "" : " with the CUDA backend built for this GPU (CUDA_ARCH in mk/cuda.mk)");
+	}
+	if (!built)
+		return RT_FAIL(e,
+			       "CUDA device %d, %s, is compute capability %d.%d, and this build of the "
+			       "CUDA backend has no kernels for it (%s): rebuild it with make "
+			       "CUDA_ARCH='-gencode arch=compute_%d%d,code=sm_%d%d' (mk/cuda.mk), or run "
+			       "on the CPU (--device cpu)", dev, p.name, p.major, p.minor,
+			       cudaGetErrorName(img), p.major, p.minor, p.major, p.minor);
+	return 0;
 }
 
 /* The device, the communicators, memory, streams, handles, events. On
@@ -488,7 +505,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 		return RT_FAIL(e, "no CUDA device is visible");
 	x->device = x->o.local_rank % ndev;
 	CU(cudaSetDevice(x->device));
-	RT_CHECK(check_bf16(s, x->device, e));
+	RT_CHECK(check_device(s, x->device, e));
 	x->tf32 = s->cfg.gemm_math == DP_GEMM_TF32;
 
 	/* what the kernel rows need, per stream; a communicator per collective */

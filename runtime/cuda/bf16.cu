@@ -9,14 +9,14 @@
  * CPU's staged op computes (the same f32 inputs, the same f32 kernel up to
  * the f32 tolerances of docs/CUDA.md, one rounding per output element).
  *
- * Kernels with their own bf16 path (row bf16 = 1): CAST here, matmul and
- * linear (gemm.cu: cuBLAS with bf16 operands and f32 compute), the maps and
- * bias_add (elementwise.cu), the norms (norm.cu), softmax and rope
- * (seq.cu), the losses (loss.cu), attention (attention.cu), fill and the
- * layout ops (layout.cu). SGD and AdamW write the compute copy themselves
- * (optim.cu); it is never staged. Still staged when an operand is bf16:
- * bias_grad (gemm.cu), and sqnorm, clip and the SGD/AdamW gradient
- * (optim.cu: reduce_dtype bf16 only); docs/CUDA.md says why.
+ * Kernels with their own bf16 path (row bf16 = 1): CAST here, matmul,
+ * linear and bias_grad (gemm.cu: cuBLASLt with bf16 operands and f32
+ * compute), the maps and bias_add (elementwise.cu), the norms (norm.cu),
+ * softmax and rope (seq.cu), the losses (loss.cu), attention
+ * (attention.cu), fill and the layout ops (layout.cu), sqnorm, clip, SGD
+ * and AdamW (optim.cu; the optimizers also write the compute copy). No op
+ * is staged today (docs/CUDA.md's bf16 table); the staging remains for a
+ * kernel row with bf16 = 0 that meets a bf16 operand.
  *
  * The conversions move 128 bits per thread and access when the pointers
  * allow it: eight bf16 (one uint4) against two float4.

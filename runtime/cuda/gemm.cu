@@ -37,8 +37,9 @@
  * beta = 1 makes, so the numerics are those of the copy below (cuBLASLt's
  * heuristic sees the bias pointer, but kernels have faulted on an
  * under-aligned bias anyway: PyTorch falls back below 16 bytes too).
- * bf16 output, or a less aligned bias: the bias is copied into every output
- * row (exact) and the product added with beta = 1. cuBLASLt documents that
+ * bf16 output, a less aligned bias, or a heuristic with no algorithm for
+ * the epilogue on this GPU: the bias is copied into every output row
+ * (exact) and the product added with beta = 1. cuBLASLt documents that
  * C is converted to the scale type (fp32) with the accumulator and the sum
  * rounded once to D's type; it does not say in which precision the epilogue
  * adds a bf16 bias, so bf16 keeps the documented path.
@@ -197,17 +198,39 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, cx));
 	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, n));
 
+	/* "No algorithm" comes back as a status of the query (NOT_SUPPORTED) as
+	 * well as a count of 0 or a result's state. With the bias epilogue the
+	 * query is made once more without it (the bias rows and beta = 1, the
+	 * path a bf16 or under-aligned bias takes) before the load fails. */
 	cublasLtMatmulHeuristicResult_t res;
 	int count = 0;
 	memset(&res, 0, sizeof res);
-	LT(heuristic(lt, g, c == CUDA_R_16BF, &res, &count));
-	if (count < 1 || res.state != CUBLAS_STATUS_SUCCESS)
-		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (%s%s, "
-			       "alignments %u/%u/%u bytes): %s", dp_kernel_names[in->op],
+	cublasStatus_t hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
+	int found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
+	if (!found && epilogue && (hs == CUBLAS_STATUS_SUCCESS || hs == CUBLAS_STATUS_NOT_SUPPORTED)) {
+		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+		epilogue = 0;
+		g->bias_rows = 1;
+		g->beta = 1.0f;
+		g->align[3] = 0;
+		count = 0;
+		memset(&res, 0, sizeof res);
+		hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
+		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
+	}
+	if (!found)
+		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (row-major "
+			       "m x k x n; %s%s, transposes %c%c, leading dimensions %lld/%lld/%lld, "
+			       "alignments %u/%u/%u bytes of in1/in0/out, %s, at most %zu bytes of "
+			       "workspace): %s", dp_kernel_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
 			       (long long)n, ab == CUDA_R_16BF ? "bf16" : "fp32", tf32 ? ", tf32" : "",
+			       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)cw, (long long)cx, (long long)n,
 			       g->align[0], g->align[1], g->align[2],
-			       count < 1 ? "no result" : cublasLtGetStatusString(res.state));
+			       pbias ? "bias rows, no epilogue" : "no bias", (size_t)CU_BLAS_WS_BYTES,
+			       hs != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(hs)
+			       : count < 1 ? "no result" : cublasLtGetStatusString(res.state));
 	if (res.workspaceSize > CU_BLAS_WS_BYTES)
 		return RT_FAIL(e, "%s '%s': cuBLASLt's algorithm needs %zu bytes of workspace, more than "
 			       "the %zu asked for", dp_kernel_names[in->op],
@@ -302,7 +325,8 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	if (st != CUBLAS_STATUS_SUCCESS)
 		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
 			       dp_kernel_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
-			       (long long)m, (long long)k, (long long)n, a->tf32 ? ", tf32" : "",
+			       (long long)m, (long long)k, (long long)n,
+			       a->tf32 && cu_t(a, 0)->dtype != DP_BF16 ? ", tf32" : "",
 			       cublasLtGetStatusString(st));
 	return 0;
 }

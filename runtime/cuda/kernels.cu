@@ -34,6 +34,16 @@ static CuKernelTable make_table()
 
 extern "C" const CuKernelTable cu_kernel_table = make_table();
 
+/* ---- an image for this device? (kernels.h) ---- */
+
+__global__ void k_sched(CuScalars *sc, DpOptim opt, DpSched sched, uint32_t cfg_steps);
+
+extern "C" cudaError_t cu_kernel_image(void)
+{
+	cudaFuncAttributes a;
+	return cudaFuncGetAttributes(&a, k_sched);
+}
+
 /* ---- per-step scalars ---- */
 
 /* exec.c's exec_lr for step k, then the constants AdamW derives from lr

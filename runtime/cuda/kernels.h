@@ -173,6 +173,12 @@ cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpInstr *in,
 
 /* The table (kernels.cu). */
 extern const CuKernelTable cu_kernel_table;
+/* cudaSuccess when this build has an image (cubin or PTX) of its kernels
+ * that runs on the current device, else the runtime's refusal
+ * (cudaErrorNoKernelImageForDevice, or cudaErrorInvalidDeviceFunction from
+ * older runtimes). Every kernel is built for the same CUDA_ARCH
+ * (mk/cuda.mk), so one kernel answers for all (kernels.cu). */
+cudaError_t cu_kernel_image(void);
 
 /* The rows of each kernel file (they set k[op] for their ops only). */
 void cu_layout_rows(CuKernel *k);

@@ -159,6 +159,8 @@ template <typename T>
 __global__ void k_rope8(T *o, const T *x, const T *cs, const T *sn, int64_t rows, int64_t t,
 			int64_t ld3, int64_t half, float sign)
 {
+	/* v's eight elements move as one uint4: 16 bytes, bf16 only */
+	static_assert(sizeof(T) == 2, "k_rope8 copies v as eight 2-byte elements");
 	int64_t hd = 2 * half, per_row = ld3 / 3 * 2 / 8; /* chunks of eight per row */
 	CU_FOR_EACH(i, rows * per_row) {
 		int64_t r = i / per_row, k = 8 * (i - r * per_row);
@@ -198,10 +200,14 @@ template <typename T> static int run_rope_t(const CuArgs *a, RtErr *e)
 		return 0;
 	float sign = a->in->ia[0] ? -1.0f : 1.0f;
 	int64_t pairs = rows * tq->dims[2] / 3 * 2;
-	if (half % 8 == 0 && tq->dims[2] % 8 == 0 && cu_vec8<T>(half, o, x, cs, sn))
-		CU_LAUNCH(k_rope8<T>, cu_grid(pairs / 8), CU_THREADS, a->st, o, x, cs, sn, rows,
-			  tq->dims[1], tq->dims[2], half, sign);
-	else
+	int vec = 0; /* the 128-bit walk: bf16 only (k_rope8 moves v as 2-byte elements) */
+	if constexpr (sizeof(T) == 2) {
+		vec = half % 8 == 0 && tq->dims[2] % 8 == 0 && cu_vec8<T>(half, o, x, cs, sn);
+		if (vec)
+			CU_LAUNCH(k_rope8<T>, cu_grid(pairs / 8), CU_THREADS, a->st, o, x, cs, sn, rows,
+				  tq->dims[1], tq->dims[2], half, sign);
+	}
+	if (!vec)
 		CU_LAUNCH(k_rope<T>, cu_grid(pairs), CU_THREADS, a->st, o, x, cs, sn, rows,
 			  tq->dims[1], tq->dims[2], half, sign);
 	CU_LAUNCHED(a, e);

@@ -93,6 +93,9 @@ const Config &cfg()
 	c.blocks = pick_env("DPEMU_BLOCKS", "asc", "desc");
 	c.same_buffers = (int)num_env("DPEMU_NCCL_SAME_BUFFERS", 1);
 	c.mem_bytes = (size_t)num_env("DPEMU_MEM_GB", 64) << 30;
+	c.sm = (int)num_env("DPEMU_SM", 90);
+	c.image_sm = (int)num_env("DPEMU_IMAGE_SM", 80);
+	c.lt_epilogue = (int)num_env("DPEMU_LT_EPILOGUE", 1);
 	c.trace = (int)num_env("DPEMU_TRACE", 0);
 	c.profile = (int)num_env("DPEMU_PROFILE", 0);
 	c.stall_rank = c.stall_at = -1;
@@ -460,6 +463,15 @@ __attribute__((constructor)) static void install_handler()
 	sigaction(SIGBUS, &sa, &old_bus);
 }
 
+/* The build's kernels run on devices of compute capability image_sm and
+ * newer (DPEMU_IMAGE_SM: dp's default CUDA_ARCH); on an older one every
+ * kernel is refused, as the runtime refuses a kernel without a cubin or PTX
+ * for the device. */
+bool kernel_image_fits()
+{
+	return cfg().sm >= cfg().image_sm;
+}
+
 } // namespace emu
 
 using namespace emu;
@@ -498,6 +510,7 @@ static const struct {
 	{cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"},
 	{cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
 	{cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+	{cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device"},
 	{cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
 	{cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
 	{cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
@@ -601,7 +614,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d)
 		return record(cudaErrorInvalidDevice);
 	memset(p, 0, sizeof *p);
 	/* DPEMU_SM=70: pose as an older GPU (a V100's compute capability 7.0) */
-	long long sm = num_env("DPEMU_SM", 90);
+	long long sm = cfg().sm;
 	snprintf(p->name, sizeof p->name, "dp CUDA emulator (sm_%lld, CPU)", sm);
 	p->totalGlobalMem = cfg().mem_bytes;
 	p->sharedMemPerBlock = SMEM_DEFAULT;
@@ -666,6 +679,26 @@ cudaError_t cudaMemGetInfo(size_t *freeb, size_t *total)
 		return record(cudaErrorInvalidValue);
 	*total = cfg().mem_bytes;
 	*freeb = *total - dev_used();
+	return cudaSuccess;
+}
+
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func)
+{
+	EMU_API_ENTRY("cudaFuncGetAttributes");
+	if (cudaError_t e = init_error())
+		return record(e);
+	if (!attr)
+		return record(cudaErrorInvalidValue);
+	if (!func)
+		return misuse(cudaErrorInvalidDeviceFunction, "cudaFuncGetAttributes: NULL function");
+	if (!kernel_image_fits())
+		return record(cudaErrorNoKernelImageForDevice);
+	memset(attr, 0, sizeof *attr);
+	attr->maxThreadsPerBlock = 1024;
+	attr->binaryVersion = cfg().sm >= 90 ? 90 : cfg().image_sm;
+	attr->ptxVersion = 90;
+	auto lim = S().func_smem.find(func);
+	attr->maxDynamicSharedSizeBytes = lim != S().func_smem.end() ? lim->second : 48 * 1024;
 	return cudaSuccess;
 }
 

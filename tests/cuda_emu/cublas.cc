@@ -819,6 +819,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 	LtProblem p;
 	if (cublasStatus_t st = lt_problem(api, d, A, B, C, D, &p))
 		return st;
+	if (p.bias && !cfg().lt_epilogue) { /* DPEMU_LT_EPILOGUE=0: no kernel for it */
+		note("%s: no algorithm for the bias epilogue (DPEMU_LT_EPILOGUE=0), m %d n %d k %d", api,
+		     p.m, p.n, p.k);
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	}
 	memset(res, 0, sizeof *res);
 	res[0].algo = lt_choose(p, *pref, &res[0].workspaceSize);
 	res[0].state = CUBLAS_STATUS_SUCCESS;

@@ -52,6 +52,9 @@ cudaError_t record(cudaError_t err);
 /* The error every call returns before a device exists (no driver, driver
  * too old, no device), else cudaSuccess. */
 cudaError_t init_error();
+/* The build's kernels have an image for the emulated device (DPEMU_SM >=
+ * DPEMU_IMAGE_SM); else every launch is cudaErrorNoKernelImageForDevice. */
+bool kernel_image_fits();
 
 /* ---- configuration (DPEMU_* environment variables, read once) ---- */
 
@@ -68,6 +71,12 @@ struct Config {
 	long stall_at;         /*   stops at its N-th collective (1-based); -1 none */
 	int same_buffers;      /* DPEMU_NCCL_SAME_BUFFERS (1): ranks pass the same arena offsets */
 	size_t mem_bytes;      /* DPEMU_MEM_GB (64): device memory */
+	int sm;                /* DPEMU_SM (90): the compute capability, major * 10 + minor */
+	int lt_epilogue;       /* DPEMU_LT_EPILOGUE (1); 0: cuBLASLt's heuristic has no
+	                          algorithm for a bias epilogue (CUBLAS_STATUS_NOT_SUPPORTED) */
+	int image_sm;          /* DPEMU_IMAGE_SM (80): the oldest compute capability the
+	                          build's kernels run on (mk/cuda.mk's default CUDA_ARCH:
+	                          sm_80 and sm_90 cubins, compute_90 PTX) */
 	int trace;             /* DPEMU_TRACE (0): print every executed operation */
 	int profile;           /* DPEMU_PROFILE (0): time per kind of work, at exit */
 };

@@ -583,6 +583,8 @@ cudaError_t dpemu::launch(const LaunchSite &at, dim3 grid, dim3 block, size_t sm
 	EMU_API_ENTRY("a kernel launch");
 	if (cudaError_t e = init_error())
 		return record(e);
+	if (!kernel_image_fits())
+		return record(cudaErrorNoKernelImageForDevice);
 	unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
 	if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || block.x > 1024 ||
 	    block.y > 1024 || block.z > 64 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)

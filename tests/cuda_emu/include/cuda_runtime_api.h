@@ -36,6 +36,7 @@ typedef enum cudaError {
 	cudaErrorInvalidDeviceFunction = 98,
 	cudaErrorNoDevice = 100,
 	cudaErrorInvalidDevice = 101,
+	cudaErrorNoKernelImageForDevice = 209,
 	cudaErrorInvalidResourceHandle = 400,
 	cudaErrorIllegalState = 401,
 	cudaErrorNotReady = 600,
@@ -188,6 +189,13 @@ cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+/* the fields the emulator fills (the toolkit's struct has more) */
+struct cudaFuncAttributes {
+	size_t sharedSizeBytes, constSizeBytes, localSizeBytes;
+	int maxThreadsPerBlock, numRegs, ptxVersion, binaryVersion, cacheModeCA;
+	int maxDynamicSharedSizeBytes, preferredShmemCarveout;
+};
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func);
 
 /* ---- memory ---- */
 cudaError_t cudaMalloc(void **devPtr, size_t size);
