@@ -321,7 +321,6 @@ static void lower_precision(Lower *L, const AstVal *const *val)
 		}
 }
 
-
 /* An optional float keyword argument; a missing one keeps *out. */
 static int kw_float(Lower *L, const Arg *a, float *out)
 {
