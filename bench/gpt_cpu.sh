@@ -124,6 +124,10 @@ DP_CORE=$("$BUILD/dpexec" "$T/tiny1.bin" --steps 1 --verbose 2>/dev/null |
 	sed -nE 's/^device: .*NO_AFFINITY ([A-Za-z0-9]+) .*/\1/p')
 TORCH_CORE=$($PY -c 'import torch, ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())' 2>/dev/null)
 echo "OpenBLAS kernels: dp ${DP_CORE:-?}, PyTorch ${TORCH_CORE:-?}"
+if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
+	echo "  (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the environment chooses them for both sides;" \
+		"unset it to measure the kernels OpenBLAS and dp pick for this CPU)"
+fi
 CORES_DIFFER=$([ -n "$DP_CORE" ] && [ "$DP_CORE" != "$TORCH_CORE" ] && echo 1 || true)
 echo "gpt2-tiny (d=256, 4 layers, 4 heads, T=128, vocab 256), $TOKENS tokens per step;"
 echo "$ROUNDS interleaved rounds of $STEPS timed steps after $WARMUP warm-up, per configuration and side"
