@@ -118,10 +118,12 @@ static int set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 }
 
 /* The best algorithm for g's problem with these alignments, within the
- * stream's workspace. */
+ * stream's workspace (res and count are cleared first). */
 static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
 				cublasLtMatmulHeuristicResult_t *res, int *count)
 {
+	memset(res, 0, sizeof *res);
+	*count = 0;
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
 	if (st != CUBLAS_STATUS_SUCCESS)
@@ -203,21 +205,19 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	 * query is made once more without it (the bias rows and beta = 1, the
 	 * path a bf16 or under-aligned bias takes) before the load fails. */
 	cublasLtMatmulHeuristicResult_t res;
-	int count = 0;
-	memset(&res, 0, sizeof res);
-	cublasStatus_t hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
-	int found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
-	if (!found && epilogue && (hs == CUBLAS_STATUS_SUCCESS || hs == CUBLAS_STATUS_NOT_SUPPORTED)) {
-		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+	int count, found = 0;
+	cublasStatus_t hs;
+	for (;;) {
+		hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
+		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
+		if (found || !epilogue || (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED))
+			break;
+		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT; /* once more, as a bf16 bias goes */
 		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
 		epilogue = 0;
 		g->bias_rows = 1;
 		g->beta = 1.0f;
 		g->align[3] = 0;
-		count = 0;
-		memset(&res, 0, sizeof res);
-		hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
-		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
 	}
 	if (!found)
 		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (row-major "
