@@ -16,6 +16,14 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/cpu.h"
+
+/* Once per process, before MPI_Init and before any backend: OpenBLAS's
+ * kernels (cpu/gemm.c says why the choice is the process's). */
+void backend_process_init(void)
+{
+	cpu_blas_choose();
+}
 
 void backend_cuda_path(char *buf, size_t len)
 {

@@ -164,6 +164,10 @@ struct BackendOps {
 /* The CPU backend (runtime/cpu/backend_cpu.c). */
 extern const BackendOps cpu_backend;
 
+/* Process-wide set-up every backend shares (OpenBLAS's core); dpexec calls
+ * it first. */
+void backend_process_init(void);
+
 /* ---- choosing and loading a backend (runtime/backend.c) ---- */
 
 /* The environment variable naming the CUDA backend's shared object. */

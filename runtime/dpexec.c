@@ -177,8 +177,8 @@ static void usage(FILE *f)
 		"\n"
 		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
 		"the cores the rank may run on); OpenBLAS runs one thread inside each of them,\n"
-		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE to choose, or\n"
-		"DP_BLAS_CORE=keep for OpenBLAS's own choice; --verbose shows the kernels).\n"
+		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
+		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
 		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
 		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n",
 		DPEXEC_CPU_PEAK_TFLOPS);
@@ -1039,6 +1039,7 @@ int main(int argc, char **argv)
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
+	backend_process_init(); /* OpenBLAS's kernels, for whichever backend runs */
 	/* MPI_Abort without Open MPI's help text (the user's setting wins) */
 	setenv("OMPI_MCA_orte_execute_quiet", "1", 0);
 	int provided;

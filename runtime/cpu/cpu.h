@@ -116,12 +116,14 @@ extern const CpuVec cpu_vec_scalar, cpu_vec_avx2, cpu_vec_avx512;
 
 typedef struct CpuGemm16 CpuGemm16; /* gemm_bf16.c */
 
-/* OpenBLAS as gemm.c uses it: the kernels' core is picked for this CPU by
- * cpu_blas_init (before any BLAS call), and products are cut for the
- * pool's threads at multiples of `grain` rows, or columns where `cols`. */
+/* OpenBLAS as gemm.c uses it: the kernels' core is picked for this CPU
+ * once per process by cpu_blas_choose (before any BLAS call, whatever the
+ * backend), and cpu_blas_init cuts products for the pool's threads at
+ * multiples of `grain` rows, or columns where `cols`. */
 typedef struct {
 	int grain, cols;
 } CpuBlas;
+void cpu_blas_choose(void);
 void cpu_blas_init(CpuBlas *b);
 
 /* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */

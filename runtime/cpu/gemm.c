@@ -26,8 +26,20 @@
  * runs OpenBLAS's own core selection again with OPENBLAS_CORETYPE=Haswell,
  * through the two entry points DYNAMIC_ARCH builds export (weak: a BLAS
  * without them keeps its choice), before any BLAS call. A user's
- * OPENBLAS_CORETYPE, or DP_BLAS_CORE=keep, leaves OpenBLAS's choice alone.
- * The choice depends on the CPU model only, never on a timing.
+ * OPENBLAS_CORETYPE, or DP_BLAS_CORE=keep, leaves OpenBLAS's choice alone;
+ * DP_BLAS_CORE=NAME takes core NAME by the same path on any CPU (how the
+ * tests walk Zen 4's path on other machines). The choice depends on the CPU
+ * model only, never on a timing.
+ *
+ * The choice is the process's, not the CPU backend's: OpenBLAS is one
+ * library per process, and whatever else calls it in dpexec must sum as the
+ * CPU backend does. dpexec makes it first thing in main (cpu_blas_choose),
+ * so the CUDA emulator's cuBLAS (tests/cuda_emu/cublas.cc, OpenBLAS in the
+ * same process) runs the very kernels the CPU reference runs. When only the
+ * CPU backend re-chose, a Zen 4 ran its reference on Haswell's kernels and
+ * the emulator on Cooperlake's, and the bf16 cases of tests/cuda_emu.sh
+ * parted by 1.45e-2 (a GEMM result that rounds to the other bf16 under a
+ * zero gradient becomes AdamW step of 2 lr).
  */
 void gotoblas_dynamic_init(void) __attribute__((weak));
 void gotoblas_dynamic_quit(void) __attribute__((weak));
@@ -47,6 +59,32 @@ static int zen4(void)
 #endif
 }
 
+void cpu_blas_choose(void)
+{
+	static int chosen;
+	if (chosen++)
+		return;
+	const char *keep = getenv("DP_BLAS_CORE");
+	const char *user = getenv("OPENBLAS_CORETYPE");
+	const char *core = NULL;
+	if (keep && *keep)
+		core = strcmp(keep, "keep") == 0 ? NULL : keep;
+	else if (!(user && *user) && zen4())
+		core = "Haswell";
+	if (core && gotoblas_dynamic_init && gotoblas_dynamic_quit) {
+		char *saved = user ? strdup(user) : NULL;
+		setenv("OPENBLAS_CORETYPE", core, 1);
+		gotoblas_dynamic_quit();
+		gotoblas_dynamic_init();
+		if (saved)
+			setenv("OPENBLAS_CORETYPE", saved, 1);
+		else
+			unsetenv("OPENBLAS_CORETYPE");
+		free(saved);
+	}
+	openblas_set_num_threads(1); /* the pool's threads call it */
+}
+
 /*
  * Where a product may be cut so that every element of C is summed in the
  * same order as in one call (the pool's bitwise thread-count invariance):
@@ -60,16 +98,7 @@ static int zen4(void)
  */
 void cpu_blas_init(CpuBlas *b)
 {
-	const char *keep = getenv("DP_BLAS_CORE");
-	const char *user = getenv("OPENBLAS_CORETYPE");
-	if (!(user && *user) && !(keep && strcmp(keep, "keep") == 0) &&
-	    gotoblas_dynamic_init && gotoblas_dynamic_quit && zen4()) {
-		setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-		gotoblas_dynamic_quit();
-		gotoblas_dynamic_init();
-		unsetenv("OPENBLAS_CORETYPE");
-	}
-	openblas_set_num_threads(1); /* the pool's threads call it */
+	cpu_blas_choose(); /* dpexec has already; a test program may not */
 	const char *core = openblas_get_corename();
 	int avx2_kernels = core && (strcasecmp(core, "haswell") == 0 || strcasecmp(core, "zen") == 0);
 	b->grain = avx2_kernels ? 24 : 64;
