@@ -23,6 +23,12 @@ DEPFLAGS = -MMD -MP
 LDFLAGS += $(SANFLAGS)
 
 IR_SRC     := $(wildcard ir/*.c)
+# format/: the step-file contract (the one thing compiler and runtime share);
+# util/: file utilities both use (safe outputs)
+FORMAT_SRC := $(wildcard format/*.c)
+UTIL_SRC   := $(wildcard util/*.c)
+SHARED_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(FORMAT_SRC) $(UTIL_SRC))
+FORMAT_HDRS := format/stepfile.h format/ops.def
 PASS_SRC   := $(wildcard passes/*.c)
 FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
 RT_SRC     := $(filter-out runtime/dpexec.c runtime/cpu/vec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
@@ -34,10 +40,9 @@ VEC_OBJ    := $(BUILD)/runtime/cpu/vec_scalar.o $(BUILD)/runtime/cpu/vec_avx2.o 
 GEN_PARSER := $(BUILD)/gen/parser.c
 GEN_LEXER  := $(BUILD)/gen/lexer.c
 
-COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) \
+COMPILER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(IR_SRC) $(PASS_SRC) $(FE_SRC)) $(SHARED_OBJ) \
                 $(BUILD)/gen/parser.o $(BUILD)/gen/lexer.o
-RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(BUILD)/ir/stepfile.o \
-                $(BUILD)/ir/stepfile_check.o $(BUILD)/ir/outfile.o $(VEC_OBJ)
+RUNTIME_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(RT_SRC)) $(SHARED_OBJ) $(VEC_OBJ)
 # SLEEF: vectorised expf/tanhf (1.0 ulp) for the CPU kernels, as PyTorch uses
 RUNTIME_LIBS := -lopenblas -ldnnl -lgomp -lsleef -lcjson -lz -lm
 
@@ -57,30 +62,39 @@ $(BUILD)/gen/lexer.c $(BUILD)/gen/lexer.h &: compiler/lexer.l $(BUILD)/gen/parse
 	$(FLEX) --header-file=$(BUILD)/gen/lexer.h -o $(BUILD)/gen/lexer.c $<
 
 $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
-	$(CC) $(CFLAGS) $(DEPFLAGS) -Wno-sign-compare -Wno-unused-function -Icompiler -Iir -I$(BUILD)/gen -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Wno-sign-compare -Wno-unused-function -Icompiler -Iir -Iformat -Iutil -I$(BUILD)/gen -c $< -o $@
 
 $(BUILD)/compiler/%.o: compiler/%.c $(BUILD)/gen/parser.h $(BUILD)/gen/lexer.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Icompiler -Iir -Iformat -Iutil -Ipasses -I$(BUILD)/gen -c $< -o $@
 
-$(BUILD)/ir/%.o: ir/%.c ir/ir.h ir/stepfile.h ir/ops.def
+$(BUILD)/ir/%.o: ir/%.c ir/ir.h $(FORMAT_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Iformat -Iutil -c $< -o $@
 
-$(BUILD)/passes/%.o: passes/%.c ir/ir.h ir/stepfile.h $(wildcard passes/*.h)
+$(BUILD)/format/%.o: format/%.c $(FORMAT_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Ipasses -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iformat -Iutil -c $< -o $@
 
-$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h ir/stepfile.h $(wildcard runtime/*.h runtime/cpu/*.h)
+$(BUILD)/util/%.o: util/%.c util/outfile.h
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iutil -c $< -o $@
+
+$(BUILD)/passes/%.o: passes/%.c ir/ir.h $(FORMAT_HDRS) $(wildcard passes/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iir -Iformat -Iutil -Ipasses -c $< -o $@
+
+# the runtime sees format/ and util/, never ir/ (the step file is its contract)
+$(BUILD)/runtime/%.o: runtime/%.c runtime/rt.h $(FORMAT_HDRS) $(wildcard runtime/*.h runtime/cpu/*.h)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) $(DEPFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
 
 $(BUILD)/runtime/cpu/vec_scalar.o: VEC_FLAGS := -DVEC_ISA=0
 $(BUILD)/runtime/cpu/vec_avx2.o: VEC_FLAGS := -DVEC_ISA=1 -mavx2 -mfma
 $(BUILD)/runtime/cpu/vec_avx512.o: VEC_FLAGS := -DVEC_ISA=2 -mavx512f -mavx2 -mfma
-$(VEC_OBJ): $(BUILD)/runtime/cpu/vec_%.o: runtime/cpu/vec.c runtime/rt.h ir/stepfile.h runtime/cpu/cpu.h
+$(VEC_OBJ): $(BUILD)/runtime/cpu/vec_%.o: runtime/cpu/vec.c runtime/rt.h $(FORMAT_HDRS) runtime/cpu/cpu.h
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) $(VEC_FLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
+	$(MPICC) $(CFLAGS) $(VEC_FLAGS) $(DEPFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
 
 $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
@@ -102,11 +116,11 @@ tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Icompiler -Iir -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lz -lm
+	$(CC) $(CFLAGS) -Icompiler -Iir -Iformat -Iutil -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lz -lm
 
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CFLAGS) -Iruntime -Iir $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS)
+	$(MPICC) $(CFLAGS) -Iruntime -Iformat -Iutil $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS)
 
 test: all tests
 	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh

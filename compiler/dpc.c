@@ -6,7 +6,7 @@
  * status: 0 success; 1 user error (bad option, bad model, unwritable output),
  * reported as messages; 2 internal error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
- * checked before compiling (ir/outfile.h: its directory exists and is
+ * checked before compiling (util/outfile.h: its directory exists and is
  * writable; a device or FIFO is written through, a link's target written)
  * and the writer is atomic and runs last.
  */

@@ -538,7 +538,7 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 }
 
 /* One keyword argument's value into n->ia / n->fa (the attribute's DSL rules
- * in ir/ops.def). */
+ * in format/ops.def). */
 static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 {
 	if (k->style == IR_ATTR_FLAG) {
@@ -777,12 +777,12 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	L->loss_loc = e->loc;
 	int in[DP_MAX_IN] = {0}, nin;
 	Node attrs = {0};
-	if (call_operands(L, e, &ir_ops[DPK_XENT], block, in, &nin, &attrs) ||
+	if (call_operands(L, e, &ir_ops[DP_OP_XENT], block, in, &nin, &attrs) ||
 	    !L->batch_ok)
 		return -1;
 	Loc loc = lower_gloc(L, e->loc);
 	Value *loss = lower_value(L, name, DP_F32, 0, NULL, DP_T_ACT, loc);
-	Node *n = ir_node(g, DPK_XENT, loss->id, 2, in, PH_FWD, loc);
+	Node *n = ir_node(g, DP_OP_XENT, loss->id, 2, in, PH_FWD, loc);
 	/* the loss is the mean over every labelled row of the global batch: a
 	 * sample of labels i32[batch, T] (next-token targets) has T rows */
 	const Value *lab = g->values[in[1]];
@@ -798,16 +798,16 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	g->labels = in[1];
 
 	Value *sum = metric(L, "loss.sum", 1, loc);
-	n = ir_node(g, DPK_ACCUM, sum->id, 1, &loss->id, PH_FWD, loc);
+	n = ir_node(g, DP_OP_ACCUM, sum->id, 1, &loss->id, PH_FWD, loc);
 	n->progs = IR_IN_STEP;
 	g->metrics.loss = sum->id;
 	if (L->eval) {
 		Value *el = metric(L, "eval.loss", 1, loc);
-		n = ir_node(g, DPK_XENT, el->id, 2, in, PH_EVAL, loc);
+		n = ir_node(g, DP_OP_XENT, el->id, 2, in, PH_EVAL, loc);
 		n->fa[0] = 1.0f; /* a sum: the runtime divides by the samples counted */
 		n->progs = IR_IN_EVAL;
 		Value *ec = metric(L, "eval.correct", 2, loc);
-		n = ir_node(g, DPK_CORRECT, ec->id, 2, in, PH_EVAL, loc);
+		n = ir_node(g, DP_OP_CORRECT, ec->id, 2, in, PH_EVAL, loc);
 		n->progs = IR_IN_EVAL;
 		g->metrics.eval_loss = el->id;
 		g->metrics.eval_correct = ec->id;

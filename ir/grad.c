@@ -96,7 +96,7 @@ static void add_grad(GradCtx *c, int v, int t, int owned)
 		return;
 	Value *val = g->values[v];
 	if (val->kind == DP_T_PARAM) {
-		ad_emit(c, DPK_ACCUM, val->grad, 1, &t);
+		ad_emit(c, DP_OP_ACCUM, val->grad, 1, &t);
 		return;
 	}
 	int cur = c->grad[v];
@@ -104,14 +104,14 @@ static void add_grad(GradCtx *c, int v, int t, int owned)
 		c->grad[v] = t;
 		c->owned[v] = (unsigned char)owned;
 	} else if (c->owned[v]) {
-		ad_emit(c, DPK_ACCUM, cur, 1, &t);
+		ad_emit(c, DP_OP_ACCUM, cur, 1, &t);
 	} else if (owned) {
-		ad_emit(c, DPK_ACCUM, t, 1, &cur);
+		ad_emit(c, DP_OP_ACCUM, t, 1, &cur);
 		c->grad[v] = t;
 		c->owned[v] = 1;
 	} else {
 		int s = ad_temp(c, val, val->name);
-		ad_emit(c, DPK_ADD, s, 2, (int[]){cur, t});
+		ad_emit(c, DP_OP_ADD, s, 2, (int[]){cur, t});
 		c->grad[v] = s;
 		c->owned[v] = 1;
 	}
@@ -158,7 +158,7 @@ Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
 	} else {
 		/* Shared gradient: copy it into a temporary of our own first. */
 		out = ad_temp(c, v, v->name);
-		ad_emit(c, DPK_COPY, out, 1, &c->grad[value]);
+		ad_emit(c, DP_OP_COPY, out, 1, &c->grad[value]);
 		c->grad[value] = out;
 		c->owned[value] = 1;
 		acc = 1;

@@ -14,7 +14,7 @@
  * Dependencies between nodes are therefore computed from what memory they read
  * and write (ir_overlaps), not from SSA edges alone.
  *
- * Ops are the opcodes of stepfile.h: one row per op in ir/ops.def gives its
+ * Ops are the opcodes of stepfile.h: one row per op in format/ops.def gives its
  * name, arity, shape, gradient, cost, tp and batch rules (ir_ops, ir/ops.c).
  *
  * Memory. Everything the compiler allocates comes from the graph's pool and is
@@ -58,7 +58,7 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 typedef struct Pool Pool;
 
-typedef DpKernel IrOp; /* ops are the step file's opcodes: ir/ops.def */
+typedef DpOp IrOp; /* ops are the step file's opcodes: format/ops.def */
 
 /* Phase of a node, for printing and scheduling. */
 typedef enum {
@@ -159,7 +159,7 @@ typedef struct {
 /* A fused collective: one call over a contiguous view of a flat buffer. */
 typedef struct {
 	int id;
-	IrOp op;                  /* DPK_ALL_REDUCE, DPK_REDUCE_SCATTER, DPK_ALL_GATHER */
+	IrOp op;                  /* DP_OP_ALL_REDUCE, DP_OP_REDUCE_SCATTER, DP_OP_ALL_GATHER */
 	unsigned axes;            /* DP_AXIS_BIT mask */
 	int view;                 /* the bucket's view value */
 	int64_t elems;            /* elements in the bucket */
@@ -277,7 +277,7 @@ extern const char *const ir_src_kind_names[5];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 
-/* ---- the op registry (ir/ops.c, from the rows of ir/ops.def) ---- */
+/* ---- the op registry (ir/ops.c, from the rows of format/ops.def) ---- */
 
 /* How users reach an op in the DSL (the DSL column). */
 typedef enum {
@@ -382,7 +382,7 @@ typedef struct {
 	const OpAttr *attrs; /* meaningful attributes, ended by name == NULL */
 } OpInfo;
 
-extern const OpInfo ir_ops[DPK_COUNT]; /* ORDER KERNEL */
+extern const OpInfo ir_ops[DP_NOPS]; /* ORDER OP */
 
 /* Does n read its output (reads_out, with ia[2] for OP_RO_ACC)? */
 int ir_reads_out(const Node *n);

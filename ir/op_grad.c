@@ -1,5 +1,5 @@
 /*
- * op_grad.c - the gradient rules of the ops (the GRAD column of ir/ops.def).
+ * op_grad.c - the gradient rules of the ops (the GRAD column of format/ops.def).
  *
  * A rule gets the forward node and the gradient of its output and emits the
  * gradient contributions to its inputs through the gradient builder (ir.h,
@@ -41,12 +41,12 @@ void grad_act_y(GradCtx *c, Node *n, int dy)
 void grad_linear(GradCtx *c, Node *n, int dy)
 {
 	Node *m;
-	if ((m = ad_emit_acc(c, DPK_MATMUL, n->in[0], 2, (int[]){dy, n->in[1]})))
+	if ((m = ad_emit_acc(c, DP_OP_MATMUL, n->in[0], 2, (int[]){dy, n->in[1]})))
 		m->ia[1] = 1;
-	if ((m = ad_emit_acc(c, DPK_MATMUL, n->in[1], 2, (int[]){n->in[0], dy})))
+	if ((m = ad_emit_acc(c, DP_OP_MATMUL, n->in[1], 2, (int[]){n->in[0], dy})))
 		m->ia[0] = 1;
 	if (n->nin > 2 && n->in[2] >= 0)
-		ad_emit_acc(c, DPK_BIAS_GRAD, n->in[2], 1, (int[]){dy});
+		ad_emit_acc(c, DP_OP_BIAS_GRAD, n->in[2], 1, (int[]){dy});
 }
 
 /*
@@ -62,17 +62,17 @@ void grad_matmul(GradCtx *c, Node *n, int dc)
 	int a = n->in[0], b = n->in[1], ta = n->ia[0] != 0, tb = n->ia[1] != 0;
 	Node *m;
 	if (!ta)
-		m = ad_emit_acc(c, DPK_MATMUL, a, 2, (int[]){dc, b});
+		m = ad_emit_acc(c, DP_OP_MATMUL, a, 2, (int[]){dc, b});
 	else
-		m = ad_emit_acc(c, DPK_MATMUL, a, 2, (int[]){b, dc});
+		m = ad_emit_acc(c, DP_OP_MATMUL, a, 2, (int[]){b, dc});
 	if (m) {
 		m->ia[0] = ta && tb;
 		m->ia[1] = ta || !tb;
 	}
 	if (!tb)
-		m = ad_emit_acc(c, DPK_MATMUL, b, 2, (int[]){a, dc});
+		m = ad_emit_acc(c, DP_OP_MATMUL, b, 2, (int[]){a, dc});
 	else
-		m = ad_emit_acc(c, DPK_MATMUL, b, 2, (int[]){dc, a});
+		m = ad_emit_acc(c, DP_OP_MATMUL, b, 2, (int[]){dc, a});
 	if (m) {
 		m->ia[0] = !ta || tb;
 		m->ia[1] = ta && tb;
@@ -106,7 +106,7 @@ void grad_scale(GradCtx *c, Node *n, int dy)
 void grad_bias_add(GradCtx *c, Node *n, int dy)
 {
 	ad_pass_grad(c, n->in[0], dy);
-	ad_emit_acc(c, DPK_BIAS_GRAD, n->in[1], 1, (int[]){dy});
+	ad_emit_acc(c, DP_OP_BIAS_GRAD, n->in[1], 1, (int[]){dy});
 }
 
 
@@ -140,9 +140,9 @@ void grad_layernorm(GradCtx *c, Node *n, int dy)
 	Node *m;
 	if ((m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 3, (int[]){dy, n->in[0], n->in[1]})))
 		m->fa[0] = n->fa[0];
-	if ((m = ad_emit_acc(c, DPK_LAYERNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
+	if ((m = ad_emit_acc(c, DP_OP_LAYERNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
 		m->fa[0] = n->fa[0];
-	ad_emit_acc(c, DPK_BIAS_GRAD, n->in[2], 1, (int[]){dy});
+	ad_emit_acc(c, DP_OP_BIAS_GRAD, n->in[2], 1, (int[]){dy});
 }
 
 void grad_rmsnorm(GradCtx *c, Node *n, int dy)
@@ -150,7 +150,7 @@ void grad_rmsnorm(GradCtx *c, Node *n, int dy)
 	Node *m;
 	if ((m = ad_emit_grad(c, GRAD_OP(n), n->in[0], 3, (int[]){dy, n->in[0], n->in[1]})))
 		m->fa[0] = n->fa[0];
-	if ((m = ad_emit_acc(c, DPK_RMSNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
+	if ((m = ad_emit_acc(c, DP_OP_RMSNORM_GRAD_G, n->in[1], 2, (int[]){dy, n->in[0]})))
 		m->fa[0] = n->fa[0];
 }
 
@@ -175,7 +175,7 @@ void grad_attention_cp(GradCtx *c, Node *n, int dy)
 		m->ia[0] = n->ia[0];
 		m->ia[1] = n->ia[1];
 	}
-	if ((m = ad_emit_grad(c, DPK_ATTENTION_CP_GRAD_KV, n->in[1], 4, in))) {
+	if ((m = ad_emit_grad(c, DP_OP_ATTENTION_CP_GRAD_KV, n->in[1], 4, in))) {
 		m->ia[0] = n->ia[0];
 		m->ia[1] = n->ia[1];
 	}

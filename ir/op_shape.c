@@ -1,6 +1,6 @@
 /*
  * op_shape.c - the shape rules and batch rules of the ops (the shape and
- * BATCH columns of ir/ops.def), run by passes/shape.c on every node.
+ * BATCH columns of format/ops.def), run by passes/shape.c on every node.
  *
  * Shape rules fill a scratch `out` (dtype, ndim, dims) from the node's inputs,
  * which the shape pass has already shaped, or report a user error at the node
@@ -117,7 +117,7 @@ static int trails(const Value *a, const Value *b)
 int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
-	if (n->op == DPK_ADD && (trails(a, b) || trails(b, a))) {
+	if (n->op == DP_OP_ADD && (trails(a, b) || trails(b, a))) {
 		/* add broadcasts the smaller operand over the other's leading dims
 		 * (a learned position embedding [T, d] onto [B, T, d]): that is a
 		 * bias_add, whose gradient sums over the leading dims */
@@ -126,7 +126,7 @@ int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 			n->in[0] = n->in[1];
 			n->in[1] = t;
 		}
-		n->op = DPK_BIAS_ADD;
+		n->op = DP_OP_BIAS_ADD;
 		return shape_bias_add(g, n, out, d);
 	}
 	if (!same_type(a, b)) {

@@ -1,5 +1,5 @@
 /*
- * ops.c - the op registry: ir_ops[], one OpInfo per row of ir/ops.def, and
+ * ops.c - the op registry: ir_ops[], one OpInfo per row of format/ops.def, and
  * the cost rules those rows name.
  *
  * The facts of an op (name, executor class, DSL use, arity, the operand that
@@ -50,7 +50,7 @@ const OpAttr *ir_op_attr(IrOp op, const char *name)
 
 int ir_dsl_op(const char *name)
 {
-	for (int op = 0; op < DPK_COUNT; op++)
+	for (int op = 0; op < DP_NOPS; op++)
 		if (ir_ops[op].dsl != OP_DSL_NO && strcmp(ir_ops[op].name, name) == 0)
 			return op;
 	return -1;
@@ -184,8 +184,8 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 
 #define shape_none NULL
 #define TAB_IN(min, max, ids) .min_in = (min), .max_in = (max), .ids_at = (ids)
-#define TAB_GRAD(rule, op) .grad = grad_##rule, .grad_op = DPK_##op
-#define TAB_NOGRAD .grad = NULL, .grad_op = DPK_NOP
+#define TAB_GRAD(rule, op) .grad = grad_##rule, .grad_op = DP_OP_##op
+#define TAB_NOGRAD .grad = NULL, .grad_op = DP_OP_NOP
 #define TAB_COST(rule, k) .cost = cost_##rule, .cost_k = (k)
 #define TAB_ATTRS(...) .attrs = (const OpAttr[]){__VA_ARGS__, {0}}
 #define TAB_NOATTRS .attrs = (const OpAttr[]){{0}}
@@ -204,9 +204,9 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 	{.name = (n), .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
 	 .min = (above), .below = -1}
 
-const OpInfo ir_ops[DPK_COUNT] = {
+const OpInfo ir_ops[DP_NOPS] = {
 #define OP(id, nm, c, ds, in, ro, sh, gr, co, tpr, br, rule, attrs)                       \
-	[DPK_##id] = {.name = (nm), .cls = DP_OPC_##c, .dsl = OP_DSL_##ds, TAB_##in,         \
+	[DP_OP_##id] = {.name = (nm), .cls = DP_OPC_##c, .dsl = OP_DSL_##ds, TAB_##in,         \
 		      .reads_out = OP_RO_##ro, .shape = shape_##sh, TAB_##gr, TAB_##co,    \
 		      .tp = OP_TP_##tpr, .batch = OP_BATCH_##br, TAB_##attrs},
 #include "ops.def"

@@ -35,7 +35,7 @@
  * tensor's size. A node line is `[%out : type [place] [@off] =] op ins attrs`
  * for a new SSA temporary, `%out = op ...` when it writes a declared value,
  * `op ...` when it writes nothing; inputs are `%v` or `_` (-1, an absent
- * optional operand). Then the op's attributes (ir/ops.def), then the phase,
+ * optional operand). Then the op's attributes (format/ops.def), then the phase,
  * the block name (quoted when it is not a plain word or is one of the words
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
@@ -427,7 +427,7 @@ static void print_directives(FILE *out, const Graph *g)
 		const Bucket *bk = &g->buckets[i];
 		b.len = 0;
 		bprintf(&b, "bucket r%d %s axes=", i,
-			(unsigned)bk->op < DPK_COUNT ? dp_kernel_names[bk->op] : "?");
+			(unsigned)bk->op < DP_NOPS ? dp_op_names[bk->op] : "?");
 		put_axes(&b, bk->axes);
 		bprintf(&b, " elems=%" PRId64 " ", bk->elems);
 		put_ref(&b, g, bk->view);
@@ -568,8 +568,8 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 {
 	/* S is the whole buffer: all_reduce in place, reduce_scatter's input,
 	 * all_gather's output. */
-	int whole = n->op == DPK_REDUCE_SCATTER && n->nin > 0 ? n->in[0] : n->out;
-	if (n->op == DPK_ALL_REDUCE && n->out == -1 && n->nin > 0)
+	int whole = n->op == DP_OP_REDUCE_SCATTER && n->nin > 0 ? n->in[0] : n->out;
+	if (n->op == DP_OP_ALL_REDUCE && n->out == -1 && n->nin > 0)
 		whole = n->in[0];
 	if (!value_ok(g, whole) || g->values[whole]->ndim == 0)
 		return; /* not shaped yet (before the shape pass) */
@@ -579,7 +579,7 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 		if ((uint64_t)n->ia[0] & DP_AXIS_BIT(a))
 			ranks *= g->cfg.mesh[a];
 	double factor = ranks <= 1 ? 0 : (ranks - 1) / ranks;
-	if (n->op == DPK_ALL_REDUCE || n->op == DPK_TP_REDUCE)
+	if (n->op == DP_OP_ALL_REDUCE || n->op == DP_OP_TP_REDUCE)
 		factor *= 2;
 	put_si(b, size * factor, "B");
 	bprintf(b, "/rank (bus, n=%.0f)", ranks);
@@ -628,7 +628,7 @@ static void op_attrs(Buf *b, const Node *n)
 static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *const *byid, int nid)
 {
 	Buf *b = &l->body;
-	int op_ok = (unsigned)n->op < DPK_COUNT;
+	int op_ok = (unsigned)n->op < DP_NOPS;
 	if (n->out != -1) {
 		put_ref(b, g, n->out);
 		const Value *v = value_ok(g, n->out) ? g->values[n->out] : NULL;
@@ -641,7 +641,7 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(b, " = ");
 	}
 	if (op_ok)
-		bputs(b, dp_kernel_names[n->op]);
+		bputs(b, dp_op_names[n->op]);
 	else
 		bprintf(b, "?op%d", (int)n->op);
 	int nin = n->nin < 0 ? 0 : n->nin > DP_MAX_IN ? DP_MAX_IN : n->nin;

@@ -986,7 +986,7 @@ static int parse_bucket(Reader *r)
 						   : "expected the next bucket name rN (in order)");
 	Bucket *b = ir_alloc(r->g, sizeof(Bucket));
 	b->view = -1;
-	int op = expect_enum(r, dp_kernel_names, DPK_COUNT, "a collective op");
+	int op = expect_enum(r, dp_op_names, DP_NOPS, "a collective op");
 	if (op < 0)
 		return -1;
 	if (!dp_is_collective((unsigned)op))
@@ -1143,7 +1143,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 				n->ia[an->slot] = 1;
 			} else {
 				return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
-					       dp_kernel_names[n->op]);
+					       dp_op_names[n->op]);
 			}
 			continue;
 		}
@@ -1187,7 +1187,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			n->flags |= (unsigned)f;
 		} else {
 			return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
-				       dp_kernel_names[n->op]);
+				       dp_op_names[n->op]);
 		}
 		if (rc < 0)
 			return -1;
@@ -1205,7 +1205,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 static int parse_node(Reader *r, const Tok *out_tok, Value *temp)
 {
 	const Tok *optok = next(r);
-	int op = optok->kind == TK_WORD ? lookup(dp_kernel_names, DPK_COUNT, optok->text) : -1;
+	int op = optok->kind == TK_WORD ? lookup(dp_op_names, DP_NOPS, optok->text) : -1;
 	if (op < 0)
 		return fail_tok(r, optok, "expected an op or a directive");
 	const Tok *ins[DP_MAX_IN];

@@ -2,8 +2,8 @@
  * stepfile_write.c - the planned graph as a step file (dpc's output).
  *
  * ir_build_step turns a memory-planned graph into the in-memory DpStep that
- * ir/stepfile.c encodes; ir_write_step writes it atomically. The mapping
- * (ir/stepfile.h describes the records):
+ * format/stepfile.c encodes; ir_write_step writes it atomically. The mapping
+ * (format/stepfile.h describes the records):
  * - tensor id = value id, for every value (an unused temporary is a tensor
  *   with offset 0 and nbytes 0, so the ids never need renumbering);
  * - DpTensor from the value: per-rank dims, arena offset/nbytes, placement

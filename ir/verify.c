@@ -95,7 +95,7 @@ __attribute__((format(printf, 3, 4))) static void node_error(Verifier *vf, const
 		return;
 	va_list ap;
 	prefix(vf);
-	fprintf(vf->out, "node %d (%s", n->id, (unsigned)n->op < DPK_COUNT ? dp_kernel_names[n->op] : "?");
+	fprintf(vf->out, "node %d (%s", n->id, (unsigned)n->op < DP_NOPS ? dp_op_names[n->op] : "?");
 	if (vok(vf->g, n->out))
 		fprintf(vf->out, " %%%s", vname(vf->g, n->out));
 	fputs("): ", vf->out);
@@ -310,7 +310,7 @@ static void check_dtypes(Verifier *vf, const Node *n)
 static void check_node(Verifier *vf, const Node *n)
 {
 	const Graph *g = vf->g;
-	if ((unsigned)n->op >= DPK_COUNT) {
+	if ((unsigned)n->op >= DP_NOPS) {
 		node_error(vf, n, "bad op %d", (int)n->op);
 		return;
 	}
@@ -342,12 +342,12 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "bad program mask %u", n->progs);
 	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
-	if (n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT) {
+	if (n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT) {
 		if (n->ia[0] < 0 || n->ia[0] >= g->nevents)
 			node_error(vf, n, "event %" PRId64 " out of range (%d events)", n->ia[0],
 				   g->nevents);
 	}
-	if (n->op == DPK_LOAD && (n->ia[0] < 0 || n->ia[0] >= g->nsources))
+	if (n->op == DP_OP_LOAD && (n->ia[0] < 0 || n->ia[0] >= g->nsources))
 		node_error(vf, n, "source %" PRId64 " out of range", n->ia[0]);
 	if (n->bucket != -1) {
 		if (n->bucket < 0 || n->bucket >= g->nbuckets)
@@ -359,7 +359,7 @@ static void check_node(Verifier *vf, const Node *n)
 				uses |= n->in[k] == b->view;
 			if (b->op != n->op)
 				node_error(vf, n, "bucket r%d is a %s", n->bucket,
-					   (unsigned)b->op < DPK_COUNT ? dp_kernel_names[b->op] : "?");
+					   (unsigned)b->op < DP_NOPS ? dp_op_names[b->op] : "?");
 			if (!uses)
 				node_error(vf, n, "does not use bucket r%d's view %%%s", n->bucket,
 					   vname(g, b->view));
@@ -448,7 +448,7 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 	const Graph *g = vf->g;
 	int in0 = n->nin > 0 ? n->in[0] : -1;
 	switch (n->op) {
-	case DPK_INIT:
+	case DP_OP_INIT:
 		if (n->progs != IR_IN_INIT)
 			node_error(vf, n, "init outside the init program (programs %u)", n->progs);
 		/* in0, when given, names the param a whole temporary is
@@ -460,7 +460,7 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 			node_error(vf, n, "init writes %%%s, which is not a param or a buffer",
 				   vname(g, n->out));
 		break;
-	case DPK_SAVE: {
+	case DP_OP_SAVE: {
 		/* in1, when given, names the param in0 (its whole value) is saved as */
 		int id = n->nin > 1 && n->in[1] >= 0 ? n->in[1] : in0;
 		if (n->progs != IR_IN_EXPORT)
@@ -469,16 +469,16 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 			node_error(vf, n, "saves %%%s, which is not a param or a buffer", vname(g, id));
 		break;
 	}
-	case DPK_SHARD:
+	case DP_OP_SHARD:
 		if (n->progs & ~(IR_IN_INIT | IR_IN_STEP))
 			node_error(vf, n, "shard outside the init and step programs (programs %u)",
 				   n->progs);
 		check_split(vf, n, in0, n->out, sane);
 		break;
-	case DPK_REDUCE_SCATTER:
+	case DP_OP_REDUCE_SCATTER:
 		check_split(vf, n, in0, n->out, sane);
 		break;
-	case DPK_ALL_GATHER:
+	case DP_OP_ALL_GATHER:
 		check_split(vf, n, n->out, in0, sane);
 		break;
 	default:
@@ -583,7 +583,7 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 	int pos = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (!(n->progs & prog) || (unsigned)n->op >= DPK_COUNT || n->nin < 0 ||
+		if (!(n->progs & prog) || (unsigned)n->op >= DP_NOPS || n->nin < 0 ||
 		    n->nin > DP_MAX_IN)
 			continue;
 		for (int k = 0; k < n->nin; k++) {
@@ -608,10 +608,10 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 			}
 			last[id] = pos;
 		}
-		if (recorded && (n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT) &&
+		if (recorded && (n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT) &&
 		    n->ia[0] >= 0 && n->ia[0] < g->nevents && n->stream >= 0 && n->stream < 8) {
 			unsigned char bit = (unsigned char)(1u << n->stream);
-			if (n->op == DPK_EVENT_RECORD)
+			if (n->op == DP_OP_EVENT_RECORD)
 				recorded[n->ia[0]] |= bit;
 			else if (!(recorded[n->ia[0]] & (unsigned char)~bit))
 				node_error(vf, n, "waits for event %" PRId64
@@ -737,7 +737,7 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		check_node(&vf, n);
-		if ((unsigned)n->op >= DPK_COUNT || n->nin < 0 || n->nin > DP_MAX_IN)
+		if ((unsigned)n->op >= DP_NOPS || n->nin < 0 || n->nin > DP_MAX_IN)
 			continue;
 		check_setup(&vf, n, sane, buffers, nbuf);
 		for (int k = 0; k < n->nin; k++)

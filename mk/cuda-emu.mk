@@ -33,9 +33,9 @@ EMU_LIB_OBJ := $(patsubst tests/cuda_emu/%.cc,$(EMU)/emu/%.o,$(wildcard tests/cu
 EMU_CU     := $(notdir $(basename $(wildcard runtime/cuda/*.cu)))
 EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/cuda/backend_cuda.o \
                 $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o \
-                $(patsubst ir/%.c,$(EMU)/pic/%.o,$(CUDA_PIC_IR)) # mk/cuda.mk's list
+                $(patsubst %.c,$(EMU)/pic/%.o,$(notdir $(CUDA_PIC_SRC))) # mk/cuda.mk's list
 EMU_RT_HDRS := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
-               ir/stepfile.h
+               format/stepfile.h
 
 .PHONY: cuda-emu
 cuda-emu: $(EMU)/libdpcuda.so $(EMU)/dpexec
@@ -61,19 +61,22 @@ $(EMU)/gen/%.cu: runtime/cuda/%.cu mk/cuda-emu.mk
 $(EMU)/runtime/cuda/%.o: $(EMU)/gen/%.cu $(EMU_RT_HDRS) $(EMU_HDRS) $(wildcard runtime/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(MPICXX) -x c++ $(EMU_CXXFLAGS) -fsanitize=alignment -fno-sanitize-recover=alignment \
-		-include tests/cuda_emu/include/dpemu_device.h $(EMU_INC) -Iruntime/cuda -Iruntime -Iir \
+		-include tests/cuda_emu/include/dpemu_device.h $(EMU_INC) -Iruntime/cuda -Iruntime -Iformat -Iutil \
 		-c $< -o $@
 
 $(EMU)/runtime/cuda/%.o: runtime/cuda/%.c $(EMU_RT_HDRS) $(EMU_HDRS)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(EMU_CFLAGS) $(EMU_INC) -Iruntime -Iir -c $< -o $@
+	$(MPICC) $(EMU_CFLAGS) $(EMU_INC) -Iruntime -Iformat -Iutil -c $< -o $@
 
-$(EMU)/pic/err.o: runtime/err.c runtime/rt.h ir/stepfile.h
+$(EMU)/pic/err.o: runtime/err.c runtime/rt.h format/stepfile.h
 	@mkdir -p $(dir $@)
-	$(CC) $(EMU_CFLAGS) -Iruntime -Iir -c $< -o $@
-$(EMU)/pic/%.o: ir/%.c ir/stepfile.h ir/outfile.h
+	$(CC) $(EMU_CFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
+$(EMU)/pic/%.o: format/%.c format/stepfile.h
 	@mkdir -p $(dir $@)
-	$(CC) $(EMU_CFLAGS) -Iir -c $< -o $@
+	$(CC) $(EMU_CFLAGS) -Iformat -Iutil -c $< -o $@
+$(EMU)/pic/%.o: util/%.c util/outfile.h
+	@mkdir -p $(dir $@)
+	$(CC) $(EMU_CFLAGS) -Iutil -c $< -o $@
 
 $(EMU)/emu/%.o: tests/cuda_emu/%.cc $(EMU_HDRS)
 	@mkdir -p $(dir $@)

@@ -38,14 +38,14 @@ CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnc
               -lcudart_static -lstdc++ -ldl -lrt -lpthread -lz -lm
 
 # the step-file codec's name tables and op classes (and what it links in)
-CUDA_PIC_IR := $(wildcard ir/stepfile.c ir/stepfile_check.c ir/outfile.c)
+CUDA_PIC_SRC := format/stepfile.c format/stepfile_check.c util/outfile.c
 CUDA_CU    := $(wildcard runtime/cuda/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_CU)) $(BUILD)/runtime/cuda/backend_cuda.o \
               $(BUILD)/runtime/cuda/comm_nccl.o $(BUILD)/runtime/cuda/pic/err.o \
-              $(patsubst ir/%.c,$(BUILD)/runtime/cuda/pic/%.o,$(CUDA_PIC_IR))
+              $(patsubst %.c,$(BUILD)/runtime/cuda/pic/%.o,$(notdir $(CUDA_PIC_SRC)))
 CUDA_SO    := $(BUILD)/libdpcuda.so
 CUDA_HDRS  := $(wildcard runtime/cuda/*.h runtime/cuda/*.cuh) runtime/rt.h runtime/comm.h \
-              runtime/backend.h ir/stepfile.h ir/ops.def
+              runtime/backend.h format/stepfile.h format/ops.def
 
 .PHONY: cuda cuda-check
 cuda: $(CUDA_SO)
@@ -58,19 +58,22 @@ endif
 
 $(BUILD)/runtime/cuda/%.o: runtime/cuda/%.cu $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(call cuda_fmad,$*) $(CUDA_INC) -Iruntime -Iir -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(call cuda_fmad,$*) $(CUDA_INC) -Iruntime -Iformat -Iutil -MMD -MP -c $< -o $@
 
 $(BUILD)/runtime/cuda/%.o: runtime/cuda/%.c $(CUDA_HDRS)
 	@mkdir -p $(dir $@)
-	$(MPICC) $(CUDA_CFLAGS) $(DEPFLAGS) $(CUDA_INC) -Iruntime -Iir -c $< -o $@
+	$(MPICC) $(CUDA_CFLAGS) $(DEPFLAGS) $(CUDA_INC) -Iruntime -Iformat -Iutil -c $< -o $@
 
 # position-independent copies of the runtime pieces the shared object needs
-$(BUILD)/runtime/cuda/pic/err.o: runtime/err.c runtime/rt.h ir/stepfile.h
+$(BUILD)/runtime/cuda/pic/err.o: runtime/err.c runtime/rt.h format/stepfile.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iruntime -Iir -c $< -o $@
-$(BUILD)/runtime/cuda/pic/%.o: ir/%.c ir/stepfile.h
+	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
+$(BUILD)/runtime/cuda/pic/%.o: format/%.c format/stepfile.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iir -c $< -o $@
+	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iformat -Iutil -c $< -o $@
+$(BUILD)/runtime/cuda/pic/%.o: util/%.c util/outfile.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) $(DEPFLAGS) -Iutil -c $< -o $@
 
 $(CUDA_SO): $(CUDA_OBJ)
 	$(MPICC) -shared -Wl,--no-undefined -Wl,-soname,libdpcuda.so -o $@ $^ $(CUDA_LIBS)

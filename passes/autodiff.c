@@ -109,10 +109,10 @@ int ad_run(Graph *g, Diag *d)
 		int dout;
 		if (n->out == g->loss) {
 			dout = -1; /* seed */
-			if (n->op != DPK_XENT) {
+			if (n->op != DP_OP_XENT) {
 				/* A loss not straight from cross_entropy: an explicit 1. */
 				dout = ad_temp(&c, g->values[n->out], g->values[n->out]->name);
-				ad_emit(&c, DPK_FILL, dout, 0, NULL)->fa[0] = 1;
+				ad_emit(&c, DP_OP_FILL, dout, 0, NULL)->fa[0] = 1;
 			}
 		} else {
 			dout = ad_grad_of(&c, n->out);

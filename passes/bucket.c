@@ -27,7 +27,7 @@
  * g = gather, as in the IR's bucket=r3 / bucket=g0. */
 static char bucket_letter(IrOp op)
 {
-	return op == DPK_ALL_GATHER ? 'g' : 'r';
+	return op == DP_OP_ALL_GATHER ? 'g' : 'r';
 }
 
 /* Fuses the collectives mem[0..nmem-1] (program order, contiguous in one
@@ -95,7 +95,7 @@ int bucket_run(Graph *g, Diag *d)
 		mem[k] = ir_alloc(g, (size_t)(pl->u[k].nparams ? pl->u[k].nparams : 1) * sizeof(Node *));
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
-		if (n->op != DPK_ALL_REDUCE || n->nin != 0 || n->out < 0 || n->bucket >= 0 ||
+		if (n->op != DP_OP_ALL_REDUCE || n->nin != 0 || n->out < 0 || n->bucket >= 0 ||
 		    unit_of[n->out] < 0)
 			continue;
 		int k = unit_of[n->out];

@@ -138,7 +138,7 @@ static Node *unit_comm(Ins *in, const Unit *u, IrOp op, int out, int src, unsign
 		       unsigned flags, const int *members)
 {
 	Node *n = shard_comm_node(in->g, op, out, src >= 0, &src, axes, flags, IR_IN_STEP, u->block);
-	unit_bucket(in->g, n, op == DPK_ALL_GATHER ? u->full_p : u->full_g, members, u->nparams);
+	unit_bucket(in->g, n, op == DP_OP_ALL_GATHER ? u->full_p : u->full_g, members, u->nparams);
 	return n;
 }
 
@@ -195,13 +195,13 @@ static void gathers(Ins *in)
 		const Unit *u = &pl->u[k];
 		int src = u->shard_c >= 0 ? u->shard_c : u->shard_p; /* bf16: the compute copy */
 		if (fwd_at[k] >= 0) {
-			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather, 1, &src, shard, 0,
+			Node *ag = shard_comm_node(g, DP_OP_ALL_GATHER, u->gather, 1, &src, shard, 0,
 						   IR_IN_STEP | IR_IN_EVAL, u->block);
 			unit_bucket(g, ag, u->gather, u->params, u->nparams);
 			queue(in, in->before, fwd_at[k], ag);
 		}
 		if (u->gather_bwd >= 0 && bwd_at[k] >= 0) {
-			Node *ag = shard_comm_node(g, DPK_ALL_GATHER, u->gather_bwd, 1, &src, shard,
+			Node *ag = shard_comm_node(g, DP_OP_ALL_GATHER, u->gather_bwd, 1, &src, shard,
 						   0, IR_IN_STEP, u->block);
 			unit_bucket(g, ag, u->gather_bwd, u->bwd_params, u->nparams);
 			queue(in, in->before, bwd_at[k], ag);
@@ -219,7 +219,7 @@ static void all_reduce_each(Ins *in, const Unit *u, const int *last)
 		const Value *p = g->values[u->params[i]];
 		if (last[p->grad] < 0)
 			continue;
-		Node *ar = shard_comm_node(g, DPK_ALL_REDUCE, p->grad, 0, NULL, shard_dp_axes(g),
+		Node *ar = shard_comm_node(g, DP_OP_ALL_REDUCE, p->grad, 0, NULL, shard_dp_axes(g),
 					   DP_IF_LAST, IR_IN_STEP, p->block);
 		ar->loc = p->loc;
 		queue(in, in->after, last[p->grad], ar);
@@ -249,7 +249,7 @@ static void reduce_unit(Ins *in, int k, const int *last)
 	int *grads = unit_grads(g, u);
 	if (u->cut && !u->full_grads) {
 		/* the unit's full grads are a temporary of this micro-batch */
-		Node *f = step_node(g, DPK_FILL, u->full_g, 0, NULL, PH_BWD, 0, u->block);
+		Node *f = step_node(g, DP_OP_FILL, u->full_g, 0, NULL, PH_BWD, 0, u->block);
 		queue(in, in->before, u->first, f);
 	}
 	switch ((ShardReduce)st->reduce) {
@@ -260,10 +260,10 @@ static void reduce_unit(Ins *in, int k, const int *last)
 			return;
 		}
 		queue(in, in->after, u->last,
-		      unit_comm(in, u, DPK_ALL_REDUCE, u->full_g, -1, shard_dp_axes(g), DP_IF_LAST,
+		      unit_comm(in, u, DP_OP_ALL_REDUCE, u->full_g, -1, shard_dp_axes(g), DP_IF_LAST,
 				grads));
 		if (st->reduce == SHARD_ALL_REDUCE_CUT) {
-			Node *s = step_node(g, DPK_SHARD, u->shard_g, 1, &u->full_g, PH_OPT, DP_IF_LAST,
+			Node *s = step_node(g, DP_OP_SHARD, u->shard_g, 1, &u->full_g, PH_OPT, DP_IF_LAST,
 					    u->block);
 			s->ia[0] = shard;
 			queue(in, in->before, in->isq, s);
@@ -274,19 +274,19 @@ static void reduce_unit(Ins *in, int k, const int *last)
 	}
 	/* reduce_scatter: once per step when full grads accumulate, else every
 	 * micro-batch into .rs */
-	Node *rs = unit_comm(in, u, DPK_REDUCE_SCATTER, u->full_grads ? u->shard_g : u->rs,
+	Node *rs = unit_comm(in, u, DP_OP_REDUCE_SCATTER, u->full_grads ? u->shard_g : u->rs,
 			     u->full_g, shard, u->full_grads ? DP_IF_LAST : 0, grads);
 	queue(in, in->after, u->last, rs);
 	Node *ar = NULL;
 	if (st->repl == SHARD_REPL_ALWAYS || in->pl->R > 1) {
-		ar = shard_comm_node(g, DPK_ALL_REDUCE, u->shard_g, 0, NULL, repl, DP_IF_LAST,
+		ar = shard_comm_node(g, DP_OP_ALL_REDUCE, u->shard_g, 0, NULL, repl, DP_IF_LAST,
 				     IR_IN_STEP, u->block);
 		unit_bucket(g, ar, u->shard_g, &u->shard_g, 1);
 	}
 	if (!u->full_grads) {
 		int at = accum_at(in, k);
 		queue(in, in->before, at,
-		      step_node(g, DPK_ACCUM, u->shard_g, 1, &u->rs, PH_BWD, 0, u->block));
+		      step_node(g, DP_OP_ACCUM, u->shard_g, 1, &u->rs, PH_BWD, 0, u->block));
 		if (ar)
 			queue(in, in->before, at, ar);
 	} else if (ar) {
@@ -318,7 +318,7 @@ static void weighted_norm(Ins *in, const int *ranges, const float *weight, int n
 	for (int i = 0; i < n; i++) {
 		Node *nd = sq;
 		if (i > 0) {
-			nd = step_node(g, DPK_SQNORM, sq->out, 1, &ranges[i], PH_OPT, DP_IF_LAST, -1);
+			nd = step_node(g, DP_OP_SQNORM, sq->out, 1, &ranges[i], PH_OPT, DP_IF_LAST, -1);
 			nd->ia[2] = 1; /* accumulate */
 			queue(in, in->after, in->isq, nd);
 		}
@@ -326,7 +326,7 @@ static void weighted_norm(Ins *in, const int *ranges, const float *weight, int n
 		nd->fa[0] = weight[i];
 	}
 	queue(in, in->after, in->isq,
-	      shard_comm_node(g, DPK_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST, IR_IN_STEP, -1));
+	      shard_comm_node(g, DP_OP_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST, IR_IN_STEP, -1));
 }
 
 static void norm(Ins *in)
@@ -342,7 +342,7 @@ static void norm(Ins *in)
 	if (T <= 1 && !mixed) {
 		Node *sq = g->nodes[in->isq];
 		queue(in, in->after, in->isq,
-		      shard_comm_node(g, DPK_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST,
+		      shard_comm_node(g, DP_OP_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST,
 				      IR_IN_STEP, -1));
 		return;
 	}
@@ -376,16 +376,16 @@ static int find_opt(const Ins *in, IrOp op)
 	return -1;
 }
 
-int shard_run(Graph *g, Diag *d)
+int collectives_run(Graph *g, Diag *d)
 {
 	(void)d;
 	ShardPlan *pl = shard_plan(g);
 	Ins in = {.g = g, .pl = pl, .nold = g->nnodes};
 	in.before = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
 	in.after = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
-	in.isq = find_opt(&in, DPK_SQNORM);
-	in.iupd = find_opt(&in, DPK_ADAMW) >= 0 ? find_opt(&in, DPK_ADAMW) : find_opt(&in, DPK_SGD);
-	in.ifill = find_opt(&in, DPK_FILL);
+	in.isq = find_opt(&in, DP_OP_SQNORM);
+	in.iupd = find_opt(&in, DP_OP_ADAMW) >= 0 ? find_opt(&in, DP_OP_ADAMW) : find_opt(&in, DP_OP_SGD);
+	in.ifill = find_opt(&in, DP_OP_FILL);
 	in.opt0 = in.nold;
 	for (int i = in.nold - 1; i >= 0; i--)
 		if (g->nodes[i]->phase == PH_OPT)
@@ -407,12 +407,12 @@ int shard_run(Graph *g, Diag *d)
 		acc_shard |= !u->cut || !u->full_grads;
 		if (u->cut && !u->gathered)
 			queue(&in, in.after, in.iupd,
-			      unit_comm(&in, u, DPK_ALL_GATHER, u->full_p,
+			      unit_comm(&in, u, DP_OP_ALL_GATHER, u->full_p,
 					u->shard_c >= 0 ? u->shard_c : u->shard_p, shard_cut_axes(g),
 					DP_IF_LAST, u->params));
 	}
 	if (pl->gtot && acc_shard) {
-		Node *f = step_node(g, DPK_FILL, pl->shard_grads, 0, NULL, PH_OPT, DP_IF_LAST, -1);
+		Node *f = step_node(g, DP_OP_FILL, pl->shard_grads, 0, NULL, PH_OPT, DP_IF_LAST, -1);
 		f->fa[0] = 0;
 		queue(&in, in.after, in.ifill, f);
 	}

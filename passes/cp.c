@@ -6,7 +6,7 @@
  *
  * After (C = cp ranks > 1): every sample's sequence of T tokens is split
  * over the cp ranks, load-balanced for causal attention: rank r holds
- * chunks r and 2C-1-r of 2C (the zigzag layout of ir/ops.def), so every
+ * chunks r and 2C-1-r of 2C (the zigzag layout of format/ops.def), so every
  * rank does the same attention work.
  * - every value with a sequence dim has T/C there; the token sources are
  *   marked seq_split (the loader gives each rank its two chunks), and a data
@@ -107,7 +107,7 @@ static void make_positions(Cp *c)
 	c->pos = p->id;
 	int last_load = -1, have[2] = {0, 0};
 	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i]->op == DPK_LOAD) {
+		if (g->nodes[i]->op == DP_OP_LOAD) {
 			last_load = i;
 			have[(g->nodes[i]->progs & IR_IN_STEP) ? 0 : 1] = 1;
 		}
@@ -120,7 +120,7 @@ static void make_positions(Cp *c)
 		int si = ir_add_source(g, &s);
 		p->batch_dim = -1; /* the same for every sample (ir_add_source marked it) */
 		p->source = split == 0 ? si : p->source;
-		Node *n = ir_node(g, DPK_LOAD, p->id, 0, NULL, PH_DATA, p->loc);
+		Node *n = ir_node(g, DP_OP_LOAD, p->id, 0, NULL, PH_DATA, p->loc);
 		n->ia[0] = si;
 		n->progs = split == 0 ? IR_IN_STEP : IR_IN_EVAL;
 		ir_move_node(g, n, ++last_load);
@@ -150,7 +150,7 @@ static int rows_at_positions(Cp *c, int table, Node *like)
 	int64_t dims[2] = {c->T / c->C, tv->dims[1]};
 	Value *r = cp_value(c, ir_fmt(g, "%s.cp", tv->name), tv->dtype, 2, dims, like);
 	r->seq_dim = 0;
-	cp_node(c, DPK_EMBEDDING, r->id, 2, (int[]){c->pos, table}, like);
+	cp_node(c, DP_OP_EMBEDDING, r->id, 2, (int[]){c->pos, table}, like);
 	return r->id;
 }
 
@@ -198,14 +198,14 @@ static void attention_over_ranks(Cp *c, Node *n)
 			     (int64_t[]){b, t, two_c}, n);
 	kv->batch_dim = 0;
 	kv->seq_dim = 1;
-	Node *pk = cp_node(c, DPK_KV_PACK, kv->id, 1, &qkv->id, n);
+	Node *pk = cp_node(c, DP_OP_KV_PACK, kv->id, 1, &qkv->id, n);
 	pk->ia[0] = n->ia[0];
 	Value *all = cp_value(c, ir_fmt(g, "%s.kv.all", qkv->name), qkv->dtype, 4,
 			      (int64_t[]){c->C, b, t, two_c}, n);
-	Node *ag = cp_node(c, DPK_ALL_GATHER, all->id, 1, &kv->id, n);
+	Node *ag = cp_node(c, DP_OP_ALL_GATHER, all->id, 1, &kv->id, n);
 	ag->ia[0] = CPBIT;
 	ag->stream = DP_STREAM_COMM;
-	n->op = DPK_ATTENTION_CP;
+	n->op = DP_OP_ATTENTION_CP;
 	n->nin = 3;
 	n->in[1] = all->id;
 	n->in[2] = c->pos;
@@ -291,11 +291,11 @@ int cp_run(Graph *g, Diag *d)
 		if (n->phase != PH_FWD && n->phase != PH_EVAL)
 			continue;
 		check_mixing(&c, n);
-		if (n->op == DPK_BIAS_ADD)
+		if (n->op == DP_OP_BIAS_ADD)
 			bias_along(&c, n);
-		else if (n->op == DPK_ROPE)
+		else if (n->op == DP_OP_ROPE)
 			rope_at_positions(&c, n);
-		else if (n->op == DPK_ATTENTION)
+		else if (n->op == DP_OP_ATTENTION)
 			attention_over_ranks(&c, n);
 	}
 	free(fwd);

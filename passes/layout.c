@@ -505,12 +505,12 @@ static Node *find_opt(const Graph *g, IrOp op)
  * SGD's in2), when there is one. */
 static void attach_copy(Graph *g, const ShardPlan *pl)
 {
-	Node *upd = find_opt(g, DPK_ADAMW) ? find_opt(g, DPK_ADAMW) : find_opt(g, DPK_SGD);
+	Node *upd = find_opt(g, DP_OP_ADAMW) ? find_opt(g, DP_OP_ADAMW) : find_opt(g, DP_OP_SGD);
 	if (!upd)
 		die("layout: the optimizer tail is missing");
 	if (pl->copy < 0)
 		return;
-	int at = upd->op == DPK_ADAMW ? 3 : 2;
+	int at = upd->op == DP_OP_ADAMW ? 3 : 2;
 	for (int k = upd->nin; k < at; k++)
 		upd->in[k] = -1;
 	upd->in[at] = pl->copy;
@@ -520,9 +520,9 @@ static void attach_copy(Graph *g, const ShardPlan *pl)
 /* The optimizer tail on what this rank updates: the shard buffers. */
 static void retarget_optimizer(Graph *g, const ShardPlan *pl)
 {
-	Node *sq = find_opt(g, DPK_SQNORM), *clip = find_opt(g, DPK_CLIP);
-	Node *upd = find_opt(g, DPK_ADAMW) ? find_opt(g, DPK_ADAMW) : find_opt(g, DPK_SGD);
-	Node *fill = find_opt(g, DPK_FILL);
+	Node *sq = find_opt(g, DP_OP_SQNORM), *clip = find_opt(g, DP_OP_CLIP);
+	Node *upd = find_opt(g, DP_OP_ADAMW) ? find_opt(g, DP_OP_ADAMW) : find_opt(g, DP_OP_SGD);
+	Node *fill = find_opt(g, DP_OP_FILL);
 	if (!sq || !upd || !fill)
 		die("layout: the optimizer tail is missing");
 	sq->in[0] = pl->shard_grads;

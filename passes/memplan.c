@@ -158,13 +158,13 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		rec[e] = wait[e] = -1;
 	for (int i = 0; i < nstep; i++) {
 		const Node *n = step[i];
-		if (n->op != DPK_EVENT_RECORD && n->op != DPK_EVENT_WAIT)
+		if (n->op != DP_OP_EVENT_RECORD && n->op != DP_OP_EVENT_WAIT)
 			continue;
 		if (n->ia[0] < 0 || n->ia[0] >= nev)
 			die("memplan: event %lld out of range", (long long)n->ia[0]);
-		if (n->op == DPK_EVENT_RECORD && n->stream == DP_STREAM_COMPUTE)
+		if (n->op == DP_OP_EVENT_RECORD && n->stream == DP_STREAM_COMPUTE)
 			rec[n->ia[0]] = i;
-		if (n->op == DPK_EVENT_WAIT && n->stream == DP_STREAM_COMPUTE)
+		if (n->op == DP_OP_EVENT_WAIT && n->stream == DP_STREAM_COMPUTE)
 			wait[n->ia[0]] = i;
 	}
 	int comm_start = 0; /* the comm stream is serial: a collective starts no
@@ -175,7 +175,7 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		lo[i] = hi[i] = i;
 		if (n->stream != DP_STREAM_COMM)
 			continue;
-		if (n->op == DPK_EVENT_WAIT) {
+		if (n->op == DP_OP_EVENT_WAIT) {
 			int r = rec[n->ia[0]];
 			if (r > waited)
 				waited = r;
@@ -184,11 +184,11 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		if (waited > comm_start)
 			comm_start = (int)waited;
 		lo[i] = comm_start;
-		if (n->op == DPK_EVENT_RECORD)
+		if (n->op == DP_OP_EVENT_RECORD)
 			continue;
 		/* the collective: until its done event is waited on by compute */
 		hi[i] = nstep - 1;
-		if (i + 1 < nstep && step[i + 1]->op == DPK_EVENT_RECORD &&
+		if (i + 1 < nstep && step[i + 1]->op == DP_OP_EVENT_RECORD &&
 		    step[i + 1]->stream == DP_STREAM_COMM && wait[step[i + 1]->ia[0]] >= 0)
 			hi[i] = wait[step[i + 1]->ia[0]];
 	}
@@ -321,9 +321,9 @@ static int temp_class(const Graph *g, int v)
 	int cls = MEM_ACTIVATIONS;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (n->op == DPK_ALL_GATHER && n->out >= 0 && ir_root(g, g->values[n->out])->id == v)
+		if (n->op == DP_OP_ALL_GATHER && n->out >= 0 && ir_root(g, g->values[n->out])->id == v)
 			return MEM_GATHERED;
-		if (n->op == DPK_REDUCE_SCATTER && n->nin > 0 && n->in[0] >= 0 &&
+		if (n->op == DP_OP_REDUCE_SCATTER && n->nin > 0 && n->in[0] >= 0 &&
 		    ir_root(g, g->values[n->in[0]])->id == v)
 			cls = MEM_UNSHARDED_GRADS;
 	}

@@ -76,17 +76,17 @@ int opt_run(Graph *g, Diag *d)
 	int sq = ir_value(g, "grad_norm.sq", DP_F32, 1, (int64_t[]){1}, DP_T_ACT, (Loc){0})->id;
 	int norm = ir_value(g, "grad_norm", DP_F32, 1, (int64_t[]){1}, DP_T_METRIC, (Loc){0})->id;
 	g->metrics.grad_norm = norm;
-	g->values[sq]->def = opt_node(g, DPK_SQNORM, sq, 1, &fg)->id;
-	opt_node(g, DPK_SQRT, norm, 1, &sq);
+	g->values[sq]->def = opt_node(g, DP_OP_SQNORM, sq, 1, &fg)->id;
+	opt_node(g, DP_OP_SQRT, norm, 1, &sq);
 	if (g->opt.clip > 0)
-		opt_node(g, DPK_CLIP, fg, 1, &norm)->fa[0] = g->opt.clip;
+		opt_node(g, DP_OP_CLIP, fg, 1, &norm)->fa[0] = g->opt.clip;
 	if (g->opt.kind == DP_OPT_ADAMW) {
-		opt_node(g, DPK_ADAMW, fp, 3, (int[]){fg, m, v});
+		opt_node(g, DP_OP_ADAMW, fp, 3, (int[]){fg, m, v});
 	} else {
-		Node *n = opt_node(g, DPK_SGD, fp, 2, (int[]){fg, m});
+		Node *n = opt_node(g, DP_OP_SGD, fp, 2, (int[]){fg, m});
 		n->fa[0] = g->opt.momentum;
 		n->fa[1] = g->opt.weight_decay;
 	}
-	opt_node(g, DPK_FILL, fg, 0, NULL)->fa[0] = 0;
+	opt_node(g, DP_OP_FILL, fg, 0, NULL)->fa[0] = 0;
 	return 0;
 }

@@ -44,7 +44,7 @@ int opt_run(Graph *g, Diag *d);       /* passes/optimizer.c: clip + optimizer up
 int precision_run(Graph *g, Diag *d); /* passes/precision.c: mixed precision dtypes */
 int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
-int shard_run(Graph *g, Diag *d);     /* passes/collectives.c: each unit's collectives */
+int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */

@@ -31,7 +31,7 @@ const Pass pipeline[] = {
 	{"setup", "INIT writes every param and buffer where the step reads it; EXPORT saves them",
 	 setup_run},
 	{"collectives", "each unit's collectives per its strategy, after its grads' last writer",
-	 shard_run},
+	 collectives_run},
 	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
 	 bucket_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},

@@ -102,7 +102,7 @@ static int cast_of(Prec *p, int v, int dt, const Node *user)
 	c->batch_dim = src->batch_dim;
 	c->seq_dim = src->seq_dim;
 	c->block = user->block;
-	Node *n = ir_node(g, DPK_CAST, c->id, 1, &v, user->phase, user->loc);
+	Node *n = ir_node(g, DP_OP_CAST, c->id, 1, &v, user->phase, user->loc);
 	n->progs = user->progs;
 	n->flags = user->flags;
 	n->block = user->block;
@@ -148,9 +148,9 @@ static void retype_node(Prec *p, Node *n)
 			dt = g->values[n->in[0]]->dtype; /* copies, reshapes, collectives */
 		if (dt >= 0)
 			out->dtype = (DpDtype)dt;
-	} else if (n->op == DPK_COPY && n->in[0] >= 0 &&
+	} else if (n->op == DP_OP_COPY && n->in[0] >= 0 &&
 		   g->values[n->in[0]]->dtype != out->dtype) {
-		n->op = DPK_CAST; /* into a value of another dtype (a gradient) */
+		n->op = DP_OP_CAST; /* into a value of another dtype (a gradient) */
 	}
 	forget(p, n->out);
 	for (int k = 0; k < n->nin; k++)

@@ -56,7 +56,7 @@ static int is_collective(const Node *n)
 
 static int is_event(const Node *n)
 {
-	return n->op == DPK_EVENT_RECORD || n->op == DPK_EVENT_WAIT;
+	return n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT;
 }
 
 /* Does n read or write memory overlapping v? */
@@ -126,7 +126,7 @@ static int share(const Node *a, const Node *b)
  * ahead, so gathered memory stays bounded; the others go as early as legal. */
 static int gathering(const Graph *g, const Node *c)
 {
-	return c->op == DPK_ALL_GATHER && c->out >= 0 &&
+	return c->op == DP_OP_ALL_GATHER && c->out >= 0 &&
 	       ir_root(g, g->values[c->out])->kind == DP_T_ACT;
 }
 
@@ -268,7 +268,7 @@ int sched_run(Graph *g, Diag *d)
 		if (j >= 0)
 			for (int c = 0; c < ncoll; c++)
 				if (coll[c].wait == j)
-					order[k++] = event(g, DPK_EVENT_WAIT, DP_STREAM_COMPUTE,
+					order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMPUTE,
 							   coll[c].ev_done, coll[c].node);
 		if (j == ncomp)
 			break;
@@ -277,16 +277,16 @@ int sched_run(Graph *g, Diag *d)
 		/* after compute node j: start records, then the collectives */
 		for (int c = 0; c < ncoll; c++)
 			if (coll[c].start == j && coll[c].ev_start >= 0)
-				order[k++] = event(g, DPK_EVENT_RECORD, DP_STREAM_COMPUTE,
+				order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
 						   coll[c].ev_start, coll[c].node);
 		for (int c = 0; c < ncoll; c++) {
 			if (coll[c].after != j)
 				continue;
 			if (coll[c].ev_start >= 0)
-				order[k++] = event(g, DPK_EVENT_WAIT, DP_STREAM_COMM, coll[c].ev_start,
+				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMM, coll[c].ev_start,
 						   coll[c].node);
 			order[k++] = coll[c].node;
-			order[k++] = event(g, DPK_EVENT_RECORD, DP_STREAM_COMM, coll[c].ev_done,
+			order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMM, coll[c].ev_done,
 					   coll[c].node);
 		}
 	}

@@ -76,12 +76,12 @@ static void init_param(Graph *g, int p, int m)
 {
 	int dim = shard_tp_dim(g, g->values[p]);
 	if (dim < 0) {
-		setup_node(g, DPK_INIT, m, m != p, &p, IR_IN_INIT);
+		setup_node(g, DP_OP_INIT, m, m != p, &p, IR_IN_INIT);
 		return;
 	}
 	int w = whole_of(g, g->values[p], g->values[m]);
-	setup_node(g, DPK_INIT, w, 1, &p, IR_IN_INIT);
-	Node *s = setup_node(g, DPK_SHARD, m, 1, &w, IR_IN_INIT);
+	setup_node(g, DP_OP_INIT, w, 1, &p, IR_IN_INIT);
+	Node *s = setup_node(g, DP_OP_SHARD, m, 1, &w, IR_IN_INIT);
 	s->ia[0] = TPBIT;
 	s->ia[1] = dim;
 }
@@ -93,7 +93,7 @@ static void save_param(Graph *g, int p, int m)
 	const Value *v = g->values[p], *mv = g->values[m];
 	int dim = shard_tp_dim(g, v);
 	if (dim < 0) {
-		setup_node(g, DPK_SAVE, -1, 1 + (m != p), (int[]){m, p}, IR_IN_EXPORT);
+		setup_node(g, DP_OP_SAVE, -1, 1 + (m != p), (int[]){m, p}, IR_IN_EXPORT);
 		return;
 	}
 	int T = (int)g->cfg.mesh[DP_AXIS_TP];
@@ -101,16 +101,16 @@ static void save_param(Graph *g, int p, int m)
 	Value *t = ir_value(g, ir_fmt(g, "%s.tp_gather", v->name), mv->dtype, 1,
 			    (int64_t[]){ir_numel(v) * T}, DP_T_ACT, v->loc);
 	t->block = v->block;
-	shard_comm_node(g, DPK_ALL_GATHER, t->id, 1, &m, TPBIT, 0, IR_IN_EXPORT, v->block);
-	Node *il = setup_node(g, DPK_INTERLEAVE, w, 1, &t->id, IR_IN_EXPORT);
+	shard_comm_node(g, DP_OP_ALL_GATHER, t->id, 1, &m, TPBIT, 0, IR_IN_EXPORT, v->block);
+	Node *il = setup_node(g, DP_OP_INTERLEAVE, w, 1, &t->id, IR_IN_EXPORT);
 	il->ia[0] = T;
 	il->ia[1] = dim;
-	setup_node(g, DPK_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
+	setup_node(g, DP_OP_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
 }
 
 static void cast_init(Graph *g, int to, int from)
 {
-	setup_node(g, DPK_CAST, to, 1, &from, IR_IN_INIT);
+	setup_node(g, DP_OP_CAST, to, 1, &from, IR_IN_INIT);
 }
 
 int setup_run(Graph *g, Diag *d)
@@ -119,7 +119,7 @@ int setup_run(Graph *g, Diag *d)
 	const ShardPlan *pl = shard_plan(g);
 	for (int i = 0; i < g->nvalues; i++)
 		if (g->values[i]->kind == DP_T_BUFFER)
-			setup_node(g, DPK_INIT, i, 0, NULL, IR_IN_INIT);
+			setup_node(g, DP_OP_INIT, i, 0, NULL, IR_IN_INIT);
 	if (!pl->sharded) {
 		int nv = g->nvalues; /* the p.whole values made below are not params */
 		int *master = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
@@ -142,11 +142,11 @@ int setup_run(Graph *g, Diag *d)
 		/* where INIT writes the unit whole: its f32 masters, or the params */
 		int whole = u->master >= 0 ? u->master : u->full_p;
 		if (u->cut && g->values[whole]->kind == DP_T_ACT && u->padded > u->elems)
-			setup_node(g, DPK_FILL, whole, 0, NULL, IR_IN_INIT)->fa[0] = 0;
+			setup_node(g, DP_OP_FILL, whole, 0, NULL, IR_IN_INIT)->fa[0] = 0;
 		for (int i = 0; i < u->nparams; i++)
 			init_param(g, u->params[i], u->masters[i]);
 		if (u->cut)
-			setup_node(g, DPK_SHARD, u->shard_p, 1, &whole, IR_IN_INIT)->ia[0] = shard;
+			setup_node(g, DP_OP_SHARD, u->shard_p, 1, &whole, IR_IN_INIT)->ia[0] = shard;
 		if (u->shard_c >= 0)
 			cast_init(g, u->shard_c, u->shard_p);
 		if (u->master >= 0 && !u->gathered)
@@ -156,7 +156,7 @@ int setup_run(Graph *g, Diag *d)
 		const Unit *u = &pl->u[k];
 		int whole = u->master >= 0 ? u->master : u->full_p;
 		if (u->gathered || (u->cut && u->master >= 0))
-			shard_comm_node(g, DPK_ALL_GATHER, whole, 1, &u->shard_p, shard, 0,
+			shard_comm_node(g, DP_OP_ALL_GATHER, whole, 1, &u->shard_p, shard, 0,
 					IR_IN_EXPORT, u->block);
 		for (int i = 0; i < u->nparams; i++)
 			save_param(g, u->params[i], u->masters[i]);

@@ -91,7 +91,7 @@ static int group_ranks(const Graph *g, unsigned mask)
 /* Bytes of the whole buffer a collective moves (nccl-tests' S). */
 static double coll_bytes(const Graph *g, const Node *n)
 {
-	const Value *v = g->values[n->op == DPK_REDUCE_SCATTER ? n->in[0] : n->out];
+	const Value *v = g->values[n->op == DP_OP_REDUCE_SCATTER ? n->in[0] : n->out];
 	return (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
 }
 
@@ -99,7 +99,7 @@ static double bus_factor(IrOp op, int n)
 {
 	if (n <= 1)
 		return 0;
-	return op == DPK_ALL_REDUCE || op == DPK_TP_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
+	return op == DP_OP_ALL_REDUCE || op == DP_OP_TP_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
 }
 
 typedef struct {

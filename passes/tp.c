@@ -20,7 +20,7 @@
  *   stream; the gradient passes through) and, when it has a bias, a BIAS_ADD
  *   of the (replicated) bias after the reduction;
  * - tp-local values flow only through ops that work per column block (the
- *   TP column of ir/ops.def: elementwise ops and activations, attention, whose
+ *   TP column of format/ops.def: elementwise ops and activations, attention, whose
  *   head count is divided by T: heads are split over tp, rope), and into a
  *   row-parallel linear. Anything
  *   else that reads a tp-local value (a reduction over the split dim, a
@@ -49,7 +49,7 @@ static int split_dim(const Value *v)
 }
 
 /* Ops through which a tp-local (column-split) value may flow (the TP column
- * of ir/ops.def): each output column block depends only on the same block of
+ * of format/ops.def): each output column block depends only on the same block of
  * the inputs. */
 static int local_ok(const Node *n)
 {
@@ -118,7 +118,7 @@ int tp_run(Graph *g, Diag *d)
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
 		int w = n->nin > 1 ? n->in[1] : -1;
-		int wdim = n->op == DPK_LINEAR && w >= 0 ? split_dim(g->values[w]) : -1;
+		int wdim = n->op == DP_OP_LINEAR && w >= 0 ? split_dim(g->values[w]) : -1;
 		if (wdim >= 0) {
 			int x = n->in[0], b = n->nin > 2 ? n->in[2] : -1;
 			int bdim = b >= 0 ? split_dim(g->values[b]) : -1;
@@ -140,7 +140,7 @@ int tp_run(Graph *g, Diag *d)
 				}
 				if (copy_of[x] < 0) {
 					Value *c = derived(g, g->values[x], "tp", n->loc);
-					Node *cn = tp_node(g, DPK_TP_COPY, c->id, 1, &x, n);
+					Node *cn = tp_node(g, DP_OP_TP_COPY, c->id, 1, &x, n);
 					cn->ia[0] = TPBIT;
 					ir_move_node(g, cn, i);
 					copy_of[x] = c->id;
@@ -174,13 +174,13 @@ int tp_run(Graph *g, Diag *d)
 			int red = o->id;
 			if (b >= 0)
 				red = derived(g, o, "sum", n->loc)->id;
-			Node *rn = tp_node(g, DPK_TP_REDUCE, red, 1, &part->id, n);
+			Node *rn = tp_node(g, DP_OP_TP_REDUCE, red, 1, &part->id, n);
 			rn->ia[0] = TPBIT;
 			rn->stream = DP_STREAM_COMM;
 			ir_move_node(g, rn, i + 1);
 			i++;
 			if (b >= 0) {
-				Node *bn = tp_node(g, DPK_BIAS_ADD, o->id, 2, (int[]){red, b}, n);
+				Node *bn = tp_node(g, DP_OP_BIAS_ADD, o->id, 2, (int[]){red, b}, n);
 				ir_move_node(g, bn, i + 1);
 				i++;
 			}

@@ -32,7 +32,7 @@
 
 static int is_copy(const Node *n)
 {
-	return n->op == DPK_RESHAPE || n->op == DPK_TP_COPY;
+	return n->op == DP_OP_RESHAPE || n->op == DP_OP_TP_COPY;
 }
 
 /* Can n's output be a view of its input? writers[v]: how many nodes write

@@ -241,7 +241,7 @@ static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *ca
 	int zeroed = 0;
 	for (uint32_t j = 0; j < i; j++) {
 		const DpInstr *f = &s->prog[DP_PROG_INIT][j];
-		if (f->op == DPK_FILL && f->out == src)
+		if (f->op == DP_OP_FILL && f->out == src)
 			zeroed = f->fa[0] == 0.0f;
 	}
 	int64_t at = 0; /* elements of the input placed so far */
@@ -277,7 +277,7 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 		const DpTensor *o = &s->tensors[in->out];
 		int64_t olo = elem_of(o), on = exec_numel(o);
 		ntmp = 0;
-		if (in->op == DPK_CAST && (rc = add_recast(c, m, i, &tmp, &cap, &capin, e)))
+		if (in->op == DP_OP_CAST && (rc = add_recast(c, m, i, &tmp, &cap, &capin, e)))
 			break;
 		if (o->dtype != DP_F32) {
 			/* not f32 elements (a bf16 copy): the bytes it covers are unknown */
@@ -286,7 +286,7 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 				rc = RT_FAIL(e, "out of memory");
 			continue;
 		}
-		if (in->op == DPK_INIT) {
+		if (in->op == DP_OP_INIT) {
 			int32_t name = in->in[0] >= 0 ? in->in[0] : in->out;
 			if (s->tensors[name].kind == DP_T_PARAM) {
 				int k = entry_of(c, name, e);
@@ -304,10 +304,10 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 				rc = ival_splice(m, olo, olo + on, &v, 1);
 				continue;
 			}
-		} else if (in->op == DPK_SHARD || in->op == DPK_COPY) {
+		} else if (in->op == DP_OP_SHARD || in->op == DP_OP_COPY) {
 			const DpTensor *src = &s->tensors[in->in[0]];
 			int64_t slo = elem_of(src), outer = 1, inner = 1, k = 0;
-			if (in->op == DPK_SHARD) {
+			if (in->op == DP_OP_SHARD) {
 				k = comm_group_rank(c->x->comm, (unsigned)in->ia[0]);
 				for (int d = 0; d < in->ia[1]; d++)
 					outer *= src->dims[d];
@@ -382,7 +382,7 @@ static int find_optimizer(Ckpt *c, OptUse **out, int *nout, RtErr *e)
 	c->comp[0] = "";
 	for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++) {
 		const DpInstr *in = &s->prog[DP_PROG_STEP][i];
-		if (in->op != DPK_ADAMW && in->op != DPK_SGD)
+		if (in->op != DP_OP_ADAMW && in->op != DP_OP_SGD)
 			continue;
 		OptUse *o = realloc(*out, (size_t)(n + 1) * sizeof *o);
 		if (!o) {
@@ -393,7 +393,7 @@ static int find_optimizer(Ckpt *c, OptUse **out, int *nout, RtErr *e)
 		*out = o;
 		const DpTensor *p = &s->tensors[in->out];
 		o[n] = (OptUse){elem_of(p), elem_of(p) + exec_numel(p), {-1, -1, -1}};
-		if (in->op == DPK_ADAMW) {
+		if (in->op == DP_OP_ADAMW) {
 			c->ncomp = 3;
 			c->comp[1] = "exp_avg";
 			c->comp[2] = "exp_avg_sq";

@@ -136,7 +136,7 @@ typedef struct {
 
 /* The position in the whole sequence of local row j of cp rank r, of a
  * sequence of `window` tokens split over cp ranks: two chunks of L =
- * window / (2 cp) tokens, r and 2cp-1-r (the zigzag layout of ir/ops.def). */
+ * window / (2 cp) tokens, r and 2cp-1-r (the zigzag layout of format/ops.def). */
 static int64_t zigzag_pos(int64_t r, int64_t j, int64_t cp, int64_t window)
 {
 	int64_t l = window / (2 * cp);
@@ -928,11 +928,11 @@ static int64_t id_limit(const DpStep *s, int32_t id)
 			const DpInstr *in = &s->prog[p][i];
 			const DpTensor *t = NULL;
 			int k = 0;
-			if ((in->op == DPK_XENT || in->op == DPK_XENT_GRAD || in->op == DPK_CORRECT) &&
+			if ((in->op == DP_OP_XENT || in->op == DP_OP_XENT_GRAD || in->op == DP_OP_CORRECT) &&
 			    in->in[1] == id && in->in[0] >= 0) {
 				t = &s->tensors[in->in[0]];
 				k = t->ndim ? t->ndim - 1 : 0;
-			} else if (in->op == DPK_EMBEDDING && in->in[0] == id && in->in[1] >= 0) {
+			} else if (in->op == DP_OP_EMBEDDING && in->in[0] == id && in->in[1] >= 0) {
 				t = &s->tensors[in->in[1]];
 			}
 			if (!t || !t->ndim)

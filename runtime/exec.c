@@ -64,8 +64,8 @@ uint32_t exec_comm_masks(const DpStep *s)
 int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr *e)
 {
 	const DpInstr *in = &s->prog[p][i];
-	const char *op = dp_kernel_names[in->op];
-	if (in->op == DPK_LOAD) {
+	const char *op = dp_op_names[in->op];
+	if (in->op == DP_OP_LOAD) {
 		const DpSource *src = &s->sources[in->ia[0]];
 		int want = p == DP_PROG_STEP ? DP_SPLIT_TRAIN : DP_SPLIT_EVAL;
 		int64_t batch = p == DP_PROG_STEP ? s->cfg.micro_batch : s->cfg.eval_batch;
@@ -89,12 +89,12 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		/* the decoder checked the dtypes: f32 or bf16, in and out alike */
 		int64_t no = exec_numel(&s->tensors[in->out]);
-		if (in->op != DPK_ALL_REDUCE) {
+		if (in->op != DP_OP_ALL_REDUCE) {
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
 			/* whole = shard * g, by division: no product can overflow */
-			if ((in->op == DPK_TP_REDUCE && ni != no) ||
-			    (in->op == DPK_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
-			    (in->op == DPK_ALL_GATHER && (no % g || no / g != ni)))
+			if ((in->op == DP_OP_TP_REDUCE && ni != no) ||
+			    (in->op == DP_OP_REDUCE_SCATTER && (ni % g || ni / g != no)) ||
+			    (in->op == DP_OP_ALL_GATHER && (no % g || no / g != ni)))
 				return RT_FAIL(e, "step file: %s program instruction %u (%s %s -> %s): sizes "
 					       "%lld -> %lld do not match a group of %d", dp_prog_names[p], i,
 					       op, tname(s, in->in[0]), tname(s, in->out), (long long)ni,
@@ -102,7 +102,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		}
 		return 0;
 	}
-	if (in->op == DPK_SHARD) {
+	if (in->op == DP_OP_SHARD) {
 		/* the decoder checked presence, f32 and the mask */
 		int g = comm_group_size(comm, (unsigned)in->ia[0]);
 		int64_t ni = exec_numel(&s->tensors[in->in[0]]), no = exec_numel(&s->tensors[in->out]);
@@ -122,7 +122,7 @@ int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in,
 {
 	if (!ops->has_kernel(in->op))
 		return RT_FAIL(e, "step file: the %s backend has no kernel for %s (the instruction "
-			       "writing '%s')%s", ops->name, dp_kernel_names[in->op],
+			       "writing '%s')%s", ops->name, dp_op_names[in->op],
 			       tname(s, in->out), ops == &cpu_backend ? "" : "; use --device cpu");
 	return ops->check(s, in, e);
 }
@@ -162,7 +162,7 @@ static int stage_init(Exec *x, RtErr *e)
 	for (int p = DP_PROG_STEP; p <= DP_PROG_EVAL; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op != DPK_LOAD || x->stage[in->ia[0]])
+			if (in->op != DP_OP_LOAD || x->stage[in->ia[0]])
 				continue;
 			Stage *g = calloc(1, sizeof *g);
 			if (!g)
@@ -397,8 +397,8 @@ static int check_hazard(Exec *x, int p, uint32_t idx, RtErr *e)
 					       "schedule error in the %s program: instruction %u (%s) "
 					       "touches '%s' while instruction %u (%s of '%s') is in "
 					       "flight with no event_wait before it",
-					       dp_prog_names[p], idx, dp_kernel_names[in->op],
-					       tname(x->s, id), fl->instr, dp_kernel_names[c->op],
+					       dp_prog_names[p], idx, dp_op_names[in->op],
+					       tname(x->s, id), fl->instr, dp_op_names[c->op],
 					       tname(x->s, c->out));
 			}
 		}
@@ -436,17 +436,17 @@ static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
 	int64_t n = exec_numel(&x->s->tensors[in->out]);
 	DpDtype dt = (DpDtype)x->s->tensors[in->out].dtype; /* in0's too (the decoder) */
 	switch (in->op) {
-	case DPK_TP_REDUCE:
+	case DP_OP_TP_REDUCE:
 		/* out-of-place: the input is complete when the collective is issued
 		 * (the schedule's events say so), so copy it and reduce in place */
 		if (x->be.ptr[in->in[0]] != out)
 			memmove(out, x->be.ptr[in->in[0]], (size_t)n * dp_dtype_size(dt));
 		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
 		break;
-	case DPK_ALL_REDUCE:
+	case DP_OP_ALL_REDUCE:
 		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
 		break;
-	case DPK_REDUCE_SCATTER:
+	case DP_OP_REDUCE_SCATTER:
 		RT_CHECK(c->ops->reduce_scatter_start(c, axes, dt, x->be.ptr[in->in[0]], out, n,
 						      &fl.ticket, e));
 		break;
@@ -489,7 +489,7 @@ static int bounce(Exec *x, int tensor, RtErr *e)
 static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 {
 	const DpStep *s = x->s;
-	if (in->op == DPK_INIT) {
+	if (in->op == DP_OP_INIT) {
 		const DpTensor *t = &s->tensors[in->out];
 		int name = in->in[0] >= 0 ? in->in[0] : in->out;
 		RT_CHECK(bounce(x, in->out, e));
@@ -549,7 +549,7 @@ static int event(Exec *x, int p, uint32_t i, RtErr *e)
 	Backend *b = &x->be;
 	Comm *c = x->comm;
 	int ev = (int)in->ia[0];
-	if (in->op == DPK_EVENT_RECORD) {
+	if (in->op == DP_OP_EVENT_RECORD) {
 		x->event_set[ev] = 1;
 		if (b->ops->event_record)
 			return b->ops->event_record(b, in->stream, (unsigned)ev, e);

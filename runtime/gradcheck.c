@@ -207,11 +207,11 @@ static int find_grad(const DpStep *s, const char *pname)
 static int shards_params(const DpStep *s)
 {
 	for (uint32_t i = 0; i < s->nprog[DP_PROG_INIT]; i++)
-		if (s->prog[DP_PROG_INIT][i].op == DPK_SHARD)
+		if (s->prog[DP_PROG_INIT][i].op == DP_OP_SHARD)
 			return 1;
 	for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++) {
 		unsigned op = s->prog[DP_PROG_STEP][i].op;
-		if (op == DPK_REDUCE_SCATTER || op == DPK_ALL_GATHER)
+		if (op == DP_OP_REDUCE_SCATTER || op == DP_OP_ALL_GATHER)
 			return 1;
 	}
 	return 0;

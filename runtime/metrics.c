@@ -227,7 +227,7 @@ double metrics_flops_per_token(const DpStep *s, int64_t nparams)
 	double attn = 0;
 	for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++) {
 		const DpInstr *in = &s->prog[DP_PROG_STEP][i];
-		if (in->op != DPK_ATTENTION || in->in[0] < 0)
+		if (in->op != DP_OP_ATTENTION || in->in[0] < 0)
 			continue;
 		const DpTensor *qkv = &s->tensors[in->in[0]];
 		if (qkv->ndim < 2)

@@ -16,8 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../ir/outfile.h"
-#include "../ir/stepfile.h"
+#include "../util/outfile.h"
+#include "../format/stepfile.h"
 
 /* ---- errors (runtime/err.c) ---- */
 
@@ -115,7 +115,7 @@ typedef struct {
 	float *data; /* F32 only */
 } StTensor;
 
-/* Write a safetensors file of F32 tensors safely (ir/outfile.h: atomic,
+/* Write a safetensors file of F32 tensors safely (util/outfile.h: atomic,
  * through links, in place into a device). */
 int st_write(const char *path, const StTensor *t, int n, RtErr *e);
 /* Read every tensor (F32 only); malloc'd, free with st_free. Errors name the file. */
@@ -225,7 +225,7 @@ static inline int rt_bf16_staged(const DpStep *s, const DpInstr *in, int j)
 		return 0;
 	if (j >= 0 && dp_writes_in(in, j))
 		return 0;
-	if (in->op == DPK_EMBEDDING_GRAD && j == 2)
+	if (in->op == DP_OP_EMBEDDING_GRAD && j == 2)
 		return 0;
 	for (int k = -1; k < j; k++)
 		if ((k < 0 ? in->out : in->in[k]) == id)

@@ -12,7 +12,7 @@
  * Writing streams: st_begin writes the header of declared tensors, st_put
  * appends their bytes in order (a checkpoint larger than memory is written
  * one tensor at a time), st_end checks the count and commits. The file goes
- * through ir/outfile.h: atomic (PATH.dptmp, fsync, rename, directory fsync)
+ * through util/outfile.h: atomic (PATH.dptmp, fsync, rename, directory fsync)
  * onto a regular file, through symbolic links, in place into a device; on
  * any failure nothing is left. Reading: st_open parses and checks every
  * header field against the file size (a truncated or corrupt file is an
@@ -30,7 +30,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "../ir/outfile.h"
+#include "../util/outfile.h"
 #include "rt.h"
 
 #define ST_MAX_HEADER (100u << 20) /* the reference implementation's limit */

@@ -159,7 +159,7 @@ static void close_instr(Trace *t, const Exec *x, double at)
 		t->fly[t->nfly++] = t->n - 1;
 		return;
 	}
-	if (in->op == DPK_EVENT_WAIT && in->stream == DP_STREAM_COMPUTE) {
+	if (in->op == DP_OP_EVENT_WAIT && in->stream == DP_STREAM_COMPUTE) {
 		v->kind = EV_WAIT;
 		if (x->event_ticket[in->ia[0]] >= 0)
 			complete(t, x->event_ticket[in->ia[0]], at);
@@ -319,8 +319,8 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 			continue;
 		}
 		const DpInstr *in = &s->prog[v->prog][v->instr];
-		const char *op = dp_name(dp_kernel_names, DPK_COUNT, in->op);
-		if (v->kind == EV_WAIT || in->op == DPK_EVENT_RECORD)
+		const char *op = dp_name(dp_op_names, DP_NOPS, in->op);
+		if (v->kind == EV_WAIT || in->op == DP_OP_EVENT_RECORD)
 			put(b, "%s ev=%lld", v->kind == EV_WAIT ? "wait" : op, (long long)in->ia[0]);
 		else if (in->out >= 0) {
 			put(b, "%%");
@@ -333,7 +333,7 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 		    dp_name(dp_stream_names, DP_NSTREAM, in->stream), (unsigned long long)v->step + 1,
 		    v->micro);
 		if (v->kind == EV_COLL) {
-			int io = in->op == DPK_REDUCE_SCATTER ? in->in[0] : in->out;
+			int io = in->op == DP_OP_REDUCE_SCATTER ? in->in[0] : in->out;
 			put(b, ",\"bytes\":%lld,\"axes\":\"",
 			    (long long)exec_numel(&s->tensors[io]) * (long long)dp_dtype_size(s->tensors[io].dtype));
 			for (int a = 0, first = 1; a < DP_MAX_AXES; a++)

@@ -71,8 +71,8 @@ static void one_instr(DpStep *s, DpTensor t[2], DpInstr *in, unsigned op)
 static int check_backend(const BackendOps *ops)
 {
 	int implemented = 0, refused = 0;
-	for (unsigned op = 0; op < DPK_COUNT; op++) {
-		const char *name = dp_kernel_names[op];
+	for (unsigned op = 0; op < DP_NOPS; op++) {
+		const char *name = dp_op_names[op];
 		if (dp_op_class(op) != DP_OPC_KERNEL) {
 			check(!ops->has_kernel(op), "%s: executor-owned op %s is in the kernel table",
 			      ops->name, name);
@@ -109,7 +109,7 @@ static int check_backend(const BackendOps *ops)
 int main(void)
 {
 	int ncompute = 0;
-	for (unsigned op = 0; op < DPK_COUNT; op++)
+	for (unsigned op = 0; op < DP_NOPS; op++)
 		ncompute += dp_op_class(op) == DP_OPC_KERNEL;
 
 	/* the CPU: each op in exactly one concept file */
@@ -121,11 +121,11 @@ int main(void)
 					  cpu_gemm_kernels,   cpu_loss_kernels,
 					  cpu_optim_kernels,  cpu_norm_kernels,
 					  cpu_seq_kernels,    cpu_cp_kernels};
-	for (unsigned op = 0; op < DPK_COUNT; op++) {
+	for (unsigned op = 0; op < DP_NOPS; op++) {
 		int claims = 0;
 		for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
 			claims += parts[i][op].run != NULL;
-		check(claims <= 1, "cpu: %s is claimed by several kernel files%s", dp_kernel_names[op],
+		check(claims <= 1, "cpu: %s is claimed by several kernel files%s", dp_op_names[op],
 		      "");
 	}
 

@@ -150,12 +150,12 @@ static int run(Ctx *c, const CpuVec *vec, CpuPool *pool, DpInstr in)
 	const CpuKernel *k = find(in.op);
 	if (!k || dpstep_check_operands(&c->s, &in, "test", e.msg, sizeof e.msg) ||
 	    (k->limits && k->limits(&c->s, &in, &e))) {
-		printf("  %s: %s\n", dp_kernel_names[in.op], k ? e.msg : "no kernel");
+		printf("  %s: %s\n", dp_op_names[in.op], k ? e.msg : "no kernel");
 		return -1;
 	}
 	CpuArgs a = {&c->s, &in, c->ptr, &c->step, vec, pool, &blas, NULL}; /* f32 kernels: no bf16 GEMMs */
 	if (k->run(&a, &e)) {
-		printf("  %s: %s\n", dp_kernel_names[in.op], e.msg);
+		printf("  %s: %s\n", dp_op_names[in.op], e.msg);
 		return -1;
 	}
 	return 0;
@@ -254,7 +254,8 @@ static void test_attention(const CpuVec *vec)
 		double *ro = malloc((size_t)(B * T * C) * sizeof(double));
 		double *rd = malloc((size_t)(B * T * 3 * C) * sizeof(double));
 		ref_attention(F(&c, qkv), F(&c, dy), B, T, H, hd, ro, rd);
-		DpInstr fwd = instr(DPK_ATTENTION, out, qkv, -1, -1), bwd = instr(DPK_ATTENTION_GRAD, dqkv, dy, qkv, -1);
+		DpInstr fwd = instr(DP_OP_ATTENTION, out, qkv, -1, -1),
+			bwd = instr(DP_OP_ATTENTION_GRAD, dqkv, dy, qkv, -1);
 		fwd.ia[0] = bwd.ia[0] = H;
 		int ok = run(&c, vec, NULL, fwd) == 0 && run(&c, vec, NULL, bwd) == 0;
 		double ef = ok ? rel_err(F(&c, out), ro, numel(&c, out)) : 1;
@@ -271,7 +272,7 @@ static void test_attention(const CpuVec *vec)
 
 /* ---- 4. context-parallel attention against the whole sequence ---- */
 
-/* Global position of local row j of cp rank r (T local rows): ir/ops.def. */
+/* Global position of local row j of cp rank r (T local rows): format/ops.def. */
 static int64_t zigzag(int64_t r, int64_t j, int64_t cp, int64_t t)
 {
 	int64_t l = t / 2;
@@ -315,7 +316,7 @@ static void test_attention_cp(const CpuVec *vec)
 						       (size_t)C * sizeof(float));
 						((int32_t *)c.ptr[pos])[j] = (int32_t)p;
 					}
-				DpInstr pk = instr(DPK_KV_PACK, kv, qkv, -1, -1);
+				DpInstr pk = instr(DP_OP_KV_PACK, kv, qkv, -1, -1);
 				pk.ia[0] = H;
 				ok = run(&c, vec, NULL, pk) == 0;
 				if (pass == 0) { /* gather: block r is rank r's kv */
@@ -323,9 +324,9 @@ static void test_attention_cp(const CpuVec *vec)
 					       (size_t)(B * T * 2 * C) * sizeof(float));
 					continue;
 				}
-				DpInstr f = instr(DPK_ATTENTION_CP, out, qkv, all, pos);
-				DpInstr g = {.op = DPK_ATTENTION_CP_GRAD, .in = {dy, qkv, all, pos}, .out = dq};
-				DpInstr gk = {.op = DPK_ATTENTION_CP_GRAD_KV, .in = {dy, qkv, all, pos}, .out = dkv};
+				DpInstr f = instr(DP_OP_ATTENTION_CP, out, qkv, all, pos);
+				DpInstr g = {.op = DP_OP_ATTENTION_CP_GRAD, .in = {dy, qkv, all, pos}, .out = dq};
+				DpInstr gk = {.op = DP_OP_ATTENTION_CP_GRAD_KV, .in = {dy, qkv, all, pos}, .out = dkv};
 				f.ia[0] = g.ia[0] = gk.ia[0] = H;
 				f.ia[1] = g.ia[1] = gk.ia[1] = cp;
 				ok = ok && run(&c, vec, NULL, f) == 0 && run(&c, vec, NULL, g) == 0 &&
@@ -356,7 +357,7 @@ static void test_attention_cp(const CpuVec *vec)
 		for (int64_t r = 0; ok && r < cp; r++) {
 			for (int64_t i = 0; i < B * T * 2 * C; i++)
 				F(&c, kv)[i] = (float)sum[r * B * T * 2 * C + i];
-			DpInstr un = instr(DPK_KV_UNPACK, dq, kv, -1, -1);
+			DpInstr un = instr(DP_OP_KV_UNPACK, dq, kv, -1, -1);
 			un.ia[0] = H;
 			ok = run(&c, vec, NULL, un) == 0;
 			for (int64_t b = 0; ok && b < B; b++)
@@ -406,40 +407,40 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 	case 0: /* rows >= cols: split by rows */
 		a = tensor(c, DP_F32, 300, 200, 0, 1), b = tensor(c, DP_F32, 200, 130, 0, 1);
 		o = tensor(c, DP_F32, 300, 130, 0, 0);
-		*in = instr(DPK_MATMUL, o, a, b, -1);
+		*in = instr(DP_OP_MATMUL, o, a, b, -1);
 		return "matmul (split by rows)";
 	case 1: /* split by columns, transposed A, accumulate */
 		a = tensor(c, DP_F32, 700, 96, 0, 1), b = tensor(c, DP_F32, 700, 450, 0, 1);
 		o = tensor(c, DP_F32, 96, 450, 0, 1);
-		*in = instr(DPK_MATMUL, o, a, b, -1);
+		*in = instr(DP_OP_MATMUL, o, a, b, -1);
 		in->ia[0] = 1, in->ia[2] = 1;
 		return "matmul^T acc (split by columns)";
 	case 2:
 		a = tensor(c, DP_F32, 5, 77, 64, 1), b = tensor(c, DP_F32, 64, 200, 0, 1);
 		g = tensor(c, DP_F32, 200, 0, 0, 1), o = tensor(c, DP_F32, 5, 77, 200, 0);
-		*in = instr(DPK_LINEAR, o, a, b, g);
+		*in = instr(DP_OP_LINEAR, o, a, b, g);
 		return "linear with bias";
 	case 3:
 		a = tensor(c, DP_F32, 3000, 70, 0, 1), o = tensor(c, DP_F32, 70, 0, 0, 1);
-		*in = instr(DPK_BIAS_GRAD, o, a, -1, -1);
+		*in = instr(DP_OP_BIAS_GRAD, o, a, -1, -1);
 		in->ia[2] = 1;
 		return "bias_grad";
 	case 4:
 		x = tensor(c, DP_F32, 900, 100, 0, 3), g = tensor(c, DP_F32, 100, 0, 0, 1);
 		b = tensor(c, DP_F32, 100, 0, 0, 1), o = tensor(c, DP_F32, 900, 100, 0, 0);
-		*in = instr(DPK_LAYERNORM, o, x, g, b);
+		*in = instr(DP_OP_LAYERNORM, o, x, g, b);
 		in->fa[0] = 1e-5f;
 		return "layernorm";
 	case 5:
 		a = tensor(c, DP_F32, 900, 100, 0, 1), x = tensor(c, DP_F32, 900, 100, 0, 3);
 		g = tensor(c, DP_F32, 100, 0, 0, 1), o = tensor(c, DP_F32, 900, 100, 0, 0);
-		*in = instr(DPK_LAYERNORM_GRAD, o, a, x, g);
+		*in = instr(DP_OP_LAYERNORM_GRAD, o, a, x, g);
 		in->fa[0] = 1e-5f;
 		return "layernorm_grad";
 	case 6:
 		a = tensor(c, DP_F32, 900, 100, 0, 1), x = tensor(c, DP_F32, 900, 100, 0, 3);
 		o = tensor(c, DP_F32, 100, 0, 0, 1);
-		*in = instr(DPK_RMSNORM_GRAD_G, o, a, x, -1);
+		*in = instr(DP_OP_RMSNORM_GRAD_G, o, a, x, -1);
 		in->fa[0] = 1e-5f, in->ia[2] = 1;
 		return "rmsnorm_grad_g";
 	case 7:
@@ -448,45 +449,45 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		for (int r = 0; r < 1000; r++)
 			((int32_t *)c->ptr[b])[r] = r % 7 == 3 ? -1 : (r * 37) % 300;
 		o = k == 7 ? tensor(c, DP_F32, 1, 0, 0, 0) : tensor(c, DP_F32, 1000, 300, 0, 0);
-		*in = instr(k == 7 ? DPK_XENT : DPK_XENT_GRAD, o, x, b, -1);
+		*in = instr(k == 7 ? DP_OP_XENT : DP_OP_XENT_GRAD, o, x, b, -1);
 		in->fa[0] = 1e-3f;
 		return k == 7 ? "cross_entropy" : "cross_entropy_grad";
 	case 9:
 		a = tensor(c, DP_F32, 1000003, 0, 0, 1), o = tensor(c, DP_F32, 1, 0, 0, 0);
-		*in = instr(DPK_SQNORM, o, a, -1, -1);
+		*in = instr(DP_OP_SQNORM, o, a, -1, -1);
 		return "sqnorm";
 	case 10:
 		g = tensor(c, DP_F32, 100003, 0, 0, 1), a = tensor(c, DP_F32, 100003, 0, 0, 1);
 		b = tensor(c, DP_F32, 100003, 0, 0, 1), o = tensor(c, DP_F32, 100003, 0, 0, 1);
 		for (int64_t i = 0; i < 100003; i++)
 			F(c, b)[i] = fabsf(F(c, b)[i]);
-		*in = instr(DPK_ADAMW, o, g, a, b);
+		*in = instr(DP_OP_ADAMW, o, g, a, b);
 		return "adamw";
 	case 11:
 		a = tensor(c, DP_F32, 70001, 0, 0, 4), o = tensor(c, DP_F32, 70001, 0, 0, 0);
-		*in = instr(DPK_GELU, o, a, -1, -1);
+		*in = instr(DP_OP_GELU, o, a, -1, -1);
 		return "gelu";
 	case 12:
 		a = tensor(c, DP_F32, 3000, 40, 0, 1), b = tensor(c, DP_I32, 3000, 0, 0, 0);
 		o = tensor(c, DP_F32, 50, 40, 0, 1);
 		for (int r = 0; r < 3000; r++)
 			((int32_t *)c->ptr[b])[r] = (r * 7) % 50;
-		*in = instr(DPK_EMBEDDING_GRAD, o, a, b, -1);
+		*in = instr(DP_OP_EMBEDDING_GRAD, o, a, b, -1);
 		in->ia[2] = 1;
 		return "embedding_grad";
 	case 13:
 		a = tensor(c, DP_F32, 800, 130, 0, 5), o = tensor(c, DP_F32, 800, 130, 0, 0);
-		*in = instr(DPK_SOFTMAX, o, a, -1, -1);
+		*in = instr(DP_OP_SOFTMAX, o, a, -1, -1);
 		return "softmax";
 	case 14:
 	case 15:
 		a = tensor(c, DP_F32, 3, 150, 3 * 64, 1.5f), b = tensor(c, DP_F32, 3, 150, 64, 1);
 		if (k == 14) {
 			o = tensor(c, DP_F32, 3, 150, 64, 0);
-			*in = instr(DPK_ATTENTION, o, a, -1, -1);
+			*in = instr(DP_OP_ATTENTION, o, a, -1, -1);
 		} else {
 			o = tensor(c, DP_F32, 3, 150, 3 * 64, 0);
-			*in = instr(DPK_ATTENTION_GRAD, o, b, a, -1);
+			*in = instr(DP_OP_ATTENTION_GRAD, o, b, a, -1);
 		}
 		in->ia[0] = 2;
 		return k == 14 ? "attention" : "attention_grad";
@@ -498,7 +499,7 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		a = ta ? tensor(c, DP_F32, 300, 200, 0, 1) : tensor(c, DP_F32, 200, 300, 0, 1);
 		b = tb ? tensor(c, DP_F32, 700, 300, 0, 1) : tensor(c, DP_F32, 300, 700, 0, 1);
 		o = tensor(c, DP_F32, 200, 700, 0, 0);
-		*in = instr(DPK_MATMUL, o, a, b, -1);
+		*in = instr(DP_OP_MATMUL, o, a, b, -1);
 		in->ia[0] = ta, in->ia[1] = tb;
 		static const char *names[] = {"matmul NN, m < n", "matmul TN, m < n", "matmul NT, m < n",
 					      "matmul TT, m < n"};
@@ -528,8 +529,8 @@ static void test_threads(const CpuVec *vec)
 		for (int t = 1; t < 3 && ok; t++) {
 			build(k, &c, &in);
 			ok = run(&c, vec, pools[t], in) == 0;
-			int ids[3] = {in.out, in.op == DPK_ADAMW ? in.in[1] : -1,
-				      in.op == DPK_ADAMW ? in.in[2] : -1};
+			int ids[3] = {in.out, in.op == DP_OP_ADAMW ? in.in[1] : -1,
+				      in.op == DP_OP_ADAMW ? in.in[2] : -1};
 			for (int j = 0; j < 3 && ok; j++)
 				if (ids[j] >= 0 &&
 				    memcmp(ref.ptr[ids[j]], c.ptr[ids[j]], ref.t[ids[j]].nbytes) != 0)
@@ -572,12 +573,12 @@ static void test_isa(const CpuVec *v, int have)
 		a[i] = ((float)rand() / (float)RAND_MAX * 2 - 1) * 12;
 		b[i] = ((float)rand() / (float)RAND_MAX * 2 - 1) * 6;
 	}
-	for (unsigned op = 0; op < DPK_COUNT; op++) {
+	for (unsigned op = 0; op < DP_NOPS; op++) {
 		if (!s->is_map(op))
 			continue;
 		/* the maps with an exp or tanh: the rest are IEEE +-* in one order */
-		int transcendental = op == DPK_GELU || op == DPK_GELU_GRAD || op == DPK_TANH ||
-				     op == DPK_SILU || op == DPK_SILU_GRAD || op == DPK_SIGMOID;
+		int transcendental = op == DP_OP_GELU || op == DP_OP_GELU_GRAD || op == DP_OP_TANH ||
+				     op == DP_OP_SILU || op == DP_OP_SILU_GRAD || op == DP_OP_SIGMOID;
 		memcpy(o1, b, sizeof o1);
 		memcpy(o2, b, sizeof o2);
 		v->map(op, o1, a, b, 0.37f, N);
@@ -587,7 +588,7 @@ static void test_isa(const CpuVec *v, int have)
 		double worst = 0;
 		for (int i = 0; i < N; i++) {
 			double unit = (double)nextafterf(fabsf(o2[i]), INFINITY) - fabsf(o2[i]);
-			if (op == DPK_GELU_GRAD || op == DPK_SILU_GRAD)
+			if (op == DP_OP_GELU_GRAD || op == DP_OP_SILU_GRAD)
 				unit = fmax(unit, FLT_EPSILON * fabsf(a[i]) * (1 + fabsf(b[i])));
 			worst = fmax(worst, fabs((double)o1[i] - o2[i]) / unit);
 		}
@@ -624,7 +625,7 @@ static void test_isa(const CpuVec *v, int have)
 	double worst = 0, at = 0;
 	for (int i = 0; i < N; i++)
 		a[i] = -5.0f + 17.0f * (float)i / N;
-	v->map(DPK_GELU, o1, a, NULL, 0, N);
+	v->map(DP_OP_GELU, o1, a, NULL, 0, N);
 	for (int i = 0; i < N; i++) {
 		long double want = gelu_ld(a[i]);
 		if (fabsl(want) > 1e-30L && ulps(o1[i], (double)want) > worst)

@@ -6,7 +6,7 @@
  * Standalone; build and run from the repository root:
  *   gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Iruntime -Iir \
  *       tests/data_test.c runtime/init.c runtime/data.c runtime/safetensors.c \
- *       runtime/err.c ir/stepfile.c -lcjson -lz -lm -o build/data_test
+ *       runtime/err.c format/stepfile.c -lcjson -lz -lm -o build/data_test
  *   build/data_test
  * (add -fsanitize=address,undefined for the SAN build). Files are written
  * under a fresh mkdtemp directory in $TMPDIR (default /tmp) and removed.
@@ -1032,7 +1032,7 @@ static void add_reader(TestStep *ts, DpInstr *prog, int32_t id, int64_t classes,
 	int32_t tid = (int32_t)ts->s.ntensors++;
 	DpInstr *in = &prog[ts->s.nprog[DP_PROG_STEP]++];
 	memset(in, 0, sizeof *in);
-	in->op = embedding ? DPK_EMBEDDING : DPK_XENT;
+	in->op = embedding ? DP_OP_EMBEDDING : DP_OP_XENT;
 	for (int k = 0; k < DP_MAX_IN; k++)
 		in->in[k] = -1;
 	in->in[0] = embedding ? id : tid;
@@ -1125,7 +1125,7 @@ static int count_temps(const char *dir, const char *base)
 	struct dirent *de;
 	char tmp[256];
 	int n = 0;
-	snprintf(tmp, sizeof tmp, "%s" OUT_TMP_SUFFIX, base); /* ir/outfile.h's temp name */
+	snprintf(tmp, sizeof tmp, "%s" OUT_TMP_SUFFIX, base); /* util/outfile.h's temp name */
 	if (!dd)
 		return 0;
 	while ((de = readdir(dd)))

@@ -325,24 +325,24 @@ static Graph *build_frontend(void)
 	Value *eloss = val(g, "eval.loss", DP_F32, 1, 1, 0, DP_T_METRIC);
 	Value *ecorrect = val(g, "eval.correct", DP_F32, 1, 2, 0, DP_T_METRIC);
 
-	node(g, DPK_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
-	node(g, DPK_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
-	Node *n = node(g, DPK_LOAD, x, PH_DATA, -1, 0, 0, 0);
+	node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
+	node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
+	Node *n = node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0);
 	n->ia[0] = 2, n->progs = IR_IN_EVAL;
-	n = node(g, DPK_LOAD, y, PH_DATA, -1, 0, 0, 0);
+	n = node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0);
 	n->ia[0] = 3, n->progs = IR_IN_EVAL;
 	Value *t0 = val(g, "t0", DP_F32, 0, 0, 0, DP_T_ACT);
-	node(g, DPK_LINEAR, t0, PH_FWD, fc1, x, w1, b1);
+	node(g, DP_OP_LINEAR, t0, PH_FWD, fc1, x, w1, b1);
 	Value *h1 = val(g, "h1", DP_F32, 0, 0, 0, DP_T_ACT);
-	node(g, DPK_RELU, h1, PH_FWD, fc1, t0, 0, 0);
+	node(g, DP_OP_RELU, h1, PH_FWD, fc1, t0, 0, 0);
 	Value *logits = val(g, "logits", DP_F32, 0, 0, 0, DP_T_ACT);
-	node(g, DPK_LINEAR, logits, PH_FWD, head, h1, w2, b2);
+	node(g, DP_OP_LINEAR, logits, PH_FWD, head, h1, w2, b2);
 	Value *loss = val(g, "loss", DP_F32, 0, 0, 0, DP_T_ACT);
-	n = node(g, DPK_XENT, loss, PH_FWD, -1, logits, y, 0);
+	n = node(g, DP_OP_XENT, loss, PH_FWD, -1, logits, y, 0);
 	n->progs = IR_IN_STEP, n->fa[0] = 1.0f / 128;
-	node(g, DPK_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
-	node(g, DPK_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
-	node(g, DPK_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
+	node(g, DP_OP_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
+	node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
+	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
 	g->metrics = (DpMetrics){lsum->id, -1, eloss->id, ecorrect->id};
 	return g;
@@ -413,9 +413,9 @@ static Graph *build_planned(void)
 	Value *r0 = val(g, "bucket.r0", DP_F32, 1, 2570, 0, DP_T_GRAD);
 	Value *r1 = val(g, "bucket.r1", DP_F32, 1, 784 * 256 + 256, 0, DP_T_GRAD);
 	view(r0, fg, 0), view(r1, fg, 2570);
-	Bucket b0 = {.op = DPK_ALL_REDUCE, .axes = 3, .view = r0->id, .elems = 2570, .nmembers = 2,
+	Bucket b0 = {.op = DP_OP_ALL_REDUCE, .axes = 3, .view = r0->id, .elems = 2570, .nmembers = 2,
 		     .members = (int[]){gr[2]->id, gr[3]->id}};
-	Bucket b1 = {.op = DPK_ALL_REDUCE, .axes = 3, .view = r1->id, .elems = 784 * 256 + 256,
+	Bucket b1 = {.op = DP_OP_ALL_REDUCE, .axes = 3, .view = r1->id, .elems = 784 * 256 + 256,
 		     .nmembers = 2, .members = (int[]){gr[0]->id, gr[1]->id}};
 	ir_add_bucket(g, &b0), ir_add_bucket(g, &b1);
 
@@ -443,62 +443,62 @@ static Graph *build_planned(void)
 	g->persistent_bytes = act0;
 
 	Node *n;
-	node(g, DPK_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
-	node(g, DPK_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
-	node(g, DPK_LINEAR, t0, PH_FWD, fc1, x, p[0], p[1]);
-	node(g, DPK_RELU, h1, PH_FWD, fc1, t0, 0, 0);
-	node(g, DPK_LINEAR, logits, PH_FWD, head, h1, p[2], p[3]);
-	n = node(g, DPK_XENT, loss, PH_FWD, -1, logits, y, 0);
+	node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
+	node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
+	node(g, DP_OP_LINEAR, t0, PH_FWD, fc1, x, p[0], p[1]);
+	node(g, DP_OP_RELU, h1, PH_FWD, fc1, t0, 0, 0);
+	node(g, DP_OP_LINEAR, logits, PH_FWD, head, h1, p[2], p[3]);
+	n = node(g, DP_OP_XENT, loss, PH_FWD, -1, logits, y, 0);
 	n->progs = IR_IN_STEP, n->fa[0] = 1.0f / 128;
-	node(g, DPK_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
-	node(g, DPK_XENT_GRAD, dl, PH_BWD, head, logits, y, 0)->fa[0] = 1.0f / 128;
-	n = node(g, DPK_MATMUL, gr[2], PH_BWD, head, h1, dl, 0);
+	node(g, DP_OP_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
+	node(g, DP_OP_XENT_GRAD, dl, PH_BWD, head, logits, y, 0)->fa[0] = 1.0f / 128;
+	n = node(g, DP_OP_MATMUL, gr[2], PH_BWD, head, h1, dl, 0);
 	n->ia[0] = 1, n->ia[2] = 1;
-	node(g, DPK_BIAS_GRAD, gr[3], PH_BWD, head, dl, 0, 0)->ia[2] = 1;
-	n = node(g, DPK_MATMUL, dh1, PH_BWD, head, dl, p[2], 0);
+	node(g, DP_OP_BIAS_GRAD, gr[3], PH_BWD, head, dl, 0, 0)->ia[2] = 1;
+	n = node(g, DP_OP_MATMUL, dh1, PH_BWD, head, dl, p[2], 0);
 	n->ia[1] = 1;
 	/* bucket r0 (head) goes out while fc1's backward runs */
 	struct { IrOp op; int stream; int ev; } evs[] = {
-		{DPK_EVENT_RECORD, DP_STREAM_COMPUTE, 0}, {DPK_EVENT_WAIT, DP_STREAM_COMM, 0}};
+		{DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE, 0}, {DP_OP_EVENT_WAIT, DP_STREAM_COMM, 0}};
 	for (int i = 0; i < 2; i++) {
 		n = node(g, evs[i].op, NULL, PH_COMM, -1, 0, 0, 0);
 		n->ia[0] = evs[i].ev, n->stream = evs[i].stream, n->flags = DP_IF_LAST;
 	}
-	n = node(g, DPK_ALL_REDUCE, r0, PH_COMM, head, 0, 0, 0);
+	n = node(g, DP_OP_ALL_REDUCE, r0, PH_COMM, head, 0, 0, 0);
 	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 0;
-	n = node(g, DPK_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
+	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
 	n->ia[0] = 1, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
-	node(g, DPK_RELU_GRAD, dt0, PH_BWD, fc1, dh1, t0, 0);
-	n = node(g, DPK_MATMUL, gr[0], PH_BWD, fc1, x, dt0, 0);
+	node(g, DP_OP_RELU_GRAD, dt0, PH_BWD, fc1, dh1, t0, 0);
+	n = node(g, DP_OP_MATMUL, gr[0], PH_BWD, fc1, x, dt0, 0);
 	n->ia[0] = 1, n->ia[2] = 1;
-	node(g, DPK_BIAS_GRAD, gr[1], PH_BWD, fc1, dt0, 0, 0)->ia[2] = 1;
-	n = node(g, DPK_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
+	node(g, DP_OP_BIAS_GRAD, gr[1], PH_BWD, fc1, dt0, 0, 0)->ia[2] = 1;
+	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
 	n->ia[0] = 2, n->flags = DP_IF_LAST;
-	n = node(g, DPK_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
+	n = node(g, DP_OP_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
 	n->ia[0] = 2, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
-	n = node(g, DPK_ALL_REDUCE, r1, PH_COMM, fc1, 0, 0, 0);
+	n = node(g, DP_OP_ALL_REDUCE, r1, PH_COMM, fc1, 0, 0, 0);
 	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 1;
-	n = node(g, DPK_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
+	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
 	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	for (int e = 1; e <= 3; e += 2) {
-		n = node(g, DPK_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
+		n = node(g, DP_OP_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
 		n->ia[0] = e, n->flags = DP_IF_LAST;
 	}
 	g->nevents = 4;
-	node(g, DPK_SQNORM, gsq, PH_OPT, -1, fg, 0, 0)->flags = DP_IF_LAST;
-	node(g, DPK_SQRT, gnorm, PH_OPT, -1, gsq, 0, 0)->flags = DP_IF_LAST;
-	n = node(g, DPK_CLIP, fg, PH_OPT, -1, gnorm, 0, 0);
+	node(g, DP_OP_SQNORM, gsq, PH_OPT, -1, fg, 0, 0)->flags = DP_IF_LAST;
+	node(g, DP_OP_SQRT, gnorm, PH_OPT, -1, gsq, 0, 0)->flags = DP_IF_LAST;
+	n = node(g, DP_OP_CLIP, fg, PH_OPT, -1, gnorm, 0, 0);
 	n->flags = DP_IF_LAST, n->fa[0] = 1;
-	node(g, DPK_ADAMW, fp, PH_OPT, -1, fg, m, v)->flags = DP_IF_LAST;
-	node(g, DPK_FILL, fg, PH_OPT, -1, 0, 0, 0)->flags = DP_IF_LAST;
+	node(g, DP_OP_ADAMW, fp, PH_OPT, -1, fg, m, v)->flags = DP_IF_LAST;
+	node(g, DP_OP_FILL, fg, PH_OPT, -1, 0, 0, 0)->flags = DP_IF_LAST;
 	/* eval program */
-	n = node(g, DPK_LOAD, x, PH_DATA, -1, 0, 0, 0);
+	n = node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0);
 	n->ia[0] = 2, n->progs = IR_IN_EVAL;
-	n = node(g, DPK_LOAD, y, PH_DATA, -1, 0, 0, 0);
+	n = node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0);
 	n->ia[0] = 3, n->progs = IR_IN_EVAL;
 	/* the forward nodes above are in both programs; eval reads logits */
-	node(g, DPK_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
-	node(g, DPK_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
+	node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
+	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
 	g->metrics = (DpMetrics){lsum->id, gnorm->id, eloss->id, ecorrect->id};
 	return g;
@@ -536,32 +536,32 @@ static Graph *build_sharded(void)
 	Value *gshard = val(g, "flat.grads.shard", DP_F32, 1, 34, 0, DP_T_FLAT);
 
 	/* init program: every param and buffer, then this rank's block */
-	node(g, DPK_INIT, w, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
-	node(g, DPK_INIT, b, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
-	node(g, DPK_INIT, mask, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
-	Node *n = node(g, DPK_SHARD, shard, PH_SETUP, -1, gather, 0, 0);
+	node(g, DP_OP_INIT, w, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	node(g, DP_OP_INIT, b, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	node(g, DP_OP_INIT, mask, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
+	Node *n = node(g, DP_OP_SHARD, shard, PH_SETUP, -1, gather, 0, 0);
 	n->progs = IR_IN_INIT, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
 	/* step and eval: gather, compute with the buffer */
-	n = node(g, DPK_ALL_GATHER, gather, PH_COMM, b0, shard, 0, 0);
+	n = node(g, DP_OP_ALL_GATHER, gather, PH_COMM, b0, shard, 0, 0);
 	n->progs = IR_IN_STEP | IR_IN_EVAL, n->stream = DP_STREAM_COMM;
 	n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
 	Value *h = val(g, "h", DP_F32, 2, 8, 4, DP_T_ACT);
-	node(g, DPK_LINEAR, h, PH_FWD, b0, x, w, b);
+	node(g, DP_OP_LINEAR, h, PH_FWD, b0, x, w, b);
 	Value *hm = val(g, "hm", DP_F32, 2, 8, 4, DP_T_ACT);
-	node(g, DPK_MUL, hm, PH_FWD, b0, h, mask, 0);
+	node(g, DP_OP_MUL, hm, PH_FWD, b0, h, mask, 0);
 	/* gradients: reduce_scatter over dp_shard, all_reduce over dp_replicate */
-	n = node(g, DPK_REDUCE_SCATTER, gshard, PH_COMM, b0, grads, 0, 0);
+	n = node(g, DP_OP_REDUCE_SCATTER, gshard, PH_COMM, b0, grads, 0, 0);
 	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
-	n = node(g, DPK_ALL_REDUCE, gshard, PH_COMM, b0, 0, 0, 0);
+	n = node(g, DP_OP_ALL_REDUCE, gshard, PH_COMM, b0, 0, 0, 0);
 	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	n->ia[0] = DP_AXIS_BIT(DP_AXIS_REPLICATE);
 	/* export program: gather again, save the params */
-	n = node(g, DPK_ALL_GATHER, gather, PH_SETUP, b0, shard, 0, 0);
+	n = node(g, DP_OP_ALL_GATHER, gather, PH_SETUP, b0, shard, 0, 0);
 	n->progs = IR_IN_EXPORT, n->stream = DP_STREAM_COMM, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
-	node(g, DPK_SAVE, NULL, PH_SETUP, b0, w, 0, 0)->progs = IR_IN_EXPORT;
-	node(g, DPK_SAVE, NULL, PH_SETUP, b0, b, 0, 0)->progs = IR_IN_EXPORT;
+	node(g, DP_OP_SAVE, NULL, PH_SETUP, b0, w, 0, 0)->progs = IR_IN_EXPORT;
+	node(g, DP_OP_SAVE, NULL, PH_SETUP, b0, b, 0, 0)->progs = IR_IN_EXPORT;
 	/* a node in step and export (no word for that mask: progs=9) */
-	node(g, DPK_FILL, grads, PH_OPT, -1, 0, 0, 0)->progs = IR_IN_STEP | IR_IN_EXPORT;
+	node(g, DP_OP_FILL, grads, PH_OPT, -1, 0, 0, 0)->progs = IR_IN_STEP | IR_IN_EXPORT;
 	return g;
 }
 
@@ -639,20 +639,20 @@ static Node *find_node(Graph *g, IrOp op, int nth)
 	die("no such node");
 }
 
-static void br_input(Graph *g) { find_node(g, DPK_RELU, 0)->in[0] = g->nvalues + 3; }
-static void br_arity(Graph *g) { find_node(g, DPK_RELU, 0)->nin = 2; }
-static void br_stream(Graph *g) { find_node(g, DPK_ALL_REDUCE, 0)->stream = DP_STREAM_COMPUTE; }
-static void br_wait(Graph *g) { ir_remove_node(g, find_node(g, DPK_EVENT_RECORD, 0)); }
-static void br_event(Graph *g) { find_node(g, DPK_EVENT_WAIT, 0)->ia[0] = 9; }
+static void br_input(Graph *g) { find_node(g, DP_OP_RELU, 0)->in[0] = g->nvalues + 3; }
+static void br_arity(Graph *g) { find_node(g, DP_OP_RELU, 0)->nin = 2; }
+static void br_stream(Graph *g) { find_node(g, DP_OP_ALL_REDUCE, 0)->stream = DP_STREAM_COMPUTE; }
+static void br_wait(Graph *g) { ir_remove_node(g, find_node(g, DP_OP_EVENT_RECORD, 0)); }
+static void br_event(Graph *g) { find_node(g, DP_OP_EVENT_WAIT, 0)->ia[0] = 9; }
 static void br_view(Graph *g) { ir_find_value(g, "fc1.b")->view_offset = 1 << 30; }
 static void br_link(Graph *g) { ir_find_value(g, "grad.fc1.b")->param = ir_find_value(g, "fc1.w")->id; }
 static void br_id(Graph *g) { g->values[3]->id = 4; }
-static void br_order(Graph *g) { ir_move_node(g, find_node(g, DPK_RELU, 0), 0); }
+static void br_order(Graph *g) { ir_move_node(g, find_node(g, DP_OP_RELU, 0), 0); }
 static void br_writer(Graph *g)
 {
-	Node *relu = find_node(g, DPK_RELU, 0);
+	Node *relu = find_node(g, DP_OP_RELU, 0);
 	int in[1] = {relu->in[0]};
-	Node *n = ir_node(g, DPK_RELU, relu->out, 1, in, PH_FWD, relu->loc);
+	Node *n = ir_node(g, DP_OP_RELU, relu->out, 1, in, PH_FWD, relu->loc);
 	ir_move_node(g, n, ir_node_index(g, relu) + 1);
 }
 static void br_share(Graph *g) { ir_find_value(g, "h1")->offset = ir_find_value(g, "t0")->offset; }
@@ -667,17 +667,23 @@ static void br_cycle(Graph *g)
 static void br_def(Graph *g) { ir_find_value(g, "h1")->def = 999; }
 
 /* on the sharded form */
-static void br_init_prog(Graph *g) { find_node(g, DPK_INIT, 0)->progs = IR_IN_STEP; }
-static void br_init_out(Graph *g) { find_node(g, DPK_INIT, 0)->out = ir_find_value(g, "x")->id; }
-static void br_save_prog(Graph *g) { find_node(g, DPK_SAVE, 0)->progs = IR_IN_INIT; }
-static void br_save_in(Graph *g) { find_node(g, DPK_SAVE, 0)->in[0] = ir_find_value(g, "h")->id; }
-static void br_shard_prog(Graph *g) { find_node(g, DPK_SHARD, 0)->progs = IR_IN_EXPORT; }
-static void br_shard_group(Graph *g) { find_node(g, DPK_SHARD, 0)->ia[0] = 3; }
+static void br_init_prog(Graph *g) { find_node(g, DP_OP_INIT, 0)->progs = IR_IN_STEP; }
+static void br_init_out(Graph *g) { find_node(g, DP_OP_INIT, 0)->out = ir_find_value(g, "x")->id; }
+static void br_save_prog(Graph *g) { find_node(g, DP_OP_SAVE, 0)->progs = IR_IN_INIT; }
+static void br_save_in(Graph *g) { find_node(g, DP_OP_SAVE, 0)->in[0] = ir_find_value(g, "h")->id; }
+static void br_shard_prog(Graph *g) { find_node(g, DP_OP_SHARD, 0)->progs = IR_IN_EXPORT; }
+static void br_shard_group(Graph *g) { find_node(g, DP_OP_SHARD, 0)->ia[0] = 3; }
 static void br_rs_size(Graph *g) { ir_find_value(g, "flat.grads.shard")->dims[0] = 30; }
-static void br_ag_size(Graph *g) { find_node(g, DPK_ALL_GATHER, 0)->ia[0] = DP_AXIS_BIT(DP_AXIS_CP); }
-static void br_ag_init(Graph *g) { find_node(g, DPK_ALL_GATHER, 1)->progs |= IR_IN_INIT; }
-static void br_mask(Graph *g) { find_node(g, DPK_ALL_GATHER, 0)->ia[0] = 1 << 9; }
-static void br_buffer(Graph *g) { find_node(g, DPK_ALL_REDUCE, 0)->out = ir_find_value(g, "b0.mask")->id; }
+static void br_ag_size(Graph *g)
+{
+	find_node(g, DP_OP_ALL_GATHER, 0)->ia[0] = DP_AXIS_BIT(DP_AXIS_CP);
+}
+static void br_ag_init(Graph *g) { find_node(g, DP_OP_ALL_GATHER, 1)->progs |= IR_IN_INIT; }
+static void br_mask(Graph *g) { find_node(g, DP_OP_ALL_GATHER, 0)->ia[0] = 1 << 9; }
+static void br_buffer(Graph *g)
+{
+	find_node(g, DP_OP_ALL_REDUCE, 0)->out = ir_find_value(g, "b0.mask")->id;
+}
 static void br_buffer_view(Graph *g)
 {
 	/* a buffer inside the gradient buffer: the reduce_scatter reads it */
@@ -965,8 +971,8 @@ int main(int argc, char **argv)
 	const char *dir = argc > 1 ? argv[1] : "tests/ir";
 	int dump = argc > 2 && strcmp(argv[2], "--dump") == 0;
 
-	/* the rows of ir/ops.def are consistent: what a new row can get wrong */
-	for (int op = 0; op < DPK_COUNT; op++) {
+	/* the rows of format/ops.def are consistent: what a new row can get wrong */
+	for (int op = 0; op < DP_NOPS; op++) {
 		const OpInfo *oi = &ir_ops[op];
 		CHECK(oi->name && oi->name[0], "op %d has no name", op);
 		CHECK(oi->min_in >= 0 && oi->min_in <= oi->max_in && oi->max_in <= DP_MAX_IN &&
@@ -980,12 +986,12 @@ int main(int argc, char **argv)
 		CHECK((oi->cls == DP_OPC_KERNEL) == (dp_op_rules[op] != DP_OR_EXEC),
 		      "%s: a kernel needs an operand rule (and only a kernel has one)", oi->name);
 		/* the generic rules (act_x as relu's, act_y as tanh's) emit grad_op(dy, .) */
-		if (oi->grad && (oi->grad == ir_ops[DPK_RELU].grad || oi->grad == ir_ops[DPK_TANH].grad))
-			CHECK(oi->grad_op != DPK_NOP && ir_ops[oi->grad_op].min_in == 2,
+		if (oi->grad && (oi->grad == ir_ops[DP_OP_RELU].grad || oi->grad == ir_ops[DP_OP_TANH].grad))
+			CHECK(oi->grad_op != DP_OP_NOP && ir_ops[oi->grad_op].min_in == 2,
 			      "%s: a generic gradient rule needs a two-input kernel", oi->name);
 		/* autodiff's nodes are shaped from their operands; a collective's output
 		 * is shaped like the value it is the gradient of */
-		if (oi->grad && oi->grad_op != DPK_NOP && ir_ops[oi->grad_op].cls == DP_OPC_KERNEL)
+		if (oi->grad && oi->grad_op != DP_OP_NOP && ir_ops[oi->grad_op].cls == DP_OPC_KERNEL)
 			CHECK(ir_ops[oi->grad_op].shape != NULL, "%s: its gradient kernel %s has no "
 			      "shape rule", oi->name, ir_ops[oi->grad_op].name);
 		unsigned seen_i = 0, seen_f = 0;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tests/layers.sh - the compiler's layering, read off the built objects: a
 # lower layer never calls a higher one.
+#   format/, util/     (the step-file contract; file utilities): use nothing above
+#   runtime/           uses format/ and util/ only, never the compiler
 #   ir/                (IR, op registry and rules, diagnostics, gradient builder)
 #   passes/            may use ir/
 #   compiler/scope.c   may use ir/
@@ -28,6 +30,11 @@ layer() {
 }
 
 up_compiler="$B/compiler/*.o $B/gen/*.o"
+rt_objs=$(find "$B/runtime" -name '*.o' ! -path '*/cuda/*' | tr '\n' ' ')
+layer "format/ and util/ use nothing from ir/, passes/, compiler/ or runtime/" \
+	"$B/format/*.o $B/util/*.o" "$B/ir/*.o $B/passes/*.o $up_compiler $rt_objs"
+layer "runtime/ uses nothing from ir/, passes/ or compiler/" "$rt_objs" \
+	"$B/ir/*.o $B/passes/*.o $up_compiler"
 layer "ir/ uses nothing from passes/ or compiler/" "$B/ir/*.o" "$B/passes/*.o $up_compiler"
 layer "passes/ uses nothing from compiler/" "$B/passes/*.o" "$up_compiler"
 layer "compiler/scope.c uses no other front-end file" "$B/compiler/scope.o" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/outputs.sh - every output path is safe (ir/outfile.h): dpc -o and
+# tests/outputs.sh - every output path is safe (util/outfile.h): dpc -o and
 # dpexec --save-full onto a character device made with mknod (it stays a
 # device) and onto a symbolic link (the link stays, its target is written);
 # directories, missing directories, FIFOs without a reader and full disks

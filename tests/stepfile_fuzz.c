@@ -89,24 +89,24 @@ static DpStep *builtin_step(void)
 	DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
 	for (int i = 0; i < 8; i++)
 		prog[i] = base;
-	prog[0].op = DPK_LOAD, prog[0].out = 0, prog[0].ia[0] = 0;
-	prog[1].op = DPK_LOAD, prog[1].out = 1, prog[1].ia[0] = 1;
-	prog[2].op = DPK_LINEAR, prog[2].out = 5, prog[2].in[0] = 0, prog[2].in[1] = 2;
-	prog[3].op = DPK_XENT, prog[3].out = 4, prog[3].in[0] = 5, prog[3].in[1] = 1;
+	prog[0].op = DP_OP_LOAD, prog[0].out = 0, prog[0].ia[0] = 0;
+	prog[1].op = DP_OP_LOAD, prog[1].out = 1, prog[1].ia[0] = 1;
+	prog[2].op = DP_OP_LINEAR, prog[2].out = 5, prog[2].in[0] = 0, prog[2].in[1] = 2;
+	prog[3].op = DP_OP_XENT, prog[3].out = 4, prog[3].in[0] = 5, prog[3].in[1] = 1;
 	prog[3].fa[0] = 0.25f;
-	prog[4].op = DPK_XENT_GRAD, prog[4].out = 6, prog[4].in[0] = 5, prog[4].in[1] = 1;
-	prog[5].op = DPK_MATMUL, prog[5].out = 3, prog[5].in[0] = 0, prog[5].in[1] = 6;
+	prog[4].op = DP_OP_XENT_GRAD, prog[4].out = 6, prog[4].in[0] = 5, prog[4].in[1] = 1;
+	prog[5].op = DP_OP_MATMUL, prog[5].out = 3, prog[5].in[0] = 0, prog[5].in[1] = 6;
 	prog[5].ia[0] = 1, prog[5].ia[2] = 1;
-	prog[6].op = DPK_EVENT_RECORD, prog[6].ia[0] = 0, prog[6].flags = DP_IF_LAST;
-	prog[7].op = DPK_ALL_REDUCE, prog[7].out = 3, prog[7].ia[0] = 3;
+	prog[6].op = DP_OP_EVENT_RECORD, prog[6].ia[0] = 0, prog[6].flags = DP_IF_LAST;
+	prog[7].op = DP_OP_ALL_REDUCE, prog[7].out = 3, prog[7].ia[0] = 3;
 	prog[7].stream = DP_STREAM_COMM, prog[7].flags = DP_IF_LAST;
 	eprog[0] = prog[2];
 	eprog[1] = base;
-	eprog[1].op = DPK_NOP;
+	eprog[1].op = DP_OP_NOP;
 	iprog[0] = base;
-	iprog[0].op = DPK_INIT, iprog[0].out = 2;
+	iprog[0].op = DP_OP_INIT, iprog[0].out = 2;
 	xprog[0] = base;
-	xprog[0].op = DPK_SAVE, xprog[0].in[0] = 2;
+	xprog[0].op = DP_OP_SAVE, xprog[0].in[0] = 2;
 	s.cfg = (DpConfig){.mesh = {1, 1, 1, 1}, .micro_batch = 4, .grad_accum = 1, .eval_batch = 4,
 			   .steps = 10, .log_every = 1, .seed = 7, .arena_bytes = off};
 	s.opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -184,7 +184,7 @@ static int invariants(const DpStep *s)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op >= DPK_COUNT || in->stream >= DP_NSTREAM)
+			if (in->op >= DP_NOPS || in->stream >= DP_NSTREAM)
 				return 0;
 			for (int k = 0; k < DP_MAX_IN; k++)
 				if (in->in[k] < -1 || in->in[k] >= (int32_t)s->ntensors ||
@@ -192,29 +192,29 @@ static int invariants(const DpStep *s)
 					return 0;
 			if (in->out < -1 || in->out >= (int32_t)s->ntensors)
 				return 0;
-			if ((in->op == DPK_EVENT_RECORD || in->op == DPK_EVENT_WAIT) &&
+			if ((in->op == DP_OP_EVENT_RECORD || in->op == DP_OP_EVENT_WAIT) &&
 			    (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents))
 				return 0;
 			/* kernels only in the programs that can run them */
-			int coll = in->op == DPK_ALL_REDUCE || in->op == DPK_REDUCE_SCATTER ||
-				   in->op == DPK_ALL_GATHER;
+			int coll = in->op == DP_OP_ALL_REDUCE || in->op == DP_OP_REDUCE_SCATTER ||
+				   in->op == DP_OP_ALL_GATHER;
 			if ((coll && p == DP_PROG_INIT) ||
-			    (in->op == DPK_LOAD && p != DP_PROG_STEP && p != DP_PROG_EVAL) ||
-			    (in->op == DPK_INIT && p != DP_PROG_INIT) ||
-			    (in->op == DPK_SHARD && p != DP_PROG_INIT && p != DP_PROG_STEP) ||
-			    (in->op == DPK_SAVE && p != DP_PROG_EXPORT))
+			    (in->op == DP_OP_LOAD && p != DP_PROG_STEP && p != DP_PROG_EVAL) ||
+			    (in->op == DP_OP_INIT && p != DP_PROG_INIT) ||
+			    (in->op == DP_OP_SHARD && p != DP_PROG_INIT && p != DP_PROG_STEP) ||
+			    (in->op == DP_OP_SAVE && p != DP_PROG_EXPORT))
 				return 0;
-			if (in->op == DPK_INIT &&
+			if (in->op == DP_OP_INIT &&
 			    (in->out < 0 || s->tensors[in->out].dtype != DP_F32 ||
 			     (s->tensors[in->out].kind != DP_T_PARAM &&
 			      s->tensors[in->out].kind != DP_T_BUFFER)))
 				return 0;
-			if (in->op == DPK_SAVE &&
+			if (in->op == DP_OP_SAVE &&
 			    (in->in[0] < 0 || s->tensors[in->in[0]].dtype != DP_F32 ||
 			     s->tensors[in->in[0]].kind != DP_T_PARAM))
 				return 0;
 			/* a shard moves elements of one float dtype (bf16: a compute copy) */
-			if (in->op == DPK_SHARD &&
+			if (in->op == DP_OP_SHARD &&
 			    (in->in[0] < 0 || in->out < 0 ||
 			     (s->tensors[in->in[0]].dtype != DP_F32 &&
 			      s->tensors[in->in[0]].dtype != DP_BF16) ||
@@ -322,12 +322,12 @@ static void test_program_rules(void)
 {
 	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
 	DpInstr init = base, save = base, shard = base, load = base, ar = base, ag = base;
-	init.op = DPK_INIT, init.out = 2;
-	save.op = DPK_SAVE, save.in[0] = 2;
-	shard.op = DPK_SHARD, shard.in[0] = 2, shard.out = 3, shard.ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
-	load.op = DPK_LOAD, load.out = 0, load.ia[0] = 0;
-	ar.op = DPK_ALL_REDUCE, ar.out = 3, ar.ia[0] = 3, ar.stream = DP_STREAM_COMM;
-	ag.op = DPK_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.ia[0] = 2, ag.stream = DP_STREAM_COMM;
+	init.op = DP_OP_INIT, init.out = 2;
+	save.op = DP_OP_SAVE, save.in[0] = 2;
+	shard.op = DP_OP_SHARD, shard.in[0] = 2, shard.out = 3, shard.ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	load.op = DP_OP_LOAD, load.out = 0, load.ia[0] = 0;
+	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, ar.ia[0] = 3, ar.stream = DP_STREAM_COMM;
+	ag.op = DP_OP_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.ia[0] = 2, ag.stream = DP_STREAM_COMM;
 
 	rule("strategy full_shard", DP_PROG_INIT, init, DP_STRAT_FULL_SHARD, NULL);
 	rule("strategy hybrid_shard", DP_PROG_INIT, init, DP_STRAT_HYBRID_SHARD, NULL);
@@ -375,17 +375,17 @@ static void test_program_rules(void)
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
 }
 
-/* The operand rules (ir/stepfile_check.c): what every backend may trust.
+/* The operand rules (format/stepfile_check.c): what every backend may trust.
  * Tensors as above: 0 x f32[4,3], 1 y i32[4], 2 w f32[3,2], 3 grad.w f32[3,2],
  * 4 loss f32[1], 5 logits f32[4,2], 6 d.logits f32[4,2]. */
 static void test_operand_rules(void)
 {
 	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
 	DpInstr mm = base, relu = base, add = base, xg = base;
-	mm.op = DPK_MATMUL, mm.in[0] = 0, mm.in[1] = 2, mm.out = 5;
-	relu.op = DPK_RELU, relu.in[0] = 5, relu.out = 6;
-	add.op = DPK_ADD, add.in[0] = 5, add.in[1] = 6, add.out = 6;
-	xg.op = DPK_XENT_GRAD, xg.in[0] = 5, xg.in[1] = 1, xg.out = 6;
+	mm.op = DP_OP_MATMUL, mm.in[0] = 0, mm.in[1] = 2, mm.out = 5;
+	relu.op = DP_OP_RELU, relu.in[0] = 5, relu.out = 6;
+	add.op = DP_OP_ADD, add.in[0] = 5, add.in[1] = 6, add.out = 6;
+	xg.op = DP_OP_XENT_GRAD, xg.in[0] = 5, xg.in[1] = 1, xg.out = 6;
 	rule("matmul [4,3] @ [3,2] -> [4,2]", DP_PROG_STEP, mm, 0, NULL);
 	rule("relu", DP_PROG_STEP, relu, 0, NULL);
 	rule("add in place", DP_PROG_STEP, add, 0, NULL);
@@ -396,7 +396,7 @@ static void test_operand_rules(void)
 	d.out = 3;
 	rule("matmul into a [3,2]", DP_PROG_STEP, d, 0, "the output is not [4, 2]");
 	d = base;
-	d.op = DPK_SOFTMAX, d.in[0] = 5, d.out = 5;
+	d.op = DP_OP_SOFTMAX, d.in[0] = 5, d.out = 5;
 	rule("softmax in place", DP_PROG_STEP, d, 0, "the output overlaps an input");
 	d = mm;
 	d.in[1] = 1;
@@ -415,7 +415,7 @@ static void test_operand_rules(void)
 	rule("cross_entropy_grad into a [1]", DP_PROG_STEP, d, 0,
 	     "the output and the logits differ in size");
 	d = base;
-	d.op = DPK_LAYERNORM, d.in[0] = 5, d.in[1] = 4, d.in[2] = 4, d.out = 6;
+	d.op = DP_OP_LAYERNORM, d.in[0] = 5, d.in[1] = 4, d.in[2] = 4, d.out = 6;
 	rule("layernorm with a gamma of the wrong size", DP_PROG_STEP, d, 0,
 	     "gamma's size does not match x's last dim");
 	/* mixed precision (dp_rule_dtypes), with h (7) bf16 [4,2] */
@@ -423,7 +423,7 @@ static void test_operand_rules(void)
 	d.in[0] = 7, d.out = 5;
 	rule_dt("relu of bf16 into f32", DP_PROG_STEP, d, 0, 1,
 		"the output 'logits' is f32, not the compute dtype bf16 (h's)");
-	d.op = DPK_CAST;
+	d.op = DP_OP_CAST;
 	rule_dt("cast of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
 	d = mm;
 	d.in[0] = 5, d.ia[0] = 1, d.in[1] = 7, d.out = 3;
@@ -434,10 +434,10 @@ static void test_operand_rules(void)
 	rule_dt("cross_entropy_grad of f32 logits into bf16", DP_PROG_STEP, d, 0, 1,
 		"the output 'h' is bf16, not the compute dtype f32");
 	d = base;
-	d.op = DPK_ALL_GATHER, d.in[0] = 7, d.out = 5, d.ia[0] = 2, d.stream = DP_STREAM_COMM;
+	d.op = DP_OP_ALL_GATHER, d.in[0] = 7, d.out = 5, d.ia[0] = 2, d.stream = DP_STREAM_COMM;
 	rule_dt("all_gather from bf16 into f32", DP_PROG_STEP, d, 0, 1, "differ in dtype");
 	d = base;
-	d.op = DPK_SQNORM, d.in[0] = 7, d.out = 4;
+	d.op = DP_OP_SQNORM, d.in[0] = 7, d.out = 4;
 	rule_dt("sqnorm of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
 	d.out = 7, d.in[0] = 5;
 	rule_dt("sqnorm into bf16", DP_PROG_STEP, d, 0, 1, "the output 'h' is bf16, not f32");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/stepfile_fuzz.sh - broken step files get an error message, never a crash.
 #
-# 1. tests/stepfile_fuzz.c (linked with ir/stepfile.c, built here with the
+# 1. tests/stepfile_fuzz.c (linked with format/stepfile.c, built here with the
 #    same sanitizers as the build under test) decodes truncations, byte flips
 #    and checksum-fixed mutations in-process: of its built-in step file, and
 #    of models/mlp.dp compiled by dpc when dpc works.
@@ -16,7 +16,7 @@ cd "$ROOT"
 
 CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -O1 -g"
 [ "${SAN:-0}" = 1 ] && CFLAGS="$CFLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-if gcc $CFLAGS -Iir tests/stepfile_fuzz.c ir/stepfile.c ir/stepfile_check.c ir/outfile.c -lz \
+if gcc $CFLAGS -Iformat -Iutil tests/stepfile_fuzz.c format/stepfile.c format/stepfile_check.c util/outfile.c -lz \
 	-o "$T/fuzz" 2>"$T/cc.err"; then
 	ok "build stepfile_fuzz"
 else

@@ -22,7 +22,7 @@ Models (docs/MODELS.md has the tensor tables):
          head.w [d,V]; rope.{cos,sin} [Tc, hd/2] buffers (taken from the file
          when dp saves them, else computed as dp's init does).
 
-Semantics (the kernels' comments in ir/stepfile.h): attention is causal with
+Semantics (the kernels' comments in format/stepfile.h): attention is causal with
 scale 1/sqrt(hd) on a packed qkv [B,T,3C] laid out head-major: qkv viewed as
 [B,T,H,3,hd] ([q|k|v] per head), output [B,T,H*hd]. RoPE is rotate-half on
 the q and k of each head, angle t * theta^(-j/half). gelu is the tanh form.

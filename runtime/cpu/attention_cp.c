@@ -5,7 +5,7 @@
  * (attention_cp, its q gradient attention_cp_grad and its key/value
  * gradient attention_cp_grad_kv).
  *
- * Layouts (ir/ops.def). qkv [B, T, 3C], per head h [q|k|v] of hd = C/H;
+ * Layouts (format/ops.def). qkv [B, T, 3C], per head h [q|k|v] of hd = C/H;
  * kv [B, T, 2C], per head [k|v]; the gathered kv is [cp, B, T, 2C], block r
  * from cp rank r. A cp rank's T rows are two chunks of L = T/2 positions of
  * the whole sequence of cp*T: chunk r (rows 0..L-1) and chunk 2cp-1-r (rows
@@ -45,7 +45,7 @@ static int64_t zigzag_pos(int64_t r, int64_t j, int64_t cp, int64_t t)
 static int run_kv_pack(const CpuArgs *a, RtErr *e)
 {
 	const DpInstr *in = a->in;
-	int unpack = in->op == DPK_KV_UNPACK;
+	int unpack = in->op == DP_OP_KV_UNPACK;
 	const DpTensor *tq = cpu_t(a, unpack ? in->out : in->in[0]);
 	int64_t rows = tq->dims[0] * tq->dims[1], c = tq->dims[2] / 3, hd = c / in->ia[0];
 	const float *src = cpu_f(a, in->in[0]);
@@ -185,8 +185,8 @@ static int check_positions(const CpAtt *at, const char *op, RtErr *e)
 static int run_attention_cp(const CpuArgs *a, RtErr *e)
 {
 	const DpInstr *in = a->in;
-	int kind = in->op == DPK_ATTENTION_CP ? CP_FWD
-		   : in->op == DPK_ATTENTION_CP_GRAD ? CP_DQ : CP_DKV;
+	int kind = in->op == DP_OP_ATTENTION_CP ? CP_FWD
+		   : in->op == DP_OP_ATTENTION_CP_GRAD ? CP_DQ : CP_DKV;
 	int q = kind == CP_FWD ? 0 : 1; /* where qkv is */
 	const DpTensor *tq = cpu_t(a, in->in[q]);
 	CpAtt at = {.bsz = tq->dims[0], .t = tq->dims[1], .cp = in->ia[1], .heads = in->ia[0],
@@ -197,7 +197,7 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 	at.tg = at.cp * at.t;
 	at.scale = (float)(1.0 / sqrt((double)at.hd));
 	float *out = cpu_f(a, in->out);
-	RT_CHECK(check_positions(&at, dp_kernel_names[in->op], e));
+	RT_CHECK(check_positions(&at, dp_op_names[in->op], e));
 	int64_t blk = at.t < CP_BLOCK ? at.t : CP_BLOCK;
 	size_t kvn = (size_t)(at.tg * at.hd);
 	size_t need = 2 * kvn + (size_t)(blk * at.tg) * (kind == CP_FWD ? 1 : 2) +
@@ -230,17 +230,17 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 /* BLAS takes int sizes: the whole sequence and the row strides. */
 static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	const DpTensor *tq = &s->tensors[in->in[in->op == DPK_ATTENTION_CP ? 0 : 1]];
+	const DpTensor *tq = &s->tensors[in->in[in->op == DP_OP_ATTENTION_CP ? 0 : 1]];
 	if (tq->dims[1] * in->ia[1] > INT_MAX || tq->dims[2] > INT_MAX)
-		return RT_FAIL(e, "%s: the sequence is too long for BLAS", dp_kernel_names[in->op]);
+		return RT_FAIL(e, "%s: the sequence is too long for BLAS", dp_op_names[in->op]);
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_cp_kernels[DPK_COUNT] = {
-	[DPK_KV_PACK] = {NULL, run_kv_pack, 0},
-	[DPK_KV_UNPACK] = {NULL, run_kv_pack, 0},
-	[DPK_ATTENTION_CP] = {limit_attention_cp, run_attention_cp, 0},
-	[DPK_ATTENTION_CP_GRAD] = {limit_attention_cp, run_attention_cp, 0},
-	[DPK_ATTENTION_CP_GRAD_KV] = {limit_attention_cp, run_attention_cp, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_cp_kernels[DP_NOPS] = {
+	[DP_OP_KV_PACK] = {NULL, run_kv_pack, 0},
+	[DP_OP_KV_UNPACK] = {NULL, run_kv_pack, 0},
+	[DP_OP_ATTENTION_CP] = {limit_attention_cp, run_attention_cp, 0},
+	[DP_OP_ATTENTION_CP_GRAD] = {limit_attention_cp, run_attention_cp, 0},
+	[DP_OP_ATTENTION_CP_GRAD_KV] = {limit_attention_cp, run_attention_cp, 0},
 };

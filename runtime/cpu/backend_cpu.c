@@ -5,7 +5,7 @@
  * executor emulates the streams and the MPI comm backend reads the tensors
  * in place.
  *
- * The kernel table is one array of DPK_COUNT rows (CpuKernel, cpu/cpu.h),
+ * The kernel table is one array of DP_NOPS rows (CpuKernel, cpu/cpu.h),
  * merged at init from the partial tables of the concept files; an op that
  * two files claim is an internal error.
  *
@@ -38,7 +38,7 @@ static const CpuKernel *const parts[] = {
 typedef struct {
 	unsigned char *arena; /* cfg.arena_bytes, 64-byte aligned, zeroed */
 	size_t arena_len;
-	CpuKernel kern[DPK_COUNT]; /* the table */
+	CpuKernel kern[DP_NOPS]; /* the table */
 	CpuStep step;
 	const CpuVec *vec;
 	CpuPool *pool;
@@ -103,7 +103,7 @@ static int pick_threads(int *out, RtErr *e)
 /* The row of op: the one partial table that has it; NULL: none. */
 static const CpuKernel *find(unsigned op)
 {
-	if (op >= DPK_COUNT)
+	if (op >= DP_NOPS)
 		return NULL;
 	for (size_t i = 0; i < NPARTS; i++)
 		if (parts[i][op].run)
@@ -125,7 +125,7 @@ static int cpu_has_kernel(unsigned op)
 static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	const CpuKernel *k = find(in->op);
-	/* the op's operand rules were the decoder's (ir/stepfile_check.c): only
+	/* the op's operand rules were the decoder's (format/stepfile_check.c): only
 	 * this backend's own limits are left; a bf16 instruction of a kernel
 	 * without a bf16 path runs on f32 copies (bf16.c) */
 	return k->limits ? k->limits(s, in, e) : 0;
@@ -155,14 +155,14 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	if (!c)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
-	for (unsigned op = 0; op < DPK_COUNT; op++) {
+	for (unsigned op = 0; op < DP_NOPS; op++) {
 		int claims = 0;
 		for (size_t i = 0; i < NPARTS; i++)
 			claims += parts[i][op].run != NULL;
 		if (claims > 1) {
 			cpu_free(b);
 			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
-				       dp_kernel_names[op]);
+				       dp_op_names[op]);
 		}
 		const CpuKernel *k = find(op);
 		if (k)

@@ -123,8 +123,8 @@ static int run_cast(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 (the decoder checks
+/* ORDER OP (designated): limits, run, bf16 (the decoder checks
  * CAST's operands: f32 or bf16, the same size, disjoint) */
-const CpuKernel cpu_bf16_kernels[DPK_COUNT] = {
-	[DPK_CAST] = {NULL, run_cast, 1},
+const CpuKernel cpu_bf16_kernels[DP_NOPS] = {
+	[DP_OP_CAST] = {NULL, run_cast, 1},
 };

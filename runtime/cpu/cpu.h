@@ -6,15 +6,15 @@
  *
  * One table, filled by the files that own the kernels. Each concept file
  * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c)
- * defines a partial table of DPK_COUNT rows with designated initialisers,
- * `[DPK_<OP>] = {limit_<op> or NULL, run_<op>, bf16}`, so an op's limits,
+ * defines a partial table of DP_NOPS rows with designated initialisers,
+ * `[DP_OP_<OP>] = {limit_<op> or NULL, run_<op>, bf16}`, so an op's limits,
  * its run and its row live in one file; backend_cpu.c merges the partial tables
  * into the backend's one table and refuses an op claimed twice. Adding a
  * CPU kernel is one row (and its functions) in the file of its concept.
  *
  * Layout: leading dims fold into rows, a tensor [a, b, c] is a [a*b, c]
  * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the step-file
- * decoder checked the op's operand rules (ir/stepfile_check.c) and the
+ * decoder checked the op's operand rules (format/stepfile_check.c) and the
  * backend its own limits once at load time (labels, token ids and positions,
  * known only at run time, are checked where they are read).
  */
@@ -141,7 +141,7 @@ typedef struct {
 typedef int (*CpuCheckFn)(const DpStep *s, const DpInstr *in, RtErr *e);
 typedef int (*CpuRunFn)(const CpuArgs *a, RtErr *e);
 
-/* A row of the kernel table (ORDER KERNEL); run == NULL: not this file's. */
+/* A row of the kernel table (ORDER OP); run == NULL: not this file's. */
 typedef struct {
 	/* This backend's own limits (BLAS takes int sizes); NULL: none. */
 	CpuCheckFn limits;
@@ -160,15 +160,15 @@ void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const floa
 extern const CpuKernel cpu_map_kernel;
 
 /* The partial tables, one per concept file. */
-extern const CpuKernel cpu_layout_kernels[DPK_COUNT];      /* layout.c */
-extern const CpuKernel cpu_elementwise_kernels[DPK_COUNT]; /* elementwise.c */
-extern const CpuKernel cpu_gemm_kernels[DPK_COUNT];        /* gemm.c */
-extern const CpuKernel cpu_loss_kernels[DPK_COUNT];        /* loss.c */
-extern const CpuKernel cpu_optim_kernels[DPK_COUNT];       /* optim.c */
-extern const CpuKernel cpu_norm_kernels[DPK_COUNT];        /* norm.c */
-extern const CpuKernel cpu_seq_kernels[DPK_COUNT];         /* seq.c */
-extern const CpuKernel cpu_cp_kernels[DPK_COUNT];          /* attention_cp.c */
-extern const CpuKernel cpu_bf16_kernels[DPK_COUNT];        /* bf16.c */
+extern const CpuKernel cpu_layout_kernels[DP_NOPS];      /* layout.c */
+extern const CpuKernel cpu_elementwise_kernels[DP_NOPS]; /* elementwise.c */
+extern const CpuKernel cpu_gemm_kernels[DP_NOPS];        /* gemm.c */
+extern const CpuKernel cpu_loss_kernels[DP_NOPS];        /* loss.c */
+extern const CpuKernel cpu_optim_kernels[DP_NOPS];       /* optim.c */
+extern const CpuKernel cpu_norm_kernels[DP_NOPS];        /* norm.c */
+extern const CpuKernel cpu_seq_kernels[DP_NOPS];         /* seq.c */
+extern const CpuKernel cpu_cp_kernels[DP_NOPS];          /* attention_cp.c */
+extern const CpuKernel cpu_bf16_kernels[DP_NOPS];        /* bf16.c */
 
 /* ---- bf16 (bf16.c, gemm_bf16.c) ---- */
 

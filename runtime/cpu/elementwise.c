@@ -75,7 +75,7 @@ static void map16_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	for (int64_t at = lo; at < hi; at += CHUNK) {
 		int64_t n = hi - at < CHUNK ? hi - at : CHUNK;
 		float *o = j->o16 ? ob : (float *)j->o + at;
-		if (j->o16 && j->op == DPK_ACCUM) /* the one map that reads out */
+		if (j->o16 && j->op == DP_OP_ACCUM) /* the one map that reads out */
 			widen(ob, j->o, 1, at, n);
 		const float *a = widen(ab, j->a, j->a16, at, n);
 		const float *b = j->b ? widen(bb, j->b, j->b16, at, n) : NULL;
@@ -117,7 +117,7 @@ static void bias_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const BiasJob *j = ctx;
 	for (int64_t r = lo; r < hi; r++)
-		j->vec->map(DPK_ADD, j->v.o + r * j->c, j->v.a + r * j->c, j->v.b, 0, j->c);
+		j->vec->map(DP_OP_ADD, j->v.o + r * j->c, j->v.a + r * j->c, j->v.b, 0, j->c);
 }
 
 static int run_bias_add(const CpuArgs *k, RtErr *e)
@@ -128,7 +128,7 @@ static int run_bias_add(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_elementwise_kernels[DPK_COUNT] = {
-	[DPK_BIAS_ADD] = {NULL, run_bias_add, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_elementwise_kernels[DP_NOPS] = {
+	[DP_OP_BIAS_ADD] = {NULL, run_bias_add, 0},
 };

@@ -248,9 +248,9 @@ static int run_gemm16(const CpuArgs *k, RtErr *e)
 	return cpu_gemm16_run(k->gemm16, k, e);
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16, run_bf16 */
-const CpuKernel cpu_gemm_kernels[DPK_COUNT] = {
-	[DPK_MATMUL] = {limit_matmul, run_matmul, 0, run_gemm16},
-	[DPK_LINEAR] = {limit_linear, run_linear, 0, run_gemm16},
-	[DPK_BIAS_GRAD] = {NULL, run_bias_grad, 0},
+/* ORDER OP (designated): limits, run, bf16, run_bf16 */
+const CpuKernel cpu_gemm_kernels[DP_NOPS] = {
+	[DP_OP_MATMUL] = {limit_matmul, run_matmul, 0, run_gemm16},
+	[DP_OP_LINEAR] = {limit_linear, run_linear, 0, run_gemm16},
+	[DP_OP_BIAS_GRAD] = {NULL, run_bias_grad, 0},
 };

@@ -120,7 +120,7 @@ static void dims_of(const CpuArgs *k, int64_t *m, int64_t *kk, int64_t *n)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]);
-	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
 	*m = ta ? cpu_cols(a) : cpu_rows(a);
 	*kk = ta ? cpu_rows(a) : cpu_cols(a);
 	*n = tb ? cpu_rows(b) : cpu_cols(b);
@@ -137,9 +137,9 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, in
 		if (g->p[i].in == in && g->p[i].lo == lo && g->p[i].hi == hi)
 			return &g->p[i];
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
-	const DpTensor *bias = in->op == DPK_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
-	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
-	int acc = in->op == DPK_MATMUL && in->ia[2];
+	const DpTensor *bias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
+	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
+	int acc = in->op == DP_OP_MATMUL && in->ia[2];
 	int64_t ca = cpu_cols(a), cb = cpu_cols(b), m, kk, n;
 	dims_of(k, &m, &kk, &n);
 	int64_t pm = by_rows ? hi - lo : m, pn = by_rows ? n : hi - lo; /* the piece */
@@ -180,7 +180,7 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, in
 		if (p.prim)
 			dnnl_primitive_destroy(p.prim);
 		RT_FAIL(e, "oneDNN: no bf16 matmul for %s (out %s: [%lld, %lld] x [%lld, %lld])",
-			dp_kernel_names[in->op], cpu_tname(k->s, in->out), (long long)pm, (long long)kk,
+			dp_op_names[in->op], cpu_tname(k->s, in->out), (long long)pm, (long long)kk,
 			(long long)kk, (long long)pn);
 		return NULL;
 	}
@@ -229,7 +229,7 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 		return;
 	}
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
-	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
 	int64_t n = cpu_cols(o);
 	/* element offsets of the piece in A, B, the output and the bias */
 	int64_t off[4] = {0, 0, 0, 0};
@@ -241,7 +241,7 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 		off[2] = lo;
 		off[3] = lo;
 	}
-	int ids[4] = {in->in[0], in->in[1], in->out, in->op == DPK_LINEAR ? in->in[2] : -1};
+	int ids[4] = {in->in[0], in->in[1], in->out, in->op == DP_OP_LINEAR ? in->in[2] : -1};
 	static const int which[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
 	dnnl_exec_arg_t args[4];
 	int nargs = 0;
@@ -259,7 +259,7 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	if (bad) {
 		if (!j->failed)
 			RT_FAIL(&j->err, "oneDNN: the bf16 %s writing %s failed",
-				dp_kernel_names[in->op], cpu_tname(k->s, in->out));
+				dp_op_names[in->op], cpu_tname(k->s, in->out));
 		j->failed = 1;
 	}
 	(void)a;
@@ -280,7 +280,7 @@ int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 	dims_of(k, &m, &kk, &n);
 	Job j = {.g = g, .k = k, .by_rows = 1};
 	double flops = 2.0 * (double)m * (double)n * (double)kk;
-	if (k->in->op == DPK_MATMUL && k->in->ia[0] && flops >= GEMM16_DENSE) {
+	if (k->in->op == DP_OP_MATMUL && k->in->ia[0] && flops >= GEMM16_DENSE) {
 		/* a large transposed A: one dense call on oneDNN's threads (the top) */
 		j.threads = cpu_pool_size(k->pool);
 		piece(&j, 0, m, 0);

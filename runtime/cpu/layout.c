@@ -196,17 +196,17 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 static int run_embedding(const CpuArgs *a, RtErr *e) { return embedding(a, 0, e); }
 static int run_embedding_grad(const CpuArgs *a, RtErr *e) { return embedding(a, 1, e); }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_layout_kernels[DPK_COUNT] = {
-	[DPK_NOP] = {NULL, run_nop, 0},
-	[DPK_FILL] = {NULL, run_fill, 0},
-	[DPK_COPY] = {NULL, run_copy, 1},
-	[DPK_RESHAPE] = {NULL, run_copy, 1},
-	[DPK_TP_COPY] = {NULL, run_copy, 1},
-	[DPK_TRANSPOSE] = {NULL, run_transpose, 0},
-	[DPK_SPLIT] = {NULL, run_split, 0},
-	[DPK_SPLIT_GRAD] = {NULL, run_split_grad, 0},
-	[DPK_INTERLEAVE] = {NULL, run_interleave, 0},
-	[DPK_EMBEDDING] = {NULL, run_embedding, 1},
-	[DPK_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_layout_kernels[DP_NOPS] = {
+	[DP_OP_NOP] = {NULL, run_nop, 0},
+	[DP_OP_FILL] = {NULL, run_fill, 0},
+	[DP_OP_COPY] = {NULL, run_copy, 1},
+	[DP_OP_RESHAPE] = {NULL, run_copy, 1},
+	[DP_OP_TP_COPY] = {NULL, run_copy, 1},
+	[DP_OP_TRANSPOSE] = {NULL, run_transpose, 0},
+	[DP_OP_SPLIT] = {NULL, run_split, 0},
+	[DP_OP_SPLIT_GRAD] = {NULL, run_split_grad, 0},
+	[DP_OP_INTERLEAVE] = {NULL, run_interleave, 0},
+	[DP_OP_EMBEDDING] = {NULL, run_embedding, 1},
+	[DP_OP_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
 };

@@ -56,14 +56,14 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 			if (j->x16)
 				for (int64_t c = 0; c < nc; c++)
 					buf[c] = cpu_from_bf16(j->x16[r * nc + c]);
-			if (j->op == DPK_XENT_GRAD) {
+			if (j->op == DP_OP_XENT_GRAD) {
 				float *d = j->out16 ? buf + nc : j->out + r * nc;
 				if (label < 0) {
 					memset(d, 0, (size_t)nc * sizeof(float));
 				} else {
 					double sum = v->exp_shift(d, row, v->max(row, nc), nc);
 					double el = d[label];
-					v->map(DPK_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
+					v->map(DP_OP_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
 					d[label] = (float)(j->scale * (el / sum - 1.0));
 				}
 				if (j->out16)
@@ -74,7 +74,7 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 			if (label < 0)
 				continue;
 			float mx = v->max(row, nc);
-			if (j->op == DPK_CORRECT) {
+			if (j->op == DP_OP_CORRECT) {
 				int64_t best = 0;
 				while (best < nc - 1 && !(row[best] == mx))
 					best++;
@@ -84,7 +84,7 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 			}
 			total += log(v->exp_sum_d(row, mx, nc)) + mx - row[label]; /* -log p(label) */
 		}
-		j->part[2 * blk] = j->op == DPK_CORRECT ? right : total;
+		j->part[2 * blk] = j->op == DP_OP_CORRECT ? right : total;
 		j->part[2 * blk + 1] = counted;
 	}
 }
@@ -120,17 +120,17 @@ static int xent(const CpuArgs *k, RtErr *e)
 	}
 	free(j.part);
 	free(j.row);
-	if (in->op == DPK_XENT)
+	if (in->op == DP_OP_XENT)
 		j.out[0] = (float)(j.scale * total);
-	else if (in->op == DPK_CORRECT)
+	else if (in->op == DP_OP_CORRECT)
 		j.out[0] = (float)total, j.out[1] = (float)counted;
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 (bf16 logits and their
+/* ORDER OP (designated): limits, run, bf16 (bf16 logits and their
  * gradient row by row: no f32 copy of the logits) */
-const CpuKernel cpu_loss_kernels[DPK_COUNT] = {
-	[DPK_XENT] = {NULL, xent, 1},
-	[DPK_XENT_GRAD] = {NULL, xent, 1},
-	[DPK_CORRECT] = {NULL, xent, 1},
+const CpuKernel cpu_loss_kernels[DP_NOPS] = {
+	[DP_OP_XENT] = {NULL, xent, 1},
+	[DP_OP_XENT_GRAD] = {NULL, xent, 1},
+	[DP_OP_CORRECT] = {NULL, xent, 1},
 };

@@ -88,21 +88,21 @@ static void gamma_cols(void *ctx, int64_t lo, int64_t hi, int thread)
  * mean and beta. */
 static int run_fwd(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k, k->in->op == DPK_RMSNORM);
+	Nv v = nv(k, k->in->op == DP_OP_RMSNORM);
 	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), fwd_rows, &v);
 	return 0;
 }
 
 static int run_bwd(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k, k->in->op == DPK_RMSNORM_GRAD);
+	Nv v = nv(k, k->in->op == DP_OP_RMSNORM_GRAD);
 	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), bwd_rows, &v);
 	return 0;
 }
 
 static int run_grad_g(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k, k->in->op == DPK_RMSNORM_GRAD_G);
+	Nv v = nv(k, k->in->op == DP_OP_RMSNORM_GRAD_G);
 	v.stats = malloc((size_t)(2 * v.rows + 1) * sizeof(double));
 	if (!v.stats)
 		return RT_FAIL(e, "out of memory (norm gradient of %lld rows)", (long long)v.rows);
@@ -112,12 +112,12 @@ static int run_grad_g(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_norm_kernels[DPK_COUNT] = {
-	[DPK_LAYERNORM] = {NULL, run_fwd, 0},
-	[DPK_LAYERNORM_GRAD] = {NULL, run_bwd, 0},
-	[DPK_LAYERNORM_GRAD_G] = {NULL, run_grad_g, 0},
-	[DPK_RMSNORM] = {NULL, run_fwd, 0},
-	[DPK_RMSNORM_GRAD] = {NULL, run_bwd, 0},
-	[DPK_RMSNORM_GRAD_G] = {NULL, run_grad_g, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_norm_kernels[DP_NOPS] = {
+	[DP_OP_LAYERNORM] = {NULL, run_fwd, 0},
+	[DP_OP_LAYERNORM_GRAD] = {NULL, run_bwd, 0},
+	[DP_OP_LAYERNORM_GRAD_G] = {NULL, run_grad_g, 0},
+	[DP_OP_RMSNORM] = {NULL, run_fwd, 0},
+	[DP_OP_RMSNORM_GRAD] = {NULL, run_bwd, 0},
+	[DP_OP_RMSNORM_GRAD_G] = {NULL, run_grad_g, 0},
 };

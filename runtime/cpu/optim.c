@@ -70,7 +70,7 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	int64_t n = cpu_numel(cpu_t(k, k->in->out));
 	float coef = k->in->fa[0] / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
 	if (coef < 1.0f)
-		cpu_map(k, DPK_SCALE, o, o, NULL, coef, n);
+		cpu_map(k, DP_OP_SCALE, o, o, NULL, coef, n);
 	return 0;
 }
 
@@ -139,11 +139,11 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_optim_kernels[DPK_COUNT] = {
-	[DPK_SQNORM] = {NULL, run_sqnorm, 0},
-	[DPK_SQRT] = {NULL, run_sqrt, 0},
-	[DPK_CLIP] = {NULL, run_clip, 0},
-	[DPK_SGD] = {NULL, run_sgd, 0},
-	[DPK_ADAMW] = {NULL, run_adamw, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_optim_kernels[DP_NOPS] = {
+	[DP_OP_SQNORM] = {NULL, run_sqnorm, 0},
+	[DP_OP_SQRT] = {NULL, run_sqrt, 0},
+	[DP_OP_CLIP] = {NULL, run_clip, 0},
+	[DP_OP_SGD] = {NULL, run_sgd, 0},
+	[DP_OP_ADAMW] = {NULL, run_adamw, 0},
 };

@@ -34,7 +34,7 @@ static void softmax_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 		const float *x = j->a + r * c;
 		float *o = j->o + r * c;
 		double sum = j->vec->exp_shift(o, x, j->vec->max(x, c), c);
-		j->vec->map(DPK_SCALE, o, o, NULL, (float)(1.0 / sum), c);
+		j->vec->map(DP_OP_SCALE, o, o, NULL, (float)(1.0 / sum), c);
 	}
 }
 
@@ -75,7 +75,7 @@ static int run_softmax_grad(const CpuArgs *k, RtErr *e)
 static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	CpuChk c = {s, in, e};
-	const DpTensor *qkv = &s->tensors[in->in[in->op == DPK_ATTENTION_GRAD ? 1 : 0]];
+	const DpTensor *qkv = &s->tensors[in->in[in->op == DP_OP_ATTENTION_GRAD ? 1 : 0]];
 	CPU_NEED(qkv->dims[1] <= INT_MAX && qkv->dims[2] <= INT_MAX, "sequence too long for BLAS");
 	return 0;
 }
@@ -184,13 +184,13 @@ static void att_fwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 			if (k0 > 0)
 				for (int i = 0; i < mb; i++)
 					if (alpha[i] != 1)
-						a->vec->map(DPK_SCALE, ob + (int64_t)i * a->c,
+						a->vec->map(DP_OP_SCALE, ob + (int64_t)i * a->c,
 							    ob + (int64_t)i * a->c, NULL, (float)alpha[i], hd);
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, hd, nb, 1.0f, s, nb,
 				    v + k0 * ld, ld, k0 > 0 ? 1.0f : 0.0f, ob, a->c);
 		}
 		for (int i = 0; i < mb; i++)
-			a->vec->map(DPK_SCALE, ob + (int64_t)i * a->c, ob + (int64_t)i * a->c, NULL,
+			a->vec->map(DP_OP_SCALE, ob + (int64_t)i * a->c, ob + (int64_t)i * a->c, NULL,
 				    (float)(1.0 / l[i]), hd);
 	}
 }
@@ -242,7 +242,7 @@ static void att_bwd_head(const Att *a, int64_t b, int64_t h, float *buf)
 							a->vec->exp_shift(sr, sr, (float)m[i], nb);
 						}
 					}
-					a->vec->map(DPK_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), nb);
+					a->vec->map(DP_OP_SCALE, sr, sr, NULL, (float)(1.0 / l[i]), nb);
 					a->vec->softmax_bwd(dr, sr, dr, dd[i], nb);
 				}
 				cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nb, hd, mb, 1.0f, s, nb,
@@ -270,7 +270,7 @@ static void att_heads(void *ctx, int64_t lo, int64_t hi, int thread)
 static int attention(const CpuArgs *x, RtErr *e)
 {
 	const DpInstr *in = x->in;
-	int grad = in->op == DPK_ATTENTION_GRAD;
+	int grad = in->op == DP_OP_ATTENTION_GRAD;
 	const DpTensor *tq = cpu_t(x, in->in[grad ? 1 : 0]);
 	int ld = (int)tq->dims[2], hd = ld / 3 / (int)in->ia[0];
 	Att a = {.vec = x->vec, .qkv = cpu_f(x, in->in[grad ? 1 : 0]),
@@ -334,11 +334,11 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* ORDER KERNEL (designated): limits, run, bf16 */
-const CpuKernel cpu_seq_kernels[DPK_COUNT] = {
-	[DPK_SOFTMAX] = {NULL, run_softmax, 0},
-	[DPK_SOFTMAX_GRAD] = {NULL, run_softmax_grad, 0},
-	[DPK_ATTENTION] = {limit_attention, attention, 0},
-	[DPK_ATTENTION_GRAD] = {limit_attention, attention, 0},
-	[DPK_ROPE] = {NULL, run_rope, 0},
+/* ORDER OP (designated): limits, run, bf16 */
+const CpuKernel cpu_seq_kernels[DP_NOPS] = {
+	[DP_OP_SOFTMAX] = {NULL, run_softmax, 0},
+	[DP_OP_SOFTMAX_GRAD] = {NULL, run_softmax_grad, 0},
+	[DP_OP_ATTENTION] = {limit_attention, attention, 0},
+	[DP_OP_ATTENTION_GRAD] = {limit_attention, attention, 0},
+	[DP_OP_ROPE] = {NULL, run_rope, 0},
 };

@@ -195,45 +195,45 @@ static inline VF gelu_e(VF x)
 /* The elementwise ops, the CPU backend's kernels for them (backend_cpu.c
  * asks is_map): adding one is its case in map_one and its line here. */
 #define VEC_MAPS(X)                                                                      \
-	X(DPK_ACCUM) X(DPK_SCALE) X(DPK_ADD) X(DPK_MUL) X(DPK_RELU) X(DPK_RELU_GRAD)      \
-	X(DPK_GELU) X(DPK_GELU_GRAD) X(DPK_TANH) X(DPK_TANH_GRAD) X(DPK_SILU)              \
-	X(DPK_SILU_GRAD) X(DPK_SIGMOID) X(DPK_SIGMOID_GRAD)
+	X(DP_OP_ACCUM) X(DP_OP_SCALE) X(DP_OP_ADD) X(DP_OP_MUL) X(DP_OP_RELU) X(DP_OP_RELU_GRAD)      \
+	X(DP_OP_GELU) X(DP_OP_GELU_GRAD) X(DP_OP_TANH) X(DP_OP_TANH_GRAD) X(DP_OP_SILU)              \
+	X(DP_OP_SILU_GRAD) X(DP_OP_SIGMOID) X(DP_OP_SIGMOID_GRAD)
 
 static inline VF map_one(unsigned op, VF a, VF b, float s)
 {
 	switch (op) {
-	case DPK_ACCUM: /* o = a + o: map() passes o as b */
-	case DPK_ADD:
+	case DP_OP_ACCUM: /* o = a + o: map() passes o as b */
+	case DP_OP_ADD:
 		return a + b;
-	case DPK_SCALE:
+	case DP_OP_SCALE:
 		return splat(s) * a;
-	case DPK_MUL:
+	case DP_OP_MUL:
 		return a * b;
-	case DPK_RELU:
+	case DP_OP_RELU:
 		return sel(a > splat(0), a, splat(0));
-	case DPK_RELU_GRAD:
+	case DP_OP_RELU_GRAD:
 		return sel(b > splat(0), a, splat(0));
-	case DPK_GELU: {
+	case DP_OP_GELU: {
 		VF e = gelu_e(a);
 		return a / (splat(1.0f) + e);
 	}
-	case DPK_GELU_GRAD: {
+	case DP_OP_GELU_GRAD: {
 		/* s = sigma(2u), 1 - s = e * s: gelu' = s * (1 + 2 x e s du) */
 		VF x = b, e = gelu_e(x), sg = splat(1.0f) / (splat(1.0f) + e);
 		VF du = splat(gelu_s) * (splat(1.0f) + splat(3.0f * 0.044715f) * x * x);
 		return a * (sg * (splat(1.0f) + splat(2.0f) * x * e * sg * du));
 	}
-	case DPK_TANH:
+	case DP_OP_TANH:
 		return v_tanh(a);
-	case DPK_TANH_GRAD:
+	case DP_OP_TANH_GRAD:
 		return a * (splat(1.0f) - b * b);
-	case DPK_SILU:
+	case DP_OP_SILU:
 		return a / (splat(1.0f) + v_exp(-a));
-	case DPK_SIGMOID: /* torch.sigmoid: 1 / (1 + exp(-x)) */
+	case DP_OP_SIGMOID: /* torch.sigmoid: 1 / (1 + exp(-x)) */
 		return splat(1.0f) / (splat(1.0f) + v_exp(-a));
-	case DPK_SIGMOID_GRAD: /* dy * y * (1 - y), y the output */
+	case DP_OP_SIGMOID_GRAD: /* dy * y * (1 - y), y the output */
 		return a * b * (splat(1.0f) - b);
-	case DPK_SILU_GRAD: {
+	case DP_OP_SILU_GRAD: {
 		VF sg = splat(1.0f) / (splat(1.0f) + v_exp(-b));
 		return a * sg * (splat(1.0f) + b * (splat(1.0f) - sg));
 	}
@@ -256,7 +256,7 @@ static inline VF map_one(unsigned op, VF a, VF b, float s)
 
 static void map(unsigned op, float *o, const float *a, const float *b, float s, int64_t n)
 {
-	if (op == DPK_ACCUM)
+	if (op == DP_OP_ACCUM)
 		b = o;
 	else if (!b)
 		b = a;

@@ -471,9 +471,9 @@ static int head_dim_class(int64_t hd)
 template <typename T> static Geom<T> geom_of(const CuArgs *a)
 {
 	const DpInstr *in = a->in;
-	int cp = in->op == DPK_ATTENTION_CP || in->op == DPK_ATTENTION_CP_GRAD ||
-		 in->op == DPK_ATTENTION_CP_GRAD_KV;
-	int q = in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP ? 0 : 1; /* qkv's operand */
+	int cp = in->op == DP_OP_ATTENTION_CP || in->op == DP_OP_ATTENTION_CP_GRAD ||
+		 in->op == DP_OP_ATTENTION_CP_GRAD_KV;
+	int q = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP ? 0 : 1; /* qkv's operand */
 	const DpTensor *tq = cu_t(a, q);
 	Geom<T> g;
 	g.qkv = (const T *)cu_p(a, q);
@@ -496,17 +496,17 @@ template <typename T> static Geom<T> geom_of(const CuArgs *a)
  * positions in int32, grids within 2^31 blocks. */
 static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	int q = in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP ? 0 : 1;
+	int q = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP ? 0 : 1;
 	const DpTensor *tq = &s->tensors[in->in[q]];
-	int cp = in->op != DPK_ATTENTION && in->op != DPK_ATTENTION_GRAD;
+	int cp = in->op != DP_OP_ATTENTION && in->op != DP_OP_ATTENTION_GRAD;
 	int64_t hd = tq->dims[2] / 3 / in->ia[0], keys = tq->dims[1] * (cp ? in->ia[1] : 1);
 	int64_t blocks = tq->dims[0] * in->ia[0] * ((keys + ATT_ROWS - 1) / ATT_ROWS);
 	if (!head_dim_class(hd))
 		return RT_FAIL(e, "step file: %s: head dim %lld; the CUDA attention kernels take head "
-			       "dims up to 256", dp_kernel_names[in->op], (long long)hd);
+			       "dims up to 256", dp_op_names[in->op], (long long)hd);
 	if (keys > INT_MAX || blocks > INT_MAX)
 		return RT_FAIL(e, "step file: %s: %lld keys of %lld sequences are too many for the "
-			       "CUDA attention kernels", dp_kernel_names[in->op], (long long)keys,
+			       "CUDA attention kernels", dp_op_names[in->op], (long long)keys,
 			       (long long)(tq->dims[0] * in->ia[0]));
 	return 0;
 }
@@ -514,7 +514,7 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 /* (m, inv, D) per (batch, head, query row) */
 static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 {
-	if (in->op == DPK_ATTENTION || in->op == DPK_ATTENTION_CP)
+	if (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP)
 		return 0;
 	const DpTensor *tq = &s->tensors[in->in[1]];
 	return (size_t)(3 * tq->dims[0] * in->ia[0] * tq->dims[1]) * sizeof(float);
@@ -529,12 +529,12 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 	unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + ATT_ROWS - 1) / ATT_ROWS));
 	float *stats = (float *)a->scratch;
 	switch (in->op) {
-	case DPK_ATTENTION:
-	case DPK_ATTENTION_CP:
+	case DP_OP_ATTENTION:
+	case DP_OP_ATTENTION_CP:
 		CU_LAUNCH((k_attn_fwd<HD, T>), qblocks, ATT_THREADS, a->st, g, out);
 		CU_LAUNCHED(a, e);
 		return 0;
-	case DPK_ATTENTION_GRAD:
+	case DP_OP_ATTENTION_GRAD:
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 0);
 		CU_LAUNCHED(a, e);
@@ -542,12 +542,12 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 			  out, 0);
 		CU_LAUNCHED(a, e);
 		return 0;
-	case DPK_ATTENTION_CP_GRAD:
+	case DP_OP_ATTENTION_CP_GRAD:
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
-	default: /* DPK_ATTENTION_CP_GRAD_KV */
+	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, (T *)0, stats,
 			  0, 0);
 		CU_LAUNCHED(a, e);
@@ -591,9 +591,9 @@ static int run_attention(const CuArgs *a, RtErr *e)
 extern "C" void cu_attention_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_ATTENTION] = {run_attention, limit_attention, NULL, 0, 1};
-	k[DPK_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
-	k[DPK_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 1};
-	k[DPK_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
-	k[DPK_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 1};
+	k[DP_OP_ATTENTION] = {run_attention, limit_attention, NULL, 0, 1};
+	k[DP_OP_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
+	k[DP_OP_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 1};
+	k[DP_OP_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
+	k[DP_OP_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 1};
 }

@@ -211,7 +211,7 @@ static int cu_probe(char *why, size_t len)
 
 static int cu_has_kernel(unsigned op)
 {
-	return op < DPK_COUNT && cu_kernel_table.k[op].run != NULL;
+	return op < DP_NOPS && cu_kernel_table.k[op].run != NULL;
 }
 
 /* Where instruction in's f32 copies of bf16 operands start in its stream's
@@ -272,7 +272,7 @@ static void pending_text(Backend *b, int kind, int64_t step, char *buf, size_t l
 			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
 						 "%s%s of '%s' over axis mask %lld on the %s stream (%s "
 						 "program instruction %u, micro-batch %d)",
-						 used ? "; " : "", dp_kernel_names[in->op],
+						 used ? "; " : "", dp_op_names[in->op],
 						 tname(b->s, in->out), (long long)in->ia[0],
 						 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr,
 						 mk->micro);
@@ -438,7 +438,7 @@ static int check_shards(const DpStep *s, RtErr *e)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op != DPK_SHARD)
+			if (in->op != DP_OP_SHARD)
 				continue;
 			const DpTensor *a = &s->tensors[in->in[0]], *o = &s->tensors[in->out];
 			if (a->offset < o->offset + o->nbytes && o->offset < a->offset + a->nbytes)
@@ -498,7 +498,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	int ndev = 0;
 	if (cu_kernel_table.twice >= 0)
 		return RT_FAIL(e, "internal error: two CUDA kernel files claim %s",
-			       dp_kernel_names[cu_kernel_table.twice]);
+			       dp_op_names[cu_kernel_table.twice]);
 	RT_CHECK(check_shards(s, e));
 	CU(cudaGetDeviceCount(&ndev));
 	if (ndev < 1)
@@ -1021,17 +1021,17 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	int bf16 = s->tensors[in->out].dtype == DP_BF16;
 	ncclDataType_t dt = bf16 ? ncclBfloat16 : ncclFloat32;
 	if (!c) { /* a group of one: all_reduce is nothing, the others a copy */
-		if (in->op != DPK_ALL_REDUCE && src != out && n)
+		if (in->op != DP_OP_ALL_REDUCE && src != out && n)
 			CU(cudaMemcpyAsync(out, src, n * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, st));
 		return 0;
 	}
 	switch (in->op) {
-	case DPK_ALL_REDUCE:
-	case DPK_TP_REDUCE: /* out of place when src != out */
+	case DP_OP_ALL_REDUCE:
+	case DP_OP_TP_REDUCE: /* out of place when src != out */
 		RT_CHECK(nccl_call(x, ncclAllReduce(src, out, n, dt, ncclSum, c, st), c,
 				   "ncclAllReduce", e));
 		break;
-	case DPK_REDUCE_SCATTER:
+	case DP_OP_REDUCE_SCATTER:
 		RT_CHECK(nccl_call(x, ncclReduceScatter(src, out, n, dt, ncclSum, c, st), c,
 				   "ncclReduceScatter", e));
 		break;

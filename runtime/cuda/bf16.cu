@@ -165,5 +165,5 @@ extern "C" cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpIn
 extern "C" void cu_bf16_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_CAST] = {run_cast, NULL, NULL, 0, 1};
+	k[DP_OP_CAST] = {run_cast, NULL, NULL, 0, 1};
 }

@@ -67,7 +67,7 @@ static inline unsigned cu_grid(int64_t n)
 	do {                                                                                \
 		cudaError_t err_ = cudaGetLastError();                                      \
 		if (err_ != cudaSuccess)                                                    \
-			return RT_FAIL((e), "%s: %s (%s)", dp_kernel_names[(a)->in->op],    \
+			return RT_FAIL((e), "%s: %s (%s)", dp_op_names[(a)->in->op],    \
 				       cudaGetErrorString(err_), cudaGetErrorName(err_));   \
 	} while (0)
 /* A CUDA runtime call made for instruction a. */
@@ -75,7 +75,7 @@ static inline unsigned cu_grid(int64_t n)
 	do {                                                                                \
 		cudaError_t err_ = (call);                                                  \
 		if (err_ != cudaSuccess)                                                    \
-			return RT_FAIL((e), "%s: %s: %s (%s)", dp_kernel_names[(a)->in->op], \
+			return RT_FAIL((e), "%s: %s: %s (%s)", dp_op_names[(a)->in->op], \
 				       #call, cudaGetErrorString(err_), cudaGetErrorName(err_)); \
 	} while (0)
 

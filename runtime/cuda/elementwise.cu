@@ -152,7 +152,7 @@ template <class F> static int run_map_bf16(const CuArgs *a, RtErr *e)
 	} else {
 		if constexpr (!F::reads_out)
 			return RT_FAIL(e, "%s: mixed f32 and bf16 operands (the decoder allows none)",
-				       dp_kernel_names[a->in->op]);
+				       dp_op_names[a->in->op]);
 		else if (o16)
 			launch_map<F>(a, (cu_bf16 *)o, (const float *)x, (const float *)NULL, n);
 		else
@@ -245,19 +245,19 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 extern "C" void cu_elementwise_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_ACCUM] = {run_map<Accum>, NULL, NULL, 0, 1};
-	k[DPK_SCALE] = {run_map<Scale>, NULL, NULL, 0, 1};
-	k[DPK_ADD] = {run_map<Add>, NULL, NULL, 0, 1};
-	k[DPK_MUL] = {run_map<Mul>, NULL, NULL, 0, 1};
-	k[DPK_RELU] = {run_map<Relu>, NULL, NULL, 0, 1};
-	k[DPK_RELU_GRAD] = {run_map<ReluGrad>, NULL, NULL, 0, 1};
-	k[DPK_GELU] = {run_map<Gelu>, NULL, NULL, 0, 1};
-	k[DPK_GELU_GRAD] = {run_map<GeluGrad>, NULL, NULL, 0, 1};
-	k[DPK_TANH] = {run_map<Tanh>, NULL, NULL, 0, 1};
-	k[DPK_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0, 1};
-	k[DPK_SILU] = {run_map<Silu>, NULL, NULL, 0, 1};
-	k[DPK_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0, 1};
-	k[DPK_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0, 1};
-	k[DPK_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0, 1};
-	k[DPK_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 1};
+	k[DP_OP_ACCUM] = {run_map<Accum>, NULL, NULL, 0, 1};
+	k[DP_OP_SCALE] = {run_map<Scale>, NULL, NULL, 0, 1};
+	k[DP_OP_ADD] = {run_map<Add>, NULL, NULL, 0, 1};
+	k[DP_OP_MUL] = {run_map<Mul>, NULL, NULL, 0, 1};
+	k[DP_OP_RELU] = {run_map<Relu>, NULL, NULL, 0, 1};
+	k[DP_OP_RELU_GRAD] = {run_map<ReluGrad>, NULL, NULL, 0, 1};
+	k[DP_OP_GELU] = {run_map<Gelu>, NULL, NULL, 0, 1};
+	k[DP_OP_GELU_GRAD] = {run_map<GeluGrad>, NULL, NULL, 0, 1};
+	k[DP_OP_TANH] = {run_map<Tanh>, NULL, NULL, 0, 1};
+	k[DP_OP_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0, 1};
+	k[DP_OP_SILU] = {run_map<Silu>, NULL, NULL, 0, 1};
+	k[DP_OP_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0, 1};
+	k[DP_OP_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0, 1};
+	k[DP_OP_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0, 1};
+	k[DP_OP_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 1};
 }

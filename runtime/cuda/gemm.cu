@@ -72,7 +72,7 @@ struct CuGemm {
 static void gemm_dims(const DpStep *s, const DpInstr *in, int64_t *m, int64_t *k, int64_t *n)
 {
 	const DpTensor *a = &s->tensors[in->in[0]], *b = &s->tensors[in->in[1]];
-	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
 	*m = ta ? cu_cols(a) : cu_rows(a);
 	*k = ta ? cu_rows(a) : cu_cols(a);
 	*n = tb ? cu_rows(b) : cu_cols(b);
@@ -86,7 +86,7 @@ static int limit_gemm(const DpStep *s, const DpInstr *in, RtErr *e)
 	int64_t la = cu_cols(&s->tensors[in->in[0]]), lb = cu_cols(&s->tensors[in->in[1]]);
 	if (m > INT_MAX || k > INT_MAX || n > INT_MAX || la > INT_MAX || lb > INT_MAX)
 		return RT_FAIL(e, "step file: %s '%s': a %lld x %lld x %lld product is too large for "
-			       "cuBLASLt (int sizes)", dp_kernel_names[in->op],
+			       "cuBLASLt (int sizes)", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
 			       (long long)n);
 	return 0;
@@ -106,7 +106,7 @@ static uint32_t align_of(const void *p)
 	do {                                                                                \
 		cublasStatus_t st_ = (call);                                                \
 		if (st_ != CUBLAS_STATUS_SUCCESS)                                           \
-			return RT_FAIL(e, "%s '%s': %s: %s", dp_kernel_names[in->op],        \
+			return RT_FAIL(e, "%s '%s': %s: %s", dp_op_names[in->op],        \
 				       dpstep_str(s, s->tensors[in->out].name), #call,      \
 				       cublasLtGetStatusString(st_));                       \
 	} while (0)
@@ -158,11 +158,11 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	cublasLtHandle_t lt = p->blas[in->stream];
 	if (!lt)
 		return RT_FAIL(e, "internal error: %s '%s' on a stream without a cuBLASLt handle",
-			       dp_kernel_names[in->op], dpstep_str(s, s->tensors[in->out].name));
+			       dp_op_names[in->op], dpstep_str(s, s->tensors[in->out].name));
 	const DpTensor *tx = &s->tensors[in->in[0]], *tw = &s->tensors[in->in[1]];
 	const void *px = p->ptr[in->in[0]], *pw = p->ptr[in->in[1]], *po = p->ptr[in->out];
-	const void *pbias = in->op == DPK_LINEAR && in->in[2] >= 0 ? p->ptr[in->in[2]] : NULL;
-	int ta = in->op == DPK_MATMUL && in->ia[0], tb = in->op == DPK_MATMUL && in->ia[1];
+	const void *pbias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? p->ptr[in->in[2]] : NULL;
+	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
 	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
 	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
 	cudaDataType_t ab = tx->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -174,7 +174,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	f->gemm = g;
 	int epilogue = pbias && c == CUDA_R_32F && align_of(pbias) >= 16;
 	g->bias_rows = pbias && !epilogue;
-	g->beta = g->bias_rows || (in->op == DPK_MATMUL && in->ia[2]) ? 1.0f : 0.0f;
+	g->beta = g->bias_rows || (in->op == DP_OP_MATMUL && in->ia[2]) ? 1.0f : 0.0f;
 	g->align[0] = align_of(pw);
 	g->align[1] = align_of(px);
 	g->align[2] = align_of(po);
@@ -223,7 +223,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (row-major "
 			       "m x k x n; %s%s, transposes %c%c, leading dimensions %lld/%lld/%lld, "
 			       "alignments %u/%u/%u bytes of in1/in0/out, %s, at most %zu bytes of "
-			       "workspace): %s", dp_kernel_names[in->op],
+			       "workspace): %s", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
 			       (long long)n, ab == CUDA_R_16BF ? "bf16" : "fp32", tf32 ? ", tf32" : "",
 			       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)cw, (long long)cx, (long long)n,
@@ -233,7 +233,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 			       : count < 1 ? "no result" : cublasLtGetStatusString(res.state));
 	if (res.workspaceSize > CU_BLAS_WS_BYTES)
 		return RT_FAIL(e, "%s '%s': cuBLASLt's algorithm needs %zu bytes of workspace, more than "
-			       "the %zu asked for", dp_kernel_names[in->op],
+			       "the %zu asked for", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), res.workspaceSize,
 			       (size_t)CU_BLAS_WS_BYTES);
 	g->algo = res.algo;
@@ -245,7 +245,7 @@ extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 	for (int g = 0; g < DP_NPROG; g++)
 		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
 			const DpInstr *in = &p->s->prog[g][i];
-			if (in->op == DPK_MATMUL || in->op == DPK_LINEAR)
+			if (in->op == DP_OP_MATMUL || in->op == DP_OP_LINEAR)
 				RT_CHECK(plan_one(p, in, &p->fuse[g][i], e));
 		}
 	return 0;
@@ -298,11 +298,11 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	gemm_dims(a->s, a->in, &m, &k, &n);
 	if (!m || !n)
 		return 0;
-	int has_bias = a->in->op == DPK_LINEAR && a->in->in[2] >= 0;
+	int has_bias = a->in->op == DP_OP_LINEAR && a->in->in[2] >= 0;
 	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is */
 		if (has_bias)
 			return bias_rows(a, m, n, e);
-		if (a->in->op == DPK_MATMUL && a->in->ia[2])
+		if (a->in->op == DP_OP_MATMUL && a->in->ia[2])
 			return 0;
 		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype),
 					 a->st), e);
@@ -313,7 +313,7 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	void *pc = cu_p(a, -1);
 	if (!g || align_of(pa) < g->align[0] || align_of(pb) < g->align[1] ||
 	    align_of(pc) < g->align[2] || (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]))
-		return RT_FAIL(e, "internal error: %s '%s': %s", dp_kernel_names[a->in->op],
+		return RT_FAIL(e, "internal error: %s '%s': %s", dp_op_names[a->in->op],
 			       dpstep_str(a->s, cu_t(a, -1)->name),
 			       g ? "the operands are less aligned than when its cuBLASLt algorithm was "
 				   "chosen" : "no cuBLASLt plan");
@@ -324,7 +324,7 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 					   pc, g->c, &g->algo, a->blas_ws, CU_BLAS_WS_BYTES, a->st);
 	if (st != CUBLAS_STATUS_SUCCESS)
 		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
-			       dp_kernel_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
+			       dp_op_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
 			       (long long)m, (long long)k, (long long)n,
 			       a->tf32 && cu_t(a, 0)->dtype != DP_BF16 ? ", tf32" : "",
 			       cublasLtGetStatusString(st));
@@ -370,7 +370,7 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 extern "C" void cu_gemm_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_MATMUL] = {run_gemm, limit_gemm, NULL, 1, 1};
-	k[DPK_LINEAR] = {run_gemm, limit_gemm, NULL, 1, 1};
-	k[DPK_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 1};
+	k[DP_OP_MATMUL] = {run_gemm, limit_gemm, NULL, 1, 1};
+	k[DP_OP_LINEAR] = {run_gemm, limit_gemm, NULL, 1, 1};
+	k[DP_OP_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 1};
 }

@@ -19,9 +19,9 @@ static CuKernelTable make_table()
 	CuKernelTable t = {};
 	t.twice = -1;
 	for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-		CuKernel part[DPK_COUNT] = {};
+		CuKernel part[DP_NOPS] = {};
 		files[f](part);
-		for (int op = 0; op < DPK_COUNT; op++) {
+		for (int op = 0; op < DP_NOPS; op++) {
 			if (!part[op].run)
 				continue;
 			if (t.k[op].run)

@@ -1,7 +1,7 @@
 /*
  * kernels.h - the CUDA backend's kernel table as the backend
  * (backend_cuda.c, plain C) and the kernel files (the .cu files of runtime/cuda, nvcc)
- * see it: one row per opcode, ORDER KERNEL, holding the op's launcher and
+ * see it: one row per opcode, ORDER OP, holding the op's launcher and
  * what it needs from the backend (a cuBLASLt handle and workspace on its
  * stream, scratch memory, its own load limits), plus the load-time planners
  * that fuse neighbouring instructions or, for the GEMMs, choose cuBLASLt's
@@ -140,7 +140,7 @@ typedef struct {
 } CuKernel;
 
 typedef struct {
-	CuKernel k[DPK_COUNT]; /* ORDER KERNEL */
+	CuKernel k[DP_NOPS]; /* ORDER OP */
 	int twice;             /* an opcode two kernel files claim (internal error), -1: none */
 } CuKernelTable;
 

@@ -321,7 +321,7 @@ static int run_interleave(const CuArgs *a, RtErr *e)
 
 static int run_kv_pack(const CuArgs *a, RtErr *e)
 {
-	int unpack = a->in->op == DPK_KV_UNPACK;
+	int unpack = a->in->op == DP_OP_KV_UNPACK;
 	const DpTensor *tq = unpack ? cu_t(a, -1) : cu_t(a, 0);
 	int64_t heads = a->in->ia[0], hd = tq->dims[2] / 3 / heads;
 	int64_t rows = tq->dims[0] * tq->dims[1] * heads; /* one row per (token, head) */
@@ -545,17 +545,17 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 extern "C" void cu_layout_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_NOP] = {run_nop, NULL, NULL, 0, 0};
-	k[DPK_FILL] = {run_fill, NULL, NULL, 0, 1};
-	k[DPK_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DPK_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DPK_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DPK_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 1};
-	k[DPK_SPLIT] = {run_split, NULL, NULL, 0, 1};
-	k[DPK_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 1};
-	k[DPK_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 1};
-	k[DPK_EMBEDDING] = {run_embedding, NULL, NULL, 0, 1};
-	k[DPK_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 1};
-	k[DPK_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 1};
-	k[DPK_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 1};
+	k[DP_OP_NOP] = {run_nop, NULL, NULL, 0, 0};
+	k[DP_OP_FILL] = {run_fill, NULL, NULL, 0, 1};
+	k[DP_OP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DP_OP_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DP_OP_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
+	k[DP_OP_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 1};
+	k[DP_OP_SPLIT] = {run_split, NULL, NULL, 0, 1};
+	k[DP_OP_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 1};
+	k[DP_OP_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 1};
+	k[DP_OP_EMBEDDING] = {run_embedding, NULL, NULL, 0, 1};
+	k[DP_OP_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 1};
+	k[DP_OP_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 1};
+	k[DP_OP_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 1};
 }

@@ -91,7 +91,7 @@ __global__ void k_xent_rows(int op, const T *x, const int32_t *y, int64_t rows, 
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const T *row = x + r * classes;
 		int64_t label = row_label(y, r, classes, sc);
-		if (op == DPK_CORRECT) {
+		if (op == DP_OP_CORRECT) {
 			/* argmax, first maximum wins: per thread its first best, then the
 			 * block keeps the larger value or, on a tie, the smaller index */
 			float bv = -INFINITY;
@@ -157,13 +157,13 @@ __global__ void k_xent_sum(int op, float *o, int64_t rows, float scale, const do
 	double a = 0, b = 0;
 	for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
 		a += part[r];
-		if (op == DPK_CORRECT)
+		if (op == DP_OP_CORRECT)
 			b += part[rows + r];
 	}
 	a = block_sum<double>(a, sh);
 	b = block_sum<double>(b, sh);
 	if (threadIdx.x == 0) {
-		if (op == DPK_CORRECT) {
+		if (op == DP_OP_CORRECT) {
 			o[0] = (float)a;
 			o[1] = (float)b;
 		} else {
@@ -224,7 +224,7 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 	const T *x = (const T *)cu_p(a, 0);
 	const int32_t *y = (const int32_t *)cu_p(a, 1);
 	double *part = (double *)a->scratch;
-	if (op == DPK_XENT_GRAD) {
+	if (op == DP_OP_XENT_GRAD) {
 		if (rows <= 0)
 			return 0;
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
@@ -235,7 +235,7 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 	}
 	if (rows > 0) {
 		CU_LAUNCH((k_xent_rows<W, T>), grid, threads, a->st, op, x, y, rows, classes, part,
-			  op == DPK_XENT ? a->fuse->rowstats : (double *)0, a->sc);
+			  op == DP_OP_XENT ? a->fuse->rowstats : (double *)0, a->sc);
 		CU_LAUNCHED(a, e);
 	}
 	CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, op, cu_f(a, -1), rows, a->in->fa[0], part);
@@ -250,7 +250,7 @@ static int run_xent(const CuArgs *a, RtErr *e)
 	int64_t classes = cu_cols(cu_t(a, 0));
 	if (cu_t(a, 0)->dtype != DP_BF16)
 		return launch_xent<1, float>(a, e);
-	const void *o = a->in->op == DPK_XENT_GRAD ? cu_p(a, -1) : (const void *)0;
+	const void *o = a->in->op == DP_OP_XENT_GRAD ? cu_p(a, -1) : (const void *)0;
 	if (cu_vec8<cu_bf16>(classes, cu_p(a, 0), o))
 		return launch_xent<8, cu_bf16>(a, e);
 	return launch_xent<1, cu_bf16>(a, e);
@@ -282,12 +282,12 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
 			const DpInstr *g = &s->prog[pg][j];
-			if (g->op != DPK_XENT_GRAD)
+			if (g->op != DP_OP_XENT_GRAD)
 				continue;
 			const DpTensor *tx = &s->tensors[g->in[0]], *ty = &s->tensors[g->in[1]];
 			for (uint32_t i = j; i-- > 0;) {
 				const DpInstr *k = &s->prog[pg][i];
-				if (k->op == DPK_XENT && k->in[0] == g->in[0] && k->in[1] == g->in[1]) {
+				if (k->op == DP_OP_XENT && k->in[0] == g->in[0] && k->in[1] == g->in[1]) {
 					if (k->stream != g->stream ||
 					    (k->flags & DP_IF_LAST) != (g->flags & DP_IF_LAST))
 						break;
@@ -314,7 +314,7 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 extern "C" void cu_loss_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_XENT] = {run_xent, NULL, scratch_xent, 0, 1};
-	k[DPK_XENT_GRAD] = {run_xent, NULL, NULL, 0, 1};
-	k[DPK_CORRECT] = {run_xent, NULL, scratch_xent, 0, 1};
+	k[DP_OP_XENT] = {run_xent, NULL, scratch_xent, 0, 1};
+	k[DP_OP_XENT_GRAD] = {run_xent, NULL, NULL, 0, 1};
+	k[DP_OP_CORRECT] = {run_xent, NULL, scratch_xent, 0, 1};
 }

@@ -179,7 +179,7 @@ template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
 	int64_t c = cu_cols(t0), rows = cu_rows(t0);
-	int rms = a->in->op == DPK_RMSNORM;
+	int rms = a->in->op == DP_OP_RMSNORM;
 	T *o = (T *)cu_p(a, -1);
 	const T *x = (const T *)cu_p(a, 0), *g = (const T *)cu_p(a, 1);
 	const T *b = rms ? (const T *)0 : (const T *)cu_p(a, 2);
@@ -200,7 +200,7 @@ template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 	if (rows <= 0 || c <= 0)
 		return 0;
 	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g),
-		    a->in->op == DPK_RMSNORM_GRAD, o, dy, x, g, rows, c, (double)a->in->fa[0]);
+		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, rows, c, (double)a->in->fa[0]);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -218,7 +218,7 @@ template <typename T, typename TO> static int run_grad_g_t(const CuArgs *a, RtEr
 {
 	const DpTensor *t1 = cu_t(a, 1);
 	int64_t c = cu_cols(t1), rows = cu_rows(t1);
-	int rms = a->in->op == DPK_RMSNORM_GRAD_G;
+	int rms = a->in->op == DP_OP_RMSNORM_GRAD_G;
 	double *stats = (double *)a->scratch, *part = stats + 2 * rows;
 	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1);
 	if (c <= 0)
@@ -255,10 +255,10 @@ static int run_grad_g(const CuArgs *a, RtErr *e)
 extern "C" void cu_norm_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_LAYERNORM] = {run_fwd, NULL, NULL, 0, 1};
-	k[DPK_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
-	k[DPK_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
-	k[DPK_RMSNORM] = {run_fwd, NULL, NULL, 0, 1};
-	k[DPK_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
-	k[DPK_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
+	k[DP_OP_LAYERNORM] = {run_fwd, NULL, NULL, 0, 1};
+	k[DP_OP_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
+	k[DP_OP_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
+	k[DP_OP_RMSNORM] = {run_fwd, NULL, NULL, 0, 1};
+	k[DP_OP_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
+	k[DP_OP_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
 }

@@ -345,13 +345,13 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t i = 0; i < s->nprog[pg]; i++) {
 			const DpInstr *c = &s->prog[pg][i];
-			if (c->op != DPK_CLIP)
+			if (c->op != DP_OP_CLIP)
 				continue;
 			const DpTensor *grads = &s->tensors[c->out], *norm = &s->tensors[c->in[0]];
 			int ok = 0, norm_written = 0, nconsumers = 0;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
-				int is_opt = k->op == DPK_ADAMW || k->op == DPK_SGD;
+				int is_opt = k->op == DP_OP_ADAMW || k->op == DP_OP_SGD;
 				int out_hits = k->out >= 0 && overlaps(&s->tensors[k->out], grads);
 				if (is_opt && k->in[0] >= 0 && overlaps(&s->tensors[k->in[0]], grads)) {
 					if (!inside(&s->tensors[k->in[0]], grads) || out_hits ||
@@ -360,7 +360,7 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 					    norm_written || p->fuse[pg][j].clip_norm)
 						break;
 					nconsumers++;
-				} else if (out_hits && k->op == DPK_FILL && inside(grads, &s->tensors[k->out]) &&
+				} else if (out_hits && k->op == DP_OP_FILL && inside(grads, &s->tensors[k->out]) &&
 					   !touches_in(s, k, grads, 0)) {
 					ok = nconsumers > 0; /* overwritten whole: nobody else saw it */
 					break;
@@ -375,12 +375,12 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			p->fuse[pg][i].skip = 1;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
-				if ((k->op == DPK_ADAMW || k->op == DPK_SGD) && k->in[0] >= 0 &&
+				if ((k->op == DP_OP_ADAMW || k->op == DP_OP_SGD) && k->in[0] >= 0 &&
 				    overlaps(&s->tensors[k->in[0]], grads)) {
 					p->fuse[pg][j].clip_norm = (const float *)p->ptr[c->in[0]];
 					p->fuse[pg][j].clip_max = c->fa[0];
 				}
-				if (k->op == DPK_FILL && k->out >= 0 && inside(grads, &s->tensors[k->out]))
+				if (k->op == DP_OP_FILL && k->out >= 0 && inside(grads, &s->tensors[k->out]))
 					break;
 			}
 		}
@@ -390,9 +390,9 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 extern "C" void cu_optim_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_SQNORM] = {run_sqnorm, NULL, NULL, 0, 1};
-	k[DPK_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
-	k[DPK_CLIP] = {run_clip, NULL, NULL, 0, 1};
-	k[DPK_SGD] = {run_sgd, NULL, NULL, 0, 1};
-	k[DPK_ADAMW] = {run_adamw, NULL, NULL, 0, 1};
+	k[DP_OP_SQNORM] = {run_sqnorm, NULL, NULL, 0, 1};
+	k[DP_OP_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
+	k[DP_OP_CLIP] = {run_clip, NULL, NULL, 0, 1};
+	k[DP_OP_SGD] = {run_sgd, NULL, NULL, 0, 1};
+	k[DP_OP_ADAMW] = {run_adamw, NULL, NULL, 0, 1};
 }

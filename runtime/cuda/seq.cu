@@ -97,7 +97,7 @@ template <typename T> static int run_softmax_t(const CuArgs *a, RtErr *e)
 		return 0;
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
 	int w = cu_vec8<T>(c, o, x, y) ? 8 : 1;
-	if (a->in->op == DPK_SOFTMAX) {
+	if (a->in->op == DP_OP_SOFTMAX) {
 		if (w == 8)
 			CU_LAUNCH((k_softmax<8, T>), grid, cu_row_threads_w(c, 8), a->st, o, x, rows, c);
 		else
@@ -222,7 +222,7 @@ static int run_rope(const CuArgs *a, RtErr *e)
 extern "C" void cu_seq_rows(CuKernel *k)
 {
 	/* run, limits, scratch, blas, bf16 */
-	k[DPK_SOFTMAX] = {run_softmax, NULL, NULL, 0, 1};
-	k[DPK_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 1};
-	k[DPK_ROPE] = {run_rope, NULL, NULL, 0, 1};
+	k[DP_OP_SOFTMAX] = {run_softmax, NULL, NULL, 0, 1};
+	k[DP_OP_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 1};
+	k[DP_OP_ROPE] = {run_rope, NULL, NULL, 0, 1};
 }

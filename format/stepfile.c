@@ -41,24 +41,24 @@
 #include "outfile.h"
 #include "stepfile.h"
 
-/* The shared columns of ir/ops.def: name, executor class, operand rule,
+/* The shared columns of format/ops.def: name, executor class, operand rule,
  * what it reads and writes in place. */
-const char *const dp_kernel_names[DPK_COUNT] = {
+const char *const dp_op_names[DP_NOPS] = {
 #define OP(id, name, ...) name,
 #include "ops.def"
 #undef OP
 };
-const unsigned char dp_op_classes[DPK_COUNT] = {
+const unsigned char dp_op_classes[DP_NOPS] = {
 #define OP(id, name, cls, ...) DP_OPC_##cls,
 #include "ops.def"
 #undef OP
 };
-const unsigned char dp_op_rules[DPK_COUNT] = {
+const unsigned char dp_op_rules[DP_NOPS] = {
 #define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_OR_##rule,
 #include "ops.def"
 #undef OP
 };
-const unsigned char dp_op_ro[DPK_COUNT] = {
+const unsigned char dp_op_ro[DP_NOPS] = {
 #define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) DP_RO_##ro,
 #include "ops.def"
 #undef OP
@@ -559,12 +559,12 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	char what[96];
 	int id;
 	snprintf(what, sizeof what, "%s program, instruction %u", dp_prog_names[p], i);
-	if (in->op >= DPK_COUNT) {
+	if (in->op >= DP_NOPS) {
 		fail(err, errlen, "%s: unknown opcode %u", what, in->op);
 		return -1;
 	}
 	snprintf(what, sizeof what, "%s program, instruction %u (%s)", dp_prog_names[p], i,
-		 dp_kernel_names[in->op]);
+		 dp_op_names[in->op]);
 	if (in->stream >= DP_NSTREAM) {
 		fail(err, errlen, "%s: bad stream %u", what, in->stream);
 		return -1;
@@ -579,15 +579,15 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	if (check_tid(s, in->out, 1, what, err, errlen))
 		return -1;
 	switch (in->op) {
-	case DPK_EVENT_RECORD:
-	case DPK_EVENT_WAIT:
+	case DP_OP_EVENT_RECORD:
+	case DP_OP_EVENT_WAIT:
 		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents) {
 			fail(err, errlen, "%s: event %lld out of range [0, %u)", what,
 			     (long long)in->ia[0], s->nevents);
 			return -1;
 		}
 		break;
-	case DPK_LOAD:
+	case DP_OP_LOAD:
 		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
 			return misplaced(what, "the step and eval programs", err, errlen);
 		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nsources) {
@@ -596,10 +596,10 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		}
 		break;
-	case DPK_ALL_REDUCE:
-	case DPK_REDUCE_SCATTER:
-	case DPK_ALL_GATHER:
-	case DPK_TP_REDUCE:
+	case DP_OP_ALL_REDUCE:
+	case DP_OP_REDUCE_SCATTER:
+	case DP_OP_ALL_GATHER:
+	case DP_OP_TP_REDUCE:
 		/* INIT runs before anything is synchronised and must stay local: every
 		 * rank computes the same full values and cuts its own shard */
 		if (p == DP_PROG_INIT)
@@ -607,7 +607,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		if (check_mask(in, what, err, errlen) || check_same_float(s, in, what, err, errlen))
 			return -1;
 		break;
-	case DPK_INIT:
+	case DP_OP_INIT:
 		if (p != DP_PROG_INIT)
 			return misplaced(what, "the init program", err, errlen);
 		/* initial values are f32, rounded to bf16 for a bf16 buffer */
@@ -621,7 +621,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		}
 		break;
-	case DPK_SAVE:
+	case DP_OP_SAVE:
 		if (p != DP_PROG_EXPORT)
 			return misplaced(what, "the export program", err, errlen);
 		if (check_f32(s, in->in[0], "input", what, err, errlen))
@@ -634,7 +634,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		}
 		break;
-	case DPK_SHARD:
+	case DP_OP_SHARD:
 		if (p != DP_PROG_INIT && p != DP_PROG_STEP)
 			return misplaced(what, "the init and step programs", err, errlen);
 		if (in->in[0] < 0 || in->out < 0) { /* the executor copies in0's slice to out */

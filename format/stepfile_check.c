@@ -1,6 +1,6 @@
 /*
  * stepfile_check.c - the operand rules of the ops (DpOperandRule, the RULE
- * column of ir/ops.def), checked by the step-file decoder on every
+ * column of format/ops.def), checked by the step-file decoder on every
  * instruction of a compute op.
  *
  * These are the ops' contracts, not any backend's: operands present, dtypes,

@@ -1,6 +1,6 @@
 /*
  * outfile.h - safe output files, shared by dpc (the step file) and dpexec
- * (checkpoints, safetensors, logs). Linked into both programs (ir/outfile.c).
+ * (checkpoints, safetensors, logs). Linked into both programs (util/outfile.c).
  *
  * Rules every output follows:
  *  - A path is resolved first: a symbolic link is followed to the file it

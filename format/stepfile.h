@@ -2,7 +2,7 @@
  * stepfile.h - the step-file format: the one contract between dpc and dpexec.
  *
  * dpc (ir/stepfile_write.c) writes a step file; dpexec reads it (the codec at
- * the bottom of this header is ir/stepfile.c, linked into both). Nothing else
+ * the bottom of this header is format/stepfile.c, linked into both). Nothing else
  * couples compiler and runtime: the runtime never parses the DSL and never
  * sees the IR. One file serves every rank; a rank derives its
  * mesh coordinates from its rank number (rank = (r*S + s)*T + t, tp fastest).
@@ -135,19 +135,19 @@ typedef enum {
 #define DP_IF_LAST 1u /* run only on the last micro-batch of the optimizer step */
 
 /*
- * Opcodes: one row per op in ir/ops.def, the only place an op is named, with
- * the meaning of its operands and attributes. ORDER KERNEL: tables indexed by
+ * Opcodes: one row per op in format/ops.def, the only place an op is named, with
+ * the meaning of its operands and attributes. ORDER OP: tables indexed by
  * opcode follow it.
  */
 typedef enum {
-#define OP(id, name, cls, ...) DPK_##id,
+#define OP(id, name, cls, ...) DP_OP_##id,
 #include "ops.def"
 #undef OP
-	DPK_COUNT
-} DpKernel;
+	DP_NOPS
+} DpOp;
 
 /*
- * Operand rules (the RULE column of ir/ops.def): what every instruction of an
+ * Operand rules (the RULE column of format/ops.def): what every instruction of an
  * op must satisfy against the tensor table, whatever backend runs it. The
  * decoder (dpstep_decode) enforces them, so a kernel may trust its operands'
  * presence, dtypes, element counts and disjointness; a backend checks only
@@ -332,7 +332,7 @@ typedef struct {
 	uint8_t seq_split;    /* tokens, positions: 1 = each sample's sequence is split over
 	                         the cp ranks: the window is sample_elems * cp tokens and this
 	                         rank gets its two chunks, r and 2*cp-1-r of 2*cp (the zigzag
-	                         layout of ir/ops.def); 0 = whole */
+	                         layout of format/ops.def); 0 = whole */
 	int32_t tensor;       /* destination tensor id (DP_T_DATA) */
 	int64_t sample_elems; /* elements per sample */
 	int64_t synth_n;      /* synthetic: number of samples */
@@ -341,7 +341,7 @@ typedef struct {
 } DpSource;
 
 typedef struct {
-	uint16_t op;              /* DpKernel */
+	uint16_t op;              /* DpOp */
 	uint8_t stream;           /* DpStream */
 	uint8_t flags;            /* DP_IF_* */
 	int32_t in[DP_MAX_IN];    /* tensor ids or -1 */
@@ -373,7 +373,7 @@ typedef struct {
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */
 #define DP_AXIS_BIT(a) (1u << (a))
 
-/* What executes an opcode (the CLASS column of ir/ops.def). Compute kernels
+/* What executes an opcode (the CLASS column of format/ops.def). Compute kernels
  * belong to a compute backend (CPU, CUDA); everything else is the executor's
  * own: it moves data across the runtime's boundary (LOAD, INIT, SAVE),
  * between ranks (collectives), or orders the streams (events). */
@@ -386,7 +386,7 @@ typedef enum {
 	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
 } DpOpClass;
 
-/* The RO column of ir/ops.def: does an instruction read its output, and
+/* The RO column of format/ops.def: does an instruction read its output, and
  * does it write inputs (a backend that stages operands, e.g. bf16 on the
  * CPU, converts in what is read and back what is written). */
 typedef enum {
@@ -396,9 +396,9 @@ typedef enum {
 	DP_RO_UPD, /* YES, and in[1..] are written too (optimizer state, the bf16 copy) */
 } DpReadsOut;
 
-extern const unsigned char dp_op_classes[DPK_COUNT]; /* DpOpClass; ORDER KERNEL */
-extern const unsigned char dp_op_ro[DPK_COUNT];      /* DpReadsOut; ORDER KERNEL */
-extern const unsigned char dp_op_rules[DPK_COUNT];   /* DpOperandRule; ORDER KERNEL */
+extern const unsigned char dp_op_classes[DP_NOPS]; /* DpOpClass; ORDER OP */
+extern const unsigned char dp_op_ro[DP_NOPS];      /* DpReadsOut; ORDER OP */
+extern const unsigned char dp_op_rules[DP_NOPS];   /* DpOperandRule; ORDER OP */
 
 /* Elements of a tensor: the product of its dims (1 for a scalar). */
 static inline int64_t dp_numel(const DpTensor *t)
@@ -420,19 +420,19 @@ static inline int dp_step_has_bf16(const DpStep *s)
 
 static inline DpOpClass dp_op_class(unsigned op)
 {
-	return op < DPK_COUNT ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
+	return op < DP_NOPS ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
 }
 
 static inline int dp_reads_out(const DpInstr *in)
 {
-	unsigned ro = in->op < DPK_COUNT ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
+	unsigned ro = in->op < DP_NOPS ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
 	return ro == DP_RO_YES || ro == DP_RO_UPD || (ro == DP_RO_ACC && in->ia[2] != 0);
 }
 
 /* Does the instruction write its input k (besides its out)? */
 static inline int dp_writes_in(const DpInstr *in, int k)
 {
-	return in->op < DPK_COUNT && dp_op_ro[in->op] == DP_RO_UPD && k >= 1 && k < DP_MAX_IN &&
+	return in->op < DP_NOPS && dp_op_ro[in->op] == DP_RO_UPD && k >= 1 && k < DP_MAX_IN &&
 	       in->in[k] >= 0;
 }
 
@@ -443,12 +443,12 @@ static inline int dp_is_collective(unsigned op)
 	return dp_op_class(op) == DP_OPC_COLLECTIVE;
 }
 
-/* ---- codec (ir/stepfile.c, linked into both dpc and dpexec) ---- */
+/* ---- codec (format/stepfile.c, linked into both dpc and dpexec) ---- */
 
 #include <stddef.h>
 
-/* Names shared by compiler and runtime (one table each, in ir/stepfile.c). */
-extern const char *const dp_kernel_names[DPK_COUNT];   /* ORDER KERNEL */
+/* Names shared by compiler and runtime (one table each, in format/stepfile.c). */
+extern const char *const dp_op_names[DP_NOPS];   /* ORDER OP */
 extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export" */
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
 extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16" */
@@ -462,14 +462,14 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i);
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);
 /* Parse and validate buf. 0, or -1 with a one-line reason in err; out is then empty. */
 int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen);
-/* Write through ir/outfile.h: atomically (PATH.dptmp, fsync, rename) onto a
+/* Write through util/outfile.h: atomically (PATH.dptmp, fsync, rename) onto a
  * regular file, in place into a device or FIFO, through symbolic links. On
  * failure nothing is left. */
 int dpstep_write_file(const DpStep *s, const char *path, char *err, size_t errlen);
 /* Read and decode a file; errors name the file. */
 int dpstep_read_file(const char *path, DpStep *out, char *err, size_t errlen);
 void dpstep_free(DpStep *s);
-/* The operand rule of in's op (ir/stepfile_check.c); what names the
+/* The operand rule of in's op (format/stepfile_check.c); what names the
  * instruction in the message. 0, or -1 with the reason in err. */
 int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, char *err,
 			  size_t errlen);
