@@ -17,8 +17,11 @@
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
 # valid model in tests/errors/seeds/ (the transformer syntax).
 #
-# Environment: BUILD (build or build-san), DPC (default $BUILD/dpc), SAN=1,
-# FUZZ_N (mutants, default 2000).
+# Bad command-line options of dpc and dpexec get one line each, in their
+# words, with "did you mean" for a misspelt long option.
+#
+# Environment: BUILD (build or build-san), DPC (default $BUILD/dpc), DPEXEC
+# (default $BUILD/dpexec), SAN=1, FUZZ_N (mutants, default 2000).
 set -u
 cd "$(dirname "$0")/.."
 SAN=${SAN:-0}
@@ -130,6 +133,52 @@ if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such
 	pass=$((pass + 1))
 else
 	bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
+fi
+
+# Bad command-line options: one line in the program's words (nothing from
+# getopt itself), "did you mean" for a misspelt long option, and the
+# program's usage status: dpc 1, dpexec 2 (it stops before MPI starts).
+DPEXEC=${DPEXEC:-$BUILD/dpexec}
+check_option() { # check_option PROGRAM STATUS EXPECTED-STDERR ARGS...
+	local prog=$1 want=$2 exp=$3 bin
+	shift 3
+	bin=$DPC
+	[ "$prog" = dpexec ] && bin=$DPEXEC
+	rm -f "$tmp/out.bin"
+	ASAN_OPTIONS=detect_leaks=0 "$bin" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+	rc=$?
+	if [ $rc -eq "$want" ] && [ "$(cat "$tmp/stderr")" = "$exp" ] && [ ! -e "$tmp/out.bin" ]; then
+		pass=$((pass + 1))
+	else
+		bad "$prog $*" "status $rc (want $want), stderr: $(head -c 300 "$tmp/stderr"), want: $exp"
+	fi
+}
+check_option dpc 1 "dpc: error: unknown option '--world-sise'; did you mean '--world-size'?" \
+	models/mlp.dp --world-sise 2 -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: unknown option '--emitt'; did you mean '--emit'?" \
+	models/mlp.dp --emitt=ir -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: unknown option '-stats'; did you mean '--stats'?" \
+	models/mlp.dp -stats -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: unknown option '--frobnicate' (see --help)" \
+	models/mlp.dp --frobnicate -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: option '--stats' takes no value" \
+	models/mlp.dp --stats=yes -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: option '--dump' is ambiguous: --dump-ir, --dump-after" \
+	models/mlp.dp --dump=x -o "$tmp/out.bin"
+check_option dpc 1 "dpc: error: option '-o' needs a value" models/mlp.dp -o
+if [ -x "$DPEXEC" ]; then
+	check_option dpexec 2 "dpexec: error: unknown option '--stpes'; did you mean '--steps'?" \
+		--stpes 3 "$tmp/out.bin"
+	check_option dpexec 2 "dpexec: error: unknown option '-steps'; did you mean '--steps'?" \
+		-steps 3 "$tmp/out.bin"
+	check_option dpexec 2 "dpexec: error: unknown option '--chekc-grads'; did you mean '--check-grads'?" \
+		--chekc-grads "$tmp/out.bin"
+	check_option dpexec 2 "dpexec: error: option '--quiet' takes no value" --quiet=1 "$tmp/out.bin"
+	check_option dpexec 2 "dpexec: error: option '--save' is ambiguous: --save-full, --save-dir, --save-every, --save-form" \
+		--save x "$tmp/out.bin"
+	check_option dpexec 2 "dpexec: error: option '--steps' needs a value" "$tmp/out.bin" --steps
+else
+	bad "dpexec options" "$DPEXEC is not built"
 fi
 
 # The fuzzer (built by `make tests` from the compiler's objects): mutated
