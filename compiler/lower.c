@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "lower.h"
+#include "suggest.h"
 
 #define MAX_AXIS (1 << 15)           /* size of one mesh axis (4 axes: the product fits int64) */
 #define MAX_WORLD (1 << 24)          /* ranks */
@@ -631,7 +632,13 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		s->path = "";
 		return 0;
 	}
-	ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
+	static const char *const sources[] = {"idx", "npy", "tokens", "synthetic"};
+	const char *guess = suggest_among(v->s, sources, 4);
+	if (guess)
+		ERR(v->loc, "unknown data source '%s'; did you mean '%s'? (sources: idx, npy, tokens, "
+			    "synthetic)", v->s, guess);
+	else
+		ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
 	return -1;
 }
 
@@ -759,11 +766,24 @@ static void lower_eval(Lower *L)
 
 /* ---- the file ---- */
 
+/* A misspelt section (or mesh) is reported with the name it is closest to
+ * and then taken as that section when the file has none, so the rest of it
+ * is checked and no "missing section" error follows. */
 static void find_sections(Lower *L)
 {
 	static const char *const names[] = {"config", "data", "eval", "model", "train"};
+	static const char *const top_words[] = {"mesh", "config", "data", "eval", "model", "train"};
 	const Stmt **slots[] = {&L->config, &L->data, &L->eval, &L->model, &L->train};
+	const Stmt *typo[5] = {NULL}, *mesh_typo = NULL;
 	for (const Stmt *s = L->ps->top; s; s = s->next) {
+		const char *guess = s->kind == S_SETTING || s->kind == S_SECTION
+					    ? suggest_among(s->name, top_words, 6) : NULL;
+		if (s->kind == S_SETTING && guess && strcmp(guess, "mesh") == 0) {
+			ERR(s->name_loc, "unknown top-level statement '%s'; did you mean 'mesh'?", s->name);
+			if (!mesh_typo)
+				mesh_typo = s;
+			continue;
+		}
 		if (s->kind == S_SETTING && strcmp(s->name, "mesh") == 0) {
 			if (L->mesh)
 				ERR(s->name_loc, "duplicate mesh statement");
@@ -790,14 +810,26 @@ static void find_sections(Lower *L)
 		size_t k = 0;
 		while (k < 5 && strcmp(names[k], s->name) != 0)
 			k++;
-		if (k == 5)
+		if (k == 5 && guess && strcmp(guess, "mesh") != 0) {
+			ERR(s->name_loc, "unknown section '%s'; did you mean '%s'?", s->name, guess);
+			for (k = 0; strcmp(names[k], guess) != 0; k++)
+				;
+			if (!typo[k])
+				typo[k] = s;
+		} else if (k == 5) {
 			ERR(s->name_loc,
 			    "unknown section '%s' (sections: config, data, eval, model, train)", s->name);
-		else if (*slots[k])
+		} else if (*slots[k]) {
 			ERR(s->name_loc, "duplicate '%s' section", s->name);
-		else
+		} else {
 			*slots[k] = s;
+		}
 	}
+	for (int k = 0; k < 5; k++)
+		if (!*slots[k] && typo[k])
+			*slots[k] = typo[k];
+	if (!L->mesh && mesh_typo)
+		L->mesh = mesh_typo;
 }
 
 Graph *ast_lower(ParseState *ps, const FeOptions *opts)
