@@ -6,6 +6,7 @@
 #   # expect: 7:12: error: unknown identifier 'h9'   (LINE:COL: error: SUBSTRING)
 #   # args: --world-size 3                            (extra dpc arguments)
 #   # world-sizes: 1 2 3       (compile once per --world-size; `mesh auto`)
+#   # errors: 1                (exactly this many errors: one message per mistake)
 # For each file dpc must exit with status 1, print every expected message as
 # FILE:LINE:COL: error: ...SUBSTRING... on stderr, quote a source line with a
 # caret, write no output file, and print nothing that looks like a crash
@@ -78,6 +79,14 @@ check_file() {
 	if [ $nexp -eq 0 ]; then
 		bad "$what" "no '# expect:' line"
 		ok=0
+	fi
+	nwant=$(sed -n 's/^# errors: //p' "$f")
+	if [ -n "$nwant" ]; then
+		ngot=$(grep -cE -- "^$f:[0-9]+:[0-9]+: error: " "$tmp/stderr")
+		if [ "$ngot" -ne "$nwant" ]; then
+			bad "$what" "$ngot errors, want $nwant"
+			ok=0
+		fi
 	fi
 	if ! grep -qE '^[[:space:]]*\^[[:space:]]*$' "$tmp/stderr"; then
 		bad "$what" "no caret line on stderr"
