@@ -18,6 +18,10 @@
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
 # valid model in tests/errors/seeds/ (the transformer syntax).
 #
+# Data files dpc cannot see are warnings and the model compiles; files it
+# can see and that hold what is declared give no message (the wrong ones
+# are tests/errors/data_*.dp, their files in tests/errors/data/).
+#
 # Bad command-line options of dpc and dpexec get one line each, in their
 # words, with "did you mean" for a misspelt long option.
 #
@@ -143,6 +147,100 @@ if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such
 else
 	bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
 fi
+
+# Data files: one dpc cannot see is a warning (the job may run where it is):
+# the model compiles, and the warning says how dpexec resolves the path.
+# Files it can see that hold what is declared give no message at all.
+# check_data_ok NAME EXPECTED-STDERR (the .dp on stdin; run from the root)
+check_data_ok() {
+	local name=$1 exp=$2
+	cat >"$tmp/$name.dp"
+	rm -f "$tmp/out.bin"
+	"$DPC" "$tmp/$name.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
+	rc=$?
+	got=$(grep -E ': (warning|error): ' "$tmp/stderr" | sed "s|^$tmp/||")
+	if [ $rc -eq 0 ] && [ -s "$tmp/out.bin" ] && [ "$got" = "$exp" ] && ! crashed "$tmp/stderr"; then
+		pass=$((pass + 1))
+	else
+		bad "data files: $name" "status $rc, got:
+$got
+want:
+$exp"
+	fi
+}
+D=tests/errors/data
+check_data_ok unseen "unseen.dp:3:30: warning: data file data/x.npy not found from here; dpexec resolves it against its working directory where the job runs
+unseen.dp:4:30: warning: data file /nonexistent/labels.gz not found from here; dpexec reads it where the job runs" <<EOF
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: f32[batch, 6]  from npy("data/x.npy")
+  y: i32[batch]     from idx("/nonexistent/labels.gz")
+}
+eval {
+  x from npy("$D/x6.npy")
+  y from npy("$D/y8.npy")
+}
+model {
+  block fc {
+    param w: f32[6, 5] init normal(0, 0.1)
+    logits = linear(x, w)
+  }
+  loss = cross_entropy(logits, y)
+}
+train {
+  optimizer sgd(lr=0.1)
+  micro_batch 4
+}
+EOF
+check_data_ok seen "" <<EOF
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: f32[batch, 2, 3] from idx("$D/images.idx.gz")
+  y: i32[batch]       from idx("$D/labels.idx.gz")
+}
+eval {
+  x from npy("$D/x6.npy")
+  y from npy("$D/y8.npy")
+}
+model {
+  block fc {
+    param w: f32[6, 5] init normal(0, 0.1)
+    logits = linear(reshape(x, 6), w)
+  }
+  loss = cross_entropy(logits, y)
+}
+train {
+  optimizer sgd(lr=0.1)
+  micro_batch 4
+}
+EOF
+tokens_model() { # tokens_model PATTERN: a model on token shards
+	cat <<EOF
+mesh dp_replicate=1, dp_shard=1
+data {
+  ids: i32[batch, 8]     from tokens("$1")
+  targets: i32[batch, 8] from tokens("$1", shift=1)
+}
+model {
+  block emb {
+    param wte: f32[11, 4] init normal(0, 0.1)
+    h = embedding(ids, wte)
+  }
+  block head {
+    param w: f32[4, 11] init normal(0, 0.1)
+    logits = matmul(h, w)
+  }
+  loss = cross_entropy(logits, targets)
+}
+train {
+  optimizer sgd(lr=0.1)
+  micro_batch 4
+}
+EOF
+}
+check_data_ok tokens "" < <(tokens_model "$D/shard_[ab].shard")
+# said once for the two sources that read the same pattern
+check_data_ok tokens_unseen "tokens_unseen.dp:3:38: warning: token shard pattern $D/none_*.shard not found from here; dpexec resolves it against its working directory where the job runs" < <(tokens_model "$D/none_*.shard")
 
 # Bad command-line options: one line in the program's words (nothing from
 # getopt itself), "did you mean" for a misspelt long option, and the

@@ -330,6 +330,22 @@ int npy_check(const char *path, const NpyHeader *h, DfDtype dtype, const char *d
 
 /* ---- llm.c token shards ---- */
 
+/* Does the directory of a pattern exist (when it has no pattern characters
+ * itself)? glob(3) with GLOB_ERR fails to read a missing one. */
+static int dir_exists(const char *pattern)
+{
+	const char *slash = strrchr(pattern, '/');
+	if (!slash || slash == pattern)
+		return 1;
+	size_t n = (size_t)(slash - pattern);
+	char *dir = strndup(pattern, n);
+	struct stat st;
+	int there = !dir || strpbrk(dir, "*?[") || stat(dir, &st) == 0 ||
+		    (errno != ENOENT && errno != ENOTDIR);
+	free(dir);
+	return there;
+}
+
 int tok_glob(const char *pattern, glob_t *g, char *msg, size_t msglen)
 {
 	memset(g, 0, sizeof *g);
@@ -344,8 +360,9 @@ int tok_glob(const char *pattern, glob_t *g, char *msg, size_t msglen)
 			fail(msg, msglen, "token shard pattern %s matches no file", pattern);
 		return DF_NOT_FOUND;
 	}
-	return fail(msg, msglen, "cannot expand token shard pattern %s: %s", pattern,
-		    rc == GLOB_NOSPACE ? "out of memory" : "read error");
+	fail(msg, msglen, "cannot expand token shard pattern %s: %s", pattern,
+	     rc == GLOB_NOSPACE ? "out of memory" : "read error");
+	return rc == GLOB_ABORTED && !dir_exists(pattern) ? DF_NOT_FOUND : -1;
 }
 
 static int32_t le32(const unsigned char *p)

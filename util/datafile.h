@@ -89,7 +89,7 @@ int npy_check(const char *path, const NpyHeader *h, DfDtype dtype, const char *d
 /* ---- llm.c token shards ---- */
 
 /* The shards of a glob pattern, sorted by name (globfree after success);
- * DF_NOT_FOUND when nothing matches. */
+ * DF_NOT_FOUND when nothing matches or its directory does not exist. */
 int tok_glob(const char *pattern, glob_t *g, char *msg, size_t msglen);
 /* Open one shard and check it for windows of T tokens: a regular file, the
  * header's magic and version, a size of exactly 1024 + 2n bytes, n >= T + 1.
