@@ -169,17 +169,10 @@ $exp"
 	fi
 }
 D=tests/errors/data
-check_data_ok unseen "unseen.dp:3:30: warning: data file data/x.npy not found from here; dpexec resolves it against its working directory where the job runs
-unseen.dp:4:30: warning: data file /nonexistent/labels.gz not found from here; dpexec reads it where the job runs" <<EOF
+npy_model() { # npy_model DATA-AND-EVAL-SECTIONS: a linear model on x: f32[batch, 6], y
+	cat <<EOF
 mesh dp_replicate=1, dp_shard=1
-data {
-  x: f32[batch, 6]  from npy("data/x.npy")
-  y: i32[batch]     from idx("/nonexistent/labels.gz")
-}
-eval {
-  x from npy("$D/x6.npy")
-  y from npy("$D/y8.npy")
-}
+$1
 model {
   block fc {
     param w: f32[6, 5] init normal(0, 0.1)
@@ -192,28 +185,24 @@ train {
   micro_batch 4
 }
 EOF
-check_data_ok seen "" <<EOF
-mesh dp_replicate=1, dp_shard=1
-data {
-  x: f32[batch, 2, 3] from idx("$D/images.idx.gz")
-  y: i32[batch]       from idx("$D/labels.idx.gz")
+}
+check_data_ok unseen "unseen.dp:3:30: warning: data file data/x.npy not found from here; dpexec resolves it against its working directory where the job runs
+unseen.dp:4:30: warning: data file /nonexistent/labels.gz not found from here; dpexec reads it where the job runs" < <(npy_model "data {
+  x: f32[batch, 6]  from npy(\"data/x.npy\")
+  y: i32[batch]     from idx(\"/nonexistent/labels.gz\")
 }
 eval {
-  x from npy("$D/x6.npy")
-  y from npy("$D/y8.npy")
+  x from npy(\"$D/x6.npy\")
+  y from npy(\"$D/y8.npy\")
+}")
+check_data_ok seen "" < <(npy_model "data {
+  x: f32[batch, 6]  from idx(\"$D/images.idx.gz\")
+  y: i32[batch]     from idx(\"$D/labels.idx.gz\")
 }
-model {
-  block fc {
-    param w: f32[6, 5] init normal(0, 0.1)
-    logits = linear(reshape(x, 6), w)
-  }
-  loss = cross_entropy(logits, y)
-}
-train {
-  optimizer sgd(lr=0.1)
-  micro_batch 4
-}
-EOF
+eval {
+  x from npy(\"$D/x6.npy\")
+  y from npy(\"$D/y8.npy\")
+}")
 tokens_model() { # tokens_model PATTERN: a model on token shards
 	cat <<EOF
 mesh dp_replicate=1, dp_shard=1

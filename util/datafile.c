@@ -5,7 +5,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,15 +13,8 @@
 
 #include "datafile.h"
 
-static int fail(char *msg, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *msg, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, len, fmt, ap);
-	va_end(ap);
-	return -1;
-}
+/* Every function's message goes to its (msg, msglen): -1 with it. */
+#define FAIL(...) (snprintf(msg, msglen, __VA_ARGS__), -1)
 
 /* ---- reading through zlib ---- */
 
@@ -58,9 +50,9 @@ int df_read_exact(gzFile gz, const char *path, void *buf, int64_t len, const cha
 {
 	int64_t got = df_gz_read(gz, buf, len);
 	if (got < 0)
-		return fail(msg, msglen, "cannot read data file %s: %s", path, df_gz_error(gz));
+		return FAIL("cannot read data file %s: %s", path, df_gz_error(gz));
 	if (got < len)
-		return fail(msg, msglen, "data file %s is truncated: %s needs %lld bytes, found %lld",
+		return FAIL("data file %s is truncated: %s needs %lld bytes, found %lld",
 			    path, what, (long long)len, (long long)got);
 	return 0;
 }
@@ -69,11 +61,10 @@ int df_check_samples(const char *path, int64_t n, int64_t elems, int64_t declare
 		     size_t msglen)
 {
 	if (elems != declared)
-		return fail(msg, msglen,
-			    "data file %s has samples of %lld elements but the .dp file declares %lld",
+		return FAIL("data file %s has samples of %lld elements but the .dp file declares %lld",
 			    path, (long long)elems, (long long)declared);
 	if (n == 0)
-		return fail(msg, msglen, "data file %s holds no samples", path);
+		return FAIL("data file %s holds no samples", path);
 	return 0;
 }
 
@@ -91,15 +82,14 @@ int idx_read_header(gzFile gz, const char *path, IdxHeader *h, char *msg, size_t
 	if (df_read_exact(gz, path, magic, 4, "the IDX header", msg, msglen))
 		return -1;
 	if (magic[0] != 0 || magic[1] != 0)
-		return fail(msg, msglen, "data file %s is not an IDX file (magic %02x%02x%02x%02x)",
+		return FAIL("data file %s is not an IDX file (magic %02x%02x%02x%02x)",
 			    path, magic[0], magic[1], magic[2], magic[3]);
 	if (magic[2] != 0x08)
-		return fail(msg, msglen,
-			    "data file %s: IDX element type 0x%02x is not supported, only unsigned bytes (0x08)",
+		return FAIL("data file %s: IDX element type 0x%02x is not supported, only unsigned bytes (0x08)",
 			    path, magic[2]);
 	int ndim = magic[3];
 	if (ndim < 1 || ndim > 8)
-		return fail(msg, msglen, "data file %s: IDX header has %d dimensions", path, ndim);
+		return FAIL("data file %s: IDX header has %d dimensions", path, ndim);
 	if (df_read_exact(gz, path, dims, 4 * ndim, "the IDX dimensions", msg, msglen))
 		return -1;
 	h->n = be32(dims);
@@ -107,7 +97,7 @@ int idx_read_header(gzFile gz, const char *path, IdxHeader *h, char *msg, size_t
 	for (int k = 1; k < ndim; k++) {
 		int64_t dk = be32(dims + 4 * k);
 		if (dk == 0 || h->elems > DF_MAX_BYTES / dk)
-			return fail(msg, msglen, "data file %s: IDX dimension %d is %lld", path, k,
+			return FAIL("data file %s: IDX dimension %d is %lld", path, k,
 				    (long long)dk);
 		h->elems *= dk;
 	}
@@ -249,7 +239,7 @@ int npy_read_header(gzFile gz, const char *path, NpyHeader *h, char *msg, size_t
 	if (df_read_exact(gz, path, pre, 8, "the .npy preamble", msg, msglen))
 		return -1;
 	if (memcmp(pre, "\x93NUMPY", 6) != 0)
-		return fail(msg, msglen, "data file %s is not a .npy file (bad magic)", path);
+		return FAIL("data file %s is not a .npy file (bad magic)", path);
 	if (pre[6] == 1) {
 		if (df_read_exact(gz, path, pre + 8, 2, "the .npy header length", msg, msglen))
 			return -1;
@@ -260,15 +250,15 @@ int npy_read_header(gzFile gz, const char *path, NpyHeader *h, char *msg, size_t
 			return -1;
 		hlen = l[0] | (uint32_t)l[1] << 8 | (uint32_t)l[2] << 16 | (uint32_t)l[3] << 24;
 	} else {
-		return fail(msg, msglen, "data file %s: .npy format version %d.%d is not supported",
+		return FAIL("data file %s: .npy format version %d.%d is not supported",
 			    path, pre[6], pre[7]);
 	}
 	if (hlen == 0 || hlen > NPY_MAX_HEADER)
-		return fail(msg, msglen, "data file %s: .npy header length %u is not plausible", path,
+		return FAIL("data file %s: .npy header length %u is not plausible", path,
 			    hlen);
 	char *text = malloc(hlen);
 	if (!text)
-		return fail(msg, msglen, "out of memory reading %s", path);
+		return FAIL("out of memory reading %s", path);
 	int rc = df_read_exact(gz, path, text, hlen, "the .npy header", msg, msglen);
 	if (rc == 0 && parse_npy_dict(text, hlen, h) != 0) {
 		char shown[201]; /* the header's start, printable */
@@ -278,7 +268,7 @@ int npy_read_header(gzFile gz, const char *path, NpyHeader *h, char *msg, size_t
 		while (k > 0 && shown[k - 1] == '?') /* numpy's '\n' and padding */
 			k--;
 		shown[k] = 0;
-		rc = fail(msg, msglen, "data file %s: cannot parse the .npy header %s", path, shown);
+		rc = FAIL("data file %s: cannot parse the .npy header %s", path, shown);
 	}
 	free(text);
 	for (char *q = h->descr; rc == 0 && *q; q++) /* printable in messages */
@@ -291,36 +281,34 @@ int npy_check(const char *path, const NpyHeader *h, DfDtype dtype, const char *d
 	      int labels, int64_t declared, int *esize, int64_t *n, char *msg, size_t msglen)
 {
 	if (h->fortran)
-		return fail(msg, msglen, "data file %s is in Fortran order; dp reads C-order arrays",
+		return FAIL("data file %s is in Fortran order; dp reads C-order arrays",
 			    path);
 	if (strcmp(h->descr, "<f4") == 0 || strcmp(h->descr, "<i4") == 0)
 		*esize = 4;
 	else if (strcmp(h->descr, "<i8") == 0)
 		*esize = 8;
 	else
-		return fail(msg, msglen,
-			    "data file %s has dtype '%s'; dp reads little-endian '<f4', '<i4' and '<i8'",
+		return FAIL("data file %s has dtype '%s'; dp reads little-endian '<f4', '<i4' and '<i8'",
 			    path, h->descr);
 	int is_float = h->descr[1] == 'f';
 	if (dtype == DF_F32 && !is_float)
-		return fail(msg, msglen, "data file %s holds integers ('%s') but the .dp file declares f32",
+		return FAIL("data file %s holds integers ('%s') but the .dp file declares f32",
 			    path, h->descr);
 	if (dtype == DF_I32 && is_float)
-		return fail(msg, msglen, "data file %s holds floats ('%s') but the .dp file declares i32",
+		return FAIL("data file %s holds floats ('%s') but the .dp file declares i32",
 			    path, h->descr);
 	if (dtype == DF_OTHER)
-		return fail(msg, msglen, "data tensor of %s has dtype %s; dp loads f32 and i32", path,
+		return FAIL("data tensor of %s has dtype %s; dp loads f32 and i32", path,
 			    dtype_name);
 	if (labels && dtype != DF_I32)
-		return fail(msg, msglen, "labels from %s must be declared i32, not %s", path,
+		return FAIL("labels from %s must be declared i32, not %s", path,
 			    dtype_name);
 	if (h->ndim < 1)
-		return fail(msg, msglen,
-			    "data file %s holds a scalar; the first dimension must be the samples", path);
+		return FAIL("data file %s holds a scalar; the first dimension must be the samples", path);
 	int64_t elems = 1;
 	for (int k = 1; k < h->ndim; k++) {
 		if (h->shape[k] == 0 || elems > DF_MAX_BYTES / h->shape[k])
-			return fail(msg, msglen, "data file %s: dimension %d is %lld", path, k,
+			return FAIL("data file %s: dimension %d is %lld", path, k,
 				    (long long)h->shape[k]);
 		elems *= h->shape[k];
 	}
@@ -355,13 +343,13 @@ int tok_glob(const char *pattern, glob_t *g, char *msg, size_t msglen)
 	globfree(g);
 	if (rc == GLOB_NOMATCH) {
 		if (!strpbrk(pattern, "*?["))
-			fail(msg, msglen, "cannot open token shard %s: no such file", pattern);
+			snprintf(msg, msglen, "cannot open token shard %s: no such file", pattern);
 		else
-			fail(msg, msglen, "token shard pattern %s matches no file", pattern);
+			snprintf(msg, msglen, "token shard pattern %s matches no file", pattern);
 		return DF_NOT_FOUND;
 	}
-	fail(msg, msglen, "cannot expand token shard pattern %s: %s", pattern,
-	     rc == GLOB_NOSPACE ? "out of memory" : "read error");
+	snprintf(msg, msglen, "cannot expand token shard pattern %s: %s", pattern,
+		 rc == GLOB_NOSPACE ? "out of memory" : "read error");
 	return rc == GLOB_ABORTED && !dir_exists(pattern) ? DF_NOT_FOUND : -1;
 }
 
@@ -379,30 +367,27 @@ static int check_shard(int fd, const char *path, int64_t T, int64_t *ntok, char 
 	struct stat st;
 
 	if (fstat(fd, &st) != 0)
-		return fail(msg, msglen, "cannot stat token shard %s: %s", path, strerror(errno));
+		return FAIL("cannot stat token shard %s: %s", path, strerror(errno));
 	if (!S_ISREG(st.st_mode))
-		return fail(msg, msglen, "token shard %s is not a regular file", path);
+		return FAIL("token shard %s is not a regular file", path);
 	int64_t size = st.st_size;
 	if (size < TOK_HEADER_BYTES)
-		return fail(msg, msglen,
-			    "token shard %s is truncated: %lld bytes, shorter than the %d-byte header",
+		return FAIL("token shard %s is truncated: %lld bytes, shorter than the %d-byte header",
 			    path, (long long)size, TOK_HEADER_BYTES);
 	ssize_t got = pread(fd, hdr, sizeof hdr, 0);
 	if (got != (ssize_t)sizeof hdr)
-		return fail(msg, msglen, "cannot read the header of token shard %s: %s", path,
+		return FAIL("cannot read the header of token shard %s: %s", path,
 			    got < 0 ? strerror(errno) : "short read");
 	int32_t magic = le32(hdr), version = le32(hdr + 4), n = le32(hdr + 8);
 	if (magic != TOK_MAGIC || version != TOK_VERSION)
-		return fail(msg, msglen,
-			    "token shard %s has a bad header: magic %d, version %d; llm.c shards have %d, %d",
+		return FAIL("token shard %s has a bad header: magic %d, version %d; llm.c shards have %d, %d",
 			    path, magic, version, TOK_MAGIC, TOK_VERSION);
 	int64_t want = TOK_HEADER_BYTES + 2 * (int64_t)n;
 	if (n < 0 || size != want)
-		return fail(msg, msglen,
-			    "token shard %s has the wrong size%s: its header says %d tokens (%lld bytes), the file has %lld bytes",
+		return FAIL("token shard %s has the wrong size%s: its header says %d tokens (%lld bytes), the file has %lld bytes",
 			    path, size < want ? " (truncated)" : "", n, (long long)want, (long long)size);
 	if ((int64_t)n < T + 1)
-		return fail(msg, msglen, "token shard %s holds %d tokens, fewer than one window of %lld + 1",
+		return FAIL("token shard %s holds %d tokens, fewer than one window of %lld + 1",
 			    path, n, (long long)T);
 	*ntok = n;
 	return 0;
@@ -414,7 +399,7 @@ int tok_open_shard(const char *path, int64_t T, int *fd, int64_t *ntok, char *ms
 	errno = 0;
 	*fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (*fd < 0) {
-		fail(msg, msglen, "cannot open token shard %s: %s", path, strerror(errno));
+		snprintf(msg, msglen, "cannot open token shard %s: %s", path, strerror(errno));
 		return DF_NOT_FOUND;
 	}
 	if (check_shard(*fd, path, T, ntok, msg, msglen) != 0) {
