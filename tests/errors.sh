@@ -16,7 +16,8 @@
 #
 # Then $BUILD/tests/fe_fuzz (tests/fe_fuzz.c, built by `make tests`, with the
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
-# valid model in tests/errors/seeds/ (the transformer syntax).
+# valid model in tests/errors/seeds/ (the transformer syntax; models on the
+# files of tests/errors/data/, for the data-file checks).
 #
 # Data files dpc cannot see are warnings and the model compiles; files it
 # can see and that hold what is declared give no message (the wrong ones
