@@ -42,13 +42,18 @@ const AstTok *ast_stmt_tok(const ParseState *ps, int i)
 
 const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen)
 {
-	size_t k = 0;
+	size_t k = 0, i;
 	int blank = 0;
+	if (buflen < 8) { /* callers pass room for a name */
+		if (buflen)
+			buf[0] = 0;
+		return buf;
+	}
 	if (off > ps->srclen)
 		off = ps->srclen;
 	if (n > ps->srclen - off)
 		n = ps->srclen - off;
-	for (size_t i = off; i < off + n && k + 4 < buflen; i++) {
+	for (i = off; i < off + n && k + 5 < buflen; i++) {
 		unsigned char c = (unsigned char)ps->src[i];
 		if (c == '#') { /* a comment between a header and its '{' */
 			while (i + 1 < off + n && ps->src[i + 1] != '\n')
@@ -65,13 +70,11 @@ const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size
 		blank = 0;
 		buf[k++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
 	}
-	if (k + 4 >= buflen && buflen >= 4) { /* cut */
-		k = buflen - 4;
+	if (i < off + n) { /* cut: room was kept for "..." */
 		memcpy(buf + k, "...", 3);
 		k += 3;
 	}
-	if (buflen)
-		buf[k < buflen ? k : buflen - 1] = 0;
+	buf[k] = 0;
 	return buf;
 }
 
