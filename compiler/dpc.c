@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cliopt.h"
 #include "frontend.h"
 #include "outfile.h"
 #include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
@@ -151,8 +152,10 @@ int main(int argc, char **argv)
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
 	const char *precision = NULL;
+	static const char shortopts[] = "o:vhD:";
 	int c;
-	while ((c = getopt_long(argc, argv, "o:vhD:", longopts, NULL)) != -1) {
+	opterr = 0; /* cli_bad_option says what is wrong, in our words */
+	while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
 		switch (c) {
 		case 'D': {
 			FeDefine *nd = realloc(defines, sizeof(FeDefine) * (size_t)(ndefines + 1));
@@ -242,7 +245,8 @@ int main(int argc, char **argv)
 			printf("dpc %s (step file format %u)\n", DPC_VERSION, DP_STEP_VERSION);
 			return 0;
 		default:
-			fprintf(stderr, "Try 'dpc --help'.\n");
+			cli_bad_option(stderr, "dpc", c, argc, argv, shortopts, longopts);
+			free(defines);
 			return 1;
 		}
 	}

@@ -16,6 +16,11 @@
  *     the same value and a LOAD node (IR_IN_EVAL); all LOAD nodes first;
  *   - the model (see compiler/model.c).
  *
+ * Every data file the declarations name is checked here when this machine
+ * can open it, headers only (util/datafile.h, as dpexec checks it): what it
+ * holds against the declaration, and equal sample counts per split; a file
+ * it cannot open is a warning, since the job may run elsewhere.
+ *
  * Sections are checked in dependency order, not file order: config (every
  * number may use its constants), mesh, train (batch sizes need the mesh),
  * data (shapes need micro_batch), eval, model. Numbers are constant
@@ -28,8 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
 
+#include "datafile.h"
 #include "lower.h"
+#include "suggest.h"
 
 #define MAX_AXIS (1 << 15)           /* size of one mesh axis (4 axes: the product fits int64) */
 #define MAX_WORLD (1 << 24)          /* ranks */
@@ -552,9 +561,10 @@ static void lower_train(Lower *L)
 /* ---- types, data sources, initialisers ---- */
 
 /* Fill s->rec.kind, synth_n/classes, shift and s->path from the source
- * expression e of data `name`, declared dt with nd dims. */
+ * expression e of data `name`, declared dt with nd dims; *path_loc: where
+ * the path is written. */
 static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, int nd,
-			Source *s)
+			Source *s, Loc *path_loc)
 {
 	AstVal val;
 	const AstVal *v = &val;
@@ -601,6 +611,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		s->rec.kind = DP_SRC_TOKENS;
 		s->rec.shift = (uint8_t)sh;
 		s->path = path->val.s;
+		*path_loc = path->val.loc;
 		return 0;
 	}
 	int is_idx = strcmp(v->s, "idx") == 0;
@@ -615,6 +626,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		}
 		s->rec.kind = is_idx ? DP_SRC_IDX : DP_SRC_NPY;
 		s->path = v->args->val.s;
+		*path_loc = v->args->val.loc;
 		return 0;
 	}
 	if (strcmp(v->s, "synthetic") == 0) {
@@ -631,8 +643,137 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		s->path = "";
 		return 0;
 	}
-	ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
+	static const char *const sources[] = {"idx", "npy", "tokens", "synthetic"};
+	const char *guess = suggest_among(v->s, sources, 4);
+	if (guess)
+		ERR(v->loc, "unknown data source '%s'; did you mean '%s'? (sources: idx, npy, tokens, "
+			    "synthetic)", v->s, guess);
+	else
+		ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
 	return -1;
+}
+
+/* ---- data files: what dpc can see of them ---- */
+
+/* A file this machine cannot open is a warning: the job may run elsewhere,
+ * and dpexec resolves a relative path against its own working directory. */
+static void not_seen(Lower *L, Loc at, const char *what, const char *path, int err)
+{
+	const char *where = path[0] == '/' ? "dpexec reads it where the job runs"
+					   : "dpexec resolves it against its working directory where "
+					     "the job runs";
+	if (err == ENOENT || err == 0)
+		warning_at(L->d, at, "%s %s not found from here; %s", what, path, where);
+	else
+		warning_at(L->d, at, "%s %s cannot be read from here (%s); %s", what, path,
+			   strerror(err), where);
+}
+
+/* Every data file dpc can see must hold what its declaration says, dtype
+ * and elements per sample (util/datafile.h, the checks dpexec makes at
+ * load; headers only, never the data): an error at the path otherwise.
+ * Token sources: the glob must match, every shard's header and size must
+ * be right and hold a window of `sample` tokens. The samples the source
+ * holds, or -1 when that is not known here. */
+static int64_t check_data_file(Lower *L, const Source *src, Loc at, DpDtype dt, int64_t sample)
+{
+	char msg[1024];
+	int rc = 0;
+	int64_t n = -1;
+	if (src->rec.kind == DP_SRC_SYNTHETIC)
+		return src->rec.synth_n;
+	/* the same file read the same way by an earlier declaration (x and its
+	 * shift=1 targets): said there already, only counted here */
+	int quiet = 0;
+	for (int i = 0; i < L->g->nsources && !quiet; i++) {
+		const Source *o = &L->g->sources[i];
+		quiet = o->rec.kind == src->rec.kind && strcmp(o->path, src->path) == 0 &&
+			L->g->values[o->value]->dtype == dt && o->rec.sample_elems == sample;
+	}
+	if (src->rec.kind == DP_SRC_IDX || src->rec.kind == DP_SRC_NPY) {
+		errno = 0;
+		gzFile gz = gzopen(src->path, "rb");
+		if (!gz) {
+			if (!quiet)
+				not_seen(L, at, "data file", src->path, errno);
+			return -1;
+		}
+		gzbuffer(gz, 1024); /* a header's worth, not zlib's 8 KB (x2) of a large file */
+		if (src->rec.kind == DP_SRC_IDX) {
+			IdxHeader h;
+			rc = idx_read_header(gz, src->path, &h, msg, sizeof msg) ||
+			     df_check_samples(src->path, h.n, h.elems, sample, msg, sizeof msg);
+			n = h.n;
+		} else {
+			NpyHeader h;
+			int esize;
+			rc = npy_read_header(gz, src->path, &h, msg, sizeof msg) ||
+			     npy_check(src->path, &h, dt == DP_F32 ? DF_F32 : DF_I32, ir_dtype_name(dt),
+				       dt == DP_I32, sample, &esize, &n, msg, sizeof msg);
+		}
+		gzclose(gz);
+	} else if (src->rec.kind == DP_SRC_TOKENS) {
+		glob_t g;
+		rc = tok_glob(src->path, &g, msg, sizeof msg);
+		if (rc == DF_NOT_FOUND) {
+			if (!quiet)
+				not_seen(L, at, strpbrk(src->path, "*?[") ? "token shard pattern"
+									    : "token shard", src->path, 0);
+			return -1;
+		}
+		if (rc == 0) {
+			int unseen = 0;
+			n = 0;
+			for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++) {
+				int fd;
+				int64_t ntok = 0;
+				errno = 0;
+				rc = tok_open_shard(g.gl_pathv[i], sample, &fd, &ntok, msg, sizeof msg);
+				if (rc == 0) {
+					close(fd);
+					n += (ntok - 1) / sample; /* as runtime/data_tokens.c counts */
+				} else if (rc == DF_NOT_FOUND) {
+					if (!quiet)
+						not_seen(L, at, "token shard", g.gl_pathv[i], errno);
+					rc = 0;
+					unseen = 1;
+				}
+			}
+			globfree(&g);
+			if (unseen)
+				n = -1;
+		}
+	}
+	if (rc) {
+		if (!quiet)
+			ERR(at, "%s", msg);
+		return -1;
+	}
+	return n;
+}
+
+/* The sources of a split must hold the same number of samples (dpexec
+ * checks it again at load): the first one whose count is known, against
+ * each later one. */
+typedef struct {
+	const char *split; /* "train", "eval" */
+	int64_t n;         /* -1: none known yet */
+	const char *path;
+	int line;
+} SampleCount;
+
+static void same_count(Lower *L, SampleCount *c, const Source *src, Loc at, int64_t n)
+{
+	const char *path = src->rec.kind == DP_SRC_SYNTHETIC ? "synthetic" : src->path;
+	if (n < 0)
+		return;
+	if (c->n < 0) {
+		*c = (SampleCount){c->split, n, path, at.line};
+		return;
+	}
+	if (n != c->n)
+		ERR(at, "data sources of the %s split differ in sample count: %s has %lld (line %d), "
+			"%s has %lld", c->split, c->path, (long long)c->n, c->line, path, (long long)n);
 }
 
 /* ---- data and eval ---- */
@@ -640,6 +781,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 static void lower_data(Lower *L)
 {
 	Graph *g = L->g;
+	SampleCount count = {"train", -1, NULL, 0};
 	for (const Stmt *s = L->data->body; s; s = s->next) {
 		if (s->kind != S_DECL) {
 			ERR(s->loc, "expected a data declaration, like x: f32[batch, 784] from idx(\"file\")");
@@ -653,14 +795,16 @@ static void lower_data(Lower *L)
 		int nd = 0;
 		int64_t dims[DP_MAX_DIMS] = {0};
 		Source src = {0};
+		Loc path_loc = s->val->loc;
 		if (lower_type(L, &s->type, "data", s->name, 1, &dt, &nd, dims) ||
-		    lower_source(L, s->val, s->name, dt, nd, &src) || !L->batch_ok) {
+		    lower_source(L, s->val, s->name, dt, nd, &src, &path_loc) || !L->batch_ok) {
 			lower_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		int64_t sample = 1, batch_elems;
 		for (int i = 1; i < nd; i++)
 			sample *= dims[i]; /* at most MAX_ELEMS: lower_type checked */
+		same_count(L, &count, &src, path_loc, check_data_file(L, &src, path_loc, dt, sample));
 		if (__builtin_mul_overflow(sample, (int64_t)g->cfg.micro_batch, &batch_elems) ||
 		    batch_elems > MAX_ELEMS) {
 			ERR(s->name_loc, "a micro-batch of data '%s' is too large", s->name);
@@ -701,6 +845,7 @@ static void lower_data(Lower *L)
 static void lower_eval(Lower *L)
 {
 	Graph *g = L->g;
+	SampleCount count = {"eval", -1, NULL, 0};
 	const Stmt *every = NULL;
 	const Stmt **given = ast_alloc(L->ps, sizeof(Stmt *) * (size_t)(L->nsyms + 1));
 	for (const Stmt *s = L->eval->body; s; s = s->next) {
@@ -734,12 +879,17 @@ static void lower_eval(Lower *L)
 		}
 		given[i] = s;
 		Source src = {0};
+		Loc path_loc = s->val->loc;
 		const Value *d = sym->value >= 0 ? g->values[sym->value] : NULL;
 		/* a data declaration that failed: check the source's own arguments only */
-		if (lower_source(L, s->val, s->name, d ? d->dtype : DP_I32, d ? d->ndim : -1, &src) ||
+		if (lower_source(L, s->val, s->name, d ? d->dtype : DP_I32, d ? d->ndim : -1, &src,
+				 &path_loc) ||
 		    !d)
 			continue;
 		Value *v = g->values[sym->value];
+		same_count(L, &count, &src, path_loc,
+			   check_data_file(L, &src, path_loc, v->dtype,
+					   g->sources[v->source].rec.sample_elems));
 		src.rec.split = DP_SPLIT_EVAL;
 		src.rec.role = v->dtype == DP_I32;
 		src.rec.sample_elems = g->sources[v->source].rec.sample_elems;
@@ -759,11 +909,24 @@ static void lower_eval(Lower *L)
 
 /* ---- the file ---- */
 
+/* A misspelt section (or mesh) is reported with the name it is closest to
+ * and then taken as that section when the file has none, so the rest of it
+ * is checked and no "missing section" error follows. */
 static void find_sections(Lower *L)
 {
 	static const char *const names[] = {"config", "data", "eval", "model", "train"};
+	static const char *const top_words[] = {"mesh", "config", "data", "eval", "model", "train"};
 	const Stmt **slots[] = {&L->config, &L->data, &L->eval, &L->model, &L->train};
+	const Stmt *typo[5] = {NULL}, *mesh_typo = NULL;
 	for (const Stmt *s = L->ps->top; s; s = s->next) {
+		const char *guess = s->kind == S_SETTING || s->kind == S_SECTION
+					    ? suggest_among(s->name, top_words, 6) : NULL;
+		if (s->kind == S_SETTING && guess && strcmp(guess, "mesh") == 0) {
+			ERR(s->name_loc, "unknown top-level statement '%s'; did you mean 'mesh'?", s->name);
+			if (!mesh_typo)
+				mesh_typo = s;
+			continue;
+		}
 		if (s->kind == S_SETTING && strcmp(s->name, "mesh") == 0) {
 			if (L->mesh)
 				ERR(s->name_loc, "duplicate mesh statement");
@@ -790,14 +953,26 @@ static void find_sections(Lower *L)
 		size_t k = 0;
 		while (k < 5 && strcmp(names[k], s->name) != 0)
 			k++;
-		if (k == 5)
+		if (k == 5 && guess && strcmp(guess, "mesh") != 0) {
+			ERR(s->name_loc, "unknown section '%s'; did you mean '%s'?", s->name, guess);
+			for (k = 0; strcmp(names[k], guess) != 0; k++)
+				;
+			if (!typo[k])
+				typo[k] = s;
+		} else if (k == 5) {
 			ERR(s->name_loc,
 			    "unknown section '%s' (sections: config, data, eval, model, train)", s->name);
-		else if (*slots[k])
+		} else if (*slots[k]) {
 			ERR(s->name_loc, "duplicate '%s' section", s->name);
-		else
+		} else {
 			*slots[k] = s;
+		}
 	}
+	for (int k = 0; k < 5; k++)
+		if (!*slots[k] && typo[k])
+			*slots[k] = typo[k];
+	if (!L->mesh && mesh_typo)
+		L->mesh = mesh_typo;
 }
 
 Graph *ast_lower(ParseState *ps, const FeOptions *opts)

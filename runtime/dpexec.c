@@ -48,6 +48,7 @@
 #include <mpi.h>
 
 #include "ckpt.h"
+#include "cliopt.h"
 #include "comm.h"
 #include "exec.h"
 #include "metrics.h"
@@ -323,12 +324,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 				optarg);
 			return -1;
 		case ':':
-			fprintf(stderr, "dpexec: error: option '%s' needs a value (see --help)\n",
-				argv[optind - 1]);
-			return -1;
 		default:
-			fprintf(stderr, "dpexec: error: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
+			cli_bad_option(stderr, "dpexec", c, argc, argv, ":h", longopts);
 			return -1;
 		}
 		continue;

@@ -21,7 +21,7 @@ Layer NAME has weight NAME.w of shape [in, out] (dp's layout: y = x @ w + b)
 and an optional bias NAME.b; relu between layers, none after the last.
 
 The sampler, the counter-based generator and the synthetic data source are
-ports of runtime/data.c and runtime/init.c with uint64 arithmetic; the
+ports of runtime/data_sampler.c, data_synth.c and init.c with uint64 arithmetic; the
 formulas are in docs/DATA.md. --print-indices and --print-synthetic show what
 the port computes, to compare with the C side.
 """
@@ -94,7 +94,7 @@ def init_uniform(seed, name, base, count, low, high):
     return (low + (high - low) * u1).astype(np.float32)
 
 
-# ---- the sampler (runtime/data.c) ----
+# ---- the sampler (runtime/data_sampler.c) ----
 
 def epoch_permutation(seed, epoch, n):
     """Fisher-Yates of [0, n) driven by (seed, epoch), exactly as the C code."""
