@@ -4,7 +4,7 @@
  * The same text reads back with ir_read (ir/read.c), and
  * print(read(print(g))) == print(g) byte for byte. The form, top to bottom:
  *
- *   ; dp IR after bucket (models/mlp.dp)     header: restores g->file
+ *   ; dp IR after schedule (models/mlp.dp)   header: restores g->file
  *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1
  *   config micro_batch=32 grad_accum=2 ... seed=1234 arena=0
  *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1

@@ -3,8 +3,8 @@
  *
  * The one place that decides which parameters are reduced and gathered
  * together (units: the buckets) and where every parameter, gradient and
- * optimizer-state element lives. The passes after it (setup, collectives,
- * bucket) follow the plan it leaves in g->shard (passes/shard.h).
+ * optimizer-state element lives. The passes after it (setup, collectives)
+ * follow the plan it leaves in g->shard (passes/shard.h).
  *
  * Before: the optimizer form: "flat.params" and "flat.grads" f32[total
  * trained elements] and the optimizer state of the same length; the

@@ -45,7 +45,6 @@ int precision_run(Graph *g, Diag *d); /* passes/precision.c: mixed precision dty
 int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
-int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */

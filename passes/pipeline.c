@@ -30,10 +30,9 @@ const Pass pipeline[] = {
 	 layout_run},
 	{"setup", "INIT writes every param and buffer where the step reads it; EXPORT saves them",
 	 setup_run},
-	{"collectives", "each unit's collectives per its strategy, after its grads' last writer",
+	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
+			"view of the unit",
 	 collectives_run},
-	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
-	 bucket_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},

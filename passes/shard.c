@@ -1,6 +1,6 @@
 /*
  * shard.c - what each data-parallel strategy does, and the small queries
- * the sharding passes (layout, setup, collectives, bucket) share.
+ * the sharding passes (layout, setup, collectives) share.
  *
  * The table below is the whole difference between the strategies; the
  * passes read it instead of testing strategy names, so a new strategy is a

@@ -1,15 +1,14 @@
 /*
- * shard.h - the sharding plan shared by the passes layout, setup,
- * collectives and bucket (internal to passes/).
+ * shard.h - the sharding plan shared by the passes layout, setup and
+ * collectives (internal to passes/).
  *
  * What each data-parallel strategy does is one row of shard_strategies
  * (passes/shard.c). The layout pass reads it to group the parameters into
  * units and lay out the flat buffers, and leaves the result, a ShardPlan, on
  * the graph (Graph.shard); setup writes the INIT and EXPORT programs from
- * the plan, collectives inserts each unit's collectives as its strategy's
- * row says, and bucket fuses the per-gradient all_reduces of replicated
- * units. The plan is not part of the text IR: the passes after layout run
- * on the graph layout made, in the same dpc run.
+ * the plan, and collectives inserts each unit's collectives as its
+ * strategy's row says. The plan is not part of the text IR: the passes
+ * after layout run on the graph layout made, in the same dpc run.
  */
 #ifndef DP_SHARD_H
 #define DP_SHARD_H
@@ -80,8 +79,8 @@ typedef struct {
 	                      (they stay zero and need no collective) */
 	/* Value ids, -1 where the unit has none. In a graph where every unit is
 	 * uncut (all ddp) a unit has no values of its own: its params and grads
-	 * are views of flat.params / flat.grads and the bucket pass makes the
-	 * view its all_reduce runs on. */
+	 * are views of flat.params / flat.grads and the collectives pass makes
+	 * the view its all_reduce runs on. */
 	int full_p, full_g;     /* the unit's full params and grads (views or temporaries) */
 	int shard_p, shard_g;   /* this rank's part: views of the shard buffers */
 	int gather, gather_bwd; /* gathered: the gathered temporaries (forward, backward) */

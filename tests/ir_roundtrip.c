@@ -365,7 +365,7 @@ static void view(Value *v, Value *flat, int64_t off)
 	v->nbytes = ir_numel(v) * 4;
 }
 
-/* The planned form: after bucket, schedule and memplan. */
+/* The planned form: after collectives, schedule and memplan. */
 static Graph *build_planned(void)
 {
 	Graph *g = ir_new("models/mlp.dp");
