@@ -400,8 +400,9 @@ static int find_opt(const Ins *in, IrOp op)
 
 int collectives_run(Graph *g, Diag *d)
 {
-	(void)d;
-	ShardPlan *pl = shard_plan(g);
+	ShardPlan *pl = shard_plan(g, d);
+	if (!pl)
+		return -1;
 	Ins in = {.g = g, .pl = pl, .nold = g->nnodes};
 	in.before = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
 	in.after = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));

@@ -65,10 +65,17 @@ static int dump_file(const Graph *g, const char *dir, int nn, const char *name)
 	return 0;
 }
 
-/* Dump, print, verify: what happens after the front end and after each pass.
- * The dumps come first so that a graph the verifier rejects can be read. */
+/* Canonicalize, dump, print, verify: what happens after the front end and
+ * after each pass. The graph becomes the one its text reads back as
+ * (ir_canonicalize: ids included), so a pass sees the same graph whether
+ * the one before it ran in this process or its dump was read (dpc
+ * --from-ir); the sharding plan, whose ids that makes stale, is found
+ * again in the graph by the passes that need it (shard_plan). The dumps
+ * come first so that a graph the verifier rejects can be read. */
 static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
 {
+	ir_canonicalize(g);
+	g->shard = NULL;
 	if (o->dump_dir && dump_file(g, o->dump_dir, nn, name) < 0)
 		return -1;
 	if (o->dump_after && strcmp(o->dump_after, name) == 0)
@@ -96,6 +103,20 @@ int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
 {
 	int rc = after(g, o, 0, "frontend");
 	for (int i = 0; rc == 0 && i < npipeline; i++) {
+		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
+			return -1;
+		rc = after(g, o, i + 1, pipeline[i].name);
+	}
+	return rc;
+}
+
+int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n)
+{
+	int rc = 0;
+	for (int k = 0; rc == 0 && k < n; k++) {
+		int i = passes[k];
+		if (i < 0 || i >= npipeline)
+			die("pipeline: pass %d out of range", i);
 		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
 			return -1;
 		rc = after(g, o, i + 1, pipeline[i].name);

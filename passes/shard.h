@@ -7,8 +7,10 @@
  * units and lay out the flat buffers, and leaves the result, a ShardPlan, on
  * the graph (Graph.shard); setup writes the INIT and EXPORT programs from
  * the plan, and collectives inserts each unit's collectives as its
- * strategy's row says. The plan is not part of the text IR: the passes
- * after layout run on the graph layout made, in the same dpc run.
+ * strategy's row says. The plan is not printed, but everything it holds is
+ * in the IR: the passes after layout find it again in the graph
+ * (layout_plan), so they run the same on a dump read back (dpc --from-ir)
+ * as in the run that made it.
  */
 #ifndef DP_SHARD_H
 #define DP_SHARD_H
@@ -117,8 +119,14 @@ typedef struct ShardPlan {
 	int nu;
 } ShardPlan;
 
-/* The plan the layout pass left on g (dies when it did not run). */
-ShardPlan *shard_plan(const Graph *g);
+/* The plan of g's layout: the one the layout pass left on g, else the one
+ * layout_plan finds in the graph; NULL after reporting a graph the layout
+ * pass cannot have made. */
+ShardPlan *shard_plan(Graph *g, Diag *d);
+/* passes/layout.c: the plan of a laid-out graph, found in the graph
+ * itself (its units decided again, their values found by name); it is left
+ * on g. NULL after reporting (through d) what does not fit. */
+ShardPlan *layout_plan(Graph *g, Diag *d);
 
 /* The axes a gradient is summed over (dp_replicate x dp_shard, and cp: its
  * ranks hold other tokens of the same samples), and the group a cut unit is
