@@ -980,7 +980,8 @@ static int parse_source(Reader *r)
 	/* line=N is where the .dp file declares the source (none: a pass made
 	 * it): the step file carries loc's line (ir/stepfile_write.c), and
 	 * errors about the source point there */
-	s->loc = (Loc){r->g->file ? r->g->file : r->file, (int)s->rec.src_line, s->rec.src_line ? 1 : 0};
+	int line = (int)s->rec.src_line;
+	s->loc = (Loc){r->g->file ? r->g->file : r->file, line, line ? 1 : 0};
 	if (r->nsrcs == r->capsrcs) {
 		r->capsrcs = r->capsrcs ? r->capsrcs * 2 : 8;
 		r->srcs = xrealloc(r->srcs, (size_t)r->capsrcs * sizeof(Source *));

@@ -647,6 +647,18 @@ static int find_unit(Finder *f, const Unit *u, const char *suffix)
 	return find(f, ir_fmt(f->g, "%s.%s", u->name, suffix));
 }
 
+/* Does gradient gr have its parameter p's elements? Reports when not: the
+ * layout gives both one range. */
+static void check_grad(Finder *f, const Value *p, int gr)
+{
+	if (f->bad || ir_numel(f->g->values[gr]) == ir_numel(p))
+		return;
+	f->bad++;
+	error_at(f->d, f->g->values[gr]->loc, "%%%s has %lld elements and its parameter %%%s %lld",
+		 f->g->values[gr]->name, (long long)ir_numel(f->g->values[gr]), p->name,
+		 (long long)ir_numel(p));
+}
+
 /* Is value id v a view of `of` at element offset off? Reports when not. */
 static void check_view(Finder *f, int v, int of, int64_t off)
 {
@@ -670,6 +682,7 @@ static void find_whole(Finder *f, ShardPlan *pl, Unit *u, int64_t *off)
 		u->masters[i] = bf16 ? find(f, ir_fmt(f->g, "%s.master", p->name)) : p->id;
 		if (bf16)
 			u->master = pl->flat_params;
+		check_grad(f, p, p->grad);
 		check_view(f, p->id, bf16 ? pl->copy : pl->flat_params, *off);
 		check_view(f, p->grad, pl->flat_grads, *off);
 		if (bf16)
@@ -718,6 +731,7 @@ static void find_shards(Finder *f, Unit *u)
 		u->masters[i] = u->master >= 0 ? find(f, ir_fmt(f->g, "%s.master", p->name)) : p->id;
 		if (gb)
 			u->bwd_params[i] = find(f, ir_fmt(f->g, "%s.bwd", p->name));
+		check_grad(f, p, p->grad);
 		check_view(f, p->id, u->full_p, off);
 		check_view(f, p->grad, u->full_g, off);
 		if (u->master >= 0)

@@ -152,6 +152,9 @@ fails "IR that does not verify" "the IR is not valid" --from-ir "$T/bad.ir" -o "
 sed 's/view=%fc1.gather+12/view=%fc1.gather+11/' "$in" >"$T/bad.ir"
 fails "a layout the layout pass cannot have made" \
 	"error: %fc1.b should be a view of %fc1.gather at +12" --from-ir "$T/bad.ir" --passes setup
+sed 's/^%grad.head.w \( *\): f32\[3,2\]/%grad.head.w \1: f32[1,2]/' "$in" >"$T/bad.ir"
+fails "a gradient with fewer elements than its parameter" \
+	"%grad.head.w has 2 elements and its parameter %head.w 6" --from-ir "$T/bad.ir" --passes setup
 grep -v '^%fc1.rs ' "$in" >"$T/bad.ir"
 fails "a unit's buffer missing" "%fc1.rs, which the layout makes, is missing" \
 	--from-ir "$T/bad.ir" --passes setup
