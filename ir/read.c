@@ -54,6 +54,11 @@ static const struct {
 
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_NEVENTS (1 << 24) /* far beyond any schedule; bounds the verifier's tables */
+/* Far beyond any arena, and small enough that sums and products of sizes,
+ * offsets and dtype sizes never overflow an int64_t (the verifier, the
+ * printer and the passes add and multiply them unchecked). */
+#define MAX_ELEMS ((int64_t)1 << 48) /* a tensor's elements, a view's offset */
+#define MAX_BYTES ((int64_t)1 << 56) /* an arena offset, nbytes */
 
 typedef enum {
 	TK_END,    /* end of line (or a comment) */
@@ -563,12 +568,16 @@ static int parse_type(Reader *r, Value *v)
 		next(r);
 		return 0;
 	}
+	int64_t elems = 1;
 	for (;;) {
 		const Tok *dt_tok = next(r);
 		if (v->ndim == DP_MAX_DIMS)
 			return fail_at(r, dt_tok->col, "more than %d dimensions", DP_MAX_DIMS);
-		if (parse_range(r, dt_tok, 0, INT64_MAX, &v->dims[v->ndim]) < 0)
+		if (parse_range(r, dt_tok, 0, MAX_ELEMS, &v->dims[v->ndim]) < 0)
 			return -1;
+		if (v->dims[v->ndim] && elems > MAX_ELEMS / v->dims[v->ndim])
+			return fail_at(r, dt_tok->col, "more than 2^48 elements");
+		elems *= v->dims[v->ndim];
 		v->ndim++;
 		const Tok *sep = next(r);
 		if (is_punct(sep, "]"))
@@ -621,13 +630,13 @@ static int parse_value_memory(Reader *r, Value *v)
 	}
 	if (is_punct(t, "@")) {
 		next(r);
-		return parse_range(r, next(r), -1, INT64_MAX, &v->offset) < 0 ? -1 : 1;
+		return parse_range(r, next(r), -1, MAX_BYTES, &v->offset) < 0 ? -1 : 1;
 	}
 	if (is_word(t, "nbytes") && is_punct(peek2(r), "=")) {
 		next(r);
 		next(r);
 		r->nbytes_given = 1;
-		return parse_range(r, next(r), INT64_MIN, INT64_MAX, &v->nbytes) < 0 ? -1 : 1;
+		return parse_range(r, next(r), -MAX_BYTES, MAX_BYTES, &v->nbytes) < 0 ? -1 : 1;
 	}
 	return 0;
 }
@@ -1094,7 +1103,7 @@ static int parse_decl(Reader *r, Value *v)
 			const Tok *off = next(r);
 			if (off->kind != TK_WORD || off->text[0] != '+')
 				return fail_tok(r, off, "expected +OFFSET after the viewed value");
-			if (parse_i64(r, off, &v->view_offset) < 0)
+			if (parse_range(r, off, 0, MAX_ELEMS, &v->view_offset) < 0)
 				return -1;
 		} else if (strcmp(key, "of") == 0) {
 			if (parse_ref(r, &v->param, 0) < 0)
@@ -1392,7 +1401,8 @@ void ir_canonicalize(Graph *g)
 			to[order[i]] = i;
 			values[i] = g->values[order[i]];
 		}
-		memcpy(g->values, values, (size_t)nv * sizeof(Value *));
+		for (int i = 0; i < nv; i++)
+			g->values[i] = values[i];
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
 			v->id = i;

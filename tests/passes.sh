@@ -22,6 +22,10 @@
 #    unknown pass in the header, passes out of order or already run, a
 #    step file before the end, IR that does not verify or that the layout
 #    cannot have made: a message, exit 1, no output file.
+# 4. The reader fuzzed: $BUILD/tests/fe_fuzz --ir (tests/fe_fuzz.c) reads
+#    FUZZ_N (default 1000) mutants of each input above and of tests/ir/*.ir:
+#    no crash, no sanitizer report (SAN=1), every graph read prints back as
+#    it printed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=tests/lib.sh
@@ -158,4 +162,20 @@ fails "a gradient with fewer elements than its parameter" \
 grep -v '^%fc1.rs ' "$in" >"$T/bad.ir"
 fails "a unit's buffer missing" "%fc1.rs, which the layout makes, is missing" \
 	--from-ir "$T/bad.ir" --passes setup
+
+# ---- 4. the reader fuzzed ----
+FUZZ_N=${FUZZ_N:-1000}
+if [ -x "$BUILD/tests/fe_fuzz" ]; then
+	for in in tests/passes/*.in.ir tests/ir/*.ir; do
+		if "$BUILD/tests/fe_fuzz" --ir "$in" "$FUZZ_N" 1 >"$T/fuzz" 2>&1 &&
+			! grep -qE 'internal error|Sanitizer|runtime error:' "$T/fuzz"; then
+			ok "$(tail -n 1 "$T/fuzz" | sed 's/^fe_fuzz: //')"
+		else
+			fail "fe_fuzz --ir $in"
+			tail -n 20 "$T/fuzz" | sed 's/^/      /'
+		fi
+	done
+else
+	fail "$BUILD/tests/fe_fuzz is not built (make tests)"
+fi
 finish passes
