@@ -125,19 +125,14 @@ static double now_ms(void)
 
 /* ---- IR input (--from-ir) ---- */
 
-/* The whole of path as a C string; NULL with errno set. *len is its length
- * (a NUL byte inside shows as strlen(text) < len). */
+/* The whole of path as a C string; NULL with errno set (a directory reads
+ * as EISDIR). *len is its length (a NUL byte inside shows as strlen(text)
+ * < len). */
 static char *read_text(const char *path, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		return NULL;
-	struct stat st;
-	if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-		fclose(f);
-		errno = EISDIR;
-		return NULL;
-	}
 	char *text = NULL;
 	size_t n = 0;
 	FILE *mem = open_memstream(&text, &n);
@@ -275,23 +270,6 @@ static int run_from_ir(const char *path, const char *list, int write_step, const
 		return -1;
 	*gp = g;
 	*last = stop ? ir_strdup(g, stop) : NULL;
-	/* the input must hold what every pass relies on; its violations are
-	 * mistakes in the text, not compiler bugs */
-	char *msgs = NULL;
-	size_t mlen = 0;
-	FILE *buf = open_memstream(&msgs, &mlen);
-	if (!buf)
-		die("out of memory");
-	int bad = ir_verify(g, NULL, buf);
-	fclose(buf);
-	if (bad) {
-		error_at(d, (Loc){path, 0, 0}, "the IR is not valid (%d problem%s):", bad,
-			 bad == 1 ? "" : "s");
-		fputs(msgs, stderr);
-	}
-	free(msgs);
-	if (bad)
-		return -1;
 	return pipeline_run_some(g, d, po, which, n);
 }
 

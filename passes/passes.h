@@ -31,9 +31,10 @@ typedef struct {
  * verifier found violations (an internal error, already printed to stderr).
  * The front end's graph is verified (and dumped as 00-frontend) first. */
 int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
-/* Runs the passes pipeline[passes[0..n-1]] in that order on a graph that
- * is already verified (dpc --from-ir: IR read from text), with the same
- * verification and dumps after each; returns as pipeline_run. */
+/* Runs the passes pipeline[passes[0..n-1]] in that order on a graph read
+ * from IR text (dpc --from-ir), with the same verification and dumps after
+ * each; returns as pipeline_run. The graph is verified first: violations
+ * are user errors there (reported through d, -1). */
 int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n);
 /* Index of a pass by name, -1 if unknown. */
 int pipeline_find(const char *name);

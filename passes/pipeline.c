@@ -65,6 +65,20 @@ static int dump_file(const Graph *g, const char *dir, int nn, const char *name)
 	return 0;
 }
 
+/* ir_verify's report on g as a string (caller frees); *bad: how many
+ * violations it found. */
+static char *verify_text(const Graph *g, const char *after, int *bad)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *buf = open_memstream(&text, &len);
+	if (!buf)
+		die("out of memory");
+	*bad = ir_verify(g, after, buf);
+	fclose(buf);
+	return text;
+}
+
 /* Canonicalize, dump, print, verify: what happens after the front end and
  * after each pass. The graph becomes the one its text reads back as
  * (ir_canonicalize: ids included), so a pass sees the same graph whether
@@ -83,13 +97,8 @@ static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
 	if (!o->verify)
 		return 0;
 	/* Collect the violations first, so the header precedes them. */
-	char *text = NULL;
-	size_t len = 0;
-	FILE *buf = open_memstream(&text, &len);
-	if (!buf)
-		die("out of memory");
-	int bad = ir_verify(g, name, buf);
-	fclose(buf);
+	int bad;
+	char *text = verify_text(g, name, &bad);
 	if (bad) {
 		fflush(o->dump_out ? o->dump_out : stdout);
 		fprintf(stderr, "dpc: internal error: IR verification failed after %s\n", name);
@@ -112,6 +121,18 @@ int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
 
 int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n)
 {
+	/* read IR must hold what every pass relies on: its violations are
+	 * mistakes in the text, not compiler bugs */
+	int bad;
+	char *text = verify_text(g, NULL, &bad);
+	if (bad) {
+		error_at(d, (Loc){0}, "the IR is not valid (%d problem%s):", bad,
+			 bad == 1 ? "" : "s");
+		fputs(text, d->out ? d->out : stderr);
+	}
+	free(text);
+	if (bad)
+		return -1;
 	int rc = 0;
 	for (int k = 0; rc == 0 && k < n; k++) {
 		int i = passes[k];
