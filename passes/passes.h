@@ -2,8 +2,9 @@
  * passes.h - the pass pipeline: each pass is one file in passes/, listed in
  * order in passes/pipeline.c. A pass takes the graph, transforms it in place,
  * and returns 0, or reports user errors through the Diag and returns -1.
- * After every pass the verifier runs (always in dpc; it is cheap), and the
- * graph can be dumped (dpc --dump-ir=DIR, --dump-after=PASS).
+ * After every pass the graph is made canonical (ir_canonicalize), the
+ * verifier runs (always in dpc; it is cheap), and the graph can be dumped
+ * (dpc --dump-ir=DIR, --dump-after=PASS) and read back (dpc --from-ir).
  */
 #ifndef DP_PASSES_H
 #define DP_PASSES_H

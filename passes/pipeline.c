@@ -2,8 +2,10 @@
  * pipeline.c - the ordered list of passes, and the loop that runs them.
  *
  * The whole compiler after the front end is this list (QBE's main loop):
- * each pass transforms the graph in place; after each one the verifier runs
- * (dpc always does; --no-verify turns it off) and the graph can be dumped.
+ * each pass transforms the graph in place; after each one the graph is made
+ * canonical (the graph its dump reads back as), the verifier runs (dpc
+ * always does; --no-verify turns it off) and the graph can be dumped.
+ * pipeline_run_some resumes the list on IR read from text (dpc --from-ir).
  * The form the graph takes before and after each pass is at the top of the
  * pass's file.
  */
