@@ -2,7 +2,10 @@
  * dpc.c - the dp compiler driver: FILE.dp -> step file (and IR dumps, stats).
  *
  * Front end (fe_compile), then the pass pipeline (passes/pipeline.c) with the
- * verifier after every pass, then the outputs the options ask for. Exit
+ * verifier after every pass, then the outputs the options ask for. With
+ * --from-ir the input is IR text instead (ir_read; errors at its
+ * file:line:col), verified, then the passes --passes names (QBE's and
+ * LLVM's one-pass tests: IR in, passes, IR out). Exit
  * status: 0 success; 1 user error (bad option, bad model, unwritable output),
  * reported as messages; 2 internal error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
@@ -29,9 +32,19 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 		"usage: dpc FILE.dp [options]\n"
+		"       dpc --from-ir FILE.ir [--passes PASS[,PASS...]|all] [options]\n"
 		"\n"
 		"Compiles a dp model to a step file that `dpexec` runs on every rank.\n"
 		"\n"
+		"      --from-ir FILE.ir  read IR text (a dump, or written by hand) instead\n"
+		"                      of a model, run the passes --passes names on it with\n"
+		"                      the verifier after each, and print the IR after the last\n"
+		"                      to stdout; with -o, write the step file instead (the\n"
+		"                      passes must then reach the end of the pipeline)\n"
+		"      --passes LIST   with --from-ir: the passes to run, comma-separated, in\n"
+		"                      pipeline order, each after the one the IR was printed\n"
+		"                      after (its first line, \"; dp IR after PASS\"); \"all\"\n"
+		"                      (the default): every pass after that one\n"
 		"  -o FILE             write the step file to FILE (atomically; through a\n"
 		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
@@ -75,11 +88,13 @@ static void print_pipeline(FILE *out)
 		fprintf(out, "%2d  %-*s  %s\n", i + 1, w, pipeline[i].name, pipeline[i].doc);
 }
 
-static void pass_names(FILE *out)
+/* The pipeline's names, after "frontend" when with_frontend. */
+static void pass_names(FILE *out, int with_frontend)
 {
-	fprintf(out, "frontend");
+	if (with_frontend)
+		fprintf(out, "frontend, ");
 	for (int i = 0; i < npipeline; i++)
-		fprintf(out, ", %s", pipeline[i].name);
+		fprintf(out, "%s%s", i ? ", " : "", pipeline[i].name);
 	fprintf(out, "\n");
 }
 
@@ -109,6 +124,156 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* ---- IR input (--from-ir) ---- */
+
+/* The whole of path as a C string; NULL with errno set (a directory reads
+ * as EISDIR). *len is its length (a NUL byte inside shows as strlen(text)
+ * < len). */
+static char *read_text(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	char *text = NULL;
+	size_t n = 0;
+	FILE *mem = open_memstream(&text, &n);
+	if (!mem)
+		die("out of memory");
+	char chunk[1 << 16];
+	size_t got;
+	while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+		if (fwrite(chunk, 1, got, mem) != got)
+			die("out of memory");
+	int err = ferror(f) ? (errno ? errno : EIO) : 0;
+	fclose(f);
+	if (fclose(mem) != 0)
+		die("out of memory");
+	if (err) {
+		free(text);
+		errno = err;
+		return NULL;
+	}
+	*len = n;
+	return text;
+}
+
+/* The passes --passes names, as pipeline indices into out (npipeline
+ * slots), in pipeline order, each after `at` (the pass the IR was printed
+ * after; -1 the front end, -2 unknown); the count, or -1 after a message. */
+static int select_passes(const char *list, int at, const char *at_name, const char *file, int *out)
+{
+	int n = 0;
+	if (strcmp(list, "all") == 0) {
+		if (at == -2) {
+			fprintf(stderr, "dpc: %s does not say which pass it was printed after (a first "
+					"line \"; dp IR after PASS\"), so --passes all has nowhere to start: "
+					"name the passes\n", file);
+			return -1;
+		}
+		for (int i = at + 1; i < npipeline; i++)
+			out[n++] = i;
+		return n;
+	}
+	const char *s = list;
+	for (;;) {
+		const char *e = strchr(s, ',');
+		size_t len = e ? (size_t)(e - s) : strlen(s);
+		char name[64];
+		int i = -1;
+		if (len > 0 && len < sizeof name) {
+			memcpy(name, s, len);
+			name[len] = '\0';
+			i = pipeline_find(name);
+		}
+		if (len == 0) {
+			fprintf(stderr, "dpc: --passes: an empty name in '%s'\n", list);
+			return -1;
+		}
+		if (i < 0) {
+			fprintf(stderr, "dpc: --passes: unknown pass '%.*s'; passes: ", (int)len, s);
+			pass_names(stderr, 0);
+			return -1;
+		}
+		if (n > 0 && i <= out[n - 1]) {
+			fprintf(stderr, "dpc: --passes: %s comes before %s in the pipeline (dpc "
+					"--print-pipeline)\n", name, pipeline[out[n - 1]].name);
+			return -1;
+		}
+		if (i == at) {
+			fprintf(stderr, "dpc: --passes: %s is the IR after %s already\n", file, name);
+			return -1;
+		}
+		if (i < at) {
+			fprintf(stderr, "dpc: --passes: %s is the IR after %s, and %s comes before it in "
+					"the pipeline (dpc --print-pipeline)\n", file, at_name, name);
+			return -1;
+		}
+		out[n++] = i;
+		if (!e)
+			return n;
+		s = e + 1;
+	}
+}
+
+/* Reads the IR at path, verifies it, runs the passes `list` names, and
+ * leaves the graph in *gp and the name of the pass it is now after in
+ * *last. The text stays in *src for the diagnostics of later passes.
+ * Returns as pipeline_run: 0, -1 after user errors, -2 when a pass's
+ * output failed verification. */
+static int run_from_ir(const char *path, const char *list, int write_step, const PipelineOpts *po,
+		       Diag *d, char **src, Graph **gp, const char **last)
+{
+	size_t len = 0;
+	errno = 0;
+	char *text = read_text(path, &len);
+	if (!text) {
+		error_at(d, (Loc){path, 0, 0}, "cannot open '%s': %s", path, strerror(errno));
+		return -1;
+	}
+	*src = text;
+	d->src = text;
+	if (strlen(text) < len) { /* the reader stops at a NUL: say where it is */
+		int line = 1, col = 1;
+		for (const char *p = text; *p; p++, col++)
+			if (*p == '\n')
+				line++, col = 0;
+		error_at(d, (Loc){path, line, col}, "unexpected byte 0x00");
+		return -1;
+	}
+	/* where the IR stands: the pass its first line names */
+	char after[64];
+	int at = -2;
+	int col = ir_read_after(text, after, sizeof after);
+	if (col > 0) {
+		at = strcmp(after, "frontend") == 0 ? -1 : pipeline_find(after);
+		if (at == -1 && strcmp(after, "frontend") != 0) {
+			error_at(d, (Loc){path, 1, col}, "unknown pass '%s' (frontend, or one of dpc "
+				 "--print-pipeline)", after);
+			return -1;
+		}
+	}
+	int which[64];
+	if (npipeline > (int)(sizeof which / sizeof which[0]))
+		die("dpc: more passes than --passes can hold");
+	int n = select_passes(list, at, col > 0 ? after : NULL, path, which);
+	if (n < 0)
+		return -1;
+	const char *stop = n > 0 ? pipeline[which[n - 1]].name : col > 0 ? after : NULL;
+	int reaches_end = n > 0 ? which[n - 1] == npipeline - 1 : at == npipeline - 1;
+	if (write_step && !reaches_end) {
+		fprintf(stderr, "dpc: a step file needs the whole pipeline, up to %s; the passes "
+				"stop after %s\n", pipeline[npipeline - 1].name,
+			stop ? stop : "a pass the IR does not name");
+		return -1;
+	}
+	Graph *g = ir_read(text, path, d);
+	if (!g)
+		return -1;
+	*gp = g;
+	*last = stop ? ir_strdup(g, stop) : NULL;
+	return pipeline_run_some(g, d, po, which, n);
+}
+
 enum {
 	OPT_WORLD = 256,
 	OPT_TP,
@@ -122,6 +287,8 @@ enum {
 	OPT_NO_VERIFY,
 	OPT_VERSION,
 	OPT_PRECISION,
+	OPT_FROM_IR,
+	OPT_PASSES,
 };
 
 enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
@@ -144,6 +311,8 @@ int main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, OPT_VERSION},
 		{"precision", required_argument, NULL, OPT_PRECISION},
+		{"from-ir", required_argument, NULL, OPT_FROM_IR},
+		{"passes", required_argument, NULL, OPT_PASSES},
 		{NULL, 0, NULL, 0},
 	};
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
@@ -151,7 +320,7 @@ int main(int argc, char **argv)
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
-	const char *precision = NULL;
+	const char *precision = NULL, *from_ir = NULL, *passes = NULL;
 	static const char shortopts[] = "o:vhD:";
 	int c;
 	opterr = 0; /* cli_bad_option says what is wrong, in our words */
@@ -221,10 +390,16 @@ int main(int argc, char **argv)
 		case OPT_DUMP_AFTER:
 			if (strcmp(optarg, "frontend") != 0 && pipeline_find(optarg) < 0) {
 				fprintf(stderr, "dpc: unknown pass '%s'; passes: ", optarg);
-				pass_names(stderr);
+				pass_names(stderr, 1);
 				return 1;
 			}
 			dump_after = optarg;
+			break;
+		case OPT_FROM_IR:
+			from_ir = optarg;
+			break;
+		case OPT_PASSES:
+			passes = optarg;
 			break;
 		case OPT_PRINT_PIPELINE:
 			print_pipeline(stdout);
@@ -250,7 +425,11 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	if (optind >= argc) {
+	if (from_ir && optind < argc) {
+		fprintf(stderr, "dpc: --from-ir reads %s; no other input file\n", from_ir);
+		return 1;
+	}
+	if (!from_ir && optind >= argc) {
 		fprintf(stderr, "dpc: no input file\n");
 		usage(stderr);
 		return 1;
@@ -259,14 +438,26 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
 		return 1;
 	}
-	const char *path = argv[optind];
+	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || precision)) {
+		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D and --precision "
+				"shape a model; IR (--from-ir) has them settled\n");
+		free(defines);
+		return 1;
+	}
+	if (passes && !from_ir) {
+		fprintf(stderr, "dpc: --passes runs passes on IR text: give it --from-ir FILE.ir\n");
+		return 1;
+	}
+	const char *path = from_ir ? from_ir : argv[optind];
 	if (dump_dir && out_mkdirs(dump_dir) < 0) {
 		fprintf(stderr, "dpc: cannot create %s: %s\n", dump_dir, strerror(errno));
 		return 1;
 	}
 
-	/* Printing modes write a step file only when -o asks for one. */
-	int write_step = output || emit == EMIT_STEP || (emit == EMIT_DEFAULT && !dump_after);
+	/* Printing modes write a step file only when -o asks for one; so does
+	 * IR input, which prints its IR otherwise. */
+	int write_step = output || emit == EMIT_STEP ||
+			 (emit == EMIT_DEFAULT && !dump_after && !from_ir);
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);
@@ -289,28 +480,36 @@ int main(int argc, char **argv)
 	Diag diag;
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
-	FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1], .dp_replicate = axis[2],
-			.defines = defines, .ndefines = ndefines, .precision = precision};
-	Graph *g = fe_compile_opts(path, &fo, &diag, &src);
+	Graph *g = NULL;
 	int status = 0;
-	if (!g || diag.nerrors) {
-		status = 1;
-		goto out;
-	}
-	diag.src = src;
 	PipelineOpts po = {
 		.dump_dir = dump_dir,
 		.dump_after = dump_after,
 		.dump_out = stdout,
 		.verify = verify,
 	};
-	int rc = pipeline_run(g, &diag, &po);
+	const char *last = NULL; /* the pass the graph is after (IR input) */
+	int rc;
+	if (from_ir) {
+		rc = run_from_ir(path, passes ? passes : "all", write_step, &po, &diag, &src, &g, &last);
+	} else {
+		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
+				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
+				.precision = precision};
+		g = fe_compile_opts(path, &fo, &diag, &src);
+		if (!g || diag.nerrors) {
+			status = 1;
+			goto out;
+		}
+		diag.src = src;
+		rc = pipeline_run(g, &diag, &po);
+	}
 	if (rc < 0) {
 		status = rc == -2 ? 2 : 1;
 		goto out;
 	}
-	if (emit == EMIT_IR)
-		ir_print(stdout, g);
+	if (emit == EMIT_IR || (from_ir && !write_step && emit == EMIT_DEFAULT))
+		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
 	if (write_step) {

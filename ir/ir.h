@@ -209,7 +209,8 @@ typedef struct Graph {
 	int nevents;
 	/* filled by passes */
 	struct ShardPlan *shard;   /* units and flat buffers (passes/layout.c), for the
-	                              passes after it; not in the text IR */
+	                              passes after it; not printed: those passes find
+	                              it again in the graph (layout_plan) */
 	int64_t peak_bytes;        /* arena size after memory planning */
 	int64_t persistent_bytes;  /* of which params, grads, optimizer state, data, metrics */
 } Graph;
@@ -461,6 +462,23 @@ Graph *ir_read(const char *text, const char *name, Diag *d);
 /* ir_print with the pass name in the header comment ("; dp IR after PASS
  * (file)"); after may be NULL. For dumps after each pass. */
 void ir_print_after(FILE *out, const Graph *g, const char *after);
+/* The value ids in the order the text lists them (ir_print): the *ndecl
+ * declarations in id order, then the SSA temporaries defined inline, in
+ * program order. order has room for nvalues; returns how many it wrote
+ * (nvalues unless the graph is broken). */
+int ir_value_order(const Graph *g, int *order, int *ndecl);
+/* Makes g the graph its text reads back as: values get the ids ir_read
+ * gives them (ir_value_order), nodes their program position, every
+ * reference follows; a temporary defined inline without a block takes its
+ * node's (the text shows one block for both). ir_read ends with it, and
+ * dpc runs it after the front end and after every pass, so a dump read
+ * back (dpc --from-ir) is the graph the next pass would have seen, ids
+ * included. */
+void ir_canonicalize(Graph *g);
+/* The pass a dump names on its first line, "; dp IR after PASS (FILE)":
+ * PASS copied into after (at most len bytes with the NUL), and its 1-based
+ * column returned; 0 when the first line names no pass. */
+int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */

@@ -4,7 +4,7 @@
  * The same text reads back with ir_read (ir/read.c), and
  * print(read(print(g))) == print(g) byte for byte. The form, top to bottom:
  *
- *   ; dp IR after bucket (models/mlp.dp)     header: restores g->file
+ *   ; dp IR after schedule (models/mlp.dp)   header: restores g->file
  *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1
  *   config micro_batch=32 grad_accum=2 ... seed=1234 arena=0
  *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1
@@ -698,6 +698,41 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 
 /* ---- the whole graph ---- */
 
+/* Node id -> node (the first with that id), for inline definitions; *nid
+ * is the table's length. Caller frees. */
+static const Node **nodes_by_id(const Graph *g, int *nid)
+{
+	int n = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i] && g->nodes[i]->id >= n)
+			n = g->nodes[i]->id + 1;
+	const Node **byid = calloc((size_t)n + 1, sizeof *byid);
+	if (!byid)
+		die("out of memory printing IR");
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i] && g->nodes[i]->id >= 0 && !byid[g->nodes[i]->id])
+			byid[g->nodes[i]->id] = g->nodes[i];
+	*nid = n;
+	return byid;
+}
+
+int ir_value_order(const Graph *g, int *order, int *ndecl)
+{
+	int nid, k = 0;
+	const Node **byid = nodes_by_id(g, &nid);
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i] && !inline_def(g->values[i], byid, nid))
+			order[k++] = i;
+	*ndecl = k;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n && value_ok(g, n->out) && inline_def(g->values[n->out], byid, nid) == n)
+			order[k++] = n->out;
+	}
+	free(byid);
+	return k;
+}
+
 static size_t capped_max(size_t cur, size_t len, size_t cap)
 {
 	return len <= cap && len > cur ? len : cur;
@@ -721,17 +756,8 @@ void ir_print_after(FILE *out, const Graph *g, const char *after)
 	fputc('\n', out);
 	print_directives(out, g);
 
-	/* node id -> node, for inline definitions */
-	int nid = 0;
-	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i] && g->nodes[i]->id >= nid)
-			nid = g->nodes[i]->id + 1;
-	const Node **byid = calloc((size_t)nid + 1, sizeof *byid);
-	if (!byid)
-		die("out of memory printing IR");
-	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i] && g->nodes[i]->id >= 0 && !byid[g->nodes[i]->id])
-			byid[g->nodes[i]->id] = g->nodes[i];
+	int nid;
+	const Node **byid = nodes_by_id(g, &nid);
 
 	/* declarations */
 	DeclLine *dl = calloc((size_t)g->nvalues + 1, sizeof *dl);
