@@ -249,6 +249,8 @@ static void put_bound(char *buf, size_t len, int type, double x)
 		snprintf(buf, len, "2^31-1");
 	else if (type != DP_ST_FLOAT && x >= (double)INT64_MAX)
 		snprintf(buf, len, "2^63-1");
+	else if (type != DP_ST_FLOAT && x >= 1024 && x == (double)((int64_t)1 << (int)log2(x)))
+		snprintf(buf, len, "2^%d", (int)log2(x));
 	else
 		snprintf(buf, len, "%.10g", x);
 }

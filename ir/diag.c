@@ -6,6 +6,9 @@
  *       logits = linear(h9, w, b)
  *                       ^
  *
+ * Warnings (warning_at: a setting that has no effect) have the same form with
+ * "warning:" and do not count as errors.
+ *
  * A Loc with line 0 has no position (a file that cannot be opened): only
  * "file: error: message" is printed. The source line is quoted only when the
  * Loc is in the file whose text Diag holds. Columns count bytes; the caret
@@ -22,6 +25,7 @@ void diag_init(Diag *d, FILE *out, const char *file, const char *src)
 	d->file = file;
 	d->src = src;
 	d->nerrors = 0;
+	d->nwarnings = 0;
 	d->max_errors = 0;
 }
 
@@ -55,23 +59,30 @@ static void quote_line(FILE *out, const char *src, int line, int col)
 	fputs("^\n", out);
 }
 
-void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap)
+/* "file:line:col: KIND: message", the quoted line and a caret. */
+static void report(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap)
 {
-	d->nerrors++;
-	if (!d->out || (d->max_errors > 0 && d->nerrors > d->max_errors))
-		return;
 	const char *file = loc.file ? loc.file : d->file ? d->file : "dpc";
 	if (loc.line > 0)
-		fprintf(d->out, "%s:%d:%d: error: ", file, loc.line, loc.col);
+		fprintf(d->out, "%s:%d:%d: %s: ", file, loc.line, loc.col, kind);
 	else
-		fprintf(d->out, "%s: error: ", file);
+		fprintf(d->out, "%s: %s: ", file, kind);
 	vfprintf(d->out, fmt, ap);
 	fputc('\n', d->out);
 	int same_file = !loc.file || (d->file && strcmp(loc.file, d->file) == 0);
 	if (loc.line > 0 && d->src && same_file)
 		quote_line(d->out, d->src, loc.line, loc.col);
+}
+
+void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap)
+{
+	d->nerrors++;
+	if (!d->out || (d->max_errors > 0 && d->nerrors > d->max_errors))
+		return;
+	report(d, loc, "error", fmt, ap);
 	if (d->max_errors > 0 && d->nerrors == d->max_errors)
-		fprintf(d->out, "%s: error: too many errors, stopping\n", file);
+		fprintf(d->out, "%s: error: too many errors, stopping\n",
+			loc.file ? loc.file : d->file ? d->file : "dpc");
 }
 
 void error_at(Diag *d, Loc loc, const char *fmt, ...)
@@ -79,6 +90,17 @@ void error_at(Diag *d, Loc loc, const char *fmt, ...)
 	va_list ap;
 	va_start(ap, fmt);
 	verror_at(d, loc, fmt, ap);
+	va_end(ap);
+}
+
+void warning_at(Diag *d, Loc loc, const char *fmt, ...)
+{
+	d->nwarnings++;
+	if (!d->out)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	report(d, loc, "warning", fmt, ap);
 	va_end(ap);
 }
 

@@ -5,12 +5,12 @@
  * print(read(print(g))) == print(g) byte for byte. The form, top to bottom:
  *
  *   ; dp IR after bucket (models/mlp.dp)     header: restores g->file
- *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1
- *   config micro_batch=32 grad_accum=2 ... seed=1234 arena=0
- *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1
- *   schedule cosine warmup=100 steps=4000 min_lr=0
- *   strategy ddp bucket_mb=0.25 reshard_after_forward=1 prefetch=1 gather_limit_mb=0 accum_unsharded=0
- *   precision param_dtype=bf16 reduce_dtype=f32 buffer_dtype=bf16   when not all f32
+ *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1   the settings lines: the IR column
+ *   config micro_batch=32 grad_accum=2 ...    of format/settings.def (each line's
+ *   optimizer adamw lr=0.001 ... clip=1        rows in row order; NONZERO keys only
+ *   schedule cosine warmup=100 ...             when set)
+ *   strategy ddp bucket_mb=0.25 ...
+ *   precision param_dtype=bf16 ...             when not all f32
  *   memory peak=N persistent=N                 once planned
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...

@@ -13,6 +13,15 @@
 #
 # Every tests/batch_ok/*.dp must compile at world sizes 1, 2 and 3.
 #
+# Every tests/warnings/*.dp compiles (status 0, the step file written) with
+# exactly the warnings its leading comments list (settings that have no
+# effect, compiler/settings.c), none other:
+#   # warn: 23:3: warning: bucket_mb 10 has no effect     (LINE:COL: warning: SUBSTRING)
+#   # warn: --set train.x=1: warning: ...                  (a flag's: no position)
+#   # warn: none                                           (no warning at all)
+# Then tests/settings.sh (--set, dpc --print-settings against docs/DSL.md,
+# the settings-backed flags) runs as one check.
+#
 # Then $BUILD/tests/fe_fuzz (tests/fe_fuzz.c, built by `make tests`, with the
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
 # valid model in tests/errors/seeds/ (the transformer syntax).
@@ -121,6 +130,63 @@ for f in tests/batch_ok/*.dp; do
 		rm -f "$tmp/ok.bin"
 	done
 done
+
+# Settings that do nothing: warnings, never errors.
+for f in tests/warnings/*.dp; do
+	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
+	rm -f "$tmp/warn.bin"
+	# shellcheck disable=SC2086
+	"$DPC" "$f" $args -o "$tmp/warn.bin" >"$tmp/stdout" 2>"$tmp/stderr"
+	rc=$?
+	ok=1
+	[ $rc -eq 0 ] || { bad "$f" "exit status $rc, want 0 (warnings are not errors)"; ok=0; }
+	[ -s "$tmp/warn.bin" ] || { bad "$f" "no step file written"; ok=0; }
+	nexp=0
+	while IFS= read -r exp; do
+		[ "$exp" = none ] && continue
+		nexp=$((nexp + 1))
+		pos=${exp%%: warning: *}
+		msg=${exp#*: warning: }
+		[[ $pos =~ ^[0-9]+:[0-9]+$ ]] && pos="$f:$pos"
+		if ! grep -F -- "$pos: warning: " "$tmp/stderr" | grep -qF -- "$msg"; then
+			bad "$f" "missing '$pos: warning: ...$msg...'"
+			ok=0
+		fi
+	done < <(sed -n 's/^# warn: //p' "$f")
+	nwarn=$(grep -c ': warning: ' "$tmp/stderr")
+	if [ "$nwarn" -ne $nexp ]; then
+		bad "$f" "$nwarn warnings, want $nexp"
+		ok=0
+	fi
+	if crashed "$tmp/stderr"; then
+		bad "$f" "crash or sanitizer report"
+		ok=0
+	fi
+	if [ $ok = 1 ]; then
+		pass=$((pass + 1))
+	else
+		sed 's/^/    | /' "$tmp/stderr" | head -30
+	fi
+done
+
+# The models compile without a warning: every setting they give does something.
+for f in models/*.dp; do
+	ws=1; grep -q '^mesh auto' "$f" && ws=2
+	if "$DPC" "$f" --world-size "$ws" --emit=ir -o "$tmp/m.bin" >/dev/null 2>"$tmp/stderr" &&
+		! grep -q 'warning:' "$tmp/stderr"; then
+		pass=$((pass + 1))
+	else
+		bad "$f" "does not compile quietly: $(head -c 400 "$tmp/stderr")"
+	fi
+done
+
+# --set, dpc --print-settings against docs/DSL.md, the settings-backed flags
+if BUILD=$BUILD DPC=$DPC bash tests/settings.sh >"$tmp/settings" 2>&1; then
+	pass=$((pass + 1))
+	tail -n 1 "$tmp/settings"
+else
+	bad "tests/settings.sh" "$(grep -E 'FAIL|passed' "$tmp/settings" | head -20)"
+fi
 
 # A file that cannot be read: a message without a position, status 1.
 "$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
