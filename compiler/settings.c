@@ -543,6 +543,11 @@ static const char *applies_buffers(Lower *L)
 	return "this model has no buffer";
 }
 
+static const char *applies_momentum(Lower *L)
+{
+	return L->g->opt.momentum > 0 ? NULL : "momentum is 0";
+}
+
 #define DP_PRED_ALWAYS NULL
 #define DP_PRED_APPLIES(pred, doc) applies_##pred
 #define DP_PRED_REQUIRES(pred, doc) applies_##pred

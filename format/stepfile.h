@@ -34,7 +34,8 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 6u
+/* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV) */
+#define DP_STEP_VERSION 7u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
