@@ -71,10 +71,13 @@ static void usage(FILE *out)
 		const DpSetting *st = &dp_settings[i];
 		if (st->flag_prog != DP_FLAG_DPC)
 			continue;
-		fprintf(out, "      --%s=", st->flag);
-		for (int k = 0; st->type == DP_ST_WORDS && st->words[k]; k++)
-			fprintf(out, "%s%s", k ? "|" : "", st->words[k]);
-		fprintf(out, "\n                      %s\n", st->help);
+		char head[160];
+		int n = snprintf(head, sizeof head, "      --%s=", st->flag);
+		for (int k = 0; st->type == DP_ST_WORDS && st->words[k] && n < 120; k++)
+			n += snprintf(head + n, sizeof head - (size_t)n, "%s%s", k ? "|" : "", st->words[k]);
+		if (st->type != DP_ST_WORDS)
+			snprintf(head + n, sizeof head - (size_t)n, "VALUE");
+		dp_help_line(out, head, st->help, 22);
 	}
 	fprintf(out,
 		"\n"
@@ -207,13 +210,8 @@ int main(int argc, char **argv)
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
-	int nlong = (int)(sizeof fixed / sizeof fixed[0]);
-	memcpy(longopts, fixed, sizeof fixed);
-	for (int i = 0; i < DP_NSETTINGS; i++)
-		if (dp_settings[i].flag_prog == DP_FLAG_DPC)
-			longopts[nlong++] = (struct option){dp_settings[i].flag, required_argument, NULL,
-							    OPT_SETTING + i};
-	longopts[nlong] = (struct option){NULL, 0, NULL, 0};
+	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPC,
+			   OPT_SETTING);
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
 	FeDefine *defines = NULL;
 	int ndefines = 0;

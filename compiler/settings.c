@@ -98,9 +98,9 @@ void settings_collect(Lower *L, int sec, const Stmt *section)
 				    strcmp(dp_settings[i].name, s->name) == 0)
 					arg = i;
 			if (arg >= 0)
-				ERR(s->name_loc, "unknown train setting '%s' (it is an argument of %s: %s "
+				ERR(s->name_loc, "unknown %s setting '%s' (an argument of the %s: %s "
 						 "%s(%s=...))",
-				    s->name, dp_settings[dp_settings[arg].spec].name,
+				    section_name(sec), s->name, dp_settings[dp_settings[arg].spec].name,
 				    dp_settings[dp_settings[arg].spec].name,
 				    dp_kind_name(dp_settings[arg].spec, dp_settings[arg].kind), s->name);
 			else
@@ -642,31 +642,20 @@ void settings_check_bounds(Lower *L)
 /* The value form of a row: N, X, true|false, f32|bf16, NAME, KIND(...). */
 static void put_form(FILE *out, int id)
 {
+	static const char *const form[] = {
+		[DP_ST_INT] = "N",
+		[DP_ST_FLOAT] = "X",
+		[DP_ST_BOOL] = "true\\|false",
+		[DP_ST_WORDS] = "", /* its words */
+		[DP_ST_DTYPE] = "f32\\|bf16",
+		[DP_ST_STRATEGY] = "NAME",
+		[DP_ST_SPEC] = "KIND(...)",
+		[DP_ST_AXES] = "",
+	}; /* ORDER DpSetType */
 	const DpSetting *st = &dp_settings[id];
-	switch (st->type) {
-	case DP_ST_INT:
-		fputs("N", out);
-		break;
-	case DP_ST_FLOAT:
-		fputs("X", out);
-		break;
-	case DP_ST_BOOL:
-		fputs("true\\|false", out);
-		break;
-	case DP_ST_DTYPE:
-		fputs("f32\\|bf16", out);
-		break;
-	case DP_ST_STRATEGY:
-		fputs("NAME", out);
-		break;
-	case DP_ST_SPEC:
-		fputs("KIND(...)", out);
-		break;
-	case DP_ST_WORDS:
-		for (int k = 0; st->words[k]; k++)
-			fprintf(out, "%s%s", k ? "\\|" : "", st->words[k]);
-		break;
-	}
+	fputs(form[st->type], out);
+	for (int k = 0; st->type == DP_ST_WORDS && st->words[k]; k++)
+		fprintf(out, "%s%s", k ? "\\|" : "", st->words[k]);
 }
 
 static void put_default(FILE *out, int id)

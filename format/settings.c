@@ -4,6 +4,7 @@
  * name, the valid range and a value as a user writes them. Linked into dpc,
  * dpexec and the CUDA backend (it is part of the step-file codec).
  */
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +78,41 @@ const DpKind dp_kinds[] = {
 #undef KIND
 };
 const int dp_nkinds = (int)(sizeof dp_kinds / sizeof dp_kinds[0]);
+
+void dp_setting_options(struct option *out, const struct option *fixed, int n, int prog,
+			int val0)
+{
+	memcpy(out, fixed, sizeof *out * (size_t)n);
+	for (int i = 0; i < DP_NSETTINGS; i++)
+		if (dp_settings[i].flag_prog == prog)
+			out[n++] = (struct option){dp_settings[i].flag, required_argument, NULL, val0 + i};
+	out[n] = (struct option){NULL, 0, NULL, 0};
+}
+
+void dp_help_line(FILE *f, const char *head, const char *text, int col)
+{
+	const int width = 84;
+	if ((int)strlen(head) < col)
+		fprintf(f, "%-*s", col, head);
+	else
+		fprintf(f, "%s\n%*s", head, col, "");
+	while (*text) {
+		int n = (int)strlen(text), cut = n;
+		if (col + n > width) {
+			cut = width - col;
+			while (cut > 0 && text[cut] != ' ')
+				cut--;
+			if (cut <= 0)
+				cut = (int)strcspn(text, " ");
+		}
+		fprintf(f, "%.*s\n", cut, text);
+		text += cut;
+		while (*text == ' ')
+			text++;
+		if (*text)
+			fprintf(f, "%*s", col, "");
+	}
+}
 
 /* ---- kinds ---- */
 

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "stepfile.h"
 
@@ -84,8 +85,8 @@ typedef enum {
 	DP_IRL_MESH,      /* mesh dp_replicate=1 dp_shard=2 cp=1 tp=1 */
 	DP_IRL_CONFIG,    /* config micro_batch=32 grad_accum=2 ... */
 	DP_IRL_OPTIMIZER, /* optimizer adamw lr=0.001 ... */
-	DP_IRL_SCHEDULE,  /* schedule cosine warmup=100 ... */
-	DP_IRL_STRATEGY,  /* strategy ddp bucket_mb=25 ... */
+	DP_IRL_SCHEDULE,  /* schedule cosine key=value ... */
+	DP_IRL_STRATEGY,  /* strategy ddp key=value ... */
 	DP_IRL_PRECISION, /* precision param_dtype=bf16 ... (when not all f32) */
 	DP_NIRL
 } DpIrLine;
@@ -146,6 +147,17 @@ typedef struct {
 extern const DpSetting dp_settings[DP_NSETTINGS]; /* ORDER SET */
 extern const DpKind dp_kinds[];
 extern const int dp_nkinds;
+
+struct option; /* getopt_long's */
+/* getopt_long's options: the n of fixed, then one per setting with a --flag
+ * of program prog (DpFlagProg; required_argument, val = val0 + the setting's
+ * id), then the terminator, into out (room for n + DP_NSETTINGS + 1). */
+void dp_setting_options(struct option *out, const struct option *fixed, int n, int prog,
+			int val0);
+
+/* A help line: head, then text from column col (head's own line when it is
+ * longer), wrapped at 84 columns with every line indented by col. */
+void dp_help_line(FILE *f, const char *head, const char *text, int col);
 
 /* The name of kind k of spec setting spec ("?" when there is none). */
 const char *dp_kind_name(int spec, int k);

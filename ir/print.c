@@ -8,8 +8,8 @@
  *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1   the settings lines: the IR column
  *   config micro_batch=32 grad_accum=2 ...    of format/settings.def (each line's
  *   optimizer adamw lr=0.001 ... clip=1        rows in row order; NONZERO keys only
- *   schedule cosine warmup=100 ...             when set)
- *   strategy ddp bucket_mb=0.25 ...
+ *   schedule cosine ...                        when set)
+ *   strategy ddp ...
  *   precision param_dtype=bf16 ...             when not all f32
  *   memory peak=N persistent=N                 once planned
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values

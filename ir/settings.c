@@ -1,9 +1,9 @@
 /*
  * settings.c - where a Graph keeps each setting of format/settings.def (its
- * step-file records cfg, opt, sched, or a member of its own such as
- * bucket_mb), and the defaults every graph starts from: ir_new's, which are
- * also those of hand-written IR without a directive or key, and the front
- * end's for what a file does not set. The IR's settings lines (ir/print.c,
+ * step-file records cfg, opt, sched, or a member of its own for the
+ * compiler-only settings), and the defaults every graph starts from:
+ * ir_new's, which are also those of hand-written IR without a directive or
+ * key, and the front end's for what a file does not set. The IR's settings lines (ir/print.c,
  * ir/read.c) and the front end's checks (compiler/settings.c) go through
  * ir_setting_field.
  */

@@ -103,29 +103,6 @@ typedef struct {
 	RtErr e;
 } Run;
 
-/* Text wrapped to the help's width, every line indented by col. */
-static void put_wrapped(FILE *f, const char *text, int col, int at)
-{
-	const int width = 84;
-	while (*text) {
-		int n = (int)strlen(text), cut = n;
-		if (at + n > width) {
-			cut = width - at;
-			while (cut > 0 && text[cut] != ' ')
-				cut--;
-			if (cut <= 0)
-				cut = (int)strcspn(text, " ");
-		}
-		fprintf(f, "%.*s\n", cut, text);
-		text += cut;
-		while (*text == ' ')
-			text++;
-		if (*text)
-			fprintf(f, "%*s", col, "");
-		at = col;
-	}
-}
-
 /* The settings-backed flags' help, from their rows. */
 static void setting_flags_help(FILE *f)
 {
@@ -134,15 +111,11 @@ static void setting_flags_help(FILE *f)
 		if (st->flag_prog != DP_FLAG_DPEXEC)
 			continue;
 		char head[64], text[512];
-		int n = snprintf(head, sizeof head, "  --%s N", st->flag);
+		snprintf(head, sizeof head, "  --%s N", st->flag);
 		snprintf(text, sizeof text, "%s (%s's %s%s%s)", st->help,
 			 st->section == DP_SEC_EVAL ? "eval" : "train", st->name,
 			 st->flag_lo == 0 ? "; 0: " : "", st->flag_lo == 0 ? (st->zero ? st->zero : "none") : "");
-		if (n < 24)
-			fprintf(f, "%-24s", head);
-		else
-			fprintf(f, "%s\n%24s", head, "");
-		put_wrapped(f, text, 24, 24);
+		dp_help_line(f, head, text, 24);
 	}
 }
 
@@ -248,13 +221,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	};
 	/* the fixed options, then a flag per setting that has a dpexec flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
-	int nlong = (int)(sizeof fixed / sizeof fixed[0]);
-	memcpy(longopts, fixed, sizeof fixed);
-	for (int i = 0; i < DP_NSETTINGS; i++)
-		if (dp_settings[i].flag_prog == DP_FLAG_DPEXEC)
-			longopts[nlong++] = (struct option){dp_settings[i].flag, required_argument, NULL,
-							    O_SETTING + i};
-	longopts[nlong] = (struct option){NULL, 0, NULL, 0};
+	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPEXEC,
+			   O_SETTING);
 	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
 		    .argc = argc, .argv = argv};
 	opterr = 0;

@@ -55,6 +55,21 @@ if [ ! -x "$DPC" ]; then
 	exit 1
 fi
 
+# settle WHAT OK: count a check of $tmp/stderr (a crash there fails it), and
+# show that stderr when it failed
+settle() {
+	local what=$1 ok=$2
+	if crashed "$tmp/stderr"; then
+		bad "$what" "crash or sanitizer report"
+		ok=0
+	fi
+	if [ "$ok" = 1 ]; then
+		pass=$((pass + 1))
+	else
+		sed 's/^/    | /' "$tmp/stderr" | head -30
+	fi
+}
+
 # check_file FILE [WORLD]: compile FILE (with --world-size WORLD when given)
 # and check its expectations.
 check_file() {
@@ -93,15 +108,7 @@ check_file() {
 		bad "$what" "an output file was written"
 		ok=0
 	fi
-	if crashed "$tmp/stderr"; then
-		bad "$what" "crash or sanitizer report"
-		ok=0
-	fi
-	if [ $ok = 1 ]; then
-		pass=$((pass + 1))
-	else
-		sed 's/^/    | /' "$tmp/stderr" | head -30
-	fi
+	settle "$what" $ok
 }
 
 # A file with `# world-sizes: 1 2 3` is compiled once per world size (its
@@ -158,15 +165,7 @@ for f in tests/warnings/*.dp; do
 		bad "$f" "$nwarn warnings, want $nexp"
 		ok=0
 	fi
-	if crashed "$tmp/stderr"; then
-		bad "$f" "crash or sanitizer report"
-		ok=0
-	fi
-	if [ $ok = 1 ]; then
-		pass=$((pass + 1))
-	else
-		sed 's/^/    | /' "$tmp/stderr" | head -30
-	fi
+	settle "$f" $ok
 done
 
 # The models compile without a warning: every setting they give does something.
