@@ -539,12 +539,9 @@ static void find_sections(Lower *L)
 		size_t k = 0;
 		while (k < 5 && strcmp(names[k], s->name) != 0)
 			k++;
-		if (k == 5) {
-			const char *near = suggest_among(s->name, names, 5);
+		if (k == 5)
 			ERR(s->name_loc,
-			    "unknown section '%s' (sections: config, data, eval, model, train)%s%s%s",
-			    s->name, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
-		}
+			    "unknown section '%s' (sections: config, data, eval, model, train)", s->name);
 		else if (*slots[k])
 			ERR(s->name_loc, "duplicate '%s' section", s->name);
 		else

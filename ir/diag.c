@@ -6,11 +6,9 @@
  *       logits = linear(h9, w, b)
  *                       ^
  *
- * Warnings (warning_at: a setting that has no effect) have the same form with
- * "warning:" and do not count as errors.
- *
  * A Loc with line 0 has no position (a file that cannot be opened): only
- * "file: error: message" is printed. The source line is quoted only when the
+ * "file: error: message" is printed. Warnings (warning_at: a data file dpc
+ * cannot see) have the same form and count as no error. The source line is quoted only when the
  * Loc is in the file whose text Diag holds. Columns count bytes; the caret
  * line copies tabs from the source line so it lines up in a terminal.
  */
@@ -25,7 +23,6 @@ void diag_init(Diag *d, FILE *out, const char *file, const char *src)
 	d->file = file;
 	d->src = src;
 	d->nerrors = 0;
-	d->nwarnings = 0;
 	d->max_errors = 0;
 }
 
@@ -59,7 +56,7 @@ static void quote_line(FILE *out, const char *src, int line, int col)
 	fputs("^\n", out);
 }
 
-/* "file:line:col: KIND: message", the quoted line and a caret. */
+/* "file:line:col: KIND: message", the line and the caret. */
 static void report(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap)
 {
 	const char *file = loc.file ? loc.file : d->file ? d->file : "dpc";
@@ -85,22 +82,21 @@ void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap)
 			loc.file ? loc.file : d->file ? d->file : "dpc");
 }
 
+void warning_at(Diag *d, Loc loc, const char *fmt, ...)
+{
+	va_list ap;
+	if (!d->out)
+		return;
+	va_start(ap, fmt);
+	report(d, loc, "warning", fmt, ap);
+	va_end(ap);
+}
+
 void error_at(Diag *d, Loc loc, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	verror_at(d, loc, fmt, ap);
-	va_end(ap);
-}
-
-void warning_at(Diag *d, Loc loc, const char *fmt, ...)
-{
-	d->nwarnings++;
-	if (!d->out)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	report(d, loc, "warning", fmt, ap);
 	va_end(ap);
 }
 

@@ -46,14 +46,14 @@ struct Diag {
 	const char *file;  /* file name shown */
 	const char *src;   /* whole source text, for the quoted line; may be NULL */
 	int nerrors;
-	int nwarnings;
 	int max_errors;    /* stop reporting after this many (0: unlimited) */
 };
 
 void diag_init(Diag *d, FILE *out, const char *file, const char *src);
 void error_at(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap);
-/* file:line:col: warning: message (not an error: nerrors is unchanged). */
+/* file:line:col: warning: message, with the line and caret: not an error
+ * (nerrors and max_errors are not touched). */
 void warning_at(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Internal bug: message and abort. Never for user errors. */
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
