@@ -573,13 +573,14 @@ Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 		ERR(L->top, "missing 'model' section");
 	else if (L->data)
 		lower_model(L);
-	for (int i = 0; i < L->nsetps; i++)
-		ast_free(L->setps[i]);
-	if (L->nerrs == 0) {
+	if (L->nerrs == 0)
 		settings_warn(L); /* of a program that lowered: what its settings do */
+	else
+		lower_report(L);
+	for (int i = 0; i < L->nsetps; i++) /* the --set values' trees, read until here */
+		ast_free(L->setps[i]);
+	if (L->nerrs == 0)
 		return L->g;
-	}
-	lower_report(L);
 	ir_free(L->g);
 	return NULL;
 }

@@ -110,7 +110,7 @@ rejects "dpc --precision's value is checked as train.precision" \
 	"--precision fp16: error: precision must be f32, tf32 or bf16" --precision fp16
 
 # ---- dpexec's settings-backed flags ----
-"$DPEXEC" --help >"$T/help" 2>&1
+env $MPI_ASAN "$DPEXEC" --help >"$T/help" 2>&1
 missing=""
 for f in $(sed -n 's/.*FLAG(DPEXEC, "\([a-z-]*\)".*/\1/p' format/settings.def); do
 	grep -q -- "^  --$f N" "$T/help" || missing="$missing --$f"
@@ -119,10 +119,10 @@ done
 	ok "dpexec --help has every settings-backed flag" || fail "dpexec --help lacks$missing"
 "$DPC" "$M" --world-size 1 -o "$T/m.bin" 2>/dev/null || fail "dpc $M"
 expect "dpexec --keep-last -1 is refused" "bad value '-1' for --keep-last" \
-	"$DPEXEC" "$T/m.bin" --keep-last -1
+	env $MPI_ASAN "$DPEXEC" "$T/m.bin" --keep-last -1
 expect "dpexec --log-every 0 is refused (its floor is 1)" "bad value '0' for --log-every" \
-	"$DPEXEC" "$T/m.bin" --log-every 0
-if "$DPEXEC" "$T/m.bin" --steps 4 --eval-every 2 >"$T/run" 2>&1 &&
+	env $MPI_ASAN "$DPEXEC" "$T/m.bin" --log-every 0
+if mpi 1 "$T/m.bin" --steps 4 --eval-every 2 >"$T/run" 2>&1 &&
 	[ "$(grep -c '^eval step' "$T/run")" = 2 ]; then
 	ok "dpexec --steps 4 --eval-every 2 overrides the step file's 500 and 100: two evals"
 else
