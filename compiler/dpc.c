@@ -58,8 +58,14 @@ static void usage(FILE *out)
 		"                      number) instead of its expression in the config section;\n"
 		"                      repeatable (the last one for a NAME wins). A NAME the\n"
 		"                      config section does not define is an error\n"
-		"      --precision=P   f32, tf32 or bf16: train's precision setting, whatever the file\n"
-		"                      says (param_dtype and buffer_dtype; docs/DSL.md)\n"
+		"      --set SECTION.NAME=VALUE\n"
+		"                      set a setting whatever the file says, checked as the file's\n"
+		"                      value would be: train.strategy=full_shard, eval.every=0,\n"
+		"                      train.optimizer=sgd(lr=0.1), an argument of the optimizer\n"
+		"                      or the schedule: train.optimizer.beta2=0.95 (or train.beta2:\n"
+		"                      one spec has it); repeatable, the last one for a setting\n"
+		"                      wins. VALUE is a DSL value; config constants work\n"
+		"      --print-settings  print every setting as docs/DSL.md's table (markdown)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
 		"                      stats: print the --stats table to stdout\n"
@@ -74,8 +80,24 @@ static void usage(FILE *out)
 		"  -h, --help          this help\n"
 		"      --version       version and step-file format version\n"
 		"\n"
-		"Exit status: 0 ok, 1 user error (nothing written), 2 the IR verifier\n"
-		"found a compiler bug; other internal errors print a message and abort.\n");
+		"settings with a flag of their own (as --set train.NAME=VALUE):\n");
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->flag_prog != DP_FLAG_DPC)
+			continue;
+		char head[160];
+		int n = snprintf(head, sizeof head, "      --%s=", st->flag);
+		for (int k = 0; st->type == DP_ST_WORDS && st->words[k] && n < 120; k++)
+			n += snprintf(head + n, sizeof head - (size_t)n, "%s%s", k ? "|" : "", st->words[k]);
+		if (st->type != DP_ST_WORDS)
+			snprintf(head + n, sizeof head - (size_t)n, "VALUE");
+		dp_help_line(out, head, st->help, 22);
+	}
+	fprintf(out,
+		"\n"
+		"Exit status: 0 ok (warnings about settings that have no effect are not\n"
+		"errors), 1 user error (nothing written), 2 the IR verifier found a\n"
+		"compiler bug; other internal errors print a message and abort.\n");
 }
 
 static void print_pipeline(FILE *out)
@@ -286,16 +308,57 @@ enum {
 	OPT_STATS,
 	OPT_NO_VERIFY,
 	OPT_VERSION,
-	OPT_PRECISION,
 	OPT_FROM_IR,
 	OPT_PASSES,
+	OPT_SET,
+	OPT_PRINT_SETTINGS,
+	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
 enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
 
+/* "train.precision": a settings-backed flag's key (malloc'd). */
+static char *ir_fmt_key(const char *section, const char *name)
+{
+	size_t n = strlen(section) + strlen(name) + 2;
+	char *k = malloc(n);
+	if (!k)
+		die("out of memory");
+	snprintf(k, n, "%s.%s", section, name);
+	return k;
+}
+
+/* --set and the settings-backed flags, in command-line order (file scope:
+ * reachable until exit, whichever return ends main) */
+static FeSet *sets;
+static int nsets;
+
+/* sets[n] = {key (malloc'd, owned), value, "FLAG ARG"} */
+static FeSet *add_set(FeSet *sets, int n, char *key, const char *value, const char *flag,
+		      const char *arg)
+{
+	FeSet *ns = realloc(sets, sizeof(FeSet) * (size_t)(n + 1));
+	size_t wl = strlen(flag) + strlen(arg) + 2;
+	char *what = malloc(wl);
+	if (!ns || !what || !key)
+		die("out of memory");
+	snprintf(what, wl, "%s %s", flag, arg);
+	ns[n] = (FeSet){key, value, what};
+	return ns;
+}
+
+static void free_sets(FeSet *sets, int n)
+{
+	for (int i = 0; i < n; i++) {
+		free((char *)sets[i].key);
+		free((char *)sets[i].what);
+	}
+	free(sets);
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option longopts[] = {
+	static const struct option fixed[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"world-size", required_argument, NULL, OPT_WORLD},
 		{"tp", required_argument, NULL, OPT_TP},
@@ -310,17 +373,21 @@ int main(int argc, char **argv)
 		{"time", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, OPT_VERSION},
-		{"precision", required_argument, NULL, OPT_PRECISION},
 		{"from-ir", required_argument, NULL, OPT_FROM_IR},
 		{"passes", required_argument, NULL, OPT_PASSES},
-		{NULL, 0, NULL, 0},
+		{"set", required_argument, NULL, OPT_SET},
+		{"print-settings", no_argument, NULL, OPT_PRINT_SETTINGS},
 	};
+	/* the fixed options, then a flag per setting that has a dpc flag */
+	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
+	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPC,
+			   OPT_SETTING);
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
-	const char *precision = NULL, *from_ir = NULL, *passes = NULL;
+	const char *from_ir = NULL, *passes = NULL;
 	static const char shortopts[] = "o:vhD:";
 	int c;
 	opterr = 0; /* cli_bad_option says what is wrong, in our words */
@@ -374,16 +441,21 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			break;
-		case OPT_PRECISION:
-			if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "fp32") == 0 ||
-			    strcmp(optarg, "tf32") == 0 || strcmp(optarg, "bf16") == 0)
-				precision = optarg;
-			else {
-				fprintf(stderr, "dpc: --precision wants f32, tf32 or bf16, not '%s'\n",
-					optarg);
+		case OPT_SET: {
+			const char *eq = strchr(optarg, '=');
+			if (!eq || eq == optarg || !eq[1]) {
+				fprintf(stderr, "dpc: --set wants SECTION.NAME=VALUE (train.lr=3e-4), not "
+						"'%s'\n", optarg);
+				free(defines);
 				return 1;
 			}
+			sets = add_set(sets, nsets++, strndup(optarg, (size_t)(eq - optarg)), eq + 1,
+				       "--set", optarg);
 			break;
+		}
+		case OPT_PRINT_SETTINGS:
+			fe_print_settings(stdout);
+			return 0;
 		case OPT_DUMP_IR:
 			dump_dir = optarg;
 			break;
@@ -420,6 +492,16 @@ int main(int argc, char **argv)
 			printf("dpc %s (step file format %u)\n", DPC_VERSION, DP_STEP_VERSION);
 			return 0;
 		default:
+			if (c >= OPT_SETTING && c < OPT_SETTING + DP_NSETTINGS) {
+				const DpSetting *st = &dp_settings[c - OPT_SETTING];
+				char flag[96];
+				snprintf(flag, sizeof flag, "--%s", st->flag);
+				sets = add_set(sets, nsets++,
+					       ir_fmt_key(st->section == DP_SEC_EVAL ? "eval" : "train",
+							  st->name),
+					       optarg, flag, optarg);
+				break;
+			}
 			cli_bad_option(stderr, "dpc", c, argc, argv, shortopts, longopts);
 			free(defines);
 			return 1;
@@ -438,9 +520,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
 		return 1;
 	}
-	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || precision)) {
-		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D and --precision "
-				"shape a model; IR (--from-ir) has them settled\n");
+	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || nsets)) {
+		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D, --set and the "
+				"settings' flags shape a model; IR (--from-ir) has them settled\n");
 		free(defines);
 		return 1;
 	}
@@ -495,7 +577,7 @@ int main(int argc, char **argv)
 	} else {
 		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
 				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
-				.precision = precision};
+				.sets = sets, .nsets = nsets};
 		g = fe_compile_opts(path, &fo, &diag, &src);
 		if (!g || diag.nerrors) {
 			status = 1;
@@ -532,5 +614,6 @@ out:
 	free(src);
 	free(default_out);
 	free(defines);
+	free_sets(sets, nsets);
 	return status;
 }

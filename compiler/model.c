@@ -357,8 +357,9 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	while (k < BS_COUNT && strcmp(p->name, block_settings[k]) != 0)
 		k++;
 	if (k == BS_COUNT) {
-		ERR(p->name_loc, "unknown block setting '%s' (block settings: " BLOCK_SETTINGS ")",
-		    p->name);
+		const char *near = suggest_among(p->name, block_settings, BS_COUNT);
+		ERR(p->name_loc, "unknown block setting '%s' (block settings: " BLOCK_SETTINGS ")%s%s%s",
+		    p->name, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 		return;
 	}
 	if (*seen & (1u << k)) {

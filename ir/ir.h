@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "settings.h"
 #include "stepfile.h"
 
 /* ---- source locations and diagnostics (ir/diag.c) ---- */
@@ -274,6 +275,21 @@ int ir_world(const Graph *g);
 int64_t ir_global_batch(const Graph *g);
 
 extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
+
+/* ---- settings (ir/settings.c, from the rows of format/settings.def) ---- */
+
+/* The field setting id (a DP_SET_ id) lives in: in g->cfg, g->opt, g->sched
+ * or g's own member (bucket_mb, ...); NULL when it has none. */
+void *ir_setting_field(Graph *g, int id);
+/* Its value (0 without a field). */
+double ir_setting_get(const Graph *g, int id);
+/* Every setting at its default (ir_new): the DSL's defaults, also those of
+ * hand-written IR without the directive or key. */
+void ir_settings_default(Graph *g);
+/* Kind `kind` of spec setting spec (the optimizer, the schedule): the fields
+ * of its arguments at its defaults, those of other kinds 0. */
+void ir_settings_kind(Graph *g, int spec, int kind);
+extern const char *const ir_line_names[DP_NIRL]; /* DpIrLine: "mesh", "config", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_init_names[7];           /* DpInit */

@@ -669,150 +669,6 @@ static int parse_axes(Reader *r, int64_t *mask)
 
 /* ---- directives ---- */
 
-static int parse_mesh(Reader *r)
-{
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int a = lookup(ir_axis_names, DP_MAX_AXES, key);
-		if (a < 0)
-			return fail_at(r, k->col, "unknown mesh axis '%s'", key);
-		if (parse_u32(r, next(r), &r->g->cfg.mesh[a]) < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_config(Reader *r)
-{
-	DpConfig *c = &r->g->cfg;
-	static const char *const keys[] = {"micro_batch", "grad_accum", "eval_batch", "steps",
-					   "eval_every", "log_every", "seed", "arena",
-					   "save_every", "keep_last"};
-	uint32_t *u32[] = {&c->micro_batch, &c->grad_accum, &c->eval_batch, &c->steps,
-			   &c->eval_every, &c->log_every, NULL, NULL,
-			   &c->save_every, &c->keep_last};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown config key '%s'", key);
-		int rc = u32[i] ? parse_u32(r, next(r), u32[i])
-				: parse_u64(r, next(r), i == 6 ? &c->seed : &c->arena_bytes);
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_optimizer(Reader *r)
-{
-	static const char *const kinds[] = {"sgd", "adamw"}; /* DpOptKind */
-	DpOptim *o = &r->g->opt;
-	int kind = expect_enum(r, kinds, NELEMS(kinds), "sgd or adamw");
-	if (kind < 0)
-		return -1;
-	o->kind = (uint32_t)kind;
-	static const char *const keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay",
-					   "momentum", "clip"};
-	float *vals[] = {&o->lr, &o->beta1, &o->beta2, &o->eps, &o->weight_decay, &o->momentum,
-			 &o->clip};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown optimizer key '%s'", key);
-		if (parse_float(r, next(r), vals[i]) < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_schedule(Reader *r)
-{
-	static const char *const kinds[] = {"constant", "cosine"}; /* DpSchedKind */
-	DpSched *s = &r->g->sched;
-	int kind = expect_enum(r, kinds, NELEMS(kinds), "constant or cosine");
-	if (kind < 0)
-		return -1;
-	s->kind = (uint32_t)kind;
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int rc;
-		if (strcmp(key, "warmup") == 0)
-			rc = parse_u32(r, next(r), &s->warmup);
-		else if (strcmp(key, "steps") == 0)
-			rc = parse_u32(r, next(r), &s->steps);
-		else if (strcmp(key, "min_lr") == 0)
-			rc = parse_float(r, next(r), &s->min_lr);
-		else
-			return fail_at(r, k->col, "unknown schedule key '%s'", key);
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
-/* strategy NAME bucket_mb=X reshard_after_forward=0|1 prefetch=N
- * gather_limit_mb=X accum_unsharded=0|1 (keys optional, any order) */
-static int parse_strategy(Reader *r)
-{
-	Graph *g = r->g;
-	int s = expect_enum(r, dp_strategy_names, DP_NSTRAT,
-			    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
-	if (s < 0)
-		return -1;
-	memset(g->strategy, 0, sizeof g->strategy);
-	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[s]);
-	g->cfg.strategy = (uint32_t)s;
-	static const char *const keys[] = {"bucket_mb", "reshard_after_forward", "prefetch",
-					   "gather_limit_mb", "accum_unsharded"};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int64_t x = 0;
-		int rc;
-		switch (lookup(keys, NELEMS(keys), key)) {
-		case 0:
-			rc = parse_float(r, next(r), &g->bucket_mb);
-			break;
-		case 1:
-			rc = parse_range(r, next(r), 0, 1, &x);
-			g->reshard_after_forward = (int)x;
-			break;
-		case 2:
-			rc = parse_range(r, next(r), 0, INT32_MAX, &x);
-			g->prefetch = (int)x;
-			break;
-		case 3:
-			rc = parse_float(r, next(r), &g->gather_limit_mb);
-			break;
-		case 4:
-			rc = parse_range(r, next(r), 0, 1, &x);
-			g->accum_unsharded = (int)x;
-			break;
-		default:
-			return fail_at(r, k->col, "unknown strategy key '%s'", key);
-		}
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
 /* The value of a precision key: f32 or bf16, or -1 after reporting. */
 static int expect_float_dtype(Reader *r, const Tok *key)
 {
@@ -822,23 +678,99 @@ static int expect_float_dtype(Reader *r, const Tok *key)
 	return dt;
 }
 
-/* precision param_dtype=D reduce_dtype=D buffer_dtype=D (keys optional) */
-static int parse_precision(Reader *r)
+/* The value of setting id (after its key) into its field in r->g. */
+static int parse_setting_value(Reader *r, int id, const Tok *key)
+{
+	const DpSetting *st = &dp_settings[id];
+	void *f = ir_setting_field(r->g, id);
+	int64_t x;
+	if (st->type == DP_ST_DTYPE) {
+		int dt = expect_float_dtype(r, key);
+		if (dt < 0)
+			return -1;
+		*(int *)f = dt;
+		return 0;
+	}
+	const Tok *t = next(r);
+	switch (st->ctype) {
+	case DP_CT_U32:
+		return parse_u32(r, t, f);
+	case DP_CT_U64:
+		return parse_u64(r, t, f);
+	case DP_CT_F32:
+		return parse_float(r, t, f);
+	case DP_CT_INT: { /* a boolean or a word's index, or a count */
+		int n = dp_setting_nvalues(id);
+		if (parse_range(r, t, 0, n ? n - 1 : INT32_MAX, &x) < 0)
+			return -1;
+		*(int *)f = (int)x;
+		return 0;
+	}
+	}
+	return fail_tok(r, t, "expected a value");
+}
+
+/* A settings line (the keyword consumed): `mesh AXIS=N ...`, or `WORD
+ * [HEAD] key=value ...` with the rows of format/settings.def printed on it;
+ * keys optional and in any order. */
+static int parse_settings(Reader *r, int line)
 {
 	Graph *g = r->g;
-	static const char *const keys[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->ir_line != line || st->ir_mode != DP_IRM_HEAD)
+			continue;
+		if (st->type == DP_ST_SPEC) {
+			int n = dp_kind_count(i);
+			const char *names[16];
+			char what[160] = "";
+			size_t len = 0;
+			for (int k = 0; k < n && k < 16; k++) {
+				names[k] = dp_kind_name(i, k);
+				len += (size_t)snprintf(what + len, sizeof what - len, "%s%s",
+							k == 0 ? "" : k == n - 1 ? " or " : ", ",
+							names[k]);
+				if (len >= sizeof what)
+					len = sizeof what - 1;
+			}
+			int k = expect_enum(r, names, (size_t)(n < 16 ? n : 16), what);
+			if (k < 0)
+				return -1;
+			ir_settings_kind(g, i, k);
+		} else {
+			int s = expect_enum(r, dp_strategy_names, DP_NSTRAT,
+					    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
+			if (s < 0)
+				return -1;
+			dp_field_set(ir_setting_field(g, i), dp_settings[i].ctype, s);
+			memset(g->strategy, 0, sizeof g->strategy);
+			snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[s]);
+		}
+	}
 	while (peek(r)->kind != TK_END) {
 		const Tok *k = peek(r);
 		const char *key = parse_key(r);
 		if (!key)
 			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown precision key '%s'", key);
-		int dt = expect_float_dtype(r, k);
-		if (dt < 0)
+		int id = -1, axis = -1;
+		for (int i = 0; i < DP_NSETTINGS && id < 0; i++) {
+			const DpSetting *st = &dp_settings[i];
+			if (st->ir_line != line || st->ir_mode == DP_IRM_HEAD)
+				continue;
+			if (st->ctype == DP_CT_AXES) {
+				axis = lookup(ir_axis_names, DP_MAX_AXES, key);
+				id = axis >= 0 ? i : -1;
+			} else if (strcmp(st->ir_key, key) == 0) {
+				id = i;
+			}
+		}
+		if (id < 0 && line == DP_IRL_MESH)
+			return fail_at(r, k->col, "unknown mesh axis '%s'", key);
+		if (id < 0)
+			return fail_at(r, k->col, "unknown %s key '%s'", ir_line_names[line], key);
+		if (axis >= 0 ? parse_u32(r, next(r), (uint32_t *)ir_setting_field(g, id) + axis)
+			      : parse_setting_value(r, id, k))
 			return -1;
-		*(i == 0 ? &g->param_dtype : i == 1 ? &g->reduce_dtype : &g->buffer_dtype) = dt;
 	}
 	return 0;
 }
@@ -1320,9 +1252,7 @@ static const struct {
 	const char *word;
 	int (*parse)(Reader *r);
 } directives[] = {
-	{"mesh", parse_mesh},         {"config", parse_config},   {"optimizer", parse_optimizer},
-	{"schedule", parse_schedule}, {"strategy", parse_strategy}, {"memory", parse_memory},
-	{"precision", parse_precision},
+	{"memory", parse_memory},
 	{"roles", parse_roles},       {"metrics", parse_metrics}, {"events", parse_events},
 	{"block", parse_block_decl},  {"source", parse_source},   {"bucket", parse_bucket},
 };
@@ -1337,6 +1267,11 @@ static int parse_line(Reader *r)
 		return parse_value_line(r);
 	if (t->kind != TK_WORD)
 		return fail_tok(r, t, "expected a directive, a declaration or a node");
+	for (int line = DP_IRL_MESH; line < DP_NIRL; line++)
+		if (strcmp(t->text, ir_line_names[line]) == 0) {
+			next(r);
+			return parse_settings(r, line);
+		}
 	for (size_t i = 0; i < NELEMS(directives); i++)
 		if (strcmp(t->text, directives[i].word) == 0) {
 			next(r);

@@ -36,6 +36,13 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
+/* The learning-rate schedule (tests replicate it in PyTorch; the CUDA
+ * backend's k_sched computes the same), for optimizer step k counted from 0:
+ *   constant:  lr
+ *   cosine:    k < warmup:  lr * (k + 1) / warmup
+ *              else:        min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * q)),
+ *                           q = min(1, (k - warmup) / (T - warmup)),
+ *              T = sched.steps (cfg.steps when 0); q = 1 when T <= warmup. */
 double exec_lr(const DpStep *s, uint64_t k)
 {
 	double lr = s->opt.lr;

@@ -14,6 +14,15 @@
 #
 # Every tests/batch_ok/*.dp must compile at world sizes 1, 2 and 3.
 #
+# Every tests/warnings/*.dp compiles (status 0, the step file written) with
+# exactly the warnings its leading comments list (settings that have no
+# effect, compiler/settings.c), none other:
+#   # warn: 23:3: warning: bucket_mb 10 has no effect     (LINE:COL: warning: SUBSTRING)
+#   # warn: --set train.x=1: warning: ...                  (a flag's: no position)
+#   # warn: none                                           (no warning at all)
+# Then tests/settings.sh (--set, dpc --print-settings against docs/DSL.md,
+# the settings-backed flags) runs as one check.
+#
 # Then $BUILD/tests/fe_fuzz (tests/fe_fuzz.c, built by `make tests`, with the
 # sanitizers when SAN=1) runs over 2000 mutants of models/mlp.dp and of each
 # valid model in tests/errors/seeds/ (the transformer syntax; models on the
@@ -30,6 +39,7 @@
 # (default $BUILD/dpexec), SAN=1, FUZZ_N (mutants, default 2000).
 set -u
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 SAN=${SAN:-0}
 BUILD=${BUILD:-build}
 [ "$SAN" = 1 ] && [ "$BUILD" = build ] && BUILD=build-san
@@ -54,6 +64,21 @@ if [ ! -x "$DPC" ]; then
 	echo "errors: $DPC not built (run make first)"
 	exit 1
 fi
+
+# settle WHAT OK: count a check of $tmp/stderr (a crash there fails it), and
+# show that stderr when it failed
+settle() {
+	local what=$1 ok=$2
+	if crashed "$tmp/stderr"; then
+		bad "$what" "crash or sanitizer report"
+		ok=0
+	fi
+	if [ "$ok" = 1 ]; then
+		pass=$((pass + 1))
+	else
+		sed 's/^/    | /' "$tmp/stderr" | head -30
+	fi
+}
 
 # check_file FILE [WORLD]: compile FILE (with --world-size WORLD when given)
 # and check its expectations.
@@ -101,15 +126,7 @@ check_file() {
 		bad "$what" "an output file was written"
 		ok=0
 	fi
-	if crashed "$tmp/stderr"; then
-		bad "$what" "crash or sanitizer report"
-		ok=0
-	fi
-	if [ $ok = 1 ]; then
-		pass=$((pass + 1))
-	else
-		sed 's/^/    | /' "$tmp/stderr" | head -30
-	fi
+	settle "$what" $ok
 }
 
 # A file with `# world-sizes: 1 2 3` is compiled once per world size (its
@@ -138,6 +155,63 @@ for f in tests/batch_ok/*.dp; do
 		rm -f "$tmp/ok.bin"
 	done
 done
+
+# Settings that do nothing: warnings, never errors.
+for f in tests/warnings/*.dp; do
+	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
+	rm -f "$tmp/warn.bin"
+	# shellcheck disable=SC2086
+	"$DPC" "$f" $args -o "$tmp/warn.bin" >"$tmp/stdout" 2>"$tmp/stderr"
+	rc=$?
+	ok=1
+	[ $rc -eq 0 ] || { bad "$f" "exit status $rc, want 0 (warnings are not errors)"; ok=0; }
+	[ -s "$tmp/warn.bin" ] || { bad "$f" "no step file written"; ok=0; }
+	nexp=0
+	while IFS= read -r exp; do
+		[ "$exp" = none ] && continue
+		nexp=$((nexp + 1))
+		pos=${exp%%: warning: *}
+		msg=${exp#*: warning: }
+		[[ $pos =~ ^[0-9]+:[0-9]+$ ]] && pos="$f:$pos"
+		if ! grep -F -- "$pos: warning: " "$tmp/stderr" | grep -qF -- "$msg"; then
+			bad "$f" "missing '$pos: warning: ...$msg...'"
+			ok=0
+		fi
+	done < <(sed -n 's/^# warn: //p' "$f")
+	nwarn=$(grep -c ': warning: ' "$tmp/stderr")
+	if [ "$nwarn" -ne $nexp ]; then
+		bad "$f" "$nwarn warnings, want $nexp"
+		ok=0
+	fi
+	settle "$f" $ok
+done
+
+# The models compile without a warning: every setting they give does something.
+# Their token shards (relative paths, resolved against the working directory)
+# exist under $tmp/run, so dpc checks them instead of warning that it cannot.
+mkdir -p "$tmp/run/build/data"
+for s in fortunes fortunes_val train val; do
+	"$ROOT/$BUILD/text2shard" -o "$tmp/run/build/data/$s.bin" /usr/share/common-licenses/GPL-3 \
+		>/dev/null 2>&1 || bad "text2shard" "cannot write the models' token shards"
+done
+for f in models/*.dp; do
+	ws=1; grep -q '^mesh auto' "$f" && ws=2
+	if (cd "$tmp/run" && "$(cd "$ROOT" && realpath "$DPC")" "$ROOT/$f" --world-size "$ws" --emit=ir -o "$tmp/m.bin") \
+		>/dev/null 2>"$tmp/stderr" &&
+		! grep -q 'warning:' "$tmp/stderr"; then
+		pass=$((pass + 1))
+	else
+		bad "$f" "does not compile quietly: $(head -c 400 "$tmp/stderr")"
+	fi
+done
+
+# --set, dpc --print-settings against docs/DSL.md, the settings-backed flags
+if BUILD=$BUILD DPC=$DPC bash tests/settings.sh >"$tmp/settings" 2>&1; then
+	pass=$((pass + 1))
+	tail -n 1 "$tmp/settings"
+else
+	bad "tests/settings.sh" "$(grep -E 'FAIL|passed' "$tmp/settings" | head -20)"
+fi
 
 # A file that cannot be read: a message without a position, status 1.
 "$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
@@ -271,7 +345,7 @@ if [ -x "$DPEXEC" ]; then
 	check_option dpexec 2 "dpexec: error: unknown option '--chekc-grads'; did you mean '--check-grads'?" \
 		--chekc-grads "$tmp/out.bin"
 	check_option dpexec 2 "dpexec: error: option '--quiet' takes no value" --quiet=1 "$tmp/out.bin"
-	check_option dpexec 2 "dpexec: error: option '--save' is ambiguous: --save-full, --save-dir, --save-every, --save-form" \
+	check_option dpexec 2 "dpexec: error: option '--save' is ambiguous: --save-full, --save-dir, --save-form, --save-every" \
 		--save x "$tmp/out.bin"
 	check_option dpexec 2 "dpexec: error: option '--steps' needs a value" "$tmp/out.bin" --steps
 else

@@ -304,8 +304,9 @@ static void settings(Graph *g)
 	g->cfg = (DpConfig){.mesh = {1, 2, 1, 1}, .micro_batch = 32, .grad_accum = 2,
 			    .eval_batch = 32, .steps = 4000, .eval_every = 1000, .log_every = 100,
 			    .seed = 1234, .strategy = DP_STRAT_DDP};
-	g->opt = (DpOptim){DP_OPT_ADAMW, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 0, 1.0f};
-	g->sched = (DpSched){DP_SCHED_COSINE, 100, 4000, 0};
+	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+			   .eps = 1e-8f, .weight_decay = 0.01f, .clip = 1.0f};
+	g->sched = (DpSched){.kind = DP_SCHED_COSINE, .warmup = 100, .steps = 4000};
 	g->bucket_mb = 0.25f;
 }
 

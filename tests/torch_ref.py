@@ -251,7 +251,7 @@ def train(args):
                                 weight_decay=args.weight_decay)
     else:
         opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum,
-                              weight_decay=args.weight_decay)
+                              weight_decay=args.weight_decay, nesterov=args.nesterov)
 
     out = open(args.out, "w") if args.out else sys.stdout
     for step in range(args.steps):
@@ -320,6 +320,7 @@ def main():
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     add_train_args(ap, weight_decay=0.0)
     ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--nesterov", action="store_true", help="SGD: Nesterov momentum")
     ap.add_argument("--print-indices", type=int, metavar="STEP",
                     help="print the global batch's dataset indices of STEP (n from --data) and exit")
     ap.add_argument("--print-synthetic", type=int, metavar="COUNT",

@@ -74,8 +74,9 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* torch.optim.SGD (1.13), dampening 0, nesterov off:
- * g += wd*p; buf = g (first step) or momentum*buf + g; p -= lr*buf */
+/* torch.optim.SGD (1.13), dampening 0: g += wd*p; buf = g (first step) or
+ * momentum*buf + g; p -= lr*buf, or with nesterov (DpOptim's, a setting
+ * that needs momentum) p -= lr*(g + momentum*buf) */
 static int run_sgd(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
@@ -83,6 +84,7 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 	const float *a = cpu_f(k, in->in[0]);
 	int64_t n = cpu_numel(cpu_t(k, in->out));
 	float lr = k->step->lr, mom = in->fa[0], wd = in->fa[1];
+	int nesterov = k->step->opt->nesterov != 0;
 	float *buf = cpu_f(k, in->in[1]);
 	for (int64_t i = 0; i < n; i++) {
 		float g = a[i];
@@ -90,7 +92,7 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 			g = g + wd * o[i];
 		if (mom != 0) {
 			buf[i] = k->step->t <= 1 ? g : mom * buf[i] + g;
-			g = buf[i];
+			g = nesterov ? g + mom * buf[i] : buf[i];
 		}
 		o[i] = o[i] - lr * g;
 	}
