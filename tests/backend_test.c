@@ -1,20 +1,21 @@
 /*
  * tests/backend_test.c - no silent gaps in the compute backends' kernel
- * tables: for every opcode of DP_KERNELS and each backend, a compute op
- * (dp_op_class DP_OPC_KERNEL) is either in the backend's table or refused at
- * load with a message naming it, and no executor-owned op (collectives,
- * events, LOAD, INIT/SAVE, SHARD) is in any table.
+ * tables.
  *
- * The CPU backend is the reference: each op it implements is claimed by
- * exactly one of its concept files, and an op it lacks is listed loudly (an
- * op whose kernels are not written yet is refused by name on every backend,
- * which is the rule; the CPU should have them all). The CUDA
- * backend is inspected in the shared object the build made (its exported
- * BackendOps, loaded as dpexec loads it: $DPEXEC_CUDA_LIB), without a GPU:
- * the refusal runs exec_init on a one-instruction step file, which checks
- * the kernel table before it touches a device. Both backends must implement
- * every compute op: one refused by either is a failure (issue 12: none is
- * refused on CUDA; issue 14: nor cast, CUDA runs bf16 step files).
+ *  - The one merge of kernel rows (runtime/kernel_table.h) takes rows in any
+ *    order and refuses an op two rows claim, an opcode that does not exist
+ *    and an executor-owned op (collectives, events, LOAD, INIT/SAVE, SHARD).
+ *  - For every opcode of DP_KERNELS and each backend, a compute op
+ *    (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
+ *    refused at load with a message naming it, and no executor-owned op is
+ *    in any table. Both backends must implement every compute op: one
+ *    refused by either is a failure (issue 12: none is refused on CUDA;
+ *    issue 14: nor cast, CUDA runs bf16 step files).
+ *
+ * The CUDA backend is inspected in the shared object the build made (its
+ * exported BackendOps, loaded as dpexec loads it: $DPEXEC_CUDA_LIB),
+ * without a GPU: the refusal runs exec_init on a one-instruction step file,
+ * which checks the kernel table before it touches a device.
  *
  *   backend_test            CPU, and CUDA when $DPEXEC_CUDA_LIB loads
  * Prints one line per backend and "N passed, M failed[, K skipped]" last.
@@ -25,6 +26,7 @@
 
 #include "../runtime/cpu/cpu.h"
 #include "../runtime/exec.h"
+#include "../runtime/kernel_table.h"
 
 static int npass, nfail, nskip;
 
@@ -40,13 +42,16 @@ static void check(int ok, const char *fmt, const char *a, const char *b)
 	printf("\n");
 }
 
-/* A step file with two f32 tensors and op as the one step instruction. */
-static void one_instr(DpStep *s, DpTensor t[2], DpInstr *in, unsigned op)
+#define NT 3 /* tensors of a test step */
+
+/* A step file of tensors t0, t1, t2 (4 f32 each, disjoint), one event and
+ * the step program prog[0..n). */
+static void make_step(DpStep *s, DpTensor t[NT], const DpInstr *prog, uint32_t n)
 {
-	static char strings[] = "t0\0t1";
+	static char strings[] = "t0\0t1\0t2";
 	memset(s, 0, sizeof *s);
-	memset(t, 0, 2 * sizeof *t);
-	for (int i = 0; i < 2; i++) {
+	memset(t, 0, NT * sizeof *t);
+	for (int i = 0; i < NT; i++) {
 		t[i].name = (uint32_t)(3 * i);
 		t[i].dtype = DP_F32;
 		t[i].ndim = 1;
@@ -54,17 +59,17 @@ static void one_instr(DpStep *s, DpTensor t[2], DpInstr *in, unsigned op)
 		t[i].offset = (uint64_t)(64 * i);
 		t[i].nbytes = 16;
 	}
-	*in = (DpInstr){.op = (uint16_t)op, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
-			.out = 1};
 	s->cfg.mesh[0] = s->cfg.mesh[1] = s->cfg.mesh[2] = s->cfg.mesh[3] = 1;
 	s->cfg.micro_batch = s->cfg.grad_accum = 1;
-	s->cfg.arena_bytes = 128;
+	s->cfg.arena_bytes = 64 * NT;
 	s->strings = strings;
 	s->nstrings = sizeof strings;
 	s->tensors = t;
-	s->ntensors = 2;
-	s->prog[DP_PROG_STEP] = in;
-	s->nprog[DP_PROG_STEP] = 1;
+	s->ntensors = NT;
+	s->nevents = 1;
+	s->metrics.loss = s->metrics.grad_norm = s->metrics.eval_loss = s->metrics.eval_correct = -1;
+	s->prog[DP_PROG_STEP] = (DpInstr *)prog;
+	s->nprog[DP_PROG_STEP] = n;
 }
 
 /* Every opcode against one backend's table; returns how many it implements. */
@@ -84,9 +89,10 @@ static int check_backend(const BackendOps *ops)
 		}
 		/* not implemented: exec_init must refuse it, naming the op */
 		DpStep s;
-		DpTensor t[2];
-		DpInstr in;
-		one_instr(&s, t, &in, op);
+		DpTensor t[NT];
+		DpInstr in = {.op = (uint16_t)op, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
+			      .out = 1};
+		make_step(&s, t, &in, 1);
 		Comm comm = {.rank = 0, .world = 1, .mesh = {1, 1, 1, 1}};
 		Exec x;
 		RtErr e = {.rank = -1};
@@ -106,28 +112,64 @@ static int check_backend(const BackendOps *ops)
 	return implemented;
 }
 
+/* ---- the one merge ---- */
+
+static int fake_run(const KernelArgs *a, RtErr *e)
+{
+	return 0;
+}
+
+static void check_merge(void)
+{
+	KernelTable t;
+	const KernelRow fwd[] = {{DP_OP_COPY, fake_run, NULL, 1, NULL, NULL, 0},
+				 {DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 1},
+				 {0}};
+	const KernelRow rev[] = {fwd[1], fwd[0], {0}};
+	const KernelRow *files[2] = {fwd, NULL};
+	kernel_table_merge(&t, files, 1);
+	check(!t.err[0] && kernel_row(&t, DP_OP_COPY) && kernel_row(&t, DP_OP_RELU) &&
+		      t.k[DP_OP_COPY].bf16 == 1 && t.k[DP_OP_RELU].blas == 1 &&
+		      !kernel_row(&t, DP_OP_ADD),
+	      "merge: two rows give a table of those two ops%s%s", "", "");
+	KernelTable u;
+	files[0] = rev;
+	kernel_table_merge(&u, files, 1);
+	check(!memcmp(&t, &u, sizeof t), "merge: rows in another order give the same table%s%s", "",
+	      "");
+	const KernelRow twice[] = {{DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[0] = fwd;
+	files[1] = twice;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "two kernel rows for relu") != NULL, "merge: an op claimed twice: '%s'%s",
+	      t.err, "");
+	const KernelRow unknown[] = {{DP_NOPS, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[1] = unknown;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "does not exist") != NULL, "merge: an unknown opcode: '%s'%s", t.err, "");
+	const KernelRow owned[] = {{DP_OP_ALL_REDUCE, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[1] = owned;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "all_reduce") && strstr(t.err, "executor"),
+	      "merge: an executor-owned op: '%s'%s", t.err, "");
+	check(cpu_kernel_table()->err[0] == 0, "cpu: its rows merge: '%s'%s",
+	      cpu_kernel_table()->err, "");
+}
+
 int main(void)
 {
 	int ncompute = 0;
 	for (unsigned op = 0; op < DP_NOPS; op++)
 		ncompute += dp_op_class(op) == DP_OPC_KERNEL;
 
-	/* the CPU: each op in exactly one concept file */
-	int cpu = check_backend(&cpu_backend);
-	if (cpu < ncompute)
+	check_merge();
+
+	/* the CPU, the reference */
+	const BackendOps *cpu = &cpu_backend;
+	int ncpu = check_backend(cpu);
+	if (ncpu < ncompute)
 		printf("NOTE: the CPU backend, the reference, lacks %d of %d compute ops (above)\n",
-		       ncompute - cpu, ncompute);
-	const CpuKernel *const parts[] = {cpu_layout_kernels, cpu_elementwise_kernels,
-					  cpu_gemm_kernels,   cpu_loss_kernels,
-					  cpu_optim_kernels,  cpu_norm_kernels,
-					  cpu_seq_kernels,    cpu_cp_kernels};
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int claims = 0;
-		for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-			claims += parts[i][op].run != NULL;
-		check(claims <= 1, "cpu: %s is claimed by several kernel files%s", dp_op_names[op],
-		      "");
-	}
+		       ncompute - ncpu, ncompute);
 
 	/* CUDA: the shared object dpexec would load */
 	const BackendOps *cuda;

@@ -5,9 +5,9 @@
  * executor emulates the streams and the MPI comm backend reads the tensors
  * in place.
  *
- * The kernel table is one array of DP_NOPS rows (CpuKernel, cpu/cpu.h),
- * merged at init from the partial tables of the concept files; an op that
- * two files claim is an internal error.
+ * The kernel table is one opcode-indexed KernelTable (kernel_table.h),
+ * merged once from the rows of the concept files with the merge every
+ * backend uses; an op that two files claim stops init.
  *
  * Init also picks the inner loops for this CPU (cpu_vec_avx512 / avx2 /
  * scalar, vec.c; DP_CPU_ISA forces one) and starts the rank's threads
@@ -28,17 +28,10 @@
 #include "../backend.h"
 #include "cpu.h"
 
-static const CpuKernel *const parts[] = {
-	cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels, cpu_loss_kernels,
-	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,     cpu_cp_kernels,
-	cpu_bf16_kernels,
-};
-#define NPARTS (sizeof parts / sizeof parts[0])
-
 typedef struct {
 	unsigned char *arena; /* cfg.arena_bytes, 64-byte aligned, zeroed */
 	size_t arena_len;
-	CpuKernel kern[DP_NOPS]; /* the table */
+	const KernelTable *kern; /* cpu_kernel_table() */
 	CpuStep step;
 	const CpuVec *vec;
 	CpuPool *pool;
@@ -100,16 +93,24 @@ static int pick_threads(int *out, RtErr *e)
 	return 0;
 }
 
-/* The row of op: the one partial table that has it; NULL: none. */
-static const CpuKernel *find(unsigned op)
+/* Merged on first use (has_kernel is asked before any init), once per
+ * process, as the CUDA backend's table is built when its object loads. */
+const KernelTable *cpu_kernel_table(void)
 {
-	if (op >= DP_NOPS)
-		return NULL;
-	for (size_t i = 0; i < NPARTS; i++)
-		if (parts[i][op].run)
-			return &parts[i][op];
-	/* the elementwise ops are vec.c's maps (every table computes the same set) */
-	return cpu_vec_scalar.is_map(op) ? &cpu_map_kernel : NULL;
+	static KernelTable t;
+	static int merged;
+	if (!merged) {
+		static KernelRow maps[DP_NOPS + 1];
+		cpu_map_rows(maps);
+		const KernelRow *const files[] = {
+			cpu_layout_rows, cpu_elementwise_rows, maps,          cpu_gemm_rows,
+			cpu_loss_rows,   cpu_optim_rows,       cpu_norm_rows, cpu_seq_rows,
+			cpu_cp_rows,     cpu_bf16_rows,
+		};
+		kernel_table_merge(&t, files, sizeof files / sizeof files[0]);
+		merged = 1;
+	}
+	return &t;
 }
 
 static int cpu_probe(char *why, size_t len)
@@ -119,12 +120,12 @@ static int cpu_probe(char *why, size_t len)
 
 static int cpu_has_kernel(unsigned op)
 {
-	return find(op) != NULL;
+	return kernel_row(cpu_kernel_table(), op) != NULL;
 }
 
 static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	const CpuKernel *k = find(in->op);
+	const KernelRow *k = &cpu_kernel_table()->k[in->op];
 	/* the op's operand rules were the decoder's (format/stepfile_check.c): only
 	 * this backend's own limits are left; a bf16 instruction of a kernel
 	 * without a bf16 path runs on f32 copies (bf16.c) */
@@ -155,18 +156,10 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	if (!c)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int claims = 0;
-		for (size_t i = 0; i < NPARTS; i++)
-			claims += parts[i][op].run != NULL;
-		if (claims > 1) {
-			cpu_free(b);
-			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
-				       dp_op_names[op]);
-		}
-		const CpuKernel *k = find(op);
-		if (k)
-			c->kern[op] = *k;
+	c->kern = cpu_kernel_table();
+	if (c->kern->err[0]) {
+		cpu_free(b);
+		return RT_FAIL(e, "internal error: the CPU kernel table: %s", c->kern->err);
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
@@ -199,7 +192,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
 			/* oneDNN's matmuls need none; without it they are staged */
-			const CpuKernel *k = &c->kern[in->op];
+			const KernelRow *k = &c->kern->k[in->op];
 			if (dp_op_class(in->op) == DP_OPC_KERNEL && !k->bf16 &&
 			    !(k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
@@ -233,7 +226,7 @@ static void cpu_describe(Backend *b, char *buf, size_t len)
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
-	const CpuKernel *k = &c->kern[in->op];
+	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
