@@ -29,11 +29,12 @@
  *    may depend on a host value that changes between steps (set_step
  *    happens outside the capture; step_head derives lr and t on the device).
  *
- * The CPU backend is linked into dpexec (cpu_backend); the CUDA backend is
+ * The CPU backend is linked into dpexec (backend_cpu()); the CUDA backend is
  * a shared object that exports `dp_cuda_backend` (a const BackendOps) and
  * is loaded with dlopen (backend_load_cuda), so dpexec itself never links
  * a CUDA library. DP_BACKEND_ABI guards the layout of these structs across
- * that boundary.
+ * that boundary. Nothing outside a backend asks which backend it has: what
+ * differs is said by the table (flags, fallback, describe's answer).
  *
  * Every int function returns 0, or -1 with an RtErr.
  */
@@ -47,7 +48,15 @@
 #include "rt.h"
 
 /* Bump when BackendOps, Backend, BackendOpts or the step-file structs change. */
-#define DP_BACKEND_ABI (1000u + DP_STEP_VERSION)
+#define DP_BACKEND_ABI (2000u + DP_STEP_VERSION)
+
+/* BackendOps.flags */
+enum {
+	/* Work is done when the call that enqueues it returns (the CPU's
+	 * synchronous calls): a launched step has finished, and the host's
+	 * clock times each instruction (dpexec --trace). */
+	BACKEND_INLINE = 1u << 0,
+};
 
 typedef struct Backend Backend;
 typedef struct BackendOps BackendOps;
@@ -79,6 +88,10 @@ struct Backend {
 struct BackendOps {
 	const char *name; /* "cpu", "cuda": --device names it */
 	unsigned abi;     /* DP_BACKEND_ABI of the build */
+	unsigned flags;   /* BACKEND_* */
+	/* The --device to suggest when this backend has no kernel for an op
+	 * ("cpu"); NULL: none (the reference backend). */
+	const char *fallback;
 
 	/* ---- before init: no device state (tests call these) ---- */
 	/* Usable devices (> 0); 0 with the reason in why when there is none
@@ -95,8 +108,9 @@ struct BackendOps {
 	/* ---- lifetime ---- */
 	/* Device, memory (b->ptr), streams, handles. b->ops, s and comm are set. */
 	int (*init)(Backend *b, const BackendOpts *o, RtErr *e);
-	/* One line about the device (logs). */
-	void (*describe)(Backend *b, char *buf, size_t len);
+	/* One line about the device into buf; returns 1 when every run's log
+	 * should show it, 0 when only --verbose asks for it. */
+	int (*describe)(Backend *b, char *buf, size_t len);
 	/* A failing rank, before MPI_Abort: stop collectives without waiting
 	 * (NULL: nothing to do). free() must still be safe afterwards. */
 	void (*abort)(Backend *b);
@@ -161,7 +175,8 @@ struct BackendOps {
 	int (*replay)(Backend *b, RtErr *e);
 };
 
-/* The CPU backend (runtime/cpu/backend_cpu.c). */
+/* The CPU backend (runtime/cpu/backend_cpu.c). Outside runtime/cpu/ only
+ * the registry below names it: the rest asks backend_cpu(). */
 extern const BackendOps cpu_backend;
 
 /* Process-wide set-up every backend shares (OpenBLAS's core); dpexec calls
@@ -169,6 +184,9 @@ extern const BackendOps cpu_backend;
 void backend_process_init(void);
 
 /* ---- choosing and loading a backend (runtime/backend.c) ---- */
+
+/* The CPU backend: always there (--device cpu, and auto without a GPU). */
+const BackendOps *backend_cpu(void);
 
 /* The environment variable naming the CUDA backend's shared object. */
 #define BACKEND_CUDA_ENV "DPEXEC_CUDA_LIB"

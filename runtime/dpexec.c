@@ -571,12 +571,9 @@ static int setup_local(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
-		/* the CPU's bf16 path and workspace are worth a line */
-		if (r->ops != &cpu_backend || dp_step_has_bf16(s) || r->o.verbose) {
-			char d[512];
-			exec_describe(&r->x, d, sizeof d);
+		char d[512]; /* the backend says whether its line is worth printing */
+		if (exec_describe(&r->x, d, sizeof d) || r->o.verbose)
 			printf("device: %s\n", d);
-		}
 	}
 	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
@@ -919,7 +916,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	const char *dev = r->o.device;
 	const BackendOps *cuda = NULL;
 	char why[512] = "";
-	r->ops = &cpu_backend;
+	r->ops = backend_cpu();
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
@@ -952,7 +949,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 /* The trained run and what follows it, with --trace around them. */
 static int train_and_export(Run *r)
 {
-	if (r->o.trace && r->ops != &cpu_backend)
+	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
 		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
 	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
 		return -1;

@@ -122,8 +122,9 @@ int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in,
 {
 	if (!ops->has_kernel(in->op))
 		return RT_FAIL(e, "step file: the %s backend has no kernel for %s (the instruction "
-			       "writing '%s')%s", ops->name, dp_op_names[in->op],
-			       tname(s, in->out), ops == &cpu_backend ? "" : "; use --device cpu");
+			       "writing '%s')%s%s", ops->name, dp_op_names[in->op],
+			       tname(s, in->out), ops->fallback ? "; use --device " : "",
+			       ops->fallback ? ops->fallback : "");
 	return ops->check(s, in, e);
 }
 
@@ -308,9 +309,9 @@ void exec_abort(Exec *x)
 		x->be.ops->abort(&x->be);
 }
 
-void exec_describe(Exec *x, char *buf, size_t len)
+int exec_describe(Exec *x, char *buf, size_t len)
 {
-	x->be.ops->describe(&x->be, buf, len);
+	return x->be.ops->describe(&x->be, buf, len);
 }
 
 /* ---- host access ---- */

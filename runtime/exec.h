@@ -167,8 +167,9 @@ int64_t exec_tensor_bytes(const DpStep *s, int tensor);
 /* Zero every DP_T_METRIC tensor. */
 int exec_zero_metrics(Exec *x, RtErr *e);
 int64_t exec_numel(const DpTensor *t);
-/* One line about the compute device (logs). */
-void exec_describe(Exec *x, char *buf, size_t len);
+/* One line about the compute device (logs); 1 when every run's log should
+ * show it, 0 when only --verbose asks (the backend says). */
+int exec_describe(Exec *x, char *buf, size_t len);
 /* A failing rank, before MPI_Abort: the backend stops its collectives. */
 void exec_abort(Exec *x);
 void exec_free(Exec *x);

@@ -7,7 +7,8 @@
  *    and an executor-owned op (collectives, events, LOAD, INIT/SAVE, SHARD).
  *  - For every opcode of DP_KERNELS and each backend, a compute op
  *    (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
- *    refused at load with a message naming it, and no executor-owned op is
+ *    refused at load with a message naming it (and the backend's
+ *    fallback device, when it has one), and no executor-owned op is
  *    in any table. Both backends must implement every compute op: one
  *    refused by either is a failure (issue 12: none is refused on CUDA;
  *    issue 14: nor cast, CUDA runs bf16 step files).
@@ -156,6 +157,31 @@ static void check_merge(void)
 	      cpu_kernel_table()->err, "");
 }
 
+/* A backend without a kernel points at its fallback device, if it has one. */
+static int no_kernel(unsigned op)
+{
+	return 0;
+}
+
+static void check_fallback(void)
+{
+	DpStep s;
+	DpTensor t[NT];
+	DpInstr in = {.op = DP_OP_RELU, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
+		      .out = 1};
+	make_step(&s, t, &in, 1);
+	BackendOps gpu = {.name = "gpu", .fallback = "cpu", .has_kernel = no_kernel};
+	BackendOps ref = {.name = "ref", .has_kernel = no_kernel};
+	RtErr e = {.rank = -1};
+	int rc = exec_check_kernel(&s, &gpu, &in, &e);
+	check(rc && strstr(e.msg, "the gpu backend has no kernel for relu (the instruction "
+			   "writing 't1'); use --device cpu"),
+	      "a missing kernel names the op and the backend's fallback: '%s'%s", e.msg, "");
+	rc = exec_check_kernel(&s, &ref, &in, &e);
+	check(rc && strstr(e.msg, "no kernel for relu") && !strstr(e.msg, "--device"),
+	      "a backend without a fallback suggests none: '%s'%s", e.msg, "");
+}
+
 int main(void)
 {
 	int ncompute = 0;
@@ -163,9 +189,10 @@ int main(void)
 		ncompute += dp_op_class(op) == DP_OPC_KERNEL;
 
 	check_merge();
+	check_fallback();
 
 	/* the CPU, the reference */
-	const BackendOps *cpu = &cpu_backend;
+	const BackendOps *cpu = backend_cpu();
 	int ncpu = check_backend(cpu);
 	if (ncpu < ncompute)
 		printf("NOTE: the CPU backend, the reference, lacks %d of %d compute ops (above)\n",

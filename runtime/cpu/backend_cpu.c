@@ -212,7 +212,9 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	return 0;
 }
 
-static void cpu_describe(Backend *b, char *buf, size_t len)
+/* The plain f32 CPU is the default device: its line waits for --verbose;
+ * a bf16 step's path and workspace are worth a line. */
+static int cpu_describe(Backend *b, char *buf, size_t len)
 {
 	CpuBackend *c = b->impl;
 	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->vec->isa,
@@ -221,6 +223,7 @@ static void cpu_describe(Backend *b, char *buf, size_t len)
 		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
 			 cpu_gemm16_describe(c->gemm16),
 			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
+	return dp_step_has_bf16(b->s);
 }
 
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
@@ -287,6 +290,8 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 const BackendOps cpu_backend = {
 	.name = "cpu",
 	.abi = DP_BACKEND_ABI,
+	.flags = BACKEND_INLINE,
+	.fallback = NULL, /* the reference: every op has a CPU kernel */
 	.probe = cpu_probe,
 	.has_kernel = cpu_has_kernel,
 	.check = cpu_check,

@@ -686,7 +686,8 @@ static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	return 0;
 }
 
-static void cu_describe(Backend *b, char *buf, size_t len)
+/* A GPU is always worth a line in the log. */
+static int cu_describe(Backend *b, char *buf, size_t len)
 {
 	CuBackend *x = b->impl;
 	struct cudaDeviceProp p;
@@ -697,7 +698,7 @@ static void cu_describe(Backend *b, char *buf, size_t len)
 		cudaGetLastError();
 		snprintf(buf, len, "CUDA device %d (driver %d, runtime %d, NCCL %d)", x->device, drv,
 			 rtv, nv);
-		return;
+		return 1;
 	}
 	snprintf(buf, len,
 		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s",
@@ -705,6 +706,7 @@ static void cu_describe(Backend *b, char *buf, size_t len)
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "");
+	return 1;
 }
 
 static void cu_abort(Backend *b)
@@ -1091,6 +1093,8 @@ static int cu_replay(Backend *b, RtErr *e)
 __attribute__((visibility("default"))) const BackendOps dp_cuda_backend = {
 	.name = "cuda",
 	.abi = DP_BACKEND_ABI,
+	.flags = 0,        /* streams: work runs after the call returns */
+	.fallback = "cpu", /* a kernel missing here: the CPU has every one */
 	.probe = cu_probe,
 	.has_kernel = cu_has_kernel,
 	.check = cu_check,
