@@ -551,7 +551,8 @@ static int setup_local(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
+	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout,
+			  .no_progress = r->o.no_progress};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)
@@ -559,7 +560,6 @@ static int setup_local(Run *r)
 	MPI_Comm_rank(node, &bo.local_rank);
 	MPI_Comm_free(&node);
 	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
-	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
 		const uint32_t *m = s->cfg.mesh;

@@ -1,9 +1,17 @@
 /*
  * cpu/backend_cpu.c - the CPU compute backend (BackendOps cpu_backend): the
- * readable reference for every kernel. Synchronous: every call has finished
- * when it returns, and its memory is host memory (one mmap'd arena), so the
- * executor emulates the streams and the MPI comm backend reads the tensors
- * in place.
+ * readable reference for every kernel. Its memory is host memory (one
+ * mmap'd arena), so the MPI comm backend reads the tensors in place, and
+ * LOAD reads the staged batches where the executor filled them.
+ *
+ * It fills the whole interface but the optional graph members. Its two
+ * streams run inline (BACKEND_INLINE; streams.c says how and why): each
+ * call has done its work when it returns, except a collective on the comm
+ * stream, which runs beside the compute until an event or the end of the
+ * run waits for it. So a step runs inside its launch; step_tail keeps its
+ * metrics in one of two slots (step k in slot k % 2, as the CUDA backend's
+ * report), which step_wait(k) reads while step k + 1 is launched; staged
+ * batches need no copy (stage_push, stage_wait: nothing to do).
  *
  * The kernel table is one opcode-indexed KernelTable (kernel_table.h),
  * merged once from the rows of the concept files with the merge every
@@ -33,6 +41,10 @@ typedef struct {
 	size_t arena_len;
 	const KernelTable *kern; /* cpu_kernel_table() */
 	CpuStep step;
+	CpuStreams *st;
+	uint64_t cur_step; /* set_step's k */
+	int64_t rep_step[2]; /* step_tail: the step whose metrics rep[k % 2] holds, -1: none */
+	float rep[2][2];     /* ... its loss and grad norm */
 	const CpuVec *vec;
 	CpuPool *pool;
 	/* bf16 instructions of kernels without a bf16 path run on f32 copies
@@ -138,6 +150,7 @@ static void cpu_free(Backend *b)
 	if (c && c->arena)
 		munmap(c->arena, c->arena_len);
 	if (c) {
+		cpu_streams_free(c->st);
 		cpu_pool_free(c->pool);
 		free(c->ws);
 		free(c->shadow);
@@ -157,9 +170,14 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
 	c->kern = cpu_kernel_table();
+	c->rep_step[0] = c->rep_step[1] = -1;
 	if (c->kern->err[0]) {
 		cpu_free(b);
-		return RT_FAIL(e, "internal error: the CPU kernel table: %s", c->kern->err);
+		return RT_FAIL(e, "internal error: the CPU kernel table: %s", cpu_kernel_table()->err);
+	}
+	if (cpu_streams_new(&c->st, s, b->comm, o->no_progress, e)) {
+		cpu_free(b);
+		return -1;
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
@@ -226,11 +244,20 @@ static int cpu_describe(Backend *b, char *buf, size_t len)
 	return dp_step_has_bf16(b->s);
 }
 
+/* MPI_Abort, which follows, ends the collectives in flight; nothing here
+ * waits, and free() releases the memory. */
+static void cpu_abort(Backend *b)
+{
+}
+
+/* ---- work, inline (streams.c: each call starts with the streams' order) ---- */
+
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
 	if (k->run_bf16) {
@@ -246,9 +273,12 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	return rc;
 }
 
+/* LOAD: straight from the host buffer the executor staged the batch in. */
 static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,
 		      RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(dst, host, bytes);
 	return 0;
 }
@@ -256,6 +286,8 @@ static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, 
 static int cpu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, const void *src,
 		      size_t spitch, size_t width, size_t rows, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	for (size_t r = 0; r < rows; r++)
 		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 	return 0;
@@ -263,19 +295,48 @@ static int cpu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, con
 
 static int cpu_zero(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *e)
 {
-	memset(dst, 0, bytes);
+	memset(dst, 0, bytes); /* the metrics, before a run */
 	return 0;
 }
 
+/* Inside a run, INIT and SAVE: their instruction's stream order first. */
 static int cpu_read(Backend *b, const void *src, void *host, size_t bytes, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(host, src, bytes);
 	return 0;
 }
 
 static int cpu_write(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(dst, host, bytes);
+	return 0;
+}
+
+static void *cpu_host_alloc(Backend *b, size_t bytes)
+{
+	return malloc(bytes);
+}
+
+static void cpu_host_free(Backend *b, void *p)
+{
+	free(p);
+}
+
+/* ---- staged batches and steps ---- */
+
+/* Nothing copies out of a staging buffer behind the executor's back: a
+ * step's LOADs read it while the step runs, inside its launch. */
+static int cpu_stage_wait(Backend *b, const void *host, RtErr *e)
+{
+	return 0;
+}
+
+static int cpu_stage_push(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e)
+{
 	return 0;
 }
 
@@ -284,9 +345,82 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 	CpuBackend *c = b->impl;
 	c->step.lr = (float)lr;
 	c->step.t = (int64_t)k + 1;
+	c->cur_step = k;
 	return 0;
 }
 
+/* lr and t are host values the optimizer kernels read (set_step). */
+static int cpu_step_head(Backend *b, RtErr *e)
+{
+	return 0;
+}
+
+/* The step's metrics into slot k % 2: step k + 1 may run before they are read. */
+static int cpu_step_tail(Backend *b, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	const DpStep *s = b->s;
+	int slot = (int)(c->cur_step & 1);
+	c->rep_step[slot] = (int64_t)c->cur_step;
+	c->rep[slot][0] = s->metrics.loss >= 0 ? *(const float *)b->ptr[s->metrics.loss] : 0;
+	c->rep[slot][1] = s->metrics.grad_norm >= 0 ? *(const float *)b->ptr[s->metrics.grad_norm]
+						    : 0;
+	return 0;
+}
+
+/* Step k ran inside its launch: its metrics are in its slot. */
+static int cpu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	if (c->rep_step[k & 1] != (int64_t)k)
+		return RT_FAIL(e, "internal error: step %llu's metrics were not kept (slot holds "
+			       "step %lld)", (unsigned long long)k + 1, (long long)c->rep_step[k & 1] + 1);
+	metrics[0] = c->rep[k & 1][0];
+	metrics[1] = c->rep[k & 1][1];
+	return 0;
+}
+
+/* ---- streams (streams.c) ---- */
+
+static int cpu_run_begin(Backend *b, DpProgram p, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	cpu_streams_begin(c->st);
+	return 0;
+}
+
+static int cpu_run_end(Backend *b, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_end(c->st, e);
+}
+
+static int cpu_event_record(Backend *b, unsigned stream, unsigned event, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_event_record(c->st, stream, event, e);
+}
+
+static int cpu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_event_wait(c->st, stream, event, e);
+}
+
+/* On the MPI comm backend (comm.h), through the streams. */
+static int cpu_collective(Backend *b, const DpInstr *in, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_collective(c->st, &b->at, b->ptr, in, e);
+}
+
+static int cpu_sync(Backend *b, const char *what, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_sync(c->st, e);
+}
+
+/* No graphs: the executor walks every step (backend.h). */
 const BackendOps cpu_backend = {
 	.name = "cpu",
 	.abi = DP_BACKEND_ABI,
@@ -297,6 +431,7 @@ const BackendOps cpu_backend = {
 	.check = cpu_check,
 	.init = cpu_init,
 	.describe = cpu_describe,
+	.abort = cpu_abort,
 	.free = cpu_free,
 	.kernel = cpu_kernel,
 	.upload = cpu_upload,
@@ -304,5 +439,18 @@ const BackendOps cpu_backend = {
 	.zero = cpu_zero,
 	.read = cpu_read,
 	.write = cpu_write,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.stage_wait = cpu_stage_wait,
+	.stage_push = cpu_stage_push,
+	.step_wait = cpu_step_wait,
 	.set_step = cpu_set_step,
+	.step_head = cpu_step_head,
+	.step_tail = cpu_step_tail,
+	.run_begin = cpu_run_begin,
+	.run_end = cpu_run_end,
+	.event_record = cpu_event_record,
+	.event_wait = cpu_event_wait,
+	.collective = cpu_collective,
+	.sync = cpu_sync,
 };

@@ -1,7 +1,7 @@
 /*
  * cpu/cpu.h - inside the CPU compute backend: the arguments every kernel
- * gets, the kernel files' rows, and the operand-check helpers the kernel
- * files share. Nothing outside runtime/cpu/ includes it;
+ * gets, the kernel files' rows, the two streams, and the operand-check
+ * helpers the kernel files share. Nothing outside runtime/cpu/ includes it;
  * the executor sees the backend only through BackendOps (backend.h).
  *
  * One table, filled by the files that own the kernels. Each concept file
@@ -23,6 +23,7 @@
 #ifndef DP_CPU_INT_H
 #define DP_CPU_INT_H
 
+#include "../backend.h"
 #include "../kernel_table.h"
 #include "../rt.h"
 
@@ -162,6 +163,29 @@ extern const KernelRow cpu_bf16_rows[];        /* bf16.c */
 /* The CPU's kernel table, merged from them once (backend_cpu.c); its err
  * says why it cannot be used. */
 const KernelTable *cpu_kernel_table(void);
+
+/* ---- the two streams, run inline (streams.c) ---- */
+
+/* Events, collectives on the MPI comm backend, the collectives in flight
+ * and the hazard check against them. Each int function returns 0 or -1
+ * with e filled. */
+typedef struct CpuStreams CpuStreams;
+int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress, RtErr *e);
+void cpu_streams_free(CpuStreams *st);
+/* run_begin, run_end (compute waits for every collective), sync */
+void cpu_streams_begin(CpuStreams *st);
+int cpu_streams_end(CpuStreams *st, RtErr *e);
+int cpu_streams_sync(CpuStreams *st, RtErr *e);
+/* Before the work of instruction `at` (inside a run; nothing outside one):
+ * MPI progress, then its stream's order: on comm after every collective
+ * issued before it, on compute the hazard check. */
+int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e);
+int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
+int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
+/* Collective `in` (instruction `at`) over tensors at ptr: started on the
+ * comm stream, run to completion on compute. */
+int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr,
+			   const DpInstr *in, RtErr *e);
 
 /* ---- bf16 (bf16.c, gemm_bf16.c) ---- */
 
