@@ -535,7 +535,8 @@ static int setup_local(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
+	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout,
+			  .no_progress = r->o.no_progress};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)
@@ -543,7 +544,6 @@ static int setup_local(Run *r)
 	MPI_Comm_rank(node, &bo.local_rank);
 	MPI_Comm_free(&node);
 	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
-	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
 		const uint32_t *m = s->cfg.mesh;
@@ -555,12 +555,9 @@ static int setup_local(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
-		/* the CPU's bf16 path and workspace are worth a line */
-		if (r->ops != &cpu_backend || dp_step_has_bf16(s) || r->o.verbose) {
-			char d[512];
-			exec_describe(&r->x, d, sizeof d);
+		char d[512]; /* the backend says whether its line is worth printing */
+		if (exec_describe(&r->x, d, sizeof d) || r->o.verbose)
 			printf("device: %s\n", d);
-		}
 	}
 	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
@@ -908,7 +905,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	const char *dev = r->o.device;
 	const BackendOps *cuda = NULL;
 	char why[512] = "";
-	r->ops = &cpu_backend;
+	r->ops = backend_cpu();
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
@@ -941,7 +938,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 /* The trained run and what follows it, with --trace around them. */
 static int train_and_export(Run *r)
 {
-	if (r->o.trace && r->ops != &cpu_backend)
+	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
 		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
 	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
 		return -1;

@@ -141,11 +141,12 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_optim_kernels[DP_NOPS] = {
-	[DP_OP_SQNORM] = {NULL, run_sqnorm, 0},
-	[DP_OP_SQRT] = {NULL, run_sqrt, 0},
-	[DP_OP_CLIP] = {NULL, run_clip, 0},
-	[DP_OP_SGD] = {NULL, run_sgd, 0},
-	[DP_OP_ADAMW] = {NULL, run_adamw, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_optim_rows[] = {
+	{DP_OP_SQNORM, run_sqnorm, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
+	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0},
+	{0},
 };

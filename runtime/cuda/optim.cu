@@ -390,12 +390,12 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_optim_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_SQNORM] = {run_sqnorm, NULL, NULL, 0, 1};
-	k[DP_OP_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
-	k[DP_OP_CLIP] = {run_clip, NULL, NULL, 0, 1};
-	k[DP_OP_SGD] = {run_sgd, NULL, NULL, 0, 1};
-	k[DP_OP_ADAMW] = {run_adamw, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_optim_rows[] = {
+	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
+	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0},
+	{},
+};
