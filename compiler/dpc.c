@@ -7,8 +7,8 @@
  * reported as messages; 2 internal error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
  * checked before compiling (util/outfile.h: its directory exists and is
- * writable; a device or FIFO is written through, a link's target written)
- * and the writer is atomic and runs last.
+ * writable; a device or FIFO is written through, a link's target written;
+ * it is not the input) and the writer is atomic and runs last.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -99,6 +99,18 @@ static char *default_output(const char *path)
 	}
 	free(copy);
 	return out;
+}
+
+/* The step file must not be the model it is compiled from (util/outfile.h:
+ * the same file through any link or spelling): 0, or -1 after a message. */
+static int check_output_not_input(const char *input, const char *output)
+{
+	char err[1024];
+	const OutPath p[] = {{input, "the input", 0}, {output, "-o", 1}};
+	if (out_check_distinct(p, 2, err, sizeof err) == 0)
+		return 0;
+	fprintf(stderr, "dpc: %s\n", err);
+	return -1;
 }
 
 static double now_ms(void)
@@ -274,8 +286,10 @@ int main(int argc, char **argv)
 	/* a step file that cannot be written is found before the work, not after */
 	if (write_step) {
 		char err[1024];
-		if (out_check(output, 0, err, sizeof err) < 0) {
+		int bad = out_check(output, 0, err, sizeof err) < 0;
+		if (bad)
 			fprintf(stderr, "dpc: %s\n", err);
+		if (bad || check_output_not_input(path, output)) {
 			free(default_out);
 			free(defines);
 			return 1;

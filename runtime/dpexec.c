@@ -39,6 +39,7 @@
  */
 #include <dlfcn.h>
 #include <getopt.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -532,18 +533,54 @@ static void print_resume(const Run *r)
 
 /* ---- the run ---- */
 
-/* Before any work: options and output paths (rank 0 checks the paths). */
+/* Before any work: the output paths (rank 0 checks them). Each can be
+ * written (util/outfile.h), and none is an input (the step file,
+ * --init-from, the data files) or another output. */
 static int check_outputs(Run *r)
 {
 	char err[1024];
-	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full};
-	const char *what[] = {"--losses", "--log-json", "--save-full"};
+	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace};
+	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace"};
+	enum { NOUT = sizeof paths / sizeof paths[0] };
 	if (r->rank != 0)
 		return 0;
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < NOUT; i++)
 		if (paths[i] && out_check(paths[i], 0, err, sizeof err))
 			return RT_FAIL(&r->e, "%s: %s", what[i], err);
-	return 0;
+	const DpStep *s = &r->step;
+	glob_t *g = calloc(s->nsources ? s->nsources : 1, sizeof *g);
+	size_t nin = 2;
+	for (uint32_t i = 0; g && i < s->nsources; i++) { /* a token source: every shard */
+		const DpSource *src = &s->sources[i];
+		if (src->kind == DP_SRC_TOKENS && glob(dpstep_str(s, src->path), 0, NULL, &g[i]) == 0)
+			nin += g[i].gl_pathc;
+		nin += src->kind == DP_SRC_IDX || src->kind == DP_SRC_NPY;
+	}
+	OutPath *p = g ? calloc(NOUT + nin, sizeof *p) : NULL;
+	int n = 0, rc = 0;
+	if (!p) {
+		free(p);
+		free(g);
+		return RT_FAIL(&r->e, "out of memory");
+	}
+	for (int i = 0; i < NOUT; i++)
+		p[n++] = (OutPath){paths[i], what[i], 1};
+	p[n++] = (OutPath){r->o.step_path, "the step file", 0};
+	p[n++] = (OutPath){r->o.init_from, "--init-from", 0};
+	for (uint32_t i = 0; i < s->nsources; i++) {
+		const DpSource *src = &s->sources[i];
+		if (src->kind == DP_SRC_IDX || src->kind == DP_SRC_NPY)
+			p[n++] = (OutPath){dpstep_str(s, src->path), "a data file of the model", 0};
+		for (size_t k = 0; k < g[i].gl_pathc; k++)
+			p[n++] = (OutPath){g[i].gl_pathv[k], "a token shard of the model", 0};
+	}
+	if (out_check_distinct(p, n, err, sizeof err))
+		rc = RT_FAIL(&r->e, "%s", err);
+	for (uint32_t i = 0; i < s->nsources; i++)
+		globfree(&g[i]);
+	free(g);
+	free(p);
+	return rc;
 }
 
 /* Set-up every rank does alone; agreed on by the caller. */
