@@ -73,6 +73,8 @@ typedef struct {
 	const char *log_json;
 	const char *save_dir;
 	const char *resume;
+	int auto_resume;     /* --auto-resume: continue from save_dir's checkpoint if any */
+	int overwrite;       /* --overwrite: a fresh run may replace save_dir's checkpoints */
 	long save_every;     /* -1: cfg.save_every */
 	long keep_last;      /* -1: cfg.keep_last */
 	CkptForm save_form;
@@ -173,6 +175,12 @@ static void usage(FILE *f)
 		"  --resume PATH         continue from a checkpoint: DIR (its latest), DIR/latest or\n"
 		"                        DIR/step-N; the steps after it repeat the uninterrupted\n"
 		"                        run's exactly at the same layout\n"
+		"  --auto-resume         continue from the newest complete checkpoint in the save\n"
+		"                        directory if there is one, else start fresh (for jobs\n"
+		"                        that are requeued or restarted)\n"
+		"  --overwrite           start a fresh run in a save directory that holds\n"
+		"                        checkpoints (refused without it); they are removed once\n"
+		"                        this run has written its first\n"
 		"\n"
 		"  -h, --help            this text\n"
 		"\n"
@@ -201,7 +209,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_EVERY, O_KEEP_LAST, O_SAVE_FORM,
-	       O_RESUME };
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE };
 	static const struct option longopts[] = {
 		{"steps", required_argument, NULL, O_STEPS},
 		{"device", required_argument, NULL, O_DEVICE},
@@ -224,6 +232,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"keep-last", required_argument, NULL, O_KEEP_LAST},
 		{"save-form", required_argument, NULL, O_SAVE_FORM},
 		{"resume", required_argument, NULL, O_RESUME},
+		{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
+		{"overwrite", no_argument, NULL, O_OVERWRITE},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -307,6 +317,12 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_RESUME:
 			o->resume = optarg;
 			break;
+		case O_AUTO_RESUME:
+			o->auto_resume = 1;
+			break;
+		case O_OVERWRITE:
+			o->overwrite = 1;
+			break;
 		case O_SAVE_EVERY:
 			if (parse_long(optarg, 0, &o->save_every))
 				goto badnum;
@@ -344,9 +360,15 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		return -1;
 	}
 	o->step_path = argv[optind];
-	if (o->resume && o->init_from) {
-		fprintf(stderr, "dpexec: error: --resume and --init-from exclude each other: a resumed "
-				"run takes its parameters from the checkpoint\n");
+	if ((o->resume != NULL) + o->auto_resume + o->overwrite > 1) {
+		fprintf(stderr, "dpexec: error: --resume, --auto-resume and --overwrite exclude each "
+				"other\n");
+		return -1;
+	}
+	if ((o->resume || o->auto_resume) && o->init_from) {
+		fprintf(stderr, "dpexec: error: --%s and --init-from exclude each other: a resumed "
+				"run takes its parameters from the checkpoint\n",
+			o->resume ? "resume" : "auto-resume");
 		return -1;
 	}
 	return 0;
@@ -524,6 +546,8 @@ static void print_resume(const Run *r)
 			i++; /* and its value */
 			continue;
 		}
+		if (!strcmp(a, "--auto-resume") || !strcmp(a, "--overwrite"))
+			continue;
 		if (!strncmp(a, "--resume=", 9) || !strncmp(a, "--init-from=", 12))
 			continue;
 		printf("%s ", a);
@@ -636,18 +660,28 @@ static int setup_local(Run *r)
 
 	RT_CHECK(ckpt_new(&r->ck, &r->x, &r->w, r->o.step_path, e));
 	uint64_t save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
-	char *parent = NULL;
+	char *parent = NULL, *note = NULL;
 	if (r->o.resume)
-		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, e));
+		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, &note, e));
 	const char *dir = r->o.save_dir ? r->o.save_dir : parent ? parent
 				     : save_every ? "checkpoints" : NULL;
 	if (dir && !(r->save_dir = strdup(dir))) {
 		free(parent);
+		free(note);
 		return RT_FAIL(e, "out of memory");
 	}
 	free(parent);
+	if (r->o.auto_resume && !r->save_dir)
+		return RT_FAIL(e, "--auto-resume continues from the save directory: give --save-dir "
+			       "(or save_every in the model)");
+	if (r->o.auto_resume && ckpt_find(r->save_dir, &r->resume_dir, &note, e) < 0)
+		return -1;
+	if (note && r->rank == 0)
+		printf("dpexec: %s\n", note);
+	free(note);
+	CkptDirPlan plan = {.fresh = !r->resume_dir, .overwrite = r->o.overwrite};
 	if (r->rank == 0 && r->save_dir)
-		RT_CHECK(ckpt_prepare_dir(r->ck, r->save_dir, e));
+		RT_CHECK(ckpt_prepare_dir(r->ck, r->save_dir, &plan, e));
 	if (r->rank == 0 && r->o.save_full) {
 		char err[1024];
 		if (out_check(r->o.save_full, (uint64_t)ckpt_params(r->ck) * 4, err, sizeof err))
@@ -688,6 +722,17 @@ static int setup(Run *r)
 		r->comm->timeout_s = r->o.timeout;
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	rc = setup_local(r);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	/* the save directory, once every rank has loaded what it resumes from
+	 * (which may be what a killed save left): leftovers, and room */
+	if (r->rank == 0 && r->save_dir && r->ck) {
+		uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
+		uint64_t every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+		int64_t keep = r->o.keep_last >= 0 ? r->o.keep_last : s->cfg.keep_last;
+		CkptDirPlan plan = {.keep_last = (int)keep, .fresh = !r->resume_dir, .overwrite = r->o.overwrite,
+				    .saves = 1 + (every && steps > r->start ? (int64_t)(steps / every - r->start / every) : 0)};
+		rc = ckpt_clean_dir(r->ck, r->save_dir, &plan, e);
+	}
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	/* the logs (rank 0), once everything else is known to be right */
 	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
