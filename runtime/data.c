@@ -11,7 +11,8 @@
  * against its header, and a sample's tokens are read with pread and widened
  * to int32 when a batch is filled (not mmap: a shard truncated while the run
  * reads it would be SIGBUS; with pread it is a short read, an error). Token
- * ids are checked against the model's vocabulary as they are read. Errors
+ * ids are checked against the model's vocabulary at load (one streaming
+ * pass, data_scan.c) and again as they are read. Errors
  * name the data file and the .dp file and line; a malformed file is an
  * error, never a crash.
  *
@@ -812,6 +813,12 @@ static int load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d
 			return -1; /* data_free closes what was opened */
 		}
 		d->nshards++;
+		/* every id below the vocabulary now, not when its window is drawn */
+		if (data_scan_tokens(sh->fd, sh->path, TOK_HEADER_BYTES, sh->ntok, d->limit, c->where,
+				     c->e)) {
+			globfree(&g);
+			return -1;
+		}
 		sh->first = total;
 		total += (sh->ntok - 1) / T;
 	}

@@ -106,6 +106,14 @@ int64_t data_eval_batches(const DataSet *d, const DpStep *s, int dp_size);
 void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, int dp_rank,
 		    int dp_size, void *dst);
 
+/* ---- token shards scanned at load (runtime/data_scan.c) ---- */
+
+/* The ntok uint16 token ids of the shard open as fd, from byte at on, must
+ * be below limit (0: no limit): 0, or -1 naming the first that is not, its
+ * index, the shard and where (the .dp file and line). One streaming read. */
+int data_scan_tokens(int fd, const char *path, int64_t at, int64_t ntok, int64_t limit,
+		     const char *where, RtErr *e);
+
 /* ---- safetensors (runtime/safetensors.c) ---- */
 
 typedef struct {

@@ -15,6 +15,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1071,9 +1072,10 @@ static void test_model_checks(void)
 		CHECK(0, "labels below the classes: %s", e.msg);
 	}
 
-	/* token shards: an id outside the vocabulary, then a shard cut short
-	 * after it was opened: errors from data_error, zeros in the batch, no
-	 * signal */
+	/* token shards: an id outside the vocabulary is refused at load (the
+	 * scan of every shard, runtime/data_scan.c); one written after the shard
+	 * was opened, and a shard cut short after it was opened, are errors from
+	 * data_error, zeros in the batch, no signal */
 	enum { T = 4, N = 41 };
 	uint16_t tok[N];
 	for (int i = 0; i < N; i++)
@@ -1083,10 +1085,18 @@ static void test_model_checks(void)
 	step_init(&ts, 2, 1, 5);
 	int sx = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("vocab.bin"), T, 0, 3);
 	add_reader(&ts, prog, ts.sources[sx].tensor, 256, 1);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "vocab.bin: token 300 at index 17 is outside the model's "
+			  "vocabulary of 256 (models/test.dp:3)", "a token outside the vocabulary, at load");
+	tok[17] = 3;
+	write_shard(tpath("vocab.bin"), tok, N, 20240520, 1, N, 0);
 	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) != 0) {
 		CHECK(0, "token shard: %s", e.msg);
 		return;
 	}
+	int fd = open(tpath("vocab.bin"), O_WRONLY); /* changed after the load */
+	uint16_t bad_id = 300;
+	if (fd < 0 || pwrite(fd, &bad_id, 2, 1024 + 2 * 17) != 2 || close(fd) != 0)
+		abort();
 	int32_t out[2 * T];
 	int bad = 0;
 	for (uint64_t step = 0; step < 5 && !bad; step++) {

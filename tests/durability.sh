@@ -21,6 +21,7 @@
 #     --overwrite replaces them once it has saved; --auto-resume continues.
 #  5. keep_last 1 needs room for two checkpoints: refused before training
 #     on a tmpfs with room for 1.7 (root only).
+#  6. a token id outside the vocabulary anywhere in a shard: refused at load.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -193,5 +194,19 @@ if mount -t tmpfs -o size=$((one * 17 / 10 / 4096 * 4096 + 4096)) tmpfs "$T/smal
 else
 	skip "mounting a small tmpfs is not permitted here (not root?): keep_last room"
 fi
+
+# ---- 6. a token id outside the vocabulary, anywhere in a shard ----
+gpt_text "$T/gpt.dp"
+"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/gpt.bin" >/dev/null 2>&1 || fail "dpc gpt"
+$PY - "$T/text.bin" <<'EOF'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<i", f.read(12)[8:12])[0]
+f.seek(1024 + 2 * (n - 7))  # near the end: a window a short run never draws
+f.write(struct.pack("<H", 300))
+EOF
+expect "a token id >= the vocabulary near a shard's end: refused at load" \
+	"token shard $T/text.bin: token 300 at index" X "$T/gpt.bin" --steps 1 --eval-every 0
+grep -q "^step 1/" "$T/out" && fail "it trained before finding the bad token"
 
 finish durability
