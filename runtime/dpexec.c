@@ -1118,6 +1118,7 @@ int main(int argc, char **argv)
 {
 	static Run run_state; /* zeroed; one per process, not shared state */
 	Run *r = &run_state;
+	rt_blas_one_thread(argv); /* may execute dpexec again, once */
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;

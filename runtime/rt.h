@@ -41,6 +41,13 @@ int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
 /* "PROG: error: MSG" on stderr; verbose adds rank, host and the C file:line. */
 void rt_err_print(const char *prog, const RtErr *e, int verbose);
 
+/* ---- OpenBLAS's threads (runtime/blas_env.c) ---- */
+
+/* First thing in main: when OpenBLAS started worker threads (it never uses
+ * them in dpexec), execute this program again with OPENBLAS_NUM_THREADS=1;
+ * returns when there is nothing to do (or the exec failed). */
+void rt_blas_one_thread(char **argv);
+
 /* ---- signals (runtime/signals.c) ---- */
 
 /* Record SIGINT and SIGTERM instead of dying; a second one kills at once. */

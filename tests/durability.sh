@@ -22,6 +22,7 @@
 #  5. keep_last 1 needs room for two checkpoints: refused before training
 #     on a tmpfs with room for 1.7 (root only).
 #  6. a token id outside the vocabulary anywhere in a shard: refused at load.
+#  7. ulimit -v 200 MB: a clean error, not a hang in MPI_Init.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -208,5 +209,18 @@ EOF
 expect "a token id >= the vocabulary near a shard's end: refused at load" \
 	"token shard $T/text.bin: token 300 at index" X "$T/gpt.bin" --steps 1 --eval-every 0
 grep -q "^step 1/" "$T/out" && fail "it trained before finding the bad token"
+
+# ---- 7. a small address-space limit ----
+"$DPC" models/mlp.dp --world-size 1 -o "$T/mlp.bin" >/dev/null 2>&1 || fail "dpc mlp"
+if [ "${SAN:-0}" = 1 ]; then
+	skip "ulimit -v under ASan (its shadow memory needs terabytes of address space)"
+else
+	(ulimit -v 200000; timeout 60 "$DPEXEC" "$T/mlp.bin" --steps 1 >"$T/ulimit.out" 2>&1; echo "rc=$?" >>"$T/ulimit.out")
+	if grep -q "^rc=1$" "$T/ulimit.out" && grep -q "dpexec: error: .*out of memory" "$T/ulimit.out"; then
+		ok "ulimit -v 200 MB: a clean out-of-memory error ($(grep -m1 error "$T/ulimit.out" | cut -c1-80)...)"
+	else
+		fail "ulimit -v 200 MB"; tail -n 3 "$T/ulimit.out"
+	fi
+fi
 
 finish durability
