@@ -23,6 +23,8 @@
 #     on a tmpfs with room for 1.7 (root only).
 #  6. a token id outside the vocabulary anywhere in a shard: refused at load.
 #  7. ulimit -v 200 MB: a clean error, not a hang in MPI_Init.
+#  8. --timeout: a job stopped (SIGSTOP of every rank) for longer and
+#     continued goes on; one rank stopped: the error is printed once.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -221,6 +223,42 @@ else
 	else
 		fail "ulimit -v 200 MB"; tail -n 3 "$T/ulimit.out"
 	fi
+fi
+
+# ---- 8. the --timeout error, once ----
+"$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >/dev/null 2>&1 || fail "dpc mlp at 2"
+ranks() { ps -eo pid=,args= | while read -r pid args; do
+	case "$args" in "$DPEXEC $T/mlp2.bin"*) echo "$pid" ;; esac; done; }
+# the whole job stopped for longer than --timeout (Slurm's scontrol suspend,
+# a debugger) and continued: no rank counts the stop as waiting
+( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 120 --timeout 3 \
+	--log-every 100000 --eval-every 0 >"$T/sus.out" 2>&1; echo "rc=$?" >>"$T/sus.out" ) &
+job=$!
+for i in $(seq 150); do grep -q "^step 1/" "$T/sus.out" && break; sleep 0.2; done
+sleep 0.5
+pids=$(ranks)
+kill -STOP $pids 2>/dev/null; sleep 5; kill -CONT $pids 2>/dev/null
+wait $job
+if grep -q "^rc=0$" "$T/sus.out" && ! grep -q "did not complete" "$T/sus.out"; then
+	ok "the job stopped for 5 s under --timeout 3 and continued: it goes on to the end"
+else
+	fail "a job stopped and continued under --timeout"; tail -n 3 "$T/sus.out"
+fi
+# one rank stopped: the other times out and ends the job; the launcher
+# continues the stopped one to signal it, and it does not time out again
+( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 --timeout 3 \
+	--log-every 100000 --eval-every 0 >"$T/to.out" 2>&1 ) &
+job=$!
+for i in $(seq 150); do grep -q "^step 1/" "$T/to.out" && break; sleep 0.2; done
+victim=$(ranks | tail -n 1)
+[ -n "$victim" ] && kill -STOP "$victim"
+wait $job
+[ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
+n=$(grep -c "did not complete within 3 s" "$T/to.out")
+if [ -n "$victim" ] && [ "$n" = 1 ]; then
+	ok "--timeout at 2 ranks, one stopped: the error is printed once"
+else
+	fail "--timeout message printed $n times (victim '${victim:-none}')"; tail -n 4 "$T/to.out"
 fi
 
 finish durability
