@@ -3,8 +3,8 @@
  *
  * Front end (fe_compile), then the pass pipeline (passes/pipeline.c) with the
  * verifier after every pass, then the outputs the options ask for. Exit
- * status: 0 success; 1 user error (bad option, bad model, unwritable output),
- * reported as messages; 2 internal error (the verifier rejected a pass's
+ * status: 0 success; 1 user error (bad option, bad model, unwritable output)
+ * or out of memory (ir/diag.c's die), reported as messages; 2 internal error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
  * checked before compiling (util/outfile.h: its directory exists and is
  * writable; a device or FIFO is written through, a link's target written;
@@ -60,8 +60,8 @@ static void usage(FILE *out)
 		"  -h, --help          this help\n"
 		"      --version       version and step-file format version\n"
 		"\n"
-		"Exit status: 0 ok, 1 user error (nothing written), 2 the IR verifier\n"
-		"found a compiler bug; other internal errors print a message and abort.\n");
+		"Exit status: 0 ok, 1 user error or out of memory (nothing written), 2 the IR\n"
+		"verifier found a compiler bug; other internal errors print a message and abort.\n");
 }
 
 static void print_pipeline(FILE *out)

@@ -25,6 +25,7 @@
 #  7. ulimit -v 200 MB: a clean error, not a hang in MPI_Init.
 #  8. --timeout: a job stopped (SIGSTOP of every rank) for longer and
 #     continued goes on; one rank stopped: the error is printed once.
+#  9. dpc out of memory: exit 1 with a message, not an abort.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -259,6 +260,25 @@ if [ -n "$victim" ] && [ "$n" = 1 ]; then
 	ok "--timeout at 2 ranks, one stopped: the error is printed once"
 else
 	fail "--timeout message printed $n times (victim '${victim:-none}')"; tail -n 4 "$T/to.out"
+fi
+
+# ---- 9. dpc out of memory ----
+if [ "${SAN:-0}" = 1 ]; then
+	skip "dpc under ulimit -v (ASan)"
+else
+	# limits from too small to load libc (exit 127, the loader's) to enough:
+	# somewhere between, the compiler's own allocations fail
+	oom=0; bad=""
+	for v in $(seq 3000 250 9000); do
+		(ulimit -v "$v"; "$DPC" models/gpt2.dp --world-size 1 -o "$T/g.bin" >"$T/oom.out" 2>&1; echo "rc=$?" >>"$T/oom.out")
+		grep -q "^dpc: error: out of memory" "$T/oom.out" && grep -q "^rc=1$" "$T/oom.out" && oom=$((oom + 1))
+		grep -q "internal error\|^rc=134$" "$T/oom.out" && bad="$bad $v"
+	done
+	if [ $oom -gt 0 ] && [ -z "$bad" ]; then
+		ok "dpc out of memory: exit 1 with a message ($oom of the limits 3000..9000 KB hit it), never an abort"
+	else
+		fail "dpc out of memory: $oom clean, aborts at ulimit -v$bad"; tail -n 3 "$T/oom.out"
+	fi
 fi
 
 finish durability
