@@ -111,7 +111,7 @@ $(TEXT2SHARD): tools/text2shard.c
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
-                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test
+                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test $(BUILD)/tests/ckpt_fuzz
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)

@@ -26,6 +26,8 @@
 #  8. --timeout: a job stopped (SIGSTOP of every rank) for longer and
 #     continued goes on; one rank stopped: the error is printed once.
 #  9. dpc out of memory: exit 1 with a message, not an abort.
+# 10. tests/ckpt_fuzz.c, the checkpoint reader's in-process fuzz target, for
+#     FUZZ_SECONDS (25): no crash, no damaged copy loaded silently.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -279,6 +281,19 @@ else
 	else
 		fail "dpc out of memory: $oom clean, aborts at ulimit -v$bad"; tail -n 3 "$T/oom.out"
 	fi
+fi
+
+# ---- 10. the checkpoint reader's fuzz target, for a bounded time ----
+"$DPC" tests/faults/tiny.dp --world-size 1 -o "$T/tiny1.bin" >/dev/null 2>&1 || fail "dpc tiny"
+if [ -x "$ROOT/$BUILD/tests/ckpt_fuzz" ]; then
+	if (cd "$T" && env $MPI_ASAN TMPDIR="$T" timeout 120 "$ROOT/$BUILD/tests/ckpt_fuzz" "$T/tiny1.bin" \
+		"${FUZZ_SECONDS:-25}" 22) >"$T/fuzz.out" 2>&1; then
+		ok "$(tail -n 1 "$T/fuzz.out")"
+	else
+		fail "ckpt_fuzz"; tail -n 12 "$T/fuzz.out"
+	fi
+else
+	fail "$BUILD/tests/ckpt_fuzz is not built (make tests)"
 fi
 
 finish durability
