@@ -445,7 +445,8 @@ int ckpt_clean_dir(Ckpt *c, const char *dir, const CkptDirPlan *plan, RtErr *e)
 	if (d)
 		closedir(d);
 	/* `latest` naming nothing complete (or missing beside checkpoints) */
-	qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_ent);
+	if (l.n)
+		qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_ent);
 	int k = newest(&l), rc = 0;
 	snprintf(p, sizeof p, "%s/%s", dir, CKPT_LATEST);
 	char *name = read_line(p);
