@@ -40,6 +40,7 @@
 #include "../util/crc32c.h"
 #include "ckpt_int.h"
 #include "comm.h"
+#include "fuzz_rand.h"
 
 static int nfail;
 
@@ -51,19 +52,6 @@ static int nfail;
 			printf("\n");        \
 		}                            \
 	} while (0)
-
-static uint64_t next_rand(uint64_t *s) /* splitmix64 */
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static size_t below(uint64_t *s, size_t n)
-{
-	return n ? (size_t)(next_rand(s) % n) : 0;
-}
 
 typedef struct {
 	char *p;
