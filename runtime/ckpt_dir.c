@@ -61,6 +61,7 @@ typedef struct {
 	long long step;
 	EntKind kind;
 	int complete;
+	int keep; /* a complete copy beside an incomplete checkpoint: not removed */
 	char name[64];
 } DirEnt;
 
@@ -194,6 +195,7 @@ static int list_dir(const char *dir, int check, Listing *l)
 		x->kind = kind;
 		snprintf(x->name, sizeof x->name, "%s", de->d_name);
 		x->complete = 0;
+		x->keep = 0;
 		if (check) {
 			char p[4096];
 			snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
@@ -419,9 +421,14 @@ int ckpt_clean_dir(Ckpt *c, const char *dir, const CkptDirPlan *plan, RtErr *e)
 		DirEnt *x = &l.v[i];
 		if (x->kind == ENT_FINAL || !x->complete)
 			continue;
-		int have = 0;
+		int have = 0; /* 1: the checkpoint is there; 2: there, but incomplete */
 		for (int j = 0; j < l.n; j++)
-			have |= l.v[j].step == x->step && l.v[j].kind == ENT_FINAL;
+			if (l.v[j].step == x->step && l.v[j].kind == ENT_FINAL)
+				have = l.v[j].complete ? 1 : 2;
+		if (have == 2) { /* damaged by hand? keep the complete copy for the user */
+			x->keep = 1;
+			continue;
+		}
 		if (have)
 			continue;
 		snprintf(p, sizeof p, "%s/%s", dir, x->name);
@@ -437,7 +444,10 @@ int ckpt_clean_dir(Ckpt *c, const char *dir, const CkptDirPlan *plan, RtErr *e)
 	size_t sl = strlen(OUT_TMP_SUFFIX);
 	while (d && (de = readdir(d))) {
 		size_t n = strlen(de->d_name);
-		if (n > sl && !strcmp(de->d_name + n - sl, OUT_TMP_SUFFIX)) {
+		int keep = 0;
+		for (int i = 0; i < l.n; i++)
+			keep |= l.v[i].keep && !strcmp(l.v[i].name, de->d_name);
+		if (!keep && n > sl && !strcmp(de->d_name + n - sl, OUT_TMP_SUFFIX)) {
 			snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
 			ckpt_remove_tree(p);
 		}
