@@ -73,6 +73,8 @@ extern const char *const ckpt_opt_kinds[2];
 extern const char *const ckpt_sched_kinds[2];
 
 /* ckpt_layout.c */
+/* The optimizer's kind as state.json names it ("adamw"). */
+const char *ckpt_opt_name(const DpStep *s);
 const char *ckpt_ent_name(const Ckpt *c, int e);
 void ckpt_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
 /* "fc1.w", "fc1.w.exp_avg", ...: component cc of entry k. */

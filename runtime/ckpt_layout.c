@@ -56,6 +56,11 @@ typedef struct {
 const char *const ckpt_opt_kinds[2] = {"sgd", "adamw"};       /* DpOptKind */
 const char *const ckpt_sched_kinds[2] = {"constant", "cosine"}; /* DpSchedKind */
 
+const char *ckpt_opt_name(const DpStep *s)
+{
+	return s->opt.kind <= DP_OPT_ADAMW ? ckpt_opt_kinds[s->opt.kind] : "?";
+}
+
 const char *ckpt_ent_name(const Ckpt *c, int e)
 {
 	return dpstep_str(c->s, c->s->tensors[c->ent[e].name].name);
