@@ -138,7 +138,7 @@ damage() {
 	local n refused=0 same=0 silent=0 list=""
 	n=$($PY tests/ckpt_damage.py "$d/step-000010" "$T/dmg-$form-copies" "$nrand" 22 $lite) || { fail "ckpt_damage.py"; return; }
 	while IFS=$'\t' read -r name desc; do
-		rm -rf "$T/sink"
+		rm -rf "$T/sink" "$T/d.loss" # (a resumed run continues an existing --losses file)
 		mpi "$np" "$bin" --quiet --steps 15 --resume "$T/dmg-$form-copies/$name" --losses "$T/d.loss" \
 			--save-dir "$T/sink" >"$T/d.out" 2>&1 </dev/null
 		rc=$?
