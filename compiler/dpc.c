@@ -48,8 +48,9 @@ static void usage(FILE *out)
 		"  -o FILE             write the step file to FILE (atomically; through a\n"
 		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
-		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
-		"                      those print instead, and write a step file only with -o\n"
+		"                      -> ./mlp.bin), unless --emit=ir|stats, --stats, --dump-ir or\n"
+		"                      --dump-after is given: those look at a model, and write a\n"
+		"                      step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
 		"      --tp N, --cp N, --dp-replicate N\n"
 		"                      the axes `mesh auto` fixes first (default 1 each);\n"
@@ -73,8 +74,8 @@ static void usage(FILE *out)
 		"                      DIR/00-frontend.ir, DIR/01-tp.ir, ... (DIR is created)\n"
 		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
 		"      --print-pipeline   list the passes in order, with what holds after each\n"
-		"      --stats         also print communication, flops and memory per rank\n"
-		"                      to stdout\n"
+		"      --stats         print communication, flops and memory per rank to\n"
+		"                      stdout (and with -o, write the step file too)\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -536,10 +537,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	/* Printing modes write a step file only when -o asks for one; so does
-	 * IR input, which prints its IR otherwise. */
+	/* Looking at a model (printing, dumping, stats) writes a step file only
+	 * when -o asks for one, never a ./BASENAME.bin on the side; so does IR
+	 * input, which prints its IR otherwise. */
 	int write_step = output || emit == EMIT_STEP ||
-			 (emit == EMIT_DEFAULT && !dump_after && !from_ir);
+			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir);
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);

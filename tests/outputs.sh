@@ -4,7 +4,8 @@
 # device) and onto a symbolic link (the link stays, its target is written);
 # directories, missing directories, FIFOs without a reader and full disks
 # (/dev/full) are errors with a message and a non-zero exit; a stale temp
-# file of a killed write is removed by the next write to the same path.
+# file of a killed write is removed by the next write to the same path;
+# dpc --stats, --dump-ir and --emit=ir write no step file without -o.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
@@ -55,6 +56,18 @@ else
 	fail "stale temp file"; ls -l "$T"
 fi
 ls "$T" | grep -q "dptmp" && fail "temp files left: $(ls "$T" | grep dptmp)"
+# looking at a model writes no step file on the side (./mlp.bin), only with -o
+mkdir "$T/look"
+if (cd "$T/look" && "$DPC" "$ROOT/models/mlp.dp" --world-size 2 --stats >/dev/null &&
+	"$DPC" "$ROOT/models/mlp.dp" --world-size 2 --dump-ir=ir >/dev/null &&
+	"$DPC" "$ROOT/models/mlp.dp" --world-size 2 --emit=ir >/dev/null) &&
+	[ "$(ls "$T/look")" = ir ] && [ -s "$T/look/ir/00-frontend.ir" ]; then
+	ok "dpc --stats, --dump-ir and --emit=ir write no ./mlp.bin"
+else
+	fail "dpc --stats, --dump-ir or --emit=ir wrote a file besides the dump: $(ls "$T/look")"
+fi
+(cd "$T/look" && "$DPC" "$ROOT/models/mlp.dp" --world-size 2 --stats -o s.bin >/dev/null) && [ -s "$T/look/s.bin" ] ||
+	fail "dpc --stats -o FILE writes the step file"
 
 # ---- dpexec --save-full ----
 if [ -c "$T/chr" ]; then
