@@ -18,6 +18,7 @@ suites=(
 	"outputs"       "bash tests/outputs.sh"
 	"faults"        "bash tests/faults.sh"
 	"resume"        "bash tests/resume.sh"
+	"durability"    "bash tests/durability.sh"
 	"logs"          "bash tests/logs.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
