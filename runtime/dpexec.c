@@ -80,7 +80,7 @@ typedef struct {
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
 	int argc;
-	char **argv;         /* for the resume command printed on a signal */
+	char **argv;         /* as given (getopt_long permutes main's): the resume command */
 } Opts;
 
 /* Everything a run holds; freed by run_free. */
@@ -236,8 +236,15 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
 	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPEXEC,
 			   O_SETTING);
+	/* the words as given, before getopt_long permutes them */
+	char **given = malloc(((size_t)argc + 1) * sizeof *given);
+	if (!given) {
+		fprintf(stderr, "dpexec: error: out of memory\n");
+		return -1;
+	}
+	memcpy(given, argv, ((size_t)argc + 1) * sizeof *given);
 	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
-		    .argc = argc, .argv = argv};
+		    .argc = argc, .argv = given};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
@@ -515,29 +522,6 @@ static int save_state(Run *r, uint64_t step, double loss)
 	r->saved = step;
 	r->have_saved = 1;
 	return 0;
-}
-
-/* The command that resumes this run: its own, with --resume DIR. */
-static void print_resume(const Run *r)
-{
-	printf("resume with: ");
-	if (getenv("SLURM_JOB_ID") && r->world > 1)
-		printf("srun -n %d ", r->world);
-	else if (r->world > 1)
-		printf("mpirun -np %d ", r->world);
-	for (int i = 0; i < r->o.argc; i++) {
-		const char *a = r->o.argv[i];
-		if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) {
-			i++; /* and its value */
-			continue;
-		}
-		if (!strcmp(a, "--auto-resume") || !strcmp(a, "--overwrite"))
-			continue;
-		if (!strncmp(a, "--resume=", 9) || !strncmp(a, "--init-from=", 12))
-			continue;
-		printf("%s ", a);
-	}
-	printf("--resume %s\n", r->save_dir);
 }
 
 /* ---- the run ---- */
@@ -837,13 +821,16 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 		lp->t_all += MPI_Wtime() - t0;
 	}
 	if (stop) {
+		char cmd[8192];
 		if (r->rank == 0) {
 			printf("interrupted at step %llu by %s; ", (unsigned long long)k + 1,
 			       sig_name(r->w.sig));
-			if (r->save_dir)
-				print_resume(r);
-			else
+			if (!r->save_dir)
 				printf("no checkpoint was written (no --save-dir or save_every)\n");
+			else if (cmd_resume(r->o.argc, r->o.argv, r->world, r->save_dir, cmd, sizeof cmd))
+				printf("resume with --resume %s\n", r->save_dir);
+			else
+				printf("resume with: %s\n", cmd);
 			fflush(stdout);
 		}
 		return 128 + r->w.sig;
@@ -927,6 +914,8 @@ static void run_free(Run *r)
 	ckpt_free(r->ck);
 	free(r->save_dir);
 	free(r->resume_dir);
+	free(r->o.argv);
+	r->o.argv = NULL;
 	free(r->saved_path);
 	trace_free(r->x.trace);
 	r->x.trace = NULL;

@@ -124,7 +124,7 @@ job=$!
 wait_lines "$T/term.loss" 30
 kill -TERM $(rank_pids $job) 2>/dev/null
 wait $job
-step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun -np 2 .* --resume .*/\1/p' "$T/term.out")
+step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun --oversubscribe -np 2 .* --resume .*/\1/p' "$T/term.out")
 if [ -n "$step" ] && grep -q "rc=143" "$T/term.out" &&
 	[ "$(cat "$T/term/latest" 2>/dev/null)" = "$(printf 'step-%06d' "$step")" ]; then
 	ok "SIGTERM: the run stops at step $step with a checkpoint, the resume command and exit 143"
