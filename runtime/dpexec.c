@@ -183,6 +183,7 @@ static void usage(FILE *f)
 	setting_flags_help(f);
 	fprintf(f,
 		"\n"
+		"  --version             the version, the step-file format it reads, the MPI library\n"
 		"  -h, --help            this text\n"
 		"\n"
 		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
@@ -190,7 +191,9 @@ static void usage(FILE *f)
 		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
 		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
 		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
-		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n");
+		"signal N (130 SIGINT, 143 SIGTERM; SIGUSR1 and SIGUSR2, which mpirun forwards to\n"
+		"the ranks, count as SIGINT and SIGTERM), after writing a checkpoint when saving.\n"
+		"Ctrl-C on mpirun makes it SIGTERM the ranks and exit 1 (docs/CHECKPOINTS.md).\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -203,13 +206,25 @@ static int parse_long(const char *s, long lo, long *out)
 	return 0;
 }
 
-/* 0: run; 1: exit 0 (help); -1: usage error (message printed). */
+/* dpexec --version: its release, the step-file format it reads and the MPI
+ * library's first words (MPI_Get_library_version works before MPI_Init). */
+static void print_version(FILE *f)
+{
+	char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+	int n = 0;
+	lib[0] = '\0';
+	MPI_Get_library_version(lib, &n);
+	fprintf(f, "dpexec %s (step file format %u; %.*s)\n", DP_VERSION, DP_STEP_VERSION,
+		(int)strcspn(lib, ",\n"), lib);
+}
+
+/* 0: run; 1: exit 0 (help, version); -1: usage error (message printed). */
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE,
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -230,6 +245,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"resume", required_argument, NULL, O_RESUME},
 		{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
 		{"overwrite", no_argument, NULL, O_OVERWRITE},
+		{"version", no_argument, NULL, O_VERSION},
 		{"help", no_argument, NULL, 'h'},
 	};
 	/* the fixed options, then a flag per setting that has a dpexec flag */
@@ -310,6 +326,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_RESUME:
 			o->resume = optarg;
 			break;
+		case O_VERSION:
+			print_version(stdout);
+			return 1;
 		case O_AUTO_RESUME:
 			o->auto_resume = 1;
 			break;
