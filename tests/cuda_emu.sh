@@ -13,7 +13,11 @@
 #     illegal calls during capture, an unjoined capture, a leading dimension
 #     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
-#     reordered on one rank, ncclCommAbort under a live graph;
+#     reordered on one rank, ncclCommAbort under a live graph; NCCL's
+#     ncclInProgress (a collective enqueued only when settled, also inside
+#     a capture; work on its stream before that is caught), and its abort
+#     (waiting for an in-flight launch of a destroyed graph: two
+#     communicators aborted one after the other hang, at once they end);
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp (also
 #     in bf16)
@@ -22,13 +26,21 @@
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
 #     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2). Each case runs
 #     with its own DPEMU_SEED and DPEMU_COMM (collectives as late as the
-#     events allow, or as early), so the cases together walk many orders.
+#     events allow, or as early), so the cases together walk many orders;
+#     collectives return ncclInProgress at random (DPEMU_NCCL_INPROGRESS's
+#     default), so dp's settling is always exercised.
 #     An op the CUDA backend has no kernel for is refused at load: the case
 #     is SKIPPED naming the op, never passed or failed;
 #  3. graph replay vs --no-graph: losses and parameters bitwise equal (f32,
 #     and gpt2-tiny bf16 full_shard at 2 ranks);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
 #     every rank, with a message naming the step and the pending collective;
+#     and with two communicators captured in the step graph (hybrid_shard
+#     2x2: dp_replicate and dp_shard) and the collective stuck on the one
+#     aborted last, every rank still ends within --timeout + 10 s, by the
+#     watchdog's message and not the emulator's hang (NCCL's abort waits for
+#     the in-flight launch: aborting the communicators one after the other
+#     hangs, docs/CUDA.md);
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -155,6 +167,10 @@ selftest gemm_ld_past "matrix A .* is not inside one device buffer"
 selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
 selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
+selftest nccl_inprogress ok DPEMU_NCCL_INPROGRESS=always
+selftest nccl_inprogress_early "while a collective issued on it returned ncclInProgress" DPEMU_NCCL_INPROGRESS=always
+selftest nccl_abort_concurrent ok
+selftest nccl_abort_serial "ncclCommAbort of communicator #[0-9]* hangs" DPEMU_ABORT_HANG_S=2
 
 # ---- 2. models: --device cuda (emulated) vs --device cpu ----
 
@@ -380,6 +396,34 @@ if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
 	echo "      ${msg#*error: }" | cut -c1-200
 else
 	fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+fi
+
+# Two communicators captured in the step graph (hybrid_shard 2x2: the
+# dp_replicate all_reduces and the dp_shard gathers and reduce-scatters),
+# and a collective stuck on the one cu_nccl_abort used to abort last (the
+# devices of ranks 1 and 3, one per dp_shard group, stop at their 65th
+# collective, step 2's first dp_shard all_gather: every rank waits on
+# dp_shard). NCCL 2.28's abort waits for the in-flight launch of the
+# destroyed graph, so aborting dp_replicate first hangs every rank (the
+# emulator reports the hang after DPEMU_ABORT_HANG_S, 10 s, without device
+# progress); the communicators aborted at once end it. Every rank must end
+# within --timeout 3 + 10 s, with the watchdog's message, not the hang.
+{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
+t0=$(date +%s)
+env DPEMU_STALL=1,3:65 timeout 120 mpirun --oversubscribe -np 4 "$EMU" "$T/hsdp.bin" --device cuda \
+	--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/abort2.log" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+msg=$(grep -m1 "did not finish within --timeout" "$T/abort2.log")
+if [ $rc = 1 ] && [ $took -le 13 ] && ! grep -q "FATAL" "$T/abort2.log" &&
+	echo "$msg" | grep -qE "pending: [a-z_]+ of '[^']+' over axis mask 2 .*; aborted every NCCL communicator"; then
+	ok "two communicators in the graph, a collective stuck on the one aborted last: every rank ends within --timeout 3 + 10 s (${took}s, exit $rc)"
+	echo "      ${msg#*error: }" | cut -c1-200
+else
+	fail "two communicators in the graph, a collective stuck on dp_shard: the job must end within 13 s with the watchdog's message (exit $rc after ${took}s)"
+	grep -v "^ \|^$" "$T/abort2.log" | cut -c1-300 | tail -n 6
 fi
 
 # ---- 5. the device probe: mismatch, no driver, no device ----

@@ -27,6 +27,12 @@
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
+#   abort_serial  cu_nccl_abort aborts the communicators one after the
+#                 other on the calling thread, as before issue 21: with two
+#                 communicators in the step graph and a collective stuck on
+#                 the one aborted last, NCCL's abort waits forever for the
+#                 in-flight launch (tests/cuda_emu.sh's two-communicator
+#                 stall must then fail: a hang, not the watchdog's exit)
 #
 # Each case runs twice, with collectives as late and as early as the events
 # allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
@@ -45,6 +51,7 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
+why="" # what the last run() or stall_ends() found
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator's mutation checks"; then
 	finish cuda_emu_mutations
@@ -209,6 +216,58 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
 \{}m'; then
 	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+
+# 7: the communicators aborted one after the other (before issue 21): the
+# two-communicator stall of tests/cuda_emu.sh must no longer end by the
+# watchdog within --timeout + 10 s
+{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
+# stall_ends NAME: the stall run ends within 13 s by the watchdog (0), or not (1)
+stall_ends() {
+	local t0 rc took
+	t0=$(date +%s)
+	env DPEMU_STALL=1,3:65 timeout 120 mpirun --oversubscribe -np 4 "$W/build-emu/dpexec" "$T/hsdp.bin" \
+		--device cuda --steps 50 --quiet --eval-every 0 --timeout 3 >"$T/$1.log" 2>&1
+	rc=$?
+	took=$(($(date +%s) - t0))
+	why="exit $rc after ${took}s: $(grep -m1 -E "FATAL|error:" "$T/$1.log" | sed 's/^cuda-emu: //; s/^dpexec: //' | cut -c1-150)"
+	[ $rc = 1 ] && [ $took -le 13 ] && ! grep -q FATAL "$T/$1.log" &&
+		grep -q "did not finish within --timeout 3 s" "$T/$1.log"
+}
+# shellcheck disable=SC2016
+if mutate abort_serial "runtime/cuda/comm_nccl.c" perl -0pe '
+	s{^int cu_nccl_abort\(CuNccl \*nc, double bound_s\)\n\{}{int cu_nccl_abort(CuNccl *nc, double bound_s)
+\{
+	/* MUTATION: one after the other, on this thread */
+	if (nc && !nc->aborted) {
+		nc->aborted = 1;
+		for (int st = 0; st < DP_NSTREAM; st++)
+			for (unsigned m = 0; m < NMASK; m++)
+				if (nc->comm[st][m]) {
+					ncclCommAbort(nc->comm[st][m]);
+					nc->comm[st][m] = NULL;
+				}
+		if (nc->world_comm)
+			ncclCommAbort(nc->world_comm);
+		nc->world_comm = NULL;
+		return 0;
+	}
+}m'; then
+	if ! make -s -C "$W" cuda-emu >"$T/abort_serial.build" 2>&1; then
+		fail "abort_serial: the mutated backend does not build"; tail -n 5 "$T/abort_serial.build"
+	elif stall_ends abort_serial; then
+		fail "mutation abort_serial NOT caught: the job still ended by the watchdog ($why)"
+	else
+		ok "mutation abort_serial caught: $why"
+	fi
+	restore
+	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && stall_ends abort_clean; then
+		ok "the unmutated backend ends the two-communicator stall ($why)"
+	else
+		fail "the unmutated backend does not end the two-communicator stall: $why"
+	fi
 fi
 
 # unmutated WHAT BIN NP: the restored copy, rebuilt, passes the case (the
