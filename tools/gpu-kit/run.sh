@@ -43,7 +43,7 @@
 # noise under the bf16 roundings); on the emulator the emulator's own,
 # f32 1e-5 and bf16 2^-11 (a 2-rank run against 1 rank: tests/bf16.sh's).
 #
-# Deadlines (seconds), the GPU's summing to 465 with the unpacking, under 8
+# Deadlines (seconds), the GPU's summing to 475 with the unpacking, under 8
 # minutes on one H100 (docs/CUDA.md estimates each part from its FLOPs and
 # the H100's rates); the emulator's (the rehearsal, tests/gpu_kit.sh) are
 # its own: it runs every GPU thread on a CPU, with the smallest shapes that
@@ -77,7 +77,10 @@ if [ "${1:-}" != --part ]; then
 		head -n 1 "$KIT_DIR/MANIFEST" 2>/dev/null
 		echo
 	} >"$REPORT"
-	if ! timeout 60 "$BB" tar -xJf "$KIT_DIR/payload.tar.xz" -C "$WORK/kit"; then
+	# the unpacking's deadline counts in the 8 minutes (the emulator's kit: its own)
+	unpack_s=15
+	case $(head -n 1 "$KIT_DIR/MANIFEST" 2>/dev/null) in *"kit (emu)"*) unpack_s=120 ;; esac
+	if ! timeout $unpack_s "$BB" tar -xJf "$KIT_DIR/payload.tar.xz" -C "$WORK/kit"; then
 		echo "- FAIL unpacking the kit's payload (busybox tar -xJf)" | tee -a "$REPORT"
 		exit 1
 	fi
@@ -86,7 +89,7 @@ if [ "${1:-}" != --part ]; then
 	if [ "$MODE" = emu ]; then
 		DEADLINES=(0 120 900 60 1500 600 600)
 	else
-		DEADLINES=(0 15 60 75 100 140 75)
+		DEADLINES=(0 15 60 75 100 140 70)
 	fi
 	echo "mode: $MODE; deadlines (s), parts 1-6: ${DEADLINES[*]:1}" >>"$REPORT"
 	: >"$WORK/results"
