@@ -11,6 +11,7 @@ suites=(
 	"layers"        "bash tests/layers.sh"
 	"errors"        "bash tests/errors.sh"
 	"golden"        "bash tests/golden.sh"
+	"passes"        "bash tests/passes.sh"
 	"gradcheck"     "bash tests/gradcheck.sh"
 	"stepfile"      "bash tests/stepfile_fuzz.sh"
 	"runtime_errors" "bash tests/runtime_errors.sh"
