@@ -36,6 +36,7 @@ suites=(
 	"cuda"          "bash tests/cuda.sh"
 	"cuda_emu"      "bash tests/cuda_emu.sh"
 	"cuda_emu_mutations" "bash tests/cuda_emu_mutations.sh"
+	"gpu_kit"       "bash tests/gpu_kit.sh"
 )
 tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do
