@@ -18,11 +18,6 @@ export OMPI_MCA_orte_execute_quiet=1
 
 "$DPC" models/mlp.dp -o "$T/s2.bin" --world-size 2 >"$T/dpc.out" 2>&1 ||
 	{ fail "dpc models/mlp.dp --world-size 2"; cat "$T/dpc.out"; }
-wait_lines() {
-	local j
-	for j in $(seq 600); do [ "$(cat "$1" 2>/dev/null | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
-	return 1
-}
 # start NAME SIGNAL TARGET: a 2-rank run of 300 steps in a session of its
 # own; after 20 steps SIGNAL goes to mpirun (TARGET pid) or to its whole
 # process group (TARGET pgrp: a terminal's Ctrl-C); $T/NAME.out ends with
