@@ -37,6 +37,8 @@
 /* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV)
  * 8: DpSched gained stable, decay, every, gamma (the wsd and step schedules) */
 #define DP_STEP_VERSION 8u
+/* The release of dpc and dpexec (their --version). */
+#define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */

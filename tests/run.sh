@@ -17,6 +17,8 @@ suites=(
 	"runtime_errors" "bash tests/runtime_errors.sh"
 	"outputs"       "bash tests/outputs.sh"
 	"faults"        "bash tests/faults.sh"
+	"signals"       "bash tests/signals.sh"
+	"tour"          "bash tests/tour.sh"
 	"resume"        "bash tests/resume.sh"
 	"durability"    "bash tests/durability.sh"
 	"logs"          "bash tests/logs.sh"
@@ -35,6 +37,7 @@ suites=(
 	"cuda"          "bash tests/cuda.sh"
 	"cuda_emu"      "bash tests/cuda_emu.sh"
 	"cuda_emu_mutations" "bash tests/cuda_emu_mutations.sh"
+	"gpu_kit"       "bash tests/gpu_kit.sh"
 )
 tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do
