@@ -436,10 +436,19 @@ static void store_spec(Lower *L, int spec)
 		}
 		int id = find_arg(spec, kind, a->key);
 		if (id < 0) {
-			int other = find_arg(spec, -1, a->key);
-			if (other >= 0)
+			/* the kinds that take it: "(it is sgd's)", "(cosine, linear and wsd take it)" */
+			const char *takers[16];
+			int nt = 0;
+			for (int i = 0; i < DP_NSETTINGS && nt < 16; i++)
+				if (dp_settings[i].section == DP_SEC_ARG && dp_settings[i].spec == spec &&
+				    strcmp(dp_settings[i].name, a->key) == 0)
+					takers[nt++] = dp_kind_name(spec, dp_settings[i].kind);
+			if (nt == 1)
 				ERR(a->key_loc, "unknown argument '%s' for '%s' (it is %s's)", a->key, v->s,
-				    dp_kind_name(spec, dp_settings[other].kind));
+				    takers[0]);
+			else if (nt > 1)
+				ERR(a->key_loc, "unknown argument '%s' for '%s' (%s take it)", a->key, v->s,
+				    word_list(L, takers, nt, " and "));
 			else
 				ERR(a->key_loc, "unknown argument '%s' for '%s'%s", a->key, v->s,
 				    did_you_mean(L, a->key, 0, spec, kind));

@@ -34,8 +34,9 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-/* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV) */
-#define DP_STEP_VERSION 7u
+/* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV)
+ * 8: DpSched gained stable, decay, every, gamma (the wsd and step schedules) */
+#define DP_STEP_VERSION 8u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24

@@ -735,15 +735,18 @@ static int setup(Run *r)
 		m->peak_flops = (r->o.peak_tflops > 0 ? r->o.peak_tflops : DPEXEC_CPU_PEAK_TFLOPS) * 1e12;
 	}
 	rc = r->rank == 0 ? metrics_open(m, r->o.losses, r->o.log_json, e) : 0;
-	if (rc == 0 && r->rank == 0 && r->o.given[DP_SET_STEPS] && s->sched.kind == DP_SCHED_COSINE) {
-		uint64_t total = s->sched.steps ? s->sched.steps : s->cfg.steps;
-		if (steps < total) /* exec_lr at the schedule's end is its floor */
-			fprintf(stderr, "dpexec: warning: --steps %llu ends the run before its cosine "
-					"schedule does (%llu steps): the last lr is %.3g, not %s %.3g\n",
-				(unsigned long long)steps, (unsigned long long)total,
-				exec_lr(s, steps ? steps - 1 : 0), dp_settings[DP_SET_COSINE_MIN_LR].name,
-				exec_lr(s, total));
-	}
+	/* a schedule that decays to a floor, ended early */
+	const DpSched *sc = &s->sched;
+	uint64_t total = sc->kind == DP_SCHED_WSD ? (uint64_t)sc->warmup + sc->stable + sc->decay
+		       : sc->steps ? sc->steps : s->cfg.steps;
+	int floored = sc->kind == DP_SCHED_COSINE || sc->kind == DP_SCHED_LINEAR ||
+		      sc->kind == DP_SCHED_WSD;
+	if (rc == 0 && r->rank == 0 && r->o.given[DP_SET_STEPS] && floored && steps < total)
+		fprintf(stderr, "dpexec: warning: --steps %llu ends the run before its %s schedule "
+				"does (%llu steps): the last lr is %.3g, not %s %.3g\n",
+			(unsigned long long)steps, dp_kind_name(DP_SET_SCHEDULE, (int)sc->kind),
+			(unsigned long long)total, exec_lr(s, steps ? steps - 1 : 0),
+			dp_settings[DP_SET_COSINE_MIN_LR].name, exec_lr(s, total));
 	return world_sync(&r->w, rc, sig_pending(), e);
 }
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "exec.h"
+#include "lr_sched.h"
 
 int64_t exec_numel(const DpTensor *t)
 {
@@ -30,26 +31,11 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
-/* The learning-rate schedule (tests replicate it in PyTorch; the CUDA
- * backend's k_sched computes the same), for optimizer step k counted from 0:
- *   constant:  lr
- *   cosine:    k < warmup:  lr * (k + 1) / warmup
- *              else:        min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * q)),
- *                           q = min(1, (k - warmup) / (T - warmup)),
- *              T = sched.steps (cfg.steps when 0); q = 1 when T <= warmup. */
+/* The learning rate of optimizer step k (from 0): lr_sched.h's formula, the
+ * one the CUDA backend's schedule kernel computes too. */
 double exec_lr(const DpStep *s, uint64_t k)
 {
-	double lr = s->opt.lr;
-	if (s->sched.kind != DP_SCHED_COSINE)
-		return lr;
-	double warm = s->sched.warmup, total = s->sched.steps ? s->sched.steps : s->cfg.steps;
-	double min_lr = s->sched.min_lr;
-	if ((double)k < warm)
-		return lr * ((double)k + 1) / warm;
-	double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
-	if (q > 1)
-		q = 1;
-	return min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * q));
+	return sched_lr(&s->sched, s->opt.lr, s->cfg.steps, k);
 }
 
 uint32_t exec_comm_masks(const DpStep *s)

@@ -22,6 +22,7 @@ suites=(
 	"resume"        "bash tests/resume.sh"
 	"durability"    "bash tests/durability.sh"
 	"logs"          "bash tests/logs.sh"
+	"schedules"     "bash tests/schedules.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
 	"sharding"      "bash tests/sharding.sh"

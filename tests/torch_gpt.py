@@ -287,7 +287,7 @@ def main():
     torch_ref.add_train_args(ap, weight_decay=0.01)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.schedule == "cosine" and args.sched_steps <= 0:
+    if args.schedule in ("cosine", "linear") and args.sched_steps <= 0:
         args.sched_steps = args.steps
     train(args)
 

@@ -196,14 +196,28 @@ def read_safetensors(path):
 # ---- training ----
 
 def lr_at(args, step):
-    """The runtime's schedule: constant, or linear warmup then cosine to min_lr."""
+    """The runtime's schedule (docs/DATA.md's formulas) at optimizer step
+    `step`, from 0. dp applies it rounded to float32, as it logs it."""
+    lr, k, w = args.lr, step, args.warmup
     if args.schedule == "constant":
-        return args.lr
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    span = args.sched_steps - args.warmup
-    progress = min(1.0, (step - args.warmup) / span) if span > 0 else 1.0
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1.0 + math.cos(math.pi * progress))
+        return lr
+    if args.schedule == "step":
+        return lr * args.gamma ** (k // args.every)
+    if k < w:
+        return lr * (k + 1) / w
+    if args.schedule in ("cosine", "linear"):
+        span = args.sched_steps - w
+        q = min(1.0, (k - w) / span) if span > 0 else 1.0
+        if args.schedule == "linear":
+            return args.min_lr + (lr - args.min_lr) * (1.0 - q)
+        return args.min_lr + 0.5 * (lr - args.min_lr) * (1.0 + math.cos(math.pi * q))
+    if args.schedule == "wsd":
+        if k < w + args.stable:
+            return lr
+        q = min(1.0, (k - w - args.stable) / args.decay) if args.decay > 0 else 1.0
+        return lr - (lr - args.min_lr) * q
+    assert args.schedule == "inverse_sqrt", args.schedule
+    return lr * math.sqrt(max(w, 1) / (k + 1))
 
 
 def step_and_log(args, step, opt, params, loss, out):
@@ -291,10 +305,16 @@ def add_train_args(ap, weight_decay):
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=weight_decay)
     ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm max norm; 0: none")
-    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
+    ap.add_argument("--schedule", default="constant",
+                    choices=("constant", "cosine", "linear", "wsd", "step", "inverse_sqrt"))
     ap.add_argument("--warmup", type=int, default=0)
-    ap.add_argument("--sched-steps", type=int, default=0, help="cosine length, warmup included")
+    ap.add_argument("--sched-steps", type=int, default=0,
+                    help="cosine or linear length, warmup included (0: --steps)")
     ap.add_argument("--min-lr", type=float, default=0.0)
+    ap.add_argument("--stable", type=int, default=0, help="wsd: steps at lr after the warmup")
+    ap.add_argument("--decay", type=int, default=0, help="wsd: steps of linear decay")
+    ap.add_argument("--every", type=int, default=1, help="step: steps between two gamma factors")
+    ap.add_argument("--gamma", type=float, default=0.1, help="step: the factor")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--grad-norm", action="store_true", help="append the pre-clip gradient norm")
     ap.add_argument("--out", help="write the loss lines here instead of stdout")
@@ -339,7 +359,7 @@ def main():
         return
     if not args.init:
         ap.error("--init is required")
-    if args.schedule == "cosine" and args.sched_steps <= 0:
+    if args.schedule in ("cosine", "linear") and args.sched_steps <= 0:
         args.sched_steps = args.steps
     train(args)
 

@@ -7,6 +7,7 @@
  * metrics into mapped host memory, and the watchdog's progress mark.
  */
 #include "device.cuh"
+#include "../lr_sched.h"
 
 /* ---- the table ---- */
 
@@ -36,27 +37,16 @@ extern "C" cudaError_t cu_kernel_image(void)
 
 /* ---- per-step scalars ---- */
 
-/* exec.c's exec_lr for step k, then the constants AdamW derives from lr
- * and t exactly as the CPU's optim.c computes them (double, then rounded to
- * float). Device cos and pow may differ from glibc's in the last bit of a
- * double; rounded to float that almost never shows, and the backend
- * compares the device's lr with the host's after each step. */
+/* exec.c's exec_lr for step k (lr_sched.h's formula, the same code), then
+ * the constants AdamW derives from lr and t exactly as the CPU's optim.c
+ * computes them (double, then rounded to float). Device cos and pow may
+ * differ from glibc's in the last bit of a double; rounded to float that
+ * almost never shows, and the backend compares the device's lr with the
+ * host's after each step. */
 __global__ void k_sched(CuScalars *sc, DpOptim opt, DpSched sched, uint32_t cfg_steps)
 {
 	uint64_t k = sc->step;
-	double lr = opt.lr;
-	if (sched.kind == DP_SCHED_COSINE) {
-		double warm = sched.warmup, total = sched.steps ? sched.steps : cfg_steps;
-		double min_lr = sched.min_lr;
-		if ((double)k < warm) {
-			lr = lr * ((double)k + 1) / warm;
-		} else {
-			double q = total > warm ? ((double)k - warm) / (total - warm) : 1.0;
-			if (q > 1)
-				q = 1;
-			lr = min_lr + 0.5 * (lr - min_lr) * (1 + cos(3.14159265358979323846 * q));
-		}
-	}
+	double lr = sched_lr(&sched, opt.lr, cfg_steps, k);
 	float lrf = (float)lr;
 	double lrd = lrf, t = (double)(k + 1);
 	sc->lr = lrf;
