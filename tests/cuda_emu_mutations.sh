@@ -55,7 +55,7 @@ fi
 # cuda-emu` there rebuilds only what a mutation touches
 W=$T/tree
 mkdir -p "$W"
-cp -a Makefile mk ir compiler passes runtime tests tools build build-emu "$W"/ 2>/dev/null
+cp -a Makefile mk format util ir compiler passes runtime tests tools build build-emu "$W"/ 2>/dev/null
 for m in mlp8; do cp models/$m.dp "$T/$m.dp"; done
 "$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/one.bin" >/dev/null 2>&1
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
