@@ -1,9 +1,9 @@
 /*
  * tests/backend_test.c - no silent gaps in the compute backends' kernel
- * tables: for every opcode of DP_KERNELS and each backend, a compute op
- * (dp_op_class DP_OPC_KERNEL) is either in the backend's table or refused at
- * load with a message naming it, and no executor-owned op (collectives,
- * events, LOAD, INIT/SAVE, SHARD) is in any table.
+ * tables: for every opcode of format/ops.def (DpOp) and each backend, a
+ * compute op (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
+ * refused at load with a message naming it, and no executor-owned op
+ * (collectives, events, LOAD, INIT/SAVE, SHARD) is in any table.
  *
  * The CPU backend is the reference: each op it implements is claimed by
  * exactly one of its concept files, and an op it lacks is listed loudly (an
