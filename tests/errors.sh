@@ -26,6 +26,7 @@ BUILD=${BUILD:-build}
 [ "$SAN" = 1 ] && [ "$BUILD" = build ] && BUILD=build-san
 DPC=${DPC:-$BUILD/dpc}
 FUZZ_N=${FUZZ_N:-2000}
+. tests/lib.sh # case_on, repro_lines (this suite keeps its own counters)
 
 pass=0
 fail=0
@@ -34,6 +35,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 bad() {
 	echo "FAIL $1: $2"
+	repro_lines
 	fail=$((fail + 1))
 }
 
@@ -51,8 +53,10 @@ fi
 check_file() {
 	local f=$1 ws=${2:-} what=$1 args
 	[ -n "$ws" ] && what="$f (world size $ws)"
+	case_on "errors/$(basename "$f" .dp)${ws:+ ws=$ws}" || return 0
 	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
 	[ -n "$ws" ] && args="$args --world-size $ws"
+	REPRO=$(echo "$DPC $f $args -o /tmp/out.bin" | tr -s ' ')
 	rm -f "$tmp/out.bin"
 	# shellcheck disable=SC2086
 	"$DPC" "$f" $args -o "$tmp/out.bin" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -112,6 +116,7 @@ done
 # rules must not refuse a bias add or a position embedding).
 for f in tests/batch_ok/*.dp; do
 	for ws in 1 2 3; do
+		case_on "batch_ok/$(basename "$f" .dp) ws=$ws" || continue
 		if "$DPC" "$f" --world-size "$ws" -o "$tmp/ok.bin" >/dev/null 2>"$tmp/stderr" &&
 			[ -s "$tmp/ok.bin" ]; then
 			pass=$((pass + 1))
@@ -123,19 +128,23 @@ for f in tests/batch_ok/*.dp; do
 done
 
 # A file that cannot be read: a message without a position, status 1.
-"$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
-rc=$?
-if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such file" "$tmp/stderr" &&
-	! crashed "$tmp/stderr" && [ ! -e "$tmp/out.bin" ]; then
-	pass=$((pass + 1))
-else
-	bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
+if case_on missing-file; then
+	"$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
+	rc=$?
+	if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such file" "$tmp/stderr" &&
+		! crashed "$tmp/stderr" && [ ! -e "$tmp/out.bin" ]; then
+		pass=$((pass + 1))
+	else
+		bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
+	fi
 fi
 
 # The fuzzer (built by `make tests` from the compiler's objects): mutated
 # copies of models/mlp.dp and of the seeds must never crash the front end.
 if [ -x "$BUILD/tests/fe_fuzz" ]; then
 	for seed in models/mlp.dp tests/errors/seeds/*.dp; do
+		case_on "fe_fuzz $(basename "$seed" .dp)" || continue
+		REPRO="TMPDIR=/tmp $BUILD/tests/fe_fuzz $seed $FUZZ_N 1"
 		if TMPDIR="$tmp" "$BUILD/tests/fe_fuzz" "$seed" "$FUZZ_N" 1 >"$tmp/fuzz" 2>&1 &&
 			! crashed "$tmp/fuzz"; then
 			cat "$tmp/fuzz"

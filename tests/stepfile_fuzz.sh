@@ -16,14 +16,16 @@ cd "$ROOT"
 
 CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -O1 -g"
 [ "${SAN:-0}" = 1 ] && CFLAGS="$CFLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-if gcc $CFLAGS -Iformat -Iutil tests/stepfile_fuzz.c format/stepfile.c format/stepfile_check.c util/outfile.c -lz \
-	-o "$T/fuzz" 2>"$T/cc.err"; then
-	ok "build stepfile_fuzz"
-else
-	fail "build stepfile_fuzz"; sed 's/^/      /' "$T/cc.err"
-	finish stepfile
-	exit 1
-fi
+build() { # the fuzzer, which every case runs
+	if gcc $CFLAGS -Iformat -Iutil tests/stepfile_fuzz.c format/stepfile.c format/stepfile_check.c util/outfile.c -lz \
+		-o "$T/fuzz" 2>"$T/cc.err"; then
+		ok "build stepfile_fuzz"
+	else
+		fail "build stepfile_fuzz"; sed 's/^/      /' "$T/cc.err"
+		finish stepfile
+		exit 1
+	fi
+}
 
 run_fuzz() { # run_fuzz NAME [FILE]
 	local name=$1; shift
@@ -33,8 +35,13 @@ run_fuzz() { # run_fuzz NAME [FILE]
 		fail "$name"; sed 's/^/      /' "$T/fuzz.out" | tail -n 20
 	fi
 }
-run_fuzz "decoder fuzz, built-in step file"
-if [ -x "$DPC" ] && "$DPC" models/mlp.dp -o "$T/mlp.bin" --world-size 2 >"$T/dpc.out" 2>&1; then
+if case_on decoder-builtin; then
+	once build build
+	run_fuzz "decoder fuzz, built-in step file"
+fi
+if ! case_on decoder-mlp; then
+	:
+elif once build build; [ -x "$DPC" ] && "$DPC" models/mlp.dp -o "$T/mlp.bin" --world-size 2 >"$T/dpc.out" 2>&1; then
 	run_fuzz "decoder fuzz, models/mlp.dp" "$T/mlp.bin"
 else
 	echo "  skip decoder fuzz of models/mlp.dp (dpc missing or failing)"
@@ -43,12 +50,20 @@ fi
 # dpexec on accepted mutations
 N=${FUZZ_EXEC:-40}
 mkdir -p "$T/em"
-if "$T/fuzz" --emit "$T/em" "$N"; then
+run() { # run FILE: dpexec on it; its status in FILE.rc
+	env $MPI_ASAN timeout 60 "$DPEXEC" "$1" --steps 2 --quiet >"$1.out" 2>&1
+	echo $? >"$1.rc"
+}
+if ! case_on dpexec-mutations; then
+	:
+elif once build build; "$T/fuzz" --emit "$T/em" "$N"; then
 	ok "emit $N accepted mutations"
 	bad=0
 	for f in "$T"/em/m*.bin; do
-		env $MPI_ASAN timeout 60 "$DPEXEC" "$f" --steps 2 --quiet >"$f.out" 2>&1
-		rc=$?
+		run "$f"
+	done
+	for f in "$T"/em/m*.bin; do
+		rc=$(cat "$f.rc")
 		if [ $rc -eq 0 ] || { [ $rc -eq 1 ] && grep -q "^dpexec: error: " "$f.out"; }; then
 			:
 		else
