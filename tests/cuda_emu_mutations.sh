@@ -52,7 +52,9 @@ if ! emu_start "the CUDA emulator's mutation checks"; then
 fi
 
 # a copy of what the emulated build needs, timestamps kept, so `make
-# cuda-emu` there rebuilds only what a mutation touches
+# cuda-emu` there rebuilds only what a mutation touches; after each check
+# the source and build-emu/ are put back as they were (timestamps too), so
+# the next build compiles nothing but its own mutation
 W=$T/tree
 tree() {
 	mkdir -p "$W"
@@ -116,8 +118,9 @@ mutate() {
 	for f in $W/$glob; do
 		"$@" <"$f" >"$T/mutated"
 		if ! cmp -s "$f" "$T/mutated"; then
-			cp "$f" "$T/original"
+			cp -p "$f" "$T/original"
 			echo "$f" >"$T/mutated.file"
+			rm -rf "$T/build-emu" && cp -a "$W/build-emu" "$T/build-emu"
 			cp "$T/mutated" "$f"
 			diff "$T/original" "$f" | grep '^[<>]' | head -n 4 | sed 's/^/      /'
 			return 0
@@ -127,7 +130,8 @@ mutate() {
 	return 1
 }
 restore() {
-	cp "$T/original" "$(cat "$T/mutated.file")"
+	cp -p "$T/original" "$(cat "$T/mutated.file")"
+	rm -rf "$W/build-emu" && mv "$T/build-emu" "$W/build-emu"
 }
 
 # check NAME BIN NP ENVS...: rebuild, run under each environment (a
@@ -135,7 +139,7 @@ restore() {
 check() {
 	local name=$1 bin=$2 np=$3; shift 3
 	once "$bin" reference "$bin" || { restore; return; }
-	if ! make -s -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
+	if ! make -s -j"${DP_JOBS:-$(nproc)}" -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
 		fail "$name: the mutated backend does not build"; tail -n 5 "$T/$name.build"
 		restore; return
 	fi
@@ -229,8 +233,8 @@ static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
 	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
 
-# unmutated WHAT BIN NP: the restored copy, rebuilt, passes the case (the
-# checks are not always-fail)
+# unmutated WHAT BIN NP: the restored copy passes the case (the checks are
+# not always-fail)
 unmutated() {
 	case_on "unmutated $2" || return 0
 	once tree tree

@@ -16,20 +16,26 @@
 # 3. A parameter whose gradient is zero on both sides (a relu layer kept dead
 #    by a bias of -100) is reported "not checked", never "ok", and the
 #    parameters after it are still checked (a zeroed head.b fails).
-# The selected cases' runs come first, then their checks, in the order above.
+# The runs are independent: they start PAR at a time (the slots tests/run.sh
+# gave this suite, else the CPUs), each on one thread when several run
+# (results are bitwise the same at any thread count), and are checked
+# afterwards in the order above.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
+PAR=${DP_JOBS:-$(nproc)}
+[ "$PAR" -gt 1 ] && export DP_NUM_THREADS=${DP_NUM_THREADS:-1}
 nparams() { grep -c "^gradcheck [^:]*:" "$1"; }
 share() { # share min|max FILE: the extreme share of the tolerance over the parameters
 	sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' "$2" | sort -g |
 		if [ "$1" = min ]; then head -n 1; else tail -n 1; fi
 }
-# gc OUT STEPFILE [VAR=VALUE...]: --check-grads on STEPFILE in that
-# environment; its output in OUT, its exit status in OUT.rc
-gc() {
+# gc OUT STEPFILE [VAR=VALUE...]: GC in the background (PAR at a time), in
+# that environment; its output in OUT, its exit status in OUT.rc
+gc() { par "$PAR" gc_bg "$@"; }
+gc_bg() {
 	local out=$1 bin=$2
 	shift 2
 	env "$@" $MPI_ASAN timeout 600 "$DPEXEC" "$bin" --check-grads --device cpu >"$out" 2>&1
@@ -87,6 +93,7 @@ if case_on dead; then
 	gc "$T/dead.out" "$T/dead.bin"
 	gc "$T/dead.skew" "$T/dead.bin" DP_GRADCHECK_SKEW=-1
 fi
+wait
 
 # ---- check them, in order ----
 # 1.

@@ -116,6 +116,16 @@ once() {
 	fi
 	return "${ONCE_RC[$k]}"
 }
+# par N COMMAND...: COMMAND in the background once fewer than N are running;
+# `wait` then waits for all. For independent runs that a case starts
+# together and checks afterwards, in order (COMMAND must not count checks:
+# a background shell's ok/fail are lost).
+par() {
+	local n=$1
+	shift
+	while [ "$(jobs -pr | wc -l)" -ge "$n" ]; do wait -n; done
+	"$@" &
+}
 # mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores)
 mpi() {
 	local n=$1; shift
