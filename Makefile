@@ -30,7 +30,7 @@ IR_SRC     := $(wildcard ir/*.c)
 FORMAT_SRC := $(wildcard format/*.c)
 UTIL_SRC   := $(wildcard util/*.c)
 SHARED_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(FORMAT_SRC) $(UTIL_SRC))
-FORMAT_HDRS := format/stepfile.h format/ops.def
+FORMAT_HDRS := format/stepfile.h format/ops.def format/settings.h format/settings.def
 PASS_SRC   := $(wildcard passes/*.c)
 FE_SRC     := $(filter-out compiler/dpc.c,$(wildcard compiler/*.c))
 RT_SRC     := $(filter-out runtime/dpexec.c runtime/cpu/vec.c,$(wildcard runtime/*.c runtime/cpu/*.c))
@@ -78,7 +78,7 @@ $(BUILD)/format/%.o: format/%.c $(FORMAT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iformat -Iutil -c $< -o $@
 
-$(BUILD)/util/%.o: util/%.c util/outfile.h
+$(BUILD)/util/%.o: util/%.c $(wildcard util/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iutil -c $< -o $@
 
@@ -114,11 +114,17 @@ $(TEXT2SHARD): tools/text2shard.c
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
                   $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test
-tests: $(COMPILER_TESTS) $(RUNTIME_TESTS)
+# util/ tests link util/ and format/ only
+UTIL_TESTS     := $(BUILD)/tests/suggest_test
+tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Icompiler -Iir -Iformat -Iutil -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lz -lm
+
+$(UTIL_TESTS): $(BUILD)/tests/%: tests/%.c $(SHARED_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iutil $(LDFLAGS) -o $@ $^ -lz -lm
 
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)

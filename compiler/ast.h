@@ -135,13 +135,49 @@ struct Stmt {
 
 typedef struct AstChunk AstChunk;
 
+/*
+ * What the scanner remembers for syntax errors in the DSL's words
+ * (compiler/syntax.c): the tokens of the statement being read, the open
+ * brackets and the open braces. A statement's tokens start after an end of
+ * line, a '{' or a '}'; when the parser finds an error, the last of them is
+ * the token it could not take.
+ */
+typedef struct {
+	int tok;       /* token kind: TK_IDENT, '(' ... */
+	Loc loc;
+	size_t off;    /* its text: src[off, off + len) */
+	int len;
+} AstTok;
+
+#define AST_STMT_FIRST 8 /* the first tokens of a statement kept */
+#define AST_STMT_LAST 4  /* and the last ones */
+
+typedef struct {
+	char kind;       /* '(' or '[' */
+	Loc loc;
+	AstTok before;   /* the token before it (the callee of a call), tok 0 if none */
+} AstBracket;
+
+typedef struct {
+	Loc loc;         /* of the '{' (or of the ':' that stood for it) */
+	int indent;      /* column of the first token of its statement */
+	size_t head_off; /* the statement before it ("block fc1"): src[head_off, +head_len) */
+	int head_len;
+	int dropped;     /* error recovery discarded this '{': its '}' goes too */
+	int dedent_line; /* the first statement inside that starts left of (or at) indent */
+} AstBrace;
+
 /* Everything the scanner and parser share; no globals. */
 typedef struct {
 	Diag *d;
 	const char *file;   /* for Locs */
+	const char *src;    /* the text being scanned, and its length */
+	size_t srclen;
 	AstChunk *arena;
 	Stmt *top;          /* the parsed file */
 	int line, col;      /* position of the next byte */
+	size_t off;         /* its offset */
+	size_t tok_off;     /* offset of the token being scanned */
 	int depth;          /* open ( and [: newlines inside are ignored */
 	int last_tok;       /* last token returned, 0 at start */
 	int eof_newline;    /* the end-of-file newline was returned */
@@ -149,6 +185,18 @@ typedef struct {
 	int stmt_lex_errors; /* lexical errors since the statement began */
 	int error_limit;    /* the scanner reports end of input past this many errors */
 	int stopped;
+	int recovering;     /* the parser discards tokens up to the next end of line */
+	/* for syntax errors (above) */
+	AstTok first[AST_STMT_FIRST]; /* the statement's first tokens */
+	AstTok last[AST_STMT_LAST];   /* its last ones, the newest at [ntoks - 1 mod AST_STMT_LAST] */
+	int ntoks;                    /* tokens of the statement so far */
+	int last_line;                /* line of the last token (a token first on its line) */
+	AstBracket brackets[AST_MAX_DEPTH]; /* open ( and [, innermost last (depth of them) */
+	AstBrace *braces;             /* open {, innermost last */
+	int nbraces, capbraces;
+	AstBrace misplaced;           /* the first '{' closed by a '}' not lined up with it */
+	int misplaced_line;           /* that '}''s line; 0: none */
+	int colon_bodies;             /* 'block fc1:' taken as '{' (said once each) */
 } ParseState;
 
 void *ast_alloc(ParseState *ps, size_t n); /* zeroed */
@@ -158,6 +206,27 @@ void ast_free(ParseState *ps);
 /* Parse buf[0..len) (may hold NUL bytes) into ps->top; errors go to ps->d.
  * Returns 0 when the parse succeeded without errors. (compiler/lexer.l) */
 int ast_parse(ParseState *ps, const char *buf, size_t len);
+
+/* ---- syntax.c: syntax errors in the DSL's words ---- */
+
+/* Token i of the statement (0 first; negative: from its end, -1 the newest),
+ * or NULL when it is not remembered. */
+const AstTok *ast_stmt_tok(const ParseState *ps, int i);
+/* The parser's syntax error at the newest token: one message saying what is
+ * wrong and how to write it (none when the scanner already reported this
+ * statement). expected: the names of the tokens the grammar would take
+ * there ("')'", "end of line", "from"). The parser then discards tokens up
+ * to the end of the line: the scanner is told, to drop the '}' of a '{'
+ * among them. */
+void ast_syntax_error(ParseState *ps, const char *const *expected, int nexpected);
+/* A new open brace on ps->braces (zeroed). */
+AstBrace *ast_push_brace(ParseState *ps);
+/* Are the statement's first n tokens a header that takes a body: block
+ * NAME[, [index]], repeat N as i, or a section name (or a near miss)? */
+int ast_body_header(const ParseState *ps, int n);
+/* Source text src[off, off + n) for a message: into buf, blanks and comments
+ * collapsed to one space, cut with "..." past buflen. */
+const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen);
 
 /* Lower a parsed tree to a graph; NULL after reporting errors. (compiler/lower.c) */
 Graph *ast_lower(ParseState *ps, const FeOptions *opts);

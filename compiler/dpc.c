@@ -2,7 +2,10 @@
  * dpc.c - the dp compiler driver: FILE.dp -> step file (and IR dumps, stats).
  *
  * Front end (fe_compile), then the pass pipeline (passes/pipeline.c) with the
- * verifier after every pass, then the outputs the options ask for. Exit
+ * verifier after every pass, then the outputs the options ask for. With
+ * --from-ir the input is IR text instead (ir_read; errors at its
+ * file:line:col), verified, then the passes --passes names (QBE's and
+ * LLVM's one-pass tests: IR in, passes, IR out). Exit
  * status: 0 success; 1 user error (bad option, bad model, unwritable output),
  * reported as messages; 2 internal error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
@@ -18,6 +21,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cliopt.h"
 #include "frontend.h"
 #include "outfile.h"
 #include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
@@ -28,9 +32,19 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 		"usage: dpc FILE.dp [options]\n"
+		"       dpc --from-ir FILE.ir [--passes PASS[,PASS...]|all] [options]\n"
 		"\n"
 		"Compiles a dp model to a step file that `dpexec` runs on every rank.\n"
 		"\n"
+		"      --from-ir FILE.ir  read IR text (a dump, or written by hand) instead\n"
+		"                      of a model, run the passes --passes names on it with\n"
+		"                      the verifier after each, and print the IR after the last\n"
+		"                      to stdout; with -o, write the step file instead (the\n"
+		"                      passes must then reach the end of the pipeline)\n"
+		"      --passes LIST   with --from-ir: the passes to run, comma-separated, in\n"
+		"                      pipeline order, each after the one the IR was printed\n"
+		"                      after (its first line, \"; dp IR after PASS\"); \"all\"\n"
+		"                      (the default): every pass after that one\n"
 		"  -o FILE             write the step file to FILE (atomically; through a\n"
 		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
@@ -44,8 +58,14 @@ static void usage(FILE *out)
 		"                      number) instead of its expression in the config section;\n"
 		"                      repeatable (the last one for a NAME wins). A NAME the\n"
 		"                      config section does not define is an error\n"
-		"      --precision=P   f32, tf32 or bf16: train's precision setting, whatever the file\n"
-		"                      says (param_dtype and buffer_dtype; docs/DSL.md)\n"
+		"      --set SECTION.NAME=VALUE\n"
+		"                      set a setting whatever the file says, checked as the file's\n"
+		"                      value would be: train.strategy=full_shard, eval.every=0,\n"
+		"                      train.optimizer=sgd(lr=0.1), an argument of the optimizer\n"
+		"                      or the schedule: train.optimizer.beta2=0.95 (or train.beta2:\n"
+		"                      one spec has it); repeatable, the last one for a setting\n"
+		"                      wins. VALUE is a DSL value; config constants work\n"
+		"      --print-settings  print every setting as docs/DSL.md's table (markdown)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
 		"                      stats: print the --stats table to stdout\n"
@@ -60,8 +80,24 @@ static void usage(FILE *out)
 		"  -h, --help          this help\n"
 		"      --version       version and step-file format version\n"
 		"\n"
-		"Exit status: 0 ok, 1 user error (nothing written), 2 the IR verifier\n"
-		"found a compiler bug; other internal errors print a message and abort.\n");
+		"settings with a flag of their own (as --set train.NAME=VALUE):\n");
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->flag_prog != DP_FLAG_DPC)
+			continue;
+		char head[160];
+		int n = snprintf(head, sizeof head, "      --%s=", st->flag);
+		for (int k = 0; st->type == DP_ST_WORDS && st->words[k] && n < 120; k++)
+			n += snprintf(head + n, sizeof head - (size_t)n, "%s%s", k ? "|" : "", st->words[k]);
+		if (st->type != DP_ST_WORDS)
+			snprintf(head + n, sizeof head - (size_t)n, "VALUE");
+		dp_help_line(out, head, st->help, 22);
+	}
+	fprintf(out,
+		"\n"
+		"Exit status: 0 ok (warnings about settings that have no effect are not\n"
+		"errors), 1 user error (nothing written), 2 the IR verifier found a\n"
+		"compiler bug; other internal errors print a message and abort.\n");
 }
 
 static void print_pipeline(FILE *out)
@@ -74,11 +110,13 @@ static void print_pipeline(FILE *out)
 		fprintf(out, "%2d  %-*s  %s\n", i + 1, w, pipeline[i].name, pipeline[i].doc);
 }
 
-static void pass_names(FILE *out)
+/* The pipeline's names, after "frontend" when with_frontend. */
+static void pass_names(FILE *out, int with_frontend)
 {
-	fprintf(out, "frontend");
+	if (with_frontend)
+		fprintf(out, "frontend, ");
 	for (int i = 0; i < npipeline; i++)
-		fprintf(out, ", %s", pipeline[i].name);
+		fprintf(out, "%s%s", i ? ", " : "", pipeline[i].name);
 	fprintf(out, "\n");
 }
 
@@ -108,6 +146,156 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* ---- IR input (--from-ir) ---- */
+
+/* The whole of path as a C string; NULL with errno set (a directory reads
+ * as EISDIR). *len is its length (a NUL byte inside shows as strlen(text)
+ * < len). */
+static char *read_text(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	char *text = NULL;
+	size_t n = 0;
+	FILE *mem = open_memstream(&text, &n);
+	if (!mem)
+		die("out of memory");
+	char chunk[1 << 16];
+	size_t got;
+	while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+		if (fwrite(chunk, 1, got, mem) != got)
+			die("out of memory");
+	int err = ferror(f) ? (errno ? errno : EIO) : 0;
+	fclose(f);
+	if (fclose(mem) != 0)
+		die("out of memory");
+	if (err) {
+		free(text);
+		errno = err;
+		return NULL;
+	}
+	*len = n;
+	return text;
+}
+
+/* The passes --passes names, as pipeline indices into out (npipeline
+ * slots), in pipeline order, each after `at` (the pass the IR was printed
+ * after; -1 the front end, -2 unknown); the count, or -1 after a message. */
+static int select_passes(const char *list, int at, const char *at_name, const char *file, int *out)
+{
+	int n = 0;
+	if (strcmp(list, "all") == 0) {
+		if (at == -2) {
+			fprintf(stderr, "dpc: %s does not say which pass it was printed after (a first "
+					"line \"; dp IR after PASS\"), so --passes all has nowhere to start: "
+					"name the passes\n", file);
+			return -1;
+		}
+		for (int i = at + 1; i < npipeline; i++)
+			out[n++] = i;
+		return n;
+	}
+	const char *s = list;
+	for (;;) {
+		const char *e = strchr(s, ',');
+		size_t len = e ? (size_t)(e - s) : strlen(s);
+		char name[64];
+		int i = -1;
+		if (len > 0 && len < sizeof name) {
+			memcpy(name, s, len);
+			name[len] = '\0';
+			i = pipeline_find(name);
+		}
+		if (len == 0) {
+			fprintf(stderr, "dpc: --passes: an empty name in '%s'\n", list);
+			return -1;
+		}
+		if (i < 0) {
+			fprintf(stderr, "dpc: --passes: unknown pass '%.*s'; passes: ", (int)len, s);
+			pass_names(stderr, 0);
+			return -1;
+		}
+		if (n > 0 && i <= out[n - 1]) {
+			fprintf(stderr, "dpc: --passes: %s comes before %s in the pipeline (dpc "
+					"--print-pipeline)\n", name, pipeline[out[n - 1]].name);
+			return -1;
+		}
+		if (i == at) {
+			fprintf(stderr, "dpc: --passes: %s is the IR after %s already\n", file, name);
+			return -1;
+		}
+		if (i < at) {
+			fprintf(stderr, "dpc: --passes: %s is the IR after %s, and %s comes before it in "
+					"the pipeline (dpc --print-pipeline)\n", file, at_name, name);
+			return -1;
+		}
+		out[n++] = i;
+		if (!e)
+			return n;
+		s = e + 1;
+	}
+}
+
+/* Reads the IR at path, verifies it, runs the passes `list` names, and
+ * leaves the graph in *gp and the name of the pass it is now after in
+ * *last. The text stays in *src for the diagnostics of later passes.
+ * Returns as pipeline_run: 0, -1 after user errors, -2 when a pass's
+ * output failed verification. */
+static int run_from_ir(const char *path, const char *list, int write_step, const PipelineOpts *po,
+		       Diag *d, char **src, Graph **gp, const char **last)
+{
+	size_t len = 0;
+	errno = 0;
+	char *text = read_text(path, &len);
+	if (!text) {
+		error_at(d, (Loc){path, 0, 0}, "cannot open '%s': %s", path, strerror(errno));
+		return -1;
+	}
+	*src = text;
+	d->src = text;
+	if (strlen(text) < len) { /* the reader stops at a NUL: say where it is */
+		int line = 1, col = 1;
+		for (const char *p = text; *p; p++, col++)
+			if (*p == '\n')
+				line++, col = 0;
+		error_at(d, (Loc){path, line, col}, "unexpected byte 0x00");
+		return -1;
+	}
+	/* where the IR stands: the pass its first line names */
+	char after[64];
+	int at = -2;
+	int col = ir_read_after(text, after, sizeof after);
+	if (col > 0) {
+		at = strcmp(after, "frontend") == 0 ? -1 : pipeline_find(after);
+		if (at == -1 && strcmp(after, "frontend") != 0) {
+			error_at(d, (Loc){path, 1, col}, "unknown pass '%s' (frontend, or one of dpc "
+				 "--print-pipeline)", after);
+			return -1;
+		}
+	}
+	int which[64];
+	if (npipeline > (int)(sizeof which / sizeof which[0]))
+		die("dpc: more passes than --passes can hold");
+	int n = select_passes(list, at, col > 0 ? after : NULL, path, which);
+	if (n < 0)
+		return -1;
+	const char *stop = n > 0 ? pipeline[which[n - 1]].name : col > 0 ? after : NULL;
+	int reaches_end = n > 0 ? which[n - 1] == npipeline - 1 : at == npipeline - 1;
+	if (write_step && !reaches_end) {
+		fprintf(stderr, "dpc: a step file needs the whole pipeline, up to %s; the passes "
+				"stop after %s\n", pipeline[npipeline - 1].name,
+			stop ? stop : "a pass the IR does not name");
+		return -1;
+	}
+	Graph *g = ir_read(text, path, d);
+	if (!g)
+		return -1;
+	*gp = g;
+	*last = stop ? ir_strdup(g, stop) : NULL;
+	return pipeline_run_some(g, d, po, which, n);
+}
+
 enum {
 	OPT_WORLD = 256,
 	OPT_TP,
@@ -120,14 +308,57 @@ enum {
 	OPT_STATS,
 	OPT_NO_VERIFY,
 	OPT_VERSION,
-	OPT_PRECISION,
+	OPT_FROM_IR,
+	OPT_PASSES,
+	OPT_SET,
+	OPT_PRINT_SETTINGS,
+	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
 enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
 
+/* "train.precision": a settings-backed flag's key (malloc'd). */
+static char *ir_fmt_key(const char *section, const char *name)
+{
+	size_t n = strlen(section) + strlen(name) + 2;
+	char *k = malloc(n);
+	if (!k)
+		die("out of memory");
+	snprintf(k, n, "%s.%s", section, name);
+	return k;
+}
+
+/* --set and the settings-backed flags, in command-line order (file scope:
+ * reachable until exit, whichever return ends main) */
+static FeSet *sets;
+static int nsets;
+
+/* sets[n] = {key (malloc'd, owned), value, "FLAG ARG"} */
+static FeSet *add_set(FeSet *sets, int n, char *key, const char *value, const char *flag,
+		      const char *arg)
+{
+	FeSet *ns = realloc(sets, sizeof(FeSet) * (size_t)(n + 1));
+	size_t wl = strlen(flag) + strlen(arg) + 2;
+	char *what = malloc(wl);
+	if (!ns || !what || !key)
+		die("out of memory");
+	snprintf(what, wl, "%s %s", flag, arg);
+	ns[n] = (FeSet){key, value, what};
+	return ns;
+}
+
+static void free_sets(FeSet *sets, int n)
+{
+	for (int i = 0; i < n; i++) {
+		free((char *)sets[i].key);
+		free((char *)sets[i].what);
+	}
+	free(sets);
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option longopts[] = {
+	static const struct option fixed[] = {
 		{"output", required_argument, NULL, 'o'},
 		{"world-size", required_argument, NULL, OPT_WORLD},
 		{"tp", required_argument, NULL, OPT_TP},
@@ -142,17 +373,25 @@ int main(int argc, char **argv)
 		{"time", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{"version", no_argument, NULL, OPT_VERSION},
-		{"precision", required_argument, NULL, OPT_PRECISION},
-		{NULL, 0, NULL, 0},
+		{"from-ir", required_argument, NULL, OPT_FROM_IR},
+		{"passes", required_argument, NULL, OPT_PASSES},
+		{"set", required_argument, NULL, OPT_SET},
+		{"print-settings", no_argument, NULL, OPT_PRINT_SETTINGS},
 	};
+	/* the fixed options, then a flag per setting that has a dpc flag */
+	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
+	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPC,
+			   OPT_SETTING);
 	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
-	const char *precision = NULL;
+	const char *from_ir = NULL, *passes = NULL;
+	static const char shortopts[] = "o:vhD:";
 	int c;
-	while ((c = getopt_long(argc, argv, "o:vhD:", longopts, NULL)) != -1) {
+	opterr = 0; /* cli_bad_option says what is wrong, in our words */
+	while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
 		switch (c) {
 		case 'D': {
 			FeDefine *nd = realloc(defines, sizeof(FeDefine) * (size_t)(ndefines + 1));
@@ -202,26 +441,37 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			break;
-		case OPT_PRECISION:
-			if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "fp32") == 0 ||
-			    strcmp(optarg, "tf32") == 0 || strcmp(optarg, "bf16") == 0)
-				precision = optarg;
-			else {
-				fprintf(stderr, "dpc: --precision wants f32, tf32 or bf16, not '%s'\n",
-					optarg);
+		case OPT_SET: {
+			const char *eq = strchr(optarg, '=');
+			if (!eq || eq == optarg || !eq[1]) {
+				fprintf(stderr, "dpc: --set wants SECTION.NAME=VALUE (train.lr=3e-4), not "
+						"'%s'\n", optarg);
+				free(defines);
 				return 1;
 			}
+			sets = add_set(sets, nsets++, strndup(optarg, (size_t)(eq - optarg)), eq + 1,
+				       "--set", optarg);
 			break;
+		}
+		case OPT_PRINT_SETTINGS:
+			fe_print_settings(stdout);
+			return 0;
 		case OPT_DUMP_IR:
 			dump_dir = optarg;
 			break;
 		case OPT_DUMP_AFTER:
 			if (strcmp(optarg, "frontend") != 0 && pipeline_find(optarg) < 0) {
 				fprintf(stderr, "dpc: unknown pass '%s'; passes: ", optarg);
-				pass_names(stderr);
+				pass_names(stderr, 1);
 				return 1;
 			}
 			dump_after = optarg;
+			break;
+		case OPT_FROM_IR:
+			from_ir = optarg;
+			break;
+		case OPT_PASSES:
+			passes = optarg;
 			break;
 		case OPT_PRINT_PIPELINE:
 			print_pipeline(stdout);
@@ -242,11 +492,26 @@ int main(int argc, char **argv)
 			printf("dpc %s (step file format %u)\n", DPC_VERSION, DP_STEP_VERSION);
 			return 0;
 		default:
-			fprintf(stderr, "Try 'dpc --help'.\n");
+			if (c >= OPT_SETTING && c < OPT_SETTING + DP_NSETTINGS) {
+				const DpSetting *st = &dp_settings[c - OPT_SETTING];
+				char flag[96];
+				snprintf(flag, sizeof flag, "--%s", st->flag);
+				sets = add_set(sets, nsets++,
+					       ir_fmt_key(st->section == DP_SEC_EVAL ? "eval" : "train",
+							  st->name),
+					       optarg, flag, optarg);
+				break;
+			}
+			cli_bad_option(stderr, "dpc", c, argc, argv, shortopts, longopts);
+			free(defines);
 			return 1;
 		}
 	}
-	if (optind >= argc) {
+	if (from_ir && optind < argc) {
+		fprintf(stderr, "dpc: --from-ir reads %s; no other input file\n", from_ir);
+		return 1;
+	}
+	if (!from_ir && optind >= argc) {
 		fprintf(stderr, "dpc: no input file\n");
 		usage(stderr);
 		return 1;
@@ -255,14 +520,26 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
 		return 1;
 	}
-	const char *path = argv[optind];
+	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || nsets)) {
+		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D, --set and the "
+				"settings' flags shape a model; IR (--from-ir) has them settled\n");
+		free(defines);
+		return 1;
+	}
+	if (passes && !from_ir) {
+		fprintf(stderr, "dpc: --passes runs passes on IR text: give it --from-ir FILE.ir\n");
+		return 1;
+	}
+	const char *path = from_ir ? from_ir : argv[optind];
 	if (dump_dir && out_mkdirs(dump_dir) < 0) {
 		fprintf(stderr, "dpc: cannot create %s: %s\n", dump_dir, strerror(errno));
 		return 1;
 	}
 
-	/* Printing modes write a step file only when -o asks for one. */
-	int write_step = output || emit == EMIT_STEP || (emit == EMIT_DEFAULT && !dump_after);
+	/* Printing modes write a step file only when -o asks for one; so does
+	 * IR input, which prints its IR otherwise. */
+	int write_step = output || emit == EMIT_STEP ||
+			 (emit == EMIT_DEFAULT && !dump_after && !from_ir);
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);
@@ -285,28 +562,36 @@ int main(int argc, char **argv)
 	Diag diag;
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
-	FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1], .dp_replicate = axis[2],
-			.defines = defines, .ndefines = ndefines, .precision = precision};
-	Graph *g = fe_compile_opts(path, &fo, &diag, &src);
+	Graph *g = NULL;
 	int status = 0;
-	if (!g || diag.nerrors) {
-		status = 1;
-		goto out;
-	}
-	diag.src = src;
 	PipelineOpts po = {
 		.dump_dir = dump_dir,
 		.dump_after = dump_after,
 		.dump_out = stdout,
 		.verify = verify,
 	};
-	int rc = pipeline_run(g, &diag, &po);
+	const char *last = NULL; /* the pass the graph is after (IR input) */
+	int rc;
+	if (from_ir) {
+		rc = run_from_ir(path, passes ? passes : "all", write_step, &po, &diag, &src, &g, &last);
+	} else {
+		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
+				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
+				.sets = sets, .nsets = nsets};
+		g = fe_compile_opts(path, &fo, &diag, &src);
+		if (!g || diag.nerrors) {
+			status = 1;
+			goto out;
+		}
+		diag.src = src;
+		rc = pipeline_run(g, &diag, &po);
+	}
 	if (rc < 0) {
 		status = rc == -2 ? 2 : 1;
 		goto out;
 	}
-	if (emit == EMIT_IR)
-		ir_print(stdout, g);
+	if (emit == EMIT_IR || (from_ir && !write_step && emit == EMIT_DEFAULT))
+		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
 	if (write_step) {
@@ -329,5 +614,6 @@ out:
 	free(src);
 	free(default_out);
 	free(defines);
+	free_sets(sets, nsets);
 	return status;
 }

@@ -22,6 +22,15 @@ typedef struct {
 	double f;
 } FeDefine;
 
+/* A setting of format/settings.def set from the command line: dpc --set
+ * KEY=VALUE, or a settings-backed flag (--precision P is train.precision).
+ * Checked as the file's value would be; it replaces the file's. */
+typedef struct {
+	const char *key;   /* "train.lr", "train.optimizer.beta2", "eval.every" */
+	const char *value; /* "3e-4", "adamw(lr=1e-3)", "true": a DSL value */
+	const char *what;  /* the flag as written, for messages: "--set train.lr=3e-4" */
+} FeSet;
+
 typedef struct {
 	int world_size;           /* dpc's --world-size (0 when not given) */
 	/* dpc's --tp, --cp, --dp-replicate: the axes `mesh auto` fixes before
@@ -30,8 +39,9 @@ typedef struct {
 	int tp, cp, dp_replicate;
 	const FeDefine *defines;  /* -D overrides, in command-line order (a later one wins) */
 	int ndefines;
-	const char *precision;    /* dpc's --precision (f32, bf16): replaces train's `precision`
-	                             setting; NULL: the file's */
+	const FeSet *sets;        /* --set and settings-backed flags, in command-line order
+	                             (a later one wins) */
+	int nsets;
 } FeOptions;
 
 /* Parse "NAME=VALUE" (VALUE an integer or a number, optionally negative) into
@@ -42,6 +52,10 @@ int fe_parse_define(const char *arg, FeDefine *out);
  * reporting errors through d (d->nerrors > 0). src_out, if not NULL, receives
  * the source text (malloc'd) for later diagnostics. opts may be NULL. */
 Graph *fe_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out);
+
+/* The settings of format/settings.def as docs/DSL.md's markdown table
+ * (compiler/settings.c; dpc --print-settings). */
+void fe_print_settings(FILE *out);
 
 /* fe_compile_opts with only a world size (0 when not given; `mesh auto` then
  * is an error). */

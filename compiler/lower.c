@@ -8,18 +8,26 @@
  * misleading follow-on errors).
  *
  * After (when no error was reported), the Graph holds:
- *   - cfg (mesh, micro_batch, grad_accum, eval_batch, steps, eval_every,
- *     log_every, seed, strategy, save_every, keep_last), opt, sched, strategy (its name), bucket_mb,
- *     reshard_after_forward, prefetch, gather_limit_mb, accum_unsharded;
+ *   - every setting of format/settings.def in its field (cfg, opt, sched and
+ *     the Graph's own: compiler/settings.c checks and stores the train and
+ *     eval sections' values, dpc's --set over them), the mesh, the batch
+ *     sizes, the strategy's name and the precision group (here);
  *   - per data declaration a DP_T_DATA value [micro_batch, ...], its train
  *     Source and a LOAD node (IR_IN_STEP); per eval source an eval Source for
  *     the same value and a LOAD node (IR_IN_EVAL); all LOAD nodes first;
  *   - the model (see compiler/model.c).
  *
+ * Every data file the declarations name is checked here when this machine
+ * can open it, headers only (util/datafile.h, as dpexec checks it): what it
+ * holds against the declaration, and equal sample counts per split; a file
+ * it cannot open is a warning, since the job may run elsewhere.
+ *
  * Sections are checked in dependency order, not file order: config (every
  * number may use its constants), mesh, train (batch sizes need the mesh),
  * data (shapes need micro_batch), eval, model. Numbers are constant
- * expressions (compiler/consts.c), evaluated where they are used.
+ * expressions (compiler/consts.c), evaluated where they are used. A file
+ * that lowers without errors is then told which of its settings have no
+ * effect (warnings, compiler/settings.c).
  */
 #include <errno.h>
 #include <limits.h>
@@ -28,8 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
 
+#include "datafile.h"
 #include "lower.h"
+#include "suggest.h"
 
 #define MAX_AXIS (1 << 15)           /* size of one mesh axis (4 axes: the product fits int64) */
 #define MAX_WORLD (1 << 24)          /* ranks */
@@ -126,8 +138,9 @@ static void lower_mesh(Lower *L)
 		while (ax < DP_MAX_AXES && strcmp(ir_axis_names[ax], a->key) != 0)
 			ax++;
 		if (ax == DP_MAX_AXES) {
-			ERR(a->key_loc, "unknown mesh axis '%s' (axes: dp_replicate, dp_shard, cp, tp)",
-			    a->key);
+			const char *near = suggest_among(a->key, ir_axis_names, DP_MAX_AXES);
+			ERR(a->key_loc, "unknown mesh axis '%s' (axes: dp_replicate, dp_shard, cp, tp)%s%s%s",
+			    a->key, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 			ok = 0;
 			continue;
 		}
@@ -189,131 +202,54 @@ static void lower_mesh(Lower *L)
 
 /* ---- train ---- */
 
-enum {
-	T_STRATEGY,
-	T_OPTIMIZER,
-	T_SCHEDULE,
-	T_MICRO_BATCH,
-	T_GLOBAL_BATCH,
-	T_GRAD_ACCUM,
-	T_CLIP_GRAD_NORM,
-	T_BUCKET_MB,
-	T_SEED,
-	T_STEPS,
-	T_LOG_EVERY,
-	T_RESHARD,
-	T_PREFETCH,
-	T_GATHER_LIMIT_MB,
-	T_ACCUMULATE_GRADS,
-	T_GRADIENT_CHECKPOINTING,
-	T_SAVE_EVERY,
-	T_KEEP_LAST,
-	T_PRECISION,
-	T_PARAM_DTYPE,
-	T_REDUCE_DTYPE,
-	T_BUFFER_DTYPE,
-	T_COUNT
-};
+/* train's settings are the rows of format/settings.def (compiler/settings.c
+ * checks and stores them); what follows is what they mean together. */
 
-static const char *const train_keys[T_COUNT] = { /* ORDER T_ */
-	"strategy", "optimizer", "schedule", "micro_batch", "global_batch", "grad_accum",
-	"clip_grad_norm", "bucket_mb", "seed", "steps", "log_every", "reshard_after_forward",
-	"prefetch", "gather_limit_mb", "accumulate_grads", "gradient_checkpointing", "save_every",
-	"keep_last", "precision", "param_dtype", "reduce_dtype", "buffer_dtype",
-};
-
-#define MAX_PREFETCH 64  /* blocks an all_gather may run ahead */
-#define MAX_MB (1 << 20) /* bucket_mb and gather_limit_mb: 1 TiB */
-
-/* A strategy name (dp_strategy_names) into g->strategy and cfg.strategy.
- * Whether the mesh suits it is checked with the mesh (lower_train). */
-static void lower_strategy(Lower *L, const AstVal *v)
-{
-	int s = lower_strategy_word(L, v);
-	if (s < 0)
-		return;
-	snprintf(L->g->strategy, sizeof L->g->strategy, "%s", dp_strategy_names[s]);
-	L->g->cfg.strategy = (uint32_t)s;
-}
-
-/* The settings of the sharded strategies. They are accepted with every
- * strategy (a file can switch strategy by one word); which strategies read
- * them is documented in docs/DSL.md. */
-static void lower_shard_settings(Lower *L, const AstVal *const *val)
+/* The strategy: a name in g->strategy, and whether the mesh suits it. */
+static void lower_strategy(Lower *L)
 {
 	Graph *g = L->g;
-	int64_t x;
-	if (val[T_RESHARD]) {
-		int w = want_word(L, val[T_RESHARD], "reshard_after_forward", "true", "false");
-		if (w >= 0)
-			g->reshard_after_forward = w == 0;
-	}
-	if (val[T_PREFETCH] &&
-	    !want_int(L, val[T_PREFETCH], "prefetch", 0, MAX_PREFETCH, &x))
-		g->prefetch = (int)x;
-	if (val[T_GATHER_LIMIT_MB]) {
-		const AstVal *v = val[T_GATHER_LIMIT_MB];
-		float mb;
-		if (!want_float(L, v, "gather_limit_mb", &mb)) {
-			if (!(mb >= 0 && mb <= MAX_MB))
-				ERR(v->loc, "gather_limit_mb must be >= 0 (0: no limit) and at most %d",
-				    MAX_MB);
-			else
-				g->gather_limit_mb = mb;
-		}
-	}
-	if (val[T_ACCUMULATE_GRADS]) {
-		int w = want_word(L, val[T_ACCUMULATE_GRADS], "accumulate_grads", "sharded",
-				  "unsharded");
-		if (w >= 0)
-			g->accum_unsharded = w;
-	}
+	snprintf(g->strategy, sizeof g->strategy, "%s",
+		 dp_name(dp_strategy_names, DP_NSTRAT, g->cfg.strategy));
+	const AstVal *v = setting_val(L, DP_SET_STRATEGY);
+	char why[160];
+	if (v && L->set[DP_SET_STRATEGY].ok && L->mesh_ok &&
+	    !ir_strategy_fits(g, (int)g->cfg.strategy, why, sizeof why))
+		ERR(v->loc, "%s", why);
 }
 
 /* Mixed precision (passes/precision.c). `precision D` is the short form of
  * param_dtype D and buffer_dtype D; the gradients are reduced in f32 unless
  * reduce_dtype says bf16 (torchtitan's default, FSDP's MixedPrecision
- * names). Master weights and optimizer state are always f32. */
-static void lower_precision(Lower *L, const AstVal *const *val)
+ * names). Master weights and optimizer state are always f32. `precision
+ * tf32`: f32 dtypes, and a GPU may run the f32 GEMMs on TF32 tensor cores
+ * (cfg.gemm_math). */
+static void lower_precision(Lower *L)
 {
 	Graph *g = L->g;
-	/* precision tf32: f32 dtypes, and a GPU may run the f32 GEMMs on TF32
-	 * tensor cores (cfg.gemm_math); f32 and bf16 are dtypes */
-	const AstVal *pv = val[T_PRECISION];
-	int tf32 = pv && pv->kind == V_IDENT && strcmp(pv->s, "tf32") == 0;
-	int prec = tf32 ? DP_F32 : -1;
-	if (pv && !tf32) {
-		int ok = pv->kind == V_IDENT && (strcmp(pv->s, "f32") == 0 ||
-						 strcmp(pv->s, "fp32") == 0 || strcmp(pv->s, "bf16") == 0);
-		if (ok)
-			prec = lower_dtype_word(L, pv, "precision");
-		else
-			ERR(pv->loc, "precision must be f32, tf32 or bf16");
-	}
-	if (L->opts && L->opts->precision) { /* dpc --precision: as if the file said it */
-		tf32 = strcmp(L->opts->precision, "tf32") == 0;
-		prec = strcmp(L->opts->precision, "bf16") == 0 ? DP_BF16 : DP_F32;
-	}
-	g->cfg.gemm_math = tf32 ? DP_GEMM_TF32 : DP_GEMM_F32;
-	int pd = val[T_PARAM_DTYPE] ? lower_dtype_word(L, val[T_PARAM_DTYPE], "param_dtype") : -1;
-	int bd = val[T_BUFFER_DTYPE] ? lower_dtype_word(L, val[T_BUFFER_DTYPE], "buffer_dtype") : -1;
-	int rd = val[T_REDUCE_DTYPE] ? lower_dtype_word(L, val[T_REDUCE_DTYPE], "reduce_dtype") : -1;
+	enum { P_F32, P_TF32, P_BF16 }; /* ORDER: the precision row's words */
+	const AstVal *pv = setting_val(L, DP_SET_PRECISION);
+	int given = pv && L->set[DP_SET_PRECISION].ok, p = (int)setting_num(L, DP_SET_PRECISION);
+	int prec = !given ? -1 : p == P_BF16 ? DP_BF16 : DP_F32;
+	g->cfg.gemm_math = given && p == P_TF32 ? DP_GEMM_TF32 : DP_GEMM_F32;
+	const AstVal *pdv = setting_val(L, DP_SET_PARAM_DTYPE), *bdv = setting_val(L, DP_SET_BUFFER_DTYPE);
+	const AstVal *rdv = setting_val(L, DP_SET_REDUCE_DTYPE);
+	int pd = pdv && L->set[DP_SET_PARAM_DTYPE].ok ? g->param_dtype : -1;
+	int bd = bdv && L->set[DP_SET_BUFFER_DTYPE].ok ? g->buffer_dtype : -1;
 	if (prec >= 0 && pd >= 0 && pd != prec)
-		ERR(val[T_PARAM_DTYPE]->loc, "param_dtype %s contradicts precision %s",
-		    dp_dtype_names[pd], dp_dtype_names[prec]);
+		ERR(pdv->loc, "param_dtype %s contradicts precision %s", dp_dtype_names[pd],
+		    dp_dtype_names[prec]);
 	g->param_dtype = pd >= 0 ? pd : prec >= 0 ? prec : DP_F32;
 	g->buffer_dtype = bd >= 0 ? bd : prec >= 0 ? prec : DP_F32;
-	if (rd == DP_BF16 && g->param_dtype == DP_F32) {
-		ERR(val[T_REDUCE_DTYPE]->loc,
-		    "reduce_dtype bf16 is narrower than param_dtype f32: the f32 gradients would be "
-		    "rounded to bf16 (set precision bf16, or reduce in f32)");
-		rd = DP_F32;
+	if (rdv && L->set[DP_SET_REDUCE_DTYPE].ok && g->reduce_dtype == DP_BF16 &&
+	    g->param_dtype == DP_F32) {
+		ERR(rdv->loc, "reduce_dtype bf16 is narrower than param_dtype f32: the f32 gradients "
+			      "would be rounded to bf16 (set precision bf16, or reduce in f32)");
+		g->reduce_dtype = DP_F32;
 	}
-	g->reduce_dtype = rd >= 0 ? rd : DP_F32;
-	/* where the file asks for bf16, for a backend that cannot (cfg.bf16_line);
-	 * dpc --precision bf16 is no place in the file */
-	const AstVal *asks[] = {L->opts && L->opts->precision ? NULL : pv, val[T_PARAM_DTYPE],
-				val[T_BUFFER_DTYPE], val[T_REDUCE_DTYPE]};
+	/* where the file asks for bf16, for a backend that cannot (cfg.bf16_line;
+	 * a flag is no place in the file: its line is 0) */
+	const AstVal *asks[] = {pv, pdv, bdv, rdv};
 	for (int i = 0; i < 4; i++)
 		if (asks[i] && asks[i]->kind == V_IDENT && strcmp(asks[i]->s, "bf16") == 0) {
 			lower_note_bf16(L, asks[i]->loc);
@@ -321,224 +257,58 @@ static void lower_precision(Lower *L, const AstVal *const *val)
 		}
 }
 
-/* An optional float keyword argument; a missing one keeps *out. */
-static int kw_float(Lower *L, const Arg *a, float *out)
-{
-	return a ? want_float(L, &a->val, a->key, out) : 0;
-}
-
-static void lower_optimizer(Lower *L, const AstVal *v)
-{
-	DpOptim *o = &L->g->opt;
-	if (!is_spec(v)) {
-		ERR(v->loc, "expected an optimizer: adamw(...) or sgd(...)");
-		return;
-	}
-	const Arg *a[5];
-	if (strcmp(v->s, "adamw") == 0) {
-		static const char *const keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
-		if (get_kwargs(L, v, keys, 5, a))
-			return;
-		/* PyTorch's defaults */
-		o->kind = DP_OPT_ADAMW;
-		o->lr = 1e-3f, o->beta1 = 0.9f, o->beta2 = 0.999f, o->eps = 1e-8f;
-		o->weight_decay = 0.01f, o->momentum = 0;
-		if (kw_float(L, a[0], &o->lr) | kw_float(L, a[1], &o->beta1) |
-		    kw_float(L, a[2], &o->beta2) | kw_float(L, a[3], &o->eps) |
-		    kw_float(L, a[4], &o->weight_decay))
-			return;
-		if (a[1] && !(o->beta1 >= 0 && o->beta1 < 1))
-			ERR(a[1]->val.loc, "beta1 must be in [0, 1)");
-		if (a[2] && !(o->beta2 >= 0 && o->beta2 < 1))
-			ERR(a[2]->val.loc, "beta2 must be in [0, 1)");
-		if (a[3] && !(o->eps > 0))
-			ERR(a[3]->val.loc, "eps must be > 0");
-	} else if (strcmp(v->s, "sgd") == 0) {
-		static const char *const keys[] = {"lr", "momentum", "weight_decay"};
-		if (get_kwargs(L, v, keys, 3, a))
-			return;
-		o->kind = DP_OPT_SGD;
-		o->lr = 0.01f, o->momentum = 0, o->weight_decay = 0;
-		o->beta1 = o->beta2 = o->eps = 0;
-		if (kw_float(L, a[0], &o->lr) | kw_float(L, a[1], &o->momentum) |
-		    kw_float(L, a[2], &o->weight_decay))
-			return;
-		if (a[1] && !(o->momentum >= 0 && o->momentum < 1))
-			ERR(a[1]->val.loc, "momentum must be in [0, 1)");
-		a[4] = a[2];
-	} else {
-		ERR(v->loc, "unknown optimizer '%s' (optimizers: adamw, sgd)", v->s);
-		return;
-	}
-	if (a[0] && !(o->lr > 0))
-		ERR(a[0]->val.loc, "lr must be > 0");
-	if (a[4] && !(o->weight_decay >= 0))
-		ERR(a[4]->val.loc, "weight_decay must be >= 0");
-}
-
-/* After steps and the optimizer: cosine's steps default to the train steps. */
-static void lower_schedule(Lower *L, const AstVal *v)
-{
-	DpSched *s = &L->g->sched;
-	if (!is_spec(v)) {
-		ERR(v->loc, "expected a schedule: constant or cosine(...)");
-		return;
-	}
-	if (strcmp(v->s, "constant") == 0) {
-		if (v->nargs > 0)
-			ERR(v->loc, "schedule 'constant' takes no arguments");
-		return;
-	}
-	if (strcmp(v->s, "cosine") != 0) {
-		ERR(v->loc, "unknown schedule '%s' (schedules: constant, cosine)", v->s);
-		return;
-	}
-	static const char *const keys[] = {"warmup", "steps", "min_lr"};
-	const Arg *a[3];
-	if (get_kwargs(L, v, keys, 3, a))
-		return;
-	int64_t warmup = 0, steps = s->steps;
-	float min_lr = 0;
-	if ((a[0] && want_int(L, &a[0]->val, "warmup", 0, INT32_MAX, &warmup)) ||
-	    (a[1] && want_int(L, &a[1]->val, "steps", 1, INT32_MAX, &steps)) ||
-	    kw_float(L, a[2], &min_lr))
-		return;
-	if (warmup > steps) {
-		ERR(a[0]->val.loc, "warmup (%lld) must not exceed the schedule's steps (%lld)",
-		    (long long)warmup, (long long)steps);
-		return;
-	}
-	if (a[2] && !(min_lr >= 0 && min_lr <= L->g->opt.lr)) {
-		ERR(a[2]->val.loc, "min_lr must be in [0, lr]");
-		return;
-	}
-	s->kind = DP_SCHED_COSINE;
-	s->warmup = (uint32_t)warmup;
-	s->steps = (uint32_t)steps;
-	s->min_lr = min_lr;
-}
-
 static void lower_train(Lower *L)
 {
 	Graph *g = L->g;
 	DpConfig *c = &g->cfg;
-	const Stmt *set[T_COUNT] = {NULL};
-	AstVal vals[T_COUNT];
-	const AstVal *val[T_COUNT] = {NULL}; /* the evaluated values; NULL after an error */
 	int64_t x;
-	int ok = 1;
 
 	/* unset settings keep ir_new's defaults */
 	L->batch_ok = 0;
 	L->global_batch = 1;
-	if (!L->train) {
+	if (!L->train)
 		ERR(L->top, "missing 'train' section (it must set micro_batch or global_batch)");
+	settings_store(L, DP_SEC_TRAIN);
+	settings_check_bounds(L);
+	if (!L->train)
 		return;
-	}
-	for (const Stmt *s = L->train->body; s; s = s->next) {
-		if (s->kind != S_SETTING || !s->val) {
-			ERR(s->loc, "expected a setting like 'steps 100' in the train section");
-			continue;
-		}
-		int k = 0;
-		while (k < T_COUNT && strcmp(train_keys[k], s->name) != 0)
-			k++;
-		if (k == T_COUNT)
-			ERR(s->name_loc, "unknown train setting '%s'", s->name);
-		else if (set[k])
-			ERR(s->name_loc, "duplicate train setting '%s'", s->name);
-		else {
-			set[k] = s;
-			if (eval_value(L, s->val, &vals[k]) == 0)
-				val[k] = &vals[k];
-			else
-				ok = 0;
-		}
-	}
-	if (val[T_STEPS] && !want_int(L, val[T_STEPS], "steps", 1, INT32_MAX, &x))
-		c->steps = (uint32_t)x;
-	if (val[T_LOG_EVERY] && !want_int(L, val[T_LOG_EVERY], "log_every", 1, INT32_MAX, &x))
-		c->log_every = (uint32_t)x;
-	if (val[T_SEED] && !want_int(L, val[T_SEED], "seed", 0, INT64_MAX, &x))
-		c->seed = (uint64_t)x;
-	if (val[T_SAVE_EVERY] && !want_int(L, val[T_SAVE_EVERY], "save_every", 1, INT32_MAX, &x))
-		c->save_every = (uint32_t)x;
-	if (val[T_KEEP_LAST] && !want_int(L, val[T_KEEP_LAST], "keep_last", 1, INT32_MAX, &x))
-		c->keep_last = (uint32_t)x;
-	if (val[T_STRATEGY]) {
-		lower_strategy(L, val[T_STRATEGY]);
-		char why[160];
-		if (L->mesh_ok && !ir_strategy_fits(g, (int)c->strategy, why, sizeof why))
-			ERR(val[T_STRATEGY]->loc, "%s", why);
-	}
-	lower_shard_settings(L, val);
-	lower_precision(L, val);
-	if (val[T_GRADIENT_CHECKPOINTING]) {
-		int w = want_word(L, val[T_GRADIENT_CHECKPOINTING], "gradient_checkpointing", "true",
-				  "false");
-		L->grad_ckpt = w == 0;
-	}
-	if (val[T_OPTIMIZER])
-		lower_optimizer(L, val[T_OPTIMIZER]);
-	if (val[T_CLIP_GRAD_NORM]) {
-		const AstVal *v = val[T_CLIP_GRAD_NORM];
-		if (!want_float(L, v, "clip_grad_norm", &g->opt.clip) && g->opt.clip < 0)
-			ERR(v->loc, "clip_grad_norm must be >= 0 (0 turns clipping off)");
-	}
-	if (val[T_BUCKET_MB]) {
-		const AstVal *v = val[T_BUCKET_MB];
-		float mb;
-		if (!want_float(L, v, "bucket_mb", &mb)) {
-			if (!(mb > 0 && mb <= MAX_MB))
-				ERR(v->loc, "bucket_mb must be > 0 and at most %d", MAX_MB);
-			else
-				g->bucket_mb = mb;
-		}
-	}
-	g->sched = (DpSched){.kind = DP_SCHED_CONSTANT, .steps = c->steps};
-	if (val[T_SCHEDULE])
-		lower_schedule(L, val[T_SCHEDULE]);
+	lower_strategy(L);
+	lower_precision(L);
+	L->grad_ckpt = setting_num(L, DP_SET_GRADIENT_CHECKPOINTING) != 0;
 
 	/* batch: micro_batch, or global_batch split over grad_accum and the dp axes */
-	if (val[T_GRAD_ACCUM]) {
-		if (want_int(L, val[T_GRAD_ACCUM], "grad_accum", 1, 1 << 20, &x))
-			ok = 0;
-		else
-			c->grad_accum = (uint32_t)x;
-	}
-	const Stmt *mb = set[T_MICRO_BATCH], *gb = set[T_GLOBAL_BATCH];
-	if (mb && gb) {
+	const SetVal *mb = &L->set[DP_SET_MICRO_BATCH], *gb = &L->set[DP_SET_GLOBAL_BATCH];
+	if (mb->given && gb->given) {
 		ERR((later(mb->name_loc, gb->name_loc) ? mb : gb)->name_loc,
 		    "set micro_batch or global_batch, not both");
 		return;
 	}
-	if (!mb && !gb) {
+	if (!mb->given && !gb->given) {
 		ERR(L->train->name_loc, "the train section must set micro_batch or global_batch");
 		return;
 	}
-	if (!ok || !L->mesh_ok)
+	const SetVal *ga = &L->set[DP_SET_GRAD_ACCUM];
+	if ((ga->given && !ga->ok) || !(mb->given ? mb : gb)->ok || !L->mesh_ok)
 		return; /* the batch arithmetic would only repeat an earlier error */
 	int64_t dp = (int64_t)c->grad_accum * c->mesh[DP_AXIS_REPLICATE] * c->mesh[DP_AXIS_SHARD];
-	if (mb) {
-		if (want_int(L, val[T_MICRO_BATCH], "micro_batch", 1, INT32_MAX, &x))
-			return;
+	if (mb->given) {
+		x = mb->i;
 		if (__builtin_mul_overflow(x, dp, &L->global_batch) || L->global_batch > MAX_ELEMS) {
-			ERR(val[T_MICRO_BATCH]->loc,
+			ERR(mb->val.loc,
 			    "the global batch (micro_batch * grad_accum * dp ranks) is too large");
 			return;
 		}
 	} else {
-		if (want_int(L, val[T_GLOBAL_BATCH], "global_batch", 1, MAX_ELEMS, &x))
-			return;
+		x = gb->i;
 		if (x % dp != 0) {
-			ERR(val[T_GLOBAL_BATCH]->loc,
+			ERR(gb->val.loc,
 			    "global_batch %lld is not divisible by grad_accum * dp_replicate * dp_shard = %lld",
 			    (long long)x, (long long)dp);
 			return;
 		}
 		if (x / dp > INT32_MAX) {
-			ERR(val[T_GLOBAL_BATCH]->loc,
-			    "global_batch %lld gives a micro-batch that is too large", (long long)x);
+			ERR(gb->val.loc, "global_batch %lld gives a micro-batch that is too large",
+			    (long long)x);
 			return;
 		}
 		L->global_batch = x;
@@ -552,9 +322,10 @@ static void lower_train(Lower *L)
 /* ---- types, data sources, initialisers ---- */
 
 /* Fill s->rec.kind, synth_n/classes, shift and s->path from the source
- * expression e of data `name`, declared dt with nd dims. */
+ * expression e of data `name`, declared dt with nd dims; *path_loc: where
+ * the path is written. */
 static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, int nd,
-			Source *s)
+			Source *s, Loc *path_loc)
 {
 	AstVal val;
 	const AstVal *v = &val;
@@ -601,6 +372,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		s->rec.kind = DP_SRC_TOKENS;
 		s->rec.shift = (uint8_t)sh;
 		s->path = path->val.s;
+		*path_loc = path->val.loc;
 		return 0;
 	}
 	int is_idx = strcmp(v->s, "idx") == 0;
@@ -615,6 +387,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		}
 		s->rec.kind = is_idx ? DP_SRC_IDX : DP_SRC_NPY;
 		s->path = v->args->val.s;
+		*path_loc = v->args->val.loc;
 		return 0;
 	}
 	if (strcmp(v->s, "synthetic") == 0) {
@@ -631,8 +404,137 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		s->path = "";
 		return 0;
 	}
-	ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
+	static const char *const sources[] = {"idx", "npy", "tokens", "synthetic"};
+	const char *guess = suggest_among(v->s, sources, 4);
+	if (guess)
+		ERR(v->loc, "unknown data source '%s'; did you mean '%s'? (sources: idx, npy, tokens, "
+			    "synthetic)", v->s, guess);
+	else
+		ERR(v->loc, "unknown data source '%s' (sources: idx, npy, tokens, synthetic)", v->s);
 	return -1;
+}
+
+/* ---- data files: what dpc can see of them ---- */
+
+/* A file this machine cannot open is a warning: the job may run elsewhere,
+ * and dpexec resolves a relative path against its own working directory. */
+static void not_seen(Lower *L, Loc at, const char *what, const char *path, int err)
+{
+	const char *where = path[0] == '/' ? "dpexec reads it where the job runs"
+					   : "dpexec resolves it against its working directory where "
+					     "the job runs";
+	if (err == ENOENT || err == 0)
+		warning_at(L->d, at, "%s %s not found from here; %s", what, path, where);
+	else
+		warning_at(L->d, at, "%s %s cannot be read from here (%s); %s", what, path,
+			   strerror(err), where);
+}
+
+/* Every data file dpc can see must hold what its declaration says, dtype
+ * and elements per sample (util/datafile.h, the checks dpexec makes at
+ * load; headers only, never the data): an error at the path otherwise.
+ * Token sources: the glob must match, every shard's header and size must
+ * be right and hold a window of `sample` tokens. The samples the source
+ * holds, or -1 when that is not known here. */
+static int64_t check_data_file(Lower *L, const Source *src, Loc at, DpDtype dt, int64_t sample)
+{
+	char msg[1024];
+	int rc = 0;
+	int64_t n = -1;
+	if (src->rec.kind == DP_SRC_SYNTHETIC)
+		return src->rec.synth_n;
+	/* the same file read the same way by an earlier declaration (x and its
+	 * shift=1 targets): said there already, only counted here */
+	int quiet = 0;
+	for (int i = 0; i < L->g->nsources && !quiet; i++) {
+		const Source *o = &L->g->sources[i];
+		quiet = o->rec.kind == src->rec.kind && strcmp(o->path, src->path) == 0 &&
+			L->g->values[o->value]->dtype == dt && o->rec.sample_elems == sample;
+	}
+	if (src->rec.kind == DP_SRC_IDX || src->rec.kind == DP_SRC_NPY) {
+		errno = 0;
+		gzFile gz = gzopen(src->path, "rb");
+		if (!gz) {
+			if (!quiet)
+				not_seen(L, at, "data file", src->path, errno);
+			return -1;
+		}
+		gzbuffer(gz, 1024); /* a header's worth, not zlib's 8 KB (x2) of a large file */
+		if (src->rec.kind == DP_SRC_IDX) {
+			IdxHeader h;
+			rc = idx_read_header(gz, src->path, &h, msg, sizeof msg) ||
+			     df_check_samples(src->path, h.n, h.elems, sample, msg, sizeof msg);
+			n = h.n;
+		} else {
+			NpyHeader h;
+			int esize;
+			rc = npy_read_header(gz, src->path, &h, msg, sizeof msg) ||
+			     npy_check(src->path, &h, dt == DP_F32 ? DF_F32 : DF_I32, ir_dtype_name(dt),
+				       dt == DP_I32, sample, &esize, &n, msg, sizeof msg);
+		}
+		gzclose(gz);
+	} else if (src->rec.kind == DP_SRC_TOKENS) {
+		glob_t g;
+		rc = tok_glob(src->path, &g, msg, sizeof msg);
+		if (rc == DF_NOT_FOUND) {
+			if (!quiet)
+				not_seen(L, at, strpbrk(src->path, "*?[") ? "token shard pattern"
+									    : "token shard", src->path, 0);
+			return -1;
+		}
+		if (rc == 0) {
+			int unseen = 0;
+			n = 0;
+			for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++) {
+				int fd;
+				int64_t ntok = 0;
+				errno = 0;
+				rc = tok_open_shard(g.gl_pathv[i], sample, &fd, &ntok, msg, sizeof msg);
+				if (rc == 0) {
+					close(fd);
+					n += (ntok - 1) / sample; /* as runtime/data_tokens.c counts */
+				} else if (rc == DF_NOT_FOUND) {
+					if (!quiet)
+						not_seen(L, at, "token shard", g.gl_pathv[i], errno);
+					rc = 0;
+					unseen = 1;
+				}
+			}
+			globfree(&g);
+			if (unseen)
+				n = -1;
+		}
+	}
+	if (rc) {
+		if (!quiet)
+			ERR(at, "%s", msg);
+		return -1;
+	}
+	return n;
+}
+
+/* The sources of a split must hold the same number of samples (dpexec
+ * checks it again at load): the first one whose count is known, against
+ * each later one. */
+typedef struct {
+	const char *split; /* "train", "eval" */
+	int64_t n;         /* -1: none known yet */
+	const char *path;
+	int line;
+} SampleCount;
+
+static void same_count(Lower *L, SampleCount *c, const Source *src, Loc at, int64_t n)
+{
+	const char *path = src->rec.kind == DP_SRC_SYNTHETIC ? "synthetic" : src->path;
+	if (n < 0)
+		return;
+	if (c->n < 0) {
+		*c = (SampleCount){c->split, n, path, at.line};
+		return;
+	}
+	if (n != c->n)
+		ERR(at, "data sources of the %s split differ in sample count: %s has %lld (line %d), "
+			"%s has %lld", c->split, c->path, (long long)c->n, c->line, path, (long long)n);
 }
 
 /* ---- data and eval ---- */
@@ -640,6 +542,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 static void lower_data(Lower *L)
 {
 	Graph *g = L->g;
+	SampleCount count = {"train", -1, NULL, 0};
 	for (const Stmt *s = L->data->body; s; s = s->next) {
 		if (s->kind != S_DECL) {
 			ERR(s->loc, "expected a data declaration, like x: f32[batch, 784] from idx(\"file\")");
@@ -653,14 +556,16 @@ static void lower_data(Lower *L)
 		int nd = 0;
 		int64_t dims[DP_MAX_DIMS] = {0};
 		Source src = {0};
+		Loc path_loc = s->val->loc;
 		if (lower_type(L, &s->type, "data", s->name, 1, &dt, &nd, dims) ||
-		    lower_source(L, s->val, s->name, dt, nd, &src) || !L->batch_ok) {
+		    lower_source(L, s->val, s->name, dt, nd, &src, &path_loc) || !L->batch_ok) {
 			lower_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		int64_t sample = 1, batch_elems;
 		for (int i = 1; i < nd; i++)
 			sample *= dims[i]; /* at most MAX_ELEMS: lower_type checked */
+		same_count(L, &count, &src, path_loc, check_data_file(L, &src, path_loc, dt, sample));
 		if (__builtin_mul_overflow(sample, (int64_t)g->cfg.micro_batch, &batch_elems) ||
 		    batch_elems > MAX_ELEMS) {
 			ERR(s->name_loc, "a micro-batch of data '%s' is too large", s->name);
@@ -701,23 +606,11 @@ static void lower_data(Lower *L)
 static void lower_eval(Lower *L)
 {
 	Graph *g = L->g;
-	const Stmt *every = NULL;
+	SampleCount count = {"eval", -1, NULL, 0};
 	const Stmt **given = ast_alloc(L->ps, sizeof(Stmt *) * (size_t)(L->nsyms + 1));
 	for (const Stmt *s = L->eval->body; s; s = s->next) {
-		if (s->kind == S_SETTING && strcmp(s->name, "every") == 0 && s->val) {
-			int64_t x;
-			AstVal v;
-			if (every)
-				ERR(s->name_loc, "duplicate eval setting 'every'");
-			else if (!eval_value(L, s->val, &v) && !want_int(L, &v, "every", 0, INT32_MAX, &x))
-				g->cfg.eval_every = (uint32_t)x;
-			every = s;
-			continue;
-		}
-		if (s->kind == S_SETTING) {
-			ERR(s->name_loc, "unknown eval setting '%s' (only 'every N')", s->name);
-			continue;
-		}
+		if (s->kind == S_SETTING)
+			continue; /* `every N`: a setting (compiler/settings.c) */
 		if (s->kind != S_SOURCE) {
 			ERR(s->loc, "expected 'name from source' or 'every N' in the eval section");
 			continue;
@@ -734,12 +627,17 @@ static void lower_eval(Lower *L)
 		}
 		given[i] = s;
 		Source src = {0};
+		Loc path_loc = s->val->loc;
 		const Value *d = sym->value >= 0 ? g->values[sym->value] : NULL;
 		/* a data declaration that failed: check the source's own arguments only */
-		if (lower_source(L, s->val, s->name, d ? d->dtype : DP_I32, d ? d->ndim : -1, &src) ||
+		if (lower_source(L, s->val, s->name, d ? d->dtype : DP_I32, d ? d->ndim : -1, &src,
+				 &path_loc) ||
 		    !d)
 			continue;
 		Value *v = g->values[sym->value];
+		same_count(L, &count, &src, path_loc,
+			   check_data_file(L, &src, path_loc, v->dtype,
+					   g->sources[v->source].rec.sample_elems));
 		src.rec.split = DP_SPLIT_EVAL;
 		src.rec.role = v->dtype == DP_I32;
 		src.rec.sample_elems = g->sources[v->source].rec.sample_elems;
@@ -759,11 +657,24 @@ static void lower_eval(Lower *L)
 
 /* ---- the file ---- */
 
+/* A misspelt section (or mesh) is reported with the name it is closest to
+ * and then taken as that section when the file has none, so the rest of it
+ * is checked and no "missing section" error follows. */
 static void find_sections(Lower *L)
 {
 	static const char *const names[] = {"config", "data", "eval", "model", "train"};
+	static const char *const top_words[] = {"mesh", "config", "data", "eval", "model", "train"};
 	const Stmt **slots[] = {&L->config, &L->data, &L->eval, &L->model, &L->train};
+	const Stmt *typo[5] = {NULL}, *mesh_typo = NULL;
 	for (const Stmt *s = L->ps->top; s; s = s->next) {
+		const char *guess = s->kind == S_SETTING || s->kind == S_SECTION
+					    ? suggest_among(s->name, top_words, 6) : NULL;
+		if (s->kind == S_SETTING && guess && strcmp(guess, "mesh") == 0) {
+			ERR(s->name_loc, "unknown top-level statement '%s'; did you mean 'mesh'?", s->name);
+			if (!mesh_typo)
+				mesh_typo = s;
+			continue;
+		}
 		if (s->kind == S_SETTING && strcmp(s->name, "mesh") == 0) {
 			if (L->mesh)
 				ERR(s->name_loc, "duplicate mesh statement");
@@ -790,14 +701,26 @@ static void find_sections(Lower *L)
 		size_t k = 0;
 		while (k < 5 && strcmp(names[k], s->name) != 0)
 			k++;
-		if (k == 5)
+		if (k == 5 && guess && strcmp(guess, "mesh") != 0) {
+			ERR(s->name_loc, "unknown section '%s'; did you mean '%s'?", s->name, guess);
+			for (k = 0; strcmp(names[k], guess) != 0; k++)
+				;
+			if (!typo[k])
+				typo[k] = s;
+		} else if (k == 5) {
 			ERR(s->name_loc,
 			    "unknown section '%s' (sections: config, data, eval, model, train)", s->name);
-		else if (*slots[k])
+		} else if (*slots[k]) {
 			ERR(s->name_loc, "duplicate '%s' section", s->name);
-		else
+		} else {
 			*slots[k] = s;
+		}
 	}
+	for (int k = 0; k < 5; k++)
+		if (!*slots[k] && typo[k])
+			*slots[k] = typo[k];
+	if (!L->mesh && mesh_typo)
+		L->mesh = mesh_typo;
 }
 
 Graph *ast_lower(ParseState *ps, const FeOptions *opts)
@@ -809,7 +732,11 @@ Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 	find_sections(L);
 	lower_config(L);
 	lower_mesh(L);
+	settings_collect(L, DP_SEC_TRAIN, L->train);
+	settings_collect(L, DP_SEC_EVAL, L->eval);
+	settings_apply_sets(L);
 	lower_train(L);
+	settings_store(L, DP_SEC_EVAL);
 	if (!L->data)
 		ERR(L->top, "missing 'data' section");
 	else
@@ -821,8 +748,13 @@ Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 	else if (L->data)
 		lower_model(L);
 	if (L->nerrs == 0)
+		settings_warn(L); /* of a program that lowered: what its settings do */
+	else
+		lower_report(L);
+	for (int i = 0; i < L->nsetps; i++) /* the --set values' trees, read until here */
+		ast_free(L->setps[i]);
+	if (L->nerrs == 0)
 		return L->g;
-	lower_report(L);
 	ir_free(L->g);
 	return NULL;
 }

@@ -2,8 +2,10 @@
  * lower.h - the lowering context shared by the front end's semantic files:
  * lower.c (sections, settings, data; the driver), consts.c (constant
  * expressions, the config section, declared types), model.c (the model
- * section: blocks, repeat, ops) and scope.c (errors, names, values, setting
- * checks). Dependencies go one way: lower.c -> model.c -> consts.c -> scope.c.
+ * section: blocks, repeat, ops), settings.c (the settings of
+ * format/settings.def) and scope.c (errors, names, values, setting checks).
+ * Dependencies go one way: lower.c -> settings.c, model.c -> consts.c ->
+ * scope.c.
  *
  * Internal to compiler/; nothing outside the front end includes it.
  */
@@ -50,6 +52,18 @@ typedef struct {
 
 typedef struct Pending Pending;
 
+/* A setting of format/settings.def as the file (or dpc --set) gives it. */
+typedef struct {
+	AstVal val;     /* the value, evaluated (a spec's call with its arguments) */
+	Loc name_loc;   /* its name in the file, or the --set (line 0) */
+	int given;      /* written in the file or set by a flag */
+	int bad;        /* its value did not evaluate (reported) */
+	int ok;         /* checked against its row and stored */
+	double num;     /* the checked value (a word's index, a kind, a dtype) */
+	int64_t i;      /* ... exactly, for integers */
+	const char *why; /* the warning that it has no effect, when it has none */
+} SetVal;
+
 typedef struct {
 	ParseState *ps;
 	Diag *d;
@@ -85,6 +99,9 @@ typedef struct {
 	Loc loss_loc;
 	Pending *errs; /* reported in source order at the end */
 	int nerrs, caperrs;
+	SetVal set[DP_NSETTINGS]; /* the settings given (settings.c), ORDER SET */
+	ParseState **setps;       /* the parses of --set values (their trees' strings) */
+	int nsetps, capsetps;
 } Lower;
 
 void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -135,6 +152,25 @@ void lower_config(Lower *L);
  * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
 int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
 	       DpDtype *dt, int *ndim, int64_t *dims);
+
+/* ---- settings.c: the rows of format/settings.def ---- */
+
+/* The section's (DP_SEC_TRAIN, DP_SEC_EVAL) statements into L->set:
+ * unknown names ("did you mean"), duplicates, values evaluated. */
+void settings_collect(Lower *L, int sec, const Stmt *section);
+/* dpc's --set and settings-backed flags over what the file says. */
+void settings_apply_sets(Lower *L);
+/* Check the section's given values against their rows and store them in
+ * their fields (spec settings: the kind, then its arguments). */
+void settings_store(Lower *L, int sec);
+/* Bounds by another setting and requirements, once the values are in. */
+void settings_check_bounds(Lower *L);
+/* Warn about every given setting that has no effect in this program. */
+void settings_warn(Lower *L);
+/* The given value of setting id, NULL when not given (or it did not evaluate). */
+const AstVal *setting_val(Lower *L, int id);
+/* Its checked value (a word's index, a kind), or its default. */
+double setting_num(Lower *L, int id);
 
 /* ---- model.c ---- */
 

@@ -31,9 +31,11 @@
  * next free <name>N.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lower.h"
+#include "suggest.h"
 
 #define MAX_REPEAT (1 << 16)        /* count of one repeat */
 #define MAX_UNROLLED ((int64_t)1 << 20) /* statements instantiated by repeat in all */
@@ -355,8 +357,9 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	while (k < BS_COUNT && strcmp(p->name, block_settings[k]) != 0)
 		k++;
 	if (k == BS_COUNT) {
-		ERR(p->name_loc, "unknown block setting '%s' (block settings: " BLOCK_SETTINGS ")",
-		    p->name);
+		const char *near = suggest_among(p->name, block_settings, BS_COUNT);
+		ERR(p->name_loc, "unknown block setting '%s' (block settings: " BLOCK_SETTINGS ")%s%s%s",
+		    p->name, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 		return;
 	}
 	if (*seen & (1u << k)) {
@@ -544,7 +547,12 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 	if (k->style == IR_ATTR_FLAG) {
 		int t = a->kind == E_NAME && strcmp(a->name, "true") == 0;
 		if (!t && !(a->kind == E_NAME && strcmp(a->name, "false") == 0)) {
-			ERR(a->loc, "%s must be true or false", k->key);
+			static const char *const words[] = {"true", "false"};
+			const char *guess = a->kind == E_NAME ? suggest_among(a->name, words, 2) : NULL;
+			if (guess)
+				ERR(a->loc, "%s must be true or false; did you mean '%s'?", k->key, guess);
+			else
+				ERR(a->loc, "%s must be true or false", k->key);
 			return -1;
 		}
 		n->ia[k->slot] = t;
@@ -673,6 +681,7 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	}
 	const OpAttr *keys[DP_NIATTR + DP_NFATTR];
 	const Expr *given[DP_NIATTR + DP_NFATTR] = {NULL};
+	int misspelt[DP_NIATTR + DP_NFATTR] = {0}; /* a keyword written close to this one */
 	int nkeys = op_keys(op, keys);
 	for (int k = 0; k < nkeys; k++)
 		if (keys[k]->style == IR_ATTR_FLOAT)
@@ -683,7 +692,21 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 		int k = 0;
 		while (k < nkeys && strcmp(keys[k]->key, a->key) != 0)
 			k++;
+		const char *guess = NULL;
 		if (k == nkeys) {
+			Suggest sg;
+			suggest_init(&sg, a->key);
+			for (int j = 0; j < nkeys; j++)
+				suggest_try(&sg, keys[j]->key);
+			guess = suggest_best(&sg);
+		}
+		if (k == nkeys && guess) {
+			ERR(a->key_loc, "unknown keyword '%s' for '%s'; did you mean '%s'?", a->key,
+			    e->name, guess);
+			for (int j = 0; j < nkeys; j++)
+				misspelt[j] |= keys[j]->key == guess;
+			bad++;
+		} else if (k == nkeys) {
 			if (nkeys == 0)
 				ERR(a->key_loc, "unknown keyword '%s': '%s' takes no keywords", a->key,
 				    e->name);
@@ -704,7 +727,7 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 		}
 	}
 	for (int k = 0; k < nkeys; k++) {
-		if (keys[k]->required && !given[k]) {
+		if (keys[k]->required && !given[k] && !misspelt[k]) {
 			ERR(e->loc, "'%s' needs %s=N", e->name, keys[k]->key);
 			bad++;
 		}
@@ -724,6 +747,32 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	return bad ? -1 : 0;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* An op the registry does not have: the closest DSL op, and every one. */
+static void unknown_op(Lower *L, const Expr *e)
+{
+	const char *names[DP_NOPS];
+	int n = 0;
+	for (int op = 0; op < DP_NOPS; op++)
+		if (ir_ops[op].dsl != OP_DSL_NO)
+			names[n++] = ir_ops[op].name;
+	qsort(names, (size_t)n, sizeof names[0], name_cmp);
+	char list[512];
+	size_t k = 0;
+	list[0] = 0;
+	for (int i = 0; i < n && k < sizeof list; i++)
+		k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", names[i]);
+	const char *guess = suggest_among(e->name, names, n);
+	if (guess)
+		ERR(e->loc, "unknown op '%s'; did you mean '%s'? (ops: %s)", e->name, guess, list);
+	else
+		ERR(e->loc, "unknown op '%s' (ops: %s)", e->name, list);
+}
+
 /* A call of an op (not the loss): a new value named target (a fresh
  * temporary when NULL) and its node. */
 static int lower_call(Lower *L, const Expr *e, int block, const char *target)
@@ -731,7 +780,7 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 	Graph *g = L->g;
 	int opc = ir_dsl_op(e->name);
 	if (opc < 0) {
-		ERR(e->loc, "unknown op '%s'", e->name);
+		unknown_op(L, e);
 		for (const Expr *a = e->args; a; a = a->next)
 			if (!a->key)
 				lower_expr(L, a, block); /* report errors inside it too */

@@ -27,11 +27,18 @@
  * spec) and which statement is allowed where is checked by compiler/lower.c.
  * Error recovery: `error NEWLINE` in every statement list skips to the end of
  * the bad statement, so one run reports one error per bad statement.
+ *
+ * Syntax errors are reported by compiler/syntax.c (parse.error custom): from
+ * the statement's tokens the scanner kept and the tokens expected here, it
+ * says what is wrong in the DSL's words and how to write it. Recovery
+ * discards every token up to the end of the line, so the scanner drops the
+ * '}' of any '{' among them: no second message at the end of a bad block.
  */
 %define api.pure full
 %define api.prefix {fe_yy}
 %define api.token.prefix {TK_}
-%define parse.error detailed
+%define parse.error custom
+%define parse.lac full
 %locations
 %expect 0
 %param {yyscan_t scanner} {ParseState *ps}
@@ -364,3 +371,16 @@ arg:
 	;
 
 %%
+
+/* A syntax error: compiler/syntax.c words it from the expected tokens. */
+static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, ParseState *ps)
+{
+	(void)scanner;
+	yysymbol_kind_t kinds[YYNTOKENS];
+	const char *names[YYNTOKENS];
+	int n = yypcontext_expected_tokens(ctx, kinds, YYNTOKENS);
+	for (int i = 0; i < n; i++)
+		names[i] = yysymbol_name(kinds[i]);
+	ast_syntax_error(ps, names, n < 0 ? 0 : n);
+	return 0;
+}

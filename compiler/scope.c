@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "lower.h"
+#include "suggest.h"
 
 /* Sections are checked in dependency order; their errors are collected and
  * reported sorted by position, so the user reads them top to bottom. */
@@ -261,7 +262,12 @@ int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const 
 		return 0;
 	if (v->kind == V_IDENT && strcmp(v->s, b) == 0)
 		return 1;
-	ERR(v->loc, "%s must be %s or %s", what, a, b);
+	const char *const words[] = {a, b};
+	const char *guess = v->kind == V_IDENT ? suggest_among(v->s, words, 2) : NULL;
+	if (guess) /* True (Python), ture */
+		ERR(v->loc, "%s must be %s or %s; did you mean '%s'?", what, a, b, guess);
+	else
+		ERR(v->loc, "%s must be %s or %s", what, a, b);
 	return -1;
 }
 

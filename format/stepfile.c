@@ -27,7 +27,9 @@
  *    (out: an f32 parameter or buffer) in init only; SHARD (f32 in0/out, ia0
  *    an axis mask) in init and step (zero1 cuts the gradient shard); SAVE
  *    (in0: an f32 parameter) in export only.
- *  - cfg.strategy is a DpStrategy; cfg.gemm_math a DpGemmMath.
+ *  - A setting that names one of a few things (cfg.strategy, the optimizer's
+ *    and the schedule's kinds, cfg.gemm_math, a boolean) is below their
+ *    count (format/settings.def).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@
 #include <zlib.h>
 
 #include "outfile.h"
+#include "settings.h"
 #include "stepfile.h"
 
 /* The shared columns of format/ops.def: name, executor class, operand rule,
@@ -79,11 +82,9 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 	return i < n ? names[i] : "?";
 }
 
-/* Serialised record sizes (sum of the field sizes, no padding). */
+/* Serialised record sizes (sum of the field sizes, no padding); DpConfig,
+ * DpOptim and DpSched are their settings' fields (dp_record_bytes). */
 enum {
-	CONFIG_BYTES = 4 * DP_MAX_AXES + 6 * 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4,
-	OPTIM_BYTES = 4 + 7 * 4,
-	SCHED_BYTES = 4 + 4 + 4 + 4,
 	METRICS_BYTES = 4 * 4,
 	TENSOR_BYTES = 4 + 4 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
 	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
@@ -138,6 +139,34 @@ static void put_bytes(Put *w, const void *b, size_t n)
 	w->p += n;
 }
 
+/* A settings record (DpConfig, DpOptim, DpSched): its fields in the rows'
+ * order of format/settings.def. */
+static void put_record(Put *w, DpStep *s, int rec)
+{
+	const char *r = dp_step_record(s, rec);
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->rec != rec || st->alias)
+			continue;
+		const char *f = r + st->offset;
+		switch (st->ctype) {
+		case DP_CT_U32:
+			put_u32(w, *(const uint32_t *)f);
+			break;
+		case DP_CT_U64:
+			put_u64(w, *(const uint64_t *)f);
+			break;
+		case DP_CT_F32:
+			put_f32(w, *(const float *)f);
+			break;
+		case DP_CT_AXES:
+			for (int a = 0; a < DP_MAX_AXES; a++)
+				put_u32(w, ((const uint32_t *)f)[a]);
+			break;
+		}
+	}
+}
+
 static void put_tensor(Put *w, const DpTensor *t)
 {
 	put_u32(w, t->name);
@@ -189,7 +218,8 @@ static void put_instr(Put *w, const DpInstr *in)
 
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 {
-	size_t n = DP_STEP_HEADER_BYTES + CONFIG_BYTES + OPTIM_BYTES + SCHED_BYTES + METRICS_BYTES + 4 + 4;
+	size_t n = DP_STEP_HEADER_BYTES + dp_record_bytes(DP_REC_CFG) + dp_record_bytes(DP_REC_OPT) +
+		   dp_record_bytes(DP_REC_SCHED) + METRICS_BYTES + 4 + 4;
 	n += 4 + (size_t)s->nstrings;
 	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
 	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
@@ -204,38 +234,8 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_u32(&w, 0); /* crc, patched below */
 	put_u64(&w, n);
 
-	const DpConfig *c = &s->cfg;
-	for (int i = 0; i < DP_MAX_AXES; i++)
-		put_u32(&w, c->mesh[i]);
-	put_u32(&w, c->micro_batch);
-	put_u32(&w, c->grad_accum);
-	put_u32(&w, c->eval_batch);
-	put_u32(&w, c->steps);
-	put_u32(&w, c->eval_every);
-	put_u32(&w, c->log_every);
-	put_u64(&w, c->seed);
-	put_u64(&w, c->arena_bytes);
-	put_u32(&w, c->strategy);
-	put_u32(&w, c->save_every);
-	put_u32(&w, c->keep_last);
-	put_u32(&w, c->gemm_math);
-	put_u32(&w, c->bf16_line);
-	put_u32(&w, c->bf16_col);
-
-	const DpOptim *o = &s->opt;
-	put_u32(&w, o->kind);
-	put_f32(&w, o->lr);
-	put_f32(&w, o->beta1);
-	put_f32(&w, o->beta2);
-	put_f32(&w, o->eps);
-	put_f32(&w, o->weight_decay);
-	put_f32(&w, o->momentum);
-	put_f32(&w, o->clip);
-
-	put_u32(&w, s->sched.kind);
-	put_u32(&w, s->sched.warmup);
-	put_u32(&w, s->sched.steps);
-	put_f32(&w, s->sched.min_lr);
+	for (int rec = DP_REC_CFG; rec <= DP_REC_SCHED; rec++)
+		put_record(&w, (DpStep *)s, rec);
 
 	put_i32(&w, s->metrics.loss);
 	put_i32(&w, s->metrics.grad_norm);
@@ -335,6 +335,33 @@ static int get_count(Get *r, size_t recbytes, uint32_t *count)
 		return -1;
 	}
 	return 0;
+}
+
+/* A settings record, as put_record wrote it. */
+static void get_record(Get *r, DpStep *s, int rec)
+{
+	char *base = dp_step_record(s, rec);
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->rec != rec || st->alias)
+			continue;
+		char *f = base + st->offset;
+		switch (st->ctype) {
+		case DP_CT_U32:
+			*(uint32_t *)f = get_u32(r);
+			break;
+		case DP_CT_U64:
+			*(uint64_t *)f = get_u64(r);
+			break;
+		case DP_CT_F32:
+			*(float *)f = get_f32(r);
+			break;
+		case DP_CT_AXES:
+			for (int a = 0; a < DP_MAX_AXES; a++)
+				((uint32_t *)f)[a] = get_u32(r);
+			break;
+		}
+	}
 }
 
 static void get_tensor(Get *r, DpTensor *t)
@@ -670,18 +697,15 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		     c->grad_accum);
 		return -1;
 	}
-	if (c->strategy >= DP_NSTRAT) {
-		fail(err, errlen, "unknown strategy %u", c->strategy);
-		return -1;
-	}
-	if (c->gemm_math >= DP_NGEMM) {
-		fail(err, errlen, "unknown GEMM precision %u", c->gemm_math);
-		return -1;
-	}
-	if (s->opt.kind > DP_OPT_ADAMW || s->sched.kind > DP_SCHED_COSINE) {
-		fail(err, errlen, "unknown optimizer (%u) or schedule (%u)", s->opt.kind,
-		     s->sched.kind);
-		return -1;
+	/* the settings that name one of a few things (a strategy, a kind, a word) */
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		int n = dp_setting_nvalues(i);
+		const void *f = dp_setting_cfield(s, i);
+		if (n && f && !dp_settings[i].alias && dp_field_geti(f, dp_settings[i].ctype) >= n) {
+			fail(err, errlen, "unknown %s %lld", dp_settings[i].name,
+			     (long long)dp_field_geti(f, dp_settings[i].ctype));
+			return -1;
+		}
 	}
 	if (s->nstrings && s->strings[s->nstrings - 1] != '\0') {
 		fail(err, errlen, "string table is not NUL-terminated");
@@ -790,36 +814,8 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	}
 
 	DpStep *s = out;
-	DpConfig *c = &s->cfg;
-	for (int i = 0; i < DP_MAX_AXES; i++)
-		c->mesh[i] = get_u32(&r);
-	c->micro_batch = get_u32(&r);
-	c->grad_accum = get_u32(&r);
-	c->eval_batch = get_u32(&r);
-	c->steps = get_u32(&r);
-	c->eval_every = get_u32(&r);
-	c->log_every = get_u32(&r);
-	c->seed = get_u64(&r);
-	c->arena_bytes = get_u64(&r);
-	c->strategy = get_u32(&r);
-	c->save_every = get_u32(&r);
-	c->keep_last = get_u32(&r);
-	c->gemm_math = get_u32(&r);
-	c->bf16_line = get_u32(&r);
-	c->bf16_col = get_u32(&r);
-	DpOptim *o = &s->opt;
-	o->kind = get_u32(&r);
-	o->lr = get_f32(&r);
-	o->beta1 = get_f32(&r);
-	o->beta2 = get_f32(&r);
-	o->eps = get_f32(&r);
-	o->weight_decay = get_f32(&r);
-	o->momentum = get_f32(&r);
-	o->clip = get_f32(&r);
-	s->sched.kind = get_u32(&r);
-	s->sched.warmup = get_u32(&r);
-	s->sched.steps = get_u32(&r);
-	s->sched.min_lr = get_f32(&r);
+	for (int rec = DP_REC_CFG; rec <= DP_REC_SCHED; rec++)
+		get_record(&r, s, rec);
 	s->metrics.loss = get_i32(&r);
 	s->metrics.grad_norm = get_i32(&r);
 	s->metrics.eval_loss = get_i32(&r);

@@ -16,7 +16,8 @@
  *   8       4     u32 format version (DP_STEP_VERSION)
  *   12      4     u32 crc32 (zlib) of every byte from offset 24 to the end
  *   16      8     u64 total file size in bytes
- *   24      ...   DpConfig, DpOptim, DpSched, DpMetrics, u32 nevents, u32 source
+ *   24      ...   DpConfig, DpOptim, DpSched (each its fields in the order of the
+ *                 rows of format/settings.def), DpMetrics, u32 nevents, u32 source
  *                 strings:  u32 nbytes, then that many bytes (NUL-terminated names)
  *                 tensors:  u32 count, then DpTensor records
  *                 sources:  u32 count, then DpSource records
@@ -33,7 +34,8 @@
 #include <stdint.h>
 
 #define DP_STEP_MAGIC "DPSTEP\r\n"
-#define DP_STEP_VERSION 6u
+/* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV) */
+#define DP_STEP_VERSION 7u
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
@@ -108,15 +110,45 @@ typedef enum {
 	DP_SPLIT_EVAL,  /* read in order, every sample once, padded with label -1 */
 } DpSplit;
 
-typedef enum {
-	DP_OPT_SGD,   /* SGD with momentum (PyTorch semantics, dampening 0) */
-	DP_OPT_ADAMW, /* AdamW (decoupled weight decay, bias-corrected) */
-} DpOptKind;
+/*
+ * The settings' records and kinds, declared from format/settings.def (one
+ * row per setting: its field, default, range, IR form, flag, help).
+ * Including the table: SET(ID, WHERE, name, TYPE, FIELD, ...) and KIND(SPEC,
+ * ID, name, help); the FIELD column F(REC, CT, member) declares member in
+ * record REC, in row order.
+ */
+#define DP_FIELD_U32(m) uint32_t m;
+#define DP_FIELD_U64(m) uint64_t m;
+#define DP_FIELD_F32(m) float m;
+#define DP_FIELD_AXES(m) uint32_t m[DP_MAX_AXES];
+#define DP_DECL_NOFIELD
+#define DP_DECL_SAME(rec, ct, m)
+#define DP_DECL_F(rec, ct, m) DP_IN_##rec(ct, m)
 
+/* The kinds of the spec settings (KIND rows): DP_OPT_SGD, DP_OPT_ADAMW, ... */
+#define SET(id, ...)
+#define KIND(spec, id, name, help) DP_KINDENUM_##spec(id)
+#define DP_KINDENUM_OPTIMIZER(id) DP_OPT_##id,
+#define DP_KINDENUM_SCHEDULE(id)
 typedef enum {
-	DP_SCHED_CONSTANT, /* lr */
-	DP_SCHED_COSINE,   /* linear warmup over `warmup` steps, cosine to min_lr at `steps` */
+#include "settings.def"
+	DP_NOPT
+} DpOptKind;
+#undef DP_KINDENUM_OPTIMIZER
+#undef DP_KINDENUM_SCHEDULE
+#define DP_KINDENUM_OPTIMIZER(id)
+#define DP_KINDENUM_SCHEDULE(id) DP_SCHED_##id,
+typedef enum {
+#include "settings.def"
+	DP_NSCHED
 } DpSchedKind;
+#undef DP_KINDENUM_OPTIMIZER
+#undef DP_KINDENUM_SCHEDULE
+#undef SET
+#undef KIND
+/* The enum constant of kind ID of spec setting SPEC (ARG(SPEC, ID) rows). */
+#define DP_KIND_OF_OPTIMIZER(id) DP_OPT_##id
+#define DP_KIND_OF_SCHEDULE(id) DP_SCHED_##id
 
 /* Programs: instruction lists the executor walks. */
 typedef enum {
@@ -240,33 +272,6 @@ typedef enum {
 	DP_NSTREAM
 } DpStream;
 
-/* ---- records (in-memory form; serialised field by field) ---- */
-
-typedef struct {
-	uint32_t mesh[DP_MAX_AXES]; /* size per DpAxis; product = world size */
-	uint32_t micro_batch;       /* samples per rank per micro-batch */
-	uint32_t grad_accum;        /* micro-batches per optimizer step */
-	uint32_t eval_batch;        /* samples per rank per eval batch (= micro_batch) */
-	uint32_t steps;             /* default number of optimizer steps */
-	uint32_t eval_every;        /* evaluate every N steps (0: only at the end) */
-	uint32_t log_every;         /* log every N steps */
-	uint64_t seed;              /* init and data order */
-	uint64_t arena_bytes;       /* size of the one arena per rank */
-	uint32_t strategy;          /* DpStrategy; informational (logs), the programs
-	                               already say everything it implies */
-	uint32_t save_every;        /* checkpoint every N optimizer steps (DSL save_every,
-	                               dpexec --save-every); 0: only at the end and on a
-	                               signal, when a save directory is given (version 4) */
-	uint32_t keep_last;         /* checkpoints kept in the save directory (DSL keep_last,
-	                               dpexec --keep-last); 0: all (version 4) */
-	uint32_t gemm_math;         /* DpGemmMath: how a GPU may compute f32 GEMMs
-	                               (version 5) */
-	uint32_t bf16_line;         /* where the .dp file (DpStep.source) first asks for */
-	uint32_t bf16_col;          /* bf16 (train's precision or *_dtype, or a block's), for
-	                               a backend that cannot run bf16 to name it; 0: nowhere,
-	                               or dpc --precision bf16 (version 6) */
-} DpConfig;
-
 /* f32 matrix products on a GPU (DSL `precision f32|tf32`; the CPU ignores it). */
 typedef enum {
 	DP_GEMM_F32,  /* full fp32 (the default) */
@@ -284,18 +289,46 @@ typedef enum {
 	DP_NSTRAT
 } DpStrategy;
 
-typedef struct {
-	uint32_t kind;          /* DpOptKind */
-	float lr, beta1, beta2, eps, weight_decay, momentum;
-	float clip;             /* clip_grad_norm max norm; 0 = no clipping */
-} DpOptim;
+/* ---- records (in-memory form; serialised field by field) ---- */
 
+/* The settings' records: each member is a row of format/settings.def (its
+ * meaning is the row's help), declared in row order. */
+#define SET(id, where, name, type, field, ...) DP_DECL_##field
+#define KIND(...)
+#define DP_IN_OPT(ct, m)
+#define DP_IN_SCHED(ct, m)
+#define DP_IN_GRAPH(ct, m)
+
+/* mesh, batch, steps, seed, arena size, strategy, checkpoints, GEMM math */
+#define DP_IN_CFG(ct, m) DP_FIELD_##ct(m)
 typedef struct {
-	uint32_t kind;    /* DpSchedKind */
-	uint32_t warmup;  /* warmup steps */
-	uint32_t steps;   /* steps of the cosine decay, warmup included */
-	float min_lr;     /* floor of the cosine */
+#include "settings.def"
+} DpConfig;
+#undef DP_IN_CFG
+#define DP_IN_CFG(ct, m)
+
+/* the optimizer (kind: a DpOptKind), its hyperparameters, clipping */
+#undef DP_IN_OPT
+#define DP_IN_OPT(ct, m) DP_FIELD_##ct(m)
+typedef struct {
+#include "settings.def"
+} DpOptim;
+#undef DP_IN_OPT
+#define DP_IN_OPT(ct, m)
+
+/* the learning-rate schedule (kind: a DpSchedKind) */
+#undef DP_IN_SCHED
+#define DP_IN_SCHED(ct, m) DP_FIELD_##ct(m)
+typedef struct {
+#include "settings.def"
 } DpSched;
+
+#undef DP_IN_CFG
+#undef DP_IN_OPT
+#undef DP_IN_SCHED
+#undef DP_IN_GRAPH
+#undef SET
+#undef KIND
 
 /* Tensor ids the runtime reads; -1 when absent. The runtime zeroes metric
  * tensors before each optimizer step; it reads the eval metrics after every

@@ -7,7 +7,8 @@
  *                       ^
  *
  * A Loc with line 0 has no position (a file that cannot be opened): only
- * "file: error: message" is printed. The source line is quoted only when the
+ * "file: error: message" is printed. Warnings (warning_at: a data file dpc
+ * cannot see) have the same form and count as no error. The source line is quoted only when the
  * Loc is in the file whose text Diag holds. Columns count bytes; the caret
  * line copies tabs from the source line so it lines up in a terminal.
  */
@@ -55,23 +56,40 @@ static void quote_line(FILE *out, const char *src, int line, int col)
 	fputs("^\n", out);
 }
 
-void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap)
+/* "file:line:col: KIND: message", the line and the caret. */
+static void report(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap)
 {
-	d->nerrors++;
-	if (!d->out || (d->max_errors > 0 && d->nerrors > d->max_errors))
-		return;
 	const char *file = loc.file ? loc.file : d->file ? d->file : "dpc";
 	if (loc.line > 0)
-		fprintf(d->out, "%s:%d:%d: error: ", file, loc.line, loc.col);
+		fprintf(d->out, "%s:%d:%d: %s: ", file, loc.line, loc.col, kind);
 	else
-		fprintf(d->out, "%s: error: ", file);
+		fprintf(d->out, "%s: %s: ", file, kind);
 	vfprintf(d->out, fmt, ap);
 	fputc('\n', d->out);
 	int same_file = !loc.file || (d->file && strcmp(loc.file, d->file) == 0);
 	if (loc.line > 0 && d->src && same_file)
 		quote_line(d->out, d->src, loc.line, loc.col);
+}
+
+void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap)
+{
+	d->nerrors++;
+	if (!d->out || (d->max_errors > 0 && d->nerrors > d->max_errors))
+		return;
+	report(d, loc, "error", fmt, ap);
 	if (d->max_errors > 0 && d->nerrors == d->max_errors)
-		fprintf(d->out, "%s: error: too many errors, stopping\n", file);
+		fprintf(d->out, "%s: error: too many errors, stopping\n",
+			loc.file ? loc.file : d->file ? d->file : "dpc");
+}
+
+void warning_at(Diag *d, Loc loc, const char *fmt, ...)
+{
+	va_list ap;
+	if (!d->out)
+		return;
+	va_start(ap, fmt);
+	report(d, loc, "warning", fmt, ap);
+	va_end(ap);
 }
 
 void error_at(Diag *d, Loc loc, const char *fmt, ...)

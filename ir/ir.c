@@ -86,25 +86,7 @@ Graph *ir_new(const char *file)
 	g->file = file ? ir_strdup(g, file) : "";
 	g->loss = g->logits = g->labels = -1;
 	g->metrics = (DpMetrics){-1, -1, -1, -1};
-	/* The defaults of the DSL's train settings (docs/DSL.md), which are
-	 * also those of hand-written IR without the directive or key: the
-	 * front end sets only what the file says. */
-	DpConfig *c = &g->cfg;
-	for (int a = 0; a < DP_MAX_AXES; a++)
-		c->mesh[a] = 1;
-	c->micro_batch = 1;
-	c->grad_accum = 1;
-	c->steps = 100;
-	c->log_every = 10;
-	c->strategy = DP_STRAT_DDP;
-	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[DP_STRAT_DDP]);
-	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
-			   .eps = 1e-8f, .weight_decay = 0.01f};
-	g->sched = (DpSched){.kind = DP_SCHED_CONSTANT, .steps = c->steps};
-	g->bucket_mb = 25;
-	g->reshard_after_forward = 1;
-	g->prefetch = 1;
-	g->param_dtype = g->reduce_dtype = g->buffer_dtype = DP_F32;
+	ir_settings_default(g); /* format/settings.def's defaults */
 	return g;
 }
 

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "settings.h"
 #include "stepfile.h"
 
 /* ---- source locations and diagnostics (ir/diag.c) ---- */
@@ -51,6 +52,9 @@ struct Diag {
 void diag_init(Diag *d, FILE *out, const char *file, const char *src);
 void error_at(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void verror_at(Diag *d, Loc loc, const char *fmt, va_list ap);
+/* file:line:col: warning: message, with the line and caret: not an error
+ * (nerrors and max_errors are not touched). */
+void warning_at(Diag *d, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Internal bug: message and abort. Never for user errors. */
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -206,7 +210,8 @@ typedef struct Graph {
 	int nevents;
 	/* filled by passes */
 	struct ShardPlan *shard;   /* units and flat buffers (passes/layout.c), for the
-	                              passes after it; not in the text IR */
+	                              passes after it; not printed: those passes find
+	                              it again in the graph (layout_plan) */
 	int64_t peak_bytes;        /* arena size after memory planning */
 	int64_t persistent_bytes;  /* of which params, grads, optimizer state, data, metrics */
 } Graph;
@@ -270,6 +275,21 @@ int ir_world(const Graph *g);
 int64_t ir_global_batch(const Graph *g);
 
 extern const char *const ir_axis_names[DP_MAX_AXES]; /* "dp_replicate", ... */
+
+/* ---- settings (ir/settings.c, from the rows of format/settings.def) ---- */
+
+/* The field setting id (a DP_SET_ id) lives in: in g->cfg, g->opt, g->sched
+ * or g's own member (bucket_mb, ...); NULL when it has none. */
+void *ir_setting_field(Graph *g, int id);
+/* Its value (0 without a field). */
+double ir_setting_get(const Graph *g, int id);
+/* Every setting at its default (ir_new): the DSL's defaults, also those of
+ * hand-written IR without the directive or key. */
+void ir_settings_default(Graph *g);
+/* Kind `kind` of spec setting spec (the optimizer, the schedule): the fields
+ * of its arguments at its defaults, those of other kinds 0. */
+void ir_settings_kind(Graph *g, int spec, int kind);
+extern const char *const ir_line_names[DP_NIRL]; /* DpIrLine: "mesh", "config", ... */
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_init_names[7];           /* DpInit */
@@ -458,6 +478,23 @@ Graph *ir_read(const char *text, const char *name, Diag *d);
 /* ir_print with the pass name in the header comment ("; dp IR after PASS
  * (file)"); after may be NULL. For dumps after each pass. */
 void ir_print_after(FILE *out, const Graph *g, const char *after);
+/* The value ids in the order the text lists them (ir_print): the *ndecl
+ * declarations in id order, then the SSA temporaries defined inline, in
+ * program order. order has room for nvalues; returns how many it wrote
+ * (nvalues unless the graph is broken). */
+int ir_value_order(const Graph *g, int *order, int *ndecl);
+/* Makes g the graph its text reads back as: values get the ids ir_read
+ * gives them (ir_value_order), nodes their program position, every
+ * reference follows; a temporary defined inline without a block takes its
+ * node's (the text shows one block for both). ir_read ends with it, and
+ * dpc runs it after the front end and after every pass, so a dump read
+ * back (dpc --from-ir) is the graph the next pass would have seen, ids
+ * included. */
+void ir_canonicalize(Graph *g);
+/* The pass a dump names on its first line, "; dp IR after PASS (FILE)":
+ * PASS copied into after (at most len bytes with the NUL), and its 1-based
+ * column returned; 0 when the first line names no pass. */
+int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */

@@ -4,13 +4,13 @@
  * The same text reads back with ir_read (ir/read.c), and
  * print(read(print(g))) == print(g) byte for byte. The form, top to bottom:
  *
- *   ; dp IR after bucket (models/mlp.dp)     header: restores g->file
- *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1
- *   config micro_batch=32 grad_accum=2 ... seed=1234 arena=0
- *   optimizer adamw lr=0.001 beta1=0.9 ... clip=1
- *   schedule cosine warmup=100 steps=4000 min_lr=0
- *   strategy ddp bucket_mb=0.25 reshard_after_forward=1 prefetch=1 gather_limit_mb=0 accum_unsharded=0
- *   precision param_dtype=bf16 reduce_dtype=f32 buffer_dtype=bf16   when not all f32
+ *   ; dp IR after schedule (models/mlp.dp)   header: restores g->file
+ *   mesh dp_replicate=1 dp_shard=2 cp=1 tp=1   the settings lines: the IR column
+ *   config micro_batch=32 grad_accum=2 ...    of format/settings.def (each line's
+ *   optimizer adamw lr=0.001 ... clip=1        rows in row order; NONZERO keys only
+ *   schedule cosine ...                        when set)
+ *   strategy ddp ...
+ *   precision param_dtype=bf16 ...             when not all f32
  *   memory peak=N persistent=N                 once planned
  *   roles loss=%loss logits=%logits labels=%y  the cross-entropy's values
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
@@ -309,53 +309,66 @@ static void put_si(Buf *b, double x, const char *unit)
 
 /* ---- header and directives ---- */
 
+/* The value of setting id, as its IR line shows it. */
+static void put_setting(Buf *b, const Graph *g, int id)
+{
+	const DpSetting *st = &dp_settings[id];
+	const void *f = ir_setting_field((Graph *)g, id);
+	if (st->type == DP_ST_DTYPE) {
+		bputs(b, name_of(dp_dtype_names, DP_NDTYPE, (unsigned)*(const int *)f));
+		return;
+	}
+	switch (st->ctype) {
+	case DP_CT_U32:
+		bprintf(b, "%u", *(const uint32_t *)f);
+		break;
+	case DP_CT_U64:
+		bprintf(b, "%" PRIu64, *(const uint64_t *)f);
+		break;
+	case DP_CT_F32:
+		put_float(b, *(const float *)f);
+		break;
+	case DP_CT_INT:
+		bprintf(b, "%d", *(const int *)f);
+		break;
+	}
+}
+
+/* The settings lines, from the IR column of format/settings.def: each line's
+ * rows in row order, key=value (or the line's head word); the precision
+ * line only when something is not f32. */
+static void print_settings(Buf *b, const Graph *g)
+{
+	for (int line = DP_IRL_MESH; line < DP_NIRL; line++) {
+		if (line == DP_IRL_PRECISION && !ir_mixed_precision(g))
+			continue;
+		bputs(b, ir_line_names[line]);
+		for (int i = 0; i < DP_NSETTINGS; i++) {
+			const DpSetting *st = &dp_settings[i];
+			const void *f = ir_setting_field((Graph *)g, i);
+			if (st->ir_line != line || !f)
+				continue;
+			if (st->ctype == DP_CT_AXES) {
+				for (int a = 0; a < DP_MAX_AXES; a++)
+					bprintf(b, " %s=%u", ir_axis_names[a], ((const uint32_t *)f)[a]);
+			} else if (st->ir_mode == DP_IRM_HEAD) {
+				unsigned k = (unsigned)dp_field_geti(f, st->ctype);
+				bputs(b, " ");
+				put_word(b, st->type == DP_ST_SPEC ? dp_kind_name(i, (int)k)
+								   : dp_name(dp_strategy_names, DP_NSTRAT, k));
+			} else if (st->ir_mode == DP_IRM_ALWAYS || dp_field_get(f, st->ctype) != 0) {
+				bprintf(b, " %s=", st->ir_key);
+				put_setting(b, g, i);
+			}
+		}
+		bputs(b, "\n");
+	}
+}
+
 static void print_directives(FILE *out, const Graph *g)
 {
-	const DpConfig *c = &g->cfg;
-	fprintf(out, "mesh");
-	for (int a = 0; a < DP_MAX_AXES; a++)
-		fprintf(out, " %s=%u", ir_axis_names[a], c->mesh[a]);
-	fprintf(out,
-		"\nconfig micro_batch=%u grad_accum=%u eval_batch=%u steps=%u eval_every=%u "
-		"log_every=%u seed=%" PRIu64 " arena=%" PRIu64,
-		c->micro_batch, c->grad_accum, c->eval_batch, c->steps, c->eval_every, c->log_every,
-		c->seed, c->arena_bytes);
-	if (c->save_every) /* printed when set: dumps of models without them stay as they were */
-		fprintf(out, " save_every=%u", c->save_every);
-	if (c->keep_last)
-		fprintf(out, " keep_last=%u", c->keep_last);
-	fprintf(out, "\n");
-
 	Buf b = {0};
-	const DpOptim *o = &g->opt;
-	bprintf(&b, "optimizer %s", o->kind == DP_OPT_ADAMW ? "adamw" : o->kind == DP_OPT_SGD ? "sgd" : "?");
-	const char *const okeys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "clip"};
-	const float ovals[] = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->momentum, o->clip};
-	for (size_t i = 0; i < NELEMS(okeys); i++) {
-		bprintf(&b, " %s=", okeys[i]);
-		put_float(&b, ovals[i]);
-	}
-	const DpSched *s = &g->sched;
-	bprintf(&b, "\nschedule %s warmup=%u steps=%u min_lr=",
-		s->kind == DP_SCHED_COSINE ? "cosine" : s->kind == DP_SCHED_CONSTANT ? "constant" : "?",
-		s->warmup, s->steps);
-	put_float(&b, s->min_lr);
-	bputs(&b, "\nstrategy ");
-	char strategy[sizeof g->strategy + 1];
-	memcpy(strategy, g->strategy, sizeof g->strategy);
-	strategy[sizeof g->strategy] = '\0';
-	put_word(&b, strategy);
-	bputs(&b, " bucket_mb=");
-	put_float(&b, g->bucket_mb);
-	bprintf(&b, " reshard_after_forward=%d prefetch=%d gather_limit_mb=", g->reshard_after_forward,
-		g->prefetch);
-	put_float(&b, g->gather_limit_mb);
-	bprintf(&b, " accum_unsharded=%d\n", g->accum_unsharded);
-	if (ir_mixed_precision(g))
-		bprintf(&b, "precision param_dtype=%s reduce_dtype=%s buffer_dtype=%s\n",
-			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->param_dtype),
-			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->reduce_dtype),
-			name_of(dp_dtype_names, DP_NDTYPE, (unsigned)g->buffer_dtype));
+	print_settings(&b, g);
 	fputs(bstr(&b), out);
 	b.len = 0;
 
@@ -698,6 +711,41 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 
 /* ---- the whole graph ---- */
 
+/* Node id -> node (the first with that id), for inline definitions; *nid
+ * is the table's length. Caller frees. */
+static const Node **nodes_by_id(const Graph *g, int *nid)
+{
+	int n = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i] && g->nodes[i]->id >= n)
+			n = g->nodes[i]->id + 1;
+	const Node **byid = calloc((size_t)n + 1, sizeof *byid);
+	if (!byid)
+		die("out of memory printing IR");
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i] && g->nodes[i]->id >= 0 && !byid[g->nodes[i]->id])
+			byid[g->nodes[i]->id] = g->nodes[i];
+	*nid = n;
+	return byid;
+}
+
+int ir_value_order(const Graph *g, int *order, int *ndecl)
+{
+	int nid, k = 0;
+	const Node **byid = nodes_by_id(g, &nid);
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i] && !inline_def(g->values[i], byid, nid))
+			order[k++] = i;
+	*ndecl = k;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n && value_ok(g, n->out) && inline_def(g->values[n->out], byid, nid) == n)
+			order[k++] = n->out;
+	}
+	free(byid);
+	return k;
+}
+
 static size_t capped_max(size_t cur, size_t len, size_t cap)
 {
 	return len <= cap && len > cur ? len : cur;
@@ -721,17 +769,8 @@ void ir_print_after(FILE *out, const Graph *g, const char *after)
 	fputc('\n', out);
 	print_directives(out, g);
 
-	/* node id -> node, for inline definitions */
-	int nid = 0;
-	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i] && g->nodes[i]->id >= nid)
-			nid = g->nodes[i]->id + 1;
-	const Node **byid = calloc((size_t)nid + 1, sizeof *byid);
-	if (!byid)
-		die("out of memory printing IR");
-	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i] && g->nodes[i]->id >= 0 && !byid[g->nodes[i]->id])
-			byid[g->nodes[i]->id] = g->nodes[i];
+	int nid;
+	const Node **byid = nodes_by_id(g, &nid);
 
 	/* declarations */
 	DeclLine *dl = calloc((size_t)g->nvalues + 1, sizeof *dl);

@@ -3,17 +3,27 @@
  *
  * The form is the one ir/print.c writes and documents; the reader restores
  * every field the printer shows, so print(read(print(g))) == print(g). It
- * also takes hand-written IR (pass tests: IR in, one pass, IR out): the
- * directives are optional (ir_new's defaults), their keys come in any order,
- * spacing is free, and `#` or `;` starts a comment. A first line
- * "; dp IR [after PASS] (FILE)" restores g->file.
+ * is dpc's input with --from-ir: a dump after any pass reads back as the
+ * graph the next pass would have seen in the same run, so the rest of the
+ * pipeline gives the same IR and the same step file. It also takes
+ * hand-written IR (pass tests: IR in, one pass, IR out): the directives are
+ * optional (ir_new's defaults), their keys come in any order, spacing is
+ * free, and `#` or `;` starts a comment. A first line
+ * "; dp IR [after PASS] (FILE)" restores g->file (ir_read_after gives
+ * PASS: where the pipeline resumes).
  *
  * Names may be used before their declaration (declarations list values in id
  * order, and a parameter's view names the flat buffer declared after it), so
- * value references are recorded as fixups and resolved at the end. Values get
- * ids in the order they appear (declarations, inline SSA temporaries), nodes
- * ids in program order. Locations of values and nodes point into the IR
- * text, so a pass run on read IR reports errors at the IR line.
+ * value references are recorded as fixups and resolved at the end. Then the
+ * graph is made canonical (ir_canonicalize, which dpc also applies after
+ * every pass): values get the ids the printer's order gives them
+ * (declarations in id order, then inline SSA temporaries in program order),
+ * nodes their program position. What the text leaves out is restored the
+ * way the compiler made it: every value's batch and sequence dims through
+ * the batch rules (the shape pass's way), a source's location from its
+ * line= (the .dp line the step file carries). Locations of values and nodes
+ * point into the IR text, so a pass run on read IR reports errors at the IR
+ * line.
  *
  * Malformed text is a user error through error_at (file:line:col), one per
  * bad line, and ir_read returns NULL; it never crashes and never aborts.
@@ -44,6 +54,11 @@ static const struct {
 
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_NEVENTS (1 << 24) /* far beyond any schedule; bounds the verifier's tables */
+/* Far beyond any arena, and small enough that sums and products of sizes,
+ * offsets and dtype sizes never overflow an int64_t (the verifier, the
+ * printer and the passes add and multiply them unchecked). */
+#define MAX_ELEMS ((int64_t)1 << 48) /* a tensor's elements, a view's offset */
+#define MAX_BYTES ((int64_t)1 << 56) /* an arena offset, nbytes */
 
 typedef enum {
 	TK_END,    /* end of line (or a comment) */
@@ -553,12 +568,16 @@ static int parse_type(Reader *r, Value *v)
 		next(r);
 		return 0;
 	}
+	int64_t elems = 1;
 	for (;;) {
 		const Tok *dt_tok = next(r);
 		if (v->ndim == DP_MAX_DIMS)
 			return fail_at(r, dt_tok->col, "more than %d dimensions", DP_MAX_DIMS);
-		if (parse_range(r, dt_tok, 0, INT64_MAX, &v->dims[v->ndim]) < 0)
+		if (parse_range(r, dt_tok, 0, MAX_ELEMS, &v->dims[v->ndim]) < 0)
 			return -1;
+		if (v->dims[v->ndim] && elems > MAX_ELEMS / v->dims[v->ndim])
+			return fail_at(r, dt_tok->col, "more than 2^48 elements");
+		elems *= v->dims[v->ndim];
 		v->ndim++;
 		const Tok *sep = next(r);
 		if (is_punct(sep, "]"))
@@ -611,13 +630,13 @@ static int parse_value_memory(Reader *r, Value *v)
 	}
 	if (is_punct(t, "@")) {
 		next(r);
-		return parse_range(r, next(r), -1, INT64_MAX, &v->offset) < 0 ? -1 : 1;
+		return parse_range(r, next(r), -1, MAX_BYTES, &v->offset) < 0 ? -1 : 1;
 	}
 	if (is_word(t, "nbytes") && is_punct(peek2(r), "=")) {
 		next(r);
 		next(r);
 		r->nbytes_given = 1;
-		return parse_range(r, next(r), INT64_MIN, INT64_MAX, &v->nbytes) < 0 ? -1 : 1;
+		return parse_range(r, next(r), -MAX_BYTES, MAX_BYTES, &v->nbytes) < 0 ? -1 : 1;
 	}
 	return 0;
 }
@@ -650,150 +669,6 @@ static int parse_axes(Reader *r, int64_t *mask)
 
 /* ---- directives ---- */
 
-static int parse_mesh(Reader *r)
-{
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int a = lookup(ir_axis_names, DP_MAX_AXES, key);
-		if (a < 0)
-			return fail_at(r, k->col, "unknown mesh axis '%s'", key);
-		if (parse_u32(r, next(r), &r->g->cfg.mesh[a]) < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_config(Reader *r)
-{
-	DpConfig *c = &r->g->cfg;
-	static const char *const keys[] = {"micro_batch", "grad_accum", "eval_batch", "steps",
-					   "eval_every", "log_every", "seed", "arena",
-					   "save_every", "keep_last"};
-	uint32_t *u32[] = {&c->micro_batch, &c->grad_accum, &c->eval_batch, &c->steps,
-			   &c->eval_every, &c->log_every, NULL, NULL,
-			   &c->save_every, &c->keep_last};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown config key '%s'", key);
-		int rc = u32[i] ? parse_u32(r, next(r), u32[i])
-				: parse_u64(r, next(r), i == 6 ? &c->seed : &c->arena_bytes);
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_optimizer(Reader *r)
-{
-	static const char *const kinds[] = {"sgd", "adamw"}; /* DpOptKind */
-	DpOptim *o = &r->g->opt;
-	int kind = expect_enum(r, kinds, NELEMS(kinds), "sgd or adamw");
-	if (kind < 0)
-		return -1;
-	o->kind = (uint32_t)kind;
-	static const char *const keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay",
-					   "momentum", "clip"};
-	float *vals[] = {&o->lr, &o->beta1, &o->beta2, &o->eps, &o->weight_decay, &o->momentum,
-			 &o->clip};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown optimizer key '%s'", key);
-		if (parse_float(r, next(r), vals[i]) < 0)
-			return -1;
-	}
-	return 0;
-}
-
-static int parse_schedule(Reader *r)
-{
-	static const char *const kinds[] = {"constant", "cosine"}; /* DpSchedKind */
-	DpSched *s = &r->g->sched;
-	int kind = expect_enum(r, kinds, NELEMS(kinds), "constant or cosine");
-	if (kind < 0)
-		return -1;
-	s->kind = (uint32_t)kind;
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int rc;
-		if (strcmp(key, "warmup") == 0)
-			rc = parse_u32(r, next(r), &s->warmup);
-		else if (strcmp(key, "steps") == 0)
-			rc = parse_u32(r, next(r), &s->steps);
-		else if (strcmp(key, "min_lr") == 0)
-			rc = parse_float(r, next(r), &s->min_lr);
-		else
-			return fail_at(r, k->col, "unknown schedule key '%s'", key);
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
-/* strategy NAME bucket_mb=X reshard_after_forward=0|1 prefetch=N
- * gather_limit_mb=X accum_unsharded=0|1 (keys optional, any order) */
-static int parse_strategy(Reader *r)
-{
-	Graph *g = r->g;
-	int s = expect_enum(r, dp_strategy_names, DP_NSTRAT,
-			    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
-	if (s < 0)
-		return -1;
-	memset(g->strategy, 0, sizeof g->strategy);
-	snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[s]);
-	g->cfg.strategy = (uint32_t)s;
-	static const char *const keys[] = {"bucket_mb", "reshard_after_forward", "prefetch",
-					   "gather_limit_mb", "accum_unsharded"};
-	while (peek(r)->kind != TK_END) {
-		const Tok *k = peek(r);
-		const char *key = parse_key(r);
-		if (!key)
-			return -1;
-		int64_t x = 0;
-		int rc;
-		switch (lookup(keys, NELEMS(keys), key)) {
-		case 0:
-			rc = parse_float(r, next(r), &g->bucket_mb);
-			break;
-		case 1:
-			rc = parse_range(r, next(r), 0, 1, &x);
-			g->reshard_after_forward = (int)x;
-			break;
-		case 2:
-			rc = parse_range(r, next(r), 0, INT32_MAX, &x);
-			g->prefetch = (int)x;
-			break;
-		case 3:
-			rc = parse_float(r, next(r), &g->gather_limit_mb);
-			break;
-		case 4:
-			rc = parse_range(r, next(r), 0, 1, &x);
-			g->accum_unsharded = (int)x;
-			break;
-		default:
-			return fail_at(r, k->col, "unknown strategy key '%s'", key);
-		}
-		if (rc < 0)
-			return -1;
-	}
-	return 0;
-}
-
 /* The value of a precision key: f32 or bf16, or -1 after reporting. */
 static int expect_float_dtype(Reader *r, const Tok *key)
 {
@@ -803,23 +678,99 @@ static int expect_float_dtype(Reader *r, const Tok *key)
 	return dt;
 }
 
-/* precision param_dtype=D reduce_dtype=D buffer_dtype=D (keys optional) */
-static int parse_precision(Reader *r)
+/* The value of setting id (after its key) into its field in r->g. */
+static int parse_setting_value(Reader *r, int id, const Tok *key)
+{
+	const DpSetting *st = &dp_settings[id];
+	void *f = ir_setting_field(r->g, id);
+	int64_t x;
+	if (st->type == DP_ST_DTYPE) {
+		int dt = expect_float_dtype(r, key);
+		if (dt < 0)
+			return -1;
+		*(int *)f = dt;
+		return 0;
+	}
+	const Tok *t = next(r);
+	switch (st->ctype) {
+	case DP_CT_U32:
+		return parse_u32(r, t, f);
+	case DP_CT_U64:
+		return parse_u64(r, t, f);
+	case DP_CT_F32:
+		return parse_float(r, t, f);
+	case DP_CT_INT: { /* a boolean or a word's index, or a count */
+		int n = dp_setting_nvalues(id);
+		if (parse_range(r, t, 0, n ? n - 1 : INT32_MAX, &x) < 0)
+			return -1;
+		*(int *)f = (int)x;
+		return 0;
+	}
+	}
+	return fail_tok(r, t, "expected a value");
+}
+
+/* A settings line (the keyword consumed): `mesh AXIS=N ...`, or `WORD
+ * [HEAD] key=value ...` with the rows of format/settings.def printed on it;
+ * keys optional and in any order. */
+static int parse_settings(Reader *r, int line)
 {
 	Graph *g = r->g;
-	static const char *const keys[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->ir_line != line || st->ir_mode != DP_IRM_HEAD)
+			continue;
+		if (st->type == DP_ST_SPEC) {
+			int n = dp_kind_count(i);
+			const char *names[16];
+			char what[160] = "";
+			size_t len = 0;
+			for (int k = 0; k < n && k < 16; k++) {
+				names[k] = dp_kind_name(i, k);
+				len += (size_t)snprintf(what + len, sizeof what - len, "%s%s",
+							k == 0 ? "" : k == n - 1 ? " or " : ", ",
+							names[k]);
+				if (len >= sizeof what)
+					len = sizeof what - 1;
+			}
+			int k = expect_enum(r, names, (size_t)(n < 16 ? n : 16), what);
+			if (k < 0)
+				return -1;
+			ir_settings_kind(g, i, k);
+		} else {
+			int s = expect_enum(r, dp_strategy_names, DP_NSTRAT,
+					    "a strategy (ddp, zero1, zero2, full_shard, hybrid_shard)");
+			if (s < 0)
+				return -1;
+			dp_field_set(ir_setting_field(g, i), dp_settings[i].ctype, s);
+			memset(g->strategy, 0, sizeof g->strategy);
+			snprintf(g->strategy, sizeof g->strategy, "%s", dp_strategy_names[s]);
+		}
+	}
 	while (peek(r)->kind != TK_END) {
 		const Tok *k = peek(r);
 		const char *key = parse_key(r);
 		if (!key)
 			return -1;
-		int i = lookup(keys, NELEMS(keys), key);
-		if (i < 0)
-			return fail_at(r, k->col, "unknown precision key '%s'", key);
-		int dt = expect_float_dtype(r, k);
-		if (dt < 0)
+		int id = -1, axis = -1;
+		for (int i = 0; i < DP_NSETTINGS && id < 0; i++) {
+			const DpSetting *st = &dp_settings[i];
+			if (st->ir_line != line || st->ir_mode == DP_IRM_HEAD)
+				continue;
+			if (st->ctype == DP_CT_AXES) {
+				axis = lookup(ir_axis_names, DP_MAX_AXES, key);
+				id = axis >= 0 ? i : -1;
+			} else if (strcmp(st->ir_key, key) == 0) {
+				id = i;
+			}
+		}
+		if (id < 0 && line == DP_IRL_MESH)
+			return fail_at(r, k->col, "unknown mesh axis '%s'", key);
+		if (id < 0)
+			return fail_at(r, k->col, "unknown %s key '%s'", ir_line_names[line], key);
+		if (axis >= 0 ? parse_u32(r, next(r), (uint32_t *)ir_setting_field(g, id) + axis)
+			      : parse_setting_value(r, id, k))
 			return -1;
-		*(i == 0 ? &g->param_dtype : i == 1 ? &g->reduce_dtype : &g->buffer_dtype) = dt;
 	}
 	return 0;
 }
@@ -967,6 +918,11 @@ static int parse_source(Reader *r)
 		if (rc < 0)
 			return -1;
 	}
+	/* line=N is where the .dp file declares the source (none: a pass made
+	 * it): the step file carries loc's line (ir/stepfile_write.c), and
+	 * errors about the source point there */
+	int line = (int)s->rec.src_line;
+	s->loc = (Loc){r->g->file ? r->g->file : r->file, line, line ? 1 : 0};
 	if (r->nsrcs == r->capsrcs) {
 		r->capsrcs = r->capsrcs ? r->capsrcs * 2 : 8;
 		r->srcs = xrealloc(r->srcs, (size_t)r->capsrcs * sizeof(Source *));
@@ -1079,7 +1035,7 @@ static int parse_decl(Reader *r, Value *v)
 			const Tok *off = next(r);
 			if (off->kind != TK_WORD || off->text[0] != '+')
 				return fail_tok(r, off, "expected +OFFSET after the viewed value");
-			if (parse_i64(r, off, &v->view_offset) < 0)
+			if (parse_range(r, off, 0, MAX_ELEMS, &v->view_offset) < 0)
 				return -1;
 		} else if (strcmp(key, "of") == 0) {
 			if (parse_ref(r, &v->param, 0) < 0)
@@ -1296,9 +1252,7 @@ static const struct {
 	const char *word;
 	int (*parse)(Reader *r);
 } directives[] = {
-	{"mesh", parse_mesh},         {"config", parse_config},   {"optimizer", parse_optimizer},
-	{"schedule", parse_schedule}, {"strategy", parse_strategy}, {"memory", parse_memory},
-	{"precision", parse_precision},
+	{"memory", parse_memory},
 	{"roles", parse_roles},       {"metrics", parse_metrics}, {"events", parse_events},
 	{"block", parse_block_decl},  {"source", parse_source},   {"bucket", parse_bucket},
 };
@@ -1313,6 +1267,11 @@ static int parse_line(Reader *r)
 		return parse_value_line(r);
 	if (t->kind != TK_WORD)
 		return fail_tok(r, t, "expected a directive, a declaration or a node");
+	for (int line = DP_IRL_MESH; line < DP_NIRL; line++)
+		if (strcmp(t->text, ir_line_names[line]) == 0) {
+			next(r);
+			return parse_settings(r, line);
+		}
 	for (size_t i = 0; i < NELEMS(directives); i++)
 		if (strcmp(t->text, directives[i].word) == 0) {
 			next(r);
@@ -1339,6 +1298,127 @@ static void parse_header(Reader *r, const char *s, const char *end)
 	char *f = ir_alloc(r->g, n + 1);
 	memcpy(f, open + 1, n);
 	r->g->file = f;
+}
+
+/* ---- ids ---- */
+
+static void remap(int *id, const int *to, int n)
+{
+	if (*id >= 0 && *id < n)
+		*id = to[*id];
+}
+
+void ir_canonicalize(Graph *g)
+{
+	int nv = g->nvalues, nn = g->nnodes, maxid = g->next_node_id;
+	for (int i = 0; i < nn; i++)
+		if (g->nodes[i]->id >= maxid)
+			maxid = g->nodes[i]->id + 1;
+	int *order = malloc(((size_t)nv + 1) * sizeof(int));
+	int *to = malloc(((size_t)nv + 1) * sizeof(int));
+	int *node_to = malloc(((size_t)maxid + 1) * sizeof(int));
+	Value **values = malloc(((size_t)nv + 1) * sizeof(Value *));
+	if (!order || !to || !node_to || !values)
+		die("out of memory");
+	int ndecl;
+	if (ir_value_order(g, order, &ndecl) == nv) { /* else a broken graph: leave it as it is */
+		for (int i = 0; i < maxid; i++)
+			node_to[i] = -1;
+		for (int i = 0; i < nn; i++)
+			if (g->nodes[i]->id >= 0)
+				node_to[g->nodes[i]->id] = i;
+		for (int i = ndecl; i < nv; i++) {
+			Value *v = g->values[order[i]];
+			if (v->block == -1)
+				v->block = g->nodes[node_to[v->def]]->block;
+		}
+		for (int i = 0; i < nv; i++) {
+			to[order[i]] = i;
+			values[i] = g->values[order[i]];
+		}
+		for (int i = 0; i < nv; i++)
+			g->values[i] = values[i];
+		for (int i = 0; i < nv; i++) {
+			Value *v = g->values[i];
+			v->id = i;
+			remap(&v->view_of, to, nv);
+			remap(&v->grad, to, nv);
+			remap(&v->param, to, nv);
+			remap(&v->def, node_to, maxid);
+		}
+		for (int i = 0; i < nn; i++) {
+			Node *n = g->nodes[i];
+			n->id = i;
+			for (int k = 0; k < n->nin && k < DP_MAX_IN; k++)
+				remap(&n->in[k], to, nv);
+			remap(&n->out, to, nv);
+		}
+		g->next_node_id = nn;
+		for (int i = 0; i < g->nsources; i++)
+			remap(&g->sources[i].value, to, nv);
+		for (int i = 0; i < g->nbuckets; i++) {
+			Bucket *b = &g->buckets[i];
+			remap(&b->view, to, nv);
+			for (int m = 0; m < b->nmembers; m++)
+				remap(&b->members[m], to, nv);
+		}
+		int *ids[] = {&g->loss, &g->logits, &g->labels, &g->metrics.loss,
+			      &g->metrics.grad_norm, &g->metrics.eval_loss, &g->metrics.eval_correct};
+		for (size_t i = 0; i < NELEMS(ids); i++)
+			remap(ids[i], to, nv);
+	}
+	free(order);
+	free(to);
+	free(node_to);
+	free(values);
+}
+
+/* ---- what the text leaves out ---- */
+
+/* Can n's batch rule run on it: the arity of its op, its required operands
+ * given, every operand and its output shaped? */
+static int batch_rule_applies(const Graph *g, const Node *n)
+{
+	const OpInfo *op = &ir_ops[n->op];
+	if (!op->shape || n->out < 0 || n->nin < op->min_in || n->nin > op->max_in)
+		return 0;
+	for (int k = -1; k < n->nin; k++) {
+		int v = k < 0 ? n->out : n->in[k];
+		if (v < 0 && k < op->min_in)
+			return 0;
+		if (v >= 0 && (g->values[v]->ndim < 1 || g->values[v]->ndim > DP_MAX_DIMS))
+			return 0;
+	}
+	return 1;
+}
+
+/* batch_dim and seq_dim are not in the text: the shape pass derives them
+ * from the data (ir_add_source) through every node's batch rule in program
+ * order, and so does this, for every node whose operands have shapes (none
+ * before the shape pass). The rules' errors were the shape pass's to report:
+ * here they are quiet. */
+static void derive_batch_dims(Graph *g)
+{
+	Diag quiet;
+	diag_init(&quiet, NULL, NULL, NULL);
+	for (int i = 0; i < g->nnodes; i++)
+		if (batch_rule_applies(g, g->nodes[i]))
+			ir_batch_rule(g, g->nodes[i], &quiet);
+}
+
+int ir_read_after(const char *text, char *after, size_t len)
+{
+	static const char tag[] = "; dp IR after ";
+	if (!text || strncmp(text, tag, sizeof tag - 1) != 0 || len == 0)
+		return 0;
+	const char *s = text + sizeof tag - 1, *e = s;
+	while (plain_char((unsigned char)*e))
+		e++;
+	if (e == s || (size_t)(e - s) >= len || (*e != ' ' && *e != '\n' && *e != '\r' && *e))
+		return 0;
+	memcpy(after, s, (size_t)(e - s));
+	after[e - s] = '\0';
+	return (int)(s - text) + 1;
 }
 
 static void resolve(Reader *r)
@@ -1396,6 +1476,10 @@ Graph *ir_read(const char *text, const char *name, Diag *d)
 	if (!r.errors)
 		resolve(&r);
 	Graph *g = r.g;
+	if (!r.errors) {
+		ir_canonicalize(g);
+		derive_batch_dims(g);
+	}
 	if (r.errors) {
 		ir_free(g);
 		g = NULL;

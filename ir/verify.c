@@ -5,7 +5,7 @@
  * except the memory-overlap check, which sorts the temporaries). Prints one
  * line per violation,
  *
- *   verify after bucket: node 12 (linear %t0): input 3 out of range
+ *   verify after schedule: node 12 (linear %t0): input 3 out of range
  *
  * and returns how many it found. Checks, in order:
  *  - values: values[i]->id == i; dtype, kind, ndim, dims, block, source,

@@ -35,7 +35,7 @@ EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/c
                 $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o \
                 $(patsubst %.c,$(EMU)/pic/%.o,$(notdir $(CUDA_PIC_SRC))) # mk/cuda.mk's list
 EMU_RT_HDRS := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
-               format/stepfile.h
+               format/stepfile.h format/settings.def
 
 .PHONY: cuda-emu
 cuda-emu: $(EMU)/libdpcuda.so $(EMU)/dpexec

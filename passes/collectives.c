@@ -13,12 +13,15 @@
  *     into "U.gather" before the first forward node reading the unit's
  *     params (step and eval), and into "U.gather.bwd" before the first
  *     backward node reading its "p.bwd" views when the layout made one;
- *   SHARD_ALL_REDUCE (ddp): the gradients all_reduced in place over
- *     dp_replicate,dp_shard after the unit's last backward writer,
- *     DP_IF_LAST (once per step: grad_accum accumulates, as DDP's
- *     no_sync). A unit with its own view (in a sharded graph) is one call;
- *     in an all-ddp graph each gradient gets its own all_reduce right
- *     after its last writer, and the bucket pass fuses a unit's into one;
+ *   SHARD_ALL_REDUCE (ddp): the unit's gradients all_reduced in place
+ *     over dp_replicate,dp_shard by one call after the unit's last
+ *     backward writer, DP_IF_LAST (once per step: grad_accum accumulates,
+ *     as DDP's no_sync). In a sharded graph the call runs on the unit's
+ *     "U.grads" view the layout made; in an all-ddp graph the unit has no
+ *     value of its own, and the call runs on a new zero-copy view
+ *     "bucket.rN" of flat.grads over its gradients (N = its bucket number;
+ *     the layout put a unit's gradients next to each other in the order
+ *     the backward completes them);
  *   SHARD_ALL_REDUCE_CUT (zero1): the unit's all_reduce, then SHARD of this
  *     rank's slice into "U.grad.shard" before the norm (PH_OPT);
  *   SHARD_REDUCE_SCATTER: with full_grads (zero2, accumulate_grads
@@ -211,19 +214,33 @@ static void gathers(Ins *in)
 
 /* ---- gradient reduction ---- */
 
-/* All-ddp graphs: each gradient all_reduced after its last writer. */
-static void all_reduce_each(Ins *in, const Unit *u, const int *last)
+/* All-ddp graphs: the unit's gradients as one view "bucket.rN" of
+ * flat.grads, N the number of the bucket record its all_reduce gets. Its
+ * block is the parameters' block when they share one, else -1; a tp-split
+ * unit's view is this tp rank's part, flat. */
+static int unit_grad_view(Graph *g, const Unit *u, const int *grads)
 {
-	Graph *g = in->g;
+	const Value *first = g->values[grads[0]];
+	int64_t elems = 0;
+	int block = g->values[u->params[0]]->block;
 	for (int i = 0; i < u->nparams; i++) {
-		const Value *p = g->values[u->params[i]];
-		if (last[p->grad] < 0)
-			continue;
-		Node *ar = shard_comm_node(g, DP_OP_ALL_REDUCE, p->grad, 0, NULL, shard_dp_axes(g),
-					   DP_IF_LAST, IR_IN_STEP, p->block);
-		ar->loc = p->loc;
-		queue(in, in->after, last[p->grad], ar);
+		const Value *gv = g->values[grads[i]];
+		if (gv->view_of != first->view_of || gv->view_offset != first->view_offset + elems)
+			die("collectives: %s is not next to its unit's other gradients", gv->name);
+		elems += ir_numel(gv);
+		if (g->values[u->params[i]]->block != block)
+			block = -1;
 	}
+	Value *view = ir_value(g, ir_fmt(g, "bucket.r%d", g->nbuckets), first->dtype, 1,
+			       (int64_t[]){elems}, DP_T_GRAD, first->loc);
+	view->view_of = first->view_of;
+	view->view_offset = first->view_offset;
+	view->block = block;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		view->place[a] = first->place[a];
+	if (view->place[DP_AXIS_TP].kind == DP_PL_SHARD)
+		view->place[DP_AXIS_TP].dim = 0;
+	return view->id;
 }
 
 /* Where the reduce_scatter of unit k is accumulated into its shard: where
@@ -238,7 +255,7 @@ static int accum_at(const Ins *in, int k)
 	return in->opt0;
 }
 
-static void reduce_unit(Ins *in, int k, const int *last)
+static void reduce_unit(Ins *in, int k)
 {
 	Graph *g = in->g;
 	const Unit *u = &in->pl->u[k];
@@ -256,7 +273,12 @@ static void reduce_unit(Ins *in, int k, const int *last)
 	case SHARD_ALL_REDUCE:
 	case SHARD_ALL_REDUCE_CUT:
 		if (u->full_g < 0) { /* an all-ddp graph: no unit view yet */
-			all_reduce_each(in, u, last);
+			int view = unit_grad_view(g, u, grads);
+			Node *ar = shard_comm_node(g, DP_OP_ALL_REDUCE, view, 0, NULL, shard_dp_axes(g),
+						   DP_IF_LAST, IR_IN_STEP, g->values[view]->block);
+			ar->loc = g->values[u->params[u->nparams - 1]]->loc;
+			unit_bucket(g, ar, view, grads, u->nparams);
+			queue(in, in->after, u->last, ar);
 			return;
 		}
 		queue(in, in->after, u->last,
@@ -378,8 +400,9 @@ static int find_opt(const Ins *in, IrOp op)
 
 int collectives_run(Graph *g, Diag *d)
 {
-	(void)d;
-	ShardPlan *pl = shard_plan(g);
+	ShardPlan *pl = shard_plan(g, d);
+	if (!pl)
+		return -1;
 	Ins in = {.g = g, .pl = pl, .nold = g->nnodes};
 	in.before = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
 	in.after = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
@@ -398,7 +421,7 @@ int collectives_run(Graph *g, Diag *d)
 
 	gathers(&in);
 	for (int k = 0; k < pl->nu; k++)
-		reduce_unit(&in, k, last);
+		reduce_unit(&in, k);
 	norm(&in);
 	/* the updated shards gathered back into the full params */
 	int acc_shard = 0; /* some unit accumulates micro-batches into the shard buffer */

@@ -3,8 +3,10 @@
  *
  * The one place that decides which parameters are reduced and gathered
  * together (units: the buckets) and where every parameter, gradient and
- * optimizer-state element lives. The passes after it (setup, collectives,
- * bucket) follow the plan it leaves in g->shard (passes/shard.h).
+ * optimizer-state element lives. The passes after it (setup, collectives)
+ * follow its plan (passes/shard.h), which they find again in the laid-out
+ * graph (layout_plan, at the bottom): the units decided again the same
+ * way, every value the layout made named after its unit.
  *
  * Before: the optimizer form: "flat.params" and "flat.grads" f32[total
  * trained elements] and the optimizer state of the same length; the
@@ -328,11 +330,10 @@ static int shard_buffer(Graph *g, int f, int64_t full, int64_t ltot, unsigned pa
 	return s->id;
 }
 
-/* Offsets, sizes and the buffers and views of every unit of a sharded
- * graph (see "After, otherwise" above). */
-static void lay_out_shards(Graph *g, ShardPlan *pl)
+/* The sizes and offsets of every unit of a sharded graph, and of the
+ * buffers they add up to; returns the elements of the shard buffers. */
+static int64_t unit_offsets(ShardPlan *pl)
 {
-	int fp = pl->flat_params, fg = pl->flat_grads;
 	int64_t ltot = 0;
 	for (int k = 0; k < pl->nu; k++) {
 		Unit *u = &pl->u[k];
@@ -353,6 +354,15 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 			pl->gtot += u->padded;
 		}
 	}
+	return ltot;
+}
+
+/* Offsets, sizes and the buffers and views of every unit of a sharded
+ * graph (see "After, otherwise" above). */
+static void lay_out_shards(Graph *g, ShardPlan *pl)
+{
+	int fp = pl->flat_params, fg = pl->flat_grads;
+	int64_t ltot = unit_offsets(pl);
 	unsigned dp = shard_dp_axes(g);
 
 	int sp = pl->shard_params = shard_buffer(g, fp, pl->ftot, ltot, 0);
@@ -541,7 +551,9 @@ static int flat_buffer(const Graph *g, const char *name)
 	die("layout: %s missing (optimizer pass not run?)", name);
 }
 
-int layout_run(Graph *g, Diag *d)
+/* A plan with the mesh's numbers and no units or buffers yet; *bf16: some
+ * trained parameter is computed in bf16 (there is a compute copy). */
+static ShardPlan *new_plan(Graph *g, int *bf16)
 {
 	if (g->cfg.strategy >= DP_NSTRAT)
 		die("layout: strategy %u out of range", g->cfg.strategy);
@@ -551,16 +563,29 @@ int layout_run(Graph *g, Diag *d)
 		if (shard_cut_axes(g) & DP_AXIS_BIT(a))
 			pl->S *= (int)g->cfg.mesh[a];
 	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
+	pl->flat_params = pl->flat_grads = -1;
+	pl->shard_params = pl->shard_grads = pl->copy = pl->full16 = -1;
+	*bf16 = 0;
+	for (int v = 0; v < g->nvalues; v++) {
+		if (!trained(g->values[v]))
+			continue;
+		if (shard_strategies[ir_block_strategy(g, g->values[v]->block)].cut)
+			pl->sharded = 1;
+		if (g->values[v]->dtype == DP_BF16)
+			*bf16 = 1;
+	}
+	return pl;
+}
+
+int layout_run(Graph *g, Diag *d)
+{
+	int bf16;
+	ShardPlan *pl = new_plan(g, &bf16);
 	pl->flat_params = flat_buffer(g, "flat.params");
 	pl->flat_grads = flat_buffer(g, "flat.grads");
-	pl->shard_params = pl->shard_grads = pl->copy = pl->full16 = -1;
-	for (int v = 0; v < g->nvalues; v++)
-		if (trained(g->values[v]) && shard_strategies[ir_block_strategy(g, g->values[v]->block)].cut)
-			pl->sharded = 1;
-	for (int v = 0; v < g->nvalues; v++)
-		if (trained(g->values[v]) && g->values[v]->dtype == DP_BF16 && pl->copy < 0)
-			pl->copy = flat1(g, "flat.params.bf16", DP_BF16,
-					 ir_numel(g->values[pl->flat_params]), DP_T_FLAT)->id;
+	if (bf16)
+		pl->copy = flat1(g, "flat.params.bf16", DP_BF16, ir_numel(g->values[pl->flat_params]),
+				 DP_T_FLAT)->id;
 	place_replicated(g);
 	int *first, *last;
 	shard_writers(g, g->nnodes, &first, &last);
@@ -584,4 +609,182 @@ int layout_run(Graph *g, Diag *d)
 	attach_copy(g, pl);
 	g->shard = pl;
 	return 0;
+}
+
+/* ---- the plan, again, from a laid-out graph ----
+ *
+ * The passes after this one find the plan in the IR: the units are what
+ * make_units decides on the laid-out graph (the parameters, their
+ * gradients' writers, the strategies, dtypes and bucket_mb are all still
+ * there), and every buffer and view the layout made has a name made from
+ * its unit's. layout_plan looks them up and checks that each parameter,
+ * master and gradient is where the layout puts it, so hand-written IR that
+ * the layout cannot have made is an error here, not a broken program
+ * later. */
+
+typedef struct {
+	Graph *g;
+	Diag *d;
+	Loc at;   /* where to point: the unit's first parameter */
+	int bad;
+} Finder;
+
+/* The value named name, or -1 after reporting it missing. */
+static int find(Finder *f, const char *name)
+{
+	Value *v = ir_find_value(f->g, name);
+	if (v)
+		return v->id;
+	if (!f->bad++)
+		error_at(f->d, f->at, "the IR is after layout, but %%%s, which the layout makes, "
+			 "is missing", name);
+	return -1;
+}
+
+/* "UNIT.suffix" */
+static int find_unit(Finder *f, const Unit *u, const char *suffix)
+{
+	return find(f, ir_fmt(f->g, "%s.%s", u->name, suffix));
+}
+
+/* Does gradient gr have its parameter p's elements? Reports when not: the
+ * layout gives both one range. */
+static void check_grad(Finder *f, const Value *p, int gr)
+{
+	if (f->bad || ir_numel(f->g->values[gr]) == ir_numel(p))
+		return;
+	f->bad++;
+	error_at(f->d, f->g->values[gr]->loc, "%%%s has %lld elements and its parameter %%%s %lld",
+		 f->g->values[gr]->name, (long long)ir_numel(f->g->values[gr]), p->name,
+		 (long long)ir_numel(p));
+}
+
+/* Is value id v a view of `of` at element offset off? Reports when not. */
+static void check_view(Finder *f, int v, int of, int64_t off)
+{
+	if (v < 0 || of < 0 || f->bad)
+		return;
+	const Value *x = f->g->values[v];
+	if (x->view_of == of && x->view_offset == off)
+		return;
+	f->bad++;
+	error_at(f->d, x->loc, "%%%s should be a view of %%%s at +%lld, where the layout puts it",
+		 x->name, f->g->values[of]->name, (long long)off);
+}
+
+/* Unit k of an all-ddp graph: its params and grads in the flat buffers at
+ * *off, a bf16 param's f32 master "p.master" beside it in flat.params. */
+static void find_whole(Finder *f, ShardPlan *pl, Unit *u, int64_t *off)
+{
+	for (int i = 0; i < u->nparams; i++) {
+		const Value *p = f->g->values[u->params[i]];
+		int bf16 = p->dtype == DP_BF16;
+		u->masters[i] = bf16 ? find(f, ir_fmt(f->g, "%s.master", p->name)) : p->id;
+		if (bf16)
+			u->master = pl->flat_params;
+		check_grad(f, p, p->grad);
+		check_view(f, p->id, bf16 ? pl->copy : pl->flat_params, *off);
+		check_view(f, p->grad, pl->flat_grads, *off);
+		if (bf16)
+			check_view(f, u->masters[i], pl->flat_params, *off);
+		*off += ir_numel(p);
+	}
+}
+
+/* Unit u of a sharded graph: the values lay_out_shards and
+ * lay_out_backward_gathers made for it. */
+static void find_shards(Finder *f, Unit *u)
+{
+	int bf16 = u->dtype == DP_BF16;
+	if (u->cut) {
+		u->shard_p = find_unit(f, u, "shard");
+		u->shard_g = find_unit(f, u, "grad.shard");
+		if (bf16)
+			u->shard_c = find_unit(f, u, "shard.bf16");
+	} else {
+		u->shard_p = u->full_p = find_unit(f, u, "params");
+		u->shard_g = u->full_g = find_unit(f, u, "grads");
+		if (bf16) {
+			u->master = u->shard_p;
+			u->full_p = find_unit(f, u, "params.bf16");
+		}
+	}
+	if (u->gathered)
+		u->full_p = u->gather = find_unit(f, u, "gather");
+	else if (u->cut)
+		u->full_p = find_unit(f, u, "params");
+	if (u->cut && bf16)
+		u->master = find_unit(f, u, "master");
+	if (u->cut)
+		u->full_g = find_unit(f, u, "grads");
+	if (u->cut && !u->full_grads)
+		u->rs = find_unit(f, u, "rs");
+	const Value *gb = u->reshard ? ir_find_value(f->g, ir_fmt(f->g, "%s.gather.bwd", u->name))
+				     : NULL;
+	if (gb) { /* made only when the backward reads the unit */
+		u->gather_bwd = gb->id;
+		u->bwd_params = ir_alloc(f->g, (size_t)u->nparams * sizeof(int));
+	}
+	int64_t off = 0;
+	for (int i = 0; i < u->nparams; i++) {
+		const Value *p = f->g->values[u->params[i]];
+		u->masters[i] = u->master >= 0 ? find(f, ir_fmt(f->g, "%s.master", p->name)) : p->id;
+		if (gb)
+			u->bwd_params[i] = find(f, ir_fmt(f->g, "%s.bwd", p->name));
+		check_grad(f, p, p->grad);
+		check_view(f, p->id, u->full_p, off);
+		check_view(f, p->grad, u->full_g, off);
+		if (u->master >= 0)
+			check_view(f, u->masters[i], u->master, off);
+		if (gb)
+			check_view(f, u->bwd_params[i], u->gather_bwd, off);
+		off += ir_numel(p);
+	}
+}
+
+/* A flat buffer by name, else its name once it became the shard buffer. */
+static int find_flat(Finder *f, const char *name)
+{
+	const Value *v = ir_find_value(f->g, name);
+	if (v && v->kind == DP_T_FLAT)
+		return v->id;
+	return find(f, ir_fmt(f->g, "%s.shard", name));
+}
+
+ShardPlan *layout_plan(Graph *g, Diag *d)
+{
+	int bf16;
+	ShardPlan *pl = new_plan(g, &bf16);
+	Finder f = {g, d, {g->file, 0, 0}, 0};
+	for (int v = 0; v < g->nvalues && !f.at.line; v++)
+		if (trained(g->values[v]))
+			f.at = g->values[v]->loc;
+	pl->flat_params = find_flat(&f, "flat.params");
+	pl->flat_grads = find_flat(&f, "flat.grads");
+	if (pl->sharded) {
+		pl->shard_params = find(&f, "flat.params.shard");
+		pl->shard_grads = find(&f, "flat.grads.shard");
+	}
+	if (bf16)
+		pl->copy = find(&f, pl->sharded ? "flat.params.shard.bf16" : "flat.params.bf16");
+	if (f.bad)
+		return NULL;
+	int *first, *last;
+	shard_writers(g, g->nnodes, &first, &last);
+	make_units(g, pl, first, last);
+	int64_t off = 0;
+	if (pl->sharded && (unit_offsets(pl), pl->ftot16))
+		pl->full16 = find(&f, "flat.params.bf16");
+	for (int k = 0; k < pl->nu && !f.bad; k++) {
+		Unit *u = &pl->u[k];
+		f.at = g->values[u->params[0]]->loc;
+		if (pl->sharded)
+			find_shards(&f, u);
+		else
+			find_whole(&f, pl, u, &off);
+	}
+	if (f.bad)
+		return NULL;
+	g->shard = pl;
+	return pl;
 }

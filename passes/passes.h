@@ -2,8 +2,9 @@
  * passes.h - the pass pipeline: each pass is one file in passes/, listed in
  * order in passes/pipeline.c. A pass takes the graph, transforms it in place,
  * and returns 0, or reports user errors through the Diag and returns -1.
- * After every pass the verifier runs (always in dpc; it is cheap), and the
- * graph can be dumped (dpc --dump-ir=DIR, --dump-after=PASS).
+ * After every pass the graph is made canonical (ir_canonicalize), the
+ * verifier runs (always in dpc; it is cheap), and the graph can be dumped
+ * (dpc --dump-ir=DIR, --dump-after=PASS) and read back (dpc --from-ir).
  */
 #ifndef DP_PASSES_H
 #define DP_PASSES_H
@@ -31,6 +32,11 @@ typedef struct {
  * verifier found violations (an internal error, already printed to stderr).
  * The front end's graph is verified (and dumped as 00-frontend) first. */
 int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
+/* Runs the passes pipeline[passes[0..n-1]] in that order on a graph read
+ * from IR text (dpc --from-ir), with the same verification and dumps after
+ * each; returns as pipeline_run. The graph is verified first: violations
+ * are user errors there (reported through d, -1). */
+int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n);
 /* Index of a pass by name, -1 if unknown. */
 int pipeline_find(const char *name);
 
@@ -45,7 +51,6 @@ int precision_run(Graph *g, Diag *d); /* passes/precision.c: mixed precision dty
 int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
-int bucket_run(Graph *g, Diag *d);    /* passes/bucket.c: ddp all_reduces fused per unit */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */

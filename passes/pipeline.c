@@ -2,8 +2,10 @@
  * pipeline.c - the ordered list of passes, and the loop that runs them.
  *
  * The whole compiler after the front end is this list (QBE's main loop):
- * each pass transforms the graph in place; after each one the verifier runs
- * (dpc always does; --no-verify turns it off) and the graph can be dumped.
+ * each pass transforms the graph in place; after each one the graph is made
+ * canonical (the graph its dump reads back as), the verifier runs (dpc
+ * always does; --no-verify turns it off) and the graph can be dumped.
+ * pipeline_run_some resumes the list on IR read from text (dpc --from-ir).
  * The form the graph takes before and after each pass is at the top of the
  * pass's file.
  */
@@ -30,10 +32,9 @@ const Pass pipeline[] = {
 	 layout_run},
 	{"setup", "INIT writes every param and buffer where the step reads it; EXPORT saves them",
 	 setup_run},
-	{"collectives", "each unit's collectives per its strategy, after its grads' last writer",
+	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
+			"view of the unit",
 	 collectives_run},
-	{"bucket", "a ddp unit's per-grad all_reduces fused into one over a zero-copy view",
-	 bucket_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
@@ -66,10 +67,31 @@ static int dump_file(const Graph *g, const char *dir, int nn, const char *name)
 	return 0;
 }
 
-/* Dump, print, verify: what happens after the front end and after each pass.
- * The dumps come first so that a graph the verifier rejects can be read. */
+/* ir_verify's report on g as a string (caller frees); *bad: how many
+ * violations it found. */
+static char *verify_text(const Graph *g, const char *after, int *bad)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *buf = open_memstream(&text, &len);
+	if (!buf)
+		die("out of memory");
+	*bad = ir_verify(g, after, buf);
+	fclose(buf);
+	return text;
+}
+
+/* Canonicalize, dump, print, verify: what happens after the front end and
+ * after each pass. The graph becomes the one its text reads back as
+ * (ir_canonicalize: ids included), so a pass sees the same graph whether
+ * the one before it ran in this process or its dump was read (dpc
+ * --from-ir); the sharding plan, whose ids that makes stale, is found
+ * again in the graph by the passes that need it (shard_plan). The dumps
+ * come first so that a graph the verifier rejects can be read. */
 static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
 {
+	ir_canonicalize(g);
+	g->shard = NULL;
 	if (o->dump_dir && dump_file(g, o->dump_dir, nn, name) < 0)
 		return -1;
 	if (o->dump_after && strcmp(o->dump_after, name) == 0)
@@ -77,13 +99,8 @@ static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
 	if (!o->verify)
 		return 0;
 	/* Collect the violations first, so the header precedes them. */
-	char *text = NULL;
-	size_t len = 0;
-	FILE *buf = open_memstream(&text, &len);
-	if (!buf)
-		die("out of memory");
-	int bad = ir_verify(g, name, buf);
-	fclose(buf);
+	int bad;
+	char *text = verify_text(g, name, &bad);
 	if (bad) {
 		fflush(o->dump_out ? o->dump_out : stdout);
 		fprintf(stderr, "dpc: internal error: IR verification failed after %s\n", name);
@@ -97,6 +114,32 @@ int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
 {
 	int rc = after(g, o, 0, "frontend");
 	for (int i = 0; rc == 0 && i < npipeline; i++) {
+		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
+			return -1;
+		rc = after(g, o, i + 1, pipeline[i].name);
+	}
+	return rc;
+}
+
+int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n)
+{
+	/* read IR must hold what every pass relies on: its violations are
+	 * mistakes in the text, not compiler bugs */
+	int bad;
+	char *text = verify_text(g, NULL, &bad);
+	if (bad) {
+		error_at(d, (Loc){0}, "the IR is not valid (%d problem%s):", bad,
+			 bad == 1 ? "" : "s");
+		fputs(text, d->out ? d->out : stderr);
+	}
+	free(text);
+	if (bad)
+		return -1;
+	int rc = 0;
+	for (int k = 0; rc == 0 && k < n; k++) {
+		int i = passes[k];
+		if (i < 0 || i >= npipeline)
+			die("pipeline: pass %d out of range", i);
 		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
 			return -1;
 		rc = after(g, o, i + 1, pipeline[i].name);

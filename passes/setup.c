@@ -115,8 +115,9 @@ static void cast_init(Graph *g, int to, int from)
 
 int setup_run(Graph *g, Diag *d)
 {
-	(void)d;
-	const ShardPlan *pl = shard_plan(g);
+	const ShardPlan *pl = shard_plan(g, d);
+	if (!pl)
+		return -1;
 	for (int i = 0; i < g->nvalues; i++)
 		if (g->values[i]->kind == DP_T_BUFFER)
 			setup_node(g, DP_OP_INIT, i, 0, NULL, IR_IN_INIT);

@@ -1,6 +1,6 @@
 /*
  * shard.c - what each data-parallel strategy does, and the small queries
- * the sharding passes (layout, setup, collectives, bucket) share.
+ * the sharding passes (layout, setup, collectives) share.
  *
  * The table below is the whole difference between the strategies; the
  * passes read it instead of testing strategy names, so a new strategy is a
@@ -38,11 +38,9 @@ const ShardStrategy shard_strategies[DP_NSTRAT] = {
 	[DP_STRAT_HYBRID_SHARD] = {1, 1, SHARD_REDUCE_SCATTER, SHARD_REPL_ALWAYS},
 };
 
-ShardPlan *shard_plan(const Graph *g)
+ShardPlan *shard_plan(Graph *g, Diag *d)
 {
-	if (!g->shard)
-		die("the sharding plan is missing (layout pass not run?)");
-	return g->shard;
+	return g->shard ? g->shard : layout_plan(g, d);
 }
 
 /* Context parallelism: the cp ranks of a group hold different tokens of the

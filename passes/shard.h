@@ -1,15 +1,16 @@
 /*
- * shard.h - the sharding plan shared by the passes layout, setup,
- * collectives and bucket (internal to passes/).
+ * shard.h - the sharding plan shared by the passes layout, setup and
+ * collectives (internal to passes/).
  *
  * What each data-parallel strategy does is one row of shard_strategies
  * (passes/shard.c). The layout pass reads it to group the parameters into
  * units and lay out the flat buffers, and leaves the result, a ShardPlan, on
  * the graph (Graph.shard); setup writes the INIT and EXPORT programs from
- * the plan, collectives inserts each unit's collectives as its strategy's
- * row says, and bucket fuses the per-gradient all_reduces of replicated
- * units. The plan is not part of the text IR: the passes after layout run
- * on the graph layout made, in the same dpc run.
+ * the plan, and collectives inserts each unit's collectives as its
+ * strategy's row says. The plan is not printed, but everything it holds is
+ * in the IR: the passes after layout find it again in the graph
+ * (layout_plan), so they run the same on a dump read back (dpc --from-ir)
+ * as in the run that made it.
  */
 #ifndef DP_SHARD_H
 #define DP_SHARD_H
@@ -80,8 +81,8 @@ typedef struct {
 	                      (they stay zero and need no collective) */
 	/* Value ids, -1 where the unit has none. In a graph where every unit is
 	 * uncut (all ddp) a unit has no values of its own: its params and grads
-	 * are views of flat.params / flat.grads and the bucket pass makes the
-	 * view its all_reduce runs on. */
+	 * are views of flat.params / flat.grads and the collectives pass makes
+	 * the view its all_reduce runs on. */
 	int full_p, full_g;     /* the unit's full params and grads (views or temporaries) */
 	int shard_p, shard_g;   /* this rank's part: views of the shard buffers */
 	int gather, gather_bwd; /* gathered: the gathered temporaries (forward, backward) */
@@ -118,8 +119,14 @@ typedef struct ShardPlan {
 	int nu;
 } ShardPlan;
 
-/* The plan the layout pass left on g (dies when it did not run). */
-ShardPlan *shard_plan(const Graph *g);
+/* The plan of g's layout: the one the layout pass left on g, else the one
+ * layout_plan finds in the graph; NULL after reporting a graph the layout
+ * pass cannot have made. */
+ShardPlan *shard_plan(Graph *g, Diag *d);
+/* passes/layout.c: the plan of a laid-out graph, found in the graph
+ * itself (its units decided again, their values found by name); it is left
+ * on g. NULL after reporting (through d) what does not fit. */
+ShardPlan *layout_plan(Graph *g, Diag *d);
 
 /* The axes a gradient is summed over (dp_replicate x dp_shard, and cp: its
  * ranks hold other tokens of the same samples), and the group a cut unit is

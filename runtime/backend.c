@@ -1,13 +1,13 @@
 /*
  * backend.c - finding and loading a compute backend for `dpexec --device`.
  *
- * The CPU backend is linked in. The CUDA backend is a shared object,
- * libdpcuda.so, that links the CUDA runtime, cuBLAS and NCCL; dpexec loads
- * it with dlopen only when asked for (--device cuda) or when --device auto
- * finds a GPU, so dpexec itself starts on a machine without any CUDA
- * library. auto asks the driver alone (libcuda.so.1, part of the NVIDIA
- * driver, not of the toolkit) whether there is a GPU before it loads
- * anything else, so a CPU machine pays nothing for it.
+ * The CPU backend is linked in (backend_cpu). The CUDA backend is a shared
+ * object, libdpcuda.so, that links the CUDA runtime, cuBLAS and NCCL;
+ * dpexec loads it with dlopen only when asked for (--device cuda) or when
+ * --device auto finds a GPU, so dpexec itself starts on a machine without
+ * any CUDA library. auto asks the driver alone (libcuda.so.1, part of the
+ * NVIDIA driver, not of the toolkit) whether there is a GPU before it
+ * loads anything else, so a CPU machine pays nothing for it.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -17,6 +17,11 @@
 
 #include "backend.h"
 #include "cpu/cpu.h"
+
+const BackendOps *backend_cpu(void)
+{
+	return &cpu_backend;
+}
 
 /* Once per process, before MPI_Init and before any backend: OpenBLAS's
  * kernels (cpu/gemm.c says why the choice is the process's). */

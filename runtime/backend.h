@@ -13,27 +13,38 @@
  * sizes, dtypes it cannot do; the operand rules are the step-file
  * decoder's), and the copies between host memory and its memory.
  *
- * Two kinds of backend:
- *  - synchronous (CPU): every call has finished when it returns and the
- *    memory is host memory. The stream members are NULL; exec.c emulates
- *    the two streams on the host (exec.h) with the MPI comm backend, checks
- *    for cross-stream hazards and polls MPI progress between instructions.
- *  - with streams (CUDA): calls enqueue work on the instruction's stream
- *    and return. Events, collectives (the backend's own communicators, one
- *    per stream and axis mask: a CommOps start has no stream, and NCCL
- *    serialises a communicator's work, so NCCL lives here, not behind
- *    CommOps) and the fork/join of the two streams around a program run are
- *    the backend's; sync() waits for everything issued, under the
- *    --timeout watchdog. With graph members, the executor captures one
- *    whole optimizer step once and replays it every step; nothing captured
- *    may depend on a host value that changes between steps (set_step
- *    happens outside the capture; step_head derives lr and t on the device).
+ * One shape for every backend: each fills every member below, except the
+ * graph members, which are optional (the one optional group: a backend
+ * without graphs has all three NULL, and the executor then enqueues every
+ * step). The executor's walk is the same for all: run_begin, each
+ * instruction through kernel / upload / copy2d / event_record / event_wait /
+ * collective (or read / write for INIT and SAVE), run_end, and sync.
+ *  - Streams. Calls enqueue work on the instruction's stream, in order;
+ *    cross-stream order comes only from events (exec.h says what they
+ *    mean). The fork/join of the two streams around a program run is
+ *    run_begin/run_end; sync() waits for everything issued, under the
+ *    --timeout watchdog. A backend chooses how its streams run: the CUDA
+ *    backend's are CUDA streams; the CPU backend runs them inline
+ *    (BACKEND_INLINE: each call has done its work when it returns, except
+ *    collectives, which it starts non-blocking on the MPI comm backend and
+ *    progresses between instructions), and checks on the host what a GPU
+ *    would race on (cpu/streams.c).
+ *  - Collectives go one route: executor -> the backend's collective() ->
+ *    its comm backend: MPI's CommOps (comm.h) on the CPU; on CUDA the
+ *    backend's own NCCL communicators, one per stream and axis mask (a
+ *    CommOps start has no stream, and NCCL serialises a communicator's
+ *    work, so NCCL lives in the backend, not behind CommOps).
+ *  - Graphs. With the graph members the executor captures one whole
+ *    optimizer step once and replays it every step; nothing captured may
+ *    depend on a host value that changes between steps (set_step happens
+ *    outside the capture; step_head derives lr and t on the device).
  *
- * The CPU backend is linked into dpexec (cpu_backend); the CUDA backend is
+ * The CPU backend is linked into dpexec (backend_cpu()); the CUDA backend is
  * a shared object that exports `dp_cuda_backend` (a const BackendOps) and
  * is loaded with dlopen (backend_load_cuda), so dpexec itself never links
  * a CUDA library. DP_BACKEND_ABI guards the layout of these structs across
- * that boundary.
+ * that boundary. Nothing outside a backend asks which backend it has: what
+ * differs is said by the table (flags, fallback, describe's answer).
  *
  * Every int function returns 0, or -1 with an RtErr.
  */
@@ -46,8 +57,18 @@
 #include "comm.h"
 #include "rt.h"
 
-/* Bump when BackendOps, Backend, BackendOpts or the step-file structs change. */
-#define DP_BACKEND_ABI (1000u + DP_STEP_VERSION)
+/* Bump when BackendOps, Backend, BackendOpts, Comm or the step-file structs change. */
+#define DP_BACKEND_ABI (2000u + DP_STEP_VERSION)
+
+/* BackendOps.flags */
+enum {
+	/* Work is done when the call that enqueues it returns (the CPU's streams
+	 * run inline; only collectives may still be in flight, until an event
+	 * wait or run_end): a launched step has finished, exec_prefetch has
+	 * nothing to overlap, and the host's clock times each instruction
+	 * (dpexec --trace). */
+	BACKEND_INLINE = 1u << 0,
+};
 
 typedef struct Backend Backend;
 typedef struct BackendOps BackendOps;
@@ -57,9 +78,14 @@ typedef struct {
 	int local_rank;   /* this rank's index among the ranks of its node: picks the device */
 	int no_graph;     /* 1: enqueue every optimizer step eagerly (no graph replay) */
 	double timeout_s; /* > 0: a wait longer than this fails and aborts the collectives */
+	int no_progress;  /* 1: do not progress collectives between instructions; they advance
+	                     only when waited for (dpexec --no-progress, to measure overlap;
+	                     a backend whose collectives progress by themselves ignores it) */
 } BackendOpts;
 
-/* Where the executor's walk is: for messages and the watchdog. */
+/* Where the executor's walk is, set before each instruction's call (valid
+ * between run_begin and run_end): for messages, hazard checks and the
+ * watchdog. */
 typedef struct {
 	int prog;       /* DpProgram */
 	uint32_t instr; /* index in the program */
@@ -69,7 +95,7 @@ typedef struct {
 struct Backend {
 	const BackendOps *ops;
 	const DpStep *s;
-	const Comm *comm; /* mesh coordinates, group sizes and ranks; the MPI comm */
+	Comm *comm;       /* mesh coordinates, group sizes and ranks; the MPI comm */
 	void **ptr;       /* [ntensors]: tensor i's address in the backend's memory,
 	                     NULL without storage; set by init */
 	BackendAt at;
@@ -79,6 +105,10 @@ struct Backend {
 struct BackendOps {
 	const char *name; /* "cpu", "cuda": --device names it */
 	unsigned abi;     /* DP_BACKEND_ABI of the build */
+	unsigned flags;   /* BACKEND_* */
+	/* The --device to suggest when this backend has no kernel for an op
+	 * ("cpu"); NULL: none (the reference backend). */
+	const char *fallback;
 
 	/* ---- before init: no device state (tests call these) ---- */
 	/* Usable devices (> 0); 0 with the reason in why when there is none
@@ -95,15 +125,16 @@ struct BackendOps {
 	/* ---- lifetime ---- */
 	/* Device, memory (b->ptr), streams, handles. b->ops, s and comm are set. */
 	int (*init)(Backend *b, const BackendOpts *o, RtErr *e);
-	/* One line about the device (logs). */
-	void (*describe)(Backend *b, char *buf, size_t len);
-	/* A failing rank, before MPI_Abort: stop collectives without waiting
-	 * (NULL: nothing to do). free() must still be safe afterwards. */
+	/* One line about the device into buf; returns 1 when every run's log
+	 * should show it, 0 when only --verbose asks for it. */
+	int (*describe)(Backend *b, char *buf, size_t len);
+	/* A failing rank, before MPI_Abort: stop collectives without waiting.
+	 * free() must still be safe afterwards. */
 	void (*abort)(Backend *b);
 	/* Waits for issued work (unless aborted), then releases everything. */
 	void (*free)(Backend *b);
 
-	/* ---- work in stream order (synchronous backends: done on return) ---- */
+	/* ---- work in stream order ---- */
 	int (*kernel)(Backend *b, const DpInstr *in, RtErr *e);
 	/* bytes from host memory into dst (a backend address); the host memory
 	 * (from host_alloc, for a capturable copy) must not change until the
@@ -119,33 +150,37 @@ struct BackendOps {
 	/* ---- host <-> backend, after every issued piece of work (synchronous) ---- */
 	int (*read)(Backend *b, const void *src, void *host, size_t bytes, RtErr *e);
 	int (*write)(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e);
-	/* Host memory for batches that upload reads (pinned on a GPU). NULL: malloc/free. */
+	/* Host memory for batches that upload reads (pinned on a GPU); NULL
+	 * when out of memory. */
 	void *(*host_alloc)(Backend *b, size_t bytes);
 	void (*host_free)(Backend *b, void *p);
 
-	/* ---- staged batches and step results: all NULL on a synchronous backend ---- */
+	/* ---- staged batches and step results ---- */
 	/* host (from host_alloc) is about to be written: wait until no copy
 	 * that stage_push issued still reads it. */
 	int (*stage_wait)(Backend *b, const void *host, RtErr *e);
 	/* host (from host_alloc, bytes long) now holds the batches of optimizer
 	 * step k: copy them into the backend's memory now, beside whatever runs
-	 * (at most the two steps before k may still be in flight). A LOAD inside
-	 * step k then reads that copy (upload maps the host address to it), so a
-	 * captured step reads the batches of whichever step it is replayed as. */
+	 * (at most the two steps before k may still be in flight), or leave
+	 * them where they are when a LOAD can read host memory itself. A LOAD
+	 * inside step k then reads step k's batches (upload maps the host
+	 * address to the copy), so a captured step reads the batches of
+	 * whichever step it is replayed as. */
 	int (*stage_push)(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e);
 	/* Wait for optimizer step k only (steps launched after it keep running)
 	 * and give its loss and grad-norm metrics (0 when the step file has
-	 * none), which the step left in host-visible memory: no device copy. */
+	 * none), which step_tail left where the host reads them without a
+	 * device copy. */
 	int (*step_wait)(Backend *b, uint64_t k, float metrics[2], RtErr *e);
 
 	/* ---- the optimizer step's scalars (lr; t = k + 1) ---- */
 	/* Before step k is started, outside any capture. */
 	int (*set_step)(Backend *b, uint64_t k, double lr, RtErr *e);
-	/* First and last work of a step, in stream order (captured); NULL: none. */
+	/* First and last work of a step, in stream order (captured). */
 	int (*step_head)(Backend *b, RtErr *e);
 	int (*step_tail)(Backend *b, RtErr *e);
 
-	/* ---- streams: all NULL on a synchronous backend ---- */
+	/* ---- streams ---- */
 	int (*run_begin)(Backend *b, DpProgram p, RtErr *e); /* both streams see what came before */
 	int (*run_end)(Backend *b, RtErr *e);                /* ... and what comes after sees the run */
 	int (*event_record)(Backend *b, unsigned stream, unsigned event, RtErr *e);
@@ -155,13 +190,15 @@ struct BackendOps {
 	/* Wait for everything issued; `what` names it in a timeout message. */
 	int (*sync)(Backend *b, const char *what, RtErr *e);
 
-	/* ---- graphs: all NULL without (the executor then enqueues each step) ---- */
+	/* ---- graphs: optional (all three, or none: the executor then enqueues
+	 * each step) ---- */
 	int (*capture_begin)(Backend *b, RtErr *e);
 	int (*capture_end)(Backend *b, RtErr *e); /* ends the capture even after a failure */
 	int (*replay)(Backend *b, RtErr *e);
 };
 
-/* The CPU backend (runtime/cpu/backend_cpu.c). */
+/* The CPU backend (runtime/cpu/backend_cpu.c). Outside runtime/cpu/ only
+ * the registry below names it: the rest asks backend_cpu(). */
 extern const BackendOps cpu_backend;
 
 /* Process-wide set-up every backend shares (OpenBLAS's core); dpexec calls
@@ -169,6 +206,9 @@ extern const BackendOps cpu_backend;
 void backend_process_init(void);
 
 /* ---- choosing and loading a backend (runtime/backend.c) ---- */
+
+/* The CPU backend: always there (--device cpu, and auto without a GPU). */
+const BackendOps *backend_cpu(void);
 
 /* The environment variable naming the CUDA backend's shared object. */
 #define BACKEND_CUDA_ENV "DPEXEC_CUDA_LIB"

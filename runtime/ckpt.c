@@ -1,6 +1,6 @@
 /*
  * ckpt.c - writing training-state checkpoints (full or sharded,
- * atomically), their state.json and the save directory (latest, keep_last,
+ * atomically), their state.json and the save directory (latest, the newest kept,
  * leftovers of killed saves). What a checkpoint holds and why it is laid out
  * so: ckpt.h and docs/CHECKPOINTS.md; the layout it writes from:
  * ckpt_layout.c; reading: ckpt_load.c.
@@ -226,6 +226,25 @@ static cJSON *hex32(uint32_t v)
 	return cJSON_CreateString(b);
 }
 
+/* A spec setting (the optimizer, the schedule) as state.json records it:
+ * its kind, and every field of its record by its IR key (format/settings.def:
+ * the same keys as the IR), a NONZERO one only when set. */
+static cJSON *add_spec(cJSON *o, const char *key, const DpStep *s, int spec)
+{
+	cJSON *t = cJSON_AddObjectToObject(o, key);
+	const void *f = dp_setting_cfield(s, spec);
+	cJSON_AddStringToObject(t, "kind", dp_kind_name(spec, (int)dp_field_get(f, DP_CT_U32)));
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (i == spec || st->rec != dp_settings[spec].rec || st->alias || !st->ir_key)
+			continue;
+		double v = dp_field_get(dp_setting_cfield(s, i), st->ctype);
+		if (st->ir_mode != DP_IRM_NONZERO || v != 0)
+			cJSON_AddNumberToObject(t, st->ir_key, v);
+	}
+	return t;
+}
+
 /* The JSON text of state.json (malloc'd), or NULL when out of memory. */
 static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, char **files,
 			const int64_t *sizes, int nfiles)
@@ -248,23 +267,11 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, char *
 	cJSON_AddNumberToObject(o, "epoch_sample",
 				per_epoch ? (double)((run->step % (uint64_t)per_epoch) * (uint64_t)gb) : 0);
 	cJSON_AddNumberToObject(o, "samples_seen", (double)run->step * (double)gb);
-	t = cJSON_AddObjectToObject(o, "optimizer");
-	cJSON_AddStringToObject(t, "kind", s->opt.kind <= DP_OPT_ADAMW ? ckpt_opt_kinds[s->opt.kind] : "?");
-	cJSON_AddNumberToObject(t, "lr", s->opt.lr);
-	cJSON_AddNumberToObject(t, "beta1", s->opt.beta1);
-	cJSON_AddNumberToObject(t, "beta2", s->opt.beta2);
-	cJSON_AddNumberToObject(t, "eps", s->opt.eps);
-	cJSON_AddNumberToObject(t, "weight_decay", s->opt.weight_decay);
-	cJSON_AddNumberToObject(t, "momentum", s->opt.momentum);
-	cJSON_AddNumberToObject(t, "clip", s->opt.clip);
+	t = add_spec(o, "optimizer", s, DP_SET_OPTIMIZER);
 	cJSON *st = cJSON_AddArrayToObject(t, "state");
 	for (int cc = 1; cc < c->ncomp; cc++)
 		cJSON_AddItemToArray(st, cJSON_CreateString(c->comp[cc]));
-	t = cJSON_AddObjectToObject(o, "schedule");
-	cJSON_AddStringToObject(t, "kind", s->sched.kind <= DP_SCHED_COSINE ? ckpt_sched_kinds[s->sched.kind] : "?");
-	cJSON_AddNumberToObject(t, "warmup", s->sched.warmup);
-	cJSON_AddNumberToObject(t, "steps", s->sched.steps ? s->sched.steps : s->cfg.steps);
-	cJSON_AddNumberToObject(t, "min_lr", s->sched.min_lr);
+	add_spec(o, "schedule", s, DP_SET_SCHEDULE);
 	t = cJSON_AddObjectToObject(o, "model");
 	cJSON_AddItemToObject(t, "hash", hex32(model_hash(c)));
 	cJSON *ts = cJSON_AddArrayToObject(t, "tensors");
@@ -407,7 +414,7 @@ int ckpt_prepare_dir(const Ckpt *c, const char *dir, RtErr *e)
 /* Rank 0: state.json into tmpdir, then tmpdir -> final, latest -> name. */
 static int publish(Ckpt *c, const char *dir, const char *name, const char *tmpdir,
 		   const char *final, CkptForm form, const CkptRun *run, char **files,
-		   const int64_t *sizes, int nfiles, int64_t *bytes, int keep_last, RtErr *e)
+		   const int64_t *sizes, int nfiles, int64_t *bytes, int keep, RtErr *e)
 {
 	char err[1024], p[4096];
 	char *text = state_json(c, form, run, files, sizes, nfiles);
@@ -452,11 +459,11 @@ static int publish(Ckpt *c, const char *dir, const char *name, const char *tmpdi
 	}
 	if (rc)
 		return RT_FAIL(e, "%s (the checkpoint %s is complete)", err, final);
-	prune(dir, keep_last, (long long)run->step);
+	prune(dir, keep, (long long)run->step);
 	return 0;
 }
 
-int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep_last,
+int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep,
 	      char **path, int64_t *bytes, RtErr *e)
 {
 	World *w = c->w;
@@ -519,7 +526,7 @@ int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int k
 		for (int i = 0; ok && i < nfiles; i++)
 			ok = files[i] != NULL;
 		rc = ok ? publish(c, dir, name, tmpdir, final, form, run, files, sizes, nfiles, &total,
-				  keep_last, e)
+				  keep, e)
 			: RT_FAIL(e, "out of memory");
 		if (rc)
 			remove_tree(tmpdir);

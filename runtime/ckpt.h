@@ -32,7 +32,7 @@
  * Atomicity: files go to DIR/step-NNNNNN.dptmp/, state.json is written
  * last, the directory is fsync'ed and renamed to DIR/step-NNNNNN, then
  * DIR/latest (a file naming it, written atomically) is updated and older
- * checkpoints beyond keep_last are removed. A directory without the .dptmp
+ * checkpoints beyond the newest `keep` are removed. A directory without the .dptmp
  * suffix is complete; `latest` only ever names a complete one; a killed
  * save leaves a .dptmp directory that the next run removes.
  */
@@ -69,10 +69,10 @@ int64_t ckpt_params(const Ckpt *c);
  * has room for a checkpoint, and remove what killed saves left there. */
 int ckpt_prepare_dir(const Ckpt *c, const char *dir, RtErr *e);
 /* Every rank: save the state after run->step steps as DIR/step-NNNNNN, then
- * point DIR/latest at it and keep the newest keep_last (0: all). A
+ * point DIR/latest at it and keep the newest `keep` (0: all). A
  * collective; agreed: 0 on every rank or -1 on every rank. *path (rank 0,
  * malloc'd, may be NULL) gets the checkpoint's path, *bytes its size. */
-int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep_last,
+int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep,
 	      char **path, int64_t *bytes, RtErr *e);
 
 /* The checkpoint directory --resume ARG names: ARG/latest's target, the

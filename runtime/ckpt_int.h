@@ -7,6 +7,7 @@
 #define DP_CKPT_INT_H
 
 #include "ckpt.h"
+#include "settings.h"
 
 #define CKPT_FORMAT "dp-checkpoint"
 #define CKPT_VERSION 1
@@ -60,10 +61,6 @@ struct Ckpt {
 	int64_t *ent_count;            /* [nent * size]: elements rank r owns of entry e */
 };
 
-
-/* Names (ORDER DpOptKind, DpSchedKind). */
-extern const char *const ckpt_opt_kinds[2];
-extern const char *const ckpt_sched_kinds[2];
 
 /* ckpt_layout.c */
 const char *ckpt_ent_name(const Ckpt *c, int e);

@@ -53,8 +53,6 @@ typedef struct {
 	int32_t state[CKPT_MAX_COMP]; /* component c >= 1: tensor id, -1 none */
 } OptUse;
 
-const char *const ckpt_opt_kinds[2] = {"sgd", "adamw"};       /* DpOptKind */
-const char *const ckpt_sched_kinds[2] = {"constant", "cosine"}; /* DpSchedKind */
 
 const char *ckpt_ent_name(const Ckpt *c, int e)
 {

@@ -264,7 +264,7 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 	free(seen);
 	const cJSON *opt = jget(js, "optimizer");
 	const char *kind = jstr(opt, "kind");
-	const char *mine = s->opt.kind <= DP_OPT_ADAMW ? ckpt_opt_kinds[s->opt.kind] : "?";
+	const char *mine = dp_kind_name(DP_SET_OPTIMIZER, (int)s->opt.kind);
 	if (strcmp(kind, mine) && ndiff++ < 5)
 		addf(&diff, "\n  its optimizer is %s, this model's %s", kind, mine);
 	/* the run: the data order depends on the seed and the global batch */
@@ -282,21 +282,29 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 		free(diff);
 		return -1;
 	}
-	/* hyperparameters may change on resume: say so */
-	const char *keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "clip"};
-	const float vals[] = {s->opt.lr, s->opt.beta1, s->opt.beta2, s->opt.eps,
-			      s->opt.weight_decay, s->opt.momentum, s->opt.clip};
-	for (int q = 0; q < 7; q++) {
-		double v = jnum(opt, keys[q], vals[q]);
-		if ((float)v != vals[q])
-			addf(notes, "note: %s is %g in this step file, %g in the checkpoint\n", keys[q],
-			     (double)vals[q], v);
-	}
+	/* hyperparameters may change on resume: say so (the optimizer's fields
+	 * one by one, the schedule as a whole) */
 	const cJSON *sc = jget(js, "schedule");
-	uint32_t steps = s->sched.steps ? s->sched.steps : s->cfg.steps;
-	if (strcmp(jstr(sc, "kind"), s->sched.kind <= DP_SCHED_COSINE ? ckpt_sched_kinds[s->sched.kind] : "?") ||
-	    (uint32_t)jnum(sc, "warmup", 0) != s->sched.warmup || (uint32_t)jnum(sc, "steps", 0) != steps ||
-	    (float)jnum(sc, "min_lr", 0) != s->sched.min_lr)
+	int sched_differs = strcmp(jstr(sc, "kind"), dp_kind_name(DP_SET_SCHEDULE, (int)s->sched.kind));
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		int in_opt = st->rec == DP_REC_OPT, in_sched = st->rec == DP_REC_SCHED;
+		if ((!in_opt && !in_sched) || st->alias || !st->ir_key || st->ir_mode == DP_IRM_HEAD)
+			continue;
+		double mine_v = dp_field_get(dp_setting_cfield(s, i), st->ctype);
+		/* a key the checkpoint lacks: a NONZERO one was 0; an optimizer's is not
+		 * worth a note */
+		double v = jnum(in_opt ? opt : sc, st->ir_key,
+				st->ir_mode == DP_IRM_NONZERO || in_sched ? 0 : mine_v);
+		if ((float)v == (float)mine_v)
+			continue;
+		if (in_sched)
+			sched_differs = 1;
+		else
+			addf(notes, "note: %s is %g in this step file, %g in the checkpoint\n", st->ir_key,
+			     mine_v, v);
+	}
+	if (sched_differs)
 		addf(notes, "note: the lr schedule differs from the checkpoint's\n");
 	return 0;
 }

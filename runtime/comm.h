@@ -8,16 +8,16 @@
  * Collectives are started, not completed: each start returns a ticket (a
  * number that grows by one per started collective, in issue order), and
  * comm's wait(ticket) blocks until every collective started before that
- * ticket has finished. This is what a stream gives you: the executor turns
- * "EVENT_RECORD on the comm stream" into "remember comm_issued()" and
- * "EVENT_WAIT on the compute stream" into "wait(remembered ticket)". A
- * collective over a group of one rank is a no-op (or a copy) and gets a
- * ticket that is already complete.
+ * ticket has finished. This is what a stream gives you: the CPU compute
+ * backend's streams (cpu/streams.c) turn "EVENT_RECORD on the comm stream"
+ * into "remember c->issued" and "EVENT_WAIT on the compute stream" into
+ * "wait(remembered ticket)". A collective over a group of one rank is a
+ * no-op (or a copy) and gets a ticket that is already complete.
  *
  * The MPI backend (comm_mpi.c) uses non-blocking MPI collectives; Open MPI
- * advances them only inside MPI calls, so the executor calls progress()
- * between instructions. A NCCL backend fits the same table: starts enqueue on
- * the comm stream, tickets map to recorded cudaEvents.
+ * advances them only inside MPI calls, so the CPU backend calls progress()
+ * between instructions. (The CUDA backend keeps its NCCL communicators to
+ * itself, one per stream: backend.h says why.)
  *
  * Every function returns 0, or -1 with an RtErr. With timeout_s > 0 a wait
  * that takes longer fails with a message instead of hanging.
@@ -69,6 +69,8 @@ struct Comm {
 	uint32_t mesh[DP_MAX_AXES];
 	int coord[DP_MAX_AXES]; /* rank = ((r*S + s)*C + c)*T + t */
 	int64_t issued;         /* tickets handed out so far: the next ticket */
+	int64_t completed;      /* every ticket below it has completed (as the last wait or
+	                           progress() saw; a trace reads it) */
 	double timeout_s;       /* 0: waits never time out */
 	CommStats stats;
 	void *impl;             /* backend state */

@@ -7,9 +7,9 @@
  * rank, so group ranks follow the mesh's row-major order). Collectives are
  * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather;
  * their requests sit in an array indexed by ticket. Open MPI has no progress
- * thread by default, so the executor calls progress() (MPI_Testall on the
- * open requests) between instructions; without that, "overlap" would only
- * happen inside the final wait.
+ * thread by default, so the CPU backend calls progress() (MPI_Testall on
+ * the open requests) between instructions; without that, "overlap" would
+ * only happen inside the final wait.
  *
  * Every wait goes through world_waitall (world.h): full-speed polling for
  * the first milliseconds, then sleeps that back off, so a stopped or lost
@@ -242,6 +242,7 @@ static int mpi_wait(Comm *c, int64_t upto, RtErr *e)
 		RT_CHECK(complete(c, m->first_open, to, e));
 		m->first_open = to;
 	}
+	c->completed = m->base + m->first_open;
 	if (m->first_open == m->nreq) {
 		/* everything issued is complete: recycle the array */
 		m->base += m->nreq;

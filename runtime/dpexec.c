@@ -27,13 +27,7 @@
  * checkpoint is written when saving is configured, rank 0 says how to
  * resume, and the job exits with 128 + the signal.
  *
- * Learning-rate schedule (tests replicate it in PyTorch), for optimizer step
- * k counted from 0:
- *   constant:  lr
- *   cosine:    k < warmup:  lr * (k + 1) / warmup
- *              else:        min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * q)),
- *                           q = min(1, (k - warmup) / (T - warmup)),
- *              T = sched.steps (cfg.steps when 0); q = 1 when T <= warmup.
+ * The learning-rate schedule is exec_lr's (runtime/exec.c).
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
  */
@@ -48,7 +42,9 @@
 #include <mpi.h>
 
 #include "ckpt.h"
+#include "cliopt.h"
 #include "comm.h"
+#include "settings.h"
 #include "exec.h"
 #include "metrics.h"
 #include "rt.h"
@@ -63,7 +59,6 @@
 
 typedef struct {
 	const char *step_path;
-	long steps;          /* -1: cfg.steps */
 	const char *device;
 	const char *save_full;
 	const char *init_from;
@@ -72,11 +67,12 @@ typedef struct {
 	const char *log_json;
 	const char *save_dir;
 	const char *resume;
-	long save_every;     /* -1: cfg.save_every */
-	long keep_last;      /* -1: cfg.keep_last */
 	CkptForm save_form;
-	long eval_every;     /* -1: cfg.eval_every */
-	long log_every;      /* -1: cfg.log_every */
+	/* the settings-backed flags (format/settings.def's dpexec flags: --steps,
+	 * --save-every, ...): given[id] when one overrides setting id's value in
+	 * the step file (applied as it is read) */
+	unsigned char given[DP_NSETTINGS];
+	int64_t value[DP_NSETTINGS];
 	int quiet, verbose, check_grads, no_progress, no_graph;
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
@@ -108,6 +104,22 @@ typedef struct {
 	RtErr e;
 } Run;
 
+/* The settings-backed flags' help, from their rows. */
+static void setting_flags_help(FILE *f)
+{
+	for (int i = 0; i < DP_NSETTINGS; i++) {
+		const DpSetting *st = &dp_settings[i];
+		if (st->flag_prog != DP_FLAG_DPEXEC)
+			continue;
+		char head[64], text[512];
+		snprintf(head, sizeof head, "  --%s N", st->flag);
+		snprintf(text, sizeof text, "%s (%s's %s%s%s)", st->help,
+			 st->section == DP_SEC_EVAL ? "eval" : "train", st->name,
+			 st->flag_lo == 0 ? "; 0: " : "", st->flag_lo == 0 ? (st->zero ? st->zero : "none") : "");
+		dp_help_line(f, head, text, 24);
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -117,23 +129,11 @@ static void usage(FILE *f)
 		"The world size must equal the mesh the step file was compiled for.\n"
 		"\n"
 		"options:\n"
-		"  --steps N             optimizer steps to run (default: the step file's)\n"
 		"  --device auto|cpu|cuda\n"
-		"                        compute device (default auto: the GPU when the CUDA\n"
-		"                        driver reports one on every rank and the CUDA backend\n"
-		"                        loads, else the CPU with a one-line notice saying why).\n"
-		"                        cuda without a usable GPU is an error naming the cause.\n"
-		"                        The CUDA backend is libdpcuda.so beside this dpexec, or\n"
-		"                        the file $" BACKEND_CUDA_ENV " names; dpexec itself needs\n"
-		"                        no CUDA library\n"
-		"  --no-graph            (cuda) enqueue every step instead of replaying the step\n"
-		"                        captured once as a CUDA Graph (same kernels; debugging)\n"
-		"  --eval-every N        evaluate every N steps, 0 = only at the end\n"
-		"                        (default: the step file's); needs an eval block\n"
-		"  --log-every N         log every N steps (default: the step file's)\n"
+		"                        compute device (default auto: cuda when a GPU is found)\n"
 		"  --quiet               no per-step log lines\n"
-		"  --verbose             also log communication and host time per log line, and\n"
-		"                        show the rank, host and source location of an error\n"
+		"  --verbose             also log communication time per log line, and show the\n"
+		"                        rank, host and source location of an error\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
 		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, loss,\n"
@@ -161,9 +161,6 @@ static void usage(FILE *f)
 		"                        on SIGINT/SIGTERM and every --save-every steps; DIR/latest\n"
 		"                        names the newest complete one (default DIR: checkpoints,\n"
 		"                        when the model sets save_every; with --resume, its DIR)\n"
-		"  --save-every N        a checkpoint every N steps (default: the model's save_every)\n"
-		"  --keep-last K         keep the newest K checkpoints (default: the model's\n"
-		"                        keep_last; 0: all)\n"
 		"  --save-form full|sharded\n"
 		"                        full (default): rank 0 writes model.safetensors (loads in\n"
 		"                        PyTorch) and optimizer.safetensors; sharded: every rank\n"
@@ -172,6 +169,10 @@ static void usage(FILE *f)
 		"  --resume PATH         continue from a checkpoint: DIR (its latest), DIR/latest or\n"
 		"                        DIR/step-N; the steps after it repeat the uninterrupted\n"
 		"                        run's exactly at the same layout\n"
+		"\nthe model's settings (each overrides the step file's value):\n",
+		DPEXEC_CPU_PEAK_TFLOPS);
+	setting_flags_help(f);
+	fprintf(f,
 		"\n"
 		"  -h, --help            this text\n"
 		"\n"
@@ -180,8 +181,7 @@ static void usage(FILE *f)
 		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
 		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
 		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
-		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n",
-		DPEXEC_CPU_PEAK_TFLOPS);
+		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -197,17 +197,14 @@ static int parse_long(const char *s, long lo, long *out)
 /* 0: run; 1: exit 0 (help); -1: usage error (message printed). */
 static int parse_opts(int argc, char **argv, Opts *o)
 {
-	enum { O_STEPS = 256, O_DEVICE, O_SAVE_FULL, O_INIT_FROM, O_EVAL_EVERY, O_LOG_EVERY,
+	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
-	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_EVERY, O_KEEP_LAST, O_SAVE_FORM,
-	       O_RESUME };
-	static const struct option longopts[] = {
-		{"steps", required_argument, NULL, O_STEPS},
+	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
+	       O_RESUME, O_SETTING /* + the setting's id: its dpexec flag */ };
+	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"save-full", required_argument, NULL, O_SAVE_FULL},
 		{"init-from", required_argument, NULL, O_INIT_FROM},
-		{"eval-every", required_argument, NULL, O_EVAL_EVERY},
-		{"log-every", required_argument, NULL, O_LOG_EVERY},
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"verbose", no_argument, NULL, O_VERBOSE},
 		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
@@ -219,16 +216,16 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"log-json", required_argument, NULL, O_LOG_JSON},
 		{"peak-tflops", required_argument, NULL, O_PEAK},
 		{"save-dir", required_argument, NULL, O_SAVE_DIR},
-		{"save-every", required_argument, NULL, O_SAVE_EVERY},
-		{"keep-last", required_argument, NULL, O_KEEP_LAST},
 		{"save-form", required_argument, NULL, O_SAVE_FORM},
 		{"resume", required_argument, NULL, O_RESUME},
 		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
 	};
-	*o = (Opts){.steps = -1, .device = "auto", .eval_every = -1, .log_every = -1,
-		    .timeout = WORLD_DEFAULT_TIMEOUT, .save_every = -1, .keep_last = -1,
-		    .save_form = CKPT_FULL, .argc = argc, .argv = argv};
+	/* the fixed options, then a flag per setting that has a dpexec flag */
+	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
+	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPEXEC,
+			   O_SETTING);
+	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
+		    .argc = argc, .argv = argv};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
@@ -236,10 +233,6 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case 'h':
 			usage(stdout);
 			return 1;
-		case O_STEPS:
-			if (parse_long(optarg, 0, &o->steps))
-				goto badnum;
-			break;
 		case O_DEVICE:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
 				fprintf(stderr, "dpexec: error: --device must be auto, cpu or cuda, not '%s'\n",
@@ -253,14 +246,6 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_INIT_FROM:
 			o->init_from = optarg;
-			break;
-		case O_EVAL_EVERY:
-			if (parse_long(optarg, 0, &o->eval_every))
-				goto badnum;
-			break;
-		case O_LOG_EVERY:
-			if (parse_long(optarg, 1, &o->log_every))
-				goto badnum;
 			break;
 		case O_QUIET:
 			o->quiet = 1;
@@ -306,14 +291,6 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_RESUME:
 			o->resume = optarg;
 			break;
-		case O_SAVE_EVERY:
-			if (parse_long(optarg, 0, &o->save_every))
-				goto badnum;
-			break;
-		case O_KEEP_LAST:
-			if (parse_long(optarg, 0, &o->keep_last))
-				goto badnum;
-			break;
 		case O_SAVE_FORM:
 			if (!strcmp(optarg, "full") || !strcmp(optarg, "sharded")) {
 				o->save_form = !strcmp(optarg, "full") ? CKPT_FULL : CKPT_SHARDED;
@@ -323,12 +300,19 @@ static int parse_opts(int argc, char **argv, Opts *o)
 				optarg);
 			return -1;
 		case ':':
-			fprintf(stderr, "dpexec: error: option '%s' needs a value (see --help)\n",
-				argv[optind - 1]);
-			return -1;
 		default:
-			fprintf(stderr, "dpexec: error: unknown option '%s' (see --help)\n",
-				argv[optind - 1]);
+			if (c >= O_SETTING && c < O_SETTING + DP_NSETTINGS) {
+				/* the setting's range, with the flag's own floor (0: off) */
+				const DpSetting *st = &dp_settings[c - O_SETTING];
+				long v;
+				if (parse_long(optarg, (long)st->flag_lo, &v) ||
+				    (st->hi_bound == DP_B_LE && (double)v > st->hi))
+					goto badnum;
+				o->given[c - O_SETTING] = 1;
+				o->value[c - O_SETTING] = v;
+				break;
+			}
+			cli_bad_option(stderr, "dpexec", c, argc, argv, ":h", longopts);
 			return -1;
 		}
 		continue;
@@ -487,7 +471,7 @@ static int evaluate(Run *r, EvalResult *ev)
 static int save_state(Run *r, uint64_t step, double loss)
 {
 	CkptRun run = {step, loss, r->train ? data_count(r->train) : 0};
-	int64_t keep = r->o.keep_last >= 0 ? r->o.keep_last : r->step.cfg.keep_last;
+	int64_t keep = r->step.cfg.keep_last;
 	char *path = NULL;
 	int64_t bytes = 0;
 	double t0 = MPI_Wtime();
@@ -551,7 +535,8 @@ static int setup_local(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout};
+	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout,
+			  .no_progress = r->o.no_progress};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)
@@ -559,7 +544,6 @@ static int setup_local(Run *r)
 	MPI_Comm_rank(node, &bo.local_rank);
 	MPI_Comm_free(&node);
 	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
-	r->x.no_progress = r->o.no_progress;
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
 		const uint32_t *m = s->cfg.mesh;
@@ -571,12 +555,9 @@ static int setup_local(Run *r)
 		printf(" (%d rank%s), strategy %s\n", r->world, r->world == 1 ? "" : "s",
 		       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 		printf("arena: %.2f MiB per rank\n", (double)s->cfg.arena_bytes / (1 << 20));
-		/* the CPU's bf16 path and workspace are worth a line */
-		if (r->ops != &cpu_backend || dp_step_has_bf16(s) || r->o.verbose) {
-			char d[512];
-			exec_describe(&r->x, d, sizeof d);
+		char d[512]; /* the backend says whether its line is worth printing */
+		if (exec_describe(&r->x, d, sizeof d) || r->o.verbose)
 			printf("device: %s\n", d);
-		}
 	}
 	RT_CHECK(run_init(r));
 	int has_train = 0, has_eval = 0;
@@ -598,7 +579,7 @@ static int setup_local(Run *r)
 		return 0;
 
 	RT_CHECK(ckpt_new(&r->ck, &r->x, &r->w, r->o.step_path, e));
-	uint64_t save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+	uint64_t save_every = s->cfg.save_every;
 	char *parent = NULL;
 	if (r->o.resume)
 		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, e));
@@ -653,7 +634,7 @@ static int setup(Run *r)
 	rc = setup_local(r);
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	/* the logs (rank 0), once everything else is known to be right */
-	uint64_t steps = r->o.steps >= 0 ? (uint64_t)r->o.steps : s->cfg.steps;
+	uint64_t steps = s->cfg.steps;
 	Metrics *m = &r->m;
 	m->quiet = r->o.quiet;
 	m->world = r->world;
@@ -669,13 +650,14 @@ static int setup(Run *r)
 		m->peak_flops = (r->o.peak_tflops > 0 ? r->o.peak_tflops : DPEXEC_CPU_PEAK_TFLOPS) * 1e12;
 	}
 	rc = r->rank == 0 ? metrics_open(m, r->o.losses, r->o.log_json, e) : 0;
-	if (rc == 0 && r->rank == 0 && r->o.steps >= 0 && s->sched.kind == DP_SCHED_COSINE) {
+	if (rc == 0 && r->rank == 0 && r->o.given[DP_SET_STEPS] && s->sched.kind == DP_SCHED_COSINE) {
 		uint64_t total = s->sched.steps ? s->sched.steps : s->cfg.steps;
-		if (steps < total)
+		if (steps < total) /* exec_lr at the schedule's end is its floor */
 			fprintf(stderr, "dpexec: warning: --steps %llu ends the run before its cosine "
-					"schedule does (%llu steps): the last lr is %.3g, not min_lr %.3g\n",
+					"schedule does (%llu steps): the last lr is %.3g, not %s %.3g\n",
 				(unsigned long long)steps, (unsigned long long)total,
-				exec_lr(s, steps ? steps - 1 : 0), (double)s->sched.min_lr);
+				exec_lr(s, steps ? steps - 1 : 0), dp_settings[DP_SET_COSINE_MIN_LR].name,
+				exec_lr(s, total));
 	}
 	return world_sync(&r->w, rc, sig_pending(), e);
 }
@@ -803,10 +785,9 @@ static int train(Run *r)
 	Comm *c = r->comm;
 	Metrics *m = &r->m;
 	Loop lp = {.steps = m->steps};
-	lp.eval_every = r->o.eval_every >= 0 ? (uint64_t)r->o.eval_every : s->cfg.eval_every;
-	lp.log_every = r->o.log_every >= 1 ? (uint64_t)r->o.log_every
-					   : (s->cfg.log_every ? s->cfg.log_every : 1);
-	lp.save_every = r->o.save_every >= 0 ? (uint64_t)r->o.save_every : s->cfg.save_every;
+	lp.eval_every = s->cfg.eval_every;
+	lp.log_every = s->cfg.log_every ? s->cfg.log_every : 1;
+	lp.save_every = s->cfg.save_every;
 	lp.t_log = lp.t_report = lp.t_all = MPI_Wtime();
 	c->stats = (CommStats){0};
 	lp.at_log = c->stats;
@@ -884,10 +865,15 @@ static int load_step(Run *r)
 {
 	char err[1024];
 	int rc = 0;
-	if (dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0)
+	if (dpstep_read_file(r->o.step_path, &r->step, err, sizeof err) == 0) {
 		r->have_step = 1;
-	else
+		for (int i = 0; i < DP_NSETTINGS; i++) /* dpexec's flags win */
+			if (r->o.given[i])
+				dp_field_seti(dp_setting_field(&r->step, i), dp_settings[i].ctype,
+					      r->o.value[i]);
+	} else {
 		rc = RT_FAIL(&r->e, "%s", err);
+	}
 	RT_CHECK(world_sync(&r->w, rc, 0, &r->e));
 	uint64_t want = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
@@ -919,7 +905,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	const char *dev = r->o.device;
 	const BackendOps *cuda = NULL;
 	char why[512] = "";
-	r->ops = &cpu_backend;
+	r->ops = backend_cpu();
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
@@ -952,7 +938,7 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 /* The trained run and what follows it, with --trace around them. */
 static int train_and_export(Run *r)
 {
-	if (r->o.trace && r->ops != &cpu_backend)
+	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
 		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
 	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
 		return -1;

@@ -3,14 +3,15 @@
  * (backend.h), staged batches, and the walk over a program with the
  * two-stream semantics described in exec.h, once for every backend.
  *
- * On a synchronous backend (CPU) the executor emulates the two streams on
- * the host: between instructions it lets the comm backend progress its
- * pending collectives (Open MPI advances non-blocking collectives only
- * inside MPI calls), so communication started on the comm stream really
- * overlaps the compute that follows it; the comm backend counts the time
- * the compute stream spends blocked in waits, which is the communication
- * left exposed. On a backend with streams (CUDA) events and collectives are
- * the backend's, and an optimizer step is captured once and replayed.
+ * The walk hands every instruction to the backend, in program order, and
+ * knows nothing of how the backend runs its streams: a collective is the
+ * backend's collective() (the CPU's starts it on the MPI comm backend and
+ * progresses it between instructions; CUDA's enqueues NCCL on a stream),
+ * an event its event_record/event_wait, and the checks of what may overlap
+ * are the backend's (the CPU's hazard check, cpu/streams.c). What the walk
+ * checks itself is backend-independent: a wait for an event that was not
+ * recorded earlier in the run is a schedule error. An optimizer step is
+ * captured once and replayed where the backend has graphs.
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,13 +19,6 @@
 #include <string.h>
 
 #include "exec.h"
-
-struct InFlight {
-	int64_t ticket;          /* comm ticket of the collective */
-	uint64_t rlo, rhi;       /* bytes it reads */
-	uint64_t wlo, whi;       /* bytes it writes */
-	uint32_t instr;          /* its index in the program, for messages */
-};
 
 int64_t exec_numel(const DpTensor *t)
 {
@@ -36,6 +30,13 @@ static const char *tname(const DpStep *s, int id)
 	return id >= 0 ? dpstep_str(s, s->tensors[id].name) : "-";
 }
 
+/* The learning-rate schedule (tests replicate it in PyTorch; the CUDA
+ * backend's k_sched computes the same), for optimizer step k counted from 0:
+ *   constant:  lr
+ *   cosine:    k < warmup:  lr * (k + 1) / warmup
+ *              else:        min_lr + 0.5 * (lr - min_lr) * (1 + cos(pi * q)),
+ *                           q = min(1, (k - warmup) / (T - warmup)),
+ *              T = sched.steps (cfg.steps when 0); q = 1 when T <= warmup. */
 double exec_lr(const DpStep *s, uint64_t k)
 {
 	double lr = s->opt.lr;
@@ -122,8 +123,9 @@ int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in,
 {
 	if (!ops->has_kernel(in->op))
 		return RT_FAIL(e, "step file: the %s backend has no kernel for %s (the instruction "
-			       "writing '%s')%s", ops->name, dp_op_names[in->op],
-			       tname(s, in->out), ops == &cpu_backend ? "" : "; use --device cpu");
+			       "writing '%s')%s%s", ops->name, dp_op_names[in->op],
+			       tname(s, in->out), ops->fallback ? "; use --device " : "",
+			       ops->fallback ? ops->fallback : "");
 	return ops->check(s, in, e);
 }
 
@@ -135,21 +137,6 @@ struct Stage {
 	int slots;          /* grad_accum (train), 1 (eval) */
 	void *host;         /* slots * bytes, from the backend's host_alloc */
 };
-
-static void *host_alloc(Exec *x, size_t bytes)
-{
-	const BackendOps *o = x->be.ops;
-	return o->host_alloc ? o->host_alloc(&x->be, bytes) : malloc(bytes);
-}
-
-static void host_free(Exec *x, void *p)
-{
-	const BackendOps *o = x->be.ops;
-	if (p && o->host_alloc)
-		o->host_free(&x->be, p);
-	else
-		free(p);
-}
 
 /* A stage for every source that a LOAD reads. */
 static int stage_init(Exec *x, RtErr *e)
@@ -171,7 +158,7 @@ static int stage_init(Exec *x, RtErr *e)
 			g->bytes = (size_t)exec_tensor_bytes(s, in->out);
 			g->slots = p == DP_PROG_STEP ? (int)s->cfg.grad_accum : 1;
 			size_t all = g->bytes * (size_t)g->slots;
-			g->host = host_alloc(x, all ? all : 1);
+			g->host = x->be.ops->host_alloc(&x->be, all ? all : 1);
 			if (!g->host)
 				return RT_FAIL(e, "out of memory: %zu bytes of batch staging", all);
 		}
@@ -182,7 +169,8 @@ static void stage_free(Exec *x)
 {
 	for (uint32_t i = 0; x->stage && i < x->s->nsources; i++)
 		if (x->stage[i]) {
-			host_free(x, x->stage[i]->host);
+			if (x->stage[i]->host)
+				x->be.ops->host_free(&x->be, x->stage[i]->host);
 			free(x->stage[i]);
 		}
 	free(x->stage);
@@ -201,9 +189,9 @@ static int fill_train(Exec *x, uint32_t src, uint64_t k, void *dst, RtErr *e)
 	return 0;
 }
 
-/* Stage step k's batches in the host buffers; on a backend with streams
- * also push them to the device (after the previous push has left the
- * buffer), so the copy overlaps the steps still running. */
+/* Stage step k's batches in the host buffers and push them to the backend
+ * (after the previous push has left the buffer), so that on a backend with
+ * streams the copy overlaps the steps still running. */
 static int stage_step(Exec *x, uint64_t k, RtErr *e)
 {
 	const DpStep *s = x->s;
@@ -216,11 +204,9 @@ static int stage_step(Exec *x, uint64_t k, RtErr *e)
 		if (!g || s->sources[src].split != DP_SPLIT_TRAIN)
 			continue;
 		size_t all = g->bytes * (size_t)g->slots;
-		if (o->stage_wait)
-			RT_CHECK(o->stage_wait(&x->be, g->host, e));
+		RT_CHECK(o->stage_wait(&x->be, g->host, e));
 		RT_CHECK(fill_train(x, src, k, g->host, e));
-		if (o->stage_push)
-			RT_CHECK(o->stage_push(&x->be, g->host, all, k, e));
+		RT_CHECK(o->stage_push(&x->be, g->host, all, k, e));
 	}
 	x->staged_step = (int64_t)k;
 	return 0;
@@ -228,8 +214,8 @@ static int stage_step(Exec *x, uint64_t k, RtErr *e)
 
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e)
 {
-	if (!x->be.ops->stage_push)
-		return 0; /* a synchronous backend has finished the step: nothing overlaps */
+	if (x->be.ops->flags & BACKEND_INLINE)
+		return 0; /* the steps launched have finished: nothing to overlap */
 	return stage_step(x, k, e);
 }
 
@@ -272,9 +258,8 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
 		}
 
 	x->be = (Backend){.ops = ops, .s = s, .comm = comm};
-	x->event_ticket = calloc(s->nevents ? s->nevents : 1, sizeof *x->event_ticket);
 	x->event_set = calloc(s->nevents ? s->nevents : 1, 1);
-	if (!x->event_ticket || !x->event_set) {
+	if (!x->event_set) {
 		exec_free(x);
 		return RT_FAIL(e, "out of memory (events)");
 	}
@@ -296,21 +281,19 @@ void exec_free(Exec *x)
 	if (x->have_be)
 		x->be.ops->free(&x->be);
 	free(x->bounce);
-	free(x->event_ticket);
 	free(x->event_set);
-	free(x->fl);
 	memset(x, 0, sizeof *x);
 }
 
 void exec_abort(Exec *x)
 {
-	if (x->have_be && x->be.ops->abort)
+	if (x->have_be)
 		x->be.ops->abort(&x->be);
 }
 
-void exec_describe(Exec *x, char *buf, size_t len)
+int exec_describe(Exec *x, char *buf, size_t len)
 {
-	x->be.ops->describe(&x->be, buf, len);
+	return x->be.ops->describe(&x->be, buf, len);
 }
 
 /* ---- host access ---- */
@@ -355,119 +338,7 @@ static int zero_metrics(Exec *x, RtErr *e)
 int exec_zero_metrics(Exec *x, RtErr *e)
 {
 	RT_CHECK(zero_metrics(x, e));
-	return x->be.ops->sync ? x->be.ops->sync(&x->be, "zeroing the metrics", e) : 0;
-}
-
-/* ---- memory hazards between the streams ---- */
-
-static void range_of(const DpStep *s, int id, uint64_t *lo, uint64_t *hi)
-{
-	if (id < 0) {
-		*lo = *hi = 0;
-		return;
-	}
-	*lo = s->tensors[id].offset;
-	*hi = *lo + s->tensors[id].nbytes;
-}
-
-static int overlap(uint64_t alo, uint64_t ahi, uint64_t blo, uint64_t bhi)
-{
-	return alo < bhi && blo < ahi;
-}
-
-/* Does instruction `in` (run on the compute stream) touch memory of a
- * collective that no event has made visible? Reads conflict with writes;
- * writes conflict with reads and writes. */
-static int check_hazard(Exec *x, int p, uint32_t idx, RtErr *e)
-{
-	const DpInstr *in = &x->s->prog[p][idx];
-	for (int f = 0; f < x->nfl; f++) {
-		InFlight *fl = &x->fl[f];
-		for (int k = -1; k < DP_MAX_IN; k++) {
-			int id = k < 0 ? in->out : in->in[k];
-			if (id < 0)
-				continue;
-			uint64_t lo, hi;
-			range_of(x->s, id, &lo, &hi);
-			int hit = overlap(lo, hi, fl->wlo, fl->whi) ||
-				  (k < 0 && overlap(lo, hi, fl->rlo, fl->rhi));
-			if (hit) {
-				const DpInstr *c = &x->s->prog[p][fl->instr];
-				return RT_FAIL(e,
-					       "schedule error in the %s program: instruction %u (%s) "
-					       "touches '%s' while instruction %u (%s of '%s') is in "
-					       "flight with no event_wait before it",
-					       dp_prog_names[p], idx, dp_op_names[in->op],
-					       tname(x->s, id), fl->instr, dp_op_names[c->op],
-					       tname(x->s, c->out));
-			}
-		}
-	}
-	return 0;
-}
-
-/* The compute stream has waited for every ticket < upto: forget those. */
-static void retire(Exec *x, int64_t upto)
-{
-	int k = 0;
-	for (int f = 0; f < x->nfl; f++)
-		if (x->fl[f].ticket >= upto)
-			x->fl[k++] = x->fl[f];
-	x->nfl = k;
-}
-
-static int start_collective(Exec *x, int p, uint32_t idx, RtErr *e)
-{
-	const DpInstr *in = &x->s->prog[p][idx];
-	Comm *c = x->comm;
-	unsigned axes = (unsigned)in->ia[0];
-	InFlight fl = {.instr = idx};
-	range_of(x->s, in->in[0] >= 0 ? in->in[0] : in->out, &fl.rlo, &fl.rhi);
-	range_of(x->s, in->out, &fl.wlo, &fl.whi);
-	/* Stream order: a collective may not start while an earlier one on
-	 * overlapping memory is still running (two outstanding MPI requests on
-	 * the same buffer would race). */
-	for (int f = 0; f < x->nfl; f++)
-		if (overlap(fl.rlo, fl.rhi, x->fl[f].wlo, x->fl[f].whi) ||
-		    overlap(fl.wlo, fl.whi, x->fl[f].rlo, x->fl[f].rhi) ||
-		    overlap(fl.wlo, fl.whi, x->fl[f].wlo, x->fl[f].whi))
-			RT_CHECK(c->ops->wait(c, x->fl[f].ticket + 1, e));
-	void *out = x->be.ptr[in->out];
-	int64_t n = exec_numel(&x->s->tensors[in->out]);
-	DpDtype dt = (DpDtype)x->s->tensors[in->out].dtype; /* in0's too (the decoder) */
-	switch (in->op) {
-	case DP_OP_TP_REDUCE:
-		/* out-of-place: the input is complete when the collective is issued
-		 * (the schedule's events say so), so copy it and reduce in place */
-		if (x->be.ptr[in->in[0]] != out)
-			memmove(out, x->be.ptr[in->in[0]], (size_t)n * dp_dtype_size(dt));
-		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
-		break;
-	case DP_OP_ALL_REDUCE:
-		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
-		break;
-	case DP_OP_REDUCE_SCATTER:
-		RT_CHECK(c->ops->reduce_scatter_start(c, axes, dt, x->be.ptr[in->in[0]], out, n,
-						      &fl.ticket, e));
-		break;
-	default:
-		RT_CHECK(c->ops->all_gather_start(c, axes, dt, x->be.ptr[in->in[0]], out,
-						  exec_numel(&x->s->tensors[in->in[0]]), &fl.ticket,
-						  e));
-		break;
-	}
-	if (in->stream == DP_STREAM_COMPUTE)
-		return c->ops->wait(c, fl.ticket + 1, e); /* synchronous on the compute stream */
-	if (x->nfl == x->capfl) {
-		int cap = x->capfl ? 2 * x->capfl : 32;
-		InFlight *p2 = realloc(x->fl, (size_t)cap * sizeof *p2);
-		if (!p2)
-			return RT_FAIL(e, "out of memory (in-flight collectives)");
-		x->fl = p2;
-		x->capfl = cap;
-	}
-	x->fl[x->nfl++] = fl;
-	return 0;
+	return x->be.ops->sync(&x->be, "zeroing the metrics", e);
 }
 
 /* The host copy INIT fills and SAVE hands over: one tensor's elements. */
@@ -543,77 +414,44 @@ static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
 				 (const char *)g->host + (size_t)slot * g->bytes, g->bytes, e);
 }
 
+/* EVENT_RECORD / EVENT_WAIT: the backend's, after the schedule's own check. */
 static int event(Exec *x, int p, uint32_t i, RtErr *e)
 {
 	const DpInstr *in = &x->s->prog[p][i];
 	Backend *b = &x->be;
-	Comm *c = x->comm;
 	int ev = (int)in->ia[0];
 	if (in->op == DP_OP_EVENT_RECORD) {
 		x->event_set[ev] = 1;
-		if (b->ops->event_record)
-			return b->ops->event_record(b, in->stream, (unsigned)ev, e);
-		/* host streams: comm covers every collective issued so far; compute: done now */
-		x->event_ticket[ev] = in->stream == DP_STREAM_COMM ? c->issued : -1;
-		return 0;
+		return b->ops->event_record(b, in->stream, (unsigned)ev, e);
 	}
 	if (!x->event_set[ev])
 		return RT_FAIL(e, "schedule error in the %s program: instruction %u waits for event "
 			       "%d, which was not recorded before it", dp_prog_names[p], i, ev);
-	if (b->ops->event_wait)
-		return b->ops->event_wait(b, in->stream, (unsigned)ev, e);
-	if (in->stream == DP_STREAM_COMPUTE && x->event_ticket[ev] >= 0) {
-		RT_CHECK(c->ops->wait(c, x->event_ticket[ev], e));
-		retire(x, x->event_ticket[ev]);
-	}
-	/* a wait on the comm stream orders collectives after compute that has
-	 * already run (host compute is synchronous): nothing to do */
-	return 0;
+	return b->ops->event_wait(b, in->stream, (unsigned)ev, e);
 }
 
-/* Enqueue (synchronous backend: run) program p, without the final wait. */
+/* Enqueue program p on the backend's streams, without the final wait. */
 static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 {
 	const DpStep *s = x->s;
 	Backend *b = &x->be;
 	const BackendOps *o = b->ops;
-	Comm *c = x->comm;
-	int host = !o->collective; /* the two streams are emulated here */
 	memset(x->event_set, 0, s->nevents ? s->nevents : 1);
-	x->nfl = 0;
-	if (o->run_begin)
-		RT_CHECK(o->run_begin(b, p, e));
+	RT_CHECK(o->run_begin(b, p, e));
 	for (uint32_t i = 0; i < s->nprog[p]; i++) {
 		const DpInstr *in = &s->prog[p][i];
-		DpOpClass cls = dp_op_class(in->op);
 		if ((in->flags & DP_IF_LAST) && !last)
 			continue;
 		b->at = (BackendAt){p, i, x->micro};
-		if (host && x->nfl && !x->no_progress)
-			RT_CHECK(c->ops->progress(c, e));
 		if (x->trace)
 			trace_mark(x->trace, x, p, i);
-		if (cls == DP_OPC_EVENT) {
+		switch (dp_op_class(in->op)) {
+		case DP_OPC_EVENT:
 			RT_CHECK(event(x, p, i, e));
-			continue;
-		}
-		if (cls == DP_OPC_COLLECTIVE) {
-			if (!host) {
-				RT_CHECK(o->collective(b, in, e));
-				continue;
-			}
-			if (in->stream == DP_STREAM_COMPUTE)
-				RT_CHECK(check_hazard(x, p, i, e));
-			RT_CHECK(start_collective(x, p, i, e));
-			continue;
-		}
-		if (host && in->stream == DP_STREAM_COMM) {
-			/* a kernel on the comm stream runs after the collectives before it */
-			RT_CHECK(c->ops->wait(c, c->issued, e));
-		} else if (host && x->nfl) {
-			RT_CHECK(check_hazard(x, p, i, e));
-		}
-		switch (cls) {
+			break;
+		case DP_OPC_COLLECTIVE:
+			RT_CHECK(o->collective(b, in, e));
+			break;
 		case DP_OPC_LOAD:
 			RT_CHECK(load(x, p, in, e));
 			break;
@@ -628,21 +466,16 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 			break;
 		}
 	}
-	if (o->run_end)
-		RT_CHECK(o->run_end(b, e));
-	if (host) {
-		RT_CHECK(c->ops->wait(c, c->issued, e));
-		x->nfl = 0;
-	}
+	RT_CHECK(o->run_end(b, e));
 	if (x->trace)
 		trace_mark(x->trace, x, p, TRACE_END);
 	return 0;
 }
 
-/* Wait for everything issued on a backend with streams. */
+/* Wait for everything issued. */
 static int sync_all(Exec *x, const char *what, RtErr *e)
 {
-	return x->be.ops->sync ? x->be.ops->sync(&x->be, what, e) : 0;
+	return x->be.ops->sync(&x->be, what, e);
 }
 
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
@@ -672,12 +505,10 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e)
 		return RT_FAIL(e, "instruction %u of the %s program is not a kernel", i,
 			       (unsigned)p < DP_NPROG ? dp_prog_names[p] : "?");
 	RT_CHECK(exec_step_wait(x, e));
-	if (o->run_begin)
-		RT_CHECK(o->run_begin(b, p, e));
+	RT_CHECK(o->run_begin(b, p, e));
 	b->at = (BackendAt){p, i, 0};
 	RT_CHECK(o->kernel(b, &x->s->prog[p][i], e));
-	if (o->run_end)
-		RT_CHECK(o->run_end(b, e));
+	RT_CHECK(o->run_end(b, e));
 	return sync_all(x, "a kernel run alone", e);
 }
 
@@ -688,16 +519,13 @@ static int enqueue_step(Exec *x, RtErr *e)
 {
 	const DpStep *s = x->s;
 	Backend *b = &x->be;
-	if (b->ops->step_head)
-		RT_CHECK(b->ops->step_head(b, e));
+	RT_CHECK(b->ops->step_head(b, e));
 	RT_CHECK(zero_metrics(x, e));
 	for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
 		x->micro = (int)m;
 		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
 	}
-	if (b->ops->step_tail)
-		RT_CHECK(b->ops->step_tail(b, e));
-	return 0;
+	return b->ops->step_tail(b, e);
 }
 
 static int capture_step(Exec *x, RtErr *e)
@@ -713,28 +541,7 @@ static int capture_step(Exec *x, RtErr *e)
 	return 0;
 }
 
-/* The metrics of step k into mval[k & 1] (a synchronous backend: read
- * them now, the step has finished). */
-static int keep_metrics(Exec *x, uint64_t k, const float m[2])
-{
-	x->mstep[k & 1] = (int64_t)k;
-	x->mval[k & 1][0] = m[0];
-	x->mval[k & 1][1] = m[1];
-	return 0;
-}
-
-static int read_metrics(Exec *x, uint64_t k, RtErr *e)
-{
-	const DpStep *s = x->s;
-	float m[2] = {0, 0};
-	if (s->metrics.loss >= 0)
-		RT_CHECK(exec_tensor_read(x, s->metrics.loss, &m[0], e));
-	if (s->metrics.grad_norm >= 0)
-		RT_CHECK(exec_tensor_read(x, s->metrics.grad_norm, &m[1], e));
-	return keep_metrics(x, k, m);
-}
-
-/* Wait for the oldest step in flight (a backend with streams). */
+/* Wait for the oldest step in flight; its metrics into mval[k & 1]. */
 static int wait_oldest(Exec *x, RtErr *e)
 {
 	uint64_t k = x->inflight[0];
@@ -742,20 +549,16 @@ static int wait_oldest(Exec *x, RtErr *e)
 	x->inflight[0] = x->inflight[1];
 	x->ninflight--;
 	RT_CHECK(x->be.ops->step_wait(&x->be, k, m, e));
-	return keep_metrics(x, k, m);
+	x->mstep[k & 1] = (int64_t)k;
+	x->mval[k & 1][0] = m[0];
+	x->mval[k & 1][1] = m[1];
+	return 0;
 }
 
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 {
 	Backend *b = &x->be;
 	const BackendOps *o = b->ops;
-	if (!o->step_wait) { /* synchronous: the step runs here */
-		RT_CHECK(stage_step(x, k, e));
-		x->step = k;
-		RT_CHECK(o->set_step(b, k, exec_lr(x->s, k), e));
-		RT_CHECK(enqueue_step(x, e));
-		return read_metrics(x, k, e);
-	}
 	while (x->ninflight >= 2) /* at most two steps in flight: k-2 is done */
 		RT_CHECK(wait_oldest(x, e));
 	RT_CHECK(stage_step(x, k, e));
@@ -766,7 +569,7 @@ int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 			RT_CHECK(capture_step(x, e));
 		RT_CHECK(o->replay(b, e));
 	} else {
-		RT_CHECK(enqueue_step(x, e)); /* --no-graph, or the eager first step */
+		RT_CHECK(enqueue_step(x, e)); /* no graphs, --no-graph, or the eager first step */
 		x->warm = 1;
 	}
 	x->inflight[x->ninflight++] = k;
@@ -791,7 +594,7 @@ int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtEr
 
 int exec_synchronous(const Exec *x)
 {
-	return !x->be.ops->step_wait;
+	return (x->be.ops->flags & BACKEND_INLINE) != 0;
 }
 
 int exec_step_wait(Exec *x, RtErr *e)

@@ -9,35 +9,35 @@
  *   EVENT_RECORD on compute - marks the compute done so far;
  *   EVENT_WAIT on comm      - later collectives start after that compute.
  * A wait for an event that was not recorded earlier in the run is a schedule
- * error. A backend with streams (CUDA) turns these into its own events and
- * stream waits. On a synchronous backend (CPU) the executor emulates the
- * streams on the host: compute-stream instructions run in order as they are
- * reached; comm-stream collectives are started non-blocking on the MPI comm
- * backend and keep running while later compute instructions execute (the
- * executor polls them between instructions). There a compute instruction
- * that touches memory of a collective no event has made visible yet is a
- * schedule bug (a race on a GPU): the run fails and names both
- * instructions. A collective placed on the compute stream runs
- * synchronously; a compute kernel placed on the comm stream first waits for
- * the collectives issued before it (stream order). At the end of a program
- * run everything is waited for.
+ * error (the executor's check). Each backend implements the streams
+ * (backend.h): CUDA with its own streams and events; the CPU inline, with
+ * comm-stream collectives started non-blocking on the MPI comm backend and
+ * progressed between instructions while later compute runs (cpu/streams.c).
+ * There a compute instruction that touches memory of a collective no event
+ * has made visible yet is a schedule bug (a race on a GPU): the run fails
+ * and names both instructions. A collective placed on the compute stream
+ * runs in compute order (synchronously on the CPU); a compute kernel placed
+ * on the comm stream runs after the collectives issued before it (stream
+ * order). At the end of a program run everything is waited for.
  *
  * Data. LOAD copies a batch the executor staged in host memory (from the
  * backend's host_alloc: pinned on a GPU) into the data tensor: for the step
  * program one batch per micro-batch of the optimizer step, staged before
- * the step starts; for the eval program the batch of eval_batch. On a
- * backend with streams a staged step is pushed to the device at once
- * (stage_push), so exec_prefetch(k+1) fills and copies step k+1's batches
- * while step k runs, and step k+1's loads read the device copy.
+ * the step starts; for the eval program the batch of eval_batch. A staged
+ * step is pushed to the backend at once (stage_push: CUDA copies it to the
+ * device, the CPU reads it where it is), so on a GPU exec_prefetch(k+1)
+ * fills and copies step k+1's batches while step k runs, and step k+1's
+ * loads read the device copy.
  *
  * Optimizer steps. exec_step runs grad_accum runs of the step program (the
  * DP_IF_LAST parts on the last) after zeroing the metrics; on a backend with
  * graphs the first step runs eagerly (it warms up NCCL's connections,
  * cuBLAS and lazily loaded kernels outside any capture), the second is
- * captured once, and every step from then on is one replay. On a backend
- * with streams at most two steps are in flight: launching step k waits for
- * step k-2, and the metrics of step k are read (exec_step_metrics) from
- * memory the step itself wrote, while the steps after it run.
+ * captured once, and every step from then on is one replay. At most two
+ * steps are in flight: launching step k waits for step k-2, and the
+ * metrics of step k are read (exec_step_metrics, the backend's step_wait)
+ * from where the step itself left them, while the steps after it run (on
+ * the CPU, whose steps run inside their launch, nothing runs meanwhile).
  */
 #ifndef DP_EXEC_H
 #define DP_EXEC_H
@@ -45,8 +45,6 @@
 #include "backend.h"
 #include "comm.h"
 #include "rt.h"
-
-typedef struct InFlight InFlight;
 
 /*
  * Hooks for the kernels whose data crosses the executor's boundary. Each gets
@@ -86,7 +84,6 @@ typedef struct {
 	uint64_t step;        /* optimizer step, from 0 */
 	int micro;            /* micro-batch in the step */
 	int64_t eval_batch;   /* eval batch index (eval program) */
-	int no_progress;      /* skip polling between instructions (dpexec --no-progress) */
 	Trace *trace;         /* dpexec --trace: marks every instruction run; NULL: none */
 	ExecInitHook init_tensor; /* INIT (init program); see above */
 	ExecSaveHook save_tensor; /* SAVE (export program) */
@@ -107,11 +104,7 @@ typedef struct {
 	int64_t mstep[2];     /* the step whose metrics mval[k & 1] holds, -1: none */
 	float mval[2][2];     /* its loss and grad norm */
 
-	/* per-run stream state */
-	int64_t *event_ticket; /* host streams: comm ticket recorded by the event, -1: compute */
-	int8_t *event_set;     /* recorded in this run? */
-	InFlight *fl;          /* host streams: collectives not yet made visible to compute */
-	int nfl, capfl;
+	int8_t *event_set;    /* per run: event recorded in this run? */
 } Exec;
 
 /* Load-time checks of instruction i of program p that no backend makes:
@@ -143,8 +136,8 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 /* Optimizer step k (from 0): stage its batches, zero the metrics, run the
  * step program once per micro-batch (DP_IF_LAST parts on the last) with
  * lr = exec_lr(k) and t = k + 1. exec_step_launch returns without waiting
- * on a backend with streams (replaying the captured step, or enqueueing
- * it with --no-graph), after waiting for step k-2 if that still runs;
+ * for the step (on a GPU it replays the captured step, or enqueues it with
+ * --no-graph), after waiting for step k-2 if that still runs;
  * exec_prefetch(k + 1) then stages the next batches while it runs;
  * exec_step_metrics(k) waits for step k alone and gives its loss metric
  * (this rank's sum) and grad norm (NAN when the step file has none);
@@ -152,7 +145,7 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e);
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e);
 int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtErr *e);
-/* 1: the backend runs a step inside exec_step_launch (no streams) */
+/* 1: the backend runs a step inside exec_step_launch (BACKEND_INLINE) */
 int exec_synchronous(const Exec *x);
 int exec_step_wait(Exec *x, RtErr *e);
 int exec_step(Exec *x, uint64_t k, RtErr *e);
@@ -167,8 +160,9 @@ int64_t exec_tensor_bytes(const DpStep *s, int tensor);
 /* Zero every DP_T_METRIC tensor. */
 int exec_zero_metrics(Exec *x, RtErr *e);
 int64_t exec_numel(const DpTensor *t);
-/* One line about the compute device (logs). */
-void exec_describe(Exec *x, char *buf, size_t len);
+/* One line about the compute device (logs); 1 when every run's log should
+ * show it, 0 when only --verbose asks (the backend says). */
+int exec_describe(Exec *x, char *buf, size_t len);
 /* A failing rank, before MPI_Abort: the backend stops its collectives. */
 void exec_abort(Exec *x);
 void exec_free(Exec *x);

@@ -66,7 +66,7 @@ uint64_t init_mix64(uint64_t x);
  * every mesh axis that shards it along k. */
 int64_t init_whole_dim(const DpStep *s, const DpTensor *t, int k);
 
-/* ---- data sources and the sampler (runtime/data.c) ---- */
+/* ---- data sources and the sampler (runtime/data*.c) ---- */
 
 typedef struct DataSet DataSet; /* the loaded sources of one split */
 

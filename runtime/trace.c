@@ -11,22 +11,24 @@
  *                    compute stream was blocked on communication;
  *   tid 1.. "comm":  a span per collective ("%bucket.r0 = all_reduce", with
  *                    its bytes, axes and bucket), from the call that started
- *                    it to the moment the executor saw it complete (the wait
- *                    that covered it, or the end of the run): so a long comm
- *                    span over compute spans and a short wait span is
- *                    communication that overlapped. Collectives in flight
+ *                    it to the first mark after the CPU backend saw it
+ *                    complete (a wait that covered it, a progress poll that
+ *                    found every collective done, or the end of the run:
+ *                    Comm.completed): so a long comm span over compute spans
+ *                    and a short wait span is communication that overlapped. Collectives in flight
  *                    together that would not nest go to further comm lanes.
  * Times are microseconds from a barrier every rank passes when the trace
  * starts (ranks of one host share the clock).
  *
  * How: the executor calls trace_mark at each instruction it runs and once
  * after a run's final wait (exec.c's walk); a span is the time between two
- * marks, so it covers an instruction and the MPI progress poll after it.
+ * marks, so it covers an instruction and the MPI progress poll before it.
  * Marks are two clock reads and an append to an array; the JSON is written
  * once, by rank 0 (the ranks' events gathered with MPI), in trace_close.
  * With no trace the executor's cost is one NULL test per instruction.
- * Host time only: on a backend with streams a span would be the time to
- * enqueue, so dpexec refuses --trace there.
+ * Host time only: on a backend that does not run its work inline
+ * (BACKEND_INLINE) a span would be the time to enqueue, so dpexec refuses
+ * --trace there.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -134,6 +136,7 @@ static void close_instr(Trace *t, const Exec *x, double at)
 	const DpInstr *in = &x->s->prog[t->prog][t->instr];
 	DpOpClass cls = dp_op_class(in->op);
 	int issued = x->comm->issued > t->issued;
+	complete(t, x->comm->completed, at); /* what a wait or a progress poll saw finish */
 	TraceEv *v = push(t);
 	if (!v)
 		return;
@@ -159,13 +162,8 @@ static void close_instr(Trace *t, const Exec *x, double at)
 		t->fly[t->nfly++] = t->n - 1;
 		return;
 	}
-	if (in->op == DP_OP_EVENT_WAIT && in->stream == DP_STREAM_COMPUTE) {
+	if (in->op == DP_OP_EVENT_WAIT && in->stream == DP_STREAM_COMPUTE)
 		v->kind = EV_WAIT;
-		if (x->event_ticket[in->ia[0]] >= 0)
-			complete(t, x->event_ticket[in->ia[0]], at);
-	} else if (cls != DP_OPC_EVENT && in->stream == DP_STREAM_COMM) {
-		complete(t, t->issued, at); /* a kernel on the comm stream waited for them */
-	}
 }
 
 void trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr)
@@ -176,7 +174,7 @@ void trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr)
 	else
 		t->run_t0 = at;
 	if (instr == TRACE_END) {
-		complete(t, x->comm->issued, at); /* the run's final wait */
+		complete(t, x->comm->completed, at); /* the run's final wait */
 		TraceEv *v = push(t);
 		if (v)
 			*v = (TraceEv){.t0 = t->run_t0, .t1 = at, .step = x->step, .instr = -1,

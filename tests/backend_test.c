@@ -1,20 +1,32 @@
 /*
- * tests/backend_test.c - no silent gaps in the compute backends' kernel
- * tables: for every opcode of format/ops.def (DpOp) and each backend, a
- * compute op (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
- * refused at load with a message naming it, and no executor-owned op
- * (collectives, events, LOAD, INIT/SAVE, SHARD) is in any table.
+ * tests/backend_test.c - the compute-backend interface (runtime/backend.h)
+ * has one shape, and the kernel tables have no silent gaps.
  *
- * The CPU backend is the reference: each op it implements is claimed by
- * exactly one of its concept files, and an op it lacks is listed loudly (an
- * op whose kernels are not written yet is refused by name on every backend,
- * which is the rule; the CPU should have them all). The CUDA
- * backend is inspected in the shared object the build made (its exported
- * BackendOps, loaded as dpexec loads it: $DPEXEC_CUDA_LIB), without a GPU:
- * the refusal runs exec_init on a one-instruction step file, which checks
- * the kernel table before it touches a device. Both backends must implement
- * every compute op: one refused by either is a failure (issue 12: none is
- * refused on CUDA; issue 14: nor cast, CUDA runs bf16 step files).
+ *  - Every backend fills every member of BackendOps, the graph members
+ *    excepted (all three or none: the one optional group).
+ *  - The one merge of kernel rows (runtime/kernel_table.h) takes rows in any
+ *    order and refuses an op two rows claim, an opcode that does not exist
+ *    and an executor-owned op (collectives, events, LOAD, INIT/SAVE, SHARD).
+ *  - For every opcode of format/ops.def (DpOp) and each backend, a compute op
+ *    (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
+ *    refused at load with a message naming it (and the backend's
+ *    fallback device, when it has one), and no executor-owned op is
+ *    in any table. Both backends must implement every compute op: one
+ *    refused by either is a failure (issue 12: none is refused on CUDA;
+ *    issue 14: nor cast, CUDA runs bf16 step files).
+ *  - The CPU backend's streams (cpu/streams.c) over a comm backend that
+ *    counts its calls: every collective goes executor -> backend -> comm;
+ *    an event wait on compute waits for the collectives recorded before
+ *    it; progress is polled while a collective is in flight (not with
+ *    no_progress); a compute instruction touching memory of a collective
+ *    in flight without an event is a schedule error naming both; a kernel
+ *    on the comm stream runs after the collectives before it; a wait for an
+ *    event not recorded is refused by the walk.
+ *
+ * The CUDA backend is inspected in the shared object the build made (its
+ * exported BackendOps, loaded as dpexec loads it: $DPEXEC_CUDA_LIB),
+ * without a GPU: the refusal runs exec_init on a one-instruction step file,
+ * which checks the kernel table before it touches a device.
  *
  *   backend_test            CPU, and CUDA when $DPEXEC_CUDA_LIB loads
  * Prints one line per backend and "N passed, M failed[, K skipped]" last.
@@ -25,6 +37,7 @@
 
 #include "../runtime/cpu/cpu.h"
 #include "../runtime/exec.h"
+#include "../runtime/kernel_table.h"
 
 static int npass, nfail, nskip;
 
@@ -40,13 +53,16 @@ static void check(int ok, const char *fmt, const char *a, const char *b)
 	printf("\n");
 }
 
-/* A step file with two f32 tensors and op as the one step instruction. */
-static void one_instr(DpStep *s, DpTensor t[2], DpInstr *in, unsigned op)
+#define NT 3 /* tensors of a test step */
+
+/* A step file of tensors t0, t1, t2 (4 f32 each, disjoint), one event and
+ * the step program prog[0..n). */
+static void make_step(DpStep *s, DpTensor t[NT], const DpInstr *prog, uint32_t n)
 {
-	static char strings[] = "t0\0t1";
+	static char strings[] = "t0\0t1\0t2";
 	memset(s, 0, sizeof *s);
-	memset(t, 0, 2 * sizeof *t);
-	for (int i = 0; i < 2; i++) {
+	memset(t, 0, NT * sizeof *t);
+	for (int i = 0; i < NT; i++) {
 		t[i].name = (uint32_t)(3 * i);
 		t[i].dtype = DP_F32;
 		t[i].ndim = 1;
@@ -54,17 +70,17 @@ static void one_instr(DpStep *s, DpTensor t[2], DpInstr *in, unsigned op)
 		t[i].offset = (uint64_t)(64 * i);
 		t[i].nbytes = 16;
 	}
-	*in = (DpInstr){.op = (uint16_t)op, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
-			.out = 1};
 	s->cfg.mesh[0] = s->cfg.mesh[1] = s->cfg.mesh[2] = s->cfg.mesh[3] = 1;
 	s->cfg.micro_batch = s->cfg.grad_accum = 1;
-	s->cfg.arena_bytes = 128;
+	s->cfg.arena_bytes = 64 * NT;
 	s->strings = strings;
 	s->nstrings = sizeof strings;
 	s->tensors = t;
-	s->ntensors = 2;
-	s->prog[DP_PROG_STEP] = in;
-	s->nprog[DP_PROG_STEP] = 1;
+	s->ntensors = NT;
+	s->nevents = 1;
+	s->metrics.loss = s->metrics.grad_norm = s->metrics.eval_loss = s->metrics.eval_correct = -1;
+	s->prog[DP_PROG_STEP] = (DpInstr *)prog;
+	s->nprog[DP_PROG_STEP] = n;
 }
 
 /* Every opcode against one backend's table; returns how many it implements. */
@@ -84,9 +100,10 @@ static int check_backend(const BackendOps *ops)
 		}
 		/* not implemented: exec_init must refuse it, naming the op */
 		DpStep s;
-		DpTensor t[2];
-		DpInstr in;
-		one_instr(&s, t, &in, op);
+		DpTensor t[NT];
+		DpInstr in = {.op = (uint16_t)op, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
+			      .out = 1};
+		make_step(&s, t, &in, 1);
 		Comm comm = {.rank = 0, .world = 1, .mesh = {1, 1, 1, 1}};
 		Exec x;
 		RtErr e = {.rank = -1};
@@ -106,28 +123,228 @@ static int check_backend(const BackendOps *ops)
 	return implemented;
 }
 
+/* Every member but the optional graph group is set; the group is all or none. */
+static void check_members(const BackendOps *o)
+{
+#define M(m) {#m, o->m != NULL}
+	const struct {
+		const char *name;
+		int set;
+	} need[] = {M(probe),        M(has_kernel), M(check),      M(init),       M(describe),
+		    M(abort),        M(free),       M(kernel),     M(upload),     M(copy2d),
+		    M(zero),         M(read),       M(write),      M(host_alloc), M(host_free),
+		    M(stage_wait),   M(stage_push), M(step_wait),  M(set_step),   M(step_head),
+		    M(step_tail),    M(run_begin),  M(run_end),    M(event_record),
+		    M(event_wait),   M(collective), M(sync)};
+#undef M
+	int missing = 0;
+	for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+		if (!need[i].set) {
+			check(0, "%s: BackendOps.%s is not filled", o->name, need[i].name);
+			missing++;
+		}
+	int graphs = (o->capture_begin != NULL) + (o->capture_end != NULL) + (o->replay != NULL);
+	check(graphs == 0 || graphs == 3, "%s: %s of the graph members", o->name,
+	      graphs == 1 ? "one" : "two");
+	check(o->abi == DP_BACKEND_ABI, "%s: built for another backend ABI%s", o->name, "");
+	printf("%s: %zu members filled%s\n", o->name, sizeof need / sizeof need[0] - (size_t)missing,
+	       graphs ? ", and graphs" : ", no graphs");
+}
+
+/* ---- the one merge ---- */
+
+static int fake_run(const KernelArgs *a, RtErr *e)
+{
+	return 0;
+}
+
+static void check_merge(void)
+{
+	KernelTable t;
+	const KernelRow fwd[] = {{DP_OP_COPY, fake_run, NULL, 1, NULL, NULL, 0},
+				 {DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 1},
+				 {0}};
+	const KernelRow rev[] = {fwd[1], fwd[0], {0}};
+	const KernelRow *files[2] = {fwd, NULL};
+	kernel_table_merge(&t, files, 1);
+	check(!t.err[0] && kernel_row(&t, DP_OP_COPY) && kernel_row(&t, DP_OP_RELU) &&
+		      t.k[DP_OP_COPY].bf16 == 1 && t.k[DP_OP_RELU].blas == 1 &&
+		      !kernel_row(&t, DP_OP_ADD),
+	      "merge: two rows give a table of those two ops%s%s", "", "");
+	KernelTable u;
+	files[0] = rev;
+	kernel_table_merge(&u, files, 1);
+	check(!memcmp(&t, &u, sizeof t), "merge: rows in another order give the same table%s%s", "",
+	      "");
+	const KernelRow twice[] = {{DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[0] = fwd;
+	files[1] = twice;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "two kernel rows for relu") != NULL, "merge: an op claimed twice: '%s'%s",
+	      t.err, "");
+	const KernelRow unknown[] = {{DP_NOPS, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[1] = unknown;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "does not exist") != NULL, "merge: an unknown opcode: '%s'%s", t.err, "");
+	const KernelRow owned[] = {{DP_OP_ALL_REDUCE, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	files[1] = owned;
+	kernel_table_merge(&t, files, 2);
+	check(strstr(t.err, "all_reduce") && strstr(t.err, "executor"),
+	      "merge: an executor-owned op: '%s'%s", t.err, "");
+	check(cpu_kernel_table()->err[0] == 0, "cpu: its rows merge: '%s'%s",
+	      cpu_kernel_table()->err, "");
+}
+
+/* ---- the CPU's streams over a counting comm backend ---- */
+
+static struct {
+	int starts, progress, waits;
+	int64_t last_wait; /* upto of the last wait */
+	void *buf;         /* the last all_reduce's buffer */
+	int64_t n;
+} fc;
+
+static int fake_all_reduce(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
+			   int64_t *ticket, RtErr *e)
+{
+	fc.starts++;
+	fc.buf = buf;
+	fc.n = n;
+	*ticket = c->issued++;
+	return 0;
+}
+
+static int fake_wait(Comm *c, int64_t upto, RtErr *e)
+{
+	fc.waits++;
+	fc.last_wait = upto;
+	if (upto > c->completed)
+		c->completed = upto;
+	return 0;
+}
+
+static int fake_progress(Comm *c, RtErr *e)
+{
+	fc.progress++;
+	return 0;
+}
+
+static const CommOps fake_comm = {.name = "fake",
+				  .all_reduce_start = fake_all_reduce,
+				  .wait = fake_wait,
+				  .progress = fake_progress};
+
+/* The step program prog[0..n) (make_step) run on the CPU backend. 0, or -1
+ * with e. */
+static int run_prog(const DpInstr *prog, uint32_t n, int no_progress, RtErr *e)
+{
+	DpTensor t[NT];
+	DpStep s;
+	make_step(&s, t, prog, n);
+	Comm comm = {.ops = &fake_comm, .rank = 0, .world = 1, .mesh = {1, 1, 1, 1}};
+	BackendOpts o = {.no_progress = no_progress};
+	Exec x;
+	memset(&fc, 0, sizeof fc);
+	e->msg[0] = 0;
+	RT_CHECK(exec_init(&x, &s, &comm, backend_cpu(), &o, e));
+	int rc = exec_run(&x, DP_PROG_STEP, 1, e);
+	if (rc == 0 && fc.starts)
+		rc = fc.buf == x.be.ptr[0] && fc.n == 4 ? 0 : RT_FAIL(e, "the collective's buffer");
+	exec_free(&x);
+	return rc;
+}
+
+#define I(op_, st_, in0, out_, ev) \
+	{.op = DP_OP_##op_, .stream = DP_STREAM_##st_, .in = {in0, -1, -1, -1}, .out = out_, \
+	 .ia = {ev}}
+
+static void check_streams(void)
+{
+	RtErr e = {.rank = -1};
+	const unsigned dp = COMM_DP_AXES;
+	/* all_reduce t0 on comm; the compute stream waits for it, then copies it */
+	const DpInstr ok[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(EVENT_RECORD, COMM, -1, -1, 0),
+			      I(EVENT_WAIT, COMPUTE, -1, -1, 0), I(COPY, COMPUTE, 0, 1, 0)};
+	int rc = run_prog(ok, 4, 0, &e);
+	check(rc == 0 && fc.starts == 1, "cpu streams: a collective through the backend to the "
+	      "comm backend, then an event wait (%s)%s", e.msg, "");
+	check(rc == 0 && fc.last_wait >= 1 && fc.progress == 2,
+	      "cpu streams: the event wait waits for the collective, progress polled while it "
+	      "is in flight%s%s", "", "");
+	/* the same without the event: a race on a GPU, an error here */
+	const DpInstr race[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMPUTE, 0, 1, 0)};
+	rc = run_prog(race, 2, 0, &e);
+	check(rc != 0 && strstr(e.msg, "schedule error in the step program: instruction 1 (copy) "
+				 "touches 't0' while instruction 0 (all_reduce of 't0') is in flight"),
+	      "cpu streams: compute reading a collective in flight is a schedule error: '%s'%s",
+	      e.msg, "");
+	/* writing what the collective reads is one too; other memory is not */
+	const DpInstr write[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(FILL, COMPUTE, -1, 0, 0)};
+	rc = run_prog(write, 2, 0, &e);
+	check(rc != 0 && strstr(e.msg, "instruction 1 (fill) touches 't0'"),
+	      "cpu streams: compute writing a collective's buffer in flight: '%s'%s", e.msg, "");
+	const DpInstr apart[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMPUTE, 2, 1, 0)};
+	rc = run_prog(apart, 2, 0, &e);
+	check(rc == 0 && fc.progress == 1 && fc.last_wait == 1,
+	      "cpu streams: compute on other memory overlaps it; the run's end waits (%s)%s",
+	      e.msg, "");
+	rc = run_prog(apart, 2, 1, &e);
+	check(rc == 0 && fc.progress == 0, "cpu streams: no_progress polls nothing (%s)%s", e.msg,
+	      "");
+	/* a kernel on the comm stream comes after the collective before it */
+	const DpInstr order[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMM, 0, 1, 0)};
+	rc = run_prog(order, 2, 0, &e);
+	check(rc == 0 && fc.waits >= 2 && fc.last_wait == 1,
+	      "cpu streams: a kernel on the comm stream waits for the collectives before it "
+	      "(%s)%s", e.msg, "");
+	const DpInstr unrecorded[] = {I(EVENT_WAIT, COMPUTE, -1, -1, 0)};
+	rc = run_prog(unrecorded, 1, 0, &e);
+	check(rc != 0 && strstr(e.msg, "waits for event 0, which was not recorded before it"),
+	      "the walk refuses a wait for an event not recorded: '%s'%s", e.msg, "");
+}
+
+/* A backend without a kernel points at its fallback device, if it has one. */
+static int no_kernel(unsigned op)
+{
+	return 0;
+}
+
+static void check_fallback(void)
+{
+	DpStep s;
+	DpTensor t[NT];
+	DpInstr in = {.op = DP_OP_RELU, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
+		      .out = 1};
+	make_step(&s, t, &in, 1);
+	BackendOps gpu = {.name = "gpu", .fallback = "cpu", .has_kernel = no_kernel};
+	BackendOps ref = {.name = "ref", .has_kernel = no_kernel};
+	RtErr e = {.rank = -1};
+	int rc = exec_check_kernel(&s, &gpu, &in, &e);
+	check(rc && strstr(e.msg, "the gpu backend has no kernel for relu (the instruction "
+			   "writing 't1'); use --device cpu"),
+	      "a missing kernel names the op and the backend's fallback: '%s'%s", e.msg, "");
+	rc = exec_check_kernel(&s, &ref, &in, &e);
+	check(rc && strstr(e.msg, "no kernel for relu") && !strstr(e.msg, "--device"),
+	      "a backend without a fallback suggests none: '%s'%s", e.msg, "");
+}
+
 int main(void)
 {
 	int ncompute = 0;
 	for (unsigned op = 0; op < DP_NOPS; op++)
 		ncompute += dp_op_class(op) == DP_OPC_KERNEL;
 
-	/* the CPU: each op in exactly one concept file */
-	int cpu = check_backend(&cpu_backend);
-	if (cpu < ncompute)
+	check_merge();
+	check_fallback();
+	check_streams();
+
+	/* the CPU, the reference */
+	const BackendOps *cpu = backend_cpu();
+	check_members(cpu);
+	int ncpu = check_backend(cpu);
+	if (ncpu < ncompute)
 		printf("NOTE: the CPU backend, the reference, lacks %d of %d compute ops (above)\n",
-		       ncompute - cpu, ncompute);
-	const CpuKernel *const parts[] = {cpu_layout_kernels, cpu_elementwise_kernels,
-					  cpu_gemm_kernels,   cpu_loss_kernels,
-					  cpu_optim_kernels,  cpu_norm_kernels,
-					  cpu_seq_kernels,    cpu_cp_kernels};
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int claims = 0;
-		for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-			claims += parts[i][op].run != NULL;
-		check(claims <= 1, "cpu: %s is claimed by several kernel files%s", dp_op_names[op],
-		      "");
-	}
+		       ncompute - ncpu, ncompute);
 
 	/* CUDA: the shared object dpexec would load */
 	const BackendOps *cuda;
@@ -136,6 +353,7 @@ int main(void)
 	if (backend_load_cuda(&cuda, &dl, why, sizeof why) == 0) {
 		check(strcmp(cuda->name, "cuda") == 0, "cuda: the backend is named '%s'%s",
 		      cuda->name, "");
+		check_members(cuda);
 		check_backend(cuda);
 	} else {
 		nskip++;

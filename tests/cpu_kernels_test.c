@@ -131,15 +131,9 @@ static int64_t numel(Ctx *c, int id)
 	return (int64_t)(c->t[id].nbytes / 4);
 }
 
-static const CpuKernel *find(unsigned op)
+static const KernelRow *find(unsigned op)
 {
-	const CpuKernel *parts[] = {cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels,
-				    cpu_loss_kernels,   cpu_optim_kernels,       cpu_norm_kernels,
-				    cpu_seq_kernels,    cpu_cp_kernels};
-	for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-		if (parts[i][op].run)
-			return &parts[i][op];
-	return cpu_vec_scalar.is_map(op) ? &cpu_map_kernel : NULL;
+	return kernel_row(cpu_kernel_table(), op);
 }
 
 /* Check (the decoder's operand rule, the backend's limits) and run one
@@ -147,7 +141,7 @@ static const CpuKernel *find(unsigned op)
 static int run(Ctx *c, const CpuVec *vec, CpuPool *pool, DpInstr in)
 {
 	RtErr e = {.rank = 0};
-	const CpuKernel *k = find(in.op);
+	const KernelRow *k = find(in.op);
 	if (!k || dpstep_check_operands(&c->s, &in, "test", e.msg, sizeof e.msg) ||
 	    (k->limits && k->limits(&c->s, &in, &e))) {
 		printf("  %s: %s\n", dp_op_names[in.op], k ? e.msg : "no kernel");

@@ -178,13 +178,14 @@ dargs() { # extra dpc arguments per model
 }
 # variant of a model: strategy and mesh line
 # REDUCE=bf16: gradients reduced and optimized in bf16 (reduce_dtype bf16);
-# SGD=1: SGD with momentum in place of AdamW
+# SGD=1: SGD with momentum in place of AdamW; SGD=nesterov: with Nesterov momentum
 model_src() { # model_src MODEL STRATEGY MESH -> path
-	local out=$T/$1-$2-${3// /}${REDUCE:+-r$REDUCE}${SGD:+-sgd}.dp
+	local out=$T/$1-$2-${3// /}${REDUCE:+-r$REDUCE}${SGD:+-sgd$SGD}.dp
 	local extra=${REDUCE:+\\n  reduce_dtype $REDUCE}
+	local nesterov=; [ "${SGD:-}" = nesterov ] && nesterov=", nesterov=true"
 	{ echo "mesh $3"; grep -v '^mesh ' "$T/$1.dp"; } |
 		sed -e "s/^  strategy .*/  strategy $2$extra/" \
-			-e "${SGD:+s/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/}" >"$out"
+			-e "${SGD:+s/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9$nesterov)/}" >"$out"
 	echo "$out"
 }
 
@@ -197,7 +198,8 @@ gpu_cases=()
 # PREC=bf16 model_case ...: the step file compiled with --precision bf16
 model_case() {
 	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
-	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
+	local kind=${SGD:-}; kind=${kind#1} # SGD=nesterov: "sgd nesterov"
+	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd}${kind:+ $kind} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
@@ -340,6 +342,10 @@ PREC=bf16 model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
 PREC=bf16 REDUCE=bf16 model_case gpt2-tiny zero2 2
 PREC=bf16 REDUCE=bf16 model_case mlp8 ddp 2
 PREC=bf16 REDUCE=bf16 SGD=1 model_case mlp8 ddp 2
+# Nesterov momentum (format/settings.def's SGD_NESTEROV): f32 bitwise the
+# CPU's, and on the bf16 gradients' path
+SGD=nesterov model_case mlp8 zero2 2
+PREC=bf16 REDUCE=bf16 SGD=nesterov model_case mlp8 ddp 2
 PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 
 # ---- 3. graph replay vs --no-graph, bitwise ----

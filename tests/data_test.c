@@ -3,10 +3,12 @@
  * the sampler, data sources (IDX, .npy, synthetic, llm.c token shards) and
  * safetensors.
  *
- * Standalone; build and run from the repository root:
- *   gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Iruntime -Iir \
- *       tests/data_test.c runtime/init.c runtime/data.c runtime/safetensors.c \
- *       runtime/err.c format/stepfile.c -lcjson -lz -lm -o build/data_test
+ * `make tests` builds it (build/tests/data_test; tests/unit.sh runs it), or
+ * alone, from the repository root:
+ *   gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Iruntime -Iformat -Iutil \
+ *       tests/data_test.c runtime/init.c runtime/data*.c runtime/safetensors.c \
+ *       runtime/err.c format/stepfile*.c util/datafile.c util/outfile.c \
+ *       -lcjson -lz -lm -o build/data_test
  *   build/data_test
  * (add -fsanitize=address,undefined for the SAN build). Files are written
  * under a fresh mkdtemp directory in $TMPDIR (default /tmp) and removed.

@@ -1,14 +1,22 @@
 /*
- * fe_fuzz.c - a deterministic mutation fuzzer for the front end.
+ * fe_fuzz.c - a deterministic mutation fuzzer for the two texts dpc reads:
+ * models (the DSL front end) and IR (dpc --from-ir, ir/read.c).
  *
  *   fe_fuzz MODEL.dp [N [SEED]]
+ *   fe_fuzz --ir FILE.ir [N [SEED]]
  *
- * Takes a valid model, applies N rounds of random mutations to it (byte
+ * Takes a valid input, applies N rounds of random mutations to it (byte
  * flips, deletions, duplicated or dropped lines, truncation, inserted
- * tokens), writes each mutant to a temp file and runs fe_compile on it with
- * diagnostics going to /dev/null. It passes when nothing crashes, aborts or
- * (under ASan/UBSan, see tests/errors.sh) trips a sanitizer. The same seed
- * gives the same mutants, so a crash is reproduced with the printed round.
+ * tokens of the language). A model mutant is written to a temp file and
+ * compiled with fe_compile; an IR mutant is read with ir_read, and when it
+ * reads, verified, printed and read back (what dpc --from-ir does before
+ * any pass, and the printer's promise: the text it prints reads back and
+ * prints the same). Diagnostics go to /dev/null. It passes when nothing
+ * crashes, aborts or (under ASan/UBSan: tests/errors.sh, tests/passes.sh)
+ * trips a sanitizer, a NULL result always comes with an error and a graph
+ * never does, and every IR graph read prints back as it printed. The same
+ * seed gives the same mutants, so a failure is reproduced with the printed
+ * round.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -91,7 +99,80 @@ static const char *const tokens[] = {
 	"embedding(", "h.0.w",
 };
 
-static void mutate(Buf *b, uint64_t *s)
+/* Pieces of IR text: directives, declarations, attributes, numbers at the
+ * edges of their ranges. */
+static const char *const ir_tokens[] = {
+	"%", "%x", "%\"", "%\"a b\"", "=", ":", ",", "(", ")", "[", "]", "@", "?", "->", "_", "+",
+	"-", "\n", "#", ";", "\"", "\\", "\\x00", "f32[", "bf16[", "i32[]", "f32[2,3]", "?",
+	" data", " param", " grad", " flat", " act", " metric", " optstate", " buffer",
+	" view=%flat.params+", " view=%x+0", " of=%", " of=%x", " block=", " source=0",
+	" source=9", " init=normal(0,1)", " init=zeros", " place(dp_shard: shard0)",
+	" place(tp: partial)", " place(tp: shard9)", " @0", " @-1", " nbytes=", " fwd", " bwd",
+	" comm", " opt", " eval", " data", " setup", " both", " none", " init", " export",
+	" last", " recompute", " stream=comm", " stream=7", " bucket=r0", " bucket=r9",
+	" progs=7", " flags=3", " ia5=1", " fa1=2", " transA", " acc", " axes=dp_shard",
+	" axes=tp,cp", " axes=999", "-1", "0", "1", "9223372036854775807",
+	"99999999999999999999", "1e39", "nan", "-inf", "4294967296", "mesh dp_shard=2 tp=2\n",
+	"mesh dp_shard=0\n", "config micro_batch=0 arena=1\n", "events 16777217\n",
+	"memory peak=1 persistent=2\n", "roles loss=%x\n", "metrics grad_norm=%nope\n",
+	"block b strategy=full_shard recompute=1\n", "block \"eval\"\n",
+	"source train idx \"p\" -> %x features sample=1 line=4294967295\n",
+	"source eval tokens \"t\" -> %y labels sample=8 shift=1 seq_split=1\n",
+	"bucket r0 all_reduce axes=dp_shard elems=3 %x = %x\n",
+	"%t : f32[2,3] = relu %x  fwd\n", "%x = all_reduce axes=dp_shard  comm last stream=comm\n",
+	" relu", " linear", " matmul", " add", " all_gather", " reduce_scatter", " shard",
+	" init", " save", " event_wait ev=0", " cast", " reshape %x d1=-1",
+	"; dp IR after layout (m.dp)\n", "; dp IR after nope (m.dp)\n",
+};
+
+/* A mutation that keeps IR readable more often than not: a %name becomes
+ * another name of the text, or a number another number, so the reader's
+ * later stages (ids, batch dims) and the verifier see odd graphs, not
+ * just syntax errors. */
+static void mutate_ir_word(Buf *b, uint64_t *s)
+{
+	static const char *const numbers[] = {"0", "1", "2", "3", "-1", "7", "16", "2147483647",
+					      "9223372036854775807"};
+	if (!b->n)
+		return;
+	size_t at = below(s, b->n);
+	int name = below(s, 2) == 0;
+	/* the next token of the kind wanted, from a random place on */
+	size_t i = at;
+	while (i < b->n && !(name ? b->p[i] == '%' : (b->p[i] >= '0' && b->p[i] <= '9')))
+		i++;
+	if (i >= b->n)
+		return;
+	size_t e = i + 1;
+	while (e < b->n && (b->p[e] == '.' || b->p[e] == '_' || (b->p[e] >= '0' && b->p[e] <= '9') ||
+			    (name && ((b->p[e] | 32) >= 'a' && (b->p[e] | 32) <= 'z'))))
+		e++;
+	if (!name) {
+		const char *t = numbers[below(s, sizeof numbers / sizeof numbers[0])];
+		erase(b, i, e - i);
+		insert(b, i, t, strlen(t));
+		return;
+	}
+	/* another %name: the first one at or after a second random place */
+	size_t j = below(s, b->n), k;
+	while (j < b->n && b->p[j] != '%')
+		j++;
+	if (j >= b->n)
+		return;
+	for (k = j + 1; k < b->n && (b->p[k] == '.' || b->p[k] == '_' ||
+				     ((b->p[k] | 32) >= 'a' && (b->p[k] | 32) <= 'z') ||
+				     (b->p[k] >= '0' && b->p[k] <= '9'));
+	     k++)
+		;
+	char word[256];
+	size_t len = k - j < sizeof word ? k - j : sizeof word - 1;
+	memcpy(word, b->p + j, len);
+	erase(b, i, e - i);
+	insert(b, i, word, len);
+}
+
+/* One mutation: from the DSL's tokens or, for IR, ir_tokens. */
+static void mutate_with(Buf *b, uint64_t *s, const char *const *toks, size_t ntoks)
 {
 	size_t at = below(s, b->n + 1);
 	switch (below(s, 7)) {
@@ -125,17 +206,117 @@ static void mutate(Buf *b, uint64_t *s)
 		b->n = at;
 		break;
 	default: { /* insert a token */
-		const char *t = tokens[below(s, sizeof tokens / sizeof tokens[0])];
+		const char *t = toks[below(s, ntoks)];
 		insert(b, at, t, strlen(t));
 		break;
 	}
 	}
 }
 
+static void mutate(Buf *b, uint64_t *s)
+{
+	mutate_with(b, s, tokens, sizeof tokens / sizeof tokens[0]);
+}
+
+/* ---- IR mode ---- */
+
+static char *print_text(const Graph *g)
+{
+	char *s = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&s, &n);
+	if (!f)
+		die("out of memory");
+	ir_print(f, g);
+	fclose(f);
+	return s;
+}
+
+/* Reads text as dpc --from-ir does before its first pass (the header, the
+ * reader, the verifier), then prints what read and reads that back. 1 when
+ * the text read; a broken promise dies naming the round. */
+static int read_mutant(const char *text, long round, FILE *devnull)
+{
+	char after[64];
+	ir_read_after(text, after, sizeof after);
+	Diag d;
+	diag_init(&d, devnull, "fuzz.ir", text);
+	Graph *g = ir_read(text, "fuzz.ir", &d);
+	if (!g) {
+		if (d.nerrors == 0)
+			die("ir_read returned NULL without an error (round %ld)", round);
+		return 0;
+	}
+	if (d.nerrors)
+		die("ir_read returned a graph after %d errors (round %ld)", d.nerrors, round);
+	ir_verify(g, NULL, devnull);
+	char *s1 = print_text(g);
+	diag_init(&d, devnull, "fuzz2.ir", s1);
+	Graph *g2 = ir_read(s1, "fuzz2.ir", &d);
+	if (!g2)
+		die("a graph read from a mutant prints text that does not read (round %ld)", round);
+	char *s2 = print_text(g2);
+	if (strcmp(s1, s2) != 0)
+		die("print(read(print(g))) != print(g) for a mutant (round %ld)", round);
+	free(s1);
+	free(s2);
+	ir_free(g2);
+	ir_free(g);
+	return 1;
+}
+
+static int fuzz_ir(const char *file, const Buf *orig, long rounds, uint64_t seed)
+{
+	FILE *devnull = fopen("/dev/null", "w");
+	Buf b = {0};
+	reserve(&b, orig->n + 1);
+	memcpy(b.p, orig->p, orig->n);
+	b.p[orig->n] = '\0';
+	if (strlen(b.p) != orig->n || !read_mutant(b.p, -1, devnull)) {
+		fprintf(stderr, "fe_fuzz: %s does not read as given\n", file);
+		return 1;
+	}
+	Diag d;
+	diag_init(&d, devnull, file, b.p);
+	Graph *g0 = ir_read(b.p, file, &d);
+	if (ir_verify(g0, NULL, devnull) != 0) {
+		fprintf(stderr, "fe_fuzz: %s does not verify as given\n", file);
+		return 1;
+	}
+	ir_free(g0);
+	long nread = 0;
+	uint64_t s = seed;
+	for (long r = 0; r < rounds; r++) {
+		b.n = 0;
+		reserve(&b, orig->n);
+		memcpy(b.p, orig->p, orig->n);
+		b.n = orig->n;
+		int nmut = 1 + (int)below(&s, 4);
+		for (int i = 0; i < nmut; i++) {
+			if (below(&s, 2))
+				mutate_ir_word(&b, &s);
+			else
+				mutate_with(&b, &s, ir_tokens, sizeof ir_tokens / sizeof ir_tokens[0]);
+		}
+		reserve(&b, b.n + 1);
+		b.p[b.n] = '\0'; /* a NUL inside ends the text here; dpc refuses it earlier */
+		nread += read_mutant(b.p, r, devnull);
+	}
+	fclose(devnull);
+	free(b.p);
+	printf("fe_fuzz: %ld IR mutants of %s (seed %llu), %ld read, no crash\n", rounds, file,
+	       (unsigned long long)seed, nread);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	int ir = argc > 1 && strcmp(argv[1], "--ir") == 0;
+	argv += ir;
+	argc -= ir;
 	if (argc < 2) {
-		fprintf(stderr, "usage: fe_fuzz MODEL.dp [N [SEED]]\n");
+		fprintf(stderr, "usage: fe_fuzz MODEL.dp [N [SEED]]\n"
+				"       fe_fuzz --ir FILE.ir [N [SEED]]\n");
 		return 2;
 	}
 	long rounds = argc > 2 ? atol(argv[2]) : 2000;
@@ -154,6 +335,11 @@ int main(int argc, char **argv)
 			break;
 	}
 	fclose(f);
+	if (ir) {
+		int rc = fuzz_ir(argv[1], &orig, rounds, seed);
+		free(orig.p);
+		return rc;
+	}
 
 	const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
 	char path[4096];

@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.." || exit 1
 # name | model | dpc flags | passes
 cases=(
 	# ddp at 2 ranks: the flat layout in backward order (layout), one
-	# all_reduce per gradient (collectives), fused per unit (bucket)
-	"mlp-ws2|models/mlp.dp|--world-size 2|layout collectives bucket"
+	# all_reduce per unit over a view of its gradients (collectives)
+	"mlp-ws2|models/mlp.dp|--world-size 2|layout collectives"
 	# issue 5: one file per strategy after the schedule pass (collectives,
 	# their events, prefetch order) for mlp.dp and the 8-block mlp8.dp at
 	# 4 ranks; "@STRATEGY" compiles a copy with that strategy, "@hsdp2x2"

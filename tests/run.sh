@@ -77,6 +77,7 @@ recompute              1      -       13
 unit                   0.5    -       10
 equivalence            1.5    -        8
 errors                 0.5    -        8
+passes                 1      -        8
 logs                   0.5    alone    8
 data_errors            0.5    -        5
 outputs                1      -        4
@@ -86,6 +87,10 @@ views                  0.5    -        2
 layers                 0.5    -        1
 golden                 0.5    -        1
 "
+# Suites another suite runs (NAME:PARENT): not started on their own by a
+# full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
+# as its case "settings")
+INSIDE="settings:errors"
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
 CAP=$(tenths "$JOBS")
@@ -104,6 +109,7 @@ done <<<"$TABLE"
 for f in tests/*.sh; do
 	n=$(basename "$f" .sh)
 	case $n in lib | run | demo | demo_gpt) continue ;; esac # not suites
+	case " $INSIDE " in *" $n:"*) continue ;; esac
 	[ -z "${WEIGHT[$n]+set}" ] || continue
 	echo "run.sh: $f is not in the table of suites; it runs last, as weight 1 (add it)" >&2
 	names+=("$n")
@@ -114,6 +120,9 @@ done
 selected=()
 if [ -n "${SUITE:-}" ]; then
 	for s in ${SUITE//,/ }; do
+		case " $INSIDE " in *" $s:"*)
+			[ -n "${WEIGHT[$s]+set}" ] || { names+=("$s"); WEIGHT[$s]=10 ALONE[$s]=0 SECS[$s]=1; } ;;
+		esac
 		[ -n "${WEIGHT[$s]+set}" ] || { echo "run.sh: no suite '$s'; the suites: ${names[*]}" >&2; exit 2; }
 	done
 	for n in "${names[@]}"; do

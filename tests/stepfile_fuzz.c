@@ -29,6 +29,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "settings.h"
 #include "stepfile.h"
 
 static int npass, nfail;
@@ -655,8 +656,10 @@ int main(int argc, char **argv)
 	{
 		unsigned char *t = malloc(len);
 		memcpy(t, buf, len);
-		/* config 80, optim 32, sched 16, metrics 16, nevents 4, source 4: strings nbytes */
-		size_t at = DP_STEP_HEADER_BYTES + 80 + 32 + 16 + 16 + 4 + 4;
+		/* the settings' records (format/settings.def), metrics 16, nevents 4,
+		 * source 4: strings nbytes */
+		size_t at = DP_STEP_HEADER_BYTES + dp_record_bytes(DP_REC_CFG) +
+			    dp_record_bytes(DP_REC_OPT) + dp_record_bytes(DP_REC_SCHED) + 16 + 4 + 4;
 		put32(t + at, 0xfffffff0u);
 		fix_crc(t, len);
 		rc = dec(t, len, err, sizeof err, &inv);

@@ -51,7 +51,7 @@ import torch_ref  # noqa: E402  (the sampler, the lr schedule, safetensors I/O)
 SHARD_MAGIC = 20240520
 
 
-# ---- token data (runtime/data.c's DP_SRC_TOKENS) ----
+# ---- token data (runtime/data_tokens.c) ----
 
 def read_shard(path):
     """The uint16 tokens of one llm.c shard, widened to int64."""

@@ -21,7 +21,7 @@ Layer NAME has weight NAME.w of shape [in, out] (dp's layout: y = x @ w + b)
 and an optional bias NAME.b; relu between layers, none after the last.
 
 The sampler, the counter-based generator and the synthetic data source are
-ports of runtime/data.c and runtime/init.c with uint64 arithmetic; the
+ports of runtime/data_sampler.c, data_synth.c and init.c with uint64 arithmetic; the
 formulas are in docs/DATA.md. --print-indices and --print-synthetic show what
 the port computes, to compare with the C side.
 """
@@ -94,7 +94,7 @@ def init_uniform(seed, name, base, count, low, high):
     return (low + (high - low) * u1).astype(np.float32)
 
 
-# ---- the sampler (runtime/data.c) ----
+# ---- the sampler (runtime/data_sampler.c) ----
 
 def epoch_permutation(seed, epoch, n):
     """Fisher-Yates of [0, n) driven by (seed, epoch), exactly as the C code."""
@@ -251,7 +251,7 @@ def train(args):
                                 weight_decay=args.weight_decay)
     else:
         opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum,
-                              weight_decay=args.weight_decay)
+                              weight_decay=args.weight_decay, nesterov=args.nesterov)
 
     out = open(args.out, "w") if args.out else sys.stdout
     for step in range(args.steps):
@@ -320,6 +320,7 @@ def main():
     ap.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     add_train_args(ap, weight_decay=0.0)
     ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--nesterov", action="store_true", help="SGD: Nesterov momentum")
     ap.add_argument("--print-indices", type=int, metavar="STEP",
                     help="print the global batch's dataset indices of STEP (n from --data) and exit")
     ap.add_argument("--print-synthetic", type=int, metavar="COUNT",

@@ -5,7 +5,9 @@
 # schedule and clipping; the 50 losses must agree with dp's.
 #
 # Cases: AdamW + cosine warmup + clip (models/mlp.dp as is) at 1 and 2 ranks,
-# SGD with momentum + weight decay + constant lr at 1 rank, and dp's
+# SGD with momentum + weight decay + constant lr at 1 rank, the same with
+# Nesterov momentum and clipping at 2 ranks (and that it is not plain
+# momentum's curve), and dp's
 # full_shard (issue 5) at 2 ranks with the same AdamW setup: its initial
 # weights go out through the EXPORT program (all_gather of the shards) and
 # back in through INIT (--init-from, cut into shards). Debian's torch 1.13
@@ -66,6 +68,26 @@ case_run full_shard-2ranks 2 "$T/fsdp.dp" $ADAMW
 sed -e 's/^  optimizer .*/  optimizer sgd(lr=0.05, momentum=0.9, weight_decay=1e-4)/' \
 	-e 's/^  schedule .*/  schedule constant/' -e 's/^  clip_grad_norm .*/  clip_grad_norm 0/' models/mlp.dp >"$T/sgd.dp"
 case_run sgd 1 "$T/sgd.dp" --optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --clip 0 --schedule constant
+# Nesterov momentum (the setting format/settings.def's SGD_NESTEROV row added),
+# at 2 ranks with clipping; and it must differ from plain momentum
+sed -e 's/^  optimizer .*/  optimizer sgd(lr=0.05, momentum=0.9, weight_decay=1e-4, nesterov=true)/' \
+	-e 's/^  schedule .*/  schedule constant/' models/mlp.dp >"$T/nesterov.dp"
+grep -q 'nesterov=true' "$T/nesterov.dp" || fail "nesterov copy of models/mlp.dp"
+SGDN="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --clip 1 --schedule constant"
+case_run sgd-nesterov-2ranks 2 "$T/nesterov.dp" $SGDN --nesterov
+if case_on nesterov-not-momentum; then
+once sgd-nesterov-2ranks runs sgd-nesterov-2ranks 2 "$T/nesterov.dp" $SGDN --nesterov
+$PY tests/torch_ref.py --init "$T/sgd-nesterov-2ranks.init.st" --layers fc1,fc2,fc3,head --data idx \
+	--images $FM/train-images-idx3-ubyte.gz --labels $FM/train-labels-idx1-ubyte.gz \
+	--seed 1234 --global-batch 128 --steps $STEPS --threads 1 --out "$T/plain.torch" $SGDN \
+	>/dev/null 2>&1
+if $PY tests/compare.py losses "$T/sgd-nesterov-2ranks.dp" "$T/plain.torch" --rtol 2e-4 --atol 0 \
+	>/dev/null; then
+	fail "nesterov differs from plain momentum"
+else
+	ok "nesterov differs from plain momentum"
+fi
+fi
 
 # the comparison itself can fail: a reference with a different learning rate must not match
 if case_on lr-detected; then

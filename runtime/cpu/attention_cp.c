@@ -236,11 +236,12 @@ static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_cp_kernels[DP_NOPS] = {
-	[DP_OP_KV_PACK] = {NULL, run_kv_pack, 0},
-	[DP_OP_KV_UNPACK] = {NULL, run_kv_pack, 0},
-	[DP_OP_ATTENTION_CP] = {limit_attention_cp, run_attention_cp, 0},
-	[DP_OP_ATTENTION_CP_GRAD] = {limit_attention_cp, run_attention_cp, 0},
-	[DP_OP_ATTENTION_CP_GRAD_KV] = {limit_attention_cp, run_attention_cp, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_cp_rows[] = {
+	{DP_OP_KV_PACK, run_kv_pack, NULL, 0, NULL, NULL, 0},
+	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 0, NULL, NULL, 0},
+	{DP_OP_ATTENTION_CP, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
+	{DP_OP_ATTENTION_CP_GRAD, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
+	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
+	{0},
 };

@@ -1,13 +1,21 @@
 /*
  * cpu/backend_cpu.c - the CPU compute backend (BackendOps cpu_backend): the
- * readable reference for every kernel. Synchronous: every call has finished
- * when it returns, and its memory is host memory (one mmap'd arena), so the
- * executor emulates the streams and the MPI comm backend reads the tensors
- * in place.
+ * readable reference for every kernel. Its memory is host memory (one
+ * mmap'd arena), so the MPI comm backend reads the tensors in place, and
+ * LOAD reads the staged batches where the executor filled them.
  *
- * The kernel table is one array of DP_NOPS rows (CpuKernel, cpu/cpu.h),
- * merged at init from the partial tables of the concept files; an op that
- * two files claim is an internal error.
+ * It fills the whole interface but the optional graph members. Its two
+ * streams run inline (BACKEND_INLINE; streams.c says how and why): each
+ * call has done its work when it returns, except a collective on the comm
+ * stream, which runs beside the compute until an event or the end of the
+ * run waits for it. So a step runs inside its launch; step_tail keeps its
+ * metrics in one of two slots (step k in slot k % 2, as the CUDA backend's
+ * report), which step_wait(k) reads while step k + 1 is launched; staged
+ * batches need no copy (stage_push, stage_wait: nothing to do).
+ *
+ * The kernel table is one opcode-indexed KernelTable (kernel_table.h),
+ * merged once from the rows of the concept files with the merge every
+ * backend uses; an op that two files claim stops init.
  *
  * Init also picks the inner loops for this CPU (cpu_vec_avx512 / avx2 /
  * scalar, vec.c; DP_CPU_ISA forces one) and starts the rank's threads
@@ -28,18 +36,15 @@
 #include "../backend.h"
 #include "cpu.h"
 
-static const CpuKernel *const parts[] = {
-	cpu_layout_kernels, cpu_elementwise_kernels, cpu_gemm_kernels, cpu_loss_kernels,
-	cpu_optim_kernels,  cpu_norm_kernels,        cpu_seq_kernels,     cpu_cp_kernels,
-	cpu_bf16_kernels,
-};
-#define NPARTS (sizeof parts / sizeof parts[0])
-
 typedef struct {
 	unsigned char *arena; /* cfg.arena_bytes, 64-byte aligned, zeroed */
 	size_t arena_len;
-	CpuKernel kern[DP_NOPS]; /* the table */
+	const KernelTable *kern; /* cpu_kernel_table() */
 	CpuStep step;
+	CpuStreams *st;
+	uint64_t cur_step; /* set_step's k */
+	int64_t rep_step[2]; /* step_tail: the step whose metrics rep[k % 2] holds, -1: none */
+	float rep[2][2];     /* ... its loss and grad norm */
 	const CpuVec *vec;
 	CpuPool *pool;
 	/* bf16 instructions of kernels without a bf16 path run on f32 copies
@@ -100,16 +105,24 @@ static int pick_threads(int *out, RtErr *e)
 	return 0;
 }
 
-/* The row of op: the one partial table that has it; NULL: none. */
-static const CpuKernel *find(unsigned op)
+/* Merged on first use (has_kernel is asked before any init), once per
+ * process, as the CUDA backend's table is built when its object loads. */
+const KernelTable *cpu_kernel_table(void)
 {
-	if (op >= DP_NOPS)
-		return NULL;
-	for (size_t i = 0; i < NPARTS; i++)
-		if (parts[i][op].run)
-			return &parts[i][op];
-	/* the elementwise ops are vec.c's maps (every table computes the same set) */
-	return cpu_vec_scalar.is_map(op) ? &cpu_map_kernel : NULL;
+	static KernelTable t;
+	static int merged;
+	if (!merged) {
+		static KernelRow maps[DP_NOPS + 1];
+		cpu_map_rows(maps);
+		const KernelRow *const files[] = {
+			cpu_layout_rows, cpu_elementwise_rows, maps,          cpu_gemm_rows,
+			cpu_loss_rows,   cpu_optim_rows,       cpu_norm_rows, cpu_seq_rows,
+			cpu_cp_rows,     cpu_bf16_rows,
+		};
+		kernel_table_merge(&t, files, sizeof files / sizeof files[0]);
+		merged = 1;
+	}
+	return &t;
 }
 
 static int cpu_probe(char *why, size_t len)
@@ -119,12 +132,12 @@ static int cpu_probe(char *why, size_t len)
 
 static int cpu_has_kernel(unsigned op)
 {
-	return find(op) != NULL;
+	return kernel_row(cpu_kernel_table(), op) != NULL;
 }
 
 static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	const CpuKernel *k = find(in->op);
+	const KernelRow *k = &cpu_kernel_table()->k[in->op];
 	/* the op's operand rules were the decoder's (format/stepfile_check.c): only
 	 * this backend's own limits are left; a bf16 instruction of a kernel
 	 * without a bf16 path runs on f32 copies (bf16.c) */
@@ -137,6 +150,7 @@ static void cpu_free(Backend *b)
 	if (c && c->arena)
 		munmap(c->arena, c->arena_len);
 	if (c) {
+		cpu_streams_free(c->st);
 		cpu_pool_free(c->pool);
 		free(c->ws);
 		free(c->shadow);
@@ -155,18 +169,15 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	if (!c)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int claims = 0;
-		for (size_t i = 0; i < NPARTS; i++)
-			claims += parts[i][op].run != NULL;
-		if (claims > 1) {
-			cpu_free(b);
-			return RT_FAIL(e, "internal error: %d CPU kernels for %s", claims,
-				       dp_op_names[op]);
-		}
-		const CpuKernel *k = find(op);
-		if (k)
-			c->kern[op] = *k;
+	c->kern = cpu_kernel_table();
+	c->rep_step[0] = c->rep_step[1] = -1;
+	if (c->kern->err[0]) {
+		cpu_free(b);
+		return RT_FAIL(e, "internal error: the CPU kernel table: %s", cpu_kernel_table()->err);
+	}
+	if (cpu_streams_new(&c->st, s, b->comm, o->no_progress, e)) {
+		cpu_free(b);
+		return -1;
 	}
 	c->step.opt = &s->opt;
 	int threads = 1;
@@ -199,7 +210,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
 			/* oneDNN's matmuls need none; without it they are staged */
-			const CpuKernel *k = &c->kern[in->op];
+			const KernelRow *k = &c->kern->k[in->op];
 			if (dp_op_class(in->op) == DP_OPC_KERNEL && !k->bf16 &&
 			    !(k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
@@ -219,7 +230,9 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	return 0;
 }
 
-static void cpu_describe(Backend *b, char *buf, size_t len)
+/* The plain f32 CPU is the default device: its line waits for --verbose;
+ * a bf16 step's path and workspace are worth a line. */
+static int cpu_describe(Backend *b, char *buf, size_t len)
 {
 	CpuBackend *c = b->impl;
 	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->vec->isa,
@@ -228,13 +241,23 @@ static void cpu_describe(Backend *b, char *buf, size_t len)
 		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
 			 cpu_gemm16_describe(c->gemm16),
 			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
+	return dp_step_has_bf16(b->s);
 }
+
+/* MPI_Abort, which follows, ends the collectives in flight; nothing here
+ * waits, and free() releases the memory. */
+static void cpu_abort(Backend *b)
+{
+}
+
+/* ---- work, inline (streams.c: each call starts with the streams' order) ---- */
 
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
-	const CpuKernel *k = &c->kern[in->op];
+	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
 	if (k->run_bf16) {
@@ -250,9 +273,12 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	return rc;
 }
 
+/* LOAD: straight from the host buffer the executor staged the batch in. */
 static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, size_t bytes,
 		      RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(dst, host, bytes);
 	return 0;
 }
@@ -260,6 +286,8 @@ static int cpu_upload(Backend *b, unsigned stream, void *dst, const void *host, 
 static int cpu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, const void *src,
 		      size_t spitch, size_t width, size_t rows, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	for (size_t r = 0; r < rows; r++)
 		memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 	return 0;
@@ -267,19 +295,48 @@ static int cpu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, con
 
 static int cpu_zero(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *e)
 {
-	memset(dst, 0, bytes);
+	memset(dst, 0, bytes); /* the metrics, before a run */
 	return 0;
 }
 
+/* Inside a run, INIT and SAVE: their instruction's stream order first. */
 static int cpu_read(Backend *b, const void *src, void *host, size_t bytes, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(host, src, bytes);
 	return 0;
 }
 
 static int cpu_write(Backend *b, void *dst, const void *host, size_t bytes, RtErr *e)
 {
+	CpuBackend *c = b->impl;
+	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	memcpy(dst, host, bytes);
+	return 0;
+}
+
+static void *cpu_host_alloc(Backend *b, size_t bytes)
+{
+	return malloc(bytes);
+}
+
+static void cpu_host_free(Backend *b, void *p)
+{
+	free(p);
+}
+
+/* ---- staged batches and steps ---- */
+
+/* Nothing copies out of a staging buffer behind the executor's back: a
+ * step's LOADs read it while the step runs, inside its launch. */
+static int cpu_stage_wait(Backend *b, const void *host, RtErr *e)
+{
+	return 0;
+}
+
+static int cpu_stage_push(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e)
+{
 	return 0;
 }
 
@@ -288,17 +345,93 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 	CpuBackend *c = b->impl;
 	c->step.lr = (float)lr;
 	c->step.t = (int64_t)k + 1;
+	c->cur_step = k;
 	return 0;
 }
 
+/* lr and t are host values the optimizer kernels read (set_step). */
+static int cpu_step_head(Backend *b, RtErr *e)
+{
+	return 0;
+}
+
+/* The step's metrics into slot k % 2: step k + 1 may run before they are read. */
+static int cpu_step_tail(Backend *b, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	const DpStep *s = b->s;
+	int slot = (int)(c->cur_step & 1);
+	c->rep_step[slot] = (int64_t)c->cur_step;
+	c->rep[slot][0] = s->metrics.loss >= 0 ? *(const float *)b->ptr[s->metrics.loss] : 0;
+	c->rep[slot][1] = s->metrics.grad_norm >= 0 ? *(const float *)b->ptr[s->metrics.grad_norm]
+						    : 0;
+	return 0;
+}
+
+/* Step k ran inside its launch: its metrics are in its slot. */
+static int cpu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	if (c->rep_step[k & 1] != (int64_t)k)
+		return RT_FAIL(e, "internal error: step %llu's metrics were not kept (slot holds "
+			       "step %lld)", (unsigned long long)k + 1, (long long)c->rep_step[k & 1] + 1);
+	metrics[0] = c->rep[k & 1][0];
+	metrics[1] = c->rep[k & 1][1];
+	return 0;
+}
+
+/* ---- streams (streams.c) ---- */
+
+static int cpu_run_begin(Backend *b, DpProgram p, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	cpu_streams_begin(c->st);
+	return 0;
+}
+
+static int cpu_run_end(Backend *b, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_end(c->st, e);
+}
+
+static int cpu_event_record(Backend *b, unsigned stream, unsigned event, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_event_record(c->st, stream, event, e);
+}
+
+static int cpu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_event_wait(c->st, stream, event, e);
+}
+
+/* On the MPI comm backend (comm.h), through the streams. */
+static int cpu_collective(Backend *b, const DpInstr *in, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_collective(c->st, &b->at, b->ptr, in, e);
+}
+
+static int cpu_sync(Backend *b, const char *what, RtErr *e)
+{
+	CpuBackend *c = b->impl;
+	return cpu_streams_sync(c->st, e);
+}
+
+/* No graphs: the executor walks every step (backend.h). */
 const BackendOps cpu_backend = {
 	.name = "cpu",
 	.abi = DP_BACKEND_ABI,
+	.flags = BACKEND_INLINE,
+	.fallback = NULL, /* the reference: every op has a CPU kernel */
 	.probe = cpu_probe,
 	.has_kernel = cpu_has_kernel,
 	.check = cpu_check,
 	.init = cpu_init,
 	.describe = cpu_describe,
+	.abort = cpu_abort,
 	.free = cpu_free,
 	.kernel = cpu_kernel,
 	.upload = cpu_upload,
@@ -306,5 +439,18 @@ const BackendOps cpu_backend = {
 	.zero = cpu_zero,
 	.read = cpu_read,
 	.write = cpu_write,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.stage_wait = cpu_stage_wait,
+	.stage_push = cpu_stage_push,
+	.step_wait = cpu_step_wait,
 	.set_step = cpu_set_step,
+	.step_head = cpu_step_head,
+	.step_tail = cpu_step_tail,
+	.run_begin = cpu_run_begin,
+	.run_end = cpu_run_end,
+	.event_record = cpu_event_record,
+	.event_wait = cpu_event_wait,
+	.collective = cpu_collective,
+	.sync = cpu_sync,
 };

@@ -123,8 +123,9 @@ static int run_cast(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 (the decoder checks
- * CAST's operands: f32 or bf16, the same size, disjoint) */
-const CpuKernel cpu_bf16_kernels[DP_NOPS] = {
-	[DP_OP_CAST] = {NULL, run_cast, 1},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h (the
+ * decoder checks CAST's operands: f32 or bf16, the same size, disjoint) */
+const KernelRow cpu_bf16_rows[] = {
+	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0},
+	{0},
 };

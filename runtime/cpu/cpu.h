@@ -1,16 +1,18 @@
 /*
- * cpu/cpu.h - inside the CPU compute backend: the kernel-table row, the
- * arguments every kernel gets, and the operand-check helpers the kernel
- * files share. Nothing outside runtime/cpu/ includes it; the executor sees
- * the backend only through BackendOps (backend.h).
+ * cpu/cpu.h - inside the CPU compute backend: the arguments every kernel
+ * gets, the kernel files' rows, the two streams, and the operand-check
+ * helpers the kernel files share. Nothing outside runtime/cpu/ includes it;
+ * the executor sees the backend only through BackendOps (backend.h).
  *
  * One table, filled by the files that own the kernels. Each concept file
- * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c)
- * defines a partial table of DP_NOPS rows with designated initialisers,
- * `[DP_OP_<OP>] = {limit_<op> or NULL, run_<op>, bf16}`, so an op's limits,
- * its run and its row live in one file; backend_cpu.c merges the partial tables
- * into the backend's one table and refuses an op claimed twice. Adding a
- * CPU kernel is one row (and its functions) in the file of its concept.
+ * (layout.c, elementwise.c, gemm.c, loss.c, optim.c, norm.c, seq.c,
+ * attention_cp.c, bf16.c) lists the rows of its ops (KernelRow, the one
+ * row layout of every backend: runtime/kernel_table.h), `{DP_OP_<OP>,
+ * run_<op>, limit_<op> or NULL, bf16}`, so an op's limits, its run and its
+ * row live in one file; backend_cpu.c merges them (kernel_table_merge, the
+ * CUDA backend's merge too) into the backend's one table, which refuses an
+ * op claimed twice. Adding a CPU kernel is one row (and its functions) in
+ * the file of its concept; an elementwise map is a line of vec.c's list.
  *
  * Layout: leading dims fold into rows, a tensor [a, b, c] is a [a*b, c]
  * matrix (cpu_rows / cpu_cols). Kernels trust their operands: the step-file
@@ -21,6 +23,8 @@
 #ifndef DP_CPU_INT_H
 #define DP_CPU_INT_H
 
+#include "../backend.h"
+#include "../kernel_table.h"
 #include "../rt.h"
 
 /* Per optimizer step: what the optimizer kernels need beyond their operands. */
@@ -126,8 +130,9 @@ typedef struct {
 void cpu_blas_choose(void);
 void cpu_blas_init(CpuBlas *b);
 
-/* One kernel call: operands are the tensor ids of `in`, addresses in ptr. */
-typedef struct {
+/* One kernel call: operands are the tensor ids of `in`, addresses in ptr.
+ * The CPU's struct KernelArgs (kernel_table.h): its rows' functions take it. */
+typedef struct KernelArgs {
 	const DpStep *s;
 	const DpInstr *in;
 	void *const *ptr;
@@ -138,37 +143,49 @@ typedef struct {
 	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls (gemm_bf16.c) */
 } CpuArgs;
 
-typedef int (*CpuCheckFn)(const DpStep *s, const DpInstr *in, RtErr *e);
-typedef int (*CpuRunFn)(const CpuArgs *a, RtErr *e);
-
-/* A row of the kernel table (ORDER OP); run == NULL: not this file's. */
-typedef struct {
-	/* This backend's own limits (BLAS takes int sizes); NULL: none. */
-	CpuCheckFn limits;
-	CpuRunFn run;
-	/* 1: computes bf16 operands itself (copies, CAST); else a bf16
-	 * instruction runs on f32 copies (bf16.c) unless run_bf16 takes it */
-	int bf16;
-	/* A bf16 instruction's own path: 0 done, -1 error, 1 declined (staged) */
-	CpuRunFn run_bf16;
-} CpuKernel;
-
 /* vec->map over n elements on the rank's threads (elementwise.c). */
 void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
 	     int64_t n);
-/* The kernel row of every op vec->map computes (elementwise.c). */
-extern const CpuKernel cpu_map_kernel;
+/* The row of every op vec->map computes, ended by {0}, into rows (room for
+ * DP_NOPS + 1 rows) (elementwise.c). */
+void cpu_map_rows(KernelRow *rows);
 
-/* The partial tables, one per concept file. */
-extern const CpuKernel cpu_layout_kernels[DP_NOPS];      /* layout.c */
-extern const CpuKernel cpu_elementwise_kernels[DP_NOPS]; /* elementwise.c */
-extern const CpuKernel cpu_gemm_kernels[DP_NOPS];        /* gemm.c */
-extern const CpuKernel cpu_loss_kernels[DP_NOPS];        /* loss.c */
-extern const CpuKernel cpu_optim_kernels[DP_NOPS];       /* optim.c */
-extern const CpuKernel cpu_norm_kernels[DP_NOPS];        /* norm.c */
-extern const CpuKernel cpu_seq_kernels[DP_NOPS];         /* seq.c */
-extern const CpuKernel cpu_cp_kernels[DP_NOPS];          /* attention_cp.c */
-extern const CpuKernel cpu_bf16_kernels[DP_NOPS];        /* bf16.c */
+/* The rows of each concept file, ended by {0}. */
+extern const KernelRow cpu_layout_rows[];      /* layout.c */
+extern const KernelRow cpu_elementwise_rows[]; /* elementwise.c (and cpu_map_rows) */
+extern const KernelRow cpu_gemm_rows[];        /* gemm.c */
+extern const KernelRow cpu_loss_rows[];        /* loss.c */
+extern const KernelRow cpu_optim_rows[];       /* optim.c */
+extern const KernelRow cpu_norm_rows[];        /* norm.c */
+extern const KernelRow cpu_seq_rows[];         /* seq.c */
+extern const KernelRow cpu_cp_rows[];          /* attention_cp.c */
+extern const KernelRow cpu_bf16_rows[];        /* bf16.c */
+/* The CPU's kernel table, merged from them once (backend_cpu.c); its err
+ * says why it cannot be used. */
+const KernelTable *cpu_kernel_table(void);
+
+/* ---- the two streams, run inline (streams.c) ---- */
+
+/* Events, collectives on the MPI comm backend, the collectives in flight
+ * and the hazard check against them. Each int function returns 0 or -1
+ * with e filled. */
+typedef struct CpuStreams CpuStreams;
+int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress, RtErr *e);
+void cpu_streams_free(CpuStreams *st);
+/* run_begin, run_end (compute waits for every collective), sync */
+void cpu_streams_begin(CpuStreams *st);
+int cpu_streams_end(CpuStreams *st, RtErr *e);
+int cpu_streams_sync(CpuStreams *st, RtErr *e);
+/* Before the work of instruction `at` (inside a run; nothing outside one):
+ * MPI progress, then its stream's order: on comm after every collective
+ * issued before it, on compute the hazard check. */
+int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e);
+int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
+int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
+/* Collective `in` (instruction `at`) over tensors at ptr: started on the
+ * comm stream, run to completion on compute. */
+int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr,
+			   const DpInstr *in, RtErr *e);
 
 /* ---- bf16 (bf16.c, gemm_bf16.c) ---- */
 

@@ -103,7 +103,14 @@ static int run_map(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-const CpuKernel cpu_map_kernel = {NULL, run_map, 1, NULL}; /* bf16: a chunk at a time */
+void cpu_map_rows(KernelRow *rows)
+{
+	size_t n = 0;
+	for (unsigned op = 0; op < DP_NOPS; op++) /* every CpuVec computes the same set */
+		if (cpu_vec_scalar.is_map(op))
+			rows[n++] = (KernelRow){.op = op, .run = run_map, .bf16 = 1}; /* bf16: a chunk at a time */
+	rows[n] = (KernelRow){0};
+}
 
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ---- */
 
@@ -128,7 +135,8 @@ static int run_bias_add(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_elementwise_kernels[DP_NOPS] = {
-	[DP_OP_BIAS_ADD] = {NULL, run_bias_add, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_elementwise_rows[] = {
+	{DP_OP_BIAS_ADD, run_bias_add, NULL, 0, NULL, NULL, 0},
+	{0},
 };

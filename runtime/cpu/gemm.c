@@ -248,9 +248,10 @@ static int run_gemm16(const CpuArgs *k, RtErr *e)
 	return cpu_gemm16_run(k->gemm16, k, e);
 }
 
-/* ORDER OP (designated): limits, run, bf16, run_bf16 */
-const CpuKernel cpu_gemm_kernels[DP_NOPS] = {
-	[DP_OP_MATMUL] = {limit_matmul, run_matmul, 0, run_gemm16},
-	[DP_OP_LINEAR] = {limit_linear, run_linear, 0, run_gemm16},
-	[DP_OP_BIAS_GRAD] = {NULL, run_bias_grad, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_gemm_rows[] = {
+	{DP_OP_MATMUL, run_matmul, limit_matmul, 0, run_gemm16, NULL, 0},
+	{DP_OP_LINEAR, run_linear, limit_linear, 0, run_gemm16, NULL, 0},
+	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 0, NULL, NULL, 0},
+	{0},
 };

@@ -196,17 +196,18 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 static int run_embedding(const CpuArgs *a, RtErr *e) { return embedding(a, 0, e); }
 static int run_embedding_grad(const CpuArgs *a, RtErr *e) { return embedding(a, 1, e); }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_layout_kernels[DP_NOPS] = {
-	[DP_OP_NOP] = {NULL, run_nop, 0},
-	[DP_OP_FILL] = {NULL, run_fill, 0},
-	[DP_OP_COPY] = {NULL, run_copy, 1},
-	[DP_OP_RESHAPE] = {NULL, run_copy, 1},
-	[DP_OP_TP_COPY] = {NULL, run_copy, 1},
-	[DP_OP_TRANSPOSE] = {NULL, run_transpose, 0},
-	[DP_OP_SPLIT] = {NULL, run_split, 0},
-	[DP_OP_SPLIT_GRAD] = {NULL, run_split_grad, 0},
-	[DP_OP_INTERLEAVE] = {NULL, run_interleave, 0},
-	[DP_OP_EMBEDDING] = {NULL, run_embedding, 1},
-	[DP_OP_EMBEDDING_GRAD] = {NULL, run_embedding_grad, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_layout_rows[] = {
+	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
+	{DP_OP_FILL, run_fill, NULL, 0, NULL, NULL, 0},
+	{DP_OP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
+	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, NULL, 0},
+	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
+	{DP_OP_TRANSPOSE, run_transpose, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SPLIT, run_split, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 0, NULL, NULL, 0},
+	{DP_OP_INTERLEAVE, run_interleave, NULL, 0, NULL, NULL, 0},
+	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0},
+	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, NULL, 0, NULL, NULL, 0},
+	{0},
 };

@@ -127,10 +127,11 @@ static int xent(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 (bf16 logits and their
- * gradient row by row: no f32 copy of the logits) */
-const CpuKernel cpu_loss_kernels[DP_NOPS] = {
-	[DP_OP_XENT] = {NULL, xent, 1},
-	[DP_OP_XENT_GRAD] = {NULL, xent, 1},
-	[DP_OP_CORRECT] = {NULL, xent, 1},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h (bf16
+ * logits and their gradient row by row: no f32 copy of the logits) */
+const KernelRow cpu_loss_rows[] = {
+	{DP_OP_XENT, xent, NULL, 1, NULL, NULL, 0},
+	{DP_OP_XENT_GRAD, xent, NULL, 1, NULL, NULL, 0},
+	{DP_OP_CORRECT, xent, NULL, 1, NULL, NULL, 0},
+	{0},
 };

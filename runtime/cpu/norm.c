@@ -112,12 +112,13 @@ static int run_grad_g(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_norm_kernels[DP_NOPS] = {
-	[DP_OP_LAYERNORM] = {NULL, run_fwd, 0},
-	[DP_OP_LAYERNORM_GRAD] = {NULL, run_bwd, 0},
-	[DP_OP_LAYERNORM_GRAD_G] = {NULL, run_grad_g, 0},
-	[DP_OP_RMSNORM] = {NULL, run_fwd, 0},
-	[DP_OP_RMSNORM_GRAD] = {NULL, run_bwd, 0},
-	[DP_OP_RMSNORM_GRAD_G] = {NULL, run_grad_g, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_norm_rows[] = {
+	{DP_OP_LAYERNORM, run_fwd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0},
+	{DP_OP_RMSNORM, run_fwd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0},
+	{0},
 };

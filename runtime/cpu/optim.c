@@ -74,8 +74,9 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* torch.optim.SGD (1.13), dampening 0, nesterov off:
- * g += wd*p; buf = g (first step) or momentum*buf + g; p -= lr*buf */
+/* torch.optim.SGD (1.13), dampening 0: g += wd*p; buf = g (first step) or
+ * momentum*buf + g; p -= lr*buf, or with nesterov (DpOptim's, a setting
+ * that needs momentum) p -= lr*(g + momentum*buf) */
 static int run_sgd(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
@@ -83,6 +84,7 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 	const float *a = cpu_f(k, in->in[0]);
 	int64_t n = cpu_numel(cpu_t(k, in->out));
 	float lr = k->step->lr, mom = in->fa[0], wd = in->fa[1];
+	int nesterov = k->step->opt->nesterov != 0;
 	float *buf = cpu_f(k, in->in[1]);
 	for (int64_t i = 0; i < n; i++) {
 		float g = a[i];
@@ -90,7 +92,7 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 			g = g + wd * o[i];
 		if (mom != 0) {
 			buf[i] = k->step->t <= 1 ? g : mom * buf[i] + g;
-			g = buf[i];
+			g = nesterov ? g + mom * buf[i] : buf[i];
 		}
 		o[i] = o[i] - lr * g;
 	}
@@ -139,11 +141,12 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_optim_kernels[DP_NOPS] = {
-	[DP_OP_SQNORM] = {NULL, run_sqnorm, 0},
-	[DP_OP_SQRT] = {NULL, run_sqrt, 0},
-	[DP_OP_CLIP] = {NULL, run_clip, 0},
-	[DP_OP_SGD] = {NULL, run_sgd, 0},
-	[DP_OP_ADAMW] = {NULL, run_adamw, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_optim_rows[] = {
+	{DP_OP_SQNORM, run_sqnorm, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
+	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0},
+	{0},
 };

@@ -334,11 +334,12 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* ORDER OP (designated): limits, run, bf16 */
-const CpuKernel cpu_seq_kernels[DP_NOPS] = {
-	[DP_OP_SOFTMAX] = {NULL, run_softmax, 0},
-	[DP_OP_SOFTMAX_GRAD] = {NULL, run_softmax_grad, 0},
-	[DP_OP_ATTENTION] = {limit_attention, attention, 0},
-	[DP_OP_ATTENTION_GRAD] = {limit_attention, attention, 0},
-	[DP_OP_ROPE] = {NULL, run_rope, 0},
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+const KernelRow cpu_seq_rows[] = {
+	{DP_OP_SOFTMAX, run_softmax, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SOFTMAX_GRAD, run_softmax_grad, NULL, 0, NULL, NULL, 0},
+	{DP_OP_ATTENTION, attention, limit_attention, 0, NULL, NULL, 0},
+	{DP_OP_ATTENTION_GRAD, attention, limit_attention, 0, NULL, NULL, 0},
+	{DP_OP_ROPE, run_rope, NULL, 0, NULL, NULL, 0},
+	{0},
 };

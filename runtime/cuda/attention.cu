@@ -588,12 +588,12 @@ static int run_attention(const CuArgs *a, RtErr *e)
 					     : run_attention_t<float>(a, e);
 }
 
-extern "C" void cu_attention_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_ATTENTION] = {run_attention, limit_attention, NULL, 0, 1};
-	k[DP_OP_ATTENTION_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
-	k[DP_OP_ATTENTION_CP] = {run_attention, limit_attention, NULL, 0, 1};
-	k[DP_OP_ATTENTION_CP_GRAD] = {run_attention, limit_attention, scratch_attention, 0, 1};
-	k[DP_OP_ATTENTION_CP_GRAD_KV] = {run_attention, limit_attention, scratch_attention, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_attention_rows[] = {
+	{DP_OP_ATTENTION, run_attention, limit_attention, 1, NULL, NULL, 0},
+	{DP_OP_ATTENTION_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
+	{DP_OP_ATTENTION_CP, run_attention, limit_attention, 1, NULL, NULL, 0},
+	{DP_OP_ATTENTION_CP_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
+	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
+	{},
+};

@@ -211,14 +211,14 @@ static int cu_probe(char *why, size_t len)
 
 static int cu_has_kernel(unsigned op)
 {
-	return op < DP_NOPS && cu_kernel_table.k[op].run != NULL;
+	return kernel_row(&cu_kernel_table, op) != NULL;
 }
 
 /* Where instruction in's f32 copies of bf16 operands start in its stream's
  * scratch: after the row's own scratch bytes. */
 static size_t stage_at(const DpStep *s, const DpInstr *in)
 {
-	const CuKernel *k = &cu_kernel_table.k[in->op];
+	const KernelRow *k = &cu_kernel_table.k[in->op];
 	size_t own = k->scratch ? k->scratch(s, in) : CU_SCRATCH_MIN;
 	return (own + 255) / 256 * 256;
 }
@@ -226,7 +226,7 @@ static size_t stage_at(const DpStep *s, const DpInstr *in)
 /* Own limits only: the decoder guarantees the operands (see the top). */
 static int cu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 {
-	const CuKernel *k = &cu_kernel_table.k[in->op];
+	const KernelRow *k = &cu_kernel_table.k[in->op];
 	return k->limits ? k->limits(s, in, e) : 0;
 }
 
@@ -496,9 +496,8 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
 	int ndev = 0;
-	if (cu_kernel_table.twice >= 0)
-		return RT_FAIL(e, "internal error: two CUDA kernel files claim %s",
-			       dp_op_names[cu_kernel_table.twice]);
+	if (cu_kernel_table.err[0])
+		return RT_FAIL(e, "internal error: the CUDA kernel table: %s", cu_kernel_table.err);
 	RT_CHECK(check_shards(s, e));
 	CU(cudaGetDeviceCount(&ndev));
 	if (ndev < 1)
@@ -528,7 +527,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 					       "stream", (long long)in->ia[0], dp_stream_names[in->stream]);
 			if (dp_op_class(in->op) != DP_OPC_KERNEL)
 				continue;
-			const CuKernel *k = &cu_kernel_table.k[in->op];
+			const KernelRow *k = &cu_kernel_table.k[in->op];
 			gemm_on[in->stream] |= k->blas;
 			size_t need = stage_at(s, in) + (k->bf16 ? 0 : cu_stage_need(s, in));
 			if (need > scratch[in->stream])
@@ -687,7 +686,8 @@ static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	return 0;
 }
 
-static void cu_describe(Backend *b, char *buf, size_t len)
+/* A GPU is always worth a line in the log. */
+static int cu_describe(Backend *b, char *buf, size_t len)
 {
 	CuBackend *x = b->impl;
 	struct cudaDeviceProp p;
@@ -698,7 +698,7 @@ static void cu_describe(Backend *b, char *buf, size_t len)
 		cudaGetLastError();
 		snprintf(buf, len, "CUDA device %d (driver %d, runtime %d, NCCL %d)", x->device, drv,
 			 rtv, nv);
-		return;
+		return 1;
 	}
 	snprintf(buf, len,
 		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s",
@@ -706,6 +706,7 @@ static void cu_describe(Backend *b, char *buf, size_t len)
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "");
+	return 1;
 }
 
 static void cu_abort(Backend *b)
@@ -719,7 +720,7 @@ static void cu_abort(Backend *b)
 static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	const CuKernel *k = &cu_kernel_table.k[in->op];
+	const KernelRow *k = &cu_kernel_table.k[in->op];
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
 	if (!x->shadow || k->bf16 || !cu_stage_need(b->s, in))
@@ -1092,6 +1093,8 @@ static int cu_replay(Backend *b, RtErr *e)
 __attribute__((visibility("default"))) const BackendOps dp_cuda_backend = {
 	.name = "cuda",
 	.abi = DP_BACKEND_ABI,
+	.flags = 0,        /* streams: work runs after the call returns */
+	.fallback = "cpu", /* a kernel missing here: the CPU has every one */
 	.probe = cu_probe,
 	.has_kernel = cu_has_kernel,
 	.check = cu_check,

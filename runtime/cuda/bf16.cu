@@ -162,8 +162,8 @@ extern "C" cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpIn
 	return err;
 }
 
-extern "C" void cu_bf16_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_CAST] = {run_cast, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_bf16_rows[] = {
+	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0},
+	{},
+};

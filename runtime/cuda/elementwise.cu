@@ -242,22 +242,22 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_elementwise_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_ACCUM] = {run_map<Accum>, NULL, NULL, 0, 1};
-	k[DP_OP_SCALE] = {run_map<Scale>, NULL, NULL, 0, 1};
-	k[DP_OP_ADD] = {run_map<Add>, NULL, NULL, 0, 1};
-	k[DP_OP_MUL] = {run_map<Mul>, NULL, NULL, 0, 1};
-	k[DP_OP_RELU] = {run_map<Relu>, NULL, NULL, 0, 1};
-	k[DP_OP_RELU_GRAD] = {run_map<ReluGrad>, NULL, NULL, 0, 1};
-	k[DP_OP_GELU] = {run_map<Gelu>, NULL, NULL, 0, 1};
-	k[DP_OP_GELU_GRAD] = {run_map<GeluGrad>, NULL, NULL, 0, 1};
-	k[DP_OP_TANH] = {run_map<Tanh>, NULL, NULL, 0, 1};
-	k[DP_OP_TANH_GRAD] = {run_map<TanhGrad>, NULL, NULL, 0, 1};
-	k[DP_OP_SILU] = {run_map<Silu>, NULL, NULL, 0, 1};
-	k[DP_OP_SILU_GRAD] = {run_map<SiluGrad>, NULL, NULL, 0, 1};
-	k[DP_OP_SIGMOID] = {run_map<Sigmoid>, NULL, NULL, 0, 1};
-	k[DP_OP_SIGMOID_GRAD] = {run_map<SigmoidGrad>, NULL, NULL, 0, 1};
-	k[DP_OP_BIAS_ADD] = {run_bias_add, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_elementwise_rows[] = {
+	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SCALE, run_map<Scale>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ADD, run_map<Add>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_MUL, run_map<Mul>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_RELU, run_map<Relu>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_RELU_GRAD, run_map<ReluGrad>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_GELU, run_map<Gelu>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_GELU_GRAD, run_map<GeluGrad>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_TANH, run_map<Tanh>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_TANH_GRAD, run_map<TanhGrad>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SILU, run_map<Silu>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SILU_GRAD, run_map<SiluGrad>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SIGMOID, run_map<Sigmoid>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SIGMOID_GRAD, run_map<SigmoidGrad>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_BIAS_ADD, run_bias_add, NULL, 1, NULL, NULL, 0},
+	{},
+};

@@ -367,10 +367,10 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 	return out16 ? run_bias_grad_t<float, cu_bf16>(a, e) : run_bias_grad_t<float, float>(a, e);
 }
 
-extern "C" void cu_gemm_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_MATMUL] = {run_gemm, limit_gemm, NULL, 1, 1};
-	k[DP_OP_LINEAR] = {run_gemm, limit_gemm, NULL, 1, 1};
-	k[DP_OP_BIAS_GRAD] = {run_bias_grad, NULL, scratch_bias_grad, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_gemm_rows[] = {
+	{DP_OP_MATMUL, run_gemm, limit_gemm, 1, NULL, NULL, 1},
+	{DP_OP_LINEAR, run_gemm, limit_gemm, 1, NULL, NULL, 1},
+	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 1, NULL, scratch_bias_grad, 0},
+	{},
+};

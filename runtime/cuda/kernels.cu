@@ -1,38 +1,28 @@
 /*
  * kernels.cu - the CUDA backend's kernel table, merged from the rows of the
  * kernel files (kernels.h lists them: each op's device code, launcher and
- * row live in exactly one), and the kernels of the backend itself: the
- * per-step schedule, the step counter, the report of the scalars and
+ * row live in exactly one) by kernel_table_merge, the one merge of every
+ * backend (runtime/kernel_table.h), and the kernels of the backend itself:
+ * the per-step schedule, the step counter, the report of the scalars and
  * metrics into mapped host memory, and the watchdog's progress mark.
  */
 #include "device.cuh"
 
 /* ---- the table ---- */
 
-static CuKernelTable make_table()
+static KernelTable make_table()
 {
-	void (*const files[])(CuKernel *) = {
+	const KernelRow *const files[] = {
 		cu_layout_rows, cu_elementwise_rows, cu_gemm_rows, cu_loss_rows,
 		cu_optim_rows,  cu_norm_rows,        cu_seq_rows,  cu_attention_rows,
 		cu_bf16_rows,
 	};
-	CuKernelTable t = {};
-	t.twice = -1;
-	for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-		CuKernel part[DP_NOPS] = {};
-		files[f](part);
-		for (int op = 0; op < DP_NOPS; op++) {
-			if (!part[op].run)
-				continue;
-			if (t.k[op].run)
-				t.twice = op; /* cu_init refuses to start */
-			t.k[op] = part[op];
-		}
-	}
+	KernelTable t;
+	kernel_table_merge(&t, files, sizeof files / sizeof files[0]); /* t.err: cu_init refuses */
 	return t;
 }
 
-extern "C" const CuKernelTable cu_kernel_table = make_table();
+extern "C" const KernelTable cu_kernel_table = make_table();
 
 /* ---- an image for this device? (kernels.h) ---- */
 

@@ -1,15 +1,16 @@
 /*
  * kernels.h - the CUDA backend's kernel table as the backend
  * (backend_cuda.c, plain C) and the kernel files (the .cu files of runtime/cuda, nvcc)
- * see it: one row per opcode, ORDER OP, holding the op's launcher and
- * what it needs from the backend (a cuBLASLt handle and workspace on its
- * stream, scratch memory, its own load limits), plus the load-time planners
- * that fuse neighbouring instructions or, for the GEMMs, choose cuBLASLt's
- * algorithm before anything is captured.
+ * see it: rows of every backend's layout (KernelRow, runtime/kernel_table.h)
+ * holding the op's launcher and what it needs from the backend (a cuBLASLt
+ * handle and workspace on its stream, scratch memory, its own load limits),
+ * plus the load-time planners that fuse neighbouring instructions or, for
+ * the GEMMs, choose cuBLASLt's algorithm before anything is captured.
  *
- * Each kernel file owns the ops of one concept and fills their rows
- * (cu_<concept>_rows); kernels.cu merges them into cu_kernel_table, so an
- * op's device code, launcher and row live in exactly one file:
+ * Each kernel file owns the ops of one concept and lists their rows
+ * (cu_<concept>_rows, any order, ended by {}); kernels.cu merges them into
+ * cu_kernel_table with kernel_table_merge (the CPU backend's merge too), so
+ * an op's device code, launcher and row live in exactly one file:
  *   layout.cu       fill, copies, transposes, splits, interleave, embedding,
  *                   the context-parallel kv packing, and the strided copy of
  *                   SHARD (cu_k_copy2d)
@@ -49,6 +50,7 @@
 extern "C" {
 #endif
 
+#include "../kernel_table.h"
 #include "../rt.h"
 
 /* CuScalars.opt_k: the optimizer's per-step constants (AdamW's), computed by
@@ -113,8 +115,10 @@ typedef struct {
 	                           chosen at load (host memory, gemm.cu); NULL: none */
 } CuFuse;
 
-/* One kernel call: the instruction, device addresses, its stream's resources. */
-typedef struct {
+/* One kernel call: the instruction, device addresses, its stream's
+ * resources. The CUDA backend's struct KernelArgs (kernel_table.h): its
+ * rows' functions take it. */
+typedef struct KernelArgs {
 	const DpStep *s;
 	const DpInstr *in;
 	void *const *ptr;       /* device address of every tensor */
@@ -127,22 +131,6 @@ typedef struct {
 	const CuFuse *fuse;     /* the instruction's plan entry */
 	int tf32;               /* GEMMs may use TF32 tensor cores (precision tf32) */
 } CuArgs;
-
-typedef struct {
-	int (*run)(const CuArgs *a, RtErr *e); /* NULL: not implemented on CUDA */
-	/* This backend's own limits for the op at load (NULL: none). */
-	int (*limits)(const DpStep *s, const DpInstr *in, RtErr *e);
-	/* Bytes of per-stream scratch the op needs (NULL: CU_SCRATCH_MIN). */
-	size_t (*scratch)(const DpStep *s, const DpInstr *in);
-	int blas; /* 1: needs a cuBLASLt handle and workspace on its stream */
-	int bf16; /* 1: reads and writes bf16 operands itself; 0: a bf16 instruction
-	             runs on f32 copies (cu_stage_*, bf16.cu) */
-} CuKernel;
-
-typedef struct {
-	CuKernel k[DP_NOPS]; /* ORDER OP */
-	int twice;             /* an opcode two kernel files claim (internal error), -1: none */
-} CuKernelTable;
 
 /* cuBLASLt workspace per stream with GEMMs (Hopper's advice: 32 MiB); every
  * algorithm chosen needs at most this much. */
@@ -171,8 +159,9 @@ cudaError_t cu_stage_in(cudaStream_t st, const DpStep *s, const DpInstr *in,
 cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpInstr *in,
 			 void *const *ptr, void **shadow);
 
-/* The table (kernels.cu). */
-extern const CuKernelTable cu_kernel_table;
+/* The table (kernels.cu): rows' scratch, blas and bf16 as kernel_table.h
+ * says; a non-empty err stops init. */
+extern const KernelTable cu_kernel_table;
 /* cudaSuccess when this build has an image (cubin or PTX) of its kernels
  * that runs on the current device, else the runtime's refusal
  * (cudaErrorNoKernelImageForDevice, or cudaErrorInvalidDeviceFunction from
@@ -180,16 +169,16 @@ extern const CuKernelTable cu_kernel_table;
  * (mk/cuda.mk), so one kernel answers for all (kernels.cu). */
 cudaError_t cu_kernel_image(void);
 
-/* The rows of each kernel file (they set k[op] for their ops only). */
-void cu_layout_rows(CuKernel *k);
-void cu_elementwise_rows(CuKernel *k);
-void cu_gemm_rows(CuKernel *k);
-void cu_loss_rows(CuKernel *k);
-void cu_optim_rows(CuKernel *k);
-void cu_norm_rows(CuKernel *k);
-void cu_seq_rows(CuKernel *k);
-void cu_attention_rows(CuKernel *k);
-void cu_bf16_rows(CuKernel *k);
+/* The rows of each kernel file, ended by {}. */
+extern const KernelRow cu_layout_rows[];
+extern const KernelRow cu_elementwise_rows[];
+extern const KernelRow cu_gemm_rows[];
+extern const KernelRow cu_loss_rows[];
+extern const KernelRow cu_optim_rows[];
+extern const KernelRow cu_norm_rows[];
+extern const KernelRow cu_seq_rows[];
+extern const KernelRow cu_attention_rows[];
+extern const KernelRow cu_bf16_rows[];
 
 /*
  * Load-time planning. A planner reads every program and fills the CuFuse

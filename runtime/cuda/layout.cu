@@ -542,20 +542,20 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_layout_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_NOP] = {run_nop, NULL, NULL, 0, 0};
-	k[DP_OP_FILL] = {run_fill, NULL, NULL, 0, 1};
-	k[DP_OP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DP_OP_RESHAPE] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DP_OP_TP_COPY] = {run_copy, NULL, scratch_copy, 0, 1}; /* bytes: bf16 too */
-	k[DP_OP_TRANSPOSE] = {run_transpose, limit_transpose, NULL, 0, 1};
-	k[DP_OP_SPLIT] = {run_split, NULL, NULL, 0, 1};
-	k[DP_OP_SPLIT_GRAD] = {run_split_grad, NULL, NULL, 0, 1};
-	k[DP_OP_INTERLEAVE] = {run_interleave, NULL, NULL, 0, 1};
-	k[DP_OP_EMBEDDING] = {run_embedding, NULL, NULL, 0, 1};
-	k[DP_OP_EMBEDDING_GRAD] = {run_embedding_grad, limit_embedding_grad, scratch_embedding_grad, 0, 1};
-	k[DP_OP_KV_PACK] = {run_kv_pack, NULL, NULL, 0, 1};
-	k[DP_OP_KV_UNPACK] = {run_kv_pack, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_layout_rows[] = {
+	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
+	{DP_OP_FILL, run_fill, NULL, 1, NULL, NULL, 0},
+	{DP_OP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
+	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
+	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
+	{DP_OP_TRANSPOSE, run_transpose, limit_transpose, 1, NULL, NULL, 0},
+	{DP_OP_SPLIT, run_split, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 1, NULL, NULL, 0},
+	{DP_OP_INTERLEAVE, run_interleave, NULL, 1, NULL, NULL, 0},
+	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0},
+	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, limit_embedding_grad, 1, NULL, scratch_embedding_grad, 0},
+	{DP_OP_KV_PACK, run_kv_pack, NULL, 1, NULL, NULL, 0},
+	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 1, NULL, NULL, 0},
+	{},
+};

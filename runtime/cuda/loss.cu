@@ -311,10 +311,10 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_loss_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_XENT] = {run_xent, NULL, scratch_xent, 0, 1};
-	k[DP_OP_XENT_GRAD] = {run_xent, NULL, NULL, 0, 1};
-	k[DP_OP_CORRECT] = {run_xent, NULL, scratch_xent, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_loss_rows[] = {
+	{DP_OP_XENT, run_xent, NULL, 1, NULL, scratch_xent, 0},
+	{DP_OP_XENT_GRAD, run_xent, NULL, 1, NULL, NULL, 0},
+	{DP_OP_CORRECT, run_xent, NULL, 1, NULL, scratch_xent, 0},
+	{},
+};

@@ -252,13 +252,13 @@ static int run_grad_g(const CuArgs *a, RtErr *e)
 	return run_grad_g_t<cu_bf16, float>(a, e);
 }
 
-extern "C" void cu_norm_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_LAYERNORM] = {run_fwd, NULL, NULL, 0, 1};
-	k[DP_OP_LAYERNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
-	k[DP_OP_LAYERNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
-	k[DP_OP_RMSNORM] = {run_fwd, NULL, NULL, 0, 1};
-	k[DP_OP_RMSNORM_GRAD] = {run_bwd, NULL, NULL, 0, 1};
-	k[DP_OP_RMSNORM_GRAD_G] = {run_grad_g, NULL, scratch_grad_g, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_norm_rows[] = {
+	{DP_OP_LAYERNORM, run_fwd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0},
+	{DP_OP_RMSNORM, run_fwd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0},
+	{},
+};

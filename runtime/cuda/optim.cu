@@ -159,12 +159,13 @@ template <typename G> static __device__ __forceinline__ float clipped(float g, f
 	return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;
 }
 
-/* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf ---- */
+/* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf,
+ * or with nesterov p -= lr*(g + mom*buf) ---- */
 
 /* G: the gradient's dtype (f32, or bf16 widened as it is read) */
 template <typename G>
 __global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
-		      float wd, const CuScalars *sc, const float *norm, float max_norm)
+		      float wd, int nesterov, const CuScalars *sc, const float *norm, float max_norm)
 {
 	float lr = sc->lr, coef = clip_coef(norm, max_norm);
 	int64_t t = sc->t;
@@ -175,7 +176,7 @@ __global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n
 		if (mom != 0) {
 			float b = t <= 1 ? gi : mom * ld(buf + i) + gi;
 			st(buf + i, b);
-			gi = b;
+			gi = nesterov ? gi + mom * b : b;
 		}
 		pi = pi - lr * gi;
 		st(p + i, pi);
@@ -189,14 +190,16 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	if (n <= 0)
 		return 0;
+	int nesterov = a->s->opt.nesterov != 0;
 	if (cu_t(a, 0)->dtype == DP_BF16)
 		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
 			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n,
-			  a->in->fa[0], a->in->fa[1], a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+			  a->in->fa[0], a->in->fa[1], nesterov, a->sc, a->fuse->clip_norm,
+			  a->fuse->clip_max);
 	else
 		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
-			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], a->sc,
-			  a->fuse->clip_norm, a->fuse->clip_max);
+			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], nesterov,
+			  a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -387,12 +390,12 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_optim_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_SQNORM] = {run_sqnorm, NULL, NULL, 0, 1};
-	k[DP_OP_SQRT] = {run_sqrt, NULL, NULL, 0, 0};
-	k[DP_OP_CLIP] = {run_clip, NULL, NULL, 0, 1};
-	k[DP_OP_SGD] = {run_sgd, NULL, NULL, 0, 1};
-	k[DP_OP_ADAMW] = {run_adamw, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_optim_rows[] = {
+	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
+	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0},
+	{},
+};

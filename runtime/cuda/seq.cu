@@ -219,10 +219,10 @@ static int run_rope(const CuArgs *a, RtErr *e)
 	return cu_t(a, 0)->dtype == DP_BF16 ? run_rope_t<cu_bf16>(a, e) : run_rope_t<float>(a, e);
 }
 
-extern "C" void cu_seq_rows(CuKernel *k)
-{
-	/* run, limits, scratch, blas, bf16 */
-	k[DP_OP_SOFTMAX] = {run_softmax, NULL, NULL, 0, 1};
-	k[DP_OP_SOFTMAX_GRAD] = {run_softmax, NULL, NULL, 0, 1};
-	k[DP_OP_ROPE] = {run_rope, NULL, NULL, 0, 1};
-}
+/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+extern "C" const KernelRow cu_seq_rows[] = {
+	{DP_OP_SOFTMAX, run_softmax, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SOFTMAX_GRAD, run_softmax, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ROPE, run_rope, NULL, 1, NULL, NULL, 0},
+	{},
+};
