@@ -54,6 +54,7 @@ for in in tests/passes/*.in.ir; do
 		continue
 	fi
 	got=$T/$name.out.ir
+	REPRO="${DPC#"$ROOT"/} --from-ir $in --passes $pass | diff -u $want -"
 	if ! "$DPC" --from-ir "$in" --passes "$pass" >"$got" 2>"$T/err"; then
 		fail "$name ($pass): dpc failed: $(head -n 5 "$T/err")"
 		continue

@@ -51,8 +51,12 @@ fi
 # MPI_Init's wait, not work)
 N=${FUZZ_EXEC:-40}
 mkdir -p "$T/em"
-run() { # run FILE: dpexec on it; its status in FILE.rc
-	env $MPI_ASAN timeout 60 "$DPEXEC" "$1" --steps 2 --quiet >"$1.out" 2>&1
+# run FILE: dpexec on it; its status in FILE.rc. Each in a directory of its
+# own: a mutation that sets save_every writes checkpoints/ where it runs (the
+# tree's root, before), and four at once must not share one
+run() {
+	mkdir -p "$1.d"
+	(cd "$1.d" && env $MPI_ASAN timeout 60 "$DPEXEC" "$1" --steps 2 --quiet) >"$1.out" 2>&1
 	echo $? >"$1.rc"
 }
 if ! case_on dpexec-mutations; then
