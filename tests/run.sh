@@ -66,6 +66,7 @@ gradcheck              2      -       64
 faults                 0.5    -       52
 sharding               1.5    -       44
 resume                 0.5    -       33
+durability             1      -      150
 bf16                   1      -       25
 runtime_errors         0.5    -       23
 torch_ref              1      -       20

@@ -48,7 +48,7 @@ else
 fi
 
 # dpexec on accepted mutations (they start four at a time: a run is mostly
-# MPI_Init's wait, not work)
+# MPI_Init's wait, not work), each in a directory of its own under $T
 N=${FUZZ_EXEC:-40}
 mkdir -p "$T/em"
 # run FILE: dpexec on it; its status in FILE.rc. Each in a directory of its
@@ -78,7 +78,7 @@ elif once build build; "$T/fuzz" --emit "$T/em" "$N"; then
 		fi
 	done
 	check "dpexec on $N mutated step files: trains or fails cleanly ($bad bad)" [ $bad -eq 0 ]
-	env $MPI_ASAN timeout 60 "$DPEXEC" "$T/em/valid.bin" --steps 2 --quiet >"$T/valid.out" 2>&1
+	(cd "$T/em" && env $MPI_ASAN timeout 60 "$DPEXEC" "$T/em/valid.bin" --steps 2 --quiet) >"$T/valid.out" 2>&1
 	check "dpexec runs the unmutated built-in step file" [ $? -eq 0 ]
 else
 	fail "emit mutations"
