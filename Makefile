@@ -163,5 +163,6 @@ clean:
 
 include mk/cuda.mk
 include mk/cuda-emu.mk
+include mk/gpu-kit.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

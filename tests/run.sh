@@ -60,6 +60,7 @@ LOGS=$BUILD/test-logs
 
 # name               weight  alone  seconds (alone on 2 cores, issue 20's figures; the start order)
 TABLE="
+gpu_kit                1.5    -      420
 cuda_emu               1.5    -      210
 cuda_emu_mutations     1.5    -      135
 gradcheck              2      -       64
