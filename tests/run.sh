@@ -85,6 +85,8 @@ equivalence            1.5    -        8
 errors                 0.5    -        8
 passes                 1      -        8
 logs                   0.5    alone    8
+signals                1      -       30
+tour                   1      -       30
 data_errors            0.5    -        5
 outputs                1      -        4
 cuda                   0.5    -        3
