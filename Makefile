@@ -1,5 +1,7 @@
-# dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite;
-# `make test SAN=1` does the same with ASan/UBSan; `make demo` trains models/mlp.dp;
+# dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite,
+# several at a time (tests/run.sh: SUITE=a,b picks suites, CASE=PATTERN cases,
+# LIST=1 lists them, JOBS=N the slots they share); `make test SAN=1` does the same
+# with ASan/UBSan; `make demo` trains models/mlp.dp;
 # `make demo-gpt` trains models/gpt2-tiny.dp on English text (the fortunes package);
 # `make demo-gpt PRECISION=bf16` trains it in f32 and in bf16 and compares.
 # `make deps` installs the Debian packages a fresh machine lacks.
@@ -128,6 +130,8 @@ $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -Iruntime -Iformat -Iutil $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS)
 
+# SUITE, CASE, LIST and JOBS reach tests/run.sh from make's command line
+# through the environment (its header says what each does)
 test: all tests
 	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh
 

@@ -382,8 +382,8 @@ typedef struct {
 	uint8_t flags;            /* DP_IF_* */
 	int32_t in[DP_MAX_IN];    /* tensor ids or -1 */
 	int32_t out;              /* tensor id or -1 */
-	int64_t ia[DP_NIATTR];    /* integer attributes (see DP_KERNELS) */
-	float fa[DP_NFATTR];      /* float attributes (see DP_KERNELS) */
+	int64_t ia[DP_NIATTR];    /* integer attributes (each op's ATTRS in ops.def) */
+	float fa[DP_NFATTR];      /* float attributes (each op's ATTRS in ops.def) */
 } DpInstr;
 
 /* A whole step file in memory. Pointers own malloc'd arrays. */

@@ -7,7 +7,7 @@
  *  - The one merge of kernel rows (runtime/kernel_table.h) takes rows in any
  *    order and refuses an op two rows claim, an opcode that does not exist
  *    and an executor-owned op (collectives, events, LOAD, INIT/SAVE, SHARD).
- *  - For every opcode of DP_KERNELS and each backend, a compute op
+ *  - For every opcode of format/ops.def (DpOp) and each backend, a compute op
  *    (dp_op_class DP_OPC_KERNEL) is either in the backend's table or
  *    refused at load with a message naming it (and the backend's
  *    fallback device, when it has one), and no executor-owned op is

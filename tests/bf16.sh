@@ -90,27 +90,34 @@ rel_sum() {
 
 # ---- 1. PyTorch ----
 LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"
-torch_case() { # NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...
+# torch_runs NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...: dp's bf16 losses and
+# PyTorch's in bf16 and f32 from the same initial weights ($T/NAME.init.st)
+torch_runs() {
 	local name=$1 kind=$2 src=$3; shift 3
 	local dpc_args=()
 	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
 	[ $# -gt 0 ] && shift
 	bf16_copy "$src" "$T/$name.dp"
 	"$DPC" "$T/$name.dp" "${dpc_args[@]}" -o "$T/$name.bin" 2>"$T/$name.log" ||
-		{ cat "$T/$name.log"; fail "$name: dpc"; return; }
+		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
 	mpi 1 "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
 		>"$T/$name.log" 2>&1 &&
 	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
 		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
-		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return; }
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return 1; }
 	local pr
 	for pr in bf16 f32; do
 		# shellcheck disable=SC2086
 		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
 			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
 			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
-			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return; }
+			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
 	done
+}
+torch_case() { # NAME (torch_runs' arguments): dp agrees with PyTorch bf16, nearer it than f32
+	local name=$1
+	case_on "torch-$name" || return 0
+	once "torch $name" torch_runs "$@" || return
 	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch.bf16" --rtol $TOL --atol 0 \
 		>"$T/$name.cmp"; then
 		ok "$name bf16: $STEPS losses agree with PyTorch bf16 to rtol 2^-11 ($(awk '/ loss:/ {print $8}' "$T/$name.cmp"); $(head -n 1 "$T/$name.torch.bf16" | cut -d' ' -f2) -> $(tail -n 1 "$T/$name.torch.bf16" | cut -d' ' -f2))"
@@ -132,9 +139,12 @@ torch_case() { # NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...
 torch_case gpt2-tiny gpt2 models/gpt2-tiny.dp
 torch_case llama llama models/llama.dp $LLAMA_SMALL -- --seq 64
 }
+gpt_torch() { once "torch gpt2-tiny" torch_runs gpt2-tiny gpt2 models/gpt2-tiny.dp; }
 # a CPU without bf16 instructions: the bf16 GEMMs on f32 copies (OpenBLAS),
 # the same rounding points, the same bound
-if [ -s "$T/gpt2-tiny.torch.bf16" ]; then
+if ! case_on torch-gpt2-tiny-blas; then
+	:
+elif gpt_torch; [ -s "$T/gpt2-tiny.torch.bf16" ]; then
 	DP_CPU_BF16_GEMM=blas mpi 1 "$T/gpt2-tiny.bin" --steps $STEPS --eval-every 0 --quiet \
 		--init-from "$T/gpt2-tiny.init.st" --losses "$T/blas.dp.txt" >"$T/blas.log" 2>&1 ||
 		cat "$T/blas.log"
@@ -145,7 +155,9 @@ if [ -s "$T/gpt2-tiny.torch.bf16" ]; then
 		cat "$T/blas.cmp"; fail "gpt2-tiny bf16, GEMMs through f32: losses differ from PyTorch bf16"
 	fi
 fi
-if [ -s "$T/gpt2-tiny.dp.txt" ]; then
+if ! case_on lr-detected; then
+	:
+elif gpt_torch; [ -s "$T/gpt2-tiny.dp.txt" ]; then
 	# shellcheck disable=SC2086
 	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/gpt2-tiny.init.st" --data "$T/text.bin" \
 		--steps $STEPS --threads 1 $TORCH_OPT --lr 2.2e-3 --precision bf16 --out "$T/wrong.torch" \
@@ -176,34 +188,54 @@ eq_bf16() { # NAME REF [LOSS-RTOL UPDATE-RTOL]: losses 2^-11, updates 2^-6 (from
 		fail "$1 matches $2 in bf16"
 	fi
 }
-bf16_copy models/gpt2-tiny.dp "$T/eq-ddp.dp" ddp
-"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \
-	--quiet --save-full "$T/init.st" >/dev/null 2>&1 || fail "the initial weights"
-eq_run g-ddp1 1 "$T/eq-ddp.dp"
+eq_ref() { # the initial weights of the runs below, and the 1-rank ddp run they are compared with
+	"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \
+		--quiet --save-full "$T/init.st" >/dev/null 2>&1 || fail "the initial weights"
+	eq_run g-ddp1 1 "$T/eq-ddp.dp"
+}
+# straight NAME: the uninterrupted run NAME (once: 2. and 3. both read it)
+straight() {
+	case $1 in
+	g-tp2) once "$1" eq_run "$1" 2 "$T/eq-tp2.dp" ;;
+	m8-zero22) once "$1" eq_run "$1" 2 "$T/m8z2.dp" ;;
+	*) once "$1" eq_run "$1" "${1: -1}" "$T/eq-$(echo "$1" | sed 's/^g-//; s/.$//').dp" ;;
+	esac
+}
 for st in ddp zero2 full_shard; do
 	bf16_copy models/gpt2-tiny.dp "$T/eq-$st.dp" "$st"
 	for np in 1 2 4; do
 		[ "$st$np" = ddp1 ] && continue
-		eq_run "g-$st$np" $np "$T/eq-$st.dp" && eq_bf16 "g-$st$np" g-ddp1
+		case_on "gpt2-tiny-$st-np$np" || continue
+		once eq-ref eq_ref
+		straight "g-$st$np" && eq_bf16 "g-$st$np" g-ddp1
 	done
 done
 bf16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
-eq_run g-tp2 2 "$T/eq-tp2.dp" && eq_bf16 g-tp2 g-ddp1 9.765625e-4 0.03125
+if case_on gpt2-tiny-tp2; then
+	once eq-ref eq_ref
+	straight g-tp2 && eq_bf16 g-tp2 g-ddp1 9.765625e-4 0.03125
+fi
 
 # ---- 3. resume ----
 # mlp8 under zero2: its gathered f32 master has elements no parameter covers
 # (zeroed by the init program); the load casts it into the bf16 copy again
 sed 's/^  strategy ddp/  strategy zero2\n  precision bf16/' models/mlp8.dp >"$T/m8z2.dp"
 grep -q "^  precision bf16" "$T/m8z2.dp" || fail "copy of models/mlp8.dp"
-eq_run m8-zero22 2 "$T/m8z2.dp"
-for c in g-full_shard2:sharded g-zero22:full g-tp2:sharded m8-zero22:full; do
-	n=${c%%:*} form=${c#*:}
-	[ -s "$T/$n.loss" ] || { fail "$n: resume (no uninterrupted run)"; continue; }
+# resumed NAME FORM: NAME's step file for 10 steps, a FORM checkpoint, --resume to 20
+resumed() {
+	local n=$1 form=$2
+	straight "$n"
+	[ -s "$T/$n.loss" ] || { fail "$n: resume (no uninterrupted run)"; return 1; }
 	mpi 2 "$T/$n.bin" --steps 10 --quiet --eval-every 0 --losses "$T/$n.r.loss" \
 		--save-dir "$T/$n.ck" --save-form "$form" >"$T/$n.r.log" 2>&1 &&
 	mpi 2 "$T/$n.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.r.loss" \
 		--resume "$T/$n.ck" --save-full "$T/$n.r.st" >>"$T/$n.r.log" 2>&1 ||
-		{ tail -n 5 "$T/$n.r.log"; fail "$n: 10 steps, a $form checkpoint, --resume"; continue; }
+		{ tail -n 5 "$T/$n.r.log"; fail "$n: 10 steps, a $form checkpoint, --resume"; return 1; }
+}
+for c in g-full_shard2:sharded g-zero22:full g-tp2:sharded m8-zero22:full; do
+	n=${c%%:*} form=${c#*:}
+	case_on "resume-${n#g-}" || continue
+	once "resumed $n" resumed "$n" "$form" || continue
 	if cmp -s "$T/$n.r.loss" "$T/$n.loss" && cmp -s "$T/$n.r.st" "$T/$n.st"; then
 		ok "${n#g-} bf16, $form checkpoint: 10 + --resume 10 steps give the straight run's losses and parameters, bit for bit"
 	else
@@ -213,7 +245,10 @@ for c in g-full_shard2:sharded g-zero22:full g-tp2:sharded m8-zero22:full; do
 done
 # another layout: full_shard's step-10 checkpoint (2 ranks) resumed at 1 rank
 # ddp is a reordering like 2.: the same bounds against 1 rank straight
-if [ -s "$T/g-full_shard2.r.loss" ] && [ -s "$T/g-ddp1.bin" ]; then
+if ! case_on resume-full_shard2-to-ddp1; then
+	:
+elif once eq-ref eq_ref; once "resumed g-full_shard2" resumed g-full_shard2 sharded
+	[ -s "$T/g-full_shard2.r.loss" ] && [ -s "$T/g-ddp1.bin" ]; then
 	cp "$T/g-full_shard2.r.loss" "$T/g-fs2to1.loss" # (the resume cuts it after step 10)
 	mpi 1 "$T/g-ddp1.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/g-fs2to1.loss" \
 		--resume "$T/g-full_shard2.ck/step-000010" --save-full "$T/g-fs2to1.st" \

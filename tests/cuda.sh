@@ -41,10 +41,12 @@ trap 'rm -rf "$T"' EXIT
 X() { env $MPI_ASAN timeout 120 "$DPEXEC" "$@"; }
 
 # ---- everywhere ----
-if ldd "$DPEXEC" | grep -Eq 'libcudart|libcublas|libnccl|libcuda\.'; then
-	fail "ldd dpexec names no CUDA library"; ldd "$DPEXEC" | grep -E 'cuda|cublas|nccl'
-else
-	ok "ldd dpexec names no CUDA library (libcudart, libcublas, libnccl)"
+if case_on ldd; then
+	if ldd "$DPEXEC" | grep -Eq 'libcudart|libcublas|libnccl|libcuda\.'; then
+		fail "ldd dpexec names no CUDA library"; ldd "$DPEXEC" | grep -E 'cuda|cublas|nccl'
+	else
+		ok "ldd dpexec names no CUDA library (libcudart, libcublas, libnccl)"
+	fi
 fi
 
 # the model: mlp.dp, on synthetic data when Fashion-MNIST is absent
@@ -68,7 +70,7 @@ one_error() {
 		fail "$name (exit $rc, wanted one line with '$want')"; sed 's/^/      /' "$T/err" | head
 	fi
 }
-one_error "--device cuda without the backend library" \
+case_on missing-lib && one_error "--device cuda without the backend library" \
 	"cannot load the CUDA backend: $T/none/libdpcuda.so" \
 	env DPEXEC_CUDA_LIB="$T/none/libdpcuda.so" $MPI_ASAN "$DPEXEC" --device cuda "$T/w1.bin"
 
@@ -85,27 +87,37 @@ else
 	if grep -q "older than the CUDA runtime" "$T/probe.out"; then
 		fail "the CUDA driver is older than the runtime this backend needs: $why"
 	fi
-	one_error "--device cuda without a GPU: one line naming the cause" "dpexec: error: --device cuda: " \
-		X "$T/w1.bin" --device cuda --steps 1
-	grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cannot be used" "$T/err" ||
-		fail "the --device cuda error names no cause: $(cat "$T/err")"
-	# a GPU that is there but unusable (a driver older than the CUDA 13 runtime)
-	# is a failure of this machine's set-up, never a skip
-	if grep -Eq "older than the CUDA runtime|cannot be used" "$T/err"; then
-		fail "a GPU is present but the CUDA backend cannot use it: $(cat "$T/err")"
+	if case_on no-gpu-error; then
+		one_error "--device cuda without a GPU: one line naming the cause" "dpexec: error: --device cuda: " \
+			X "$T/w1.bin" --device cuda --steps 1
+		grep -Eq "no CUDA driver|older than the CUDA runtime|no CUDA device|cannot be used" "$T/err" ||
+			fail "the --device cuda error names no cause: $(cat "$T/err")"
+		# a GPU that is there but unusable (a driver older than the CUDA 13 runtime)
+		# is a failure of this machine's set-up, never a skip
+		if grep -Eq "older than the CUDA runtime|cannot be used" "$T/err"; then
+			fail "a GPU is present but the CUDA backend cannot use it: $(cat "$T/err")"
+		fi
 	fi
-	mpirun --oversubscribe -np 2 env $MPI_ASAN "$DPEXEC" "$T/w2.bin" --device cuda \
-		--steps 1 >"$T/out2" 2>"$T/err2"; rc=$?
-	if [ $rc -ne 0 ] && [ "$(grep -c 'dpexec: error: --device cuda' "$T/err2")" -eq 1 ]; then
-		ok "--device cuda without a GPU on 2 ranks: said once, exit $rc"
-	else
-		fail "--device cuda without a GPU on 2 ranks (exit $rc)"; head -n 5 "$T/err2"
+	if case_on no-gpu-2ranks; then
+		mpirun --oversubscribe -np 2 env $MPI_ASAN "$DPEXEC" "$T/w2.bin" --device cuda \
+			--steps 1 >"$T/out2" 2>"$T/err2"; rc=$?
+		if [ $rc -ne 0 ] && [ "$(grep -c 'dpexec: error: --device cuda' "$T/err2")" -eq 1 ]; then
+			ok "--device cuda without a GPU on 2 ranks: said once, exit $rc"
+		else
+			fail "--device cuda without a GPU on 2 ranks (exit $rc)"; head -n 5 "$T/err2"
+		fi
 	fi
 fi
+# the checks that need a GPU, as case name and description
+GPU_CASES=(cuda-vs-cpu "CUDA matches the CPU at 1 rank" graph-vs-eager "graph replay and --no-graph are bitwise equal"
+	memcheck "compute-sanitizer memcheck" nccl-2ranks "CUDA at 2 ranks (NCCL) matches the CPU"
+	watchdog "a stopped rank ends the run within --timeout")
 
 if [ $GPU = 0 ]; then
 	# auto falls back to the CPU, with one notice line, and trains as --device cpu
-	if X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
+	if ! case_on auto-fallback; then
+		:
+	elif X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
 		X "$T/w1.bin" --device cpu --steps 3 --eval-every 0 --quiet --losses "$T/cpu.loss" \
 			>/dev/null 2>&1 &&
 		[ "$(grep -c 'running on the CPU' "$T/auto.out")" -eq 1 ] && cmp -s "$T/auto.loss" "$T/cpu.loss"; then
@@ -117,10 +129,8 @@ if [ $GPU = 0 ]; then
 	echo "SKIPPED: no usable GPU: the CUDA tests were NOT run"
 	echo "  ($why)"
 	echo "************************************************************"
-	for t in "CUDA matches the CPU at 1 rank" "graph replay and --no-graph are bitwise equal" \
-		"compute-sanitizer memcheck" "CUDA at 2 ranks (NCCL) matches the CPU" \
-		"a stopped rank ends the run within --timeout"; do
-		skip "$t (no GPU)"
+	for ((i = 0; i < ${#GPU_CASES[@]}; i += 2)); do
+		case_on "${GPU_CASES[i]}" && skip "${GPU_CASES[i + 1]} (no GPU)"
 	done
 	finish cuda
 	exit $?
@@ -145,7 +155,7 @@ gpu() { # gpu NAME BIN [dpexec args]
 }
 
 # 1. CUDA vs CPU at one rank
-if cpu cpu1 1 "$T/w1.bin" && gpu gpu1 "$T/w1.bin"; then
+if case_on cuda-vs-cpu && once cpu1 cpu cpu1 1 "$T/w1.bin" && once gpu1 gpu gpu1 "$T/w1.bin"; then
 	if $PY tests/compare.py losses "$T/gpu1.loss" "$T/cpu1.loss" --rtol 1e-3 --atol 0 &&
 		$PY tests/compare.py params "$T/gpu1.st" "$T/cpu1.st" --rtol 1e-3 --atol 1e-4; then
 		ok "CUDA matches the CPU at 1 rank over $STEPS steps"
@@ -155,7 +165,8 @@ if cpu cpu1 1 "$T/w1.bin" && gpu gpu1 "$T/w1.bin"; then
 fi
 
 # 2. graph replay == eager, bitwise
-if gpu eager1 "$T/w1.bin" --no-graph && [ -f "$T/gpu1.loss" ]; then
+if case_on graph-vs-eager && { once gpu1 gpu gpu1 "$T/w1.bin"; gpu eager1 "$T/w1.bin" --no-graph; } &&
+	[ -f "$T/gpu1.loss" ]; then
 	if cmp -s "$T/gpu1.loss" "$T/eager1.loss" && cmp -s "$T/gpu1.st" "$T/eager1.st"; then
 		ok "graph replay and --no-graph are bitwise equal"
 	else
@@ -166,7 +177,9 @@ fi
 
 # 3. compute-sanitizer
 SAN_BIN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ -x "$SAN_BIN" ]; then
+if ! case_on memcheck; then
+	:
+elif [ -x "$SAN_BIN" ]; then
 	for mode in "" --no-graph; do
 		if "$SAN_BIN" --tool memcheck --error-exitcode 9 "$DPEXEC" "$T/w1.bin" --device cuda \
 			--steps 3 --quiet --eval-every 0 $mode >"$T/san.log" 2>&1; then
@@ -186,7 +199,7 @@ export NCCL_HOSTID=dp-rank-\${OMPI_COMM_WORLD_RANK:-0}
 exec "$DPEXEC" "\$@"
 EOF
 chmod +x "$T/rank.sh"
-if cpu cpu2 2 "$T/w2.bin"; then
+if case_on nccl-2ranks && cpu cpu2 2 "$T/w2.bin"; then
 	if timeout 300 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
 		--steps $STEPS --eval-every 0 --losses "$T/gpu2.loss" --save-full "$T/gpu2.st" \
 		>"$T/gpu2.log" 2>&1 &&
@@ -199,24 +212,26 @@ if cpu cpu2 2 "$T/w2.bin"; then
 fi
 
 # 5. the watchdog: stop one of two ranks; the other must end within --timeout
-( timeout 120 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
-	--steps 1000000 --eval-every 0 --timeout 3 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
-job=$!
-for i in $(seq 120); do grep -q "^step 2/" "$T/hang.out" && break; sleep 0.5; done
-victim=$(pgrep -f "dpexec $T/w2.bin --device cuda --steps 1000000" | tail -n 1)
-if [ -n "$victim" ]; then
-	kill -STOP "$victim"
-	t0=$(date +%s); wait $job; took=$(( $(date +%s) - t0 ))
-	kill -CONT "$victim" 2>/dev/null
-	if grep -q "did not finish within --timeout" "$T/hang.out" && ! grep -q "rc=0" "$T/hang.out" &&
-		[ $took -lt 60 ]; then
-		ok "a stopped rank ends the run within --timeout (${took}s)"
-		grep "did not finish" "$T/hang.out" | head -n 1 | sed 's/^/      /'
+if case_on watchdog; then
+	( timeout 120 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
+		--steps 1000000 --eval-every 0 --timeout 3 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
+	job=$!
+	for i in $(seq 120); do grep -q "^step 2/" "$T/hang.out" && break; sleep 0.5; done
+	victim=$(pgrep -f "dpexec $T/w2.bin --device cuda --steps 1000000" | tail -n 1)
+	if [ -n "$victim" ]; then
+		kill -STOP "$victim"
+		t0=$(date +%s); wait $job; took=$(( $(date +%s) - t0 ))
+		kill -CONT "$victim" 2>/dev/null
+		if grep -q "did not finish within --timeout" "$T/hang.out" && ! grep -q "rc=0" "$T/hang.out" &&
+			[ $took -lt 60 ]; then
+			ok "a stopped rank ends the run within --timeout (${took}s)"
+			grep "did not finish" "$T/hang.out" | head -n 1 | sed 's/^/      /'
+		else
+			fail "a stopped rank ends the run within --timeout (${took}s)"; tail -n 5 "$T/hang.out"
+		fi
 	else
-		fail "a stopped rank ends the run within --timeout (${took}s)"; tail -n 5 "$T/hang.out"
+		wait $job
+		fail "watchdog test: no rank process found ($(tail -n 2 "$T/hang.out"))"
 	fi
-else
-	wait $job
-	fail "watchdog test: no rank process found ($(tail -n 2 "$T/hang.out"))"
 fi
 finish cuda

@@ -137,6 +137,7 @@ SELF=$ROOT/build-emu/selftest
 # as wrong numbers) or a text the FATAL line / output must contain
 selftest() {
 	local c=$1 want=$2 np=1; shift 2
+	case_on "selftest $c${1:+ $*}" || return 0
 	case $c in nccl*) np=2 ;; esac
 	if [ $np = 1 ]; then
 		env "$@" timeout 60 "$SELF" "$c" >"$T/self.out" 2>&1
@@ -239,6 +240,7 @@ model_case() {
 		-o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
 		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
 	fi
+	case_on "$name" || return 0 # (compiled all the same: section 3 and 5 read some step files)
 	gpu_cases+=("$tag|$np|$name")
 	# bf16: the GEMMs on f32 copies, as the emulated cuBLASLt (the header says why)
 	# BOTH_ENV: the environment of both runs (a machine's setting, as a CPU
@@ -316,8 +318,11 @@ model_case mlp zero2 2
 # kernel does): gemm.cu plans those linears with the bias copied into the
 # rows and beta = 1 instead of failing the load, and the run still matches
 EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case mlp ddp 2
+case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0" &&
 refused=$(grep -c "no algorithm for the bias epilogue" "$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log")
-if [ "$refused" -gt 0 ]; then
+if ! case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
+	:
+elif [ "$refused" -gt 0 ]; then
 	ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias-rows plan ran"
 else
 	fail "DPEMU_LT_EPILOGUE=0: no query with the bias epilogue was refused (the case proves nothing)"
@@ -394,6 +399,7 @@ SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
 # compared by its training update)
 graph_eager() {
 	local name=$1 bin=$2 np=$3 init=${4:-} r
+	case_on "graph replay $name" || return 0
 	for r in graph eager; do
 		env DPEMU_SEED=7 DPEMU_RUN=lazy timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$bin" --device cuda \
 			--steps "$GRAPH_STEPS" --quiet --eval-every 0 --losses "$T/ge-$r.loss" \
@@ -435,18 +441,20 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
-t0=$(date +%s)
-env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \
-	--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/stall.log" 2>&1
-rc=$?
-took=$(($(date +%s) - t0))
-msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
-if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
-	echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
-	ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s, exit $rc)"
-	echo "      ${msg#*error: }" | cut -c1-200
-else
-	fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+if case_on stalled-rank; then
+	t0=$(date +%s)
+	env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \
+		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/stall.log" 2>&1
+	rc=$?
+	took=$(($(date +%s) - t0))
+	msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
+	if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
+		echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
+		ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s, exit $rc)"
+		echo "      ${msg#*error: }" | cut -c1-200
+	else
+		fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+	fi
 fi
 
 # Two communicators captured in the step graph (hybrid_shard 2x2: the
@@ -459,6 +467,7 @@ fi
 # emulator reports the hang after DPEMU_ABORT_HANG_S, 10 s, without device
 # progress); the communicators aborted at once end it. Every rank must end
 # within --timeout 3 + 10 s, with the watchdog's message, not the hang.
+if case_on two-communicators-stall; then
 { echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
 	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
 "$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
@@ -476,10 +485,12 @@ else
 	fail "two communicators in the graph, a collective stuck on dp_shard: the job must end within 13 s with the watchdog's message (exit $rc after ${took}s)"
 	grep -v "^ \|^$" "$T/abort2.log" | cut -c1-300 | tail -n 6
 fi
+fi
 
 # ---- 5. the device probe: mismatch, no driver, no device ----
 probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line containing WANT
 	local name=$1 want=$2; shift 2
+	case_on "probe $name" || return 0
 	env "$@" "$EMU" "${PROBE_BIN:-$T/stall.bin}" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
 	local rc=$?
 	if [ $rc = 1 ] && [ "$(wc -l <"$T/probe.err")" = 1 ] && grep -q -- "$want" "$T/probe.err"; then
@@ -514,28 +525,38 @@ PROBE_BIN=$T/bf16.bin probe "bf16 on 7.0 without kernels for it" \
 	"or compile in f32 with the CUDA backend built for this GPU" DPEMU_SM=70
 PROBE_BIN=$T/bf16.bin probe "bf16 on 7.0 with kernels built for it: the advice is f32 alone" \
 	"or compile in f32$" DPEMU_SM=70 DPEMU_IMAGE_SM=70
-if DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+if ! case_on "probe f32 on 7.0 with kernels for it"; then
+	:
+elif DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "an f32 step runs on 7.0 when the build has kernels for it (DPEMU_IMAGE_SM=70)"
 else
 	fail "f32 on 7.0 with DPEMU_IMAGE_SM=70"; tail -n 3 "$T/probe.out"
 fi
-if DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+if ! case_on "probe bf16 on 8.0"; then
+	:
+elif DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "the same bf16 step file runs on compute capability 8.0"
 else
 	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
-env BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+case_on "tests/cuda.sh, old driver" &&
+env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
-if [ $rc != 0 ] && grep -q "FAIL.*older than" "$T/cudash.out"; then
+if ! case_ran "tests/cuda.sh, old driver"; then
+	:
+elif [ $rc != 0 ] && grep -q "FAIL.*older than" "$T/cudash.out"; then
 	ok "tests/cuda.sh fails (exit $rc) on a driver older than the runtime: $(grep -m1 'FAIL.*older' "$T/cudash.out" | cut -c1-110)"
 else
 	fail "tests/cuda.sh must fail on a driver older than the runtime (exit $rc)"
 	grep -E "FAIL|SKIP|cuda:" "$T/cudash.out" | head -n 5
 fi
-env BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+case_on "tests/cuda.sh, no driver" &&
+env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
-if [ $rc = 0 ] && grep -q "skipped" "$T/cudash.out"; then
+if ! case_ran "tests/cuda.sh, no driver"; then
+	:
+elif [ $rc = 0 ] && grep -q "skipped" "$T/cudash.out"; then
 	ok "tests/cuda.sh without a driver: passes with its GPU checks skipped ($(tail -n 1 "$T/cudash.out"))"
 else
 	fail "tests/cuda.sh without a driver (exit $rc)"; tail -n 5 "$T/cudash.out"
@@ -559,6 +580,7 @@ if [ $GPU = 1 ]; then
 	chmod +x "$T/rank.sh"
 	for c in "${gpu_cases[@]}"; do
 		IFS='|' read -r tag np name <<<"$c"
+		case_ran "$name"
 		if timeout 600 mpirun --oversubscribe -np "$np" "$T/rank.sh" "$CPU" "$T/$tag.bin" \
 			--device cuda --steps "$STEPS" --quiet --eval-every 0 --losses "$T/$tag.gpu.loss" \
 			--save-full "$T/$tag.gpu.st" >"$T/$tag.gpu.log" 2>&1; then
@@ -571,7 +593,9 @@ if [ $GPU = 1 ]; then
 	done
 	SAN_BIN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 	for tool in memcheck racecheck; do
-		if [ -x "$SAN_BIN" ]; then
+		if ! case_on "compute-sanitizer $tool"; then
+			:
+		elif [ -x "$SAN_BIN" ]; then
 			if "$SAN_BIN" --tool $tool --error-exitcode 9 "$CPU" "$T/${TAG[mlp8 ddp np=1]}.bin" --device cuda --steps 2 \
 				--quiet --eval-every 0 >"$T/san.log" 2>&1; then
 				ok "real GPU: compute-sanitizer $tool clean (mlp8, 1 rank)"
@@ -585,10 +609,10 @@ if [ $GPU = 1 ]; then
 else
 	echo "  (no usable GPU here: ${why:-none}; the real-GPU checks below are NOT run)"
 	for c in "${gpu_cases[@]}"; do
-		skip "real GPU: ${c##*|} (no GPU)"
+		case_ran "${c##*|}" && skip "real GPU: ${c##*|} (no GPU)"
 	done
-	skip "real GPU: compute-sanitizer memcheck (no GPU)"
-	skip "real GPU: compute-sanitizer racecheck (no GPU)"
+	case_on "compute-sanitizer memcheck" && skip "real GPU: compute-sanitizer memcheck (no GPU)"
+	case_on "compute-sanitizer racecheck" && skip "real GPU: compute-sanitizer racecheck (no GPU)"
 fi
 
 echo "  agreement, --device cuda (emulated) vs --device cpu over $STEPS steps:"

@@ -69,30 +69,48 @@ if ! emu_start "the CUDA emulator's mutation checks"; then
 fi
 
 # a copy of what the emulated build needs, timestamps kept, so `make
-# cuda-emu` there rebuilds only what a mutation touches
+# cuda-emu` there rebuilds only what a mutation touches; after each check
+# the source and build-emu/ are put back as they were (timestamps too), so
+# the next build compiles nothing but its own mutation
 W=$T/tree
-mkdir -p "$W"
-cp -a Makefile mk ir format util compiler passes runtime tests tools build build-emu "$W"/ 2>/dev/null
-for m in mlp8; do cp models/$m.dp "$T/$m.dp"; done
-"$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/one.bin" >/dev/null 2>&1
+tree() {
+	mkdir -p "$W"
+	cp -a Makefile mk format util ir compiler passes runtime tests tools build build-emu "$W"/ 2>/dev/null
+}
+# the cases: one (mlp8, 1 rank ddp), two (zero2 at 2 ranks), biased (two
+# with biases that are not zero at the start, so a dropped bias shows); b16
+# and r16 below
+cp models/mlp8.dp "$T/mlp8.dp"
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
-"$DPC" "$T/zero2.dp" --world-size 2 -o "$T/two.bin" >/dev/null 2>&1
-# the same with biases that are not zero at the start (a dropped bias shows)
 sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
-"$DPC" "$T/biased.dp" --world-size 2 -o "$T/biased.bin" >/dev/null 2>&1
-# GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on text;
-# hd8 is the same step file run for 8 steps
-text_shard
-awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
-	sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/hd64.dp"
-"$DPC" "$T/hd64.dp" -D ctx=128 -D d=128 -D heads=2 -D layers=1 -o "$T/hd64.bin" >/dev/null 2>&1
-cp "$T/hd64.bin" "$T/hd8.bin"
+# hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
+# text; hd8 is the same step file run for 8 steps
+hd64_model() {
+	text_shard
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/hd64.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
-for b in one two biased hd64 hd8; do
-	np=2; case $b in one | hd*) np=1 ;; esac
-	mpi $np "$T/$b.bin" --device cpu --steps "${NSTEPS[$b]:-$STEPS}" --quiet --eval-every 0 \
-		--losses "$T/$b.cpu.loss" --save-full "$T/$b.cpu.st" >/dev/null 2>&1 || fail "cpu reference $b"
-done
+# reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
+# mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
+# as the emulated cuBLASLt's)
+reference() {
+	local np=2 src=$T/$1.dp prec= defs=
+	case $1 in
+	one) np=1 src=$T/mlp8.dp ;;
+	two) src=$T/zero2.dp ;;
+	b16) np=1 prec=bf16 ;;
+	r16) prec=bf16 ;;
+	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
+	esac
+	# shellcheck disable=SC2086 # defs are words
+	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
+		! DP_CPU_BF16_GEMM=${prec:+blas} mpi $np "$T/$1.bin" --device cpu --steps "${NSTEPS[$1]:-$STEPS}" --quiet \
+			--eval-every 0 --losses "$T/$1.cpu.loss" --save-full "$T/$1.cpu.st" >/dev/null 2>&1; then
+		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
+		return 1
+	fi
+}
 
 # run NAME BIN NP ENV...: the mutated emulated backend; 0 when the run
 # failed or disagrees with the CPU (the mutation was caught)
@@ -119,13 +137,17 @@ run() {
 # mutate NAME FILE-GLOB PROGRAM...: apply PROGRAM (a command reading the
 # file on stdin, writing it on stdout) to the first file of the glob it
 # changes; 1 when none changed
+# (the case NAME: nothing is mutated when CASE leaves it out)
 mutate() {
 	local name=$1 glob=$2 f; shift 2
+	case_on "$name" || return 1
+	once tree tree
 	for f in $W/$glob; do
 		"$@" <"$f" >"$T/mutated"
 		if ! cmp -s "$f" "$T/mutated"; then
-			cp "$f" "$T/original"
+			cp -p "$f" "$T/original"
 			echo "$f" >"$T/mutated.file"
+			rm -rf "$T/build-emu" && cp -a "$W/build-emu" "$T/build-emu"
 			cp "$T/mutated" "$f"
 			diff "$T/original" "$f" | grep '^[<>]' | head -n 4 | sed 's/^/      /'
 			return 0
@@ -135,14 +157,16 @@ mutate() {
 	return 1
 }
 restore() {
-	cp "$T/original" "$(cat "$T/mutated.file")"
+	cp -p "$T/original" "$(cat "$T/mutated.file")"
+	rm -rf "$W/build-emu" && mv "$T/build-emu" "$W/build-emu"
 }
 
 # check NAME BIN NP ENVS...: rebuild, run under each environment (a
 # comma-separated list per run), require at least one caught run
 check() {
 	local name=$1 bin=$2 np=$3; shift 3
-	if ! make -s -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
+	once "$bin" reference "$bin" || { restore; return; }
+	if ! make -s -j"${DP_JOBS:-$(nproc)}" -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
 		fail "$name: the mutated backend does not build"; tail -n 5 "$T/$name.build"
 		restore; return
 	fi
@@ -250,9 +274,6 @@ fi
 # 9: the communicators aborted one after the other (before issue 21): the
 # two-communicator stall of tests/cuda_emu.sh must no longer end by the
 # watchdog within --timeout + 10 s
-{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
-	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
-"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
 # stall_ends NAME: the stall run ends within 13 s by the watchdog (0), or not (1)
 stall_ends() {
 	local t0 rc took
@@ -284,6 +305,9 @@ if mutate abort_serial "runtime/cuda/comm_nccl.c" perl -0pe '
 		return 0;
 	}
 }m'; then
+	{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+		sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+	"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
 	if ! make -s -C "$W" cuda-emu >"$T/abort_serial.build" 2>&1; then
 		fail "abort_serial: the mutated backend does not build"; tail -n 5 "$T/abort_serial.build"
 	elif stall_ends abort_serial; then
@@ -303,6 +327,9 @@ fi
 # (the checks are not always-fail)
 unmutated() {
 	local env=${4:-DPEMU_SEED=3}
+	case_on "unmutated $2" || return 0
+	once tree tree
+	once "$2" reference "$2" || return
 	# shellcheck disable=SC2086
 	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run "clean-$2" "$2" "$3" ${env//,/ }; then
 		ok "the unmutated backend passes $1 ($why)"
@@ -354,20 +381,14 @@ train {
   seed 3
 }
 MODEL
-if "$DPC" "$T/b16.dp" --precision bf16 -o "$T/b16.bin" >"$T/b16.dpc" 2>&1 &&
-	DP_CPU_BF16_GEMM=blas mpi 1 "$T/b16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
-		--losses "$T/b16.cpu.loss" --save-full "$T/b16.cpu.st" >/dev/null 2>&1; then
-	if mutate bf16_stride "runtime/cuda/norm.cu" sed '0,/j += W \* blockDim.x/s//j += blockDim.x/'; then
-		check bf16_stride b16 1 DPEMU_SEED=1 DPEMU_SEED=2
-	fi
-	if mutate bf16_round "runtime/cuda/seq.cu" \
-		sed 's/ov\[k\] = expf(xv\[k\] - mx) \* inv;/ov[k] = __uint_as_float(__float_as_uint(expf(xv[k] - mx) * inv) \& 0xffff0000u); \/* MUTATION: truncated *\//'; then
-		check bf16_round b16 1 DPEMU_SEED=1 DPEMU_SEED=2
-	fi
-	unmutated "the bf16 case" b16 1
-else
-	fail "the bf16 case: dpc or the CPU reference"; head -n 5 "$T/b16.dpc"
+if mutate bf16_stride "runtime/cuda/norm.cu" sed '0,/j += W \* blockDim.x/s//j += blockDim.x/'; then
+	check bf16_stride b16 1 DPEMU_SEED=1 DPEMU_SEED=2
 fi
+if mutate bf16_round "runtime/cuda/seq.cu" \
+	sed 's/ov\[k\] = expf(xv\[k\] - mx) \* inv;/ov[k] = __uint_as_float(__float_as_uint(expf(xv[k] - mx) * inv) \& 0xffff0000u); \/* MUTATION: truncated *\//'; then
+	check bf16_round b16 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+unmutated "the bf16 case" b16 1
 
 # bf16_clipfold: the clip folded into AdamW stops rounding g * coef to bf16
 # as clip would store it (clipped<G>, optim.cu). Case: mlp8 with
@@ -375,17 +396,11 @@ fi
 # against the CPU's run (bitwise equal unmutated; 6.1e-3 apart in the
 # updates with the bug, which this found).
 sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r16.dp"
-if "$DPC" "$T/r16.dp" --world-size 2 --precision bf16 -o "$T/r16.bin" >"$T/r16.dpc" 2>&1 &&
-	DP_CPU_BF16_GEMM=blas mpi 2 "$T/r16.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
-		--losses "$T/r16.cpu.loss" --save-full "$T/r16.cpu.st" >/dev/null 2>&1; then
-	if mutate bf16_clipfold "runtime/cuda/optim.cu" \
-		sed 's/return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;/return g; \/* MUTATION *\//'; then
-		check bf16_clipfold r16 2 DPEMU_COMM=late DPEMU_COMM=early
-	fi
-	unmutated "the reduce_dtype bf16 case" r16 2
-else
-	fail "the reduce_dtype bf16 case: dpc or the CPU reference"; head -n 5 "$T/r16.dpc"
+if mutate bf16_clipfold "runtime/cuda/optim.cu" \
+	sed 's/return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;/return g; \/* MUTATION *\//'; then
+	check bf16_clipfold r16 2 DPEMU_COMM=late DPEMU_COMM=early
 fi
+unmutated "the reduce_dtype bf16 case" r16 2
 
 echo "  (cuda_emu_mutations took $(($(date +%s) - t_start))s)"
 finish cuda_emu_mutations

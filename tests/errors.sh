@@ -45,6 +45,7 @@ BUILD=${BUILD:-build}
 [ "$SAN" = 1 ] && [ "$BUILD" = build ] && BUILD=build-san
 DPC=${DPC:-$BUILD/dpc}
 FUZZ_N=${FUZZ_N:-2000}
+. tests/lib.sh # case_on, repro_lines (this suite keeps its own counters)
 
 pass=0
 fail=0
@@ -53,6 +54,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 bad() {
 	echo "FAIL $1: $2"
+	repro_lines
 	fail=$((fail + 1))
 }
 
@@ -85,8 +87,10 @@ settle() {
 check_file() {
 	local f=$1 ws=${2:-} what=$1 args
 	[ -n "$ws" ] && what="$f (world size $ws)"
+	case_on "errors/$(basename "$f" .dp)${ws:+ ws=$ws}" || return 0
 	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
 	[ -n "$ws" ] && args="$args --world-size $ws"
+	REPRO=$(echo "$DPC $f $args -o /tmp/out.bin" | tr -s ' ')
 	rm -f "$tmp/out.bin"
 	# shellcheck disable=SC2086
 	"$DPC" "$f" $args -o "$tmp/out.bin" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -146,6 +150,7 @@ done
 # rules must not refuse a bias add or a position embedding).
 for f in tests/batch_ok/*.dp; do
 	for ws in 1 2 3; do
+		case_on "batch_ok/$(basename "$f" .dp) ws=$ws" || continue
 		if "$DPC" "$f" --world-size "$ws" -o "$tmp/ok.bin" >/dev/null 2>"$tmp/stderr" &&
 			[ -s "$tmp/ok.bin" ]; then
 			pass=$((pass + 1))
@@ -158,6 +163,7 @@ done
 
 # Settings that do nothing: warnings, never errors.
 for f in tests/warnings/*.dp; do
+	case_on "warnings/$(basename "$f" .dp)" || continue
 	args=$(sed -n 's/^# args: //p' "$f" | tr '\n' ' ')
 	rm -f "$tmp/warn.bin"
 	# shellcheck disable=SC2086
@@ -189,12 +195,16 @@ done
 # The models compile without a warning: every setting they give does something.
 # Their token shards (relative paths, resolved against the working directory)
 # exist under $tmp/run, so dpc checks them instead of warning that it cannot.
-mkdir -p "$tmp/run/build/data"
-for s in fortunes fortunes_val train val; do
-	"$ROOT/$BUILD/text2shard" -o "$tmp/run/build/data/$s.bin" /usr/share/common-licenses/GPL-3 \
-		>/dev/null 2>&1 || bad "text2shard" "cannot write the models' token shards"
-done
+shards() {
+	mkdir -p "$tmp/run/build/data"
+	for s in fortunes fortunes_val train val; do
+		"$ROOT/$BUILD/text2shard" -o "$tmp/run/build/data/$s.bin" /usr/share/common-licenses/GPL-3 \
+			>/dev/null 2>&1 || bad "text2shard" "cannot write the models' token shards"
+	done
+}
 for f in models/*.dp; do
+	case_on "$f" || continue
+	once shards shards
 	ws=1; grep -q '^mesh auto' "$f" && ws=2
 	if (cd "$tmp/run" && "$(cd "$ROOT" && realpath "$DPC")" "$ROOT/$f" --world-size "$ws" --emit=ir -o "$tmp/m.bin") \
 		>/dev/null 2>"$tmp/stderr" &&
@@ -206,7 +216,10 @@ for f in models/*.dp; do
 done
 
 # --set, dpc --print-settings against docs/DSL.md, the settings-backed flags
-if BUILD=$BUILD DPC=$DPC bash tests/settings.sh >"$tmp/settings" 2>&1; then
+# (a case of this suite: all of it or none; SUITE=settings CASE=... picks its cases)
+if ! case_on settings; then
+	:
+elif BUILD=$BUILD DPC=$DPC CASE= bash tests/settings.sh >"$tmp/settings" 2>&1; then
 	pass=$((pass + 1))
 	tail -n 1 "$tmp/settings"
 else
@@ -214,13 +227,15 @@ else
 fi
 
 # A file that cannot be read: a message without a position, status 1.
-"$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
-rc=$?
-if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such file" "$tmp/stderr" &&
-	! crashed "$tmp/stderr" && [ ! -e "$tmp/out.bin" ]; then
-	pass=$((pass + 1))
-else
-	bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
+if case_on missing-file; then
+	"$DPC" "$tmp/no-such-file.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
+	rc=$?
+	if [ $rc -eq 1 ] && grep -qF "error: cannot open '$tmp/no-such-file.dp': No such file" "$tmp/stderr" &&
+		! crashed "$tmp/stderr" && [ ! -e "$tmp/out.bin" ]; then
+		pass=$((pass + 1))
+	else
+		bad "missing file" "status $rc: $(head -c 300 "$tmp/stderr")"
+	fi
 fi
 
 # Data files: one dpc cannot see is a warning (the job may run where it is):
@@ -229,6 +244,7 @@ fi
 # check_data_ok NAME EXPECTED-STDERR (the .dp on stdin; run from the root)
 check_data_ok() {
 	local name=$1 exp=$2
+	case_on "data/$name" || return 0
 	cat >"$tmp/$name.dp"
 	rm -f "$tmp/out.bin"
 	"$DPC" "$tmp/$name.dp" -o "$tmp/out.bin" >/dev/null 2>"$tmp/stderr"
@@ -311,8 +327,10 @@ check_data_ok tokens_unseen "tokens_unseen.dp:3:38: warning: token shard pattern
 # program's usage status: dpc 1, dpexec 2 (it stops before MPI starts).
 DPEXEC=${DPEXEC:-$BUILD/dpexec}
 check_option() { # check_option PROGRAM STATUS EXPECTED-STDERR ARGS...
-	local prog=$1 want=$2 exp=$3 bin
+	local prog=$1 want=$2 exp=$3 bin a opt=
 	shift 3
+	for a in "$@"; do case $a in -*) opt=${opt:-${a%%=*}} ;; esac; done
+	case_on "options/$prog $opt" || return 0
 	bin=$DPC
 	[ "$prog" = dpexec ] && bin=$DPEXEC
 	rm -f "$tmp/out.bin"
@@ -356,6 +374,8 @@ fi
 # copies of models/mlp.dp and of the seeds must never crash the front end.
 if [ -x "$BUILD/tests/fe_fuzz" ]; then
 	for seed in models/mlp.dp tests/errors/seeds/*.dp; do
+		case_on "fe_fuzz $(basename "$seed" .dp)" || continue
+		REPRO="TMPDIR=/tmp $BUILD/tests/fe_fuzz $seed $FUZZ_N 1"
 		if TMPDIR="$tmp" "$BUILD/tests/fe_fuzz" "$seed" "$FUZZ_N" 1 >"$tmp/fuzz" 2>&1 &&
 			! crashed "$tmp/fuzz"; then
 			cat "$tmp/fuzz"

@@ -49,7 +49,10 @@ if [ "${SAN:-0}" = 1 ]; then
 fi
 
 # ---- 1. the kit builds ----
+# Cases (tests/lib.sh): kit-builds, real-kit (GPU_KIT_REAL=1), ldd,
+# rehearsal; the emulator's kit is built once, by the first that needs it.
 KIT=$T/kit
+build_kit() {
 if make -s -C "$ROOT" gpu-kit EMU=1 KIT_DIR="$KIT" KIT_STAGE="$T/stage" >"$T/build.log" 2>&1; then
 	ok "make gpu-kit EMU=1: $(cat "$KIT/SIZE")"
 else
@@ -57,14 +60,18 @@ else
 	finish gpu_kit
 	exit 1
 fi
+}
+if case_on kit-builds; then
+once kit build_kit
 size=$(du -sb "$KIT" | cut -f1)
 if [ "$size" -le $((48 * 1048576)) ] && grep -q "of 48 MiB" "$KIT/SIZE"; then
 	ok "the kit is $size bytes, within 48 MiB (run.sh, busybox, payload.tar.xz, MANIFEST)"
 else
 	fail "the kit is $size bytes (more than 48 MiB, or it does not say its size)"
 fi
+fi
 kits=("$KIT")
-if [ "${GPU_KIT_REAL:-0}" = 1 ]; then
+if [ "${GPU_KIT_REAL:-0}" = 1 ] && case_on real-kit; then
 	if make -s -C "$ROOT" gpu-kit KIT_DIR="$T/kit-gpu" KIT_STAGE="$T/stage-gpu" >"$T/build-gpu.log" 2>&1; then
 		ok "make gpu-kit (nvcc, sm_90a and sm_80): $(cat "$T/kit-gpu/SIZE")"
 		kits+=("$T/kit-gpu")
@@ -76,7 +83,9 @@ fi
 # ---- 2. every ELF file resolves inside the kit or to the C runtime ----
 is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -A n -t x1 | tr -d ' ')" = 7f454c46 ]; }
 allowed='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so\.1)'
+case_on ldd &&
 for k in "${kits[@]}"; do
+	once kit build_kit
 	u=$T/unpacked-$(basename "$k")
 	mkdir -p "$u"
 	"$k/busybox" tar -xJf "$k/payload.tar.xz" -C "$u" || fail "unpacking $k/payload.tar.xz with its busybox"
@@ -105,6 +114,8 @@ done
 
 # ---- 3. the rehearsal in a chroot of bash and coreutils ----
 rehearse() {
+	case_on rehearsal || return 0
+	once kit build_kit
 	if [ "$(id -u)" != 0 ]; then
 		skip "the chroot rehearsal (not root: chroot and mount need it)"; return
 	fi

@@ -16,78 +16,134 @@
 # 3. A parameter whose gradient is zero on both sides (a relu layer kept dead
 #    by a bias of -100) is reported "not checked", never "ok", and the
 #    parameters after it are still checked (a zeroed head.b fails).
+# The runs are independent: they start PAR at a time (the slots tests/run.sh
+# gave this suite, else the CPUs), each on one thread when several run
+# (results are bitwise the same at any thread count), and are checked
+# afterwards in the order above.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
-GC() { env $MPI_ASAN timeout 600 "$DPEXEC" "$@" --check-grads --device cpu; }
+PAR=${DP_JOBS:-$(nproc)}
+[ "$PAR" -gt 1 ] && export DP_NUM_THREADS=${DP_NUM_THREADS:-1}
 nparams() { grep -c "^gradcheck [^:]*:" "$1"; }
 share() { # share min|max FILE: the extreme share of the tolerance over the parameters
 	sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' "$2" | sort -g |
 		if [ "$1" = min ]; then head -n 1; else tail -n 1; fi
 }
+# gc OUT STEPFILE [VAR=VALUE...]: GC in the background (PAR at a time), in
+# that environment; its output in OUT, its exit status in OUT.rc
+gc() { par "$PAR" gc_bg "$@"; }
+gc_bg() {
+	local out=$1 bin=$2
+	shift 2
+	env "$@" $MPI_ASAN timeout 600 "$DPEXEC" "$bin" --check-grads --device cpu >"$out" 2>&1
+	echo $? >"$out.rc"
+}
 
-# 1. every op, and a deep relu MLP
+# ---- start the runs of the selected cases ----
+# 1. every op, and a deep relu MLP (compiled here: a dpc failure is a FAIL of its case)
+ops=()
 for f in tests/gradcheck/*.dp models/mlp8.dp; do
 	n=$(basename "$f" .dp)
-	if "$DPC" "$f" --world-size 1 -o "$T/$n.bin" >"$T/$n.out" 2>&1 &&
-		GC "$T/$n.bin" >>"$T/$n.out" 2>&1 &&
+	case_on "$n" || continue
+	ops+=("$f")
+	if "$DPC" "$f" --world-size 1 -o "$T/$n.bin" >"$T/$n.dpc" 2>&1; then
+		gc "$T/$n.out" "$T/$n.bin"
+	else
+		echo 1 >"$T/$n.out.rc"; cp "$T/$n.dpc" "$T/$n.out"
+	fi
+done
+# 2. the transformers, unskewed and skewed (a skewed run is counted against
+# the unskewed one's parameters: that one runs whenever one of them does)
+TEXT=/usr/share/common-licenses/GPL-3
+transformers() { # the shard and both step files (what every case of 2. needs)
+	local m
+	if ! "$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 $TEXT \
+		>"$T/shard.log" 2>&1; then
+		fail "text2shard $TEXT"; cat "$T/shard.log"
+	fi
+	for m in gpt2-tiny llama; do
+		sed -e "s#\"build/data/fortunes.bin\"#\"$T/text.bin\"#" \
+			-e "s#\"build/data/fortunes_val.bin\"#\"$T/val.bin\"#" \
+			-e 's/^  global_batch 16 .*/  global_batch 4/' models/$m.dp >"$T/$m.dp"
+	done
+	"$DPC" "$T/gpt2-tiny.dp" -o "$T/gpt.bin" 2>"$T/dpc.out" || { fail "dpc gpt2-tiny"; cat "$T/dpc.out"; }
+	"$DPC" "$T/llama.dp" -D ctx=64 -D d=64 -D layers=2 -D ffn=176 -o "$T/llama.bin" 2>"$T/dpc.out" ||
+		{ fail "dpc llama"; cat "$T/dpc.out"; }
+}
+skews=(-1 0.2 -0.2)
+for m in gpt llama; do
+	on=0
+	case_on "$m" && on=1
+	for skew in "${skews[@]}"; do case_on "$m skew=$skew" && on=1; done
+	[ $on = 1 ] || continue
+	once transformers transformers
+	gc "$T/$m.out" "$T/$m.bin"
+	for skew in "${skews[@]}"; do
+		case_ran "$m skew=$skew" && gc "$T/$m.skew$skew" "$T/$m.bin" DP_GRADCHECK_SKEW=$skew
+	done
+done
+# 3. nothing to compare is "not checked"
+if case_on dead; then
+	sed 's/param b: f32\[8\]    init normal(0, 0.5)/param b: f32[8]    init normal(-100, 0.01)/' \
+		tests/gradcheck/relu.dp >"$T/dead.dp"
+	"$DPC" "$T/dead.dp" -o "$T/dead.bin" 2>"$T/dpc.out" || { fail "dpc dead.dp"; cat "$T/dpc.out"; }
+	gc "$T/dead.out" "$T/dead.bin"
+	gc "$T/dead.skew" "$T/dead.bin" DP_GRADCHECK_SKEW=-1
+fi
+wait
+
+# ---- check them, in order ----
+# 1.
+for f in "${ops[@]}"; do
+	n=$(basename "$f" .dp)
+	case_ran "$n"
+	REPRO="$BUILD/dpc $f --world-size 1 -o /tmp/$n.bin && $BUILD/dpexec /tmp/$n.bin --check-grads --device cpu"
+	if [ "$(cat "$T/$n.out.rc")" = 0 ] &&
 		[ "$(grep -c ' ok$' "$T/$n.out")" -eq "$(nparams "$T/$n.out")" ]; then
 		ok "$n: $(grep -c ' ok$' "$T/$n.out") parameters ok"
 	else
 		fail "$n"; sed 's/^/      /' "$T/$n.out" | tail -n 8
 	fi
 done
-
-# 2. the transformers, unskewed and skewed
-TEXT=/usr/share/common-licenses/GPL-3
-if ! "$ROOT/$BUILD/text2shard" -o "$T/text.bin" --val "$T/val.bin" --val-frac 0.1 $TEXT \
-	>"$T/shard.log" 2>&1; then
-	fail "text2shard $TEXT"; cat "$T/shard.log"
-fi
-for m in gpt2-tiny llama; do
-	sed -e "s#\"build/data/fortunes.bin\"#\"$T/text.bin\"#" \
-		-e "s#\"build/data/fortunes_val.bin\"#\"$T/val.bin\"#" \
-		-e 's/^  global_batch 16 .*/  global_batch 4/' models/$m.dp >"$T/$m.dp"
-done
-"$DPC" "$T/gpt2-tiny.dp" -o "$T/gpt.bin" 2>"$T/dpc.out" || { fail "dpc gpt2-tiny"; cat "$T/dpc.out"; }
-"$DPC" "$T/llama.dp" -D ctx=64 -D d=64 -D layers=2 -D ffn=176 -o "$T/llama.bin" 2>"$T/dpc.out" ||
-	{ fail "dpc llama"; cat "$T/dpc.out"; }
+# 2.
 for m in gpt llama; do
-	GC "$T/$m.bin" >"$T/$m.out" 2>&1; rc=$?
-	np=$(nparams "$T/$m.out")
-	if [ $rc -eq 0 ] && [ "$np" -gt 0 ] && [ "$(grep -c ' ok$' "$T/$m.out")" -eq "$np" ]; then
-		ok "$m: all $np parameters ok, using at most $(share max "$T/$m.out") of the tolerance"
-	else
-		fail "$m: unskewed (exit $rc)"; grep -v ' ok$' "$T/$m.out" | tail -n 8 | sed 's/^/      /'
+	if case_ran "$m"; then
+		rc=$(cat "$T/$m.out.rc")
+		np=$(nparams "$T/$m.out")
+		if [ $rc -eq 0 ] && [ "$np" -gt 0 ] && [ "$(grep -c ' ok$' "$T/$m.out")" -eq "$np" ]; then
+			ok "$m: all $np parameters ok, using at most $(share max "$T/$m.out") of the tolerance"
+		else
+			fail "$m: unskewed (exit $rc)"; grep -v ' ok$' "$T/$m.out" | tail -n 8 | sed 's/^/      /'
+		fi
 	fi
-	for skew in -1 0.2 -0.2; do
-		DP_GRADCHECK_SKEW=$skew GC "$T/$m.bin" >"$T/$m.skew" 2>"$T/$m.skew.err"; rc=$?
-		nf=$(grep -c '^gradcheck [^:]*: .* FAILED$' "$T/$m.skew")
+	for skew in "${skews[@]}"; do
+		case_ran "$m skew=$skew" || continue
+		np=$(nparams "$T/$m.out")
+		rc=$(cat "$T/$m.skew$skew.rc")
+		nf=$(grep -c '^gradcheck [^:]*: .* FAILED$' "$T/$m.skew$skew")
 		if [ $rc -eq 1 ] && [ "$np" -gt 0 ] && [ "$nf" -eq "$np" ]; then
 			ok "$m: DP_GRADCHECK_SKEW=$skew fails all $nf parameters, by at least $(share min \
-				"$T/$m.skew") times the tolerance"
+				"$T/$m.skew$skew") times the tolerance"
 		else
 			fail "$m: DP_GRADCHECK_SKEW=$skew fails $nf of $np parameters (exit $rc)"
-			grep -v ' FAILED$' "$T/$m.skew" | tail -n 6 | sed 's/^/      /'
+			grep -v ' FAILED$' "$T/$m.skew$skew" | tail -n 6 | sed 's/^/      /'
 		fi
 	done
 done
-
-# 3. nothing to compare is "not checked"
-sed 's/param b: f32\[8\]    init normal(0, 0.5)/param b: f32[8]    init normal(-100, 0.01)/' \
-	tests/gradcheck/relu.dp >"$T/dead.dp"
-"$DPC" "$T/dead.dp" -o "$T/dead.bin" 2>"$T/dpc.out" || { fail "dpc dead.dp"; cat "$T/dpc.out"; }
-GC "$T/dead.bin" >"$T/dead.out" 2>&1; rc=$?
-DP_GRADCHECK_SKEW=-1 GC "$T/dead.bin" >"$T/dead.skew" 2>&1; rc2=$?
-if [ $rc -eq 0 ] && grep -q '^gradcheck fc1.w: .* not checked$' "$T/dead.out" &&
-	grep -q '^gradcheck fc1.b: .* not checked$' "$T/dead.out" &&
-	! grep -q '^gradcheck fc1\..* ok$' "$T/dead.out" &&
-	grep -q '^gradcheck head.b: .* ok$' "$T/dead.out" &&
-	[ $rc2 -eq 1 ] && grep -q '^gradcheck head.b: .* FAILED$' "$T/dead.skew"; then
-	ok "a dead layer's parameters are 'not checked': $(tail -n 1 "$T/dead.out")"
-else
-	fail "a dead layer's parameters are 'not checked' (exit $rc, $rc2)"; cat "$T/dead.out" "$T/dead.skew"
+# 3.
+if case_ran dead; then
+	rc=$(cat "$T/dead.out.rc") rc2=$(cat "$T/dead.skew.rc")
+	if [ $rc -eq 0 ] && grep -q '^gradcheck fc1.w: .* not checked$' "$T/dead.out" &&
+		grep -q '^gradcheck fc1.b: .* not checked$' "$T/dead.out" &&
+		! grep -q '^gradcheck fc1\..* ok$' "$T/dead.out" &&
+		grep -q '^gradcheck head.b: .* ok$' "$T/dead.out" &&
+		[ $rc2 -eq 1 ] && grep -q '^gradcheck head.b: .* FAILED$' "$T/dead.skew"; then
+		ok "a dead layer's parameters are 'not checked': $(tail -n 1 "$T/dead.out")"
+	else
+		fail "a dead layer's parameters are 'not checked' (exit $rc, $rc2)"; cat "$T/dead.out" "$T/dead.skew"
+	fi
 fi
 finish gradcheck

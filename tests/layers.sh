@@ -20,6 +20,7 @@ uses() { nm -u "$@" 2>/dev/null | awk '{print $2}' | sort -u; }
 # layer NAME "objects below" "objects above"
 layer() {
 	local name=$1 below=$2 above=$3 bad
+	case_on "$name" || return 0
 	# shellcheck disable=SC2086
 	bad=$(comm -12 <(uses $below) <(defs $above) | tr '\n' ' ')
 	if [ -z "$bad" ]; then

@@ -3,6 +3,23 @@
 # Each suite counts its checks with ok/fail/skip and ends with `finish NAME`,
 # which prints "NAME: N passed, M failed" (", K skipped" when some were) and
 # returns non-zero on any failure. A skipped check is never a passed one.
+#
+# Cases. A suite's checks belong to named cases, and a case is named before
+# its work starts: `case_on NAME || return` at the top of a case's function,
+# `case_on NAME || continue` in a loop, `if case_on NAME; then ... fi` around
+# straight-line code, and `if ! case_on NAME; then :; elif CHECK; then ok ...;
+# else fail ...; fi` where a case is one check's if-chain (a check that runs
+# in the background is checked later under `case_ran NAME`, which names the
+# case again without counting it). The environment's CASE selects cases (tests/run.sh,
+# `make test SUITE=x CASE=y`): a shell glob matched against the whole name,
+# or, without glob characters (* ? [), any name that contains it; empty or
+# unset, every case. DP_LIST=1 prints each case's name instead of running it.
+# What several cases need (a reference run they compare with) is run through
+# `once KEY COMMAND...` from each of them, so it runs when, and only when, a
+# case that needs it runs. Every FAIL line is followed by the command that
+# reproduces it: `make test SUITE=... CASE='...'` for the case it is in, and
+# the exact command where the case sets REPRO (one that does not depend on
+# the suite's scratch directory, which is gone when the suite ends).
 
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,19 +39,92 @@ npass=0
 nfail=0
 nskip=0
 ok() { npass=$((npass + 1)); echo "  ok   $*"; }
-fail() { nfail=$((nfail + 1)); echo "  FAIL $*"; }
+fail() { nfail=$((nfail + 1)); echo "  FAIL $*"; repro_lines; }
 skip() { nskip=$((nskip + 1)); echo "  SKIP $*"; }
 check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
 	local d=$1; shift
 	if "$@"; then ok "$d"; else fail "$d"; fi
 }
 finish() {
+	if [ -n "${CASE:-}" ] && [ "${DP_LIST:-0}" != 1 ]; then
+		echo "  (CASE='$CASE': $ncase_on of $((ncase_on + ncase_off)) cases run)"
+	fi
 	if [ "$nskip" -gt 0 ]; then
 		echo "$1: $npass passed, $nfail failed, $nskip skipped"
 	else
 		echo "$1: $npass passed, $nfail failed"
 	fi
 	[ "$nfail" -eq 0 ]
+}
+
+# ---- cases (the header says how suites use them) ----
+SUITE=$(basename "$0" .sh) # the suite's name in tests/run.sh and SUITE=
+CASE_NAME=""               # the case running now ("": the suite's set-up)
+REPRO=""                   # the exact command of this case's check, if any
+ncase_on=0
+ncase_off=0
+# case_match NAME: NAME is selected by $CASE
+case_match() {
+	local pat=${CASE:-}
+	[ -z "$pat" ] && return 0
+	case $pat in
+	*[*?[]*) [[ $1 == $pat ]] ;;
+	*) [[ $1 == *"$pat"* ]] ;;
+	esac
+}
+# case_on NAME: start case NAME; non-zero when CASE leaves it out (or DP_LIST=1)
+case_on() {
+	CASE_NAME=$1 REPRO=""
+	if [ "${DP_LIST:-0}" = 1 ]; then
+		echo "  case $1"
+		return 1
+	fi
+	if case_match "$1"; then
+		ncase_on=$((ncase_on + 1))
+		return 0
+	fi
+	ncase_off=$((ncase_off + 1))
+	return 1
+}
+# case_ran NAME: NAME (started earlier by case_on) is selected and running:
+# for a check after a case's own function returned (its CASE_NAME again)
+case_ran() {
+	CASE_NAME=$1 REPRO=""
+	[ "${DP_LIST:-0}" != 1 ] && case_match "$1"
+}
+# repro_lines: how to run the current case again (after a FAIL line)
+repro_lines() {
+	local c="make test SUITE=$SUITE" name=$CASE_NAME
+	[ "${SAN:-0}" = 1 ] && c="$c SAN=1"
+	if [ -n "$name" ]; then
+		# a name with glob characters: escape them (an exact match); quote for the shell
+		case $name in *[*?[]*) name=$(printf '%s' "$name" | sed 's/[][*?]/\\&/g') ;; esac
+		c="$c CASE='${name//\'/\'\\\'\'}'"
+	fi
+	echo "    repro: $c"
+	[ -z "$REPRO" ] || echo "    or:    $REPRO"
+}
+# once KEY COMMAND...: COMMAND the first time KEY is asked for; later calls
+# return its first status (a prerequisite shared by cases)
+declare -A ONCE_RC
+once() {
+	local k=$1
+	shift
+	if [ -z "${ONCE_RC[$k]+set}" ]; then
+		"$@"
+		ONCE_RC[$k]=$?
+	fi
+	return "${ONCE_RC[$k]}"
+}
+# par N COMMAND...: COMMAND in the background once fewer than N are running;
+# `wait` then waits for all. For independent runs that a case starts
+# together and checks afterwards, in order (COMMAND must not count checks:
+# a background shell's ok/fail are lost).
+par() {
+	local n=$1
+	shift
+	while [ "$(jobs -pr | wc -l)" -ge "$n" ]; do wait -n; done
+	"$@" &
 }
 # mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores)
 mpi() {
@@ -146,6 +236,7 @@ gpt_text() {
 # and the emulated build is never sanitized). Non-zero: finish now.
 emu_start() {
 	export OPENBLAS_NUM_THREADS=1 # the same summation order in both backends, and no spinning
+	[ "${DP_LIST:-0}" = 1 ] && return 0
 	if [ "${SAN:-0}" = 1 ]; then
 		skip "$1 (SAN=1: the CUDA emulator is not ASan-clean; run it without SAN)"
 		return 1

@@ -21,9 +21,13 @@ STEPS=3
 if [ ! -e /usr/share/datasets/fashion-mnist ]; then
 	fail "needs dataset-fashion-mnist (make deps)"; finish trace; exit 1
 fi
+bin() { # bin NP: models/mlp.dp compiled for NP ranks ($T/mNP.bin)
+	"$DPC" models/mlp.dp --world-size "$1" -o "$T/m$1.bin" >"$T/dpc$1.log" 2>&1 ||
+		{ cat "$T/dpc$1.log"; fail "dpc at $1 ranks"; return 1; }
+}
 for np in 1 2; do
-	"$DPC" models/mlp.dp --world-size "$np" -o "$T/m$np.bin" >"$T/dpc$np.log" 2>&1 ||
-		{ cat "$T/dpc$np.log"; fail "dpc at $np ranks"; continue; }
+	case_on "ranks$np" || continue
+	once "bin$np" bin "$np" || continue
 	if mpi "$np" "$T/m$np.bin" --steps $STEPS --eval-every 0 --log-every $STEPS \
 		--trace "$T/t$np.json" >"$T/run$np.log" 2>&1; then
 		ok "$np rank(s): dpexec --trace ran"
@@ -37,15 +41,20 @@ for np in 1 2; do
 	fi
 done
 # the overhead, for the record (--trace vs none, 1 rank, 20 steps)
-for v in plain traced; do
-	extra=(); [ $v = traced ] && extra=(--trace "$T/o.json")
-	env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 21 --eval-every 0 --log-every 20 "${extra[@]}" \
-		>"$T/$v.log" 2>&1
-done
-echo "  (step time without / with --trace: $(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/plain.log") /" \
-	"$(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/traced.log") ms)"
+if case_on overhead; then
+	once bin1 bin 1
+	for v in plain traced; do
+		extra=(); [ $v = traced ] && extra=(--trace "$T/o.json")
+		env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 21 --eval-every 0 --log-every 20 "${extra[@]}" \
+			>"$T/$v.log" 2>&1
+	done
+	echo "  (step time without / with --trace: $(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/plain.log") /" \
+		"$(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/traced.log") ms)"
+fi
 # a file that cannot be written is an error, not a crash
-if env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 1 --eval-every 0 --quiet \
+if ! case_on unwritable; then
+	:
+elif once bin1 bin 1; env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 1 --eval-every 0 --quiet \
 	--trace "$T/no/such/dir/t.json" >"$T/bad.log" 2>&1; then
 	fail "an unwritable --trace path is refused"
 elif grep -q "cannot write the trace" "$T/bad.log"; then

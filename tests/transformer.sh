@@ -59,9 +59,10 @@ model_copy() {
 	grep -q "$T/text.bin" "$2" && grep -q "^  $OPT" "$2" || { fail "copy of $1"; return 1; }
 }
 
-# case_run NAME NP MESH MODEL-KIND HEADS DPFILE DPC-ARGS... -- TORCH-ARGS...
+# runs NAME NP MESH MODEL-KIND HEADS DPFILE DPC-ARGS... -- TORCH-ARGS...:
+# dp's and PyTorch's losses from the same initial weights ($T/NAME.init.st)
 # (MESH: a mesh statement for the copy, or "")
-case_run() {
+runs() {
 	local name=$1 np=$2 mesh=$3 kind=$4 heads=$5 src=$6; shift 6
 	local dpc_args=()
 	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
@@ -69,17 +70,22 @@ case_run() {
 	model_copy "$src" "$T/$name.tmp" || return
 	{ [ -z "$mesh" ] || echo "$mesh"; cat "$T/$name.tmp"; } >"$T/$name.dp"
 	"$DPC" "$T/$name.dp" --world-size "$np" "${dpc_args[@]}" -o "$T/$name.bin" ||
-		{ fail "$name: dpc"; return; }
+		{ fail "$name: dpc"; return 1; }
 	mpi "$np" "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
 		>"$T/$name.log" 2>&1 &&
 	mpi "$np" "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
 		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
-		{ cat "$T/$name.log"; fail "$name: dpexec"; return; }
+		{ cat "$T/$name.log"; fail "$name: dpexec"; return 1; }
 	# shellcheck disable=SC2086
 	$PY tests/torch_gpt.py --model "$kind" --heads "$heads" --init "$T/$name.init.st" \
 		--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --out "$T/$name.torch" "$@" \
 		>"$T/$name.torch.log" 2>&1 ||
-		{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py"; return; }
+		{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py"; return 1; }
+}
+case_run() { # case_run NAME (runs' arguments): the runs agree
+	local name=$1
+	case_on "$name" || return 0
+	once "$name" runs "$@" || return
 	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch" --rtol 2e-4 --atol 0; then
 		ok "$name: $STEPS losses agree with PyTorch ($(head -n 1 "$T/$name.torch" | cut -d' ' -f2) -> $(tail -n 1 "$T/$name.torch" | cut -d' ' -f2))"
 	else
@@ -89,16 +95,19 @@ case_run() {
 }
 
 LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"
+GPT_RUNS=(gpt2-tiny 1 "" gpt2 4 models/gpt2-tiny.dp)
 # shellcheck disable=SC2086
 {
-case_run gpt2-tiny 1 "" gpt2 4 models/gpt2-tiny.dp
+case_run "${GPT_RUNS[@]}"
 case_run llama 1 "" llama 4 models/llama.dp $LLAMA_SMALL -- --seq 64
 case_run gpt2-tiny-tp2 2 "mesh tp=2" gpt2 4 models/gpt2-tiny.dp
 case_run llama-tp2 2 "mesh tp=2" llama 4 models/llama.dp $LLAMA_SMALL -- --seq 64
 }
 
 # the comparison itself can fail: a reference with a 10% larger learning rate must not match
-if [ -e "$T/gpt2-tiny.init.st" ] && [ -e "$T/gpt2-tiny.dp.txt" ]; then
+if ! case_on lr-detected; then
+	:
+elif once gpt2-tiny runs "${GPT_RUNS[@]}"; [ -e "$T/gpt2-tiny.init.st" ] && [ -e "$T/gpt2-tiny.dp.txt" ]; then
 	# shellcheck disable=SC2086
 	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/gpt2-tiny.init.st" --data "$T/text.bin" \
 		--steps $STEPS --threads 1 $TORCH_OPT --lr 2.2e-3 --out "$T/wrong.torch" >/dev/null 2>&1

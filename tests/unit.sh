@@ -10,10 +10,12 @@ set -u
 CUDA_SO=$ROOT/$BUILD/libdpcuda.so
 [ -f "$CUDA_SO" ] || CUDA_SO=$ROOT/build/libdpcuda.so
 for t in ir_roundtrip data_test stepfile_fuzz backend_test cpu_kernels_test bf16_test suggest_test; do
+	case_on "$t" || continue
 	args=""; [ $t = ir_roundtrip ] && args=tests/ir
 	# the CUDA libraries' own start-up allocations are not ours: no leak check there
 	envs=""; [ $t = backend_test ] && envs="$MPI_ASAN DPEXEC_CUDA_LIB=$CUDA_SO"
 	bin=$ROOT/$BUILD/tests/$t
+	REPRO="${envs:+env $envs }$BUILD/tests/$t${args:+ $args}"
 	if out=$(env $envs "$bin" $args 2>&1); then
 		echo "$out" | grep "SKIPPED" | sed 's/^/  SKIP /'
 		echo "$out" | grep -q "SKIPPED" && nskip=$((nskip + 1))
