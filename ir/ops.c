@@ -32,7 +32,7 @@ const char *ir_type_str(const Value *v, char *buf, size_t len)
 int ir_reads_out(const Node *n)
 {
 	int ro = ir_ops[n->op].reads_out;
-	return ro == OP_RO_YES || ro == OP_RO_UPD || (ro == OP_RO_ACC && n->ia[2] != 0);
+	return ro == OP_RO_YES || ro == OP_RO_UPD || (ro == OP_RO_ACC && DP_ACC(n) != 0);
 }
 
 int ir_writes_in(const Node *n, int k)
@@ -127,8 +127,8 @@ void cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
 void cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	const Value *a = g->values[n->in[0]];
-	double k = (double)(n->ia[0] ? ir_fold_rows(a) : ir_fold_cols(a));
-	*flops = 2.0 * vnumel(g, n->out) * k + (n->ia[2] ? vnumel(g, n->out) : 0);
+	double k = (double)(DP_ATTR(n, MATMUL, transA) ? ir_fold_rows(a) : ir_fold_cols(a));
+	*flops = 2.0 * vnumel(g, n->out) * k + (DP_ATTR(n, MATMUL, acc) ? vnumel(g, n->out) : 0);
 	*bytes = io_bytes(g, n);
 }
 
@@ -147,16 +147,23 @@ void cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
  * a mask; causal attention needs only the lower triangle, so count half of that
  * (2*B*H*T*T*hd) plus the softmax (~5 flops per kept score). The CPU kernel
  * computes row blocks against the keys up to the block's end, close to half.
+ * Every attention op keeps heads in one slot, the cp ones (nin > 2) cp too.
  */
+DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
 static void attn_dims(const Graph *g, const Node *n, int qkv_at, double *bh, double *t,
 		      double *tk, double *hd)
 {
 	const Value *qkv = g->values[n->in[qkv_at]];
-	double heads = n->ia[0] > 0 ? (double)n->ia[0] : 1;
+	int64_t h = DP_ATTR(n, ATTENTION, heads);
+	double heads = h > 0 ? (double)h : 1;
 	*bh = (double)qkv->dims[0] * heads;
 	*t = (double)qkv->dims[1];
 	/* context parallelism: the local queries see the keys of all cp ranks */
-	*tk = *t * (n->nin > 2 && n->ia[1] > 1 ? (double)n->ia[1] : 1);
+	int64_t cp = n->nin > 2 ? DP_ATTR(n, ATTENTION_CP, cp) : 1;
+	*tk = *t * (cp > 1 ? (double)cp : 1);
 	*hd = (double)qkv->dims[2] / 3 / heads;
 }
 
@@ -189,19 +196,19 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 #define TAB_COST(rule, k) .cost = cost_##rule, .cost_k = (k)
 #define TAB_ATTRS(...) .attrs = (const OpAttr[]){__VA_ARGS__, {0}}
 #define TAB_NOATTRS .attrs = (const OpAttr[]){{0}}
-#define AFLAG(n, i, k) {.name = (n), .style = IR_ATTR_FLAG, .slot = (i), .key = (k), .below = -1}
+#define AFLAG(n, i, k) {.name = #n, .style = IR_ATTR_FLAG, .slot = (i), .key = (k), .below = -1}
 #define AINT(n, i, k, req, lo)                                                              \
-	{.name = (n), .style = IR_ATTR_INT, .slot = (i), .key = (k), .required = (req),     \
+	{.name = #n, .style = IR_ATTR_INT, .slot = (i), .key = (k), .required = (req),     \
 	 .min = (lo), .below = -1}
 #define AKEEP(n, i, k, req, lo)                                                             \
-	{.name = (n), .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
+	{.name = #n, .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
 	 .min = (lo), .below = -1}
 #define AINDEX(n, i, k, req, lo, lim)                                                       \
-	{.name = (n), .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
+	{.name = #n, .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
 	 .min = (lo), .below = (lim)}
-#define AAXES(n, i) {.name = (n), .style = IR_ATTR_AXES, .slot = (i), .below = -1}
+#define AAXES(n, i) {.name = #n, .style = IR_ATTR_AXES, .slot = (i), .below = -1}
 #define AFLOAT(n, i, k, dflt, above)                                                        \
-	{.name = (n), .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
+	{.name = #n, .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
 	 .min = (above), .below = -1}
 
 const OpInfo ir_ops[DP_NOPS] = {
