@@ -23,13 +23,22 @@ typedef struct {
 	int acc;       /* grad_g: add to out */
 } Nv;
 
+/* one reading of eps for every norm op; acc is grad_g's (the others have none) */
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
+DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
+
 static Nv nv(const CpuArgs *k, int rms)
 {
 	const DpTensor *t0 = cpu_t(k, k->in->in[0]);
 	int64_t cols = cpu_cols(t0);
 	return (Nv){cpu_f(k, k->in->in[0]), cpu_f(k, k->in->in[1]), cpu_f(k, k->in->in[2]),
-		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols, k->in->fa[0], rms,
-		    k->vec, NULL, k->in->ia[2] != 0};
+		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols,
+		    DP_FATTR(k->in, LAYERNORM, eps), rms, k->vec, NULL,
+		    DP_ATTR(k->in, LAYERNORM_GRAD_G, acc) != 0};
 }
 
 /* forward, rows lo..hi (rms: no mean, no beta) */
