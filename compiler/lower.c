@@ -594,7 +594,7 @@ static void lower_data(Lower *L)
 		src.loc = lower_gloc(L, s->val->loc);
 		v->source = ir_add_source(g, &src);
 		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
-		n->ia[0] = v->source;
+		DP_ATTR(n, LOAD, source) = v->source;
 		n->progs = IR_IN_STEP;
 		lower_add_sym(L, s->name, v->id, 1);
 	}
@@ -646,7 +646,7 @@ static void lower_eval(Lower *L)
 		src.loc = lower_gloc(L, s->val->loc);
 		int si = ir_add_source(g, &src);
 		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
-		n->ia[0] = si;
+		DP_ATTR(n, LOAD, source) = si;
 		n->progs = IR_IN_EVAL;
 	}
 	for (int i = 0; i < L->nsyms; i++)

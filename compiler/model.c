@@ -14,10 +14,10 @@
  *     (no gradient, never communicated);
  *   - per op call a DP_T_ACT value (dtype f32, ndim 0: shapes are the shape
  *     pass's job) and a PH_FWD node in step and eval, with the op's keyword
- *     arguments in ia[]/fa[]; nested calls produce temporaries t, t1, ...;
- *   - the cross_entropy assignment: an XENT node (step only, fa0 = 1/global
+ *     arguments in its attributes; nested calls produce temporaries t, t1, ...;
+ *   - the cross_entropy assignment: an XENT node (step only, scale = 1/global
  *     batch), the metric loss.sum and its ACCUM node, and with an eval section
- *     the eval.loss (XENT, fa0 = 1) and eval.correct (CORRECT) metrics.
+ *     the eval.loss (XENT, scale = 1) and eval.correct (CORRECT) metrics.
  *
  * Two walks over the tree, in program order, unroll repeat the same way: the
  * first declares blocks, params, buffers and the names the model assigns
@@ -540,8 +540,8 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 	}
 }
 
-/* One keyword argument's value into n->ia / n->fa (the attribute's DSL rules
- * in format/ops.def). */
+/* One keyword argument's value into n's attribute k (its DSL rules in
+ * format/ops.def). */
 static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 {
 	if (k->style == IR_ATTR_FLAG) {
@@ -555,7 +555,7 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 				ERR(a->loc, "%s must be true or false", k->key);
 			return -1;
 		}
-		n->ia[k->slot] = t;
+		IR_ATTR(n, k) = t;
 		return 0;
 	}
 	Num v;
@@ -572,7 +572,7 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 			    (long long)(v.i < k->min ? k->min : INT32_MAX), (long long)v.i);
 			return -1;
 		}
-		n->ia[k->slot] = v.i;
+		IR_ATTR(n, k) = v.i;
 		return 0;
 	}
 	double x = v.is_float ? v.f : (double)v.i;
@@ -580,11 +580,11 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 		ERR(a->loc, "%s must be > %lld and fit f32, got %g", k->key, (long long)k->min, x);
 		return -1;
 	}
-	n->fa[k->slot] = (float)x;
+	IR_FATTR(n, k) = (float)x;
 	return 0;
 }
 
-/* reshape(x, d1, ...): the dims after x into ia0.. and their count into ia4. */
+/* reshape(x, d1, ...): the dims after x into d1.. and their count into ndims. */
 static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *n)
 {
 	int rc = 0, k = 0, infer = 0;
@@ -606,14 +606,14 @@ static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *
 			ERR(a->loc, "only one reshape dimension can be -1");
 			rc = -1;
 		}
-		n->ia[k] = v.i;
+		*ir_reshape_dim(n, k) = v.i;
 	}
 	if (k == 0) {
 		ERR(e->loc, "reshape needs the new dims after x (the first dim is kept), like "
 			    "reshape(x, T, heads, hd)");
 		return -1;
 	}
-	n->ia[4] = k;
+	DP_ATTR(n, RESHAPE, ndims) = k;
 	return rc;
 }
 
@@ -685,7 +685,7 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	int nkeys = op_keys(op, keys);
 	for (int k = 0; k < nkeys; k++)
 		if (keys[k]->style == IR_ATTR_FLOAT)
-			attrs->fa[keys[k]->slot] = keys[k]->def;
+			IR_FATTR(attrs, keys[k]) = keys[k]->def;
 	for (const Expr *a = e->args; a; a = a->next) {
 		if (!a->key)
 			continue;
@@ -735,10 +735,10 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	/* an index below another attribute (split's index < parts) */
 	for (int k = 0; k < nkeys && !bad; k++) {
 		const OpAttr *lim = keys[k]->below >= 0 ? &op->attrs[keys[k]->below] : NULL;
-		if (lim && given[k] && attrs->ia[keys[k]->slot] >= attrs->ia[lim->slot]) {
+		if (lim && given[k] && IR_ATTR(attrs, keys[k]) >= IR_ATTR(attrs, lim)) {
 			ERR(given[k]->loc, "%s %s %lld is out of range for %lld %s", e->name,
-			    keys[k]->key, (long long)attrs->ia[keys[k]->slot],
-			    (long long)attrs->ia[lim->slot], lim->key);
+			    keys[k]->key, (long long)IR_ATTR(attrs, keys[k]),
+			    (long long)IR_ATTR(attrs, lim), lim->key);
 			bad++;
 		}
 	}
@@ -838,7 +838,7 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	double rows = 1;
 	for (int k = 1; k < lab->ndim; k++)
 		rows *= (double)lab->dims[k];
-	n->fa[0] = (float)(1.0 / ((double)L->global_batch * rows));
+	DP_FATTR(n, XENT, scale) = (float)(1.0 / ((double)L->global_batch * rows));
 	n->progs = IR_IN_STEP;
 	n->block = block;
 	loss->def = n->id;
@@ -853,7 +853,7 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	if (L->eval) {
 		Value *el = metric(L, "eval.loss", 1, loc);
 		n = ir_node(g, DP_OP_XENT, el->id, 2, in, PH_EVAL, loc);
-		n->fa[0] = 1.0f; /* a sum: the runtime divides by the samples counted */
+		DP_FATTR(n, XENT, scale) = 1.0f; /* a sum: the runtime divides by the samples counted */
 		n->progs = IR_IN_EVAL;
 		Value *ec = metric(L, "eval.correct", 2, loc);
 		n = ir_node(g, DP_OP_CORRECT, ec->id, 2, in, PH_EVAL, loc);

@@ -10,7 +10,7 @@
  * with ACCUM when the current one is a temporary this value owns, else with an
  * ADD into a new temporary (a gradient passed through unchanged, e.g. by add,
  * is shared with another value and must not be written). Kernels that can
- * accumulate (MATMUL, BIAS_GRAD with ia2) add directly into the current one.
+ * accumulate (MATMUL, BIAS_GRAD with acc) add directly into the current one.
  * Params always accumulate into their persistent gradient.
  */
 #include <stdarg.h>
@@ -164,7 +164,7 @@ Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
 		acc = 1;
 	}
 	Node *n = ad_emit(c, op, out, nin, in);
-	n->ia[2] = acc;
+	DP_ACC(n) = acc;
 	return n;
 }
 

@@ -154,7 +154,7 @@ int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
 
 /*
  * MATMUL: each operand folded to 2-D [prod(leading dims), last dim], then
- * transposed when its flag (ia0, ia1) is set. Without a transpose of in0, the
+ * transposed when its flag (transA, transB) is set. Without a transpose of in0, the
  * result keeps in0's leading dims ([rows..., n]); otherwise it is 2-D.
  */
 int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
@@ -167,15 +167,16 @@ int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 			 IR_TYPE(b));
 		return -1;
 	}
-	int64_t am = n->ia[0] ? ir_fold_cols(a) : ir_fold_rows(a), ak = n->ia[0] ? ir_fold_rows(a) : ir_fold_cols(a);
-	int64_t bk = n->ia[1] ? ir_fold_cols(b) : ir_fold_rows(b), bn = n->ia[1] ? ir_fold_rows(b) : ir_fold_cols(b);
+	int64_t ta = DP_ATTR(n, MATMUL, transA), tb = DP_ATTR(n, MATMUL, transB);
+	int64_t am = ta ? ir_fold_cols(a) : ir_fold_rows(a), ak = ta ? ir_fold_rows(a) : ir_fold_cols(a);
+	int64_t bk = tb ? ir_fold_cols(b) : ir_fold_rows(b), bn = tb ? ir_fold_rows(b) : ir_fold_cols(b);
 	if (ak != bk) {
 		error_at(d, n->loc, "%s: a is %s%s but b is %s%s: inner dimensions differ (%lld vs %lld)",
-			 op_name(n), IR_TYPE(a), n->ia[0] ? " (transposed)" : "", IR_TYPE(b),
-			 n->ia[1] ? " (transposed)" : "", (long long)ak, (long long)bk);
+			 op_name(n), IR_TYPE(a), ta ? " (transposed)" : "", IR_TYPE(b),
+			 tb ? " (transposed)" : "", (long long)ak, (long long)bk);
 		return -1;
 	}
-	if (!n->ia[0] && a->ndim >= 2) {
+	if (!ta && a->ndim >= 2) {
 		copy_type(out, a);
 		out->dims[a->ndim - 1] = bn;
 	} else {
@@ -395,14 +396,26 @@ int shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* qkv [B, T, 3C] with 3C divisible by 3 * heads (ia0). */
+/* The attention ops and kv_pack/kv_unpack keep heads in one slot, the cp
+ * attention ops cp in another. */
+DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
+DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
+
+/* qkv [B, T, 3C] with 3C divisible by 3 * heads. */
 static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
 {
+	int64_t heads = DP_ATTR(n, ATTENTION, heads);
 	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d))
 		return -1;
-	if (n->ia[0] < 1 || qkv->dims[2] % (3 * n->ia[0]) != 0) {
+	if (heads < 1 || qkv->dims[2] % (3 * heads) != 0) {
 		error_at(d, n->loc, "%s: qkv is %s: its last dim must split into q, k and v of %lld "
-			 "heads each", op_name(n), IR_TYPE(qkv), (long long)n->ia[0]);
+			 "heads each", op_name(n), IR_TYPE(qkv), (long long)heads);
 		return -1;
 	}
 	return 0;
@@ -449,9 +462,10 @@ int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
 	const Value *kv = V(g, n->in[0]);
 	if (need_dims(n, kv, "kv", 3, "a float [batch, T, 2*C] tensor", d))
 		return -1;
-	if (n->ia[0] < 1 || kv->dims[2] % (2 * n->ia[0]) != 0) {
+	int64_t heads = DP_ATTR(n, KV_UNPACK, heads);
+	if (heads < 1 || kv->dims[2] % (2 * heads) != 0) {
 		error_at(d, n->loc, "%s: kv is %s: its last dim must split into k and v of %lld heads",
-			 op_name(n), IR_TYPE(kv), (long long)n->ia[0]);
+			 op_name(n), IR_TYPE(kv), (long long)heads);
 		return -1;
 	}
 	copy_type(out, kv);
@@ -460,17 +474,18 @@ int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* The cp attention's {qkv [B, T, 3C], kv [cp, B, T, 2C], pos i32 [T]}
- * starting at input k, ia1 = cp. */
+ * starting at input k, kv gathered from the cp ranks. */
 static int check_cp_operands(Graph *g, Node *n, int k, Diag *d)
 {
 	const Value *qkv = V(g, n->in[k]), *kv = V(g, n->in[k + 1]), *pos = V(g, n->in[k + 2]);
 	if (check_qkv(g, n, qkv, d))
 		return -1;
 	int64_t b = qkv->dims[0], t = qkv->dims[1], c = qkv->dims[2] / 3;
-	if (n->ia[1] < 1 || kv->ndim != 4 || kv->dtype != qkv->dtype || kv->dims[0] != n->ia[1] ||
+	int64_t cp = DP_ATTR(n, ATTENTION_CP, cp);
+	if (cp < 1 || kv->ndim != 4 || kv->dtype != qkv->dtype || kv->dims[0] != cp ||
 	    kv->dims[1] != b || kv->dims[2] != t || kv->dims[3] != 2 * c) {
 		error_at(d, n->loc, "%s: kv is %s but qkv is %s: kv must be [cp=%lld, %lld, %lld, %lld]",
-			 op_name(n), IR_TYPE(kv), IR_TYPE(qkv), (long long)n->ia[1], (long long)b,
+			 op_name(n), IR_TYPE(kv), IR_TYPE(qkv), (long long)cp, (long long)b,
 			 (long long)t, (long long)(2 * c));
 		return -1;
 	}
@@ -550,11 +565,11 @@ int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* RESHAPE: out = [x.dims[0], ia0, .., ia(ia4-1)]; one of them may be -1 (inferred). */
+/* RESHAPE: out = [x.dims[0], d1, .., d<ndims>]; one of them may be -1 (inferred). */
 int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
-	int64_t nd = n->ia[4];
+	int64_t nd = DP_ATTR(n, RESHAPE, ndims);
 	if (x->ndim < 1 || nd < 0 || nd >= DP_MAX_DIMS) {
 		error_at(d, n->loc, "%s: x is %s: give 0 to %d dims after the first", op_name(n),
 			 IR_TYPE(x), DP_MAX_DIMS - 1);
@@ -565,7 +580,7 @@ int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 	set_type(out, x->dtype, 1, x->dims);
 	out->ndim = 1 + (int)nd;
 	for (int i = 0; i < nd; i++) {
-		int64_t v = n->ia[i];
+		int64_t v = *ir_reshape_dim(n, i);
 		if (v == -1 && infer < 0) {
 			infer = i + 1;
 			continue;
@@ -601,12 +616,16 @@ int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* SPLIT: chunk ia1 of ia0 equal chunks of the last dim. */
+/* SPLIT: chunk index of `parts` equal chunks of the last dim (SPLIT_GRAD's
+ * attributes in the same slots). */
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 static int check_split(Node *n, const Value *x, int64_t lastdim, Diag *d)
 {
-	if (n->ia[0] < 1 || lastdim % n->ia[0] != 0 || n->ia[1] < 0 || n->ia[1] >= n->ia[0]) {
+	int64_t parts = DP_ATTR(n, SPLIT, parts), index = DP_ATTR(n, SPLIT, index);
+	if (parts < 1 || lastdim % parts != 0 || index < 0 || index >= parts) {
 		error_at(d, n->loc, "%s: x is %s: cannot take part %lld of %lld equal parts of its "
-			 "last dim", op_name(n), IR_TYPE(x), (long long)n->ia[1], (long long)n->ia[0]);
+			 "last dim", op_name(n), IR_TYPE(x), (long long)index, (long long)parts);
 		return -1;
 	}
 	return 0;
@@ -618,18 +637,19 @@ int shape_split(Graph *g, Node *n, Value *out, Diag *d)
 	if (need_float(n, x, "x", d) || check_split(n, x, ir_fold_cols(x), d))
 		return -1;
 	copy_type(out, x);
-	out->dims[x->ndim - 1] /= n->ia[0];
+	out->dims[x->ndim - 1] /= DP_ATTR(n, SPLIT, parts);
 	return 0;
 }
 
-/* SPLIT_GRAD: dy is one chunk; out has ia0 times its last dim. */
+/* SPLIT_GRAD: dy is one chunk; out has `parts` times its last dim. */
 int shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]);
-	if (need_float(n, dy, "dy", d) || check_split(n, dy, ir_fold_cols(dy) * n->ia[0], d))
+	int64_t parts = DP_ATTR(n, SPLIT_GRAD, parts);
+	if (need_float(n, dy, "dy", d) || check_split(n, dy, ir_fold_cols(dy) * parts, d))
 		return -1;
 	copy_type(out, dy);
-	out->dims[dy->ndim - 1] *= n->ia[0];
+	out->dims[dy->ndim - 1] *= parts;
 	return 0;
 }
 
@@ -736,17 +756,17 @@ static int batch_matmul(Graph *g, Node *n, Value *out, Diag *d)
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	for (int k = 0; k < 2; k++) {
 		const Value *x = k ? b : a;
-		if (n->ia[k] && x->ndim > 2) {
+		if ((k ? DP_ATTR(n, MATMUL, transB) : DP_ATTR(n, MATMUL, transA)) && x->ndim > 2) {
 			error_at(d, n->loc, "%s: transpose_%c needs a 2-D operand, but %s is %s (matmul "
 				 "folds leading dims into rows; reshape or transpose it first)",
 				 op_name(n), k ? 'b' : 'a', k ? "b" : "a", IR_TYPE(x));
 			return -1;
 		}
 	}
-	if (n->ia[0] && a->batch_dim >= 0)
+	if (DP_ATTR(n, MATMUL, transA) && a->batch_dim >= 0)
 		return per_sample(g, n, 0, a, "transpose_a contracts over the rows of a", d);
 	if (b->batch_dim >= 0)
-		return per_sample(g, n, 1, b, n->ia[1] ? "transpose_b makes its rows the result's "
+		return per_sample(g, n, 1, b, DP_ATTR(n, MATMUL, transB) ? "transpose_b makes its rows the result's "
 					   "columns" : "matmul contracts over the rows of b", d);
 	out->batch_dim = a->batch_dim;
 	out->seq_dim = a->seq_dim;
@@ -823,8 +843,10 @@ int ir_batch_rule(Graph *g, Node *n, Diag *d)
 		}
 		bd = x->batch_dim;
 		/* the sequence dim survives when dim 1 is kept as it is */
-		sd = x->seq_dim == 1 && n->ia[4] >= 1 && x->ndim > 1 && n->ia[0] == x->dims[1] ? 1
-											     : -1;
+		sd = x->seq_dim == 1 && DP_ATTR(n, RESHAPE, ndims) >= 1 && x->ndim > 1 &&
+			     DP_ATTR(n, RESHAPE, d1) == x->dims[1]
+			 ? 1
+			 : -1;
 		break;
 	case OP_BATCH_REDUCE:
 		if (not_along(g, n, 0, x, x->ndim - 1, "holds the classes", d))

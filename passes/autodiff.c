@@ -10,7 +10,7 @@
  *   micro-batches: every backward write into them adds (the optimizer zeroes).
  * - backward nodes (PH_BWD, IR_IN_STEP, block and loc of the forward node) are
  *   appended in reverse order of the forward; temporaries are DP_T_ACT "d.<v>".
- * - the seed is the loss's cross_entropy: XENT_GRAD with the XENT's fa0.
+ * - the seed is the loss's cross_entropy: XENT_GRAD with the XENT's scale.
  * - only values on a path from a param to the loss get gradient work; data
  *   values never do. A param the loss does not depend on keeps a zero gradient
  *   (a note says so).
@@ -112,7 +112,7 @@ int ad_run(Graph *g, Diag *d)
 			if (n->op != DP_OP_XENT) {
 				/* A loss not straight from cross_entropy: an explicit 1. */
 				dout = ad_temp(&c, g->values[n->out], g->values[n->out]->name);
-				ad_emit(&c, DP_OP_FILL, dout, 0, NULL)->fa[0] = 1;
+				DP_FATTR(ad_emit(&c, DP_OP_FILL, dout, 0, NULL), FILL, value) = 1;
 			}
 		} else {
 			dout = ad_grad_of(&c, n->out);
