@@ -454,32 +454,32 @@ struct GradCtx {
 	int nerr;             /* user errors reported by rules */
 };
 
-/* Arrays for the first nvalues values, no gradient yet; grad_ctx_free frees them. */
-void grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues);
-void grad_ctx_free(GradCtx *c);
+/* Arrays for the first nvalues values, no gradient yet; ir_grad_ctx_free frees them. */
+void ir_grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues);
+void ir_grad_ctx_free(GradCtx *c);
 /* The gradient value of v so far, or -1. */
-int ad_grad_of(GradCtx *c, int value);
+int ir_ad_grad_of(GradCtx *c, int value);
 /* Does value need a gradient? */
-int ad_needs(GradCtx *c, int value);
-Value *ad_value(GradCtx *c, int value);
+int ir_ad_needs(GradCtx *c, int value);
+Value *ir_ad_value(GradCtx *c, int value);
 /* A kernel that can accumulate into its output (acc = 1: MATMUL, BIAS_GRAD)
  * writes value's gradient directly: into the parameter's gradient, or the
  * value's gradient temporary. acc is set; the rule sets the other attributes
  * on the returned node. */
-Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
+Node *ir_ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
 /* A kernel that only overwrites writes a fresh temporary shaped like value,
  * which is then summed into value's gradient (ACCUM, or it becomes it). */
-Node *ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
+Node *ir_ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
 /* g (an existing gradient, e.g. dout) is value's contribution as it is. */
-void ad_pass_grad(GradCtx *c, int value, int g);
+void ir_ad_pass_grad(GradCtx *c, int value, int g);
 /* Lower level: a new temporary "d.<stem>" with like's dtype, dims and batch
  * dims; a backward node writing out; add a fresh temporary as value's
  * contribution. */
-int ad_temp(GradCtx *c, const Value *like, const char *stem);
-Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
-void ad_add_grad(GradCtx *c, int value, int contribution);
+int ir_ad_temp(GradCtx *c, const Value *like, const char *stem);
+Node *ir_ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
+void ir_ad_add_grad(GradCtx *c, int value, int contribution);
 /* Report a user error at the forward node's location. */
-void ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ir_ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- printer and reader (ir/print.c, ir/read.c) ---- */
 

@@ -75,7 +75,7 @@ static int need_float(Node *n, const Value *v, const char *role, Diag *d)
 /* ---- shape rules ---- */
 
 /* out has in0's type (copies, activations, accumulation). */
-int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 {
 	copy_type(out, V(g, n->in[0]));
 	return 0;
@@ -83,7 +83,7 @@ int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 
 /* CAST: in0's shape in out's dtype (set by the pass that makes it; a float
  * in0 to a float out). */
-int shape_cast(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_cast(Graph *g, Node *n, Value *out, Diag *d)
 {
 	DpDtype dt = out->dtype;
 	if (need_float(n, V(g, n->in[0]), "x", d))
@@ -94,11 +94,11 @@ int shape_cast(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (need_float(n, V(g, n->in[0]), "x", d))
 		return -1;
-	return shape_like0(g, n, out, d);
+	return ir_shape_like0(g, n, out, d);
 }
 
 /* Are b's dims a's trailing dims (b has fewer)? */
@@ -114,7 +114,7 @@ static int trails(const Value *a, const Value *b)
 
 /* Elementwise binary: same shape and dtype; add broadcasts a smaller operand
  * over the other's leading dims (it becomes a bias_add). */
-int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (n->op == DP_OP_ADD && (trails(a, b) || trails(b, a))) {
@@ -127,7 +127,7 @@ int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 			n->in[1] = t;
 		}
 		n->op = DP_OP_BIAS_ADD;
-		return shape_bias_add(g, n, out, d);
+		return ir_shape_bias_add(g, n, out, d);
 	}
 	if (!same_type(a, b)) {
 		error_at(d, n->loc, "%s: operands differ: a is %s but b is %s (elementwise ops need "
@@ -141,7 +141,7 @@ int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* *_GRAD(dy, x): dy and x same type; out like x. */
-int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *x = V(g, n->in[1]);
 	if (!same_type(dy, x)) {
@@ -157,7 +157,7 @@ int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
  * transposed when its flag (transA, transB) is set. Without a transpose of in0, the
  * result keeps in0's leading dims ([rows..., n]); otherwise it is 2-D.
  */
-int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (need_float(n, a, "a", d) || need_float(n, b, "b", d))
@@ -186,7 +186,7 @@ int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LINEAR: x [rows..., k] @ w [k, n] + b [n] -> [rows..., n]. */
-int shape_linear(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_linear(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]), *w = V(g, n->in[1]);
 	int bi = n->nin > 2 ? n->in[2] : -1;
@@ -220,7 +220,7 @@ int shape_linear(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* BIAS_ADD: x [rows..., c...] + b [c...] (b = x's trailing dims). */
-int shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (!trails(x, b)) {
@@ -234,7 +234,7 @@ int shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* BIAS_GRAD: dy [rows..., c] -> [c]. */
-int shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]);
 	if (need_float(n, dy, "dy", d))
@@ -268,7 +268,7 @@ static int check_xent(Graph *g, Node *n, Diag *d)
 	return 0;
 }
 
-int shape_xent(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_xent(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -276,7 +276,7 @@ int shape_xent(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -285,7 +285,7 @@ int shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* CORRECT: [correct, counted], f32 so that metrics are all one dtype. */
-int shape_correct(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_correct(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -294,7 +294,7 @@ int shape_correct(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* A scalar kept in a [1] tensor (sqnorm, sqrt). */
-int shape_scalar(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_scalar(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (need_float(n, V(g, n->in[0]), "x", d))
 		return -1;
@@ -334,7 +334,7 @@ static int check_embedding(Graph *g, Node *n, const Value *ids, const Value *tab
 	return need_dims(n, tab, "table", 2, "a float [vocab, dim] matrix", d);
 }
 
-int shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *ids = V(g, n->in[0]), *tab = V(g, n->in[1]);
 	if (check_embedding(g, n, ids, tab, d))
@@ -346,7 +346,7 @@ int shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* EMBEDDING_GRAD {dy [rows..., d], ids [rows...], table [V, d]} -> [V, d]. */
-int shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *ids = V(g, n->in[1]), *tab = V(g, n->in[2]);
 	if (check_embedding(g, n, ids, tab, d))
@@ -365,7 +365,7 @@ int shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LAYERNORM {x, gamma [C], beta [C]}, RMSNORM {x, g [C]}: out like x. */
-int shape_norm(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (need_float(n, x, "x", d) || need_channel(n, x, V(g, n->in[1]), "gamma", d))
@@ -377,20 +377,20 @@ int shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x. */
-int shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);
-	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
+	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
 	    need_channel(n, x, V(g, n->in[2]), "gamma", d))
 		return -1;
 	return 0;
 }
 
 /* LAYERNORM_GRAD_G / RMSNORM_GRAD_G {dy, x}: [C]. */
-int shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);
-	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
+	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
 		return -1;
 	set_type(out, x->dtype, 1, (int64_t[]){ir_fold_cols(x)});
 	return 0;
@@ -421,7 +421,7 @@ static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
 	return 0;
 }
 
-int shape_attention(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]);
 	if (check_qkv(g, n, qkv, d))
@@ -432,7 +432,7 @@ int shape_attention(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* ATTENTION_GRAD {dy [B, T, C], qkv [B, T, 3C]}: out like qkv. */
-int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *qkv = V(g, n->in[1]);
 	if (check_qkv(g, n, qkv, d))
@@ -447,7 +447,7 @@ int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* KV_PACK {qkv [B, T, 3C]} -> [B, T, 2C]; KV_UNPACK {kv [B, T, 2C]} -> [B, T, 3C]. */
-int shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]);
 	if (check_qkv(g, n, qkv, d))
@@ -457,7 +457,7 @@ int shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *kv = V(g, n->in[0]);
 	if (need_dims(n, kv, "kv", 3, "a float [batch, T, 2*C] tensor", d))
@@ -498,25 +498,25 @@ static int check_cp_operands(Graph *g, Node *n, int k, Diag *d)
 }
 
 /* ATTENTION_CP {qkv, kv, pos} -> [B, T, C]. */
-int shape_attention_cp(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_cp_operands(g, n, 0, d))
 		return -1;
-	return shape_attention(g, n, out, d);
+	return ir_shape_attention(g, n, out, d);
 }
 
 /* ATTENTION_CP_GRAD {dy, qkv, kv, pos} -> like qkv. */
-int shape_attention_cp_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_cp_operands(g, n, 1, d))
 		return -1;
-	return shape_attention_grad(g, n, out, d);
+	return ir_shape_attention_grad(g, n, out, d);
 }
 
 /* ATTENTION_CP_GRAD_KV {dy, qkv, kv, pos} -> like kv. */
-int shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
 {
-	if (shape_attention_cp_grad(g, n, out, d))
+	if (ir_shape_attention_cp_grad(g, n, out, d))
 		return -1;
 	copy_type(out, V(g, n->in[2]));
 	return 0;
@@ -524,7 +524,7 @@ int shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
 
 /* ROPE {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}: out like qkv; T <= Tc and
  * 3C a multiple of 3 * hd. */
-int shape_rope(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_rope(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]), *cs = V(g, n->in[1]), *sn = V(g, n->in[2]);
 	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d) ||
@@ -552,7 +552,7 @@ int shape_rope(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* TRANSPOSE: the last two dims swapped. */
-int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (x->ndim < 2) {
@@ -566,7 +566,7 @@ int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* RESHAPE: out = [x.dims[0], d1, .., d<ndims>]; one of them may be -1 (inferred). */
-int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	int64_t nd = DP_ATTR(n, RESHAPE, ndims);
@@ -631,7 +631,7 @@ static int check_split(Node *n, const Value *x, int64_t lastdim, Diag *d)
 	return 0;
 }
 
-int shape_split(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_split(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (need_float(n, x, "x", d) || check_split(n, x, ir_fold_cols(x), d))
@@ -642,7 +642,7 @@ int shape_split(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* SPLIT_GRAD: dy is one chunk; out has `parts` times its last dim. */
-int shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]);
 	int64_t parts = DP_ATTR(n, SPLIT_GRAD, parts);

@@ -81,42 +81,42 @@ static double io_bytes(const Graph *g, const Node *n)
 	return b;
 }
 
-void cost_none(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_none(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 0;
 	*bytes = 0;
 }
 
 /* Memory-only ops (fill, copy, load, collectives: their wire bytes are for stats). */
-void cost_move(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_move(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 0;
 	*bytes = io_bytes(g, n);
 }
 
 /* cost_k flops per output element (elementwise ops, norms, optimizers). */
-void cost_per_out(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_per_out(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = ir_ops[n->op].cost_k * vnumel(g, n->out);
 	*bytes = io_bytes(g, n);
 }
 
 /* cost_k flops per element of in0 (reductions: bias_grad, sqnorm, the loss). */
-void cost_per_in(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_per_in(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = ir_ops[n->op].cost_k * vnumel(g, n->in[0]);
 	*bytes = io_bytes(g, n);
 }
 
 /* One flop (sqrt of a scalar). */
-void cost_one(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_one(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 1;
 	*bytes = io_bytes(g, n);
 }
 
 /* All-reduce: one add per element received (flops), bytes of the buffer. */
-void cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = vnumel(g, n->out);
 	*bytes = io_bytes(g, n);
@@ -124,7 +124,7 @@ void cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
 
 
 /* MATMUL: 2*m*n*k from the folded operands (+ the accumulation). */
-void cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	const Value *a = g->values[n->in[0]];
 	double k = (double)(DP_ATTR(n, MATMUL, transA) ? ir_fold_rows(a) : ir_fold_cols(a));
@@ -133,7 +133,7 @@ void cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
 }
 
 /* LINEAR: 2*rows*k*n, plus the bias add. */
-void cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	const Value *x = g->values[n->in[0]];
 	double out = vnumel(g, n->out);
@@ -168,7 +168,7 @@ static void attn_dims(const Graph *g, const Node *n, int qkv_at, double *bh, dou
 }
 
 /* The forward (attention, attention_cp: qkv is in0). */
-void cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	double bh, t, tk, hd;
 	attn_dims(g, n, 0, &bh, &t, &tk, &hd);
@@ -179,7 +179,7 @@ void cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
 /* The backward (in {dy, qkv, ...}): recompute S = Q K^T, then dV = P^T dO,
  * dP = dO V^T, dQ = dS K, dK = dS^T Q: five causal products (2.5 x the
  * forward's two) plus the softmax backward. */
-void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_attention_grad(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	double bh, t, tk, hd;
 	attn_dims(g, n, 1, &bh, &t, &tk, &hd);
@@ -189,11 +189,11 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 
 /* ---- the table: the rows of ops.def ---- */
 
-#define shape_none NULL
+#define ir_shape_none NULL
 #define TAB_IN(min, max, ids) .min_in = (min), .max_in = (max), .ids_at = (ids)
-#define TAB_GRAD(rule, op) .grad = grad_##rule, .grad_op = DP_OP_##op
+#define TAB_GRAD(rule, op) .grad = ir_grad_##rule, .grad_op = DP_OP_##op
 #define TAB_NOGRAD .grad = NULL, .grad_op = DP_OP_NOP
-#define TAB_COST(rule, k) .cost = cost_##rule, .cost_k = (k)
+#define TAB_COST(rule, k) .cost = ir_cost_##rule, .cost_k = (k)
 #define TAB_ATTRS(...) .attrs = (const OpAttr[]){__VA_ARGS__, {0}}
 #define TAB_NOATTRS .attrs = (const OpAttr[]){{0}}
 #define AFLAG(n, i, k) {.name = #n, .style = IR_ATTR_FLAG, .slot = (i), .key = (k), .below = -1}
@@ -214,7 +214,7 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 const OpInfo ir_ops[DP_NOPS] = {
 #define OP(id, nm, c, ds, in, ro, sh, gr, co, tpr, br, rule, attrs)                       \
 	[DP_OP_##id] = {.name = (nm), .cls = DP_OPC_##c, .dsl = OP_DSL_##ds, TAB_##in,         \
-		      .reads_out = OP_RO_##ro, .shape = shape_##sh, TAB_##gr, TAB_##co,    \
+		      .reads_out = OP_RO_##ro, .shape = ir_shape_##sh, TAB_##gr, TAB_##co,    \
 		      .tp = OP_TP_##tpr, .batch = OP_BATCH_##br, TAB_##attrs},
 #include "ops.def"
 #undef OP

@@ -89,7 +89,7 @@ int ad_run(Graph *g, Diag *d)
 	}
 	int nv0 = g->nvalues; /* values made below are temporaries with no entry */
 	GradCtx c;
-	grad_ctx_init(&c, g, d, nv0);
+	ir_grad_ctx_init(&c, g, d, nv0);
 	mark_needs(g, c.needs);
 
 	/* Forward nodes to visit: a snapshot, since rules append to g->nodes. */
@@ -111,16 +111,16 @@ int ad_run(Graph *g, Diag *d)
 			dout = -1; /* seed */
 			if (n->op != DP_OP_XENT) {
 				/* A loss not straight from cross_entropy: an explicit 1. */
-				dout = ad_temp(&c, g->values[n->out], g->values[n->out]->name);
-				DP_FATTR(ad_emit(&c, DP_OP_FILL, dout, 0, NULL), FILL, value) = 1;
+				dout = ir_ad_temp(&c, g->values[n->out], g->values[n->out]->name);
+				DP_FATTR(ir_ad_emit(&c, DP_OP_FILL, dout, 0, NULL), FILL, value) = 1;
 			}
 		} else {
-			dout = ad_grad_of(&c, n->out);
+			dout = ir_ad_grad_of(&c, n->out);
 			if (dout < 0)
 				continue; /* its consumer failed to differentiate (reported) */
 		}
 		if (!ir_ops[n->op].grad) {
-			ad_error(&c, "%s: not differentiable, but the loss depends on a parameter "
+			ir_ad_error(&c, "%s: not differentiable, but the loss depends on a parameter "
 				     "through it", ir_ops[n->op].name);
 			continue;
 		}
@@ -137,6 +137,6 @@ int ad_run(Graph *g, Diag *d)
 	}
 	free(fwd);
 	int nerr = c.nerr;
-	grad_ctx_free(&c);
+	ir_grad_ctx_free(&c);
 	return nerr ? -1 : 0;
 }
