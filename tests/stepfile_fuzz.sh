@@ -16,7 +16,7 @@ cd "$ROOT"
 
 CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -O1 -g"
 [ "${SAN:-0}" = 1 ] && CFLAGS="$CFLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-if gcc $CFLAGS -Iformat -Iutil tests/stepfile_fuzz.c format/stepfile.c format/stepfile_check.c util/outfile.c -lz \
+if gcc $CFLAGS -Iformat -Iutil tests/stepfile_fuzz.c format/stepfile.c format/stepfile_check.c format/settings.c util/outfile.c -lz -lm \
 	-o "$T/fuzz" 2>"$T/cc.err"; then
 	ok "build stepfile_fuzz"
 else
