@@ -195,10 +195,10 @@ typedef enum {
  *   DP_AXES(x)   the mesh-axis mask of a collective, SHARD or TP_COPY (AAXES)
  *   DP_EVENT(x)  the event id of EVENT_RECORD and EVENT_WAIT
  *   DP_ACC(x)    the accumulate flag of the ops whose RO column is ACC
- * Other code that serves several ops (one kernel for layernorm and rmsnorm)
- * names the attribute by one of them and states at file scope that the others
- * keep it in the same slot, checked at compile time:
- *   DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
+ * Other code that serves a family of ops (one kernel for layernorm and
+ * rmsnorm, one shape rule for the attention ops) names the attribute by one of
+ * them; the families are listed once, below the slot enums, each a
+ * compile-time check (DP_ATTR_SAME) that its ops keep it in one slot.
  */
 #define DP_ATTR(x, op, name) ((x)->ia[DP_ATTR_##op##_##name])
 #define DP_FATTR(x, op, name) ((x)->fa[DP_FATTR_##op##_##name])
@@ -263,6 +263,27 @@ enum {
 #undef AINDEX
 #undef AAXES
 #undef AFLOAT
+
+/* The families (see above): heads of the attention ops and kv_pack/unpack,
+ * cp of the cp attention ops, eps (and grad_g's acc) of the norms, the
+ * cross-entropy scale, split's parts and index. */
+DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
+DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
+DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
+DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
+DP_FATTR_SAME(XENT, XENT_GRAD, scale);
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 
 /*
  * Operand rules (the RULE column of format/ops.def): what every instruction of an

@@ -226,22 +226,6 @@ static int out_disjoint(Chk *c)
 	return -1
 #define DISJOINT() NEED(out_disjoint(c), "the output overlaps an input")
 
-/* The ops whose qkv qkv_dims checks keep heads in one slot; the cp ones cp. */
-DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
-DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
-/* the norms' rules serve layernorm and rmsnorm */
-DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
-DP_FATTR_SAME(LAYERNORM_GRAD, RMSNORM_GRAD, eps);
-DP_FATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, eps);
-DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
-DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
-
 /* Attention's qkv [B, T, 3C] with `heads` heads: fills B, T, C. */
 static int qkv_dims(Chk *c, const DpTensor *qkv, int64_t *b, int64_t *t, int64_t *ch)
 {

@@ -28,7 +28,6 @@
 
 /* ---- helpers ---- */
 
-
 static const char *op_name(const Node *n)
 {
 	return ir_ops[n->op].name;
@@ -396,17 +395,6 @@ int ir_shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* The attention ops and kv_pack/kv_unpack keep heads in one slot, the cp
- * attention ops cp in another. */
-DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
-DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
-
 /* qkv [B, T, 3C] with 3C divisible by 3 * heads. */
 static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
 {
@@ -618,8 +606,6 @@ int ir_shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 
 /* SPLIT: chunk index of `parts` equal chunks of the last dim (SPLIT_GRAD's
  * attributes in the same slots). */
-DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
-DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 static int check_split(Node *n, const Value *x, int64_t lastdim, Diag *d)
 {
 	int64_t parts = DP_ATTR(n, SPLIT, parts), index = DP_ATTR(n, SPLIT, index);
@@ -652,7 +638,6 @@ int ir_shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
 	out->dims[dy->ndim - 1] *= parts;
 	return 0;
 }
-
 
 /* ---- batch rules ---- */
 

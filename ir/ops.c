@@ -122,7 +122,6 @@ void ir_cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
 	*bytes = io_bytes(g, n);
 }
 
-
 /* MATMUL: 2*m*n*k from the folded operands (+ the accumulation). */
 void ir_cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
 {
@@ -147,12 +146,7 @@ void ir_cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
  * a mask; causal attention needs only the lower triangle, so count half of that
  * (2*B*H*T*T*hd) plus the softmax (~5 flops per kept score). The CPU kernel
  * computes row blocks against the keys up to the block's end, close to half.
- * Every attention op keeps heads in one slot, the cp ones (nin > 2) cp too.
  */
-DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
 static void attn_dims(const Graph *g, const Node *n, int qkv_at, double *bh, double *t,
 		      double *tk, double *hd)
 {

@@ -42,8 +42,6 @@ static int64_t zigzag_pos(int64_t r, int64_t j, int64_t cp, int64_t t)
 
 /* ---- kv_pack / kv_unpack ---- */
 
-DP_ATTR_SAME(KV_PACK, KV_UNPACK, heads);
-
 static int run_kv_pack(const CpuArgs *a, RtErr *e)
 {
 	const DpInstr *in = a->in;
@@ -184,11 +182,6 @@ static int check_positions(const CpAtt *at, const char *op, RtErr *e)
 	}
 	return 0;
 }
-
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
 
 static int run_attention_cp(const CpuArgs *a, RtErr *e)
 {

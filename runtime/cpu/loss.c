@@ -89,8 +89,6 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 	}
 }
 
-DP_FATTR_SAME(XENT, XENT_GRAD, scale);
-
 /* A label >= classes is a run-time error (labels come from data). */
 static int xent(const CpuArgs *k, RtErr *e)
 {

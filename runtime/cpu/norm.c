@@ -23,14 +23,6 @@ typedef struct {
 	int acc;       /* grad_g: add to out */
 } Nv;
 
-/* one reading of eps for every norm op; acc is grad_g's (the others have none) */
-DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD, eps);
-DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
-DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
-DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
-DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
-DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
-
 static Nv nv(const CpuArgs *k, int rms)
 {
 	const DpTensor *t0 = cpu_t(k, k->in->in[0]);

@@ -267,8 +267,6 @@ static void att_heads(void *ctx, int64_t lo, int64_t hi, int thread)
 	}
 }
 
-DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
-
 static int attention(const CpuArgs *x, RtErr *e)
 {
 	const DpInstr *in = x->in;

@@ -467,14 +467,6 @@ static int head_dim_class(int64_t hd)
 	return hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 256 ? 256 : 0;
 }
 
-/* The five ops keep heads in one slot, the cp ones cp in another. */
-DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
-DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
-DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
-
 /* The operands of any of the five ops. */
 template <typename T> static Geom<T> geom_of(const CuArgs *a)
 {

@@ -321,8 +321,6 @@ static int run_interleave(const CuArgs *a, RtErr *e)
 
 /* ---- kv_pack / kv_unpack: per head [q|k|v] of hd <-> [k|v] ---- */
 
-DP_ATTR_SAME(KV_PACK, KV_UNPACK, heads);
-
 static int run_kv_pack(const CuArgs *a, RtErr *e)
 {
 	int unpack = a->in->op == DP_OP_KV_UNPACK;

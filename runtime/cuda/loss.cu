@@ -215,8 +215,6 @@ static size_t scratch_xent(const DpStep *s, const DpInstr *in)
 }
 
 /* The row kernels of one op on logits of T, chunks of W elements. */
-DP_FATTR_SAME(XENT, XENT_GRAD, scale);
-
 template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 {
 	int op = a->in->op;

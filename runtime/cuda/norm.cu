@@ -33,12 +33,6 @@
  */
 #include "device.cuh"
 
-/* one kernel for layernorm and rmsnorm: eps (and grad_g's acc) in one slot */
-DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
-DP_FATTR_SAME(LAYERNORM_GRAD, RMSNORM_GRAD, eps);
-DP_FATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, eps);
-DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
-
 /* mean and rstd of one row (every thread gets them); rms: mean 0. Chunks of
  * W elements (W = 8: 128-bit loads of bf16). */
 template <int W, typename T>
