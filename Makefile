@@ -111,7 +111,7 @@ $(TEXT2SHARD): tools/text2shard.c
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
-                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test
+                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test $(BUILD)/tests/ckpt_fuzz
 # util/ tests link util/ and format/ only
 UTIL_TESTS     := $(BUILD)/tests/suggest_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)
@@ -142,7 +142,7 @@ demo-gpt: deps all
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
 DEB_PKGS := g++ flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
-            libcjson-dev \
+            libcjson-dev strace \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -159,5 +159,6 @@ clean:
 
 include mk/cuda.mk
 include mk/cuda-emu.mk
+include mk/gpu-kit.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

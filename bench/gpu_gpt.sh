@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/gpu_gpt.sh - GPT-2 training throughput on one GPU: dp's CUDA backend
-# (graph replay, --no-graph, and `precision tf32`) against PyTorch eager and
-# torch.compile on the same model, batch, optimizer and dtype, in one run.
-# Not a test.
+# (graph replay, --no-graph, `precision tf32` and `precision bf16`) against
+# PyTorch eager and torch.compile (bench/gpu_gpt.py) on the same model, batch,
+# optimizer and dtype, in one run. Not a test. The GPU kit (tools/gpu-kit,
+# docs/CUDA.md) runs the bf16 GPT-2 124M row of it at micro-batch 16 x 1024.
 #
 # NEVER RUN ON A GPU YET (docs/CUDA.md): written to run unchanged on one.
 # Without a usable GPU (or without build/libdpcuda.so) it prints SKIPPED and
@@ -10,7 +11,8 @@
 #
 #   bash bench/gpu_gpt.sh                     # gpt2-tiny and gpt2 (124M)
 #   MODELS=gpt2 STEPS=50 bash bench/gpu_gpt.sh
-#   PEAK_TFLOPS=67 PEAK_TF32_TFLOPS=495 (H100 SXM: fp32 non-tensor, dense TF32)
+#   PEAK_TFLOPS=67 PEAK_TF32_TFLOPS=495 PEAK_BF16_TFLOPS=989 (H100 SXM: fp32
+#   non-tensor, dense TF32, dense bf16)
 #
 # Per configuration: tokens/s, host microseconds per step (dp: the time
 # dpexec's loop spends launching and staging, `--verbose`; PyTorch: the
@@ -27,6 +29,7 @@ STEPS=${STEPS:-30}
 MODELS=${MODELS:-"gpt2-tiny gpt2"}
 PEAK_TFLOPS=${PEAK_TFLOPS:-67}
 PEAK_TF32_TFLOPS=${PEAK_TF32_TFLOPS:-495}
+PEAK_BF16_TFLOPS=${PEAK_BF16_TFLOPS:-989}
 PY=${PY:-python3}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -88,6 +91,7 @@ for model in $MODELS; do
 	"$BUILD/dpc" "models/$model.dp" --world-size 1 -o "$T/$model.bin"
 	sed 's/^train {/train {\n  precision tf32/' "models/$model.dp" >"$T/$model-tf32.dp"
 	"$BUILD/dpc" "$T/$model-tf32.dp" --world-size 1 -o "$T/$model-tf32.bin"
+	"$BUILD/dpc" "models/$model.dp" --world-size 1 --precision bf16 -o "$T/$model-bf16.bin"
 	flops=$("$BUILD/dpc" "models/$model.dp" --world-size 1 --stats |
 		sed -nE 's/^optimizer step \([^)]*\)[[:space:]]+([0-9]+).*/\1/p')
 	echo "== $model: vocab $vocab, ctx $ctx, d $d, $heads heads, $layers layers; global batch $gb" \
@@ -97,84 +101,16 @@ for model in $MODELS; do
 	read -r de he me <<<"$(dp eager "$T/$model.bin" --no-graph)"
 	read -r dt ht mt <<<"$(dp tf32 "$T/$model-tf32.bin")"
 
-	# the anchors: the same GPT-2 in PyTorch (fp32, then TF32 matmuls), eager and compiled
-	"$PY" - "$STEPS" "$vocab" "$ctx" "$d" "$heads" "$layers" "$gb" "$accum" >"$T/torch.out" \
-		2>"$T/torch.err" <<'PY' || { echo "  PyTorch failed:"; tail -n 5 "$T/torch.err"; }
-import math, sys, time
-import torch
-import torch.nn.functional as F
-
-steps, V, T, D, H, L, GB, ACC = (int(a) for a in sys.argv[1:])
-dev = "cuda"
-MB = GB // ACC
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
-        self.qkv, self.o = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
-        self.fc, self.proj = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, H, 3, D // H).permute(3, 0, 2, 1, 4)
-        if hasattr(F, "scaled_dot_product_attention"):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(D // H)
-            s = s.masked_fill(torch.ones(t, t, device=x.device, dtype=torch.bool).triu(1), float("-inf"))
-            y = s.softmax(-1) @ v
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, D))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-class GPT(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte, self.wpe = torch.nn.Embedding(V, D), torch.nn.Embedding(T, D)
-        self.h = torch.nn.ModuleList(Block() for _ in range(L))
-        self.lnf = torch.nn.LayerNorm(D)
-    def forward(self, ids, targets):
-        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
-        for blk in self.h:
-            x = blk(x)
-        logits = self.lnf(x) @ self.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, V), targets.view(-1)) / ACC
-
-def bench(compiled, tf32):
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.manual_seed(0)
-    m = GPT().to(dev)
-    f = torch.compile(m) if compiled else m
-    opt = torch.optim.AdamW(m.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    ids = torch.randint(0, min(V, 256), (ACC, MB, T), device=dev)
-    tg = torch.randint(0, min(V, 256), (ACC, MB, T), device=dev)
-    def step():
-        opt.zero_grad(set_to_none=True)
-        for a in range(ACC):
-            f(ids[a], tg[a]).backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    w0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(steps - 1):
-        step()
-    c1 = time.process_time()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - w0) / (steps - 1)
-    return GB * T / wall, (c1 - c0) / (steps - 1) * 1e6, wall * 1e3
-
-for name, compiled, tf32 in (("eager", False, False), ("compile", True, False),
-                             ("eager_tf32", False, True), ("compile_tf32", True, True)):
-    try:
-        if compiled and not hasattr(torch, "compile"):
-            raise RuntimeError("torch %s has no torch.compile" % torch.__version__)
-        print(name, "%.0f %.1f %.3f" % bench(compiled, tf32))
-    except Exception as ex:  # report and go on: one anchor failing is not the whole run
-        print(name, "- - -")
-        print("%s: %s" % (name, ex), file=sys.stderr)
-PY
+	# the anchors: the same GPT-2 in PyTorch (bench/gpu_gpt.py: fp32, TF32
+	# matmuls, bf16 autocast over f32 masters), eager and compiled
+	: >"$T/torch.out"
+	: >"$T/torch.err"
+	for dt in fp32 tf32 bf16; do
+		"$PY" bench/gpu_gpt.py --steps "$STEPS" --vocab "$vocab" --ctx "$ctx" --d "$d" \
+			--heads "$heads" --layers "$layers" --batch $((gb / accum)) --accum "$accum" \
+			--dtype $dt 2>>"$T/torch.err" | sed "s/^/$dt-/" >>"$T/torch.out" ||
+			echo "  PyTorch ($dt) failed: $(tail -n 1 "$T/torch.err")"
+	done
 	row() { # row LABEL TOKENS/S HOST_US MS PEAK
 		local mfu=-
 		if [ "$4" != "-" ] && [ -n "$4" ]; then
@@ -187,12 +123,17 @@ PY
 	row "dp, CUDA Graph" "$dg" "$hg" "$mg" "$PEAK_TFLOPS"
 	row "dp, --no-graph" "$de" "$he" "$me" "$PEAK_TFLOPS"
 	row "dp, precision tf32" "$dt" "$ht" "$mt" "$PEAK_TF32_TFLOPS"
-	read -r a b c <<<"$(anchor eager)"; row "PyTorch eager" "$a" "$b" "$c" "$PEAK_TFLOPS"
-	read -r a b c <<<"$(anchor compile)"; row "torch.compile" "$a" "$b" "$c" "$PEAK_TFLOPS"
-	read -r a b c <<<"$(anchor eager_tf32)"; row "PyTorch eager, TF32" "$a" "$b" "$c" "$PEAK_TF32_TFLOPS"
-	read -r a b c <<<"$(anchor compile_tf32)"; row "torch.compile, TF32" "$a" "$b" "$c" "$PEAK_TF32_TFLOPS"
+	read -r db hb mb <<<"$(dp bf16 "$T/$model-bf16.bin" --peak-tflops "$PEAK_BF16_TFLOPS")"
+	row "dp, precision bf16" "$db" "$hb" "$mb" "$PEAK_BF16_TFLOPS"
+	read -r a b c <<<"$(anchor fp32-eager)"; row "PyTorch eager" "$a" "$b" "$c" "$PEAK_TFLOPS"
+	read -r a b c <<<"$(anchor fp32-compile)"; row "torch.compile" "$a" "$b" "$c" "$PEAK_TFLOPS"
+	read -r a b c <<<"$(anchor tf32-eager)"; row "PyTorch eager, TF32" "$a" "$b" "$c" "$PEAK_TF32_TFLOPS"
+	read -r a b c <<<"$(anchor tf32-compile)"; row "torch.compile, TF32" "$a" "$b" "$c" "$PEAK_TF32_TFLOPS"
+	read -r a b c <<<"$(anchor bf16-eager)"; row "PyTorch eager, bf16" "$a" "$b" "$c" "$PEAK_BF16_TFLOPS"
+	read -r a b c <<<"$(anchor bf16-compile)"; row "torch.compile, bf16" "$a" "$b" "$c" "$PEAK_BF16_TFLOPS"
 	[ -s "$T/torch.err" ] && sed 's/^/  (torch) /' "$T/torch.err" | tail -n 4
 done
-echo "(MFU of fp32 rows against PEAK_TFLOPS=$PEAK_TFLOPS, TF32 rows against PEAK_TF32_TFLOPS=$PEAK_TF32_TFLOPS;"
+echo "(MFU of fp32 rows against PEAK_TFLOPS=$PEAK_TFLOPS, TF32 rows against PEAK_TF32_TFLOPS=$PEAK_TF32_TFLOPS,"
+echo " bf16 rows against PEAK_BF16_TFLOPS=$PEAK_BF16_TFLOPS;"
 echo " dp's time per step includes staging the next batch and reading the previous step's metrics,"
 echo " overlapped with the device; PyTorch's uses one fixed device batch)"

@@ -6,12 +6,13 @@
  * --from-ir the input is IR text instead (ir_read; errors at its
  * file:line:col), verified, then the passes --passes names (QBE's and
  * LLVM's one-pass tests: IR in, passes, IR out). Exit
- * status: 0 success; 1 user error (bad option, bad model, unwritable output),
- * reported as messages; 2 internal error (the verifier rejected a pass's
+ * status: 0 success; 1 user error (bad option, bad model, unwritable output)
+ * or out of memory (ir/diag.c's die), reported as messages; 2 internal
+ * error (the verifier rejected a pass's
  * output). On any error no step file is written: the output path is
  * checked before compiling (util/outfile.h: its directory exists and is
- * writable; a device or FIFO is written through, a link's target written)
- * and the writer is atomic and runs last.
+ * writable; a device or FIFO is written through, a link's target written;
+ * it is not the input) and the writer is atomic and runs last.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -48,8 +49,9 @@ static void usage(FILE *out)
 		"  -o FILE             write the step file to FILE (atomically; through a\n"
 		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
-		"                      -> ./mlp.bin), unless --emit=ir|stats or --dump-after is given:\n"
-		"                      those print instead, and write a step file only with -o\n"
+		"                      -> ./mlp.bin), unless --emit=ir|stats, --stats, --dump-ir or\n"
+		"                      --dump-after is given: those look at a model, and write a\n"
+		"                      step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
 		"      --tp N, --cp N, --dp-replicate N\n"
 		"                      the axes `mesh auto` fixes first (default 1 each);\n"
@@ -73,8 +75,8 @@ static void usage(FILE *out)
 		"                      DIR/00-frontend.ir, DIR/01-tp.ir, ... (DIR is created)\n"
 		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
 		"      --print-pipeline   list the passes in order, with what holds after each\n"
-		"      --stats         also print communication, flops and memory per rank\n"
-		"                      to stdout\n"
+		"      --stats         print communication, flops and memory per rank to\n"
+		"                      stdout (and with -o, write the step file too)\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -96,8 +98,8 @@ static void usage(FILE *out)
 	fprintf(out,
 		"\n"
 		"Exit status: 0 ok (warnings about settings that have no effect are not\n"
-		"errors), 1 user error (nothing written), 2 the IR verifier found a\n"
-		"compiler bug; other internal errors print a message and abort.\n");
+		"errors), 1 user error or out of memory (nothing written), 2 the IR verifier\n"
+		"found a compiler bug; other internal errors print a message and abort.\n");
 }
 
 static void print_pipeline(FILE *out)
@@ -137,6 +139,18 @@ static char *default_output(const char *path)
 	}
 	free(copy);
 	return out;
+}
+
+/* The step file must not be the model it is compiled from (util/outfile.h:
+ * the same file through any link or spelling): 0, or -1 after a message. */
+static int check_output_not_input(const char *input, const char *output)
+{
+	char err[1024];
+	const OutPath p[] = {{input, "the input", 0}, {output, "-o", 1}};
+	if (out_check_distinct(p, 2, err, sizeof err) == 0)
+		return 0;
+	fprintf(stderr, "dpc: %s\n", err);
+	return -1;
 }
 
 static double now_ms(void)
@@ -536,10 +550,11 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
-	/* Printing modes write a step file only when -o asks for one; so does
-	 * IR input, which prints its IR otherwise. */
+	/* Looking at a model (printing, dumping, stats) writes a step file only
+	 * when -o asks for one, never a ./BASENAME.bin on the side; so does IR
+	 * input, which prints its IR otherwise. */
 	int write_step = output || emit == EMIT_STEP ||
-			 (emit == EMIT_DEFAULT && !dump_after && !from_ir);
+			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir);
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);
@@ -551,8 +566,10 @@ int main(int argc, char **argv)
 	/* a step file that cannot be written is found before the work, not after */
 	if (write_step) {
 		char err[1024];
-		if (out_check(output, 0, err, sizeof err) < 0) {
+		int bad = out_check(output, 0, err, sizeof err) < 0;
+		if (bad)
 			fprintf(stderr, "dpc: %s\n", err);
+		if (bad || check_output_not_input(path, output)) {
 			free(default_out);
 			free(defines);
 			return 1;

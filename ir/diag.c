@@ -6,6 +6,8 @@
  *       logits = linear(h9, w, b)
  *                       ^
  *
+ * die("out of memory ...") is not a bug: it exits 1 with the message.
+ *
  * A Loc with line 0 has no position (a file that cannot be opened): only
  * "file: error: message" is printed. Warnings (warning_at: a data file dpc
  * cannot see) have the same form and count as no error. The source line is quoted only when the
@@ -104,6 +106,16 @@ _Noreturn void die(const char *fmt, ...)
 {
 	va_list ap;
 	fflush(stdout);
+	/* Running out of memory is the machine's limit, not a compiler bug: a
+	 * message and exit status 1, like a user error, instead of an abort */
+	if (strncmp(fmt, "out of memory", 13) == 0) {
+		fputs("dpc: error: ", stderr);
+		va_start(ap, fmt);
+		vfprintf(stderr, fmt, ap);
+		va_end(ap);
+		fputs(": more than this process may use (see ulimit -v)\n", stderr);
+		exit(1);
+	}
 	fputs("dpc: internal error: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);

@@ -1,24 +1,25 @@
 /*
  * ckpt.c - writing training-state checkpoints (full or sharded,
- * atomically), their state.json and the save directory (latest, the newest kept,
- * leftovers of killed saves). What a checkpoint holds and why it is laid out
- * so: ckpt.h and docs/CHECKPOINTS.md; the layout it writes from:
+ * atomically) and their state.json; the save directory (publishing,
+ * latest, the newest kept, leftovers of killed saves) is ckpt_dir.c's.
+ * What a checkpoint holds and why it is laid out so: ckpt.h and
+ * docs/CHECKPOINTS.md; the layout it writes from:
  * ckpt_layout.c; reading: ckpt_load.c.
  *
  * Full form: per component, per tensor, rank 0 gathers the owners' pieces
  * (world_gatherv_f32) into the whole tensor and appends it to its file; one
  * tensor is in memory at a time. Sharded form: every rank writes its owned
  * pieces and their table. Tensor data is read only through exec_tensor_read,
- * so any backend works.
+ * so any backend works. Every file's CRC-32C per 1 MiB block is computed
+ * as it is written (safetensors.c) and goes into state.json, which
+ * ckpt_dir.c writes last when it publishes the checkpoint.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -102,12 +103,25 @@ static int gather_component(Ckpt *c, int cc, StWriter *wr, RtErr *e)
 	return rc;
 }
 
-/* Rank 0's files of the full form: model.safetensors, optimizer.safetensors. */
-static int save_full(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
+/* The file wr wrote, for state.json: its name, size and checksums (moved
+ * out of wr). */
+static void take_file(CkptFile *f, const char *name, StWriter *wr)
+{
+	snprintf(f->name, sizeof f->name, "%s", name);
+	f->bytes = wr->bytes;
+	f->crc = wr->sums.crc;
+	f->ncrc = wr->sums.n;
+	memset(&wr->sums, 0, sizeof wr->sums);
+}
+
+/* Rank 0's files of the full form: model.safetensors, optimizer.safetensors
+ * (into files[0..1] on rank 0). */
+static int save_full(Ckpt *c, const char *tmpdir, CkptFile *files, RtErr *e)
 {
 	int me = c->w->rank, rc = 0;
 	size_t plen = strlen(tmpdir) + 32;
 	for (int file = 0; file < (c->ncomp > 1 ? 2 : 1); file++) {
+		const char *fname = file == 0 ? "model.safetensors" : "optimizer.safetensors";
 		int c0 = file == 0 ? 0 : 1, c1 = file == 0 ? 1 : c->ncomp;
 		StWriter wr;
 		int open = 0;
@@ -126,8 +140,7 @@ static int save_full(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
 								.ndim = c->ent[k].ndim};
 						memcpy(d[i].dims, c->ent[k].dims, sizeof d[i].dims);
 					}
-				snprintf(path, plen, "%s/%s", tmpdir,
-					 file == 0 ? "model.safetensors" : "optimizer.safetensors");
+				snprintf(path, plen, "%s/%s", tmpdir, fname);
 				rc = st_begin(&wr, path, d, nd, e);
 				open = rc == 0;
 			}
@@ -151,7 +164,7 @@ static int save_full(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
 			else
 				st_cancel(&wr);
 			if (rc == 0)
-				*bytes += wr.bytes;
+				take_file(&files[file], fname, &wr);
 		}
 	}
 	return rc;
@@ -160,7 +173,7 @@ static int save_full(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
 /* This rank's file of the sharded form: the pieces it owns, a table of
  * them ("segments": whole tensor index in state.json's list, first
  * element, count) and their values per component. */
-static int save_shard(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
+static int save_shard(Ckpt *c, const char *tmpdir, CkptFile *file, RtErr *e)
 {
 	World *w = c->w;
 	const Range *mine = c->owned + c->owned_off[w->rank];
@@ -172,8 +185,9 @@ static int save_shard(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
 	for (int cc = 0; cc < c->ncomp; cc++)
 		d[1 + cc] = (StDecl){.name = cc ? c->comp[cc] : "param", .dtype = ST_F32, .ndim = 1,
 				     .dims = {total}};
-	char path[4200];
-	snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", tmpdir, w->rank, w->size);
+	char name[64], path[4200];
+	snprintf(name, sizeof name, "shard-%05d-of-%05d.safetensors", w->rank, w->size);
+	snprintf(path, sizeof path, "%s/%s", tmpdir, name);
 	StWriter wr;
 	RT_CHECK(st_begin(&wr, path, d, 1 + c->ncomp, e));
 	int rc = 0;
@@ -197,7 +211,7 @@ static int save_shard(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
 		return -1;
 	}
 	RT_CHECK(st_end(&wr, e));
-	*bytes += wr.bytes;
+	take_file(file, name, &wr);
 	return 0;
 }
 
@@ -207,16 +221,10 @@ static int save_shard(Ckpt *c, const char *tmpdir, int64_t *bytes, RtErr *e)
  * the optimizer's kind (its state's meaning). */
 static uint32_t model_hash(const Ckpt *c)
 {
-	uLong h = crc32(0L, Z_NULL, 0);
-	char buf[512];
-	for (int k = 0; k < c->nent; k++) {
-		char dims[128];
-		ckpt_dims_str(dims, sizeof dims, c->ent[k].ndim, c->ent[k].dims);
-		int n = snprintf(buf, sizeof buf, "%s[%s];", ckpt_ent_name(c, k), dims);
-		h = crc32(h, (const Bytef *)buf, (uInt)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
-	}
-	int n = snprintf(buf, sizeof buf, "optimizer:%u", c->s->opt.kind);
-	return (uint32_t)crc32(h, (const Bytef *)buf, (uInt)n);
+	uint32_t h = 0;
+	for (int k = 0; k < c->nent; k++)
+		h = ckpt_hash_tensor(h, ckpt_ent_name(c, k), c->ent[k].ndim, c->ent[k].dims);
+	return ckpt_hash_end(h, c->s->opt.kind);
 }
 
 static cJSON *hex32(uint32_t v)
@@ -246,8 +254,8 @@ static cJSON *add_spec(cJSON *o, const char *key, const DpStep *s, int spec)
 }
 
 /* The JSON text of state.json (malloc'd), or NULL when out of memory. */
-static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, char **files,
-			const int64_t *sizes, int nfiles)
+static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, const CkptFile *files,
+			int nfiles)
 {
 	const DpStep *s = c->s;
 	int64_t gb = ckpt_global_batch(s), per_epoch = gb > 0 && run->train_samples >= gb ?
@@ -256,6 +264,9 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, char *
 	cJSON_AddStringToObject(o, "format", CKPT_FORMAT);
 	cJSON_AddNumberToObject(o, "version", CKPT_VERSION);
 	cJSON_AddStringToObject(o, "form", form == CKPT_FULL ? "full" : "sharded");
+	t = cJSON_AddObjectToObject(o, "checksum");
+	cJSON_AddStringToObject(t, "algorithm", CKPT_SUM_ALGORITHM);
+	cJSON_AddNumberToObject(t, "block_bytes", ST_SUM_BLOCK);
 	cJSON_AddNumberToObject(o, "step", (double)run->step);
 	cJSON_AddNumberToObject(o, "loss", run->loss);
 	cJSON_AddNumberToObject(o, "lr_next", exec_lr(s, run->step));
@@ -293,174 +304,63 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, char *
 		cJSON_AddItemToArray(mesh, cJSON_CreateNumber(s->cfg.mesh[a]));
 	cJSON_AddStringToObject(t, "strategy", dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
 	cJSON *fl = cJSON_AddArrayToObject(o, "files");
+	char *hex = NULL;
 	for (int i = 0; i < nfiles; i++) {
 		cJSON *x = cJSON_CreateObject();
-		cJSON_AddStringToObject(x, "name", files[i]);
-		cJSON_AddNumberToObject(x, "bytes", (double)sizes[i]);
+		cJSON_AddStringToObject(x, "name", files[i].name);
+		cJSON_AddNumberToObject(x, "bytes", (double)files[i].bytes);
+		/* the blocks' CRC-32C, 8 hex digits each, in file order */
+		char *h = realloc(hex, (size_t)files[i].ncrc * 8 + 1);
+		if (!h) {
+			cJSON_Delete(x);
+			break;
+		}
+		hex = h;
+		for (int64_t k = 0; k < files[i].ncrc; k++)
+			snprintf(hex + 8 * k, 9, "%08x", files[i].crc[k]);
+		hex[8 * files[i].ncrc] = '\0';
+		cJSON_AddStringToObject(x, "crc32c", hex);
 		cJSON_AddItemToArray(fl, x);
 	}
-	char *text = cJSON_Print(o);
+	free(hex);
+	char *text = cJSON_GetArraySize(fl) == nfiles ? cJSON_Print(o) : NULL;
 	cJSON_Delete(o);
 	return text;
 }
 
-/* ---- directories ---- */
+/* ---- saving a checkpoint ---- */
 
-/* Remove a checkpoint directory (flat: files only) or a file. */
-static int remove_tree(const char *path)
+/* The sharded form: every rank's file (name, size, checksums) to rank 0,
+ * into files[0..size). A collective. */
+static int gather_files(Ckpt *c, const CkptFile *mine, CkptFile *files, RtErr *e)
 {
-	DIR *d = opendir(path);
-	if (!d)
-		return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
-	struct dirent *de;
-	char p[4096];
-	while ((de = readdir(d))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-		if (unlink(p) != 0 && errno == EISDIR)
-			remove_tree(p);
-	}
-	closedir(d);
-	return rmdir(path);
-}
-
-/* step-NNNNNN: the number, or -1 for any other name. */
-static long long step_of(const char *name)
-{
-	if (strncmp(name, "step-", 5) || !name[5])
-		return -1;
-	char *end;
-	long long v = strtoll(name + 5, &end, 10);
-	return *end || v < 0 ? -1 : v;
-}
-
-static int cmp_ll(const void *a, const void *b)
-{
-	long long x = *(const long long *)a, y = *(const long long *)b;
-	return x < y ? -1 : x > y;
-}
-
-/* Remove complete checkpoints beyond the newest keep (never `keep_step`). */
-static void prune(const char *dir, int keep, long long keep_step)
-{
-	DIR *d = opendir(dir);
-	if (!d || keep <= 0) {
-		if (d)
-			closedir(d);
-		return;
-	}
-	long long *v = NULL;
-	int n = 0, cap = 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		long long k = step_of(de->d_name);
-		if (k < 0)
-			continue;
-		if (n == cap) {
-			cap = cap ? 2 * cap : 16;
-			long long *nv = realloc(v, (size_t)cap * sizeof *v);
-			if (!nv)
-				break;
-			v = nv;
-		}
-		v[n++] = k;
-	}
-	closedir(d);
-	qsort(v, (size_t)n, sizeof *v, cmp_ll);
-	char p[4096];
-	for (int i = 0; i < n - keep; i++) {
-		if (v[i] == keep_step)
-			continue;
-		snprintf(p, sizeof p, "%s/step-%06lld", dir, v[i]);
-		remove_tree(p);
-	}
-	free(v);
-	out_sync_dir(dir);
-}
-
-int ckpt_prepare_dir(const Ckpt *c, const char *dir, RtErr *e)
-{
-	if (out_mkdirs(dir) != 0)
-		return RT_FAIL(e, errno == ENOTDIR ? "the save directory %s is not a directory"
-						   : "cannot create the save directory %s: %s",
-			       dir, strerror(errno));
-	if (access(dir, W_OK) != 0)
-		return RT_FAIL(e, "cannot write in the save directory %s: %s", dir, strerror(errno));
-	/* what killed saves left: step-N.dptmp directories, latest.dptmp */
-	DIR *d = opendir(dir);
-	if (!d)
-		return RT_FAIL(e, "cannot read the save directory %s: %s", dir, strerror(errno));
-	struct dirent *de;
-	char p[4096];
-	size_t sl = strlen(OUT_TMP_SUFFIX);
-	while ((de = readdir(d))) {
-		size_t n = strlen(de->d_name);
-		if (n > sl && !strcmp(de->d_name + n - sl, OUT_TMP_SUFFIX)) {
-			snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-			remove_tree(p);
-		}
-	}
-	closedir(d);
-	struct statvfs vfs;
-	int64_t need = ckpt_bytes(c);
-	if (statvfs(dir, &vfs) == 0 && (int64_t)(vfs.f_bavail * vfs.f_frsize) < need)
-		return RT_FAIL(e, "the save directory %s has %.1f MiB free; a checkpoint of this model "
-			       "needs about %.1f MiB", dir,
-			       (double)vfs.f_bavail * vfs.f_frsize / (1 << 20), (double)need / (1 << 20));
-	return 0;
-}
-
-/* Rank 0: state.json into tmpdir, then tmpdir -> final, latest -> name. */
-static int publish(Ckpt *c, const char *dir, const char *name, const char *tmpdir,
-		   const char *final, CkptForm form, const CkptRun *run, char **files,
-		   const int64_t *sizes, int nfiles, int64_t *bytes, int keep, RtErr *e)
-{
-	char err[1024], p[4096];
-	char *text = state_json(c, form, run, files, sizes, nfiles);
-	if (!text)
+	World *w = c->w;
+	size_t len = 3 * sizeof(int64_t) + (size_t)mine->ncrc * 4;
+	char *blob = malloc(len), *all = NULL;
+	int64_t *offs = NULL;
+	if (!blob)
 		return RT_FAIL(e, "out of memory");
-	snprintf(p, sizeof p, "%s/%s", tmpdir, CKPT_STATE);
-	OutFile f;
-	int rc = out_open(&f, p, err, sizeof err);
-	if (rc == 0) {
-		out_write(&f, text, strlen(text));
-		out_write(&f, "\n", 1);
-		rc = out_commit(&f, err, sizeof err);
+	int64_t head[3] = {w->rank, mine->bytes, mine->ncrc};
+	memcpy(blob, head, sizeof head);
+	if (mine->ncrc)
+		memcpy(blob + sizeof head, mine->crc, (size_t)mine->ncrc * 4);
+	int rc = world_allgatherv(w, blob, (int64_t)len, &all, &offs, e);
+	free(blob);
+	for (int r = 0; rc == 0 && w->rank == 0 && r < w->size; r++) {
+		memcpy(head, all + offs[r], sizeof head);
+		CkptFile *f = &files[r];
+		snprintf(f->name, sizeof f->name, "shard-%05d-of-%05d.safetensors", r, w->size);
+		f->bytes = head[1];
+		f->ncrc = head[2];
+		f->crc = malloc((size_t)(f->ncrc ? f->ncrc : 1) * 4);
+		if (!f->crc)
+			rc = RT_FAIL(e, "out of memory");
+		else if (f->ncrc)
+			memcpy(f->crc, all + offs[r] + sizeof head, (size_t)f->ncrc * 4);
 	}
-	if (rc == 0)
-		*bytes += (int64_t)strlen(text) + 1;
-	free(text);
-	if (rc)
-		return RT_FAIL(e, "%s", err);
-	out_sync_dir(tmpdir);
-	/* the same step saved again (a resumed run interrupted at once): replace it */
-	struct stat st;
-	char old[4096];
-	int replaced = 0;
-	if (stat(final, &st) == 0) {
-		snprintf(old, sizeof old, "%s/%s.old%s", dir, name, OUT_TMP_SUFFIX);
-		remove_tree(old);
-		if (rename(final, old) != 0)
-			return RT_FAIL(e, "cannot replace the checkpoint %s: %s", final, strerror(errno));
-		replaced = 1;
-	}
-	if (rename(tmpdir, final) != 0)
-		return RT_FAIL(e, "cannot complete the checkpoint %s: %s", final, strerror(errno));
-	if (replaced)
-		remove_tree(old);
-	out_sync_dir(dir);
-	snprintf(p, sizeof p, "%s/%s", dir, CKPT_LATEST);
-	rc = out_open(&f, p, err, sizeof err);
-	if (rc == 0) {
-		out_write(&f, name, strlen(name));
-		out_write(&f, "\n", 1);
-		rc = out_commit(&f, err, sizeof err);
-	}
-	if (rc)
-		return RT_FAIL(e, "%s (the checkpoint %s is complete)", err, final);
-	prune(dir, keep, (long long)run->step);
-	return 0;
+	free(all);
+	free(offs);
+	return rc;
 }
 
 int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep,
@@ -468,7 +368,7 @@ int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int k
 {
 	World *w = c->w;
 	int rc = 0;
-	char name[64], tmpdir[4096], final[4096];
+	char name[64], tmpdir[4096];
 	*bytes = 0;
 	if (path)
 		*path = NULL;
@@ -477,69 +377,47 @@ int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int k
 	RT_CHECK(world_sync(w, rc, 0, e));
 	snprintf(name, sizeof name, "step-%06llu", (unsigned long long)run->step);
 	snprintf(tmpdir, sizeof tmpdir, "%s/%s%s", dir, name, OUT_TMP_SUFFIX);
-	snprintf(final, sizeof final, "%s/%s", dir, name);
 	if (w->rank == 0) {
-		remove_tree(tmpdir);
+		ckpt_remove_tree(tmpdir);
 		if (mkdir(tmpdir, 0777) != 0)
 			rc = RT_FAIL(e, "cannot create %s: %s", tmpdir, strerror(errno));
 	}
 	RT_CHECK(world_sync(w, rc, 0, e));
 
-	int64_t mine = 0;
-	rc = form == CKPT_FULL ? save_full(c, tmpdir, &mine, e) : save_shard(c, tmpdir, &mine, e);
-	/* every rank's file size, for state.json */
-	char *all = NULL;
-	int64_t *offs = NULL;
-	if (rc == 0)
-		rc = world_allgatherv(w, &mine, sizeof mine, &all, &offs, e);
+	int nfiles = form == CKPT_FULL ? (c->ncomp > 1 ? 2 : 1) : w->size;
+	CkptFile *files = calloc((size_t)nfiles, sizeof *files), mine = {0};
+	if (!files)
+		rc = RT_FAIL(e, "out of memory");
+	else if (form == CKPT_FULL)
+		rc = save_full(c, tmpdir, files, e);
+	else if ((rc = save_shard(c, tmpdir, &mine, e)) == 0)
+		rc = gather_files(c, &mine, files, e);
+	free(mine.crc);
 	if (world_sync(w, rc, 0, e)) {
-		free(all);
-		free(offs);
 		if (w->rank == 0)
-			remove_tree(tmpdir);
+			ckpt_remove_tree(tmpdir);
+		for (int i = 0; files && i < nfiles; i++)
+			free(files[i].crc);
+		free(files);
 		return -1;
 	}
-	const int64_t *size = (const int64_t *)all;
 	if (w->rank == 0) {
-		int nfiles = form == CKPT_FULL ? (c->ncomp > 1 ? 2 : 1) : w->size;
-		char **files = calloc((size_t)nfiles, sizeof *files);
-		int64_t *sizes = calloc((size_t)nfiles, sizeof *sizes);
-		int64_t total = 0;
-		for (int i = 0; files && sizes && i < nfiles; i++) {
-			files[i] = malloc(64);
-			if (!files[i])
-				break;
-			if (form == CKPT_FULL) {
-				snprintf(files[i], 64, "%s", i ? "optimizer.safetensors" : "model.safetensors");
-				sizes[i] = -1; /* filled below from the files themselves */
-				char p[4096];
-				struct stat st;
-				snprintf(p, sizeof p, "%s/%s", tmpdir, files[i]);
-				sizes[i] = stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
-			} else {
-				snprintf(files[i], 64, "shard-%05d-of-%05d.safetensors", i, w->size);
-				sizes[i] = size[i];
-			}
-			total += sizes[i];
-		}
-		int ok = files && sizes;
-		for (int i = 0; ok && i < nfiles; i++)
-			ok = files[i] != NULL;
-		rc = ok ? publish(c, dir, name, tmpdir, final, form, run, files, sizes, nfiles, &total,
-				  keep, e)
-			: RT_FAIL(e, "out of memory");
+		char *text = state_json(c, form, run, files, nfiles);
+		rc = text ? ckpt_publish(c, dir, name, tmpdir, text, keep, run->step, e)
+			  : RT_FAIL(e, "out of memory");
+		for (int i = 0; i < nfiles; i++)
+			*bytes += files[i].bytes;
+		*bytes += text ? (int64_t)strlen(text) + 1 : 0;
+		free(text);
+		if (rc == 0 && path && !(*path = malloc(strlen(dir) + strlen(name) + 2)))
+			rc = RT_FAIL(e, "out of memory");
+		else if (rc == 0 && path)
+			sprintf(*path, "%s/%s", dir, name);
 		if (rc)
-			remove_tree(tmpdir);
-		for (int i = 0; files && i < nfiles; i++)
-			free(files[i]);
-		free(files);
-		free(sizes);
-		*bytes = total;
-		if (rc == 0 && path)
-			*path = strdup(final);
+			ckpt_remove_tree(tmpdir);
 	}
-	free(all);
-	free(offs);
+	for (int i = 0; files && i < nfiles; i++)
+		free(files[i].crc);
+	free(files);
 	return world_sync(w, rc, 0, e);
 }
-

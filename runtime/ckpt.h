@@ -29,12 +29,15 @@
  * with its state tensors (ADAMW's m and v, SGD's momentum): no compiler
  * support is needed and any strategy's layout is covered.
  *
- * Atomicity: files go to DIR/step-NNNNNN.dptmp/, state.json is written
- * last, the directory is fsync'ed and renamed to DIR/step-NNNNNN, then
+ * Atomicity (ckpt_dir.c): files go to DIR/step-NNNNNN.dptmp/, state.json
+ * is written last, the directory is fsync'ed and renamed to
+ * DIR/step-NNNNNN (exchanged with it when that step exists), then
  * DIR/latest (a file naming it, written atomically) is updated and older
- * checkpoints beyond the newest `keep` are removed. A directory without the .dptmp
- * suffix is complete; `latest` only ever names a complete one; a killed
- * save leaves a .dptmp directory that the next run removes.
+ * checkpoints beyond the newest `keep` are removed. A kill at any point loses no
+ * checkpoint that was complete: the next run renames a complete .dptmp
+ * back and removes the rest. Every file carries CRC-32C checksums per
+ * 1 MiB block in state.json, verified as it is loaded, and the loaded
+ * state must be finite (ckpt_load.c).
  */
 #ifndef DP_CKPT_H
 #define DP_CKPT_H
@@ -65,9 +68,23 @@ int64_t ckpt_bytes(const Ckpt *c);
 /* Parameters of the model (the sum of their whole sizes), for MFU. */
 int64_t ckpt_params(const Ckpt *c);
 
-/* Rank 0, before training: create DIR if needed, check it is writable and
- * has room for a checkpoint, and remove what killed saves left there. */
-int ckpt_prepare_dir(const Ckpt *c, const char *dir, RtErr *e);
+/* What a run will do with its save directory. */
+typedef struct {
+	int64_t saves;  /* checkpoints it writes at most (save_every and the end) */
+	int keep;       /* the newest kept (keep_last); 0: all */
+	int fresh;      /* it does not resume */
+	int overwrite;  /* --overwrite: a fresh run may replace another run's checkpoints */
+} CkptDirPlan;
+
+/* Rank 0, before the load: create DIR if needed and check it is writable;
+ * a fresh run into a directory that holds checkpoints is refused unless
+ * plan->overwrite (docs/CHECKPOINTS.md). */
+int ckpt_prepare_dir(Ckpt *c, const char *dir, const CkptDirPlan *plan, RtErr *e);
+/* Rank 0, after the load, before training: what killed saves left (a
+ * complete copy whose checkpoint is missing takes its name, the rest is
+ * removed, a dangling `latest` is repaired) and room for the checkpoints
+ * the plan keeps at once. */
+int ckpt_clean_dir(Ckpt *c, const char *dir, const CkptDirPlan *plan, RtErr *e);
 /* Every rank: save the state after run->step steps as DIR/step-NNNNNN, then
  * point DIR/latest at it and keep the newest `keep` (0: all). A
  * collective; agreed: 0 on every rank or -1 on every rank. *path (rank 0,
@@ -75,10 +92,17 @@ int ckpt_prepare_dir(const Ckpt *c, const char *dir, RtErr *e);
 int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int keep,
 	      char **path, int64_t *bytes, RtErr *e);
 
-/* The checkpoint directory --resume ARG names: ARG/latest's target, the
- * target a file named latest names, or ARG itself when it holds a
- * state.json. *dir and *parent (the save directory it lives in) malloc'd. */
-int ckpt_resolve(const char *arg, char **dir, char **parent, RtErr *e);
+/* The checkpoint directory --resume ARG names: a checkpoint itself (a
+ * directory with state.json), or for a save directory (ARG, or ARG/latest)
+ * the checkpoint `latest` names (through the complete copy a killed save
+ * left when that is missing), else its newest complete one. *dir and
+ * *parent (the save directory it lives in) malloc'd; *note (malloc'd or
+ * NULL) says how when not through `latest`. Reads only. */
+int ckpt_resolve(const char *arg, char **dir, char **parent, char **note, RtErr *e);
+/* --auto-resume: the checkpoint the save directory dir holds, as
+ * ckpt_resolve finds it: 1 found (*dir, *note malloc'd), 0 none (or no
+ * directory), -1 error. */
+int ckpt_find(const char *savedir, char **dir, char **note, RtErr *e);
 /* Load the checkpoint in dir into this rank's tensors (after the init
  * program ran) and fill *run. Refused, naming what differs, when it is of
  * another model (parameters, optimizer), seed or global batch; changed

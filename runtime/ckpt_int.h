@@ -9,8 +9,11 @@
 #include "ckpt.h"
 #include "settings.h"
 
+struct cJSON;
+
 #define CKPT_FORMAT "dp-checkpoint"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2         /* 2: checksums in state.json; 1 (none) still loads */
+#define CKPT_SUM_ALGORITHM "crc32c"
 #define CKPT_MAX_COMP 3       /* the parameter + up to two optimizer states */
 #define CKPT_STATE "state.json"
 #define CKPT_LATEST "latest"
@@ -59,19 +62,71 @@ struct Ckpt {
 	int *owned_src;                /* for this rank's: the save segment it lies in */
 	int64_t *owned_off;            /* owned[] of rank r start at owned_off[r] */
 	int64_t *ent_count;            /* [nent * size]: elements rank r owns of entry e */
+	/* the save directory (ckpt_dir.c): */
+	int overwrite;                 /* --overwrite of another run's checkpoints */
+	long long *stale;              /* their steps, removed at the first save */
+	int nstale;
 };
 
 
 /* ckpt_layout.c */
+/* The optimizer's kind as state.json names it ("adamw"). */
+const char *ckpt_opt_name(const DpStep *s);
 const char *ckpt_ent_name(const Ckpt *c, int e);
 void ckpt_dims_str(char *buf, size_t len, int ndim, const int64_t *dims);
 /* "fc1.w", "fc1.w.exp_avg", ...: component cc of entry k. */
 void ckpt_comp_name(const Ckpt *c, int cc, int k, char *buf, size_t len);
+/* state.json's model.hash: crc32 of "NAME[D0,D1];" per whole tensor, in
+ * order, then "optimizer:KIND" (DpOptKind); h starts at 0. */
+uint32_t ckpt_hash_tensor(uint32_t h, const char *name, int ndim, const int64_t *dims);
+uint32_t ckpt_hash_end(uint32_t h, unsigned opt_kind);
 /* Samples per optimizer step. */
 int64_t ckpt_global_batch(const DpStep *s);
 /* Exchange the masters; fill owned, owned_src, owned_off, ent_count. A
  * collective. */
 int ckpt_plan(Ckpt *c, RtErr *e);
+
+/* A file of a checkpoint, as state.json lists it. */
+typedef struct {
+	char name[64];
+	int64_t bytes;
+	uint32_t *crc; /* CRC-32C per ST_SUM_BLOCK bytes (malloc'd) */
+	int64_t ncrc;
+} CkptFile;
+
+/* state.json as ckpt_state_check read it. */
+typedef struct {
+	int version;
+	int sharded;         /* the form: 0 full, 1 sharded */
+	uint64_t step;
+	double loss;
+	int64_t train_samples;
+	int world_size;      /* written_by.world_size */
+	CkptFile *files;     /* crc NULL in version 1 */
+	int nfiles;
+} CkptState;
+
+/* ckpt_state.c */
+/* Every field of state.json (js, of the checkpoint in dir) of its type and
+ * range, and the fields that depend on each other against each other:
+ * 0 with *st filled, or -1 naming the field. */
+int ckpt_state_check(const Ckpt *c, const char *dir, const struct cJSON *js, CkptState *st,
+		     RtErr *e);
+void ckpt_state_free(CkptState *st);
+
+/* ckpt_dir.c */
+/* Remove a checkpoint directory (flat: files only) or a file. */
+int ckpt_remove_tree(const char *path);
+/* state.json of the checkpoint in dir, parsed (a JSON object with this
+ * format's name), or NULL with err. */
+struct cJSON *ckpt_state_parse(const char *dir, char *err, size_t errlen);
+/* 1 when path is a checkpoint whose state.json lists files that are all
+ * there with their sizes. */
+int ckpt_dir_complete(const char *path);
+/* Rank 0: the checkpoint written into tmpdir gets state (state.json's
+ * text) and is published as dir/name: swapped in, latest, keep_last. */
+int ckpt_publish(Ckpt *c, const char *dir, const char *name, const char *tmpdir, const char *state,
+		 int keep, uint64_t step, RtErr *e);
 
 /* Host copies of the tensors a list of segments lives in (exec_tensor_read). */
 typedef struct {

@@ -53,6 +53,10 @@ typedef struct {
 	int32_t state[CKPT_MAX_COMP]; /* component c >= 1: tensor id, -1 none */
 } OptUse;
 
+const char *ckpt_opt_name(const DpStep *s)
+{
+	return dp_kind_name(DP_SET_OPTIMIZER, (int)s->opt.kind);
+}
 
 const char *ckpt_ent_name(const Ckpt *c, int e)
 {
@@ -65,6 +69,21 @@ void ckpt_dims_str(char *buf, size_t len, int ndim, const int64_t *dims)
 	buf[0] = '\0';
 	for (int d = 0; d < ndim && k < len; d++)
 		k += (size_t)snprintf(buf + k, len - k, "%s%lld", d ? "," : "", (long long)dims[d]);
+}
+
+uint32_t ckpt_hash_tensor(uint32_t h, const char *name, int ndim, const int64_t *dims)
+{
+	char buf[512], d[128];
+	ckpt_dims_str(d, sizeof d, ndim, dims);
+	int n = snprintf(buf, sizeof buf, "%s[%s];", name, d);
+	return (uint32_t)crc32(h, (const Bytef *)buf, (uInt)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
+}
+
+uint32_t ckpt_hash_end(uint32_t h, unsigned opt_kind)
+{
+	char buf[64];
+	int n = snprintf(buf, sizeof buf, "optimizer:%u", opt_kind);
+	return (uint32_t)crc32(h, (const Bytef *)buf, (uInt)n);
 }
 
 void ckpt_comp_name(const Ckpt *c, int cc, int k, char *buf, size_t len)

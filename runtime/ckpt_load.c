@@ -1,11 +1,14 @@
 /*
- * ckpt_load.c - reading a checkpoint back (ckpt.h): which directory
- * --resume names, whether it is of this model and run (refused naming what
- * differs), and every rank reading exactly the pieces of the whole tensors
- * its own tensors hold, from whichever files they are in (pread), so a
- * checkpoint of any layout loads at any other.
+ * ckpt_load.c - reading a checkpoint back (ckpt.h): whether it is of this
+ * model and run (refused naming what differs; state.json itself is
+ * validated by ckpt_state.c, and which directory --resume names is
+ * ckpt_dir.c's), and every rank reading exactly the pieces of the whole
+ * tensors its own tensors hold, from whichever files they are in (pread,
+ * every block verified against its CRC-32C), so a checkpoint of any layout
+ * loads at any other. What is loaded must be finite.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,75 +18,6 @@
 #include <cjson/cJSON.h>
 
 #include "ckpt_int.h"
-
-/* The first line of a small file (malloc'd), NULL when it cannot be read. */
-static char *read_line(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return NULL;
-	char buf[1024];
-	char *line = fgets(buf, sizeof buf, f) ? strdup(buf) : NULL;
-	fclose(f);
-	if (line)
-		line[strcspn(line, "\r\n")] = '\0';
-	return line;
-}
-
-static int is_file(const char *path, int dir)
-{
-	struct stat st;
-	return stat(path, &st) == 0 && (dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
-}
-
-int ckpt_resolve(const char *arg, char **dir, char **parent, RtErr *e)
-{
-	char p[4096];
-	char *name = NULL, *base = NULL;
-	*dir = *parent = NULL;
-	snprintf(p, sizeof p, "%s/%s", arg, CKPT_LATEST);
-	if (is_file(arg, 1) && is_file(p, 0)) { /* DIR: its latest */
-		base = strdup(arg);
-		name = read_line(p);
-	} else if (!is_file(arg, 1) && is_file(arg, 0)) { /* DIR/latest */
-		const char *slash = strrchr(arg, '/');
-		if (strcmp(slash ? slash + 1 : arg, CKPT_LATEST) != 0)
-			return RT_FAIL(e, "--resume %s: not a checkpoint directory or a '%s' file", arg,
-				       CKPT_LATEST);
-		base = out_dirname(arg);
-		name = read_line(arg);
-	} else if (is_file(arg, 1)) { /* a checkpoint itself, or an empty save directory */
-		snprintf(p, sizeof p, "%s/%s", arg, CKPT_STATE);
-		if (!is_file(p, 0))
-			return RT_FAIL(e, "--resume %s: no checkpoint there (no '%s' file naming one, no %s)",
-				       arg, CKPT_LATEST, CKPT_STATE);
-		*dir = strdup(arg);
-		*parent = out_dirname(arg);
-		return *dir && *parent ? 0 : RT_FAIL(e, "out of memory");
-	} else {
-		return RT_FAIL(e, "--resume %s: %s", arg, strerror(errno ? errno : ENOENT));
-	}
-	if (!base || !name || !*name || strchr(name, '/') || !strcmp(name, "..")) {
-		free(base);
-		free(name);
-		return RT_FAIL(e, "--resume %s: the '%s' file does not name a checkpoint", arg,
-			       CKPT_LATEST);
-	}
-	snprintf(p, sizeof p, "%s/%s", base, name);
-	free(name);
-	*dir = strdup(p);
-	*parent = base;
-	snprintf(p, sizeof p, "%s/%s", *dir, CKPT_STATE);
-	if (!is_file(p, 0)) {
-		RT_FAIL(e, "--resume %s: the checkpoint %s that '%s' names is missing or incomplete",
-			arg, *dir, CKPT_LATEST);
-		free(*dir);
-		free(*parent);
-		*dir = *parent = NULL;
-		return -1;
-	}
-	return 0;
-}
 
 /* Where the values of a piece of a whole tensor are in the checkpoint. */
 typedef struct {
@@ -309,32 +243,31 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 	return 0;
 }
 
-/* Check the files state.json lists; open them; list their pieces. */
-static int open_source(Ckpt *c, const char *dir, const cJSON *js, const int32_t *ck_ent, int nck,
-		       Source *src, RtErr *e)
+/* Check the files state.json lists (their sizes; their checksums, which
+ * every read verifies from then on); open them; list their pieces. */
+static int open_source(Ckpt *c, const char *dir, const CkptState *st, const int32_t *ck_ent,
+		       int nck, Source *src, RtErr *e)
 {
-	const cJSON *files = jget(js, "files");
-	int nf = cJSON_GetArraySize(files), full = !strcmp(jstr(js, "form"), "full");
+	int nf = st->nfiles, full = !st->sharded;
 	char p[4096];
 	int64_t cap = 0;
 	memset(src, 0, sizeof *src);
-	if (!full && strcmp(jstr(js, "form"), "sharded"))
-		return RT_FAIL(e, "%s/%s: unknown form '%s'", dir, CKPT_STATE, jstr(js, "form"));
 	src->file = calloc((size_t)(nf ? nf : 1), sizeof *src->file);
 	if (!src->file)
 		return RT_FAIL(e, "out of memory");
-	int i = 0;
-	for (const cJSON *f = files ? files->child : NULL; f; f = f->next, i++) {
-		const char *name = jstr(f, "name");
-		struct stat st;
-		snprintf(p, sizeof p, "%s/%s", dir, name);
-		if (!*name || strchr(name, '/') || stat(p, &st) != 0)
+	for (int i = 0; i < nf; i++) {
+		const CkptFile *f = &st->files[i];
+		struct stat sb;
+		snprintf(p, sizeof p, "%s/%s", dir, f->name);
+		if (stat(p, &sb) != 0)
 			return RT_FAIL(e, "checkpoint %s is damaged: %s is missing", dir, p);
-		if ((double)st.st_size != jnum(f, "bytes", -1))
-			return RT_FAIL(e, "checkpoint %s is damaged: %s has %lld bytes, %s says %.0f",
-				       dir, name, (long long)st.st_size, CKPT_STATE, jnum(f, "bytes", -1));
+		if (sb.st_size != f->bytes)
+			return RT_FAIL(e, "checkpoint %s is damaged: %s has %lld bytes, %s says %lld",
+				       dir, f->name, (long long)sb.st_size, CKPT_STATE, (long long)f->bytes);
 		RT_CHECK(st_open(&src->file[i], p, e));
 		src->nfile = i + 1;
+		if (f->crc)
+			RT_CHECK(st_verify_with(&src->file[i], f->crc, f->ncrc, e));
 	}
 	if (full) {
 		/* model.safetensors and optimizer.safetensors: a piece per whole tensor */
@@ -429,51 +362,42 @@ static int read_range(const Ckpt *c, const Source *src, int k, int cc, int64_t f
 	return 0;
 }
 
+/* Loaded values of component cc must be finite (and a second moment not
+ * negative): a NaN or infinity in a master or optimizer state would train
+ * on silently, or surface steps later as a NaN loss blamed on the step. */
+static int check_values(const Ckpt *c, int k, int cc, int64_t full, const float *v, int64_t n,
+			const char *dir, RtErr *e)
+{
+	int nonneg = cc > 0 && !strcmp(c->comp[cc], "exp_avg_sq");
+	for (int64_t i = 0; i < n; i++)
+		if (!isfinite(v[i]) || (nonneg && v[i] < 0)) {
+			char name[600];
+			ckpt_comp_name(c, cc, k, name, sizeof name);
+			return RT_FAIL(e, "checkpoint %s holds %s at element %lld of '%s': refusing to resume "
+				       "from it", dir, isnan(v[i]) ? "NaN" : isinf(v[i]) ? "an infinity"
+				       : "a negative second moment", (long long)(full + i), name);
+		}
+	return 0;
+}
+
 int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 {
-	char p[4096];
+	char err[1024];
 	*notes = NULL;
-	snprintf(p, sizeof p, "%s/%s", dir, CKPT_STATE);
-	FILE *f = fopen(p, "rb");
-	if (!f)
-		return RT_FAIL(e, "cannot read %s: %s", p, strerror(errno));
-	char *text = NULL;
-	size_t len = 0, cap = 0;
-	for (;;) {
-		if (len + 4096 > cap) {
-			cap = cap ? 2 * cap : 65536;
-			char *t = cap <= (64u << 20) ? realloc(text, cap) : NULL;
-			if (!t) {
-				free(text);
-				fclose(f);
-				return RT_FAIL(e, "%s is too large", p);
-			}
-			text = t;
-		}
-		size_t got = fread(text + len, 1, cap - len - 1, f);
-		len += got;
-		if (got == 0)
-			break;
-	}
-	fclose(f);
-	text[len] = '\0';
-	cJSON *js = cJSON_Parse(text);
-	free(text);
-	if (!js || strcmp(jstr(js, "format"), CKPT_FORMAT)) {
-		cJSON_Delete(js);
-		return RT_FAIL(e, "%s is not a dp checkpoint's state", p);
-	}
-	if (jnum(js, "version", 0) != CKPT_VERSION) {
-		RT_FAIL(e, "%s has checkpoint version %.0f; this dpexec reads version %d", p,
-			jnum(js, "version", 0), CKPT_VERSION);
-		cJSON_Delete(js);
-		return -1;
-	}
+	cJSON *js = ckpt_state_parse(dir, err, sizeof err);
+	if (!js)
+		return RT_FAIL(e, "%s", err);
+	CkptState st;
 	int32_t *ck_ent = NULL;
-	int nck = 0, rc = check_model(c, dir, js, &ck_ent, &nck, notes, e);
+	int nck = 0, rc = ckpt_state_check(c, dir, js, &st, e);
+	if (rc == 0)
+		rc = check_model(c, dir, js, &ck_ent, &nck, notes, e);
+	if (rc == 0 && st.version < 2)
+		addf(notes, "note: %s was written by an older dpexec: it has no checksums to verify\n",
+		     dir);
 	Source src = {0};
 	if (rc == 0)
-		rc = open_source(c, dir, js, ck_ent, nck, &src, e);
+		rc = open_source(c, dir, &st, ck_ent, nck, &src, e);
 	for (int cc = 0; rc == 0 && cc < c->ncomp; cc++) {
 		/* root by root: read it (what no piece covers keeps its value), fill, write */
 		const Seg *sg = c->fill[cc];
@@ -481,9 +405,12 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 		Hosts h;
 		if ((rc = ckpt_hosts_read(c, sg, n, &h, e)))
 			break;
-		for (int j = 0; rc == 0 && j < n; j++)
-			rc = read_range(c, &src, sg[j].ent, cc, sg[j].full, sg[j].n,
-					ckpt_host_of(&h, sg[j].root) + sg[j].at, dir, e);
+		for (int j = 0; rc == 0 && j < n; j++) {
+			float *to = ckpt_host_of(&h, sg[j].root) + sg[j].at;
+			rc = read_range(c, &src, sg[j].ent, cc, sg[j].full, sg[j].n, to, dir, e);
+			if (rc == 0)
+				rc = check_values(c, sg[j].ent, cc, sg[j].full, to, sg[j].n, dir, e);
+		}
 		for (int r = 0; rc == 0 && r < h.n; r++)
 			rc = exec_tensor_write(c->x, h.id[r], h.data[r], e);
 		ckpt_hosts_free(&h);
@@ -498,8 +425,8 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 			float *to = ckpt_host_of(&h, sg->root) + sg->at;
 			if (sg->ent < 0) /* padding: the init program's zeros */
 				memset(to, 0, (size_t)sg->n * sizeof *to);
-			else
-				rc = read_range(c, &src, sg->ent, 0, sg->full, sg->n, to, dir, e);
+			else if ((rc = read_range(c, &src, sg->ent, 0, sg->full, sg->n, to, dir, e)) == 0)
+				rc = check_values(c, sg->ent, 0, sg->full, to, sg->n, dir, e);
 		}
 		for (int r = 0; rc == 0 && r < h.n; r++)
 			rc = exec_tensor_write(c->x, h.id[r], h.data[r], e);
@@ -508,12 +435,13 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 	for (int i = 0; rc == 0 && i < c->nrecast; i++)
 		rc = exec_run_kernel(c->x, DP_PROG_INIT, c->recast[i], e);
 	if (rc == 0) {
-		run->step = (uint64_t)jnum(js, "step", 0);
-		run->loss = jnum(js, "loss", 0);
-		run->train_samples = (int64_t)jnum(js, "train_samples", 0);
+		run->step = st.step;
+		run->loss = st.loss;
+		run->train_samples = st.train_samples;
 	}
 	source_free(&src);
 	free(ck_ent);
+	ckpt_state_free(&st);
 	cJSON_Delete(js);
 	if (rc) {
 		free(*notes);

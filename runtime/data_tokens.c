@@ -15,8 +15,8 @@
  * is checked at load against its header, and a sample's tokens are read with
  * pread and widened to int32 when a batch is filled (not mmap: a shard
  * truncated while the run reads it would be SIGBUS; with pread it is a short
- * read, an error). Token ids are checked against the model's vocabulary as
- * they are read. Such errors cannot be returned through the executor's LOAD:
+ * read, an error). Token ids are checked against the model's vocabulary at
+ * load (one streaming pass, data_scan.c) and again as they are read. Such errors cannot be returned through the executor's LOAD:
  * the batch gets zeros and data_fill_failed keeps the first.
  */
 #include <assert.h>
@@ -82,6 +82,12 @@ int data_load_tokens(LoadCtx *c, const DpSource *rec, int dtype, DataSource *d)
 			return RT_FAIL(c->e, "out of memory loading %s", g.gl_pathv[i]);
 		}
 		d->nshards++;
+		/* every id below the vocabulary now, not when its window is drawn */
+		if (data_scan_tokens(sh->fd, sh->path, TOK_HEADER_BYTES, sh->ntok, d->limit, c->where,
+				     c->e)) {
+			globfree(&g);
+			return -1;
+		}
 		sh->first = total;
 		total += (sh->ntok - 1) / T;
 	}

@@ -33,6 +33,7 @@
  */
 #include <dlfcn.h>
 #include <getopt.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,8 @@ typedef struct {
 	const char *log_json;
 	const char *save_dir;
 	const char *resume;
+	int auto_resume;     /* --auto-resume: continue from save_dir's checkpoint if any */
+	int overwrite;       /* --overwrite: a fresh run may replace save_dir's checkpoints */
 	CkptForm save_form;
 	/* the settings-backed flags (format/settings.def's dpexec flags: --steps,
 	 * --save-every, ...): given[id] when one overrides setting id's value in
@@ -169,6 +172,12 @@ static void usage(FILE *f)
 		"  --resume PATH         continue from a checkpoint: DIR (its latest), DIR/latest or\n"
 		"                        DIR/step-N; the steps after it repeat the uninterrupted\n"
 		"                        run's exactly at the same layout\n"
+		"  --auto-resume         continue from the newest complete checkpoint in the save\n"
+		"                        directory if there is one, else start fresh (for jobs\n"
+		"                        that are requeued or restarted)\n"
+		"  --overwrite           start a fresh run in a save directory that holds\n"
+		"                        checkpoints (refused without it); they are removed once\n"
+		"                        this run has written its first\n"
 		"\nthe model's settings (each overrides the step file's value):\n",
 		DPEXEC_CPU_PEAK_TFLOPS);
 	setting_flags_help(f);
@@ -200,7 +209,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_SETTING /* + the setting's id: its dpexec flag */ };
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE,
+	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
 		{"save-full", required_argument, NULL, O_SAVE_FULL},
@@ -218,6 +228,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"save-dir", required_argument, NULL, O_SAVE_DIR},
 		{"save-form", required_argument, NULL, O_SAVE_FORM},
 		{"resume", required_argument, NULL, O_RESUME},
+		{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
+		{"overwrite", no_argument, NULL, O_OVERWRITE},
 		{"help", no_argument, NULL, 'h'},
 	};
 	/* the fixed options, then a flag per setting that has a dpexec flag */
@@ -291,6 +303,12 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_RESUME:
 			o->resume = optarg;
 			break;
+		case O_AUTO_RESUME:
+			o->auto_resume = 1;
+			break;
+		case O_OVERWRITE:
+			o->overwrite = 1;
+			break;
 		case O_SAVE_FORM:
 			if (!strcmp(optarg, "full") || !strcmp(optarg, "sharded")) {
 				o->save_form = !strcmp(optarg, "full") ? CKPT_FULL : CKPT_SHARDED;
@@ -327,9 +345,15 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		return -1;
 	}
 	o->step_path = argv[optind];
-	if (o->resume && o->init_from) {
-		fprintf(stderr, "dpexec: error: --resume and --init-from exclude each other: a resumed "
-				"run takes its parameters from the checkpoint\n");
+	if ((o->resume != NULL) + o->auto_resume + o->overwrite > 1) {
+		fprintf(stderr, "dpexec: error: --resume, --auto-resume and --overwrite exclude each "
+				"other\n");
+		return -1;
+	}
+	if ((o->resume || o->auto_resume) && o->init_from) {
+		fprintf(stderr, "dpexec: error: --%s and --init-from exclude each other: a resumed "
+				"run takes its parameters from the checkpoint\n",
+			o->resume ? "resume" : "auto-resume");
 		return -1;
 	}
 	return 0;
@@ -507,6 +531,8 @@ static void print_resume(const Run *r)
 			i++; /* and its value */
 			continue;
 		}
+		if (!strcmp(a, "--auto-resume") || !strcmp(a, "--overwrite"))
+			continue;
 		if (!strncmp(a, "--resume=", 9) || !strncmp(a, "--init-from=", 12))
 			continue;
 		printf("%s ", a);
@@ -516,18 +542,54 @@ static void print_resume(const Run *r)
 
 /* ---- the run ---- */
 
-/* Before any work: options and output paths (rank 0 checks the paths). */
+/* Before any work: the output paths (rank 0 checks them). Each can be
+ * written (util/outfile.h), and none is an input (the step file,
+ * --init-from, the data files) or another output. */
 static int check_outputs(Run *r)
 {
 	char err[1024];
-	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full};
-	const char *what[] = {"--losses", "--log-json", "--save-full"};
+	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace};
+	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace"};
+	enum { NOUT = sizeof paths / sizeof paths[0] };
 	if (r->rank != 0)
 		return 0;
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < NOUT; i++)
 		if (paths[i] && out_check(paths[i], 0, err, sizeof err))
 			return RT_FAIL(&r->e, "%s: %s", what[i], err);
-	return 0;
+	const DpStep *s = &r->step;
+	glob_t *g = calloc(s->nsources ? s->nsources : 1, sizeof *g);
+	size_t nin = 2;
+	for (uint32_t i = 0; g && i < s->nsources; i++) { /* a token source: every shard */
+		const DpSource *src = &s->sources[i];
+		if (src->kind == DP_SRC_TOKENS && glob(dpstep_str(s, src->path), 0, NULL, &g[i]) == 0)
+			nin += g[i].gl_pathc;
+		nin += src->kind == DP_SRC_IDX || src->kind == DP_SRC_NPY;
+	}
+	OutPath *p = g ? calloc(NOUT + nin, sizeof *p) : NULL;
+	int n = 0, rc = 0;
+	if (!p) {
+		free(p);
+		free(g);
+		return RT_FAIL(&r->e, "out of memory");
+	}
+	for (int i = 0; i < NOUT; i++)
+		p[n++] = (OutPath){paths[i], what[i], 1};
+	p[n++] = (OutPath){r->o.step_path, "the step file", 0};
+	p[n++] = (OutPath){r->o.init_from, "--init-from", 0};
+	for (uint32_t i = 0; i < s->nsources; i++) {
+		const DpSource *src = &s->sources[i];
+		if (src->kind == DP_SRC_IDX || src->kind == DP_SRC_NPY)
+			p[n++] = (OutPath){dpstep_str(s, src->path), "a data file of the model", 0};
+		for (size_t k = 0; k < g[i].gl_pathc; k++)
+			p[n++] = (OutPath){g[i].gl_pathv[k], "a token shard of the model", 0};
+	}
+	if (out_check_distinct(p, n, err, sizeof err))
+		rc = RT_FAIL(&r->e, "%s", err);
+	for (uint32_t i = 0; i < s->nsources; i++)
+		globfree(&g[i]);
+	free(g);
+	free(p);
+	return rc;
 }
 
 /* Set-up every rank does alone; agreed on by the caller. */
@@ -580,18 +642,28 @@ static int setup_local(Run *r)
 
 	RT_CHECK(ckpt_new(&r->ck, &r->x, &r->w, r->o.step_path, e));
 	uint64_t save_every = s->cfg.save_every;
-	char *parent = NULL;
+	char *parent = NULL, *note = NULL;
 	if (r->o.resume)
-		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, e));
+		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, &note, e));
 	const char *dir = r->o.save_dir ? r->o.save_dir : parent ? parent
 				     : save_every ? "checkpoints" : NULL;
 	if (dir && !(r->save_dir = strdup(dir))) {
 		free(parent);
+		free(note);
 		return RT_FAIL(e, "out of memory");
 	}
 	free(parent);
+	if (r->o.auto_resume && !r->save_dir)
+		return RT_FAIL(e, "--auto-resume continues from the save directory: give --save-dir "
+			       "(or save_every in the model)");
+	if (r->o.auto_resume && ckpt_find(r->save_dir, &r->resume_dir, &note, e) < 0)
+		return -1;
+	if (note && r->rank == 0)
+		printf("dpexec: %s\n", note);
+	free(note);
+	CkptDirPlan plan = {.fresh = !r->resume_dir, .overwrite = r->o.overwrite};
 	if (r->rank == 0 && r->save_dir)
-		RT_CHECK(ckpt_prepare_dir(r->ck, r->save_dir, e));
+		RT_CHECK(ckpt_prepare_dir(r->ck, r->save_dir, &plan, e));
 	if (r->rank == 0 && r->o.save_full) {
 		char err[1024];
 		if (out_check(r->o.save_full, (uint64_t)ckpt_params(r->ck) * 4, err, sizeof err))
@@ -632,6 +704,16 @@ static int setup(Run *r)
 		r->comm->timeout_s = r->o.timeout;
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	rc = setup_local(r);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	/* the save directory, once every rank has loaded what it resumes from
+	 * (which may be what a killed save left): leftovers, and room */
+	if (r->rank == 0 && r->save_dir && r->ck) {
+		uint64_t steps = s->cfg.steps, every = s->cfg.save_every; /* the flags' values */
+		CkptDirPlan plan = {.keep = (int)s->cfg.keep_last, .fresh = !r->resume_dir,
+				    .overwrite = r->o.overwrite,
+				    .saves = 1 + (every && steps > r->start ? (int64_t)(steps / every - r->start / every) : 0)};
+		rc = ckpt_clean_dir(r->ck, r->save_dir, &plan, e);
+	}
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	/* the logs (rank 0), once everything else is known to be right */
 	uint64_t steps = s->cfg.steps;
@@ -1022,6 +1104,7 @@ int main(int argc, char **argv)
 {
 	static Run run_state; /* zeroed; one per process, not shared state */
 	Run *r = &run_state;
+	rt_blas_one_thread(argv); /* may execute dpexec again, once */
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;

@@ -51,17 +51,29 @@ static long long line_step(const char *line)
 	return end == p ? -1 : v;
 }
 
-/* Open a log for writing. A resumed run (first > 0) keeps the header and
- * the lines of steps up to `first` of an existing regular file and
- * appends after them; otherwise the file starts anew with the header. */
+/* Open a log for writing, in place (util/outfile.h: through links; a
+ * FIFO without a reader is an error, not a hang). A resumed run (first >
+ * 0) keeps the header and the lines of steps up to `first` of an existing
+ * regular file and appends after them; otherwise the file starts anew with
+ * the header. */
 static FILE *open_log(const char *what, const char *path, const char *header, uint64_t first,
 		      RtErr *e)
 {
-	struct stat st;
-	FILE *f = NULL;
-	if (first > 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode) && (f = fopen(path, "r+"))) {
+	char err[1024];
+	int fd, regular;
+	if (out_open_inplace(path, 1, &fd, &regular, err, sizeof err)) {
+		RT_FAIL(e, "%s: %s", what, err);
+		return NULL;
+	}
+	FILE *f = fdopen(fd, regular ? "r+" : "w");
+	if (!f) {
+		RT_FAIL(e, "cannot write the %s file %s: %s", what, path, strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	long keep = 0;
+	if (first > 0 && regular) {
 		char line[4096];
-		long keep = 0;
 		while (fgets(line, sizeof line, f)) {
 			if (line[0] != '#' && (line_step(line) < 0 || line_step(line) > (long long)first))
 				break;
@@ -69,20 +81,15 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 				break; /* a cut line: the run was killed while writing it */
 			keep = ftell(f);
 		}
-		if (ftruncate(fileno(f), keep) != 0 || fseek(f, keep, SEEK_SET) != 0) {
-			RT_FAIL(e, "cannot continue the %s file %s: %s", what, path, strerror(errno));
-			fclose(f);
-			return NULL;
-		}
-		if (keep > 0)
-			return f;
-	} else {
-		f = fopen(path, "w");
 	}
-	if (!f) {
-		RT_FAIL(e, "cannot write the %s file %s: %s", what, path, strerror(errno));
+	if (regular && (ftruncate(fd, keep) != 0 || fseek(f, keep, SEEK_SET) != 0)) {
+		RT_FAIL(e, "cannot %s the %s file %s: %s", keep ? "continue" : "write", what, path,
+			strerror(errno));
+		fclose(f);
 		return NULL;
 	}
+	if (keep > 0)
+		return f;
 	if (header && (fputs(header, f) == EOF || fflush(f) != 0)) {
 		RT_FAIL(e, "cannot write the %s file %s: %s", what, path, strerror(errno));
 		fclose(f);

@@ -41,6 +41,13 @@ int rt_fail(RtErr *e, const char *file, int line, const char *fmt, ...)
 /* "PROG: error: MSG" on stderr; verbose adds rank, host and the C file:line. */
 void rt_err_print(const char *prog, const RtErr *e, int verbose);
 
+/* ---- OpenBLAS's threads (runtime/blas_env.c) ---- */
+
+/* First thing in main: when OpenBLAS started worker threads (it never uses
+ * them in dpexec), execute this program again with OPENBLAS_NUM_THREADS=1;
+ * returns when there is nothing to do (or the exec failed). */
+void rt_blas_one_thread(char **argv);
+
 /* ---- signals (runtime/signals.c) ---- */
 
 /* Record SIGINT and SIGTERM instead of dying; a second one kills at once. */
@@ -106,6 +113,14 @@ int64_t data_eval_batches(const DataSet *d, const DpStep *s, int dp_size);
 void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, int dp_rank,
 		    int dp_size, void *dst);
 
+/* ---- token shards scanned at load (runtime/data_scan.c) ---- */
+
+/* The ntok uint16 token ids of the shard open as fd, from byte at on, must
+ * be below limit (0: no limit): 0, or -1 naming the first that is not, its
+ * index, the shard and where (the .dp file and line). One streaming read. */
+int data_scan_tokens(int fd, const char *path, int64_t at, int64_t ntok, int64_t limit,
+		     const char *where, RtErr *e);
+
 /* ---- safetensors (runtime/safetensors.c) ---- */
 
 typedef struct {
@@ -134,16 +149,39 @@ typedef struct {
 	int64_t dims[DP_MAX_DIMS];
 } StDecl;
 
+/* Checksums of a file's bytes: the CRC-32C (util/crc32c.h) of each block
+ * of ST_SUM_BLOCK bytes, the last one shorter (none for an empty file). A
+ * checkpoint's state.json lists them per file (docs/CHECKPOINTS.md); a
+ * reader given them verifies every block it reads. */
+#define ST_SUM_BLOCK (1 << 20)
+typedef struct {
+	uint32_t *crc; /* one per block completed */
+	int64_t n, cap;
+	uint32_t cur;  /* of the block being filled */
+	int64_t fill;  /* its bytes so far */
+	int oom;
+} StSums;
+
+/* Account for the next n bytes of the file. */
+void st_sums_add(StSums *s, const void *p, int64_t n);
+/* Close the last block: crc[0..n) is then the file's list. 0, or -1 when
+ * out of memory. */
+int st_sums_end(StSums *s);
+void st_sums_free(StSums *s);
+
 typedef struct {
 	OutFile f;
 	int open;
 	int64_t want, done; /* data bytes declared / appended */
 	int64_t bytes;      /* file bytes so far (header included) */
+	StSums sums;        /* of every byte written; complete after st_end */
 } StWriter;
 
 /* Streaming writer: st_begin writes the header, st_put appends data bytes
  * (any chunking), st_end checks that exactly the declared bytes came and
- * commits; st_cancel (after a failure) removes the temp file. */
+ * commits; st_cancel (after a failure) removes the temp file. The
+ * checksums are computed as the bytes go (w->sums; the caller frees them
+ * after st_end with st_sums_free; st_cancel does). */
 int st_begin(StWriter *w, const char *path, const StDecl *t, int n, RtErr *e);
 int st_put(StWriter *w, const void *data, int64_t nbytes, RtErr *e);
 int st_end(StWriter *w, RtErr *e);
@@ -158,16 +196,24 @@ typedef struct {
 	int64_t begin, end;
 } StEntry;
 
+typedef struct StCheck StCheck; /* expected checksums and the last block read */
+
 typedef struct {
 	char *path;
 	int fd;
 	int64_t size, data_start;
 	StEntry *t;
 	int n;
+	StCheck *check; /* NULL: reads are not verified */
 } StFile;
 
 /* Open and validate a file's header (no data is read). */
 int st_open(StFile *f, const char *path, RtErr *e);
+/* From now on every st_pread of f verifies each block it reads against
+ * crc[0..n) (StSums blocks covering the whole file: n must fit its size;
+ * copied), and the blocks of the header are verified now: 0, or -1 naming
+ * the file and the damaged bytes. */
+int st_verify_with(StFile *f, const uint32_t *crc, int64_t n, RtErr *e);
 /* Index of the tensor named name, -1 if none. */
 int st_find(const StFile *f, const char *name);
 /* nbytes of tensor i from byte off of its data. */

@@ -14,7 +14,10 @@
  * one tensor at a time), st_end checks the count and commits. The file goes
  * through util/outfile.h: atomic (PATH.dptmp, fsync, rename, directory fsync)
  * onto a regular file, through symbolic links, in place into a device; on
- * any failure nothing is left. Reading: st_open parses and checks every
+ * any failure nothing is left. The writer computes the CRC-32C of every
+ * 1 MiB block as the bytes go (StSums), and a reader given them (a
+ * checkpoint's state.json has them) verifies every block it reads, the
+ * header's first. Reading: st_open parses and checks every
  * header field against the file size (a truncated or corrupt file is an
  * error naming the file, never a crash) and st_pread reads any byte range of
  * the data, so a loader reads only the parts it needs. Hosts are
@@ -30,6 +33,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../util/crc32c.h"
 #include "../util/outfile.h"
 #include "rt.h"
 
@@ -50,6 +54,65 @@ static int64_t tensor_elems(int ndim, const int64_t *dims)
 static int64_t decl_bytes(const StDecl *d)
 {
 	return tensor_elems(d->ndim, d->dims) * st_dtype_bytes[d->dtype];
+}
+
+/* ---- checksums (StSums) ---- */
+
+static void sums_push(StSums *s, uint32_t crc)
+{
+	if (s->n == s->cap) {
+		int64_t cap = s->cap ? 2 * s->cap : 64;
+		uint32_t *v = realloc(s->crc, (size_t)cap * sizeof *v);
+		if (!v) {
+			s->oom = 1;
+			return;
+		}
+		s->crc = v;
+		s->cap = cap;
+	}
+	s->crc[s->n++] = crc;
+}
+
+void st_sums_add(StSums *s, const void *buf, int64_t n)
+{
+	const unsigned char *p = buf;
+	while (n > 0) {
+		if (s->fill == 0 && n >= 3 * (int64_t)ST_SUM_BLOCK) { /* whole blocks, three at once */
+			uint32_t crc[64];
+			int64_t k = n / ST_SUM_BLOCK < 64 ? n / ST_SUM_BLOCK : 64;
+			crc32c_blocks(p, (size_t)k, ST_SUM_BLOCK, crc);
+			for (int64_t i = 0; i < k; i++)
+				sums_push(s, crc[i]);
+			p += k * ST_SUM_BLOCK;
+			n -= k * ST_SUM_BLOCK;
+			continue;
+		}
+		int64_t m = ST_SUM_BLOCK - s->fill < n ? ST_SUM_BLOCK - s->fill : n;
+		s->cur = crc32c(s->cur, p, (size_t)m);
+		s->fill += m;
+		p += m;
+		n -= m;
+		if (s->fill == ST_SUM_BLOCK) {
+			sums_push(s, s->cur);
+			s->cur = 0;
+			s->fill = 0;
+		}
+	}
+}
+
+int st_sums_end(StSums *s)
+{
+	if (s->fill)
+		sums_push(s, s->cur);
+	s->cur = 0;
+	s->fill = 0;
+	return s->oom ? -1 : 0;
+}
+
+void st_sums_free(StSums *s)
+{
+	free(s->crc);
+	memset(s, 0, sizeof *s);
 }
 
 /* ---- writing ---- */
@@ -157,6 +220,8 @@ int st_begin(StWriter *w, const char *path, const StDecl *t, int n, RtErr *e)
 		len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 	out_write(&w->f, len8, 8);
 	out_write(&w->f, header, hlen);
+	st_sums_add(&w->sums, len8, 8);
+	st_sums_add(&w->sums, header, (int64_t)hlen);
 	free(header);
 	w->bytes = 8 + (int64_t)hlen;
 	return 0;
@@ -167,8 +232,10 @@ int st_put(StWriter *w, const void *data, int64_t nbytes, RtErr *e)
 	if (w->done + nbytes > w->want)
 		return RT_FAIL(e, "writing %s: %lld bytes more than the header declares", w->f.path,
 			       (long long)(w->done + nbytes - w->want));
-	if (nbytes > 0)
+	if (nbytes > 0) {
 		out_write(&w->f, data, (size_t)nbytes);
+		st_sums_add(&w->sums, data, nbytes);
+	}
 	w->done += nbytes;
 	w->bytes += nbytes;
 	return 0;
@@ -184,10 +251,19 @@ int st_end(StWriter *w, RtErr *e)
 		RT_FAIL(e, "writing %s: %lld of %lld data bytes written", w->f.path,
 			(long long)w->done, (long long)w->want);
 		out_abort(&w->f);
+		st_sums_free(&w->sums);
 		return -1;
 	}
-	if (out_commit(&w->f, err, sizeof err))
+	if (st_sums_end(&w->sums)) {
+		RT_FAIL(e, "writing %s: out of memory for its checksums", w->f.path);
+		out_abort(&w->f);
+		st_sums_free(&w->sums);
+		return -1;
+	}
+	if (out_commit(&w->f, err, sizeof err)) {
+		st_sums_free(&w->sums);
 		return RT_FAIL(e, "%s", err);
+	}
 	return 0;
 }
 
@@ -196,6 +272,7 @@ void st_cancel(StWriter *w)
 	if (w->open)
 		out_abort(&w->f);
 	w->open = 0;
+	st_sums_free(&w->sums);
 }
 
 int st_write(const char *path, const StTensor *t, int n, RtErr *e)
@@ -222,7 +299,9 @@ int st_write(const char *path, const StTensor *t, int n, RtErr *e)
 		st_cancel(&w);
 		return -1;
 	}
-	return st_end(&w, e);
+	rc = st_end(&w, e);
+	st_sums_free(&w.sums);
+	return rc;
 }
 
 /* ---- reading ---- */
@@ -408,6 +487,79 @@ int st_open(StFile *f, const char *path, RtErr *e)
 	return rc;
 }
 
+/* ---- verified reads ---- */
+
+struct StCheck {
+	uint32_t *crc;
+	int64_t n;
+	unsigned char *blk; /* the last block read and verified, */
+	int64_t at;         /* its index (-1: none) */
+};
+
+/* Block k of f, read whole and verified, in f->check->blk. */
+static int load_block(const StFile *f, int64_t k, RtErr *e)
+{
+	StCheck *c = f->check;
+	if (c->at == k)
+		return 0;
+	if (!c->blk && !(c->blk = malloc(ST_SUM_BLOCK)))
+		return RT_FAIL(e, "%s: out of memory", f->path);
+	c->at = -1;
+	int64_t pos = k * ST_SUM_BLOCK, len = f->size - pos < ST_SUM_BLOCK ? f->size - pos : ST_SUM_BLOCK;
+	for (int64_t got = 0; got < len;) {
+		ssize_t r = pread(f->fd, c->blk + got, (size_t)(len - got), pos + got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return RT_FAIL(e, "%s: cannot read bytes [%lld, %lld): %s", f->path, (long long)pos,
+				       (long long)(pos + len), r < 0 ? strerror(errno) : "the file is shorter");
+		got += r;
+	}
+	uint32_t crc = crc32c(0, c->blk, (size_t)len);
+	if (crc != c->crc[k])
+		return RT_FAIL(e, "%s is damaged: bytes [%lld, %lld) do not match their checksum "
+			       "(crc32c %08x, expected %08x)", f->path, (long long)pos,
+			       (long long)(pos + len), crc, c->crc[k]);
+	c->at = k;
+	return 0;
+}
+
+/* nbytes of the file from byte pos, block by verified block. */
+static int checked_pread(const StFile *f, int64_t pos, void *dst, int64_t nbytes, RtErr *e)
+{
+	char *p = dst;
+	while (nbytes > 0) {
+		int64_t k = pos / ST_SUM_BLOCK, in = pos - k * ST_SUM_BLOCK;
+		RT_CHECK(load_block(f, k, e));
+		int64_t m = ST_SUM_BLOCK - in < nbytes ? ST_SUM_BLOCK - in : nbytes;
+		memcpy(p, f->check->blk + in, (size_t)m);
+		p += m;
+		pos += m;
+		nbytes -= m;
+	}
+	return 0;
+}
+
+int st_verify_with(StFile *f, const uint32_t *crc, int64_t n, RtErr *e)
+{
+	int64_t want = (f->size + ST_SUM_BLOCK - 1) / ST_SUM_BLOCK;
+	if (n != want)
+		return RT_FAIL(e, "%s: %lld checksums for its %lld blocks", f->path, (long long)n,
+			       (long long)want);
+	StCheck *c = calloc(1, sizeof *c);
+	if (!c || !(c->crc = malloc((size_t)(n ? n : 1) * sizeof *crc))) {
+		free(c);
+		return RT_FAIL(e, "%s: out of memory", f->path);
+	}
+	memcpy(c->crc, crc, (size_t)n * sizeof *crc);
+	c->n = n;
+	c->at = -1;
+	f->check = c;
+	for (int64_t k = 0; k * ST_SUM_BLOCK < f->data_start; k++) /* the header */
+		RT_CHECK(load_block(f, k, e));
+	return 0;
+}
+
 int st_find(const StFile *f, const char *name)
 {
 	for (int i = 0; i < f->n; i++)
@@ -424,6 +576,8 @@ int st_pread(const StFile *f, int i, int64_t off, void *dst, int64_t nbytes, RtE
 			       (long long)off, (long long)(off + nbytes), t->name);
 	char *p = dst;
 	int64_t pos = f->data_start + t->begin + off;
+	if (f->check)
+		return checked_pread(f, pos, dst, nbytes, e);
 	while (nbytes > 0) {
 		ssize_t got = pread(f->fd, p, (size_t)(nbytes > (1 << 30) ? (1 << 30) : nbytes), pos);
 		if (got < 0 && errno == EINTR)
@@ -440,6 +594,11 @@ int st_pread(const StFile *f, int i, int64_t off, void *dst, int64_t nbytes, RtE
 
 void st_close(StFile *f)
 {
+	if (f->check) {
+		free(f->check->crc);
+		free(f->check->blk);
+		free(f->check);
+	}
 	if (f->fd >= 0)
 		close(f->fd);
 	for (int i = 0; i < f->n; i++)

@@ -24,7 +24,9 @@
  * after a run's final wait (exec.c's walk); a span is the time between two
  * marks, so it covers an instruction and the MPI progress poll before it.
  * Marks are two clock reads and an append to an array; the JSON is written
- * once, by rank 0 (the ranks' events gathered with MPI), in trace_close.
+ * once, by rank 0 (the ranks' events gathered with MPI), in trace_close,
+ * through util/outfile.h like every output (dpexec checks the path before
+ * the first step).
  * With no trace the executor's cost is one NULL test per instruction.
  * Host time only: on a backend that does not run its work inline
  * (BACKEND_INLINE) a span would be the time to enqueue, so dpexec refuses
@@ -378,18 +380,22 @@ int trace_close(Trace *t, const Exec *x, RtErr *e)
 	}
 	MPI_Gatherv(b.s, (int)len, MPI_CHAR, all, counts, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
 	if (t->rank == 0 && rc == 0) {
-		char tmp[4096];
-		snprintf(tmp, sizeof tmp, "%s.tmp", t->path);
-		FILE *f = fopen(tmp, "w");
+		/* util/outfile.h: atomic onto a regular file, in place into a device or
+		 * FIFO, through links; never over a planted temp file */
+		static const char head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", tail[] = "\n]}\n";
+		char err[1024];
+		OutFile f;
 		if (total >= 2) /* the last event's ",\n" */
 			total -= 2;
-		int ok = f && fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n") > 0 &&
-			 fwrite(all, 1, (size_t)total, f) == (size_t)total && fprintf(f, "\n]}\n") > 0;
-		ok = f && fclose(f) == 0 && ok;
-		if (!ok || rename(tmp, t->path) != 0) {
-			remove(tmp);
-			rc = RT_FAIL(e, "cannot write the trace %s", t->path);
+		if (out_open(&f, t->path, err, sizeof err) == 0) {
+			out_write(&f, head, sizeof head - 1);
+			out_write(&f, all, (size_t)total);
+			out_write(&f, tail, sizeof tail - 1);
+			if (out_commit(&f, err, sizeof err) == 0)
+				err[0] = '\0';
 		}
+		if (err[0])
+			rc = RT_FAIL(e, "--trace: %s", err);
 	} else if (rc) {
 		rc = RT_FAIL(e, "out of memory writing the trace %s", t->path);
 	}

@@ -15,6 +15,13 @@
 #define WORLD_SLEEP_MIN_NS 10000L   /* shortest back-off sleep: 10 us */
 #define WORLD_SLEEP_MAX_NS 1000000L /* longest: 1 ms */
 #define WORLD_SLEEP_SHARE 100       /* sleep at most 1/100 of the wait so far */
+/* A gap this long between two polls (whose sleeps are at most 1 ms) means
+ * this process was not running: stopped (SIGSTOP, a debugger) or starved.
+ * The gap does not count toward the timeout: the timeout is what this rank
+ * saw of the others. Without this a rank stopped while waiting timed out
+ * the moment it was continued - as the launcher continues it to deliver the
+ * SIGTERM that ends the job - and printed the error a second time. */
+#define WORLD_STALL_S 1.0
 
 void world_init(World *w, double timeout_s)
 {
@@ -34,13 +41,17 @@ static int mpi_fail(int rc, const char *what, RtErr *e)
 int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 		  double *blocked_s, RtErr *e)
 {
-	double t0 = MPI_Wtime(), el = 0;
+	double t0 = MPI_Wtime(), el = 0, last = t0;
 	long sleep_ns;
 	int rc;
 	for (;;) {
 		int flag = 0;
 		rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
-		el = MPI_Wtime() - t0;
+		double now = MPI_Wtime();
+		if (now - last > WORLD_STALL_S)
+			t0 += now - last; /* not running meanwhile: not waited */
+		last = now;
+		el = now - t0;
 		if (rc != MPI_SUCCESS || flag)
 			break;
 		if (timeout_s > 0 && el > timeout_s) {

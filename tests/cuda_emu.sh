@@ -13,22 +13,41 @@
 #     illegal calls during capture, an unjoined capture, a leading dimension
 #     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
-#     reordered on one rank, ncclCommAbort under a live graph;
+#     reordered on one rank, ncclCommAbort under a live graph; NCCL's
+#     ncclInProgress (a collective enqueued only when settled, also inside
+#     a capture; work on its stream before that is caught), and its abort
+#     (waiting for an in-flight launch of a destroyed graph: two
+#     communicators aborted one after the other hang, at once they end);
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp (also
 #     in bf16)
 #     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
 #     text), every strategy at 1, 2
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
-#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2). Each case runs
-#     with its own DPEMU_SEED and DPEMU_COMM (collectives as late as the
-#     events allow, or as early), so the cases together walk many orders.
+#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); and GPT-2's
+#     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
+#     bf16, tp=2, cp=2), where attention's loops run over several key and
+#     query tiles (ctx 16 fits one tile: a barrier missing between tiles
+#     shows only here). Each case runs with its own DPEMU_SEED and DPEMU_COMM
+#     (collectives as late as the events allow, or as early), so the cases
+#     together walk many orders; collectives return ncclInProgress at random
+#     (DPEMU_NCCL_INPROGRESS's default), so dp's settling is always exercised.
 #     An op the CUDA backend has no kernel for is refused at load: the case
 #     is SKIPPED naming the op, never passed or failed;
-#  3. graph replay vs --no-graph: losses and parameters bitwise equal (f32,
-#     and gpt2-tiny bf16 full_shard at 2 ranks);
+#  3. graph replay vs --no-graph over GRAPH_STEPS (8) steps: losses and
+#     parameters bitwise equal, and the replayed run within the tolerances
+#     of the CPU's (f32, and gpt2-tiny bf16 full_shard at 2 ranks). Eight
+#     steps replay the graph six times, so each of the two device copies of
+#     the staged batches is overwritten while the step before still runs
+#     (the copy stream's wait for step k-2 matters from step 4 on);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
 #     every rank, with a message naming the step and the pending collective;
+#     and with two communicators captured in the step graph (hybrid_shard
+#     2x2: dp_replicate and dp_shard) and the collective stuck on the one
+#     aborted last, every rank still ends within --timeout + 10 s, by the
+#     watchdog's message and not the emulator's hang (NCCL's abort waits for
+#     the in-flight launch: aborting the communicators one after the other
+#     hangs, docs/CUDA.md);
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -99,6 +118,7 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
+GRAPH_STEPS=${GRAPH_STEPS:-8}
 BF16_LOSS=1.220703125e-4 # 2^-13, bf16 cases (the header derives it)
 BF16_UPDATE=1.953125e-3  # 2^-9
 t_start=$(date +%s)
@@ -155,6 +175,10 @@ selftest gemm_ld_past "matrix A .* is not inside one device buffer"
 selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
 selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
+selftest nccl_inprogress ok DPEMU_NCCL_INPROGRESS=always
+selftest nccl_inprogress_early "while a collective issued on it returned ncclInProgress" DPEMU_NCCL_INPROGRESS=always
+selftest nccl_abort_concurrent ok
+selftest nccl_abort_serial "ncclCommAbort of communicator #[0-9]* hangs" DPEMU_ABORT_HANG_S=2
 
 # ---- 2. models: --device cuda (emulated) vs --device cpu ----
 
@@ -169,9 +193,12 @@ for m in gpt2-tiny llama; do
 	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/$m.dp |
 		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/$m.dp"
 done
+# GPT-2's head dim (64) at ctx 128: four 32-row tiles per sequence
+sed 's/^  global_batch .*/  global_batch 4/' "$T/gpt2-tiny.dp" >"$T/gpt2-hd64.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny) echo "$small" ;;
+	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	llama) echo "$small -D ffn=96 -D layers=2" ;;
 	esac
 }
@@ -309,6 +336,16 @@ model_case llama ddp 4 "tp=2, dp_shard=2"
 # context parallelism: zigzag chunks, K/V gathered on cp (attention_cp, kv_pack)
 model_case gpt2-tiny ddp 2 "cp=2"
 model_case llama full_shard 4 "cp=2, dp_shard=2"
+# GPT-2's head dim (64) and several tiles (ctx 128): attention's multi-tile
+# loops and the head-dim-64 kernels GPT-2 runs (forward, both backward
+# kernels, the cp kernels over gathered keys), f32 and bf16. The bf16 case
+# trains with SGD: AdamW's first steps, ~lr * sign(g), turn a bf16 rounding
+# that straddles differently under a near-zero gradient into a step of 2 lr
+# (with AdamW its updates were 1.0e-2 apart, with SGD 6.6e-5, losses equal)
+model_case gpt2-hd64 ddp 1
+model_case gpt2-hd64 ddp 2 "tp=2"
+model_case gpt2-hd64 ddp 2 "cp=2"
+PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
 # and layout ops on their own bf16 paths, bias_grad too)
@@ -343,13 +380,16 @@ SGD=nesterov model_case mlp8 zero2 2
 PREC=bf16 REDUCE=bf16 SGD=nesterov model_case mlp8 ddp 2
 PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 
-# ---- 3. graph replay vs --no-graph, bitwise ----
-# graph_eager NAME BIN NP: the same seed and policy, with and without the graph
+# ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
+# graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
+# late as the host allows: DPEMU_RUN=lazy), with and without
+# the graph, then the replayed run against the CPU's (INIT: a bf16 case,
+# compared by its training update)
 graph_eager() {
-	local name=$1 bin=$2 np=$3 r
+	local name=$1 bin=$2 np=$3 init=${4:-} r
 	for r in graph eager; do
-		env DPEMU_SEED=7 timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$bin" --device cuda \
-			--steps "$STEPS" --quiet --eval-every 0 --losses "$T/ge-$r.loss" \
+		env DPEMU_SEED=7 DPEMU_RUN=lazy timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$bin" --device cuda \
+			--steps "$GRAPH_STEPS" --quiet --eval-every 0 --losses "$T/ge-$r.loss" \
 			--save-full "$T/ge-$r.st" $([ $r = eager ] && echo --no-graph) >"$T/ge-$r.log" 2>&1 ||
 			{
 				if op=$(grep -m1 -oE "has no kernel for [a-z_0-9]+" "$T/ge-$r.log"); then
@@ -362,15 +402,29 @@ graph_eager() {
 			}
 	done
 	if cmp -s "$T/ge-graph.loss" "$T/ge-eager.loss" && cmp -s "$T/ge-graph.st" "$T/ge-eager.st"; then
-		ok "graph replay == --no-graph on $name: losses and parameters bitwise equal"
+		ok "graph replay == --no-graph on $name over $GRAPH_STEPS steps: losses and parameters bitwise equal"
 	else
-		fail "graph replay == --no-graph on $name (not bitwise equal)"
+		fail "graph replay == --no-graph on $name over $GRAPH_STEPS steps (not bitwise equal)"
 		diff "$T/ge-graph.loss" "$T/ge-eager.loss" | head -n 4
+	fi
+	# the batches of steps 3..GRAPH_STEPS reuse the two device copies: the
+	# replayed run must still train on the batches the CPU trains on
+	local prec=${init:+bf16}
+	if ! DP_CPU_BF16_GEMM=${prec:+blas} mpi "$np" "$bin" --device cpu --steps "$GRAPH_STEPS" --quiet \
+		--eval-every 0 --losses "$T/ge-cpu.loss" --save-full "$T/ge-cpu.st" >"$T/ge-cpu.log" 2>&1; then
+		fail "$name over $GRAPH_STEPS steps: --device cpu"; tail -n 3 "$T/ge-cpu.log"
+	elif [ -z "$init" ]; then
+		compare "graph replay on $name over $GRAPH_STEPS steps vs the CPU" "$T/ge-graph" "$T/ge-cpu" 1e-5 1e-5 1e-3
+	else
+		compare "graph replay on $name over $GRAPH_STEPS steps vs the CPU" "$T/ge-graph" "$T/ge-cpu" \
+			"$BF16_LOSS" 0 "$BF16_UPDATE" "$init"
 	fi
 }
 graph_eager "mlp8 zero2 np=4" "$T/${TAG[mlp8 zero2 np=4]}.bin" 4
 graph_eager "gpt2-tiny tp=2 x dp_shard=2" "$T/${TAG[gpt2-tiny ddp np=4 mesh=tp=2, dp_shard=2]}.bin" 4
-graph_eager "gpt2-tiny bf16 full_shard np=2" "$T/${TAG[gpt2-tiny bf16 full_shard np=2]}.bin" 2
+graph_eager "gpt2-tiny bf16 full_shard np=2" "$T/${TAG[gpt2-tiny bf16 full_shard np=2]}.bin" 2 \
+	"$T/${TAG[gpt2-tiny bf16 full_shard np=2]}.init.st"
+graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1]}.bin" 1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
@@ -386,6 +440,34 @@ if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
 	echo "      ${msg#*error: }" | cut -c1-200
 else
 	fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+fi
+
+# Two communicators captured in the step graph (hybrid_shard 2x2: the
+# dp_replicate all_reduces and the dp_shard gathers and reduce-scatters),
+# and a collective stuck on the one cu_nccl_abort used to abort last (the
+# devices of ranks 1 and 3, one per dp_shard group, stop at their 65th
+# collective, step 2's first dp_shard all_gather: every rank waits on
+# dp_shard). NCCL 2.28's abort waits for the in-flight launch of the
+# destroyed graph, so aborting dp_replicate first hangs every rank (the
+# emulator reports the hang after DPEMU_ABORT_HANG_S, 10 s, without device
+# progress); the communicators aborted at once end it. Every rank must end
+# within --timeout 3 + 10 s, with the watchdog's message, not the hang.
+{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
+t0=$(date +%s)
+env DPEMU_STALL=1,3:65 timeout 120 mpirun --oversubscribe -np 4 "$EMU" "$T/hsdp.bin" --device cuda \
+	--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/abort2.log" 2>&1
+rc=$?
+took=$(($(date +%s) - t0))
+msg=$(grep -m1 "did not finish within --timeout" "$T/abort2.log")
+if [ $rc = 1 ] && [ $took -le 13 ] && ! grep -q "FATAL" "$T/abort2.log" &&
+	echo "$msg" | grep -qE "pending: [a-z_]+ of '[^']+' over axis mask 2 .*; aborted every NCCL communicator"; then
+	ok "two communicators in the graph, a collective stuck on the one aborted last: every rank ends within --timeout 3 + 10 s (${took}s, exit $rc)"
+	echo "      ${msg#*error: }" | cut -c1-200
+else
+	fail "two communicators in the graph, a collective stuck on dp_shard: the job must end within 13 s with the watchdog's message (exit $rc after ${took}s)"
+	grep -v "^ \|^$" "$T/abort2.log" | cut -c1-300 | tail -n 6
 fi
 
 # ---- 5. the device probe: mismatch, no driver, no device ----

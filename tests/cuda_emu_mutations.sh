@@ -27,6 +27,18 @@
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
+#   attn_sync     the __syncthreads at the top of attention's forward loop
+#                 over key tiles dropped: a thread loads the next tile over
+#                 the one others still read (invisible at ctx 16, one tile)
+#   copy_wait     stage_push's copy stream no longer waits for step k-2
+#                 before it overwrites device batch copy k % 2 (dpexec
+#                 pushes step k+1 while k-1 may still read it)
+#   abort_serial  cu_nccl_abort aborts the communicators one after the
+#                 other on the calling thread, as before issue 21: with two
+#                 communicators in the step graph and a collective stuck on
+#                 the one aborted last, NCCL's abort waits forever for the
+#                 in-flight launch (tests/cuda_emu.sh's two-communicator
+#                 stall must then fail: a hang, not the watchdog's exit)
 #
 # Each case runs twice, with collectives as late and as early as the events
 # allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
@@ -37,14 +49,19 @@
 # a dropped bias is still ~lr after 3 steps) under both collective
 # policies and must be caught by both runs. The bf16 cases' CPU references
 # run their GEMMs on f32 copies (DP_CPU_BF16_GEMM=blas), as the emulated
-# cuBLASLt does (tests/cuda_emu.sh's header says why).
-# Runtime: ~1-2 min (one rebuild of the .cu files for no_sync).
+# cuBLASLt does (tests/cuda_emu.sh's header says why). attn_sync runs
+# tests/cuda_emu.sh's gpt2-hd64 case (head dim 64, ctx 128: four key tiles)
+# under ascending and random thread orders, and both must catch it;
+# copy_wait runs it for 8 steps with device work run as late as the host
+# allows (DPEMU_RUN=lazy: the copy then overtakes the step still reading).
+# Runtime: ~2-4 min (one rebuild of the .cu files for no_sync).
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
+why="" # what the last run() or stall_ends() found
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator's mutation checks"; then
 	finish cuda_emu_mutations
@@ -63,9 +80,17 @@ sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
 # the same with biases that are not zero at the start (a dropped bias shows)
 sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
 "$DPC" "$T/biased.dp" --world-size 2 -o "$T/biased.bin" >/dev/null 2>&1
-for b in one two biased; do
-	np=2; [ $b = one ] && np=1
-	mpi $np "$T/$b.bin" --device cpu --steps "$STEPS" --quiet --eval-every 0 \
+# GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on text;
+# hd8 is the same step file run for 8 steps
+text_shard
+awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
+	sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/hd64.dp"
+"$DPC" "$T/hd64.dp" -D ctx=128 -D d=128 -D heads=2 -D layers=1 -o "$T/hd64.bin" >/dev/null 2>&1
+cp "$T/hd64.bin" "$T/hd8.bin"
+declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
+for b in one two biased hd64 hd8; do
+	np=2; case $b in one | hd*) np=1 ;; esac
+	mpi $np "$T/$b.bin" --device cpu --steps "${NSTEPS[$b]:-$STEPS}" --quiet --eval-every 0 \
 		--losses "$T/$b.cpu.loss" --save-full "$T/$b.cpu.st" >/dev/null 2>&1 || fail "cpu reference $b"
 done
 
@@ -74,7 +99,7 @@ done
 run() {
 	local name=$1 bin=$2 np=$3; shift 3
 	env "$@" timeout 300 mpirun --oversubscribe -np "$np" "$W/build-emu/dpexec" "$T/$bin.bin" \
-		--device cuda --steps "$STEPS" --quiet --eval-every 0 --losses "$T/$name.loss" \
+		--device cuda --steps "${NSTEPS[$bin]:-$STEPS}" --quiet --eval-every 0 --losses "$T/$name.loss" \
 		--save-full "$T/$name.st" >"$T/$name.log" 2>&1
 	local rc=$?
 	if [ $rc != 0 ]; then
@@ -211,16 +236,83 @@ static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
 	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
 
-# unmutated WHAT BIN NP: the restored copy, rebuilt, passes the case (the
-# checks are not always-fail)
+# 7: attention's forward loop without its first barrier (ctx 128: four
+# key tiles; at ctx 16 there is one and the barrier guards nothing)
+if mutate attn_sync "runtime/cuda/attention.cu" \
+	sed 's|^\t\t__syncthreads(); /\* the previous tile is consumed \*/|\t\t/* MUTATION: no __syncthreads */|'; then
+	check_all attn_sync hd64 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+fi
+# 8: the staged batches' device copies overwritten while a step reads them
+if mutate copy_wait "runtime/cuda/backend_cuda.c" \
+	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then
+	check copy_wait hd8 1 DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
+fi
+# 9: the communicators aborted one after the other (before issue 21): the
+# two-communicator stall of tests/cuda_emu.sh must no longer end by the
+# watchdog within --timeout + 10 s
+{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
+# stall_ends NAME: the stall run ends within 13 s by the watchdog (0), or not (1)
+stall_ends() {
+	local t0 rc took
+	t0=$(date +%s)
+	env DPEMU_STALL=1,3:65 timeout 120 mpirun --oversubscribe -np 4 "$W/build-emu/dpexec" "$T/hsdp.bin" \
+		--device cuda --steps 50 --quiet --eval-every 0 --timeout 3 >"$T/$1.log" 2>&1
+	rc=$?
+	took=$(($(date +%s) - t0))
+	why="exit $rc after ${took}s: $(grep -m1 -E "FATAL|error:" "$T/$1.log" | sed 's/^cuda-emu: //; s/^dpexec: //' | cut -c1-150)"
+	[ $rc = 1 ] && [ $took -le 13 ] && ! grep -q FATAL "$T/$1.log" &&
+		grep -q "did not finish within --timeout 3 s" "$T/$1.log"
+}
+# shellcheck disable=SC2016
+if mutate abort_serial "runtime/cuda/comm_nccl.c" perl -0pe '
+	s{^int cu_nccl_abort\(CuNccl \*nc, double bound_s\)\n\{}{int cu_nccl_abort(CuNccl *nc, double bound_s)
+\{
+	/* MUTATION: one after the other, on this thread */
+	if (nc && !nc->aborted) {
+		nc->aborted = 1;
+		for (int st = 0; st < DP_NSTREAM; st++)
+			for (unsigned m = 0; m < NMASK; m++)
+				if (nc->comm[st][m]) {
+					ncclCommAbort(nc->comm[st][m]);
+					nc->comm[st][m] = NULL;
+				}
+		if (nc->world_comm)
+			ncclCommAbort(nc->world_comm);
+		nc->world_comm = NULL;
+		return 0;
+	}
+}m'; then
+	if ! make -s -C "$W" cuda-emu >"$T/abort_serial.build" 2>&1; then
+		fail "abort_serial: the mutated backend does not build"; tail -n 5 "$T/abort_serial.build"
+	elif stall_ends abort_serial; then
+		fail "mutation abort_serial NOT caught: the job still ended by the watchdog ($why)"
+	else
+		ok "mutation abort_serial caught: $why"
+	fi
+	restore
+	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && stall_ends abort_clean; then
+		ok "the unmutated backend ends the two-communicator stall ($why)"
+	else
+		fail "the unmutated backend does not end the two-communicator stall: $why"
+	fi
+fi
+
+# unmutated WHAT BIN NP [ENVS]: the restored copy, rebuilt, passes the case
+# (the checks are not always-fail)
 unmutated() {
-	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run "clean-$2" "$2" "$3" DPEMU_SEED=3; then
+	local env=${4:-DPEMU_SEED=3}
+	# shellcheck disable=SC2086
+	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && ! run "clean-$2" "$2" "$3" ${env//,/ }; then
 		ok "the unmutated backend passes $1 ($why)"
 	else
 		fail "the unmutated backend fails $1: $why"
 	fi
 }
 unmutated "the same case" two 2
+unmutated "the gpt2-hd64 case" hd64 1 DPEMU_THREADS=random,DPEMU_SEED=2
+unmutated "the gpt2-hd64 case over 8 steps" hd8 1 DPEMU_RUN=lazy,DPEMU_SEED=7
 # ---- bf16 kernels (issue 14): their own paths, not the staged f32 ones ----
 # 7, 8: bf16_stride walks a norm's row in 128-bit chunks with the scalar
 # stride (the chunks overlap: the mean counts elements several times);

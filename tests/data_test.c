@@ -17,6 +17,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -28,6 +29,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "../util/crc32c.h"
 #include "rt.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist/"
@@ -1072,9 +1074,10 @@ static void test_model_checks(void)
 		CHECK(0, "labels below the classes: %s", e.msg);
 	}
 
-	/* token shards: an id outside the vocabulary, then a shard cut short
-	 * after it was opened: errors from data_error, zeros in the batch, no
-	 * signal */
+	/* token shards: an id outside the vocabulary is refused at load (the
+	 * scan of every shard, runtime/data_scan.c); one written after the shard
+	 * was opened, and a shard cut short after it was opened, are errors from
+	 * data_error, zeros in the batch, no signal */
 	enum { T = 4, N = 41 };
 	uint16_t tok[N];
 	for (int i = 0; i < N; i++)
@@ -1084,10 +1087,18 @@ static void test_model_checks(void)
 	step_init(&ts, 2, 1, 5);
 	int sx = add_tokens(&ts, DP_SPLIT_TRAIN, tpath("vocab.bin"), T, 0, 3);
 	add_reader(&ts, prog, ts.sources[sx].tensor, 256, 1);
+	expect_open_error(&ts, DP_SPLIT_TRAIN, "vocab.bin: token 300 at index 17 is outside the model's "
+			  "vocabulary of 256 (models/test.dp:3)", "a token outside the vocabulary, at load");
+	tok[17] = 3;
+	write_shard(tpath("vocab.bin"), tok, N, 20240520, 1, N, 0);
 	if (open_split(&ts, DP_SPLIT_TRAIN, &d, &e) != 0) {
 		CHECK(0, "token shard: %s", e.msg);
 		return;
 	}
+	int fd = open(tpath("vocab.bin"), O_WRONLY); /* changed after the load */
+	uint16_t bad_id = 300;
+	if (fd < 0 || pwrite(fd, &bad_id, 2, 1024 + 2 * 17) != 2 || close(fd) != 0)
+		abort();
 	int32_t out[2 * T];
 	int bad = 0;
 	for (uint64_t step = 0; step < 5 && !bad; step++) {
@@ -1164,6 +1175,68 @@ static void st_manual(const char *json, size_t data_len, unsigned char **out, si
 	for (int k = 0; k < 8; k++)
 		(*out)[k] = (unsigned char)((uint64_t)hl >> (8 * k));
 	memcpy(*out + 8, json, hl);
+}
+
+/* The checksums of a streamed file: one CRC-32C per 1 MiB block as the
+ * bytes went (any chunking), and a reader given them refuses a damaged
+ * block, but only a read that touches it. */
+static void test_st_sums(void)
+{
+	enum { NF = 900000 }; /* 3.4 MiB of data: blocks 0..3 */
+	float *v = malloc(NF * sizeof *v);
+	for (int i = 0; i < NF; i++)
+		v[i] = (float)i * 0.5f;
+	StDecl d[1] = {{.name = "v", .dtype = ST_F32, .ndim = 1, .dims = {NF}}};
+	StWriter w;
+	RtErr e = new_err();
+	const char *path = tpath("sums.safetensors");
+	int rc = st_begin(&w, path, d, 1, &e);
+	for (int64_t at = 0, k = 1; rc == 0 && at < NF; at += k, k = k * 7 % 400009 + 1)
+		rc = st_put(&w, v + at, (at + k < NF ? k : NF - at) * 4, &e); /* odd chunks */
+	CHECK(rc == 0 && st_end(&w, &e) == 0, "streamed write: %s", e.msg);
+	FILE *f = fopen(path, "rb");
+	unsigned char *all = malloc(8 << 20);
+	size_t len = f ? fread(all, 1, 8 << 20, f) : 0;
+	if (f)
+		fclose(f);
+	int ok = w.sums.n == (int64_t)((len + ST_SUM_BLOCK - 1) / ST_SUM_BLOCK) && w.sums.n == 4;
+	for (int64_t k = 0; ok && k < w.sums.n; k++) {
+		size_t n = len - (size_t)k * ST_SUM_BLOCK < ST_SUM_BLOCK ? len - (size_t)k * ST_SUM_BLOCK
+									 : ST_SUM_BLOCK;
+		ok = w.sums.crc[k] == crc32c(0, all + k * ST_SUM_BLOCK, n);
+	}
+	CHECK(ok, "the writer's block checksums are the file's (%lld blocks of %zu bytes)",
+	      (long long)w.sums.n, len);
+	/* a flipped bit in block 2: reads there refused, reads in block 0 fine */
+	all[2 * ST_SUM_BLOCK + 5] ^= 4;
+	f = fopen(path, "wb");
+	if (!f || fwrite(all, 1, len, f) != len || fclose(f) != 0)
+		abort();
+	StFile sf;
+	float got[4];
+	CHECK(st_open(&sf, path, &e) == 0 && st_verify_with(&sf, w.sums.crc, w.sums.n, &e) == 0,
+	      "open and verify the header: %s", e.msg);
+	CHECK(st_pread(&sf, 0, 4 * 1000, got, sizeof got, &e) == 0 && got[0] == 500.0f,
+	      "a read in a sound block: %s", e.msg);
+	e = new_err();
+	rc = st_pread(&sf, 0, 2 * ST_SUM_BLOCK, got, sizeof got, &e);
+	CHECK(rc != 0 && strstr(e.msg, "sums.safetensors is damaged: bytes [2097152, 3145728) do not match "
+				 "their checksum"), "a read in the damaged block: %s", rc ? e.msg : "accepted");
+	e = new_err();
+	float across[64]; /* from 128 bytes before block 2 into it */
+	CHECK(st_pread(&sf, 0, 2 * ST_SUM_BLOCK - 128 - sf.data_start, across, sizeof across, &e) != 0,
+	      "a read across into the damaged block is refused");
+	CHECK(st_pread(&sf, 0, ST_SUM_BLOCK - 128 - sf.data_start, across, sizeof across, &e) == 0 &&
+	      across[0] == (float)((ST_SUM_BLOCK - 128 - sf.data_start) / 4) * 0.5f,
+	      "a read across sound blocks: %s", e.msg);
+	st_close(&sf);
+	CHECK(st_open(&sf, path, &e) == 0 && st_verify_with(&sf, w.sums.crc, w.sums.n - 1, &e) != 0,
+	      "a list of checksums that does not cover the file is refused");
+	st_close(&sf);
+	st_sums_free(&w.sums);
+	free(all);
+	free(v);
+	unlink(path);
 }
 
 static void test_safetensors(void)
@@ -1365,6 +1438,7 @@ int main(void)
 	test_tokens();
 	test_model_checks();
 	test_safetensors();
+	test_st_sums();
 	test_fashion_mnist();
 	remove_tree(tmpdir);
 	printf("data_test: %d passed, %d failed\n", passed, failed);

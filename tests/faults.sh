@@ -109,12 +109,10 @@ wait_lines() {
 }
 # resume_same NAME DIR: continue the run of DIR to the end; its losses
 # file must then be the uninterrupted run's
+# (--auto-resume: killed before its first checkpoint, the run starts again)
 resume_same() {
-	if [ -f "$2/latest" ]; then
-		tiny --losses "$T/$1.loss" --resume "$2" >"$T/$1.res" 2>&1
-	else # killed before its first checkpoint: nothing to resume, run again
-		tiny --losses "$T/$1.loss" --save-dir "$2" >"$T/$1.res" 2>&1
-	fi && cmp -s "$T/$1.loss" "$T/ref.loss"
+	tiny --losses "$T/$1.loss" --save-dir "$2" --auto-resume >"$T/$1.res" 2>&1 &&
+		cmp -s "$T/$1.loss" "$T/ref.loss"
 }
 
 # ---- SIGTERM to every rank (as Slurm sends it) ----

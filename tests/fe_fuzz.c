@@ -25,24 +25,12 @@
 #include <unistd.h>
 
 #include "frontend.h"
+#include "fuzz_rand.h"
 
 typedef struct {
 	char *p;
 	size_t n, cap;
 } Buf;
-
-static uint64_t next_rand(uint64_t *s) /* splitmix64 */
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static size_t below(uint64_t *s, size_t n)
-{
-	return n ? (size_t)(next_rand(s) % n) : 0;
-}
 
 static void reserve(Buf *b, size_t need)
 {

@@ -5,6 +5,13 @@
 # directories, missing directories, FIFOs without a reader and full disks
 # (/dev/full) are errors with a message and a non-zero exit; a stale temp
 # file of a killed write is removed by the next write to the same path.
+# --trace goes the same way (a device stays a device, a link its target, a
+# planted temp-file link is never followed, a bad path fails before
+# training). No output may be an input or another output: dpc -o onto its
+# model (also through a link), --save-full/--losses onto the step file, a
+# data file, two outputs on one file: refused before any work, the inputs
+# unchanged. --losses into a FIFO without a reader: an error, not a hang.
+# dpc --stats, --dump-ir and --emit=ir write no step file without -o.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
@@ -55,6 +62,18 @@ else
 	fail "stale temp file"; ls -l "$T"
 fi
 ls "$T" | grep -q "dptmp" && fail "temp files left: $(ls "$T" | grep dptmp)"
+# looking at a model writes no step file on the side (./mlp.bin), only with -o
+mkdir "$T/look"
+if (cd "$T/look" && "$DPC" "$ROOT/models/mlp.dp" --world-size 2 --stats >/dev/null &&
+	"$DPC" "$ROOT/models/mlp.dp" --world-size 2 --dump-ir=ir >/dev/null &&
+	"$DPC" "$ROOT/models/mlp.dp" --world-size 2 --emit=ir >/dev/null) &&
+	[ "$(ls "$T/look")" = ir ] && [ -s "$T/look/ir/00-frontend.ir" ]; then
+	ok "dpc --stats, --dump-ir and --emit=ir write no ./mlp.bin"
+else
+	fail "dpc --stats, --dump-ir or --emit=ir wrote a file besides the dump: $(ls "$T/look")"
+fi
+(cd "$T/look" && "$DPC" "$ROOT/models/mlp.dp" --world-size 2 --stats -o s.bin >/dev/null) && [ -s "$T/look/s.bin" ] ||
+	fail "dpc --stats -o FILE writes the step file"
 
 # ---- dpexec --save-full ----
 if [ -c "$T/chr" ]; then
@@ -103,6 +122,92 @@ if X "$T/ref.bin" --steps 3 --quiet --save-dir "$T/ck" >"$T/out" 2>&1 && [ ! -e 
 	ok "a killed save's temp directory is removed by the next run in the same save directory"
 else
 	fail "stale checkpoint temp"; ls "$T/ck"
+fi
+
+# ---- --trace (issue 22, item 1) ----
+if [ -c "$T/chr" ]; then
+	if X "$T/ref.bin" --steps 2 --quiet --device cpu --trace "$T/chr" >"$T/out" 2>&1 && [ -c "$T/chr" ]; then
+		ok "--trace onto a character device writes through; it stays a device"
+	else
+		fail "--trace onto a character device"; ls -l "$T/chr"; head -n 5 "$T/out"
+	fi
+fi
+echo victim >"$T/victim"
+ln -s victim "$T/tr.json.dptmp"
+ln -s victim "$T/tr.json.tmp"
+if X "$T/ref.bin" --steps 2 --quiet --device cpu --trace "$T/tr.json" >"$T/out" 2>&1 &&
+	[ "$(cat "$T/victim")" = victim ] && [ -f "$T/tr.json" ] && [ ! -L "$T/tr.json" ] &&
+	$PY -c 'import json, sys; json.load(open(sys.argv[1]))' "$T/tr.json"; then
+	ok "--trace next to planted TRACE.dptmp / .tmp links: the links' target is untouched"
+else
+	fail "--trace with a planted temp link"; head -c 100 "$T/victim"; head -n 5 "$T/out"
+fi
+rm -f "$T/tr.json.dptmp" "$T/tr.json.tmp"
+echo old >"$T/tr_target"
+ln -s tr_target "$T/tr_link"
+if X "$T/ref.bin" --steps 2 --quiet --device cpu --trace "$T/tr_link" >"$T/out" 2>&1 && [ -L "$T/tr_link" ] &&
+	[ "$(stat -c %s "$T/tr_target")" -gt 1000 ]; then
+	ok "--trace onto a symbolic link writes its target; the link stays"
+else
+	fail "--trace onto a symbolic link"; ls -l "$T"/tr_*
+fi
+expect "--trace into a missing directory fails before training" "--trace: cannot write $T/no/t.json: directory $T/no does not exist" \
+	X "$T/ref.bin" --steps 2 --device cpu --trace "$T/no/t.json"
+grep -q "^step 1/" "$T/out" && fail "it trained before finding the --trace path bad"
+expect "--trace onto a full disk (/dev/full)" "--trace: cannot write /dev/full: No space left on device" \
+	X "$T/ref.bin" --steps 2 --quiet --device cpu --trace /dev/full
+
+# ---- no output is an input or another output (issue 22, item 6) ----
+cp models/mlp.dp "$T/m.dp"
+variant "$T/m.dp" "$T/m1.dp" 's/^mesh .*/mesh dp_shard=1/'
+cp "$T/m1.dp" "$T/m1.orig"
+expect "dpc -o onto its own input is refused" "dpc: -o $T/m1.dp is the input: refusing to overwrite an input" \
+	"$DPC" "$T/m1.dp" -o "$T/m1.dp"
+ln -s m1.dp "$T/m1link.bin"
+expect "dpc -o onto a link to its input is refused" "-o $T/m1link.bin is the input $T/m1.dp" \
+	"$DPC" "$T/m1.dp" -o "$T/m1link.bin"
+expect "dpc -o onto its input by another spelling is refused" "is the input" \
+	"$DPC" "$T/m1.dp" -o "$T/../$(basename "$T")/m1.dp"
+check "the model is unchanged" cmp -s "$T/m1.dp" "$T/m1.orig"
+cp "$T/ref.bin" "$T/s.bin"
+expect "--save-full onto the step file is refused" "--save-full $T/s.bin is the step file: refusing to overwrite an input" \
+	X "$T/s.bin" --steps 1 --save-full "$T/s.bin"
+expect "--losses onto the step file is refused" "--losses $T/s.bin is the step file" \
+	X "$T/s.bin" --steps 1 --losses "$T/s.bin"
+check "the step file is unchanged" cmp -s "$T/s.bin" "$T/ref.bin"
+expect "--losses and --log-json on one file are refused" "--losses $T/x and --log-json $T/x are the same file" \
+	X "$T/s.bin" --steps 1 --losses "$T/x" --log-json "$T/x"
+ln -s x "$T/xlink"
+expect "--losses and --trace on one file through a link are refused" "are the same file" \
+	X "$T/s.bin" --steps 1 --device cpu --losses "$T/x" --trace "$T/xlink"
+check "neither was written" [ ! -e "$T/x" ]
+# a data file of the model: its own copy of the labels
+cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$T/labels.gz"
+cp "$T/labels.gz" "$T/labels.orig"
+variant "$T/m1.dp" "$T/mlab.dp" 's|"/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"|"'"$T"'/labels.gz"|'
+"$DPC" "$T/mlab.dp" -o "$T/mlab.bin" >/dev/null 2>&1 || fail "dpc mlab.dp"
+expect "--log-json onto a data file of the model is refused" "--log-json $T/labels.gz is a data file of the model" \
+	X "$T/mlab.bin" --steps 1 --log-json "$T/labels.gz"
+check "the data file is unchanged" cmp -s "$T/labels.gz" "$T/labels.orig"
+cp "$T/st_target" "$T/w.st"
+expect "--save-full onto --init-from is refused" "--save-full $T/w.st is --init-from" \
+	X "$T/s.bin" --steps 1 --init-from "$T/w.st" --save-full "$T/w.st"
+if X "$T/s.bin" --steps 1 --quiet --losses /dev/null --log-json /dev/null >"$T/out" 2>&1; then
+	ok "two outputs on /dev/null (a character device) are fine"
+else
+	fail "two outputs on /dev/null"; head -n 3 "$T/out"
+fi
+
+# ---- a FIFO without a reader (issue 22, item 10) ----
+expect "--losses into a FIFO without a reader: an error at once, no hang" \
+	"--losses: cannot write $T/fifo: a FIFO with no reader" X "$T/s.bin" --steps 2 --losses "$T/fifo"
+( cat "$T/fifo" >"$T/fifo.out" ) &
+reader=$!
+if X "$T/s.bin" --steps 2 --quiet --losses "$T/fifo" >"$T/out" 2>&1 && wait $reader &&
+	[ "$(grep -c '^[12] ' "$T/fifo.out")" = 2 ]; then
+	ok "--losses into a FIFO with a reader: the reader gets the lines"
+else
+	fail "--losses into a FIFO with a reader"; head -n 3 "$T/out"; kill $reader 2>/dev/null
 fi
 
 finish outputs

@@ -71,7 +71,7 @@ eq_run llama 2 "$T/llama.dp" && eq_run llama-rc 2 "$T/llama-rc.dp" &&
 make_dp ir "$gpt" "" full_shard 0
 make_dp ir-rc "$gpt" "" full_shard 1
 ag() { "$DPC" "$1" --world-size 2 --emit=ir | grep -c '= all_gather '; }
-arena() { "$DPC" "$1" --world-size 2 --stats | awk '/^total \(arena size\)/ {print $4}'; }
+arena() { "$DPC" "$1" --world-size 2 --emit=stats | awk '/^total \(arena size\)/ {print $4}'; }
 a0=$(ag "$T/ir.dp"); a1=$(ag "$T/ir-rc.dp")
 if [ -n "$a0" ] && [ "$a0" = "$a1" ]; then
 	ok "full_shard: recompute adds no all_gather ($a0 in both)"

@@ -18,6 +18,7 @@ suites=(
 	"outputs"       "bash tests/outputs.sh"
 	"faults"        "bash tests/faults.sh"
 	"resume"        "bash tests/resume.sh"
+	"durability"    "bash tests/durability.sh"
 	"logs"          "bash tests/logs.sh"
 	"data_errors"   "bash tests/data_errors.sh"
 	"equivalence"   "bash tests/equivalence.sh"
@@ -33,6 +34,7 @@ suites=(
 	"cuda"          "bash tests/cuda.sh"
 	"cuda_emu"      "bash tests/cuda_emu.sh"
 	"cuda_emu_mutations" "bash tests/cuda_emu_mutations.sh"
+	"gpu_kit"       "bash tests/gpu_kit.sh"
 )
 tp=0; tf=0; ts=0; failed=()
 for ((i = 0; i < ${#suites[@]}; i += 2)); do

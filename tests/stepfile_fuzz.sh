@@ -40,14 +40,15 @@ else
 	echo "  skip decoder fuzz of models/mlp.dp (dpc missing or failing)"
 fi
 
-# dpexec on accepted mutations
+# dpexec on accepted mutations, run in $T/em: a mutant may set save_every, and
+# its checkpoints (default directory ./checkpoints) must not land in the tree
 N=${FUZZ_EXEC:-40}
 mkdir -p "$T/em"
 if "$T/fuzz" --emit "$T/em" "$N"; then
 	ok "emit $N accepted mutations"
 	bad=0
 	for f in "$T"/em/m*.bin; do
-		env $MPI_ASAN timeout 60 "$DPEXEC" "$f" --steps 2 --quiet >"$f.out" 2>&1
+		(cd "$T/em" && env $MPI_ASAN timeout 60 "$DPEXEC" "$f" --steps 2 --quiet) >"$f.out" 2>&1
 		rc=$?
 		if [ $rc -eq 0 ] || { [ $rc -eq 1 ] && grep -q "^dpexec: error: " "$f.out"; }; then
 			:
@@ -57,7 +58,7 @@ if "$T/fuzz" --emit "$T/em" "$N"; then
 		fi
 	done
 	check "dpexec on $N mutated step files: trains or fails cleanly ($bad bad)" [ $bad -eq 0 ]
-	env $MPI_ASAN timeout 60 "$DPEXEC" "$T/em/valid.bin" --steps 2 --quiet >"$T/valid.out" 2>&1
+	(cd "$T/em" && env $MPI_ASAN timeout 60 "$DPEXEC" "$T/em/valid.bin" --steps 2 --quiet) >"$T/valid.out" 2>&1
 	check "dpexec runs the unmutated built-in step file" [ $? -eq 0 ]
 else
 	fail "emit mutations"

@@ -286,6 +286,105 @@ void out_abort(OutFile *f)
 	f->tmp = f->target = f->path = NULL;
 }
 
+int out_open_inplace(const char *path, int rdwr, int *fd, int *regular, char *err, size_t errlen)
+{
+	char *target, what[1024];
+	int kind;
+	*fd = -1;
+	*regular = 0;
+	if (out_resolve(path, &target, &kind, err, errlen))
+		return -1;
+	describe(what, sizeof what, path, target);
+	/* a device or FIFO is only written (a FIFO opened for reading too would
+	 * be its own reader); O_NONBLOCK: a FIFO without a reader is ENXIO, not
+	 * a hang */
+	int flags = O_NOCTTY | O_CLOEXEC;
+	flags |= kind == 'c' ? O_WRONLY | O_NONBLOCK : (rdwr ? O_RDWR : O_WRONLY) | O_CREAT;
+	int f = open(target, flags, 0666);
+	if (f < 0) {
+		int e = errno;
+		free(target);
+		return fail(err, errlen, "cannot write %s: %s", what,
+			    e == ENXIO ? "a FIFO with no reader" : strerror(e));
+	}
+	if (kind == 'c')
+		fcntl(f, F_SETFL, fcntl(f, F_GETFL) & ~O_NONBLOCK);
+	struct stat st;
+	*regular = fstat(f, &st) == 0 && S_ISREG(st.st_mode);
+	*fd = f;
+	free(target);
+	return 0;
+}
+
+/* What a path names, for comparing two: an existing file's device and
+ * inode (links followed), or for a file not there yet its directory's and
+ * its name. kind: 0 missing, 'f' a file, 'c' a character device, -1 unknown. */
+typedef struct {
+	int kind;
+	dev_t dev;
+	ino_t ino;
+	const char *name; /* new files: the last part of the target */
+	char *target;
+} Ident;
+
+static void identify(const char *path, Ident *id)
+{
+	struct stat st;
+	char err[8];
+	int kind;
+	memset(id, 0, sizeof *id);
+	id->kind = -1;
+	if (stat(path, &st) == 0) { /* an input may be a directory too */
+		id->kind = S_ISCHR(st.st_mode) ? 'c' : 'f';
+		id->dev = st.st_dev;
+		id->ino = st.st_ino;
+		return;
+	}
+	if (out_resolve(path, &id->target, &kind, err, sizeof err) || kind != 0)
+		return;
+	char *dir = out_dirname(id->target);
+	const char *slash = strrchr(id->target, '/');
+	id->name = slash ? slash + 1 : id->target;
+	if (dir && stat(dir, &st) == 0) {
+		id->kind = 0;
+		id->dev = st.st_dev;
+		id->ino = st.st_ino;
+	}
+	free(dir);
+}
+
+int out_check_distinct(const OutPath *p, int n, char *err, size_t errlen)
+{
+	Ident *id = calloc(n > 0 ? (size_t)n : 1, sizeof *id);
+	int rc = 0;
+	if (!id)
+		return fail(err, errlen, "out of memory");
+	for (int i = 0; i < n; i++)
+		if (p[i].path)
+			identify(p[i].path, &id[i]);
+	for (int j = 0; j < n && rc == 0; j++) {
+		if (!p[j].path || !p[j].output || id[j].kind < 0 || id[j].kind == 'c')
+			continue;
+		for (int i = 0; i < n && rc == 0; i++) {
+			if (i == j || !p[i].path || (p[i].output && i > j) || id[i].kind != id[j].kind ||
+			    id[i].dev != id[j].dev || id[i].ino != id[j].ino ||
+			    (id[j].kind == 0 && strcmp(id[i].name, id[j].name)))
+				continue;
+			if (p[i].output)
+				rc = fail(err, errlen, "%s %s and %s %s are the same file: each output needs "
+					  "a file of its own", p[i].what, p[i].path, p[j].what, p[j].path);
+			else
+				rc = fail(err, errlen, "%s %s is %s%s%s: refusing to overwrite an input",
+					  p[j].what, p[j].path, p[i].what, strcmp(p[i].path, p[j].path) ? " " : "",
+					  strcmp(p[i].path, p[j].path) ? p[i].path : "");
+		}
+	}
+	for (int i = 0; i < n; i++)
+		free(id[i].target);
+	free(id);
+	return rc;
+}
+
 int out_mkdirs(const char *dir)
 {
 	char *p = strdup(dir);

@@ -19,6 +19,15 @@
  *    the size is known), so a bad path costs nothing.
  *  - Every write error is reported (a full disk is an error, not an empty
  *    file).
+ *  - No output is an input or another output: out_check_distinct compares
+ *    the files (device and inode, links followed; for a file not there
+ *    yet, its directory's and its name) before any work, as compilers
+ *    refuse `-o` onto their input. Character devices (/dev/null, a
+ *    terminal) are shared freely.
+ *  - A log written a line at a time (out_open_inplace) is not replaced: it
+ *    is opened where it is (a regular file, device or FIFO, through links),
+ *    and a FIFO without a reader is an error at once, never a blocked
+ *    open().
  * Functions return 0, or -1 with a one-line message in err that names the
  * path.
  */
@@ -55,6 +64,23 @@ int out_write(OutFile *f, const void *buf, size_t n);
 int out_commit(OutFile *f, char *err, size_t errlen);
 /* Give up: close and remove the temp file. Safe on a closed OutFile. */
 void out_abort(OutFile *f);
+/* Open path (through links) to write in place: a regular file (created
+ * when missing, not truncated; read and write when rdwr), a character
+ * device, or a FIFO that has a reader (opened non-blocking: without one it
+ * is an error, not a hang; the descriptor is blocking afterwards). *fd, or
+ * -1 with err. *regular tells whether it is a regular file. */
+int out_open_inplace(const char *path, int rdwr, int *fd, int *regular, char *err, size_t errlen);
+
+/* A file a program reads or writes, for out_check_distinct. */
+typedef struct {
+	const char *path; /* NULL: not given, skipped */
+	const char *what; /* how the user named it: "--losses", "the step file" */
+	int output;       /* 1: written; 0: read */
+} OutPath;
+/* 0 when no output among p[0..n) is the same file as an input or as
+ * another output; else -1 and err names both. */
+int out_check_distinct(const OutPath *p, int n, char *err, size_t errlen);
+
 /* fsync a directory (what makes a rename in it durable); 0 or -1. */
 int out_sync_dir(const char *dir);
 /* The directory part of path ("." when it has none); malloc'd. */

@@ -57,9 +57,10 @@
  * mapped host memory after every collective. NCCL init and every
  * ncclInProgress are settled under a deadline too. Teardown and abort
  * destroy the graph exec and the graph first (NCCL waits for graphs that
- * captured its communicators), then the communicators, then the GEMMs'
- * cuBLASLt descriptors, the cuBLASLt handles and their workspaces, then
- * memory.
+ * captured its communicators), then the communicators (an abort: all at
+ * once, bounded; comm_nccl.c says why), then the GEMMs' cuBLASLt
+ * descriptors, the cuBLASLt handles and their workspaces, then memory;
+ * after an abort that outlived its bound, the host tables alone.
  *
  * Plain C compiled by gcc with -Wall -Wextra: the CUDA runtime, cuBLASLt and
  * NCCL C APIs only. Nothing here has run on a GPU: see docs/CUDA.md.
@@ -160,6 +161,7 @@ typedef struct {
 	int64_t *marks_dev;
 	MarkTable tab[2];
 	int aborted;
+	int abort_stuck;                 /* a NCCL abort outlived its bound (abort_all) */
 } CuBackend;
 
 static const char *tname(const DpStep *s, int id)
@@ -232,17 +234,24 @@ static int cu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 
 /* ---- waiting, with the watchdog ---- */
 
-/* Graphs first (NCCL waits for every graph that captured a communicator),
- * then the communicators. Idempotent. Memory is freed later, by cu_free. */
+/* Graph objects first (NCCL waits for every graph that captured a
+ * communicator; an in-flight launch is freed when it completes), then
+ * every communicator at once, bounded (comm_nccl.c: aborting them one after
+ * the other can hang on a launch stuck on another's collective). When an
+ * abort is still running after the bound, its graphs' kernels may still be
+ * running: cu_free then leaves the device alone. Idempotent. Memory is
+ * freed later, by cu_free. */
 static void abort_all(CuBackend *x)
 {
+	if (x->aborted)
+		return;
 	if (x->gexec)
-		cudaGraphExecDestroy(x->gexec); /* an in-flight launch is freed on completion */
+		cudaGraphExecDestroy(x->gexec);
 	if (x->graph)
 		cudaGraphDestroy(x->graph);
 	x->gexec = NULL;
 	x->graph = NULL;
-	cu_nccl_abort(x->nccl);
+	x->abort_stuck = cu_nccl_abort(x->nccl, CU_NCCL_ABORT_BOUND_S);
 	x->aborted = 1;
 	cudaGetLastError();
 }
@@ -311,8 +320,10 @@ static int wait_event(Backend *b, cudaEvent_t ev, const char *what, int64_t step
 			char pend[512];
 			pending_text(b, step >= 0 ? 0 : x->kind, step, pend, sizeof pend);
 			abort_all(x);
-			return RT_FAIL(e, "%s did not finish within --timeout %.3g s; pending: %s; "
-				       "aborted every NCCL communicator", what, x->o.timeout_s, pend);
+			return RT_FAIL(e, "%s did not finish within --timeout %.3g s; pending: %s; %s",
+				       what, x->o.timeout_s, pend,
+				       x->abort_stuck ? "NCCL's abort did not return within its bound: the "
+				       "process ends without it" : "aborted every NCCL communicator");
 		}
 		if (spins > 1000) { /* spin briefly, then let the core go */
 			struct timespec ts = {0, 20000};
@@ -590,11 +601,35 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	return wait_event(b, x->done, "initialising the CUDA backend", -1, e);
 }
 
+/* The host tables alone: after an abort that outlived its bound (the
+ * device may still run kernels and NCCL's threads may still use what the
+ * backend made, and a CUDA call could block on them), the device's memory,
+ * streams and handles are left to the process's exit. */
+static void free_host_side(Backend *b, CuBackend *x)
+{
+	for (int k = 0; k < 2; k++)
+		free(x->tab[k].v);
+	for (int g = 0; g < DP_NPROG; g++)
+		free(x->fuse[g]);
+	free(x->aux);
+	free(x->reg);
+	free(x->ev);
+	free(x->shadow);
+	free(b->ptr);
+	free(x);
+	b->ptr = NULL;
+	b->impl = NULL;
+}
+
 static void cu_free(Backend *b)
 {
 	CuBackend *x = b->impl;
 	if (!x)
 		return;
+	if (x->abort_stuck) {
+		free_host_side(b, x);
+		return;
+	}
 	if (!x->aborted && x->done && x->st[DP_STREAM_COMPUTE]) {
 		/* let issued work finish, under the watchdog; also the copy stream */
 		RtErr ignore = {.rank = -1};
@@ -607,9 +642,7 @@ static void cu_free(Backend *b)
 		cudaGraphExecDestroy(x->gexec);
 	if (x->graph)
 		cudaGraphDestroy(x->graph);
-	if (x->aborted)
-		cu_nccl_abort(x->nccl); /* idempotent */
-	cu_nccl_free(x->nccl);
+	cu_nccl_free(x->nccl); /* after abort_all: nothing left to finalize */
 	for (uint32_t i = 0; x->ev && i < b->s->nevents; i++)
 		if (x->ev[i])
 			cudaEventDestroy(x->ev[i]);
@@ -657,18 +690,7 @@ static void cu_free(Backend *b)
 	if (x->arena)
 		cudaFree(x->arena);
 	cudaGetLastError();
-	for (int k = 0; k < 2; k++)
-		free(x->tab[k].v);
-	for (int g = 0; g < DP_NPROG; g++)
-		free(x->fuse[g]);
-	free(x->aux);
-	free(x->reg);
-	free(x->ev);
-	free(x->shadow);
-	free(b->ptr);
-	free(x);
-	b->ptr = NULL;
-	b->impl = NULL;
+	free_host_side(b, x);
 }
 
 static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)

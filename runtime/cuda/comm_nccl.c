@@ -22,6 +22,28 @@
  * a deadline, then ncclCommDestroy; a communicator that does not finalize in
  * time is aborted.
  *
+ * Abort. NCCL 2.28's ncclCommAbort raises the communicator's abort flag
+ * (its kernels, queued or inside graphs, then end without results) and
+ * then waits until every CUDA graph that captured the communicator has been
+ * freed (commDestroySync polls localPersistentRefs); it blocks even on a
+ * non-blocking communicator ("all NCCL calls (except ncclCommDestroy/Abort)
+ * become nonblocking", NCCL's fault-tolerance guide). A launched graph is
+ * freed only when it completes, even after cudaGraphExecDestroy ("If the
+ * executable graph is in-flight, it will not be terminated, but rather freed
+ * asynchronously on completion", the CUDA runtime API). So with two
+ * communicators captured in one step graph (hybrid_shard, tp x dp) and a
+ * collective stuck on the second, aborting the first waits for a launch
+ * that waits on the second, whose flag nobody raises: aborting them one
+ * after the other hangs. cu_nccl_abort therefore calls ncclCommAbort on
+ * every communicator at once, one thread each (each raises its flag at
+ * once; independent communicators may be driven from different threads,
+ * as PyTorch's process groups abort theirs), so every captured collective
+ * ends, the launches complete and every abort returns; and it waits for
+ * them at most a bound. An abort still running after it (a kernel that
+ * never looks at a flag, a driver hang) is left to the process's exit,
+ * which the fatal path reaches next (MPI_Abort): every fatal path ends
+ * within --timeout plus the bound plus dpexec's grace.
+ *
  * Collectives of one communicator are serialised by NCCL, and two streams
  * issuing on one communicator could deadlock across ranks, so the compute
  * and the comm stream never share one.
@@ -30,6 +52,8 @@
  * on the same device unless they look like different hosts; run one process
  * per rank with a distinct NCCL_HOSTID each (docs/CUDA.md). Untested.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,6 +72,9 @@ struct CuNccl {
 	ncclComm_t world_comm;               /* NULL with one rank */
 	ncclComm_t comm[DP_NSTREAM][NMASK];  /* NULL: group of one or unused */
 	int aborted;
+	int abort_stuck;                     /* an abort thread is still running */
+	ncclComm_t aborting[DP_NSTREAM * NMASK + 1]; /* what the threads abort */
+	atomic_int aborts_done;
 };
 
 int cu_nccl_fail(ncclResult_t r, const char *what, RtErr *e, const char *file, int line)
@@ -198,7 +225,8 @@ int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM
 	nc->rank = comm->rank;
 	nc->world = comm->world;
 	if (init_body(nc, comm, masks, cu_nccl_now() + deadline_s, e)) {
-		cu_nccl_abort(nc); /* the other ranks may be stuck in an init: do not wait */
+		/* the other ranks may be stuck in an init: do not wait long */
+		cu_nccl_abort(nc, CU_NCCL_ABORT_BOUND_S);
 		cu_nccl_free(nc);
 		return -1;
 	}
@@ -232,21 +260,62 @@ int cu_nccl_async_error(CuNccl *nc, RtErr *e)
 	return 0;
 }
 
-void cu_nccl_abort(CuNccl *nc)
+/* One abort thread: its communicator, and the counter of finished ones. */
+typedef struct {
+	ncclComm_t comm;
+	atomic_int *done;
+} AbortJob;
+
+static void *abort_one(void *arg)
+{
+	AbortJob job = *(AbortJob *)arg;
+	free(arg);
+	ncclCommAbort(job.comm);
+	atomic_fetch_add(job.done, 1);
+	return NULL;
+}
+
+int cu_nccl_abort(CuNccl *nc, double bound_s)
 {
 	if (!nc || nc->aborted)
-		return;
+		return nc ? nc->abort_stuck : 0;
 	nc->aborted = 1;
+	int n = 0, started = 0;
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 0; m < NMASK; m++)
 			if (nc->comm[st][m]) {
-				ncclCommAbort(nc->comm[st][m]);
+				nc->aborting[n++] = nc->comm[st][m];
 				nc->comm[st][m] = NULL;
 			}
-	if (nc->world_comm) {
-		ncclCommAbort(nc->world_comm);
-		nc->world_comm = NULL;
+	if (nc->world_comm)
+		nc->aborting[n++] = nc->world_comm;
+	nc->world_comm = NULL;
+	atomic_store(&nc->aborts_done, 0);
+	for (int i = 0; i < n; i++) {
+		AbortJob *job = malloc(sizeof *job);
+		pthread_t t;
+		pthread_attr_t at;
+		if (!job)
+			continue;
+		*job = (AbortJob){nc->aborting[i], &nc->aborts_done};
+		if (pthread_attr_init(&at) == 0) {
+			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+			if (pthread_create(&t, &at, abort_one, job) == 0)
+				started++;
+			else
+				free(job); /* not aborted: left to the process's exit */
+			pthread_attr_destroy(&at);
+		} else {
+			free(job);
+		}
 	}
+	double deadline = cu_nccl_now() + bound_s;
+	while (atomic_load(&nc->aborts_done) < started && cu_nccl_now() < deadline) {
+		struct timespec ts = {0, 1000000}; /* 1 ms */
+		nanosleep(&ts, NULL);
+	}
+	nc->abort_stuck = atomic_load(&nc->aborts_done) < n;
+	return nc->abort_stuck;
 }
 
 /* Finalize (settled under a deadline), then destroy; abort what does not
@@ -265,8 +334,8 @@ static void close_comm(ncclComm_t c, double deadline)
 
 void cu_nccl_free(CuNccl *nc)
 {
-	if (!nc)
-		return;
+	if (!nc || nc->abort_stuck)
+		return; /* the abort threads still count in it */
 	double deadline = cu_nccl_now() + FINALIZE_DEADLINE_S;
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 0; m < NMASK; m++)

@@ -13,6 +13,12 @@
 
 typedef struct CuNccl CuNccl;
 
+/* How long a fatal path waits for the aborts of its communicators
+ * (cu_nccl_abort): NCCL's abort takes milliseconds to a second on hardware;
+ * dpexec's end of a failed job (its grace sync, 5 s at most) comes after it,
+ * so every fatal path ends within --timeout + 10 s. */
+#define CU_NCCL_ABORT_BOUND_S 3.0
+
 /* Axis masks the step's collectives use, per stream (bit m: mask m). */
 void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM]);
 /* Ranks in this rank's group for an axis mask (the product of the masked
@@ -34,12 +40,18 @@ int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM
 int cu_nccl_settle(ncclComm_t c, const char *what, double deadline, RtErr *e);
 /* CLOCK_MONOTONIC in seconds (the deadlines' clock). */
 double cu_nccl_now(void);
-/* ncclCommAbort on every communicator; idempotent. Destroy every graph that
+/* ncclCommAbort on every communicator at once, each on a thread of its
+ * own, waiting at most bound_s seconds for them all (comm_nccl.c's top says
+ * why). 0: every abort returned; 1: some is still inside ncclCommAbort,
+ * so kernels of its graphs may still run on the device: free nothing the
+ * device may touch, leave it to the process's exit. Idempotent (a second
+ * call returns the first's answer). Destroy every graph object that
  * captured a NCCL call first: NCCL waits for those. */
-void cu_nccl_abort(CuNccl *nc);
+int cu_nccl_abort(CuNccl *nc, double bound_s);
 /* Finalize and destroy the communicators (after the graphs): each
  * ncclCommFinalize is settled within 60 s, else that communicator is
- * aborted; NULL is fine. */
+ * aborted; NULL is fine. After an abort that did not finish (1 above) it
+ * frees nothing: the aborting threads still use the state. */
 void cu_nccl_free(CuNccl *nc);
 /* The communicator for collectives of `mask` issued on `stream`; NULL when
  * the group has one rank (the collective is then local) or nc is NULL. */

@@ -96,13 +96,29 @@ const Config &cfg()
 	c.sm = (int)num_env("DPEMU_SM", 90);
 	c.image_sm = (int)num_env("DPEMU_IMAGE_SM", 80);
 	c.lt_epilogue = (int)num_env("DPEMU_LT_EPILOGUE", 1);
+	c.nccl_inprogress = pick_env("DPEMU_NCCL_INPROGRESS", "never", "always");
+	c.abort_hang_s = (double)num_env("DPEMU_ABORT_HANG_S", 10);
 	c.trace = (int)num_env("DPEMU_TRACE", 0);
 	c.profile = (int)num_env("DPEMU_PROFILE", 0);
-	c.stall_rank = c.stall_at = -1;
+	c.stall_ranks = 0;
+	c.stall_at = -1;
 	const char *st = getenv("DPEMU_STALL");
-	if (st && *st && sscanf(st, "%ld:%ld", &c.stall_rank, &c.stall_at) != 2) {
-		fprintf(stderr, "cuda-emu: DPEMU_STALL=%s: expected RANK:N\n", st);
-		_exit(99);
+	if (st && *st) { /* RANK[,RANK...]:N */
+		const char *p = st;
+		char *end;
+		for (;;) {
+			long r = strtol(p, &end, 10);
+			if (end == p || r < 0 || r > 63)
+				break;
+			c.stall_ranks |= 1ull << r;
+			p = end + 1;
+			if (*end != ',')
+				break;
+		}
+		if (*end != ':' || sscanf(end + 1, "%ld", &c.stall_at) != 1 || c.stall_at < 1) {
+			fprintf(stderr, "cuda-emu: DPEMU_STALL=%s: expected RANK[,RANK...]:N\n", st);
+			_exit(99);
+		}
 	}
 	S().rng = c.seed * 0x2545f4914f6cdd1dull;
 	return c;

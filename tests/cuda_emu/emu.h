@@ -20,10 +20,14 @@
  * for: its state is one struct (State, S()). It is single-threaded: every
  * API call runs on the caller's thread, and device work runs inside API
  * calls (at enqueue when the scheduler chooses to, at queries, at waits).
+ * One exception, as NCCL allows it: ncclCommAbort of different
+ * communicators from several threads at once (nccl.cc serialises them with
+ * a lock, and while one runs any other API call is FATAL).
  */
 #ifndef DPEMU_EMU_H
 #define DPEMU_EMU_H
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <functional>
@@ -67,8 +71,8 @@ struct Config {
 	Pick run;              /* DPEMU_RUN: lazy (LOW) | eager (HIGH) | random */
 	Pick threads;          /* DPEMU_THREADS: asc (LOW) | desc (HIGH) | random */
 	Pick blocks;           /* DPEMU_BLOCKS: asc | desc | random */
-	long stall_rank;       /* DPEMU_STALL=RANK:N: world rank RANK's device */
-	long stall_at;         /*   stops at its N-th collective (1-based); -1 none */
+	uint64_t stall_ranks;  /* DPEMU_STALL=RANK[,RANK...]:N: these world ranks' devices */
+	long stall_at;         /*   stop at their N-th collective (1-based); -1 none */
 	int same_buffers;      /* DPEMU_NCCL_SAME_BUFFERS (1): ranks pass the same arena offsets */
 	size_t mem_bytes;      /* DPEMU_MEM_GB (64): device memory */
 	int sm;                /* DPEMU_SM (90): the compute capability, major * 10 + minor */
@@ -77,6 +81,13 @@ struct Config {
 	int image_sm;          /* DPEMU_IMAGE_SM (80): the oldest compute capability the
 	                          build's kernels run on (mk/cuda.mk's default CUDA_ARCH:
 	                          sm_80 and sm_90 cubins, compute_90 PTX) */
+	Pick nccl_inprogress;  /* DPEMU_NCCL_INPROGRESS: never (LOW) | always (HIGH) | random:
+	                          whether a collective on a non-blocking communicator
+	                          returns ncclInProgress (enqueued later, "by NCCL's
+	                          helper thread", once ncclCommGetAsyncError settles it) */
+	double abort_hang_s;   /* DPEMU_ABORT_HANG_S (10): an ncclCommAbort that has waited
+	                          this long without any device work completing is the
+	                          hang it is on hardware: FATAL */
 	int trace;             /* DPEMU_TRACE (0): print every executed operation */
 	int profile;           /* DPEMU_PROFILE (0): time per kind of work, at exit */
 };
@@ -177,6 +188,8 @@ struct Stream {
 	OpRef last;                    /* the latest operation (implicit dependency) */
 	Capture *cap = nullptr;        /* capturing into this capture */
 	std::vector<int> cap_deps;     /* nodes the next captured operation depends on */
+	NcclComm *nccl_pending = nullptr; /* a collective on this stream returned
+	                                     ncclInProgress and is not enqueued yet */
 };
 struct Event {
 	unsigned flags;
@@ -220,8 +233,27 @@ void run_until(const std::function<bool()> &done, const OpRef &target, const cha
 cudaError_t capture_violation(const char *api);
 bool capturing();
 /* Make the comm graph references of a graph's communicators follow its
- * lifetime (nccl.cc). */
+ * lifetime (nccl.cc): graph and graph exec objects (graph_ref), and each
+ * launch until its last node completes (launch_ref: a destroyed graph exec
+ * keeps its in-flight launches, and NCCL waits for them). */
 void comm_graph_ref(NcclComm *c, int delta);
+void comm_launch_ref(NcclComm *c, int delta);
+/* May this thread run or poll a collective of c now? Aborted ones always
+ * (they end without results); others only on MPI's main thread, the one
+ * that may call MPI (nccl.cc). */
+bool collective_may_run(NcclComm *c);
+/* One scheduling decision inside a Session: true when something ran or
+ * finished (nccl.cc's abort waits with it). */
+bool run_one();
+/* What the device has not done yet, for messages (the first few operations). */
+std::string pending_ops_text();
+/* Work submitted to a stream on which a collective is still ncclInProgress
+ * is FATAL (NCCL: no work on its streams until the communicator's state is
+ * ncclSuccess). */
+void stream_free_check(const Stream *s, const char *api);
+/* The calling thread is inside ncclCommAbort (nccl.cc); while any is, every
+ * other API call is FATAL. */
+bool in_abort_thread();
 
 /* A Work from a closure (cuBLAS, zero-size marks). */
 struct FnWork : Work {
@@ -266,6 +298,7 @@ struct State {
 	bool in_host_fn = false;
 	long collectives_started = 0;        /* for DPEMU_STALL */
 	bool stall_noted = false;
+	std::atomic<int> aborting{0};        /* threads inside ncclCommAbort */
 };
 State &S();
 /* This process's MPI_COMM_WORLD rank once MPI is up, else -1 (nccl.cc). */
@@ -283,6 +316,9 @@ double now_s();
 		if (emu::S().in_host_fn)                                                       \
 			emu::fatal("%s called from a host function (cudaLaunchHostFunc): CUDA " \
 				   "forbids runtime calls there", name);                          \
+		if (emu::S().aborting.load() > 0 && !emu::in_abort_thread())                  \
+			emu::fatal("%s called while another thread is inside ncclCommAbort: the " \
+				   "emulator runs concurrent aborts only", name);                 \
 	} while (0)
 
 #endif

@@ -31,10 +31,36 @@
  * NCCL rounds after every step of its ring, so NCCL's bf16 sums differ in
  * the last bit (docs/CUDA-EMU.md).
  *
- * ncclCommAbort and ncclCommDestroy of a communicator that a CUDA graph
- * still alive has captured are reported as the hang they are in NCCL 2.28
- * (it waits for those graphs to be destroyed). DPEMU_STALL=RANK:N stops
- * rank RANK's device at its N-th collective (the fault tests).
+ * Non-blocking communicators (ncclConfig_t.blocking = 0). A collective on
+ * one may return ncclInProgress (DPEMU_NCCL_INPROGRESS: never, always, or
+ * a seeded coin per call), as NCCL 2.28 does when its helper thread
+ * launches the work: the collective is then not on its stream yet; the
+ * communicator reports ncclInProgress for a few ncclCommGetAsyncError polls,
+ * and the poll that reports ncclSuccess enqueues it (or records it into the
+ * capture its stream belongs to). Until then, NCCL's rules are checked
+ * (FATAL, where NCCL's behaviour is undefined): no other NCCL call on the
+ * communicator but ncclCommGetAsyncError and ncclCommAbort, no work on the
+ * stream, and no cudaStreamEndCapture of a capture the stream is in.
+ *
+ * Abort. NCCL 2.28's ncclCommAbort raises the communicator's abort flag,
+ * which makes its kernels (queued, running, or inside graphs) end without
+ * results when they next look at it, and then waits (commDestroySync)
+ * until every CUDA graph that captured the communicator has been freed.
+ * A graph object or graph exec that is still alive is never freed while
+ * the caller waits: that is reported at once as the hang it is. A launched
+ * graph keeps the communicators it captured until its last node has run,
+ * even when its graph exec was destroyed (CUDA frees an in-flight exec on
+ * completion); the abort waits for those launches by running the device,
+ * and if no device work completes for DPEMU_ABORT_HANG_S seconds it is the
+ * hang it would be on hardware (a launch stuck on a collective of a
+ * communicator nobody aborts): FATAL. Aborts of different communicators
+ * may run on several threads at once (serialised here by a lock); a thread
+ * other than MPI's main one runs only device work that needs no MPI call
+ * (no collective of a communicator not yet aborted).
+ *
+ * ncclCommFinalize and ncclCommDestroy of a communicator that a live graph
+ * captured are reported as a hang too. DPEMU_STALL=RANK[,RANK...]:N stops
+ * those ranks' devices at their N-th collective (the fault tests).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -44,6 +70,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <mutex>
 
 #include "emu.h"
 #include "include/nccl.h"
@@ -68,6 +95,14 @@ struct NcclComm {
 	Op *active = nullptr;     /* started, not finished */
 	uint64_t issued = 0;
 	int graph_refs = 0;       /* graphs and graph execs that captured it */
+	int launch_refs = 0;      /* launches of such graphs not finished */
+	bool blocking = true;
+	/* a collective that returned ncclInProgress: its enqueue, the stream it
+	 * waits on, and the polls before ncclCommGetAsyncError runs it */
+	std::function<ncclResult_t()> deferred;
+	Stream *deferred_stream = nullptr;
+	std::string deferred_what;
+	int deferred_polls = 0;
 };
 } // namespace emu
 
@@ -96,10 +131,31 @@ static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...)
 	return r;
 }
 
+static thread_local bool tl_abort; /* this thread is inside ncclCommAbort */
+
 namespace emu {
 void comm_graph_ref(NcclComm *c, int delta)
 {
 	c->graph_refs += delta;
+}
+
+void comm_launch_ref(NcclComm *c, int delta)
+{
+	c->launch_refs += delta;
+}
+
+bool in_abort_thread()
+{
+	return tl_abort;
+}
+
+bool collective_may_run(NcclComm *c)
+{
+	if (c->aborted || S().aborting.load() == 0)
+		return true;
+	int main_thread = 1;
+	MPI_Is_thread_main(&main_thread);
+	return main_thread != 0;
 }
 } // namespace emu
 
@@ -242,7 +298,8 @@ struct CollWork : Work {
 		if (c->active || c->fifo.empty() || c->fifo.front() != &op)
 			return false;
 		const Config &cf = cfg();
-		if (cf.stall_at > 0 && world_rank() == cf.stall_rank &&
+		if (cf.stall_at > 0 && world_rank() >= 0 && world_rank() < 64 &&
+		    (cf.stall_ranks >> world_rank() & 1) &&
 		    S().collectives_started + 1 == cf.stall_at) {
 			op.stalled = true;
 			note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
@@ -353,6 +410,10 @@ static ncclResult_t check_comm(ncclComm_t c, const char *api)
 		return nfail(ncclInvalidArgument, "%s: communicator %p is not a live communicator", api, (void *)c);
 	if (c->aborted)
 		return nfail(ncclInvalidUsage, "%s: communicator #%d was aborted", api, c->id);
+	if (c->deferred)
+		fatal("%s on communicator #%d while its %s returned ncclInProgress and has not "
+		      "settled: NCCL requires ncclCommGetAsyncError to report ncclSuccess before any "
+		      "other call on a non-blocking communicator", api, c->id, c->deferred_what.c_str());
 	if (c->init_polls > 0)
 		return nfail(ncclInvalidUsage, "%s: communicator #%d is still initialising (poll "
 			     "ncclCommGetAsyncError until it is no longer ncclInProgress)", api, c->id);
@@ -405,6 +466,17 @@ static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t c
 		group_ops.push_back(enq);
 		return ncclSuccess;
 	}
+	stream_free_check(s, api);
+	Pick ip = cfg().nccl_inprogress;
+	if (!c->blocking && w->count && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
+		/* NCCL's helper thread will launch it: not on the stream yet */
+		c->deferred = enq;
+		c->deferred_stream = s;
+		c->deferred_what = w->what();
+		c->deferred_polls = 1 + (int)rnd(3);
+		s->nccl_pending = c;
+		return ncclInProgress;
+	}
 	return enq();
 }
 
@@ -418,6 +490,7 @@ static ncclResult_t new_comm(MPI_Comm m, int blocking, ncclComm_t *out)
 	MPI_Comm_rank(m, &c->rank);
 	MPI_Comm_size(m, &c->nranks);
 	c->init_polls = blocking ? 0 : 1 + (int)rnd(3);
+	c->blocking = blocking != 0;
 	comms().insert(c);
 	*out = c;
 	return blocking ? ncclSuccess : ncclInProgress;
@@ -533,6 +606,18 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 		*err = ncclInProgress;
 		return ncclSuccess;
 	}
+	if (comm->deferred && --comm->deferred_polls > 0) {
+		*err = ncclInProgress;
+		return ncclSuccess;
+	}
+	if (comm->deferred) { /* the helper thread launches it now */
+		std::function<ncclResult_t()> enq = std::move(comm->deferred);
+		comm->deferred = nullptr;
+		comm->deferred_stream->nccl_pending = nullptr;
+		comm->deferred_stream = nullptr;
+		if (ncclResult_t r = enq())
+			comm->async = r;
+	}
 	*err = comm->async;
 	return ncclSuccess;
 }
@@ -546,11 +631,14 @@ static void hang_check(ncclComm_t c, const char *api)
 		      c->graph_refs, api);
 }
 
-/* Everything issued on the communicator has run. */
+/* Everything issued on the communicator has run, and every launch of a
+ * graph that captured it has finished (NCCL waits for both). */
 static void flush(ncclComm_t c, const char *api)
 {
 	run_until(
 		[c] {
+			if (c->launch_refs > 0)
+				return false;
 			for (auto &o : S().pending)
 				if (o->work->comm() == c)
 					return false;
@@ -559,17 +647,63 @@ static void flush(ncclComm_t c, const char *api)
 		nullptr, api);
 }
 
+static std::mutex &abort_lock()
+{
+	static std::mutex *m = new std::mutex; /* never destroyed, as State */
+	return *m;
+}
+
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
-	EMU_API_ENTRY("ncclCommAbort");
 	if (!comm)
 		return ncclSuccess;
+	/* aborts of several communicators may run at once on several threads */
+	tl_abort = true;
+	S().aborting++;
+	struct Leave {
+		~Leave()
+		{
+			S().aborting--;
+			tl_abort = false;
+		}
+	} leave;
+	std::unique_lock<std::mutex> lock(abort_lock());
+	EMU_API_ENTRY("ncclCommAbort");
 	if (!live(comm))
 		return nfail(ncclInvalidArgument, "ncclCommAbort: %p is not a live communicator", (void *)comm);
 	hang_check(comm, "ncclCommAbort");
-	comm->aborted = true; /* queued and running collectives end without results */
+	/* the abort flag: queued and running collectives end without results
+	 * when the device next runs them, not here */
+	comm->aborted = true;
 	comm->fifo.clear();
 	comm->active = nullptr;
+	if (comm->deferred) { /* the helper thread's launch is abandoned */
+		comm->deferred_stream->nccl_pending = nullptr;
+		comm->deferred = nullptr;
+	}
+	for (auto &o : S().pending)
+		if (o->work->comm() == comm)
+			o->stalled = false; /* DPEMU_STALL: the stalled kernel sees the flag too */
+	/* NCCL waits until every launched graph that captured it is freed */
+	double idle = now_s();
+	while (comm->launch_refs > 0) {
+		if (run_one()) {
+			idle = now_s();
+			continue;
+		}
+		if (now_s() - idle > cfg().abort_hang_s)
+			fatal("ncclCommAbort of communicator #%d hangs: it waits for %d launch(es) of CUDA "
+			      "graphs that captured it, and no device work has completed for %g s; pending: "
+			      "%s. NCCL 2.28's abort waits until every graph that captured the communicator "
+			      "is freed, and a launched graph is freed only when it completes: a launch stuck "
+			      "on a collective of another communicator that is not aborted never completes. "
+			      "Abort every communicator such a graph captured at once.",
+			      comm->id, comm->launch_refs, cfg().abort_hang_s, pending_ops_text().c_str());
+		lock.unlock(); /* let the other aborts raise their flags */
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+		lock.lock();
+	}
 	comms().erase(comm); /* the object stays: queued work points at it */
 	return ncclSuccess;
 }

@@ -136,6 +136,8 @@ static bool step(const std::set<Op *> *prefer)
 	std::vector<Op *> ready;
 	for (auto &o : st.pending) {
 		Op &op = *o;
+		if (op.work->comm() && !collective_may_run(op.work->comm()))
+			continue; /* an aborting thread other than MPI's main one */
 		if (op.state == Op::FLIGHT && op.work->poll(op))
 			op.state = Op::FINISHABLE;
 		if (op.state == Op::FINISHABLE) {
@@ -189,6 +191,12 @@ static bool step(const std::set<Op *> *prefer)
 	return true;
 }
 
+bool run_one()
+{
+	Session sess;
+	return step(nullptr);
+}
+
 static void ancestors(const OpRef &t, std::set<Op *> &out)
 {
 	std::vector<Op *> stack{t.get()};
@@ -223,6 +231,11 @@ static std::string pending_text()
 		s += buf + o->work->what();
 	}
 	return s;
+}
+
+std::string pending_ops_text()
+{
+	return pending_text();
 }
 
 void run_until(const std::function<bool()> &done, const OpRef &target, const char *api)
@@ -327,9 +340,19 @@ cudaError_t capture_violation(const char *api)
 	return record(cudaErrorStreamCaptureUnsupported);
 }
 
+void stream_free_check(const Stream *s, const char *api)
+{
+	if (s->nccl_pending)
+		fatal("%s on stream %d while a collective issued on it returned ncclInProgress and is "
+		      "not enqueued yet: NCCL forbids work on its streams until ncclCommGetAsyncError "
+		      "says ncclSuccess (the helper thread enqueues the collective later, so this work "
+		      "would run before it)", api, s->id);
+}
+
 cudaError_t submit(Stream *s, std::shared_ptr<Work> w, const char *api)
 {
 	State &st = S();
+	stream_free_check(s, api);
 	if (s->cap) {
 		Capture *c = s->cap;
 		if (c->invalid)
@@ -760,6 +783,7 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t st)
 	Stream *s = stream_of(st, "cudaEventRecord");
 	if (!ev || !s)
 		return cudaErrorInvalidResourceHandle;
+	stream_free_check(s, "cudaEventRecord");
 	if (s->cap) {
 		if (s->cap->invalid)
 			return record(cudaErrorStreamCaptureInvalidated);
@@ -844,6 +868,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t h, unsigned int fla
 		return cudaErrorInvalidResourceHandle;
 	if (flags & ~1u)
 		return record(cudaErrorInvalidValue);
+	stream_free_check(s, "cudaStreamWaitEvent");
 	Capture *c = S().capture;
 	if (ev->cap_id) { /* recorded in a capture: join it */
 		if (!c || c->id != ev->cap_id)
@@ -945,6 +970,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *pg)
 		S().capture = nullptr;
 		delete c;
 	};
+	for (Stream *m : c->members)
+		if ((S().streams.count(m) || m == c->origin) && m->nccl_pending)
+			fatal("cudaStreamEndCapture while a collective captured on stream %d is still "
+			      "ncclInProgress: NCCL's helper thread has not enqueued it, so the graph would "
+			      "lack it (settle it with ncclCommGetAsyncError first)", m->id);
 	if (c->invalid) {
 		note("cudaStreamEndCapture: the capture was invalidated by %s", c->why.c_str());
 		end();
@@ -1067,6 +1097,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
 		return cudaErrorInvalidResourceHandle;
 	if (s->cap)
 		fatal("cudaGraphLaunch into a capturing stream: child graphs are not emulated");
+	stream_free_check(s, "cudaGraphLaunch");
 	if (s->legacy && capturing())
 		return capture_violation("cudaGraphLaunch on the legacy stream");
 	const GraphData &g = **x;
@@ -1082,7 +1113,17 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
 			deps = base;
 		ops[i] = new_op(n.work, n.stream_id, std::move(deps));
 	}
-	s->last = new_op(mark("graph end"), s->id, ops);
+	/* the launch holds its communicators until its last node is done, as a
+	 * launched graph holds NCCL's user objects (a destroyed graph exec is
+	 * freed only on completion: ncclCommAbort and Destroy wait for it) */
+	std::vector<NcclComm *> held(g.comms.begin(), g.comms.end());
+	for (NcclComm *nc : held)
+		comm_launch_ref(nc, +1);
+	s->last = new_op(std::make_shared<FnWork>("graph end", [held] {
+				 for (NcclComm *nc : held)
+					 comm_launch_ref(nc, -1);
+			 }),
+			 s->id, ops);
 	maybe_eager();
 	return cudaSuccess;
 }
@@ -1095,7 +1136,7 @@ static cudaError_t graph_free(void *h, bool exec, const char *api)
 	for (NcclComm *nc : (*g)->comms)
 		comm_graph_ref(nc, -1);
 	(exec ? S().execs : S().graphs).erase(g);
-	delete g; /* launches in flight keep their work alive */
+	delete g; /* launches in flight keep their work and their communicators */
 	return cudaSuccess;
 }
 

@@ -13,6 +13,7 @@
 #include <cublas_v2.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -872,6 +873,17 @@ static ncclComm_t world(void)
 	return c;
 }
 
+/* A call on a non-blocking communicator: ncclInProgress settled by polling
+ * (the collective is enqueued by the poll that reports ncclSuccess). */
+static void settle(ncclComm_t c, ncclResult_t r)
+{
+	EXPECT(r == ncclSuccess || r == ncclInProgress);
+	ncclResult_t st = r;
+	while (st == ncclInProgress)
+		EXPECT(ncclCommGetAsyncError(c, &st) == ncclSuccess);
+	EXPECT(st == ncclSuccess);
+}
+
 static int c_nccl(void)
 {
 	ncclComm_t c = world();
@@ -885,8 +897,8 @@ static int c_nccl(void)
 		h[i] = (float)(rank * 8 + i);
 	float *x = dev_floats(8), *y = dev_floats(16);
 	to_dev(x, h, 8);
-	EXPECT(ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, c, s) == ncclSuccess);
-	EXPECT(ncclAllGather(x, y, 8, ncclFloat32, c, s) == ncclSuccess);
+	settle(c, ncclAllReduce(x, x, 8, ncclFloat32, ncclSum, c, s));
+	settle(c, ncclAllGather(x, y, 8, ncclFloat32, c, s));
 	CK(cudaStreamSynchronize(s));
 	from_dev(r, y, 16);
 	for (int i = 0; i < 16; i++) {
@@ -903,7 +915,7 @@ static int c_nccl(void)
 	CK(cudaMalloc((void **)&db, 8));
 	CK(cudaMalloc((void **)&dr, 4));
 	CK(cudaMemcpy(db, hb, 8, cudaMemcpyHostToDevice));
-	EXPECT(ncclReduceScatter(db, dr, 2, ncclBfloat16, ncclSum, c, s) == ncclSuccess);
+	settle(c, ncclReduceScatter(db, dr, 2, ncclBfloat16, ncclSum, c, s));
 	CK(cudaStreamSynchronize(s));
 	CK(cudaMemcpy(rb, dr, 4, cudaMemcpyDeviceToHost));
 	for (int i = 0; i < 2; i++) {
@@ -916,12 +928,13 @@ static int c_nccl(void)
 	int *di;
 	CK(cudaMalloc((void **)&di, 12));
 	CK(cudaMemcpy(di, hi, 12, cudaMemcpyHostToDevice));
-	EXPECT(ncclAllReduce(di, di, 3, ncclInt32, ncclSum, c, s) == ncclSuccess);
+	settle(c, ncclAllReduce(di, di, 3, ncclInt32, ncclSum, c, s));
 	CK(cudaStreamSynchronize(s));
 	CK(cudaMemcpy(ri, di, 12, cudaMemcpyDeviceToHost));
 	EXPECT(ri[0] == size * (size - 1) / 2 && ri[1] == size * (size - 1) && ri[2] == -ri[0]);
 	ncclComm_t half;
-	EXPECT(ncclCommSplit(c, rank % 2, rank, &half, NULL) == ncclSuccess);
+	settle(c, ncclCommSplit(c, rank % 2, rank, &half, NULL));
+	settle(half, ncclInProgress);
 	int hn;
 	ncclCommCount(half, &hn);
 	EXPECT(hn == (size + 1 - rank % 2) / 2);
@@ -942,8 +955,8 @@ static int c_nccl_mismatch(void)
 	CK(cudaMemset(a, 0, 400));
 	CK(cudaMemset(b, 0, 400));
 	float *first = rank == 1 ? b : a, *second = rank == 1 ? a : b;
-	ncclAllReduce(first, first, 100, ncclFloat32, ncclSum, c, s);
-	ncclAllReduce(second, second, 100, ncclFloat32, ncclSum, c, s);
+	settle(c, ncclAllReduce(first, first, 100, ncclFloat32, ncclSum, c, s));
+	settle(c, ncclAllReduce(second, second, 100, ncclFloat32, ncclSum, c, s));
 	CK(cudaStreamSynchronize(s));
 	return 0;
 }
@@ -958,11 +971,128 @@ static int c_nccl_abort_graph(void)
 	CK(cudaMemset(a, 0, 64));
 	CK(cudaDeviceSynchronize());
 	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-	ncclAllReduce(a, a, 16, ncclFloat32, ncclSum, c, s);
+	settle(c, ncclAllReduce(a, a, 16, ncclFloat32, ncclSum, c, s));
 	cudaGraph_t g;
 	CK(cudaStreamEndCapture(s, &g));
 	ncclCommAbort(c);
 	return 0;
+}
+
+/* DPEMU_NCCL_INPROGRESS=always: every collective returns ncclInProgress;
+ * settled, it runs, in stream order, and captured too */
+static int c_nccl_inprogress(void)
+{
+	ncclComm_t c = world();
+	int size;
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float one[4] = {1, 1, 1, 1}, r[4];
+	float *x = dev_floats(4);
+	to_dev(x, one, 4);
+	ncclResult_t rc = ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, c, s);
+	EXPECT(rc == ncclInProgress);
+	settle(c, rc);
+	CK(cudaStreamSynchronize(s));
+	from_dev(r, x, 4);
+	EXPECT(r[0] == (float)size);
+	/* inside a capture: enqueued into the graph when settled */
+	cudaGraph_t g;
+	cudaGraphExec_t ge;
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	settle(c, ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, c, s));
+	CK(cudaStreamEndCapture(s, &g));
+	CK(cudaGraphInstantiate(&ge, g, 0));
+	CK(cudaGraphLaunch(ge, s));
+	CK(cudaStreamSynchronize(s));
+	from_dev(r, x, 4);
+	EXPECT(r[3] == (float)(size * size));
+	CK(cudaGraphExecDestroy(ge));
+	CK(cudaGraphDestroy(g));
+	ncclCommDestroy(c);
+	return 0;
+}
+
+/* work issued on NCCL's stream before an ncclInProgress collective settled */
+static int c_nccl_inprogress_early(void)
+{
+	ncclComm_t c = world();
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *x = dev_floats(4);
+	CK(cudaMemset(x, 0, 16));
+	EXPECT(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, c, s) == ncclInProgress);
+	CK(cudaMemsetAsync(x, 0, 16, s)); /* FATAL: before ncclCommGetAsyncError said ncclSuccess */
+	return 0;
+}
+
+/* Two communicators captured in one graph, launched, the graph exec and the
+ * graph destroyed at once (the launch goes on), and rank 1 never joins: the
+ * launch is stuck on the first collective. NCCL's abort waits for the
+ * launch, so aborting the two one after the other hangs (the second's
+ * collective holds the launch); aborting them at once ends both. */
+static ncclComm_t dup(ncclComm_t c, int rank)
+{
+	ncclComm_t d;
+	settle(c, ncclCommSplit(c, 0, rank, &d, NULL));
+	settle(d, ncclInProgress);
+	return d;
+}
+
+static void *abort_thread(void *c)
+{
+	ncclCommAbort((ncclComm_t)c);
+	return NULL;
+}
+
+static int nccl_abort_case(int concurrent)
+{
+	int rank;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	ncclComm_t c = world(), a = dup(c, rank), b = dup(c, rank);
+	if (rank == 1) {
+		MPI_Barrier(MPI_COMM_WORLD); /* never issues anything */
+		return 0;
+	}
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *x = dev_floats(16);
+	CK(cudaMemset(x, 0, 64));
+	CK(cudaDeviceSynchronize());
+	cudaGraph_t g;
+	cudaGraphExec_t ge;
+	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	settle(a, ncclAllReduce(x, x, 16, ncclFloat32, ncclSum, a, s));
+	settle(b, ncclAllReduce(x, x, 16, ncclFloat32, ncclSum, b, s));
+	CK(cudaStreamEndCapture(s, &g));
+	CK(cudaGraphInstantiate(&ge, g, 0));
+	CK(cudaGraphLaunch(ge, s));
+	CK(cudaGraphExecDestroy(ge)); /* in flight: freed when it completes */
+	CK(cudaGraphDestroy(g));
+	if (concurrent) {
+		pthread_t ta, tb;
+		EXPECT(pthread_create(&ta, NULL, abort_thread, a) == 0);
+		EXPECT(pthread_create(&tb, NULL, abort_thread, b) == 0);
+		pthread_join(ta, NULL);
+		pthread_join(tb, NULL);
+	} else {
+		ncclCommAbort(a); /* hangs: the launch waits on b's collective */
+		ncclCommAbort(b);
+	}
+	CK(cudaStreamSynchronize(s)); /* the launch has completed */
+	ncclCommAbort(c);
+	MPI_Barrier(MPI_COMM_WORLD);
+	return 0;
+}
+
+static int c_nccl_abort_serial(void)
+{
+	return nccl_abort_case(0);
+}
+
+static int c_nccl_abort_concurrent(void)
+{
+	return nccl_abort_case(1);
 }
 
 static const struct {
@@ -1001,6 +1131,10 @@ static const struct {
 	{"nccl", c_nccl},
 	{"nccl_mismatch", c_nccl_mismatch},
 	{"nccl_abort_graph", c_nccl_abort_graph},
+	{"nccl_inprogress", c_nccl_inprogress},
+	{"nccl_inprogress_early", c_nccl_inprogress_early},
+	{"nccl_abort_serial", c_nccl_abort_serial},
+	{"nccl_abort_concurrent", c_nccl_abort_concurrent},
 };
 
 int main(int argc, char **argv)

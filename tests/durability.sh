@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# tests/durability.sh - checkpoints that never lose or silently corrupt a run
+# (issue 22; docs/CHECKPOINTS.md). Each part fails on the code before it:
+#  1. publish: the same step saved again (a fresh run with --overwrite, a run
+#     resumed from an older checkpoint) is killed (strace's fault injection,
+#     SIGKILL) at every file syscall of the save, one trial each, and at
+#     each rename with RENAME_EXCHANGE refused (EINVAL: the two-rename
+#     fallback): the next run
+#     (--auto-resume) always finds a complete checkpoint of at least the
+#     step that was there before, ends with the uninterrupted run's
+#     parameters bit for bit, and leaves no .dptmp. Skipped without strace.
+#  2. --resume of a complete NAME.dptmp (and of a save directory whose
+#     `latest` a killed save left dangling) loads it; the leftovers are
+#     cleaned after the load, never before.
+#  3. damaged checkpoints (tests/ckpt_damage.py: state.json fields, bit
+#     flips, NaN/inf with and without recomputed checksums, cut files), full
+#     and sharded: each resume is refused or trains exactly as the undamaged
+#     one; the count of silent acceptances must be 0. Named state.json
+#     cases give their message.
+#  4. a fresh run into a save directory that holds checkpoints is refused;
+#     --overwrite replaces them once it has saved; --auto-resume continues.
+#  5. keep_last 1 needs room for two checkpoints: refused before training
+#     on a tmpfs with room for 1.7 (root only).
+#  6. a token id outside the vocabulary anywhere in a shard: refused at load.
+#  7. ulimit -v 200 MB: a clean error, not a hang in MPI_Init.
+#  8. --timeout: a job stopped (SIGSTOP of every rank) for longer and
+#     continued goes on; one rank stopped: the error is printed once.
+#  9. dpc out of memory: exit 1 with a message, not an abort.
+# 10. tests/ckpt_fuzz.c, the checkpoint reader's in-process fuzz target, for
+#     FUZZ_SECONDS (25): no crash, no damaged copy loaded silently.
+# Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+export OMPI_MCA_orte_execute_quiet=1
+
+X() { env $MPI_ASAN timeout 120 "$DPEXEC" "$@"; }
+
+# a wider tiny model: its files span several 1 MiB checksum blocks
+variant tests/faults/tiny.dp "$T/wide.dp" 's/f32\[batch, 32\]/f32[batch, 256]/' \
+	's/param w: f32\[32, 64\]  *init normal(0, 0.1)/param w: f32[256, 1024] init normal(0, 0.1)/' \
+	's/param b: f32\[64\]  *init zeros/param b: f32[1024]     init zeros/' 's/param w: f32\[64, 8\]/param w: f32[1024, 8]/' \
+	's/^  save_every 10/  save_every 5/'
+"$DPC" "$T/wide.dp" --world-size 1 -o "$T/w1.bin" >"$T/dpc.out" 2>&1 || { cat "$T/dpc.out"; fail "dpc wide.dp"; }
+X "$T/w1.bin" --quiet --steps 20 --save-dir "$T/refck" --save-full "$T/ref.st" --losses "$T/ref.loss" >"$T/ref.out" 2>&1 ||
+	{ cat "$T/ref.out"; fail "the reference run"; }
+
+# ---- 1. a kill at every syscall of a save ----
+# ends NAME DIR MIN: after a killed save in DIR, --auto-resume to step 20
+# resumes from a checkpoint of at least step MIN, ends with the reference's
+# parameters, and leaves nothing .dptmp
+ends() {
+	X "$T/w1.bin" --quiet --steps 20 --save-dir "$2" --auto-resume --save-full "$T/$1.st" >"$T/$1.res" 2>&1 || return 1
+	local from
+	from=$(sed -n 's/^resumed from .*: step \([0-9]*\),.*/\1/p' "$T/$1.res")
+	[ -n "$from" ] && [ "$from" -ge "$3" ] && cmp -s "$T/$1.st" "$T/ref.st" && ! ls "$2" | grep -q dptmp
+}
+SYSCALLS="mkdir openat fsync rename renameat2 unlink rmdir"
+# trials NAME BASE MIN EXTRA ONLY -- DPEXEC_ARGS...: the save of the dpexec
+# command into a copy of BASE (a save directory), killed at each of its
+# syscalls in turn (those matching ONLY when given), each trial on a fresh
+# copy, then ends(). A save's syscalls: every one from the first that
+# touches a step-N.dptmp of the directory on, except opens that create
+# nothing (of directories, to fsync or list them); strace numbers the calls
+# of each syscall apart, and so does the trial.
+trials() {
+	local name=$1 base=$2 min=$3 extra=$4 only=$5; shift 6
+	local d=$T/tr-$name sc k good=0 total=0 bad=""
+	rm -rf "$d"; cp -a "$base" "$d"
+	strace -o "$T/$name.trace" -e trace="${SYSCALLS// /,}" $extra "$DPEXEC" "$@" --save-dir "$d" >/dev/null 2>&1
+	awk -v d="$d/step-" -v only="$only" '{
+		sc = $0; sub(/\(.*/, "", sc); n[sc]++
+		if (!on && index($0, d) && index($0, ".dptmp")) on = 1
+		if (on && !(sc == "openat" && !index($0, "O_CREAT")) && (only == "" || sc ~ only) &&
+		    !index($0, "(INJECTED)"))
+			print sc, n[sc]
+	}' "$T/$name.trace" >"$T/$name.calls"
+	while read -r sc k; do
+		rm -rf "$d"; cp -a "$base" "$d"
+		(strace -o /dev/null -e trace="$sc${extra:+,renameat2}" -e inject="$sc":signal=SIGKILL:when="$k" $extra \
+			"$DPEXEC" "$@" --save-dir "$d" >/dev/null 2>&1; true) 2>/dev/null
+		total=$((total + 1))
+		if ends "$name-$sc-$k" "$d" "$min"; then good=$((good + 1)); else bad="$bad $sc#$k"; fi
+	done <"$T/$name.calls"
+	echo "  $name: $total trials (SIGKILL at each ${only:-mkdir/open(O_CREAT)/fsync/rename/renameat2/unlink/rmdir} of the save), $good lost nothing${bad:+; lost or failed at:$bad}"
+	[ "$total" -gt 0 ] && [ "$good" = "$total" ]
+}
+if [ "${TRIALS_SYSCALLS:-1}" = 0 ]; then
+	skip "kills at every syscall of a save (TRIALS_SYSCALLS=0)"
+elif ! command -v strace >/dev/null || ! strace -o /dev/null true 2>/dev/null; then
+	skip "kills at every syscall of a save: strace is missing or cannot trace here (make deps installs it)"
+else
+	X "$T/w1.bin" --quiet --steps 10 --save-dir "$T/b10" >/dev/null 2>&1 || fail "the step-10 run"
+	X "$T/w1.bin" --quiet --steps 20 --save-dir "$T/b20" --save-form sharded >/dev/null 2>&1 || fail "the step-20 run"
+	check "a fresh run with --overwrite killed while saving step 10 again (full form)" \
+		trials over "$T/b10" 10 "" "" -- "$T/w1.bin" --quiet --steps 10 --save-every 0 --overwrite
+	check "a run resumed from step 15 killed while saving step 20 again (sharded form)" \
+		trials older "$T/b20" 20 "" "" -- "$T/w1.bin" --quiet --steps 20 --resume "$T/tr-older/step-000015" --save-form sharded
+	check "the renames without RENAME_EXCHANGE (the file system refuses it: two renames)" \
+		trials norx "$T/b10" 10 "-e inject=renameat2:error=EINVAL" "^rename$" -- "$T/w1.bin" --quiet --steps 10 --save-every 0 --overwrite
+fi
+
+# ---- 2. --resume of a .dptmp copy; cleaning after the load ----
+cp -a "$T/b10" "$T/r2"
+mv "$T/r2/step-000010" "$T/r2/step-000010.old.dptmp"
+expect_ok() { # expect_ok NAME CMD...: exit 0
+	local name=$1; shift
+	if "$@" >"$T/out" 2>&1; then ok "$name"; else fail "$name (exit $?)"; sed 's/^/      /' "$T/out" | tail -n 4; fi
+}
+expect_ok "--resume DIR/step-N.old.dptmp (a copy a killed save left) loads it" \
+	X "$T/w1.bin" --quiet --steps 20 --resume "$T/r2/step-000010.old.dptmp" --save-full "$T/r2.st"
+check "and trains to the reference" cmp -s "$T/r2.st" "$T/ref.st"
+check "its leftovers are cleaned after the load" sh -c "! ls '$T/r2' | grep -q dptmp"
+cp -a "$T/b10" "$T/r3"
+mv "$T/r3/step-000010" "$T/r3/step-000010.dptmp" # latest names a missing step-000010
+expect_ok "--resume DIR whose latest a killed save left dangling loads the complete copy" \
+	X "$T/w1.bin" --quiet --steps 20 --resume "$T/r3" --save-full "$T/r3.st"
+grep -q "which a killed save left as step-000010.dptmp" "$T/out" || fail "no note on the dangling latest"
+check "and trains to the reference; the copy took its name again" \
+	sh -c "cmp -s '$T/r3.st' '$T/ref.st' && [ -d '$T/r3/step-000020' ] && ! ls '$T/r3' | grep -q dptmp"
+
+# ---- 3. damaged checkpoints ----
+# damage FORM NP NRANDOM [lite]: the step-10 checkpoint of FORM written at
+# NP ranks, damaged every way (tests/ckpt_damage.py, NRANDOM random bit
+# flips); each resume to step 15 refused or equal to the undamaged one
+damage() {
+	local form=$1 np=$2 nrand=$3 lite=${4:-} d=$T/dmg-$1 bin=$T/w1.bin
+	if [ "$np" != 1 ]; then
+		"$DPC" "$T/wide.dp" --world-size "$np" -o "$T/w$np.bin" >/dev/null 2>&1 || fail "dpc wide.dp at $np"
+		bin=$T/w$np.bin
+	fi
+	mpi "$np" "$bin" --quiet --steps 10 --save-dir "$d" --save-form "$form" >/dev/null 2>&1 ||
+		{ fail "$form checkpoint"; return; }
+	mpi "$np" "$bin" --quiet --steps 15 --resume "$d/step-000010" --losses "$T/good-$form.loss" \
+		--save-dir "$T/sink-$form" >/dev/null 2>&1 || { fail "undamaged resume"; return; }
+	local n refused=0 same=0 silent=0 list=""
+	n=$($PY tests/ckpt_damage.py "$d/step-000010" "$T/dmg-$form-copies" "$nrand" 22 $lite) || { fail "ckpt_damage.py"; return; }
+	while IFS=$'\t' read -r name desc; do
+		rm -rf "$T/sink" "$T/d.loss" # (a resumed run continues an existing --losses file)
+		mpi "$np" "$bin" --quiet --steps 15 --resume "$T/dmg-$form-copies/$name" --losses "$T/d.loss" \
+			--save-dir "$T/sink" >"$T/d.out" 2>&1 </dev/null
+		rc=$?
+		if [ $rc -eq 1 ] && grep -q "dpexec: error: " "$T/d.out"; then
+			refused=$((refused + 1))
+		elif [ $rc -eq 0 ] && cmp -s "$T/d.loss" "$T/good-$form.loss"; then
+			same=$((same + 1))
+		else
+			silent=$((silent + 1)); list="$list\n      $name ($desc): exit $rc$(grep -m1 error "$T/d.out" | sed 's/^/: /')"
+		fi
+		echo "$name	$rc	$(grep -m1 "error" "$T/d.out")" >>"$T/dmg-$form.log"
+	done <"$T/dmg-$form-copies/list.txt"
+	echo "  $form form, $np rank(s): $n damaged checkpoints: $refused refused, $same trained as the undamaged one, $silent trained differently or failed otherwise"
+	[ -n "$list" ] && printf "%b\n" "$list" | head -n 20
+	check "$form: none of $n damaged checkpoints resumes silently wrong" [ "$silent" = 0 ]
+}
+damage full 1 "${DAMAGE_RANDOM:-32}"
+damage sharded 2 "$(( ${DAMAGE_RANDOM:-30} / 3 ))" lite
+# a few of them by name: the message says what is wrong
+msg() { # msg NAME-SUBSTRING WANT
+	local line
+	line=$(grep -F -- "$1" "$T/dmg-full.log" | head -n 1)
+	if echo "$line" | grep -qF -- "$2"; then ok "damaged $1: '$2'"; else fail "damaged $1: wanted '$2', got: $line"; fi
+}
+msg "-state-step=1e+300	" "\"step\": 1e+300, not a whole number"
+msg "-state-step=-5	" "\"step\": -5, not a whole number"
+msg "-state-step=_10_	" "\"step\": the string \"10\""
+msg "lowbit-optimizer" "optimizer.safetensors is damaged: bytes ["
+msg "nan-fixed-optimizer" "holds NaN at element"
+msg "state-samples_seen" "\"samples_seen\""
+msg "state-written_by-world_size" "axes multiplying to its world size 2"
+
+# ---- 4. a fresh run into a directory that holds checkpoints ----
+cp -a "$T/b10" "$T/f4"
+expect "a fresh run into a save directory with checkpoints is refused before training" \
+	"the save directory $T/f4 holds checkpoints (the newest: step-000010) and this run does not resume" \
+	X "$T/w1.bin" --steps 20 --save-dir "$T/f4"
+grep -q "^step 1/" "$T/out" && fail "it trained before refusing"
+check "they are untouched" cmp -s "$T/f4/step-000010/state.json" "$T/b10/step-000010/state.json"
+expect_ok "--overwrite starts anew" X "$T/w1.bin" --quiet --steps 7 --save-every 3 --save-dir "$T/f4" --overwrite
+check "--overwrite: the old run's checkpoints are gone once this run saved" \
+	[ "$(ls "$T/f4" | tr '\n' ' ')" = "latest step-000003 step-000006 step-000007 " ]
+expect_ok "--auto-resume continues from the newest" X "$T/w1.bin" --quiet --steps 20 --save-dir "$T/f4" --auto-resume --save-full "$T/f4.st"
+check "--auto-resume: from step 7 to the reference" sh -c "grep -q 'resumed from $T/f4/step-000007' '$T/out' && cmp -s '$T/f4.st' '$T/ref.st'"
+expect_ok "--auto-resume with no checkpoint starts fresh" X "$T/w1.bin" --quiet --steps 20 --save-dir "$T/f5" --auto-resume --save-full "$T/f5.st"
+check "--auto-resume, fresh: the reference" cmp -s "$T/f5.st" "$T/ref.st"
+
+# ---- 5. keep_last needs room for keep_last + 1 checkpoints ----
+one=$(du -sb "$T/b10/step-000010" | cut -f1)
+mkdir "$T/small"
+if mount -t tmpfs -o size=$((one * 17 / 10 / 4096 * 4096 + 4096)) tmpfs "$T/small" 2>/dev/null; then
+	expect "keep_last 1 on a disk with room for 1.7 checkpoints: refused before training" \
+		"(keep_last 1: a checkpoint is written before the oldest is removed)" \
+		X "$T/w1.bin" --steps 20 --save-every 5 --keep-last 1 --save-dir "$T/small"
+	grep -q "^step 1/" "$T/out" && fail "it trained before finding the save directory too small"
+	expect_ok "keep_last 1 with a single save (--save-every 0) fits" \
+		X "$T/w1.bin" --quiet --steps 20 --save-every 0 --keep-last 1 --save-dir "$T/small"
+	umount "$T/small"
+else
+	skip "mounting a small tmpfs is not permitted here (not root?): keep_last room"
+fi
+
+# ---- 6. a token id outside the vocabulary, anywhere in a shard ----
+gpt_text "$T/gpt.dp"
+"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/gpt.bin" >/dev/null 2>&1 || fail "dpc gpt"
+$PY - "$T/text.bin" <<'EOF'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<i", f.read(12)[8:12])[0]
+f.seek(1024 + 2 * (n - 7))  # near the end: a window a short run never draws
+f.write(struct.pack("<H", 300))
+EOF
+expect "a token id >= the vocabulary near a shard's end: refused at load" \
+	"token shard $T/text.bin: token 300 at index" X "$T/gpt.bin" --steps 1 --eval-every 0
+grep -q "^step 1/" "$T/out" && fail "it trained before finding the bad token"
+
+# ---- 7. a small address-space limit ----
+"$DPC" models/mlp.dp --world-size 1 -o "$T/mlp.bin" >/dev/null 2>&1 || fail "dpc mlp"
+if [ "${SAN:-0}" = 1 ]; then
+	skip "ulimit -v under ASan (its shadow memory needs terabytes of address space)"
+else
+	(ulimit -v 200000; timeout 60 "$DPEXEC" "$T/mlp.bin" --steps 1 >"$T/ulimit.out" 2>&1; echo "rc=$?" >>"$T/ulimit.out")
+	if grep -q "^rc=1$" "$T/ulimit.out" && grep -q "dpexec: error: .*out of memory" "$T/ulimit.out"; then
+		ok "ulimit -v 200 MB: a clean out-of-memory error ($(grep -m1 error "$T/ulimit.out" | cut -c1-80)...)"
+	else
+		fail "ulimit -v 200 MB"; tail -n 3 "$T/ulimit.out"
+	fi
+fi
+
+# ---- 8. the --timeout error, once ----
+"$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >/dev/null 2>&1 || fail "dpc mlp at 2"
+ranks() { ps -eo pid=,args= | while read -r pid args; do
+	case "$args" in "$DPEXEC $T/mlp2.bin"*) echo "$pid" ;; esac; done; }
+# the whole job stopped for longer than --timeout (Slurm's scontrol suspend,
+# a debugger) and continued: no rank counts the stop as waiting
+( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 120 --timeout 3 \
+	--log-every 100000 --eval-every 0 >"$T/sus.out" 2>&1; echo "rc=$?" >>"$T/sus.out" ) &
+job=$!
+for i in $(seq 150); do grep -q "^step 1/" "$T/sus.out" && break; sleep 0.2; done
+sleep 0.5
+pids=$(ranks)
+kill -STOP $pids 2>/dev/null; sleep 5; kill -CONT $pids 2>/dev/null
+wait $job
+if grep -q "^rc=0$" "$T/sus.out" && ! grep -q "did not complete" "$T/sus.out"; then
+	ok "the job stopped for 5 s under --timeout 3 and continued: it goes on to the end"
+else
+	fail "a job stopped and continued under --timeout"; tail -n 3 "$T/sus.out"
+fi
+# one rank stopped: the other times out and ends the job; the launcher
+# continues the stopped one to signal it, and it does not time out again
+( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 --timeout 3 \
+	--log-every 100000 --eval-every 0 >"$T/to.out" 2>&1 ) &
+job=$!
+for i in $(seq 150); do grep -q "^step 1/" "$T/to.out" && break; sleep 0.2; done
+victim=$(ranks | tail -n 1)
+[ -n "$victim" ] && kill -STOP "$victim"
+wait $job
+[ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
+n=$(grep -c "did not complete within 3 s" "$T/to.out")
+if [ -n "$victim" ] && [ "$n" = 1 ]; then
+	ok "--timeout at 2 ranks, one stopped: the error is printed once"
+else
+	fail "--timeout message printed $n times (victim '${victim:-none}')"; tail -n 4 "$T/to.out"
+fi
+
+# ---- 9. dpc out of memory ----
+if [ "${SAN:-0}" = 1 ]; then
+	skip "dpc under ulimit -v (ASan)"
+else
+	# limits from too small to load libc (exit 127, the loader's) to enough:
+	# somewhere between, the compiler's own allocations fail
+	oom=0; bad=""
+	for v in $(seq 3000 250 9000); do
+		(ulimit -v "$v"; "$DPC" models/gpt2.dp --world-size 1 -o "$T/g.bin" >"$T/oom.out" 2>&1; echo "rc=$?" >>"$T/oom.out")
+		grep -q "^dpc: error: out of memory" "$T/oom.out" && grep -q "^rc=1$" "$T/oom.out" && oom=$((oom + 1))
+		grep -q "internal error\|^rc=134$" "$T/oom.out" && bad="$bad $v"
+	done
+	if [ $oom -gt 0 ] && [ -z "$bad" ]; then
+		ok "dpc out of memory: exit 1 with a message ($oom of the limits 3000..9000 KB hit it), never an abort"
+	else
+		fail "dpc out of memory: $oom clean, aborts at ulimit -v$bad"; tail -n 3 "$T/oom.out"
+	fi
+fi
+
+# ---- 10. the checkpoint reader's fuzz target, for a bounded time ----
+"$DPC" tests/faults/tiny.dp --world-size 1 -o "$T/tiny1.bin" >/dev/null 2>&1 || fail "dpc tiny"
+if [ -x "$ROOT/$BUILD/tests/ckpt_fuzz" ]; then
+	if (cd "$T" && env $MPI_ASAN TMPDIR="$T" timeout 120 "$ROOT/$BUILD/tests/ckpt_fuzz" "$T/tiny1.bin" \
+		"${FUZZ_SECONDS:-25}" 22) >"$T/fuzz.out" 2>&1; then
+		ok "$(tail -n 1 "$T/fuzz.out")"
+	else
+		fail "ckpt_fuzz"; tail -n 12 "$T/fuzz.out"
+	fi
+else
+	fail "$BUILD/tests/ckpt_fuzz is not built (make tests)"
+fi
+
+finish durability

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# tests/gpu_kit.sh - the GPU kit (mk/gpu-kit.mk, tools/gpu-kit, docs/CUDA.md
+# "The GPU kit") builds, is self-contained, and its run.sh passes a
+# rehearsal, here, without a GPU:
+#
+#  1. `make gpu-kit EMU=1` builds the kit around the CUDA emulator's
+#     libdpcuda.so (the real kit is the same but for that library, built by
+#     nvcc: GPU_KIT_REAL=1 builds and checks it too, minutes of nvcc), and it
+#     says its size, at most 48 MiB;
+#  2. every ELF file of its payload resolves each library it needs inside
+#     the kit (by its $ORIGIN DT_RPATH) or to the C runtime (libc, libm,
+#     libpthread, libdl, librt, ld-linux, libstdc++, libgcc_s), libcuda.so.1,
+#     and in the real kit CUDA 13's libcublasLt.so.13 and libnccl.so.2; with
+#     the host's ldd, and with the chroot's own loader (below), where nothing
+#     else exists;
+#  3. the rehearsal: a chroot holding only libc6, libstdc++6, libgcc-s1,
+#     bash and coreutils (and the libraries those two need to start:
+#     libtinfo6, libacl1, libattr1, libselinux1, libpcre2-8-0, libgmp10),
+#     unpacked with dpkg -x from their .debs (apt-get download, cached in
+#     $DP_CHROOT_DEBS), with /proc, /sys, a /dev of its own and /tmp; the
+#     kit copied in; `run.sh OUTDIR` run to its end. It must exit 0, with
+#     every part reported and SKIP only for what needs the hardware or a GPU
+#     tool (compute-sanitizer, ncu, PyTorch): exactly those seven checks.
+#     No chroot (not root, or chroot/mount refused) or no .debs: one loud
+#     SKIP.
+# Runtime: ~1-2 min to pack the kit (xz), ~4-8 min for the rehearsal (the
+# emulator runs run.sh's smallest shapes).
+set -u
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT" || exit 1
+T=$(tmpdir)
+RT=$T/root
+mounted=()
+cleanup() {
+	local m
+	for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null; done
+	# nothing of the host may be mounted under $T when it is removed
+	if grep -q " $T/" /proc/mounts; then
+		echo "  (left $T: something is still mounted under it)"
+	else
+		rm -rf --one-file-system "$T"
+	fi
+}
+trap cleanup EXIT
+if [ "${SAN:-0}" = 1 ]; then
+	skip "the GPU kit (SAN=1: the kit ships the ordinary build)"
+	finish gpu_kit
+	exit $?
+fi
+
+# ---- 1. the kit builds ----
+KIT=$T/kit
+if make -s -C "$ROOT" gpu-kit EMU=1 KIT_DIR="$KIT" KIT_STAGE="$T/stage" >"$T/build.log" 2>&1; then
+	ok "make gpu-kit EMU=1: $(cat "$KIT/SIZE")"
+else
+	fail "make gpu-kit EMU=1"; tail -n 10 "$T/build.log" | sed 's/^/      /'
+	finish gpu_kit
+	exit 1
+fi
+size=$(du -sb "$KIT" | cut -f1)
+if [ "$size" -le $((48 * 1048576)) ] && grep -q "of 48 MiB" "$KIT/SIZE"; then
+	ok "the kit is $size bytes, within 48 MiB (run.sh, busybox, payload.tar.xz, MANIFEST)"
+else
+	fail "the kit is $size bytes (more than 48 MiB, or it does not say its size)"
+fi
+kits=("$KIT")
+if [ "${GPU_KIT_REAL:-0}" = 1 ]; then
+	if make -s -C "$ROOT" gpu-kit KIT_DIR="$T/kit-gpu" KIT_STAGE="$T/stage-gpu" >"$T/build-gpu.log" 2>&1; then
+		ok "make gpu-kit (nvcc, sm_90a and sm_80): $(cat "$T/kit-gpu/SIZE")"
+		kits+=("$T/kit-gpu")
+	else
+		fail "make gpu-kit"; tail -n 10 "$T/build-gpu.log" | sed 's/^/      /'
+	fi
+fi
+
+# ---- 2. every ELF file resolves inside the kit or to the C runtime ----
+is_elf() { [ "$(head -c 4 "$1" 2>/dev/null | od -A n -t x1 | tr -d ' ')" = 7f454c46 ]; }
+allowed='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so\.1)'
+for k in "${kits[@]}"; do
+	u=$T/unpacked-$(basename "$k")
+	mkdir -p "$u"
+	"$k/busybox" tar -xJf "$k/payload.tar.xz" -C "$u" || fail "unpacking $k/payload.tar.xz with its busybox"
+	cuda=""
+	[ "$(cat "$u/MODE")" = gpu ] && cuda='|^(libcublasLt\.so\.13|libnccl\.so\.2) '
+	n=0 bad=0 norpath=0
+	while IFS= read -r f; do
+		is_elf "$f" || continue
+		n=$((n + 1))
+		objdump -p "$f" | grep -q 'RPATH.*\$ORIGIN' || { norpath=$((norpath + 1)); echo "      no \$ORIGIN RPATH: ${f#$u/}"; }
+		while read -r lib arrow path _; do
+			[ "$arrow" = "=>" ] || continue
+			case $path in "$u"/*) continue ;; esac
+			if ! echo "$lib " | grep -Eq "$allowed$cuda"; then
+				bad=$((bad + 1))
+				echo "      ${f#$u/}: $lib => $path"
+			fi
+		done < <(ldd "$f" 2>/dev/null)
+	done < <(find "$u" -type f)
+	if [ $bad = 0 ] && [ $norpath = 0 ] && [ $n -gt 100 ]; then
+		ok "ldd: the $n ELF files of $(basename "$k") resolve inside the kit (\$ORIGIN DT_RPATH) or to the C runtime${cuda:+, libcuda, and CUDA 13: libcublasLt, libnccl}"
+	else
+		fail "ldd: $bad libraries of $(basename "$k") resolve outside the kit, $norpath files have no \$ORIGIN RPATH ($n ELF files)"
+	fi
+done
+
+# ---- 3. the rehearsal in a chroot of bash and coreutils ----
+rehearse() {
+	if [ "$(id -u)" != 0 ]; then
+		skip "the chroot rehearsal (not root: chroot and mount need it)"; return
+	fi
+	local debs=${DP_CHROOT_DEBS:-/var/cache/dp-gpu-kit-chroot} p d missing=()
+	local pkgs="libc6 libstdc++6 libgcc-s1 bash coreutils libtinfo6 libacl1 libattr1 libselinux1 libpcre2-8-0 libgmp10"
+	mkdir -p "$debs"
+	for p in $pkgs; do
+		ls "$debs/${p}_"*.deb >/dev/null 2>&1 && continue
+		(cd "$debs" && apt-get download -qq "$p" >/dev/null 2>&1) ||
+			cp /var/cache/apt/archives/"${p}_"*.deb "$debs/" 2>/dev/null ||
+			missing+=("$p")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		skip "the chroot rehearsal: no .deb of ${missing[*]} (apt-get download failed; put them in $debs)"; return
+	fi
+	mkdir -p "$RT"
+	for p in $pkgs; do
+		d=$(ls "$debs/${p}_"*.deb | tail -n 1)
+		dpkg -x "$d" "$RT" || { fail "dpkg -x $d"; return; }
+	done
+	mkdir -p "$RT"/{proc,sys,dev,tmp,out,etc,root}
+	chmod 1777 "$RT/tmp"
+	echo "root:x:0:0:root:/root:/bin/bash" >"$RT/etc/passwd"
+	echo "root:x:0:" >"$RT/etc/group"
+	printf '127.0.0.1 localhost %s\n' "$(uname -n)" >"$RT/etc/hosts"
+	# the loader's paths, as a merged-/usr system has them
+	[ -e "$RT/lib64" ] || ln -s usr/lib64 "$RT/lib64" 2>/dev/null
+	if ! mount -t proc proc "$RT/proc"; then
+		skip "the chroot rehearsal (mount refused here)"; return
+	fi
+	mounted+=("$RT/proc")
+	mount -t sysfs sysfs "$RT/sys" && mounted+=("$RT/sys")
+	mount -t tmpfs -o size=64m,mode=755 tmpfs "$RT/dev" && mounted+=("$RT/dev")
+	for n in "null c 1 3" "zero c 1 5" "random c 1 8" "urandom c 1 9"; do
+		set -- $n
+		mknod -m 666 "$RT/dev/$1" "$2" "$3" "$4"
+	done
+	ln -s /proc/self/fd "$RT/dev/fd"
+	mkdir -p "$RT/dev/shm"
+	mount -t tmpfs -o size=1g tmpfs "$RT/dev/shm" && mounted+=("$RT/dev/shm")
+	if ! chroot "$RT" /bin/bash -c 'echo ok' >/dev/null 2>&1; then
+		skip "the chroot rehearsal (chroot refused, or bash does not start in it)"; return
+	fi
+	# what the chroot holds: no awk, sed, grep, tar, python, MPI or BLAS
+	local extra
+	extra=$(cd "$RT" && ls usr/bin/awk usr/bin/sed bin/grep usr/bin/grep bin/tar usr/bin/python3 usr/bin/mpirun 2>/dev/null)
+	[ -z "$extra" ] || fail "the chroot holds $extra"
+	cp -a "$KIT" "$RT/kit"
+	# the payload's ELF files with the chroot's own loader: nothing but the kit
+	mkdir -p "$RT/check"
+	"$KIT/busybox" tar -xJf "$KIT/payload.tar.xz" -C "$RT/check"
+	local nf=0 bad=0 f
+	while IFS= read -r f; do
+		is_elf "$f" || continue
+		nf=$((nf + 1))
+		if chroot "$RT" /lib64/ld-linux-x86-64.so.2 --list "/check/${f#$RT/check/}" 2>&1 | grep -q "not found"; then
+			bad=$((bad + 1))
+			chroot "$RT" /lib64/ld-linux-x86-64.so.2 --list "/check/${f#$RT/check/}" 2>&1 | grep "not found" |
+				head -n 2 | sed "s|^|      ${f#$RT/check/}: |"
+		fi
+	done < <(find "$RT/check" -type f)
+	rm -rf "$RT/check"
+	if [ $bad = 0 ] && [ $nf -gt 100 ]; then
+		ok "in the chroot, the loader resolves every library of the $nf ELF files"
+	else
+		fail "in the chroot, $bad of $nf ELF files have a library not found"
+	fi
+	local t0 rc took
+	t0=$(date +%s)
+	timeout 2400 chroot "$RT" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C \
+		/bin/bash /kit/run.sh /out >"$T/rehearsal.log" 2>&1
+	rc=$?
+	took=$(($(date +%s) - t0))
+	cp "$RT/out/report.md" "$T/report.md" 2>/dev/null
+	local np nf2 ns skips
+	np=$(grep -c '^- PASS' "$T/report.md" 2>/dev/null)
+	nf2=$(grep -c '^- FAIL' "$T/report.md" 2>/dev/null)
+	ns=$(grep -c '^- SKIP' "$T/report.md" 2>/dev/null)
+	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|PyTorch|torch.compile')
+	# PASS: part 1 one, part 2 six, part 4 twenty, parts 5 and 6 one each
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 7 ] && [ "$skips" = 0 ] && [ "$np" = 29 ] &&
+		[ "$(grep -c '^## ' "$T/report.md")" = 6 ]; then
+		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (1), PyTorch (2)"
+	else
+		fail "run.sh in the chroot: exit $rc after ${took}s, $np PASS, $nf2 FAIL, $ns SKIP ($skips not the GPU tools')"
+		grep -E '^- (FAIL|SKIP)' "$T/report.md" 2>/dev/null | head -n 12 | cut -c1-220 | sed 's/^/      /'
+		tail -n 5 "$T/rehearsal.log" | sed 's/^/      /'
+	fi
+	[ -f "$RT/out/logs.tgz" ] && [ -f "$RT/out/trace-gpt2.json" ] ||
+		fail "run.sh left no logs.tgz or trace-gpt2.json in OUTDIR"
+	if [ "${GPU_KIT_KEEP:-}" ]; then cp -r "$RT/out" "$GPU_KIT_KEEP" && echo "  (report and logs kept in $GPU_KIT_KEEP)"; fi
+	sed 's/^/    /' "$T/report.md" 2>/dev/null | grep -E '^    - (PASS|FAIL|SKIP)' | cut -c1-200
+}
+rehearse
+finish gpu_kit

@@ -1,0 +1,621 @@
+#!/usr/bin/env bash
+# run.sh OUTDIR - the GPU kit's run: the first run of dp on a GPU machine, in
+# one go (docs/CUDA.md, "The GPU kit"; `make gpu-kit` builds the kit around
+# it, tools/gpu-kit/build.sh says what is in it).
+#
+#   build/gpu-kit/run.sh OUTDIR         (on the GPU machine; any folder works)
+#
+# It unpacks the kit's payload outside OUTDIR ($DP_KIT_WORK, default
+# /tmp/dp-gpu-kit), then runs six parts, each under a deadline (coreutils'
+# timeout), and writes OUTDIR/report.md as it goes: every check is one line,
+# PASS, FAIL or SKIP with its figures, written when the check ends, so a run
+# cut short still reports what it did. SKIP means the hardware or the tool is
+# absent (compute-sanitizer, ncu, PyTorch with CUDA), nothing else. Logs:
+# OUTDIR/logs.tgz (refreshed after every part); OUTDIR/trace-gpt2.json.
+#
+#   1. the environment: nvidia-smi, driver and runtime versions, SM count,
+#      clocks, the CUDA 13 libraries the backend loads;
+#   2. the device probe and tests/cuda.sh's GPU cases: mlp at 1 rank against
+#      the CPU, graph replay against --no-graph bitwise, 2 ranks on one GPU
+#      through NCCL (a NCCL_HOSTID per rank) against the CPU at 2 ranks, the
+#      watchdog (one of two ranks stopped: the other ends within --timeout),
+#      a NaN loss in graph mode (both ranks end, naming the step);
+#   3. compute-sanitizer memcheck and racecheck on 3 steps of gpt2-tiny, f32
+#      and bf16;
+#   4. gpt2-tiny and llama in f32 and bf16 at 1 rank, and at 2 ranks under
+#      ddp, full_shard, tp=2 and cp=2, against the CPU's losses at 1 rank
+#      (every layout computes the same mathematics);
+#   5. the benchmark: models/gpt2.dp (124M) in bf16 at 1 rank, micro-batch 16
+#      x 1024 (else 8, 4: the largest that fits), graph replay: tokens/s,
+#      ms/step, MFU against 989 TFLOP/s, host us per step; beside PyTorch
+#      eager and torch.compile on the same model, batch, optimizer and dtype
+#      (bench/gpu_gpt.py);
+#   6. a dpexec --trace of 3 steps of gpt2 (dpexec times instructions on the
+#      host and refuses --trace on the CUDA backend, so this trace is the CPU
+#      backend's schedule; the device's time is ncu's), and an ncu summary of
+#      the top 10 kernels by time over 3 steps of part 5's run.
+#
+# Tolerances (part 4; docs/CUDA.md derives them): on a GPU, f32 losses rtol
+# 1e-4 (the emulator's 1e-5, widened 10x: cuBLASLt sums in its own order and
+# split, and libdevice's expf/tanhf are 1-2 ulp from glibc's, where the
+# emulator shares OpenBLAS and glibc with the CPU) and bf16 2^-10 (the
+# cross-world-size bound of tests/bf16.sh, 2^-11, doubled for the GPU's f32
+# noise under the bf16 roundings); on the emulator the emulator's own,
+# f32 1e-5 and bf16 2^-11 (a 2-rank run against 1 rank: tests/bf16.sh's).
+#
+# Deadlines (seconds), the GPU's summing to 475 with the unpacking, under 8
+# minutes on one H100 (docs/CUDA.md estimates each part from its FLOPs and
+# the H100's rates); the emulator's (the rehearsal, tests/gpu_kit.sh) are
+# its own: it runs every GPU thread on a CPU, with the smallest shapes that
+# still exercise each path (DP_KIT_EMU=1, set by an EMU=1 kit).
+set -u
+KIT_DIR=$(cd "$(dirname "$0")" && pwd)
+BB=$KIT_DIR/busybox
+# what bash and coreutils lack, from the kit's busybox (the machine may have
+# none of them: the rehearsal's chroot does not)
+awk() { "$BB" awk "$@"; }
+grep() { "$BB" grep "$@"; }
+sed() { "$BB" sed "$@"; }
+cmp() { "$BB" cmp "$@"; }
+find() { "$BB" find "$@"; }
+
+if [ "${1:-}" != --part ]; then
+	# ---- the driver ----
+	[ $# -eq 1 ] || { echo "usage: run.sh OUTDIR" >&2; exit 2; }
+	mkdir -p "$1" || exit 1
+	OUT=$(cd "$1" && pwd)
+	WORK=${DP_KIT_WORK:-/tmp/dp-gpu-kit}
+	case $WORK in "$OUT" | "$OUT"/*) echo "run.sh: DP_KIT_WORK must be outside OUTDIR" >&2; exit 2 ;; esac
+	rm -rf "$WORK"
+	mkdir -p "$WORK/kit" "$WORK/logs" "$WORK/run" "$WORK/tmp" || exit 1
+	t_all=$(date +%s)
+	REPORT=$OUT/report.md
+	{
+		echo "# dp GPU kit run"
+		echo
+		echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) ($(uname -sr)), $(nproc) CPUs"
+		head -n 1 "$KIT_DIR/MANIFEST" 2>/dev/null
+		echo
+	} >"$REPORT"
+	# the unpacking's deadline counts in the 8 minutes (the emulator's kit: its own)
+	unpack_s=15
+	case $(head -n 1 "$KIT_DIR/MANIFEST" 2>/dev/null) in *"kit (emu)"*) unpack_s=120 ;; esac
+	if ! timeout $unpack_s "$BB" tar -xJf "$KIT_DIR/payload.tar.xz" -C "$WORK/kit"; then
+		echo "- FAIL unpacking the kit's payload (busybox tar -xJf)" | tee -a "$REPORT"
+		exit 1
+	fi
+	echo "unpacked in $(($(date +%s) - t_all)) s into $WORK/kit" >>"$REPORT"
+	MODE=$(cat "$WORK/kit/MODE")
+	if [ "$MODE" = emu ]; then
+		DEADLINES=(0 120 900 60 1500 600 600)
+	else
+		DEADLINES=(0 15 60 75 100 140 70)
+	fi
+	echo "mode: $MODE; deadlines (s), parts 1-6: ${DEADLINES[*]:1}" >>"$REPORT"
+	: >"$WORK/results"
+	for p in 1 2 3 4 5 6; do
+		t0=$(date +%s)
+		DP_KIT_OUT=$OUT DP_KIT_WORK_DIR=$WORK DP_KIT_MODE=$MODE DP_KIT_DEADLINE=${DEADLINES[p]} \
+			timeout -k 10 "${DEADLINES[p]}" bash "$0" --part "$p" 2>>"$WORK/logs/part$p.err"
+		rc=$?
+		took=$(($(date +%s) - t0))
+		if [ $rc = 124 ] || [ $rc = 137 ]; then
+			echo "- FAIL part $p: cut at its deadline of ${DEADLINES[p]} s (the checks above ran)" >>"$REPORT"
+			echo "FAIL" >>"$WORK/results"
+		elif [ $rc != 0 ]; then
+			echo "- FAIL part $p: exit $rc (logs.tgz: logs/part$p.err)" >>"$REPORT"
+			echo "FAIL" >>"$WORK/results"
+		fi
+		echo "_(part $p: ${took} s of its ${DEADLINES[p]} s)_" >>"$REPORT"
+		# (busybox tar -z would run a gzip from PATH: there may be none)
+		"$BB" tar -cf - -C "$WORK" logs 2>/dev/null | "$BB" gzip >"$OUT/logs.tgz"
+	done
+	npass=$(grep -c '^PASS' "$WORK/results")
+	nfail=$(grep -c '^FAIL' "$WORK/results")
+	nskip=$(grep -c '^SKIP' "$WORK/results")
+	line="run.sh: $npass PASS, $nfail FAIL, $nskip SKIP in $(($(date +%s) - t_all)) s ($MODE)"
+	printf '\n%s\n' "$line" >>"$REPORT"
+	echo "$line"
+	[ "$nfail" = 0 ]
+	exit $?
+fi
+
+# ---- a part: bash run.sh --part N (the driver's environment) ----
+PART=$2
+T_PART0=$(date +%s)
+# left: seconds left of this part's deadline, less a margin for the report
+left() { echo $((DP_KIT_DEADLINE - ($(date +%s) - T_PART0) - 8)); }
+OUT=$DP_KIT_OUT
+WORK=$DP_KIT_WORK_DIR
+MODE=$DP_KIT_MODE
+K=$WORK/kit
+R=$WORK/run
+L=$WORK/logs
+REPORT=$OUT/report.md
+EMU=0
+[ "$MODE" = emu ] && EMU=1
+DPC=$K/bin/dpc
+DPEXEC=$K/bin/dpexec
+cd "$R" || exit 1
+export TMPDIR=$WORK/tmp
+
+# Open MPI from the kit: its prefix, components and help texts under $K,
+# ranks of one node (fork, shared memory), nothing that needs a daemon,
+# ssh, a network fabric or the machine's Open MPI configuration
+export OPAL_PREFIX=$K OPAL_EXEC_PREFIX=$K OPAL_BINDIR=$K/bin OPAL_LIBDIR=$K/lib
+export OPAL_PKGLIBDIR=$K/lib/openmpi OPAL_DATADIR=$K/share OPAL_PKGDATADIR=$K/share/openmpi
+export OPAL_SYSCONFDIR=$K/etc OPAL_DATAROOTDIR=$K/share
+export OMPI_MCA_mca_base_component_path=$K/lib/openmpi PMIX_MCA_mca_base_component_path=$K/lib/pmix
+export PMIX_INSTALL_PREFIX=$K
+export OMPI_MCA_plm=isolated OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_orte_tmpdir_base=$WORK/tmp
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_orte_execute_quiet=1
+export PATH=$K/bin:$PATH
+# two ranks on one GPU: NCCL 2.28 wants each to look like its own host, over
+# the loopback interface (NCCL leaves lo out by default)
+export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# CUDA 13's libraries: the rpath's /usr/local/cuda/lib64, else wherever this
+# machine has them (another toolkit folder, PyTorch's nvidia wheels)
+if [ $EMU = 0 ] && ldd "$K/bin/libdpcuda.so" 2>/dev/null | grep -q "not found"; then
+	for d in /usr/local/cuda-13*/lib64 /usr/local/cuda-13*/lib /usr/local/cuda/lib \
+		$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+		for f in $(find "$d" -maxdepth 4 \( -name libcublasLt.so.13 -o -name libnccl.so.2 \) 2>/dev/null); do
+			case ":${LD_LIBRARY_PATH:-}:" in *":${f%/*}:"*) ;; *) LD_LIBRARY_PATH=${f%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;; esac
+		done
+	done
+	export LD_LIBRARY_PATH
+fi
+
+# report RESULT TEXT: one line of the report, now
+report() {
+	printf -- '- %s %s\n' "$1" "$2" >>"$REPORT"
+	echo "$1" >>"$WORK/results"
+	echo "$1 $2"
+}
+section() { printf '\n## %s\n\n' "$1" >>"$REPORT"; echo "== $1"; }
+note() { printf '  %s\n' "$1" >>"$REPORT"; }
+# last LOG: the log's last lines, for a FAIL
+last() { grep -v '^ \|^$' "$1" 2>/dev/null | tail -n 3 | cut -c1-240 | sed 's/^/    /' >>"$REPORT"; }
+
+# model NAME SRC SED...: a kit model with its data paths in the kit, no eval
+model() {
+	local name=$1 src=$2
+	shift 2
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' "$K/models/$src.dp" |
+		sed -e "s|\"build/data/fortunes.bin\"|\"$K/data/text.bin\"|" \
+			-e "s|\"build/data/train.bin\"|\"$K/data/text.bin\"|" "$@" >"$R/$name.dp"
+}
+# mesh NAME STRATEGY MESH: $R/NAME.dp with that strategy and mesh line
+mesh() {
+	{ echo "mesh $3"; grep -v '^mesh ' "$R/$1.dp"; } | sed "s/^  strategy .*/  strategy $2/" >"$R/$1-$2-${3// /}.dp"
+	echo "$R/$1-$2-${3// /}.dp"
+}
+# compile BIN SRC NP [dpc args]
+compile() {
+	local bin=$1 src=$2 np=$3
+	shift 3
+	"$DPC" "$src" --world-size "$np" "$@" -o "$R/$bin.bin" >"$L/$bin.dpc" 2>&1
+}
+# gpu NAME BIN [dpexec args]: one rank on the device (or the emulator)
+gpu() {
+	local name=$1 bin=$2
+	shift 2
+	"$DPEXEC" "$R/$bin.bin" --device cuda --eval-every 0 --losses "$R/$name.loss" "$@" >"$L/$name.log" 2>&1
+}
+# cpu NAME BIN NP [dpexec args]: the CPU backend (bf16 GEMMs on f32 copies,
+# as cuBLASLt's f32 accumulation; tests/cuda_emu.sh says why)
+cpu() {
+	local name=$1 bin=$2 np=$3
+	shift 3
+	if [ "$np" = 1 ]; then
+		DP_CPU_BF16_GEMM=blas "$DPEXEC" "$R/$bin.bin" --device cpu --eval-every 0 \
+			--losses "$R/$name.loss" "$@" >"$L/$name.log" 2>&1
+	else
+		DP_CPU_BF16_GEMM=blas mpirun -np "$np" "$DPEXEC" "$R/$bin.bin" --device cpu \
+			--eval-every 0 --losses "$R/$name.loss" "$@" >"$L/$name.log" 2>&1
+	fi
+}
+# gpus NP NAME BIN [dpexec args]: NP ranks on the device, each its own
+# NCCL_HOSTID; $R/pids/rankN.pid holds each rank's process id
+cat >"$R/rank.sh" <<'EOF'
+#!/usr/bin/env bash
+export NCCL_HOSTID=dp-kit-rank-${OMPI_COMM_WORLD_RANK:-0}
+echo $$ >"$DP_KIT_PIDS/rank${OMPI_COMM_WORLD_RANK:-0}.pid"
+exec "$@"
+EOF
+chmod +x "$R/rank.sh"
+mkdir -p "$R/pids"
+export DP_KIT_PIDS=$R/pids
+gpus() {
+	local np=$1 name=$2 bin=$3
+	shift 3
+	# a hung collective fails its check, not the whole part (a later
+	# --timeout in the arguments wins)
+	mpirun -np "$np" "$R/rank.sh" "$DPEXEC" "$R/$bin.bin" --device cuda --eval-every 0 \
+		--timeout 60 --losses "$R/$name.loss" "$@" >"$L/$name.log" 2>&1
+}
+# dev NP NAME BIN [dpexec args]: gpu or gpus
+dev() {
+	local np=$1
+	shift
+	if [ "$np" = 1 ]; then gpu "$@"; else gpus "$np" "$@"; fi
+}
+# losses A B RTOL: the same steps, no NaN, max relative difference <= RTOL;
+# prints the figure
+losses() {
+	awk -v rtol="$3" '
+		/^#/ {next}
+		NR == FNR {a[$1] = $2; n++; next}
+		{
+			m++
+			if (!($1 in a) || $2 ~ /nan|inf/ || a[$1] ~ /nan|inf/) bad = 1
+			d = $2 - a[$1]; if (d < 0) d = -d
+			r = a[$1] < 0 ? -a[$1] : a[$1]; r = r > 0 ? d / r : d
+			if (r > max) {max = r; at = $1}
+		}
+		END {
+			printf "%d steps, losses max rel diff %.2e%s", m, max, at ? " (step " at ")" : ""
+			exit bad || m != n || m == 0 || max > rtol
+		}' "$2" "$1"
+}
+# params A.st B.st RTOL ATOL: f32 safetensors of one layout (the same
+# header), every element within ATOL + RTOL |B|; prints the figure
+params() {
+	local n1 n2
+	n1=$(od -A n -t u8 -N 8 "$1" | tr -d ' ')
+	n2=$(od -A n -t u8 -N 8 "$2" | tr -d ' ')
+	if [ -z "$n1" ] || [ "$n1" != "$n2" ] || ! cmp -s <(head -c $((8 + n1)) "$1") <(head -c $((8 + n2)) "$2"); then
+		printf "the safetensors headers differ"
+		return 1
+	fi
+	od -A n -v -t f4 -j $((8 + n1)) "$1" | tr -s ' ' '\n' | grep . >"$R/p1.txt"
+	od -A n -v -t f4 -j $((8 + n2)) "$2" | tr -s ' ' '\n' | grep . >"$R/p2.txt"
+	paste "$R/p1.txt" "$R/p2.txt" | awk -v rtol="$3" -v atol="$4" '
+		{
+			n++
+			if ($1 ~ /nan|inf/ || $2 ~ /nan|inf/) bad = 1
+			d = $1 - $2; if (d < 0) d = -d
+			b = $2 < 0 ? -$2 : $2
+			if (d > max) max = d
+			if (d > atol + rtol * b) out++
+		}
+		END {
+			printf "%d parameters, max abs diff %.2e", n, max
+			if (out) printf ", %d outside atol %g + rtol %g", out, atol, rtol
+			exit bad || out || n == 0
+		}'
+}
+# figure LOG KEY: the number before KEY on the last step line of a dpexec log
+figure() { grep '^step ' "$1" | tail -n 1 | sed -n "s|.* \([0-9.]*\) $2.*|\1|p"; }
+ms_step() { grep '^step ' "$1" | tail -n 1 | sed -n 's/.* \([0-9.]*\) ms\/step.*/\1/p'; }
+host_us() { grep '^step ' "$1" | tail -n 1 | sed -n 's/.*host \([0-9.]*\) us\/step.*/\1/p'; }
+# the model shapes: GPU the models as they are, the emulator small ones
+small_gpt=""
+small_llama=""
+if [ $EMU = 1 ]; then
+	small_gpt="-D ctx=16 -D d=32 -D heads=2"
+	small_llama="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"
+fi
+# the synthetic MLP (tests/cuda.sh's model when Fashion-MNIST is absent)
+mlp_src() {
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' "$K/models/mlp.dp" |
+		sed -E 's/from idx\("[^"]*"\)/from synthetic(n=4096, classes=10)/' >"$R/mlp.dp"
+}
+
+part1() {
+	section "1. Environment"
+	if command -v nvidia-smi >/dev/null 2>&1; then
+		nvidia-smi >"$L/nvidia-smi.txt" 2>&1
+		nvidia-smi -q >>"$L/nvidia-smi.txt" 2>&1
+		nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu,compute_mode \
+			--format=csv >"$L/gpu.csv" 2>&1
+		sed 's/^/    /' "$L/gpu.csv" >>"$REPORT"
+	else
+		note "nvidia-smi: not on this machine$([ $EMU = 1 ] && echo " (the CUDA emulator: no GPU, no driver)")"
+	fi
+	note "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | cut -c2-), $(nproc) cores; memory $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo 2>/dev/null)"
+	ldd "$K/bin/libdpcuda.so" >"$L/ldd-libdpcuda.txt" 2>&1
+	for lib in libcublasLt.so.13 libnccl.so.2; do
+		p=$(awk -v l="$lib" '$1 == l {print $3}' "$L/ldd-libdpcuda.txt")
+		[ -n "$p" ] && note "$lib: $p -> $(readlink -f "$p")"
+	done
+	mlp_src
+	compile probe1 "$R/mlp.dp" 1
+	"$DPEXEC" "$R/probe1.bin" --device cuda --steps 0 --eval-every 0 >"$L/probe.log" 2>&1
+	local dev
+	dev=$(grep -m1 '^device:' "$L/probe.log" | cut -c9-)
+	if [ -n "$dev" ]; then
+		report PASS "device: $dev${LD_LIBRARY_PATH:+ (CUDA libraries from LD_LIBRARY_PATH=$LD_LIBRARY_PATH)}"
+	else
+		report FAIL "no device: $(head -n 1 "$L/probe.log")"
+	fi
+}
+
+# mlp_vs_cpu NP WHAT: the MLP at NP ranks on the device against the CPU at
+# NP ranks, losses and parameters (part 2's steps and tolerances)
+mlp_vs_cpu() {
+	local np=$1 what=$2 fig
+	if ! cpu cpu$np mlp$np "$np" --steps $steps --quiet --save-full "$R/cpu$np.st" ||
+		! dev "$np" gpu$np mlp$np --steps $steps --save-full "$R/gpu$np.st"; then
+		report FAIL "$what vs the CPU: a run failed"; last "$L/gpu$np.log"; last "$L/cpu$np.log"
+		return
+	fi
+	if fig="$(losses "$R/gpu$np.loss" "$R/cpu$np.loss" "$lrt"); $(params "$R/gpu$np.st" "$R/cpu$np.st" "$prt" "$pat")"; then
+		report PASS "$what vs the CPU at $np rank(s): $fig (losses rtol $lrt, params atol $pat + rtol $prt); $(ms_step "$L/gpu$np.log") ms/step"
+	else
+		report FAIL "$what vs the CPU at $np rank(s): $fig (losses rtol $lrt, params atol $pat + rtol $prt)"
+	fi
+}
+
+part2() {
+	section "2. The device probe and tests/cuda.sh's GPU cases"
+	local steps=50 gsteps=50 tol="1e-3 1e-3 1e-4" lrt prt pat
+	[ $EMU = 1 ] && { steps=3; gsteps=8; tol="1e-5 1e-3 1e-5"; }
+	read -r lrt prt pat <<<"$tol"
+	mlp_src
+	compile mlp1 "$R/mlp.dp" 1 && compile mlp2 "$R/mlp.dp" 2 || { report FAIL "dpc of the MLP: $(tail -n 1 "$L/mlp1.dpc")"; return; }
+	# the probe: one line naming the device
+	if "$DPEXEC" "$R/mlp1.bin" --device cuda --steps 0 --eval-every 0 >"$L/probe2.log" 2>&1; then
+		report PASS "the device probe: $(grep -m1 '^device:' "$L/probe2.log")"
+	else
+		report FAIL "the device probe: $(head -n 1 "$L/probe2.log")"
+	fi
+	# 1. mlp at 1 rank against the CPU
+	mlp_vs_cpu 1 "mlp at 1 rank"
+	# 2. graph replay == --no-graph, bitwise
+	if gpu graph1 mlp1 --steps $gsteps --quiet --save-full "$R/graph1.st" &&
+		gpu eager1 mlp1 --steps $gsteps --quiet --save-full "$R/eager1.st" --no-graph; then
+		if cmp -s "$R/graph1.loss" "$R/eager1.loss" && cmp -s "$R/graph1.st" "$R/eager1.st"; then
+			report PASS "graph replay == --no-graph over $gsteps steps: losses and parameters bitwise equal"
+		else
+			report FAIL "graph replay == --no-graph over $gsteps steps: not bitwise equal"
+		fi
+	else
+		report FAIL "graph replay vs --no-graph: a run failed"; last "$L/eager1.log"
+	fi
+	# 3. 2 ranks on one GPU through NCCL against the CPU at 2 ranks
+	mlp_vs_cpu 2 "mlp at 2 ranks on one GPU (NCCL, a NCCL_HOSTID each)"
+	# 4. the watchdog: one of two ranks stopped after step 2; the other ends
+	# the job within --timeout 3, naming what it waited for: the CUDA
+	# backend's watchdog (a step's collective on the device) or the world's
+	# MPI wait (the host's per-step agreement), whichever the stopped rank
+	# left it in
+	local stuck='did not finish within --timeout 3 s|did not complete within 3 s \(--timeout\)'
+	rm -f "$R"/pids/*.pid "$L/hang.log"
+	local t0 took rc victim i
+	t0=$(date +%s)
+	gpus 2 hang mlp2 --steps 1000000 --log-every 1 --timeout 3 &
+	local job=$!
+	for i in $(seq 240); do grep -q '^step 2/' "$L/hang.log" 2>/dev/null && [ -s "$R/pids/rank1.pid" ] && break; sleep 0.5; done
+	victim=$(cat "$R/pids/rank1.pid" 2>/dev/null)
+	if [ -n "$victim" ] && grep -q '^step 2/' "$L/hang.log"; then
+		kill -STOP "$victim"
+		t0=$(date +%s)
+		wait $job
+		rc=$?
+		took=$(($(date +%s) - t0))
+		kill -CONT "$victim" 2>/dev/null
+		if [ $rc != 0 ] && [ $took -le 13 ] && grep -qE "$stuck" "$L/hang.log"; then
+			report PASS "a stopped rank: the job ends in ${took} s (--timeout 3): $(grep -m1 -E "$stuck" "$L/hang.log" | cut -c1-200)"
+		else
+			report FAIL "a stopped rank: exit $rc after ${took} s (wanted the watchdog's message within --timeout 3 + 10 s)"; last "$L/hang.log"
+		fi
+	else
+		kill "$job" 2>/dev/null
+		wait $job 2>/dev/null
+		report FAIL "the watchdog case did not reach step 2"; last "$L/hang.log"
+	fi
+	# 5. a NaN loss in graph mode (SGD at lr 1e30: step 2's loss is NaN, in a
+	# replayed step): both ranks end, naming the step
+	sed 's/^  optimizer .*/  optimizer sgd(lr=1e30)/' "$R/mlp.dp" >"$R/nan.dp"
+	compile nan "$R/nan.dp" 2
+	t0=$(date +%s)
+	gpus 2 nan nan --steps 6 --log-every 1
+	rc=$?
+	took=$(($(date +%s) - t0))
+	if [ $rc = 1 ] && grep -q 'loss is NaN at step' "$L/nan.log"; then
+		report PASS "a NaN loss in graph mode at 2 ranks: exit 1 in ${took} s: $(grep -m1 'loss is NaN' "$L/nan.log" | cut -c1-160)"
+	else
+		report FAIL "a NaN loss in graph mode: exit $rc after ${took} s"; last "$L/nan.log"
+	fi
+}
+
+part3() {
+	section "3. compute-sanitizer on 3 steps of gpt2-tiny"
+	local san
+	san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+	if [ -z "$san" ] || [ $EMU = 1 ]; then
+		for t in memcheck racecheck; do for p in f32 bf16; do
+			report SKIP "compute-sanitizer $t, gpt2-tiny $p: ${san:+the CUDA emulator: no GPU}${san:-compute-sanitizer is not on this machine}"
+		done; done
+		return
+	fi
+	model gpt2t gpt2-tiny
+	compile gpt2t-f32 "$R/gpt2t.dp" 1 && compile gpt2t-bf16 "$R/gpt2t.dp" 1 --precision bf16
+	local t p
+	for t in memcheck racecheck; do
+		for p in f32 bf16; do
+			"$san" --tool $t --error-exitcode 9 "$DPEXEC" "$R/gpt2t-$p.bin" --device cuda --steps 3 \
+				--quiet --eval-every 0 >"$L/san-$t-$p.log" 2>&1
+			local rc=$? sum
+			sum=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/san-$t-$p.log")
+			if [ $rc = 0 ]; then
+				report PASS "compute-sanitizer $t, gpt2-tiny $p, 3 steps: ${sum:-clean}"
+			else
+				report FAIL "compute-sanitizer $t, gpt2-tiny $p: exit $rc: ${sum:-see logs}"; last "$L/san-$t-$p.log"
+			fi
+		done
+	done
+}
+
+part4() {
+	section "4. gpt2-tiny and llama, f32 and bf16, 1 and 2 ranks, against the CPU"
+	local steps=10 f32tol=1e-4 bf16tol=9.765625e-4
+	[ $EMU = 1 ] && { steps=3; f32tol=1e-5; bf16tol=4.8828125e-4; }
+	note "losses over $steps steps against the CPU at 1 rank; rtol f32 $f32tol, bf16 $bf16tol (the header says why)"
+	local m p pa extra tol ref layout np strat mesh src name
+	model gpt2-tiny gpt2-tiny -e 's/^  global_batch .*/  global_batch 8/'
+	model llama llama
+	for m in gpt2-tiny llama; do
+		extra=$small_gpt
+		[ $m = llama ] && extra=$small_llama
+		for p in f32 bf16; do
+			tol=$f32tol
+			[ $p = bf16 ] && tol=$bf16tol
+			ref=$m-$p-cpu
+			pa=""
+			[ $p = bf16 ] && pa="--precision bf16"
+			# shellcheck disable=SC2086
+			if ! compile $m-$p-1 "$R/$m.dp" 1 $extra $pa || ! cpu "$ref" $m-$p-1 1 --steps $steps --quiet; then
+				report FAIL "$m $p: the CPU reference"; last "$L/$ref.log"
+				continue
+			fi
+			for layout in "1 ddp auto" "2 ddp auto" "2 full_shard auto" "2 ddp tp=2" "2 ddp cp=2"; do
+				read -r np strat mesh <<<"$layout"
+				name=$m-$p-$np-$strat-${mesh//=/}
+				src=$(mesh "$m" "$strat" "$mesh")
+				# shellcheck disable=SC2086
+				compile "$name" "$src" "$np" $extra $pa || {
+					report FAIL "$m $p $strat np=$np mesh $mesh: dpc: $(tail -n 1 "$L/$name.dpc")"; continue
+				}
+				dev "$np" "$name" "$name" --steps $steps --log-every $steps || {
+					report FAIL "$m $p $strat np=$np mesh $mesh: the run failed"; last "$L/$name.log"; continue
+				}
+				local fig
+				if fig=$(losses "$R/$name.loss" "$R/$ref.loss" "$tol"); then
+					report PASS "$m $p $strat np=$np mesh $mesh: $fig; $(ms_step "$L/$name.log") ms/step"
+				else
+					report FAIL "$m $p $strat np=$np mesh $mesh: $fig (rtol $tol)"
+				fi
+			done
+		done
+	done
+}
+
+part5() {
+	section "5. The benchmark: GPT-2 124M, bf16, 1 rank, graph replay"
+	local steps=30 every=10 mb peak=989 shape="" fig
+	[ $EMU = 1 ] && { steps=4; every=2; shape="-D vocab=256 -D ctx=32 -D d=32 -D heads=2 -D layers=1"; }
+	local sizes="16 8 4"
+	[ $EMU = 1 ] && sizes=2
+	for mb in $sizes; do
+		echo "$mb" >"$R/bench.mb"
+		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
+		# shellcheck disable=SC2086
+		compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 $shape || { report FAIL "dpc of gpt2 bf16: $(tail -n 1 "$L/gpt2-b$mb.dpc")"; return; }
+		if gpu bench-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak; then
+			break
+		fi
+		grep -qi 'out of memory' "$L/bench-b$mb.log" || break
+		note "micro-batch $mb does not fit: $(grep -m1 -i 'out of memory' "$L/bench-b$mb.log" | cut -c1-160)"
+	done
+	# shellcheck disable=SC2086
+	"$DPC" "$R/gpt2-b$mb.dp" --world-size 1 --precision bf16 $shape --stats >"$L/gpt2-stats.txt" 2>&1
+	local flops ms tps host mfu ctx
+	flops=$(sed -n 's/^optimizer step ([^)]*) *\([0-9]*\).*/\1/p' "$L/gpt2-stats.txt")
+	ctx=$(sed -n 's/^  ctx = \([0-9]*\).*/\1/p' "$R/gpt2-b$mb.dp")
+	[ $EMU = 1 ] && ctx=32
+	if grep -q '^step ' "$L/bench-b$mb.log" && ! grep -q 'error' "$L/bench-b$mb.log"; then
+		ms=$(ms_step "$L/bench-b$mb.log")
+		tps=$(figure "$L/bench-b$mb.log" tokens/s)
+		host=$(host_us "$L/bench-b$mb.log")
+		mfu=$(awk -v f="$flops" -v ms="$ms" -v p=$peak 'BEGIN {if (ms > 0) printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
+		report PASS "dp, micro-batch $mb x $ctx, CUDA Graph, steps $((steps - every + 1))-$steps: $tps tokens/s, $ms ms/step, MFU $mfu of $peak TFLOP/s ($flops FLOP/step, dpc --stats), host $host us/step"
+	else
+		report FAIL "dp, gpt2 bf16 micro-batch $mb: the run failed"; last "$L/bench-b$mb.log"
+	fi
+	# the anchor: PyTorch eager, then torch.compile (each under its own limit)
+	if [ $EMU = 1 ] || ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+		local why="python3 with PyTorch and CUDA is not on this machine"
+		[ $EMU = 1 ] && why="the CUDA emulator: no GPU for PyTorch"
+		report SKIP "PyTorch eager, GPT-2 124M bf16: $why"
+		report SKIP "torch.compile, GPT-2 124M bf16: $why"
+		return
+	fi
+	local mode lim
+	for mode in eager compile; do
+		lim=40
+		[ $mode = compile ] && lim=$(left)
+		[ "$lim" -gt 5 ] || { report FAIL "PyTorch $mode: no time left in the part's deadline"; continue; }
+		timeout $lim python3 "$K/bench/gpu_gpt.py" --steps 20 --batch "$mb" --accum 1 --dtype bf16 \
+			--modes $mode >"$L/torch-$mode.out" 2>"$L/torch-$mode.err"
+		local rc=$? a b c
+		read -r _ a b c <"$L/torch-$mode.out" 2>/dev/null
+		if [ $rc = 0 ] && [ -n "${c:-}" ] && [ "$c" != - ]; then
+			mfu=$(awk -v f="$flops" -v ms="$c" -v p=$peak 'BEGIN {printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
+			report PASS "PyTorch $mode (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)), the same model, batch $mb x 1024, AdamW, bf16 autocast: $a tokens/s, $c ms/step, MFU $mfu, host $b us/step"
+		else
+			report FAIL "PyTorch $mode: exit $rc$([ $rc = 124 ] && echo " (its ${lim} s limit)"): $(tail -n 1 "$L/torch-$mode.err" | cut -c1-200)"
+		fi
+	done
+}
+
+part6() {
+	section "6. A trace of 3 steps of gpt2, and ncu's top 10 kernels"
+	# dpexec --trace is host-timed: refused on the CUDA backend, so the trace
+	# is the CPU backend's (the schedule and the host's time per instruction)
+	local shape="-D vocab=256 -D ctx=32 -D d=32 -D heads=2 -D layers=1"
+	[ $EMU = 0 ] && shape=""
+	model gpt2-t1 gpt2 -e 's/^  global_batch .*/  global_batch 1/' -e 's/^  grad_accum .*/  grad_accum 1/'
+	# shellcheck disable=SC2086
+	compile gpt2-t1 "$R/gpt2-t1.dp" 1 $shape
+	"$DPEXEC" "$R/gpt2-t1.bin" --device cuda --steps 1 --trace "$R/refused.json" >"$L/trace-cuda.log" 2>&1
+	note "dpexec --device cuda --trace: $(grep -m1 'error' "$L/trace-cuda.log" | cut -c1-160)"
+	if "$DPEXEC" "$R/gpt2-t1.bin" --device cpu --steps 3 --eval-every 0 --trace "$OUT/trace-gpt2.json" \
+		>"$L/trace.log" 2>&1 && [ -s "$OUT/trace-gpt2.json" ]; then
+		report PASS "dpexec --trace of 3 steps of gpt2 (micro-batch 1, the CPU backend): OUTDIR/trace-gpt2.json, $(wc -c <"$OUT/trace-gpt2.json") bytes, $(grep -o '"ph"' "$OUT/trace-gpt2.json" | wc -l) events"
+	else
+		report FAIL "dpexec --trace of gpt2: $(tail -n 1 "$L/trace.log")"
+	fi
+	local ncu
+	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+	if [ -z "$ncu" ] || [ $EMU = 1 ]; then
+		report SKIP "ncu, the top 10 kernels of gpt2: ${ncu:+the CUDA emulator: no GPU}${ncu:-ncu is not on this machine}"
+		return
+	fi
+	local bin
+	bin=$R/gpt2-b$(cat "$R/bench.mb" 2>/dev/null).bin
+	[ -f "$bin" ] || { report FAIL "ncu: part 5's step file is missing"; return; }
+	# --clock-control none: ncu would otherwise lock the GPU's clocks to base
+	"$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --graph-profiling node \
+		"$DPEXEC" "$bin" --device cuda --steps 3 --quiet --eval-every 0 >"$L/ncu.csv" 2>"$L/ncu.err"
+	local rc=$?
+	# "Kernel Name" and "Metric Value" by header; names hold commas in quotes
+	awk '
+		function split_csv(s, f,    n, i, c, q, cur) {
+			n = 0; q = 0; cur = ""
+			for (i = 1; i <= length(s); i++) {
+				c = substr(s, i, 1)
+				if (c == "\"") q = !q
+				else if (c == "," && !q) { f[++n] = cur; cur = "" }
+				else cur = cur c
+			}
+			f[++n] = cur
+			return n
+		}
+		/^"ID"/ { n = split_csv($0, h); for (i = 1; i <= n; i++) col[h[i]] = i; next }
+		col["Kernel Name"] && /^"/ {
+			split_csv($0, f)
+			if (f[col["Metric Name"]] != "gpu__time_duration.sum") next
+			k = f[col["Kernel Name"]]; t[k] += f[col["Metric Value"]]; c[k]++; all += f[col["Metric Value"]]
+		}
+		END { for (k in t) printf "%.0f\t%d\t%.1f%%\t%s\n", t[k], c[k], 100 * t[k] / all, substr(k, 1, 100) }
+	' "$L/ncu.csv" | sort -rn | head -n 10 >"$L/ncu-top10.txt"
+	if [ -s "$L/ncu-top10.txt" ]; then
+		report PASS "ncu over 3 steps of $(basename "$bin" .bin) (bf16): the top 10 kernels by time (total ns, launches, share, kernel):"
+		sed 's/^/    /' "$L/ncu-top10.txt" >>"$REPORT"
+	else
+		report FAIL "ncu (exit $rc): $(grep -v '^==PROF==' "$L/ncu.err" | tail -n 1 | cut -c1-200)"
+	fi
+}
+
+case $PART in
+1) part1 ;;
+2) part2 ;;
+3) part3 ;;
+4) part4 ;;
+5) part5 ;;
+6) part6 ;;
+esac
+exit 0
