@@ -27,7 +27,6 @@
 #include "outfile.h"
 #include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
 
-#define DPC_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {
@@ -503,7 +502,7 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		case OPT_VERSION:
-			printf("dpc %s (step file format %u)\n", DPC_VERSION, DP_STEP_VERSION);
+			printf("dpc %s (step file format %u)\n", DP_VERSION, DP_STEP_VERSION);
 			return 0;
 		default:
 			if (c >= OPT_SETTING && c < OPT_SETTING + DP_NSETTINGS) {

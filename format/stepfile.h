@@ -36,6 +36,8 @@
 #define DP_STEP_MAGIC "DPSTEP\r\n"
 /* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV) */
 #define DP_STEP_VERSION 7u
+/* The release of dpc and dpexec (their --version). */
+#define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */

@@ -80,7 +80,7 @@ typedef struct {
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
 	int argc;
-	char **argv;         /* for the resume command printed on a signal */
+	char **argv;         /* as given (getopt_long permutes main's): the resume command */
 } Opts;
 
 /* Everything a run holds; freed by run_free. */
@@ -183,6 +183,7 @@ static void usage(FILE *f)
 	setting_flags_help(f);
 	fprintf(f,
 		"\n"
+		"  --version             the version, the step-file format it reads, the MPI library\n"
 		"  -h, --help            this text\n"
 		"\n"
 		"The CPU backend uses DP_NUM_THREADS threads per rank (else OMP_NUM_THREADS, else\n"
@@ -190,7 +191,9 @@ static void usage(FILE *f)
 		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
 		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
 		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
-		"signal N (130 SIGINT, 143 SIGTERM), after writing a checkpoint when saving.\n");
+		"signal N (130 SIGINT, 143 SIGTERM; SIGUSR1 and SIGUSR2, which mpirun forwards to\n"
+		"the ranks, count as SIGINT and SIGTERM), after writing a checkpoint when saving.\n"
+		"Ctrl-C on mpirun makes it SIGTERM the ranks and exit 1 (docs/CHECKPOINTS.md).\n");
 }
 
 static int parse_long(const char *s, long lo, long *out)
@@ -203,13 +206,25 @@ static int parse_long(const char *s, long lo, long *out)
 	return 0;
 }
 
-/* 0: run; 1: exit 0 (help); -1: usage error (message printed). */
+/* dpexec --version: its release, the step-file format it reads and the MPI
+ * library's first words (MPI_Get_library_version works before MPI_Init). */
+static void print_version(FILE *f)
+{
+	char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+	int n = 0;
+	lib[0] = '\0';
+	MPI_Get_library_version(lib, &n);
+	fprintf(f, "dpexec %s (step file format %u; %.*s)\n", DP_VERSION, DP_STEP_VERSION,
+		(int)strcspn(lib, ",\n"), lib);
+}
+
+/* 0: run; 1: exit 0 (help, version); -1: usage error (message printed). */
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE,
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -230,14 +245,22 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"resume", required_argument, NULL, O_RESUME},
 		{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
 		{"overwrite", no_argument, NULL, O_OVERWRITE},
+		{"version", no_argument, NULL, O_VERSION},
 		{"help", no_argument, NULL, 'h'},
 	};
 	/* the fixed options, then a flag per setting that has a dpexec flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
 	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPEXEC,
 			   O_SETTING);
+	/* the words as given, before getopt_long permutes them */
+	char **given = malloc(((size_t)argc + 1) * sizeof *given);
+	if (!given) {
+		fprintf(stderr, "dpexec: error: out of memory\n");
+		return -1;
+	}
+	memcpy(given, argv, ((size_t)argc + 1) * sizeof *given);
 	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
-		    .argc = argc, .argv = argv};
+		    .argc = argc, .argv = given};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
@@ -303,6 +326,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_RESUME:
 			o->resume = optarg;
 			break;
+		case O_VERSION:
+			print_version(stdout);
+			return 1;
 		case O_AUTO_RESUME:
 			o->auto_resume = 1;
 			break;
@@ -515,29 +541,6 @@ static int save_state(Run *r, uint64_t step, double loss)
 	r->saved = step;
 	r->have_saved = 1;
 	return 0;
-}
-
-/* The command that resumes this run: its own, with --resume DIR. */
-static void print_resume(const Run *r)
-{
-	printf("resume with: ");
-	if (getenv("SLURM_JOB_ID") && r->world > 1)
-		printf("srun -n %d ", r->world);
-	else if (r->world > 1)
-		printf("mpirun -np %d ", r->world);
-	for (int i = 0; i < r->o.argc; i++) {
-		const char *a = r->o.argv[i];
-		if (!strcmp(a, "--resume") || !strcmp(a, "--init-from")) {
-			i++; /* and its value */
-			continue;
-		}
-		if (!strcmp(a, "--auto-resume") || !strcmp(a, "--overwrite"))
-			continue;
-		if (!strncmp(a, "--resume=", 9) || !strncmp(a, "--init-from=", 12))
-			continue;
-		printf("%s ", a);
-	}
-	printf("--resume %s\n", r->save_dir);
 }
 
 /* ---- the run ---- */
@@ -837,13 +840,16 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 		lp->t_all += MPI_Wtime() - t0;
 	}
 	if (stop) {
+		char cmd[8192];
 		if (r->rank == 0) {
 			printf("interrupted at step %llu by %s; ", (unsigned long long)k + 1,
 			       sig_name(r->w.sig));
-			if (r->save_dir)
-				print_resume(r);
-			else
+			if (!r->save_dir)
 				printf("no checkpoint was written (no --save-dir or save_every)\n");
+			else if (cmd_resume(r->o.argc, r->o.argv, r->world, r->save_dir, cmd, sizeof cmd))
+				printf("resume with --resume %s\n", r->save_dir);
+			else
+				printf("resume with: %s\n", cmd);
 			fflush(stdout);
 		}
 		return 128 + r->w.sig;
@@ -927,6 +933,8 @@ static void run_free(Run *r)
 	ckpt_free(r->ck);
 	free(r->save_dir);
 	free(r->resume_dir);
+	free(r->o.argv);
+	r->o.argv = NULL;
 	free(r->saved_path);
 	trace_free(r->x.trace);
 	r->x.trace = NULL;

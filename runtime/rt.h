@@ -50,11 +50,22 @@ void rt_blas_one_thread(char **argv);
 
 /* ---- signals (runtime/signals.c) ---- */
 
-/* Record SIGINT and SIGTERM instead of dying; a second one kills at once. */
+/* Record SIGINT and SIGTERM instead of dying (SIGUSR1 and SIGUSR2, which
+ * launchers forward, as SIGINT and SIGTERM); a second one kills at once. */
 void sig_install(void);
 /* The signal recorded (SIGINT or SIGTERM), 0 if none. */
 int sig_pending(void);
 const char *sig_name(int sig); /* "SIGTERM" */
+
+/* ---- the run's command line (runtime/command.c) ---- */
+
+/* The command that resumes this run from save_dir, shell-quoted into out:
+ * the launcher's words when the parent process is mpirun (else `srun -n N`
+ * under Slurm, `mpirun -np N` for several ranks), then argv (dpexec's, as
+ * given) without --resume, --init-from and --overwrite, with --resume
+ * save_dir (none with --auto-resume, which finds the checkpoint itself).
+ * 0, or -1 when it does not fit in len. */
+int cmd_resume(int argc, char **argv, int world, const char *save_dir, char *out, size_t len);
 
 /* ---- parameter initialisation (runtime/init.c) ---- */
 

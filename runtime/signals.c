@@ -5,6 +5,12 @@
  * when saving is configured and exit with 128 + the signal. A second signal
  * ends the process at once (the default action, re-raised).
  *
+ * SIGUSR1 and SIGUSR2 stand for SIGINT and SIGTERM: Open MPI's mpirun
+ * keeps SIGINT and SIGTERM for itself (it answers them by killing the
+ * ranks, SIGKILL one second later, and exits 1) but forwards SIGUSR1/2 to
+ * every rank, as srun does, so dprun turns a Ctrl-C into SIGUSR1 to the
+ * launcher and the run stops as it would on SIGINT (exit 130).
+ *
  * The recorded signal is the one piece of process-global state in the
  * runtime: a signal handler cannot reach a context struct.
  */
@@ -22,7 +28,7 @@ static void on_signal(int sig)
 		raise(sig);
 		return;
 	}
-	sig_seen = sig;
+	sig_seen = sig == SIGUSR1 ? SIGINT : sig == SIGUSR2 ? SIGTERM : sig;
 }
 
 void sig_install(void)
@@ -34,6 +40,8 @@ void sig_install(void)
 	sa.sa_flags = SA_RESTART; /* I/O in progress completes; the loop looks later */
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGUSR1, &sa, NULL);
+	sigaction(SIGUSR2, &sa, NULL);
 }
 
 int sig_pending(void)

@@ -102,11 +102,6 @@ tiny() { # tiny ARGS...: the tiny model on 2 ranks
 tiny --losses "$T/ref.loss" --save-dir "$T/refck" >"$T/ref.out" 2>&1 ||
 	{ fail "the tiny model's reference run"; cat "$T/ref.out"; }
 # wait_lines FILE N: until FILE has N lines (the run is in its loop)
-wait_lines() {
-	local j
-	for j in $(seq 300); do [ "$(cat "$1" 2>/dev/null | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
-	return 1
-}
 # resume_same NAME DIR: continue the run of DIR to the end; its losses
 # file must then be the uninterrupted run's
 # (--auto-resume: killed before its first checkpoint, the run starts again)
@@ -124,7 +119,7 @@ job=$!
 wait_lines "$T/term.loss" 30
 kill -TERM $(rank_pids $job) 2>/dev/null
 wait $job
-step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun -np 2 .* --resume .*/\1/p' "$T/term.out")
+step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun --oversubscribe -np 2 .* --resume .*/\1/p' "$T/term.out")
 if [ -n "$step" ] && grep -q "rc=143" "$T/term.out" &&
 	[ "$(cat "$T/term/latest" 2>/dev/null)" = "$(printf 'step-%06d' "$step")" ]; then
 	ok "SIGTERM: the run stops at step $step with a checkpoint, the resume command and exit 143"

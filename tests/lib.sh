@@ -41,6 +41,12 @@ mpi() {
 	local n=$1; shift
 	env $MPI_ASAN timeout 300 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"
 }
+# wait_lines FILE N: wait (up to 30 s) until FILE has N lines; 0 when it has
+wait_lines() {
+	local j
+	for j in $(seq 600); do [ "$(cat "$1" 2>/dev/null | wc -l)" -ge "$2" ] && return 0; sleep 0.05; done
+	return 1
+}
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
 # expect NAME WANT_SUBSTRING COMMAND...: the command exits non-zero (not by
 # `timeout`: 124 and up) with WANT_SUBSTRING in its output ($T/out)

@@ -8,7 +8,9 @@
 #  - the progress line shows elapsed time and ETA; --steps shorter than the
 #    schedule warns;
 #  - an error is printed once, without C source locations; --verbose adds
-#    rank, host and file:line.
+#    rank, host and file:line;
+#  - dpexec --version names its release, the step-file format and the MPI
+#    library, and dpc --version the same release and format.
 set -u
 . "$(dirname "$0")/lib.sh"
 T=$(tmpdir)
@@ -96,6 +98,14 @@ if grep -q "error: rank 0 (host .*) runtime/dpexec.c:[0-9]*: --losses: cannot wr
 	ok "--verbose shows the rank, host and C source location of an error"
 else
 	fail "--verbose error"; cat "$T/e2.out"
+fi
+
+v=$("$DPEXEC" --version 2>&1); rc=$?
+want="dpexec $(sed -n 's/^dpc \([^ ]*\) (step file format \([0-9]*\))$/\1 (step file format \2; /p' <<<"$("$DPC" --version)")"
+if [ $rc = 0 ] && [ "$want" != "dpexec " ] && [[ $v == "$want"*")" ]] && [[ $v == *MPI* ]]; then
+	ok "dpexec --version: $v"
+else
+	fail "dpexec --version (exit $rc): '$v', wanted '$want...MPI...)'"
 fi
 
 finish logs

@@ -17,6 +17,8 @@ suites=(
 	"runtime_errors" "bash tests/runtime_errors.sh"
 	"outputs"       "bash tests/outputs.sh"
 	"faults"        "bash tests/faults.sh"
+	"signals"       "bash tests/signals.sh"
+	"tour"          "bash tests/tour.sh"
 	"resume"        "bash tests/resume.sh"
 	"durability"    "bash tests/durability.sh"
 	"logs"          "bash tests/logs.sh"
