@@ -211,24 +211,24 @@ int ast_parse(ParseState *ps, const char *buf, size_t len);
 
 /* Token i of the statement (0 first; negative: from its end, -1 the newest),
  * or NULL when it is not remembered. */
-const AstTok *ast_stmt_tok(const ParseState *ps, int i);
+const AstTok *syntax_stmt_tok(const ParseState *ps, int i);
 /* The parser's syntax error at the newest token: one message saying what is
  * wrong and how to write it (none when the scanner already reported this
  * statement). expected: the names of the tokens the grammar would take
  * there ("')'", "end of line", "from"). The parser then discards tokens up
  * to the end of the line: the scanner is told, to drop the '}' of a '{'
  * among them. */
-void ast_syntax_error(ParseState *ps, const char *const *expected, int nexpected);
+void syntax_error(ParseState *ps, const char *const *expected, int nexpected);
 /* A new open brace on ps->braces (zeroed). */
-AstBrace *ast_push_brace(ParseState *ps);
+AstBrace *syntax_push_brace(ParseState *ps);
 /* Are the statement's first n tokens a header that takes a body: block
  * NAME[, [index]], repeat N as i, or a section name (or a near miss)? */
-int ast_body_header(const ParseState *ps, int n);
+int syntax_body_header(const ParseState *ps, int n);
 /* Source text src[off, off + n) for a message: into buf, blanks and comments
  * collapsed to one space, cut with "..." past buflen. */
-const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen);
+const char *syntax_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen);
 
 /* Lower a parsed tree to a graph; NULL after reporting errors. (compiler/lower.c) */
-Graph *ast_lower(ParseState *ps, const FeOptions *opts);
+Graph *lower_ast(ParseState *ps, const FeOptions *opts);
 
 #endif

@@ -155,7 +155,7 @@ static int lookup(Lower *L, const char *name, Num *out, int *ok)
 			return 1;
 		}
 	}
-	int *c = map_get(&L->constmap, name);
+	int *c = scope_map_get(&L->constmap, name);
 	if (!c)
 		return 0;
 	*out = L->consts[*c].val;
@@ -163,7 +163,7 @@ static int lookup(Lower *L, const char *name, Num *out, int *ok)
 	return 1;
 }
 
-int is_constant(Lower *L, const char *name)
+int const_is_constant(Lower *L, const char *name)
 {
 	Num n;
 	int ok;
@@ -244,7 +244,7 @@ static int binary(Lower *L, const Expr *e, Num a, Num b, Num *out)
 	return 0;
 }
 
-int eval_num(Lower *L, const Expr *e, const char *what, Num *out)
+int const_eval_num(Lower *L, const Expr *e, const char *what, Num *out)
 {
 	Num a, b;
 	switch (e->kind) {
@@ -263,7 +263,7 @@ int eval_num(Lower *L, const Expr *e, const char *what, Num *out)
 		return ok ? 0 : -1; /* a constant whose definition failed: reported there */
 	}
 	case E_NEG:
-		if (eval_num(L, e->lhs, what, &a))
+		if (const_eval_num(L, e->lhs, what, &a))
 			return -1;
 		if (a.is_float) {
 			*out = (Num){1, 0, -a.f};
@@ -276,7 +276,7 @@ int eval_num(Lower *L, const Expr *e, const char *what, Num *out)
 		*out = (Num){0, -a.i, -(double)a.i};
 		return 0;
 	case E_BINARY:
-		if (eval_num(L, e->lhs, what, &a) | eval_num(L, e->rhs, what, &b))
+		if (const_eval_num(L, e->lhs, what, &a) | const_eval_num(L, e->rhs, what, &b))
 			return -1;
 		return binary(L, e, a, b, out);
 	case E_CALL:
@@ -290,7 +290,7 @@ int eval_num(Lower *L, const Expr *e, const char *what, Num *out)
 			ERR(e->loc, "sqrt takes one number");
 			return -1;
 		}
-		if (eval_num(L, e->args, what, &a))
+		if (const_eval_num(L, e->args, what, &a))
 			return -1;
 		if (as_double(a) < 0) {
 			ERR(e->args->loc, "sqrt of a negative number (%s)", num_str(a, (char[32]){0}, 32));
@@ -309,21 +309,21 @@ int eval_num(Lower *L, const Expr *e, const char *what, Num *out)
 static int num_val(Lower *L, const Expr *e, AstVal *out)
 {
 	Num n;
-	if (eval_num(L, e, "the value", &n))
+	if (const_eval_num(L, e, "the value", &n))
 		return -1;
 	*out = (AstVal){.kind = n.is_float ? V_FLOAT : V_INT, .i = n.i,
 			.f = n.is_float ? n.f : (double)n.i, .loc = e->loc};
 	return 0;
 }
 
-int eval_value(Lower *L, const Expr *e, AstVal *out)
+int const_eval_value(Lower *L, const Expr *e, AstVal *out)
 {
 	switch (e->kind) {
 	case E_STRING:
 		*out = (AstVal){.kind = V_STRING, .s = e->name, .loc = e->loc};
 		return 0;
 	case E_NAME:
-		if (is_constant(L, e->name))
+		if (const_is_constant(L, e->name))
 			return num_val(L, e, out);
 		*out = (AstVal){.kind = V_IDENT, .s = e->name, .loc = e->loc};
 		return 0;
@@ -340,7 +340,7 @@ int eval_value(Lower *L, const Expr *e, AstVal *out)
 			Arg *arg = ast_alloc(L->ps, sizeof(Arg));
 			arg->key = a->key;
 			arg->key_loc = a->key ? a->key_loc : a->loc;
-			if (eval_value(L, a, &arg->val))
+			if (const_eval_value(L, a, &arg->val))
 				rc = -1;
 			*tail = arg;
 			tail = &arg->next;
@@ -356,12 +356,12 @@ int eval_value(Lower *L, const Expr *e, AstVal *out)
 
 static void add_const(Lower *L, const char *name, Num v, int ok)
 {
-	L->consts = lower_grow(L, L->consts, &L->capconsts, L->nconsts + 1, sizeof(Const));
+	L->consts = scope_grow(L, L->consts, &L->capconsts, L->nconsts + 1, sizeof(Const));
 	L->consts[L->nconsts] = (Const){name, v, ok};
-	map_put(L, &L->constmap, name, L->nconsts++);
+	scope_map_put(L, &L->constmap, name, L->nconsts++);
 }
 
-void lower_config(Lower *L)
+void const_lower_config(Lower *L)
 {
 	const FeOptions *o = L->opts;
 	int ndef = o ? o->ndefines : 0;
@@ -372,7 +372,7 @@ void lower_config(Lower *L)
 				ERR(s->loc, "expected 'NAME = EXPR' in the config section");
 				continue;
 			}
-			if (map_get(&L->constmap, s->name)) {
+			if (scope_map_get(&L->constmap, s->name)) {
 				ERR(s->name_loc, "duplicate config constant '%s'", s->name);
 				continue;
 			}
@@ -399,7 +399,7 @@ void lower_config(Lower *L)
 				v = (Num){dv->is_float, dv->i, dv->is_float ? dv->f : (double)dv->i};
 				ok = 1;
 			} else {
-				ok = eval_num(L, s->expr, "a config constant", &v) == 0;
+				ok = const_eval_num(L, s->expr, "a config constant", &v) == 0;
 			}
 			add_const(L, s->name, v, ok);
 		}
@@ -417,8 +417,8 @@ void lower_config(Lower *L)
 
 /* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
  * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
-int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
-	       DpDtype *dt, int *ndim, int64_t *dims)
+int const_lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+		     DpDtype *dt, int *ndim, int64_t *dims)
 {
 	if (strcmp(t->dtype, "f32") == 0)
 		*dt = DP_F32;
@@ -445,7 +445,7 @@ int lower_type(Lower *L, const AstType *t, const char *what, const char *name, i
 		AstVal val;
 		const AstVal *v = &val;
 		dims[i] = 0;
-		if (eval_value(L, e, &val)) {
+		if (const_eval_value(L, e, &val)) {
 			rc = -1;
 			continue;
 		}
@@ -463,7 +463,7 @@ int lower_type(Lower *L, const AstType *t, const char *what, const char *name, i
 		} else if (v->kind == V_IDENT) {
 			ERR(v->loc, "unknown constant '%s' (a dimension must be a number)", v->s);
 			rc = -1;
-		} else if (want_int(L, v, "a dimension", 1, MAX_ELEMS, &dims[i])) {
+		} else if (scope_want_int(L, v, "a dimension", 1, MAX_ELEMS, &dims[i])) {
 			rc = -1;
 		} else if (__builtin_mul_overflow(numel, dims[i], &numel) || numel > MAX_ELEMS) {
 			ERR(v->loc, "%s '%s' is too large (more than 2^40 elements)", what, name);
@@ -475,7 +475,7 @@ int lower_type(Lower *L, const AstType *t, const char *what, const char *name, i
 }
 
 
-int fe_parse_define(const char *arg, FeDefine *out)
+int const_parse_define(const char *arg, FeDefine *out)
 {
 	const char *eq = strchr(arg, '=');
 	if (!eq || eq == arg)

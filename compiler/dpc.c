@@ -1,7 +1,7 @@
 /*
  * dpc.c - the dp compiler driver: FILE.dp -> step file (and IR dumps, stats).
  *
- * Front end (fe_compile), then the pass pipeline (passes/pipeline.c) with the
+ * Front end (lower_compile), then the pass pipeline (passes/pipeline.c) with the
  * verifier after every pass, then the outputs the options ask for. With
  * --from-ir the input is IR text instead (ir_read; errors at its
  * file:line:col), verified, then the passes --passes names (QBE's and
@@ -411,7 +411,7 @@ int main(int argc, char **argv)
 			if (!nd)
 				die("out of memory");
 			defines = nd;
-			if (fe_parse_define(optarg, &defines[ndefines]) < 0) {
+			if (const_parse_define(optarg, &defines[ndefines]) < 0) {
 				fprintf(stderr, "dpc: -D wants NAME=VALUE with a number VALUE, not '%s'\n",
 					optarg);
 				free(defines);
@@ -467,7 +467,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		case OPT_PRINT_SETTINGS:
-			fe_print_settings(stdout);
+			settings_print(stdout);
 			return 0;
 		case OPT_DUMP_IR:
 			dump_dir = optarg;
@@ -594,7 +594,7 @@ int main(int argc, char **argv)
 		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
 				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
 				.sets = sets, .nsets = nsets};
-		g = fe_compile_opts(path, &fo, &diag, &src);
+		g = lower_compile_opts(path, &fo, &diag, &src);
 		if (!g || diag.nerrors) {
 			status = 1;
 			goto out;

@@ -1,7 +1,7 @@
 /*
  * frontend.h - the DSL front end: source text to graph IR.
  *
- * fe_compile reads a .dp file, parses it (reentrant flex scanner, pure bison
+ * lower_compile reads a .dp file, parses it (reentrant flex scanner, pure bison
  * parser), checks names and settings, and lowers it to a Graph (ir/ir.h) that
  * the pass pipeline takes. Every user error goes through error_at; the parser
  * recovers at statement boundaries, so one run reports several errors.
@@ -46,19 +46,19 @@ typedef struct {
 
 /* Parse "NAME=VALUE" (VALUE an integer or a number, optionally negative) into
  * *out. Returns 0, or -1 when it is malformed. */
-int fe_parse_define(const char *arg, FeDefine *out);
+int const_parse_define(const char *arg, FeDefine *out);
 
 /* Parse, check and lower the file at path. Returns the graph, or NULL after
  * reporting errors through d (d->nerrors > 0). src_out, if not NULL, receives
  * the source text (malloc'd) for later diagnostics. opts may be NULL. */
-Graph *fe_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out);
+Graph *lower_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out);
 
 /* The settings of format/settings.def as docs/DSL.md's markdown table
  * (compiler/settings.c; dpc --print-settings). */
-void fe_print_settings(FILE *out);
+void settings_print(FILE *out);
 
-/* fe_compile_opts with only a world size (0 when not given; `mesh auto` then
+/* lower_compile_opts with only a world size (0 when not given; `mesh auto` then
  * is an error). */
-Graph *fe_compile(const char *path, int world_size, Diag *d, char **src_out);
+Graph *lower_compile(const char *path, int world_size, Diag *d, char **src_out);
 
 #endif

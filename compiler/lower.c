@@ -1,6 +1,6 @@
 /*
  * lower.c - semantic checks of the syntax tree and its lowering to the graph
- * IR (the sections other than model, which is compiler/model.c); fe_compile,
+ * IR (the sections other than model, which is compiler/model.c); lower_compile,
  * the front end's entry point.
  *
  * Before: a tree from compiler/parser.y that parsed without errors (a file
@@ -114,7 +114,7 @@ static void lower_mesh(Lower *L)
 	}
 	if (s->val) {
 		AstVal v;
-		if (eval_value(L, s->val, &v))
+		if (const_eval_value(L, s->val, &v))
 			return;
 		if (v.kind == V_IDENT && strcmp(v.s, "auto") == 0) {
 			if (world == 0) {
@@ -150,7 +150,7 @@ static void lower_mesh(Lower *L)
 			continue;
 		}
 		given[ax] = a;
-		if (eval_value(L, a, &gv[ax])) {
+		if (const_eval_value(L, a, &gv[ax])) {
 			ok = 0;
 			continue;
 		}
@@ -162,7 +162,7 @@ static void lower_mesh(Lower *L)
 			auto_axis = ax;
 			continue;
 		}
-		if (want_int(L, &gv[ax], a->key, 1, MAX_AXIS, &size[ax]))
+		if (scope_want_int(L, &gv[ax], a->key, 1, MAX_AXIS, &size[ax]))
 			ok = 0;
 	}
 	if (!ok)
@@ -211,7 +211,7 @@ static void lower_strategy(Lower *L)
 	Graph *g = L->g;
 	snprintf(g->strategy, sizeof g->strategy, "%s",
 		 dp_name(dp_strategy_names, DP_NSTRAT, g->cfg.strategy));
-	const AstVal *v = setting_val(L, DP_SET_STRATEGY);
+	const AstVal *v = settings_val(L, DP_SET_STRATEGY);
 	char why[160];
 	if (v && L->set[DP_SET_STRATEGY].ok && L->mesh_ok &&
 	    !ir_strategy_fits(g, (int)g->cfg.strategy, why, sizeof why))
@@ -228,12 +228,12 @@ static void lower_precision(Lower *L)
 {
 	Graph *g = L->g;
 	enum { P_F32, P_TF32, P_BF16 }; /* ORDER: the precision row's words */
-	const AstVal *pv = setting_val(L, DP_SET_PRECISION);
-	int given = pv && L->set[DP_SET_PRECISION].ok, p = (int)setting_num(L, DP_SET_PRECISION);
+	const AstVal *pv = settings_val(L, DP_SET_PRECISION);
+	int given = pv && L->set[DP_SET_PRECISION].ok, p = (int)settings_num(L, DP_SET_PRECISION);
 	int prec = !given ? -1 : p == P_BF16 ? DP_BF16 : DP_F32;
 	g->cfg.gemm_math = given && p == P_TF32 ? DP_GEMM_TF32 : DP_GEMM_F32;
-	const AstVal *pdv = setting_val(L, DP_SET_PARAM_DTYPE), *bdv = setting_val(L, DP_SET_BUFFER_DTYPE);
-	const AstVal *rdv = setting_val(L, DP_SET_REDUCE_DTYPE);
+	const AstVal *pdv = settings_val(L, DP_SET_PARAM_DTYPE), *bdv = settings_val(L, DP_SET_BUFFER_DTYPE);
+	const AstVal *rdv = settings_val(L, DP_SET_REDUCE_DTYPE);
 	int pd = pdv && L->set[DP_SET_PARAM_DTYPE].ok ? g->param_dtype : -1;
 	int bd = bdv && L->set[DP_SET_BUFFER_DTYPE].ok ? g->buffer_dtype : -1;
 	if (prec >= 0 && pd >= 0 && pd != prec)
@@ -252,7 +252,7 @@ static void lower_precision(Lower *L)
 	const AstVal *asks[] = {pv, pdv, bdv, rdv};
 	for (int i = 0; i < 4; i++)
 		if (asks[i] && asks[i]->kind == V_IDENT && strcmp(asks[i]->s, "bf16") == 0) {
-			lower_note_bf16(L, asks[i]->loc);
+			scope_note_bf16(L, asks[i]->loc);
 			break;
 		}
 }
@@ -274,7 +274,7 @@ static void lower_train(Lower *L)
 		return;
 	lower_strategy(L);
 	lower_precision(L);
-	L->grad_ckpt = setting_num(L, DP_SET_GRADIENT_CHECKPOINTING) != 0;
+	L->grad_ckpt = settings_num(L, DP_SET_GRADIENT_CHECKPOINTING) != 0;
 
 	/* batch: micro_batch, or global_batch split over grad_accum and the dp axes */
 	const SetVal *mb = &L->set[DP_SET_MICRO_BATCH], *gb = &L->set[DP_SET_GLOBAL_BATCH];
@@ -329,7 +329,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 {
 	AstVal val;
 	const AstVal *v = &val;
-	if (eval_value(L, e, &val))
+	if (const_eval_value(L, e, &val))
 		return -1;
 	if (!is_spec(v)) {
 		ERR(v->loc, "expected a data source: idx(\"file\"), npy(\"file\"), tokens(\"glob\") "
@@ -359,7 +359,7 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 			shift = a;
 		}
 		int64_t sh = 0;
-		if (shift && want_int(L, &shift->val, "shift", 0, 1, &sh))
+		if (shift && scope_want_int(L, &shift->val, "shift", 0, 1, &sh))
 			return -1;
 		/* windows of T tokens: a sample is one row of T ids (nd < 0: the
 		 * declaration failed and was reported) */
@@ -394,9 +394,9 @@ static int lower_source(Lower *L, const Expr *e, const char *name, DpDtype dt, i
 		static const char *const keys[] = {"n", "classes"};
 		const Arg *a[2];
 		int64_t n = 1024, classes = 10;
-		if (get_kwargs(L, v, keys, 2, a) ||
-		    (a[0] && want_int(L, &a[0]->val, "n", 1, INT32_MAX, &n)) ||
-		    (a[1] && want_int(L, &a[1]->val, "classes", 1, INT32_MAX, &classes)))
+		if (scope_kwargs(L, v, keys, 2, a) ||
+		    (a[0] && scope_want_int(L, &a[0]->val, "n", 1, INT32_MAX, &n)) ||
+		    (a[1] && scope_want_int(L, &a[1]->val, "classes", 1, INT32_MAX, &classes)))
 			return -1;
 		s->rec.kind = DP_SRC_SYNTHETIC;
 		s->rec.synth_n = n;
@@ -548,7 +548,7 @@ static void lower_data(Lower *L)
 			ERR(s->loc, "expected a data declaration, like x: f32[batch, 784] from idx(\"file\")");
 			continue;
 		}
-		if (lower_find_sym(L, s->name)) {
+		if (scope_find_sym(L, s->name)) {
 			ERR(s->name_loc, "duplicate data '%s'", s->name);
 			continue;
 		}
@@ -557,19 +557,19 @@ static void lower_data(Lower *L)
 		int64_t dims[DP_MAX_DIMS] = {0};
 		Source src = {0};
 		Loc path_loc = s->val->loc;
-		if (lower_type(L, &s->type, "data", s->name, 1, &dt, &nd, dims) ||
+		if (const_lower_type(L, &s->type, "data", s->name, 1, &dt, &nd, dims) ||
 		    lower_source(L, s->val, s->name, dt, nd, &src, &path_loc) || !L->batch_ok) {
-			lower_add_sym(L, s->name, -1, 1);
+			scope_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		int64_t sample = 1, batch_elems;
 		for (int i = 1; i < nd; i++)
-			sample *= dims[i]; /* at most MAX_ELEMS: lower_type checked */
+			sample *= dims[i]; /* at most MAX_ELEMS: const_lower_type checked */
 		same_count(L, &count, &src, path_loc, check_data_file(L, &src, path_loc, dt, sample));
 		if (__builtin_mul_overflow(sample, (int64_t)g->cfg.micro_batch, &batch_elems) ||
 		    batch_elems > MAX_ELEMS) {
 			ERR(s->name_loc, "a micro-batch of data '%s' is too large", s->name);
-			lower_add_sym(L, s->name, -1, 1);
+			scope_add_sym(L, s->name, -1, 1);
 			continue;
 		}
 		uint32_t cp = g->cfg.mesh[DP_AXIS_CP];
@@ -579,24 +579,24 @@ static void lower_data(Lower *L)
 				ERR(s->name_loc, "data '%s': a sequence of %lld tokens does not split into "
 				    "2 x cp = %u equal chunks (each cp rank holds two, for causal load "
 				    "balance)", s->name, nd < 2 ? 1LL : (long long)dims[1], 2 * cp);
-				lower_add_sym(L, s->name, -1, 1);
+				scope_add_sym(L, s->name, -1, 1);
 				continue;
 			}
 			L->has_seq = 1;
 		}
 		dims[0] = g->cfg.micro_batch;
-		Value *v = lower_value(L, s->name, dt, nd, dims, DP_T_DATA, lower_gloc(L, s->name_loc));
+		Value *v = scope_value(L, s->name, dt, nd, dims, DP_T_DATA, scope_gloc(L, s->name_loc));
 		src.rec.split = DP_SPLIT_TRAIN;
 		src.rec.role = dt == DP_I32;
 		src.rec.sample_elems = sample;
 		src.rec.src_line = (uint32_t)s->val->loc.line;
 		src.value = v->id;
-		src.loc = lower_gloc(L, s->val->loc);
+		src.loc = scope_gloc(L, s->val->loc);
 		v->source = ir_add_source(g, &src);
 		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
-		n->ia[0] = v->source;
+		DP_ATTR(n, LOAD, source) = v->source;
 		n->progs = IR_IN_STEP;
-		lower_add_sym(L, s->name, v->id, 1);
+		scope_add_sym(L, s->name, v->id, 1);
 	}
 	if (g->cfg.mesh[DP_AXIS_CP] > 1 && !L->has_seq && L->nerrs == 0)
 		ERR(L->cp_loc, "cp=%u: context parallelism splits token data [batch, T] over its "
@@ -615,7 +615,7 @@ static void lower_eval(Lower *L)
 			ERR(s->loc, "expected 'name from source' or 'every N' in the eval section");
 			continue;
 		}
-		Sym *sym = lower_find_sym(L, s->name);
+		Sym *sym = scope_find_sym(L, s->name);
 		if (!sym || !sym->is_data) {
 			ERR(s->name_loc, "eval name '%s' is not declared in data", s->name);
 			continue;
@@ -643,10 +643,10 @@ static void lower_eval(Lower *L)
 		src.rec.sample_elems = g->sources[v->source].rec.sample_elems;
 		src.rec.src_line = (uint32_t)s->val->loc.line;
 		src.value = v->id;
-		src.loc = lower_gloc(L, s->val->loc);
+		src.loc = scope_gloc(L, s->val->loc);
 		int si = ir_add_source(g, &src);
 		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, src.loc);
-		n->ia[0] = si;
+		DP_ATTR(n, LOAD, source) = si;
 		n->progs = IR_IN_EVAL;
 	}
 	for (int i = 0; i < L->nsyms; i++)
@@ -723,14 +723,14 @@ static void find_sections(Lower *L)
 		L->mesh = mesh_typo;
 }
 
-Graph *ast_lower(ParseState *ps, const FeOptions *opts)
+Graph *lower_ast(ParseState *ps, const FeOptions *opts)
 {
 	Lower lw = {.ps = ps, .d = ps->d, .world_size = opts ? opts->world_size : 0,
 		    .opts = opts, .top = {ps->file, 1, 1}};
 	Lower *L = &lw;
 	L->g = ir_new(ps->file);
 	find_sections(L);
-	lower_config(L);
+	const_lower_config(L);
 	lower_mesh(L);
 	settings_collect(L, DP_SEC_TRAIN, L->train);
 	settings_collect(L, DP_SEC_EVAL, L->eval);
@@ -746,11 +746,11 @@ Graph *ast_lower(ParseState *ps, const FeOptions *opts)
 	if (!L->model)
 		ERR(L->top, "missing 'model' section");
 	else if (L->data)
-		lower_model(L);
+		model_lower(L);
 	if (L->nerrs == 0)
 		settings_warn(L); /* of a program that lowered: what its settings do */
 	else
-		lower_report(L);
+		scope_report(L);
 	for (int i = 0; i < L->nsetps; i++) /* the --set values' trees, read until here */
 		ast_free(L->setps[i]);
 	if (L->nerrs == 0)
@@ -805,13 +805,13 @@ static char *read_file(const char *path, size_t *len)
 	return buf;
 }
 
-Graph *fe_compile(const char *path, int world_size, Diag *d, char **src_out)
+Graph *lower_compile(const char *path, int world_size, Diag *d, char **src_out)
 {
 	FeOptions o = {.world_size = world_size};
-	return fe_compile_opts(path, &o, d, src_out);
+	return lower_compile_opts(path, &o, d, src_out);
 }
 
-Graph *fe_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out)
+Graph *lower_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **src_out)
 {
 	if (src_out)
 		*src_out = NULL;
@@ -837,7 +837,7 @@ Graph *fe_compile_opts(const char *path, const FeOptions *opts, Diag *d, char **
 	ParseState ps = {.d = d, .file = path};
 	Graph *g = NULL;
 	if (ast_parse(&ps, raw, len) == 0)
-		g = ast_lower(&ps, opts);
+		g = lower_ast(&ps, opts);
 	ast_free(&ps);
 	free(raw);
 	if (d->nerrors > errors0) {

@@ -104,54 +104,54 @@ typedef struct {
 	int nsetps, capsetps;
 } Lower;
 
-void lerr(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-#define ERR(loc, ...) lerr(L, (loc), __VA_ARGS__)
+void scope_error(Lower *L, Loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define ERR(loc, ...) scope_error(L, (loc), __VA_ARGS__)
 
 /* ---- scope.c: helpers shared by the files (the bottom layer) ---- */
 
-Loc lower_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
-void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
-int *map_get(const NameMap *m, const char *key);
-void map_put(Lower *L, NameMap *m, const char *key, int val);
-Sym *lower_find_sym(Lower *L, const char *name);
-void lower_add_sym(Lower *L, const char *name, int value, int is_data);
+Loc scope_gloc(Lower *L, Loc l); /* the Loc with the graph's copy of the file name */
+void *scope_grow(Lower *L, void *arr, int *cap, int need, size_t elem);
+int *scope_map_get(const NameMap *m, const char *key);
+void scope_map_put(Lower *L, NameMap *m, const char *key, int val);
+Sym *scope_find_sym(Lower *L, const char *name);
+void scope_add_sym(Lower *L, const char *name, int value, int is_data);
 /* ir_value, registered in L->values (name must be unused). */
-Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+Value *scope_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
 		   DpTensorKind kind, Loc loc);
 /* A name not used by any value nor assigned by the user: stem, stem1, ... */
-const char *lower_fresh_name(Lower *L, const char *stem);
-int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out);
-int want_float(Lower *L, const AstVal *v, const char *what, float *out);
+const char *scope_fresh_name(Lower *L, const char *stem);
+int scope_want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out);
+int scope_want_float(Lower *L, const AstVal *v, const char *what, float *out);
 /* One of two words (true/false, sharded/unsharded): 0 for a, 1 for b, or -1
  * after reporting "what must be a or b". */
-int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b);
+int scope_want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b);
 /* A floating-point dtype for the precision settings: DP_F32 (f32, fp32) or
  * DP_BF16 (bf16), or -1 after reporting "what must be f32 or bf16". */
-int lower_dtype_word(Lower *L, const AstVal *v, const char *what);
-void lower_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: the first bf16 request */
+int scope_dtype_word(Lower *L, const AstVal *v, const char *what);
+void scope_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: the first bf16 request */
 /* A strategy name: its DpStrategy, or -1 after reporting. */
-int lower_strategy_word(Lower *L, const AstVal *v);
-int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
-	       const Arg **found);
+int scope_strategy_word(Lower *L, const AstVal *v);
+int scope_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
+		 const Arg **found);
 /* Report the collected errors through L->d, sorted by position. */
-void lower_report(Lower *L);
+void scope_report(Lower *L);
 
 /* ---- consts.c: constant expressions and the config section ---- */
 
 /* Evaluate e as a number (config constants and repeat variables resolved).
  * what names the position for messages ("a dimension"). -1 after an error. */
-int eval_num(Lower *L, const Expr *e, const char *what, Num *out);
+int const_eval_num(Lower *L, const Expr *e, const char *what, Num *out);
 /* Evaluate e as a setting value or spec: numbers fold to V_INT/V_FLOAT, a
  * name that is not a constant stays V_IDENT, calls become V_CALL with their
  * arguments evaluated. Tensor expressions (block.param) are errors. */
-int eval_value(Lower *L, const Expr *e, AstVal *out);
+int const_eval_value(Lower *L, const Expr *e, AstVal *out);
 /* Is name a config constant or a repeat variable in scope? */
-int is_constant(Lower *L, const char *name);
-void lower_config(Lower *L);
+int const_is_constant(Lower *L, const char *name);
+void const_lower_config(Lower *L);
 /* A declared type: dtype and dims. Data: the first dim is `batch` (dims[0] is
  * left 0 for the caller), the rest positive. Params: f32, all dims positive. */
-int lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
-	       DpDtype *dt, int *ndim, int64_t *dims);
+int const_lower_type(Lower *L, const AstType *t, const char *what, const char *name, int is_data,
+		     DpDtype *dt, int *ndim, int64_t *dims);
 
 /* ---- settings.c: the rows of format/settings.def ---- */
 
@@ -168,12 +168,12 @@ void settings_check_bounds(Lower *L);
 /* Warn about every given setting that has no effect in this program. */
 void settings_warn(Lower *L);
 /* The given value of setting id, NULL when not given (or it did not evaluate). */
-const AstVal *setting_val(Lower *L, int id);
+const AstVal *settings_val(Lower *L, int id);
 /* Its checked value (a word's index, a kind), or its default. */
-double setting_num(Lower *L, int id);
+double settings_num(Lower *L, int id);
 
 /* ---- model.c ---- */
 
-void lower_model(Lower *L);
+void model_lower(Lower *L);
 
 #endif

@@ -14,10 +14,10 @@
  *     (no gradient, never communicated);
  *   - per op call a DP_T_ACT value (dtype f32, ndim 0: shapes are the shape
  *     pass's job) and a PH_FWD node in step and eval, with the op's keyword
- *     arguments in ia[]/fa[]; nested calls produce temporaries t, t1, ...;
- *   - the cross_entropy assignment: an XENT node (step only, fa0 = 1/global
+ *     arguments in its attributes; nested calls produce temporaries t, t1, ...;
+ *   - the cross_entropy assignment: an XENT node (step only, scale = 1/global
  *     batch), the metric loss.sum and its ACCUM node, and with an eval section
- *     the eval.loss (XENT, fa0 = 1) and eval.correct (CORRECT) metrics.
+ *     the eval.loss (XENT, scale = 1) and eval.correct (CORRECT) metrics.
  *
  * Two walks over the tree, in program order, unroll repeat the same way: the
  * first declares blocks, params, buffers and the names the model assigns
@@ -44,7 +44,7 @@
 
 static int find_block(Lower *L, const char *name)
 {
-	int *b = map_get(&L->blocks, name);
+	int *b = scope_map_get(&L->blocks, name);
 	return b ? *b : -1;
 }
 
@@ -54,7 +54,7 @@ static Value *find_param(Lower *L, int block, const char *name, int *poisoned)
 {
 	char buf[2 * AST_MAX_IDENT + 64];
 	snprintf(buf, sizeof buf, "%s.%s", L->g->blocks[block].name, name);
-	int *id = map_get(&L->values, buf);
+	int *id = scope_map_get(&L->values, buf);
 	if (poisoned)
 		*poisoned = id && *id < 0;
 	if (!id || *id < 0)
@@ -78,7 +78,7 @@ static const char *fresh_temp(Lower *L)
 			snprintf(buf, sizeof buf, "t");
 		else
 			snprintf(buf, sizeof buf, "t%d", L->next_temp);
-		if (!map_get(&L->values, buf) && !map_get(&L->targets, buf))
+		if (!scope_map_get(&L->values, buf) && !scope_map_get(&L->targets, buf))
 			return ir_strdup(L->g, buf);
 	}
 }
@@ -94,10 +94,10 @@ static int64_t repeat_count(Lower *L, const Stmt *s, int quiet)
 	int64_t count = -1;
 	if (L->nrep == MAX_REPEAT_NEST) {
 		ERR(s->loc, "repeat is nested too deeply (at most %d levels)", MAX_REPEAT_NEST);
-	} else if (is_constant(L, s->name)) {
+	} else if (const_is_constant(L, s->name)) {
 		ERR(s->name_loc, "repeat variable '%s' is already a %s", s->name,
-		    map_get(&L->constmap, s->name) ? "config constant" : "repeat variable");
-	} else if (eval_num(L, s->expr, "the repeat count", &n) == 0) {
+		    scope_map_get(&L->constmap, s->name) ? "config constant" : "repeat variable");
+	} else if (const_eval_num(L, s->expr, "the repeat count", &n) == 0) {
 		if (n.is_float)
 			ERR(s->expr->loc, "the repeat count must be a positive integer, got the float %g",
 			    n.f);
@@ -162,7 +162,7 @@ static int lower_init(Lower *L, const Stmt *p, int is_buffer, const int64_t *dim
 {
 	AstVal val;
 	const AstVal *v = &val;
-	if (eval_value(L, p->val, &val))
+	if (const_eval_value(L, p->val, &val))
 		return -1;
 	if (v->kind != V_IDENT && v->kind != V_CALL) {
 		ERR(v->loc, "expected an initialiser: normal(mean, std), uniform(low, high), "
@@ -184,8 +184,8 @@ static int lower_init(Lower *L, const Stmt *p, int is_buffer, const int64_t *dim
 			    normal ? "normal(mean, std)" : "uniform(low, high)");
 			return -1;
 		}
-		if (want_float(L, &v->args->val, normal ? "mean" : "low", a) ||
-		    want_float(L, &v->args->next->val, normal ? "std" : "high", b))
+		if (scope_want_float(L, &v->args->val, normal ? "mean" : "low", a) ||
+		    scope_want_float(L, &v->args->next->val, normal ? "std" : "high", b))
 			return -1;
 		if (normal && *b < 0) {
 			ERR(v->args->next->val.loc, "std must be >= 0");
@@ -206,7 +206,7 @@ static int lower_init(Lower *L, const Stmt *p, int is_buffer, const int64_t *dim
 		static const char *const keys[] = {"theta"};
 		const Arg *th;
 		float theta = 10000.0f;
-		if (get_kwargs(L, v, keys, 1, &th) || (th && want_float(L, &th->val, "theta", &theta)))
+		if (scope_kwargs(L, v, keys, 1, &th) || (th && scope_want_float(L, &th->val, "theta", &theta)))
 			return -1;
 		if (!(theta > 0)) {
 			ERR(th->val.loc, "theta must be > 0");
@@ -255,28 +255,28 @@ static void declare_param(Lower *L, const Stmt *p, int block)
 			    an->name, p->name);
 		goto poison;
 	}
-	if (lower_type(L, &p->type, what, p->name, 0, &dt, &nd, dims))
+	if (const_lower_type(L, &p->type, what, p->name, 0, &dt, &nd, dims))
 		goto poison;
 	DpInit init = DP_INIT_ZEROS;
 	float a = 0, b = 0;
 	if (p->val && lower_init(L, p, is_buffer, dims, nd, &init, &a, &b))
 		goto poison;
-	Value *v = lower_value(L, name, dt, nd, dims, is_buffer ? DP_T_BUFFER : DP_T_PARAM,
-			       lower_gloc(L, p->name_loc));
+	Value *v = scope_value(L, name, dt, nd, dims, is_buffer ? DP_T_BUFFER : DP_T_PARAM,
+			       scope_gloc(L, p->name_loc));
 	v->init = init;
 	v->init_a = a;
 	v->init_b = b;
 	v->block = block;
 	if (!is_buffer && an && lower_split(L, an, p->name, v))
-		map_put(L, &L->values, v->name, -1); /* quiet from now on, like a failed one */
+		scope_map_put(L, &L->values, v->name, -1); /* quiet from now on, like a failed one */
 	return;
 poison:
-	map_put(L, &L->values, name, -1);
+	scope_map_put(L, &L->values, name, -1);
 }
 
 static void record_instance(Lower *L, int block)
 {
-	L->inst_block = lower_grow(L, L->inst_block, &L->capinst, L->ninst + 1, sizeof(int));
+	L->inst_block = scope_grow(L, L->inst_block, &L->capinst, L->ninst + 1, sizeof(int));
 	L->inst_block[L->ninst++] = block;
 }
 
@@ -321,11 +321,11 @@ static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Blo
 				 "one flat buffer and one reduction dtype");
 		return;
 	}
-	int dt = lower_dtype_word(L, v, block_settings[k]);
+	int dt = scope_dtype_word(L, v, block_settings[k]);
 	if (dt < 0)
 		return;
 	if (dt == DP_BF16)
-		lower_note_bf16(L, v->loc);
+		scope_note_bf16(L, v->loc);
 	int pd = k == BS_BUFFER_DTYPE ? -1 : dt;
 	if (pd >= 0 && bl->param_dtype >= 0 && bl->param_dtype != pd) {
 		ERR(v->loc, "param_dtype %s contradicts the block's precision %s",
@@ -342,7 +342,7 @@ static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Blo
 		bl->param_dtype = pd;
 	if (k != BS_PARAM_DTYPE)
 		bl->buffer_dtype = dt;
-	bl->precision_loc = lower_gloc(L, p->name_loc);
+	bl->precision_loc = scope_gloc(L, p->name_loc);
 }
 
 /* A block's own setting: `strategy NAME` overrides train's strategy for the
@@ -368,21 +368,21 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	}
 	*seen |= 1u << k;
 	AstVal v;
-	if (eval_value(L, p->val, &v))
+	if (const_eval_value(L, p->val, &v))
 		return;
 	if (k >= BS_PRECISION) {
 		block_precision(L, p, k, &v, bl);
 		return;
 	}
 	if (k != BS_STRATEGY) {
-		int w = want_word(L, &v, block_settings[k], "true", "false");
+		int w = scope_want_word(L, &v, block_settings[k], "true", "false");
 		if (w >= 0 && k == BS_RESHARD)
 			bl->reshard = w == 0;
 		else if (w >= 0)
 			bl->recompute = w == 0;
 		return;
 	}
-	int s = lower_strategy_word(L, &v);
+	int s = scope_strategy_word(L, &v);
 	if (s < 0)
 		return;
 	char why[160];
@@ -391,7 +391,7 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 		return;
 	}
 	bl->strategy = s;
-	bl->strategy_loc = lower_gloc(L, p->name_loc);
+	bl->strategy_loc = scope_gloc(L, p->name_loc);
 }
 
 static void declare_block(Lower *L, const Stmt *s)
@@ -399,7 +399,7 @@ static void declare_block(Lower *L, const Stmt *s)
 	const char *name = s->name;
 	if (s->expr) {
 		Num n;
-		if (eval_num(L, s->expr, "a block index", &n)) {
+		if (const_eval_num(L, s->expr, "a block index", &n)) {
 			record_instance(L, -1);
 			return;
 		}
@@ -415,8 +415,8 @@ static void declare_block(Lower *L, const Stmt *s)
 		record_instance(L, -1);
 		return;
 	}
-	int b = ir_add_block(L->g, name, lower_gloc(L, s->name_loc));
-	map_put(L, &L->blocks, L->g->blocks[b].name, b);
+	int b = ir_add_block(L->g, name, scope_gloc(L, s->name_loc));
+	scope_map_put(L, &L->blocks, L->g->blocks[b].name, b);
 	/* gradient_checkpointing recomputes the blocks a repeat makes */
 	L->g->blocks[b].recompute = L->grad_ckpt && L->nrep > 0;
 	record_instance(L, b);
@@ -432,7 +432,7 @@ static void declare_block(Lower *L, const Stmt *s)
 		if (p->kind == S_PARAM || p->kind == S_BUFFER)
 			declare_param(L, p, b);
 		else if (p->kind == S_ASSIGN)
-			map_put(L, &L->targets, p->name, 0);
+			scope_map_put(L, &L->targets, p->name, 0);
 		else if (p->kind == S_SETTING && p->val)
 			block_setting(L, p, b, &seen);
 		else if (p->kind == S_BLOCK)
@@ -457,7 +457,7 @@ static void declare_list(Lower *L, const Stmt *list)
 			return;
 		switch (s->kind) {
 		case S_ASSIGN:
-			map_put(L, &L->targets, s->name, 0);
+			scope_map_put(L, &L->targets, s->name, 0);
 			break;
 		case S_BLOCK:
 			declare_block(L, s);
@@ -522,12 +522,12 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 			if (poisoned)
 				return -1;
 		}
-		Sym *s = lower_find_sym(L, e->name);
+		Sym *s = scope_find_sym(L, e->name);
 		if (s)
 			return s->value;
-		if (map_get(&L->targets, e->name))
+		if (scope_map_get(&L->targets, e->name))
 			ERR(e->loc, "'%s' is used before it is assigned", e->name);
-		else if (is_constant(L, e->name))
+		else if (const_is_constant(L, e->name))
 			ERR(e->loc, "'%s' is a constant, not a tensor", e->name);
 		else
 			ERR(e->loc, "unknown identifier '%s'", e->name);
@@ -540,8 +540,8 @@ static int lower_expr(Lower *L, const Expr *e, int block)
 	}
 }
 
-/* One keyword argument's value into n->ia / n->fa (the attribute's DSL rules
- * in format/ops.def). */
+/* One keyword argument's value into n's attribute k (its DSL rules in
+ * format/ops.def). */
 static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 {
 	if (k->style == IR_ATTR_FLAG) {
@@ -555,11 +555,11 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 				ERR(a->loc, "%s must be true or false", k->key);
 			return -1;
 		}
-		n->ia[k->slot] = t;
+		IR_ATTR(n, k) = t;
 		return 0;
 	}
 	Num v;
-	if (eval_num(L, a, k->key, &v))
+	if (const_eval_num(L, a, k->key, &v))
 		return -1;
 	if (k->style != IR_ATTR_FLOAT) {
 		if (v.is_float) {
@@ -572,7 +572,7 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 			    (long long)(v.i < k->min ? k->min : INT32_MAX), (long long)v.i);
 			return -1;
 		}
-		n->ia[k->slot] = v.i;
+		IR_ATTR(n, k) = v.i;
 		return 0;
 	}
 	double x = v.is_float ? v.f : (double)v.i;
@@ -580,17 +580,17 @@ static int lower_keyword(Lower *L, const OpAttr *k, const Expr *a, Node *n)
 		ERR(a->loc, "%s must be > %lld and fit f32, got %g", k->key, (long long)k->min, x);
 		return -1;
 	}
-	n->fa[k->slot] = (float)x;
+	IR_FATTR(n, k) = (float)x;
 	return 0;
 }
 
-/* reshape(x, d1, ...): the dims after x into ia0.. and their count into ia4. */
+/* reshape(x, d1, ...): the dims after x into d1.. and their count into ndims. */
 static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *n)
 {
 	int rc = 0, k = 0, infer = 0;
 	for (const Expr *a = first; a && !a->key; a = a->next, k++) {
 		Num v;
-		if (eval_num(L, a, "a reshape dimension", &v)) {
+		if (const_eval_num(L, a, "a reshape dimension", &v)) {
 			rc = -1;
 			continue;
 		}
@@ -606,14 +606,14 @@ static int lower_reshape_dims(Lower *L, const Expr *e, const Expr *first, Node *
 			ERR(a->loc, "only one reshape dimension can be -1");
 			rc = -1;
 		}
-		n->ia[k] = v.i;
+		*ir_reshape_dim(n, k) = v.i;
 	}
 	if (k == 0) {
 		ERR(e->loc, "reshape needs the new dims after x (the first dim is kept), like "
 			    "reshape(x, T, heads, hd)");
 		return -1;
 	}
-	n->ia[4] = k;
+	DP_ATTR(n, RESHAPE, ndims) = k;
 	return rc;
 }
 
@@ -685,7 +685,7 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	int nkeys = op_keys(op, keys);
 	for (int k = 0; k < nkeys; k++)
 		if (keys[k]->style == IR_ATTR_FLOAT)
-			attrs->fa[keys[k]->slot] = keys[k]->def;
+			IR_FATTR(attrs, keys[k]) = keys[k]->def;
 	for (const Expr *a = e->args; a; a = a->next) {
 		if (!a->key)
 			continue;
@@ -735,10 +735,10 @@ static int call_operands(Lower *L, const Expr *e, const OpInfo *op, int block, i
 	/* an index below another attribute (split's index < parts) */
 	for (int k = 0; k < nkeys && !bad; k++) {
 		const OpAttr *lim = keys[k]->below >= 0 ? &op->attrs[keys[k]->below] : NULL;
-		if (lim && given[k] && attrs->ia[keys[k]->slot] >= attrs->ia[lim->slot]) {
+		if (lim && given[k] && IR_ATTR(attrs, keys[k]) >= IR_ATTR(attrs, lim)) {
 			ERR(given[k]->loc, "%s %s %lld is out of range for %lld %s", e->name,
-			    keys[k]->key, (long long)attrs->ia[keys[k]->slot],
-			    (long long)attrs->ia[lim->slot], lim->key);
+			    keys[k]->key, (long long)IR_ATTR(attrs, keys[k]),
+			    (long long)IR_ATTR(attrs, lim), lim->key);
 			bad++;
 		}
 	}
@@ -796,8 +796,8 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 	Node attrs = {0};
 	if (call_operands(L, e, op, block, in, &nin, &attrs))
 		return -1;
-	Loc loc = lower_gloc(L, e->loc);
-	Value *v = lower_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
+	Loc loc = scope_gloc(L, e->loc);
+	Value *v = scope_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
 	Node *n = ir_node(g, (IrOp)opc, v->id, nin, in, PH_FWD, loc);
 	memcpy(n->ia, attrs.ia, sizeof n->ia);
 	memcpy(n->fa, attrs.fa, sizeof n->fa);
@@ -810,7 +810,7 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 static Value *metric(Lower *L, const char *stem, int64_t n, Loc loc)
 {
 	int64_t dims[1] = {n};
-	return lower_value(L, lower_fresh_name(L, stem), DP_F32, 1, dims, DP_T_METRIC, loc);
+	return scope_value(L, scope_fresh_name(L, stem), DP_F32, 1, dims, DP_T_METRIC, loc);
 }
 
 /* name = cross_entropy(logits, labels): the training loss and its metrics. */
@@ -829,8 +829,8 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	if (call_operands(L, e, &ir_ops[DP_OP_XENT], block, in, &nin, &attrs) ||
 	    !L->batch_ok)
 		return -1;
-	Loc loc = lower_gloc(L, e->loc);
-	Value *loss = lower_value(L, name, DP_F32, 0, NULL, DP_T_ACT, loc);
+	Loc loc = scope_gloc(L, e->loc);
+	Value *loss = scope_value(L, name, DP_F32, 0, NULL, DP_T_ACT, loc);
 	Node *n = ir_node(g, DP_OP_XENT, loss->id, 2, in, PH_FWD, loc);
 	/* the loss is the mean over every labelled row of the global batch: a
 	 * sample of labels i32[batch, T] (next-token targets) has T rows */
@@ -838,7 +838,7 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	double rows = 1;
 	for (int k = 1; k < lab->ndim; k++)
 		rows *= (double)lab->dims[k];
-	n->fa[0] = (float)(1.0 / ((double)L->global_batch * rows));
+	DP_FATTR(n, XENT, scale) = (float)(1.0 / ((double)L->global_batch * rows));
 	n->progs = IR_IN_STEP;
 	n->block = block;
 	loss->def = n->id;
@@ -853,7 +853,7 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 	if (L->eval) {
 		Value *el = metric(L, "eval.loss", 1, loc);
 		n = ir_node(g, DP_OP_XENT, el->id, 2, in, PH_EVAL, loc);
-		n->fa[0] = 1.0f; /* a sum: the runtime divides by the samples counted */
+		DP_FATTR(n, XENT, scale) = 1.0f; /* a sum: the runtime divides by the samples counted */
 		n->progs = IR_IN_EVAL;
 		Value *ec = metric(L, "eval.correct", 2, loc);
 		n = ir_node(g, DP_OP_CORRECT, ec->id, 2, in, PH_EVAL, loc);
@@ -867,20 +867,20 @@ static int lower_loss(Lower *L, const Expr *e, const char *name, int block)
 /* The value name of a binding of s->name (see the file comment). */
 static const char *binding_name(Lower *L, const Stmt *s, int block, int first)
 {
-	if (first && !map_get(&L->values, s->name))
+	if (first && !scope_map_get(&L->values, s->name))
 		return s->name;
 	if (block >= 0) {
 		const char *qual = ir_fmt(L->g, "%s.%s", L->g->blocks[block].name, s->name);
-		if (!map_get(&L->values, qual))
+		if (!scope_map_get(&L->values, qual))
 			return qual;
-		return lower_fresh_name(L, qual);
+		return scope_fresh_name(L, qual);
 	}
-	return lower_fresh_name(L, s->name);
+	return scope_fresh_name(L, s->name);
 }
 
 static void lower_assign(Lower *L, const Stmt *s, int block)
 {
-	Sym *sym = lower_find_sym(L, s->name);
+	Sym *sym = scope_find_sym(L, s->name);
 	if (sym && sym->is_data) {
 		ERR(s->name_loc, "'%s' is data: it cannot be assigned (pick another name)", s->name);
 		return;
@@ -903,11 +903,11 @@ static void lower_assign(Lower *L, const Stmt *s, int block)
 							       : lower_call(L, e, block, name);
 	}
 	/* the new binding is seen from the next statement on (x = add(x, ...)) */
-	sym = lower_find_sym(L, s->name);
+	sym = scope_find_sym(L, s->name);
 	if (sym)
 		sym->value = id;
 	else
-		lower_add_sym(L, s->name, id, 0);
+		scope_add_sym(L, s->name, id, 0);
 }
 
 static void lower_list(Lower *L, const Stmt *list, int *inst)
@@ -923,8 +923,8 @@ static void lower_list(Lower *L, const Stmt *list, int *inst)
 					continue;
 				if (b >= 0)
 					lower_assign(L, p, b);
-				else if (!lower_find_sym(L, p->name))
-					lower_add_sym(L, p->name, -1, 0); /* a failed block: quiet */
+				else if (!scope_find_sym(L, p->name))
+					scope_add_sym(L, p->name, -1, 0); /* a failed block: quiet */
 			}
 		} else if (s->kind == S_REPEAT) {
 			int64_t n = repeat_count(L, s, 1);
@@ -938,7 +938,7 @@ static void lower_list(Lower *L, const Stmt *list, int *inst)
 	}
 }
 
-void lower_model(Lower *L)
+void model_lower(Lower *L)
 {
 	declare_list(L, L->model->body);
 	if (L->unrolled > MAX_UNROLLED)

@@ -381,6 +381,6 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, Pars
 	int n = yypcontext_expected_tokens(ctx, kinds, YYNTOKENS);
 	for (int i = 0; i < n; i++)
 		names[i] = yysymbol_name(kinds[i]);
-	ast_syntax_error(ps, names, n < 0 ? 0 : n);
+	syntax_error(ps, names, n < 0 ? 0 : n);
 	return 0;
 }

@@ -26,13 +26,13 @@ struct Pending {
 
 /* ---- small helpers ---- */
 
-Loc lower_gloc(Lower *L, Loc l)
+Loc scope_gloc(Lower *L, Loc l)
 {
 	l.file = L->g->file; /* graph Locs must outlive the tree and the caller's path */
 	return l;
 }
 
-void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem)
+void *scope_grow(Lower *L, void *arr, int *cap, int need, size_t elem)
 {
 	if (need <= *cap)
 		return arr;
@@ -44,7 +44,7 @@ void *lower_grow(Lower *L, void *arr, int *cap, int need, size_t elem)
 	return na;
 }
 
-void lerr(Lower *L, Loc loc, const char *fmt, ...)
+void scope_error(Lower *L, Loc loc, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -54,7 +54,7 @@ void lerr(Lower *L, Loc loc, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, (size_t)n + 1, fmt, ap);
 	va_end(ap);
-	L->errs = lower_grow(L, L->errs, &L->caperrs, L->nerrs + 1, sizeof(Pending));
+	L->errs = scope_grow(L, L->errs, &L->caperrs, L->nerrs + 1, sizeof(Pending));
 	L->errs[L->nerrs] = (Pending){loc, L->nerrs, msg};
 	L->nerrs++;
 }
@@ -79,7 +79,7 @@ static uint64_t hash_str(const char *s)
 	return h;
 }
 
-int *map_get(const NameMap *m, const char *key)
+int *scope_map_get(const NameMap *m, const char *key)
 {
 	if (!m->cap)
 		return NULL;
@@ -91,9 +91,9 @@ int *map_get(const NameMap *m, const char *key)
 	}
 }
 
-void map_put(Lower *L, NameMap *m, const char *key, int val)
+void scope_map_put(Lower *L, NameMap *m, const char *key, int val)
 {
-	int *v = map_get(m, key);
+	int *v = scope_map_get(m, key);
 	if (v) {
 		*v = val;
 		return;
@@ -103,7 +103,7 @@ void map_put(Lower *L, NameMap *m, const char *key, int val)
 		nm.slots = ast_alloc(L->ps, sizeof(MapSlot) * (size_t)nm.cap);
 		for (int i = 0; i < m->cap; i++)
 			if (m->slots[i].key)
-				map_put(L, &nm, m->slots[i].key, m->slots[i].val);
+				scope_map_put(L, &nm, m->slots[i].key, m->slots[i].val);
 		*m = nm;
 	}
 	size_t i = hash_str(key) & (size_t)(m->cap - 1);
@@ -113,41 +113,41 @@ void map_put(Lower *L, NameMap *m, const char *key, int val)
 	m->n++;
 }
 
-Sym *lower_find_sym(Lower *L, const char *name)
+Sym *scope_find_sym(Lower *L, const char *name)
 {
-	int *i = map_get(&L->symmap, name);
+	int *i = scope_map_get(&L->symmap, name);
 	return i ? &L->syms[*i] : NULL;
 }
 
-void lower_add_sym(Lower *L, const char *name, int value, int is_data)
+void scope_add_sym(Lower *L, const char *name, int value, int is_data)
 {
-	L->syms = lower_grow(L, L->syms, &L->capsyms, L->nsyms + 1, sizeof(Sym));
+	L->syms = scope_grow(L, L->syms, &L->capsyms, L->nsyms + 1, sizeof(Sym));
 	L->syms[L->nsyms] = (Sym){name, value, is_data};
-	map_put(L, &L->symmap, name, L->nsyms++);
+	scope_map_put(L, &L->symmap, name, L->nsyms++);
 }
 
-Value *lower_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
+Value *scope_value(Lower *L, const char *name, DpDtype dt, int ndim, const int64_t *dims,
 		   DpTensorKind kind, Loc loc)
 {
 	Value *v = ir_value(L->g, name, dt, ndim, dims, kind, loc);
-	map_put(L, &L->values, v->name, v->id);
+	scope_map_put(L, &L->values, v->name, v->id);
 	return v;
 }
 
-const char *lower_fresh_name(Lower *L, const char *stem)
+const char *scope_fresh_name(Lower *L, const char *stem)
 {
-	if (!map_get(&L->values, stem) && !map_get(&L->targets, stem))
+	if (!scope_map_get(&L->values, stem) && !scope_map_get(&L->targets, stem))
 		return ir_strdup(L->g, stem);
 	for (int i = 1;; i++) {
 		const char *s = ir_fmt(L->g, "%s%d", stem, i);
-		if (!map_get(&L->values, s) && !map_get(&L->targets, s))
+		if (!scope_map_get(&L->values, s) && !scope_map_get(&L->targets, s))
 			return s;
 	}
 }
 
 /* ---- values: numbers, keyword arguments ---- */
 
-int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out)
+int scope_want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi, int64_t *out)
 {
 	if (v->kind != V_INT) {
 		ERR(v->loc, "%s must be an integer", what);
@@ -170,7 +170,7 @@ int want_int(Lower *L, const AstVal *v, const char *what, int64_t lo, int64_t hi
 }
 
 /* A number that fits a finite f32. */
-int want_float(Lower *L, const AstVal *v, const char *what, float *out)
+int scope_want_float(Lower *L, const AstVal *v, const char *what, float *out)
 {
 	double x;
 	if (v->kind == V_INT)
@@ -191,8 +191,8 @@ int want_float(Lower *L, const AstVal *v, const char *what, float *out)
 
 /* Match the keyword arguments of a call against keys; found[i] gets the
  * argument for keys[i] or NULL. V_IDENT (no parentheses) has none. */
-int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
-	       const Arg **found)
+int scope_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
+		 const Arg **found)
 {
 	int rc = 0;
 	for (int i = 0; i < nkeys; i++)
@@ -222,7 +222,7 @@ int get_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,
 	return rc;
 }
 
-int lower_strategy_word(Lower *L, const AstVal *v)
+int scope_strategy_word(Lower *L, const AstVal *v)
 {
 	if (v->kind != V_IDENT) {
 		ERR(v->loc, "expected a strategy name (ddp, zero1, zero2, full_shard, hybrid_shard)");
@@ -236,7 +236,7 @@ int lower_strategy_word(Lower *L, const AstVal *v)
 	return -1;
 }
 
-int lower_dtype_word(Lower *L, const AstVal *v, const char *what)
+int scope_dtype_word(Lower *L, const AstVal *v, const char *what)
 {
 	if (v->kind == V_IDENT && (strcmp(v->s, "f32") == 0 || strcmp(v->s, "fp32") == 0))
 		return DP_F32;
@@ -248,7 +248,7 @@ int lower_dtype_word(Lower *L, const AstVal *v, const char *what)
 
 /* The first place the file asks for bf16 (train's setting or a block's),
  * kept in the step file for a backend that cannot run bf16 to name it. */
-void lower_note_bf16(Lower *L, Loc at)
+void scope_note_bf16(Lower *L, Loc at)
 {
 	if (L->g->cfg.bf16_line == 0 && at.line > 0) {
 		L->g->cfg.bf16_line = (uint32_t)at.line;
@@ -256,7 +256,7 @@ void lower_note_bf16(Lower *L, Loc at)
 	}
 }
 
-int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
+int scope_want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b)
 {
 	if (v->kind == V_IDENT && strcmp(v->s, a) == 0)
 		return 0;
@@ -273,7 +273,7 @@ int want_word(Lower *L, const AstVal *v, const char *what, const char *a, const 
 
 /* Report the collected errors sorted by position, each message once per
  * position (a repeat body lowers its statements N times). */
-void lower_report(Lower *L)
+void scope_report(Lower *L)
 {
 	qsort(L->errs, (size_t)L->nerrs, sizeof(Pending), pending_cmp);
 	int first_here = 0; /* the first message at this position */

@@ -12,7 +12,7 @@
  * against the mesh and gradient_checkpointing's use; model.c the blocks' own
  * settings.
  *
- * Uses consts.c (eval_value), scope.c (errors, value checks), ir/ and the
+ * Uses consts.c (const_eval_value), scope.c (errors, value checks), ir/ and the
  * strategies' table (passes/shard.h: which ones gather per block).
  */
 #include <stdlib.h>
@@ -115,7 +115,7 @@ void settings_collect(Lower *L, int sec, const Stmt *section)
 		}
 		v->given = 1;
 		v->name_loc = s->name_loc;
-		v->bad = eval_value(L, s->val, &v->val) != 0;
+		v->bad = const_eval_value(L, s->val, &v->val) != 0;
 	}
 }
 
@@ -139,7 +139,7 @@ static Expr *parse_value(Lower *L, const FeSet *fs, Loc at)
 	Diag *quiet = ast_alloc(L->ps, sizeof(Diag));
 	diag_init(quiet, NULL, fs->what, NULL); /* counts, prints nothing */
 	*ps = (ParseState){.d = quiet, .file = fs->what};
-	L->setps = lower_grow(L, L->setps, &L->capsetps, L->nsetps + 1, sizeof(ParseState *));
+	L->setps = scope_grow(L, L->setps, &L->capsetps, L->nsetps + 1, sizeof(ParseState *));
 	L->setps[L->nsetps++] = ps;
 	size_t n = strlen(fs->value);
 	char *text = ast_alloc(L->ps, n + 3);
@@ -224,7 +224,7 @@ static void apply_set(Lower *L, const FeSet *fs)
 	}
 	Expr *e = parse_value(L, fs, at);
 	AstVal val;
-	if (!e || eval_value(L, e, &val))
+	if (!e || const_eval_value(L, e, &val))
 		return;
 	if (!arg) {
 		SetVal *v = &L->set[id];
@@ -272,13 +272,13 @@ void settings_apply_sets(Lower *L)
 
 /* ---- checking and storing ---- */
 
-const AstVal *setting_val(Lower *L, int id)
+const AstVal *settings_val(Lower *L, int id)
 {
 	return L->set[id].given && !L->set[id].bad ? &L->set[id].val : NULL;
 }
 
 /* The checked value of setting id (its default when not given). */
-double setting_num(Lower *L, int id)
+double settings_num(Lower *L, int id)
 {
 	const SetVal *v = &L->set[id];
 	if (v->given && v->ok)
@@ -311,7 +311,7 @@ static int check_value(Lower *L, int id, const AstVal *v, double *out)
 				     ? (st->hi >= 9.2e18 ? INT64_MAX : (int64_t)st->hi) - (st->hi_bound == DP_B_LT)
 				     : INT32_MAX;
 		int64_t x;
-		if (want_int(L, v, st->name, lo, hi, &x))
+		if (scope_want_int(L, v, st->name, lo, hi, &x))
 			return -1;
 		*out = (double)x;
 		L->set[id].i = x;
@@ -319,7 +319,7 @@ static int check_value(Lower *L, int id, const AstVal *v, double *out)
 	}
 	case DP_ST_FLOAT: {
 		float f;
-		if (want_float(L, v, st->name, &f))
+		if (scope_want_float(L, v, st->name, &f))
 			return -1;
 		int bad = st->lo_bound == DP_B_GT ? !(f > st->lo) : !(f >= st->lo);
 		bad |= st->hi_bound == DP_B_LE ? !(f <= st->hi) : st->hi_bound == DP_B_LT && !(f < st->hi);
@@ -331,17 +331,17 @@ static int check_value(Lower *L, int id, const AstVal *v, double *out)
 		return 0;
 	}
 	case DP_ST_BOOL: {
-		int w = want_word(L, v, st->name, "true", "false");
+		int w = scope_want_word(L, v, st->name, "true", "false");
 		*out = w == 0;
 		return w < 0 ? -1 : 0;
 	}
 	case DP_ST_DTYPE: {
-		int dt = lower_dtype_word(L, v, st->name);
+		int dt = scope_dtype_word(L, v, st->name);
 		*out = dt;
 		return dt < 0 ? -1 : 0;
 	}
 	case DP_ST_STRATEGY: {
-		int s = lower_strategy_word(L, v);
+		int s = scope_strategy_word(L, v);
 		*out = s;
 		return s < 0 ? -1 : 0;
 	}
@@ -386,7 +386,7 @@ static void store(Lower *L, int id, const AstVal *v)
 static void store_spec(Lower *L, int spec)
 {
 	const DpSetting *st = &dp_settings[spec];
-	const AstVal *v = setting_val(L, spec);
+	const AstVal *v = settings_val(L, spec);
 	int kind = (int)st->dflt;
 	if (v) {
 		int n = dp_kind_count(spec);
@@ -472,8 +472,8 @@ void settings_store(Lower *L, int sec)
 			continue;
 		if (st->type == DP_ST_SPEC)
 			store_spec(L, i);
-		else if (setting_val(L, i))
-			store(L, i, setting_val(L, i));
+		else if (settings_val(L, i))
+			store(L, i, settings_val(L, i));
 	}
 }
 
@@ -721,7 +721,7 @@ static void put_row(FILE *out, int id, const char *setting)
 	fprintf(out, " | %s |\n", st->help);
 }
 
-void fe_print_settings(FILE *out)
+void settings_print(FILE *out)
 {
 	fputs("| section | setting | default | valid | has an effect for | flag | meaning |\n"
 	      "|---|---|---|---|---|---|---|\n",

@@ -2,7 +2,7 @@
  * syntax.c - syntax errors in the DSL's words: one message per mistake,
  * saying what is wrong and how to write it.
  *
- * The parser (compiler/parser.y, parse.error custom) calls ast_syntax_error
+ * The parser (compiler/parser.y, parse.error custom) calls syntax_error
  * with the tokens it expected; the scanner (compiler/lexer.l) has kept the
  * tokens of the statement, the open brackets and the open braces (ast.h).
  * From those, the mistakes people make writing a .dp file from docs/DSL.md
@@ -30,7 +30,7 @@
 #include "parser.h"
 #include "suggest.h"
 
-const AstTok *ast_stmt_tok(const ParseState *ps, int i)
+const AstTok *syntax_stmt_tok(const ParseState *ps, int i)
 {
 	int k = i >= 0 ? i : ps->ntoks + i;
 	if (k < 0 || k >= ps->ntoks)
@@ -40,7 +40,7 @@ const AstTok *ast_stmt_tok(const ParseState *ps, int i)
 	return k < AST_STMT_FIRST ? &ps->first[k] : NULL;
 }
 
-const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen)
+const char *syntax_text(const ParseState *ps, size_t off, size_t n, char *buf, size_t buflen)
 {
 	size_t k = 0, i;
 	int blank = 0;
@@ -78,7 +78,7 @@ const char *ast_text(const ParseState *ps, size_t off, size_t n, char *buf, size
 	return buf;
 }
 
-AstBrace *ast_push_brace(ParseState *ps)
+AstBrace *syntax_push_brace(ParseState *ps)
 {
 	if (ps->nbraces == ps->capbraces) {
 		int cap = ps->capbraces ? 2 * ps->capbraces : 16;
@@ -95,15 +95,15 @@ AstBrace *ast_push_brace(ParseState *ps)
 
 static const char *const section_names[] = {"config", "data", "eval", "model", "train"};
 
-int ast_body_header(const ParseState *ps, int n)
+int syntax_body_header(const ParseState *ps, int n)
 {
-	const AstTok *f = ast_stmt_tok(ps, 0), *l = ast_stmt_tok(ps, n - 1);
+	const AstTok *f = syntax_stmt_tok(ps, 0), *l = syntax_stmt_tok(ps, n - 1);
 	if (n < 1 || n > ps->ntoks || !f || !l)
 		return 0;
 	if (f->tok == TK_BLOCK)
-		return n >= 2 && ast_stmt_tok(ps, 1)->tok == TK_IDENT && (n == 2 || l->tok == ']');
+		return n >= 2 && syntax_stmt_tok(ps, 1)->tok == TK_IDENT && (n == 2 || l->tok == ']');
 	if (f->tok == TK_REPEAT) {
-		const AstTok *l2 = ast_stmt_tok(ps, n - 2);
+		const AstTok *l2 = syntax_stmt_tok(ps, n - 2);
 		return n >= 4 && l->tok == TK_IDENT && l2 && l2->tok == TK_IDENT;
 	}
 	char w[16];
@@ -142,7 +142,7 @@ static const char *describe(const ParseState *ps, const AstTok *t, char *buf, si
 	if (t->tok == TK_YYEOF)
 		return "end of file";
 	char text[48];
-	snprintf(buf, len, "'%s'", ast_text(ps, t->off, (size_t)t->len, text, sizeof text));
+	snprintf(buf, len, "'%s'", syntax_text(ps, t->off, (size_t)t->len, text, sizeof text));
 	return buf;
 }
 
@@ -238,7 +238,7 @@ static int unclosed_brace(Diagnosis *dg)
 	char head[80];
 	const AstBrace *b = ps->misplaced_line ? &ps->misplaced : dedent ? dedent : open;
 	int before = b->dedent_line ? b->dedent_line : ps->misplaced_line;
-	ast_text(ps, b->head_off, (size_t)b->head_len, head, sizeof head);
+	syntax_text(ps, b->head_off, (size_t)b->head_len, head, sizeof head);
 	if (before)
 		SAY(dg, b->loc, "'%s%s{' is never closed: a '}' is missing before line %d", head,
 		    *head ? " " : "", before);
@@ -253,13 +253,13 @@ static int unclosed_brace(Diagnosis *dg)
 static int missing_brace(Diagnosis *dg)
 {
 	ParseState *ps = dg->ps;
-	if (dg->la->tok != TK_NEWLINE || !dg->la->len || !ast_body_header(ps, ps->ntoks - 1))
+	if (dg->la->tok != TK_NEWLINE || !dg->la->len || !syntax_body_header(ps, ps->ntoks - 1))
 		return 0;
 	char head[80];
 	const AstTok *f = dg->first;
-	ast_text(ps, f->off, dg->prev->off + (size_t)dg->prev->len - f->off, head, sizeof head);
+	syntax_text(ps, f->off, dg->prev->off + (size_t)dg->prev->len - f->off, head, sizeof head);
 	SAY(dg, dg->la->loc, "a '{' must end the line of '%s': %s { ... }", head, head);
-	AstBrace *b = ast_push_brace(ps);
+	AstBrace *b = syntax_push_brace(ps);
 	b->loc = dg->la->loc;
 	b->dropped = 1;
 	return 1;
@@ -352,8 +352,8 @@ static int param_decl(Diagnosis *dg)
 	const char *example = f->tok == TK_PARAM ? "param w: f32[784, 10] init normal(0, 0.02)"
 						 : "buffer freqs: f32[64] nosync";
 	char name[64], w[64];
-	if (ps->ntoks == 3 && ast_stmt_tok(ps, 1)->tok == TK_IDENT) {
-		word(ps, ast_stmt_tok(ps, 1), name);
+	if (ps->ntoks == 3 && syntax_stmt_tok(ps, 1)->tok == TK_IDENT) {
+		word(ps, syntax_stmt_tok(ps, 1), name);
 		if (la->tok == '=')
 			SAY(dg, la->loc, "a %s's type follows ':', not '=': %s %s: f32[...]", kind, kind,
 			    name);
@@ -384,10 +384,10 @@ static int param_decl(Diagnosis *dg)
 static int member_call(Diagnosis *dg)
 {
 	ParseState *ps = dg->ps;
-	const AstTok *la = dg->la, *p = dg->prev, *dot = ast_stmt_tok(ps, -3);
+	const AstTok *la = dg->la, *p = dg->prev, *dot = syntax_stmt_tok(ps, -3);
 	if ((la->tok != '(' && la->tok != '.') || !p || p->tok != TK_IDENT || !dot || dot->tok != '.')
 		return 0;
-	const AstTok *mod = ast_stmt_tok(ps, -4);
+	const AstTok *mod = syntax_stmt_tok(ps, -4);
 	char w[64];
 	SAY(dg, mod ? mod->loc : dot->loc,
 	    "ops are called by their name alone, like %s(...), not through a module (F.relu, "
@@ -402,7 +402,7 @@ static int named_stmt(Diagnosis *dg)
 	const AstTok *f = dg->first, *la = dg->la;
 	if (!f || f->tok != TK_IDENT || f == la)
 		return 0;
-	const AstTok *t1 = ast_stmt_tok(ps, 1), *t2 = ast_stmt_tok(ps, 2);
+	const AstTok *t1 = syntax_stmt_tok(ps, 1), *t2 = syntax_stmt_tok(ps, 2);
 	char name[64], w[64], shown[64];
 	word(ps, f, name);
 	if (t1 && t1->tok == ':' && (ps->ntoks == 3 || ps->ntoks == 4)) {
@@ -412,7 +412,7 @@ static int named_stmt(Diagnosis *dg)
 						       t2->tok == TK_IDENT && !dtype_like(ps, t2);
 		if (setting) {
 			const AstTok *v = ps->ntoks == 3 ? la : t2;
-			ast_text(ps, v->off, (size_t)v->len, w, 40);
+			syntax_text(ps, v->off, (size_t)v->len, w, 40);
 			SAY(dg, t1->loc, "a setting is 'name value', without ':': %s %s%s", name, w,
 			    ps->ntoks == 4 && la->tok == '(' ? "(...)" : "");
 			return 1;
@@ -430,7 +430,7 @@ static int named_stmt(Diagnosis *dg)
 		}
 		char type[64];
 		const AstTok *p = dg->prev;
-		ast_text(ps, t2->off, p->off + (size_t)p->len - t2->off, type, sizeof type);
+		syntax_text(ps, t2->off, p->off + (size_t)p->len - t2->off, type, sizeof type);
 		if (la->tok == '=') {
 			SAY(dg, la->loc, "data reads its source after 'from', not '=': %s: %s from "
 					 "npy(\"%s.npy\")", name, type, name);
@@ -471,7 +471,7 @@ static void fallback(Diagnosis *dg)
 	dg->at = dg->la->loc;
 }
 
-void ast_syntax_error(ParseState *ps, const char *const *expected, int nexpected)
+void syntax_error(ParseState *ps, const char *const *expected, int nexpected)
 {
 	/* the parser now discards tokens up to the next end of line: a '{'
 	 * among them, this one included, is not a body, and its '}' goes too */
@@ -482,8 +482,8 @@ void ast_syntax_error(ParseState *ps, const char *const *expected, int nexpected
 		return; /* the scanner reported this statement */
 
 	Diagnosis dg = {.ps = ps, .exp = expected, .nexp = nexpected,
-			.la = ast_stmt_tok(ps, -1), .prev = ast_stmt_tok(ps, -2),
-			.first = ast_stmt_tok(ps, 0)};
+			.la = syntax_stmt_tok(ps, -1), .prev = syntax_stmt_tok(ps, -2),
+			.first = syntax_stmt_tok(ps, 0)};
 	if (!dg.la) {
 		error_at(ps->d, (Loc){ps->file, ps->line, ps->col}, "syntax error");
 		return;

@@ -24,7 +24,7 @@
  *    argmax over classes; a corrupted count must not mean hours of work).
  *  - Kernels live in the programs that can run them: LOAD in step/eval;
  *    collectives in step/eval/export (never init, which is local); INIT
- *    (out: an f32 parameter or buffer) in init only; SHARD (f32 in0/out, ia0
+ *    (out: an f32 parameter or buffer) in init only; SHARD (f32 in0/out, axes:
  *    an axis mask) in init and step (zero1 cuts the gradient shard); SAVE
  *    (in0: an f32 parameter) in export only.
  *  - A setting that names one of a few things (cfg.strategy, the optimizer's
@@ -570,11 +570,11 @@ static int check_same_float(const DpStep *s, const DpInstr *in, const char *what
 	return 0;
 }
 
-/* ia0 of a collective or SHARD: a set of mesh axes. */
+/* The axes of a collective or SHARD: a set of mesh axes. */
 static int check_mask(const DpInstr *in, const char *what, char *err, size_t errlen)
 {
-	if (in->ia[0] < 0 || in->ia[0] >= (1 << DP_MAX_AXES)) {
-		fail(err, errlen, "%s: bad axis mask %lld", what, (long long)in->ia[0]);
+	if (DP_AXES(in) < 0 || DP_AXES(in) >= (1 << DP_MAX_AXES)) {
+		fail(err, errlen, "%s: bad axis mask %lld", what, (long long)DP_AXES(in));
 		return -1;
 	}
 	return 0;
@@ -608,18 +608,18 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	switch (in->op) {
 	case DP_OP_EVENT_RECORD:
 	case DP_OP_EVENT_WAIT:
-		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents) {
+		if (DP_EVENT(in) < 0 || DP_EVENT(in) >= (int64_t)s->nevents) {
 			fail(err, errlen, "%s: event %lld out of range [0, %u)", what,
-			     (long long)in->ia[0], s->nevents);
+			     (long long)DP_EVENT(in), s->nevents);
 			return -1;
 		}
 		break;
 	case DP_OP_LOAD:
 		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
 			return misplaced(what, "the step and eval programs", err, errlen);
-		if (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nsources) {
+		if (DP_ATTR(in, LOAD, source) < 0 || DP_ATTR(in, LOAD, source) >= (int64_t)s->nsources) {
 			fail(err, errlen, "%s: source %lld out of range [0, %u)", what,
-			     (long long)in->ia[0], s->nsources);
+			     (long long)DP_ATTR(in, LOAD, source), s->nsources);
 			return -1;
 		}
 		break;

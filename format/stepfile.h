@@ -182,6 +182,113 @@ typedef enum {
 } DpOp;
 
 /*
+ * Attributes: an instruction's DP_NIATTR integers (ia) and DP_NFATTR floats
+ * (fa) mean what the ATTRS column of its op's row in format/ops.def says, and
+ * code reads and writes them only by those names, never by slot:
+ *   DP_ATTR(x, MATMUL, transA)    the integer attribute transA of a MATMUL
+ *   DP_FATTR(x, SGD, momentum)    the float attribute momentum of an SGD
+ * x is a DpInstr * or the IR's Node * (the same two arrays), in C or C++; the
+ * result is an lvalue. An attribute its op's row does not declare, or a float
+ * named as an integer, does not compile. The slots are the enums
+ * DP_ATTR_<ID>_<name> and DP_FATTR_<ID>_<name>, expanded from the rows below.
+ *
+ * An attribute that several ops share by meaning sits at one slot in each row
+ * that declares it (tests/ir_roundtrip.c checks); code that serves all those
+ * ops at once reads it by its shared name:
+ *   DP_AXES(x)   the mesh-axis mask of a collective, SHARD or TP_COPY (AAXES)
+ *   DP_EVENT(x)  the event id of EVENT_RECORD and EVENT_WAIT
+ *   DP_ACC(x)    the accumulate flag of the ops whose RO column is ACC
+ * Other code that serves a family of ops (one kernel for layernorm and
+ * rmsnorm, one shape rule for the attention ops) names the attribute by one of
+ * them; the families are listed once, below the slot enums, each a
+ * compile-time check (DP_ATTR_SAME) that its ops keep it in one slot.
+ */
+#define DP_ATTR(x, op, name) ((x)->ia[DP_ATTR_##op##_##name])
+#define DP_FATTR(x, op, name) ((x)->fa[DP_FATTR_##op##_##name])
+#define DP_AXES(x) DP_ATTR(x, ALL_REDUCE, axes)
+#define DP_EVENT(x) DP_ATTR(x, EVENT_RECORD, ev)
+#define DP_ACC(x) DP_ATTR(x, MATMUL, acc)
+#ifdef __cplusplus
+#define DP_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define DP_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#define DP_ATTR_SAME(op, other, name)                                                       \
+	DP_STATIC_ASSERT(DP_ATTR_##op##_##name == DP_ATTR_##other##_##name,                  \
+			 #op " and " #other " keep " #name " in one slot")
+#define DP_FATTR_SAME(op, other, name)                                                      \
+	DP_STATIC_ASSERT(DP_FATTR_##op##_##name == DP_FATTR_##other##_##name,                \
+			 #op " and " #other " keep " #name " in one slot")
+
+/* The slot enums. Each row's ATTRS(...) becomes, after the pair of its op's
+ * prefixes, a list of (kind, name, slot); DP_AT_EACH_ makes one enumerator of
+ * each (an op has at most DP_NIATTR + DP_NFATTR = 8 attributes). The op's id is
+ * pasted at once, so no macro of that name can intervene. */
+#define DP_AT_ATTRS(...) , __VA_ARGS__
+#define DP_AT_NOATTRS
+#define AFLAG(name, slot, ...) (DP_AT_I_, name, slot)
+#define AINT(name, slot, ...) (DP_AT_I_, name, slot)
+#define AKEEP(name, slot, ...) (DP_AT_I_, name, slot)
+#define AINDEX(name, slot, ...) (DP_AT_I_, name, slot)
+#define AAXES(name, slot) (DP_AT_I_, name, slot)
+#define AFLOAT(name, slot, ...) (DP_AT_F_, name, slot)
+#define DP_AT_I_(iprefix, fprefix) iprefix
+#define DP_AT_F_(iprefix, fprefix) fprefix
+#define DP_AT_CAT_(a, b) DP_AT_CAT2_(a, b)
+#define DP_AT_CAT2_(a, b) a##b
+#define DP_AT_ONE3_(prefixes, kind, name, slot) DP_AT_CAT_(kind prefixes, name) = (slot),
+#define DP_AT_ONE2_(prefixes, ...) DP_AT_ONE3_(prefixes, __VA_ARGS__)
+#define DP_AT_ONE_(prefixes, a) DP_AT_ONE2_(prefixes, DP_AT_OPEN_ a)
+#define DP_AT_OPEN_(...) __VA_ARGS__
+#define DP_AT_0_(p)
+#define DP_AT_1_(p, a) DP_AT_ONE_(p, a)
+#define DP_AT_2_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_1_(p, __VA_ARGS__)
+#define DP_AT_3_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_2_(p, __VA_ARGS__)
+#define DP_AT_4_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_3_(p, __VA_ARGS__)
+#define DP_AT_5_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_4_(p, __VA_ARGS__)
+#define DP_AT_6_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_5_(p, __VA_ARGS__)
+#define DP_AT_7_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_6_(p, __VA_ARGS__)
+#define DP_AT_8_(p, a, ...) DP_AT_ONE_(p, a) DP_AT_7_(p, __VA_ARGS__)
+#define DP_AT_PICK_(_0, _1, _2, _3, _4, _5, _6, _7, _8, each, ...) each
+#define DP_AT_EACH_(...)                                                                    \
+	DP_AT_PICK_(__VA_ARGS__, DP_AT_8_, DP_AT_7_, DP_AT_6_, DP_AT_5_, DP_AT_4_, DP_AT_3_,  \
+		    DP_AT_2_, DP_AT_1_, DP_AT_0_, _)(__VA_ARGS__)
+enum {
+#define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs)           \
+	DP_AT_EACH_((DP_ATTR_##id##_, DP_FATTR_##id##_) DP_AT_##attrs)
+#include "ops.def"
+#undef OP
+	DP_ATTR_END_ /* ends the list: no attribute */
+};
+#undef AFLAG
+#undef AINT
+#undef AKEEP
+#undef AINDEX
+#undef AAXES
+#undef AFLOAT
+
+/* The families (see above): heads of the attention ops and kv_pack/unpack,
+ * cp of the cp attention ops, eps (and grad_g's acc) of the norms, the
+ * cross-entropy scale, split's parts and index. */
+DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_KV, heads);
+DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
+DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
+DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
+DP_FATTR_SAME(XENT, XENT_GRAD, scale);
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
+DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
+
+/*
  * Operand rules (the RULE column of format/ops.def): what every instruction of an
  * op must satisfy against the tensor table, whatever backend runs it. The
  * decoder (dpstep_decode) enforces them, so a kernel may trust its operands'
@@ -382,8 +489,8 @@ typedef struct {
 	uint8_t flags;            /* DP_IF_* */
 	int32_t in[DP_MAX_IN];    /* tensor ids or -1 */
 	int32_t out;              /* tensor id or -1 */
-	int64_t ia[DP_NIATTR];    /* integer attributes (each op's ATTRS in ops.def) */
-	float fa[DP_NFATTR];      /* float attributes (each op's ATTRS in ops.def) */
+	int64_t ia[DP_NIATTR];    /* integer attributes: DP_ATTR (ops.def's ATTRS) */
+	float fa[DP_NFATTR];      /* float attributes: DP_FATTR */
 } DpInstr;
 
 /* A whole step file in memory. Pointers own malloc'd arrays. */
@@ -428,7 +535,7 @@ typedef enum {
 typedef enum {
 	DP_RO_NO,  /* out is only written */
 	DP_RO_YES, /* out is read too (in place) */
-	DP_RO_ACC, /* out is read when ia[2] != 0 (accumulating kernels) */
+	DP_RO_ACC, /* out is read when the attribute acc != 0 (accumulating kernels) */
 	DP_RO_UPD, /* YES, and in[1..] are written too (optimizer state, the bf16 copy) */
 } DpReadsOut;
 
@@ -462,7 +569,7 @@ static inline DpOpClass dp_op_class(unsigned op)
 static inline int dp_reads_out(const DpInstr *in)
 {
 	unsigned ro = in->op < DP_NOPS ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
-	return ro == DP_RO_YES || ro == DP_RO_UPD || (ro == DP_RO_ACC && in->ia[2] != 0);
+	return ro == DP_RO_YES || ro == DP_RO_UPD || (ro == DP_RO_ACC && DP_ACC(in) != 0);
 }
 
 /* Does the instruction write its input k (besides its out)? */

@@ -226,10 +226,10 @@ static int out_disjoint(Chk *c)
 	return -1
 #define DISJOINT() NEED(out_disjoint(c), "the output overlaps an input")
 
-/* Attention's qkv [B, T, 3C] with ia0 heads: fills B, T, C. */
+/* Attention's qkv [B, T, 3C] with `heads` heads: fills B, T, C. */
 static int qkv_dims(Chk *c, const DpTensor *qkv, int64_t *b, int64_t *t, int64_t *ch)
 {
-	int64_t h = c->in->ia[0];
+	int64_t h = DP_ATTR(c->in, ATTENTION, heads);
 	NEED(qkv->ndim == 3, "qkv must be [batch, T, 3*C]");
 	NEED(h >= 1 && h <= INT_MAX && qkv->dims[2] >= 3 * h && qkv->dims[2] % (3 * h) == 0,
 	     "qkv's last dim %lld does not split into 3 * %lld heads", (long long)qkv->dims[2],
@@ -315,7 +315,7 @@ static int check_elementwise(Chk *c, int rule)
 			OPND(m, 1, -1);
 			NEED(dp_numel(m) == dp_numel(p), "the momentum buffer differs in size");
 		} else {
-			NEED(in->fa[0] == 0, "momentum without a momentum buffer");
+			NEED(DP_FATTR(in, SGD, momentum) == 0, "momentum without a momentum buffer");
 		}
 		if (in->in[copy] >= 0) {
 			OPND(cp, copy, -1);
@@ -346,8 +346,9 @@ static int check_gemm(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		OPND(b, 1, -1);
-		int64_t m = in->ia[0] ? cols_of(a) : rows_of(a), k = in->ia[0] ? rows_of(a) : cols_of(a);
-		int64_t k2 = in->ia[1] ? cols_of(b) : rows_of(b), n = in->ia[1] ? rows_of(b) : cols_of(b);
+		int64_t ta = DP_ATTR(in, MATMUL, transA), tb = DP_ATTR(in, MATMUL, transB);
+		int64_t m = ta ? cols_of(a) : rows_of(a), k = ta ? rows_of(a) : cols_of(a);
+		int64_t k2 = tb ? cols_of(b) : rows_of(b), n = tb ? rows_of(b) : cols_of(b);
 		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
 		NEED(dp_numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
 		     (long long)m, (long long)n);
@@ -426,7 +427,7 @@ static int check_rows(Chk *c, int rule)
 			OPND(b, 2, -1);
 			NEED(dp_numel(b) == cols_of(x), "beta's size does not match x's last dim");
 		}
-		NEED(in->fa[0] >= 0, "negative eps");
+		NEED(DP_FATTR(in, LAYERNORM, eps) >= 0, "negative eps");
 		DISJOINT();
 		return 0;
 	}
@@ -438,7 +439,7 @@ static int check_rows(Chk *c, int rule)
 		NEED(dp_numel(o) == dp_numel(x) && dp_numel(dy) == dp_numel(x) && cols_of(o) == cols_of(x) &&
 		     cols_of(dy) == cols_of(x), "dy, x and the output differ in shape");
 		NEED(dp_numel(g) == cols_of(x), "gamma's size does not match x's last dim");
-		NEED(in->fa[0] >= 0, "negative eps");
+		NEED(DP_FATTR(in, LAYERNORM_GRAD, eps) >= 0, "negative eps");
 		DISJOINT();
 		return 0;
 	}
@@ -448,7 +449,7 @@ static int check_rows(Chk *c, int rule)
 		OPND(x, 1, -1);
 		NEED(dp_numel(dy) == dp_numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
 		NEED(dp_numel(o) == cols_of(x), "the output's size does not match x's last dim");
-		NEED(in->fa[0] >= 0, "negative eps");
+		NEED(DP_FATTR(in, LAYERNORM_GRAD_G, eps) >= 0, "negative eps");
 		DISJOINT();
 		return 0;
 	}
@@ -469,8 +470,9 @@ static int check_rows(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		const DpTensor *whole = rule == DP_OR_SPLIT ? a : o, *part = rule == DP_OR_SPLIT ? o : a;
-		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < in->ia[0], "bad part index");
-		NEED(cols_of(part) * in->ia[0] == cols_of(whole) && rows_of(part) == rows_of(whole),
+		int64_t parts = DP_ATTR(in, SPLIT, parts), index = DP_ATTR(in, SPLIT, index);
+		NEED(parts >= 1 && index >= 0 && index < parts, "bad part index");
+		NEED(cols_of(part) * parts == cols_of(whole) && rows_of(part) == rows_of(whole),
 		     "the operand shapes do not match the split");
 		DISJOINT();
 		return 0;
@@ -557,9 +559,10 @@ static int check_transformer(Chk *c, int rule)
 		int64_t b, t, ch;
 		if (qkv_dims(c, qkv, &b, &t, &ch))
 			return -1;
-		NEED(in->ia[1] >= 1 && in->ia[1] <= (1 << 20), "bad cp size");
-		/* by division: ia1 comes from the file, the product could overflow */
-		NEED(dp_numel(kv) % in->ia[1] == 0 && dp_numel(kv) / in->ia[1] == b * t * 2 * ch &&
+		int64_t cp = DP_ATTR(in, ATTENTION_CP, cp);
+		NEED(cp >= 1 && cp <= (1 << 20), "bad cp size");
+		/* by division: cp comes from the file, the product could overflow */
+		NEED(dp_numel(kv) % cp == 0 && dp_numel(kv) / cp == b * t * 2 * ch &&
 		     kv->dims[kv->ndim - 1] == 2 * ch, "kv is not [cp, batch, T, 2*C]");
 		NEED(dp_numel(pos) == t, "pos does not have one position per row");
 		if (rule == DP_OR_ATTENTION_CP) {
@@ -578,8 +581,9 @@ static int check_transformer(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		NEED(o->dtype == a->dtype && dp_numel(o) == dp_numel(a), "the operands differ in dtype or size");
-		NEED(in->ia[0] >= 1 && in->ia[1] >= 0 && in->ia[1] < o->ndim &&
-		     o->dims[in->ia[1]] % in->ia[0] == 0, "the split dim does not divide into the parts");
+		int64_t parts = DP_ATTR(in, INTERLEAVE, parts), dim = DP_ATTR(in, INTERLEAVE, dim);
+		NEED(parts >= 1 && dim >= 0 && dim < o->ndim && o->dims[dim] % parts == 0,
+		     "the split dim does not divide into the parts");
 		DISJOINT();
 		return 0;
 	}

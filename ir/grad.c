@@ -10,7 +10,7 @@
  * with ACCUM when the current one is a temporary this value owns, else with an
  * ADD into a new temporary (a gradient passed through unchanged, e.g. by add,
  * is shared with another value and must not be written). Kernels that can
- * accumulate (MATMUL, BIAS_GRAD with ia2) add directly into the current one.
+ * accumulate (MATMUL, BIAS_GRAD with acc) add directly into the current one.
  * Params always accumulate into their persistent gradient.
  */
 #include <stdarg.h>
@@ -18,7 +18,7 @@
 
 #include "ir.h"
 
-void grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues)
+void ir_grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues)
 {
 	*c = (GradCtx){.g = g, .d = d, .nvalues = nvalues};
 	c->needs = calloc((size_t)nvalues + 1, 1);
@@ -30,7 +30,7 @@ void grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues)
 		c->grad[i] = -1;
 }
 
-void grad_ctx_free(GradCtx *c)
+void ir_grad_ctx_free(GradCtx *c)
 {
 	free(c->needs);
 	free(c->owned);
@@ -39,22 +39,22 @@ void grad_ctx_free(GradCtx *c)
 	c->grad = NULL;
 }
 
-int ad_grad_of(GradCtx *c, int value)
+int ir_ad_grad_of(GradCtx *c, int value)
 {
 	return value >= 0 && value < c->nvalues ? c->grad[value] : -1;
 }
 
-int ad_needs(GradCtx *c, int value)
+int ir_ad_needs(GradCtx *c, int value)
 {
 	return value >= 0 && value < c->nvalues && c->needs[value];
 }
 
-Value *ad_value(GradCtx *c, int value)
+Value *ir_ad_value(GradCtx *c, int value)
 {
 	return c->g->values[value];
 }
 
-void ad_error(GradCtx *c, const char *fmt, ...)
+void ir_ad_error(GradCtx *c, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -64,7 +64,7 @@ void ad_error(GradCtx *c, const char *fmt, ...)
 }
 
 /* "d.<stem>", then "d.<stem>.1", ... */
-int ad_temp(GradCtx *c, const Value *like, const char *stem)
+int ir_ad_temp(GradCtx *c, const Value *like, const char *stem)
 {
 	Graph *g = c->g;
 	char *name = ir_fmt(g, "d.%s", stem);
@@ -77,7 +77,7 @@ int ad_temp(GradCtx *c, const Value *like, const char *stem)
 	return t->id;
 }
 
-Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in)
+Node *ir_ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in)
 {
 	Node *n = ir_node(c->g, op, out, nin, in, PH_BWD, c->fwd->loc);
 	n->progs = IR_IN_STEP;
@@ -92,11 +92,11 @@ Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in)
 static void add_grad(GradCtx *c, int v, int t, int owned)
 {
 	Graph *g = c->g;
-	if (!ad_needs(c, v))
+	if (!ir_ad_needs(c, v))
 		return;
 	Value *val = g->values[v];
 	if (val->kind == DP_T_PARAM) {
-		ad_emit(c, DP_OP_ACCUM, val->grad, 1, &t);
+		ir_ad_emit(c, DP_OP_ACCUM, val->grad, 1, &t);
 		return;
 	}
 	int cur = c->grad[v];
@@ -104,43 +104,43 @@ static void add_grad(GradCtx *c, int v, int t, int owned)
 		c->grad[v] = t;
 		c->owned[v] = (unsigned char)owned;
 	} else if (c->owned[v]) {
-		ad_emit(c, DP_OP_ACCUM, cur, 1, &t);
+		ir_ad_emit(c, DP_OP_ACCUM, cur, 1, &t);
 	} else if (owned) {
-		ad_emit(c, DP_OP_ACCUM, t, 1, &cur);
+		ir_ad_emit(c, DP_OP_ACCUM, t, 1, &cur);
 		c->grad[v] = t;
 		c->owned[v] = 1;
 	} else {
-		int s = ad_temp(c, val, val->name);
-		ad_emit(c, DP_OP_ADD, s, 2, (int[]){cur, t});
+		int s = ir_ad_temp(c, val, val->name);
+		ir_ad_emit(c, DP_OP_ADD, s, 2, (int[]){cur, t});
 		c->grad[v] = s;
 		c->owned[v] = 1;
 	}
 }
 
-void ad_add_grad(GradCtx *c, int value, int contribution)
+void ir_ad_add_grad(GradCtx *c, int value, int contribution)
 {
 	add_grad(c, value, contribution, 1);
 }
 
-void ad_pass_grad(GradCtx *c, int value, int g)
+void ir_ad_pass_grad(GradCtx *c, int value, int g)
 {
 	add_grad(c, value, g, 0);
 }
 
-Node *ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in)
+Node *ir_ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in)
 {
-	if (!ad_needs(c, value))
+	if (!ir_ad_needs(c, value))
 		return NULL;
 	Value *v = c->g->values[value];
-	int t = ad_temp(c, v, v->name);
-	Node *n = ad_emit(c, op, t, nin, in);
-	ad_add_grad(c, value, t);
+	int t = ir_ad_temp(c, v, v->name);
+	Node *n = ir_ad_emit(c, op, t, nin, in);
+	ir_ad_add_grad(c, value, t);
 	return n;
 }
 
-Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
+Node *ir_ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
 {
-	if (!ad_needs(c, value))
+	if (!ir_ad_needs(c, value))
 		return NULL;
 	Graph *g = c->g;
 	Value *v = g->values[value];
@@ -149,7 +149,7 @@ Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
 		out = v->grad;
 		acc = 1;
 	} else if (c->grad[value] < 0) {
-		out = c->grad[value] = ad_temp(c, v, v->name);
+		out = c->grad[value] = ir_ad_temp(c, v, v->name);
 		c->owned[value] = 1;
 		acc = 0;
 	} else if (c->owned[value]) {
@@ -157,14 +157,14 @@ Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in)
 		acc = 1;
 	} else {
 		/* Shared gradient: copy it into a temporary of our own first. */
-		out = ad_temp(c, v, v->name);
-		ad_emit(c, DP_OP_COPY, out, 1, &c->grad[value]);
+		out = ir_ad_temp(c, v, v->name);
+		ir_ad_emit(c, DP_OP_COPY, out, 1, &c->grad[value]);
 		c->grad[value] = out;
 		c->owned[value] = 1;
 		acc = 1;
 	}
-	Node *n = ad_emit(c, op, out, nin, in);
-	n->ia[2] = acc;
+	Node *n = ir_ad_emit(c, op, out, nin, in);
+	DP_ACC(n) = acc;
 	return n;
 }
 

@@ -122,8 +122,8 @@ typedef struct Node {
 	int nin;
 	int in[DP_MAX_IN];        /* value ids read */
 	int out;                  /* value id written, or -1 */
-	int64_t ia[DP_NIATTR];    /* integer attributes, meaning per op (stepfile.h) */
-	float fa[DP_NFATTR];      /* float attributes, meaning per op (stepfile.h) */
+	int64_t ia[DP_NIATTR];    /* integer attributes: DP_ATTR(n, OP, name) (stepfile.h) */
+	float fa[DP_NFATTR];      /* float attributes: DP_FATTR(n, OP, name) */
 	Phase phase;
 	unsigned progs;           /* IR_IN_STEP | IR_IN_EVAL */
 	unsigned flags;           /* DP_IF_LAST */
@@ -311,7 +311,7 @@ typedef enum {
 typedef enum {
 	OP_RO_NO,  /* out is only written */
 	OP_RO_YES, /* out is read too (in place: accum, clip, optimizers, all_reduce) */
-	OP_RO_ACC, /* read only when ia[2] != 0 (accumulating kernels) */
+	OP_RO_ACC, /* read only when the attribute acc != 0 (accumulating kernels) */
 	OP_RO_UPD, /* YES, and the inputs from in[1] on are written too (an optimizer's
 	              state, the compute copy it writes): ir_writes_in */
 } OpReadsOut;
@@ -321,7 +321,7 @@ typedef enum {
 	OP_TP_NO,    /* reading a tp-local (column-split) value is an error */
 	OP_TP_LOCAL, /* tp-local values flow through: each output column block
 	                depends only on the same block of the inputs */
-	OP_TP_HEADS, /* LOCAL, with heads in ia[0]: each rank computes heads / tp */
+	OP_TP_HEADS, /* LOCAL, with the attribute heads: each rank computes heads / tp */
 } OpTp;
 
 /*
@@ -354,11 +354,11 @@ typedef enum {
 /* The text names of IR attributes. Any non-zero attribute without a name
  * prints as iaN=V / faN=V. */
 typedef enum {
-	IR_ATTR_FLAG,   /* ia[slot]: bare name when 1, name=V otherwise, absent when 0 */
-	IR_ATTR_INT,    /* ia[slot]: name=V when non-zero */
-	IR_ATTR_ALWAYS, /* ia[slot]: name=V always (event ids, source index: 0 is meaningful) */
-	IR_ATTR_AXES,   /* ia[slot]: axis mask, name=dp_replicate,dp_shard when non-zero */
-	IR_ATTR_FLOAT,  /* fa[slot]: name=V when non-zero */
+	IR_ATTR_FLAG,   /* integer: bare name when 1, name=V otherwise, absent when 0 */
+	IR_ATTR_INT,    /* integer: name=V when non-zero */
+	IR_ATTR_ALWAYS, /* integer: name=V always (event ids, source index: 0 is meaningful) */
+	IR_ATTR_AXES,   /* integer axis mask, name=dp_replicate,dp_shard when non-zero */
+	IR_ATTR_FLOAT,  /* float: name=V when non-zero */
 } IrAttrStyle;
 
 /* One meaningful attribute of an op: its IR name and, when users write it,
@@ -366,7 +366,7 @@ typedef enum {
 typedef struct {
 	const char *name;  /* IR text name; NULL ends an op's list */
 	uint8_t style;     /* IrAttrStyle */
-	uint8_t slot;      /* index into ia[] (fa[] for IR_ATTR_FLOAT) */
+	uint8_t slot;      /* its integer slot (float for IR_ATTR_FLOAT): IR_ATTR, IR_FATTR */
 	const char *key;   /* DSL keyword, or NULL: passes set it */
 	uint8_t required;  /* DSL: must be given */
 	float def;         /* DSL float: the value when not given */
@@ -404,13 +404,26 @@ typedef struct {
 
 extern const OpInfo ir_ops[DP_NOPS]; /* ORDER OP */
 
-/* Does n read its output (reads_out, with ia[2] for OP_RO_ACC)? */
+/* Does n read its output (reads_out, with the attribute acc for OP_RO_ACC)? */
 int ir_reads_out(const Node *n);
 /* Does n write its input k (besides its out)? Passes that order nodes by
  * the memory they write (schedule) ask. */
 int ir_writes_in(const Node *n, int k);
 /* The attribute of op named name (IR text), or NULL. */
 const OpAttr *ir_op_attr(IrOp op, const char *name);
+/* The attribute a (one of ir_ops[n->op].attrs) of node n, an lvalue, for code
+ * that walks an op's attribute list (the printer, the reader, the DSL's
+ * keywords); code that knows its op names the attribute (DP_ATTR, DP_FATTR). */
+#define IR_ATTR(n, a) ((n)->ia[(a)->slot])
+#define IR_FATTR(n, a) ((n)->fa[(a)->slot])
+/* RESHAPE's result dim i + 1 (its attribute d1, d2 or d3; i < DP_MAX_DIMS - 1):
+ * the front end, the shape rule and the gradient walk them by position. */
+static inline int64_t *ir_reshape_dim(Node *n, int i)
+{
+	_Static_assert(DP_MAX_DIMS == 4, "RESHAPE names one attribute per dim after the first");
+	return i == 0 ? &DP_ATTR(n, RESHAPE, d1) : i == 1 ? &DP_ATTR(n, RESHAPE, d2)
+							   : &DP_ATTR(n, RESHAPE, d3);
+}
 /* The op a DSL call spells name, or -1. */
 int ir_dsl_op(const char *name);
 /* Apply n's batch rule: check that n does not mix samples, and set the
@@ -441,32 +454,32 @@ struct GradCtx {
 	int nerr;             /* user errors reported by rules */
 };
 
-/* Arrays for the first nvalues values, no gradient yet; grad_ctx_free frees them. */
-void grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues);
-void grad_ctx_free(GradCtx *c);
+/* Arrays for the first nvalues values, no gradient yet; ir_grad_ctx_free frees them. */
+void ir_grad_ctx_init(GradCtx *c, Graph *g, Diag *d, int nvalues);
+void ir_grad_ctx_free(GradCtx *c);
 /* The gradient value of v so far, or -1. */
-int ad_grad_of(GradCtx *c, int value);
+int ir_ad_grad_of(GradCtx *c, int value);
 /* Does value need a gradient? */
-int ad_needs(GradCtx *c, int value);
-Value *ad_value(GradCtx *c, int value);
-/* A kernel that can accumulate into its output (ia[2] = 1: MATMUL, BIAS_GRAD)
+int ir_ad_needs(GradCtx *c, int value);
+Value *ir_ad_value(GradCtx *c, int value);
+/* A kernel that can accumulate into its output (acc = 1: MATMUL, BIAS_GRAD)
  * writes value's gradient directly: into the parameter's gradient, or the
- * value's gradient temporary. ia[2] is set; the rule sets the other attributes
+ * value's gradient temporary. acc is set; the rule sets the other attributes
  * on the returned node. */
-Node *ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
+Node *ir_ad_emit_acc(GradCtx *c, IrOp op, int value, int nin, const int *in);
 /* A kernel that only overwrites writes a fresh temporary shaped like value,
  * which is then summed into value's gradient (ACCUM, or it becomes it). */
-Node *ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
+Node *ir_ad_emit_grad(GradCtx *c, IrOp op, int value, int nin, const int *in);
 /* g (an existing gradient, e.g. dout) is value's contribution as it is. */
-void ad_pass_grad(GradCtx *c, int value, int g);
+void ir_ad_pass_grad(GradCtx *c, int value, int g);
 /* Lower level: a new temporary "d.<stem>" with like's dtype, dims and batch
  * dims; a backward node writing out; add a fresh temporary as value's
  * contribution. */
-int ad_temp(GradCtx *c, const Value *like, const char *stem);
-Node *ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
-void ad_add_grad(GradCtx *c, int value, int contribution);
+int ir_ad_temp(GradCtx *c, const Value *like, const char *stem);
+Node *ir_ad_emit(GradCtx *c, IrOp op, int out, int nin, const int *in);
+void ir_ad_add_grad(GradCtx *c, int value, int contribution);
 /* Report a user error at the forward node's location. */
-void ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ir_ad_error(GradCtx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- printer and reader (ir/print.c, ir/read.c) ---- */
 

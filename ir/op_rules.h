@@ -10,11 +10,11 @@
 
 #include "ir.h"
 
-#define DECL_GRAD(rule, op) void grad_##rule(GradCtx *c, Node *n, int dout);
+#define DECL_GRAD(rule, op) void ir_grad_##rule(GradCtx *c, Node *n, int dout);
 #define DECL_NOGRAD
-#define DECL_COST(rule, k) void cost_##rule(const Graph *g, const Node *n, double *flops, double *bytes);
+#define DECL_COST(rule, k) void ir_cost_##rule(const Graph *g, const Node *n, double *flops, double *bytes);
 #define OP(id, name, cls, dsl, in, ro, shape, grad, cost, tp, batch, rule, attrs) \
-	int shape_##shape(Graph *g, Node *n, Value *out, Diag *d);                \
+	int ir_shape_##shape(Graph *g, Node *n, Value *out, Diag *d);                \
 	DECL_##grad DECL_##cost
 #include "ops.def"
 #undef OP

@@ -28,7 +28,6 @@
 
 /* ---- helpers ---- */
 
-
 static const char *op_name(const Node *n)
 {
 	return ir_ops[n->op].name;
@@ -75,7 +74,7 @@ static int need_float(Node *n, const Value *v, const char *role, Diag *d)
 /* ---- shape rules ---- */
 
 /* out has in0's type (copies, activations, accumulation). */
-int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 {
 	copy_type(out, V(g, n->in[0]));
 	return 0;
@@ -83,7 +82,7 @@ int shape_like0(Graph *g, Node *n, Value *out, Diag *d)
 
 /* CAST: in0's shape in out's dtype (set by the pass that makes it; a float
  * in0 to a float out). */
-int shape_cast(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_cast(Graph *g, Node *n, Value *out, Diag *d)
 {
 	DpDtype dt = out->dtype;
 	if (need_float(n, V(g, n->in[0]), "x", d))
@@ -94,11 +93,11 @@ int shape_cast(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_unary_float(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (need_float(n, V(g, n->in[0]), "x", d))
 		return -1;
-	return shape_like0(g, n, out, d);
+	return ir_shape_like0(g, n, out, d);
 }
 
 /* Are b's dims a's trailing dims (b has fewer)? */
@@ -114,7 +113,7 @@ static int trails(const Value *a, const Value *b)
 
 /* Elementwise binary: same shape and dtype; add broadcasts a smaller operand
  * over the other's leading dims (it becomes a bias_add). */
-int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (n->op == DP_OP_ADD && (trails(a, b) || trails(b, a))) {
@@ -127,7 +126,7 @@ int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 			n->in[1] = t;
 		}
 		n->op = DP_OP_BIAS_ADD;
-		return shape_bias_add(g, n, out, d);
+		return ir_shape_bias_add(g, n, out, d);
 	}
 	if (!same_type(a, b)) {
 		error_at(d, n->loc, "%s: operands differ: a is %s but b is %s (elementwise ops need "
@@ -141,7 +140,7 @@ int shape_binary(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* *_GRAD(dy, x): dy and x same type; out like x. */
-int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *x = V(g, n->in[1]);
 	if (!same_type(dy, x)) {
@@ -154,10 +153,10 @@ int shape_act_grad(Graph *g, Node *n, Value *out, Diag *d)
 
 /*
  * MATMUL: each operand folded to 2-D [prod(leading dims), last dim], then
- * transposed when its flag (ia0, ia1) is set. Without a transpose of in0, the
+ * transposed when its flag (transA, transB) is set. Without a transpose of in0, the
  * result keeps in0's leading dims ([rows..., n]); otherwise it is 2-D.
  */
-int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (need_float(n, a, "a", d) || need_float(n, b, "b", d))
@@ -167,15 +166,16 @@ int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 			 IR_TYPE(b));
 		return -1;
 	}
-	int64_t am = n->ia[0] ? ir_fold_cols(a) : ir_fold_rows(a), ak = n->ia[0] ? ir_fold_rows(a) : ir_fold_cols(a);
-	int64_t bk = n->ia[1] ? ir_fold_cols(b) : ir_fold_rows(b), bn = n->ia[1] ? ir_fold_rows(b) : ir_fold_cols(b);
+	int64_t ta = DP_ATTR(n, MATMUL, transA), tb = DP_ATTR(n, MATMUL, transB);
+	int64_t am = ta ? ir_fold_cols(a) : ir_fold_rows(a), ak = ta ? ir_fold_rows(a) : ir_fold_cols(a);
+	int64_t bk = tb ? ir_fold_cols(b) : ir_fold_rows(b), bn = tb ? ir_fold_rows(b) : ir_fold_cols(b);
 	if (ak != bk) {
 		error_at(d, n->loc, "%s: a is %s%s but b is %s%s: inner dimensions differ (%lld vs %lld)",
-			 op_name(n), IR_TYPE(a), n->ia[0] ? " (transposed)" : "", IR_TYPE(b),
-			 n->ia[1] ? " (transposed)" : "", (long long)ak, (long long)bk);
+			 op_name(n), IR_TYPE(a), ta ? " (transposed)" : "", IR_TYPE(b),
+			 tb ? " (transposed)" : "", (long long)ak, (long long)bk);
 		return -1;
 	}
-	if (!n->ia[0] && a->ndim >= 2) {
+	if (!ta && a->ndim >= 2) {
 		copy_type(out, a);
 		out->dims[a->ndim - 1] = bn;
 	} else {
@@ -185,7 +185,7 @@ int shape_matmul(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LINEAR: x [rows..., k] @ w [k, n] + b [n] -> [rows..., n]. */
-int shape_linear(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_linear(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]), *w = V(g, n->in[1]);
 	int bi = n->nin > 2 ? n->in[2] : -1;
@@ -219,7 +219,7 @@ int shape_linear(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* BIAS_ADD: x [rows..., c...] + b [c...] (b = x's trailing dims). */
-int shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]), *b = V(g, n->in[1]);
 	if (!trails(x, b)) {
@@ -233,7 +233,7 @@ int shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* BIAS_GRAD: dy [rows..., c] -> [c]. */
-int shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_bias_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]);
 	if (need_float(n, dy, "dy", d))
@@ -267,7 +267,7 @@ static int check_xent(Graph *g, Node *n, Diag *d)
 	return 0;
 }
 
-int shape_xent(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_xent(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -275,7 +275,7 @@ int shape_xent(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -284,7 +284,7 @@ int shape_xent_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* CORRECT: [correct, counted], f32 so that metrics are all one dtype. */
-int shape_correct(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_correct(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_xent(g, n, d))
 		return -1;
@@ -293,7 +293,7 @@ int shape_correct(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* A scalar kept in a [1] tensor (sqnorm, sqrt). */
-int shape_scalar(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_scalar(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (need_float(n, V(g, n->in[0]), "x", d))
 		return -1;
@@ -333,7 +333,7 @@ static int check_embedding(Graph *g, Node *n, const Value *ids, const Value *tab
 	return need_dims(n, tab, "table", 2, "a float [vocab, dim] matrix", d);
 }
 
-int shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *ids = V(g, n->in[0]), *tab = V(g, n->in[1]);
 	if (check_embedding(g, n, ids, tab, d))
@@ -345,7 +345,7 @@ int shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* EMBEDDING_GRAD {dy [rows..., d], ids [rows...], table [V, d]} -> [V, d]. */
-int shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *ids = V(g, n->in[1]), *tab = V(g, n->in[2]);
 	if (check_embedding(g, n, ids, tab, d))
@@ -364,7 +364,7 @@ int shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LAYERNORM {x, gamma [C], beta [C]}, RMSNORM {x, g [C]}: out like x. */
-int shape_norm(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (need_float(n, x, "x", d) || need_channel(n, x, V(g, n->in[1]), "gamma", d))
@@ -376,39 +376,40 @@ int shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x. */
-int shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);
-	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
+	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
 	    need_channel(n, x, V(g, n->in[2]), "gamma", d))
 		return -1;
 	return 0;
 }
 
 /* LAYERNORM_GRAD_G / RMSNORM_GRAD_G {dy, x}: [C]. */
-int shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);
-	if (shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
+	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
 		return -1;
 	set_type(out, x->dtype, 1, (int64_t[]){ir_fold_cols(x)});
 	return 0;
 }
 
-/* qkv [B, T, 3C] with 3C divisible by 3 * heads (ia0). */
+/* qkv [B, T, 3C] with 3C divisible by 3 * heads. */
 static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
 {
+	int64_t heads = DP_ATTR(n, ATTENTION, heads);
 	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d))
 		return -1;
-	if (n->ia[0] < 1 || qkv->dims[2] % (3 * n->ia[0]) != 0) {
+	if (heads < 1 || qkv->dims[2] % (3 * heads) != 0) {
 		error_at(d, n->loc, "%s: qkv is %s: its last dim must split into q, k and v of %lld "
-			 "heads each", op_name(n), IR_TYPE(qkv), (long long)n->ia[0]);
+			 "heads each", op_name(n), IR_TYPE(qkv), (long long)heads);
 		return -1;
 	}
 	return 0;
 }
 
-int shape_attention(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]);
 	if (check_qkv(g, n, qkv, d))
@@ -419,7 +420,7 @@ int shape_attention(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* ATTENTION_GRAD {dy [B, T, C], qkv [B, T, 3C]}: out like qkv. */
-int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]), *qkv = V(g, n->in[1]);
 	if (check_qkv(g, n, qkv, d))
@@ -434,7 +435,7 @@ int shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* KV_PACK {qkv [B, T, 3C]} -> [B, T, 2C]; KV_UNPACK {kv [B, T, 2C]} -> [B, T, 3C]. */
-int shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]);
 	if (check_qkv(g, n, qkv, d))
@@ -444,14 +445,15 @@ int shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *kv = V(g, n->in[0]);
 	if (need_dims(n, kv, "kv", 3, "a float [batch, T, 2*C] tensor", d))
 		return -1;
-	if (n->ia[0] < 1 || kv->dims[2] % (2 * n->ia[0]) != 0) {
+	int64_t heads = DP_ATTR(n, KV_UNPACK, heads);
+	if (heads < 1 || kv->dims[2] % (2 * heads) != 0) {
 		error_at(d, n->loc, "%s: kv is %s: its last dim must split into k and v of %lld heads",
-			 op_name(n), IR_TYPE(kv), (long long)n->ia[0]);
+			 op_name(n), IR_TYPE(kv), (long long)heads);
 		return -1;
 	}
 	copy_type(out, kv);
@@ -460,17 +462,18 @@ int shape_kv_unpack(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* The cp attention's {qkv [B, T, 3C], kv [cp, B, T, 2C], pos i32 [T]}
- * starting at input k, ia1 = cp. */
+ * starting at input k, kv gathered from the cp ranks. */
 static int check_cp_operands(Graph *g, Node *n, int k, Diag *d)
 {
 	const Value *qkv = V(g, n->in[k]), *kv = V(g, n->in[k + 1]), *pos = V(g, n->in[k + 2]);
 	if (check_qkv(g, n, qkv, d))
 		return -1;
 	int64_t b = qkv->dims[0], t = qkv->dims[1], c = qkv->dims[2] / 3;
-	if (n->ia[1] < 1 || kv->ndim != 4 || kv->dtype != qkv->dtype || kv->dims[0] != n->ia[1] ||
+	int64_t cp = DP_ATTR(n, ATTENTION_CP, cp);
+	if (cp < 1 || kv->ndim != 4 || kv->dtype != qkv->dtype || kv->dims[0] != cp ||
 	    kv->dims[1] != b || kv->dims[2] != t || kv->dims[3] != 2 * c) {
 		error_at(d, n->loc, "%s: kv is %s but qkv is %s: kv must be [cp=%lld, %lld, %lld, %lld]",
-			 op_name(n), IR_TYPE(kv), IR_TYPE(qkv), (long long)n->ia[1], (long long)b,
+			 op_name(n), IR_TYPE(kv), IR_TYPE(qkv), (long long)cp, (long long)b,
 			 (long long)t, (long long)(2 * c));
 		return -1;
 	}
@@ -483,25 +486,25 @@ static int check_cp_operands(Graph *g, Node *n, int k, Diag *d)
 }
 
 /* ATTENTION_CP {qkv, kv, pos} -> [B, T, C]. */
-int shape_attention_cp(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_cp_operands(g, n, 0, d))
 		return -1;
-	return shape_attention(g, n, out, d);
+	return ir_shape_attention(g, n, out, d);
 }
 
 /* ATTENTION_CP_GRAD {dy, qkv, kv, pos} -> like qkv. */
-int shape_attention_cp_grad(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	if (check_cp_operands(g, n, 1, d))
 		return -1;
-	return shape_attention_grad(g, n, out, d);
+	return ir_shape_attention_grad(g, n, out, d);
 }
 
 /* ATTENTION_CP_GRAD_KV {dy, qkv, kv, pos} -> like kv. */
-int shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
 {
-	if (shape_attention_cp_grad(g, n, out, d))
+	if (ir_shape_attention_cp_grad(g, n, out, d))
 		return -1;
 	copy_type(out, V(g, n->in[2]));
 	return 0;
@@ -509,7 +512,7 @@ int shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
 
 /* ROPE {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}: out like qkv; T <= Tc and
  * 3C a multiple of 3 * hd. */
-int shape_rope(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_rope(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *qkv = V(g, n->in[0]), *cs = V(g, n->in[1]), *sn = V(g, n->in[2]);
 	if (need_dims(n, qkv, "qkv", 3, "a float [batch, T, 3*C] tensor", d) ||
@@ -537,7 +540,7 @@ int shape_rope(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* TRANSPOSE: the last two dims swapped. */
-int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (x->ndim < 2) {
@@ -550,11 +553,11 @@ int shape_transpose(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* RESHAPE: out = [x.dims[0], ia0, .., ia(ia4-1)]; one of them may be -1 (inferred). */
-int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
+/* RESHAPE: out = [x.dims[0], d1, .., d<ndims>]; one of them may be -1 (inferred). */
+int ir_shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
-	int64_t nd = n->ia[4];
+	int64_t nd = DP_ATTR(n, RESHAPE, ndims);
 	if (x->ndim < 1 || nd < 0 || nd >= DP_MAX_DIMS) {
 		error_at(d, n->loc, "%s: x is %s: give 0 to %d dims after the first", op_name(n),
 			 IR_TYPE(x), DP_MAX_DIMS - 1);
@@ -565,7 +568,7 @@ int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 	set_type(out, x->dtype, 1, x->dims);
 	out->ndim = 1 + (int)nd;
 	for (int i = 0; i < nd; i++) {
-		int64_t v = n->ia[i];
+		int64_t v = *ir_reshape_dim(n, i);
 		if (v == -1 && infer < 0) {
 			infer = i + 1;
 			continue;
@@ -601,38 +604,40 @@ int shape_reshape(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* SPLIT: chunk ia1 of ia0 equal chunks of the last dim. */
+/* SPLIT: chunk index of `parts` equal chunks of the last dim (SPLIT_GRAD's
+ * attributes in the same slots). */
 static int check_split(Node *n, const Value *x, int64_t lastdim, Diag *d)
 {
-	if (n->ia[0] < 1 || lastdim % n->ia[0] != 0 || n->ia[1] < 0 || n->ia[1] >= n->ia[0]) {
+	int64_t parts = DP_ATTR(n, SPLIT, parts), index = DP_ATTR(n, SPLIT, index);
+	if (parts < 1 || lastdim % parts != 0 || index < 0 || index >= parts) {
 		error_at(d, n->loc, "%s: x is %s: cannot take part %lld of %lld equal parts of its "
-			 "last dim", op_name(n), IR_TYPE(x), (long long)n->ia[1], (long long)n->ia[0]);
+			 "last dim", op_name(n), IR_TYPE(x), (long long)index, (long long)parts);
 		return -1;
 	}
 	return 0;
 }
 
-int shape_split(Graph *g, Node *n, Value *out, Diag *d)
+int ir_shape_split(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]);
 	if (need_float(n, x, "x", d) || check_split(n, x, ir_fold_cols(x), d))
 		return -1;
 	copy_type(out, x);
-	out->dims[x->ndim - 1] /= n->ia[0];
+	out->dims[x->ndim - 1] /= DP_ATTR(n, SPLIT, parts);
 	return 0;
 }
 
-/* SPLIT_GRAD: dy is one chunk; out has ia0 times its last dim. */
-int shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
+/* SPLIT_GRAD: dy is one chunk; out has `parts` times its last dim. */
+int ir_shape_split_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *dy = V(g, n->in[0]);
-	if (need_float(n, dy, "dy", d) || check_split(n, dy, ir_fold_cols(dy) * n->ia[0], d))
+	int64_t parts = DP_ATTR(n, SPLIT_GRAD, parts);
+	if (need_float(n, dy, "dy", d) || check_split(n, dy, ir_fold_cols(dy) * parts, d))
 		return -1;
 	copy_type(out, dy);
-	out->dims[dy->ndim - 1] *= n->ia[0];
+	out->dims[dy->ndim - 1] *= parts;
 	return 0;
 }
-
 
 /* ---- batch rules ---- */
 
@@ -736,17 +741,17 @@ static int batch_matmul(Graph *g, Node *n, Value *out, Diag *d)
 	const Value *a = V(g, n->in[0]), *b = V(g, n->in[1]);
 	for (int k = 0; k < 2; k++) {
 		const Value *x = k ? b : a;
-		if (n->ia[k] && x->ndim > 2) {
+		if ((k ? DP_ATTR(n, MATMUL, transB) : DP_ATTR(n, MATMUL, transA)) && x->ndim > 2) {
 			error_at(d, n->loc, "%s: transpose_%c needs a 2-D operand, but %s is %s (matmul "
 				 "folds leading dims into rows; reshape or transpose it first)",
 				 op_name(n), k ? 'b' : 'a', k ? "b" : "a", IR_TYPE(x));
 			return -1;
 		}
 	}
-	if (n->ia[0] && a->batch_dim >= 0)
+	if (DP_ATTR(n, MATMUL, transA) && a->batch_dim >= 0)
 		return per_sample(g, n, 0, a, "transpose_a contracts over the rows of a", d);
 	if (b->batch_dim >= 0)
-		return per_sample(g, n, 1, b, n->ia[1] ? "transpose_b makes its rows the result's "
+		return per_sample(g, n, 1, b, DP_ATTR(n, MATMUL, transB) ? "transpose_b makes its rows the result's "
 					   "columns" : "matmul contracts over the rows of b", d);
 	out->batch_dim = a->batch_dim;
 	out->seq_dim = a->seq_dim;
@@ -823,8 +828,10 @@ int ir_batch_rule(Graph *g, Node *n, Diag *d)
 		}
 		bd = x->batch_dim;
 		/* the sequence dim survives when dim 1 is kept as it is */
-		sd = x->seq_dim == 1 && n->ia[4] >= 1 && x->ndim > 1 && n->ia[0] == x->dims[1] ? 1
-											     : -1;
+		sd = x->seq_dim == 1 && DP_ATTR(n, RESHAPE, ndims) >= 1 && x->ndim > 1 &&
+			     DP_ATTR(n, RESHAPE, d1) == x->dims[1]
+			 ? 1
+			 : -1;
 		break;
 	case OP_BATCH_REDUCE:
 		if (not_along(g, n, 0, x, x->ndim - 1, "holds the classes", d))

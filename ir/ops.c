@@ -32,7 +32,7 @@ const char *ir_type_str(const Value *v, char *buf, size_t len)
 int ir_reads_out(const Node *n)
 {
 	int ro = ir_ops[n->op].reads_out;
-	return ro == OP_RO_YES || ro == OP_RO_UPD || (ro == OP_RO_ACC && n->ia[2] != 0);
+	return ro == OP_RO_YES || ro == OP_RO_UPD || (ro == OP_RO_ACC && DP_ACC(n) != 0);
 }
 
 int ir_writes_in(const Node *n, int k)
@@ -81,59 +81,58 @@ static double io_bytes(const Graph *g, const Node *n)
 	return b;
 }
 
-void cost_none(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_none(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 0;
 	*bytes = 0;
 }
 
 /* Memory-only ops (fill, copy, load, collectives: their wire bytes are for stats). */
-void cost_move(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_move(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 0;
 	*bytes = io_bytes(g, n);
 }
 
 /* cost_k flops per output element (elementwise ops, norms, optimizers). */
-void cost_per_out(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_per_out(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = ir_ops[n->op].cost_k * vnumel(g, n->out);
 	*bytes = io_bytes(g, n);
 }
 
 /* cost_k flops per element of in0 (reductions: bias_grad, sqnorm, the loss). */
-void cost_per_in(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_per_in(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = ir_ops[n->op].cost_k * vnumel(g, n->in[0]);
 	*bytes = io_bytes(g, n);
 }
 
 /* One flop (sqrt of a scalar). */
-void cost_one(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_one(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = 1;
 	*bytes = io_bytes(g, n);
 }
 
 /* All-reduce: one add per element received (flops), bytes of the buffer. */
-void cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_reduce(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = vnumel(g, n->out);
 	*bytes = io_bytes(g, n);
 }
 
-
 /* MATMUL: 2*m*n*k from the folded operands (+ the accumulation). */
-void cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_matmul(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	const Value *a = g->values[n->in[0]];
-	double k = (double)(n->ia[0] ? ir_fold_rows(a) : ir_fold_cols(a));
-	*flops = 2.0 * vnumel(g, n->out) * k + (n->ia[2] ? vnumel(g, n->out) : 0);
+	double k = (double)(DP_ATTR(n, MATMUL, transA) ? ir_fold_rows(a) : ir_fold_cols(a));
+	*flops = 2.0 * vnumel(g, n->out) * k + (DP_ATTR(n, MATMUL, acc) ? vnumel(g, n->out) : 0);
 	*bytes = io_bytes(g, n);
 }
 
 /* LINEAR: 2*rows*k*n, plus the bias add. */
-void cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	const Value *x = g->values[n->in[0]];
 	double out = vnumel(g, n->out);
@@ -152,16 +151,18 @@ static void attn_dims(const Graph *g, const Node *n, int qkv_at, double *bh, dou
 		      double *tk, double *hd)
 {
 	const Value *qkv = g->values[n->in[qkv_at]];
-	double heads = n->ia[0] > 0 ? (double)n->ia[0] : 1;
+	int64_t h = DP_ATTR(n, ATTENTION, heads);
+	double heads = h > 0 ? (double)h : 1;
 	*bh = (double)qkv->dims[0] * heads;
 	*t = (double)qkv->dims[1];
 	/* context parallelism: the local queries see the keys of all cp ranks */
-	*tk = *t * (n->nin > 2 && n->ia[1] > 1 ? (double)n->ia[1] : 1);
+	int64_t cp = n->nin > 2 ? DP_ATTR(n, ATTENTION_CP, cp) : 1;
+	*tk = *t * (cp > 1 ? (double)cp : 1);
 	*hd = (double)qkv->dims[2] / 3 / heads;
 }
 
 /* The forward (attention, attention_cp: qkv is in0). */
-void cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	double bh, t, tk, hd;
 	attn_dims(g, n, 0, &bh, &t, &tk, &hd);
@@ -172,7 +173,7 @@ void cost_attention(const Graph *g, const Node *n, double *flops, double *bytes)
 /* The backward (in {dy, qkv, ...}): recompute S = Q K^T, then dV = P^T dO,
  * dP = dO V^T, dQ = dS K, dK = dS^T Q: five causal products (2.5 x the
  * forward's two) plus the softmax backward. */
-void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *bytes)
+void ir_cost_attention_grad(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	double bh, t, tk, hd;
 	attn_dims(g, n, 1, &bh, &t, &tk, &hd);
@@ -182,32 +183,32 @@ void cost_attention_grad(const Graph *g, const Node *n, double *flops, double *b
 
 /* ---- the table: the rows of ops.def ---- */
 
-#define shape_none NULL
+#define ir_shape_none NULL
 #define TAB_IN(min, max, ids) .min_in = (min), .max_in = (max), .ids_at = (ids)
-#define TAB_GRAD(rule, op) .grad = grad_##rule, .grad_op = DP_OP_##op
+#define TAB_GRAD(rule, op) .grad = ir_grad_##rule, .grad_op = DP_OP_##op
 #define TAB_NOGRAD .grad = NULL, .grad_op = DP_OP_NOP
-#define TAB_COST(rule, k) .cost = cost_##rule, .cost_k = (k)
+#define TAB_COST(rule, k) .cost = ir_cost_##rule, .cost_k = (k)
 #define TAB_ATTRS(...) .attrs = (const OpAttr[]){__VA_ARGS__, {0}}
 #define TAB_NOATTRS .attrs = (const OpAttr[]){{0}}
-#define AFLAG(n, i, k) {.name = (n), .style = IR_ATTR_FLAG, .slot = (i), .key = (k), .below = -1}
+#define AFLAG(n, i, k) {.name = #n, .style = IR_ATTR_FLAG, .slot = (i), .key = (k), .below = -1}
 #define AINT(n, i, k, req, lo)                                                              \
-	{.name = (n), .style = IR_ATTR_INT, .slot = (i), .key = (k), .required = (req),     \
+	{.name = #n, .style = IR_ATTR_INT, .slot = (i), .key = (k), .required = (req),     \
 	 .min = (lo), .below = -1}
 #define AKEEP(n, i, k, req, lo)                                                             \
-	{.name = (n), .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
+	{.name = #n, .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
 	 .min = (lo), .below = -1}
 #define AINDEX(n, i, k, req, lo, lim)                                                       \
-	{.name = (n), .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
+	{.name = #n, .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
 	 .min = (lo), .below = (lim)}
-#define AAXES(n, i) {.name = (n), .style = IR_ATTR_AXES, .slot = (i), .below = -1}
+#define AAXES(n, i) {.name = #n, .style = IR_ATTR_AXES, .slot = (i), .below = -1}
 #define AFLOAT(n, i, k, dflt, above)                                                        \
-	{.name = (n), .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
+	{.name = #n, .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
 	 .min = (above), .below = -1}
 
 const OpInfo ir_ops[DP_NOPS] = {
 #define OP(id, nm, c, ds, in, ro, sh, gr, co, tpr, br, rule, attrs)                       \
 	[DP_OP_##id] = {.name = (nm), .cls = DP_OPC_##c, .dsl = OP_DSL_##ds, TAB_##in,         \
-		      .reads_out = OP_RO_##ro, .shape = shape_##sh, TAB_##gr, TAB_##co,    \
+		      .reads_out = OP_RO_##ro, .shape = ir_shape_##sh, TAB_##gr, TAB_##co,    \
 		      .tp = OP_TP_##tpr, .batch = OP_BATCH_##br, TAB_##attrs},
 #include "ops.def"
 #undef OP

@@ -589,7 +589,7 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 	double size = (double)value_bytes(g->values[whole]);
 	double ranks = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
-		if ((uint64_t)n->ia[0] & DP_AXIS_BIT(a))
+		if ((uint64_t)DP_AXES(n) & DP_AXIS_BIT(a))
 			ranks *= g->cfg.mesh[a];
 	double factor = ranks <= 1 ? 0 : (ranks - 1) / ranks;
 	if (n->op == DP_OP_ALL_REDUCE || n->op == DP_OP_TP_REDUCE)
@@ -604,7 +604,7 @@ static void op_attrs(Buf *b, const Node *n)
 	for (const OpAttr *a = ir_ops[n->op].attrs; a->name; a++) {
 		if (a->style == IR_ATTR_FLOAT) {
 			named_f |= 1u << a->slot;
-			float f = n->fa[a->slot];
+			float f = IR_FATTR(n, a);
 			if (f != 0 || signbit(f) || isnan(f)) {
 				bprintf(b, " %s=", a->name);
 				put_float(b, f);
@@ -612,7 +612,7 @@ static void op_attrs(Buf *b, const Node *n)
 			continue;
 		}
 		named_i |= 1u << a->slot;
-		int64_t x = n->ia[a->slot];
+		int64_t x = IR_ATTR(n, a);
 		if (x == 0 && a->style != IR_ATTR_ALWAYS)
 			continue;
 		if (a->style == IR_ATTR_FLAG && x == 1)

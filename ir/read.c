@@ -1096,7 +1096,7 @@ static int parse_node_attrs(Reader *r, Node *n)
 			} else if (strcmp(t->text, "recompute") == 0) {
 				n->recompute = 1;
 			} else if (an && an->style == IR_ATTR_FLAG) {
-				n->ia[an->slot] = 1;
+				IR_ATTR(n, an) = 1;
 			} else {
 				return fail_at(r, t->col, "unknown attribute '%s' for %s", t->text,
 					       dp_op_names[n->op]);
@@ -1107,11 +1107,11 @@ static int parse_node_attrs(Reader *r, Node *n)
 		const Tok *val = peek(r);
 		int rc = 0, gi;
 		if (an && an->style == IR_ATTR_FLOAT) {
-			rc = parse_float(r, next(r), &n->fa[an->slot]);
+			rc = parse_float(r, next(r), &IR_FATTR(n, an));
 		} else if (an && an->style == IR_ATTR_AXES) {
-			rc = parse_axes(r, &n->ia[an->slot]);
+			rc = parse_axes(r, &IR_ATTR(n, an));
 		} else if (an) {
-			rc = parse_i64(r, next(r), &n->ia[an->slot]);
+			rc = parse_i64(r, next(r), &IR_ATTR(n, an));
 		} else if ((gi = generic_attr(t->text, "ia", DP_NIATTR)) >= 0) {
 			rc = parse_i64(r, next(r), &n->ia[gi]);
 		} else if ((gi = generic_attr(t->text, "fa", DP_NFATTR)) >= 0) {

@@ -120,10 +120,11 @@ static void fill_instr(const Node *n, DpInstr *in)
 	for (int i = 0; i < DP_MAX_IN; i++)
 		in->in[i] = i < n->nin ? n->in[i] : -1;
 	in->out = n->out;
-	for (int i = 0; i < DP_NIATTR; i++)
-		in->ia[i] = n->ia[i];
-	for (int i = 0; i < DP_NFATTR; i++)
-		in->fa[i] = n->fa[i];
+	/* the attributes as they are: a node's slots are an instruction's */
+	_Static_assert(sizeof in->ia == sizeof n->ia && sizeof in->fa == sizeof n->fa,
+		       "Node and DpInstr carry the same attributes");
+	memcpy(in->ia, n->ia, sizeof in->ia);
+	memcpy(in->fa, n->fa, sizeof in->fa);
 }
 
 int ir_build_step(const Graph *g, DpStep *s, char *err, size_t errlen)

@@ -23,7 +23,7 @@
  *    init or step (zero1 cuts its gradient shard), with numel(in0) == numel(out) * group; collectives never in init
  *    (step, eval, export); REDUCE_SCATTER numel(in0) == numel(out) * group
  *    and ALL_GATHER numel(out) == numel(in0) * group when both operands are
- *    given. group = the product of cfg.mesh over the ia0 axis mask.
+ *    given. group = the product of cfg.mesh over the axis mask (axes).
  *  - buffers (DP_T_BUFFER, never synchronised): no collective operand is,
  *    views or overlaps one.
  *  - SSA temporaries (DP_T_ACT): at most one defining writer per program (a writer that
@@ -343,12 +343,13 @@ static void check_node(Verifier *vf, const Node *n)
 	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
 	if (n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT) {
-		if (n->ia[0] < 0 || n->ia[0] >= g->nevents)
-			node_error(vf, n, "event %" PRId64 " out of range (%d events)", n->ia[0],
+		if (DP_EVENT(n) < 0 || DP_EVENT(n) >= g->nevents)
+			node_error(vf, n, "event %" PRId64 " out of range (%d events)", DP_EVENT(n),
 				   g->nevents);
 	}
-	if (n->op == DP_OP_LOAD && (n->ia[0] < 0 || n->ia[0] >= g->nsources))
-		node_error(vf, n, "source %" PRId64 " out of range", n->ia[0]);
+	if (n->op == DP_OP_LOAD &&
+	    (DP_ATTR(n, LOAD, source) < 0 || DP_ATTR(n, LOAD, source) >= g->nsources))
+		node_error(vf, n, "source %" PRId64 " out of range", DP_ATTR(n, LOAD, source));
 	if (n->bucket != -1) {
 		if (n->bucket < 0 || n->bucket >= g->nbuckets)
 			node_error(vf, n, "bucket %d out of range", n->bucket);
@@ -379,11 +380,11 @@ static int64_t safe_numel(const Value *v)
 	return n;
 }
 
-/* Ranks in the group of axis mask ia0 (product of cfg.mesh over its axes),
+/* Ranks in the group of n's axis mask (product of cfg.mesh over its axes),
  * or -1 after reporting a bad mask. */
 static int64_t group_size(Verifier *vf, const Node *n)
 {
-	int64_t mask = n->ia[0], size = 1;
+	int64_t mask = DP_AXES(n), size = 1;
 	if (mask < 0 || (mask >> DP_MAX_AXES) != 0) {
 		node_error(vf, n, "bad axis mask %" PRId64, mask);
 		return -1;
@@ -609,14 +610,14 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 			last[id] = pos;
 		}
 		if (recorded && (n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT) &&
-		    n->ia[0] >= 0 && n->ia[0] < g->nevents && n->stream >= 0 && n->stream < 8) {
+		    DP_EVENT(n) >= 0 && DP_EVENT(n) < g->nevents && n->stream >= 0 && n->stream < 8) {
 			unsigned char bit = (unsigned char)(1u << n->stream);
 			if (n->op == DP_OP_EVENT_RECORD)
-				recorded[n->ia[0]] |= bit;
-			else if (!(recorded[n->ia[0]] & (unsigned char)~bit))
+				recorded[DP_EVENT(n)] |= bit;
+			else if (!(recorded[DP_EVENT(n)] & (unsigned char)~bit))
 				node_error(vf, n, "waits for event %" PRId64
 						  " with no earlier record on another stream (%s program)",
-					   n->ia[0], pname);
+					   DP_EVENT(n), pname);
 		}
 		pos++;
 	}

@@ -10,7 +10,7 @@
  *   micro-batches: every backward write into them adds (the optimizer zeroes).
  * - backward nodes (PH_BWD, IR_IN_STEP, block and loc of the forward node) are
  *   appended in reverse order of the forward; temporaries are DP_T_ACT "d.<v>".
- * - the seed is the loss's cross_entropy: XENT_GRAD with the XENT's fa0.
+ * - the seed is the loss's cross_entropy: XENT_GRAD with the XENT's scale.
  * - only values on a path from a param to the loss get gradient work; data
  *   values never do. A param the loss does not depend on keeps a zero gradient
  *   (a note says so).
@@ -89,7 +89,7 @@ int ad_run(Graph *g, Diag *d)
 	}
 	int nv0 = g->nvalues; /* values made below are temporaries with no entry */
 	GradCtx c;
-	grad_ctx_init(&c, g, d, nv0);
+	ir_grad_ctx_init(&c, g, d, nv0);
 	mark_needs(g, c.needs);
 
 	/* Forward nodes to visit: a snapshot, since rules append to g->nodes. */
@@ -111,16 +111,16 @@ int ad_run(Graph *g, Diag *d)
 			dout = -1; /* seed */
 			if (n->op != DP_OP_XENT) {
 				/* A loss not straight from cross_entropy: an explicit 1. */
-				dout = ad_temp(&c, g->values[n->out], g->values[n->out]->name);
-				ad_emit(&c, DP_OP_FILL, dout, 0, NULL)->fa[0] = 1;
+				dout = ir_ad_temp(&c, g->values[n->out], g->values[n->out]->name);
+				DP_FATTR(ir_ad_emit(&c, DP_OP_FILL, dout, 0, NULL), FILL, value) = 1;
 			}
 		} else {
-			dout = ad_grad_of(&c, n->out);
+			dout = ir_ad_grad_of(&c, n->out);
 			if (dout < 0)
 				continue; /* its consumer failed to differentiate (reported) */
 		}
 		if (!ir_ops[n->op].grad) {
-			ad_error(&c, "%s: not differentiable, but the loss depends on a parameter "
+			ir_ad_error(&c, "%s: not differentiable, but the loss depends on a parameter "
 				     "through it", ir_ops[n->op].name);
 			continue;
 		}
@@ -137,6 +137,6 @@ int ad_run(Graph *g, Diag *d)
 	}
 	free(fwd);
 	int nerr = c.nerr;
-	grad_ctx_free(&c);
+	ir_grad_ctx_free(&c);
 	return nerr ? -1 : 0;
 }

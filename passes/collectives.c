@@ -125,7 +125,7 @@ static void unit_bucket(Graph *g, Node *n, int view, const int *members, int nme
 {
 	Bucket b = {
 		.op = n->op,
-		.axes = (unsigned)n->ia[0],
+		.axes = (unsigned)DP_AXES(n),
 		.view = view,
 		.elems = ir_numel(g->values[view]),
 		.nmembers = nmembers,
@@ -287,7 +287,7 @@ static void reduce_unit(Ins *in, int k)
 		if (st->reduce == SHARD_ALL_REDUCE_CUT) {
 			Node *s = step_node(g, DP_OP_SHARD, u->shard_g, 1, &u->full_g, PH_OPT, DP_IF_LAST,
 					    u->block);
-			s->ia[0] = shard;
+			DP_ATTR(s, SHARD, axes) = shard;
 			queue(in, in->before, in->isq, s);
 		}
 		return;
@@ -341,11 +341,11 @@ static void weighted_norm(Ins *in, const int *ranges, const float *weight, int n
 		Node *nd = sq;
 		if (i > 0) {
 			nd = step_node(g, DP_OP_SQNORM, sq->out, 1, &ranges[i], PH_OPT, DP_IF_LAST, -1);
-			nd->ia[2] = 1; /* accumulate */
+			DP_ATTR(nd, SQNORM, acc) = 1;
 			queue(in, in->after, in->isq, nd);
 		}
 		nd->in[0] = ranges[i];
-		nd->fa[0] = weight[i];
+		DP_FATTR(nd, SQNORM, weight) = weight[i];
 	}
 	queue(in, in->after, in->isq,
 	      shard_comm_node(g, DP_OP_ALL_REDUCE, sq->out, 0, NULL, axes, DP_IF_LAST, IR_IN_STEP, -1));
@@ -436,7 +436,7 @@ int collectives_run(Graph *g, Diag *d)
 	}
 	if (pl->gtot && acc_shard) {
 		Node *f = step_node(g, DP_OP_FILL, pl->shard_grads, 0, NULL, PH_OPT, DP_IF_LAST, -1);
-		f->fa[0] = 0;
+		DP_FATTR(f, FILL, value) = 0;
 		queue(&in, in.after, in.ifill, f);
 	}
 	splice(&in);

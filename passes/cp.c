@@ -121,7 +121,7 @@ static void make_positions(Cp *c)
 		p->batch_dim = -1; /* the same for every sample (ir_add_source marked it) */
 		p->source = split == 0 ? si : p->source;
 		Node *n = ir_node(g, DP_OP_LOAD, p->id, 0, NULL, PH_DATA, p->loc);
-		n->ia[0] = si;
+		DP_ATTR(n, LOAD, source) = si;
 		n->progs = split == 0 ? IR_IN_STEP : IR_IN_EVAL;
 		ir_move_node(g, n, ++last_load);
 	}
@@ -193,23 +193,25 @@ static void attention_over_ranks(Cp *c, Node *n)
 {
 	Graph *g = c->g;
 	const Value *qkv = g->values[n->in[0]];
+	int64_t heads = DP_ATTR(n, ATTENTION, heads);
 	int64_t b = qkv->dims[0], t = qkv->dims[1], two_c = qkv->dims[2] / 3 * 2;
 	Value *kv = cp_value(c, ir_fmt(g, "%s.kv", qkv->name), qkv->dtype, 3,
 			     (int64_t[]){b, t, two_c}, n);
 	kv->batch_dim = 0;
 	kv->seq_dim = 1;
 	Node *pk = cp_node(c, DP_OP_KV_PACK, kv->id, 1, &qkv->id, n);
-	pk->ia[0] = n->ia[0];
+	DP_ATTR(pk, KV_PACK, heads) = heads;
 	Value *all = cp_value(c, ir_fmt(g, "%s.kv.all", qkv->name), qkv->dtype, 4,
 			      (int64_t[]){c->C, b, t, two_c}, n);
 	Node *ag = cp_node(c, DP_OP_ALL_GATHER, all->id, 1, &kv->id, n);
-	ag->ia[0] = CPBIT;
+	DP_ATTR(ag, ALL_GATHER, axes) = CPBIT;
 	ag->stream = DP_STREAM_COMM;
 	n->op = DP_OP_ATTENTION_CP;
 	n->nin = 3;
 	n->in[1] = all->id;
 	n->in[2] = c->pos;
-	n->ia[1] = c->C;
+	DP_ATTR(n, ATTENTION_CP, heads) = heads;
+	DP_ATTR(n, ATTENTION_CP, cp) = c->C;
 }
 
 /* Uses that would mix the tokens of the split sequence. */
@@ -231,7 +233,7 @@ static void check_mixing(Cp *c, Node *n)
 		break;
 	case OP_BATCH_MATMUL: {
 		const Value *b = g->values[n->in[1]];
-		if ((n->ia[0] && x->seq_dim >= 0) || b->seq_dim >= 0)
+		if ((DP_ATTR(n, MATMUL, transA) && x->seq_dim >= 0) || b->seq_dim >= 0)
 			cp_error(c, n, "matmul: it would contract over the sequence split over cp=%d",
 				 c->C);
 		break;

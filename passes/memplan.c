@@ -160,12 +160,12 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		const Node *n = step[i];
 		if (n->op != DP_OP_EVENT_RECORD && n->op != DP_OP_EVENT_WAIT)
 			continue;
-		if (n->ia[0] < 0 || n->ia[0] >= nev)
-			die("memplan: event %lld out of range", (long long)n->ia[0]);
+		if (DP_EVENT(n) < 0 || DP_EVENT(n) >= nev)
+			die("memplan: event %lld out of range", (long long)DP_EVENT(n));
 		if (n->op == DP_OP_EVENT_RECORD && n->stream == DP_STREAM_COMPUTE)
-			rec[n->ia[0]] = i;
+			rec[DP_EVENT(n)] = i;
 		if (n->op == DP_OP_EVENT_WAIT && n->stream == DP_STREAM_COMPUTE)
-			wait[n->ia[0]] = i;
+			wait[DP_EVENT(n)] = i;
 	}
 	int comm_start = 0; /* the comm stream is serial: a collective starts no
 	                       earlier than the one before it */
@@ -176,7 +176,7 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		if (n->stream != DP_STREAM_COMM)
 			continue;
 		if (n->op == DP_OP_EVENT_WAIT) {
-			int r = rec[n->ia[0]];
+			int r = rec[DP_EVENT(n)];
 			if (r > waited)
 				waited = r;
 			continue;
@@ -189,8 +189,8 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		/* the collective: until its done event is waited on by compute */
 		hi[i] = nstep - 1;
 		if (i + 1 < nstep && step[i + 1]->op == DP_OP_EVENT_RECORD &&
-		    step[i + 1]->stream == DP_STREAM_COMM && wait[step[i + 1]->ia[0]] >= 0)
-			hi[i] = wait[step[i + 1]->ia[0]];
+		    step[i + 1]->stream == DP_STREAM_COMM && wait[DP_EVENT(step[i + 1])] >= 0)
+			hi[i] = wait[DP_EVENT(step[i + 1])];
 	}
 	free(rec);
 	free(wait);

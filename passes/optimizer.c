@@ -15,9 +15,9 @@
  * - appended nodes, all PH_OPT, IR_IN_STEP, DP_IF_LAST (once per optimizer
  *   step, after the last micro-batch):
  *     SQNORM grad_norm.sq = |flat.grads|^2;  SQRT metric grad_norm
- *     CLIP flat.grads by grad_norm, fa0 = max norm     (only when clip > 0)
+ *     CLIP flat.grads by grad_norm, max_norm            (only when clip > 0)
  *     ADAMW flat.params {flat.grads, opt.m, opt.v}
- *       | SGD flat.params {flat.grads, opt.momentum or -1} fa0 momentum fa1 wd
+ *       | SGD flat.params {flat.grads, opt.momentum or -1} momentum, weight_decay
  *     FILL flat.grads = 0                               (next step accumulates)
  * Trained parameters must be f32 (user error at the param otherwise), and a
  * model without any is a user error.
@@ -79,14 +79,14 @@ int opt_run(Graph *g, Diag *d)
 	g->values[sq]->def = opt_node(g, DP_OP_SQNORM, sq, 1, &fg)->id;
 	opt_node(g, DP_OP_SQRT, norm, 1, &sq);
 	if (g->opt.clip > 0)
-		opt_node(g, DP_OP_CLIP, fg, 1, &norm)->fa[0] = g->opt.clip;
+		DP_FATTR(opt_node(g, DP_OP_CLIP, fg, 1, &norm), CLIP, max_norm) = g->opt.clip;
 	if (g->opt.kind == DP_OPT_ADAMW) {
 		opt_node(g, DP_OP_ADAMW, fp, 3, (int[]){fg, m, v});
 	} else {
 		Node *n = opt_node(g, DP_OP_SGD, fp, 2, (int[]){fg, m});
-		n->fa[0] = g->opt.momentum;
-		n->fa[1] = g->opt.weight_decay;
+		DP_FATTR(n, SGD, momentum) = g->opt.momentum;
+		DP_FATTR(n, SGD, weight_decay) = g->opt.weight_decay;
 	}
-	opt_node(g, DP_OP_FILL, fg, 0, NULL)->fa[0] = 0;
+	DP_FATTR(opt_node(g, DP_OP_FILL, fg, 0, NULL), FILL, value) = 0;
 	return 0;
 }

@@ -97,7 +97,7 @@ static int conflicts(const Graph *g, const Node *a, const Node *b)
 static Node *event(Graph *g, IrOp op, int stream, int64_t id, const Node *c)
 {
 	Node *e = ir_node(g, op, -1, 0, NULL, PH_COMM, c->loc);
-	e->ia[0] = id;
+	DP_EVENT(e) = id;
 	e->stream = stream;
 	e->flags = c->flags;
 	e->progs = c->progs;

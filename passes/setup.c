@@ -82,8 +82,8 @@ static void init_param(Graph *g, int p, int m)
 	int w = whole_of(g, g->values[p], g->values[m]);
 	setup_node(g, DP_OP_INIT, w, 1, &p, IR_IN_INIT);
 	Node *s = setup_node(g, DP_OP_SHARD, m, 1, &w, IR_IN_INIT);
-	s->ia[0] = TPBIT;
-	s->ia[1] = dim;
+	DP_ATTR(s, SHARD, axes) = TPBIT;
+	DP_ATTR(s, SHARD, dim) = dim;
 }
 
 /* SAVE of parameter p from its master m, whole on the data-parallel axes by
@@ -103,8 +103,8 @@ static void save_param(Graph *g, int p, int m)
 	t->block = v->block;
 	shard_comm_node(g, DP_OP_ALL_GATHER, t->id, 1, &m, TPBIT, 0, IR_IN_EXPORT, v->block);
 	Node *il = setup_node(g, DP_OP_INTERLEAVE, w, 1, &t->id, IR_IN_EXPORT);
-	il->ia[0] = T;
-	il->ia[1] = dim;
+	DP_ATTR(il, INTERLEAVE, parts) = T;
+	DP_ATTR(il, INTERLEAVE, dim) = dim;
 	setup_node(g, DP_OP_SAVE, -1, 2, (int[]){w, p}, IR_IN_EXPORT);
 }
 
@@ -143,11 +143,12 @@ int setup_run(Graph *g, Diag *d)
 		/* where INIT writes the unit whole: its f32 masters, or the params */
 		int whole = u->master >= 0 ? u->master : u->full_p;
 		if (u->cut && g->values[whole]->kind == DP_T_ACT && u->padded > u->elems)
-			setup_node(g, DP_OP_FILL, whole, 0, NULL, IR_IN_INIT)->fa[0] = 0;
+			DP_FATTR(setup_node(g, DP_OP_FILL, whole, 0, NULL, IR_IN_INIT), FILL, value) = 0;
 		for (int i = 0; i < u->nparams; i++)
 			init_param(g, u->params[i], u->masters[i]);
 		if (u->cut)
-			setup_node(g, DP_OP_SHARD, u->shard_p, 1, &whole, IR_IN_INIT)->ia[0] = shard;
+			DP_ATTR(setup_node(g, DP_OP_SHARD, u->shard_p, 1, &whole, IR_IN_INIT), SHARD,
+				axes) = shard;
 		if (u->shard_c >= 0)
 			cast_init(g, u->shard_c, u->shard_p);
 		if (u->master >= 0 && !u->gathered)

@@ -115,7 +115,7 @@ Node *shard_comm_node(Graph *g, IrOp op, int out, int nin, const int *in, unsign
 {
 	Node *n = ir_node(g, op, out, nin, in, progs == IR_IN_EXPORT ? PH_SETUP : PH_COMM,
 			  (Loc){0});
-	n->ia[0] = axes;
+	DP_AXES(n) = axes;
 	n->stream = DP_STREAM_COMM;
 	n->flags = flags;
 	n->progs = progs;

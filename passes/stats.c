@@ -121,7 +121,7 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 		const Node *n = g->nodes[i];
 		if (!dp_is_collective(n->op) || !(n->progs & IR_IN_STEP))
 			continue;
-		unsigned axes = (unsigned)n->ia[0];
+		unsigned axes = (unsigned)DP_AXES(n);
 		int r = 0;
 		while (r < nrows && !(rows[r].op == n->op && rows[r].axes == axes))
 			r++;

@@ -141,7 +141,7 @@ int tp_run(Graph *g, Diag *d)
 				if (copy_of[x] < 0) {
 					Value *c = derived(g, g->values[x], "tp", n->loc);
 					Node *cn = tp_node(g, DP_OP_TP_COPY, c->id, 1, &x, n);
-					cn->ia[0] = TPBIT;
+					DP_ATTR(cn, TP_COPY, axes) = TPBIT;
 					ir_move_node(g, cn, i);
 					copy_of[x] = c->id;
 					i++; /* n moved one place down */
@@ -175,7 +175,7 @@ int tp_run(Graph *g, Diag *d)
 			if (b >= 0)
 				red = derived(g, o, "sum", n->loc)->id;
 			Node *rn = tp_node(g, DP_OP_TP_REDUCE, red, 1, &part->id, n);
-			rn->ia[0] = TPBIT;
+			DP_ATTR(rn, TP_REDUCE, axes) = TPBIT;
 			rn->stream = DP_STREAM_COMM;
 			ir_move_node(g, rn, i + 1);
 			i++;
@@ -222,13 +222,14 @@ int tp_run(Graph *g, Diag *d)
 			continue;
 		}
 		if (ir_ops[n->op].tp == OP_TP_HEADS) {
-			if (n->ia[0] % T) {
+			int64_t *heads = &IR_ATTR(n, ir_op_attr(n->op, "heads"));
+			if (*heads % T) {
 				error_at(d, n->loc, "%s: %lld heads cannot be split over tp=%d",
-					 dsl_name(n), (long long)n->ia[0], T);
+					 dsl_name(n), (long long)*heads, T);
 				bad = 1;
 				continue;
 			}
-			n->ia[0] /= T;
+			*heads /= T; /* the TP column's HEADS: every op has `heads` */
 		}
 		local[n->out] = 1;
 	}

@@ -259,7 +259,7 @@ static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *ca
 	for (uint32_t j = 0; j < i; j++) {
 		const DpInstr *f = &s->prog[DP_PROG_INIT][j];
 		if (f->op == DP_OP_FILL && f->out == src)
-			zeroed = f->fa[0] == 0.0f;
+			zeroed = DP_FATTR(f, FILL, value) == 0.0f;
 	}
 	int64_t at = 0; /* elements of the input placed so far */
 	for (int k = 0; k <= ntmp; k++) {
@@ -325,10 +325,10 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 			const DpTensor *src = &s->tensors[in->in[0]];
 			int64_t slo = elem_of(src), outer = 1, inner = 1, k = 0;
 			if (in->op == DP_OP_SHARD) {
-				k = comm_group_rank(c->x->comm, (unsigned)in->ia[0]);
-				for (int d = 0; d < in->ia[1]; d++)
+				k = comm_group_rank(c->x->comm, (unsigned)DP_ATTR(in, SHARD, axes));
+				for (int d = 0; d < DP_ATTR(in, SHARD, dim); d++)
 					outer *= src->dims[d];
-				for (int d = (int)in->ia[1]; d < src->ndim; d++)
+				for (int d = (int)DP_ATTR(in, SHARD, dim); d < src->ndim; d++)
 					inner *= src->dims[d];
 			} else {
 				inner = on;

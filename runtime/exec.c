@@ -44,7 +44,7 @@ uint32_t exec_comm_masks(const DpStep *s)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++)
 			if (dp_is_collective(s->prog[p][i].op))
-				m |= 1u << (s->prog[p][i].ia[0] & 15);
+				m |= 1u << (DP_AXES(&s->prog[p][i]) & 15);
 	return m;
 }
 
@@ -53,7 +53,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 	const DpInstr *in = &s->prog[p][i];
 	const char *op = dp_op_names[in->op];
 	if (in->op == DP_OP_LOAD) {
-		const DpSource *src = &s->sources[in->ia[0]];
+		const DpSource *src = &s->sources[DP_ATTR(in, LOAD, source)];
 		int want = p == DP_PROG_STEP ? DP_SPLIT_TRAIN : DP_SPLIT_EVAL;
 		int64_t batch = p == DP_PROG_STEP ? s->cfg.micro_batch : s->cfg.eval_batch;
 		if (in->out < 0 || in->out != src->tensor)
@@ -73,7 +73,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		return 0;
 	}
 	if (dp_is_collective(in->op)) {
-		int g = comm_group_size(comm, (unsigned)in->ia[0]);
+		int g = comm_group_size(comm, (unsigned)DP_AXES(in));
 		/* the decoder checked the dtypes: f32 or bf16, in and out alike */
 		int64_t no = exec_numel(&s->tensors[in->out]);
 		if (in->op != DP_OP_ALL_REDUCE) {
@@ -91,15 +91,16 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 	}
 	if (in->op == DP_OP_SHARD) {
 		/* the decoder checked presence, f32 and the mask */
-		int g = comm_group_size(comm, (unsigned)in->ia[0]);
+		int g = comm_group_size(comm, (unsigned)DP_ATTR(in, SHARD, axes));
 		int64_t ni = exec_numel(&s->tensors[in->in[0]]), no = exec_numel(&s->tensors[in->out]);
 		const DpTensor *ti = &s->tensors[in->in[0]];
-		if (ni % g || ni / g != no || in->ia[1] < 0 || in->ia[1] >= (ti->ndim ? ti->ndim : 1) ||
-		    (ti->ndim && ti->dims[in->ia[1]] % g))
+		int64_t dim = DP_ATTR(in, SHARD, dim);
+		if (ni % g || ni / g != no || dim < 0 || dim >= (ti->ndim ? ti->ndim : 1) ||
+		    (ti->ndim && ti->dims[dim] % g))
 			return RT_FAIL(e, "step file: %s program instruction %u (shard %s -> %s): sizes "
 				       "%lld -> %lld along dim %lld do not match a group of %d",
 				       dp_prog_names[p], i, tname(s, in->in[0]), tname(s, in->out),
-				       (long long)ni, (long long)no, (long long)in->ia[1], g);
+				       (long long)ni, (long long)no, (long long)dim, g);
 		return 0;
 	}
 	return 0; /* events: ids checked by the decoder; INIT and SAVE: by the decoder */
@@ -135,12 +136,12 @@ static int stage_init(Exec *x, RtErr *e)
 	for (int p = DP_PROG_STEP; p <= DP_PROG_EVAL; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op != DP_OP_LOAD || x->stage[in->ia[0]])
+			if (in->op != DP_OP_LOAD || x->stage[DP_ATTR(in, LOAD, source)])
 				continue;
 			Stage *g = calloc(1, sizeof *g);
 			if (!g)
 				return RT_FAIL(e, "out of memory (staging)");
-			x->stage[in->ia[0]] = g;
+			x->stage[DP_ATTR(in, LOAD, source)] = g;
 			g->bytes = (size_t)exec_tensor_bytes(s, in->out);
 			g->slots = p == DP_PROG_STEP ? (int)s->cfg.grad_accum : 1;
 			size_t all = g->bytes * (size_t)g->slots;
@@ -371,14 +372,14 @@ static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 	return x->save_tensor(x->hook_ctx, name, in->in[0], x->bounce, e);
 }
 
-/* SHARD: block k of the group along dim ia1 (0: contiguous). in0 is
+/* SHARD: block k of the group along its dim (0: contiguous). in0 is
  * [outer][g * n]: row o's block k is n elements. */
 static int shard(Exec *x, const DpInstr *in, RtErr *e)
 {
 	const DpStep *s = x->s;
 	const DpTensor *ti = &s->tensors[in->in[0]];
-	int k = comm_group_rank(x->comm, (unsigned)in->ia[0]);
-	int dim = (int)in->ia[1];
+	int k = comm_group_rank(x->comm, (unsigned)DP_ATTR(in, SHARD, axes));
+	int dim = (int)DP_ATTR(in, SHARD, dim);
 	int64_t outer = 1, inner = 1;
 	for (int d = 0; d < dim; d++)
 		outer *= ti->dims[d];
@@ -394,7 +395,7 @@ static int shard(Exec *x, const DpInstr *in, RtErr *e)
 
 static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
 {
-	const Stage *g = x->stage[in->ia[0]];
+	const Stage *g = x->stage[DP_ATTR(in, LOAD, source)];
 	int slot = p == DP_PROG_STEP ? x->micro : 0;
 	return x->be.ops->upload(&x->be, in->stream, x->be.ptr[in->out],
 				 (const char *)g->host + (size_t)slot * g->bytes, g->bytes, e);
@@ -405,7 +406,7 @@ static int event(Exec *x, int p, uint32_t i, RtErr *e)
 {
 	const DpInstr *in = &x->s->prog[p][i];
 	Backend *b = &x->be;
-	int ev = (int)in->ia[0];
+	int ev = (int)DP_EVENT(in);
 	if (in->op == DP_OP_EVENT_RECORD) {
 		x->event_set[ev] = 1;
 		return b->ops->event_record(b, in->stream, (unsigned)ev, e);

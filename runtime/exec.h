@@ -128,7 +128,7 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
  * DP_IF_LAST only when last != 0 (only the step program has them: pass 1
  * for the others). The step program runs micro-batch x->micro of step
  * x->step (whose batches are staged first if they are not). SHARD copies
- * block comm_group_rank(ia0) of numel(out) elements of in0 into out. */
+ * block comm_group_rank(axes) of numel(out) elements of in0 into out. */
 int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
 /* Run kernel instruction i of program p alone and wait for it (a checkpoint
  * load derives the bf16 copies of the masters it wrote again this way). */

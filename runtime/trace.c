@@ -321,7 +321,7 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 		const DpInstr *in = &s->prog[v->prog][v->instr];
 		const char *op = dp_name(dp_op_names, DP_NOPS, in->op);
 		if (v->kind == EV_WAIT || in->op == DP_OP_EVENT_RECORD)
-			put(b, "%s ev=%lld", v->kind == EV_WAIT ? "wait" : op, (long long)in->ia[0]);
+			put(b, "%s ev=%lld", v->kind == EV_WAIT ? "wait" : op, (long long)DP_EVENT(in));
 		else if (in->out >= 0) {
 			put(b, "%%");
 			put_name(b, dpstep_str(s, s->tensors[in->out].name));
@@ -337,7 +337,7 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 			put(b, ",\"bytes\":%lld,\"axes\":\"",
 			    (long long)exec_numel(&s->tensors[io]) * (long long)dp_dtype_size(s->tensors[io].dtype));
 			for (int a = 0, first = 1; a < DP_MAX_AXES; a++)
-				if (in->ia[0] & DP_AXIS_BIT(a)) {
+				if (DP_AXES(in) & DP_AXIS_BIT(a)) {
 					put(b, "%s%s", first ? "" : ",", axis_names[a]);
 					first = 0;
 				}

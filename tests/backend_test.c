@@ -254,17 +254,20 @@ static int run_prog(const DpInstr *prog, uint32_t n, int no_progress, RtErr *e)
 	return rc;
 }
 
-#define I(op_, st_, in0, out_, ev) \
+/* an instruction; IA: with its integer attribute name = v */
+#define I(op_, st_, in0, out_) \
+	{.op = DP_OP_##op_, .stream = DP_STREAM_##st_, .in = {in0, -1, -1, -1}, .out = out_}
+#define IA(op_, st_, in0, out_, name, v)                                                  \
 	{.op = DP_OP_##op_, .stream = DP_STREAM_##st_, .in = {in0, -1, -1, -1}, .out = out_, \
-	 .ia = {ev}}
+	 .ia = {[DP_ATTR_##op_##_##name] = (v)}}
 
 static void check_streams(void)
 {
 	RtErr e = {.rank = -1};
 	const unsigned dp = COMM_DP_AXES;
 	/* all_reduce t0 on comm; the compute stream waits for it, then copies it */
-	const DpInstr ok[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(EVENT_RECORD, COMM, -1, -1, 0),
-			      I(EVENT_WAIT, COMPUTE, -1, -1, 0), I(COPY, COMPUTE, 0, 1, 0)};
+	const DpInstr ok[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), IA(EVENT_RECORD, COMM, -1, -1, ev, 0),
+			      IA(EVENT_WAIT, COMPUTE, -1, -1, ev, 0), I(COPY, COMPUTE, 0, 1)};
 	int rc = run_prog(ok, 4, 0, &e);
 	check(rc == 0 && fc.starts == 1, "cpu streams: a collective through the backend to the "
 	      "comm backend, then an event wait (%s)%s", e.msg, "");
@@ -272,18 +275,18 @@ static void check_streams(void)
 	      "cpu streams: the event wait waits for the collective, progress polled while it "
 	      "is in flight%s%s", "", "");
 	/* the same without the event: a race on a GPU, an error here */
-	const DpInstr race[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMPUTE, 0, 1, 0)};
+	const DpInstr race[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), I(COPY, COMPUTE, 0, 1)};
 	rc = run_prog(race, 2, 0, &e);
 	check(rc != 0 && strstr(e.msg, "schedule error in the step program: instruction 1 (copy) "
 				 "touches 't0' while instruction 0 (all_reduce of 't0') is in flight"),
 	      "cpu streams: compute reading a collective in flight is a schedule error: '%s'%s",
 	      e.msg, "");
 	/* writing what the collective reads is one too; other memory is not */
-	const DpInstr write[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(FILL, COMPUTE, -1, 0, 0)};
+	const DpInstr write[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), I(FILL, COMPUTE, -1, 0)};
 	rc = run_prog(write, 2, 0, &e);
 	check(rc != 0 && strstr(e.msg, "instruction 1 (fill) touches 't0'"),
 	      "cpu streams: compute writing a collective's buffer in flight: '%s'%s", e.msg, "");
-	const DpInstr apart[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMPUTE, 2, 1, 0)};
+	const DpInstr apart[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), I(COPY, COMPUTE, 2, 1)};
 	rc = run_prog(apart, 2, 0, &e);
 	check(rc == 0 && fc.progress == 1 && fc.last_wait == 1,
 	      "cpu streams: compute on other memory overlaps it; the run's end waits (%s)%s",
@@ -292,12 +295,12 @@ static void check_streams(void)
 	check(rc == 0 && fc.progress == 0, "cpu streams: no_progress polls nothing (%s)%s", e.msg,
 	      "");
 	/* a kernel on the comm stream comes after the collective before it */
-	const DpInstr order[] = {I(ALL_REDUCE, COMM, -1, 0, dp), I(COPY, COMM, 0, 1, 0)};
+	const DpInstr order[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), I(COPY, COMM, 0, 1)};
 	rc = run_prog(order, 2, 0, &e);
 	check(rc == 0 && fc.waits >= 2 && fc.last_wait == 1,
 	      "cpu streams: a kernel on the comm stream waits for the collectives before it "
 	      "(%s)%s", e.msg, "");
-	const DpInstr unrecorded[] = {I(EVENT_WAIT, COMPUTE, -1, -1, 0)};
+	const DpInstr unrecorded[] = {IA(EVENT_WAIT, COMPUTE, -1, -1, ev, 0)};
 	rc = run_prog(unrecorded, 1, 0, &e);
 	check(rc != 0 && strstr(e.msg, "waits for event 0, which was not recorded before it"),
 	      "the walk refuses a wait for an event not recorded: '%s'%s", e.msg, "");

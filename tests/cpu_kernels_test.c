@@ -250,7 +250,7 @@ static void test_attention(const CpuVec *vec)
 		ref_attention(F(&c, qkv), F(&c, dy), B, T, H, hd, ro, rd);
 		DpInstr fwd = instr(DP_OP_ATTENTION, out, qkv, -1, -1),
 			bwd = instr(DP_OP_ATTENTION_GRAD, dqkv, dy, qkv, -1);
-		fwd.ia[0] = bwd.ia[0] = H;
+		DP_ATTR(&fwd, ATTENTION, heads) = DP_ATTR(&bwd, ATTENTION_GRAD, heads) = H;
 		int ok = run(&c, vec, NULL, fwd) == 0 && run(&c, vec, NULL, bwd) == 0;
 		double ef = ok ? rel_err(F(&c, out), ro, numel(&c, out)) : 1;
 		double eb = ok ? rel_err(F(&c, dqkv), rd, numel(&c, dqkv)) : 1;
@@ -311,7 +311,7 @@ static void test_attention_cp(const CpuVec *vec)
 						((int32_t *)c.ptr[pos])[j] = (int32_t)p;
 					}
 				DpInstr pk = instr(DP_OP_KV_PACK, kv, qkv, -1, -1);
-				pk.ia[0] = H;
+				DP_ATTR(&pk, KV_PACK, heads) = H;
 				ok = run(&c, vec, NULL, pk) == 0;
 				if (pass == 0) { /* gather: block r is rank r's kv */
 					memcpy(F(&c, all) + r * B * T * 2 * C, F(&c, kv),
@@ -321,8 +321,10 @@ static void test_attention_cp(const CpuVec *vec)
 				DpInstr f = instr(DP_OP_ATTENTION_CP, out, qkv, all, pos);
 				DpInstr g = {.op = DP_OP_ATTENTION_CP_GRAD, .in = {dy, qkv, all, pos}, .out = dq};
 				DpInstr gk = {.op = DP_OP_ATTENTION_CP_GRAD_KV, .in = {dy, qkv, all, pos}, .out = dkv};
-				f.ia[0] = g.ia[0] = gk.ia[0] = H;
-				f.ia[1] = g.ia[1] = gk.ia[1] = cp;
+				DP_ATTR(&f, ATTENTION_CP, heads) = H, DP_ATTR(&f, ATTENTION_CP, cp) = cp;
+				DP_ATTR(&g, ATTENTION_CP_GRAD, heads) = H, DP_ATTR(&g, ATTENTION_CP_GRAD, cp) = cp;
+				DP_ATTR(&gk, ATTENTION_CP_GRAD_KV, heads) = H;
+				DP_ATTR(&gk, ATTENTION_CP_GRAD_KV, cp) = cp;
 				ok = ok && run(&c, vec, NULL, f) == 0 && run(&c, vec, NULL, g) == 0 &&
 				     run(&c, vec, NULL, gk) == 0;
 				for (int64_t b = 0; ok && b < B; b++)
@@ -352,7 +354,7 @@ static void test_attention_cp(const CpuVec *vec)
 			for (int64_t i = 0; i < B * T * 2 * C; i++)
 				F(&c, kv)[i] = (float)sum[r * B * T * 2 * C + i];
 			DpInstr un = instr(DP_OP_KV_UNPACK, dq, kv, -1, -1);
-			un.ia[0] = H;
+			DP_ATTR(&un, KV_UNPACK, heads) = H;
 			ok = run(&c, vec, NULL, un) == 0;
 			for (int64_t b = 0; ok && b < B; b++)
 				for (int64_t j = 0; j < T; j++)
@@ -407,7 +409,7 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		a = tensor(c, DP_F32, 700, 96, 0, 1), b = tensor(c, DP_F32, 700, 450, 0, 1);
 		o = tensor(c, DP_F32, 96, 450, 0, 1);
 		*in = instr(DP_OP_MATMUL, o, a, b, -1);
-		in->ia[0] = 1, in->ia[2] = 1;
+		DP_ATTR(in, MATMUL, transA) = 1, DP_ATTR(in, MATMUL, acc) = 1;
 		return "matmul^T acc (split by columns)";
 	case 2:
 		a = tensor(c, DP_F32, 5, 77, 64, 1), b = tensor(c, DP_F32, 64, 200, 0, 1);
@@ -417,25 +419,25 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 	case 3:
 		a = tensor(c, DP_F32, 3000, 70, 0, 1), o = tensor(c, DP_F32, 70, 0, 0, 1);
 		*in = instr(DP_OP_BIAS_GRAD, o, a, -1, -1);
-		in->ia[2] = 1;
+		DP_ATTR(in, BIAS_GRAD, acc) = 1;
 		return "bias_grad";
 	case 4:
 		x = tensor(c, DP_F32, 900, 100, 0, 3), g = tensor(c, DP_F32, 100, 0, 0, 1);
 		b = tensor(c, DP_F32, 100, 0, 0, 1), o = tensor(c, DP_F32, 900, 100, 0, 0);
 		*in = instr(DP_OP_LAYERNORM, o, x, g, b);
-		in->fa[0] = 1e-5f;
+		DP_FATTR(in, LAYERNORM, eps) = 1e-5f;
 		return "layernorm";
 	case 5:
 		a = tensor(c, DP_F32, 900, 100, 0, 1), x = tensor(c, DP_F32, 900, 100, 0, 3);
 		g = tensor(c, DP_F32, 100, 0, 0, 1), o = tensor(c, DP_F32, 900, 100, 0, 0);
 		*in = instr(DP_OP_LAYERNORM_GRAD, o, a, x, g);
-		in->fa[0] = 1e-5f;
+		DP_FATTR(in, LAYERNORM_GRAD, eps) = 1e-5f;
 		return "layernorm_grad";
 	case 6:
 		a = tensor(c, DP_F32, 900, 100, 0, 1), x = tensor(c, DP_F32, 900, 100, 0, 3);
 		o = tensor(c, DP_F32, 100, 0, 0, 1);
 		*in = instr(DP_OP_RMSNORM_GRAD_G, o, a, x, -1);
-		in->fa[0] = 1e-5f, in->ia[2] = 1;
+		DP_FATTR(in, RMSNORM_GRAD_G, eps) = 1e-5f, DP_ATTR(in, RMSNORM_GRAD_G, acc) = 1;
 		return "rmsnorm_grad_g";
 	case 7:
 	case 8:
@@ -444,7 +446,10 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 			((int32_t *)c->ptr[b])[r] = r % 7 == 3 ? -1 : (r * 37) % 300;
 		o = k == 7 ? tensor(c, DP_F32, 1, 0, 0, 0) : tensor(c, DP_F32, 1000, 300, 0, 0);
 		*in = instr(k == 7 ? DP_OP_XENT : DP_OP_XENT_GRAD, o, x, b, -1);
-		in->fa[0] = 1e-3f;
+		if (k == 7)
+			DP_FATTR(in, XENT, scale) = 1e-3f;
+		else
+			DP_FATTR(in, XENT_GRAD, scale) = 1e-3f;
 		return k == 7 ? "cross_entropy" : "cross_entropy_grad";
 	case 9:
 		a = tensor(c, DP_F32, 1000003, 0, 0, 1), o = tensor(c, DP_F32, 1, 0, 0, 0);
@@ -467,7 +472,7 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		for (int r = 0; r < 3000; r++)
 			((int32_t *)c->ptr[b])[r] = (r * 7) % 50;
 		*in = instr(DP_OP_EMBEDDING_GRAD, o, a, b, -1);
-		in->ia[2] = 1;
+		DP_ATTR(in, EMBEDDING_GRAD, acc) = 1;
 		return "embedding_grad";
 	case 13:
 		a = tensor(c, DP_F32, 800, 130, 0, 5), o = tensor(c, DP_F32, 800, 130, 0, 0);
@@ -479,11 +484,12 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		if (k == 14) {
 			o = tensor(c, DP_F32, 3, 150, 64, 0);
 			*in = instr(DP_OP_ATTENTION, o, a, -1, -1);
+			DP_ATTR(in, ATTENTION, heads) = 2;
 		} else {
 			o = tensor(c, DP_F32, 3, 150, 3 * 64, 0);
 			*in = instr(DP_OP_ATTENTION_GRAD, o, b, a, -1);
+			DP_ATTR(in, ATTENTION_GRAD, heads) = 2;
 		}
-		in->ia[0] = 2;
 		return k == 14 ? "attention" : "attention_grad";
 	case 16: /* the four transposes with m < n: column cuts, or row cuts */
 	case 17: /* where the core's kernels allow no column cut (gemm.c) */
@@ -494,7 +500,7 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 		b = tb ? tensor(c, DP_F32, 700, 300, 0, 1) : tensor(c, DP_F32, 300, 700, 0, 1);
 		o = tensor(c, DP_F32, 200, 700, 0, 0);
 		*in = instr(DP_OP_MATMUL, o, a, b, -1);
-		in->ia[0] = ta, in->ia[1] = tb;
+		DP_ATTR(in, MATMUL, transA) = ta, DP_ATTR(in, MATMUL, transB) = tb;
 		static const char *names[] = {"matmul NN, m < n", "matmul TN, m < n", "matmul NT, m < n",
 					      "matmul TT, m < n"};
 		return names[k - 16];

@@ -8,7 +8,7 @@
  * Takes a valid input, applies N rounds of random mutations to it (byte
  * flips, deletions, duplicated or dropped lines, truncation, inserted
  * tokens of the language). A model mutant is written to a temp file and
- * compiled with fe_compile; an IR mutant is read with ir_read, and when it
+ * compiled with lower_compile; an IR mutant is read with ir_read, and when it
  * reads, verified, printed and read back (what dpc --from-ir does before
  * any pass, and the printer's promise: the text it prints reads back and
  * prints the same). Diagnostics go to /dev/null. It passes when nothing
@@ -344,7 +344,7 @@ int main(int argc, char **argv)
 	 * fuzzer would only be exercising error paths. */
 	Diag d0;
 	diag_init(&d0, stderr, argv[1], NULL);
-	Graph *g0 = fe_compile(argv[1], 2, &d0, NULL);
+	Graph *g0 = lower_compile(argv[1], 2, &d0, NULL);
 	if (!g0) {
 		fprintf(stderr, "fe_fuzz: %s does not compile as given\n", argv[1]);
 		return 1;
@@ -371,13 +371,13 @@ int main(int argc, char **argv)
 		diag_init(&d, devnull, path, NULL);
 		char *src = NULL;
 		static const int worlds[] = {0, 1, 2, 3, 4, 8};
-		Graph *g = fe_compile(path, worlds[below(&s, 6)], &d, &src);
+		Graph *g = lower_compile(path, worlds[below(&s, 6)], &d, &src);
 		if (g) {
 			compiled++;
 			if (d.nerrors)
-				die("fe_compile returned a graph after %d errors (round %ld)", d.nerrors, r);
+				die("lower_compile returned a graph after %d errors (round %ld)", d.nerrors, r);
 		} else if (d.nerrors == 0) {
-			die("fe_compile returned NULL without an error (round %ld)", r);
+			die("lower_compile returned NULL without an error (round %ld)", r);
 		}
 		ir_free(g);
 		free(src);

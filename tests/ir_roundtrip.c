@@ -351,12 +351,12 @@ static Graph *build_frontend(void)
 	Value *eloss = val(g, "eval.loss", DP_F32, 1, 1, 0, DP_T_METRIC);
 	Value *ecorrect = val(g, "eval.correct", DP_F32, 1, 2, 0, DP_T_METRIC);
 
-	node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
-	node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
+	DP_ATTR(node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0), LOAD, source) = 0;
+	DP_ATTR(node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0), LOAD, source) = 1;
 	Node *n = node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0);
-	n->ia[0] = 2, n->progs = IR_IN_EVAL;
+	DP_ATTR(n, LOAD, source) = 2, n->progs = IR_IN_EVAL;
 	n = node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0);
-	n->ia[0] = 3, n->progs = IR_IN_EVAL;
+	DP_ATTR(n, LOAD, source) = 3, n->progs = IR_IN_EVAL;
 	Value *t0 = val(g, "t0", DP_F32, 0, 0, 0, DP_T_ACT);
 	node(g, DP_OP_LINEAR, t0, PH_FWD, fc1, x, w1, b1);
 	Value *h1 = val(g, "h1", DP_F32, 0, 0, 0, DP_T_ACT);
@@ -365,9 +365,9 @@ static Graph *build_frontend(void)
 	node(g, DP_OP_LINEAR, logits, PH_FWD, head, h1, w2, b2);
 	Value *loss = val(g, "loss", DP_F32, 0, 0, 0, DP_T_ACT);
 	n = node(g, DP_OP_XENT, loss, PH_FWD, -1, logits, y, 0);
-	n->progs = IR_IN_STEP, n->fa[0] = 1.0f / 128;
+	n->progs = IR_IN_STEP, DP_FATTR(n, XENT, scale) = 1.0f / 128;
 	node(g, DP_OP_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
-	node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
+	DP_FATTR(node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0), XENT, scale) = 1;
 	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
 	g->metrics = (DpMetrics){lsum->id, -1, eloss->id, ecorrect->id};
@@ -469,61 +469,61 @@ static Graph *build_planned(void)
 	g->persistent_bytes = act0;
 
 	Node *n;
-	node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0)->ia[0] = 0;
-	node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0)->ia[0] = 1;
+	DP_ATTR(node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0), LOAD, source) = 0;
+	DP_ATTR(node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0), LOAD, source) = 1;
 	node(g, DP_OP_LINEAR, t0, PH_FWD, fc1, x, p[0], p[1]);
 	node(g, DP_OP_RELU, h1, PH_FWD, fc1, t0, 0, 0);
 	node(g, DP_OP_LINEAR, logits, PH_FWD, head, h1, p[2], p[3]);
 	n = node(g, DP_OP_XENT, loss, PH_FWD, -1, logits, y, 0);
-	n->progs = IR_IN_STEP, n->fa[0] = 1.0f / 128;
+	n->progs = IR_IN_STEP, DP_FATTR(n, XENT, scale) = 1.0f / 128;
 	node(g, DP_OP_ACCUM, lsum, PH_FWD, -1, loss, 0, 0)->progs = IR_IN_STEP;
-	node(g, DP_OP_XENT_GRAD, dl, PH_BWD, head, logits, y, 0)->fa[0] = 1.0f / 128;
+	DP_FATTR(node(g, DP_OP_XENT_GRAD, dl, PH_BWD, head, logits, y, 0), XENT_GRAD, scale) = 1.0f / 128;
 	n = node(g, DP_OP_MATMUL, gr[2], PH_BWD, head, h1, dl, 0);
-	n->ia[0] = 1, n->ia[2] = 1;
-	node(g, DP_OP_BIAS_GRAD, gr[3], PH_BWD, head, dl, 0, 0)->ia[2] = 1;
+	DP_ATTR(n, MATMUL, transA) = 1, DP_ATTR(n, MATMUL, acc) = 1;
+	DP_ATTR(node(g, DP_OP_BIAS_GRAD, gr[3], PH_BWD, head, dl, 0, 0), BIAS_GRAD, acc) = 1;
 	n = node(g, DP_OP_MATMUL, dh1, PH_BWD, head, dl, p[2], 0);
-	n->ia[1] = 1;
+	DP_ATTR(n, MATMUL, transB) = 1;
 	/* bucket r0 (head) goes out while fc1's backward runs */
 	struct { IrOp op; int stream; int ev; } evs[] = {
 		{DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE, 0}, {DP_OP_EVENT_WAIT, DP_STREAM_COMM, 0}};
 	for (int i = 0; i < 2; i++) {
 		n = node(g, evs[i].op, NULL, PH_COMM, -1, 0, 0, 0);
-		n->ia[0] = evs[i].ev, n->stream = evs[i].stream, n->flags = DP_IF_LAST;
+		DP_EVENT(n) = evs[i].ev, n->stream = evs[i].stream, n->flags = DP_IF_LAST;
 	}
 	n = node(g, DP_OP_ALL_REDUCE, r0, PH_COMM, head, 0, 0, 0);
-	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 0;
+	DP_ATTR(n, ALL_REDUCE, axes) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 0;
 	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
-	n->ia[0] = 1, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
+	DP_ATTR(n, EVENT_RECORD, ev) = 1, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	node(g, DP_OP_RELU_GRAD, dt0, PH_BWD, fc1, dh1, t0, 0);
 	n = node(g, DP_OP_MATMUL, gr[0], PH_BWD, fc1, x, dt0, 0);
-	n->ia[0] = 1, n->ia[2] = 1;
-	node(g, DP_OP_BIAS_GRAD, gr[1], PH_BWD, fc1, dt0, 0, 0)->ia[2] = 1;
+	DP_ATTR(n, MATMUL, transA) = 1, DP_ATTR(n, MATMUL, acc) = 1;
+	DP_ATTR(node(g, DP_OP_BIAS_GRAD, gr[1], PH_BWD, fc1, dt0, 0, 0), BIAS_GRAD, acc) = 1;
 	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
-	n->ia[0] = 2, n->flags = DP_IF_LAST;
+	DP_ATTR(n, EVENT_RECORD, ev) = 2, n->flags = DP_IF_LAST;
 	n = node(g, DP_OP_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
-	n->ia[0] = 2, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
+	DP_ATTR(n, EVENT_WAIT, ev) = 2, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	n = node(g, DP_OP_ALL_REDUCE, r1, PH_COMM, fc1, 0, 0, 0);
-	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 1;
+	DP_ATTR(n, ALL_REDUCE, axes) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 1;
 	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
-	n->ia[0] = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
+	DP_ATTR(n, EVENT_RECORD, ev) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	for (int e = 1; e <= 3; e += 2) {
 		n = node(g, DP_OP_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
-		n->ia[0] = e, n->flags = DP_IF_LAST;
+		DP_ATTR(n, EVENT_WAIT, ev) = e, n->flags = DP_IF_LAST;
 	}
 	g->nevents = 4;
 	node(g, DP_OP_SQNORM, gsq, PH_OPT, -1, fg, 0, 0)->flags = DP_IF_LAST;
 	node(g, DP_OP_SQRT, gnorm, PH_OPT, -1, gsq, 0, 0)->flags = DP_IF_LAST;
 	n = node(g, DP_OP_CLIP, fg, PH_OPT, -1, gnorm, 0, 0);
-	n->flags = DP_IF_LAST, n->fa[0] = 1;
+	n->flags = DP_IF_LAST, DP_FATTR(n, CLIP, max_norm) = 1;
 	node(g, DP_OP_ADAMW, fp, PH_OPT, -1, fg, m, v)->flags = DP_IF_LAST;
 	node(g, DP_OP_FILL, fg, PH_OPT, -1, 0, 0, 0)->flags = DP_IF_LAST;
 	/* eval program */
 	n = node(g, DP_OP_LOAD, x, PH_DATA, -1, 0, 0, 0);
-	n->ia[0] = 2, n->progs = IR_IN_EVAL;
+	DP_ATTR(n, LOAD, source) = 2, n->progs = IR_IN_EVAL;
 	n = node(g, DP_OP_LOAD, y, PH_DATA, -1, 0, 0, 0);
-	n->ia[0] = 3, n->progs = IR_IN_EVAL;
+	DP_ATTR(n, LOAD, source) = 3, n->progs = IR_IN_EVAL;
 	/* the forward nodes above are in both programs; eval reads logits */
-	node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0)->fa[0] = 1;
+	DP_FATTR(node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0), XENT, scale) = 1;
 	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
 	g->metrics = (DpMetrics){lsum->id, gnorm->id, eloss->id, ecorrect->id};
@@ -566,24 +566,26 @@ static Graph *build_sharded(void)
 	node(g, DP_OP_INIT, b, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
 	node(g, DP_OP_INIT, mask, PH_SETUP, b0, 0, 0, 0)->progs = IR_IN_INIT;
 	Node *n = node(g, DP_OP_SHARD, shard, PH_SETUP, -1, gather, 0, 0);
-	n->progs = IR_IN_INIT, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	n->progs = IR_IN_INIT, DP_ATTR(n, SHARD, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	/* step and eval: gather, compute with the buffer */
 	n = node(g, DP_OP_ALL_GATHER, gather, PH_COMM, b0, shard, 0, 0);
 	n->progs = IR_IN_STEP | IR_IN_EVAL, n->stream = DP_STREAM_COMM;
-	n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	DP_ATTR(n, ALL_GATHER, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	Value *h = val(g, "h", DP_F32, 2, 8, 4, DP_T_ACT);
 	node(g, DP_OP_LINEAR, h, PH_FWD, b0, x, w, b);
 	Value *hm = val(g, "hm", DP_F32, 2, 8, 4, DP_T_ACT);
 	node(g, DP_OP_MUL, hm, PH_FWD, b0, h, mask, 0);
 	/* gradients: reduce_scatter over dp_shard, all_reduce over dp_replicate */
 	n = node(g, DP_OP_REDUCE_SCATTER, gshard, PH_COMM, b0, grads, 0, 0);
-	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
+	DP_ATTR(n, REDUCE_SCATTER, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	n = node(g, DP_OP_ALL_REDUCE, gshard, PH_COMM, b0, 0, 0, 0);
 	n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
-	n->ia[0] = DP_AXIS_BIT(DP_AXIS_REPLICATE);
+	DP_ATTR(n, ALL_REDUCE, axes) = DP_AXIS_BIT(DP_AXIS_REPLICATE);
 	/* export program: gather again, save the params */
 	n = node(g, DP_OP_ALL_GATHER, gather, PH_SETUP, b0, shard, 0, 0);
-	n->progs = IR_IN_EXPORT, n->stream = DP_STREAM_COMM, n->ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
+	n->progs = IR_IN_EXPORT, n->stream = DP_STREAM_COMM;
+	DP_ATTR(n, ALL_GATHER, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	node(g, DP_OP_SAVE, NULL, PH_SETUP, b0, w, 0, 0)->progs = IR_IN_EXPORT;
 	node(g, DP_OP_SAVE, NULL, PH_SETUP, b0, b, 0, 0)->progs = IR_IN_EXPORT;
 	/* a node in step and export (no word for that mask: progs=9) */
@@ -669,7 +671,7 @@ static void br_input(Graph *g) { find_node(g, DP_OP_RELU, 0)->in[0] = g->nvalues
 static void br_arity(Graph *g) { find_node(g, DP_OP_RELU, 0)->nin = 2; }
 static void br_stream(Graph *g) { find_node(g, DP_OP_ALL_REDUCE, 0)->stream = DP_STREAM_COMPUTE; }
 static void br_wait(Graph *g) { ir_remove_node(g, find_node(g, DP_OP_EVENT_RECORD, 0)); }
-static void br_event(Graph *g) { find_node(g, DP_OP_EVENT_WAIT, 0)->ia[0] = 9; }
+static void br_event(Graph *g) { DP_ATTR(find_node(g, DP_OP_EVENT_WAIT, 0), EVENT_WAIT, ev) = 9; }
 static void br_view(Graph *g) { ir_find_value(g, "fc1.b")->view_offset = 1 << 30; }
 static void br_link(Graph *g) { ir_find_value(g, "grad.fc1.b")->param = ir_find_value(g, "fc1.w")->id; }
 static void br_id(Graph *g) { g->values[3]->id = 4; }
@@ -698,14 +700,17 @@ static void br_init_out(Graph *g) { find_node(g, DP_OP_INIT, 0)->out = ir_find_v
 static void br_save_prog(Graph *g) { find_node(g, DP_OP_SAVE, 0)->progs = IR_IN_INIT; }
 static void br_save_in(Graph *g) { find_node(g, DP_OP_SAVE, 0)->in[0] = ir_find_value(g, "h")->id; }
 static void br_shard_prog(Graph *g) { find_node(g, DP_OP_SHARD, 0)->progs = IR_IN_EXPORT; }
-static void br_shard_group(Graph *g) { find_node(g, DP_OP_SHARD, 0)->ia[0] = 3; }
+static void br_shard_group(Graph *g) { DP_ATTR(find_node(g, DP_OP_SHARD, 0), SHARD, axes) = 3; }
 static void br_rs_size(Graph *g) { ir_find_value(g, "flat.grads.shard")->dims[0] = 30; }
 static void br_ag_size(Graph *g)
 {
-	find_node(g, DP_OP_ALL_GATHER, 0)->ia[0] = DP_AXIS_BIT(DP_AXIS_CP);
+	DP_ATTR(find_node(g, DP_OP_ALL_GATHER, 0), ALL_GATHER, axes) = DP_AXIS_BIT(DP_AXIS_CP);
 }
 static void br_ag_init(Graph *g) { find_node(g, DP_OP_ALL_GATHER, 1)->progs |= IR_IN_INIT; }
-static void br_mask(Graph *g) { find_node(g, DP_OP_ALL_GATHER, 0)->ia[0] = 1 << 9; }
+static void br_mask(Graph *g)
+{
+	DP_ATTR(find_node(g, DP_OP_ALL_GATHER, 0), ALL_GATHER, axes) = 1 << 9;
+}
 static void br_buffer(Graph *g)
 {
 	find_node(g, DP_OP_ALL_REDUCE, 0)->out = ir_find_value(g, "b0.mask")->id;
@@ -976,6 +981,30 @@ int main(int argc, char **argv)
 		}
 		if (oi->dsl != OP_DSL_NO)
 			CHECK(ir_dsl_op(oi->name) == op, "the DSL spelling %s is not unique", oi->name);
+		/* what code serving several ops reads by a shared name (stepfile.h):
+		 * each op that has it declares it, at the one slot */
+		const OpAttr *axes = ir_op_attr((IrOp)op, "axes"), *ev = ir_op_attr((IrOp)op, "ev");
+		const OpAttr *acc = ir_op_attr((IrOp)op, "acc"), *heads = ir_op_attr((IrOp)op, "heads");
+		for (const OpAttr *a = oi->attrs; a->name; a++)
+			CHECK(a->style != IR_ATTR_AXES || a == axes, "%s.%s: an axis mask is named axes",
+			      oi->name, a->name);
+		if (oi->cls == DP_OPC_COLLECTIVE || oi->cls == DP_OPC_SHARD)
+			CHECK(axes, "%s: a collective or shard without axes", oi->name);
+		if (axes)
+			CHECK(axes->style == IR_ATTR_AXES && axes->slot == DP_ATTR_ALL_REDUCE_axes,
+			      "%s.axes: not DP_AXES's mask", oi->name);
+		CHECK((oi->cls == DP_OPC_EVENT) == (ev != NULL), "%s: ev is the events' own", oi->name);
+		if (ev)
+			CHECK(ev->slot == DP_ATTR_EVENT_RECORD_ev && ev->style == IR_ATTR_ALWAYS,
+			      "%s.ev: not DP_EVENT's slot", oi->name);
+		CHECK((oi->reads_out == OP_RO_ACC) == (acc != NULL),
+		      "%s: acc is the flag of the ops whose RO column is ACC, and theirs", oi->name);
+		if (acc)
+			CHECK(acc->slot == DP_ATTR_MATMUL_acc && acc->style == IR_ATTR_FLAG,
+			      "%s.acc: not DP_ACC's slot", oi->name);
+		if (oi->tp == OP_TP_HEADS)
+			CHECK(heads && heads->style != IR_ATTR_FLOAT, "%s: HEADS in the TP column without "
+			      "an integer attribute heads", oi->name);
 	}
 
 	Graph *fe = build_frontend();

@@ -90,16 +90,16 @@ static DpStep *builtin_step(void)
 	DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
 	for (int i = 0; i < 8; i++)
 		prog[i] = base;
-	prog[0].op = DP_OP_LOAD, prog[0].out = 0, prog[0].ia[0] = 0;
-	prog[1].op = DP_OP_LOAD, prog[1].out = 1, prog[1].ia[0] = 1;
+	prog[0].op = DP_OP_LOAD, prog[0].out = 0, DP_ATTR(&prog[0], LOAD, source) = 0;
+	prog[1].op = DP_OP_LOAD, prog[1].out = 1, DP_ATTR(&prog[1], LOAD, source) = 1;
 	prog[2].op = DP_OP_LINEAR, prog[2].out = 5, prog[2].in[0] = 0, prog[2].in[1] = 2;
 	prog[3].op = DP_OP_XENT, prog[3].out = 4, prog[3].in[0] = 5, prog[3].in[1] = 1;
-	prog[3].fa[0] = 0.25f;
+	DP_FATTR(&prog[3], XENT, scale) = 0.25f;
 	prog[4].op = DP_OP_XENT_GRAD, prog[4].out = 6, prog[4].in[0] = 5, prog[4].in[1] = 1;
 	prog[5].op = DP_OP_MATMUL, prog[5].out = 3, prog[5].in[0] = 0, prog[5].in[1] = 6;
-	prog[5].ia[0] = 1, prog[5].ia[2] = 1;
-	prog[6].op = DP_OP_EVENT_RECORD, prog[6].ia[0] = 0, prog[6].flags = DP_IF_LAST;
-	prog[7].op = DP_OP_ALL_REDUCE, prog[7].out = 3, prog[7].ia[0] = 3;
+	DP_ATTR(&prog[5], MATMUL, transA) = 1, DP_ATTR(&prog[5], MATMUL, acc) = 1;
+	prog[6].op = DP_OP_EVENT_RECORD, DP_ATTR(&prog[6], EVENT_RECORD, ev) = 0, prog[6].flags = DP_IF_LAST;
+	prog[7].op = DP_OP_ALL_REDUCE, prog[7].out = 3, DP_ATTR(&prog[7], ALL_REDUCE, axes) = 3;
 	prog[7].stream = DP_STREAM_COMM, prog[7].flags = DP_IF_LAST;
 	eprog[0] = prog[2];
 	eprog[1] = base;
@@ -194,7 +194,7 @@ static int invariants(const DpStep *s)
 			if (in->out < -1 || in->out >= (int32_t)s->ntensors)
 				return 0;
 			if ((in->op == DP_OP_EVENT_RECORD || in->op == DP_OP_EVENT_WAIT) &&
-			    (in->ia[0] < 0 || in->ia[0] >= (int64_t)s->nevents))
+			    (DP_EVENT(in) < 0 || DP_EVENT(in) >= (int64_t)s->nevents))
 				return 0;
 			/* kernels only in the programs that can run them */
 			int coll = in->op == DP_OP_ALL_REDUCE || in->op == DP_OP_REDUCE_SCATTER ||
@@ -219,8 +219,8 @@ static int invariants(const DpStep *s)
 			    (in->in[0] < 0 || in->out < 0 ||
 			     (s->tensors[in->in[0]].dtype != DP_F32 &&
 			      s->tensors[in->in[0]].dtype != DP_BF16) ||
-			     s->tensors[in->out].dtype != s->tensors[in->in[0]].dtype || in->ia[0] < 0 ||
-			     in->ia[0] >= (1 << DP_MAX_AXES)))
+			     s->tensors[in->out].dtype != s->tensors[in->in[0]].dtype ||
+			     DP_ATTR(in, SHARD, axes) < 0 || DP_ATTR(in, SHARD, axes) >= (1 << DP_MAX_AXES)))
 				return 0;
 		}
 	if (s->cfg.strategy >= DP_NSTRAT)
@@ -325,10 +325,12 @@ static void test_program_rules(void)
 	DpInstr init = base, save = base, shard = base, load = base, ar = base, ag = base;
 	init.op = DP_OP_INIT, init.out = 2;
 	save.op = DP_OP_SAVE, save.in[0] = 2;
-	shard.op = DP_OP_SHARD, shard.in[0] = 2, shard.out = 3, shard.ia[0] = DP_AXIS_BIT(DP_AXIS_SHARD);
-	load.op = DP_OP_LOAD, load.out = 0, load.ia[0] = 0;
-	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, ar.ia[0] = 3, ar.stream = DP_STREAM_COMM;
-	ag.op = DP_OP_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.ia[0] = 2, ag.stream = DP_STREAM_COMM;
+	shard.op = DP_OP_SHARD, shard.in[0] = 2, shard.out = 3;
+	DP_ATTR(&shard, SHARD, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
+	load.op = DP_OP_LOAD, load.out = 0, DP_ATTR(&load, LOAD, source) = 0;
+	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, DP_ATTR(&ar, ALL_REDUCE, axes) = 3, ar.stream = DP_STREAM_COMM;
+	ag.op = DP_OP_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.stream = DP_STREAM_COMM;
+	DP_ATTR(&ag, ALL_GATHER, axes) = 2;
 
 	rule("strategy full_shard", DP_PROG_INIT, init, DP_STRAT_FULL_SHARD, NULL);
 	rule("strategy hybrid_shard", DP_PROG_INIT, init, DP_STRAT_HYBRID_SHARD, NULL);
@@ -355,7 +357,7 @@ static void test_program_rules(void)
 	rule("shard in the export program", DP_PROG_EXPORT, shard, 0,
 	     "allowed only in the init and step programs");
 	d = shard;
-	d.ia[0] = 1 << DP_MAX_AXES;
+	DP_ATTR(&d, SHARD, axes) = 1 << DP_MAX_AXES;
 	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 16");
 	d = shard;
 	d.in[0] = 1;
@@ -391,7 +393,7 @@ static void test_operand_rules(void)
 	rule("relu", DP_PROG_STEP, relu, 0, NULL);
 	rule("add in place", DP_PROG_STEP, add, 0, NULL);
 	DpInstr d = mm;
-	d.in[1] = 3, d.ia[1] = 1; /* [4,3] @ [3,2]^T */
+	d.in[1] = 3, DP_ATTR(&d, MATMUL, transB) = 1; /* [4,3] @ [3,2]^T */
 	rule("matmul with inner dims 3 vs 2", DP_PROG_STEP, d, 0, "inner dimensions differ (3 vs 2)");
 	d = mm;
 	d.out = 3;
@@ -427,7 +429,7 @@ static void test_operand_rules(void)
 	d.op = DP_OP_CAST;
 	rule_dt("cast of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
 	d = mm;
-	d.in[0] = 5, d.ia[0] = 1, d.in[1] = 7, d.out = 3;
+	d.in[0] = 5, DP_ATTR(&d, MATMUL, transA) = 1, d.in[1] = 7, d.out = 3;
 	rule_dt("matmul mixing f32 and bf16", DP_PROG_STEP, d, 0, 1,
 		"input 1 'h' is bf16, not the compute dtype f32 (logits's)");
 	d = xg;
@@ -435,7 +437,8 @@ static void test_operand_rules(void)
 	rule_dt("cross_entropy_grad of f32 logits into bf16", DP_PROG_STEP, d, 0, 1,
 		"the output 'h' is bf16, not the compute dtype f32");
 	d = base;
-	d.op = DP_OP_ALL_GATHER, d.in[0] = 7, d.out = 5, d.ia[0] = 2, d.stream = DP_STREAM_COMM;
+	d.op = DP_OP_ALL_GATHER, d.in[0] = 7, d.out = 5, d.stream = DP_STREAM_COMM;
+	DP_ATTR(&d, ALL_GATHER, axes) = 2;
 	rule_dt("all_gather from bf16 into f32", DP_PROG_STEP, d, 0, 1, "differ in dtype");
 	d = base;
 	d.op = DP_OP_SQNORM, d.in[0] = 7, d.out = 4;

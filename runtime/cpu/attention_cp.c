@@ -47,11 +47,12 @@ static int run_kv_pack(const CpuArgs *a, RtErr *e)
 	const DpInstr *in = a->in;
 	int unpack = in->op == DP_OP_KV_UNPACK;
 	const DpTensor *tq = cpu_t(a, unpack ? in->out : in->in[0]);
-	int64_t rows = tq->dims[0] * tq->dims[1], c = tq->dims[2] / 3, hd = c / in->ia[0];
+	int64_t heads = DP_ATTR(in, KV_PACK, heads);
+	int64_t rows = tq->dims[0] * tq->dims[1], c = tq->dims[2] / 3, hd = c / heads;
 	const float *src = cpu_f(a, in->in[0]);
 	float *dst = cpu_f(a, in->out);
 	for (int64_t r = 0; r < rows; r++)
-		for (int64_t h = 0; h < in->ia[0]; h++) {
+		for (int64_t h = 0; h < heads; h++) {
 			float *q3 = (unpack ? dst : (float *)src) + r * 3 * c + 3 * hd * h;
 			float *k2 = (unpack ? (float *)src : dst) + r * 2 * c + 2 * hd * h;
 			if (unpack) {
@@ -189,7 +190,8 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 		   : in->op == DP_OP_ATTENTION_CP_GRAD ? CP_DQ : CP_DKV;
 	int q = kind == CP_FWD ? 0 : 1; /* where qkv is */
 	const DpTensor *tq = cpu_t(a, in->in[q]);
-	CpAtt at = {.bsz = tq->dims[0], .t = tq->dims[1], .cp = in->ia[1], .heads = in->ia[0],
+	CpAtt at = {.bsz = tq->dims[0], .t = tq->dims[1], .cp = DP_ATTR(in, ATTENTION_CP, cp),
+		    .heads = DP_ATTR(in, ATTENTION_CP, heads),
 		    .c = tq->dims[2] / 3, .qkv = cpu_f(a, in->in[q]), .kv = cpu_f(a, in->in[q + 1]),
 		    .pos = (const int32_t *)a->ptr[in->in[q + 2]],
 		    .dy = kind == CP_FWD ? NULL : cpu_f(a, in->in[0])};
@@ -231,7 +233,7 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	const DpTensor *tq = &s->tensors[in->in[in->op == DP_OP_ATTENTION_CP ? 0 : 1]];
-	if (tq->dims[1] * in->ia[1] > INT_MAX || tq->dims[2] > INT_MAX)
+	if (tq->dims[1] * DP_ATTR(in, ATTENTION_CP, cp) > INT_MAX || tq->dims[2] > INT_MAX)
 		return RT_FAIL(e, "%s: the sequence is too long for BLAS", dp_op_names[in->op]);
 	return 0;
 }

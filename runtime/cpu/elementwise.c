@@ -90,16 +90,17 @@ static void map16_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 static int run_map(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
+	float s = in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f; /* the map's s */
 	int o16 = cpu_t(k, in->out)->dtype == DP_BF16, a16 = cpu_t(k, in->in[0])->dtype == DP_BF16;
 	int b16 = in->in[1] >= 0 && cpu_t(k, in->in[1])->dtype == DP_BF16;
 	if (o16 || a16 || b16) {
 		Map16 j = {k->vec, in->op, k->ptr[in->out], k->ptr[in->in[0]],
-			   in->in[1] >= 0 ? k->ptr[in->in[1]] : NULL, o16, a16, b16, in->fa[0]};
+			   in->in[1] >= 0 ? k->ptr[in->in[1]] : NULL, o16, a16, b16, s};
 		cpu_parallel(k->pool, cpu_numel(cpu_t(k, in->out)), CPU_GRAIN, map16_piece, &j);
 		return 0;
 	}
 	Ew v = ew(k);
-	cpu_map(k, in->op, v.o, v.a, v.b, in->fa[0], v.n);
+	cpu_map(k, in->op, v.o, v.a, v.b, s, v.n);
 	return 0;
 }
 

@@ -105,14 +105,15 @@ void cpu_blas_init(CpuBlas *b)
 	b->cols = !avx2_kernels;
 }
 
-/* m, k, n of out = op(in0) @ op(in1) (ia0, ia1: transpose flags). */
+/* m, k, n of out = op(in0) @ op(in1) (transA, transB). */
 static void matmul_dims(const DpTensor *a, const DpTensor *b, const DpInstr *in, int64_t *m,
 			int64_t *k, int64_t *k2, int64_t *n)
 {
-	*m = in->ia[0] ? cpu_cols(a) : cpu_rows(a);
-	*k = in->ia[0] ? cpu_rows(a) : cpu_cols(a);
-	*k2 = in->ia[1] ? cpu_cols(b) : cpu_rows(b);
-	*n = in->ia[1] ? cpu_rows(b) : cpu_cols(b);
+	int64_t ta = DP_ATTR(in, MATMUL, transA), tb = DP_ATTR(in, MATMUL, transB);
+	*m = ta ? cpu_cols(a) : cpu_rows(a);
+	*k = ta ? cpu_rows(a) : cpu_cols(a);
+	*k2 = tb ? cpu_cols(b) : cpu_rows(b);
+	*n = tb ? cpu_rows(b) : cpu_cols(b);
 }
 
 static int limit_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
@@ -182,9 +183,9 @@ static int run_matmul(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
-	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), in->ia[0] != 0, cpu_f(k, in->in[1]),
-	      cpu_rows(t1), cpu_cols(t1), in->ia[1] != 0, cpu_f(k, in->out), in->ia[2] ? 1.0f : 0.0f,
-	      NULL);
+	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), DP_ATTR(in, MATMUL, transA) != 0,
+	      cpu_f(k, in->in[1]), cpu_rows(t1), cpu_cols(t1), DP_ATTR(in, MATMUL, transB) != 0,
+	      cpu_f(k, in->out), DP_ATTR(in, MATMUL, acc) ? 1.0f : 0.0f, NULL);
 	return 0;
 }
 
@@ -235,7 +236,7 @@ static int run_bias_grad(const CpuArgs *k, RtErr *e)
 {
 	int64_t c = cpu_numel(cpu_t(k, k->in->out)), rows = cpu_numel(cpu_t(k, k->in->in[0])) / c;
 	ColSum j = {k->vec, cpu_f(k, k->in->in[0]), cpu_f(k, k->in->out), malloc((size_t)c * sizeof(double)),
-		    rows, c, k->in->ia[2] != 0};
+		    rows, c, DP_ATTR(k->in, BIAS_GRAD, acc) != 0};
 	if (!j.sum)
 		return RT_FAIL(e, "out of memory (bias gradient of %lld channels)", (long long)c);
 	cpu_parallel(k->pool, c, rows * c < 2 * CPU_GRAIN ? c : 16, col_piece, &j);

@@ -115,12 +115,23 @@ static int desc(dnnl_memory_desc_t *d, int64_t r, int64_t c, int64_t rs, int64_t
 	return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides) != dnnl_success;
 }
 
+/* A matmul's transpose flags; a linear has none. */
+static int trans_a(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transA);
+}
+
+static int trans_b(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transB);
+}
+
 /* The sizes of matmul/linear instruction in: op(A) [m, k] @ op(B) [k, n]. */
 static void dims_of(const CpuArgs *k, int64_t *m, int64_t *kk, int64_t *n)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]);
-	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
+	int ta = trans_a(in), tb = trans_b(in);
 	*m = ta ? cpu_cols(a) : cpu_rows(a);
 	*kk = ta ? cpu_rows(a) : cpu_cols(a);
 	*n = tb ? cpu_rows(b) : cpu_cols(b);
@@ -138,8 +149,8 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, in
 			return &g->p[i];
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
 	const DpTensor *bias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
-	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
-	int acc = in->op == DP_OP_MATMUL && in->ia[2];
+	int ta = trans_a(in), tb = trans_b(in);
+	int acc = in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, acc);
 	int64_t ca = cpu_cols(a), cb = cpu_cols(b), m, kk, n;
 	dims_of(k, &m, &kk, &n);
 	int64_t pm = by_rows ? hi - lo : m, pn = by_rows ? n : hi - lo; /* the piece */
@@ -229,7 +240,7 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 		return;
 	}
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
-	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
+	int ta = trans_a(in), tb = trans_b(in);
 	int64_t n = cpu_cols(o);
 	/* element offsets of the piece in A, B, the output and the bias */
 	int64_t off[4] = {0, 0, 0, 0};
@@ -280,7 +291,7 @@ int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e)
 	dims_of(k, &m, &kk, &n);
 	Job j = {.g = g, .k = k, .by_rows = 1};
 	double flops = 2.0 * (double)m * (double)n * (double)kk;
-	if (k->in->op == DP_OP_MATMUL && k->in->ia[0] && flops >= GEMM16_DENSE) {
+	if (trans_a(k->in) && flops >= GEMM16_DENSE) {
 		/* a large transposed A: one dense call on oneDNN's threads (the top) */
 		j.threads = cpu_pool_size(k->pool);
 		piece(&j, 0, m, 0);

@@ -40,7 +40,7 @@ static void fill_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 static int run_fill(const CpuArgs *a, RtErr *e)
 {
 	const DpInstr *in = a->in;
-	Fill f = {a->ptr[in->out], in->fa[0], cpu_t(a, in->out)->dtype == DP_I32};
+	Fill f = {a->ptr[in->out], DP_FATTR(in, FILL, value), cpu_t(a, in->out)->dtype == DP_I32};
 	cpu_parallel(a->pool, cpu_numel(cpu_t(a, in->out)), 4 * CPU_GRAIN, fill_piece, &f);
 	return 0;
 }
@@ -87,11 +87,11 @@ static int run_split(const CpuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cpu_t(a, a->in->in[0]);
 	int64_t cols = cpu_cols(t0), rows = cpu_numel(t0) / (cols ? cols : 1);
-	int64_t cs = cols / a->in->ia[0];
+	int64_t cs = cols / DP_ATTR(a->in, SPLIT, parts);
 	float *o = cpu_f(a, a->in->out);
 	const float *x = cpu_f(a, a->in->in[0]);
 	for (int64_t r = 0; r < rows; r++)
-		memcpy(o + r * cs, x + r * cols + a->in->ia[1] * cs, (size_t)cs * sizeof(float));
+		memcpy(o + r * cs, x + r * cols + DP_ATTR(a->in, SPLIT, index) * cs, (size_t)cs * sizeof(float));
 	return 0;
 }
 
@@ -99,12 +99,13 @@ static int run_split_grad(const CpuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cpu_t(a, a->in->in[0]);
 	int64_t cols = cpu_cols(t0), rows = cpu_numel(t0) / (cols ? cols : 1);
-	int64_t cw = cols * a->in->ia[0];
+	int64_t cw = cols * DP_ATTR(a->in, SPLIT_GRAD, parts);
 	float *o = cpu_f(a, a->in->out);
 	const float *dy = cpu_f(a, a->in->in[0]);
 	memset(o, 0, (size_t)cpu_numel(cpu_t(a, a->in->out)) * sizeof(float));
 	for (int64_t r = 0; r < rows; r++)
-		memcpy(o + r * cw + a->in->ia[1] * cols, dy + r * cols, (size_t)cols * sizeof(float));
+		memcpy(o + r * cw + DP_ATTR(a->in, SPLIT_GRAD, index) * cols, dy + r * cols,
+		       (size_t)cols * sizeof(float));
 	return 0;
 }
 
@@ -114,7 +115,8 @@ static int run_split_grad(const CpuArgs *a, RtErr *e)
 static int run_interleave(const CpuArgs *a, RtErr *e)
 {
 	const DpTensor *to = cpu_t(a, a->in->out);
-	int64_t parts = a->in->ia[0], dim = a->in->ia[1], outer = 1, inner = 1;
+	int64_t parts = DP_ATTR(a->in, INTERLEAVE, parts), dim = DP_ATTR(a->in, INTERLEAVE, dim);
+	int64_t outer = 1, inner = 1;
 	for (int64_t i = 0; i < dim; i++)
 		outer *= to->dims[i];
 	for (int64_t i = dim + 1; i < to->ndim; i++)
@@ -187,7 +189,7 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 		cpu_parallel(a->pool, j.rows, cpu_grain_rows(j.d), gather_rows, &j);
 		return 0;
 	}
-	if (!in->ia[2])
+	if (!DP_ATTR(in, EMBEDDING_GRAD, acc))
 		memset(j.o, 0, (size_t)(v * j.d) * sizeof(float));
 	cpu_parallel(a->pool, j.d, j.rows * j.d < 2 * CPU_GRAIN ? j.d : 16, scatter_cols, &j);
 	return 0;

@@ -1,6 +1,6 @@
 /*
  * cpu/loss.c - the CPU kernels of the classification loss: cross entropy
- * (its sum over rows, scaled by fa0), its gradient, and the count of
+ * (its sum over rows, times its scale), its gradient, and the count of
  * correct argmax predictions. Rows with a negative label are padding
  * (eval's last batch) and count for nothing. The sum of exponentials and the
  * loss sum are in double, so finite differences (--check-grads) and cross-rank
@@ -94,10 +94,11 @@ static int xent(const CpuArgs *k, RtErr *e)
 {
 	const DpStep *s = k->s;
 	const DpInstr *in = k->in;
+	float scale = in->op == DP_OP_CORRECT ? 0.0f : DP_FATTR(in, XENT, scale);
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *to = cpu_t(k, in->out);
 	int b16 = t0->dtype == DP_BF16, o16 = to->dtype == DP_BF16;
 	Xent j = {k->vec, in->op, b16 ? NULL : cpu_f(k, in->in[0]), k->ptr[in->in[1]],
-		  o16 ? NULL : cpu_f(k, in->out), cpu_rows(t0), cpu_cols(t0), in->fa[0], NULL,
+		  o16 ? NULL : cpu_f(k, in->out), cpu_rows(t0), cpu_cols(t0), scale, NULL,
 		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[in->out] : NULL, NULL};
 	for (int64_t r = 0; r < j.rows; r++)
 		if (j.y[r] >= j.classes)

@@ -28,8 +28,9 @@ static Nv nv(const CpuArgs *k, int rms)
 	const DpTensor *t0 = cpu_t(k, k->in->in[0]);
 	int64_t cols = cpu_cols(t0);
 	return (Nv){cpu_f(k, k->in->in[0]), cpu_f(k, k->in->in[1]), cpu_f(k, k->in->in[2]),
-		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols, k->in->fa[0], rms,
-		    k->vec, NULL, k->in->ia[2] != 0};
+		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols,
+		    DP_FATTR(k->in, LAYERNORM, eps), rms, k->vec, NULL,
+		    DP_ATTR(k->in, LAYERNORM_GRAD_G, acc) != 0};
 }
 
 /* forward, rows lo..hi (rms: no mean, no beta) */

@@ -1,6 +1,6 @@
 /*
  * cpu/optim.c - the CPU kernels of the optimizer step: the squared norm
- * (double accumulation; tp weight fa0), its square root, clipping
+ * (double accumulation; its tp weight), its square root, clipping
  * (torch.nn.utils.clip_grad_norm_) and the updates, which follow PyTorch
  * 1.13's single-tensor torch.optim.SGD / AdamW formulas operation for
  * operation; lr and t come from the step (CpuStep).
@@ -18,7 +18,7 @@ static void write_copy(uint16_t *copy, const float *p, int64_t n)
 		copy[i] = cpu_to_bf16(p[i]);
 }
 
-/* out[0] = w * sum in0^2 (+ out[0] if ia2); w = fa0, 0 meaning 1. The sum
+/* out[0] = w * sum in0^2 (+ out[0] if acc); w = weight, 0 meaning 1. The sum
  * is in double over blocks of SQ_BLOCK elements added in block order: the
  * same at any thread count. */
 #define SQ_BLOCK 65536
@@ -49,11 +49,12 @@ static int run_sqnorm(const CpuArgs *k, RtErr *e)
 	if (!j.part)
 		return RT_FAIL(e, "out of memory (norm of %lld elements)", (long long)j.n);
 	cpu_parallel(k->pool, blocks, 1, sq_blocks, &j);
-	double sum = 0, w = in->fa[0] != 0 ? in->fa[0] : 1.0; /* tp weight, 0 = 1 */
+	float weight = DP_FATTR(in, SQNORM, weight); /* tp weight, 0 = 1 */
+	double sum = 0, w = weight != 0 ? weight : 1.0;
 	for (int64_t b = 0; b < blocks; b++)
 		sum += j.part[b];
 	free(j.part);
-	o[0] = (float)((in->ia[2] ? o[0] : 0) + w * sum);
+	o[0] = (float)((DP_ATTR(in, SQNORM, acc) ? o[0] : 0) + w * sum);
 	return 0;
 }
 
@@ -68,7 +69,7 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 {
 	float *o = cpu_f(k, k->in->out);
 	int64_t n = cpu_numel(cpu_t(k, k->in->out));
-	float coef = k->in->fa[0] / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
+	float coef = DP_FATTR(k->in, CLIP, max_norm) / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
 	if (coef < 1.0f)
 		cpu_map(k, DP_OP_SCALE, o, o, NULL, coef, n);
 	return 0;
@@ -83,7 +84,7 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 	float *o = cpu_f(k, in->out);
 	const float *a = cpu_f(k, in->in[0]);
 	int64_t n = cpu_numel(cpu_t(k, in->out));
-	float lr = k->step->lr, mom = in->fa[0], wd = in->fa[1];
+	float lr = k->step->lr, mom = DP_FATTR(in, SGD, momentum), wd = DP_FATTR(in, SGD, weight_decay);
 	int nesterov = k->step->opt->nesterov != 0;
 	float *buf = cpu_f(k, in->in[1]);
 	for (int64_t i = 0; i < n; i++) {

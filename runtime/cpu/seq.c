@@ -272,10 +272,11 @@ static int attention(const CpuArgs *x, RtErr *e)
 	const DpInstr *in = x->in;
 	int grad = in->op == DP_OP_ATTENTION_GRAD;
 	const DpTensor *tq = cpu_t(x, in->in[grad ? 1 : 0]);
-	int ld = (int)tq->dims[2], hd = ld / 3 / (int)in->ia[0];
+	int64_t heads = DP_ATTR(in, ATTENTION, heads);
+	int ld = (int)tq->dims[2], hd = ld / 3 / (int)heads;
 	Att a = {.vec = x->vec, .qkv = cpu_f(x, in->in[grad ? 1 : 0]),
 		 .dy = grad ? cpu_f(x, in->in[0]) : NULL, .o = cpu_f(x, in->out),
-		 .bsz = tq->dims[0], .t = tq->dims[1], .heads = in->ia[0], .ld = ld, .c = ld / 3,
+		 .bsz = tq->dims[0], .t = tq->dims[1], .heads = heads, .ld = ld, .c = ld / 3,
 		 .hd = hd, .grad = grad, .scale = (float)(1.0 / sqrt((double)hd))};
 	if (a.bsz == 0 || a.t == 0)
 		return 0;
@@ -299,7 +300,7 @@ static int attention(const CpuArgs *x, RtErr *e)
  * 2*half columns), element j < half pairs with j + half at position t:
  *   out[j]        = x[j] * cos[t, j] - x[j + half] * sin[t, j]
  *   out[j + half] = x[j + half] * cos[t, j] + x[j] * sin[t, j]
- * (HF Llama: x * cos + rotate_half(x) * sin). v is copied. ia0 = 1: sin
+ * (HF Llama: x * cos + rotate_half(x) * sin). v is copied. inverse: sin
  * negated, the inverse rotation (its gradient).
  */
 static int run_rope(const CpuArgs *a, RtErr *e)
@@ -310,7 +311,7 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 	int64_t hd = 2 * half, heads = ld / (3 * hd);
 	const float *x = cpu_f(a, in->in[0]), *cs = cpu_f(a, in->in[1]), *sn = cpu_f(a, in->in[2]);
 	float *o = cpu_f(a, in->out);
-	float sign = in->ia[0] ? -1.0f : 1.0f;
+	float sign = DP_ATTR(in, ROPE, inverse) ? -1.0f : 1.0f;
 	for (int64_t b = 0; b < bsz; b++)
 		for (int64_t p = 0; p < t; p++) {
 			const float *xr = x + (b * t + p) * ld, *cr = cs + p * half, *sr = sn + p * half;

@@ -196,7 +196,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 {
 	const DpStep *s = st->s;
 	Comm *c = st->comm;
-	unsigned axes = (unsigned)in->ia[0];
+	unsigned axes = (unsigned)DP_AXES(in);
 	InFlight fl = {.instr = at->instr};
 	RT_CHECK(poll(st, e));
 	if (in->stream == DP_STREAM_COMPUTE)

@@ -481,10 +481,10 @@ template <typename T> static Geom<T> geom_of(const CuArgs *a)
 	g.pos = cp ? (const int32_t *)cu_p(a, q + 2) : (const int32_t *)0;
 	g.b = tq->dims[0];
 	g.t = tq->dims[1];
-	g.h = in->ia[0];
+	g.h = DP_ATTR(in, ATTENTION, heads);
 	g.c = tq->dims[2] / 3;
 	g.hd = g.c / g.h;
-	g.cp = cp ? in->ia[1] : 0;
+	g.cp = cp ? DP_ATTR(in, ATTENTION_CP, cp) : 0;
 	g.nkeys = cp ? g.cp * g.t : g.t;
 	g.scale = (float)(1.0 / sqrt((double)g.hd));
 	/* every row offset the tiles read is a multiple of hd (or of C = h hd) */
@@ -499,15 +499,17 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 	int q = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP ? 0 : 1;
 	const DpTensor *tq = &s->tensors[in->in[q]];
 	int cp = in->op != DP_OP_ATTENTION && in->op != DP_OP_ATTENTION_GRAD;
-	int64_t hd = tq->dims[2] / 3 / in->ia[0], keys = tq->dims[1] * (cp ? in->ia[1] : 1);
-	int64_t blocks = tq->dims[0] * in->ia[0] * ((keys + ATT_ROWS - 1) / ATT_ROWS);
+	int64_t heads = DP_ATTR(in, ATTENTION, heads);
+	int64_t hd = tq->dims[2] / 3 / heads;
+	int64_t keys = tq->dims[1] * (cp ? DP_ATTR(in, ATTENTION_CP, cp) : 1);
+	int64_t blocks = tq->dims[0] * heads * ((keys + ATT_ROWS - 1) / ATT_ROWS);
 	if (!head_dim_class(hd))
 		return RT_FAIL(e, "step file: %s: head dim %lld; the CUDA attention kernels take head "
 			       "dims up to 256", dp_op_names[in->op], (long long)hd);
 	if (keys > INT_MAX || blocks > INT_MAX)
 		return RT_FAIL(e, "step file: %s: %lld keys of %lld sequences are too many for the "
 			       "CUDA attention kernels", dp_op_names[in->op], (long long)keys,
-			       (long long)(tq->dims[0] * in->ia[0]));
+			       (long long)(tq->dims[0] * heads));
 	return 0;
 }
 
@@ -517,7 +519,7 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	if (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP)
 		return 0;
 	const DpTensor *tq = &s->tensors[in->in[1]];
-	return (size_t)(3 * tq->dims[0] * in->ia[0] * tq->dims[1]) * sizeof(float);
+	return (size_t)(3 * tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1]) * sizeof(float);
 }
 
 template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &g, RtErr *e)

@@ -282,7 +282,7 @@ static void pending_text(Backend *b, int kind, int64_t step, char *buf, size_t l
 						 "%s%s of '%s' over axis mask %lld on the %s stream (%s "
 						 "program instruction %u, micro-batch %d)",
 						 used ? "; " : "", dp_op_names[in->op],
-						 tname(b->s, in->out), (long long)in->ia[0],
+						 tname(b->s, in->out), (long long)DP_AXES(in),
 						 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr,
 						 mk->micro);
 			break;
@@ -532,10 +532,10 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 				return RT_FAIL(e, "step file: %s program instruction %u: bad stream %u",
 					       dp_prog_names[p], i, in->stream);
 			if (dp_is_collective(in->op) &&
-			    cu_nccl_group_size(b->comm, (unsigned)in->ia[0]) > 1 &&
-			    !cu_nccl_comm(x->nccl, in->stream, (unsigned)in->ia[0]))
+			    cu_nccl_group_size(b->comm, (unsigned)DP_AXES(in)) > 1 &&
+			    !cu_nccl_comm(x->nccl, in->stream, (unsigned)DP_AXES(in)))
 				return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s "
-					       "stream", (long long)in->ia[0], dp_stream_names[in->stream]);
+					       "stream", (long long)DP_AXES(in), dp_stream_names[in->stream]);
 			if (dp_op_class(in->op) != DP_OPC_KERNEL)
 				continue;
 			const KernelRow *k = &cu_kernel_table.k[in->op];
@@ -1035,7 +1035,7 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	CuBackend *x = b->impl;
 	const DpStep *s = b->s;
 	cudaStream_t st = x->st[in->stream];
-	unsigned mask = (unsigned)in->ia[0];
+	unsigned mask = (unsigned)DP_AXES(in);
 	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
 	void *out = b->ptr[in->out];
 	const void *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;

@@ -93,7 +93,7 @@ void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
 			const DpInstr *in = &s->prog[p][i];
 			if (dp_is_collective(in->op))
 				masks[in->stream < DP_NSTREAM ? in->stream : 0] |=
-					1u << (in->ia[0] & (NMASK - 1));
+					1u << (DP_AXES(in) & (NMASK - 1));
 		}
 }
 

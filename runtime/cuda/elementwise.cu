@@ -26,13 +26,13 @@
  */
 #include "device.cuh"
 
-/* out = f(a, b, out, fa0): a = in0, b = in1 (unused when absent), out read
- * only by accum; fa0 is scale's factor. */
+/* out = f(a, b, out, s): a = in0, b = in1 (unused when absent), out read
+ * only by accum; s is scale's factor (map_s). */
 #define ELEMENTWISE(name, reads_out_, expr)                                          \
 	struct name {                                                                 \
 		static constexpr int reads_out = reads_out_;                              \
 		__device__ __forceinline__ float operator()(float a, float b, float o, \
-							    float fa0) const           \
+							    float s) const             \
 		{                                                                     \
 			return expr;                                                  \
 		}                                                                     \
@@ -61,7 +61,7 @@ static __device__ __forceinline__ float silu_grad(float dy, float x)
 }
 
 ELEMENTWISE(Accum, 1, o + a)
-ELEMENTWISE(Scale, 0, fa0 * a)
+ELEMENTWISE(Scale, 0, s * a)
 ELEMENTWISE(Add, 0, a + b)
 ELEMENTWISE(Mul, 0, a * b)
 ELEMENTWISE(Relu, 0, a > 0 ? a : 0)
@@ -76,25 +76,25 @@ ELEMENTWISE(Sigmoid, 0, 1.0f / (1.0f + expf(-a)))
 ELEMENTWISE(SigmoidGrad, 0, a * b * (1.0f - b)) /* dy * y * (1 - y), y the output */
 
 template <class F>
-__global__ void k_map(float *o, const float *a, const float *b, int64_t n, float fa0)
+__global__ void k_map(float *o, const float *a, const float *b, int64_t n, float s)
 {
 	F f;
 	CU_FOR_EACH(i, n) {
 		float bi = b ? ld(b + i) : 0.0f, oi = F::reads_out ? ld(o + i) : 0.0f;
-		st(o + i, f(ld(a + i), bi, oi, fa0));
+		st(o + i, f(ld(a + i), bi, oi, s));
 	}
 }
 
 /* n4 groups of four */
 template <class F>
-__global__ void k_map4(float *o, const float *a, const float *b, int64_t n4, float fa0)
+__global__ void k_map4(float *o, const float *a, const float *b, int64_t n4, float s)
 {
 	F f;
 	CU_FOR_EACH(i, n4) {
 		float4 x = ld4(a + 4 * i), y = b ? ld4(b + 4 * i) : make_float4(0, 0, 0, 0);
 		float4 z = F::reads_out ? ld4(o + 4 * i) : make_float4(0, 0, 0, 0);
-		st4(o + 4 * i, make_float4(f(x.x, y.x, z.x, fa0), f(x.y, y.y, z.y, fa0),
-					   f(x.z, y.z, z.z, fa0), f(x.w, y.w, z.w, fa0)));
+		st4(o + 4 * i, make_float4(f(x.x, y.x, z.x, s), f(x.y, y.y, z.y, s),
+					   f(x.z, y.z, z.z, s), f(x.w, y.w, z.w, s)));
 	}
 }
 
@@ -103,17 +103,17 @@ __global__ void k_map4(float *o, const float *a, const float *b, int64_t n4, flo
  * bf16 maps (and as staging). One at a time, or eight per thread with
  * 128-bit accesses when n8 groups of eight are 16-byte aligned. */
 template <class F, typename TO, typename TA>
-__global__ void k_map_t(TO *o, const TA *a, const TA *b, int64_t n, float fa0)
+__global__ void k_map_t(TO *o, const TA *a, const TA *b, int64_t n, float s)
 {
 	F f;
 	CU_FOR_EACH(i, n) {
 		float bi = b ? ld(b + i) : 0.0f, oi = F::reads_out ? ld(o + i) : 0.0f;
-		st(o + i, f(ld(a + i), bi, oi, fa0));
+		st(o + i, f(ld(a + i), bi, oi, s));
 	}
 }
 
 template <class F, typename TO, typename TA>
-__global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float fa0)
+__global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float s)
 {
 	F f;
 	CU_FOR_EACH(i, n8) {
@@ -124,9 +124,15 @@ __global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float fa0)
 		if (F::reads_out)
 			ld8(o + 8 * i, z);
 		for (int k = 0; k < 8; k++)
-			z[k] = f(x[k], y[k], z[k], fa0);
+			z[k] = f(x[k], y[k], z[k], s);
 		st8(o + 8 * i, z);
 	}
+}
+
+/* The maps' s: scale's factor (the other maps take none). */
+static float map_s(const DpInstr *in)
+{
+	return in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f;
 }
 
 template <class F, typename TO, typename TA>
@@ -134,10 +140,10 @@ static void launch_map(const CuArgs *a, TO *o, const TA *x, const TA *y, int64_t
 {
 	if (n % 8 == 0 && cu_aligned16(o) && cu_aligned16(x) && (!y || cu_aligned16(y)))
 		CU_LAUNCH((k_map8<F, TO, TA>), cu_grid(n / 8), CU_THREADS, a->st, o, x, y, n / 8,
-			  a->in->fa[0]);
+			  map_s(a->in));
 	else
 		CU_LAUNCH((k_map_t<F, TO, TA>), cu_grid(n), CU_THREADS, a->st, o, x, y, n,
-			  a->in->fa[0]);
+			  map_s(a->in));
 }
 
 /* The operand rules: every operand of a map has the output's dtype, except
@@ -171,9 +177,9 @@ template <class F> static int run_map(const CuArgs *a, RtErr *e)
 	if (cu_t(a, -1)->dtype == DP_BF16 || cu_t(a, 0)->dtype == DP_BF16)
 		return run_map_bf16<F>(a, e);
 	if (n % 4 == 0 && cu_aligned16(o) && cu_aligned16(x) && (!y || cu_aligned16(y)))
-		CU_LAUNCH(k_map4<F>, cu_grid(n / 4), CU_THREADS, a->st, o, x, y, n / 4, a->in->fa[0]);
+		CU_LAUNCH(k_map4<F>, cu_grid(n / 4), CU_THREADS, a->st, o, x, y, n / 4, map_s(a->in));
 	else
-		CU_LAUNCH(k_map<F>, cu_grid(n), CU_THREADS, a->st, o, x, y, n, a->in->fa[0]);
+		CU_LAUNCH(k_map<F>, cu_grid(n), CU_THREADS, a->st, o, x, y, n, map_s(a->in));
 	CU_LAUNCHED(a, e);
 	return 0;
 }

@@ -68,11 +68,27 @@ struct CuGemm {
 	uint32_t align[4];              /* alignment planned for: A, B, C = D, bias (bytes) */
 };
 
-/* m, k, n of out = op(in0) @ op(in1) (ia0, ia1: transpose flags; linear: none). */
+/* A matmul's transpose flags and accumulate flag; a linear has none. */
+static int trans_a(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transA);
+}
+
+static int trans_b(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transB);
+}
+
+static int accumulates(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, acc);
+}
+
+/* m, k, n of out = op(in0) @ op(in1) (transA, transB; linear: none). */
 static void gemm_dims(const DpStep *s, const DpInstr *in, int64_t *m, int64_t *k, int64_t *n)
 {
 	const DpTensor *a = &s->tensors[in->in[0]], *b = &s->tensors[in->in[1]];
-	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
+	int ta = trans_a(in), tb = trans_b(in);
 	*m = ta ? cu_cols(a) : cu_rows(a);
 	*k = ta ? cu_rows(a) : cu_cols(a);
 	*n = tb ? cu_rows(b) : cu_cols(b);
@@ -162,7 +178,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	const DpTensor *tx = &s->tensors[in->in[0]], *tw = &s->tensors[in->in[1]];
 	const void *px = p->ptr[in->in[0]], *pw = p->ptr[in->in[1]], *po = p->ptr[in->out];
 	const void *pbias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? p->ptr[in->in[2]] : NULL;
-	int ta = in->op == DP_OP_MATMUL && in->ia[0], tb = in->op == DP_OP_MATMUL && in->ia[1];
+	int ta = trans_a(in), tb = trans_b(in);
 	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
 	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
 	cudaDataType_t ab = tx->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -174,7 +190,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	f->gemm = g;
 	int epilogue = pbias && c == CUDA_R_32F && align_of(pbias) >= 16;
 	g->bias_rows = pbias && !epilogue;
-	g->beta = g->bias_rows || (in->op == DP_OP_MATMUL && in->ia[2]) ? 1.0f : 0.0f;
+	g->beta = g->bias_rows || accumulates(in) ? 1.0f : 0.0f;
 	g->align[0] = align_of(pw);
 	g->align[1] = align_of(px);
 	g->align[2] = align_of(po);
@@ -302,7 +318,7 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is */
 		if (has_bias)
 			return bias_rows(a, m, n, e);
-		if (a->in->op == DP_OP_MATMUL && a->in->ia[2])
+		if (accumulates(a->in))
 			return 0;
 		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype),
 					 a->st), e);
@@ -355,7 +371,7 @@ template <typename T, typename TO> static int run_bias_grad_t(const CuArgs *a, R
 		return 0;
 	BiasTerm<T> term = {(const T *)cu_p(a, 0), c};
 	CU_OK(a, cu_colsum(a->st, term, (TO *)cu_p(a, -1), cu_numel(cu_t(a, 0)) / c, c,
-			   a->in->ia[2] != 0, (double *)a->scratch), e);
+			   DP_ATTR(a->in, BIAS_GRAD, acc) != 0, (double *)a->scratch), e);
 	return 0;
 }
 

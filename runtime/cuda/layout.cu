@@ -159,19 +159,19 @@ __global__ void k_fill_bf16(cu_bf16 *o, int64_t n, float v)
 static int run_fill(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1));
+	float v = DP_FATTR(a->in, FILL, value);
 	if (n <= 0)
 		return 0;
 	if (cu_t(a, -1)->dtype == DP_I32)
 		CU_LAUNCH(k_fill<int32_t>, cu_grid(n), CU_THREADS, a->st, (int32_t *)cu_p(a, -1), n,
-			  (int32_t)a->in->fa[0]);
-	else if (a->in->fa[0] == 0)
+			  (int32_t)v);
+	else if (v == 0)
 		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)n * dp_dtype_size(cu_t(a, -1)->dtype),
 					 a->st), e);
 	else if (cu_t(a, -1)->dtype == DP_BF16)
-		CU_LAUNCH(k_fill_bf16, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
-			  a->in->fa[0]);
+		CU_LAUNCH(k_fill_bf16, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n, v);
 	else
-		CU_LAUNCH(k_fill<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->in->fa[0]);
+		CU_LAUNCH(k_fill<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, v);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -266,16 +266,17 @@ static int limit_transpose(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* ---- split: out = column chunk ia1 of ia0; split_grad: its zero-padded inverse ---- */
+/* ---- split: out = column chunk index of `parts`; split_grad: its zero-padded inverse ---- */
 
 static size_t elem_size(const DpTensor *t) { return dp_dtype_size(t->dtype); }
 
 static int run_split(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
-	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cs = cols / a->in->ia[0];
+	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cs = cols / DP_ATTR(a->in, SPLIT, parts);
 	size_t es = elem_size(t0);
-	CU_OK(a, rows_copy_elems(a->st, cu_p(a, -1), cs, elem_at(cu_p(a, 0), a->in->ia[1] * cs, es),
+	CU_OK(a, rows_copy_elems(a->st, cu_p(a, -1), cs,
+				 elem_at(cu_p(a, 0), DP_ATTR(a->in, SPLIT, index) * cs, es),
 				 cols, cs, rows, es), e);
 	return 0;
 }
@@ -285,8 +286,8 @@ static int run_split(const CuArgs *a, RtErr *e)
 static int run_split_grad(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
-	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cw = cols * a->in->ia[0];
-	int64_t lo = a->in->ia[1] * cols, hi = lo + cols;
+	int64_t cols = cu_cols(t0), rows = cu_rows(t0), cw = cols * DP_ATTR(a->in, SPLIT_GRAD, parts);
+	int64_t lo = DP_ATTR(a->in, SPLIT_GRAD, index) * cols, hi = lo + cols;
 	size_t es = elem_size(t0);
 	void *o = cu_p(a, -1);
 	if (rows <= 0 || cw <= 0)
@@ -303,7 +304,8 @@ static int run_split_grad(const CuArgs *a, RtErr *e)
 static int run_interleave(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *to = cu_t(a, -1);
-	int64_t parts = a->in->ia[0], dim = a->in->ia[1], outer = 1, inner = 1;
+	int64_t parts = DP_ATTR(a->in, INTERLEAVE, parts), dim = DP_ATTR(a->in, INTERLEAVE, dim);
+	int64_t outer = 1, inner = 1;
 	size_t es = elem_size(to);
 	for (int64_t i = 0; i < dim; i++)
 		outer *= to->dims[i];
@@ -323,7 +325,7 @@ static int run_kv_pack(const CuArgs *a, RtErr *e)
 {
 	int unpack = a->in->op == DP_OP_KV_UNPACK;
 	const DpTensor *tq = unpack ? cu_t(a, -1) : cu_t(a, 0);
-	int64_t heads = a->in->ia[0], hd = tq->dims[2] / 3 / heads;
+	int64_t heads = DP_ATTR(a->in, KV_PACK, heads), hd = tq->dims[2] / 3 / heads;
 	int64_t rows = tq->dims[0] * tq->dims[1] * heads; /* one row per (token, head) */
 	size_t es = elem_size(tq);
 	void *o = cu_p(a, -1);
@@ -506,7 +508,7 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *to = cu_t(a, -1);
 	int64_t v = to->dims[0], d = to->dims[1], rows = cu_numel(cu_t(a, 1));
-	int acc = a->in->ia[2] != 0;
+	int acc = DP_ATTR(a->in, EMBEDDING_GRAD, acc) != 0;
 	const int32_t *ids = (const int32_t *)cu_p(a, 1);
 	int32_t *cnt = (int32_t *)a->scratch, *start = cnt + v + 1, *rank = start + v + 1;
 	int32_t *order = rank + rows;

@@ -218,6 +218,7 @@ static size_t scratch_xent(const DpStep *s, const DpInstr *in)
 template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 {
 	int op = a->in->op;
+	float scale = op == DP_OP_CORRECT ? 0.0f : DP_FATTR(a->in, XENT, scale);
 	int64_t rows = cu_rows(cu_t(a, 0)), classes = cu_cols(cu_t(a, 0));
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? (rows > 0 ? rows : 1) : CU_MAX_GRID);
 	unsigned threads = cu_row_threads_w(classes, W);
@@ -229,7 +230,7 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 			return 0;
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
 		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1), x, y, rows,
-			  classes, a->in->fa[0], stats, a->sc);
+			  classes, scale, stats, a->sc);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
@@ -238,7 +239,7 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 			  op == DP_OP_XENT ? a->fuse->rowstats : (double *)0, a->sc);
 		CU_LAUNCHED(a, e);
 	}
-	CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, op, cu_f(a, -1), rows, a->in->fa[0], part);
+	CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, op, cu_f(a, -1), rows, scale, part);
 	CU_LAUNCHED(a, e);
 	return 0;
 }

@@ -186,7 +186,7 @@ template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 	if (rows <= 0 || c <= 0)
 		return 0;
 	NORM_LAUNCH(k_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, g, b), rms, o, x, g, b, rows, c,
-		    (double)a->in->fa[0]);
+		    (double)DP_FATTR(a->in, LAYERNORM, eps));
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -200,7 +200,8 @@ template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 	if (rows <= 0 || c <= 0)
 		return 0;
 	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g),
-		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, rows, c, (double)a->in->fa[0]);
+		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, rows, c,
+		    (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps));
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -225,11 +226,12 @@ template <typename T, typename TO> static int run_grad_g_t(const CuArgs *a, RtEr
 		return 0;
 	if (rows > 0) {
 		NORM_LAUNCH(k_norm_stats, T, rows, c, cu_vec8<T>(c, x), rms, x, rows, c,
-			    (double)a->in->fa[0], stats);
+			    (double)DP_FATTR(a->in, LAYERNORM_GRAD_G, eps), stats);
 		CU_LAUNCHED(a, e);
 	}
 	NormGTerm<T> term = {dy, x, stats, c};
-	CU_OK(a, cu_colsum(a->st, term, (TO *)cu_p(a, -1), rows, c, a->in->ia[2] != 0, part), e);
+	CU_OK(a, cu_colsum(a->st, term, (TO *)cu_p(a, -1), rows, c,
+			   DP_ATTR(a->in, LAYERNORM_GRAD_G, acc) != 0, part), e);
 	return 0;
 }
 

@@ -92,8 +92,9 @@ static int run_sqnorm(const CuArgs *a, RtErr *e)
 			  vec, (double *)a->scratch);
 	}
 	CU_LAUNCHED(a, e);
+	float w = DP_FATTR(a->in, SQNORM, weight); /* tp weight, 0 = 1 */
 	CU_LAUNCH(k_sqnorm_sum, 1, CU_THREADS, a->st, cu_f(a, -1), (const double *)a->scratch,
-		  a->in->ia[2] != 0, a->in->fa[0] != 0 ? a->in->fa[0] : 1.0f);
+		  DP_ATTR(a->in, SQNORM, acc) != 0, w != 0 ? w : 1.0f);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -138,10 +139,10 @@ static int run_clip(const CuArgs *a, RtErr *e)
 		return 0;
 	if (cu_t(a, -1)->dtype == DP_BF16)
 		CU_LAUNCH(k_clip<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
-			  cu_f(a, 0), a->in->fa[0]);
+			  cu_f(a, 0), DP_FATTR(a->in, CLIP, max_norm));
 	else
 		CU_LAUNCH(k_clip<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, cu_f(a, 0),
-			  a->in->fa[0]);
+			  DP_FATTR(a->in, CLIP, max_norm));
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -191,15 +192,15 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	if (n <= 0)
 		return 0;
 	int nesterov = a->s->opt.nesterov != 0;
+	float mom = DP_FATTR(a->in, SGD, momentum), wd = DP_FATTR(a->in, SGD, weight_decay);
 	if (cu_t(a, 0)->dtype == DP_BF16)
 		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
-			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n,
-			  a->in->fa[0], a->in->fa[1], nesterov, a->sc, a->fuse->clip_norm,
-			  a->fuse->clip_max);
+			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd,
+			  nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
 		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
-			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, a->in->fa[0], a->in->fa[1], nesterov,
-			  a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd, nesterov, a->sc,
+			  a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -381,7 +382,7 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 				if ((k->op == DP_OP_ADAMW || k->op == DP_OP_SGD) && k->in[0] >= 0 &&
 				    overlaps(&s->tensors[k->in[0]], grads)) {
 					p->fuse[pg][j].clip_norm = (const float *)p->ptr[c->in[0]];
-					p->fuse[pg][j].clip_max = c->fa[0];
+					p->fuse[pg][j].clip_max = DP_FATTR(c, CLIP, max_norm);
 				}
 				if (k->op == DP_OP_FILL && k->out >= 0 && inside(grads, &s->tensors[k->out]))
 					break;

@@ -124,7 +124,7 @@ static int run_softmax(const CuArgs *a, RtErr *e)
  * qkv [B, T, 3C], heads of hd = 2*half: in q and k, element j < half pairs
  * with j + half at position t (the row's index along T):
  *   out[j] = x[j] c - x[j+half] s,  out[j+half] = x[j+half] c + x[j] s
- * with s negated for the inverse (ia0). v is copied. One thread per pair (or
+ * with s negated for the inverse (the attribute inverse). v is copied. One thread per pair (or
  * per v element): rows * heads * (2 * half + hd) = rows * 3C / 2... indexed
  * as (row, column of the row's first 2/3 pairs or v). */
 template <typename T>
@@ -198,7 +198,7 @@ template <typename T> static int run_rope_t(const CuArgs *a, RtErr *e)
 	const T *x = (const T *)cu_p(a, 0), *cs = (const T *)cu_p(a, 1), *sn = (const T *)cu_p(a, 2);
 	if (rows <= 0 || half <= 0)
 		return 0;
-	float sign = a->in->ia[0] ? -1.0f : 1.0f;
+	float sign = DP_ATTR(a->in, ROPE, inverse) ? -1.0f : 1.0f;
 	int64_t pairs = rows * tq->dims[2] / 3 * 2;
 	int vec = 0; /* the 128-bit walk: bf16 only (k_rope8 moves v as 2-byte elements) */
 	if constexpr (sizeof(T) == 2) {

@@ -297,12 +297,12 @@ static int c_atomic(void)
 	CU_LAUNCH(k_atomic, 4, 128, 0, acc, iacc, cas);
 	CK(cudaGetLastError());
 	float a;
-	int ia[2];
+	int ints[2]; /* the integer atomics: add, max */
 	unsigned long long c;
 	from_dev(&a, acc, 1);
-	CK(cudaMemcpy(ia, iacc, 8, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(ints, iacc, 8, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(&c, cas, 8, cudaMemcpyDeviceToHost));
-	EXPECT(a == 512 && ia[0] == 1024 && ia[1] == 511 && c == 512);
+	EXPECT(a == 512 && ints[0] == 1024 && ints[1] == 511 && c == 512);
 	return 0;
 }
 
