@@ -311,7 +311,7 @@ int main(int argc, char **argv)
 	}
 	BackendOpts bo = {0};
 	if (comm_mpi_init(&comm, step.cfg.mesh, exec_comm_masks(&step), &e) ||
-	    exec_init(&x, &step, comm, &cpu_backend, &bo, &e)) {
+	    exec_init(&x, &step, comm, backend_cpu(), &bo, &e)) {
 		fprintf(stderr, "ckpt_fuzz: %s\n", e.msg);
 		return 2;
 	}

@@ -206,16 +206,17 @@ dargs() { # extra dpc arguments per model
 # variant of a model: strategy and mesh line
 # REDUCE=bf16: gradients reduced and optimized in bf16 (reduce_dtype bf16);
 # SGD=1: SGD with momentum in place of AdamW; SGD=nesterov: with Nesterov momentum;
-# SCHED=SPEC: that lr schedule (the device computes it; the backend compares
+# LR_SCHED=SPEC: that lr schedule (not SCHED: tests/lib.sh sets that for
+# transformer.sh and bf16.sh) (the device computes it; the backend compares
 # its lr with the host's every step)
 model_src() { # model_src MODEL STRATEGY MESH -> path
-	local out=$T/$1-$2-${3// /}${REDUCE:+-r$REDUCE}${SGD:+-sgd$SGD}${SCHED:+-${SCHED%%(*}}.dp
+	local out=$T/$1-$2-${3// /}${REDUCE:+-r$REDUCE}${SGD:+-sgd$SGD}${LR_SCHED:+-${LR_SCHED%%(*}}.dp
 	local extra=${REDUCE:+\\n  reduce_dtype $REDUCE}
 	local nesterov=; [ "${SGD:-}" = nesterov ] && nesterov=", nesterov=true"
 	{ echo "mesh $3"; grep -v '^mesh ' "$T/$1.dp"; } |
 		sed -e "s/^  strategy .*/  strategy $2$extra/" \
 			-e "${SGD:+s/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9$nesterov)/}" \
-			-e "${SCHED:+s/^  schedule .*/  schedule $SCHED/}" >"$out"
+			-e "${LR_SCHED:+s/^  schedule .*/  schedule $LR_SCHED/}" >"$out"
 	echo "$out"
 }
 
@@ -229,7 +230,7 @@ gpu_cases=()
 model_case() {
 	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
 	local kind=${SGD:-}; kind=${kind#1} # SGD=nesterov: "sgd nesterov"
-	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd}${kind:+ $kind}${SCHED:+ $SCHED} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
+	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd}${kind:+ $kind}${LR_SCHED:+ $LR_SCHED} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
@@ -238,6 +239,7 @@ model_case() {
 	# shellcheck disable=SC2046
 	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
 		-o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
+		CASE_NAME=$name REPRO="" # (its repro line names this case)
 		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
 	fi
 	case_on "$name" || return 0 # (compiled all the same: section 3 and 5 read some step files)
@@ -389,8 +391,8 @@ PREC=bf16 REDUCE=bf16 SGD=nesterov model_case mlp8 ddp 2
 PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 # the schedules the host computes with runtime/lr_sched.h, on the device:
 # wsd's warmup and decay (lr, lr, then half-way to min_lr), step's powers
-SCHED="wsd(warmup=1, stable=0, decay=2, min_lr=1e-4)" model_case mlp8 ddp 2
-SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
+LR_SCHED="wsd(warmup=1, stable=0, decay=2, min_lr=1e-4)" model_case mlp8 ddp 2
+LR_SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
