@@ -42,8 +42,9 @@
 # stopped 5 s under --timeout 3 goes on; the error is printed once) count
 # only the time a rank ran, and passed at a load of ~10 beside three other
 # suites. trace.sh prints the cost of tracing without asserting it.
-# durability's and gpu_kit's seconds are estimates (631 s at a load of ~10;
-# the kit's header: 5-10 min), not measured alone.
+# durability's 470 s and gpu_kit's 170 s were measured in a full run on an
+# otherwise idle machine (durability mostly waits on strace'd and killed
+# runs: half a CPU); it starts first, being the longest.
 #
 # Output. Each FAIL line is printed as it happens, prefixed with its suite
 # ("[sharding]   FAIL ..."), followed by the command that reproduces it
@@ -64,14 +65,14 @@ LOGS=$BUILD/test-logs
 
 # name               weight  alone  seconds (alone on 2 cores, issue 20's figures; the start order)
 TABLE="
-gpu_kit                1.5    -      420
-cuda_emu               1.5    -      210
+durability             0.5    -      470
+gpu_kit                1.5    -      170
+cuda_emu               1.5    -      310
 cuda_emu_mutations     1.5    -      135
 gradcheck              2      -       64
 faults                 0.5    -       52
 sharding               1.5    -       44
 resume                 0.5    -       33
-durability             1      -      200
 bf16                   1      -       25
 runtime_errors         0.5    -       23
 torch_ref              1      -       20
