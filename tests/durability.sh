@@ -155,21 +155,29 @@ damage() {
 		{ fail "$form checkpoint"; return; }
 	mpi "$np" "$bin" --quiet --steps 15 --resume "$d/step-000010" --losses "$T/good-$form.loss" \
 		--save-dir "$T/sink-$form" >/dev/null 2>&1 || { fail "undamaged resume"; return; }
-	local n refused=0 same=0 silent=0 list=""
+	local n refused=0 same=0 silent=0 list="" k=0 r=$T/dmg-$form-res
 	n=$($PY tests/ckpt_damage.py "$d/step-000010" "$T/dmg-$form-copies" "$nrand" 22 $lite) || { fail "ckpt_damage.py"; return; }
+	mkdir -p "$r"
+	# each resume in a directory of its own, DMG_JOBS (4) at a time: they are
+	# independent, and mostly MPI start-up and waiting
 	while IFS=$'\t' read -r name desc; do
-		rm -rf "$T/sink" "$T/d.loss" # (a resumed run continues an existing --losses file)
-		mpi "$np" "$bin" --quiet --steps 15 --resume "$T/dmg-$form-copies/$name" --losses "$T/d.loss" \
-			--save-dir "$T/sink" >"$T/d.out" 2>&1 </dev/null
-		rc=$?
-		if [ $rc -eq 1 ] && grep -q "dpexec: error: " "$T/d.out"; then
+		(mpi "$np" "$bin" --quiet --steps 15 --resume "$T/dmg-$form-copies/$name" \
+			--losses "$r/$name.loss" --save-dir "$r/$name.sink" >"$r/$name.out" 2>&1 </dev/null
+		echo $? >"$r/$name.rc"; rm -rf "$r/$name.sink") &
+		k=$((k + 1))
+		[ $((k % ${DMG_JOBS:-4})) = 0 ] && wait
+	done <"$T/dmg-$form-copies/list.txt"
+	wait
+	while IFS=$'\t' read -r name desc; do
+		rc=$(cat "$r/$name.rc" 2>/dev/null || echo none)
+		if [ "$rc" = 1 ] && grep -q "dpexec: error: " "$r/$name.out"; then
 			refused=$((refused + 1))
-		elif [ $rc -eq 0 ] && cmp -s "$T/d.loss" "$T/good-$form.loss"; then
+		elif [ "$rc" = 0 ] && cmp -s "$r/$name.loss" "$T/good-$form.loss"; then
 			same=$((same + 1))
 		else
-			silent=$((silent + 1)); list="$list\n      $name ($desc): exit $rc$(grep -m1 error "$T/d.out" | sed 's/^/: /')"
+			silent=$((silent + 1)); list="$list\n      $name ($desc): exit $rc$(grep -m1 error "$r/$name.out" | sed 's/^/: /')"
 		fi
-		echo "$name	$rc	$(grep -m1 "error" "$T/d.out")" >>"$T/dmg-$form.log"
+		echo "$name	$rc	$(grep -m1 "error" "$r/$name.out")" >>"$T/dmg-$form.log"
 	done <"$T/dmg-$form-copies/list.txt"
 	echo "  $form form, $np rank(s): $n damaged checkpoints: $refused refused, $same trained as the undamaged one, $silent trained differently or failed otherwise"
 	[ -n "$list" ] && printf "%b\n" "$list" | head -n 20
