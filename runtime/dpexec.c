@@ -813,7 +813,6 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 		lp->t_all += paused;
 	}
 	if (k == r->start || (k + 1) % lp->log_every == 0 || last || stop || ev.have) {
-		now = MPI_Wtime();
 		double n = (double)lp->since_log, dt = (done - lp->t_log) / n;
 		if (r->rank == 0) {
 			char extra[160] = "";
@@ -823,8 +822,10 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 					 (c->stats.issue_s - lp->at_log.issue_s) * 1e3 / n,
 					 (c->stats.blocked_s - lp->at_log.blocked_s) * 1e3 / n,
 					 lp->host_s * 1e6 / n);
+			/* elapsed at `done` too: on a synchronous backend step k + 1
+			 * has already run by now, and is no part of step k's time */
 			metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
-				    &ev, extra, now);
+				    &ev, extra, done);
 		}
 		lp->t_log = done;
 		lp->since_log = 0;

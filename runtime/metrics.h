@@ -41,7 +41,8 @@ void metrics_step(Metrics *m, uint64_t step, double loss, double grad_norm, doub
 		  double step_s);
 /* A logged step: the progress line (and the eval line when ev->have), and a
  * --log-json object. grad_norm NaN: the model has none. extra: appended to
- * the progress line (may be NULL). */
+ * the progress line (may be NULL). now: when the step was seen done; its
+ * elapsed time is now minus metrics_start's. */
 void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,
 		 double ms_per_step, const EvalResult *ev, const char *extra, double now);
 /* The first write error since metrics_open: 0, or -1 with e. */
