@@ -52,7 +52,7 @@ static void usage(FILE *out)
 		"                      --dump-after is given: those look at a model, and write a\n"
 		"                      step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
-		"      --tp N, --cp N, --dp-replicate N\n"
+		"      --tp N, --cp N, --dp-replicate N, --pp N\n"
 		"                      the axes `mesh auto` fixes first (default 1 each);\n"
 		"                      dp_shard takes the rest of the world size\n"
 		"  -D NAME=VALUE       set the config constant NAME to VALUE (an integer or a\n"
@@ -314,6 +314,7 @@ enum {
 	OPT_TP,
 	OPT_CP,
 	OPT_DP_REPLICATE,
+	OPT_PP,
 	OPT_EMIT,
 	OPT_DUMP_IR,
 	OPT_DUMP_AFTER,
@@ -377,6 +378,7 @@ int main(int argc, char **argv)
 		{"tp", required_argument, NULL, OPT_TP},
 		{"cp", required_argument, NULL, OPT_CP},
 		{"dp-replicate", required_argument, NULL, OPT_DP_REPLICATE},
+		{"pp", required_argument, NULL, OPT_PP},
 		{"emit", required_argument, NULL, OPT_EMIT},
 		{"dump-ir", required_argument, NULL, OPT_DUMP_IR},
 		{"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
@@ -399,7 +401,7 @@ int main(int argc, char **argv)
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
-	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
+	int axis[4] = {0, 0, 0, 0}; /* --tp, --cp, --dp-replicate, --pp */
 	const char *from_ir = NULL, *passes = NULL;
 	static const char shortopts[] = "o:vhD:";
 	int c;
@@ -426,8 +428,10 @@ int main(int argc, char **argv)
 		case OPT_WORLD:
 		case OPT_TP:
 		case OPT_CP:
-		case OPT_DP_REPLICATE: {
-			static const char *const names[] = {"world-size", "tp", "cp", "dp-replicate"};
+		case OPT_DP_REPLICATE:
+		case OPT_PP: {
+			static const char *const names[] = {"world-size", "tp", "cp", "dp-replicate",
+							    "pp"};
 			char *end;
 			errno = 0;
 			long n = strtol(optarg, &end, 10);
@@ -533,8 +537,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
 		return 1;
 	}
-	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || nsets)) {
-		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D, --set and the "
+	if (from_ir && (world || axis[0] || axis[1] || axis[2] || axis[3] || ndefines || nsets)) {
+		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, --pp, -D, --set and the "
 				"settings' flags shape a model; IR (--from-ir) has them settled\n");
 		free(defines);
 		return 1;
@@ -592,7 +596,7 @@ int main(int argc, char **argv)
 		rc = run_from_ir(path, passes ? passes : "all", write_step, &po, &diag, &src, &g, &last);
 	} else {
 		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
-				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
+				.dp_replicate = axis[2], .pp = axis[3], .defines = defines, .ndefines = ndefines,
 				.sets = sets, .nsets = nsets};
 		g = lower_compile_opts(path, &fo, &diag, &src);
 		if (!g || diag.nerrors) {
@@ -610,6 +614,16 @@ int main(int argc, char **argv)
 		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
+	if (write_step && g->cfg.mesh[DP_AXIS_PP] > 1) {
+		/* passes/stages.c plans the cut; the stages' programs (p2p sends and
+		 * receives, the micro-batch schedule) are not compiled yet */
+		error_at(&diag, g->mesh_loc, "pp=%u: dpc cuts the model into pipeline stages and "
+			 "forecasts them (dpc --stats), but does not compile pipelined step files "
+			 "yet: no step file written; use pp=1 to train",
+			 g->cfg.mesh[DP_AXIS_PP]);
+		status = 1;
+		goto out;
+	}
 	if (write_step) {
 		char err[512];
 		if (ir_write_step(g, output, err, sizeof err) < 0) {

@@ -54,6 +54,25 @@ int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each uni
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
+int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the blocks */
+
+/* passes/stages.c: what each pipeline stage holds and does per micro-batch
+ * (whole tensors, before any dp sharding), for --stats. */
+typedef struct {
+	int first_block, last_block; /* the stage's blocks, in order */
+	double fwd_flops, bwd_flops; /* per micro-batch (the backward with its recompute) */
+	int64_t param_bytes;         /* the parameters its nodes read (a tied one on each) */
+	int64_t grad_bytes;          /* their gradients */
+	int64_t act_bytes;           /* forward results its backward reads: kept per
+	                                micro-batch in flight */
+	int64_t send_bytes;          /* forward values live across the cut after it (sent
+	                                forward; their gradients come back) */
+} StageCost;
+/* Fills sc[0..pp-1] and returns pp; 0 at pp = 1. */
+int stages_account(const Graph *g, StageCost *sc);
+/* The makespan (in FLOPs) of m micro-batches under 1f1b (gpipe = 0) or gpipe
+ * from the stages' costs, and its bubble fraction; -1 if the order deadlocks. */
+double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble);
 
 /* passes/memplan.c: the temporaries live at the step program's peak, by
  * what they hold; returns their total (<= the arena's temporaries region,

@@ -975,7 +975,8 @@ static int load_step(Run *r)
 	if (want != (uint64_t)r->world) {
 		const uint32_t *m = r->step.cfg.mesh;
 		char axes[128];
-		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[0], m[1]);
+		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE],
+				 m[DP_AXIS_SHARD]);
 		if (m[DP_AXIS_CP] > 1)
 			n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
 		if (m[DP_AXIS_TP] > 1)
