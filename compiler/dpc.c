@@ -69,7 +69,9 @@ static void usage(FILE *out)
 		"      --print-settings  print every setting as docs/DSL.md's table (markdown)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
-		"                      stats: print the --stats table to stdout\n"
+		"                      stats: print the --stats table to stdout;\n"
+		"                      schedule: print the pipeline schedule dpc forecasts\n"
+		"                      (pp > 1) as a timeline per stage\n"
 		"      --dump-ir=DIR   write the IR after the front end and after every pass to\n"
 		"                      DIR/00-frontend.ir, DIR/01-tp.ir, ... (DIR is created)\n"
 		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
@@ -329,7 +331,7 @@ enum {
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
-enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
+enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS, EMIT_SCHEDULE };
 
 /* "train.precision": a settings-backed flag's key (malloc'd). */
 static char *ir_fmt_key(const char *section, const char *name)
@@ -453,8 +455,11 @@ int main(int argc, char **argv)
 				emit = EMIT_IR;
 			else if (strcmp(optarg, "stats") == 0)
 				emit = EMIT_STATS;
+			else if (strcmp(optarg, "schedule") == 0)
+				emit = EMIT_SCHEDULE;
 			else {
-				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats)\n", optarg);
+				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats, schedule)\n",
+					optarg);
 				return 1;
 			}
 			break;
@@ -614,6 +619,8 @@ int main(int argc, char **argv)
 		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
+	if (emit == EMIT_SCHEDULE)
+		stages_print_schedule(stdout, g, 96);
 	if (write_step && g->cfg.mesh[DP_AXIS_PP] > 1) {
 		/* passes/stages.c plans the cut; the stages' programs (p2p sends and
 		 * receives, the micro-batch schedule) are not compiled yet */

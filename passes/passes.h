@@ -70,9 +70,19 @@ typedef struct {
 } StageCost;
 /* Fills sc[0..pp-1] and returns pp; 0 at pp = 1. */
 int stages_account(const Graph *g, StageCost *sc);
+/* One slot of a stage's schedule: the forward or backward of a micro-batch,
+ * and when it runs (in FLOPs from the step's start). */
+typedef struct {
+	int fwd, mb;
+	double start, end;
+} StageSlot;
 /* The makespan (in FLOPs) of m micro-batches under 1f1b (gpipe = 0) or gpipe
- * from the stages' costs, and its bubble fraction; -1 if the order deadlocks. */
-double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble);
+ * from the stages' costs, and its bubble fraction; -1 if the order deadlocks.
+ * slots: NULL, or p x 2m filled with each stage's slots in order. */
+double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+		       StageSlot *slots);
+/* dpc --emit=schedule: that forecast as a per-stage timeline, width columns. */
+void stages_print_schedule(FILE *out, const Graph *g, int width);
 
 /* passes/memplan.c: the temporaries live at the step program's peak, by
  * what they hold; returns their total (<= the arena's temporaries region,

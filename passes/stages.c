@@ -284,8 +284,10 @@ int stages_account(const Graph *g, StageCost *sc)
  * its stage is free and its input has arrived (F from the stage before, B
  * from the stage after; p2p taken as free). The makespan, in FLOPs, from
  * which bubble = 1 - work / (p x makespan). -1 if the order deadlocks (a
- * slot waits for one that waits for it), which the two schedules never do. */
-double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble)
+ * slot waits for one that waits for it), which the two schedules never do.
+ * slots (or NULL): p x 2m, each stage's slots in its order. */
+double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+		       StageSlot *slots)
 {
 	int n = 2 * m;
 	int *order = malloc((size_t)p * (size_t)n * sizeof *order); /* slot: +i F, -(i+1) B */
@@ -327,6 +329,9 @@ double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bub
 				double start = ready > free_at[s] ? ready : free_at[s];
 				double end = start + (slot >= 0 ? sc[s].fwd_flops : sc[s].bwd_flops);
 				(slot >= 0 ? fdone : bdone)[(size_t)s * (size_t)m + (size_t)mb] = end;
+				if (slots)
+					slots[(size_t)s * (size_t)n + (size_t)next[s]] =
+						(StageSlot){slot >= 0, mb, start, end};
 				free_at[s] = end;
 				next[s]++, left--, progress = 1;
 			}
@@ -342,4 +347,54 @@ double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bub
 		return -1;
 	*bubble = span > 0 ? 1 - work / ((double)p * span) : 0;
 	return span;
+}
+
+/* dpc --emit=schedule: the forecast as a timeline, one row per stage (the
+ * seed's GPipe chart): each slot drawn over the columns its time covers,
+ * F<micro-batch> or B<micro-batch> padded with '-' and ended by a space,
+ * idle time '.'. Every slot gets at least its label's width and a space, so
+ * a slot shorter than that pushes the rest of its row right rather than
+ * vanish; the bubble line gives the exact idle fraction. */
+void stages_print_schedule(FILE *out, const Graph *g, int width)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	int gpipe = g->pipeline == 1;
+	if (p <= 1) {
+		fprintf(out, "%s: one pipeline stage (pp=1): nothing to schedule\n", g->file);
+		return;
+	}
+	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	StageSlot *slots = calloc((size_t)p * 2 * (size_t)m, sizeof *slots);
+	char *row = malloc((size_t)width * 4 + 64);
+	if (!sc || !slots || !row)
+		die("out of memory");
+	stages_account(g, sc);
+	double bubble = 0, span = stages_simulate(sc, p, m, gpipe, &bubble, slots);
+	fprintf(out, "%s: pp=%d, %s, %d micro-batch%s; one column = %.4g FLOP\n", g->file, p,
+		gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es",
+		span / width);
+	for (int s = 0; s < p && span > 0; s++) {
+		int col = 0;
+		for (int k = 0; k < 2 * m; k++) {
+			const StageSlot *sl = &slots[(size_t)s * 2 * (size_t)m + (size_t)k];
+			int from = (int)(sl->start / span * width + 0.5);
+			int to = (int)(sl->end / span * width + 0.5);
+			char label[16];
+			int len = snprintf(label, sizeof label, "%c%d", sl->fwd ? 'F' : 'B', sl->mb);
+			while (col < from)
+				row[col++] = '.';
+			for (int i = 0; i < len; i++)
+				row[col++] = label[i];
+			while (col < to - 1)
+				row[col++] = '-';
+			row[col++] = ' '; /* the slot's last column, or one past a short one */
+		}
+		while (col > 0 && row[col - 1] == ' ')
+			col--;
+		row[col] = 0;
+		fprintf(out, "stage %-2d |%s\n", s, row);
+	}
+	fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(m+p-1) = %.4f)\n",
+		bubble, (double)(p - 1) / (m + p - 1));
+	free(sc), free(slots), free(row);
 }

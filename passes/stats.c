@@ -276,7 +276,7 @@ static void print_pipeline(FILE *out, const Graph *g)
 			human_bytes(h3, sizeof h3, (double)c->send_bytes));
 	}
 	double bubble = 0;
-	double span = stages_simulate(sc, p, m, gpipe, &bubble);
+	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
 	fprintf(out, "bubble: (p-1)/(m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
 		"FLOP per step)\n", (double)(p - 1) / (m + p - 1), span < 0 ? -1.0 : bubble, span);
 	free(sc);

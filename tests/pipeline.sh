@@ -8,7 +8,8 @@
 #             parameters per stage with the tied wte on both ends, the bytes
 #             sent over each cut, the activations kept at the peak under
 #             pipedream_flush (1F1B) and gpipe, the bubble's closed form, the
-#             stages' FLOPs summing to the micro-batch's
+#             stages' FLOPs summing to the micro-batch's; --emit=schedule's rows
+#             in each schedule's slot order (by hand), its bubble --stats' one
 #   stage1    a block's `stage` is ignored at pp=1: the step file is byte for
 #             byte the one without it
 #   refused   a pp > 1 step file is not written (no pipelined programs yet):

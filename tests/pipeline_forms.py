@@ -22,9 +22,11 @@ closed forms:
                        (stage s), x m in gpipe
   bubble               (p - 1) / (m + p - 1) for both; the one simulated from
                        the stages' FLOPs is never below it (unequal stages
-                       only add idle time) and equals it at p = 1 ... (n/a)
+                       only add idle time)
   work                 the stages' forward + backward FLOPs sum to the
                        micro-batch FLOPs of the compute table
+  --emit=schedule      one row per stage whose slots are the schedule's order
+                       (order() below, by hand), its bubble --stats' simulated one
 """
 import os
 import re
@@ -147,6 +149,42 @@ for sched in ("pipedream_flush", "gpipe"):
                                                                            stages[s]["send"]))
     text = stats("models/mlp8.dp", 3, 3, 4, sched)
     forms("mlp8", text, 3, 4, sched)
+
+
+
+def order(p, m, s, sched):
+    """The slots of stage s, by hand: gpipe all F then all B; 1F1B (PipeDream-
+    flush) p - s - 1 warm-up forwards, then F and B alternating, then the rest
+    of the backwards."""
+    if sched == "gpipe":
+        return ["F%d" % i for i in range(m)] + ["B%d" % i for i in range(m)]
+    warm = min(p - s - 1, m)
+    out = ["F%d" % i for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        out += ["F%d" % f, "B%d" % b]
+        f, b = f + 1, b + 1
+    return out + ["B%d" % i for i in range(b, m)]
+
+
+# --emit=schedule: one row per stage, its slots in the schedule's order, the
+# bubble the one --stats simulates
+for sched in ("pipedream_flush", "gpipe"):
+    for p, m in ((2, 4), (4, 8), (4, 2)):
+        cmd = [DPC, "models/gpt2-tiny.dp", "-D", "layers=4", "--world-size", str(p), "--pp",
+               str(p), "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched]
+        pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
+        rows = [l for l in pic.splitlines() if l.startswith("stage ")]
+        tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
+        check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+        for s, row in enumerate(rows):
+            got = re.findall(r"[FB]\d+", row.split("|", 1)[1])
+            check(got == order(p, m, s, sched), "%s stage %d: %s" % (tag, s, " ".join(got)))
+        _, bubble, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, sched, ["-D", "layers=4"]))
+        b = re.search(r"^bubble ([0-9.]+) of the stages' time idle", pic, re.M)
+        check(b is not None and bubble is not None and abs(float(b.group(1)) - bubble[1]) < 1e-4,
+              "%s: bubble %s = --stats' simulated %s" % (tag, b and b.group(1),
+                                                         bubble and bubble[1]))
 
 print("pipeline_forms: %d passed, %d failed" % (oks, fails))
 sys.exit(1 if fails else 0)
