@@ -425,6 +425,9 @@ graph_eager() {
 	# the batches of steps 3..GRAPH_STEPS reuse the two device copies: the
 	# replayed run must still train on the batches the CPU trains on
 	local prec=${init:+bf16}
+	# (INIT is its model case's; made here when CASE left that case out)
+	[ -z "$init" ] || [ -e "$init" ] || mpi "$np" "$bin" --device cpu --steps 0 --quiet --eval-every 0 \
+		--save-full "$init" >/dev/null 2>&1
 	if ! DP_CPU_BF16_GEMM=${prec:+blas} mpi "$np" "$bin" --device cpu --steps "$GRAPH_STEPS" --quiet \
 		--eval-every 0 --losses "$T/ge-cpu.loss" --save-full "$T/ge-cpu.st" >"$T/ge-cpu.log" 2>&1; then
 		fail "$name over $GRAPH_STEPS steps: --device cpu"; tail -n 3 "$T/ge-cpu.log"
