@@ -68,7 +68,9 @@ typedef struct {
 	int64_t send_bytes;          /* forward values live across the cut after it (sent
 	                                forward; their gradients come back) */
 } StageCost;
-/* Fills sc[0..pp-1] and returns pp; 0 at pp = 1. */
+/* Fills sc[0..pp-1] and returns pp; 0 at pp = 1 and above
+ * STAGES_MAX_ACCOUNT (a stage set is a 64-bit mask). */
+#define STAGES_MAX_ACCOUNT 64
 int stages_account(const Graph *g, StageCost *sc);
 /* One slot of a stage's schedule: the forward or backward of a micro-batch,
  * and when it runs (in FLOPs from the step's start). */

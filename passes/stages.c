@@ -65,11 +65,15 @@ static void block_costs(const Graph *g, double *flops, double *bytes)
 
 /* stages auto: the contiguous cut of the blocks into p runs whose largest
  * forward FLOPs (then largest parameter bytes) is smallest; exact, by dynamic
- * programming over (runs, blocks). */
+ * programming over (runs, blocks), O(p n^2) with the runs' sums from
+ * prefix sums. */
 static void balance(Graph *g, int p)
 {
 	int n = g->nblocks;
-	double *flops = calloc((size_t)n, sizeof *flops), *bytes = calloc((size_t)n, sizeof *bytes);
+	/* flops[i], bytes[i]: the sums over blocks 0..i-1 (block_costs fills them
+	 * per block from index 1, made prefix sums below) */
+	double *flops = calloc((size_t)n + 1, sizeof *flops);
+	double *bytes = calloc((size_t)n + 1, sizeof *bytes);
 	/* best[k][i]: the best cut of blocks 0..i-1 into k runs; from[k][i]: where its
 	 * last run starts */
 	double *bf = calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *bf);
@@ -77,7 +81,9 @@ static void balance(Graph *g, int p)
 	int *from = calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *from);
 	if (!flops || !bytes || !bf || !bb || !from)
 		die("out of memory");
-	block_costs(g, flops, bytes);
+	block_costs(g, flops + 1, bytes + 1);
+	for (int i = 1; i <= n; i++)
+		flops[i] += flops[i - 1], bytes[i] += bytes[i - 1];
 #define AT(k, i) ((size_t)(k) * (size_t)(n + 1) + (size_t)(i))
 	for (int k = 0; k <= p; k++)
 		for (int i = 0; i <= n; i++)
@@ -88,9 +94,7 @@ static void balance(Graph *g, int p)
 			for (int j = i - 1; j >= k - 1; j--) { /* the last run is blocks j..i-1 */
 				if (bf[AT(k - 1, j)] < 0)
 					continue;
-				double rf = 0, rb = 0;
-				for (int b = j; b < i; b++)
-					rf += flops[b], rb += bytes[b];
+				double rf = flops[i] - flops[j], rb = bytes[i] - bytes[j];
 				double f = rf > bf[AT(k - 1, j)] ? rf : bf[AT(k - 1, j)];
 				double m = rb > bb[AT(k - 1, j)] ? rb : bb[AT(k - 1, j)];
 				double *cf = &bf[AT(k, i)], *cb = &bb[AT(k, i)];
@@ -194,11 +198,11 @@ static void node_stages(const Graph *g, int *stage)
 int stages_account(const Graph *g, StageCost *sc)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
-	if (p <= 1)
+	if (p <= 1 || p > STAGES_MAX_ACCOUNT)
 		return 0;
 	int *stage = malloc(((size_t)g->nnodes + 1) * sizeof *stage);
 	/* per value: the first stage that writes it, and a mask of the stages that
-	 * read it in the forward (p <= 32 here) and in the backward */
+	 * read it in the forward and in the backward (p <= 64) */
 	int *def = malloc(((size_t)g->nvalues + 1) * sizeof *def);
 	uint64_t *fwd_readers = calloc((size_t)g->nvalues + 1, sizeof *fwd_readers);
 	uint64_t *bwd_readers = calloc((size_t)g->nvalues + 1, sizeof *bwd_readers);
@@ -222,7 +226,7 @@ int stages_account(const Graph *g, StageCost *sc)
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		int s = stage[i];
-		if (s < 0 || s >= 64)
+		if (s < 0)
 			continue;
 		double f = node_flops(g, n);
 		if (n->phase == PH_FWD)
@@ -249,7 +253,7 @@ int stages_account(const Graph *g, StageCost *sc)
 	for (int v = 0; v < g->nvalues; v++) {
 		const Value *pv = g->values[v];
 		int64_t bytes = value_bytes(pv);
-		for (int s = 0; s < p && s < 64; s++) {
+		for (int s = 0; s < p; s++) {
 			if (param_users[v] & (1ull << s)) {
 				sc[s].param_bytes += bytes;
 				if (pv->grad >= 0 && pv->grad < g->nvalues)
@@ -261,12 +265,12 @@ int stages_account(const Graph *g, StageCost *sc)
 			continue;
 		/* kept for the backward: a forward result the backward of a stage reads
 		 * (that stage keeps it, its own or received) */
-		for (int t = 0; t < p && t < 64; t++)
+		for (int t = 0; t < p; t++)
 			if (bwd_readers[v] & (1ull << t))
 				sc[t].act_bytes += bytes;
 		/* sent across every cut between its stage and the last stage that
 		 * reads it (a skip over several cuts is sent over each) */
-		uint64_t later = (fwd_readers[v] | bwd_readers[v]) >> (s + 1);
+		uint64_t later = s + 1 < 64 ? (fwd_readers[v] | bwd_readers[v]) >> (s + 1) : 0;
 		int last = s;
 		for (int t = s + 1; later; t++, later >>= 1)
 			if (later & 1)
@@ -359,8 +363,10 @@ void stages_print_schedule(FILE *out, const Graph *g, int width)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
 	int gpipe = g->pipeline == 1;
-	if (p <= 1) {
-		fprintf(out, "%s: one pipeline stage (pp=1): nothing to schedule\n", g->file);
+	if (p <= 1 || p > STAGES_MAX_ACCOUNT) {
+		fprintf(out, "%s: pp=%d: %s\n", g->file, p,
+			p <= 1 ? "one pipeline stage, nothing to schedule"
+			       : "dpc forecasts pipelines of at most 64 stages");
 		return;
 	}
 	StageCost *sc = calloc((size_t)p, sizeof *sc);

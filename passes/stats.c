@@ -254,7 +254,12 @@ static void print_pipeline(FILE *out, const Graph *g)
 	StageCost *sc = calloc((size_t)p, sizeof *sc);
 	if (!sc)
 		die("out of memory");
-	stages_account(g, sc);
+	if (!stages_account(g, sc)) {
+		fprintf(out, "\npipeline pp=%d: dpc forecasts pipelines of at most %d stages\n", p,
+			STAGES_MAX_ACCOUNT);
+		free(sc);
+		return;
+	}
 	int gpipe = g->pipeline == 1;
 	char h1[32], h2[32], h3[32];
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
