@@ -307,7 +307,11 @@ void stats_print(FILE *out, const Graph *g)
 			ir_dtype_name((DpDtype)g->param_dtype), ir_dtype_name((DpDtype)g->reduce_dtype),
 			ir_dtype_name((DpDtype)g->buffer_dtype));
 	fprintf(out, "\n");
-	fprintf(out, "per rank, per optimizer step\n\n");
+	fprintf(out, "per rank, per optimizer step\n");
+	if (g->cfg.mesh[DP_AXIS_PP] > 1) /* the stages' programs are not compiled yet */
+		fprintf(out, "(pp=%u: the tables are the whole model's, uncut; the pipeline section "
+			"below splits it by stage)\n", g->cfg.mesh[DP_AXIS_PP]);
+	fprintf(out, "\n");
 	print_collectives(out, g, accum);
 	fprintf(out, "\n");
 	print_flops(out, g, accum);
