@@ -57,6 +57,10 @@
 /* How long a failed rank waits for the others to agree before it ends the
  * job alone (they may be stuck in a collective it never joins). */
 #define DPEXEC_GRACE_S 5.0
+/* the exit status of a job ended because a rank did not answer within
+ * --timeout (stuck or gone): a launcher may restart it;
+ * EX_TEMPFAIL of sysexits.h */
+#define DPEXEC_EXIT_LOST 75
 
 typedef struct {
 	const char *step_path;
@@ -190,7 +194,8 @@ static void usage(FILE *f)
 		"the cores the rank may run on); OpenBLAS runs one thread inside each of them,\n"
 		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
 		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
-		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
+		"Exit status: 0 done; 1 error (printed once); 2 bad options; 75 a rank did not\n"
+		"answer within --timeout (stuck or gone: a launcher may restart); 128+N stopped by\n"
 		"signal N (130 SIGINT, 143 SIGTERM; SIGUSR1 and SIGUSR2, which mpirun forwards to\n"
 		"the ranks, count as SIGINT and SIGTERM), after writing a checkpoint when saving.\n"
 		"Ctrl-C on mpirun makes it SIGTERM the ranks and exit 1 (docs/CHECKPOINTS.md).\n");
@@ -1088,7 +1093,8 @@ static int finish(Run *r, int rc)
 			world_sync_within(w, rc, 0, grace, &r->e);
 		}
 	}
-	int errored = rc < 0 || w->failed, status = errored ? 1 : rc;
+	int errored = rc < 0 || w->failed;
+	int status = !errored ? rc : r->e.lost ? DPEXEC_EXIT_LOST : 1;
 	/* a rank that cannot reach the others and was signalled is being ended by
 	 * the launcher because another rank ended the job: that rank has spoken */
 	int ended = w->broken && sig_pending();
