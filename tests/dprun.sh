@@ -15,6 +15,9 @@
 #    lost, and the losses from that step on equal, bit for bit, a run
 #    started fresh at 2 ranks from the same checkpoint (DPRUN_TRIALS
 #    trials, default 2; 5 for the figures in docs/LAUNCH.md);
+#  - data order: a run restarted at another world size sees the samples
+#    an uninterrupted run would have (lr 1e-30: each step's loss names its
+#    samples), across an epoch's end;
 #  - a stalled rank (SIGSTOP) takes the same path through --timeout
 #    (dpexec's exit 75);
 #  - a user error (a token shard cut short after compiling) is not
@@ -165,18 +168,48 @@ for i in $(seq "$TRIALS"); do
 	case_on "kill9-$i" || continue
 	once restart restart_setup
 	at=$((6 + RANDOM % 20))
-	t0=$(date +%s.%N)
 	elastic "k$i" 40 2 --ranks-after-failure 3 "$T/g.dp" --
 	kill_at "k$i" "$at" KILL
+	t0=$(date +%s%N)
+	# time to resume: from the kill to the 2-rank job's "resumed from" line
+	for j in $(seq 1200); do grep -q "^resumed from" "$T/k$i.out" && break; sleep 0.05; done
+	took=$((($(date +%s%N) - t0) / 1000000))
 	wait $job
 	if got=$(same_as_fresh "k$i" 40); then
-		ok "kill -9 of a rank at step $at: restarted at 2 ranks ($got); losses from there = a fresh 2-rank run from that checkpoint, bitwise"
+		ok "kill -9 of a rank at step $at: restarted at 2 ranks ($got, resumed ${took} ms after the kill); losses from there = a fresh 2-rank run from that checkpoint, bitwise"
 		grep "dprun: .* restart 1" "$T/k$i.out" | sed 's/^/      /'
 	else
 		fail "kill -9 of a rank at step $at: restart at 2 ranks, losses as a fresh run from the checkpoint"
 		sed 's/^/      /' "$T/k$i.out" | tail -n 12
 	fi
 done
+# Data order (docs/DATA.md's sampler): with lr 1e-30 the parameters stay as
+# initialised, so a step's loss says which samples its global batch held;
+# a run killed at 4 ranks and restarted at 2 logs the losses of an
+# uninterrupted 4-rank run at every step, across an epoch's end (GPL-3's
+# ~490 windows of 64 tokens: 30 steps an epoch), within the float
+# reduction order's rtol 1e-5, and the same losses one step off do not.
+if case_on data-order; then
+	once restart restart_setup
+	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-30)/; s/^  schedule .*/  schedule constant/' "$T/g.dp" >"$T/g0.dp"
+	"$DPC" "$T/g0.dp" --world-size 4 -o "$T/g04.bin" >"$T/g04.log" 2>&1 || cat "$T/g04.log"
+	mpi 4 "$T/g04.bin" --steps 45 --quiet --eval-every 0 --losses "$T/order.ref" >"$T/order.ref.out" 2>&1 ||
+		tail -n 5 "$T/order.ref.out"
+	elastic order 45 1 --ranks-after-failure 3 "$T/g0.dp" --
+	kill_at order 12 KILL
+	wait $job
+	from=$(sed -n 's/.*world size 4 -> 2; resuming from step \([0-9]*\) .*/\1/p' "$T/order.out")
+	awk -v f="$from" '/^#/ || $1 > f' "$T/order.loss" >"$T/order.after"
+	awk -v f="$from" '/^#/ || $1 > f' "$T/order.ref" >"$T/order.ref.after"
+	awk -v f="$from" '/^#/ || ($1 >= f && $1 < 45)' "$T/order.ref" >"$T/order.shifted" # a step early
+	if [ -n "$from" ] && grep -q "^rc=0$" "$T/order.out" && [ "$(grep -vc '^#' "$T/order.after")" = $((45 - from)) ] &&
+		$PY tests/compare.py losses "$T/order.after" "$T/order.ref.after" --rtol 1e-5 --atol 0 >"$T/order.cmp" 2>&1 &&
+		! $PY tests/compare.py losses "$T/order.after" "$T/order.shifted" --rtol 1e-5 --atol 0 >/dev/null 2>&1; then
+		ok "data order: restarted at 2 ranks from step $from, steps $((from + 1))..45 (an epoch's end at 30) see the uninterrupted 4-rank run's samples (loss $(grep -o 'max rel [^ ]*' "$T/order.cmp" | head -n 1)); one step off does not match"
+	else
+		fail "data order across a restart at another world size"; sed 's/^/      /' "$T/order.cmp" "$T/order.out" 2>/dev/null | tail -n 12
+	fi
+fi
 if case_on sigstop; then
 	once restart restart_setup
 	elastic stop 30 1 --ranks-after-failure 3 "$T/g.dp" -- --timeout 3
