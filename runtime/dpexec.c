@@ -40,10 +40,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <mpi.h>
 
 #include "ckpt.h"
 #include "cliopt.h"
+#include "cmdline.h"
 #include "comm.h"
 #include "settings.h"
 #include "exec.h"
@@ -143,10 +145,12 @@ static void usage(FILE *f)
 		"                        rank, host and source location of an error\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
-		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, loss,\n"
-		"                        lr, grad_norm, ms_per_step, samples_per_s, tokens_per_s\n"
-		"                        and mfu (token models), eval_loss and eval_accuracy (when\n"
-		"                        evaluated), elapsed_s, eta_s\n"
+		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, time,\n"
+		"                        loss, lr, grad_norm, ms_per_step, samples_per_s,\n"
+		"                        tokens_per_s and mfu (token models), eval_loss and\n"
+		"                        eval_accuracy (when evaluated), elapsed_s, eta_s; after a\n"
+		"                        {\"run\": ...} record (command, model, mesh, versions).\n"
+		"                        An existing file is appended to, never overwritten\n"
 		"  --peak-tflops X       peak TFLOP/s of one rank, for MFU (default on the CPU: %g)\n"
 		"  --init-from FILE      take initial parameters from a safetensors file (by name)\n"
 		"  --save-full FILE      after training, write every parameter to a safetensors\n"
@@ -221,6 +225,50 @@ static void print_version(FILE *f)
 	MPI_Get_library_version(lib, &n);
 	fprintf(f, "dpexec %s (step file format %u; %.*s)\n", DP_VERSION, DP_STEP_VERSION,
 		(int)strcspn(lib, ",\n"), lib);
+}
+
+/* --log-json's first record of this run (metrics_open): {"run": {...}} for a
+ * fresh run, {"resume": {"step": N, "from": DIR, ...}} for a resumed one,
+ * with the time, the command as given, the model, the step file, the mesh,
+ * the device and the versions. NULL when out of memory (malloc'd). */
+static char *run_record(const Run *r, const char *device)
+{
+	const DpStep *s = &r->step;
+	const uint32_t *mesh = s->cfg.mesh;
+	char when[40], lib[MPI_MAX_LIBRARY_VERSION_STRING], cmd[8192] = "";
+	int n = 0;
+	metrics_time(when, sizeof when);
+	MPI_Get_library_version(lib, &n);
+	lib[strcspn(lib, ",\n")] = '\0';
+	for (int i = 0; i < r->o.argc && cmd_append(cmd, sizeof cmd, r->o.argv[i]) == 0; i++)
+		;
+	cJSON *top = cJSON_CreateObject(), *o = cJSON_CreateObject(), *m = cJSON_CreateObject();
+	cJSON_AddItemToObject(top, r->resume_dir ? "resume" : "run", o);
+	if (r->resume_dir) {
+		cJSON_AddNumberToObject(o, "step", (double)r->start);
+		cJSON_AddStringToObject(o, "from", r->resume_dir);
+	}
+	cJSON_AddStringToObject(o, "time", when);
+	cJSON_AddStringToObject(o, "command", cmd);
+	cJSON_AddStringToObject(o, "model", dpstep_str(s, s->source));
+	cJSON_AddStringToObject(o, "step_file", r->o.step_path);
+	cJSON_AddNumberToObject(o, "world", r->world);
+	cJSON_AddNumberToObject(m, "dp_replicate", mesh[DP_AXIS_REPLICATE]);
+	cJSON_AddNumberToObject(m, "dp_shard", mesh[DP_AXIS_SHARD]);
+	cJSON_AddNumberToObject(m, "cp", mesh[DP_AXIS_CP]);
+	cJSON_AddNumberToObject(m, "tp", mesh[DP_AXIS_TP]);
+	cJSON_AddItemToObject(o, "mesh", m);
+	cJSON_AddStringToObject(o, "strategy", dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
+	cJSON_AddStringToObject(o, "device", device);
+	cJSON_AddStringToObject(o, "dpexec", DP_VERSION);
+	cJSON_AddNumberToObject(o, "step_format", DP_STEP_VERSION);
+	cJSON_AddStringToObject(o, "mpi", lib);
+	char *text = cJSON_PrintUnformatted(top), *line = NULL;
+	cJSON_Delete(top);
+	if (text && (line = malloc(strlen(text) + 2)))
+		sprintf(line, "%s\n", text);
+	free(text);
+	return line;
 }
 
 /* 0: run; 1: exit 0 (help, version); -1: usage error (message printed). */
@@ -739,7 +787,13 @@ static int setup(Run *r)
 		m->flops_per_token = metrics_flops_per_token(s, ckpt_params(r->ck));
 		m->peak_flops = (r->o.peak_tflops > 0 ? r->o.peak_tflops : DPEXEC_CPU_PEAK_TFLOPS) * 1e12;
 	}
-	rc = r->rank == 0 ? metrics_open(m, r->o.losses, r->o.log_json, e) : 0;
+	rc = 0;
+	if (r->rank == 0) {
+		char *record = r->o.log_json ? run_record(r, r->ops->name) : NULL;
+		rc = r->o.log_json && !record ? RT_FAIL(e, "out of memory (--log-json's run record)")
+					      : metrics_open(m, r->o.losses, r->o.log_json, record, e);
+		free(record);
+	}
 	/* a schedule that decays to a floor, ended early */
 	const DpSched *sc = &s->sched;
 	uint64_t total = sc->kind == DP_SCHED_WSD ? (uint64_t)sc->warmup + sc->stable + sc->decay
