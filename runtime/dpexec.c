@@ -31,6 +31,7 @@
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
  */
+#include <ctype.h>
 #include <dlfcn.h>
 #include <getopt.h>
 #include <glob.h>
@@ -71,6 +72,7 @@ typedef struct {
 	const char *init_from;
 	const char *losses;
 	const char *trace;   /* --trace FILE */
+	unsigned long long trace_from, trace_to; /* --trace-steps A:B (from 1); 0: every program */
 	const char *log_json;
 	const char *save_dir;
 	const char *resume;
@@ -106,6 +108,7 @@ typedef struct {
 	Metrics m;
 	char *save_dir;      /* NULL: no checkpoints */
 	char *resume_dir;    /* the checkpoint --resume names */
+	Trace *trace;        /* --trace: open from before the first step to the end (x.trace: where marks go now) */
 	uint64_t start;      /* steps done before this run (resume) */
 	uint64_t saved;      /* step of the last checkpoint written or loaded, with have_saved */
 	int have_saved;
@@ -167,6 +170,8 @@ static void usage(FILE *f)
 		"                        step, eval and export): a lane per stream, a span per\n"
 		"                        instruction, collectives with bytes and axes, waits\n"
 		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
+		"  --trace-steps A:B     trace only steps A to B (counting from 1, as logged),\n"
+		"                        no eval or export: a window of a long run\n"
 		"\ncheckpoints (docs/CHECKPOINTS.md):\n"
 		"  --save-dir DIR        write training-state checkpoints to DIR/step-N: at the end,\n"
 		"                        on SIGINT/SIGTERM and every --save-every steps; DIR/latest\n"
@@ -276,7 +281,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
-	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
+	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
 	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
@@ -291,6 +296,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
 		{"trace", required_argument, NULL, O_TRACE},
+		{"trace-steps", required_argument, NULL, O_TRACE_STEPS},
 		{"log-json", required_argument, NULL, O_LOG_JSON},
 		{"peak-tflops", required_argument, NULL, O_PEAK},
 		{"save-dir", required_argument, NULL, O_SAVE_DIR},
@@ -356,6 +362,17 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_TRACE:
 			o->trace = optarg;
 			break;
+		case O_TRACE_STEPS: {
+			int end = 0;
+			if (sscanf(optarg, "%llu:%llu%n", &o->trace_from, &o->trace_to, &end) != 2 ||
+			    optarg[end] || !isdigit((unsigned char)optarg[0]) || o->trace_from < 1 ||
+			    o->trace_to < o->trace_from) {
+				fprintf(stderr, "dpexec: error: --trace-steps wants A:B, the first and last "
+						"step to trace (from 1, A <= B), not '%s'\n", optarg);
+				return -1;
+			}
+			break;
+		}
 		case O_TIMEOUT: {
 			char *end;
 			o->timeout = strtod(optarg, &end);
@@ -427,6 +444,11 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	if ((o->resume != NULL) + o->auto_resume + o->overwrite > 1) {
 		fprintf(stderr, "dpexec: error: --resume, --auto-resume and --overwrite exclude each "
 				"other\n");
+		return -1;
+	}
+	if (o->trace_to && !o->trace) {
+		fprintf(stderr, "dpexec: error: --trace-steps chooses the steps of --trace FILE: give "
+				"--trace\n");
 		return -1;
 	}
 	if ((o->resume || o->auto_resume) && o->init_from) {
@@ -950,7 +972,14 @@ static int train(Run *r)
 	int64_t pending = -1; /* launched, not reported yet */
 	for (uint64_t k = r->start; k < lp.steps; k++) {
 		double h0 = MPI_Wtime();
-		RT_CHECK(exec_step_launch(x, k, e));
+		/* --trace-steps: marks only inside the window (the step runs within the
+		 * launch: --trace wants a backend that works inline) */
+		if (r->o.trace_to)
+			x->trace = k + 1 >= r->o.trace_from && k + 1 <= r->o.trace_to ? r->trace : NULL;
+		int rc = exec_step_launch(x, k, e);
+		if (r->o.trace_to)
+			x->trace = NULL;
+		RT_CHECK(rc);
 		lp.done[k & 1] = MPI_Wtime();
 		if (k + 1 < lp.steps)
 			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
@@ -999,8 +1028,8 @@ static void run_free(Run *r)
 	free(r->o.argv);
 	r->o.argv = NULL;
 	free(r->saved_path);
-	trace_free(r->x.trace);
-	r->x.trace = NULL;
+	trace_free(r->trace);
+	r->trace = r->x.trace = NULL;
 	data_free(r->train);
 	data_free(r->eval);
 	if (r->have_exec)
@@ -1093,14 +1122,15 @@ static int train_and_export(Run *r)
 {
 	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
 		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
-	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
+	if (r->o.trace && trace_open(&r->trace, r->o.trace, r->rank, &r->e))
 		return -1;
+	r->x.trace = r->o.trace_to ? NULL : r->trace; /* --trace-steps: set per step */
 	int rc = train(r);
 	if (rc != 0)
 		return rc;
 	rc = r->o.save_full ? save_full(r) : 0;
-	if (rc == 0 && r->x.trace)
-		rc = trace_close(r->x.trace, &r->x, &r->e);
+	if (rc == 0 && r->trace)
+		rc = trace_close(r->trace, &r->x, &r->e);
 	return rc;
 }
 
