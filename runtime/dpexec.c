@@ -1080,8 +1080,10 @@ static int load_step(Run *r)
 /* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
  * or an error naming the cause. auto: the CUDA backend only when every rank
  * can use one (NCCL and MPI collectives do not mix); otherwise the CPU, and
- * notice says why; but a GPU the backend cannot use (a driver older than its
- * CUDA runtime) is an error for auto too. A collective: every rank calls it. */
+ * notice says why, unless no rank has a CUDA driver at all (a machine
+ * without CUDA running on its CPU is not news; --verbose says it); but a
+ * GPU the backend cannot use (a driver older than its CUDA runtime) is an
+ * error for auto too. A collective: every rank calls it. */
 static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 {
 	const char *dev = r->o.device;
@@ -1091,7 +1093,8 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
-	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why), probe = 0;
+	int driver = 1;
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why, &driver), probe = 0;
 	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
 	      (probe = cuda->probe(why, sizeof why)) > 0;
 	if (probe < 0) /* a GPU this build cannot use (an old driver): never a silent CPU run */
@@ -1102,9 +1105,9 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 		r->ops = cuda;
 		return 0;
 	}
-	int all = 0;
-	MPI_Allreduce(&gpu, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-	if (all) {
+	int v[2] = {gpu, -driver}, all[2] = {0, 0}; /* every rank a GPU; any rank a driver */
+	MPI_Allreduce(v, all, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	if (all[0]) {
 		r->ops = cuda;
 		return 0;
 	}
@@ -1113,7 +1116,8 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	if (r->dl)
 		dlclose(r->dl);
 	r->dl = NULL;
-	snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
+	if (all[1] < 0 || r->o.verbose)
+		snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
 	return 0;
 }
 
