@@ -150,7 +150,8 @@ static void usage(FILE *f)
 		"                            batch stays, so the mathematics do not change)\n"
 		"  --min-ranks M             give up when fewer than M ranks would remain\n"
 		"                            (default 1)\n"
-		"  --dry-run                 print the launch command and exit\n"
+		"  --dry-run                 compile (to check the model), print the launch\n"
+		"                            command and exit\n"
 		"  --version                 the version\n"
 		"  -h, --help                this text\n"
 		"\n"
@@ -613,6 +614,12 @@ int main(int argc, char **argv)
 	}
 	char *w[MAX_WORDS], num[16], line[1 << 15];
 	for (int restarts = 0;; restarts++) {
+		if (got_signal) { /* while a restart was prepared: no new job to stop */
+			say("stopped by %s before %s", got_signal == SIGINT ? "SIGINT" : "SIGTERM",
+			    restarts ? "the restart" : "the job started");
+			status = 128 + got_signal;
+			break;
+		}
 		launch_words(d, np, restarts > 0 && latest_step(o->save_dir ? o->save_dir : "") >= 0, w,
 			     num, sizeof num);
 		if (o->dry_run) {

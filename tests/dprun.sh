@@ -176,10 +176,10 @@ for i in $(seq "$TRIALS"); do
 	took=$((($(date +%s%N) - t0) / 1000000))
 	wait $job
 	if got=$(same_as_fresh "k$i" 40); then
-		ok "kill -9 of a rank at step $at: restarted at 2 ranks ($got, resumed ${took} ms after the kill); losses from there = a fresh 2-rank run from that checkpoint, bitwise"
+		ok "kill -9 of a rank once step $at was logged: restarted at 2 ranks ($got, resumed ${took} ms after the kill); losses from there = a fresh 2-rank run from that checkpoint, bitwise"
 		grep "dprun: .* restart 1" "$T/k$i.out" | sed 's/^/      /'
 	else
-		fail "kill -9 of a rank at step $at: restart at 2 ranks, losses as a fresh run from the checkpoint"
+		fail "kill -9 of a rank once step $at was logged: restart at 2 ranks, losses as a fresh run from the checkpoint"
 		sed 's/^/      /' "$T/k$i.out" | tail -n 12
 	fi
 done
