@@ -87,6 +87,8 @@ typedef struct {
 	char command[1 << 15];  /* dprun's own words, quoted: the resume command's start */
 	int compiled_np;        /* the world size of work's step file (0: none) */
 	char step[PATH_MAX];    /* the step file run */
+	char dpexec[PATH_MAX];  /* bindir/dpexec */
+	char np[16], from[16];  /* the launch line's -np, DPRUN_ARGS_FROM's value */
 } Dprun;
 
 /* ---- signals: recorded, forwarded to the launcher's process group ---- */
@@ -370,14 +372,14 @@ static int use_srun(const Opts *o)
 }
 
 /* The launch line for np ranks; resume: add --resume SAVE_DIR. Words point
- * into the options or static strings, or into num (the -np value). */
-static int launch_words(Dprun *d, int np, int resume, char **w, char *num, size_t numlen)
+ * into the options, d, or string constants. Sets DPRUN_ARGS_FROM. */
+static int launch_words(Dprun *d, int np, int resume, char **w)
 {
-	static char dpexec[PATH_MAX + 8];
 	const Opts *o = &d->o;
+	char *num = d->np;
 	int n = 0;
-	snprintf(dpexec, sizeof dpexec, "%s/dpexec", d->bindir);
-	snprintf(num, numlen, "%d", np);
+	snprintf(d->dpexec, sizeof d->dpexec, "%s/dpexec", d->bindir);
+	snprintf(d->np, sizeof d->np, "%d", np);
 	if (use_srun(o)) {
 		w[n++] = "srun";
 		w[n++] = "-n";
@@ -404,7 +406,7 @@ static int launch_words(Dprun *d, int np, int resume, char **w, char *num, size_
 		w[n++] = "DPRUN_ARGS_FROM";
 	}
 	int exec_at = n;
-	w[n++] = dpexec;
+	w[n++] = d->dpexec;
 	w[n++] = d->step;
 	if (o->save_dir) {
 		w[n++] = "--save-dir";
@@ -422,9 +424,8 @@ static int launch_words(Dprun *d, int np, int resume, char **w, char *num, size_
 		w[n++] = "--resume";
 		w[n++] = (char *)o->save_dir;
 	}
-	static char from[16];
-	snprintf(from, sizeof from, "%d", n - exec_at);
-	setenv("DPRUN_ARGS_FROM", from, 1);
+	snprintf(d->from, sizeof d->from, "%d", n - exec_at);
+	setenv("DPRUN_ARGS_FROM", d->from, 1);
 	for (int i = 0; i < o->nuser && n < MAX_WORDS - 1; i++) {
 		const char *a = o->user[i];
 		/* a restart resumes: the user's own start (fresh, overwrite, resume) is past */
@@ -612,7 +613,7 @@ int main(int argc, char **argv)
 	} else {
 		snprintf(d->step, sizeof d->step, "%s", o->model);
 	}
-	char *w[MAX_WORDS], num[16], line[1 << 15];
+	char *w[MAX_WORDS], line[1 << 15];
 	for (int restarts = 0;; restarts++) {
 		if (got_signal) { /* while a restart was prepared: no new job to stop */
 			say("stopped by %s before %s", got_signal == SIGINT ? "SIGINT" : "SIGTERM",
@@ -620,8 +621,7 @@ int main(int argc, char **argv)
 			status = 128 + got_signal;
 			break;
 		}
-		launch_words(d, np, restarts > 0 && latest_step(o->save_dir ? o->save_dir : "") >= 0, w,
-			     num, sizeof num);
+		launch_words(d, np, restarts > 0 && latest_step(o->save_dir ? o->save_dir : "") >= 0, w);
 		if (o->dry_run) {
 			line[0] = '\0';
 			for (int i = 0; w[i]; i++)
