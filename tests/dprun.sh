@@ -75,19 +75,13 @@ if case_on launch-line; then
 fi
 
 # ---- Ctrl-C and SIGTERM ----
-# stop NAME SIGNAL TARGET: dprun runs mlp.dp at 2 ranks for 300 steps in a
-# session of its own; after 20 steps SIGNAL goes to dprun (TARGET pid) or to
-# its process group (pgrp: a terminal's Ctrl-C); $T/NAME.out ends with rc=N
+# stop NAME SIGNAL TARGET: dprun runs mlp.dp at 2 ranks for 300 steps, in
+# $T (the resume command's paths are relative); after 20 steps SIGNAL goes to
+# dprun (TARGET pid) or to its process group (pgrp: a terminal's Ctrl-C);
+# $T/NAME.out ends with rc=STATUS
 stop() {
-	(cd "$T" && setsid bash -c 'echo $$ >"$1.pid"; exec env '"$MPI_ASAN"' "$2" -n 2 --save-dir "$1.ck" \
-		"$3/models/mlp.dp" -- --steps 300 --log-every 100 --eval-every 0 --losses "$1.loss"' \
-		sh "$1" "$DPRUN" "$ROOT" >"$T/$1.out" 2>&1) &
-	local job=$!
-	wait_lines "$T/$1.loss" 21
-	local pid; pid=$(cat "$T/$1.pid")
-	if [ "$3" = pgrp ]; then kill -"$2" -- -"$pid"; else kill -"$2" "$pid"; fi
-	wait $job
-	echo "rc=$?" >>"$T/$1.out"
+	(cd "$T" && signal_at "$1" 21 "$2" "$3" env $MPI_ASAN "$DPRUN" -n 2 --save-dir "$1.ck" \
+		"$ROOT/models/mlp.dp" -- --steps 300 --log-every 100 --eval-every 0 --losses "$1.loss")
 }
 if case_on ctrl-c; then
 	stop ctrlc INT pgrp
