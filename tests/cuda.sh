@@ -118,12 +118,12 @@ if [ $GPU = 0 ]; then
 	# auto falls back to the CPU and trains as --device cpu; the notice is one
 	# line where a CUDA driver is installed (a GPU expected), none where no
 	# driver is (a CPU machine: not news), one there with --verbose
-	notices=1
-	grep -q "no CUDA driver" "$T/probe.out" 2>/dev/null && notices=0
+	# (what the --verbose notice gives as the reason says which)
 	if ! case_on auto-fallback; then
 		:
-	elif X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
-		X "$T/w1.bin" --steps 1 --eval-every 0 --verbose >"$T/autov.out" 2>&1 &&
+	elif X "$T/w1.bin" --steps 1 --eval-every 0 --verbose >"$T/autov.out" 2>&1 &&
+		notices=$(grep -q "no usable GPU (no CUDA driver" "$T/autov.out" && echo 0 || echo 1) &&
+		X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
 		X "$T/w1.bin" --device cpu --steps 3 --eval-every 0 --quiet --losses "$T/cpu.loss" \
 			>/dev/null 2>&1 &&
 		[ "$(grep -c 'running on the CPU' "$T/auto.out")" -eq $notices ] &&
