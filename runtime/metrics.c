@@ -91,10 +91,11 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 		return NULL;
 	}
 	long keep = 0, last_run = 0, whole = 0;
+	char *line = NULL; /* whole lines, however long (a run record holds a command) */
+	size_t cap = 0;
 	if (runs && regular) { /* where the last run begins; the end of the last whole line */
-		char line[4096];
 		long at = 0;
-		while (fgets(line, sizeof line, f)) {
+		while (getline(&line, &cap, f) > 0) {
 			if (is_run_record(line))
 				last_run = at;
 			at = ftell(f);
@@ -106,9 +107,8 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 		keep = first > 0 ? last_run : whole;
 	}
 	if (first > 0 && regular) {
-		char line[4096];
 		int at_run = runs; /* the first line read is the last run's record, if any */
-		while (fgets(line, sizeof line, f)) {
+		while (getline(&line, &cap, f) > 0) {
 			int kept = line[0] == '#' || (at_run && is_run_record(line));
 			at_run = 0;
 			if (!kept && (line_step(line) < 0 || line_step(line) > (long long)first))
@@ -118,6 +118,7 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 			keep = ftell(f);
 		}
 	}
+	free(line);
 	if (regular && (ftruncate(fd, keep) != 0 || fseek(f, keep, SEEK_SET) != 0)) {
 		RT_FAIL(e, "cannot %s the %s file %s: %s", keep ? "continue" : "write", what, path,
 			strerror(errno));
