@@ -89,6 +89,8 @@ logs                   0.5    alone    8
 schedules              1      -       20
 signals                1      -       30
 tour                   1      -       30
+dprun                  1.5    -      150
+hosts                  1      -       30
 data_errors            0.5    -        5
 outputs                1      -        4
 cuda                   0.5    -        3
