@@ -52,6 +52,8 @@
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
 #     of compute capability 7.0 is one naming the .dp file's line and column;
+#     the collectives' stream has the device's greatest priority (the
+#     describe line, from cudaStreamGetPriority);
 #  6. on a real GPU: the model cases of 2. on real CUDA with the normal build
 #     (build/dpexec), and compute-sanitizer memcheck and racecheck when it is
 #     installed. Without a GPU each is reported SKIPPED.
@@ -543,6 +545,16 @@ elif DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>
 	ok "the same bf16 step file runs on compute capability 8.0"
 else
 	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
+fi
+# the collectives' stream at the device's greatest priority (the emulator
+# reports an H100's range, 0..-5), the compute stream at the default
+if ! case_on "collectives' stream priority"; then
+	:
+elif "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
+	grep -q "^device: .*collectives' stream priority -5 (0..-5)" "$T/prio.out"; then
+	ok "the collectives' stream has the greatest priority: $(grep -o "collectives' stream priority.*" "$T/prio.out")"
+else
+	fail "the collectives' stream priority"; grep "^device:" "$T/prio.out" || tail -n 3 "$T/prio.out"
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 case_on "tests/cuda.sh, old driver" &&
