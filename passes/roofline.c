@@ -117,9 +117,11 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		ir_ops[n->op].cost(g, n, &f, &b);
 		int c = class_of(n->op);
 		double rate = d->fp32;
-		DpDtype in0 = g->values[n->in[0]]->dtype;
-		if (c == C_GEMM && (in0 == DP_BF16 || g->cfg.gemm_math == DP_GEMM_TF32))
-			rate = in0 == DP_BF16 ? d->bf16 : d->tf32;
+		if (c == C_GEMM) { /* the operands' dtype: bf16, or f32 (tf32 when asked) */
+			DpDtype in0 = g->values[n->in[0]]->dtype;
+			if (in0 == DP_BF16 || g->cfg.gemm_math == DP_GEMM_TF32)
+				rate = in0 == DP_BF16 ? d->bf16 : d->tf32;
+		}
 		Row *r = &row[c];
 		r->n += times;
 		r->flops += times * f;
@@ -171,10 +173,12 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 	double with_tc = total - row[C_ATTN].ms + attn_tc_ms;
 	fprintf(out, "model flops %s (the GEMMs' and 12 T d per token and layer of attention)\n",
 		stats_human_flops(c1, sizeof c1, model));
-	if (total > 0)
+	if (total > 0 && row[C_ATTN].n > 0) /* a token model: its tokens/s too */
 		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention on the CUDA cores as "
 			"runtime/cuda/attention.cu runs it\n", 100 * model / (total * 1e-3 * d->bf16),
 			tokens / (total * 1e-3));
+	else if (total > 0)
+		fprintf(out, "predicted MFU %.1f %%\n", 100 * model / (total * 1e-3 * d->bf16));
 	if (with_tc > 0 && row[C_ATTN].n > 0)
 		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention on tensor cores "
 			"(%.3f ms)\n", 100 * model / (with_tc * 1e-3 * d->bf16), tokens / (with_tc * 1e-3),
