@@ -78,6 +78,8 @@ static void usage(FILE *out)
 		"      --print-pipeline   list the passes in order, with what holds after each\n"
 		"      --stats         print communication, flops and memory per rank to\n"
 		"                      stdout (and with -o, write the step file too)\n"
+		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
+		"                      on that GPU from its published peaks, and the MFU\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -322,6 +324,7 @@ enum {
 	OPT_DUMP_AFTER,
 	OPT_PRINT_PIPELINE,
 	OPT_STATS,
+	OPT_DEVICE,
 	OPT_NO_VERIFY,
 	OPT_VERSION,
 	OPT_FROM_IR,
@@ -386,6 +389,7 @@ int main(int argc, char **argv)
 		{"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
 		{"print-pipeline", no_argument, NULL, OPT_PRINT_PIPELINE},
 		{"stats", no_argument, NULL, OPT_STATS},
+		{"device", required_argument, NULL, OPT_DEVICE},
 		{"no-verify", no_argument, NULL, OPT_NO_VERIFY},
 		{"time", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
@@ -399,7 +403,7 @@ int main(int argc, char **argv)
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
 	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPC,
 			   OPT_SETTING);
-	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
+	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL, *device = NULL;
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
@@ -500,6 +504,13 @@ int main(int argc, char **argv)
 			return 0;
 		case OPT_STATS:
 			stats = 1;
+			break;
+		case OPT_DEVICE:
+			if (!roofline_known(optarg)) {
+				fprintf(stderr, "dpc: unknown --device '%s' (%s)\n", optarg, roofline_devices());
+				return 1;
+			}
+			device = optarg;
 			break;
 		case OPT_NO_VERIFY:
 			verify = 0;
@@ -619,6 +630,10 @@ int main(int argc, char **argv)
 		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
+	if ((emit == EMIT_STATS || stats) && device) {
+		fprintf(stdout, "\n");
+		roofline_print(stdout, g, device);
+	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);
 	if (write_step && g->cfg.mesh[DP_AXIS_PP] > 1) {

@@ -94,5 +94,13 @@ int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
 void stats_print(FILE *out, const Graph *g);
+/* "1.50 MiB", "12.3 MFLOP": the tables' readable figures. */
+const char *stats_human_bytes(char *buf, size_t len, double b);
+const char *stats_human_flops(char *buf, size_t len, double f);
+/* passes/roofline.c: `--stats --device NAME`, the step's roofline time per
+ * kernel class on a GPU from its published peaks, and the MFU it implies. */
+int roofline_known(const char *name);
+const char *roofline_devices(void);
+void roofline_print(FILE *out, const Graph *g, const char *device);
 
 #endif

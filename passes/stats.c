@@ -27,7 +27,7 @@
 #include "passes.h"
 
 /* "1.50 MiB" */
-static const char *human_bytes(char *buf, size_t len, double b)
+const char *stats_human_bytes(char *buf, size_t len, double b)
 {
 	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
 	int u = 0;
@@ -40,7 +40,7 @@ static const char *human_bytes(char *buf, size_t len, double b)
 }
 
 /* "12.3 MFLOP" */
-static const char *human_flops(char *buf, size_t len, double f)
+const char *stats_human_flops(char *buf, size_t len, double f)
 {
 	static const char *const units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
 	int u = 0;
@@ -56,14 +56,14 @@ static const char *human_flops(char *buf, size_t len, double f)
 static const char *bytes_cell(char *buf, size_t len, double b)
 {
 	char h[32];
-	snprintf(buf, len, "%.0f (%s)", b, human_bytes(h, sizeof h, b));
+	snprintf(buf, len, "%.0f (%s)", b, stats_human_bytes(h, sizeof h, b));
 	return buf;
 }
 
 static const char *flops_cell(char *buf, size_t len, double f)
 {
 	char h[32];
-	snprintf(buf, len, "%.0f (%s)", f, human_flops(h, sizeof h, f));
+	snprintf(buf, len, "%.0f (%s)", f, stats_human_flops(h, sizeof h, f));
 	return buf;
 }
 

@@ -52,6 +52,8 @@
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
 #     of compute capability 7.0 is one naming the .dp file's line and column;
+#     the collectives' stream has the device's greatest priority (the
+#     describe line, from cudaStreamGetPriority);
 #  6. on a real GPU: the model cases of 2. on real CUDA with the normal build
 #     (build/dpexec), and compute-sanitizer memcheck and racecheck when it is
 #     installed. Without a GPU each is reported SKIPPED.
@@ -316,19 +318,22 @@ for s in ddp zero1 zero2 full_shard hybrid_shard; do
 	model_case mlp $s 4
 done
 model_case mlp zero2 2
-# cuBLASLt with no algorithm for the bias epilogue (DPEMU_LT_EPILOGUE=0: its
-# heuristic answers NOT_SUPPORTED, as a library or GPU without a fitting
-# kernel does): gemm.cu plans those linears with the bias copied into the
-# rows and beta = 1 instead of failing the load, and the run still matches
+# cuBLASLt with no algorithm for the bias or bias-gradient epilogues
+# (DPEMU_LT_EPILOGUE=0: its heuristic answers NOT_SUPPORTED, as a library
+# or GPU without a fitting kernel does): gemm.cu plans those linears with
+# the bias copied into the rows and beta = 1, and the weight gradients'
+# matmuls without BGRADA (their bias_grads sum their columns themselves),
+# instead of failing the load, and the run still matches
 EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case mlp ddp 2
-case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0" &&
-refused=$(grep -c "no algorithm for the bias epilogue" "$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log")
-if ! case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
-	:
-elif [ "$refused" -gt 0 ]; then
-	ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias-rows plan ran"
-else
-	fail "DPEMU_LT_EPILOGUE=0: no query with the bias epilogue was refused (the case proves nothing)"
+if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
+	log=$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log
+	refused=$(grep -c "no algorithm for the bias epilogue" "$log")
+	refused_grad=$(grep -c "no algorithm for the bias gradient epilogue" "$log")
+	if [ "$refused" -gt 0 ] && [ "$refused_grad" -gt 0 ]; then
+		ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias gradient's ($refused_grad), and the plans without them ran"
+	else
+		fail "DPEMU_LT_EPILOGUE=0: refused queries with the bias epilogue: $refused, with the bias gradient's: $refused_grad (each must be > 0, or the case proves nothing)"
+	fi
 fi
 model_case gpt2-tiny ddp 1
 model_case gpt2-tiny full_shard 2
@@ -544,6 +549,16 @@ elif DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>
 	ok "the same bf16 step file runs on compute capability 8.0"
 else
 	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
+fi
+# the collectives' stream at the device's greatest priority (the emulator
+# reports an H100's range, 0..-5), the compute stream at the default
+if ! case_on "collectives' stream priority"; then
+	:
+elif "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
+	grep -q "^device: .*collectives' stream priority -5 (0..-5)" "$T/prio.out"; then
+	ok "the collectives' stream has the greatest priority: $(grep -o "collectives' stream priority.*" "$T/prio.out")"
+else
+	fail "the collectives' stream priority"; grep "^device:" "$T/prio.out" || tail -n 3 "$T/prio.out"
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 case_on "tests/cuda.sh, old driver" &&

@@ -18,6 +18,11 @@
 #                 layout) one too large
 #   lt_bias       linear's bias epilogue dropped (CUBLASLT_EPILOGUE_DEFAULT):
 #                 the fp32 linears with an aligned bias lose their bias
+#   lt_bias16     the same, on the bf16 model: the bf16 linears lose theirs
+#   lt_bgrad      the weight gradient's BGRADA epilogue (the column sums of
+#                 dY that its bias_grad adds) made BGRADB: the sums of the
+#                 other operand, X, of another length
+#   bgrad_add     a bias_grad paired with its matmul's BGRADA adds nothing
 #   lt_align      the heuristic told that B (cuBLASLt's A) is 256-byte
 #                 aligned whatever its address: the algorithm chosen cannot
 #                 take the under-aligned weight views of flat buffers
@@ -47,7 +52,8 @@
 # (no_sync, gemm_*); the cuBLASLt mutations (lt_*) run the 2-rank case
 # (lt_bias: with biases initialised normal(0, 0.5) instead of zeros, else
 # a dropped bias is still ~lr after 3 steps) under both collective
-# policies and must be caught by both runs. The bf16 cases' CPU references
+# policies and must be caught by both runs (lt_bias16 the same model in
+# bf16, bb16). The bf16 cases' CPU references
 # run their GEMMs on f32 copies (DP_CPU_BF16_GEMM=blas), as the emulated
 # cuBLASLt does (tests/cuda_emu.sh's header says why). attn_sync runs
 # tests/cuda_emu.sh's gpt2-hd64 case (head dim 64, ctx 128: four key tiles)
@@ -100,6 +106,7 @@ reference() {
 	one) np=1 src=$T/mlp8.dp ;;
 	two) src=$T/zero2.dp ;;
 	b16) np=1 prec=bf16 ;;
+	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	esac
@@ -220,6 +227,16 @@ fi
 if mutate lt_bias "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGUE_BIAS;/uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;/'; then
 	check_all lt_bias biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
+if mutate lt_bias16 "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGUE_BIAS;/uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT;/'; then
+	check_all lt_bias16 bb16 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# 4c, 4d: the bias gradients from the weight gradients' BGRADA epilogue
+if mutate lt_bgrad "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGUE_BGRADA;/uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;/'; then
+	check_all lt_bgrad biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+if mutate bgrad_add "runtime/cuda/gemm.cu" sed 's/o\[j\] = accumulate ? o\[j\] + v\[j\] : v\[j\];/(void)v; \/* MUTATION: the sums dropped *\//'; then
+	check_all bgrad_add biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
 if mutate lt_align "runtime/cuda/gemm.cu" sed 's/MIN_ALIGNMENT_A_BYTES, g->align\[0\])/MIN_ALIGNMENT_A_BYTES, 256)/'; then
 	check_all lt_align two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 fi
@@ -338,6 +355,8 @@ unmutated() {
 	fi
 }
 unmutated "the same case" two 2
+unmutated "the biased case" biased 2
+unmutated "the biased bf16 case" bb16 2
 unmutated "the gpt2-hd64 case" hd64 1 DPEMU_THREADS=random,DPEMU_SEED=2
 unmutated "the gpt2-hd64 case over 8 steps" hd8 1 DPEMU_RUN=lazy,DPEMU_SEED=7
 # ---- bf16 kernels (issue 14): their own paths, not the staged f32 ones ----

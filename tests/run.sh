@@ -99,6 +99,7 @@ views                  0.5    -        2
 layers                 0.5    -        1
 golden                 0.5    -        1
 pipeline               0.5    -        3
+roofline               0.5    -        2
 "
 # Suites another suite runs (NAME:PARENT): not started on their own by a
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
