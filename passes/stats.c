@@ -275,10 +275,10 @@ static void print_pipeline(FILE *out, const Graph *g)
 			s, c->first_block >= 0 ? g->blocks[c->first_block].name : "-",
 			c->last_block >= 0 ? g->blocks[c->last_block].name : "-", c->fwd_flops,
 			c->bwd_flops, (long long)c->param_bytes,
-			human_bytes(h1, sizeof h1, (double)c->param_bytes), (long long)c->grad_bytes,
+			stats_human_bytes(h1, sizeof h1, (double)c->param_bytes), (long long)c->grad_bytes,
 			(long long)c->act_bytes, fly, (long long)c->act_bytes * fly,
-			human_bytes(h2, sizeof h2, (double)c->act_bytes * fly), (long long)c->send_bytes,
-			human_bytes(h3, sizeof h3, (double)c->send_bytes));
+			stats_human_bytes(h2, sizeof h2, (double)c->act_bytes * fly), (long long)c->send_bytes,
+			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
 	}
 	double bubble = 0;
 	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
