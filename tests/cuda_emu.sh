@@ -29,7 +29,9 @@
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
-#     shows only here). Each case runs with its own DPEMU_SEED and DPEMU_COMM
+#     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
+#     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
+#     dims. Each case runs with its own DPEMU_SEED and DPEMU_COMM
 #     (collectives as late as the events allow, or as early), so the cases
 #     together walk many orders; collectives return ncclInProgress at random
 #     (DPEMU_NCCL_INPROGRESS's default), so dp's settling is always exercised.
@@ -203,11 +205,16 @@ sed 's/^  global_batch .*/  global_batch 4/' "$T/gpt2-tiny.dp" >"$T/gpt2-hd64.dp
 # ... and at GPT-2's ctx, 1024: 32 key tiles of the tensor-core forward, 16
 # query blocks, the causal bound met by 16 warps at different tiles
 sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.dp"
+# the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
+	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
 	llama) echo "$small -D ffn=96 -D layers=2" ;;
 	esac
 }
@@ -366,6 +373,8 @@ model_case gpt2-hd64 ddp 2 "cp=2"
 PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
 # and layout ops on their own bf16 paths, bias_grad too)
