@@ -298,22 +298,17 @@ if mutate attn_sync "runtime/cuda/attention.cu" \
 fi
 # 7b: the tensor-core forward (bf16): its barrier, its K^T fragment's
 # layout and stride, its causal skip of a warp's tiles
-if mutate tc_sync "runtime/cuda/attention.cu" \
-	sed 's|^\t\t__syncthreads(); /\* K and V are in \*/|\t\t/* MUTATION: no __syncthreads */|'; then
-	check_all tc_sync a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-fi
-if mutate tc_layout "runtime/cuda/attention.cu" \
-	sed 's|__nv_bfloat16, wmma::col_major> FragKt;|__nv_bfloat16, wmma::row_major> FragKt; /* MUTATION */|'; then
-	check_all tc_layout a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-fi
-if mutate tc_stride "runtime/cuda/attention.cu" \
-	perl -0pe 's|(ks \+ 16 \* n \* S::QLD \+ 16 \* k,\n\s*)S::QLD\)|$1HD) /* MUTATION */|'; then
-	check_all tc_stride a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-fi
-if mutate tc_causal "runtime/cuda/attention.cu" \
-	sed 's|if (k0 > wlast)|if (k0 + TC_BC > wlast) /* MUTATION */|'; then
-	check_all tc_causal a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-fi
+# tc_mutation NAME PROGRAM...: attention.cu mutated; both thread orders must
+# catch it on a16
+tc_mutation() {
+	local name=$1; shift
+	mutate "$name" "runtime/cuda/attention.cu" "$@" &&
+		check_all "$name" a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+}
+tc_mutation tc_sync sed 's|^\t\t__syncthreads(); /\* K and V are in \*/|\t\t/* MUTATION: no __syncthreads */|'
+tc_mutation tc_layout sed 's|__nv_bfloat16, wmma::col_major> FragKt;|__nv_bfloat16, wmma::row_major> FragKt; /* MUTATION */|'
+tc_mutation tc_stride perl -0pe 's|(ks \+ 16 \* n \* S::QLD \+ 16 \* k,\n\s*)S::QLD\)|$1HD) /* MUTATION */|'
+tc_mutation tc_causal sed 's|if (k0 > wlast)|if (k0 + TC_BC > wlast) /* MUTATION */|'
 # 8: the staged batches' device copies overwritten while a step reads them
 if mutate copy_wait "runtime/cuda/backend_cuda.c" \
 	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then
