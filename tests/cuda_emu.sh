@@ -4,10 +4,11 @@
 # the CPU backend, and, on a machine with a GPU, the same cases on real CUDA.
 #
 #  1. the emulator's own checks (build-emu/selftest): kernels, warps,
-#     atomics, float4, dynamic shared memory, bf16, cuBLAS, streams, capture
+#     atomics, float4, dynamic shared memory, bf16, wmma, cuBLAS, streams, capture
 #     and graphs, NCCL over MPI work; and each misuse is caught: a thread
 #     leaving a barrier, a warp mask naming an exited lane or not the caller,
-#     a block deadlock, a misaligned float4, host code touching device
+#     a block deadlock, a wmma call whose ldm is not 16 bytes' multiple or
+#     whose lanes pass different pointers, a misaligned float4, host code touching device
 #     memory, a host pointer passed to a kernel, an out-of-bounds access, a
 #     copy of the wrong kind or past its buffer, a pitch above memPitch,
 #     illegal calls during capture, an unjoined capture, a leading dimension
@@ -28,7 +29,9 @@
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
-#     shows only here). Each case runs with its own DPEMU_SEED and DPEMU_COMM
+#     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
+#     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
+#     dims. Each case runs with its own DPEMU_SEED and DPEMU_COMM
 #     (collectives as late as the events allow, or as early), so the cases
 #     together walk many orders; collectives return ncclInProgress at random
 #     (DPEMU_NCCL_INPROGRESS's default), so dp's settling is always exercised.
@@ -160,7 +163,7 @@ selftest() {
 		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
 	fi
 }
-for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 gemm streams graph \
+for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma gemm streams graph \
 	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
@@ -170,6 +173,8 @@ selftest barrier_exit "returned while .* wait at __syncthreads"
 selftest shfl_exited "returned while lanes .* wait for it at __shfl_sync"
 selftest shfl_mask "does not name the calling lane"
 selftest deadlock "deadlock: no thread of the block can go on"
+selftest wmma_ldm "ldm 12 is not a multiple of 16 bytes"
+selftest wmma_diverge "lane 5 passes .*every lane must pass the same"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"
@@ -199,10 +204,19 @@ for m in gpt2-tiny llama; do
 done
 # GPT-2's head dim (64) at ctx 128: four 32-row tiles per sequence
 sed 's/^  global_batch .*/  global_batch 4/' "$T/gpt2-tiny.dp" >"$T/gpt2-hd64.dp"
+# ... and at GPT-2's ctx, 1024: 32 key tiles of the tensor-core forward, 16
+# query blocks, the causal bound met by 16 warps at different tiles
+sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.dp"
+# the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
+	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
 	llama) echo "$small -D ffn=96 -D layers=2" ;;
 	esac
 }
@@ -362,6 +376,10 @@ model_case gpt2-hd64 ddp 1
 model_case gpt2-hd64 ddp 2 "tp=2"
 model_case gpt2-hd64 ddp 2 "cp=2"
 PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
+model_case gpt2-ctx1k ddp 1
+PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
 # and layout ops on their own bf16 paths, bias_grad too)
