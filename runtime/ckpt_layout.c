@@ -352,9 +352,7 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 }
 
 /* Is tensor id a root: persistent, outside every activation's range, and
- * not inside a flat buffer (the buffer is the root then), nor inside a
- * larger flat buffer or optimizer state, or one of the same range listed
- * before it (an update split by optimizer groups reads views of them)? */
+ * not inside a flat buffer (the buffer is the root then)? */
 static int is_root(const DpStep *s, uint32_t id)
 {
 	const DpTensor *t = &s->tensors[id];
@@ -371,9 +369,6 @@ static int is_root(const DpStep *s, uint32_t id)
 		if ((u->kind == DP_T_ACT || u->kind == DP_T_DATA) && ulo < hi && lo < uhi)
 			return 0;
 		if (t->kind == DP_T_PARAM && u->kind == DP_T_FLAT && ulo <= lo && hi <= uhi)
-			return 0;
-		if ((u->kind == DP_T_FLAT || u->kind == DP_T_OPTSTATE) && u->dtype == DP_F32 &&
-		    ulo <= lo && hi <= uhi && (uhi - ulo > hi - lo || j < id))
 			return 0;
 	}
 	return 1;

@@ -22,7 +22,9 @@
 #               updates every rank's chunk with its one group's values;
 #   resume      full_shard at 2 ranks, 10 steps + --resume 10 steps equal 20
 #               straight, bit for bit (the checkpoint holds every group's
-#               optimizer state through the split update's views).
+#               optimizer state through the split update's views);
+#   reshard     full_shard at 2 ranks, a sharded checkpoint after 4 steps,
+#               resumed by 1 rank of ddp to 8: matches 1 rank (eq_same).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=tests/lib.sh
@@ -114,6 +116,23 @@ if case_on resume; then
 		fi
 	else
 		tail -n 20 "$T/rs.log"; fail "resume runs"
+	fi
+fi
+if case_on reshard; then
+	# the groups' state saved as full_shard shards (h.N and h.N.g1 units) and
+	# loaded by 1 rank of ddp (one flat buffer): every element's moments
+	# follow its parameter, whatever the update's split
+	variant "$T/g1.dp" "$T/fs.dp" 's/^  strategy ddp/  strategy full_shard/'
+	once ref once_ref
+	if "$DPC" "$T/fs.dp" --world-size 2 -o "$T/fs2.bin" 2>"$T/fs.log" &&
+		"$DPC" "$T/g1.dp" --world-size 1 -o "$T/one.bin" 2>>"$T/fs.log" &&
+		mpi 2 "$T/fs2.bin" --steps 4 --quiet --eval-every 0 --losses "$T/fs1.loss" --save-dir "$T/fsck" \
+			--save-form sharded >>"$T/fs.log" 2>&1 &&
+		mpi 1 "$T/one.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/fs1.loss" \
+			--resume "$T/fsck/latest" --save-full "$T/fs1.st" >>"$T/fs.log" 2>&1; then
+		eq_same fs1 ref
+	else
+		tail -n 20 "$T/fs.log"; fail "reshard runs"
 	fi
 fi
 finish groups
