@@ -4,19 +4,22 @@
 #
 # The model is models/gpt2-tiny.dp on the GPL-3 text with the test's AdamW
 # (weight_decay 0.1, tests/lib.sh's OPT), its own `no_decay vectors` (the
-# biases and layernorm gains: no decay), block embed's `weight_decay 0.05` and block
+# biases and layernorm gains: no decay), block embed's `weight_decay 1.0` and block
 # lnf's `lr_scale 0.5`: four groups, and under full_shard each h.N block is
 # two units (h.N, h.N.g1).
 # Cases:
 #   torch       20 losses at 1 rank against tests/torch_gpt.py with the same
 #               groups as PyTorch param groups (--no-decay vectors
-#               --block-weight-decay embed=0.05 --lr-scale lnf=0.5), rtol
-#               2e-4 as tests/transformer.sh (measured: 1.1e-7);
-#   torch-no-groups  PyTorch with one group (weight decay on everything, one
-#               lr) must NOT match: the comparison sees the groups (measured:
-#               2.4e-3 relative, 12x the tolerance);
-#   ddp-np2, zero1-np2, zero2-np2, full_shard-np2, hybrid-np4, tp2
-#               each strategy (ddp with small buckets; and tp=2) against 1 rank
+#               --block-weight-decay embed=1.0 --lr-scale lnf=0.5), rtol
+#               2e-4 as tests/transformer.sh (measured: 1.4e-7);
+#   torch-no-groups, torch-no-vectors, torch-no-block-decay, torch-no-lr-scale
+#               PyTorch with one group, or without one of the three rules,
+#               must NOT match: the comparison sees each of them (measured:
+#               1.1e-2, 4.2e-4, 4.9e-3, 7.2e-3 relative against rtol 2e-4);
+#   ddp-np2, zero1-np2, zero2-np2, full_shard-np2, hybrid-np4, tp2,
+#   tp2-full_shard-np4
+#               each strategy (ddp with small buckets; tp=2, alone and with
+#               full_shard, whose units are per tp split and group) against 1 rank
 #               over 8 steps, as tests/tp.sh (eq_same: losses
 #               rtol 1e-5, parameters atol 1e-6 + rtol 1e-4): a cut unit
 #               updates every rank's chunk with its one group's values;
@@ -41,9 +44,9 @@ gpt_text "$T/base.dp"
 # the groups, and the test's optimizer, schedule and batch (strategy: ddp)
 variant "$T/base.dp" "$T/g1.dp" "s/^  optimizer .*/  $OPT/" \
 	"s/^  schedule .*/  $SCHED/" "s/^  global_batch .*/  global_batch $GB/" \
-	's/^  block embed {/&\n    weight_decay 0.05/' 's/^  block lnf {/&\n    lr_scale 0.5/'
+	's/^  block embed {/&\n    weight_decay 1.0/' 's/^  block lnf {/&\n    lr_scale 0.5/'
 # (TORCH_OPT has --no-decay vectors: the model's own no_decay)
-GROUPS_TORCH="--block-weight-decay embed=0.05 --lr-scale lnf=0.5"
+GROUPS_TORCH=(--block-weight-decay embed=1.0 --lr-scale lnf=0.5)
 
 once_ref() { eq_run ref 1 "$T/g1.dp"; }
 once_ref20() { STEPS=$TSTEPS eq_run ref20 1 "$T/g1.dp"; }
@@ -63,7 +66,7 @@ torch_init() {
 if case_on torch; then
 	# dp from the same initial weights torch reads
 	if once init torch_init && once ref20 once_ref20 &&
-		torch_run "$T/groups.torch" $GROUPS_TORCH; then
+		torch_run "$T/groups.torch" "${GROUPS_TORCH[@]}"; then
 		if $PY tests/compare.py losses "$T/ref20.loss" "$T/groups.torch" --rtol 2e-4 --atol 0 >"$T/torch.cmp"; then
 			ok "1 rank with 4 optimizer groups: $TSTEPS losses agree with PyTorch param groups ($(awk '/ loss:/ {print $8}' "$T/torch.cmp") relative)"
 		else
@@ -72,16 +75,24 @@ if case_on torch; then
 		fi
 	fi
 fi
-if case_on torch-no-groups; then
-	if once init torch_init && once ref20 once_ref20 &&
-		torch_run "$T/nogroups.torch" --no-decay none; then
-		if $PY tests/compare.py losses "$T/ref20.loss" "$T/nogroups.torch" --rtol 2e-4 --atol 0 >"$T/nog.cmp"; then
-			fail "PyTorch without the groups matches too: the comparison does not see them"
+# each rule must show: PyTorch without it must not match
+# (torch-no-groups: none of them; torch-no-vectors: decay on the 1-D params;
+# torch-no-block-decay: embed at the optimizer's 0.1; torch-no-lr-scale: lnf at lr)
+torch_differs() { # torch_differs CASE WHAT [torch_gpt.py args...]
+	local name=$1 what=$2; shift 2
+	case_on "$name" || return 0
+	if once init torch_init && once ref20 once_ref20 && torch_run "$T/$name.torch" "$@"; then
+		if $PY tests/compare.py losses "$T/ref20.loss" "$T/$name.torch" --rtol 2e-4 --atol 0 >"$T/$name.cmp"; then
+			fail "PyTorch $what matches too: the comparison does not see it"
 		else
-			ok "PyTorch with one group is told apart ($(awk '/ loss:/ {print $8}' "$T/nog.cmp") relative)"
+			ok "PyTorch $what is told apart ($(awk '/ loss:/ {print $8}' "$T/$name.cmp") relative)"
 		fi
 	fi
-fi
+}
+torch_differs torch-no-groups "with one group" --no-decay none
+torch_differs torch-no-vectors "with decay on the 1-D params" "${GROUPS_TORCH[@]}" --no-decay none
+torch_differs torch-no-block-decay "without embed's own weight_decay" --lr-scale lnf=0.5
+torch_differs torch-no-lr-scale "without lnf's lr_scale" --block-weight-decay embed=1.0
 
 # eq_case NAME NP SED...: the model under the sed edits at NP ranks equals 1 rank
 eq_case() {
@@ -98,6 +109,7 @@ eq_case zero2-np2 2 's/^  strategy ddp/  strategy zero2/'
 eq_case full_shard-np2 2 's/^  strategy ddp/  strategy full_shard/'
 eq_case hybrid-np4 4 '1i mesh dp_replicate=2, dp_shard=2' 's/^  strategy ddp/  strategy hybrid_shard/'
 eq_case tp2 2 '1i mesh tp=2'
+eq_case tp2-full_shard-np4 4 '1i mesh tp=2, dp_shard=2' 's/^  strategy ddp/  strategy full_shard/'
 
 if case_on resume; then
 	variant "$T/g1.dp" "$T/rs.dp" 's/^  strategy ddp/  strategy full_shard/'

@@ -88,7 +88,7 @@ passes                 1      -        8
 logs                   0.5    alone    8
 schedules              1      -       20
 signals                1      -       30
-groups                 1      -       40
+groups                 1      -       70
 tour                   1      -       30
 data_errors            0.5    -        5
 outputs                1      -        4
