@@ -22,12 +22,13 @@ KIT_STAGE      := build/gpu-kit.stage
 KIT_CUDA_BUILD := build/gpu-kit-cuda
 KIT_CUDA_ARCH  := -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
 KIT_HOST       := build/dpc build/dpexec build/text2shard
+KIT_XZ         := -6 # the payload's xz preset (tests/gpu_kit.sh: -1 for its rehearsal kit)
 
 .PHONY: gpu-kit
 ifeq ($(EMU),1)
 gpu-kit:
 	@$(MAKE) --no-print-directory SAN=0 EMU=build-emu $(KIT_HOST) cuda-emu
-	KIT=$(KIT_DIR) STAGE=$(KIT_STAGE) MODE=emu CUDA_SO=build-emu/libdpcuda.so DPC=build/dpc \
+	XZ_LEVEL=$(KIT_XZ) KIT=$(KIT_DIR) STAGE=$(KIT_STAGE) MODE=emu CUDA_SO=build-emu/libdpcuda.so DPC=build/dpc \
 		DPEXEC=build/dpexec TEXT2SHARD=build/text2shard bash tools/gpu-kit/build.sh
 else
 gpu-kit:
@@ -35,6 +36,6 @@ gpu-kit:
 	@$(MAKE) --no-print-directory SAN=0 $(KIT_HOST)
 	@$(MAKE) --no-print-directory SAN=0 BUILD=$(KIT_CUDA_BUILD) CUDA_ARCH="$(KIT_CUDA_ARCH)" \
 		$(KIT_CUDA_BUILD)/libdpcuda.so
-	KIT=$(KIT_DIR) STAGE=$(KIT_STAGE) MODE=gpu CUDA_SO=$(KIT_CUDA_BUILD)/libdpcuda.so DPC=build/dpc \
+	XZ_LEVEL=$(KIT_XZ) KIT=$(KIT_DIR) STAGE=$(KIT_STAGE) MODE=gpu CUDA_SO=$(KIT_CUDA_BUILD)/libdpcuda.so DPC=build/dpc \
 		DPEXEC=build/dpexec TEXT2SHARD=build/text2shard bash tools/gpu-kit/build.sh
 endif

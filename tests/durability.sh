@@ -71,15 +71,17 @@ SYSCALLS="mkdir openat fsync rename renameat2 unlink rmdir"
 # trials NAME BASE MIN EXTRA ONLY -- DPEXEC_ARGS...: the save of the dpexec
 # command into a copy of BASE (a save directory), killed at each of its
 # syscalls in turn (those matching ONLY when given), each trial on a fresh
-# copy, then ends(). A save's syscalls: every one from the first that
-# touches a step-N.dptmp of the directory on, except opens that create
+# copy of its own, then ends(). A save's syscalls: every one from the first
+# that touches a step-N.dptmp of the directory on, except opens that create
 # nothing (of directories, to fsync or list them); strace numbers the calls
-# of each syscall apart, and so does the trial.
+# of each syscall apart, and so does the trial. @D in DPEXEC_ARGS is the
+# trial's save directory. The trials are independent and mostly process
+# start-up and waiting: TRIAL_JOBS (4) run at a time.
 trials() {
 	local name=$1 base=$2 min=$3 extra=$4 only=$5; shift 6
-	local d=$T/tr-$name sc k good=0 total=0 bad=""
+	local d=$T/tr-$name sc k good=0 total=0 bad="" j=0
 	rm -rf "$d"; cp -a "$base" "$d"
-	strace -o "$T/$name.trace" -e trace="${SYSCALLS// /,}" $extra "$DPEXEC" "$@" --save-dir "$d" >/dev/null 2>&1
+	strace -o "$T/$name.trace" -e trace="${SYSCALLS// /,}" $extra "$DPEXEC" "${@//@D/$d}" --save-dir "$d" >/dev/null 2>&1
 	awk -v d="$d/step-" -v only="$only" '{
 		sc = $0; sub(/\(.*/, "", sc); n[sc]++
 		if (!on && index($0, d) && index($0, ".dptmp")) on = 1
@@ -88,11 +90,19 @@ trials() {
 			print sc, n[sc]
 	}' "$T/$name.trace" >"$T/$name.calls"
 	while read -r sc k; do
-		rm -rf "$d"; cp -a "$base" "$d"
+		(local t=$d-$sc-$k
+		cp -a "$base" "$t"
 		(strace -o /dev/null -e trace="$sc${extra:+,renameat2}" -e inject="$sc":signal=SIGKILL:when="$k" $extra \
-			"$DPEXEC" "$@" --save-dir "$d" >/dev/null 2>&1; true) 2>/dev/null
+			"$DPEXEC" "${@//@D/$t}" --save-dir "$t" >/dev/null 2>&1 </dev/null; true) 2>/dev/null
+		ends "$name-$sc-$k" "$t" "$min" && touch "$t.good"
+		rm -rf "$t") &
+		j=$((j + 1))
+		[ $((j % ${TRIAL_JOBS:-4})) = 0 ] && wait
+	done <"$T/$name.calls"
+	wait
+	while read -r sc k; do
 		total=$((total + 1))
-		if ends "$name-$sc-$k" "$d" "$min"; then good=$((good + 1)); else bad="$bad $sc#$k"; fi
+		if [ -e "$d-$sc-$k.good" ]; then good=$((good + 1)); else bad="$bad $sc#$k"; fi
 	done <"$T/$name.calls"
 	echo "  $name: $total trials (SIGKILL at each ${only:-mkdir/open(O_CREAT)/fsync/rename/renameat2/unlink/rmdir} of the save), $good lost nothing${bad:+; lost or failed at:$bad}"
 	[ "$total" -gt 0 ] && [ "$good" = "$total" ]
@@ -109,7 +119,7 @@ else
 		trials over "$T/b10" 10 "" "" -- "$T/w1.bin" --quiet --steps 10 --save-every 0 --overwrite
 	case_on "syscall-kills older" && once ref reference && once b20 b20 &&
 	check "a run resumed from step 15 killed while saving step 20 again (sharded form)" \
-		trials older "$T/b20" 20 "" "" -- "$T/w1.bin" --quiet --steps 20 --resume "$T/tr-older/step-000015" --save-form sharded
+		trials older "$T/b20" 20 "" "" -- "$T/w1.bin" --quiet --steps 20 --resume @D/step-000015 --save-form sharded
 	case_on "syscall-kills norx" && once ref reference && once b10 b10 &&
 	check "the renames without RENAME_EXCHANGE (the file system refuses it: two renames)" \
 		trials norx "$T/b10" 10 "-e inject=renameat2:error=EINVAL" "^rename$" -- "$T/w1.bin" --quiet --steps 10 --save-every 0 --overwrite

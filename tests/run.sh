@@ -176,16 +176,26 @@ stream() {
 		[ $show = 0 ] || printf '[%s] %s\n' "$name" "$line"
 	done 3>"$2"
 }
-# run_suite NAME: the suite, its output streamed; then "RC SECONDS" in NAME.rc
+# run_suite NAME: the suite, its output streamed; then "RC SECONDS CPU" in
+# NAME.rc, CPU the seconds of CPU (user + system) the suite and every process
+# it waited for used (bash's `times`: what a suite's weight is made from)
 run_suite() {
 	local name=$1 t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
 	[ $((jobs * 10)) -le "$CAP" ] || jobs=$((CAP / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	{
-		DP_JOBS=$jobs bash "tests/$name.sh" </dev/null 2>&1
+		(DP_JOBS=$jobs bash "tests/$name.sh" </dev/null 2>&1
+		rc=$?
+		times >"$LOGS/$name.times"
+		exit $rc)
 		echo $? >"$LOGS/$name.rc"
 	} | stream "$name" "$LOGS/$name.log"
-	echo "$(cat "$LOGS/$name.rc") $((SECONDS - t0))" >"$LOGS/$name.rc"
+	local cpu
+	cpu=$(sed -n 2p "$LOGS/$name.times" | awk '{
+		t = 0
+		for (i = 1; i <= 2; i++) { m = $i; sub(/m.*/, "", m); s = $i; sub(/.*m/, "", s); sub(/s$/, "", s); t += m * 60 + s }
+		printf "%d", t + 0.5 }')
+	echo "$(cat "$LOGS/$name.rc") $((SECONDS - t0)) ${cpu:-0}" >"$LOGS/$name.rc"
 }
 
 declare -A PID_OF START
@@ -193,7 +203,7 @@ queue=()
 for n in "${selected[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
 for n in "${selected[@]}"; do [ "${ALONE[$n]}" = 1 ] || queue+=("$n"); done
 running=0 used=0 alone_on=0
-tp=0 tf=0 ts=0 ncases=0
+tp=0 tf=0 ts=0 ncases=0 cpu_total=0
 failed=()
 t_start=$SECONDS
 fits() {
@@ -235,8 +245,9 @@ next() {
 }
 # collect NAME: its counts from the log's last "NAME: N passed, M failed[, K skipped]"
 collect() {
-	local name=$1 rc secs line p f s k sk=""
-	read -r rc secs <"$LOGS/$name.rc"
+	local name=$1 rc secs cpu line p f s k sk=""
+	read -r rc secs cpu <"$LOGS/$name.rc"
+	cpu_total=$((cpu_total + ${cpu:-0}))
 	line=$(grep -E "^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed" "$LOGS/$name.log" | tail -n 1)
 	p=$(echo "$line" | sed -nE 's/.*: ([0-9]+) passed.*/\1/p'); p=${p:-0}
 	f=$(echo "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p'); f=${f:-0}
@@ -247,10 +258,10 @@ collect() {
 	tp=$((tp + p)) tf=$((tf + f)) ts=$((ts + s))
 	[ "$s" = 0 ] || sk=", $s skipped"
 	if [ "$rc" = 0 ] && [ "$f" = 0 ]; then
-		echo "== $name: $p passed, $f failed$sk (${secs} s)"
+		echo "== $name: $p passed, $f failed$sk (${secs} s, ${cpu:-?} s of CPU)"
 	else
 		failed+=("$name")
-		echo "!! $name: $p passed, $f failed$sk, exit $rc (${secs} s; $LOGS/$name.log)"
+		echo "!! $name: $p passed, $f failed$sk, exit $rc (${secs} s, ${cpu:-?} s of CPU; $LOGS/$name.log)"
 	fi
 }
 while :; do
@@ -287,5 +298,5 @@ if [ -n "$CASE" ] && [ $ncases = 0 ]; then
 	echo "run.sh: CASE='$CASE' selects no case of ${SUITE:-any suite} (LIST=1 lists them)"
 	tf=$((tf + 1))
 fi
-echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, JOBS=$JOBS; logs in $LOGS/)"
+echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, $cpu_total s of CPU, JOBS=$JOBS; logs in $LOGS/)"
 [ $tf -eq 0 ] && [ ${#failed[@]} -eq 0 ]

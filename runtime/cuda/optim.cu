@@ -6,10 +6,13 @@
  * constants from the device's CuScalars); and the planner that folds a clip
  * into the optimizers reading its gradients.
  *
- * sqnorm: w * sum in0^2 in double: always CU_REDUCE_BLOCKS blocks (idle
- * ones contribute 0), block trees, then one block over the partials in
- * order; the CPU sums in order in double: ~1e-16 relative apart, <= 1 ulp
- * after rounding to float. sqrt, clip, sgd, adamw: float arithmetic in the
+ * sqnorm: w * sum in0^2 in double: one block per CU_THREADS loads (float4
+ * or eight bf16 when aligned), at most CU_REDUCE_BLOCKS (grid-stride
+ * beyond), block trees, then one block over the partials in order; the CPU
+ * sums in order in double: ~1e-16 relative apart, <= 1 ulp after rounding
+ * to float. (A fixed 256 blocks left most of them idle on the small
+ * tensors tp and the per-parameter norms give: 65,536 threads for a bias
+ * of 64, which the emulator runs one by one.) sqrt, clip, sgd, adamw: float arithmetic in the
  * CPU's order under -fmad=false: bitwise equal to the CPU. clip scales only
  * when max_norm / (norm + 1e-6) < 1, so a NaN or infinite norm leaves the
  * gradients alone, as on the CPU (and in torch 1.13; the NaN loss is then
@@ -69,11 +72,11 @@ template <typename T> __global__ void k_sqnorm_part(const T *a, int64_t n, int v
 		part[blockIdx.x] = s;
 }
 
-__global__ void k_sqnorm_sum(float *o, const double *part, int accumulate, float w)
+__global__ void k_sqnorm_sum(float *o, const double *part, int nparts, int accumulate, float w)
 {
 	__shared__ double sh[32];
 	double s = 0;
-	for (int i = threadIdx.x; i < CU_REDUCE_BLOCKS; i += blockDim.x)
+	for (int i = threadIdx.x; i < nparts; i += blockDim.x)
 		s += part[i];
 	s = block_sum<double>(s, sh);
 	if (threadIdx.x == 0)
@@ -83,19 +86,24 @@ __global__ void k_sqnorm_sum(float *o, const double *part, int accumulate, float
 static int run_sqnorm(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, 0));
+	unsigned nb;
 	if (cu_t(a, 0)->dtype == DP_BF16) {
 		int vec = n % 8 == 0 && cu_aligned16(cu_p(a, 0));
-		CU_LAUNCH(k_sqnorm_part<cu_bf16>, CU_REDUCE_BLOCKS, CU_THREADS, a->st,
+		nb = cu_grid(vec ? n / 8 : n);
+		nb = nb < CU_REDUCE_BLOCKS ? nb : CU_REDUCE_BLOCKS;
+		CU_LAUNCH(k_sqnorm_part<cu_bf16>, nb, CU_THREADS, a->st,
 			  (const cu_bf16 *)cu_p(a, 0), n, vec, (double *)a->scratch);
 	} else {
 		int vec = n % 4 == 0 && cu_aligned16(cu_p(a, 0));
-		CU_LAUNCH(k_sqnorm_part<float>, CU_REDUCE_BLOCKS, CU_THREADS, a->st, cu_f(a, 0), n,
+		nb = cu_grid(vec ? n / 4 : n);
+		nb = nb < CU_REDUCE_BLOCKS ? nb : CU_REDUCE_BLOCKS;
+		CU_LAUNCH(k_sqnorm_part<float>, nb, CU_THREADS, a->st, cu_f(a, 0), n,
 			  vec, (double *)a->scratch);
 	}
 	CU_LAUNCHED(a, e);
 	float w = DP_FATTR(a->in, SQNORM, weight); /* tp weight, 0 = 1 */
 	CU_LAUNCH(k_sqnorm_sum, 1, CU_THREADS, a->st, cu_f(a, -1), (const double *)a->scratch,
-		  DP_ATTR(a->in, SQNORM, acc) != 0, w != 0 ? w : 1.0f);
+		  (int)nb, DP_ATTR(a->in, SQNORM, acc) != 0, w != 0 ? w : 1.0f);
 	CU_LAUNCHED(a, e);
 	return 0;
 }

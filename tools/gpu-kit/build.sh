@@ -5,7 +5,11 @@
 # `run.sh OUTDIR`.
 #
 #   KIT=build/gpu-kit STAGE=build/gpu-kit.stage MODE=gpu|emu CUDA_SO=... \
-#   DPC=... DPEXEC=... TEXT2SHARD=... bash tools/gpu-kit/build.sh
+#   DPC=... DPEXEC=... TEXT2SHARD=... [XZ_LEVEL=-6] bash tools/gpu-kit/build.sh
+#
+# XZ_LEVEL is the payload's xz preset: -6 by default (the kit that travels);
+# tests/gpu_kit.sh's rehearsal packs with -1 (a sixth of the CPU time, ~10
+# instead of ~60 s, for 25 instead of 20 MB: the same format to unpack).
 #
 # The kit (KIT, at most 48 MiB):
 #   run.sh          the run (tools/gpu-kit/run.sh)
@@ -166,7 +170,7 @@ echo "$MODE" >"$STAGE/MODE"
 cp "$ROOT/tools/gpu-kit/run.sh" "$KIT/run.sh"
 chmod +x "$KIT/run.sh"
 cp "$BUSYBOX" "$KIT/busybox"
-tar -C "$STAGE" -cf - . | xz -T1 -6 >"$KIT/payload.tar.xz"
+tar -C "$STAGE" -cf - . | xz -T1 "${XZ_LEVEL:--6}" >"$KIT/payload.tar.xz"
 stage_b=$(du -sb "$STAGE" | cut -f1)
 {
 	echo "dp GPU kit ($MODE): made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
