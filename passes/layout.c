@@ -594,7 +594,10 @@ static int group_ranges(Graph *g, const ShardPlan *pl, GroupRange **r)
 	return n;
 }
 
-/* A view of buffer `of` for range r of the update ("NAME.runK": its K-th). */
+/* A view of buffer `of` for range r of the update ("NAME.runK": its K-th):
+ * a flat view of the params and the bf16 copy (not a parameter of the
+ * model: nothing initialises, saves or differentiates it), a grad view of
+ * the grads, optimizer state of the moments. */
 static int range_view(Graph *g, int of, const GroupRange *r, int k, DpTensorKind kind)
 {
 	const Value *b = g->values[of];
@@ -627,11 +630,11 @@ static void split_update(Graph *g, const ShardPlan *pl)
 		if (nr > 1) {
 			int in[DP_MAX_IN];
 			for (int j = 0; j < upd->nin; j++) {
-				DpTensorKind kind = j == 0 ? DP_T_GRAD : j == (adam ? 3 : 2) ? DP_T_PARAM
+				DpTensorKind kind = j == 0 ? DP_T_GRAD : j == (adam ? 3 : 2) ? DP_T_FLAT
 											      : DP_T_OPTSTATE;
 				in[j] = upd->in[j] < 0 ? -1 : range_view(g, upd->in[j], &r[k], k, kind);
 			}
-			n = ir_node(g, upd->op, range_view(g, upd->out, &r[k], k, DP_T_PARAM), upd->nin,
+			n = ir_node(g, upd->op, range_view(g, upd->out, &r[k], k, DP_T_FLAT), upd->nin,
 				    in, PH_OPT, upd->loc);
 			n->progs = upd->progs;
 			n->flags = upd->flags;
