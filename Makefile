@@ -51,9 +51,10 @@ RUNTIME_LIBS := -lopenblas -ldnnl -lgomp -lsleef -lcjson -lz -lm
 DPC    := $(BUILD)/dpc
 DPEXEC := $(BUILD)/dpexec
 TEXT2SHARD := $(BUILD)/text2shard
+DPRUN  := $(BUILD)/dprun
 
 .PHONY: all tests test demo demo-gpt deps clean
-all: $(DPC) $(DPEXEC) $(TEXT2SHARD)
+all: $(DPC) $(DPEXEC) $(DPRUN) $(TEXT2SHARD)
 
 $(BUILD)/gen/parser.c $(BUILD)/gen/parser.h &: compiler/parser.y
 	@mkdir -p $(dir $@)
@@ -103,6 +104,12 @@ $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
 
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
 	$(MPICC) $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS) -ldl
+
+# the launcher (launch/dprun.c): runs dpc and dpexec from its own directory;
+# links util/ only (its options' messages, shell quoting)
+$(DPRUN): launch/dprun.c $(BUILD)/util/cliopt.o $(BUILD)/util/suggest.o $(BUILD)/util/cmdline.o
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Iutil $(LDFLAGS) -o $@ $^
 
 # text -> byte-level llm.c token shard (tools/text2shard.c; standalone)
 $(TEXT2SHARD): tools/text2shard.c

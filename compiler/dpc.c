@@ -48,11 +48,11 @@ static void usage(FILE *out)
 		"  -o FILE             write the step file to FILE (atomically; through a\n"
 		"                      symbolic link; in place into a device or FIFO). Without -o the step file\n"
 		"                      goes to BASENAME.bin in the current directory (models/mlp.dp\n"
-		"                      -> ./mlp.bin), unless --emit=ir|stats, --stats, --dump-ir or\n"
-		"                      --dump-after is given: those look at a model, and write a\n"
-		"                      step file only with -o\n"
+		"                      -> ./mlp.bin), unless --emit=ir|stats|schedule, --stats,\n"
+		"                      --dump-ir or --dump-after is given: those look at a model,\n"
+		"                      and write a step file only with -o\n"
 		"      --world-size N  number of ranks, for `mesh auto`\n"
-		"      --tp N, --cp N, --dp-replicate N\n"
+		"      --tp N, --cp N, --dp-replicate N, --pp N\n"
 		"                      the axes `mesh auto` fixes first (default 1 each);\n"
 		"                      dp_shard takes the rest of the world size\n"
 		"  -D NAME=VALUE       set the config constant NAME to VALUE (an integer or a\n"
@@ -69,13 +69,17 @@ static void usage(FILE *out)
 		"      --print-settings  print every setting as docs/DSL.md's table (markdown)\n"
 		"      --emit=KIND     step: write the step file (default);\n"
 		"                      ir: print the final IR to stdout;\n"
-		"                      stats: print the --stats table to stdout\n"
+		"                      stats: print the --stats table to stdout;\n"
+		"                      schedule: print the pipeline schedule dpc forecasts\n"
+		"                      (pp > 1) as a timeline per stage\n"
 		"      --dump-ir=DIR   write the IR after the front end and after every pass to\n"
 		"                      DIR/00-frontend.ir, DIR/01-tp.ir, ... (DIR is created)\n"
 		"      --dump-after=PASS  print the IR after PASS (or 'frontend') to stdout\n"
 		"      --print-pipeline   list the passes in order, with what holds after each\n"
 		"      --stats         print communication, flops and memory per rank to\n"
 		"                      stdout (and with -o, write the step file too)\n"
+		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
+		"                      on that GPU from its published peaks, and the MFU\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -314,11 +318,13 @@ enum {
 	OPT_TP,
 	OPT_CP,
 	OPT_DP_REPLICATE,
+	OPT_PP,
 	OPT_EMIT,
 	OPT_DUMP_IR,
 	OPT_DUMP_AFTER,
 	OPT_PRINT_PIPELINE,
 	OPT_STATS,
+	OPT_DEVICE,
 	OPT_NO_VERIFY,
 	OPT_VERSION,
 	OPT_FROM_IR,
@@ -328,7 +334,7 @@ enum {
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
-enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS };
+enum { EMIT_DEFAULT, EMIT_STEP, EMIT_IR, EMIT_STATS, EMIT_SCHEDULE };
 
 /* "train.precision": a settings-backed flag's key (malloc'd). */
 static char *ir_fmt_key(const char *section, const char *name)
@@ -377,11 +383,13 @@ int main(int argc, char **argv)
 		{"tp", required_argument, NULL, OPT_TP},
 		{"cp", required_argument, NULL, OPT_CP},
 		{"dp-replicate", required_argument, NULL, OPT_DP_REPLICATE},
+		{"pp", required_argument, NULL, OPT_PP},
 		{"emit", required_argument, NULL, OPT_EMIT},
 		{"dump-ir", required_argument, NULL, OPT_DUMP_IR},
 		{"dump-after", required_argument, NULL, OPT_DUMP_AFTER},
 		{"print-pipeline", no_argument, NULL, OPT_PRINT_PIPELINE},
 		{"stats", no_argument, NULL, OPT_STATS},
+		{"device", required_argument, NULL, OPT_DEVICE},
 		{"no-verify", no_argument, NULL, OPT_NO_VERIFY},
 		{"time", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
@@ -395,11 +403,11 @@ int main(int argc, char **argv)
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
 	dp_setting_options(longopts, fixed, (int)(sizeof fixed / sizeof fixed[0]), DP_FLAG_DPC,
 			   OPT_SETTING);
-	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL;
+	const char *output = NULL, *dump_dir = NULL, *dump_after = NULL, *device = NULL;
 	FeDefine *defines = NULL;
 	int ndefines = 0;
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
-	int axis[3] = {0, 0, 0}; /* --tp, --cp, --dp-replicate */
+	int axis[4] = {0, 0, 0, 0}; /* --tp, --cp, --dp-replicate, --pp */
 	const char *from_ir = NULL, *passes = NULL;
 	static const char shortopts[] = "o:vhD:";
 	int c;
@@ -426,8 +434,10 @@ int main(int argc, char **argv)
 		case OPT_WORLD:
 		case OPT_TP:
 		case OPT_CP:
-		case OPT_DP_REPLICATE: {
-			static const char *const names[] = {"world-size", "tp", "cp", "dp-replicate"};
+		case OPT_DP_REPLICATE:
+		case OPT_PP: {
+			static const char *const names[] = {"world-size", "tp", "cp", "dp-replicate",
+							    "pp"};
 			char *end;
 			errno = 0;
 			long n = strtol(optarg, &end, 10);
@@ -449,8 +459,11 @@ int main(int argc, char **argv)
 				emit = EMIT_IR;
 			else if (strcmp(optarg, "stats") == 0)
 				emit = EMIT_STATS;
+			else if (strcmp(optarg, "schedule") == 0)
+				emit = EMIT_SCHEDULE;
 			else {
-				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats)\n", optarg);
+				fprintf(stderr, "dpc: unknown --emit kind '%s' (step, ir, stats, schedule)\n",
+					optarg);
 				return 1;
 			}
 			break;
@@ -491,6 +504,13 @@ int main(int argc, char **argv)
 			return 0;
 		case OPT_STATS:
 			stats = 1;
+			break;
+		case OPT_DEVICE:
+			if (!roofline_known(optarg)) {
+				fprintf(stderr, "dpc: unknown --device '%s' (%s)\n", optarg, roofline_devices());
+				return 1;
+			}
+			device = optarg;
 			break;
 		case OPT_NO_VERIFY:
 			verify = 0;
@@ -533,8 +553,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dpc: one input file, not %d\n", argc - optind);
 		return 1;
 	}
-	if (from_ir && (world || axis[0] || axis[1] || axis[2] || ndefines || nsets)) {
-		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, -D, --set and the "
+	if (from_ir && (world || axis[0] || axis[1] || axis[2] || axis[3] || ndefines || nsets)) {
+		fprintf(stderr, "dpc: --world-size, --tp, --cp, --dp-replicate, --pp, -D, --set and the "
 				"settings' flags shape a model; IR (--from-ir) has them settled\n");
 		free(defines);
 		return 1;
@@ -592,7 +612,7 @@ int main(int argc, char **argv)
 		rc = run_from_ir(path, passes ? passes : "all", write_step, &po, &diag, &src, &g, &last);
 	} else {
 		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
-				.dp_replicate = axis[2], .defines = defines, .ndefines = ndefines,
+				.dp_replicate = axis[2], .pp = axis[3], .defines = defines, .ndefines = ndefines,
 				.sets = sets, .nsets = nsets};
 		g = lower_compile_opts(path, &fo, &diag, &src);
 		if (!g || diag.nerrors) {
@@ -610,6 +630,22 @@ int main(int argc, char **argv)
 		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
 		stats_print(stdout, g);
+	if ((emit == EMIT_STATS || stats) && device) {
+		fprintf(stdout, "\n");
+		roofline_print(stdout, g, device);
+	}
+	if (emit == EMIT_SCHEDULE)
+		stages_print_schedule(stdout, g, 96);
+	if (write_step && g->cfg.mesh[DP_AXIS_PP] > 1) {
+		/* passes/stages.c plans the cut; the stages' programs (p2p sends and
+		 * receives, the micro-batch schedule) are not compiled yet */
+		error_at(&diag, g->mesh_loc, "pp=%u: dpc cuts the model into pipeline stages and "
+			 "forecasts them (dpc --stats), but does not compile pipelined step files "
+			 "yet: no step file written; use pp=1 to train",
+			 g->cfg.mesh[DP_AXIS_PP]);
+		status = 1;
+		goto out;
+	}
 	if (write_step) {
 		char err[512];
 		if (ir_write_step(g, output, err, sizeof err) < 0) {

@@ -33,10 +33,10 @@ typedef struct {
 
 typedef struct {
 	int world_size;           /* dpc's --world-size (0 when not given) */
-	/* dpc's --tp, --cp, --dp-replicate: the axes `mesh auto` fixes before
-	 * dp_shard takes the rest (the seeds' order: tp, cp, dp_replicate); 0 when
-	 * not given (1) */
-	int tp, cp, dp_replicate;
+	/* dpc's --tp, --cp, --dp-replicate, --pp: the axes `mesh auto` fixes
+	 * before dp_shard takes the rest (the seeds' order: tp, cp, dp_replicate;
+	 * pp outermost); 0 when not given (1) */
+	int tp, cp, dp_replicate, pp;
 	const FeDefine *defines;  /* -D overrides, in command-line order (a later one wins) */
 	int ndefines;
 	const FeSet *sets;        /* --set and settings-backed flags, in command-line order

@@ -65,32 +65,39 @@ static int is_spec(const AstVal *v)
 static int mesh_flags_given(Lower *L, Loc loc)
 {
 	const FeOptions *o = L->opts;
-	if (!o || (o->tp <= 1 && o->cp <= 1 && o->dp_replicate <= 1))
+	if (!o || (o->pp <= 1 && o->tp <= 1 && o->cp <= 1 && o->dp_replicate <= 1))
 		return 0;
-	ERR(loc, "dpc --tp, --cp and --dp-replicate size the axes of `mesh auto`; this mesh "
-		 "statement sets its axes itself (write them there)");
+	ERR(loc, "dpc --pp, --tp, --cp and --dp-replicate size the axes of `mesh auto`; this "
+		 "mesh statement sets its axes itself (write them there)");
 	return 1;
 }
 
-/* `mesh auto` on `world` ranks: tp, cp and dp_replicate from dpc's flags (1
- * when not given), in the seeds' order, and dp_shard takes the rest. */
+/* `mesh auto` on `world` ranks: tp, cp, dp_replicate and pp from dpc's flags
+ * (1 when not given), in the seeds' order (pp outermost), and dp_shard takes
+ * the rest. */
 static void mesh_auto(Lower *L, Loc loc, int world)
 {
 	const FeOptions *o = L->opts;
 	uint32_t *mesh = L->g->cfg.mesh;
 	int64_t tp = o && o->tp > 1 ? o->tp : 1, cp = o && o->cp > 1 ? o->cp : 1;
 	int64_t rep = o && o->dp_replicate > 1 ? o->dp_replicate : 1;
-	int64_t fixed = tp * cp * rep; /* each flag is at most 2^20 */
+	int64_t pp = o && o->pp > 1 ? o->pp : 1;
+	int64_t fixed = tp * cp * rep * pp; /* each flag is at most 2^20: no overflow */
 	if (fixed > world || world % fixed != 0) {
+		char pps[32] = "";
+		if (pp > 1)
+			snprintf(pps, sizeof pps, " x pp=%lld", (long long)pp);
 		ERR(loc, "mesh auto: world size %d is not divisible by tp=%lld x cp=%lld x "
-			 "dp_replicate=%lld", world, (long long)tp, (long long)cp, (long long)rep);
+			 "dp_replicate=%lld%s", world, (long long)tp, (long long)cp, (long long)rep, pps);
 		return;
 	}
+	mesh[DP_AXIS_PP] = (uint32_t)pp;
 	mesh[DP_AXIS_TP] = (uint32_t)tp;
 	mesh[DP_AXIS_CP] = (uint32_t)cp;
 	mesh[DP_AXIS_REPLICATE] = (uint32_t)rep;
 	mesh[DP_AXIS_SHARD] = (uint32_t)(world / fixed);
 	L->cp_loc = loc;
+	L->g->mesh_loc = scope_gloc(L, loc);
 	L->mesh_ok = 1;
 }
 
@@ -129,7 +136,7 @@ static void lower_mesh(Lower *L)
 	}
 	if (mesh_flags_given(L, s->name_loc))
 		return;
-	int64_t size[DP_MAX_AXES] = {1, 1, 1, 1};
+	int64_t size[DP_MAX_AXES] = {1, 1, 1, 1, 1};
 	const Expr *given[DP_MAX_AXES] = {NULL};
 	AstVal gv[DP_MAX_AXES];
 	int auto_axis = -1, ok = 1;
@@ -139,7 +146,7 @@ static void lower_mesh(Lower *L)
 			ax++;
 		if (ax == DP_MAX_AXES) {
 			const char *near = suggest_among(a->key, ir_axis_names, DP_MAX_AXES);
-			ERR(a->key_loc, "unknown mesh axis '%s' (axes: dp_replicate, dp_shard, cp, tp)%s%s%s",
+			ERR(a->key_loc, "unknown mesh axis '%s' (axes: pp, dp_replicate, dp_shard, cp, tp)%s%s%s",
 			    a->key, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 			ok = 0;
 			continue;
@@ -195,6 +202,7 @@ static void lower_mesh(Lower *L)
 	 * (passes/cp.c); the global batch counts neither: the ranks of a tp or cp
 	 * group share their samples */
 	L->cp_loc = given[DP_AXIS_CP] ? gv[DP_AXIS_CP].loc : s->name_loc;
+	L->g->mesh_loc = scope_gloc(L, given[DP_AXIS_PP] ? gv[DP_AXIS_PP].loc : s->name_loc);
 	for (int ax = 0; ax < DP_MAX_AXES; ax++)
 		mesh[ax] = (uint32_t)size[ax];
 	L->mesh_ok = ok;

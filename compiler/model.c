@@ -298,6 +298,7 @@ enum {
 	BS_STRATEGY,
 	BS_RESHARD,
 	BS_RECOMPUTE,
+	BS_STAGE,
 	BS_PRECISION,
 	BS_PARAM_DTYPE,
 	BS_BUFFER_DTYPE,
@@ -307,11 +308,11 @@ enum {
 	BS_COUNT
 };
 static const char *const block_settings[BS_COUNT] = {
-	"strategy",     "reshard_after_forward", "recompute", "precision", "param_dtype",
-	"buffer_dtype", "reduce_dtype",          "weight_decay", "lr_scale"}; /* ORDER BS_ */
+	"strategy",     "reshard_after_forward", "recompute",    "stage",   "precision",
+	"param_dtype",  "buffer_dtype",          "reduce_dtype", "weight_decay", "lr_scale"}; /* ORDER BS_ */
 #define BLOCK_SETTINGS                                                                     \
-	"strategy, reshard_after_forward, recompute, precision, param_dtype, buffer_dtype, "    \
-	"weight_decay, lr_scale"
+	"strategy, reshard_after_forward, recompute, stage, precision, param_dtype, "          \
+	"buffer_dtype, weight_decay, lr_scale"
 
 /* A block's optimizer group: `weight_decay X` (>= 0) replaces the
  * optimizer's weight_decay for the block's parameters (train's no_decay
@@ -371,7 +372,9 @@ static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Blo
  * block's parameters; `reshard_after_forward true|false` overrides train's
  * for the block (read only when the block is full_shard or hybrid_shard,
  * like train's: a file can switch strategy by one word); `recompute
- * true|false` overrides train's gradient_checkpointing for the block. */
+ * true|false` overrides train's gradient_checkpointing for the block; `stage
+ * N` puts the block on pipeline stage N (the blocks after it follow it until
+ * one says otherwise; passes/stages.c). */
 static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 {
 	Block *bl = &L->g->blocks[b];
@@ -398,6 +401,15 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	}
 	if (k >= BS_PRECISION) {
 		block_precision(L, p, k, &v, bl);
+		return;
+	}
+	if (k == BS_STAGE) {
+		/* its range against pp and the other blocks' stages: passes/stages.c */
+		int64_t n;
+		if (scope_want_int(L, &v, "stage", 0, 1 << 15, &n) == 0) {
+			bl->stage = (int)n;
+			bl->stage_loc = scope_gloc(L, v.loc);
+		}
 		return;
 	}
 	if (k != BS_STRATEGY) {

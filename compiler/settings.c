@@ -552,6 +552,11 @@ static const char *applies_buffers(Lower *L)
 	return "this model has no buffer";
 }
 
+static const char *applies_pipelined(Lower *L)
+{
+	return L->g->cfg.mesh[DP_AXIS_PP] > 1 ? NULL : "the mesh has no pp axis (pp=1)";
+}
+
 static const char *applies_momentum(Lower *L)
 {
 	return L->g->opt.momentum > 0 ? NULL : "momentum is 0";

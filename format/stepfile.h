@@ -36,24 +36,26 @@
 #define DP_STEP_MAGIC "DPSTEP\r\n"
 /* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV)
  * 8: DpSched gained stable, decay, every, gamma (the wsd and step schedules)
- * 9: a third float attribute per instruction; ADAMW's weight_decay and the
+ * 9: the pp mesh axis (outermost: every axis index, mask and placement moved up one)
+ * 10: a third float attribute per instruction; ADAMW's weight_decay and the
  *    updates' lr_scale are attributes (optimizer groups) */
-#define DP_STEP_VERSION 9u
+#define DP_STEP_VERSION 10u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
 
 #define DP_MAX_DIMS 4  /* tensor rank limit */
-#define DP_MAX_AXES 4  /* mesh axes, in DpAxis order */
+#define DP_MAX_AXES 5  /* mesh axes, in DpAxis order */
 #define DP_MAX_IN 4    /* tensor operands of one instruction */
 #define DP_NIATTR 6    /* integer attributes of one instruction */
 #define DP_NFATTR 3    /* float attributes of one instruction */
 
-/* Mesh axes, outermost first; rank = ((r*S + s)*C + c)*T + t. */
+/* Mesh axes, outermost first; rank = (((p*R + r)*S + s)*C + c)*T + t. */
 typedef enum {
+	DP_AXIS_PP,        /* pp: pipeline stages (passes/stages.c cuts the blocks) */
 	DP_AXIS_REPLICATE, /* dp_replicate: replicas that all_reduce gradients */
 	DP_AXIS_SHARD,     /* dp_shard: ranks that shard parameters/optimizer state */
-	DP_AXIS_CP,        /* cp: context parallel (reserved, always 1) */
+	DP_AXIS_CP,        /* cp: context parallel */
 	DP_AXIS_TP,        /* tp: tensor parallel */
 } DpAxis;
 

@@ -17,7 +17,8 @@ struct Pool {
 	max_align_t data[];
 };
 
-const char *const ir_axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
+const char *const ir_axis_names[DP_MAX_AXES] = {"pp", "dp_replicate", "dp_shard", "cp",
+						    "tp"};
 /* Text names shared by the printer and the reader; ORDER follows the enums. */
 const char *const ir_phase_names[7] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup"}; /* Phase */
 const char *const ir_init_names[7] = {"none", "zeros", "ones", "normal", "uniform", "rope_cos",
@@ -84,6 +85,7 @@ Graph *ir_new(const char *file)
 	Graph *g = ir_alloc(&tmp, sizeof(Graph));
 	g->pool = tmp.pool;
 	g->file = file ? ir_strdup(g, file) : "";
+	g->mesh_loc = (Loc){g->file, 0, 0};
 	g->loss = g->logits = g->labels = -1;
 	g->metrics = (DpMetrics){-1, -1, -1, -1};
 	ir_settings_default(g); /* format/settings.def's defaults */
@@ -261,7 +263,8 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 	g->blocks[g->nblocks] = (Block){.name = ir_strdup(g, name), .loc = loc, .strategy = -1,
 					.reshard = -1, .strategy_loc = loc,
 					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc,
-					.weight_decay = -1, .lr_scale = 1};
+					.stage = -1, .stage_loc = loc, .weight_decay = -1,
+					.lr_scale = 1};
 	return g->nblocks++;
 }
 

@@ -150,6 +150,10 @@ typedef struct {
 	                             activations too), or -1: train's (passes/precision.c) */
 	int buffer_dtype;         /* DpDtype of the block's buffers, or -1: train's */
 	Loc precision_loc;        /* where a precision override is written (messages) */
+	int stage;                /* pipeline stage (pp axis) of the block: the block's own
+	                             `stage N`, else -1 until passes/stages.c places it
+	                             (-1 again at pp=1) */
+	Loc stage_loc;            /* where `stage N` is written, else the block (messages) */
 	float weight_decay;       /* the weight decay of the block's parameters, or -1: the
 	                             optimizer's (no_decay vectors still exempts its 1-D ones) */
 	float lr_scale;           /* the block's parameters are updated with lr * lr_scale
@@ -200,6 +204,9 @@ typedef struct Graph {
 	int reshard_after_forward; /* full_shard: free gathered params after forward (1) */
 	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
+	Loc mesh_loc;              /* where the mesh statement (or `mesh auto`) is: messages */
+	int pipeline;              /* the pipeline schedule over pp stages (train's
+	                              `pipeline`): 0 pipedream_flush (1F1B), 1 gpipe (passes/stages.c) */
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */

@@ -350,8 +350,12 @@ static void print_settings(Buf *b, const Graph *g)
 			if (st->ir_line != line || !f)
 				continue;
 			if (st->ctype == DP_CT_AXES) {
+				/* pp=1 is left out: a model without pipeline
+				 * stages prints as it did before the axis */
 				for (int a = 0; a < DP_MAX_AXES; a++)
-					bprintf(b, " %s=%u", ir_axis_names[a], ((const uint32_t *)f)[a]);
+					if (a != DP_AXIS_PP || ((const uint32_t *)f)[a] != 1)
+						bprintf(b, " %s=%u", ir_axis_names[a],
+							((const uint32_t *)f)[a]);
 			} else if (st->ir_mode == DP_IRM_HEAD) {
 				unsigned k = (unsigned)dp_field_geti(f, st->ctype);
 				bputs(b, " ");
@@ -409,6 +413,8 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " reshard_after_forward=%d", bl->reshard);
 		if (bl->recompute)
 			bprintf(&b, " recompute=%d", bl->recompute);
+		if (bl->stage >= 0)
+			bprintf(&b, " stage=%d", bl->stage);
 		if (bl->param_dtype >= 0)
 			bprintf(&b, " param_dtype=%s",
 				name_of(dp_dtype_names, DP_NDTYPE, (unsigned)bl->param_dtype));

@@ -818,7 +818,7 @@ static int parse_events(Reader *r)
 	return expect_end(r);
 }
 
-/* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1]
+/* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] [stage=N]
  * [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] */
 static int parse_block_decl(Reader *r)
 {
@@ -850,6 +850,12 @@ static int parse_block_decl(Reader *r)
 			if (parse_range(r, next(r), 0, 1, &x) < 0)
 				return -1;
 			b->recompute = (int)x;
+		} else if (strcmp(key, "stage") == 0) {
+			int64_t x;
+			b->stage_loc = loc_at(r, k->col);
+			if (parse_range(r, next(r), 0, 1 << 15, &x) < 0)
+				return -1;
+			b->stage = (int)x;
 		} else if (strcmp(key, "param_dtype") == 0 || strcmp(key, "buffer_dtype") == 0) {
 			int dt = expect_float_dtype(r, k);
 			if (dt < 0)

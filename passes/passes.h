@@ -54,6 +54,37 @@ int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each uni
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
+int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the blocks */
+
+/* passes/stages.c: what each pipeline stage holds and does per micro-batch
+ * (whole tensors, before any dp sharding), for --stats. */
+typedef struct {
+	int first_block, last_block; /* the stage's blocks, in order */
+	double fwd_flops, bwd_flops; /* per micro-batch (the backward with its recompute) */
+	int64_t param_bytes;         /* the parameters its nodes read (a tied one on each) */
+	int64_t grad_bytes;          /* their gradients */
+	int64_t act_bytes;           /* forward results its backward reads: kept per
+	                                micro-batch in flight */
+	int64_t send_bytes;          /* forward values live across the cut after it (sent
+	                                forward; their gradients come back) */
+} StageCost;
+/* Fills sc[0..pp-1] and returns pp; 0 at pp = 1 and above
+ * STAGES_MAX_ACCOUNT (a stage set is a 64-bit mask). */
+#define STAGES_MAX_ACCOUNT 64
+int stages_account(const Graph *g, StageCost *sc);
+/* One slot of a stage's schedule: the forward or backward of a micro-batch,
+ * and when it runs (in FLOPs from the step's start). */
+typedef struct {
+	int fwd, mb;
+	double start, end;
+} StageSlot;
+/* The makespan (in FLOPs) of m micro-batches under 1f1b (gpipe = 0) or gpipe
+ * from the stages' costs, and its bubble fraction; -1 if the order deadlocks.
+ * slots: NULL, or p x 2m filled with each stage's slots in order. */
+double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+		       StageSlot *slots);
+/* dpc --emit=schedule: that forecast as a per-stage timeline, width columns. */
+void stages_print_schedule(FILE *out, const Graph *g, int width);
 
 /* passes/memplan.c: the temporaries live at the step program's peak, by
  * what they hold; returns their total (<= the arena's temporaries region,
@@ -63,5 +94,13 @@ int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
 void stats_print(FILE *out, const Graph *g);
+/* "1.50 MiB", "12.3 MFLOP": the tables' readable figures. */
+const char *stats_human_bytes(char *buf, size_t len, double b);
+const char *stats_human_flops(char *buf, size_t len, double f);
+/* passes/roofline.c: `--stats --device NAME`, the step's roofline time per
+ * kernel class on a GPU from its published peaks, and the MFU it implies. */
+int roofline_known(const char *name);
+const char *roofline_devices(void);
+void roofline_print(FILE *out, const Graph *g, const char *device);
 
 #endif

@@ -21,6 +21,8 @@ const Pass pipeline[] = {
 	{"shape", "every value has a dtype and a per-rank shape", shape_run},
 	{"cp", "sequences split over cp: tables read at true positions, attention over gathered K/V",
 	 cp_run},
+	{"stages", "every block on a pipeline stage (pp > 1): its own `stage`, else cut by FLOPs",
+	 stages_run},
 	{"autodiff", "every param has a grad; backward nodes accumulate into it", ad_run},
 	{"recompute", "recompute blocks re-run their forward before their backward", recompute_run},
 	{"optimizer", "flat param/grad buffers, optimizer state, clip + update (once per step)",

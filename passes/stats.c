@@ -27,7 +27,7 @@
 #include "passes.h"
 
 /* "1.50 MiB" */
-static const char *human_bytes(char *buf, size_t len, double b)
+const char *stats_human_bytes(char *buf, size_t len, double b)
 {
 	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
 	int u = 0;
@@ -40,7 +40,7 @@ static const char *human_bytes(char *buf, size_t len, double b)
 }
 
 /* "12.3 MFLOP" */
-static const char *human_flops(char *buf, size_t len, double f)
+const char *stats_human_flops(char *buf, size_t len, double f)
 {
 	static const char *const units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"};
 	int u = 0;
@@ -56,14 +56,14 @@ static const char *human_flops(char *buf, size_t len, double f)
 static const char *bytes_cell(char *buf, size_t len, double b)
 {
 	char h[32];
-	snprintf(buf, len, "%.0f (%s)", b, human_bytes(h, sizeof h, b));
+	snprintf(buf, len, "%.0f (%s)", b, stats_human_bytes(h, sizeof h, b));
 	return buf;
 }
 
 static const char *flops_cell(char *buf, size_t len, double f)
 {
 	char h[32];
-	snprintf(buf, len, "%.0f (%s)", f, human_flops(h, sizeof h, f));
+	snprintf(buf, len, "%.0f (%s)", f, stats_human_flops(h, sizeof h, f));
 	return buf;
 }
 
@@ -242,6 +242,51 @@ static void print_memory(FILE *out, const Graph *g)
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
 }
 
+/* pp > 1: each stage's blocks, work, memory and sends per micro-batch, the
+ * activations the schedule keeps at its peak (gpipe: every micro-batch; 1f1b:
+ * stage s at most p - s), and the bubble in closed form and from the stages'
+ * FLOPs (passes/stages.c). */
+static void print_pipeline(FILE *out, const Graph *g)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	if (p <= 1)
+		return;
+	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	if (!sc)
+		die("out of memory");
+	if (!stages_account(g, sc)) {
+		fprintf(out, "\npipeline pp=%d: dpc forecasts pipelines of at most %d stages\n", p,
+			STAGES_MAX_ACCOUNT);
+		free(sc);
+		return;
+	}
+	int gpipe = g->pipeline == 1;
+	char h1[32], h2[32], h3[32];
+	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
+		"whole tensors, before dp sharding\n",
+		p, gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es");
+	for (int s = 0; s < p; s++) {
+		const StageCost *c = &sc[s];
+		int fly = gpipe ? m : (p - s < m ? p - s : m);
+		fprintf(out, "stage %d: blocks %s..%s, %.0f FLOP forward + %.0f FLOP backward per "
+			"micro-batch, params %lld B (%s), grads %lld B, activations %lld B per "
+			"micro-batch x %d in flight = %lld B (%s) at the peak, sends %lld B (%s) per "
+			"micro-batch\n",
+			s, c->first_block >= 0 ? g->blocks[c->first_block].name : "-",
+			c->last_block >= 0 ? g->blocks[c->last_block].name : "-", c->fwd_flops,
+			c->bwd_flops, (long long)c->param_bytes,
+			stats_human_bytes(h1, sizeof h1, (double)c->param_bytes), (long long)c->grad_bytes,
+			(long long)c->act_bytes, fly, (long long)c->act_bytes * fly,
+			stats_human_bytes(h2, sizeof h2, (double)c->act_bytes * fly), (long long)c->send_bytes,
+			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
+	}
+	double bubble = 0;
+	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
+	fprintf(out, "bubble: (p-1)/(m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
+		"FLOP per step)\n", (double)(p - 1) / (m + p - 1), span < 0 ? -1.0 : bubble, span);
+	free(sc);
+}
+
 void stats_print(FILE *out, const Graph *g)
 {
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
@@ -253,7 +298,8 @@ void stats_print(FILE *out, const Graph *g)
 				dp_strategy_names[g->blocks[b].strategy]);
 	fprintf(out, "%s, mesh", nown ? ")" : "");
 	for (int a = 0; a < DP_MAX_AXES; a++)
-		fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);
+		if (a != DP_AXIS_PP || g->cfg.mesh[a] != 1)
+			fprintf(out, " %s=%u", ir_axis_names[a], g->cfg.mesh[a]);
 	fprintf(out, " (world %d), micro_batch %u x grad_accum %u, global batch %lld", ir_world(g),
 		g->cfg.micro_batch, g->cfg.grad_accum, (long long)ir_global_batch(g));
 	if (ir_mixed_precision(g))
@@ -261,10 +307,15 @@ void stats_print(FILE *out, const Graph *g)
 			ir_dtype_name((DpDtype)g->param_dtype), ir_dtype_name((DpDtype)g->reduce_dtype),
 			ir_dtype_name((DpDtype)g->buffer_dtype));
 	fprintf(out, "\n");
-	fprintf(out, "per rank, per optimizer step\n\n");
+	fprintf(out, "per rank, per optimizer step\n");
+	if (g->cfg.mesh[DP_AXIS_PP] > 1) /* the stages' programs are not compiled yet */
+		fprintf(out, "(pp=%u: the tables are the whole model's, uncut; the pipeline section "
+			"below splits it by stage)\n", g->cfg.mesh[DP_AXIS_PP]);
+	fprintf(out, "\n");
 	print_collectives(out, g, accum);
 	fprintf(out, "\n");
 	print_flops(out, g, accum);
 	fprintf(out, "\n");
 	print_memory(out, g);
+	print_pipeline(out, g);
 }

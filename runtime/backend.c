@@ -79,9 +79,10 @@ int backend_load_cuda(const BackendOps **ops, void **handle, char *why, size_t l
 typedef int (*CuInitFn)(unsigned flags);
 typedef int (*CuCountFn)(int *count);
 
-int backend_gpu_present(char *why, size_t len)
+int backend_gpu_present(char *why, size_t len, int *driver)
 {
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	*driver = h != NULL;
 	if (!h) {
 		snprintf(why, len, "no CUDA driver: %s", dlerror());
 		return 0;

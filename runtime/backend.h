@@ -222,7 +222,8 @@ void backend_cuda_path(char *buf, size_t len);
 int backend_load_cuda(const BackendOps **ops, void **handle, char *why, size_t len);
 /* Is there a GPU, asked of the driver alone (libcuda.so.1: cuInit,
  * cuDeviceGetCount), without loading the CUDA backend or any toolkit
- * library? 1, or 0 with the reason. */
-int backend_gpu_present(char *why, size_t len);
+ * library? 1, or 0 with the reason; *driver: whether a CUDA driver is
+ * installed at all (libcuda.so.1 loads). */
+int backend_gpu_present(char *why, size_t len, int *driver);
 
 #endif

@@ -12,6 +12,12 @@
  *
  * The words are dpexec's argv as given (saved before getopt_long permutes
  * it), quoted for a shell (util/cmdline.h).
+ *
+ * Under dprun (launch/dprun.c) the command is dprun's: DPRUN_COMMAND holds
+ * its words up to and including `--`, quoted, and DPRUN_ARGS_FROM the index
+ * in dpexec's argv of the user's first word (those before are dprun's: the
+ * step file in its scratch directory, the save directory, a restart's
+ * --resume); the user's words follow DPRUN_COMMAND as above.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -113,10 +119,16 @@ static int is_option(const char *word, const char *name)
 
 int cmd_resume(int argc, char **argv, int world, const char *save_dir, char *out, size_t len)
 {
-	if (launcher_words(argc, argv, world, out, len) < 0)
+	const char *dprun = getenv("DPRUN_COMMAND"), *from = getenv("DPRUN_ARGS_FROM");
+	int first = 0;
+	if (dprun && from && atoi(from) > 0 && atoi(from) <= argc && strlen(dprun) < len) {
+		strcpy(out, dprun);
+		first = atoi(from);
+	} else if (launcher_words(argc, argv, world, out, len) < 0) {
 		return -1;
+	}
 	int automatic = 0;
-	for (int i = 0; i < argc; i++) {
+	for (int i = first; i < argc; i++) {
 		const char *a = argv[i];
 		if (i > 0 && (is_option(a, "resume") || is_option(a, "init-from"))) {
 			if (!strchr(a, '='))

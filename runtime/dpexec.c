@@ -31,6 +31,7 @@
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
  */
+#include <ctype.h>
 #include <dlfcn.h>
 #include <getopt.h>
 #include <glob.h>
@@ -40,10 +41,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <mpi.h>
 
 #include "ckpt.h"
 #include "cliopt.h"
+#include "cmdline.h"
 #include "comm.h"
 #include "settings.h"
 #include "exec.h"
@@ -57,6 +60,10 @@
 /* How long a failed rank waits for the others to agree before it ends the
  * job alone (they may be stuck in a collective it never joins). */
 #define DPEXEC_GRACE_S 5.0
+/* the exit status of a job ended because a rank did not answer within
+ * --timeout (stuck or gone): a launcher may restart it;
+ * EX_TEMPFAIL of sysexits.h */
+#define DPEXEC_EXIT_LOST 75
 
 typedef struct {
 	const char *step_path;
@@ -65,6 +72,7 @@ typedef struct {
 	const char *init_from;
 	const char *losses;
 	const char *trace;   /* --trace FILE */
+	unsigned long long trace_from, trace_to; /* --trace-steps A:B (from 1); 0: every program */
 	const char *log_json;
 	const char *save_dir;
 	const char *resume;
@@ -100,6 +108,7 @@ typedef struct {
 	Metrics m;
 	char *save_dir;      /* NULL: no checkpoints */
 	char *resume_dir;    /* the checkpoint --resume names */
+	Trace *trace;        /* --trace: open from before the first step to the end (x.trace: where marks go now) */
 	uint64_t start;      /* steps done before this run (resume) */
 	uint64_t saved;      /* step of the last checkpoint written or loaded, with have_saved */
 	int have_saved;
@@ -139,10 +148,12 @@ static void usage(FILE *f)
 		"                        rank, host and source location of an error\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
-		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, loss,\n"
-		"                        lr, grad_norm, ms_per_step, samples_per_s, tokens_per_s\n"
-		"                        and mfu (token models), eval_loss and eval_accuracy (when\n"
-		"                        evaluated), elapsed_s, eta_s\n"
+		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, time,\n"
+		"                        loss, lr, grad_norm, ms_per_step, samples_per_s,\n"
+		"                        tokens_per_s and mfu (token models), eval_loss and\n"
+		"                        eval_accuracy (when evaluated), elapsed_s, eta_s; after a\n"
+		"                        {\"run\": ...} record (command, model, mesh, versions).\n"
+		"                        An existing file is appended to, never overwritten\n"
 		"  --peak-tflops X       peak TFLOP/s of one rank, for MFU (default on the CPU: %g)\n"
 		"  --init-from FILE      take initial parameters from a safetensors file (by name)\n"
 		"  --save-full FILE      after training, write every parameter to a safetensors\n"
@@ -159,6 +170,8 @@ static void usage(FILE *f)
 		"                        step, eval and export): a lane per stream, a span per\n"
 		"                        instruction, collectives with bytes and axes, waits\n"
 		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
+		"  --trace-steps A:B     trace only steps A to B (counting from 1, as logged),\n"
+		"                        no eval or export: a window of a long run\n"
 		"\ncheckpoints (docs/CHECKPOINTS.md):\n"
 		"  --save-dir DIR        write training-state checkpoints to DIR/step-N: at the end,\n"
 		"                        on SIGINT/SIGTERM and every --save-every steps; DIR/latest\n"
@@ -190,7 +203,8 @@ static void usage(FILE *f)
 		"the cores the rank may run on); OpenBLAS runs one thread inside each of them,\n"
 		"with its Haswell kernels on AMD Zen 4 (set OPENBLAS_CORETYPE or DP_BLAS_CORE=NAME\n"
 		"to choose, DP_BLAS_CORE=keep for OpenBLAS's own; --verbose shows the kernels).\n"
-		"Exit status: 0 done; 1 error (printed once); 2 bad options; 128+N stopped by\n"
+		"Exit status: 0 done; 1 error (printed once); 2 bad options; 75 a rank did not\n"
+		"answer within --timeout (stuck or gone: a launcher may restart); 128+N stopped by\n"
 		"signal N (130 SIGINT, 143 SIGTERM; SIGUSR1 and SIGUSR2, which mpirun forwards to\n"
 		"the ranks, count as SIGINT and SIGTERM), after writing a checkpoint when saving.\n"
 		"Ctrl-C on mpirun makes it SIGTERM the ranks and exit 1 (docs/CHECKPOINTS.md).\n");
@@ -218,12 +232,56 @@ static void print_version(FILE *f)
 		(int)strcspn(lib, ",\n"), lib);
 }
 
+/* --log-json's first record of this run (metrics_open): {"run": {...}} for a
+ * fresh run, {"resume": {"step": N, "from": DIR, ...}} for a resumed one,
+ * with the time, the command as given, the model, the step file, the mesh,
+ * the device and the versions. NULL when out of memory (malloc'd). */
+static char *run_record(const Run *r, const char *device)
+{
+	const DpStep *s = &r->step;
+	const uint32_t *mesh = s->cfg.mesh;
+	char when[40], lib[MPI_MAX_LIBRARY_VERSION_STRING], cmd[8192] = "";
+	int n = 0;
+	metrics_time(when, sizeof when);
+	MPI_Get_library_version(lib, &n);
+	lib[strcspn(lib, ",\n")] = '\0';
+	for (int i = 0; i < r->o.argc && cmd_append(cmd, sizeof cmd, r->o.argv[i]) == 0; i++)
+		;
+	cJSON *top = cJSON_CreateObject(), *o = cJSON_CreateObject(), *m = cJSON_CreateObject();
+	cJSON_AddItemToObject(top, r->resume_dir ? "resume" : "run", o);
+	if (r->resume_dir) {
+		cJSON_AddNumberToObject(o, "step", (double)r->start);
+		cJSON_AddStringToObject(o, "from", r->resume_dir);
+	}
+	cJSON_AddStringToObject(o, "time", when);
+	cJSON_AddStringToObject(o, "command", cmd);
+	cJSON_AddStringToObject(o, "model", dpstep_str(s, s->source));
+	cJSON_AddStringToObject(o, "step_file", r->o.step_path);
+	cJSON_AddNumberToObject(o, "world", r->world);
+	cJSON_AddNumberToObject(m, "dp_replicate", mesh[DP_AXIS_REPLICATE]);
+	cJSON_AddNumberToObject(m, "dp_shard", mesh[DP_AXIS_SHARD]);
+	cJSON_AddNumberToObject(m, "cp", mesh[DP_AXIS_CP]);
+	cJSON_AddNumberToObject(m, "tp", mesh[DP_AXIS_TP]);
+	cJSON_AddItemToObject(o, "mesh", m);
+	cJSON_AddStringToObject(o, "strategy", dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
+	cJSON_AddStringToObject(o, "device", device);
+	cJSON_AddStringToObject(o, "dpexec", DP_VERSION);
+	cJSON_AddNumberToObject(o, "step_format", DP_STEP_VERSION);
+	cJSON_AddStringToObject(o, "mpi", lib);
+	char *text = cJSON_PrintUnformatted(top), *line = NULL;
+	cJSON_Delete(top);
+	if (text && (line = malloc(strlen(text) + 2)))
+		sprintf(line, "%s\n", text);
+	free(text);
+	return line;
+}
+
 /* 0: run; 1: exit 0 (help, version); -1: usage error (message printed). */
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
-	       O_TRACE, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
+	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
 	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
@@ -238,6 +296,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
 		{"trace", required_argument, NULL, O_TRACE},
+		{"trace-steps", required_argument, NULL, O_TRACE_STEPS},
 		{"log-json", required_argument, NULL, O_LOG_JSON},
 		{"peak-tflops", required_argument, NULL, O_PEAK},
 		{"save-dir", required_argument, NULL, O_SAVE_DIR},
@@ -303,6 +362,17 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_TRACE:
 			o->trace = optarg;
 			break;
+		case O_TRACE_STEPS: {
+			int end = 0;
+			if (sscanf(optarg, "%llu:%llu%n", &o->trace_from, &o->trace_to, &end) != 2 ||
+			    optarg[end] || !isdigit((unsigned char)optarg[0]) || o->trace_from < 1 ||
+			    o->trace_to < o->trace_from) {
+				fprintf(stderr, "dpexec: error: --trace-steps wants A:B, the first and last "
+						"step to trace (from 1, A <= B), not '%s'\n", optarg);
+				return -1;
+			}
+			break;
+		}
 		case O_TIMEOUT: {
 			char *end;
 			o->timeout = strtod(optarg, &end);
@@ -374,6 +444,11 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	if ((o->resume != NULL) + o->auto_resume + o->overwrite > 1) {
 		fprintf(stderr, "dpexec: error: --resume, --auto-resume and --overwrite exclude each "
 				"other\n");
+		return -1;
+	}
+	if (o->trace_to && !o->trace) {
+		fprintf(stderr, "dpexec: error: --trace-steps chooses the steps of --trace FILE: give "
+				"--trace\n");
 		return -1;
 	}
 	if ((o->resume || o->auto_resume) && o->init_from) {
@@ -734,7 +809,13 @@ static int setup(Run *r)
 		m->flops_per_token = metrics_flops_per_token(s, ckpt_params(r->ck));
 		m->peak_flops = (r->o.peak_tflops > 0 ? r->o.peak_tflops : DPEXEC_CPU_PEAK_TFLOPS) * 1e12;
 	}
-	rc = r->rank == 0 ? metrics_open(m, r->o.losses, r->o.log_json, e) : 0;
+	rc = 0;
+	if (r->rank == 0) {
+		char *record = r->o.log_json ? run_record(r, r->ops->name) : NULL;
+		rc = r->o.log_json && !record ? RT_FAIL(e, "out of memory (--log-json's run record)")
+					      : metrics_open(m, r->o.losses, r->o.log_json, record, e);
+		free(record);
+	}
 	/* a schedule that decays to a floor, ended early */
 	const DpSched *sc = &s->sched;
 	uint64_t total = sc->kind == DP_SCHED_WSD ? (uint64_t)sc->warmup + sc->stable + sc->decay
@@ -891,7 +972,14 @@ static int train(Run *r)
 	int64_t pending = -1; /* launched, not reported yet */
 	for (uint64_t k = r->start; k < lp.steps; k++) {
 		double h0 = MPI_Wtime();
-		RT_CHECK(exec_step_launch(x, k, e));
+		/* --trace-steps: marks only inside the window (the step runs within the
+		 * launch: --trace wants a backend that works inline) */
+		if (r->o.trace_to)
+			x->trace = k + 1 >= r->o.trace_from && k + 1 <= r->o.trace_to ? r->trace : NULL;
+		int rc = exec_step_launch(x, k, e);
+		if (r->o.trace_to)
+			x->trace = NULL;
+		RT_CHECK(rc);
 		lp.done[k & 1] = MPI_Wtime();
 		if (k + 1 < lp.steps)
 			RT_CHECK(exec_prefetch(x, k + 1, e)); /* overlaps the running steps on a GPU */
@@ -940,8 +1028,8 @@ static void run_free(Run *r)
 	free(r->o.argv);
 	r->o.argv = NULL;
 	free(r->saved_path);
-	trace_free(r->x.trace);
-	r->x.trace = NULL;
+	trace_free(r->trace);
+	r->trace = r->x.trace = NULL;
 	data_free(r->train);
 	data_free(r->eval);
 	if (r->have_exec)
@@ -975,7 +1063,8 @@ static int load_step(Run *r)
 	if (want != (uint64_t)r->world) {
 		const uint32_t *m = r->step.cfg.mesh;
 		char axes[128];
-		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[0], m[1]);
+		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE],
+				 m[DP_AXIS_SHARD]);
 		if (m[DP_AXIS_CP] > 1)
 			n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
 		if (m[DP_AXIS_TP] > 1)
@@ -992,8 +1081,10 @@ static int load_step(Run *r)
 /* --device: this rank's compute backend in r->ops. cuda: the CUDA backend
  * or an error naming the cause. auto: the CUDA backend only when every rank
  * can use one (NCCL and MPI collectives do not mix); otherwise the CPU, and
- * notice says why; but a GPU the backend cannot use (a driver older than its
- * CUDA runtime) is an error for auto too. A collective: every rank calls it. */
+ * notice says why, unless no rank has a CUDA driver at all (a machine
+ * without CUDA running on its CPU is not news; --verbose says it); but a
+ * GPU the backend cannot use (a driver older than its CUDA runtime) is an
+ * error for auto too. A collective: every rank calls it. */
 static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 {
 	const char *dev = r->o.device;
@@ -1003,7 +1094,8 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	notice[0] = '\0';
 	if (!strcmp(dev, "cpu"))
 		return 0;
-	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why), probe = 0;
+	int driver = 1;
+	int gpu = strcmp(dev, "auto") || backend_gpu_present(why, sizeof why, &driver), probe = 0;
 	gpu = gpu && backend_load_cuda(&cuda, &r->dl, why, sizeof why) == 0 &&
 	      (probe = cuda->probe(why, sizeof why)) > 0;
 	if (probe < 0) /* a GPU this build cannot use (an old driver): never a silent CPU run */
@@ -1014,9 +1106,9 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 		r->ops = cuda;
 		return 0;
 	}
-	int all = 0;
-	MPI_Allreduce(&gpu, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-	if (all) {
+	int v[2] = {gpu, -driver}, all[2] = {0, 0}; /* every rank a GPU; any rank a driver */
+	MPI_Allreduce(v, all, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	if (all[0]) {
 		r->ops = cuda;
 		return 0;
 	}
@@ -1025,7 +1117,8 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	if (r->dl)
 		dlclose(r->dl);
 	r->dl = NULL;
-	snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
+	if (all[1] < 0 || r->o.verbose)
+		snprintf(notice, nlen, "no usable GPU (%s); running on the CPU", why);
 	return 0;
 }
 
@@ -1034,14 +1127,15 @@ static int train_and_export(Run *r)
 {
 	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
 		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
-	if (r->o.trace && trace_open(&r->x.trace, r->o.trace, r->rank, &r->e))
+	if (r->o.trace && trace_open(&r->trace, r->o.trace, r->rank, &r->e))
 		return -1;
+	r->x.trace = r->o.trace_to ? NULL : r->trace; /* --trace-steps: set per step */
 	int rc = train(r);
 	if (rc != 0)
 		return rc;
 	rc = r->o.save_full ? save_full(r) : 0;
-	if (rc == 0 && r->x.trace)
-		rc = trace_close(r->x.trace, &r->x, &r->e);
+	if (rc == 0 && r->trace)
+		rc = trace_close(r->trace, &r->x, &r->e);
 	return rc;
 }
 
@@ -1088,7 +1182,8 @@ static int finish(Run *r, int rc)
 			world_sync_within(w, rc, 0, grace, &r->e);
 		}
 	}
-	int errored = rc < 0 || w->failed, status = errored ? 1 : rc;
+	int errored = rc < 0 || w->failed;
+	int status = !errored ? rc : r->e.lost ? DPEXEC_EXIT_LOST : 1;
 	/* a rank that cannot reach the others and was signalled is being ended by
 	 * the launcher because another rank ended the job: that rank has spoken */
 	int ended = w->broken && sig_pending();

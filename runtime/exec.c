@@ -44,7 +44,7 @@ uint32_t exec_comm_masks(const DpStep *s)
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++)
 			if (dp_is_collective(s->prog[p][i].op))
-				m |= 1u << (DP_AXES(&s->prog[p][i]) & 15);
+				m |= 1u << (DP_AXES(&s->prog[p][i]) & ((1u << DP_MAX_AXES) - 1));
 	return m;
 }
 

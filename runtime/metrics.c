@@ -10,7 +10,15 @@
  * A resumed run continues the same files: lines for steps after the
  * checkpoint's (written before the interruption) are cut off first, so the
  * file of an interrupted and resumed run is the file of an uninterrupted
- * one.
+ * one (but for --log-json's resume record).
+ *
+ * --log-json is never overwritten: every run starts with a record of its
+ * own, {"run": {...}} (the time, the command, the model, the mesh, the
+ * versions: metrics_open's header, from dpexec), or {"resume": {"step": N,
+ * ...}} for a resumed run; a fresh run appends after what the file holds
+ * (its last whole line), and a resumed run cuts only within the file's last
+ * run, from its "run" record on. Every record has "time" (UTC, ISO 8601,
+ * milliseconds). --losses starts anew on a fresh run, as before.
  *
  * MFU (token models): model FLOPs per token = 6 N + 12 L T d (PaLM,
  * appendix B: N parameters, and per layer the attention scores and
@@ -23,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "metrics.h"
@@ -51,13 +61,22 @@ static long long line_step(const char *line)
 	return end == p ? -1 : v;
 }
 
+/* A run record of --log-json: a fresh run's, where a resumed run's cut may begin. */
+static int is_run_record(const char *line)
+{
+	return !strncmp(line, "{\"run\":", 7);
+}
+
 /* Open a log for writing, in place (util/outfile.h: through links; a
  * FIFO without a reader is an error, not a hang). A resumed run (first >
  * 0) keeps the header and the lines of steps up to `first` of an existing
  * regular file and appends after them; otherwise the file starts anew with
- * the header. */
+ * the header. runs (--log-json): the file holds runs, each from its run
+ * record: a fresh run appends after the last whole line, and a resumed one
+ * keeps everything before the last run record and, after it, the lines of
+ * steps up to `first`; the header is written in both cases. */
 static FILE *open_log(const char *what, const char *path, const char *header, uint64_t first,
-		      RtErr *e)
+		      int runs, RtErr *e)
 {
 	char err[1024];
 	int fd, regular;
@@ -71,24 +90,42 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 		close(fd);
 		return NULL;
 	}
-	long keep = 0;
+	long keep = 0, last_run = 0, whole = 0;
+	char *line = NULL; /* whole lines, however long (a run record holds a command) */
+	size_t cap = 0;
+	if (runs && regular) { /* where the last run begins; the end of the last whole line */
+		long at = 0;
+		while (getline(&line, &cap, f) > 0) {
+			if (is_run_record(line))
+				last_run = at;
+			at = ftell(f);
+			if (strchr(line, '\n'))
+				whole = at;
+		}
+		if (fseek(f, last_run, SEEK_SET) != 0)
+			whole = last_run = 0;
+		keep = first > 0 ? last_run : whole;
+	}
 	if (first > 0 && regular) {
-		char line[4096];
-		while (fgets(line, sizeof line, f)) {
-			if (line[0] != '#' && (line_step(line) < 0 || line_step(line) > (long long)first))
+		int at_run = runs; /* the first line read is the last run's record, if any */
+		while (getline(&line, &cap, f) > 0) {
+			int kept = line[0] == '#' || (at_run && is_run_record(line));
+			at_run = 0;
+			if (!kept && (line_step(line) < 0 || line_step(line) > (long long)first))
 				break;
 			if (!strchr(line, '\n'))
 				break; /* a cut line: the run was killed while writing it */
 			keep = ftell(f);
 		}
 	}
+	free(line);
 	if (regular && (ftruncate(fd, keep) != 0 || fseek(f, keep, SEEK_SET) != 0)) {
 		RT_FAIL(e, "cannot %s the %s file %s: %s", keep ? "continue" : "write", what, path,
 			strerror(errno));
 		fclose(f);
 		return NULL;
 	}
-	if (keep > 0)
+	if (keep > 0 && !runs)
 		return f;
 	if (header && (fputs(header, f) == EOF || fflush(f) != 0)) {
 		RT_FAIL(e, "cannot write the %s file %s: %s", what, path, strerror(errno));
@@ -98,16 +135,27 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 	return f;
 }
 
-int metrics_open(Metrics *m, const char *losses, const char *log_json, RtErr *e)
+void metrics_time(char *buf, size_t len)
+{
+	struct timeval tv;
+	struct tm tm;
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	size_t n = strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf + n, len - n, ".%03dZ", (int)(tv.tv_usec / 1000));
+}
+
+int metrics_open(Metrics *m, const char *losses, const char *log_json, const char *run_record,
+		 RtErr *e)
 {
 	if (losses) {
-		m->losses = open_log("--losses", losses, "# step loss grad_norm lr\n", m->first, e);
+		m->losses = open_log("--losses", losses, "# step loss grad_norm lr\n", m->first, 0, e);
 		if (!m->losses)
 			return -1;
 		m->losses_path = losses;
 	}
 	if (log_json) {
-		m->json = open_log("--log-json", log_json, NULL, m->first, e);
+		m->json = open_log("--log-json", log_json, run_record, m->first, 1, e);
 		if (!m->json)
 			return -1;
 		m->json_path = log_json;
@@ -187,11 +235,13 @@ void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, doubl
 	fflush(stdout);
 	if (!m->json)
 		return;
-	char line[1024];
+	char line[1024], when[40];
+	metrics_time(when, sizeof when);
 	int n = snprintf(line, sizeof line,
-			 "{\"step\": %llu, \"loss\": %.9g, \"lr\": %.9g, \"ms_per_step\": %.6g, "
-			 "\"samples_per_s\": %.6g, \"elapsed_s\": %.6g, \"eta_s\": %.6g",
-			 (unsigned long long)step, loss, lr, ms_per_step, sps, elapsed, eta);
+			 "{\"step\": %llu, \"time\": \"%s\", \"loss\": %.9g, \"lr\": %.9g, "
+			 "\"ms_per_step\": %.6g, \"samples_per_s\": %.6g, \"elapsed_s\": %.6g, "
+			 "\"eta_s\": %.6g",
+			 (unsigned long long)step, when, loss, lr, ms_per_step, sps, elapsed, eta);
 	if (!isnan(grad_norm))
 		n += snprintf(line + n, sizeof line - (size_t)n, ", \"grad_norm\": %.9g", grad_norm);
 	if (m->tokens > 0)

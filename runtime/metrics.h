@@ -33,8 +33,14 @@ typedef struct {
 	double loss, accuracy, correct, counted;
 } EvalResult;
 
-/* Open the logs (either may be NULL); a resumed run (first > 0) continues them. */
-int metrics_open(Metrics *m, const char *losses, const char *log_json, RtErr *e);
+/* Open the logs (either may be NULL); a resumed run (first > 0) continues them.
+ * run_record: --log-json's first line for this run (a JSON object and a
+ * newline: {"run": ...} for a fresh run, {"resume": {"step": N, ...}} for a
+ * resumed one; metrics.c says how runs share the file). */
+int metrics_open(Metrics *m, const char *losses, const char *log_json, const char *run_record,
+		 RtErr *e);
+/* Now, UTC, ISO 8601 with milliseconds ("2026-11-27T01:02:03.456Z"). */
+void metrics_time(char *buf, size_t len);
 void metrics_start(Metrics *m, double now);
 /* After step `step` (from 1): its --losses line; step_s is its duration. */
 void metrics_step(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,

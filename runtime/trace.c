@@ -70,7 +70,8 @@ struct Trace {
 	int nfly, capfly;
 };
 
-static const char *const axis_names[DP_MAX_AXES] = {"dp_replicate", "dp_shard", "cp", "tp"};
+static const char *const axis_names[DP_MAX_AXES] = {"pp", "dp_replicate", "dp_shard", "cp",
+							     "tp"};
 
 static double now(const Trace *t)
 {

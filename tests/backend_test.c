@@ -70,7 +70,8 @@ static void make_step(DpStep *s, DpTensor t[NT], const DpInstr *prog, uint32_t n
 		t[i].offset = (uint64_t)(64 * i);
 		t[i].nbytes = 16;
 	}
-	s->cfg.mesh[0] = s->cfg.mesh[1] = s->cfg.mesh[2] = s->cfg.mesh[3] = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		s->cfg.mesh[a] = 1;
 	s->cfg.micro_batch = s->cfg.grad_accum = 1;
 	s->cfg.arena_bytes = 64 * NT;
 	s->strings = strings;
@@ -104,7 +105,7 @@ static int check_backend(const BackendOps *ops)
 		DpInstr in = {.op = (uint16_t)op, .stream = DP_STREAM_COMPUTE, .in = {0, -1, -1, -1},
 			      .out = 1};
 		make_step(&s, t, &in, 1);
-		Comm comm = {.rank = 0, .world = 1, .mesh = {1, 1, 1, 1}};
+		Comm comm = {.rank = 0, .world = 1, .mesh = {1, 1, 1, 1, 1}};
 		Exec x;
 		RtErr e = {.rank = -1};
 		BackendOpts o = {0};
@@ -241,7 +242,7 @@ static int run_prog(const DpInstr *prog, uint32_t n, int no_progress, RtErr *e)
 	DpTensor t[NT];
 	DpStep s;
 	make_step(&s, t, prog, n);
-	Comm comm = {.ops = &fake_comm, .rank = 0, .world = 1, .mesh = {1, 1, 1, 1}};
+	Comm comm = {.ops = &fake_comm, .rank = 0, .world = 1, .mesh = {1, 1, 1, 1, 1}};
 	BackendOpts o = {.no_progress = no_progress};
 	Exec x;
 	memset(&fc, 0, sizeof fc);

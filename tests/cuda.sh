@@ -8,8 +8,9 @@
 #     file that is not there): exit 1 and one line naming the dlopen error;
 #   - without a usable GPU: --device cuda is exit 1 and one line naming the
 #     cause (no driver / driver older than the runtime / no device), on 1
-#     rank and, said once, on 2; --device auto trains on the CPU after a
-#     one-line notice, with the same losses as --device cpu;
+#     rank and, said once, on 2; --device auto trains on the CPU with the
+#     same losses as --device cpu, after a one-line notice where a CUDA
+#     driver is installed (none where none is, but with --verbose);
 #   - a driver older than the runtime is a FAILURE, not a skip: the machine
 #     has a GPU whose driver cannot run this build (tests/cuda_emu.sh checks
 #     that this suite fails on it, with the emulator's DPEMU_DRIVER_VERSION).
@@ -114,14 +115,20 @@ GPU_CASES=(cuda-vs-cpu "CUDA matches the CPU at 1 rank" graph-vs-eager "graph re
 	watchdog "a stopped rank ends the run within --timeout")
 
 if [ $GPU = 0 ]; then
-	# auto falls back to the CPU, with one notice line, and trains as --device cpu
+	# auto falls back to the CPU and trains as --device cpu; the notice is one
+	# line where a CUDA driver is installed (a GPU expected), none where no
+	# driver is (a CPU machine: not news), one there with --verbose
+	# (what the --verbose notice gives as the reason says which)
 	if ! case_on auto-fallback; then
 		:
-	elif X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
+	elif X "$T/w1.bin" --steps 1 --eval-every 0 --verbose >"$T/autov.out" 2>&1 &&
+		notices=$(grep -q "no usable GPU (no CUDA driver" "$T/autov.out" && echo 0 || echo 1) &&
+		X "$T/w1.bin" --steps 3 --eval-every 0 --losses "$T/auto.loss" >"$T/auto.out" 2>&1 &&
 		X "$T/w1.bin" --device cpu --steps 3 --eval-every 0 --quiet --losses "$T/cpu.loss" \
 			>/dev/null 2>&1 &&
-		[ "$(grep -c 'running on the CPU' "$T/auto.out")" -eq 1 ] && cmp -s "$T/auto.loss" "$T/cpu.loss"; then
-		ok "--device auto without a GPU: $(grep 'running on the CPU' "$T/auto.out")"
+		[ "$(grep -c 'running on the CPU' "$T/auto.out")" -eq $notices ] &&
+		[ "$(grep -c 'running on the CPU' "$T/autov.out")" -eq 1 ] && cmp -s "$T/auto.loss" "$T/cpu.loss"; then
+		ok "--device auto without a GPU: $notices notice line(s), one with --verbose: $(grep 'running on the CPU' "$T/autov.out")"
 	else
 		fail "--device auto without a GPU falls back to the CPU"; head -n 4 "$T/auto.out"
 	fi

@@ -4,10 +4,11 @@
 # the CPU backend, and, on a machine with a GPU, the same cases on real CUDA.
 #
 #  1. the emulator's own checks (build-emu/selftest): kernels, warps,
-#     atomics, float4, dynamic shared memory, bf16, cuBLAS, streams, capture
+#     atomics, float4, dynamic shared memory, bf16, wmma, cuBLAS, streams, capture
 #     and graphs, NCCL over MPI work; and each misuse is caught: a thread
 #     leaving a barrier, a warp mask naming an exited lane or not the caller,
-#     a block deadlock, a misaligned float4, host code touching device
+#     a block deadlock, a wmma call whose ldm is not 16 bytes' multiple or
+#     whose lanes pass different pointers, a misaligned float4, host code touching device
 #     memory, a host pointer passed to a kernel, an out-of-bounds access, a
 #     copy of the wrong kind or past its buffer, a pitch above memPitch,
 #     illegal calls during capture, an unjoined capture, a leading dimension
@@ -29,7 +30,9 @@
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
-#     shows only here). Each case runs with its own DPEMU_SEED and DPEMU_COMM
+#     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
+#     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
+#     dims. Each case runs with its own DPEMU_SEED and DPEMU_COMM
 #     (collectives as late as the events allow, or as early), so the cases
 #     together walk many orders; collectives return ncclInProgress at random
 #     (DPEMU_NCCL_INPROGRESS's default), so dp's settling is always exercised.
@@ -53,6 +56,8 @@
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
 #     of compute capability 7.0 is one naming the .dp file's line and column;
+#     the collectives' stream has the device's greatest priority (the
+#     describe line, from cudaStreamGetPriority);
 #  6. on a real GPU: the model cases of 2. on real CUDA with the normal build
 #     (build/dpexec), and compute-sanitizer memcheck and racecheck when it is
 #     installed. Without a GPU each is reported SKIPPED.
@@ -159,7 +164,7 @@ selftest() {
 		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
 	fi
 }
-for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 gemm streams graph \
+for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma gemm streams graph \
 	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
@@ -169,6 +174,8 @@ selftest barrier_exit "returned while .* wait at __syncthreads"
 selftest shfl_exited "returned while lanes .* wait for it at __shfl_sync"
 selftest shfl_mask "does not name the calling lane"
 selftest deadlock "deadlock: no thread of the block can go on"
+selftest wmma_ldm "ldm 12 is not a multiple of 16 bytes"
+selftest wmma_diverge "lane 5 passes .*every lane must pass the same"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"
@@ -198,6 +205,12 @@ for m in gpt2-tiny llama; do
 done
 # GPT-2's head dim (64) at ctx 128: four 32-row tiles per sequence
 sed 's/^  global_batch .*/  global_batch 4/' "$T/gpt2-tiny.dp" >"$T/gpt2-hd64.dp"
+# ... and at GPT-2's ctx, 1024: 32 key tiles of the tensor-core forward, 16
+# query blocks, the causal bound met by 16 warps at different tiles
+sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.dp"
+# the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
+cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
 # optimizer groups (tests/groups.sh): weight decay 0.1 but none on 1-D params
 # (the model's no_decay vectors), embed's own 0.05, lnf at half the lr
 sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  block embed {/&\n    weight_decay 0.05/' \
@@ -206,6 +219,9 @@ dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
+	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
 	llama) echo "$small -D ffn=96 -D layers=2" ;;
 	esac
 }
@@ -321,19 +337,22 @@ for s in ddp zero1 zero2 full_shard hybrid_shard; do
 	model_case mlp $s 4
 done
 model_case mlp zero2 2
-# cuBLASLt with no algorithm for the bias epilogue (DPEMU_LT_EPILOGUE=0: its
-# heuristic answers NOT_SUPPORTED, as a library or GPU without a fitting
-# kernel does): gemm.cu plans those linears with the bias copied into the
-# rows and beta = 1 instead of failing the load, and the run still matches
+# cuBLASLt with no algorithm for the bias or bias-gradient epilogues
+# (DPEMU_LT_EPILOGUE=0: its heuristic answers NOT_SUPPORTED, as a library
+# or GPU without a fitting kernel does): gemm.cu plans those linears with
+# the bias copied into the rows and beta = 1, and the weight gradients'
+# matmuls without BGRADA (their bias_grads sum their columns themselves),
+# instead of failing the load, and the run still matches
 EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case mlp ddp 2
-case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0" &&
-refused=$(grep -c "no algorithm for the bias epilogue" "$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log")
-if ! case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
-	:
-elif [ "$refused" -gt 0 ]; then
-	ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias-rows plan ran"
-else
-	fail "DPEMU_LT_EPILOGUE=0: no query with the bias epilogue was refused (the case proves nothing)"
+if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
+	log=$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log
+	refused=$(grep -c "no algorithm for the bias epilogue" "$log")
+	refused_grad=$(grep -c "no algorithm for the bias gradient epilogue" "$log")
+	if [ "$refused" -gt 0 ] && [ "$refused_grad" -gt 0 ]; then
+		ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias gradient's ($refused_grad), and the plans without them ran"
+	else
+		fail "DPEMU_LT_EPILOGUE=0: refused queries with the bias epilogue: $refused, with the bias gradient's: $refused_grad (each must be > 0, or the case proves nothing)"
+	fi
 fi
 model_case gpt2-tiny ddp 1
 model_case gpt2-tiny full_shard 2
@@ -362,6 +381,10 @@ model_case gpt2-hd64 ddp 1
 model_case gpt2-hd64 ddp 2 "tp=2"
 model_case gpt2-hd64 ddp 2 "cp=2"
 PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
+model_case gpt2-ctx1k ddp 1
+PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
+PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
 # and layout ops on their own bf16 paths, bias_grad too)
@@ -553,6 +576,16 @@ elif DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>
 	ok "the same bf16 step file runs on compute capability 8.0"
 else
 	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
+fi
+# the collectives' stream at the device's greatest priority (the emulator
+# reports an H100's range, 0..-5), the compute stream at the default
+if ! case_on "collectives' stream priority"; then
+	:
+elif "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
+	grep -q "^device: .*collectives' stream priority -5 (0..-5)" "$T/prio.out"; then
+	ok "the collectives' stream has the greatest priority: $(grep -o "collectives' stream priority.*" "$T/prio.out")"
+else
+	fail "the collectives' stream priority"; grep "^device:" "$T/prio.out" || tail -n 3 "$T/prio.out"
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 case_on "tests/cuda.sh, old driver" &&

@@ -31,6 +31,9 @@
 
 #include "ir.h"
 
+/* dp_replicate and dp_shard: the data-parallel axes' mask */
+#define AXES_DP (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))
+
 static int npass, nfail;
 
 #define CHECK(cond, ...)                                                  \
@@ -301,7 +304,9 @@ static Node *node(Graph *g, IrOp op, Value *out, Phase ph, int block, Value *i0,
 
 static void settings(Graph *g)
 {
-	g->cfg = (DpConfig){.mesh = {1, 2, 1, 1}, .micro_batch = 32, .grad_accum = 2,
+	g->cfg = (DpConfig){.mesh = {[DP_AXIS_PP] = 1, [DP_AXIS_REPLICATE] = 1, [DP_AXIS_SHARD] = 2,
+				     [DP_AXIS_CP] = 1, [DP_AXIS_TP] = 1},
+			    .micro_batch = 32, .grad_accum = 2,
 			    .eval_batch = 32, .steps = 4000, .eval_every = 1000, .log_every = 100,
 			    .seed = 1234, .strategy = DP_STRAT_DDP};
 	g->opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -439,9 +444,9 @@ static Graph *build_planned(void)
 	Value *r0 = val(g, "bucket.r0", DP_F32, 1, 2570, 0, DP_T_GRAD);
 	Value *r1 = val(g, "bucket.r1", DP_F32, 1, 784 * 256 + 256, 0, DP_T_GRAD);
 	view(r0, fg, 0), view(r1, fg, 2570);
-	Bucket b0 = {.op = DP_OP_ALL_REDUCE, .axes = 3, .view = r0->id, .elems = 2570, .nmembers = 2,
+	Bucket b0 = {.op = DP_OP_ALL_REDUCE, .axes = AXES_DP, .view = r0->id, .elems = 2570, .nmembers = 2,
 		     .members = (int[]){gr[2]->id, gr[3]->id}};
-	Bucket b1 = {.op = DP_OP_ALL_REDUCE, .axes = 3, .view = r1->id, .elems = 784 * 256 + 256,
+	Bucket b1 = {.op = DP_OP_ALL_REDUCE, .axes = AXES_DP, .view = r1->id, .elems = 784 * 256 + 256,
 		     .nmembers = 2, .members = (int[]){gr[0]->id, gr[1]->id}};
 	ir_add_bucket(g, &b0), ir_add_bucket(g, &b1);
 
@@ -491,7 +496,8 @@ static Graph *build_planned(void)
 		DP_EVENT(n) = evs[i].ev, n->stream = evs[i].stream, n->flags = DP_IF_LAST;
 	}
 	n = node(g, DP_OP_ALL_REDUCE, r0, PH_COMM, head, 0, 0, 0);
-	DP_ATTR(n, ALL_REDUCE, axes) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 0;
+	DP_ATTR(n, ALL_REDUCE, axes) = AXES_DP, n->stream = DP_STREAM_COMM;
+	n->flags = DP_IF_LAST, n->bucket = 0;
 	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
 	DP_ATTR(n, EVENT_RECORD, ev) = 1, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	node(g, DP_OP_RELU_GRAD, dt0, PH_BWD, fc1, dh1, t0, 0);
@@ -503,7 +509,8 @@ static Graph *build_planned(void)
 	n = node(g, DP_OP_EVENT_WAIT, NULL, PH_COMM, -1, 0, 0, 0);
 	DP_ATTR(n, EVENT_WAIT, ev) = 2, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	n = node(g, DP_OP_ALL_REDUCE, r1, PH_COMM, fc1, 0, 0, 0);
-	DP_ATTR(n, ALL_REDUCE, axes) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST, n->bucket = 1;
+	DP_ATTR(n, ALL_REDUCE, axes) = AXES_DP, n->stream = DP_STREAM_COMM;
+	n->flags = DP_IF_LAST, n->bucket = 1;
 	n = node(g, DP_OP_EVENT_RECORD, NULL, PH_COMM, -1, 0, 0, 0);
 	DP_ATTR(n, EVENT_RECORD, ev) = 3, n->stream = DP_STREAM_COMM, n->flags = DP_IF_LAST;
 	for (int e = 1; e <= 3; e += 2) {
@@ -700,7 +707,10 @@ static void br_init_out(Graph *g) { find_node(g, DP_OP_INIT, 0)->out = ir_find_v
 static void br_save_prog(Graph *g) { find_node(g, DP_OP_SAVE, 0)->progs = IR_IN_INIT; }
 static void br_save_in(Graph *g) { find_node(g, DP_OP_SAVE, 0)->in[0] = ir_find_value(g, "h")->id; }
 static void br_shard_prog(Graph *g) { find_node(g, DP_OP_SHARD, 0)->progs = IR_IN_EXPORT; }
-static void br_shard_group(Graph *g) { DP_ATTR(find_node(g, DP_OP_SHARD, 0), SHARD, axes) = 3; }
+static void br_shard_group(Graph *g)
+{
+	DP_ATTR(find_node(g, DP_OP_SHARD, 0), SHARD, axes) = AXES_DP;
+}
 static void br_rs_size(Graph *g) { ir_find_value(g, "flat.grads.shard")->dims[0] = 30; }
 static void br_ag_size(Graph *g)
 {

@@ -138,6 +138,22 @@ wait_lines() {
 	return 1
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
+# signal_at NAME LINES SIGNAL TARGET COMMAND...: COMMAND (a launcher: mpirun,
+# dprun) in a session of its own, output in $T/NAME.out; once $T/NAME.loss
+# has LINES lines, SIGNAL goes to it (TARGET pid) or to its whole process
+# group (pgrp: what a terminal's Ctrl-C does); $T/NAME.out then ends with
+# rc=STATUS. Not through mpi(): timeout(1) between would take the signal.
+signal_at() {
+	local name=$1 lines=$2 sig=$3 target=$4 job pid
+	shift 4
+	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$T/$name.pid" "$@" >"$T/$name.out" 2>&1 &
+	job=$!
+	wait_lines "$T/$name.loss" "$lines"
+	pid=$(cat "$T/$name.pid")
+	if [ "$target" = pgrp ]; then kill -"$sig" -- -"$pid"; else kill -"$sig" "$pid"; fi
+	wait $job
+	echo "rc=$?" >>"$T/$name.out"
+}
 # expect NAME WANT_SUBSTRING COMMAND...: the command exits non-zero (not by
 # `timeout`: 124 and up) with WANT_SUBSTRING in its output ($T/out)
 expect() {

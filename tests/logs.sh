@@ -4,6 +4,9 @@
 #    logged step, every key present and numeric (step, loss, lr, grad_norm,
 #    ms_per_step, samples_per_s, tokens_per_s, mfu, elapsed_s, eta_s, and
 #    eval_loss / eval_accuracy where it evaluated), ETA falling;
+#  - --log-json's records: a run record first (command, model, mesh,
+#    versions), a time on each; a resumed run cuts only its own steps and
+#    adds a resume record; a fresh run appends, never overwrites;
 #  - --losses: a header line, then one line per step;
 #  - the progress line shows elapsed time and ETA; --steps shorter than the
 #    schedule warns;
@@ -29,7 +32,7 @@ if ! case_on log-json; then
 	:
 elif once run30 run30; $PY - "$T/log.json" <<'EOF'; then
 import json, math, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "run" not in r and "resume" not in r]
 keys = ["step", "loss", "lr", "grad_norm", "ms_per_step", "samples_per_s", "tokens_per_s", "mfu",
         "elapsed_s", "eta_s"]
 assert [r["step"] for r in rows] == [1, 5, 10, 15, 20, 25, 30], [r["step"] for r in rows]
@@ -62,7 +65,7 @@ if ! case_on per-step-times; then
 	:
 elif each; $PY - "$T/each.json" <<'EOF'; then
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "run" not in r and "resume" not in r]
 assert [r["step"] for r in rows] == list(range(1, 9)), [r["step"] for r in rows]
 ms = [r["ms_per_step"] for r in rows]
 mid = statistics.median(ms[1:])
@@ -80,6 +83,44 @@ EOF
 	ok "--log-every 1: each step's time is its own, the last one too, and they sum to the elapsed time"
 else
 	fail "per-step times"; cat "$T/each.json"
+fi
+# --log-json's records: a run record first (the command, the model, the mesh,
+# the versions), a time on every record; a second fresh run appends after
+# the first (never overwrites it); a resumed run cuts only its own run's
+# steps after the checkpoint and says it resumed
+runs() {
+	mpi 2 "$T/gpt.bin" --steps 6 --log-every 1 --eval-every 0 --quiet --log-json "$T/runs.json" \
+		--save-dir "$T/runs.ck" --save-every 3 >"$T/runs.out" 2>&1 &&
+		mpi 2 "$T/gpt.bin" --steps 6 --log-every 1 --eval-every 0 --quiet --log-json "$T/runs.json" \
+			--resume "$T/runs.ck/step-000003" --save-dir "$T/runs2.ck" >>"$T/runs.out" 2>&1
+}
+if ! case_on log-json-runs; then
+	:
+elif once run30 run30 && runs && $PY - "$T/log.json" "$T/runs.json" "$DPEXEC" <<'EOF'; then
+import json, re, sys
+iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+first = [json.loads(l) for l in open(sys.argv[1])]
+head = first[0]["run"]
+assert "--log-json" in head["command"] and head["command"].startswith(sys.argv[3]), head
+assert head["model"].endswith("gpt.dp") and head["world"] == 2, head
+assert head["mesh"] == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}, head["mesh"]
+assert head["dpexec"] and head["step_format"] > 0 and head["mpi"] and head["device"] == "cpu", head
+assert all(iso.match(r.get("time", "")) for r in first[1:] + [head]), "a record without its time"
+rows = [json.loads(l) for l in open(sys.argv[2])]
+kinds = ["run" if "run" in r else "resume" if "resume" in r else r["step"] for r in rows]
+# the fresh run's steps 1..3 (4..6 cut by the resume from 3), then the resumed 4..6
+assert kinds == ["run", 1, 2, 3, "resume", 4, 5, 6], kinds
+assert rows[4]["resume"]["step"] == 3 and rows[4]["resume"]["from"].endswith("step-000003"), rows[4]
+EOF
+	mpi 2 "$T/gpt.bin" --steps 2 --log-every 1 --eval-every 0 --quiet --log-json "$T/runs.json" >/dev/null 2>&1
+	kinds=$($PY -c 'import json,sys; print(" ".join(str(next(iter(r)) if "step" not in r else r["step"]) for r in map(json.loads, open(sys.argv[1]))))' "$T/runs.json")
+	if [ "$kinds" = "run 1 2 3 resume 4 5 6 run 1 2" ]; then
+		ok "--log-json: a run record (command, model, mesh, versions), a time on every record; a resumed run cuts only its own steps; a fresh run appends ($kinds)"
+	else
+		fail "--log-json: a fresh run onto an existing file appends: $kinds"
+	fi
+else
+	fail "--log-json's run records"; head -c 600 "$T/runs.json" "$T/runs.out"
 fi
 if ! case_on losses-header; then
 	:

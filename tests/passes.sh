@@ -21,7 +21,8 @@
 # 3. --from-ir's errors: malformed IR at file:line:col with a caret, an
 #    unknown pass in the header, passes out of order or already run, a
 #    step file before the end, IR that does not verify or that the layout
-#    cannot have made: a message, exit 1, no output file.
+#    cannot have made, pipeline stages out of block order: a message, exit 1,
+#    no output file.
 # 4. The reader fuzzed: $BUILD/tests/fe_fuzz --ir (tests/fe_fuzz.c) reads
 #    FUZZ_N (default 1000) mutants of each input above and of tests/ir/*.ir:
 #    no crash, no sanitizer report (SAN=1), every graph read prints back as
@@ -99,6 +100,7 @@ for model in models/*.dp; do
 		fi
 		bad=""
 		n=0
+		final=$(echo "$T"/d/*-memplan.ir) # the last pass's dump
 		for dump in "$T"/d/*.ir; do
 			n=$((n + 1))
 			k=$(basename "$dump" .ir)
@@ -106,8 +108,8 @@ for model in models/*.dp; do
 			if ! "$DPC" --from-ir "$dump" --passes all -o "$T/rt.bin" --emit=ir >"$T/rt.ir" \
 				2>"$T/err"; then
 				bad="$bad $k (dpc: $(head -n 2 "$T/err" | tr '\n' ' '))"
-			elif ! cmp -s "$T/d/13-memplan.ir" "$T/rt.ir"; then
-				bad="$bad $k (IR: $(diff "$T/d/13-memplan.ir" "$T/rt.ir" | sed -n 2p))"
+			elif ! cmp -s "$final" "$T/rt.ir"; then
+				bad="$bad $k (IR: $(diff "$final" "$T/rt.ir" | sed -n 2p))"
 			elif ! cmp -s "$T/direct.bin" "$T/rt.bin"; then
 				bad="$bad $k (step file)"
 			fi
@@ -166,6 +168,12 @@ fails "a gradient with fewer elements than its parameter" \
 grep -v '^%fc1.rs ' "$in" >"$T/bad.ir"
 fails "a unit's buffer missing" "%fc1.rs, which the layout makes, is missing" \
 	--from-ir "$T/bad.ir" --passes setup
+sed 's/^block fc4$/block fc4 stage=1/; s/^block fc5$/block fc5 stage=0/' tests/passes/stages.in.ir \
+	>"$T/bad.ir"
+line=$(grep -n '^block fc5 stage=0' "$T/bad.ir" | cut -d: -f1)
+fails "pipeline stages out of block order" \
+	"$T/bad.ir:$line:11: error: block 'fc5' is on stage 0 after block 'fc4' on stage 1" \
+	--from-ir "$T/bad.ir" --passes stages
 
 # ---- 4. the reader fuzzed ----
 FUZZ_N=${FUZZ_N:-1000}

@@ -90,6 +90,8 @@ schedules              1      -       20
 signals                1      -       30
 groups                 1      -       70
 tour                   1      -       30
+dprun                  1.5    -      150
+hosts                  1      -       30
 data_errors            0.5    -        5
 outputs                1      -        4
 cuda                   0.5    -        3
@@ -97,6 +99,8 @@ trace                  1      -        3
 views                  0.5    -        2
 layers                 0.5    -        1
 golden                 0.5    -        1
+pipeline               0.5    -        3
+roofline               0.5    -        2
 "
 # Suites another suite runs (NAME:PARENT): not started on their own by a
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh

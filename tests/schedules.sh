@@ -64,7 +64,7 @@ ap.add_argument("--steps", type=int, default=24)
 a = ap.parse_args(["--lr", "0.05"] + targs)
 if a.schedule in ("cosine", "linear") and a.sched_steps <= 0:
     a.sched_steps = a.steps
-rows = [json.loads(l) for l in open(js)]
+rows = [r for r in map(json.loads, open(js)) if "step" in r and "run" not in r and "resume" not in r]
 assert [r["step"] for r in rows] == list(range(1, a.steps + 1)), [r["step"] for r in rows]
 lr = [r["lr"] for r in rows]
 f32 = lambda x: float(np.float32(x))

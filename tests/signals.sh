@@ -20,20 +20,12 @@ if [ "${DP_LIST:-0}" != 1 ] && { case_match sigusr1 || case_match paste-resume |
 	"$DPC" models/mlp.dp -o "$T/s2.bin" --world-size 2 >"$T/dpc.out" 2>&1 ||
 		{ fail "dpc models/mlp.dp --world-size 2"; cat "$T/dpc.out"; }
 fi
-# start NAME SIGNAL TARGET: a 2-rank run of 300 steps in a session of its
-# own; after 20 steps SIGNAL goes to mpirun (TARGET pid) or to its whole
-# process group (TARGET pgrp: a terminal's Ctrl-C); $T/NAME.out ends with
-# rc=STATUS
+# start NAME SIGNAL TARGET: a 2-rank run of 300 steps; after 20 steps SIGNAL
+# goes to mpirun (TARGET pid) or to its whole process group (TARGET pgrp: a
+# terminal's Ctrl-C); $T/NAME.out ends with rc=STATUS
 start() {
-	setsid bash -c 'echo $$ >"$1/$2.pid"; exec env '"$MPI_ASAN"' mpirun --oversubscribe -np 2 \
-		"$3" "$1/s2.bin" --steps 300 --log-every 10 --save-dir "$1/$2.ck" --losses "$1/$2.loss"' \
-		sh "$T" "$1" "$DPEXEC" >"$T/$1.out" 2>&1 &
-	local job=$!
-	wait_lines "$T/$1.loss" 21
-	local pid; pid=$(cat "$T/$1.pid")
-	if [ "$3" = pgrp ]; then kill -"$2" -- -"$pid"; else kill -"$2" "$pid"; fi
-	wait $job
-	echo "rc=$?" >>"$T/$1.out"
+	signal_at "$1" 21 "$2" "$3" env $MPI_ASAN mpirun --oversubscribe -np 2 "$DPEXEC" "$T/s2.bin" \
+		--steps 300 --log-every 10 --save-dir "$T/$1.ck" --losses "$T/$1.loss"
 }
 
 # ---- SIGUSR1 to mpirun: exit 130, a checkpoint, a resume command that works ----

@@ -32,6 +32,9 @@
 #include "settings.h"
 #include "stepfile.h"
 
+/* dp_replicate and dp_shard: the data-parallel axes' mask */
+#define AXES_DP (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))
+
 static int npass, nfail;
 
 static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -99,7 +102,7 @@ static DpStep *builtin_step(void)
 	prog[5].op = DP_OP_MATMUL, prog[5].out = 3, prog[5].in[0] = 0, prog[5].in[1] = 6;
 	DP_ATTR(&prog[5], MATMUL, transA) = 1, DP_ATTR(&prog[5], MATMUL, acc) = 1;
 	prog[6].op = DP_OP_EVENT_RECORD, DP_ATTR(&prog[6], EVENT_RECORD, ev) = 0, prog[6].flags = DP_IF_LAST;
-	prog[7].op = DP_OP_ALL_REDUCE, prog[7].out = 3, DP_ATTR(&prog[7], ALL_REDUCE, axes) = 3;
+	prog[7].op = DP_OP_ALL_REDUCE, prog[7].out = 3, DP_ATTR(&prog[7], ALL_REDUCE, axes) = AXES_DP;
 	prog[7].stream = DP_STREAM_COMM, prog[7].flags = DP_IF_LAST;
 	eprog[0] = prog[2];
 	eprog[1] = base;
@@ -108,7 +111,7 @@ static DpStep *builtin_step(void)
 	iprog[0].op = DP_OP_INIT, iprog[0].out = 2;
 	xprog[0] = base;
 	xprog[0].op = DP_OP_SAVE, xprog[0].in[0] = 2;
-	s.cfg = (DpConfig){.mesh = {1, 1, 1, 1}, .micro_batch = 4, .grad_accum = 1, .eval_batch = 4,
+	s.cfg = (DpConfig){.mesh = {1, 1, 1, 1, 1}, .micro_batch = 4, .grad_accum = 1, .eval_batch = 4,
 			   .steps = 10, .log_every = 1, .seed = 7, .arena_bytes = off};
 	s.opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
 			  .eps = 1e-8f};
@@ -328,9 +331,10 @@ static void test_program_rules(void)
 	shard.op = DP_OP_SHARD, shard.in[0] = 2, shard.out = 3;
 	DP_ATTR(&shard, SHARD, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	load.op = DP_OP_LOAD, load.out = 0, DP_ATTR(&load, LOAD, source) = 0;
-	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, DP_ATTR(&ar, ALL_REDUCE, axes) = 3, ar.stream = DP_STREAM_COMM;
+	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, DP_ATTR(&ar, ALL_REDUCE, axes) = AXES_DP;
+	ar.stream = DP_STREAM_COMM;
 	ag.op = DP_OP_ALL_GATHER, ag.in[0] = 3, ag.out = 2, ag.stream = DP_STREAM_COMM;
-	DP_ATTR(&ag, ALL_GATHER, axes) = 2;
+	DP_ATTR(&ag, ALL_GATHER, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 
 	rule("strategy full_shard", DP_PROG_INIT, init, DP_STRAT_FULL_SHARD, NULL);
 	rule("strategy hybrid_shard", DP_PROG_INIT, init, DP_STRAT_HYBRID_SHARD, NULL);
@@ -358,7 +362,7 @@ static void test_program_rules(void)
 	     "allowed only in the init and step programs");
 	d = shard;
 	DP_ATTR(&d, SHARD, axes) = 1 << DP_MAX_AXES;
-	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 16");
+	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 32"); /* 1 << DP_MAX_AXES */
 	d = shard;
 	d.in[0] = 1;
 	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32 or bf16");
@@ -438,7 +442,7 @@ static void test_operand_rules(void)
 		"the output 'h' is bf16, not the compute dtype f32");
 	d = base;
 	d.op = DP_OP_ALL_GATHER, d.in[0] = 7, d.out = 5, d.stream = DP_STREAM_COMM;
-	DP_ATTR(&d, ALL_GATHER, axes) = 2;
+	DP_ATTR(&d, ALL_GATHER, axes) = DP_AXIS_BIT(DP_AXIS_SHARD);
 	rule_dt("all_gather from bf16 into f32", DP_PROG_STEP, d, 0, 1, "differ in dtype");
 	d = base;
 	d.op = DP_OP_SQNORM, d.in[0] = 7, d.out = 4;

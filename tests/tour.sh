@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/tour.sh - README.md's tour, run top to bottom as written, in a
-# scratch copy of the tracked tree (with this build's dpc and dpexec as
-# build/dpc and build/dpexec): every line succeeds, with the Open MPI
+# scratch copy of the tracked tree (with this build's dpc, dpexec and dprun
+# as build/dpc, build/dpexec and build/dprun): every line succeeds, with the Open MPI
 # variables that tests set for themselves unset (as root the mpirun line's
 # --allow-run-as-root must be enough), and afterwards the copy's `git
 # status` is clean and no file outside build/ was made or changed.
@@ -20,7 +20,7 @@ fi
 tree=$T/tree
 mkdir -p "$tree/build"
 (cd "$ROOT" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$tree"
-cp "$DPC" "$DPEXEC" "$tree/build/"
+cp "$DPC" "$DPEXEC" "$ROOT/$BUILD/dprun" "$tree/build/"
 [ -f "$ROOT/$BUILD/libdpcuda.so" ] && cp "$ROOT/$BUILD/libdpcuda.so" "$tree/build/"
 g() { git -C "$tree" -c user.name=tour -c user.email=tour@localhost "$@"; }
 g init -q && g add -A && g commit -qm tree || fail "a git repository of the scratch copy"

@@ -10,6 +10,8 @@
 #     instruction spans, in program order and in time;
 #   - at 2 ranks: both ranks, each with its collectives on a comm lane
 #     (bytes > 0, the data-parallel axes) and its waits as "wait" spans.
+# --trace-steps 3:5 of an 8-step run with evaluation: exactly steps 3..5
+# traced, no eval, and the window passes the same checks.
 # The cost of tracing: step time with and without --trace is printed (the
 # trace is two clock reads and an append per instruction; not asserted,
 # timings move with the machine's load).
@@ -40,6 +42,23 @@ for np in 1 2; do
 		echo "$out" | sed 's/^/      /'; fail "$np rank(s): the trace"
 	fi
 done
+# --trace-steps A:B: a window of a long run, steps A..B only (as logged, from
+# 1), no eval or export; the window's trace passes the same checks
+if case_on window; then
+	once bin2 bin 2
+	if mpi 2 "$T/m2.bin" --steps 8 --eval-every 4 --log-every 8 --trace "$T/w.json" --trace-steps 3:5 \
+		>"$T/w.log" 2>&1 && out=$($PY tests/trace_check.py "$T/w.json" 2 3 2>&1) &&
+		runs=$($PY -c 'import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+print(" ".join(sorted({e["name"].split(" micro")[0] for e in ev if e.get("cat") == "run"})))' "$T/w.json") &&
+		[ "$runs" = "step 3 step 4 step 5" ]; then
+		ok "--trace-steps 3:5 of 8 steps (eval every 4): runs traced: $runs; $out"
+	else
+		fail "--trace-steps 3:5: only steps 3 to 5 (${runs:-?})"; echo "$out" | sed 's/^/      /'; tail -n 5 "$T/w.log"
+	fi
+	expect "--trace-steps 5:3 is refused" "--trace-steps wants A:B" "$DPEXEC" "$T/m2.bin" --trace "$T/x.json" --trace-steps 5:3
+fi
 # the overhead, for the record (--trace vs none, 1 rank, 20 steps)
 if case_on overhead; then
 	once bin1 bin 1

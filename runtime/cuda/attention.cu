@@ -31,6 +31,9 @@
  *                    in scratch for:
  *   k_attn_bwd_kv<HD> per key tile: over the query tiles that can see it,
  *                    dV = sum p dO, dK = scale * sum ds q.
+ *   k_attn_fwd_tc<HD> the forward of bf16 ordinary attention with head dim
+ *                    HD = 32, 64 or 128 on tensor cores (WMMA, FlashAttention-2's
+ *                    structure; its own comment below); k_attn_fwd does the rest.
  * Every output element is written by one thread with a fixed loop order: no
  * atomics, deterministic, graph == eager.
  *
@@ -51,6 +54,8 @@
  * kernel's, each output element is rounded once: what the f32 kernel on
  * staged copies gave (the loads change, not the order of any sum).
  */
+#include <mma.h>
+
 #include "device.cuh"
 
 #define ATT_ROWS 64                       /* query (or key) rows per block */
@@ -447,6 +452,190 @@ CU_UNROLL
 	}
 }
 
+/* ---- forward on tensor cores (bf16, head dims 32, 64, 128) ----
+ *
+ * FlashAttention-2's forward on WMMA (m16n16k16, bf16 operands, f32
+ * accumulators): a block owns BR = 16 W query rows, warp w the 16 from
+ * q0 + 16 w; the keys go by in tiles of BC = 32 through shared memory. Per
+ * tile and warp: S = Q K^T (BC/16 accumulators over HD/16 k-steps, Q's
+ * fragments kept from the start), stored to the warp's rows of S; the
+ * lanes (two per row, 16 columns each) take the online softmax: the tile's
+ * max, p = exp(scale s - m') rounded to bf16 into P (l sums the rounded p,
+ * so O / l weighs V by exactly the P the mma used), O's row rescaled by
+ * exp(m - m'); then O += P V (HD/16 accumulators loaded from the warp's
+ * rows of O, BC/16 k-steps, stored back). O stays in shared memory in f32:
+ * WMMA's fragment layout is unspecified, so a row's rescale cannot be done
+ * on a fragment. Causal: the block stops at the tile of its last row, and
+ * a warp skips the tiles wholly above its own rows. out = O / l, rounded
+ * once.
+ *
+ * Shared memory (dynamic, < 48 KB): Q (bf16, then the O rows in f32 in the
+ * same place once every warp holds its Q fragments), K, V, P, S; rows are
+ * padded (8 bf16, 4 floats) against bank conflicts, and every tile a
+ * fragment reads starts 32-byte aligned as WMMA requires (16 padded rows
+ * are a multiple of 32 bytes). Dynamic rather than static __shared__: the
+ * emulator fills the dynamic region with NaNs before every block, and
+ * cannot reach a template kernel's static __shared__ arrays (g++ puts those
+ * in COMDAT sections: docs/CUDA-EMU.md), so a missing barrier here reads
+ * NaNs on the emulator. */
+#define TC_BC 32 /* keys per tile */
+
+template <int HD> struct TcShape {
+	static const int W = HD == 128 ? 2 : 4; /* warps: 128's f32 O rows need the room */
+	static const int BR = 16 * W;            /* query rows per block */
+	static const int QLD = HD + 8;           /* Q, K, V rows (bf16) */
+	static const int OLD = HD + 4;           /* O rows (f32) */
+	static const int SLD = TC_BC + 4;        /* S rows (f32) */
+	static const int PLD = TC_BC + 8;        /* P rows (bf16) */
+	static const int QO_BYTES = BR * OLD * 4 > BR * QLD * 2 ? BR * OLD * 4 : BR * QLD * 2;
+	static const int KV_BYTES = TC_BC * QLD * 2, P_BYTES = BR * PLD * 2, S_BYTES = BR * SLD * 4;
+	/* the regions of the block's shared memory, in this order */
+	static const int SMEM = QO_BYTES + 2 * KV_BYTES + P_BYTES + S_BYTES;
+	static_assert(QO_BYTES % 32 == 0 && KV_BYTES % 32 == 0 && P_BYTES % 32 == 0,
+		      "every region starts 32-byte aligned (WMMA's mptr)");
+	static_assert(SMEM <= 48 * 1024, "no opt-in to more than 48 KB of shared memory");
+};
+
+/* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) into a
+ * padded shared tile of HD columns, bf16 bits copied; rows past `rows` and
+ * columns past hd zero. vec8: eight at a time (128 bits). */
+template <int HD>
+static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, int64_t ld,
+				    int64_t r0, int n, int64_t rows, int64_t hd, int vec8)
+{
+	int step = vec8 ? 8 : 1;
+	for (int i = threadIdx.x; i < n * HD / step; i += blockDim.x) {
+		int j = i / (HD / step), d = step * (i % (HD / step));
+		int ok = r0 + j < rows && d < hd;
+		const cu_bf16 *p = src + (r0 + j) * ld + d;
+		cu_bf16 *q = dst + j * dld + d;
+		if (vec8) {
+			uint4 v = ok ? *(const uint4 *)p : make_uint4(0, 0, 0, 0);
+			*(uint4 *)q = v;
+		} else {
+			*q = ok ? *p : (cu_bf16)0;
+		}
+	}
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * TcShape<HD>::W) k_attn_fwd_tc(Geom<cu_bf16> g, cu_bf16 *out)
+{
+	using namespace nvcuda;
+	typedef TcShape<HD> S;
+	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragKt;
+	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragV;
+	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+	extern __shared__ __align__(32) unsigned char tc_smem[];
+	cu_bf16 *qs = (cu_bf16 *)tc_smem;
+	float *os = (float *)tc_smem;
+	cu_bf16 *ks = (cu_bf16 *)(tc_smem + S::QO_BYTES);
+	cu_bf16 *vs = (cu_bf16 *)(tc_smem + S::QO_BYTES + S::KV_BYTES);
+	cu_bf16 *ps = (cu_bf16 *)(tc_smem + S::QO_BYTES + 2 * S::KV_BYTES);
+	float *ss = (float *)(tc_smem + S::QO_BYTES + 2 * S::KV_BYTES + S::P_BYTES);
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int64_t nqt = (g.t + S::BR - 1) / S::BR, bi = blockIdx.x;
+	int64_t qt = bi % nqt, h = (bi / nqt) % g.h, b = bi / (nqt * g.h), q0 = qt * S::BR;
+	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const int64_t ld = 3 * g.c;
+
+	tc_copy_rows<HD>(qs, S::QLD, base, ld, q0, S::BR, g.t, g.hd, g.vec8);
+	__syncthreads();
+	FragA qa[HD / 16];
+CU_UNROLL
+	for (int k = 0; k < HD / 16; k++)
+		wmma::load_matrix_sync(qa[k], (const __nv_bfloat16 *)qs + 16 * warp * S::QLD + 16 * k,
+				       S::QLD);
+	__syncthreads(); /* every warp holds its Q: the room is O's now */
+
+	/* lane: row r of the warp's 16, columns [16 half, 16 half + 16) of a
+	 * tile, dims [HD/2 half, HD/2 half + HD/2) of O */
+	const int r = lane / 2, half = lane % 2;
+	const int64_t t = q0 + 16 * warp + r;       /* this lane's query row */
+	const int64_t wlast = q0 + 16 * warp + 15;  /* the warp's last row */
+	float *orow = os + (16 * warp + r) * S::OLD;
+	for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
+		orow[d] = 0;
+	float m = -INFINITY, l = 0;
+	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
+	for (int64_t k0 = 0; k0 <= last; k0 += TC_BC) {
+		__syncthreads(); /* the previous K and V are consumed */
+		tc_copy_rows<HD>(ks, S::QLD, base + g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
+		tc_copy_rows<HD>(vs, S::QLD, base + 2 * g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
+		__syncthreads(); /* K and V are in */
+		if (k0 > wlast)
+			continue; /* the tile is above the warp's diagonal (warp-uniform) */
+		float *srow = ss + 16 * warp * S::SLD;
+CU_UNROLL
+		for (int n = 0; n < TC_BC / 16; n++) {
+			FragC acc;
+			wmma::fill_fragment(acc, 0.0f);
+CU_UNROLL
+			for (int k = 0; k < HD / 16; k++) {
+				FragKt kb; /* K^T: column n of it is key row n */
+				wmma::load_matrix_sync(kb, (const __nv_bfloat16 *)ks + 16 * n * S::QLD + 16 * k,
+						       S::QLD);
+				wmma::mma_sync(acc, qa[k], kb, acc);
+			}
+			wmma::store_matrix_sync(srow + 16 * n, acc, S::SLD, wmma::mem_row_major);
+		}
+		__syncwarp();
+		/* the online softmax of row r over this tile's columns */
+		const float *sr = srow + r * S::SLD + 16 * half;
+		float sv[16], mt = -INFINITY;
+CU_UNROLL
+		for (int j = 0; j < 16; j++) {
+			int64_t key = k0 + 16 * half + j;
+			sv[j] = key <= t && key < g.t ? sr[j] * g.scale : -INFINITY;
+			mt = sv[j] > mt ? sv[j] : mt;
+		}
+		float o_mt = __shfl_xor_sync(CU_FULL_MASK, mt, 1);
+		mt = o_mt > mt ? o_mt : mt;
+		float mn = mt > m ? mt : m;
+		/* mn = -inf: nothing visible to the row yet (or a row past T) */
+		float corr = mn == -INFINITY ? 1.0f : expf(m - mn), lt = 0;
+		cu_bf16 *pr = ps + (16 * warp + r) * S::PLD + 16 * half;
+CU_UNROLL
+		for (int j = 0; j < 16; j++) {
+			cu_bf16 pb = cu_to_bf16(mn == -INFINITY ? 0.0f : expf(sv[j] - mn));
+			pr[j] = pb;
+			lt += cu_from_bf16(pb);
+		}
+		lt += __shfl_xor_sync(CU_FULL_MASK, lt, 1);
+		l = l * corr + lt;
+		m = mn;
+		for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
+			orow[d] *= corr;
+		__syncwarp(); /* P and the rescaled O rows are the warp's fragments' */
+CU_UNROLL
+		for (int n = 0; n < HD / 16; n++) {
+			FragC acc;
+			float *on = os + 16 * warp * S::OLD + 16 * n;
+			wmma::load_matrix_sync(acc, on, S::OLD, wmma::mem_row_major);
+CU_UNROLL
+			for (int k = 0; k < TC_BC / 16; k++) {
+				FragA pa;
+				FragV vb;
+				wmma::load_matrix_sync(pa, (const __nv_bfloat16 *)ps + 16 * warp * S::PLD + 16 * k,
+						       S::PLD);
+				wmma::load_matrix_sync(vb, (const __nv_bfloat16 *)vs + 16 * k * S::QLD + 16 * n,
+						       S::QLD);
+				wmma::mma_sync(acc, pa, vb, acc);
+			}
+			wmma::store_matrix_sync(on, acc, S::OLD, wmma::mem_row_major);
+		}
+		__syncwarp(); /* O's rows back before the lanes rescale them */
+	}
+	if (t >= g.t)
+		return;
+	cu_bf16 *dst = out + (b * g.t + t) * g.c + g.hd * h;
+	float inv = 1.0f / l;
+	for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
+		if (d < g.hd)
+			st(dst + d, orow[d] * inv);
+}
+
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
 
 __global__ void k_cp_check(const int32_t *pos, int64_t t, int64_t tg, CuScalars *sc)
@@ -522,6 +711,27 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	return (size_t)(3 * tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1]) * sizeof(float);
 }
 
+/* The forward runs on tensor cores for bf16 ordinary attention with a
+ * head dim of 32, 64 or 128 exactly (the rest, f32 and cp among them, on
+ * the kernels above: docs/CUDA.md says why). */
+template <int HD, typename T> static int tensor_cores(const DpInstr *in, const Geom<T> &g)
+{
+	return sizeof(T) == 2 && in->op == DP_OP_ATTENTION && g.hd == HD &&
+	       (HD == 32 || HD == 64 || HD == 128);
+}
+
+template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
+{
+	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
+		typedef TcShape<HD> S;
+		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
+		CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
+			       (cu_bf16 *)cu_p(a, -1));
+		CU_LAUNCHED(a, e);
+	}
+	return 0;
+}
+
 template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	T *out = (T *)cu_p(a, -1);
@@ -533,6 +743,8 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 	switch (in->op) {
 	case DP_OP_ATTENTION:
 	case DP_OP_ATTENTION_CP:
+		if (tensor_cores<HD, T>(in, g))
+			return launch_fwd_tc<HD>(a, g, e);
 		CU_LAUNCH((k_attn_fwd<HD, T>), qblocks, ATT_THREADS, a->st, g, out);
 		CU_LAUNCHED(a, e);
 		return 0;

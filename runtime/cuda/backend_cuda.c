@@ -546,8 +546,16 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			x->staging |= !k->bf16 && cu_stage_need(s, in) > 0;
 		}
 
+	/* the collectives' stream at the device's greatest priority: an NCCL
+	 * kernel's blocks are scheduled before compute blocks waiting for SMs, so
+	 * the bucket it moves is not stuck behind a GEMM the backward issues
+	 * after it (the captured graph keeps the priority:
+	 * cudaGraphInstantiateFlagUseNodePriority) */
+	int least = 0, greatest = 0;
+	CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
 	for (int k = 0; k < DP_NSTREAM; k++)
-		CU(cudaStreamCreateWithFlags(&x->st[k], cudaStreamNonBlocking));
+		CU(cudaStreamCreateWithPriority(&x->st[k], cudaStreamNonBlocking,
+						k == DP_STREAM_COMM ? greatest : least));
 	CU(cudaStreamCreateWithFlags(&x->copy_st, cudaStreamNonBlocking));
 	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
 	size_t bytes = (size_t)((s->cfg.arena_bytes + 255) / 256 * 256);
@@ -722,12 +730,17 @@ static int cu_describe(Backend *b, char *buf, size_t len)
 			 rtv, nv);
 		return 1;
 	}
+	int prio = 0, least = 0, greatest = 0;
+	if (cudaStreamGetPriority(x->st[DP_STREAM_COMM], &prio) != cudaSuccess ||
+	    cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess)
+		cudaGetLastError();
 	snprintf(buf, len,
-		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s",
+		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s, "
+		 "collectives' stream priority %d (%d..%d)",
 		 p.name, p.major, p.minor, p.multiProcessorCount,
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
-		 x->tf32 ? ", TF32 GEMMs" : "");
+		 x->tf32 ? ", TF32 GEMMs" : "", prio, least, greatest);
 	return 1;
 }
 
@@ -1096,7 +1109,7 @@ static int cu_capture_end(Backend *b, RtErr *e)
 		CU(end);
 	}
 	x->graph = g;
-	CU(cudaGraphInstantiate(&x->gexec, g, 0));
+	CU(cudaGraphInstantiate(&x->gexec, g, cudaGraphInstantiateFlagUseNodePriority));
 	CU(cudaGraphUpload(x->gexec, cs));
 	return cu_sync(b, "uploading the step graph", e);
 }

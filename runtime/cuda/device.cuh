@@ -116,6 +116,14 @@ static inline int cu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0
 /* The per-instruction plan entry (fusions) of the call. */
 static inline const CuFuse *cu_fuse(const CuArgs *a) { return a->fuse; }
 
+/* Does instruction k write memory of tensor t? (Every op writes only its
+ * out.) For the load-time planners' pairings. */
+static inline int cu_writes(const DpStep *s, const DpInstr *k, const DpTensor *t)
+{
+	const DpTensor *o = k->out >= 0 ? &s->tensors[k->out] : NULL;
+	return o && o->offset < t->offset + t->nbytes && t->offset < o->offset + o->nbytes;
+}
+
 /* ---- element access: the one place that knows the storage type ---- */
 
 static __device__ __forceinline__ float ld(const float *p) { return *p; }

@@ -31,18 +31,38 @@
  * partial sums in the output type, bf16). fp32 outputs allow every scheme
  * (every partial sum is fp32 anyway).
  *
- * linear's bias. fp32 output: CUBLASLT_EPILOGUE_BIAS (bias fp32, the type
- * of D as cuBLASLt requires) when the bias is 16-byte aligned: the epilogue
- * adds it to the finished fp32 accumulator, the same single fp32 addition
- * beta = 1 makes, so the numerics are those of the copy below (cuBLASLt's
- * heuristic sees the bias pointer, but kernels have faulted on an
- * under-aligned bias anyway: PyTorch falls back below 16 bytes too).
- * bf16 output, a less aligned bias, or a heuristic with no algorithm for
- * the epilogue on this GPU: the bias is copied into every output row
- * (exact) and the product added with beta = 1. cuBLASLt documents that
- * C is converted to the scale type (fp32) with the accumulator and the sum
- * rounded once to D's type; it does not say in which precision the epilogue
- * adds a bf16 bias, so bf16 keeps the documented path.
+ * linear's bias: CUBLASLT_EPILOGUE_BIAS, in fp32 and bf16 alike, when the
+ * bias is 16-byte aligned. The bias has D's type (cuBLASLt's rule for
+ * CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) and is "added before applying final
+ * postprocessing" (cublasLt.h): to the finished fp32 accumulator, before the
+ * one rounding to D's type. That is the arithmetic of the bias rows below
+ * with beta = 1 (C converted to fp32, added to the product, rounded once),
+ * so the numerics are unchanged, without the kernel that writes the rows
+ * and without reading C. cuBLASLt's heuristic sees the bias pointer, but
+ * kernels have faulted on an under-aligned bias anyway (PyTorch falls back
+ * below 16 bytes too): a less aligned bias, a product with k = 0, or a
+ * heuristic with no algorithm for the epilogue on this GPU copies the bias
+ * into every output row (exact) and adds the product with beta = 1.
+ *
+ * bias_grad from the weight gradient's matmul: autodiff gives a linear's
+ * weight gradient as `matmul X, dY transA` and its bias gradient as
+ * `bias_grad dY`, the column sums of the same dY. In cuBLASLt's column-major
+ * form dY is A (out x rows, op N) and the reduction over k = rows is
+ * CUBLASLT_EPILOGUE_BGRADA ("bias size = rows of D, reduced over k": what
+ * row-major writers such as PyTorch call BGRADB): the matmul writes the sums
+ * while it reads dY anyway, and the bias_grad only adds them into its
+ * output. cu_plan_gemm pairs them at load: the first bias_grad after the
+ * matmul in its program reading the same dY, on the same stream (stream
+ * order makes the sums visible), under the same DP_IF_LAST condition, with
+ * nothing between writing dY, both outputs f32 (the bias gradient has C's
+ * type, cuBLASLt's rule; a bf16 one would be rounded twice, so it keeps the
+ * column sum). The epilogue overwrites its vector, a gradient accumulates:
+ * the sums go to a vector of their own (device memory from the planner) and
+ * the bias_grad adds it to its output, or stores it (no acc). A heuristic
+ * with no algorithm for the epilogue unpairs them. Numerics: cuBLASLt sums
+ * in fp32 (in its own order) where cu_colsum sums in double: ~sqrt(rows)
+ * ulp of f32 apart, within every tolerance of the CUDA cases (a few 1e-7
+ * relative at 1024 rows).
  *
  * bias_grad: out[c] = sum_r in0[r, c] (+ out) by cu_colsum (device.cuh):
  * chunks of rows summed in double per column, then the chunks in order,
@@ -65,6 +85,8 @@ struct CuGemm {
 	cublasLtMatmulAlgo_t algo;
 	float beta;                     /* 1: add to the output (acc, or the bias rows) */
 	int bias_rows;                  /* linear: copy the bias into the rows first */
+	float *bgrad;                   /* matmul: BGRADA's column sums of cuBLASLt's A
+	                                   (our in1) for a paired bias_grad; NULL: none */
 	uint32_t align[4];              /* alignment planned for: A, B, C = D, bias (bytes) */
 };
 
@@ -162,9 +184,26 @@ static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
 	return st != CUBLAS_STATUS_SUCCESS ? st : st2;
 }
 
+/* Set the epilogue (cuBLASLt's enum) with its vector and the vector's type. */
+static cublasStatus_t set_epilogue(cublasLtMatmulDesc_t op, uint32_t epi, const void *vec,
+				   int32_t type)
+{
+	cublasStatus_t st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+							   sizeof epi);
+	if (st == CUBLAS_STATUS_SUCCESS && epi != CUBLASLT_EPILOGUE_DEFAULT)
+		st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+						    sizeof vec);
+	if (st == CUBLAS_STATUS_SUCCESS && epi != CUBLASLT_EPILOGUE_DEFAULT)
+		st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
+						    sizeof type);
+	return st;
+}
+
 /* Instruction in's descriptors and algorithm into f->gemm (freed by
- * cu_gemm_free, also when this fails half-way). */
-static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
+ * cu_gemm_free, also when this fails half-way). fb: the fusion entry of the
+ * bias_grad paired with this matmul (its column sums by BGRADA), or NULL;
+ * its bgrad is set when the epilogue has an algorithm. */
+static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *e)
 {
 	const DpStep *s = p->s;
 	int64_t m, k, n;
@@ -188,7 +227,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	if (!g)
 		return RT_FAIL(e, "out of memory (GEMM plan)");
 	f->gemm = g;
-	int epilogue = pbias && c == CUDA_R_32F && align_of(pbias) >= 16;
+	int epilogue = pbias && align_of(pbias) >= 16;
 	g->bias_rows = pbias && !epilogue;
 	g->beta = g->bias_rows || accumulates(in) ? 1.0f : 0.0f;
 	g->align[0] = align_of(pw);
@@ -203,12 +242,16 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
 	if (epilogue) {
 		uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-		int32_t bias_type = c; /* D's type: what cuBLASLt requires of a bias */
-		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pbias,
-						  sizeof pbias));
-		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-						  sizeof bias_type));
+		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
+	}
+	if (fb && c == CUDA_R_32F) { /* the paired bias_grad's sums, C's type */
+		g->bgrad = (float *)p->alloc(p, (size_t)n * sizeof(float));
+		if (!g->bgrad)
+			return RT_FAIL(e, "out of device memory (the bias gradient of '%s')",
+				       dpstep_str(s, s->tensors[in->out].name));
+		uint32_t epi = CUBLASLT_EPILOGUE_BGRADA;
+		LT(set_epilogue(g->op, epi, g->bgrad, CUDA_R_32F));
+		epilogue = 1;
 	}
 	/* row-major [r, c] = column-major c x r, leading dimension c */
 	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
@@ -219,7 +262,7 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 	/* "No algorithm" comes back as a status of the query (NOT_SUPPORTED) as
 	 * well as a count of 0 or a result's state. With the bias epilogue the
 	 * query is made once more without it (the bias rows and beta = 1, the
-	 * path a bf16 or under-aligned bias takes) before the load fails. */
+	 * path an under-aligned bias takes) before the load fails. */
 	cublasLtMatmulHeuristicResult_t res;
 	int count, found = 0;
 	cublasStatus_t hs;
@@ -228,12 +271,15 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
 		if (found || !epilogue || (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED))
 			break;
-		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT; /* once more, as a bf16 bias goes */
-		LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT; /* once more, as an under-aligned bias goes */
+		LT(set_epilogue(g->op, epi, NULL, 0));
 		epilogue = 0;
-		g->bias_rows = 1;
-		g->beta = 1.0f;
-		g->align[3] = 0;
+		if (pbias) {
+			g->bias_rows = 1;
+			g->beta = 1.0f;
+			g->align[3] = 0;
+		}
+		g->bgrad = NULL; /* the bias_grad sums its columns itself */
 	}
 	if (!found)
 		return RT_FAIL(e, "%s '%s': cuBLASLt has no algorithm for %lld x %lld x %lld (row-major "
@@ -253,7 +299,34 @@ static int plan_one(const CuPlan *p, const DpInstr *in, CuFuse *f, RtErr *e)
 			       dpstep_str(s, s->tensors[in->out].name), res.workspaceSize,
 			       (size_t)CU_BLAS_WS_BYTES);
 	g->algo = res.algo;
+	if (fb && g->bgrad)
+		fb->bgrad = g->bgrad;
 	return 0;
+}
+
+/* The bias_grad whose column sums matmul i of program g can give by BGRADA
+ * (the pairing rule in the header), or -1. */
+static int64_t bgrad_pair(const CuPlan *p, int g, uint32_t i)
+{
+	const DpStep *s = p->s;
+	const DpInstr *mm = &s->prog[g][i];
+	if (mm->op != DP_OP_MATMUL || !trans_a(mm) || trans_b(mm) ||
+	    s->tensors[mm->out].dtype != DP_F32)
+		return -1;
+	const DpTensor *dy = &s->tensors[mm->in[1]];
+	for (uint32_t j = i + 1; j < s->nprog[g]; j++) {
+		const DpInstr *k = &s->prog[g][j];
+		if (k->op == DP_OP_BIAS_GRAD && k->in[0] == mm->in[1]) {
+			if (k->stream != mm->stream || (k->flags & DP_IF_LAST) != (mm->flags & DP_IF_LAST) ||
+			    s->tensors[k->out].dtype != DP_F32 || p->fuse[g][j].bgrad ||
+			    cu_numel(&s->tensors[k->out]) != cu_cols(dy))
+				return -1;
+			return j;
+		}
+		if (cu_writes(s, k, dy))
+			return -1;
+	}
+	return -1;
 }
 
 extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
@@ -261,8 +334,10 @@ extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 	for (int g = 0; g < DP_NPROG; g++)
 		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
 			const DpInstr *in = &p->s->prog[g][i];
-			if (in->op == DP_OP_MATMUL || in->op == DP_OP_LINEAR)
-				RT_CHECK(plan_one(p, in, &p->fuse[g][i], e));
+			if (in->op != DP_OP_MATMUL && in->op != DP_OP_LINEAR)
+				continue;
+			int64_t j = bgrad_pair(p, g, i);
+			RT_CHECK(plan_one(p, in, &p->fuse[g][i], j >= 0 ? &p->fuse[g][j] : NULL, e));
 		}
 	return 0;
 }
@@ -375,8 +450,22 @@ template <typename T, typename TO> static int run_bias_grad_t(const CuArgs *a, R
 	return 0;
 }
 
+/* o[j] = v[j] (+ o[j]): a bias gradient from its matmul's BGRADA sums */
+__global__ void k_bgrad_add(float *o, const float *v, int64_t c, int accumulate)
+{
+	CU_FOR_EACH(j, c)
+		o[j] = accumulate ? o[j] + v[j] : v[j];
+}
+
 static int run_bias_grad(const CuArgs *a, RtErr *e)
 {
+	if (a->fuse->bgrad) { /* f32 output: the pairing's rule */
+		int64_t c = cu_numel(cu_t(a, -1));
+		CU_LAUNCH(k_bgrad_add, cu_grid(c), CU_THREADS, a->st, cu_f(a, -1), a->fuse->bgrad, c,
+			  DP_ATTR(a->in, BIAS_GRAD, acc) != 0);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
 	int in16 = cu_t(a, 0)->dtype == DP_BF16, out16 = cu_t(a, -1)->dtype == DP_BF16;
 	if (in16)
 		return out16 ? run_bias_grad_t<cu_bf16, cu_bf16>(a, e) : run_bias_grad_t<cu_bf16, float>(a, e);

@@ -116,6 +116,9 @@ typedef struct {
 	int rowstats_in;        /* 1: the gradient reads rowstats (its loss wrote them) */
 	struct CuGemm *gemm;    /* matmul, linear: the cuBLASLt descriptors and algorithm
 	                           chosen at load (host memory, gemm.cu); NULL: none */
+	const float *bgrad;     /* bias_grad: the column sums of its input that a weight
+	                           gradient's matmul wrote by cuBLASLt's BGRADA epilogue
+	                           (gemm.cu), added to the output; NULL: none */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's

@@ -259,17 +259,6 @@ static int run_xent(const CuArgs *a, RtErr *e)
 
 /* ---- planning: the gradient reuses its loss's row statistics ---- */
 
-static int ranges_overlap(const DpTensor *a, const DpTensor *b)
-{
-	return a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes;
-}
-
-/* Does instruction k write memory of tensor t? (Every op writes only its out.) */
-static int writes(const DpStep *s, const DpInstr *k, const DpTensor *t)
-{
-	return k->out >= 0 && ranges_overlap(&s->tensors[k->out], t);
-}
-
 /*
  * For each cross_entropy_grad, the latest cross_entropy before it in the
  * same program on the same logits and labels, on the same stream (stream
@@ -305,7 +294,7 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 					p->fuse[pg][j].rowstats_in = 1;
 					break;
 				}
-				if (writes(s, k, tx) || writes(s, k, ty))
+				if (cu_writes(s, k, tx) || cu_writes(s, k, ty))
 					break;
 			}
 		}

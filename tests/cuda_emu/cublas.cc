@@ -510,7 +510,7 @@ template <typename T> static void need_live(T *p, const char *api, const char *w
 
 #define LT_ALGO_MAGIC 0x44504c54414c474full /* "DPLTALGO" */
 /* What the emulated heuristic decided, kept in cublasLtMatmulAlgo_t.data. */
-enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION };
+enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION, ALGO_BIAS_ALIGN };
 
 /* One matmul as the descriptors describe it. */
 struct LtProblem {
@@ -518,13 +518,16 @@ struct LtProblem {
 	cublasOperation_t ta, tb;
 	cudaDataType ab, cd;
 	cublasComputeType_t compute;
-	bool bias;
-	cudaDataType bias_type;
+	bool bias;               /* CUBLASLT_EPILOGUE_BIAS: + bias[row of D] */
+	int bgrad;               /* 'A' (BGRADA: op(A)'s sums over k, m of them), 'B' (BGRADB: n), 0 */
+	cudaDataType bias_type;  /* the bias's, or the bias gradient's */
+	int vec_len() const { return bgrad == 'B' ? n : m; }
 	uint64_t signature() const
 	{
 		uint64_t h = 1469598103934665603ull;
 		for (uint64_t v : {(uint64_t)m, (uint64_t)n, (uint64_t)k, (uint64_t)ta, (uint64_t)tb,
-				   (uint64_t)ab, (uint64_t)cd, (uint64_t)compute, (uint64_t)bias})
+				   (uint64_t)ab, (uint64_t)cd, (uint64_t)compute, (uint64_t)bias,
+				   (uint64_t)bgrad})
 			h = (h ^ v) * 1099511628211ull;
 		return h;
 	}
@@ -592,16 +595,20 @@ static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublas
 			   (unsigned long long)br, (unsigned long long)bc, (unsigned long long)C->rows,
 			   (unsigned long long)C->cols, (unsigned long long)D->rows,
 			   (unsigned long long)D->cols);
-	if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
-		return lt_unsupported(api, "epilogue %u: the emulator has DEFAULT and BIAS only",
-				      d->epilogue);
+	if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS &&
+	    d->epilogue != CUBLASLT_EPILOGUE_BGRADA && d->epilogue != CUBLASLT_EPILOGUE_BGRADB)
+		return lt_unsupported(api, "epilogue %u: the emulator has DEFAULT, BIAS, BGRADA and "
+				      "BGRADB only", d->epilogue);
 	p->bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+	p->bgrad = d->epilogue == CUBLASLT_EPILOGUE_BGRADA ? 'A' : d->epilogue == CUBLASLT_EPILOGUE_BGRADB ? 'B' : 0;
 	p->bias_type = d->bias_type < 0 ? D->t : (cudaDataType)d->bias_type;
-	if (p->bias && !d->bias)
-		return bad(api, "CUBLASLT_EPILOGUE_BIAS without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
-	if (p->bias && p->bias_type != D->t)
-		return lt_unsupported(api, "bias type %s with D %s: the bias must have D's type",
-				      tname(p->bias_type), tname(D->t));
+	if ((p->bias || p->bgrad) && !d->bias)
+		return bad(api, "epilogue %u without CUBLASLT_MATMUL_DESC_BIAS_POINTER", d->epilogue);
+	/* cublasLt.h: a bias has D's type, a bias gradient the output's
+	 * (Ctype; C and D have one type here) */
+	if ((p->bias || p->bgrad) && p->bias_type != D->t)
+		return lt_unsupported(api, "%s type %s with D %s: it must have D's type",
+				      p->bias ? "bias" : "bias gradient", tname(p->bias_type), tname(D->t));
 	p->m = (int)D->rows;
 	p->n = (int)D->cols;
 	p->k = (int)ac;
@@ -618,7 +625,7 @@ static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublas
  * the fastest assume the most alignment), 1 MiB of workspace when allowed
  * (split-K), the first reduction scheme the mask allows. */
 static cublasLtMatmulAlgo_t lt_choose(const LtProblem &p, const cublasLtMatmulPreferenceEmu &pref,
-				      size_t *ws)
+				      const void *bias, size_t *ws)
 {
 	cublasLtMatmulAlgo_t a;
 	memset(&a, 0, sizeof a);
@@ -626,6 +633,9 @@ static cublasLtMatmulAlgo_t lt_choose(const LtProblem &p, const cublasLtMatmulPr
 	a.data[ALGO_PROBLEM] = p.signature();
 	for (int i = 0; i < 4; i++)
 		a.data[ALGO_ALIGN] |= (uint64_t)(pref.align[i] & 0xffff) << (16 * i);
+	/* the bias vector's alignment: the heuristic "depends on its value to
+	 * determine expected pointer alignment" (cublasLt.h) */
+	a.data[ALGO_BIAS_ALIGN] = p.bias || p.bgrad ? lt_align_of(bias) : 0;
 	*ws = pref.max_ws >= (1u << 20) ? (1u << 20) : 0;
 	a.data[ALGO_WS] = *ws;
 	uint32_t mask = pref.reduction_mask & CUBLASLT_REDUCTION_SCHEME_MASK;
@@ -819,13 +829,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 	LtProblem p;
 	if (cublasStatus_t st = lt_problem(api, d, A, B, C, D, &p))
 		return st;
-	if (p.bias && !cfg().lt_epilogue) { /* DPEMU_LT_EPILOGUE=0: no kernel for it */
-		note("%s: no algorithm for the bias epilogue (DPEMU_LT_EPILOGUE=0), m %d n %d k %d", api,
-		     p.m, p.n, p.k);
+	if ((p.bias || p.bgrad) && !cfg().lt_epilogue) { /* DPEMU_LT_EPILOGUE=0: no kernel for it */
+		note("%s: no algorithm for the %s epilogue (DPEMU_LT_EPILOGUE=0), m %d n %d k %d", api,
+		     p.bias ? "bias" : "bias gradient", p.m, p.n, p.k);
 		return CUBLAS_STATUS_NOT_SUPPORTED;
 	}
 	memset(res, 0, sizeof *res);
-	res[0].algo = lt_choose(p, *pref, &res[0].workspaceSize);
+	res[0].algo = lt_choose(p, *pref, d->bias, &res[0].workspaceSize);
 	res[0].state = CUBLAS_STATUS_SUCCESS;
 	res[0].wavesCount = 1.0f;
 	*count = 1;
@@ -853,7 +863,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 			return CUBLAS_STATUS_NOT_SUPPORTED;
 		}
 		size_t need;
-		chosen = lt_choose(p, lt_default_pref(), &need);
+		chosen = lt_choose(p, lt_default_pref(), d->bias, &need);
 		algo = &chosen;
 	}
 	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC)
@@ -880,8 +890,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 					      describe(ptrs[i]).c_str(), lt_align_of(ptrs[i]), need,
 					      "ABCD"[i], need);
 	}
-	if (p.bias && lt_align_of(d->bias) < 16)
-		fatal("%s: the bias epilogue's vector at %s is %u-byte aligned: its kernels read it 16 "
+	if ((p.bias || p.bgrad) && lt_align_of(d->bias) < algo->data[ALGO_BIAS_ALIGN])
+		return lt_unsupported(api, "the bias vector at %s is %u-byte aligned, the algorithm was "
+				      "chosen for the %llu-byte aligned pointer its heuristic query saw",
+				      describe(d->bias).c_str(), lt_align_of(d->bias),
+				      (unsigned long long)algo->data[ALGO_BIAS_ALIGN]);
+	if ((p.bias || p.bgrad) && lt_align_of(d->bias) < 16)
+		fatal("%s: the epilogue's vector at %s is %u-byte aligned: its kernels access it 16 "
 		      "bytes at a time (on a GPU: a misaligned address fault)", api,
 		      describe(d->bias).c_str(), lt_align_of(d->bias));
 	if (ws_bytes < algo->data[ALGO_WS])
@@ -899,11 +914,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	Operand Bop{"B", B, Bd->t, (int)Bd->rows, (int)Bd->cols, (int)Bd->ld, 0};
 	Operand Cop{"C", C, Cd->t, (int)Cd->rows, (int)Cd->cols, (int)Cd->ld, 0};
 	Operand Dop{"D", D, Dd->t, (int)Dd->rows, (int)Dd->cols, (int)Dd->ld, 0};
-	Operand Bias{"the bias", d->bias, p.bias_type, p.m, 1, p.m, 0};
+	Operand Bias{p.bgrad ? "the bias gradient" : "the bias", d->bias, p.bias_type, p.vec_len(), 1,
+		     p.vec_len(), 0};
 	for (const Operand *o : {&Aop, &Bop, &Cop, &Dop, &Bias}) {
 		if ((o == &Aop || o == &Bop) && !p.k)
 			continue;
-		if ((o == &Cop && bv == 0) || (o == &Bias && !p.bias))
+		if ((o == &Cop && bv == 0) || (o == &Bias && !p.bias && !p.bgrad))
 			continue;
 		std::string why;
 		if (!device_accessible(o->p, o->extent(), &why))
@@ -919,7 +935,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		  !(tf_env && !strcmp(tf_env, "0"));
 	char what[200];
 	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s", api, p.m, p.n, p.k,
-		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "", p.bias ? " +bias" : "");
+		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "",
+		 p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "");
 	auto run = [=]() {
 		int m = p.m, n = p.n, k = p.k;
 		std::vector<float> ta_, tb_, acc;
@@ -957,6 +974,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 					out[(size_t)j * ld + i] +=
 						p.bias_type == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)Bias.p)[i]
 									   : ((const float *)Bias.p)[i];
+		if (p.bgrad) { /* the epilogue: op(A)'s rows or op(B)'s columns summed over k, in
+				  fp32 one term after the other (the compute type; the least
+				  accurate order, as a bound on the library's), rounded once */
+			const float *x = p.bgrad == 'A' ? a : b;
+			const Operand &xo = p.bgrad == 'A' ? Aop : Bop;
+			bool tr = (p.bgrad == 'A' ? p.ta : p.tb) != CUBLAS_OP_N;
+			int len = p.vec_len();
+			for (int i = 0; i < len; i++) {
+				float sum = 0.0f;
+				for (int l = 0; l < k; l++) /* A: op(A)[i, l]; B: op(B)[l, i] */
+					sum += p.bgrad == 'A' ? (tr ? x[(size_t)i * xo.ld + l] : x[(size_t)l * xo.ld + i])
+							      : (tr ? x[(size_t)l * xo.ld + i] : x[(size_t)i * xo.ld + l]);
+				if (p.bias_type == CUDA_R_16BF)
+					((__nv_bfloat16 *)Bias.p)[i] = __nv_bfloat16(sum);
+				else
+					((float *)Bias.p)[i] = sum;
+			}
+		}
 		if (direct)
 			return;
 		for (int j = 0; j < n; j++)

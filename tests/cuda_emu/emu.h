@@ -185,6 +185,8 @@ struct Stream {
 	int id;
 	unsigned flags;
 	bool legacy;
+	int priority;                  /* lower is higher; 0 the default (no effect on the
+	                                  emulated order: a scheduling hint on GPUs) */
 	OpRef last;                    /* the latest operation (implicit dependency) */
 	Capture *cap = nullptr;        /* capturing into this capture */
 	std::vector<int> cap_deps;     /* nodes the next captured operation depends on */
@@ -284,7 +286,7 @@ struct State {
 	bool open = false;                   /* device memory is host-accessible now */
 
 	/* scheduling */
-	Stream legacy{0, 0, true, nullptr, nullptr, {}};
+	Stream legacy{0, 0, true, 0, nullptr, nullptr, {}};
 	std::set<Stream *> streams;
 	std::set<Event *> events;
 	std::set<std::shared_ptr<GraphData> *> graphs, execs;

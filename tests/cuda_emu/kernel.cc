@@ -64,6 +64,7 @@ struct Thread {
 	unsigned warrived; /* a group's leader: the lanes of wmask that have arrived */
 	int warg, wwidth;
 	uint64_t wval, wres;
+	void (*wdone)(void *const *); /* DPEMU_COLLECTIVE: what the last lane runs */
 	const char *file;  /* where it waits */
 	int line;
 };
@@ -297,8 +298,9 @@ int dpemu_barrier(int kind, int pred, const char *file, int line)
 static const char *wop_name(int op)
 {
 	static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
-				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp"};
-	return op >= 0 && op < 8 ? n[op] : "?";
+				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
+				  "a warp-collective operation (wmma)"};
+	return op >= 0 && op < 9 ? n[op] : "?";
 }
 
 namespace emu {
@@ -380,6 +382,20 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 		return me.wres;
 	}
 	w.leaders &= ~(1u << (lead - &blk.t[base]));
+	if (op == DPEMU_COLLECTIVE) {
+		/* every lane must be at the same call; the last to arrive does the
+		 * warp's work on all the lanes' arguments while they wait */
+		void *args[32];
+		for (int i = 0; i < 32; i++) {
+			Thread &o = blk.t[base + i];
+			if (o.wdone != me.wdone || o.line != line || strcmp(o.file, file))
+				kfail("lane %d is at %s (%s:%d) while lane %d is at another one (%s:%d): "
+				      "every lane of the warp must make the same call", lane, wop_name(op),
+				      file, line, i, o.file, o.line);
+			args[i] = (void *)(uintptr_t)o.wval;
+		}
+		me.wdone(args);
+	}
 	uint64_t ballot = 0;
 	for (unsigned m = mask; m; m &= m - 1) {
 		int i = __builtin_ctz(m);
@@ -423,6 +439,28 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 	}
 	me.st = T_READY;
 	return me.wres;
+}
+
+void dpemu_warp_collective(void (*done)(void *const *args), void *arg, const char *file, int line)
+{
+	if (blk.cur < 0)
+		fatal("%s outside a kernel (%s:%d)", wop_name(DPEMU_COLLECTIVE), file, line);
+	int base = blk.cur / 32 * 32;
+	if (blk.n - base < 32)
+		kfail("%s at %s:%d in a warp of %u threads: it needs all 32 lanes",
+		      wop_name(DPEMU_COLLECTIVE), file, line, blk.n - base);
+	blk.t[blk.cur].wdone = done;
+	dpemu_warp(DPEMU_COLLECTIVE, ~0u, (uint64_t)(uintptr_t)arg, 0, 32, file, line);
+}
+
+void dpemu_kfail(const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	kfail("%s", buf);
 }
 
 unsigned dpemu_activemask(void)

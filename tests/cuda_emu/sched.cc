@@ -647,17 +647,51 @@ cudaError_t cudaDeviceReset(void)
 
 /* ---- streams ---- */
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags)
+/* The range an H100 reports (CUDA 12+): 0 (the default, least) to -5. */
+enum { EMU_PRIO_LEAST = 0, EMU_PRIO_GREATEST = -5 };
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 {
-	EMU_API_ENTRY("cudaStreamCreateWithFlags");
+	EMU_API_ENTRY("cudaDeviceGetStreamPriorityRange");
+	if (cudaError_t e = init_error())
+		return record(e);
+	if (least)
+		*least = EMU_PRIO_LEAST;
+	if (greatest)
+		*greatest = EMU_PRIO_GREATEST;
+	return cudaSuccess;
+}
+
+/* A priority outside the range is clamped to it (the runtime's documented
+ * behaviour). */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *ps, unsigned int flags, int priority)
+{
+	EMU_API_ENTRY("cudaStreamCreateWithPriority");
 	if (cudaError_t e = init_error())
 		return record(e);
 	if (!ps || (flags & ~1u))
 		return record(cudaErrorInvalidValue);
 	State &st = S();
-	Stream *s = new Stream{st.next_stream_id++, flags, false, nullptr, nullptr, {}};
+	int p = priority > EMU_PRIO_LEAST ? EMU_PRIO_LEAST : priority < EMU_PRIO_GREATEST ? EMU_PRIO_GREATEST
+														   : priority;
+	Stream *s = new Stream{st.next_stream_id++, flags, false, p, nullptr, nullptr, {}};
 	st.streams.insert(s);
 	*ps = (cudaStream_t)s;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags)
+{
+	return cudaStreamCreateWithPriority(ps, flags, 0);
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t h, int *priority)
+{
+	EMU_API_ENTRY("cudaStreamGetPriority");
+	Stream *s = stream_of(h, "cudaStreamGetPriority");
+	if (!s || !priority)
+		return record(cudaErrorInvalidValue);
+	*priority = s->priority;
 	return cudaSuccess;
 }
 

@@ -11,6 +11,7 @@
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <mma.h>
 #include <mpi.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -380,6 +381,69 @@ static int c_bf16(void)
 	EXPECT(r[4] != r[4]);
 	return 0;
 }
+
+/* ---- wmma (mma.h): D = A B + C of 16 x 16 tiles, B read as col_major
+ * (B^T stored row by row) or row_major; shift moves lane 5's pointer (a
+ * misuse), ldm is the leading dimension of A ---- */
+__global__ void k_wmma(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *c, int b_col,
+		       int ldm, int shift)
+{
+	using namespace nvcuda;
+	wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+	wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+	wmma::load_matrix_sync(fa, a + (threadIdx.x == 5 ? shift : 0), ldm);
+	wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
+	if (b_col) {
+		wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+		wmma::load_matrix_sync(fb, b, 16);
+		wmma::mma_sync(acc, fa, fb, acc);
+	} else {
+		wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+		wmma::load_matrix_sync(fb, b, 16);
+		wmma::mma_sync(acc, fa, fb, acc);
+	}
+	for (int e = 0; e < acc.num_elements; e++)
+		acc.x[e] *= 2.0f; /* elementwise: any layout */
+	wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+static int wmma_case(int ldm, int shift)
+{
+	/* small integers: every product and sum is exact in float */
+	__nv_bfloat16 ha[16 * 32], hb[256];
+	float hc[256], r[256];
+	for (int i = 0; i < 16 * 32; i++)
+		ha[i] = __nv_bfloat16((float)(i * 7 % 11 - 5));
+	for (int i = 0; i < 256; i++) {
+		hb[i] = __nv_bfloat16((float)(i * 5 % 13 - 6));
+		hc[i] = (float)(i % 9 - 4);
+	}
+	__nv_bfloat16 *a, *b;
+	float *c = dev_floats(256);
+	CK(cudaMalloc((void **)&a, sizeof ha));
+	CK(cudaMalloc((void **)&b, sizeof hb));
+	CK(cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice));
+	for (int bcol = 0; bcol < 2; bcol++) {
+		to_dev(c, hc, 256);
+		CU_LAUNCH(k_wmma, 1, 32, 0, a, b, c, bcol, ldm, shift);
+		CK(cudaDeviceSynchronize());
+		from_dev(r, c, 256);
+		for (int i = 0; i < 16; i++)
+			for (int j = 0; j < 16; j++) {
+				float s = hc[16 * i + j];
+				for (int k = 0; k < 16; k++)
+					s += (float)ha[ldm * i + k] *
+					     (float)(bcol ? hb[16 * j + k] : hb[16 * k + j]);
+				EXPECT(r[16 * i + j] == 2 * s);
+			}
+	}
+	return 0;
+}
+
+static int c_wmma(void) { return wmma_case(32, 0); }
+static int c_wmma_ldm(void) { return wmma_case(12, 0); }
+static int c_wmma_diverge(void) { return wmma_case(16, 16); }
 
 static void naive_gemm(int m, int n, int k, const float *A, int lda, bool ta, const float *B, int ldb,
 		       bool tb, float *C)
@@ -1108,6 +1172,9 @@ static const struct {
 	{"dyn_smem_limit", c_dyn_smem_limit},
 	{"dims", c_dims},
 	{"bf16", c_bf16},
+	{"wmma", c_wmma},
+	{"wmma_ldm", c_wmma_ldm},
+	{"wmma_diverge", c_wmma_diverge},
 	{"gemm", c_gemm},
 	{"gemm_ld_past", c_gemm_ld_past},
 	{"streams", c_streams},

@@ -76,7 +76,9 @@ typedef enum {
 	CUBLASLT_EPILOGUE_BIAS = 4,
 	CUBLASLT_EPILOGUE_RELU_BIAS = 6,
 	CUBLASLT_EPILOGUE_GELU = 32,
-	CUBLASLT_EPILOGUE_GELU_BIAS = 36
+	CUBLASLT_EPILOGUE_GELU_BIAS = 36,
+	CUBLASLT_EPILOGUE_BGRADA = 256, /* column sums of op(A) over k into the bias pointer (m) */
+	CUBLASLT_EPILOGUE_BGRADB = 512  /* ... of op(B) over k (n) */
 } cublasLtEpilogue_t;
 
 typedef enum {

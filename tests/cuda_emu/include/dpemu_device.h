@@ -68,11 +68,19 @@ enum DpemuBar { DPEMU_BAR_SYNC, DPEMU_BAR_COUNT, DPEMU_BAR_AND, DPEMU_BAR_OR };
 int dpemu_barrier(int kind, int pred, const char *file, int line);
 enum DpemuWarpOp {
 	DPEMU_SHFL_IDX, DPEMU_SHFL_UP, DPEMU_SHFL_DOWN, DPEMU_SHFL_XOR,
-	DPEMU_BALLOT, DPEMU_ANY, DPEMU_ALL, DPEMU_SYNCWARP
+	DPEMU_BALLOT, DPEMU_ANY, DPEMU_ALL, DPEMU_SYNCWARP,
+	DPEMU_COLLECTIVE /* dpemu_warp_collective */
 };
 uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, const char *file,
 		    int line);
 unsigned dpemu_activemask(void);
+/* A warp-collective operation (mma.h's wmma): all 32 lanes of the warp call
+ * it at the same place, each with its own arg; the last to arrive runs
+ * done(args), args[lane] being each lane's arg, while the others wait (so it
+ * may read and write every lane's fragments), then all go on. */
+void dpemu_warp_collective(void (*done)(void *const *args), void *arg, const char *file, int line);
+/* Fail the running kernel (names the kernel, block and thread; exit 99). */
+[[noreturn]] void dpemu_kfail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *dpemu_dyn_smem(void);
 
 #define __syncthreads() ((void)dpemu_barrier(DPEMU_BAR_SYNC, 0, __FILE__, __LINE__))

@@ -1,0 +1,406 @@
+/*
+ * stages.c - pipeline stages (the pp mesh axis), pass "stages"; and the
+ * per-stage accounting that `--stats` prints.
+ *
+ * Before (after shape and cp): every value is shaped; blocks carry the stage
+ * their `stage N` gave them, or -1.
+ *
+ * After: at pp = 1 every block's stage is -1 (a `stage` is ignored: the same
+ * file compiles at pp = 1 for comparison). At pp = P > 1 every block has a
+ * stage in 0..P-1, non-decreasing in block order, and every stage has a
+ * block. When some block says `stage N`, the blocks without one follow the
+ * block before them (the first block: stage 0). When none does (`stages
+ * auto`), the blocks are cut into P contiguous runs that minimise the
+ * largest run's forward FLOPs per micro-batch (the registry's cost rules),
+ * ties broken by the smallest largest parameter bytes: the pipeline is as
+ * slow as its slowest stage. A node outside every block (the loss) belongs
+ * to the stage of the block node before it.
+ *
+ * Nothing else changes yet: dpc plans the cut and forecasts it (`--stats`:
+ * FLOPs, parameters, activations kept per micro-batch, the bytes each cut
+ * sends, the bubble of the `pipeline` schedule), but does not compile the
+ * stages' programs, so a pp > 1 step file is refused (compiler/dpc.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+static double node_flops(const Graph *g, const Node *n)
+{
+	double flops = 0, bytes = 0;
+	if (ir_ops[n->op].cost)
+		ir_ops[n->op].cost(g, n, &flops, &bytes);
+	return flops;
+}
+
+static int64_t value_bytes(const Value *v)
+{
+	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+}
+
+/* A step-program forward or backward node: the work a pipeline slot runs. */
+static int pipeline_work(const Node *n)
+{
+	return (n->progs & IR_IN_STEP) && (n->phase == PH_FWD || n->phase == PH_BWD);
+}
+
+/* Each block's forward FLOPs per micro-batch and the bytes of its params. */
+static void block_costs(const Graph *g, double *flops, double *bytes)
+{
+	for (int b = 0; b < g->nblocks; b++)
+		flops[b] = bytes[b] = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->phase == PH_FWD && (n->progs & IR_IN_STEP) && n->block >= 0 &&
+		    n->block < g->nblocks)
+			flops[n->block] += node_flops(g, n);
+	}
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (v->kind == DP_T_PARAM && v->block >= 0 && v->block < g->nblocks)
+			bytes[v->block] += (double)value_bytes(v);
+	}
+}
+
+/* stages auto: the contiguous cut of the blocks into p runs whose largest
+ * forward FLOPs (then largest parameter bytes) is smallest; exact, by dynamic
+ * programming over (runs, blocks), O(p n^2) with the runs' sums from
+ * prefix sums. */
+static void balance(Graph *g, int p)
+{
+	int n = g->nblocks;
+	/* flops[i], bytes[i]: the sums over blocks 0..i-1 (block_costs fills them
+	 * per block from index 1, made prefix sums below) */
+	double *flops = calloc((size_t)n + 1, sizeof *flops);
+	double *bytes = calloc((size_t)n + 1, sizeof *bytes);
+	/* best[k][i]: the best cut of blocks 0..i-1 into k runs; from[k][i]: where its
+	 * last run starts */
+	double *bf = calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *bf);
+	double *bb = calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *bb);
+	int *from = calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *from);
+	if (!flops || !bytes || !bf || !bb || !from)
+		die("out of memory");
+	block_costs(g, flops + 1, bytes + 1);
+	for (int i = 1; i <= n; i++)
+		flops[i] += flops[i - 1], bytes[i] += bytes[i - 1];
+#define AT(k, i) ((size_t)(k) * (size_t)(n + 1) + (size_t)(i))
+	for (int k = 0; k <= p; k++)
+		for (int i = 0; i <= n; i++)
+			bf[AT(k, i)] = -1; /* unreachable */
+	bf[AT(0, 0)] = bb[AT(0, 0)] = 0;
+	for (int k = 1; k <= p; k++)
+		for (int i = k; i <= n - (p - k); i++)
+			for (int j = i - 1; j >= k - 1; j--) { /* the last run is blocks j..i-1 */
+				if (bf[AT(k - 1, j)] < 0)
+					continue;
+				double rf = flops[i] - flops[j], rb = bytes[i] - bytes[j];
+				double f = rf > bf[AT(k - 1, j)] ? rf : bf[AT(k - 1, j)];
+				double m = rb > bb[AT(k - 1, j)] ? rb : bb[AT(k - 1, j)];
+				double *cf = &bf[AT(k, i)], *cb = &bb[AT(k, i)];
+				if (*cf < 0 || f < *cf || (f == *cf && m < *cb)) {
+					*cf = f, *cb = m;
+					from[AT(k, i)] = j;
+				}
+			}
+	for (int k = p, i = n; k > 0; k--) {
+		int j = from[AT(k, i)];
+		for (int b = j; b < i; b++)
+			g->blocks[b].stage = k - 1;
+		i = j;
+	}
+#undef AT
+	free(flops), free(bytes), free(bf), free(bb), free(from);
+}
+
+/* Explicit stages: fill the blocks without one, and check the order. */
+static int check_explicit(Graph *g, Diag *d, int p)
+{
+	int prev = 0, errs = 0;
+	for (int b = 0; b < g->nblocks; b++) {
+		Block *bl = &g->blocks[b];
+		if (bl->stage < 0) {
+			bl->stage = prev;
+			continue;
+		}
+		if (bl->stage >= p) {
+			error_at(d, bl->stage_loc, "block '%s' is on stage %d but the mesh has pp=%d "
+				 "(stages 0 to %d)", bl->name, bl->stage, p, p - 1);
+			errs++;
+		} else if (bl->stage < prev) {
+			error_at(d, bl->stage_loc, "block '%s' is on stage %d after block '%s' on "
+				 "stage %d: stages follow the blocks' order (the forward's)",
+				 bl->name, bl->stage, g->blocks[b - 1].name, prev);
+			errs++;
+		} else if (bl->stage > prev + 1 || (b == 0 && bl->stage > 0)) {
+			error_at(d, bl->stage_loc, "block '%s' is on stage %d, so stage %d has no "
+				 "block: every stage needs one", bl->name, bl->stage,
+				 b == 0 ? 0 : prev + 1);
+			errs++;
+		}
+		if (errs)
+			return -1;
+		prev = bl->stage;
+	}
+	if (prev != p - 1) {
+		const Block *last = &g->blocks[g->nblocks - 1];
+		error_at(d, last->stage_loc, "the last block '%s' is on stage %d, so stage %d has "
+			 "no block: with pp=%d the last block is on stage %d", last->name, prev,
+			 prev + 1, p, p - 1);
+		return -1;
+	}
+	return 0;
+}
+
+int stages_run(Graph *g, Diag *d)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (p <= 1) {
+		for (int b = 0; b < g->nblocks; b++)
+			g->blocks[b].stage = -1;
+		return 0;
+	}
+	if (g->nblocks < p) {
+		error_at(d, g->mesh_loc.line > 0 || !g->nblocks ? g->mesh_loc : g->blocks[0].loc,
+			 "pp=%d cuts the model into %d stages of whole blocks, but it has %d "
+			 "block%s: use pp=%d at most, or more blocks",
+			 p, p, g->nblocks, g->nblocks == 1 ? "" : "s", g->nblocks);
+		return -1;
+	}
+	int given = 0;
+	for (int b = 0; b < g->nblocks; b++)
+		given |= g->blocks[b].stage >= 0;
+	if (given)
+		return check_explicit(g, d, p);
+	balance(g, p);
+	return 0;
+}
+
+/* ---- the accounting --stats prints ---- */
+
+/* The stage of every node (by index): its block's, else the stage of the
+ * last node before it that has one (the loss: the last stage's); -1 for
+ * nodes that are no pipeline work. */
+static void node_stages(const Graph *g, int *stage)
+{
+	int cur = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		stage[i] = -1;
+		if (!pipeline_work(n))
+			continue;
+		if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
+			cur = g->blocks[n->block].stage;
+		stage[i] = cur;
+	}
+}
+
+int stages_account(const Graph *g, StageCost *sc)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (p <= 1 || p > STAGES_MAX_ACCOUNT)
+		return 0;
+	int *stage = malloc(((size_t)g->nnodes + 1) * sizeof *stage);
+	/* per value: the first stage that writes it, and a mask of the stages that
+	 * read it in the forward and in the backward (p <= 64) */
+	int *def = malloc(((size_t)g->nvalues + 1) * sizeof *def);
+	uint64_t *fwd_readers = calloc((size_t)g->nvalues + 1, sizeof *fwd_readers);
+	uint64_t *bwd_readers = calloc((size_t)g->nvalues + 1, sizeof *bwd_readers);
+	uint64_t *param_users = calloc((size_t)g->nvalues + 1, sizeof *param_users);
+	if (!stage || !def || !fwd_readers || !bwd_readers || !param_users)
+		die("out of memory");
+	memset(sc, 0, (size_t)p * sizeof *sc);
+	for (int s = 0; s < p; s++)
+		sc[s].first_block = sc[s].last_block = -1;
+	for (int b = 0; b < g->nblocks; b++) {
+		int s = g->blocks[b].stage;
+		if (s < 0 || s >= p)
+			continue;
+		if (sc[s].first_block < 0)
+			sc[s].first_block = b;
+		sc[s].last_block = b;
+	}
+	node_stages(g, stage);
+	for (int v = 0; v < g->nvalues; v++)
+		def[v] = -1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		int s = stage[i];
+		if (s < 0)
+			continue;
+		double f = node_flops(g, n);
+		if (n->phase == PH_FWD)
+			sc[s].fwd_flops += f;
+		else
+			sc[s].bwd_flops += f;
+		if (n->out >= 0 && def[n->out] < 0 && n->phase == PH_FWD)
+			def[n->out] = s;
+		for (int k = 0; k < n->nin; k++) {
+			int v = n->in[k];
+			if (v < 0 || v >= g->nvalues)
+				continue;
+			const Value *pv = g->values[v];
+			/* a parameter is read whole (a view of a flat buffer reads its own
+			 * range): the stages that use it keep it */
+			if (pv->kind == DP_T_PARAM)
+				param_users[v] |= 1ull << s;
+			if (n->phase == PH_FWD)
+				fwd_readers[v] |= 1ull << s;
+			else
+				bwd_readers[v] |= 1ull << s;
+		}
+	}
+	for (int v = 0; v < g->nvalues; v++) {
+		const Value *pv = g->values[v];
+		int64_t bytes = value_bytes(pv);
+		for (int s = 0; s < p; s++) {
+			if (param_users[v] & (1ull << s)) {
+				sc[s].param_bytes += bytes;
+				if (pv->grad >= 0 && pv->grad < g->nvalues)
+					sc[s].grad_bytes += value_bytes(g->values[pv->grad]);
+			}
+		}
+		int s = def[v];
+		if (s < 0 || pv->kind == DP_T_PARAM)
+			continue;
+		/* kept for the backward: a forward result the backward of a stage reads
+		 * (that stage keeps it, its own or received) */
+		for (int t = 0; t < p; t++)
+			if (bwd_readers[v] & (1ull << t))
+				sc[t].act_bytes += bytes;
+		/* sent across every cut between its stage and the last stage that
+		 * reads it (a skip over several cuts is sent over each) */
+		uint64_t later = s + 1 < 64 ? (fwd_readers[v] | bwd_readers[v]) >> (s + 1) : 0;
+		int last = s;
+		for (int t = s + 1; later; t++, later >>= 1)
+			if (later & 1)
+				last = t;
+		for (int c = s; c < last && c < p - 1; c++)
+			sc[c].send_bytes += bytes;
+	}
+	free(stage), free(def), free(fwd_readers), free(bwd_readers), free(param_users);
+	return p;
+}
+
+/* The schedule's slots run on each stage in the order the schedule gives
+ * (gpipe: F0..Fm-1, B0..Bm-1; 1f1b: min(p-s-1, m) forwards, then one
+ * forward and one backward, then the remaining backwards), each as soon as
+ * its stage is free and its input has arrived (F from the stage before, B
+ * from the stage after; p2p taken as free). The makespan, in FLOPs, from
+ * which bubble = 1 - work / (p x makespan). -1 if the order deadlocks (a
+ * slot waits for one that waits for it), which the two schedules never do.
+ * slots (or NULL): p x 2m, each stage's slots in its order. */
+double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+		       StageSlot *slots)
+{
+	int n = 2 * m;
+	int *order = malloc((size_t)p * (size_t)n * sizeof *order); /* slot: +i F, -(i+1) B */
+	double *fdone = malloc((size_t)p * (size_t)m * sizeof *fdone);
+	double *bdone = malloc((size_t)p * (size_t)m * sizeof *bdone);
+	int *next = calloc((size_t)p, sizeof *next);
+	double *free_at = calloc((size_t)p, sizeof *free_at);
+	if (!order || !fdone || !bdone || !next || !free_at)
+		die("out of memory");
+	for (int s = 0; s < p; s++) {
+		int *o = order + (size_t)s * (size_t)n, k = 0, f = 0, b = 0;
+		int warm = gpipe ? m : (p - s - 1 < m ? p - s - 1 : m);
+		for (; f < warm; f++)
+			o[k++] = f;
+		while (f < m) {
+			o[k++] = f++;
+			o[k++] = -(++b);
+		}
+		while (b < m)
+			o[k++] = -(++b);
+	}
+	for (size_t i = 0; i < (size_t)p * (size_t)m; i++)
+		fdone[i] = bdone[i] = -1;
+	int left = p * n;
+	for (int progress = 1; left && progress;) {
+		progress = 0;
+		for (int s = 0; s < p; s++) {
+			while (next[s] < n) {
+				int slot = order[(size_t)s * (size_t)n + (size_t)next[s]];
+				int mb = slot >= 0 ? slot : -slot - 1;
+				double ready;
+				if (slot >= 0)
+					ready = s == 0 ? 0 : fdone[(size_t)(s - 1) * (size_t)m + (size_t)mb];
+				else
+					ready = s == p - 1 ? fdone[(size_t)s * (size_t)m + (size_t)mb]
+							   : bdone[(size_t)(s + 1) * (size_t)m + (size_t)mb];
+				if (ready < 0)
+					break;
+				double start = ready > free_at[s] ? ready : free_at[s];
+				double end = start + (slot >= 0 ? sc[s].fwd_flops : sc[s].bwd_flops);
+				(slot >= 0 ? fdone : bdone)[(size_t)s * (size_t)m + (size_t)mb] = end;
+				if (slots)
+					slots[(size_t)s * (size_t)n + (size_t)next[s]] =
+						(StageSlot){slot >= 0, mb, start, end};
+				free_at[s] = end;
+				next[s]++, left--, progress = 1;
+			}
+		}
+	}
+	double span = 0, work = 0;
+	for (int s = 0; s < p; s++) {
+		span = free_at[s] > span ? free_at[s] : span;
+		work += (double)m * (sc[s].fwd_flops + sc[s].bwd_flops);
+	}
+	free(order), free(fdone), free(bdone), free(next), free(free_at);
+	if (left)
+		return -1;
+	*bubble = span > 0 ? 1 - work / ((double)p * span) : 0;
+	return span;
+}
+
+/* dpc --emit=schedule: the forecast as a timeline, one row per stage (the
+ * seed's GPipe chart): each slot drawn over the columns its time covers,
+ * F<micro-batch> or B<micro-batch> padded with '-' and ended by a space,
+ * idle time '.'. Every slot gets at least its label's width and a space, so
+ * a slot shorter than that pushes the rest of its row right rather than
+ * vanish; the bubble line gives the exact idle fraction. */
+void stages_print_schedule(FILE *out, const Graph *g, int width)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	int gpipe = g->pipeline == 1;
+	if (p <= 1 || p > STAGES_MAX_ACCOUNT) {
+		fprintf(out, "%s: pp=%d: %s\n", g->file, p,
+			p <= 1 ? "one pipeline stage, nothing to schedule"
+			       : "dpc forecasts pipelines of at most 64 stages");
+		return;
+	}
+	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	StageSlot *slots = calloc((size_t)p * 2 * (size_t)m, sizeof *slots);
+	char *row = malloc((size_t)width * 4 + 64);
+	if (!sc || !slots || !row)
+		die("out of memory");
+	stages_account(g, sc);
+	double bubble = 0, span = stages_simulate(sc, p, m, gpipe, &bubble, slots);
+	fprintf(out, "%s: pp=%d, %s, %d micro-batch%s; one column = %.4g FLOP\n", g->file, p,
+		gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es",
+		span / width);
+	for (int s = 0; s < p && span > 0; s++) {
+		int col = 0;
+		for (int k = 0; k < 2 * m; k++) {
+			const StageSlot *sl = &slots[(size_t)s * 2 * (size_t)m + (size_t)k];
+			int from = (int)(sl->start / span * width + 0.5);
+			int to = (int)(sl->end / span * width + 0.5);
+			char label[16];
+			int len = snprintf(label, sizeof label, "%c%d", sl->fwd ? 'F' : 'B', sl->mb);
+			while (col < from)
+				row[col++] = '.';
+			for (int i = 0; i < len; i++)
+				row[col++] = label[i];
+			while (col < to - 1)
+				row[col++] = '-';
+			row[col++] = ' '; /* the slot's last column, or one past a short one */
+		}
+		while (col > 0 && row[col - 1] == ' ')
+			col--;
+		row[col] = 0;
+		fprintf(out, "stage %-2d |%s\n", s, row);
+	}
+	fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(m+p-1) = %.4f)\n",
+		bubble, (double)(p - 1) / (m + p - 1));
+	free(sc), free(slots), free(row);
+}

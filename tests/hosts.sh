@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# tests/hosts.sh - a run across two "hosts" (docs/LAUNCH.md): two network
+# namespaces joined by a veth pair on addresses made here, each with a
+# hostname of its own (unshare --uts), so Open MPI sees two nodes. mpirun
+# starts the remote daemon through an rsh agent written here that enters
+# the other namespace (`ip netns exec`; no ssh), and the ranks talk over TCP
+# only (btl tcp,self: no shared memory between them). dprun -n 4 --hosts
+# A:2,B:2 trains mlp.dp: two of the ranks run in the second namespace,
+# with TCP connections between the two addresses, and the losses equal
+# the 4-rank single-host run's, bit for bit.
+# The namespaces are removed on every exit (trap), a failed one included;
+# without root or where namespaces cannot be made the case is skipped,
+# saying why.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+A=dpA$$ B=dpB$$ # names of this run's own: other runs of the suite may be going on
+cleanup() {
+	ip netns del "$A" 2>/dev/null
+	ip netns del "$B" 2>/dev/null # the veth pair goes with its namespaces
+	rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+cd "$ROOT"
+export OMPI_MCA_orte_execute_quiet=1
+IPA=10.231.0.1 IPB=10.231.0.2 # inside the namespaces only: no clash with the host's
+
+# make_hosts: the two namespaces and their link; non-zero (the reason in
+# $T/ns.err) where that is not possible
+make_hosts() {
+	{ [ "$(id -u)" = 0 ] || { echo "not root" >&2; return 1; }; } &&
+		ip netns add "$A" && ip netns add "$B" &&
+		ip link add "v$A" type veth peer name "v$B" &&
+		ip link set "v$A" netns "$A" && ip link set "v$B" netns "$B" &&
+		ip -n "$A" addr add "$IPA/24" dev "v$A" && ip -n "$B" addr add "$IPB/24" dev "v$B" &&
+		ip -n "$A" link set "v$A" up && ip -n "$B" link set "v$B" up &&
+		ip -n "$A" link set lo up && ip -n "$B" link set lo up &&
+		ip netns exec "$A" unshare --uts true
+} 2>"$T/ns.err"
+
+if case_on two-hosts; then
+	if ! make_hosts; then
+		skip "two hosts as network namespaces: cannot make them here ($(head -n 1 "$T/ns.err"))"
+	else
+		# Open MPI's rsh agent: HOST COMMAND... runs COMMAND (a shell's text) in HOST's namespace
+		cat >"$T/nsrsh" <<-EOF
+			#!/bin/sh
+			host=\$1; shift
+			case \$host in
+			$IPA) ns=$A; name=hostA ;;
+			$IPB) ns=$B; name=hostB ;;
+			*) echo "nsrsh: unknown host \$host" >&2; exit 255 ;;
+			esac
+			exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
+		EOF
+		chmod +x "$T/nsrsh"
+		(ip netns exec "$A" unshare --uts env OMPI_MCA_plm_rsh_agent="$T/nsrsh" OMPI_MCA_btl=tcp,self \
+			OMPI_MCA_btl_tcp_if_include=10.231.0.0/24 OMPI_MCA_oob_tcp_if_include=10.231.0.0/24 \
+			TMPDIR="$T" $MPI_ASAN sh -c 'hostname hostA; exec "$@"' sh \
+			timeout 120 "$ROOT/$BUILD/dprun" -n 4 --hosts "$IPA:2,$IPB:2" models/mlp.dp -- \
+			--steps 60 --eval-every 0 --log-every 20 --losses "$T/two.loss" >"$T/two.out" 2>&1
+		 echo "rc=$?" >>"$T/two.out") &
+		job=$!
+		# while it trains: where the ranks are, and what joins them
+		wait_lines "$T/two.loss" 6
+		inb=0
+		for p in $(ip netns pids "$B"); do
+			grep -q "dpexec" "/proc/$p/cmdline" 2>/dev/null && inb=$((inb + 1))
+		done
+		tcp=$(ip netns exec "$A" ss -tnp 2>/dev/null | grep -c "$IPA:[0-9]* *$IPB:[0-9]*.*dpexec\|$IPB:[0-9]* *$IPA:[0-9]*.*dpexec")
+		wait $job
+		"$DPC" models/mlp.dp --world-size 4 -o "$T/one.bin" >"$T/one.out" 2>&1 &&
+			mpi 4 "$T/one.bin" --steps 60 --eval-every 0 --quiet --losses "$T/one.loss" >>"$T/one.out" 2>&1
+		if grep -q "^rc=0$" "$T/two.out" && [ "$inb" = 2 ] && [ "$tcp" -ge 1 ] &&
+			[ "$(grep -vc '^#' "$T/two.loss")" = 60 ] && cmp -s "$T/two.loss" "$T/one.loss"; then
+			ok "mlp.dp on 2 ranks x 2 hosts (network namespaces, TCP only): $inb ranks in the second, $tcp dpexec TCP connections between them; losses = the 4-rank single-host run's, bitwise"
+			grep "^dprun\|^mesh\|^step" "$T/two.out" | sed 's/^/      /'
+		else
+			fail "2 ranks x 2 hosts over TCP: ranks in the second namespace $inb, TCP connections $tcp, losses as one host's"
+			sed 's/^/      /' "$T/two.out" | tail -n 12
+			cmp "$T/two.loss" "$T/one.loss" | sed 's/^/      /'
+		fi
+	fi
+fi
+finish hosts

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""tests/pipeline_forms.py - dpc --stats' pipeline section against closed forms.
+
+  DPC=build/dpc pipeline_forms.py        (run by tests/pipeline.sh)
+
+models/gpt2-tiny.dp (-D layers=4) at pp=2 and pp=4, and models/mlp8.dp at
+pp=3, under 1f1b and gpipe, with grad_accum m = 1, 2, 4, 8 micro-batches.
+Prints one "  ok ..." or "  FAIL ..." line per check; exits 1 on any FAIL.
+
+Independence: parameter sizes come from the model's dimensions written here
+(gpt2-tiny's config: vocab 256, ctx 64, d 64, ffn 4d), never from dpc. The
+closed forms:
+  cut (stages auto)    gpt2-tiny, 4 layers, pp=2: embed..h.1 | h.2..head (the
+                       blocks' forward FLOPs are symmetric about the cut)
+  params per stage     the blocks' own params, and the tied token embedding
+                       wte (embed's, read by the head) on the last stage too
+  sent per micro-batch micro_batch x ctx x d x 4 bytes over every cut (only
+                       the residual stream x crosses; ids and targets are
+                       data, read by the stages that use them); 0 after the
+                       last stage
+  activations          at the peak: per micro-batch x min(p - s, m) in 1f1b
+                       (stage s), x m in gpipe
+  bubble               (p - 1) / (m + p - 1) for both; the one simulated from
+                       the stages' FLOPs is never below it (unequal stages
+                       only add idle time)
+  work                 the stages' forward + backward FLOPs sum to the
+                       micro-batch FLOPs of the compute table
+  --emit=schedule      one row per stage whose slots are the schedule's order
+                       (order() below, by hand), its bubble --stats' simulated one
+"""
+import os
+import re
+import subprocess
+import sys
+
+DPC = os.environ.get("DPC", "build/dpc")
+fails = 0
+oks = 0
+
+
+def check(cond, what):
+    global fails, oks
+    if cond:
+        oks += 1
+        print("  ok   " + what)
+    else:
+        fails += 1
+        print("  FAIL " + what)
+
+
+def stats(model, world, pp, m, sched, extra=()):
+    cmd = [DPC, model, "--world-size", str(world), "--pp", str(pp), "--emit=stats",
+           "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched] + list(extra)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("dpc failed: %s\n%s" % (" ".join(cmd), r.stderr))
+    return r.stdout
+
+
+STAGE = re.compile(r"^stage (\d+): blocks (\S+)\.\.(\S+), (\d+) FLOP forward \+ (\d+) FLOP "
+                   r"backward per micro-batch, params (\d+) B \(.*?\), grads (\d+) B, "
+                   r"activations (\d+) B per micro-batch x (\d+) in flight = (\d+) B .*? at "
+                   r"the peak, sends (\d+) B")
+BUBBLE = re.compile(r"^bubble: \(p-1\)/\(m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
+                    r"([-0-9.]+)")
+MICRO = re.compile(r"^micro-batch \(forward \+ backward\)\s+(\d+)")
+CONFIG = re.compile(r"micro_batch (\d+) x grad_accum (\d+)")
+
+
+def parse(text):
+    stages = []
+    bubble = micro = mb = None
+    for line in text.splitlines():
+        s = STAGE.match(line)
+        if s:
+            g = s.groups()
+            stages.append(dict(first=g[1], last=g[2], fwd=int(g[3]), bwd=int(g[4]),
+                               params=int(g[5]), grads=int(g[6]), act=int(g[7]),
+                               fly=int(g[8]), peak=int(g[9]), send=int(g[10])))
+        b = BUBBLE.match(line)
+        if b:
+            bubble = (float(b.group(1)), float(b.group(2)))
+        u = MICRO.match(line)
+        if u:
+            micro = int(u.group(1))
+        c = CONFIG.search(line)
+        if c and mb is None:
+            mb = int(c.group(1))
+    return stages, bubble, micro, mb
+
+
+# gpt2-tiny's dimensions (models/gpt2-tiny.dp's config)
+V, CTX, D = 256, 64, 64
+FFN = 4 * D
+H = (2 * D + D * 3 * D + 3 * D + D * D + D + 2 * D + D * FFN + FFN + FFN * D + D) * 4
+EMBED = (V * D + CTX * D) * 4
+WTE = V * D * 4
+LNF = 2 * D * 4
+
+
+def forms(name, text, p, m, sched):
+    stages, bubble, micro, mb = parse(text)
+    tag = "%s pp=%d m=%d %s" % (name, p, m, sched)
+    check(len(stages) == p, "%s: %d stages printed" % (tag, len(stages)))
+    if len(stages) != p or bubble is None:
+        return stages, mb
+    for s, st in enumerate(stages):
+        fly = m if sched == "gpipe" else min(p - s, m)  # pipedream_flush: 1F1B
+        check(st["fly"] == fly and st["peak"] == st["act"] * fly,
+              "%s stage %d: activations %d x %d in flight = %d (closed form %d x %d)"
+              % (tag, s, st["act"], st["fly"], st["peak"], st["act"], fly))
+        check(st["grads"] == st["params"], "%s stage %d: grads = params (f32)" % (tag, s))
+    check(stages[-1]["send"] == 0, "%s: the last stage sends nothing" % tag)
+    closed = (p - 1) / (m + p - 1)
+    check(abs(bubble[0] - closed) < 1e-4, "%s: bubble %.4f = (p-1)/(m+p-1) = %.4f"
+          % (tag, bubble[0], closed))
+    check(bubble[1] >= closed - 1e-4, "%s: simulated bubble %.4f >= closed form %.4f"
+          % (tag, bubble[1], closed))
+    work = sum(st["fwd"] + st["bwd"] for st in stages)
+    check(micro is not None and abs(work - micro) <= 1e-9 * micro,
+          "%s: stages' FLOPs %d = micro-batch FLOPs %s" % (tag, work, micro))
+    return stages, mb
+
+
+for sched in ("pipedream_flush", "gpipe"):
+    for m in (1, 2, 4, 8):
+        text = stats("models/gpt2-tiny.dp", 2, 2, m, sched, ["-D", "layers=4"])
+        stages, mb = forms("gpt2-tiny L=4", text, 2, m, sched)
+        if len(stages) != 2:
+            continue
+        check((stages[0]["first"], stages[0]["last"], stages[1]["first"], stages[1]["last"])
+              == ("embed", "h.1", "h.2", "head"),
+              "gpt2-tiny L=4 pp=2 m=%d %s: cut embed..h.1 | h.2..head (got %s..%s | %s..%s)"
+              % (m, sched, stages[0]["first"], stages[0]["last"], stages[1]["first"],
+                 stages[1]["last"]))
+        want0, want1 = EMBED + 2 * H, 2 * H + LNF + WTE
+        check(stages[0]["params"] == want0 and stages[1]["params"] == want1,
+              "gpt2-tiny L=4 pp=2 m=%d %s: params %d | %d = embed + 2 h | 2 h + lnf + tied wte "
+              "(%d | %d)" % (m, sched, stages[0]["params"], stages[1]["params"], want0, want1))
+        check(stages[0]["send"] == mb * CTX * D * 4,
+              "gpt2-tiny L=4 pp=2 m=%d %s: the cut sends x: %d B = %d x %d x %d x 4"
+              % (m, sched, stages[0]["send"], mb, CTX, D))
+    text = stats("models/gpt2-tiny.dp", 4, 4, 8, sched, ["-D", "layers=4"])
+    stages, mb = forms("gpt2-tiny L=4", text, 4, 8, sched)
+    for s in range(3):
+        if len(stages) == 4:
+            check(stages[s]["send"] == mb * CTX * D * 4,
+                  "gpt2-tiny L=4 pp=4 %s: stage %d sends x only (%d B)" % (sched, s,
+                                                                           stages[s]["send"]))
+    text = stats("models/mlp8.dp", 3, 3, 4, sched)
+    forms("mlp8", text, 3, 4, sched)
+
+
+
+def order(p, m, s, sched):
+    """The slots of stage s, by hand: gpipe all F then all B; 1F1B (PipeDream-
+    flush) p - s - 1 warm-up forwards, then F and B alternating, then the rest
+    of the backwards."""
+    if sched == "gpipe":
+        return ["F%d" % i for i in range(m)] + ["B%d" % i for i in range(m)]
+    warm = min(p - s - 1, m)
+    out = ["F%d" % i for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        out += ["F%d" % f, "B%d" % b]
+        f, b = f + 1, b + 1
+    return out + ["B%d" % i for i in range(b, m)]
+
+
+# --emit=schedule: one row per stage, its slots in the schedule's order, the
+# bubble the one --stats simulates
+for sched in ("pipedream_flush", "gpipe"):
+    for p, m in ((2, 4), (4, 8), (4, 2)):
+        cmd = [DPC, "models/gpt2-tiny.dp", "-D", "layers=4", "--world-size", str(p), "--pp",
+               str(p), "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched]
+        pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
+        rows = [l for l in pic.splitlines() if l.startswith("stage ")]
+        tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
+        check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+        for s, row in enumerate(rows):
+            got = re.findall(r"[FB]\d+", row.split("|", 1)[1])
+            check(got == order(p, m, s, sched), "%s stage %d: %s" % (tag, s, " ".join(got)))
+        _, bubble, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, sched, ["-D", "layers=4"]))
+        b = re.search(r"^bubble ([0-9.]+) of the stages' time idle", pic, re.M)
+        check(b is not None and bubble is not None and abs(float(b.group(1)) - bubble[1]) < 1e-4,
+              "%s: bubble %s = --stats' simulated %s" % (tag, b and b.group(1),
+                                                         bubble and bubble[1]))
+
+print("pipeline_forms: %d passed, %d failed" % (oks, fails))
+sys.exit(1 if fails else 0)

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# tests/roofline.sh - `dpc --stats --device h100` (passes/roofline.c): the
+# step's roofline time per kernel class from H100's published peaks, and
+# the MFU it predicts, checked against what must hold of a roofline:
+#  - gemm's units follow the operands (f32: the CUDA cores; bf16 or
+#    gemm_math tf32: tensor cores; GPT-2 124M's compute-bound GEMMs take
+#    the rates' ratio less time in tf32 than in f32), and its time lies between its FLOPs at
+#    that rate and that plus its bytes at 3.35 TB/s (max(a, b) <= a + b),
+#    never below either: a rate from the wrong row of the datasheet or a
+#    node counted twice fails it;
+#  - the classes' FLOPs add up to --stats's FLOPs of the optimizer step
+#    (one rank, no collectives), micro-batches times grad_accum included;
+#  - model FLOPs: the GEMMs' FLOPs (mlp: nothing else), plus PaLM's 12 T d
+#    per token and layer for a transformer (gpt2-tiny: 12 x ctx x d x
+#    layers x tokens, from its config), and the printed MFU is model FLOPs
+#    over the total time at 989.4 TFLOP/s; attention on tensor cores
+#    predicts a higher MFU than on the CUDA cores;
+#  - an unknown --device is one line naming the known ones, exit 1.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+
+# roof NAME MODEL ARGS...: the --stats output into $T/NAME.txt
+roof() {
+	local name=$1 model=$2; shift 2
+	"$DPC" "$model" --stats --device h100 "$@" >"$T/$name.txt" 2>"$T/$name.err" ||
+		{ fail "$name: dpc --stats --device h100 $*"; head -n 3 "$T/$name.err"; return 1; }
+}
+# check NAME UNITS ATTN: the properties in the header (ATTN: 12 T d x layers x
+# tokens of model FLOPs beyond the GEMMs', or 0)
+check() {
+	$PY - "$T/$1.txt" "$2" "$3" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+units, attn = sys.argv[2], float(sys.argv[3])
+BF16, TF32, FP32, BW = 989.4e12, 494.7e12, 66.9e12, 3.35e12
+def num(s):
+    v, u = s.split()
+    k = {"FLOP": 1, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15,
+         "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[u]
+    return float(v) * k
+rows = {}
+for m in re.finditer(r"^(gemm|attention|memory-bound|optimizer|total)\s+(\d+)\s+([\d.]+ \w+)\s+([\d.]+ \w+)\s+(\S*)\s+([\d.]+)$", text, re.M):
+    rows[m.group(1)] = (int(m.group(2)), num(m.group(3)), num(m.group(4)), m.group(5), float(m.group(6)))
+assert set(rows) >= {"gemm", "attention", "memory-bound", "optimizer", "total"}, rows
+n, fl, by, u, ms = rows["gemm"]
+assert u == units, ("gemm units", u, units)
+rate = {"cuda": FP32, "tensor": BF16}[u]
+lo, hi = 1e3 * fl / rate, 1e3 * (fl / rate + by / BW)
+assert lo * 0.99 <= ms <= hi * 1.01 + 1e-3 and ms >= 1e3 * by / BW * 0.99, ("gemm ms", ms, lo, hi)
+step = num(re.search(r"^optimizer step \(.*?\)\s+\d+ \(([\d.]+ \w+)\)", text, re.M).group(1))
+tot = rows["total"][1]
+assert abs(tot - step) <= 0.01 * step, ("total flops", tot, "stats", step)
+model = num(re.search(r"^model flops ([\d.]+ \w+)", text, re.M).group(1))
+want = fl + attn
+assert abs(model - want) <= 0.01 * want, ("model flops", model, want)
+mfu = [float(x) for x in re.findall(r"^predicted MFU ([\d.]+) %", text, re.M)]
+total = rows["total"][4]
+exp = 100 * model / (total * 1e-3 * BF16)
+# the printed MFU has one decimal, the printed ms four
+assert mfu and abs(mfu[0] - exp) <= 0.051 + exp * 0.00005 / total, ("MFU", mfu, exp)
+if attn:
+    assert len(mfu) == 2 and mfu[1] >= mfu[0], ("MFU with attention on tensor cores", mfu)
+    tc = float(re.search(r"attention on tensor cores \(([\d.]+) ms\)", text).group(1))
+    assert tc <= rows["attention"][4], ("attention on tensor cores", tc, rows["attention"])
+    gain = rows["attention"][4] - tc  # the MFU rises where that is not lost in the rounding
+    assert gain < 0.01 * total or mfu[1] > mfu[0], ("MFU with attention on tensor cores", mfu, gain)
+print(f"gemm {ms:.4f} ms in [{lo:.4f}, {hi:.4f}], flops {tot:.4g} = stats {step:.4g}, model {model:.4g}, MFU {mfu} %")
+EOF
+}
+
+if case_on "mlp f32: CUDA cores"; then
+	roof mlp models/mlp.dp --world-size 1 && check mlp cuda 0 >"$T/mlp.out" 2>&1 &&
+		ok "mlp f32: $(cat "$T/mlp.out")" || { fail "mlp f32"; cat "$T/mlp.out"; }
+fi
+if case_on "mlp bf16: tensor cores"; then
+	roof mlp16 models/mlp.dp --world-size 1 --precision bf16 && check mlp16 tensor 0 >"$T/mlp16.out" 2>&1 &&
+		ok "mlp bf16: $(cat "$T/mlp16.out")" || { fail "mlp bf16"; cat "$T/mlp16.out"; }
+fi
+if case_on "gpt2 tf32: tensor cores"; then
+	# gemm_math tf32 runs f32 operands on tensor cores at 494.7 TFLOP/s: GPT-2
+	# 124M's GEMMs are compute-bound, 494.7 / 66.9 faster than in f32
+	roof gpt2 models/gpt2.dp --world-size 1 && roof gpt2tf models/gpt2.dp --world-size 1 --set train.precision=tf32 &&
+		$PY - "$T/gpt2.txt" "$T/gpt2tf.txt" >"$T/tf32.out" 2>&1 <<'EOF' &&
+import re, sys
+def gemm(p):
+    return re.search(r"^gemm\s+\d+\s+\S+ \S+\s+\S+ \S+\s+(\S+)\s+([\d.]+)$", open(p).read(), re.M).groups()
+u32, ms32 = gemm(sys.argv[1])
+u, ms = gemm(sys.argv[2])
+r = float(ms32) / float(ms)
+assert u32 == "cuda" and u == "tensor" and 0.9 * 494.7 / 66.9 < r <= 494.7 / 66.9 * 1.01, (u32, u, ms32, ms, r)
+print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' ratio is {494.7 / 66.9:.2f})")
+EOF
+		ok "gpt2 tf32: $(cat "$T/tf32.out")" || { fail "gpt2 tf32"; cat "$T/tf32.out"; }
+fi
+# transformer MODEL NAME: model FLOPs are the GEMMs' and 12 T d per token
+# and layer, tokens = micro_batch x ctx x grad_accum (the config's ctx, d
+# and layers; the batch sizes from --stats's header line)
+transformer() {
+	local model=$1 name=$2 ctx d layers mb ga
+	eval "$(sed -n 's/^  \(ctx\|d\|layers\) = \([0-9]*\).*/\1=\2/p' "$model" | tr '\n' ' ')"
+	"$DPC" "$model" --stats >"$T/$name.0" 2>/dev/null
+	mb=$(sed -n 's/.*micro_batch \([0-9]*\) x grad_accum.*/\1/p' "$T/$name.0")
+	ga=$(sed -n 's/.*x grad_accum \([0-9]*\),.*/\1/p' "$T/$name.0")
+	roof "$name" "$model" --world-size 1 --precision bf16 &&
+		check "$name" tensor $((12 * ctx * d * layers * mb * ctx * ga)) >"$T/$name.out" 2>&1 &&
+		ok "$name bf16 (ctx $ctx, d $d, $layers layers, micro_batch $mb x grad_accum $ga): $(cat "$T/$name.out")" ||
+		{ fail "$name bf16"; cat "$T/$name.out"; }
+}
+case_on "gpt2-tiny bf16: attention's model FLOPs" && transformer models/gpt2-tiny.dp gpt2-tiny
+case_on "gpt2 bf16: attention's model FLOPs, tensor-core attention" && transformer models/gpt2.dp gpt2
+if case_on "unknown device"; then
+	"$DPC" models/mlp.dp --stats --device a100 >"$T/dev.out" 2>"$T/dev.err"
+	rc=$?
+	if [ $rc = 1 ] && [ "$(wc -l <"$T/dev.err")" = 1 ] && grep -q "unknown --device 'a100' (h100)" "$T/dev.err" &&
+		[ ! -s "$T/dev.out" ]; then
+		ok "unknown --device: $(cat "$T/dev.err")"
+	else
+		fail "unknown --device: exit $rc: $(cat "$T/dev.err")"
+	fi
+fi
+finish roofline
