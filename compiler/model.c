@@ -7,7 +7,8 @@
  * After (when no error was reported), the Graph holds:
  *   - one Block per block instance, in program order: `block fc1` is fc1,
  *     `block h[i]` inside `repeat N as i` is h.0 ... h.<N-1>; with the
- *     block's own `strategy` and `reshard_after_forward` when it sets them;
+ *     block's own `strategy`, `reshard_after_forward`, `weight_decay` and
+ *     `lr_scale` when it sets them;
  *   - per param a DP_T_PARAM value "block.param" (h.0.wqkv) with its
  *     initialiser, dims global, and place[DP_AXIS_TP] = shard(dim) when it
  *     is annotated split(tp, col|row); per buffer a DP_T_BUFFER value likewise
@@ -302,14 +303,34 @@ enum {
 	BS_PARAM_DTYPE,
 	BS_BUFFER_DTYPE,
 	BS_REDUCE_DTYPE,
+	BS_WEIGHT_DECAY,
+	BS_LR_SCALE,
 	BS_COUNT
 };
 static const char *const block_settings[BS_COUNT] = {
-	"strategy",  "reshard_after_forward", "recompute",   "stage",
-	"precision", "param_dtype",           "buffer_dtype", "reduce_dtype"}; /* ORDER BS_ */
+	"strategy",     "reshard_after_forward", "recompute",    "stage",   "precision",
+	"param_dtype",  "buffer_dtype",          "reduce_dtype", "weight_decay", "lr_scale"}; /* ORDER BS_ */
 #define BLOCK_SETTINGS                                                                     \
 	"strategy, reshard_after_forward, recompute, stage, precision, param_dtype, "          \
-	"buffer_dtype"
+	"buffer_dtype, weight_decay, lr_scale"
+
+/* A block's optimizer group: `weight_decay X` (>= 0) replaces the
+ * optimizer's weight_decay for the block's parameters (train's no_decay
+ * vectors still exempts its 1-D ones); `lr_scale X` (> 0) updates them with the
+ * schedule's lr times X. */
+static void block_group(Lower *L, int k, const AstVal *v, Block *bl)
+{
+	double x = v->kind == V_INT ? (double)v->i : v->f;
+	if (v->kind != V_INT && v->kind != V_FLOAT) {
+		ERR(v->loc, "%s takes a number", block_settings[k]);
+		return;
+	}
+	if (!(x >= 0) || x > 1e30 || (k == BS_LR_SCALE && x == 0)) {
+		ERR(v->loc, "%s must be %s", block_settings[k], k == BS_LR_SCALE ? "> 0" : ">= 0");
+		return;
+	}
+	*(k == BS_LR_SCALE ? &bl->lr_scale : &bl->weight_decay) = (float)x;
+}
 
 /* A block's precision settings: `precision D` sets its param_dtype and
  * buffer_dtype, which `param_dtype` / `buffer_dtype` may state instead (not
@@ -374,6 +395,10 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	AstVal v;
 	if (const_eval_value(L, p->val, &v))
 		return;
+	if (k >= BS_WEIGHT_DECAY) {
+		block_group(L, k, &v, bl);
+		return;
+	}
 	if (k >= BS_PRECISION) {
 		block_precision(L, p, k, &v, bl);
 		return;

@@ -36,8 +36,10 @@
 #define DP_STEP_MAGIC "DPSTEP\r\n"
 /* 7: DpOptim gained nesterov (before clip; format/settings.def's SGD_NESTEROV)
  * 8: DpSched gained stable, decay, every, gamma (the wsd and step schedules)
- * 9: the pp mesh axis (outermost: every axis index, mask and placement moved up one) */
-#define DP_STEP_VERSION 9u
+ * 9: the pp mesh axis (outermost: every axis index, mask and placement moved up one)
+ * 10: a third float attribute per instruction; ADAMW's weight_decay and the
+ *    updates' lr_scale are attributes (optimizer groups) */
+#define DP_STEP_VERSION 10u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -46,7 +48,7 @@
 #define DP_MAX_AXES 5  /* mesh axes, in DpAxis order */
 #define DP_MAX_IN 4    /* tensor operands of one instruction */
 #define DP_NIATTR 6    /* integer attributes of one instruction */
-#define DP_NFATTR 2    /* float attributes of one instruction */
+#define DP_NFATTR 3    /* float attributes of one instruction */
 
 /* Mesh axes, outermost first; rank = (((p*R + r)*S + s)*C + c)*T + t. */
 typedef enum {
@@ -224,7 +226,7 @@ typedef enum {
 
 /* The slot enums. Each row's ATTRS(...) becomes, after the pair of its op's
  * prefixes, a list of (kind, name, slot); DP_AT_EACH_ makes one enumerator of
- * each (an op has at most DP_NIATTR + DP_NFATTR = 8 attributes). The op's id is
+ * each (an op has at most DP_NIATTR + DP_NFATTR = 9 attributes). The op's id is
  * pasted at once, so no macro of that name can intervene. */
 #define DP_AT_ATTRS(...) , __VA_ARGS__
 #define DP_AT_NOATTRS

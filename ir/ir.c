@@ -263,7 +263,8 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 	g->blocks[g->nblocks] = (Block){.name = ir_strdup(g, name), .loc = loc, .strategy = -1,
 					.reshard = -1, .strategy_loc = loc,
 					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc,
-					.stage = -1, .stage_loc = loc};
+					.stage = -1, .stage_loc = loc, .weight_decay = -1,
+					.lr_scale = 1};
 	return g->nblocks++;
 }
 
@@ -272,6 +273,15 @@ DpStrategy ir_block_strategy(const Graph *g, int b)
 	if (b >= 0 && b < g->nblocks && g->blocks[b].strategy >= 0)
 		return (DpStrategy)g->blocks[b].strategy;
 	return (DpStrategy)g->cfg.strategy;
+}
+
+void ir_param_group(const Graph *g, const Value *p, float *weight_decay, float *lr_scale)
+{
+	const Block *bl = p->block >= 0 && p->block < g->nblocks ? &g->blocks[p->block] : NULL;
+	*weight_decay = bl && bl->weight_decay >= 0 ? bl->weight_decay : g->opt.weight_decay;
+	if (g->no_decay && p->ndim < 2)
+		*weight_decay = 0;
+	*lr_scale = bl ? bl->lr_scale : 1;
 }
 
 DpDtype ir_block_param_dtype(const Graph *g, int b)

@@ -154,6 +154,10 @@ typedef struct {
 	                             `stage N`, else -1 until passes/stages.c places it
 	                             (-1 again at pp=1) */
 	Loc stage_loc;            /* where `stage N` is written, else the block (messages) */
+	float weight_decay;       /* the weight decay of the block's parameters, or -1: the
+	                             optimizer's (no_decay vectors still exempts its 1-D ones) */
+	float lr_scale;           /* the block's parameters are updated with lr * lr_scale
+	                             (1: the schedule's lr) */
 } Block;
 
 /* A data source of the DSL (the step file's DpSource plus its path text). */
@@ -192,6 +196,8 @@ typedef struct Graph {
 	DpConfig cfg;              /* mesh, batch, steps, seed, arena size */
 	DpOptim opt;
 	DpSched sched;
+	int no_decay;              /* optimizer groups: 1 (no_decay vectors): 1-D parameters
+	                              (biases, norm gains) get no weight decay; 0: all do */
 	char strategy[16];         /* "ddp", "zero1", "zero2", "full_shard", "hybrid_shard" */
 	float bucket_mb;           /* bucket size limit in MiB */
 	/* sharded strategies (DSL train settings, defaults in ir_new; passes/layout.c) */
@@ -255,6 +261,10 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
 /* The strategy block b's parameters follow: its override, else train's
  * (b < 0: train's). */
 DpStrategy ir_block_strategy(const Graph *g, int b);
+/* The optimizer group of trained parameter p: its weight decay (the
+ * optimizer's, its block's own, 0 for a 1-D parameter under no_decay vectors) and
+ * its lr scale (its block's). Parameters with equal pairs update together. */
+void ir_param_group(const Graph *g, const Value *p, float *weight_decay, float *lr_scale);
 /* The dtype block b computes in and stores its buffers in: its override,
  * else train's (b < 0: train's). */
 DpDtype ir_block_param_dtype(const Graph *g, int b);

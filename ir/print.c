@@ -16,7 +16,8 @@
  *   metrics loss=%loss.sum grad_norm=%grad_norm eval_loss=... eval_correct=...
  *   events 4
  *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=,
- *                                              param_dtype=, buffer_dtype=
+ *                                              param_dtype=, buffer_dtype=,
+ *                                              weight_decay=, lr_scale=
  *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
@@ -420,6 +421,10 @@ static void print_directives(FILE *out, const Graph *g)
 		if (bl->buffer_dtype >= 0)
 			bprintf(&b, " buffer_dtype=%s",
 				name_of(dp_dtype_names, DP_NDTYPE, (unsigned)bl->buffer_dtype));
+		if (bl->weight_decay >= 0)
+			bprintf(&b, " weight_decay=%.9g", bl->weight_decay);
+		if (bl->lr_scale != 1)
+			bprintf(&b, " lr_scale=%.9g", bl->lr_scale);
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {

@@ -819,7 +819,7 @@ static int parse_events(Reader *r)
 }
 
 /* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] [stage=N]
- * [param_dtype=D] [buffer_dtype=D] */
+ * [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -861,6 +861,14 @@ static int parse_block_decl(Reader *r)
 			if (dt < 0)
 				return -1;
 			*(key[0] == 'p' ? &b->param_dtype : &b->buffer_dtype) = dt;
+		} else if (strcmp(key, "weight_decay") == 0 || strcmp(key, "lr_scale") == 0) {
+			const Tok *x = next(r);
+			float *f = key[0] == 'w' ? &b->weight_decay : &b->lr_scale;
+			if (parse_float(r, x, f) < 0)
+				return -1;
+			if (!(*f >= 0) || isinf(*f) || (key[0] == 'l' && *f == 0))
+				return fail_at(r, x->col, "%s must be %s", key,
+					       key[0] == 'w' ? ">= 0" : "> 0");
 		} else {
 			return fail_at(r, k->col, "unknown block key '%s'", key);
 		}

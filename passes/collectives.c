@@ -398,6 +398,18 @@ static int find_opt(const Ins *in, IrOp op)
 	return -1;
 }
 
+/* The last update node: the layout splits the update by optimizer group,
+ * and the gathers of the updated params follow every part of it. */
+static int last_update(const Ins *in)
+{
+	int at = -1;
+	for (int i = 0; i < in->nold; i++)
+		if (in->g->nodes[i]->phase == PH_OPT &&
+		    (in->g->nodes[i]->op == DP_OP_ADAMW || in->g->nodes[i]->op == DP_OP_SGD))
+			at = i;
+	return at;
+}
+
 int collectives_run(Graph *g, Diag *d)
 {
 	ShardPlan *pl = shard_plan(g, d);
@@ -407,7 +419,7 @@ int collectives_run(Graph *g, Diag *d)
 	in.before = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
 	in.after = ir_alloc(g, (size_t)(in.nold ? in.nold : 1) * sizeof(NodeList));
 	in.isq = find_opt(&in, DP_OP_SQNORM);
-	in.iupd = find_opt(&in, DP_OP_ADAMW) >= 0 ? find_opt(&in, DP_OP_ADAMW) : find_opt(&in, DP_OP_SGD);
+	in.iupd = last_update(&in);
 	in.ifill = find_opt(&in, DP_OP_FILL);
 	in.opt0 = in.nold;
 	for (int i = in.nold - 1; i >= 0; i--)

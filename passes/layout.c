@@ -31,6 +31,12 @@
  *     whole); in an all-ddp graph where another collective (a tp_reduce)
  *     runs between two gradients' completions (a ddp bucket is a run of
  *     gradient all_reduces that follow each other on the comm stream).
+ * A cut unit (zero1, zero2, full_shard, hybrid_shard) holds the params of
+ * one optimizer group (ir_param_group: weight decay and lr scale), so every
+ * rank's chunk of it updates with one group's values: a gathered block
+ * whose params are in two groups is two units ("h.0" and "h.0.g1": the
+ * group's number), and zero1/zero2 keep an open bucket per group. Uncut
+ * (ddp) units mix groups: each rank holds them whole.
  * Units are ordered by the completion of their last gradient.
  *
  * After, when every unit is ddp (uncut): params and grads are views of
@@ -76,6 +82,11 @@
  * shard view (uncut), or of a temporary "U.master" (cut: INIT and EXPORT
  * only, the masters live as shards), and the gathers read "U.shard.bf16",
  * the copy of the shard. Sharded buckets do not mix dtypes.
+ * Optimizer groups: the one update node becomes one per run of a group in
+ * the buffers it runs over (a cut unit's chunk, an uncut unit's params),
+ * over views "B.runK" of each of its buffers at the same range on every
+ * rank, with the group's weight_decay and lr_scale (0 meaning 1); with one
+ * group it stays the one node, with that group's attributes.
  * Hand-written IR with a strategy that does not suit the mesh is reported
  * here (the front end reports it at the DSL setting).
  */
@@ -147,11 +158,15 @@ static int *params_by_completion(Graph *g, const int *last, int *np)
 	return ps;
 }
 
-static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int tp, int strat)
+static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int tp, int strat,
+		     int group)
 {
 	Unit *u = &pl->u[pl->nu++];
 	memset(u, 0, sizeof *u);
 	u->name = tp ? ir_fmt(g, "%s.tp", name) : name;
+	if (group > 0)
+		u->name = ir_fmt(g, "%s.g%d", u->name, group);
+	u->group = group;
 	u->block = block;
 	u->tp = tp;
 	u->strat = strat;
@@ -206,28 +221,34 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 		coll[i + 1] = coll[i] + dp_is_collective(g->nodes[i]->op);
 	pl->u = ir_alloc(g, (size_t)(np ? np : 1) * sizeof(Unit));
 	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
-	Unit *bk = NULL; /* the open bucket */
+	/* the open bucket of each optimizer group (uncut buckets: all in [0]) */
+	Unit **open = ir_alloc(g, (size_t)pl->ngroups * sizeof(Unit *));
 	for (int i = 0; i < np; i++) {
 		const Value *p = g->values[ps[i]];
 		int tp = pl->sharded && shard_tp_dim(g, p) >= 0;
 		int strat = ir_block_strategy(g, p->block);
+		int group = shard_strategies[strat].cut ? pl->group_of[ps[i]] : 0;
 		if (shard_strategies[strat].gathered) {
-			/* one unit per block (and per tp split) */
-			bk = NULL;
+			/* one unit per block (and per tp split, and optimizer group) */
+			memset(open, 0, (size_t)pl->ngroups * sizeof(Unit *));
 			Unit *u = NULL;
 			for (int k = 0; k < pl->nu && !u; k++)
-				if (pl->u[k].gathered && pl->u[k].block == p->block && pl->u[k].tp == tp)
+				if (pl->u[k].gathered && pl->u[k].block == p->block && pl->u[k].tp == tp &&
+				    pl->u[k].group == group)
 					u = &pl->u[k];
 			if (!u)
 				u = new_unit(g, pl, p->block >= 0 ? g->blocks[p->block].name : "model",
-					     p->block, tp, strat);
+					     p->block, tp, strat, group);
 			unit_add(g, u, ps[i]);
 			continue;
 		}
+		Unit *bk = open[group];
 		int64_t bytes = ((bk ? bk->elems : 0) + ir_numel(p)) * (int64_t)ir_dtype_size(p->dtype);
 		if (!bk || bytes > limit || strat != bk->strat ||
 		    bucket_ends(g, pl, last, coll, bk->params[bk->nparams - 1], ps[i]))
-			bk = new_unit(g, pl, ir_fmt(g, "bucket%d", pl->nu), p->block, tp, strat);
+			bk = open[group] = new_unit(g, pl, ir_fmt(g, "bucket%d", pl->nu), p->block, tp,
+						    strat, 0);
+		bk->group = group;
 		if (bk->block != p->block)
 			bk->block = -1;
 		unit_add(g, bk, ps[i]);
@@ -527,6 +548,111 @@ static void attach_copy(Graph *g, const ShardPlan *pl)
 	upd->nin = at + 1;
 }
 
+/* A range of the update's buffers and the optimizer group it updates with. */
+typedef struct {
+	int64_t off, n;
+	int group;
+} GroupRange;
+
+static int push_range(Graph *g, GroupRange **r, int n, int64_t off, int64_t len, int group)
+{
+	if (n > 0 && (*r)[n - 1].group == group && (*r)[n - 1].off + (*r)[n - 1].n == off) {
+		(*r)[n - 1].n += len;
+		return n;
+	}
+	GroupRange *grown = ir_alloc(g, (size_t)(n + 1) * sizeof *grown);
+	if (n)
+		memcpy(grown, *r, (size_t)n * sizeof *grown);
+	grown[n] = (GroupRange){off, len, group};
+	*r = grown;
+	return n + 1;
+}
+
+/* The runs of one optimizer group in what the update runs over, in buffer
+ * order: a cut unit's chunk is of its one group; an uncut unit's (and every
+ * unit's in an all-ddp graph) params are whole on every rank, each of its
+ * own group. The same ranges on every rank. */
+static int group_ranges(Graph *g, const ShardPlan *pl, GroupRange **r)
+{
+	int n = 0;
+	int64_t off = 0;
+	*r = NULL;
+	for (int k = 0; k < pl->nu; k++) {
+		const Unit *u = &pl->u[k];
+		if (pl->sharded && u->cut) {
+			n = push_range(g, r, n, u->loff, u->chunk, u->group);
+			continue;
+		}
+		if (pl->sharded)
+			off = u->loff;
+		for (int i = 0; i < u->nparams; i++) {
+			int64_t len = ir_numel(g->values[u->params[i]]);
+			n = push_range(g, r, n, off, len, pl->group_of[u->params[i]]);
+			off += len;
+		}
+	}
+	return n;
+}
+
+/* A view of buffer `of` for range r of the update ("NAME.runK": its K-th):
+ * a flat view of the params and the bf16 copy (not a parameter of the
+ * model: nothing initialises, saves or differentiates it), a grad view of
+ * the grads, optimizer state of the moments. */
+static int range_view(Graph *g, int of, const GroupRange *r, int k, DpTensorKind kind)
+{
+	const Value *b = g->values[of];
+	int v = view1(g, ir_fmt(g, "%s.run%d", b->name, k), of, r->off, r->n, kind, -1);
+	memcpy(g->values[v]->place, b->place, sizeof b->place);
+	return v;
+}
+
+/* The update split where the optimizer group changes: one update per run of
+ * a group, over views of its buffers (params, grads, optimizer state, the
+ * bf16 copy), with the group's weight_decay and lr_scale. One group: the
+ * one update over everything, as the optimizer pass made it. */
+static void split_update(Graph *g, const ShardPlan *pl)
+{
+	Node *upd = find_opt(g, DP_OP_ADAMW) ? find_opt(g, DP_OP_ADAMW) : find_opt(g, DP_OP_SGD);
+	GroupRange *r;
+	int nr = group_ranges(g, pl, &r), adam = upd->op == DP_OP_ADAMW;
+	int64_t covered = 0;
+	for (int k = 0; k < nr; k++)
+		covered += r[k].n;
+	if (covered != ir_numel(g->values[upd->out]))
+		die("layout: the optimizer groups cover %lld of %lld elements", (long long)covered,
+		    (long long)ir_numel(g->values[upd->out]));
+	int pos = 0;
+	while (g->nodes[pos] != upd)
+		pos++;
+	for (int k = 0; k < nr; k++) {
+		Node *n = upd;
+		float wd = pl->group_wd[r[k].group], ls = pl->group_lr_scale[r[k].group];
+		if (nr > 1) {
+			int in[DP_MAX_IN];
+			for (int j = 0; j < upd->nin; j++) {
+				DpTensorKind kind = j == 0 ? DP_T_GRAD : j == (adam ? 3 : 2) ? DP_T_FLAT
+											      : DP_T_OPTSTATE;
+				in[j] = upd->in[j] < 0 ? -1 : range_view(g, upd->in[j], &r[k], k, kind);
+			}
+			n = ir_node(g, upd->op, range_view(g, upd->out, &r[k], k, DP_T_FLAT), upd->nin,
+				    in, PH_OPT, upd->loc);
+			n->progs = upd->progs;
+			n->flags = upd->flags;
+			memcpy(n->fa, upd->fa, sizeof n->fa);
+			ir_move_node(g, n, pos + k);
+		}
+		if (adam) {
+			DP_FATTR(n, ADAMW, weight_decay) = wd;
+			DP_FATTR(n, ADAMW, lr_scale) = ls == 1 ? 0 : ls;
+		} else {
+			DP_FATTR(n, SGD, weight_decay) = wd;
+			DP_FATTR(n, SGD, lr_scale) = ls == 1 ? 0 : ls;
+		}
+	}
+	if (nr > 1)
+		ir_remove_node(g, upd);
+}
+
 /* The optimizer tail on what this rank updates: the shard buffers. */
 static void retarget_optimizer(Graph *g, const ShardPlan *pl)
 {
@@ -551,6 +677,36 @@ static int flat_buffer(const Graph *g, const char *name)
 	die("layout: %s missing (optimizer pass not run?)", name);
 }
 
+/* The optimizer groups of the trained parameters (ShardPlan.group_of). */
+static void param_groups(Graph *g, ShardPlan *pl)
+{
+	int cap = 1;
+	for (int v = 0; v < g->nvalues; v++)
+		cap += trained(g->values[v]);
+	pl->group_of = ir_alloc(g, (size_t)(g->nvalues ? g->nvalues : 1) * sizeof(int));
+	pl->group_wd = ir_alloc(g, (size_t)cap * sizeof(float));
+	pl->group_lr_scale = ir_alloc(g, (size_t)cap * sizeof(float));
+	pl->group_wd[0] = g->opt.weight_decay;
+	pl->group_lr_scale[0] = 1;
+	pl->ngroups = 1;
+	for (int v = 0; v < g->nvalues; v++) {
+		pl->group_of[v] = -1;
+		if (!trained(g->values[v]))
+			continue;
+		float wd, ls;
+		ir_param_group(g, g->values[v], &wd, &ls);
+		int k = 0;
+		while (k < pl->ngroups && (pl->group_wd[k] != wd || pl->group_lr_scale[k] != ls))
+			k++;
+		if (k == pl->ngroups) {
+			pl->group_wd[k] = wd;
+			pl->group_lr_scale[k] = ls;
+			pl->ngroups++;
+		}
+		pl->group_of[v] = k;
+	}
+}
+
 /* A plan with the mesh's numbers and no units or buffers yet; *bf16: some
  * trained parameter is computed in bf16 (there is a compute copy). */
 static ShardPlan *new_plan(Graph *g, int *bf16)
@@ -566,6 +722,7 @@ static ShardPlan *new_plan(Graph *g, int *bf16)
 	pl->flat_params = pl->flat_grads = -1;
 	pl->shard_params = pl->shard_grads = pl->copy = pl->full16 = -1;
 	*bf16 = 0;
+	param_groups(g, pl);
 	for (int v = 0; v < g->nvalues; v++) {
 		if (!trained(g->values[v]))
 			continue;
@@ -607,6 +764,7 @@ int layout_run(Graph *g, Diag *d)
 		lay_out_whole(g, pl);
 	}
 	attach_copy(g, pl);
+	split_update(g, pl);
 	g->shard = pl;
 	return 0;
 }

@@ -16,8 +16,11 @@
  *   step, after the last micro-batch):
  *     SQNORM grad_norm.sq = |flat.grads|^2;  SQRT metric grad_norm
  *     CLIP flat.grads by grad_norm, max_norm            (only when clip > 0)
- *     ADAMW flat.params {flat.grads, opt.m, opt.v}
+ *     ADAMW flat.params {flat.grads, opt.m, opt.v} weight_decay
  *       | SGD flat.params {flat.grads, opt.momentum or -1} momentum, weight_decay
+ *     with the optimizer's weight_decay: one update over every parameter,
+ *     which the layout pass splits where optimizer groups differ (per-block
+ *     weight_decay and lr_scale, train's no_decay)
  *     FILL flat.grads = 0                               (next step accumulates)
  * Trained parameters must be f32 (user error at the param otherwise), and a
  * model without any is a user error.
@@ -81,7 +84,8 @@ int opt_run(Graph *g, Diag *d)
 	if (g->opt.clip > 0)
 		DP_FATTR(opt_node(g, DP_OP_CLIP, fg, 1, &norm), CLIP, max_norm) = g->opt.clip;
 	if (g->opt.kind == DP_OPT_ADAMW) {
-		opt_node(g, DP_OP_ADAMW, fp, 3, (int[]){fg, m, v});
+		Node *n = opt_node(g, DP_OP_ADAMW, fp, 3, (int[]){fg, m, v});
+		DP_FATTR(n, ADAMW, weight_decay) = g->opt.weight_decay;
 	} else {
 		Node *n = opt_node(g, DP_OP_SGD, fp, 2, (int[]){fg, m});
 		DP_FATTR(n, SGD, momentum) = g->opt.momentum;

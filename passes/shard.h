@@ -70,6 +70,9 @@ typedef struct {
 	                      unit's unsharded gradients while the next unit computes.
 	                      Uncut units accumulate in place */
 	int reshard;       /* gathered: gathered again for the backward */
+	int group;         /* the optimizer group of its params (ShardPlan.group_of) when it
+	                      is cut: a cut unit never mixes groups, so every rank's chunk
+	                      of it updates with one group's hyperparameters; 0 when uncut */
 	int tp;            /* its params are split over tp (tp > 1): a unit of a sharded
 	                      graph never mixes split and replicated params, so the
 	                      gradient norm can weight its shard as a whole */
@@ -115,6 +118,12 @@ typedef struct ShardPlan {
 	int full16;        /* sharded: "flat.params.bf16", the full bf16 params of cut, not
 	                      gathered bf16 units (zero1, zero2), or -1 */
 	int64_t ftot16;    /* its elements */
+	/* Optimizer groups (ir_param_group): group 0 is the optimizer's own
+	 * (its weight_decay, lr scale 1), the others numbered by their first
+	 * parameter in value order. */
+	int *group_of;     /* per value id: its group (trained params), else -1 */
+	float *group_wd, *group_lr_scale;
+	int ngroups;
 	Unit *u;
 	int nu;
 } ShardPlan;

@@ -18,7 +18,8 @@
  *   step:          lr * gamma^floor(k / every)
  *   inverse_sqrt:  lr * sqrt(max(W, 1) / (k + 1))
  * The result is rounded to f32: the value every kernel applies, and the one
- * dpexec logs. tests/schedules.sh checks each kind at chosen steps against
+ * dpexec logs. An optimizer group's lr is that times its lr_scale
+ * (dp_group_lr), rounded to f32 again. tests/schedules.sh checks each kind at chosen steps against
  * these closed forms.
  */
 #ifndef DP_LR_SCHED_H
@@ -64,6 +65,13 @@ SCHED_FN double sched_lr(const DpSched *c, double lr, uint32_t cfg_steps, uint64
 	default:
 		return (float)lr;
 	}
+}
+
+/* The lr of an optimizer group: the schedule's lr (a float) times the
+ * group's lr_scale (an update's attribute, 0 meaning 1), rounded to f32. */
+SCHED_FN float dp_group_lr(float lr, float lr_scale)
+{
+	return lr_scale == 0 || lr_scale == 1 ? lr : (float)((double)lr * lr_scale);
 }
 
 #endif

@@ -25,7 +25,8 @@
 #     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
 #     text), every strategy at 1, 2
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
-#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); and GPT-2's
+#     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); optimizer
+#     groups (gpt2-groups: AdamW full_shard, SGD zero2); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -210,9 +211,13 @@ sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.d
 # the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
+# optimizer groups (tests/groups.sh): weight decay 0.1 but none on 1-D params
+# (the model's no_decay vectors), embed's own 0.05, lnf at half the lr
+sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  block embed {/&\n    weight_decay 0.05/' \
+	-e 's/^  block lnf {/&\n    lr_scale 0.5/' "$T/gpt2-tiny.dp" >"$T/gpt2-groups.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny) echo "$small" ;;
+	gpt2-tiny | gpt2-groups) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -417,6 +422,10 @@ PREC=bf16 model_case llama full_shard 4 "cp=2, dp_shard=2"
 # wsd's warmup and decay (lr, lr, then half-way to min_lr), step's powers
 LR_SCHED="wsd(warmup=1, stable=0, decay=2, min_lr=1e-4)" model_case mlp8 ddp 2
 LR_SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
+# optimizer groups: the update split per group, each with its weight_decay
+# and lr_scale (AdamW and SGD), over the cut units of one group
+model_case gpt2-groups full_shard 2
+SGD=1 model_case gpt2-groups zero2 2
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as

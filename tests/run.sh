@@ -88,6 +88,7 @@ passes                 1      -        8
 logs                   0.5    alone    8
 schedules              1      -       20
 signals                1      -       30
+groups                 1      -       70
 tour                   1      -       30
 dprun                  1.5    -      150
 hosts                  1      -       30

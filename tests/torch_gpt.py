@@ -202,9 +202,12 @@ class Model:
                 for n in self.buffers:
                     self.p[n] = to_bf16(self.p[n])
 
+    def named_params(self):
+        """The trained tensors (buffers excluded) and their names, in a fixed order."""
+        return [(n, t) for n, t in sorted(self.p.items()) if n not in self.buffers]
+
     def params(self):
-        """The trained tensors (buffers excluded), in a fixed order."""
-        return [t for n, t in sorted(self.p.items()) if n not in self.buffers]
+        return [t for n, t in self.named_params()]
 
     def forward(self, ids):
         """The logits, storing (st) what dp's kernels store: one op of dp's
@@ -257,7 +260,8 @@ def train(args):
     x_all, y_all = torch.from_numpy(x_all), torch.from_numpy(y_all)
     sampler = torch_ref.Sampler(args.seed, x_all.shape[0], args.global_batch)
     div = args.global_batch * args.seq
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+    opt = torch.optim.AdamW(torch_ref.param_groups(args, model.named_params()), lr=args.lr,
+                            betas=(args.beta1, args.beta2), eps=args.eps,
                             weight_decay=args.weight_decay)
 
     out = open(args.out, "w") if args.out else sys.stdout

@@ -220,6 +220,34 @@ def lr_at(args, step):
     return lr * math.sqrt(max(w, 1) / (k + 1))
 
 
+def group_lr(lr, scale):
+    """An optimizer group's lr as dp applies it (runtime/lr_sched.h's
+    dp_group_lr): the schedule's float32 lr times lr_scale, rounded to float32."""
+    if scale == 1.0:
+        return lr
+    return float(np.float32(float(np.float32(lr)) * scale))
+
+
+def param_groups(args, named):
+    """dp's optimizer groups (ir/ir.c's ir_param_group) over (name, tensor)
+    pairs, as torch.optim param groups: weight decay the block's own
+    (--block-weight-decay BLOCK=X) else --weight-decay, 0 for a 1-D tensor
+    under --no-decay vectors; lr scaled by the block's --lr-scale BLOCK=X.
+    The block is the name without its last part (h.0.ln1g: h.0)."""
+    wd_of = dict(kv.split("=", 1) for kv in args.block_weight_decay)
+    scale_of = dict(kv.split("=", 1) for kv in args.lr_scale)
+    groups = {}
+    for name, t in named:
+        block = name.rsplit(".", 1)[0]
+        wd = float(wd_of.get(block, args.weight_decay))
+        if args.no_decay == "vectors" and t.dim() < 2:
+            wd = 0.0
+        scale = float(scale_of.get(block, 1.0))
+        groups.setdefault((wd, scale), []).append(t)
+    return [{"params": ps, "weight_decay": wd, "lr_scale": scale}
+            for (wd, scale), ps in groups.items()]
+
+
 def step_and_log(args, step, opt, params, loss, out):
     """One optimizer step from `loss` as dp takes it: gradients, the norm
     (clipped by it when --clip), the scheduled lr, the update; then the
@@ -231,7 +259,7 @@ def step_and_log(args, step, opt, params, loss, out):
     else:
         norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
     for group in opt.param_groups:
-        group["lr"] = lr_at(args, step)
+        group["lr"] = group_lr(lr_at(args, step), group.get("lr_scale", 1.0))
     opt.step()
     line = f"{step} {loss.item():.9g}"
     if args.grad_norm:
@@ -251,6 +279,8 @@ def train(args):
         b = torch.tensor(b, dtype=dtype, requires_grad=True) if b is not None else None
         layers.append((w, b))
     params = [p for wb in layers for p in wb if p is not None]
+    named = [(f"{name}.{k}", p) for name, wb in zip(args.layers.split(","), layers)
+             for k, p in zip("wb", wb) if p is not None]
 
     x_all, y_all = load_data(args)
     if x_all.shape[1] != layers[0][0].shape[0]:
@@ -261,10 +291,10 @@ def train(args):
     sampler = Sampler(args.seed, x_all.shape[0], args.global_batch)
 
     if args.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                                weight_decay=args.weight_decay)
+        opt = torch.optim.AdamW(param_groups(args, named), lr=args.lr, betas=(args.beta1, args.beta2),
+                                eps=args.eps, weight_decay=args.weight_decay)
     else:
-        opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum,
+        opt = torch.optim.SGD(param_groups(args, named), lr=args.lr, momentum=args.momentum,
                               weight_decay=args.weight_decay, nesterov=args.nesterov)
 
     out = open(args.out, "w") if args.out else sys.stdout
@@ -304,6 +334,12 @@ def add_train_args(ap, weight_decay):
     ap.add_argument("--beta2", type=float, default=0.999)
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=weight_decay)
+    ap.add_argument("--no-decay", choices=("none", "vectors"), default="none",
+                    help="train's no_decay: vectors exempts 1-D tensors from weight decay")
+    ap.add_argument("--block-weight-decay", action="append", default=[], metavar="BLOCK=X",
+                    help="a block's own weight_decay (repeatable)")
+    ap.add_argument("--lr-scale", action="append", default=[], metavar="BLOCK=X",
+                    help="a block's lr_scale (repeatable)")
     ap.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm max norm; 0: none")
     ap.add_argument("--schedule", default="constant",
                     choices=("constant", "cosine", "linear", "wsd", "step", "inverse_sqrt"))

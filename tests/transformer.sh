@@ -2,8 +2,9 @@
 # tests/transformer.sh - PyTorch (Debian's python3-torch, CPU) trains the same
 # transformers as dp from the same initial safetensors on the same token
 # windows in the same order (tests/torch_gpt.py, which imports torch_ref.py's
-# port of the sampler) with the same AdamW, schedule and clipping; 20 losses
-# must agree.
+# port of the sampler) with the same AdamW (and its groups: the models'
+# `no_decay vectors`, no weight decay on biases and norm gains), schedule
+# and clipping; 20 losses must agree.
 #
 # Cases: models/gpt2-tiny.dp as shipped (vocab 256, ctx 64, d 64, 4 heads,
 # 2 layers: embedding, the broadcast add of wpe, layernorm, attention, gelu,

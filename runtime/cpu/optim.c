@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "../lr_sched.h"
 
 /* The bf16 compute copy of updated masters, in the same pass (while the
  * piece is in cache): precision bf16 reads no weight twice. */
@@ -84,7 +85,8 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 	float *o = cpu_f(k, in->out);
 	const float *a = cpu_f(k, in->in[0]);
 	int64_t n = cpu_numel(cpu_t(k, in->out));
-	float lr = k->step->lr, mom = DP_FATTR(in, SGD, momentum), wd = DP_FATTR(in, SGD, weight_decay);
+	float lr = dp_group_lr(k->step->lr, DP_FATTR(in, SGD, lr_scale));
+	float mom = DP_FATTR(in, SGD, momentum), wd = DP_FATTR(in, SGD, weight_decay);
 	int nesterov = k->step->opt->nesterov != 0;
 	float *buf = cpu_f(k, in->in[1]);
 	for (int64_t i = 0; i < n; i++) {
@@ -125,12 +127,13 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpOptim *op = k->step->opt;
-	double lr = k->step->lr, b1 = op->beta1, b2 = op->beta2;
+	double lr = dp_group_lr(k->step->lr, DP_FATTR(in, ADAMW, lr_scale));
+	double b1 = op->beta1, b2 = op->beta2;
 	double bc1 = 1.0 - pow(b1, (double)k->step->t), bc2 = 1.0 - pow(b2, (double)k->step->t);
 	AdamJob j = {.vec = k->vec, .p = cpu_f(k, in->out), .m = cpu_f(k, in->in[1]),
 		     .v = cpu_f(k, in->in[2]), .g = cpu_f(k, in->in[0]),
 		     .copy = in->in[3] >= 0 ? k->ptr[in->in[3]] : NULL};
-	j.c = (CpuAdam){.decay = (float)(1.0 - lr * op->weight_decay),
+	j.c = (CpuAdam){.decay = (float)(1.0 - lr * DP_FATTR(in, ADAMW, weight_decay)),
 			.beta1 = op->beta1,
 			.beta2 = op->beta2,
 			.one_b1 = (float)(1.0 - b1),

@@ -48,11 +48,10 @@ __global__ void k_sched(CuScalars *sc, DpOptim opt, DpSched sched, uint32_t cfg_
 	uint64_t k = sc->step;
 	double lr = sched_lr(&sched, opt.lr, cfg_steps, k);
 	float lrf = (float)lr;
-	double lrd = lrf, t = (double)(k + 1);
+	double t = (double)(k + 1);
 	sc->lr = lrf;
 	sc->t = (int64_t)k + 1;
-	sc->opt_k[CU_OPT_DECAY] = (float)(1.0 - lrd * opt.weight_decay);
-	sc->opt_k[CU_OPT_STEP_SIZE] = (float)(lrd / (1.0 - pow((double)opt.beta1, t)));
+	sc->bc1 = 1.0 - pow((double)opt.beta1, t);
 	sc->opt_k[CU_OPT_BC2_SQRT] = (float)sqrt(1.0 - pow((double)opt.beta2, t));
 }
 

@@ -54,8 +54,10 @@ extern "C" {
 #include "../rt.h"
 
 /* CuScalars.opt_k: the optimizer's per-step constants (AdamW's), computed by
- * the schedule kernel (kernels.cu) as the CPU computes them, read by optim.cu */
-enum { CU_OPT_DECAY, CU_OPT_STEP_SIZE, CU_OPT_BC2_SQRT };
+ * the schedule kernel (kernels.cu) as the CPU computes them, read by optim.cu
+ * (the decay and step size depend on the update's group: optim.cu derives
+ * them from lr and bc1) */
+enum { CU_OPT_BC2_SQRT };
 
 /* What a kernel can find wrong in data (sc->err): the CPU fails with an
  * error for the same value. */
@@ -84,6 +86,7 @@ typedef struct {
 	int64_t err_value;      /* the offending value */
 	int64_t err_index;      /* its row / position */
 	int64_t err_limit;      /* the bound it broke */
+	double bc1;             /* AdamW's bias correction 1 - beta1^t, in double as the CPU's */
 } CuScalars;
 
 /*

@@ -37,6 +37,7 @@
  * why nothing else may read them before they are zeroed.
  */
 #include "device.cuh"
+#include "../lr_sched.h"
 
 /* ---- sqnorm: out[0] = w * sum in0^2 (+ out[0] if ia2) ---- */
 
@@ -174,9 +175,10 @@ template <typename G> static __device__ __forceinline__ float clipped(float g, f
 /* G: the gradient's dtype (f32, or bf16 widened as it is read) */
 template <typename G>
 __global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
-		      float wd, int nesterov, const CuScalars *sc, const float *norm, float max_norm)
+		      float wd, float lr_scale, int nesterov, const CuScalars *sc, const float *norm,
+		      float max_norm)
 {
-	float lr = sc->lr, coef = clip_coef(norm, max_norm);
+	float lr = dp_group_lr(sc->lr, lr_scale), coef = clip_coef(norm, max_norm);
 	int64_t t = sc->t;
 	CU_FOR_EACH(i, n) {
 		float gi = clipped<G>(ld(g + i), coef), pi = ld(p + i); /* the folded clip */
@@ -201,13 +203,14 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 		return 0;
 	int nesterov = a->s->opt.nesterov != 0;
 	float mom = DP_FATTR(a->in, SGD, momentum), wd = DP_FATTR(a->in, SGD, weight_decay);
+	float ls = DP_FATTR(a->in, SGD, lr_scale);
 	if (cu_t(a, 0)->dtype == DP_BF16)
 		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
 			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd,
-			  nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+			  ls, nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
 		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
-			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd, nesterov, a->sc,
+			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd, ls, nesterov, a->sc,
 			  a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -217,6 +220,11 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 
 struct AdamK {
 	float decay, step_size, bc2_sqrt, beta1, beta2, one_b1, one_b2, eps, coef;
+};
+
+/* an update's optimizer group (its attributes) */
+struct AdamGroup {
+	float weight_decay, lr_scale;
 };
 
 /* g: the gradient after the folded clip (clipped<G>) */
@@ -232,12 +240,16 @@ static __device__ __forceinline__ float adam_one(const AdamK &k, float g, float 
 	return pi + (-k.step_size * mi) / denom;
 }
 
-static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, float beta1, float beta2,
-					       float eps, const float *norm, float max_norm)
+/* The group's lr (dp_group_lr) in double, then decay and step size as the
+ * CPU's run_adamw computes them */
+static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, AdamGroup gr, float beta1,
+					       float beta2, float eps, const float *norm,
+					       float max_norm)
 {
 	AdamK k;
-	k.decay = sc->opt_k[CU_OPT_DECAY];
-	k.step_size = sc->opt_k[CU_OPT_STEP_SIZE];
+	double lr = dp_group_lr(sc->lr, gr.lr_scale);
+	k.decay = (float)(1.0 - lr * gr.weight_decay);
+	k.step_size = (float)(lr / sc->bc1);
 	k.bc2_sqrt = sc->opt_k[CU_OPT_BC2_SQRT];
 	k.beta1 = beta1;
 	k.beta2 = beta2;
@@ -251,10 +263,10 @@ static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, float beta1,
 
 template <typename G>
 __global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n,
-			float beta1, float beta2, float eps, const CuScalars *sc, const float *norm,
-			float max_norm)
+			AdamGroup gr, float beta1, float beta2, float eps, const CuScalars *sc,
+			const float *norm, float max_norm)
 {
-	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
+	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n) {
 		float pi = ld(p + i), mi = ld(m + i), vi = ld(v + i);
 		pi = adam_one(k, clipped<G>(ld(g + i), k.coef), &pi, &mi, &vi);
@@ -279,10 +291,10 @@ static __device__ __forceinline__ float4 ld4g(const cu_bf16 *g)
  * copy 8-byte */
 template <typename G>
 __global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n4,
-			 float beta1, float beta2, float eps, const CuScalars *sc,
+			 AdamGroup gr, float beta1, float beta2, float eps, const CuScalars *sc,
 			 const float *norm, float max_norm)
 {
-	AdamK k = adam_k(sc, beta1, beta2, eps, norm, max_norm);
+	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n4) {
 		float4 pp = ld4(p + 4 * i), gg = ld4g(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
 		pp.x = adam_one(k, clipped<G>(gg.x, k.coef), &pp.x, &mm.x, &vv.x);
@@ -306,15 +318,17 @@ template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
 	float *p = cu_f(a, -1), *m = cu_f(a, 1), *v = cu_f(a, 2);
 	const G *g = (const G *)cu_p(a, 0);
 	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the bf16 compute copy, or NULL */
+	AdamGroup gr = {DP_FATTR(a->in, ADAMW, weight_decay), DP_FATTR(a->in, ADAMW, lr_scale)};
 	if (n <= 0)
 		return 0;
 	if (n % 4 == 0 && cu_aligned16(p) && ((uintptr_t)g & (4 * sizeof(G) - 1)) == 0 &&
 	    cu_aligned16(m) && cu_aligned16(v) && ((uintptr_t)copy & 7u) == 0)
 		CU_LAUNCH(k_adamw4<G>, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, n / 4,
-			  o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+			  gr, o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm,
+			  a->fuse->clip_max);
 	else
-		CU_LAUNCH(k_adamw<G>, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, o->beta1,
-			  o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+		CU_LAUNCH(k_adamw<G>, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, gr,
+			  o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
