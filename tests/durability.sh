@@ -209,7 +209,7 @@ msg "-state-step=_10_	" "\"step\": the string \"10\""
 msg "lowbit-optimizer" "optimizer.safetensors is damaged: bytes ["
 msg "nan-fixed-optimizer" "holds NaN at element"
 msg "state-samples_seen" "\"samples_seen\""
-msg "state-written_by-world_size" "axes multiplying to its world size 2"
+msg "state-written_by-world_size" "multiplying to its world size 2"
 
 # ---- 4. a fresh run into a directory that holds checkpoints ----
 if case_on "fresh-run-into-checkpoints"; then
