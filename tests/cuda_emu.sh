@@ -506,6 +506,7 @@ fi
 # progress); the communicators aborted at once end it. Every rank must end
 # within --timeout 3 + 10 s, with the watchdog's message, not the hang.
 if case_on two-communicators-stall; then
+# (axis mask 4: dp_shard, bit 2 of format/stepfile.h's DpAxis, pp being bit 0)
 { echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
 	sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
 "$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
@@ -516,7 +517,7 @@ rc=$?
 took=$(($(date +%s) - t0))
 msg=$(grep -m1 "did not finish within --timeout" "$T/abort2.log")
 if [ $rc = 1 ] && [ $took -le 13 ] && ! grep -q "FATAL" "$T/abort2.log" &&
-	echo "$msg" | grep -qE "pending: [a-z_]+ of '[^']+' over axis mask 2 .*; aborted every NCCL communicator"; then
+	echo "$msg" | grep -qE "pending: [a-z_]+ of '[^']+' over axis mask 4 .*; aborted every NCCL communicator"; then
 	ok "two communicators in the graph, a collective stuck on the one aborted last: every rank ends within --timeout 3 + 10 s (${took}s, exit $rc)"
 	echo "      ${msg#*error: }" | cut -c1-200
 else
