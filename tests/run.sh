@@ -42,18 +42,10 @@
 # stopped 5 s under --timeout 3 goes on; the error is printed once) count
 # only the time a rank ran, and passed at a load of ~10 beside three other
 # suites. trace.sh prints the cost of tracing without asserting it.
-# durability's 470 s and gpu_kit's 170 s were measured in a full run on an
-# otherwise idle machine (durability mostly waits on strace'd and killed
-# runs: half a CPU); it starts first, being the longest.
-#
-# Output. Each FAIL line is printed as it happens, prefixed with its suite
-# ("[sharding]   FAIL ..."), followed by the command that reproduces it
-# (`make test SUITE=... CASE='...'`, and the exact command where the suite
-# knows one). A line per suite as it ends; at the end the log tails of the
-# failed suites and the total "N passed, M failed, K skipped". Each suite's
-# whole output is in $BUILD/test-logs/NAME.log. Skipped checks (no GPU here)
-# are counted apart, never as passed. The exit status is non-zero when a
-# check failed, a suite exited non-zero, or CASE selected no case at all.
+# durability mostly waits on strace'd and killed runs (half a CPU), and
+# starts first, being the longest of those; the emulator's suites keep one
+# CPU busy each (their cases run one at a time), so two of them run side by
+# side.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -63,44 +55,46 @@ export CASE=${CASE:-}
 JOBS=${JOBS:-$(nproc)}
 LOGS=$BUILD/test-logs
 
-# name               weight  alone  seconds (alone on 2 cores, issue 20's figures; the start order)
+# name               weight  alone  seconds (measured in a full `make test`, JOBS=2, on 2
+# otherwise idle cores, 2026-11-27: the weight is the suite's CPU seconds over
+# its seconds, rounded to a half, 0.5 at least; the start order)
 TABLE="
-durability             0.5    -      470
-gpu_kit                1.5    -      170
-cuda_emu               1.5    -      310
-cuda_emu_mutations     1.5    -      135
-gradcheck              2      -       64
-faults                 0.5    -       52
-sharding               1.5    -       44
-resume                 0.5    -       33
-bf16                   1      -       25
-runtime_errors         0.5    -       23
-torch_ref              1      -       20
-cp                     1.5    -       18
-stepfile_fuzz          1      -       16
-transformer            1.5    -       13
-tp                     1      -       13
-recompute              1      -       13
-unit                   0.5    -       10
-equivalence            1.5    -        8
-errors                 0.5    -        8
-passes                 1      -        8
-logs                   0.5    alone    8
-schedules              1      -       20
-signals                1      -       30
-groups                 1      -       70
-tour                   1      -       30
-dprun                  1.5    -      150
-hosts                  1      -       30
-data_errors            0.5    -        5
-outputs                1      -        4
-cuda                   0.5    -        3
-trace                  1      -        3
-views                  0.5    -        2
-layers                 0.5    -        1
-golden                 0.5    -        1
-pipeline               0.5    -        3
-roofline               0.5    -        2
+durability             0.5    -       212
+cuda_emu               1      -       347
+cuda_emu_mutations     1      -       286
+gpu_kit                1      -       100
+faults                 0.5    -       104
+dprun                  0.5    -        66
+sharding               1.5    -        63
+gradcheck              2      -        62
+bf16                   1      -        53
+torch_ref              1      -        51
+resume                 1      -        43
+schedules              1      -        35
+runtime_errors         0.5    -        34
+groups                 1      -        34
+cp                     1.5    -        25
+tp                     1      -        20
+recompute              1      -        19
+outputs                0.5    -        19
+transformer            1.5    -        18
+tour                   1      -        15
+passes                 1      -        13
+stepfile_fuzz          0.5    -        12
+signals                0.5    -        11
+equivalence            1.5    -        11
+unit                   1      -        10
+trace                  0.5    -         9
+cuda                   0.5    -         8
+logs                   1      alone     7
+hosts                  0.5    -         7
+data_errors            0.5    -         7
+errors                 1      -         6
+layers                 0.5    -         1
+views                  0.5    -         1
+roofline               0.5    -         1
+pipeline               0.5    -         1
+golden                 0.5    -         1
 "
 # Suites another suite runs (NAME:PARENT): not started on their own by a
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
