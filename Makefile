@@ -107,7 +107,8 @@ $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
 
 # the launcher (launch/dprun.c): runs dpc and dpexec from its own directory;
 # links util/ only (its options' messages, shell quoting)
-$(DPRUN): launch/dprun.c $(BUILD)/util/cliopt.o $(BUILD)/util/suggest.o $(BUILD)/util/cmdline.o
+$(DPRUN): launch/dprun.c $(BUILD)/util/cliopt.o $(BUILD)/util/suggest.o $(BUILD)/util/cmdline.o \
+          $(BUILD)/util/stamp.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -Iutil $(LDFLAGS) -o $@ $^
 

@@ -18,6 +18,8 @@
  * is `mpirun -np N [--oversubscribe on one host] [--allow-run-as-root as
  * root] [--host L | --hostfile F] -x ... dpexec STEP.bin [dprun's words]
  * [the user's words]`, or `srun -n N dpexec ...` when SLURM_JOB_ID is set.
+ * dprun's words include --timestamps: every line of the job, as dprun's
+ * own, starts with the UTC time it was printed.
  * The launcher runs in a process group of its own with stdin from
  * /dev/null; dprun turns SIGINT into SIGUSR1 and SIGTERM into SIGUSR2 for
  * it, which mpirun and srun forward to every rank and dpexec takes as SIGINT
@@ -58,6 +60,7 @@
 
 #include "cliopt.h"
 #include "cmdline.h"
+#include "stamp.h"
 
 #define DPRUN_VERSION "0.1"
 #define DPEXEC_EXIT_LOST 75 /* dpexec: a rank did not answer within --timeout */
@@ -106,10 +109,9 @@ static void on_signal(int sig)
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
-	char ts[32];
-	time_t t = time(NULL);
-	strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
-	fprintf(stderr, "dprun: %s ", ts);
+	char ts[STAMP_LEN];
+	stamp_now(ts, sizeof ts);
+	fprintf(stderr, "%s dprun: ", ts);
 	va_list ap;
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -408,6 +410,7 @@ static int launch_words(Dprun *d, int np, int resume, char **w)
 	int exec_at = n;
 	w[n++] = d->dpexec;
 	w[n++] = d->step;
+	w[n++] = "--timestamps"; /* every line of the job starts with its time, as dprun's */
 	if (o->save_dir) {
 		w[n++] = "--save-dir";
 		w[n++] = (char *)o->save_dir;

@@ -33,6 +33,7 @@
  */
 #include <ctype.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <getopt.h>
 #include <glob.h>
 #include <math.h>
@@ -52,6 +53,7 @@
 #include "exec.h"
 #include "metrics.h"
 #include "rt.h"
+#include "stamp.h"
 #include "world.h"
 
 /* MFU on the CPU is measured against this per-rank peak unless
@@ -85,6 +87,7 @@ typedef struct {
 	unsigned char given[DP_NSETTINGS];
 	int64_t value[DP_NSETTINGS];
 	int quiet, verbose, check_grads, no_progress, no_graph;
+	int timestamps;      /* --timestamps: every console line starts with its time */
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
 	int argc;
@@ -146,6 +149,8 @@ static void usage(FILE *f)
 		"  --quiet               no per-step log lines\n"
 		"  --verbose             also log communication time per log line, and show the\n"
 		"                        rank, host and source location of an error\n"
+		"  --timestamps          start every line printed during the run with the UTC time\n"
+		"                        (2026-11-27T04:21:52.123Z; dprun gives it)\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
 		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, time,\n"
@@ -242,7 +247,7 @@ static char *run_record(const Run *r, const char *device)
 	const uint32_t *mesh = s->cfg.mesh;
 	char when[40], lib[MPI_MAX_LIBRARY_VERSION_STRING], cmd[8192] = "";
 	int n = 0;
-	metrics_time(when, sizeof when);
+	stamp_now(when, sizeof when);
 	MPI_Get_library_version(lib, &n);
 	lib[strcspn(lib, ",\n")] = '\0';
 	for (int i = 0; i < r->o.argc && cmd_append(cmd, sizeof cmd, r->o.argv[i]) == 0; i++)
@@ -282,7 +287,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION,
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -290,6 +295,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"init-from", required_argument, NULL, O_INIT_FROM},
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"verbose", no_argument, NULL, O_VERBOSE},
+		{"timestamps", no_argument, NULL, O_TIMESTAMPS},
 		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
@@ -346,6 +352,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_VERBOSE:
 			o->verbose = 1;
+			break;
+		case O_TIMESTAMPS:
+			o->timestamps = 1;
 			break;
 		case O_CHECK_GRADS:
 			o->check_grads = 1;
@@ -1215,6 +1224,15 @@ int main(int argc, char **argv)
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
+	if (r->o.timestamps) { /* from here on every line starts with its time */
+		FILE *out = stamp_stream(STDOUT_FILENO), *err = stamp_stream(STDERR_FILENO);
+		if (!out || !err) {
+			fprintf(stderr, "dpexec: error: --timestamps: %s\n", strerror(errno));
+			return 1;
+		}
+		stdout = out;
+		stderr = err;
+	}
 	backend_process_init(); /* OpenBLAS's kernels, for whichever backend runs */
 	/* MPI_Abort without Open MPI's help text (the user's setting wins) */
 	setenv("OMPI_MCA_orte_execute_quiet", "1", 0);

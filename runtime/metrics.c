@@ -31,11 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "metrics.h"
+#include "stamp.h"
 
 static void keep_error(Metrics *m, const char *what, const char *path, int err)
 {
@@ -135,16 +135,6 @@ static FILE *open_log(const char *what, const char *path, const char *header, ui
 	return f;
 }
 
-void metrics_time(char *buf, size_t len)
-{
-	struct timeval tv;
-	struct tm tm;
-	gettimeofday(&tv, NULL);
-	gmtime_r(&tv.tv_sec, &tm);
-	size_t n = strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(buf + n, len - n, ".%03dZ", (int)(tv.tv_usec / 1000));
-}
-
 int metrics_open(Metrics *m, const char *losses, const char *log_json, const char *run_record,
 		 RtErr *e)
 {
@@ -236,7 +226,7 @@ void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, doubl
 	if (!m->json)
 		return;
 	char line[1024], when[40];
-	metrics_time(when, sizeof when);
+	stamp_now(when, sizeof when);
 	int n = snprintf(line, sizeof line,
 			 "{\"step\": %llu, \"time\": \"%s\", \"loss\": %.9g, \"lr\": %.9g, "
 			 "\"ms_per_step\": %.6g, \"samples_per_s\": %.6g, \"elapsed_s\": %.6g, "

@@ -39,8 +39,6 @@ typedef struct {
  * resumed one; metrics.c says how runs share the file). */
 int metrics_open(Metrics *m, const char *losses, const char *log_json, const char *run_record,
 		 RtErr *e);
-/* Now, UTC, ISO 8601 with milliseconds ("2026-11-27T01:02:03.456Z"). */
-void metrics_time(char *buf, size_t len);
 void metrics_start(Metrics *m, double now);
 /* After step `step` (from 1): its --losses line; step_s is its duration. */
 void metrics_step(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,

@@ -37,6 +37,8 @@ TRIALS=${DPRUN_TRIALS:-2}
 export OMPI_MCA_orte_execute_quiet=1
 export TMPDIR=$T/tmp # dprun's scratch directories: this suite's ranks' paths
 mkdir -p "$TMPDIR"
+# the time every line of a dprun job starts with (dprun's and dpexec --timestamps')
+TS='[0-9]\{4\}-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\}Z'
 
 # ---- options ----
 if case_on options; then
@@ -65,7 +67,7 @@ if case_on launch-line; then
 	one=$(env -u SLURM_JOB_ID "$DPRUN" -n 4 --dry-run models/mlp.dp -- --steps 3)
 	hosts=$(env -u SLURM_JOB_ID "$DPRUN" -n 4 --hosts a:2,b:2 --dry-run models/mlp.dp)
 	slurm=$(SLURM_JOB_ID=7 "$DPRUN" -n 4 --dry-run --save-dir ck models/mlp.dp -- --steps 3)
-	if [[ $one == "mpirun $root--oversubscribe -np 4 -x DPRUN_COMMAND -x DPRUN_ARGS_FROM $ROOT/$BUILD/dpexec $TMPDIR/dprun."*"/step-4.bin --losses "*" --steps 3" ]] &&
+	if [[ $one == "mpirun $root--oversubscribe -np 4 -x DPRUN_COMMAND -x DPRUN_ARGS_FROM $ROOT/$BUILD/dpexec $TMPDIR/dprun."*"/step-4.bin --timestamps --losses "*" --steps 3" ]] &&
 		[[ $hosts == "mpirun $root--host a:2,b:2 -np 4 "* ]] &&
 		[[ $slurm == "srun -n 4 $ROOT/$BUILD/dpexec "*" --save-dir ck --losses "*" --steps 3" ]]; then
 		ok "the launch line: mpirun on one host (--oversubscribe), --host, srun under Slurm"
@@ -84,21 +86,32 @@ stop() {
 		"$ROOT/models/mlp.dp" -- --steps 300 --log-every 100 --eval-every 0 --losses "$1.loss")
 }
 if case_on ctrl-c; then
+	t0=$(date -u +%Y-%m-%dT%H:%M:%S.000Z)
 	stop ctrlc INT pgrp
-	step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGINT; resume with: .*/\1/p' "$T/ctrlc.out")
-	cmd=$(sed -n 's/^interrupted at step [0-9]* by SIGINT; resume with: //p' "$T/ctrlc.out")
-	if [ -n "$step" ] && [ "$(grep -c '^interrupted at step' "$T/ctrlc.out")" = 1 ] &&
+	t1=$(date -u +%Y-%m-%dT%H:%M:%S.999Z)
+	step=$(sed -n "s/^$TS interrupted at step \([0-9]*\) by SIGINT; resume with: .*/\1/p" "$T/ctrlc.out")
+	cmd=$(sed -n "s/^$TS interrupted at step [0-9]* by SIGINT; resume with: //p" "$T/ctrlc.out")
+	if [ -n "$step" ] && [ "$(grep -c "^$TS interrupted at step" "$T/ctrlc.out")" = 1 ] &&
 		grep -q '^rc=130$' "$T/ctrlc.out" &&
 		[ "$(cat "$T/ctrlc.ck/latest" 2>/dev/null)" = "$(printf 'step-%06d' "$step")" ]; then
 		ok "Ctrl-C of dprun: stopped at step $step, one message, a checkpoint, exit 130"
 	else
 		fail "Ctrl-C of dprun: message, checkpoint, exit 130"; sed 's/^/      /' "$T/ctrlc.out" | tail -n 6
 	fi
+	# every line of the job, dprun's and the ranks' (rc= is the test's), starts with its time
+	times=$(grep -o "^$TS" "$T/ctrlc.out" | sort)
+	if [ "$(grep -v '^rc=' "$T/ctrlc.out" | grep -vc "^$TS ")" = 0 ] &&
+		grep -q "^$TS dprun: compiled" "$T/ctrlc.out" && grep -q "^$TS mesh: " "$T/ctrlc.out" &&
+		[[ ! "$(head -n 1 <<<"$times")" < "$t0" ]] && [[ ! "$(tail -n 1 <<<"$times")" > "$t1" ]]; then
+		ok "every line of a dprun job (dprun's, the ranks') starts with the UTC time it was printed"
+	else
+		fail "a line of a dprun job without its time"; grep -v "^$TS \|^rc=" "$T/ctrlc.out" | head -n 5 | sed 's/^/      /'
+	fi
 	# pasted in the same directory, without the variables that let Open MPI run as root
 	if [[ $cmd == "$DPRUN -n 2 --save-dir ctrlc.ck $ROOT/models/mlp.dp -- "*" --resume ctrlc.ck" ]] &&
 		(cd "$T" && env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
 			-u OMPI_MCA_rmaps_base_oversubscribe $MPI_ASAN bash -c "$cmd") >"$T/paste.out" 2>&1 &&
-		grep -q "^resumed from ctrlc.ck/step-" "$T/paste.out" &&
+		grep -q "^$TS resumed from ctrlc.ck/step-" "$T/paste.out" &&
 		[ "$(tail -n 1 "$T/ctrlc.loss" | cut -d' ' -f1)" = 300 ]; then
 		ok "the printed resume command (dprun's), pasted as it is without the Open MPI root variables, finishes the run"
 	else
@@ -107,7 +120,7 @@ if case_on ctrl-c; then
 fi
 if case_on sigterm; then
 	stop term TERM pid
-	if grep -q '^interrupted at step [0-9]* by SIGTERM; resume with: ' "$T/term.out" &&
+	if grep -q "^$TS interrupted at step [0-9]* by SIGTERM; resume with: " "$T/term.out" &&
 		grep -q '^rc=143$' "$T/term.out" && [ -f "$T/term.ck/latest" ]; then
 		ok "SIGTERM to dprun: the ranks save and say SIGTERM, exit 143"
 	else
@@ -124,7 +137,7 @@ restart_setup() {
 }
 # ranks NAME: the pids of the dpexec ranks of the dprun job NAME (its step file is
 # in $TMPDIR/dprun.*)
-ranks() { pgrep -f "^$ROOT/$BUILD/dpexec $TMPDIR/dprun\.[^ ]*/step-[0-9]*\.bin --save-dir $T/$1\.ck "; }
+ranks() { pgrep -f "^$ROOT/$BUILD/dpexec $TMPDIR/dprun\.[^ ]*/step-[0-9]*\.bin --timestamps --save-dir $T/$1\.ck "; }
 # elastic NAME STEPS RESTARTS [dprun options -- dpexec options]: dprun on 4 ranks in
 # the background (pid in $job), losses in $T/NAME.loss, output in $T/NAME.out
 elastic() {
@@ -146,7 +159,7 @@ kill_at() {
 # step equal, bit for bit, a 2-rank run resumed from that checkpoint
 same_as_fresh() {
 	local name=$1 steps=$2 line from lost
-	line=$(grep "dprun: .* restart 1 of [0-9]*: .*; world size 4 -> 2; resuming from step [0-9]* of $T/$name.ck ([0-9]* steps\? lost since the last save)" "$T/$name.out")
+	line=$(grep "^$TS dprun: restart 1 of [0-9]*: .*; world size 4 -> 2; resuming from step [0-9]* of $T/$name.ck ([0-9]* steps\? lost since the last save)" "$T/$name.out")
 	from=$(echo "$line" | sed -n 's/.*resuming from step \([0-9]*\) .*/\1/p')
 	lost=$(echo "$line" | sed -n 's/.*(\([0-9]*\) steps\? lost.*/\1/p')
 	[ -n "$from" ] && grep -q "^rc=0$" "$T/$name.out" &&
@@ -166,12 +179,12 @@ for i in $(seq "$TRIALS"); do
 	kill_at "k$i" "$at" KILL
 	t0=$(date +%s%N)
 	# time to resume: from the kill to the 2-rank job's "resumed from" line
-	for j in $(seq 1200); do grep -q "^resumed from" "$T/k$i.out" && break; sleep 0.05; done
+	for j in $(seq 1200); do grep -q "^$TS resumed from" "$T/k$i.out" && break; sleep 0.05; done
 	took=$((($(date +%s%N) - t0) / 1000000))
 	wait $job
 	if got=$(same_as_fresh "k$i" 40); then
 		ok "kill -9 of a rank once step $at was logged: restarted at 2 ranks ($got, resumed ${took} ms after the kill); losses from there = a fresh 2-rank run from that checkpoint, bitwise"
-		grep "dprun: .* restart 1" "$T/k$i.out" | sed 's/^/      /'
+		grep "^$TS dprun: restart 1" "$T/k$i.out" | sed 's/^/      /'
 	else
 		fail "kill -9 of a rank once step $at was logged: restart at 2 ranks, losses as a fresh run from the checkpoint"
 		sed 's/^/      /' "$T/k$i.out" | tail -n 12
@@ -209,7 +222,7 @@ if case_on sigstop; then
 	elastic stop 30 1 --ranks-after-failure 3 "$T/g.dp" -- --timeout 3
 	kill_at stop 8 STOP
 	wait $job
-	if grep -q "dprun: .* restart 1 of 1: a rank stalled or was lost (a wait passed dpexec's --timeout)" "$T/stop.out" &&
+	if grep -q "^$TS dprun: restart 1 of 1: a rank stalled or was lost (a wait passed dpexec's --timeout)" "$T/stop.out" &&
 		got=$(same_as_fresh stop 30); then
 		ok "a stopped rank (SIGSTOP): the --timeout error (exit 75), restarted at 2 ranks ($got), losses as a fresh run"
 	else
@@ -240,8 +253,8 @@ if case_on exhausted; then
 	sleep 1
 	kill -KILL "$(ranks ex | head -n 1)"
 	wait $job
-	if grep -q "dprun: .* restart 1 of 1: a rank died (Killed, the launcher's status 137); world size 4 -> 4; resuming from step 5 " "$T/ex.out" &&
-		grep -q "dprun: .* giving up: a rank died (Killed, the launcher's status 137) at 4 ranks after 1 restart (--max-restarts 1)" "$T/ex.out" &&
+	if grep -q "^$TS dprun: restart 1 of 1: a rank died (Killed, the launcher's status 137); world size 4 -> 4; resuming from step 5 " "$T/ex.out" &&
+		grep -q "^$TS dprun: giving up: a rank died (Killed, the launcher's status 137) at 4 ranks after 1 restart (--max-restarts 1)" "$T/ex.out" &&
 		grep -q "^rc=137$" "$T/ex.out"; then
 		ok "restarts exhausted: one restart at 4 ranks, then 'giving up ... (--max-restarts 1)', the job's status 137"
 	else
@@ -250,7 +263,7 @@ if case_on exhausted; then
 	elastic few 400 2 --ranks-after-failure 2 --min-ranks 3 "$T/g.dp" --
 	kill_at few 3 KILL
 	wait $job
-	if grep -q "dprun: .* giving up: a rank died .*; 2 usable ranks are fewer than --min-ranks 3" "$T/few.out" &&
+	if grep -q "^$TS dprun: giving up: a rank died .*; 2 usable ranks are fewer than --min-ranks 3" "$T/few.out" &&
 		grep -q "^rc=137$" "$T/few.out"; then
 		ok "fewer usable ranks than --min-ranks: giving up at once, the job's status"
 	else

@@ -75,7 +75,7 @@ if case_on two-hosts; then
 		if grep -q "^rc=0$" "$T/two.out" && [ "$inb" = 2 ] && [ "$tcp" -ge 1 ] &&
 			[ "$(grep -vc '^#' "$T/two.loss")" = 60 ] && cmp -s "$T/two.loss" "$T/one.loss"; then
 			ok "mlp.dp on 2 ranks x 2 hosts (network namespaces, TCP only): $inb ranks in the second, $tcp dpexec TCP connections between them; losses = the 4-rank single-host run's, bitwise"
-			grep "^dprun\|^mesh\|^step" "$T/two.out" | sed 's/^/      /'
+			grep "dprun: \|Z mesh: \|Z step " "$T/two.out" | sed 's/^/      /'
 		else
 			fail "2 ranks x 2 hosts over TCP: ranks in the second namespace $inb, TCP connections $tcp, losses as one host's"
 			sed 's/^/      /' "$T/two.out" | tail -n 12

@@ -12,6 +12,7 @@
 #    schedule warns;
 #  - an error is printed once, without C source locations; --verbose adds
 #    rank, host and file:line;
+#  - --timestamps: every line printed starts with its UTC time;
 #  - dpexec --version names its release, the step-file format and the MPI
 #    library, and dpc --version the same release and format.
 set -u
@@ -159,6 +160,32 @@ if case_on verbose-error; then
 		ok "--verbose shows the rank, host and C source location of an error"
 	else
 		fail "--verbose error"; cat "$T/e2.out"
+	fi
+fi
+
+# --timestamps (what dprun gives the ranks): every line dpexec prints, on
+# stdout and stderr, an error's included, starts with the UTC time it was
+# printed, between the run's start and end; the same run without it: none
+TS='[0-9]\{4\}-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\}Z'
+if case_on timestamps; then
+	"$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >/dev/null || fail "dpc mlp"
+	t0=$(date -u +%Y-%m-%dT%H:%M:%S.000Z)
+	mpi 2 "$T/mlp2.bin" --steps 4 --log-every 1 --timestamps >"$T/ts.out" 2>"$T/ts.err"
+	mpi 2 "$T/mlp2.bin" --steps 1 --timestamps --losses "$T/no/such/dir/l.txt" >"$T/tse.out" 2>&1
+	t1=$(date -u +%Y-%m-%dT%H:%M:%S.999Z)
+	mpi 2 "$T/mlp2.bin" --steps 4 --log-every 1 >"$T/plain.out" 2>&1
+	cat "$T/ts.out" "$T/ts.err" "$T/tse.out" >"$T/ts.all"
+	bad=$(grep -vc "^$TS " "$T/ts.all")
+	times=$(grep -o "^$TS" "$T/ts.all" | sort)
+	if [ "$bad" = 0 ] && [ "$(grep -c "^$TS step [1-4]/4 | loss " "$T/ts.out")" = 4 ] &&
+		grep -q "^$TS dpexec: warning: --steps 4 ends the run" "$T/ts.err" &&
+		grep -q "^$TS dpexec: error: .*l.txt" "$T/tse.out" &&
+		[[ ! "$(head -n 1 <<<"$times")" < "$t0" ]] && [[ ! "$(tail -n 1 <<<"$times")" > "$t1" ]] &&
+		[ "$(grep -c "^$TS" "$T/plain.out")" = 0 ] && [ "$(grep -c "^step [1-4]/4 | loss " "$T/plain.out")" = 4 ]; then
+		ok "--timestamps: every line (progress, warning, error) starts with the UTC time it was printed ($(head -n 1 <<<"$times") .. $(tail -n 1 <<<"$times")); none without it"
+	else
+		fail "--timestamps: $bad lines without a time, or times outside $t0 .. $t1"
+		grep -v "^$TS " "$T/ts.all" | head -n 5 | sed 's/^/      /'
 	fi
 fi
 
