@@ -825,13 +825,15 @@ static int setup(Run *r)
 					      : metrics_open(m, r->o.losses, r->o.log_json, record, e);
 		free(record);
 	}
-	/* a schedule that decays to a floor, ended early */
+	/* a schedule that decays to a floor, ended early: said when the run
+	 * starts, not again on each resume (a restart, a requeued job) */
 	const DpSched *sc = &s->sched;
 	uint64_t total = sc->kind == DP_SCHED_WSD ? (uint64_t)sc->warmup + sc->stable + sc->decay
 		       : sc->steps ? sc->steps : s->cfg.steps;
 	int floored = sc->kind == DP_SCHED_COSINE || sc->kind == DP_SCHED_LINEAR ||
 		      sc->kind == DP_SCHED_WSD;
-	if (rc == 0 && r->rank == 0 && r->o.given[DP_SET_STEPS] && floored && steps < total)
+	if (rc == 0 && r->rank == 0 && !r->resume_dir && r->o.given[DP_SET_STEPS] && floored &&
+	    steps < total)
 		fprintf(stderr, "dpexec: warning: --steps %llu ends the run before its %s schedule "
 				"does (%llu steps): the last lr is %.3g, not %s %.3g\n",
 			(unsigned long long)steps, dp_kind_name(DP_SET_SCHEDULE, (int)sc->kind),

@@ -9,7 +9,7 @@
 #    adds a resume record; a fresh run appends, never overwrites;
 #  - --losses: a header line, then one line per step;
 #  - the progress line shows elapsed time and ETA; --steps shorter than the
-#    schedule warns;
+#    schedule warns, once (rank 0, not again on a resume);
 #  - an error is printed once, without C source locations; --verbose adds
 #    rank, host and file:line;
 #  - --timestamps: every line printed starts with its UTC time;
@@ -139,8 +139,12 @@ else
 fi
 if ! case_on steps-warning; then
 	:
-elif once run30 run30; grep -q "warning: --steps 30 ends the run before its cosine schedule does (600 steps)" "$T/run.err"; then
-	ok "--steps shorter than the schedule warns"
+elif once run30 run30; grep -q "warning: --steps 30 ends the run before its cosine schedule does (600 steps)" "$T/run.err" &&
+	mpi 2 "$T/gpt.bin" --steps 3 --quiet --save-dir "$T/warn.ck" >"$T/warn1.out" 2>&1 &&
+	mpi 2 "$T/gpt.bin" --steps 6 --quiet --resume "$T/warn.ck" >"$T/warn2.out" 2>&1 &&
+	[ "$(grep -c "warning: --steps 3 ends the run" "$T/warn1.out")" = 1 ] &&
+	grep -q "^resumed from" "$T/warn2.out" && ! grep -q "warning" "$T/warn2.out"; then
+	ok "--steps shorter than the schedule warns once: at the run's start, by rank 0, not again on its resume"
 else
 	fail "no --steps warning"; cat "$T/run.err"
 fi
