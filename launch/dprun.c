@@ -41,7 +41,16 @@
  * status (1: a user error such as bad data; 2: bad options) ends dprun with
  * it. Giving up (K restarts made, fewer than --min-ranks usable, no size
  * compiles) ends dprun with the last job's status and a line saying why.
- * Hosts are not probed: across hosts the same host list is used again.
+ *
+ * Hosts. With --hosts or --hostfile (mpirun), a restart first probes every
+ * host still in the list: `mpirun --host H:1 -np 1 true`, all at once,
+ * bounded by --probe-timeout. Through mpirun itself, not ping or a TCP
+ * connect: a host answers when the launcher can start a process there (its
+ * agent, ssh or another, its daemon's call back), which is what the next
+ * job needs. A host that does not answer is left out of this and later
+ * restarts (said); the restart's ranks are at most the slots of those that
+ * answer (a hostfile of their lines, in the scratch directory, replaces
+ * --hostfile). Under srun Slurm's allocation decides the nodes: no probe.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -71,6 +80,7 @@ typedef struct {
 	const char *hosts;      /* --hosts h1:2,h2:2 */
 	const char *hostfile;   /* --hostfile F */
 	const char *launcher;   /* auto, mpirun, srun */
+	double probe_timeout;   /* --probe-timeout SEC: a host that does not run a probe in time is gone */
 	int max_restarts;       /* --max-restarts K */
 	int min_ranks;          /* --min-ranks M */
 	int ranks_after;        /* --ranks-after-failure R (0: the same) */
@@ -82,8 +92,19 @@ typedef struct {
 	char **user;
 } Opts;
 
+/* A host of --hosts or --hostfile. */
+typedef struct {
+	char name[256];
+	int slots;              /* its slots (1 when not said, as mpirun --host H) */
+	char line[512];         /* its --hostfile line, as written */
+	int gone;               /* it did not answer a probe: left out of restarts */
+} Host;
+
 typedef struct {
 	Opts o;
+	Host *hosts;            /* the hosts (NULL: this machine, or Slurm's) */
+	int nhosts;
+	char hostarg[1 << 14];  /* the launch line's --host value, or its --hostfile */
 	char bindir[PATH_MAX / 2]; /* where dprun is: dpc and dpexec beside it */
 	char work[PATH_MAX / 2]; /* scratch directory: step files, the losses file */
 	char losses[PATH_MAX];  /* the losses file rank 0 writes (the user's or ours) */
@@ -137,6 +158,10 @@ static void usage(FILE *f)
 		"                            or a hostfile: this machine, N processes whatever\n"
 		"                            its cores (--oversubscribe)\n"
 		"  --hostfile F              an Open MPI hostfile (mpirun --hostfile)\n"
+		"  --probe-timeout SEC       after a failure, each host of --hosts or --hostfile\n"
+		"                            must run a probe (mpirun --host H:1 true) within SEC\n"
+		"                            seconds (default 10); the restart leaves out those\n"
+		"                            that do not\n"
 		"  --launcher auto|mpirun|srun\n"
 		"                            auto (default): srun when SLURM_JOB_ID is set, else\n"
 		"                            mpirun; as root, mpirun gets --allow-run-as-root\n"
@@ -146,7 +171,10 @@ static void usage(FILE *f)
 		"                            wait past dpexec's --timeout: exit 75) up to K times\n"
 		"                            from the latest checkpoint in --save-dir (default 0).\n"
 		"                            An error of the run itself (bad data, bad options:\n"
-		"                            exit 1, 2) is never restarted\n"
+		"                            exit 1, 2) is never restarted. Across hosts a\n"
+		"                            failed job first probes them (--probe-timeout): one\n"
+		"                            that does not answer is left out, and a job it ended\n"
+		"                            is restarted on the others\n"
 		"  --ranks-after-failure R   the ranks usable after a failure (default: as many\n"
 		"                            as before); the restart runs at the largest world\n"
 		"                            size from R down to --min-ranks that the model's mesh\n"
@@ -182,12 +210,13 @@ static int parse_int(const char *s, int lo, const char *opt, int *out)
 /* 0: run; 1: exit 0 (help, version); -1: usage error (message printed). */
 static int parse_opts(int argc, char **argv, Opts *o)
 {
-	enum { O_HOSTS = 256, O_HOSTFILE, O_LAUNCHER, O_MAXR, O_MINR, O_AFTER, O_SAVEDIR,
+	enum { O_HOSTS = 256, O_HOSTFILE, O_PROBE_TIMEOUT, O_LAUNCHER, O_MAXR, O_MINR, O_AFTER, O_SAVEDIR,
 	       O_SAVEEVERY, O_DRY, O_VERSION };
 	static const struct option longopts[] = {
 		{"np", required_argument, NULL, 'n'},
 		{"hosts", required_argument, NULL, O_HOSTS},
 		{"hostfile", required_argument, NULL, O_HOSTFILE},
+		{"probe-timeout", required_argument, NULL, O_PROBE_TIMEOUT},
 		{"launcher", required_argument, NULL, O_LAUNCHER},
 		{"max-restarts", required_argument, NULL, O_MAXR},
 		{"min-ranks", required_argument, NULL, O_MINR},
@@ -200,7 +229,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{NULL, 0, NULL, 0},
 	};
 	static const char shortopts[] = "+:n:h";
-	*o = (Opts){.launcher = "auto", .min_ranks = 1};
+	*o = (Opts){.launcher = "auto", .min_ranks = 1, .probe_timeout = 10};
 	int c, unused;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
@@ -211,6 +240,18 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_HOSTS: o->hosts = optarg; break;
 		case O_HOSTFILE: o->hostfile = optarg; break;
+		case O_PROBE_TIMEOUT: {
+			char *end;
+			errno = 0;
+			o->probe_timeout = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !(o->probe_timeout > 0) ||
+			    o->probe_timeout > 86400) {
+				fprintf(stderr, "dprun: error: --probe-timeout wants seconds > 0, not '%s'\n",
+					optarg);
+				return -1;
+			}
+			break;
+		}
 		case O_LAUNCHER:
 			if (strcmp(optarg, "auto") && strcmp(optarg, "mpirun") && strcmp(optarg, "srun")) {
 				fprintf(stderr, "dprun: error: --launcher is auto, mpirun or srun, not '%s'\n",
@@ -390,12 +431,9 @@ static int launch_words(Dprun *d, int np, int resume, char **w)
 		w[n++] = "mpirun";
 		if (geteuid() == 0)
 			w[n++] = "--allow-run-as-root";
-		if (o->hosts) {
-			w[n++] = "--host";
-			w[n++] = (char *)o->hosts;
-		} else if (o->hostfile) {
-			w[n++] = "--hostfile";
-			w[n++] = (char *)o->hostfile;
+		if (d->nhosts) { /* the hosts that answer: as given until a probe finds one gone */
+			w[n++] = o->hosts ? "--host" : "--hostfile";
+			w[n++] = d->hostarg;
 		} else {
 			w[n++] = "--oversubscribe"; /* one host: -n processes, as asked */
 		}
@@ -531,6 +569,202 @@ static const char *restartable(int status, char *buf, size_t len)
 	return NULL;
 }
 
+/* ---- hosts: which of --hosts / --hostfile still answer ---- */
+
+/* Add a host; -1 (said why) when out of memory or its fields too long. */
+static int add_host(Dprun *d, const char *name, size_t nlen, int slots, const char *line)
+{
+	if (nlen == 0 || nlen >= sizeof d->hosts[0].name || strlen(line) >= sizeof d->hosts[0].line) {
+		say("error: a host name or hostfile line that is empty or too long: '%s'", line);
+		return -1;
+	}
+	Host *h = realloc(d->hosts, (size_t)(d->nhosts + 1) * sizeof *h);
+	if (!h) {
+		say("error: out of memory");
+		return -1;
+	}
+	d->hosts = h;
+	h += d->nhosts++;
+	memset(h, 0, sizeof *h);
+	memcpy(h->name, name, nlen);
+	h->slots = slots;
+	snprintf(h->line, sizeof h->line, "%s", line);
+	return 0;
+}
+
+/* The hosts of --hosts H[:S],... or of --hostfile F (lines `H [slots=S]
+ * ...`, # comments), in d->hosts; the launch line's value in d->hostarg. */
+static int read_hosts(Dprun *d)
+{
+	const Opts *o = &d->o;
+	if (o->hosts) {
+		for (const char *p = o->hosts; *p;) {
+			size_t k = strcspn(p, ","), nlen = strcspn(p, ":,");
+			char item[512];
+			snprintf(item, sizeof item, "%.*s", (int)k, p);
+			int slots = 1;
+			if (nlen < k && (sscanf(p + nlen + 1, "%d", &slots) != 1 || slots < 1)) {
+				say("error: --hosts: '%s' is not HOST or HOST:SLOTS", item);
+				return -1;
+			}
+			if (add_host(d, p, nlen, slots, item) < 0)
+				return -1;
+			p += k + (p[k] == ',');
+		}
+		snprintf(d->hostarg, sizeof d->hostarg, "%s", o->hosts);
+	} else if (o->hostfile) {
+		FILE *f = fopen(o->hostfile, "r");
+		char line[512];
+		if (!f) {
+			say("error: --hostfile %s: %s", o->hostfile, strerror(errno));
+			return -1;
+		}
+		while (fgets(line, sizeof line, f)) {
+			line[strcspn(line, "#\n")] = '\0';
+			const char *p = line + strspn(line, " \t"), *s = strstr(p, "slots=");
+			size_t nlen = strcspn(p, " \t");
+			if (nlen && add_host(d, p, nlen, s ? atoi(s + 6) > 0 ? atoi(s + 6) : 1 : 1, p) < 0) {
+				fclose(f);
+				return -1;
+			}
+		}
+		fclose(f);
+		if (!d->nhosts) {
+			say("error: --hostfile %s names no host", o->hostfile);
+			return -1;
+		}
+		snprintf(d->hostarg, sizeof d->hostarg, "%s", o->hostfile);
+	}
+	return 0;
+}
+
+/* Start `mpirun --host H:1 -np 1 true` for host h: the launcher's own way
+ * to a host (ssh, or the agent the environment names), so a host answers
+ * when a rank could start there. Its output goes to work/probe-I.log. */
+static pid_t start_probe(Dprun *d, int i)
+{
+	char host[300], log[PATH_MAX];
+	snprintf(host, sizeof host, "%s:1", d->hosts[i].name);
+	snprintf(log, sizeof log, "%s/probe-%d.log", d->work, i);
+	char *w[] = {"mpirun", "--host", host, "-np", "1", "true", NULL, NULL};
+	if (geteuid() == 0) { /* "mpirun --allow-run-as-root --host ..." */
+		memmove(w + 2, w + 1, 6 * sizeof *w);
+		w[1] = "--allow-run-as-root";
+	}
+	pid_t p = fork();
+	if (p == 0) {
+		setpgid(0, 0); /* its own group: a timed-out probe is killed whole */
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (in < 0 || out < 0 || dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 ||
+		    dup2(out, STDERR_FILENO) < 0)
+			_exit(127);
+		execvp(w[0], w);
+		_exit(127);
+	}
+	if (p > 0)
+		setpgid(p, p);
+	return p;
+}
+
+/* The hosts not gone, as --hosts lists them: H:S,... */
+static void hosts_text(const Dprun *d, char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < d->nhosts && used < len; i++)
+		if (!d->hosts[i].gone)
+			used += (size_t)snprintf(buf + used, len - used, "%s%s:%d", used ? "," : "",
+						 d->hosts[i].name, d->hosts[i].slots);
+}
+
+static int hosts_gone(const Dprun *d)
+{
+	int n = 0;
+	for (int i = 0; i < d->nhosts; i++)
+		n += d->hosts[i].gone;
+	return n;
+}
+
+/* After a failure: probe every host not yet gone, all at once, for at most
+ * --probe-timeout seconds; a probe that fails or does not end in time
+ * marks its host gone (said, once). d->hostarg is then the hosts that
+ * answer (--hosts' list, or a hostfile of their lines in work). Returns
+ * their slots; -1 on an error (said). */
+static int probe_hosts(Dprun *d)
+{
+	pid_t *pid = calloc((size_t)d->nhosts, sizeof *pid);
+	int *rc = calloc((size_t)d->nhosts, sizeof *rc), running = 0;
+	if (!pid || !rc) {
+		free(pid);
+		free(rc);
+		say("error: out of memory");
+		return -1;
+	}
+	for (int i = 0; i < d->nhosts; i++)
+		if (!d->hosts[i].gone && (pid[i] = start_probe(d, i)) > 0)
+			running++;
+		else
+			rc[i] = d->hosts[i].gone ? 0 : -1; /* could not fork: taken as gone */
+	double deadline = now_s() + d->o.probe_timeout;
+	while (running > 0 && now_s() < deadline && !got_signal) {
+		for (int i = 0; i < d->nhosts; i++) {
+			int st;
+			if (pid[i] > 0 && waitpid(pid[i], &st, WNOHANG) == pid[i]) {
+				rc[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+				pid[i] = 0;
+				running--;
+			}
+		}
+		usleep(20000);
+	}
+	for (int i = 0; i < d->nhosts; i++) {
+		Host *h = &d->hosts[i];
+		if (pid[i] > 0) { /* no answer in time: the probe (mpirun and its agent) ends */
+			kill(-pid[i], SIGKILL);
+			while (waitpid(pid[i], NULL, 0) < 0 && errno == EINTR)
+				;
+			if (!got_signal)
+				say("host %s does not answer: the probe (mpirun --host %s:1 true) did not "
+				    "end within --probe-timeout %g s", h->name, h->name, d->o.probe_timeout);
+			h->gone = !got_signal;
+		} else if (rc[i] != 0 && !h->gone) {
+			say("host %s does not answer: the probe (mpirun --host %s:1 true) exited %d",
+			    h->name, h->name, rc[i]);
+			h->gone = 1;
+		}
+	}
+	free(pid);
+	free(rc);
+	/* the launch line's hosts: those that answer */
+	int slots = 0;
+	char file[PATH_MAX];
+	FILE *f = NULL;
+	if (!d->o.hosts) {
+		snprintf(file, sizeof file, "%s/hostfile", d->work);
+		if (!(f = fopen(file, "w"))) {
+			say("error: cannot write %s: %s", file, strerror(errno));
+			return -1;
+		}
+	}
+	for (int i = 0; i < d->nhosts; i++)
+		if (!d->hosts[i].gone) {
+			slots += d->hosts[i].slots;
+			if (f)
+				fprintf(f, "%s\n", d->hosts[i].line);
+		}
+	if (f && fclose(f) != 0) {
+		say("error: cannot write %s: %s", file, strerror(errno));
+		return -1;
+	}
+	if (f)
+		snprintf(d->hostarg, sizeof d->hostarg, "%s", file);
+	else
+		hosts_text(d, d->hostarg, sizeof d->hostarg);
+	return slots;
+}
+
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
 	return remove(path) < 0 ? -1 : 0;
@@ -583,7 +817,7 @@ static int setup(Dprun *d, int argc, char **argv)
 		return -1;
 	}
 	setenv("DPRUN_COMMAND", d->command, 1);
-	return 0;
+	return read_hosts(d);
 }
 
 int main(int argc, char **argv)
@@ -636,6 +870,23 @@ int main(int argc, char **argv)
 		status = run_job(w);
 		char buf[256];
 		const char *cause = got_signal ? NULL : restartable(status, buf, sizeof buf);
+		/* across hosts, a failed job that may be restarted probes them: mpirun
+		 * ends a job whose host went away with a status of its own (9, 205,
+		 * ...), which a host that no longer answers explains */
+		int slots = -1;
+		if (!got_signal && status != 0 && status != 2 && d->nhosts && !use_srun(o) &&
+		    restarts < o->max_restarts) {
+			int before = hosts_gone(d);
+			if ((slots = probe_hosts(d)) < 0) /* said why */
+				break;
+			if (got_signal)
+				continue; /* the loop's top says why it stops */
+			if (!cause && hosts_gone(d) > before) {
+				snprintf(buf, sizeof buf, "a host stopped answering (the launcher's status %d)",
+					 status);
+				cause = buf;
+			}
+		}
 		if (!cause)
 			break;
 		long logged = last_logged(d->losses), saved = latest_step(o->save_dir ? o->save_dir : "");
@@ -649,6 +900,8 @@ int main(int argc, char **argv)
 		}
 		/* the largest world size from the usable ranks down that compiles */
 		int want = o->ranks_after && o->ranks_after < np ? o->ranks_after : np, next = 0;
+		if (slots >= 0 && slots < want) /* across hosts: the slots of those that answer */
+			want = slots;
 		if (want < o->min_ranks) {
 			say("giving up: %s; %d usable ranks are fewer than --min-ranks %d", cause, want,
 			    o->min_ranks);
@@ -681,17 +934,23 @@ int main(int argc, char **argv)
 			    want, o->min_ranks);
 			break;
 		}
+		char on[sizeof d->hostarg] = "";
+		if (d->nhosts && !use_srun(o)) {
+			memcpy(on, " on ", 4);
+			hosts_text(d, on + 4, sizeof on - 4);
+		}
 		if (saved >= 0)
-			say("restart %d of %d: %s; world size %d -> %d; resuming from step %ld of %s "
+			say("restart %d of %d: %s; world size %d -> %d%s; resuming from step %ld of %s "
 			    "(%ld step%s lost since the last save)",
-			    restarts + 1, o->max_restarts, cause, np, next, saved, o->save_dir,
+			    restarts + 1, o->max_restarts, cause, np, next, on, saved, o->save_dir,
 			    logged > saved ? logged - saved : 0, logged - saved == 1 ? "" : "s");
 		else
-			say("restart %d of %d: %s; world size %d -> %d; no checkpoint yet: starting "
+			say("restart %d of %d: %s; world size %d -> %d%s; no checkpoint yet: starting "
 			    "again from step 0 (%ld steps lost)",
-			    restarts + 1, o->max_restarts, cause, np, next, logged > 0 ? logged : 0);
+			    restarts + 1, o->max_restarts, cause, np, next, on, logged > 0 ? logged : 0);
 		np = next;
 	}
 	remove_work(d);
+	free(d->hosts);
 	return status;
 }

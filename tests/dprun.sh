@@ -43,7 +43,7 @@ TS='[0-9]\{4\}-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\
 # ---- options ----
 if case_on options; then
 	out=$("$DPRUN" --help)
-	for o in --np --hosts --hostfile --launcher --save-dir --save-every --max-restarts \
+	for o in --np --hosts --hostfile --probe-timeout --launcher --save-dir --save-every --max-restarts \
 		--ranks-after-failure --min-ranks --dry-run; do
 		echo "$out" | grep -q -- "^ *$o\b\|, $o\b" || { fail "dprun --help lists $o"; }
 	done

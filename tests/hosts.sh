@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/hosts.sh - a run across two "hosts" (docs/LAUNCH.md): two network
+# tests/hosts.sh - runs across two "hosts" (docs/LAUNCH.md): two network
 # namespaces joined by a veth pair on addresses made here, each with a
 # hostname of its own (unshare --uts), so Open MPI sees two nodes. mpirun
 # starts the remote daemon through an rsh agent written here that enters
@@ -7,7 +7,8 @@
 # only (btl tcp,self: no shared memory between them). dprun -n 4 --hosts
 # A:2,B:2 trains mlp.dp: two of the ranks run in the second namespace,
 # with TCP connections between the two addresses, and the losses equal
-# the 4-rank single-host run's, bit for bit.
+# the 4-rank single-host run's, bit for bit. A host lost mid-run: dprun
+# probes the hosts, restarts on the one that answers (host-lost).
 # The namespaces are removed on every exit (trap), a failed one included;
 # without root or where namespaces cannot be made the case is skipped,
 # saying why.
@@ -39,10 +40,13 @@ make_hosts() {
 		ip netns exec "$A" unshare --uts true
 } 2>"$T/ns.err"
 
-if case_on two-hosts; then
-	if ! make_hosts; then
-		skip "two hosts as network namespaces: cannot make them here ($(head -n 1 "$T/ns.err"))"
-	else
+# hosts_up: the two hosts and the rsh agent, made once for the cases that
+# need them; non-zero (skipped, saying why) where that is not possible
+hosts_up() {
+	if [ -z "${HOSTS_UP:-}" ]; then
+		HOSTS_UP=no
+		make_hosts || return 1
+		HOSTS_UP=yes
 		# Open MPI's rsh agent: HOST COMMAND... runs COMMAND (a shell's text) in HOST's namespace
 		cat >"$T/nsrsh" <<-EOF
 			#!/bin/sh
@@ -55,10 +59,22 @@ if case_on two-hosts; then
 			exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name; \$*"
 		EOF
 		chmod +x "$T/nsrsh"
-		(ip netns exec "$A" unshare --uts env OMPI_MCA_plm_rsh_agent="$T/nsrsh" OMPI_MCA_btl=tcp,self \
-			OMPI_MCA_btl_tcp_if_include=10.231.0.0/24 OMPI_MCA_oob_tcp_if_include=10.231.0.0/24 \
-			TMPDIR="$T" $MPI_ASAN sh -c 'hostname hostA; exec "$@"' sh \
-			timeout 120 "$ROOT/$BUILD/dprun" -n 4 --hosts "$IPA:2,$IPB:2" models/mlp.dp -- \
+	fi
+	[ "$HOSTS_UP" = yes ]
+}
+# on_a COMMAND...: COMMAND on host A (its namespace and hostname), mpirun's
+# remote ranks through the rsh agent, TCP only between the two addresses
+on_a() {
+	ip netns exec "$A" unshare --uts env OMPI_MCA_plm_rsh_agent="$T/nsrsh" OMPI_MCA_btl=tcp,self \
+		OMPI_MCA_btl_tcp_if_include=10.231.0.0/24 OMPI_MCA_oob_tcp_if_include=10.231.0.0/24 \
+		TMPDIR="$T" $MPI_ASAN sh -c 'hostname hostA; exec "$@"' sh "$@"
+}
+
+if case_on two-hosts; then
+	if ! hosts_up; then
+		skip "two hosts as network namespaces: cannot make them here ($(head -n 1 "$T/ns.err"))"
+	else
+		(on_a timeout 120 "$ROOT/$BUILD/dprun" -n 4 --hosts "$IPA:2,$IPB:2" models/mlp.dp -- \
 			--steps 60 --eval-every 0 --log-every 20 --losses "$T/two.loss" >"$T/two.out" 2>&1
 		 echo "rc=$?" >>"$T/two.out") &
 		job=$!
@@ -80,6 +96,46 @@ if case_on two-hosts; then
 			fail "2 ranks x 2 hosts over TCP: ranks in the second namespace $inb, TCP connections $tcp, losses as one host's"
 			sed 's/^/      /' "$T/two.out" | tail -n 12
 			cmp "$T/two.loss" "$T/one.loss" | sed 's/^/      /'
+		fi
+	fi
+fi
+
+# A host lost in the middle of a run (--hostfile): once 25 steps are logged,
+# host B's link goes down and its processes are killed (a host that
+# crashed: its address no longer answers). mpirun ends the job with a
+# status of its own; dprun probes both hosts (mpirun --host H:1 true), finds
+# B gone, restarts at the slots that answer (2 ranks on A) from the last
+# checkpoint, and the run finishes: its losses from the resumed step on
+# equal, bit for bit, a 2-rank single-host run resumed from that checkpoint.
+if case_on host-lost; then
+	if ! hosts_up; then
+		skip "a host lost: two hosts as network namespaces cannot be made here ($(head -n 1 "$T/ns.err"))"
+	else
+		printf '# two hosts\n%s slots=2\n%s slots=2 # the one lost\n' "$IPA" "$IPB" >"$T/hostfile"
+		(on_a timeout 200 "$ROOT/$BUILD/dprun" -n 4 --hostfile "$T/hostfile" --max-restarts 1 \
+			--probe-timeout 5 --save-dir "$T/lost.ck" --save-every 10 models/mlp.dp -- \
+			--steps 120 --quiet --eval-every 0 --timeout 10 --losses "$T/lost.loss" >"$T/lost.out" 2>&1
+		 echo "rc=$?" >>"$T/lost.out") &
+		job=$!
+		wait_lines "$T/lost.loss" 26
+		ip -n "$B" link set "v$B" down
+		kill -KILL $(ip netns pids "$B") 2>/dev/null
+		wait $job
+		from=$(sed -n "s/.* dprun: restart 1 of 1: a host stopped answering (the launcher's status [0-9]*); world size 4 -> 2 on $IPA:2; resuming from step \([0-9]*\) .*/\1/p" "$T/lost.out")
+		ok_lost=0
+		if [ -n "$from" ] && grep -q "^rc=0$" "$T/lost.out" &&
+			grep -q " dprun: host $IPB does not answer: the probe (mpirun --host $IPB:1 true) " "$T/lost.out" &&
+			! grep -q "host $IPA does not answer" "$T/lost.out" &&
+			"$DPC" models/mlp.dp --world-size 2 -o "$T/two2.bin" >/dev/null 2>&1 &&
+			mpi 2 "$T/two2.bin" --resume "$(printf '%s/step-%06d' "$T/lost.ck" "$from")" --save-dir "$T/lost.ref.ck" \
+				--steps 120 --quiet --eval-every 0 --losses "$T/lost.ref" >"$T/lost.ref.out" 2>&1 &&
+			[ "$(awk -v f="$from" '!/^#/ && $1 > f' "$T/lost.loss" | wc -l)" = $((120 - from)) ] &&
+			cmp -s <(awk -v f="$from" '!/^#/ && $1 > f' "$T/lost.loss") <(awk -v f="$from" '!/^#/ && $1 > f' "$T/lost.ref"); then
+			ok "a host lost mid-run (--hostfile): probed, left out, restarted at 2 ranks on the other from step $from; losses = a 2-rank single-host run from that checkpoint, bitwise"
+			grep " dprun: " "$T/lost.out" | sed 's/^/      /'
+		else
+			fail "a host lost mid-run: probe, restart on the host that answers, losses as a fresh run"
+			grep -v " step \| checkpoint " "$T/lost.out" | sed 's/^/      /' | tail -n 12
 		fi
 	fi
 fi

@@ -65,6 +65,7 @@ cuda_emu_mutations     1      -       286
 gpu_kit                1      -       100
 faults                 0.5    -       104
 dprun                  0.5    -        66
+hosts                  0.5    -        45
 sharding               1.5    -        63
 gradcheck              2      -        62
 bf16                   1      -        53
@@ -87,7 +88,6 @@ unit                   1      -        10
 trace                  0.5    -         9
 cuda                   0.5    -         8
 logs                   1      alone     7
-hosts                  0.5    -         7
 data_errors            0.5    -         7
 errors                 1      -         6
 layers                 0.5    -         1
