@@ -20,6 +20,8 @@
 #    samples), across an epoch's end;
 #  - a stalled rank (SIGSTOP) takes the same path through --timeout
 #    (dpexec's exit 75);
+#  - under Slurm with a stand-in srun (records its words, runs them through
+#    mpirun): the srun lines of the start and of a restart, Ctrl-C;
 #  - a user error (a token shard cut short after compiling) is not
 #    restarted: exit 1, no restart line;
 #  - restarts exhausted (a rank killed again after the one restart): the
@@ -230,6 +232,55 @@ if case_on sigstop; then
 	else
 		fail "a stopped rank: restart through --timeout"; sed 's/^/      /' "$T/stop.out" | tail -n 12
 	fi
+fi
+# Under Slurm (SLURM_JOB_ID set) dprun starts the ranks with srun. No Slurm
+# here: a stand-in srun on PATH records its words and runs them through
+# mpirun (exec: dprun's SIGUSR1/2 reach mpirun, which forwards them). It
+# checks dprun's side of the contract: the words (srun -n N dpexec STEP
+# --timestamps ...), the environment the ranks get (the resume command is
+# dprun's), a restart at 2 ranks as `srun -n 2 ... --resume DIR`, Ctrl-C.
+# Not checked: Slurm's own srun (its signal forwarding, exit statuses,
+# PMIx wiring, a node lost inside an allocation).
+fake_srun() {
+	mkdir -p "$T/slurm"
+	cat >"$T/slurm/srun" <<-'EOF'
+		#!/bin/sh
+		# a stand-in for Slurm's srun (tests/dprun.sh): -n N COMMAND... through mpirun
+		echo "srun $*" >>"$SRUN_LOG"
+		[ "$1" = -n ] || { echo "fake srun: wants -n N first, not '$1'" >&2; exit 2; }
+		n=$2; shift 2
+		exec mpirun --oversubscribe -np "$n" "$@"
+	EOF
+	chmod +x "$T/slurm/srun"
+}
+if case_on srun; then
+	once restart restart_setup
+	fake_srun
+	export SRUN_LOG=$T/srun.log
+	SLURM_JOB_ID=7 PATH=$T/slurm:$PATH elastic srun 30 1 --ranks-after-failure 3 "$T/g.dp" --
+	kill_at srun 8 KILL
+	wait $job
+	user="--steps 30 --quiet --eval-every 0 --losses $T/srun.loss --timeout 30"
+	step4="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-4.bin --timestamps --save-dir $T/srun.ck --save-every 5 $user"
+	step2="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-2.bin --timestamps --save-dir $T/srun.ck --save-every 5 --resume $T/srun.ck $user"
+	if [ "$(wc -l <"$SRUN_LOG")" = 2 ] && sed -n 1p "$SRUN_LOG" | grep -q "^srun -n 4 $step4$" &&
+		sed -n 2p "$SRUN_LOG" | grep -q "^srun -n 2 $step2$" && got=$(same_as_fresh srun 30); then
+		ok "under Slurm (a stand-in srun): srun -n 4 dpexec STEP --timestamps ..., a rank killed: srun -n 2 ... --resume ($got), losses as a fresh 2-rank run"
+	else
+		fail "under Slurm (a stand-in srun): the srun lines and the restart"
+		sed 's/^/      /' "$SRUN_LOG"; sed 's/^/      /' "$T/srun.out" | tail -n 8
+	fi
+	(cd "$T" && SLURM_JOB_ID=7 PATH=$T/slurm:$PATH signal_at sctrlc 21 INT pgrp env $MPI_ASAN "$DPRUN" -n 2 \
+		--save-dir sctrlc.ck "$ROOT/models/mlp.dp" -- --steps 300 --log-every 100 --eval-every 0 --losses sctrlc.loss)
+	cmd=$(sed -n "s/^$TS interrupted at step [0-9]* by SIGINT; resume with: //p" "$T/sctrlc.out")
+	if grep -q '^rc=130$' "$T/sctrlc.out" && [ -f "$T/sctrlc.ck/latest" ] &&
+		[[ $cmd == "$DPRUN -n 2 --save-dir sctrlc.ck $ROOT/models/mlp.dp -- "*" --resume sctrlc.ck" ]] &&
+		tail -n 1 "$SRUN_LOG" | grep -q "^srun -n 2 $ROOT/$BUILD/dpexec "; then
+		ok "under Slurm (a stand-in srun): Ctrl-C reaches the ranks through srun, exit 130, a checkpoint, dprun's resume command"
+	else
+		fail "Ctrl-C under Slurm (a stand-in srun)"; sed 's/^/      /' "$T/sctrlc.out" | tail -n 6
+	fi
+	unset SRUN_LOG
 fi
 if case_on user-error; then
 	once restart restart_setup
