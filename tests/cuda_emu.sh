@@ -45,7 +45,8 @@
 #     the staged batches is overwritten while the step before still runs
 #     (the copy stream's wait for step k-2 matters from step 4 on);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
-#     every rank, with a message naming the step and the pending collective;
+#     every rank, with a message naming the step and the pending collective,
+#     and exit 75 as the CPU's --timeout (dprun restarts it);
 #     and with two communicators captured in the step graph (hybrid_shard
 #     2x2: dp_replicate and dp_shard) and the collective stuck on the one
 #     aborted last, every rank still ends within --timeout + 10 s, by the
@@ -486,9 +487,9 @@ if case_on stalled-rank; then
 	rc=$?
 	took=$(($(date +%s) - t0))
 	msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
-	if [ $rc != 0 ] && [ $rc != 124 ] && [ $took -lt 60 ] &&
+	if [ $rc = 75 ] && [ $took -lt 60 ] &&
 		echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
-		ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s, exit $rc)"
+		ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s), exit 75 as the CPU's --timeout: a launcher restarts it"
 		echo "      ${msg#*error: }" | cut -c1-200
 	else
 		fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
@@ -516,7 +517,7 @@ env DPEMU_STALL=1,3:65 timeout 120 mpirun --oversubscribe -np 4 "$EMU" "$T/hsdp.
 rc=$?
 took=$(($(date +%s) - t0))
 msg=$(grep -m1 "did not finish within --timeout" "$T/abort2.log")
-if [ $rc = 1 ] && [ $took -le 13 ] && ! grep -q "FATAL" "$T/abort2.log" &&
+if [ $rc = 75 ] && [ $took -le 13 ] && ! grep -q "FATAL" "$T/abort2.log" &&
 	echo "$msg" | grep -qE "pending: [a-z_]+ of '[^']+' over axis mask 4 .*; aborted every NCCL communicator"; then
 	ok "two communicators in the graph, a collective stuck on the one aborted last: every rank ends within --timeout 3 + 10 s (${took}s, exit $rc)"
 	echo "      ${msg#*error: }" | cut -c1-200
@@ -524,6 +525,30 @@ else
 	fail "two communicators in the graph, a collective stuck on dp_shard: the job must end within 13 s with the watchdog's message (exit $rc after ${took}s)"
 	grep -v "^ \|^$" "$T/abort2.log" | cut -c1-300 | tail -n 6
 fi
+fi
+
+# The watchdog's exit 75 is what dprun restarts: dprun (a copy, beside a
+# dpc and a dpexec that is the emulator's) runs mlp8.dp at 2 ranks with
+# rank 1's device stalling at its 8th collective; the job ends 75, dprun
+# restarts it at 1 rank (--ranks-after-failure 1: no rank 1 to stall) from
+# the last checkpoint, and the run finishes.
+if case_on stall-restart; then
+	mkdir -p "$T/dprun-emu"
+	cp "$ROOT/$BUILD/dprun" "$T/dprun-emu/dprun"
+	ln -sf "$DPC" "$T/dprun-emu/dpc"
+	ln -sf "$EMU" "$T/dprun-emu/dpexec"
+	env DPEMU_STALL=1:8 TMPDIR="$T" timeout 200 "$T/dprun-emu/dprun" -n 2 --max-restarts 1 \
+		--ranks-after-failure 1 --save-dir "$T/srs.ck" --save-every 2 "$T/mlp8.dp" -- --device cuda \
+		--steps 12 --quiet --eval-every 0 --timeout 3 --losses "$T/srs.loss" >"$T/srs.log" 2>&1
+	rc=$?
+	if [ $rc = 0 ] && grep -q "did not finish within --timeout 3 s" "$T/srs.log" &&
+		grep -q " dprun: restart 1 of 1: a rank stalled or was lost (a wait passed dpexec's --timeout); world size 2 -> 1; resuming from step [0-9]" "$T/srs.log" &&
+		[ "$(grep -vc '^#' "$T/srs.loss")" = 12 ]; then
+		ok "the watchdog's exit 75 under dprun: restarted at 1 rank from the last checkpoint, the run finishes"
+		grep " dprun: restart" "$T/srs.log" | cut -c1-200 | sed 's/^/      /'
+	else
+		fail "the watchdog's stall under dprun: restarted (exit $rc)"; grep -v "^ \|^$" "$T/srs.log" | cut -c1-300 | tail -n 8
+	fi
 fi
 
 # ---- 5. the device probe: mismatch, no driver, no device ----

@@ -334,7 +334,7 @@ fi
 # 9: the communicators aborted one after the other (before issue 21): the
 # two-communicator stall of tests/cuda_emu.sh must no longer end by the
 # watchdog within --timeout + 10 s
-# stall_ends NAME: the stall run ends within 13 s by the watchdog (0), or not (1)
+# stall_ends NAME: the stall run ends within 13 s by the watchdog, exit 75 (0), or not (1)
 stall_ends() {
 	local t0 rc took
 	t0=$(date +%s)
@@ -343,7 +343,7 @@ stall_ends() {
 	rc=$?
 	took=$(($(date +%s) - t0))
 	why="exit $rc after ${took}s: $(grep -m1 -E "FATAL|error:" "$T/$1.log" | sed 's/^cuda-emu: //; s/^dpexec: //' | cut -c1-150)"
-	[ $rc = 1 ] && [ $took -le 13 ] && ! grep -q FATAL "$T/$1.log" &&
+	[ $rc = 75 ] && [ $took -le 13 ] && ! grep -q FATAL "$T/$1.log" &&
 		grep -q "did not finish within --timeout 3 s" "$T/$1.log"
 }
 # shellcheck disable=SC2016

@@ -320,10 +320,14 @@ static int wait_event(Backend *b, cudaEvent_t ev, const char *what, int64_t step
 			char pend[512];
 			pending_text(b, step >= 0 ? 0 : x->kind, step, pend, sizeof pend);
 			abort_all(x);
-			return RT_FAIL(e, "%s did not finish within --timeout %.3g s; pending: %s; %s",
-				       what, x->o.timeout_s, pend,
-				       x->abort_stuck ? "NCCL's abort did not return within its bound: the "
-				       "process ends without it" : "aborted every NCCL communicator");
+			RT_FAIL(e, "%s did not finish within --timeout %.3g s; pending: %s; %s", what,
+				x->o.timeout_s, pend,
+				x->abort_stuck ? "NCCL's abort did not return within its bound: the "
+				"process ends without it" : "aborted every NCCL communicator");
+			/* a rank stuck or gone, as the CPU's world wait finds it: no sync
+			 * can follow, and the job exits 75 (a launcher may restart it) */
+			e->lost = 1;
+			return -1;
 		}
 		if (spins > 1000) { /* spin briefly, then let the core go */
 			struct timespec ts = {0, 20000};
