@@ -885,6 +885,9 @@ int main(int argc, char **argv)
 				snprintf(buf, sizeof buf, "a host stopped answering (the launcher's status %d)",
 					 status);
 				cause = buf;
+			} else if (!cause) {
+				say("every host answers: the job's status %d is its own error; not restarted",
+				    status);
 			}
 		}
 		if (!cause)

@@ -8,7 +8,8 @@
 # A:2,B:2 trains mlp.dp: two of the ranks run in the second namespace,
 # with TCP connections between the two addresses, and the losses equal
 # the 4-rank single-host run's, bit for bit. A host lost mid-run: dprun
-# probes the hosts, restarts on the one that answers (host-lost).
+# probes the hosts, restarts on the one that answers (host-lost); an error
+# of the run itself, both hosts answering, is not restarted (user-error).
 # The namespaces are removed on every exit (trap), a failed one included;
 # without root or where namespaces cannot be made the case is skipped,
 # saying why.
@@ -136,6 +137,26 @@ if case_on host-lost; then
 		else
 			fail "a host lost mid-run: probe, restart on the host that answers, losses as a fresh run"
 			grep -v " step \| checkpoint " "$T/lost.out" | sed 's/^/      /' | tail -n 12
+		fi
+	fi
+fi
+
+# An error of the run itself on two hosts (an --init-from file that is not
+# there): dprun probes, both hosts answer, so it is not restarted: exit 1.
+if case_on user-error; then
+	if ! hosts_up; then
+		skip "a user error on two hosts: two hosts as network namespaces cannot be made here ($(head -n 1 "$T/ns.err"))"
+	else
+		ip -n "$B" link set "v$B" up # host-lost took it down
+		on_a timeout 120 "$ROOT/$BUILD/dprun" -n 4 --hosts "$IPA:2,$IPB:2" --max-restarts 2 --probe-timeout 5 \
+			--save-dir "$T/ue.ck" models/mlp.dp -- --steps 5 --init-from "$T/no-such.safetensors" >"$T/ue.out" 2>&1
+		rc=$?
+		if [ $rc = 1 ] && grep -q "dpexec: error: .*no-such.safetensors" "$T/ue.out" &&
+			grep -q " dprun: every host answers: the job's status 1 is its own error; not restarted" "$T/ue.out" &&
+			! grep -q "restart [0-9]\|does not answer" "$T/ue.out"; then
+			ok "an error of the run on two hosts: both answer the probe, not restarted, exit 1"
+		else
+			fail "an error of the run on two hosts is not restarted (exit $rc)"; sed 's/^/      /' "$T/ue.out" | tail -n 6
 		fi
 	fi
 fi
