@@ -18,7 +18,8 @@
 #   2. the device probe and tests/cuda.sh's GPU cases: mlp at 1 rank against
 #      the CPU, graph replay against --no-graph bitwise, 2 ranks on one GPU
 #      through NCCL (a NCCL_HOSTID per rank) against the CPU at 2 ranks, the
-#      watchdog (one of two ranks stopped: the other ends within --timeout),
+#      watchdog (one of two ranks stopped: the other ends within --timeout,
+#      exit 75),
 #      a NaN loss in graph mode (both ranks end, naming the step);
 #   3. compute-sanitizer memcheck and racecheck on 3 steps of gpt2-tiny, f32
 #      and bf16;
@@ -380,7 +381,7 @@ part2() {
 	# the job within --timeout 3, naming what it waited for: the CUDA
 	# backend's watchdog (a step's collective on the device) or the world's
 	# MPI wait (the host's per-step agreement), whichever the stopped rank
-	# left it in
+	# left it in; either way with exit 75, which dprun restarts
 	local stuck='did not finish within --timeout 3 s|did not complete within 3 s \(--timeout\)'
 	rm -f "$R"/pids/*.pid "$L/hang.log"
 	local t0 took rc victim i
@@ -396,10 +397,10 @@ part2() {
 		rc=$?
 		took=$(($(date +%s) - t0))
 		kill -CONT "$victim" 2>/dev/null
-		if [ $rc != 0 ] && [ $took -le 13 ] && grep -qE "$stuck" "$L/hang.log"; then
-			report PASS "a stopped rank: the job ends in ${took} s (--timeout 3): $(grep -m1 -E "$stuck" "$L/hang.log" | cut -c1-200)"
+		if [ $rc = 75 ] && [ $took -le 13 ] && grep -qE "$stuck" "$L/hang.log"; then
+			report PASS "a stopped rank: the job ends in ${took} s (--timeout 3), exit 75: $(grep -m1 -E "$stuck" "$L/hang.log" | cut -c1-200)"
 		else
-			report FAIL "a stopped rank: exit $rc after ${took} s (wanted the watchdog's message within --timeout 3 + 10 s)"; last "$L/hang.log"
+			report FAIL "a stopped rank: exit $rc after ${took} s (wanted the watchdog's message within --timeout 3 + 10 s, exit 75)"; last "$L/hang.log"
 		fi
 	else
 		kill "$job" 2>/dev/null
