@@ -202,6 +202,7 @@ typedef enum {
  *   DP_AXES(x)   the mesh-axis mask of a collective, SHARD or TP_COPY (AAXES)
  *   DP_EVENT(x)  the event id of EVENT_RECORD and EVENT_WAIT
  *   DP_ACC(x)    the accumulate flag of the ops whose RO column is ACC
+ *   DP_SCALAR(x) the scalar operand of SCALE and ADD_SCALAR (ASCALAR)
  * Other code that serves a family of ops (one kernel for layernorm and
  * rmsnorm, one shape rule for the attention ops) names the attribute by one of
  * them; the families are listed once, below the slot enums, each a
@@ -212,6 +213,7 @@ typedef enum {
 #define DP_AXES(x) DP_ATTR(x, ALL_REDUCE, axes)
 #define DP_EVENT(x) DP_ATTR(x, EVENT_RECORD, ev)
 #define DP_ACC(x) DP_ATTR(x, MATMUL, acc)
+#define DP_SCALAR(x) DP_FATTR(x, SCALE, scale)
 #ifdef __cplusplus
 #define DP_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
@@ -236,6 +238,7 @@ typedef enum {
 #define AINDEX(name, slot, ...) (DP_AT_I_, name, slot)
 #define AAXES(name, slot) (DP_AT_I_, name, slot)
 #define AFLOAT(name, slot, ...) (DP_AT_F_, name, slot)
+#define ASCALAR(name, slot, ...) (DP_AT_F_, name, slot)
 #define DP_AT_I_(iprefix, fprefix) iprefix
 #define DP_AT_F_(iprefix, fprefix) fprefix
 #define DP_AT_CAT_(a, b) DP_AT_CAT2_(a, b)
@@ -270,6 +273,7 @@ enum {
 #undef AINDEX
 #undef AAXES
 #undef AFLOAT
+#undef ASCALAR
 
 /* The families (see above): heads of the attention ops and kv_pack/unpack,
  * cp of the cp attention ops, eps (and grad_g's acc) of the norms, the
@@ -291,6 +295,8 @@ DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
+DP_STATIC_ASSERT(DP_FATTR_SCALE_scale == DP_FATTR_ADD_SCALAR_value,
+		 "SCALE and ADD_SCALAR keep their scalar operand in one slot (DP_SCALAR)");
 
 /*
  * Operand rules (the RULE column of format/ops.def): what every instruction of an

@@ -390,6 +390,8 @@ typedef struct {
 	int64_t min;       /* DSL int: the least value; float: must be > min */
 	int8_t below;      /* DSL int: must be < the attribute at this index of the
 	                      op's list (split's index < parts); -1: no bound */
+	const char *scalar_of; /* a scalar operand (ASCALAR): the DSL op whose calls
+	                          with one tensor and one number are this op */
 } OpAttr;
 
 typedef struct GradCtx GradCtx; /* ir/grad.c */

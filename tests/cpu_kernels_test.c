@@ -264,6 +264,29 @@ static void test_attention(const CpuVec *vec)
 	}
 }
 
+/* ---- 1b. the scalar operands: scale and add_scalar read DP_SCALAR ---- */
+
+static void test_scalar_ops(const CpuVec *vec)
+{
+	static const unsigned ops[] = {DP_OP_SCALE, DP_OP_ADD_SCALAR};
+	for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+		Ctx c;
+		ctx_init(&c);
+		int x = tensor(&c, DP_F32, 3, 37, 0, 4.0f), out = tensor(&c, DP_F32, 3, 37, 0, 0);
+		DpInstr in = instr(ops[k], out, x, -1, -1);
+		float s = -0.3f;
+		DP_SCALAR(&in) = s;
+		int ok = run(&c, vec, NULL, in) == 0;
+		for (int64_t i = 0; ok && i < numel(&c, x); i++) {
+			float a = F(&c, x)[i], want = ops[k] == DP_OP_SCALE ? s * a : a + s;
+			ok = memcmp(&F(&c, out)[i], &want, sizeof want) == 0;
+		}
+		check(ok, "%s %s: not bitwise the closed form with the scalar %g", vec->isa,
+		      dp_op_names[ops[k]], s);
+		ctx_free(&c);
+	}
+}
+
 /* ---- 4. context-parallel attention against the whole sequence ---- */
 
 /* Global position of local row j of cp rank r (T local rows): format/ops.def. */
@@ -650,6 +673,7 @@ int main(void)
 	test_attention(best);
 	test_attention(&cpu_vec_scalar);
 	test_attention_cp(best);
+	test_scalar_ops(best);
 	test_threads(best);
 	test_isa(&cpu_vec_avx2, avx2);
 	test_isa(&cpu_vec_avx512, avx512);

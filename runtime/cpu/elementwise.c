@@ -1,7 +1,7 @@
 /*
  * cpu/elementwise.c - CPU kernels that compute each output element from the
  * same element of their inputs: the one kernel of every op vec.c's map
- * computes (accum, scale, add, mul, the activations and their gradients:
+ * computes (accum, scale, add, add_scalar, mul, the activations and their gradients:
  * the formulas are vec.c's, float, in the order the CUDA kernels repeat),
  * over pieces of the arrays on the rank's threads, and the row broadcast
  * bias_add.
@@ -90,7 +90,8 @@ static void map16_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 static int run_map(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
-	float s = in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f; /* the map's s */
+	/* the map's s: the scalar operand of scale and add_scalar */
+	float s = in->op == DP_OP_SCALE || in->op == DP_OP_ADD_SCALAR ? DP_SCALAR(in) : 0.0f;
 	int o16 = cpu_t(k, in->out)->dtype == DP_BF16, a16 = cpu_t(k, in->in[0])->dtype == DP_BF16;
 	int b16 = in->in[1] >= 0 && cpu_t(k, in->in[1])->dtype == DP_BF16;
 	if (o16 || a16 || b16) {

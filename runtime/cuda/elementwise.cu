@@ -1,13 +1,13 @@
 /*
  * elementwise.cu - CUDA kernels that compute each output element from the
  * same element of their inputs (the CPU's runtime/cpu/elementwise.c): accum,
- * scale, add, mul, the activations (relu, gelu in its tanh form, tanh,
+ * scale, add, add_scalar, mul, the activations (relu, gelu in its tanh form, tanh,
  * silu, sigmoid) with their gradients, and the row broadcast bias_add.
  *
  * One functor per op, one kernel template: float arithmetic in the CPU's
  * order, operation for operation. Compiled with -fmad=false (mk/cuda.mk),
  * so nothing is contracted into an FMA the CPU does not do: accum, scale,
- * add, mul, relu, tanh_grad, sigmoid_grad and bias_add are bitwise equal to the CPU. gelu,
+ * add, add_scalar, mul, relu, tanh_grad, sigmoid_grad and bias_add are bitwise equal to the CPU. gelu,
  * gelu_grad, tanh, silu, silu_grad and sigmoid call the device's tanhf / expf, which
  * differ from glibc's by at most 2 ulp (CUDA's documented bounds; glibc's
  * are within 1), so those agree to a few ulp per element. No reductions.
@@ -27,7 +27,7 @@
 #include "device.cuh"
 
 /* out = f(a, b, out, s): a = in0, b = in1 (unused when absent), out read
- * only by accum; s is scale's factor (map_s). */
+ * only by accum; s is the scalar operand of scale and add_scalar (map_s). */
 #define ELEMENTWISE(name, reads_out_, expr)                                          \
 	struct name {                                                                 \
 		static constexpr int reads_out = reads_out_;                              \
@@ -62,6 +62,7 @@ static __device__ __forceinline__ float silu_grad(float dy, float x)
 
 ELEMENTWISE(Accum, 1, o + a)
 ELEMENTWISE(Scale, 0, s * a)
+ELEMENTWISE(AddScalar, 0, a + s)
 ELEMENTWISE(Add, 0, a + b)
 ELEMENTWISE(Mul, 0, a * b)
 ELEMENTWISE(Relu, 0, a > 0 ? a : 0)
@@ -129,10 +130,11 @@ __global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float s)
 	}
 }
 
-/* The maps' s: scale's factor (the other maps take none). */
+/* The maps' s: the scalar operand of scale and add_scalar (the other maps
+ * take none). */
 static float map_s(const DpInstr *in)
 {
-	return in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f;
+	return in->op == DP_OP_SCALE || in->op == DP_OP_ADD_SCALAR ? DP_SCALAR(in) : 0.0f;
 }
 
 template <class F, typename TO, typename TA>
@@ -252,6 +254,7 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 extern "C" const KernelRow cu_elementwise_rows[] = {
 	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_SCALE, run_map<Scale>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ADD_SCALAR, run_map<AddScalar>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_ADD, run_map<Add>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_MUL, run_map<Mul>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_RELU, run_map<Relu>, NULL, 1, NULL, NULL, 0},
