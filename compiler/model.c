@@ -917,6 +917,66 @@ static int scalar_operands(Lower *L, const Expr *e, int opc, int block, int *in,
 	return 0;
 }
 
+/* ---- dropout ---- */
+
+/* The keys dropout's mask is drawn from (DP_SRC_SAMPLE_KEYS): one data
+ * value i32 [batch, 2], loaded in the step program and, with an eval
+ * section, in eval (where the runtime fills -1: no dropout), its LOADs
+ * after the data's (before any computation, as a pass that adds a LOAD
+ * expects). Made by the first dropout. */
+static int dropout_keys(Lower *L)
+{
+	Graph *g = L->g;
+	Loc loc = {g->file, 0, 0}; /* made, not written (as cp.pos): no line of its own */
+	for (int i = 0; i < g->nsources; i++)
+		if (g->sources[i].rec.kind == DP_SRC_SAMPLE_KEYS)
+			return g->sources[i].value;
+	int64_t dims[2] = {g->cfg.micro_batch, 2};
+	Value *v = ir_value(g, ir_fresh_name(g, "dropout.keys"), DP_I32, 2, dims, DP_T_DATA, loc);
+	int last_load = -1;
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->op == DP_OP_LOAD)
+			last_load = i;
+	for (int split = 0; split < (L->eval ? 2 : 1); split++) {
+		Source s = {.rec = {.kind = DP_SRC_SAMPLE_KEYS, .split = (uint8_t)split, .role = 1,
+				    .sample_elems = 2},
+			    .path = "", .value = v->id, .loc = loc};
+		int si = ir_add_source(g, &s);
+		if (split == 0)
+			v->source = si;
+		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, loc);
+		DP_ATTR(n, LOAD, source) = si;
+		n->progs = split == 0 ? IR_IN_STEP : IR_IN_EVAL;
+		ir_move_node(g, n, ++last_load);
+	}
+	return v->id;
+}
+
+/* dropout(x, p=P): x's operand checked, p in [0, 1), the keys as in1 and the
+ * site (the dropouts before it) in the attributes. */
+static int dropout_operands(Lower *L, const Expr *e, int nin, int *in, Node *attrs)
+{
+	Graph *g = L->g;
+	if (nin != 1) {
+		ERR(e->loc, "'dropout' takes 1 argument, got %d (the rate is p=P)", nin);
+		return -1;
+	}
+	float p = DP_FATTR(attrs, DROPOUT, p);
+	if (!(p >= 0 && p < 1)) {
+		const Expr *a = e->args;
+		while (a && !(a->key && strcmp(a->key, "p") == 0))
+			a = a->next;
+		ERR(a ? a->loc : e->loc, "dropout's p must be in [0, 1), got %g", p);
+		return -1;
+	}
+	int site = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		site += g->nodes[i]->op == DP_OP_DROPOUT;
+	DP_ATTR(attrs, DROPOUT, site) = site;
+	in[1] = dropout_keys(L);
+	return 0;
+}
+
 /* A call of an op (not the loss): a new value named target (a fresh
  * temporary when NULL) and its node. */
 static int lower_call(Lower *L, const Expr *e, int block, const char *target)
@@ -944,6 +1004,11 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 		opc = sop;
 	else if (call_operands(L, e, op, block, in, &nin, &attrs))
 		return -1;
+	if (opc == DP_OP_DROPOUT) {
+		if (dropout_operands(L, e, nin, in, &attrs))
+			return -1;
+		nin = 2;
+	}
 	Loc loc = scope_gloc(L, e->loc);
 	Value *v = scope_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
 	Node *n = ir_node(g, (IrOp)opc, v->id, nin, in, PH_FWD, loc);

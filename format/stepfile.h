@@ -110,6 +110,9 @@ typedef enum {
 	DP_SRC_POSITIONS, /* i32 [sample_elems]: the global positions of this rank's tokens
 	                     in a sample, the same for every sample and step (0, 1, ... or,
 	                     with seq_split, this cp rank's zigzag chunks); path "" */
+	DP_SRC_SAMPLE_KEYS, /* i32 [2] per sample: its dataset index and the optimizer step
+	                     (train), -1 and -1 (eval: no dropout); what dropout's mask
+	                     is keyed by (format/ops.def); path "" */
 } DpSourceKind;
 
 typedef enum {
@@ -359,6 +362,8 @@ typedef enum {
 	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
 	DP_OR_ACCUM,       /* out, in0 same size (each f32 or bf16: out += in0 converts) */
 	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
+	DP_OR_DROPOUT,     /* out, in0 alike [B, ...]; in1 i32 keys [B, 2]; in2 (optional)
+	                      i32 positions [in0's dim 1] */
 	DP_NOR
 } DpOperandRule;
 

@@ -310,7 +310,7 @@ extern const char *const ir_line_names[DP_NIRL]; /* DpIrLine: "mesh", "config", 
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_init_names[7];           /* DpInit */
-extern const char *const ir_src_kind_names[5];       /* DpSourceKind */
+extern const char *const ir_src_kind_names[6];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 

@@ -2,7 +2,8 @@
  * elementwise.cu - CUDA kernels that compute each output element from the
  * same element of their inputs (the CPU's runtime/cpu/elementwise.c): accum,
  * scale, add, add_scalar, mul, the activations (relu, gelu in its tanh form, tanh,
- * silu, sigmoid) with their gradients, and the row broadcast bias_add.
+ * silu, sigmoid) with their gradients, the row broadcast bias_add, and
+ * dropout (its mask from runtime/dropout.h, bitwise the CPU's).
  *
  * One functor per op, one kernel template: float arithmetic in the CPU's
  * order, operation for operation. Compiled with -fmad=false (mk/cuda.mk),
@@ -25,6 +26,7 @@
  * so bitwise what staging gave (the CPU stages it).
  */
 #include "device.cuh"
+#include "../dropout.h"
 
 /* out = f(a, b, out, s): a = in0, b = in1 (unused when absent), out read
  * only by accum; s is the scalar operand of scale and add_scalar (map_s). */
@@ -250,6 +252,47 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* ---- dropout: out = x * keep * scale, one element per thread ---- */
+
+template <typename T>
+__global__ void k_dropout(T *o, const T *x, const int32_t *keys, const int32_t *pos, int64_t n,
+			  int64_t per, int64_t inner, uint64_t seed, uint32_t site,
+			  uint32_t threshold, float scale)
+{
+	CU_FOR_EACH(i, n) {
+		int64_t b = i / per, w = i % per;
+		int64_t el = pos ? (int64_t)pos[w / inner] * inner + w % inner : w;
+		float v = ld(x + i);
+		int32_t sample = keys[2 * b], step = keys[2 * b + 1];
+		float y = sample < 0 ? v
+		        : dp_dropout_keep(seed, site, (uint32_t)sample, (uint32_t)step, (uint64_t)el,
+					  threshold) ? v * scale : 0.0f;
+		st(o + i, y);
+	}
+}
+
+static int run_dropout(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *x = cu_t(a, 0);
+	int64_t n = cu_numel(x);
+	if (n <= 0)
+		return 0;
+	float p = DP_FATTR(a->in, DROPOUT, p);
+	int64_t per = n / x->dims[0], inner = cu_t(a, 2) ? per / x->dims[1] : 1;
+	const int32_t *keys = (const int32_t *)cu_p(a, 1), *pos = (const int32_t *)cu_p(a, 2);
+	uint32_t site = (uint32_t)DP_ATTR(a->in, DROPOUT, site), thr = dp_dropout_threshold(p);
+	float scale = dp_dropout_scale(p);
+	if (x->dtype == DP_BF16)
+		CU_LAUNCH(k_dropout<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1),
+			  (const cu_bf16 *)cu_p(a, 0), keys, pos, n, per, inner, a->s->cfg.seed, site,
+			  thr, scale);
+	else
+		CU_LAUNCH(k_dropout<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
+			  keys, pos, n, per, inner, a->s->cfg.seed, site, thr, scale);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
 extern "C" const KernelRow cu_elementwise_rows[] = {
 	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0},
@@ -268,5 +311,6 @@ extern "C" const KernelRow cu_elementwise_rows[] = {
 	{DP_OP_SIGMOID, run_map<Sigmoid>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_SIGMOID_GRAD, run_map<SigmoidGrad>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_BIAS_ADD, run_bias_add, NULL, 1, NULL, NULL, 0},
+	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0},
 	{},
 };
