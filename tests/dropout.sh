@@ -14,6 +14,9 @@
 #     1e-6 + rtol 1e-4), the equivalence suites' bounds;
 #   - recompute (gradient_checkpointing): bitwise the same losses (the
 #     recomputed forward makes the same masks);
+#   - resume: 3 steps, a checkpoint, --resume to 6 at 2 ranks give the
+#     straight 6 steps' losses bit for bit (the masks of steps 4-6 are keyed
+#     by the steps the resumed run counts from);
 #   - the dropouts do something: the losses differ from gpt2-tiny's, and a
 #     run with another seed for the masks alone is not compared (the seed
 #     also initialises the weights);
@@ -62,6 +65,26 @@ if case_on drop-recompute; then
 		ok "recompute with dropout: the losses bitwise the run without"
 	else
 		fail "recompute with dropout: the losses bitwise the run without"
+	fi
+fi
+
+# resume: the masks after a checkpoint are the straight run's
+if case_on drop-resume; then
+	"$DPC" "$drop" --world-size 2 -o "$T/drop-r.bin" >"$T/drop-r.dpc" 2>&1 || fail "drop-resume: dpc"
+	for r in straight a b; do
+		case $r in
+		straight) args=(--steps 6 --losses "$T/drop-straight.loss") ;;
+		a) args=(--steps 3 --losses "$T/drop-resumed.loss" --save-dir "$T/drop-ck") ;;
+		b) args=(--steps 6 --losses "$T/drop-resumed.loss" --resume "$T/drop-ck") ;;
+		esac
+		mpi 2 "$T/drop-r.bin" --quiet --eval-every 0 "${args[@]}" >"$T/drop-$r.log" 2>&1 ||
+			{ tail -n 5 "$T/drop-$r.log"; fail "drop-resume: run $r"; }
+	done
+	if [ "$(grep -vc '^#' "$T/drop-resumed.loss")" = 6 ] &&
+		cmp -s <(grep -v '^#' "$T/drop-straight.loss") <(grep -v '^#' "$T/drop-resumed.loss"); then
+		ok "3 steps + --resume to 6 with dropout: the straight run's losses, bit for bit"
+	else
+		fail "3 steps + --resume to 6 with dropout: the straight run's losses, bit for bit"
 	fi
 fi
 
