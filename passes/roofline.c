@@ -93,19 +93,72 @@ typedef struct {
 	int cuda;    /* ... on the CUDA cores (some) */
 } Row;
 
+/* The bytes of value v (a view: its root's, all of them). */
+static void value_bytes(const Graph *g, int v, int64_t *lo, int64_t *hi)
+{
+	const Value *x = g->values[v];
+	while (x->view_of >= 0)
+		x = g->values[x->view_of];
+	*lo = x->offset;
+	*hi = x->offset + x->nbytes;
+}
+
+/* Does node k write any byte of value v? */
+static int writes_bytes(const Graph *g, const Node *k, int v)
+{
+	int64_t a, b, c, d;
+	if (k->out < 0 || g->values[k->out]->offset < 0 || g->values[v]->offset < 0)
+		return k->out >= 0; /* unplanned: assume it may */
+	value_bytes(g, k->out, &a, &b);
+	value_bytes(g, v, &c, &d);
+	return a < d && c < b;
+}
+
+/* Does the CUDA backend pair attention_grad nodes[j] with its forward
+ * (cu_plan_attn, runtime/cuda/attention.cu): the latest attention before it
+ * in the step on the same qkv, same stream and condition, with nothing
+ * between writing qkv or the forward's output? Then the backward takes the
+ * forward's lse and O instead of running the forward again. */
+static int attn_paired(const Graph *g, int j)
+{
+	const Node *n = g->nodes[j];
+	int i = j;
+	while (--i >= 0) {
+		const Node *k = g->nodes[i];
+		if (!(k->progs & IR_IN_STEP))
+			continue;
+		if (k->op == DP_OP_ATTENTION && k->in[0] == n->in[1])
+			break;
+		if (writes_bytes(g, k, n->in[1]))
+			return 0;
+	}
+	if (i < 0)
+		return 0;
+	const Node *f = g->nodes[i];
+	if (f->stream != n->stream || (f->flags & DP_IF_LAST) != (n->flags & DP_IF_LAST))
+		return 0;
+	for (int m = i + 1; m < j; m++)
+		if ((g->nodes[m]->progs & IR_IN_STEP) && writes_bytes(g, g->nodes[m], f->out))
+			return 0;
+	return 1;
+}
+
 /*
  * Attention's executed work, as runtime/cuda/attention.cu does it: in causal
  * products of one sequence and head (a unit: T x Tk x hd multiply-adds over
  * the lower triangle, T Tk hd FLOPs), which the op's cost rule counts at
  * FlashAttention-2's 2 (forward) and 5 (backward). Executed: the forward 2
- * (S, P V); the ordinary backward 9 (the forward again for each row's
- * statistics and D, then S, dP, dQ by query tile, then S, dV, dP, dK by key
- * tile), on tensor cores for bf16 with a head dim of 32, 64 or 128 (the
- * kernels' own rule), else on the CUDA cores; the cp gradients 5 (d qkv)
- * and 6 (d kv), on the CUDA cores. *tensor: on tensor cores.
+ * (S, P V); the ordinary backward 9 (the forward again for each row's lse
+ * and D, then S, dP, dQ by query tile, then S, dV, dP, dK by key tile), 7
+ * on tensor cores when paired with its forward (attn_paired: lse and O
+ * kept, no forward again), on tensor cores for bf16 with a head dim of 32,
+ * 64 or 128 (the kernels' own rule), else on the CUDA cores; the cp
+ * gradients 5 (d qkv) and 6 (d kv), on the CUDA cores. *tensor: on tensor
+ * cores. j: the node's index.
  */
-static double attn_executed(const Graph *g, const Node *n, int *tensor)
+static double attn_executed(const Graph *g, int j, int *tensor)
 {
+	const Node *n = g->nodes[j];
 	const Value *qkv = g->values[n->in[n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_CP ? 0 : 1]];
 	double heads = (double)DP_ATTR(n, ATTENTION, heads), t = (double)qkv->dims[1];
 	double tk = n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD
@@ -118,7 +171,7 @@ static double attn_executed(const Graph *g, const Node *n, int *tensor)
 	case DP_OP_ATTENTION_CP:
 		return 2 * unit;
 	case DP_OP_ATTENTION_GRAD:
-		return 9 * unit;
+		return (*tensor && attn_paired(g, j) ? 7 : 9) * unit;
 	case DP_OP_ATTENTION_CP_GRAD:
 		return 5 * unit;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
@@ -155,7 +208,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		double run = f; /* the FLOPs executed: attention's are its kernels', not the rule's */
 		if (c == C_ATTN) {
 			int tensor;
-			run = attn_executed(g, n, &tensor);
+			run = attn_executed(g, i, &tensor);
 			attn_run += times * run;
 			rate = tensor ? d->bf16 : d->fp32;
 		}

@@ -34,7 +34,9 @@
  *   k_attn_fwd_tc<HD> the forward of bf16 ordinary attention with head dim
  *                    HD = 32, 64 or 128 on tensor cores (WMMA, FlashAttention-2's
  *                    structure; its own comment below); k_attn_fwd does the rest.
- *                    Run again by the backward, it leaves each row's lse and D.
+ *                    Paired with its gradient (cu_plan_attn, at the end) it
+ *                    leaves each row's lse for it; else the backward runs it
+ *                    again for each row's lse and D.
  *   k_attn_bwd_dq_tc<HD>, k_attn_bwd_dkv_tc<HD> the backward of the same
  *                    attention on tensor cores from those (FlashAttention-2's
  *                    dQ pass and dK/dV pass; their comment below);
@@ -662,8 +664,10 @@ CU_UNROLL
 /* ---- backward on tensor cores (bf16, head dims 32, 64, 128) ----
  *
  * FlashAttention-2's backward on WMMA, from the row statistics lse = m +
- * log l and D = dO . O (per query row, f32: k_attn_fwd_tc leaves them), so
- * P = exp(scale s - lse) needs no softmax pass. Two kernels, each writing
+ * log l and D = dO . O (per query row, f32: lse from the forward that
+ * cu_plan_attn paired with the gradient and D by k_attn_rowdot from its
+ * output O, else both from k_attn_fwd_tc run again), so P = exp(scale s -
+ * lse) needs no softmax pass. Two kernels, each writing
  * its outputs once (no atomics: deterministic, graph == eager):
  *   k_attn_bwd_dq_tc   a block per 16 W query rows, over the key tiles up
  *                      to its last row: S = Q K^T, dP = dO V^T (Q's and
@@ -1033,14 +1037,36 @@ template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Ge
 		typedef TcShape<HD> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
-			       (cu_bf16 *)cu_p(a, -1), (float *)0, (const cu_bf16 *)0, (float *)0);
+			       (cu_bf16 *)cu_p(a, -1), a->fuse->lse, (const cu_bf16 *)0, (float *)0);
 		CU_LAUNCHED(a, e);
 	}
 	return 0;
 }
 
-/* The backward: the forward again for each query row's lse and D (into
- * scratch, O not written), then dQ, then dK and dV. */
+/* D = dO . O per (batch, head, query row) from the forward's output: a
+ * warp per row (its head dims in one coalesced read), summed by xor
+ * shuffles. */
+__global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 *o, float *dd)
+{
+	const int lane = threadIdx.x % 32;
+	const int64_t rows = g.b * g.h * g.t, warps = (int64_t)gridDim.x * blockDim.x / 32;
+	for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
+		int64_t t = i % g.t, h = (i / g.t) % g.h, b = i / (g.t * g.h);
+		const cu_bf16 *dr = dy + (b * g.t + t) * g.c + g.hd * h, *orow = o + (dr - dy);
+		float sum = 0;
+		for (int64_t d = lane; d < g.hd; d += 32)
+			sum += cu_from_bf16(dr[d]) * cu_from_bf16(orow[d]);
+		for (int k = 16; k > 0; k /= 2)
+			sum += __shfl_xor_sync(CU_FULL_MASK, sum, k);
+		if (lane == 0)
+			dd[i] = sum;
+	}
+}
+
+/* The backward: each query row's lse and D, then dQ, then dK and dV. lse
+ * is the forward's and D = dO . O from its output when the planner paired
+ * them (cu_plan_attn); else the forward runs again for both (into scratch,
+ * O not written). */
 template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
@@ -1051,8 +1077,14 @@ template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Ge
 		cu_bf16 *dqkv = (cu_bf16 *)cu_p(a, -1);
 		unsigned fblocks = (unsigned)(g.b * g.h * ((g.t + F::BR - 1) / F::BR));
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
-		CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), fblocks, 32 * F::W, (size_t)F::SMEM, a->st, g,
-			       (cu_bf16 *)0, lse, dy, dd);
+		if (a->fuse->lse_o) {
+			lse = a->fuse->lse;
+			CU_LAUNCH(k_attn_rowdot, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g, dy,
+				  (const cu_bf16 *)a->fuse->lse_o, dd);
+		} else {
+			CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), fblocks, 32 * F::W, (size_t)F::SMEM, a->st,
+				       g, (cu_bf16 *)0, lse, dy, dd);
+		}
 		CU_LAUNCHED(a, e);
 		CU_LAUNCH_SMEM((k_attn_bwd_dq_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g, dy,
 			       (const float *)lse, (const float *)dd, dqkv);
@@ -1134,6 +1166,68 @@ static int run_attention(const CuArgs *a, RtErr *e)
 {
 	return cu_t(a, -1)->dtype == DP_BF16 ? run_attention_t<cu_bf16>(a, e)
 					     : run_attention_t<float>(a, e);
+}
+
+/* ---- planning: the gradient reuses its forward's lse and output ---- */
+
+/* Does attention (or attention_grad) instruction in run on tensor cores?
+ * (tensor_cores' rule on the step file's shapes) */
+static int tc_instr(const DpStep *s, const DpInstr *in)
+{
+	const DpTensor *tq = &s->tensors[in->in[in->op == DP_OP_ATTENTION ? 0 : 1]];
+	int64_t heads = DP_ATTR(in, ATTENTION, heads), hd = tq->dims[2] / 3 / heads;
+	return tq->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
+}
+
+/*
+ * For each attention_grad on tensor cores, the latest attention before it
+ * in the same program on the same qkv, on the same stream (stream order
+ * makes lse visible), run under the same condition (both or neither
+ * DP_IF_LAST), with no instruction between them writing qkv or the
+ * forward's output O: the forward writes each row's lse into a buffer of
+ * the plan, and the gradient reads it and computes D from O, instead of
+ * running the forward again (2 of its 9 T^2 hd units). A recomputed
+ * forward is the latest, so it is the one paired.
+ */
+extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
+{
+	const DpStep *s = p->s;
+	for (int pg = 0; pg < DP_NPROG; pg++)
+		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
+			const DpInstr *g = &s->prog[pg][j];
+			if (g->op != DP_OP_ATTENTION_GRAD || !tc_instr(s, g))
+				continue;
+			const DpTensor *tq = &s->tensors[g->in[1]];
+			uint32_t i = j;
+			while (i-- > 0) {
+				const DpInstr *k = &s->prog[pg][i];
+				if ((k->op == DP_OP_ATTENTION && k->in[0] == g->in[1]) || cu_writes(s, k, tq))
+					break;
+			}
+			if (i == UINT32_MAX || s->prog[pg][i].op != DP_OP_ATTENTION)
+				continue; /* none, or qkv written since */
+			const DpInstr *k = &s->prog[pg][i];
+			const DpTensor *to = &s->tensors[k->out];
+			if (k->in[0] != g->in[1] || k->stream != g->stream ||
+			    (k->flags & DP_IF_LAST) != (g->flags & DP_IF_LAST))
+				continue;
+			uint32_t m = i + 1;
+			while (m < j && !cu_writes(s, &s->prog[pg][m], to))
+				m++;
+			if (m < j)
+				continue; /* O overwritten before the gradient */
+			CuFuse *f = &p->fuse[pg][i];
+			if (!f->lse) {
+				f->lse = (float *)p->alloc(p, (size_t)(tq->dims[0] * DP_ATTR(k, ATTENTION, heads) *
+							    tq->dims[1]) * sizeof(float));
+				if (!f->lse)
+					return RT_FAIL(e, "out of device memory (attention row statistics of "
+						       "'%s')", dpstep_str(s, tq->name));
+			}
+			p->fuse[pg][j].lse = f->lse;
+			p->fuse[pg][j].lse_o = p->ptr[k->out];
+		}
+	return 0;
 }
 
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
