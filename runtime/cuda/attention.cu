@@ -711,6 +711,12 @@ template <int HD> struct TcBwdShape {
 	static_assert(SMEM <= 48 * 1024, "no opt-in to more than 48 KB of shared memory");
 };
 
+/* The backward's operand (row_major) and accumulator fragments. */
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+			       nvcuda::wmma::row_major>
+	TcFragA;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> TcFragC;
+
 /* The regions of TcBwdShape, in order. */
 template <int HD> struct TcBwdSmem {
 	cu_bf16 *own0, *own1, *tile0, *tile1, *p;
@@ -795,6 +801,41 @@ CU_UNROLL
 	__syncwarp(); /* the rows are read before the next result's store */
 }
 
+/* The block's sequence and head, and its first row (of 16 W) in
+ * blockIdx.x = ((b * H) + h) * tiles + tile. */
+template <int HD>
+static __device__ void tc_block(const Geom<cu_bf16> &g, int64_t *b, int64_t *h, int64_t *r0)
+{
+	const int64_t tiles = (g.t + TcBwdShape<HD>::BR - 1) / TcBwdShape<HD>::BR, bi = blockIdx.x;
+	*r0 = bi % tiles * TcBwdShape<HD>::BR;
+	*h = bi / tiles % g.h;
+	*b = bi / (tiles * g.h);
+}
+
+/* The block's own rows [r0, r0 + BR) of two [*, ld] sources (Q and dO, or
+ * K and V) through shared memory into the warp's fragments a0 and a1 (its
+ * 16 rows each); after it the room is the result rows'. */
+template <int HD, class FragA>
+static __device__ void tc_load_own(const TcBwdSmem<HD> &m, const Geom<cu_bf16> &g, int64_t r0,
+				   const cu_bf16 *s0, int64_t ld0, FragA *a0, const cu_bf16 *s1,
+				   int64_t ld1, FragA *a1)
+{
+	using namespace nvcuda;
+	typedef TcBwdShape<HD> S;
+	const int warp = threadIdx.x / 32;
+	tc_copy_rows<HD>(m.own0, S::QLD, s0, ld0, r0, S::BR, g.t, g.hd, g.vec8);
+	tc_copy_rows<HD>(m.own1, S::QLD, s1, ld1, r0, S::BR, g.t, g.hd, g.vec8);
+	__syncthreads();
+CU_UNROLL
+	for (int k = 0; k < HD / 16; k++) {
+		wmma::load_matrix_sync(a0[k], (const __nv_bfloat16 *)m.own0 + 16 * warp * S::QLD + 16 * k,
+				       S::QLD);
+		wmma::load_matrix_sync(a1[k], (const __nv_bfloat16 *)m.own1 + 16 * warp * S::QLD + 16 * k,
+				       S::QLD);
+	}
+	__syncthreads(); /* every warp holds its fragments: the room is the result rows' now */
+}
+
 template <int HD>
 __global__ void __launch_bounds__(32 * TcBwdShape<HD>::W)
 k_attn_bwd_dq_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
@@ -802,30 +843,16 @@ k_attn_bwd_dq_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const flo
 {
 	using namespace nvcuda;
 	typedef TcBwdShape<HD> S;
-	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 	extern __shared__ __align__(32) unsigned char tc_smem[];
 	TcBwdSmem<HD> m(tc_smem); /* own: Q, dO; tiles: K, V */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	int64_t nqt = (g.t + S::BR - 1) / S::BR, bi = blockIdx.x;
-	int64_t qt = bi % nqt, h = (bi / nqt) % g.h, b = bi / (nqt * g.h), q0 = qt * S::BR;
+	int64_t b, h, q0;
+	tc_block<HD>(g, &b, &h, &q0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
-
-	tc_copy_rows<HD>(m.own0, S::QLD, base, ld, q0, S::BR, g.t, g.hd, g.vec8);
-	tc_copy_rows<HD>(m.own1, S::QLD, dy + b * g.t * g.c + g.hd * h, g.c, q0, S::BR, g.t, g.hd,
-			 g.vec8);
-	__syncthreads();
-	FragA qa[HD / 16], da[HD / 16];
-CU_UNROLL
-	for (int k = 0; k < HD / 16; k++) {
-		wmma::load_matrix_sync(qa[k], (const __nv_bfloat16 *)m.own0 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-		wmma::load_matrix_sync(da[k], (const __nv_bfloat16 *)m.own1 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-	}
-	__syncthreads(); /* every warp holds its Q and dO: the room is dQ's rows now */
-	FragC dq[HD / 16];
+	TcFragA qa[HD / 16], da[HD / 16];
+	tc_load_own<HD>(m, g, q0, base, ld, qa, dy + b * g.t * g.c + g.hd * h, g.c, da);
+	TcFragC dq[HD / 16];
 CU_UNROLL
 	for (int n = 0; n < HD / 16; n++)
 		wmma::fill_fragment(dq[n], 0.0f);
@@ -872,30 +899,17 @@ k_attn_bwd_dkv_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const fl
 {
 	using namespace nvcuda;
 	typedef TcBwdShape<HD> S;
-	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 	extern __shared__ __align__(32) unsigned char tc_smem[];
 	TcBwdSmem<HD> m(tc_smem); /* own: K, V; tiles: Q, dO */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	int64_t nkt = (g.t + S::BR - 1) / S::BR, bi = blockIdx.x;
-	int64_t kt = bi % nkt, h = (bi / nkt) % g.h, b = bi / (nkt * g.h), k0 = kt * S::BR;
+	int64_t b, h, k0;
+	tc_block<HD>(g, &b, &h, &k0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const cu_bf16 *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
-
-	tc_copy_rows<HD>(m.own0, S::QLD, base + g.hd, ld, k0, S::BR, g.t, g.hd, g.vec8);
-	tc_copy_rows<HD>(m.own1, S::QLD, base + 2 * g.hd, ld, k0, S::BR, g.t, g.hd, g.vec8);
-	__syncthreads();
-	FragA ka[HD / 16], va[HD / 16];
-CU_UNROLL
-	for (int k = 0; k < HD / 16; k++) {
-		wmma::load_matrix_sync(ka[k], (const __nv_bfloat16 *)m.own0 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-		wmma::load_matrix_sync(va[k], (const __nv_bfloat16 *)m.own1 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-	}
-	__syncthreads(); /* every warp holds its K and V: the room is dK's and dV's rows now */
-	FragC dk[HD / 16], dv[HD / 16];
+	TcFragA ka[HD / 16], va[HD / 16];
+	tc_load_own<HD>(m, g, k0, base + g.hd, ld, ka, base + 2 * g.hd, ld, va);
+	TcFragC dk[HD / 16], dv[HD / 16];
 CU_UNROLL
 	for (int n = 0; n < HD / 16; n++) {
 		wmma::fill_fragment(dk[n], 0.0f);
