@@ -65,6 +65,10 @@ find() { "$BB" find "$@"; }
 if [ "${1:-}" != --part ]; then
 	# ---- the driver ----
 	[ $# -eq 1 ] || { echo "usage: run.sh OUTDIR" >&2; exit 2; }
+	PARTS=${DP_KIT_PARTS:-1 2 3 4 5 6}
+	for p in $PARTS; do
+		case $p in [1-6]) ;; *) echo "run.sh: DP_KIT_PARTS: no part '$p' (parts 1-6)" >&2; exit 2 ;; esac
+	done
 	mkdir -p "$1" || exit 1
 	OUT=$(cd "$1" && pwd)
 	WORK=${DP_KIT_WORK:-/tmp/dp-gpu-kit}
@@ -95,10 +99,6 @@ if [ "${1:-}" != --part ]; then
 		DEADLINES=(0 15 100 75 100 140 100)
 	fi
 	echo "mode: $MODE; deadlines (s), parts 1-6: ${DEADLINES[*]:1}" >>"$REPORT"
-	PARTS=${DP_KIT_PARTS:-1 2 3 4 5 6}
-	for p in $PARTS; do
-		case $p in [1-6]) ;; *) echo "run.sh: DP_KIT_PARTS: no part '$p' (parts 1-6)" >&2; exit 2 ;; esac
-	done
 	[ "$PARTS" = "1 2 3 4 5 6" ] || echo "parts: $PARTS (DP_KIT_PARTS)" >>"$REPORT"
 	: >"$WORK/results"
 	for p in $PARTS; do
