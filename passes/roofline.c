@@ -15,10 +15,12 @@
  *
  * Classes. gemm: matmul and linear, on tensor cores with bf16 operands (or
  * f32 ones under `gemm_math tf32`), else on the CUDA cores' fp32 FMA (as
- * cuBLASLt runs CUBLAS_COMPUTE_32F). attention: runtime/cuda/attention.cu
- * tiles like flash attention but multiplies with scalar fp32 FMA on the CUDA
- * cores; the MFU is printed both so and with the attention on tensor cores
- * (the kernel GPU speed part 1 brings), so that each part's share shows.
+ * cuBLASLt runs CUBLAS_COMPUTE_32F). attention: priced at the FLOPs
+ * runtime/cuda/attention.cu executes (attn_executed: its backward recomputes
+ * more than the op's cost rule counts) on the units it runs them on (tensor
+ * cores for bf16 ordinary attention with head dim 32, 64 or 128, else the
+ * CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
+ * tensor cores, so that each part's share shows.
  * optimizer: clip, norms, SGD, AdamW. memory-bound: everything else (norms,
  * activations, the loss, embeddings, casts, copies, bias gradients).
  *
@@ -91,6 +93,92 @@ typedef struct {
 	int cuda;    /* ... on the CUDA cores (some) */
 } Row;
 
+/* The bytes of value v (a view: its root's, all of them). */
+static void value_bytes(const Graph *g, int v, int64_t *lo, int64_t *hi)
+{
+	const Value *x = g->values[v];
+	while (x->view_of >= 0)
+		x = g->values[x->view_of];
+	*lo = x->offset;
+	*hi = x->offset + x->nbytes;
+}
+
+/* Does node k write any byte of value v? */
+static int writes_bytes(const Graph *g, const Node *k, int v)
+{
+	int64_t a, b, c, d;
+	if (k->out < 0 || g->values[k->out]->offset < 0 || g->values[v]->offset < 0)
+		return k->out >= 0; /* unplanned: assume it may */
+	value_bytes(g, k->out, &a, &b);
+	value_bytes(g, v, &c, &d);
+	return a < d && c < b;
+}
+
+/* Does the CUDA backend pair attention_grad nodes[j] with its forward
+ * (cu_plan_attn, runtime/cuda/attention.cu): the latest attention before it
+ * in the step on the same qkv, same stream and condition, with nothing
+ * between writing qkv or the forward's output? Then the backward takes the
+ * forward's lse and O instead of running the forward again. */
+static int attn_paired(const Graph *g, int j)
+{
+	const Node *n = g->nodes[j];
+	int i = j;
+	while (--i >= 0) {
+		const Node *k = g->nodes[i];
+		if (!(k->progs & IR_IN_STEP))
+			continue;
+		if (k->op == DP_OP_ATTENTION && k->in[0] == n->in[1])
+			break;
+		if (writes_bytes(g, k, n->in[1]))
+			return 0;
+	}
+	if (i < 0)
+		return 0;
+	const Node *f = g->nodes[i];
+	if (f->stream != n->stream || (f->flags & DP_IF_LAST) != (n->flags & DP_IF_LAST))
+		return 0;
+	for (int m = i + 1; m < j; m++)
+		if ((g->nodes[m]->progs & IR_IN_STEP) && writes_bytes(g, g->nodes[m], f->out))
+			return 0;
+	return 1;
+}
+
+/*
+ * Attention's executed work, as runtime/cuda/attention.cu does it: in causal
+ * products of one sequence and head (a unit: T x Tk x hd multiply-adds over
+ * the lower triangle, T Tk hd FLOPs), which the op's cost rule counts at
+ * FlashAttention-2's 2 (forward) and 5 (backward). Executed: the forward 2
+ * (S, P V); the ordinary backward 9 (the forward again for each row's lse
+ * and D, then S, dP, dQ by query tile, then S, dV, dP, dK by key tile), 7
+ * on tensor cores when paired with its forward (attn_paired: lse and O
+ * kept, no forward again), on tensor cores for bf16 with a head dim of 32,
+ * 64 or 128 (the kernels' own rule), else on the CUDA cores; the cp
+ * gradients 5 (d qkv) and 6 (d kv), on the CUDA cores. *tensor: on tensor
+ * cores. j: the node's index.
+ */
+static double attn_executed(const Graph *g, int j, int *tensor)
+{
+	const Node *n = g->nodes[j];
+	const Value *qkv = g->values[n->in[n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_CP ? 0 : 1]];
+	double heads = (double)DP_ATTR(n, ATTENTION, heads), t = (double)qkv->dims[1];
+	double tk = n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD
+			    ? t : t * (double)DP_ATTR(n, ATTENTION_CP, cp);
+	double hd = (double)qkv->dims[2] / 3 / heads, unit = (double)qkv->dims[0] * heads * t * tk * hd;
+	*tensor = qkv->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128) &&
+		  (n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD);
+	switch (n->op) {
+	case DP_OP_ATTENTION:
+	case DP_OP_ATTENTION_CP:
+		return 2 * unit;
+	case DP_OP_ATTENTION_GRAD:
+		return (*tensor && attn_paired(g, j) ? 7 : 9) * unit;
+	case DP_OP_ATTENTION_CP_GRAD:
+		return 5 * unit;
+	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
+		return 6 * unit;
+	}
+}
+
 /* The time of one node's cost at `rate`, in ms. */
 static double node_ms(const Device *d, double flops, double bytes, double rate)
 {
@@ -108,7 +196,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		die("roofline_print: unknown device %s", device);
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
 	Row row[C_NCLASS] = {{0}};
-	double attn_tc_ms = 0, model = 0, tokens = 0;
+	double attn_tc_ms = 0, model = 0, tokens = 0, attn_run = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL)
@@ -117,6 +205,13 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		ir_ops[n->op].cost(g, n, &f, &b);
 		int c = class_of(n->op);
 		double rate = d->fp32;
+		double run = f; /* the FLOPs executed: attention's are its kernels', not the rule's */
+		if (c == C_ATTN) {
+			int tensor;
+			run = attn_executed(g, i, &tensor);
+			attn_run += times * run;
+			rate = tensor ? d->bf16 : d->fp32;
+		}
 		if (c == C_GEMM) { /* the operands' dtype: bf16, or f32 (tf32 when asked) */
 			DpDtype in0 = g->values[n->in[0]]->dtype;
 			if (in0 == DP_BF16 || g->cfg.gemm_math == DP_GEMM_TF32)
@@ -126,11 +221,11 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		r->n += times;
 		r->flops += times * f;
 		r->bytes += times * b;
-		r->ms += times * node_ms(d, f, b, rate);
+		r->ms += times * node_ms(d, run, b, rate);
 		r->tensor |= rate != d->fp32 && f > 0;
 		r->cuda |= rate == d->fp32 && f > 0;
 		if (c == C_ATTN)
-			attn_tc_ms += times * node_ms(d, f, b, d->bf16);
+			attn_tc_ms += times * node_ms(d, run, b, d->bf16);
 		if (n->recompute)
 			continue;
 		if (c == C_GEMM)
@@ -171,10 +266,17 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			       row[C_GEMM].bytes + row[C_ATTN].bytes + row[C_MEM].bytes + row[C_OPTIM].bytes),
 		"", total);
 	double with_tc = total - row[C_ATTN].ms + attn_tc_ms;
+	if (row[C_ATTN].n > 0)
+		fprintf(out, "attention executes %s on %s, its ms above (the row's FLOPs are the cost "
+			"rule's, FlashAttention-2's products and the softmax: %s)\n",
+			stats_human_flops(c1, sizeof c1, attn_run),
+			row[C_ATTN].tensor && row[C_ATTN].cuda ? "tensor and CUDA cores"
+			: row[C_ATTN].tensor ? "tensor cores" : "CUDA cores",
+			stats_human_flops(c2, sizeof c2, row[C_ATTN].flops));
 	fprintf(out, "model flops %s (the GEMMs' and 12 T d per token and layer of attention)\n",
 		stats_human_flops(c1, sizeof c1, model));
 	if (total > 0 && row[C_ATTN].n > 0) /* a token model: its tokens/s too */
-		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention on the CUDA cores as "
+		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention as "
 			"runtime/cuda/attention.cu runs it\n", 100 * model / (total * 1e-3 * d->bf16),
 			tokens / (total * 1e-3));
 	else if (total > 0)

@@ -43,6 +43,16 @@
 #                 dim (a wrong stride)
 #   tc_causal     a warp skips the key tile holding its diagonal as if it
 #                 were above it (a wrong causal tile bound)
+#   tcb_lse       the tensor-core forward's row log-sum-exp never written
+#   tcb_stale     the forward paired with its gradient not given the
+#                 plan's lse buffer: the gradient reads a never-written
+#                 (stale) lse
+#   tcb_dterm     the backward's D = dO . O written as 0 (dS = P dP: the
+#                 softmax's row term dropped)
+#   tcb_sync      the __syncthreads between the dK/dV kernel's loads of a
+#                 query tile (Q, dO, lse, D) and the warps' reads, dropped
+#   tcb_causal    a dK/dV warp skips the query tile holding its keys'
+#                 diagonal as if every query were before them
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -326,6 +336,13 @@ tc_mutation tc_sync sed 's|^\t\t__syncthreads(); /\* K and V are in \*/|\t\t/* M
 tc_mutation tc_layout sed 's|__nv_bfloat16, wmma::col_major> FragKt;|__nv_bfloat16, wmma::row_major> FragKt; /* MUTATION */|'
 tc_mutation tc_stride perl -0pe 's|(ks \+ 16 \* n \* S::QLD \+ 16 \* k,\n\s*)S::QLD\)|$1HD) /* MUTATION */|'
 tc_mutation tc_causal sed 's|if (k0 > wlast)|if (k0 + TC_BC > wlast) /* MUTATION */|'
+# 7c: the tensor-core backward (bf16): its row statistics, its barrier, its
+# causal start
+tc_mutation tcb_lse sed 's|^\t\tlse\[row\] = m + logf(l);|\t\t(void)m; /* MUTATION: lse not saved */|'
+tc_mutation tcb_stale sed 's|(cu_bf16 \*)cu_p(a, -1), a->fuse->lse,|(cu_bf16 *)cu_p(a, -1), (float *)0, /* MUTATION */|'
+tc_mutation tcb_dterm sed 's|^\t\t\tdd\[i\] = sum;|\t\t\tdd[i] = 0; /* MUTATION: D dropped */|'
+tc_mutation tcb_sync sed 's|^\t\t__syncthreads(); /\* Q, dO and the statistics are in \*/|\t\t/* MUTATION: no __syncthreads */|'
+tc_mutation tcb_causal sed 's|if (q0 + TC_BC - 1 < wfirst)|if (q0 < wfirst + 16) /* MUTATION */|'
 # 8: the staged batches' device copies overwritten while a step reads them
 if mutate copy_wait "runtime/cuda/backend_cuda.c" \
 	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then

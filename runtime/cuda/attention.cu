@@ -34,6 +34,13 @@
  *   k_attn_fwd_tc<HD> the forward of bf16 ordinary attention with head dim
  *                    HD = 32, 64 or 128 on tensor cores (WMMA, FlashAttention-2's
  *                    structure; its own comment below); k_attn_fwd does the rest.
+ *                    Paired with its gradient (cu_plan_attn, at the end) it
+ *                    leaves each row's lse for it; else the backward runs it
+ *                    again for each row's lse and D.
+ *   k_attn_bwd_dq_tc<HD>, k_attn_bwd_dkv_tc<HD> the backward of the same
+ *                    attention on tensor cores from those (FlashAttention-2's
+ *                    dQ pass and dK/dV pass; their comment below);
+ *                    k_attn_bwd_q/kv do the rest.
  * Every output element is written by one thread with a fixed loop order: no
  * atomics, deterministic, graph == eager.
  *
@@ -519,7 +526,8 @@ static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, i
 }
 
 template <int HD>
-__global__ void __launch_bounds__(32 * TcShape<HD>::W) k_attn_fwd_tc(Geom<cu_bf16> g, cu_bf16 *out)
+__global__ void __launch_bounds__(32 * TcShape<HD>::W)
+k_attn_fwd_tc(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, float *dd)
 {
 	using namespace nvcuda;
 	typedef TcShape<HD> S;
@@ -627,13 +635,330 @@ CU_UNROLL
 		}
 		__syncwarp(); /* O's rows back before the lanes rescale them */
 	}
+	float inv = 1.0f / l;
+	int64_t row = (b * g.h + h) * g.t + t; /* the row's (lse, D) */
+	if (dd) { /* D = dO . O, O in f32 (the lanes of the row: one half each) */
+		float dsum = 0;
+		if (t < g.t) {
+			const cu_bf16 *dr = dy + (b * g.t + t) * g.c + g.hd * h;
+			for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
+				if (d < g.hd)
+					dsum += cu_from_bf16(dr[d]) * (orow[d] * inv);
+		}
+		dsum += __shfl_xor_sync(CU_FULL_MASK, dsum, 1);
+		if (t < g.t && half == 0)
+			dd[row] = dsum;
+	}
 	if (t >= g.t)
 		return;
+	if (lse && half == 0)
+		lse[row] = m + logf(l);
+	if (!out)
+		return;
 	cu_bf16 *dst = out + (b * g.t + t) * g.c + g.hd * h;
-	float inv = 1.0f / l;
 	for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
 		if (d < g.hd)
 			st(dst + d, orow[d] * inv);
+}
+
+/* ---- backward on tensor cores (bf16, head dims 32, 64, 128) ----
+ *
+ * FlashAttention-2's backward on WMMA, from the row statistics lse = m +
+ * log l and D = dO . O (per query row, f32: lse from the forward that
+ * cu_plan_attn paired with the gradient and D by k_attn_rowdot from its
+ * output O, else both from k_attn_fwd_tc run again), so P = exp(scale s -
+ * lse) needs no softmax pass. Two kernels, each writing
+ * its outputs once (no atomics: deterministic, graph == eager):
+ *   k_attn_bwd_dq_tc   a block per 16 W query rows, over the key tiles up
+ *                      to its last row: S = Q K^T, dP = dO V^T (Q's and
+ *                      dO's fragments kept), dS = P (dP - D) rounded to
+ *                      bf16, dQ += dS K in f32 accumulator fragments;
+ *                      dQ = scale dQ into d qkv's q columns.
+ *   k_attn_bwd_dkv_tc  a block per 16 W key rows, over the query tiles
+ *                      from its first key's: S^T = K Q^T, P^T rounded to
+ *                      bf16, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T
+ *                      - D), dK += dS^T Q (K's and V's fragments kept, dK
+ *                      and dV in accumulator fragments); dK = scale dK and
+ *                      dV into the k and v columns.
+ * dQ in a kernel of its own rather than by f32 atomics from the key-major
+ * kernel: atomics would save S and dP's recomputation (2 of the 7 T^2 hd
+ * units) but make the sum's order, and so the bits, change from run to
+ * run. The accumulators need no row rescale (unlike the forward's O), so
+ * they stay fragments; the element-wise products of P and dS are done by
+ * the lanes on S and dP stored to the warp's rows of shared memory (two
+ * lanes per row, 16 columns each), as in the forward. Causal: the dQ block
+ * stops at its last row's key tile and a warp skips tiles above its rows;
+ * the dK/dV block starts at its first key's query tile and a warp skips
+ * query tiles wholly before its keys.
+ *
+ * Shared memory (dynamic, < 48 KB, NaN-filled on the emulator): the block's
+ * own rows (Q and dO, or K and V: bf16, loaded into fragments, then the
+ * room of the f32 result rows), the other side's tiles of TC_BC rows, the
+ * tile's (lse, D), S (f32, then dP), P (bf16, then dS). */
+template <int HD> struct TcBwdShape {
+	static const int W = HD == 128 ? 2 : 4;
+	static const int BR = 16 * W;  /* the block's rows (queries or keys) */
+	static const int QLD = HD + 8; /* bf16 rows */
+	static const int OLD = HD + 4; /* f32 result rows */
+	static const int SLD = TC_BC + 4, PLD = TC_BC + 8;
+	static const int OWN_BYTES = 2 * BR * QLD * 2 > BR * OLD * 4 ? 2 * BR * QLD * 2 : BR * OLD * 4;
+	static const int TILE_BYTES = TC_BC * QLD * 2, STAT_BYTES = 2 * TC_BC * 4;
+	static const int S_BYTES = BR * SLD * 4, P_BYTES = BR * PLD * 2;
+	static const int SMEM = OWN_BYTES + 2 * TILE_BYTES + STAT_BYTES + S_BYTES + P_BYTES;
+	static_assert(OWN_BYTES % 32 == 0 && TILE_BYTES % 32 == 0 && STAT_BYTES % 32 == 0 &&
+		      S_BYTES % 32 == 0 && (BR * QLD * 2) % 32 == 0,
+		      "every region starts 32-byte aligned (WMMA's mptr)");
+	static_assert(SMEM <= 48 * 1024, "no opt-in to more than 48 KB of shared memory");
+};
+
+/* The backward's operand (row_major) and accumulator fragments. */
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
+			       nvcuda::wmma::row_major>
+	TcFragA;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> TcFragC;
+
+/* The regions of TcBwdShape, in order. */
+template <int HD> struct TcBwdSmem {
+	cu_bf16 *own0, *own1, *tile0, *tile1, *p;
+	float *res, *stat, *s;
+	__device__ explicit TcBwdSmem(unsigned char *m)
+	{
+		typedef TcBwdShape<HD> S;
+		own0 = (cu_bf16 *)m;
+		own1 = own0 + S::BR * S::QLD;
+		res = (float *)m;
+		tile0 = (cu_bf16 *)(m + S::OWN_BYTES);
+		tile1 = (cu_bf16 *)(m + S::OWN_BYTES + S::TILE_BYTES);
+		stat = (float *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES);
+		s = (float *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES + S::STAT_BYTES);
+		p = (cu_bf16 *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES + S::STAT_BYTES + S::S_BYTES);
+	}
+};
+
+/* acc[n] (n < N) = the warp's 16 rows of A (fragments a) times the
+ * transpose of the 16 N rows of a shared tile (row stride ld): column n of
+ * the product is row n of the tile; stored to dst (row stride SLD). */
+template <int HD, int N, class FragA>
+static __device__ void tc_times_rows_t(float *dst, const FragA *a, const cu_bf16 *tile, int ld)
+{
+	using namespace nvcuda;
+	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragT;
+CU_UNROLL
+	for (int n = 0; n < N / 16; n++) {
+		wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+		wmma::fill_fragment(acc, 0.0f);
+CU_UNROLL
+		for (int k = 0; k < HD / 16; k++) {
+			FragT tb;
+			wmma::load_matrix_sync(tb, (const __nv_bfloat16 *)tile + 16 * n * ld + 16 * k, ld);
+			wmma::mma_sync(acc, a[k], tb, acc);
+		}
+		wmma::store_matrix_sync(dst + 16 * n, acc, TcBwdShape<HD>::SLD, wmma::mem_row_major);
+	}
+}
+
+/* acc[n] += the warp's 16 rows of P (bf16, row stride PLD, TC_BC columns)
+ * times a shared tile of TC_BC rows (row stride ld), n < HD/16. */
+template <int HD, class FragC>
+static __device__ void tc_accumulate(FragC *acc, const cu_bf16 *p, const cu_bf16 *tile, int ld)
+{
+	using namespace nvcuda;
+	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
+CU_UNROLL
+	for (int n = 0; n < HD / 16; n++)
+CU_UNROLL
+		for (int k = 0; k < TC_BC / 16; k++) {
+			FragA pa;
+			FragB tb;
+			wmma::load_matrix_sync(pa, (const __nv_bfloat16 *)p + 16 * k, TcBwdShape<HD>::PLD);
+			wmma::load_matrix_sync(tb, (const __nv_bfloat16 *)tile + 16 * k * ld + 16 * n, ld);
+			wmma::mma_sync(acc[n], pa, tb, acc[n]);
+		}
+}
+
+/* The warp's 16 result rows: acc * scale through the f32 rows at res (the
+ * warp's own), then row r's dims of this lane's half, rounded, to dst (NULL:
+ * a row past T). */
+template <int HD, class FragC>
+static __device__ void tc_write_rows(FragC *acc, float scale, float *res, int r, int half,
+				     cu_bf16 *dst, int64_t hd)
+{
+	using namespace nvcuda;
+	typedef TcBwdShape<HD> S;
+CU_UNROLL
+	for (int n = 0; n < HD / 16; n++) {
+CU_UNROLL
+		for (int e = 0; e < acc[n].num_elements; e++)
+			acc[n].x[e] *= scale;
+		wmma::store_matrix_sync(res + 16 * n, acc[n], S::OLD, wmma::mem_row_major);
+	}
+	__syncwarp();
+	if (dst)
+		for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
+			if (d < hd)
+				st(dst + d, res[r * S::OLD + d]);
+	__syncwarp(); /* the rows are read before the next result's store */
+}
+
+/* The block's sequence and head, and its first row (of 16 W) in
+ * blockIdx.x = ((b * H) + h) * tiles + tile. */
+template <int HD>
+static __device__ void tc_block(const Geom<cu_bf16> &g, int64_t *b, int64_t *h, int64_t *r0)
+{
+	const int64_t tiles = (g.t + TcBwdShape<HD>::BR - 1) / TcBwdShape<HD>::BR, bi = blockIdx.x;
+	*r0 = bi % tiles * TcBwdShape<HD>::BR;
+	*h = bi / tiles % g.h;
+	*b = bi / (tiles * g.h);
+}
+
+/* The block's own rows [r0, r0 + BR) of two [*, ld] sources (Q and dO, or
+ * K and V) through shared memory into the warp's fragments a0 and a1 (its
+ * 16 rows each); after it the room is the result rows'. */
+template <int HD, class FragA>
+static __device__ void tc_load_own(const TcBwdSmem<HD> &m, const Geom<cu_bf16> &g, int64_t r0,
+				   const cu_bf16 *s0, int64_t ld0, FragA *a0, const cu_bf16 *s1,
+				   int64_t ld1, FragA *a1)
+{
+	using namespace nvcuda;
+	typedef TcBwdShape<HD> S;
+	const int warp = threadIdx.x / 32;
+	tc_copy_rows<HD>(m.own0, S::QLD, s0, ld0, r0, S::BR, g.t, g.hd, g.vec8);
+	tc_copy_rows<HD>(m.own1, S::QLD, s1, ld1, r0, S::BR, g.t, g.hd, g.vec8);
+	__syncthreads();
+CU_UNROLL
+	for (int k = 0; k < HD / 16; k++) {
+		wmma::load_matrix_sync(a0[k], (const __nv_bfloat16 *)m.own0 + 16 * warp * S::QLD + 16 * k,
+				       S::QLD);
+		wmma::load_matrix_sync(a1[k], (const __nv_bfloat16 *)m.own1 + 16 * warp * S::QLD + 16 * k,
+				       S::QLD);
+	}
+	__syncthreads(); /* every warp holds its fragments: the room is the result rows' now */
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * TcBwdShape<HD>::W)
+k_attn_bwd_dq_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
+		 cu_bf16 *dqkv)
+{
+	using namespace nvcuda;
+	typedef TcBwdShape<HD> S;
+	extern __shared__ __align__(32) unsigned char tc_smem[];
+	TcBwdSmem<HD> m(tc_smem); /* own: Q, dO; tiles: K, V */
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int64_t b, h, q0;
+	tc_block<HD>(g, &b, &h, &q0);
+	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const int64_t ld = 3 * g.c;
+	TcFragA qa[HD / 16], da[HD / 16];
+	tc_load_own<HD>(m, g, q0, base, ld, qa, dy + b * g.t * g.c + g.hd * h, g.c, da);
+	TcFragC dq[HD / 16];
+CU_UNROLL
+	for (int n = 0; n < HD / 16; n++)
+		wmma::fill_fragment(dq[n], 0.0f);
+	const int r = lane / 2, half = lane % 2;
+	const int64_t t = q0 + 16 * warp + r, wlast = q0 + 16 * warp + 15;
+	const int64_t row = (b * g.h + h) * g.t + t;
+	const float lr = t < g.t ? lse[row] : 0, dr = t < g.t ? dd[row] : 0;
+	float *srow = m.s + 16 * warp * S::SLD;
+	cu_bf16 *prow = m.p + 16 * warp * S::PLD;
+	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
+	for (int64_t k0 = 0; k0 <= last; k0 += TC_BC) {
+		__syncthreads(); /* the previous K and V are consumed */
+		tc_copy_rows<HD>(m.tile0, S::QLD, base + g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
+		tc_copy_rows<HD>(m.tile1, S::QLD, base + 2 * g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
+		__syncthreads(); /* the key tile is in */
+		if (k0 > wlast)
+			continue; /* the tile is above the warp's diagonal (warp-uniform) */
+		tc_times_rows_t<HD, TC_BC>(srow, qa, m.tile0, S::QLD); /* S = Q K^T */
+		__syncwarp();
+		float p[16];
+		const float *sr = srow + r * S::SLD + 16 * half;
+CU_UNROLL
+		for (int j = 0; j < 16; j++) {
+			int64_t key = k0 + 16 * half + j;
+			p[j] = key <= t && t < g.t ? expf(sr[j] * g.scale - lr) : 0.0f;
+		}
+		__syncwarp(); /* S is read: its rows are dP's */
+		tc_times_rows_t<HD, TC_BC>(srow, da, m.tile1, S::QLD); /* dP = dO V^T */
+		__syncwarp();
+CU_UNROLL
+		for (int j = 0; j < 16; j++)
+			prow[r * S::PLD + 16 * half + j] = cu_to_bf16(p[j] * (sr[j] - dr));
+		__syncwarp(); /* dS is the warp's fragments' */
+		tc_accumulate<HD>(dq, prow, m.tile0, S::QLD); /* dQ += dS K */
+	}
+	tc_write_rows<HD>(dq, g.scale, m.res + 16 * warp * S::OLD, r, half,
+			  t < g.t ? dqkv + (b * g.t + t) * ld + 3 * g.hd * h : (cu_bf16 *)0, g.hd);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(32 * TcBwdShape<HD>::W)
+k_attn_bwd_dkv_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
+		  cu_bf16 *dqkv)
+{
+	using namespace nvcuda;
+	typedef TcBwdShape<HD> S;
+	extern __shared__ __align__(32) unsigned char tc_smem[];
+	TcBwdSmem<HD> m(tc_smem); /* own: K, V; tiles: Q, dO */
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int64_t b, h, k0;
+	tc_block<HD>(g, &b, &h, &k0);
+	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const cu_bf16 *dbase = dy + b * g.t * g.c + g.hd * h;
+	const int64_t ld = 3 * g.c;
+	TcFragA ka[HD / 16], va[HD / 16];
+	tc_load_own<HD>(m, g, k0, base + g.hd, ld, ka, base + 2 * g.hd, ld, va);
+	TcFragC dk[HD / 16], dv[HD / 16];
+CU_UNROLL
+	for (int n = 0; n < HD / 16; n++) {
+		wmma::fill_fragment(dk[n], 0.0f);
+		wmma::fill_fragment(dv[n], 0.0f);
+	}
+	const int r = lane / 2, half = lane % 2;
+	const int64_t key = k0 + 16 * warp + r, wfirst = k0 + 16 * warp;
+	const float *ls = (const float *)m.stat, *ds = (const float *)m.stat + TC_BC;
+	float *srow = m.s + 16 * warp * S::SLD;
+	cu_bf16 *prow = m.p + 16 * warp * S::PLD;
+	for (int64_t q0 = k0 - k0 % TC_BC; q0 < g.t; q0 += TC_BC) { /* causal */
+		__syncthreads(); /* the previous Q, dO and statistics are consumed */
+		tc_copy_rows<HD>(m.tile0, S::QLD, base, ld, q0, TC_BC, g.t, g.hd, g.vec8);
+		tc_copy_rows<HD>(m.tile1, S::QLD, dbase, g.c, q0, TC_BC, g.t, g.hd, g.vec8);
+		for (int i = threadIdx.x; i < TC_BC; i += blockDim.x) {
+			int64_t row = (b * g.h + h) * g.t + q0 + i;
+			m.stat[i] = q0 + i < g.t ? lse[row] : 0;
+			m.stat[TC_BC + i] = q0 + i < g.t ? dd[row] : 0;
+		}
+		__syncthreads(); /* Q, dO and the statistics are in */
+		if (q0 + TC_BC - 1 < wfirst)
+			continue; /* every query is before the warp's keys (warp-uniform) */
+		tc_times_rows_t<HD, TC_BC>(srow, ka, m.tile0, S::QLD); /* S^T = K Q^T */
+		__syncwarp();
+		float p[16];
+		const float *sr = srow + r * S::SLD + 16 * half;
+CU_UNROLL
+		for (int j = 0; j < 16; j++) {
+			int c = 16 * half + j;
+			int64_t q = q0 + c;
+			p[j] = q >= key && q < g.t && key < g.t ? expf(sr[j] * g.scale - ls[c]) : 0.0f;
+			prow[r * S::PLD + c] = cu_to_bf16(p[j]);
+		}
+		__syncwarp(); /* S is read, P^T is the warp's fragments' */
+		tc_accumulate<HD>(dv, prow, m.tile1, S::QLD); /* dV += P^T dO */
+		tc_times_rows_t<HD, TC_BC>(srow, va, m.tile1, S::QLD); /* dP^T = V dO^T */
+		__syncwarp(); /* dP^T is in, P^T is read */
+CU_UNROLL
+		for (int j = 0; j < 16; j++) {
+			int c = 16 * half + j;
+			prow[r * S::PLD + c] = cu_to_bf16(p[j] * (sr[j] - ds[c]));
+		}
+		__syncwarp(); /* dS^T is the warp's fragments' */
+		tc_accumulate<HD>(dk, prow, m.tile0, S::QLD); /* dK += dS^T Q */
+	}
+	float *res = m.res + 16 * warp * S::OLD;
+	cu_bf16 *dst = key < g.t ? dqkv + (b * g.t + key) * ld + 3 * g.hd * h : (cu_bf16 *)0;
+	tc_write_rows<HD>(dk, g.scale, res, r, half, dst ? dst + g.hd : dst, g.hd);
+	tc_write_rows<HD>(dv, 1.0f, res, r, half, dst ? dst + 2 * g.hd : dst, g.hd);
 }
 
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
@@ -702,7 +1027,7 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* (m, inv, D) per (batch, head, query row) */
+/* (m, inv, D) per (batch, head, query row); the tensor-core backward: (lse, D) */
 static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 {
 	if (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP)
@@ -711,13 +1036,13 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	return (size_t)(3 * tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1]) * sizeof(float);
 }
 
-/* The forward runs on tensor cores for bf16 ordinary attention with a
- * head dim of 32, 64 or 128 exactly (the rest, f32 and cp among them, on
- * the kernels above: docs/CUDA.md says why). */
+/* The forward and the backward run on tensor cores for bf16 ordinary
+ * attention with a head dim of 32, 64 or 128 exactly (the rest, f32 and cp
+ * among them, on the kernels above: docs/CUDA.md says why). */
 template <int HD, typename T> static int tensor_cores(const DpInstr *in, const Geom<T> &g)
 {
-	return sizeof(T) == 2 && in->op == DP_OP_ATTENTION && g.hd == HD &&
-	       (HD == 32 || HD == 64 || HD == 128);
+	return sizeof(T) == 2 && (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_GRAD) &&
+	       g.hd == HD && (HD == 32 || HD == 64 || HD == 128);
 }
 
 template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
@@ -726,7 +1051,60 @@ template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Ge
 		typedef TcShape<HD> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
-			       (cu_bf16 *)cu_p(a, -1));
+			       (cu_bf16 *)cu_p(a, -1), a->fuse->lse, (const cu_bf16 *)0, (float *)0);
+		CU_LAUNCHED(a, e);
+	}
+	return 0;
+}
+
+/* D = dO . O per (batch, head, query row) from the forward's output: a
+ * warp per row (its head dims in one coalesced read), summed by xor
+ * shuffles. */
+__global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 *o, float *dd)
+{
+	const int lane = threadIdx.x % 32;
+	const int64_t rows = g.b * g.h * g.t, warps = (int64_t)gridDim.x * blockDim.x / 32;
+	for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
+		int64_t t = i % g.t, h = (i / g.t) % g.h, b = i / (g.t * g.h);
+		const cu_bf16 *dr = dy + (b * g.t + t) * g.c + g.hd * h, *orow = o + (dr - dy);
+		float sum = 0;
+		for (int64_t d = lane; d < g.hd; d += 32)
+			sum += cu_from_bf16(dr[d]) * cu_from_bf16(orow[d]);
+		for (int k = 16; k > 0; k /= 2)
+			sum += __shfl_xor_sync(CU_FULL_MASK, sum, k);
+		if (lane == 0)
+			dd[i] = sum;
+	}
+}
+
+/* The backward: each query row's lse and D, then dQ, then dK and dV. lse
+ * is the forward's and D = dO . O from its output when the planner paired
+ * them (cu_plan_attn); else the forward runs again for both (into scratch,
+ * O not written). */
+template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
+{
+	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
+		typedef TcShape<HD> F;
+		typedef TcBwdShape<HD> S;
+		float *lse = (float *)a->scratch, *dd = lse + g.b * g.h * g.t;
+		const cu_bf16 *dy = (const cu_bf16 *)cu_p(a, 0);
+		cu_bf16 *dqkv = (cu_bf16 *)cu_p(a, -1);
+		unsigned fblocks = (unsigned)(g.b * g.h * ((g.t + F::BR - 1) / F::BR));
+		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
+		if (a->fuse->lse_o) {
+			lse = a->fuse->lse;
+			CU_LAUNCH(k_attn_rowdot, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g, dy,
+				  (const cu_bf16 *)a->fuse->lse_o, dd);
+		} else {
+			CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), fblocks, 32 * F::W, (size_t)F::SMEM, a->st,
+				       g, (cu_bf16 *)0, lse, dy, dd);
+		}
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH_SMEM((k_attn_bwd_dq_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g, dy,
+			       (const float *)lse, (const float *)dd, dqkv);
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH_SMEM((k_attn_bwd_dkv_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
+			       dy, (const float *)lse, (const float *)dd, dqkv);
 		CU_LAUNCHED(a, e);
 	}
 	return 0;
@@ -749,6 +1127,8 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DP_OP_ATTENTION_GRAD:
+		if (tensor_cores<HD, T>(in, g))
+			return launch_bwd_tc<HD>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 0);
 		CU_LAUNCHED(a, e);
@@ -800,6 +1180,68 @@ static int run_attention(const CuArgs *a, RtErr *e)
 {
 	return cu_t(a, -1)->dtype == DP_BF16 ? run_attention_t<cu_bf16>(a, e)
 					     : run_attention_t<float>(a, e);
+}
+
+/* ---- planning: the gradient reuses its forward's lse and output ---- */
+
+/* Does attention (or attention_grad) instruction in run on tensor cores?
+ * (tensor_cores' rule on the step file's shapes) */
+static int tc_instr(const DpStep *s, const DpInstr *in)
+{
+	const DpTensor *tq = &s->tensors[in->in[in->op == DP_OP_ATTENTION ? 0 : 1]];
+	int64_t heads = DP_ATTR(in, ATTENTION, heads), hd = tq->dims[2] / 3 / heads;
+	return tq->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
+}
+
+/*
+ * For each attention_grad on tensor cores, the latest attention before it
+ * in the same program on the same qkv, on the same stream (stream order
+ * makes lse visible), run under the same condition (both or neither
+ * DP_IF_LAST), with no instruction between them writing qkv or the
+ * forward's output O: the forward writes each row's lse into a buffer of
+ * the plan, and the gradient reads it and computes D from O, instead of
+ * running the forward again (2 of its 9 T^2 hd units). A recomputed
+ * forward is the latest, so it is the one paired.
+ */
+extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
+{
+	const DpStep *s = p->s;
+	for (int pg = 0; pg < DP_NPROG; pg++)
+		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
+			const DpInstr *g = &s->prog[pg][j];
+			if (g->op != DP_OP_ATTENTION_GRAD || !tc_instr(s, g))
+				continue;
+			const DpTensor *tq = &s->tensors[g->in[1]];
+			uint32_t i = j;
+			while (i-- > 0) {
+				const DpInstr *k = &s->prog[pg][i];
+				if ((k->op == DP_OP_ATTENTION && k->in[0] == g->in[1]) || cu_writes(s, k, tq))
+					break;
+			}
+			if (i == UINT32_MAX || s->prog[pg][i].op != DP_OP_ATTENTION)
+				continue; /* none, or qkv written since */
+			const DpInstr *k = &s->prog[pg][i];
+			const DpTensor *to = &s->tensors[k->out];
+			if (k->in[0] != g->in[1] || k->stream != g->stream ||
+			    (k->flags & DP_IF_LAST) != (g->flags & DP_IF_LAST))
+				continue;
+			uint32_t m = i + 1;
+			while (m < j && !cu_writes(s, &s->prog[pg][m], to))
+				m++;
+			if (m < j)
+				continue; /* O overwritten before the gradient */
+			CuFuse *f = &p->fuse[pg][i];
+			if (!f->lse) {
+				f->lse = (float *)p->alloc(p, (size_t)(tq->dims[0] * DP_ATTR(k, ATTENTION, heads) *
+							    tq->dims[1]) * sizeof(float));
+				if (!f->lse)
+					return RT_FAIL(e, "out of device memory (attention row statistics of "
+						       "'%s')", dpstep_str(s, tq->name));
+			}
+			p->fuse[pg][j].lse = f->lse;
+			p->fuse[pg][j].lse_o = p->ptr[k->out];
+		}
+	return 0;
 }
 
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */

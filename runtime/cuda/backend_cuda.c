@@ -443,6 +443,7 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 	}
 	RT_CHECK(cu_plan_clip(&p, e));
 	RT_CHECK(cu_plan_xent(&p, e));
+	RT_CHECK(cu_plan_attn(&p, e));
 	/* cuBLASLt's algorithms, chosen here, outside any capture */
 	return cu_plan_gemm(&p, e);
 }

@@ -119,6 +119,11 @@ typedef struct {
 	const float *bgrad;     /* bias_grad: the column sums of its input that a weight
 	                           gradient's matmul wrote by cuBLASLt's BGRADA epilogue
 	                           (gemm.cu), added to the output; NULL: none */
+	float *lse;             /* attention on tensor cores: each query row's log-sum-exp,
+	                           which the forward writes and its gradient reads
+	                           (attention.cu); NULL: none */
+	const void *lse_o;      /* attention_grad reading lse: its forward's output O,
+	                           intact until the gradient (D = dO . O from it) */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's
@@ -205,6 +210,9 @@ typedef struct CuPlan {
 int cu_plan_clip(CuPlan *p, RtErr *e);
 /* Cross entropy's row statistics shared with its gradient (loss.cu). */
 int cu_plan_xent(CuPlan *p, RtErr *e);
+/* Attention's row log-sum-exp and output shared with its gradient
+ * (attention.cu). */
+int cu_plan_attn(CuPlan *p, RtErr *e);
 /* Every GEMM's cuBLASLt descriptors and algorithm (heuristic query with the
  * operands' real addresses), before any capture (gemm.cu). */
 int cu_plan_gemm(CuPlan *p, RtErr *e);
