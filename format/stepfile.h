@@ -289,6 +289,8 @@ DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
+DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transA);
+DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transB);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 
@@ -353,6 +355,9 @@ typedef enum {
 	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
 	DP_OR_ACCUM,       /* out, in0 same size (each f32 or bf16: out += in0 converts) */
 	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
+	DP_OR_LINEAR_GELU, /* as LINEAR, but out [2, rows.., n]: h, then gelu(h) */
+	DP_OR_MATMUL_GELU_GRAD, /* as MATMUL, in2 (the pre-activation) the size of out;
+	                      out disjoint from the inputs */
 	DP_NOR
 } DpOperandRule;
 
