@@ -32,7 +32,10 @@
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
 #     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
 #     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
-#     dims. Each case runs with its own DPEMU_SEED and DPEMU_COMM
+#     dims. gpt2's linear + gelu run fused (passes/fuse.c) through
+#     cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, and gpt2-tiny also
+#     without them (DPEMU_LT_EPILOGUE=0: gemm.cu's gelu kernels after the
+#     product), f32 and bf16. Each case runs with its own DPEMU_SEED and DPEMU_COMM
 #     (collectives as late as the events allow, or as early), so the cases
 #     together walk many orders; collectives return ncclInProgress at random
 #     (DPEMU_NCCL_INPROGRESS's default), so dp's settling is always exercised.
@@ -355,6 +358,22 @@ if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
 	fi
 fi
 model_case gpt2-tiny ddp 1
+# the fused linear + gelu GEMMs (passes/fuse.c) without cuBLASLt's GELU
+# epilogues (DPEMU_LT_EPILOGUE=0): the product, then gemm.cu's gelu kernels
+# (in bf16 from the f32 product, rounded once as the epilogue and the CPU's
+# staged kernels); the other gpt2 cases take the epilogues
+EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case gpt2-tiny ddp 1
+EMU_ENV=DPEMU_LT_EPILOGUE=0 PREC=bf16 model_case gpt2-tiny ddp 1
+for c in "gpt2-tiny ddp np=1 DPEMU_LT_EPILOGUE=0" "gpt2-tiny bf16 ddp np=1 DPEMU_LT_EPILOGUE=0"; do
+	if case_ran "$c"; then
+		refused=$(grep -c "no algorithm for the GELU epilogue" "$T/${TAG[$c]}.emu.log")
+		if [ "$refused" -gt 0 ]; then
+			ok "$c: the heuristic refused the GELU epilogues ($refused queries) and the plans without them ran"
+		else
+			fail "$c: no query with a GELU epilogue was refused (the case proves nothing)"
+		fi
+	fi
+done
 model_case gpt2-tiny full_shard 2
 for s in ddp zero1 zero2 full_shard; do
 	model_case gpt2-tiny $s 4
