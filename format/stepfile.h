@@ -296,6 +296,8 @@ DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
+DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transA);
+DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transB);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 DP_STATIC_ASSERT(DP_FATTR_SCALE_scale == DP_FATTR_ADD_SCALAR_value,
@@ -364,6 +366,9 @@ typedef enum {
 	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
 	DP_OR_DROPOUT,     /* out, in0 alike [B, ...]; in1 i32 keys [B, 2]; in2 (optional)
 	                      i32 positions [in0's dim 1] */
+	DP_OR_LINEAR_GELU, /* as LINEAR, but out [2, rows.., n]: h, then gelu(h) */
+	DP_OR_MATMUL_GELU_GRAD, /* as MATMUL, in2 (the pre-activation) the size of out;
+	                      out disjoint from the inputs */
 	DP_NOR
 } DpOperandRule;
 

@@ -123,6 +123,8 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_ACCUM] = {FL, FL},
 	[DP_OR_CAST] = {FL, FL},
 	[DP_OR_DROPOUT] = {CD, CD, I32, I32},
+	[DP_OR_LINEAR_GELU] = {CD, CD, CD, CD},
+	[DP_OR_MATMUL_GELU_GRAD] = {CD, CD, CD, CD},
 };
 #undef CD
 #undef CDF
@@ -357,7 +359,8 @@ static int check_gemm(Chk *c, int rule)
 {
 	const DpInstr *in = c->in;
 	switch (rule) {
-	case DP_OR_MATMUL: {
+	case DP_OR_MATMUL:
+	case DP_OR_MATMUL_GELU_GRAD: {
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		OPND(b, 1, -1);
@@ -367,16 +370,22 @@ static int check_gemm(Chk *c, int rule)
 		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
 		NEED(dp_numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
 		     (long long)m, (long long)n);
+		if (rule == DP_OR_MATMUL_GELU_GRAD) {
+			OPND(h, 2, -1);
+			NEED(dp_numel(h) == dp_numel(o), "the pre-activation and the output differ in size");
+		}
 		DISJOINT();
 		return 0;
 	}
-	case DP_OR_LINEAR: {
+	case DP_OR_LINEAR:
+	case DP_OR_LINEAR_GELU: {
 		OPND(o, -1, -1);
 		OPND(x, 0, -1);
 		OPND(w, 1, -1);
-		int64_t k = cols_of(x), n = cols_of(w);
+		int64_t k = cols_of(x), n = cols_of(w), halves = rule == DP_OR_LINEAR_GELU ? 2 : 1;
 		NEED(rows_of(w) == k, "x and w inner dimensions differ");
-		NEED(dp_numel(o) == rows_of(x) * n && cols_of(o) == n, "the output shape does not match");
+		NEED(dp_numel(o) == halves * rows_of(x) * n && cols_of(o) == n,
+		     "the output shape does not match");
 		if (in->in[2] >= 0) {
 			OPND(b, 2, -1);
 			NEED(dp_numel(b) == n, "the bias size does not match");

@@ -523,6 +523,10 @@ int ir_value_order(const Graph *g, int *order, int *ndecl);
  * back (dpc --from-ir) is the graph the next pass would have seen, ids
  * included. */
 void ir_canonicalize(Graph *g);
+/* Removes value id, which nothing may reference any more (no node reads or
+ * writes it, nothing views it); the values after it move down one id and
+ * every reference follows. */
+void ir_drop_value(Graph *g, int id);
 /* The pass a dump names on its first line, "; dp IR after PASS (FILE)":
  * PASS copied into after (at most len bytes with the NUL), and its 1-based
  * column returned; 0 when the first line names no pass. */

@@ -218,6 +218,30 @@ int ir_shape_linear(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* LINEAR_GELU: linear's operands -> [2, rows, n]: the pre-activation's
+ * rows, then gelu's (passes/fuse.c). */
+int ir_shape_linear_gelu(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (ir_shape_linear(g, n, out, d))
+		return -1;
+	set_type(out, out->dtype, 3, (int64_t[]){2, ir_fold_rows(out), ir_fold_cols(out)});
+	return 0;
+}
+
+/* MATMUL_GELU_GRAD: matmul's shape; in2 (the pre-activation) the same. */
+int ir_shape_matmul_gelu_grad(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (ir_shape_matmul(g, n, out, d))
+		return -1;
+	const Value *h = V(g, n->in[2]);
+	if (h->dtype != out->dtype || ir_numel(h) != ir_numel(out)) {
+		error_at(d, n->loc, "%s: the product is %s but the pre-activation is %s", op_name(n),
+			 IR_TYPE(out), IR_TYPE(h));
+		return -1;
+	}
+	return 0;
+}
+
 /* BIAS_ADD: x [rows..., c...] + b [c...] (b = x's trailing dims). */
 int ir_shape_bias_add(Graph *g, Node *n, Value *out, Diag *d)
 {

@@ -140,6 +140,25 @@ void ir_cost_linear(const Graph *g, const Node *n, double *flops, double *bytes)
 	*bytes = io_bytes(g, n);
 }
 
+/* LINEAR_GELU: linear's flops and cost_k per element of gelu's half. */
+void ir_cost_linear_gelu(const Graph *g, const Node *n, double *flops, double *bytes)
+{
+	const Value *x = g->values[n->in[0]];
+	double half = vnumel(g, n->out) / 2;
+	*flops = 2.0 * half * (double)ir_fold_cols(x) + (n->nin > 2 && n->in[2] >= 0 ? half : 0) +
+		 ir_ops[n->op].cost_k * half;
+	*bytes = io_bytes(g, n);
+}
+
+/* MATMUL_GELU_GRAD: the product's flops and cost_k per output element. */
+void ir_cost_matmul_gelu_grad(const Graph *g, const Node *n, double *flops, double *bytes)
+{
+	const Value *a = g->values[n->in[0]];
+	double k = (double)(DP_ATTR(n, MATMUL, transA) ? ir_fold_rows(a) : ir_fold_cols(a));
+	*flops = (2.0 * k + ir_ops[n->op].cost_k) * vnumel(g, n->out);
+	*bytes = io_bytes(g, n);
+}
+
 /*
  * ATTENTION on qkv [B, T, 3C] with H heads of hd = C/H: per (batch, head) the
  * products Q K^T and P V are 2*T*T*hd flops each, 4*B*H*T*T*hd in all without

@@ -1322,6 +1322,51 @@ static void remap(int *id, const int *to, int n)
 		*id = to[*id];
 }
 
+/* Every reference to a value, id i becoming to[i] (i < nv). */
+static void remap_values(Graph *g, const int *to, int nv)
+{
+	for (int i = 0; i < g->nvalues; i++) {
+		Value *v = g->values[i];
+		remap(&v->view_of, to, nv);
+		remap(&v->grad, to, nv);
+		remap(&v->param, to, nv);
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		for (int k = 0; k < n->nin && k < DP_MAX_IN; k++)
+			remap(&n->in[k], to, nv);
+		remap(&n->out, to, nv);
+	}
+	for (int i = 0; i < g->nsources; i++)
+		remap(&g->sources[i].value, to, nv);
+	for (int i = 0; i < g->nbuckets; i++) {
+		Bucket *b = &g->buckets[i];
+		remap(&b->view, to, nv);
+		for (int m = 0; m < b->nmembers; m++)
+			remap(&b->members[m], to, nv);
+	}
+	int *ids[] = {&g->loss, &g->logits, &g->labels, &g->metrics.loss,
+		      &g->metrics.grad_norm, &g->metrics.eval_loss, &g->metrics.eval_correct};
+	for (size_t i = 0; i < NELEMS(ids); i++)
+		remap(ids[i], to, nv);
+}
+
+void ir_drop_value(Graph *g, int id)
+{
+	int nv = g->nvalues;
+	int *to = malloc(((size_t)nv + 1) * sizeof(int));
+	if (!to)
+		die("out of memory");
+	for (int i = 0; i < nv; i++)
+		to[i] = i < id ? i : i == id ? -1 : i - 1;
+	memmove(&g->values[id], &g->values[id + 1], (size_t)(nv - id - 1) * sizeof(Value *));
+	g->nvalues--;
+	for (int i = id; i < g->nvalues; i++)
+		g->values[i]->id = i;
+	remap_values(g, to, nv);
+	free(to);
+}
+
 void ir_canonicalize(Graph *g)
 {
 	int nv = g->nvalues, nn = g->nnodes, maxid = g->next_node_id;
@@ -1353,33 +1398,13 @@ void ir_canonicalize(Graph *g)
 		for (int i = 0; i < nv; i++)
 			g->values[i] = values[i];
 		for (int i = 0; i < nv; i++) {
-			Value *v = g->values[i];
-			v->id = i;
-			remap(&v->view_of, to, nv);
-			remap(&v->grad, to, nv);
-			remap(&v->param, to, nv);
-			remap(&v->def, node_to, maxid);
+			g->values[i]->id = i;
+			remap(&g->values[i]->def, node_to, maxid);
 		}
-		for (int i = 0; i < nn; i++) {
-			Node *n = g->nodes[i];
-			n->id = i;
-			for (int k = 0; k < n->nin && k < DP_MAX_IN; k++)
-				remap(&n->in[k], to, nv);
-			remap(&n->out, to, nv);
-		}
+		for (int i = 0; i < nn; i++)
+			g->nodes[i]->id = i;
 		g->next_node_id = nn;
-		for (int i = 0; i < g->nsources; i++)
-			remap(&g->sources[i].value, to, nv);
-		for (int i = 0; i < g->nbuckets; i++) {
-			Bucket *b = &g->buckets[i];
-			remap(&b->view, to, nv);
-			for (int m = 0; m < b->nmembers; m++)
-				remap(&b->members[m], to, nv);
-		}
-		int *ids[] = {&g->loss, &g->logits, &g->labels, &g->metrics.loss,
-			      &g->metrics.grad_norm, &g->metrics.eval_loss, &g->metrics.eval_correct};
-		for (size_t i = 0; i < NELEMS(ids); i++)
-			remap(ids[i], to, nv);
+		remap_values(g, to, nv);
 	}
 	free(order);
 	free(to);

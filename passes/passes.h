@@ -52,6 +52,7 @@ int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
+int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the blocks */

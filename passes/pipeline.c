@@ -38,6 +38,9 @@ const Pass pipeline[] = {
 			"view of the unit",
 	 collectives_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
+	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
+		 "matmul_gelu_grad (cuBLASLt's epilogues)",
+	 fuse_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
 };

@@ -13,7 +13,8 @@
  * they overlap compute, and the --stats table above sizes them), the gaps
  * between a graph's kernel nodes, and cache reuse between kernels.
  *
- * Classes. gemm: matmul and linear, on tensor cores with bf16 operands (or
+ * Classes. gemm: matmul and linear (and the fused linear_gelu and
+ * matmul_gelu_grad, whose gelu is in the GEMM's epilogue: passes/fuse.c), on tensor cores with bf16 operands (or
  * f32 ones under `gemm_math tf32`), else on the CUDA cores' fp32 FMA (as
  * cuBLASLt runs CUBLAS_COMPUTE_32F). attention: priced at the FLOPs
  * runtime/cuda/attention.cu executes (attn_executed: its backward recomputes
@@ -56,6 +57,8 @@ static int class_of(IrOp op)
 	switch (op) {
 	case DP_OP_MATMUL:
 	case DP_OP_LINEAR:
+	case DP_OP_LINEAR_GELU:
+	case DP_OP_MATMUL_GELU_GRAD:
 		return C_GEMM;
 	case DP_OP_ATTENTION:
 	case DP_OP_ATTENTION_GRAD:
@@ -72,6 +75,19 @@ static int class_of(IrOp op)
 	default:
 		return C_MEM;
 	}
+}
+
+/* The elementwise flops a fused GEMM's epilogue adds to its product's
+ * (passes/fuse.c): gelu over linear_gelu's second half, gelu' over
+ * matmul_gelu_grad's output. */
+static double epilogue_flops(const Graph *g, const Node *n)
+{
+	double out = (double)ir_numel(g->values[n->out]);
+	if (n->op == DP_OP_LINEAR_GELU)
+		return ir_ops[n->op].cost_k * out / 2;
+	if (n->op == DP_OP_MATMUL_GELU_GRAD)
+		return ir_ops[n->op].cost_k * out;
+	return 0;
 }
 
 const char *roofline_devices(void)
@@ -196,7 +212,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		die("roofline_print: unknown device %s", device);
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
 	Row row[C_NCLASS] = {{0}};
-	double attn_tc_ms = 0, model = 0, tokens = 0, attn_run = 0;
+	double attn_tc_ms = 0, model = 0, tokens = 0, attn_run = 0, epilogue = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL)
@@ -228,8 +244,10 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			attn_tc_ms += times * node_ms(d, run, b, d->bf16);
 		if (n->recompute)
 			continue;
-		if (c == C_GEMM)
-			model += times * f;
+		if (c == C_GEMM) { /* the product's: not a fused epilogue's gelu */
+			model += times * (f - epilogue_flops(g, n));
+			epilogue += times * epilogue_flops(g, n);
+		}
 		if (n->op == DP_OP_ATTENTION) { /* qkv [.., T, 3 d]: 12 T d per token */
 			const Value *q = g->values[n->in[0]];
 			double T = (double)q->dims[q->ndim - 2], dm = (double)q->dims[q->ndim - 1] / 3;
@@ -275,6 +293,9 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			stats_human_flops(c2, sizeof c2, row[C_ATTN].flops));
 	fprintf(out, "model flops %s (the GEMMs' and 12 T d per token and layer of attention)\n",
 		stats_human_flops(c1, sizeof c1, model));
+	if (epilogue > 0)
+		fprintf(out, "gemm epilogue flops %s (the gelu of linear_gelu and matmul_gelu_grad: in "
+			"the gemm row, not in the model flops)\n", stats_human_flops(c1, sizeof c1, epilogue));
 	if (total > 0 && row[C_ATTN].n > 0) /* a token model: its tokens/s too */
 		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention as "
 			"runtime/cuda/attention.cu runs it\n", 100 * model / (total * 1e-3 * d->bf16),

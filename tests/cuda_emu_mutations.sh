@@ -23,6 +23,15 @@
 #                 dY that its bias_grad adds) made BGRADB: the sums of the
 #                 other operand, X, of another length
 #   bgrad_add     a bias_grad paired with its matmul's BGRADA adds nothing
+#   gelu_aux      matmul_gelu_grad's DGELU epilogue told its own output as
+#                 the aux: gelu' of stale values, not of the pre-activation
+#   gelu_half     linear_gelu's D written over its aux (the first half):
+#                 the gelu half is left stale
+#   gelu_deriv    the DGELU epilogue made GELU_AUX: the gelu of the
+#                 product, not the product times gelu' (a wrong derivative)
+#   gelu_map      the gelu_grad kernel a fused GEMM runs where cuBLASLt has
+#                 no GELU epilogue (DPEMU_LT_EPILOGUE=0) forgets gelu's
+#                 factor 0.5 on its tanh term
 #   lt_align      the heuristic told that B (cuBLASLt's A) is 256-byte
 #                 aligned whatever its address: the algorithm chosen cannot
 #                 take the under-aligned weight views of flat buffers
@@ -279,6 +288,21 @@ if mutate bgrad_add "runtime/cuda/gemm.cu" sed 's/o\[j\] = accumulate ? o\[j\] +
 fi
 if mutate lt_align "runtime/cuda/gemm.cu" sed 's/MIN_ALIGNMENT_A_BYTES, g->align\[0\])/MIN_ALIGNMENT_A_BYTES, 256)/'; then
 	check_all lt_align two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# 4e-4h: the fused linear + gelu GEMMs (passes/fuse.c): gpt2 at GPT-2's head
+# dim (hd64: its MLP's 512 columns take the GELU epilogues), f32 and bf16
+# (a16); every run must catch each
+if mutate gelu_aux "runtime/cuda/gemm.cu" sed 's/LT(set_aux(g->op, paux, n));/LT(set_aux(g->op, po, n)); \/* MUTATION *\//'; then
+	check_all gelu_aux hd64 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+if mutate gelu_half "runtime/cuda/gemm.cu" sed 's/g->d_off = fwd_gelu \&\& gelu_epi ?/g->d_off = 0 \&\& gelu_epi ? \/* MUTATION *\//'; then
+	check_all gelu_half a16 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+if mutate gelu_deriv "runtime/cuda/gemm.cu" sed 's/bwd_gelu ? CUBLASLT_EPILOGUE_DGELU/bwd_gelu ? CUBLASLT_EPILOGUE_GELU_AUX \/* MUTATION *\//'; then
+	check_all gelu_deriv hd64 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
+if mutate gelu_map "runtime/cuda/elementwise.cu" sed 's/return dy \* (0.5f \* (1.0f + th)/return dy * ((1.0f + th) \/* MUTATION *\//'; then
+	check_all gelu_map hd64 1 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2
 fi
 # 5: the barrier in block_sum after the stores into shared memory
 # shellcheck disable=SC2016

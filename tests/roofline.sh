@@ -10,7 +10,8 @@
 #    node counted twice fails it;
 #  - the classes' FLOPs add up to --stats's FLOPs of the optimizer step
 #    (one rank, no collectives), micro-batches times grad_accum included;
-#  - model FLOPs: the GEMMs' FLOPs (mlp: nothing else), plus PaLM's 12 T d
+#  - model FLOPs: the GEMMs' FLOPs less the gelu their fused epilogues
+#    compute (passes/fuse.c; its own line; mlp: nothing else), plus PaLM's 12 T d
 #    per token and layer for a transformer (gpt2-tiny: 12 x ctx x d x
 #    layers x tokens, from its config), and the printed MFU is model FLOPs
 #    over the total time at 989.4 TFLOP/s; attention on tensor cores
@@ -54,7 +55,8 @@ step = num(re.search(r"^optimizer step \(.*?\)\s+\d+ \(([\d.]+ \w+)\)", text, re
 tot = rows["total"][1]
 assert abs(tot - step) <= 0.01 * step, ("total flops", tot, "stats", step)
 model = num(re.search(r"^model flops ([\d.]+ \w+)", text, re.M).group(1))
-want = fl + attn
+epi = re.search(r"^gemm epilogue flops ([\d.]+ \w+)", text, re.M)
+want = fl - (num(epi.group(1)) if epi else 0) + attn
 assert abs(model - want) <= 0.01 * want, ("model flops", model, want)
 mfu = [float(x) for x in re.findall(r"^predicted MFU ([\d.]+) %", text, re.M)]
 total = rows["total"][4]

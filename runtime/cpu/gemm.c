@@ -1,5 +1,6 @@
 /*
- * cpu/gemm.c - the CPU kernels of matrix products: matmul and linear
+ * cpu/gemm.c - the CPU kernels of matrix products: matmul and linear (and
+ * the fused linear_gelu and matmul_gelu_grad of passes/fuse.c)
  * (OpenBLAS cblas_sgemm, row-major, one OpenBLAS thread per call and the
  * product split over the rank's threads) and linear's bias gradient, a
  * column sum accumulated in double. BLAS takes int sizes: larger matrices
@@ -209,6 +210,37 @@ static int run_linear(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+/*
+ * The fused GEMMs of passes/fuse.c: linear_gelu writes linear's result into
+ * its first half and gelu of it into its second; matmul_gelu_grad writes the
+ * product and multiplies it by gelu' of the pre-activation in place. In f32
+ * that is bitwise the two kernels they replace. They have no bf16 path of
+ * their own: a bf16 instruction runs on f32 copies (bf16.c's staging), so
+ * the gelu sees the f32 result and each output is rounded once, as
+ * cuBLASLt's GELU_AUX_BIAS and DGELU epilogues compute (the unfused graph
+ * rounded the product to bf16 first: docs/PRECISION.md).
+ */
+static int run_linear_gelu(const CpuArgs *k, RtErr *e)
+{
+	RT_CHECK(run_linear(k, e));
+	int64_t half = cpu_numel(cpu_t(k, k->in->out)) / 2;
+	float *h = cpu_f(k, k->in->out);
+	cpu_map(k, DP_OP_GELU, h + half, h, NULL, 0, half);
+	return 0;
+}
+
+static int run_matmul_gelu_grad(const CpuArgs *k, RtErr *e)
+{
+	const DpInstr *in = k->in;
+	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
+	float *o = cpu_f(k, in->out);
+	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), DP_ATTR(in, MATMUL_GELU_GRAD, transA) != 0,
+	      cpu_f(k, in->in[1]), cpu_rows(t1), cpu_cols(t1), DP_ATTR(in, MATMUL_GELU_GRAD, transB) != 0,
+	      o, 0.0f, NULL);
+	cpu_map(k, DP_OP_GELU_GRAD, o, o, cpu_f(k, in->in[2]), 0, cpu_numel(cpu_t(k, in->out)));
+	return 0;
+}
+
 /* Column sums, split by columns: every column is summed over the rows in
  * order (in double, vectorised across columns), whatever the split. */
 typedef struct {
@@ -254,5 +286,7 @@ const KernelRow cpu_gemm_rows[] = {
 	{DP_OP_MATMUL, run_matmul, limit_matmul, 0, run_gemm16, NULL, 0},
 	{DP_OP_LINEAR, run_linear, limit_linear, 0, run_gemm16, NULL, 0},
 	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 0, NULL, NULL, 0},
+	{DP_OP_LINEAR_GELU, run_linear_gelu, limit_linear, 0, NULL, NULL, 0},
+	{DP_OP_MATMUL_GELU_GRAD, run_matmul_gelu_grad, limit_matmul, 0, NULL, NULL, 0},
 	{0},
 };

@@ -188,6 +188,51 @@ template <class F> static int run_map(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* gelu (grad = 0: o = gelu(x)) or gelu_grad (o = x * gelu'(y)) over n
+ * f32 elements: gemm.cu's fused f32 GEMMs where cuBLASLt's epilogue is not
+ * used (the ops' own kernels) */
+int cu_gelu_map(const CuArgs *a, int grad, float *o, const float *x, const float *y, int64_t n,
+		RtErr *e)
+{
+	if (n <= 0)
+		return 0;
+	if (grad)
+		CU_LAUNCH(k_map<GeluGrad>, cu_grid(n), CU_THREADS, a->st, o, x, y, n, 0.0f);
+	else
+		CU_LAUNCH(k_map<Gelu>, cu_grid(n), CU_THREADS, a->st, o, x, (const float *)NULL, n, 0.0f);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* The bf16 ones from the f32 product v [rows, c] (NULL: zeros): linear_gelu (bias: +
+ * bias[col]) h = bf16(v), g = bf16(gelu(v)); matmul_gelu_grad (h read)
+ * g = bf16(v * gelu'(h)). cuBLASLt's epilogues' arithmetic, one rounding. */
+__global__ void k_gelu_finish(cu_bf16 *g, cu_bf16 *h, const float *v, const cu_bf16 *bias,
+			      int grad, int64_t n, int64_t c)
+{
+	CU_FOR_EACH(i, n) {
+		float x = v ? v[i] : 0.0f; /* NULL: an empty sum */
+		if (grad) {
+			st(g + i, gelu_grad(x, ld(h + i)));
+		} else {
+			x += bias ? ld(bias + i % c) : 0.0f;
+			st(h + i, x);
+			st(g + i, gelu(x));
+		}
+	}
+}
+
+int cu_gelu_finish(const CuArgs *a, int grad, void *g, void *h, const float *v, const void *bias,
+		   int64_t n, int64_t c, RtErr *e)
+{
+	if (n <= 0)
+		return 0;
+	CU_LAUNCH(k_gelu_finish, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)g, (cu_bf16 *)h, v,
+		  (const cu_bf16 *)bias, grad, n, c);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 /* ---- bias_add: out[r, c] = in0[r, c] + in1[c] ----
  * Rows over blocks, columns over threads: no per-element division. */
 

@@ -1,7 +1,8 @@
 /*
  * gemm.cu - the CUDA kernels of matrix products (the CPU's
- * runtime/cpu/gemm.c): matmul and linear through cuBLASLt, and linear's bias
- * gradient as a two-stage column sum.
+ * runtime/cpu/gemm.c): matmul and linear through cuBLASLt (and the fused
+ * linear_gelu and matmul_gelu_grad, through its GELU epilogues), and
+ * linear's bias gradient as a two-stage column sum.
  *
  * matmul, linear: cublasLtMatmul, one path for every dtype: fp32 operands
  * writing fp32, or bf16 operands (CUDA_R_16BF) writing bf16 rounded once to
@@ -44,6 +45,21 @@
  * heuristic with no algorithm for the epilogue on this GPU copies the bias
  * into every output row (exact) and adds the product with beta = 1.
  *
+ * linear_gelu, matmul_gelu_grad (passes/fuse.c): the same call with
+ * cuBLASLt's GELU epilogues. linear_gelu's output is [2, rows, n]: D is its
+ * second half, gelu(product + bias), and the aux its first, the
+ * pre-activation (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, GELU_AUX without a bias);
+ * matmul_gelu_grad's D is product * gelu'(aux) with in2 the aux
+ * (CUBLASLT_EPILOGUE_DGELU). cublasLt.h: the aux has D's type (the default
+ * of EPILOGUE_AUX_DATA_TYPE), its leading dimension (n) a multiple of 8 and
+ * at least D's rows; like the bias it is read 16 bytes at a time. Where that
+ * does not hold, or the heuristic has no algorithm with the epilogue, the
+ * product runs alone and a kernel of elementwise.cu applies the gelu
+ * (plain_gelu): in f32 the unfused kernels' arithmetic, in bf16 from the
+ * product kept in f32 (a buffer of the plan), rounded once, as the epilogue.
+ * DGELU_BGRAD is not used: its bias gradient has D's type (bf16 in a bf16
+ * step, rounded twice); the BGRADA pairing below sums dh in f32.
+ *
  * bias_grad from the weight gradient's matmul: autodiff gives a linear's
  * weight gradient as `matmul X, dY transA` and its bias gradient as
  * `bias_grad dY`, the column sums of the same dY. In cuBLASLt's column-major
@@ -85,20 +101,38 @@ struct CuGemm {
 	cublasLtMatmulAlgo_t algo;
 	float beta;                     /* 1: add to the output (acc, or the bias rows) */
 	int bias_rows;                  /* linear: copy the bias into the rows first */
+	int gelu_map;                   /* linear_gelu, matmul_gelu_grad without cuBLASLt's
+	                                   GELU epilogue: the gelu kernel after the GEMM */
+	float *tmp;                     /* ... in bf16: the f32 product it reads (D) */
+	size_t d_off;                   /* bytes from the output to D: linear_gelu's second
+	                                   half under GELU_AUX(_BIAS), else 0 */
 	float *bgrad;                   /* matmul: BGRADA's column sums of cuBLASLt's A
 	                                   (our in1) for a paired bias_grad; NULL: none */
-	uint32_t align[4];              /* alignment planned for: A, B, C = D, bias (bytes) */
+	uint32_t align[5];              /* alignment planned for: A, B, C = D, bias, the
+	                                   GELU epilogue's aux (bytes; 0: none) */
 };
 
-/* A matmul's transpose flags and accumulate flag; a linear has none. */
+/* A matmul's transpose flags (matmul_gelu_grad's alike) and accumulate
+ * flag; a linear (linear_gelu) has none. */
+static int is_matmul(const DpInstr *in)
+{
+	return in->op == DP_OP_MATMUL || in->op == DP_OP_MATMUL_GELU_GRAD;
+}
+
 static int trans_a(const DpInstr *in)
 {
-	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transA);
+	return is_matmul(in) && DP_ATTR(in, MATMUL, transA);
 }
 
 static int trans_b(const DpInstr *in)
 {
-	return in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, transB);
+	return is_matmul(in) && DP_ATTR(in, MATMUL, transB);
+}
+
+/* linear's (linear_gelu's) bias operand, or -1 */
+static int bias_of(const DpInstr *in)
+{
+	return in->op == DP_OP_LINEAR || in->op == DP_OP_LINEAR_GELU ? in->in[2] : -1;
 }
 
 static int accumulates(const DpInstr *in)
@@ -190,13 +224,61 @@ static cublasStatus_t set_epilogue(cublasLtMatmulDesc_t op, uint32_t epi, const 
 {
 	cublasStatus_t st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
 							   sizeof epi);
-	if (st == CUBLAS_STATUS_SUCCESS && epi != CUBLASLT_EPILOGUE_DEFAULT)
+	if (st == CUBLAS_STATUS_SUCCESS && vec)
 		st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
 						    sizeof vec);
-	if (st == CUBLAS_STATUS_SUCCESS && epi != CUBLASLT_EPILOGUE_DEFAULT)
+	if (st == CUBLAS_STATUS_SUCCESS && vec)
 		st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
 						    sizeof type);
 	return st;
+}
+
+/* The GELU epilogues' aux matrix: the pre-activation, column-major with
+ * leading dimension ld, of D's type (the default cublasLt.h gives
+ * CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE). */
+static cublasStatus_t set_aux(cublasLtMatmulDesc_t op, const void *aux, int64_t ld)
+{
+	cublasStatus_t st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+							   &aux, sizeof aux);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+						    sizeof ld);
+	return st;
+}
+
+/* A fused GEMM (linear_gelu, matmul_gelu_grad) without cuBLASLt's GELU
+ * epilogue: the product, then a kernel of elementwise.cu. f32: the product
+ * (after linear_gelu's bias rows) into the output, then gelu or gelu_grad,
+ * the unfused kernels' arithmetic. bf16: the product in f32 into a buffer of
+ * the plan (D), then k_gelu_finish adds the bias, applies the gelu and
+ * rounds each output once: the epilogues' arithmetic, which the CPU's
+ * staged f32 kernels also compute (runtime/cpu/gemm.c). */
+static int plain_gelu(CuPlan *p, const DpInstr *in, CuGemm *g, int64_t m, int64_t n,
+		      const void *po, const void *pbias, RtErr *e)
+{
+	const DpStep *s = p->s;
+	g->gelu_map = 1;
+	g->d_off = 0;
+	g->align[3] = g->align[4] = 0;
+	if (s->tensors[in->out].dtype != DP_BF16) {
+		g->bias_rows = pbias != NULL;
+		g->beta = pbias ? 1.0f : 0.0f;
+		g->align[2] = align_of(po);
+		return 0;
+	}
+	g->bias_rows = 0;
+	g->beta = 0.0f;
+	if (!g->tmp)
+		g->tmp = (float *)p->alloc(p, (size_t)(m * n) * sizeof(float));
+	if (!g->tmp)
+		return RT_FAIL(e, "out of device memory (the f32 product of '%s')",
+			       dpstep_str(s, s->tensors[in->out].name));
+	g->align[2] = align_of(g->tmp);
+	if (g->c)
+		LT(cublasLtMatrixLayoutDestroy(g->c));
+	g->c = NULL;
+	LT(cublasLtMatrixLayoutCreate(&g->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, n));
+	return 0;
 }
 
 /* Instruction in's descriptors and algorithm into f->gemm (freed by
@@ -216,7 +298,11 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 			       dp_op_names[in->op], dpstep_str(s, s->tensors[in->out].name));
 	const DpTensor *tx = &s->tensors[in->in[0]], *tw = &s->tensors[in->in[1]];
 	const void *px = p->ptr[in->in[0]], *pw = p->ptr[in->in[1]], *po = p->ptr[in->out];
-	const void *pbias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? p->ptr[in->in[2]] : NULL;
+	const void *pbias = bias_of(in) >= 0 ? p->ptr[bias_of(in)] : NULL;
+	/* the GELU epilogues' aux: linear_gelu's first half (written), or
+	 * matmul_gelu_grad's pre-activation in2 (read); NULL: a plain GEMM */
+	int fwd_gelu = in->op == DP_OP_LINEAR_GELU, bwd_gelu = in->op == DP_OP_MATMUL_GELU_GRAD;
+	const void *paux = fwd_gelu ? po : bwd_gelu ? p->ptr[in->in[2]] : NULL;
 	int ta = trans_a(in), tb = trans_b(in);
 	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
 	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
@@ -227,20 +313,33 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	if (!g)
 		return RT_FAIL(e, "out of memory (GEMM plan)");
 	f->gemm = g;
-	int epilogue = pbias && align_of(pbias) >= 16;
-	g->bias_rows = pbias && !epilogue;
+	/* cublasLt.h: the aux's leading dimension a multiple of 8 (and >= D's
+	 * rows, n: it is n); its pointer accessed 16 bytes at a time, as the
+	 * bias's (the emulator faults below that) */
+	int gelu_epi = paux && n % 8 == 0 && align_of(paux) >= 16 && (!pbias || align_of(pbias) >= 16);
+	int epilogue = pbias && align_of(pbias) >= 16 && !paux;
+	g->bias_rows = pbias && !epilogue && !paux; /* a fused one's: plain_gelu */
+	g->gelu_map = paux && !gelu_epi;
+	g->d_off = fwd_gelu && gelu_epi ? (size_t)(m * n) * dp_dtype_size(s->tensors[in->out].dtype) : 0;
 	g->beta = g->bias_rows || accumulates(in) ? 1.0f : 0.0f;
 	g->align[0] = align_of(pw);
 	g->align[1] = align_of(px);
-	g->align[2] = align_of(po);
+	g->align[2] = align_of((const char *)po + g->d_off);
 	g->align[3] = epilogue ? align_of(pbias) : 0;
+	g->align[4] = gelu_epi ? align_of(paux) : 0;
 
 	LT(cublasLtMatmulDescCreate(&g->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
 				    CUDA_R_32F));
 	int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-	if (epilogue) {
+	if (gelu_epi) { /* D = gelu(product + bias), aux = product + bias; or D = product * gelu'(aux) */
+		uint32_t epi = bwd_gelu ? CUBLASLT_EPILOGUE_DGELU
+			       : pbias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+		LT(set_epilogue(g->op, epi, pbias, c));
+		LT(set_aux(g->op, paux, n));
+		epilogue = 1;
+	} else if (epilogue) {
 		uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
 		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
 	}
@@ -258,6 +357,8 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, cw));
 	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, cx));
 	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, n));
+	if (paux && !gelu_epi)
+		RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));
 
 	/* "No algorithm" comes back as a status of the query (NOT_SUPPORTED) as
 	 * well as a count of 0 or a result's state. With the bias epilogue the
@@ -267,14 +368,16 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int count, found = 0;
 	cublasStatus_t hs;
 	for (;;) {
-		hs = heuristic(lt, g, c == CUDA_R_16BF, &res, &count);
+		hs = heuristic(lt, g, c == CUDA_R_16BF && !g->tmp, &res, &count);
 		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
 		if (found || !epilogue || (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED))
 			break;
 		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT; /* once more, as an under-aligned bias goes */
 		LT(set_epilogue(g->op, epi, NULL, 0));
 		epilogue = 0;
-		if (pbias) {
+		if (paux) {
+			RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));
+		} else if (pbias) {
 			g->bias_rows = 1;
 			g->beta = 1.0f;
 			g->align[3] = 0;
@@ -334,7 +437,8 @@ extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 	for (int g = 0; g < DP_NPROG; g++)
 		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
 			const DpInstr *in = &p->s->prog[g][i];
-			if (in->op != DP_OP_MATMUL && in->op != DP_OP_LINEAR)
+			if (in->op != DP_OP_MATMUL && in->op != DP_OP_LINEAR &&
+			    in->op != DP_OP_LINEAR_GELU && in->op != DP_OP_MATMUL_GELU_GRAD)
 				continue;
 			int64_t j = bgrad_pair(p, g, i);
 			RT_CHECK(plan_one(p, in, &p->fuse[g][i], j >= 0 ? &p->fuse[g][j] : NULL, e));
@@ -383,27 +487,49 @@ static int bias_rows(const CuArgs *a, int64_t rows, int64_t cols, RtErr *e)
 	return 0;
 }
 
+/* The gelu a fused GEMM without cuBLASLt's epilogue runs after its product
+ * (plain_gelu): linear_gelu's second half from its first, or
+ * matmul_gelu_grad's output times gelu' of the pre-activation; in bf16 from
+ * the f32 product v (NULL: an empty sum, 0) plus linear_gelu's bias. */
+static int gelu_after(const CuArgs *a, const float *v, int64_t mn, int64_t n, RtErr *e)
+{
+	char *o = (char *)cu_p(a, -1);
+	int fwd = a->in->op == DP_OP_LINEAR_GELU;
+	char *second = o + (size_t)mn * dp_dtype_size(cu_t(a, -1)->dtype);
+	if (cu_t(a, -1)->dtype == DP_BF16)
+		return cu_gelu_finish(a, !fwd, fwd ? second : o, fwd ? o : cu_p(a, 2), v,
+				      fwd && bias_of(a->in) >= 0 ? cu_p(a, 2) : NULL, mn, n, e);
+	if (fwd)
+		return cu_gelu_map(a, 0, (float *)second, (const float *)o, NULL, mn, e);
+	return cu_gelu_map(a, 1, (float *)o, (const float *)o, cu_f(a, 2), mn, e);
+}
+
 static int run_gemm(const CuArgs *a, RtErr *e)
 {
 	int64_t m, k, n;
 	gemm_dims(a->s, a->in, &m, &k, &n);
 	if (!m || !n)
 		return 0;
-	int has_bias = a->in->op == DP_OP_LINEAR && a->in->in[2] >= 0;
-	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is */
-		if (has_bias)
-			return bias_rows(a, m, n, e);
-		if (accumulates(a->in))
+	int has_bias = bias_of(a->in) >= 0;
+	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is; then
+		     linear_gelu's gelu (matmul_gelu_grad's zeros stay zeros) */
+		int bf16_gelu = a->in->op == DP_OP_LINEAR_GELU && cu_t(a, -1)->dtype == DP_BF16;
+		if (has_bias && !bf16_gelu)
+			RT_CHECK(bias_rows(a, m, n, e));
+		else if (accumulates(a->in))
 			return 0;
-		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype),
-					 a->st), e);
-		return 0;
+		else if (!bf16_gelu)
+			CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0,
+						 (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype), a->st), e);
+		return a->in->op == DP_OP_LINEAR_GELU ? gelu_after(a, NULL, m * n, n, e) : 0;
 	}
 	const CuGemm *g = a->fuse->gemm;
 	const void *pa = cu_p(a, 1), *pb = cu_p(a, 0);
 	void *pc = cu_p(a, -1);
-	if (!g || align_of(pa) < g->align[0] || align_of(pb) < g->align[1] ||
-	    align_of(pc) < g->align[2] || (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]))
+	void *pd = !g ? pc : g->tmp ? (void *)g->tmp : (char *)pc + g->d_off; /* D */
+	if (!g || align_of(pa) < g->align[0] || align_of(pb) < g->align[1] || align_of(pd) < g->align[2] ||
+	    (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]) ||
+	    (g->align[4] && align_of(a->in->op == DP_OP_LINEAR_GELU ? pc : cu_p(a, 2)) < g->align[4]))
 		return RT_FAIL(e, "internal error: %s '%s': %s", dp_op_names[a->in->op],
 			       dpstep_str(a->s, cu_t(a, -1)->name),
 			       g ? "the operands are less aligned than when its cuBLASLt algorithm was "
@@ -411,15 +537,15 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	if (g->bias_rows)
 		RT_CHECK(bias_rows(a, m, n, e));
 	const float one = 1.0f;
-	cublasStatus_t st = cublasLtMatmul(a->blas, g->op, &one, pa, g->a, pb, g->b, &g->beta, pc, g->c,
-					   pc, g->c, &g->algo, a->blas_ws, CU_BLAS_WS_BYTES, a->st);
+	cublasStatus_t st = cublasLtMatmul(a->blas, g->op, &one, pa, g->a, pb, g->b, &g->beta, pd, g->c,
+					   pd, g->c, &g->algo, a->blas_ws, CU_BLAS_WS_BYTES, a->st);
 	if (st != CUBLAS_STATUS_SUCCESS)
 		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
 			       dp_op_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
 			       (long long)m, (long long)k, (long long)n,
 			       a->tf32 && cu_t(a, 0)->dtype != DP_BF16 ? ", tf32" : "",
 			       cublasLtGetStatusString(st));
-	return 0;
+	return g->gelu_map ? gelu_after(a, g->tmp, m * n, n, e) : 0;
 }
 
 /* ---- bias_grad: two-stage column sums in double ---- */
@@ -477,5 +603,7 @@ extern "C" const KernelRow cu_gemm_rows[] = {
 	{DP_OP_MATMUL, run_gemm, limit_gemm, 1, NULL, NULL, 1},
 	{DP_OP_LINEAR, run_gemm, limit_gemm, 1, NULL, NULL, 1},
 	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 1, NULL, scratch_bias_grad, 0},
+	{DP_OP_LINEAR_GELU, run_gemm, limit_gemm, 1, NULL, NULL, 1},
+	{DP_OP_MATMUL_GELU_GRAD, run_gemm, limit_gemm, 1, NULL, NULL, 1},
 	{},
 };

@@ -180,6 +180,17 @@ extern const KernelTable cu_kernel_table;
  * (mk/cuda.mk), so one kernel answers for all (kernels.cu). */
 cudaError_t cu_kernel_image(void);
 
+/* gemm.cu's fused GEMMs where cuBLASLt's GELU epilogue is not used
+ * (elementwise.cu), on a's stream: f32, gelu (grad = 0: o = gelu(x)) or
+ * gelu_grad (o = x * gelu'(y)) over n elements; bf16, from the product v
+ * in f32 [n / c, c]: linear_gelu (grad = 0) h = bf16(v + bias), g =
+ * bf16(gelu(v + bias)) (bias: NULL or bf16 [c]); matmul_gelu_grad g =
+ * bf16(v * gelu'(h)). */
+int cu_gelu_map(const CuArgs *a, int grad, float *o, const float *x, const float *y, int64_t n,
+		RtErr *e);
+int cu_gelu_finish(const CuArgs *a, int grad, void *g, void *h, const float *v, const void *bias,
+		   int64_t n, int64_t c, RtErr *e);
+
 /* The rows of each kernel file, ended by {}. */
 extern const KernelRow cu_layout_rows[];
 extern const KernelRow cu_elementwise_rows[];

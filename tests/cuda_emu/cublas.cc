@@ -19,6 +19,7 @@
  * nearest even, from the fp32 result.
  */
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,6 +464,9 @@ struct cublasLtMatmulDescEmu {
 	uint32_t epilogue;
 	const void *bias;
 	int32_t bias_type; /* -1: D's type */
+	const void *aux;   /* the GELU epilogues' matrix */
+	int64_t aux_ld;
+	int32_t aux_type;  /* -1: D's type */
 };
 struct cublasLtMatrixLayoutEmu {
 	cudaDataType t;
@@ -510,7 +514,7 @@ template <typename T> static void need_live(T *p, const char *api, const char *w
 
 #define LT_ALGO_MAGIC 0x44504c54414c474full /* "DPLTALGO" */
 /* What the emulated heuristic decided, kept in cublasLtMatmulAlgo_t.data. */
-enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION, ALGO_BIAS_ALIGN };
+enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION, ALGO_BIAS_ALIGN, ALGO_AUX_ALIGN };
 
 /* One matmul as the descriptors describe it. */
 struct LtProblem {
@@ -520,6 +524,9 @@ struct LtProblem {
 	cublasComputeType_t compute;
 	bool bias;               /* CUBLASLT_EPILOGUE_BIAS: + bias[row of D] */
 	int bgrad;               /* 'A' (BGRADA: op(A)'s sums over k, m of them), 'B' (BGRADB: n), 0 */
+	int gelu;                /* 'F' (GELU_AUX[_BIAS]: D = gelu(x), aux = x), 'D' (DGELU:
+	                            D = product * gelu'(aux)), 0 */
+	int aux_ld;
 	cudaDataType bias_type;  /* the bias's, or the bias gradient's */
 	int vec_len() const { return bgrad == 'B' ? n : m; }
 	uint64_t signature() const
@@ -527,7 +534,7 @@ struct LtProblem {
 		uint64_t h = 1469598103934665603ull;
 		for (uint64_t v : {(uint64_t)m, (uint64_t)n, (uint64_t)k, (uint64_t)ta, (uint64_t)tb,
 				   (uint64_t)ab, (uint64_t)cd, (uint64_t)compute, (uint64_t)bias,
-				   (uint64_t)bgrad})
+				   (uint64_t)bgrad, (uint64_t)gelu, (uint64_t)aux_ld})
 			h = (h ^ v) * 1099511628211ull;
 		return h;
 	}
@@ -595,11 +602,33 @@ static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublas
 			   (unsigned long long)br, (unsigned long long)bc, (unsigned long long)C->rows,
 			   (unsigned long long)C->cols, (unsigned long long)D->rows,
 			   (unsigned long long)D->cols);
-	if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS &&
-	    d->epilogue != CUBLASLT_EPILOGUE_BGRADA && d->epilogue != CUBLASLT_EPILOGUE_BGRADB)
-		return lt_unsupported(api, "epilogue %u: the emulator has DEFAULT, BIAS, BGRADA and "
-				      "BGRADB only", d->epilogue);
-	p->bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+	uint32_t ep = d->epilogue;
+	if (ep != CUBLASLT_EPILOGUE_DEFAULT && ep != CUBLASLT_EPILOGUE_BIAS &&
+	    ep != CUBLASLT_EPILOGUE_BGRADA && ep != CUBLASLT_EPILOGUE_BGRADB &&
+	    ep != CUBLASLT_EPILOGUE_GELU_AUX && ep != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+	    ep != CUBLASLT_EPILOGUE_DGELU)
+		return lt_unsupported(api, "epilogue %u: the emulator has DEFAULT, BIAS, BGRADA, BGRADB, "
+				      "GELU_AUX, GELU_AUX_BIAS and DGELU only", ep);
+	p->bias = ep == CUBLASLT_EPILOGUE_BIAS || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+	p->gelu = ep == CUBLASLT_EPILOGUE_DGELU ? 'D'
+		  : ep == CUBLASLT_EPILOGUE_GELU_AUX || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? 'F' : 0;
+	p->aux_ld = 0;
+	if (p->gelu) {
+		/* cublasLt.h: the aux pointer and its leading dimension are
+		 * required, the ld "must be divisible by 8 and be no less than
+		 * the number of rows in the output matrix"; its type is D's
+		 * unless set (another type is FP8's business: not emulated) */
+		if (!d->aux)
+			return bad(api, "epilogue %u without CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", ep);
+		if (d->aux_ld % 8 || d->aux_ld < (int64_t)D->rows || d->aux_ld > INT32_MAX)
+			return bad(api, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld: it must be a multiple of 8 "
+				   "and at least D's %llu rows", (long long)d->aux_ld,
+				   (unsigned long long)D->rows);
+		if (d->aux_type >= 0 && (cudaDataType)d->aux_type != D->t)
+			return lt_unsupported(api, "aux type %s with D %s: the emulator has D's type only",
+					      tname((cudaDataType)d->aux_type), tname(D->t));
+		p->aux_ld = (int)d->aux_ld;
+	}
 	p->bgrad = d->epilogue == CUBLASLT_EPILOGUE_BGRADA ? 'A' : d->epilogue == CUBLASLT_EPILOGUE_BGRADB ? 'B' : 0;
 	p->bias_type = d->bias_type < 0 ? D->t : (cudaDataType)d->bias_type;
 	if ((p->bias || p->bgrad) && !d->bias)
@@ -618,6 +647,42 @@ static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublas
 	p->cd = D->t;
 	p->compute = d->compute;
 	return CUBLAS_STATUS_SUCCESS;
+}
+
+/* GELU in its tanh form, as cuBLASLt's (and dp's) */
+static float emu_gelu(float x)
+{
+	return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+static float emu_gelu_grad(float x)
+{
+	float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+	float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+	return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+/* The GELU epilogues on the fp32 result out (ld, m x n, column-major):
+ * 'F': aux = out in D's type (rounded once), out = gelu(out); 'D': out =
+ * out * gelu'(aux), aux read in D's type. D's one rounding follows. */
+static void gelu_epilogue(int kind, float *out, int ld, int m, int n, const Operand &aux)
+{
+	bool b16 = aux.t == CUDA_R_16BF;
+	for (int j = 0; j < n; j++)
+		for (int i = 0; i < m; i++) {
+			float &v = out[(size_t)j * ld + i];
+			size_t at = (size_t)j * aux.ld + i;
+			if (kind == 'F') {
+				if (b16)
+					((__nv_bfloat16 *)aux.p)[at] = __nv_bfloat16(v);
+				else
+					((float *)aux.p)[at] = v;
+				v = emu_gelu(v);
+			} else {
+				float x = b16 ? (float)((const __nv_bfloat16 *)aux.p)[at] : ((const float *)aux.p)[at];
+				v *= emu_gelu_grad(x);
+			}
+		}
 }
 
 /* The emulated heuristic: one algorithm, needing exactly the alignments
@@ -705,7 +770,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
 			   (int)compute);
 	}
 	return lt_make(d, cublasLtMatmulDescEmu{compute, scale, 0, CUBLAS_OP_N, CUBLAS_OP_N, CUBLAS_OP_N,
-						 CUBLASLT_EPILOGUE_DEFAULT, nullptr, -1});
+						 CUBLASLT_EPILOGUE_DEFAULT, nullptr, -1, nullptr, 0, -1});
 }
 
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
@@ -718,7 +783,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 {
 	const char *api = "cublasLtMatmulDescSetAttribute";
 	need_live(d, api, "the matmul descriptor");
-	size_t want = at == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void *)
+	size_t want = at == CUBLASLT_MATMUL_DESC_BIAS_POINTER || at == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
+			      ? sizeof(void *)
+		      : at == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? sizeof(int64_t)
 		      : at == CUBLASLT_MATMUL_DESC_EPILOGUE ? sizeof(uint32_t) : sizeof(int32_t);
 	if (!buf || size != want)
 		return bad(api, "attribute %d: buf %p, %zu bytes (the attribute has %zu)", (int)at, buf, size,
@@ -740,6 +807,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 	case CUBLASLT_MATMUL_DESC_EPILOGUE: d->epilogue = (uint32_t)v; break;
 	case CUBLASLT_MATMUL_DESC_BIAS_POINTER: memcpy(&d->bias, buf, sizeof d->bias); break;
 	case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: d->bias_type = v; break;
+	case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: memcpy(&d->aux, buf, sizeof d->aux); break;
+	case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: memcpy(&d->aux_ld, buf, sizeof d->aux_ld); break;
+	case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: d->aux_type = v; break;
 	default:
 		return bad(api, "attribute %d is not emulated", (int)at);
 	}
@@ -829,13 +899,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 	LtProblem p;
 	if (cublasStatus_t st = lt_problem(api, d, A, B, C, D, &p))
 		return st;
-	if ((p.bias || p.bgrad) && !cfg().lt_epilogue) { /* DPEMU_LT_EPILOGUE=0: no kernel for it */
+	if ((p.bias || p.bgrad || p.gelu) && !cfg().lt_epilogue) { /* DPEMU_LT_EPILOGUE=0: no kernel for it */
 		note("%s: no algorithm for the %s epilogue (DPEMU_LT_EPILOGUE=0), m %d n %d k %d", api,
-		     p.bias ? "bias" : "bias gradient", p.m, p.n, p.k);
+		     p.gelu ? "GELU" : p.bias ? "bias" : "bias gradient", p.m, p.n, p.k);
 		return CUBLAS_STATUS_NOT_SUPPORTED;
 	}
 	memset(res, 0, sizeof *res);
 	res[0].algo = lt_choose(p, *pref, d->bias, &res[0].workspaceSize);
+	res[0].algo.data[ALGO_AUX_ALIGN] = p.gelu ? lt_align_of(d->aux) : 0;
 	res[0].state = CUBLAS_STATUS_SUCCESS;
 	res[0].wavesCount = 1.0f;
 	*count = 1;
@@ -864,6 +935,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		}
 		size_t need;
 		chosen = lt_choose(p, lt_default_pref(), d->bias, &need);
+		chosen.data[ALGO_AUX_ALIGN] = p.gelu ? lt_align_of(d->aux) : 0;
 		algo = &chosen;
 	}
 	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC)
@@ -899,6 +971,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		fatal("%s: the epilogue's vector at %s is %u-byte aligned: its kernels access it 16 "
 		      "bytes at a time (on a GPU: a misaligned address fault)", api,
 		      describe(d->bias).c_str(), lt_align_of(d->bias));
+	if (p.gelu && lt_align_of(d->aux) < algo->data[ALGO_AUX_ALIGN])
+		return lt_unsupported(api, "the GELU aux at %s is %u-byte aligned, the algorithm was chosen "
+				      "for the %llu-byte aligned pointer its heuristic query saw",
+				      describe(d->aux).c_str(), lt_align_of(d->aux),
+				      (unsigned long long)algo->data[ALGO_AUX_ALIGN]);
+	if (p.gelu && lt_align_of(d->aux) < 16)
+		fatal("%s: the GELU epilogue's aux at %s is %u-byte aligned: its kernels access it 16 "
+		      "bytes at a time (on a GPU: a misaligned address fault)", api,
+		      describe(d->aux).c_str(), lt_align_of(d->aux));
 	if (ws_bytes < algo->data[ALGO_WS])
 		return bad(api, "workspaceSizeInBytes %zu is less than the algorithm's %llu", ws_bytes,
 			   (unsigned long long)algo->data[ALGO_WS]);
@@ -916,10 +997,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	Operand Dop{"D", D, Dd->t, (int)Dd->rows, (int)Dd->cols, (int)Dd->ld, 0};
 	Operand Bias{p.bgrad ? "the bias gradient" : "the bias", d->bias, p.bias_type, p.vec_len(), 1,
 		     p.vec_len(), 0};
-	for (const Operand *o : {&Aop, &Bop, &Cop, &Dop, &Bias}) {
+	Operand Aux{"the GELU aux", d->aux, Dd->t, p.m, p.n, p.aux_ld, 0};
+	for (const Operand *o : {&Aop, &Bop, &Cop, &Dop, &Bias, &Aux}) {
 		if ((o == &Aop || o == &Bop) && !p.k)
 			continue;
-		if ((o == &Cop && bv == 0) || (o == &Bias && !p.bias && !p.bgrad))
+		if ((o == &Cop && bv == 0) || (o == &Bias && !p.bias && !p.bgrad) || (o == &Aux && !p.gelu))
 			continue;
 		std::string why;
 		if (!device_accessible(o->p, o->extent(), &why))
@@ -936,7 +1018,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	char what[200];
 	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s", api, p.m, p.n, p.k,
 		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "",
-		 p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "");
+		 p.gelu == 'D' ? " dgelu" : p.gelu ? (p.bias ? " +bias gelu_aux" : " gelu_aux")
+		 : p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "");
 	auto run = [=]() {
 		int m = p.m, n = p.n, k = p.k;
 		std::vector<float> ta_, tb_, acc;
@@ -974,6 +1057,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 					out[(size_t)j * ld + i] +=
 						p.bias_type == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)Bias.p)[i]
 									   : ((const float *)Bias.p)[i];
+		if (p.gelu) /* the epilogue: on the finished fp32 value (after the bias) */
+			gelu_epilogue(p.gelu, out, ld, m, n, Aux);
 		if (p.bgrad) { /* the epilogue: op(A)'s rows or op(B)'s columns summed over k, in
 				  fp32 one term after the other (the compute type; the least
 				  accurate order, as a bound on the library's), rounded once */

@@ -49,6 +49,9 @@ typedef enum {
 	CUBLASLT_MATMUL_DESC_TRANSC = 5,         /* int32_t: CUBLAS_OP_N only */
 	CUBLASLT_MATMUL_DESC_EPILOGUE = 7,       /* uint32_t cublasLtEpilogue_t */
 	CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,   /* const void * */
+	CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11, /* void *: the GELU epilogues' aux */
+	CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,      /* int64_t: its leading dimension */
+	CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22, /* int32_t cudaDataType, -1: D's type */
 	CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26 /* int32_t cudaDataType, -1: D's type */
 } cublasLtMatmulDescAttributes_t;
 
@@ -77,6 +80,10 @@ typedef enum {
 	CUBLASLT_EPILOGUE_RELU_BIAS = 6,
 	CUBLASLT_EPILOGUE_GELU = 32,
 	CUBLASLT_EPILOGUE_GELU_BIAS = 36,
+	CUBLASLT_EPILOGUE_GELU_AUX = 160,      /* GELU | 128: D = gelu(x), aux = x */
+	CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164, /* ... with x = product + bias */
+	CUBLASLT_EPILOGUE_DGELU = 192,         /* 64 | 128: D = product * gelu'(aux) */
+	CUBLASLT_EPILOGUE_DGELU_BGRAD = 208,   /* ... and D's bias gradient */
 	CUBLASLT_EPILOGUE_BGRADA = 256, /* column sums of op(A) over k into the bias pointer (m) */
 	CUBLASLT_EPILOGUE_BGRADB = 512  /* ... of op(B) over k (n) */
 } cublasLtEpilogue_t;
