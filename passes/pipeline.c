@@ -37,6 +37,9 @@ const Pass pipeline[] = {
 	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
 			"view of the unit",
 	 collectives_run},
+	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
+		"received between neighbouring stages",
+	 p2p_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},

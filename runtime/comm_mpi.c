@@ -5,7 +5,8 @@
  * One communicator per axis mask, made with MPI_Comm_split at start-up
  * (colour = this rank's coordinates with the masked axes zeroed, key = world
  * rank, so group ranks follow the mesh's row-major order). Collectives are
- * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather;
+ * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather,
+ * and the pipeline's MPI_Isend / MPI_Irecv;
  * their requests sit in an array indexed by ticket. Open MPI has no progress
  * thread by default, so the CPU backend calls progress() (MPI_Testall on
  * the open requests) between instructions; without that, "overlap" would
@@ -219,6 +220,43 @@ static int mpi_all_gather_start(Comm *c, unsigned axes, DpDtype dt, const void *
 	return mpi_check(rc, "MPI_Iallgather", e);
 }
 
+/* MPI_Isend / MPI_Irecv to group rank `peer` of the axes' communicator:
+ * MPI matches a pair's messages of one tag in the order they were posted. */
+static int mpi_p2p_start(Comm *c, int send, unsigned axes, int peer, int tag, DpDtype dt,
+			 void *buf, int64_t n, int64_t *ticket, RtErr *e)
+{
+	MPI_Datatype type;
+	MPI_Op sum;
+	RT_CHECK(mpi_type(dt, &type, &sum, e));
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL || peer < 0 || peer >= comm_group_size(c, axes) ||
+	    peer == comm_group_rank(c, axes))
+		return RT_FAIL(e, "no peer %d to %s over axis mask %u", peer, send ? "send to" :
+			       "receive from", axes);
+	RT_CHECK(check_count(n, e));
+	MPI_Request *slot;
+	RT_CHECK(new_request(c, &slot, ticket, e));
+	double t0 = MPI_Wtime();
+	int rc = send ? MPI_Isend(buf, (int)n, type, peer, tag, g, slot)
+		      : MPI_Irecv(buf, (int)n, type, peer, tag, g, slot);
+	c->stats.issue_s += MPI_Wtime() - t0;
+	c->stats.ncoll++;
+	c->stats.bytes += n * (int64_t)dp_dtype_size(dt);
+	return mpi_check(rc, send ? "MPI_Isend" : "MPI_Irecv", e);
+}
+
+static int mpi_send_start(Comm *c, unsigned axes, int peer, int tag, DpDtype dt,
+			  const void *buf, int64_t n, int64_t *ticket, RtErr *e)
+{
+	return mpi_p2p_start(c, 1, axes, peer, tag, dt, (void *)buf, n, ticket, e);
+}
+
+static int mpi_recv_start(Comm *c, unsigned axes, int peer, int tag, DpDtype dt, void *buf,
+			  int64_t n, int64_t *ticket, RtErr *e)
+{
+	return mpi_p2p_start(c, 0, axes, peer, tag, dt, buf, n, ticket, e);
+}
+
 /* Complete req[from, to): world_waitall polls with back-off, so a hung
  * peer costs no CPU and becomes an error after the timeout. */
 static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
@@ -316,6 +354,8 @@ static const CommOps mpi_ops = {
 	.all_reduce_start = mpi_all_reduce_start,
 	.reduce_scatter_start = mpi_reduce_scatter_start,
 	.all_gather_start = mpi_all_gather_start,
+	.send_start = mpi_send_start,
+	.recv_start = mpi_recv_start,
 	.wait = mpi_wait,
 	.progress = mpi_progress,
 	.allreduce_f64 = mpi_allreduce_f64,
@@ -342,7 +382,7 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 	MPI_Comm_size(MPI_COMM_WORLD, &c->world);
 	memcpy(c->mesh, mesh, sizeof c->mesh);
 	comm_coords(mesh, c->rank, c->coord);
-	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES;
+	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES | 1u << COMM_METRIC_AXES;
 	/* every rank walks the same masks in the same order: the splits match */
 	for (unsigned k = 1; k < NMASK; k++) {
 		if (!(masks & (1u << k)) || comm_group_size(c, k) == 1)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tests/pipeline.sh - the pp mesh axis and the compiler's pipeline plan
-# (issue 25, its first part: passes/stages.c, --stats' pipeline section).
+# tests/pipeline.sh - the pp mesh axis, the compiler's pipeline plan and the
+# pipelined step (issue 25: passes/stages.c, passes/p2p.c, --stats' pipeline
+# section, the send/recv ops on MPI).
 #
 #   mesh      `mesh pp=2, dp_shard=auto` and `dpc --pp 2` give the same mesh,
 #             pp outermost; a model without pp prints no pp (its IR as before)
@@ -12,9 +13,23 @@
 #             in each schedule's slot order (by hand), its bubble --stats' one
 #   stage1    a block's `stage` is ignored at pp=1: the step file is byte for
 #             byte the one without it
-#   refused   a pp > 1 step file is not written (no pipelined programs yet):
-#             exit 1, no file
-# The cut's errors are tests/errors/pp_*.dp; the pass is tests/passes/stages*.
+#   equivalence (STEPS steps, against the run with the same global batch on
+#             one pipeline stage; losses rtol 1e-5, final parameters atol 1e-6
+#             + rtol 1e-4, tests/equivalence.sh's bounds and reasons):
+#     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
+#     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
+#     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks.
+#     gpt2-tiny's wte is the embedding on stage 0 and the LM head on the last
+#     stage: its gradient is the sum over pp of the two stages' parts, and
+#     the parameters compared include it (dropping pp from the gradients'
+#     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
+#   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
+#             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
+#             bit for bit (full and sharded checkpoints); the pp=2 full
+#             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
+# The cut's errors are tests/errors/pp_*.dp; the passes are
+# tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=tests/lib.sh
@@ -61,13 +76,82 @@ if case_on stage1; then
 	fi
 fi
 
-if case_on refused; then
-	REPRO="${DPC#"$ROOT"/} $M --world-size 2 --pp 2 -o x.bin"
-	if ! "$DPC" "$M" --world-size 2 --pp 2 -o "$T/pp.bin" 2>"$T/err" && [ ! -e "$T/pp.bin" ] &&
-		grep -q "error: pp=2: dpc cuts the model into pipeline stages" "$T/err"; then
-		ok "a pp=2 step file is refused with the message, nothing written"
+# ---- the pipelined step against one stage ----
+STEPS=10
+export OMPI_MCA_orte_execute_quiet=1
+M8=models/mlp8.dp
+gpt_text "$T/gpt.dp"
+# pp SRC N DST: SRC with `mesh pp=N, dp_shard=auto` (a sed script may follow)
+pp() {
+	{ echo "mesh pp=$2, dp_shard=auto"; grep -v '^mesh ' "$1" | sed "${4:-}"; } >"$3"
+}
+pp "$M8" 2 "$T/mlp8-pp2.dp"
+pp "$M8" 3 "$T/mlp8-pp3.dp"
+pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
+variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
+pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
+pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
+# need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
+need() {
+	case $1 in
+	mlp8-1) once "$1" eq_run "$1" 1 "$M8" ;;
+	mlp8-pp2) once "$1" eq_run "$1" 2 "$T/mlp8-pp2.dp" ;;
+	mlp8-pp3) once "$1" eq_run "$1" 3 "$T/mlp8-pp3.dp" ;;
+	mlp8-zero1) once "$1" eq_run "$1" 2 "$T/mlp8-zero1.dp" ;;
+	mlp8-pp2xzero1) once "$1" eq_run "$1" 4 "$T/mlp8-zero1pp.dp" ;;
+	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
+	gpt-dp2) once "$1" eq_run "$1" 2 "$T/gpt.dp" ;;
+	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
+	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
+	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
+	esac
+}
+for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
+	mlp8-pp2xzero1:mlp8-zero1; do
+	case_on "${c%%:*}" || continue
+	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
+done
+
+if case_on tied; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir"
+	"$DPC" "$T/gpt.dp" --world-size 2 --pp 2 --emit=ir >"$T/tied.ir" 2>/dev/null
+	emb=$(grep -c '= embedding %ids, %embed.wte .* stage=0' "$T/tied.ir")
+	head=$(grep -c '= matmul %[a-z0-9_.]*, %embed.wte transB .* stage=1' "$T/tied.ir")
+	gw=$(grep -c '^%grad.embed.wte = .* stage=[01]' "$T/tied.ir")
+	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
+	check "wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)" \
+		[ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]
+fi
+
+if case_on resume; then
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/gpp.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/g1.bin" 2>/dev/null || fail "resume: dpc"
+	run() { # run NAME NP STEPFILE ARGS...
+		local name=$1 np=$2 bin=$3; shift 3
+		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
+			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
+	}
+	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
+	for form in full sharded; do
+		REPRO="dpexec gpt2-tiny pp=2 --steps 10 --save-form $form, then --resume to 20"
+		run "r-$form-a" 2 "$T/gpp.bin" --steps 10 --losses "$T/r-$form.loss" --save-dir "$T/ck-$form" \
+			--save-form $form &&
+		cp "$T/r-$form.loss" "$T/r-$form-10.loss" &&
+		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
+			--save-full "$T/r-$form.st" &&
+		check "pp=2, $form checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit (losses and parameters)" \
+			cmp -s "$T/r-$form.loss" "$T/straight.loss" && cmp -s "$T/r-$form.st" "$T/straight.st"
+	done
+	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
+	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
+	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps
+	run pp1 1 "$T/g1.bin" --steps 20 --losses "$T/pp1.loss" --resume "$T/ck-full/step-000010" \
+		--save-full "$T/pp1.st"
+	if $PY tests/compare.py losses "$T/pp1.loss" "$T/one.loss" --rtol 1e-5 --atol 0 >"$T/pp1.cmp" &&
+		$PY tests/compare.py params "$T/pp1.st" "$T/one.st" --rtol 1e-4 --atol 1e-6 >>"$T/pp1.cmp"; then
+		ok "the pp=2 checkpoint resumed at pp=1 matches 20 steps on 1 rank"
 	else
-		fail "pp=2 step file: $(grep error "$T/err" | head -n 2)"
+		fail "the pp=2 checkpoint resumed at pp=1 matches 20 steps on 1 rank"; cat "$T/pp1.cmp"
 	fi
 fi
 finish pipeline
