@@ -67,8 +67,13 @@
  *
  * Test hooks: DP_GRADCHECK_SKEW=s scales the analytic gradients by (1 + s)
  * (-1: all zero; 0.2 and -0.2: 20 % off), so tests/gradcheck.sh can show
- * that a wrong gradient is caught; DP_GRADCHECK_VERBOSE=1 prints every
- * finite difference on stderr.
+ * that a wrong gradient is caught. A list, DP_GRADCHECK_SKEW=0,0.2,-0.2,
+ * checks each skew against ONE set of finite differences (they are most of
+ * the time): every skew of a list must be > -1, since a positive multiple
+ * of the gradient has the same signs and order of |g|, hence the same
+ * direction and elements; each verdict line and the summary then start
+ * "skew S: ", and the exit status is the first skew's. DP_GRADCHECK_VERBOSE=1
+ * prints every finite difference on stderr.
  *
  * Sharded step files are refused: their step program re-gathers parameters
  * from shards (and the init program cut them with SHARD), so an in-place
@@ -245,9 +250,69 @@ static int candidates(const char *name, int64_t n, int64_t *idx)
 typedef enum { GC_OK, GC_FAILED, GC_UNCHECKED } GcVerdict;
 static const char *const verdict_names[] = {"ok", "FAILED"};
 
-/* Check one parameter: its analytic gradient g (skewed), candidates, the
- * direction, then the elements with the largest |g|. */
-static int check_param(Gc *c, const float *g, int64_t n, GcVerdict *v, RtErr *e)
+#define GC_MAX_SKEWS 4
+
+/* The verdict of one skew f (the analytic side scaled by f) from the
+ * finite differences: the direction (a, dir) and k elements (ad, fd, eb). */
+static GcVerdict verdict(const Gc *c, const char *tag, double f, double a, const Fd *dir, int m,
+			 const int64_t *pick, const double *ad0, const double *fd, const double *eb,
+			 int k)
+{
+	int checked = 0, bad = 0;
+	double worst = 0, share = 0, S = 0, ad[GC_ELEMS];
+	fflush(stdout);
+	a *= f;
+	for (int i = 0; i < k; i++)
+		ad[i] = ad0[i] * f;
+	for (int i = 0; i < k; i++)
+		if (fmax(fabs(ad[i]), fabs(fd[i])) > eb[i])
+			S = fmax(S, fmax(fabs(ad[i]), fabs(fd[i])));
+	for (int i = 0; i < k; i++) {
+		if (fmax(fabs(ad[i]), fabs(fd[i])) <= eb[i])
+			continue; /* both within the error bar: no information */
+		double diff = fabs(ad[i] - fd[i]), tol = GC_RTOL_ELEM * S + eb[i];
+		checked++;
+		worst = fmax(worst, diff / S);
+		share = fmax(share, diff / tol);
+		if (diff > tol) {
+			if (!bad)
+				fprintf(stderr, "%sgradcheck %s[%lld]: autodiff %.6g, finite difference "
+					"%.6g (+- %.1e)\n", tag, c->name, (long long)pick[i], ad[i], fd[i],
+					eb[i]);
+			bad++;
+		}
+	}
+	double scale = fmax(fabs(a), fabs(dir->value));
+	if (scale > dir->err) {
+		double diff = fabs(a - dir->value), tol = GC_RTOL * scale + dir->err;
+		checked++;
+		worst = fmax(worst, diff / scale);
+		share = fmax(share, diff / tol);
+		if (diff > tol) {
+			fprintf(stderr, "%sgradcheck %s: along %d elements: autodiff %.6g, finite "
+				"difference %.6g (+- %.1e)\n", tag, c->name, m, a, dir->value, dir->err);
+			bad++;
+		}
+	}
+	GcVerdict v = bad ? GC_FAILED : checked ? GC_OK : GC_UNCHECKED;
+	fflush(stderr);
+	if (v == GC_UNCHECKED)
+		printf("%sgradcheck %s: %d elements and a direction over %d, every value within the "
+		       "error bar (%.1e) not checked\n", tag, c->name, k, m, dir->err);
+	else
+		printf("%sgradcheck %s: %d elements and a direction over %d, max rel err %.1e (%.2f "
+		       "of the tolerance) %s\n", tag, c->name, k, m, worst, share, verdict_names[v]);
+	/* whole lines in order with stderr's (2>&1 into one file: a block-buffered
+	 * stdout would be cut mid-line by the next parameter's stderr lines) */
+	fflush(stdout);
+	return v;
+}
+
+/* Check one parameter: its analytic gradient g, candidates, the direction,
+ * then the elements with the largest |g|; a verdict per skew factor
+ * fac[0..nf) (g scaled by each; tags[] prefix their lines). */
+static int check_param(Gc *c, const float *g, int64_t n, const double *fac, char tags[][32],
+		       int nf, GcVerdict *v, RtErr *e)
 {
 	int64_t idx[GC_CAND] = {0}, pick[GC_ELEMS];
 	double w[GC_CAND] = {0}, ad[GC_ELEMS], fd[GC_ELEMS], eb[GC_ELEMS];
@@ -286,46 +351,8 @@ static int check_param(Gc *c, const float *g, int64_t n, GcVerdict *v, RtErr *e)
 		eb[i] = f.err / s;
 	}
 	RT_CHECK(exec_tensor_write(c->x, c->pt, c->p, e)); /* the unperturbed parameter */
-
-	/* verdicts: worst relative error, and its share of the tolerance */
-	int checked = 0, bad = 0;
-	double worst = 0, share = 0, S = 0;
-	for (int i = 0; i < k; i++)
-		if (fmax(fabs(ad[i]), fabs(fd[i])) > eb[i])
-			S = fmax(S, fmax(fabs(ad[i]), fabs(fd[i])));
-	for (int i = 0; i < k; i++) {
-		if (fmax(fabs(ad[i]), fabs(fd[i])) <= eb[i])
-			continue; /* both within the error bar: no information */
-		double diff = fabs(ad[i] - fd[i]), tol = GC_RTOL_ELEM * S + eb[i];
-		checked++;
-		worst = fmax(worst, diff / S);
-		share = fmax(share, diff / tol);
-		if (diff > tol) {
-			if (!bad)
-				fprintf(stderr, "gradcheck %s[%lld]: autodiff %.6g, finite difference %.6g "
-					"(+- %.1e)\n", c->name, (long long)pick[i], ad[i], fd[i], eb[i]);
-			bad++;
-		}
-	}
-	double scale = fmax(fabs(a), fabs(dir.value));
-	if (scale > dir.err) {
-		double diff = fabs(a - dir.value), tol = GC_RTOL * scale + dir.err;
-		checked++;
-		worst = fmax(worst, diff / scale);
-		share = fmax(share, diff / tol);
-		if (diff > tol) {
-			fprintf(stderr, "gradcheck %s: along %d elements: autodiff %.6g, finite "
-				"difference %.6g (+- %.1e)\n", c->name, m, a, dir.value, dir.err);
-			bad++;
-		}
-	}
-	*v = bad ? GC_FAILED : checked ? GC_OK : GC_UNCHECKED;
-	if (*v == GC_UNCHECKED)
-		printf("gradcheck %s: %d elements and a direction over %d, every value within the "
-		       "error bar (%.1e) not checked\n", c->name, k, m, dir.err);
-	else
-		printf("gradcheck %s: %d elements and a direction over %d, max rel err %.1e (%.2f of "
-		       "the tolerance) %s\n", c->name, k, m, worst, share, verdict_names[*v]);
+	for (int f = 0; f < nf; f++)
+		v[f] = verdict(c, tags[f], fac[f], a, &dir, m, pick, ad, fd, eb, k);
 	return 0;
 }
 
@@ -343,11 +370,41 @@ int gradcheck_run(Exec *x, RtErr *e)
 		return RT_FAIL(e, "--check-grads: the step file has no loss metric");
 	x->step = 0;
 	x->micro = 0;
+	/* the skews: one (the gradient scaled before anything sees it) or a
+	 * list of factors > 0 checked against one set of differences */
 	const char *skew_env = getenv("DP_GRADCHECK_SKEW");
-	double skew = skew_env ? 1.0 + strtod(skew_env, NULL) : 1.0;
+	double fac[GC_MAX_SKEWS] = {1.0};
+	char tags[GC_MAX_SKEWS][32] = {""};
+	int nf = 1;
+	if (skew_env && *skew_env) {
+		const char *p = skew_env;
+		for (nf = 0;; p++) {
+			char *end;
+			double sk = strtod(p, &end);
+			if (end == p || nf == GC_MAX_SKEWS || (*end && *end != ','))
+				return RT_FAIL(e, "DP_GRADCHECK_SKEW='%s': at most %d numbers, comma-"
+					       "separated", skew_env, GC_MAX_SKEWS);
+			fac[nf] = 1.0 + sk;
+			snprintf(tags[nf], sizeof tags[nf], "skew %.*s: ", (int)(end - p), p);
+			nf++;
+			p = end;
+			if (!*p)
+				break;
+		}
+		for (int f = 0; nf > 1 && f < nf; f++)
+			if (fac[f] <= 0)
+				return RT_FAIL(e, "DP_GRADCHECK_SKEW='%s': a list's skews must be > -1 "
+					       "(they share the finite differences of one gradient's signs "
+					       "and order); give -1 alone", skew_env);
+		if (nf == 1)
+			tags[0][0] = 0;
+	}
+	double pre = nf == 1 ? fac[0] : 1.0; /* a single skew scales g itself */
+	if (nf == 1)
+		fac[0] = 1.0;
 	const char *verbose = getenv("DP_GRADCHECK_VERBOSE");
 
-	int count[3] = {0, 0, 0}, nparams = 0, rc = 0;
+	int count[GC_MAX_SKEWS][3] = {{0}}, nparams = 0, rc = 0;
 	float *g = NULL;
 	Gc c = {.x = x, .verbose = verbose && *verbose && strcmp(verbose, "0")};
 	for (uint32_t pi = 0; pi < s->ntensors && !rc; pi++) {
@@ -378,14 +435,15 @@ int gradcheck_run(Exec *x, RtErr *e)
 		    (rc = exec_tensor_read(x, (int)pi, c.p, e)))
 			break;
 		for (int64_t i = 0; i < n; i++)
-			g[i] = (float)(g[i] * skew);
+			g[i] = (float)(g[i] * pre);
 		int ex;
 		frexp(l0, &ex); /* |l0| in [2^(ex-1), 2^ex): a float ulp is 2^(ex-24) */
 		c.delta = GC_NOISE * ldexp(1.0, ex - 24);
-		GcVerdict v;
-		if ((rc = check_param(&c, g, n, &v, e)))
+		GcVerdict v[GC_MAX_SKEWS];
+		if ((rc = check_param(&c, g, n, fac, tags, nf, v, e)))
 			break;
-		count[v]++;
+		for (int f = 0; f < nf; f++)
+			count[f][v[f]]++;
 	}
 	free(c.p);
 	free(g);
@@ -394,13 +452,15 @@ int gradcheck_run(Exec *x, RtErr *e)
 	RT_CHECK(exec_zero_metrics(x, e));
 	if (!nparams)
 		return RT_FAIL(e, "--check-grads: the step file has no parameters");
-	printf("gradcheck: %d of %d parameters passed", count[GC_OK], nparams);
-	if (count[GC_FAILED])
-		printf(", %d FAILED", count[GC_FAILED]);
-	if (count[GC_UNCHECKED])
-		printf(", %d not checked (every sampled value within the error bar)",
-		       count[GC_UNCHECKED]);
-	printf("\n");
+	for (int f = 0; f < nf; f++) {
+		printf("%sgradcheck: %d of %d parameters passed", tags[f], count[f][GC_OK], nparams);
+		if (count[f][GC_FAILED])
+			printf(", %d FAILED", count[f][GC_FAILED]);
+		if (count[f][GC_UNCHECKED])
+			printf(", %d not checked (every sampled value within the error bar)",
+			       count[f][GC_UNCHECKED]);
+		printf("\n");
+	}
 	fflush(stdout);
-	return count[GC_FAILED] ? 1 : 0;
+	return count[0][GC_FAILED] ? 1 : 0;
 }

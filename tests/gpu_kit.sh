@@ -71,6 +71,15 @@ if [ "$size" -le $((48 * 1048576)) ] && grep -q "of 48 MiB" "$KIT/SIZE"; then
 else
 	fail "the kit is $size bytes (more than 48 MiB, or it does not say its size)"
 fi
+# DP_KIT_PARTS (a rerun of some parts) refuses a part that does not exist
+# before it unpacks or writes anything
+DP_KIT_PARTS="2 7" bash "$KIT/run.sh" "$T/parts-out" >"$T/parts.log" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "DP_KIT_PARTS: no part '7'" "$T/parts.log" && [ ! -e "$T/parts-out" ]; then
+	ok "DP_KIT_PARTS=\"2 7\": $(head -n 1 "$T/parts.log"), exit 2, nothing written"
+else
+	fail "DP_KIT_PARTS=\"2 7\": exit $rc"; cat "$T/parts.log"
+fi
 fi
 kits=("$KIT")
 if [ "${GPU_KIT_REAL:-0}" = 1 ] && case_on real-kit; then

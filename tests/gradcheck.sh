@@ -12,7 +12,10 @@
 #    (DP_GRADCHECK_SKEW=-1) or 20 % off either way (0.2: x1.2, -0.2: x0.8)
 #    every parameter FAILS (the lines are counted), exit 1. gpt2-tiny's
 #    global_batch is 4 here instead of 16 (the same parameters; a quarter of
-#    the time per loss evaluation).
+#    the time per loss evaluation). The unskewed check and the two 20 % skews
+#    are one run, DP_GRADCHECK_SKEW=0,0.2,-0.2 (one set of finite differences,
+#    three verdicts: runtime/gradcheck.c), split by its "skew S: " prefixes;
+#    the zeroed gradient (-1) is a run of its own (zeros change the picks).
 # 3. A parameter whose gradient is zero on both sides (a relu layer kept dead
 #    by a bias of -100) is reported "not checked", never "ok", and the
 #    parameters after it are still checked (a zeroed head.b fails).
@@ -80,10 +83,8 @@ for m in gpt llama; do
 	for skew in "${skews[@]}"; do case_on "$m skew=$skew" && on=1; done
 	[ $on = 1 ] || continue
 	once transformers transformers
-	gc "$T/$m.out" "$T/$m.bin"
-	for skew in "${skews[@]}"; do
-		case_ran "$m skew=$skew" && gc "$T/$m.skew$skew" "$T/$m.bin" DP_GRADCHECK_SKEW=$skew
-	done
+	gc "$T/$m.all" "$T/$m.bin" DP_GRADCHECK_SKEW=0,0.2,-0.2
+	case_ran "$m skew=-1" && gc "$T/$m.skew-1" "$T/$m.bin" DP_GRADCHECK_SKEW=-1
 done
 # 3. nothing to compare is "not checked"
 if case_on dead; then
@@ -108,8 +109,21 @@ for f in "${ops[@]}"; do
 		fail "$n"; sed 's/^/      /' "$T/$n.out" | tail -n 8
 	fi
 done
-# 2.
+# 2. (the shared run's verdicts by skew, each with the exit status its own
+# run would have had: 1 when its summary counts a FAILED parameter)
 for m in gpt llama; do
+	if [ -f "$T/$m.all" ]; then
+		for skew in 0 0.2 -0.2; do
+			f=$T/$m.skew$skew
+			[ $skew = 0 ] && f=$T/$m.out
+			sed -n "s/^skew $skew: //p" "$T/$m.all" >"$f"
+			if grep -q '^gradcheck: .* FAILED' "$f"; then echo 1; else echo 0; fi >"$f.rc"
+		done
+		[ "$(cat "$T/$m.all.rc")" = "$(cat "$T/$m.out.rc")" ] ||
+			fail "$m: the shared run's exit $(cat "$T/$m.all.rc") is not its first skew's"
+		grep -q '^gradcheck' "$T/$m.all" &&
+			{ fail "$m: the shared run printed verdicts of no skew"; grep '^gradcheck' "$T/$m.all" | head -n 5; }
+	fi
 	if case_ran "$m"; then
 		rc=$(cat "$T/$m.out.rc")
 		np=$(nparams "$T/$m.out")

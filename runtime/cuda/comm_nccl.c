@@ -50,7 +50,8 @@
  *
  * Several ranks on one GPU: NCCL 2.28 refuses two ranks of one communicator
  * on the same device unless they look like different hosts; run one process
- * per rank with a distinct NCCL_HOSTID each (docs/CUDA.md). Untested.
+ * per rank with a distinct NCCL_HOSTID each (docs/CUDA.md): shown at 2
+ * ranks on one H200 with NCCL 2.28.3 (sockets over lo).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -138,6 +139,8 @@ static void nap(void)
 
 int cu_nccl_settle(ncclComm_t c, const char *what, double deadline, RtErr *e)
 {
+	if (!c)
+		return RT_FAIL(e, "%s: NCCL gave no communicator to wait for", what);
 	for (;;) {
 		ncclResult_t st = ncclInProgress;
 		ncclResult_t r = ncclCommGetAsyncError(c, &st);
@@ -186,6 +189,33 @@ static int share_id(ncclUniqueId *id, double deadline, RtErr *e)
 	}
 }
 
+/* One non-blocking split of parent. NCCL (2.23 on) fills *child only when
+ * the parent's split completes, that is when the parent stops reporting
+ * ncclInProgress (NVIDIA/nccl #1472; PyTorch's ProcessGroupNCCL settles the
+ * parent for this reason), whatever the call returned: settle the parent
+ * first, then wait under the deadline for the pointer (filled by NCCL's
+ * thread: read atomically), then settle the child. (The first GPU run, an
+ * H200 with NCCL 2.28.3, met a NULL communicator in a settle of the init or
+ * split at 2 ranks.) */
+static int split(ncclComm_t parent, int colour, int key, ncclComm_t *child, double deadline,
+		 RtErr *e)
+{
+	ncclConfig_t sc = NCCL_CONFIG_INITIALIZER;
+	sc.blocking = 0;
+	*child = NULL;
+	ncclResult_t r = ncclCommSplit(parent, colour, key, child, &sc);
+	if (r != ncclSuccess && r != ncclInProgress)
+		return cu_nccl_fail(r, "ncclCommSplit", e, __FILE__, __LINE__);
+	RT_CHECK(cu_nccl_settle(parent, "ncclCommSplit (the parent communicator)", deadline, e));
+	while (!__atomic_load_n(child, __ATOMIC_ACQUIRE)) {
+		if (cu_nccl_now() > deadline)
+			return RT_FAIL(e, "ncclCommSplit completed on the parent communicator but gave "
+				       "no communicator within the deadline (colour %d)", colour);
+		nap();
+	}
+	return cu_nccl_settle(*child, "ncclCommSplit", deadline, e);
+}
+
 static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTREAM],
 		     double deadline, RtErr *e)
 {
@@ -206,11 +236,8 @@ static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTRE
 		for (unsigned m = 1; m < NMASK; m++) {
 			if (!(masks[st] & (1u << m)) || cu_nccl_group_size(comm, m) < 2)
 				continue;
-			ncclConfig_t sc = NCCL_CONFIG_INITIALIZER;
-			sc.blocking = 0;
-			NB(ncclCommSplit(nc->world_comm, colour_of(comm, m), comm->rank,
-					 &nc->comm[st][m], &sc), nc->world_comm, e);
-			RT_CHECK(cu_nccl_settle(nc->comm[st][m], "ncclCommSplit", deadline, e));
+			RT_CHECK(split(nc->world_comm, colour_of(comm, m), comm->rank,
+				       &nc->comm[st][m], deadline, e));
 		}
 	return 0;
 }

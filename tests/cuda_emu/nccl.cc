@@ -4,9 +4,14 @@
  * MPI_COMM_WORLD by the unique id (so every world rank must be initialising
  * some communicator at that point: the emulator's limit), ncclCommSplit
  * splits its parent's (collective over the parent, as in NCCL). With a
- * non-blocking config, init and split return ncclInProgress and
+ * non-blocking config, init returns ncclInProgress and
  * ncclCommGetAsyncError reports ncclInProgress for a few polls (a seeded
- * number) before ncclSuccess; the MPI part itself is done at the call.
+ * number) before ncclSuccess; the MPI part itself is done at the call. A
+ * split of a non-blocking parent returns ncclInProgress with newcomm still
+ * NULL: the PARENT reports ncclInProgress for a few polls, and the poll
+ * that reports ncclSuccess fills newcomm (NCCL 2.23 on, NVIDIA/nccl #1472;
+ * PyTorch settles the parent for that reason), after which a non-blocking
+ * child settles on its own polls.
  *
  * A collective is queued on its stream (or captured into a graph) when it
  * is called, after NCCL's argument checks (communicator, type, operation,
@@ -88,7 +93,12 @@ struct NcclComm {
 	int id;
 	MPI_Comm mpi = MPI_COMM_NULL;
 	int rank = 0, nranks = 1;
-	int init_polls = 0;       /* non-blocking init: polls left reporting ncclInProgress */
+	int init_polls = 0;       /* non-blocking init or split: polls left reporting ncclInProgress */
+	/* a non-blocking split of this communicator: NCCL (2.23 on, NVIDIA/nccl
+	 * #1472) fills the caller's newcomm only when this, the parent, stops
+	 * reporting ncclInProgress; until then *split_slot stays NULL */
+	struct ::ncclComm **split_slot = nullptr;
+	struct ::ncclComm *split_child = nullptr;
 	bool aborted = false, finalized = false;
 	ncclResult_t async = ncclSuccess;
 	std::deque<Op *> fifo;    /* issued, not started */
@@ -415,8 +425,8 @@ static ncclResult_t check_comm(ncclComm_t c, const char *api)
 		      "settled: NCCL requires ncclCommGetAsyncError to report ncclSuccess before any "
 		      "other call on a non-blocking communicator", api, c->id, c->deferred_what.c_str());
 	if (c->init_polls > 0)
-		return nfail(ncclInvalidUsage, "%s: communicator #%d is still initialising (poll "
-			     "ncclCommGetAsyncError until it is no longer ncclInProgress)", api, c->id);
+		return nfail(ncclInvalidUsage, "%s: communicator #%d is still initialising or splitting "
+			     "(poll ncclCommGetAsyncError until it is no longer ncclInProgress)", api, c->id);
 	return ncclSuccess;
 }
 
@@ -591,10 +601,21 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 		return r;
 	MPI_Comm m;
 	MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &m);
-	bool blocking = blocking_of(config, comm->init_polls == 0 ? 1 : 0);
-	if (m == MPI_COMM_NULL)
-		return blocking ? ncclSuccess : ncclInProgress;
-	return new_comm(m, blocking, newcomm);
+	bool blocking = blocking_of(config, comm->blocking ? 1 : 0);
+	ncclComm_t child = nullptr;
+	if (m != MPI_COMM_NULL)
+		new_comm(m, blocking, &child);
+	if (comm->blocking) {
+		*newcomm = child;
+		return ncclSuccess;
+	}
+	/* a split on a non-blocking parent: the parent reports ncclInProgress for
+	 * a few polls, and the poll that reports ncclSuccess fills newcomm (the
+	 * child then settles on its own polls if it is non-blocking) */
+	comm->init_polls = 1 + (int)rnd(3);
+	comm->split_slot = newcomm;
+	comm->split_child = child;
+	return ncclInProgress;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
@@ -605,6 +626,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 		comm->init_polls--;
 		*err = ncclInProgress;
 		return ncclSuccess;
+	}
+	if (comm->split_slot) {
+		*comm->split_slot = comm->split_child;
+		comm->split_slot = nullptr;
+		comm->split_child = nullptr;
 	}
 	if (comm->deferred && --comm->deferred_polls > 0) {
 		*err = ncclInProgress;

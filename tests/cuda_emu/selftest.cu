@@ -996,8 +996,13 @@ static int c_nccl(void)
 	CK(cudaStreamSynchronize(s));
 	CK(cudaMemcpy(ri, di, 12, cudaMemcpyDeviceToHost));
 	EXPECT(ri[0] == size * (size - 1) / 2 && ri[1] == size * (size - 1) && ri[2] == -ri[0]);
+	/* a split of a non-blocking parent fills newcomm only when the parent
+	 * settles (NCCL 2.23 on): NULL before, a communicator after */
 	ncclComm_t half;
-	settle(c, ncclCommSplit(c, rank % 2, rank, &half, NULL));
+	ncclResult_t sr = ncclCommSplit(c, rank % 2, rank, &half, NULL);
+	EXPECT(sr != ncclInProgress || half == NULL);
+	settle(c, sr);
+	EXPECT(half != NULL);
 	settle(half, ncclInProgress);
 	int hn;
 	ncclCommCount(half, &hn);
