@@ -20,6 +20,7 @@
  * MPI errors are returned, not fatal (MPI_ERRORS_RETURN), and become RtErrs.
  */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,9 +31,17 @@
 
 #define NMASK (1u << DP_MAX_AXES)
 
+/* What a request is, for the message when it does not complete. */
+typedef struct {
+	int16_t p2p;          /* 0: a collective; DP_OP_SEND or DP_OP_RECV */
+	int16_t peer;         /* the p2p's other stage */
+	int32_t tag;
+} ReqInfo;
+
 typedef struct {
 	MPI_Comm comm[NMASK]; /* MPI_COMM_NULL: mask not created or group of one */
 	MPI_Request *req;     /* req[i] is ticket base + i */
+	ReqInfo *info;        /* info[i]: what req[i] is */
 	int64_t nreq, cap;
 	int64_t base;         /* ticket of req[0] */
 	int64_t first_open;   /* req[0..first_open) are known complete */
@@ -89,11 +98,15 @@ static int new_request(Comm *c, MPI_Request **slot, int64_t *ticket, RtErr *e)
 	if (m->nreq == m->cap) {
 		int64_t cap = m->cap ? 2 * m->cap : 64;
 		MPI_Request *r = realloc(m->req, (size_t)cap * sizeof *r);
-		if (!r)
+		if (r)
+			m->req = r;
+		ReqInfo *in = r ? realloc(m->info, (size_t)cap * sizeof *in) : NULL;
+		if (!in)
 			return RT_FAIL(e, "out of memory (comm requests)");
-		m->req = r;
+		m->info = in;
 		m->cap = cap;
 	}
+	m->info[m->nreq] = (ReqInfo){0, 0, 0};
 	m->req[m->nreq] = MPI_REQUEST_NULL;
 	*slot = &m->req[m->nreq++];
 	*ticket = c->issued++;
@@ -237,6 +250,9 @@ static int mpi_p2p_start(Comm *c, int send, unsigned axes, int peer, int tag, Dp
 	MPI_Request *slot;
 	RT_CHECK(new_request(c, &slot, ticket, e));
 	double t0 = MPI_Wtime();
+	Mpi *m = c->impl;
+	m->info[slot - m->req] = (ReqInfo){(int16_t)(send ? DP_OP_SEND : DP_OP_RECV), (int16_t)peer,
+					   tag};
 	int rc = send ? MPI_Isend(buf, (int)n, type, peer, tag, g, slot)
 		      : MPI_Irecv(buf, (int)n, type, peer, tag, g, slot);
 	c->stats.issue_s += MPI_Wtime() - t0;
@@ -266,7 +282,22 @@ static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
 		return 0;
 	if (to - from > INT_MAX)
 		return RT_FAIL(e, "too many pending collectives");
-	return world_waitall((int)(to - from), m->req + from, c->timeout_s, "a collective",
+	/* a pipeline's transfer among them: the first one still open names the
+	 * stage and what it waits for, should it never complete */
+	char what[96] = "a collective";
+	if (c->mesh[DP_AXIS_PP] > 1)
+		snprintf(what, sizeof what, "pipeline stage %d's collective", c->coord[DP_AXIS_PP]);
+	for (int64_t i = from; i < to; i++) {
+		int done = 0;
+		if (!m->info[i].p2p || MPI_Test(&m->req[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done)
+			continue;
+		int send = m->info[i].p2p == DP_OP_SEND;
+		snprintf(what, sizeof what, "pipeline stage %d's %s stage %d (tag %d)",
+			 c->coord[DP_AXIS_PP], send ? "send to" : "recv from", m->info[i].peer,
+			 (int)m->info[i].tag);
+		break;
+	}
+	return world_waitall((int)(to - from), m->req + from, c->timeout_s, what,
 			     &c->stats.blocked_s, e);
 }
 
@@ -344,6 +375,7 @@ static void mpi_free(Comm *c)
 			if (m->comm[k] != MPI_COMM_NULL)
 				MPI_Comm_free(&m->comm[k]);
 		free(m->req);
+		free(m->info);
 		free(m);
 	}
 	free(c);

@@ -25,6 +25,9 @@
 #     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
+#             job ends with exit 75 and the message naming the waiting stage
+#             and its pending send or recv (peer, tag), or its collective
 #   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
 #             bit for bit (full and sharded checkpoints); the pp=2 full
 #             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
@@ -119,8 +122,27 @@ if case_on tied; then
 	head=$(grep -c '= matmul %[a-z0-9_.]*, %embed.wte transB .* stage=1' "$T/tied.ir")
 	gw=$(grep -c '^%grad.embed.wte = .* stage=[01]' "$T/tied.ir")
 	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
-	check "wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)" \
-		[ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]
+	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
+	if [ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on stall; then
+	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank SIGSTOPped"
+	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/stall.bin" 2>/dev/null || fail "stall: dpc"
+	mpi 2 "$T/stall.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 >"$T/stall.out" 2>&1 &
+	job=$!
+	sleep 4
+	victim=$(pgrep -f -- "^$DPEXEC $T/stall.bin" | tail -n 1)
+	[ -n "$victim" ] && kill -STOP "$victim"
+	wait $job
+	rc=$?
+	[ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
+	what="a stopped stage: exit 75 ($rc) and '$(grep error "$T/stall.out" | head -n 1)'"
+	if [ "$rc" = 75 ] && grep -qE "error: pipeline stage [01]'s ((recv from|send to) stage [01] \(tag [0-9]+\)|collective) did not complete within 5 s \(--timeout\)" "$T/stall.out"; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
 fi
 
 if case_on resume; then
@@ -139,8 +161,12 @@ if case_on resume; then
 		cp "$T/r-$form.loss" "$T/r-$form-10.loss" &&
 		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
 			--save-full "$T/r-$form.st" &&
-		check "pp=2, $form checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit (losses and parameters)" \
-			cmp -s "$T/r-$form.loss" "$T/straight.loss" && cmp -s "$T/r-$form.st" "$T/straight.st"
+		what="pp=2, $form checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit (losses and parameters)"
+		if cmp -s "$T/r-$form.loss" "$T/straight.loss" && cmp -s "$T/r-$form.st" "$T/straight.st"; then
+			ok "$what"
+		else
+			fail "$what"
+		fi
 	done
 	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
 	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
