@@ -18,7 +18,10 @@
 #             + rtol 1e-4, tests/equivalence.sh's bounds and reasons):
 #     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
 #     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
-#     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks.
+#     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
+#     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
+#     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
+#     (precision bf16) against bf16 on 1 rank.
 #     gpt2-tiny's wte is the embedding on stage 0 and the LM head on the last
 #     stage: its gradient is the sum over pp of the two stages' parts, and
 #     the parameters compared include it (dropping pp from the gradients'
@@ -94,6 +97,14 @@ pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
 variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
 pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
 pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
+# the compositions: tp and cp inside a stage, recompute, bf16
+{ echo "mesh pp=2, tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xtp2.dp"
+{ echo "mesh tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-tp2.dp"
+{ echo "mesh pp=2, cp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xcp2.dp"
+{ echo "mesh cp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-cp2.dp"
+variant "$T/gpt-pp2.dp" "$T/gpt-pp2-recompute.dp" 's/^  strategy ddp/&\n  gradient_checkpointing true/'
+variant "$T/gpt-pp2.dp" "$T/gpt-pp2-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
+variant "$T/gpt.dp" "$T/gpt-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -107,10 +118,14 @@ need() {
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
 	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
+	gpt-pp2xtp2 | gpt-pp2xcp2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-bf16) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	esac
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
-	mlp8-pp2xzero1:mlp8-zero1; do
+	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
+	gpt-pp2-bf16:gpt-bf16; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
 done
