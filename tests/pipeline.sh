@@ -30,7 +30,8 @@
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
 #             job ends with exit 75 and the message naming the waiting stage
-#             and its pending send or recv (peer, tag), or its collective
+#             and its pending send or recv (peer, tag), or its collective (or,
+#             stopped between steps, the step's sync point)
 #   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
 #             bit for bit (full and sharded checkpoints); the pp=2 full
 #             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
@@ -144,16 +145,17 @@ fi
 if case_on stall; then
 	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank SIGSTOPped"
 	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/stall.bin" 2>/dev/null || fail "stall: dpc"
-	mpi 2 "$T/stall.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 >"$T/stall.out" 2>&1 &
+	mpi 2 "$T/stall.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
+		--losses "$T/stall.loss" >"$T/stall.out" 2>&1 &
 	job=$!
-	sleep 4
+	wait_lines "$T/stall.loss" 3 # training: past the start-up's own waits
 	victim=$(pgrep -f -- "^$DPEXEC $T/stall.bin" | tail -n 1)
 	[ -n "$victim" ] && kill -STOP "$victim"
 	wait $job
 	rc=$?
 	[ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
 	what="a stopped stage: exit 75 ($rc) and '$(grep error "$T/stall.out" | head -n 1)'"
-	if [ "$rc" = 75 ] && grep -qE "error: pipeline stage [01]'s ((recv from|send to) stage [01] \(tag [0-9]+\)|collective) did not complete within 5 s \(--timeout\)" "$T/stall.out"; then
+	if [ "$rc" = 75 ] && grep -qE "error: (pipeline stage [01]'s ((recv from|send to) stage [01] \(tag [0-9]+\)|collective)|agreeing with the other ranks) did not complete within 5 s \(--timeout\)" "$T/stall.out"; then
 		ok "$what"
 	else
 		fail "$what"
