@@ -28,6 +28,7 @@
 #     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
 #             job ends with exit 75 and the message naming the waiting stage
 #             and its pending send or recv (peer, tag), or its collective (or,
@@ -140,6 +141,17 @@ if case_on tied; then
 	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
 	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
 	if [ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on eval; then
+	REPRO="dpexec gpt2-tiny at pp=2 and at 1 rank, --steps 4 --eval-every 4"
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/ev2.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/ev1.bin" 2>/dev/null || fail "eval: dpc"
+	mpi 2 "$T/ev2.bin" --steps 4 --eval-every 4 >"$T/ev2.out" 2>&1
+	mpi 1 "$T/ev1.bin" --steps 4 --eval-every 4 >"$T/ev1.out" 2>&1
+	a=$(grep '^eval step 4' "$T/ev2.out") b=$(grep '^eval step 4' "$T/ev1.out")
+	what="the eval at pp=2 (the last stage's loss and counts) is 1 rank's: '$a'"
+	if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$what"; else fail "$what, 1 rank: '$b'"; fi
 fi
 
 if case_on stall; then
