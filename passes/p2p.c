@@ -10,8 +10,10 @@
  * `stage=N`): its block's; a node outside every block, the stage of the
  * latest of its operands' producers (the loss and its gradient: the last
  * stage's, where the logits are), else the stage of the node before it.
- * Everything else (loads, the optimizer, the gradient collectives, events,
- * init and export) keeps stage -1: every rank runs it. So the programs stay
+ * A load runs on the stage that reads its data, when one does (the tokens
+ * on the first, the labels on the last). Everything else (the optimizer, the
+ * gradient collectives, events, init and export) keeps stage -1: every rank
+ * runs it. So the programs stay
  * rank-agnostic: dpexec runs the instructions of its own pp coordinate and
  * those of every rank.
  *
@@ -95,6 +97,23 @@ static void assign_stages(Graph *g)
 			def[n->out] = cur;
 	}
 	free(def);
+	/* a load runs on the one stage that reads its data (the tokens on the
+	 * first, the labels on the last), else on every stage */
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *ld = g->nodes[i];
+		if (ld->op != DP_OP_LOAD || ld->out < 0)
+			continue;
+		int stage = -2; /* -2: no reader yet */
+		for (int j = 0; j < g->nnodes && stage != -1; j++) {
+			const Node *n = g->nodes[j];
+			if (!(n->progs & ld->progs) || n == ld)
+				continue;
+			for (int k = 0; k < n->nin; k++)
+				if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], g->values[ld->out]))
+					stage = stage == -2 || stage == n->stage ? n->stage : -1;
+		}
+		ld->stage = stage < 0 ? -1 : stage;
+	}
 }
 
 /* One transfer: before node `at`, value v from stage `from` to `to` (neighbours). */

@@ -28,6 +28,7 @@
 #     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
 #   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
 #             job ends with exit 75 and the message naming the waiting stage
@@ -141,6 +142,18 @@ if case_on tied; then
 	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
 	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
 	if [ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on loads; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir | grep '= load'"
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir 2>/dev/null | grep '= load' >"$T/loads"
+	what="the tokens are loaded on stage 0 only, the targets on stage 1 only (train and eval)"
+	if [ "$(grep -c '^%ids = load .* stage=0$' "$T/loads")" = 2 ] &&
+		[ "$(grep -c '^%targets = load .* stage=1$' "$T/loads")" = 2 ] && [ "$(wc -l <"$T/loads")" = 4 ]; then
+		ok "$what"
+	else
+		fail "$what"; cat "$T/loads"
+	fi
 fi
 
 if case_on eval; then
