@@ -153,7 +153,7 @@ demo-gpt: deps all
 
 # Debian packages dp needs; installs only what is missing (needs root or sudo).
 DEB_PKGS := g++ flex bison libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev libsleef-dev zlib1g-dev \
-            libcjson-dev strace iproute2 \
+            librandom123-dev libcjson-dev strace iproute2 \
             dataset-fashion-mnist python3-torch python3-numpy fortunes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \

@@ -16,6 +16,9 @@
  *   - per op call a DP_T_ACT value (dtype f32, ndim 0: shapes are the shape
  *     pass's job) and a PH_FWD node in step and eval, with the op's keyword
  *     arguments in its attributes; nested calls produce temporaries t, t1, ...;
+ *     a call with a number operand (mul(x, 0.5), add(x, 1), scale(x, c)) is
+ *     the op whose ASCALAR attribute (format/ops.def) serves it, the number
+ *     in that attribute;
  *   - the cross_entropy assignment: an XENT node (step only, scale = 1/global
  *     batch), the metric loss.sum and its ACCUM node, and with an eval section
  *     the eval.loss (XENT, scale = 1) and eval.correct (CORRECT) metrics.
@@ -31,6 +34,7 @@
  * a block is named <block>.<name> (h.3.x), else (or if that is taken) the
  * next free <name>N.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -811,6 +815,168 @@ static void unknown_op(Lower *L, const Expr *e)
 		ERR(e->loc, "unknown op '%s' (ops: %s)", e->name, list);
 }
 
+/* ---- scalar operands (ASCALAR in format/ops.def) ---- */
+
+/* Is e a number rather than a tensor? Tensors have no arithmetic operators,
+ * so + - * / and negation are numbers; a name is one when it is a constant
+ * that no tensor of this block or scope hides; sqrt(...) is the one numeric
+ * call (const_eval_num). */
+static int is_number(Lower *L, const Expr *e, int block)
+{
+	switch (e->kind) {
+	case E_INT:
+	case E_FLOAT:
+	case E_NEG:
+	case E_BINARY:
+		return 1;
+	case E_NAME: {
+		int poisoned;
+		return const_is_constant(L, e->name) && !scope_find_sym(L, e->name) &&
+		       !(block >= 0 && find_param(L, block, e->name, &poisoned));
+	}
+	case E_CALL:
+		return strcmp(e->name, "sqrt") == 0 && ir_dsl_op(e->name) < 0;
+	default:
+		return 0;
+	}
+}
+
+/* The op that a call of the DSL op opc with a number operand is, and its
+ * scalar attribute in *attr: opc itself when its row has an ASCALAR
+ * attribute (scale), else the op whose ASCALAR names opc (mul -> scale,
+ * add -> add_scalar); -1 when there is none. */
+static int scalar_op(int opc, const OpAttr **attr)
+{
+	for (int op = 0; op < DP_NOPS; op++)
+		for (const OpAttr *a = ir_ops[op].attrs; a->name; a++)
+			if (a->scalar_of && (op == opc || strcmp(a->scalar_of, ir_ops[opc].name) == 0)) {
+				*attr = a;
+				return op;
+			}
+	return -1;
+}
+
+/* A call with a scalar operand, op(x, c) or op(c, x) (each of these ops is
+ * commutative in its two operands): x into in[0], c (a constant expression,
+ * any finite f32) into the attribute. *is_scalar = 0 when the call has no
+ * number operand and opc may be called without one (mul(a, b)). */
+static int scalar_operands(Lower *L, const Expr *e, int opc, int block, int *in, Node *attrs,
+			   int *sop, int *is_scalar)
+{
+	const OpAttr *sa = NULL;
+	*sop = scalar_op(opc, &sa);
+	*is_scalar = 0;
+	if (*sop < 0)
+		return 0;
+	const Expr *num = NULL, *ten = NULL;
+	int npos = 0, nnum = 0;
+	for (const Expr *a = e->args; a; a = a->next) {
+		if (a->key)
+			continue;
+		npos++;
+		if (is_number(L, a, block)) {
+			num = a;
+			nnum++;
+		} else {
+			ten = a;
+		}
+	}
+	if (nnum == 0 && *sop != opc)
+		return 0; /* mul(a, b): the tensor op */
+	*is_scalar = 1;
+	for (const Expr *a = e->args; a; a = a->next) {
+		if (a->key) {
+			ERR(a->key_loc, "unknown keyword '%s': '%s' of a tensor and a number takes no "
+					"keywords", a->key, e->name);
+			return -1;
+		}
+	}
+	if (npos != 2 || nnum != 1) {
+		ERR(e->loc, "'%s' %s a tensor and a number, like %s(x, 0.5)%s", e->name,
+		    *sop == opc ? "takes" : "with a number operand takes", e->name,
+		    npos == 2 && nnum == 2 ? " (both operands are numbers: write the number)" : "");
+		return -1;
+	}
+	Num v;
+	int id = lower_expr(L, ten, block);
+	if (const_eval_num(L, num, "the scalar operand", &v) | (id < 0))
+		return -1;
+	double x = v.is_float ? v.f : (double)v.i;
+	if (!(fabs(x) < 3.4e38)) {
+		ERR(num->loc, "the scalar operand of '%s' must be a finite f32, got %g", e->name, x);
+		return -1;
+	}
+	const Value *t = L->g->values[id];
+	if (t->dtype != DP_F32) {
+		ERR(ten->loc, "the tensor operand of '%s' must be f32, but '%s' is %s", e->name,
+		    t->name, ir_dtype_name(t->dtype));
+		return -1;
+	}
+	in[0] = id;
+	IR_FATTR(attrs, sa) = (float)x;
+	return 0;
+}
+
+/* ---- dropout ---- */
+
+/* The keys dropout's mask is drawn from (DP_SRC_SAMPLE_KEYS): one data
+ * value i32 [batch, 2], loaded in the step program and, with an eval
+ * section, in eval (where the runtime fills -1: no dropout), its LOADs
+ * after the data's (before any computation, as a pass that adds a LOAD
+ * expects). Made by the first dropout. */
+static int dropout_keys(Lower *L)
+{
+	Graph *g = L->g;
+	Loc loc = {g->file, 0, 0}; /* made, not written (as cp.pos): no line of its own */
+	for (int i = 0; i < g->nsources; i++)
+		if (g->sources[i].rec.kind == DP_SRC_SAMPLE_KEYS)
+			return g->sources[i].value;
+	int64_t dims[2] = {g->cfg.micro_batch, 2};
+	Value *v = ir_value(g, ir_fresh_name(g, "dropout.keys"), DP_I32, 2, dims, DP_T_DATA, loc);
+	int last_load = -1;
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->op == DP_OP_LOAD)
+			last_load = i;
+	for (int split = 0; split < (L->eval ? 2 : 1); split++) {
+		Source s = {.rec = {.kind = DP_SRC_SAMPLE_KEYS, .split = (uint8_t)split, .role = 1,
+				    .sample_elems = 2},
+			    .path = "", .value = v->id, .loc = loc};
+		int si = ir_add_source(g, &s);
+		if (split == 0)
+			v->source = si;
+		Node *n = ir_node(g, DP_OP_LOAD, v->id, 0, NULL, PH_DATA, loc);
+		DP_ATTR(n, LOAD, source) = si;
+		n->progs = split == 0 ? IR_IN_STEP : IR_IN_EVAL;
+		ir_move_node(g, n, ++last_load);
+	}
+	return v->id;
+}
+
+/* dropout(x, p=P): x's operand checked, p in [0, 1), the keys as in1 and the
+ * site (the dropouts before it) in the attributes. */
+static int dropout_operands(Lower *L, const Expr *e, int nin, int *in, Node *attrs)
+{
+	Graph *g = L->g;
+	if (nin != 1) {
+		ERR(e->loc, "'dropout' takes 1 argument, got %d (the rate is p=P)", nin);
+		return -1;
+	}
+	float p = DP_FATTR(attrs, DROPOUT, p);
+	if (!(p >= 0 && p < 1)) {
+		const Expr *a = e->args;
+		while (a && !(a->key && strcmp(a->key, "p") == 0))
+			a = a->next;
+		ERR(a ? a->loc : e->loc, "dropout's p must be in [0, 1), got %g", p);
+		return -1;
+	}
+	int site = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		site += g->nodes[i]->op == DP_OP_DROPOUT;
+	DP_ATTR(attrs, DROPOUT, site) = site;
+	in[1] = dropout_keys(L);
+	return 0;
+}
+
 /* A call of an op (not the loss): a new value named target (a fresh
  * temporary when NULL) and its node. */
 static int lower_call(Lower *L, const Expr *e, int block, const char *target)
@@ -830,10 +996,19 @@ static int lower_call(Lower *L, const Expr *e, int block, const char *target)
 		    e->name);
 		return -1;
 	}
-	int in[DP_MAX_IN] = {0}, nin;
+	int in[DP_MAX_IN] = {0}, nin = 1, sop, is_scalar;
 	Node attrs = {0};
-	if (call_operands(L, e, op, block, in, &nin, &attrs))
+	if (scalar_operands(L, e, opc, block, in, &attrs, &sop, &is_scalar))
 		return -1;
+	if (is_scalar)
+		opc = sop;
+	else if (call_operands(L, e, op, block, in, &nin, &attrs))
+		return -1;
+	if (opc == DP_OP_DROPOUT) {
+		if (dropout_operands(L, e, nin, in, &attrs))
+			return -1;
+		nin = 2;
+	}
 	Loc loc = scope_gloc(L, e->loc);
 	Value *v = scope_value(L, target ? target : fresh_temp(L), DP_F32, 0, NULL, DP_T_ACT, loc);
 	Node *n = ir_node(g, (IrOp)opc, v->id, nin, in, PH_FWD, loc);

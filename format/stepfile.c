@@ -756,7 +756,7 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 		if (check_str(s, src->path, what, err, errlen) ||
 		    check_tid(s, src->tensor, 0, what, err, errlen))
 			return -1;
-		if (src->kind > DP_SRC_POSITIONS || src->split > DP_SPLIT_EVAL || src->role > 1 ||
+		if (src->kind > DP_SRC_SAMPLE_KEYS || src->split > DP_SPLIT_EVAL || src->role > 1 ||
 		    src->shift > 1 || src->seq_split > 1 ||
 		    src->sample_elems < 0 || src->synth_n < 0 || src->synth_classes < 0 ||
 		    src->synth_classes > 65536) {

@@ -111,6 +111,9 @@ typedef enum {
 	DP_SRC_POSITIONS, /* i32 [sample_elems]: the global positions of this rank's tokens
 	                     in a sample, the same for every sample and step (0, 1, ... or,
 	                     with seq_split, this cp rank's zigzag chunks); path "" */
+	DP_SRC_SAMPLE_KEYS, /* i32 [2] per sample: its dataset index and the optimizer step
+	                     (train), -1 and -1 (eval: no dropout); what dropout's mask
+	                     is keyed by (format/ops.def); path "" */
 } DpSourceKind;
 
 typedef enum {
@@ -203,6 +206,7 @@ typedef enum {
  *   DP_AXES(x)   the mesh-axis mask of a collective, SHARD or TP_COPY (AAXES)
  *   DP_EVENT(x)  the event id of EVENT_RECORD and EVENT_WAIT
  *   DP_ACC(x)    the accumulate flag of the ops whose RO column is ACC
+ *   DP_SCALAR(x) the scalar operand of SCALE and ADD_SCALAR (ASCALAR)
  * Other code that serves a family of ops (one kernel for layernorm and
  * rmsnorm, one shape rule for the attention ops) names the attribute by one of
  * them; the families are listed once, below the slot enums, each a
@@ -213,6 +217,7 @@ typedef enum {
 #define DP_AXES(x) DP_ATTR(x, ALL_REDUCE, axes)
 #define DP_EVENT(x) DP_ATTR(x, EVENT_RECORD, ev)
 #define DP_ACC(x) DP_ATTR(x, MATMUL, acc)
+#define DP_SCALAR(x) DP_FATTR(x, SCALE, scale)
 #define DP_PEER(x) DP_ATTR(x, SEND, peer) /* SEND and RECV: the other stage */
 #define DP_TAG(x) DP_ATTR(x, SEND, tag)   /* SEND and RECV: the transfer's number */
 #ifdef __cplusplus
@@ -239,6 +244,7 @@ typedef enum {
 #define AINDEX(name, slot, ...) (DP_AT_I_, name, slot)
 #define AAXES(name, slot) (DP_AT_I_, name, slot)
 #define AFLOAT(name, slot, ...) (DP_AT_F_, name, slot)
+#define ASCALAR(name, slot, ...) (DP_AT_F_, name, slot)
 #define DP_AT_I_(iprefix, fprefix) iprefix
 #define DP_AT_F_(iprefix, fprefix) fprefix
 #define DP_AT_CAT_(a, b) DP_AT_CAT2_(a, b)
@@ -273,6 +279,7 @@ enum {
 #undef AINDEX
 #undef AAXES
 #undef AFLOAT
+#undef ASCALAR
 
 /* The families (see above): heads of the attention ops and kv_pack/unpack,
  * cp of the cp attention ops, eps (and grad_g's acc) of the norms, the
@@ -294,6 +301,8 @@ DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
+DP_STATIC_ASSERT(DP_FATTR_SCALE_scale == DP_FATTR_ADD_SCALAR_value,
+		 "SCALE and ADD_SCALAR keep their scalar operand in one slot (DP_SCALAR)");
 DP_ATTR_SAME(SEND, RECV, peer);
 DP_ATTR_SAME(SEND, RECV, tag);
 
@@ -358,6 +367,8 @@ typedef enum {
 	DP_OR_ATTENTION_CP_GRAD_KV, /* as ATTENTION_CP_GRAD, out like kv; disjoint */
 	DP_OR_ACCUM,       /* out, in0 same size (each f32 or bf16: out += in0 converts) */
 	DP_OR_CAST,        /* out, in0 same size, each f32 or bf16 */
+	DP_OR_DROPOUT,     /* out, in0 alike [B, ...]; in1 i32 keys [B, 2]; in2 (optional)
+	                      i32 positions [in0's dim 1] */
 	DP_NOR
 } DpOperandRule;
 

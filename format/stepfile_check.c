@@ -122,6 +122,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_ATTENTION_CP_GRAD_KV] = {CD, CD, CD, CD, I32},
 	[DP_OR_ACCUM] = {FL, FL},
 	[DP_OR_CAST] = {FL, FL},
+	[DP_OR_DROPOUT] = {CD, CD, I32, I32},
 };
 #undef CD
 #undef CDF
@@ -263,6 +264,20 @@ static int check_elementwise(Chk *c, int rule)
 		OPND(o, -1, -1);
 		OPND(a, 0, -1);
 		NEED(dp_numel(o) == dp_numel(a), "the operands differ in size");
+		return 0;
+	}
+	case DP_OR_DROPOUT: {
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		OPND(keys, 1, -1);
+		NEED(dp_numel(o) == dp_numel(a), "the operands differ in size");
+		NEED(a->ndim >= 1 && dp_numel(keys) == 2 * a->dims[0],
+		     "the keys are not 2 per sample of dim 0");
+		if (in->in[2] >= 0) {
+			OPND(pos, 2, -1);
+			NEED(a->ndim >= 2 && dp_numel(pos) == a->dims[1],
+			     "the positions are not one per row of dim 1");
+		}
 		return 0;
 	}
 	case DP_OR_BINARY: {

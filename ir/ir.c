@@ -23,7 +23,8 @@ const char *const ir_axis_names[DP_MAX_AXES] = {"pp", "dp_replicate", "dp_shard"
 const char *const ir_phase_names[7] = {"data", "fwd", "bwd", "comm", "opt", "eval", "setup"}; /* Phase */
 const char *const ir_init_names[7] = {"none", "zeros", "ones", "normal", "uniform", "rope_cos",
 					"rope_sin"};     /* DpInit */
-const char *const ir_src_kind_names[5] = {"idx", "npy", "synthetic", "tokens", "positions"};        /* DpSourceKind */
+const char *const ir_src_kind_names[6] = {"idx", "npy", "synthetic", "tokens", "positions",
+						"sample_keys"};        /* DpSourceKind */
 const char *const ir_split_names[2] = {"train", "eval"};                               /* DpSplit */
 const char *const ir_role_names[2] = {"features", "labels"};                           /* DpSource.role */
 const char *const ir_kind_names[] = {

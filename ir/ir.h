@@ -312,7 +312,7 @@ extern const char *const ir_line_names[DP_NIRL]; /* DpIrLine: "mesh", "config", 
 extern const char *const ir_kind_names[];            /* DpTensorKind: "act", "param", ... */
 extern const char *const ir_phase_names[7];          /* Phase: "data", "fwd", ... */
 extern const char *const ir_init_names[7];           /* DpInit */
-extern const char *const ir_src_kind_names[5];       /* DpSourceKind */
+extern const char *const ir_src_kind_names[6];       /* DpSourceKind */
 extern const char *const ir_split_names[2];          /* DpSplit */
 extern const char *const ir_role_names[2];           /* DpSource.role: features, labels */
 
@@ -392,6 +392,8 @@ typedef struct {
 	int64_t min;       /* DSL int: the least value; float: must be > min */
 	int8_t below;      /* DSL int: must be < the attribute at this index of the
 	                      op's list (split's index < parts); -1: no bound */
+	const char *scalar_of; /* a scalar operand (ASCALAR): the DSL op whose calls
+	                          with one tensor and one number are this op */
 } OpAttr;
 
 typedef struct GradCtx GradCtx; /* ir/grad.c */

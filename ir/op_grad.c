@@ -104,6 +104,18 @@ void ir_grad_scale(GradCtx *c, Node *n, int dy)
 		DP_FATTR(m, SCALE, scale) = DP_FATTR(n, SCALE, scale);
 }
 
+/* y = dropout(x): d.x = dropout(dy) with the same keys, positions, site and
+ * p, so the same mask (a function of them, never stored). */
+void ir_grad_dropout(GradCtx *c, Node *n, int dy)
+{
+	int in[DP_MAX_IN] = {dy, n->in[1], n->nin > 2 ? n->in[2] : -1};
+	Node *m = ir_ad_emit_grad(c, GRAD_OP(n), n->in[0], n->nin, in);
+	if (m) {
+		DP_FATTR(m, DROPOUT, p) = DP_FATTR(n, DROPOUT, p);
+		DP_ATTR(m, DROPOUT, site) = DP_ATTR(n, DROPOUT, site);
+	}
+}
+
 /* y = x + b (broadcast over rows): d.x = dy; d.b = sum_rows dy. */
 void ir_grad_bias_add(GradCtx *c, Node *n, int dy)
 {

@@ -204,6 +204,8 @@ void ir_cost_attention_grad(const Graph *g, const Node *n, double *flops, double
 #define AFLOAT(n, i, k, dflt, above)                                                        \
 	{.name = #n, .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
 	 .min = (above), .below = -1}
+#define ASCALAR(n, i, of)                                                                   \
+	{.name = #n, .style = IR_ATTR_FLOAT, .slot = (i), .below = -1, .scalar_of = (of)}
 
 const OpInfo ir_ops[DP_NOPS] = {
 #define OP(id, nm, c, ds, in, ro, sh, gr, co, tpr, br, rule, attrs)                       \

@@ -885,7 +885,7 @@ static int parse_source(Reader *r)
 	int split = expect_enum(r, ir_split_names, NELEMS(ir_split_names), "train or eval");
 	if (split < 0)
 		return -1;
-	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy, synthetic, tokens or positions");
+	int kind = expect_enum(r, ir_src_kind_names, NELEMS(ir_src_kind_names), "idx, npy, synthetic, tokens, positions or sample_keys");
 	if (kind < 0)
 		return -1;
 	const Tok *path = next(r);

@@ -14,7 +14,8 @@
  *   positions of the rank's tokens;
  * - a table added along the sequence (a learned position embedding [T, d]:
  *   bias_add) is read at the true positions: bias_add(x, embedding(cp.pos,
- *   table)); rope reads its cos/sin tables the same way;
+ *   table)); rope reads its cos/sin tables the same way, and dropout its
+ *   elements' indices within the sample (in2 = cp.pos);
  * - attention: each rank's queries attend to every earlier key of the
  *   sequence. The keys and values are gathered (kv_pack: each head's k and
  *   v, then all_gather over cp), and attention_cp masks by global position.
@@ -188,6 +189,22 @@ static void rope_at_positions(Cp *c, Node *n)
 	n->in[2] = rows_at_positions(c, n->in[2], n);
 }
 
+/* dropout's mask is keyed by each element's index within its sample: with
+ * the sequence in dim 1, the row's global position is cp.pos's. */
+static void dropout_at_positions(Cp *c, Node *n)
+{
+	const Value *x = c->g->values[n->in[0]];
+	if (x->seq_dim < 0)
+		return;
+	if (x->seq_dim != 1) {
+		cp_error(c, n, "dropout: %s's sequence, split over cp=%d, is dim %d; dropout keys "
+			 "its mask by the position along dim 1", x->name, c->C, x->seq_dim);
+		return;
+	}
+	n->in[2] = c->pos;
+	n->nin = 3;
+}
+
 /* attention(qkv) -> attention_cp(qkv, all_gather(kv_pack(qkv)), cp.pos). */
 static void attention_over_ranks(Cp *c, Node *n)
 {
@@ -299,6 +316,8 @@ int cp_run(Graph *g, Diag *d)
 			rope_at_positions(&c, n);
 		else if (n->op == DP_OP_ATTENTION)
 			attention_over_ranks(&c, n);
+		else if (n->op == DP_OP_DROPOUT)
+			dropout_at_positions(&c, n);
 	}
 	free(fwd);
 	if (c.bad)

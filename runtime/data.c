@@ -190,6 +190,8 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const
 		break;
 	case DP_SRC_POSITIONS:
 		return data_load_positions(&c, idx, rec, dtype, d);
+	case DP_SRC_SAMPLE_KEYS:
+		return data_load_keys(&c, idx, rec, dtype, d);
 	default:
 		return RT_FAIL(e, "data source %u has unknown kind %u (%s)", idx, rec->kind, c.where);
 	}
@@ -227,8 +229,8 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, 
 		}
 		if (d->src[i].tokens && d->src[i].window > longest)
 			longest = d->src[i].window;
-		if (d->src[i].positions)
-			continue; /* not samples: the same for every one */
+		if (d->src[i].positions || d->src[i].keys)
+			continue; /* not samples: made by the sampler */
 		if (first < 0) {
 			first = (int)i;
 			d->n = d->src[i].n;

@@ -8,7 +8,8 @@
  *   data_npy.c        .npy arrays
  *   data_tokens.c     llm.c token shards, read a window at a time
  *   data_synth.c      synthetic classification data
- *   data_positions.c  token positions (and the zigzag cut of context parallelism)
+ *   data_positions.c  token positions (and the zigzag cut of context parallelism),
+ *                     and the sample keys of dropout
  *   data_sampler.c    the DistributedSampler order and the batch fills
  * The formats' headers are parsed by util/datafile.c, which dpc uses too.
  */
@@ -47,6 +48,9 @@ typedef struct {
 	                   sequence is split over the cp ranks (seq_split) */
 	/* positions: every "sample" is this rank's positions (no samples of its own) */
 	int positions;
+	/* sample keys: per sample of a batch its dataset index and the step (train),
+	 * -1 and -1 (eval); no samples of its own (data_positions.c) */
+	int keys;
 	int nshards;
 	TokShard *shards; /* first ascending */
 } DataSource;
@@ -109,6 +113,7 @@ void data_close_shards(DataSource *d);
 void data_token_sample(const DataSet *d, const DataSource *ds, int64_t idx, int32_t *out);
 int data_load_positions(LoadCtx *c, uint32_t idx, const DpSource *rec, int dtype,
 			DataSource *d);
+int data_load_keys(LoadCtx *c, uint32_t idx, const DpSource *rec, int dtype, DataSource *d);
 /* data_positions.c: this rank's positions of the tokens of a sample */
 void data_fill_positions(const DataSet *d, const DataSource *ds, int32_t *out);
 /* The position in the whole sequence of local row j of cp rank r (the

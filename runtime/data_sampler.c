@@ -95,6 +95,11 @@ void data_fill_train(const DataSet *d, const DpStep *s, int src, uint64_t step, 
 	for (int64_t t = 0; t < mb; t++) {
 		int64_t pos = dp_rank + (int64_t)dp_size * ((int64_t)micro * mb + t);
 		int64_t idx = perm[window + pos];
+		if (ds->keys) { /* dropout's: the sample and the step (their low 32 bits) */
+			((int32_t *)dst)[2 * t] = (int32_t)idx;
+			((int32_t *)dst)[2 * t + 1] = (int32_t)step;
+			continue;
+		}
 		data_copy_sample(d, ds, idx, (char *)dst + t * sample_bytes);
 	}
 }
@@ -126,7 +131,9 @@ void data_fill_eval(const DataSet *d, const DpStep *s, int src, int64_t batch, i
 	for (int64_t t = 0; t < eb; t++) {
 		int64_t idx = (batch * dp_size + dp_rank) * eb + t;
 		char *out = (char *)dst + t * sample_bytes;
-		if (idx < d->n) {
+		if (ds->keys) { /* no dropout in eval */
+			((int32_t *)out)[0] = ((int32_t *)out)[1] = -1;
+		} else if (idx < d->n) {
 			data_copy_sample(d, ds, idx, out);
 		} else if (ds->tokens ? ds->shift == 1 : ds->role == 1) {
 			/* labels and token targets: -1 (skipped by the loss); token

@@ -8,7 +8,9 @@
 #   dp_shard x cp); cp=2 x tp=2; cp=2 x tp=2 x dp_shard=2 full_shard (8 ranks);
 #   cp=2 x dp_replicate=2 hybrid_shard; cp=2 with recompute (the gather is
 #   recomputed); llama (rope read at each token's position): cp=2,
-#   cp=2 x dp_shard=2, cp=2 x tp=2, cp=2 x tp=2 x dp_shard=2 (8 ranks).
+#   cp=2 x dp_shard=2, cp=2 x tp=2, cp=2 x tp=2 x dp_shard=2 (8 ranks);
+#   gpt2-tiny with scalar operands (scale, add_scalar) in its layers, at cp=2
+#   and cp=2 x tp=2 against its own 1-rank run.
 # Losses (rtol 1e-5) and the final parameters (atol 1e-6 + rtol 1e-4) must
 # match, as every equivalence suite's: the sums over tokens are split
 # differently (measured ~1e-7). A 10% different lr at cp=2 is rejected (the
@@ -82,6 +84,20 @@ for c in "llama-cp2|cp=2|ddp|2" "llama-cp2dp2|cp=2, dp_shard=2|ddp|4" \
 	case_on "$name" || continue
 	ref llama
 	eq_run "$name" "$np" "$T/$name.dp" && eq_same "$name" llama-1
+done
+
+# scalar operands are elementwise: on the split tokens as on any activation
+variant "$gpt" "$T/scalar.dp" \
+	's/gelu(linear(layernorm(x, ln2g, ln2b), wfc, bfc))/gelu(add(scale(linear(layernorm(x, ln2g, ln2b), wfc, bfc), 2), -0.1))/' \
+	's/linear(attention(\(.*\)), wo, bo)/mul(0.5, linear(attention(\1), wo, bo))/'
+for c in "scalar-cp2|cp=2|ddp|2" "scalar-cp2tp2|cp=2, tp=2|ddp|4"; do
+	IFS='|' read -r name m strat np <<<"$c"
+	mesh "$T/$name.dp" "$m" "$strat" "$T/scalar.dp"
+	case_on "$name" || continue
+	grep -q 'add(scale(linear' "$T/scalar.dp" && grep -q 'mul(0.5, linear(attention' "$T/scalar.dp" ||
+		fail "the scalar variant of gpt2-tiny"
+	ref scalar
+	eq_run "$name" "$np" "$T/$name.dp" && eq_same "$name" scalar-1
 done
 
 # --stats: the cp collectives against their closed form, at cp=2 and cp=2 x tp=2

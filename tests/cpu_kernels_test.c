@@ -47,6 +47,7 @@
 #include <cblas.h>
 
 #include "../runtime/cpu/cpu.h"
+#include "../runtime/dropout.h"
 
 static int npass, nfail;
 static CpuBlas blas; /* set in main, before any GEMM */
@@ -262,6 +263,132 @@ static void test_attention(const CpuVec *vec)
 		free(rd);
 		ctx_free(&c);
 	}
+}
+
+/* ---- 1b. the scalar operands: scale and add_scalar read DP_SCALAR ---- */
+
+static void test_scalar_ops(const CpuVec *vec)
+{
+	static const unsigned ops[] = {DP_OP_SCALE, DP_OP_ADD_SCALAR};
+	for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+		Ctx c;
+		ctx_init(&c);
+		int x = tensor(&c, DP_F32, 3, 37, 0, 4.0f), out = tensor(&c, DP_F32, 3, 37, 0, 0);
+		DpInstr in = instr(ops[k], out, x, -1, -1);
+		float s = -0.3f;
+		DP_SCALAR(&in) = s;
+		int ok = run(&c, vec, NULL, in) == 0;
+		for (int64_t i = 0; ok && i < numel(&c, x); i++) {
+			float a = F(&c, x)[i], want = ops[k] == DP_OP_SCALE ? s * a : a + s;
+			ok = memcmp(&F(&c, out)[i], &want, sizeof want) == 0;
+		}
+		check(ok, "%s %s: not bitwise the closed form with the scalar %g", vec->isa,
+		      dp_op_names[ops[k]], s);
+		ctx_free(&c);
+	}
+}
+
+static int64_t zigzag(int64_t r, int64_t j, int64_t cp, int64_t t);
+
+/* ---- 1c. dropout: Philox4x32-10's known answers, the keep rate, the keys ---- */
+
+static void test_dropout(const CpuVec *vec)
+{
+	/* Random123's kat_vectors, philox4x32 10: counter, key -> the 4 words */
+	static const uint32_t kat[3][10] = {
+		{0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+		{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff,
+		 0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+		{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+		 0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+	for (int k = 0; k < 3; k++) {
+		philox4x32_ctr_t c = {{kat[k][0], kat[k][1], kat[k][2], kat[k][3]}};
+		philox4x32_key_t key = {{kat[k][4], kat[k][5]}};
+		philox4x32_ctr_t r = philox4x32(c, key);
+		check(!memcmp(r.v, kat[k] + 6, sizeof r.v), "philox4x32-10 known answer %d", k);
+		/* dp_dropout_keep's counter {e / 4, sample, step, site}, key the seed,
+		 * word e % 4: its threshold is that word's bound */
+		uint64_t seed = (uint64_t)kat[k][5] << 32 | kat[k][4];
+		for (int w = 0; w < 4; w++) {
+			uint64_t e = (uint64_t)kat[k][0] * 4 + (uint64_t)w;
+			int keep = dp_dropout_keep(seed, kat[k][3], kat[k][1], kat[k][2], e, kat[k][6 + w]);
+			int drop = kat[k][6 + w] < 0xffffffffu &&
+				   !dp_dropout_keep(seed, kat[k][3], kat[k][1], kat[k][2], e,
+						    kat[k][6 + w] + 1);
+			check(keep && (drop || kat[k][6 + w] == 0xffffffffu),
+			      "dropout: element %llu's draw is word %d of the counter", (unsigned long long)e, w);
+		}
+	}
+	/* the kernel: samples 7 and 8 of step 3 at p = 0.3, [2, 5, 4000]; the
+	 * keep rate within 5 sigma of the binomial's mean; kept elements x / 0.7
+	 * exactly; a sample whose keys are -1 (eval) unchanged; the same element
+	 * of the same sample gets the same mask whatever row it is in */
+	Ctx c;
+	ctx_init(&c);
+	int x = tensor(&c, DP_F32, 2, 5, 4000, 1.0f), out = tensor(&c, DP_F32, 2, 5, 4000, 0);
+	int keys = tensor(&c, DP_I32, 2, 2, 0, 0);
+	int32_t *kv = c.ptr[keys];
+	kv[0] = 7, kv[1] = 3, kv[2] = 8, kv[3] = 3;
+	DpInstr in = instr(DP_OP_DROPOUT, out, x, keys, -1);
+	DP_FATTR(&in, DROPOUT, p) = 0.3f;
+	DP_ATTR(&in, DROPOUT, site) = 2;
+	c.s.cfg.seed = 1234;
+	int ok = run(&c, vec, NULL, in) == 0;
+	int64_t n = numel(&c, x), kept = 0, exact = 1;
+	float scale = (float)(1.0 / 0.7);
+	for (int64_t i = 0; ok && i < n; i++) {
+		float a = F(&c, x)[i], o = F(&c, out)[i];
+		kept += o != 0;
+		exact &= o == 0 || o == a * scale;
+	}
+	double mean = 0.7 * (double)n, sd = sqrt((double)n * 0.7 * 0.3);
+	printf("  dropout p=0.3: kept %lld of %lld (binomial mean %.0f, sd %.1f)\n", (long long)kept,
+	       (long long)n, mean, sd);
+	check(ok && fabs((double)kept - mean) <= 5 * sd, "dropout keep rate: %lld of %lld",
+	      (long long)kept, (long long)n);
+	check(ok && exact, "dropout: a kept element is x / (1 - p) rounded once");
+	/* sample 8 moved to row 0: its mask moves with it */
+	float first = F(&c, out)[n / 2 + 17];
+	int same = 1;
+	kv[0] = 8;
+	memcpy(F(&c, x), F(&c, x) + n / 2, (size_t)(n / 2) * sizeof(float));
+	ok = run(&c, vec, NULL, in) == 0;
+	for (int64_t i = 0; ok && i < n / 2; i++)
+		same &= F(&c, out)[i] == F(&c, out)[n / 2 + i];
+	check(ok && same && F(&c, out)[17] == first, "dropout: the mask follows the sample, not the row");
+	/* context parallelism: cp rank r's rows of dim 1 at their zigzag
+	 * positions (pos) get the whole sequence's mask at those positions */
+	int cpok = 1;
+	for (int r = 0; r < 2 && cpok; r++) {
+		Ctx h;
+		ctx_init(&h);
+		h.s.cfg.seed = 1234;
+		int hx = tensor(&h, DP_F32, 2, 2, 4000, 0), ho = tensor(&h, DP_F32, 2, 2, 4000, 0);
+		int hk = tensor(&h, DP_I32, 2, 2, 0, 0), hp = tensor(&h, DP_I32, 2, 0, 0, 0);
+		memcpy(h.ptr[hk], kv, 4 * sizeof(int32_t));
+		int32_t *pos = h.ptr[hp];
+		for (int j = 0; j < 2; j++) /* T = 4 split over cp = 2 in 4 chunks of 1 */
+			pos[j] = (int32_t)zigzag(r, j, 2, 2);
+		for (int b = 0; b < 2; b++)
+			for (int j = 0; j < 2; j++)
+				memcpy(F(&h, hx) + (b * 2 + j) * 4000, F(&c, x) + (b * 5 + pos[j]) * 4000,
+				       4000 * sizeof(float));
+		DpInstr hin = instr(DP_OP_DROPOUT, ho, hx, hk, hp);
+		DP_FATTR(&hin, DROPOUT, p) = DP_FATTR(&in, DROPOUT, p);
+		DP_ATTR(&hin, DROPOUT, site) = DP_ATTR(&in, DROPOUT, site);
+		cpok = run(&h, vec, NULL, hin) == 0;
+		for (int b = 0; cpok && b < 2; b++)
+			for (int j = 0; j < 2; j++)
+				cpok &= !memcmp(F(&h, ho) + (b * 2 + j) * 4000,
+						F(&c, out) + (b * 5 + pos[j]) * 4000, 4000 * sizeof(float));
+		ctx_free(&h);
+	}
+	check(cpok, "dropout: a cp rank's rows at their positions get the whole sequence's mask");
+	kv[0] = kv[1] = -1;
+	ok = run(&c, vec, NULL, in) == 0;
+	check(ok && !memcmp(F(&c, out), F(&c, x), (size_t)(n / 2) * sizeof(float)),
+	      "dropout: a sample keyed -1 (eval) is unchanged");
+	ctx_free(&c);
 }
 
 /* ---- 4. context-parallel attention against the whole sequence ---- */
@@ -650,6 +777,8 @@ int main(void)
 	test_attention(best);
 	test_attention(&cpu_vec_scalar);
 	test_attention_cp(best);
+	test_scalar_ops(best);
+	test_dropout(best);
 	test_threads(best);
 	test_isa(&cpu_vec_avx2, avx2);
 	test_isa(&cpu_vec_avx512, avx512);

@@ -26,7 +26,9 @@
 #     text), every strategy at 1, 2
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
 #     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); optimizer
-#     groups (gpt2-groups: AdamW full_shard, SGD zero2); and GPT-2's
+#     groups (gpt2-groups: AdamW full_shard, SGD zero2); scalar operands
+#     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
+#     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -216,9 +218,23 @@ cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
 # (the model's no_decay vectors), embed's own 0.05, lnf at half the lr
 sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  block embed {/&\n    weight_decay 0.05/' \
 	-e 's/^  block lnf {/&\n    lr_scale 0.5/' "$T/gpt2-tiny.dp" >"$T/gpt2-groups.dp"
+# scalar operands (tests/tp.sh's variant): scale and add_scalar in the MLP, a
+# scale of the attention output
+sed -e 's/gelu(linear(layernorm(x, ln2g, ln2b), wfc, bfc))/gelu(add(scale(linear(layernorm(x, ln2g, ln2b), wfc, bfc), 2), -0.1))/' \
+	-e 's/linear(attention(\(.*\)), wo, bo)/mul(0.5, linear(attention(\1), wo, bo))/' \
+	"$T/gpt2-tiny.dp" >"$T/gpt2-scalar.dp"
+grep -q 'add(scale(linear' "$T/gpt2-scalar.dp" && grep -q 'mul(0.5, linear(attention' "$T/gpt2-scalar.dp" ||
+	fail "the scalar variant of gpt2-tiny"
+# dropout (tests/dropout.sh's variant): the embeddings and both residual
+# branches, the masks from runtime/dropout.h on either backend
+sed -e 's/^    x = add(embedding(ids, wte), wpe)/    x = dropout(add(embedding(ids, wte), wpe), p=0.1)/' \
+	-e 's/^      x = add(x, linear(attention(\(.*\)), wo, bo))$/      x = add(x, dropout(linear(attention(\1), wo, bo), p=0.1))/' \
+	-e 's/^      x = add(x, linear(gelu(\(.*\)), wproj, bproj))$/      x = add(x, dropout(linear(gelu(\1), wproj, bproj), p=0.1))/' \
+	"$T/gpt2-tiny.dp" >"$T/gpt2-dropout.dp"
+[ "$(grep -c 'dropout(' "$T/gpt2-dropout.dp")" = 3 ] || fail "the dropout variant of gpt2-tiny"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -427,6 +443,14 @@ LR_SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
 # and lr_scale (AdamW and SGD), over the cut units of one group
 model_case gpt2-groups full_shard 2
 SGD=1 model_case gpt2-groups zero2 2
+# scalar operands: scale and add_scalar, f32 (bitwise the CPU's maps) and bf16
+model_case gpt2-scalar ddp 2
+PREC=bf16 model_case gpt2-scalar ddp 1
+# dropout: the same masks on the device (a different one is a loss apart at
+# once), f32 at 2 ranks and cp=2 (the positions), bf16
+model_case gpt2-dropout ddp 2
+model_case gpt2-dropout ddp 2 "cp=2"
+PREC=bf16 model_case gpt2-dropout ddp 1
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as

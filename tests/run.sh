@@ -76,6 +76,7 @@ groups                 1      -        34
 cp                     1.5    -        25
 tp                     1      -        20
 recompute              1      -        19
+dropout                1      -        25
 outputs                0.5    -        19
 transformer            1.5    -        18
 tour                   1      -        15

@@ -14,6 +14,8 @@
 #     resharding, a ddp embedding, a zero2 final norm (4 ranks)
 #   - full_shard at 4 ranks (no tp)
 #   - models/llama.dp at tp=2 against its own 1-rank run
+#   - scalar operands (scale, add_scalar) on the column-split MLP activation
+#     and on the replicated attention output, at tp=2 against their 1-rank run
 # Losses (rtol 1e-5) and the final parameters (--save-full: the EXPORT
 # program gathers the tp blocks back into whole tensors; atol 1e-6 + rtol
 # 1e-4) must match. Measured: ~1e-7 (float sums split differently across
@@ -96,6 +98,18 @@ mesh "$T/llama-tp2.dp" "tp=2" ddp "$llama"
 if case_on llama-tp2; then
 	eq_run llama-1 1 "$llama"
 	eq_run llama-tp2 2 "$T/llama-tp2.dp" && eq_same llama-tp2 llama-1
+fi
+
+# scalar operands are elementwise (TP LOCAL): on a column-split activation
+# each rank scales and shifts its own columns
+scalar_sed='s/gelu(linear(layernorm(x, ln2g, ln2b), wfc, bfc))/gelu(add(scale(linear(layernorm(x, ln2g, ln2b), wfc, bfc), 2), -0.1))/'
+variant "$gpt" "$T/scalar.dp" "$scalar_sed" 's/linear(attention(\(.*\)), wo, bo)/mul(0.5, linear(attention(\1), wo, bo))/'
+mesh "$T/scalar-tp2.dp" "tp=2" ddp "$T/scalar.dp"
+if case_on scalar-tp2; then
+	grep -q 'add(scale(linear' "$T/scalar.dp" && grep -q 'mul(0.5, linear(attention' "$T/scalar.dp" ||
+		fail "the scalar variant of gpt2-tiny"
+	eq_run scalar-1 1 "$T/scalar.dp"
+	eq_run scalar-tp2 2 "$T/scalar-tp2.dp" && eq_same scalar-tp2 scalar-1
 fi
 
 # --stats: tp_reduce bytes per step against the closed form, and the

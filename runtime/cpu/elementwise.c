@@ -1,13 +1,14 @@
 /*
  * cpu/elementwise.c - CPU kernels that compute each output element from the
  * same element of their inputs: the one kernel of every op vec.c's map
- * computes (accum, scale, add, mul, the activations and their gradients:
+ * computes (accum, scale, add, add_scalar, mul, the activations and their gradients:
  * the formulas are vec.c's, float, in the order the CUDA kernels repeat),
- * over pieces of the arrays on the rank's threads, and the row broadcast
- * bias_add.
+ * over pieces of the arrays on the rank's threads, the row broadcast
+ * bias_add, and dropout (its mask from runtime/dropout.h).
  */
 
 #include "cpu.h"
+#include "dropout.h"
 
 /* The operands of an elementwise kernel: out, in0, in1 (NULL if absent). */
 typedef struct {
@@ -90,7 +91,8 @@ static void map16_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 static int run_map(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
-	float s = in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f; /* the map's s */
+	/* the map's s: the scalar operand of scale and add_scalar */
+	float s = in->op == DP_OP_SCALE || in->op == DP_OP_ADD_SCALAR ? DP_SCALAR(in) : 0.0f;
 	int o16 = cpu_t(k, in->out)->dtype == DP_BF16, a16 = cpu_t(k, in->in[0])->dtype == DP_BF16;
 	int b16 = in->in[1] >= 0 && cpu_t(k, in->in[1])->dtype == DP_BF16;
 	if (o16 || a16 || b16) {
@@ -136,8 +138,60 @@ static int run_bias_add(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+/* ---- dropout: out = x * keep * scale (format/ops.def, runtime/dropout.h) ---- */
+
+typedef struct {
+	void *o;
+	const void *x;
+	int o16, x16;
+	const int32_t *keys, *pos; /* [B, 2]; [T] or NULL */
+	int64_t per, inner;        /* elements per sample; per row of dim 1 (pos) */
+	uint64_t seed;
+	uint32_t site, threshold;
+	float scale;
+} DropJob;
+
+static void drop_piece(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const DropJob *j = ctx;
+	(void)thread;
+	for (int64_t i = lo; i < hi; i++) {
+		int64_t b = i / j->per, w = i % j->per;
+		int64_t el = j->pos ? (int64_t)j->pos[w / j->inner] * j->inner + w % j->inner : w;
+		float x = j->x16 ? cpu_from_bf16(((const uint16_t *)j->x)[i]) : ((const float *)j->x)[i];
+		int32_t sample = j->keys[2 * b], step = j->keys[2 * b + 1];
+		float y = sample < 0 ? x
+		        : dp_dropout_keep(j->seed, j->site, (uint32_t)sample, (uint32_t)step,
+					  (uint64_t)el, j->threshold) ? x * j->scale : 0.0f;
+		if (j->o16)
+			((uint16_t *)j->o)[i] = cpu_to_bf16(y);
+		else
+			((float *)j->o)[i] = y;
+	}
+}
+
+static int run_dropout(const CpuArgs *k, RtErr *e)
+{
+	const DpInstr *in = k->in;
+	const DpTensor *x = cpu_t(k, in->in[0]);
+	int64_t n = cpu_numel(x);
+	if (n == 0)
+		return 0;
+	float p = DP_FATTR(in, DROPOUT, p);
+	DropJob j = {k->ptr[in->out], k->ptr[in->in[0]], cpu_t(k, in->out)->dtype == DP_BF16,
+		     x->dtype == DP_BF16, k->ptr[in->in[1]],
+		     in->in[2] >= 0 ? k->ptr[in->in[2]] : NULL, n / x->dims[0], 1, k->s->cfg.seed,
+		     (uint32_t)DP_ATTR(in, DROPOUT, site), dp_dropout_threshold(p),
+		     dp_dropout_scale(p)};
+	if (j.pos)
+		j.inner = j.per / x->dims[1];
+	cpu_parallel(k->pool, n, CPU_GRAIN, drop_piece, &j);
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
 const KernelRow cpu_elementwise_rows[] = {
 	{DP_OP_BIAS_ADD, run_bias_add, NULL, 0, NULL, NULL, 0},
+	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0}, /* bf16: its own */
 	{0},
 };

@@ -197,7 +197,7 @@ static inline VF gelu_e(VF x)
 #define VEC_MAPS(X)                                                                      \
 	X(DP_OP_ACCUM) X(DP_OP_SCALE) X(DP_OP_ADD) X(DP_OP_MUL) X(DP_OP_RELU) X(DP_OP_RELU_GRAD)      \
 	X(DP_OP_GELU) X(DP_OP_GELU_GRAD) X(DP_OP_TANH) X(DP_OP_TANH_GRAD) X(DP_OP_SILU)              \
-	X(DP_OP_SILU_GRAD) X(DP_OP_SIGMOID) X(DP_OP_SIGMOID_GRAD)
+	X(DP_OP_SILU_GRAD) X(DP_OP_SIGMOID) X(DP_OP_SIGMOID_GRAD) X(DP_OP_ADD_SCALAR)
 
 static inline VF map_one(unsigned op, VF a, VF b, float s)
 {
@@ -207,6 +207,8 @@ static inline VF map_one(unsigned op, VF a, VF b, float s)
 		return a + b;
 	case DP_OP_SCALE:
 		return splat(s) * a;
+	case DP_OP_ADD_SCALAR:
+		return a + splat(s);
 	case DP_OP_MUL:
 		return a * b;
 	case DP_OP_RELU:

@@ -1,13 +1,14 @@
 /*
  * elementwise.cu - CUDA kernels that compute each output element from the
  * same element of their inputs (the CPU's runtime/cpu/elementwise.c): accum,
- * scale, add, mul, the activations (relu, gelu in its tanh form, tanh,
- * silu, sigmoid) with their gradients, and the row broadcast bias_add.
+ * scale, add, add_scalar, mul, the activations (relu, gelu in its tanh form, tanh,
+ * silu, sigmoid) with their gradients, the row broadcast bias_add, and
+ * dropout (its mask from runtime/dropout.h, bitwise the CPU's).
  *
  * One functor per op, one kernel template: float arithmetic in the CPU's
  * order, operation for operation. Compiled with -fmad=false (mk/cuda.mk),
  * so nothing is contracted into an FMA the CPU does not do: accum, scale,
- * add, mul, relu, tanh_grad, sigmoid_grad and bias_add are bitwise equal to the CPU. gelu,
+ * add, add_scalar, mul, relu, tanh_grad, sigmoid_grad and bias_add are bitwise equal to the CPU. gelu,
  * gelu_grad, tanh, silu, silu_grad and sigmoid call the device's tanhf / expf, which
  * differ from glibc's by at most 2 ulp (CUDA's documented bounds; glibc's
  * are within 1), so those agree to a few ulp per element. No reductions.
@@ -25,9 +26,10 @@
  * so bitwise what staging gave (the CPU stages it).
  */
 #include "device.cuh"
+#include "../dropout.h"
 
 /* out = f(a, b, out, s): a = in0, b = in1 (unused when absent), out read
- * only by accum; s is scale's factor (map_s). */
+ * only by accum; s is the scalar operand of scale and add_scalar (map_s). */
 #define ELEMENTWISE(name, reads_out_, expr)                                          \
 	struct name {                                                                 \
 		static constexpr int reads_out = reads_out_;                              \
@@ -62,6 +64,7 @@ static __device__ __forceinline__ float silu_grad(float dy, float x)
 
 ELEMENTWISE(Accum, 1, o + a)
 ELEMENTWISE(Scale, 0, s * a)
+ELEMENTWISE(AddScalar, 0, a + s)
 ELEMENTWISE(Add, 0, a + b)
 ELEMENTWISE(Mul, 0, a * b)
 ELEMENTWISE(Relu, 0, a > 0 ? a : 0)
@@ -129,10 +132,11 @@ __global__ void k_map8(TO *o, const TA *a, const TA *b, int64_t n8, float s)
 	}
 }
 
-/* The maps' s: scale's factor (the other maps take none). */
+/* The maps' s: the scalar operand of scale and add_scalar (the other maps
+ * take none). */
 static float map_s(const DpInstr *in)
 {
-	return in->op == DP_OP_SCALE ? DP_FATTR(in, SCALE, scale) : 0.0f;
+	return in->op == DP_OP_SCALE || in->op == DP_OP_ADD_SCALAR ? DP_SCALAR(in) : 0.0f;
 }
 
 template <class F, typename TO, typename TA>
@@ -248,10 +252,52 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* ---- dropout: out = x * keep * scale, one element per thread ---- */
+
+template <typename T>
+__global__ void k_dropout(T *o, const T *x, const int32_t *keys, const int32_t *pos, int64_t n,
+			  int64_t per, int64_t inner, uint64_t seed, uint32_t site,
+			  uint32_t threshold, float scale)
+{
+	CU_FOR_EACH(i, n) {
+		int64_t b = i / per, w = i % per;
+		int64_t el = pos ? (int64_t)pos[w / inner] * inner + w % inner : w;
+		float v = ld(x + i);
+		int32_t sample = keys[2 * b], step = keys[2 * b + 1];
+		float y = sample < 0 ? v
+		        : dp_dropout_keep(seed, site, (uint32_t)sample, (uint32_t)step, (uint64_t)el,
+					  threshold) ? v * scale : 0.0f;
+		st(o + i, y);
+	}
+}
+
+static int run_dropout(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *x = cu_t(a, 0);
+	int64_t n = cu_numel(x);
+	if (n <= 0)
+		return 0;
+	float p = DP_FATTR(a->in, DROPOUT, p);
+	int64_t per = n / x->dims[0], inner = cu_t(a, 2) ? per / x->dims[1] : 1;
+	const int32_t *keys = (const int32_t *)cu_p(a, 1), *pos = (const int32_t *)cu_p(a, 2);
+	uint32_t site = (uint32_t)DP_ATTR(a->in, DROPOUT, site), thr = dp_dropout_threshold(p);
+	float scale = dp_dropout_scale(p);
+	if (x->dtype == DP_BF16)
+		CU_LAUNCH(k_dropout<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1),
+			  (const cu_bf16 *)cu_p(a, 0), keys, pos, n, per, inner, a->s->cfg.seed, site,
+			  thr, scale);
+	else
+		CU_LAUNCH(k_dropout<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
+			  keys, pos, n, per, inner, a->s->cfg.seed, site, thr, scale);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
 extern "C" const KernelRow cu_elementwise_rows[] = {
 	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_SCALE, run_map<Scale>, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ADD_SCALAR, run_map<AddScalar>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_ADD, run_map<Add>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_MUL, run_map<Mul>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_RELU, run_map<Relu>, NULL, 1, NULL, NULL, 0},
@@ -265,5 +311,6 @@ extern "C" const KernelRow cu_elementwise_rows[] = {
 	{DP_OP_SIGMOID, run_map<Sigmoid>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_SIGMOID_GRAD, run_map<SigmoidGrad>, NULL, 1, NULL, NULL, 0},
 	{DP_OP_BIAS_ADD, run_bias_add, NULL, 1, NULL, NULL, 0},
+	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0},
 	{},
 };
