@@ -636,16 +636,6 @@ int main(int argc, char **argv)
 	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);
-	if (write_step && g->cfg.mesh[DP_AXIS_PP] > 1) {
-		/* passes/stages.c plans the cut; the stages' programs (p2p sends and
-		 * receives, the micro-batch schedule) are not compiled yet */
-		error_at(&diag, g->mesh_loc, "pp=%u: dpc cuts the model into pipeline stages and "
-			 "forecasts them (dpc --stats), but does not compile pipelined step files "
-			 "yet: no step file written; use pp=1 to train",
-			 g->cfg.mesh[DP_AXIS_PP]);
-		status = 1;
-		goto out;
-	}
 	if (write_step) {
 		char err[512];
 		if (ir_write_step(g, output, err, sizeof err) < 0) {

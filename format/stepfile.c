@@ -88,7 +88,7 @@ enum {
 	METRICS_BYTES = 4 * 4,
 	TENSOR_BYTES = 4 + 4 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
 	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
-	INSTR_BYTES = 2 + 1 + 1 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
+	INSTR_BYTES = 2 + 1 + 1 + 2 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
 };
 
 static void fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -207,6 +207,7 @@ static void put_instr(Put *w, const DpInstr *in)
 	put_u16(w, in->op);
 	put_u8(w, in->stream);
 	put_u8(w, in->flags);
+	put_u16(w, in->stage1);
 	for (int i = 0; i < DP_MAX_IN; i++)
 		put_i32(w, in->in[i]);
 	put_i32(w, in->out);
@@ -404,6 +405,7 @@ static void get_instr(Get *r, DpInstr *in)
 	in->op = get_u16(r);
 	in->stream = get_u8(r);
 	in->flags = get_u8(r);
+	in->stage1 = get_u16(r);
 	for (int i = 0; i < DP_MAX_IN; i++)
 		in->in[i] = get_i32(r);
 	in->out = get_i32(r);
@@ -600,12 +602,41 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		fail(err, errlen, "%s: unknown flags 0x%x", what, in->flags);
 		return -1;
 	}
+	int stage = dp_instr_stage(in);
+	if (stage >= (int)s->cfg.mesh[DP_AXIS_PP] ||
+	    (stage >= 0 && p != DP_PROG_STEP && p != DP_PROG_EVAL)) {
+		fail(err, errlen, "%s: stage %d of a mesh with pp=%u%s", what, stage,
+		     s->cfg.mesh[DP_AXIS_PP], stage < (int)s->cfg.mesh[DP_AXIS_PP] ?
+		     " outside the step and eval programs" : "");
+		return -1;
+	}
 	for (int k = 0; k < DP_MAX_IN; k++)
 		if (check_tid(s, in->in[k], 1, what, err, errlen))
 			return -1;
 	if (check_tid(s, in->out, 1, what, err, errlen))
 		return -1;
 	switch (in->op) {
+	case DP_OP_SEND:
+	case DP_OP_RECV:
+		/* a stage's transfer to a neighbouring stage over pp, of one float tensor */
+		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
+			return misplaced(what, "the step and eval programs", err, errlen);
+		if (DP_AXES(in) != DP_AXIS_BIT(DP_AXIS_PP) || stage < 0 ||
+		    (DP_PEER(in) != stage - 1 && DP_PEER(in) != stage + 1) ||
+		    DP_PEER(in) < 0 || DP_PEER(in) >= (int64_t)s->cfg.mesh[DP_AXIS_PP]) {
+			fail(err, errlen, "%s: not a transfer over pp between neighbouring stages (axes %lld, "
+			     "stage %d, peer %lld)", what, (long long)DP_AXES(in), stage,
+			     (long long)DP_PEER(in));
+			return -1;
+		}
+		if (DP_TAG(in) < 0 || DP_TAG(in) > 32767) { /* MPI promises tags up to 32767 */
+			fail(err, errlen, "%s: tag %lld out of range [0, 32767]", what, (long long)DP_TAG(in));
+			return -1;
+		}
+		if (check_float(s, in->op == DP_OP_SEND ? in->in[0] : in->out,
+				in->op == DP_OP_SEND ? "input" : "output", what, err, errlen))
+			return -1;
+		break;
 	case DP_OP_EVENT_RECORD:
 	case DP_OP_EVENT_WAIT:
 		if (DP_EVENT(in) < 0 || DP_EVENT(in) >= (int64_t)s->nevents) {

@@ -38,8 +38,9 @@
  * 8: DpSched gained stable, decay, every, gamma (the wsd and step schedules)
  * 9: the pp mesh axis (outermost: every axis index, mask and placement moved up one)
  * 10: a third float attribute per instruction; ADAMW's weight_decay and the
- *    updates' lr_scale are attributes (optimizer groups) */
-#define DP_STEP_VERSION 10u
+ *    updates' lr_scale are attributes (optimizer groups)
+ * 11: an instruction's pipeline stage (DpInstr.stage1); the SEND and RECV ops */
+#define DP_STEP_VERSION 11u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -217,6 +218,8 @@ typedef enum {
 #define DP_EVENT(x) DP_ATTR(x, EVENT_RECORD, ev)
 #define DP_ACC(x) DP_ATTR(x, MATMUL, acc)
 #define DP_SCALAR(x) DP_FATTR(x, SCALE, scale)
+#define DP_PEER(x) DP_ATTR(x, SEND, peer) /* SEND and RECV: the other stage */
+#define DP_TAG(x) DP_ATTR(x, SEND, tag)   /* SEND and RECV: the transfer's number */
 #ifdef __cplusplus
 #define DP_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 #else
@@ -280,7 +283,7 @@ enum {
 
 /* The families (see above): heads of the attention ops and kv_pack/unpack,
  * cp of the cp attention ops, eps (and grad_g's acc) of the norms, the
- * cross-entropy scale, split's parts and index. */
+ * cross-entropy scale, split's parts and index, the p2p ops' peer and tag. */
 DP_ATTR_SAME(ATTENTION, ATTENTION_GRAD, heads);
 DP_ATTR_SAME(ATTENTION, ATTENTION_CP, heads);
 DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD, heads);
@@ -302,6 +305,8 @@ DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, index);
 DP_STATIC_ASSERT(DP_FATTR_SCALE_scale == DP_FATTR_ADD_SCALAR_value,
 		 "SCALE and ADD_SCALAR keep their scalar operand in one slot (DP_SCALAR)");
+DP_ATTR_SAME(SEND, RECV, peer);
+DP_ATTR_SAME(SEND, RECV, tag);
 
 /*
  * Operand rules (the RULE column of format/ops.def): what every instruction of an
@@ -507,6 +512,8 @@ typedef struct {
 	uint16_t op;              /* DpOp */
 	uint8_t stream;           /* DpStream */
 	uint8_t flags;            /* DP_IF_* */
+	uint16_t stage1;          /* 1 + the pipeline stage (pp coordinate) that runs it; 0
+	                             (as zeroed): every rank (passes/p2p.c); dp_instr_stage */
 	int32_t in[DP_MAX_IN];    /* tensor ids or -1 */
 	int32_t out;              /* tensor id or -1 */
 	int64_t ia[DP_NIATTR];    /* integer attributes: DP_ATTR (ops.def's ATTRS) */
@@ -532,6 +539,12 @@ typedef struct {
 	                     dpexec's messages ("models/mlp.dp:8"); 0 ("") when unknown
 	                     (version 4) */
 } DpStep;
+
+/* The pipeline stage that runs an instruction, -1: every rank. */
+static inline int dp_instr_stage(const DpInstr *in)
+{
+	return (int)in->stage1 - 1;
+}
 
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */
 #define DP_AXIS_BIT(a) (1u << (a))

@@ -178,6 +178,7 @@ Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc 
 	n->stream = DP_STREAM_COMPUTE;
 	n->bucket = -1;
 	n->block = -1;
+	n->stage = -1;
 	n->loc = loc;
 	g->nodes = grow(g, g->nodes, &g->capnodes, g->nnodes + 1, sizeof(Node *));
 	g->nodes[g->nnodes++] = n;

@@ -132,6 +132,8 @@ typedef struct Node {
 	                             backward (passes/recompute.c); printed `recompute` */
 	int bucket;               /* bucket index for collectives, or -1 */
 	int block;                /* block it computes for, or -1 */
+	int stage;                /* the pipeline stage that runs it (pp > 1, from passes/p2p.c
+	                             on), or -1: every rank; printed `stage=N` */
 	Loc loc;
 } Node;
 

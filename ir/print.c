@@ -41,7 +41,8 @@
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
  * other mask as progs=N), last (DP_IF_LAST), recompute (a forward node re-run
- * before its block's backward), stream=comm, bucket=rN.
+ * before its block's backward), stage=N (the pipeline stage that runs it),
+ * stream=comm, bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
  *
@@ -592,12 +593,18 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 {
 	/* S is the whole buffer: all_reduce in place, reduce_scatter's input,
 	 * all_gather's output. */
-	int whole = n->op == DP_OP_REDUCE_SCATTER && n->nin > 0 ? n->in[0] : n->out;
+	int whole = (n->op == DP_OP_REDUCE_SCATTER || n->op == DP_OP_SEND) && n->nin > 0 ? n->in[0]
+											 : n->out;
 	if (n->op == DP_OP_ALL_REDUCE && n->out == -1 && n->nin > 0)
 		whole = n->in[0];
 	if (!value_ok(g, whole) || g->values[whole]->ndim == 0)
 		return; /* not shaped yet (before the shape pass) */
 	double size = (double)value_bytes(g->values[whole]);
+	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV) { /* one peer, the whole value */
+		put_si(b, size, "B");
+		bprintf(b, " %s stage %lld", n->op == DP_OP_SEND ? "to" : "from", (long long)DP_PEER(n));
+		return;
+	}
 	double ranks = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		if ((uint64_t)DP_AXES(n) & DP_AXIS_BIT(a))
@@ -701,6 +708,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(a, " recompute");
 	if (n->flags & ~DP_IF_LAST)
 		bprintf(a, " flags=%u", n->flags & ~DP_IF_LAST);
+	if (n->stage != -1)
+		bprintf(a, " stage=%d", n->stage);
 	if (n->stream == DP_STREAM_COMM)
 		bputs(a, " stream=comm");
 	else if (n->stream != DP_STREAM_COMPUTE)

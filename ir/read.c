@@ -1146,6 +1146,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 			int64_t b;
 			rc = parse_range(r, &num, 0, INT32_MAX, &b);
 			n->bucket = (int)b;
+		} else if (strcmp(t->text, "stage") == 0) {
+			int64_t st;
+			rc = parse_range(r, next(r), 0, INT16_MAX, &st);
+			n->stage = (int)st;
 		} else if (strcmp(t->text, "progs") == 0) {
 			int64_t p;
 			rc = parse_range(r, next(r), 0, UINT32_MAX, &p);

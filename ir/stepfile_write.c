@@ -117,6 +117,7 @@ static void fill_instr(const Node *n, DpInstr *in)
 	in->op = (uint16_t)n->op;
 	in->stream = (uint8_t)n->stream;
 	in->flags = (uint8_t)n->flags;
+	in->stage1 = (uint16_t)(n->stage + 1);
 	for (int i = 0; i < DP_MAX_IN; i++)
 		in->in[i] = i < n->nin ? n->in[i] : -1;
 	in->out = n->out;

@@ -36,6 +36,14 @@
  *    the root.
  *  - events: each EVENT_WAIT follows an EVENT_RECORD of the same event on
  *    another stream, in the same program.
+ *  - pipeline stages (pp > 1): a node's stage in range, only in the step
+ *    and eval programs; a send or recv on a stage with a neighbouring peer
+ *    over axes=pp; and each program's transfers run to the end when every
+ *    stage runs its own in order, each send waiting for its recv and a
+ *    collective over pp for every stage: a send meets the recv of its tag
+ *    and size,
+ *    and a deadlock is an error naming the two nodes that wait for each
+ *    other (check_pipeline_order).
  *  - buckets: view and members in range, every member inside the view,
  *    elems == numel(view), the bucket's node uses the bucket's op and view.
  *  - once memory is planned (cfg.arena_bytes > 0 or any value has an
@@ -342,6 +350,15 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "bad program mask %u", n->progs);
 	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
+	int pp = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & ~(IR_IN_STEP | IR_IN_EVAL))))
+		node_error(vf, n, "stage %d: stages are 0 to %d, in the step and eval programs", n->stage,
+			   pp - 1);
+	if ((n->op == DP_OP_SEND || n->op == DP_OP_RECV) &&
+	    (n->stage < 0 || (DP_PEER(n) != n->stage - 1 && DP_PEER(n) != n->stage + 1) ||
+	     DP_PEER(n) < 0 || DP_PEER(n) >= pp || DP_AXES(n) != DP_AXIS_BIT(DP_AXIS_PP)))
+		node_error(vf, n, "a %s runs on a stage (%d) and names a neighbouring stage as its peer "
+			   "(%" PRId64 "), over axes=pp", dp_op_names[n->op], n->stage, DP_PEER(n));
 	if (n->op == DP_OP_EVENT_RECORD || n->op == DP_OP_EVENT_WAIT) {
 		if (DP_EVENT(n) < 0 || DP_EVENT(n) >= g->nevents)
 			node_error(vf, n, "event %" PRId64 " out of range (%d events)", DP_EVENT(n),
@@ -366,6 +383,128 @@ static void check_node(Verifier *vf, const Node *n)
 					   vname(g, b->view));
 		}
 	}
+}
+
+/* ---- the pipeline's transfers ---- */
+
+/* One stage's next transfer or pp-wide collective in a program, in order. */
+typedef struct {
+	const Node **op;
+	int n, next;
+} StageOps;
+
+/* Does this node take part in the pipeline's matching: a send, a recv, or a
+ * collective every stage runs over pp (it waits for all of them)? */
+static int pipeline_sync(const Node *n, unsigned prog, int last)
+{
+	if (!(n->progs & prog) || ((n->flags & DP_IF_LAST) && !last))
+		return 0;
+	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV)
+		return 1;
+	return dp_is_collective(n->op) && n->stage < 0 && (DP_AXES(n) & DP_AXIS_BIT(DP_AXIS_PP));
+}
+
+static int64_t moved_bytes(const Graph *g, const Node *n)
+{
+	int v = n->op == DP_OP_SEND ? n->in[0] : n->out;
+	return vok(g, v) ? vbytes(g->values[v]) : -1;
+}
+
+/*
+ * Every stage's program runs the stage's own transfers in order, each send
+ * blocking until its recv is posted (NCCL's semantics, and MPI's for large
+ * messages), and a collective over pp until every stage reaches it. Run them
+ * all that way: every send must meet the recv of the same size on its peer,
+ * and they must all finish; else an error names the two nodes that wait for
+ * each other. Once with the DP_IF_LAST nodes (the last micro-batch), once
+ * without.
+ */
+static void check_pipeline_order(Verifier *vf, unsigned prog, int last)
+{
+	const Graph *g = vf->g;
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (p <= 1 || p > 4096)
+		return;
+	StageOps *st = calloc((size_t)p, sizeof *st);
+	const Node **all = malloc(((size_t)g->nnodes + 1) * (size_t)p * sizeof *all);
+	if (!st || !all)
+		die("out of memory verifying IR");
+	for (int s = 0; s < p; s++)
+		st[s].op = all + (size_t)s * ((size_t)g->nnodes + 1);
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!pipeline_sync(n, prog, last))
+			continue;
+		for (int s = 0; s < p; s++)
+			if (n->stage == s || n->stage < 0)
+				st[s].op[st[s].n++] = n;
+	}
+	const char *pname = prog == IR_IN_STEP ? "step" : "eval";
+	for (int progress = 1; progress;) {
+		progress = 0;
+		for (int s = 0; s < p; s++) {
+			if (st[s].next >= st[s].n)
+				continue;
+			const Node *n = st[s].op[st[s].next];
+			if (n->op == DP_OP_SEND || n->op == DP_OP_RECV) {
+				int peer = (int)DP_PEER(n);
+				if (peer < 0 || peer >= p || st[peer].next >= st[peer].n)
+					continue;
+				const Node *m = st[peer].op[st[peer].next];
+				IrOp want = n->op == DP_OP_SEND ? DP_OP_RECV : DP_OP_SEND;
+				if (m->op != want || DP_PEER(m) != s)
+					continue;
+				if (DP_TAG(n) != DP_TAG(m))
+					report(vf, "%s program: stage %d's %s (node %d, %%%s, tag %" PRId64 ") meets "
+					       "stage %d's %s (node %d, %%%s, tag %" PRId64 "): the two stages' "
+					       "transfers are in different orders", pname, s,
+					       dp_op_names[n->op], n->id,
+					       vname(g, n->op == DP_OP_SEND ? n->in[0] : n->out), DP_TAG(n), peer,
+					       dp_op_names[m->op], m->id,
+					       vname(g, m->op == DP_OP_SEND ? m->in[0] : m->out), DP_TAG(m));
+				else if (moved_bytes(g, n) != moved_bytes(g, m))
+					report(vf, "%s program: stage %d's %s (node %d, %%%s) meets stage %d's %s "
+					       "(node %d, %%%s) of another size", pname, s, dp_op_names[n->op],
+					       n->id, vname(g, n->op == DP_OP_SEND ? n->in[0] : n->out), peer,
+					       dp_op_names[m->op], m->id,
+					       vname(g, m->op == DP_OP_SEND ? m->in[0] : m->out));
+				st[s].next++, st[peer].next++;
+				progress = 1;
+				continue;
+			}
+			/* a collective over pp: every stage at it */
+			int all_at = 1;
+			for (int t = 0; t < p && all_at; t++)
+				all_at = st[t].next < st[t].n && st[t].op[st[t].next] == n;
+			if (all_at) {
+				for (int t = 0; t < p; t++)
+					st[t].next++;
+				progress = 1;
+			}
+		}
+	}
+	for (int s = 0; s < p; s++) {
+		if (st[s].next >= st[s].n)
+			continue;
+		const Node *n = st[s].op[st[s].next];
+		int peer = n->op == DP_OP_SEND || n->op == DP_OP_RECV ? (int)DP_PEER(n) : -1;
+		const Node *m = peer >= 0 && peer < p && st[peer].next < st[peer].n
+					? st[peer].op[st[peer].next] : NULL;
+		if (m)
+			report(vf, "%s program: the pipeline deadlocks: stage %d waits at its %s (node %d, "
+			       "%%%s) for stage %d, which waits at its %s (node %d, %%%s)%s", pname, s,
+			       dp_op_names[n->op], n->id, vname(g, n->op == DP_OP_SEND ? n->in[0] : n->out),
+			       peer, dp_op_names[m->op], m->id,
+			       vname(g, m->op == DP_OP_SEND ? m->in[0] : m->out),
+			       last ? "" : " (on a micro-batch before the last)");
+		else
+			report(vf, "%s program: stage %d's %s (node %d, %%%s) has no partner on stage %d",
+			       pname, s, dp_op_names[n->op], n->id,
+			       vname(g, n->op == DP_OP_SEND ? n->in[0] : n->out), peer);
+		break; /* one stuck stage says it; the rest wait behind it */
+	}
+	free(st);
+	free(all);
 }
 
 /* ---- setup kernels, collectives, buffers ---- */
@@ -769,6 +908,13 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 		planned = g->values[i]->offset >= 0;
 	for (int p = 0; p < DP_NPROG; p++)
 		check_program(&vf, p, planned, sane, first, last, recorded);
+	/* the transfers' order: the first program or micro-batch that fails says it */
+	int before = vf.count;
+	check_pipeline_order(&vf, IR_IN_STEP, 1);
+	if (vf.count == before)
+		check_pipeline_order(&vf, IR_IN_STEP, 0);
+	if (vf.count == before)
+		check_pipeline_order(&vf, IR_IN_EVAL, 1);
 	if (planned)
 		check_memory(&vf, used, sane);
 

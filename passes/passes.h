@@ -51,6 +51,7 @@ int precision_run(Graph *g, Diag *d); /* passes/precision.c: mixed precision dty
 int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat layout */
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
+int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */

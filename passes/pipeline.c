@@ -37,6 +37,9 @@ const Pass pipeline[] = {
 	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
 			"view of the unit",
 	 collectives_run},
+	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
+		"received between neighbouring stages",
+	 p2p_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
 		 "matmul_gelu_grad (cuBLASLt's epilogues)",

@@ -13,6 +13,9 @@
  *   an earlier collective it conflicts with. Non-conflicting collectives may
  *   pass each other; the order is fixed here, so every rank issues the same
  *   collectives in the same order on the serial comm stream.
+ * - Pipeline sends and receives (passes/p2p.c) stay where they are, after
+ *   the compute node before them: their order is what keeps the stages'
+ *   programs free of deadlock.
  * - Gathering all_gathers (full_shard: they fill a temporary with a block's
  *   parameters) are not hoisted to the top: each is issued `prefetch` block
  *   segments before its consumer, within its consumer's phase, and fewer
@@ -52,6 +55,12 @@
 static int is_collective(const Node *n)
 {
 	return dp_is_collective(n->op);
+}
+
+/* A pipeline transfer: it keeps its place (passes/p2p.c). */
+static int is_p2p(const Node *n)
+{
+	return n->op == DP_OP_SEND || n->op == DP_OP_RECV;
 }
 
 static int is_event(const Node *n)
@@ -102,6 +111,7 @@ static Node *event(Graph *g, IrOp op, int stream, int64_t id, const Node *c)
 	e->flags = c->flags;
 	e->progs = c->progs;
 	e->block = c->block;
+	e->stage = c->stage;
 	return e;
 }
 
@@ -228,7 +238,11 @@ int sched_run(Graph *g, Diag *d)
 			}
 		}
 		int after = dep;
-		if (after < 0) {
+		if (is_p2p(n)) {
+			/* where passes/p2p.c put it: a send and its recv stay adjacent in
+			 * the one order the stages' programs share (no deadlock) */
+			after = at[c] - 1;
+		} else if (after < 0) {
 			/* nothing to wait for: right before the first compute node of
 			 * its programs (the same point as the top, in those programs,
 			 * and where a reader looks for it) */

@@ -54,9 +54,18 @@ static unsigned cp_bit(const Graph *g)
 	return g->cfg.mesh[DP_AXIS_CP] > 1 ? DP_AXIS_BIT(DP_AXIS_CP) : 0;
 }
 
+/* Pipeline parallelism: every stage keeps every parameter and computes the
+ * gradients of its own blocks' uses (zero elsewhere), so the gradients are
+ * partial over pp too and summed with the data-parallel ones (passes/p2p.c).
+ * pp = 1 adds nothing. */
+static unsigned pp_bit(const Graph *g)
+{
+	return g->cfg.mesh[DP_AXIS_PP] > 1 ? DP_AXIS_BIT(DP_AXIS_PP) : 0;
+}
+
 unsigned shard_dp_axes(const Graph *g)
 {
-	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g);
+	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g) | pp_bit(g);
 }
 
 unsigned shard_cut_axes(const Graph *g)

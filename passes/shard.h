@@ -137,10 +137,11 @@ ShardPlan *shard_plan(Graph *g, Diag *d);
  * on g. NULL after reporting (through d) what does not fit. */
 ShardPlan *layout_plan(Graph *g, Diag *d);
 
-/* The axes a gradient is summed over (dp_replicate x dp_shard, and cp: its
- * ranks hold other tokens of the same samples), and the group a cut unit is
+/* The axes a gradient is summed over (dp_replicate x dp_shard, cp: its
+ * ranks hold other tokens of the same samples, and pp: each stage holds the
+ * part of its own blocks, passes/p2p.c), and the group a cut unit is
  * sliced over (dp_shard, and cp: FSDP over dp_shard x cp; rank s of it holds
- * slice s). With cp = 1 neither names cp. */
+ * slice s). With cp = 1 neither names cp, with pp = 1 none names pp. */
 unsigned shard_dp_axes(const Graph *g);
 unsigned shard_cut_axes(const Graph *g);
 

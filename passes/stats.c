@@ -119,7 +119,10 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 		die("out of memory");
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (!dp_is_collective(n->op) || !(n->progs & IR_IN_STEP))
+		/* a pipeline's sends and receives are per stage: the pipeline
+		 * section's bytes over each cut */
+		if (!dp_is_collective(n->op) || !(n->progs & IR_IN_STEP) || n->op == DP_OP_SEND ||
+		    n->op == DP_OP_RECV)
 			continue;
 		unsigned axes = (unsigned)DP_AXES(n);
 		int r = 0;
@@ -284,6 +287,11 @@ static void print_pipeline(FILE *out, const Graph *g)
 	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
 	fprintf(out, "bubble: (p-1)/(m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
 		"FLOP per step)\n", (double)(p - 1) / (m + p - 1), span < 0 ? -1.0 : bubble, span);
+	/* what the step file runs today (passes/p2p.c): the forecast above is the
+	 * schedule's, not yet compiled */
+	fprintf(out, "compiled: one micro-batch at a time through every stage (bubble (p-1)/p = "
+		"%.4f); every stage keeps every parameter, gradients summed over pp\n",
+		(double)(p - 1) / p);
 	free(sc);
 }
 

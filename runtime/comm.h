@@ -52,6 +52,14 @@ typedef struct {
 	/* Blocks of nin from every rank of the group, in group-rank order, into out. */
 	int (*all_gather_start)(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
 				int64_t nin, int64_t *ticket, RtErr *e);
+	/* Point-to-point over the group of `axes` (the pp axis): n elements to or
+	 * from the rank of group rank `peer`. Each pair of ranks matches its sends
+	 * and receives by tag, in the order they are started (the step's order,
+	 * which the compiler proved deadlock-free). */
+	int (*send_start)(Comm *c, unsigned axes, int peer, int tag, DpDtype dt, const void *buf,
+			  int64_t n, int64_t *ticket, RtErr *e);
+	int (*recv_start)(Comm *c, unsigned axes, int peer, int tag, DpDtype dt, void *buf,
+			  int64_t n, int64_t *ticket, RtErr *e);
 	/* Wait until every collective with a ticket < upto has completed. */
 	int (*wait)(Comm *c, int64_t upto, RtErr *e);
 	/* Let pending collectives advance; never blocks. */
@@ -98,5 +106,8 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
  * (each cp rank holds part of every sequence). Losses and eval counts are
  * summed over these. (A cp axis of size 1 is a group of one: no cost.) */
 #define COMM_SAMPLE_AXES (COMM_DP_AXES | DP_AXIS_BIT(DP_AXIS_CP))
+/* The axes the losses and eval counts are summed over: the sample axes and
+ * pp, whose stages but the last hold zeros (the last computes the loss). */
+#define COMM_METRIC_AXES (COMM_SAMPLE_AXES | DP_AXIS_BIT(DP_AXIS_PP))
 
 #endif

@@ -5,7 +5,8 @@
  * One communicator per axis mask, made with MPI_Comm_split at start-up
  * (colour = this rank's coordinates with the masked axes zeroed, key = world
  * rank, so group ranks follow the mesh's row-major order). Collectives are
- * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather;
+ * MPI_Iallreduce (MPI_IN_PLACE) / MPI_Ireduce_scatter_block / MPI_Iallgather,
+ * and the pipeline's MPI_Isend / MPI_Irecv;
  * their requests sit in an array indexed by ticket. Open MPI has no progress
  * thread by default, so the CPU backend calls progress() (MPI_Testall on
  * the open requests) between instructions; without that, "overlap" would
@@ -19,6 +20,7 @@
  * MPI errors are returned, not fatal (MPI_ERRORS_RETURN), and become RtErrs.
  */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,9 +31,17 @@
 
 #define NMASK (1u << DP_MAX_AXES)
 
+/* What a request is, for the message when it does not complete. */
+typedef struct {
+	int16_t p2p;          /* 0: a collective; DP_OP_SEND or DP_OP_RECV */
+	int16_t peer;         /* the p2p's other stage */
+	int32_t tag;
+} ReqInfo;
+
 typedef struct {
 	MPI_Comm comm[NMASK]; /* MPI_COMM_NULL: mask not created or group of one */
 	MPI_Request *req;     /* req[i] is ticket base + i */
+	ReqInfo *info;        /* info[i]: what req[i] is */
 	int64_t nreq, cap;
 	int64_t base;         /* ticket of req[0] */
 	int64_t first_open;   /* req[0..first_open) are known complete */
@@ -88,11 +98,15 @@ static int new_request(Comm *c, MPI_Request **slot, int64_t *ticket, RtErr *e)
 	if (m->nreq == m->cap) {
 		int64_t cap = m->cap ? 2 * m->cap : 64;
 		MPI_Request *r = realloc(m->req, (size_t)cap * sizeof *r);
-		if (!r)
+		if (r)
+			m->req = r;
+		ReqInfo *in = r ? realloc(m->info, (size_t)cap * sizeof *in) : NULL;
+		if (!in)
 			return RT_FAIL(e, "out of memory (comm requests)");
-		m->req = r;
+		m->info = in;
 		m->cap = cap;
 	}
+	m->info[m->nreq] = (ReqInfo){0, 0, 0};
 	m->req[m->nreq] = MPI_REQUEST_NULL;
 	*slot = &m->req[m->nreq++];
 	*ticket = c->issued++;
@@ -219,6 +233,46 @@ static int mpi_all_gather_start(Comm *c, unsigned axes, DpDtype dt, const void *
 	return mpi_check(rc, "MPI_Iallgather", e);
 }
 
+/* MPI_Isend / MPI_Irecv to group rank `peer` of the axes' communicator:
+ * MPI matches a pair's messages of one tag in the order they were posted. */
+static int mpi_p2p_start(Comm *c, int send, unsigned axes, int peer, int tag, DpDtype dt,
+			 void *buf, int64_t n, int64_t *ticket, RtErr *e)
+{
+	MPI_Datatype type;
+	MPI_Op sum;
+	RT_CHECK(mpi_type(dt, &type, &sum, e));
+	MPI_Comm g = group_comm(c, axes);
+	if (g == MPI_COMM_NULL || peer < 0 || peer >= comm_group_size(c, axes) ||
+	    peer == comm_group_rank(c, axes))
+		return RT_FAIL(e, "no peer %d to %s over axis mask %u", peer, send ? "send to" :
+			       "receive from", axes);
+	RT_CHECK(check_count(n, e));
+	MPI_Request *slot;
+	RT_CHECK(new_request(c, &slot, ticket, e));
+	double t0 = MPI_Wtime();
+	Mpi *m = c->impl;
+	m->info[slot - m->req] = (ReqInfo){(int16_t)(send ? DP_OP_SEND : DP_OP_RECV), (int16_t)peer,
+					   tag};
+	int rc = send ? MPI_Isend(buf, (int)n, type, peer, tag, g, slot)
+		      : MPI_Irecv(buf, (int)n, type, peer, tag, g, slot);
+	c->stats.issue_s += MPI_Wtime() - t0;
+	c->stats.ncoll++;
+	c->stats.bytes += n * (int64_t)dp_dtype_size(dt);
+	return mpi_check(rc, send ? "MPI_Isend" : "MPI_Irecv", e);
+}
+
+static int mpi_send_start(Comm *c, unsigned axes, int peer, int tag, DpDtype dt,
+			  const void *buf, int64_t n, int64_t *ticket, RtErr *e)
+{
+	return mpi_p2p_start(c, 1, axes, peer, tag, dt, (void *)buf, n, ticket, e);
+}
+
+static int mpi_recv_start(Comm *c, unsigned axes, int peer, int tag, DpDtype dt, void *buf,
+			  int64_t n, int64_t *ticket, RtErr *e)
+{
+	return mpi_p2p_start(c, 0, axes, peer, tag, dt, buf, n, ticket, e);
+}
+
 /* Complete req[from, to): world_waitall polls with back-off, so a hung
  * peer costs no CPU and becomes an error after the timeout. */
 static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
@@ -228,7 +282,22 @@ static int complete(Comm *c, int64_t from, int64_t to, RtErr *e)
 		return 0;
 	if (to - from > INT_MAX)
 		return RT_FAIL(e, "too many pending collectives");
-	return world_waitall((int)(to - from), m->req + from, c->timeout_s, "a collective",
+	/* a pipeline's transfer among them: the first one still open names the
+	 * stage and what it waits for, should it never complete */
+	char what[96] = "a collective";
+	if (c->mesh[DP_AXIS_PP] > 1)
+		snprintf(what, sizeof what, "pipeline stage %d's collective", c->coord[DP_AXIS_PP]);
+	for (int64_t i = from; i < to; i++) {
+		int done = 0;
+		if (!m->info[i].p2p || MPI_Test(&m->req[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done)
+			continue;
+		int send = m->info[i].p2p == DP_OP_SEND;
+		snprintf(what, sizeof what, "pipeline stage %d's %s stage %d (tag %d)",
+			 c->coord[DP_AXIS_PP], send ? "send to" : "recv from", m->info[i].peer,
+			 (int)m->info[i].tag);
+		break;
+	}
+	return world_waitall((int)(to - from), m->req + from, c->timeout_s, what,
 			     &c->stats.blocked_s, e);
 }
 
@@ -306,6 +375,7 @@ static void mpi_free(Comm *c)
 			if (m->comm[k] != MPI_COMM_NULL)
 				MPI_Comm_free(&m->comm[k]);
 		free(m->req);
+		free(m->info);
 		free(m);
 	}
 	free(c);
@@ -316,6 +386,8 @@ static const CommOps mpi_ops = {
 	.all_reduce_start = mpi_all_reduce_start,
 	.reduce_scatter_start = mpi_reduce_scatter_start,
 	.all_gather_start = mpi_all_gather_start,
+	.send_start = mpi_send_start,
+	.recv_start = mpi_recv_start,
 	.wait = mpi_wait,
 	.progress = mpi_progress,
 	.allreduce_f64 = mpi_allreduce_f64,
@@ -342,7 +414,7 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 	MPI_Comm_size(MPI_COMM_WORLD, &c->world);
 	memcpy(c->mesh, mesh, sizeof c->mesh);
 	comm_coords(mesh, c->rank, c->coord);
-	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES;
+	masks |= 1u << COMM_DP_AXES | 1u << COMM_SAMPLE_AXES | 1u << COMM_METRIC_AXES;
 	/* every rank walks the same masks in the same order: the splits match */
 	for (unsigned k = 1; k < NMASK; k++) {
 		if (!(masks & (1u << k)) || comm_group_size(c, k) == 1)

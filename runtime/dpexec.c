@@ -593,7 +593,7 @@ static int evaluate(Run *r, EvalResult *ev)
 		}
 	}
 	RT_CHECK(data_error(r->eval, e));
-	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_SAMPLE_AXES, sum, 3, e));
+	RT_CHECK(r->comm->ops->allreduce_f64(r->comm, COMM_METRIC_AXES, sum, 3, e));
 	double n = sum[2] > 0 ? sum[2] : 1;
 	*ev = (EvalResult){1, sum[0] / n, sum[1] / n, sum[1], sum[2]};
 	return 0;
@@ -696,7 +696,10 @@ static int setup_local(Run *r)
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
 		const uint32_t *m = s->cfg.mesh;
-		printf("mesh: dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE], m[DP_AXIS_SHARD]);
+		printf("mesh: ");
+		if (m[DP_AXIS_PP] > 1)
+			printf("pp=%u ", m[DP_AXIS_PP]);
+		printf("dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE], m[DP_AXIS_SHARD]);
 		if (m[DP_AXIS_CP] > 1)
 			printf(" cp=%u", m[DP_AXIS_CP]);
 		if (m[DP_AXIS_TP] > 1)
@@ -870,7 +873,7 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 	double lr = exec_lr(s, k), loss = 0, gn = NAN;
 	RT_CHECK(exec_step_metrics(&r->x, k, &loss, &gn, e));
 	double v[1] = {loss};
-	RT_CHECK(c->ops->allreduce_f64(c, COMM_SAMPLE_AXES, v, 1, e));
+	RT_CHECK(c->ops->allreduce_f64(c, COMM_METRIC_AXES, v, 1, e));
 	loss = v[0];
 	int rc = data_error(r->train, e);
 	if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {
@@ -1074,8 +1077,9 @@ static int load_step(Run *r)
 	if (want != (uint64_t)r->world) {
 		const uint32_t *m = r->step.cfg.mesh;
 		char axes[128];
-		int n = snprintf(axes, sizeof axes, "dp_replicate=%u dp_shard=%u", m[DP_AXIS_REPLICATE],
-				 m[DP_AXIS_SHARD]);
+		int n = m[DP_AXIS_PP] > 1 ? snprintf(axes, sizeof axes, "pp=%u ", m[DP_AXIS_PP]) : 0;
+		n += snprintf(axes + n, sizeof axes - (size_t)n, "dp_replicate=%u dp_shard=%u",
+			      m[DP_AXIS_REPLICATE], m[DP_AXIS_SHARD]);
 		if (m[DP_AXIS_CP] > 1)
 			n += snprintf(axes + n, sizeof axes - (size_t)n, " cp=%u", m[DP_AXIS_CP]);
 		if (m[DP_AXIS_TP] > 1)

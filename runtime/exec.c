@@ -72,6 +72,8 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 				       (long long)src->sample_elems);
 		return 0;
 	}
+	if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)
+		return 0; /* the decoder checked the stages, the axis and the operand */
 	if (dp_is_collective(in->op)) {
 		int g = comm_group_size(comm, (unsigned)DP_AXES(in));
 		/* the decoder checked the dtypes: f32 or bf16, in and out alike */
@@ -232,6 +234,7 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
 	x->dp_size = (int)(s->cfg.mesh[DP_AXIS_REPLICATE] * s->cfg.mesh[DP_AXIS_SHARD]);
 	x->dp_rank = comm->coord[DP_AXIS_REPLICATE] * (int)s->cfg.mesh[DP_AXIS_SHARD] +
 		     comm->coord[DP_AXIS_SHARD];
+	x->pp_stage = comm->coord[DP_AXIS_PP];
 	x->staged_step = -1;
 	x->mstep[0] = x->mstep[1] = -1;
 	x->no_graph = o->no_graph;
@@ -427,7 +430,7 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 	RT_CHECK(o->run_begin(b, p, e));
 	for (uint32_t i = 0; i < s->nprog[p]; i++) {
 		const DpInstr *in = &s->prog[p][i];
-		if ((in->flags & DP_IF_LAST) && !last)
+		if (((in->flags & DP_IF_LAST) && !last) || (in->stage1 && dp_instr_stage(in) != x->pp_stage))
 			continue;
 		b->at = (BackendAt){p, i, x->micro};
 		if (x->trace)

@@ -78,6 +78,8 @@ typedef struct {
 	DataSet *train;       /* sources of DP_SPLIT_TRAIN (LOAD in the step program) */
 	DataSet *eval;        /* sources of DP_SPLIT_EVAL (LOAD in the eval program) */
 	int dp_rank, dp_size; /* data-parallel coordinates: r*S + s of R*S */
+	int pp_stage;         /* pipeline stage (pp coordinate): the instructions of another
+	                         stage are skipped (DpInstr.stage1) */
 
 	/* where the next run is: set by the caller before exec_run (exec_step
 	 * sets step and micro itself) */

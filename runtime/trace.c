@@ -334,7 +334,9 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 		    dp_name(dp_stream_names, DP_NSTREAM, in->stream), (unsigned long long)v->step + 1,
 		    v->micro);
 		if (v->kind == EV_COLL) {
-			int io = in->op == DP_OP_REDUCE_SCATTER ? in->in[0] : in->out;
+			int io = in->op == DP_OP_REDUCE_SCATTER || in->op == DP_OP_SEND ? in->in[0] : in->out;
+			if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)
+				put(b, ",\"stage\":%d,\"peer\":%lld", dp_instr_stage(in), (long long)DP_PEER(in));
 			put(b, ",\"bytes\":%lld,\"axes\":\"",
 			    (long long)exec_numel(&s->tensors[io]) * (long long)dp_dtype_size(s->tensors[io].dtype));
 			for (int a = 0, first = 1; a < DP_MAX_AXES; a++)

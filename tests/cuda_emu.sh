@@ -57,7 +57,8 @@
 #     aborted last, every rank still ends within --timeout + 10 s, by the
 #     watchdog's message and not the emulator's hang (NCCL's abort waits for
 #     the in-flight launch: aborting the communicators one after the other
-#     hangs, docs/CUDA.md);
+#     hangs, docs/CUDA.md); a pipelined step file (pp=2), which the CUDA
+#     backend does not run yet, refused at start-up naming --device cpu;
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -528,6 +529,21 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
+# A pipelined step file (pp=2) has no NCCL path in the CUDA backend yet: it is
+# refused at start-up, before any device work, with the CPU as the way out.
+if case_on pp-refused; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$ROOT/models/mlp8.dp"; } >"$T/pp2.dp"
+	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-refused: dpc"
+	timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/pp2.bin" --device cuda --steps 2 --quiet \
+		>"$T/pp2.log" 2>&1
+	rc=$?
+	if [ $rc = 1 ] && grep -q "error: step file: the cuda backend does not run pipeline stages yet (pp=2: send in the step program); use --device cpu" "$T/pp2.log"; then
+		ok "a pp=2 step file is refused by the CUDA backend at start-up, naming --device cpu"
+	else
+		fail "pp=2 on the CUDA backend (exit $rc)"; tail -n 4 "$T/pp2.log"
+	fi
+fi
+
 if case_on stalled-rank; then
 	t0=$(date +%s)
 	env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \

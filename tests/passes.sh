@@ -10,8 +10,8 @@
 #    was made), edited by hand where a case needs it. After an intended
 #    change of a pass, UPDATE=1 bash tests/passes.sh rewrites the .out.ir
 #    files; READ the diff by eye before committing it.
-# 2. Round trip: every model in models/ at 1 and 4 ranks, at tp=2 and at
-#    cp=2 (2 ranks, where the model compiles) and in bf16 (dpc
+# 2. Round trip: every model in models/ at 1 and 4 ranks, at tp=2, at cp=2
+#    (2 ranks, where the model compiles), at pp=2 (2 ranks) and in bf16 (dpc
 #    --precision=bf16, 2 ranks) is compiled with --dump-ir; every dump, read
 #    back and run through the rest of the pipeline (--from-ir DUMP --passes
 #    all), must give the final IR and the step file of the direct compile
@@ -21,8 +21,9 @@
 # 3. --from-ir's errors: malformed IR at file:line:col with a caret, an
 #    unknown pass in the header, passes out of order or already run, a
 #    step file before the end, IR that does not verify or that the layout
-#    cannot have made, pipeline stages out of block order: a message, exit 1,
-#    no output file.
+#    cannot have made, pipeline stages out of block order, a pipeline whose
+#    stages' transfers deadlock or pair up out of order (the verifier's
+#    simulation, ir/verify.c): a message, exit 1, no output file.
 # 4. The reader fuzzed: $BUILD/tests/fe_fuzz --ir (tests/fe_fuzz.c) reads
 #    FUZZ_N (default 1000) mutants of each input above and of tests/ir/*.ir:
 #    no crash, no sanitizer report (SAN=1), every graph read prints back as
@@ -49,7 +50,7 @@ for in in tests/passes/*.in.ir; do
 		fail "$name: no $want"
 		continue
 	fi
-	pass=$(sed -n '1s/^; dp IR after \([a-z_]*\) .*/\1/p' "$want")
+	pass=$(sed -n '1s/^; dp IR after \([a-z0-9_]*\) .*/\1/p' "$want")
 	if [ -z "$pass" ]; then
 		fail "$name: $want does not start with '; dp IR after PASS'"
 		continue
@@ -72,7 +73,7 @@ for in in tests/passes/*.in.ir; do
 done
 
 # ---- 2. the round trip, from every dump ----
-# variant MODEL KIND: a copy of the model with the mesh KIND (auto, tp2, cp2)
+# variant MODEL KIND: a copy of the model with the mesh KIND (auto, tp2, cp2, pp2)
 variant_mesh() {
 	case $2 in
 	auto) cp "$1" "$T/m.dp" ;;
@@ -80,7 +81,7 @@ variant_mesh() {
 	esac
 }
 for model in models/*.dp; do
-	for c in "auto 1" "auto 4" "tp2 2" "cp2 2" "auto 2 --precision=bf16"; do
+	for c in "auto 1" "auto 4" "tp2 2" "cp2 2" "pp2 2" "auto 2 --precision=bf16"; do
 		read -r mesh ws flags <<<"$c"
 		what="$(basename "$model" .dp) ($mesh, $ws ranks${flags:+ $flags})"
 		case_on "roundtrip $what" || continue
@@ -174,6 +175,16 @@ line=$(grep -n '^block fc5 stage=0' "$T/bad.ir" | cut -d: -f1)
 fails "pipeline stages out of block order" \
 	"$T/bad.ir:$line:11: error: block 'fc5' is on stage 0 after block 'fc4' on stage 1" \
 	--from-ir "$T/bad.ir" --passes stages
+# a pipeline hand-edited out of order (the p2p pass's output): stage 0 sends
+# %h after it waits for %d.h.pp0, which stage 1 sends only after %h came
+awk '/^send %h axes=pp peer=1 /{held=$0; next} {print} /^%d.h.pp0 = recv/{print held}' \
+	tests/passes/p2p.out.ir >"$T/bad.ir"
+fails "a deadlocking pipeline schedule" "the pipeline deadlocks: stage 0 waits at its recv (node 29, %d.h.pp0) for stage 1, which waits at its recv (node 6, %h.pp1)" \
+	--from-ir "$T/bad.ir" --passes schedule
+# stage 1 sends %h.pp1 before %g, stage 2 receives %g first
+sed '/^send %g axes=pp peer=2/{h;d}; /^%h.pp2 = recv/{G}' tests/passes/p2p.out.ir >"$T/bad.ir"
+fails "pipeline transfers in different orders" "stage 1's send (node 11, %h.pp1, tag 2) meets stage 2's recv (node 10, %g.pp2, tag 1): the two stages' transfers are in different orders" \
+	--from-ir "$T/bad.ir" --passes schedule
 
 # ---- 4. the reader fuzzed ----
 FUZZ_N=${FUZZ_N:-1000}

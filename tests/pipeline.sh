@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tests/pipeline.sh - the pp mesh axis and the compiler's pipeline plan
-# (issue 25, its first part: passes/stages.c, --stats' pipeline section).
+# tests/pipeline.sh - the pp mesh axis, the compiler's pipeline plan and the
+# pipelined step (issue 25: passes/stages.c, passes/p2p.c, --stats' pipeline
+# section, the send/recv ops on MPI).
 #
 #   mesh      `mesh pp=2, dp_shard=auto` and `dpc --pp 2` give the same mesh,
 #             pp outermost; a model without pp prints no pp (its IR as before)
@@ -12,9 +13,32 @@
 #             in each schedule's slot order (by hand), its bubble --stats' one
 #   stage1    a block's `stage` is ignored at pp=1: the step file is byte for
 #             byte the one without it
-#   refused   a pp > 1 step file is not written (no pipelined programs yet):
-#             exit 1, no file
-# The cut's errors are tests/errors/pp_*.dp; the pass is tests/passes/stages*.
+#   equivalence (STEPS steps, against the run with the same global batch on
+#             one pipeline stage; losses rtol 1e-5, final parameters atol 1e-6
+#             + rtol 1e-4, tests/equivalence.sh's bounds and reasons):
+#     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
+#     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
+#     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
+#     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
+#     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
+#     (precision bf16) against bf16 on 1 rank.
+#     gpt2-tiny's wte is the embedding on stage 0 and the LM head on the last
+#     stage: its gradient is the sum over pp of the two stages' parts, and
+#     the parameters compared include it (dropping pp from the gradients'
+#     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
+#   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
+#             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
+#   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
+#   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
+#             job ends with exit 75 and the message naming the waiting stage
+#             and its pending send or recv (peer, tag), or its collective (or,
+#             stopped between steps, the step's sync point)
+#   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
+#             bit for bit (full and sharded checkpoints); the pp=2 full
+#             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
+# The cut's errors are tests/errors/pp_*.dp; the passes are
+# tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=tests/lib.sh
@@ -61,13 +85,141 @@ if case_on stage1; then
 	fi
 fi
 
-if case_on refused; then
-	REPRO="${DPC#"$ROOT"/} $M --world-size 2 --pp 2 -o x.bin"
-	if ! "$DPC" "$M" --world-size 2 --pp 2 -o "$T/pp.bin" 2>"$T/err" && [ ! -e "$T/pp.bin" ] &&
-		grep -q "error: pp=2: dpc cuts the model into pipeline stages" "$T/err"; then
-		ok "a pp=2 step file is refused with the message, nothing written"
+# ---- the pipelined step against one stage ----
+STEPS=10
+export OMPI_MCA_orte_execute_quiet=1
+M8=models/mlp8.dp
+gpt_text "$T/gpt.dp"
+# pp SRC N DST: SRC with `mesh pp=N, dp_shard=auto` (a sed script may follow)
+pp() {
+	{ echo "mesh pp=$2, dp_shard=auto"; grep -v '^mesh ' "$1" | sed "${4:-}"; } >"$3"
+}
+pp "$M8" 2 "$T/mlp8-pp2.dp"
+pp "$M8" 3 "$T/mlp8-pp3.dp"
+pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
+variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
+pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
+pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
+# the compositions: tp and cp inside a stage, recompute, bf16
+{ echo "mesh pp=2, tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xtp2.dp"
+{ echo "mesh tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-tp2.dp"
+{ echo "mesh pp=2, cp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xcp2.dp"
+{ echo "mesh cp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-cp2.dp"
+variant "$T/gpt-pp2.dp" "$T/gpt-pp2-recompute.dp" 's/^  strategy ddp/&\n  gradient_checkpointing true/'
+variant "$T/gpt-pp2.dp" "$T/gpt-pp2-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
+variant "$T/gpt.dp" "$T/gpt-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
+# need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
+need() {
+	case $1 in
+	mlp8-1) once "$1" eq_run "$1" 1 "$M8" ;;
+	mlp8-pp2) once "$1" eq_run "$1" 2 "$T/mlp8-pp2.dp" ;;
+	mlp8-pp3) once "$1" eq_run "$1" 3 "$T/mlp8-pp3.dp" ;;
+	mlp8-zero1) once "$1" eq_run "$1" 2 "$T/mlp8-zero1.dp" ;;
+	mlp8-pp2xzero1) once "$1" eq_run "$1" 4 "$T/mlp8-zero1pp.dp" ;;
+	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
+	gpt-dp2) once "$1" eq_run "$1" 2 "$T/gpt.dp" ;;
+	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
+	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
+	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
+	gpt-pp2xtp2 | gpt-pp2xcp2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-bf16) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	esac
+}
+for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
+	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
+	gpt-pp2-bf16:gpt-bf16; do
+	case_on "${c%%:*}" || continue
+	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
+done
+
+if case_on tied; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir"
+	"$DPC" "$T/gpt.dp" --world-size 2 --pp 2 --emit=ir >"$T/tied.ir" 2>/dev/null
+	emb=$(grep -c '= embedding %ids, %embed.wte .* stage=0' "$T/tied.ir")
+	head=$(grep -c '= matmul %[a-z0-9_.]*, %embed.wte transB .* stage=1' "$T/tied.ir")
+	gw=$(grep -c '^%grad.embed.wte = .* stage=[01]' "$T/tied.ir")
+	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
+	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
+	if [ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on loads; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir | grep '= load'"
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir 2>/dev/null | grep '= load' >"$T/loads"
+	what="the tokens are loaded on stage 0 only, the targets on stage 1 only (train and eval)"
+	if [ "$(grep -c '^%ids = load .* stage=0$' "$T/loads")" = 2 ] &&
+		[ "$(grep -c '^%targets = load .* stage=1$' "$T/loads")" = 2 ] && [ "$(wc -l <"$T/loads")" = 4 ]; then
+		ok "$what"
 	else
-		fail "pp=2 step file: $(grep error "$T/err" | head -n 2)"
+		fail "$what"; cat "$T/loads"
+	fi
+fi
+
+if case_on eval; then
+	REPRO="dpexec gpt2-tiny at pp=2 and at 1 rank, --steps 4 --eval-every 4"
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/ev2.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/ev1.bin" 2>/dev/null || fail "eval: dpc"
+	mpi 2 "$T/ev2.bin" --steps 4 --eval-every 4 >"$T/ev2.out" 2>&1
+	mpi 1 "$T/ev1.bin" --steps 4 --eval-every 4 >"$T/ev1.out" 2>&1
+	a=$(grep '^eval step 4' "$T/ev2.out") b=$(grep '^eval step 4' "$T/ev1.out")
+	what="the eval at pp=2 (the last stage's loss and counts) is 1 rank's: '$a'"
+	if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$what"; else fail "$what, 1 rank: '$b'"; fi
+fi
+
+if case_on stall; then
+	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank SIGSTOPped"
+	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/stall.bin" 2>/dev/null || fail "stall: dpc"
+	mpi 2 "$T/stall.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
+		--losses "$T/stall.loss" >"$T/stall.out" 2>&1 &
+	job=$!
+	wait_lines "$T/stall.loss" 3 # training: past the start-up's own waits
+	victim=$(pgrep -f -- "^$DPEXEC $T/stall.bin" | tail -n 1)
+	[ -n "$victim" ] && kill -STOP "$victim"
+	wait $job
+	rc=$?
+	[ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null
+	what="a stopped stage: exit 75 ($rc) and '$(grep error "$T/stall.out" | head -n 1)'"
+	if [ "$rc" = 75 ] && grep -qE "error: (pipeline stage [01]'s ((recv from|send to) stage [01] \(tag [0-9]+\)|collective)|agreeing with the other ranks) did not complete within 5 s \(--timeout\)" "$T/stall.out"; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
+fi
+
+if case_on resume; then
+	"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/gpp.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/g1.bin" 2>/dev/null || fail "resume: dpc"
+	run() { # run NAME NP STEPFILE ARGS...
+		local name=$1 np=$2 bin=$3; shift 3
+		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
+			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
+	}
+	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
+	for form in full sharded; do
+		REPRO="dpexec gpt2-tiny pp=2 --steps 10 --save-form $form, then --resume to 20"
+		run "r-$form-a" 2 "$T/gpp.bin" --steps 10 --losses "$T/r-$form.loss" --save-dir "$T/ck-$form" \
+			--save-form $form &&
+		cp "$T/r-$form.loss" "$T/r-$form-10.loss" &&
+		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
+			--save-full "$T/r-$form.st" &&
+		what="pp=2, $form checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit (losses and parameters)"
+		if cmp -s "$T/r-$form.loss" "$T/straight.loss" && cmp -s "$T/r-$form.st" "$T/straight.st"; then
+			ok "$what"
+		else
+			fail "$what"
+		fi
+	done
+	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
+	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
+	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps
+	run pp1 1 "$T/g1.bin" --steps 20 --losses "$T/pp1.loss" --resume "$T/ck-full/step-000010" \
+		--save-full "$T/pp1.st"
+	if $PY tests/compare.py losses "$T/pp1.loss" "$T/one.loss" --rtol 1e-5 --atol 0 >"$T/pp1.cmp" &&
+		$PY tests/compare.py params "$T/pp1.st" "$T/one.st" --rtol 1e-4 --atol 1e-6 >>"$T/pp1.cmp"; then
+		ok "the pp=2 checkpoint resumed at pp=1 matches 20 steps on 1 rank"
+	else
+		fail "the pp=2 checkpoint resumed at pp=1 matches 20 steps on 1 rank"; cat "$T/pp1.cmp"
 	fi
 fi
 finish pipeline

@@ -266,10 +266,13 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
  * given; with bf16 set, one more tensor: 7 "h", bf16 [4,2], an
  * activation), encode, decode: accepted when want is NULL, else refused
  * with a message containing want. */
+static uint32_t rule_pp = 1; /* the built-in step's pp while test_pipeline_rules runs */
+
 static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int bf16,
 		    const char *want)
 {
 	DpStep s = *builtin_step();
+	s.cfg.mesh[DP_AXIS_PP] = rule_pp;
 	DpTensor tens[16];
 	char strs[256];
 	if (bf16) {
@@ -380,6 +383,46 @@ static void test_program_rules(void)
 	rule("all_gather in the init program", DP_PROG_INIT, ag, 0, "allowed only in the step, eval");
 	rule("all_gather in the export program", DP_PROG_EXPORT, ag, DP_STRAT_FULL_SHARD, NULL);
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
+}
+
+/* Pipeline stages (pp=2): an instruction's stage, and a send or recv between
+ * neighbouring stages over pp, of a float tensor, with a tag MPI can carry. */
+static void test_pipeline_rules(void)
+{
+	rule_pp = 2;
+	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
+	DpInstr send = base, recv = base, relu = base, d;
+	send.op = DP_OP_SEND, send.in[0] = 5, send.stream = DP_STREAM_COMM, send.stage1 = 1;
+	DP_AXES(&send) = DP_AXIS_BIT(DP_AXIS_PP), DP_PEER(&send) = 1, DP_TAG(&send) = 7;
+	recv.op = DP_OP_RECV, recv.out = 5, recv.stream = DP_STREAM_COMM, recv.stage1 = 2;
+	DP_AXES(&recv) = DP_AXIS_BIT(DP_AXIS_PP), DP_PEER(&recv) = 0, DP_TAG(&recv) = 7;
+	relu.op = DP_OP_RELU, relu.in[0] = 5, relu.out = 6;
+	rule("send from stage 0 to 1", DP_PROG_STEP, send, 0, NULL);
+	rule("recv on stage 1 from 0", DP_PROG_STEP, recv, 0, NULL);
+	rule("send in the eval program", DP_PROG_EVAL, send, 0, NULL);
+	rule("send in the init program", DP_PROG_INIT, send, 0, "stage 0 of a mesh with pp=2 outside "
+	     "the step and eval programs");
+	d = relu, d.stage1 = 2;
+	rule("a kernel on stage 1", DP_PROG_STEP, d, 0, NULL);
+	d.stage1 = 3;
+	rule("a kernel on stage 2 of 2", DP_PROG_STEP, d, 0, "stage 2 of a mesh with pp=2");
+	d = send, d.stage1 = 0;
+	rule("a send on every stage", DP_PROG_STEP, d, 0, "not a transfer over pp between neighbouring "
+	     "stages (axes 1, stage -1, peer 1)");
+	d = send, DP_PEER(&d) = 0;
+	rule("a send to its own stage", DP_PROG_STEP, d, 0, "(axes 1, stage 0, peer 0)");
+	d = recv, DP_PEER(&d) = 2;
+	rule("a recv from stage 2 of 2", DP_PROG_STEP, d, 0, "(axes 1, stage 1, peer 2)");
+	d = send, DP_AXES(&d) = AXES_DP;
+	rule("a send over dp", DP_PROG_STEP, d, 0, "not a transfer over pp");
+	d = send, DP_TAG(&d) = 32768;
+	rule("a tag MPI may not carry", DP_PROG_STEP, d, 0, "tag 32768 out of range [0, 32767]");
+	d = send, d.in[0] = 1;
+	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32 or bf16");
+	d = recv, d.out = -1;
+	rule("a recv without output", DP_PROG_STEP, d, 0, "missing output");
+	rule_pp = 1;
+	rule("a send at pp=1", DP_PROG_STEP, send, 0, "(axes 1, stage 0, peer 1)");
 }
 
 /* The operand rules (format/stepfile_check.c): what every backend may trust.
@@ -721,6 +764,7 @@ int main(int argc, char **argv)
 	test_file_io(s);
 	if (argc <= 1)
 		test_program_rules();
+	test_pipeline_rules();
 	test_operand_rules();
 	free(buf);
 	if (argc > 1)

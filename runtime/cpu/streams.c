@@ -211,10 +211,18 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		    overlap(fl.wlo, fl.whi, st->fl[f].rlo, st->fl[f].rhi) ||
 		    overlap(fl.wlo, fl.whi, st->fl[f].wlo, st->fl[f].whi))
 			RT_CHECK(c->ops->wait(c, st->fl[f].ticket + 1, e));
-	void *out = ptr[in->out];
-	int64_t n = dp_numel(&s->tensors[in->out]);
-	DpDtype dt = (DpDtype)s->tensors[in->out].dtype; /* in0's too (the decoder) */
+	/* the tensor it moves: out, or a send's in0 */
+	int whole = in->out >= 0 ? in->out : in->in[0];
+	void *out = ptr[whole];
+	int64_t n = dp_numel(&s->tensors[whole]);
+	DpDtype dt = (DpDtype)s->tensors[whole].dtype; /* in0's too (the decoder) */
 	switch (in->op) {
+	case DP_OP_SEND:
+		RT_CHECK(c->ops->send_start(c, axes, (int)DP_PEER(in), (int)DP_TAG(in), dt, out, n, &fl.ticket, e));
+		break;
+	case DP_OP_RECV:
+		RT_CHECK(c->ops->recv_start(c, axes, (int)DP_PEER(in), (int)DP_TAG(in), dt, out, n, &fl.ticket, e));
+		break;
 	case DP_OP_TP_REDUCE:
 		/* out-of-place: the input is complete when the collective is issued
 		 * (the schedule's events say so), so copy it and reduce in place */

@@ -708,6 +708,15 @@ static void cu_free(Backend *b)
 
 static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 {
+	/* pipeline transfers (pp > 1) have no NCCL path here yet: refused before
+	 * any device work, with the backend that runs them */
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < b->s->nprog[p]; i++)
+			if (b->s->prog[p][i].op == DP_OP_SEND || b->s->prog[p][i].op == DP_OP_RECV)
+				return RT_FAIL(e, "step file: the cuda backend does not run pipeline "
+					       "stages yet (pp=%u: %s in the %s program); use --device cpu",
+					       b->s->cfg.mesh[DP_AXIS_PP], dp_op_names[b->s->prog[p][i].op],
+					       dp_prog_names[p]);
 	CuBackend *x = calloc(1, sizeof *x);
 	if (!x)
 		return RT_FAIL(e, "out of memory (CUDA backend)");

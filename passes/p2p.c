@@ -1,0 +1,341 @@
+/*
+ * p2p.c - the pipeline stages' programs (pp > 1), pass "p2p".
+ *
+ * Before (after collectives): every block has its stage (passes/stages.c);
+ * the step and eval programs are one micro-batch's forward and backward over
+ * every block, with the data-parallel collectives.
+ *
+ * After, at pp = P > 1: every node of the step and eval programs' forward,
+ * backward and eval work has the stage that runs it (Node.stage, printed
+ * `stage=N`): its block's; a node outside every block, the stage of the
+ * latest of its operands' producers (the loss and its gradient: the last
+ * stage's, where the logits are), else the stage of the node before it.
+ * A load runs on the stage that reads its data, when one does (the tokens
+ * on the first, the labels on the last). Everything else (the optimizer, the
+ * gradient collectives, events, init and export) keeps stage -1: every rank
+ * runs it. So the programs stay
+ * rank-agnostic: dpexec runs the instructions of its own pp coordinate and
+ * those of every rank.
+ *
+ * A temporary that a node of stage k reads (or updates in place) while its
+ * current contents are on another stage h is sent there, one neighbouring
+ * stage at a time (h -> h+1 -> ... -> k, or down for a gradient), right
+ * before that node: `send %v peer=h+1 tag=N stage=h` then `%v.ppH+1 = recv
+ * peer=h tag=N stage=h+1`, each a pair of adjacent nodes on the comm stream,
+ * numbered (tag) in program order. So
+ * every value live across a cut goes forward (a skip connection over two
+ * cuts over both), and every gradient of one back, not only the residual
+ * stream's. Stage k's copy of %v is the value %v.ppK, which stage k's nodes
+ * read and write instead of %v (the stage that writes %v first keeps %v).
+ *
+ * Because each send is followed at once by its recv in the one program
+ * order that every stage's program is a part of, the neighbours post their
+ * transfers in the same order and no stage waits for one that waits for it
+ * (ir/verify.c checks both for any IR, hand-written ones too).
+ *
+ * Parameters, gradients and optimizer state are not cut: every stage keeps
+ * every parameter and runs the update over all of them, and the gradients'
+ * all_reduce spans pp as well as the data-parallel axes (passes/shard.c,
+ * shard_dp_axes), where the stages that do not use a parameter add zeros:
+ * a parameter used on two stages (GPT-2's wte: the embedding on the first,
+ * the LM head on the last) gets the sum of both stages' parts. So the
+ * update, the gradient norm and the checkpoints are those of one rank. The
+ * loss is computed on the last stage; dpexec sums the loss over pp with the
+ * data-parallel axes (zeros elsewhere). Strategies that cut gradients or
+ * parameters over dp_shard (zero2, full_shard, hybrid_shard) are refused at
+ * pp > 1: their collectives would have to follow the stages.
+ *
+ * The micro-batches run one at a time, each through every stage forward and
+ * back: the pipeline's schedules (gpipe, 1f1b) that keep several
+ * micro-batches in flight are forecast (`--stats`, `--emit=schedule`) but not
+ * compiled yet.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+/* Is this node pipeline work: a forward, backward or eval node of the step or
+ * eval program that is no load? */
+static int staged_work(const Node *n)
+{
+	return (n->progs & (IR_IN_STEP | IR_IN_EVAL)) && n->op != DP_OP_LOAD &&
+	       (n->phase == PH_FWD || n->phase == PH_BWD || n->phase == PH_EVAL);
+}
+
+static int is_temp(const Graph *g, int v)
+{
+	return v >= 0 && g->values[v]->kind == DP_T_ACT;
+}
+
+/* Node.stage of every node (see the top of the file). */
+static void assign_stages(Graph *g)
+{
+	int *def = malloc(((size_t)g->nvalues + 1) * sizeof *def); /* a temporary's producer's stage */
+	if (!def)
+		die("out of memory");
+	for (int v = 0; v < g->nvalues; v++)
+		def[v] = -1;
+	int cur = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		n->stage = -1;
+		if (!staged_work(n))
+			continue;
+		if (n->block >= 0 && g->blocks[n->block].stage >= 0) {
+			cur = g->blocks[n->block].stage;
+		} else {
+			int latest = -1;
+			for (int k = 0; k < n->nin; k++)
+				if (is_temp(g, n->in[k]) && def[n->in[k]] > latest)
+					latest = def[n->in[k]];
+			if (latest >= 0)
+				cur = latest;
+		}
+		n->stage = cur;
+		if (is_temp(g, n->out) && def[n->out] < 0)
+			def[n->out] = cur;
+	}
+	free(def);
+	/* a load runs on the one stage that reads its data (the tokens on the
+	 * first, the labels on the last), else on every stage */
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *ld = g->nodes[i];
+		if (ld->op != DP_OP_LOAD || ld->out < 0)
+			continue;
+		int stage = -2; /* -2: no reader yet */
+		for (int j = 0; j < g->nnodes && stage != -1; j++) {
+			const Node *n = g->nodes[j];
+			if (!(n->progs & ld->progs) || n == ld)
+				continue;
+			for (int k = 0; k < n->nin; k++)
+				if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], g->values[ld->out]))
+					stage = stage == -2 || stage == n->stage ? n->stage : -1;
+		}
+		ld->stage = stage < 0 ? -1 : stage;
+	}
+}
+
+/* One transfer: before node `at`, value v from stage `from` to `to` (neighbours). */
+typedef struct {
+	int at, v, from, to;
+	unsigned progs;
+} Hop;
+
+typedef struct {
+	Graph *g;
+	Diag *d;
+	int p;
+	int *home;    /* per value: the stage that writes it first, or -1 */
+	int *copies;  /* per value, p entries: stage k's copy of it (value id), or -1 */
+	Hop *hops;
+	int nhops, caphops;
+} Cut;
+
+static void add_hop(Cut *c, int at, int v, int from, int to, unsigned progs)
+{
+	for (int i = 0; i < c->nhops; i++) {
+		Hop *h = &c->hops[i];
+		if (h->at == at && h->v == v && h->from == from && h->to == to) {
+			h->progs |= progs; /* the same transfer in the step and eval programs */
+			return;
+		}
+	}
+	if (c->nhops == c->caphops) {
+		c->caphops = c->caphops ? 2 * c->caphops : 64;
+		c->hops = realloc(c->hops, (size_t)c->caphops * sizeof *c->hops);
+		if (!c->hops)
+			die("out of memory");
+	}
+	c->hops[c->nhops++] = (Hop){at, v, from, to, progs};
+}
+
+/* Does node n read temporary operand slot k (k = -1: its out, when it reads it)? */
+static int reads_operand(const Node *n, int k)
+{
+	return k >= 0 || ir_reads_out(n);
+}
+
+/* The transfers program `prog` needs: every temporary a staged node reads
+ * where its contents are not, moved there from the nearest stage that holds
+ * them. fresh[v]: the stages holding v's current contents (bit k). */
+static int plan_program(Cut *c, unsigned prog)
+{
+	Graph *g = c->g;
+	uint64_t *fresh = calloc((size_t)g->nvalues + 1, sizeof *fresh);
+	if (!fresh)
+		die("out of memory");
+	uint64_t all = c->p >= 64 ? ~0ull : (1ull << c->p) - 1;
+	int errs = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & prog))
+			continue;
+		for (int k = -1; k < n->nin; k++) {
+			int v = k < 0 ? n->out : n->in[k];
+			if (!is_temp(g, v) || c->home[v] < 0)
+				continue;
+			if (n->stage < 0)
+				die("p2p: node %d (%s) runs on every stage but touches %%%s, which stage %d "
+				    "computes", n->id, dp_op_names[n->op], g->values[v]->name, c->home[v]);
+			if (!reads_operand(n, k) || (fresh[v] & (1ull << n->stage)))
+				continue;
+			if (!fresh[v])
+				die("p2p: %%%s is read before it is written", g->values[v]->name);
+			const Value *val = g->values[v];
+			if (!ir_is_float(val->dtype) || val->view_of >= 0) {
+				error_at(c->d, n->loc, "%s reads '%s' on pipeline stage %d, computed on "
+					 "another stage, and only whole float tensors are sent between "
+					 "stages: put the two in one block, or the blocks on one stage",
+					 dp_op_names[n->op], val->name, n->stage);
+				errs++;
+				fresh[v] |= 1ull << n->stage;
+				continue;
+			}
+			/* the nearest stage that holds it, then one neighbour at a time */
+			int from = -1;
+			for (int dist = 1; from < 0 && dist < c->p; dist++)
+				for (int s = n->stage - dist; s <= n->stage + dist; s += 2 * dist)
+					if (s >= 0 && s < c->p && (fresh[v] & (1ull << s))) {
+						from = s;
+						break;
+					}
+			int step = from < n->stage ? 1 : -1;
+			for (int s = from; s != n->stage; s += step) {
+				add_hop(c, i, v, s, s + step, prog);
+				fresh[v] |= 1ull << (s + step);
+			}
+		}
+		/* what it writes is current on its stage only (every stage's when it
+		 * runs on all) */
+		if (is_temp(g, n->out))
+			fresh[n->out] = n->stage < 0 ? all : 1ull << n->stage;
+		for (int k = 0; k < n->nin; k++)
+			if (ir_writes_in(n, k) && is_temp(g, n->in[k]))
+				fresh[n->in[k]] = n->stage < 0 ? all : 1ull << n->stage;
+	}
+	free(fresh);
+	return errs ? -1 : 0;
+}
+
+/* Stage s's copy of v (v itself on its home stage). */
+static int copy_of(Cut *c, int v, int s)
+{
+	Graph *g = c->g;
+	if (s < 0 || s == c->home[v])
+		return v;
+	int *slot = &c->copies[(size_t)v * (size_t)c->p + (size_t)s];
+	if (*slot < 0) {
+		const Value *o = g->values[v];
+		Value *x = ir_value(g, ir_fresh_name(g, ir_fmt(g, "%s.pp%d", o->name, s)), o->dtype,
+				    o->ndim, o->dims, o->kind, o->loc);
+		memcpy(x->place, o->place, sizeof x->place);
+		x->block = o->block;
+		x->batch_dim = o->batch_dim;
+		x->seq_dim = o->seq_dim;
+		*slot = x->id;
+	}
+	return *slot;
+}
+
+/* ddp and zero1 keep whole gradients that the all_reduce over pp can sum;
+ * the strategies that cut them over dp_shard are refused. */
+static int check_strategies(Graph *g, Diag *d)
+{
+	for (int b = 0; b < g->nblocks; b++) {
+		DpStrategy st = ir_block_strategy(g, b);
+		if (st == DP_STRAT_DDP || st == DP_STRAT_ZERO1)
+			continue;
+		const Block *bl = &g->blocks[b];
+		error_at(d, bl->strategy >= 0 ? bl->strategy_loc : g->mesh_loc,
+			 "block '%s' is %s, and pp=%u pipelines run ddp and zero1 blocks only so far "
+			 "(the collectives of sharded gradients and parameters do not follow the "
+			 "stages yet): use strategy ddp or zero1, or pp=1",
+			 bl->name, dp_strategy_names[st], g->cfg.mesh[DP_AXIS_PP]);
+		return -1;
+	}
+	return 0;
+}
+
+int p2p_run(Graph *g, Diag *d)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (p <= 1)
+		return 0;
+	if (p > 64)
+		die("p2p: pp=%d stages (at most 64)", p);
+	if (check_strategies(g, d) < 0)
+		return -1;
+	assign_stages(g);
+	Cut c = {.g = g, .d = d, .p = p};
+	int nv = g->nvalues;
+	c.home = malloc(((size_t)nv + 1) * sizeof *c.home);
+	c.copies = malloc(((size_t)nv * (size_t)p + 1) * sizeof *c.copies);
+	if (!c.home || !c.copies)
+		die("out of memory");
+	for (int v = 0; v < nv; v++)
+		c.home[v] = -1;
+	for (size_t i = 0; i < (size_t)nv * (size_t)p; i++)
+		c.copies[i] = -1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (is_temp(g, n->out) && c.home[n->out] < 0 && (n->progs & (IR_IN_STEP | IR_IN_EVAL)))
+			c.home[n->out] = n->stage;
+	}
+	int rc = 0;
+	if (plan_program(&c, IR_IN_STEP) < 0 || plan_program(&c, IR_IN_EVAL) < 0)
+		rc = -1;
+	/* by the node they precede; the eval program's after the step's there */
+	for (int i = 1; i < c.nhops; i++)
+		for (int j = i; j > 0 && c.hops[j - 1].at > c.hops[j].at; j--) {
+			Hop t = c.hops[j];
+			c.hops[j] = c.hops[j - 1], c.hops[j - 1] = t;
+		}
+	/* each stage's nodes read and write that stage's copies */
+	for (int i = 0; rc == 0 && i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (n->stage < 0)
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (is_temp(g, n->in[k]) && n->in[k] < nv && c.home[n->in[k]] >= 0)
+				n->in[k] = copy_of(&c, n->in[k], n->stage);
+		if (is_temp(g, n->out) && n->out < nv && c.home[n->out] >= 0)
+			n->out = copy_of(&c, n->out, n->stage);
+	}
+	/* the transfers, in the order planned, before the nodes that need them */
+	int n0 = g->nnodes;
+	Node **old = malloc(((size_t)n0 + 1) * sizeof *old);
+	if (!old)
+		die("out of memory");
+	memcpy(old, g->nodes, (size_t)n0 * sizeof *old);
+	Node **order = malloc(((size_t)n0 + 2 * (size_t)c.nhops + 1) * sizeof *order);
+	if (!order)
+		die("out of memory");
+	int k = 0, h = 0;
+	for (int i = 0; rc == 0 && i < n0; i++) {
+		for (; h < c.nhops && c.hops[h].at == i; h++) {
+			const Hop *hp = &c.hops[h];
+			const Node *user = old[i];
+			int src = copy_of(&c, hp->v, hp->from), dst = copy_of(&c, hp->v, hp->to);
+			Node *s = ir_node(g, DP_OP_SEND, -1, 1, &src, user->phase, user->loc);
+			Node *r = ir_node(g, DP_OP_RECV, dst, 0, NULL, user->phase, user->loc);
+			DP_AXES(s) = DP_AXES(r) = DP_AXIS_BIT(DP_AXIS_PP);
+			DP_PEER(s) = hp->to, DP_PEER(r) = hp->from;
+			DP_TAG(s) = DP_TAG(r) = h % 32768; /* the pair's number (a message tag) */
+			s->stage = hp->from, r->stage = hp->to;
+			s->progs = r->progs = hp->progs;
+			s->stream = r->stream = DP_STREAM_COMM;
+			s->block = r->block = user->block;
+			order[k++] = s;
+			order[k++] = r;
+		}
+		order[k++] = old[i];
+	}
+	if (rc == 0) {
+		if (k != g->nnodes)
+			die("p2p: placed %d of %d nodes", k, g->nnodes);
+		memcpy(g->nodes, order, (size_t)k * sizeof *order);
+	}
+	free(old), free(order), free(c.home), free(c.copies), free(c.hops);
+	return rc;
+}
