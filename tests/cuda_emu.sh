@@ -465,8 +465,12 @@ LR_SCHED="step(every=1, gamma=0.5)" SGD=1 model_case mlp8 ddp 1
 model_case gpt2-groups full_shard 2
 SGD=1 model_case gpt2-groups zero2 2
 # scalar operands: scale and add_scalar, f32 (bitwise the CPU's maps) and bf16
+# (bf16 with SGD, as the hd64 and graph-replay bf16 cases: AdamW turns the
+# attention key bias's ~0 gradient, whose bf16 rounding noise differs between
+# the backends, into full-lr updates of either sign: 4.2e-3 apart under AdamW
+# since the fused gelu GEMMs, 3.1e-6 under SGD)
 model_case gpt2-scalar ddp 2
-PREC=bf16 model_case gpt2-scalar ddp 1
+PREC=bf16 SGD=1 model_case gpt2-scalar ddp 1
 # dropout: the same masks on the device (a different one is a loss apart at
 # once), f32 at 2 ranks and cp=2 (the positions), bf16
 model_case gpt2-dropout ddp 2
