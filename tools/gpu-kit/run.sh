@@ -419,7 +419,11 @@ part2() {
 	local job=$!
 	for i in $(seq 240); do grep -q '^step 2/' "$L/hang.log" 2>/dev/null && [ -s "$R/pids/rank1.pid" ] && break; sleep 0.5; done
 	victim=$(cat "$R/pids/rank1.pid" 2>/dev/null)
-	if [ -n "$victim" ] && grep -q '^step 2/' "$L/hang.log"; then
+	if [ -z "$victim" ] || ! grep -q '^step 2/' "$L/hang.log"; then
+		kill "$job" 2>/dev/null
+		wait $job 2>/dev/null
+		report FAIL "the watchdog case did not reach step 2"; last "$L/hang.log"
+	else
 		kill -STOP "$victim"
 		t0=$(date +%s)
 		# bounded: on the H200 (2026-11-27) the job twice outlived the part's
@@ -434,23 +438,17 @@ part2() {
 			wait $job 2>/dev/null
 			report FAIL "a stopped rank: the job had not ended ${took} s after the stop (--timeout 3): the other ranks' threads and stacks in logs/hang-stacks.txt"
 			last "$L/hang.log"
-			took=
-		fi
-	fi
-	if [ -n "$victim" ] && grep -q '^step 2/' "$L/hang.log" && [ -z "${took+x}" ]; then
-		wait $job
-		rc=$?
-		took=$(($(date +%s) - t0))
-		kill -CONT "$victim" 2>/dev/null
-		if [ $rc = 75 ] && [ $took -le 13 ] && grep -qE "$stuck" "$L/hang.log"; then
-			report PASS "a stopped rank: the job ends in ${took} s (--timeout 3), exit 75: $(grep -m1 -E "$stuck" "$L/hang.log" | cut -c1-200)"
 		else
-			report FAIL "a stopped rank: exit $rc after ${took} s (wanted the watchdog's message within --timeout 3 + 10 s, exit 75)"; last "$L/hang.log"
+			wait $job
+			rc=$?
+			took=$(($(date +%s) - t0))
+			kill -CONT "$victim" 2>/dev/null
+			if [ $rc = 75 ] && [ $took -le 13 ] && grep -qE "$stuck" "$L/hang.log"; then
+				report PASS "a stopped rank: the job ends in ${took} s (--timeout 3), exit 75: $(grep -m1 -E "$stuck" "$L/hang.log" | cut -c1-200)"
+			else
+				report FAIL "a stopped rank: exit $rc after ${took} s (wanted the watchdog's message within --timeout 3 + 10 s, exit 75)"; last "$L/hang.log"
+			fi
 		fi
-	elif [ -z "$victim" ] || ! grep -q '^step 2/' "$L/hang.log"; then
-		kill "$job" 2>/dev/null
-		wait $job 2>/dev/null
-		report FAIL "the watchdog case did not reach step 2"; last "$L/hang.log"
 	fi
 	# 5. a NaN loss in graph mode (SGD at lr 1e30: step 2's loss is NaN, in a
 	# replayed step): both ranks end, naming the step
