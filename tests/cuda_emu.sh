@@ -222,20 +222,11 @@ cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
 # (the model's no_decay vectors), embed's own 0.05, lnf at half the lr
 sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  block embed {/&\n    weight_decay 0.05/' \
 	-e 's/^  block lnf {/&\n    lr_scale 0.5/' "$T/gpt2-tiny.dp" >"$T/gpt2-groups.dp"
-# scalar operands (tests/tp.sh's variant): scale and add_scalar in the MLP, a
-# scale of the attention output
-sed -e 's/gelu(linear(layernorm(x, ln2g, ln2b), wfc, bfc))/gelu(add(scale(linear(layernorm(x, ln2g, ln2b), wfc, bfc), 2), -0.1))/' \
-	-e 's/linear(attention(\(.*\)), wo, bo)/mul(0.5, linear(attention(\1), wo, bo))/' \
-	"$T/gpt2-tiny.dp" >"$T/gpt2-scalar.dp"
-grep -q 'add(scale(linear' "$T/gpt2-scalar.dp" && grep -q 'mul(0.5, linear(attention' "$T/gpt2-scalar.dp" ||
-	fail "the scalar variant of gpt2-tiny"
+# scalar operands (tests/lib.sh's scalar_variant, as tests/tp.sh and cp.sh)
+scalar_variant "$T/gpt2-tiny.dp" "$T/gpt2-scalar.dp"
 # dropout (tests/dropout.sh's variant): the embeddings and both residual
 # branches, the masks from runtime/dropout.h on either backend
-sed -e 's/^    x = add(embedding(ids, wte), wpe)/    x = dropout(add(embedding(ids, wte), wpe), p=0.1)/' \
-	-e 's/^      x = add(x, linear(attention(\(.*\)), wo, bo))$/      x = add(x, dropout(linear(attention(\1), wo, bo), p=0.1))/' \
-	-e 's/^      x = add(x, linear(gelu(\(.*\)), wproj, bproj))$/      x = add(x, dropout(linear(gelu(\1), wproj, bproj), p=0.1))/' \
-	"$T/gpt2-tiny.dp" >"$T/gpt2-dropout.dp"
-[ "$(grep -c 'dropout(' "$T/gpt2-dropout.dp")" = 3 ] || fail "the dropout variant of gpt2-tiny"
+dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout) echo "$small" ;;

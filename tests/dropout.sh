@@ -33,11 +33,7 @@ text_shard
 gpt=$T/gpt.dp
 variant models/gpt2-tiny.dp "$gpt" "$data"
 drop=$T/drop.dp
-variant "$gpt" "$drop" \
-	's/^    x = add(embedding(ids, wte), wpe)/    x = dropout(add(embedding(ids, wte), wpe), p=0.1)/' \
-	's/^      x = add(x, linear(attention(\(.*\)), wo, bo))$/      x = add(x, dropout(linear(attention(\1), wo, bo), p=0.1))/' \
-	's/^      x = add(x, linear(gelu(\(.*\)), wproj, bproj))$/      x = add(x, dropout(linear(gelu(\1), wproj, bproj), p=0.1))/'
-[ "$(grep -c 'dropout(' "$drop")" = 3 ] || fail "three dropouts in the variant of gpt2-tiny"
+dropout_variant "$gpt" "$drop"
 mesh() { # mesh DST MESH-LINE STRATEGY [SED...]: the dropout model on that mesh
 	local dst=$1 m=$2 strat=$3
 	shift 3

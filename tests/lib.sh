@@ -224,6 +224,26 @@ variant() {
 	sed "${a[@]}" "$src" >"$dst"
 	if cmp -s "$src" "$dst"; then fail "sed $* did not change $src"; fi
 }
+# scalar_variant SRC DST: gpt2-tiny SRC with scalar operands (scale and
+# add_scalar in the MLP, a mul of the attention output); a FAIL where the
+# model's lines moved (tests/tp.sh, cp.sh, cuda_emu.sh)
+scalar_variant() {
+	variant "$1" "$2" \
+		's/gelu(linear(layernorm(x, ln2g, ln2b), wfc, bfc))/gelu(add(scale(linear(layernorm(x, ln2g, ln2b), wfc, bfc), 2), -0.1))/' \
+		's/linear(attention(\(.*\)), wo, bo)/mul(0.5, linear(attention(\1), wo, bo))/'
+	grep -q 'add(scale(linear' "$2" && grep -q 'mul(0.5, linear(attention' "$2" ||
+		fail "the scalar variant of gpt2-tiny"
+}
+# dropout_variant SRC DST: gpt2-tiny SRC with dropout(p=0.1) on the
+# embeddings and both residual branches; a FAIL unless all three are in
+# (tests/dropout.sh, cuda_emu.sh)
+dropout_variant() {
+	variant "$1" "$2" \
+		's/^    x = add(embedding(ids, wte), wpe)/    x = dropout(add(embedding(ids, wte), wpe), p=0.1)/' \
+		's/^      x = add(x, linear(attention(\(.*\)), wo, bo))$/      x = add(x, dropout(linear(attention(\1), wo, bo), p=0.1))/' \
+		's/^      x = add(x, linear(gelu(\(.*\)), wproj, bproj))$/      x = add(x, dropout(linear(gelu(\1), wproj, bproj), p=0.1))/'
+	[ "$(grep -c 'dropout(' "$2")" = 3 ] || fail "three dropouts in the variant of gpt2-tiny"
+}
 # mixed SRC DST [STRATEGY]: SRC (an MLP with blocks fc1, fc2, fc3 ... head and
 # train's `strategy ddp`) with per-block strategies: train's STRATEGY
 # (full_shard), fc1 ddp, fc2 zero1, head zero2, and fc3 (train's strategy)
