@@ -644,7 +644,7 @@ part6() {
 	# the rest of part 5's step time is the other kernels and the gaps
 	local attn_ms="" gemm_ms=""
 	attn_ms=$(ncu_class attn "k_attn" 100 "$ncu" "$bin" "dp's attention kernels")
-	gemm_ms=$(ncu_class gemm "nvjet|gemm|xmma|cutlass" 300 "$ncu" "cuBLASLt's GEMMs")
+	gemm_ms=$(ncu_class gemm "nvjet|gemm|xmma|cutlass" 300 "$ncu" "$bin" "cuBLASLt's GEMMs")
 	local step_ms
 	step_ms=$(ms_step "$L/bench-b$mb.log" 2>/dev/null)
 	if [ -n "$attn_ms" ] && [ -n "$gemm_ms" ] && [ -n "$step_ms" ]; then
