@@ -177,24 +177,25 @@ stream() {
 }
 # run_suite NAME: the suite, its output streamed; then "RC SECONDS CPU" in
 # NAME.rc, CPU the seconds of CPU (user + system) the suite and every process
-# it waited for used (bash's `times`: what a suite's weight is made from)
+# it waited for used (bash's `times`: what a suite's weight is made from),
+# and each case's "WALL CPU NAME" in NAME.cases (tests/lib.sh's case_clock)
 run_suite() {
 	local name=$1 t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
 	[ $((jobs * 10)) -le "$CAP" ] || jobs=$((CAP / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
+	rm -f "$LOGS/$name.cases"
 	{
-		(DP_JOBS=$jobs bash "tests/$name.sh" </dev/null 2>&1
+		(DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
 		exit $rc)
 		echo $? >"$LOGS/$name.rc"
 	} | stream "$name" "$LOGS/$name.log"
 	local cpu
-	cpu=$(sed -n 2p "$LOGS/$name.times" | awk '{
-		t = 0
-		for (i = 1; i <= 2; i++) { m = $i; sub(/m.*/, "", m); s = $i; sub(/.*m/, "", s); sub(/s$/, "", s); t += m * 60 + s }
-		printf "%d", t + 0.5 }')
+	cpu=$(sed -n 2p "$LOGS/$name.times" | awk -f tests/times.awk)
+	cpu=$(printf '%.0f' "${cpu:-0}")
 	echo "$(cat "$LOGS/$name.rc") $((SECONDS - t0)) ${cpu:-0}" >"$LOGS/$name.rc"
+	rm -f "$LOGS/$name.cases.t"
 }
 
 declare -A PID_OF START
