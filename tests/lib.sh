@@ -50,6 +50,8 @@ finish() {
 	if [ -n "${CASE:-}" ] && [ "${DP_LIST:-0}" != 1 ]; then
 		echo "  (CASE='$CASE': $ncase_on of $((ncase_on + ncase_off)) cases run)"
 	fi
+	[ "$ncase_plain" = 0 ] ||
+		echo "  (SAN=1: $ncase_plain cases run in the plain variant only: tests/run.sh's SAN_PLAIN says why)"
 	if [ "$nskip" -gt 0 ]; then
 		echo "$1: $npass passed, $nfail failed, $nskip skipped"
 	else
@@ -89,11 +91,29 @@ case_clock() {
 		'BEGIN { printf "%6.1f %6.1f %s\n", b - a, d - c, n }' >>"$DP_CASE_TIMES"
 	case_t0=$t case_c0=$c case_timed=${1:--}
 }
+# plain_only NAME: under SAN=1 with no CASE given, NAME matches a glob of
+# DP_PLAIN_ONLY (one a line: tests/run.sh's SAN_PLAIN, which says why each
+# runs in the plain variant only); a CASE that names it runs it anyway
+ncase_plain=0
+plain_only() {
+	local g
+	[ "${SAN:-0}" = 1 ] && [ -z "${CASE:-}" ] && [ -n "${DP_PLAIN_ONLY:-}" ] || return 1
+	while IFS= read -r g; do
+		# shellcheck disable=SC2053 # (a glob)
+		[ -n "$g" ] && [[ $1 == $g ]] && return 0
+	done <<<"$DP_PLAIN_ONLY"
+	return 1
+}
 # case_on NAME: start case NAME; non-zero when CASE leaves it out (or DP_LIST=1)
 case_on() {
 	CASE_NAME=$1 REPRO=""
 	if [ "${DP_LIST:-0}" = 1 ]; then
 		echo "  case $1"
+		return 1
+	fi
+	if plain_only "$1"; then
+		ncase_plain=$((ncase_plain + 1))
+		case_clock ""
 		return 1
 	fi
 	if case_match "$1"; then
@@ -109,7 +129,7 @@ case_on() {
 # for a check after a case's own function returned (its CASE_NAME again)
 case_ran() {
 	CASE_NAME=$1 REPRO=""
-	[ "${DP_LIST:-0}" != 1 ] && case_match "$1"
+	[ "${DP_LIST:-0}" != 1 ] && ! plain_only "$1" && case_match "$1"
 }
 # repro_lines: how to run the current case again (after a FAIL line)
 repro_lines() {

@@ -101,6 +101,37 @@ golden                 0.5    -         1
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
 # as its case "settings")
 INSIDE="settings:errors"
+# SAN=1's scope. The ASan/UBSan run is there for memory errors and undefined
+# behaviour: it needs each code path run once under the sanitizers, not each
+# check's every repetition. These cases (SUITE CASE-GLOB, tests/lib.sh's
+# plain_only) run in the plain variant only, each for the reason above it;
+# `make test SAN=1 SUITE=x CASE=y` still runs one when asked by name.
+# - gradcheck's gpt2-tiny checks and llama's zeroed-gradient run (skew=-1):
+#   finite differences evaluate the same forward program hundreds of times;
+#   under SAN=1 transformer.sh trains both models (the same sizes and
+#   programs: forward, backward, AdamW), gradcheck's per-op models run every
+#   op's kernels and --check-grads (runtime/gradcheck.c) with one skew (the
+#   dead case's -1), and llama's shared run (skews 0, 0.2, -0.2) runs its
+#   list of verdicts. gpt2-tiny's runs were ~80% of the SAN run's 211 s of
+#   CPU; llama's -1 run repeats its shared run's evaluations.
+# - sharding's mlp cases: the strategies, world sizes, meshes, --init-from
+#   and per-block strategies of its mlp8 cases at another size (mlp's 4
+#   blocks to mlp8's 8), and mlp8's are the ones with padded shards (fc3 and
+#   head at 2 and 4 ranks), so they run the sharding code's edges that mlp's
+#   do not; mlp.dp itself (its Fashion-MNIST IDX files) runs under SAN=1 in
+#   equivalence.sh, dprun.sh, faults.sh and durability.sh, and the IDX
+#   reader in unit.sh's data_test.
+# - bf16's gpt2-tiny at 4 ranks (ddp, zero2, full_shard): its 2-rank cases
+#   run the same strategies' bf16 paths (bf16 shards of an f32 master, the
+#   reduce-scatters and gathers in bf16, the clip over shards) on the same
+#   model, at another world size.
+SAN_PLAIN="
+bf16       gpt2-tiny-*-np4
+gradcheck  gpt
+gradcheck  gpt skew=*
+gradcheck  llama skew=-1
+sharding   mlp-*
+"
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
 CAP=$(tenths "$JOBS")
@@ -184,8 +215,10 @@ run_suite() {
 	[ $((jobs * 10)) -le "$CAP" ] || jobs=$((CAP / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
+	local plain=""
+	[ "$SAN" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
 	{
-		(DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases bash "tests/$name.sh" </dev/null 2>&1
+		(DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
 		exit $rc)
