@@ -20,9 +20,14 @@
 # runs, timeouts, Python), 1 to 2 for one that runs 4 or 8 MPI ranks at a
 # time, PyTorch beside dpexec, the CUDA emulator (every GPU thread on the
 # CPU) or runs of its own side by side: it gets DP_JOBS, its weight rounded
-# up, and starts that many at once. Suites start in the table's order, the
-# longest first, so that the last to end are short ones: the next starts
-# when its weight fits in JOBS beside those running, or when nothing runs
+# up (at most the whole CPUs free when it starts), and starts that many at
+# once. Suites start in the table's order, the longest first, so that the
+# last to end are short ones: the next starts when its weight fits in JOBS
+# beside those running, when a whole CPU is free (a suite heavier than the
+# room left then shares the CPUs a little over JOBS, rather than leave one
+# idle beside a long suite: the emulator's mutations, one CPU for minutes,
+# kept sharding, gradcheck and the other suites of weight 1.5 or 2 waiting
+# with a CPU idle for ~3 minutes of a full run), or when nothing runs
 # (JOBS=0: one suite at a time). While it waits for room, a later suite that
 # fits may start if it can be expected to end before that room is made (the
 # table's seconds, stretched by how much slower the suites that ended ran):
@@ -210,9 +215,9 @@ stream() {
 # NAME.rc, CPU the seconds of CPU (user + system) the suite and every process
 # it waited for used (bash's `times`: what a suite's weight is made from),
 # and each case's "WALL CPU NAME" in NAME.cases (tests/lib.sh's case_clock)
-run_suite() {
+run_suite() { # run_suite NAME FREE (the room free when it starts, in tenths)
 	local name=$1 t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
-	[ $((jobs * 10)) -le "$CAP" ] || jobs=$((CAP / 10))
+	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
 	local plain=""
@@ -239,10 +244,17 @@ running=0 used=0 alone_on=0
 tp=0 tf=0 ts=0 ncases=0 cpu_total=0
 failed=()
 t_start=$SECONDS
+# room NAME: the room NAME needs to start (in tenths): its weight, or a whole
+# CPU for the head of the queue (the header says why)
+room() {
+	local w=${WEIGHT[$1]}
+	[ "$1" = "${queue[0]}" ] && [ "$w" -gt 10 ] && w=10
+	echo "$w"
+}
 fits() {
 	[ $alone_on = 0 ] || return 1
 	[ $running = 0 ] && return 0
-	[ "${ALONE[$1]}" = 0 ] && [ $((used + WEIGHT[$1])) -le "$CAP" ]
+	[ "${ALONE[$1]}" = 0 ] && [ $((used + $(room "$1"))) -le "$CAP" ]
 }
 # The table's seconds, stretched by how much slower than them the suites
 # that ended ran (this machine's speed and load): slow is in tenths, >= 10.
@@ -258,7 +270,7 @@ shadow() {
 		echo "$e:${WEIGHT[$n]}"
 	done | sort -n); do
 		free=$((free + ${e#*:}))
-		[ "${ALONE[$h]}" = 0 ] && [ $free -ge "${WEIGHT[$h]}" ] && { echo "${e%:*}"; return; }
+		[ "${ALONE[$h]}" = 0 ] && [ $free -ge "$(room "$h")" ] && { echo "${e%:*}"; return; }
 	done
 	echo "${e%:*}"
 }
@@ -304,7 +316,7 @@ while :; do
 		rest=()
 		for q in "${queue[@]}"; do [ "$q" = "$n" ] || rest+=("$q"); done
 		queue=("${rest[@]}")
-		run_suite "$n" &
+		run_suite "$n" $((CAP - used)) &
 		PID_OF[$!]=$n START[$n]=$SECONDS
 		running=$((running + 1)) used=$((used + WEIGHT[$n]))
 		[ "${ALONE[$n]}" = 1 ] && alone_on=1
