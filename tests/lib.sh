@@ -46,9 +46,12 @@ check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
 	if "$@"; then ok "$d"; else fail "$d"; fi
 }
 finish() {
+	case_clock ""
 	if [ -n "${CASE:-}" ] && [ "${DP_LIST:-0}" != 1 ]; then
 		echo "  (CASE='$CASE': $ncase_on of $((ncase_on + ncase_off)) cases run)"
 	fi
+	[ "$ncase_plain" = 0 ] ||
+		echo "  (SAN=1: $ncase_plain cases run in the plain variant only: tests/run.sh's SAN_PLAIN says why)"
 	if [ "$nskip" -gt 0 ]; then
 		echo "$1: $npass passed, $nfail failed, $nskip skipped"
 	else
@@ -72,6 +75,35 @@ case_match() {
 	*) [[ $1 == *"$pat"* ]] ;;
 	esac
 }
+# case_clock: with DP_CASE_TIMES set (tests/run.sh sets it to
+# $LOGS/SUITE.cases), the case that ran since the last case_on, as "WALL
+# CPU NAME" (seconds; CPU: what this shell and the processes it waited for
+# used, bash's `times`; a case whose runs were started in the background is
+# charged to the case during which they were waited for; "-": the work
+# outside the selected cases, the suite's set-up included)
+case_t0=$EPOCHREALTIME case_c0=0 case_timed=-
+case_clock() {
+	[ -n "${DP_CASE_TIMES:-}" ] || return 0
+	local t=$EPOCHREALTIME c
+	times >"$DP_CASE_TIMES.t" # (in this shell: a subshell's children are not its)
+	c=$(awk -f "$ROOT/tests/times.awk" "$DP_CASE_TIMES.t")
+	awk -v a="$case_t0" -v b="$t" -v c="$case_c0" -v d="$c" -v n="$case_timed" \
+		'BEGIN { printf "%6.1f %6.1f %s\n", b - a, d - c, n }' >>"$DP_CASE_TIMES"
+	case_t0=$t case_c0=$c case_timed=${1:--}
+}
+# plain_only NAME: under SAN=1 with no CASE given, NAME matches a glob of
+# DP_PLAIN_ONLY (one a line: tests/run.sh's SAN_PLAIN, which says why each
+# runs in the plain variant only); a CASE that names it runs it anyway
+ncase_plain=0
+plain_only() {
+	local g
+	[ "${SAN:-0}" = 1 ] && [ -z "${CASE:-}" ] && [ -n "${DP_PLAIN_ONLY:-}" ] || return 1
+	while IFS= read -r g; do
+		# shellcheck disable=SC2053 # (a glob)
+		[ -n "$g" ] && [[ $1 == $g ]] && return 0
+	done <<<"$DP_PLAIN_ONLY"
+	return 1
+}
 # case_on NAME: start case NAME; non-zero when CASE leaves it out (or DP_LIST=1)
 case_on() {
 	CASE_NAME=$1 REPRO=""
@@ -79,18 +111,25 @@ case_on() {
 		echo "  case $1"
 		return 1
 	fi
+	if plain_only "$1"; then
+		ncase_plain=$((ncase_plain + 1))
+		case_clock ""
+		return 1
+	fi
 	if case_match "$1"; then
 		ncase_on=$((ncase_on + 1))
+		case_clock "$1"
 		return 0
 	fi
 	ncase_off=$((ncase_off + 1))
+	case_clock ""
 	return 1
 }
 # case_ran NAME: NAME (started earlier by case_on) is selected and running:
 # for a check after a case's own function returned (its CASE_NAME again)
 case_ran() {
 	CASE_NAME=$1 REPRO=""
-	[ "${DP_LIST:-0}" != 1 ] && case_match "$1"
+	[ "${DP_LIST:-0}" != 1 ] && ! plain_only "$1" && case_match "$1"
 }
 # repro_lines: how to run the current case again (after a FAIL line)
 repro_lines() {

@@ -20,9 +20,14 @@
 # runs, timeouts, Python), 1 to 2 for one that runs 4 or 8 MPI ranks at a
 # time, PyTorch beside dpexec, the CUDA emulator (every GPU thread on the
 # CPU) or runs of its own side by side: it gets DP_JOBS, its weight rounded
-# up, and starts that many at once. Suites start in the table's order, the
-# longest first, so that the last to end are short ones: the next starts
-# when its weight fits in JOBS beside those running, or when nothing runs
+# up (at most the whole CPUs free when it starts), and starts that many at
+# once. Suites start in the table's order, the longest first, so that the
+# last to end are short ones: the next starts when its weight fits in JOBS
+# beside those running, when a whole CPU is free (a suite heavier than the
+# room left then shares the CPUs a little over JOBS, rather than leave one
+# idle beside a long suite: the emulator's mutations, one CPU for minutes,
+# kept sharding, gradcheck and the other suites of weight 1.5 or 2 waiting
+# with a CPU idle for ~3 minutes of a full run), or when nothing runs
 # (JOBS=0: one suite at a time). While it waits for room, a later suite that
 # fits may start if it can be expected to end before that room is made (the
 # table's seconds, stretched by how much slower the suites that ended ran):
@@ -101,6 +106,37 @@ golden                 0.5    -         1
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
 # as its case "settings")
 INSIDE="settings:errors"
+# SAN=1's scope. The ASan/UBSan run is there for memory errors and undefined
+# behaviour: it needs each code path run once under the sanitizers, not each
+# check's every repetition. These cases (SUITE CASE-GLOB, tests/lib.sh's
+# plain_only) run in the plain variant only, each for the reason above it;
+# `make test SAN=1 SUITE=x CASE=y` still runs one when asked by name.
+# - gradcheck's gpt2-tiny checks and llama's zeroed-gradient run (skew=-1):
+#   finite differences evaluate the same forward program hundreds of times;
+#   under SAN=1 transformer.sh trains both models (the same sizes and
+#   programs: forward, backward, AdamW), gradcheck's per-op models run every
+#   op's kernels and --check-grads (runtime/gradcheck.c) with one skew (the
+#   dead case's -1), and llama's shared run (skews 0, 0.2, -0.2) runs its
+#   list of verdicts. gpt2-tiny's runs were ~80% of the SAN run's 211 s of
+#   CPU; llama's -1 run repeats its shared run's evaluations.
+# - sharding's mlp cases: the strategies, world sizes, meshes, --init-from
+#   and per-block strategies of its mlp8 cases at another size (mlp's 4
+#   blocks to mlp8's 8), and mlp8's are the ones with padded shards (fc3 and
+#   head at 2 and 4 ranks), so they run the sharding code's edges that mlp's
+#   do not; mlp.dp itself (its Fashion-MNIST IDX files) runs under SAN=1 in
+#   equivalence.sh, dprun.sh, faults.sh and durability.sh, and the IDX
+#   reader in unit.sh's data_test.
+# - bf16's gpt2-tiny at 4 ranks (ddp, zero2, full_shard): its 2-rank cases
+#   run the same strategies' bf16 paths (bf16 shards of an f32 master, the
+#   reduce-scatters and gathers in bf16, the clip over shards) on the same
+#   model, at another world size.
+SAN_PLAIN="
+bf16       gpt2-tiny-*-np4
+gradcheck  gpt
+gradcheck  gpt skew=*
+gradcheck  llama skew=-1
+sharding   mlp-*
+"
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
 CAP=$(tenths "$JOBS")
@@ -177,24 +213,27 @@ stream() {
 }
 # run_suite NAME: the suite, its output streamed; then "RC SECONDS CPU" in
 # NAME.rc, CPU the seconds of CPU (user + system) the suite and every process
-# it waited for used (bash's `times`: what a suite's weight is made from)
-run_suite() {
+# it waited for used (bash's `times`: what a suite's weight is made from),
+# and each case's "WALL CPU NAME" in NAME.cases (tests/lib.sh's case_clock)
+run_suite() { # run_suite NAME FREE (the room free when it starts, in tenths)
 	local name=$1 t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
-	[ $((jobs * 10)) -le "$CAP" ] || jobs=$((CAP / 10))
+	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
+	rm -f "$LOGS/$name.cases"
+	local plain=""
+	[ "$SAN" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
 	{
-		(DP_JOBS=$jobs bash "tests/$name.sh" </dev/null 2>&1
+		(DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
 		exit $rc)
 		echo $? >"$LOGS/$name.rc"
 	} | stream "$name" "$LOGS/$name.log"
 	local cpu
-	cpu=$(sed -n 2p "$LOGS/$name.times" | awk '{
-		t = 0
-		for (i = 1; i <= 2; i++) { m = $i; sub(/m.*/, "", m); s = $i; sub(/.*m/, "", s); sub(/s$/, "", s); t += m * 60 + s }
-		printf "%d", t + 0.5 }')
+	cpu=$(sed -n 2p "$LOGS/$name.times" | awk -f tests/times.awk)
+	cpu=$(printf '%.0f' "${cpu:-0}")
 	echo "$(cat "$LOGS/$name.rc") $((SECONDS - t0)) ${cpu:-0}" >"$LOGS/$name.rc"
+	rm -f "$LOGS/$name.cases.t"
 }
 
 declare -A PID_OF START
@@ -205,10 +244,17 @@ running=0 used=0 alone_on=0
 tp=0 tf=0 ts=0 ncases=0 cpu_total=0
 failed=()
 t_start=$SECONDS
+# room NAME: the room NAME needs to start (in tenths): its weight, or a whole
+# CPU for the head of the queue (the header says why)
+room() {
+	local w=${WEIGHT[$1]}
+	[ "$1" = "${queue[0]}" ] && [ "$w" -gt 10 ] && w=10
+	echo "$w"
+}
 fits() {
 	[ $alone_on = 0 ] || return 1
 	[ $running = 0 ] && return 0
-	[ "${ALONE[$1]}" = 0 ] && [ $((used + WEIGHT[$1])) -le "$CAP" ]
+	[ "${ALONE[$1]}" = 0 ] && [ $((used + $(room "$1"))) -le "$CAP" ]
 }
 # The table's seconds, stretched by how much slower than them the suites
 # that ended ran (this machine's speed and load): slow is in tenths, >= 10.
@@ -224,7 +270,7 @@ shadow() {
 		echo "$e:${WEIGHT[$n]}"
 	done | sort -n); do
 		free=$((free + ${e#*:}))
-		[ "${ALONE[$h]}" = 0 ] && [ $free -ge "${WEIGHT[$h]}" ] && { echo "${e%:*}"; return; }
+		[ "${ALONE[$h]}" = 0 ] && [ $free -ge "$(room "$h")" ] && { echo "${e%:*}"; return; }
 	done
 	echo "${e%:*}"
 }
@@ -270,7 +316,7 @@ while :; do
 		rest=()
 		for q in "${queue[@]}"; do [ "$q" = "$n" ] || rest+=("$q"); done
 		queue=("${rest[@]}")
-		run_suite "$n" &
+		run_suite "$n" $((CAP - used)) &
 		PID_OF[$!]=$n START[$n]=$SECONDS
 		running=$((running + 1)) used=$((used + WEIGHT[$n]))
 		[ "${ALONE[$n]}" = 1 ] && alone_on=1
