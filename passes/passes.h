@@ -99,10 +99,21 @@ void stats_print(FILE *out, const Graph *g);
 /* "1.50 MiB", "12.3 MFLOP": the tables' readable figures. */
 const char *stats_human_bytes(char *buf, size_t len, double b);
 const char *stats_human_flops(char *buf, size_t len, double f);
+/* The ranks of the axis group of mask; the bytes of the whole buffer a
+ * collective moves (nccl-tests' S); the bus bytes' factor of S over n ranks
+ * (nccl-tests: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n). */
+int stats_group_ranks(const Graph *g, unsigned mask);
+double stats_coll_bytes(const Graph *g, const Node *n);
+double stats_bus_factor(IrOp op, int n);
 /* passes/roofline.c: `--stats --device NAME`, the step's roofline time per
  * kernel class on a GPU from its published peaks, and the MFU it implies. */
 int roofline_known(const char *name);
 const char *roofline_devices(void);
 void roofline_print(FILE *out, const Graph *g, const char *device);
+/* The model FLOPs of one optimizer step, as the MFU counts them: the GEMMs'
+ * (without a fused epilogue's, which go to *epilogue) and 12 T d per token
+ * and layer of attention, recomputed forwards left out; *tokens: the
+ * tokens a layer's attention sees per optimizer step (0: no attention). */
+double roofline_model_flops(const Graph *g, double *tokens, double *epilogue);
 
 #endif
