@@ -80,6 +80,16 @@ static void usage(FILE *out)
 		"                      stdout (and with -o, write the step file too)\n"
 		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
 		"                      on that GPU from its published peaks, and the MFU\n"
+		"      --simulate[=MACHINE]\n"
+		"                      replay the step one rank runs on a machine model and\n"
+		"                      print its predicted time, compute, communication,\n"
+		"                      exposed communication, streams' use, peak memory and\n"
+		"                      MFU (passes/simulate.c). MACHINE: a preset (h100-nvlink,\n"
+		"                      the default; a100-nvlink) or a JSON machine file\n"
+		"                      (util/machine.h)\n"
+		"      --simulate-trace=FILE\n"
+		"                      with --simulate: write the predicted timeline as a\n"
+		"                      Perfetto trace, in dpexec --trace's format\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -313,6 +323,42 @@ static int run_from_ir(const char *path, const char *list, int write_step, const
 	return pipeline_run_some(g, d, po, which, n);
 }
 
+/* --simulate: the prediction on stdout, the timeline to trace_path (or
+ * NULL). 0, or -1 after a message. */
+static int simulate_graph(const Graph *g, const Machine *mc, const char *trace_path)
+{
+	SimReport rep;
+	double t0 = now_ms();
+	if (sim_graph(g, mc, &rep, trace_path != NULL) < 0) {
+		fprintf(stderr, "dpc: --simulate: pp > 1 is not simulated yet (each stage runs its own "
+				"program, and their transfers pair up across ranks)\n");
+		return -1;
+	}
+	double took = now_ms() - t0;
+	sim_print(stdout, g, mc, &rep);
+	printf("%-16s %12.3f ms   (to simulate, after the compile)\n", "simulated in", took);
+	int rc = 0;
+	if (trace_path) {
+		char *buf = NULL, err[1024];
+		size_t len = 0;
+		FILE *mem = open_memstream(&buf, &len);
+		if (!mem)
+			die("out of memory");
+		sim_trace(mem, g, &rep);
+		if (fclose(mem) != 0)
+			die("out of memory");
+		OutFile f;
+		if (out_open(&f, trace_path, err, sizeof err) < 0 || (out_write(&f, buf, len),
+								  out_commit(&f, err, sizeof err)) < 0) {
+			fprintf(stderr, "dpc: --simulate-trace: %s\n", err);
+			rc = -1;
+		}
+		free(buf);
+	}
+	sim_report_free(&rep);
+	return rc;
+}
+
 enum {
 	OPT_WORLD = 256,
 	OPT_TP,
@@ -331,6 +377,8 @@ enum {
 	OPT_PASSES,
 	OPT_SET,
 	OPT_PRINT_SETTINGS,
+	OPT_SIMULATE,
+	OPT_SIMULATE_TRACE,
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
@@ -398,6 +446,8 @@ int main(int argc, char **argv)
 		{"passes", required_argument, NULL, OPT_PASSES},
 		{"set", required_argument, NULL, OPT_SET},
 		{"print-settings", no_argument, NULL, OPT_PRINT_SETTINGS},
+		{"simulate", optional_argument, NULL, OPT_SIMULATE},
+		{"simulate-trace", required_argument, NULL, OPT_SIMULATE_TRACE},
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
@@ -409,6 +459,7 @@ int main(int argc, char **argv)
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[4] = {0, 0, 0, 0}; /* --tp, --cp, --dp-replicate, --pp */
 	const char *from_ir = NULL, *passes = NULL;
+	const char *simulate = NULL, *sim_trace_path = NULL; /* --simulate's machine */
 	static const char shortopts[] = "o:vhD:";
 	int c;
 	opterr = 0; /* cli_bad_option says what is wrong, in our words */
@@ -512,6 +563,12 @@ int main(int argc, char **argv)
 			}
 			device = optarg;
 			break;
+		case OPT_SIMULATE:
+			simulate = optarg ? optarg : "h100-nvlink";
+			break;
+		case OPT_SIMULATE_TRACE:
+			sim_trace_path = optarg;
+			break;
 		case OPT_NO_VERIFY:
 			verify = 0;
 			break;
@@ -572,8 +629,34 @@ int main(int argc, char **argv)
 	/* Looking at a model (printing, dumping, stats) writes a step file only
 	 * when -o asks for one, never a ./BASENAME.bin on the side; so does IR
 	 * input, which prints its IR otherwise. */
+	if (sim_trace_path && !simulate) {
+		fprintf(stderr, "dpc: --simulate-trace writes what --simulate predicts: give --simulate too\n");
+		free(defines);
+		return 1;
+	}
+	Machine machine = {0};
+	if (simulate) { /* a bad machine file costs nothing */
+		char err[512];
+		if (machine_load(&machine, simulate, err, sizeof err) < 0) {
+			fprintf(stderr, "dpc: --simulate: %s\n", err);
+			free(defines);
+			return 1;
+		}
+	}
+	if (sim_trace_path) {
+		char err[1024] = "";
+		if (out_check(sim_trace_path, 0, err, sizeof err) < 0 ||
+		    check_output_not_input(path, sim_trace_path)) {
+			if (err[0])
+				fprintf(stderr, "dpc: --simulate-trace: %s\n", err);
+			machine_free(&machine);
+			free(defines);
+			return 1;
+		}
+	}
 	int write_step = output || emit == EMIT_STEP ||
-			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir);
+			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir &&
+			  !simulate);
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);
@@ -636,6 +719,10 @@ int main(int argc, char **argv)
 	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);
+	if (simulate && simulate_graph(g, &machine, sim_trace_path) < 0) {
+		status = 1;
+		goto out;
+	}
 	if (write_step) {
 		char err[512];
 		if (ir_write_step(g, output, err, sizeof err) < 0) {
@@ -652,6 +739,7 @@ int main(int argc, char **argv)
 	if (timing)
 		fprintf(stderr, "dpc: compiled %s in %.1f ms\n", path, now_ms() - t0);
 out:
+	machine_free(&machine);
 	ir_free(g);
 	free(src);
 	free(default_out);
