@@ -18,6 +18,11 @@
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
 #    carrying bytes and axes;
+#  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
+#    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
+#    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
+#    file there that is not one of 1 rank is refused and left as it was;
+#    pp > 1 is refused;
 #  - errors: an unknown machine, a bad machine file (file:line), pp > 1,
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
 #    writes no step file unless -o asks.
@@ -118,6 +123,45 @@ assert c and all(e["tid"] > 0 and e["args"]["bytes"] > 0 and "dp_shard" in e["ar
 	else
 		fail "trace: $out"
 	fi
+fi
+
+if case_on "calibrate"; then
+	"$DPC" models/mlp.dp --world-size 1 -o "$T/mlp1.bin" 2>/dev/null
+	"$DPC" models/mlp8.dp --world-size 1 -o "$T/mlp8.bin" 2>/dev/null
+	REPRO="$BUILD/dpexec mlp1.bin --device cpu --calibrate m.json"
+	"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal1.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --simulate="$T/m.json" >"$T/sim1.txt" 2>&1
+	# fc1: x [64, 784] (1 rank: micro_batch 64) by w [784, 256]
+	if grep -q "calibrated cpu-1-ranks" "$T/cal1.txt" && grep -q "cpu executor" "$T/sim1.txt" &&
+		$PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
+assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
+assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
+' "$T/m.json"; then
+		ok "calibrate: mlp at 1 rank: $(sed -n 's/^calibrated cpu-1-ranks: //p' "$T/cal1.txt" | cut -d, -f1-2)"
+	else
+		fail "calibrate: mlp at 1 rank"; cat "$T/cal1.txt" "$T/sim1.txt" | head -n 8
+	fi
+	"$DPEXEC" "$T/mlp8.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal2.txt" 2>&1
+	if $PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+shapes = {(g["m"], g["n"], g["k"]) for g in m["gemm"]}
+assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
+' "$T/m.json"; then
+		ok "calibrate: a second step file adds its shapes"
+	else
+		fail "calibrate: a second step file adds its shapes"; cat "$T/cal2.txt"
+	fi
+	echo '{"not": "a machine"}' >"$T/other.json"
+	expect "calibrate: refuses another file" "is there and is not a machine file of 1 rank" \
+		"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/other.json"
+	grep -q '"not"' "$T/other.json" || fail "calibrate: the refused file was changed"
+	"$DPC" models/mlp8.dp --pp 2 --world-size 2 -o "$T/pp.bin" 2>/dev/null
+	expect "calibrate: pp > 1" "calibrate with one of pp = 1" \
+		mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json"
 fi
 
 if case_on "errors"; then

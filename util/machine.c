@@ -282,6 +282,55 @@ void machine_free(Machine *m)
 	memset(m, 0, sizeof *m);
 }
 
+static cJSON *link_json(const MachLink *l)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "alpha_s", l->alpha_s);
+	cJSON_AddNumberToObject(o, "busbw", l->busbw);
+	return o;
+}
+
+char *machine_json(const Machine *m)
+{
+	static const char *const dt[MACH_NDTYPE] = {"f32", "bf16"};
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "name", m->name ? m->name : "");
+	cJSON_AddStringToObject(o, "source", m->source ? m->source : "");
+	cJSON_AddStringToObject(o, "executor", m->executor == MACH_CPU ? "cpu" : "gpu");
+	cJSON *pk = cJSON_AddObjectToObject(o, "peak_flops");
+	for (int d = 0; d < MACH_NDTYPE; d++)
+		cJSON_AddNumberToObject(pk, dt[d], m->peak_flops[d]);
+	cJSON *ga = cJSON_AddArrayToObject(o, "gemm");
+	for (int i = 0; i < m->ngemm; i++) {
+		cJSON *p = cJSON_CreateObject();
+		cJSON_AddStringToObject(p, "dtype", dt[m->gemm[i].dtype]);
+		cJSON_AddNumberToObject(p, "m", m->gemm[i].m);
+		cJSON_AddNumberToObject(p, "n", m->gemm[i].n);
+		cJSON_AddNumberToObject(p, "k", m->gemm[i].k);
+		cJSON_AddNumberToObject(p, "flops_per_s", m->gemm[i].flops_per_s);
+		cJSON_AddItemToArray(ga, p);
+	}
+	cJSON_AddNumberToObject(o, "memory_bw", m->memory_bw);
+	cJSON_AddNumberToObject(o, "kernel_overhead_s", m->kernel_overhead_s);
+	cJSON *ops = cJSON_AddObjectToObject(o, "ops");
+	for (int i = 0; i < m->nops; i++) {
+		cJSON *p = cJSON_AddObjectToObject(ops, m->ops[i].op);
+		if (m->ops[i].flops_per_s > 0)
+			cJSON_AddNumberToObject(p, "flops_per_s", m->ops[i].flops_per_s);
+		if (m->ops[i].bytes_per_s > 0)
+			cJSON_AddNumberToObject(p, "bytes_per_s", m->ops[i].bytes_per_s);
+		if (m->ops[i].overhead_s > 0)
+			cJSON_AddNumberToObject(p, "overhead_s", m->ops[i].overhead_s);
+	}
+	cJSON_AddNumberToObject(o, "ranks_per_node", m->ranks_per_node);
+	cJSON_AddItemToObject(o, "intra", link_json(&m->link[MACH_INTRA]));
+	cJSON_AddItemToObject(o, "inter", link_json(&m->link[MACH_INTER]));
+	cJSON_AddItemToObject(o, "p2p", link_json(&m->link[MACH_P2P]));
+	char *text = cJSON_Print(o);
+	cJSON_Delete(o);
+	return text;
+}
+
 double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk)
 {
 	double wsum = 0, lsum = 0;

@@ -77,6 +77,9 @@ int machine_load(Machine *m, const char *spec, char *err, size_t errlen);
 /* Parses JSON text (what machine_load reads); what names it in messages. */
 int machine_parse(Machine *m, const char *text, const char *what, char *err, size_t errlen);
 void machine_free(Machine *m);
+/* The machine as a JSON machine file (malloc'd text, NULL when out of
+ * memory): what machine_parse reads back. */
+char *machine_json(const Machine *m);
 /* The GEMM rate for an m x k by k x n product of dtype: the table's
  * interpolation, else the dtype's peak. */
 double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk);
