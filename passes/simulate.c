@@ -78,6 +78,7 @@ typedef struct {
 	Flow *fl;
 	int nfl, capfl;
 	int first_open; /* flows below are all done */
+	double done_end; /* the latest end among them */
 	double clock;   /* the fluid's time */
 	SimResult *r;
 } Sim;
@@ -140,17 +141,19 @@ static void fluid_step(Sim *s, double t)
 		}
 		s->clock = to;
 		while (s->first_open < s->nfl && s->fl[s->first_open].end >= 0)
-			s->first_open++;
+			s->done_end = fmax(s->done_end, s->fl[s->first_open++].end);
 		if (t < 0 || to >= t)
 			return;
 	}
 }
 
-/* Wait for flows [0, upto): the time the last of them ends. */
+/* Wait for flows [0, upto): a time by which all of them have ended (the
+ * last one's end, or a done flow's end <= the fluid's clock, which the
+ * walk has passed already: either way the same time to wait until). */
 static double fluid_wait(Sim *s, int upto)
 {
-	double end = 0;
-	for (int i = 0; i < upto; i++) {
+	double end = s->done_end;
+	for (int i = s->first_open; i < upto; i++) {
 		while (s->fl[i].end < 0)
 			fluid_step(s, -1);
 		end = fmax(end, s->fl[i].end);

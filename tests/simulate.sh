@@ -23,6 +23,14 @@
 #    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
 #    file there that is not one of 1 rank is refused and left as it was;
 #    pp > 1 is refused;
+#  - plan (compiler/plan.c): mlp at 4 ranks in 2.5 MiB per rank fits only
+#    full_shard on dp_shard=4 (1.95 MiB; ddp needs 3.90), which wins, and
+#    its -o step file is byte for byte the direct compile of the winner's
+#    settings; on the 1 MB/s machine with free kernels the winner moves the
+#    fewest bytes (tp=2: mlp's params are not split, nothing to reduce), and
+#    full_shard loses to ddp by its bus bytes over ddp's (its all_gathers and
+#    reduce_scatter against one all_reduce);
+#    a budget no plan fits is one line naming the smallest plan's memory;
 #  - errors: an unknown machine, a bad machine file (file:line), pp > 1,
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
 #    writes no step file unless -o asks.
@@ -162,6 +170,45 @@ assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
 	"$DPC" models/mlp8.dp --pp 2 --world-size 2 -o "$T/pp.bin" 2>/dev/null
 	expect "calibrate: pp > 1" "calibrate with one of pp = 1" \
 		mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json"
+fi
+
+if case_on "plan"; then
+	"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 2.5MiB -o "$T/win.bin" >"$T/plan.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 4 --tp 1 --cp 1 --dp-replicate 1 --set train.strategy=full_shard \
+		--set train.gradient_checkpointing=false --set train.prefetch=2 -o "$T/direct.bin" 2>/dev/null
+	if grep -q "^winner: tp=1 cp=1 dp_replicate=1 dp_shard=4 full_shard prefetch=2$" "$T/plan.txt" &&
+		! grep -E "^[0-9]+ " "$T/plan.txt" | grep -qv "full_shard" && cmp -s "$T/win.bin" "$T/direct.bin"; then
+		ok "plan: only full_shard fits 2.5 MiB, and -o writes it"
+	else
+		fail "plan: only full_shard fits 2.5 MiB"; sed 's/^/      /' "$T/plan.txt" | head -n 8
+	fi
+	once starved-gpu starved gpu 1e6
+	"$DPC" models/mlp.dp --plan --world-size 2 --simulate="$T/gpu.json" >"$T/plan2.txt" 2>&1
+	# one micro-batch a step: ddp reduces once, full_shard gathers and reduce_scatters
+	for st in ddp full_shard; do
+		"$DPC" models/mlp.dp --world-size 2 --set train.grad_accum=1 --set train.strategy=$st \
+			--simulate="$T/gpu.json" >"$T/$st.sim" 2>/dev/null
+		"$DPC" models/mlp.dp --world-size 2 --set train.grad_accum=1 --set train.strategy=$st \
+			--stats >"$T/$st.stats" 2>/dev/null
+	done
+	if grep -q "^winner: tp=2 cp=1 dp_replicate=1 dp_shard=1 ddp" "$T/plan2.txt" &&
+		out=$($PY - "$T" <<'EOF2'
+import re, sys
+t = sys.argv[1]
+def step(s): return float(re.search(r"^step time\s+([\d.]+) ms", open(f"{t}/{s}.sim").read(), re.M).group(1))
+def bus(s): return float(re.search(r"^total\s+\d+\s+\d+ \(.*?\)\s+(\d+) \(", open(f"{t}/{s}.stats").read(), re.M).group(1))
+r, b = step("full_shard") / step("ddp"), bus("full_shard") / bus("ddp")
+assert r > 1 and abs(r - b) < 1e-4, (r, b)
+print(f"full_shard {r:.4f} x ddp's step = its bus bytes' ratio")
+EOF2
+		); then
+		ok "plan: a starved link: the fewest bytes win (tp=2, nothing to reduce); $out"
+	else
+		fail "plan: a starved link: $out"; sed 's/^/      /' "$T/plan2.txt" | head -n 5
+	fi
+	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
+		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
+	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
 fi
 
 if case_on "errors"; then
