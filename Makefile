@@ -99,8 +99,9 @@ $(VEC_OBJ): $(BUILD)/runtime/cpu/vec_%.o: runtime/cpu/vec.c runtime/rt.h $(FORMA
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(VEC_FLAGS) $(DEPFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
 
+# cJSON: util/machine.c reads `dpc --simulate`'s machine files
 $(DPC): $(COMPILER_OBJ) $(BUILD)/compiler/dpc.o
-	$(CC) $(LDFLAGS) -o $@ $^ -lz -lm
+	$(CC) $(LDFLAGS) -o $@ $^ -lcjson -lz -lm
 
 $(DPEXEC): $(RUNTIME_OBJ) $(BUILD)/runtime/dpexec.o
 	$(MPICC) $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS) -ldl
@@ -119,7 +120,7 @@ $(TEXT2SHARD): tools/text2shard.c
 
 # C test programs: compiler-side ones link the compiler objects, runtime-side
 # ones the runtime objects (tests/unit.sh runs them).
-COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz
+COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz $(BUILD)/tests/simulate_test
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
                   $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test $(BUILD)/tests/ckpt_fuzz
 # util/ tests link util/ and format/ only
@@ -128,11 +129,11 @@ tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Icompiler -Iir -Iformat -Iutil -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lz -lm
+	$(CC) $(CFLAGS) -Icompiler -Iir -Iformat -Iutil -Ipasses -I$(BUILD)/gen $(LDFLAGS) -o $@ $^ -lcjson -lz -lm
 
 $(UTIL_TESTS): $(BUILD)/tests/%: tests/%.c $(SHARED_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iutil $(LDFLAGS) -o $@ $^ -lz -lm
+	$(CC) $(CFLAGS) -Iutil $(LDFLAGS) -o $@ $^ -lcjson -lz -lm
 
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)

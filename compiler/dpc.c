@@ -26,6 +26,7 @@
 #include "frontend.h"
 #include "outfile.h"
 #include "passes.h" /* the Makefile gives compiler/ no -Ipasses */
+#include "plan.h"
 
 
 static void usage(FILE *out)
@@ -80,6 +81,23 @@ static void usage(FILE *out)
 		"                      stdout (and with -o, write the step file too)\n"
 		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
 		"                      on that GPU from its published peaks, and the MFU\n"
+		"      --simulate[=MACHINE]\n"
+		"                      replay the step one rank runs on a machine model and\n"
+		"                      print its predicted time, compute, communication,\n"
+		"                      exposed communication, streams' use, peak memory and\n"
+		"                      MFU (passes/simulate.c). MACHINE: a preset (h100-nvlink,\n"
+		"                      the default; a100-nvlink) or a JSON machine file\n"
+		"                      (util/machine.h)\n"
+		"      --simulate-trace=FILE\n"
+		"                      with --simulate: write the predicted timeline as a\n"
+		"                      Perfetto trace, in dpexec --trace's format\n"
+		"      --plan          with --world-size N: compile and simulate every mesh\n"
+		"                      (tp, cp, dp_replicate, dp_shard), strategy, gradient\n"
+		"                      checkpointing and bucket_mb or prefetch, on --simulate's\n"
+		"                      machine; print the 10 fastest that fit --device-memory\n"
+		"                      (compiler/plan.c); -o writes the fastest's step file\n"
+		"      --device-memory=SIZE\n"
+		"                      with --plan: the memory of one rank (80GiB, 512MiB, bytes)\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -313,6 +331,83 @@ static int run_from_ir(const char *path, const char *list, int write_step, const
 	return pipeline_run_some(g, d, po, which, n);
 }
 
+/* "80GiB", "512MiB", "40GB", "1e9": bytes, or -1. */
+static int64_t parse_size(const char *s)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	static const struct {
+		const char *unit;
+		double scale;
+	} units[] = {{"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+		     {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+	if (errno || end == s || !(v > 0))
+		return -1;
+	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+		if (!strcmp(end, units[i].unit) && v * units[i].scale < 9e18)
+			return (int64_t)(v * units[i].scale);
+	return -1;
+}
+
+/* --plan: the search, then the winner's step file to output (or none). */
+static int run_plan(const char *path, int world, const FeDefine *defines, int ndefines,
+		    const FeSet *sets, int nsets, const Machine *mc, int64_t device_memory,
+		    const char *output)
+{
+	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
+		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory};
+	Graph *g = NULL;
+	int rc = plan_run(&po, stdout, &g) < 0 ? 1 : 0;
+	if (rc == 0 && output) {
+		char err[512];
+		if (!g || ir_write_step(g, output, err, sizeof err) < 0) {
+			fprintf(stderr, "dpc: %s\n", g ? err : "--plan: the winner does not compile again");
+			rc = 1;
+		} else {
+			printf("wrote %s\n", output);
+		}
+	}
+	ir_free(g);
+	return rc;
+}
+
+/* --simulate: the prediction on stdout, the timeline to trace_path (or
+ * NULL). 0, or -1 after a message. */
+static int simulate_graph(const Graph *g, const Machine *mc, const char *trace_path)
+{
+	SimReport rep;
+	double t0 = now_ms();
+	if (sim_graph(g, mc, &rep, trace_path != NULL) < 0) {
+		fprintf(stderr, "dpc: --simulate: pp > 1 is not simulated yet (each stage runs its own "
+				"program, and their transfers pair up across ranks)\n");
+		return -1;
+	}
+	double took = now_ms() - t0;
+	sim_print(stdout, g, mc, &rep);
+	printf("%-16s %12.3f ms   (to simulate, after the compile)\n", "simulated in", took);
+	int rc = 0;
+	if (trace_path) {
+		char *buf = NULL, err[1024];
+		size_t len = 0;
+		FILE *mem = open_memstream(&buf, &len);
+		if (!mem)
+			die("out of memory");
+		sim_trace(mem, g, &rep);
+		if (fclose(mem) != 0)
+			die("out of memory");
+		OutFile f;
+		if (out_open(&f, trace_path, err, sizeof err) < 0 || (out_write(&f, buf, len),
+								  out_commit(&f, err, sizeof err)) < 0) {
+			fprintf(stderr, "dpc: --simulate-trace: %s\n", err);
+			rc = -1;
+		}
+		free(buf);
+	}
+	sim_report_free(&rep);
+	return rc;
+}
+
 enum {
 	OPT_WORLD = 256,
 	OPT_TP,
@@ -331,6 +426,10 @@ enum {
 	OPT_PASSES,
 	OPT_SET,
 	OPT_PRINT_SETTINGS,
+	OPT_SIMULATE,
+	OPT_SIMULATE_TRACE,
+	OPT_PLAN,
+	OPT_DEVICE_MEMORY,
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
@@ -398,6 +497,10 @@ int main(int argc, char **argv)
 		{"passes", required_argument, NULL, OPT_PASSES},
 		{"set", required_argument, NULL, OPT_SET},
 		{"print-settings", no_argument, NULL, OPT_PRINT_SETTINGS},
+		{"simulate", optional_argument, NULL, OPT_SIMULATE},
+		{"simulate-trace", required_argument, NULL, OPT_SIMULATE_TRACE},
+		{"plan", no_argument, NULL, OPT_PLAN},
+		{"device-memory", required_argument, NULL, OPT_DEVICE_MEMORY},
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
@@ -409,6 +512,9 @@ int main(int argc, char **argv)
 	int world = 0, emit = EMIT_DEFAULT, stats = 0, verify = 1, timing = 0;
 	int axis[4] = {0, 0, 0, 0}; /* --tp, --cp, --dp-replicate, --pp */
 	const char *from_ir = NULL, *passes = NULL;
+	const char *simulate = NULL, *sim_trace_path = NULL; /* --simulate's machine */
+	int plan = 0;
+	int64_t device_memory = 0; /* --device-memory, bytes; 0: none */
 	static const char shortopts[] = "o:vhD:";
 	int c;
 	opterr = 0; /* cli_bad_option says what is wrong, in our words */
@@ -512,6 +618,22 @@ int main(int argc, char **argv)
 			}
 			device = optarg;
 			break;
+		case OPT_SIMULATE:
+			simulate = optarg ? optarg : "h100-nvlink";
+			break;
+		case OPT_SIMULATE_TRACE:
+			sim_trace_path = optarg;
+			break;
+		case OPT_PLAN:
+			plan = 1;
+			break;
+		case OPT_DEVICE_MEMORY:
+			if ((device_memory = parse_size(optarg)) <= 0) {
+				fprintf(stderr, "dpc: --device-memory wants a size (80GiB, 512MiB, 40GB, bytes), "
+						"not '%s'\n", optarg);
+				return 1;
+			}
+			break;
 		case OPT_NO_VERIFY:
 			verify = 0;
 			break;
@@ -572,8 +694,57 @@ int main(int argc, char **argv)
 	/* Looking at a model (printing, dumping, stats) writes a step file only
 	 * when -o asks for one, never a ./BASENAME.bin on the side; so does IR
 	 * input, which prints its IR otherwise. */
+	if (plan && (from_ir || !world || axis[0] || axis[1] || axis[2] || axis[3] || sim_trace_path ||
+		     emit != EMIT_DEFAULT || stats)) {
+		fprintf(stderr, "dpc: --plan searches the mesh of a model for --world-size N: give it a "
+				".dp file and --world-size, without --tp, --cp, --dp-replicate, --pp, --emit, "
+				"--stats or --simulate-trace\n");
+		free(defines);
+		return 1;
+	}
+	if (device_memory && !plan) {
+		fprintf(stderr, "dpc: --device-memory bounds --plan's search: give --plan too\n");
+		free(defines);
+		return 1;
+	}
+	if (plan && !simulate)
+		simulate = "h100-nvlink";
+	if (sim_trace_path && !simulate) {
+		fprintf(stderr, "dpc: --simulate-trace writes what --simulate predicts: give --simulate too\n");
+		free(defines);
+		return 1;
+	}
+	Machine machine = {0};
+	if (simulate) { /* a bad machine file costs nothing */
+		char err[512];
+		if (machine_load(&machine, simulate, err, sizeof err) < 0) {
+			fprintf(stderr, "dpc: --simulate: %s\n", err);
+			free(defines);
+			return 1;
+		}
+	}
+	if (sim_trace_path) {
+		char err[1024] = "";
+		if (out_check(sim_trace_path, 0, err, sizeof err) < 0 ||
+		    check_output_not_input(path, sim_trace_path)) {
+			if (err[0])
+				fprintf(stderr, "dpc: --simulate-trace: %s\n", err);
+			machine_free(&machine);
+			free(defines);
+			return 1;
+		}
+	}
 	int write_step = output || emit == EMIT_STEP ||
-			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir);
+			 (emit == EMIT_DEFAULT && !dump_after && !dump_dir && !stats && !from_ir &&
+			  !simulate);
+	if (plan) { /* the search compiles; -o writes the winner */
+		int prc = run_plan(path, world, defines, ndefines, sets, nsets, &machine, device_memory,
+				   output);
+		machine_free(&machine);
+		free(defines);
+		free_sets(sets, nsets);
+		return prc;
+	}
 	char *default_out = NULL;
 	if (write_step && !output) {
 		default_out = default_output(path);
@@ -636,6 +807,10 @@ int main(int argc, char **argv)
 	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);
+	if (simulate && simulate_graph(g, &machine, sim_trace_path) < 0) {
+		status = 1;
+		goto out;
+	}
 	if (write_step) {
 		char err[512];
 		if (ir_write_step(g, output, err, sizeof err) < 0) {
@@ -652,6 +827,7 @@ int main(int argc, char **argv)
 	if (timing)
 		fprintf(stderr, "dpc: compiled %s in %.1f ms\n", path, now_ms() - t0);
 out:
+	machine_free(&machine);
 	ir_free(g);
 	free(src);
 	free(default_out);

@@ -10,6 +10,7 @@
 #define DP_PASSES_H
 
 #include "ir.h"
+#include "machine.h"
 
 typedef struct {
 	const char *name; /* as used by --dump-after and printed by --print-pipeline */
@@ -99,10 +100,75 @@ void stats_print(FILE *out, const Graph *g);
 /* "1.50 MiB", "12.3 MFLOP": the tables' readable figures. */
 const char *stats_human_bytes(char *buf, size_t len, double b);
 const char *stats_human_flops(char *buf, size_t len, double f);
+/* The ranks of the axis group of mask; the bytes of the whole buffer a
+ * collective moves (nccl-tests' S); the bus bytes' factor of S over n ranks
+ * (nccl-tests: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n). */
+int stats_group_ranks(const Graph *g, unsigned mask);
+double stats_coll_bytes(const Graph *g, const Node *n);
+double stats_bus_factor(IrOp op, int n);
 /* passes/roofline.c: `--stats --device NAME`, the step's roofline time per
  * kernel class on a GPU from its published peaks, and the MFU it implies. */
 int roofline_known(const char *name);
 const char *roofline_devices(void);
 void roofline_print(FILE *out, const Graph *g, const char *device);
+/* The model FLOPs of one optimizer step, as the MFU counts them: the GEMMs'
+ * (without a fused epilogue's, which go to *epilogue) and 12 T d per token
+ * and layer of attention, recomputed forwards left out; *tokens: the
+ * tokens a layer's attention sees per optimizer step (0: no attention). */
+double roofline_model_flops(const Graph *g, double *tokens, double *epilogue);
+
+/* passes/simulate.c: `dpc --simulate`, the STEP program replayed on a
+ * machine model. A SimOp is one instruction with its cost on the machine. */
+typedef enum {
+	SIM_KERNEL, /* runs dur seconds on its stream */
+	SIM_COLL,   /* a collective: alpha, then bytes over link_bw[link] shared
+	               with the collectives moving on that link */
+	SIM_RECORD, /* EVENT_RECORD event on its stream */
+	SIM_WAIT,   /* EVENT_WAIT event on its stream */
+} SimKind;
+typedef struct {
+	SimKind kind;
+	int stream;        /* DP_STREAM_COMPUTE / DP_STREAM_COMM */
+	unsigned flags;    /* DP_IF_LAST: the last micro-batch only */
+	double dur;        /* SIM_KERNEL: seconds */
+	double alpha;      /* SIM_COLL: seconds before its bytes move */
+	double bytes;      /* SIM_COLL: bus bytes */
+	int link;          /* SIM_COLL: MACH_INTRA, MACH_INTER, MACH_P2P */
+	int event;         /* SIM_RECORD, SIM_WAIT */
+} SimOp;
+/* A span of the predicted timeline: lane 0 the compute stream (the host on
+ * the cpu executor), -1 a wait on it, 1.. the comm lanes. */
+typedef struct {
+	double t0, t1;
+	int op, micro, lane;
+} SimSpan;
+typedef struct {
+	double step_s;                /* the optimizer step's time */
+	double busy[DP_NSTREAM];      /* each stream's busy seconds */
+	double comm_s;                /* seconds with a collective in flight */
+	double exposed_s;             /* seconds the compute stream waited on events */
+	int want_spans;               /* fill spans (the trace) */
+	SimSpan *spans;
+	int nspans, capspans;
+} SimResult;
+/* Replays ops[0..n-1] accum times (DP_IF_LAST ops on the last only) on the
+ * executor (MACH_GPU, MACH_CPU) with the links' bandwidths (bytes/s). */
+int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
+	    SimResult *r);
+/* The STEP program's SimOps on machine mc; nodes[k]: ops[k]'s node index. */
+int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **nodes);
+typedef struct {
+	SimOp *ops;
+	int *nodes;
+	int nops;
+	SimResult res;
+	double model_flops, tokens; /* per optimizer step (roofline_model_flops) */
+} SimReport;
+/* Simulates g on mc: 0, or -1 when g is not simulated (pp > 1). */
+int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
+void sim_report_free(SimReport *rep);
+void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *rep);
+/* The predicted timeline as runtime/trace.c's Perfetto JSON (rank 0). */
+void sim_trace(FILE *f, const Graph *g, const SimReport *rep);
 
 #endif

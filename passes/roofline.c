@@ -195,6 +195,34 @@ static double attn_executed(const Graph *g, int j, int *tensor)
 	}
 }
 
+double roofline_model_flops(const Graph *g, double *tokens, double *epilogue)
+{
+	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1, model = 0;
+	*tokens = *epilogue = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL ||
+		    n->recompute)
+			continue;
+		double f = 0, b = 0, times = n->flags & DP_IF_LAST ? 1 : accum;
+		ir_ops[n->op].cost(g, n, &f, &b);
+		if (class_of(n->op) == C_GEMM) { /* the product's: not a fused epilogue's gelu */
+			model += times * (f - epilogue_flops(g, n));
+			*epilogue += times * epilogue_flops(g, n);
+		}
+		if (n->op == DP_OP_ATTENTION) { /* qkv [.., T, 3 d]: 12 T d per token */
+			const Value *q = g->values[n->in[0]];
+			double T = (double)q->dims[q->ndim - 2], dm = (double)q->dims[q->ndim - 1] / 3;
+			double tok = 1;
+			for (int k = 0; k < q->ndim - 1; k++)
+				tok *= (double)q->dims[k];
+			model += times * 12 * T * dm * tok;
+			*tokens = times * tok; /* every layer's attention sees the same tokens */
+		}
+	}
+	return model;
+}
+
 /* The time of one node's cost at `rate`, in ms. */
 static double node_ms(const Device *d, double flops, double bytes, double rate)
 {
@@ -242,22 +270,8 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		r->cuda |= rate == d->fp32 && f > 0;
 		if (c == C_ATTN)
 			attn_tc_ms += times * node_ms(d, run, b, d->bf16);
-		if (n->recompute)
-			continue;
-		if (c == C_GEMM) { /* the product's: not a fused epilogue's gelu */
-			model += times * (f - epilogue_flops(g, n));
-			epilogue += times * epilogue_flops(g, n);
-		}
-		if (n->op == DP_OP_ATTENTION) { /* qkv [.., T, 3 d]: 12 T d per token */
-			const Value *q = g->values[n->in[0]];
-			double T = (double)q->dims[q->ndim - 2], dm = (double)q->dims[q->ndim - 1] / 3;
-			double tok = 1;
-			for (int k = 0; k < q->ndim - 1; k++)
-				tok *= (double)q->dims[k];
-			model += times * 12 * T * dm * tok;
-			tokens = times * tok; /* every layer's attention sees the same tokens */
-		}
 	}
+	model = roofline_model_flops(g, &tokens, &epilogue);
 	char c1[64], c2[64];
 	fprintf(out, "roofline on %s (%s: %.1f TFLOP/s dense bf16 and %.1f tf32 on tensor cores, "
 		"%.1f fp32 on CUDA cores, %.2f TB/s), per rank, per optimizer step: each kernel at the "

@@ -79,7 +79,7 @@ static void axes_text(char *buf, size_t len, unsigned mask)
 		snprintf(buf, len, "-");
 }
 
-static int group_ranks(const Graph *g, unsigned mask)
+int stats_group_ranks(const Graph *g, unsigned mask)
 {
 	int n = 1;
 	for (int a = 0; a < DP_MAX_AXES; a++)
@@ -88,14 +88,13 @@ static int group_ranks(const Graph *g, unsigned mask)
 	return n;
 }
 
-/* Bytes of the whole buffer a collective moves (nccl-tests' S). */
-static double coll_bytes(const Graph *g, const Node *n)
+double stats_coll_bytes(const Graph *g, const Node *n)
 {
 	const Value *v = g->values[n->op == DP_OP_REDUCE_SCATTER ? n->in[0] : n->out];
 	return (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
 }
 
-static double bus_factor(IrOp op, int n)
+double stats_bus_factor(IrOp op, int n)
 {
 	if (n <= 1)
 		return 0;
@@ -131,13 +130,13 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 		if (r == nrows) {
 			if (nrows == (int)(sizeof rows / sizeof rows[0]))
 				die("stats: too many collective kinds");
-			rows[nrows++] = (Row){n->op, axes, group_ranks(g, axes), 0, 0, 0, 0};
+			rows[nrows++] = (Row){n->op, axes, stats_group_ranks(g, axes), 0, 0, 0, 0};
 		}
 		double mult = (n->flags & DP_IF_LAST) ? 1 : accum;
-		double s = coll_bytes(g, n);
+		double s = stats_coll_bytes(g, n);
 		rows[r].calls += mult;
 		rows[r].bytes += mult * s;
-		rows[r].bus += mult * s * bus_factor(n->op, rows[r].ranks);
+		rows[r].bus += mult * s * stats_bus_factor(n->op, rows[r].ranks);
 		if (n->bucket >= 0 && n->bucket < g->nbuckets && !seen_bucket[n->bucket]) {
 			seen_bucket[n->bucket] = 1;
 			rows[r].buckets++;

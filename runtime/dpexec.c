@@ -87,6 +87,7 @@ typedef struct {
 	unsigned char given[DP_NSETTINGS];
 	int64_t value[DP_NSETTINGS];
 	int quiet, verbose, check_grads, no_progress, no_graph;
+	const char *calibrate; /* --calibrate FILE: measure the machine into FILE and exit */
 	int timestamps;      /* --timestamps: every console line starts with its time */
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
@@ -165,6 +166,11 @@ static void usage(FILE *f)
 		"                        file (rank 0; DSL names)\n"
 		"  --check-grads         compare gradients with finite differences on the first\n"
 		"                        micro-batch (1 rank) and exit; non-zero if any fails\n"
+		"  --calibrate FILE      measure this machine at this world size for `dpc\n"
+		"                        --simulate=FILE`: the step file's kernels at their\n"
+		"                        shapes and MPI's collectives (runtime/calibrate.c);\n"
+		"                        a FILE calibrated at this world size before keeps\n"
+		"                        what this step file does not measure\n"
 		"  --timeout SEC         fail (instead of hanging) when a collective or any wait\n"
 		"                        for another rank takes longer than SEC seconds\n"
 		"                        (default 600, as PyTorch's process groups; 0: no limit)\n"
@@ -287,7 +293,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS,
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_CALIBRATE,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -297,6 +303,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"verbose", no_argument, NULL, O_VERBOSE},
 		{"timestamps", no_argument, NULL, O_TIMESTAMPS},
 		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
+		{"calibrate", required_argument, NULL, O_CALIBRATE},
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
@@ -358,6 +365,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_CHECK_GRADS:
 			o->check_grads = 1;
+			break;
+		case O_CALIBRATE:
+			o->calibrate = optarg;
 			break;
 		case O_NO_PROGRESS:
 			o->no_progress = 1;
@@ -635,8 +645,8 @@ static int save_state(Run *r, uint64_t step, double loss)
 static int check_outputs(Run *r)
 {
 	char err[1024];
-	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace};
-	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace"};
+	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace, r->o.calibrate};
+	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace", "--calibrate"};
 	enum { NOUT = sizeof paths / sizeof paths[0] };
 	if (r->rank != 0)
 		return 0;
@@ -727,7 +737,7 @@ static int setup_local(Run *r)
 			       "of %lld", (long long)data_count(r->train), (long long)global_batch);
 	r->x.train = r->train;
 	r->x.eval = r->eval;
-	if (r->o.check_grads)
+	if (r->o.check_grads || r->o.calibrate)
 		return 0;
 
 	RT_CHECK(ckpt_new(&r->ck, &r->x, &r->w, r->o.step_path, e));
@@ -1169,6 +1179,10 @@ static int run(Run *r)
 			printf("interrupted by %s before the first step; nothing was saved\n",
 			       sig_name(r->w.sig));
 		return 128 + r->w.sig;
+	}
+	if (r->o.calibrate) {
+		int c = calibrate_run(&r->x, r->o.calibrate, r->o.step_path, r->rank, r->world, &r->e);
+		return world_sync(&r->w, c, 0, &r->e);
 	}
 	if (r->o.check_grads) {
 		int g = gradcheck_run(&r->x, &r->e);

@@ -169,6 +169,12 @@ int exec_describe(Exec *x, char *buf, size_t len);
 void exec_abort(Exec *x);
 void exec_free(Exec *x);
 
+/* ---- dpexec --calibrate (runtime/calibrate.c) ---- */
+
+/* Measure this machine into the machine file at path (rank 0 writes it);
+ * every rank calls it after set-up. */
+int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, int world, RtErr *e);
+
 /* ---- dpexec --trace (runtime/trace.c): a Chrome/Perfetto trace ---- */
 
 #define TRACE_END UINT32_MAX

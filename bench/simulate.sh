@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bench/simulate.sh - dpc --simulate against dpexec on this machine.
+#
+# Per world size N (1, 2, 4): calibrate (dpexec --calibrate, runtime/calibrate.c)
+# with the ddp step file of each model (mlp, gpt2-tiny, llama) into one
+# machine file, cpu-N.json; then, for every configuration (the models under
+# ddp, zero1, zero2, full_shard; hybrid_shard on 2x2; tp=2 and cp=2 where the
+# transformers take them, alone at 2 ranks and with dp_shard=2 at 4), predict
+# the step time (dpc --simulate=cpu-N.json) and measure it (dpexec, the
+# median ms/step of steps 3..STEPS from --log-json). Prints each error, the
+# MAPE, the largest error and Kendall's tau between the predicted and the
+# measured order, over all configurations and within each (model, N) group.
+# The machine is shared: the ddp runs are measured a second time, and the
+# median |difference| between the two measurements is printed as the noise
+# to set the errors against.
+#   STEPS=12 bash bench/simulate.sh
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+STEPS=${STEPS:-12}
+. tests/lib.sh # the MPI-as-root settings
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+[ -f build/data/fortunes.bin ] || { echo "simulate.sh: build/data/fortunes.bin: run make demo-gpt first" >&2; exit 1; }
+
+# compile NAME MODEL N ARGS...: $T/NAME.bin
+compile() {
+	local name=$1 model=$2 n=$3; shift 3
+	"$DPC" "$model" --world-size "$n" -o "$T/$name.bin" "$@" 2>/dev/null
+}
+# measure NAME N: median ms/step of steps 3.. of $T/NAME.bin on N ranks
+measure() {
+	rm -f "$T/$1.log"
+	mpirun --oversubscribe -np "$2" "$DPEXEC" "$T/$1.bin" --device cpu --steps "$STEPS" \
+		--log-every 1 --eval-every 0 --quiet --log-json "$T/$1.log" >/dev/null 2>&1
+	$PY -c '
+import json, statistics, sys
+v = [json.loads(l)["ms_per_step"] for l in open(sys.argv[1]) if "ms_per_step" in l][2:]
+print(f"{statistics.median(v):.3f}")' "$T/$1.log"
+}
+predict() { # predict NAME MODEL N ARGS...
+	local name=$1 model=$2 n=$3; shift 3
+	"$DPC" "$model" --world-size "$n" --simulate="$T/cpu-$n.json" "$@" 2>/dev/null |
+		sed -n 's/^step time *\([0-9.]*\) ms/\1/p'
+}
+
+: >"$T/rows"
+for n in 1 2 4; do
+	for m in mlp gpt2-tiny llama; do
+		compile "cal-$m-$n" "models/$m.dp" "$n"
+		mpirun --oversubscribe -np "$n" "$DPEXEC" "$T/cal-$m-$n.bin" --device cpu --quiet \
+			--calibrate "$T/cpu-$n.json" | sed 's/^/  /'
+	done
+	cp "$T/cpu-$n.json" "$BUILD/cpu-$n.json"
+	for m in mlp gpt2-tiny llama; do
+		confs="ddp zero1 zero2 full_shard"
+		[ "$n" = 1 ] && confs="ddp"
+		[ "$n" = 4 ] && confs="ddp zero2 full_shard hybrid_shard"
+		[ "$m" != mlp ] && [ "$n" -gt 1 ] && confs="$confs tp2 cp2"
+		for c in $confs; do
+			case $c in
+			tp2) args=(--tp 2) ;;
+			cp2) args=(--cp 2) ;;
+			hybrid_shard) args=(--dp-replicate 2 --set train.strategy=hybrid_shard) ;;
+			*) args=(--set "train.strategy=$c") ;;
+			esac
+			name="$m-$n-$c"
+			compile "$name" "models/$m.dp" "$n" "${args[@]}" || { echo "  $name: does not compile"; continue; }
+			p=$(predict "$name" "models/$m.dp" "$n" "${args[@]}")
+			t=$(measure "$name" "$n")
+			again=-
+			[ "$c" = ddp ] && again=$(measure "$name" "$n")
+			echo "$m $n $c $p $t $again" | tee -a "$T/rows"
+		done
+	done
+done
+$PY - "$T/rows" <<'EOF'
+import itertools, statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+def tau(a, b):
+    c = d = 0
+    for i, j in itertools.combinations(range(len(a)), 2):
+        s = (a[i] - a[j]) * (b[i] - b[j])
+        c += s > 0
+        d += s < 0
+    return (c - d) / (c + d) if c + d else 1.0
+print(f"\n{'model':10} {'N':>2} {'config':13} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+errs = []
+for m, n, c, p, t, _ in rows:
+    e = (float(p) - float(t)) / float(t)
+    errs.append(abs(e))
+    print(f"{m:10} {n:>2} {c:13} {float(p):13.2f} {float(t):12.2f} {100 * e:+7.1f}%")
+print(f"\nMAPE {100 * statistics.mean(errs):.1f} % over {len(errs)} configurations, largest "
+      f"{100 * max(errs):.1f} %")
+P = [float(r[3]) for r in rows]
+M = [float(r[4]) for r in rows]
+print(f"Kendall tau, all configurations: {tau(P, M):.3f}")
+taus = []
+for key, grp in itertools.groupby(rows, key=lambda r: (r[0], r[1])):
+    g = list(grp)
+    if len(g) > 1:
+        t = tau([float(r[3]) for r in g], [float(r[4]) for r in g])
+        taus.append(t)
+        print(f"  {key[0]} at {key[1]} ranks: tau {t:.3f} over {len(g)}")
+noise = [abs(float(r[5]) - float(r[4])) / float(r[4]) for r in rows if r[5] != "-"]
+print(f"noise: the ddp runs measured twice differ by {100 * statistics.median(noise):.1f} % "
+      f"(median), {100 * max(noise):.1f} % at most")
+EOF

@@ -1,0 +1,552 @@
+/*
+ * simulate.c - `dpc --simulate[=MACHINE]`: the compiled step of one rank
+ * replayed as a discrete-event simulation on a machine model
+ * (util/machine.h), predicting its time before any machine runs it.
+ *
+ * Input: the final (memory-planned) graph, whose STEP program is the
+ * instruction list every rank runs (ir/stepfile_write.c writes it in this
+ * order): kernels and collectives on the compute and comm streams, and the
+ * events between them (passes/schedule.c). One optimizer step is the
+ * program run grad_accum times, DP_IF_LAST instructions on the last run
+ * only, as runtime/exec.c's exec_step runs it; the streams carry over from
+ * one run to the next.
+ *
+ * Two steps: sim_build turns each STEP instruction into a SimOp with its
+ * cost on the machine (a kernel's seconds; a collective's latency, bus
+ * bytes and link), sim_run replays the SimOps. sim_run is the simulator's
+ * whole arithmetic, and tests/simulate_test.c checks it on hand-built
+ * schedules.
+ *
+ * Costs. A kernel: the machine's per-kernel overhead plus the larger of its
+ * FLOPs over the rate it runs at and its bytes over the memory bandwidth
+ * (the op registry's cost rule, as --stats counts them): a GEMM's rate is
+ * the machine's GEMM table at its m, n, k and operand dtype, an op with an
+ * entry of its own in the machine file (attention, norms) takes that
+ * entry's rates, anything else the dtype's peak. A collective: alpha plus
+ * its bus bytes (nccl-tests' factor of the whole buffer, as --stats) over
+ * the link of its axis group: intra-node when the group's ranks lie in one
+ * node (rank layout row-major, pp outermost, tp fastest), else inter-node;
+ * pipeline transfers over the p2p link. Loads copy at memory bandwidth.
+ *
+ * How the streams run, as each backend issues them (Machine.executor):
+ *  - gpu: each stream runs its instructions in order (CUDA streams; the
+ *    whole step is one graph launch, so issuing costs nothing); an
+ *    EVENT_RECORD marks the stream's time, an EVENT_WAIT holds its stream
+ *    until then. The comm stream runs one collective at a time.
+ *  - cpu (runtime/cpu/streams.c): the host walks the program; a compute
+ *    kernel runs when the walk reaches it and holds the host; a collective
+ *    starts when reached and runs beside what follows, concurrently with
+ *    the other collectives in flight; an EVENT_RECORD on comm covers every
+ *    collective started so far and a wait for it on compute holds the host
+ *    until they are done; a kernel on the comm stream waits for every
+ *    collective before it.
+ * Collectives in flight together share their link's bandwidth equally
+ * (a fluid model: each one's bus bytes drain at busbw / the number moving
+ * on that link, after its alpha); on the gpu executor only collectives of
+ * other streams could meet, and there is one comm stream.
+ *
+ * Reported, per rank and optimizer step: the step time (the later stream's
+ * end), compute (the compute stream's busy time), communication (the time
+ * any collective is in flight), the exposed communication (the time the
+ * compute stream waited on events: the part the schedule did not hide),
+ * each stream's utilisation, the peak memory (the memory plan's arena, the
+ * exact figure: one allocation per rank) and the MFU (roofline_model_flops
+ * over the step time at the machine's bf16 peak).
+ *
+ * Not simulated: pp > 1 (the stages' programs differ and their transfers
+ * pair up across ranks; refused with a message), the host's own time on
+ * the gpu executor, and contention between compute and communication for
+ * memory bandwidth or SMs.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+/* ---- the replay ---- */
+
+typedef struct {
+	double start, lat_end, left, end; /* end < 0: in flight */
+	int link, op, micro;
+} Flow;
+
+typedef struct {
+	const SimOp *ops;
+	int executor;
+	const double *link_bw;
+	Flow *fl;
+	int nfl, capfl;
+	int first_open; /* flows below are all done */
+	double done_end; /* the latest end among them */
+	double clock;   /* the fluid's time */
+	SimResult *r;
+} Sim;
+
+static void add_span(SimResult *r, double t0, double t1, int op, int micro, int lane)
+{
+	if (!r->want_spans)
+		return;
+	if (r->nspans == r->capspans) {
+		r->capspans = r->capspans ? 2 * r->capspans : 256;
+		r->spans = realloc(r->spans, sizeof *r->spans * (size_t)r->capspans);
+		if (!r->spans)
+			die("out of memory");
+	}
+	r->spans[r->nspans++] = (SimSpan){t0, t1, op, micro, lane};
+}
+
+/* Advance the fluid to time t, or (t < 0) to its next completion. */
+static void fluid_step(Sim *s, double t)
+{
+	if (t >= 0 && t <= s->clock)
+		return;
+	for (;;) {
+		int moving[MACH_NLINK] = {0}, any = 0;
+		double next = INFINITY;
+		for (int i = s->first_open; i < s->nfl; i++) {
+			Flow *f = &s->fl[i];
+			if (f->end >= 0)
+				continue;
+			any = 1;
+			if (f->lat_end > s->clock)
+				next = fmin(next, f->lat_end);
+			else
+				moving[f->link]++;
+		}
+		if (!any) {
+			if (t >= 0)
+				s->clock = t;
+			return;
+		}
+		for (int i = s->first_open; i < s->nfl; i++) {
+			Flow *f = &s->fl[i];
+			if (f->end < 0 && f->lat_end <= s->clock)
+				next = fmin(next, s->clock + f->left * moving[f->link] / s->link_bw[f->link]);
+		}
+		double to = t >= 0 ? fmin(next, t) : next;
+		for (int i = s->first_open; i < s->nfl; i++) {
+			Flow *f = &s->fl[i];
+			if (f->end >= 0 || f->lat_end > s->clock)
+				continue;
+			double share = s->link_bw[f->link] / moving[f->link];
+			double fin = s->clock + f->left / share;
+			if (fin <= to + 1e-15 * fabs(to)) {
+				f->left = 0;
+				f->end = fin;
+				add_span(s->r, f->start, f->end, f->op, f->micro, 1);
+			} else {
+				f->left -= (to - s->clock) * share;
+			}
+		}
+		s->clock = to;
+		while (s->first_open < s->nfl && s->fl[s->first_open].end >= 0)
+			s->done_end = fmax(s->done_end, s->fl[s->first_open++].end);
+		if (t < 0 || to >= t)
+			return;
+	}
+}
+
+/* Wait for flows [0, upto): a time by which all of them have ended (the
+ * last one's end, or a done flow's end <= the fluid's clock, which the
+ * walk has passed already: either way the same time to wait until). */
+static double fluid_wait(Sim *s, int upto)
+{
+	double end = s->done_end;
+	for (int i = s->first_open; i < upto; i++) {
+		while (s->fl[i].end < 0)
+			fluid_step(s, -1);
+		end = fmax(end, s->fl[i].end);
+	}
+	return end;
+}
+
+static void fluid_start(Sim *s, double t, const SimOp *op, int idx, int micro)
+{
+	fluid_step(s, t);
+	if (s->nfl == s->capfl) {
+		s->capfl = s->capfl ? 2 * s->capfl : 64;
+		s->fl = realloc(s->fl, sizeof *s->fl * (size_t)s->capfl);
+		if (!s->fl)
+			die("out of memory");
+	}
+	s->fl[s->nfl++] = (Flow){t, t + op->alpha, op->bytes, -1, op->link, idx, micro};
+}
+
+/* The length of the union of the flows' intervals (they start in order). */
+static double flows_union(const Sim *s)
+{
+	double total = 0, lo = 0, hi = -1;
+	for (int i = 0; i < s->nfl; i++) {
+		const Flow *f = &s->fl[i];
+		if (f->start > hi) {
+			if (hi > lo)
+				total += hi - lo;
+			lo = f->start;
+			hi = f->end;
+		} else {
+			hi = fmax(hi, f->end);
+		}
+	}
+	if (hi > lo)
+		total += hi - lo;
+	return total;
+}
+
+int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
+	    SimResult *r)
+{
+	Sim s = {.ops = ops, .executor = executor, .link_bw = link_bw, .r = r};
+	double tail[DP_NSTREAM] = {0, 0}, host = 0;
+	double *ev_time = calloc((size_t)nevents + 1, sizeof *ev_time); /* gpu: when it is reached */
+	int *ev_flows = calloc((size_t)nevents + 1, sizeof *ev_flows);  /* cpu: flows it covers */
+	if (!ev_time || !ev_flows)
+		die("out of memory");
+	r->busy[DP_STREAM_COMPUTE] = r->busy[DP_STREAM_COMM] = r->exposed_s = 0;
+	r->nspans = 0;
+	for (int mb = 0; mb < accum; mb++) {
+		for (int i = 0; i < n; i++) {
+			const SimOp *o = &ops[i];
+			if ((o->flags & DP_IF_LAST) && mb != accum - 1)
+				continue;
+			if (executor == MACH_CPU) {
+				switch (o->kind) {
+				case SIM_KERNEL: {
+					double t0 = host;
+					if (o->stream == DP_STREAM_COMM) /* after the collectives before it */
+						t0 = fmax(t0, fluid_wait(&s, s.nfl));
+					host = t0 + o->dur;
+					r->busy[o->stream] += o->dur;
+					add_span(r, t0, host, i, mb, 0);
+					break;
+				}
+				case SIM_COLL:
+					fluid_start(&s, host, o, i, mb);
+					break;
+				case SIM_RECORD:
+					ev_flows[o->event] = o->stream == DP_STREAM_COMM ? s.nfl : 0;
+					break;
+				case SIM_WAIT:
+					if (o->stream == DP_STREAM_COMPUTE) {
+						double done = fluid_wait(&s, ev_flows[o->event]);
+						if (done > host) {
+							add_span(r, host, done, i, mb, -1);
+							r->exposed_s += done - host;
+							host = done;
+						}
+					}
+					break;
+				}
+				continue;
+			}
+			double *t = &tail[o->stream];
+			switch (o->kind) {
+			case SIM_KERNEL:
+				add_span(r, *t, *t + o->dur, i, mb, o->stream == DP_STREAM_COMM ? 1 : 0);
+				*t += o->dur;
+				if (o->stream == DP_STREAM_COMPUTE)
+					r->busy[DP_STREAM_COMPUTE] += o->dur;
+				break;
+			case SIM_COLL: /* in order on its stream: it moves alone */
+				fluid_start(&s, *t, o, i, mb);
+				*t = fluid_wait(&s, s.nfl);
+				break;
+			case SIM_RECORD:
+				ev_time[o->event] = *t;
+				break;
+			case SIM_WAIT:
+				if (ev_time[o->event] > *t) {
+					if (o->stream == DP_STREAM_COMPUTE) {
+						add_span(r, *t, ev_time[o->event], i, mb, -1);
+						r->exposed_s += ev_time[o->event] - *t;
+					}
+					*t = ev_time[o->event];
+				}
+				break;
+			}
+		}
+	}
+	double end = executor == MACH_CPU ? host : fmax(tail[0], tail[1]);
+	end = fmax(end, fluid_wait(&s, s.nfl));
+	r->step_s = end;
+	r->comm_s = flows_union(&s);
+	r->busy[DP_STREAM_COMM] += r->comm_s;
+	free(s.fl);
+	free(ev_time);
+	free(ev_flows);
+	return 0;
+}
+
+/* ---- the graph's STEP program as SimOps ---- */
+
+/* Does the axis group of mask lie inside one node? Ranks are row-major over
+ * the axes in DpAxis order (pp outermost, tp fastest). */
+static int group_in_node(const Graph *g, unsigned mask, int ranks_per_node)
+{
+	int64_t stride = 1;
+	for (int a = DP_MAX_AXES - 1; a >= 0; a--) {
+		stride *= g->cfg.mesh[a] ? g->cfg.mesh[a] : 1;
+		if ((mask & DP_AXIS_BIT(a)) && stride > ranks_per_node)
+			return 0;
+	}
+	return 1;
+}
+
+static int gemm_dims(const Graph *g, const Node *n, double f, double *m, double *nn, double *k)
+{
+	const Value *out = g->values[n->out];
+	const Value *in0 = g->values[n->in[0]];
+	double cols = (double)out->dims[out->ndim - 1], rows = (double)ir_numel(out) / cols;
+	if (n->op == DP_OP_LINEAR_GELU) /* [2, rows, n]: the pre-activation and the gelu */
+		rows /= 2;
+	*m = rows;
+	*nn = cols;
+	*k = rows * cols > 0 ? fmax(1, f / (2 * rows * cols)) : 1;
+	return in0->dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
+}
+
+static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
+{
+	double f = 0, b = 0;
+	if (ir_ops[n->op].cost)
+		ir_ops[n->op].cost(g, n, &f, &b);
+	int dt = n->out >= 0 && g->values[n->out]->dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
+	double rate = mc->peak_flops[dt], bw = mc->memory_bw, over = mc->kernel_overhead_s;
+	const MachOp *own = machine_op(mc, ir_ops[n->op].name);
+	if (n->op == DP_OP_MATMUL || n->op == DP_OP_LINEAR || n->op == DP_OP_LINEAR_GELU ||
+	    n->op == DP_OP_MATMUL_GELU_GRAD) {
+		double m, nn, k;
+		int gd = gemm_dims(g, n, f, &m, &nn, &k);
+		rate = machine_gemm_rate(mc, gd, m, nn, k);
+	}
+	if (own) {
+		rate = own->flops_per_s > 0 ? own->flops_per_s : rate;
+		bw = own->bytes_per_s > 0 ? own->bytes_per_s : bw;
+		over = own->overhead_s > 0 ? own->overhead_s : over;
+	}
+	return over + fmax(f / rate, b / bw);
+}
+
+int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **nodes)
+{
+	int n = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		n += (g->nodes[i]->progs & IR_IN_STEP) != 0;
+	SimOp *o = calloc((size_t)n + 1, sizeof *o);
+	int *which = calloc((size_t)n + 1, sizeof *which);
+	if (!o || !which)
+		die("out of memory");
+	int k = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *nd = g->nodes[i];
+		if (!(nd->progs & IR_IN_STEP))
+			continue;
+		SimOp *s = &o[k];
+		which[k++] = i;
+		s->stream = nd->stream;
+		s->flags = nd->flags;
+		switch (dp_op_class(nd->op)) {
+		case DP_OPC_EVENT:
+			s->kind = nd->op == DP_OP_EVENT_RECORD ? SIM_RECORD : SIM_WAIT;
+			s->event = (int)DP_EVENT(nd);
+			break;
+		case DP_OPC_COLLECTIVE: {
+			s->kind = SIM_COLL;
+			if (nd->op == DP_OP_SEND || nd->op == DP_OP_RECV) {
+				const Value *v = g->values[nd->op == DP_OP_SEND ? nd->in[0] : nd->out];
+				s->link = MACH_P2P;
+				s->bytes = (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
+			} else {
+				unsigned axes = (unsigned)DP_AXES(nd);
+				int ranks = stats_group_ranks(g, axes);
+				s->link = group_in_node(g, axes, mc->ranks_per_node) ? MACH_INTRA : MACH_INTER;
+				s->bytes = stats_coll_bytes(g, nd) * stats_bus_factor(nd->op, ranks);
+				if (ranks <= 1) /* a group of one moves nothing and waits for no one */
+					break;
+			}
+			s->alpha = mc->link[s->link].alpha_s;
+			break;
+		}
+		case DP_OPC_LOAD:
+		case DP_OPC_SHARD: {
+			const Value *v = g->values[nd->out];
+			s->kind = SIM_KERNEL;
+			s->dur = mc->kernel_overhead_s +
+				 (double)ir_numel(v) * (double)ir_dtype_size(v->dtype) / mc->memory_bw;
+			break;
+		}
+		case DP_OPC_HOST:
+			s->kind = SIM_KERNEL; /* the host hooks (init, save) run outside steps */
+			break;
+		default:
+			s->kind = SIM_KERNEL;
+			s->dur = kernel_seconds(g, nd, mc);
+		}
+	}
+	*ops = o;
+	*nops = k;
+	*nodes = which;
+	return 0;
+}
+
+/* ---- the report and the trace ---- */
+
+int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
+{
+	memset(rep, 0, sizeof *rep);
+	if (g->cfg.mesh[DP_AXIS_PP] > 1)
+		return -1;
+	double bw[MACH_NLINK];
+	for (int l = 0; l < MACH_NLINK; l++)
+		bw[l] = mc->link[l].busbw;
+	sim_build(g, mc, &rep->ops, &rep->nops, &rep->nodes);
+	rep->res.want_spans = want_spans;
+	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
+	sim_run(rep->ops, rep->nops, accum, mc->executor, bw, g->nevents, &rep->res);
+	double tokens, epi;
+	rep->model_flops = roofline_model_flops(g, &tokens, &epi);
+	rep->tokens = tokens;
+	return 0;
+}
+
+void sim_report_free(SimReport *rep)
+{
+	free(rep->ops);
+	free(rep->nodes);
+	free(rep->res.spans);
+	memset(rep, 0, sizeof *rep);
+}
+
+void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *rep)
+{
+	const SimResult *r = &rep->res;
+	char h[64];
+	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
+	double ms = 1e3, step = r->step_s > 0 ? r->step_s : 1e-30;
+	fprintf(out, "simulated on %s (%s executor), per rank, per optimizer step (%d micro-batch%s)\n",
+		mc->name, mc->executor == MACH_CPU ? "cpu" : "gpu", accum, accum == 1 ? "" : "es");
+	if (mc->source && *mc->source)
+		fprintf(out, "machine: %s\n", mc->source);
+	fprintf(out, "%-16s %12.4f ms\n", "step time", r->step_s * ms);
+	fprintf(out, "%-16s %12.4f ms   compute stream busy %.1f %%\n", "compute",
+		r->busy[DP_STREAM_COMPUTE] * ms, 100 * r->busy[DP_STREAM_COMPUTE] / step);
+	fprintf(out, "%-16s %12.4f ms   comm stream busy %.1f %%\n", "communication", r->comm_s * ms,
+		100 * r->busy[DP_STREAM_COMM] / step);
+	fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
+		"exposed comm", r->exposed_s * ms,
+		r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
+	fprintf(out, "%-16s %12lld B  (%s: the memory plan's arena)\n", "peak memory",
+		(long long)g->peak_bytes, stats_human_bytes(h, sizeof h, (double)g->peak_bytes));
+	fprintf(out, "%-16s %12.1f %%    (model flops %s over the step at %.1f TFLOP/s bf16", "MFU",
+		100 * rep->model_flops / (step * mc->peak_flops[MACH_BF16]),
+		stats_human_flops(h, sizeof h, rep->model_flops), mc->peak_flops[MACH_BF16] / 1e12);
+	if (rep->tokens > 0)
+		fprintf(out, "; %.0f tokens/s", rep->tokens / step);
+	fprintf(out, ")\n");
+}
+
+static void json_name(FILE *f, const char *s)
+{
+	for (; *s; s++)
+		if (*s == '"' || *s == '\\')
+			fprintf(f, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			fprintf(f, "\\u%04x", *s);
+		else
+			fputc(*s, f);
+}
+
+/* One free comm lane for [t0, t1): collectives that overlap without
+ * nesting take further lanes, as runtime/trace.c places them. */
+static int comm_lane(double *lane_end, int *nlanes, double t0, double t1)
+{
+	for (int l = 0; l < *nlanes; l++)
+		if (lane_end[l] <= t0) {
+			lane_end[l] = t1;
+			return l + 1;
+		}
+	if (*nlanes < 64)
+		lane_end[(*nlanes)++] = t1;
+	return *nlanes;
+}
+
+/* Seconds as the file's microseconds, rounded to its 3 decimals first, so
+ * that a span that ends where the next begins is printed so. */
+static double us(double t)
+{
+	return nearbyint(t * 1e9) / 1e3;
+}
+
+static int by_start(const void *a, const void *b)
+{
+	const SimSpan *x = a, *y = b;
+	return (x->t0 > y->t0) - (x->t0 < y->t0);
+}
+
+void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
+{
+	SimResult *r = (SimResult *)&rep->res;
+	qsort(r->spans, (size_t)r->nspans, sizeof *r->spans, by_start);
+	double lane_end[64];
+	int nlanes = 0;
+	for (int i = 0; i < r->nspans; i++)
+		if (r->spans[i].lane > 0)
+			r->spans[i].lane = comm_lane(lane_end, &nlanes, r->spans[i].t0, r->spans[i].t1);
+	fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
+	/* a span per micro-batch's run around its compute-lane spans, as
+	 * dpexec's "step 1 micro N" */
+	for (int mb = 0; mb < accum; mb++) {
+		double t0 = INFINITY, t1 = -INFINITY;
+		for (int i = 0; i < r->nspans; i++)
+			if (r->spans[i].micro == mb && r->spans[i].lane <= 0) {
+				t0 = fmin(t0, r->spans[i].t0);
+				t1 = fmax(t1, r->spans[i].t1);
+			}
+		if (t0 <= t1)
+			fprintf(f, "{\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"run\","
+				   "\"name\":\"step 1 micro %d\",\"args\":{\"program\":\"step\"}},\n",
+				us(t0), us(t1) - us(t0), mb);
+	}
+	for (int i = 0; i < r->nspans; i++) {
+		const SimSpan *sp = &r->spans[i];
+		const Node *n = g->nodes[rep->nodes[sp->op]];
+		int coll = dp_is_collective(n->op), wait = sp->lane < 0;
+		const char *cat = wait ? "wait" : coll ? "collective" : dp_op_class(n->op) == DP_OPC_LOAD ? "load"
+							: dp_op_class(n->op) == DP_OPC_SHARD ? "shard" : "kernel";
+		fprintf(f, "{\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
+			wait ? 0 : sp->lane, us(sp->t0), us(sp->t1) - us(sp->t0), cat);
+		if (wait)
+			fprintf(f, "wait ev=%lld", (long long)DP_EVENT(n));
+		else if (n->out >= 0) {
+			fprintf(f, "%%");
+			json_name(f, g->values[n->out]->name);
+			fprintf(f, " = %s", ir_ops[n->op].name);
+		} else
+			fprintf(f, "%s", ir_ops[n->op].name);
+		fprintf(f, "\",\"args\":{\"instr\":%d,\"stream\":\"%s\",\"step\":1,\"micro\":%d", sp->op,
+			dp_stream_names[n->stream], sp->micro);
+		if (coll && !wait) {
+			int io = n->op == DP_OP_REDUCE_SCATTER || n->op == DP_OP_SEND ? n->in[0] : n->out;
+			const Value *v = g->values[io];
+			fprintf(f, ",\"bytes\":%lld,\"axes\":\"",
+				(long long)ir_numel(v) * (long long)ir_dtype_size(v->dtype));
+			for (int a = 0, first = 1; a < DP_MAX_AXES; a++)
+				if (DP_AXES(n) & DP_AXIS_BIT(a)) {
+					fprintf(f, "%s%s", first ? "" : ",", ir_axis_names[a]);
+					first = 0;
+				}
+			fprintf(f, "\"");
+		}
+		fprintf(f, "}},\n");
+	}
+	/* the names last: the last one closes the list without a comma */
+	fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n");
+	for (int l = 0; l < nlanes; l++) {
+		fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":"
+			   "\"comm", l + 1);
+		fprintf(f, l ? " %d\"}},\n" : "\"}},\n", l + 1);
+	}
+	fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"rank 0 "
+		   "(predicted)\"}}\n]}\n");
+}

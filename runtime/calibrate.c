@@ -1,0 +1,355 @@
+/*
+ * calibrate.c - `dpexec STEP.bin --calibrate MACHINE.json`: measure this
+ * machine, at this world size, into a machine file for `dpc --simulate`
+ * (util/machine.h says what its fields mean).
+ *
+ * The kernels are the step file's own, at the shapes that occur: after two
+ * optimizer steps (warm caches, real data), the STEP program's compute
+ * instructions are run one at a time (exec_run_kernel), all of them in
+ * program order, 5 times on every rank at once (so the cores are shared as
+ * a step shares them, and a loaded machine's preemptions fall on the
+ * kernels as on a step's), and each one's time is its mean over the walks
+ * and the ranks.
+ * From them:
+ *  - kernel_overhead_s: the fastest instruction's time (a scalar's sqrt:
+ *    the walk and the pool's fork and join, no work);
+ *  - gemm: one point per distinct (m, n, k, dtype) of the GEMMs (matmul,
+ *    linear and the fused gelu GEMMs), 2 m n k over its time less the
+ *    overhead;
+ *  - ops: per other op, bytes_per_s and overhead_s by least squares of
+ *    time = overhead + bytes / rate over its instructions (bytes as the cost
+ *    rules count them: every input, the output, the output again when it is
+ *    read), the overhead kept >= 0; a single size gives the rate at the
+ *    kernel overhead;
+ *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
+ *    GEMM point per dtype (f32's for bf16 when there is none).
+ * The collectives: MPI_Allreduce, MPI_Allgather and MPI_Reduce_scatter_block
+ * over every rank at 64 KiB to 8 MiB, 5 times each (median), and alpha and
+ * busbw by least squares of time = alpha + bus bytes / busbw (nccl-tests'
+ * bus bytes), for every link: one host's ranks share one memory.
+ * A machine file already at the path from a calibration at the same world
+ * size keeps what this run did not measure (other models' shapes and ops):
+ * calibrating with several step files builds one file.
+ * Refused: pp > 1 (a stage's kernels run on its ranks only).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+#include "exec.h"
+#include "machine.h"
+#include "outfile.h"
+
+#define REPS 5
+
+static int by_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, by_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Least squares of y = a + b x; a single x: a = a0, b from the mean. */
+static void fit_line(const double *x, const double *y, int n, double a0, double *a, double *b)
+{
+	double sx = 0, sy = 0, sxx = 0, sxy = 0;
+	for (int i = 0; i < n; i++) {
+		sx += x[i];
+		sy += y[i];
+		sxx += x[i] * x[i];
+		sxy += x[i] * y[i];
+	}
+	double d = n * sxx - sx * sx;
+	if (n >= 2 && d > 1e-12 * sxx * n) {
+		*b = (n * sxy - sx * sy) / d;
+		*a = (sy - *b * sx) / n;
+		if (*a >= 0 && *b > 0)
+			return;
+	}
+	*a = a0; /* through the overhead */
+	*b = 0;
+	for (int i = 0; i < n; i++)
+		*b += fmax(y[i] - a0, 1e-9 * y[i]) / x[i];
+	*b /= n;
+}
+
+static int is_gemm(unsigned op)
+{
+	return op == DP_OP_MATMUL || op == DP_OP_LINEAR || op == DP_OP_LINEAR_GELU ||
+	       op == DP_OP_MATMUL_GELU_GRAD;
+}
+
+static int64_t numel(const DpStep *s, int t)
+{
+	return t < 0 ? 0 : exec_numel(&s->tensors[t]);
+}
+
+static double io_bytes(const DpStep *s, const DpInstr *in)
+{
+	double b = 0;
+	for (int k = 0; k < DP_MAX_IN; k++)
+		if (in->in[k] >= 0)
+			b += (double)exec_tensor_bytes(s, in->in[k]);
+	if (in->out >= 0)
+		b += (double)exec_tensor_bytes(s, in->out) * (1 + dp_reads_out(in));
+	return b;
+}
+
+/* m, n, k of a GEMM instruction (out = op(in0) op(in1), rows by columns). */
+static void gemm_mnk(const DpStep *s, const DpInstr *in, double *m, double *n, double *k)
+{
+	const DpTensor *o = &s->tensors[in->out], *a = &s->tensors[in->in[0]];
+	double cols = (double)o->dims[o->ndim - 1], rows = (double)numel(s, in->out) / cols;
+	double acols = (double)a->dims[a->ndim - 1], arows = (double)numel(s, in->in[0]) / acols;
+	if (in->op == DP_OP_LINEAR_GELU)
+		rows /= 2;
+	*m = rows;
+	*n = cols;
+	*k = (in->op == DP_OP_MATMUL || in->op == DP_OP_MATMUL_GELU_GRAD) && DP_ATTR(in, MATMUL, transA)
+		     ? arows : acols;
+}
+
+/* The mean time of each STEP kernel (t[i]; -1: not a kernel) over REPS
+ * walks of them all in program order, averaged over the ranks: kernels back
+ * to back as a step runs them, so a loaded machine's preemptions land on
+ * them in proportion, as they do on a step. */
+static int time_kernels(Exec *x, double *t, RtErr *e)
+{
+	const DpStep *s = x->s;
+	uint32_t n = s->nprog[DP_PROG_STEP];
+	double *sum = calloc((size_t)n + 1, sizeof *sum);
+	if (!sum)
+		return RT_FAIL(e, "out of memory");
+	for (int r = -1; r < REPS; r++) { /* the first walk warms */
+		MPI_Barrier(MPI_COMM_WORLD);
+		for (uint32_t i = 0; i < n; i++) {
+			if (dp_op_class(s->prog[DP_PROG_STEP][i].op) != DP_OPC_KERNEL)
+				continue;
+			double t0 = MPI_Wtime();
+			if (exec_run_kernel(x, DP_PROG_STEP, i, e) < 0) {
+				free(sum);
+				return -1;
+			}
+			if (r >= 0)
+				sum[i] += MPI_Wtime() - t0;
+		}
+	}
+	int world;
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	for (uint32_t i = 0; i < n; i++)
+		t[i] = dp_op_class(s->prog[DP_PROG_STEP][i].op) == DP_OPC_KERNEL ? t[i] / REPS / world : -1;
+	free(sum);
+	return 0;
+}
+
+/* alpha and busbw of the world's collectives. */
+static void time_collectives(int world, MachLink *l)
+{
+	enum { NSIZE = 4 };
+	static const int64_t sizes[NSIZE] = {64 << 10, 512 << 10, 2 << 20, 8 << 20};
+	double x[3 * NSIZE], y[3 * NSIZE], v[REPS];
+	int n = 0;
+	float *a = malloc((size_t)(8 << 20)), *b = malloc((size_t)(8 << 20));
+	if (world < 2 || !a || !b) { /* nothing moves between ranks of one */
+		*l = (MachLink){0, 1e15};
+		free(a);
+		free(b);
+		return;
+	}
+	memset(a, 0, (size_t)(8 << 20));
+	for (int kind = 0; kind < 3; kind++)
+		for (int s = 0; s < NSIZE; s++) {
+			int cnt = (int)(sizes[s] / 4), part = cnt / world;
+			for (int r = -1; r < REPS; r++) {
+				MPI_Barrier(MPI_COMM_WORLD);
+				double t0 = MPI_Wtime();
+				if (kind == 0)
+					MPI_Allreduce(a, b, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+				else if (kind == 1)
+					MPI_Allgather(a, part, MPI_FLOAT, b, part, MPI_FLOAT, MPI_COMM_WORLD);
+				else
+					MPI_Reduce_scatter_block(a, b, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+				double mine = MPI_Wtime() - t0, slow;
+				MPI_Allreduce(&mine, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+				if (r >= 0)
+					v[r] = slow;
+			}
+			double f = (kind == 0 ? 2.0 : 1.0) * (world - 1) / world;
+			x[n] = f * (double)part * world * 4;
+			y[n++] = median(v, REPS);
+		}
+	double alpha, inv;
+	fit_line(x, y, n, 0, &alpha, &inv);
+	*l = (MachLink){alpha, 1 / inv};
+	free(a);
+	free(b);
+}
+
+static int add_op(Machine *m, const char *name)
+{
+	for (int i = 0; i < m->nops; i++)
+		if (!strcmp(m->ops[i].op, name))
+			return i;
+	MachOp *o = realloc(m->ops, sizeof *o * (size_t)(m->nops + 1));
+	if (!o)
+		return -1;
+	m->ops = o;
+	m->ops[m->nops] = (MachOp){strdup(name), 0, 0, 0};
+	return m->ops[m->nops].op ? m->nops++ : -1;
+}
+
+static int add_gemm(Machine *m, MachGemm p)
+{
+	for (int i = 0; i < m->ngemm; i++)
+		if (m->gemm[i].dtype == p.dtype && m->gemm[i].m == p.m && m->gemm[i].n == p.n &&
+		    m->gemm[i].k == p.k) {
+			m->gemm[i] = p;
+			return 0;
+		}
+	MachGemm *g = realloc(m->gemm, sizeof *g * (size_t)(m->ngemm + 1));
+	if (!g)
+		return -1;
+	m->gemm = g;
+	m->gemm[m->ngemm++] = p;
+	return 0;
+}
+
+/* Fill m from the timings t of s's STEP kernels. */
+static int fit(Machine *m, const DpStep *s, const double *t)
+{
+	const DpInstr *prog = s->prog[DP_PROG_STEP];
+	uint32_t n = s->nprog[DP_PROG_STEP];
+	double over = INFINITY;
+	for (uint32_t i = 0; i < n; i++)
+		if (t[i] >= 0)
+			over = fmin(over, t[i]);
+	m->kernel_overhead_s = isfinite(over) ? over : 0;
+	double *xs = malloc(sizeof(double) * (n + 1)), *ys = malloc(sizeof(double) * (n + 1));
+	double *rates = malloc(sizeof(double) * (DP_NOPS + 1));
+	if (!xs || !ys || !rates) {
+		free(xs);
+		free(ys);
+		free(rates);
+		return -1;
+	}
+	int nrates = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (t[i] < 0 || !is_gemm(prog[i].op))
+			continue;
+		MachGemm p;
+		gemm_mnk(s, &prog[i], &p.m, &p.n, &p.k);
+		p.dtype = s->tensors[prog[i].in[0]].dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
+		p.flops_per_s = 2 * p.m * p.n * p.k / fmax(t[i] - m->kernel_overhead_s, 0.05 * t[i]);
+		if (add_gemm(m, p) < 0)
+			goto oom;
+	}
+	for (unsigned op = 0; op < DP_NOPS; op++) {
+		int k = 0;
+		for (uint32_t i = 0; i < n; i++)
+			if (t[i] >= 0 && prog[i].op == op && !is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
+				xs[k] = io_bytes(s, &prog[i]);
+				ys[k++] = t[i];
+			}
+		if (!k)
+			continue;
+		double a, b;
+		fit_line(xs, ys, k, m->kernel_overhead_s, &a, &b);
+		int at = add_op(m, dp_op_names[op]);
+		if (at < 0)
+			goto oom;
+		m->ops[at].overhead_s = a;
+		m->ops[at].bytes_per_s = 1 / b;
+		rates[nrates++] = 1 / b;
+	}
+	if (nrates)
+		m->memory_bw = median(rates, nrates);
+	for (int d = 0; d < MACH_NDTYPE; d++)
+		for (int i = 0; i < m->ngemm; i++)
+			if (m->gemm[i].dtype == d)
+				m->peak_flops[d] = fmax(m->peak_flops[d], m->gemm[i].flops_per_s);
+	if (m->peak_flops[MACH_BF16] <= 0)
+		m->peak_flops[MACH_BF16] = m->peak_flops[MACH_F32];
+	free(xs);
+	free(ys);
+	free(rates);
+	return 0;
+oom:
+	free(xs);
+	free(ys);
+	free(rates);
+	return -1;
+}
+
+int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, int world, RtErr *e)
+{
+	const DpStep *s = x->s;
+	if (s->cfg.mesh[DP_AXIS_PP] > 1)
+		return RT_FAIL(e, "--calibrate: a pp > 1 step file runs each stage's kernels on its ranks "
+			       "only; calibrate with one of pp = 1");
+	for (uint64_t k = 0; k < 2; k++)
+		RT_CHECK(exec_step(x, k, e));
+	double *t = malloc(sizeof(double) * ((size_t)s->nprog[DP_PROG_STEP] + 1));
+	if (!t)
+		return RT_FAIL(e, "out of memory");
+	if (time_kernels(x, t, e) < 0) {
+		free(t);
+		return -1;
+	}
+	MachLink link;
+	time_collectives(world, &link);
+	int rc = 0;
+	if (rank == 0) {
+		Machine m = {0};
+		char name[64], err[512], src[1024], host[256] = "";
+		snprintf(name, sizeof name, "cpu-%d-ranks", world);
+		gethostname(host, sizeof host - 1);
+		/* a file from a calibration at this world size: keep what it has */
+		if (access(path, F_OK) == 0 && (machine_load(&m, path, err, sizeof err) < 0 ||
+						 strcmp(m.name, name))) {
+			machine_free(&m);
+			free(t);
+			return RT_FAIL(e, "--calibrate: %s is there and is not a machine file of %d rank%s "
+				       "to add to (%s)", path, world, world == 1 ? "" : "s",
+				       m.name ? m.name : err);
+		}
+		snprintf(src, sizeof src, "%s%sdpexec --calibrate on %s at %d rank%s with %s",
+			 m.source ? m.source : "", m.source && *m.source ? "; " : "", host, world,
+			 world == 1 ? "" : "s", step_path);
+		free(m.name);
+		free(m.source);
+		m.name = strdup(name);
+		m.source = strdup(src);
+		m.executor = MACH_CPU;
+		m.ranks_per_node = world;
+		m.link[MACH_INTRA] = m.link[MACH_INTER] = m.link[MACH_P2P] = link;
+		char *text = NULL;
+		if (!m.name || !m.source || fit(&m, s, t) < 0 || !(text = machine_json(&m))) {
+			rc = RT_FAIL(e, "out of memory");
+		} else {
+			OutFile f;
+			if (out_open(&f, path, err, sizeof err) < 0 ||
+			    (out_write(&f, text, strlen(text)), out_write(&f, "\n", 1),
+			     out_commit(&f, err, sizeof err)) < 0)
+				rc = RT_FAIL(e, "--calibrate: %s", err);
+			else
+				printf("calibrated %s: %d GEMM shapes, %d ops, kernel overhead %.1f us, "
+				       "collectives %.1f us + bytes at %.2f GB/s -> %s\n", name, m.ngemm,
+				       m.nops, m.kernel_overhead_s * 1e6, link.alpha_s * 1e6,
+				       link.busbw / 1e9, path);
+		}
+		free(text);
+		machine_free(&m);
+	}
+	free(t);
+	return rc;
+}

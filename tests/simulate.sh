@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# tests/simulate.sh - `dpc --simulate` (passes/simulate.c) and its machine
+# files (util/machine.c):
+#  - arithmetic: build/tests/simulate_test, hand-built schedules with times
+#    known by hand on both executors (two overlapping streams, a wait on an
+#    event, a collective behind a compute kernel, link sharing between
+#    concurrent collectives, grad_accum's once-per-step part) and the
+#    machine reader;
+#  - peak memory: the predicted peak is the memory plan's exact figure
+#    (--stats's arena size, the IR's `memory peak=`), under ddp, full_shard
+#    and tp;
+#  - collectives: on a machine whose links move 1 MB/s with no latency and
+#    whose kernels are free, the communication time is --stats's bus bytes
+#    over 1 MB/s (every collective counted once, at its link; the gpu
+#    executor runs them one at a time), and all of it is exposed;
+#  - cpu executor: the host walks the program, so the step is compute plus
+#    exposed communication;
+#  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
+#    lanes named, spans nest, instructions in program order) with collectives
+#    carrying bytes and axes;
+#  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
+#    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
+#    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
+#    file there that is not one of 1 rank is refused and left as it was;
+#    pp > 1 is refused;
+#  - plan (compiler/plan.c): mlp at 4 ranks in 2.5 MiB per rank fits only
+#    full_shard on dp_shard=4 (1.95 MiB; ddp needs 3.90), which wins, and
+#    its -o step file is byte for byte the direct compile of the winner's
+#    settings; on the 1 MB/s machine with free kernels the winner moves the
+#    fewest bytes (tp=2: mlp's params are not split, nothing to reduce), and
+#    full_shard loses to ddp by its bus bytes over ddp's (its all_gathers and
+#    reduce_scatter against one all_reduce);
+#    a budget no plan fits is one line naming the smallest plan's memory;
+#  - errors: an unknown machine, a bad machine file (file:line), pp > 1,
+#    --simulate-trace without --simulate: one line each, exit 1; --simulate
+#    writes no step file unless -o asks.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+
+# a machine file: executor $1, intra/inter busbw $2, free kernels
+starved() {
+	cat >"$T/$1.json" <<EOF
+{"name": "starved-$1", "executor": "$1",
+ "peak_flops": {"f32": 1e30, "bf16": 1e30}, "memory_bw": 1e30, "kernel_overhead_s": 0,
+ "ranks_per_node": 2,
+ "intra": {"alpha_s": 0, "busbw": $2}, "inter": {"alpha_s": 0, "busbw": $2},
+ "p2p": {"alpha_s": 0, "busbw": $2}}
+EOF
+}
+
+if case_on "arithmetic"; then
+	REPRO="$BUILD/tests/simulate_test"
+	if out=$("$ROOT/$BUILD/tests/simulate_test" 2>&1); then
+		ok "arithmetic: $(echo "$out" | tail -n 1)"
+	else
+		fail "arithmetic"; echo "$out" | tail -n 15 | sed 's/^/      /'
+	fi
+fi
+
+# peak NAME MODEL ARGS...: --simulate's peak memory == --stats's arena == the IR's
+peak() {
+	local name=$1 model=$2; shift 2
+	case_on "peak memory: $name" || return 0
+	local sim stats ir
+	sim=$("$DPC" "$model" --simulate "$@" 2>/dev/null | sed -n 's/^peak memory *\([0-9]*\) B.*/\1/p')
+	stats=$("$DPC" "$model" --stats "$@" 2>/dev/null | sed -n 's/^total (arena size) *\([0-9]*\) .*/\1/p')
+	ir=$("$DPC" "$model" --emit=ir "$@" 2>/dev/null | sed -n 's/^memory peak=\([0-9]*\) .*/\1/p')
+	if [ -n "$sim" ] && [ "$sim" = "$stats" ] && [ "$sim" = "$ir" ]; then
+		ok "peak memory: $name: $sim B, the plan's"
+	else
+		fail "peak memory: $name: simulated '$sim', --stats '$stats', IR '$ir'"
+	fi
+}
+peak "mlp ddp 2" models/mlp.dp --world-size 2
+peak "mlp full_shard 4" models/mlp.dp --world-size 4 --set train.strategy=full_shard
+peak "gpt2-tiny tp=2" models/gpt2-tiny.dp --world-size 2 --tp 2
+
+# comm NAME MODEL ARGS...: communication == --stats's bus bytes at 1 MB/s
+comm() {
+	local name=$1 model=$2; shift 2
+	case_on "collectives: $name" || return 0
+	once starved-gpu starved gpu 1e6
+	"$DPC" "$model" --simulate="$T/gpu.json" "$@" >"$T/sim.txt" 2>/dev/null &&
+		"$DPC" "$model" --stats "$@" >"$T/stats.txt" 2>/dev/null ||
+		{ fail "collectives: $name: dpc"; return; }
+	if out=$($PY - "$T/sim.txt" "$T/stats.txt" <<'EOF'
+import re, sys
+sim, stats = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+bus = sum(float(m) for m in re.findall(r"^(?:all_reduce|reduce_scatter|all_gather|tp_reduce)\s.*?\s(\d+) \([\d.]+ \w+\)\s*$", stats, re.M))
+comm = float(re.search(r"^communication\s+([\d.]+) ms", sim, re.M).group(1))
+exposed = float(re.search(r"^exposed comm\s+([\d.]+) ms", sim, re.M).group(1))
+want = bus / 1e6 * 1e3
+assert bus > 0 and abs(comm - want) <= 1e-4 + 1e-6 * want, ("comm ms", comm, "bus bytes / 1 MB/s", want)
+assert abs(exposed - comm) <= 1e-3, ("exposed", exposed, comm)
+print(f"{comm:.4f} ms = {bus:.0f} bus bytes at 1 MB/s, all exposed")
+EOF
+	); then ok "collectives: $name: $out"; else fail "collectives: $name: $out"; fi
+}
+comm "mlp ddp 2" models/mlp.dp --world-size 2
+comm "mlp zero2 4" models/mlp.dp --world-size 4 --set train.strategy=zero2
+comm "gpt2-tiny full_shard 2" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard
+
+if case_on "cpu executor: step = compute + exposed"; then
+	once starved-cpu starved cpu 1e9
+	"$DPC" models/mlp.dp --world-size 2 --simulate="$T/cpu.json" >"$T/cpu.txt" 2>/dev/null
+	if out=$($PY - "$T/cpu.txt" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+g = lambda k: float(re.search(r"^" + k + r"\s+([\d.]+) ms", t, re.M).group(1))
+step, comp, exp = g("step time"), g("compute"), g("exposed comm")
+assert "cpu executor" in t and exp > 0 and abs(step - comp - exp) <= 2e-4, (step, comp, exp)
+print(f"{step:.4f} ms = {comp:.4f} + {exp:.4f}")
+EOF
+	); then ok "cpu executor: $out"; else fail "cpu executor: $out"; fi
+fi
+
+if case_on "trace"; then
+	"$DPC" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard --simulate \
+		--simulate-trace "$T/trace.json" >/dev/null 2>&1
+	if out=$($PY tests/trace_check.py "$T/trace.json" 1 1 2>&1) &&
+		$PY -c '
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+c = [e for e in ev if e.get("cat") == "collective"]
+assert c and all(e["tid"] > 0 and e["args"]["bytes"] > 0 and "dp_shard" in e["args"]["axes"] for e in c), c[:2]
+' "$T/trace.json"; then
+		ok "trace: $out"
+	else
+		fail "trace: $out"
+	fi
+fi
+
+if case_on "calibrate"; then
+	"$DPC" models/mlp.dp --world-size 1 -o "$T/mlp1.bin" 2>/dev/null
+	"$DPC" models/mlp8.dp --world-size 1 -o "$T/mlp8.bin" 2>/dev/null
+	REPRO="$BUILD/dpexec mlp1.bin --device cpu --calibrate m.json"
+	"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal1.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --simulate="$T/m.json" >"$T/sim1.txt" 2>&1
+	# fc1: x [64, 784] (1 rank: micro_batch 64) by w [784, 256]
+	if grep -q "calibrated cpu-1-ranks" "$T/cal1.txt" && grep -q "cpu executor" "$T/sim1.txt" &&
+		$PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
+assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
+assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
+' "$T/m.json"; then
+		ok "calibrate: mlp at 1 rank: $(sed -n 's/^calibrated cpu-1-ranks: //p' "$T/cal1.txt" | cut -d, -f1-2)"
+	else
+		fail "calibrate: mlp at 1 rank"; cat "$T/cal1.txt" "$T/sim1.txt" | head -n 8
+	fi
+	"$DPEXEC" "$T/mlp8.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal2.txt" 2>&1
+	if $PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+shapes = {(g["m"], g["n"], g["k"]) for g in m["gemm"]}
+assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
+' "$T/m.json"; then
+		ok "calibrate: a second step file adds its shapes"
+	else
+		fail "calibrate: a second step file adds its shapes"; cat "$T/cal2.txt"
+	fi
+	echo '{"not": "a machine"}' >"$T/other.json"
+	expect "calibrate: refuses another file" "is there and is not a machine file of 1 rank" \
+		"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/other.json"
+	grep -q '"not"' "$T/other.json" || fail "calibrate: the refused file was changed"
+	"$DPC" models/mlp8.dp --pp 2 --world-size 2 -o "$T/pp.bin" 2>/dev/null
+	expect "calibrate: pp > 1" "calibrate with one of pp = 1" \
+		mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json"
+fi
+
+if case_on "plan"; then
+	"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 2.5MiB -o "$T/win.bin" >"$T/plan.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 4 --tp 1 --cp 1 --dp-replicate 1 --set train.strategy=full_shard \
+		--set train.gradient_checkpointing=false --set train.prefetch=2 -o "$T/direct.bin" 2>/dev/null
+	if grep -q "^winner: tp=1 cp=1 dp_replicate=1 dp_shard=4 full_shard prefetch=2$" "$T/plan.txt" &&
+		! grep -E "^[0-9]+ " "$T/plan.txt" | grep -qv "full_shard" && cmp -s "$T/win.bin" "$T/direct.bin"; then
+		ok "plan: only full_shard fits 2.5 MiB, and -o writes it"
+	else
+		fail "plan: only full_shard fits 2.5 MiB"; sed 's/^/      /' "$T/plan.txt" | head -n 8
+	fi
+	once starved-gpu starved gpu 1e6
+	"$DPC" models/mlp.dp --plan --world-size 2 --simulate="$T/gpu.json" >"$T/plan2.txt" 2>&1
+	# one micro-batch a step: ddp reduces once, full_shard gathers and reduce_scatters
+	for st in ddp full_shard; do
+		"$DPC" models/mlp.dp --world-size 2 --set train.grad_accum=1 --set train.strategy=$st \
+			--simulate="$T/gpu.json" >"$T/$st.sim" 2>/dev/null
+		"$DPC" models/mlp.dp --world-size 2 --set train.grad_accum=1 --set train.strategy=$st \
+			--stats >"$T/$st.stats" 2>/dev/null
+	done
+	if grep -q "^winner: tp=2 cp=1 dp_replicate=1 dp_shard=1 ddp" "$T/plan2.txt" &&
+		out=$($PY - "$T" <<'EOF2'
+import re, sys
+t = sys.argv[1]
+def step(s): return float(re.search(r"^step time\s+([\d.]+) ms", open(f"{t}/{s}.sim").read(), re.M).group(1))
+def bus(s): return float(re.search(r"^total\s+\d+\s+\d+ \(.*?\)\s+(\d+) \(", open(f"{t}/{s}.stats").read(), re.M).group(1))
+r, b = step("full_shard") / step("ddp"), bus("full_shard") / bus("ddp")
+assert r > 1 and abs(r - b) < 1e-4, (r, b)
+print(f"full_shard {r:.4f} x ddp's step = its bus bytes' ratio")
+EOF2
+		); then
+		ok "plan: a starved link: the fewest bytes win (tp=2, nothing to reduce); $out"
+	else
+		fail "plan: a starved link: $out"; sed 's/^/      /' "$T/plan2.txt" | head -n 5
+	fi
+	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
+		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
+	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
+fi
+
+if case_on "errors"; then
+	expect "unknown machine" "no such preset (h100-nvlink, a100-nvlink)" \
+		"$DPC" models/mlp.dp --simulate=h200
+	printf '{"executor": "gpu",\n "peak_flops": {"f32": 1,, }}\n' >"$T/bad.json"
+	expect "bad machine file" "$T/bad.json:2: not valid JSON" "$DPC" models/mlp.dp --simulate="$T/bad.json"
+	expect "pp > 1" "pp > 1 is not simulated yet" "$DPC" models/mlp8.dp --pp 2 --world-size 2 --simulate
+	expect "trace without --simulate" "give --simulate too" \
+		"$DPC" models/mlp.dp --simulate-trace "$T/x.json"
+	(cd "$T" && "$DPC" "$ROOT/models/mlp.dp" --simulate >/dev/null 2>&1)
+	if [ -e "$T/mlp.bin" ]; then fail "--simulate wrote mlp.bin"; else ok "--simulate writes no step file"; fi
+fi
+finish simulate

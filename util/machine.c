@@ -1,0 +1,357 @@
+/*
+ * machine.c - machine files for `dpc --simulate` (util/machine.h says what
+ * the fields mean), read with cJSON (Debian's libcjson, which dpexec
+ * already links for state.json), and the presets.
+ *
+ * The presets are machine files like any other, kept here as text and read
+ * by the same parser, each with its figures' sources in "source". Published
+ * figures: the datasheets' dense peaks and memory bandwidths, the NVLink
+ * bandwidth per GPU per direction (half the bidirectional figure), one
+ * 400 Gb/s (H100) or 200 Gb/s (A100) InfiniBand NIC per GPU. Assumed, and
+ * said so in "source": the GEMM efficiency at large and small shapes, the
+ * attention kernels' share of the peak, the collectives' latencies and the
+ * gap between kernels; `dpexec --calibrate` is what measures a machine.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "machine.h"
+
+typedef struct {
+	const char *name, *json;
+} Preset;
+
+static const Preset presets[] = {
+	{"h100-nvlink",
+	 "{\"name\": \"h100-nvlink\","
+	 " \"source\": \"NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 66.9 fp32, HBM3 "
+	 "3.35 TB/s; NVLink 4: 900 GB/s per GPU (450 per direction), 8 GPUs per HGX node; "
+	 "ConnectX-7 InfiniBand NDR 400 Gb/s (50 GB/s) per GPU. Assumed: GEMMs at 75 % of the "
+	 "peak at 8192^3 and 45 % at 1024^3, attention at 50 %, 10 us per intra-node collective "
+	 "and 20 us across nodes, 2 us between kernels\","
+	 " \"executor\": \"gpu\","
+	 " \"peak_flops\": {\"f32\": 66.9e12, \"bf16\": 989.4e12},"
+	 " \"gemm\": ["
+	 "  {\"dtype\": \"bf16\", \"m\": 8192, \"n\": 8192, \"k\": 8192, \"flops_per_s\": 742e12},"
+	 "  {\"dtype\": \"bf16\", \"m\": 1024, \"n\": 1024, \"k\": 1024, \"flops_per_s\": 445e12},"
+	 "  {\"dtype\": \"f32\", \"m\": 8192, \"n\": 8192, \"k\": 8192, \"flops_per_s\": 50.2e12},"
+	 "  {\"dtype\": \"f32\", \"m\": 1024, \"n\": 1024, \"k\": 1024, \"flops_per_s\": 30.1e12}],"
+	 " \"memory_bw\": 3.35e12, \"kernel_overhead_s\": 2e-6,"
+	 " \"ops\": {\"attention\": {\"flops_per_s\": 494.7e12},"
+	 "          \"attention_grad\": {\"flops_per_s\": 494.7e12}},"
+	 " \"ranks_per_node\": 8,"
+	 " \"intra\": {\"alpha_s\": 10e-6, \"busbw\": 450e9},"
+	 " \"inter\": {\"alpha_s\": 20e-6, \"busbw\": 50e9},"
+	 " \"p2p\": {\"alpha_s\": 10e-6, \"busbw\": 50e9}}"},
+	{"a100-nvlink",
+	 "{\"name\": \"a100-nvlink\","
+	 " \"source\": \"NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense bf16, 19.5 fp32, HBM2e "
+	 "2.039 TB/s; NVLink 3: 600 GB/s per GPU (300 per direction), 8 GPUs per HGX node; "
+	 "InfiniBand HDR 200 Gb/s (25 GB/s) per GPU. Assumed: GEMMs at 75 % of the peak at 8192^3 "
+	 "and 45 % at 1024^3, attention at 50 %, 10 us per intra-node collective and 20 us across "
+	 "nodes, 2 us between kernels\","
+	 " \"executor\": \"gpu\","
+	 " \"peak_flops\": {\"f32\": 19.5e12, \"bf16\": 312e12},"
+	 " \"gemm\": ["
+	 "  {\"dtype\": \"bf16\", \"m\": 8192, \"n\": 8192, \"k\": 8192, \"flops_per_s\": 234e12},"
+	 "  {\"dtype\": \"bf16\", \"m\": 1024, \"n\": 1024, \"k\": 1024, \"flops_per_s\": 140e12},"
+	 "  {\"dtype\": \"f32\", \"m\": 8192, \"n\": 8192, \"k\": 8192, \"flops_per_s\": 14.6e12},"
+	 "  {\"dtype\": \"f32\", \"m\": 1024, \"n\": 1024, \"k\": 1024, \"flops_per_s\": 8.8e12}],"
+	 " \"memory_bw\": 2.039e12, \"kernel_overhead_s\": 2e-6,"
+	 " \"ops\": {\"attention\": {\"flops_per_s\": 156e12},"
+	 "          \"attention_grad\": {\"flops_per_s\": 156e12}},"
+	 " \"ranks_per_node\": 8,"
+	 " \"intra\": {\"alpha_s\": 10e-6, \"busbw\": 300e9},"
+	 " \"inter\": {\"alpha_s\": 20e-6, \"busbw\": 25e9},"
+	 " \"p2p\": {\"alpha_s\": 10e-6, \"busbw\": 25e9}}"},
+};
+
+const char *machine_presets(void)
+{
+	return "h100-nvlink, a100-nvlink";
+}
+
+static int fail(char *err, size_t errlen, const char *what, const char *fmt, const char *key)
+{
+	char msg[256];
+	snprintf(msg, sizeof msg, fmt, key);
+	snprintf(err, errlen, "%s: %s", what, msg);
+	return -1;
+}
+
+/* A positive number at key of o (optional: absent leaves *v). */
+static int num(const cJSON *o, const char *key, double *v, int required, const char *what, char *err,
+	       size_t errlen)
+{
+	const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+	if (!x)
+		return required ? fail(err, errlen, what, "no \"%s\"", key) : 0;
+	if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || !isfinite(x->valuedouble))
+		return fail(err, errlen, what, "\"%s\" is not a number >= 0", key);
+	*v = x->valuedouble;
+	return 0;
+}
+
+static int dtype_of(const char *s)
+{
+	return !strcmp(s, "f32") ? MACH_F32 : !strcmp(s, "bf16") ? MACH_BF16 : -1;
+}
+
+static int link_of(const cJSON *root, const char *key, MachLink *l, const char *what, char *err,
+		   size_t errlen)
+{
+	const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, key);
+	if (!cJSON_IsObject(o))
+		return fail(err, errlen, what, "no \"%s\" object {\"alpha_s\", \"busbw\"}", key);
+	if (num(o, "alpha_s", &l->alpha_s, 1, what, err, errlen) < 0 ||
+	    num(o, "busbw", &l->busbw, 1, what, err, errlen) < 0)
+		return -1;
+	if (l->busbw <= 0)
+		return fail(err, errlen, what, "\"%s\" has a busbw of 0", key);
+	return 0;
+}
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+int machine_parse(Machine *m, const char *text, const char *what, char *err, size_t errlen)
+{
+	memset(m, 0, sizeof *m);
+	cJSON *root = cJSON_Parse(text);
+	if (!root) {
+		const char *at = cJSON_GetErrorPtr();
+		int line = 1;
+		for (const char *p = text; at && p < at && *p; p++)
+			line += *p == '\n';
+		snprintf(err, errlen, "%s:%d: not valid JSON", what, line);
+		return -1;
+	}
+	int rc = -1;
+	const cJSON *x;
+	if (!cJSON_IsObject(root)) {
+		fail(err, errlen, what, "%s", "not a JSON object");
+		goto out;
+	}
+	x = cJSON_GetObjectItemCaseSensitive(root, "name");
+	m->name = dup_or_null(cJSON_IsString(x) ? x->valuestring : what);
+	x = cJSON_GetObjectItemCaseSensitive(root, "source");
+	m->source = dup_or_null(cJSON_IsString(x) ? x->valuestring : "");
+	x = cJSON_GetObjectItemCaseSensitive(root, "executor");
+	if (!cJSON_IsString(x) || (strcmp(x->valuestring, "gpu") && strcmp(x->valuestring, "cpu"))) {
+		fail(err, errlen, what, "%s", "\"executor\" is not \"gpu\" or \"cpu\"");
+		goto out;
+	}
+	m->executor = strcmp(x->valuestring, "cpu") ? MACH_GPU : MACH_CPU;
+	x = cJSON_GetObjectItemCaseSensitive(root, "peak_flops");
+	if (!cJSON_IsObject(x) || num(x, "f32", &m->peak_flops[MACH_F32], 1, what, err, errlen) < 0 ||
+	    num(x, "bf16", &m->peak_flops[MACH_BF16], 1, what, err, errlen) < 0) {
+		if (!cJSON_IsObject(x))
+			fail(err, errlen, what, "%s", "no \"peak_flops\" object {\"f32\", \"bf16\"}");
+		goto out;
+	}
+	if (m->peak_flops[MACH_F32] <= 0 || m->peak_flops[MACH_BF16] <= 0) {
+		fail(err, errlen, what, "%s", "a \"peak_flops\" of 0");
+		goto out;
+	}
+	double rpn = 0;
+	if (num(root, "memory_bw", &m->memory_bw, 1, what, err, errlen) < 0 ||
+	    num(root, "kernel_overhead_s", &m->kernel_overhead_s, 0, what, err, errlen) < 0 ||
+	    num(root, "ranks_per_node", &rpn, 1, what, err, errlen) < 0)
+		goto out;
+	if (m->memory_bw <= 0 || rpn < 1 || rpn != floor(rpn) || rpn > 1 << 20) {
+		fail(err, errlen, what, "%s", "\"memory_bw\" is 0 or \"ranks_per_node\" not a positive integer");
+		goto out;
+	}
+	m->ranks_per_node = (int)rpn;
+	if (link_of(root, "intra", &m->link[MACH_INTRA], what, err, errlen) < 0 ||
+	    link_of(root, "inter", &m->link[MACH_INTER], what, err, errlen) < 0 ||
+	    link_of(root, "p2p", &m->link[MACH_P2P], what, err, errlen) < 0)
+		goto out;
+	x = cJSON_GetObjectItemCaseSensitive(root, "gemm");
+	if (x && !cJSON_IsArray(x)) {
+		fail(err, errlen, what, "%s", "\"gemm\" is not an array");
+		goto out;
+	}
+	m->ngemm = x ? cJSON_GetArraySize(x) : 0;
+	m->gemm = calloc(m->ngemm ? (size_t)m->ngemm : 1, sizeof *m->gemm);
+	if (!m->gemm) {
+		fail(err, errlen, what, "%s", "out of memory");
+		goto out;
+	}
+	int i = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, x)
+	{
+		MachGemm *gm = &m->gemm[i++];
+		const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+		if (!cJSON_IsString(dt) || (gm->dtype = dtype_of(dt->valuestring)) < 0) {
+			fail(err, errlen, what, "%s", "a \"gemm\" point's \"dtype\" is not \"f32\" or \"bf16\"");
+			goto out;
+		}
+		if (num(e, "m", &gm->m, 1, what, err, errlen) < 0 || num(e, "n", &gm->n, 1, what, err, errlen) < 0 ||
+		    num(e, "k", &gm->k, 1, what, err, errlen) < 0 ||
+		    num(e, "flops_per_s", &gm->flops_per_s, 1, what, err, errlen) < 0)
+			goto out;
+		if (gm->m < 1 || gm->n < 1 || gm->k < 1 || gm->flops_per_s <= 0) {
+			fail(err, errlen, what, "%s", "a \"gemm\" point with a size or rate of 0");
+			goto out;
+		}
+	}
+	x = cJSON_GetObjectItemCaseSensitive(root, "ops");
+	if (x && !cJSON_IsObject(x)) {
+		fail(err, errlen, what, "%s", "\"ops\" is not an object");
+		goto out;
+	}
+	m->nops = x ? cJSON_GetArraySize(x) : 0;
+	m->ops = calloc(m->nops ? (size_t)m->nops : 1, sizeof *m->ops);
+	if (!m->ops) {
+		fail(err, errlen, what, "%s", "out of memory");
+		goto out;
+	}
+	i = 0;
+	cJSON_ArrayForEach(e, x)
+	{
+		MachOp *op = &m->ops[i++];
+		if (!cJSON_IsObject(e)) {
+			fail(err, errlen, what, "op \"%s\" is not an object", e->string);
+			goto out;
+		}
+		op->op = strdup(e->string);
+		if (!op->op || num(e, "flops_per_s", &op->flops_per_s, 0, what, err, errlen) < 0 ||
+		    num(e, "bytes_per_s", &op->bytes_per_s, 0, what, err, errlen) < 0 ||
+		    num(e, "overhead_s", &op->overhead_s, 0, what, err, errlen) < 0)
+			goto out;
+	}
+	rc = 0;
+out:
+	cJSON_Delete(root);
+	if (rc < 0)
+		machine_free(m);
+	return rc;
+}
+
+int machine_load(Machine *m, const char *spec, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+		if (!strcmp(presets[i].name, spec))
+			return machine_parse(m, presets[i].json, spec, err, errlen);
+	FILE *f = fopen(spec, "rb");
+	if (!f) {
+		snprintf(err, errlen, "%s: no such preset (%s) and cannot open it as a machine file",
+			 spec, machine_presets());
+		return -1;
+	}
+	size_t cap = 1 << 16, n = 0, k;
+	char *text = malloc(cap);
+	while (text && (k = fread(text + n, 1, cap - n - 1, f)) > 0) {
+		n += k;
+		if (n + 1 == cap) {
+			char *t = realloc(text, cap *= 2);
+			if (!t)
+				free(text);
+			text = t;
+		}
+	}
+	int bad = ferror(f);
+	fclose(f);
+	if (!text || bad) {
+		free(text);
+		snprintf(err, errlen, "%s: cannot read it", spec);
+		return -1;
+	}
+	text[n] = 0;
+	int rc = machine_parse(m, text, spec, err, errlen);
+	free(text);
+	return rc;
+}
+
+void machine_free(Machine *m)
+{
+	for (int i = 0; m->ops && i < m->nops; i++)
+		free(m->ops[i].op);
+	free(m->ops);
+	free(m->gemm);
+	free(m->name);
+	free(m->source);
+	memset(m, 0, sizeof *m);
+}
+
+static cJSON *link_json(const MachLink *l)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "alpha_s", l->alpha_s);
+	cJSON_AddNumberToObject(o, "busbw", l->busbw);
+	return o;
+}
+
+char *machine_json(const Machine *m)
+{
+	static const char *const dt[MACH_NDTYPE] = {"f32", "bf16"};
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "name", m->name ? m->name : "");
+	cJSON_AddStringToObject(o, "source", m->source ? m->source : "");
+	cJSON_AddStringToObject(o, "executor", m->executor == MACH_CPU ? "cpu" : "gpu");
+	cJSON *pk = cJSON_AddObjectToObject(o, "peak_flops");
+	for (int d = 0; d < MACH_NDTYPE; d++)
+		cJSON_AddNumberToObject(pk, dt[d], m->peak_flops[d]);
+	cJSON *ga = cJSON_AddArrayToObject(o, "gemm");
+	for (int i = 0; i < m->ngemm; i++) {
+		cJSON *p = cJSON_CreateObject();
+		cJSON_AddStringToObject(p, "dtype", dt[m->gemm[i].dtype]);
+		cJSON_AddNumberToObject(p, "m", m->gemm[i].m);
+		cJSON_AddNumberToObject(p, "n", m->gemm[i].n);
+		cJSON_AddNumberToObject(p, "k", m->gemm[i].k);
+		cJSON_AddNumberToObject(p, "flops_per_s", m->gemm[i].flops_per_s);
+		cJSON_AddItemToArray(ga, p);
+	}
+	cJSON_AddNumberToObject(o, "memory_bw", m->memory_bw);
+	cJSON_AddNumberToObject(o, "kernel_overhead_s", m->kernel_overhead_s);
+	cJSON *ops = cJSON_AddObjectToObject(o, "ops");
+	for (int i = 0; i < m->nops; i++) {
+		cJSON *p = cJSON_AddObjectToObject(ops, m->ops[i].op);
+		if (m->ops[i].flops_per_s > 0)
+			cJSON_AddNumberToObject(p, "flops_per_s", m->ops[i].flops_per_s);
+		if (m->ops[i].bytes_per_s > 0)
+			cJSON_AddNumberToObject(p, "bytes_per_s", m->ops[i].bytes_per_s);
+		if (m->ops[i].overhead_s > 0)
+			cJSON_AddNumberToObject(p, "overhead_s", m->ops[i].overhead_s);
+	}
+	cJSON_AddNumberToObject(o, "ranks_per_node", m->ranks_per_node);
+	cJSON_AddItemToObject(o, "intra", link_json(&m->link[MACH_INTRA]));
+	cJSON_AddItemToObject(o, "inter", link_json(&m->link[MACH_INTER]));
+	cJSON_AddItemToObject(o, "p2p", link_json(&m->link[MACH_P2P]));
+	char *text = cJSON_Print(o);
+	cJSON_Delete(o);
+	return text;
+}
+
+double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk)
+{
+	double wsum = 0, lsum = 0;
+	for (int i = 0; i < m->ngemm; i++) {
+		const MachGemm *g = &m->gemm[i];
+		if (g->dtype != dtype)
+			continue;
+		double a = log(mm / g->m), b = log(nn / g->n), c = log(kk / g->k);
+		double d2 = a * a + b * b + c * c;
+		if (d2 < 1e-12)
+			return g->flops_per_s;
+		wsum += 1 / d2;
+		lsum += log(g->flops_per_s) / d2;
+	}
+	return wsum > 0 ? exp(lsum / wsum) : m->peak_flops[dtype];
+}
+
+const MachOp *machine_op(const Machine *m, const char *op)
+{
+	for (int i = 0; i < m->nops; i++)
+		if (!strcmp(m->ops[i].op, op))
+			return &m->ops[i];
+	return NULL;
+}

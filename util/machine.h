@@ -1,0 +1,89 @@
+/*
+ * machine.h - a machine model for `dpc --simulate`: what one rank's
+ * kernels and collectives cost on a machine, read from a JSON machine file
+ * or a named preset built from published figures (util/machine.c lists
+ * them, each citing its sources in its "source" field).
+ *
+ * The file (every figure in SI units: seconds, bytes, FLOP/s, bytes/s):
+ *   name, source        what it is and where its figures come from
+ *   executor            "gpu": the compute and comm streams run
+ *                       independently on the device, each in order (CUDA
+ *                       streams: the comm stream runs one collective at a
+ *                       time); "cpu": the streams run inline on the host
+ *                       (runtime/cpu/streams.c): a compute kernel holds the
+ *                       host, collectives start when the walk reaches them
+ *                       and run concurrently, sharing their link
+ *   peak_flops          {"f32": R, "bf16": R}: the dense peak, MFU's
+ *                       denominator is the bf16 one
+ *   gemm                [{"dtype": "f32"|"bf16", "m", "n", "k", "flops_per_s"}]:
+ *                       measured GEMM rates; a product's rate is
+ *                       interpolated between the points of its dtype
+ *                       (inverse squared distance in log m, n, k)
+ *   memory_bw           bytes/s of a memory-bound kernel
+ *   kernel_overhead_s   added to every kernel (launch, or the pool's fork)
+ *   ops                 {"OP": {"flops_per_s", "bytes_per_s",
+ *                       "overhead_s"}}: an op's own cost (attention, the
+ *                       norms, softmax), replacing the defaults above;
+ *                       each field optional
+ *   ranks_per_node      ranks that share the intra-node link
+ *   intra, inter        {"alpha_s", "busbw"}: a collective over a group
+ *                       inside one node, or spanning nodes, takes
+ *                       alpha_s + f * bytes / busbw (nccl-tests' bus
+ *                       bandwidth: f = 2(n-1)/n for all_reduce, (n-1)/n
+ *                       for all_gather and reduce_scatter)
+ *   p2p                 {"alpha_s", "busbw"}: a pipeline send or recv
+ */
+#ifndef DP_MACHINE_H
+#define DP_MACHINE_H
+
+#include <stddef.h>
+
+enum { MACH_GPU, MACH_CPU };           /* Machine.executor */
+enum { MACH_F32, MACH_BF16, MACH_NDTYPE };
+enum { MACH_INTRA, MACH_INTER, MACH_P2P, MACH_NLINK };
+
+typedef struct {
+	int dtype;                     /* MACH_F32 / MACH_BF16 */
+	double m, n, k, flops_per_s;
+} MachGemm;
+
+typedef struct {
+	char *op;                      /* the op's IR name */
+	double flops_per_s, bytes_per_s, overhead_s; /* 0: the machine's default */
+} MachOp;
+
+typedef struct {
+	double alpha_s, busbw;
+} MachLink;
+
+typedef struct {
+	char *name, *source;
+	int executor;
+	double peak_flops[MACH_NDTYPE];
+	MachGemm *gemm;
+	int ngemm;
+	double memory_bw, kernel_overhead_s;
+	MachOp *ops;
+	int nops;
+	int ranks_per_node;
+	MachLink link[MACH_NLINK];
+} Machine;
+
+/* The presets' names, comma-separated ("h100-nvlink, a100-nvlink"). */
+const char *machine_presets(void);
+/* Loads a preset by name, else the JSON file at spec. 0, or -1 with a
+ * one-line message in err (the file and what is wrong in it). */
+int machine_load(Machine *m, const char *spec, char *err, size_t errlen);
+/* Parses JSON text (what machine_load reads); what names it in messages. */
+int machine_parse(Machine *m, const char *text, const char *what, char *err, size_t errlen);
+void machine_free(Machine *m);
+/* The machine as a JSON machine file (malloc'd text, NULL when out of
+ * memory): what machine_parse reads back. */
+char *machine_json(const Machine *m);
+/* The GEMM rate for an m x k by k x n product of dtype: the table's
+ * interpolation, else the dtype's peak. */
+double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk);
+/* The op's own entry, or NULL. */
+const MachOp *machine_op(const Machine *m, const char *op);
+
+#endif
