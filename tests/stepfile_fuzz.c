@@ -221,7 +221,7 @@ static int invariants(const DpStep *s)
 			if (in->op == DP_OP_SHARD &&
 			    (in->in[0] < 0 || in->out < 0 ||
 			     (s->tensors[in->in[0]].dtype != DP_F32 &&
-			      s->tensors[in->in[0]].dtype != DP_BF16) ||
+			      !dp_is_half(s->tensors[in->in[0]].dtype)) ||
 			     s->tensors[in->out].dtype != s->tensors[in->in[0]].dtype ||
 			     DP_ATTR(in, SHARD, axes) < 0 || DP_ATTR(in, SHARD, axes) >= (1 << DP_MAX_AXES)))
 				return 0;
@@ -368,7 +368,7 @@ static void test_program_rules(void)
 	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 32"); /* 1 << DP_MAX_AXES */
 	d = shard;
 	d.in[0] = 1;
-	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32 or bf16");
+	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32, bf16 or f16");
 	d = shard;
 	d.out = -1;
 	rule("shard without output", DP_PROG_INIT, d, 0, "missing output");
@@ -418,7 +418,7 @@ static void test_pipeline_rules(void)
 	d = send, DP_TAG(&d) = 32768;
 	rule("a tag MPI may not carry", DP_PROG_STEP, d, 0, "tag 32768 out of range [0, 32767]");
 	d = send, d.in[0] = 1;
-	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32 or bf16");
+	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32, bf16 or f16");
 	d = recv, d.out = -1;
 	rule("a recv without output", DP_PROG_STEP, d, 0, "missing output");
 	rule_pp = 1;
