@@ -240,7 +240,8 @@ static int cpu_describe(Backend *b, char *buf, size_t len)
 			 cpu_pool_size(c->pool), openblas_get_config());
 	if (c->ws_floats && k > 0 && (size_t)k < len)
 		snprintf(buf + k, len - (size_t)k, "; %s, 16-bit workspace %.2f MiB",
-			 cpu_gemm16_describe(c->gemm16),
+			 dp_step_has_dtype(b->s, DP_F16) ? "f16 on f32 copies"
+							 : cpu_gemm16_describe(c->gemm16),
 			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
 	return dp_step_has_dtype(b->s, DP_BF16) || dp_step_has_dtype(b->s, DP_F16);
 }
