@@ -289,6 +289,16 @@ static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int 
 		s.nstrings += 2;
 		s.ntensors++;
 	}
+	if (bf16 == 2) { /* and k (8), f16 [4,2] */
+		memcpy(strs + s.nstrings, "k", 2);
+		tens[s.ntensors] = tens[6];
+		tens[s.ntensors].name = s.nstrings;
+		tens[s.ntensors].dtype = DP_F16;
+		tens[s.ntensors].offset = s.cfg.arena_bytes;
+		s.cfg.arena_bytes += 256;
+		s.nstrings += 2;
+		s.ntensors++;
+	}
 	DpInstr *prog = malloc((s.nprog[p] + 1) * sizeof *prog);
 	if (s.nprog[p])
 		memcpy(prog, s.prog[p], s.nprog[p] * sizeof *prog);
@@ -492,6 +502,16 @@ static void test_operand_rules(void)
 	rule_dt("sqnorm of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
 	d.out = 7, d.in[0] = 5;
 	rule_dt("sqnorm into bf16", DP_PROG_STEP, d, 0, 1, "the output 'h' is bf16, not f32");
+	/* with k (8) f16 [4,2] beside h: either 16-bit dtype, never both at once */
+	d = relu;
+	d.op = DP_OP_CAST, d.in[0] = 8, d.out = 5;
+	rule_dt("cast of f16 into f32", DP_PROG_STEP, d, 0, 2, NULL);
+	d.in[0] = 7, d.out = 8;
+	rule_dt("cast of bf16 into f16", DP_PROG_STEP, d, 0, 2, "mixes bf16 and f16 operands");
+	d = relu;
+	d.in[0] = 8, d.out = 7;
+	rule_dt("relu of f16 into bf16", DP_PROG_STEP, d, 0, 2,
+		"the output 'h' is bf16, not the compute dtype f16 (k's)");
 }
 
 static void test_file_io(const DpStep *s)
