@@ -7,7 +7,9 @@
  *    infinity; every 241st bit pattern of the 2^32 floats, and every float
  *    within 8 ulps of each f16 value's rounding boundaries (the ties);
  *  - F16C's vcvtps2ph / vcvtph2ps, where the CPU has them, on the same
- *    patterns (PyTorch's .half() on x86 rounds with them);
+ *    patterns (PyTorch's .half() on x86 rounds with them), and the CPU
+ *    backend's bulk conversions (cpu_f16_store / load: F16C eight at a
+ *    time) against rt_to_f16 / rt_from_f16;
  *  - known answers (below), subnormals, infinities and NaN included;
  *  - f16 -> f32 exact on all 2^16 patterns (a NaN comes out quiet, as
  *    F16C's), and back the identity but for signalling NaNs.
@@ -18,7 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rt.h"
+#include "cpu/cpu.h"
 
 static int npass, nfail;
 
@@ -69,10 +71,36 @@ __attribute__((target("f16c"))) static float f16c_from(uint16_t h)
 	return _cvtsh_ss(h);
 }
 
+/* the CPU backend's bulk conversions (F16C eight at a time where the CPU
+ * has it) against rt_to_f16 / rt_from_f16, element for element: a batch of
+ * the patterns one() saw */
+static float batch[4096];
+static int nbatch;
+
+static void flush_batch(void)
+{
+	uint16_t h[4096], want;
+	float back[4096];
+	cpu_f16_store(h, batch, nbatch);
+	cpu_f16_load(back, h, nbatch);
+	for (int i = 0; i < nbatch; i++) {
+		uint32_t bits;
+		memcpy(&bits, &batch[i], 4);
+		want = rt_to_f16(batch[i]);
+		float wb = rt_from_f16(want);
+		check(h[i] == want && memcmp(&back[i], &wb, 4) == 0,
+		      "cpu_f16_store / cpu_f16_load: rt_to_f16's bits", bits);
+	}
+	nbatch = 0;
+}
+
 static void one(uint32_t bits, int f16c)
 {
 	float f;
 	memcpy(&f, &bits, 4);
+	batch[nbatch++] = f;
+	if (nbatch == 4096)
+		flush_batch();
 	uint16_t got = rt_to_f16(f);
 	if (isnan(f)) {
 		check((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) && (got & 0x200u),
@@ -103,6 +131,7 @@ int main(void)
 			one((mb + (uint32_t)d) | 0x80000000u, f16c);
 		}
 	}
+	flush_batch();
 	struct {
 		uint32_t in;
 		uint16_t out;

@@ -201,6 +201,10 @@ int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e);
 /* f32 -> bf16 rounding to nearest even (NaN stays NaN), and back. */
 uint16_t cpu_to_bf16(float f);
 float cpu_from_bf16(uint16_t b);
+/* n f16 elements from f32 and back on this thread, F16C where the CPU has
+ * it (rt_to_f16's bits either way). */
+void cpu_f16_store(uint16_t *dst, const float *src, int64_t n);
+void cpu_f16_load(float *dst, const uint16_t *src, int64_t n);
 /* n elements of 16-bit dtype dt (DP_BF16, DP_F16) converted on the rank's
  * threads. */
 void cpu_half_store(CpuPool *pool, unsigned dt, uint16_t *dst, const float *src, int64_t n);

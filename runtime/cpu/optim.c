@@ -17,8 +17,7 @@
 static void write_copy(unsigned dt, uint16_t *copy, const float *p, int64_t n)
 {
 	if (dt == DP_F16)
-		for (int64_t i = 0; i < n; i++)
-			copy[i] = rt_to_f16(p[i]);
+		cpu_f16_store(copy, p, n);
 	else
 		for (int64_t i = 0; i < n; i++)
 			copy[i] = cpu_to_bf16(p[i]);
