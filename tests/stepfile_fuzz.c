@@ -268,32 +268,29 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
  * with a message containing want. */
 static uint32_t rule_pp = 1; /* the built-in step's pp while test_pipeline_rules runs */
 
-static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int bf16,
+static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int nhalf,
 		    const char *want)
 {
 	DpStep s = *builtin_step();
 	s.cfg.mesh[DP_AXIS_PP] = rule_pp;
 	DpTensor tens[16];
 	char strs[256];
-	if (bf16) {
+	/* nhalf 16-bit tensors: h (7) bf16 [4,2], then k (8) f16 [4,2] */
+	static const struct {
+		char name[2];
+		uint8_t dtype;
+	} halves[] = {{"h", DP_BF16}, {"k", DP_F16}};
+	if (nhalf) {
 		memcpy(tens, s.tensors, s.ntensors * sizeof *tens);
 		memcpy(strs, s.strings, s.nstrings);
-		memcpy(strs + s.nstrings, "h", 2);
-		tens[s.ntensors] = tens[6];
-		tens[s.ntensors].name = s.nstrings;
-		tens[s.ntensors].dtype = DP_BF16;
-		tens[s.ntensors].offset = s.cfg.arena_bytes;
-		s.cfg.arena_bytes += 256;
 		s.tensors = tens;
 		s.strings = strs;
-		s.nstrings += 2;
-		s.ntensors++;
 	}
-	if (bf16 == 2) { /* and k (8), f16 [4,2] */
-		memcpy(strs + s.nstrings, "k", 2);
+	for (int h = 0; h < nhalf; h++) {
+		memcpy(strs + s.nstrings, halves[h].name, 2);
 		tens[s.ntensors] = tens[6];
 		tens[s.ntensors].name = s.nstrings;
-		tens[s.ntensors].dtype = DP_F16;
+		tens[s.ntensors].dtype = halves[h].dtype;
 		tens[s.ntensors].offset = s.cfg.arena_bytes;
 		s.cfg.arena_bytes += 256;
 		s.nstrings += 2;
