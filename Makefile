@@ -122,7 +122,8 @@ $(TEXT2SHARD): tools/text2shard.c
 # ones the runtime objects (tests/unit.sh runs them).
 COMPILER_TESTS := $(BUILD)/tests/ir_roundtrip $(BUILD)/tests/fe_fuzz $(BUILD)/tests/simulate_test
 RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)/tests/backend_test \
-                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test $(BUILD)/tests/ckpt_fuzz
+                  $(BUILD)/tests/cpu_kernels_test $(BUILD)/tests/bf16_test $(BUILD)/tests/f16_test \
+                  $(BUILD)/tests/ckpt_fuzz
 # util/ tests link util/ and format/ only
 UTIL_TESTS     := $(BUILD)/tests/suggest_test
 tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)

@@ -227,18 +227,18 @@ static void lower_strategy(Lower *L)
 }
 
 /* Mixed precision (passes/precision.c). `precision D` is the short form of
- * param_dtype D and buffer_dtype D; the gradients are reduced in f32 unless
- * reduce_dtype says bf16 (torchtitan's default, FSDP's MixedPrecision
- * names). Master weights and optimizer state are always f32. `precision
+ * param_dtype D and buffer_dtype D (fp16: f16); the gradients are reduced in
+ * f32 unless reduce_dtype says bf16 or f16, the compute dtype (torchtitan's
+ * default, FSDP's MixedPrecision names). Master weights and optimizer state are always f32. `precision
  * tf32`: f32 dtypes, and a GPU may run the f32 GEMMs on TF32 tensor cores
  * (cfg.gemm_math). */
 static void lower_precision(Lower *L)
 {
 	Graph *g = L->g;
-	enum { P_F32, P_TF32, P_BF16 }; /* ORDER: the precision row's words */
+	enum { P_F32, P_TF32, P_BF16, P_FP16 }; /* ORDER: the precision row's words */
 	const AstVal *pv = settings_val(L, DP_SET_PRECISION);
 	int given = pv && L->set[DP_SET_PRECISION].ok, p = (int)settings_num(L, DP_SET_PRECISION);
-	int prec = !given ? -1 : p == P_BF16 ? DP_BF16 : DP_F32;
+	int prec = !given ? -1 : p == P_BF16 ? DP_BF16 : p == P_FP16 ? DP_F16 : DP_F32;
 	g->cfg.gemm_math = given && p == P_TF32 ? DP_GEMM_TF32 : DP_GEMM_F32;
 	const AstVal *pdv = settings_val(L, DP_SET_PARAM_DTYPE), *bdv = settings_val(L, DP_SET_BUFFER_DTYPE);
 	const AstVal *rdv = settings_val(L, DP_SET_REDUCE_DTYPE);
@@ -249,20 +249,21 @@ static void lower_precision(Lower *L)
 		    dp_dtype_names[prec]);
 	g->param_dtype = pd >= 0 ? pd : prec >= 0 ? prec : DP_F32;
 	g->buffer_dtype = bd >= 0 ? bd : prec >= 0 ? prec : DP_F32;
-	if (rdv && L->set[DP_SET_REDUCE_DTYPE].ok && g->reduce_dtype == DP_BF16 &&
-	    g->param_dtype == DP_F32) {
-		ERR(rdv->loc, "reduce_dtype bf16 is narrower than param_dtype f32: the f32 gradients "
-			      "would be rounded to bf16 (set precision bf16, or reduce in f32)");
+	if (rdv && L->set[DP_SET_REDUCE_DTYPE].ok && dp_is_half((unsigned)g->reduce_dtype) &&
+	    g->reduce_dtype != g->param_dtype) {
+		const char *r = dp_dtype_names[g->reduce_dtype];
+		ERR(rdv->loc, "reduce_dtype %s is not param_dtype %s: the gradients would be rounded "
+			      "to %s (set precision %s, or reduce in f32)",
+		    r, dp_dtype_names[g->param_dtype], r, g->reduce_dtype == DP_F16 ? "fp16" : r);
 		g->reduce_dtype = DP_F32;
 	}
-	/* where the file asks for bf16, for a backend that cannot (cfg.bf16_line;
-	 * a flag is no place in the file: its line is 0) */
+	/* where the file asks for a 16-bit dtype, for a backend that cannot
+	 * (cfg.half_line; a flag is no place in the file: its line is 0) */
 	const AstVal *asks[] = {pv, pdv, bdv, rdv};
+	const int dts[] = {prec, pd, bd, rdv && L->set[DP_SET_REDUCE_DTYPE].ok ? g->reduce_dtype : -1};
 	for (int i = 0; i < 4; i++)
-		if (asks[i] && asks[i]->kind == V_IDENT && strcmp(asks[i]->s, "bf16") == 0) {
-			scope_note_bf16(L, asks[i]->loc);
-			break;
-		}
+		if (asks[i] && asks[i]->kind == V_IDENT && dts[i] >= 0 && dp_is_half((unsigned)dts[i]))
+			scope_note_half(L, asks[i]->loc, dts[i]);
 }
 
 static void lower_train(Lower *L)

@@ -97,6 +97,8 @@ typedef struct {
 	                     made by repeat (unless the block says otherwise) */
 	int loss_seen;
 	Loc loss_loc;
+	int half_dtype;   /* the 16-bit dtype the file asked for (DP_BF16, DP_F16), else 0 */
+	Loc half_at;      /* ... where first */
 	Pending *errs; /* reported in source order at the end */
 	int nerrs, caperrs;
 	SetVal set[DP_NSETTINGS]; /* the settings given (settings.c), ORDER SET */
@@ -125,10 +127,13 @@ int scope_want_float(Lower *L, const AstVal *v, const char *what, float *out);
 /* One of two words (true/false, sharded/unsharded): 0 for a, 1 for b, or -1
  * after reporting "what must be a or b". */
 int scope_want_word(Lower *L, const AstVal *v, const char *what, const char *a, const char *b);
-/* A floating-point dtype for the precision settings: DP_F32 (f32, fp32) or
- * DP_BF16 (bf16), or -1 after reporting "what must be f32 or bf16". */
+/* A floating-point dtype for the precision settings: DP_F32 (f32, fp32),
+ * DP_BF16 (bf16) or DP_F16 (f16, fp16), or -1 after reporting "what must be
+ * f32, bf16 or f16". */
 int scope_dtype_word(Lower *L, const AstVal *v, const char *what);
-void scope_note_bf16(Lower *L, Loc at); /* cfg.bf16_line/col: the first bf16 request */
+/* cfg.half_line/col: the first request for a 16-bit dtype dt; a request for
+ * the other one is an error */
+void scope_note_half(Lower *L, Loc at, int dt);
 /* A strategy name: its DpStrategy, or -1 after reporting. */
 int scope_strategy_word(Lower *L, const AstVal *v);
 int scope_kwargs(Lower *L, const AstVal *call, const char *const *keys, int nkeys,

@@ -351,18 +351,19 @@ static void block_precision(Lower *L, const Stmt *p, int k, const AstVal *v, Blo
 	int dt = scope_dtype_word(L, v, block_settings[k]);
 	if (dt < 0)
 		return;
-	if (dt == DP_BF16)
-		scope_note_bf16(L, v->loc);
+	if (dp_is_half((unsigned)dt))
+		scope_note_half(L, v->loc, dt);
 	int pd = k == BS_BUFFER_DTYPE ? -1 : dt;
 	if (pd >= 0 && bl->param_dtype >= 0 && bl->param_dtype != pd) {
 		ERR(v->loc, "param_dtype %s contradicts the block's precision %s",
 		    dp_dtype_names[pd], dp_dtype_names[bl->param_dtype]);
 		return;
 	}
-	if (pd == DP_F32 && L->g->reduce_dtype == DP_BF16) {
-		ERR(v->loc, "block '%s' computes in f32 but the gradients are reduced in bf16 "
-			    "(train's reduce_dtype): reduce in f32, or compute the block in bf16",
-		    bl->name);
+	if (pd >= 0 && pd != L->g->reduce_dtype && L->g->reduce_dtype != DP_F32) {
+		ERR(v->loc, "block '%s' computes in %s but the gradients are reduced in %s "
+			    "(train's reduce_dtype): reduce in f32, or compute the block in %s",
+		    bl->name, dp_dtype_names[pd], dp_dtype_names[L->g->reduce_dtype],
+		    dp_dtype_names[L->g->reduce_dtype]);
 		return;
 	}
 	if (pd >= 0)

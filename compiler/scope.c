@@ -242,17 +242,30 @@ int scope_dtype_word(Lower *L, const AstVal *v, const char *what)
 		return DP_F32;
 	if (v->kind == V_IDENT && strcmp(v->s, "bf16") == 0)
 		return DP_BF16;
-	ERR(v->loc, "%s must be f32 or bf16", what);
+	if (v->kind == V_IDENT && (strcmp(v->s, "f16") == 0 || strcmp(v->s, "fp16") == 0))
+		return DP_F16;
+	ERR(v->loc, "%s must be f32, bf16 or f16", what);
 	return -1;
 }
 
-/* The first place the file asks for bf16 (train's setting or a block's),
- * kept in the step file for a backend that cannot run bf16 to name it. */
-void scope_note_bf16(Lower *L, Loc at)
+/* A request for 16-bit dtype dt (train's setting or a block's) at `at`.
+ * The first place is kept in the step file for a backend that cannot run
+ * it to name. A model computes in one 16-bit dtype: its compute copies
+ * share one flat buffer, and no kernel converts bf16 to f16. */
+void scope_note_half(Lower *L, Loc at, int dt)
 {
-	if (L->g->cfg.bf16_line == 0 && at.line > 0) {
-		L->g->cfg.bf16_line = (uint32_t)at.line;
-		L->g->cfg.bf16_col = (uint32_t)at.col;
+	if (L->half_dtype && L->half_dtype != dt) {
+		ERR(at, "%s here, but line %d asked for %s: a model computes in one 16-bit dtype",
+		    dp_dtype_names[dt], L->half_at.line, dp_dtype_names[L->half_dtype]);
+		return;
+	}
+	if (!L->half_dtype) {
+		L->half_dtype = dt;
+		L->half_at = at;
+	}
+	if (L->g->cfg.half_line == 0 && at.line > 0) {
+		L->g->cfg.half_line = (uint32_t)at.line;
+		L->g->cfg.half_col = (uint32_t)at.col;
 	}
 }
 

@@ -661,7 +661,7 @@ static void put_form(FILE *out, int id)
 		[DP_ST_FLOAT] = "X",
 		[DP_ST_BOOL] = "true\\|false",
 		[DP_ST_WORDS] = "", /* its words */
-		[DP_ST_DTYPE] = "f32\\|bf16",
+		[DP_ST_DTYPE] = "f32\\|bf16\\|f16",
 		[DP_ST_STRATEGY] = "NAME",
 		[DP_ST_SPEC] = "KIND(...)",
 		[DP_ST_AXES] = "",

@@ -69,12 +69,12 @@ const unsigned char dp_op_ro[DP_NOPS] = {
 const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
 const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
 						  "hybrid_shard"};
-const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16"};
+const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16", "f16"};
 const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm"};
 
 size_t dp_dtype_size(unsigned dt)
 {
-	return dt == DP_F32 || dt == DP_I32 ? 4 : dt == DP_BF16 ? 2 : 0;
+	return dt == DP_F32 || dt == DP_I32 ? 4 : dp_is_half(dt) ? 2 : 0;
 }
 
 const char *dp_name(const char *const *names, unsigned n, unsigned i)
@@ -547,8 +547,8 @@ static int check_float(const DpStep *s, int32_t id, const char *role, const char
 		fail(err, errlen, "%s: missing %s", what, role);
 		return -1;
 	}
-	if (s->tensors[id].dtype != DP_F32 && s->tensors[id].dtype != DP_BF16) {
-		fail(err, errlen, "%s: %s '%s' is not f32 or bf16", what, role,
+	if (s->tensors[id].dtype != DP_F32 && !dp_is_half(s->tensors[id].dtype)) {
+		fail(err, errlen, "%s: %s '%s' is not f32, bf16 or f16", what, role,
 		     dpstep_str(s, s->tensors[id].name));
 		return -1;
 	}

@@ -64,9 +64,16 @@ typedef enum {
 typedef enum {
 	DP_F32,  /* IEEE float32 */
 	DP_I32,  /* int32 (labels, token ids) */
-	DP_BF16, /* bfloat16 (reserved for the CUDA backend) */
+	DP_BF16, /* bfloat16: 8 significant bits, f32's range (precision bf16) */
+	DP_F16,  /* IEEE binary16: 11 significant bits, max 65504 (precision fp16) */
 	DP_NDTYPE
 } DpDtype;
+
+/* 1: dt is a 16-bit float, stored in 16 bits and computed in f32 */
+static inline int dp_is_half(unsigned dt)
+{
+	return dt == DP_BF16 || dt == DP_F16;
+}
 
 /* What a tensor is for; decides how the runtime initialises and reports it. */
 typedef enum {
@@ -381,19 +388,20 @@ typedef enum {
  * Operand dtypes (mixed precision). Every rule states, per operand, which
  * dtype it may have; the decoder checks it and the compiler's precision pass
  * (passes/precision.c) reads the same table to decide where casts go. A
- * kernel computes in f32 whatever it stores: bf16 operands are converted on
- * load and rounded (to nearest even) on store.
+ * kernel computes in f32 whatever it stores: 16-bit operands (bf16, f16)
+ * are converted on load and rounded (to nearest even) on store. "half"
+ * below is either; one instruction never mixes the two.
  */
 typedef enum {
 	DP_OD_NONE,  /* not a tensor operand of the rule, or checked by the rule itself
 	                (copies: the same dtype as in0, any) */
-	DP_OD_CD,    /* f32 or bf16: the instruction's compute dtype, one for all its CD
+	DP_OD_CD,    /* f32 or half: the instruction's compute dtype, one for all its CD
 	                operands (the dtype of the first present one, in0..in3 then out) */
 	DP_OD_CDF,   /* the compute dtype, or f32: a parameter gradient an accumulating
 	                kernel writes in the reduce dtype */
-	DP_OD_FLOAT, /* f32 or bf16, whatever the others are */
+	DP_OD_FLOAT, /* f32 or half, whatever the others are */
 	DP_OD_F32,   /* f32: statistics, metrics, master weights, optimizer state */
-	DP_OD_BF16,  /* bf16: the compute copy an optimizer writes */
+	DP_OD_HALF,  /* half: the compute copy an optimizer writes */
 	DP_OD_I32,   /* ids, labels, positions */
 } DpOperandDtype;
 
@@ -585,11 +593,12 @@ static inline int64_t dp_numel(const DpTensor *t)
 	return n;
 }
 
-/* 1: some tensor of the step is bf16 (precision bf16 or a bf16 block) */
-static inline int dp_step_has_bf16(const DpStep *s)
+/* 1: some tensor of the step has dtype dt (DP_BF16: precision bf16 or a
+ * bf16 block; DP_F16: precision fp16 or an fp16 block) */
+static inline int dp_step_has_dtype(const DpStep *s, unsigned dt)
 {
 	for (uint32_t i = 0; i < s->ntensors; i++)
-		if (s->tensors[i].dtype == DP_BF16)
+		if (s->tensors[i].dtype == dt)
 			return 1;
 	return 0;
 }
@@ -627,7 +636,7 @@ static inline int dp_is_collective(unsigned op)
 extern const char *const dp_op_names[DP_NOPS];   /* ORDER OP */
 extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export" */
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
-extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16" */
+extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16", "f16" */
 extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm" */
 /* Bytes of one element of dtype dt (0 for an unknown dtype). */
 size_t dp_dtype_size(unsigned dt);

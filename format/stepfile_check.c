@@ -85,7 +85,7 @@ static const DpTensor *opnd(Chk *c, int k, int dt)
 #define CDF DP_OD_CDF
 #define FL DP_OD_FLOAT
 #define F32 DP_OD_F32
-#define B16 DP_OD_BF16
+#define HLF DP_OD_HALF
 #define I32 DP_OD_I32
 /* out, in0, in1, in2, in3 (DpOperandDtype; 0: none or the rule's own check) */
 const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
@@ -100,8 +100,8 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_CORRECT] = {F32, FL, I32},
 	[DP_OR_SCALAR] = {F32, FL},
 	[DP_OR_CLIP] = {FL, F32},
-	[DP_OR_SGD] = {F32, FL, F32, B16},
-	[DP_OR_ADAMW] = {F32, FL, F32, F32, B16},
+	[DP_OR_SGD] = {F32, FL, F32, HLF},
+	[DP_OR_ADAMW] = {F32, FL, F32, F32, HLF},
 	[DP_OR_EMBEDDING] = {CD, I32, CD},
 	[DP_OR_EMBEDDING_GRAD] = {CDF, CD, I32, FL},
 	[DP_OR_NORM_AFFINE] = {CD, CD, CD, CD},
@@ -130,7 +130,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 #undef CDF
 #undef FL
 #undef F32
-#undef B16
+#undef HLF
 #undef I32
 
 static const char *operand_name(int k, char *buf, size_t len)
@@ -163,22 +163,22 @@ static int check_dtypes(Chk *c, int rule)
 			ok = 1;
 			break;
 		case DP_OD_CD:
-			ok = (dt == DP_F32 || dt == DP_BF16) && dt == cd;
+			ok = (dt == DP_F32 || dp_is_half(dt)) && dt == cd;
 			break;
 		case DP_OD_CDF:
-			ok = dt == DP_F32 || (dt == DP_BF16 && dt == cd);
+			ok = dt == DP_F32 || (dp_is_half(dt) && dt == cd);
 			break;
 		case DP_OD_FLOAT:
-			ok = dt == DP_F32 || dt == DP_BF16;
-			want = "f32 or bf16";
+			ok = dt == DP_F32 || dp_is_half(dt);
+			want = "f32, bf16 or f16";
 			break;
 		case DP_OD_F32:
 			ok = dt == DP_F32;
 			want = "f32";
 			break;
-		case DP_OD_BF16:
-			ok = dt == DP_BF16;
-			want = "bf16";
+		case DP_OD_HALF:
+			ok = dp_is_half(dt);
+			want = "bf16 or f16";
 			break;
 		case DP_OD_I32:
 			ok = dt == DP_I32;
@@ -187,9 +187,9 @@ static int check_dtypes(Chk *c, int rule)
 		}
 		if (!ok) {
 			char who[32];
-			int fl = dt == DP_F32 || dt == DP_BF16;
+			int fl = dt == DP_F32 || dp_is_half(dt);
 			if (!fl && (od[k + 1] == DP_OD_CD || od[k + 1] == DP_OD_CDF))
-				want = "f32 or bf16";
+				want = "f32, bf16 or f16";
 			else if (od[k + 1] == DP_OD_CD || od[k + 1] == DP_OD_CDF)
 				return bad(c, "%s '%s' is %s, not the compute dtype %s (%s's)",
 					   operand_name(k, who, sizeof who), tname(c->s, id),
@@ -200,6 +200,15 @@ static int check_dtypes(Chk *c, int rule)
 				   tname(c->s, id), dp_name(dp_dtype_names, DP_NDTYPE, (unsigned)dt), want);
 		}
 	}
+	/* a backend stages an instruction's 16-bit operands in one conversion */
+	unsigned halves = 0;
+	for (int k = -1; k < DP_MAX_IN; k++) {
+		int id = k < 0 ? c->in->out : c->in->in[k];
+		if (id >= 0 && dp_is_half(c->s->tensors[id].dtype))
+			halves |= 1u << c->s->tensors[id].dtype;
+	}
+	if (halves == (1u << DP_BF16 | 1u << DP_F16))
+		return bad(c, "mixes bf16 and f16 operands");
 	return 0;
 }
 

@@ -312,7 +312,7 @@ int ir_mixed_precision(const Graph *g)
 
 int ir_is_float(DpDtype dt)
 {
-	return dt == DP_F32 || dt == DP_BF16;
+	return dt == DP_F32 || dp_is_half(dt);
 }
 
 int ir_strategy_fits(const Graph *g, int strat, char *msg, size_t len)

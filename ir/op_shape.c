@@ -35,7 +35,7 @@ static const char *op_name(const Node *n)
 
 static int is_float(DpDtype t)
 {
-	return t == DP_F32 || t == DP_BF16;
+	return t == DP_F32 || dp_is_half(t);
 }
 
 static void copy_type(Value *out, const Value *v)

@@ -559,7 +559,7 @@ static int parse_type(Reader *r, Value *v)
 	}
 	int dt = t->kind == TK_WORD ? lookup(dp_dtype_names, DP_NDTYPE, t->text) : -1;
 	if (dt < 0)
-		return fail_tok(r, t, "expected a type (f32[...], i32[...], bf16[...] or ?)");
+		return fail_tok(r, t, "expected a type (f32[...], i32[...], bf16[...], f16[...] or ?)");
 	v->dtype = (DpDtype)dt;
 	v->ndim = 0;
 	if (expect_punct(r, "[") < 0)
@@ -669,12 +669,12 @@ static int parse_axes(Reader *r, int64_t *mask)
 
 /* ---- directives ---- */
 
-/* The value of a precision key: f32 or bf16, or -1 after reporting. */
+/* The value of a precision key: f32, bf16 or f16, or -1 after reporting. */
 static int expect_float_dtype(Reader *r, const Tok *key)
 {
-	int dt = expect_enum(r, dp_dtype_names, DP_NDTYPE, "a dtype (f32, bf16)");
+	int dt = expect_enum(r, dp_dtype_names, DP_NDTYPE, "a dtype (f32, bf16, f16)");
 	if (dt == DP_I32)
-		return fail_at(r, key->col, "%s must be f32 or bf16", key->text);
+		return fail_at(r, key->col, "%s must be f32, bf16 or f16", key->text);
 	return dt;
 }
 

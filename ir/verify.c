@@ -300,8 +300,8 @@ static void check_dtypes(Verifier *vf, const Node *n)
 		case DP_OD_F32:
 			ok = dt == DP_F32;
 			break;
-		case DP_OD_BF16:
-			ok = dt == DP_BF16;
+		case DP_OD_HALF:
+			ok = dp_is_half(dt);
 			break;
 		case DP_OD_I32:
 			ok = dt == DP_I32;

@@ -194,8 +194,8 @@ static void unit_add(Graph *g, Unit *u, int p)
 	u->params = grown;
 	u->masters = masters; /* filled by place_in */
 	u->elems += ir_numel(g->values[p]);
-	if (g->values[p]->dtype == DP_BF16)
-		u->dtype = DP_BF16;
+	if (dp_is_half(g->values[p]->dtype))
+		u->dtype = g->values[p]->dtype;
 }
 
 /* Does a bucket end between parameters a and b (completion order)? See
@@ -319,7 +319,7 @@ static void lay_out_whole(Graph *g, ShardPlan *pl)
 	for (int k = 0; k < pl->nu; k++) {
 		Unit *u = &pl->u[k];
 		for (int i = 0; i < u->nparams; i++) {
-			int bf16 = g->values[u->params[i]]->dtype == DP_BF16;
+			int bf16 = dp_is_half(g->values[u->params[i]]->dtype);
 			place_in(g, u, i, bf16 ? pl->copy : pl->flat_params,
 				 bf16 ? pl->flat_params : -1, pl->flat_grads, &off);
 			if (bf16)
@@ -363,7 +363,7 @@ static int64_t unit_offsets(ShardPlan *pl)
 		u->padded = u->chunk * parts;
 		u->loff = ltot;
 		ltot += u->chunk;
-		if (u->cut && !u->gathered && u->dtype == DP_BF16) {
+		if (u->cut && !u->gathered && dp_is_half(u->dtype)) {
 			u->foff = pl->ftot16;
 			pl->ftot16 += u->padded;
 		} else if (u->cut && !u->gathered) {
@@ -395,16 +395,17 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 		}
 	if (pl->copy >= 0) {
 		Value *c = g->values[pl->copy];
-		c->name = ir_fmt(g, "%s.bf16", g->values[sp]->name);
+		c->name = ir_fmt(g, "%s.%s", g->values[sp]->name, ir_dtype_name(pl->half));
 		c->dims[0] = ltot;
 		place_shard(c);
 	}
 	if (pl->ftot16)
-		pl->full16 = flat1(g, "flat.params.bf16", DP_BF16, pl->ftot16, DP_T_FLAT)->id;
+		pl->full16 = flat1(g, ir_fmt(g, "flat.params.%s", ir_dtype_name(pl->half)), pl->half,
+				   pl->ftot16, DP_T_FLAT)->id;
 
 	for (int k = 0; k < pl->nu; k++) {
 		Unit *u = &pl->u[k];
-		int bf16 = u->dtype == DP_BF16;
+		int bf16 = dp_is_half(u->dtype);
 		if (u->cut) {
 			u->shard_p = view1(g, ir_fmt(g, "%s.shard", u->name), sp, u->loff, u->chunk,
 					   DP_T_PARAM, u->block);
@@ -413,7 +414,8 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 			place_shard(g->values[u->shard_p]);
 			place_shard(g->values[u->shard_g]);
 			if (bf16) {
-				u->shard_c = view1(g, ir_fmt(g, "%s.shard.bf16", u->name), pl->copy,
+				u->shard_c = view1(g, ir_fmt(g, "%s.shard.%s", u->name,
+							     ir_dtype_name(u->dtype)), pl->copy,
 						   u->loff, u->chunk, DP_T_PARAM, u->block);
 				place_shard(g->values[u->shard_c]);
 			}
@@ -426,7 +428,8 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 						       u->chunk, DP_T_GRAD, u->block);
 			if (bf16) {
 				u->master = u->shard_p;
-				u->full_p = view1(g, ir_fmt(g, "%s.params.bf16", u->name), pl->copy,
+				u->full_p = view1(g, ir_fmt(g, "%s.params.%s", u->name,
+							    ir_dtype_name(u->dtype)), pl->copy,
 						  u->loff, u->chunk, DP_T_PARAM, u->block);
 			}
 		}
@@ -707,9 +710,10 @@ static void param_groups(Graph *g, ShardPlan *pl)
 	}
 }
 
-/* A plan with the mesh's numbers and no units or buffers yet; *bf16: some
- * trained parameter is computed in bf16 (there is a compute copy). */
-static ShardPlan *new_plan(Graph *g, int *bf16)
+/* A plan with the mesh's numbers and no units or buffers yet; pl->half:
+ * the 16-bit dtype some trained parameter is computed in (there is a
+ * compute copy; the front end allows one such dtype per model), else -1. */
+static ShardPlan *new_plan(Graph *g)
 {
 	if (g->cfg.strategy >= DP_NSTRAT)
 		die("layout: strategy %u out of range", g->cfg.strategy);
@@ -721,28 +725,27 @@ static ShardPlan *new_plan(Graph *g, int *bf16)
 	pl->R = (int)g->cfg.mesh[DP_AXIS_REPLICATE];
 	pl->flat_params = pl->flat_grads = -1;
 	pl->shard_params = pl->shard_grads = pl->copy = pl->full16 = -1;
-	*bf16 = 0;
+	pl->half = -1;
 	param_groups(g, pl);
 	for (int v = 0; v < g->nvalues; v++) {
 		if (!trained(g->values[v]))
 			continue;
 		if (shard_strategies[ir_block_strategy(g, g->values[v]->block)].cut)
 			pl->sharded = 1;
-		if (g->values[v]->dtype == DP_BF16)
-			*bf16 = 1;
+		if (dp_is_half(g->values[v]->dtype))
+			pl->half = g->values[v]->dtype;
 	}
 	return pl;
 }
 
 int layout_run(Graph *g, Diag *d)
 {
-	int bf16;
-	ShardPlan *pl = new_plan(g, &bf16);
+	ShardPlan *pl = new_plan(g);
 	pl->flat_params = flat_buffer(g, "flat.params");
 	pl->flat_grads = flat_buffer(g, "flat.grads");
-	if (bf16)
-		pl->copy = flat1(g, "flat.params.bf16", DP_BF16, ir_numel(g->values[pl->flat_params]),
-				 DP_T_FLAT)->id;
+	if (pl->half >= 0)
+		pl->copy = flat1(g, ir_fmt(g, "flat.params.%s", ir_dtype_name(pl->half)), pl->half,
+				 ir_numel(g->values[pl->flat_params]), DP_T_FLAT)->id;
 	place_replicated(g);
 	int *first, *last;
 	shard_writers(g, g->nnodes, &first, &last);
@@ -836,7 +839,7 @@ static void find_whole(Finder *f, ShardPlan *pl, Unit *u, int64_t *off)
 {
 	for (int i = 0; i < u->nparams; i++) {
 		const Value *p = f->g->values[u->params[i]];
-		int bf16 = p->dtype == DP_BF16;
+		int bf16 = dp_is_half(p->dtype);
 		u->masters[i] = bf16 ? find(f, ir_fmt(f->g, "%s.master", p->name)) : p->id;
 		if (bf16)
 			u->master = pl->flat_params;
@@ -853,18 +856,18 @@ static void find_whole(Finder *f, ShardPlan *pl, Unit *u, int64_t *off)
  * lay_out_backward_gathers made for it. */
 static void find_shards(Finder *f, Unit *u)
 {
-	int bf16 = u->dtype == DP_BF16;
+	int bf16 = dp_is_half(u->dtype);
 	if (u->cut) {
 		u->shard_p = find_unit(f, u, "shard");
 		u->shard_g = find_unit(f, u, "grad.shard");
 		if (bf16)
-			u->shard_c = find_unit(f, u, "shard.bf16");
+			u->shard_c = find_unit(f, u, ir_fmt(f->g, "shard.%s", ir_dtype_name(u->dtype)));
 	} else {
 		u->shard_p = u->full_p = find_unit(f, u, "params");
 		u->shard_g = u->full_g = find_unit(f, u, "grads");
 		if (bf16) {
 			u->master = u->shard_p;
-			u->full_p = find_unit(f, u, "params.bf16");
+			u->full_p = find_unit(f, u, ir_fmt(f->g, "params.%s", ir_dtype_name(u->dtype)));
 		}
 	}
 	if (u->gathered)
@@ -911,8 +914,7 @@ static int find_flat(Finder *f, const char *name)
 
 ShardPlan *layout_plan(Graph *g, Diag *d)
 {
-	int bf16;
-	ShardPlan *pl = new_plan(g, &bf16);
+	ShardPlan *pl = new_plan(g);
 	Finder f = {g, d, {g->file, 0, 0}, 0};
 	for (int v = 0; v < g->nvalues && !f.at.line; v++)
 		if (trained(g->values[v]))
@@ -923,8 +925,9 @@ ShardPlan *layout_plan(Graph *g, Diag *d)
 		pl->shard_params = find(&f, "flat.params.shard");
 		pl->shard_grads = find(&f, "flat.grads.shard");
 	}
-	if (bf16)
-		pl->copy = find(&f, pl->sharded ? "flat.params.shard.bf16" : "flat.params.bf16");
+	if (pl->half >= 0)
+		pl->copy = find(&f, ir_fmt(g, pl->sharded ? "flat.params.shard.%s" : "flat.params.%s",
+					   ir_dtype_name(pl->half)));
 	if (f.bad)
 		return NULL;
 	int *first, *last;
@@ -932,7 +935,7 @@ ShardPlan *layout_plan(Graph *g, Diag *d)
 	make_units(g, pl, first, last);
 	int64_t off = 0;
 	if (pl->sharded && (unit_offsets(pl), pl->ftot16))
-		pl->full16 = find(&f, "flat.params.bf16");
+		pl->full16 = find(&f, ir_fmt(g, "flat.params.%s", ir_dtype_name(pl->half)));
 	for (int k = 0; k < pl->nu && !f.bad; k++) {
 		Unit *u = &pl->u[k];
 		f.at = g->values[u->params[0]]->loc;

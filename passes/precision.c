@@ -68,8 +68,8 @@ static int wanted(unsigned od, int cd)
 		return cd;
 	case DP_OD_F32:
 		return DP_F32;
-	case DP_OD_BF16:
-		return DP_BF16;
+	case DP_OD_HALF:
+		return dp_is_half((unsigned)cd) ? cd : -1;
 	default:
 		return -1; /* NONE, CDF (outputs only), FLOAT, I32 */
 	}

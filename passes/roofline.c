@@ -256,10 +256,11 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			attn_run += times * run;
 			rate = tensor ? d->bf16 : d->fp32;
 		}
-		if (c == C_GEMM) { /* the operands' dtype: bf16, or f32 (tf32 when asked) */
+		if (c == C_GEMM) { /* the operands' dtype: bf16 or f16 (one tensor-core
+				     rate on these GPUs), or f32 (tf32 when asked) */
 			DpDtype in0 = g->values[n->in[0]]->dtype;
-			if (in0 == DP_BF16 || g->cfg.gemm_math == DP_GEMM_TF32)
-				rate = in0 == DP_BF16 ? d->bf16 : d->tf32;
+			if (dp_is_half(in0) || g->cfg.gemm_math == DP_GEMM_TF32)
+				rate = dp_is_half(in0) ? d->bf16 : d->tf32;
 		}
 		Row *r = &row[c];
 		r->n += times;

@@ -112,11 +112,13 @@ typedef struct ShardPlan {
 	int flat_params, flat_grads;   /* "flat.params", "flat.grads" */
 	int shard_params, shard_grads; /* the shard buffers (sharded only, else -1) */
 	int64_t ftot, gtot; /* elements of the full flat.params / flat.grads (sharded; 0: none) */
-	int copy;          /* the bf16 compute copy beside the f32 masters the optimizer
+	int half;          /* the 16-bit dtype parameters are computed in (DP_BF16 or
+	                      DP_F16; one per model), or -1: every param is f32 */
+	int copy;          /* the 16-bit compute copy beside the f32 masters the optimizer
 	                      updates ("flat.params.bf16" all ddp, "flat.params.shard.bf16"
-	                      sharded; the same elements), or -1: every param is f32 */
-	int full16;        /* sharded: "flat.params.bf16", the full bf16 params of cut, not
-	                      gathered bf16 units (zero1, zero2), or -1 */
+	                      sharded, ".f16" for f16; the same elements), or -1 */
+	int full16;        /* sharded: "flat.params.bf16" (f16), the full 16-bit params of
+	                      cut, not gathered 16-bit units (zero1, zero2), or -1 */
 	int64_t ftot16;    /* its elements */
 	/* Optimizer groups (ir_param_group): group 0 is the optimizer's own
 	 * (its weight_decay, lr scale 1), the others numbered by their first

@@ -199,7 +199,7 @@ static int category(const Graph *g, const Value *v)
 {
 	switch (v->kind) {
 	case DP_T_PARAM:
-		return v->dtype == DP_BF16 ? M_COPIES : M_PARAMS;
+		return dp_is_half(v->dtype) ? M_COPIES : M_PARAMS;
 	case DP_T_GRAD:
 		return M_GRADS;
 	case DP_T_OPTSTATE:
@@ -209,7 +209,7 @@ static int category(const Graph *g, const Value *v)
 	case DP_T_FLAT:
 		for (int i = 0; i < g->nvalues; i++)
 			if (g->values[i]->view_of == v->id && g->values[i]->kind == DP_T_PARAM)
-				return v->dtype == DP_BF16 ? M_COPIES : M_PARAMS;
+				return dp_is_half(v->dtype) ? M_COPIES : M_PARAMS;
 		return M_GRADS;
 	default:
 		return M_METRICS;
@@ -218,7 +218,7 @@ static int category(const Graph *g, const Value *v)
 
 static void print_memory(FILE *out, const Graph *g)
 {
-	static const char *const names[M_NCAT] = {"parameters", "parameters, bf16 copies",
+	static const char *const names[M_NCAT] = {"parameters", "parameters, 16-bit copies",
 						  "gradients", "optimizer state", "data", "metrics"};
 	double bytes[M_NCAT] = {0};
 	for (int i = 0; i < g->nvalues; i++) {

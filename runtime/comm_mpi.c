@@ -128,20 +128,29 @@ static int check_count(int64_t n, RtErr *e)
 	return 0;
 }
 
-/* MPI has no bf16 type or sum: bf16 moves as 16-bit words and sums with
- * this op, in f32, each partial sum rounded to nearest even (NCCL's
- * ncclBfloat16 sum does the same on GPUs). The order of the partial sums is
- * MPI's: another world size rounds at other points. */
+/* MPI has no bf16 or f16 type or sum: they move as 16-bit words and sum
+ * with these ops, in f32, each partial sum rounded to nearest even (NCCL's
+ * ncclBfloat16 and ncclHalf sums do the same on GPUs). The order of the
+ * partial sums is MPI's: another world size rounds at other points. */
+static void half_sum(unsigned dt, const uint16_t *a, uint16_t *b, int n)
+{
+	for (int i = 0; i < n; i++)
+		b[i] = rt_to_half(dt, rt_from_half(dt, a[i]) + rt_from_half(dt, b[i]));
+}
+
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
 {
 	(void)dt;
-	const uint16_t *a = in;
-	uint16_t *b = inout;
-	for (int i = 0; i < *len; i++)
-		b[i] = rt_to_bf16(rt_from_bf16(a[i]) + rt_from_bf16(b[i]));
+	half_sum(DP_BF16, in, inout, *len);
 }
 
-static MPI_Op bf16_op = MPI_OP_NULL;
+static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *dt)
+{
+	(void)dt;
+	half_sum(DP_F16, in, inout, *len);
+}
+
+static MPI_Op bf16_op = MPI_OP_NULL, f16_op = MPI_OP_NULL;
 
 /* The MPI type and sum of dtype dt. */
 static int mpi_type(DpDtype dt, MPI_Datatype *type, MPI_Op *sum, RtErr *e)
@@ -151,12 +160,14 @@ static int mpi_type(DpDtype dt, MPI_Datatype *type, MPI_Op *sum, RtErr *e)
 		*sum = MPI_SUM;
 		return 0;
 	}
-	if (dt != DP_BF16)
+	if (!dp_is_half(dt))
 		return RT_FAIL(e, "collective of dtype %s", dp_name(dp_dtype_names, DP_NDTYPE, dt));
-	if (bf16_op == MPI_OP_NULL && MPI_Op_create(bf16_sum, 1, &bf16_op) != MPI_SUCCESS)
-		return RT_FAIL(e, "MPI_Op_create (the bf16 sum) failed");
+	MPI_Op *op = dt == DP_F16 ? &f16_op : &bf16_op;
+	if (*op == MPI_OP_NULL &&
+	    MPI_Op_create(dt == DP_F16 ? f16_sum : bf16_sum, 1, op) != MPI_SUCCESS)
+		return RT_FAIL(e, "MPI_Op_create (the %s sum) failed", dp_dtype_names[dt]);
 	*type = MPI_UINT16_T;
-	*sum = bf16_op;
+	*sum = *op;
 	return 0;
 }
 

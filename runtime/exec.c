@@ -66,7 +66,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		int64_t nt = exec_numel(t); /* divide: sample_elems is unbounded in the file */
 		if (src->kind == DP_SRC_POSITIONS)
 			batch = 1; /* one set of positions, the same for every sample */
-		if (batch < 1 || nt % batch || nt / batch != src->sample_elems || t->dtype == DP_BF16)
+		if (batch < 1 || nt % batch || nt / batch != src->sample_elems || dp_is_half(t->dtype))
 			return RT_FAIL(e, "step file: data tensor '%s' does not hold %lld samples of %lld "
 				       "elements", tname(s, in->out), (long long)batch,
 				       (long long)src->sample_elems);
@@ -76,7 +76,7 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		return 0; /* the decoder checked the stages, the axis and the operand */
 	if (dp_is_collective(in->op)) {
 		int g = comm_group_size(comm, (unsigned)DP_AXES(in));
-		/* the decoder checked the dtypes: f32 or bf16, in and out alike */
+		/* the decoder checked the dtypes: f32, bf16 or f16, in and out alike */
 		int64_t no = exec_numel(&s->tensors[in->out]);
 		if (in->op != DP_OP_ALL_REDUCE) {
 			int64_t ni = exec_numel(&s->tensors[in->in[0]]);
@@ -360,10 +360,10 @@ static int init_save(Exec *x, const DpInstr *in, RtErr *e)
 			init_fill(t->init, t->init_a, t->init_b, s->cfg.seed,
 				  dpstep_str(s, s->tensors[name].name), t->init_base, exec_numel(t),
 				  x->bounce);
-		if (t->dtype == DP_BF16) { /* a bf16 buffer: its f32 initial values rounded */
+		if (dp_is_half(t->dtype)) { /* a 16-bit buffer: its f32 initial values rounded */
 			uint16_t *h = (uint16_t *)x->bounce;
 			for (int64_t k = 0; k < exec_numel(t); k++)
-				h[k] = rt_to_bf16(x->bounce[k]);
+				h[k] = rt_to_half(t->dtype, x->bounce[k]);
 		}
 		return exec_tensor_write(x, in->out, x->bounce, e);
 	}

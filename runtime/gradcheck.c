@@ -75,6 +75,16 @@
  * "skew S: ", and the exit status is the first skew's. DP_GRADCHECK_VERBOSE=1
  * prints every finite difference on stderr.
  *
+ * Step files computing in bf16 or f16 (precision bf16, fp16, or a block's)
+ * are refused in one line: the forward reads the 16-bit compute copies,
+ * which the init program rounds from the f32 masters, so a perturbation of
+ * a master never reaches it (what produced 1e32-sized "gradients" before),
+ * and a perturbation of the copy itself is quantised to 2^-8 (bf16) or
+ * 2^-11 (f16) relative steps, with every activation rounded as coarsely:
+ * finite differences then measure rounding, not the derivative. The
+ * gradients of a 16-bit step are the f32 graph's, rounded where values are
+ * stored; the check is of that graph, compiled in f32.
+ *
  * Sharded step files are refused: their step program re-gathers parameters
  * from shards (and the init program cut them with SHARD), so an in-place
  * perturbation would not reach the forward. The mathematics is the same as
@@ -364,6 +374,13 @@ int gradcheck_run(Exec *x, RtErr *e)
 			       "(strategy %s, or a block's own; gradients are the same mathematics: "
 			       "compile with strategy ddp and no block strategies)",
 			       dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
+	for (unsigned dt = DP_BF16; dt <= DP_F16; dt++)
+		if (dp_step_has_dtype(s, dt))
+			return RT_FAIL(e, "--check-grads needs an f32 step file: this one computes in "
+				       "%s (finite differences through 16-bit roundings measure the "
+				       "rounding; the gradients are the f32 graph's: compile without "
+				       "precision %s and check that)",
+				       dp_dtype_names[dt], dt == DP_F16 ? "fp16" : "bf16");
 	if (x->comm->world != 1)
 		return RT_FAIL(e, "--check-grads runs on one rank (this run has %d)", x->comm->world);
 	if (s->metrics.loss < 0)

@@ -267,18 +267,77 @@ static inline float rt_from_bf16(uint16_t b)
 	return f;
 }
 
+/* f32 -> IEEE binary16 rounding to nearest even, as PyTorch's .half() and
+ * F16C's vcvtps2ph (imm 0) store: |f| >= 65520 (65504 and half an ulp, a
+ * tie that rounds to the even infinity) overflows to inf, below 2^-14 the
+ * result is subnormal (steps of 2^-24), a NaN stays a quiet NaN with the
+ * top of its payload. Integer arithmetic only: the bits do not depend on
+ * the compiler's or the CPU's rounding mode; tests/f16_test.c checks them. */
+static inline uint16_t rt_to_f16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+	uint32_t a = u & 0x7fffffffu;
+	if (a > 0x7f800000u) /* NaN */
+		return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+	if (a >= 0x477ff000u) /* >= 65520: inf */
+		return (uint16_t)(sign | 0x7c00u);
+	if (a >= 0x38800000u) /* a normal half: rebias 127 -> 15, round at bit 13 */
+		return (uint16_t)(sign | ((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13));
+	if (a < 0x33000000u) /* below 2^-25: rounds to zero (2^-25 is a tie, to even 0) */
+		return sign;
+	/* subnormal: the significand with its hidden bit, shifted right by
+	 * 126 - exponent (14..24 bits: 1..0x3ff, or 0x400 the smallest normal) */
+	uint32_t m = (a & 0x7fffffu) | 0x800000u, sh = 126u - (a >> 23);
+	uint32_t q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+	q += rem > half || (rem == half && (q & 1u));
+	return (uint16_t)(sign | q);
+}
+
+static inline float rt_from_f16(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+	if (e == 0x1f) /* inf; a NaN keeps its payload and comes out quiet, as F16C's */
+		u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
+	else if (e)
+		u = sign | ((e + 112u) << 23) | (m << 13);
+	else if (m == 0)
+		u = sign;
+	else { /* subnormal m * 2^-24: normalise */
+		int s = 0;
+		while (!(m & 0x400u))
+			m <<= 1, s++;
+		u = sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
+	}
+	float f;
+	memcpy(&f, &u, sizeof f);
+	return f;
+}
+
+/* The 16-bit dtype dt (DP_BF16 or DP_F16) from f32 and back. */
+static inline uint16_t rt_to_half(unsigned dt, float f)
+{
+	return dt == DP_F16 ? rt_to_f16(f) : rt_to_bf16(f);
+}
+
+static inline float rt_from_half(unsigned dt, uint16_t h)
+{
+	return dt == DP_F16 ? rt_from_f16(h) : rt_from_bf16(h);
+}
+
 /*
- * bf16 on a backend kernel without a bf16 path (docs/PRECISION.md): the
- * instruction runs on f32 copies. Is operand slot j (-1: out) of `in` one
- * of them: bf16, not a compute copy the kernel writes itself (an
+ * bf16 or f16 on a backend kernel without a path of its own for it
+ * (docs/PRECISION.md): the instruction runs on f32 copies. Is operand slot
+ * j (-1: out) of `in` one of them: 16-bit, not a compute copy the kernel writes itself (an
  * optimizer's, dp_writes_in), not embedding_grad's table (its shape only),
  * and not a tensor an earlier slot already staged? Both compute backends
  * stage by this rule (runtime/cpu/bf16.c, runtime/cuda/bf16.cu).
  */
-static inline int rt_bf16_staged(const DpStep *s, const DpInstr *in, int j)
+static inline int rt_half_staged(const DpStep *s, const DpInstr *in, int j)
 {
 	int id = j < 0 ? in->out : in->in[j];
-	if (id < 0 || s->tensors[id].dtype != DP_BF16)
+	if (id < 0 || !dp_is_half(s->tensors[id].dtype))
 		return 0;
 	if (j >= 0 && dp_writes_in(in, j))
 		return 0;

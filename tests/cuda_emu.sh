@@ -641,6 +641,13 @@ PROBE_BIN=$T/bf16.bin probe "bf16 on compute capability 7.0" \
 	DPEMU_SM=70
 PROBE_BIN=$T/bf16cl.bin probe "bf16 from dpc --precision on compute capability 7.0" \
 	"mlp8.dp: precision bf16 (dpc --precision bf16): bf16 needs a GPU" DPEMU_SM=70
+# fp16 has no CUDA kernels yet: refused at load on any device (here the
+# emulator's default, 9.0), naming where the .dp file asks for it
+awk '{print} /^train \{/ {print "  precision fp16"}' "$T/mlp8.dp" >"$T/mlp8h.dp"
+at=$(grep -n "^  precision fp16$" "$T/mlp8h.dp" | cut -d: -f1)
+"$DPC" "$T/mlp8h.dp" --world-size 1 -o "$T/f16.bin" >/dev/null 2>&1
+PROBE_BIN=$T/f16.bin probe "fp16 on the CUDA backend" \
+	"mlp8h.dp:$at:13: fp16 is not implemented on the CUDA backend"
 # a build without kernels for the device (DPEMU_IMAGE_SM: the oldest compute
 # capability the emulated build's kernels run on; dp's default CUDA_ARCH
 # starts at 8.0): an f32 step is refused at load with the rebuild to make,

@@ -108,6 +108,15 @@ sed 's/^  block fc2 {/&\n    strategy full_shard/' models/mlp.dp >"$T/onefs.dp"
 "$DPC" "$T/onefs.dp" -o "$T/onefs1.bin" --world-size 1 >"$T/dpc.out" 2>&1 || fail "dpc onefs.dp"
 case_on check-grads-block && expect "--check-grads refuses a step file with a sharded block" \
 	"this one shards parameters (strategy ddp, or a block's own" X "$T/onefs1.bin" --check-grads
+# a 16-bit step: the forward reads rounded copies of the perturbed masters
+for p in bf16 fp16; do
+	case_on "check-grads-$p" || continue
+	"$DPC" models/mlp.dp -o "$T/m$p.bin" --world-size 1 --precision $p >"$T/dpc.out" 2>&1 ||
+		fail "dpc mlp.dp --precision $p"
+	expect "--check-grads refuses a $p step file" \
+		"--check-grads needs an f32 step file: this one computes in ${p/fp16/f16}" \
+		X "$T/m$p.bin" --check-grads
+done
 
 # a diverging run names the step where the loss stopped being finite
 sed 's/lr=1e-3/lr=1e6/; s/clip_grad_norm 1.0/clip_grad_norm 0/' models/mlp.dp >"$T/nan.dp"

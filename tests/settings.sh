@@ -113,7 +113,7 @@ rejects "an unknown constant in the value's arithmetic" "unknown constant 'nosuc
 	--set "train.steps=nosuch * 2"
 rejects "a key without a value" "--set wants SECTION.NAME=VALUE" --set train.steps
 rejects "dpc --precision's value is checked as train.precision" \
-	"--precision fp16: error: precision must be f32, tf32 or bf16" --precision fp16
+	"--precision fp8: error: precision must be f32, tf32, bf16 or fp16" --precision fp8
 
 # ---- dpexec's settings-backed flags ----
 if case_on "dpexec --help"; then

@@ -141,7 +141,7 @@ def dpc(src_text, args):
 
 ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)"
                  r"\s+(\d+) \([^)]*\)\s+(\d+) \([^)]*\)\s*$")
-MEM = re.compile(r"^(parameters|parameters, bf16 copies|gradients|optimizer state|  activations"
+MEM = re.compile(r"^(parameters|parameters, 16-bit copies|gradients|optimizer state|  activations"
                  r"|  gathered parameters|  unsharded gradients|  live at the step's peak)\s+(\d+) \(")
 
 
@@ -539,7 +539,7 @@ def check_bf16(model, text):
                        f"f32 kept 4(L + F) = {4 * (L + F)} ({m32['parameters']})")
                 else:
                     copies = 2 * sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
-                got = m16.get("parameters, bf16 copies")
+                got = m16.get("parameters, 16-bit copies")
                 nbuf = 2 if strategy in ("zero1", "zero2") else 1
                 ok(got is not None and copies <= got < copies + ALIGN * nbuf,
                    f"{what}: bf16 copies {got} in [{copies}, +{ALIGN * nbuf})")
@@ -578,8 +578,8 @@ def check_gpt2_bf16(path):
     for rname in ("parameters", "gradients", "optimizer state"):
         ok(m16.get(rname) == m32.get(rname), f"gpt2 full_shard n=8 bf16: {rname} {m16.get(rname)} = f32's")
     ok(m32["parameters"] == aligned(4 * L), f"gpt2 full_shard n=8: masters {m32['parameters']} = 4L aligned")
-    ok(m16.get("parameters, bf16 copies") == aligned(2 * L),
-       f"gpt2 full_shard n=8 bf16: copies {m16.get('parameters, bf16 copies')} = 2L aligned ({aligned(2 * L)})")
+    ok(m16.get("parameters, 16-bit copies") == aligned(2 * L),
+       f"gpt2 full_shard n=8 bf16: copies {m16.get('parameters, 16-bit copies')} = 2L aligned ({aligned(2 * L)})")
     peak = "live at the step's peak"
     ok(m16[peak] < m32[peak], f"gpt2 full_shard n=8: the live peak shrinks {m32[peak]} -> {m16[peak]}")
     d32 = dpc(edit(text, "ddp"), args)

@@ -221,7 +221,7 @@ static int invariants(const DpStep *s)
 			if (in->op == DP_OP_SHARD &&
 			    (in->in[0] < 0 || in->out < 0 ||
 			     (s->tensors[in->in[0]].dtype != DP_F32 &&
-			      s->tensors[in->in[0]].dtype != DP_BF16) ||
+			      !dp_is_half(s->tensors[in->in[0]].dtype)) ||
 			     s->tensors[in->out].dtype != s->tensors[in->in[0]].dtype ||
 			     DP_ATTR(in, SHARD, axes) < 0 || DP_ATTR(in, SHARD, axes) >= (1 << DP_MAX_AXES)))
 				return 0;
@@ -268,24 +268,31 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
  * with a message containing want. */
 static uint32_t rule_pp = 1; /* the built-in step's pp while test_pipeline_rules runs */
 
-static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int bf16,
+static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int nhalf,
 		    const char *want)
 {
 	DpStep s = *builtin_step();
 	s.cfg.mesh[DP_AXIS_PP] = rule_pp;
 	DpTensor tens[16];
 	char strs[256];
-	if (bf16) {
+	/* nhalf 16-bit tensors: h (7) bf16 [4,2], then k (8) f16 [4,2] */
+	static const struct {
+		char name[2];
+		uint8_t dtype;
+	} halves[] = {{"h", DP_BF16}, {"k", DP_F16}};
+	if (nhalf) {
 		memcpy(tens, s.tensors, s.ntensors * sizeof *tens);
 		memcpy(strs, s.strings, s.nstrings);
-		memcpy(strs + s.nstrings, "h", 2);
-		tens[s.ntensors] = tens[6];
-		tens[s.ntensors].name = s.nstrings;
-		tens[s.ntensors].dtype = DP_BF16;
-		tens[s.ntensors].offset = s.cfg.arena_bytes;
-		s.cfg.arena_bytes += 256;
 		s.tensors = tens;
 		s.strings = strs;
+	}
+	for (int h = 0; h < nhalf; h++) {
+		memcpy(strs + s.nstrings, halves[h].name, 2);
+		tens[s.ntensors] = tens[6];
+		tens[s.ntensors].name = s.nstrings;
+		tens[s.ntensors].dtype = halves[h].dtype;
+		tens[s.ntensors].offset = s.cfg.arena_bytes;
+		s.cfg.arena_bytes += 256;
 		s.nstrings += 2;
 		s.ntensors++;
 	}
@@ -368,7 +375,7 @@ static void test_program_rules(void)
 	rule("shard with a bad axis mask", DP_PROG_INIT, d, 0, "bad axis mask 32"); /* 1 << DP_MAX_AXES */
 	d = shard;
 	d.in[0] = 1;
-	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32 or bf16");
+	rule("shard of an i32 tensor", DP_PROG_INIT, d, 0, "'y' is not f32, bf16 or f16");
 	d = shard;
 	d.out = -1;
 	rule("shard without output", DP_PROG_INIT, d, 0, "missing output");
@@ -418,7 +425,7 @@ static void test_pipeline_rules(void)
 	d = send, DP_TAG(&d) = 32768;
 	rule("a tag MPI may not carry", DP_PROG_STEP, d, 0, "tag 32768 out of range [0, 32767]");
 	d = send, d.in[0] = 1;
-	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32 or bf16");
+	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32, bf16 or f16");
 	d = recv, d.out = -1;
 	rule("a recv without output", DP_PROG_STEP, d, 0, "missing output");
 	rule_pp = 1;
@@ -492,6 +499,16 @@ static void test_operand_rules(void)
 	rule_dt("sqnorm of bf16 into f32", DP_PROG_STEP, d, 0, 1, NULL);
 	d.out = 7, d.in[0] = 5;
 	rule_dt("sqnorm into bf16", DP_PROG_STEP, d, 0, 1, "the output 'h' is bf16, not f32");
+	/* with k (8) f16 [4,2] beside h: either 16-bit dtype, never both at once */
+	d = relu;
+	d.op = DP_OP_CAST, d.in[0] = 8, d.out = 5;
+	rule_dt("cast of f16 into f32", DP_PROG_STEP, d, 0, 2, NULL);
+	d.in[0] = 7, d.out = 8;
+	rule_dt("cast of bf16 into f16", DP_PROG_STEP, d, 0, 2, "mixes bf16 and f16 operands");
+	d = relu;
+	d.in[0] = 8, d.out = 7;
+	rule_dt("relu of f16 into bf16", DP_PROG_STEP, d, 0, 2,
+		"the output 'h' is bf16, not the compute dtype f16 (k's)");
 }
 
 static void test_file_io(const DpStep *s)

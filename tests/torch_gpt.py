@@ -127,17 +127,22 @@ def rope_tables(T, half, theta, dtype):
             torch.tensor(np.sin(ang).astype(np.float32), dtype=dtype))
 
 
-# ---- bf16 storage, dp's way (precision bf16) ----
+# ---- 16-bit storage, dp's way (precision bf16, precision fp16) ----
+
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+half_dtype = torch.bfloat16  # the run's (Model sets it from --precision)
+
 
 def to_bf16(x):
-    """Round to the nearest bf16, ties to even (what torch's .bfloat16() does
-    and dp's kernels do on every store), kept in x's dtype."""
-    return x.to(torch.bfloat16).to(x.dtype)
+    """Round to the nearest bf16 (fp16 with --precision fp16), ties to even
+    (what torch's .bfloat16() and .half() do and dp's kernels do on every
+    store; fp16 overflows to inf above 65504), kept in x's dtype."""
+    return x.to(half_dtype).to(x.dtype)
 
 
 class Store(torch.autograd.Function):
-    """A value a dp kernel stores in bf16: rounded going forward; its
-    gradient, which dp stores in bf16 too, rounded coming back."""
+    """A value a dp kernel stores in 16 bits: rounded going forward; its
+    gradient, which dp stores in 16 bits too, rounded coming back."""
 
     @staticmethod
     def forward(ctx, x):
@@ -173,7 +178,10 @@ class Model:
         # value dp stores rounded to bf16 where dp's kernels store it (each
         # op's output and its gradient), the weights read as rounded copies of
         # the f32 masters the optimizer updates
-        bf16 = getattr(args, "precision", "f32") == "bf16"
+        global half_dtype
+        prec = getattr(args, "precision", "f32")
+        bf16 = prec in HALF
+        half_dtype = HALF.get(prec, torch.bfloat16)
         self.st = Store.apply if bf16 else (lambda x: x)
         self.cp = Copy.apply if bf16 else (lambda x: x)
         self.buffers = {"rope.cos", "rope.sin"}
@@ -286,8 +294,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234, help="the step file's seed (data order)")
     ap.add_argument("--global-batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
-                    help="dp's precision setting: bf16 stores every value dp stores in bf16")
+    ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), default="f32",
+                    help="dp's precision setting: bf16 (fp16) stores every value dp stores in "
+                         "bf16 (fp16)")
     torch_ref.add_train_args(ap, weight_decay=0.01)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -9,7 +9,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 CUDA_SO=$ROOT/$BUILD/libdpcuda.so
 [ -f "$CUDA_SO" ] || CUDA_SO=$ROOT/build/libdpcuda.so
-for t in ir_roundtrip data_test stepfile_fuzz backend_test cpu_kernels_test bf16_test suggest_test; do
+for t in ir_roundtrip data_test stepfile_fuzz backend_test cpu_kernels_test bf16_test f16_test suggest_test; do
 	case_on "$t" || continue
 	args=""; [ $t = ir_roundtrip ] && args=tests/ir
 	# the CUDA libraries' own start-up allocations are not ours: no leak check there

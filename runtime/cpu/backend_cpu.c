@@ -211,8 +211,9 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 			const DpInstr *in = &s->prog[p][i];
 			/* oneDNN's matmuls need none; without it they are staged */
 			const KernelRow *k = &c->kern->k[in->op];
-			if (dp_op_class(in->op) == DP_OPC_KERNEL && !k->bf16 &&
-			    !(k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
+			int own = cpu_own_half_path(s, in);
+			if (dp_op_class(in->op) == DP_OPC_KERNEL && !(own && k->bf16) &&
+			    !(own && k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
 				c->ws_floats = need > c->ws_floats ? need : c->ws_floats;
 			}
@@ -222,7 +223,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		c->shadow = malloc((s->ntensors ? s->ntensors : 1) * sizeof *c->shadow);
 		if (!c->ws || !c->shadow) {
 			cpu_free(b);
-			return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB bf16 workspace",
+			return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB 16-bit workspace",
 				       (double)(c->ws_floats * sizeof(float)) / (1 << 20));
 		}
 		memcpy(c->shadow, b->ptr, s->ntensors * sizeof *c->shadow);
@@ -238,10 +239,11 @@ static int cpu_describe(Backend *b, char *buf, size_t len)
 	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->vec->isa,
 			 cpu_pool_size(c->pool), openblas_get_config());
 	if (c->ws_floats && k > 0 && (size_t)k < len)
-		snprintf(buf + k, len - (size_t)k, "; %s, bf16 workspace %.2f MiB",
-			 cpu_gemm16_describe(c->gemm16),
+		snprintf(buf + k, len - (size_t)k, "; %s, 16-bit workspace %.2f MiB",
+			 dp_step_has_dtype(b->s, DP_F16) ? "f16 on f32 copies"
+							 : cpu_gemm16_describe(c->gemm16),
 			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
-	return dp_step_has_bf16(b->s);
+	return dp_step_has_dtype(b->s, DP_BF16) || dp_step_has_dtype(b->s, DP_F16);
 }
 
 /* MPI_Abort, which follows, ends the collectives in flight; nothing here
@@ -258,14 +260,15 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
-	if (!c->ws || k->bf16 || !cpu_stage_need(b->s, in))
+	int own = cpu_own_half_path(b->s, in);
+	if (!c->ws || (own && k->bf16) || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
-	if (k->run_bf16) {
+	if (own && k->run_bf16) {
 		int rc = k->run_bf16(&a, e);
 		if (rc <= 0)
 			return rc;
 	}
-	/* a bf16 instruction of a kernel without a bf16 path: on f32 copies */
+	/* a 16-bit instruction of a kernel without a path of its own: on f32 copies */
 	cpu_stage_in(c->pool, b->s, in, b->ptr, c->shadow, c->ws);
 	a.ptr = c->shadow;
 	int rc = k->run(&a, e);

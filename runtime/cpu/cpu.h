@@ -187,7 +187,7 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr,
 			   const DpInstr *in, RtErr *e);
 
-/* ---- bf16 (bf16.c, gemm_bf16.c) ---- */
+/* ---- bf16 and f16 (bf16.c, gemm_bf16.c) ---- */
 
 int cpu_gemm16_new(CpuGemm16 **out, RtErr *e);
 void cpu_gemm16_free(CpuGemm16 *g);
@@ -201,11 +201,19 @@ int cpu_gemm16_run(CpuGemm16 *g, const CpuArgs *k, RtErr *e);
 /* f32 -> bf16 rounding to nearest even (NaN stays NaN), and back. */
 uint16_t cpu_to_bf16(float f);
 float cpu_from_bf16(uint16_t b);
-/* n elements converted on the rank's threads. */
-void cpu_bf16_store(CpuPool *pool, uint16_t *dst, const float *src, int64_t n);
-void cpu_bf16_load(CpuPool *pool, float *dst, const uint16_t *src, int64_t n);
-/* Running a bf16 instruction on f32 copies (a kernel without a bf16 path):
- * the workspace floats it needs; its bf16 operands converted into ws and
+/* n f16 elements from f32 and back on this thread, F16C where the CPU has
+ * it (rt_to_f16's bits either way). */
+void cpu_f16_store(uint16_t *dst, const float *src, int64_t n);
+void cpu_f16_load(float *dst, const uint16_t *src, int64_t n);
+/* n elements of 16-bit dtype dt (DP_BF16, DP_F16) converted on the rank's
+ * threads. */
+void cpu_half_store(CpuPool *pool, unsigned dt, uint16_t *dst, const float *src, int64_t n);
+void cpu_half_load(CpuPool *pool, unsigned dt, float *dst, const uint16_t *src, int64_t n);
+/* Does instruction `in` run through its row's own 16-bit path (KernelRow
+ * bf16, run_bf16)? Those paths are bf16's; CAST alone also converts f16. */
+int cpu_own_half_path(const DpStep *s, const DpInstr *in);
+/* Running a 16-bit instruction on f32 copies (a kernel without a path of
+ * its own): the workspace floats it needs; its 16-bit operands converted into ws and
  * pointed to by shadow (ptr's copy); what it wrote rounded back and shadow
  * restored. */
 size_t cpu_stage_need(const DpStep *s, const DpInstr *in);

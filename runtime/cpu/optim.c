@@ -11,12 +11,16 @@
 #include "cpu.h"
 #include "../lr_sched.h"
 
-/* The bf16 compute copy of updated masters, in the same pass (while the
- * piece is in cache): precision bf16 reads no weight twice. */
-static void write_copy(uint16_t *copy, const float *p, int64_t n)
+/* The 16-bit compute copy (bf16 or f16: dt) of updated masters, in the
+ * same pass (while the piece is in cache): precision bf16 or fp16 reads no
+ * weight twice. */
+static void write_copy(unsigned dt, uint16_t *copy, const float *p, int64_t n)
 {
-	for (int64_t i = 0; i < n; i++)
-		copy[i] = cpu_to_bf16(p[i]);
+	if (dt == DP_F16)
+		cpu_f16_store(copy, p, n);
+	else
+		for (int64_t i = 0; i < n; i++)
+			copy[i] = cpu_to_bf16(p[i]);
 }
 
 /* out[0] = w * sum in0^2 (+ out[0] if acc); w = weight, 0 meaning 1. The sum
@@ -99,8 +103,8 @@ static int run_sgd(const CpuArgs *k, RtErr *e)
 		}
 		o[i] = o[i] - lr * g;
 	}
-	if (in->in[2] >= 0) /* the bf16 compute copy */
-		write_copy(k->ptr[in->in[2]], o, n);
+	if (in->in[2] >= 0) /* the 16-bit compute copy */
+		write_copy(cpu_t(k, in->in[2])->dtype, k->ptr[in->in[2]], o, n);
 	return 0;
 }
 
@@ -111,7 +115,8 @@ typedef struct {
 	const CpuVec *vec;
 	float *p, *m, *v;
 	const float *g;
-	uint16_t *copy; /* the bf16 compute copy (in3), or NULL */
+	uint16_t *copy; /* the 16-bit compute copy (in3), or NULL */
+	unsigned copy_dt; /* its dtype */
 	CpuAdam c;
 } AdamJob;
 
@@ -120,7 +125,7 @@ static void adam_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	const AdamJob *j = ctx;
 	j->vec->adamw(j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo, &j->c);
 	if (j->copy)
-		write_copy(j->copy + lo, j->p + lo, hi - lo);
+		write_copy(j->copy_dt, j->copy + lo, j->p + lo, hi - lo);
 }
 
 static int run_adamw(const CpuArgs *k, RtErr *e)
@@ -132,7 +137,8 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	double bc1 = 1.0 - pow(b1, (double)k->step->t), bc2 = 1.0 - pow(b2, (double)k->step->t);
 	AdamJob j = {.vec = k->vec, .p = cpu_f(k, in->out), .m = cpu_f(k, in->in[1]),
 		     .v = cpu_f(k, in->in[2]), .g = cpu_f(k, in->in[0]),
-		     .copy = in->in[3] >= 0 ? k->ptr[in->in[3]] : NULL};
+		     .copy = in->in[3] >= 0 ? k->ptr[in->in[3]] : NULL,
+		     .copy_dt = in->in[3] >= 0 ? cpu_t(k, in->in[3])->dtype : 0};
 	j.c = (CpuAdam){.decay = (float)(1.0 - lr * DP_FATTR(in, ADAMW, weight_decay)),
 			.beta1 = op->beta1,
 			.beta2 = op->beta2,

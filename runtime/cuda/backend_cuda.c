@@ -525,12 +525,25 @@ static int check_shards(const DpStep *s, RtErr *e)
 	return 0;
 }
 
+/* Where the .dp file asked for a 16-bit dtype (cfg.half_line, dpc's record),
+ * as a compile error would name it, or what dpc's flag asked for. */
+static void half_where(const DpStep *s, const char *prec, char *where, size_t len)
+{
+	const char *file = s->source ? s->strings + s->source : "";
+	if (s->cfg.half_line && *file)
+		snprintf(where, len, "%.500s:%u:%u", file, s->cfg.half_line, s->cfg.half_col);
+	else
+		snprintf(where, len, "%.500s%sprecision %s (dpc --precision %s)", file,
+			 *file ? ": " : "", prec, prec);
+}
+
 /* The device can run this step: this build has its kernels for the device
  * (CUDA_ARCH in mk/cuda.mk: by default compute capability 8.x, and 9.0 and
  * newer through PTX), and a step with bf16 tensors gets bf16 arithmetic:
- * compute capability 8.0 (A100) or newer. The bf16 error names where the
- * .dp file asked for bf16 (cfg.bf16_line, dpc's record), as a compile error
- * would. Both are told at load, not as the first launch's "no kernel image". */
+ * compute capability 8.0 (A100) or newer. f16 (precision fp16) has no CUDA
+ * kernels yet: refused on every device. The errors name where the .dp file
+ * asked for the dtype. Both are told at load, not as the first launch's "no
+ * kernel image". */
 static int check_device(const DpStep *s, int dev, RtErr *e)
 {
 	struct cudaDeviceProp p;
@@ -541,15 +554,16 @@ static int check_device(const DpStep *s, int dev, RtErr *e)
 		return RT_FAIL(e, "cudaFuncGetAttributes (does this build run on CUDA device %d?): %s (%s)",
 			       dev, cudaGetErrorString(img), cudaGetErrorName(img));
 	(void)cudaGetLastError(); /* the probe's refusal is told here, not at a later launch */
-	if (dp_step_has_bf16(s) && p.major < 8) {
-		const char *file = s->source ? s->strings + s->source : "";
-		char where[600];
-		if (s->cfg.bf16_line && *file)
-			snprintf(where, sizeof where, "%.500s:%u:%u", file, s->cfg.bf16_line,
-				 s->cfg.bf16_col);
-		else
-			snprintf(where, sizeof where, "%.500s%sprecision bf16 (dpc --precision bf16)",
-				 file, *file ? ": " : "");
+	char where[600];
+	if (dp_step_has_dtype(s, DP_F16)) {
+		half_where(s, "fp16", where, sizeof where);
+		return RT_FAIL(e,
+			       "%s: fp16 is not implemented on the CUDA backend (CUDA device %d, %s): "
+			       "run on the CPU (--device cpu) or compile in bf16 or f32",
+			       where, dev, p.name);
+	}
+	if (dp_step_has_dtype(s, DP_BF16) && p.major < 8) {
+		half_where(s, "bf16", where, sizeof where);
 		return RT_FAIL(e,
 			       "%s: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); "
 			       "CUDA device %d, %s, is %d.%d: run on the CPU (--device cpu) or compile in "

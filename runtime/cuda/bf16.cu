@@ -122,7 +122,7 @@ extern "C" size_t cu_stage_need(const DpStep *s, const DpInstr *in)
 {
 	size_t n = 0;
 	for (int j = -1; j < DP_MAX_IN; j++)
-		if (rt_bf16_staged(s, in, j))
+		if (rt_half_staged(s, in, j))
 			n += stage_bytes(&s->tensors[j < 0 ? in->out : in->in[j]]);
 	return n;
 }
@@ -132,7 +132,7 @@ extern "C" cudaError_t cu_stage_in(cudaStream_t st, const DpStep *s, const DpIns
 {
 	char *w = (char *)ws;
 	for (int j = -1; j < DP_MAX_IN; j++) {
-		if (!rt_bf16_staged(s, in, j))
+		if (!rt_half_staged(s, in, j))
 			continue;
 		int id = j < 0 ? in->out : in->in[j];
 		shadow[id] = w;
@@ -152,7 +152,7 @@ extern "C" cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpIn
 {
 	cudaError_t err = cudaSuccess;
 	for (int j = -1; j < DP_MAX_IN; j++) {
-		if (!rt_bf16_staged(s, in, j))
+		if (!rt_half_staged(s, in, j))
 			continue;
 		int id = j < 0 ? in->out : in->in[j];
 		if (err == cudaSuccess && (j < 0 || dp_writes_in(in, j)))

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# tests/fp16.sh - `precision fp16` (issue 27, its first part): f16 storage
+# with f32 arithmetic and f32 master weights trains like the PyTorch
+# reference in fp16, the same at other world sizes and strategies, and
+# resumes bit for bit. Loss scaling is not implemented (docs/PRECISION.md).
+#
+# 1. PyTorch (tests/torch_gpt.py --precision fp16) trains models/gpt2-tiny.dp
+#    and models/llama.dp (small) from the same initial safetensors on the same
+#    windows for 20 steps, storing in f16 (round to nearest even) exactly the
+#    values dp stores, as tests/bf16.sh does for bf16; dp must be nearer it
+#    than PyTorch in f32.
+# 2. gpt2-tiny in fp16 at 2 ranks under ddp, zero2 and full_shard, and at
+#    tp=2, against 1 rank ddp in fp16.
+# 3. Resume: full_shard at 2 ranks, 10 steps, a sharded checkpoint,
+#    --resume to 20: the uninterrupted run's losses and parameters, bit for bit.
+#
+# Tolerance, derived as tests/bf16.sh derives 2^-11 for bf16. f16 keeps 11
+# significant bits: a stored value's rounding error is up to u = 2^-11 and
+# neighbouring values are 2u apart (within f16's range: these models'
+# values and gradients lie far inside [2^-14, 65504], and no gradient
+# underflows to a subnormal at these sizes, which the agreement with the
+# reference below would show). dp and the reference round at the same
+# places, so they differ where f32 results computed in different orders
+# (eps ~ 2.4e-6 relative at most, tests/transformer.sh) fall on different
+# sides of a rounding boundary: sqrt(2u eps) RMS per element, 4.8e-5 (bf16:
+# 1.4e-4). The losses follow with a gain ~1; bf16.sh's margin of ~3.5 gives
+# 1.7e-4, and the bound is rtol 2^-12 = 2.4e-4 on every loss. The same
+# bound holds the world sizes (2.), reorderings of the same size.
+# What it rejects: storing in f16 instead of f32 moves the losses by
+# ~2u/sqrt(12) RMS per element, less than bf16's by 8x; so for gpt2-tiny
+# the reference in f32 is also compared: the sum over the steps of the
+# relative differences to PyTorch fp16 must be smaller than to PyTorch f32
+# (measured 3.9e-5 against 1.2e-2). Not for the small llama (d=64): there
+# f16's roundings move the losses less than the f32 reorderings do (sums
+# 2.7e-4 to PyTorch f32, 3.3e-4 to PyTorch fp16), so no such check can
+# tell them apart; its bound above still holds it (measured 3.8e-5).
+# Measured: 4.4e-6 (gpt2-tiny) and 3.8e-5 (llama) against PyTorch; 4.2e-6
+# to 1.0e-5 between world sizes and strategies, updates 4.2e-3 to 4.4e-3.
+# tp=2 rounds the row-parallel partial sums to f16 before their all_reduce
+# (one more rounding): its bounds are doubled, 2^-11 and 2^-5, as bf16.sh's
+# (measured 5.7e-5 and 7.2e-3).
+# Parameters (2.) by the whole training update, as bf16.sh: 2^-6 relative
+# (bf16's bound; f16's reorderings move it less).
+set -u
+. "$(dirname "$0")/lib.sh"
+cd "$ROOT" || exit 1
+T=$(tmpdir)
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$T"' EXIT
+echo "fp16: scratch $T"
+STEPS=20
+TOL=2.44140625e-4 # 2^-12
+if ! $PY -c "import torch" 2>/dev/null; then
+	fail "python3-torch missing (make deps)"; finish fp16; exit 1
+fi
+text_shard
+
+# fp16_copy SRC DST [STRATEGY [MESH]]: SRC in fp16 on the test's shards and settings
+fp16_copy() {
+	local st=${3:-ddp} mesh=${4:-}
+	{ [ -z "$mesh" ] || echo "$mesh"; grep -v '^mesh ' "$1"; } | sed -e "$data" \
+		-e "s/^  optimizer .*/  $OPT/" -e "s/^  schedule .*/  $SCHED/" \
+		-e "s/^  global_batch .*/  global_batch $GB/" -e "s/^  grad_accum .*//" \
+		-e "s/^  clip_grad_norm .*/  clip_grad_norm 1.0/" -e "s/^  seed .*/  seed 1234/" \
+		-e "s/^  strategy .*/  strategy $st\n  precision fp16/" >"$2"
+	grep -q "^  precision fp16" "$2" || fail "copy of $1"
+}
+
+# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files
+rel_sum() {
+	paste <(grep -v '^#' "$1") <(grep -v '^#' "$2") |
+		awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
+}
+
+# ---- 1. PyTorch ----
+LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"
+# torch_case NAME KIND SRC DPC-ARGS... -- TORCH-ARGS...
+torch_case() {
+	local name=$1 kind=$2 src=$3; shift 3
+	case_on "torch-$name" || return 0
+	local dpc_args=()
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
+	[ $# -gt 0 ] && shift
+	fp16_copy "$src" "$T/$name.dp"
+	"$DPC" "$T/$name.dp" "${dpc_args[@]}" -o "$T/$name.bin" 2>"$T/$name.log" ||
+		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
+	mpi 1 "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
+		>"$T/$name.log" 2>&1 &&
+	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
+		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return 1; }
+	local pr prs=fp16
+	[ "$name" = gpt2-tiny ] && prs="fp16 f32"
+	for pr in $prs; do
+		# shellcheck disable=SC2086
+		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
+			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
+			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
+			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
+	done
+	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch.fp16" --rtol $TOL --atol 0 \
+		>"$T/$name.cmp"; then
+		ok "$name fp16: $STEPS losses agree with PyTorch fp16 to rtol 2^-12 ($(awk '/ loss:/ {print $8}' "$T/$name.cmp"))"
+	else
+		cat "$T/$name.cmp"; paste "$T/$name.dp.txt" "$T/$name.torch.fp16" | head -n 8
+		fail "$name fp16: losses differ from PyTorch fp16"
+	fi
+	[ "$name" = gpt2-tiny ] || return 0
+	local nh nf
+	nh=$(rel_sum "$T/$name.dp.txt" "$T/$name.torch.fp16")
+	nf=$(rel_sum "$T/$name.dp.txt" "$T/$name.torch.f32")
+	if awk -v h="$nh" -v f="$nf" 'BEGIN {exit !(h < f)}'; then
+		ok "$name fp16: nearer PyTorch fp16 than PyTorch f32 (sum of relative differences $nh vs $nf)"
+	else
+		fail "$name fp16: nearer PyTorch fp16 than PyTorch f32 ($nh vs $nf)"
+	fi
+}
+# shellcheck disable=SC2086
+{
+torch_case gpt2-tiny gpt2 models/gpt2-tiny.dp
+torch_case llama llama models/llama.dp $LLAMA_SMALL -- --seq 64
+}
+
+# ---- 2. world sizes and strategies ----
+eq_fp16() { # NAME REF [LOSS-RTOL UPDATE-RTOL]: losses 2^-12, updates 2^-6 (from the same init)
+	local ltol=${3:-$TOL} urtol=${4:-0.015625}
+	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
+		fail "$1 matches $2 in fp16 (a run is missing)"; return
+	fi
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol "$ltol" --atol 0 >"$T/$1.cmp" &&
+		$PY tests/compare.py updates "$T/init.st" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
+			>>"$T/$1.cmp"; then
+		ok "$1 matches $2 in fp16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
+			END {printf "losses rel %s, updates rel %s", l, u}' "$T/$1.cmp"))"
+	else
+		cat "$T/$1.cmp"
+		fail "$1 matches $2 in fp16"
+	fi
+}
+eq_ref() { # the initial weights, and the 1-rank ddp run the others are compared with
+	"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \
+		--quiet --save-full "$T/init.st" >/dev/null 2>&1 || fail "the initial weights"
+	eq_run g-ddp1 1 "$T/eq-ddp.dp" --init-from "$T/init.st"
+}
+for st in ddp zero2 full_shard; do
+	fp16_copy models/gpt2-tiny.dp "$T/eq-$st.dp" "$st"
+	case_on "gpt2-tiny-$st-np2" || continue
+	once eq-ref eq_ref
+	once "g-${st}2" eq_run "g-${st}2" 2 "$T/eq-$st.dp" --init-from "$T/init.st" &&
+		eq_fp16 "g-${st}2" g-ddp1
+done
+# tp=2: the row-parallel partial products are rounded to f16 and summed in
+# f16 (MPI's f16 op), one rounding more: bounds doubled, as tests/bf16.sh's
+if case_on gpt2-tiny-tp2; then
+	fp16_copy models/gpt2-tiny.dp "$T/eq-tp2.dp" ddp "mesh tp=2"
+	once eq-ref eq_ref
+	eq_run g-tp2 2 "$T/eq-tp2.dp" --init-from "$T/init.st" &&
+		eq_fp16 g-tp2 g-ddp1 4.8828125e-4 0.03125
+fi
+
+# ---- 3. resume ----
+if case_on resume-full_shard2; then
+	n=g-full_shard2
+	once eq-ref eq_ref
+	once "$n" eq_run "$n" 2 "$T/eq-full_shard.dp" --init-from "$T/init.st"
+	if [ -s "$T/$n.loss" ] &&
+		mpi 2 "$T/$n.bin" --steps 10 --quiet --eval-every 0 --losses "$T/$n.r.loss" \
+			--init-from "$T/init.st" --save-dir "$T/$n.ck" --save-form sharded >"$T/$n.r.log" 2>&1 &&
+		mpi 2 "$T/$n.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.r.loss" \
+			--resume "$T/$n.ck" --save-full "$T/$n.r.st" >>"$T/$n.r.log" 2>&1 &&
+		cmp -s "$T/$n.r.loss" "$T/$n.loss" && cmp -s "$T/$n.r.st" "$T/$n.st"; then
+		ok "full_shard2 fp16, sharded checkpoint: 10 + --resume 10 steps give the straight run's losses and parameters, bit for bit"
+	else
+		tail -n 5 "$T/$n.r.log" 2>/dev/null
+		fail "full_shard2 fp16, sharded checkpoint: resumed run differs from the straight one"
+	fi
+fi
+finish fp16
