@@ -52,6 +52,7 @@ int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
+int unroll_run(Graph *g, Diag *d);    /* passes/unroll.c: micro-batches in the schedule's order */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
@@ -74,6 +75,9 @@ typedef struct {
  * STAGES_MAX_ACCOUNT (a stage set is a 64-bit mask). */
 #define STAGES_MAX_ACCOUNT 64
 int stages_account(const Graph *g, StageCost *sc);
+/* How many copies of a micro-batch's work the step program holds: grad_accum
+ * once passes/unroll.c has run at pp > 1, else 1. */
+int stages_micro_copies(const Graph *g);
 /* One slot of a stage's schedule: the forward or backward of a micro-batch,
  * and when it runs (in FLOPs from the step's start). */
 typedef struct {

@@ -16,10 +16,12 @@
  * slow as its slowest stage. A node outside every block (the loss) belongs
  * to the stage of the block node before it.
  *
- * Nothing else changes yet: dpc plans the cut and forecasts it (`--stats`:
- * FLOPs, parameters, activations kept per micro-batch, the bytes each cut
- * sends, the bubble of the `pipeline` schedule), but does not compile the
- * stages' programs, so a pp > 1 step file is refused (compiler/dpc.c).
+ * The stages' programs are passes/p2p.c's and passes/unroll.c's. This file
+ * also forecasts the pipeline (`--stats`: FLOPs, parameters, activations
+ * kept per micro-batch, the bytes each cut sends, the bubble of the
+ * `pipeline` schedule; stages_account reads one micro-batch's share of an
+ * unrolled step), and gives the schedule's slot order and start times that
+ * passes/unroll.c merges the stages' programs by (stages_simulate).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -178,9 +180,9 @@ int stages_run(Graph *g, Diag *d)
 
 /* ---- the accounting --stats prints ---- */
 
-/* The stage of every node (by index): its block's, else the stage of the
- * last node before it that has one (the loss: the last stage's); -1 for
- * nodes that are no pipeline work. */
+/* The stage of every node (by index): the one p2p gave it, else its block's,
+ * else the stage of the last node before it that has one (the loss: the last
+ * stage's); -1 for nodes that are no pipeline work. */
 static void node_stages(const Graph *g, int *stage)
 {
 	int cur = 0;
@@ -189,10 +191,25 @@ static void node_stages(const Graph *g, int *stage)
 		stage[i] = -1;
 		if (!pipeline_work(n))
 			continue;
-		if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
+		if (n->stage >= 0) /* passes/p2p.c placed it (the unrolled order mixes stages) */
+			cur = n->stage;
+		else if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
 			cur = g->blocks[n->block].stage;
 		stage[i] = cur;
 	}
+}
+
+int stages_micro_copies(const Graph *g)
+{
+	int m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	if (g->cfg.mesh[DP_AXIS_PP] <= 1 || m <= 1)
+		return 1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->op == DP_OP_LOAD && (n->progs & IR_IN_STEP) && DP_ATTR(n, LOAD, micro) > 0)
+			return m;
+	}
+	return 1;
 }
 
 int stages_account(const Graph *g, StageCost *sc)
@@ -235,6 +252,8 @@ int stages_account(const Graph *g, StageCost *sc)
 			sc[s].bwd_flops += f;
 		if (n->out >= 0 && def[n->out] < 0 && n->phase == PH_FWD)
 			def[n->out] = s;
+		/* a send reads for the stage it sends to */
+		int rs = n->op == DP_OP_SEND && DP_PEER(n) >= 0 && DP_PEER(n) < p ? (int)DP_PEER(n) : s;
 		for (int k = 0; k < n->nin; k++) {
 			int v = n->in[k];
 			if (v < 0 || v >= g->nvalues)
@@ -245,9 +264,9 @@ int stages_account(const Graph *g, StageCost *sc)
 			if (pv->kind == DP_T_PARAM)
 				param_users[v] |= 1ull << s;
 			if (n->phase == PH_FWD)
-				fwd_readers[v] |= 1ull << s;
+				fwd_readers[v] |= 1ull << rs;
 			else
-				bwd_readers[v] |= 1ull << s;
+				bwd_readers[v] |= 1ull << rs;
 		}
 	}
 	for (int v = 0; v < g->nvalues; v++) {
@@ -277,6 +296,12 @@ int stages_account(const Graph *g, StageCost *sc)
 				last = t;
 		for (int c = s; c < last && c < p - 1; c++)
 			sc[c].send_bytes += bytes;
+	}
+	/* an unrolled step holds every micro-batch's copy of the work */
+	int copies = stages_micro_copies(g);
+	for (int t = 0; t < p && copies > 1; t++) {
+		sc[t].fwd_flops /= copies, sc[t].bwd_flops /= copies;
+		sc[t].act_bytes /= copies, sc[t].send_bytes /= copies;
 	}
 	free(stage), free(def), free(fwd_readers), free(bwd_readers), free(param_users);
 	return p;

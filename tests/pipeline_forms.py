@@ -25,6 +25,10 @@ closed forms:
                        only add idle time)
   work                 the stages' forward + backward FLOPs sum to the
                        micro-batch FLOPs of the compute table
+  compiled peak        the step program's temporaries at their peak on each
+                       stage (passes/unroll.c, memplan's lifetimes) hold at
+                       least the closed form above, and under 1f1b less than
+                       under gpipe when m > p (but on the last stage)
   --emit=schedule      one row per stage whose slots are the schedule's order
                        (order() below, by hand), its bubble --stats' simulated one
 """
@@ -63,6 +67,8 @@ STAGE = re.compile(r"^stage (\d+): blocks (\S+)\.\.(\S+), (\d+) FLOP forward \+ 
                    r"the peak, sends (\d+) B")
 BUBBLE = re.compile(r"^bubble: \(p-1\)/\(m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
                     r"([-0-9.]+)")
+COMPILED = re.compile(r"^compiled: every micro-batch in the step program.*temporaries at the peak:")
+PEAK = re.compile(r"stage (\d+) (\d+) B")
 MICRO = re.compile(r"^micro-batch \(forward \+ backward\)\s+(\d+)")
 CONFIG = re.compile(r"micro_batch (\d+) x grad_accum (\d+)")
 
@@ -71,6 +77,10 @@ def parse(text):
     stages = []
     bubble = micro = mb = None
     for line in text.splitlines():
+        if COMPILED.match(line):
+            for k, b in PEAK.findall(line.split("at the peak:", 1)[1]):
+                if int(k) < len(stages):
+                    stages[int(k)]["compiled"] = int(b)
         s = STAGE.match(line)
         if s:
             g = s.groups()
@@ -98,6 +108,9 @@ WTE = V * D * 4
 LNF = 2 * D * 4
 
 
+COMPILED_PEAKS = {}
+
+
 def forms(name, text, p, m, sched):
     stages, bubble, micro, mb = parse(text)
     tag = "%s pp=%d m=%d %s" % (name, p, m, sched)
@@ -111,6 +124,12 @@ def forms(name, text, p, m, sched):
               % (tag, s, st["act"], st["fly"], st["peak"], st["act"], fly))
         check(st["grads"] == st["params"], "%s stage %d: grads = params (f32)" % (tag, s))
     check(stages[-1]["send"] == 0, "%s: the last stage sends nothing" % tag)
+    # the compiled program (passes/unroll.c) keeps each micro-batch in flight apart
+    for s, st in enumerate(stages):
+        check(st.get("compiled", -1) >= st["peak"],
+              "%s stage %d: compiled temporaries at the peak %d >= %d kept for the backward"
+              % (tag, s, st.get("compiled", -1), st["peak"]))
+    COMPILED_PEAKS[(name, p, m, sched)] = [st.get("compiled", -1) for st in stages]
     closed = (p - 1) / (m + p - 1)
     check(abs(bubble[0] - closed) < 1e-4, "%s: bubble %.4f = (p-1)/(m+p-1) = %.4f"
           % (tag, bubble[0], closed))
@@ -150,6 +169,13 @@ for sched in ("pipedream_flush", "gpipe"):
     text = stats("models/mlp8.dp", 3, 3, 4, sched)
     forms("mlp8", text, 3, 4, sched)
 
+# 1F1B holds at most p - s micro-batches, gpipe all m: with m > p the compiled
+# 1f1b program needs less on every stage that keeps activations
+for key in [k for k in COMPILED_PEAKS if k[3] == "pipedream_flush" and k[2] > k[1]]:
+    f, g = COMPILED_PEAKS[key], COMPILED_PEAKS.get(key[:3] + ("gpipe",), [])
+    for s in range(min(len(f), len(g)) - 1):  # the last stage: one in flight either way
+        check(0 < f[s] < g[s], "%s pp=%d m=%d stage %d: compiled peak 1f1b %d < gpipe %d"
+              % (key[0], key[1], key[2], s, f[s], g[s]))
 
 
 def order(p, m, s, sched):
