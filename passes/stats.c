@@ -304,7 +304,7 @@ static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
 
 /* pp > 1: each stage's blocks, work, memory and sends per micro-batch, the
  * activations the schedule keeps at its peak (gpipe: every micro-batch; 1f1b:
- * stage s at most p - s), and the bubble in closed form and from the stages'
+ * stage s at most p - s, zero_bubble too), and the bubble in closed form and from the stages'
  * FLOPs (passes/stages.c). */
 static void print_pipeline(FILE *out, const Graph *g)
 {
@@ -320,11 +320,11 @@ static void print_pipeline(FILE *out, const Graph *g)
 		free(sc);
 		return;
 	}
-	int gpipe = g->pipeline == 1;
+	int gpipe = g->pipeline == IR_PIPE_GPIPE;
 	char h1[32], h2[32], h3[32];
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
 		"whole tensors, before dp sharding\n",
-		p, gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es");
+		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
 	for (int s = 0; s < p; s++) {
 		const StageCost *c = &sc[s];
 		int fly = gpipe ? m : (p - s < m ? p - s : m);
@@ -341,9 +341,12 @@ static void print_pipeline(FILE *out, const Graph *g)
 			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
 	}
 	double bubble = 0;
-	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
-	fprintf(out, "bubble: (p-1)/(m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
-		"FLOP per step)\n", (double)(p - 1) / (m + p - 1), span < 0 ? -1.0 : bubble, span);
+	double span = stages_simulate(sc, p, m, g->pipeline, &bubble, NULL);
+	/* zero_bubble's closed form: ZB-H1's (p-1)(F+B-W) idle per stage, F = B = W */
+	int zb = g->pipeline == IR_PIPE_ZERO_BUBBLE;
+	fprintf(out, "bubble: (p-1)/(%sm+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
+		"FLOP per step)\n", zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1),
+		span < 0 ? -1.0 : bubble, span);
 	/* what the step file runs (passes/unroll.c): the schedule's slots, every
 	 * micro-batch's temporaries apart while it is in flight */
 	int64_t *peak = malloc((size_t)p * sizeof *peak);

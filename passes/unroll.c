@@ -24,18 +24,24 @@
  * number the pairs over the micro-batches, so a pair's tag is unique in the
  * step.
  *
+ * Under zero_bubble a backward slot is cut in two: B, the input gradients
+ * that the stage before waits for, and W, the nodes that write a parameter's
+ * gradient (stages_wgrad: autodiff's dW matmuls and bias sums), which only
+ * the optimizer waits for.
+ *
  * Each stage's slots follow the schedule (`pipeline` in train, g->pipeline:
  * gpipe F0..FM-1 B0..BM-1; pipedream_flush, 1F1B, min(P-s-1, M) forwards,
- * then a forward and a backward in turn, then the remaining backwards), as
- * passes/stages.c's stages_slot_order gives them. The stages' sequences are
+ * then a forward and a backward in turn, then the remaining backwards;
+ * zero_bubble, 1F1B with each W deferred by P-1-s backwards), as
+ * passes/stages.c's slot_order gives them. The stages' sequences are
  * merged into the one program by the forecast's start times
  * (stages_simulate), a slot only after those it needs (F(s,k) after
  * F(s-1,k), B(s,k) after B(s+1,k) and F(s,k)), so the program is one
  * sequential run of every stage's work in which each send meets its recv at
  * once: no stage waits in a cycle (ir/verify.c checks it again). The
  * DP_IF_LAST part follows, once, in its order. On each stage the backward
- * slots run in micro-batch order under both schedules, so every gradient
- * accumulates its micro-batches in the order pp = 1 does.
+ * (and W) slots run in micro-batch order under every schedule, so every
+ * gradient accumulates its micro-batches in the order pp = 1 does.
  *
  * Eval is not unrolled: a node that both programs shared stays the eval
  * program's, with the original values.
@@ -45,8 +51,9 @@
 
 #include "passes.h"
 
-/* The slot a per-micro-batch node belongs to: 2 * stage + (1: backward);
- * SLOT_PRE: a load every stage runs. */
+/* The slot a per-micro-batch node belongs to: 3 * stage + STAGE_F, STAGE_B
+ * or STAGE_W (zero_bubble's weight gradients); SLOT_PRE: a load every stage
+ * runs. */
 #define SLOT_PRE -1
 
 static int per_micro(const Node *n)
@@ -155,18 +162,20 @@ static void mark_copied(Copies *c)
 static int slot_of(const Graph *g, int i, int first_bwd)
 {
 	const Node *n = g->nodes[i];
-	int bwd = i >= first_bwd;
+	int bwd = i >= first_bwd ? STAGE_B : STAGE_F;
 	if (n->stage < 0)
 		return SLOT_PRE;
+	if (bwd && g->pipeline == IR_PIPE_ZERO_BUBBLE && stages_wgrad(g, n))
+		return 3 * n->stage + STAGE_W;
 	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV) {
 		const Node *s = n->op == DP_OP_SEND ? n : g->nodes[i - 1];
 		const Node *r = n->op == DP_OP_SEND ? g->nodes[i + 1] : n;
 		if (s->op != DP_OP_SEND || r->op != DP_OP_RECV || DP_TAG(s) != DP_TAG(r))
 			die("unroll: send/recv pair at node %d is not adjacent", n->id);
 		int with_producer = bwd ? r->stage < s->stage : r->stage > s->stage;
-		return 2 * (with_producer ? s->stage : r->stage) + bwd;
+		return 3 * (with_producer ? s->stage : r->stage) + bwd;
 	}
-	return 2 * n->stage + bwd;
+	return 3 * n->stage + bwd;
 }
 
 int unroll_run(Graph *g, Diag *d)
@@ -204,7 +213,8 @@ int unroll_run(Graph *g, Diag *d)
 
 	/* each stage's slots in the schedule's order, merged by the forecast's starts */
 	StageCost *sc = calloc((size_t)p, sizeof *sc);
-	StageSlot *sl = calloc((size_t)p * 2 * (size_t)m, sizeof *sl);
+	int per = stages_slots_per_stage(m, g->pipeline);
+	StageSlot *sl = calloc((size_t)p * (size_t)per, sizeof *sl);
 	int *next = calloc((size_t)p, sizeof *next);
 	char *fdone = calloc((size_t)p * (size_t)m, 1), *bdone = calloc((size_t)p * (size_t)m, 1);
 	char *pre_done = calloc((size_t)m, 1);
@@ -214,36 +224,38 @@ int unroll_run(Graph *g, Diag *d)
 		die("out of memory");
 	stages_account(g, sc);
 	double bubble;
-	if (stages_simulate(sc, p, m, g->pipeline == 1, &bubble, sl) < 0)
-		die("unroll: the %s schedule deadlocks", g->pipeline == 1 ? "gpipe" : "1f1b");
+	if (stages_simulate(sc, p, m, g->pipeline, &bubble, sl) < 0)
+		die("unroll: the %s schedule deadlocks", stages_schedule_name(g->pipeline));
 	size_t k = 0;
-	for (int left = 2 * p * m; left > 0;) {
+	for (int left = per * p; left > 0;) {
 		int best = -1;
 		for (int s = 0; s < p; s++) {
-			if (next[s] >= 2 * m)
+			if (next[s] >= per)
 				continue;
-			const StageSlot *x = &sl[(size_t)s * 2 * (size_t)m + (size_t)next[s]];
+			const StageSlot *x = &sl[(size_t)s * (size_t)per + (size_t)next[s]];
 			size_t at = (size_t)s * (size_t)m + (size_t)x->mb;
-			int ready = x->fwd ? s == 0 || fdone[at - (size_t)m]
-					   : fdone[at] && (s == p - 1 || bdone[at + (size_t)m]);
+			int ready = x->kind == STAGE_F   ? s == 0 || fdone[at - (size_t)m]
+				    : x->kind == STAGE_B ? fdone[at] && (s == p - 1 || bdone[at + (size_t)m])
+							 : bdone[at];
 			if (ready && (best < 0 || x->start <
-						     sl[(size_t)best * 2 * (size_t)m + (size_t)next[best]].start))
+						     sl[(size_t)best * (size_t)per + (size_t)next[best]].start))
 				best = s;
 		}
 		if (best < 0)
 			die("unroll: the schedule's slots wait for each other");
-		const StageSlot *x = &sl[(size_t)best * 2 * (size_t)m + (size_t)next[best]];
+		const StageSlot *x = &sl[(size_t)best * (size_t)per + (size_t)next[best]];
 		if (!pre_done[x->mb]) { /* the loads every stage runs, before the micro-batch */
 			pre_done[x->mb] = 1;
 			for (int i = 0; i < n0; i++)
 				if (slot[i] == SLOT_PRE)
 					order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
 		}
-		int want = 2 * best + !x->fwd;
+		int want = 3 * best + x->kind;
 		for (int i = 0; i < n0; i++)
 			if (slot[i] == want)
 				order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
-		(x->fwd ? fdone : bdone)[(size_t)best * (size_t)m + (size_t)x->mb] = 1;
+		if (x->kind != STAGE_W)
+			(x->kind == STAGE_F ? fdone : bdone)[(size_t)best * (size_t)m + (size_t)x->mb] = 1;
 		next[best]++, left--;
 	}
 	/* the eval program's share of the per-micro-batch nodes stays as it was;

@@ -21,12 +21,13 @@
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
 #     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
-#     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b) and
-#     gpt-pp2-ga4-gpipe with 4 micro-batches in flight against 1 rank, and
-#     gpt-pp2xdp2-ga4 against ddp at 2 ranks, all with grad_accum 4. These,
-#     mlp8-pp2 and mlp8-pp3 (grad_accum 2) also have their losses bit for
-#     bit the reference's (passes/unroll.c: every stage's backwards run in
-#     micro-batch order).
+#     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b),
+#     gpt-pp2-ga4-gpipe and gpt-pp2-ga4-zb (zero_bubble) with 4
+#     micro-batches in flight against 1 rank, and gpt-pp2xdp2-ga4 against
+#     ddp at 2 ranks, all with grad_accum 4. These, mlp8-pp2 and mlp8-pp3
+#     (grad_accum 2) also have their losses bit for bit the reference's
+#     (passes/unroll.c: every stage's backwards, and Ws, run in micro-batch
+#     order).
 #     gpt2-tiny's wte is the embedding on stage 0 and the LM head on the last
 #     stage: its gradient is the sum over pp of the two stages' parts, and
 #     the parameters compared include it (dropping pp from the gradients'
@@ -117,6 +118,7 @@ variant "$T/gpt.dp" "$T/gpt-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
 variant "$T/gpt.dp" "$T/gpt-ga4.dp" 's/^  strategy ddp/&\n  grad_accum 4/'
 pp "$T/gpt-ga4.dp" 2 "$T/gpt-pp2-ga4.dp"
 variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-gpipe.dp" 's/^  strategy ddp/&\n  pipeline gpipe/'
+variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipeline zero_bubble/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -134,7 +136,7 @@ need() {
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
-	gpt-pp2-ga4 | gpt-pp2-ga4-gpipe) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-pp2-ga4 | gpt-pp2-ga4-gpipe | gpt-pp2-ga4-zb) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-pp2xdp2-ga4) once "$1" eq_run "$1" 4 "$T/gpt-pp2-ga4.dp" ;;
 	esac
 }
@@ -151,7 +153,7 @@ same_losses() {
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
-	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 \
+	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
