@@ -653,6 +653,15 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			     (long long)DP_ATTR(in, LOAD, source), s->nsources);
 			return -1;
 		}
+		/* a micro-batch of its own: only in a step program that holds them all */
+		if (DP_ATTR(in, LOAD, micro) != 0 &&
+		    (p != DP_PROG_STEP || !dp_step_unrolled(&s->cfg) ||
+		     DP_ATTR(in, LOAD, micro) < 0 || DP_ATTR(in, LOAD, micro) >= (int64_t)s->cfg.grad_accum)) {
+			fail(err, errlen, "%s: micro-batch %lld out of range [0, %u)", what,
+			     (long long)DP_ATTR(in, LOAD, micro),
+			     p == DP_PROG_STEP && dp_step_unrolled(&s->cfg) ? s->cfg.grad_accum : 1);
+			return -1;
+		}
 		break;
 	case DP_OP_ALL_REDUCE:
 	case DP_OP_REDUCE_SCATTER:

@@ -39,8 +39,10 @@
  * 9: the pp mesh axis (outermost: every axis index, mask and placement moved up one)
  * 10: a third float attribute per instruction; ADAMW's weight_decay and the
  *    updates' lr_scale are attributes (optimizer groups)
- * 11: an instruction's pipeline stage (DpInstr.stage1); the SEND and RECV ops */
-#define DP_STEP_VERSION 11u
+ * 11: an instruction's pipeline stage (DpInstr.stage1); the SEND and RECV ops
+ * 12: at pp > 1 the step program holds every micro-batch (LOAD's micro) and runs
+ *    once per step */
+#define DP_STEP_VERSION 12u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -552,6 +554,14 @@ typedef struct {
 static inline int dp_instr_stage(const DpInstr *in)
 {
 	return (int)in->stage1 - 1;
+}
+
+/* Does the step program hold every micro-batch (pp > 1: passes/unroll.c)? Then it
+ * runs once per step, its LOADs naming their micro-batch; else once per
+ * micro-batch (grad_accum times). */
+static inline int dp_step_unrolled(const DpConfig *c)
+{
+	return c->mesh[DP_AXIS_PP] > 1;
 }
 
 /* Axis mask bit for one axis: collectives name the axes they reduce over. */

@@ -89,6 +89,13 @@ typedef struct {
 	int8_t dim;   /* sharded dim when kind == DP_PL_SHARD, else -1 */
 } Place;
 
+/* Graph.pipeline: format/settings.def's PIPELINE words, in order. */
+typedef enum {
+	IR_PIPE_1F1B,        /* pipedream_flush */
+	IR_PIPE_GPIPE,       /* gpipe */
+	IR_PIPE_ZERO_BUBBLE, /* zero_bubble (ZB-H1) */
+} IrPipeline;
+
 typedef struct Value {
 	int id;                    /* index in Graph.values */
 	const char *name;          /* unique; printed as %name */
@@ -208,7 +215,7 @@ typedef struct Graph {
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
 	Loc mesh_loc;              /* where the mesh statement (or `mesh auto`) is: messages */
 	int pipeline;              /* the pipeline schedule over pp stages (train's
-	                              `pipeline`): 0 pipedream_flush (1F1B), 1 gpipe (passes/stages.c) */
+	                              `pipeline`): an IrPipeline (passes/stages.c) */
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */

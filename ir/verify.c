@@ -720,6 +720,13 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		first[i] = last[i] = -1;
 	if (recorded)
 		memset(recorded, 0, (size_t)g->nevents);
+	/* per temporary: the one pipeline stage whose nodes use it, -1: several or
+	 * every rank's, -2: none yet (passes/memplan.c lets two stages' share bytes) */
+	int *stage = malloc(((size_t)g->nvalues + 1) * sizeof *stage);
+	if (!stage)
+		die("out of memory verifying IR");
+	for (int i = 0; i < g->nvalues; i++)
+		stage[i] = -2;
 	int pos = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
@@ -730,6 +737,7 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 			int id = act_id(g, n->in[k], sane);
 			if (id < 0)
 				continue;
+			stage[id] = stage[id] == -2 || stage[id] == n->stage ? n->stage : -1;
 			if (first[id] < 0) {
 				if (p != DP_PROG_INIT)
 					node_error(vf, n, "reads %%%s before it is written (%s program)",
@@ -740,6 +748,7 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		}
 		if (act_id(g, n->out, sane) >= 0) {
 			int id = act_id(g, n->out, sane);
+			stage[id] = stage[id] == -2 || stage[id] == n->stage ? n->stage : -1;
 			if (first[id] < 0) {
 				if (ir_reads_out(n) && p != DP_PROG_INIT)
 					node_error(vf, n, "updates %%%s before it is written (%s program)",
@@ -760,15 +769,20 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		}
 		pos++;
 	}
-	if (!planned)
+	if (!planned) {
+		free(stage);
 		return;
-	/* temporaries with overlapping lifetimes must not share bytes */
+	}
+	/* temporaries with overlapping lifetimes must not share bytes, unless two
+	 * stages' own (never on one rank) */
 	int nt = 0;
 	for (int i = 0; i < g->nvalues; i++)
 		if (first[i] >= 0 && g->values[i]->offset >= 0)
 			nt++;
-	if (nt < 2)
+	if (nt < 2) {
+		free(stage);
 		return;
+	}
 	Interval *iv = malloc((size_t)nt * sizeof *iv);
 	if (!iv)
 		die("out of memory verifying IR");
@@ -783,12 +797,15 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 	qsort(iv, (size_t)nt, sizeof *iv, by_start);
 	for (int a = 0; a < nt; a++)
 		for (int b = a + 1; b < nt && iv[b].start < iv[a].end; b++)
-			if (iv[a].first <= iv[b].last && iv[b].first <= iv[a].last)
+			if (iv[a].first <= iv[b].last && iv[b].first <= iv[a].last &&
+			    !(stage[iv[a].id] >= 0 && stage[iv[b].id] >= 0 &&
+			      stage[iv[a].id] != stage[iv[b].id]))
 				report(vf, "%%%s and %%%s share bytes [%" PRId64 ", %" PRId64
 					   ") while both live (%s program)",
 				       vname(g, iv[a].id), vname(g, iv[b].id), iv[b].start,
 				       iv[a].end < iv[b].end ? iv[a].end : iv[b].end, pname);
 	free(iv);
+	free(stage);
 }
 
 /* ---- memory plan ---- */

@@ -14,7 +14,9 @@
  *   order with the DP_IF_LAST parts included; EVAL; INIT; EXPORT). A use
  *   through a view counts for its root (full_shard's parameters are views
  *   of gathered temporaries). Two temporaries may share bytes only when
- *   their lifetimes are disjoint in every program.
+ *   their lifetimes are disjoint in every program, or when the nodes of
+ *   each run on one pipeline stage, a different one (pp > 1: never on one
+ *   rank; the arena is the largest stage's peak).
  *   Placement: by size, largest first (ties: value id), at the lowest
  *   256-aligned offset that overlaps no already placed temporary whose
  *   lifetime intersects (best fit by offset, deterministic).
@@ -84,6 +86,8 @@ typedef struct {
 	int value;
 	int64_t bytes;
 	Span span[DP_NPROG];
+	int stage; /* the one pipeline stage whose nodes use it, -1: several or every
+	              rank's, -2: unused so far */
 } Temp;
 
 static void extend(Span *s, int lo, int hi)
@@ -107,6 +111,8 @@ static int spans_meet(const Span *a, const Span *b)
 
 static int temps_meet(const Temp *a, const Temp *b)
 {
+	if (a->stage >= 0 && b->stage >= 0 && a->stage != b->stage)
+		return 0; /* never on one rank */
 	for (int p = 0; p < DP_NPROG; p++)
 		if (spans_meet(&a->span[p], &b->span[p]))
 			return 1;
@@ -140,8 +146,11 @@ static void use_node(const Graph *g, const Node *n, int prog, int lo, int hi, Te
 		if (v < 0)
 			continue;
 		const Value *r = ir_root(g, g->values[v]);
-		if (temp_of[r->id])
-			extend(&temp_of[r->id]->span[prog], lo, hi);
+		Temp *t = temp_of[r->id];
+		if (!t)
+			continue;
+		extend(&t->span[prog], lo, hi);
+		t->stage = t->stage == -2 || t->stage == n->stage ? n->stage : -1;
 	}
 }
 
@@ -212,7 +221,7 @@ static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
 	for (int i = 0; i < nv; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && persistent_rank(v) < 0) {
-			temps[nt] = (Temp){.value = i, .bytes = align_up(value_bytes(v))};
+			temps[nt] = (Temp){.value = i, .bytes = align_up(value_bytes(v)), .stage = -2};
 			for (int p = 0; p < DP_NPROG; p++)
 				temps[nt].span[p] = (Span){1, 0};
 			nt++;

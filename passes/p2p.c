@@ -45,10 +45,8 @@
  * parameters over dp_shard (zero2, full_shard, hybrid_shard) are refused at
  * pp > 1: their collectives would have to follow the stages.
  *
- * The micro-batches run one at a time, each through every stage forward and
- * back: the pipeline's schedules (gpipe, 1f1b) that keep several
- * micro-batches in flight are forecast (`--stats`, `--emit=schedule`) but not
- * compiled yet.
+ * This is one micro-batch's program: passes/unroll.c, next, copies it per
+ * micro-batch in the pipeline schedule's order.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -53,6 +53,7 @@ int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
+int unroll_run(Graph *g, Diag *d);    /* passes/unroll.c: micro-batches in the schedule's order */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
@@ -64,6 +65,7 @@ int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the
 typedef struct {
 	int first_block, last_block; /* the stage's blocks, in order */
 	double fwd_flops, bwd_flops; /* per micro-batch (the backward with its recompute) */
+	double wgrad_flops;          /* of bwd_flops, the weight gradients' (stages_wgrad) */
 	int64_t param_bytes;         /* the parameters its nodes read (a tied one on each) */
 	int64_t grad_bytes;          /* their gradients */
 	int64_t act_bytes;           /* forward results its backward reads: kept per
@@ -75,16 +77,29 @@ typedef struct {
  * STAGES_MAX_ACCOUNT (a stage set is a 64-bit mask). */
 #define STAGES_MAX_ACCOUNT 64
 int stages_account(const Graph *g, StageCost *sc);
-/* One slot of a stage's schedule: the forward or backward of a micro-batch,
- * and when it runs (in FLOPs from the step's start). */
+/* How many copies of a micro-batch's work the step program holds: grad_accum
+ * once passes/unroll.c has run at pp > 1, else 1. */
+int stages_micro_copies(const Graph *g);
+/* Is n weight-gradient work (it writes a gradient: zero_bubble's W)? */
+int stages_wgrad(const Graph *g, const Node *n);
+/* One slot of a stage's schedule: the forward (F), backward (B; under
+ * zero_bubble its input-gradient part) or weight-gradient part (W) of a
+ * micro-batch, and when it runs (in FLOPs from the step's start). */
+enum { STAGE_F, STAGE_B, STAGE_W };
 typedef struct {
-	int fwd, mb;
+	int kind, mb;
 	double start, end;
 } StageSlot;
-/* The makespan (in FLOPs) of m micro-batches under 1f1b (gpipe = 0) or gpipe
- * from the stages' costs, and its bubble fraction; -1 if the order deadlocks.
- * slots: NULL, or p x 2m filled with each stage's slots in order. */
-double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+/* The slots of each stage under schedule sched (IrPipeline): 2m, 3m for
+ * zero_bubble. */
+int stages_slots_per_stage(int m, int sched);
+/* How --stats and --emit=schedule name schedule sched. */
+const char *stages_schedule_name(int sched);
+/* The makespan (in FLOPs) of m micro-batches under schedule sched
+ * (g->pipeline) from the stages' costs, and its bubble fraction; -1 if the
+ * order deadlocks. slots: NULL, or p x stages_slots_per_stage filled with
+ * each stage's slots in order. */
+double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bubble,
 		       StageSlot *slots);
 /* dpc --emit=schedule: that forecast as a per-stage timeline, width columns. */
 void stages_print_schedule(FILE *out, const Graph *g, int width);

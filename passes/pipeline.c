@@ -40,6 +40,8 @@ const Pass pipeline[] = {
 	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
 		"received between neighbouring stages",
 	 p2p_run},
+	{"unroll", "the step's micro-batches unrolled in the pipeline schedule's order, each "
+		   "with its own temporaries (pp > 1)", unroll_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
 		 "matmul_gelu_grad (cuBLASLt's epilogues)",

@@ -16,10 +16,12 @@
  * slow as its slowest stage. A node outside every block (the loss) belongs
  * to the stage of the block node before it.
  *
- * Nothing else changes yet: dpc plans the cut and forecasts it (`--stats`:
- * FLOPs, parameters, activations kept per micro-batch, the bytes each cut
- * sends, the bubble of the `pipeline` schedule), but does not compile the
- * stages' programs, so a pp > 1 step file is refused (compiler/dpc.c).
+ * The stages' programs are passes/p2p.c's and passes/unroll.c's. This file
+ * also forecasts the pipeline (`--stats`: FLOPs, parameters, activations
+ * kept per micro-batch, the bytes each cut sends, the bubble of the
+ * `pipeline` schedule; stages_account reads one micro-batch's share of an
+ * unrolled step), and gives the schedule's slot order and start times that
+ * passes/unroll.c merges the stages' programs by (stages_simulate).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -178,9 +180,9 @@ int stages_run(Graph *g, Diag *d)
 
 /* ---- the accounting --stats prints ---- */
 
-/* The stage of every node (by index): its block's, else the stage of the
- * last node before it that has one (the loss: the last stage's); -1 for
- * nodes that are no pipeline work. */
+/* The stage of every node (by index): the one p2p gave it, else its block's,
+ * else the stage of the last node before it that has one (the loss: the last
+ * stage's); -1 for nodes that are no pipeline work. */
 static void node_stages(const Graph *g, int *stage)
 {
 	int cur = 0;
@@ -189,10 +191,31 @@ static void node_stages(const Graph *g, int *stage)
 		stage[i] = -1;
 		if (!pipeline_work(n))
 			continue;
-		if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
+		if (n->stage >= 0) /* passes/p2p.c placed it (the unrolled order mixes stages) */
+			cur = n->stage;
+		else if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
 			cur = g->blocks[n->block].stage;
 		stage[i] = cur;
 	}
+}
+
+int stages_wgrad(const Graph *g, const Node *n)
+{
+	return n->phase == PH_BWD && n->out >= 0 && n->out < g->nvalues &&
+	       g->values[n->out]->kind == DP_T_GRAD;
+}
+
+int stages_micro_copies(const Graph *g)
+{
+	int m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	if (g->cfg.mesh[DP_AXIS_PP] <= 1 || m <= 1)
+		return 1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->op == DP_OP_LOAD && (n->progs & IR_IN_STEP) && DP_ATTR(n, LOAD, micro) > 0)
+			return m;
+	}
+	return 1;
 }
 
 int stages_account(const Graph *g, StageCost *sc)
@@ -233,8 +256,12 @@ int stages_account(const Graph *g, StageCost *sc)
 			sc[s].fwd_flops += f;
 		else
 			sc[s].bwd_flops += f;
+		if (stages_wgrad(g, n))
+			sc[s].wgrad_flops += f;
 		if (n->out >= 0 && def[n->out] < 0 && n->phase == PH_FWD)
 			def[n->out] = s;
+		/* a send reads for the stage it sends to */
+		int rs = n->op == DP_OP_SEND && DP_PEER(n) >= 0 && DP_PEER(n) < p ? (int)DP_PEER(n) : s;
 		for (int k = 0; k < n->nin; k++) {
 			int v = n->in[k];
 			if (v < 0 || v >= g->nvalues)
@@ -245,9 +272,9 @@ int stages_account(const Graph *g, StageCost *sc)
 			if (pv->kind == DP_T_PARAM)
 				param_users[v] |= 1ull << s;
 			if (n->phase == PH_FWD)
-				fwd_readers[v] |= 1ull << s;
+				fwd_readers[v] |= 1ull << rs;
 			else
-				bwd_readers[v] |= 1ull << s;
+				bwd_readers[v] |= 1ull << rs;
 		}
 	}
 	for (int v = 0; v < g->nvalues; v++) {
@@ -278,41 +305,167 @@ int stages_account(const Graph *g, StageCost *sc)
 		for (int c = s; c < last && c < p - 1; c++)
 			sc[c].send_bytes += bytes;
 	}
+	/* an unrolled step holds every micro-batch's copy of the work */
+	int copies = stages_micro_copies(g);
+	for (int t = 0; t < p && copies > 1; t++) {
+		sc[t].fwd_flops /= copies, sc[t].bwd_flops /= copies, sc[t].wgrad_flops /= copies;
+		sc[t].act_bytes /= copies, sc[t].send_bytes /= copies;
+	}
 	free(stage), free(def), free(fwd_readers), free(bwd_readers), free(param_users);
 	return p;
 }
 
-/* The schedule's slots run on each stage in the order the schedule gives
- * (gpipe: F0..Fm-1, B0..Bm-1; 1f1b: min(p-s-1, m) forwards, then one
- * forward and one backward, then the remaining backwards), each as soon as
- * its stage is free and its input has arrived (F from the stage before, B
- * from the stage after; p2p taken as free). The makespan, in FLOPs, from
- * which bubble = 1 - work / (p x makespan). -1 if the order deadlocks (a
- * slot waits for one that waits for it), which the two schedules never do.
- * slots (or NULL): p x 2m, each stage's slots in its order. */
-double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bubble,
+/* The schedule's slots in stage s's order, into o (2m of them): gpipe
+ * F0..Fm-1, B0..Bm-1; 1f1b (pipedream_flush) min(p-s-1, m) forwards, then a
+ * forward and a backward in turn, then the remaining backwards. */
+static void slot_order(int p, int m, int s, int sched, StageSlot *o)
+{
+	int k = 0, f = 0, b = 0;
+	int warm = sched == IR_PIPE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
+	for (; f < warm; f++)
+		o[k++] = (StageSlot){STAGE_F, f, 0, 0};
+	while (f < m || b < m) {
+		if (f < m)
+			o[k++] = (StageSlot){STAGE_F, f++, 0, 0};
+		if (sched == IR_PIPE_GPIPE && f < m)
+			continue;
+		o[k++] = (StageSlot){STAGE_B, b++, 0, 0};
+	}
+}
+
+/* zero_bubble (ZB-H1, Qi et al. 2023): the backward cut into B (input
+ * gradients, what the stage before waits for) and W (weight gradients). A
+ * stage that is free runs, in this preference, its next B once its input is
+ * there, its next F once its input is there while fewer than min(p-s, m)
+ * micro-batches have their F done and their W not (1F1B's peak), else its
+ * oldest pending W: the Ws fill the time 1F1B's stage would wait. Each kind
+ * in micro-batch order. A discrete-event run: the stage free earliest
+ * decides next (what it waits for is then known, or ends later). Fills
+ * slots (p x 3m) and returns the makespan, -1 if the stages wait for each
+ * other (never). */
+static double simulate_zb(const StageCost *sc, int p, int m, StageSlot *slots, double *free_at)
+{
+	int n = 3 * m;
+	double *fdone = malloc((size_t)p * (size_t)m * sizeof *fdone);
+	double *bdone = malloc((size_t)p * (size_t)m * sizeof *bdone);
+	int *nf = calloc((size_t)p, sizeof *nf), *nb = calloc((size_t)p, sizeof *nb);
+	int *nw = calloc((size_t)p, sizeof *nw), *k = calloc((size_t)p, sizeof *k);
+	char *waiting = calloc((size_t)p, 1); /* found nothing to do at its free_at */
+	if (!fdone || !bdone || !nf || !nb || !nw || !k || !waiting)
+		die("out of memory");
+	for (size_t i = 0; i < (size_t)p * (size_t)m; i++)
+		fdone[i] = bdone[i] = -1;
+	for (int left = p * n; left > 0; left--) {
+		int s = -1;
+		for (int t = 0; t < p; t++)
+			if (k[t] < n && (s < 0 || free_at[t] < free_at[s] ||
+					 (free_at[t] == free_at[s] && waiting[s] && !waiting[t])))
+				s = t;
+		double now = free_at[s];
+		size_t at = (size_t)s * (size_t)m;
+		double bready = -1, fready = -1;
+		if (nb[s] < m)
+			bready = s == p - 1 ? fdone[at + (size_t)nb[s]] : bdone[at + (size_t)m + (size_t)nb[s]];
+		int cap = p - s < m ? p - s : m;
+		if (nf[s] < m && nf[s] - nw[s] < cap)
+			fready = s == 0 ? 0 : fdone[at - (size_t)m + (size_t)nf[s]];
+		StageSlot sl;
+		if (bready >= 0 && bready <= now)
+			sl = (StageSlot){STAGE_B, nb[s]++, now, now + sc[s].bwd_flops - sc[s].wgrad_flops};
+		else if (fready >= 0 && fready <= now)
+			sl = (StageSlot){STAGE_F, nf[s]++, now, now + sc[s].fwd_flops};
+		else if (nw[s] < nb[s])
+			sl = (StageSlot){STAGE_W, nw[s]++, now, now + sc[s].wgrad_flops};
+		else {
+			/* nothing to do yet: let a stage free as early decide first,
+			 * else wait for the next thing that happens */
+			left++;
+			int other = 0;
+			for (int t = 0; t < p; t++)
+				other |= t != s && k[t] < n && free_at[t] <= now && !waiting[t];
+			waiting[s] = 1;
+			if (other)
+				continue;
+			double next = -1;
+			if (bready > now)
+				next = bready;
+			if (fready > now && (next < 0 || fready < next))
+				next = fready;
+			for (int t = 0; t < p; t++)
+				if (t != s && k[t] < n && free_at[t] > now && (next < 0 || free_at[t] < next))
+					next = free_at[t];
+			if (next < 0)
+				break; /* every other stage waits too */
+			free_at[s] = next;
+			continue;
+		}
+		memset(waiting, 0, (size_t)p);
+		if (sl.kind == STAGE_F)
+			fdone[at + (size_t)sl.mb] = sl.end;
+		if (sl.kind == STAGE_B)
+			bdone[at + (size_t)sl.mb] = sl.end;
+		slots[(size_t)s * (size_t)n + (size_t)k[s]++] = sl;
+		free_at[s] = sl.end;
+	}
+	int done = 1;
+	for (int t = 0; t < p; t++)
+		done &= k[t] == n;
+	free(fdone), free(bdone), free(nf), free(nb), free(nw), free(k), free(waiting);
+	return done ? 0 : -1;
+}
+
+const char *stages_schedule_name(int sched)
+{
+	return sched == IR_PIPE_GPIPE ? "gpipe"
+	       : sched == IR_PIPE_ZERO_BUBBLE ? "zero_bubble (zb-h1)" : "pipedream_flush (1f1b)";
+}
+
+int stages_slots_per_stage(int m, int sched)
+{
+	return (sched == IR_PIPE_ZERO_BUBBLE ? 3 : 2) * m;
+}
+
+/* The schedule's slots run on each stage in slot_order's order, each as soon
+ * as its stage is free and its input has arrived (F from the stage before, B
+ * from the stage after; p2p taken as free); zero_bubble's as simulate_zb
+ * picks them, its B costing the backward's FLOPs but its weight gradients',
+ * which its W costs.
+ * The makespan, in FLOPs, from which bubble = 1 - work / (p x makespan). -1
+ * if the order deadlocks (a slot waits for one that waits for it), which the
+ * schedules never do. slots (or NULL): p x stages_slots_per_stage, each
+ * stage's slots in its order. */
+double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bubble,
 		       StageSlot *slots)
 {
-	int n = 2 * m;
-	int *order = malloc((size_t)p * (size_t)n * sizeof *order); /* slot: +i F, -(i+1) B */
+	int n = stages_slots_per_stage(m, sched);
+	if (sched == IR_PIPE_ZERO_BUBBLE) {
+		StageSlot *own = slots ? slots : malloc((size_t)p * (size_t)n * sizeof *own);
+		double *free_at = calloc((size_t)p, sizeof *free_at);
+		if (!own || !free_at)
+			die("out of memory");
+		double span = 0, work = 0;
+		int rc = simulate_zb(sc, p, m, own, free_at);
+		for (int s = 0; s < p; s++) {
+			span = free_at[s] > span ? free_at[s] : span;
+			work += (double)m * (sc[s].fwd_flops + sc[s].bwd_flops);
+		}
+		if (own != slots)
+			free(own);
+		free(free_at);
+		if (rc < 0)
+			return -1;
+		*bubble = span > 0 ? 1 - work / ((double)p * span) : 0;
+		return span;
+	}
+	StageSlot *order = malloc((size_t)p * (size_t)n * sizeof *order);
 	double *fdone = malloc((size_t)p * (size_t)m * sizeof *fdone);
 	double *bdone = malloc((size_t)p * (size_t)m * sizeof *bdone);
 	int *next = calloc((size_t)p, sizeof *next);
 	double *free_at = calloc((size_t)p, sizeof *free_at);
 	if (!order || !fdone || !bdone || !next || !free_at)
 		die("out of memory");
-	for (int s = 0; s < p; s++) {
-		int *o = order + (size_t)s * (size_t)n, k = 0, f = 0, b = 0;
-		int warm = gpipe ? m : (p - s - 1 < m ? p - s - 1 : m);
-		for (; f < warm; f++)
-			o[k++] = f;
-		while (f < m) {
-			o[k++] = f++;
-			o[k++] = -(++b);
-		}
-		while (b < m)
-			o[k++] = -(++b);
-	}
+	for (int s = 0; s < p; s++)
+		slot_order(p, m, s, sched, order + (size_t)s * (size_t)n);
 	for (size_t i = 0; i < (size_t)p * (size_t)m; i++)
 		fdone[i] = bdone[i] = -1;
 	int left = p * n;
@@ -320,22 +473,27 @@ double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bub
 		progress = 0;
 		for (int s = 0; s < p; s++) {
 			while (next[s] < n) {
-				int slot = order[(size_t)s * (size_t)n + (size_t)next[s]];
-				int mb = slot >= 0 ? slot : -slot - 1;
-				double ready;
-				if (slot >= 0)
-					ready = s == 0 ? 0 : fdone[(size_t)(s - 1) * (size_t)m + (size_t)mb];
-				else
-					ready = s == p - 1 ? fdone[(size_t)s * (size_t)m + (size_t)mb]
-							   : bdone[(size_t)(s + 1) * (size_t)m + (size_t)mb];
+				StageSlot sl = order[(size_t)s * (size_t)n + (size_t)next[s]];
+				size_t at = (size_t)s * (size_t)m + (size_t)sl.mb;
+				double ready, cost;
+				if (sl.kind == STAGE_F) {
+					ready = s == 0 ? 0 : fdone[at - (size_t)m];
+					cost = sc[s].fwd_flops;
+				} else {
+					ready = s == p - 1 ? fdone[at] : bdone[at + (size_t)m];
+					cost = sc[s].bwd_flops;
+				}
 				if (ready < 0)
 					break;
 				double start = ready > free_at[s] ? ready : free_at[s];
-				double end = start + (slot >= 0 ? sc[s].fwd_flops : sc[s].bwd_flops);
-				(slot >= 0 ? fdone : bdone)[(size_t)s * (size_t)m + (size_t)mb] = end;
+				double end = start + cost;
+				if (sl.kind == STAGE_F)
+					fdone[at] = end;
+				else if (sl.kind == STAGE_B)
+					bdone[at] = end;
+				sl.start = start, sl.end = end;
 				if (slots)
-					slots[(size_t)s * (size_t)n + (size_t)next[s]] =
-						(StageSlot){slot >= 0, mb, start, end};
+					slots[(size_t)s * (size_t)n + (size_t)next[s]] = sl;
 				free_at[s] = end;
 				next[s]++, left--, progress = 1;
 			}
@@ -362,7 +520,7 @@ double stages_simulate(const StageCost *sc, int p, int m, int gpipe, double *bub
 void stages_print_schedule(FILE *out, const Graph *g, int width)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
-	int gpipe = g->pipeline == 1;
+	int sched = g->pipeline, n = stages_slots_per_stage(m, sched);
 	if (p <= 1 || p > STAGES_MAX_ACCOUNT) {
 		fprintf(out, "%s: pp=%d: %s\n", g->file, p,
 			p <= 1 ? "one pipeline stage, nothing to schedule"
@@ -370,23 +528,22 @@ void stages_print_schedule(FILE *out, const Graph *g, int width)
 		return;
 	}
 	StageCost *sc = calloc((size_t)p, sizeof *sc);
-	StageSlot *slots = calloc((size_t)p * 2 * (size_t)m, sizeof *slots);
+	StageSlot *slots = calloc((size_t)p * (size_t)n, sizeof *slots);
 	char *row = malloc((size_t)width * 4 + 64);
 	if (!sc || !slots || !row)
 		die("out of memory");
 	stages_account(g, sc);
-	double bubble = 0, span = stages_simulate(sc, p, m, gpipe, &bubble, slots);
+	double bubble = 0, span = stages_simulate(sc, p, m, sched, &bubble, slots);
 	fprintf(out, "%s: pp=%d, %s, %d micro-batch%s; one column = %.4g FLOP\n", g->file, p,
-		gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es",
-		span / width);
+		stages_schedule_name(sched), m, m == 1 ? "" : "es", span / width);
 	for (int s = 0; s < p && span > 0; s++) {
 		int col = 0;
-		for (int k = 0; k < 2 * m; k++) {
-			const StageSlot *sl = &slots[(size_t)s * 2 * (size_t)m + (size_t)k];
+		for (int k = 0; k < n; k++) {
+			const StageSlot *sl = &slots[(size_t)s * (size_t)n + (size_t)k];
 			int from = (int)(sl->start / span * width + 0.5);
 			int to = (int)(sl->end / span * width + 0.5);
 			char label[16];
-			int len = snprintf(label, sizeof label, "%c%d", sl->fwd ? 'F' : 'B', sl->mb);
+			int len = snprintf(label, sizeof label, "%c%d", "FBW"[sl->kind], sl->mb);
 			while (col < from)
 				row[col++] = '.';
 			for (int i = 0; i < len; i++)
@@ -400,7 +557,8 @@ void stages_print_schedule(FILE *out, const Graph *g, int width)
 		row[col] = 0;
 		fprintf(out, "stage %-2d |%s\n", s, row);
 	}
-	fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(m+p-1) = %.4f)\n",
-		bubble, (double)(p - 1) / (m + p - 1));
+	int zb = sched == IR_PIPE_ZERO_BUBBLE;
+	fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(%sm+p-1) = %.4f)\n",
+		bubble, zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1));
 	free(sc), free(slots), free(row);
 }

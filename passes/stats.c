@@ -178,6 +178,8 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 		if (n->recompute)
 			again += f;
 	}
+	int copies = stages_micro_copies(g); /* a pipelined step holds every micro-batch */
+	micro /= copies, again /= copies;
 	char c[64], label[64];
 	fprintf(out, "%-36s %30s\n", "compute", "flops");
 	fprintf(out, "%-36s %30s\n", "micro-batch (forward + backward)",
@@ -244,9 +246,64 @@ static void print_memory(FILE *out, const Graph *g)
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
 }
 
+/* The step program's temporaries live at its peak on each pipeline stage:
+ * a temporary lives from its first use to its last in program order, on the
+ * stage whose nodes use it (on every stage when nodes of several, or of
+ * every rank, do). peak[0..p-1]. */
+static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
+{
+	int nv = g->nvalues, n = g->nnodes;
+	int *first = malloc(((size_t)nv + 1) * sizeof *first);
+	int *last = malloc(((size_t)nv + 1) * sizeof *last);
+	int *stage = malloc(((size_t)nv + 1) * sizeof *stage);
+	int64_t *diff = calloc((size_t)p * ((size_t)n + 2), sizeof *diff);
+	if (!first || !last || !stage || !diff)
+		die("out of memory");
+	for (int v = 0; v < nv; v++)
+		first[v] = last[v] = -1, stage[v] = -2;
+	int pos = 0;
+	for (int i = 0; i < n; i++) {
+		const Node *nd = g->nodes[i];
+		if (!(nd->progs & IR_IN_STEP))
+			continue;
+		for (int k = -1; k < nd->nin; k++) {
+			int v = k < 0 ? nd->out : nd->in[k];
+			if (v < 0)
+				continue;
+			const Value *r = ir_root(g, g->values[v]);
+			if (r->kind != DP_T_ACT)
+				continue;
+			if (first[r->id] < 0)
+				first[r->id] = pos;
+			last[r->id] = pos;
+			stage[r->id] = stage[r->id] == -2 || stage[r->id] == nd->stage ? nd->stage : -1;
+		}
+		pos++;
+	}
+	for (int v = 0; v < nv; v++) {
+		if (first[v] < 0)
+			continue;
+		int64_t b = ir_numel(g->values[v]) * (int64_t)ir_dtype_size(g->values[v]->dtype);
+		for (int s = 0; s < p; s++)
+			if (stage[v] < 0 || stage[v] == s) {
+				diff[(size_t)s * ((size_t)n + 2) + (size_t)first[v]] += b;
+				diff[(size_t)s * ((size_t)n + 2) + (size_t)last[v] + 1] -= b;
+			}
+	}
+	for (int s = 0; s < p; s++) {
+		int64_t live = 0;
+		peak[s] = 0;
+		for (int i = 0; i <= pos; i++) {
+			live += diff[(size_t)s * ((size_t)n + 2) + (size_t)i];
+			peak[s] = live > peak[s] ? live : peak[s];
+		}
+	}
+	free(first), free(last), free(stage), free(diff);
+}
+
 /* pp > 1: each stage's blocks, work, memory and sends per micro-batch, the
  * activations the schedule keeps at its peak (gpipe: every micro-batch; 1f1b:
- * stage s at most p - s), and the bubble in closed form and from the stages'
+ * stage s at most p - s, zero_bubble too), and the bubble in closed form and from the stages'
  * FLOPs (passes/stages.c). */
 static void print_pipeline(FILE *out, const Graph *g)
 {
@@ -262,11 +319,11 @@ static void print_pipeline(FILE *out, const Graph *g)
 		free(sc);
 		return;
 	}
-	int gpipe = g->pipeline == 1;
+	int gpipe = g->pipeline == IR_PIPE_GPIPE;
 	char h1[32], h2[32], h3[32];
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
 		"whole tensors, before dp sharding\n",
-		p, gpipe ? "gpipe" : "pipedream_flush (1f1b)", m, m == 1 ? "" : "es");
+		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
 	for (int s = 0; s < p; s++) {
 		const StageCost *c = &sc[s];
 		int fly = gpipe ? m : (p - s < m ? p - s : m);
@@ -283,14 +340,25 @@ static void print_pipeline(FILE *out, const Graph *g)
 			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
 	}
 	double bubble = 0;
-	double span = stages_simulate(sc, p, m, gpipe, &bubble, NULL);
-	fprintf(out, "bubble: (p-1)/(m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
-		"FLOP per step)\n", (double)(p - 1) / (m + p - 1), span < 0 ? -1.0 : bubble, span);
-	/* what the step file runs today (passes/p2p.c): the forecast above is the
-	 * schedule's, not yet compiled */
-	fprintf(out, "compiled: one micro-batch at a time through every stage (bubble (p-1)/p = "
-		"%.4f); every stage keeps every parameter, gradients summed over pp\n",
-		(double)(p - 1) / p);
+	double span = stages_simulate(sc, p, m, g->pipeline, &bubble, NULL);
+	/* zero_bubble's closed form: ZB-H1's (p-1)(F+B-W) idle per stage, F = B = W */
+	int zb = g->pipeline == IR_PIPE_ZERO_BUBBLE;
+	fprintf(out, "bubble: (p-1)/(%sm+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
+		"FLOP per step)\n", zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1),
+		span < 0 ? -1.0 : bubble, span);
+	/* what the step file runs (passes/unroll.c): the schedule's slots, every
+	 * micro-batch's temporaries apart while it is in flight */
+	int64_t *peak = malloc((size_t)p * sizeof *peak);
+	if (!peak)
+		die("out of memory");
+	stage_temp_peaks(g, p, peak);
+	fprintf(out, "compiled: every micro-batch in the step program, in the schedule's order; "
+		"temporaries at the peak:");
+	for (int s = 0; s < p; s++)
+		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
+			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
+	fprintf(out, "; every stage keeps every parameter, gradients summed over pp\n");
+	free(peak);
 	free(sc);
 }
 
@@ -315,7 +383,7 @@ void stats_print(FILE *out, const Graph *g)
 			ir_dtype_name((DpDtype)g->buffer_dtype));
 	fprintf(out, "\n");
 	fprintf(out, "per rank, per optimizer step\n");
-	if (g->cfg.mesh[DP_AXIS_PP] > 1) /* the stages' programs are not compiled yet */
+	if (g->cfg.mesh[DP_AXIS_PP] > 1) /* every stage keeps every parameter so far */
 		fprintf(out, "(pp=%u: the tables are the whole model's, uncut; the pipeline section "
 			"below splits it by stage)\n", g->cfg.mesh[DP_AXIS_PP]);
 	fprintf(out, "\n");

@@ -112,7 +112,22 @@ int data_error(const DataSet *d, RtErr *e)
  * classes of a cross_entropy/correct that reads them as labels (the last
  * dim of its logits) or the rows of an embedding table they index; the
  * smallest when several read them, 0 when none does. */
-static int64_t id_limit(const DpStep *s, int32_t id)
+/* Is tensor t what source src's tensor holds: that tensor, or one a LOAD of it
+ * writes (a pipelined step keeps each micro-batch's data apart)? */
+static int holds_source(const DpStep *s, uint32_t src, int32_t t)
+{
+	if (t == s->sources[src].tensor)
+		return 1;
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op == DP_OP_LOAD && in->out == t && DP_ATTR(in, LOAD, source) == src)
+				return 1;
+		}
+	return 0;
+}
+
+static int64_t id_limit(const DpStep *s, uint32_t src)
 {
 	int64_t lim = 0;
 	for (int p = 0; p < DP_NPROG; p++)
@@ -121,10 +136,11 @@ static int64_t id_limit(const DpStep *s, int32_t id)
 			const DpTensor *t = NULL;
 			int k = 0;
 			if ((in->op == DP_OP_XENT || in->op == DP_OP_XENT_GRAD || in->op == DP_OP_CORRECT) &&
-			    in->in[1] == id && in->in[0] >= 0) {
+			    in->in[0] >= 0 && holds_source(s, src, in->in[1])) {
 				t = &s->tensors[in->in[0]];
 				k = t->ndim ? t->ndim - 1 : 0;
-			} else if (in->op == DP_OP_EMBEDDING && in->in[0] == id && in->in[1] >= 0) {
+			} else if (in->op == DP_OP_EMBEDDING && in->in[1] >= 0 &&
+				   holds_source(s, src, in->in[0])) {
 				t = &s->tensors[in->in[1]];
 			}
 			if (!t || !t->ndim)
@@ -172,7 +188,7 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const
 	int dtype = s->tensors[rec->tensor].dtype;
 	d->role = rec->role;
 	d->loaded = 1;
-	d->limit = dtype == DP_I32 ? id_limit(s, rec->tensor) : 0;
+	d->limit = dtype == DP_I32 ? id_limit(s, idx) : 0;
 	snprintf(d->where, sizeof d->where, "%s", c.where);
 	int rc;
 	switch (rec->kind) {

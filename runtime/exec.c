@@ -56,7 +56,13 @@ int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr
 		const DpSource *src = &s->sources[DP_ATTR(in, LOAD, source)];
 		int want = p == DP_PROG_STEP ? DP_SPLIT_TRAIN : DP_SPLIT_EVAL;
 		int64_t batch = p == DP_PROG_STEP ? s->cfg.micro_batch : s->cfg.eval_batch;
-		if (in->out < 0 || in->out != src->tensor)
+		/* the source's tensor, or (a step holding every micro-batch) a copy of it */
+		const DpTensor *st = &s->tensors[src->tensor];
+		if (in->out < 0 || (in->out != src->tensor &&
+				    (p != DP_PROG_STEP || !dp_step_unrolled(&s->cfg) ||
+				     s->tensors[in->out].kind != DP_T_DATA ||
+				     s->tensors[in->out].dtype != st->dtype ||
+				     exec_numel(&s->tensors[in->out]) != exec_numel(st))))
 			return RT_FAIL(e, "step file: %s program instruction %u (load): output is not "
 				       "the source's tensor", dp_prog_names[p], i);
 		if (src->split != want)
@@ -399,7 +405,7 @@ static int shard(Exec *x, const DpInstr *in, RtErr *e)
 static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
 {
 	const Stage *g = x->stage[DP_ATTR(in, LOAD, source)];
-	int slot = p == DP_PROG_STEP ? x->micro : 0;
+	int slot = p == DP_PROG_STEP ? x->micro + (int)DP_ATTR(in, LOAD, micro) : 0;
 	return x->be.ops->upload(&x->be, in->stream, x->be.ptr[in->out],
 				 (const char *)g->host + (size_t)slot * g->bytes, g->bytes, e);
 }
@@ -511,9 +517,10 @@ static int enqueue_step(Exec *x, RtErr *e)
 	Backend *b = &x->be;
 	RT_CHECK(b->ops->step_head(b, e));
 	RT_CHECK(zero_metrics(x, e));
-	for (uint32_t m = 0; m < s->cfg.grad_accum; m++) {
+	uint32_t walks = dp_step_unrolled(&s->cfg) ? 1 : s->cfg.grad_accum;
+	for (uint32_t m = 0; m < walks; m++) {
 		x->micro = (int)m;
-		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == s->cfg.grad_accum, e));
+		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == walks, e));
 	}
 	return b->ops->step_tail(b, e);
 }

@@ -136,7 +136,8 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
  * load derives the bf16 copies of the masters it wrote again this way). */
 int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 /* Optimizer step k (from 0): stage its batches, zero the metrics, run the
- * step program once per micro-batch (DP_IF_LAST parts on the last) with
+ * step program once per micro-batch (DP_IF_LAST parts on the last; once at
+ * pp > 1, where it holds every micro-batch: dp_step_unrolled) with
  * lr = exec_lr(k) and t = k + 1. exec_step_launch returns without waiting
  * for the step (on a GPU it replays the captured step, or enqueues it with
  * --no-graph), after waiting for step k-2 if that still runs;

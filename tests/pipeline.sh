@@ -21,7 +21,13 @@
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
 #     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
-#     (precision bf16) against bf16 on 1 rank.
+#     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b),
+#     gpt-pp2-ga4-gpipe and gpt-pp2-ga4-zb (zero_bubble) with 4
+#     micro-batches in flight against 1 rank, and gpt-pp2xdp2-ga4 against
+#     ddp at 2 ranks, all with grad_accum 4. These, mlp8-pp2 and mlp8-pp3
+#     (grad_accum 2) also have their losses bit for bit the reference's
+#     (passes/unroll.c: every stage's backwards, and Ws, run in micro-batch
+#     order).
 #     gpt2-tiny's wte is the embedding on stage 0 and the LM head on the last
 #     stage: its gradient is the sum over pp of the two stages' parts, and
 #     the parameters compared include it (dropping pp from the gradients'
@@ -108,6 +114,11 @@ pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
 variant "$T/gpt-pp2.dp" "$T/gpt-pp2-recompute.dp" 's/^  strategy ddp/&\n  gradient_checkpointing true/'
 variant "$T/gpt-pp2.dp" "$T/gpt-pp2-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
 variant "$T/gpt.dp" "$T/gpt-bf16.dp" 's/^  strategy ddp/&\n  precision bf16/'
+# 4 micro-batches in flight at once (passes/unroll.c), under 1f1b and gpipe
+variant "$T/gpt.dp" "$T/gpt-ga4.dp" 's/^  strategy ddp/&\n  grad_accum 4/'
+pp "$T/gpt-ga4.dp" 2 "$T/gpt-pp2-ga4.dp"
+variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-gpipe.dp" 's/^  strategy ddp/&\n  pipeline gpipe/'
+variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipeline zero_bubble/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -123,33 +134,52 @@ need() {
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
 	gpt-pp2xtp2 | gpt-pp2xcp2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
-	gpt-bf16) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
+	gpt-pp2-ga4 | gpt-pp2-ga4-gpipe | gpt-pp2-ga4-zb) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-pp2xdp2-ga4) once "$1" eq_run "$1" 4 "$T/gpt-pp2-ga4.dp" ;;
 	esac
+}
+# same_losses NAME REF: the losses of the two runs bit for bit (every
+# stage accumulates its micro-batches' gradients in pp=1's order; the tied
+# wte's two parts are summed over pp at the end, so parameters stay within
+# eq_same's bounds, not bitwise)
+same_losses() {
+	if [ -s "$T/$1.loss" ] && cmp -s <(cut -d' ' -f1,2 "$T/$1.loss") <(cut -d' ' -f1,2 "$T/$2.loss"); then
+		ok "$1: losses bit for bit $2's"
+	else
+		fail "$1: losses bit for bit $2's"
+	fi
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
-	gpt-pp2-bf16:gpt-bf16; do
+	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
+	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
+	case ${c%%:*} in
+	mlp8-pp[23] | *-ga4*) same_losses "${c%%:*}" "${c#*:}" ;;
+	esac
 done
 
 if case_on tied; then
 	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir"
 	"$DPC" "$T/gpt.dp" --world-size 2 --pp 2 --emit=ir >"$T/tied.ir" 2>/dev/null
-	emb=$(grep -c '= embedding %ids, %embed.wte .* stage=0' "$T/tied.ir")
+	# the step's copies (%ids.mb0: passes/unroll.c) and the eval's
+	emb=$(grep -Ec '= embedding %ids(\.mb0)?, %embed.wte .* stage=0' "$T/tied.ir")
 	head=$(grep -c '= matmul %[a-z0-9_.]*, %embed.wte transB .* stage=1' "$T/tied.ir")
 	gw=$(grep -c '^%grad.embed.wte = .* stage=[01]' "$T/tied.ir")
 	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
 	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
-	if [ "$emb" = 1 ] && [ "$head" = 1 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+	if [ "$emb" = 2 ] && [ "$head" = 2 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
 fi
 
 if case_on loads; then
 	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir | grep '= load'"
 	"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir 2>/dev/null | grep '= load' >"$T/loads"
 	what="the tokens are loaded on stage 0 only, the targets on stage 1 only (train and eval)"
-	if [ "$(grep -c '^%ids = load .* stage=0$' "$T/loads")" = 2 ] &&
-		[ "$(grep -c '^%targets = load .* stage=1$' "$T/loads")" = 2 ] && [ "$(wc -l <"$T/loads")" = 4 ]; then
+	if [ "$(grep -Ec '^%ids(\.mb0)? = load .* stage=0$' "$T/loads")" = 2 ] &&
+		[ "$(grep -Ec '^%targets(\.mb0)? = load .* stage=1$' "$T/loads")" = 2 ] && [ "$(wc -l <"$T/loads")" = 4 ]; then
 		ok "$what"
 	else
 		fail "$what"; cat "$T/loads"

@@ -19,14 +19,21 @@ closed forms:
                        data, read by the stages that use them); 0 after the
                        last stage
   activations          at the peak: per micro-batch x min(p - s, m) in 1f1b
-                       (stage s), x m in gpipe
+                       and zero_bubble (stage s), x m in gpipe
   bubble               (p - 1) / (m + p - 1) for both; the one simulated from
                        the stages' FLOPs is never below it (unequal stages
-                       only add idle time)
+                       only add idle time); zero_bubble (ZB-H1, Qi et al.
+                       2023): (p - 1) / (3m + p - 1) (F = B = W), and its
+                       simulated bubble below 1f1b's
   work                 the stages' forward + backward FLOPs sum to the
                        micro-batch FLOPs of the compute table
+  compiled peak        the step program's temporaries at their peak on each
+                       stage (passes/unroll.c, memplan's lifetimes) hold at
+                       least the closed form above, and under 1f1b less than
+                       under gpipe when m > p (but on the last stage)
   --emit=schedule      one row per stage whose slots are the schedule's order
-                       (order() below, by hand), its bubble --stats' simulated one
+                       (order() below, by hand; zero_bubble's by its rules,
+                       zb_rules()), its bubble --stats' simulated one
 """
 import os
 import re
@@ -61,8 +68,10 @@ STAGE = re.compile(r"^stage (\d+): blocks (\S+)\.\.(\S+), (\d+) FLOP forward \+ 
                    r"backward per micro-batch, params (\d+) B \(.*?\), grads (\d+) B, "
                    r"activations (\d+) B per micro-batch x (\d+) in flight = (\d+) B .*? at "
                    r"the peak, sends (\d+) B")
-BUBBLE = re.compile(r"^bubble: \(p-1\)/\(m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
+BUBBLE = re.compile(r"^bubble: \(p-1\)/\(3?m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
                     r"([-0-9.]+)")
+COMPILED = re.compile(r"^compiled: every micro-batch in the step program.*temporaries at the peak:")
+PEAK = re.compile(r"stage (\d+) (\d+) B")
 MICRO = re.compile(r"^micro-batch \(forward \+ backward\)\s+(\d+)")
 CONFIG = re.compile(r"micro_batch (\d+) x grad_accum (\d+)")
 
@@ -71,6 +80,10 @@ def parse(text):
     stages = []
     bubble = micro = mb = None
     for line in text.splitlines():
+        if COMPILED.match(line):
+            for k, b in PEAK.findall(line.split("at the peak:", 1)[1]):
+                if int(k) < len(stages):
+                    stages[int(k)]["compiled"] = int(b)
         s = STAGE.match(line)
         if s:
             g = s.groups()
@@ -98,6 +111,10 @@ WTE = V * D * 4
 LNF = 2 * D * 4
 
 
+COMPILED_PEAKS = {}
+BUBBLES = {}
+
+
 def forms(name, text, p, m, sched):
     stages, bubble, micro, mb = parse(text)
     tag = "%s pp=%d m=%d %s" % (name, p, m, sched)
@@ -105,17 +122,26 @@ def forms(name, text, p, m, sched):
     if len(stages) != p or bubble is None:
         return stages, mb
     for s, st in enumerate(stages):
-        fly = m if sched == "gpipe" else min(p - s, m)  # pipedream_flush: 1F1B
+        fly = m if sched == "gpipe" else min(p - s, m)  # 1F1B, and ZB-H1 its peak
         check(st["fly"] == fly and st["peak"] == st["act"] * fly,
               "%s stage %d: activations %d x %d in flight = %d (closed form %d x %d)"
               % (tag, s, st["act"], st["fly"], st["peak"], st["act"], fly))
         check(st["grads"] == st["params"], "%s stage %d: grads = params (f32)" % (tag, s))
     check(stages[-1]["send"] == 0, "%s: the last stage sends nothing" % tag)
-    closed = (p - 1) / (m + p - 1)
-    check(abs(bubble[0] - closed) < 1e-4, "%s: bubble %.4f = (p-1)/(m+p-1) = %.4f"
-          % (tag, bubble[0], closed))
-    check(bubble[1] >= closed - 1e-4, "%s: simulated bubble %.4f >= closed form %.4f"
-          % (tag, bubble[1], closed))
+    # the compiled program (passes/unroll.c) keeps each micro-batch in flight apart
+    for s, st in enumerate(stages):
+        check(st.get("compiled", -1) >= st["peak"],
+              "%s stage %d: compiled temporaries at the peak %d >= %d kept for the backward"
+              % (tag, s, st.get("compiled", -1), st["peak"]))
+    COMPILED_PEAKS[(name, p, m, sched)] = [st.get("compiled", -1) for st in stages]
+    zb = sched == "zero_bubble"
+    closed = (p - 1) / ((3 if zb else 1) * m + p - 1)
+    check(abs(bubble[0] - closed) < 1e-4, "%s: bubble %.4f = (p-1)/(%sm+p-1) = %.4f"
+          % (tag, bubble[0], "3" if zb else "", closed))
+    if not zb:  # ZB-H1's form takes F = B = W, which the stages' FLOPs are not
+        check(bubble[1] >= closed - 1e-4, "%s: simulated bubble %.4f >= closed form %.4f"
+              % (tag, bubble[1], closed))
+    BUBBLES[(name, p, m, sched)] = bubble[1]
     work = sum(st["fwd"] + st["bwd"] for st in stages)
     check(micro is not None and abs(work - micro) <= 1e-9 * micro,
           "%s: stages' FLOPs %d = micro-batch FLOPs %s" % (tag, work, micro))
@@ -150,6 +176,26 @@ for sched in ("pipedream_flush", "gpipe"):
     text = stats("models/mlp8.dp", 3, 3, 4, sched)
     forms("mlp8", text, 3, 4, sched)
 
+# zero_bubble's Ws fill 1F1B's bubble: its simulated bubble is below 1F1B's
+for sched in ("zero_bubble",):
+    for m in (4, 8):
+        forms("gpt2-tiny L=4", stats("models/gpt2-tiny.dp", 2, 2, m, sched, ["-D", "layers=4"]),
+              2, m, sched)
+    forms("gpt2-tiny L=4", stats("models/gpt2-tiny.dp", 4, 4, 8, sched, ["-D", "layers=4"]),
+          4, 8, sched)
+for key in [k for k in BUBBLES if k[3] == "zero_bubble"]:
+    one = BUBBLES.get(key[:3] + ("pipedream_flush",))
+    check(one is not None and BUBBLES[key] < one,
+          "%s pp=%d m=%d: simulated bubble zero_bubble %.4f < 1f1b %s"
+          % (key[0], key[1], key[2], BUBBLES[key], one))
+
+# 1F1B holds at most p - s micro-batches, gpipe all m: with m > p the compiled
+# 1f1b program needs less on every stage that keeps activations
+for key in [k for k in COMPILED_PEAKS if k[3] == "pipedream_flush" and k[2] > k[1]]:
+    f, g = COMPILED_PEAKS[key], COMPILED_PEAKS.get(key[:3] + ("gpipe",), [])
+    for s in range(min(len(f), len(g)) - 1):  # the last stage: one in flight either way
+        check(0 < f[s] < g[s], "%s pp=%d m=%d stage %d: compiled peak 1f1b %d < gpipe %d"
+              % (key[0], key[1], key[2], s, f[s], g[s]))
 
 
 def order(p, m, s, sched):
@@ -167,9 +213,24 @@ def order(p, m, s, sched):
     return out + ["B%d" % i for i in range(b, m)]
 
 
+def zb_rules(p, m, s, got):
+    """zero_bubble's slots are picked as the simulation goes (passes/stages.c,
+    simulate_zb), so the row is checked by its rules: F, B and W each in
+    micro-batch order, W k after B k, and at most min(p - s, m) micro-batches
+    with their F run and their W not (1F1B's peak)."""
+    seen = {"F": [], "B": [], "W": []}
+    for slot in got:
+        seen[slot[0]].append(int(slot[1:]))
+        if slot[0] == "W" and int(slot[1:]) not in seen["B"]:
+            return False
+        if len(seen["F"]) - len(seen["W"]) > min(p - s, m):
+            return False
+    return all(seen[k] == list(range(m)) for k in "FBW")
+
+
 # --emit=schedule: one row per stage, its slots in the schedule's order, the
 # bubble the one --stats simulates
-for sched in ("pipedream_flush", "gpipe"):
+for sched in ("pipedream_flush", "gpipe", "zero_bubble"):
     for p, m in ((2, 4), (4, 8), (4, 2)):
         cmd = [DPC, "models/gpt2-tiny.dp", "-D", "layers=4", "--world-size", str(p), "--pp",
                str(p), "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched]
@@ -178,8 +239,9 @@ for sched in ("pipedream_flush", "gpipe"):
         tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
         check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
         for s, row in enumerate(rows):
-            got = re.findall(r"[FB]\d+", row.split("|", 1)[1])
-            check(got == order(p, m, s, sched), "%s stage %d: %s" % (tag, s, " ".join(got)))
+            got = re.findall(r"[FBW]\d+", row.split("|", 1)[1])
+            check(zb_rules(p, m, s, got) if sched == "zero_bubble" else got == order(p, m, s, sched),
+                  "%s stage %d: %s" % (tag, s, " ".join(got)))
         _, bubble, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, sched, ["-D", "layers=4"]))
         b = re.search(r"^bubble ([0-9.]+) of the stages' time idle", pic, re.M)
         check(b is not None and bubble is not None and abs(float(b.group(1)) - bubble[1]) < 1e-4,

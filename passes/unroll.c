@@ -1,0 +1,294 @@
+/*
+ * unroll.c - the pipeline's micro-batches unrolled in the schedule's order,
+ * pass "unroll" (pp > 1).
+ *
+ * Before (after p2p): the step program is one micro-batch's work, every
+ * forward and backward node on its stage (Node.stage), the sends and recvs
+ * between neighbouring stages as adjacent pairs right before their readers,
+ * and the once-per-step part (DP_IF_LAST: gradient collectives, clipping,
+ * the optimizer) on every stage. dpexec would run it grad_accum times, one
+ * micro-batch through every stage at a time.
+ *
+ * After, at pp = P > 1 with M = grad_accum micro-batches: the step program
+ * holds every micro-batch. Its per-micro-batch work is cut into slots: F(s)
+ * is stage s's forward (every staged node before the step's first backward
+ * node, recompute copies excepted: they sit in the backward), B(s) its
+ * backward; a load on every stage (stage -1) goes before its micro-batch's
+ * first slot. Slot X of micro-batch k is a copy of X's nodes (printed
+ * `mb=k` on their temporaries: `%h4.mb1`, loads `micro=k`) reading and
+ * writing micro-batch k's own copies of every temporary and data value they
+ * touch, so micro-batches in flight keep their activations apart; gradients
+ * and metrics are shared and accumulate. A send/recv pair belongs to the
+ * slot that produces what it moves (a forward hop to F(from), a gradient's
+ * to B(from)), where it ends the slot, else to the slot that reads it. Tags
+ * number the pairs over the micro-batches, so a pair's tag is unique in the
+ * step.
+ *
+ * Under zero_bubble a backward slot is cut in two: B, the input gradients
+ * that the stage before waits for, and W, the nodes that write a parameter's
+ * gradient (stages_wgrad: autodiff's dW matmuls and bias sums), which only
+ * the optimizer waits for.
+ *
+ * Each stage's slots follow the schedule (`pipeline` in train, g->pipeline:
+ * gpipe F0..FM-1 B0..BM-1; pipedream_flush, 1F1B, min(P-s-1, M) forwards,
+ * then a forward and a backward in turn, then the remaining backwards;
+ * zero_bubble, 1F1B with each W deferred by P-1-s backwards), as
+ * passes/stages.c's slot_order gives them. The stages' sequences are
+ * merged into the one program by the forecast's start times
+ * (stages_simulate), a slot only after those it needs (F(s,k) after
+ * F(s-1,k), B(s,k) after B(s+1,k) and F(s,k)), so the program is one
+ * sequential run of every stage's work in which each send meets its recv at
+ * once: no stage waits in a cycle (ir/verify.c checks it again). The
+ * DP_IF_LAST part follows, once, in its order. On each stage the backward
+ * (and W) slots run in micro-batch order under every schedule, so every
+ * gradient accumulates its micro-batches in the order pp = 1 does.
+ *
+ * Eval is not unrolled: a node that both programs shared stays the eval
+ * program's, with the original values.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+/* The slot a per-micro-batch node belongs to: 3 * stage + STAGE_F, STAGE_B
+ * or STAGE_W (zero_bubble's weight gradients); SLOT_PRE: a load every stage
+ * runs. */
+#define SLOT_PRE -1
+
+static int per_micro(const Node *n)
+{
+	return (n->progs & IR_IN_STEP) && !(n->flags & DP_IF_LAST) &&
+	       (n->stage >= 0 || n->op == DP_OP_LOAD);
+}
+
+static int copied_kind(const Value *v)
+{
+	return v->kind == DP_T_ACT || v->kind == DP_T_DATA;
+}
+
+typedef struct {
+	Graph *g;
+	int m, nv;
+	int *copy; /* (mb, value) -> the micro-batch's copy, or -1 */
+} Copies;
+
+/* Micro-batch mb's copy of value v (v itself when it is not copied). */
+static int mb_value(Copies *c, int mb, int v)
+{
+	if (v < 0 || v >= c->nv)
+		return v;
+	int *slot = &c->copy[(size_t)mb * (size_t)c->nv + (size_t)v];
+	if (*slot == -2)
+		return v;
+	if (*slot < 0) {
+		Graph *g = c->g;
+		const Value *o = g->values[v];
+		int root = o->view_of >= 0 ? mb_value(c, mb, o->view_of) : -1;
+		o = g->values[v]; /* the copy above may have grown the array */
+		Value *x = ir_value(g, ir_fresh_name(g, ir_fmt(g, "%s.mb%d", o->name, mb)), o->dtype,
+				    o->ndim, o->dims, o->kind, o->loc);
+		int id = x->id;
+		const char *name = x->name;
+		*x = *o;
+		x->id = id, x->name = name;
+		x->view_of = o->view_of >= 0 ? root : -1;
+		x->def = -1, x->offset = -1, x->nbytes = 0;
+		*slot = id;
+	}
+	return *slot;
+}
+
+static Node *clone_node(Copies *c, const Node *o, int mb, int tag_base)
+{
+	Graph *g = c->g;
+	int in[DP_MAX_IN];
+	for (int k = 0; k < o->nin; k++)
+		in[k] = mb_value(c, mb, o->in[k]);
+	Node *n = ir_node(g, o->op, mb_value(c, mb, o->out), o->nin, in, o->phase, o->loc);
+	memcpy(n->ia, o->ia, sizeof n->ia);
+	memcpy(n->fa, o->fa, sizeof n->fa);
+	n->progs = IR_IN_STEP;
+	n->flags = o->flags, n->stream = o->stream, n->recompute = o->recompute;
+	n->bucket = o->bucket, n->block = o->block, n->stage = o->stage;
+	if (o->op == DP_OP_LOAD)
+		DP_ATTR(n, LOAD, micro) = mb;
+	if (o->op == DP_OP_SEND || o->op == DP_OP_RECV)
+		DP_TAG(n) = (tag_base + DP_TAG(o)) % 32768;
+	return n;
+}
+
+/* Which values the per-micro-batch nodes keep apart: every temporary and
+ * data value they touch (-1 in copy), the rest shared (-2). */
+static void mark_copied(Copies *c)
+{
+	Graph *g = c->g;
+	char *used = calloc((size_t)c->nv + 1, 1);
+	if (!used)
+		die("out of memory");
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!per_micro(n))
+			continue;
+		for (int k = -1; k < n->nin; k++) {
+			int v = k < 0 ? n->out : n->in[k];
+			for (; v >= 0; v = g->values[v]->view_of)
+				if (copied_kind(g->values[v]))
+					used[v] = 1;
+		}
+	}
+	/* the once-per-step part must not read a micro-batch's temporary */
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || per_micro(n))
+			continue;
+		if (!(n->flags & DP_IF_LAST))
+			die("unroll: node %d (%s) runs on every stage once per micro-batch", n->id,
+			    dp_op_names[n->op]);
+		for (int k = -1; k < n->nin; k++) {
+			int v = k < 0 ? n->out : n->in[k];
+			if (v >= 0 && used[v])
+				die("unroll: node %d (%s) runs once per step but touches %%%s, a "
+				    "micro-batch's", n->id, dp_op_names[n->op], g->values[v]->name);
+		}
+	}
+	for (int mb = 0; mb < c->m; mb++)
+		for (int v = 0; v < c->nv; v++)
+			c->copy[(size_t)mb * (size_t)c->nv + (size_t)v] = used[v] ? -1 : -2;
+	free(used);
+}
+
+/* The slot of per-micro-batch node i (first_bwd: the first backward node's index). */
+static int slot_of(const Graph *g, int i, int first_bwd)
+{
+	const Node *n = g->nodes[i];
+	int bwd = i >= first_bwd ? STAGE_B : STAGE_F;
+	if (n->stage < 0)
+		return SLOT_PRE;
+	if (bwd && g->pipeline == IR_PIPE_ZERO_BUBBLE && stages_wgrad(g, n))
+		return 3 * n->stage + STAGE_W;
+	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV) {
+		const Node *s = n->op == DP_OP_SEND ? n : g->nodes[i - 1];
+		const Node *r = n->op == DP_OP_SEND ? g->nodes[i + 1] : n;
+		if (s->op != DP_OP_SEND || r->op != DP_OP_RECV || DP_TAG(s) != DP_TAG(r))
+			die("unroll: send/recv pair at node %d is not adjacent", n->id);
+		int with_producer = bwd ? r->stage < s->stage : r->stage > s->stage;
+		return 3 * (with_producer ? s->stage : r->stage) + bwd;
+	}
+	return 3 * n->stage + bwd;
+}
+
+int unroll_run(Graph *g, Diag *d)
+{
+	(void)d;
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (p <= 1)
+		return 0;
+	if (p > STAGES_MAX_ACCOUNT)
+		die("unroll: pp=%d stages (at most %d)", p, STAGES_MAX_ACCOUNT);
+	int m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
+	int n0 = g->nnodes, ntags = 0;
+	int first_bwd = n0;
+	for (int i = 0; i < n0; i++) {
+		const Node *n = g->nodes[i];
+		if (!per_micro(n))
+			continue;
+		if (n->phase == PH_BWD && !n->recompute && first_bwd == n0)
+			first_bwd = i;
+		if (n->op == DP_OP_SEND && DP_TAG(n) + 1 > ntags)
+			ntags = (int)DP_TAG(n) + 1;
+	}
+	Copies c = {.g = g, .m = m, .nv = g->nvalues};
+	c.copy = malloc((size_t)m * (size_t)c.nv * sizeof *c.copy + 1);
+	/* per node: its slot, or -2: not per micro-batch */
+	int *slot = malloc(((size_t)n0 + 1) * sizeof *slot);
+	Node **old = malloc(((size_t)n0 + 1) * sizeof *old);
+	if (!c.copy || !slot || !old)
+		die("out of memory");
+	memcpy(old, g->nodes, (size_t)n0 * sizeof *old);
+	mark_copied(&c);
+	for (int i = 0; i < n0; i++) {
+		slot[i] = per_micro(old[i]) ? slot_of(g, i, first_bwd) : -2;
+	}
+
+	/* each stage's slots in the schedule's order, merged by the forecast's starts */
+	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	int per = stages_slots_per_stage(m, g->pipeline);
+	StageSlot *sl = calloc((size_t)p * (size_t)per, sizeof *sl);
+	int *next = calloc((size_t)p, sizeof *next);
+	char *fdone = calloc((size_t)p * (size_t)m, 1), *bdone = calloc((size_t)p * (size_t)m, 1);
+	char *pre_done = calloc((size_t)m, 1);
+	size_t cap = (size_t)n0 + (size_t)m * (size_t)n0 + 1;
+	Node **order = malloc(cap * sizeof *order);
+	if (!sc || !sl || !next || !fdone || !bdone || !pre_done || !order)
+		die("out of memory");
+	stages_account(g, sc);
+	double bubble;
+	if (stages_simulate(sc, p, m, g->pipeline, &bubble, sl) < 0)
+		die("unroll: the %s schedule deadlocks", stages_schedule_name(g->pipeline));
+	size_t k = 0;
+	for (int left = per * p; left > 0;) {
+		int best = -1;
+		for (int s = 0; s < p; s++) {
+			if (next[s] >= per)
+				continue;
+			const StageSlot *x = &sl[(size_t)s * (size_t)per + (size_t)next[s]];
+			size_t at = (size_t)s * (size_t)m + (size_t)x->mb;
+			int ready = x->kind == STAGE_F   ? s == 0 || fdone[at - (size_t)m]
+				    : x->kind == STAGE_B ? fdone[at] && (s == p - 1 || bdone[at + (size_t)m])
+							 : bdone[at];
+			if (ready && (best < 0 || x->start <
+						     sl[(size_t)best * (size_t)per + (size_t)next[best]].start))
+				best = s;
+		}
+		if (best < 0)
+			die("unroll: the schedule's slots wait for each other");
+		const StageSlot *x = &sl[(size_t)best * (size_t)per + (size_t)next[best]];
+		if (!pre_done[x->mb]) { /* the loads every stage runs, before the micro-batch */
+			pre_done[x->mb] = 1;
+			for (int i = 0; i < n0; i++)
+				if (slot[i] == SLOT_PRE)
+					order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
+		}
+		int want = 3 * best + x->kind;
+		for (int i = 0; i < n0; i++)
+			if (slot[i] == want)
+				order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
+		if (x->kind != STAGE_W)
+			(x->kind == STAGE_F ? fdone : bdone)[(size_t)best * (size_t)m + (size_t)x->mb] = 1;
+		next[best]++, left--;
+	}
+	/* the eval program's share of the per-micro-batch nodes stays as it was;
+	 * everything else (other programs, the once-per-step part) in its order */
+	Node **rest = malloc(((size_t)n0 + 1) * sizeof *rest);
+	if (!rest)
+		die("out of memory");
+	size_t nrest = 0, nfirst = 0;
+	for (int i = 0; i < n0; i++) {
+		Node *n = old[i];
+		if (slot[i] >= -1) {
+			n->progs &= ~IR_IN_STEP;
+			if (!n->progs)
+				continue;
+		}
+		rest[nrest++] = n;
+	}
+	/* the step's unrolled part where its first node was (no node before it
+	 * is dropped) */
+	for (int i = 0; i < n0 && slot[i] < -1; i++)
+		nfirst++;
+	/* the dropped originals: the step's nodes that no other program shares */
+	if (k + nrest > (size_t)g->nnodes)
+		die("unroll: placed %zu of %d nodes", k + nrest, g->nnodes);
+	g->nnodes = (int)(k + nrest);
+	Node **all = malloc(((size_t)g->nnodes + 1) * sizeof *all);
+	if (!all)
+		die("out of memory");
+	memcpy(all, rest, nfirst * sizeof *all);
+	memcpy(all + nfirst, order, k * sizeof *all);
+	memcpy(all + nfirst + k, rest + nfirst, (nrest - nfirst) * sizeof *all);
+	memcpy(g->nodes, all, (size_t)g->nnodes * sizeof *all);
+	free(all), free(rest), free(order), free(pre_done), free(fdone), free(bdone), free(next);
+	free(sl), free(sc), free(old), free(slot), free(c.copy);
+	return 0;
+}
