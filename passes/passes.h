@@ -52,6 +52,7 @@ int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
+int offload_run(Graph *g, Diag *d);  /* passes/offload.c: optimizer state and step on the host */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */

@@ -40,6 +40,9 @@ const Pass pipeline[] = {
 	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
 		"received between neighbouring stages",
 	 p2p_run},
+	{"offload", "offload optimizer: optimizer state, masters and update in host memory; "
+		    "D2H/H2D copies around the host kernels",
+	 offload_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
 		 "matmul_gelu_grad (cuBLASLt's epilogues)",

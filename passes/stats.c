@@ -221,11 +221,11 @@ static void print_memory(FILE *out, const Graph *g)
 {
 	static const char *const names[M_NCAT] = {"parameters", "parameters, bf16 copies",
 						  "gradients", "optimizer state", "data", "metrics"};
-	double bytes[M_NCAT] = {0};
+	double bytes[M_NCAT] = {0}, host[M_NCAT] = {0};
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0)
-			bytes[category(g, v)] += (double)v->nbytes;
+			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
 	char c1[64];
 	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
@@ -243,6 +243,18 @@ static void print_memory(FILE *out, const Graph *g)
 		fprintf(out, "%-36s %30s\n", cls[c], bytes_cell(c1, sizeof c1, (double)split[c]));
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
+	if (!g->cfg.host_arena_bytes)
+		return;
+	/* offload (passes/offload.c): the pinned host arena, persistent only */
+	char label[64];
+	fprintf(out, "\n%-36s %30s\n", "memory (host arena, offload)", "bytes");
+	for (int c = 0; c < M_NCAT; c++)
+		if (host[c] > 0) {
+			snprintf(label, sizeof label, "host %s", names[c]);
+			fprintf(out, "%-36s %30s\n", label, bytes_cell(c1, sizeof c1, host[c]));
+		}
+	fprintf(out, "%-36s %30s\n", "total (host arena size)",
+		bytes_cell(c1, sizeof c1, (double)g->cfg.host_arena_bytes));
 }
 
 /* pp > 1: each stage's blocks, work, memory and sends per micro-batch, the

@@ -66,6 +66,7 @@ gpu_kit                1      -       100
 faults                 0.5    -       104
 dprun                  0.5    -        66
 hosts                  0.5    -        45
+offload                1      -        65
 sharding               1.5    -        63
 gradcheck              2      -        62
 bf16                   1      -        53
