@@ -195,9 +195,17 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 
 enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
 
-/* What a persistent root holds. A flat buffer is named by its views. */
+/* What a persistent root holds. A flat buffer is named by its views; a
+ * host copy (%NAME.host, passes/offload.c) by its device original's. */
 static int category(const Graph *g, const Value *v)
 {
+	size_t len = strlen(v->name);
+	if (v->space == DP_SPACE_HOST && len > 5 && strcmp(v->name + len - 5, ".host") == 0)
+		for (int i = 0; i < g->nvalues; i++)
+			if (g->values[i]->space != DP_SPACE_HOST &&
+			    strncmp(g->values[i]->name, v->name, len - 5) == 0 &&
+			    g->values[i]->name[len - 5] == 0)
+				return category(g, g->values[i]);
 	switch (v->kind) {
 	case DP_T_PARAM:
 		return v->dtype == DP_BF16 ? M_COPIES : M_PARAMS;
