@@ -8,7 +8,9 @@
 #    same kernel on the same f32 values in the same order): mlp under ddp,
 #    zero2 and full_shard at 1, 2 and 4 ranks; gpt2-tiny under the three at
 #    2 ranks; in bf16 gpt2-tiny zero2 and full_shard at 2 ranks and mlp ddp
-#    at 4 (the bf16 copy the host update writes, copied back); SGD with
+#    at 4 (the bf16 copy the host update writes, copied back); optimizer
+#    groups (`no_decay vectors`: an update per run, each with its own
+#    copies) under full_shard in bf16; SGD with
 #    momentum (its momentum buffer on the host) under zero2. 3 steps of
 #    grad_accum 2 each: a wrong copy (a gradient not brought to the host, a
 #    parameter not brought back) changes the second step's loss.
@@ -63,6 +65,8 @@ for s in zero2 full_shard; do
 		pair "gpt2-tiny-bf16-$s-np2" "$T/gpt.dp" 2 --set train.strategy=$s --precision bf16
 done
 case_on mlp-bf16-ddp-np4 && pair mlp-bf16-ddp-np4 $mlp 4 --precision bf16
+case_on mlp-groups-bf16-full_shard-np2 && pair mlp-groups-bf16-full_shard-np2 $mlp 2 \
+	--set train.strategy=full_shard --set train.no_decay=vectors --precision bf16
 case_on mlp-sgd-zero2-np2 && pair mlp-sgd-zero2-np2 $mlp 2 --set train.strategy=zero2 \
 	--set 'train.optimizer=sgd(lr=0.05, momentum=0.9)'
 
