@@ -507,9 +507,9 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 	uint64_t arena = t->space == DP_SPACE_HOST ? s->cfg.host_arena_bytes : s->cfg.arena_bytes;
 	if (t->offset > arena || t->nbytes > arena - t->offset) {
 		fail(err, errlen,
-		     "tensor '%s': bytes [%llu, +%llu) lie outside the %s arena of %llu bytes", name,
+		     "tensor '%s': bytes [%llu, +%llu) lie outside the %sarena of %llu bytes", name,
 		     (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-		     dp_space_names[t->space], (unsigned long long)arena);
+		     t->space == DP_SPACE_HOST ? "host " : "", (unsigned long long)arena);
 		return -1;
 	}
 	if (t->offset % es) {
