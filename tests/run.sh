@@ -63,10 +63,10 @@ durability             0.5    -       212
 cuda_emu               1      -       347
 cuda_emu_mutations     1      -       286
 gpu_kit                1      -       100
+offload                0.5    -       149
 faults                 0.5    -       104
 dprun                  0.5    -        66
 hosts                  0.5    -        45
-offload                1      -        65
 sharding               1.5    -        63
 gradcheck              2      -        62
 bf16                   1      -        53
