@@ -71,6 +71,7 @@ const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full
 						  "hybrid_shard"};
 const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16", "f16"};
 const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm"};
+const char *const dp_space_names[DP_NSPACE] = {"device", "host"};
 
 size_t dp_dtype_size(unsigned dt)
 {
@@ -86,7 +87,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
  * DpOptim and DpSched are their settings' fields (dp_record_bytes). */
 enum {
 	METRICS_BYTES = 4 * 4,
-	TENSOR_BYTES = 4 + 4 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
+	TENSOR_BYTES = 4 + 5 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
 	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
 	INSTR_BYTES = 2 + 1 + 1 + 2 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
 };
@@ -174,6 +175,7 @@ static void put_tensor(Put *w, const DpTensor *t)
 	put_u8(w, t->kind);
 	put_u8(w, t->ndim);
 	put_u8(w, t->init);
+	put_u8(w, t->space);
 	for (int i = 0; i < DP_MAX_DIMS; i++)
 		put_i64(w, t->dims[i]);
 	put_u64(w, t->offset);
@@ -372,6 +374,7 @@ static void get_tensor(Get *r, DpTensor *t)
 	t->kind = get_u8(r);
 	t->ndim = get_u8(r);
 	t->init = get_u8(r);
+	t->space = get_u8(r);
 	for (int i = 0; i < DP_MAX_DIMS; i++)
 		t->dims[i] = get_i64(r);
 	t->offset = get_u64(r);
@@ -497,11 +500,16 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 	if (t->nbytes == 0)
 		return 0; /* no storage */
 	size_t es = dp_dtype_size(t->dtype);
-	if (t->offset > s->cfg.arena_bytes || t->nbytes > s->cfg.arena_bytes - t->offset) {
+	if (t->space >= DP_NSPACE) {
+		fail(err, errlen, "tensor '%s': bad memory space %u", name, t->space);
+		return -1;
+	}
+	uint64_t arena = t->space == DP_SPACE_HOST ? s->cfg.host_arena_bytes : s->cfg.arena_bytes;
+	if (t->offset > arena || t->nbytes > arena - t->offset) {
 		fail(err, errlen,
-		     "tensor '%s': bytes [%llu, +%llu) lie outside the arena of %llu bytes", name,
+		     "tensor '%s': bytes [%llu, +%llu) lie outside the %sarena of %llu bytes", name,
 		     (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-		     (unsigned long long)s->cfg.arena_bytes);
+		     t->space == DP_SPACE_HOST ? "host " : "", (unsigned long long)arena);
 		return -1;
 	}
 	if (t->offset % es) {

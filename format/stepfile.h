@@ -41,8 +41,10 @@
  *    updates' lr_scale are attributes (optimizer groups)
  * 11: an instruction's pipeline stage (DpInstr.stage1); the SEND and RECV ops
  * 12: at pp > 1 the step program holds every micro-batch (LOAD's micro) and runs
- *    once per step */
-#define DP_STEP_VERSION 12u
+ *    once per step
+ * 13: offload: a tensor's memory space (DpTensor.space), DpConfig's
+ *    host_arena_bytes, the D2H and H2D ops */
+#define DP_STEP_VERSION 13u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -89,6 +91,14 @@ typedef enum {
 	DP_T_BUFFER,   /* non-trained, non-synchronised state (DSL `buffer ... nosync`):
 	                  initialised like a parameter, never in a collective */
 } DpTensorKind;
+
+/* The memory a tensor lives in: each rank has one arena per space (offload). */
+typedef enum {
+	DP_SPACE_DEVICE, /* the compute backend's arena (cfg.arena_bytes) */
+	DP_SPACE_HOST,   /* the pinned host arena (cfg.host_arena_bytes): offloaded
+	                    optimizer state and master weights, gradients' host copies */
+	DP_NSPACE
+} DpSpace;
 
 /* Placement of a tensor on one mesh axis. */
 typedef enum {
@@ -491,8 +501,9 @@ typedef struct {
 	uint8_t kind;               /* DpTensorKind */
 	uint8_t ndim;
 	uint8_t init;               /* DpInit */
+	uint8_t space;              /* DpSpace: which arena offset is into */
 	int64_t dims[DP_MAX_DIMS];  /* local (per-rank) shape */
-	uint64_t offset;            /* byte offset into the arena */
+	uint64_t offset;            /* byte offset into the arena of its space */
 	uint64_t nbytes;            /* bytes in the arena (>= elements * size, for padding) */
 	uint8_t place[DP_MAX_AXES]; /* DpPlace per axis */
 	int8_t place_dim[DP_MAX_AXES]; /* sharded dim per axis, -1 when not sharded */
@@ -603,6 +614,14 @@ static inline int64_t dp_numel(const DpTensor *t)
 	return n;
 }
 
+/* A tensor's address in one space spanning both arenas: the device arena,
+ * then the host arena (offload). Distinct tensors overlap in it only when
+ * they share bytes. */
+static inline uint64_t dp_tensor_addr(const DpStep *s, const DpTensor *t)
+{
+	return t->space == DP_SPACE_HOST ? s->cfg.arena_bytes + t->offset : t->offset;
+}
+
 /* 1: some tensor of the step has dtype dt (DP_BF16: precision bf16 or a
  * bf16 block; DP_F16: precision fp16 or an fp16 block) */
 static inline int dp_step_has_dtype(const DpStep *s, unsigned dt)
@@ -648,6 +667,7 @@ extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init"
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
 extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16", "f16" */
 extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm" */
+extern const char *const dp_space_names[DP_NSPACE];    /* "device", "host" */
 /* Bytes of one element of dtype dt (0 for an unknown dtype). */
 size_t dp_dtype_size(unsigned dt);
 /* The name in a table of n names, "?" when out of range (for messages). */

@@ -625,11 +625,41 @@ static int check_transformer(Chk *c, int rule)
 	}
 }
 
+/* Memory spaces (offload): a copy between the arenas goes the way its op
+ * says; any other kernel runs on one side, every operand in one space (the
+ * host optimizer step reads and writes host memory only). */
+static int check_spaces(const DpStep *s, const DpInstr *in, const char *what, char *err,
+			size_t errlen)
+{
+	if (dp_op_class(in->op) != DP_OPC_KERNEL || in->out < 0)
+		return 0;
+	int want_in = s->tensors[in->out].space, want_out = want_in;
+	if (in->op == DP_OP_D2H || in->op == DP_OP_H2D) {
+		want_out = in->op == DP_OP_D2H ? DP_SPACE_HOST : DP_SPACE_DEVICE;
+		want_in = in->op == DP_OP_D2H ? DP_SPACE_DEVICE : DP_SPACE_HOST;
+	}
+	if (s->tensors[in->out].space != want_out) {
+		snprintf(err, errlen, "%s: the output is in %s memory, not %s", what,
+			 dp_space_names[s->tensors[in->out].space], dp_space_names[want_out]);
+		return -1;
+	}
+	for (int k = 0; k < DP_MAX_IN; k++)
+		if (in->in[k] >= 0 && s->tensors[in->in[k]].space != want_in) {
+			snprintf(err, errlen, "%s: operand %d is in %s memory, the kernel runs on the %s",
+				 what, k, dp_space_names[s->tensors[in->in[k]].space],
+				 dp_space_names[want_in]);
+			return -1;
+		}
+	return 0;
+}
+
 int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, char *err,
 			  size_t errlen)
 {
 	Chk c = {s, in, what, err, errlen};
 	int rule = dp_op_rules[in->op];
+	if (check_spaces(s, in, what, err, errlen))
+		return -1;
 	if (rule == DP_OR_EXEC)
 		return 0;
 	if (rule >= DP_NOR) {

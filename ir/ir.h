@@ -113,7 +113,8 @@ typedef struct Value {
 	int block;                 /* index into Graph.blocks, or -1 */
 	int source;                /* data tensors: index into Graph.sources (train), or -1 */
 	int def;                   /* node that produces it (SSA temporaries), or -1 */
-	int64_t offset;            /* arena byte offset; -1 until memory planning */
+	int space;                 /* DpSpace: the arena it lives in (offload: host) */
+	int64_t offset;            /* byte offset in its space's arena; -1 until memory planning */
 	int64_t nbytes;            /* bytes reserved in the arena (>= numel * size) */
 	int8_t batch_dim;          /* per-sample values: the dim that indexes samples; -1:
 	                              none (parameters, reductions). Data has it at 0; ops
@@ -216,6 +217,7 @@ typedef struct Graph {
 	Loc mesh_loc;              /* where the mesh statement (or `mesh auto`) is: messages */
 	int pipeline;              /* the pipeline schedule over pp stages (train's
 	                              `pipeline`): an IrPipeline (passes/stages.c) */
+	int offload;               /* train's `offload`: 0 none, 1 optimizer (passes/offload.c) */
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */

@@ -284,10 +284,12 @@ static int64_t value_bytes(const Value *v)
 	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
 }
 
-/* @OFFSET, and nbytes=N unless it is what the reader implies: the tensor's
+/* host (the host arena's: offload), @OFFSET, and nbytes=N unless it is what the reader implies: the tensor's
  * own size once planned (offset set), 0 before. */
 static void put_memory(Buf *b, const Value *v)
 {
+	if (v->space == DP_SPACE_HOST)
+		bprintf(b, " host");
 	if (v->offset != -1)
 		bprintf(b, " @%" PRId64, v->offset);
 	if (v->nbytes != (v->offset != -1 ? value_bytes(v) : 0))
@@ -721,6 +723,9 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		return;
 	if (dp_is_collective(n->op)) {
 		collective_comment(&l->comment, g, n);
+	} else if ((n->op == DP_OP_D2H || n->op == DP_OP_H2D) && value_ok(g, n->out)) {
+		put_si(&l->comment, (double)value_bytes(g->values[n->out]), "B");
+		bputs(&l->comment, n->op == DP_OP_D2H ? " to host" : " to device");
 	} else if (cost_safe(g, n)) {
 		double flops = 0, bytes = 0;
 		ir_ops[n->op].cost(g, n, &flops, &bytes);

@@ -619,7 +619,7 @@ static int parse_place(Reader *r, Value *v)
 }
 
 /* Value attributes shared by declarations and inline temporaries:
- * place(...), @OFFSET, nbytes=N. 1 if one was parsed, 0 if the next token is
+ * place(...), host, @OFFSET, nbytes=N. 1 if one was parsed, 0 if the next token is
  * none of them, -1 on error. */
 static int parse_value_memory(Reader *r, Value *v)
 {
@@ -627,6 +627,11 @@ static int parse_value_memory(Reader *r, Value *v)
 	if (is_word(t, "place") && is_punct(peek2(r), "(")) {
 		next(r);
 		return parse_place(r, v) < 0 ? -1 : 1;
+	}
+	if (is_word(t, "host")) {
+		next(r);
+		v->space = DP_SPACE_HOST;
+		return 1;
 	}
 	if (is_punct(t, "@")) {
 		next(r);

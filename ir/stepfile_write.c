@@ -97,6 +97,7 @@ static void fill_tensor(const Graph *g, const Value *v, DpTensor *t, uint32_t na
 	t->init = (uint8_t)v->init;
 	for (int i = 0; i < DP_MAX_DIMS; i++)
 		t->dims[i] = i < v->ndim ? v->dims[i] : 0;
+	t->space = (uint8_t)v->space;
 	if (v->offset >= 0) {
 		t->offset = (uint64_t)v->offset;
 		t->nbytes = (uint64_t)v->nbytes;

@@ -792,7 +792,8 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		if (first[i] < 0 || v->offset < 0)
 			continue;
 		int64_t nb = v->nbytes > 0 ? v->nbytes : 0;
-		iv[nt++] = (Interval){v->offset, v->offset + nb, first[i], last[i], i};
+		int64_t at = v->offset + (v->space == DP_SPACE_HOST ? (int64_t)g->cfg.arena_bytes : 0);
+		iv[nt++] = (Interval){at, at + nb, first[i], last[i], i};
 	}
 	qsort(iv, (size_t)nt, sizeof *iv, by_start);
 	for (int a = 0; a < nt; a++)
@@ -821,10 +822,15 @@ static void check_memory(Verifier *vf, const char *used, const char *sane)
 			value_error(vf, i, "used but has no arena offset");
 			continue;
 		}
-		if (v->nbytes < 0 || (uint64_t)v->offset + (uint64_t)v->nbytes > g->cfg.arena_bytes)
-			value_error(vf, i, "[%" PRId64 ", +%" PRId64 ") outside the arena (%" PRIu64
+		uint64_t arena = v->space == DP_SPACE_HOST ? g->cfg.host_arena_bytes : g->cfg.arena_bytes;
+		if (v->nbytes < 0 || (uint64_t)v->offset + (uint64_t)v->nbytes > arena)
+			value_error(vf, i, "[%" PRId64 ", +%" PRId64 ") outside the %sarena (%" PRIu64
 					   " bytes)",
-				    v->offset, v->nbytes, g->cfg.arena_bytes);
+				    v->offset, v->nbytes, v->space == DP_SPACE_HOST ? "host " : "", arena);
+		if (sane[i] && v->view_of >= 0 && ir_root(g, v)->space != v->space)
+			value_error(vf, i, "in %s memory, a view of %%%s in %s memory",
+				    dp_space_names[v->space], vname(g, ir_root(g, v)->id),
+				    dp_space_names[ir_root(g, v)->space]);
 		if (sane[i] && v->nbytes < vbytes(v))
 			value_error(vf, i, "nbytes %" PRId64 " < its size %" PRId64, v->nbytes, vbytes(v));
 	}

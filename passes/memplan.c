@@ -1,5 +1,6 @@
 /*
- * memplan.c - static memory planning: one arena per rank (pass "memplan").
+ * memplan.c - static memory planning: a device arena per rank, and a host
+ * arena when something is offloaded (pass "memplan").
  *
  * Before: the schedule form: final program order with streams and events.
  * No value has an offset yet (offset -1).
@@ -7,8 +8,11 @@
  * After:
  * - Persistent values get their own ranges, first, in this order: flat
  *   buffers (flat.params, then flat.grads: value order), non-view params and
- *   grads, optimizer state, data, metrics, buffers. A view gets its root's
- *   offset + view_offset * element size (params, grads, buckets).
+ *   grads, optimizer state, data, metrics, buffers. Those in host memory
+ *   (passes/offload.c) get theirs in the same order in the host arena
+ *   (cfg.host_arena_bytes; 0 when nothing is offloaded); temporaries are
+ *   never there. A view gets its root's offset + view_offset * element
+ *   size (params, grads, buckets), in its root's arena.
  * - Temporaries (DP_T_ACT roots) share the rest by lifetime: a value lives
  *   from its first use to its last use, in each program separately (STEP
  *   order with the DP_IF_LAST parts included; EVAL; INIT; EXPORT). A use
@@ -250,18 +254,22 @@ int mem_run(Graph *g, Diag *d)
 {
 	(void)d;
 	int nv = g->nvalues;
-	int64_t off = 0;
-	/* Persistent roots, by rank then value id. */
+	int64_t off = 0, host = 0;
+	/* Persistent roots, by rank then value id; host ones in the host arena. */
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
 			if (v->view_of < 0 && persistent_rank(v) == rank) {
-				v->offset = off;
+				int64_t *at = v->space == DP_SPACE_HOST ? &host : &off;
+				v->offset = *at;
 				v->nbytes = align_up(value_bytes(v));
-				off += v->nbytes;
+				*at += v->nbytes;
+			} else if (v->view_of < 0 && persistent_rank(v) < 0 && v->space == DP_SPACE_HOST) {
+				die("memplan: %%%s is a temporary in host memory", v->name);
 			}
 		}
 	g->persistent_bytes = off;
+	g->cfg.host_arena_bytes = (uint64_t)host;
 
 	int nt;
 	Temp **temp_of;

@@ -54,6 +54,7 @@ int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT pro
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
 int unroll_run(Graph *g, Diag *d);    /* passes/unroll.c: micro-batches in the schedule's order */
+int offload_run(Graph *g, Diag *d);  /* passes/offload.c: optimizer state and step on the host */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */

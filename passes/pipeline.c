@@ -42,6 +42,9 @@ const Pass pipeline[] = {
 	 p2p_run},
 	{"unroll", "the step's micro-batches unrolled in the pipeline schedule's order, each "
 		   "with its own temporaries (pp > 1)", unroll_run},
+	{"offload", "offload optimizer: optimizer state, masters and update in host memory; "
+		    "D2H/H2D copies around the host kernels",
+	 offload_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
 		 "matmul_gelu_grad (cuBLASLt's epilogues)",

@@ -196,9 +196,17 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 
 enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
 
-/* What a persistent root holds. A flat buffer is named by its views. */
+/* What a persistent root holds. A flat buffer is named by its views; a
+ * host copy (%NAME.host, passes/offload.c) by its device original's. */
 static int category(const Graph *g, const Value *v)
 {
+	size_t len = strlen(v->name);
+	if (v->space == DP_SPACE_HOST && len > 5 && strcmp(v->name + len - 5, ".host") == 0)
+		for (int i = 0; i < g->nvalues; i++)
+			if (g->values[i]->space != DP_SPACE_HOST &&
+			    strncmp(g->values[i]->name, v->name, len - 5) == 0 &&
+			    g->values[i]->name[len - 5] == 0)
+				return category(g, g->values[i]);
 	switch (v->kind) {
 	case DP_T_PARAM:
 		return dp_is_half(v->dtype) ? M_COPIES : M_PARAMS;
@@ -222,11 +230,11 @@ static void print_memory(FILE *out, const Graph *g)
 {
 	static const char *const names[M_NCAT] = {"parameters", "parameters, 16-bit copies",
 						  "gradients", "optimizer state", "data", "metrics"};
-	double bytes[M_NCAT] = {0};
+	double bytes[M_NCAT] = {0}, host[M_NCAT] = {0};
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0)
-			bytes[category(g, v)] += (double)v->nbytes;
+			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
 	char c1[64];
 	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
@@ -244,6 +252,18 @@ static void print_memory(FILE *out, const Graph *g)
 		fprintf(out, "%-36s %30s\n", cls[c], bytes_cell(c1, sizeof c1, (double)split[c]));
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
+	if (!g->cfg.host_arena_bytes)
+		return;
+	/* offload (passes/offload.c): the pinned host arena, persistent only */
+	char label[64];
+	fprintf(out, "\n%-36s %30s\n", "memory (host arena, offload)", "bytes");
+	for (int c = 0; c < M_NCAT; c++)
+		if (host[c] > 0) {
+			snprintf(label, sizeof label, "host %s", names[c]);
+			fprintf(out, "%-36s %30s\n", label, bytes_cell(c1, sizeof c1, host[c]));
+		}
+	fprintf(out, "%-36s %30s\n", "total (host arena size)",
+		bytes_cell(c1, sizeof c1, (double)g->cfg.host_arena_bytes));
 }
 
 /* The step program's temporaries live at its peak on each pipeline stage:

@@ -6,7 +6,8 @@
  * The init program is read, not run: an interval map over the arena (in
  * f32 elements) records which elements of which whole parameter each arena
  * range holds after it (INIT: a whole parameter; SHARD: this rank's block,
- * row by row along its dim; COPY; anything else: unknown). The ranges that
+ * row by row along its dim; COPY, and offload's D2H and H2D; anything else:
+ * unknown; the host arena's elements follow the device arena's). The ranges that
  * lie in persistent tensors ("roots": flat buffers, optimizer state,
  * parameters outside any flat buffer; never an activation's range) become
  * segments: (whole tensor, element range) -> (root, element offset). A
@@ -189,9 +190,10 @@ static int ival_query(const IvalMap *m, int64_t lo, int64_t hi, int64_t shift, I
 
 /* ---- the layout ---- */
 
-static int64_t elem_of(const DpTensor *t)
+/* Arena elements: the device arena, then the host arena (offload). */
+static int64_t elem_of(const DpStep *s, const DpTensor *t)
 {
-	return (int64_t)(t->offset / 4);
+	return (int64_t)(dp_tensor_addr(s, t) / 4);
 }
 
 /* The entry of parameter tensor `name`, added on first sight. */
@@ -226,10 +228,22 @@ static int in_root(const DpStep *s, uint32_t id)
 	const DpTensor *t = &s->tensors[id];
 	for (uint32_t j = 0; j < s->ntensors; j++) {
 		const DpTensor *r = &s->tensors[j];
-		if (r->offset <= t->offset && t->offset + t->nbytes <= r->offset + r->nbytes &&
+		uint64_t ra = dp_tensor_addr(s, r), ta = dp_tensor_addr(s, t);
+		if (ra <= ta && ta + t->nbytes <= ra + r->nbytes &&
 		    is_root(s, j))
 			return 1;
 	}
+	return 0;
+}
+
+/* Init instruction i runs again after a load, after those added before it. */
+static int add_rerun(Ckpt *c, uint32_t i, RtErr *e)
+{
+	uint32_t *r = realloc(c->recast, (size_t)(c->nrecast + 1) * sizeof *r);
+	if (!r)
+		return RT_FAIL(e, "out of memory");
+	c->recast = r;
+	c->recast[c->nrecast++] = i;
 	return 0;
 }
 
@@ -240,15 +254,11 @@ static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *ca
 	const DpStep *s = c->s;
 	int32_t src = s->prog[DP_PROG_INIT][i].in[0];
 	const DpTensor *t = &s->tensors[src];
-	uint32_t *r = realloc(c->recast, (size_t)(c->nrecast + 1) * sizeof *r);
-	if (!r)
-		return RT_FAIL(e, "out of memory");
-	c->recast = r;
-	c->recast[c->nrecast++] = i;
+	RT_CHECK(add_rerun(c, i, e));
 	if (in_root(s, (uint32_t)src))
 		return 0;
 	int ntmp = 0;
-	int64_t lo = elem_of(t), n = exec_numel(t);
+	int64_t lo = elem_of(s, t), n = exec_numel(t);
 	if (t->dtype != DP_F32 || ival_query(m, lo, lo + n, 0, tmp, &ntmp, cap))
 		return RT_FAIL(e, "checkpoints: the init program casts '%s', which this runtime "
 			       "cannot trace", dpstep_str(s, t->name));
@@ -292,13 +302,18 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 		if (in->out < 0)
 			continue;
 		const DpTensor *o = &s->tensors[in->out];
-		int64_t olo = elem_of(o), on = exec_numel(o);
+		int64_t olo = elem_of(s, o), on = exec_numel(o);
 		ntmp = 0;
 		if (in->op == DP_OP_CAST && (rc = add_recast(c, m, i, &tmp, &cap, &capin, e)))
 			break;
+		/* offload: a bf16 copy between the arenas of a cast's output is
+		 * made again after it (an f32 one is a COPY: loaded itself) */
+		if ((in->op == DP_OP_D2H || in->op == DP_OP_H2D) && o->dtype != DP_F32 &&
+		    (rc = add_rerun(c, i, e)))
+			break;
 		if (o->dtype != DP_F32) {
 			/* not f32 elements (a bf16 copy): the bytes it covers are unknown */
-			int64_t ohi = (int64_t)((o->offset + (uint64_t)exec_tensor_bytes(s, (int)in->out) + 3) / 4);
+			int64_t ohi = (int64_t)((dp_tensor_addr(s, o) + (uint64_t)exec_tensor_bytes(s, (int)in->out) + 3) / 4);
 			if (ival_splice(m, olo, ohi, NULL, 0))
 				rc = RT_FAIL(e, "out of memory");
 			continue;
@@ -321,9 +336,10 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 				rc = ival_splice(m, olo, olo + on, &v, 1);
 				continue;
 			}
-		} else if (in->op == DP_OP_SHARD || in->op == DP_OP_COPY) {
+		} else if (in->op == DP_OP_SHARD || in->op == DP_OP_COPY || in->op == DP_OP_D2H ||
+			   in->op == DP_OP_H2D) {
 			const DpTensor *src = &s->tensors[in->in[0]];
-			int64_t slo = elem_of(src), outer = 1, inner = 1, k = 0;
+			int64_t slo = elem_of(s, src), outer = 1, inner = 1, k = 0;
 			if (in->op == DP_OP_SHARD) {
 				k = comm_group_rank(c->x->comm, (unsigned)DP_ATTR(in, SHARD, axes));
 				for (int d = 0; d < DP_ATTR(in, SHARD, dim); d++)
@@ -360,12 +376,12 @@ static int is_root(const DpStep *s, uint32_t id)
 		return 0;
 	if (t->kind != DP_T_FLAT && t->kind != DP_T_OPTSTATE && t->kind != DP_T_PARAM)
 		return 0;
-	uint64_t lo = t->offset, hi = t->offset + t->nbytes;
+	uint64_t lo = dp_tensor_addr(s, t), hi = lo + t->nbytes;
 	for (uint32_t j = 0; j < s->ntensors; j++) {
 		const DpTensor *u = &s->tensors[j];
 		if (j == id || !u->nbytes)
 			continue;
-		uint64_t ulo = u->offset, uhi = u->offset + u->nbytes;
+		uint64_t ulo = dp_tensor_addr(s, u), uhi = ulo + u->nbytes;
 		if ((u->kind == DP_T_ACT || u->kind == DP_T_DATA) && ulo < hi && lo < uhi)
 			return 0;
 		if (t->kind == DP_T_PARAM && u->kind == DP_T_FLAT && ulo <= lo && hi <= uhi)
@@ -409,7 +425,7 @@ static int find_optimizer(Ckpt *c, OptUse **out, int *nout, RtErr *e)
 		}
 		*out = o;
 		const DpTensor *p = &s->tensors[in->out];
-		o[n] = (OptUse){elem_of(p), elem_of(p) + exec_numel(p), {-1, -1, -1}};
+		o[n] = (OptUse){elem_of(s, p), elem_of(s, p) + exec_numel(p), {-1, -1, -1}};
 		if (in->op == DP_OP_ADAMW) {
 			c->ncomp = 3;
 			c->comp[1] = "exp_avg";
@@ -440,7 +456,7 @@ static int build_segments(Ckpt *c, const IvalMap *m, RtErr *e)
 		if (!is_root(s, id))
 			continue;
 		const DpTensor *t = &s->tensors[id];
-		int64_t rlo = elem_of(t), rhi = rlo + exec_numel(t);
+		int64_t rlo = elem_of(s, t), rhi = rlo + exec_numel(t);
 		ntmp = 0;
 		if (ival_query(m, rlo, rhi, 0, &tmp, &ntmp, &tcap))
 			rc = RT_FAIL(e, "out of memory");

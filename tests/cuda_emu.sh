@@ -61,7 +61,8 @@
 #     watchdog's message and not the emulator's hang (NCCL's abort waits for
 #     the in-flight launch: aborting the communicators one after the other
 #     hangs, docs/CUDA.md); a pipelined step file (pp=2), which the CUDA
-#     backend does not run yet, refused at start-up naming --device cpu;
+#     backend does not run yet, refused at start-up naming --device cpu, and
+#     so is a step file with offload (a host arena);
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -540,6 +541,19 @@ if case_on pp-refused; then
 		ok "a pp=2 step file is refused by the CUDA backend at start-up, naming --device cpu"
 	else
 		fail "pp=2 on the CUDA backend (exit $rc)"; tail -n 4 "$T/pp2.log"
+	fi
+fi
+# offload optimizer (docs/OFFLOAD.md): the host step does not run on the
+# CUDA backend yet: refused at start-up naming the host arena and --device cpu
+if case_on offload-refused; then
+	"$DPC" "$ROOT/models/mlp8.dp" --world-size 1 --set train.offload=optimizer -o "$T/off.bin" \
+		2>/dev/null || fail "offload-refused: dpc"
+	timeout 120 "$EMU" "$T/off.bin" --device cuda --steps 2 --quiet >"$T/off.log" 2>&1
+	rc=$?
+	if [ $rc = 1 ] && grep -q "error: step file: the cuda backend does not run offload yet (a host arena of .* MiB: train's offload); use --device cpu" "$T/off.log"; then
+		ok "an offload step file is refused by the CUDA backend at start-up, naming --device cpu"
+	else
+		fail "offload on the CUDA backend (exit $rc)"; tail -n 4 "$T/off.log"
 	fi
 fi
 

@@ -68,6 +68,7 @@ durability             0.5    -       212
 cuda_emu               1      -       347
 cuda_emu_mutations     1      -       286
 gpu_kit                1      -       100
+offload                0.5    -       149
 faults                 0.5    -       104
 dprun                  0.5    -        66
 hosts                  0.5    -        45

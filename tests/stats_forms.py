@@ -62,6 +62,10 @@ memory rows of the f32 masters and the optimizer state are the f32 run's
 (zero1/zero2: the masters are 4L, the full params becoming bf16 copies), the
 bf16 copies 2 bytes per element; GPT-2's activations at the step's peak
 (ddp) halve up to alignment.
+Offload (check_offload): with `offload optimizer` the host arena holds the
+optimizer state 8L, the f32 masters 4L, the gradients' copy 4L and in bf16
+the bf16 copy 2L (each buffer aligned); the device arena shrinks by exactly
+the state (and in bf16 the masters) it no longer holds.
 P'_first: the first block's backward never reads its weights (the input x
 needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
 again for the backward; check_ir() verifies that in the IR.
@@ -142,7 +146,9 @@ def dpc(src_text, args):
 ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)"
                  r"\s+(\d+) \([^)]*\)\s+(\d+) \([^)]*\)\s*$")
 MEM = re.compile(r"^(parameters|parameters, 16-bit copies|gradients|optimizer state|  activations"
-                 r"|  gathered parameters|  unsharded gradients|  live at the step's peak)\s+(\d+) \(")
+                 r"|  gathered parameters|  unsharded gradients|  live at the step's peak"
+                 r"|total \(arena size\)|host parameters|host parameters, 16-bit copies|host gradients"
+                 r"|host optimizer state|total \(host arena size\))\s+(\d+) \(")
 
 
 def parse_stats(out):
@@ -545,6 +551,58 @@ def check_bf16(model, text):
                    f"{what}: bf16 copies {got} in [{copies}, +{ALIGN * nbuf})")
 
 
+def check_offload(model, text):
+    """offload optimizer (passes/offload.c), ddp / zero2 (one bucket) /
+    full_shard at n = 1, 2, 4, f32 and bf16, against the same model without
+    it. L = the elements this rank updates (ddp P; zero2 P'/n; full_shard
+    the sum of each block's P'/n). The host arena holds, each buffer aligned
+    to 256 bytes: the optimizer state (AdamW's m and v, 8L: EXACTLY the
+    device's row without offload, and 0 on the device), the f32 masters
+    (4L: in bf16 moved from the device, whose row becomes 0; in f32 a host
+    copy, the device's row unchanged), the reduced gradients' copy (4L)
+    and, in bf16, the copy of the bf16 parameters the update writes (2L).
+    The device keeps its gradients and bf16 copies; its arena shrinks by
+    exactly what moved (the temporaries are planned alike) and the host
+    arena is the sum of its rows."""
+    P = sum(p for _, ps in BLOCKS for p in ps)
+    for strategy, bucket in (("ddp", "1024"), ("zero2", "1024"), ("full_shard", None)):
+        for prec in ("f32", "bf16"):
+            extra = ["precision bf16"] if prec == "bf16" else []
+            for n in (1, 2, 4):
+                args = ["--world-size", str(n), "--emit=stats"]
+                _, m0 = parse_stats(dpc(edit(text, strategy, bucket=bucket, extra=extra), args))
+                _, m1 = parse_stats(dpc(edit(text, strategy, bucket=bucket,
+                                             extra=extra + ["offload optimizer"]), args))
+                if strategy == "ddp":
+                    L = P
+                elif strategy == "zero2":
+                    L = pad(P, n) // n
+                else:
+                    L = sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
+                what = f"{model} {strategy} n={n} {prec} offload optimizer"
+                want = {"host optimizer state": 2 * aligned(4 * L), "host parameters": aligned(4 * L),
+                        "host gradients": aligned(4 * L)}
+                if prec == "bf16":
+                    want["host parameters, 16-bit copies"] = aligned(2 * L)
+                got = {k: m1.get(k) for k in want}
+                if not ok(got == want, f"{what}: host rows = closed form in L={L} {want}"):
+                    print(f"       dpc {got}")
+                ok(m1.get("host optimizer state") == m0.get("optimizer state") and
+                   m1.get("optimizer state") == 0,
+                   f"{what}: the optimizer state moved whole ({m0.get('optimizer state')} B)")
+                moved = m0["optimizer state"] + (m0["parameters"] if prec == "bf16" else 0)
+                keep = ["gradients", "parameters, 16-bit copies"] + (["parameters"] if prec == "f32" else [])
+                ok(all(m1.get(k) == m0.get(k) for k in keep) and
+                   (prec == "f32" or m1.get("parameters") == 0) and
+                   m1["total (arena size)"] == m0["total (arena size)"] - moved,
+                   f"{what}: device arena {m1['total (arena size)']} = "
+                   f"{m0['total (arena size)']} - {moved} moved; {', '.join(keep)} kept")
+                ok(m1.get("total (host arena size)") == sum(want.values()),
+                   f"{what}: host arena {m1.get('total (host arena size)')} = its rows")
+                ok(m0.get("total (host arena size)") is None,
+                   f"{model} {strategy} n={n} {prec}: no host arena without offload")
+
+
 def check_gpt2_bf16(path):
     """models/gpt2.dp full_shard at 8 ranks (the issue's case): all_gather
     bytes exactly 1/2 of f32's, the reduce_scatter unchanged (reduce f32),
@@ -646,6 +704,7 @@ def main():
         check_mixed(model, text, BLOCKS)
         check_recompute(model, text)
         check_bf16(model, text)
+        check_offload(model, text)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 

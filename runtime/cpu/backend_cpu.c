@@ -39,6 +39,8 @@
 typedef struct {
 	unsigned char *arena; /* cfg.arena_bytes, 64-byte aligned, zeroed */
 	size_t arena_len;
+	unsigned char *host;  /* cfg.host_arena_bytes (offload), the same; NULL: none */
+	size_t host_len;
 	const KernelTable *kern; /* cpu_kernel_table() */
 	CpuStep step;
 	CpuStreams *st;
@@ -144,11 +146,25 @@ static int cpu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 	return k->limits ? k->limits(s, in, e) : 0;
 }
 
+/* An arena of at least `bytes` (64-byte multiple), zeroed; NULL when the
+ * mapping fails. */
+static unsigned char *map_arena(uint64_t bytes, size_t *len)
+{
+	size_t n = (size_t)((bytes + 63) / 64 * 64);
+	if (n == 0)
+		n = 64;
+	*len = n;
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
 static void cpu_free(Backend *b)
 {
 	CpuBackend *c = b->impl;
 	if (c && c->arena)
 		munmap(c->arena, c->arena_len);
+	if (c && c->host)
+		munmap(c->host, c->host_len);
 	if (c) {
 		cpu_streams_free(c->st);
 		cpu_pool_free(c->pool);
@@ -189,23 +205,23 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	}
 
 	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
-	 * as tensors touch it, so a bogus arena size fails here or costs nothing */
-	size_t bytes = (size_t)((s->cfg.arena_bytes + 63) / 64 * 64);
-	if (bytes == 0)
-		bytes = 64;
-	c->arena_len = bytes;
-	c->arena = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (c->arena == MAP_FAILED)
-		c->arena = NULL;
+	 * as tensors touch it, so a bogus arena size fails here or costs nothing.
+	 * The host arena (offload) is a second one: on the CPU both are host
+	 * memory, and the D2H/H2D copies between them are memcpy */
+	c->arena = map_arena(s->cfg.arena_bytes, &c->arena_len);
+	if (s->cfg.host_arena_bytes)
+		c->host = map_arena(s->cfg.host_arena_bytes, &c->host_len);
 	b->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *b->ptr);
-	if (!c->arena || !b->ptr) {
+	if (!c->arena || (s->cfg.host_arena_bytes && !c->host) || !b->ptr) {
 		cpu_free(b);
-		return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB arena",
-			       (double)bytes / (1 << 20));
+		return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB arena%s",
+			       (double)(s->cfg.arena_bytes + s->cfg.host_arena_bytes) / (1 << 20),
+			       s->cfg.host_arena_bytes ? "s (device and host)" : "");
 	}
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].nbytes)
-			b->ptr[i] = c->arena + s->tensors[i].offset;
+			b->ptr[i] = (s->tensors[i].space == DP_SPACE_HOST ? c->host : c->arena) +
+				    s->tensors[i].offset;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];

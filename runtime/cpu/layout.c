@@ -203,6 +203,9 @@ const KernelRow cpu_layout_rows[] = {
 	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
 	{DP_OP_FILL, run_fill, NULL, 0, NULL, NULL, 0},
 	{DP_OP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
+	/* offload: the host arena is memory like the device arena here */
+	{DP_OP_D2H, run_copy, NULL, 1, NULL, NULL, 0},
+	{DP_OP_H2D, run_copy, NULL, 1, NULL, NULL, 0},
 	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, NULL, 0},
 	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
 	{DP_OP_TRANSPOSE, run_transpose, NULL, 0, NULL, NULL, 0},

@@ -791,6 +791,12 @@ static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 					       "stages yet (pp=%u: %s in the %s program); use --device cpu",
 					       b->s->cfg.mesh[DP_AXIS_PP], dp_op_names[b->s->prog[p][i].op],
 					       dp_prog_names[p]);
+	/* offload: the host step (the update over the host arena) runs on the
+	 * CPU's kernels, which this backend does not call yet (docs/OFFLOAD.md) */
+	if (b->s->cfg.host_arena_bytes)
+		return RT_FAIL(e, "step file: the cuda backend does not run offload yet (a host arena "
+			       "of %.2f MiB: train's offload); use --device cpu",
+			       (double)b->s->cfg.host_arena_bytes / (1 << 20));
 	CuBackend *x = calloc(1, sizeof *x);
 	if (!x)
 		return RT_FAIL(e, "out of memory (CUDA backend)");

@@ -192,6 +192,19 @@ static size_t scratch_copy(const DpStep *s, const DpInstr *in)
 	return overlap_partly(o, i) ? (size_t)cu_numel(o) * dp_dtype_size(o->dtype) : 0;
 }
 
+/* D2H / H2D (offload): between the device arena and the pinned host arena,
+ * on the instruction's stream; the two never overlap */
+static int run_xfer(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *o = cu_t(a, -1);
+	size_t bytes = (size_t)cu_numel(o) * dp_dtype_size(o->dtype);
+	if (bytes)
+		CU_OK(a, cudaMemcpyAsync(cu_p(a, -1), cu_p(a, 0), bytes,
+					 a->in->op == DP_OP_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+					 a->st), e);
+	return 0;
+}
+
 static int run_copy(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *o = cu_t(a, -1), *i = cu_t(a, 0);
@@ -549,6 +562,8 @@ extern "C" const KernelRow cu_layout_rows[] = {
 	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
 	{DP_OP_FILL, run_fill, NULL, 1, NULL, NULL, 0},
 	{DP_OP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
+	{DP_OP_D2H, run_xfer, NULL, 1, NULL, NULL, 0},
+	{DP_OP_H2D, run_xfer, NULL, 1, NULL, NULL, 0},
 	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
 	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
 	{DP_OP_TRANSPOSE, run_transpose, limit_transpose, 1, NULL, NULL, 0},

@@ -1,0 +1,206 @@
+/*
+ * offload.c - host offload of the optimizer (pass "offload"; train's
+ * `offload optimizer`, ZeRO-Offload). With `offload none` it changes nothing.
+ *
+ * Before: the p2p form: the optimizer tail (PH_OPT, DP_IF_LAST) and the INIT
+ * and EXPORT programs, every value in device memory.
+ *
+ * After (offload optimizer):
+ * - The optimizer state (an update's operands other than its gradient and
+ *   its bf16 compute copy: opt.m, opt.v, opt.momentum) is in host memory
+ *   (Value.space; memplan gives the host arena its own offsets).
+ * - The f32 master parameters an update writes are in host memory too when
+ *   nothing of the STEP or EVAL programs but the updates touches them (bf16:
+ *   compute reads the bf16 copy, the gathers read the bf16 shard). Otherwise
+ *   (f32: compute, or a gather, reads them) the update writes their host
+ *   copy %NAME.host, made once by a D2H at the end of INIT, and an H2D
+ *   after the update brings the result back.
+ * - A kernel that reads or writes host memory runs on the host: every
+ *   device operand it touches is replaced by its host copy (%NAME.host, a
+ *   view of the root's copy at the same element offset, same dtype and
+ *   kind), read ones filled by a D2H right before it (the gradients after
+ *   their reduction and the clip), written ones copied back by an H2D right
+ *   after it (the bf16 compute copy the update writes, the INIT program's
+ *   cast of a host master to it). So every kernel's operands are in one
+ *   space (the step-file decoder checks it), and the updates run the same
+ *   kernels on the same f32 values in the same order: the parameters and
+ *   losses are bitwise those without offload.
+ * - Copies are DP_OP_D2H / DP_OP_H2D on the compute stream with their
+ *   node's phase, flags and programs; the schedule pass orders them like
+ *   any compute node (a D2H of a gradient waits for its collective's
+ *   event).
+ */
+#include <string.h>
+
+#include "passes.h"
+
+static int is_update(const Node *n)
+{
+	return n->op == DP_OP_ADAMW || n->op == DP_OP_SGD;
+}
+
+/* The update's bf16 compute copy operand, which it writes and never reads,
+ * or -1 (ops.def: ADAMW in3, SGD in2). */
+static int compute_copy_slot(const Node *n)
+{
+	if (n->op == DP_OP_ADAMW && n->nin == 4)
+		return 3;
+	if (n->op == DP_OP_SGD && n->nin == 3)
+		return 2;
+	return -1;
+}
+
+/* Does any node of the STEP or EVAL programs but the updates touch v? */
+static int touched_outside_updates(const Graph *g, const Value *v)
+{
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (is_update(n) || !(n->progs & (IR_IN_STEP | IR_IN_EVAL)))
+			continue;
+		if (n->out >= 0 && ir_overlaps(g, g->values[n->out], v))
+			return 1;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], v))
+				return 1;
+	}
+	return 0;
+}
+
+/* The host copy of device value v: %NAME.host, the root's copy or a view of
+ * it at v's element offset; made once. */
+static int host_copy(Graph *g, int v)
+{
+	Value *d = g->values[v];
+	const char *name = ir_fmt(g, "%s.host", d->name);
+	Value *h = ir_find_value(g, name);
+	if (h)
+		return h->id;
+	int root = -1;
+	if (d->view_of >= 0)
+		root = host_copy(g, d->view_of);
+	d = g->values[v];
+	h = ir_value(g, name, d->dtype, d->ndim, d->dims, d->kind, d->loc);
+	memcpy(h->place, d->place, sizeof h->place);
+	h->block = d->block;
+	h->space = DP_SPACE_HOST;
+	h->view_of = root;
+	h->view_offset = root >= 0 ? d->view_offset : 0;
+	return h->id;
+}
+
+/* A copy node like n (phase, programs, flags, block), placed at pos. */
+static Node *copy_node(Graph *g, IrOp op, int out, int in, const Node *like, int pos)
+{
+	Node *c = ir_node(g, op, out, 1, &in, like->phase, like->loc);
+	c->progs = like->progs;
+	c->flags = like->flags;
+	c->block = like->block;
+	c->stage = like->stage;
+	ir_move_node(g, c, pos);
+	return c;
+}
+
+static int on_host(const Graph *g, int v)
+{
+	return v >= 0 && ir_root(g, g->values[v])->space == DP_SPACE_HOST;
+}
+
+/* Node n (a kernel touching host memory) runs on the host: its device
+ * operands become host copies, filled before it and copied back after it.
+ * Returns the number of nodes inserted before it. */
+static int run_on_host(Graph *g, Node *n)
+{
+	int at = ir_node_index(g, n), before = 0;
+	int cc = is_update(n) ? compute_copy_slot(n) : -1;
+	for (int k = 0; k < n->nin; k++) {
+		int v = n->in[k];
+		if (v < 0 || on_host(g, v))
+			continue;
+		int h = host_copy(g, v);
+		n->in[k] = h;
+		if (k != cc) {
+			copy_node(g, DP_OP_D2H, h, v, n, at++);
+			before++;
+		}
+		if (ir_writes_in(n, k))
+			copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+	}
+	if (n->out >= 0 && !on_host(g, n->out)) {
+		int v = n->out, h = host_copy(g, v);
+		n->out = h;
+		if (ir_reads_out(n)) {
+			copy_node(g, DP_OP_D2H, h, v, n, at++);
+			before++;
+		}
+		copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+	}
+	return before;
+}
+
+int offload_run(Graph *g, Diag *d)
+{
+	(void)d;
+	if (g->offload == 0)
+		return 0;
+	int nnodes = g->nnodes, nv = g->nvalues;
+	/* what lives in host memory: the updates' state, and masters nothing
+	 * else of the step touches; the other masters get a host copy */
+	int *mirror = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
+	for (int i = 0; i < nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!is_update(n))
+			continue;
+		int cc = compute_copy_slot(n);
+		for (int k = 1; k < n->nin; k++)
+			if (n->in[k] >= 0 && k != cc)
+				((Value *)ir_root(g, g->values[n->in[k]]))->space = DP_SPACE_HOST;
+		Value *p = (Value *)ir_root(g, g->values[n->out]);
+		if (touched_outside_updates(g, p))
+			mirror[p->id] = 1;
+		else
+			p->space = DP_SPACE_HOST;
+	}
+	for (int i = 0; i < g->nvalues; i++)
+		if (g->values[i]->view_of < 0 && g->values[i]->space == DP_SPACE_HOST)
+			for (int j = 0; j < g->nvalues; j++)
+				if (g->values[j]->view_of >= 0 && ir_root(g, g->values[j])->id == i)
+					g->values[j]->space = DP_SPACE_HOST;
+	/* a mirrored master: INIT fills its host copy once (a D2H after the
+	 * last INIT node), every update writes it and an H2D brings the result
+	 * back, so it needs no D2H per step */
+	for (int v = 0; v < nv; v++) {
+		if (!mirror[v])
+			continue;
+		int init_end = -1;
+		for (int i = 0; i < g->nnodes; i++)
+			if (g->nodes[i]->progs & IR_IN_INIT)
+				init_end = i;
+		if (init_end < 0)
+			die("offload: no INIT program to fill %%%s.host", g->values[v]->name);
+		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, g->nodes[init_end], init_end + 1);
+		c->progs = IR_IN_INIT;
+		c->flags = 0;
+		c->block = c->stage = -1;
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!is_update(n) || ir_root(g, g->values[n->out])->id >= nv ||
+		    !mirror[ir_root(g, g->values[n->out])->id])
+			continue;
+		int v = n->out, h = host_copy(g, v);
+		n->out = h;
+		copy_node(g, DP_OP_H2D, v, h, n, i + 1);
+	}
+	/* every kernel touching host memory runs there */
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (dp_op_class(n->op) != DP_OPC_KERNEL || n->op == DP_OP_D2H || n->op == DP_OP_H2D)
+			continue;
+		int host = on_host(g, n->out);
+		for (int k = 0; k < n->nin; k++)
+			host |= on_host(g, n->in[k]);
+		if (host)
+			i += run_on_host(g, n);
+	}
+	return 0;
+}
