@@ -41,7 +41,7 @@
  *    updates' lr_scale are attributes (optimizer groups)
  * 11: an instruction's pipeline stage (DpInstr.stage1); the SEND and RECV ops
  * 12: the sample program (DP_PROG_SAMPLE) and DpMetrics' sample_tokens and
- *    sample_logits */
+ *    sample_logits; DpConfig's sample_every */
 #define DP_STEP_VERSION 12u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
