@@ -115,7 +115,7 @@ EOF
 fi
 
 # a draw at a fixed seed: the same text in every run, layout and backend
-DRAW=(--sample hello --tokens 30 --temperature 2 --top-k 10 --seed 3)
+DRAW=(--sample hello --tokens 20 --temperature 2 --top-k 10 --seed 3)
 draw_ref() { sample draw 1 "$T/lm.bin" "${DRAW[@]}"; }
 same_draw() { # same_draw NAME WHAT: $T/NAME.out is $T/draw.out
 	if [ -s "$T/draw.out" ] && cmp -s "$T/$1.out" "$T/draw.out"; then
