@@ -47,7 +47,7 @@ compile() {
 }
 train() {
 	compile lm 1 &&
-		"$DPEXEC" "$T/lm.bin" --quiet --eval-every 0 --save-full "$T/lm.st" --sample "hel" \
+		mpi 1 "$T/lm.bin" --quiet --eval-every 0 --save-full "$T/lm.st" --sample "hel" \
 			--tokens 20 --temperature 0 --sample-every 40 >"$T/train.out" 2>&1 ||
 		{ tail -n 20 "$T/train.out"; fail "training the model"; return 1; }
 }
