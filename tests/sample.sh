@@ -9,7 +9,9 @@
 # once, with --sample-every 40, and saved; every other case samples from that
 # safetensors file.
 #   - the samples during training: one at step 40 and one at step 80, the
-#     last equal to the trained weights' sample after the run;
+#     last equal to the trained weights' sample after the run, from the
+#     saved safetensors (--init-from) and from the checkpoint (--resume,
+#     which leaves the save directory as it was);
 #   - greedy (--temperature 0) from "hello" continues the text exactly;
 #   - the prompt's logits (--sample-logits) equal PyTorch's forward of the
 #     same window from the same weights (tests/torch_gpt.py's Model, the
@@ -47,7 +49,7 @@ compile() {
 }
 train() {
 	compile lm 1 &&
-		mpi 1 "$T/lm.bin" --quiet --eval-every 0 --save-full "$T/lm.st" --sample "hel" \
+		mpi 1 "$T/lm.bin" --quiet --eval-every 0 --save-full "$T/lm.st" --save-dir "$T/ck" --sample "hel" \
 			--tokens 20 --temperature 0 --sample-every 40 >"$T/train.out" 2>&1 ||
 		{ tail -n 20 "$T/train.out"; fail "training the model"; return 1; }
 }
@@ -70,6 +72,15 @@ if case_on "during training"; then
 	else
 		fail "during training: samples at steps 40 and 80, the last the saved weights'"
 		grep '^sample' "$T/train.out"; cat "$T/after.out"
+	fi
+	ls -R "$T/ck" >"$T/ck.before"
+	if mpi 1 "$T/lm.bin" --quiet --resume "$T/ck" --sample "hel" --tokens 20 --temperature 0 \
+		>"$T/resumed.out" 2>&1 && [ "$(tail -n 1 "$T/resumed.out")" = "$(cat "$T/after.out")" ] &&
+		ls -R "$T/ck" | cmp -s - "$T/ck.before"; then
+		ok "--resume: the checkpoint's weights give the same sample, the save directory untouched"
+	else
+		fail "--resume: the checkpoint's weights give the same sample, the save directory untouched"
+		cat "$T/resumed.out"
 	fi
 fi
 
