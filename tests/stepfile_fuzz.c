@@ -269,6 +269,31 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
  * with a message containing want. */
 static uint32_t rule_pp = 1; /* the built-in step's pp while test_pipeline_rules runs */
 
+/* Encode s and decode it: with want, one check that the decoder refuses it
+ * with a message containing want (returns 0); without, one that it accepts
+ * it, returning 1 with the decoded step in d for the caller's checks (the
+ * caller frees it). */
+static int decodes(const char *name, const DpStep *s, const char *want, DpStep *d)
+{
+	unsigned char *buf;
+	size_t len;
+	char err[512] = "out of memory encoding";
+	int rc = -1;
+	if (dpstep_encode(s, &buf, &len) == 0) {
+		rc = dpstep_decode(buf, len, d, err, sizeof err);
+		free(buf);
+	}
+	if (want) {
+		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
+		      rc, err);
+		if (rc == 0)
+			dpstep_free(d);
+		return 0;
+	}
+	check(rc == 0, "%s: accepted (rc %d, '%s')", name, rc, err);
+	return rc == 0;
+}
+
 static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int bf16,
 		    const char *want)
 {
@@ -297,24 +322,12 @@ static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int 
 	s.prog[p] = prog;
 	s.nprog[p]++;
 	s.cfg.strategy = strategy;
-	unsigned char *buf;
-	size_t len;
-	char err[512] = "";
 	DpStep d;
-	int rc = -1;
-	if (dpstep_encode(&s, &buf, &len) == 0) {
-		rc = dpstep_decode(buf, len, &d, err, sizeof err);
-		free(buf);
-	}
-	if (want)
-		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
-		      rc, err);
-	else {
-		check(rc == 0 && d.cfg.strategy == strategy && d.nprog[p] == s.nprog[p],
-		      "%s: accepted (rc %d, '%s')", name, rc, err);
-	}
-	if (rc == 0)
+	if (decodes(name, &s, want, &d)) {
+		check(d.cfg.strategy == strategy && d.nprog[p] == s.nprog[p], "%s: decoded as built",
+		      name);
 		dpstep_free(&d);
+	}
 	free(prog);
 }
 
@@ -404,24 +417,13 @@ static void sample_rule(const char *name, const DpInstr *in, int32_t tokens, int
 		s.prog[DP_PROG_SAMPLE] = one;
 		s.nprog[DP_PROG_SAMPLE] = 1;
 	}
-	unsigned char *buf;
-	size_t len;
-	char err[512] = "";
 	DpStep d;
-	int rc = -1;
-	if (dpstep_encode(&s, &buf, &len) == 0) {
-		rc = dpstep_decode(buf, len, &d, err, sizeof err);
-		free(buf);
-	}
-	if (want)
-		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
-		      rc, err);
-	else
-		check(rc == 0 && d.nprog[DP_PROG_SAMPLE] == s.nprog[DP_PROG_SAMPLE] &&
+	if (decodes(name, &s, want, &d)) {
+		check(d.nprog[DP_PROG_SAMPLE] == s.nprog[DP_PROG_SAMPLE] &&
 		      d.metrics.sample_tokens == tokens && d.metrics.sample_logits == logits,
-		      "%s: accepted (rc %d, '%s')", name, rc, err);
-	if (rc == 0)
+		      "%s: decoded as built", name);
 		dpstep_free(&d);
+	}
 }
 
 static void test_sample_rules(void)
