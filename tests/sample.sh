@@ -18,7 +18,9 @@
 #     training forward transformer.sh checks; atol 1e-4): every position,
 #     not only the last;
 #   - a draw at temperature 2, top-k 10, seed 3 (random enough that a wrong
-#     key shows) is the same text in two runs, at 2 ranks (ddp), at tp=2 and
+#     key shows) is the same text in two runs, at 2 ranks (full_shard: the
+#     sample program gathers the parameters; every rank continues rank 0's
+#     draw), at tp=2 and
 #     on the emulated CUDA backend (--device cuda, build-emu), and another
 #     seed gives another text;
 #   - errors: a model that is not a language model, a prompt longer than
@@ -37,12 +39,12 @@ printf 'hello, world! %.0s' $(seq 400) >"$T/hello.txt"
 variant models/gpt2-tiny.dp "$T/lm.dp" \
 	's|"build/data/fortunes[_val]*.bin"|"'"$T"'/hello.bin"|' \
 	's/^  schedule .*/  schedule constant/' 's/lr=2e-3/lr=1e-2/' 's/^  steps 600/  steps 80/'
-# compile NAME NP [MESH-LINE]: $T/NAME.bin, the model at NP ranks
+# compile NAME NP [MESH-LINE [STRATEGY]]: $T/NAME.bin, the model at NP ranks
 compile() {
 	local src=$T/lm.dp
 	if [ -n "${3:-}" ]; then
 		src=$T/$1.dp
-		{ echo "mesh $3"; cat "$T/lm.dp"; } >"$src"
+		{ echo "mesh $3"; sed "s/^  strategy ddp/  strategy ${4:-ddp}/" "$T/lm.dp"; } >"$src"
 	fi
 	"$DPC" "$src" -D layers=1 -D d=32 --world-size "$2" -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
 		{ cat "$T/$1.dpc"; fail "$1: dpc"; return 1; }
@@ -145,11 +147,11 @@ if case_on "draw again"; then
 		fail "seed 4 draws another text than seed 3"
 	fi
 fi
-for c in "dp2|2|dp_shard=2|2 ranks (ddp)" "tp2|2|tp=2|tp=2"; do
-	IFS='|' read -r name np m what <<<"$c"
+for c in "fs2|2|dp_shard=2|2 ranks (full_shard)|full_shard" "tp2|2|tp=2|tp=2|ddp"; do
+	IFS='|' read -r name np m what strat <<<"$c"
 	case_on "draw $name" || continue
 	once train train && once draw draw_ref
-	compile "$name" "$np" "$m" && sample "$name" "$np" "$T/$name.bin" "${DRAW[@]}" &&
+	compile "$name" "$np" "$m" "$strat" && sample "$name" "$np" "$T/$name.bin" "${DRAW[@]}" &&
 		same_draw "$name" "$what"
 done
 if case_on "draw cuda"; then
