@@ -17,6 +17,7 @@
 #     same window from the same weights (tests/torch_gpt.py's Model, the
 #     training forward transformer.sh checks; atol 1e-4): every position,
 #     not only the last;
+#   - dropout is off: a dropout(p=0.5) added to the model changes no logit;
 #   - a draw at temperature 2, top-k 10, seed 3 (random enough that a wrong
 #     key shows) is the same text in two runs, at 2 ranks (full_shard: the
 #     sample program gathers the parameters; every rank continues rank 0's
@@ -124,6 +125,23 @@ EOF
 		ok "the prompt's logits are PyTorch's forward: $(cat "$T/logits.cmp")"
 	else
 		fail "the prompt's logits are PyTorch's forward"; cat "$T/logits.cmp"
+	fi
+fi
+
+# dropout is off: the same weights with a dropout(p=0.5) on the embeddings
+# give the prompt's logits bit for bit (with the keys left as the training
+# loads wrote them, the mask would drop half of them)
+if case_on "dropout off"; then
+	once train train
+	variant "$T/lm.dp" "$T/drop.dp" \
+		's/^    x = add(embedding(ids, wte), wpe)/    x = dropout(add(embedding(ids, wte), wpe), p=0.5)/'
+	if "$DPC" "$T/drop.dp" -D layers=1 -D d=32 -o "$T/drop.bin" >"$T/drop.dpc" 2>&1 &&
+		sample nodrop 1 "$T/lm.bin" --sample "hello" --tokens 1 --sample-logits "$T/nodrop.txt" &&
+		sample drop 1 "$T/drop.bin" --sample "hello" --tokens 1 --sample-logits "$T/drop.txt" &&
+		cmp -s "$T/drop.txt" "$T/nodrop.txt"; then
+		ok "dropout is off: the logits of a model with dropout(p=0.5) bitwise the model's without"
+	else
+		fail "dropout is off: the logits of a model with dropout(p=0.5) bitwise the model's without"
 	fi
 fi
 
