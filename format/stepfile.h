@@ -480,7 +480,8 @@ typedef struct {
 	int32_t eval_loss;    /* eval: loss sum of the batch */
 	int32_t eval_correct; /* eval: [correct, counted] */
 	int32_t sample_tokens; /* the sample program's i32 [micro_batch, ctx] token input */
-	int32_t sample_logits; /* ... and the f32 [micro_batch, ctx, vocab] logits it leaves */
+	int32_t sample_logits; /* ... and the [micro_batch, ctx, vocab] logits it leaves (f32,
+	                          or bf16 under precision bf16) */
 } DpMetrics;
 
 typedef struct {

@@ -72,7 +72,7 @@ int sample_run(Graph *g, Diag *d)
 	const Node *loss = g->nodes[end];
 	const Value *logits = g->values[loss->in[0]], *labels = g->values[loss->in[1]];
 	if (labels->kind != DP_T_DATA || labels->source < 0 ||
-	    g->sources[labels->source].rec.kind != DP_SRC_TOKENS || logits->dtype != DP_F32)
+	    g->sources[labels->source].rec.kind != DP_SRC_TOKENS || !ir_is_float(logits->dtype))
 		return 0; /* a classifier: its labels are classes, not the next tokens */
 	int keys, tokens = prefix_data(g, end, &keys);
 	if (tokens < 0)
