@@ -21,6 +21,14 @@ process CPU time per step of the timed loop (what the host spends launching,
 and spinning while it waits), ms the wall time per step after 3 warm-up
 steps (torch.compile compiles during the warm-up). A mode that fails prints
 "MODE - - -" and its error on stderr, and the others still run.
+
+Mode sdpa is the attention anchor (issue 23): F.scaled_dot_product_attention
+alone, causal, at the model's shape [batch, heads, ctx, d/heads] in the
+dtype (bf16: bfloat16 q, k, v), forward and backward as one training step
+runs them, once per layer. It prints "sdpa fwd_ms fwdbwd_ms step_ms": one
+forward call, one forward and backward, and the latter times the layers
+(the attention time of a step, to set beside dp's attention kernels' time
+per step from ncu or nsys).
 """
 import argparse
 import math
@@ -115,13 +123,48 @@ def bench(a, compiled):
     return a.accum * a.batch * a.ctx / wall, (c1 - c0) / n * 1e6, wall * 1e3
 
 
+def sdpa(a):
+    dev = "cuda"
+    dt = {"bf16": torch.bfloat16}.get(a.dtype, torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
+    torch.manual_seed(0)
+    shape = (a.batch, a.heads, a.ctx, a.d // a.heads)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    dy = torch.randn(shape, device=dev, dtype=dt)
+
+    def timed(fn, n):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwdbwd():
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(y, (q, k, v), dy)
+
+    n = max(10, a.steps)
+    f, fb = timed(fwd, n), timed(fwdbwd, n)
+    return f, fb, fb * a.layers
+
+
 def main():
     a = parse()
     for mode in a.modes.split(","):
         try:
             if mode == "compile" and not hasattr(torch, "compile"):
                 raise RuntimeError("torch %s has no torch.compile" % torch.__version__)
-            print(mode, "%.0f %.1f %.3f" % bench(a, mode == "compile"), flush=True)
+            if mode == "sdpa":
+                print(mode, "%.4f %.4f %.3f" % sdpa(a), flush=True)
+            else:
+                print(mode, "%.0f %.1f %.3f" % bench(a, mode == "compile"), flush=True)
         except Exception as ex:  # report and go on: one anchor failing is not the whole run
             print(mode, "- - -", flush=True)
             print("%s: %s" % (mode, ex), file=sys.stderr, flush=True)

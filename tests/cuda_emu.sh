@@ -14,11 +14,14 @@
 #     illegal calls during capture, an unjoined capture, a leading dimension
 #     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
-#     reordered on one rank, ncclCommAbort under a live graph; NCCL's
-#     ncclInProgress (a collective enqueued only when settled, also inside
-#     a capture; work on its stream before that is caught), and its abort
-#     (waiting for an in-flight launch of a destroyed graph: two
-#     communicators aborted one after the other hang, at once they end);
+#     reordered on one rank, ncclCommAbort under a graph nobody destroys;
+#     NCCL's ncclInProgress (a collective enqueued only when settled, also
+#     inside a capture; work on its stream before that is caught), and its
+#     abort (waiting for the graph's destroy and its in-flight launch, while
+#     destroying an exec waits for its launch, as on the H200: both
+#     communicators' flags raised at once on threads, the graph destroyed
+#     beside them, end; one after the other, or the graph destroyed before
+#     any abort, hang);
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp (also
 #     in bf16)
@@ -190,11 +193,12 @@ selftest out_of_bounds "illegal device address"
 selftest gemm_ld_past "matrix A .* is not inside one device buffer"
 selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
-selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort"
+selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort" DPEMU_ABORT_HANG_S=2
 selftest nccl_inprogress ok DPEMU_NCCL_INPROGRESS=always
 selftest nccl_inprogress_early "while a collective issued on it returned ncclInProgress" DPEMU_NCCL_INPROGRESS=always
 selftest nccl_abort_concurrent ok
-selftest nccl_abort_serial "ncclCommAbort of communicator #[0-9]* hangs" DPEMU_ABORT_HANG_S=2
+selftest nccl_abort_serial "[a-zA-Z #0-9]* hangs: " DPEMU_ABORT_HANG_S=2
+selftest nccl_destroy_first "cudaGraphExecDestroy hangs: 1 launch" DPEMU_ABORT_HANG_S=2
 
 # ---- 2. models: --device cuda (emulated) vs --device cpu ----
 

@@ -65,12 +65,19 @@
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
-#   abort_serial  cu_nccl_abort aborts the communicators one after the
-#                 other on the calling thread, as before issue 21: with two
-#                 communicators in the step graph and a collective stuck on
-#                 the one aborted last, NCCL's abort waits forever for the
-#                 in-flight launch (tests/cuda_emu.sh's two-communicator
-#                 stall must then fail: a hang, not the watchdog's exit)
+#   abort_serial  cu_nccl_abort_start aborts the communicators one after
+#                 the other on the calling thread, as before issue 21: with
+#                 two communicators in the step graph and a collective stuck
+#                 on one, NCCL's abort waits forever (for the graph, which
+#                 is destroyed only after the aborts start, and for the
+#                 launch the other communicator holds): tests/cuda_emu.sh's
+#                 two-communicator stall must then fail (a hang, not the
+#                 watchdog's exit)
+#   graph_first   abort_all destroys the step graph before it raises any
+#                 abort flag, as before the H200 run: cudaGraphExecDestroy
+#                 waits for the launch stuck on the collective, forever (the
+#                 H200's rank sat in cuGraphExecDestroy): the same stall
+#                 must fail
 #
 # Each case runs twice, with collectives as late and as early as the events
 # allow (DPEMU_COMM=late / early; no_sync with ascending and random thread
@@ -372,7 +379,8 @@ if mutate copy_wait "runtime/cuda/backend_cuda.c" \
 	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then
 	check copy_wait hd8 1 DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
 fi
-# 9: the communicators aborted one after the other (before issue 21): the
+# 9, 10: the communicators aborted one after the other (before issue 21),
+# and the graph destroyed before the flags (before the H200 run): the
 # two-communicator stall of tests/cuda_emu.sh must no longer end by the
 # watchdog within --timeout + 10 s
 # stall_ends NAME: the stall run ends within 13 s by the watchdog, exit 75 (0), or not (1)
@@ -388,8 +396,27 @@ stall_ends() {
 		grep -q "did not finish within --timeout 3 s" "$T/$1.log"
 }
 # shellcheck disable=SC2016
+# stall_mutant NAME: the mutated backend built, the stall must not end by
+# the watchdog
+stall_mutant() {
+	if [ ! -f "$T/hsdp.bin" ]; then
+		{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
+			sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
+		"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
+	fi
+	if ! make -s -C "$W" cuda-emu >"$T/$1.build" 2>&1; then
+		fail "$1: the mutated backend does not build"; tail -n 5 "$T/$1.build"
+	elif stall_ends "$1"; then
+		fail "mutation $1 NOT caught: the job still ended by the watchdog ($why)"
+	else
+		ok "mutation $1 caught: $why"
+	fi
+	restore
+}
+stall_ran=0
+# shellcheck disable=SC2016
 if mutate abort_serial "runtime/cuda/comm_nccl.c" perl -0pe '
-	s{^int cu_nccl_abort\(CuNccl \*nc, double bound_s\)\n\{}{int cu_nccl_abort(CuNccl *nc, double bound_s)
+	s{^void cu_nccl_abort_start\(CuNccl \*nc\)\n\{}{void cu_nccl_abort_start(CuNccl *nc)
 \{
 	/* MUTATION: one after the other, on this thread */
 	if (nc && !nc->aborted) {
@@ -403,20 +430,27 @@ if mutate abort_serial "runtime/cuda/comm_nccl.c" perl -0pe '
 		if (nc->world_comm)
 			ncclCommAbort(nc->world_comm);
 		nc->world_comm = NULL;
-		return 0;
+		return;
 	}
 }m'; then
-	{ echo "mesh dp_replicate=2, dp_shard=2"; grep -v '^mesh ' "$T/mlp8.dp"; } |
-		sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
-	"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
-	if ! make -s -C "$W" cuda-emu >"$T/abort_serial.build" 2>&1; then
-		fail "abort_serial: the mutated backend does not build"; tail -n 5 "$T/abort_serial.build"
-	elif stall_ends abort_serial; then
-		fail "mutation abort_serial NOT caught: the job still ended by the watchdog ($why)"
-	else
-		ok "mutation abort_serial caught: $why"
-	fi
-	restore
+	stall_mutant abort_serial
+	stall_ran=1
+fi
+# shellcheck disable=SC2016
+if mutate graph_first "runtime/cuda/backend_cuda.c" perl -0pe '
+	s{^\tcu_nccl_abort_start\(x->nccl\);\n}{\t/* MUTATION: the graph first, then the flags */
+\tif (x->gexec)
+\t\tcudaGraphExecDestroy(x->gexec);
+\tif (x->graph)
+\t\tcudaGraphDestroy(x->graph);
+\tx->gexec = NULL;
+\tx->graph = NULL;
+\tcu_nccl_abort_start(x->nccl);
+}m'; then
+	stall_mutant graph_first
+	stall_ran=1
+fi
+if [ $stall_ran = 1 ]; then
 	if make -s -C "$W" cuda-emu >"$T/clean.build" 2>&1 && stall_ends abort_clean; then
 		ok "the unmutated backend ends the two-communicator stall ($why)"
 	else

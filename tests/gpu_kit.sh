@@ -22,7 +22,7 @@
 #     $DP_CHROOT_DEBS), with /proc, /sys, a /dev of its own and /tmp; the
 #     kit copied in; `run.sh OUTDIR` run to its end. It must exit 0, with
 #     every part reported and SKIP only for what needs the hardware or a GPU
-#     tool (compute-sanitizer, ncu, PyTorch): exactly those seven checks.
+#     tool (compute-sanitizer, ncu, nsys, PyTorch): exactly those ten checks.
 #     No chroot (not root, or chroot/mount refused) or no .debs: one loud
 #     SKIP.
 # Runtime: ~20 s to pack the kit (xz -1), ~4-8 min for the rehearsal (the
@@ -205,11 +205,11 @@ rehearse() {
 	np=$(grep -c '^- PASS' "$T/report.md" 2>/dev/null)
 	nf2=$(grep -c '^- FAIL' "$T/report.md" 2>/dev/null)
 	ns=$(grep -c '^- SKIP' "$T/report.md" 2>/dev/null)
-	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|PyTorch|torch.compile')
+	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|nsys|PyTorch|torch.compile')
 	# PASS: part 1 one, part 2 six, part 4 twenty, parts 5 and 6 one each
-	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 7 ] && [ "$skips" = 0 ] && [ "$np" = 29 ] &&
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 10 ] && [ "$skips" = 0 ] && [ "$np" = 29 ] &&
 		[ "$(grep -c '^## ' "$T/report.md")" = 6 ]; then
-		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (1), PyTorch (2)"
+		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (2), nsys (1), PyTorch (3)"
 	else
 		fail "run.sh in the chroot: exit $rc after ${took}s, $np PASS, $nf2 FAIL, $ns SKIP ($skips not the GPU tools')"
 		grep -E '^- (FAIL|SKIP)' "$T/report.md" 2>/dev/null | head -n 12 | cut -c1-220 | sed 's/^/      /'

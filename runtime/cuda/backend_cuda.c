@@ -66,6 +66,8 @@
  * NCCL C APIs only. Nothing here has run on a GPU: see docs/CUDA.md.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,26 +236,84 @@ static int cu_check(const DpStep *s, const DpInstr *in, RtErr *e)
 
 /* ---- waiting, with the watchdog ---- */
 
-/* Graph objects first (NCCL waits for every graph that captured a
- * communicator; an in-flight launch is freed when it completes), then
- * every communicator at once, bounded (comm_nccl.c: aborting them one after
- * the other can hang on a launch stuck on another's collective). When an
- * abort is still running after the bound, its graphs' kernels may still be
- * running: cu_free then leaves the device alone. Idempotent. Memory is
- * freed later, by cu_free. */
+/* Graph objects destroyed on a thread of their own (abort_all): the
+ * handles, whether the destroys returned, and two owners (the thread, the
+ * waiter), the last of which frees it. */
+typedef struct {
+	cudaGraphExec_t gexec;
+	cudaGraph_t graph;
+	atomic_int done, owners;
+} GraphDrop;
+
+static void drop_release(GraphDrop *d)
+{
+	if (atomic_fetch_sub(&d->owners, 1) == 1)
+		free(d);
+}
+
+static void *drop_graphs(void *arg)
+{
+	GraphDrop *d = arg;
+	if (d->gexec)
+		cudaGraphExecDestroy(d->gexec);
+	if (d->graph)
+		cudaGraphDestroy(d->graph);
+	atomic_store(&d->done, 1);
+	drop_release(d);
+	return NULL;
+}
+
+/* Every communicator's abort flag first (cu_nccl_abort_start: one thread
+ * each, at once), then the graph objects on a thread of their own, then the
+ * wait for both, bounded. The order is forced: a launch stuck on a
+ * collective ends only once its flag is up; cudaGraphExecDestroy of that
+ * launch blocks until it ends (seen on the H200, driver 580: destroying
+ * first, before any abort, hung the rank for good); and NCCL's abort
+ * returns only when every graph that captured its communicator is gone
+ * (comm_nccl.c's top). When something is still running after the bound,
+ * kernels may still be running: cu_free then leaves the device alone and
+ * the fatal path's exit ends the process. Idempotent. Memory is freed
+ * later, by cu_free. */
 static void abort_all(CuBackend *x)
 {
 	if (x->aborted)
 		return;
-	if (x->gexec)
-		cudaGraphExecDestroy(x->gexec);
-	if (x->graph)
-		cudaGraphDestroy(x->graph);
+	double deadline = cu_nccl_now() + CU_NCCL_ABORT_BOUND_S;
+	cu_nccl_abort_start(x->nccl);
+	int graphs_stuck = 0;
+	if (x->gexec || x->graph) {
+		GraphDrop *d = calloc(1, sizeof *d);
+		pthread_t t;
+		pthread_attr_t at;
+		int started = 0;
+		if (d) {
+			*d = (GraphDrop){.gexec = x->gexec, .graph = x->graph};
+			atomic_store(&d->owners, 2);
+			if (pthread_attr_init(&at) == 0) {
+				pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+				started = pthread_create(&t, &at, drop_graphs, d) == 0;
+				pthread_attr_destroy(&at);
+			}
+		}
+		if (started) {
+			while (!atomic_load(&d->done) && cu_nccl_now() < deadline) {
+				struct timespec ts = {0, 1000000}; /* 1 ms */
+				nanosleep(&ts, NULL);
+			}
+			graphs_stuck = !atomic_load(&d->done);
+			drop_release(d);
+		} else {
+			free(d); /* not destroyed: NCCL's aborts wait for them, the bound ends it */
+			graphs_stuck = 1;
+		}
+	}
 	x->gexec = NULL;
 	x->graph = NULL;
-	x->abort_stuck = cu_nccl_abort(x->nccl, CU_NCCL_ABORT_BOUND_S);
+	double left = deadline - cu_nccl_now();
+	x->abort_stuck = cu_nccl_abort(x->nccl, left > 0 ? left : 0) | graphs_stuck;
 	x->aborted = 1;
-	cudaGetLastError();
+	if (!x->abort_stuck)
+		cudaGetLastError();
 }
 
 /* The first collective of each stream that has not finished, by the marks

@@ -28,21 +28,26 @@
  * freed (commDestroySync polls localPersistentRefs); it blocks even on a
  * non-blocking communicator ("all NCCL calls (except ncclCommDestroy/Abort)
  * become nonblocking", NCCL's fault-tolerance guide). A launched graph is
- * freed only when it completes, even after cudaGraphExecDestroy ("If the
- * executable graph is in-flight, it will not be terminated, but rather freed
- * asynchronously on completion", the CUDA runtime API). So with two
- * communicators captured in one step graph (hybrid_shard, tp x dp) and a
- * collective stuck on the second, aborting the first waits for a launch
- * that waits on the second, whose flag nobody raises: aborting them one
- * after the other hangs. cu_nccl_abort therefore calls ncclCommAbort on
- * every communicator at once, one thread each (each raises its flag at
- * once; independent communicators may be driven from different threads,
- * as PyTorch's process groups abort theirs), so every captured collective
- * ends, the launches complete and every abort returns; and it waits for
- * them at most a bound. An abort still running after it (a kernel that
- * never looks at a flag, a driver hang) is left to the process's exit,
- * which the fatal path reaches next (MPI_Abort): every fatal path ends
- * within --timeout plus the bound plus dpexec's grace.
+ * freed only when it completes; and on the H200 (driver 580)
+ * cudaGraphExecDestroy of a launch whose NCCL kernel waited on a stopped
+ * peer did not return at all (the runtime API says an in-flight exec "will
+ * be freed asynchronously on completion"; the rank's main thread sat in
+ * cuGraphExecDestroy 21 s later: docs/CUDA.md). So the graph can be
+ * destroyed only after the flags are up, and the aborts return only after
+ * the graph is destroyed. And with two communicators captured in one step
+ * graph (hybrid_shard, tp x dp) and a collective stuck on the second,
+ * aborting the first waits for a launch that waits on the second, whose
+ * flag nobody raises: aborting them one after the other hangs.
+ * cu_nccl_abort_start therefore calls ncclCommAbort on every communicator
+ * at once, one thread each (each raises its flag at once; independent
+ * communicators may be driven from different threads, as PyTorch's
+ * process groups abort theirs), and returns; the caller destroys its
+ * graphs beside them (backend_cuda.c's abort_all, itself bounded), every
+ * captured collective ends, the launches complete and every abort returns;
+ * cu_nccl_abort waits for them at most a bound. An abort still running
+ * after it (a kernel that never looks at a flag, a driver hang) is left to
+ * the process's exit, which the fatal path reaches next (MPI_Abort): every
+ * fatal path ends within --timeout plus the bound plus dpexec's grace.
  *
  * Collectives of one communicator are serialised by NCCL, and two streams
  * issuing on one communicator could deadlock across ranks, so the compute
@@ -72,7 +77,9 @@ struct CuNccl {
 	int rank, world;
 	ncclComm_t world_comm;               /* NULL with one rank */
 	ncclComm_t comm[DP_NSTREAM][NMASK];  /* NULL: group of one or unused */
-	int aborted;
+	int aborted;                         /* the aborts are started */
+	int abort_n, abort_started;          /* communicators aborted; threads started */
+	int abort_waited;                    /* cu_nccl_abort has waited (its answer stands) */
 	int abort_stuck;                     /* an abort thread is still running */
 	ncclComm_t aborting[DP_NSTREAM * NMASK + 1]; /* what the threads abort */
 	atomic_int aborts_done;
@@ -302,12 +309,12 @@ static void *abort_one(void *arg)
 	return NULL;
 }
 
-int cu_nccl_abort(CuNccl *nc, double bound_s)
+void cu_nccl_abort_start(CuNccl *nc)
 {
 	if (!nc || nc->aborted)
-		return nc ? nc->abort_stuck : 0;
+		return;
 	nc->aborted = 1;
-	int n = 0, started = 0;
+	int n = 0;
 	for (int st = 0; st < DP_NSTREAM; st++)
 		for (unsigned m = 0; m < NMASK; m++)
 			if (nc->comm[st][m]) {
@@ -317,6 +324,7 @@ int cu_nccl_abort(CuNccl *nc, double bound_s)
 	if (nc->world_comm)
 		nc->aborting[n++] = nc->world_comm;
 	nc->world_comm = NULL;
+	nc->abort_n = n;
 	atomic_store(&nc->aborts_done, 0);
 	for (int i = 0; i < n; i++) {
 		AbortJob *job = malloc(sizeof *job);
@@ -328,7 +336,7 @@ int cu_nccl_abort(CuNccl *nc, double bound_s)
 		if (pthread_attr_init(&at) == 0) {
 			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 			if (pthread_create(&t, &at, abort_one, job) == 0)
-				started++;
+				nc->abort_started++;
 			else
 				free(job); /* not aborted: left to the process's exit */
 			pthread_attr_destroy(&at);
@@ -336,12 +344,22 @@ int cu_nccl_abort(CuNccl *nc, double bound_s)
 			free(job);
 		}
 	}
+}
+
+int cu_nccl_abort(CuNccl *nc, double bound_s)
+{
+	if (!nc)
+		return 0;
+	cu_nccl_abort_start(nc);
+	if (nc->abort_waited)
+		return nc->abort_stuck;
+	nc->abort_waited = 1;
 	double deadline = cu_nccl_now() + bound_s;
-	while (atomic_load(&nc->aborts_done) < started && cu_nccl_now() < deadline) {
+	while (atomic_load(&nc->aborts_done) < nc->abort_started && cu_nccl_now() < deadline) {
 		struct timespec ts = {0, 1000000}; /* 1 ms */
 		nanosleep(&ts, NULL);
 	}
-	nc->abort_stuck = atomic_load(&nc->aborts_done) < n;
+	nc->abort_stuck = atomic_load(&nc->aborts_done) < nc->abort_n;
 	return nc->abort_stuck;
 }
 

@@ -41,12 +41,16 @@ int cu_nccl_settle(ncclComm_t c, const char *what, double deadline, RtErr *e);
 /* CLOCK_MONOTONIC in seconds (the deadlines' clock). */
 double cu_nccl_now(void);
 /* ncclCommAbort on every communicator at once, each on a thread of its
- * own, waiting at most bound_s seconds for them all (comm_nccl.c's top says
- * why). 0: every abort returned; 1: some is still inside ncclCommAbort,
- * so kernels of its graphs may still run on the device: free nothing the
- * device may touch, leave it to the process's exit. Idempotent (a second
- * call returns the first's answer). Destroy every graph object that
- * captured a NCCL call first: NCCL waits for those. */
+ * own, and return at once (comm_nccl.c's top says why): every abort flag is
+ * raised, so captured collectives end and in-flight graph launches
+ * complete; each abort then waits until every graph that captured its
+ * communicator is destroyed, so destroy those next. Idempotent. */
+void cu_nccl_abort_start(CuNccl *nc);
+/* Start the aborts (if cu_nccl_abort_start has not) and wait at most
+ * bound_s seconds for them all. 0: every abort returned; 1: some is still
+ * inside ncclCommAbort, so kernels of its graphs may still run on the
+ * device: free nothing the device may touch, leave it to the process's
+ * exit. Idempotent (a second call returns the first's answer). */
 int cu_nccl_abort(CuNccl *nc, double bound_s);
 /* Finalize and destroy the communicators (after the graphs): each
  * ncclCommFinalize is settled within 60 s, else that communicator is

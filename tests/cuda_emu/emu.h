@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -253,9 +254,32 @@ std::string pending_ops_text();
  * is FATAL (NCCL: no work on its streams until the communicator's state is
  * ncclSuccess). */
 void stream_free_check(const Stream *s, const char *api);
-/* The calling thread is inside ncclCommAbort (nccl.cc); while any is, every
- * other API call is FATAL. */
+/* The calling thread is a teardown thread (inside ncclCommAbort or a graph
+ * destroy, a Teardown below); while any is, every API call from another
+ * thread is FATAL. */
 bool in_abort_thread();
+/* Teardown (nccl.cc). On hardware ncclCommAbort raises its communicator's
+ * abort flag and then waits until every CUDA graph that captured the
+ * communicator is destroyed and every launch of one has completed; and
+ * cudaGraphExecDestroy of an exec whose launch is still running waits for
+ * that launch (seen on the H200, driver 580: a rank's main thread blocked
+ * in cuGraphExecDestroy while the graph's NCCL kernel waited on a stopped
+ * peer; docs/CUDA.md). Each waits for the other, so dp raises every abort
+ * flag first, on threads of their own, and destroys the graph beside them.
+ * A Teardown marks the calling thread as one of those (in_abort_thread;
+ * S().aborting counts them) and holds the teardown lock for its lifetime;
+ * teardown_wait runs device work under it until done(), letting the other
+ * teardown threads in between, and is FATAL with hang()'s text when
+ * nothing ran and progress() did not change for DPEMU_ABORT_HANG_S
+ * seconds: the hang it would be on hardware. */
+struct Teardown {
+	Teardown();
+	~Teardown();
+	std::unique_lock<std::mutex> lock;
+	bool was;
+};
+void teardown_wait(Teardown &t, const std::function<bool()> &done, const std::function<long()> &progress,
+		   const std::function<std::string()> &hang);
 
 /* A Work from a closure (cuBLAS, zero-size marks). */
 struct FnWork : Work {
@@ -300,7 +324,8 @@ struct State {
 	bool in_host_fn = false;
 	long collectives_started = 0;        /* for DPEMU_STALL */
 	bool stall_noted = false;
-	std::atomic<int> aborting{0};        /* threads inside ncclCommAbort */
+	std::atomic<int> aborting{0};        /* teardown threads (Teardown) */
+	std::map<const void *, int> exec_launches; /* graph exec -> launches not completed */
 };
 State &S();
 /* This process's MPI_COMM_WORLD rank once MPI is up, else -1 (nccl.cc). */

@@ -50,18 +50,20 @@
  * Abort. NCCL 2.28's ncclCommAbort raises the communicator's abort flag,
  * which makes its kernels (queued, running, or inside graphs) end without
  * results when they next look at it, and then waits (commDestroySync)
- * until every CUDA graph that captured the communicator has been freed.
- * A graph object or graph exec that is still alive is never freed while
- * the caller waits: that is reported at once as the hang it is. A launched
- * graph keeps the communicators it captured until its last node has run,
- * even when its graph exec was destroyed (CUDA frees an in-flight exec on
- * completion); the abort waits for those launches by running the device,
- * and if no device work completes for DPEMU_ABORT_HANG_S seconds it is the
- * hang it would be on hardware (a launch stuck on a collective of a
- * communicator nobody aborts): FATAL. Aborts of different communicators
- * may run on several threads at once (serialised here by a lock); a thread
- * other than MPI's main one runs only device work that needs no MPI call
- * (no collective of a communicator not yet aborted).
+ * until every CUDA graph that captured the communicator has been destroyed
+ * and every launch of one has completed. cudaGraphExecDestroy of an exec
+ * whose launch is in flight waits for the launch (the H200 did; emu.h's
+ * Teardown). So a launch stuck on a collective ends only once its
+ * communicator's flag is up, the exec is freed only after that, and the
+ * abort returns only after that: dp raises every flag first, one thread
+ * per communicator, and destroys the graph beside them. Aborts and graph
+ * destroys may run on several threads at once (serialised here by the
+ * teardown lock); each waits by running the device, and if nothing
+ * progresses for DPEMU_ABORT_HANG_S seconds it is the hang it would be on
+ * hardware (a launch stuck on a collective of a communicator nobody
+ * aborts; a graph nobody destroys): FATAL. A thread other than MPI's main
+ * one runs only device work that needs no MPI call (no collective of a
+ * communicator not yet aborted).
  *
  * ncclCommFinalize and ncclCommDestroy of a communicator that a live graph
  * captured are reported as a hang too. DPEMU_STALL=RANK[,RANK...]:N stops
@@ -141,7 +143,50 @@ static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...)
 	return r;
 }
 
-static thread_local bool tl_abort; /* this thread is inside ncclCommAbort */
+static thread_local bool tl_abort; /* this thread is a teardown thread (Teardown) */
+
+static std::mutex &teardown_lock()
+{
+	static std::mutex *m = new std::mutex; /* never destroyed, as State */
+	return *m;
+}
+
+namespace emu {
+Teardown::Teardown() : was(tl_abort)
+{
+	tl_abort = true;
+	S().aborting++;
+	lock = std::unique_lock<std::mutex>(teardown_lock());
+}
+
+Teardown::~Teardown()
+{
+	lock.unlock();
+	S().aborting--;
+	tl_abort = was;
+}
+
+void teardown_wait(Teardown &t, const std::function<bool()> &done, const std::function<long()> &progress,
+		   const std::function<std::string()> &hang)
+{
+	double idle = now_s();
+	long seen = progress();
+	while (!done()) {
+		long p = progress();
+		if (run_one() || p != seen) {
+			seen = p;
+			idle = now_s();
+			continue;
+		}
+		if (now_s() - idle > cfg().abort_hang_s)
+			fatal("%s", hang().c_str());
+		t.lock.unlock(); /* let the other teardown threads raise flags, destroy graphs */
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+		t.lock.lock();
+	}
+}
+} // namespace emu
 
 namespace emu {
 void comm_graph_ref(NcclComm *c, int delta)
@@ -673,31 +718,16 @@ static void flush(ncclComm_t c, const char *api)
 		nullptr, api);
 }
 
-static std::mutex &abort_lock()
-{
-	static std::mutex *m = new std::mutex; /* never destroyed, as State */
-	return *m;
-}
-
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
 	if (!comm)
 		return ncclSuccess;
-	/* aborts of several communicators may run at once on several threads */
-	tl_abort = true;
-	S().aborting++;
-	struct Leave {
-		~Leave()
-		{
-			S().aborting--;
-			tl_abort = false;
-		}
-	} leave;
-	std::unique_lock<std::mutex> lock(abort_lock());
+	/* aborts of several communicators, and graph destroys, may run at once
+	 * on several threads */
+	Teardown td;
 	EMU_API_ENTRY("ncclCommAbort");
 	if (!live(comm))
 		return nfail(ncclInvalidArgument, "ncclCommAbort: %p is not a live communicator", (void *)comm);
-	hang_check(comm, "ncclCommAbort");
 	/* the abort flag: queued and running collectives end without results
 	 * when the device next runs them, not here */
 	comm->aborted = true;
@@ -710,26 +740,33 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 	for (auto &o : S().pending)
 		if (o->work->comm() == comm)
 			o->stalled = false; /* DPEMU_STALL: the stalled kernel sees the flag too */
-	/* NCCL waits until every launched graph that captured it is freed */
-	double idle = now_s();
-	while (comm->launch_refs > 0) {
-		if (run_one()) {
-			idle = now_s();
-			continue;
-		}
-		if (now_s() - idle > cfg().abort_hang_s)
-			fatal("ncclCommAbort of communicator #%d hangs: it waits for %d launch(es) of CUDA "
-			      "graphs that captured it, and no device work has completed for %g s; pending: "
-			      "%s. NCCL 2.28's abort waits until every graph that captured the communicator "
-			      "is freed, and a launched graph is freed only when it completes: a launch stuck "
-			      "on a collective of another communicator that is not aborted never completes. "
-			      "Abort every communicator such a graph captured at once.",
-			      comm->id, comm->launch_refs, cfg().abort_hang_s, pending_ops_text().c_str());
-		lock.unlock(); /* let the other aborts raise their flags */
-		struct timespec ts = {0, 20000};
-		nanosleep(&ts, NULL);
-		lock.lock();
-	}
+	/* NCCL waits until every graph that captured it is destroyed and every
+	 * launch of one has completed */
+	teardown_wait(
+		td, [comm] { return comm->launch_refs == 0 && comm->graph_refs == 0; },
+		[comm] { return (long)comm->graph_refs; },
+		[comm] {
+			char buf[1024];
+			if (comm->graph_refs > 0)
+				snprintf(buf, sizeof buf,
+					 "ncclCommAbort of communicator #%d hangs: %d CUDA graph(s)/graph exec(s) "
+					 "that captured its collectives still exist, and no thread destroyed one "
+					 "for %g s: NCCL 2.28 waits in ncclCommAbort until every such graph is "
+					 "destroyed. Destroy them (before the abort, or beside it on another "
+					 "thread once the flags are raised).",
+					 comm->id, comm->graph_refs, cfg().abort_hang_s);
+			else
+				snprintf(buf, sizeof buf,
+					 "ncclCommAbort of communicator #%d hangs: it waits for %d launch(es) of "
+					 "CUDA graphs that captured it, and no device work has completed for %g s; "
+					 "pending: %s. NCCL 2.28's abort waits until every graph that captured the "
+					 "communicator is freed, and a launched graph is freed only when it "
+					 "completes: a launch stuck on a collective of another communicator that "
+					 "is not aborted never completes. Abort every communicator such a graph "
+					 "captured at once.",
+					 comm->id, comm->launch_refs, cfg().abort_hang_s, pending_ops_text().c_str());
+			return std::string(buf);
+		});
 	comms().erase(comm); /* the object stays: queued work points at it */
 	return ncclSuccess;
 }

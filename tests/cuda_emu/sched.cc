@@ -1153,36 +1153,60 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
 	std::vector<NcclComm *> held(g.comms.begin(), g.comms.end());
 	for (NcclComm *nc : held)
 		comm_launch_ref(nc, +1);
-	s->last = new_op(std::make_shared<FnWork>("graph end", [held] {
+	S().exec_launches[exec]++;
+	s->last = new_op(std::make_shared<FnWork>("graph end", [held, exec] {
 				 for (NcclComm *nc : held)
 					 comm_launch_ref(nc, -1);
+				 auto it = S().exec_launches.find(exec);
+				 if (it != S().exec_launches.end() && --it->second == 0)
+					 S().exec_launches.erase(it);
 			 }),
 			 s->id, ops);
 	maybe_eager();
 	return cudaSuccess;
 }
 
+/* Destroying a graph exec whose launch has not completed waits for the
+ * launch (the H200 did, driver 580: a launch stuck on a collective made
+ * cuGraphExecDestroy block; emu.h's Teardown says why that matters), running
+ * the device meanwhile; a launch that cannot complete is the hang it is. */
 static cudaError_t graph_free(void *h, bool exec, const char *api)
 {
+	Teardown td; /* beside aborts on other threads, as dp's abort does */
+	EMU_API_ENTRY(api);
 	auto *g = graph_of(h, exec, api);
 	if (!g)
 		return cudaErrorInvalidValue;
+	if (exec)
+		teardown_wait(
+			td, [h] { return S().exec_launches.count(h) == 0; }, [] { return 0L; },
+			[h, api] {
+				char buf[1024];
+				snprintf(buf, sizeof buf,
+					 "%s hangs: %d launch(es) of this graph exec have not completed and no "
+					 "device work has completed for %g s; pending: %s. On hardware "
+					 "cudaGraphExecDestroy waits for an in-flight launch (the H200, driver "
+					 "580): a launch stuck on a collective ends only when its communicator's "
+					 "abort flag is raised. Abort the communicators first (each "
+					 "ncclCommAbort on a thread of its own), then destroy the graph.",
+					 api, S().exec_launches.count(h) ? S().exec_launches[h] : 0,
+					 cfg().abort_hang_s, pending_ops_text().c_str());
+				return std::string(buf);
+			});
 	for (NcclComm *nc : (*g)->comms)
 		comm_graph_ref(nc, -1);
 	(exec ? S().execs : S().graphs).erase(g);
-	delete g; /* launches in flight keep their work and their communicators */
+	delete g;
 	return cudaSuccess;
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
 {
-	EMU_API_ENTRY("cudaGraphExecDestroy");
 	return graph_free(exec, true, "cudaGraphExecDestroy");
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph)
 {
-	EMU_API_ENTRY("cudaGraphDestroy");
 	return graph_free(graph, false, "cudaGraphDestroy");
 }
 

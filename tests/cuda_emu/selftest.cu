@@ -1095,11 +1095,16 @@ static int c_nccl_inprogress_early(void)
 	return 0;
 }
 
-/* Two communicators captured in one graph, launched, the graph exec and the
- * graph destroyed at once (the launch goes on), and rank 1 never joins: the
- * launch is stuck on the first collective. NCCL's abort waits for the
- * launch, so aborting the two one after the other hangs (the second's
- * collective holds the launch); aborting them at once ends both. */
+/* Two communicators captured in one graph, launched, and rank 1 never
+ * joins: the launch is stuck on the first collective. NCCL's abort waits
+ * until the graph is destroyed and the launch has completed, and
+ * destroying the exec waits for the launch (the H200 did), so: aborting
+ * both at once on threads, then destroying the graph beside them, ends
+ * everything (concurrent); aborting one, destroying, then the other hangs
+ * (the launch waits on the second's collective: serial); destroying the
+ * graph before any abort hangs (destroy_first, what dp did before the H200
+ * showed it). */
+enum { ABORT_SERIAL, ABORT_CONCURRENT, ABORT_DESTROY_FIRST };
 static ncclComm_t dup(ncclComm_t c, int rank)
 {
 	ncclComm_t d;
@@ -1114,7 +1119,7 @@ static void *abort_thread(void *c)
 	return NULL;
 }
 
-static int nccl_abort_case(int concurrent)
+static int nccl_abort_case(int mode)
 {
 	int rank;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -1136,17 +1141,29 @@ static int nccl_abort_case(int concurrent)
 	CK(cudaStreamEndCapture(s, &g));
 	CK(cudaGraphInstantiate(&ge, g, 0));
 	CK(cudaGraphLaunch(ge, s));
-	CK(cudaGraphExecDestroy(ge)); /* in flight: freed when it completes */
-	CK(cudaGraphDestroy(g));
-	if (concurrent) {
-		pthread_t ta, tb;
+	pthread_t ta, tb;
+	switch (mode) {
+	case ABORT_CONCURRENT: /* every flag first, then the graph beside them */
 		EXPECT(pthread_create(&ta, NULL, abort_thread, a) == 0);
 		EXPECT(pthread_create(&tb, NULL, abort_thread, b) == 0);
+		CK(cudaGraphExecDestroy(ge));
+		CK(cudaGraphDestroy(g));
 		pthread_join(ta, NULL);
 		pthread_join(tb, NULL);
-	} else {
-		ncclCommAbort(a); /* hangs: the launch waits on b's collective */
+		break;
+	case ABORT_SERIAL: /* hangs: the launch waits on b's collective */
+		EXPECT(pthread_create(&ta, NULL, abort_thread, a) == 0);
+		CK(cudaGraphExecDestroy(ge));
+		CK(cudaGraphDestroy(g));
+		pthread_join(ta, NULL);
 		ncclCommAbort(b);
+		break;
+	case ABORT_DESTROY_FIRST: /* hangs: the launch waits on a's collective */
+		CK(cudaGraphExecDestroy(ge));
+		CK(cudaGraphDestroy(g));
+		ncclCommAbort(a);
+		ncclCommAbort(b);
+		break;
 	}
 	CK(cudaStreamSynchronize(s)); /* the launch has completed */
 	ncclCommAbort(c);
@@ -1156,12 +1173,17 @@ static int nccl_abort_case(int concurrent)
 
 static int c_nccl_abort_serial(void)
 {
-	return nccl_abort_case(0);
+	return nccl_abort_case(ABORT_SERIAL);
 }
 
 static int c_nccl_abort_concurrent(void)
 {
-	return nccl_abort_case(1);
+	return nccl_abort_case(ABORT_CONCURRENT);
+}
+
+static int c_nccl_destroy_first(void)
+{
+	return nccl_abort_case(ABORT_DESTROY_FIRST);
 }
 
 static const struct {
@@ -1207,6 +1229,7 @@ static const struct {
 	{"nccl_inprogress_early", c_nccl_inprogress_early},
 	{"nccl_abort_serial", c_nccl_abort_serial},
 	{"nccl_abort_concurrent", c_nccl_abort_concurrent},
+	{"nccl_destroy_first", c_nccl_destroy_first},
 };
 
 int main(int argc, char **argv)
