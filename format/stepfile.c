@@ -66,7 +66,7 @@ const unsigned char dp_op_ro[DP_NOPS] = {
 #include "ops.def"
 #undef OP
 };
-const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export"};
+const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export", "sample"};
 const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
 						  "hybrid_shard"};
 const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16", "f16"};
@@ -86,7 +86,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
 /* Serialised record sizes (sum of the field sizes, no padding); DpConfig,
  * DpOptim and DpSched are their settings' fields (dp_record_bytes). */
 enum {
-	METRICS_BYTES = 4 * 4,
+	METRICS_BYTES = 6 * 4,
 	TENSOR_BYTES = 4 + 5 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
 	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
 	INSTR_BYTES = 2 + 1 + 1 + 2 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
@@ -244,6 +244,8 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 	put_i32(&w, s->metrics.grad_norm);
 	put_i32(&w, s->metrics.eval_loss);
 	put_i32(&w, s->metrics.eval_correct);
+	put_i32(&w, s->metrics.sample_tokens);
+	put_i32(&w, s->metrics.sample_logits);
 	put_u32(&w, s->nevents);
 	put_u32(&w, s->source);
 
@@ -725,6 +727,34 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	return 0;
 }
 
+/* The sample program and its two tensors come together: i32 tokens
+ * [rows, ctx] and f32 (or bf16) logits of rows * ctx * vocab elements (what
+ * the runtime writes and reads whole). */
+static int validate_sample(const DpStep *s, char *err, size_t errlen)
+{
+	int32_t tok = s->metrics.sample_tokens, lg = s->metrics.sample_logits;
+	if (check_tid(s, tok, 1, "the sample program's tokens", err, errlen) ||
+	    check_tid(s, lg, 1, "the sample program's logits", err, errlen))
+		return -1;
+	if ((tok >= 0) != (lg >= 0) || (lg >= 0) != (s->nprog[DP_PROG_SAMPLE] > 0)) {
+		fail(err, errlen, "the sample program (%u instructions) without its tokens and logits",
+		     s->nprog[DP_PROG_SAMPLE]);
+		return -1;
+	}
+	if (tok < 0)
+		return 0;
+	const DpTensor *t = &s->tensors[tok], *l = &s->tensors[lg];
+	int64_t nt = dp_numel(t), nl = dp_numel(l);
+	if (t->dtype != DP_I32 || t->ndim != 2 || (l->dtype != DP_F32 && l->dtype != DP_BF16) ||
+	    l->ndim < 2 || nt < 1 ||
+	    l->dims[l->ndim - 1] < 1 || nl != nt * l->dims[l->ndim - 1]) {
+		fail(err, errlen, "the sample program's tokens must be i32 [rows, ctx] and its logits "
+		     "f32 or bf16 [rows, ctx, vocab]");
+		return -1;
+	}
+	return 0;
+}
+
 static int validate(const DpStep *s, char *err, size_t errlen)
 {
 	const DpConfig *c = &s->cfg;
@@ -801,6 +831,8 @@ static int validate(const DpStep *s, char *err, size_t errlen)
 			}
 		}
 	}
+	if (validate_sample(s, err, errlen))
+		return -1;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++)
 			if (validate_instr(s, p, i, err, errlen))
@@ -868,6 +900,8 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	s->metrics.grad_norm = get_i32(&r);
 	s->metrics.eval_loss = get_i32(&r);
 	s->metrics.eval_correct = get_i32(&r);
+	s->metrics.sample_tokens = get_i32(&r);
+	s->metrics.sample_logits = get_i32(&r);
 	s->nevents = get_u32(&r);
 	s->source = get_u32(&r);
 	const char *what = "header records";

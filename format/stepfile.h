@@ -43,8 +43,10 @@
  * 12: at pp > 1 the step program holds every micro-batch (LOAD's micro) and runs
  *    once per step
  * 13: offload: a tensor's memory space (DpTensor.space), DpConfig's
- *    host_arena_bytes, the D2H and H2D ops */
-#define DP_STEP_VERSION 13u
+ *    host_arena_bytes, the D2H and H2D ops
+ * 14: the sample program (DP_PROG_SAMPLE) and DpMetrics' sample_tokens and
+ *    sample_logits; DpConfig's sample_every */
+#define DP_STEP_VERSION 14u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -190,6 +192,10 @@ typedef enum {
 	                 shards out of the full tensors (sharded strategies) */
 	DP_PROG_EXPORT, /* before writing a full checkpoint: ALL_GATHER what is sharded,
 	                   then SAVE every parameter */
+	DP_PROG_SAMPLE, /* inference (language models only, else empty): the step
+	                   program's forward up to the logits, without its loads (the
+	                   runtime writes the context into metrics.sample_tokens, its
+	                   dropout keys -1) and without gradients or optimizer */
 	DP_NPROG
 } DpProgram;
 
@@ -493,6 +499,9 @@ typedef struct {
 	int32_t grad_norm;    /* global gradient norm of the step */
 	int32_t eval_loss;    /* eval: loss sum of the batch */
 	int32_t eval_correct; /* eval: [correct, counted] */
+	int32_t sample_tokens; /* the sample program's i32 [micro_batch, ctx] token input */
+	int32_t sample_logits; /* ... and the [micro_batch, ctx, vocab] logits it leaves (f32,
+	                          or bf16 under precision bf16) */
 } DpMetrics;
 
 typedef struct {
@@ -663,7 +672,7 @@ static inline int dp_is_collective(unsigned op)
 
 /* Names shared by compiler and runtime (one table each, in format/stepfile.c). */
 extern const char *const dp_op_names[DP_NOPS];   /* ORDER OP */
-extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export" */
+extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export", "sample" */
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
 extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16", "f16" */
 extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm" */

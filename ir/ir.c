@@ -88,7 +88,7 @@ Graph *ir_new(const char *file)
 	g->file = file ? ir_strdup(g, file) : "";
 	g->mesh_loc = (Loc){g->file, 0, 0};
 	g->loss = g->logits = g->labels = -1;
-	g->metrics = (DpMetrics){-1, -1, -1, -1};
+	g->metrics = (DpMetrics){-1, -1, -1, -1, -1, -1};
 	ir_settings_default(g); /* format/settings.def's defaults */
 	return g;
 }

@@ -80,7 +80,8 @@ typedef enum {
 #define IR_IN_EVAL 2u /* DP_PROG_EVAL */
 #define IR_IN_INIT 4u /* DP_PROG_INIT */
 #define IR_IN_EXPORT 8u /* DP_PROG_EXPORT */
-#define IR_ALL_PROGS 15u
+#define IR_IN_SAMPLE 16u /* DP_PROG_SAMPLE (passes/sample.c; printed `sample`) */
+#define IR_ALL_PROGS 31u
 /* The program bit of DpProgram p. */
 #define IR_PROG_BIT(p) (1u << (p))
 
@@ -545,7 +546,7 @@ int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */
-#define IR_NRESERVED 14
+#define IR_NRESERVED 15
 extern const char *const ir_reserved_words[IR_NRESERVED];
 
 /* ---- verifier (ir/verify.c) ---- */

@@ -40,7 +40,8 @@
  * the block name (quoted when it is not a plain word or is one of the words
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
- * other mask as progs=N), last (DP_IF_LAST), recompute (a forward node re-run
+ * other mask as progs=N), sample (also in the sample program, passes/sample.c),
+ * last (DP_IF_LAST), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
  * stream=comm, bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
@@ -386,13 +387,15 @@ static void print_directives(FILE *out, const Graph *g)
 
 	const char *const rkeys[] = {"loss", "logits", "labels"};
 	const int rvals[] = {g->loss, g->logits, g->labels};
-	const char *const mkeys[] = {"loss", "grad_norm", "eval_loss", "eval_correct"};
+	const char *const mkeys[] = {"loss", "grad_norm", "eval_loss", "eval_correct",
+				     "sample_tokens", "sample_logits"};
 	const int mvals[] = {g->metrics.loss, g->metrics.grad_norm, g->metrics.eval_loss,
-			     g->metrics.eval_correct};
+			     g->metrics.eval_correct, g->metrics.sample_tokens,
+			     g->metrics.sample_logits};
 	for (int pass = 0; pass < 2; pass++) {
 		const char *const *keys = pass ? mkeys : rkeys;
 		const int *vals = pass ? mvals : rvals;
-		int n = pass ? 4 : 3;
+		int n = pass ? 6 : 3;
 		b.len = 0;
 		for (int i = 0; i < n; i++) {
 			if (vals[i] == -1)
@@ -552,7 +555,7 @@ static const char *progs_word(unsigned progs)
 
 const char *const ir_reserved_words[IR_NRESERVED] = {
 	"data", "fwd", "bwd", "comm", "opt", "eval", "setup", "step", "both", "none", "init",
-	"export", "last", "recompute"};
+	"export", "last", "recompute", "sample"};
 
 /* A block named like a reserved word prints quoted. */
 static int reserved_word(const char *s)
@@ -697,13 +700,16 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 			put_quoted(a, g->blocks[n->block].name);
 		}
 	}
-	if (n->progs != ir_default_progs(n->phase)) {
-		const char *word = progs_word(n->progs);
+	unsigned progs = n->progs & ~IR_IN_SAMPLE; /* `sample` is a word of its own */
+	if (progs != ir_default_progs(n->phase)) {
+		const char *word = progs_word(progs);
 		if (word)
 			bprintf(a, " %s", word);
 		else
-			bprintf(a, " progs=%u", n->progs);
+			bprintf(a, " progs=%u", progs);
 	}
+	if (n->progs & IR_IN_SAMPLE)
+		bputs(a, " sample");
 	if (n->flags & DP_IF_LAST)
 		bputs(a, " last");
 	if (n->recompute)

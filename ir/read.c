@@ -1082,7 +1082,7 @@ static int generic_attr(const char *key, const char *prefix, int n)
 /* The attributes after a node's inputs, into n. */
 static int parse_node_attrs(Reader *r, Node *n)
 {
-	int have_phase = 0, have_progs = 0;
+	int have_phase = 0, have_progs = 0, sample = 0;
 	while (peek(r)->kind != TK_END) {
 		const Tok *t = next(r);
 		if (t->kind != TK_WORD)
@@ -1110,6 +1110,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 			if (p < NELEMS(progs_words)) {
 				n->progs = progs_words[p].progs;
 				have_progs = 1;
+			} else if (strcmp(t->text, "sample") == 0) {
+				sample = 1; /* added to the programs the other words give */
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
 			} else if (strcmp(t->text, "recompute") == 0) {
@@ -1176,6 +1178,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 			       "missing phase (data, fwd, bwd, comm, opt, eval or setup)");
 	if (!have_progs)
 		n->progs = ir_default_progs(n->phase);
+	if (sample)
+		n->progs |= IR_IN_SAMPLE;
 	return 0;
 }
 
@@ -1264,10 +1268,12 @@ static int parse_roles(Reader *r)
 
 static int parse_metrics(Reader *r)
 {
-	static const char *const keys[] = {"loss", "grad_norm", "eval_loss", "eval_correct"};
+	static const char *const keys[] = {"loss", "grad_norm", "eval_loss", "eval_correct",
+					   "sample_tokens", "sample_logits"};
 	DpMetrics *m = &r->g->metrics;
-	int *const slots[] = {&m->loss, &m->grad_norm, &m->eval_loss, &m->eval_correct};
-	return parse_refs(r, keys, slots, 4, "metric");
+	int *const slots[] = {&m->loss, &m->grad_norm, &m->eval_loss, &m->eval_correct,
+			      &m->sample_tokens, &m->sample_logits};
+	return parse_refs(r, keys, slots, 6, "metric");
 }
 
 /* Directive lines: keyword, then its parser (the keyword is consumed). */
@@ -1355,7 +1361,8 @@ static void remap_values(Graph *g, const int *to, int nv)
 			remap(&b->members[m], to, nv);
 	}
 	int *ids[] = {&g->loss, &g->logits, &g->labels, &g->metrics.loss,
-		      &g->metrics.grad_norm, &g->metrics.eval_loss, &g->metrics.eval_correct};
+		      &g->metrics.grad_norm, &g->metrics.eval_loss, &g->metrics.eval_correct,
+		      &g->metrics.sample_tokens, &g->metrics.sample_logits};
 	for (size_t i = 0; i < NELEMS(ids); i++)
 		remap(ids[i], to, nv);
 }

@@ -59,6 +59,7 @@ int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, ord
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
+int sample_run(Graph *g, Diag *d);    /* passes/sample.c: a language model's sample program */
 int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the blocks */
 
 /* passes/stages.c: what each pipeline stage holds and does per micro-batch

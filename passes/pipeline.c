@@ -51,6 +51,8 @@ const Pass pipeline[] = {
 	 fuse_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
+	{"sample", "a language model's sample program: the step's forward up to the logits, "
+		   "without loads", sample_run},
 };
 const int npipeline = sizeof pipeline / sizeof pipeline[0];
 

@@ -27,6 +27,11 @@
  * checkpoint is written when saving is configured, rank 0 says how to
  * resume, and the job exits with 128 + the signal.
  *
+ * Sampling (runtime/sampler.c): --sample with --init-from or --resume
+ * generates from those weights and exits, before any data is opened;
+ * sample_every (--sample-every) prints a sample during training, after the
+ * steps it names, as eval runs.
+ *
  * The learning-rate schedule is exec_lr's (runtime/exec.c).
  * Logged step numbers (console and --losses) count from 1: the line for step
  * k+1 carries the loss of optimizer step k and the lr it used.
@@ -53,6 +58,7 @@
 #include "exec.h"
 #include "metrics.h"
 #include "rt.h"
+#include "sampler.h"
 #include "stamp.h"
 #include "world.h"
 
@@ -81,6 +87,11 @@ typedef struct {
 	int auto_resume;     /* --auto-resume: continue from save_dir's checkpoint if any */
 	int overwrite;       /* --overwrite: a fresh run may replace save_dir's checkpoints */
 	CkptForm save_form;
+	SampleOpts sample;   /* --sample, --tokens, --temperature, --top-k, --seed,
+	                        --sample-logits */
+	int sample_opts;     /* one of the options after --sample was given */
+	int have_seed;       /* --seed: else the step file's */
+	int sample_only;     /* --sample with --init-from or --resume: sample and exit */
 	/* the settings-backed flags (format/settings.def's dpexec flags: --steps,
 	 * --save-every, ...): given[id] when one overrides setting id's value in
 	 * the step file (applied as it is read) */
@@ -108,6 +119,8 @@ typedef struct {
 	Exec x;
 	int have_exec;
 	DataSet *train, *eval;
+	Sampler sp;          /* --sample or sample_every: ready after load_step */
+	int sampling;
 	Ckpt *ck;
 	Metrics m;
 	char *save_dir;      /* NULL: no checkpoints */
@@ -183,6 +196,17 @@ static void usage(FILE *f)
 		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
 		"  --trace-steps A:B     trace only steps A to B (counting from 1, as logged),\n"
 		"                        no eval or export: a window of a long run\n"
+		"\nsampling from a language model (its step file's sample program):\n"
+		"  --sample PROMPT       with --init-from or --resume: print PROMPT and the tokens\n"
+		"                        the model continues it with, then exit; otherwise the\n"
+		"                        prompt of sample_every's samples (default: a newline).\n"
+		"                        Text for a byte-level model (vocab <= 256), else token\n"
+		"                        ids (separated by spaces or commas)\n"
+		"  --tokens N            tokens to generate (default 64)\n"
+		"  --temperature T       softmax temperature (default 1; 0: greedy)\n"
+		"  --top-k K             draw among the K most likely tokens (default 0: all)\n"
+		"  --seed S              the draws' Philox key (default: the step file's seed)\n"
+		"  --sample-logits FILE  rank 0 writes the prompt's logits, a line per position\n"
 		"\ncheckpoints (docs/CHECKPOINTS.md):\n"
 		"  --save-dir DIR        write training-state checkpoints to DIR/step-N: at the end,\n"
 		"                        on SIGINT/SIGTERM and every --save-every steps; DIR/latest\n"
@@ -294,6 +318,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
 	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_CALIBRATE,
+	       O_SAMPLE, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_SEED, O_SAMPLE_LOGITS,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -317,6 +342,12 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"resume", required_argument, NULL, O_RESUME},
 		{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
 		{"overwrite", no_argument, NULL, O_OVERWRITE},
+		{"sample", required_argument, NULL, O_SAMPLE},
+		{"tokens", required_argument, NULL, O_TOKENS},
+		{"temperature", required_argument, NULL, O_TEMPERATURE},
+		{"top-k", required_argument, NULL, O_TOP_K},
+		{"seed", required_argument, NULL, O_SEED},
+		{"sample-logits", required_argument, NULL, O_SAMPLE_LOGITS},
 		{"version", no_argument, NULL, O_VERSION},
 		{"help", no_argument, NULL, 'h'},
 	};
@@ -332,7 +363,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	}
 	memcpy(given, argv, ((size_t)argc + 1) * sizeof *given);
 	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
-		    .argc = argc, .argv = given};
+		    .argc = argc, .argv = given,
+		    .sample = {.tokens = 64, .temperature = 1.0}};
 	opterr = 0;
 	int c, li = -1;
 	while ((li = -1, c = getopt_long(argc, argv, ":h", longopts, &li)) != -1) {
@@ -424,6 +456,51 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		case O_OVERWRITE:
 			o->overwrite = 1;
 			break;
+		case O_SAMPLE:
+			o->sample.prompt = optarg;
+			break;
+		case O_TOKENS: {
+			long v;
+			if (parse_long(optarg, 1, &v) || v > INT32_MAX) {
+				fprintf(stderr, "dpexec: error: --tokens wants how many tokens to generate, "
+						"1 or more, not '%s'\n", optarg);
+				return -1;
+			}
+			o->sample.tokens = v;
+			o->sample_opts = 1;
+			break;
+		}
+		case O_TEMPERATURE: {
+			char *end;
+			o->sample.temperature = strtod(optarg, &end);
+			if (!*optarg || *end || !(o->sample.temperature >= 0) ||
+			    !isfinite(o->sample.temperature))
+				goto badnum;
+			o->sample_opts = 1;
+			break;
+		}
+		case O_TOP_K: {
+			long v;
+			if (parse_long(optarg, 0, &v))
+				goto badnum;
+			o->sample.top_k = v;
+			o->sample_opts = 1;
+			break;
+		}
+		case O_SEED: {
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(optarg, &end, 10);
+			if (!isdigit((unsigned char)optarg[0]) || *end || errno)
+				goto badnum;
+			o->sample.seed = v;
+			o->have_seed = o->sample_opts = 1;
+			break;
+		}
+		case O_SAMPLE_LOGITS:
+			o->sample.logits = optarg;
+			o->sample_opts = 1;
+			break;
 		case O_SAVE_FORM:
 			if (!strcmp(optarg, "full") || !strcmp(optarg, "sharded")) {
 				o->save_form = !strcmp(optarg, "full") ? CKPT_FULL : CKPT_SHARDED;
@@ -470,6 +547,14 @@ static int parse_opts(int argc, char **argv, Opts *o)
 				"--trace\n");
 		return -1;
 	}
+	if (o->sample_opts && !o->sample.prompt && !o->given[DP_SET_SAMPLE_EVERY]) {
+		fprintf(stderr, "dpexec: error: --tokens, --temperature, --top-k, --seed and "
+				"--sample-logits say how to sample: give --sample PROMPT (or "
+				"--sample-every N)\n");
+		return -1;
+	}
+	o->sample_only = o->sample.prompt && !o->given[DP_SET_SAMPLE_EVERY] &&
+			 (o->init_from || o->resume);
 	if ((o->resume || o->auto_resume) && o->init_from) {
 		fprintf(stderr, "dpexec: error: --%s and --init-from exclude each other: a resumed "
 				"run takes its parameters from the checkpoint\n",
@@ -645,8 +730,10 @@ static int save_state(Run *r, uint64_t step, double loss)
 static int check_outputs(Run *r)
 {
 	char err[1024];
-	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace, r->o.calibrate};
-	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace", "--calibrate"};
+	const char *paths[] = {r->o.losses, r->o.log_json, r->o.save_full, r->o.trace,
+			       r->o.calibrate, r->o.sample.logits};
+	const char *what[] = {"--losses", "--log-json", "--save-full", "--trace", "--calibrate",
+			      "--sample-logits"};
 	enum { NOUT = sizeof paths / sizeof paths[0] };
 	if (r->rank != 0)
 		return 0;
@@ -727,6 +814,8 @@ static int setup_local(Run *r)
 		has_train |= s->sources[i].split == DP_SPLIT_TRAIN;
 		has_eval |= s->sources[i].split == DP_SPLIT_EVAL;
 	}
+	if (r->o.sample_only) /* the prompt is the data */
+		has_train = has_eval = 0;
 	if (has_train)
 		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, r->comm->coord[DP_AXIS_CP], &r->train, e));
 	if (has_eval && s->nprog[DP_PROG_EVAL])
@@ -745,7 +834,7 @@ static int setup_local(Run *r)
 	char *parent = NULL, *note = NULL;
 	if (r->o.resume)
 		RT_CHECK(ckpt_resolve(r->o.resume, &r->resume_dir, &parent, &note, e));
-	const char *dir = r->o.save_dir ? r->o.save_dir : parent ? parent
+	const char *dir = r->o.sample_only ? NULL : r->o.save_dir ? r->o.save_dir : parent ? parent
 				     : save_every ? "checkpoints" : NULL;
 	if (dir && !(r->save_dir = strdup(dir))) {
 		free(parent);
@@ -857,7 +946,7 @@ static int setup(Run *r)
 
 /* Where the training loop is between its steps' reports. */
 typedef struct {
-	uint64_t steps, eval_every, log_every, save_every;
+	uint64_t steps, eval_every, log_every, save_every, sample_every;
 	double t_log;     /* when the last line was written */
 	double t_report;  /* when the last reported step was seen done */
 	double done[2];   /* synchronous backend: when step k finished, in done[k & 1] */
@@ -916,6 +1005,16 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 		RT_CHECK(evaluate(r, &ev));
 		paused = MPI_Wtime() - t0;
 		lp->t_all += paused;
+	}
+	if (final && !stop && r->sampling && ((k + 1) % lp->sample_every == 0 || last)) {
+		double t0 = MPI_Wtime();
+		if (r->rank == 0) {
+			printf("sample at step %llu: ", (unsigned long long)k + 1);
+			fflush(stdout);
+		}
+		RT_CHECK(sampler_generate(&r->sp, &r->x, &r->w, r->rank, stdout, e));
+		paused += MPI_Wtime() - t0;
+		lp->t_all += MPI_Wtime() - t0;
 	}
 	if (k == r->start || (k + 1) % lp->log_every == 0 || last || stop || ev.have) {
 		double n = (double)lp->since_log, dt = (done - lp->t_log) / n;
@@ -985,6 +1084,7 @@ static int train(Run *r)
 	lp.eval_every = s->cfg.eval_every;
 	lp.log_every = s->cfg.log_every ? s->cfg.log_every : 1;
 	lp.save_every = s->cfg.save_every;
+	lp.sample_every = s->cfg.sample_every;
 	lp.t_log = lp.t_report = lp.t_all = MPI_Wtime();
 	c->stats = (CommStats){0};
 	lp.at_log = c->stats;
@@ -1013,6 +1113,7 @@ static int train(Run *r)
 		pending = (int64_t)k;
 		int now = k + 1 == lp.steps || r->w.sig != 0 ||
 			  (r->eval && lp.eval_every && (k + 1) % lp.eval_every == 0) ||
+			  (r->sampling && (k + 1) % lp.sample_every == 0) ||
 			  (r->save_dir && lp.save_every && (k + 1) % lp.save_every == 0);
 		if (now) {
 			int rc = report_step(r, &lp, k, 1);
@@ -1056,6 +1157,7 @@ static void run_free(Run *r)
 	r->trace = r->x.trace = NULL;
 	data_free(r->train);
 	data_free(r->eval);
+	sampler_free(&r->sp);
 	if (r->have_exec)
 		exec_free(&r->x);
 	if (r->dl)
@@ -1147,6 +1249,23 @@ static int choose_device(Run *r, char *notice, size_t nlen, RtErr *e)
 	return 0;
 }
 
+/* --sample or the model's sample_every: the sampler, its prompt checked,
+ * before any work. */
+static int prepare_sampling(Run *r)
+{
+	Opts *o = &r->o;
+	if (!o->sample.prompt && !r->step.cfg.sample_every)
+		return 0;
+	if (o->sample.prompt && !o->sample_only && !r->step.cfg.sample_every)
+		return RT_FAIL(&r->e, "--sample samples the weights of --init-from or --resume and "
+			       "exits; to sample a run as it trains, give --sample-every N");
+	if (!o->have_seed)
+		o->sample.seed = r->step.cfg.seed;
+	RT_CHECK(sampler_init(&r->sp, &r->step, &o->sample, &r->e));
+	r->sampling = !o->sample_only;
+	return 0;
+}
+
 /* The trained run and what follows it, with --trace around them. */
 static int train_and_export(Run *r)
 {
@@ -1168,6 +1287,7 @@ static int run(Run *r)
 {
 	RT_CHECK(load_step(r));
 	r->e.rank = r->rank;
+	RT_CHECK(world_sync(&r->w, prepare_sampling(r), 0, &r->e));
 	char notice[640];
 	int dev = choose_device(r, notice, sizeof notice, &r->e);
 	RT_CHECK(world_sync(&r->w, dev, 0, &r->e));
@@ -1188,6 +1308,10 @@ static int run(Run *r)
 		int g = gradcheck_run(&r->x, &r->e);
 		RT_CHECK(world_sync(&r->w, g < 0 ? -1 : 0, 0, &r->e));
 		return g;
+	}
+	if (r->o.sample_only) {
+		int rc = sampler_generate(&r->sp, &r->x, &r->w, r->rank, stdout, &r->e);
+		return world_sync(&r->w, rc, 0, &r->e);
 	}
 	int rc = train_and_export(r);
 	if (rc > 0)

@@ -51,4 +51,17 @@ DROPOUT_FN int dp_dropout_keep(uint64_t seed, uint32_t site, uint32_t sample, ui
 	return r.v[e & 3] >= threshold;
 }
 
+/* Sampling's draw (runtime/sampler.c): a uniform double in [0, 1) for the
+ * token at position pos of a generated sequence, from the same Philox keyed
+ * by the sampling seed; the counter's last three words are all ones, which no
+ * dropout site of a model reaches. */
+DROPOUT_FN double dp_sample_uniform(uint64_t seed, uint64_t pos)
+{
+	philox4x32_ctr_t c = {{(uint32_t)pos, (uint32_t)(pos >> 32), 0xffffffffu, 0xffffffffu}};
+	philox4x32_key_t k = {{(uint32_t)seed, (uint32_t)(seed >> 32)}};
+	philox4x32_ctr_t r = philox4x32(c, k);
+	uint64_t bits = ((uint64_t)r.v[0] << 21) ^ (r.v[1] >> 11); /* 53 bits */
+	return (double)bits * (1.0 / 9007199254740992.0);
+}
+
 #endif

@@ -375,7 +375,7 @@ static Graph *build_frontend(void)
 	DP_FATTR(node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0), XENT, scale) = 1;
 	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
-	g->metrics = (DpMetrics){lsum->id, -1, eloss->id, ecorrect->id};
+	g->metrics = (DpMetrics){lsum->id, -1, eloss->id, ecorrect->id, -1, -1};
 	return g;
 }
 
@@ -533,7 +533,7 @@ static Graph *build_planned(void)
 	DP_FATTR(node(g, DP_OP_XENT, eloss, PH_EVAL, -1, logits, y, 0), XENT, scale) = 1;
 	node(g, DP_OP_CORRECT, ecorrect, PH_EVAL, -1, logits, y, 0);
 	g->loss = loss->id, g->logits = logits->id, g->labels = y->id;
-	g->metrics = (DpMetrics){lsum->id, gnorm->id, eloss->id, ecorrect->id};
+	g->metrics = (DpMetrics){lsum->id, gnorm->id, eloss->id, ecorrect->id, -1, -1};
 	return g;
 }
 
@@ -607,6 +607,9 @@ static void test_prog_words(void)
 		{"none", 0}, {"step", IR_IN_STEP}, {"eval", IR_IN_EVAL},
 		{"both", IR_IN_STEP | IR_IN_EVAL}, {"init", IR_IN_INIT}, {"export", IR_IN_EXPORT},
 		{"progs=12", IR_IN_INIT | IR_IN_EXPORT}, {"progs=2", IR_IN_EVAL},
+		/* sample adds the sample program to what the other words say */
+		{"both sample", IR_IN_STEP | IR_IN_EVAL | IR_IN_SAMPLE},
+		{"eval sample", IR_IN_EVAL | IR_IN_SAMPLE},
 	};
 	for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
 		/* opt's default program is step, setup's is init */

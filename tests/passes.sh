@@ -101,7 +101,7 @@ for model in models/*.dp; do
 		fi
 		bad=""
 		n=0
-		final=$(echo "$T"/d/*-memplan.ir) # the last pass's dump
+		final=$(ls "$T"/d/*.ir | tail -n 1) # the last pass's dump
 		for dump in "$T"/d/*.ir; do
 			n=$((n + 1))
 			k=$(basename "$dump" .ir)

@@ -85,6 +85,7 @@ cp                     1.5    -        25
 tp                     1      -        20
 recompute              1      -        19
 dropout                1      -        25
+sample                 0.5    -        18
 outputs                0.5    -        19
 transformer            1.5    -        18
 tour                   1      -        15

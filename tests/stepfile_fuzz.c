@@ -116,7 +116,8 @@ static DpStep *builtin_step(void)
 	s.opt = (DpOptim){.kind = DP_OPT_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
 			  .eps = 1e-8f};
 	s.sched = (DpSched){.kind = DP_SCHED_COSINE, .warmup = 2, .steps = 10};
-	s.metrics = (DpMetrics){.loss = 4, .grad_norm = -1, .eval_loss = -1, .eval_correct = -1};
+	s.metrics = (DpMetrics){.loss = 4, .grad_norm = -1, .eval_loss = -1, .eval_correct = -1,
+			       .sample_tokens = -1, .sample_logits = -1};
 	s.strings = strs;
 	s.nstrings = sizeof strs;
 	s.tensors = t;
@@ -268,6 +269,31 @@ static int dec(const unsigned char *b, size_t n, char *err, size_t errlen, int *
  * with a message containing want. */
 static uint32_t rule_pp = 1; /* the built-in step's pp while test_pipeline_rules runs */
 
+/* Encode s and decode it: with want, one check that the decoder refuses it
+ * with a message containing want (returns 0); without, one that it accepts
+ * it, returning 1 with the decoded step in d for the caller's checks (the
+ * caller frees it). */
+static int decodes(const char *name, const DpStep *s, const char *want, DpStep *d)
+{
+	unsigned char *buf;
+	size_t len;
+	char err[512] = "out of memory encoding";
+	int rc = -1;
+	if (dpstep_encode(s, &buf, &len) == 0) {
+		rc = dpstep_decode(buf, len, d, err, sizeof err);
+		free(buf);
+	}
+	if (want) {
+		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
+		      rc, err);
+		if (rc == 0)
+			dpstep_free(d);
+		return 0;
+	}
+	check(rc == 0, "%s: accepted (rc %d, '%s')", name, rc, err);
+	return rc == 0;
+}
+
 static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int nhalf,
 		    const char *want)
 {
@@ -303,24 +329,12 @@ static void rule_dt(const char *name, int p, DpInstr in, uint32_t strategy, int 
 	s.prog[p] = prog;
 	s.nprog[p]++;
 	s.cfg.strategy = strategy;
-	unsigned char *buf;
-	size_t len;
-	char err[512] = "";
 	DpStep d;
-	int rc = -1;
-	if (dpstep_encode(&s, &buf, &len) == 0) {
-		rc = dpstep_decode(buf, len, &d, err, sizeof err);
-		free(buf);
-	}
-	if (want)
-		check(rc != 0 && strstr(err, want), "%s: refused with '%s' (rc %d, '%s')", name, want,
-		      rc, err);
-	else {
-		check(rc == 0 && d.cfg.strategy == strategy && d.nprog[p] == s.nprog[p],
-		      "%s: accepted (rc %d, '%s')", name, rc, err);
-	}
-	if (rc == 0)
+	if (decodes(name, &s, want, &d)) {
+		check(d.cfg.strategy == strategy && d.nprog[p] == s.nprog[p], "%s: decoded as built",
+		      name);
 		dpstep_free(&d);
+	}
 	free(prog);
 }
 
@@ -390,6 +404,54 @@ static void test_program_rules(void)
 	rule("all_gather in the init program", DP_PROG_INIT, ag, 0, "allowed only in the step, eval");
 	rule("all_gather in the export program", DP_PROG_EXPORT, ag, DP_STRAT_FULL_SHARD, NULL);
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
+}
+
+/* The sample program (version 12) and its tokens and logits, which come
+ * together: program p = DP_PROG_SAMPLE holding `in` (or nothing), tokens and
+ * logits the metrics' ids, y (tensor 1) made i32 [4, ctx]. */
+static void sample_rule(const char *name, const DpInstr *in, int32_t tokens, int32_t logits,
+			int64_t ctx, const char *want)
+{
+	DpStep s = *builtin_step();
+	DpTensor tens[7];
+	memcpy(tens, s.tensors, sizeof tens);
+	tens[1].ndim = 2, tens[1].dims[1] = ctx;
+	s.tensors = tens;
+	s.metrics.sample_tokens = tokens, s.metrics.sample_logits = logits;
+	DpInstr one[1];
+	if (in) {
+		one[0] = *in;
+		s.prog[DP_PROG_SAMPLE] = one;
+		s.nprog[DP_PROG_SAMPLE] = 1;
+	}
+	DpStep d;
+	if (decodes(name, &s, want, &d)) {
+		check(d.nprog[DP_PROG_SAMPLE] == s.nprog[DP_PROG_SAMPLE] &&
+		      d.metrics.sample_tokens == tokens && d.metrics.sample_logits == logits,
+		      "%s: decoded as built", name);
+		dpstep_free(&d);
+	}
+}
+
+static void test_sample_rules(void)
+{
+	const DpInstr base = {.in = {-1, -1, -1, -1}, .out = -1};
+	DpInstr lin = base, load = base;
+	lin.op = DP_OP_LINEAR, lin.out = 5, lin.in[0] = 0, lin.in[1] = 2;
+	load.op = DP_OP_LOAD, load.out = 1, DP_ATTR(&load, LOAD, source) = 1;
+	sample_rule("a sample program", &lin, 1, 5, 1, NULL);
+	sample_rule("no sample program", NULL, -1, -1, 1, NULL);
+	sample_rule("a sample program without its tensors", &lin, -1, -1, 1,
+		    "the sample program (1 instructions) without its tokens and logits");
+	sample_rule("sample tensors without a program", NULL, 1, 5, 1,
+		    "the sample program (0 instructions) without");
+	sample_rule("tokens without logits", &lin, 1, -1, 1, "without its tokens and logits");
+	sample_rule("logits of another size", &lin, 1, 2, 1,
+		    "tokens must be i32 [rows, ctx] and its logits f32 or bf16 [rows, ctx, vocab]");
+	sample_rule("f32 tokens", &lin, 0, 5, 1, "tokens must be i32");
+	sample_rule("tokens out of range", &lin, 7, 5, 1, "the sample program's tokens");
+	sample_rule("a load in the sample program", &load, 1, 5, 1,
+		    "sample program, instruction 0 (load): allowed only in the step and eval programs");
 }
 
 /* Pipeline stages (pp=2): an instruction's stage, and a send or recv between
@@ -723,10 +785,10 @@ int main(int argc, char **argv)
 	{
 		unsigned char *t = malloc(len);
 		memcpy(t, buf, len);
-		/* the settings' records (format/settings.def), metrics 16, nevents 4,
-		 * source 4: strings nbytes */
+		/* the settings' records (format/settings.def), metrics 24 (6 ids),
+		 * nevents 4, source 4: strings nbytes */
 		size_t at = DP_STEP_HEADER_BYTES + dp_record_bytes(DP_REC_CFG) +
-			    dp_record_bytes(DP_REC_OPT) + dp_record_bytes(DP_REC_SCHED) + 16 + 4 + 4;
+			    dp_record_bytes(DP_REC_OPT) + dp_record_bytes(DP_REC_SCHED) + 24 + 4 + 4;
 		put32(t + at, 0xfffffff0u);
 		fix_crc(t, len);
 		rc = dec(t, len, err, sizeof err, &inv);
@@ -782,6 +844,7 @@ int main(int argc, char **argv)
 	if (argc <= 1)
 		test_program_rules();
 	test_pipeline_rules();
+	test_sample_rules();
 	test_operand_rules();
 	free(buf);
 	if (argc > 1)
