@@ -745,11 +745,11 @@ static int validate_sample(const DpStep *s, char *err, size_t errlen)
 		return 0;
 	const DpTensor *t = &s->tensors[tok], *l = &s->tensors[lg];
 	int64_t nt = dp_numel(t), nl = dp_numel(l);
-	if (t->dtype != DP_I32 || t->ndim != 2 || (l->dtype != DP_F32 && l->dtype != DP_BF16) ||
+	if (t->dtype != DP_I32 || t->ndim != 2 || (l->dtype != DP_F32 && !dp_is_half(l->dtype)) ||
 	    l->ndim < 2 || nt < 1 ||
 	    l->dims[l->ndim - 1] < 1 || nl != nt * l->dims[l->ndim - 1]) {
 		fail(err, errlen, "the sample program's tokens must be i32 [rows, ctx] and its logits "
-		     "f32 or bf16 [rows, ctx, vocab]");
+		     "f32, bf16 or f16 [rows, ctx, vocab]");
 		return -1;
 	}
 	return 0;

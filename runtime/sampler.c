@@ -211,11 +211,10 @@ int sampler_generate(Sampler *sp, Exec *x, const World *w, int rank, FILE *out, 
 		RT_CHECK(exec_tensor_write(x, sp->tokens, sp->win, e));
 		RT_CHECK(exec_run(x, DP_PROG_SAMPLE, 1, e));
 		RT_CHECK(exec_tensor_read(x, sp->logits, sp->lg, e));
-		if (x->s->tensors[sp->logits].dtype == DP_BF16) /* widened in place, from the end */
-			for (int64_t i = rows * ctx * sp->vocab - 1; i >= 0; i--) {
-				uint32_t b = (uint32_t)((const uint16_t *)sp->lg)[i] << 16;
-				memcpy(&sp->lg[i], &b, sizeof b);
-			}
+		unsigned dt = x->s->tensors[sp->logits].dtype;
+		if (dp_is_half(dt)) /* bf16 or f16: widened in place, from the end */
+			for (int64_t i = rows * ctx * sp->vocab - 1; i >= 0; i--)
+				sp->lg[i] = rt_from_half(dt, ((const uint16_t *)sp->lg)[i]);
 		if (k == 0 && rank == 0 && sp->o.logits)
 			RT_CHECK(write_logits(sp, e));
 		int32_t next = rank == 0 ? draw(sp, sp->lg + (n - 1) * sp->vocab) : 0;

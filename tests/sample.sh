@@ -13,7 +13,7 @@
 #     saved safetensors (--init-from) and from the checkpoint (--resume,
 #     which leaves the save directory as it was);
 #   - greedy (--temperature 0) from "hello" continues the text exactly, also
-#     compiled with --precision bf16 (bf16 logits);
+#     compiled with --precision bf16 and fp16 (16-bit logits);
 #   - the prompt's logits (--sample-logits) equal PyTorch's forward of the
 #     same window from the same weights (tests/torch_gpt.py's Model, the
 #     training forward transformer.sh checks; atol 1e-4): every position,
@@ -97,14 +97,16 @@ if case_on greedy; then
 	else
 		fail "greedy from 'hello' continues the text: want '$want', got '$(cat "$T/greedy.out")'"
 	fi
-	# precision bf16: the logits are bf16 (the runtime widens them)
-	if "$DPC" "$T/lm.dp" -D layers=1 -D d=32 --precision bf16 -o "$T/bf16.bin" >"$T/bf16.dpc" 2>&1 &&
-		sample bf16 1 "$T/bf16.bin" --sample hello --tokens 40 --temperature 0 &&
-		[ "$(cat "$T/bf16.out")" = "$want" ]; then
-		ok "greedy in bf16 continues the text too"
-	else
-		fail "greedy in bf16 continues the text: got '$(cat "$T/bf16.out" 2>/dev/null)'"
-	fi
+	# precision bf16 and fp16: the logits are 16-bit (the runtime widens them)
+	for p in bf16 fp16; do
+		if "$DPC" "$T/lm.dp" -D layers=1 -D d=32 --precision $p -o "$T/$p.bin" >"$T/$p.dpc" 2>&1 &&
+			sample $p 1 "$T/$p.bin" --sample hello --tokens 40 --temperature 0 &&
+			[ "$(cat "$T/$p.out")" = "$want" ]; then
+			ok "greedy in $p continues the text too"
+		else
+			fail "greedy in $p continues the text: got '$(cat "$T/$p.out" 2>/dev/null)'"
+		fi
+	done
 fi
 
 if case_on logits; then

@@ -447,7 +447,7 @@ static void test_sample_rules(void)
 		    "the sample program (0 instructions) without");
 	sample_rule("tokens without logits", &lin, 1, -1, 1, "without its tokens and logits");
 	sample_rule("logits of another size", &lin, 1, 2, 1,
-		    "tokens must be i32 [rows, ctx] and its logits f32 or bf16 [rows, ctx, vocab]");
+		    "tokens must be i32 [rows, ctx] and its logits f32, bf16 or f16 [rows, ctx, vocab]");
 	sample_rule("f32 tokens", &lin, 0, 5, 1, "tokens must be i32");
 	sample_rule("tokens out of range", &lin, 7, 5, 1, "the sample program's tokens");
 	sample_rule("a load in the sample program", &load, 1, 5, 1,
