@@ -70,23 +70,8 @@ fi
 text_shard
 # transformer.sh's train settings (tests/lib.sh: GB, OPT, SCHED, TORCH_OPT)
 
-# bf16_copy SRC DST [STRATEGY [MESH]]: SRC in bf16 on the test's shards and settings
-bf16_copy() {
-	local st=${3:-ddp} mesh=${4:-}
-	{ [ -z "$mesh" ] || echo "$mesh"; grep -v '^mesh ' "$1"; } | sed -e "$data" \
-		-e "s/^  optimizer .*/  $OPT/" -e "s/^  schedule .*/  $SCHED/" \
-		-e "s/^  global_batch .*/  global_batch $GB/" -e "s/^  grad_accum .*//" \
-		-e "s/^  clip_grad_norm .*/  clip_grad_norm 1.0/" -e "s/^  seed .*/  seed 1234/" \
-		-e "s/^  strategy .*/  strategy $st\n  precision bf16/" >"$2"
-	grep -q "^  precision bf16" "$2" || fail "copy of $1"
-}
-
-# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files (dpexec's
-# start with a '#' header)
-rel_sum() {
-	paste <(grep -v '^#' "$1") <(grep -v '^#' "$2") |
-		awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
-}
+# bf16_copy SRC DST [STRATEGY [MESH]]: SRC in bf16 (tests/lib.sh)
+bf16_copy() { precision_copy bf16 "$@"; }
 
 # ---- 1. PyTorch ----
 LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"

@@ -323,3 +323,23 @@ emu_start() {
 		return 1
 	fi
 }
+
+# precision_copy PREC SRC DST [STRATEGY [MESH]]: SRC in PREC (bf16, fp16) on
+# the test's shards ($data, text_shard's) and transformer.sh's train settings
+# (GB, OPT, SCHED above), strategy STRATEGY (ddp), MESH its mesh line
+precision_copy() {
+	local prec=$1 st=${4:-ddp} mesh=${5:-}
+	{ [ -z "$mesh" ] || echo "$mesh"; grep -v '^mesh ' "$2"; } | sed -e "$data" \
+		-e "s/^  optimizer .*/  $OPT/" -e "s/^  schedule .*/  $SCHED/" \
+		-e "s/^  global_batch .*/  global_batch $GB/" -e "s/^  grad_accum .*//" \
+		-e "s/^  clip_grad_norm .*/  clip_grad_norm 1.0/" -e "s/^  seed .*/  seed 1234/" \
+		-e "s/^  strategy .*/  strategy $st\n  precision $prec/" >"$3"
+	grep -q "^  precision $prec" "$3" || fail "copy of $2"
+}
+
+# rel_sum A B: the sum over steps of |A - B| / |B| of two loss files
+# (dpexec's start with a '#' header)
+rel_sum() {
+	paste <(grep -v '^#' "$1") <(grep -v '^#' "$2") |
+		awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
+}

@@ -676,18 +676,7 @@ part6() {
 		>"$L/nsys-kern.csv" 2>>"$L/nsys.log"
 	local rc=$?
 	# "Total Time (ns)", "Instances" and "Name" by header
-	awk '
-		function split_csv(s, f,    n, i, c, q, cur) {
-			n = 0; q = 0; cur = ""
-			for (i = 1; i <= length(s); i++) {
-				c = substr(s, i, 1)
-				if (c == "\"") q = !q
-				else if (c == "," && !q) { f[++n] = cur; cur = "" }
-				else cur = cur c
-			}
-			f[++n] = cur
-			return n
-		}
+	awk "$SPLIT_CSV"'
 		/Total Time/ && /Name/ { n = split_csv($0, h); for (i = 1; i <= n; i++) col[h[i]] = i; next }
 		col["Name"] && NF { split_csv($0, f); t = f[col["Total Time (ns)"]]; gsub(/,/, "", t); all += t; k[++m] = f[col["Name"]]; tt[m] = t; c[m] = f[col["Instances"]] }
 		END { for (i = 1; i <= m; i++) printf "%.0f\t%d\t%.1f%%\t%s\n", tt[i] / 3, c[i] / 3, 100 * tt[i] / all, substr(k[i], 1, 100) }
@@ -699,6 +688,21 @@ part6() {
 		report FAIL "nsys (exit $rc$([ $rc = 124 ] && echo ": cut at the part's deadline")): $(tail -n 1 "$L/nsys.log" | cut -c1-200)"
 	fi
 }
+
+# SPLIT_CSV: an awk function splitting a CSV line into f[1..n] (the
+# profilers' kernel names hold commas inside quotes), for their summaries
+SPLIT_CSV='
+	function split_csv(s, f,    n, i, c, q, cur) {
+		n = 0; q = 0; cur = ""
+		for (i = 1; i <= length(s); i++) {
+			c = substr(s, i, 1)
+			if (c == "\"") q = !q
+			else if (c == "," && !q) { f[++n] = cur; cur = "" }
+			else cur = cur c
+		}
+		f[++n] = cur
+		return n
+	}'
 
 # ncu_class TAG REGEX COUNT NCU BIN WHAT: ncu's gpu__time_duration of the
 # kernels whose function names match REGEX, over 1 step of BIN (at most
@@ -734,18 +738,7 @@ ncu_class() {
 # by header; names hold commas in quotes, and values thousands separators:
 # "823,136")
 ncu_sum() {
-	awk '
-		function split_csv(s, f,    n, i, c, q, cur) {
-			n = 0; q = 0; cur = ""
-			for (i = 1; i <= length(s); i++) {
-				c = substr(s, i, 1)
-				if (c == "\"") q = !q
-				else if (c == "," && !q) { f[++n] = cur; cur = "" }
-				else cur = cur c
-			}
-			f[++n] = cur
-			return n
-		}
+	awk "$SPLIT_CSV"'
 		/^"ID"/ { n = split_csv($0, h); for (i = 1; i <= n; i++) col[h[i]] = i; next }
 		col["Kernel Name"] && /^"/ {
 			split_csv($0, f)
