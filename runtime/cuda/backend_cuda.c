@@ -63,7 +63,8 @@
  * after an abort that outlived its bound, the host tables alone.
  *
  * Plain C compiled by gcc with -Wall -Wextra: the CUDA runtime, cuBLASLt and
- * NCCL C APIs only. Nothing here has run on a GPU: see docs/CUDA.md.
+ * NCCL C APIs only. It has run on an H200 (docs/CUDA.md, "Measured on
+ * hardware", which also lists what only hardware shows).
  */
 #include <math.h>
 #include <pthread.h>
