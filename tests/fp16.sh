@@ -63,26 +63,9 @@ LLAMA_SMALL="-D ctx=64 -D d=64 -D layers=2 -D ffn=176"
 torch_case() {
 	local name=$1 kind=$2 src=$3; shift 3
 	case_on "torch-$name" || return 0
-	local dpc_args=()
-	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
-	[ $# -gt 0 ] && shift
-	fp16_copy "$src" "$T/$name.dp"
-	"$DPC" "$T/$name.dp" "${dpc_args[@]}" -o "$T/$name.bin" 2>"$T/$name.log" ||
-		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
-	mpi 1 "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
-		>"$T/$name.log" 2>&1 &&
-	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
-		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
-		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return 1; }
-	local pr prs=fp16
+	local prs=fp16
 	[ "$name" = gpt2-tiny ] && prs="fp16 f32"
-	for pr in $prs; do
-		# shellcheck disable=SC2086
-		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
-			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
-			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
-			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
-	done
+	precision_runs fp16 "$name" "$kind" "$src" "$prs" "$@" || return 1
 	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch.fp16" --rtol $TOL --atol 0 \
 		>"$T/$name.cmp"; then
 		ok "$name fp16: $STEPS losses agree with PyTorch fp16 to rtol 2^-12 ($(awk '/ loss:/ {print $8}' "$T/$name.cmp"))"

@@ -343,3 +343,31 @@ rel_sum() {
 	paste <(grep -v '^#' "$1") <(grep -v '^#' "$2") |
 		awk '{d = $2 - $NF; if (d < 0) d = -d; s += d / ($NF < 0 ? -$NF : $NF)} END {printf "%.3e", s}'
 }
+
+# precision_runs PREC NAME KIND SRC "TORCH-PRECS" DPC-ARGS... -- TORCH-ARGS...:
+# SRC in PREC (precision_copy) compiled as $T/NAME.bin, its initial weights
+# saved ($T/NAME.init.st) and its STEPS losses from them ($T/NAME.dp.txt);
+# then tests/torch_gpt.py (KIND, 4 heads) from the same weights at each of
+# TORCH-PRECS ($T/NAME.torch.PREC). 1 (after a fail) when a run fails.
+precision_runs() {
+	local prec=$1 name=$2 kind=$3 src=$4 prs=$5; shift 5
+	local dpc_args=()
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do dpc_args+=("$1"); shift; done
+	[ $# -gt 0 ] && shift
+	precision_copy "$prec" "$src" "$T/$name.dp"
+	"$DPC" "$T/$name.dp" "${dpc_args[@]}" -o "$T/$name.bin" 2>"$T/$name.log" ||
+		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
+	mpi 1 "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
+		>"$T/$name.log" 2>&1 &&
+	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
+		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return 1; }
+	local pr
+	for pr in $prs; do
+		# shellcheck disable=SC2086
+		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
+			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
+			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
+			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
+	done
+}
