@@ -134,12 +134,46 @@ INSIDE="settings:errors"
 #   run the same strategies' bf16 paths (bf16 shards of an f32 master, the
 #   reduce-scatters and gathers in bf16, the clip over shards) on the same
 #   model, at another world size.
+# - PyTorch's own runs: Python and torch, none of our code. Under SAN=1 each
+#   suite keeps the cases whose dp runs no other SAN case makes (our side of
+#   the references' I/O: --save-full of the initial weights, --init-from,
+#   the losses file): torch_ref's adamw (1 rank) and sgd-nesterov-2ranks
+#   (the one SAN run of the Nesterov update), groups' torch, bf16's and
+#   fp16's torch-*, transformer's model cases. In the plain variant only:
+#   the detection cases (lr-detected, nesterov-not-momentum, groups'
+#   torch-no-*, schedules' torch-wsd-late: a second PyTorch run against a
+#   dp run the cases above make), schedules' torch-wsd and torch-step (their
+#   dp runs are the closed-form cases', which stay), and torch_ref's
+#   adamw-2ranks, full_shard-2ranks and sgd, whose dp runs repeat what SAN
+#   runs elsewhere: AdamW under ddp at 2 ranks (equivalence.sh), full_shard
+#   with --init-from (sharding.sh's mlp8 cases), SGD with momentum
+#   (offload.sh's mlp-sgd-zero2-np2): 52 s of the SAN run's CPU in all.
+# - tour's readme-tour: README's tour trains models/mlp.dp for 200 steps at
+#   4 ranks, at 1 and under dprun at 4: the same step programs
+#   equivalence.sh, dprun.sh and durability.sh run under SAN=1 for a few
+#   steps, 600 times over (32 s of the SAN run's CPU); that README's lines
+#   work is the plain variant's check.
+# - offload's mlp-ddp-np4: ddp keeps no shards, so the host update and its
+#   copies are mlp-ddp-np2's at another world size (the np4 cases of zero2
+#   and full_shard stay: their head bucket is padded at 4 ranks, not at 2;
+#   8 s).
 SAN_PLAIN="
 bf16       gpt2-tiny-*-np4
+bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+groups     torch-no-*
+offload    mlp-ddp-np4
+schedules  torch-*
 sharding   mlp-*
+torch_ref  adamw-2ranks
+torch_ref  full_shard-2ranks
+torch_ref  sgd
+torch_ref  lr-detected
+torch_ref  nesterov-not-momentum
+tour       readme-tour
+transformer lr-detected
 "
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
