@@ -329,8 +329,7 @@ compare() {
 		what="updates rel" within="updates rtol $6"
 		params=(updates "$7" "$2.st" "$3.st" --rtol "$6")
 	fi
-	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 >"$2.cmp" &&
-		$PY tests/compare.py "${params[@]}" >>"$2.cmp"; then
+	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 --and "${params[@]}" >"$2.cmp"; then
 		local fig
 		fig=$(awk -v what="$what" '/ loss:/ {l = $8} / updates:/ {p = $4}
 			/ max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
