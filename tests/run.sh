@@ -124,15 +124,16 @@ simulate               0.5    -         9
 pipeline               1      -        30
 golden                 0.5    -         1
 "
-# The seconds of each suite under SAN=1 (measured as the table's), which
-# order a queue of both variants: longest first
+# The seconds of each suite under SAN=1 (measured as the table's, less
+# the SAN_PLAIN cases' seconds where cases moved there), which order a
+# queue of both variants: longest first
 SAN_SECS="
-durability 264 faults 164 dprun 158 offload 123 passes 70 pipeline 54
-torch_ref 54 sharding 55 resume 50 bf16 48 cp 44 tp 43 groups 39
-recompute 36 schedules 36 runtime_errors 35 gradcheck 32 hosts 29 outputs 29
-stepfile_fuzz 28 fp16 26 tour 25 transformer 25 unit 23 dropout 22
-sample 20 equivalence 19 signals 19 errors 14 logs 14 trace 11 data_errors 10
-cuda 7 simulate 7
+durability 264 faults 164 dprun 140 offload 113 passes 70 pipeline 54
+sharding 55 resume 50 bf16 44 cp 44 tp 43 recompute 36 runtime_errors 35
+gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
+fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
+signals 19 torch_ref 17 errors 14 logs 14 trace 11 data_errors 10 cuda 7
+simulate 7 tour 1
 "
 # Suites another suite runs (NAME:PARENT): not started on their own by a
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
@@ -185,12 +186,15 @@ INSIDE="settings:errors"
 #   copies are mlp-ddp-np2's at another world size (the np4 cases of zero2
 #   and full_shard stay: their head bucket is padded at 4 ranks, not at 2;
 #   8 s).
+# - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
+#   restart at 2 ranks as kill9-1, at another random step (8 s).
 SAN_PLAIN="
 bf16       gpt2-tiny-*-np4
 bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+dprun      kill9-[2-9]
 groups     torch-no-*
 offload    mlp-ddp-np4
 schedules  torch-*
