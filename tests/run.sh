@@ -84,7 +84,7 @@ nvar=$(echo $VARIANTS | wc -w)
 TABLE="
 durability             0.5    -       212
 cuda_emu               1      -       347
-cuda_emu_mutations     1      -       286
+cuda_emu_mutations     1      -       190
 gpu_kit                1      -       100
 offload                0.5    -       149
 faults                 0.5    -       104
