@@ -698,7 +698,7 @@ else
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 case_on "tests/cuda.sh, old driver" &&
-env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+env CASE= DP_LIST= DP_CASE_TIMES= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
 if ! case_ran "tests/cuda.sh, old driver"; then
 	:
@@ -709,7 +709,7 @@ else
 	grep -E "FAIL|SKIP|cuda:" "$T/cudash.out" | head -n 5
 fi
 case_on "tests/cuda.sh, no driver" &&
-env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+env CASE= DP_LIST= DP_CASE_TIMES= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
 if ! case_ran "tests/cuda.sh, no driver"; then
 	:
