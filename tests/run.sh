@@ -129,7 +129,7 @@ golden                 0.5    -         1
 # queue of both variants: longest first
 SAN_SECS="
 durability 264 faults 164 dprun 140 offload 113 passes 70 pipeline 54
-sharding 55 resume 50 bf16 44 cp 44 tp 43 recompute 36 runtime_errors 35
+sharding 55 resume 50 bf16 44 tp 43 cp 30 recompute 36 runtime_errors 35
 gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
 fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
 signals 19 torch_ref 17 errors 14 logs 14 trace 11 data_errors 10 cuda 7
@@ -186,6 +186,11 @@ INSIDE="settings:errors"
 #   copies are mlp-ddp-np2's at another world size (the np4 cases of zero2
 #   and full_shard stay: their head bucket is padded at 4 ranks, not at 2;
 #   8 s).
+# - cp's llama-cp2dp2, llama-cp2tp2 and llama-cp2tp2fs2: the meshes of
+#   gpt2-tiny's cp2dp2, cp2tp2 and cp2tp2fs2 (which stay) with llama's ops,
+#   whose cp path (rope at each token's position, K/V gathered on cp) is
+#   llama-cp2's and tp path tp.sh's and transformer.sh's llama-tp2, all
+#   under SAN=1 (20 s).
 # - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
 #   restart at 2 ranks as kill9-1, at another random step (8 s).
 SAN_PLAIN="
@@ -194,6 +199,7 @@ bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+cp         llama-cp2?*
 dprun      kill9-[2-9]
 groups     torch-no-*
 offload    mlp-ddp-np4
