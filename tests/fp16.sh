@@ -28,6 +28,9 @@
 #    every loss after it would be NaN. Then 8 steps (the last one skipped),
 #    a sharded checkpoint, --resume to 10: the straight run's losses and
 #    parameters, bit for bit (the scale and its counters are restored).
+#    A static scale of 2^26 at 1 rank: every step overflows and is skipped,
+#    the scale stays, and the parameters after 3 steps are the initial
+#    ones, bit for bit.
 #
 # The learning rate is 1e-3 here, not transformer.sh's 2e-3: at 2e-3 with
 # loss scaling, gpt2-tiny's step 19 lands on a sharp spot (the gradient
@@ -217,6 +220,19 @@ if case_on resume-overflow-np3 && once ls-init ls_init; then
 	else
 		tail -n 5 "$T/ov.r.log" 2>/dev/null; grep -A5 '^.."loss_scale"' "$T/ov.ck"/step-*/state.json
 		fail "overflow at 3 ranks: the run resumed after a skipped step differs from the straight one"
+	fi
+fi
+if case_on static-overflow && once ls-init ls_init; then
+	if "$DPC" "$T/ov.dp" --world-size 1 --set 'train.loss_scale=static(scale=67108864)' \
+		-o "$T/ovs.bin" >"$T/ovs.log" 2>&1 &&
+		mpi 1 "$T/ovs.bin" --steps 3 --eval-every 0 --quiet --init-from "$T/ov.init.st" \
+			--log-every 1 --log-json "$T/ovs.json" --save-full "$T/ovs.st" >>"$T/ovs.log" 2>&1 &&
+		[ "$(grep -c '"loss_scale": 67108864, "skipped_steps": [123]' "$T/ovs.json")" = 3 ] &&
+		cmp -s "$T/ovs.st" "$T/ov.init.st"; then
+		ok "static scale 2^26: 3 steps, all overflowing, all skipped at that scale; the parameters are the initial ones, bit for bit"
+	else
+		tail -n 5 "$T/ovs.log"; grep -o '"loss_scale[^,]*, "skipped[^,]*' "$T/ovs.json" 2>/dev/null
+		fail "static scale 2^26: the overflowing steps were not all skipped"
 	fi
 fi
 finish fp16
