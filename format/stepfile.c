@@ -714,6 +714,11 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	case DP_OP_AMP_CHECK: /* the executor reads the norm: one f32 */
 		if (p != DP_PROG_STEP)
 			return misplaced(what, "the step program", err, errlen);
+		if (s->opt.loss_scale == DP_LS_NONE) {
+			fail(err, errlen, "%s: a loss-scaling check in a step file without loss scaling",
+			     what);
+			return -1;
+		}
 		if (check_f32(s, in->in[0], "input", what, err, errlen))
 			return -1;
 		if (dp_numel(&s->tensors[in->in[0]]) != 1) {
