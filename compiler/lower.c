@@ -266,6 +266,31 @@ static void lower_precision(Lower *L)
 			scope_note_half(L, asks[i]->loc, dts[i]);
 }
 
+/* Loss scaling (passes/lossscale.c) is fp16's: a model that computes in f16
+ * anywhere (train's precision or a block's) scales dynamically unless
+ * loss_scale says otherwise, as PyTorch's AMP recipe (autocast + GradScaler)
+ * does; bf16 and f32 keep f32's exponent range and need none, so asking
+ * for it there is an error rather than a silent no-op. */
+static void lower_loss_scale(Lower *L)
+{
+	Graph *g = L->g;
+	const SetVal *ls = &L->set[DP_SET_LOSS_SCALE];
+	int f16 = g->param_dtype == DP_F16 || L->half_dtype == DP_F16;
+	if (!ls->given && f16)
+		ir_settings_kind(g, DP_SET_LOSS_SCALE, DP_LS_DYNAMIC);
+	if (g->opt.loss_scale == DP_LS_NONE || (ls->given && !ls->ok))
+		return;
+	Loc at = ls->given ? ls->val.loc : L->half_at;
+	if (!f16)
+		ERR(at, "loss_scale needs precision fp16: %s has f32's exponent range, and its "
+			"gradients need no scaling (remove loss_scale)",
+		    L->half_dtype == DP_BF16 || g->param_dtype == DP_BF16 ? "bf16" : "f32");
+	else if (g->cfg.mesh[DP_AXIS_PP] > 1 || g->offload)
+		ERR(at, "fp16's loss scaling is not implemented %s yet: train in bf16, or without "
+			"loss scaling (loss_scale none)",
+		    g->offload ? "with offload optimizer" : "over pipeline stages (pp > 1)");
+}
+
 static void lower_train(Lower *L)
 {
 	Graph *g = L->g;
@@ -756,6 +781,8 @@ Graph *lower_ast(ParseState *ps, const FeOptions *opts)
 		ERR(L->top, "missing 'model' section");
 	else if (L->data)
 		model_lower(L);
+	if (L->model && L->data)
+		lower_loss_scale(L);
 	if (L->nerrs == 0)
 		settings_warn(L); /* of a program that lowered: what its settings do */
 	else

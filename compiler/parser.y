@@ -20,7 +20,7 @@
  *   type    := IDENT ['[' expr {',' expr} ']']      f32[batch, 784]
  *   expr    := expr ('+' | '-' | '*' | '/') expr | '-' expr | '(' expr ')'
  *            | INT | FLOAT | STRING | IDENT | IDENT '.' IDENT
- *            | IDENT '(' [arg {',' arg}] ')'        arg := expr | IDENT '=' expr
+ *            | IDENT '(' [arg {',' arg}] ')'        arg := expr | (IDENT | init) '=' expr
  *
  * One expression grammar serves op calls, specs, dims and constant
  * arithmetic; which forms are allowed where (a tensor operand, a number, a
@@ -366,6 +366,11 @@ arg:
 	| IDENT '=' expr	{
 					$$ = $3;
 					$$->key = $1;
+					$$->key_loc = at(ps, @1);
+				}
+	| INIT '=' expr		{ /* loss_scale dynamic(init=...): the keyword as a name */
+					$$ = $3;
+					$$->key = "init";
 					$$->key_loc = at(ps, @1);
 				}
 	;

@@ -734,6 +734,21 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		}
 		break;
+	case DP_OP_AMP_CHECK: /* the executor reads the norm: one f32 */
+		if (p != DP_PROG_STEP)
+			return misplaced(what, "the step program", err, errlen);
+		if (s->opt.loss_scale == DP_LS_NONE) {
+			fail(err, errlen, "%s: a loss-scaling check in a step file without loss scaling",
+			     what);
+			return -1;
+		}
+		if (check_f32(s, in->in[0], "input", what, err, errlen))
+			return -1;
+		if (dp_numel(&s->tensors[in->in[0]]) != 1) {
+			fail(err, errlen, "%s: the norm is not one element", what);
+			return -1;
+		}
+		break;
 	case DP_OP_SHARD:
 		if (p != DP_PROG_INIT && p != DP_PROG_STEP)
 			return misplaced(what, "the init and step programs", err, errlen);

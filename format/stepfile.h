@@ -45,8 +45,10 @@
  * 13: offload: a tensor's memory space (DpTensor.space), DpConfig's
  *    host_arena_bytes, the D2H and H2D ops
  * 14: the sample program (DP_PROG_SAMPLE) and DpMetrics' sample_tokens and
- *    sample_logits; DpConfig's sample_every */
-#define DP_STEP_VERSION 14u
+ *    sample_logits; DpConfig's sample_every
+ * 15: DpOptim's loss scaling (loss_scale, ls_scale, ls_growth, ls_backoff,
+ *    ls_interval); XENT_GRAD's loss_scale flag, the UNSCALE and AMP_CHECK ops */
+#define DP_STEP_VERSION 15u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -162,6 +164,7 @@ typedef enum {
 #define KIND(spec, id, name, help) DP_KINDENUM_##spec(id)
 #define DP_KINDENUM_OPTIMIZER(id) DP_OPT_##id,
 #define DP_KINDENUM_SCHEDULE(id)
+#define DP_KINDENUM_LOSS_SCALE(id)
 typedef enum {
 #include "settings.def"
 	DP_NOPT
@@ -174,13 +177,23 @@ typedef enum {
 #include "settings.def"
 	DP_NSCHED
 } DpSchedKind;
+#undef DP_KINDENUM_SCHEDULE
+#undef DP_KINDENUM_LOSS_SCALE
+#define DP_KINDENUM_SCHEDULE(id)
+#define DP_KINDENUM_LOSS_SCALE(id) DP_LS_##id,
+typedef enum {
+#include "settings.def"
+	DP_NLS
+} DpLossScaleKind;
 #undef DP_KINDENUM_OPTIMIZER
 #undef DP_KINDENUM_SCHEDULE
+#undef DP_KINDENUM_LOSS_SCALE
 #undef SET
 #undef KIND
 /* The enum constant of kind ID of spec setting SPEC (ARG(SPEC, ID) rows). */
 #define DP_KIND_OF_OPTIMIZER(id) DP_OPT_##id
 #define DP_KIND_OF_SCHEDULE(id) DP_SCHED_##id
+#define DP_KIND_OF_LOSS_SCALE(id) DP_LS_##id
 
 /* Programs: instruction lists the executor walks. */
 typedef enum {
@@ -468,7 +481,8 @@ typedef struct {
 #undef DP_IN_CFG
 #define DP_IN_CFG(ct, m)
 
-/* the optimizer (kind: a DpOptKind), its hyperparameters, clipping */
+/* the optimizer (kind: a DpOptKind), its hyperparameters, clipping, loss
+ * scaling (loss_scale: a DpLossScaleKind) */
 #undef DP_IN_OPT
 #define DP_IN_OPT(ct, m) DP_FIELD_##ct(m)
 typedef struct {
@@ -596,7 +610,8 @@ typedef enum {
 	DP_OPC_COLLECTIVE, /* the comm backend, on the instruction's stream */
 	DP_OPC_EVENT,      /* EVENT_RECORD / EVENT_WAIT */
 	DP_OPC_LOAD,       /* LOAD: the data loader fills a data tensor */
-	DP_OPC_HOST,       /* INIT / SAVE: host hooks (initial values, checkpoint writer) */
+	DP_OPC_HOST,       /* INIT / SAVE: host hooks (initial values, checkpoint writer);
+	                      AMP_CHECK: the executor reads the gradient norm */
 	DP_OPC_SHARD,      /* SHARD: a local copy of this rank's block (depends on the mesh) */
 } DpOpClass;
 

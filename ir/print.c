@@ -341,11 +341,13 @@ static void put_setting(Buf *b, const Graph *g, int id)
 
 /* The settings lines, from the IR column of format/settings.def: each line's
  * rows in row order, key=value (or the line's head word); the precision
- * line only when something is not f32. */
+ * line only when something is not f32, the loss_scale line only when it is
+ * not none. */
 static void print_settings(Buf *b, const Graph *g)
 {
 	for (int line = DP_IRL_MESH; line < DP_NIRL; line++) {
-		if (line == DP_IRL_PRECISION && !ir_mixed_precision(g))
+		if ((line == DP_IRL_PRECISION && !ir_mixed_precision(g)) ||
+		    (line == DP_IRL_LOSS_SCALE && g->opt.loss_scale == DP_LS_NONE))
 			continue;
 		bputs(b, ir_line_names[line]);
 		for (int i = 0; i < DP_NSETTINGS; i++) {

@@ -37,6 +37,9 @@ const Pass pipeline[] = {
 	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
 			"view of the unit",
 	 collectives_run},
+	{"lossscale", "fp16: the loss gradient scaled by the step's loss scale, the gradients "
+		      "unscaled before the norm, the step skipped when the norm is not finite",
+	 lossscale_run},
 	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
 		"received between neighbouring stages",
 	 p2p_run},

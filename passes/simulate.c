@@ -376,7 +376,8 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 			break;
 		}
 		case DP_OPC_HOST:
-			s->kind = SIM_KERNEL; /* the host hooks (init, save) run outside steps */
+			s->kind = SIM_KERNEL; /* init and save run outside steps; amp_check is
+						* a 4-byte read, not modelled */
 			break;
 		default:
 			s->kind = SIM_KERNEL;

@@ -100,6 +100,10 @@ struct Backend {
 	                     NULL without storage; set by init */
 	BackendAt at;
 	void *impl;       /* the backend's own state */
+	/* set by the executor before set_step: */
+	uint64_t opt_t;   /* the optimizer step number, from 1: k + 1 less the steps
+	                     loss scaling skipped (bias correction, momentum) */
+	float loss_scale; /* the step's loss scale (fp16's; 1 without loss scaling) */
 };
 
 struct BackendOps {

@@ -260,7 +260,8 @@ static cJSON *add_spec(cJSON *o, const char *key, const DpStep *s, int spec)
 	cJSON_AddStringToObject(t, "kind", dp_kind_name(spec, (int)dp_field_get(f, DP_CT_U32)));
 	for (int i = 0; i < DP_NSETTINGS; i++) {
 		const DpSetting *st = &dp_settings[i];
-		if (i == spec || st->rec != dp_settings[spec].rec || st->alias || !st->ir_key)
+		if (i == spec || st->rec != dp_settings[spec].rec || st->alias || !st->ir_key ||
+		    st->ir_mode == DP_IRM_HEAD) /* another spec of the record (loss_scale) */
 			continue;
 		double v = dp_field_get(dp_setting_cfield(s, i), st->ctype);
 		if (st->ir_mode != DP_IRM_NONZERO || v != 0)
@@ -294,6 +295,13 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, const 
 	cJSON_AddNumberToObject(o, "epoch_sample",
 				per_epoch ? (double)((run->step % (uint64_t)per_epoch) * (uint64_t)gb) : 0);
 	cJSON_AddNumberToObject(o, "samples_seen", (double)run->step * (double)gb);
+	if (s->opt.loss_scale != DP_LS_NONE) { /* training state, as the step */
+		t = cJSON_AddObjectToObject(o, "loss_scale");
+		cJSON_AddStringToObject(t, "kind", dp_kind_name(DP_SET_LOSS_SCALE, (int)s->opt.loss_scale));
+		cJSON_AddNumberToObject(t, "scale", run->amp.scale);
+		cJSON_AddNumberToObject(t, "clean_steps", run->amp.clean);
+		cJSON_AddNumberToObject(t, "skipped_steps", (double)run->amp.skipped);
+	}
 	t = add_spec(o, "optimizer", s, DP_SET_OPTIMIZER);
 	cJSON *st = cJSON_AddArrayToObject(t, "state");
 	for (int cc = 1; cc < c->ncomp; cc++)

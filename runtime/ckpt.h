@@ -57,6 +57,9 @@ typedef struct {
 	uint64_t step;        /* optimizer steps done (the next one is step) */
 	double loss;          /* the loss of the last of them */
 	int64_t train_samples; /* samples of the train split, for the sampler position */
+	ExecAmp amp;          /* loss scaling's state after step (with loss scaling) */
+	int have_amp;         /* the checkpoint holds amp (ckpt_load; a run without loss
+	                         scaling saves none) */
 } CkptRun;
 
 /* This rank's layout of the training state (local: no communication).

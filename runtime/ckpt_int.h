@@ -101,6 +101,8 @@ typedef struct {
 	uint64_t step;
 	double loss;
 	int64_t train_samples;
+	ExecAmp amp;         /* loss_scale: fp16's loss scaling state, when have_amp */
+	int have_amp;
 	int world_size;      /* written_by.world_size */
 	CkptFile *files;     /* crc NULL in version 1 */
 	int nfiles;

@@ -438,6 +438,8 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 		run->step = st.step;
 		run->loss = st.loss;
 		run->train_samples = st.train_samples;
+		run->amp = st.amp;
+		run->have_amp = st.have_amp;
 	}
 	source_free(&src);
 	free(ck_ent);

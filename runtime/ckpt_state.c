@@ -267,6 +267,20 @@ int ckpt_state_check(const Ckpt *c, const char *dir, const cJSON *js, CkptState 
 	RT_CHECK(whole(&x, js, "global_batch", "global_batch", 1, &gb));
 	RT_CHECK(whole(&x, js, "train_samples", "train_samples", 0, &ts));
 	st->train_samples = (int64_t)ts;
+	const cJSON *ls = get(js, "loss_scale");
+	if (ls) { /* a run with loss scaling: its scale (f32, > 0) and counters */
+		double clean, skipped;
+		RT_CHECK(number(&x, ls, "scale", "loss_scale.scale", &v));
+		if (!(v > 0) || (double)(float)v != v)
+			return bad(&x, "has \"loss_scale.scale\" %g, not a positive f32", v);
+		RT_CHECK(whole(&x, ls, "clean_steps", "loss_scale.clean_steps", 0, &clean));
+		RT_CHECK(whole(&x, ls, "skipped_steps", "loss_scale.skipped_steps", 0, &skipped));
+		if (skipped > (double)st->step || clean > (double)UINT32_MAX)
+			return bad(&x, "has \"loss_scale\" counters that step %llu cannot have",
+				   (unsigned long long)st->step);
+		st->amp = (ExecAmp){(float)v, (uint32_t)clean, (uint64_t)skipped};
+		st->have_amp = 1;
+	}
 	RT_CHECK(whole(&x, js, "epoch", "epoch", 0, &epoch));
 	RT_CHECK(whole(&x, js, "epoch_sample", "epoch_sample", 0, &epoch_sample));
 	RT_CHECK(whole(&x, js, "samples_seen", "samples_seen", 0, &seen));

@@ -709,7 +709,7 @@ static int evaluate(Run *r, EvalResult *ev)
 /* Write a training-state checkpoint after r->start + done steps. */
 static int save_state(Run *r, uint64_t step, double loss)
 {
-	CkptRun run = {step, loss, r->train ? data_count(r->train) : 0};
+	CkptRun run = {step, loss, r->train ? data_count(r->train) : 0, r->x.amp, 1};
 	int64_t keep = r->step.cfg.keep_last;
 	char *path = NULL;
 	int64_t bytes = 0;
@@ -884,6 +884,11 @@ static int setup_local(Run *r)
 				       (long long)data_count(r->train), (long long)run.train_samples);
 		}
 		free(notes);
+		if (s->opt.loss_scale != DP_LS_NONE && run.have_amp)
+			r->x.amp = run.amp;
+		else if (s->opt.loss_scale != DP_LS_NONE && r->rank == 0)
+			printf("note: the checkpoint has no loss scale (its run had no loss scaling): "
+			       "the scale starts at %g\n", r->x.amp.scale);
 		r->start = run.step;
 		r->saved = run.step;
 		r->have_saved = 1;
@@ -985,7 +990,8 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 	RT_CHECK(c->ops->allreduce_f64(c, COMM_METRIC_AXES, v, 1, e));
 	loss = v[0];
 	int rc = data_error(r->train, e);
-	if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn)))) {
+	ExecAmpStep amp = exec_step_amp(&r->x, k); /* a skipped step's norm is not finite */
+	if (rc == 0 && (!isfinite(loss) || (s->metrics.grad_norm >= 0 && !isfinite(gn) && !amp.skip))) {
 		const char *what = !isfinite(loss) ? "loss" : "gradient norm";
 		double bad = !isfinite(loss) ? loss : gn;
 		char last[1200] = "no checkpoint was written";
@@ -1038,8 +1044,9 @@ static int report_step(Run *r, Loop *lp, uint64_t k, int final)
 					 lp->host_s * 1e6 / n);
 			/* elapsed at `done` too: on a synchronous backend step k + 1
 			 * has already run by now, and is no part of step k's time */
+			MetricsAmp ma = {s->opt.loss_scale != DP_LS_NONE, amp.scale, amp.skipped};
 			metrics_log(m, k + 1, loss, s->metrics.grad_norm >= 0 ? gn : NAN, lr, dt * 1e3,
-				    &ev, extra, done);
+				    &ma, &ev, extra, done);
 		}
 		lp->t_log = done;
 		lp->since_log = 0;

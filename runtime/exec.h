@@ -67,6 +67,24 @@
 typedef int (*ExecInitHook)(void *ctx, int name, int tensor, float *dst, RtErr *e);
 typedef int (*ExecSaveHook)(void *ctx, int name, int tensor, const float *src, RtErr *e);
 
+/* fp16's loss scaling (passes/lossscale.c), GradScaler's state: the scale
+ * the next step multiplies its loss gradient by, the clean steps in a row
+ * since it last changed (growth_tracker), the steps skipped so far.
+ * Training state: in checkpoints, restored by --resume. */
+typedef struct {
+	float scale;      /* f32, as GradScaler's _scale tensor */
+	uint32_t clean;
+	uint64_t skipped;
+} ExecAmp;
+
+/* What one step did: the scale it ran with, whether it was skipped, and
+ * the skipped steps after it. */
+typedef struct {
+	float scale;
+	int skip;
+	uint64_t skipped;
+} ExecAmpStep;
+
 typedef struct Stage Stage;
 typedef struct Trace Trace; /* runtime/trace.c */
 
@@ -107,6 +125,12 @@ typedef struct {
 	float mval[2][2];     /* its loss and grad norm */
 
 	int8_t *event_set;    /* per run: event recorded in this run? */
+
+	/* loss scaling (cfg's loss_scale not none; an inline backend) */
+	ExecAmp amp;          /* the state before the next step */
+	int amp_skip;         /* this step's AMP_CHECK found the norm not finite: its
+	                         CLIP, ADAMW and SGD are not run */
+	ExecAmpStep mamp[2];  /* step k's in mamp[k & 1], beside its metrics */
 } Exec;
 
 /* Load-time checks of instruction i of program p that no backend makes:
@@ -148,6 +172,9 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
 int exec_step_launch(Exec *x, uint64_t k, RtErr *e);
 int exec_prefetch(Exec *x, uint64_t k, RtErr *e);
 int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtErr *e);
+/* The loss scaling of step k (its metrics read; {1, 0, 0} without loss
+ * scaling). */
+ExecAmpStep exec_step_amp(const Exec *x, uint64_t k);
 /* 1: the backend runs a step inside exec_step_launch (BACKEND_INLINE) */
 int exec_synchronous(const Exec *x);
 int exec_step_wait(Exec *x, RtErr *e);

@@ -193,7 +193,8 @@ static void duration(char *buf, size_t len, double s)
 }
 
 void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,
-		 double ms_per_step, const EvalResult *ev, const char *extra, double now)
+		 double ms_per_step, const MetricsAmp *amp, const EvalResult *ev,
+		 const char *extra, double now)
 {
 	double sps = ms_per_step > 0 ? m->global_batch / (ms_per_step / 1e3) : 0;
 	double tps = sps * m->tokens;
@@ -210,6 +211,8 @@ void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, doubl
 		       (unsigned long long)m->steps, loss, lr);
 		if (!isnan(grad_norm))
 			printf(" | grad_norm %.3f", grad_norm);
+		if (amp && amp->on)
+			printf(" | scale %g, %llu skipped", amp->scale, (unsigned long long)amp->skipped);
 		printf(" | %.2f ms/step", ms_per_step);
 		if (m->tokens > 0)
 			printf(" | %.0f tokens/s", tps);
@@ -232,8 +235,12 @@ void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, doubl
 			 "\"ms_per_step\": %.6g, \"samples_per_s\": %.6g, \"elapsed_s\": %.6g, "
 			 "\"eta_s\": %.6g",
 			 (unsigned long long)step, when, loss, lr, ms_per_step, sps, elapsed, eta);
-	if (!isnan(grad_norm))
+	if (isfinite(grad_norm)) /* JSON has no inf or NaN: a skipped step's norm is left out */
 		n += snprintf(line + n, sizeof line - (size_t)n, ", \"grad_norm\": %.9g", grad_norm);
+	if (amp && amp->on)
+		n += snprintf(line + n, sizeof line - (size_t)n,
+			      ", \"loss_scale\": %.9g, \"skipped_steps\": %llu", amp->scale,
+			      (unsigned long long)amp->skipped);
 	if (m->tokens > 0)
 		n += snprintf(line + n, sizeof line - (size_t)n, ", \"tokens_per_s\": %.6g", tps);
 	if (mfu >= 0)

@@ -43,12 +43,23 @@ void metrics_start(Metrics *m, double now);
 /* After step `step` (from 1): its --losses line; step_s is its duration. */
 void metrics_step(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,
 		  double step_s);
+/* fp16's loss scaling at a logged step: the scale the step ran with and
+ * the steps skipped up to it (on: the step file scales its loss). */
+typedef struct {
+	int on;
+	double scale;
+	uint64_t skipped;
+} MetricsAmp;
+
 /* A logged step: the progress line (and the eval line when ev->have), and a
- * --log-json object. grad_norm NaN: the model has none. extra: appended to
- * the progress line (may be NULL). now: when the step was seen done; its
- * elapsed time is now minus metrics_start's. */
+ * --log-json object. grad_norm NaN: the model has none. amp: the loss
+ * scale and skipped steps (" | scale 65536, 1 skipped"; "loss_scale",
+ * "skipped_steps"). extra: appended to the progress line (may be NULL).
+ * now: when the step was seen done; its elapsed time is now minus
+ * metrics_start's. */
 void metrics_log(Metrics *m, uint64_t step, double loss, double grad_norm, double lr,
-		 double ms_per_step, const EvalResult *ev, const char *extra, double now);
+		 double ms_per_step, const MetricsAmp *amp, const EvalResult *ev,
+		 const char *extra, double now);
 /* The first write error since metrics_open: 0, or -1 with e. */
 int metrics_error(const Metrics *m, RtErr *e);
 int metrics_close(Metrics *m, RtErr *e);

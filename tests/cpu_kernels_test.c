@@ -90,7 +90,7 @@ static void ctx_init(Ctx *c)
 	c->s.tensors = c->t;
 	c->opt = (DpOptim){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
 			   .weight_decay = 0.1f};
-	c->step = (CpuStep){&c->opt, 1e-3f, 3};
+	c->step = (CpuStep){&c->opt, 1e-3f, 3, 1};
 }
 
 static void ctx_free(Ctx *c)
@@ -286,6 +286,44 @@ static void test_scalar_ops(const CpuVec *vec)
 		      dp_op_names[ops[k]], s);
 		ctx_free(&c);
 	}
+}
+
+/* fp16's loss scaling (passes/lossscale.c): cross_entropy_grad with its
+ * loss_scale flag is the unscaled gradient times the step's scale, bitwise
+ * for a power of two; unscale multiplies by the f32 reciprocal of the
+ * scale (computed in double, as GradScaler's unscale_). */
+static void test_loss_scale(const CpuVec *vec)
+{
+	Ctx c;
+	ctx_init(&c);
+	c.step.loss_scale = 32768.0f;
+	int x = tensor(&c, DP_F32, 70, 50, 0, 4), y = tensor(&c, DP_I32, 70, 0, 0, 0);
+	for (int r = 0; r < 70; r++)
+		((int32_t *)c.ptr[y])[r] = r % 9 == 4 ? -1 : (r * 13) % 50;
+	int plain = tensor(&c, DP_F32, 70, 50, 0, 0), scaled = tensor(&c, DP_F32, 70, 50, 0, 0);
+	DpInstr in = instr(DP_OP_XENT_GRAD, plain, x, y, -1);
+	DP_FATTR(&in, XENT_GRAD, scale) = 1.0f / 560;
+	int ok = run(&c, vec, NULL, in) == 0;
+	in.out = scaled;
+	DP_ATTR(&in, XENT_GRAD, loss_scale) = 1;
+	ok = ok && run(&c, vec, NULL, in) == 0;
+	for (int64_t i = 0; ok && i < numel(&c, plain); i++) {
+		float want = F(&c, plain)[i] * 32768.0f;
+		ok = memcmp(&F(&c, scaled)[i], &want, sizeof want) == 0;
+	}
+	check(ok, "%s cross_entropy_grad loss_scale: not the unscaled gradient times 2^15", vec->isa);
+	c.step.loss_scale = 3.0f; /* not a power of two: the f32 reciprocal, then a product */
+	int g = tensor(&c, DP_F32, 1000, 0, 0, 8);
+	float *copy = malloc(1000 * sizeof *copy), inv = (float)(1.0 / 3.0);
+	memcpy(copy, F(&c, g), 1000 * sizeof *copy);
+	ok = run(&c, vec, NULL, instr(DP_OP_UNSCALE, g, -1, -1, -1)) == 0;
+	for (int i = 0; ok && i < 1000; i++) {
+		float want = copy[i] * inv;
+		ok = memcmp(&F(&c, g)[i], &want, sizeof want) == 0;
+	}
+	check(ok, "%s unscale: not g * (float)(1.0 / scale)", vec->isa);
+	free(copy);
+	ctx_free(&c);
 }
 
 static int64_t zigzag(int64_t r, int64_t j, int64_t cp, int64_t t);
@@ -778,6 +816,7 @@ int main(void)
 	test_attention(&cpu_vec_scalar);
 	test_attention_cp(best);
 	test_scalar_ops(best);
+	test_loss_scale(best);
 	test_dropout(best);
 	test_threads(best);
 	test_isa(&cpu_vec_avx2, avx2);

@@ -93,7 +93,7 @@ hosts                  0.5    -        45
 sharding               1.5    -        63
 gradcheck              2      -        62
 bf16                   1      -        53
-fp16                   0.5    -        43
+fp16                   0.5    -        56
 torch_ref              1      -        51
 resume                 1      -        43
 schedules              1      -        35

@@ -249,6 +249,57 @@ class Model:
 
 # ---- training ----
 
+class Scaler:
+    """fp16's loss scaling, PyTorch 1.13's GradScaler written out (its
+    torch.cuda.amp.GradScaler runs on CUDA tensors only): the loss times the
+    scale (an f32 tensor) before the backward; unscale_ multiplies every
+    gradient by the f32 reciprocal of the scale computed in double and finds
+    any inf or NaN; step skips the optimizer step when it found one;
+    update is torch._amp_update_scale_ (aten/src/ATen/native/cuda/
+    AmpKernels.cu): backoff and restart the clean-step count on an
+    overflow, grow after `interval` clean steps in a row when the grown
+    scale is finite. dp (runtime/exec.c) does the same; a static scale
+    never changes, and an overflowing step is skipped there too."""
+
+    def __init__(self, args):
+        self.kind = args.loss_scale
+        self.scale = torch.tensor(args.init_scale, dtype=torch.float32)
+        self.growth = torch.tensor(args.growth, dtype=torch.float32)
+        self.backoff = torch.tensor(args.backoff, dtype=torch.float32)
+        self.interval, self.tracker, self.skipped = args.interval, 0, 0
+
+    def step(self, args, step, opt, params, loss):
+        """One optimizer step from the unscaled loss; the gradient norm
+        (inf or NaN on a skipped step) and whether the step was skipped."""
+        opt.zero_grad(set_to_none=False)
+        (loss * self.scale).backward()
+        inv = (1.0 / self.scale.double()).float()
+        for p in params:
+            p.grad.mul_(inv)
+        found_inf = not all(bool(torch.isfinite(p.grad).all()) for p in params)
+        if args.clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
+        else:
+            norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
+        for group in opt.param_groups:
+            group["lr"] = torch_ref.group_lr(torch_ref.lr_at(args, step), group.get("lr_scale", 1.0))
+        if not found_inf:
+            opt.step()
+        self.skipped += found_inf
+        if self.kind == "dynamic":
+            if found_inf:
+                self.scale = self.scale * self.backoff
+                self.tracker = 0
+            elif self.tracker + 1 == self.interval:
+                grown = self.scale * self.growth
+                if bool(torch.isfinite(grown)):
+                    self.scale = grown
+                self.tracker = 0
+            else:
+                self.tracker += 1
+        return norm, found_inf
+
+
 def train(args):
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     weights = torch_ref.read_safetensors(args.init)
@@ -273,11 +324,21 @@ def train(args):
                             weight_decay=args.weight_decay)
 
     out = open(args.out, "w") if args.out else sys.stdout
+    scaler = Scaler(args) if args.loss_scale != "none" else None
+    scales = open(args.scales, "w") if args.scales else None
     for step in range(args.steps):
         idx = torch.from_numpy(sampler.batch(step))
         logits = model.forward(x_all[idx])
         loss = F.cross_entropy(logits.reshape(-1, vocab), y_all[idx].reshape(-1), reduction="sum") / div
-        torch_ref.step_and_log(args, step, opt, params, loss, out)
+        if not scaler:
+            torch_ref.step_and_log(args, step, opt, params, loss, out)
+            continue
+        scale = scaler.scale.item()
+        norm, skipped = scaler.step(args, step, opt, params, loss)
+        line = f"{step} {loss.item():.9g}" + (f" {norm.item():.9g}" if args.grad_norm else "")
+        print(line, file=out, flush=True)
+        if scales:  # the scale step ran with, and the skipped steps up to it
+            print(f"{step + 1} {scale:.9g} {scaler.skipped}", file=scales, flush=True)
     if args.save:
         torch_ref.save_safetensors(args.save, {n: t for n, t in model.p.items() if n not in model.buffers})
 
@@ -297,8 +358,19 @@ def main():
     ap.add_argument("--precision", choices=("f32", "bf16", "fp16"), default="f32",
                     help="dp's precision setting: bf16 (fp16) stores every value dp stores in "
                          "bf16 (fp16)")
+    ap.add_argument("--loss-scale", choices=("none", "dynamic", "static"),
+                    help="fp16's loss scaling (Scaler; default: dynamic with --precision fp16, "
+                         "as dp's, else none)")
+    ap.add_argument("--init-scale", type=float, default=65536.0,
+                    help="the first (dynamic) or every (static) step's scale")
+    ap.add_argument("--growth", type=float, default=2.0)
+    ap.add_argument("--backoff", type=float, default=0.5)
+    ap.add_argument("--interval", type=int, default=2000)
+    ap.add_argument("--scales", help="write `step scale skipped` per step (from 1) here")
     torch_ref.add_train_args(ap, weight_decay=0.01)
     args = ap.parse_args()
+    if args.loss_scale is None:
+        args.loss_scale = "dynamic" if args.precision == "fp16" else "none"
     torch.set_num_threads(args.threads)
     if args.schedule in ("cosine", "linear") and args.sched_steps <= 0:
         args.sched_steps = args.steps

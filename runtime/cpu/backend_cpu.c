@@ -196,6 +196,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		return -1;
 	}
 	c->step.opt = &s->opt;
+	c->step.loss_scale = 1; /* until set_step: a program run outside a step */
 	int threads = 1;
 	cpu_blas_init(&c->blas);
 	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
@@ -363,12 +364,13 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	c->step.lr = (float)lr;
-	c->step.t = (int64_t)k + 1;
+	c->step.t = (int64_t)b->opt_t;
+	c->step.loss_scale = b->loss_scale;
 	c->cur_step = k;
 	return 0;
 }
 
-/* lr and t are host values the optimizer kernels read (set_step). */
+/* lr, t and the loss scale are host values the kernels read (set_step). */
 static int cpu_step_head(Backend *b, RtErr *e)
 {
 	return 0;

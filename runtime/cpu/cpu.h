@@ -31,7 +31,9 @@
 typedef struct {
 	const DpOptim *opt; /* hyperparameters */
 	float lr;           /* learning rate of this optimizer step */
-	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum) */
+	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum);
+	                       steps loss scaling skipped do not count */
+	float loss_scale;   /* the step's loss scale (fp16's; 1 without loss scaling) */
 } CpuStep;
 
 /* ---- threads (pool.c) ---- */

@@ -94,7 +94,9 @@ static int xent(const CpuArgs *k, RtErr *e)
 {
 	const DpStep *s = k->s;
 	const DpInstr *in = k->in;
-	float scale = in->op == DP_OP_CORRECT ? 0.0f : DP_FATTR(in, XENT, scale);
+	double scale = in->op == DP_OP_CORRECT ? 0.0 : DP_FATTR(in, XENT, scale);
+	if (in->op == DP_OP_XENT_GRAD && DP_ATTR(in, XENT_GRAD, loss_scale))
+		scale *= k->step->loss_scale; /* a power of 2 here: exact */
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *to = cpu_t(k, in->out);
 	int b16 = t0->dtype == DP_BF16, o16 = to->dtype == DP_BF16;
 	Xent j = {k->vec, in->op, b16 ? NULL : cpu_f(k, in->in[0]), k->ptr[in->in[1]],

@@ -1,7 +1,8 @@
 /*
  * cpu/optim.c - the CPU kernels of the optimizer step: the squared norm
  * (double accumulation; its tp weight), its square root, clipping
- * (torch.nn.utils.clip_grad_norm_) and the updates, which follow PyTorch
+ * (torch.nn.utils.clip_grad_norm_), fp16's unscaling of the gradients
+ * (GradScaler.unscale_) and the updates, which follow PyTorch
  * 1.13's single-tensor torch.optim.SGD / AdamW formulas operation for
  * operation; lr and t come from the step (CpuStep).
  */
@@ -66,6 +67,16 @@ static int run_sqnorm(const CpuArgs *k, RtErr *e)
 static int run_sqrt(const CpuArgs *k, RtErr *e)
 {
 	cpu_f(k, k->in->out)[0] = sqrtf(cpu_f(k, k->in->in[0])[0]);
+	return 0;
+}
+
+/* GradScaler.unscale_: grads *= the f32 reciprocal of the scale (computed
+ * in double, as PyTorch's scale.double().reciprocal().float()) */
+static int run_unscale(const CpuArgs *k, RtErr *e)
+{
+	float *o = cpu_f(k, k->in->out);
+	float inv = (float)(1.0 / (double)k->step->loss_scale);
+	cpu_map(k, DP_OP_SCALE, o, o, NULL, inv, cpu_numel(cpu_t(k, k->in->out)));
 	return 0;
 }
 
@@ -156,6 +167,7 @@ const KernelRow cpu_optim_rows[] = {
 	{DP_OP_SQNORM, run_sqnorm, NULL, 0, NULL, NULL, 0},
 	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
 	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0},
+	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0},
 	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0},
 	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0},
 	{0},
