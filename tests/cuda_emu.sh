@@ -194,6 +194,9 @@ selftest out_of_bounds "illegal device address"
 selftest gemm_ld_past "matrix A .* is not inside one device buffer"
 selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
+selftest nccl_p2p ok
+selftest nccl_p2p_mismatch "point-to-point mismatch .*: rank 0 (world rank 0): ncclSend #0 of 100 x float32 to rank 1; rank 1 (world rank 1): ncclSend #0 of 100 x float32 to rank 0"
+selftest nccl_p2p_count "point-to-point mismatch .*: rank 0 (world rank 0): ncclSend #0 of 100 x float32 to rank 1; rank 1 (world rank 1): ncclRecv #0 of 99 x float32 from rank 0"
 selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort" DPEMU_ABORT_HANG_S=2
 selftest nccl_inprogress ok DPEMU_NCCL_INPROGRESS=always
 selftest nccl_inprogress_early "while a collective issued on it returned ncclInProgress" DPEMU_NCCL_INPROGRESS=always

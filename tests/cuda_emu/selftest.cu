@@ -1030,6 +1030,71 @@ static int c_nccl_mismatch(void)
 	return 0;
 }
 
+/* point-to-point: rank 0 sends 100 floats and receives 50 back in one
+ * group, rank 1 receives and sends in another order of calls (the pair's
+ * order: 0's send meets 1's recv first), values checked */
+static int c_nccl_p2p(void)
+{
+	ncclComm_t c = world();
+	int rank;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(100), *b = dev_floats(50), h[100];
+	for (int i = 0; i < 100; i++)
+		h[i] = (float)(i + 1000 * rank);
+	to_dev(a, h, 100);
+	to_dev(b, h, 50);
+	EXPECT(ncclGroupStart() == ncclSuccess);
+	if (rank == 0) {
+		EXPECT(ncclSend(a, 100, ncclFloat32, 1, c, s) == ncclSuccess);
+		EXPECT(ncclRecv(b, 50, ncclFloat32, 1, c, s) == ncclSuccess);
+	} else {
+		EXPECT(ncclRecv(a, 100, ncclFloat32, 0, c, s) == ncclSuccess);
+		EXPECT(ncclSend(b, 50, ncclFloat32, 0, c, s) == ncclSuccess);
+	}
+	settle(c, ncclGroupEnd());
+	CK(cudaStreamSynchronize(s));
+	from_dev(h, rank == 0 ? b : a, rank == 0 ? 50 : 100);
+	for (int i = 0; i < (rank == 0 ? 50 : 100); i++)
+		EXPECT(h[i] == (float)(i + 1000 * (1 - rank)));
+	return 0;
+}
+
+/* both ranks send first: neither send meets a recv */
+static int c_nccl_p2p_mismatch(void)
+{
+	ncclComm_t c = world();
+	int rank;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(100);
+	CK(cudaMemset(a, 0, 400));
+	settle(c, ncclSend(a, 100, ncclFloat32, 1 - rank, c, s));
+	settle(c, ncclRecv(a, 100, ncclFloat32, 1 - rank, c, s));
+	CK(cudaStreamSynchronize(s));
+	return 0;
+}
+
+/* a send of 100 floats met by a recv of 99 */
+static int c_nccl_p2p_count(void)
+{
+	ncclComm_t c = world();
+	int rank;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	cudaStream_t s;
+	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	float *a = dev_floats(100);
+	CK(cudaMemset(a, 0, 400));
+	if (rank == 0)
+		settle(c, ncclSend(a, 100, ncclFloat32, 1, c, s));
+	else
+		settle(c, ncclRecv(a, 99, ncclFloat32, 0, c, s));
+	CK(cudaStreamSynchronize(s));
+	return 0;
+}
+
 static int c_nccl_abort_graph(void)
 {
 	/* ncclCommAbort while a graph that captured the communicator exists */
@@ -1224,6 +1289,9 @@ static const struct {
 	{"versions", c_versions},
 	{"nccl", c_nccl},
 	{"nccl_mismatch", c_nccl_mismatch},
+	{"nccl_p2p", c_nccl_p2p},
+	{"nccl_p2p_mismatch", c_nccl_p2p_mismatch},
+	{"nccl_p2p_count", c_nccl_p2p_count},
 	{"nccl_abort_graph", c_nccl_abort_graph},
 	{"nccl_inprogress", c_nccl_inprogress},
 	{"nccl_inprogress_early", c_nccl_inprogress_early},
