@@ -15,6 +15,8 @@
 #     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
 #     reordered on one rank, ncclCommAbort under a graph nobody destroys;
+#     point-to-point (ncclSend/ncclRecv in a group, values checked) and its
+#     pairing: two sends, or counts that differ, FATAL naming both ranks;
 #     NCCL's ncclInProgress (a collective enqueued only when settled, also
 #     inside a capture; work on its stream before that is caught), and its
 #     abort (waiting for the graph's destroy and its in-flight launch, while
@@ -31,7 +33,9 @@
 #     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); optimizer
 #     groups (gpt2-groups: AdamW full_shard, SGD zero2); scalar operands
 #     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
-#     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); and GPT-2's
+#     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
+#     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
+#     pipedream_flush and zero_bubble, and pp=2 x dp_shard=2); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -60,9 +64,10 @@
 #     aborted last, every rank still ends within --timeout + 10 s, by the
 #     watchdog's message and not the emulator's hang (NCCL's abort waits for
 #     the in-flight launch: aborting the communicators one after the other
-#     hangs, docs/CUDA.md); a pipelined step file (pp=2), which the CUDA
-#     backend does not run yet, refused at start-up naming --device cpu, and
-#     so is a step file with offload (a host arena);
+#     hangs, docs/CUDA.md); a pipeline stage (pp=2) stalled mid-step ends
+#     every rank the same way, the message naming the stage and its pending
+#     send or recv; a step file with offload (a host arena), which the CUDA
+#     backend does not run yet, is refused at start-up naming --device cpu;
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -235,9 +240,14 @@ scalar_variant "$T/gpt2-tiny.dp" "$T/gpt2-scalar.dp"
 # dropout (tests/dropout.sh's variant): the embeddings and both residual
 # branches, the masks from runtime/dropout.h on either backend
 dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
+# pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
+# under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
+# and receives on the emulator's NCCL point-to-point with its pairing checks
+sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$T/gpt2-tiny.dp" >"$T/gpt2-pp.dp"
+sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.dp" >"$T/gpt2-zb.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -475,6 +485,12 @@ PREC=bf16 SGD=1 model_case gpt2-scalar ddp 1
 model_case gpt2-dropout ddp 2
 model_case gpt2-dropout ddp 2 "cp=2"
 PREC=bf16 model_case gpt2-dropout ddp 1
+# pipeline parallelism: ncclSend/ncclRecv on the pp communicator, in groups,
+# captured in the step graph; 1F1B and zero_bubble, and pp x dp_shard (the
+# gradients' all_reduce over pp and dp_shard beside the transfers)
+model_case gpt2-pp ddp 2 "pp=2"
+model_case gpt2-zb ddp 2 "pp=2"
+model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
@@ -532,18 +548,25 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
-# A pipelined step file (pp=2) has no NCCL path in the CUDA backend yet: it is
-# refused at start-up, before any device work, with the CPU as the way out.
-if case_on pp-refused; then
-	{ echo "mesh pp=2"; grep -v '^mesh ' "$ROOT/models/mlp8.dp"; } >"$T/pp2.dp"
-	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-refused: dpc"
-	timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/pp2.bin" --device cuda --steps 2 --quiet \
-		>"$T/pp2.log" 2>&1
+# A stage whose device stalls mid-pipeline (DPEMU_STALL: rank 1, stage 1,
+# stops at its 6th NCCL call, a transfer of step 2): every rank ends within
+# --timeout with exit 75, the message naming a stage and its pending send
+# or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall)
+if case_on pp-stall; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
+	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-stall: dpc"
+	t0=$(date +%s)
+	env DPEMU_STALL=1:6 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/pp2.bin" --device cuda \
+		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/pp2.log" 2>&1
 	rc=$?
-	if [ $rc = 1 ] && grep -q "error: step file: the cuda backend does not run pipeline stages yet (pp=2: send in the step program); use --device cpu" "$T/pp2.log"; then
-		ok "a pp=2 step file is refused by the CUDA backend at start-up, naming --device cpu"
+	took=$(($(date +%s) - t0))
+	msg=$(grep -m1 "did not finish within --timeout" "$T/pp2.log")
+	if [ $rc = 75 ] && [ $took -lt 60 ] &&
+		echo "$msg" | grep -qE "pending: pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the comm stream"; then
+		ok "a stalled pipeline stage (DPEMU_STALL=1:6) ends every rank within --timeout 3 (${took}s), exit 75, naming the stage's pending send or recv"
+		echo "      ${msg#*error: }" | cut -c1-240
 	else
-		fail "pp=2 on the CUDA backend (exit $rc)"; tail -n 4 "$T/pp2.log"
+		fail "a stalled pipeline stage under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/pp2.log" | tail -n 6
 	fi
 fi
 # offload optimizer (docs/OFFLOAD.md): the host step does not run on the
