@@ -41,9 +41,11 @@
  * the LM head on the last) gets the sum of both stages' parts. So the
  * update, the gradient norm and the checkpoints are those of one rank. The
  * loss is computed on the last stage; dpexec sums the loss over pp with the
- * data-parallel axes (zeros elsewhere). Strategies that cut gradients or
- * parameters over dp_shard (zero2, full_shard, hybrid_shard) are refused at
- * pp > 1: their collectives would have to follow the stages.
+ * data-parallel axes (zeros elsewhere). zero2's gradients are reduce_scattered
+ * over dp_shard once per step, every rank's, and the slices all_reduced over
+ * pp (and dp_replicate) as hybrid_shard's over dp_replicate. The strategies
+ * that gather parameters for compute (full_shard, hybrid_shard) are refused at
+ * pp > 1: their gathers would have to follow the stages.
  *
  * This is one micro-batch's program: passes/unroll.c, next, copies it per
  * micro-batch in the pipeline schedule's order.
@@ -236,19 +238,21 @@ static int copy_of(Cut *c, int v, int s)
 	return *slot;
 }
 
-/* ddp and zero1 keep whole gradients that the all_reduce over pp can sum;
- * the strategies that cut them over dp_shard are refused. */
+/* ddp and zero1 keep whole gradients that the all_reduce over pp can sum,
+ * zero2 slices that an all_reduce over pp sums after the reduce_scatter
+ * (passes/collectives.c); the strategies that gather parameters for compute
+ * are refused. */
 static int check_strategies(Graph *g, Diag *d)
 {
 	for (int b = 0; b < g->nblocks; b++) {
 		DpStrategy st = ir_block_strategy(g, b);
-		if (st == DP_STRAT_DDP || st == DP_STRAT_ZERO1)
+		if (st == DP_STRAT_DDP || st == DP_STRAT_ZERO1 || st == DP_STRAT_ZERO2)
 			continue;
 		const Block *bl = &g->blocks[b];
 		error_at(d, bl->strategy >= 0 ? bl->strategy_loc : g->mesh_loc,
-			 "block '%s' is %s, and pp=%u pipelines run ddp and zero1 blocks only so far "
-			 "(the collectives of sharded gradients and parameters do not follow the "
-			 "stages yet): use strategy ddp or zero1, or pp=1",
+			 "block '%s' is %s, and pp=%u pipelines run ddp, zero1 and zero2 blocks only so "
+			 "far (the gathers of sharded parameters do not follow the stages yet): use "
+			 "strategy ddp, zero1 or zero2, or pp=1",
 			 bl->name, dp_strategy_names[st], g->cfg.mesh[DP_AXIS_PP]);
 		return -1;
 	}

@@ -19,6 +19,9 @@
 #     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
 #     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
+#     gpt-pp2xzero2 (pp=2 x dp_shard=2, zero2: the slices reduce_scattered
+#     over dp_shard, then summed over pp) against zero2 at 2 ranks (without
+#     the all_reduce over pp it fails on every parameter, the tied wte too);
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
 #     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
 #     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b),
@@ -104,8 +107,10 @@ pp "$M8" 2 "$T/mlp8-pp2.dp"
 pp "$M8" 3 "$T/mlp8-pp3.dp"
 pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
 variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
+variant "$T/gpt.dp" "$T/gpt-zero2.dp" 's/^  strategy ddp/  strategy zero2/'
 pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
 pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
+pp "$T/gpt-zero2.dp" 2 "$T/gpt-pp2xzero2.dp"
 # the compositions: tp and cp inside a stage, recompute, bf16
 { echo "mesh pp=2, tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xtp2.dp"
 { echo "mesh tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-tp2.dp"
@@ -132,7 +137,8 @@ need() {
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
 	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
-	gpt-pp2xtp2 | gpt-pp2xcp2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-zero2) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
@@ -152,7 +158,7 @@ same_losses() {
 	fi
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
-	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
+	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
 	case_on "${c%%:*}" || continue
