@@ -35,8 +35,8 @@
 #     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
 #     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
 #     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
-#     pipedream_flush and zero_bubble, and pp=2 x dp_shard=2 under ddp and
-#     zero2); and GPT-2's
+#     pipedream_flush (also in bf16) and zero_bubble, and pp=2 x dp_shard=2
+#     under ddp and zero2); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -494,6 +494,7 @@ model_case gpt2-pp ddp 2 "pp=2"
 model_case gpt2-zb ddp 2 "pp=2"
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 model_case gpt2-pp zero2 4 "pp=2, dp_shard=2"
+PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
