@@ -36,7 +36,7 @@
 #     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
 #     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
 #     pipedream_flush (also in bf16) and zero_bubble, and pp=2 x dp_shard=2
-#     under ddp and zero2); and GPT-2's
+#     under ddp, zero2 and full_shard); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -246,9 +246,11 @@ dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
 # and receives on the emulator's NCCL point-to-point with its pairing checks
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$T/gpt2-tiny.dp" >"$T/gpt2-pp.dp"
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.dp" >"$T/gpt2-zb.dp"
+# (full_shard inside the stages: the tied embedding ddp, tests/pipeline.sh's gpt-fs)
+sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-ppfs) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -494,6 +496,7 @@ model_case gpt2-pp ddp 2 "pp=2"
 model_case gpt2-zb ddp 2 "pp=2"
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 model_case gpt2-pp zero2 4 "pp=2, dp_shard=2"
+model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
