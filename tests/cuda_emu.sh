@@ -554,27 +554,6 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
-# A stage whose device stalls mid-pipeline (DPEMU_STALL: rank 1, stage 1,
-# stops at its 6th NCCL call, a transfer of step 2): every rank ends within
-# --timeout with exit 75, the message naming a stage and its pending send
-# or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall)
-if case_on pp-stall; then
-	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
-	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-stall: dpc"
-	t0=$(date +%s)
-	env DPEMU_STALL=1:6 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/pp2.bin" --device cuda \
-		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/pp2.log" 2>&1
-	rc=$?
-	took=$(($(date +%s) - t0))
-	msg=$(grep -m1 "did not finish within --timeout" "$T/pp2.log")
-	if [ $rc = 75 ] && [ $took -lt 60 ] &&
-		echo "$msg" | grep -qE "pending: pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the comm stream"; then
-		ok "a stalled pipeline stage (DPEMU_STALL=1:6) ends every rank within --timeout 3 (${took}s), exit 75, naming the stage's pending send or recv"
-		echo "      ${msg#*error: }" | cut -c1-240
-	else
-		fail "a stalled pipeline stage under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/pp2.log" | tail -n 6
-	fi
-fi
 # offload optimizer (docs/OFFLOAD.md): the host step does not run on the
 # CUDA backend yet: refused at start-up naming the host arena and --device cpu
 if case_on offload-refused; then
@@ -589,20 +568,36 @@ if case_on offload-refused; then
 	fi
 fi
 
-if case_on stalled-rank; then
+# stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
+# devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
+# end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),
+# the timeout's message matching WANT
+stall_case() {
+	local name=$1 bin=$2 stall=$3 want=$4 what=$5 t0 rc took msg
 	t0=$(date +%s)
-	env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \
-		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/stall.log" 2>&1
+	env DPEMU_STALL="$stall" timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$bin" --device cuda \
+		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/$name.log" 2>&1
 	rc=$?
 	took=$(($(date +%s) - t0))
-	msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
-	if [ $rc = 75 ] && [ $took -lt 60 ] &&
-		echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
-		ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s), exit 75 as the CPU's --timeout: a launcher restarts it"
-		echo "      ${msg#*error: }" | cut -c1-200
+	msg=$(grep -m1 "did not finish within --timeout" "$T/$name.log")
+	if [ $rc = 75 ] && [ $took -lt 60 ] && echo "$msg" | grep -qE "$want"; then
+		ok "$what (DPEMU_STALL=$stall) ends every rank within --timeout 3 (${took}s), exit 75"
+		echo "      ${msg#*error: }" | cut -c1-240
 	else
-		fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+		fail "$what under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/$name.log" | tail -n 6
 	fi
+}
+case_on stalled-rank && stall_case stall "$T/stall.bin" 1:8 \
+	"step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask" "a stalled rank"
+# A stage whose device stalls mid-pipeline (rank 1, stage 1, stops at its 6th
+# NCCL call, a transfer of step 2): the message names a stage and its pending
+# send or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall)
+if case_on pp-stall; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
+	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-stall: dpc"
+	stall_case pp2 "$T/pp2.bin" 1:6 \
+		"pending: pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the comm stream" \
+		"a stalled pipeline stage, its pending send or recv named,"
 fi
 
 # Two communicators captured in the step graph (hybrid_shard 2x2: the

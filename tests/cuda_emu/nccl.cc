@@ -346,27 +346,46 @@ static std::string desc_text(const Desc &d)
 	return b;
 }
 
-/* May op, an operation of communicator c, start now: its turn in c's order,
- * unless DPEMU_STALL stops this rank's device here. */
-static bool comm_turn(ncclComm *c, Op &op, const std::string &what)
-{
-	if (c->aborted)
-		return true;
-	if (c->active || c->fifo.empty() || c->fifo.front() != &op)
-		return false;
-	const Config &cf = cfg();
-	if (cf.stall_at > 0 && world_rank() >= 0 && world_rank() < 64 && (cf.stall_ranks >> world_rank() & 1) &&
-	    S().collectives_started + 1 == cf.stall_at) {
-		op.stalled = true;
-		note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
-		     what.c_str());
-		return false;
-	}
-	return true;
-}
-
-struct CollWork : Work {
+/* What a collective and a point-to-point call share: an operation of its
+ * communicator, run one at a time in the order issued on it. */
+struct CommWork : Work {
 	ncclComm *c;
+
+	NcclComm *comm() const override { return c; }
+	void issued(Op &op) override
+	{
+		op.comm_seq = c->issued++;
+		if (!c->aborted)
+			c->fifo.push_back(&op);
+	}
+	/* its turn in the communicator's order, unless DPEMU_STALL stops this
+	 * rank's device here */
+	bool can_start(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		if (c->active || c->fifo.empty() || c->fifo.front() != &op)
+			return false;
+		const Config &cf = cfg();
+		if (cf.stall_at > 0 && world_rank() >= 0 && world_rank() < 64 &&
+		    (cf.stall_ranks >> world_rank() & 1) && S().collectives_started + 1 == cf.stall_at) {
+			op.stalled = true;
+			note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
+			     what().c_str());
+			return false;
+		}
+		return true;
+	}
+	/* a start's first part: op is the communicator's active operation */
+	void begin(Op &op)
+	{
+		c->fifo.pop_front();
+		c->active = &op;
+		S().collectives_started++;
+	}
+};
+
+struct CollWork : CommWork {
 	Kind kind;
 	const void *send;
 	void *recv;
@@ -375,7 +394,6 @@ struct CollWork : Work {
 	ncclRedOp_t op;
 	int root;
 
-	NcclComm *comm() const override { return c; }
 	size_t in_elems() const { return kind == K_REDUCESCATTER ? count * c->nranks : count; }
 	size_t out_elems() const { return kind == K_ALLGATHER ? count * c->nranks : count; }
 	std::string what() const override
@@ -385,20 +403,11 @@ struct CollWork : Work {
 			 count, type_names[dtype], c->id, c->rank, c->nranks);
 		return b;
 	}
-	void issued(Op &op) override
-	{
-		op.comm_seq = c->issued++;
-		if (!c->aborted)
-			c->fifo.push_back(&op);
-	}
-	bool can_start(Op &op) override { return comm_turn(c, op, what()); }
 	bool start(Op &op) override
 	{
 		if (c->aborted)
 			return true;
-		c->fifo.pop_front();
-		c->active = &op;
-		S().collectives_started++;
+		begin(op);
 		auto f = std::make_shared<Flight>();
 		Desc &d = f->mine;
 		memset(&d, 0, sizeof d);
@@ -515,15 +524,13 @@ static std::string p2p_text(const P2PDesc &d)
 	return b;
 }
 
-struct P2PWork : Work {
-	ncclComm *c;
+struct P2PWork : CommWork {
 	bool send;
 	void *buf;
 	size_t count;
 	ncclDataType_t dtype;
 	int peer;
 
-	NcclComm *comm() const override { return c; }
 	std::string what() const override
 	{
 		char b[200];
@@ -532,20 +539,11 @@ struct P2PWork : Work {
 			 c->id, c->rank, c->nranks);
 		return b;
 	}
-	void issued(Op &op) override
-	{
-		op.comm_seq = c->issued++;
-		if (!c->aborted)
-			c->fifo.push_back(&op);
-	}
-	bool can_start(Op &op) override { return comm_turn(c, op, what()); }
 	bool start(Op &op) override
 	{
 		if (c->aborted)
 			return true;
-		c->fifo.pop_front();
-		c->active = &op;
-		S().collectives_started++;
+		begin(op);
 		auto f = std::make_shared<P2PFlight>();
 		P2PDesc &d = f->mine;
 		memset(&d, 0, sizeof d);

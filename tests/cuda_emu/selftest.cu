@@ -1030,17 +1030,36 @@ static int c_nccl_mismatch(void)
 	return 0;
 }
 
+/* The point-to-point cases' start: the world communicator, this rank, a
+ * stream and 100 zeroed floats on the device. */
+typedef struct {
+	ncclComm_t c;
+	int rank;
+	cudaStream_t s;
+	float *a;
+} P2P;
+
+static P2P p2p_setup(void)
+{
+	P2P p;
+	p.c = world();
+	MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+	CK(cudaStreamCreateWithFlags(&p.s, cudaStreamNonBlocking));
+	p.a = dev_floats(100);
+	CK(cudaMemset(p.a, 0, 400));
+	return p;
+}
+
 /* point-to-point: rank 0 sends 100 floats and receives 50 back in one
  * group, rank 1 receives and sends in another order of calls (the pair's
  * order: 0's send meets 1's recv first), values checked */
 static int c_nccl_p2p(void)
 {
-	ncclComm_t c = world();
-	int rank;
-	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-	cudaStream_t s;
-	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-	float *a = dev_floats(100), *b = dev_floats(50), h[100];
+	P2P p = p2p_setup();
+	ncclComm_t c = p.c;
+	int rank = p.rank;
+	cudaStream_t s = p.s;
+	float *a = p.a, *b = dev_floats(50), h[100];
 	for (int i = 0; i < 100; i++)
 		h[i] = (float)(i + 1000 * rank);
 	to_dev(a, h, 100);
@@ -1064,34 +1083,22 @@ static int c_nccl_p2p(void)
 /* both ranks send first: neither send meets a recv */
 static int c_nccl_p2p_mismatch(void)
 {
-	ncclComm_t c = world();
-	int rank;
-	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-	cudaStream_t s;
-	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-	float *a = dev_floats(100);
-	CK(cudaMemset(a, 0, 400));
-	settle(c, ncclSend(a, 100, ncclFloat32, 1 - rank, c, s));
-	settle(c, ncclRecv(a, 100, ncclFloat32, 1 - rank, c, s));
-	CK(cudaStreamSynchronize(s));
+	P2P p = p2p_setup();
+	settle(p.c, ncclSend(p.a, 100, ncclFloat32, 1 - p.rank, p.c, p.s));
+	settle(p.c, ncclRecv(p.a, 100, ncclFloat32, 1 - p.rank, p.c, p.s));
+	CK(cudaStreamSynchronize(p.s));
 	return 0;
 }
 
 /* a send of 100 floats met by a recv of 99 */
 static int c_nccl_p2p_count(void)
 {
-	ncclComm_t c = world();
-	int rank;
-	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-	cudaStream_t s;
-	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-	float *a = dev_floats(100);
-	CK(cudaMemset(a, 0, 400));
-	if (rank == 0)
-		settle(c, ncclSend(a, 100, ncclFloat32, 1, c, s));
+	P2P p = p2p_setup();
+	if (p.rank == 0)
+		settle(p.c, ncclSend(p.a, 100, ncclFloat32, 1, p.c, p.s));
 	else
-		settle(c, ncclRecv(a, 99, ncclFloat32, 0, c, s));
-	CK(cudaStreamSynchronize(s));
+		settle(p.c, ncclRecv(p.a, 99, ncclFloat32, 0, p.c, p.s));
+	CK(cudaStreamSynchronize(p.s));
 	return 0;
 }
 
