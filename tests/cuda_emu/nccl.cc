@@ -67,7 +67,8 @@
  *
  * Point-to-point (ncclSend, ncclRecv: the pipeline's transfers). Each is an
  * operation of its communicator like a collective (its turn in the
- * communicator's order, DPEMU_STALL counts it), between this rank and one
+ * communicator's order, DPEMU_STALL counts it, ncclInProgress on a
+ * non-blocking one), between this rank and one
  * peer: when it starts, the two exchange a descriptor (MPI_Isend/MPI_Irecv
  * on the communicator): which call, type, count and the pair's sequence
  * number. The peer's call at the same point of the pair's order must be the
@@ -350,6 +351,7 @@ static std::string desc_text(const Desc &d)
  * communicator, run one at a time in the order issued on it. */
 struct CommWork : Work {
 	ncclComm *c;
+	size_t count; /* NCCL's count argument */
 
 	NcclComm *comm() const override { return c; }
 	void issued(Op &op) override
@@ -389,7 +391,6 @@ struct CollWork : CommWork {
 	Kind kind;
 	const void *send;
 	void *recv;
-	size_t count; /* NCCL's count argument */
 	ncclDataType_t dtype;
 	ncclRedOp_t op;
 	int root;
@@ -527,7 +528,6 @@ static std::string p2p_text(const P2PDesc &d)
 struct P2PWork : CommWork {
 	bool send;
 	void *buf;
-	size_t count;
 	ncclDataType_t dtype;
 	int peer;
 
@@ -622,6 +622,39 @@ static ncclResult_t check_comm(ncclComm_t c, const char *api)
 	return ncclSuccess;
 }
 
+/* A checked call onto its stream: inside a group at ncclGroupEnd; on a
+ * non-blocking communicator perhaps later (ncclInProgress, the top
+ * comment). */
+static ncclResult_t issue(std::shared_ptr<CommWork> w, cudaStream_t st, const char *api)
+{
+	ncclComm *c = w->c;
+	Stream *s = stream_of(st, api);
+	if (!s)
+		return ncclInvalidArgument;
+	auto enq = [s, w, api]() -> ncclResult_t {
+		if (!w->count)
+			return ncclSuccess;
+		cudaError_t e = submit(s, w, api);
+		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
+	};
+	if (group_depth > 0) {
+		group_ops.push_back(GroupOp{enq, c, s, w->what()});
+		return ncclSuccess;
+	}
+	stream_free_check(s, api);
+	Pick ip = cfg().nccl_inprogress;
+	if (!c->blocking && w->count && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
+		/* NCCL's helper thread will launch it: not on the stream yet */
+		c->deferred = enq;
+		c->deferred_stream = s;
+		c->deferred_what = w->what();
+		c->deferred_polls = 1 + (int)rnd(3);
+		s->nccl_pending = c;
+		return ncclInProgress;
+	}
+	return enq();
+}
+
 static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t count, ncclDataType_t t,
 			       ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t st)
 {
@@ -655,31 +688,7 @@ static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t c
 	    send != (const char *)recv + (size_t)c->rank * count * es)
 		return nfail(ncclInvalidArgument, "%s: an in-place all-gather's send buffer must be this "
 			     "rank's slot of the receive buffer", api);
-	Stream *s = stream_of(st, api);
-	if (!s)
-		return ncclInvalidArgument;
-	auto enq = [s, w, api]() -> ncclResult_t {
-		if (!w->count)
-			return ncclSuccess;
-		cudaError_t e = submit(s, w, api);
-		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
-	};
-	if (group_depth > 0) {
-		group_ops.push_back(GroupOp{enq, c, s, w->what()});
-		return ncclSuccess;
-	}
-	stream_free_check(s, api);
-	Pick ip = cfg().nccl_inprogress;
-	if (!c->blocking && w->count && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
-		/* NCCL's helper thread will launch it: not on the stream yet */
-		c->deferred = enq;
-		c->deferred_stream = s;
-		c->deferred_what = w->what();
-		c->deferred_polls = 1 + (int)rnd(3);
-		s->nccl_pending = c;
-		return ncclInProgress;
-	}
-	return enq();
+	return issue(w, st, api);
 }
 
 static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
@@ -705,21 +714,7 @@ static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t t, in
 	if (count && !device_accessible(buf, count * nccl_size(t), &why))
 		return nfail(ncclInvalidArgument, "%s: the buffer is not device memory of that size: %s",
 			     w->what().c_str(), why.c_str());
-	Stream *s = stream_of(st, api);
-	if (!s)
-		return ncclInvalidArgument;
-	auto enq = [s, w, api]() -> ncclResult_t {
-		if (!w->count)
-			return ncclSuccess;
-		cudaError_t e = submit(s, w, api);
-		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
-	};
-	if (group_depth > 0) {
-		group_ops.push_back(GroupOp{enq, c, s, w->what()});
-		return ncclSuccess;
-	}
-	stream_free_check(s, api);
-	return enq();
+	return issue(w, st, api);
 }
 
 /* ---- communicators ---- */
