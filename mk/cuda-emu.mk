@@ -39,7 +39,7 @@ EMU_CUDA_OBJ := $(patsubst %,$(EMU)/runtime/cuda/%.o,$(EMU_CU)) $(EMU)/runtime/c
                 $(EMU)/runtime/cuda/comm_nccl.o $(EMU)/pic/err.o \
                 $(patsubst %.c,$(EMU)/pic/%.o,$(notdir $(CUDA_PIC_SRC))) # mk/cuda.mk's list
 EMU_RT_HDRS := $(wildcard runtime/cuda/*.h) runtime/rt.h runtime/comm.h runtime/backend.h \
-               format/stepfile.h format/settings.def
+               $(FORMAT_HDRS)
 
 .PHONY: cuda-emu
 cuda-emu: $(EMU)/libdpcuda.so $(EMU)/dpexec
@@ -72,10 +72,12 @@ $(EMU)/runtime/cuda/%.o: runtime/cuda/%.c $(EMU_RT_HDRS) $(EMU_HDRS)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(EMU_CFLAGS) $(EMU_INC) -Iruntime -Iformat -Iutil -c $< -o $@
 
-$(EMU)/pic/err.o: runtime/err.c runtime/rt.h format/stepfile.h
+# (the step-file structs are expanded from the tables FORMAT_HDRS lists: a
+# copy built before a settings.def row was added reads DpStep wrongly)
+$(EMU)/pic/err.o: runtime/err.c runtime/rt.h $(FORMAT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) -Iruntime -Iformat -Iutil -c $< -o $@
-$(EMU)/pic/%.o: format/%.c format/stepfile.h
+$(EMU)/pic/%.o: format/%.c $(FORMAT_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) -Iformat -Iutil -c $< -o $@
 $(EMU)/pic/%.o: util/%.c util/outfile.h

@@ -32,7 +32,8 @@
  *     starts (the step waits for the reduce_scatter there, one unit of
  *     overlap; the end of the backward for the last unit). Then, when the
  *     strategy says so (hybrid_shard always, the others when dp_replicate
- *     > 1), an all_reduce of the shard over dp_replicate, DP_IF_LAST;
+ *     > 1 or pp > 1), an all_reduce of the shard over dp_replicate and pp
+ *     (shard_repl_axes), DP_IF_LAST;
  *   cut units that are not gathered (zero1, zero2): after the update, an
  *     all_gather of the updated shard back into "U.params", DP_IF_LAST.
  * A bf16 unit's all_gathers read the compute copy of its shard
@@ -260,7 +261,7 @@ static void reduce_unit(Ins *in, int k)
 	Graph *g = in->g;
 	const Unit *u = &in->pl->u[k];
 	const ShardStrategy *st = &shard_strategies[u->strat];
-	unsigned shard = shard_cut_axes(g), repl = DP_AXIS_BIT(DP_AXIS_REPLICATE);
+	unsigned shard = shard_cut_axes(g), repl = shard_repl_axes(g);
 	if (u->last < 0)
 		return; /* nothing writes these grads: they stay zero */
 	int *grads = unit_grads(g, u);
@@ -300,7 +301,7 @@ static void reduce_unit(Ins *in, int k)
 			     u->full_g, shard, u->full_grads ? DP_IF_LAST : 0, grads);
 	queue(in, in->after, u->last, rs);
 	Node *ar = NULL;
-	if (st->repl == SHARD_REPL_ALWAYS || in->pl->R > 1) {
+	if (st->repl == SHARD_REPL_ALWAYS || in->pl->R > 1 || g->cfg.mesh[DP_AXIS_PP] > 1) {
 		ar = shard_comm_node(g, DP_OP_ALL_REDUCE, u->shard_g, 0, NULL, repl, DP_IF_LAST,
 				     IR_IN_STEP, u->block);
 		unit_bucket(g, ar, u->shard_g, &u->shard_g, 1);

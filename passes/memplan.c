@@ -37,7 +37,11 @@
  * may start; the comm stream is serial) to the EVENT_WAIT that completes it
  * (or the end of the program). Persistent gradients make this moot for
  * ddp; gathered parameters and reduce-scatter inputs of later strategies
- * need it.
+ * need it. At pp > 1 a stage's comm stream runs only its own nodes and
+ * every rank's, so the window follows the stage's own events: a recv may
+ * fill its buffer as soon as that stage's stream reaches it, before other
+ * stages' nodes that come earlier in the one program order (the emulated
+ * CUDA backend did, over a temporary still in use, at pp=2 x dp_shard=2).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -158,20 +162,20 @@ static void use_node(const Graph *g, const Node *n, int prog, int lo, int hi, Te
 	}
 }
 
-/* The STEP-order window [lo, hi] in which each collective may run, from
- * its events (see the top comment). Positions index the STEP program. */
-static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, int *hi)
+/* The window [lo, hi] in which each collective may run, from the events of
+ * the nodes that run on `stage` (-1: every node; else that stage's and
+ * every rank's), widened into lo/hi: positions index the program. */
+static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int *rec, int *wait,
+			  int *lo, int *hi)
 {
 	int64_t nev = g->nevents;
-	int *rec = malloc((size_t)(nev ? nev : 1) * sizeof(int));
-	int *wait = malloc((size_t)(nev ? nev : 1) * sizeof(int));
-	if (!rec || !wait)
-		die("out of memory");
 	for (int64_t e = 0; e < nev; e++)
 		rec[e] = wait[e] = -1;
 	for (int i = 0; i < nstep; i++) {
 		const Node *n = step[i];
 		if (n->op != DP_OP_EVENT_RECORD && n->op != DP_OP_EVENT_WAIT)
+			continue;
+		if (stage >= 0 && n->stage >= 0 && n->stage != stage)
 			continue;
 		if (DP_EVENT(n) < 0 || DP_EVENT(n) >= nev)
 			die("memplan: event %lld out of range", (long long)DP_EVENT(n));
@@ -185,7 +189,8 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 	int64_t waited = -1; /* record position the comm stream last waited on */
 	for (int i = 0; i < nstep; i++) {
 		const Node *n = step[i];
-		lo[i] = hi[i] = i;
+		if (stage >= 0 && n->stage >= 0 && n->stage != stage)
+			continue;
 		if (n->stream != DP_STREAM_COMM)
 			continue;
 		if (n->op == DP_OP_EVENT_WAIT) {
@@ -196,15 +201,43 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		}
 		if (waited > comm_start)
 			comm_start = (int)waited;
-		lo[i] = comm_start;
+		if (comm_start < lo[i])
+			lo[i] = comm_start;
 		if (n->op == DP_OP_EVENT_RECORD)
 			continue;
 		/* the collective: until its done event is waited on by compute */
-		hi[i] = nstep - 1;
-		if (i + 1 < nstep && step[i + 1]->op == DP_OP_EVENT_RECORD &&
-		    step[i + 1]->stream == DP_STREAM_COMM && wait[DP_EVENT(step[i + 1])] >= 0)
-			hi[i] = wait[DP_EVENT(step[i + 1])];
+		int end = nstep - 1, j = i + 1;
+		while (j < nstep && stage >= 0 && step[j]->stage >= 0 && step[j]->stage != stage)
+			j++; /* the next node of this stage */
+		if (j < nstep && step[j]->op == DP_OP_EVENT_RECORD && step[j]->stream == DP_STREAM_COMM &&
+		    wait[DP_EVENT(step[j])] >= 0)
+			end = wait[DP_EVENT(step[j])];
+		if (end > hi[i])
+			hi[i] = end;
 	}
+}
+
+/* The STEP-order window [lo, hi] in which each collective may run, from
+ * its events (see the top comment). Positions index the STEP program. At
+ * pp > 1 each stage's comm stream runs only its own nodes and every rank's,
+ * so the windows follow each stage's sequence: a transfer may start as soon
+ * as the stage's own comm stream reaches it, however late the other stages'
+ * events are in the one program order (the CUDA backend's streams do; the
+ * CPU's post it inline). A node every rank runs gets the widest window. */
+static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, int *hi)
+{
+	int64_t nev = g->nevents;
+	int *rec = malloc((size_t)(nev ? nev : 1) * sizeof(int));
+	int *wait = malloc((size_t)(nev ? nev : 1) * sizeof(int));
+	if (!rec || !wait)
+		die("out of memory");
+	for (int i = 0; i < nstep; i++)
+		lo[i] = hi[i] = i;
+	int pp = (int)g->cfg.mesh[DP_AXIS_PP];
+	if (pp <= 1)
+		stage_windows(g, step, nstep, -1, rec, wait, lo, hi);
+	for (int s = 0; pp > 1 && s < pp; s++)
+		stage_windows(g, step, nstep, s, rec, wait, lo, hi);
 	free(rec);
 	free(wait);
 }

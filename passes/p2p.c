@@ -41,9 +41,16 @@
  * the LM head on the last) gets the sum of both stages' parts. So the
  * update, the gradient norm and the checkpoints are those of one rank. The
  * loss is computed on the last stage; dpexec sums the loss over pp with the
- * data-parallel axes (zeros elsewhere). Strategies that cut gradients or
- * parameters over dp_shard (zero2, full_shard, hybrid_shard) are refused at
- * pp > 1: their collectives would have to follow the stages.
+ * data-parallel axes (zeros elsewhere). zero2's gradients are reduce_scattered
+ * over dp_shard once per step, every rank's, and the slices all_reduced over
+ * pp (and dp_replicate) as hybrid_shard's over dp_replicate. A gathered
+ * block's (full_shard, hybrid_shard) per-micro-batch collectives, the
+ * all_gathers before its forward and backward and its gradients'
+ * reduce_scatter, run on its block's stage (`stage=N`), over that stage's
+ * dp_shard group (the ranks of one pp coordinate); the slices are summed
+ * over pp once per step as zero2's. A parameter of a gathered block that
+ * another stage reads (a tied one) is refused at the block's strategy: each
+ * stage gathers its own blocks only.
  *
  * This is one micro-batch's program: passes/unroll.c, next, copies it per
  * micro-batch in the pipeline schedule's order.
@@ -51,7 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes.h"
+#include "shard.h"
 
 /* Is this node pipeline work: a forward, backward or eval node of the step or
  * eval program that is no load? */
@@ -59,6 +66,17 @@ static int staged_work(const Node *n)
 {
 	return (n->progs & (IR_IN_STEP | IR_IN_EVAL)) && n->op != DP_OP_LOAD &&
 	       (n->phase == PH_FWD || n->phase == PH_BWD || n->phase == PH_EVAL);
+}
+
+/* Is this a gathered unit's per-micro-batch collective (full_shard: the
+ * all_gathers before its block's forward and backward, the reduce_scatter
+ * of its gradients), which runs on its block's stage, over that stage's
+ * dp_shard group? */
+static int staged_comm(const Graph *g, const Node *n)
+{
+	return (n->progs & (IR_IN_STEP | IR_IN_EVAL)) && n->phase == PH_COMM &&
+	       !(n->flags & DP_IF_LAST) && dp_is_collective(n->op) && n->block >= 0 &&
+	       g->blocks[n->block].stage >= 0;
 }
 
 static int is_temp(const Graph *g, int v)
@@ -78,6 +96,12 @@ static void assign_stages(Graph *g)
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
 		n->stage = -1;
+		if (staged_comm(g, n)) {
+			n->stage = g->blocks[n->block].stage;
+			if (is_temp(g, n->out) && def[n->out] < 0)
+				def[n->out] = n->stage;
+			continue;
+		}
 		if (!staged_work(n))
 			continue;
 		if (n->block >= 0 && g->blocks[n->block].stage >= 0) {
@@ -236,21 +260,28 @@ static int copy_of(Cut *c, int v, int s)
 	return *slot;
 }
 
-/* ddp and zero1 keep whole gradients that the all_reduce over pp can sum;
- * the strategies that cut them over dp_shard are refused. */
-static int check_strategies(Graph *g, Diag *d)
+/* A gathered block (full_shard, hybrid_shard) is gathered on its own stage:
+ * a parameter of one read on another stage (a tied one: GPT-2's wte in the
+ * LM head) is refused at the block's strategy. */
+static int check_gathered(Graph *g, Diag *d)
 {
-	for (int b = 0; b < g->nblocks; b++) {
-		DpStrategy st = ir_block_strategy(g, b);
-		if (st == DP_STRAT_DDP || st == DP_STRAT_ZERO1)
-			continue;
-		const Block *bl = &g->blocks[b];
-		error_at(d, bl->strategy >= 0 ? bl->strategy_loc : g->mesh_loc,
-			 "block '%s' is %s, and pp=%u pipelines run ddp and zero1 blocks only so far "
-			 "(the collectives of sharded gradients and parameters do not follow the "
-			 "stages yet): use strategy ddp or zero1, or pp=1",
-			 bl->name, dp_strategy_names[st], g->cfg.mesh[DP_AXIS_PP]);
-		return -1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		for (int k = 0; n->stage >= 0 && k < n->nin; k++) {
+			const Value *v = n->in[k] >= 0 ? g->values[n->in[k]] : NULL;
+			if (!v || v->kind != DP_T_PARAM || v->block < 0)
+				continue;
+			const Block *bl = &g->blocks[v->block];
+			DpStrategy st = ir_block_strategy(g, v->block);
+			if (!shard_strategies[st].gathered || bl->stage == n->stage)
+				continue;
+			error_at(d, bl->strategy >= 0 ? bl->strategy_loc : g->mesh_loc,
+				 "block '%s' is %s on pipeline stage %d, and its parameter '%s' is read "
+				 "on stage %d too: a gathered block is gathered on its own stage only; "
+				 "give block '%s' strategy ddp, zero1 or zero2", bl->name,
+				 dp_strategy_names[st], bl->stage, v->name, n->stage, bl->name);
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -262,9 +293,9 @@ int p2p_run(Graph *g, Diag *d)
 		return 0;
 	if (p > 64)
 		die("p2p: pp=%d stages (at most 64)", p);
-	if (check_strategies(g, d) < 0)
-		return -1;
 	assign_stages(g);
+	if (check_gathered(g, d) < 0)
+		return -1;
 	Cut c = {.g = g, .d = d, .p = p};
 	int nv = g->nvalues;
 	c.home = malloc(((size_t)nv + 1) * sizeof *c.home);

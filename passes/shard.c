@@ -16,7 +16,9 @@
  *                 slices back into the full params.
  *   zero2         the gradients are reduce_scattered over dp_shard instead
  *                 (full gradients still accumulate over micro-batches), and
- *                 with R > 1 each slice is all_reduced over dp_replicate.
+ *                 with R > 1 or pp > 1 each slice is all_reduced over
+ *                 dp_replicate and pp (shard_repl_axes: a pipeline stage's
+ *                 slice holds its own blocks' part, zeros elsewhere).
  *   full_shard    no persistent full params: each block (the unit) is
  *                 all_gathered before its forward and, with
  *                 reshard_after_forward, again before its backward; its
@@ -56,8 +58,9 @@ static unsigned cp_bit(const Graph *g)
 
 /* Pipeline parallelism: every stage keeps every parameter and computes the
  * gradients of its own blocks' uses (zero elsewhere), so the gradients are
- * partial over pp too and summed with the data-parallel ones (passes/p2p.c).
- * pp = 1 adds nothing. */
+ * partial over pp too and summed with the data-parallel ones (passes/p2p.c),
+ * or, where they are cut over dp_shard (zero2), the slices are summed over
+ * pp with dp_replicate's. pp = 1 adds nothing. */
 static unsigned pp_bit(const Graph *g)
 {
 	return g->cfg.mesh[DP_AXIS_PP] > 1 ? DP_AXIS_BIT(DP_AXIS_PP) : 0;
@@ -66,6 +69,11 @@ static unsigned pp_bit(const Graph *g)
 unsigned shard_dp_axes(const Graph *g)
 {
 	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g) | pp_bit(g);
+}
+
+unsigned shard_repl_axes(const Graph *g)
+{
+	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | pp_bit(g);
 }
 
 unsigned shard_cut_axes(const Graph *g)

@@ -143,9 +143,12 @@ ShardPlan *layout_plan(Graph *g, Diag *d);
  * ranks hold other tokens of the same samples, and pp: each stage holds the
  * part of its own blocks, passes/p2p.c), and the group a cut unit is
  * sliced over (dp_shard, and cp: FSDP over dp_shard x cp; rank s of it holds
- * slice s). With cp = 1 neither names cp, with pp = 1 none names pp. */
+ * slice s), and the axes a reduced slice is then summed over (dp_replicate,
+ * and pp: a stage's slice of a zero2 unit holds its own blocks' part). With
+ * cp = 1 none names cp, with pp = 1 none names pp. */
 unsigned shard_dp_axes(const Graph *g);
 unsigned shard_cut_axes(const Graph *g);
+unsigned shard_repl_axes(const Graph *g);
 
 /* The dim a tensor-parallel parameter is split along over tp, or -1. */
 int shard_tp_dim(const Graph *g, const Value *p);

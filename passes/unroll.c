@@ -18,7 +18,13 @@
  * `mb=k` on their temporaries: `%h4.mb1`, loads `micro=k`) reading and
  * writing micro-batch k's own copies of every temporary and data value they
  * touch, so micro-batches in flight keep their activations apart; gradients
- * and metrics are shared and accumulate. A send/recv pair belongs to the
+ * and metrics are shared and accumulate. A view of a copied temporary is
+ * copied with it whatever its kind (full_shard's parameters and gradients,
+ * views of the gathered and reduced buffers: `%h.0.wqkv.mb1` in
+ * `%h.0.gather.mb1`), linked param to grad copy, and a collective over a
+ * copied bucket gets its micro-batch's own bucket record: a gathered block
+ * is gathered per micro-batch, before its forward and (with
+ * reshard_after_forward) again before its backward. A send/recv pair belongs to the
  * slot that produces what it moves (a forward hop to F(from), a gradient's
  * to B(from)), where it ends the slot, else to the slot that reads it. Tags
  * number the pairs over the micro-batches, so a pair's tag is unique in the
@@ -27,7 +33,8 @@
  * Under zero_bubble a backward slot is cut in two: B, the input gradients
  * that the stage before waits for, and W, the nodes that write a parameter's
  * gradient (stages_wgrad: autodiff's dW matmuls and bias sums), which only
- * the optimizer waits for.
+ * the optimizer waits for, and what reads their results on the stage (a
+ * gathered block's reduce_scatter of its gradients and its accumulation).
  *
  * Each stage's slots follow the schedule (`pipeline` in train, g->pipeline:
  * gpipe F0..FM-1 B0..BM-1; pipedream_flush, 1F1B, min(P-s-1, M) forwards,
@@ -60,6 +67,13 @@ static int per_micro(const Node *n)
 {
 	return (n->progs & IR_IN_STEP) && !(n->flags & DP_IF_LAST) &&
 	       (n->stage >= 0 || n->op == DP_OP_LOAD);
+}
+
+static int value_root(const Graph *g, int v)
+{
+	while (g->values[v]->view_of >= 0)
+		v = g->values[v]->view_of;
+	return v;
 }
 
 static int copied_kind(const Value *v)
@@ -95,6 +109,14 @@ static int mb_value(Copies *c, int mb, int v)
 		x->view_of = o->view_of >= 0 ? root : -1;
 		x->def = -1, x->offset = -1, x->nbytes = 0;
 		*slot = id;
+		/* a copied parameter view and its gradient's (full_shard's) name
+		 * each other's copies */
+		int pv = o->param, gv = o->grad;
+		x->param = x->grad = -1;
+		if (pv >= 0 && c->copy[(size_t)mb * (size_t)c->nv + (size_t)pv] != -2)
+			g->values[id]->param = mb_value(c, mb, pv);
+		if (gv >= 0 && c->copy[(size_t)mb * (size_t)c->nv + (size_t)gv] != -2)
+			g->values[id]->grad = mb_value(c, mb, gv);
 	}
 	return *slot;
 }
@@ -111,6 +133,16 @@ static Node *clone_node(Copies *c, const Node *o, int mb, int tag_base)
 	n->progs = IR_IN_STEP;
 	n->flags = o->flags, n->stream = o->stream, n->recompute = o->recompute;
 	n->bucket = o->bucket, n->block = o->block, n->stage = o->stage;
+	if (o->bucket >= 0 && mb_value(c, mb, g->buckets[o->bucket].view) != g->buckets[o->bucket].view) {
+		/* a gathered unit's collective: its micro-batch's own bucket */
+		Bucket b = g->buckets[o->bucket];
+		int *members = ir_alloc(g, (size_t)(b.nmembers ? b.nmembers : 1) * sizeof(int));
+		for (int k = 0; k < b.nmembers; k++)
+			members[k] = mb_value(c, mb, b.members[k]);
+		b.view = mb_value(c, mb, b.view);
+		b.members = members;
+		n->bucket = ir_add_bucket(g, &b);
+	}
 	if (o->op == DP_OP_LOAD)
 		DP_ATTR(n, LOAD, micro) = mb;
 	if (o->op == DP_OP_SEND || o->op == DP_OP_RECV)
@@ -131,11 +163,23 @@ static void mark_copied(Copies *c)
 		if (!per_micro(n))
 			continue;
 		for (int k = -1; k < n->nin; k++) {
-			int v = k < 0 ? n->out : n->in[k];
-			for (; v >= 0; v = g->values[v]->view_of)
-				if (copied_kind(g->values[v]))
-					used[v] = 1;
+			int v = k < 0 ? n->out : n->in[k], copied = 0;
+			for (int r = v; r >= 0; r = g->values[r]->view_of)
+				copied |= copied_kind(g->values[r]);
+			/* a view of a copied root is copied with it, whatever its
+			 * kind (full_shard's parameters and gradients are views of
+			 * the gathered and reduced temporaries) */
+			for (; copied && v >= 0; v = g->values[v]->view_of)
+				used[v] = 1;
 		}
+	}
+	/* and every view of a copied root (a gathered unit's members that no
+	 * node reads, a bias's backward view) */
+	for (int grown = 1; grown;) {
+		grown = 0;
+		for (int v = 0; v < c->nv; v++)
+			if (!used[v] && g->values[v]->view_of >= 0 && used[g->values[v]->view_of])
+				used[v] = grown = 1;
 	}
 	/* the once-per-step part must not read a micro-batch's temporary */
 	for (int i = 0; i < g->nnodes; i++) {
@@ -207,9 +251,23 @@ int unroll_run(Graph *g, Diag *d)
 		die("out of memory");
 	memcpy(old, g->nodes, (size_t)n0 * sizeof *old);
 	mark_copied(&c);
+	/* zero_bubble: what reads a W node's result on its stage is W's too (a
+	 * gathered unit's reduce_scatter of the gradients its W nodes write) */
+	char *w_wrote = calloc((size_t)c.nv + 1, 1);
+	if (!w_wrote)
+		die("out of memory");
 	for (int i = 0; i < n0; i++) {
-		slot[i] = per_micro(old[i]) ? slot_of(g, i, first_bwd) : -2;
+		const Node *n = old[i];
+		slot[i] = per_micro(n) ? slot_of(g, i, first_bwd) : -2;
+		if (slot[i] < 0 || n->op == DP_OP_SEND || n->op == DP_OP_RECV)
+			continue;
+		for (int k = 0; slot[i] % 3 == STAGE_B && k < n->nin; k++)
+			if (n->in[k] >= 0 && w_wrote[value_root(g, n->in[k])])
+				slot[i] = 3 * n->stage + STAGE_W;
+		if (slot[i] % 3 == STAGE_W && n->out >= 0)
+			w_wrote[value_root(g, n->out)] = 1;
 	}
+	free(w_wrote);
 
 	/* each stage's slots in the schedule's order, merged by the forecast's starts */
 	StageCost *sc = calloc((size_t)p, sizeof *sc);

@@ -15,6 +15,8 @@
 #     past the buffer, a dropped __syncthreads (DPEMU_THREADS=asc), a
 #     missing event between two streams (DPEMU_RUN=lazy), a collective
 #     reordered on one rank, ncclCommAbort under a graph nobody destroys;
+#     point-to-point (ncclSend/ncclRecv in a group, values checked) and its
+#     pairing: two sends, or counts that differ, FATAL naming both ranks;
 #     NCCL's ncclInProgress (a collective enqueued only when settled, also
 #     inside a capture; work on its stream before that is caught), and its
 #     abort (waiting for the graph's destroy and its in-flight launch, while
@@ -31,7 +33,10 @@
 #     parallelism (gpt2-tiny cp=2, llama cp=2 x dp_shard=2); optimizer
 #     groups (gpt2-groups: AdamW full_shard, SGD zero2); scalar operands
 #     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
-#     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); and GPT-2's
+#     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
+#     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
+#     pipedream_flush (also in bf16) and zero_bubble, and pp=2 x dp_shard=2
+#     under ddp and full_shard); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -60,9 +65,10 @@
 #     aborted last, every rank still ends within --timeout + 10 s, by the
 #     watchdog's message and not the emulator's hang (NCCL's abort waits for
 #     the in-flight launch: aborting the communicators one after the other
-#     hangs, docs/CUDA.md); a pipelined step file (pp=2), which the CUDA
-#     backend does not run yet, refused at start-up naming --device cpu, and
-#     so is a step file with offload (a host arena);
+#     hangs, docs/CUDA.md); a pipeline stage (pp=2) stalled mid-step ends
+#     every rank the same way, the message naming the stage and its pending
+#     send or recv; a step file with offload (a host arena), which the CUDA
+#     backend does not run yet, is refused at start-up naming --device cpu;
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -194,6 +200,9 @@ selftest out_of_bounds "illegal device address"
 selftest gemm_ld_past "matrix A .* is not inside one device buffer"
 selftest host_fn_cuda "cudaDeviceSynchronize called from a host function"
 selftest nccl_mismatch "NCCL collective mismatch"
+selftest nccl_p2p ok
+selftest nccl_p2p_mismatch "point-to-point mismatch .*: rank 0 (world rank 0): ncclSend #0 of 100 x float32 to rank 1; rank 1 (world rank 1): ncclSend #0 of 100 x float32 to rank 0"
+selftest nccl_p2p_count "point-to-point mismatch .*: rank 0 (world rank 0): ncclSend #0 of 100 x float32 to rank 1; rank 1 (world rank 1): ncclRecv #0 of 99 x float32 from rank 0"
 selftest nccl_abort_graph "NCCL 2.28 waits in ncclCommAbort" DPEMU_ABORT_HANG_S=2
 selftest nccl_inprogress ok DPEMU_NCCL_INPROGRESS=always
 selftest nccl_inprogress_early "while a collective issued on it returned ncclInProgress" DPEMU_NCCL_INPROGRESS=always
@@ -232,9 +241,16 @@ scalar_variant "$T/gpt2-tiny.dp" "$T/gpt2-scalar.dp"
 # dropout (tests/dropout.sh's variant): the embeddings and both residual
 # branches, the masks from runtime/dropout.h on either backend
 dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
+# pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
+# under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
+# and receives on the emulator's NCCL point-to-point with its pairing checks
+sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$T/gpt2-tiny.dp" >"$T/gpt2-pp.dp"
+sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.dp" >"$T/gpt2-zb.dp"
+# (full_shard inside the stages: the tied embedding ddp, tests/pipeline.sh's gpt-fs)
+sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-ppfs) echo "$small" ;;
 	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -471,6 +487,15 @@ PREC=bf16 SGD=1 model_case gpt2-scalar ddp 1
 model_case gpt2-dropout ddp 2
 model_case gpt2-dropout ddp 2 "cp=2"
 PREC=bf16 model_case gpt2-dropout ddp 1
+# pipeline parallelism: ncclSend/ncclRecv on the pp communicator, in groups,
+# captured in the step graph; 1F1B and zero_bubble, and pp x dp_shard (the
+# gradients' all_reduce over pp and dp_shard beside the transfers; zero2's
+# reduce_scatter then all_reduce over pp is tests/pipeline.sh's on the CPU)
+model_case gpt2-pp ddp 2 "pp=2"
+model_case gpt2-zb ddp 2 "pp=2"
+model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
+model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
+PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
@@ -528,20 +553,6 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 
 # ---- 4. a stalled rank under --timeout ----
 "$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
-# A pipelined step file (pp=2) has no NCCL path in the CUDA backend yet: it is
-# refused at start-up, before any device work, with the CPU as the way out.
-if case_on pp-refused; then
-	{ echo "mesh pp=2"; grep -v '^mesh ' "$ROOT/models/mlp8.dp"; } >"$T/pp2.dp"
-	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-refused: dpc"
-	timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/pp2.bin" --device cuda --steps 2 --quiet \
-		>"$T/pp2.log" 2>&1
-	rc=$?
-	if [ $rc = 1 ] && grep -q "error: step file: the cuda backend does not run pipeline stages yet (pp=2: send in the step program); use --device cpu" "$T/pp2.log"; then
-		ok "a pp=2 step file is refused by the CUDA backend at start-up, naming --device cpu"
-	else
-		fail "pp=2 on the CUDA backend (exit $rc)"; tail -n 4 "$T/pp2.log"
-	fi
-fi
 # offload optimizer (docs/OFFLOAD.md): the host step does not run on the
 # CUDA backend yet: refused at start-up naming the host arena and --device cpu
 if case_on offload-refused; then
@@ -556,20 +567,36 @@ if case_on offload-refused; then
 	fi
 fi
 
-if case_on stalled-rank; then
+# stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
+# devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
+# end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),
+# the timeout's message matching WANT
+stall_case() {
+	local name=$1 bin=$2 stall=$3 want=$4 what=$5 t0 rc took msg
 	t0=$(date +%s)
-	env DPEMU_STALL=1:8 timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$T/stall.bin" --device cuda \
-		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/stall.log" 2>&1
+	env DPEMU_STALL="$stall" timeout 120 mpirun --oversubscribe -np 2 "$EMU" "$bin" --device cuda \
+		--steps 50 --quiet --eval-every 0 --timeout 3 >"$T/$name.log" 2>&1
 	rc=$?
 	took=$(($(date +%s) - t0))
-	msg=$(grep -m1 "did not finish within --timeout" "$T/stall.log")
-	if [ $rc = 75 ] && [ $took -lt 60 ] &&
-		echo "$msg" | grep -qE "step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask"; then
-		ok "a stalled rank (DPEMU_STALL=1:8) ends every rank within --timeout 3 (${took}s), exit 75 as the CPU's --timeout: a launcher restarts it"
-		echo "      ${msg#*error: }" | cut -c1-200
+	msg=$(grep -m1 "did not finish within --timeout" "$T/$name.log")
+	if [ $rc = 75 ] && [ $took -lt 60 ] && echo "$msg" | grep -qE "$want"; then
+		ok "$what (DPEMU_STALL=$stall) ends every rank within --timeout 3 (${took}s), exit 75"
+		echo "      ${msg#*error: }" | cut -c1-240
 	else
-		fail "a stalled rank under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/stall.log" | tail -n 6
+		fail "$what under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/$name.log" | tail -n 6
 	fi
+}
+case_on stalled-rank && stall_case stall "$T/stall.bin" 1:8 \
+	"step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask" "a stalled rank"
+# A stage whose device stalls mid-pipeline (rank 1, stage 1, stops at its 6th
+# NCCL call, a transfer of step 2): the message names a stage and its pending
+# send or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall)
+if case_on pp-stall; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
+	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-stall: dpc"
+	stall_case pp2 "$T/pp2.bin" 1:6 \
+		"pending: pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the comm stream" \
+		"a stalled pipeline stage, its pending send or recv named,"
 fi
 
 # Two communicators captured in the step graph (hybrid_shard 2x2: the

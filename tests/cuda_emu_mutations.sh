@@ -38,6 +38,9 @@
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
+#   p2p_wait      the comm stream's wait for the compute stream right before
+#                 a pipeline send dropped (mlp8 at pp=2): the send moves an
+#                 activation or gradient the compute stream has not written
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
@@ -137,6 +140,7 @@ tree() {
 cp models/mlp8.dp "$T/mlp8.dp"
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
 sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
+{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
 # hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
 # text; hd8 is the same step file run for 8 steps
 hd64_model() {
@@ -159,6 +163,7 @@ reference() {
 	case $1 in
 	one) np=1 src=$T/mlp8.dp ;;
 	two) src=$T/zero2.dp ;;
+	pp2) ;;
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
@@ -367,6 +372,13 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 static int cu_collective_orig(Backend *b, const DpInstr *in, RtErr *e)
 \{}m'; then
 	check reorder two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# 6b: the wait before a pipeline send (the event the schedule put on the
+# comm stream right before it) skipped
+# shellcheck disable=SC2016
+if mutate p2p_wait "runtime/cuda/backend_cuda.c" perl -0pe '
+	s{(static int cu_event_wait\(Backend \*b, unsigned stream, unsigned event, RtErr \*e\)\n\{\n\tCuBackend \*x = b->impl;\n)}{$1\t/* MUTATION: no wait before a send */\n\tif (b->at.instr + 1 < b->s->nprog[b->at.prog] \&\& b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)\n\t\treturn 0;\n}'; then
+	check p2p_wait pp2 2 DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
 fi
 
 # 7: attention's forward loop without its first barrier (ctx 128: four

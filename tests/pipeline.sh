@@ -19,6 +19,15 @@
 #     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
 #     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
+#     gpt-pp2xzero2 (pp=2 x dp_shard=2, zero2: the slices reduce_scattered
+#     over dp_shard, then summed over pp) against zero2 at 2 ranks (without
+#     the all_reduce over pp it fails on every parameter, the tied wte too);
+#     gpt-pp2xfs (full_shard blocks, the tied embedding ddp, grad_accum 4:
+#     each block gathered on its stage per micro-batch, before its forward
+#     and again before its backward) and gpt-pp2xfs-zb (zero_bubble, with
+#     reshard_after_forward false: one gather per micro-batch, kept to the
+#     backward; the reduce_scatter in the W slot) against the same model at 2
+#     ranks;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
 #     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
 #     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b),
@@ -32,6 +41,10 @@
 #     stage: its gradient is the sum over pp of the two stages' parts, and
 #     the parameters compared include it (dropping pp from the gradients'
 #     all_reduce fails gpt-pp2 and gpt-pp4 on wte)
+#   fsdp-ir   gpt-pp2xfs's IR: every full_shard block's all_gather on its own
+#             stage over dp_shard, once per micro-batch before its forward
+#             and once before its backward (reshard_after_forward), none
+#             before the backward without it (gpt-pp2xfs-zb)
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
@@ -104,8 +117,10 @@ pp "$M8" 2 "$T/mlp8-pp2.dp"
 pp "$M8" 3 "$T/mlp8-pp3.dp"
 pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
 variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
+variant "$T/gpt.dp" "$T/gpt-zero2.dp" 's/^  strategy ddp/  strategy zero2/'
 pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
 pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
+pp "$T/gpt-zero2.dp" 2 "$T/gpt-pp2xzero2.dp"
 # the compositions: tp and cp inside a stage, recompute, bf16
 { echo "mesh pp=2, tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xtp2.dp"
 { echo "mesh tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-tp2.dp"
@@ -119,6 +134,11 @@ variant "$T/gpt.dp" "$T/gpt-ga4.dp" 's/^  strategy ddp/&\n  grad_accum 4/'
 pp "$T/gpt-ga4.dp" 2 "$T/gpt-pp2-ga4.dp"
 variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-gpipe.dp" 's/^  strategy ddp/&\n  pipeline gpipe/'
 variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipeline zero_bubble/'
+# full_shard inside the stages: the transformer blocks gathered, the tied
+# embedding (read on the first and the last stage) ddp
+variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/' 's/^  block embed {/&\n    strategy ddp/'
+pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
+variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -132,7 +152,9 @@ need() {
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
 	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
-	gpt-pp2xtp2 | gpt-pp2xcp2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-zero2 | gpt-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-pp2xfs | gpt-pp2xfs-zb) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
@@ -152,7 +174,8 @@ same_losses() {
 	fi
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
-	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
+	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xfs:gpt-fs gpt-pp2xfs-zb:gpt-fs \
+	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
 	case_on "${c%%:*}" || continue
@@ -161,6 +184,22 @@ for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2
 	mlp8-pp[23] | *-ga4*) same_losses "${c%%:*}" "${c#*:}" ;;
 	esac
 done
+
+if case_on fsdp-ir; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2xfs.dp --world-size 4 --emit=ir | grep all_gather"
+	"$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 --emit=ir 2>/dev/null | grep '= all_gather ' >"$T/fs.ag"
+	"$DPC" "$T/gpt-pp2xfs-zb.dp" --world-size 4 --emit=ir 2>/dev/null | grep '= all_gather ' >"$T/fszb.ag"
+	# per stage: its full_shard blocks (gpt2-tiny's h.0 on stage 0; h.1 and
+	# lnf on stage 1) x 4 micro-batches, forward and backward, in the step;
+	# the eval's one each
+	f0=$(grep -Ec '^%h\.0\.gather\.mb[0-3] = all_gather %h\.0\.shard axes=dp_shard .* stage=0 ' "$T/fs.ag")
+	b0=$(grep -Ec '^%h\.0\.gather\.bwd\.mb[0-3] = all_gather %h\.0\.shard axes=dp_shard .* stage=0 ' "$T/fs.ag")
+	f1=$(grep -Ec '^%(h\.1|lnf)\.gather\.mb[0-3] = all_gather .* stage=1 ' "$T/fs.ag")
+	b1=$(grep -Ec '^%(h\.1|lnf)\.gather\.bwd\.mb[0-3] = all_gather .* stage=1 ' "$T/fs.ag")
+	nb=$(grep -c 'gather\.bwd' "$T/fszb.ag")
+	what="full_shard at pp=2: per micro-batch gathers on their stage (stage 0: $f0 forward, $b0 backward; stage 1: $f1, $b1); without reshard_after_forward $nb backward gathers"
+	if [ "$f0" = 4 ] && [ "$b0" = 4 ] && [ "$f1" = 8 ] && [ "$b1" = 8 ] && [ "$nb" = 0 ]; then ok "$what"; else fail "$what"; fi
+fi
 
 if case_on tied; then
 	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir"

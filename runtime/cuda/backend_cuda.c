@@ -163,6 +163,8 @@ typedef struct {
 	volatile int64_t *marks;         /* mapped pinned host memory, [2][DP_NSTREAM] */
 	int64_t *marks_dev;
 	MarkTable tab[2];
+	int p2p_open;                    /* an ncclGroupStart of pipeline transfers is open */
+	uint32_t p2p_first;              /* the instruction of its first transfer */
 	int aborted;
 	int abort_stuck;                 /* a NCCL abort outlived its bound (abort_all) */
 } CuBackend;
@@ -339,13 +341,22 @@ static void pending_text(Backend *b, int kind, int64_t step, char *buf, size_t l
 			if (mk->stream != st)
 				continue;
 			const DpInstr *in = &b->s->prog[mk->prog][mk->instr];
-			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
-						 "%s%s of '%s' over axis mask %lld on the %s stream (%s "
-						 "program instruction %u, micro-batch %d)",
-						 used ? "; " : "", dp_op_names[in->op],
-						 tname(b->s, in->out), (long long)DP_AXES(in),
-						 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr,
-						 mk->micro);
+			if (in->op == DP_OP_SEND || in->op == DP_OP_RECV) /* as comm_mpi.c names it */
+				used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
+							 "%spipeline stage %d's %s stage %lld (tag %lld) on "
+							 "the %s stream (%s program instruction %u)",
+							 used ? "; " : "", dp_instr_stage(in),
+							 in->op == DP_OP_SEND ? "send to" : "recv from",
+							 (long long)DP_PEER(in), (long long)DP_TAG(in),
+							 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr);
+			else
+				used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
+							 "%s%s of '%s' over axis mask %lld on the %s stream "
+							 "(%s program instruction %u, micro-batch %d)",
+							 used ? "; " : "", dp_op_names[in->op],
+							 tname(b->s, in->out), (long long)DP_AXES(in),
+							 dp_stream_names[st], dp_prog_names[mk->prog], mk->instr,
+							 mk->micro);
 			break;
 		}
 	}
@@ -783,15 +794,6 @@ static void cu_free(Backend *b)
 
 static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 {
-	/* pipeline transfers (pp > 1) have no NCCL path here yet: refused before
-	 * any device work, with the backend that runs them */
-	for (int p = 0; p < DP_NPROG; p++)
-		for (uint32_t i = 0; i < b->s->nprog[p]; i++)
-			if (b->s->prog[p][i].op == DP_OP_SEND || b->s->prog[p][i].op == DP_OP_RECV)
-				return RT_FAIL(e, "step file: the cuda backend does not run pipeline "
-					       "stages yet (pp=%u: %s in the %s program); use --device cpu",
-					       b->s->cfg.mesh[DP_AXIS_PP], dp_op_names[b->s->prog[p][i].op],
-					       dp_prog_names[p]);
 	/* offload: the host step (the update over the host arena) runs on the
 	 * CPU's kernels, which this backend does not call yet (docs/OFFLOAD.md) */
 	if (b->s->cfg.host_arena_bytes)
@@ -1138,10 +1140,97 @@ static int nccl_call(CuBackend *x, ncclResult_t r, ncclComm_t c, const char *wha
 	return r == ncclSuccess ? 0 : cu_nccl_fail(r, what, e, __FILE__, __LINE__);
 }
 
+/* The watchdog's progress mark of the collective at `at`, after it on its
+ * stream. */
+static int mark_after(Backend *b, const BackendAt *at, unsigned stream, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	int64_t seq = -1;
+	if (x->o.timeout_s <= 0)
+		return 0;
+	RT_CHECK(add_mark(x, x->kind, (int)stream, at, &seq, e));
+	CU(cu_k_mark(x->st[stream], x->marks_dev + x->kind * DP_NSTREAM + stream, seq,
+		     x->kind == 0 ? x->sc : NULL));
+	return 0;
+}
+
+/* Does this rank run instruction `nx` of the program being walked? The
+ * executor skips the other pipeline stages' instructions (exec.c's walk). */
+static int runs_here(const Backend *b, const DpInstr *nx)
+{
+	return !nx->stage1 || dp_instr_stage(nx) == b->comm->coord[DP_AXIS_PP];
+}
+
+/* Is a pipeline transfer like `in` (same stream and axes) the next
+ * instruction this rank runs after b->at? Any other instruction ends the
+ * group, and so does one of the DP_IF_LAST tail (whether the walk runs it is
+ * the executor's to say; ending a group early is always correct). */
+static int p2p_continues(const Backend *b, const DpInstr *in)
+{
+	const DpStep *s = b->s;
+	for (uint32_t i = b->at.instr + 1; i < s->nprog[b->at.prog]; i++) {
+		const DpInstr *nx = &s->prog[b->at.prog][i];
+		if (!runs_here(b, nx))
+			continue;
+		return (nx->op == DP_OP_SEND || nx->op == DP_OP_RECV) && !(nx->flags & DP_IF_LAST) &&
+		       nx->stream == in->stream && DP_AXES(nx) == DP_AXES(in);
+	}
+	return 0;
+}
+
+/* A pipeline transfer (pp > 1): ncclSend or ncclRecv to the peer stage on
+ * the stream's pp communicator, whose group ranks are the pp coordinates
+ * (comm_nccl.c's split). A run of transfers this rank issues back to back
+ * on one stream is one ncclGroupStart/ncclGroupEnd (NCCL runs a group's
+ * sends and receives together, and a graph captures it as one launch); the
+ * watchdog's marks follow the group's end, where its work is on the
+ * stream. Each pair of stages posts its transfers in the one order the
+ * compiler proved deadlock-free (ir/verify.c). */
+static int cu_p2p(Backend *b, const DpInstr *in, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	const DpStep *s = b->s;
+	cudaStream_t st = x->st[in->stream];
+	unsigned mask = (unsigned)DP_AXES(in);
+	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
+	int send = in->op == DP_OP_SEND;
+	int t = send ? in->in[0] : in->out;
+	size_t n = (size_t)dp_numel(&s->tensors[t]);
+	ncclDataType_t dt = s->tensors[t].dtype == DP_BF16 ? ncclBfloat16 : ncclFloat32;
+	int peer = (int)DP_PEER(in);
+	if (!c) /* the decoder put the peer on another stage: a group of one cannot be */
+		return RT_FAIL(e, "no NCCL communicator for the pipeline's %s of '%s' (axis mask %u)",
+			       dp_op_names[in->op], tname(s, t), mask);
+	if (!x->p2p_open) {
+		CU_NCCL(ncclGroupStart(), e);
+		x->p2p_open = 1;
+		x->p2p_first = b->at.instr;
+	}
+	ncclResult_t r = send ? ncclSend(b->ptr[t], n, dt, peer, c, st)
+			      : ncclRecv(b->ptr[t], n, dt, peer, c, st);
+	if (r != ncclSuccess) {
+		x->p2p_open = 0;
+		ncclGroupEnd(); /* closed; the error is the call's */
+		return cu_nccl_fail(r, send ? "ncclSend" : "ncclRecv", e, __FILE__, __LINE__);
+	}
+	if (p2p_continues(b, in))
+		return 0;
+	x->p2p_open = 0;
+	RT_CHECK(nccl_call(x, ncclGroupEnd(), c, "ncclGroupEnd (pipeline transfers)", e));
+	for (uint32_t i = x->p2p_first; i <= b->at.instr; i++) {
+		const DpInstr *g = &s->prog[b->at.prog][i];
+		if ((g->op == DP_OP_SEND || g->op == DP_OP_RECV) && runs_here(b, g))
+			RT_CHECK(mark_after(b, &(BackendAt){b->at.prog, i, b->at.micro}, in->stream, e));
+	}
+	return 0;
+}
+
 static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	const DpStep *s = b->s;
+	if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)
+		return cu_p2p(b, in, e);
 	cudaStream_t st = x->st[in->stream];
 	unsigned mask = (unsigned)DP_AXES(in);
 	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
@@ -1171,13 +1260,7 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 						    dt, c, st), c, "ncclAllGather", e));
 		break;
 	}
-	if (x->o.timeout_s > 0) { /* the watchdog's progress mark */
-		int64_t seq = -1;
-		RT_CHECK(add_mark(x, x->kind, in->stream, &b->at, &seq, e));
-		CU(cu_k_mark(st, x->marks_dev + x->kind * DP_NSTREAM + in->stream, seq,
-			     x->kind == 0 ? x->sc : NULL));
-	}
-	return 0;
+	return mark_after(b, &b->at, in->stream, e);
 }
 
 /* ---- the step graph ---- */

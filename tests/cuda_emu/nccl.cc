@@ -65,6 +65,24 @@
  * one runs only device work that needs no MPI call (no collective of a
  * communicator not yet aborted).
  *
+ * Point-to-point (ncclSend, ncclRecv: the pipeline's transfers). Each is an
+ * operation of its communicator like a collective (its turn in the
+ * communicator's order, DPEMU_STALL counts it, ncclInProgress on a
+ * non-blocking one), between this rank and one
+ * peer: when it starts, the two exchange a descriptor (MPI_Isend/MPI_Irecv
+ * on the communicator): which call, type, count and the pair's sequence
+ * number. The peer's call at the same point of the pair's order must be the
+ * other half (a send meets a recv) of the same type and count; anything else
+ * is a mismatch that every rank involved reports naming both ranks (NCCL
+ * would hang, or move the wrong bytes). A send stages its buffer when it
+ * starts (what a stream wait it lacks would leave unwritten, it sends); a
+ * recv fills its buffer with 0xff bytes until it finishes.
+ *
+ * Groups (ncclGroupStart/End) issue their calls at the end, in call order;
+ * on a non-blocking communicator ncclGroupEnd may return ncclInProgress as a
+ * collective does (the whole group then waits for the polls), when every
+ * call of the group is on one communicator and stream.
+ *
  * ncclCommFinalize and ncclCommDestroy of a communicator that a live graph
  * captured are reported as a hang too. DPEMU_STALL=RANK[,RANK...]:N stops
  * those ranks' devices at their N-th collective (the fault tests).
@@ -77,6 +95,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <map>
 #include <mutex>
 
 #include "emu.h"
@@ -115,6 +134,7 @@ struct NcclComm {
 	Stream *deferred_stream = nullptr;
 	std::string deferred_what;
 	int deferred_polls = 0;
+	std::map<int, uint64_t> p2p_seq; /* per peer: the transfers started with it */
 };
 } // namespace emu
 
@@ -128,7 +148,14 @@ static std::set<ncclComm *> &comms()
 static int next_comm_id;
 static std::string last_error;
 static int group_depth;
-static std::vector<std::function<ncclResult_t()>> group_ops;
+/* a group's calls, issued at its end; each with its communicator and stream */
+struct GroupOp {
+	std::function<ncclResult_t()> enq;
+	ncclComm *comm;
+	Stream *stream;
+	std::string what;
+};
+static std::vector<GroupOp> group_ops;
 
 static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static ncclResult_t nfail(ncclResult_t r, const char *fmt, ...)
@@ -320,17 +347,54 @@ static std::string desc_text(const Desc &d)
 	return b;
 }
 
-struct CollWork : Work {
+/* What a collective and a point-to-point call share: an operation of its
+ * communicator, run one at a time in the order issued on it. */
+struct CommWork : Work {
 	ncclComm *c;
+	size_t count; /* NCCL's count argument */
+
+	NcclComm *comm() const override { return c; }
+	void issued(Op &op) override
+	{
+		op.comm_seq = c->issued++;
+		if (!c->aborted)
+			c->fifo.push_back(&op);
+	}
+	/* its turn in the communicator's order, unless DPEMU_STALL stops this
+	 * rank's device here */
+	bool can_start(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		if (c->active || c->fifo.empty() || c->fifo.front() != &op)
+			return false;
+		const Config &cf = cfg();
+		if (cf.stall_at > 0 && world_rank() >= 0 && world_rank() < 64 &&
+		    (cf.stall_ranks >> world_rank() & 1) && S().collectives_started + 1 == cf.stall_at) {
+			op.stalled = true;
+			note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
+			     what().c_str());
+			return false;
+		}
+		return true;
+	}
+	/* a start's first part: op is the communicator's active operation */
+	void begin(Op &op)
+	{
+		c->fifo.pop_front();
+		c->active = &op;
+		S().collectives_started++;
+	}
+};
+
+struct CollWork : CommWork {
 	Kind kind;
 	const void *send;
 	void *recv;
-	size_t count; /* NCCL's count argument */
 	ncclDataType_t dtype;
 	ncclRedOp_t op;
 	int root;
 
-	NcclComm *comm() const override { return c; }
 	size_t in_elems() const { return kind == K_REDUCESCATTER ? count * c->nranks : count; }
 	size_t out_elems() const { return kind == K_ALLGATHER ? count * c->nranks : count; }
 	std::string what() const override
@@ -340,36 +404,11 @@ struct CollWork : Work {
 			 count, type_names[dtype], c->id, c->rank, c->nranks);
 		return b;
 	}
-	void issued(Op &op) override
-	{
-		op.comm_seq = c->issued++;
-		if (!c->aborted)
-			c->fifo.push_back(&op);
-	}
-	bool can_start(Op &op) override
-	{
-		if (c->aborted)
-			return true;
-		if (c->active || c->fifo.empty() || c->fifo.front() != &op)
-			return false;
-		const Config &cf = cfg();
-		if (cf.stall_at > 0 && world_rank() >= 0 && world_rank() < 64 &&
-		    (cf.stall_ranks >> world_rank() & 1) &&
-		    S().collectives_started + 1 == cf.stall_at) {
-			op.stalled = true;
-			note("DPEMU_STALL: this rank's device stops at its collective %ld: %s", cf.stall_at,
-			     what().c_str());
-			return false;
-		}
-		return true;
-	}
 	bool start(Op &op) override
 	{
 		if (c->aborted)
 			return true;
-		c->fifo.pop_front();
-		c->active = &op;
-		S().collectives_started++;
+		begin(op);
 		auto f = std::make_shared<Flight>();
 		Desc &d = f->mine;
 		memset(&d, 0, sizeof d);
@@ -459,6 +498,114 @@ struct CollWork : Work {
 	}
 };
 
+/* ---- point-to-point ---- */
+
+enum { TAG_P2P_DESC = 0x7e01, TAG_P2P_DATA = 0x7e02 };
+
+struct P2PDesc {
+	int32_t send, dtype, world; /* send: 1 ncclSend, 0 ncclRecv; world: its world rank */
+	int32_t rank, peer;         /* on the communicator */
+	int64_t count;
+	uint64_t seq;               /* the pair's transfers before it */
+};
+
+struct P2PFlight {
+	int phase = 0;
+	P2PDesc mine, theirs;
+	std::vector<char> buf; /* staged, in the MPI type */
+	MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+static std::string p2p_text(const P2PDesc &d)
+{
+	char b[200];
+	snprintf(b, sizeof b, "rank %d (world rank %d): %s #%llu of %lld x %s %s rank %d", d.rank, d.world,
+		 d.send ? "ncclSend" : "ncclRecv", (unsigned long long)d.seq, (long long)d.count,
+		 (unsigned)d.dtype < ncclNumTypes ? type_names[d.dtype] : "?", d.send ? "to" : "from", d.peer);
+	return b;
+}
+
+struct P2PWork : CommWork {
+	bool send;
+	void *buf;
+	ncclDataType_t dtype;
+	int peer;
+
+	std::string what() const override
+	{
+		char b[200];
+		snprintf(b, sizeof b, "%s of %zu x %s %s rank %d on communicator #%d (rank %d of %d)",
+			 send ? "ncclSend" : "ncclRecv", count, type_names[dtype], send ? "to" : "from", peer,
+			 c->id, c->rank, c->nranks);
+		return b;
+	}
+	bool start(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		begin(op);
+		auto f = std::make_shared<P2PFlight>();
+		P2PDesc &d = f->mine;
+		memset(&d, 0, sizeof d);
+		d.send = send;
+		d.dtype = dtype;
+		d.world = world_rank();
+		d.rank = c->rank;
+		d.peer = peer;
+		d.count = (int64_t)count;
+		d.seq = c->p2p_seq[peer]++;
+		if (send) /* what the buffer holds now, in stream order, is what goes */
+			stage_in(buf, count, dtype, f->buf);
+		else
+			f->buf.resize(count * staged_size(dtype) + 1);
+		MPI_Isend(&f->mine, sizeof(P2PDesc), MPI_BYTE, peer, TAG_P2P_DESC, c->mpi, &f->req[0]);
+		MPI_Irecv(&f->theirs, sizeof(P2PDesc), MPI_BYTE, peer, TAG_P2P_DESC, c->mpi, &f->req[1]);
+		op.flight = f;
+		return false;
+	}
+	bool poll(Op &op) override
+	{
+		if (c->aborted)
+			return true;
+		P2PFlight &f = *(P2PFlight *)op.flight.get();
+		int done = 0;
+		MPI_Testall(2, f.req, &done, MPI_STATUSES_IGNORE);
+		if (!done)
+			return false;
+		if (f.phase == 1)
+			return true;
+		/* phase 0 done: the peer's call at this point of the pair's order */
+		const P2PDesc &m = f.mine, &t = f.theirs;
+		if (t.send == m.send || t.dtype != m.dtype || t.count != m.count || t.seq != m.seq ||
+		    t.peer != c->rank)
+			fatal("NCCL point-to-point mismatch on communicator #%d: the two ranks' calls at the "
+			      "same point of their transfers do not pair (a send must meet a recv of the "
+			      "same type and count; NCCL would hang or move the wrong bytes): %s; %s",
+			      c->id, p2p_text(m.rank < t.rank ? m : t).c_str(),
+			      p2p_text(m.rank < t.rank ? t : m).c_str());
+		f.phase = 1;
+		MPI_Datatype mt = mpi_type(dtype);
+		if (send) {
+			MPI_Isend(f.buf.data(), (int)count, mt, peer, TAG_P2P_DATA, c->mpi, &f.req[0]);
+		} else {
+			open_device_memory();
+			memset(buf, 0xff, count * nccl_size(dtype)); /* in flight: undefined */
+			MPI_Irecv(f.buf.data(), (int)count, mt, peer, TAG_P2P_DATA, c->mpi, &f.req[0]);
+		}
+		f.req[1] = MPI_REQUEST_NULL;
+		return false;
+	}
+	void finish(Op &op) override
+	{
+		if (c->aborted)
+			return;
+		P2PFlight &f = *(P2PFlight *)op.flight.get();
+		if (!send)
+			stage_out(buf, count, dtype, f.buf);
+		c->active = nullptr;
+	}
+};
+
 static ncclResult_t check_comm(ncclComm_t c, const char *api)
 {
 	if (!live(c))
@@ -473,6 +620,39 @@ static ncclResult_t check_comm(ncclComm_t c, const char *api)
 		return nfail(ncclInvalidUsage, "%s: communicator #%d is still initialising or splitting "
 			     "(poll ncclCommGetAsyncError until it is no longer ncclInProgress)", api, c->id);
 	return ncclSuccess;
+}
+
+/* A checked call onto its stream: inside a group at ncclGroupEnd; on a
+ * non-blocking communicator perhaps later (ncclInProgress, the top
+ * comment). */
+static ncclResult_t issue(std::shared_ptr<CommWork> w, cudaStream_t st, const char *api)
+{
+	ncclComm *c = w->c;
+	Stream *s = stream_of(st, api);
+	if (!s)
+		return ncclInvalidArgument;
+	auto enq = [s, w, api]() -> ncclResult_t {
+		if (!w->count)
+			return ncclSuccess;
+		cudaError_t e = submit(s, w, api);
+		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
+	};
+	if (group_depth > 0) {
+		group_ops.push_back(GroupOp{enq, c, s, w->what()});
+		return ncclSuccess;
+	}
+	stream_free_check(s, api);
+	Pick ip = cfg().nccl_inprogress;
+	if (!c->blocking && w->count && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
+		/* NCCL's helper thread will launch it: not on the stream yet */
+		c->deferred = enq;
+		c->deferred_stream = s;
+		c->deferred_what = w->what();
+		c->deferred_polls = 1 + (int)rnd(3);
+		s->nccl_pending = c;
+		return ncclInProgress;
+	}
+	return enq();
 }
 
 static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t count, ncclDataType_t t,
@@ -508,31 +688,33 @@ static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t c
 	    send != (const char *)recv + (size_t)c->rank * count * es)
 		return nfail(ncclInvalidArgument, "%s: an in-place all-gather's send buffer must be this "
 			     "rank's slot of the receive buffer", api);
-	Stream *s = stream_of(st, api);
-	if (!s)
-		return ncclInvalidArgument;
-	auto enq = [s, w, api]() -> ncclResult_t {
-		if (!w->count)
-			return ncclSuccess;
-		cudaError_t e = submit(s, w, api);
-		return e ? nfail(ncclUnhandledCudaError, "%s: %s", api, cudaGetErrorString(e)) : ncclSuccess;
-	};
-	if (group_depth > 0) {
-		group_ops.push_back(enq);
-		return ncclSuccess;
-	}
-	stream_free_check(s, api);
-	Pick ip = cfg().nccl_inprogress;
-	if (!c->blocking && w->count && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
-		/* NCCL's helper thread will launch it: not on the stream yet */
-		c->deferred = enq;
-		c->deferred_stream = s;
-		c->deferred_what = w->what();
-		c->deferred_polls = 1 + (int)rnd(3);
-		s->nccl_pending = c;
-		return ncclInProgress;
-	}
-	return enq();
+	return issue(w, st, api);
+}
+
+static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
+			cudaStream_t st)
+{
+	const char *api = send ? "ncclSend" : "ncclRecv";
+	EMU_API_ENTRY(api);
+	if (ncclResult_t r = check_comm(c, api))
+		return r;
+	if ((unsigned)t >= ncclNumTypes || t == ncclFloat16)
+		return nfail(ncclInvalidArgument, "%s: data type %d is not emulated", api, (int)t);
+	if (peer < 0 || peer >= c->nranks || peer == c->rank)
+		return nfail(ncclInvalidArgument, "%s: peer %d on communicator #%d (rank %d of %d)", api, peer,
+			     c->id, c->rank, c->nranks);
+	auto w = std::make_shared<P2PWork>();
+	w->c = c;
+	w->send = send;
+	w->buf = buf;
+	w->count = count;
+	w->dtype = t;
+	w->peer = peer;
+	std::string why;
+	if (count && !device_accessible(buf, count * nccl_size(t), &why))
+		return nfail(ncclInvalidArgument, "%s: the buffer is not device memory of that size: %s",
+			     w->what().c_str(), why.c_str());
+	return issue(w, st, api);
 }
 
 /* ---- communicators ---- */
@@ -875,12 +1057,47 @@ ncclResult_t ncclGroupEnd(void)
 		return nfail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
 	if (--group_depth > 0)
 		return ncclSuccess;
-	std::vector<std::function<ncclResult_t()>> ops;
+	std::vector<GroupOp> ops;
 	ops.swap(group_ops);
-	for (auto &f : ops)
-		if (ncclResult_t r = f())
+	if (ops.empty())
+		return ncclSuccess;
+	ncclComm *c = ops[0].comm;
+	Stream *s = ops[0].stream;
+	bool one = true;
+	for (auto &g : ops)
+		one = one && g.comm == c && g.stream == s;
+	for (auto &g : ops)
+		if (ncclResult_t r = check_comm(g.comm, "ncclGroupEnd"))
 			return r;
-	return ncclSuccess;
+	auto enq = [ops]() -> ncclResult_t {
+		for (auto &g : ops)
+			if (ncclResult_t r = g.enq())
+				return r;
+		return ncclSuccess;
+	};
+	for (auto &g : ops)
+		stream_free_check(g.stream, "ncclGroupEnd");
+	Pick ip = cfg().nccl_inprogress;
+	if (one && !c->blocking && (ip == PICK_HIGH || (ip == PICK_RANDOM && rnd(2)))) {
+		/* NCCL's helper thread launches the group: not on the stream yet */
+		c->deferred = enq;
+		c->deferred_stream = s;
+		c->deferred_what = "group of " + std::to_string(ops.size()) + " call(s) from " + ops[0].what;
+		c->deferred_polls = 1 + (int)rnd(3);
+		s->nccl_pending = c;
+		return ncclInProgress;
+	}
+	return enq();
+}
+
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st)
+{
+	return p2p(true, (void *)buf, count, t, peer, c, st);
+}
+
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st)
+{
+	return p2p(false, buf, count, t, peer, c, st);
 }
 
 } // extern "C"

@@ -1030,6 +1030,78 @@ static int c_nccl_mismatch(void)
 	return 0;
 }
 
+/* The point-to-point cases' start: the world communicator, this rank, a
+ * stream and 100 zeroed floats on the device. */
+typedef struct {
+	ncclComm_t c;
+	int rank;
+	cudaStream_t s;
+	float *a;
+} P2P;
+
+static P2P p2p_setup(void)
+{
+	P2P p;
+	p.c = world();
+	MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+	CK(cudaStreamCreateWithFlags(&p.s, cudaStreamNonBlocking));
+	p.a = dev_floats(100);
+	CK(cudaMemset(p.a, 0, 400));
+	return p;
+}
+
+/* point-to-point: rank 0 sends 100 floats and receives 50 back in one
+ * group, rank 1 receives and sends in another order of calls (the pair's
+ * order: 0's send meets 1's recv first), values checked */
+static int c_nccl_p2p(void)
+{
+	P2P p = p2p_setup();
+	ncclComm_t c = p.c;
+	int rank = p.rank;
+	cudaStream_t s = p.s;
+	float *a = p.a, *b = dev_floats(50), h[100];
+	for (int i = 0; i < 100; i++)
+		h[i] = (float)(i + 1000 * rank);
+	to_dev(a, h, 100);
+	to_dev(b, h, 50);
+	EXPECT(ncclGroupStart() == ncclSuccess);
+	if (rank == 0) {
+		EXPECT(ncclSend(a, 100, ncclFloat32, 1, c, s) == ncclSuccess);
+		EXPECT(ncclRecv(b, 50, ncclFloat32, 1, c, s) == ncclSuccess);
+	} else {
+		EXPECT(ncclRecv(a, 100, ncclFloat32, 0, c, s) == ncclSuccess);
+		EXPECT(ncclSend(b, 50, ncclFloat32, 0, c, s) == ncclSuccess);
+	}
+	settle(c, ncclGroupEnd());
+	CK(cudaStreamSynchronize(s));
+	from_dev(h, rank == 0 ? b : a, rank == 0 ? 50 : 100);
+	for (int i = 0; i < (rank == 0 ? 50 : 100); i++)
+		EXPECT(h[i] == (float)(i + 1000 * (1 - rank)));
+	return 0;
+}
+
+/* both ranks send first: neither send meets a recv */
+static int c_nccl_p2p_mismatch(void)
+{
+	P2P p = p2p_setup();
+	settle(p.c, ncclSend(p.a, 100, ncclFloat32, 1 - p.rank, p.c, p.s));
+	settle(p.c, ncclRecv(p.a, 100, ncclFloat32, 1 - p.rank, p.c, p.s));
+	CK(cudaStreamSynchronize(p.s));
+	return 0;
+}
+
+/* a send of 100 floats met by a recv of 99 */
+static int c_nccl_p2p_count(void)
+{
+	P2P p = p2p_setup();
+	if (p.rank == 0)
+		settle(p.c, ncclSend(p.a, 100, ncclFloat32, 1, p.c, p.s));
+	else
+		settle(p.c, ncclRecv(p.a, 99, ncclFloat32, 0, p.c, p.s));
+	CK(cudaStreamSynchronize(p.s));
+	return 0;
+}
+
 static int c_nccl_abort_graph(void)
 {
 	/* ncclCommAbort while a graph that captured the communicator exists */
@@ -1224,6 +1296,9 @@ static const struct {
 	{"versions", c_versions},
 	{"nccl", c_nccl},
 	{"nccl_mismatch", c_nccl_mismatch},
+	{"nccl_p2p", c_nccl_p2p},
+	{"nccl_p2p_mismatch", c_nccl_p2p_mismatch},
+	{"nccl_p2p_count", c_nccl_p2p_count},
 	{"nccl_abort_graph", c_nccl_abort_graph},
 	{"nccl_inprogress", c_nccl_inprogress},
 	{"nccl_inprogress_early", c_nccl_inprogress_early},
