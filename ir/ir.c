@@ -353,6 +353,13 @@ int ir_add_bucket(Graph *g, const Bucket *b)
 	return g->nbuckets++;
 }
 
+void ir_program_io(const Graph *g, int p, int *in, int *out)
+{
+	int sample = p == DP_PROG_SAMPLE;
+	*in = sample ? g->metrics.sample_tokens : -1;
+	*out = sample ? g->metrics.sample_logits : -1;
+}
+
 int ir_world(const Graph *g)
 {
 	int w = 1;

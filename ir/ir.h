@@ -298,6 +298,11 @@ int ir_add_bucket(Graph *g, const Bucket *b);
  * setup nodes only in init, the rest only in the step. The printer omits it;
  * the reader restores it. */
 unsigned ir_default_progs(Phase ph);
+/* The value the runtime writes before program p (a DpProgram) runs (*in)
+ * and the one it reads after it ends (*out), -1 when none: the sample
+ * program's tokens and logits (passes/sample.c). A temporary among them
+ * lives across the whole program (passes/memplan.c, ir/verify.c). */
+void ir_program_io(const Graph *g, int p, int *in, int *out);
 /* World size = product of the mesh axes. */
 int ir_world(const Graph *g);
 /* Global batch = micro_batch * grad_accum * dp_replicate * dp_shard. */

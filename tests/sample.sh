@@ -14,10 +14,16 @@
 #     which leaves the save directory as it was);
 #   - greedy (--temperature 0) from "hello" continues the text exactly, also
 #     compiled with --precision bf16 and fp16 (16-bit logits);
-#   - the prompt's logits (--sample-logits) equal PyTorch's forward of the
-#     same window from the same weights (tests/torch_gpt.py's Model, the
-#     training forward transformer.sh checks; atol 1e-4): every position,
-#     not only the last;
+#   - the sample program runs one sequence (batch 1; the step's micro-batch
+#     is 16): its prompt's logits (--sample-logits) equal row 0 of PyTorch's
+#     forward of a batch of 4 windows whose other rows hold other text,
+#     from the same weights (tests/torch_gpt.py's Model, the training
+#     forward transformer.sh checks; atol 1e-4): every position, not only
+#     the last;
+#   - its memory plan is its own: dpc --stats's "live at the sample
+#     program's peak" of gpt2-tiny at micro_batch 16 (the model as it
+#     ships) is below an eighth of the step's temporaries at their peak (a
+#     forward at the micro-batch, 16 rows of what batch 1 holds, is not);
 #   - dropout is off: a dropout(p=0.5) added to the model changes no logit;
 #   - a draw at temperature 2, top-k 10, seed 3 (random enough that a wrong
 #     key shows) is the same text in two runs, at 2 ranks (full_shard: the
@@ -124,18 +130,35 @@ class A: model, heads, norm_eps = "gpt2", 4, 1e-5
 m = torch_gpt.Model(A, w, torch.float32)
 ctx = w["embed.wpe"].shape[0]
 p = list(b"hello, wor")
-ids = torch.tensor([p + [p[-1]] * (ctx - len(p))])
+rows = [p + [p[-1]] * (ctx - len(p))] + [list(range(3 * r, 3 * r + ctx)) for r in (1, 2, 3)]
 with torch.no_grad():
-    want = m.forward(ids)[0, :len(p)].numpy()
+    want = m.forward(torch.tensor(rows))[0, :len(p)].numpy()
 got = np.loadtxt(sys.argv[2], ndmin=2)
 assert got.shape == want.shape, (got.shape, want.shape)
 d = np.abs(got - want).max()
 print(f"{len(p)} positions x {got.shape[1]}: max abs diff {d:.2e}")
 sys.exit(0 if d < 1e-4 else 1)
 EOF
-		ok "the prompt's logits are PyTorch's forward: $(cat "$T/logits.cmp")"
+		ok "the prompt's logits are row 0 of PyTorch's forward: $(cat "$T/logits.cmp")"
 	else
-		fail "the prompt's logits are PyTorch's forward"; cat "$T/logits.cmp"
+		fail "the prompt's logits are row 0 of PyTorch's forward"; cat "$T/logits.cmp"
+	fi
+fi
+
+# the sample program's own plan: its peak against the step's (bytes)
+if case_on peak; then
+	if "$DPC" models/gpt2-tiny.dp --stats >"$T/stats.txt" 2>"$T/stats.err"; then
+		step=$(sed -n "s/^  live at the step's peak  *\([0-9]*\) .*/\1/p" "$T/stats.txt")
+		smp=$(sed -n "s/^  live at the sample program's peak  *\([0-9]*\) .*/\1/p" "$T/stats.txt")
+		mb=$(sed -n 's/.*micro_batch \([0-9]*\) x.*/\1/p' "$T/stats.txt")
+		if [ -n "$step" ] && [ -n "$smp" ] && [ "$mb" = 16 ] && [ "$smp" -gt 0 ] &&
+			[ $((smp * 8)) -lt "$step" ]; then
+			ok "gpt2-tiny at micro_batch 16: the sample program's peak $smp bytes, the step's $step"
+		else
+			fail "gpt2-tiny at micro_batch $mb: the sample program's peak '$smp' bytes is not below an eighth of the step's '$step'"
+		fi
+	else
+		cat "$T/stats.err"; fail "gpt2-tiny: dpc --stats"
 	fi
 fi
 
