@@ -4,9 +4,9 @@
  * Before: the views form: the final program order with streams, events,
  * fused kernels and views; no value has an offset yet.
  *
- * After: when the model is a language model - its training loss is a
- * cross_entropy whose labels come from a tokens(...) source, at pp = 1 and
- * cp = 1 - the sample program (IR_IN_SAMPLE, printed `sample`) is the step
+ * After: when the model is a language model (ir_language_model: its
+ * training loss is a cross_entropy whose labels come from a tokens(...)
+ * source, at pp = 1 and cp = 1) the sample program (IR_IN_SAMPLE, printed `sample`) is the step
  * program's forward up to that loss at batch SAMPLE_ROWS (1), beside it:
  * - The forward is the step's nodes before the loss, without the loads and
  *   the DP_IF_LAST parts. A node that touches nothing per-sample (an
@@ -208,21 +208,11 @@ static void copy_node(Sampler *s, const Node *n, int pos)
 int sample_run(Graph *g, Diag *d)
 {
 	(void)d;
-	if (g->cfg.mesh[DP_AXIS_PP] > 1 || g->cfg.mesh[DP_AXIS_CP] > 1 || g->loss < 0)
+	const Node *loss;
+	if (ir_language_model(g, &loss))
 		return 0;
-	int end = -1;
-	for (int i = 0; i < g->nnodes && end < 0; i++) {
-		const Node *n = g->nodes[i];
-		if (n->op == DP_OP_XENT && n->out == g->loss && (n->progs & IR_IN_STEP))
-			end = i;
-	}
-	if (end < 0)
-		return 0;
-	const Node *loss = g->nodes[end];
-	const Value *logits = g->values[loss->in[0]], *labels = g->values[loss->in[1]];
-	if (labels->kind != DP_T_DATA || labels->source < 0 ||
-	    g->sources[labels->source].rec.kind != DP_SRC_TOKENS || !ir_is_float(logits->dtype))
-		return 0; /* a classifier: its labels are classes, not the next tokens */
+	int end = ir_node_index(g, loss);
+	const Value *logits = g->values[loss->in[0]];
 	int tokens = prefix_data(g, end);
 	if (tokens < 0)
 		return 0;
