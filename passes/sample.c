@@ -57,9 +57,10 @@
 /* Rows of the sample program: one sequence. */
 #define SAMPLE_ROWS 1
 
-/* The data value read by the nodes before `end` whose source is `kind`
- * (tokens: with shift 0), -1 when none, -2 when some node reads a data value
- * that is neither the tokens nor dropout's keys. */
+/* The token input the forward before `end` reads (a tokens source with
+ * shift 0), -1 when none, -2 when some node reads a data value that is
+ * neither it nor the keys a dropout reads (the sample program leaves
+ * dropout out). */
 static int prefix_data(const Graph *g, int end)
 {
 	int tokens = -1;
