@@ -557,6 +557,12 @@ static const char *applies_pipelined(Lower *L)
 	return L->g->cfg.mesh[DP_AXIS_PP] > 1 ? NULL : "the mesh has no pp axis (pp=1)";
 }
 
+static const char *applies_language_model(Lower *L)
+{
+	const char *why = ir_language_model(L->g, NULL);
+	return why ? ir_fmt(L->g, "this model is not a language model: %s", why) : NULL;
+}
+
 static const char *applies_momentum(Lower *L)
 {
 	return L->g->opt.momentum > 0 ? NULL : "momentum is 0";

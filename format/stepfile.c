@@ -766,8 +766,8 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 }
 
 /* The sample program and its two tensors come together: i32 tokens
- * [rows, ctx] and f32 (or bf16) logits of rows * ctx * vocab elements (what
- * the runtime writes and reads whole). */
+ * [1, ctx] (one sequence: version 15) and f32, bf16 or f16 logits of
+ * ctx * vocab elements (what the runtime writes and reads whole). */
 static int validate_sample(const DpStep *s, char *err, size_t errlen)
 {
 	int32_t tok = s->metrics.sample_tokens, lg = s->metrics.sample_logits;
@@ -783,11 +783,11 @@ static int validate_sample(const DpStep *s, char *err, size_t errlen)
 		return 0;
 	const DpTensor *t = &s->tensors[tok], *l = &s->tensors[lg];
 	int64_t nt = dp_numel(t), nl = dp_numel(l);
-	if (t->dtype != DP_I32 || t->ndim != 2 || (l->dtype != DP_F32 && !dp_is_half(l->dtype)) ||
-	    l->ndim < 2 || nt < 1 ||
+	if (t->dtype != DP_I32 || t->ndim != 2 || t->dims[0] != 1 ||
+	    (l->dtype != DP_F32 && !dp_is_half(l->dtype)) || l->ndim < 2 || nt < 1 ||
 	    l->dims[l->ndim - 1] < 1 || nl != nt * l->dims[l->ndim - 1]) {
-		fail(err, errlen, "the sample program's tokens must be i32 [rows, ctx] and its logits "
-		     "f32, bf16 or f16 [rows, ctx, vocab]");
+		fail(err, errlen, "the sample program's tokens must be i32 [1, ctx] and its logits "
+		     "f32, bf16 or f16 [1, ctx, vocab]");
 		return -1;
 	}
 	return 0;

@@ -47,8 +47,12 @@
  * 14: the sample program (DP_PROG_SAMPLE) and DpMetrics' sample_tokens and
  *    sample_logits; DpConfig's sample_every
  * 15: DpOptim's loss scaling (loss_scale, ls_scale, ls_growth, ls_backoff,
- *    ls_interval); XENT_GRAD's loss_scale flag, the UNSCALE and AMP_CHECK ops */
-#define DP_STEP_VERSION 15u
+ *    ls_interval); XENT_GRAD's loss_scale flag, the UNSCALE and AMP_CHECK ops
+ * 16: the sample program runs one sequence at batch 1 over temporaries of its
+ *    own (passes/sample.c): its tokens are i32 [1, ctx], a temporary the
+ *    runtime writes before every run, its logits [1, ctx, vocab]; it has no
+ *    dropout */
+#define DP_STEP_VERSION 16u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -206,9 +210,10 @@ typedef enum {
 	DP_PROG_EXPORT, /* before writing a full checkpoint: ALL_GATHER what is sharded,
 	                   then SAVE every parameter */
 	DP_PROG_SAMPLE, /* inference (language models only, else empty): the step
-	                   program's forward up to the logits, without its loads (the
-	                   runtime writes the context into metrics.sample_tokens, its
-	                   dropout keys -1) and without gradients or optimizer */
+	                   program's forward up to the logits at batch 1, over
+	                   temporaries of its own, without its loads, dropout,
+	                   gradients or optimizer (the runtime writes the context
+	                   into metrics.sample_tokens before every run) */
 	DP_NPROG
 } DpProgram;
 
@@ -513,9 +518,9 @@ typedef struct {
 	int32_t grad_norm;    /* global gradient norm of the step */
 	int32_t eval_loss;    /* eval: loss sum of the batch */
 	int32_t eval_correct; /* eval: [correct, counted] */
-	int32_t sample_tokens; /* the sample program's i32 [micro_batch, ctx] token input */
-	int32_t sample_logits; /* ... and the [micro_batch, ctx, vocab] logits it leaves (f32,
-	                          or bf16 under precision bf16) */
+	int32_t sample_tokens; /* the sample program's i32 [1, ctx] token input */
+	int32_t sample_logits; /* ... and the [1, ctx, vocab] logits it leaves (f32, or the
+	                          compute dtype under precision bf16 or fp16) */
 } DpMetrics;
 
 typedef struct {

@@ -353,6 +353,36 @@ int ir_add_bucket(Graph *g, const Bucket *b)
 	return g->nbuckets++;
 }
 
+const char *ir_language_model(const Graph *g, const Node **loss_node)
+{
+	const Node *loss = NULL;
+	for (int i = 0; i < g->nnodes && !loss && g->loss >= 0; i++) {
+		const Node *n = g->nodes[i];
+		if (n->op == DP_OP_XENT && n->out == g->loss && (n->progs & IR_IN_STEP))
+			loss = n;
+	}
+	if (loss_node)
+		*loss_node = loss;
+	if (!loss)
+		return "its loss is not a cross_entropy";
+	const Value *logits = g->values[loss->in[0]], *labels = g->values[loss->in[1]];
+	if (labels->kind != DP_T_DATA || labels->source < 0 ||
+	    g->sources[labels->source].rec.kind != DP_SRC_TOKENS || !ir_is_float(logits->dtype))
+		return "its cross_entropy's labels are not the next tokens of a tokens(...) source";
+	if (g->cfg.mesh[DP_AXIS_PP] > 1)
+		return "it is compiled with pp > 1";
+	if (g->cfg.mesh[DP_AXIS_CP] > 1)
+		return "it is compiled with cp > 1";
+	return NULL;
+}
+
+void ir_program_io(const Graph *g, int p, int *in, int *out)
+{
+	int sample = p == DP_PROG_SAMPLE;
+	*in = sample ? g->metrics.sample_tokens : -1;
+	*out = sample ? g->metrics.sample_logits : -1;
+}
+
 int ir_world(const Graph *g)
 {
 	int w = 1;

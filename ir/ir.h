@@ -298,6 +298,17 @@ int ir_add_bucket(Graph *g, const Bucket *b);
  * setup nodes only in init, the rest only in the step. The printer omits it;
  * the reader restores it. */
 unsigned ir_default_progs(Phase ph);
+/* Why g is not a language model, or NULL when it is: its training loss is
+ * a cross_entropy (the step's node *loss_node, when not NULL) whose labels
+ * come from a tokens(...) source (the next tokens) and whose logits are
+ * float, at pp = 1 and cp = 1. Only a language model gets a sample program
+ * (passes/sample.c) and sample_every has an effect (compiler/settings.c). */
+const char *ir_language_model(const Graph *g, const Node **loss_node);
+/* The value the runtime writes before program p (a DpProgram) runs (*in)
+ * and the one it reads after it ends (*out), -1 when none: the sample
+ * program's tokens and logits (passes/sample.c). A temporary among them
+ * lives across the whole program (passes/memplan.c, ir/verify.c). */
+void ir_program_io(const Graph *g, int p, int *in, int *out);
 /* World size = product of the mesh axes. */
 int ir_world(const Graph *g);
 /* Global batch = micro_batch * grad_accum * dp_replicate * dp_shard. */

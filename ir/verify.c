@@ -29,7 +29,8 @@
  *  - SSA temporaries (DP_T_ACT): at most one defining writer per program (a writer that
  *    does not read its output; accumulating writers such as ACCUM or a
  *    matmul with acc update it), and in each program (step, eval, init,
- *    export) every read, accumulating write included, comes after a write,
+ *    export, sample) every read, accumulating write included, comes after a write
+ *    (or is of what the runtime writes before the program: ir_program_io),
  *    except in init: there INIT nodes write parameters through views and
  *    SHARD reads their root, so a read needs no earlier write. A view of a
  *    temporary (passes/views.c) is its root here: reading it is reading
@@ -49,8 +50,10 @@
  *  - once memory is planned (cfg.arena_bytes > 0 or any value has an
  *    offset): every value a node uses has offset >= 0 and
  *    offset + nbytes <= arena; nbytes >= its size; two temporaries whose
- *    lifetimes (first write .. last read, per program) overlap do not share
- *    bytes.
+ *    lifetimes (first write .. last read, per program; what the runtime
+ *    writes before a program and reads after it, ir_program_io, over the
+ *    whole program) overlap do not share bytes; no temporary shares bytes
+ *    with a persistent value.
  * The verifier never trusts the graph: every id is range-checked before it
  * is followed, so a broken graph gives messages, not a crash.
  */
@@ -727,6 +730,13 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		die("out of memory verifying IR");
 	for (int i = 0; i < g->nvalues; i++)
 		stage[i] = -2;
+	/* what the runtime writes before the program and reads after it */
+	int io[2];
+	ir_program_io(g, p, &io[0], &io[1]);
+	for (int k = 0; k < 2; k++)
+		io[k] = act_id(g, io[k], sane);
+	if (io[0] >= 0)
+		first[io[0]] = 0;
 	int pos = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
@@ -769,6 +779,15 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 		}
 		pos++;
 	}
+	if (io[1] >= 0 && pos > 0) {
+		if (first[io[1]] < 0)
+			report(vf, "%%%s, which the runtime reads after the %s program, is not written by "
+				   "it", vname(g, io[1]), pname);
+		else
+			last[io[1]] = pos - 1;
+	}
+	if (io[0] >= 0 && last[io[0]] < 0)
+		first[io[0]] = -1; /* an empty program */
 	if (!planned) {
 		free(stage);
 		return;
@@ -810,6 +829,51 @@ static void check_program(Verifier *vf, int p, int planned, const char *sane, in
 }
 
 /* ---- memory plan ---- */
+
+/* No temporary shares bytes with a persistent value (a parameter, a
+ * gradient, optimizer state, data, a metric, a buffer): those hold what
+ * lives across programs and steps, which a temporary of any program (the
+ * sample program's included) would overwrite. Roots only: a view is inside
+ * its root. */
+typedef struct {
+	int64_t start, end; /* bytes [start, end) */
+	int space, id;
+} Held;
+
+static int held_by_start(const void *a, const void *b)
+{
+	const Held *x = a, *y = b;
+	return x->start < y->start ? -1 : x->start > y->start ? 1 : x->id - y->id;
+}
+
+static void check_persistent(Verifier *vf, const char *used, const char *sane)
+{
+	const Graph *g = vf->g;
+	Held *keep = malloc(((size_t)g->nvalues + 1) * sizeof *keep);
+	if (!keep)
+		die("out of memory verifying IR");
+	int nk = 0;
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (sane[i] && v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0 && v->nbytes > 0)
+			keep[nk++] = (Held){v->offset, v->offset + v->nbytes, v->space, i};
+	}
+	qsort(keep, (size_t)nk, sizeof *keep, held_by_start);
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (!used[i] || !sane[i] || v->view_of >= 0 || v->kind != DP_T_ACT || v->offset < 0)
+			continue;
+		for (int k = 0; k < nk && keep[k].start < v->offset + v->nbytes; k++)
+			if (keep[k].space == v->space && keep[k].end > v->offset)
+				value_error(vf, i, "temporary shares bytes [%" PRId64 ", %" PRId64
+						   ") with %%%s, which is persistent",
+					    keep[k].start > v->offset ? keep[k].start : v->offset,
+					    keep[k].end < v->offset + v->nbytes ? keep[k].end
+										 : v->offset + v->nbytes,
+					    vname(g, keep[k].id));
+	}
+	free(keep);
+}
 
 static void check_memory(Verifier *vf, const char *used, const char *sane)
 {
@@ -938,8 +1002,10 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 		check_pipeline_order(&vf, IR_IN_STEP, 0);
 	if (vf.count == before)
 		check_pipeline_order(&vf, IR_IN_EVAL, 1);
-	if (planned)
+	if (planned) {
 		check_memory(&vf, used, sane);
+		check_persistent(&vf, used, sane);
+	}
 
 	if (vf.count > MAX_REPORTED && out) {
 		prefix(&vf);

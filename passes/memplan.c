@@ -15,10 +15,13 @@
  *   size (params, grads, buckets), in its root's arena.
  * - Temporaries (DP_T_ACT roots) share the rest by lifetime: a value lives
  *   from its first use to its last use, in each program separately (STEP
- *   order with the DP_IF_LAST parts included; EVAL; INIT; EXPORT). A use
+ *   order with the DP_IF_LAST parts included; EVAL; INIT; EXPORT; SAMPLE). A use
  *   through a view counts for its root (full_shard's parameters are views
- *   of gathered temporaries). Two temporaries may share bytes only when
- *   their lifetimes are disjoint in every program, or when the nodes of
+ *   of gathered temporaries). What the runtime writes before a program
+ *   and reads after it (ir_program_io: the sample program's tokens and
+ *   logits) lives from its start to its end. Two temporaries may share
+ *   bytes only when their lifetimes are disjoint in every program (so the
+ *   sample program's own share the step's), or when the nodes of
  *   each run on one pipeline stage, a different one (pp > 1: never on one
  *   rank; the arena is the largest stage's peak).
  *   Placement: by size, largest first (ties: value id), at the lowest
@@ -274,6 +277,13 @@ static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
 		collective_windows(g, prog, np, lo, hi);
 		for (int i = 0; i < np; i++)
 			use_node(g, prog[i], p, lo[i], hi[i], temp_of);
+		int io[2];
+		ir_program_io(g, p, &io[0], &io[1]);
+		for (int k = 0; k < 2; k++) {
+			Temp *t = io[k] >= 0 && np ? temp_of[ir_root(g, g->values[io[k]])->id] : NULL;
+			if (t)
+				extend(&t->span[p], k ? np - 1 : 0, k ? np - 1 : 0);
+		}
 	}
 	free(prog);
 	free(lo);
@@ -380,14 +390,14 @@ static int temp_class(const Graph *g, int v)
 	return cls;
 }
 
-int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS])
+int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS])
 {
 	int nt;
 	Temp **temp_of;
 	Temp *temps = temp_spans(g, &nt, &temp_of);
 	int np = 0;
 	for (int i = 0; i < g->nnodes; i++)
-		np += (g->nodes[i]->progs & IR_IN_STEP) != 0;
+		np += (g->nodes[i]->progs & IR_PROG_BIT(prog)) != 0;
 	int *cls = malloc((size_t)(nt ? nt : 1) * sizeof(int));
 	if (!cls)
 		die("out of memory");
@@ -399,7 +409,7 @@ int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS])
 	for (int pos = 0; pos < np; pos++) {
 		int64_t now[MEM_NCLASS] = {0}, sum = 0;
 		for (int t = 0; t < nt; t++) {
-			const Span *sp = &temps[t].span[DP_PROG_STEP];
+			const Span *sp = &temps[t].span[prog];
 			if (sp->first <= pos && pos <= sp->last) {
 				now[cls[t]] += temps[t].bytes;
 				sum += temps[t].bytes;

@@ -107,11 +107,12 @@ double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bub
 /* dpc --emit=schedule: that forecast as a per-stage timeline, width columns. */
 void stages_print_schedule(FILE *out, const Graph *g, int width);
 
-/* passes/memplan.c: the temporaries live at the step program's peak, by
- * what they hold; returns their total (<= the arena's temporaries region,
- * which also holds fragmentation). */
+/* passes/memplan.c: the temporaries live at program prog's peak (a
+ * DpProgram: DP_PROG_STEP, or DP_PROG_SAMPLE's own), by what they hold;
+ * returns their total (<= the arena's temporaries region, which also holds
+ * fragmentation). */
 enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
-int64_t mem_live_peak(const Graph *g, int64_t split[MEM_NCLASS]);
+int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
 void stats_print(FILE *out, const Graph *g);

@@ -53,9 +53,10 @@ const Pass pipeline[] = {
 		 "matmul_gelu_grad (cuBLASLt's epilogues)",
 	 fuse_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
+	{"sample", "a language model's sample program: the step's forward up to the logits "
+		   "at batch 1, its per-sample values its own, without loads or dropout",
+	 sample_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
-	{"sample", "a language model's sample program: the step's forward up to the logits, "
-		   "without loads", sample_run},
 };
 const int npipeline = sizeof pipeline / sizeof pipeline[0];
 

@@ -244,12 +244,17 @@ static void print_memory(FILE *out, const Graph *g)
 	double act = (double)(g->peak_bytes - g->persistent_bytes);
 	fprintf(out, "%-36s %30s\n", "temporaries (arena region)", bytes_cell(c1, sizeof c1, act));
 	int64_t split[MEM_NCLASS];
-	int64_t live = mem_live_peak(g, split);
+	int64_t live = mem_live_peak(g, DP_PROG_STEP, split);
 	static const char *const cls[MEM_NCLASS] = {"  activations", "  gathered parameters",
 						     "  unsharded gradients"};
 	fprintf(out, "%-36s %30s\n", "  live at the step's peak", bytes_cell(c1, sizeof c1, (double)live));
 	for (int c = 0; c < MEM_NCLASS; c++)
 		fprintf(out, "%-36s %30s\n", cls[c], bytes_cell(c1, sizeof c1, (double)split[c]));
+	if (g->metrics.sample_logits >= 0) { /* its own, in the same region (passes/sample.c) */
+		int64_t sample = mem_live_peak(g, DP_PROG_SAMPLE, split);
+		fprintf(out, "%-36s %30s\n", "  live at the sample program's peak",
+			bytes_cell(c1, sizeof c1, (double)sample));
+	}
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
 	if (!g->cfg.host_arena_bytes)

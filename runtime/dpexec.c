@@ -28,7 +28,9 @@
  * resume, and the job exits with 128 + the signal.
  *
  * Sampling (runtime/sampler.c): --sample with --init-from or --resume
- * generates from those weights and exits, before any data is opened;
+ * generates from those weights and exits, before any data is opened,
+ * printing the text alone on stdout (as --quiet, without the mesh, arena
+ * and resumed lines; a checkpoint's notes, errors and warnings on stderr);
  * sample_every (--sample-every) prints a sample during training, after the
  * steps it names, as eval runs.
  *
@@ -565,6 +567,8 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	}
 	o->sample_only = o->sample.prompt && !o->given[DP_SET_SAMPLE_EVERY] &&
 			 (o->init_from || o->resume);
+	if (o->sample_only) /* a sampling user wants the text: no mesh or arena lines */
+		o->quiet = 1;
 	if ((o->resume || o->auto_resume) && o->init_from) {
 		fprintf(stderr, "dpexec: error: --%s and --init-from exclude each other: a resumed "
 				"run takes its parameters from the checkpoint\n",
@@ -873,7 +877,10 @@ static int setup_local(Run *r)
 		char *notes = NULL;
 		double t0 = MPI_Wtime();
 		RT_CHECK(ckpt_load(r->ck, r->resume_dir, &run, &notes, e));
-		if (r->rank == 0) { /* also with --quiet: it says what this run is */
+		if (r->rank == 0 && r->o.sample_only) { /* the text alone on stdout */
+			if (notes)
+				fprintf(stderr, "%s", notes);
+		} else if (r->rank == 0) { /* also with --quiet: it says what this run is */
 			printf("resumed from %s: step %llu, loss %.4f (loaded in %.2f s)\n", r->resume_dir,
 			       (unsigned long long)run.step, run.loss, MPI_Wtime() - t0);
 			if (notes)

@@ -75,23 +75,18 @@ int sampler_init(Sampler *sp, const DpStep *s, const SampleOpts *o, RtErr *e)
 	sp->o = *o;
 	sp->tokens = s->metrics.sample_tokens;
 	sp->logits = s->metrics.sample_logits;
-	sp->keys = -1;
 	if (sp->logits < 0)
 		return RT_FAIL(e, "cannot sample: %s has no sample program: only a language model has "
 			       "one (a cross_entropy loss over token labels from tokens(...)), "
 			       "compiled with pp = 1 and cp = 1", dpstep_str(s, s->source)[0] ?
 			       dpstep_str(s, s->source) : "the step file");
 	const DpTensor *t = &s->tensors[sp->tokens], *l = &s->tensors[sp->logits];
-	sp->rows = t->dims[0];
-	sp->ctx = t->dims[1];
+	sp->ctx = t->dims[1]; /* [1, ctx]: the decoder checked the one row */
 	sp->vocab = l->dims[l->ndim - 1];
 	sp->bytes = sp->vocab <= 256;
-	for (uint32_t i = 0; i < s->nsources; i++) /* dropout's keys: written -1 (off) */
-		if (s->sources[i].kind == DP_SRC_SAMPLE_KEYS)
-			sp->keys = s->sources[i].tensor;
 	RT_CHECK(read_prompt(sp, e));
-	sp->win = malloc((size_t)(sp->rows * sp->ctx) * sizeof *sp->win);
-	sp->lg = malloc((size_t)(sp->rows * sp->ctx * sp->vocab) * sizeof *sp->lg);
+	sp->win = malloc((size_t)sp->ctx * sizeof *sp->win);
+	sp->lg = malloc((size_t)(sp->ctx * sp->vocab) * sizeof *sp->lg);
 	sp->p = malloc((size_t)sp->vocab * sizeof *sp->p);
 	sp->order = malloc((size_t)sp->vocab * sizeof *sp->order);
 	if (!sp->win || !sp->lg || !sp->p || !sp->order)
@@ -190,30 +185,18 @@ static void print_seq(const Sampler *sp, FILE *out)
 
 int sampler_generate(Sampler *sp, Exec *x, const World *w, int rank, FILE *out, RtErr *e)
 {
-	int64_t rows = sp->rows, ctx = sp->ctx;
+	int64_t ctx = sp->ctx;
 	sp->nseq = sp->nprompt;
-	if (sp->keys >= 0) { /* dropout off: the loads of training wrote the step's keys */
-		int64_t n = exec_numel(&x->s->tensors[sp->keys]);
-		int32_t *off = malloc((size_t)n * sizeof *off);
-		if (!off)
-			return RT_FAIL(e, "out of memory (--sample)");
-		for (int64_t i = 0; i < n; i++)
-			off[i] = -1;
-		int rc = exec_tensor_write(x, sp->keys, off, e);
-		free(off);
-		RT_CHECK(rc);
-	}
 	for (int64_t k = 0; k < sp->o.tokens; k++) {
 		int64_t start = sp->nseq > ctx ? sp->nseq - ctx : 0, n = sp->nseq - start;
-		for (int64_t r = 0; r < rows; r++)
-			for (int64_t j = 0; j < ctx; j++)
-				sp->win[r * ctx + j] = sp->seq[start + (j < n ? j : n - 1)];
+		for (int64_t j = 0; j < ctx; j++)
+			sp->win[j] = sp->seq[start + (j < n ? j : n - 1)];
 		RT_CHECK(exec_tensor_write(x, sp->tokens, sp->win, e));
 		RT_CHECK(exec_run(x, DP_PROG_SAMPLE, 1, e));
 		RT_CHECK(exec_tensor_read(x, sp->logits, sp->lg, e));
 		unsigned dt = x->s->tensors[sp->logits].dtype;
 		if (dp_is_half(dt)) /* bf16 or f16: widened in place, from the end */
-			for (int64_t i = rows * ctx * sp->vocab - 1; i >= 0; i--)
+			for (int64_t i = ctx * sp->vocab - 1; i >= 0; i--)
 				sp->lg[i] = rt_from_half(dt, ((const uint16_t *)sp->lg)[i]);
 		if (k == 0 && rank == 0 && sp->o.logits)
 			RT_CHECK(write_logits(sp, e));

@@ -2,16 +2,17 @@
  * sampler.h - text from a language model: dpexec --sample (runtime/sampler.c).
  *
  * The step file's sample program (passes/sample.c) is the training forward
- * up to the logits, at the step's micro-batch, reading its tokens from
- * metrics.sample_tokens. For each new token the sampler writes the window
- * (the last ctx tokens of the sequence so far, every row the same, the
- * positions after it filled with its last token: the model is causal, so
- * they change nothing before them) and dropout's keys (-1: off), runs the
- * program, reads the logits of row 0 at the window's last position and
- * draws the next token. Rank 0 draws and broadcasts it, so every rank of
- * every layout continues the same sequence; the draw is the Philox of
- * runtime/dropout.h keyed by (seed, position), so the same logits give the
- * same token on every backend.
+ * up to the logits at batch 1, with dropout off, reading its tokens from
+ * metrics.sample_tokens (a temporary of its own: it shares bytes with the
+ * step's temporaries, so the sampler writes it before every run). For each
+ * new token the sampler writes the window (the last ctx tokens of the
+ * sequence so far, the positions after it filled with its last token: the
+ * model is causal, so they change nothing before them), runs the program,
+ * reads the logits at the window's last position and draws the next token.
+ * Rank 0 draws and broadcasts it, so every rank of every layout continues
+ * the same sequence; the draw is the Philox of runtime/dropout.h keyed by
+ * (seed, position), so the same logits give the same token on every
+ * backend.
  *
  * Tokens: a model of at most 256 tokens is byte-level (tools/text2shard's
  * shards: token = byte): the prompt is text, a byte at or above the
@@ -39,13 +40,13 @@ typedef struct {
 
 typedef struct {
 	SampleOpts o;
-	int32_t tokens, logits, keys; /* tensor ids; keys -1: no dropout */
-	int64_t rows, ctx, vocab;
+	int32_t tokens, logits;       /* tensor ids */
+	int64_t ctx, vocab;
 	int bytes;                    /* byte-level: text in, text out */
 	int32_t *seq;                 /* prompt, then the generated tokens */
 	int64_t nprompt, nseq;
-	int32_t *win;                 /* rows * ctx: the tokens tensor */
-	float *lg;                    /* rows * ctx * vocab: the logits tensor */
+	int32_t *win;                 /* ctx: the tokens tensor */
+	float *lg;                    /* ctx * vocab: the logits tensor */
 	double *p;                    /* vocab: the draw's weights */
 	int32_t *order;               /* vocab: ids by logit (top-k) */
 } Sampler;

@@ -20,7 +20,8 @@
 #    settings lines do not carry yet.)
 # 3. --from-ir's errors: malformed IR at file:line:col with a caret, an
 #    unknown pass in the header, passes out of order or already run, a
-#    step file before the end, IR that does not verify or that the layout
+#    step file before the end, IR that does not verify (a view out of its
+#    buffer, a temporary on a parameter) or that the layout
 #    cannot have made, pipeline stages out of block order, a pipeline whose
 #    stages' transfers deadlock or pair up out of order (the verifier's
 #    simulation, ir/verify.c): a message, exit 1, no output file.
@@ -160,6 +161,11 @@ fails "--passes all without a header" "does not say which pass" --from-ir "$T/ba
 fails "options of a model" "IR (--from-ir) has them settled" --from-ir "$in" --world-size 2
 sed 's/view=%fc1.gather+12/view=%fc1.gather+14/' "$in" >"$T/bad.ir"
 fails "IR that does not verify" "the IR is not valid" --from-ir "$T/bad.ir" -o "$T/out.bin"
+# the sample program's first temporary planned onto the parameters
+sed 's/^\(%t.sample : f32\[1,8,4\]\) @2560 /\1 @0 /' tests/passes/memplan-sample.out.ir >"$T/bad.ir"
+fails "a temporary on a parameter does not verify" \
+	"verify: value 28 (%t.sample): temporary shares bytes [0, 256) with %flat.params, which is persistent" \
+	--from-ir "$T/bad.ir" -o "$T/out.bin"
 sed 's/view=%fc1.gather+12/view=%fc1.gather+11/' "$in" >"$T/bad.ir"
 fails "a layout the layout pass cannot have made" \
 	"error: %fc1.b should be a view of %fc1.gather at +12" --from-ir "$T/bad.ir" --passes setup

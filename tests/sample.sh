@@ -11,13 +11,20 @@
 #   - the samples during training: one at step 40 and one at step 80, the
 #     last equal to the trained weights' sample after the run, from the
 #     saved safetensors (--init-from) and from the checkpoint (--resume,
-#     which leaves the save directory as it was);
+#     which leaves the save directory as it was; without --quiet, stdout
+#     holds the text alone);
 #   - greedy (--temperature 0) from "hello" continues the text exactly, also
 #     compiled with --precision bf16 and fp16 (16-bit logits);
-#   - the prompt's logits (--sample-logits) equal PyTorch's forward of the
-#     same window from the same weights (tests/torch_gpt.py's Model, the
-#     training forward transformer.sh checks; atol 1e-4): every position,
-#     not only the last;
+#   - the sample program runs one sequence (batch 1; the step's micro-batch
+#     is 16): its prompt's logits (--sample-logits) equal row 0 of PyTorch's
+#     forward of a batch of 4 windows whose other rows hold other text,
+#     from the same weights (tests/torch_gpt.py's Model, the training
+#     forward transformer.sh checks; atol 1e-4): every position, not only
+#     the last;
+#   - its memory plan is its own: dpc --stats's "live at the sample
+#     program's peak" of gpt2-tiny at micro_batch 16 (the model as it
+#     ships) is below an eighth of the step's temporaries at their peak (a
+#     forward at the micro-batch, 16 rows of what batch 1 holds, is not);
 #   - dropout is off: a dropout(p=0.5) added to the model changes no logit;
 #   - a draw at temperature 2, top-k 10, seed 3 (random enough that a wrong
 #     key shows) is the same text in two runs, at 2 ranks (full_shard: the
@@ -58,10 +65,11 @@ train() {
 		{ tail -n 20 "$T/train.out"; fail "training the model"; return 1; }
 }
 # sample NAME NP BIN [ARGS...]: $T/NAME.out, the sample of the trained weights
+# (without --quiet: stdout holds the text alone, from rank 0)
 sample() {
 	local name=$1 np=$2 bin=$3
 	shift 3
-	mpi "$np" "$bin" --quiet --init-from "$T/lm.st" "$@" >"$T/$name.out" 2>"$T/$name.err" ||
+	mpi "$np" "$bin" --init-from "$T/lm.st" "$@" >"$T/$name.out" 2>"$T/$name.err" ||
 		{ cat "$T/$name.err"; fail "$name: dpexec --sample"; return 1; }
 }
 text() { printf 'hello, world! %.0s' $(seq 10) | head -c "$1"; }
@@ -78,13 +86,14 @@ if case_on "during training"; then
 		unstamp "$T/train.out" | grep '^sample'; cat "$T/after.out"
 	fi
 	ls -R "$T/ck" >"$T/ck.before"
-	if mpi 1 "$T/lm.bin" --quiet --resume "$T/ck" --sample "hel" --tokens 20 --temperature 0 \
-		>"$T/resumed.out" 2>&1 && [ "$(tail -n 1 "$T/resumed.out")" = "$(cat "$T/after.out")" ] &&
+	# without --quiet: stdout is the text alone (no mesh, arena or resumed lines)
+	if mpi 1 "$T/lm.bin" --resume "$T/ck" --sample "hel" --tokens 20 --temperature 0 \
+		>"$T/resumed.out" 2>"$T/resumed.err" && cmp -s "$T/resumed.out" "$T/after.out" &&
 		ls -R "$T/ck" | cmp -s - "$T/ck.before"; then
-		ok "--resume: the checkpoint's weights give the same sample, the save directory untouched"
+		ok "--resume: the checkpoint's weights give the same sample, the text alone on stdout, the save directory untouched"
 	else
-		fail "--resume: the checkpoint's weights give the same sample, the save directory untouched"
-		cat "$T/resumed.out"
+		fail "--resume: the checkpoint's weights give the same sample, the text alone on stdout, the save directory untouched"
+		cat "$T/resumed.out" "$T/resumed.err"
 	fi
 fi
 
@@ -124,18 +133,35 @@ class A: model, heads, norm_eps = "gpt2", 4, 1e-5
 m = torch_gpt.Model(A, w, torch.float32)
 ctx = w["embed.wpe"].shape[0]
 p = list(b"hello, wor")
-ids = torch.tensor([p + [p[-1]] * (ctx - len(p))])
+rows = [p + [p[-1]] * (ctx - len(p))] + [list(range(3 * r, 3 * r + ctx)) for r in (1, 2, 3)]
 with torch.no_grad():
-    want = m.forward(ids)[0, :len(p)].numpy()
+    want = m.forward(torch.tensor(rows))[0, :len(p)].numpy()
 got = np.loadtxt(sys.argv[2], ndmin=2)
 assert got.shape == want.shape, (got.shape, want.shape)
 d = np.abs(got - want).max()
 print(f"{len(p)} positions x {got.shape[1]}: max abs diff {d:.2e}")
 sys.exit(0 if d < 1e-4 else 1)
 EOF
-		ok "the prompt's logits are PyTorch's forward: $(cat "$T/logits.cmp")"
+		ok "the prompt's logits are row 0 of PyTorch's forward: $(cat "$T/logits.cmp")"
 	else
-		fail "the prompt's logits are PyTorch's forward"; cat "$T/logits.cmp"
+		fail "the prompt's logits are row 0 of PyTorch's forward"; cat "$T/logits.cmp"
+	fi
+fi
+
+# the sample program's own plan: its peak against the step's (bytes)
+if case_on peak; then
+	if "$DPC" models/gpt2-tiny.dp --stats >"$T/stats.txt" 2>"$T/stats.err"; then
+		step=$(sed -n "s/^  live at the step's peak  *\([0-9]*\) .*/\1/p" "$T/stats.txt")
+		smp=$(sed -n "s/^  live at the sample program's peak  *\([0-9]*\) .*/\1/p" "$T/stats.txt")
+		mb=$(sed -n 's/.*micro_batch \([0-9]*\) x.*/\1/p' "$T/stats.txt")
+		if [ -n "$step" ] && [ -n "$smp" ] && [ "$mb" = 16 ] && [ "$smp" -gt 0 ] &&
+			[ $((smp * 8)) -lt "$step" ]; then
+			ok "gpt2-tiny at micro_batch 16: the sample program's peak $smp bytes, the step's $step"
+		else
+			fail "gpt2-tiny at micro_batch $mb: the sample program's peak '$smp' bytes is not below an eighth of the step's '$step'"
+		fi
+	else
+		cat "$T/stats.err"; fail "gpt2-tiny: dpc --stats"
 	fi
 fi
 

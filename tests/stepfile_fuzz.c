@@ -406,16 +406,17 @@ static void test_program_rules(void)
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
 }
 
-/* The sample program (version 12) and its tokens and logits, which come
- * together: program p = DP_PROG_SAMPLE holding `in` (or nothing), tokens and
- * logits the metrics' ids, y (tensor 1) made i32 [4, ctx]. */
+/* The sample program (version 14; one row since 16) and its tokens and
+ * logits, which come together: program p = DP_PROG_SAMPLE holding `in` (or
+ * nothing), tokens and logits the metrics' ids, y (tensor 1) made i32
+ * [rows, 4 / rows] beside the [4, 2] logits. */
 static void sample_rule(const char *name, const DpInstr *in, int32_t tokens, int32_t logits,
-			int64_t ctx, const char *want)
+			int64_t rows, const char *want)
 {
 	DpStep s = *builtin_step();
 	DpTensor tens[7];
 	memcpy(tens, s.tensors, sizeof tens);
-	tens[1].ndim = 2, tens[1].dims[1] = ctx;
+	tens[1].ndim = 2, tens[1].dims[0] = rows, tens[1].dims[1] = 4 / rows;
 	s.tensors = tens;
 	s.metrics.sample_tokens = tokens, s.metrics.sample_logits = logits;
 	DpInstr one[1];
@@ -447,7 +448,9 @@ static void test_sample_rules(void)
 		    "the sample program (0 instructions) without");
 	sample_rule("tokens without logits", &lin, 1, -1, 1, "without its tokens and logits");
 	sample_rule("logits of another size", &lin, 1, 2, 1,
-		    "tokens must be i32 [rows, ctx] and its logits f32, bf16 or f16 [rows, ctx, vocab]");
+		    "tokens must be i32 [1, ctx] and its logits f32, bf16 or f16 [1, ctx, vocab]");
+	sample_rule("two rows (a version 14 sample program)", &lin, 1, 5, 2,
+		    "tokens must be i32 [1, ctx]");
 	sample_rule("f32 tokens", &lin, 0, 5, 1, "tokens must be i32");
 	sample_rule("tokens out of range", &lin, 7, 5, 1, "the sample program's tokens");
 	sample_rule("a load in the sample program", &load, 1, 5, 1,
