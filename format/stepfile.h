@@ -45,8 +45,10 @@
  * 13: offload: a tensor's memory space (DpTensor.space), DpConfig's
  *    host_arena_bytes, the D2H and H2D ops
  * 14: the sample program (DP_PROG_SAMPLE) and DpMetrics' sample_tokens and
- *    sample_logits; DpConfig's sample_every */
-#define DP_STEP_VERSION 14u
+ *    sample_logits; DpConfig's sample_every
+ * 15: gradient compression: DpConfig's compress and compress_start, the
+ *    DP_IF_COMPRESSED and DP_IF_PLAIN flags, the ORTHOGONALIZE op */
+#define DP_STEP_VERSION 15u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -162,6 +164,7 @@ typedef enum {
 #define KIND(spec, id, name, help) DP_KINDENUM_##spec(id)
 #define DP_KINDENUM_OPTIMIZER(id) DP_OPT_##id,
 #define DP_KINDENUM_SCHEDULE(id)
+#define DP_KINDENUM_COMPRESS(id)
 typedef enum {
 #include "settings.def"
 	DP_NOPT
@@ -174,13 +177,23 @@ typedef enum {
 #include "settings.def"
 	DP_NSCHED
 } DpSchedKind;
+#undef DP_KINDENUM_SCHEDULE
+#undef DP_KINDENUM_COMPRESS
+#define DP_KINDENUM_SCHEDULE(id)
+#define DP_KINDENUM_COMPRESS(id) DP_COMPRESS_##id,
+typedef enum {
+#include "settings.def"
+	DP_NCOMPRESS
+} DpCompressKind;
 #undef DP_KINDENUM_OPTIMIZER
 #undef DP_KINDENUM_SCHEDULE
+#undef DP_KINDENUM_COMPRESS
 #undef SET
 #undef KIND
 /* The enum constant of kind ID of spec setting SPEC (ARG(SPEC, ID) rows). */
 #define DP_KIND_OF_OPTIMIZER(id) DP_OPT_##id
 #define DP_KIND_OF_SCHEDULE(id) DP_SCHED_##id
+#define DP_KIND_OF_COMPRESS(id) DP_COMPRESS_##id
 
 /* Programs: instruction lists the executor walks. */
 typedef enum {
@@ -201,6 +214,11 @@ typedef enum {
 
 /* Instruction flags. */
 #define DP_IF_LAST 1u /* run only on the last micro-batch of the optimizer step */
+/* Gradient compression (cfg.compress): both paths are in the step program and the
+ * optimizer step k chooses one (passes/collectives.c) */
+#define DP_IF_COMPRESSED 2u /* run only when k >= cfg.compress_start */
+#define DP_IF_PLAIN 4u      /* run only when k < cfg.compress_start */
+#define DP_IF_ALL (DP_IF_LAST | DP_IF_COMPRESSED | DP_IF_PLAIN)
 
 /*
  * Opcodes: one row per op in format/ops.def, the only place an op is named, with
@@ -399,6 +417,7 @@ typedef enum {
 	DP_OR_LINEAR_GELU, /* as LINEAR, but out [2, rows.., n]: h, then gelu(h) */
 	DP_OR_MATMUL_GELU_GRAD, /* as MATMUL, in2 (the pre-activation) the size of out;
 	                      out disjoint from the inputs */
+	DP_OR_ORTHOGONALIZE, /* out f32 [rows, r], r <= rows */
 	DP_NOR
 } DpOperandRule;
 

@@ -37,6 +37,9 @@ const Pass pipeline[] = {
 	{"collectives", "each unit's collectives per its strategy: one call each, over a zero-copy "
 			"view of the unit",
 	 collectives_run},
+	{"compress", "compress powersgd: each bucket's all_reduce also as P and Q all_reduces "
+		     "of low-rank factors with error feedback, the step choosing the path",
+	 compress_run},
 	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
 		"received between neighbouring stages",
 	 p2p_run},
