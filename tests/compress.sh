@@ -25,6 +25,8 @@
 #     the plain all_reduce before start_step 4 x every element.
 #   path: the losses equal plain DDP's exactly before start_step (the plain
 #     path runs) and differ from its first compressed step on.
+#   round trip: every --dump-ir dump read back (dpc --from-ir) and compiled to
+#     the end gives the direct compile's step file byte for byte.
 #   errors: compress with zero2, full_shard, reduce_dtype bf16; a
 #     checkpoint (save_every) refused; a bad argument.
 set -u
@@ -112,6 +114,25 @@ if case_on stats; then
 		ok "stats: compressed all_reduce bytes $comp = 4 [sum (n+m) r + 494], plain $all"
 	else
 		fail "stats: want $comp compressed and $all plain bytes"; cat "$T/stats" | head -8
+	fi
+fi
+
+if case_on "round trip"; then
+	# every dump read back and compiled to the end gives the direct step file
+	# (tests/passes.sh does it for models/*.dp, which do not compress)
+	n=0 bad=" (dpc)"
+	if "$DPC" models/mlp.dp --world-size 2 --set "$PSGD" --dump-ir="$T/dump" -o "$T/direct.bin"; then
+		bad=
+		for f in "$T"/dump/*.ir; do
+			n=$((n + 1))
+			"$DPC" --from-ir "$f" --passes all -o "$T/rt.bin" 2>/dev/null &&
+				cmp -s "$T/rt.bin" "$T/direct.bin" || bad="$bad $(basename "$f")"
+		done
+	fi
+	if [ -n "$bad" ] || [ "$n" -lt 20 ]; then
+		fail "round trip: these dumps do not give the direct step file:$bad"
+	else
+		ok "round trip: all $n dumps read back give the direct step file byte for byte"
 	fi
 fi
 
