@@ -126,7 +126,9 @@ RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)
                   $(BUILD)/tests/ckpt_fuzz
 # util/ tests link util/ and format/ only
 UTIL_TESTS     := $(BUILD)/tests/suggest_test
-tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)
+# a test that includes format/stepfile.c (its static writer) links the rest of format/ and util/
+ENCODE_TEST    := $(BUILD)/tests/stepfile_encode_test
+tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS) $(ENCODE_TEST)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 	@mkdir -p $(dir $@)
@@ -135,6 +137,10 @@ $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 $(UTIL_TESTS): $(BUILD)/tests/%: tests/%.c $(SHARED_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iutil $(LDFLAGS) -o $@ $^ -lcjson -lz -lm
+
+$(ENCODE_TEST): tests/stepfile_encode_test.c format/stepfile.c $(filter-out $(BUILD)/format/stepfile.o,$(SHARED_OBJ))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iformat -Iutil $(LDFLAGS) -o $@ $< $(filter %.o,$^) -lcjson -lz -lm
 
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)

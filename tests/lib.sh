@@ -371,3 +371,11 @@ precision_runs() {
 			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
 	done
 }
+
+# unstamp [FILE...]: FILE (or stdin) without the UTC time dpexec starts each
+# console line with by default ("2026-11-27T04:21:52.123Z "): how suites read
+# console lines (`step N/M | loss ...`, errors); logs.sh and dprun.sh check
+# the stamped form itself
+unstamp() {
+	sed -E 's/^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z //' "$@"
+}
