@@ -100,6 +100,9 @@
 # under ascending and random thread orders, and both must catch each;
 # copy_wait runs it for 8 steps with device work run as late as the host
 # allows (DPEMU_RUN=lazy: the copy then overtakes the step still reading).
+# Each case's first use also runs it on the unmutated emulated backend, which
+# must pass: a mutant counts as caught only where the same run passes
+# without it.
 # Runtime: ~2-4 min (one rebuild of the .cu files for no_sync).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -107,6 +110,11 @@ cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-3}
+# the files a mutation makes make rebuild are compiled -O1 -g0 (mk/cuda-emu.mk's
+# EMU_OPT): half the CPU of -O2 -g (attention.cu: 5 s, not 11), the same
+# numbers (-ffp-contract=off, no fast-math: IEEE arithmetic is the same at
+# any -O), and the unmutated runs below keep the ordinary -O2 objects
+MUT_OPT=${MUT_OPT:--O1 -g0}
 why="" # what the last run() or stall_ends() found
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator's mutation checks"; then
@@ -172,6 +180,14 @@ reference() {
 		fail "the initial weights of case $1"
 		return 1
 	fi
+	# the unmutated emulated backend ($W/build-emu: check rebuilds it only
+	# after this) must pass the case, else a mutant is "caught" by whatever
+	# breaks every run (a stale build-emu refused as built for another
+	# dpexec did exactly that) and not by what it changed
+	if run "$1-base" "$1" $np; then
+		fail "case $1 fails on the unmutated emulated backend, so no mutant can be caught by it: $why"
+		return 1
+	fi
 }
 
 # run NAME BIN NP ENV...: the mutated emulated backend; 0 when the run
@@ -235,7 +251,7 @@ restore() {
 check() {
 	local name=$1 bin=$2 np=$3; shift 3
 	once "$bin" reference "$bin" || { restore; return; }
-	if ! make -s -j"${DP_JOBS:-$(nproc)}" -C "$W" cuda-emu >"$T/$name.build" 2>&1; then
+	if ! make -s -j"${DP_JOBS:-$(nproc)}" -C "$W" cuda-emu EMU_OPT="$MUT_OPT" >"$T/$name.build" 2>&1; then
 		fail "$name: the mutated backend does not build"; tail -n 5 "$T/$name.build"
 		restore; return
 	fi
@@ -415,7 +431,7 @@ stall_mutant() {
 			sed 's/^  strategy .*/  strategy hybrid_shard/' >"$T/hsdp.dp"
 		"$DPC" "$T/hsdp.dp" --world-size 4 -o "$T/hsdp.bin" >/dev/null 2>&1
 	fi
-	if ! make -s -C "$W" cuda-emu >"$T/$1.build" 2>&1; then
+	if ! make -s -C "$W" cuda-emu EMU_OPT="$MUT_OPT" >"$T/$1.build" 2>&1; then
 		fail "$1: the mutated backend does not build"; tail -n 5 "$T/$1.build"
 	elif stall_ends "$1"; then
 		fail "mutation $1 NOT caught: the job still ended by the watchdog ($why)"

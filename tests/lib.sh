@@ -246,8 +246,8 @@ eq_same() {
 	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
 		fail "$1 matches $2 (a run is missing)"; return
 	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >>"$T/$1.cmp"; then
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 \
+		--and params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >"$T/$1.cmp"; then
 		ok "$1 matches $2 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
 			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
 	else
