@@ -757,6 +757,43 @@ static void find_sections(Lower *L)
 		L->mesh = mesh_typo;
 }
 
+/* compress powersgd: what the compression pass (passes/collectives.c) can
+ * rewrite: all-ddp graphs (their bucketed all_reduce), without tp or pp (a
+ * gradient split or summed over them would be approximated per part), with
+ * f32 gradients (the factors are f32, as PyTorch's hook computes in the
+ * gradients' dtype). Every other layout is an error at the setting. */
+static void lower_compress(Lower *L)
+{
+	const Graph *g = L->g;
+	const SetVal *v = &L->set[DP_SET_COMPRESS];
+	if (!v->given || !v->ok || g->cfg.compress == DP_COMPRESS_NONE)
+		return;
+	const char *kind = dp_kind_name(DP_SET_COMPRESS, (int)g->cfg.compress);
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *p = g->values[i];
+		int st = p->kind == DP_T_PARAM ? ir_block_strategy(g, p->block) : DP_STRAT_DDP;
+		if (st != DP_STRAT_DDP) {
+			ERR(v->val.loc, "compress %s needs every block ddp: %s is %s (its gradients "
+			    "are reduce-scattered, whose shards a low-rank factor of the whole "
+			    "matrix cannot be summed into)", kind,
+			    p->block >= 0 ? ir_fmt(L->g, "block %s", g->blocks[p->block].name)
+					  : ir_fmt(L->g, "parameter %s", p->name),
+			    dp_name(dp_strategy_names, DP_NSTRAT, (unsigned)st));
+			return;
+		}
+	}
+	if (g->cfg.mesh[DP_AXIS_TP] > 1 || g->cfg.mesh[DP_AXIS_PP] > 1) {
+		ERR(v->val.loc, "compress %s needs tp=1 and pp=1 (the mesh has tp=%u, pp=%u): the "
+		    "gradients are compressed whole, over the data-parallel ranks only", kind,
+		    g->cfg.mesh[DP_AXIS_TP], g->cfg.mesh[DP_AXIS_PP]);
+		return;
+	}
+	if (g->reduce_dtype != DP_F32)
+		ERR(v->val.loc, "compress %s needs f32 gradients: reduce_dtype is %s (set "
+		    "reduce_dtype f32)", kind, dp_name(dp_dtype_names, DP_NDTYPE,
+							(unsigned)g->reduce_dtype));
+}
+
 Graph *lower_ast(ParseState *ps, const FeOptions *opts)
 {
 	Lower lw = {.ps = ps, .d = ps->d, .world_size = opts ? opts->world_size : 0,
@@ -783,6 +820,8 @@ Graph *lower_ast(ParseState *ps, const FeOptions *opts)
 		model_lower(L);
 	if (L->model && L->data)
 		lower_loss_scale(L);
+	if (L->nerrs == 0)
+		lower_compress(L);
 	if (L->nerrs == 0)
 		settings_warn(L); /* of a program that lowered: what its settings do */
 	else

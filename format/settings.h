@@ -89,6 +89,7 @@ typedef enum {
 	DP_IRL_STRATEGY,  /* strategy ddp key=value ... */
 	DP_IRL_PRECISION, /* precision param_dtype=bf16 ... (when not all f32) */
 	DP_IRL_LOSS_SCALE, /* loss_scale dynamic scale=65536 ... (when not none) */
+	DP_IRL_COMPRESS,  /* compress powersgd start_step=10 ... (when not none) */
 	DP_NIRL
 } DpIrLine;
 

@@ -631,8 +631,16 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		fail(err, errlen, "%s: bad stream %u", what, in->stream);
 		return -1;
 	}
-	if (in->flags & ~DP_IF_LAST) {
+	if (in->flags & ~DP_IF_ALL) {
 		fail(err, errlen, "%s: unknown flags 0x%x", what, in->flags);
+		return -1;
+	}
+	if ((in->flags & (DP_IF_COMPRESSED | DP_IF_PLAIN)) &&
+	    (p != DP_PROG_STEP || !(in->flags & DP_IF_LAST) || s->cfg.compress == DP_COMPRESS_NONE ||
+	     (in->flags & DP_IF_COMPRESSED && in->flags & DP_IF_PLAIN))) {
+		fail(err, errlen, "%s: flags 0x%x: a compressed or plain instruction is a last "
+		     "one of the step program of a compressing step file, never both", what,
+		     in->flags);
 		return -1;
 	}
 	int stage = dp_instr_stage(in);
@@ -713,10 +721,13 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		/* initial values are f32, rounded to bf16 for a bf16 buffer */
 		if (check_float(s, in->out, "output", what, err, errlen))
 			return -1;
-		/* in0, when given, is the parameter the output is the whole of */
+		/* in0, when given, is the parameter the output is the whole of;
+		 * state with an init spec (PowerSGD's Q) is initialised too */
 		id = in->in[0] >= 0 ? in->in[0] : in->out;
-		if (s->tensors[id].kind != DP_T_PARAM && s->tensors[id].kind != DP_T_BUFFER) {
-			fail(err, errlen, "%s: '%s' is not a parameter or buffer", what,
+		if (s->tensors[id].kind != DP_T_PARAM && s->tensors[id].kind != DP_T_BUFFER &&
+		    !(s->tensors[id].kind == DP_T_OPTSTATE && s->tensors[id].init != DP_INIT_NONE)) {
+			fail(err, errlen, "%s: '%s' is not a parameter, a buffer or state with an "
+			     "init spec", what,
 			     dpstep_str(s, s->tensors[id].name));
 			return -1;
 		}

@@ -51,8 +51,10 @@
  * 16: the sample program runs one sequence at batch 1 over temporaries of its
  *    own (passes/sample.c): its tokens are i32 [1, ctx], a temporary the
  *    runtime writes before every run, its logits [1, ctx, vocab]; it has no
- *    dropout */
-#define DP_STEP_VERSION 16u
+ *    dropout
+ * 17: gradient compression: DpConfig's compress and compress_start, the
+ *    DP_IF_COMPRESSED and DP_IF_PLAIN flags, the ORTHOGONALIZE op */
+#define DP_STEP_VERSION 17u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -169,6 +171,7 @@ typedef enum {
 #define DP_KINDENUM_OPTIMIZER(id) DP_OPT_##id,
 #define DP_KINDENUM_SCHEDULE(id)
 #define DP_KINDENUM_LOSS_SCALE(id)
+#define DP_KINDENUM_COMPRESS(id)
 typedef enum {
 #include "settings.def"
 	DP_NOPT
@@ -189,15 +192,25 @@ typedef enum {
 #include "settings.def"
 	DP_NLS
 } DpLossScaleKind;
+#undef DP_KINDENUM_LOSS_SCALE
+#define DP_KINDENUM_LOSS_SCALE(id)
+#undef DP_KINDENUM_COMPRESS
+#define DP_KINDENUM_COMPRESS(id) DP_COMPRESS_##id,
+typedef enum {
+#include "settings.def"
+	DP_NCOMPRESS
+} DpCompressKind;
 #undef DP_KINDENUM_OPTIMIZER
 #undef DP_KINDENUM_SCHEDULE
 #undef DP_KINDENUM_LOSS_SCALE
+#undef DP_KINDENUM_COMPRESS
 #undef SET
 #undef KIND
 /* The enum constant of kind ID of spec setting SPEC (ARG(SPEC, ID) rows). */
 #define DP_KIND_OF_OPTIMIZER(id) DP_OPT_##id
 #define DP_KIND_OF_SCHEDULE(id) DP_SCHED_##id
 #define DP_KIND_OF_LOSS_SCALE(id) DP_LS_##id
+#define DP_KIND_OF_COMPRESS(id) DP_COMPRESS_##id
 
 /* Programs: instruction lists the executor walks. */
 typedef enum {
@@ -219,6 +232,11 @@ typedef enum {
 
 /* Instruction flags. */
 #define DP_IF_LAST 1u /* run only on the last micro-batch of the optimizer step */
+/* Gradient compression (cfg.compress): both paths are in the step program and the
+ * optimizer step k chooses one (passes/collectives.c) */
+#define DP_IF_COMPRESSED 2u /* run only when k >= cfg.compress_start */
+#define DP_IF_PLAIN 4u      /* run only when k < cfg.compress_start */
+#define DP_IF_ALL (DP_IF_LAST | DP_IF_COMPRESSED | DP_IF_PLAIN)
 
 /*
  * Opcodes: one row per op in format/ops.def, the only place an op is named, with
@@ -417,6 +435,7 @@ typedef enum {
 	DP_OR_LINEAR_GELU, /* as LINEAR, but out [2, rows.., n]: h, then gelu(h) */
 	DP_OR_MATMUL_GELU_GRAD, /* as MATMUL, in2 (the pre-activation) the size of out;
 	                      out disjoint from the inputs */
+	DP_OR_ORTHOGONALIZE, /* out f32 [rows, r], r <= rows */
 	DP_NOR
 } DpOperandRule;
 

@@ -125,6 +125,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_DROPOUT] = {CD, CD, I32, I32},
 	[DP_OR_LINEAR_GELU] = {CD, CD, CD, CD},
 	[DP_OR_MATMUL_GELU_GRAD] = {CD, CD, CD, CD},
+	[DP_OR_ORTHOGONALIZE] = {F32},
 };
 #undef CD
 #undef CDF
@@ -438,6 +439,12 @@ static int check_gemm(Chk *c, int rule)
 		NEED(cols_of(dy) == cols_of(o) && dp_numel(dy) == dp_numel(ids) * cols_of(o),
 		     "dy's shape does not match ids and table");
 		NEED(disjoint(o, dy) && disjoint(o, ids), "the output overlaps an input");
+		return 0;
+	}
+	case DP_OR_ORTHOGONALIZE: {
+		OPND(o, -1, -1);
+		NEED(cols_of(o) <= rows_of(o), "more columns (%lld) than rows (%lld)",
+		     (long long)cols_of(o), (long long)rows_of(o));
 		return 0;
 	}
 	default:

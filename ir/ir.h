@@ -222,6 +222,8 @@ typedef struct Graph {
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */
+	int compress_rank;         /* compress powersgd's rank (passes/collectives.c) */
+	float compress_min_rate;   /* ... and its min_compression_rate */
 	/* mixed precision (DSL precision / param_dtype / reduce_dtype / buffer_dtype,
 	 * passes/precision.c): master weights and optimizer state are always f32 */
 	int param_dtype;           /* DpDtype compute reads parameters in, and activations
@@ -557,7 +559,7 @@ int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */
-#define IR_NRESERVED 15
+#define IR_NRESERVED 17
 extern const char *const ir_reserved_words[IR_NRESERVED];
 
 /* ---- verifier (ir/verify.c) ---- */

@@ -200,6 +200,16 @@ void ir_cost_attention_grad(const Graph *g, const Node *n, double *flops, double
 	*bytes = io_bytes(g, n);
 }
 
+/* ORTHOGONALIZE of [rows, r]: per column a norm, a division and a
+ * projection out of each later column (2 rows each for the dot and the update). */
+void ir_cost_orthogonalize(const Graph *g, const Node *n, double *flops, double *bytes)
+{
+	const Value *o = g->values[n->out];
+	double r = (double)ir_fold_cols(o), rows = (double)ir_fold_rows(o);
+	*flops = rows * (3.0 * r + 2.0 * r * (r - 1.0));
+	*bytes = io_bytes(g, n);
+}
+
 /* ---- the table: the rows of ops.def ---- */
 
 #define ir_shape_none NULL

@@ -41,7 +41,8 @@
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
  * other mask as progs=N), sample (also in the sample program, passes/sample.c),
- * last (DP_IF_LAST), recompute (a forward node re-run
+ * last (DP_IF_LAST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
+ * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
  * stream=comm, bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
@@ -347,7 +348,8 @@ static void print_settings(Buf *b, const Graph *g)
 {
 	for (int line = DP_IRL_MESH; line < DP_NIRL; line++) {
 		if ((line == DP_IRL_PRECISION && !ir_mixed_precision(g)) ||
-		    (line == DP_IRL_LOSS_SCALE && g->opt.loss_scale == DP_LS_NONE))
+		    (line == DP_IRL_LOSS_SCALE && g->opt.loss_scale == DP_LS_NONE) ||
+		    (line == DP_IRL_COMPRESS && g->cfg.compress == DP_COMPRESS_NONE))
 			continue;
 		bputs(b, ir_line_names[line]);
 		for (int i = 0; i < DP_NSETTINGS; i++) {
@@ -557,7 +559,7 @@ static const char *progs_word(unsigned progs)
 
 const char *const ir_reserved_words[IR_NRESERVED] = {
 	"data", "fwd", "bwd", "comm", "opt", "eval", "setup", "step", "both", "none", "init",
-	"export", "last", "recompute", "sample"};
+	"export", "last", "recompute", "sample", "compressed", "plain"};
 
 /* A block named like a reserved word prints quoted. */
 static int reserved_word(const char *s)
@@ -716,8 +718,12 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(a, " last");
 	if (n->recompute)
 		bputs(a, " recompute");
-	if (n->flags & ~DP_IF_LAST)
-		bprintf(a, " flags=%u", n->flags & ~DP_IF_LAST);
+	if (n->flags & DP_IF_COMPRESSED)
+		bputs(a, " compressed");
+	if (n->flags & DP_IF_PLAIN)
+		bputs(a, " plain");
+	if (n->flags & ~DP_IF_ALL)
+		bprintf(a, " flags=%u", n->flags & ~DP_IF_ALL);
 	if (n->stage != -1)
 		bprintf(a, " stage=%d", n->stage);
 	if (n->stream == DP_STREAM_COMM)

@@ -1114,6 +1114,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 				sample = 1; /* added to the programs the other words give */
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
+			} else if (strcmp(t->text, "compressed") == 0) {
+				n->flags |= DP_IF_COMPRESSED;
+			} else if (strcmp(t->text, "plain") == 0) {
+				n->flags |= DP_IF_PLAIN;
 			} else if (strcmp(t->text, "recompute") == 0) {
 				n->recompute = 1;
 			} else if (an && an->style == IR_ATTR_FLAG) {

@@ -30,7 +30,7 @@ static const int graph_offset[DP_NSETTINGS] = {
 
 /* ORDER DpIrLine */
 const char *const ir_line_names[DP_NIRL] = {"",         "mesh",     "config",   "optimizer",
-					    "schedule", "strategy", "precision", "loss_scale"};
+					    "schedule", "strategy", "precision", "loss_scale", "compress"};
 
 void *ir_setting_field(Graph *g, int id)
 {

@@ -599,9 +599,12 @@ static void check_setup(Verifier *vf, const Node *n, const char *sane, const int
 		if (in0 >= 0 && vok(g, in0) && !is_param_or_buffer(g, in0))
 			node_error(vf, n, "init as %%%s, which is not a param or a buffer",
 				   vname(g, in0));
-		if (in0 < 0 && vok(g, n->out) && !is_param_or_buffer(g, n->out))
-			node_error(vf, n, "init writes %%%s, which is not a param or a buffer",
-				   vname(g, n->out));
+		/* ... or state with an init spec of its own (PowerSGD's Q,
+		 * passes/compress.c) */
+		if (in0 < 0 && vok(g, n->out) && !is_param_or_buffer(g, n->out) &&
+		    !(g->values[n->out]->kind == DP_T_OPTSTATE && g->values[n->out]->init != DP_INIT_NONE))
+			node_error(vf, n, "init writes %%%s, which is not a param, a buffer or state "
+				   "with an init spec", vname(g, n->out));
 		break;
 	case DP_OP_SAVE: {
 		/* in1, when given, names the param in0 (its whole value) is saved as */

@@ -53,6 +53,7 @@ int layout_run(Graph *g, Diag *d);    /* passes/layout.c: placement, units, flat
 int setup_run(Graph *g, Diag *d);     /* passes/setup.c: the INIT and EXPORT programs */
 int collectives_run(Graph *g, Diag *d); /* passes/collectives.c: places each unit's collectives */
 int lossscale_run(Graph *g, Diag *d); /* passes/lossscale.c: fp16's loss scaling */
+int compress_run(Graph *g, Diag *d);  /* passes/compress.c: PowerSGD gradient compression */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
 int unroll_run(Graph *g, Diag *d);    /* passes/unroll.c: micro-batches in the schedule's order */
 int offload_run(Graph *g, Diag *d);  /* passes/offload.c: optimizer state and step on the host */

@@ -40,6 +40,9 @@ const Pass pipeline[] = {
 	{"lossscale", "fp16: the loss gradient scaled by the step's loss scale, the gradients "
 		      "unscaled before the norm, the step skipped when the norm is not finite",
 	 lossscale_run},
+	{"compress", "compress powersgd: each bucket's all_reduce also as P and Q all_reduces "
+		     "of low-rank factors with error feedback, the step choosing the path",
+	 compress_run},
 	{"p2p", "each node on its pipeline stage (pp > 1); values live across a cut sent and "
 		"received between neighbouring stages",
 	 p2p_run},

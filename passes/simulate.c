@@ -207,7 +207,8 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 	for (int mb = 0; mb < accum; mb++) {
 		for (int i = 0; i < n; i++) {
 			const SimOp *o = &ops[i];
-			if ((o->flags & DP_IF_LAST) && mb != accum - 1)
+			/* compression: the steady state, the compressed path */
+			if (((o->flags & DP_IF_LAST) && mb != accum - 1) || (o->flags & DP_IF_PLAIN))
 				continue;
 			if (executor == MACH_CPU) {
 				switch (o->kind) {

@@ -113,6 +113,7 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 {
 	Row rows[4 << DP_MAX_AXES]; /* at most one per (collective op, axis mask) */
 	int nrows = 0;
+	double plain = 0, plain_bus = 0;
 	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
 	if (!seen_bucket)
 		die("out of memory");
@@ -123,6 +124,14 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 		if (!dp_is_collective(n->op) || !(n->progs & IR_IN_STEP) || n->op == DP_OP_SEND ||
 		    n->op == DP_OP_RECV)
 			continue;
+		/* compression: the table is the compressed steps'; the plain
+		 * all_reduces before start_step are a line of their own */
+		if (n->flags & DP_IF_PLAIN) {
+			double s = stats_coll_bytes(g, n);
+			plain += s;
+			plain_bus += s * stats_bus_factor(n->op, stats_group_ranks(g, (unsigned)DP_AXES(n)));
+			continue;
+		}
 		unsigned axes = (unsigned)DP_AXES(n);
 		int r = 0;
 		while (r < nrows && !(rows[r].op == n->op && rows[r].axes == axes))
@@ -160,6 +169,11 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 		fprintf(out, "(no collectives)\n");
 	fprintf(out, "%-14s %-22s %5s %6.0f %7s %24s %24s\n", "total", "", "", tcalls, "",
 		bytes_cell(c1, sizeof c1, tb), bytes_cell(c2, sizeof c2, tbus));
+	if (g->cfg.compress != DP_COMPRESS_NONE)
+		fprintf(out, "%-51s %24s %24s\n",
+			ir_fmt((Graph *)g, "(%s from step %u; before it all_reduce)",
+			       dp_kind_name(DP_SET_COMPRESS, (int)g->cfg.compress), g->cfg.compress_start),
+			bytes_cell(c1, sizeof c1, plain), bytes_cell(c2, sizeof c2, plain_bus));
 }
 
 static void print_flops(FILE *out, const Graph *g, double accum)
@@ -167,7 +181,7 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 	double micro = 0, last = 0, again = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost)
+		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || (n->flags & DP_IF_PLAIN))
 			continue;
 		double f = 0, b = 0;
 		ir_ops[n->op].cost(g, n, &f, &b);
@@ -194,7 +208,7 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 	fprintf(out, "%-36s %30s\n", label, flops_cell(c, sizeof c, micro * accum + last));
 }
 
-enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_DATA, M_METRICS, M_NCAT };
+enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_COMPRESS, M_DATA, M_METRICS, M_NCAT };
 
 /* What a persistent root holds. A flat buffer is named by its views; a
  * host copy (%NAME.host, passes/offload.c) by its device original's. */
@@ -217,9 +231,12 @@ static int category(const Graph *g, const Value *v)
 	case DP_T_DATA:
 		return M_DATA;
 	case DP_T_FLAT:
-		for (int i = 0; i < g->nvalues; i++)
+		for (int i = 0; i < g->nvalues; i++) {
 			if (g->values[i]->view_of == v->id && g->values[i]->kind == DP_T_PARAM)
 				return dp_is_half(v->dtype) ? M_COPIES : M_PARAMS;
+			if (g->values[i]->view_of == v->id && g->values[i]->kind == DP_T_OPTSTATE)
+				return M_COMPRESS; /* passes/compress.c's P, Q and errors */
+		}
 		return M_GRADS;
 	default:
 		return M_METRICS;
@@ -229,7 +246,8 @@ static int category(const Graph *g, const Value *v)
 static void print_memory(FILE *out, const Graph *g)
 {
 	static const char *const names[M_NCAT] = {"parameters", "parameters, 16-bit copies",
-						  "gradients", "optimizer state", "data", "metrics"};
+						  "gradients", "optimizer state", "compression state",
+						  "data", "metrics"};
 	double bytes[M_NCAT] = {0}, host[M_NCAT] = {0};
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
@@ -239,7 +257,8 @@ static void print_memory(FILE *out, const Graph *g)
 	char c1[64];
 	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
 	for (int c = 0; c < M_NCAT; c++)
-		if (c != M_COPIES || bytes[c] > 0) /* mixed precision only */
+		if ((c != M_COPIES && c != M_COMPRESS) || bytes[c] > 0) /* mixed precision,
+									    compression only */
 			fprintf(out, "%-36s %30s\n", names[c], bytes_cell(c1, sizeof c1, bytes[c]));
 	double act = (double)(g->peak_bytes - g->persistent_bytes);
 	fprintf(out, "%-36s %30s\n", "temporaries (arena region)", bytes_cell(c1, sizeof c1, act));

@@ -496,6 +496,10 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 			continue;
 		if (x->amp_skip && amp_skips(in->op))
 			continue;
+		/* compression: one of the two paths, by the optimizer step */
+		if ((in->flags & DP_IF_COMPRESSED && x->step < s->cfg.compress_start) ||
+		    (in->flags & DP_IF_PLAIN && x->step >= s->cfg.compress_start))
+			continue;
 		b->at = (BackendAt){p, i, x->micro};
 		if (x->trace)
 			trace_mark(x->trace, x, p, i);
@@ -623,9 +627,18 @@ int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 	x->amp_skip = 0;
 	x->mamp[k & 1] = (ExecAmpStep){x->amp.scale, 0, x->amp.skipped};
 	RT_CHECK(o->set_step(b, k, exec_lr(x->s, k), e));
+	/* compression's two paths (DP_IF_PLAIN, DP_IF_COMPRESSED): a graph
+	 * holds one; at start_step the step is captured again */
+	int path = x->s->cfg.compress != DP_COMPRESS_NONE && k >= x->s->cfg.compress_start;
 	if (o->replay && !x->no_graph && x->warm) {
-		if (!x->captured)
+		if (x->captured && path != x->captured_path) {
+			RT_CHECK(exec_step_wait(x, e)); /* no step of the old graph in flight */
+			x->captured = 0;
+		}
+		if (!x->captured) {
 			RT_CHECK(capture_step(x, e));
+			x->captured_path = path;
+		}
 		RT_CHECK(o->replay(b, e));
 	} else {
 		RT_CHECK(enqueue_step(x, e)); /* no graphs, --no-graph, or the eager first step */

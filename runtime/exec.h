@@ -119,6 +119,7 @@ typedef struct {
 	int no_graph;         /* BackendOpts.no_graph: enqueue each step instead of replaying */
 	int warm;             /* a step ran eagerly: the next one is captured */
 	int captured;         /* the step graph exists */
+	int captured_path;    /* ... of the compressed path (1) or the plain one (0) */
 	uint64_t inflight[2]; /* launched steps not waited for, oldest first (streams) */
 	int ninflight;
 	int64_t mstep[2];     /* the step whose metrics mval[k & 1] holds, -1: none */

@@ -220,6 +220,9 @@ small="-D ctx=16 -D d=32 -D heads=2"
 awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/mlp.dp |
 	sed -E 's/from idx\("[^"]*"\)/from synthetic(n=1024, classes=10)/' >"$T/mlp.dp"
 cp models/mlp8.dp "$T/mlp8.dp"
+# PowerSGD (docs/COMPRESS.md): step 0 plain (eager), step 1 plain (captured),
+# step 2 compressed (captured again: orthogonalize on the device)
+sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=2)/' "$T/mlp.dp" >"$T/mlp-psgd.dp"
 for m in gpt2-tiny llama; do
 	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/$m.dp |
 		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/$m.dp"
@@ -369,6 +372,7 @@ for s in ddp zero1 zero2 full_shard hybrid_shard; do
 	model_case mlp $s 4
 done
 model_case mlp zero2 2
+model_case mlp-psgd ddp 2
 # cuBLASLt with no algorithm for the bias or bias-gradient epilogues
 # (DPEMU_LT_EPILOGUE=0: its heuristic answers NOT_SUPPORTED, as a library
 # or GPU without a fitting kernel does): gemm.cu plans those linears with

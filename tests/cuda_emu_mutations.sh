@@ -141,6 +141,8 @@ cp models/mlp8.dp "$T/mlp8.dp"
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
 sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
 { echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
+# psgd: mlp8 under compress powersgd from step 1 (orthogonalize on the device)
+sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1)/' "$T/mlp8.dp" >"$T/psgd.dp"
 # hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
 # text; hd8 is the same step file run for 8 steps
 hd64_model() {
@@ -318,6 +320,10 @@ if mutate lt_bgrad "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGU
 fi
 if mutate bgrad_add "runtime/cuda/gemm.cu" sed 's/o\[j\] = accumulate ? o\[j\] + v\[j\] : v\[j\];/(void)v; \/* MUTATION: the sums dropped *\//'; then
 	check_all bgrad_add biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# PowerSGD's orthogonalize (gemm.cu): a dot product left unsummed over the block
+if mutate ortho_dot "runtime/cuda/gemm.cu" sed 's/d = block_sum(d, sh);/(void)sh; \/* MUTATION: dot not summed *\//'; then
+	check ortho_dot psgd 2 DPEMU_SEED=1 DPEMU_SEED=2
 fi
 if mutate lt_align "runtime/cuda/gemm.cu" sed 's/MIN_ALIGNMENT_A_BYTES, g->align\[0\])/MIN_ALIGNMENT_A_BYTES, 256)/'; then
 	check_all lt_align two 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
@@ -506,6 +512,7 @@ unmutated() {
 	fi
 }
 unmutated "the same case" two 2
+unmutated "the PowerSGD case" psgd 2
 unmutated "the biased case" biased 2
 unmutated "the biased bf16 case" bb16 2
 unmutated "the gpt2-hd64 case" hd64 1 DPEMU_THREADS=random,DPEMU_SEED=2

@@ -769,7 +769,8 @@ static void test_verifier_sharded(const char *text)
 {
 	static const BreakCase cases[] = {
 		{"init program", br_init_prog, "init outside the init program"},
-		{"init output", br_init_out, "init writes %x, which is not a param or a buffer"},
+		{"init output", br_init_out,
+		 "init writes %x, which is not a param, a buffer or state with an init spec"},
 		{"save program", br_save_prog, "save outside the export program"},
 		{"save input", br_save_in, "saves %h, which is not a param or a buffer"},
 		{"shard program", br_shard_prog, "shard outside the init and step programs"},

@@ -368,7 +368,8 @@ static void test_program_rules(void)
 	rule("init in the export program", DP_PROG_EXPORT, init, 0, "allowed only in the init program");
 	DpInstr d = init;
 	d.out = 5;
-	rule("init of an activation", DP_PROG_INIT, d, 0, "'logits' is not a parameter or buffer");
+	rule("init of an activation", DP_PROG_INIT, d, 0,
+	     "'logits' is not a parameter, a buffer or state with an init spec");
 	d.out = 1;
 	rule("init of an i32 tensor", DP_PROG_INIT, d, 0, "output 'y' is not f32");
 	d.out = -1;

@@ -1,6 +1,7 @@
 /*
  * cpu/gemm.c - the CPU kernels of matrix products: matmul and linear (and
- * the fused linear_gelu and matmul_gelu_grad of passes/fuse.c)
+ * the fused linear_gelu and matmul_gelu_grad of passes/fuse.c, and PowerSGD's
+ * orthogonalize of passes/compress.c)
  * (OpenBLAS cblas_sgemm, row-major, one OpenBLAS thread per call and the
  * product split over the rank's threads) and linear's bias gradient, a
  * column sum accumulated in double. BLAS takes int sizes: larger matrices
@@ -276,6 +277,46 @@ static int run_bias_grad(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+/*
+ * PowerSGD's kernels (passes/compress.c). orthogonalize: Gram-Schmidt over
+ * the columns of out [rows, r] (row-major: a column is strided by r) in f32,
+ * left-looking: column i has every earlier column's projection taken out
+ * (each dot product against its current value, the modified form: the
+ * operations of PyTorch's _orthogonalize_gram_schmidt, which projects a
+ * normalised column out of every later one), and a second time (Giraud et
+ * al.'s "twice is enough"), then is divided by its norm. One pass loses
+ * orthogonality when P is nearly rank-deficient (a gradient of rank below
+ * r: a batch smaller than the matrix), where PyTorch's hook takes
+ * torch.linalg.qr (Householder) for r > 2; the second pass gives columns
+ * orthonormal to f32 rounding there too, and changes a well-conditioned P
+ * by rounding only. A column of norm 0 stays 0 (PyTorch's own handler of
+ * that case). OpenBLAS's level-1 calls do the strided columns.
+ */
+static int run_orthogonalize(const CpuArgs *k, RtErr *e)
+{
+	const DpTensor *t = cpu_t(k, k->in->out);
+	int rows = (int)cpu_rows(t), r = (int)cpu_cols(t);
+	float *a = cpu_f(k, k->in->out);
+	for (int i = 0; i < r; i++) {
+		float *col = a + i;
+		for (int pass = 0; pass < 2; pass++)
+			for (int j = 0; j < i; j++)
+				cblas_saxpy(rows, -cblas_sdot(rows, a + j, r, col, r), a + j, r, col, r);
+		float norm = cblas_snrm2(rows, col, r);
+		for (int j = 0; j < rows; j++)
+			col[(int64_t)j * r] = norm > 0 ? col[(int64_t)j * r] / norm : 0.0f;
+	}
+	return 0;
+}
+
+static int limit_orthogonalize(const DpStep *s, const DpInstr *in, RtErr *e)
+{
+	CpuChk c = {s, in, e};
+	const DpTensor *t = &s->tensors[in->out];
+	CPU_NEED(cpu_rows(t) <= INT_MAX && cpu_cols(t) <= INT_MAX, "matrix too large for BLAS");
+	return 0;
+}
+
 static int run_gemm16(const CpuArgs *k, RtErr *e)
 {
 	return cpu_gemm16_run(k->gemm16, k, e);
@@ -288,5 +329,6 @@ const KernelRow cpu_gemm_rows[] = {
 	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 0, NULL, NULL, 0},
 	{DP_OP_LINEAR_GELU, run_linear_gelu, limit_linear, 0, NULL, NULL, 0},
 	{DP_OP_MATMUL_GELU_GRAD, run_matmul_gelu_grad, limit_matmul, 0, NULL, NULL, 0},
+	{DP_OP_ORTHOGONALIZE, run_orthogonalize, limit_orthogonalize, 0, NULL, NULL, 0},
 	{0},
 };

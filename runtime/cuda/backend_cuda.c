@@ -1268,6 +1268,16 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 static int cu_capture_begin(Backend *b, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	/* a graph captured before (compression's other path, runtime/exec.c):
+	 * nothing of it runs now (the executor waited for its steps) */
+	if (x->gexec) {
+		CU(cudaGraphExecDestroy(x->gexec));
+		x->gexec = NULL;
+	}
+	if (x->graph) {
+		CU(cudaGraphDestroy(x->graph));
+		x->graph = NULL;
+	}
 	CU(cudaStreamBeginCapture(x->st[DP_STREAM_COMPUTE], cudaStreamCaptureModeThreadLocal));
 	x->capturing = 1;
 	return 0;

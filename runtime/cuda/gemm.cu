@@ -598,6 +598,44 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 	return out16 ? run_bias_grad_t<float, cu_bf16>(a, e) : run_bias_grad_t<float, float>(a, e);
 }
 
+/*
+ * orthogonalize (PowerSGD, passes/compress.c): the CPU's Gram-Schmidt
+ * (runtime/cpu/gemm.c: each column has every earlier one's projection taken
+ * out twice, then is divided by its norm; a zero column stays zero), in one
+ * block: r is the compression rank, and each dot product and norm is a
+ * block_sum over the rows in f32. A thread updates only its own rows, so
+ * block_sum's barriers are all the ordering it needs.
+ */
+__global__ void k_orthogonalize(float *a, int64_t rows, int64_t r)
+{
+	__shared__ float sh[32];
+	for (int64_t i = 0; i < r; i++) {
+		for (int pass = 0; pass < 2; pass++)
+			for (int64_t j = 0; j < i; j++) {
+				float d = 0;
+				for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
+					d += a[x * r + j] * a[x * r + i];
+				d = block_sum(d, sh);
+				for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
+					a[x * r + i] -= d * a[x * r + j];
+			}
+		float s = 0;
+		for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
+			s += a[x * r + i] * a[x * r + i];
+		float norm = sqrtf(block_sum(s, sh));
+		for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
+			a[x * r + i] = norm > 0 ? a[x * r + i] / norm : 0.0f;
+	}
+}
+
+static int run_orthogonalize(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t = cu_t(a, -1);
+	CU_LAUNCH(k_orthogonalize, 1, CU_THREADS, a->st, cu_f(a, -1), cu_rows(t), cu_cols(t));
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
 extern "C" const KernelRow cu_gemm_rows[] = {
 	{DP_OP_MATMUL, run_gemm, limit_gemm, 1, NULL, NULL, 1},
@@ -605,5 +643,6 @@ extern "C" const KernelRow cu_gemm_rows[] = {
 	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 1, NULL, scratch_bias_grad, 0},
 	{DP_OP_LINEAR_GELU, run_gemm, limit_gemm, 1, NULL, NULL, 1},
 	{DP_OP_MATMUL_GELU_GRAD, run_gemm, limit_gemm, 1, NULL, NULL, 1},
+	{DP_OP_ORTHOGONALIZE, run_orthogonalize, NULL, 0, NULL, NULL, 0},
 	{},
 };
