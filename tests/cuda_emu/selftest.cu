@@ -465,8 +465,11 @@ static uint32_t bits2(const __nv_bfloat16 *p)
 }
 
 /* ldmatrix .x4 of a 16 x 16 bf16 tile (row stride 24) and .x4.trans of
- * the same tile: each lane's registers out to regs[2][32][4] */
-__global__ void k_ldsm_pin(const __nv_bfloat16 *src, uint32_t *regs, int shift, int diverge)
+ * the same tile: each lane's registers out to regs[2][32][4]. Misuses:
+ * lane 9's row shifted by `shift` elements, lane 3 at another call
+ * (diverge), the rows given in global memory (global) */
+__global__ void k_ldsm_pin(const __nv_bfloat16 *src, uint32_t *regs, int shift, int diverge,
+			   int global)
 {
 	__shared__ __align__(16) __nv_bfloat16 t[16 * 24];
 	for (int i = threadIdx.x; i < 16 * 24; i += 32)
@@ -474,7 +477,8 @@ __global__ void k_ldsm_pin(const __nv_bfloat16 *src, uint32_t *regs, int shift, 
 	__syncwarp();
 	int l = threadIdx.x, mi = l / 8, mr = l % 8;
 	/* lanes 8 mi .. 8 mi + 7: matrix mi = rows 8 (mi & 1) .., columns 8 (mi >> 1) .. */
-	const __nv_bfloat16 *row = t + (8 * (mi & 1) + mr) * 24 + 8 * (mi >> 1) + (l == 9 ? shift : 0);
+	const __nv_bfloat16 *row = (global ? src : t) + (8 * (mi & 1) + mr) * 24 + 8 * (mi >> 1) +
+				   (l == 9 ? shift : 0);
 	if (diverge && l == 3)
 		dpemu_ldmatrix(4, 0, regs + 4 * l, row, __FILE__, __LINE__);
 	else
@@ -482,7 +486,7 @@ __global__ void k_ldsm_pin(const __nv_bfloat16 *src, uint32_t *regs, int shift, 
 	dpemu_ldmatrix(4, 1, regs + 128 + 4 * l, row, __FILE__, __LINE__);
 }
 
-static int ldsm_case(int shift, int diverge)
+static int ldsm_case(int shift, int diverge, int global)
 {
 	__nv_bfloat16 h[16 * 24];
 	for (int i = 0; i < 16 * 24; i++)
@@ -492,7 +496,7 @@ static int ldsm_case(int shift, int diverge)
 	CK(cudaMalloc((void **)&src, sizeof h));
 	CK(cudaMalloc((void **)&regs, sizeof r));
 	CK(cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice));
-	CU_LAUNCH(k_ldsm_pin, 1, 32, 0, src, regs, shift, diverge);
+	CU_LAUNCH(k_ldsm_pin, 1, 32, 0, src, regs, shift, diverge, global);
 	CK(cudaDeviceSynchronize());
 	CK(cudaMemcpy(r, regs, sizeof r, cudaMemcpyDeviceToHost));
 	for (int l = 0; l < 32; l++)
@@ -510,9 +514,10 @@ static int ldsm_case(int shift, int diverge)
 	return 0;
 }
 
-static int c_ldsm(void) { return ldsm_case(0, 0); }
-static int c_ldsm_misaligned(void) { return ldsm_case(4, 0); }
-static int c_ldsm_diverge(void) { return ldsm_case(0, 1); }
+static int c_ldsm(void) { return ldsm_case(0, 0, 0); }
+static int c_ldsm_misaligned(void) { return ldsm_case(4, 0, 0); }
+static int c_ldsm_diverge(void) { return ldsm_case(0, 1, 0); }
+static int c_ldsm_global(void) { return ldsm_case(0, 0, 1); }
 
 /* D = A B + C (16 x 16 by 16 x 8): operands from global memory in the
  * PTX layouts (how = 0), A by ldmatrix .x4 and B by .x2 from B^T's rows
@@ -1364,6 +1369,7 @@ static const struct {
 	{"ldsm", c_ldsm},
 	{"ldsm_misaligned", c_ldsm_misaligned},
 	{"ldsm_diverge", c_ldsm_diverge},
+	{"ldsm_global", c_ldsm_global},
 	{"mma_ptx", c_mma_ptx},
 	{"mma_ptx_wrong", c_mma_ptx_wrong},
 	{"gemm", c_gemm},
