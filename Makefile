@@ -1,7 +1,7 @@
 # dp - top-level build. `make` builds dpc and dpexec; `make test` runs every suite,
 # several at a time (tests/run.sh: SUITE=a,b picks suites, CASE=PATTERN cases,
 # LIST=1 lists them, JOBS=N the slots they share); `make test SAN=1` does the same
-# with ASan/UBSan; `make demo` trains models/mlp.dp;
+# with ASan/UBSan; `make test-all` both in one queue (CI); `make demo` trains models/mlp.dp;
 # `make demo-gpt` trains models/gpt2-tiny.dp on English text (the fortunes package);
 # `make demo-gpt PRECISION=bf16` trains it in f32 and in bf16 and compares.
 # `make deps` installs the Debian packages a fresh machine lacks.
@@ -53,7 +53,7 @@ DPEXEC := $(BUILD)/dpexec
 TEXT2SHARD := $(BUILD)/text2shard
 DPRUN  := $(BUILD)/dprun
 
-.PHONY: all tests test demo demo-gpt deps clean
+.PHONY: all tests test test-all demo demo-gpt deps clean
 all: $(DPC) $(DPEXEC) $(DPRUN) $(TEXT2SHARD)
 
 $(BUILD)/gen/parser.c $(BUILD)/gen/parser.h &: compiler/parser.y
@@ -126,7 +126,9 @@ RUNTIME_TESTS  := $(BUILD)/tests/data_test $(BUILD)/tests/stepfile_fuzz $(BUILD)
                   $(BUILD)/tests/ckpt_fuzz
 # util/ tests link util/ and format/ only
 UTIL_TESTS     := $(BUILD)/tests/suggest_test
-tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS)
+# a test that includes format/stepfile.c (its static writer) links the rest of format/ and util/
+ENCODE_TEST    := $(BUILD)/tests/stepfile_encode_test
+tests: $(COMPILER_TESTS) $(RUNTIME_TESTS) $(UTIL_TESTS) $(ENCODE_TEST)
 
 $(COMPILER_TESTS): $(BUILD)/tests/%: tests/%.c $(COMPILER_OBJ)
 	@mkdir -p $(dir $@)
@@ -136,6 +138,10 @@ $(UTIL_TESTS): $(BUILD)/tests/%: tests/%.c $(SHARED_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Iutil $(LDFLAGS) -o $@ $^ -lcjson -lz -lm
 
+$(ENCODE_TEST): tests/stepfile_encode_test.c format/stepfile.c $(filter-out $(BUILD)/format/stepfile.o,$(SHARED_OBJ))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iformat -Iutil $(LDFLAGS) -o $@ $< $(filter %.o,$^) -lcjson -lz -lm
+
 $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -Iruntime -Iformat -Iutil $(LDFLAGS) -o $@ $^ $(RUNTIME_LIBS)
@@ -144,6 +150,12 @@ $(RUNTIME_TESTS): $(BUILD)/tests/%: tests/%.c $(RUNTIME_OBJ)
 # through the environment (its header says what each does)
 test: all tests
 	BUILD=$(BUILD) SAN=$(SAN) bash tests/run.sh
+
+# both variants, plain (build/) and SAN=1 (build-san/), in one queue: what
+# .ci/run runs; each keeps its own logs and summary (tests/run.sh's VARIANTS)
+test-all: all tests
+	$(MAKE) --no-print-directory SAN=1 all tests
+	VARIANTS="plain san" bash tests/run.sh
 
 demo: deps all
 	BUILD=$(BUILD) bash tests/demo.sh

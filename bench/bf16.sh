@@ -47,7 +47,7 @@ dp_run() {
 	local name=$1 model=$2 steps=$3 prec=$4; shift 4
 	sed -e "$data" "$model" >"$T/$name.dp"
 	"$BUILD/dpc" "$T/$name.dp" --precision "$prec" "$@" -o "$T/$name.bin"
-	/usr/bin/time -f "%M" -o "$T/$name.rss" "$BUILD/dpexec" "$T/$name.bin" --steps "$steps" \
+	/usr/bin/time -f "%M" -o "$T/$name.rss" "$BUILD/dpexec" "$T/$name.bin" --no-timestamps --steps "$steps" \
 		--log-every 1 --eval-every 0 >"$T/$name.out" 2>&1 ||
 		{ cat "$T/$name.out" >&2; exit 1; }
 	local ms arena

@@ -86,7 +86,7 @@ rss_of() { awk '/^maxrss_kb/ {printf "%.1f", $2 / 1024}' "$1"; }
 # dp_run NP THREADS BIN STEPS WARMUP: appends "ms rss_mib" to $RES
 dp_run() {
 	local np=$1 th=$2 bin=$3 steps=$4 warm=$5 out=$T/dp.out
-	local run=("$BUILD/dpexec" "$bin" --steps $((steps + warm)) --log-every 1)
+	local run=("$BUILD/dpexec" "$bin" --no-timestamps --steps $((steps + warm)) --log-every 1)
 	[ "$np" -gt 1 ] && run=(mpirun --oversubscribe -np "$np" "${run[@]}")
 	if ! env DP_NUM_THREADS="$th" OPENBLAS_NUM_THREADS="$th" /usr/bin/time -f "maxrss_kb %M" \
 		-o "$T/dp.time" "${run[@]}" >"$out" 2>&1; then
@@ -120,7 +120,7 @@ CONFIGS=("1 1" "1 2" "2 1") # ranks threads
 # runtime/cpu/gemm.c, docs/PERF.md); PyTorch runs OpenBLAS's default. When
 # they differ, PyTorch also runs at 1 x 1 with dp's choice, as a second
 # anchor, so that the table shows what the kernels alone are worth.
-DP_CORE=$("$BUILD/dpexec" "$T/tiny1.bin" --steps 1 --verbose 2>/dev/null |
+DP_CORE=$("$BUILD/dpexec" "$T/tiny1.bin" --no-timestamps --steps 1 --verbose 2>/dev/null |
 	sed -nE 's/^device: .*NO_AFFINITY ([A-Za-z0-9]+) .*/\1/p')
 TORCH_CORE=$($PY -c 'import torch, ctypes; l = ctypes.CDLL("libopenblas.so.0"); l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())' 2>/dev/null)
 echo "OpenBLAS kernels: dp ${DP_CORE:-?}, PyTorch ${TORCH_CORE:-?}"

@@ -43,7 +43,7 @@ skip() {
 [ -f "$BUILD/libdpcuda.so" ] || skip "$BUILD/libdpcuda.so is not built (make cuda)"
 [ -x "$BUILD/dpc" ] && [ -x "$BUILD/dpexec" ] || skip "$BUILD/dpc and $BUILD/dpexec are not built"
 "$BUILD/dpc" models/mlp.dp --world-size 1 -o "$T/probe.bin"
-if ! "$BUILD/dpexec" "$T/probe.bin" --device cuda --steps 0 --eval-every 0 >"$T/probe" 2>&1; then
+if ! "$BUILD/dpexec" "$T/probe.bin" --no-timestamps --device cuda --steps 0 --eval-every 0 >"$T/probe" 2>&1; then
 	skip "no usable GPU ($(tail -n 1 "$T/probe"))"
 fi
 grep "^device:" "$T/probe" || true
@@ -70,7 +70,7 @@ setting() { # setting MODEL KEY: a train setting's number
 # dp RUNNAME BIN [args]: "tokens/s host_us ms" of the last log line (steps 2..STEPS)
 dp() {
 	local name=$1 bin=$2; shift 2
-	if ! "$BUILD/dpexec" "$bin" --device cuda --steps "$STEPS" --log-every "$STEPS" \
+	if ! "$BUILD/dpexec" "$bin" --no-timestamps --device cuda --steps "$STEPS" --log-every "$STEPS" \
 		--eval-every 0 --verbose "$@" >"$T/$name.log" 2>&1; then
 		echo "  dp $name failed:" >&2
 		tail -n 5 "$T/$name.log" >&2

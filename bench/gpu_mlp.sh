@@ -31,7 +31,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 	MODEL=$T/mlp.dp
 fi
 "$BUILD/dpc" "$MODEL" --world-size 1 -o "$T/w1.bin"
-if ! "$DPEXEC" "$T/w1.bin" --device cuda --steps 0 >"$T/probe" 2>&1; then
+if ! "$DPEXEC" "$T/w1.bin" --no-timestamps --device cuda --steps 0 >"$T/probe" 2>&1; then
 	echo "SKIPPED: no usable GPU: GPU benchmark not run ($(cat "$T/probe"))"; exit 0
 fi
 grep "^device:" "$T/probe"

@@ -32,7 +32,7 @@ echo "dpc models/mlp.dp: $(awk -v u="$best" 'BEGIN{printf "%.2f", u/1000}') ms (
 
 dp_ms() { # dp_ms NP: dpexec's own ms/step, averaged over steps 2..STEPS
 	"$BUILD/dpc" models/mlp.dp --world-size "$1" -o "$T/w$1.bin"
-	mpirun --oversubscribe -np "$1" "$BUILD/dpexec" "$T/w$1.bin" --steps $((STEPS + 1)) \
+	mpirun --oversubscribe -np "$1" "$BUILD/dpexec" "$T/w$1.bin" --no-timestamps --steps $((STEPS + 1)) \
 		--log-every "$STEPS" --eval-every 0 >"$T/out$1" 2>&1 || { cat "$T/out$1"; exit 1; }
 	grep "^step $STEPS/" "$T/out$1" | sed -E 's/.*\| ([0-9.]+) ms\/step.*/\1/'
 }

@@ -28,7 +28,7 @@ sed 's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.
 
 # ms NAME: the mean ms per optimizer step after the first of one run
 ms() {
-	mpirun --oversubscribe -np "$NP" "$BUILD/dpexec" "$T/$1.bin" --steps "$STEPS" --log-every 1 \
+	mpirun --oversubscribe -np "$NP" "$BUILD/dpexec" "$T/$1.bin" --no-timestamps --steps "$STEPS" --log-every 1 \
 		--eval-every 0 >"$T/$1.out" 2>&1 || { cat "$T/$1.out" >&2; exit 1; }
 	sed -n 's/^step \([0-9]*\)\/.*| \([0-9.]*\) ms\/step.*/\1 \2/p' "$T/$1.out" |
 		awk '$1 > 1 {s += $2; n++} END {printf "%.1f", s / n}'

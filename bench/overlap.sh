@@ -16,7 +16,7 @@ trap 'rm -rf "$T"' EXIT
 "$BUILD/dpc" models/mlp.dp --world-size 2 -o "$T/m.bin"
 run() { # run LABEL ARGS...: prints "ms/step blocked-ms/step"
 	local label=$1; shift
-	mpirun --oversubscribe -np 2 "$BUILD/dpexec" "$T/m.bin" --steps "$STEPS" --eval-every 0 \
+	mpirun --oversubscribe -np 2 "$BUILD/dpexec" "$T/m.bin" --no-timestamps --steps "$STEPS" --eval-every 0 \
 		--log-every "$STEPS" "$@" >"$T/$label.out" 2>&1 || { cat "$T/$label.out"; exit 1; }
 	sed -nE 's/^comm: ([0-9.]+) ms issued, ([0-9.]+) ms blocked per step \(of ([0-9.]+) ms\/step.*/\3 \2/p' "$T/$label.out"
 }

@@ -53,7 +53,7 @@ for model in models/mlp.dp models/mlp8.dp; do
 		arena=$(cell "$T/$st.stats" "total \\(arena size\\)")
 		pgo=$(( $(cell "$T/$st.stats" parameters) + $(cell "$T/$st.stats" gradients) +
 			$(cell "$T/$st.stats" "optimizer state") ))
-		mpirun --oversubscribe -np "$NP" "$BUILD/dpexec" "$T/$st.bin" --steps $((STEPS + 1)) \
+		mpirun --oversubscribe -np "$NP" "$BUILD/dpexec" "$T/$st.bin" --no-timestamps --steps $((STEPS + 1)) \
 			--log-every "$STEPS" --eval-every 0 >"$T/$st.out" 2>&1 || { cat "$T/$st.out"; exit 1; }
 		ms=$(grep "^step $STEPS/" "$T/$st.out" | sed -E 's/.*\| ([0-9.]+) ms\/step.*/\1/')
 		: "${base_bus:=$bus}" "${base_arena:=$arena}" "${base_pgo:=$pgo}" "${base_ms:=$ms}"

@@ -105,11 +105,21 @@ static void fail(char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- writer ---- */
 
+/* A cursor that never writes past end: a write that would is dropped and
+ * marks the cursor bad (the size computed for the buffer was wrong, an
+ * internal bug the caller reports instead of overflowing the heap). */
 typedef struct {
-	unsigned char *p;
+	unsigned char *p, *end;
+	int bad;
 } Put;
 
-static void put_u8(Put *w, uint8_t v) { *w->p++ = v; }
+static void put_u8(Put *w, uint8_t v)
+{
+	if (w->p < w->end)
+		*w->p++ = v;
+	else
+		w->bad = 1;
+}
 static void put_u16(Put *w, uint16_t v)
 {
 	put_u8(w, (uint8_t)v);
@@ -135,6 +145,10 @@ static void put_f32(Put *w, float f)
 }
 static void put_bytes(Put *w, const void *b, size_t n)
 {
+	if (n > (size_t)(w->end - w->p)) {
+		w->bad = 1;
+		return;
+	}
 	if (n)
 		memcpy(w->p, b, n);
 	w->p += n;
@@ -219,19 +233,11 @@ static void put_instr(Put *w, const DpInstr *in)
 		put_f32(w, in->fa[i]);
 }
 
-int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
+/* The step file's bytes into b, n bytes long: 0 when they fill it exactly;
+ * -1 when they do not (nothing is written past b + n). */
+static int encode_into(const DpStep *s, unsigned char *b, size_t n)
 {
-	size_t n = DP_STEP_HEADER_BYTES + dp_record_bytes(DP_REC_CFG) + dp_record_bytes(DP_REC_OPT) +
-		   dp_record_bytes(DP_REC_SCHED) + METRICS_BYTES + 4 + 4;
-	n += 4 + (size_t)s->nstrings;
-	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
-	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
-	for (int p = 0; p < DP_NPROG; p++)
-		n += 4 + (size_t)s->nprog[p] * INSTR_BYTES;
-	unsigned char *b = malloc(n);
-	if (!b)
-		return -1;
-	Put w = {b};
+	Put w = {b, b + n, 0};
 	put_bytes(&w, DP_STEP_MAGIC, 8);
 	put_u32(&w, DP_STEP_VERSION);
 	put_u32(&w, 0); /* crc, patched below */
@@ -262,15 +268,32 @@ int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
 		for (uint32_t i = 0; i < s->nprog[p]; i++)
 			put_instr(&w, &s->prog[p][i]);
 	}
-	if ((size_t)(w.p - b) != n) {
+	if (w.bad || w.p != w.end)
+		return -1;
+	uLong crc = crc32(0L, Z_NULL, 0);
+	crc = crc32(crc, b + DP_STEP_HEADER_BYTES, (uInt)(n - DP_STEP_HEADER_BYTES));
+	Put h = {b + 12, b + 16, 0};
+	put_u32(&h, (uint32_t)crc);
+	return 0;
+}
+
+int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len)
+{
+	size_t n = DP_STEP_HEADER_BYTES + dp_record_bytes(DP_REC_CFG) + dp_record_bytes(DP_REC_OPT) +
+		   dp_record_bytes(DP_REC_SCHED) + METRICS_BYTES + 4 + 4;
+	n += 4 + (size_t)s->nstrings;
+	n += 4 + (size_t)s->ntensors * TENSOR_BYTES;
+	n += 4 + (size_t)s->nsources * SOURCE_BYTES;
+	for (int p = 0; p < DP_NPROG; p++)
+		n += 4 + (size_t)s->nprog[p] * INSTR_BYTES;
+	unsigned char *b = malloc(n);
+	if (!b)
+		return -1;
+	if (encode_into(s, b, n)) {
 		/* an internal bug: the size computation and the writers disagree */
 		free(b);
 		return -1;
 	}
-	uLong crc = crc32(0L, Z_NULL, 0);
-	crc = crc32(crc, b + DP_STEP_HEADER_BYTES, (uInt)(n - DP_STEP_HEADER_BYTES));
-	Put h = {b + 12};
-	put_u32(&h, (uint32_t)crc);
 	*buf = b;
 	*len = n;
 	return 0;

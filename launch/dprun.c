@@ -18,8 +18,10 @@
  * is `mpirun -np N [--oversubscribe on one host] [--allow-run-as-root as
  * root] [--host L | --hostfile F] -x ... dpexec STEP.bin [dprun's words]
  * [the user's words]`, or `srun -n N dpexec ...` when SLURM_JOB_ID is set.
- * dprun's words include --timestamps: every line of the job, as dprun's
- * own, starts with the UTC time it was printed.
+ * Every line of the job starts with the UTC time it was printed, as
+ * dprun's own do: dpexec stamps its lines by default (a user's
+ * --no-timestamps turns that off), and dprun passes the ranks' output
+ * through untouched, so no line gets two.
  * The launcher runs in a process group of its own with stdin from
  * /dev/null; dprun turns SIGINT into SIGUSR1 and SIGTERM into SIGUSR2 for
  * it, which mpirun and srun forward to every rank and dpexec takes as SIGINT
@@ -448,7 +450,6 @@ static int launch_words(Dprun *d, int np, int resume, char **w)
 	int exec_at = n;
 	w[n++] = d->dpexec;
 	w[n++] = d->step;
-	w[n++] = "--timestamps"; /* every line of the job starts with its time, as dprun's */
 	if (o->save_dir) {
 		w[n++] = "--save-dir";
 		w[n++] = (char *)o->save_dir;

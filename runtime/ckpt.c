@@ -64,9 +64,14 @@ static int gather_component(Ckpt *c, int cc, StWriter *wr, RtErr *e)
 			rc = RT_FAIL(e, "out of memory gathering '%s'", ckpt_ent_name(c, k));
 		} else {
 			int64_t at = 0;
+			int over = 0; /* a segment past the counts the buffers were sized by */
 			for (int64_t i = 0; i < nmine; i++) {
 				if (mine[i].ent != k)
 					continue;
+				if (mine[i].n > have - at) {
+					over = 1;
+					break;
+				}
 				const Seg *sg = &c->save[cc][c->owned_src[i]];
 				memcpy(send + at, ckpt_host_of(&h, sg->root) + sg->at + (mine[i].full - sg->full),
 				       (size_t)mine[i].n * 4);
@@ -78,20 +83,31 @@ static int gather_component(Ckpt *c, int cc, StWriter *wr, RtErr *e)
 				displs[r] = (int)d;
 				d += counts[r];
 			}
-			rc = world_gatherv_f32(w, send, (int)have, recv, counts, displs, e);
-			if (rc == 0 && me == 0) {
+			if (d > numel) /* the counts are every rank's: all of them skip the gather */
+				over = 1;
+			else
+				rc = world_gatherv_f32(w, send, (int)have, recv, counts, displs, e);
+			if (rc == 0 && me == 0 && !over) {
 				for (int r = 0; r < W; r++) {
 					int64_t pos = displs[r];
-					for (int64_t i = c->owned_off[r]; i < c->owned_off[r + 1]; i++) {
+					for (int64_t i = c->owned_off[r]; i < c->owned_off[r + 1] && !over; i++) {
 						if (c->owned[i].ent != k)
 							continue;
+						if (c->owned[i].full < 0 || c->owned[i].n > numel - c->owned[i].full ||
+						    c->owned[i].n > displs[r] + counts[r] - pos) {
+							over = 1;
+							break;
+						}
 						memcpy(whole + c->owned[i].full, recv + pos, (size_t)c->owned[i].n * 4);
 						pos += c->owned[i].n;
 					}
 				}
-				if (wr)
+				if (wr && !over)
 					rc = st_put(wr, whole, numel * 4, e);
 			}
+			if (rc == 0 && over) /* checked before each copy: nothing was written out of bounds */
+				rc = RT_FAIL(e, "internal error: the checkpoint layout of '%s' disagrees with "
+					     "its counts", ckpt_ent_name(c, k));
 		}
 		free(send);
 		free(recv);

@@ -99,7 +99,8 @@ typedef struct {
 	int64_t value[DP_NSETTINGS];
 	int quiet, verbose, check_grads, no_progress, no_graph;
 	const char *calibrate; /* --calibrate FILE: measure the machine into FILE and exit */
-	int timestamps;      /* --timestamps: every console line starts with its time */
+	int timestamps;      /* every console line starts with its time (the default;
+	                        --no-timestamps: 0) */
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
 	double peak_tflops;  /* per rank, for MFU; 0: the device's default */
 	int argc;
@@ -120,6 +121,7 @@ typedef struct {
 	int have_exec;
 	DataSet *train, *eval;
 	Sampler sp;          /* --sample or sample_every: ready after load_step */
+	FILE *text;          /* --sample's text alone (no timestamps): the process's own stdout */
 	int sampling;
 	Ckpt *ck;
 	Metrics m;
@@ -163,8 +165,11 @@ static void usage(FILE *f)
 		"  --quiet               no per-step log lines\n"
 		"  --verbose             also log communication time per log line, and show the\n"
 		"                        rank, host and source location of an error\n"
-		"  --timestamps          start every line printed during the run with the UTC time\n"
-		"                        (2026-11-27T04:21:52.123Z; dprun gives it)\n"
+		"  --no-timestamps       do not start every line printed during the run (stdout\n"
+		"                        and stderr, every rank's) with the UTC time it was\n"
+		"                        printed (2026-11-27T04:21:52.123Z, the default;\n"
+		"                        --timestamps turns it back on). The text of --sample\n"
+		"                        with --init-from or --resume is printed unstamped\n"
 		"  --losses FILE         rank 0 writes `step loss grad_norm lr` per step (%%.9g),\n"
 		"                        after a `# ...` header line, a line at a time\n"
 		"  --log-json FILE       rank 0 writes one JSON object per logged step: step, time,\n"
@@ -317,7 +322,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
-	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_CALIBRATE,
+	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_NO_TIMESTAMPS, O_CALIBRATE,
 	       O_SAMPLE, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_SEED, O_SAMPLE_LOGITS,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
@@ -327,6 +332,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"verbose", no_argument, NULL, O_VERBOSE},
 		{"timestamps", no_argument, NULL, O_TIMESTAMPS},
+		{"no-timestamps", no_argument, NULL, O_NO_TIMESTAMPS},
 		{"check-grads", no_argument, NULL, O_CHECK_GRADS},
 		{"calibrate", required_argument, NULL, O_CALIBRATE},
 		{"losses", required_argument, NULL, O_LOSSES},
@@ -363,6 +369,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	}
 	memcpy(given, argv, ((size_t)argc + 1) * sizeof *given);
 	*o = (Opts){.device = "auto", .timeout = WORLD_DEFAULT_TIMEOUT, .save_form = CKPT_FULL,
+		    .timestamps = 1,
 		    .argc = argc, .argv = given,
 		    .sample = {.tokens = 64, .temperature = 1.0}};
 	opterr = 0;
@@ -394,6 +401,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_TIMESTAMPS:
 			o->timestamps = 1;
+			break;
+		case O_NO_TIMESTAMPS:
+			o->timestamps = 0;
 			break;
 		case O_CHECK_GRADS:
 			o->check_grads = 1;
@@ -1309,8 +1319,9 @@ static int run(Run *r)
 		RT_CHECK(world_sync(&r->w, g < 0 ? -1 : 0, 0, &r->e));
 		return g;
 	}
-	if (r->o.sample_only) {
-		int rc = sampler_generate(&r->sp, &r->x, &r->w, r->rank, stdout, &r->e);
+	if (r->o.sample_only) { /* the text is the output: unstamped, after the lines before it */
+		fflush(stdout);
+		int rc = sampler_generate(&r->sp, &r->x, &r->w, r->rank, r->text, &r->e);
 		return world_sync(&r->w, rc, 0, &r->e);
 	}
 	int rc = train_and_export(r);
@@ -1368,10 +1379,12 @@ int main(int argc, char **argv)
 	int pr = parse_opts(argc, argv, &r->o);
 	if (pr)
 		return pr > 0 ? 0 : 2;
+	r->text = stdout;
 	if (r->o.timestamps) { /* from here on every line starts with its time */
 		FILE *out = stamp_stream(STDOUT_FILENO), *err = stamp_stream(STDERR_FILENO);
 		if (!out || !err) {
-			fprintf(stderr, "dpexec: error: --timestamps: %s\n", strerror(errno));
+			fprintf(stderr, "dpexec: error: timestamps (--no-timestamps turns them off): %s\n",
+				strerror(errno));
 			return 1;
 		}
 		stdout = out;

@@ -9,6 +9,10 @@
 
 Prints the largest differences and exits 1 when a value differs by more than
 atol + rtol * |reference| (B is the reference).
+
+  compare.py COMPARISON --and COMPARISON ...
+      each in turn, as `compare.py A && compare.py B` would run them (the
+      first that fails ends it), in one process: one numpy start-up
 """
 import json
 import struct
@@ -73,28 +77,40 @@ def updates(init, a, b, rtol):
     return rel <= rtol
 
 
-def main():
-    kind, a, b = sys.argv[1:4]
+def one(argv):
+    """one comparison (argv: the words after compare.py); True when it holds"""
+    kind, a, b = argv[0:3]
     if kind == "updates":
-        rtol = float(sys.argv[sys.argv.index("--rtol") + 1])
-        sys.exit(0 if updates(a, b, sys.argv[4], rtol) else 1)
-    rtol = float(sys.argv[sys.argv.index("--rtol") + 1]) if "--rtol" in sys.argv else 1e-5
-    atol = float(sys.argv[sys.argv.index("--atol") + 1]) if "--atol" in sys.argv else 1e-6
+        rtol = float(argv[argv.index("--rtol") + 1])
+        return updates(a, b, argv[3], rtol)
+    rtol = float(argv[argv.index("--rtol") + 1]) if "--rtol" in argv else 1e-5
+    atol = float(argv[argv.index("--atol") + 1]) if "--atol" in argv else 1e-6
     good = True
     if kind == "losses":
         la, lb = read_losses(a), read_losses(b)
         if la.shape[0] != lb.shape[0] or la.shape[0] == 0:
             print(f"step count {la.shape[0]} vs {lb.shape[0]}")
-            sys.exit(1)
+            return False
         good = close("loss", la[:, 1], lb[:, 1], rtol, atol)
     else:
         pa, pb = read_safetensors(a), read_safetensors(b)
         if sorted(pa) != sorted(pb):
             print(f"tensor names differ: {sorted(pa)} vs {sorted(pb)}")
-            sys.exit(1)
+            return False
         for k in sorted(pa):
             good &= close(k, pa[k], pb[k], rtol, atol)
-    sys.exit(0 if good else 1)
+    return good
+
+
+def main():
+    argv, start = sys.argv[1:], 0
+    for i, w in enumerate(argv + ["--and"]):
+        if w == "--and":
+            sys.stdout.flush()
+            if not one(argv[start:i]):
+                sys.exit(1)
+            start = i + 1
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ done
 if case_on cp2-eval; then
 	eq_run gpt-1e 1 "$gpt" --eval-every 3 --steps 3 && eq_run cp2e 2 "$T/cp2.dp" --eval-every 3 --steps 3
 	# (eq_run runs --quiet; the eval line is printed even so)
-	e1=$(grep "^eval step" "$T/gpt-1e.log" | head -1) e2=$(grep "^eval step" "$T/cp2e.log" | head -1)
+	e1=$(unstamp "$T/gpt-1e.log" | grep "^eval step" | head -1) e2=$(unstamp "$T/cp2e.log" | grep "^eval step" | head -1)
 	if [ -n "$e1" ] && [ "$e1" = "$e2" ]; then
 		ok "eval at cp=2 equals 1 rank ($e1)"
 	else

@@ -223,7 +223,7 @@ if case_on watchdog; then
 	( timeout 120 mpirun --oversubscribe -np 2 "$T/rank.sh" "$T/w2.bin" --device cuda \
 		--steps 1000000 --eval-every 0 --timeout 3 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
 	job=$!
-	for i in $(seq 120); do grep -q "^step 2/" "$T/hang.out" && break; sleep 0.5; done
+	for i in $(seq 120); do unstamp "$T/hang.out" | grep -q "^step 2/" && break; sleep 0.5; done
 	victim=$(pgrep -f "dpexec $T/w2.bin --device cuda --steps 1000000" | tail -n 1)
 	if [ -n "$victim" ]; then
 		kill -STOP "$victim"

@@ -332,8 +332,7 @@ compare() {
 		what="updates rel" within="updates rtol $6"
 		params=(updates "$7" "$2.st" "$3.st" --rtol "$6")
 	fi
-	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 >"$2.cmp" &&
-		$PY tests/compare.py "${params[@]}" >>"$2.cmp"; then
+	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 --and "${params[@]}" >"$2.cmp"; then
 		local fig
 		fig=$(awk -v what="$what" '/ loss:/ {l = $8} / updates:/ {p = $4}
 			/ max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
@@ -695,14 +694,14 @@ fi
 if ! case_on "collectives' stream priority"; then
 	:
 elif "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
-	grep -q "^device: .*collectives' stream priority -5 (0..-5)" "$T/prio.out"; then
+	unstamp "$T/prio.out" | grep -q "^device: .*collectives' stream priority -5 (0..-5)"; then
 	ok "the collectives' stream has the greatest priority: $(grep -o "collectives' stream priority.*" "$T/prio.out")"
 else
-	fail "the collectives' stream priority"; grep "^device:" "$T/prio.out" || tail -n 3 "$T/prio.out"
+	fail "the collectives' stream priority"; unstamp "$T/prio.out" | grep "^device:" || tail -n 3 "$T/prio.out"
 fi
 # tests/cuda.sh itself, pointed at the emulated build: a mismatch must fail it
 case_on "tests/cuda.sh, old driver" &&
-env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+env CASE= DP_LIST= DP_CASE_TIMES= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=12020 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
 if ! case_ran "tests/cuda.sh, old driver"; then
 	:
@@ -713,7 +712,7 @@ else
 	grep -E "FAIL|SKIP|cuda:" "$T/cudash.out" | head -n 5
 fi
 case_on "tests/cuda.sh, no driver" &&
-env CASE= DP_LIST= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
+env CASE= DP_LIST= DP_CASE_TIMES= BUILD=build-emu DPC="$DPC" DPEMU_DRIVER_VERSION=0 bash tests/cuda.sh >"$T/cudash.out" 2>&1
 rc=$?
 if ! case_ran "tests/cuda.sh, no driver"; then
 	:

@@ -67,7 +67,7 @@ train() {
 	[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 	secs=$(( $(date +%s) - start ))
 	# the last held-out loss dpexec printed ("eval step N | test loss X | ..."), if any
-	VAL=$(sed -n 's/^eval step .* | test loss \([0-9.]*\).*/\1/p' "$LOG" | tail -n 1)
+	VAL=$(sed -n 's/^.*eval step .* | test loss \([0-9.]*\).*/\1/p' "$LOG" | tail -n 1)
 	# --losses: "step loss grad_norm lr" per step after a "# ..." header. The
 	# end is the mean of the last 10 steps (one batch's loss is noisy).
 	awk -v H="$H" -v secs="$secs" -v val="$VAL" -v prec="$prec" '

@@ -39,7 +39,7 @@ TRIALS=${DPRUN_TRIALS:-2}
 export OMPI_MCA_orte_execute_quiet=1
 export TMPDIR=$T/tmp # dprun's scratch directories: this suite's ranks' paths
 mkdir -p "$TMPDIR"
-# the time every line of a dprun job starts with (dprun's and dpexec --timestamps')
+# the time every line of a dprun job starts with (dprun's, and dpexec's by default)
 TS='[0-9]\{4\}-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\}Z'
 
 # ---- options ----
@@ -69,7 +69,7 @@ if case_on launch-line; then
 	one=$(env -u SLURM_JOB_ID "$DPRUN" -n 4 --dry-run models/mlp.dp -- --steps 3)
 	hosts=$(env -u SLURM_JOB_ID "$DPRUN" -n 4 --hosts a:2,b:2 --dry-run models/mlp.dp)
 	slurm=$(SLURM_JOB_ID=7 "$DPRUN" -n 4 --dry-run --save-dir ck models/mlp.dp -- --steps 3)
-	if [[ $one == "mpirun $root--oversubscribe -np 4 -x DPRUN_COMMAND -x DPRUN_ARGS_FROM $ROOT/$BUILD/dpexec $TMPDIR/dprun."*"/step-4.bin --timestamps --losses "*" --steps 3" ]] &&
+	if [[ $one == "mpirun $root--oversubscribe -np 4 -x DPRUN_COMMAND -x DPRUN_ARGS_FROM $ROOT/$BUILD/dpexec $TMPDIR/dprun."*"/step-4.bin --losses "*" --steps 3" ]] &&
 		[[ $hosts == "mpirun $root--host a:2,b:2 -np 4 "* ]] &&
 		[[ $slurm == "srun -n 4 $ROOT/$BUILD/dpexec "*" --save-dir ck --losses "*" --steps 3" ]]; then
 		ok "the launch line: mpirun on one host (--oversubscribe), --host, srun under Slurm"
@@ -102,12 +102,13 @@ if case_on ctrl-c; then
 	fi
 	# every line of the job, dprun's and the ranks' (rc= is the test's), starts with its time
 	times=$(grep -o "^$TS" "$T/ctrlc.out" | sort)
-	if [ "$(grep -v '^rc=' "$T/ctrlc.out" | grep -vc "^$TS ")" = 0 ] &&
+	if [ "$(grep -v '^rc=' "$T/ctrlc.out" | grep -vc "^$TS ")" = 0 ] && ! grep -q "^$TS $TS" "$T/ctrlc.out" &&
 		grep -q "^$TS dprun: compiled" "$T/ctrlc.out" && grep -q "^$TS mesh: " "$T/ctrlc.out" &&
 		[[ ! "$(head -n 1 <<<"$times")" < "$t0" ]] && [[ ! "$(tail -n 1 <<<"$times")" > "$t1" ]]; then
-		ok "every line of a dprun job (dprun's, the ranks') starts with the UTC time it was printed"
+		ok "every line of a dprun job (dprun's, the ranks') starts with the UTC time it was printed, once"
 	else
-		fail "a line of a dprun job without its time"; grep -v "^$TS \|^rc=" "$T/ctrlc.out" | head -n 5 | sed 's/^/      /'
+		fail "a line of a dprun job without its time, or with two"; grep -v "^$TS \|^rc=" "$T/ctrlc.out" | head -n 5 | sed 's/^/      /'
+		grep "^$TS $TS" "$T/ctrlc.out" | head -n 5 | sed 's/^/      /'
 	fi
 	# pasted in the same directory, without the variables that let Open MPI run as root
 	if [[ $cmd == "$DPRUN -n 2 --save-dir ctrlc.ck $ROOT/models/mlp.dp -- "*" --resume ctrlc.ck" ]] &&
@@ -139,7 +140,7 @@ restart_setup() {
 }
 # ranks NAME: the pids of the dpexec ranks of the dprun job NAME (its step file is
 # in $TMPDIR/dprun.*)
-ranks() { pgrep -f "^$ROOT/$BUILD/dpexec $TMPDIR/dprun\.[^ ]*/step-[0-9]*\.bin --timestamps --save-dir $T/$1\.ck "; }
+ranks() { pgrep -f "^$ROOT/$BUILD/dpexec $TMPDIR/dprun\.[^ ]*/step-[0-9]*\.bin --save-dir $T/$1\.ck "; }
 # elastic NAME STEPS RESTARTS [dprun options -- dpexec options]: dprun on 4 ranks in
 # the background (pid in $job), losses in $T/NAME.loss, output in $T/NAME.out
 elastic() {
@@ -237,7 +238,7 @@ fi
 # here: a stand-in srun on PATH records its words and runs them through
 # mpirun (exec: dprun's SIGUSR1/2 reach mpirun, which forwards them). It
 # checks dprun's side of the contract: the words (srun -n N dpexec STEP
-# --timestamps ...), the environment the ranks get (the resume command is
+# --save-dir ...), the environment the ranks get (the resume command is
 # dprun's), a restart at 2 ranks as `srun -n 2 ... --resume DIR`, Ctrl-C.
 # Not checked: Slurm's own srun (its signal forwarding, exit statuses,
 # PMIx wiring, a node lost inside an allocation).
@@ -261,11 +262,11 @@ if case_on srun; then
 	kill_at srun 8 KILL
 	wait $job
 	user="--steps 30 --quiet --eval-every 0 --losses $T/srun.loss --timeout 30"
-	step4="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-4.bin --timestamps --save-dir $T/srun.ck --save-every 5 $user"
-	step2="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-2.bin --timestamps --save-dir $T/srun.ck --save-every 5 --resume $T/srun.ck $user"
+	step4="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-4.bin --save-dir $T/srun.ck --save-every 5 $user"
+	step2="$ROOT/$BUILD/dpexec $TMPDIR/dprun.[^ ]*/step-2.bin --save-dir $T/srun.ck --save-every 5 --resume $T/srun.ck $user"
 	if [ "$(wc -l <"$SRUN_LOG")" = 2 ] && sed -n 1p "$SRUN_LOG" | grep -q "^srun -n 4 $step4$" &&
 		sed -n 2p "$SRUN_LOG" | grep -q "^srun -n 2 $step2$" && got=$(same_as_fresh srun 30); then
-		ok "under Slurm (a stand-in srun): srun -n 4 dpexec STEP --timestamps ..., a rank killed: srun -n 2 ... --resume ($got), losses as a fresh 2-rank run"
+		ok "under Slurm (a stand-in srun): srun -n 4 dpexec STEP --save-dir ..., a rank killed: srun -n 2 ... --resume ($got), losses as a fresh 2-rank run"
 	else
 		fail "under Slurm (a stand-in srun): the srun lines and the restart"
 		sed 's/^/      /' "$SRUN_LOG"; sed 's/^/      /' "$T/srun.out" | tail -n 8

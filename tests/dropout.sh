@@ -102,7 +102,7 @@ if case_on drop-eval; then
 		variant "$T/$m.dp" "$T/$m-still.dp" 's/lr=[0-9.e-]*/lr=1e-30/'
 		eq_run "$m-still" 1 "$T/$m-still.dp" --eval-every 2 --steps 2
 	done
-	e1=$(grep "^eval step" "$T/gpt-still.log" | head -1) e2=$(grep "^eval step" "$T/drop-still.log" | head -1)
+	e1=$(unstamp "$T/gpt-still.log" | grep "^eval step" | head -1) e2=$(unstamp "$T/drop-still.log" | grep "^eval step" | head -1)
 	if [ -n "$e1" ] && [ "$e1" = "$e2" ]; then
 		ok "eval without dropout ($e1)"
 	else

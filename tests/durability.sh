@@ -64,7 +64,7 @@ b20() { once wide wide; X "$T/w1.bin" --quiet --steps 20 --save-dir "$T/b20" --s
 ends() {
 	X "$T/w1.bin" --quiet --steps 20 --save-dir "$2" --auto-resume --save-full "$T/$1.st" >"$T/$1.res" 2>&1 || return 1
 	local from
-	from=$(sed -n 's/^resumed from .*: step \([0-9]*\),.*/\1/p' "$T/$1.res")
+	from=$(unstamp "$T/$1.res" | sed -n 's/^resumed from .*: step \([0-9]*\),.*/\1/p')
 	[ -n "$from" ] && [ "$from" -ge "$3" ] && cmp -s "$T/$1.st" "$T/ref.st" && ! ls "$2" | grep -q dptmp
 }
 SYSCALLS="mkdir openat fsync rename renameat2 unlink rmdir"
@@ -218,7 +218,7 @@ cp -a "$T/b10" "$T/f4"
 expect "a fresh run into a save directory with checkpoints is refused before training" \
 	"the save directory $T/f4 holds checkpoints (the newest: step-000010) and this run does not resume" \
 	X "$T/w1.bin" --steps 20 --save-dir "$T/f4"
-grep -q "^step 1/" "$T/out" && fail "it trained before refusing"
+unstamp "$T/out" | grep -q "^step 1/" && fail "it trained before refusing"
 check "they are untouched" cmp -s "$T/f4/step-000010/state.json" "$T/b10/step-000010/state.json"
 expect_ok "--overwrite starts anew" X "$T/w1.bin" --quiet --steps 7 --save-every 3 --save-dir "$T/f4" --overwrite
 check "--overwrite: the old run's checkpoints are gone once this run saved" \
@@ -241,7 +241,7 @@ if mount -t tmpfs -o size=$((one * 17 / 10 / 4096 * 4096 + 4096)) tmpfs "$T/smal
 	expect "keep_last 1 on a disk with room for 1.7 checkpoints: refused before training" \
 		"(keep_last 1: a checkpoint is written before the oldest is removed)" \
 		X "$T/w1.bin" --steps 20 --save-every 5 --keep-last 1 --save-dir "$T/small"
-	grep -q "^step 1/" "$T/out" && fail "it trained before finding the save directory too small"
+	unstamp "$T/out" | grep -q "^step 1/" && fail "it trained before finding the save directory too small"
 	expect_ok "keep_last 1 with a single save (--save-every 0) fits" \
 		X "$T/w1.bin" --quiet --steps 20 --save-every 0 --keep-last 1 --save-dir "$T/small"
 	umount "$T/small"
@@ -263,7 +263,7 @@ f.write(struct.pack("<H", 300))
 EOF
 expect "a token id >= the vocabulary near a shard's end: refused at load" \
 	"token shard $T/text.bin: token 300 at index" X "$T/gpt.bin" --steps 1 --eval-every 0
-grep -q "^step 1/" "$T/out" && fail "it trained before finding the bad token"
+unstamp "$T/out" | grep -q "^step 1/" && fail "it trained before finding the bad token"
 fi
 
 # ---- 7. a small address-space limit ----
@@ -293,7 +293,7 @@ once mlp2 mlp2
 ( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 120 --timeout 3 \
 	--log-every 100000 --eval-every 0 >"$T/sus.out" 2>&1; echo "rc=$?" >>"$T/sus.out" ) &
 job=$!
-for i in $(seq 150); do grep -q "^step 1/" "$T/sus.out" && break; sleep 0.2; done
+for i in $(seq 150); do unstamp "$T/sus.out" | grep -q "^step 1/" && break; sleep 0.2; done
 sleep 0.5
 pids=$(ranks)
 kill -STOP $pids 2>/dev/null; sleep 5; kill -CONT $pids 2>/dev/null
@@ -311,7 +311,7 @@ once mlp2 mlp2
 ( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 --timeout 3 \
 	--log-every 100000 --eval-every 0 >"$T/to.out" 2>&1 ) &
 job=$!
-for i in $(seq 150); do grep -q "^step 1/" "$T/to.out" && break; sleep 0.2; done
+for i in $(seq 150); do unstamp "$T/to.out" | grep -q "^step 1/" && break; sleep 0.2; done
 victim=$(ranks | tail -n 1)
 [ -n "$victim" ] && kill -STOP "$victim"
 wait $job

@@ -28,8 +28,8 @@ run() { # run NAME NP DPFILE [dpc args...]
 		{ cat "$T/$name.log"; fail "$name: dpexec on $np ranks"; return 1; }
 }
 same() { # same NAME REF
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6; then
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 \
+		--and params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6; then
 		ok "$1 matches $2"
 	else
 		fail "$1 matches $2"

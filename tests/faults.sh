@@ -55,7 +55,7 @@ if case_on stopped-rank; then
 	( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 \
 		--timeout 4 --log-every 100000 --eval-every 0 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
 	job=$!
-	for i in $(seq 100); do grep -q "^step 1/" "$T/hang.out" && break; sleep 0.2; done
+	for i in $(seq 100); do unstamp "$T/hang.out" | grep -q "^step 1/" && break; sleep 0.2; done
 	sleep 0.5
 	pids=$(rank_pids $job)
 	victim=$(echo $pids | awk '{print $2}')
@@ -125,7 +125,7 @@ if case_on sigterm; then
 	wait_lines "$T/term.loss" 30
 	kill -TERM $(rank_pids $job) 2>/dev/null
 	wait $job
-	step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun --oversubscribe -np 2 .* --resume .*/\1/p' "$T/term.out")
+	step=$(unstamp "$T/term.out" | sed -n 's/^interrupted at step \([0-9]*\) by SIGTERM; resume with: mpirun --oversubscribe -np 2 .* --resume .*/\1/p')
 	if [ -n "$step" ] && grep -q "rc=143" "$T/term.out" &&
 		[ "$(cat "$T/term/latest" 2>/dev/null)" = "$(printf 'step-%06d' "$step")" ]; then
 		ok "SIGTERM: the run stops at step $step with a checkpoint, the resume command and exit 143"

@@ -30,7 +30,7 @@ trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
 PAR=${DP_JOBS:-$(nproc)}
 [ "$PAR" -gt 1 ] && export DP_NUM_THREADS=${DP_NUM_THREADS:-1}
-nparams() { grep -c "^gradcheck [^:]*:" "$1"; }
+nparams() { unstamp "$1" | grep -c "^gradcheck [^:]*:"; }
 share() { # share min|max FILE: the extreme share of the tolerance over the parameters
 	sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' "$2" | sort -g |
 		if [ "$1" = min ]; then head -n 1; else tail -n 1; fi
@@ -116,13 +116,13 @@ for m in gpt llama; do
 		for skew in 0 0.2 -0.2; do
 			f=$T/$m.skew$skew
 			[ $skew = 0 ] && f=$T/$m.out
-			sed -n "s/^skew $skew: //p" "$T/$m.all" >"$f"
-			if grep -q '^gradcheck: .* FAILED' "$f"; then echo 1; else echo 0; fi >"$f.rc"
+			unstamp "$T/$m.all" | sed -n "s/^skew $skew: //p" >"$f"
+			if unstamp "$f" | grep -q '^gradcheck: .* FAILED'; then echo 1; else echo 0; fi >"$f.rc"
 		done
 		[ "$(cat "$T/$m.all.rc")" = "$(cat "$T/$m.out.rc")" ] ||
 			fail "$m: the shared run's exit $(cat "$T/$m.all.rc") is not its first skew's"
-		grep -q '^gradcheck' "$T/$m.all" &&
-			{ fail "$m: the shared run printed verdicts of no skew"; grep '^gradcheck' "$T/$m.all" | head -n 5; }
+		unstamp "$T/$m.all" | grep -q '^gradcheck' &&
+			{ fail "$m: the shared run printed verdicts of no skew"; unstamp "$T/$m.all" | grep '^gradcheck' | head -n 5; }
 	fi
 	if case_ran "$m"; then
 		rc=$(cat "$T/$m.out.rc")
@@ -137,7 +137,7 @@ for m in gpt llama; do
 		case_ran "$m skew=$skew" || continue
 		np=$(nparams "$T/$m.out")
 		rc=$(cat "$T/$m.skew$skew.rc")
-		nf=$(grep -c '^gradcheck [^:]*: .* FAILED$' "$T/$m.skew$skew")
+		nf=$(unstamp "$T/$m.skew$skew" | grep -c '^gradcheck [^:]*: .* FAILED$')
 		if [ $rc -eq 1 ] && [ "$np" -gt 0 ] && [ "$nf" -eq "$np" ]; then
 			ok "$m: DP_GRADCHECK_SKEW=$skew fails all $nf parameters, by at least $(share min \
 				"$T/$m.skew$skew") times the tolerance"
@@ -150,11 +150,11 @@ done
 # 3.
 if case_ran dead; then
 	rc=$(cat "$T/dead.out.rc") rc2=$(cat "$T/dead.skew.rc")
-	if [ $rc -eq 0 ] && grep -q '^gradcheck fc1.w: .* not checked$' "$T/dead.out" &&
-		grep -q '^gradcheck fc1.b: .* not checked$' "$T/dead.out" &&
-		! grep -q '^gradcheck fc1\..* ok$' "$T/dead.out" &&
-		grep -q '^gradcheck head.b: .* ok$' "$T/dead.out" &&
-		[ $rc2 -eq 1 ] && grep -q '^gradcheck head.b: .* FAILED$' "$T/dead.skew"; then
+	if [ $rc -eq 0 ] && unstamp "$T/dead.out" | grep -q '^gradcheck fc1.w: .* not checked$' &&
+		unstamp "$T/dead.out" | grep -q '^gradcheck fc1.b: .* not checked$' &&
+		! unstamp "$T/dead.out" | grep -q '^gradcheck fc1\..* ok$' &&
+		unstamp "$T/dead.out" | grep -q '^gradcheck head.b: .* ok$' &&
+		[ $rc2 -eq 1 ] && unstamp "$T/dead.skew" | grep -q '^gradcheck head.b: .* FAILED$'; then
 		ok "a dead layer's parameters are 'not checked': $(tail -n 1 "$T/dead.out")"
 	else
 		fail "a dead layer's parameters are 'not checked' (exit $rc, $rc2)"; cat "$T/dead.out" "$T/dead.skew"

@@ -246,8 +246,8 @@ eq_same() {
 	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
 		fail "$1 matches $2 (a run is missing)"; return
 	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >>"$T/$1.cmp"; then
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol 1e-5 --atol 0 \
+		--and params "$T/$1.st" "$T/$2.st" --rtol 1e-4 --atol 1e-6 >"$T/$1.cmp"; then
 		ok "$1 matches $2 ($(awk '/ loss:/ {l = $8} / max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
 			END {printf "losses rel %s, params abs %.1e", l, p}' "$T/$1.cmp"))"
 	else
@@ -370,4 +370,12 @@ precision_runs() {
 			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
 			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
 	done
+}
+
+# unstamp [FILE...]: FILE (or stdin) without the UTC time dpexec starts each
+# console line with by default ("2026-11-27T04:21:52.123Z "): how suites read
+# console lines (`step N/M | loss ...`, errors); logs.sh and dprun.sh check
+# the stamped form itself
+unstamp() {
+	sed -E 's/^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z //' "$@"
 }

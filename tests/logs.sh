@@ -12,8 +12,10 @@
 #    schedule warns, once (rank 0, not again on a resume);
 #  - an error is printed once, without C source locations; --verbose adds
 #    rank, host and file:line;
-#  - --timestamps: every line printed starts with its UTC time;
-#  - dpexec --version names its release, the step-file format and the MPI
+#  - timestamps: by default every line printed (both streams) starts with
+#    its UTC time, in order, within the run; --no-timestamps: none; the
+#    other checks read console lines through unstamp (tests/lib.sh);
+#  - dpexec --version (unstamped) names its release, the step-file format and the MPI
 #    library, and dpc --version the same release and format.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -132,10 +134,10 @@ else
 fi
 if ! case_on progress-line; then
 	:
-elif once run30 run30; grep -q "^step 30/30 | loss [0-9.]* | .* tokens/s | MFU [0-9.]*% | [0-9hms]* elapsed, ETA 0s$" "$T/run.out"; then
+elif once run30 run30; unstamp "$T/run.out" | grep -q "^step 30/30 | loss [0-9.]* | .* tokens/s | MFU [0-9.]*% | [0-9hms]* elapsed, ETA 0s$"; then
 	ok "the progress line shows tokens/s, MFU, elapsed and ETA"
 else
-	fail "progress line"; grep "^step 30/" "$T/run.out"
+	fail "progress line"; unstamp "$T/run.out" | grep "^step 30/"
 fi
 if ! case_on steps-warning; then
 	:
@@ -143,7 +145,7 @@ elif once run30 run30; grep -q "warning: --steps 30 ends the run before its cosi
 	mpi 2 "$T/gpt.bin" --steps 3 --quiet --save-dir "$T/warn.ck" >"$T/warn1.out" 2>&1 &&
 	mpi 2 "$T/gpt.bin" --steps 6 --quiet --resume "$T/warn.ck" >"$T/warn2.out" 2>&1 &&
 	[ "$(grep -c "warning: --steps 3 ends the run" "$T/warn1.out")" = 1 ] &&
-	grep -q "^resumed from" "$T/warn2.out" && ! grep -q "warning" "$T/warn2.out"; then
+	unstamp "$T/warn2.out" | grep -q "^resumed from" && ! grep -q "warning" "$T/warn2.out"; then
 	ok "--steps shorter than the schedule warns once: at the run's start, by rank 0, not again on its resume"
 else
 	fail "no --steps warning"; cat "$T/run.err"
@@ -167,29 +169,39 @@ if case_on verbose-error; then
 	fi
 fi
 
-# --timestamps (what dprun gives the ranks): every line dpexec prints, on
-# stdout and stderr, an error's included, starts with the UTC time it was
-# printed, between the run's start and end; the same run without it: none
+# timestamps: by default every line dpexec prints, on stdout and stderr, an
+# error's included, starts with the UTC time it was printed (ISO 8601 with
+# milliseconds), within the runs' wall time and in order on each rank's each
+# stream (mpirun --tag-output says whose a line is: only rank 0 prints in
+# these runs); --no-timestamps: none. dprun.sh: a dprun job's lines, one each
 TS='[0-9]\{4\}-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\}Z'
 if case_on timestamps; then
 	"$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >/dev/null || fail "dpc mlp"
-	t0=$(date -u +%Y-%m-%dT%H:%M:%S.000Z)
-	mpi 2 "$T/mlp2.bin" --steps 4 --log-every 1 --timestamps >"$T/ts.out" 2>"$T/ts.err"
-	mpi 2 "$T/mlp2.bin" --steps 1 --timestamps --losses "$T/no/such/dir/l.txt" >"$T/tse.out" 2>&1
-	t1=$(date -u +%Y-%m-%dT%H:%M:%S.999Z)
-	mpi 2 "$T/mlp2.bin" --steps 4 --log-every 1 >"$T/plain.out" 2>&1
+	tagged() { env $MPI_ASAN timeout 300 mpirun --oversubscribe --tag-output -np 2 "$DPEXEC" "$T/mlp2.bin" "$@"; }
+	t0=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+	tagged --steps 4 --log-every 1 >"$T/ts.out" 2>"$T/ts.err"
+	tagged --steps 1 --losses "$T/no/such/dir/l.txt" >"$T/tse.out" 2>&1
+	t1=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+	mpi 2 "$T/mlp2.bin" --steps 4 --log-every 1 --no-timestamps >"$T/plain.out" 2>&1
 	cat "$T/ts.out" "$T/ts.err" "$T/tse.out" >"$T/ts.all"
-	bad=$(grep -vc "^$TS " "$T/ts.all")
-	times=$(grep -o "^$TS" "$T/ts.all" | sort)
-	if [ "$bad" = 0 ] && [ "$(grep -c "^$TS step [1-4]/4 | loss " "$T/ts.out")" = 4 ] &&
-		grep -q "^$TS dpexec: warning: --steps 4 ends the run" "$T/ts.err" &&
-		grep -q "^$TS dpexec: error: .*l.txt" "$T/tse.out" &&
-		[[ ! "$(head -n 1 <<<"$times")" < "$t0" ]] && [[ ! "$(tail -n 1 <<<"$times")" > "$t1" ]] &&
-		[ "$(grep -c "^$TS" "$T/plain.out")" = 0 ] && [ "$(grep -c "^step [1-4]/4 | loss " "$T/plain.out")" = 4 ]; then
-		ok "--timestamps: every line (progress, warning, error) starts with the UTC time it was printed ($(head -n 1 <<<"$times") .. $(tail -n 1 <<<"$times")); none without it"
+	# lines without a tag and a time, times outside [t0, t1], times that go back on a rank's stream
+	verdict=$(awk -v t0="$t0" -v t1="$t1" '
+		{ if (!match($0, /^\[[0-9]+,[0-9]+\]<std(out|err)>:/)) { bad++; next }
+		  key = substr($0, 1, RLENGTH); rest = substr($0, RLENGTH + 1); ts = substr(rest, 1, 24)
+		  if (rest !~ /^[0-9][0-9][0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9][0-9][0-9]Z /) { bad++; next }
+		  if (ts < t0 || ts > t1) out++
+		  if (ts < last[key]) back++
+		  last[key] = ts; n++ }
+		END { printf "%d %d %d %d", n, bad, out, back }' "$T/ts.all")
+	if [ "$verdict" = "$(wc -l <"$T/ts.all") 0 0 0" ] &&
+		[ "$(grep -c "^\[1,0\]<stdout>:$TS step [1-4]/4 | loss " "$T/ts.out")" = 4 ] &&
+		grep -q "^\[1,0\]<stderr>:$TS dpexec: warning: --steps 4 ends the run" "$T/ts.err" &&
+		grep -q "^\[1,0\]<stderr>:$TS dpexec: error: .*l.txt" "$T/tse.out" &&
+		[ "$(grep -c "$TS" "$T/plain.out")" = 0 ] && [ "$(grep -c "^step [1-4]/4 | loss " "$T/plain.out")" = 4 ]; then
+		ok "timestamps: every line (progress, warning, error; both streams) starts with the UTC time it was printed, in order, within $t0 .. $t1; none with --no-timestamps"
 	else
-		fail "--timestamps: $bad lines without a time, or times outside $t0 .. $t1"
-		grep -v "^$TS " "$T/ts.all" | head -n 5 | sed 's/^/      /'
+		fail "timestamps: $verdict (lines, without a time, outside $t0 .. $t1, back in time)"
+		sed 's/^/      /' "$T/ts.all" | head -n 8
 	fi
 fi
 

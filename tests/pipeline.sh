@@ -192,7 +192,7 @@ if case_on eval; then
 		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/ev1.bin" 2>/dev/null || fail "eval: dpc"
 	mpi 2 "$T/ev2.bin" --steps 4 --eval-every 4 >"$T/ev2.out" 2>&1
 	mpi 1 "$T/ev1.bin" --steps 4 --eval-every 4 >"$T/ev1.out" 2>&1
-	a=$(grep '^eval step 4' "$T/ev2.out") b=$(grep '^eval step 4' "$T/ev1.out")
+	a=$(unstamp "$T/ev2.out" | grep '^eval step 4') b=$(unstamp "$T/ev1.out" | grep '^eval step 4')
 	what="the eval at pp=2 (the last stage's loss and counts) is 1 rank's: '$a'"
 	if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$what"; else fail "$what, 1 rank: '$b'"; fi
 fi

@@ -77,8 +77,8 @@ fi
 # close WHAT A B: losses and final parameters of runs A and B agree
 # (the equivalence tests' tolerances)
 close() {
-	if $PY tests/compare.py losses "$T/$2.loss" "$T/$3.loss" --rtol 1e-5 --atol 0 >"$T/$2.cmp" &&
-		$PY tests/compare.py params "$T/$2.st" "$T/$3.st" --rtol 1e-4 --atol 1e-6 >>"$T/$2.cmp"; then
+	if $PY tests/compare.py losses "$T/$2.loss" "$T/$3.loss" --rtol 1e-5 --atol 0 \
+		--and params "$T/$2.st" "$T/$3.st" --rtol 1e-4 --atol 1e-6 >"$T/$2.cmp"; then
 		ok "$1 ($(grep ' loss:' "$T/$2.cmp" | sed 's/^ *//'))"
 	else
 		fail "$1"; cat "$T/$2.cmp"

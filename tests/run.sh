@@ -7,6 +7,7 @@
 #   make test CASE='mlp8-*-np4'          a glob, matched against the whole case name
 #   make test SUITE=golden LIST=1        the case names; nothing runs
 #   make test JOBS=0                     one suite at a time (JOBS=N: the CPUs they share)
+#   make test-all                        plain and SAN=1 in one queue (.ci/run; VARIANTS below)
 #
 # Cases are the units a suite's ok/FAIL lines belong to (tests/lib.sh says
 # how a suite names them); a suite skips the work of the cases CASE leaves
@@ -58,7 +59,24 @@ SAN=${SAN:-0}
 export BUILD SAN
 export CASE=${CASE:-}
 JOBS=${JOBS:-$(nproc)}
-LOGS=$BUILD/test-logs
+# VARIANTS: the builds the suites run against, in one queue: plain (BUILD)
+# and san (SAN=1's ASan/UBSan build). `make test` runs the one SAN names;
+# `make test-all` (.ci/run) both, plain in build/ and san in build-san/: the
+# SAN suites then fill the CPUs beside the plain ones' long suites (the
+# emulator's) instead of starting after the last of them, and each
+# variant's logs and summary stay its own.
+given=${VARIANTS:-}
+VARIANTS=${VARIANTS:-$([ "$SAN" = 1 ] && echo san || echo plain)}
+declare -A VBUILD VSAN
+for v in $VARIANTS; do
+	case $v in
+	plain) VSAN[$v]=0 VBUILD[$v]=build ;;
+	san) VSAN[$v]=1 VBUILD[$v]=build-san ;;
+	*) echo "run.sh: VARIANTS='$VARIANTS': each is plain or san" >&2; exit 2 ;;
+	esac
+done
+nvar=$(echo $VARIANTS | wc -w)
+[ -n "$given" ] || VBUILD[$VARIANTS]=$BUILD # the variant SAN names: in BUILD
 
 # name               weight  alone  seconds (measured in a full `make test`, JOBS=2, on 2
 # otherwise idle cores, 2026-11-27: the weight is the suite's CPU seconds over
@@ -66,7 +84,7 @@ LOGS=$BUILD/test-logs
 TABLE="
 durability             0.5    -       212
 cuda_emu               1      -       347
-cuda_emu_mutations     1      -       286
+cuda_emu_mutations     1      -       190
 gpu_kit                1      -       100
 offload                0.5    -       149
 faults                 0.5    -       104
@@ -106,6 +124,17 @@ simulate               0.5    -         9
 pipeline               1      -        30
 golden                 0.5    -         1
 "
+# The seconds of each suite under SAN=1 (measured as the table's, less
+# the SAN_PLAIN cases' seconds where cases moved there), which order a
+# queue of both variants: longest first
+SAN_SECS="
+durability 264 faults 164 dprun 140 offload 113 passes 70 pipeline 54
+sharding 55 resume 50 bf16 44 tp 43 cp 30 recompute 36 runtime_errors 35
+gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
+fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
+signals 19 torch_ref 17 errors 14 logs 14 trace 11 data_errors 10 cuda 7
+simulate 7 tour 1
+"
 # Suites another suite runs (NAME:PARENT): not started on their own by a
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
 # as its case "settings")
@@ -134,12 +163,55 @@ INSIDE="settings:errors"
 #   run the same strategies' bf16 paths (bf16 shards of an f32 master, the
 #   reduce-scatters and gathers in bf16, the clip over shards) on the same
 #   model, at another world size.
+# - PyTorch's own runs: Python and torch, none of our code. Under SAN=1 each
+#   suite keeps the cases whose dp runs no other SAN case makes (our side of
+#   the references' I/O: --save-full of the initial weights, --init-from,
+#   the losses file): torch_ref's adamw (1 rank) and sgd-nesterov-2ranks
+#   (the one SAN run of the Nesterov update), groups' torch, bf16's and
+#   fp16's torch-*, transformer's model cases. In the plain variant only:
+#   the detection cases (lr-detected, nesterov-not-momentum, groups'
+#   torch-no-*, schedules' torch-wsd-late: a second PyTorch run against a
+#   dp run the cases above make), schedules' torch-wsd and torch-step (their
+#   dp runs are the closed-form cases', which stay), and torch_ref's
+#   adamw-2ranks, full_shard-2ranks and sgd, whose dp runs repeat what SAN
+#   runs elsewhere: AdamW under ddp at 2 ranks (equivalence.sh), full_shard
+#   with --init-from (sharding.sh's mlp8 cases), SGD with momentum
+#   (offload.sh's mlp-sgd-zero2-np2): 52 s of the SAN run's CPU in all.
+# - tour's readme-tour: README's tour trains models/mlp.dp for 200 steps at
+#   4 ranks, at 1 and under dprun at 4: the same step programs
+#   equivalence.sh, dprun.sh and durability.sh run under SAN=1 for a few
+#   steps, 600 times over (32 s of the SAN run's CPU); that README's lines
+#   work is the plain variant's check.
+# - offload's mlp-ddp-np4: ddp keeps no shards, so the host update and its
+#   copies are mlp-ddp-np2's at another world size (the np4 cases of zero2
+#   and full_shard stay: their head bucket is padded at 4 ranks, not at 2;
+#   8 s).
+# - cp's llama-cp2dp2, llama-cp2tp2 and llama-cp2tp2fs2: the meshes of
+#   gpt2-tiny's cp2dp2, cp2tp2 and cp2tp2fs2 (which stay) with llama's ops,
+#   whose cp path (rope at each token's position, K/V gathered on cp) is
+#   llama-cp2's and tp path tp.sh's and transformer.sh's llama-tp2, all
+#   under SAN=1 (20 s).
+# - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
+#   restart at 2 ranks as kill9-1, at another random step (8 s).
 SAN_PLAIN="
 bf16       gpt2-tiny-*-np4
+bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+cp         llama-cp2?*
+dprun      kill9-[2-9]
+groups     torch-no-*
+offload    mlp-ddp-np4
+schedules  torch-*
 sharding   mlp-*
+torch_ref  adamw-2ranks
+torch_ref  full_shard-2ranks
+torch_ref  sgd
+torch_ref  lr-detected
+torch_ref  nesterov-not-momentum
+tour       readme-tour
+transformer lr-detected
 "
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
@@ -150,7 +222,6 @@ while read -r name w a secs; do
 	[ -n "$name" ] || continue
 	[ -f "tests/$name.sh" ] || { echo "run.sh: tests/$name.sh is in the table but not there" >&2; exit 2; }
 	names+=("$name")
-	[ "$SAN" = 1 ] && case $name in cuda_emu*) w=0.5 ;; esac # one SKIP under SAN=1
 	WEIGHT[$name]=$(tenths "$w")
 	ALONE[$name]=$([ "$a" = alone ] && echo 1 || echo 0)
 	SECS[$name]=$secs
@@ -190,12 +261,36 @@ if [ "${LIST:-0}" = 1 ]; then
 	exit 0
 fi
 
-mkdir -p "$LOGS" || exit 1
+# the queue's entries, VARIANT:NAME: one variant in the table's order, two
+# by their expected seconds (SAN_SECS for san), longest first
+declare -A SSECS
+# shellcheck disable=SC2086
+set -- $SAN_SECS
+while [ $# -ge 2 ]; do SSECS[$1]=$2; shift 2; done
+entries=()
+for v in $VARIANTS; do
+	mkdir -p "${VBUILD[$v]}/test-logs" || exit 1
+	for n in "${selected[@]}"; do
+		e=$v:$n
+		entries+=("$e")
+		WEIGHT[$e]=${WEIGHT[$n]} ALONE[$e]=${ALONE[$n]} SECS[$e]=${SECS[$n]}
+		if [ "${VSAN[$v]}" = 1 ]; then
+			SECS[$e]=${SSECS[$n]:-${SECS[$n]}}
+			case $n in cuda_emu* | gpu_kit) WEIGHT[$e]=5 SECS[$e]=0 ;; esac # one SKIP under SAN=1
+		fi
+	done
+done
+if [ "$nvar" -gt 1 ]; then
+	mapfile -t entries < <(for e in "${entries[@]}"; do echo "${SECS[$e]} $e"; done | sort -s -k1,1nr | cut -d' ' -f2)
+fi
+# label ENTRY: the suite's name, with " SAN=1" when both variants run
+label() { if [ "$nvar" -gt 1 ] && [ "${VSAN[${1%%:*}]}" = 1 ]; then echo "${1#*:} SAN=1"; else echo "${1#*:}"; fi; }
+
 # the emulated CUDA build, once, before two suites could both start it
-if [ "$SAN" != 1 ] && [[ " ${selected[*]} " == *" cuda_emu"* ]]; then
+if [ -n "${VSAN[plain]+set}" ] && [[ " ${selected[*]} " == *" cuda_emu"* ]]; then
 	t0=$SECONDS
-	if ! make -s -j"$(nproc)" cuda-emu >"$LOGS/cuda-emu-build.log" 2>&1; then
-		tail -n 30 "$LOGS/cuda-emu-build.log"
+	if ! make -s -j"$(nproc)" cuda-emu >"${VBUILD[plain]}/test-logs/cuda-emu-build.log" 2>&1; then
+		tail -n 30 "${VBUILD[plain]}/test-logs/cuda-emu-build.log"
 		echo "run.sh: make cuda-emu failed (its suites will say so too)"
 	fi
 	[ $((SECONDS - t0)) -lt 2 ] || echo "== make cuda-emu ($((SECONDS - t0)) s)"
@@ -219,20 +314,22 @@ stream() {
 # NAME.rc, CPU the seconds of CPU (user + system) the suite and every process
 # it waited for used (bash's `times`: what a suite's weight is made from),
 # and each case's "WALL CPU NAME" in NAME.cases (tests/lib.sh's case_clock)
-run_suite() { # run_suite NAME FREE (the room free when it starts, in tenths)
-	local name=$1 t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
+run_suite() { # run_suite ENTRY FREE (the room free when it starts, in tenths)
+	local v=${1%%:*} name=${1#*:} t0=$SECONDS jobs=$(((WEIGHT[$1] + 9) / 10))
+	local LOGS=${VBUILD[$v]}/test-logs
 	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
 	local plain=""
-	[ "$SAN" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
+	[ "${VSAN[$v]}" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
 	{
-		(DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain bash "tests/$name.sh" </dev/null 2>&1
+		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain \
+			bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
 		exit $rc)
 		echo $? >"$LOGS/$name.rc"
-	} | stream "$name" "$LOGS/$name.log"
+	} | stream "$(label "$1")" "$LOGS/$name.log"
 	local cpu
 	cpu=$(sed -n 2p "$LOGS/$name.times" | awk -f tests/times.awk)
 	cpu=$(printf '%.0f' "${cpu:-0}")
@@ -242,10 +339,11 @@ run_suite() { # run_suite NAME FREE (the room free when it starts, in tenths)
 
 declare -A PID_OF START
 queue=()
-for n in "${selected[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
-for n in "${selected[@]}"; do [ "${ALONE[$n]}" = 1 ] || queue+=("$n"); done
+for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
+for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] || queue+=("$n"); done
 running=0 used=0 alone_on=0
 tp=0 tf=0 ts=0 ncases=0 cpu_total=0
+declare -A VP VF VS VCPU # per variant
 failed=()
 t_start=$SECONDS
 # room NAME: the room NAME needs to start (in tenths): its weight, or a whole
@@ -292,11 +390,13 @@ next() {
 		fi
 	done
 }
-# collect NAME: its counts from the log's last "NAME: N passed, M failed[, K skipped]"
+# collect ENTRY: its counts from the log's last "NAME: N passed, M failed[, K skipped]"
 collect() {
-	local name=$1 rc secs cpu line p f s k sk=""
+	local v=${1%%:*} name=${1#*:} rc secs cpu line p f s k sk=""
+	local LOGS=${VBUILD[$v]}/test-logs
 	read -r rc secs cpu <"$LOGS/$name.rc"
 	cpu_total=$((cpu_total + ${cpu:-0}))
+	VCPU[$v]=$((${VCPU[$v]:-0} + ${cpu:-0}))
 	line=$(grep -E "^[A-Za-z0-9_]+: [0-9]+ passed, [0-9]+ failed" "$LOGS/$name.log" | tail -n 1)
 	p=$(echo "$line" | sed -nE 's/.*: ([0-9]+) passed.*/\1/p'); p=${p:-0}
 	f=$(echo "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p'); f=${f:-0}
@@ -305,12 +405,13 @@ collect() {
 	k=$(sed -nE "s/^  \\(CASE='.*': ([0-9]+) of [0-9]+ cases run\\)$/\\1/p" "$LOGS/$name.log" | tail -n 1)
 	ncases=$((ncases + ${k:-0}))
 	tp=$((tp + p)) tf=$((tf + f)) ts=$((ts + s))
+	VP[$v]=$((${VP[$v]:-0} + p)) VF[$v]=$((${VF[$v]:-0} + f)) VS[$v]=$((${VS[$v]:-0} + s))
 	[ "$s" = 0 ] || sk=", $s skipped"
 	if [ "$rc" = 0 ] && [ "$f" = 0 ]; then
-		echo "== $name: $p passed, $f failed$sk (${secs} s, ${cpu:-?} s of CPU)"
+		echo "== $(label "$1"): $p passed, $f failed$sk (${secs} s, ${cpu:-?} s of CPU)"
 	else
-		failed+=("$name")
-		echo "!! $name: $p passed, $f failed$sk, exit $rc (${secs} s, ${cpu:-?} s of CPU; $LOGS/$name.log)"
+		failed+=("$1")
+		echo "!! $(label "$1"): $p passed, $f failed$sk, exit $rc (${secs} s, ${cpu:-?} s of CPU; $LOGS/$name.log)"
 	fi
 }
 while :; do
@@ -338,14 +439,25 @@ while :; do
 done
 
 echo
-for n in "${failed[@]}"; do
-	echo "--- $n: the end of $LOGS/$n.log"
-	tail -n 25 "$LOGS/$n.log" | sed 's/^/  /'
+for e in "${failed[@]}"; do
+	log=${VBUILD[${e%%:*}]}/test-logs/${e#*:}.log
+	echo "--- $(label "$e"): the end of $log"
+	tail -n 25 "$log" | sed 's/^/  /'
 done
-[ ${#failed[@]} -eq 0 ] || echo "failed suites: ${failed[*]}"
+if [ ${#failed[@]} -gt 0 ]; then
+	list=""
+	for e in "${failed[@]}"; do list="$list${list:+, }$(label "$e")"; done
+	echo "failed suites: $list"
+fi
 if [ -n "$CASE" ] && [ $ncases = 0 ]; then
 	echo "run.sh: CASE='$CASE' selects no case of ${SUITE:-any suite} (LIST=1 lists them)"
 	tf=$((tf + 1))
 fi
-echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, $cpu_total s of CPU, JOBS=$JOBS; logs in $LOGS/)"
+logs=""
+for v in $VARIANTS; do
+	logs="$logs${logs:+ and }${VBUILD[$v]}/test-logs/"
+	[ "$nvar" -gt 1 ] || continue
+	echo "$([ "${VSAN[$v]}" = 1 ] && echo "SAN=1" || echo plain): ${VP[$v]:-0} passed, ${VF[$v]:-0} failed, ${VS[$v]:-0} skipped (${VCPU[$v]:-0} s of CPU)"
+done
+echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, $cpu_total s of CPU, JOBS=$JOBS; logs in $logs)"
 [ $tf -eq 0 ] && [ ${#failed[@]} -eq 0 ]

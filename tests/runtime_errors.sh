@@ -133,7 +133,7 @@ if case_on stopped-rank; then
 	( M 2 "$T/mlp2.bin" --steps 100000 --timeout 3 --log-every 100000 --eval-every 0 >"$T/hang.out" 2>&1
 	  echo "rc=$?" >>"$T/hang.out" ) &
 	job=$!
-	for i in $(seq 60); do grep -q "^step 1/" "$T/hang.out" && break; sleep 0.5; done # in the loop
+	for i in $(seq 60); do unstamp "$T/hang.out" | grep -q "^step 1/" && break; sleep 0.5; done # in the loop
 	sleep 1
 	exe=$(basename "$DPEXEC" | cut -c1-15) # ps shows at most 15 characters of a command name
 	ranks=$(ps -eo pid=,ppid=,comm= | awk -v root=$job -v exe="$exe" '{p[$1]=$2; c[$1]=$3}

@@ -68,14 +68,14 @@ text() { printf 'hello, world! %.0s' $(seq 10) | head -c "$1"; }
 
 if case_on "during training"; then
 	once train train
-	got=$(grep -c '^sample at step \(40\|80\): hel' "$T/train.out")
+	got=$(unstamp "$T/train.out" | grep -c '^sample at step \(40\|80\): hel')
 	sample after 1 "$T/lm.bin" --sample "hel" --tokens 20 --temperature 0
-	if [ "$got" = 2 ] && [ "$(grep '^sample at step 80: ' "$T/train.out" | cut -d' ' -f5-)" = \
+	if [ "$got" = 2 ] && [ "$(unstamp "$T/train.out" | grep '^sample at step 80: ' | cut -d' ' -f5-)" = \
 		"$(cat "$T/after.out")" ]; then
 		ok "during training: samples at steps 40 and 80, the last the saved weights' ($(cat "$T/after.out"))"
 	else
 		fail "during training: samples at steps 40 and 80, the last the saved weights'"
-		grep '^sample' "$T/train.out"; cat "$T/after.out"
+		unstamp "$T/train.out" | grep '^sample'; cat "$T/after.out"
 	fi
 	ls -R "$T/ck" >"$T/ck.before"
 	if mpi 1 "$T/lm.bin" --quiet --resume "$T/ck" --sample "hel" --tokens 20 --temperature 0 \

@@ -138,7 +138,7 @@ done
 # the eval program under per-block strategies (gathers for the full_shard
 # blocks, the ddp block read whole, the zero blocks' gathered params)
 # reports the 1-rank ddp run's test loss and accuracy
-evals() { mpi "$1" "$2" --steps 10 --eval-every 5 --quiet 2>&1 | grep '^eval step' >"$3"; }
+evals() { mpi "$1" "$2" --steps 10 --eval-every 5 --quiet 2>&1 | unstamp | grep '^eval step' >"$3"; }
 if ! case_on mlp8-mixed-eval; then
 	:
 elif "$DPC" "$T/mlp8-mixed.dp" --world-size 4 -o "$T/mix-eval.bin" 2>"$T/dpc.err" &&

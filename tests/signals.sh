@@ -33,10 +33,10 @@ usr1_on=0
 case_on sigusr1 && usr1_on=1
 if [ $usr1_on = 1 ] || { [ "${DP_LIST:-0}" != 1 ] && case_match paste-resume; }; then
 	start usr1 USR1 pid
-	step=$(sed -n 's/^interrupted at step \([0-9]*\) by SIGINT; resume with: .*/\1/p' "$T/usr1.out")
+	step=$(unstamp "$T/usr1.out" | sed -n 's/^interrupted at step \([0-9]*\) by SIGINT; resume with: .*/\1/p')
 fi
 if [ $usr1_on = 1 ]; then
-	if [ -n "$step" ] && [ "$(grep -c '^interrupted at step' "$T/usr1.out")" = 1 ] &&
+	if [ -n "$step" ] && [ "$(unstamp "$T/usr1.out" | grep -c '^interrupted at step')" = 1 ] &&
 		grep -q '^rc=130$' "$T/usr1.out" &&
 		[ "$(cat "$T/usr1.ck/latest" 2>/dev/null)" = "$(printf 'step-%06d' "$step")" ]; then
 		ok "SIGUSR1 to mpirun: stopped at step $step, one message, a checkpoint, exit 130"
@@ -45,13 +45,13 @@ if [ $usr1_on = 1 ]; then
 	fi
 fi
 if case_on paste-resume; then
-	cmd=$(sed -n 's/^interrupted at step [0-9]* by SIGINT; resume with: //p' "$T/usr1.out")
+	cmd=$(unstamp "$T/usr1.out" | sed -n 's/^interrupted at step [0-9]* by SIGINT; resume with: //p')
 	case $cmd in
 	"mpirun --oversubscribe -np 2 $DPEXEC $T/s2.bin "*) have=1 ;;
 	*) have=0 ;;
 	esac
 	if [ "$have" = 1 ] && (export $MPI_ASAN; eval "$cmd") >"$T/paste.out" 2>&1 &&
-		grep -q "^resumed from $T/usr1.ck/step-" "$T/paste.out" &&
+		unstamp "$T/paste.out" | grep -q "^resumed from $T/usr1.ck/step-" &&
 		[ "$(tail -n 1 "$T/usr1.loss" | cut -d' ' -f1)" = 300 ]; then
 		ok "the printed resume command, pasted as it is (mpirun --oversubscribe included), finishes the run"
 	else
@@ -62,7 +62,7 @@ fi
 # ---- Ctrl-C: Open MPI's mpirun SIGTERMs the ranks and exits 1 ----
 if case_on ctrl-c; then
 	start ctrlc INT pgrp
-	if grep -q '^interrupted at step [0-9]* by SIGTERM; resume with: ' "$T/ctrlc.out" &&
+	if unstamp "$T/ctrlc.out" | grep -q '^interrupted at step [0-9]* by SIGTERM; resume with: ' &&
 		grep -q '^rc=1$' "$T/ctrlc.out" && [ -f "$T/ctrlc.ck/latest" ]; then
 		ok "Ctrl-C of mpirun: the ranks save and say SIGTERM, mpirun exits 1 (as docs/CHECKPOINTS.md says)"
 	else

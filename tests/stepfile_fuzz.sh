@@ -70,7 +70,7 @@ elif once build build; "$T/fuzz" --emit "$T/em" "$N"; then
 	wait
 	for f in "$T"/em/m*.bin; do
 		rc=$(cat "$f.rc")
-		if [ $rc -eq 0 ] || { [ $rc -eq 1 ] && grep -q "^dpexec: error: " "$f.out"; }; then
+		if [ $rc -eq 0 ] || { [ $rc -eq 1 ] && unstamp "$f.out" | grep -q "^dpexec: error: "; }; then
 			:
 		else
 			bad=$((bad + 1))

@@ -67,8 +67,8 @@ if case_on overhead; then
 		env $MPI_ASAN "$DPEXEC" "$T/m1.bin" --steps 21 --eval-every 0 --log-every 20 "${extra[@]}" \
 			>"$T/$v.log" 2>&1
 	done
-	echo "  (step time without / with --trace: $(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/plain.log") /" \
-		"$(sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p' "$T/traced.log") ms)"
+	echo "  (step time without / with --trace: $(unstamp "$T/plain.log" | sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p') /" \
+		"$(unstamp "$T/traced.log" | sed -nE 's/^step 20\/.*\| ([0-9.]+) ms\/step.*/\1/p') ms)"
 fi
 # a file that cannot be written is an error, not a crash
 if ! case_on unwritable; then

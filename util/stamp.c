@@ -3,7 +3,9 @@
  * The stream is a glibc cookie stream (fopencookie) over the descriptor:
  * stdio's buffering decides when bytes come out, and a line is stamped
  * when its first byte does, so with line buffering the time is the time
- * the line was printed. Write errors (a full disk, a closed pipe) are
+ * the line was printed; the stamp goes out in the same write(2) as the
+ * line (up to 4 KB), so stdout's and stderr's lines sharing one file
+ * never split a stamp from its line. Write errors (a full disk, a closed pipe) are
  * returned to stdio as the descriptor's, so ferror/fflush see them.
  */
 #ifndef _GNU_SOURCE
@@ -52,17 +54,22 @@ static ssize_t stamped_write(void *cookie, const char *buf, size_t size)
 	Stamped *s = cookie;
 	size_t done = 0;
 	while (done < size) {
-		if (!s->midline) {
-			char ts[STAMP_LEN + 1];
-			stamp_now(ts, STAMP_LEN);
-			strcat(ts, " ");
-			if (write_all(s->fd, ts, strlen(ts)) < 0)
-				return done ? (ssize_t)done : -1;
-			s->midline = 1;
-		}
 		const char *nl = memchr(buf + done, '\n', size - done);
 		size_t n = nl ? (size_t)(nl - (buf + done)) + 1 : size - done;
-		if (write_all(s->fd, buf + done, n) < 0)
+		if (!s->midline) { /* the stamp and the line in one write, when it fits */
+			char line[4096];
+			stamp_now(line, STAMP_LEN);
+			size_t k = strlen(line);
+			line[k++] = ' ';
+			size_t m = n <= sizeof line - k ? n : 0;
+			memcpy(line + k, buf + done, m);
+			if (write_all(s->fd, line, k + m) < 0)
+				return done ? (ssize_t)done : -1;
+			s->midline = 1;
+			done += m;
+			n -= m;
+		}
+		if (n && write_all(s->fd, buf + done, n) < 0)
 			return done ? (ssize_t)done : -1;
 		done += n;
 		s->midline = !nl;

@@ -2,7 +2,8 @@
  * stamp.h - UTC timestamps for logs: ISO 8601 with milliseconds
  * ("2026-11-27T04:21:52.123Z", what --log-json's "time" holds), and a
  * stream that puts one, and a space, at the start of every line written
- * to a file descriptor (dpexec --timestamps; dprun's own lines).
+ * to a file descriptor (dpexec's console unless --no-timestamps; dprun's
+ * own lines).
  */
 #ifndef DP_STAMP_H
 #define DP_STAMP_H

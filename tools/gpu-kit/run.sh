@@ -67,6 +67,8 @@ grep() { "$BB" grep "$@"; }
 sed() { "$BB" sed "$@"; }
 cmp() { "$BB" cmp "$@"; }
 find() { "$BB" find "$@"; }
+# unstamp FILE: a dpexec log without the UTC time each of its lines starts with
+unstamp() { sed 's/^[0-9][0-9-]*T[0-9:.]*Z //' "$1"; }
 
 if [ "${1:-}" != --part ]; then
 	# ---- the driver ----
@@ -304,9 +306,9 @@ params() {
 		}'
 }
 # figure LOG KEY: the number before KEY on the last step line of a dpexec log
-figure() { grep '^step ' "$1" | tail -n 1 | sed -n "s|.* \([0-9.]*\) $2.*|\1|p"; }
-ms_step() { grep '^step ' "$1" | tail -n 1 | sed -n 's/.* \([0-9.]*\) ms\/step.*/\1/p'; }
-host_us() { grep '^step ' "$1" | tail -n 1 | sed -n 's/.*host \([0-9.]*\) us\/step.*/\1/p'; }
+figure() { unstamp "$1" | grep '^step ' | tail -n 1 | sed -n "s|.* \([0-9.]*\) $2.*|\1|p"; }
+ms_step() { unstamp "$1" | grep '^step ' | tail -n 1 | sed -n 's/.* \([0-9.]*\) ms\/step.*/\1/p'; }
+host_us() { unstamp "$1" | grep '^step ' | tail -n 1 | sed -n 's/.*host \([0-9.]*\) us\/step.*/\1/p'; }
 # the model shapes: GPU the models as they are, the emulator small ones
 small_gpt=""
 small_llama=""
@@ -341,7 +343,7 @@ part1() {
 	compile probe1 "$R/mlp.dp" 1
 	"$DPEXEC" "$R/probe1.bin" --device cuda --steps 0 --eval-every 0 >"$L/probe.log" 2>&1
 	local dev
-	dev=$(grep -m1 '^device:' "$L/probe.log" | cut -c9-)
+	dev=$(unstamp "$L/probe.log" | grep -m1 '^device:' | cut -c9-)
 	if [ -n "$dev" ]; then
 		report PASS "device: $dev${LD_LIBRARY_PATH:+ (CUDA libraries from LD_LIBRARY_PATH=$LD_LIBRARY_PATH)}"
 	else
@@ -392,7 +394,7 @@ part2() {
 	compile mlp1 "$R/mlp.dp" 1 && compile mlp2 "$R/mlp.dp" 2 || { report FAIL "dpc of the MLP: $(tail -n 1 "$L/mlp1.dpc")"; return; }
 	# the probe: one line naming the device
 	if "$DPEXEC" "$R/mlp1.bin" --device cuda --steps 0 --eval-every 0 >"$L/probe2.log" 2>&1; then
-		report PASS "the device probe: $(grep -m1 '^device:' "$L/probe2.log")"
+		report PASS "the device probe: $(unstamp "$L/probe2.log" | grep -m1 '^device:')"
 	else
 		report FAIL "the device probe: $(head -n 1 "$L/probe2.log")"
 	fi
@@ -422,9 +424,9 @@ part2() {
 	t0=$(date +%s)
 	gpus 2 hang mlp2 --steps 1000000 --log-every 1 --timeout 3 &
 	local job=$!
-	for i in $(seq 240); do grep -q '^step 2/' "$L/hang.log" 2>/dev/null && [ -s "$R/pids/rank1.pid" ] && break; sleep 0.5; done
+	for i in $(seq 240); do unstamp "$L/hang.log" 2>/dev/null | grep -q '^step 2/' && [ -s "$R/pids/rank1.pid" ] && break; sleep 0.5; done
 	victim=$(cat "$R/pids/rank1.pid" 2>/dev/null)
-	if [ -z "$victim" ] || ! grep -q '^step 2/' "$L/hang.log"; then
+	if [ -z "$victim" ] || ! unstamp "$L/hang.log" | grep -q '^step 2/'; then
 		kill "$job" 2>/dev/null
 		wait $job 2>/dev/null
 		report FAIL "the watchdog case did not reach step 2"; last "$L/hang.log"
@@ -568,7 +570,8 @@ part5() {
 	ctx=$(sed -n 's/^  ctx = \([0-9]*\).*/\1/p' "$R/gpt2-b$mb.dp")
 	[ $EMU = 1 ] && ctx=32
 	# (exit status and dpexec's own errors: the machine's PMIx may log "dlopen error" lines)
-	if [ $bench_rc = 0 ] && grep -q '^step ' "$L/bench-b$mb.log" && ! grep -q '^dpexec: error' "$L/bench-b$mb.log"; then
+	if [ $bench_rc = 0 ] && unstamp "$L/bench-b$mb.log" | grep -q '^step ' &&
+		! unstamp "$L/bench-b$mb.log" | grep -q '^dpexec: error'; then
 		ms=$(ms_step "$L/bench-b$mb.log")
 		tps=$(figure "$L/bench-b$mb.log" tokens/s)
 		host=$(host_us "$L/bench-b$mb.log")
