@@ -108,6 +108,9 @@
 # under ascending and random thread orders, and both must catch each;
 # copy_wait runs it for 8 steps with device work run as late as the host
 # allows (DPEMU_RUN=lazy: the copy then overtakes the step still reading).
+# Each case's first use also runs it on the unmutated emulated backend, which
+# must pass: a mutant counts as caught only where the same run passes
+# without it.
 # Runtime: ~2-4 min (one rebuild of the .cu files for no_sync).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -181,6 +184,14 @@ reference() {
 	if [ "$1" = a16 ] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
+		return 1
+	fi
+	# the unmutated emulated backend ($W/build-emu: check rebuilds it only
+	# after this) must pass the case, else a mutant is "caught" by whatever
+	# breaks every run (a stale build-emu refused as built for another
+	# dpexec did exactly that) and not by what it changed
+	if run "$1-base" "$1" $np; then
+		fail "case $1 fails on the unmutated emulated backend, so no mutant can be caught by it: $why"
 		return 1
 	fi
 }

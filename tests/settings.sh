@@ -135,7 +135,7 @@ expect "dpexec --log-every 0 is refused (its floor is 1)" "bad value '0' for --l
 if ! case_on "dpexec --eval-every"; then
 	:
 elif once m stepfile && mpi 1 "$T/m.bin" --steps 4 --eval-every 2 >"$T/run" 2>&1 &&
-	[ "$(grep -c '^eval step' "$T/run")" = 2 ]; then
+	[ "$(unstamp "$T/run" | grep -c '^eval step')" = 2 ]; then
 	ok "dpexec --steps 4 --eval-every 2 overrides the step file's 500 and 100: two evals"
 else
 	fail "dpexec --eval-every"; tail -n 5 "$T/run"
