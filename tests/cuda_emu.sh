@@ -181,7 +181,7 @@ selftest() {
 		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
 	fi
 }
-for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma gemm streams graph \
+for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma ldsm mma_ptx mma_ptx_wrong gemm streams graph \
 	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
@@ -193,6 +193,9 @@ selftest shfl_mask "does not name the calling lane"
 selftest deadlock "deadlock: no thread of the block can go on"
 selftest wmma_ldm "ldm 12 is not a multiple of 16 bytes"
 selftest wmma_diverge "lane 5 passes .*every lane must pass the same"
+selftest ldsm_misaligned "lane 9's row address .* is not 16-byte aligned"
+selftest ldsm_diverge "every lane of the warp must make the same call"
+selftest ldsm_global "lane 0's row address .* is not in shared memory"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"

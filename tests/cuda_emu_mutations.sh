@@ -47,22 +47,30 @@
 #   attn_sync     the __syncthreads at the top of attention's forward loop
 #                 over key tiles dropped: a thread loads the next tile over
 #                 the one others still read (invisible at ctx 16, one tile)
-#   tc_sync       the tensor-core forward's __syncthreads between the
-#                 loads of a K/V tile and the warps' fragment loads, dropped
-#   tc_layout     its K^T fragment read row_major (K, not K^T: a wrong
-#                 fragment layout)
-#   tc_stride     its K^T fragment's leading dimension the unpadded head
-#                 dim (a wrong stride)
-#   tc_causal     a warp skips the key tile holding its diagonal as if it
-#                 were above it (a wrong causal tile bound)
+#   tc_sync       the tensor-core forward's one __syncthreads per key
+#                 tile (tile i copied in, the buffer of tile i + 1 free),
+#                 dropped
+#   tc_layout     the tile read by ldmatrix without .trans where P Y
+#                 needs Y's registers (V in the forward; K, dO, Q in the
+#                 backward): Y^T's, a wrong fragment layout
+#   tc_stride     the tile rows of X Y^T (K in the forward) addressed for
+#                 ldmatrix with the unpadded head dim as the row stride
+#                 (a wrong stride)
+#   tc_causal     a forward or dQ warp skips the key tile holding its
+#                 diagonal as if it were above it (a wrong causal tile bound)
+#   tc_frag       P's C registers packed into the wrong A registers
+#                 (a[1] taken as A[g][2q+8..], not A[g+8][2q..]: a wrong
+#                 fragment index)
+#   tc_shfl       row_sum (a row's sum over its quad of lanes) without
+#                 the xor-2 shuffle: the forward's l sums half the row's p
 #   tcb_lse       the tensor-core forward's row log-sum-exp never written
 #   tcb_stale     the forward paired with its gradient not given the
 #                 plan's lse buffer: the gradient reads a never-written
 #                 (stale) lse
 #   tcb_dterm     the backward's D = dO . O written as 0 (dS = P dP: the
 #                 softmax's row term dropped)
-#   tcb_sync      the __syncthreads between the dK/dV kernel's loads of a
-#                 query tile (Q, dO, lse, D) and the warps' reads, dropped
+#   tcb_sync      the dK/dV kernel's one __syncthreads per query tile (Q,
+#                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
@@ -393,8 +401,9 @@ if mutate attn_sync "runtime/cuda/attention.cu" \
 	sed 's|^\t\t__syncthreads(); /\* the previous tile is consumed \*/|\t\t/* MUTATION: no __syncthreads */|'; then
 	check_all attn_sync hd64 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 fi
-# 7b: the tensor-core forward (bf16): its barrier, its K^T fragment's
-# layout and stride, its causal skip of a warp's tiles
+# 7b: the tensor-core forward (bf16): its barrier, V's fragment layout,
+# K's row stride, its causal skip of a warp's tiles, P's fragment index,
+# a row's quad shuffle
 # tc_mutation NAME PROGRAM...: attention.cu mutated; both thread orders must
 # catch it on a16
 tc_mutation() {
@@ -402,17 +411,20 @@ tc_mutation() {
 	mutate "$name" "runtime/cuda/attention.cu" "$@" &&
 		check_all "$name" a16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 }
-tc_mutation tc_sync sed 's|^\t\t__syncthreads(); /\* K and V are in \*/|\t\t/* MUTATION: no __syncthreads */|'
-tc_mutation tc_layout sed 's|__nv_bfloat16, wmma::col_major> FragKt;|__nv_bfloat16, wmma::row_major> FragKt; /* MUTATION */|'
-tc_mutation tc_stride perl -0pe 's|(ks \+ 16 \* n \* S::QLD \+ 16 \* k,\n\s*)S::QLD\)|$1HD) /* MUTATION */|'
-tc_mutation tc_causal sed 's|if (k0 > wlast)|if (k0 + TC_BC > wlast) /* MUTATION */|'
+tc_mutation tc_sync sed 's|^\t\t__syncthreads(); /\* tile it is in; .*|\t\t/* MUTATION: no __syncthreads */|'
+tc_mutation tc_layout sed 's|cu_ldsm_t<4>(yb, |cu_ldsm<4>(yb, /* MUTATION */ |'
+tc_mutation tc_stride sed 's|cu_ldsm<4>(yb, tile + (8 \* j + 8 \* (mi >> 1) + mr) \* LD|cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * HD /* MUTATION */|'
+tc_mutation tc_causal sed 's|if (k0 > wlast \|\| wfirst >= g.t)|if (k0 + BC > wlast \|\| wfirst >= g.t) /* MUTATION */|'
+tc_mutation tc_frag sed -e 's|pa\[j / 2\]\[2 \* (j % 2)\] = |pa[j / 2][j % 2] = /* MUTATION */ |' \
+	-e 's|pa\[j / 2\]\[2 \* (j % 2) + 1\] = |pa[j / 2][j % 2 + 2] = /* MUTATION */ |'
+tc_mutation tc_shfl sed 's|^\tv += __shfl_xor_sync(CU_FULL_MASK, v, 2);|\t/* MUTATION: no xor-2 shuffle */|'
 # 7c: the tensor-core backward (bf16): its row statistics, its barrier, its
 # causal start
-tc_mutation tcb_lse sed 's|^\t\tlse\[row\] = m + logf(l);|\t\t(void)m; /* MUTATION: lse not saved */|'
+tc_mutation tcb_lse sed 's|^\t\t\tlse\[(b \* g.h + h) \* g.t + row\[r\]\] = m\[r\] + logf(l\[r\]);|\t\t\t; /* MUTATION: lse not saved */|'
 tc_mutation tcb_stale sed 's|(cu_bf16 \*)cu_p(a, -1), a->fuse->lse,|(cu_bf16 *)cu_p(a, -1), (float *)0, /* MUTATION */|'
 tc_mutation tcb_dterm sed 's|^\t\t\tdd\[i\] = sum;|\t\t\tdd[i] = 0; /* MUTATION: D dropped */|'
-tc_mutation tcb_sync sed 's|^\t\t__syncthreads(); /\* Q, dO and the statistics are in \*/|\t\t/* MUTATION: no __syncthreads */|'
-tc_mutation tcb_causal sed 's|if (q0 + TC_BC - 1 < wfirst)|if (q0 < wfirst + 16) /* MUTATION */|'
+tc_mutation tcb_sync sed 's|^\t\t__syncthreads(); /\* query tile it is in; .*|\t\t/* MUTATION: no __syncthreads */|'
+tc_mutation tcb_causal sed 's|if (q0 + BC - 1 < wfirst \|\| wfirst >= g.t)|if (q0 < wfirst + 16 \|\| wfirst >= g.t) /* MUTATION */|'
 # 8: the staged batches' device copies overwritten while a step reads them
 if mutate copy_wait "runtime/cuda/backend_cuda.c" \
 	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then

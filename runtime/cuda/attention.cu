@@ -31,13 +31,14 @@
  *                    in scratch for:
  *   k_attn_bwd_kv<HD> per key tile: over the query tiles that can see it,
  *                    dV = sum p dO, dK = scale * sum ds q.
- *   k_attn_fwd_tc<HD> the forward of bf16 ordinary attention with head dim
- *                    HD = 32, 64 or 128 on tensor cores (WMMA, FlashAttention-2's
- *                    structure; its own comment below); k_attn_fwd does the rest.
+ *   k_attn_fwd_mma<HD> the forward of bf16 ordinary attention with head dim
+ *                    HD = 32, 64 or 128 on tensor cores (mma.sync and ldmatrix,
+ *                    mma_ptx.cuh; FlashAttention-2's structure with S, P and O
+ *                    in registers; the comment above it); k_attn_fwd does the rest.
  *                    Paired with its gradient (cu_plan_attn, at the end) it
  *                    leaves each row's lse for it; else the backward runs it
  *                    again for each row's lse and D.
- *   k_attn_bwd_dq_tc<HD>, k_attn_bwd_dkv_tc<HD> the backward of the same
+ *   k_attn_bwd_dq_mma<HD>, k_attn_bwd_dkv_mma<HD> the backward of the same
  *                    attention on tensor cores from those (FlashAttention-2's
  *                    dQ pass and dK/dV pass; their comment below);
  *                    k_attn_bwd_q/kv do the rest.
@@ -61,9 +62,8 @@
  * kernel's, each output element is rounded once: what the f32 kernel on
  * staged copies gave (the loads change, not the order of any sum).
  */
-#include <mma.h>
-
 #include "device.cuh"
+#include "mma_ptx.cuh"
 
 #define ATT_ROWS 64                       /* query (or key) rows per block */
 #define ATT_LANES 4                       /* threads per row */
@@ -132,7 +132,8 @@ static __device__ __forceinline__ const T *key_of_row(const Geom<T> &g, int64_t 
 	return g.kv + ((r * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h;
 }
 
-/* The sum over a row's 4 threads (lanes 4i..4i+3 of a warp). */
+/* The sum over a row's 4 threads (lanes 4i..4i+3 of a warp; the tensor-core
+ * kernels' quad of lanes holding one row of a C tile). */
 static __device__ __forceinline__ float row_sum(float v)
 {
 	v += __shfl_xor_sync(CU_FULL_MASK, v, 1);
@@ -459,48 +460,58 @@ CU_UNROLL
 	}
 }
 
-/* ---- forward on tensor cores (bf16, head dims 32, 64, 128) ----
+/* ---- tensor-core attention (bf16, head dims 32, 64, 128) ----
  *
- * FlashAttention-2's forward on WMMA (m16n16k16, bf16 operands, f32
- * accumulators): a block owns BR = 16 W query rows, warp w the 16 from
- * q0 + 16 w; the keys go by in tiles of BC = 32 through shared memory. Per
- * tile and warp: S = Q K^T (BC/16 accumulators over HD/16 k-steps, Q's
- * fragments kept from the start), stored to the warp's rows of S; the
- * lanes (two per row, 16 columns each) take the online softmax: the tile's
- * max, p = exp(scale s - m') rounded to bf16 into P (l sums the rounded p,
- * so O / l weighs V by exactly the P the mma used), O's row rescaled by
- * exp(m - m'); then O += P V (HD/16 accumulators loaded from the warp's
- * rows of O, BC/16 k-steps, stored back). O stays in shared memory in f32:
- * WMMA's fragment layout is unspecified, so a row's rescale cannot be done
- * on a fragment. Causal: the block stops at the tile of its last row, and
- * a warp skips the tiles wholly above its own rows. out = O / l, rounded
- * once.
+ * FlashAttention-2 on mma.sync (m16n8k16, bf16 operands, f32 accumulators)
+ * and ldmatrix, whose register layouts the PTX ISA specifies (mma_ptx.cuh),
+ * so that S, P, dP, dS and the accumulators never leave registers. Common
+ * to the three kernels below:
+ *  - a block owns 64 rows of one (batch, head) (queries, or keys for
+ *    dK/dV), warp w the 16 from r0 + 16 w; lane (g = lane / 4, q = lane % 4)
+ *    holds rows g and g + 8 of them (the C layout), and the block's own
+ *    operands (Q, dO, or K, V) as A registers, read once from global memory
+ *    in the A layout and kept across the loop over the other side's tiles;
+ *  - the other side goes by in tiles of BC rows, two operands copied into
+ *    shared memory and double-buffered: tile i + 1 is copied (plain loads
+ *    and stores, not cp.async) while the warps compute on tile i, one
+ *    barrier per tile;
+ *  - X Y^T with Y's rows in a tile (fa_times_rows): ldmatrix .x4 (no
+ *    .trans) of Y's rows is B = Y^T's registers for two 8-row column
+ *    tiles at once; the product stays in C registers;
+ *  - the C registers of two adjacent 8-column tiles, packed to bf16 pairs,
+ *    are the A registers of a 16-deep k-step (fa_pack: FlashAttention-2's
+ *    trick, the m16n8 C layout is the A layout's left or right half), and
+ *    acc += P Y with Y's rows in a tile (fa_times_tile): ldmatrix .x4.trans
+ *    of Y's rows is B = Y's registers for two 8-dim tiles;
+ *  - a row's values are spread over the 4 lanes of a quad (2 per 8-column
+ *    tile): a row reduction takes two xor shuffles (1, 2: row_sum, quad_max).
+ * Shared memory (dynamic, < 48 KB): the two operands' tiles, two buffers
+ * each, rows padded to HD + 8 bf16: every row starts 16-byte aligned
+ * (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in 8
+ * different 16-byte bank groups (no bank conflicts).
  *
- * Shared memory (dynamic, < 48 KB): Q (bf16, then the O rows in f32 in the
- * same place once every warp holds its Q fragments), K, V, P, S; rows are
- * padded (8 bf16, 4 floats) against bank conflicts, and every tile a
- * fragment reads starts 32-byte aligned as WMMA requires (16 padded rows
- * are a multiple of 32 bytes). Dynamic rather than static __shared__: the
- * emulator fills the dynamic region with NaNs before every block, and
- * cannot reach a template kernel's static __shared__ arrays (g++ puts those
- * in COMDAT sections: docs/CUDA-EMU.md), so a missing barrier here reads
- * NaNs on the emulator. */
-#define TC_BC 32 /* keys per tile */
-
-template <int HD> struct TcShape {
-	static const int W = HD == 128 ? 2 : 4; /* warps: 128's f32 O rows need the room */
-	static const int BR = 16 * W;            /* query rows per block */
-	static const int QLD = HD + 8;           /* Q, K, V rows (bf16) */
-	static const int OLD = HD + 4;           /* O rows (f32) */
-	static const int SLD = TC_BC + 4;        /* S rows (f32) */
-	static const int PLD = TC_BC + 8;        /* P rows (bf16) */
-	static const int QO_BYTES = BR * OLD * 4 > BR * QLD * 2 ? BR * OLD * 4 : BR * QLD * 2;
-	static const int KV_BYTES = TC_BC * QLD * 2, P_BYTES = BR * PLD * 2, S_BYTES = BR * SLD * 4;
-	/* the regions of the block's shared memory, in this order */
-	static const int SMEM = QO_BYTES + 2 * KV_BYTES + P_BYTES + S_BYTES;
-	static_assert(QO_BYTES % 32 == 0 && KV_BYTES % 32 == 0 && P_BYTES % 32 == 0,
-		      "every region starts 32-byte aligned (WMMA's mptr)");
-	static_assert(SMEM <= 48 * 1024, "no opt-in to more than 48 KB of shared memory");
+ * k_attn_fwd_mma (BC = 64 keys, 32 for head dim 128): S = Q K^T, scaled in
+ * f32; the online softmax on the C registers, p = exp(scale s - m')
+ * rounded to bf16, l summing the rounded p (O / l weighs V by exactly the P
+ * the mma used); O += P V with O (16 x HD per warp) in f32 C registers,
+ * rescaled in place by exp(m - m') per row. Causal: the block stops at the
+ * tile of its last row; a warp skips the tiles wholly above its rows (and
+ * a warp wholly past T all of them) and masks only the tiles that cross
+ * its diagonal. out = O / l, rounded once; lse = m + log l per row into the
+ * plan's buffer (cu_plan_attn) when paired with its gradient; run again by
+ * an unpaired backward (out NULL), lse and D = dO . O (O in f32, before
+ * rounding) into the gradient's scratch. */
+template <int HD> struct FaShape {
+	static const int W = 4;                    /* warps */
+	static const int BR = 16 * W;              /* the block's rows */
+	static const int BC = HD == 128 ? 32 : 64; /* the forward's keys per tile */
+	static const int BCB = HD == 128 ? 16 : 32; /* the backward's rows per tile */
+	static const int LD = HD + 8;              /* tile rows (bf16) */
+	static const int SMEM = 2 * 2 * BC * LD * 2; /* two operands, double-buffered */
+	static const int SMEM_BWD = 2 * 2 * BCB * LD * 2 + 2 * 2 * BCB * 4; /* + (lse, D) */
+	static_assert(LD * 2 % 16 == 0, "ldmatrix rows are 16-byte aligned");
+	static_assert(SMEM <= 48 * 1024 && SMEM_BWD <= 48 * 1024,
+		      "no opt-in to more than 48 KB of shared memory");
 };
 
 /* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) into a
@@ -525,440 +536,420 @@ static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, i
 	}
 }
 
-template <int HD>
-__global__ void __launch_bounds__(32 * TcShape<HD>::W)
-k_attn_fwd_tc(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, float *dd)
+/* Two floats as a register of two bf16, lo in the low half. */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
-	using namespace nvcuda;
-	typedef TcShape<HD> S;
-	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragKt;
-	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragV;
-	typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
-	extern __shared__ __align__(32) unsigned char tc_smem[];
-	cu_bf16 *qs = (cu_bf16 *)tc_smem;
-	float *os = (float *)tc_smem;
-	cu_bf16 *ks = (cu_bf16 *)(tc_smem + S::QO_BYTES);
-	cu_bf16 *vs = (cu_bf16 *)(tc_smem + S::QO_BYTES + S::KV_BYTES);
-	cu_bf16 *ps = (cu_bf16 *)(tc_smem + S::QO_BYTES + 2 * S::KV_BYTES);
-	float *ss = (float *)(tc_smem + S::QO_BYTES + 2 * S::KV_BYTES + S::P_BYTES);
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	int64_t nqt = (g.t + S::BR - 1) / S::BR, bi = blockIdx.x;
-	int64_t qt = bi % nqt, h = (bi / nqt) % g.h, b = bi / (nqt * g.h), q0 = qt * S::BR;
-	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
-	const int64_t ld = 3 * g.c;
+	return (uint32_t)cu_to_bf16(lo) | (uint32_t)cu_to_bf16(hi) << 16;
+}
 
-	tc_copy_rows<HD>(qs, S::QLD, base, ld, q0, S::BR, g.t, g.hd, g.vec8);
-	__syncthreads();
-	FragA qa[HD / 16];
+/* Two adjacent bf16 at p as such a register; aligned (p 4-byte aligned):
+ * one 32-bit load. */
+static __device__ __forceinline__ uint32_t ld_pair(const cu_bf16 *p, int aligned)
+{
+	return aligned ? *(const uint32_t *)p : (uint32_t)p[0] | (uint32_t)p[1] << 16;
+}
+
+/* The A registers of this lane's rows (row[0] = g, row[1] = g + 8 of the
+ * warp's 16) of a [*, ld] source: a[k][i] = X[row (i & 1)][16 k + 2 q + 8 (i >> 1) ..+1];
+ * rows past `rows` zero. */
+template <int HD>
+static __device__ __forceinline__ void fa_load_a(uint32_t (*a)[4], const cu_bf16 *src, int64_t ld,
+						 const int64_t *row, int64_t rows, int aligned)
+{
+	const int qd = threadIdx.x % 4;
 CU_UNROLL
 	for (int k = 0; k < HD / 16; k++)
-		wmma::load_matrix_sync(qa[k], (const __nv_bfloat16 *)qs + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-	__syncthreads(); /* every warp holds its Q: the room is O's now */
-
-	/* lane: row r of the warp's 16, columns [16 half, 16 half + 16) of a
-	 * tile, dims [HD/2 half, HD/2 half + HD/2) of O */
-	const int r = lane / 2, half = lane % 2;
-	const int64_t t = q0 + 16 * warp + r;       /* this lane's query row */
-	const int64_t wlast = q0 + 16 * warp + 15;  /* the warp's last row */
-	float *orow = os + (16 * warp + r) * S::OLD;
-	for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
-		orow[d] = 0;
-	float m = -INFINITY, l = 0;
-	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
-	for (int64_t k0 = 0; k0 <= last; k0 += TC_BC) {
-		__syncthreads(); /* the previous K and V are consumed */
-		tc_copy_rows<HD>(ks, S::QLD, base + g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
-		tc_copy_rows<HD>(vs, S::QLD, base + 2 * g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
-		__syncthreads(); /* K and V are in */
-		if (k0 > wlast)
-			continue; /* the tile is above the warp's diagonal (warp-uniform) */
-		float *srow = ss + 16 * warp * S::SLD;
 CU_UNROLL
-		for (int n = 0; n < TC_BC / 16; n++) {
-			FragC acc;
-			wmma::fill_fragment(acc, 0.0f);
-CU_UNROLL
-			for (int k = 0; k < HD / 16; k++) {
-				FragKt kb; /* K^T: column n of it is key row n */
-				wmma::load_matrix_sync(kb, (const __nv_bfloat16 *)ks + 16 * n * S::QLD + 16 * k,
-						       S::QLD);
-				wmma::mma_sync(acc, qa[k], kb, acc);
-			}
-			wmma::store_matrix_sync(srow + 16 * n, acc, S::SLD, wmma::mem_row_major);
+		for (int i = 0; i < 4; i++) {
+			int64_t t = row[i & 1];
+			a[k][i] = t < rows ? ld_pair(src + t * ld + 16 * k + 2 * qd + 8 * (i >> 1), aligned)
+					   : 0u;
 		}
-		__syncwarp();
-		/* the online softmax of row r over this tile's columns */
-		const float *sr = srow + r * S::SLD + 16 * half;
-		float sv[16], mt = -INFINITY;
-CU_UNROLL
-		for (int j = 0; j < 16; j++) {
-			int64_t key = k0 + 16 * half + j;
-			sv[j] = key <= t && key < g.t ? sr[j] * g.scale : -INFINITY;
-			mt = sv[j] > mt ? sv[j] : mt;
-		}
-		float o_mt = __shfl_xor_sync(CU_FULL_MASK, mt, 1);
-		mt = o_mt > mt ? o_mt : mt;
-		float mn = mt > m ? mt : m;
-		/* mn = -inf: nothing visible to the row yet (or a row past T) */
-		float corr = mn == -INFINITY ? 1.0f : expf(m - mn), lt = 0;
-		cu_bf16 *pr = ps + (16 * warp + r) * S::PLD + 16 * half;
-CU_UNROLL
-		for (int j = 0; j < 16; j++) {
-			cu_bf16 pb = cu_to_bf16(mn == -INFINITY ? 0.0f : expf(sv[j] - mn));
-			pr[j] = pb;
-			lt += cu_from_bf16(pb);
-		}
-		lt += __shfl_xor_sync(CU_FULL_MASK, lt, 1);
-		l = l * corr + lt;
-		m = mn;
-		for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
-			orow[d] *= corr;
-		__syncwarp(); /* P and the rescaled O rows are the warp's fragments' */
-CU_UNROLL
-		for (int n = 0; n < HD / 16; n++) {
-			FragC acc;
-			float *on = os + 16 * warp * S::OLD + 16 * n;
-			wmma::load_matrix_sync(acc, on, S::OLD, wmma::mem_row_major);
-CU_UNROLL
-			for (int k = 0; k < TC_BC / 16; k++) {
-				FragA pa;
-				FragV vb;
-				wmma::load_matrix_sync(pa, (const __nv_bfloat16 *)ps + 16 * warp * S::PLD + 16 * k,
-						       S::PLD);
-				wmma::load_matrix_sync(vb, (const __nv_bfloat16 *)vs + 16 * k * S::QLD + 16 * n,
-						       S::QLD);
-				wmma::mma_sync(acc, pa, vb, acc);
-			}
-			wmma::store_matrix_sync(on, acc, S::OLD, wmma::mem_row_major);
-		}
-		__syncwarp(); /* O's rows back before the lanes rescale them */
-	}
-	float inv = 1.0f / l;
-	int64_t row = (b * g.h + h) * g.t + t; /* the row's (lse, D) */
-	if (dd) { /* D = dO . O, O in f32 (the lanes of the row: one half each) */
-		float dsum = 0;
-		if (t < g.t) {
-			const cu_bf16 *dr = dy + (b * g.t + t) * g.c + g.hd * h;
-			for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
-				if (d < g.hd)
-					dsum += cu_from_bf16(dr[d]) * (orow[d] * inv);
-		}
-		dsum += __shfl_xor_sync(CU_FULL_MASK, dsum, 1);
-		if (t < g.t && half == 0)
-			dd[row] = dsum;
-	}
-	if (t >= g.t)
-		return;
-	if (lse && half == 0)
-		lse[row] = m + logf(l);
-	if (!out)
-		return;
-	cu_bf16 *dst = out + (b * g.t + t) * g.c + g.hd * h;
-	for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
-		if (d < g.hd)
-			st(dst + d, orow[d] * inv);
 }
 
-/* ---- backward on tensor cores (bf16, head dims 32, 64, 128) ----
- *
- * FlashAttention-2's backward on WMMA, from the row statistics lse = m +
- * log l and D = dO . O (per query row, f32: lse from the forward that
- * cu_plan_attn paired with the gradient and D by k_attn_rowdot from its
- * output O, else both from k_attn_fwd_tc run again), so P = exp(scale s -
- * lse) needs no softmax pass. Two kernels, each writing
- * its outputs once (no atomics: deterministic, graph == eager):
- *   k_attn_bwd_dq_tc   a block per 16 W query rows, over the key tiles up
- *                      to its last row: S = Q K^T, dP = dO V^T (Q's and
- *                      dO's fragments kept), dS = P (dP - D) rounded to
- *                      bf16, dQ += dS K in f32 accumulator fragments;
- *                      dQ = scale dQ into d qkv's q columns.
- *   k_attn_bwd_dkv_tc  a block per 16 W key rows, over the query tiles
- *                      from its first key's: S^T = K Q^T, P^T rounded to
- *                      bf16, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T
- *                      - D), dK += dS^T Q (K's and V's fragments kept, dK
- *                      and dV in accumulator fragments); dK = scale dK and
- *                      dV into the k and v columns.
- * dQ in a kernel of its own rather than by f32 atomics from the key-major
- * kernel: atomics would save S and dP's recomputation (2 of the 7 T^2 hd
- * units) but make the sum's order, and so the bits, change from run to
- * run. The accumulators need no row rescale (unlike the forward's O), so
- * they stay fragments; the element-wise products of P and dS are done by
- * the lanes on S and dP stored to the warp's rows of shared memory (two
- * lanes per row, 16 columns each), as in the forward. Causal: the dQ block
- * stops at its last row's key tile and a warp skips tiles above its rows;
- * the dK/dV block starts at its first key's query tile and a warp skips
- * query tiles wholly before its keys.
- *
- * Shared memory (dynamic, < 48 KB, NaN-filled on the emulator): the block's
- * own rows (Q and dO, or K and V: bf16, loaded into fragments, then the
- * room of the f32 result rows), the other side's tiles of TC_BC rows, the
- * tile's (lse, D), S (f32, then dP), P (bf16, then dS). */
-template <int HD> struct TcBwdShape {
-	static const int W = HD == 128 ? 2 : 4;
-	static const int BR = 16 * W;  /* the block's rows (queries or keys) */
-	static const int QLD = HD + 8; /* bf16 rows */
-	static const int OLD = HD + 4; /* f32 result rows */
-	static const int SLD = TC_BC + 4, PLD = TC_BC + 8;
-	static const int OWN_BYTES = 2 * BR * QLD * 2 > BR * OLD * 4 ? 2 * BR * QLD * 2 : BR * OLD * 4;
-	static const int TILE_BYTES = TC_BC * QLD * 2, STAT_BYTES = 2 * TC_BC * 4;
-	static const int S_BYTES = BR * SLD * 4, P_BYTES = BR * PLD * 2;
-	static const int SMEM = OWN_BYTES + 2 * TILE_BYTES + STAT_BYTES + S_BYTES + P_BYTES;
-	static_assert(OWN_BYTES % 32 == 0 && TILE_BYTES % 32 == 0 && STAT_BYTES % 32 == 0 &&
-		      S_BYTES % 32 == 0 && (BR * QLD * 2) % 32 == 0,
-		      "every region starts 32-byte aligned (WMMA's mptr)");
-	static_assert(SMEM <= 48 * 1024, "no opt-in to more than 48 KB of shared memory");
-};
-
-/* The backward's operand (row_major) and accumulator fragments. */
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16,
-			       nvcuda::wmma::row_major>
-	TcFragA;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> TcFragC;
-
-/* The regions of TcBwdShape, in order. */
-template <int HD> struct TcBwdSmem {
-	cu_bf16 *own0, *own1, *tile0, *tile1, *p;
-	float *res, *stat, *s;
-	__device__ explicit TcBwdSmem(unsigned char *m)
-	{
-		typedef TcBwdShape<HD> S;
-		own0 = (cu_bf16 *)m;
-		own1 = own0 + S::BR * S::QLD;
-		res = (float *)m;
-		tile0 = (cu_bf16 *)(m + S::OWN_BYTES);
-		tile1 = (cu_bf16 *)(m + S::OWN_BYTES + S::TILE_BYTES);
-		stat = (float *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES);
-		s = (float *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES + S::STAT_BYTES);
-		p = (cu_bf16 *)(m + S::OWN_BYTES + 2 * S::TILE_BYTES + S::STAT_BYTES + S::S_BYTES);
-	}
-};
-
-/* acc[n] (n < N) = the warp's 16 rows of A (fragments a) times the
- * transpose of the 16 N rows of a shared tile (row stride ld): column n of
- * the product is row n of the tile; stored to dst (row stride SLD). */
-template <int HD, int N, class FragA>
-static __device__ void tc_times_rows_t(float *dst, const FragA *a, const cu_bf16 *tile, int ld)
+/* s[j] = X Y^T for the warp's 16 rows of X (A registers a) and the 8 rows
+ * 8 j .. 8 j + 7 of a shared tile of Y (row stride LD), j < N / 8. */
+template <int HD, int N, int LD>
+static __device__ __forceinline__ void fa_times_rows(float (*s)[4], const uint32_t (*a)[4],
+						     const cu_bf16 *tile)
 {
-	using namespace nvcuda;
-	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragT;
+	const int lane = threadIdx.x % 32, mi = lane / 8, mr = lane % 8;
 CU_UNROLL
-	for (int n = 0; n < N / 16; n++) {
-		wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-		wmma::fill_fragment(acc, 0.0f);
+	for (int j = 0; j < N / 8; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+CU_UNROLL
+	for (int j = 0; j < N / 8; j += 2)
 CU_UNROLL
 		for (int k = 0; k < HD / 16; k++) {
-			FragT tb;
-			wmma::load_matrix_sync(tb, (const __nv_bfloat16 *)tile + 16 * n * ld + 16 * k, ld);
-			wmma::mma_sync(acc, a[k], tb, acc);
-		}
-		wmma::store_matrix_sync(dst + 16 * n, acc, TcBwdShape<HD>::SLD, wmma::mem_row_major);
-	}
-}
-
-/* acc[n] += the warp's 16 rows of P (bf16, row stride PLD, TC_BC columns)
- * times a shared tile of TC_BC rows (row stride ld), n < HD/16. */
-template <int HD, class FragC>
-static __device__ void tc_accumulate(FragC *acc, const cu_bf16 *p, const cu_bf16 *tile, int ld)
-{
-	using namespace nvcuda;
-	typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-	typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
-CU_UNROLL
-	for (int n = 0; n < HD / 16; n++)
-CU_UNROLL
-		for (int k = 0; k < TC_BC / 16; k++) {
-			FragA pa;
-			FragB tb;
-			wmma::load_matrix_sync(pa, (const __nv_bfloat16 *)p + 16 * k, TcBwdShape<HD>::PLD);
-			wmma::load_matrix_sync(tb, (const __nv_bfloat16 *)tile + 16 * k * ld + 16 * n, ld);
-			wmma::mma_sync(acc[n], pa, tb, acc[n]);
+			uint32_t yb[4]; /* matrices: rows 8 j (+8 for mi >= 2), dims 16 k (+8 for odd mi) */
+			cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * LD + 16 * k + 8 * (mi & 1));
+			cu_mma_bf16(s[j], a[k], yb);
+			cu_mma_bf16(s[j + 1], a[k], yb + 2);
 		}
 }
 
-/* The warp's 16 result rows: acc * scale through the f32 rows at res (the
- * warp's own), then row r's dims of this lane's half, rounded, to dst (NULL:
- * a row past T). */
-template <int HD, class FragC>
-static __device__ void tc_write_rows(FragC *acc, float scale, float *res, int r, int half,
-				     cu_bf16 *dst, int64_t hd)
+/* p (C registers of N columns) as A registers: pa[k] covers columns
+ * 16 k .. 16 k + 15 (C tiles 2 k and 2 k + 1). */
+template <int N>
+static __device__ __forceinline__ void fa_pack(uint32_t (*pa)[4], const float (*p)[4])
 {
-	using namespace nvcuda;
-	typedef TcBwdShape<HD> S;
 CU_UNROLL
-	for (int n = 0; n < HD / 16; n++) {
-CU_UNROLL
-		for (int e = 0; e < acc[n].num_elements; e++)
-			acc[n].x[e] *= scale;
-		wmma::store_matrix_sync(res + 16 * n, acc[n], S::OLD, wmma::mem_row_major);
+	for (int j = 0; j < N / 8; j++) {
+		pa[j / 2][2 * (j % 2)] = pack_bf16(p[j][0], p[j][1]);
+		pa[j / 2][2 * (j % 2) + 1] = pack_bf16(p[j][2], p[j][3]);
 	}
-	__syncwarp();
-	if (dst)
-		for (int d = HD / 2 * half; d < HD / 2 * (half + 1); d++)
-			if (d < hd)
-				st(dst + d, res[r * S::OLD + d]);
-	__syncwarp(); /* the rows are read before the next result's store */
 }
 
-/* The block's sequence and head, and its first row (of 16 W) in
- * blockIdx.x = ((b * H) + h) * tiles + tile. */
+/* acc[n] += P Y for the warp's 16 rows of P (A registers pa, N columns)
+ * and the N rows of a shared tile of Y (row stride LD), n < HD / 8. */
+template <int HD, int N, int LD>
+static __device__ __forceinline__ void fa_times_tile(float (*acc)[4], const uint32_t (*pa)[4],
+						     const cu_bf16 *tile)
+{
+	const int lane = threadIdx.x % 32, mi = lane / 8, mr = lane % 8;
+CU_UNROLL
+	for (int k = 0; k < N / 16; k++)
+CU_UNROLL
+		for (int n = 0; n < HD / 8; n += 2) {
+			uint32_t yb[4]; /* Y^T's matrices: rows 16 k (+8 for odd mi), dims 8 n (+8 for mi >= 2) */
+			cu_ldsm_t<4>(yb, tile + (16 * k + 8 * (mi & 1) + mr) * LD + 8 * n + 8 * (mi >> 1));
+			cu_mma_bf16(acc[n], pa[k], yb);
+			cu_mma_bf16(acc[n + 1], pa[k], yb + 2);
+		}
+}
+
+/* The max of a row's values over the lanes of its quad (the sum: row_sum). */
+static __device__ __forceinline__ float quad_max(float v)
+{
+	float x = __shfl_xor_sync(CU_FULL_MASK, v, 1);
+	v = x > v ? x : v;
+	x = __shfl_xor_sync(CU_FULL_MASK, v, 2);
+	return x > v ? x : v;
+}
+
+/* Row r's (0: g, 1: g + 8) dims of C registers acc (16 x HD), times scale,
+ * rounded, to dst (the row's first dim; 4-byte aligned or not). */
 template <int HD>
-static __device__ void tc_block(const Geom<cu_bf16> &g, int64_t *b, int64_t *h, int64_t *r0)
+static __device__ __forceinline__ void fa_store_row(cu_bf16 *dst, const float (*acc)[4], int r,
+						    float scale)
 {
-	const int64_t tiles = (g.t + TcBwdShape<HD>::BR - 1) / TcBwdShape<HD>::BR, bi = blockIdx.x;
-	*r0 = bi % tiles * TcBwdShape<HD>::BR;
+	dst += 2 * (threadIdx.x % 4);
+	int aligned = (uintptr_t)dst % 4 == 0;
+CU_UNROLL
+	for (int n = 0; n < HD / 8; n++) {
+		uint32_t v = pack_bf16(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+		if (aligned) {
+			*(uint32_t *)(dst + 8 * n) = v;
+		} else {
+			dst[8 * n] = (cu_bf16)v;
+			dst[8 * n + 1] = (cu_bf16)(v >> 16);
+		}
+	}
+}
+
+/* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h) * tiles + tile. */
+static __device__ __forceinline__ void fa_block(const Geom<cu_bf16> &g, int64_t *b, int64_t *h,
+						int64_t *r0)
+{
+	const int64_t tiles = (g.t + 63) / 64, bi = blockIdx.x;
+	*r0 = bi % tiles * 64;
 	*h = bi / tiles % g.h;
 	*b = bi / (tiles * g.h);
 }
 
-/* The block's own rows [r0, r0 + BR) of two [*, ld] sources (Q and dO, or
- * K and V) through shared memory into the warp's fragments a0 and a1 (its
- * 16 rows each); after it the room is the result rows'. */
-template <int HD, class FragA>
-static __device__ void tc_load_own(const TcBwdSmem<HD> &m, const Geom<cu_bf16> &g, int64_t r0,
-				   const cu_bf16 *s0, int64_t ld0, FragA *a0, const cu_bf16 *s1,
-				   int64_t ld1, FragA *a1)
+/* K and V rows [k0, k0 + n) of the block's (batch, head) (base: its q
+ * columns of row 0) into the shared tiles kv and kv + n LD. */
+template <int HD, int LD>
+static __device__ __forceinline__ void fa_copy_kv(cu_bf16 *kv, int n, const Geom<cu_bf16> &g,
+						  const cu_bf16 *base, int64_t k0)
 {
-	using namespace nvcuda;
-	typedef TcBwdShape<HD> S;
-	const int warp = threadIdx.x / 32;
-	tc_copy_rows<HD>(m.own0, S::QLD, s0, ld0, r0, S::BR, g.t, g.hd, g.vec8);
-	tc_copy_rows<HD>(m.own1, S::QLD, s1, ld1, r0, S::BR, g.t, g.hd, g.vec8);
-	__syncthreads();
-CU_UNROLL
-	for (int k = 0; k < HD / 16; k++) {
-		wmma::load_matrix_sync(a0[k], (const __nv_bfloat16 *)m.own0 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-		wmma::load_matrix_sync(a1[k], (const __nv_bfloat16 *)m.own1 + 16 * warp * S::QLD + 16 * k,
-				       S::QLD);
-	}
-	__syncthreads(); /* every warp holds its fragments: the room is the result rows' now */
+	tc_copy_rows<HD>(kv, LD, base + g.hd, 3 * g.c, k0, n, g.t, g.hd, g.vec8);
+	tc_copy_rows<HD>(kv + n * LD, LD, base + 2 * g.hd, 3 * g.c, k0, n, g.t, g.hd, g.vec8);
 }
 
 template <int HD>
-__global__ void __launch_bounds__(32 * TcBwdShape<HD>::W)
-k_attn_bwd_dq_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		 cu_bf16 *dqkv)
+__global__ void __launch_bounds__(32 * FaShape<HD>::W)
+k_attn_fwd_mma(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, float *dd)
 {
-	using namespace nvcuda;
-	typedef TcBwdShape<HD> S;
-	extern __shared__ __align__(32) unsigned char tc_smem[];
-	TcBwdSmem<HD> m(tc_smem); /* own: Q, dO; tiles: K, V */
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	typedef FaShape<HD> S;
+	const int BC = S::BC, TILE = BC * S::LD;
+	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, q0;
-	tc_block<HD>(g, &b, &h, &q0);
+	fa_block(g, &b, &h, &q0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
-	TcFragA qa[HD / 16], da[HD / 16];
-	tc_load_own<HD>(m, g, q0, base, ld, qa, dy + b * g.t * g.c + g.hd * h, g.c, da);
-	TcFragC dq[HD / 16];
+	const int64_t wfirst = q0 + 16 * warp, wlast = wfirst + 15;
+	const int64_t row[2] = {wfirst + gr, wfirst + gr + 8}; /* this lane's query rows */
+	uint32_t qa[HD / 16][4];
+	fa_load_a<HD>(qa, base, ld, row, g.t, g.vec8);
+	float o[HD / 8][4]; /* O: o[n][e] = O[row (e >> 1)][8 n + 2 qd + (e & 1)] */
 CU_UNROLL
-	for (int n = 0; n < HD / 16; n++)
-		wmma::fill_fragment(dq[n], 0.0f);
-	const int r = lane / 2, half = lane % 2;
-	const int64_t t = q0 + 16 * warp + r, wlast = q0 + 16 * warp + 15;
-	const int64_t row = (b * g.h + h) * g.t + t;
-	const float lr = t < g.t ? lse[row] : 0, dr = t < g.t ? dd[row] : 0;
-	float *srow = m.s + 16 * warp * S::SLD;
-	cu_bf16 *prow = m.p + 16 * warp * S::PLD;
+	for (int n = 0; n < HD / 8; n++)
+		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+
 	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
-	for (int64_t k0 = 0; k0 <= last; k0 += TC_BC) {
-		__syncthreads(); /* the previous K and V are consumed */
-		tc_copy_rows<HD>(m.tile0, S::QLD, base + g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
-		tc_copy_rows<HD>(m.tile1, S::QLD, base + 2 * g.hd, ld, k0, TC_BC, g.t, g.hd, g.vec8);
-		__syncthreads(); /* the key tile is in */
-		if (k0 > wlast)
-			continue; /* the tile is above the warp's diagonal (warp-uniform) */
-		tc_times_rows_t<HD, TC_BC>(srow, qa, m.tile0, S::QLD); /* S = Q K^T */
-		__syncwarp();
-		float p[16];
-		const float *sr = srow + r * S::SLD + 16 * half;
+	int64_t tiles = last / BC + 1;
+	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, base, 0);
+	for (int64_t it = 0; it < tiles; it++) {
+		__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
+		if (it + 1 < tiles)
+			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
+		const int64_t k0 = it * BC;
+		if (k0 > wlast || wfirst >= g.t)
+			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
+		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+		float s[BC / 8][4]; /* s[j]: the keys k0 + 8 j .. + 7 */
+		fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
+
+		/* the online softmax of rows row[0] (s[j][0..1]) and row[1] (s[j][2..3]) */
+		const int diag = k0 + BC - 1 > wfirst; /* a key after one of the warp's rows */
+		float mt[2] = {-INFINITY, -INFINITY};
 CU_UNROLL
-		for (int j = 0; j < 16; j++) {
-			int64_t key = k0 + 16 * half + j;
-			p[j] = key <= t && t < g.t ? expf(sr[j] * g.scale - lr) : 0.0f;
+		for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+			for (int e = 0; e < 4; e++) {
+				float v = s[j][e] * g.scale;
+				if (diag && k0 + 8 * j + 2 * qd + (e & 1) > row[e >> 1])
+					v = -INFINITY;
+				s[j][e] = v;
+				mt[e >> 1] = v > mt[e >> 1] ? v : mt[e >> 1];
+			}
+		float corr[2], mn[2], lt[2] = {0, 0};
+CU_UNROLL
+		for (int r = 0; r < 2; r++) {
+			mt[r] = quad_max(mt[r]);
+			mn[r] = mt[r] > m[r] ? mt[r] : m[r];
+			/* mn = -inf: nothing visible to the row yet */
+			corr[r] = mn[r] == -INFINITY ? 1.0f : expf(m[r] - mn[r]);
 		}
-		__syncwarp(); /* S is read: its rows are dP's */
-		tc_times_rows_t<HD, TC_BC>(srow, da, m.tile1, S::QLD); /* dP = dO V^T */
-		__syncwarp();
 CU_UNROLL
-		for (int j = 0; j < 16; j++)
-			prow[r * S::PLD + 16 * half + j] = cu_to_bf16(p[j] * (sr[j] - dr));
-		__syncwarp(); /* dS is the warp's fragments' */
-		tc_accumulate<HD>(dq, prow, m.tile0, S::QLD); /* dQ += dS K */
+		for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+			for (int e = 0; e < 4; e++) {
+				float x = mn[e >> 1] == -INFINITY ? 0.0f : expf(s[j][e] - mn[e >> 1]);
+				s[j][e] = cu_from_bf16(cu_to_bf16(x)); /* P as the mma will use it */
+				lt[e >> 1] += s[j][e];
+			}
+CU_UNROLL
+		for (int r = 0; r < 2; r++) {
+			l[r] = l[r] * corr[r] + row_sum(lt[r]);
+			m[r] = mn[r];
+		}
+CU_UNROLL
+		for (int n = 0; n < HD / 8; n++) {
+			o[n][0] *= corr[0];
+			o[n][1] *= corr[0];
+			o[n][2] *= corr[1];
+			o[n][3] *= corr[1];
+		}
+		uint32_t pa[BC / 16][4];
+		fa_pack<BC>(pa, s);
+		fa_times_tile<HD, BC, S::LD>(o, pa, vs); /* O += P V */
 	}
-	tc_write_rows<HD>(dq, g.scale, m.res + 16 * warp * S::OLD, r, half,
-			  t < g.t ? dqkv + (b * g.t + t) * ld + 3 * g.hd * h : (cu_bf16 *)0, g.hd);
+
+	float inv[2] = {1.0f / l[0], 1.0f / l[1]};
+	if (dd) { /* D = dO . O, O in f32 (the quad's lanes: a quarter of the dims each) */
+CU_UNROLL
+		for (int r = 0; r < 2; r++) {
+			float dsum = 0;
+			if (row[r] < g.t) {
+				const cu_bf16 *dr = dy + (b * g.t + row[r]) * g.c + g.hd * h + 2 * qd;
+CU_UNROLL
+				for (int n = 0; n < HD / 8; n++)
+					dsum += cu_from_bf16(dr[8 * n]) * (o[n][2 * r] * inv[r]) +
+						cu_from_bf16(dr[8 * n + 1]) * (o[n][2 * r + 1] * inv[r]);
+			}
+			dsum = row_sum(dsum);
+			if (row[r] < g.t && qd == 0)
+				dd[(b * g.h + h) * g.t + row[r]] = dsum;
+		}
+	}
+CU_UNROLL
+	for (int r = 0; r < 2; r++) {
+		if (row[r] >= g.t)
+			continue;
+		if (lse && qd == 0)
+			lse[(b * g.h + h) * g.t + row[r]] = m[r] + logf(l[r]);
+		if (out)
+			fa_store_row<HD>(out + (b * g.t + row[r]) * g.c + g.hd * h, o, r, inv[r]);
+	}
+}
+
+/* ---- the backward on tensor cores ----
+ *
+ * FlashAttention-2's backward from the row statistics lse = m + log l and
+ * D = dO . O (per query row, f32: lse from the forward that cu_plan_attn
+ * paired with the gradient and D by k_attn_rowdot from its output O, else
+ * both from k_attn_fwd_mma run again), so P = exp(scale s - lse) needs no
+ * softmax pass. Two kernels on the primitives above (BCB = 32 rows per
+ * tile, 16 for head dim 128: the registers), each writing its outputs once
+ * (no atomics: deterministic, graph == eager):
+ *   k_attn_bwd_dq_mma   a block per 64 query rows (Q's and dO's A
+ *                       registers kept), over the key tiles up to its last
+ *                       row: S = Q K^T and dP = dO V^T in C registers,
+ *                       dS = P (dP - D) packed to bf16 A registers,
+ *                       dQ += dS K; dQ = scale dQ into d qkv's q columns.
+ *   k_attn_bwd_dkv_mma  a block per 64 key rows (K's and V's A registers
+ *                       kept), over the query tiles from its first key's
+ *                       (Q, dO and their rows' lse and D in shared memory):
+ *                       S^T = K Q^T, P^T packed to bf16, dV += P^T dO,
+ *                       dP^T = V dO^T, dS^T = P^T (dP^T - D) packed,
+ *                       dK += dS^T Q; dK = scale dK and dV into the k and v
+ *                       columns.
+ * P is rounded to bf16 for dV, dS for dK and dQ, as FlashAttention does.
+ * dQ in a kernel of its own rather than by f32 atomics from the key-major
+ * kernel: atomics would save S and dP's recomputation (2 of the 7 T^2 hd
+ * units) but make the sum's order, and so the bits, change from run to
+ * run. Causal: the dQ block stops at its last row's key tile and a warp
+ * skips tiles above its rows; the dK/dV block starts at its first key's
+ * query tile and a warp skips query tiles wholly before its keys; only the
+ * tiles crossing a warp's diagonal (and the query tile crossing T) are
+ * masked. */
+template <int HD>
+__global__ void __launch_bounds__(32 * FaShape<HD>::W)
+k_attn_bwd_dq_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
+		  cu_bf16 *dqkv)
+{
+	typedef FaShape<HD> S;
+	const int BC = S::BCB, TILE = BC * S::LD;
+	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
+	int64_t b, h, q0;
+	fa_block(g, &b, &h, &q0);
+	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const int64_t ld = 3 * g.c;
+	const int64_t wfirst = q0 + 16 * warp, wlast = wfirst + 15;
+	const int64_t row[2] = {wfirst + gr, wfirst + gr + 8};
+	uint32_t qa[HD / 16][4], da[HD / 16][4];
+	fa_load_a<HD>(qa, base, ld, row, g.t, g.vec8);
+	fa_load_a<HD>(da, dy + b * g.t * g.c + g.hd * h, g.c, row, g.t, g.vec8);
+	float lr[2], dr[2];
+CU_UNROLL
+	for (int r = 0; r < 2; r++) {
+		int64_t i = (b * g.h + h) * g.t + row[r];
+		lr[r] = row[r] < g.t ? lse[i] : 0;
+		dr[r] = row[r] < g.t ? dd[i] : 0;
+	}
+	float dq[HD / 8][4];
+CU_UNROLL
+	for (int n = 0; n < HD / 8; n++)
+		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0;
+
+	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
+	int64_t tiles = last / BC + 1;
+	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, base, 0);
+	for (int64_t it = 0; it < tiles; it++) {
+		__syncthreads(); /* key tile it is in; the other buffer's is consumed */
+		if (it + 1 < tiles)
+			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
+		const int64_t k0 = it * BC;
+		if (k0 > wlast || wfirst >= g.t)
+			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
+		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+		float s[BC / 8][4], dp[BC / 8][4];
+		fa_times_rows<HD, BC, S::LD>(s, qa, ks);  /* S = Q K^T */
+		fa_times_rows<HD, BC, S::LD>(dp, da, vs); /* dP = dO V^T */
+		const int diag = k0 + BC - 1 > wfirst;
+CU_UNROLL
+		for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+			for (int e = 0; e < 4; e++) {
+				int r = e >> 1;
+				float p = diag && k0 + 8 * j + 2 * qd + (e & 1) > row[r]
+						  ? 0.0f
+						  : expf(s[j][e] * g.scale - lr[r]);
+				s[j][e] = p * (dp[j][e] - dr[r]); /* dS */
+			}
+		uint32_t dsa[BC / 16][4];
+		fa_pack<BC>(dsa, s);
+		fa_times_tile<HD, BC, S::LD>(dq, dsa, ks); /* dQ += dS K */
+	}
+CU_UNROLL
+	for (int r = 0; r < 2; r++)
+		if (row[r] < g.t)
+			fa_store_row<HD>(dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h, dq, r, g.scale);
 }
 
 template <int HD>
-__global__ void __launch_bounds__(32 * TcBwdShape<HD>::W)
-k_attn_bwd_dkv_tc(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		  cu_bf16 *dqkv)
+__global__ void __launch_bounds__(32 * FaShape<HD>::W)
+k_attn_bwd_dkv_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
+		   cu_bf16 *dqkv)
 {
-	using namespace nvcuda;
-	typedef TcBwdShape<HD> S;
-	extern __shared__ __align__(32) unsigned char tc_smem[];
-	TcBwdSmem<HD> m(tc_smem); /* own: K, V; tiles: Q, dO */
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	typedef FaShape<HD> S;
+	const int BC = S::BCB, TILE = BC * S::LD;
+	/* [2][Q, dO][BC][LD], then [2][lse, D][BC] (f32) */
+	extern __shared__ __align__(16) cu_bf16 fa_smem[];
+	float *stats = (float *)(fa_smem + 4 * TILE);
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, k0;
-	tc_block<HD>(g, &b, &h, &k0);
+	fa_block(g, &b, &h, &k0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const cu_bf16 *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
-	TcFragA ka[HD / 16], va[HD / 16];
-	tc_load_own<HD>(m, g, k0, base + g.hd, ld, ka, base + 2 * g.hd, ld, va);
-	TcFragC dk[HD / 16], dv[HD / 16];
+	const int64_t wfirst = k0 + 16 * warp;
+	const int64_t key[2] = {wfirst + gr, wfirst + gr + 8}; /* this lane's key rows */
+	uint32_t ka[HD / 16][4], va[HD / 16][4];
+	fa_load_a<HD>(ka, base + g.hd, ld, key, g.t, g.vec8);
+	fa_load_a<HD>(va, base + 2 * g.hd, ld, key, g.t, g.vec8);
+	float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
-	for (int n = 0; n < HD / 16; n++) {
-		wmma::fill_fragment(dk[n], 0.0f);
-		wmma::fill_fragment(dv[n], 0.0f);
+	for (int n = 0; n < HD / 8; n++)
+		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
+
+	auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
+		cu_bf16 *t = fa_smem + 2 * TILE * buf;
+		float *st = stats + 2 * BC * buf;
+		tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.vec8);
+		tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.vec8);
+		for (int i = threadIdx.x; i < BC; i += blockDim.x) {
+			int64_t r = (b * g.h + h) * g.t + q0 + i;
+			st[i] = q0 + i < g.t ? lse[r] : 0;
+			st[BC + i] = q0 + i < g.t ? dd[r] : 0;
+		}
+	};
+	const int64_t first = k0 - k0 % BC; /* causal: no query before k0 sees these keys */
+	const int64_t tiles = (g.t - first + BC - 1) / BC;
+	load(first, 0);
+	for (int64_t it = 0; it < tiles; it++) {
+		__syncthreads(); /* query tile it is in; the other buffer's is consumed */
+		if (it + 1 < tiles)
+			load(first + (it + 1) * BC, (it + 1) % 2);
+		const int64_t q0 = first + it * BC;
+		if (q0 + BC - 1 < wfirst || wfirst >= g.t)
+			continue; /* every query before the warp's keys, or keys past T (warp-uniform) */
+		const cu_bf16 *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
+		const float *ls = stats + 2 * BC * (it % 2), *dst = ls + BC;
+		float s[BC / 8][4], dp[BC / 8][4];
+		fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
+		fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
+		/* a query before one of the warp's keys, or past T */
+		const int mask = q0 < wfirst + 15 || q0 + BC > g.t;
+CU_UNROLL
+		for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+			for (int e = 0; e < 4; e++) {
+				int c = 8 * j + 2 * qd + (e & 1); /* the query q0 + c */
+				float p = mask && (q0 + c < key[e >> 1] || q0 + c >= g.t)
+						  ? 0.0f
+						  : expf(s[j][e] * g.scale - ls[c]);
+				s[j][e] = p;                     /* P^T */
+				dp[j][e] = p * (dp[j][e] - dst[c]); /* dS^T */
+			}
+		uint32_t pa[BC / 16][4];
+		fa_pack<BC>(pa, s);
+		fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
+		fa_pack<BC>(pa, dp);
+		fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
 	}
-	const int r = lane / 2, half = lane % 2;
-	const int64_t key = k0 + 16 * warp + r, wfirst = k0 + 16 * warp;
-	const float *ls = (const float *)m.stat, *ds = (const float *)m.stat + TC_BC;
-	float *srow = m.s + 16 * warp * S::SLD;
-	cu_bf16 *prow = m.p + 16 * warp * S::PLD;
-	for (int64_t q0 = k0 - k0 % TC_BC; q0 < g.t; q0 += TC_BC) { /* causal */
-		__syncthreads(); /* the previous Q, dO and statistics are consumed */
-		tc_copy_rows<HD>(m.tile0, S::QLD, base, ld, q0, TC_BC, g.t, g.hd, g.vec8);
-		tc_copy_rows<HD>(m.tile1, S::QLD, dbase, g.c, q0, TC_BC, g.t, g.hd, g.vec8);
-		for (int i = threadIdx.x; i < TC_BC; i += blockDim.x) {
-			int64_t row = (b * g.h + h) * g.t + q0 + i;
-			m.stat[i] = q0 + i < g.t ? lse[row] : 0;
-			m.stat[TC_BC + i] = q0 + i < g.t ? dd[row] : 0;
-		}
-		__syncthreads(); /* Q, dO and the statistics are in */
-		if (q0 + TC_BC - 1 < wfirst)
-			continue; /* every query is before the warp's keys (warp-uniform) */
-		tc_times_rows_t<HD, TC_BC>(srow, ka, m.tile0, S::QLD); /* S^T = K Q^T */
-		__syncwarp();
-		float p[16];
-		const float *sr = srow + r * S::SLD + 16 * half;
 CU_UNROLL
-		for (int j = 0; j < 16; j++) {
-			int c = 16 * half + j;
-			int64_t q = q0 + c;
-			p[j] = q >= key && q < g.t && key < g.t ? expf(sr[j] * g.scale - ls[c]) : 0.0f;
-			prow[r * S::PLD + c] = cu_to_bf16(p[j]);
+	for (int r = 0; r < 2; r++)
+		if (key[r] < g.t) {
+			cu_bf16 *dst = dqkv + (b * g.t + key[r]) * ld + 3 * g.hd * h;
+			fa_store_row<HD>(dst + g.hd, dk, r, g.scale);
+			fa_store_row<HD>(dst + 2 * g.hd, dv, r, 1.0f);
 		}
-		__syncwarp(); /* S is read, P^T is the warp's fragments' */
-		tc_accumulate<HD>(dv, prow, m.tile1, S::QLD); /* dV += P^T dO */
-		tc_times_rows_t<HD, TC_BC>(srow, va, m.tile1, S::QLD); /* dP^T = V dO^T */
-		__syncwarp(); /* dP^T is in, P^T is read */
-CU_UNROLL
-		for (int j = 0; j < 16; j++) {
-			int c = 16 * half + j;
-			prow[r * S::PLD + c] = cu_to_bf16(p[j] * (sr[j] - ds[c]));
-		}
-		__syncwarp(); /* dS^T is the warp's fragments' */
-		tc_accumulate<HD>(dk, prow, m.tile0, S::QLD); /* dK += dS^T Q */
-	}
-	float *res = m.res + 16 * warp * S::OLD;
-	cu_bf16 *dst = key < g.t ? dqkv + (b * g.t + key) * ld + 3 * g.hd * h : (cu_bf16 *)0;
-	tc_write_rows<HD>(dk, g.scale, res, r, half, dst ? dst + g.hd : dst, g.hd);
-	tc_write_rows<HD>(dv, 1.0f, res, r, half, dst ? dst + 2 * g.hd : dst, g.hd);
 }
 
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
@@ -1048,9 +1039,9 @@ template <int HD, typename T> static int tensor_cores(const DpInstr *in, const G
 template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
-		typedef TcShape<HD> S;
+		typedef FaShape<HD> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
-		CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
+		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
 			       (cu_bf16 *)cu_p(a, -1), a->fuse->lse, (const cu_bf16 *)0, (float *)0);
 		CU_LAUNCHED(a, e);
 	}
@@ -1084,27 +1075,25 @@ __global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 
 template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
-		typedef TcShape<HD> F;
-		typedef TcBwdShape<HD> S;
+		typedef FaShape<HD> S;
 		float *lse = (float *)a->scratch, *dd = lse + g.b * g.h * g.t;
 		const cu_bf16 *dy = (const cu_bf16 *)cu_p(a, 0);
 		cu_bf16 *dqkv = (cu_bf16 *)cu_p(a, -1);
-		unsigned fblocks = (unsigned)(g.b * g.h * ((g.t + F::BR - 1) / F::BR));
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
 			CU_LAUNCH(k_attn_rowdot, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g, dy,
 				  (const cu_bf16 *)a->fuse->lse_o, dd);
 		} else {
-			CU_LAUNCH_SMEM((k_attn_fwd_tc<HD>), fblocks, 32 * F::W, (size_t)F::SMEM, a->st,
+			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st,
 				       g, (cu_bf16 *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
-		CU_LAUNCH_SMEM((k_attn_bwd_dq_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g, dy,
-			       (const float *)lse, (const float *)dd, dqkv);
+		CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM_BWD, a->st,
+			       g, dy, (const float *)lse, (const float *)dd, dqkv);
 		CU_LAUNCHED(a, e);
-		CU_LAUNCH_SMEM((k_attn_bwd_dkv_tc<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
-			       dy, (const float *)lse, (const float *)dd, dqkv);
+		CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM_BWD, a->st,
+			       g, dy, (const float *)lse, (const float *)dd, dqkv);
 		CU_LAUNCHED(a, e);
 	}
 	return 0;

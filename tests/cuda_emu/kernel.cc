@@ -299,7 +299,7 @@ static const char *wop_name(int op)
 {
 	static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
 				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
-				  "a warp-collective operation (wmma)"};
+				  "a warp-collective operation (wmma, mma, ldmatrix)"};
 	return op >= 0 && op < 9 ? n[op] : "?";
 }
 
@@ -473,6 +473,17 @@ unsigned dpemu_activemask(void)
 		if (blk.t[base + i].st != T_DONE)
 			m |= 1u << i;
 	return m;
+}
+
+/* ldmatrix's rule (dpemu_mma_ptx.h): [p, p + n) in the running block's
+ * shared memory, a __shared__ variable or the launch's dynamic region */
+int dpemu_is_shared(const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p, sh0 = (uintptr_t)__start_dpemu_shared,
+		  sh1 = (uintptr_t)__stop_dpemu_shared, d0 = (uintptr_t)dyn_base;
+	if (sh0 && a >= sh0 && a + n <= sh1)
+		return 1;
+	return blk.k && d0 && a >= d0 && a + n <= d0 + blk.k->smem;
 }
 
 long long dpemu_clock(void)

@@ -11,6 +11,7 @@
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <dpemu_mma_ptx.h>
 #include <mma.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -444,6 +445,169 @@ static int wmma_case(int ldm, int shift)
 static int c_wmma(void) { return wmma_case(32, 0); }
 static int c_wmma_ldm(void) { return wmma_case(12, 0); }
 static int c_wmma_diverge(void) { return wmma_case(16, 16); }
+
+/* ---- mma.sync m16n8k16 and ldmatrix (dpemu_mma_ptx.h): the PTX ISA's
+ * register layouts, pinned per element. g = lane / 4, q = lane % 4. ---- */
+
+/* The PTX ISA's A layout: register i of lane l holds A[row][col], A[row][col + 1] */
+static void a_place(int l, int i, int *row, int *col)
+{
+	*row = l / 4 + 8 * (i & 1);
+	*col = 2 * (l % 4) + 8 * (i >> 1);
+}
+
+static uint32_t bits2(const __nv_bfloat16 *p)
+{
+	uint16_t lo, hi;
+	memcpy(&lo, p, 2);
+	memcpy(&hi, p + 1, 2);
+	return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* ldmatrix .x4 of a 16 x 16 bf16 tile (row stride 24) and .x4.trans of
+ * the same tile: each lane's registers out to regs[2][32][4]. Misuses:
+ * lane 9's row shifted by `shift` elements, lane 3 at another call
+ * (diverge), the rows given in global memory (global) */
+__global__ void k_ldsm_pin(const __nv_bfloat16 *src, uint32_t *regs, int shift, int diverge,
+			   int global)
+{
+	__shared__ __align__(16) __nv_bfloat16 t[16 * 24];
+	for (int i = threadIdx.x; i < 16 * 24; i += 32)
+		t[i] = src[i];
+	__syncwarp();
+	int l = threadIdx.x, mi = l / 8, mr = l % 8;
+	/* lanes 8 mi .. 8 mi + 7: matrix mi = rows 8 (mi & 1) .., columns 8 (mi >> 1) .. */
+	const __nv_bfloat16 *row = (global ? src : t) + (8 * (mi & 1) + mr) * 24 + 8 * (mi >> 1) +
+				   (l == 9 ? shift : 0);
+	if (diverge && l == 3)
+		dpemu_ldmatrix(4, 0, regs + 4 * l, row, __FILE__, __LINE__);
+	else
+		dpemu_ldmatrix(4, 0, regs + 4 * l, row, __FILE__, __LINE__);
+	dpemu_ldmatrix(4, 1, regs + 128 + 4 * l, row, __FILE__, __LINE__);
+}
+
+static int ldsm_case(int shift, int diverge, int global)
+{
+	__nv_bfloat16 h[16 * 24];
+	for (int i = 0; i < 16 * 24; i++)
+		h[i] = __nv_bfloat16((float)(i / 24 * 16 + i % 24)); /* (r, c) -> 16 r + c, exact */
+	__nv_bfloat16 *src;
+	uint32_t *regs, r[256];
+	CK(cudaMalloc((void **)&src, sizeof h));
+	CK(cudaMalloc((void **)&regs, sizeof r));
+	CK(cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice));
+	CU_LAUNCH(k_ldsm_pin, 1, 32, 0, src, regs, shift, diverge, global);
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(r, regs, sizeof r, cudaMemcpyDeviceToHost));
+	for (int l = 0; l < 32; l++)
+		for (int i = 0; i < 4; i++) {
+			int row, col;
+			a_place(l, i, &row, &col); /* x4 in matrix order is the A layout */
+			EXPECT(r[4 * l + i] == bits2(h + row * 24 + col));
+			/* .trans: matrix i's (2q, g) and (2q + 1, g) */
+			int m0 = 8 * (i & 1), c0 = 8 * (i >> 1), g = l / 4, q = l % 4;
+			uint16_t lo, hi;
+			memcpy(&lo, h + (m0 + 2 * q) * 24 + c0 + g, 2);
+			memcpy(&hi, h + (m0 + 2 * q + 1) * 24 + c0 + g, 2);
+			EXPECT(r[128 + 4 * l + i] == ((uint32_t)lo | (uint32_t)hi << 16));
+		}
+	return 0;
+}
+
+static int c_ldsm(void) { return ldsm_case(0, 0, 0); }
+static int c_ldsm_misaligned(void) { return ldsm_case(4, 0, 0); }
+static int c_ldsm_diverge(void) { return ldsm_case(0, 1, 0); }
+static int c_ldsm_global(void) { return ldsm_case(0, 0, 1); }
+
+/* D = A B + C (16 x 16 by 16 x 8): operands from global memory in the
+ * PTX layouts (how = 0), A by ldmatrix .x4 and B by .x2 from B^T's rows
+ * (1), B by .x1 twice from B's rows with .trans (2); wrong = 1 assumes
+ * a[1] is A[g][2q + 8..] (a guessed layout, not the PTX ISA's) */
+__global__ void k_mma_ptx(const __nv_bfloat16 *a, const __nv_bfloat16 *b, const __nv_bfloat16 *bt,
+			  float *c, int how, int wrong)
+{
+	__shared__ __align__(16) __nv_bfloat16 sa[16 * 16], sb[16 * 8], sbt[8 * 16];
+	int l = threadIdx.x, g = l / 4, q = l % 4, mi = l / 8, mr = l % 8;
+	for (int i = l; i < 256; i += 32)
+		sa[i] = a[i];
+	for (int i = l; i < 128; i += 32) {
+		sb[i] = b[i];
+		sbt[i] = bt[i];
+	}
+	__syncwarp();
+	uint32_t ra[4], rb[2];
+	float d[4];
+	for (int i = 0; i < 4; i++)
+		d[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
+	if (how == 0) {
+		for (int i = 0; i < 4; i++) {
+			int row, col;
+			a_place(l, i, &row, &col);
+			if (wrong && (i == 1 || i == 2))
+				a_place(l, 3 - i, &row, &col);
+			ra[i] = bits2(a + 16 * row + col);
+		}
+		for (int i = 0; i < 2; i++) /* b[i] = B[2q + 8 i ..+1][g] */
+			rb[i] = bits2(bt + 16 * g + 2 * q + 8 * i);
+	} else {
+		dpemu_ldmatrix(4, 0, ra, sa + (8 * (mi & 1) + mr) * 16 + 8 * (mi >> 1), __FILE__, __LINE__);
+		if (how == 1) {
+			dpemu_ldmatrix(2, 0, rb, sbt + mr * 16 + 8 * (mi & 1), __FILE__, __LINE__);
+		} else {
+			dpemu_ldmatrix(1, 1, rb, sb + mr * 8, __FILE__, __LINE__);
+			dpemu_ldmatrix(1, 1, rb + 1, sb + (8 + mr) * 8, __FILE__, __LINE__);
+		}
+	}
+	dpemu_mma_bf16(d, ra, rb, __FILE__, __LINE__);
+	for (int i = 0; i < 4; i++)
+		c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = d[i];
+}
+
+static int mma_ptx_case(int wrong)
+{
+	/* small integers: every product and sum is exact in float */
+	__nv_bfloat16 ha[256], hb[128], hbt[128];
+	float hc[128], r[128];
+	for (int i = 0; i < 256; i++)
+		ha[i] = __nv_bfloat16((float)(i * 7 % 11 - 5));
+	for (int k = 0; k < 16; k++)
+		for (int n = 0; n < 8; n++) {
+			hb[8 * k + n] = __nv_bfloat16((float)((8 * k + n) * 5 % 13 - 6));
+			hbt[16 * n + k] = hb[8 * k + n];
+		}
+	for (int i = 0; i < 128; i++)
+		hc[i] = (float)(i % 9 - 4);
+	__nv_bfloat16 *a, *b, *bt;
+	float *c = dev_floats(128);
+	CK(cudaMalloc((void **)&a, sizeof ha));
+	CK(cudaMalloc((void **)&b, sizeof hb));
+	CK(cudaMalloc((void **)&bt, sizeof hbt));
+	CK(cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(bt, hbt, sizeof hbt, cudaMemcpyHostToDevice));
+	for (int how = 0; how < (wrong ? 1 : 3); how++) {
+		to_dev(c, hc, 128);
+		CU_LAUNCH(k_mma_ptx, 1, 32, 0, a, b, bt, c, how, wrong);
+		CK(cudaDeviceSynchronize());
+		from_dev(r, c, 128);
+		int bad = 0;
+		for (int i = 0; i < 16; i++)
+			for (int n = 0; n < 8; n++) {
+				float s = hc[8 * i + n];
+				for (int k = 0; k < 16; k++)
+					s += (float)ha[16 * i + k] * (float)hb[8 * k + n];
+				bad += r[8 * i + n] != s;
+			}
+		if (wrong)
+			EXPECT(bad > 0); /* a kernel on a guessed layout computes wrong numbers */
+		else
+			EXPECT(bad == 0);
+	}
+	return 0;
+}
+
+static int c_mma_ptx(void) { return mma_ptx_case(0); }
+static int c_mma_ptx_wrong(void) { return mma_ptx_case(1); }
 
 static void naive_gemm(int m, int n, int k, const float *A, int lda, bool ta, const float *B, int ldb,
 		       bool tb, float *C)
@@ -1274,6 +1438,12 @@ static const struct {
 	{"wmma", c_wmma},
 	{"wmma_ldm", c_wmma_ldm},
 	{"wmma_diverge", c_wmma_diverge},
+	{"ldsm", c_ldsm},
+	{"ldsm_misaligned", c_ldsm_misaligned},
+	{"ldsm_diverge", c_ldsm_diverge},
+	{"ldsm_global", c_ldsm_global},
+	{"mma_ptx", c_mma_ptx},
+	{"mma_ptx_wrong", c_mma_ptx_wrong},
 	{"gemm", c_gemm},
 	{"gemm_ld_past", c_gemm_ld_past},
 	{"streams", c_streams},

@@ -1,0 +1,98 @@
+/*
+ * mma_ptx.cuh - the two tensor-core instructions of the attention kernels
+ * (attention.cu), as inline PTX under nvcc (sm_80 and later) and, compiled
+ * as host C++ by the CUDA emulator, as its warp-collective emulation with
+ * the same register layouts (tests/cuda_emu/include/dpemu_mma_ptx.h):
+ *
+ *   cu_mma_bf16(d, a, b)   d += a b: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+ *   cu_ldsm<N>(r, p)       ldmatrix.sync.aligned.m8n8.xN.shared.b16
+ *   cu_ldsm_t<N>(r, p)     the same, .trans
+ *
+ * The layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type" and "ldmatrix"), g = lane / 4, q = lane % 4; each
+ * .b32 register holds two bf16, the lower column (or row) in the low half:
+ *   A (16 x 16): a[0] = A[g][2q..2q+1], a[1] = A[g+8][2q..], a[2] = A[g][2q+8..],
+ *                a[3] = A[g+8][2q+8..]
+ *   B (16 x 8, k x n): b[0] = B[2q..2q+1][g], b[1] = B[2q+8..2q+9][g]
+ *   C, D (16 x 8, f32): d[0], d[1] = D[g][2q], D[g][2q+1]; d[2], d[3] the same of row g+8
+ *   ldmatrix: lanes 8i..8i+7 give the 16-byte-aligned shared addresses of
+ *   matrix i's 8 rows; r[i] = matrix i's (g, 2q..2q+1), .trans (2q..2q+1, g).
+ * So an 8 x 8 tile read by ldmatrix is an A or B register as it stands:
+ * rows of K (keys, head dims contiguous) are B = K^T's registers, rows of V
+ * through .trans are B = V's, and the C registers of one mma are, packed
+ * to bf16 in pairs, the A registers of the next (FlashAttention-2's P).
+ */
+#ifndef DP_CU_MMA_PTX_CUH
+#define DP_CU_MMA_PTX_CUH
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+
+static __device__ __forceinline__ void cu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int N> static __device__ __forceinline__ void cu_ldsm(uint32_t *r, const void *p)
+{
+	uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+	if constexpr (N == 1)
+		asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+			     : "=r"(r[0]) : "r"(s) : "memory");
+	else if constexpr (N == 2)
+		asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+			     : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");
+	else
+		asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+			     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+}
+
+template <int N> static __device__ __forceinline__ void cu_ldsm_t(uint32_t *r, const void *p)
+{
+	uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+	if constexpr (N == 1)
+		asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+			     : "=r"(r[0]) : "r"(s) : "memory");
+	else if constexpr (N == 2)
+		asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+			     : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");
+	else
+		asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+			     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+}
+
+#else /* the CUDA emulator: the same layouts, every lane's registers at once;
+       * the call's place (GCC's __builtin_FILE/LINE at the caller) names it
+       * in the emulator's diagnostics */
+
+#include <dpemu_mma_ptx.h>
+
+static inline void cu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b,
+			       const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+	dpemu_mma_bf16(d, a, b, file, line);
+}
+
+template <int N>
+static inline void cu_ldsm(uint32_t *r, const void *p, const char *file = __builtin_FILE(),
+			   int line = __builtin_LINE())
+{
+	static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
+	dpemu_ldmatrix(N, 0, r, p, file, line);
+}
+
+template <int N>
+static inline void cu_ldsm_t(uint32_t *r, const void *p, const char *file = __builtin_FILE(),
+			     int line = __builtin_LINE())
+{
+	static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
+	dpemu_ldmatrix(N, 1, r, p, file, line);
+}
+
+#endif
+
+#endif

@@ -1,0 +1,155 @@
+/*
+ * dpemu_mma_ptx.h - the CUDA emulator's side of runtime/cuda/mma_ptx.cuh:
+ * the two PTX instructions the tensor-core attention uses, whose register
+ * layouts the PTX ISA specifies (unlike WMMA's, mma.h), emulated with
+ * exactly those layouts:
+ *
+ *  - mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 d, a, b, c
+ *    (PTX ISA, "Warp-level matrix multiply-accumulate instructions: mma",
+ *    and "Matrix Fragments for mma.m16n8k16 with floating point type").
+ *    With g = lane >> 2 (groupID) and q = lane % 4 (threadID_in_group),
+ *    each lane holds
+ *      A (16 x 16, row): 4 .b32 of two bf16 each, low half first:
+ *        a[0] = A[g][2q, 2q+1]      a[1] = A[g+8][2q, 2q+1]
+ *        a[2] = A[g][2q+8, 2q+9]    a[3] = A[g+8][2q+8, 2q+9]
+ *      B (16 x 8, col): b[0] = B[2q, 2q+1][g], b[1] = B[2q+8, 2q+9][g]
+ *      C, D (16 x 8, f32): c[0..1] = C[g][2q, 2q+1], c[2..3] = C[g+8][2q, 2q+1]
+ *    The products of bf16 are exact in float; the sums are float, in k
+ *    order (the hardware's order is its own: agreement is to float
+ *    rounding, not bits).
+ *  - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 r, [p]
+ *    (PTX ISA, "Data Movement and Conversion Instructions: ldmatrix"): N
+ *    8 x 8 matrices of 16-bit elements; lanes 8i .. 8i+7 give the addresses
+ *    of matrix i's rows 0..7 (the other lanes' addresses are not used), each
+ *    row 16 contiguous bytes, 16-byte aligned, in shared memory. Lane l
+ *    receives in r[i] the elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of
+ *    matrix i, low half first; .trans: (2(l%4), l/4) and (2(l%4)+1, l/4).
+ *
+ * Both are warp-collective (.sync.aligned: every lane of the warp executes
+ * the same instruction): the lanes meet in dpemu_warp_collective, a lane
+ * elsewhere ends the process naming the kernel, block and lane, and so do a
+ * row address that is not 16-byte aligned or not in shared memory. mma
+ * reads and writes only registers; ldmatrix reads shared memory when the
+ * last lane arrives, so a tile written by other warps must be ordered
+ * before it by a barrier, as on the GPU (the emulator fills shared memory
+ * with 0xff, NaN, before every block).
+ */
+#ifndef DPEMU_MMA_PTX_H
+#define DPEMU_MMA_PTX_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_bf16.h"
+
+void dpemu_warp_collective(void (*done)(void *const *args), void *arg, const char *file, int line);
+[[noreturn]] void dpemu_kfail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* [p, p + n) lies in the running block's shared memory (static or dynamic) */
+int dpemu_is_shared(const void *p, size_t n);
+
+namespace dpemu_ptx {
+
+struct Call {
+	const char *file;
+	int line;
+	int n, trans;       /* ldmatrix: matrices, .trans */
+	const void *row;    /* ldmatrix: this lane's row address */
+	uint32_t *r;        /* ldmatrix: this lane's destination registers */
+	float *d;           /* mma: this lane's D (and C: d = a b + d) */
+	const uint32_t *a, *b;
+};
+
+static inline float bf_lo(uint32_t v)
+{
+	uint32_t u = v << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline float bf_hi(uint32_t v)
+{
+	uint32_t u = v & 0xffff0000u;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline void mma_all(void *const *args)
+{
+	float A[16][16], B[16][8], C[16][8];
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int g = l >> 2, q = l % 4;
+		for (int i = 0; i < 4; i++) { /* a[i]: rows g (+8 for odd i), columns 2q (+8 for i >= 2) */
+			int r = g + 8 * (i & 1), k = 2 * q + 8 * (i >> 1);
+			A[r][k] = bf_lo(c->a[i]);
+			A[r][k + 1] = bf_hi(c->a[i]);
+		}
+		for (int i = 0; i < 2; i++) {
+			B[2 * q + 8 * i][g] = bf_lo(c->b[i]);
+			B[2 * q + 8 * i + 1][g] = bf_hi(c->b[i]);
+		}
+		for (int i = 0; i < 4; i++)
+			C[g + 8 * (i >> 1)][2 * q + (i & 1)] = c->d[i];
+	}
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int g = l >> 2, q = l % 4;
+		for (int i = 0; i < 4; i++) {
+			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
+			float s = C[r][n];
+			for (int k = 0; k < 16; k++)
+				s += A[r][k] * B[k][n];
+			c->d[i] = s;
+		}
+	}
+}
+
+static inline void ldmatrix_all(void *const *args)
+{
+	const Call *l0 = (const Call *)args[0];
+	uint16_t M[4][8][8];
+	for (int l = 0; l < 8 * l0->n; l++) {
+		const Call *c = (const Call *)args[l];
+		if (c->n != l0->n || c->trans != l0->trans)
+			dpemu_kfail("ldmatrix at %s:%d: lane %d asks .x%d%s, lane 0 .x%d%s: every lane must "
+				    "execute the same instruction", l0->file, l0->line, l, c->n,
+				    c->trans ? ".trans" : "", l0->n, l0->trans ? ".trans" : "");
+		if ((uintptr_t)c->row % 16)
+			dpemu_kfail("ldmatrix at %s:%d: lane %d's row address %p is not 16-byte aligned",
+				    l0->file, l0->line, l, c->row);
+		if (!dpemu_is_shared(c->row, 16))
+			dpemu_kfail("ldmatrix at %s:%d: lane %d's row address %p is not in shared memory",
+				    l0->file, l0->line, l, c->row);
+		memcpy(M[l / 8][l % 8], c->row, 16);
+	}
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int r = l / 4, k = 2 * (l % 4);
+		for (int i = 0; i < l0->n; i++) {
+			uint16_t lo = l0->trans ? M[i][k][r] : M[i][r][k];
+			uint16_t hi = l0->trans ? M[i][k + 1][r] : M[i][r][k + 1];
+			c->r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+		}
+	}
+}
+
+} // namespace dpemu_ptx
+
+/* d = a b + d (m16n8k16, bf16 operands, f32 accumulators) */
+static inline void dpemu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b, const char *file,
+				  int line)
+{
+	dpemu_ptx::Call c{file, line, 0, 0, nullptr, nullptr, d, a, b};
+	dpemu_warp_collective(dpemu_ptx::mma_all, &c, file, line);
+}
+
+/* r[0 .. n) = ldmatrix .xN (.trans) of the rows whose addresses lanes give */
+static inline void dpemu_ldmatrix(int n, int trans, uint32_t *r, const void *row, const char *file,
+				  int line)
+{
+	dpemu_ptx::Call c{file, line, n, trans, row, r, nullptr, nullptr, nullptr};
+	dpemu_warp_collective(dpemu_ptx::ldmatrix_all, &c, file, line);
+}
+
+#endif
