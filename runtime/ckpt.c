@@ -371,7 +371,17 @@ static int gather_files(Ckpt *c, const CkptFile *mine, CkptFile *files, RtErr *e
 	int rc = world_allgatherv(w, blob, (int64_t)len, &all, &offs, e);
 	free(blob);
 	for (int r = 0; rc == 0 && w->rank == 0 && r < w->size; r++) {
-		memcpy(head, all + offs[r], sizeof head);
+		int64_t got = offs[r + 1] - offs[r];
+		if (got >= (int64_t)sizeof head)
+			memcpy(head, all + offs[r], sizeof head);
+		/* a rank's blob is its rank, its file's size and exactly its
+		 * CRC count's checksums: anything else is not trusted */
+		if (got < (int64_t)sizeof head || head[0] != r || head[1] < 0 || head[2] < 0 ||
+		    head[2] != (got - (int64_t)sizeof head) / 4 || (got - (int64_t)sizeof head) % 4) {
+			rc = RT_FAIL(e, "rank %d sent a malformed file record (%lld bytes) for the checkpoint",
+				     r, (long long)got);
+			break;
+		}
 		CkptFile *f = &files[r];
 		snprintf(f->name, sizeof f->name, "shard-%05d-of-%05d.safetensors", r, w->size);
 		f->bytes = head[1];
