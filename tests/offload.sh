@@ -21,6 +21,10 @@
 #    masters on the device, their host copy loaded beside them).
 # 3. The step-file decoder refuses a kernel whose operands are in two
 #    memory spaces (an update reading the device's gradients), naming it.
+# 4. `dpc --device-memory 80GiB` on the issue's Llama-style 7B shape at 1
+#    rank (bf16, recompute; compile only): without offload the plan is over
+#    budget, a compile error naming the arena's largest rows and values,
+#    and no step file; with `offload optimizer` it fits and --stats says so.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -114,6 +118,26 @@ if case_on decoder-spaces; then
 	else
 		cat "$T/bad.log"
 		fail "decoder-spaces: dpc --from-ir of the edited IR"
+	fi
+fi
+
+# ---- 4. a device memory budget ----
+if case_on device-memory-7b; then
+	b7="models/llama.dp -D d=4096 -D layers=32 -D heads=32 -D ffn=11008 -D vocab=32000 -D ctx=2048
+		--precision bf16 --set train.gradient_checkpointing=true --set train.global_batch=1
+		--world-size 1 --device-memory 80GiB"
+	# shellcheck disable=SC2086
+	expect "7B without offload: over --device-memory 80GiB, the largest rows named" \
+		"note: the device arena's largest rows: optimizer state 50.21 GiB; parameters 25.10 GiB" \
+		"$DPC" $b7 -o "$T/7b.bin"
+	[ -e "$T/7b.bin" ] && fail "device-memory-7b: an over-budget plan wrote a step file"
+	# shellcheck disable=SC2086
+	if "$DPC" $b7 --set train.offload=optimizer --stats -o "$T/7b.bin" >"$T/7b.stats" 2>"$T/7b.log" &&
+		grep -q "^device memory (--device-memory) .*80.00 GiB: fits, 48%" "$T/7b.stats" && [ -s "$T/7b.bin" ]; then
+		ok "7B with offload optimizer: 38.49 GiB, fits --device-memory 80GiB"
+	else
+		cat "$T/7b.log"; grep -A1 "total (arena" "$T/7b.stats"
+		fail "device-memory-7b: with offload optimizer the 7B shape should fit 80 GiB"
 	fi
 fi
 
