@@ -21,7 +21,11 @@
 #    masters on the device, their host copy loaded beside them).
 # 3. The step-file decoder refuses a kernel whose operands are in two
 #    memory spaces (an update reading the device's gradients), naming it.
-# 4. `dpc --device-memory 80GiB` on the issue's Llama-style 7B shape at 1
+# 4. The copies overlap the backward: each gradient shard's D2H is on the
+#    comm stream right after its last write (a shard's accumulation after
+#    its reduce_scatter, a ddp bucket's all_reduce), so in the IR the first
+#    one comes before the last gradient reduction (compile only).
+# 5. `dpc --device-memory 80GiB` on the issue's Llama-style 7B shape at 1
 #    rank (bf16, recompute; compile only): without offload the plan is over
 #    budget, a compile error naming the arena's largest rows and values,
 #    and no step file; with `offload optimizer` it fits and --stats says so.
@@ -121,7 +125,23 @@ if case_on decoder-spaces; then
 	fi
 fi
 
-# ---- 4. a device memory budget ----
+# ---- 4. gradient copies during the backward ----
+for s in ddp full_shard; do
+	case_on "d2h-overlap-$s" || continue
+	"$DPC" $mlp --world-size 2 --set train.strategy=$s --set train.offload=optimizer --emit=ir \
+		>"$T/ov.ir" 2>/dev/null || { fail "d2h-overlap-$s: dpc"; continue; }
+	# line of the first D2H on the comm stream, of the last gradient reduction
+	read -r first lastred < <(awk '/= d2h .*stream=comm/ && !f {f = NR}
+		/= (reduce_scatter|all_reduce) / && !/grad_norm/ {l = NR} END {print f + 0, l + 0}' "$T/ov.ir")
+	if [ "$first" -gt 0 ] && [ "$first" -lt "$lastred" ]; then
+		ok "d2h-overlap-$s: the first gradient D2H (IR line $first) is on the comm stream before the last reduction (line $lastred)"
+	else
+		grep -n "d2h\|reduce_scatter\|all_reduce" "$T/ov.ir" | head
+		fail "d2h-overlap-$s: no gradient D2H on the comm stream during the backward"
+	fi
+done
+
+# ---- 5. a device memory budget ----
 if case_on device-memory-7b; then
 	b7="models/llama.dp -D d=4096 -D layers=32 -D heads=32 -D ffn=11008 -D vocab=32000 -D ctx=2048
 		--precision bf16 --set train.gradient_checkpointing=true --set train.global_batch=1

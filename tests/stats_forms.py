@@ -148,7 +148,7 @@ ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d
 MEM = re.compile(r"^(parameters|parameters, 16-bit copies|gradients|optimizer state|  activations"
                  r"|  gathered parameters|  unsharded gradients|  live at the step's peak"
                  r"|total \(arena size\)|host parameters|host parameters, 16-bit copies|host gradients"
-                 r"|host optimizer state|total \(host arena size\))\s+(\d+) \(")
+                 r"|host optimizer state|host metrics|total \(host arena size\))\s+(\d+) \(")
 
 
 def parse_stats(out):
@@ -559,8 +559,10 @@ def check_offload(model, text):
     to 256 bytes: the optimizer state (AdamW's m and v, 8L: EXACTLY the
     device's row without offload, and 0 on the device), the f32 masters
     (4L: in bf16 moved from the device, whose row becomes 0; in f32 a host
-    copy, the device's row unchanged), the reduced gradients' copy (4L)
-    and, in bf16, the copy of the bf16 parameters the update writes (2L).
+    copy, the device's row unchanged), the reduced gradients' copy (4L),
+    the gradient norm's copy the clip on the host reads (one aligned f32:
+    the models clip) and, in bf16, the copy of the bf16 parameters the
+    update writes (2L).
     The device keeps its gradients and bf16 copies; its arena shrinks by
     exactly what moved (the temporaries are planned alike) and the host
     arena is the sum of its rows."""
@@ -581,7 +583,7 @@ def check_offload(model, text):
                     L = sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
                 what = f"{model} {strategy} n={n} {prec} offload optimizer"
                 want = {"host optimizer state": 2 * aligned(4 * L), "host parameters": aligned(4 * L),
-                        "host gradients": aligned(4 * L)}
+                        "host gradients": aligned(4 * L), "host metrics": aligned(4)}
                 if prec == "bf16":
                     want["host parameters, 16-bit copies"] = aligned(2 * L)
                 got = {k: m1.get(k) for k in want}
