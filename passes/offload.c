@@ -92,6 +92,8 @@ static int host_copy(Graph *g, int v)
 	memcpy(h->place, d->place, sizeof h->place);
 	h->block = d->block;
 	h->space = DP_SPACE_HOST;
+	if (root < 0 && h->kind == DP_T_ACT) /* the host arena holds persistent values only */
+		h->kind = DP_T_FLAT;
 	h->view_of = root;
 	h->view_offset = root >= 0 ? d->view_offset : 0;
 	return h->id;
@@ -141,7 +143,9 @@ static int run_on_host(Graph *g, Node *n)
 			copy_node(g, DP_OP_D2H, h, v, n, at++);
 			before++;
 		}
-		copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+		Node *back = copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+		if (g->values[v]->def == n->id) /* its writer is the copy now */
+			g->values[v]->def = back->id;
 	}
 	return before;
 }
@@ -235,6 +239,89 @@ static void early_gradients(Graph *g, int groot)
 	}
 }
 
+/* The last node before index i (in a program node i runs in) that
+ * writes memory overlapping value v, or NULL. */
+static Node *writer_before(const Graph *g, int i, int v)
+{
+	for (int j = i - 1; j >= 0; j--) {
+		Node *w = g->nodes[j];
+		if ((w->progs & g->nodes[i]->progs) && w->out >= 0 &&
+		    ir_overlaps(g, g->values[w->out], g->values[v]))
+			return w;
+	}
+	return NULL;
+}
+
+/* The gradient root G the updates read lives in host memory when every
+ * node that writes it before the optimizer is an accumulation of a
+ * collective's device temporary (a shard summing its reduce_scatters over
+ * the micro-batches): each such temporary gets a D2H into a host staging
+ * buffer right after its collective, on the comm stream (fenced by the
+ * schedule pass like a collective), and the accumulation reads the staging
+ * buffer on the host where it stood, so the device keeps no gradient shard
+ * and the compute stream waits where it waited for the reduce_scatter
+ * before. The rest of the step that touches G (the sqnorm, the clip, the
+ * update, the fill) then runs on the host. Returns 1 when G moved. */
+static int host_gradients(Graph *g, int groot)
+{
+	Value *G = g->values[groot];
+	int nwriters = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT)
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) && ir_overlaps(g, g->values[n->in[k]], G))
+				return 0;
+		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
+			continue;
+		if (n->op != DP_OP_ACCUM || n->in[0] < 0 ||
+		    ir_root(g, g->values[n->in[0]])->kind != DP_T_ACT)
+			return 0;
+		const Node *w = writer_before(g, i, n->in[0]);
+		if (!w || !dp_is_collective(w->op))
+			return 0;
+		nwriters++;
+	}
+	if (nwriters == 0)
+		return 0;
+	/* a node reading G that writes a device temporary runs on the host, its
+	 * result copied back by an H2D: the temporary's only writer must be it
+	 * kernel (at tp > 1 the norm's square sums two sqnorms into one) */
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		int reads = 0;
+		for (int k = 0; k < n->nin; k++)
+			reads |= n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], G);
+		if (!reads || !(n->progs & IR_IN_STEP) || n->out < 0 ||
+		    ir_root(g, g->values[n->out])->kind != DP_T_ACT)
+			continue;
+		for (int j = 0; j < g->nnodes; j++)
+			if (j != i && g->nodes[j]->out >= 0 && (g->nodes[j]->progs & IR_IN_STEP) &&
+			    !dp_is_collective(g->nodes[j]->op) &&
+			    ir_overlaps(g, g->values[g->nodes[j]->out], g->values[n->out]))
+				return 0;
+	}
+	G->space = DP_SPACE_HOST;
+	for (int j = 0; j < g->nvalues; j++)
+		if (g->values[j]->view_of >= 0 && ir_root(g, g->values[j])->id == groot)
+			g->values[j]->space = DP_SPACE_HOST;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT || n->out < 0 ||
+		    !ir_overlaps(g, g->values[n->out], G))
+			continue;
+		Node *coll = writer_before(g, i, n->in[0]);
+		int x = n->in[0], h = host_copy(g, x);
+		Node *c = copy_node(g, DP_OP_D2H, h, x, coll, ir_node_index(g, coll) + 1);
+		c->stream = DP_STREAM_COMM;
+		c->bucket = -1;
+		n->in[0] = h;
+		i = ir_node_index(g, n);
+	}
+	return 1;
+}
+
 int offload_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -289,10 +376,12 @@ int offload_run(Graph *g, Diag *d)
 		n->out = h;
 		copy_node(g, DP_OP_H2D, v, h, n, i + 1);
 	}
-	/* the gradients the updates read reach the host while the backward runs */
+	/* the gradients the updates read live on the host, or reach it while
+	 * the backward runs */
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
-		if (is_update(n) && !on_host(g, n->in[0]))
+		if (is_update(n) && !on_host(g, n->in[0]) &&
+		    !host_gradients(g, ir_root(g, g->values[n->in[0]])->id))
 			early_gradients(g, ir_root(g, g->values[n->in[0]])->id);
 	}
 	/* every kernel touching host memory runs there */

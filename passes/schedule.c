@@ -37,7 +37,8 @@
  *   gradient shard) is placed and fenced like a collective: the comm stream
  *   is the copy stream too, in order with the collectives around it. Its
  *   completion wait precedes the first compute node that conflicts with it
- *   (a reader of the shard it copies, the sqnorm, runs beside the copy).
+ *   (a reader of the shard it copies, the sqnorm, runs beside the copy),
+ *   and a collective whose result it reads is waited for no later.
  * - Collectives run in the STEP program, in STEP and EVAL (full_shard's
  *   forward all_gathers) and in EXPORT; a compute node constrains a
  *   collective only when they share a program.
@@ -274,6 +275,18 @@ int sched_run(Graph *g, Diag *d)
 				k->wait = j;
 				break;
 			}
+	}
+	/* A collective whose result a comm-stream kernel reads (offload's D2H
+	 * of a reduce_scatter's result) is done when that kernel is: compute
+	 * waits for it no later, so its buffers' lifetime ends there too. */
+	for (int c = 0; c < ncoll; c++)
+		for (int q = c + 1; q < ncoll; q++)
+			if (!is_collective(coll[q].node) && is_collective(coll[c].node) &&
+			    share(coll[c].node, coll[q].node) && conflicts(g, coll[c].node, coll[q].node) &&
+			    coll[q].wait < coll[c].wait && coll[q].after >= coll[c].after)
+				coll[c].wait = coll[q].wait;
+	for (int c = 0; c < ncoll; c++) {
+		Coll *k = &coll[c];
 		if (k->start >= 0)
 			k->ev_start = g->nevents++;
 		k->ev_done = g->nevents++;

@@ -211,13 +211,15 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_COMPRESS, M_DATA, M_METRICS, M_NCAT };
 
 /* What a persistent root holds. A flat buffer is named by its views; a
- * host copy (%NAME.host, passes/offload.c) by its device original's. */
+ * host copy (%NAME.host, passes/offload.c) by its device original's, unless
+ * that is a temporary (a reduce_scatter's result staged on the host: a
+ * gradient). */
 static int category(const Graph *g, const Value *v)
 {
 	size_t len = strlen(v->name);
 	if (v->space == DP_SPACE_HOST && len > 5 && strcmp(v->name + len - 5, ".host") == 0)
 		for (int i = 0; i < g->nvalues; i++)
-			if (g->values[i]->space != DP_SPACE_HOST &&
+			if (g->values[i]->space != DP_SPACE_HOST && g->values[i]->kind != DP_T_ACT &&
 			    strncmp(g->values[i]->name, v->name, len - 5) == 0 &&
 			    g->values[i]->name[len - 5] == 0)
 				return category(g, g->values[i]);

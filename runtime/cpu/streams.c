@@ -20,7 +20,8 @@
  * those collectives are then visible to compute); an event recorded on
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
- * runs after every collective issued before it (stream order).
+ * runs after the collectives issued before it that touch its memory (stream
+ * order, for all that it can observe: conflict_ticket).
  *
  * Hazards. What a GPU would race on is an error here: a compute-stream
  * instruction that touches memory of a collective no event has made
@@ -121,6 +122,32 @@ static int check_hazard(CpuStreams *st, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
+/* A kernel on the comm stream (offload's D2H of a gradient) runs after
+ * the collectives before it. Inline, it need only wait for those in flight
+ * whose memory it conflicts with: the others touch none of its bytes, so
+ * running it before they finish is the same (and compute keeps its overlap
+ * with, say, a prefetched all_gather). Returns the ticket to wait for
+ * (every ticket below it); a collective's bytes are in the device arena. */
+static int64_t conflict_ticket(const CpuStreams *st, const DpInstr *in)
+{
+	const DpStep *s = st->s;
+	int64_t upto = 0;
+	for (int f = 0; f < st->nfl; f++) {
+		const InFlight *fl = &st->fl[f];
+		for (int k = -1; k < DP_MAX_IN; k++) {
+			int id = k < 0 ? in->out : in->in[k];
+			if (id < 0 || s->tensors[id].space != DP_SPACE_DEVICE) /* collectives' are */
+				continue;
+			uint64_t lo, hi;
+			range_of(s, id, &lo, &hi);
+			if ((overlap(lo, hi, fl->wlo, fl->whi) || (k < 0 && overlap(lo, hi, fl->rlo, fl->rhi))) &&
+			    fl->ticket + 1 > upto)
+				upto = fl->ticket + 1;
+		}
+	}
+	return upto;
+}
+
 /* The compute stream has waited for every ticket < upto: forget those. */
 static void retire(CpuStreams *st, int64_t upto)
 {
@@ -165,8 +192,10 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	const DpInstr *in = &st->s->prog[at->prog][at->instr];
 	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
-	if (in->stream == DP_STREAM_COMM) /* stream order: after the collectives before it */
-		return c->ops->wait(c, c->issued, e);
+	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
+		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
+	if (in->stream == DP_STREAM_COMM)
+		return c->ops->wait(c, conflict_ticket(st, in), e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
 
