@@ -97,7 +97,10 @@ static void usage(FILE *out)
 		"                      machine; print the 10 fastest that fit --device-memory\n"
 		"                      (compiler/plan.c); -o writes the fastest's step file\n"
 		"      --device-memory=SIZE\n"
-		"                      with --plan: the memory of one rank (80GiB, 512MiB, bytes)\n"
+		"                      the device memory of one rank (80GiB, 512MiB, bytes): a\n"
+		"                      plan whose device arena is larger is an error naming its\n"
+		"                      largest items (nothing written); --stats says whether it\n"
+		"                      fits; with --plan it bounds the search\n"
 		"      --no-verify     do not run the IR verifier after each pass\n"
 		"  -v, --time          print the compile time to stderr\n"
 		"  -h, --help          this help\n"
@@ -702,11 +705,6 @@ int main(int argc, char **argv)
 		free(defines);
 		return 1;
 	}
-	if (device_memory && !plan) {
-		fprintf(stderr, "dpc: --device-memory bounds --plan's search: give --plan too\n");
-		free(defines);
-		return 1;
-	}
 	if (plan && !simulate)
 		simulate = "h100-nvlink";
 	if (sim_trace_path && !simulate) {
@@ -800,13 +798,23 @@ int main(int argc, char **argv)
 	if (emit == EMIT_IR || (from_ir && !write_step && emit == EMIT_DEFAULT))
 		ir_print_after(stdout, g, last);
 	if (emit == EMIT_STATS || stats)
-		stats_print(stdout, g);
+		stats_print(stdout, g, g->peak_bytes > 0 ? device_memory : 0);
 	if ((emit == EMIT_STATS || stats) && device) {
 		fprintf(stdout, "\n");
 		roofline_print(stdout, g, device);
 	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);
+	if (device_memory && g->peak_bytes <= 0) {
+		fprintf(stderr, "dpc: --device-memory checks the memory plan: run the passes through "
+				"memplan\n");
+		status = 1;
+		goto out;
+	}
+	if (device_memory && stats_check_budget(&diag, g, device_memory) < 0) {
+		status = 1;
+		goto out;
+	}
 	if (simulate && simulate_graph(g, &machine, sim_trace_path) < 0) {
 		status = 1;
 		goto out;

@@ -15,6 +15,15 @@
  *   (f32: compute, or a gather, reads them) the update writes their host
  *   copy %NAME.host, made once by a D2H at the end of INIT, and an H2D
  *   after the update brings the result back.
+ * - The reduced gradients reach the host during the backward: each region
+ *   of the gradient buffer an update reads gets its D2H right after the
+ *   node that last writes it before the optimizer (a shard's accumulation
+ *   after its reduce_scatter, a ddp bucket's all_reduce), in the last
+ *   micro-batch (DP_IF_LAST), on the comm stream (the schedule pass fences
+ *   it with events like a collective), so the copies overlap the rest of
+ *   the backward; the optimizer tail from the clip on works on the host
+ *   copy (the clip reads the norm's D2H). Where those regions do not tile
+ *   the buffer, the update gets one D2H right before it (below).
  * - A kernel that reads or writes host memory runs on the host: every
  *   device operand it touches is replaced by its host copy (%NAME.host, a
  *   view of the root's copy at the same element offset, same dtype and
@@ -25,11 +34,11 @@
  *   space (the step-file decoder checks it), and the updates run the same
  *   kernels on the same f32 values in the same order: the parameters and
  *   losses are bitwise those without offload.
- * - Copies are DP_OP_D2H / DP_OP_H2D on the compute stream with their
- *   node's phase, flags and programs; the schedule pass orders them like
- *   any compute node (a D2H of a gradient waits for its collective's
- *   event).
+ * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
+ *   their node's phase, flags and programs; the schedule pass orders them
+ *   like any compute node.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
@@ -83,6 +92,8 @@ static int host_copy(Graph *g, int v)
 	memcpy(h->place, d->place, sizeof h->place);
 	h->block = d->block;
 	h->space = DP_SPACE_HOST;
+	if (root < 0 && h->kind == DP_T_ACT) /* the host arena holds persistent values only */
+		h->kind = DP_T_FLAT;
 	h->view_of = root;
 	h->view_offset = root >= 0 ? d->view_offset : 0;
 	return h->id;
@@ -132,9 +143,183 @@ static int run_on_host(Graph *g, Node *n)
 			copy_node(g, DP_OP_D2H, h, v, n, at++);
 			before++;
 		}
-		copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+		Node *back = copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+		if (g->values[v]->def == n->id) /* its writer is the copy now */
+			g->values[v]->def = back->id;
 	}
 	return before;
+}
+
+/* The element range of v inside its root. */
+static void root_range(const Graph *g, const Value *v, int64_t *lo, int64_t *hi)
+{
+	int64_t off = 0, n = 1;
+	for (int k = 0; k < v->ndim; k++)
+		n *= v->dims[k];
+	for (const Value *u = v; u->view_of >= 0; u = g->values[u->view_of])
+		off += u->view_offset;
+	*lo = off;
+	*hi = off + n;
+}
+
+static int by_lo(const void *a, const void *b)
+{
+	const int64_t *x = a, *y = b;
+	return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* The gradient root G (device) that updates read: each region of it gets
+ * its D2H right after the node that last writes it before the optimizer
+ * (a shard's accumulation after its reduce_scatter, ddp's all_reduce), on
+ * the comm stream and in the last micro-batch only, so the copies overlap
+ * the rest of the backward; the optimizer tail's nodes from the first one
+ * that writes G (the clip) on read and write the host copy instead (the
+ * sqnorm before it still reads G on the device: the same values). When
+ * the last writers' regions do not tile G, or a node writes G through an
+ * input, G keeps the one D2H right before its update (run_on_host). */
+static void early_gradients(Graph *g, int groot)
+{
+	const Value *G = g->values[groot];
+	int nn = g->nnodes;
+	Node **last = ir_alloc(g, (size_t)(nn ? nn : 1) * sizeof *last);
+	int nlast = 0;
+	for (int i = 0; i < nn; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT)
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) && ir_overlaps(g, g->values[n->in[k]], G))
+				return;
+		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
+			continue;
+		int keep = 0;
+		for (int j = 0; j < nlast; j++)
+			if (!ir_overlaps(g, g->values[last[j]->out], g->values[n->out]))
+				last[keep++] = last[j];
+		nlast = keep;
+		last[nlast++] = n;
+	}
+	/* the regions must tile G exactly: every byte the update reads copied once */
+	int64_t *r = ir_alloc(g, (size_t)(nlast ? nlast : 1) * 2 * sizeof *r), end = 0, glo, ghi;
+	for (int j = 0; j < nlast; j++)
+		root_range(g, g->values[last[j]->out], &r[2 * j], &r[2 * j + 1]);
+	qsort(r, (size_t)nlast, 2 * sizeof *r, by_lo);
+	root_range(g, G, &glo, &ghi);
+	for (int j = 0; j < nlast; j++) {
+		if (r[2 * j] != end)
+			return;
+		end = r[2 * j + 1];
+	}
+	if (nlast == 0 || end != ghi)
+		return;
+	for (int j = 0; j < nlast; j++) {
+		Node *w = last[j];
+		int v = w->out;
+		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
+		c->progs = IR_IN_STEP;
+		c->flags = w->flags | DP_IF_LAST;
+		c->stream = DP_STREAM_COMM;
+		c->bucket = -1;
+	}
+	/* the optimizer tail from G's first writer on works on the host copy */
+	int on = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase != PH_OPT || n->op == DP_OP_FILL)
+			continue;
+		int writes = n->out >= 0 && ir_overlaps(g, g->values[n->out], G);
+		on |= writes || is_update(n);
+		if (!on)
+			continue;
+		if (writes)
+			n->out = host_copy(g, n->out);
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], G))
+				n->in[k] = host_copy(g, n->in[k]);
+	}
+}
+
+/* The last node before index i (in a program node i runs in) that
+ * writes memory overlapping value v, or NULL. */
+static Node *writer_before(const Graph *g, int i, int v)
+{
+	for (int j = i - 1; j >= 0; j--) {
+		Node *w = g->nodes[j];
+		if ((w->progs & g->nodes[i]->progs) && w->out >= 0 &&
+		    ir_overlaps(g, g->values[w->out], g->values[v]))
+			return w;
+	}
+	return NULL;
+}
+
+/* The gradient root G the updates read lives in host memory when every
+ * node that writes it before the optimizer is an accumulation of a
+ * collective's device temporary (a shard summing its reduce_scatters over
+ * the micro-batches): each such temporary gets a D2H into a host staging
+ * buffer right after its collective, on the comm stream (fenced by the
+ * schedule pass like a collective), and the accumulation reads the staging
+ * buffer on the host where it stood, so the device keeps no gradient shard
+ * and the compute stream waits where it waited for the reduce_scatter
+ * before. The rest of the step that touches G (the sqnorm, the clip, the
+ * update, the fill) then runs on the host. Returns 1 when G moved. */
+static int host_gradients(Graph *g, int groot)
+{
+	Value *G = g->values[groot];
+	int nwriters = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT)
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) && ir_overlaps(g, g->values[n->in[k]], G))
+				return 0;
+		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
+			continue;
+		if (n->op != DP_OP_ACCUM || n->in[0] < 0 ||
+		    ir_root(g, g->values[n->in[0]])->kind != DP_T_ACT)
+			return 0;
+		const Node *w = writer_before(g, i, n->in[0]);
+		if (!w || !dp_is_collective(w->op))
+			return 0;
+		nwriters++;
+	}
+	if (nwriters == 0)
+		return 0;
+	/* a node reading G that writes a device temporary runs on the host, its
+	 * result copied back by an H2D: the temporary's only writer must be it
+	 * kernel (at tp > 1 the norm's square sums two sqnorms into one) */
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		int reads = 0;
+		for (int k = 0; k < n->nin; k++)
+			reads |= n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], G);
+		if (!reads || !(n->progs & IR_IN_STEP) || n->out < 0 ||
+		    ir_root(g, g->values[n->out])->kind != DP_T_ACT)
+			continue;
+		for (int j = 0; j < g->nnodes; j++)
+			if (j != i && g->nodes[j]->out >= 0 && (g->nodes[j]->progs & IR_IN_STEP) &&
+			    !dp_is_collective(g->nodes[j]->op) &&
+			    ir_overlaps(g, g->values[g->nodes[j]->out], g->values[n->out]))
+				return 0;
+	}
+	G->space = DP_SPACE_HOST;
+	for (int j = 0; j < g->nvalues; j++)
+		if (g->values[j]->view_of >= 0 && ir_root(g, g->values[j])->id == groot)
+			g->values[j]->space = DP_SPACE_HOST;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT || n->out < 0 ||
+		    !ir_overlaps(g, g->values[n->out], G))
+			continue;
+		Node *coll = writer_before(g, i, n->in[0]);
+		int x = n->in[0], h = host_copy(g, x);
+		Node *c = copy_node(g, DP_OP_D2H, h, x, coll, ir_node_index(g, coll) + 1);
+		c->stream = DP_STREAM_COMM;
+		c->bucket = -1;
+		n->in[0] = h;
+		i = ir_node_index(g, n);
+	}
+	return 1;
 }
 
 int offload_run(Graph *g, Diag *d)
@@ -190,6 +375,14 @@ int offload_run(Graph *g, Diag *d)
 		int v = n->out, h = host_copy(g, v);
 		n->out = h;
 		copy_node(g, DP_OP_H2D, v, h, n, i + 1);
+	}
+	/* the gradients the updates read live on the host, or reach it while
+	 * the backward runs */
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (is_update(n) && !on_host(g, n->in[0]) &&
+		    !host_gradients(g, ir_root(g, g->values[n->in[0]])->id))
+			early_gradients(g, ir_root(g, g->values[n->in[0]])->id);
 	}
 	/* every kernel touching host memory runs there */
 	for (int i = 0; i < g->nnodes; i++) {

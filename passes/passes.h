@@ -115,8 +115,12 @@ void stages_print_schedule(FILE *out, const Graph *g, int width);
 enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
 int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS]);
 
-/* passes/stats.c: the --stats table (collectives, flops, memory per rank). */
-void stats_print(FILE *out, const Graph *g);
+/* passes/stats.c: the --stats table (collectives, flops, memory per rank);
+ * budget (dpc --device-memory, bytes per rank; 0: none) adds whether the
+ * device arena fits it. stats_check_budget makes an over-budget plan a
+ * compile error naming the arena's largest rows and values (-1; 0 fits). */
+void stats_print(FILE *out, const Graph *g, int64_t budget);
+int stats_check_budget(Diag *d, const Graph *g, int64_t budget);
 /* "1.50 MiB", "12.3 MFLOP": the tables' readable figures. */
 const char *stats_human_bytes(char *buf, size_t len, double b);
 const char *stats_human_flops(char *buf, size_t len, double f);

@@ -33,6 +33,12 @@
  *                     collective is still running when the step ends)
  *   Events carry C's flags (DP_IF_LAST) and progs, phase PH_COMM, out=-1,
  *   nin=0. A collective that depends on no compute node gets no e pair.
+ * - A kernel a pass put on the comm stream (passes/offload.c's D2H of a
+ *   gradient shard) is placed and fenced like a collective: the comm stream
+ *   is the copy stream too, in order with the collectives around it. Its
+ *   completion wait precedes the first compute node that conflicts with it
+ *   (a reader of the shard it copies, the sqnorm, runs beside the copy),
+ *   and a collective whose result it reads is waited for no later.
  * - Collectives run in the STEP program, in STEP and EVAL (full_shard's
  *   forward all_gathers) and in EXPORT; a compute node constrains a
  *   collective only when they share a program.
@@ -204,9 +210,9 @@ int sched_run(Graph *g, Diag *d)
 		Node *n = g->nodes[i];
 		if (is_event(n))
 			die("schedule: the graph is already scheduled (event node %d)", n->id);
-		if (is_collective(n)) {
-			if (n->stream != DP_STREAM_COMM)
-				die("schedule: collective %d is not on the comm stream", n->id);
+		if (is_collective(n) && n->stream != DP_STREAM_COMM)
+			die("schedule: collective %d is not on the comm stream", n->id);
+		if (n->stream == DP_STREAM_COMM) {
 			at[ncoll] = ncomp;
 			coll[ncoll++] = (Coll){n, -1, -1, ncomp, -1, -1};
 		} else {
@@ -263,10 +269,24 @@ int sched_run(Graph *g, Diag *d)
 		Coll *k = &coll[c];
 		k->wait = ncomp;
 		for (int j = k->after + 1; j < ncomp; j++)
-			if (share(comp[j], k->node) && touches_node(g, comp[j], k->node)) {
+			if (share(comp[j], k->node) &&
+			    (is_collective(k->node) ? touches_node(g, comp[j], k->node)
+						    : conflicts(g, comp[j], k->node))) {
 				k->wait = j;
 				break;
 			}
+	}
+	/* A collective whose result a comm-stream kernel reads (offload's D2H
+	 * of a reduce_scatter's result) is done when that kernel is: compute
+	 * waits for it no later, so its buffers' lifetime ends there too. */
+	for (int c = 0; c < ncoll; c++)
+		for (int q = c + 1; q < ncoll; q++)
+			if (!is_collective(coll[q].node) && is_collective(coll[c].node) &&
+			    share(coll[c].node, coll[q].node) && conflicts(g, coll[c].node, coll[q].node) &&
+			    coll[q].wait < coll[c].wait && coll[q].after >= coll[c].after)
+				coll[c].wait = coll[q].wait;
+	for (int c = 0; c < ncoll; c++) {
+		Coll *k = &coll[c];
 		if (k->start >= 0)
 			k->ev_start = g->nevents++;
 		k->ev_done = g->nevents++;

@@ -211,13 +211,15 @@ static void print_flops(FILE *out, const Graph *g, double accum)
 enum { M_PARAMS, M_COPIES, M_GRADS, M_OPT, M_COMPRESS, M_DATA, M_METRICS, M_NCAT };
 
 /* What a persistent root holds. A flat buffer is named by its views; a
- * host copy (%NAME.host, passes/offload.c) by its device original's. */
+ * host copy (%NAME.host, passes/offload.c) by its device original's, unless
+ * that is a temporary (a reduce_scatter's result staged on the host: a
+ * gradient). */
 static int category(const Graph *g, const Value *v)
 {
 	size_t len = strlen(v->name);
 	if (v->space == DP_SPACE_HOST && len > 5 && strcmp(v->name + len - 5, ".host") == 0)
 		for (int i = 0; i < g->nvalues; i++)
-			if (g->values[i]->space != DP_SPACE_HOST &&
+			if (g->values[i]->space != DP_SPACE_HOST && g->values[i]->kind != DP_T_ACT &&
 			    strncmp(g->values[i]->name, v->name, len - 5) == 0 &&
 			    g->values[i]->name[len - 5] == 0)
 				return category(g, g->values[i]);
@@ -243,17 +245,38 @@ static int category(const Graph *g, const Value *v)
 	}
 }
 
-static void print_memory(FILE *out, const Graph *g)
-{
-	static const char *const names[M_NCAT] = {"parameters", "parameters, 16-bit copies",
+static const char *const memory_names[M_NCAT] = {"parameters", "parameters, 16-bit copies",
 						  "gradients", "optimizer state", "compression state",
 						  "data", "metrics"};
-	double bytes[M_NCAT] = {0}, host[M_NCAT] = {0};
+
+/* The persistent bytes of each arena by what they hold. */
+static void memory_rows(const Graph *g, double bytes[M_NCAT], double host[M_NCAT])
+{
+	for (int c = 0; c < M_NCAT; c++)
+		bytes[c] = host[c] = 0;
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0)
 			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
+}
+
+/* --device-memory: does one rank's device arena (peak_bytes: the largest
+ * stage's at pp > 1) fit the budget? */
+static void print_budget(FILE *out, const Graph *g, int64_t budget)
+{
+	char c1[64], h[32];
+	int fits = g->peak_bytes <= budget;
+	snprintf(c1, sizeof c1, "%s: %s, %.0f%%", stats_human_bytes(h, sizeof h, (double)budget),
+		 fits ? "fits" : "does not fit", 100.0 * (double)g->peak_bytes / (double)budget);
+	fprintf(out, "%-36s %30s\n", "device memory (--device-memory)", c1);
+}
+
+static void print_memory(FILE *out, const Graph *g, int64_t budget)
+{
+	const char *const *names = memory_names;
+	double bytes[M_NCAT], host[M_NCAT];
+	memory_rows(g, bytes, host);
 	char c1[64];
 	fprintf(out, "%-36s %30s\n", "memory (arena)", "bytes");
 	for (int c = 0; c < M_NCAT; c++)
@@ -276,6 +299,8 @@ static void print_memory(FILE *out, const Graph *g)
 	}
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
+	if (budget > 0)
+		print_budget(out, g, budget);
 	if (!g->cfg.host_arena_bytes)
 		return;
 	/* offload (passes/offload.c): the pinned host arena, persistent only */
@@ -406,7 +431,7 @@ static void print_pipeline(FILE *out, const Graph *g)
 	free(sc);
 }
 
-void stats_print(FILE *out, const Graph *g)
+void stats_print(FILE *out, const Graph *g, int64_t budget)
 {
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
 	fprintf(out, "%s: strategy %s", g->file, g->strategy);
@@ -435,6 +460,72 @@ void stats_print(FILE *out, const Graph *g)
 	fprintf(out, "\n");
 	print_flops(out, g, accum);
 	fprintf(out, "\n");
-	print_memory(out, g);
+	print_memory(out, g, budget);
 	print_pipeline(out, g);
+}
+
+/* The rows an over-budget message names: the arena's, largest first. */
+typedef struct {
+	const char *name;
+	double bytes;
+} BudgetRow;
+
+static int by_bytes_desc(const void *a, const void *b)
+{
+	const BudgetRow *x = a, *y = b;
+	return (x->bytes < y->bytes) - (x->bytes > y->bytes);
+}
+
+static int by_value_bytes_desc(const void *a, const void *b)
+{
+	const Value *x = *(const Value *const *)a, *y = *(const Value *const *)b;
+	if (x->nbytes != y->nbytes)
+		return (x->nbytes < y->nbytes) - (x->nbytes > y->nbytes);
+	return (x->id > y->id) - (x->id < y->id);
+}
+
+int stats_check_budget(Diag *d, const Graph *g, int64_t budget)
+{
+	if (g->peak_bytes <= budget)
+		return 0;
+	char h1[32], h2[32], h3[32];
+	const char *file = d->file ? d->file : "dpc";
+	error_at(d, (Loc){0}, "the memory plan needs %s of device memory per rank, over --device-memory %s "
+		 "by %s (nothing written)",
+		 stats_human_bytes(h1, sizeof h1, (double)g->peak_bytes),
+		 stats_human_bytes(h2, sizeof h2, (double)budget),
+		 stats_human_bytes(h3, sizeof h3, (double)(g->peak_bytes - budget)));
+	BudgetRow rows[M_NCAT + 1];
+	double bytes[M_NCAT], host[M_NCAT];
+	memory_rows(g, bytes, host);
+	for (int c = 0; c < M_NCAT; c++)
+		rows[c] = (BudgetRow){memory_names[c], bytes[c]};
+	rows[M_NCAT] = (BudgetRow){"temporaries", (double)(g->peak_bytes - g->persistent_bytes)};
+	qsort(rows, M_NCAT + 1, sizeof rows[0], by_bytes_desc);
+	fprintf(d->out, "%s: note: the device arena's largest rows:", file);
+	for (int c = 0; c < M_NCAT + 1 && c < 4 && rows[c].bytes > 0; c++)
+		fprintf(d->out, "%s %s %s", c ? ";" : "", rows[c].name,
+			stats_human_bytes(h1, sizeof h1, rows[c].bytes));
+	fprintf(d->out, "\n");
+	/* the largest values in it: roots, persistent or temporary */
+	const Value **vs = malloc(((size_t)g->nvalues + 1) * sizeof *vs);
+	if (!vs)
+		die("out of memory");
+	int n = 0;
+	for (int i = 0; i < g->nvalues; i++) {
+		const Value *v = g->values[i];
+		if (v->view_of < 0 && v->offset >= 0 && v->space != DP_SPACE_HOST)
+			vs[n++] = v;
+	}
+	qsort(vs, (size_t)n, sizeof *vs, by_value_bytes_desc);
+	fprintf(d->out, "%s: note: its largest values:", file);
+	for (int i = 0; i < n && i < 4; i++)
+		fprintf(d->out, "%s %%%s %s", i ? ";" : "", vs[i]->name,
+			stats_human_bytes(h1, sizeof h1, (double)vs[i]->nbytes));
+	fprintf(d->out, "\n");
+	free(vs);
+	if (!g->offload && bytes[M_OPT] > 0)
+		fprintf(d->out, "%s: note: train's `offload optimizer` keeps the optimizer state (and, "
+			"in bf16, the f32 masters) in host memory\n", file);
+	return -1;
 }

@@ -7,7 +7,7 @@
 #    same losses and final parameters BYTE FOR BYTE (the host update is the
 #    same kernel on the same f32 values in the same order): mlp under ddp,
 #    zero2 and full_shard at 1, 2 and 4 ranks; gpt2-tiny under the three at
-#    2 ranks; in bf16 gpt2-tiny zero2 and full_shard at 2 ranks and mlp ddp
+#    2 ranks; in bf16 gpt2-tiny zero2 and full_shard (d 192) at 2 ranks and mlp ddp
 #    at 4 (the bf16 copy the host update writes, copied back); optimizer
 #    groups (`no_decay vectors`: an update per run, each with its own
 #    copies) under full_shard in bf16; SGD with
@@ -21,6 +21,14 @@
 #    masters on the device, their host copy loaded beside them).
 # 3. The step-file decoder refuses a kernel whose operands are in two
 #    memory spaces (an update reading the device's gradients), naming it.
+# 4. The copies overlap the backward: each gradient shard's D2H is on the
+#    comm stream right after its last write (a shard's accumulation after
+#    its reduce_scatter, a ddp bucket's all_reduce), so in the IR the first
+#    one comes before the last gradient reduction (compile only).
+# 5. `dpc --device-memory 80GiB` on the issue's Llama-style 7B shape at 1
+#    rank (bf16, recompute; compile only): without offload the plan is over
+#    budget, a compile error naming the arena's largest rows and values,
+#    and no step file; with `offload optimizer` it fits and --stats says so.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -60,10 +68,13 @@ for s in ddp zero2 full_shard; do
 	done
 	case_on "gpt2-tiny-$s-np2" && pair "gpt2-tiny-$s-np2" "$T/gpt.dp" 2 --set train.strategy=$s
 done
-for s in zero2 full_shard; do
-	case_on "gpt2-tiny-bf16-$s-np2" &&
-		pair "gpt2-tiny-bf16-$s-np2" "$T/gpt.dp" 2 --set train.strategy=$s --precision bf16
-done
+case_on gpt2-tiny-bf16-zero2-np2 &&
+	pair gpt2-tiny-bf16-zero2-np2 "$T/gpt.dp" 2 --set train.strategy=zero2 --precision bf16
+# (d 192: the host arena's offsets of the gradient shards the host
+# accumulates meet those of device buffers of reduce_scatters still in
+# flight, which the CPU's hazard check must tell apart by their arena)
+case_on gpt2-tiny-bf16-full_shard-np2 &&
+	pair gpt2-tiny-bf16-full_shard-np2 "$T/gpt.dp" 2 --set train.strategy=full_shard --precision bf16 -D d=192
 case_on mlp-bf16-ddp-np4 && pair mlp-bf16-ddp-np4 $mlp 4 --precision bf16
 case_on mlp-groups-bf16-full_shard-np2 && pair mlp-groups-bf16-full_shard-np2 $mlp 2 \
 	--set train.strategy=full_shard --set train.no_decay=vectors --precision bf16
@@ -114,6 +125,42 @@ if case_on decoder-spaces; then
 	else
 		cat "$T/bad.log"
 		fail "decoder-spaces: dpc --from-ir of the edited IR"
+	fi
+fi
+
+# ---- 4. gradient copies during the backward ----
+for s in ddp full_shard; do
+	case_on "d2h-overlap-$s" || continue
+	"$DPC" $mlp --world-size 2 --set train.strategy=$s --set train.offload=optimizer --emit=ir \
+		>"$T/ov.ir" 2>/dev/null || { fail "d2h-overlap-$s: dpc"; continue; }
+	# line of the first D2H on the comm stream, of the last gradient reduction
+	read -r first lastred < <(awk '/= d2h .*stream=comm/ && !f {f = NR}
+		/= (reduce_scatter|all_reduce) / && !/grad_norm/ {l = NR} END {print f + 0, l + 0}' "$T/ov.ir")
+	if [ "$first" -gt 0 ] && [ "$first" -lt "$lastred" ]; then
+		ok "d2h-overlap-$s: the first gradient D2H (IR line $first) is on the comm stream before the last reduction (line $lastred)"
+	else
+		grep -n "d2h\|reduce_scatter\|all_reduce" "$T/ov.ir" | head
+		fail "d2h-overlap-$s: no gradient D2H on the comm stream during the backward"
+	fi
+done
+
+# ---- 5. a device memory budget ----
+if case_on device-memory-7b; then
+	b7="models/llama.dp -D d=4096 -D layers=32 -D heads=32 -D ffn=11008 -D vocab=32000 -D ctx=2048
+		--precision bf16 --set train.gradient_checkpointing=true --set train.global_batch=1
+		--world-size 1 --device-memory 80GiB"
+	# shellcheck disable=SC2086
+	expect "7B without offload: over --device-memory 80GiB, the largest rows named" \
+		"note: the device arena's largest rows: optimizer state 50.21 GiB; parameters 25.10 GiB" \
+		"$DPC" $b7 -o "$T/7b.bin"
+	[ -e "$T/7b.bin" ] && fail "device-memory-7b: an over-budget plan wrote a step file"
+	# shellcheck disable=SC2086
+	if "$DPC" $b7 --set train.offload=optimizer --stats -o "$T/7b.bin" >"$T/7b.stats" 2>"$T/7b.log" &&
+		grep -q "^device memory (--device-memory) .*80.00 GiB: fits, 48%" "$T/7b.stats" && [ -s "$T/7b.bin" ]; then
+		ok "7B with offload optimizer: 38.49 GiB, fits --device-memory 80GiB"
+	else
+		cat "$T/7b.log"; grep -A1 "total (arena" "$T/7b.stats"
+		fail "device-memory-7b: with offload optimizer the 7B shape should fit 80 GiB"
 	fi
 fi
 

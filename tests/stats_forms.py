@@ -148,7 +148,7 @@ ROW = re.compile(r"^(all_reduce|all_gather|reduce_scatter)\s+(\S+)\s+(\d+)\s+(\d
 MEM = re.compile(r"^(parameters|parameters, 16-bit copies|gradients|optimizer state|  activations"
                  r"|  gathered parameters|  unsharded gradients|  live at the step's peak"
                  r"|total \(arena size\)|host parameters|host parameters, 16-bit copies|host gradients"
-                 r"|host optimizer state|total \(host arena size\))\s+(\d+) \(")
+                 r"|host optimizer state|host metrics|total \(host arena size\))\s+(\d+) \(")
 
 
 def parse_stats(out):
@@ -559,9 +559,15 @@ def check_offload(model, text):
     to 256 bytes: the optimizer state (AdamW's m and v, 8L: EXACTLY the
     device's row without offload, and 0 on the device), the f32 masters
     (4L: in bf16 moved from the device, whose row becomes 0; in f32 a host
-    copy, the device's row unchanged), the reduced gradients' copy (4L)
-    and, in bf16, the copy of the bf16 parameters the update writes (2L).
-    The device keeps its gradients and bf16 copies; its arena shrinks by
+    copy, the device's row unchanged), the reduced gradients' copy (4L),
+    the gradient norm's copy the clip on the host reads (one aligned f32:
+    the models clip) and, in bf16, the copy of the bf16 parameters the
+    update writes (2L). Under full_shard (grad_accum 2: each block's shard
+    sums its reduce_scatters) the gradient shards themselves live on the
+    host: the device's gradients row moves whole (4L), and the host adds a
+    staging buffer per block for its reduce_scatter's result (4 P'/n each,
+    aligned) and the sqnorm's copy (one aligned f32). Otherwise the device
+    keeps its gradients; it keeps its bf16 copies; its arena shrinks by
     exactly what moved (the temporaries are planned alike) and the host
     arena is the sum of its rows."""
     P = sum(p for _, ps in BLOCKS for p in ps)
@@ -581,17 +587,25 @@ def check_offload(model, text):
                     L = sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
                 what = f"{model} {strategy} n={n} {prec} offload optimizer"
                 want = {"host optimizer state": 2 * aligned(4 * L), "host parameters": aligned(4 * L),
-                        "host gradients": aligned(4 * L)}
+                        "host gradients": aligned(4 * L), "host metrics": aligned(4)}
                 if prec == "bf16":
                     want["host parameters, 16-bit copies"] = aligned(2 * L)
+                host_grads = strategy == "full_shard"
+                if host_grads:
+                    want["host gradients"] += sum(aligned(4 * (pad(sum(ps), n) // n))
+                                                  for _, ps in BLOCKS) + aligned(4)
                 got = {k: m1.get(k) for k in want}
                 if not ok(got == want, f"{what}: host rows = closed form in L={L} {want}"):
                     print(f"       dpc {got}")
                 ok(m1.get("host optimizer state") == m0.get("optimizer state") and
                    m1.get("optimizer state") == 0,
                    f"{what}: the optimizer state moved whole ({m0.get('optimizer state')} B)")
-                moved = m0["optimizer state"] + (m0["parameters"] if prec == "bf16" else 0)
-                keep = ["gradients", "parameters, 16-bit copies"] + (["parameters"] if prec == "f32" else [])
+                moved = (m0["optimizer state"] + (m0["parameters"] if prec == "bf16" else 0) +
+                         (m0["gradients"] if host_grads else 0))
+                keep = (["parameters, 16-bit copies"] + ([] if host_grads else ["gradients"]) +
+                        (["parameters"] if prec == "f32" else []))
+                ok(not host_grads or (m1.get("gradients") == 0 and m0["gradients"] == aligned(4 * L)),
+                   f"{what}: the gradient shards moved whole ({m0['gradients']} B)")
                 ok(all(m1.get(k) == m0.get(k) for k in keep) and
                    (prec == "f32" or m1.get("parameters") == 0) and
                    m1["total (arena size)"] == m0["total (arena size)"] - moved,

@@ -20,12 +20,14 @@
  * those collectives are then visible to compute); an event recorded on
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
- * runs after every collective issued before it (stream order).
+ * runs after the collectives issued before it that touch its memory (stream
+ * order, for all that it can observe: conflict_ticket).
  *
  * Hazards. What a GPU would race on is an error here: a compute-stream
  * instruction that touches memory of a collective no event has made
  * visible yet (reads against its writes; writes against its reads and
- * writes) fails the run naming both instructions. Two collectives on
+ * writes) fails the run naming both instructions; collectives move device
+ * memory, so an operand in the host arena (offload) is never one. Two collectives on
  * overlapping memory are serialised (two MPI requests on one buffer would
  * race).
  */
@@ -90,6 +92,24 @@ static int overlap(uint64_t alo, uint64_t ahi, uint64_t blo, uint64_t bhi)
 	return alo < bhi && blo < ahi;
 }
 
+/* The operand of instruction in (-1 for out, else in[k]) that conflicts
+ * with collective fl in flight: it reads what fl writes, or writes what fl
+ * touches; -1 if none. Collectives move device memory: an operand in the
+ * host arena (offload) never conflicts, whatever its offset. */
+static int conflict(const DpStep *s, const DpInstr *in, const InFlight *fl)
+{
+	for (int k = -1; k < DP_MAX_IN; k++) {
+		int id = k < 0 ? in->out : in->in[k];
+		if (id < 0 || s->tensors[id].space != DP_SPACE_DEVICE)
+			continue;
+		uint64_t lo, hi;
+		range_of(s, id, &lo, &hi);
+		if (overlap(lo, hi, fl->wlo, fl->whi) || (k < 0 && overlap(lo, hi, fl->rlo, fl->rhi)))
+			return id;
+	}
+	return -1;
+}
+
 /* Does instruction idx of program p (on the compute stream) touch memory of
  * a collective in flight? */
 static int check_hazard(CpuStreams *st, int p, uint32_t idx, RtErr *e)
@@ -98,27 +118,34 @@ static int check_hazard(CpuStreams *st, int p, uint32_t idx, RtErr *e)
 	const DpInstr *in = &s->prog[p][idx];
 	for (int f = 0; f < st->nfl; f++) {
 		InFlight *fl = &st->fl[f];
-		for (int k = -1; k < DP_MAX_IN; k++) {
-			int id = k < 0 ? in->out : in->in[k];
-			if (id < 0)
-				continue;
-			uint64_t lo, hi;
-			range_of(s, id, &lo, &hi);
-			int hit = overlap(lo, hi, fl->wlo, fl->whi) ||
-				  (k < 0 && overlap(lo, hi, fl->rlo, fl->rhi));
-			if (hit) {
-				const DpInstr *c = &s->prog[p][fl->instr];
-				return RT_FAIL(e,
-					       "schedule error in the %s program: instruction %u (%s) "
-					       "touches '%s' while instruction %u (%s of '%s') is in "
-					       "flight with no event_wait before it",
-					       dp_prog_names[p], idx, dp_op_names[in->op],
-					       cpu_tname(s, id), fl->instr, dp_op_names[c->op],
-					       cpu_tname(s, c->out));
-			}
+		int id = conflict(s, in, fl);
+		if (id >= 0) {
+			const DpInstr *c = &s->prog[p][fl->instr];
+			return RT_FAIL(e,
+				       "schedule error in the %s program: instruction %u (%s) "
+				       "touches '%s' while instruction %u (%s of '%s') is in "
+				       "flight with no event_wait before it",
+				       dp_prog_names[p], idx, dp_op_names[in->op],
+				       cpu_tname(s, id), fl->instr, dp_op_names[c->op],
+				       cpu_tname(s, c->out));
 		}
 	}
 	return 0;
+}
+
+/* A kernel on the comm stream (offload's D2H of a gradient) runs after
+ * the collectives before it. Inline, it need only wait for those in flight
+ * whose memory it conflicts with: the others touch none of its bytes, so
+ * running it before they finish is the same (and compute keeps its overlap
+ * with, say, a prefetched all_gather). Returns the ticket to wait for
+ * (every ticket below it). */
+static int64_t conflict_ticket(const CpuStreams *st, const DpInstr *in)
+{
+	int64_t upto = 0;
+	for (int f = 0; f < st->nfl; f++)
+		if (conflict(st->s, in, &st->fl[f]) >= 0 && st->fl[f].ticket + 1 > upto)
+			upto = st->fl[f].ticket + 1;
+	return upto;
 }
 
 /* The compute stream has waited for every ticket < upto: forget those. */
@@ -165,8 +192,10 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	const DpInstr *in = &st->s->prog[at->prog][at->instr];
 	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
-	if (in->stream == DP_STREAM_COMM) /* stream order: after the collectives before it */
-		return c->ops->wait(c, c->issued, e);
+	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
+		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
+	if (in->stream == DP_STREAM_COMM)
+		return c->ops->wait(c, conflict_ticket(st, in), e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
 
