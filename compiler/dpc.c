@@ -82,9 +82,10 @@ static void usage(FILE *out)
 		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
 		"                      on that GPU from its published peaks, and the MFU\n"
 		"      --simulate[=MACHINE]\n"
-		"                      replay the step one rank runs on a machine model and\n"
-		"                      print its predicted time, compute, communication,\n"
-		"                      exposed communication, streams' use, peak memory and\n"
+		"                      replay the step one rank (each pp stage) runs on a\n"
+		"                      machine model and print its predicted time, compute,\n"
+		"                      communication, exposed communication, streams' use,\n"
+		"                      the pipeline's bubble, peak memory and\n"
 		"                      MFU (passes/simulate.c). MACHINE: a preset (h100-nvlink,\n"
 		"                      the default; a100-nvlink) or a JSON machine file\n"
 		"                      (util/machine.h)\n"
@@ -379,8 +380,9 @@ static int simulate_graph(const Graph *g, const Machine *mc, const char *trace_p
 	SimReport rep;
 	double t0 = now_ms();
 	if (sim_graph(g, mc, &rep, trace_path != NULL) < 0) {
-		fprintf(stderr, "dpc: --simulate: pp > 1 is not simulated yet (each stage runs its own "
-				"program, and their transfers pair up across ranks)\n");
+		fprintf(stderr, "dpc: --simulate: the pipeline stages' transfers did not pair up (a bug: "
+				"please report it with the .dp file)\n");
+		sim_report_free(&rep);
 		return -1;
 	}
 	double took = now_ms() - t0;

@@ -15,9 +15,14 @@
 #    executor runs them one at a time), and all of it is exposed;
 #  - cpu executor: the host walks the program, so the step is compute plus
 #    exposed communication;
+#  - pipeline: gpt2-tiny at pp=2 (zero_bubble) and pp=4 (1f1b) on a machine
+#    where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
+#    their compute streams' idle mean within a point of --stats' bubble
+#    from the stages' FLOPs, the step at least --stats' makespan and within
+#    2 % of it (the once-per-step optimizer after);
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
-#    carrying bytes and axes;
+#    carrying bytes and axes; at pp=2 one process per stage;
 #  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
 #    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
@@ -31,7 +36,7 @@
 #    full_shard loses to ddp by its bus bytes over ddp's (its all_gathers and
 #    reduce_scatter against one all_reduce);
 #    a budget no plan fits is one line naming the smallest plan's memory;
-#  - errors: an unknown machine, a bad machine file (file:line), pp > 1,
+#  - errors: an unknown machine, a bad machine file (file:line),
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
 #    writes no step file unless -o asks.
 set -u
@@ -103,6 +108,44 @@ comm "mlp ddp 2" models/mlp.dp --world-size 2
 comm "mlp zero2 4" models/mlp.dp --world-size 4 --set train.strategy=zero2
 comm "gpt2-tiny full_shard 2" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard
 
+# a machine where only FLOPs cost: 1 GFLOP/s, free memory, links and kernels
+flops_only() {
+	cat >"$T/flops.json" <<EOF
+{"name": "flops-only", "executor": "gpu",
+ "peak_flops": {"f32": 1e9, "bf16": 1e9}, "memory_bw": 1e30, "kernel_overhead_s": 0,
+ "ranks_per_node": 8,
+ "intra": {"alpha_s": 0, "busbw": 1e30}, "inter": {"alpha_s": 0, "busbw": 1e30},
+ "p2p": {"alpha_s": 0, "busbw": 1e30}}
+EOF
+}
+
+# pipeline NAME PP ARGS...: the stages' idle against --stats' bubble
+pipeline() {
+	local name=$1 pp=$2; shift 2
+	case_on "pipeline: $name" || return 0
+	once flops-only flops_only
+	"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --simulate="$T/flops.json" \
+		>"$T/pp.sim" 2>/dev/null &&
+		"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --stats >"$T/pp.stats" 2>/dev/null ||
+		{ fail "pipeline: $name: dpc"; return; }
+	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" <<'EOF'
+import re, sys
+sim, stats, pp = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
+idle = float(re.search(r"^bubble\s+([\d.]+) %", sim, re.M).group(1)) / 100
+m = re.search(r"^bubble: .*from the stages' FLOPs ([\d.]+) \(makespan (\d+) FLOP", stats, re.M)
+forecast, span = float(m.group(1)), float(m.group(2)) / 1e9 * 1e3
+step = float(re.search(r"^step time\s+([\d.]+) ms", sim, re.M).group(1))
+stages = re.findall(r"^(?:stages)?\s+[\d.]+ ms   compute [\d.]+ ms, exposed comm", sim, re.M)
+assert len(stages) == pp, ("stages printed", len(stages))
+assert abs(idle - forecast) <= 0.01, ("idle", idle, "forecast bubble", forecast)
+assert span <= step <= 1.02 * span, ("step ms", step, "makespan ms", span)
+print(f"{pp} stages, idle {idle:.4f} vs the forecast's bubble {forecast:.4f}, step {step:.1f} ms vs makespan {span:.1f}")
+EOF
+	); then ok "pipeline: $name: $out"; else fail "pipeline: $name: $out"; fi
+}
+pipeline "gpt2-tiny pp=2 zero_bubble" 2 --set train.grad_accum=4 --set train.pipeline=zero_bubble
+pipeline "gpt2-tiny pp=4 1f1b" 4 --set train.grad_accum=8
+
 if case_on "cpu executor: step = compute + exposed"; then
 	once starved-cpu starved cpu 1e9
 	"$DPC" models/mlp.dp --world-size 2 --simulate="$T/cpu.json" >"$T/cpu.txt" 2>/dev/null
@@ -130,6 +173,24 @@ assert c and all(e["tid"] > 0 and e["args"]["bytes"] > 0 and "dp_shard" in e["ar
 		ok "trace: $out"
 	else
 		fail "trace: $out"
+	fi
+fi
+
+if case_on "trace: pp=2"; then
+	"$DPC" models/gpt2-tiny.dp --pp 2 --world-size 2 --set train.grad_accum=4 --simulate \
+		--simulate-trace "$T/trace2.json" >/dev/null 2>&1
+	if out=$($PY tests/trace_check.py "$T/trace2.json" 2 1 2>&1) &&
+		$PY -c '
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+p = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+assert p == {0: "rank 0, stage 0 (predicted)", 1: "rank 1, stage 1 (predicted)"}, p
+s = {e["pid"] for e in ev if e.get("cat") == "collective" and e["args"]["axes"] == "pp"}
+assert s == {0, 1}, s
+' "$T/trace2.json"; then
+		ok "trace: pp=2: every stage, its transfers: $out"
+	else
+		fail "trace: pp=2: $out"
 	fi
 fi
 
@@ -216,7 +277,6 @@ if case_on "errors"; then
 		"$DPC" models/mlp.dp --simulate=h200
 	printf '{"executor": "gpu",\n "peak_flops": {"f32": 1,, }}\n' >"$T/bad.json"
 	expect "bad machine file" "$T/bad.json:2: not valid JSON" "$DPC" models/mlp.dp --simulate="$T/bad.json"
-	expect "pp > 1" "pp > 1 is not simulated yet" "$DPC" models/mlp8.dp --pp 2 --world-size 2 --simulate
 	expect "trace without --simulate" "give --simulate too" \
 		"$DPC" models/mlp.dp --simulate-trace "$T/x.json"
 	(cd "$T" && "$DPC" "$ROOT/models/mlp.dp" --simulate >/dev/null 2>&1)
