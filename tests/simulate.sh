@@ -27,7 +27,8 @@
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
 #    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
 #    file there that is not one of 1 rank is refused and left as it was;
-#    pp > 1 is refused;
+#    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
+#    link is measured between the stages, and --simulate reads the file;
 #  - plan (compiler/plan.c): mlp at 4 ranks in 2.5 MiB per rank fits only
 #    full_shard on dp_shard=4 (1.95 MiB; ddp needs 3.90), which wins, and
 #    its -o step file is byte for byte the direct compile of the winner's
@@ -229,8 +230,20 @@ assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
 		"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/other.json"
 	grep -q '"not"' "$T/other.json" || fail "calibrate: the refused file was changed"
 	"$DPC" models/mlp8.dp --pp 2 --world-size 2 -o "$T/pp.bin" 2>/dev/null
-	expect "calibrate: pp > 1" "calibrate with one of pp = 1" \
-		mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json"
+	REPRO="mpirun -np 2 $BUILD/dpexec pp.bin --device cpu --calibrate pp.json"
+	mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json" >"$T/calpp.txt" 2>&1
+	"$DPC" models/mlp8.dp --pp 2 --world-size 2 --simulate="$T/pp.json" >"$T/simpp.txt" 2>&1
+	if grep -q "(measured between stages)" "$T/calpp.txt" && grep -q "^bubble " "$T/simpp.txt" &&
+		$PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["p2p"]["busbw"] > 0 and m["p2p"] != m["intra"], m["p2p"]
+assert "relu" in m["ops"] and any(k == 32 for g in m["gemm"] for k in [g["k"]]), m["gemm"]
+' "$T/pp.json"; then
+		ok "calibrate: pp=2: each stage's kernels, p2p measured between stages"
+	else
+		fail "calibrate: pp=2"; cat "$T/calpp.txt" "$T/simpp.txt" | head -n 8
+	fi
 fi
 
 if case_on "plan"; then
