@@ -276,26 +276,41 @@ int sched_run(Graph *g, Diag *d)
 	 * after the same compute node go in program order. */
 	int cap = n0 + 4 * ncoll;
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
+	/* the collectives by their wait, start and after indices, each list in
+	 * program order (linear, where scanning every collective at every
+	 * compute node was quadratic) */
+	int *head = ir_alloc(g, 3 * ((size_t)ncomp + 2) * sizeof(int));
+	int *next = ir_alloc(g, 3 * ((size_t)ncoll + 1) * sizeof(int));
+	for (int i = 0; i < 3 * (ncomp + 2); i++)
+		head[i] = -1;
+	for (int c = ncoll - 1; c >= 0; c--) {
+		int key[3] = {coll[c].wait, coll[c].ev_start >= 0 ? coll[c].start : -2, coll[c].after};
+		for (int f = 0; f < 3; f++) {
+			if (key[f] < -1)
+				continue;
+			int *h = &head[f * (ncomp + 2) + key[f] + 1];
+			next[f * ncoll + c] = *h;
+			*h = c;
+		}
+	}
+#define COLLS_AT(f, j, c) \
+	for (int c = head[(f) * (ncomp + 2) + (j) + 1]; c >= 0; c = next[(f) * ncoll + c])
 	int k = 0;
 	for (int j = -1; j <= ncomp; j++) {
 		/* before compute node j (j == ncomp: the end): completion waits */
 		if (j >= 0)
-			for (int c = 0; c < ncoll; c++)
-				if (coll[c].wait == j)
-					order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMPUTE,
-							   coll[c].ev_done, coll[c].node);
+			COLLS_AT(0, j, c)
+				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMPUTE,
+						   coll[c].ev_done, coll[c].node);
 		if (j == ncomp)
 			break;
 		if (j >= 0)
 			order[k++] = comp[j];
 		/* after compute node j: start records, then the collectives */
-		for (int c = 0; c < ncoll; c++)
-			if (coll[c].start == j && coll[c].ev_start >= 0)
-				order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
-						   coll[c].ev_start, coll[c].node);
-		for (int c = 0; c < ncoll; c++) {
-			if (coll[c].after != j)
-				continue;
+		COLLS_AT(1, j, c)
+			order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
+					   coll[c].ev_start, coll[c].node);
+		COLLS_AT(2, j, c) {
 			if (coll[c].ev_start >= 0)
 				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMM, coll[c].ev_start,
 						   coll[c].node);
@@ -304,6 +319,7 @@ int sched_run(Graph *g, Diag *d)
 					   coll[c].node);
 		}
 	}
+#undef COLLS_AT
 	if (k != g->nnodes)
 		die("schedule: emitted %d of %d nodes", k, g->nnodes);
 	memcpy(g->nodes, order, (size_t)k * sizeof(Node *));
