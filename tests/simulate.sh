@@ -36,6 +36,10 @@
 #    fewest bytes (tp=2: mlp's params are not split, nothing to reduce), and
 #    full_shard loses to ddp by its bus bytes over ddp's (its all_gathers and
 #    reduce_scatter against one all_reduce);
+#    on the FLOPs-only machine mlp8 at 2 ranks searches pp=2 (1F1B; its
+#    zero_bubble deadlocks at 2 micro-batches and is refused uncompiled),
+#    which loses to data parallelism by its bubble, and dominance skips
+#    some compiles;
 #    a budget no plan fits is one line naming the smallest plan's memory;
 #  - errors: an unknown machine, a bad machine file (file:line),
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
@@ -279,6 +283,30 @@ EOF2
 		ok "plan: a starved link: the fewest bytes win (tp=2, nothing to reduce); $out"
 	else
 		fail "plan: a starved link: $out"; sed 's/^/      /' "$T/plan2.txt" | head -n 5
+	fi
+	# pp searched: on the FLOPs-only machine a pipeline stage does what a
+	# data-parallel rank does (half the model's FLOPs per micro-batch) and
+	# waits out its bubble besides, so data parallelism wins; mlp8's 2
+	# micro-batches deadlock zero_bubble, refused uncompiled
+	once flops-only flops_only
+	"$DPC" models/mlp8.dp --plan --world-size 2 --simulate="$T/flops.json" >"$T/plan3.txt" 2>&1
+	if out=$($PY - "$T/plan3.txt" <<'EOF2'
+import re, sys
+t = open(sys.argv[1]).read()
+rows = re.findall(r"^\d+ +(.*?) {2,}([\d.]+) +([\d.]+) +([\d.]+) .*?(waiting \(bubble, comm\))?$", t, re.M)
+pp = [r for r in rows if r[0].startswith("pp=2 pipedream_flush")]
+assert pp and pp[0][4], ("a pp=2 1F1B row losing by its waits", rows)
+assert not any("zero_bubble" in r[0] for r in rows), "zero_bubble deadlocks at 2 micro-batches"
+win = re.search(r"^winner: (.*)$", t, re.M).group(1)
+assert not win.startswith("pp="), win
+dom = int(re.search(r"(\d+) by dominance", t).group(1))
+assert dom > 0, "dominance skips some compiles"
+print(f"pp=2 loses by {float(pp[0][1]) - float(rows[0][1]):.3f} ms of bubble; {dom} dominated")
+EOF2
+	); then
+		ok "plan: pp searched, loses to data parallelism by its bubble; $out"
+	else
+		fail "plan: pp searched: $out"; sed 's/^/      /' "$T/plan3.txt" | head -n 12
 	fi
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
