@@ -558,6 +558,10 @@ void ir_canonicalize(Graph *g);
  * writes it, nothing views it); the values after it move down one id and
  * every reference follows. */
 void ir_drop_value(Graph *g, int id);
+/* Removes the n distinct values ids[] at once: the ids, graph and
+ * references ir_drop_value gives one at a time, in one pass over the
+ * graph (dropping many one by one is quadratic). */
+void ir_drop_values(Graph *g, const int *ids, int n);
 /* The pass a dump names on its first line, "; dp IR after PASS (FILE)":
  * PASS copied into after (at most len bytes with the NUL), and its 1-based
  * column returned; 0 when the first line names no pass. */

@@ -135,21 +135,13 @@ int fuse_run(Graph *g, Diag *d)
 	for (int i = 0; i < g->nnodes; i++)
 		if (g->nodes[i]->op == DP_OP_LINEAR)
 			fuse_forward(g, g->nodes[i], writers);
-	/* the matmuls' old results go last, highest id first: ids stay valid */
+	/* the matmuls' old results go last, all at once: ids stay valid */
 	int *dead = ir_alloc(g, (size_t)g->nvalues * sizeof(int) + 1), ndead = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		int v = g->nodes[i]->op == DP_OP_MATMUL ? fuse_backward(g, g->nodes[i], writers) : -1;
 		if (v >= 0)
 			dead[ndead++] = v;
 	}
-	for (int i = 0; i < ndead; i++)
-		for (int j = i + 1; j < ndead; j++)
-			if (dead[j] > dead[i]) {
-				int t = dead[i];
-				dead[i] = dead[j];
-				dead[j] = t;
-			}
-	for (int i = 0; i < ndead; i++)
-		ir_drop_value(g, dead[i]);
+	ir_drop_values(g, dead, ndead);
 	return 0;
 }

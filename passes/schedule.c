@@ -192,6 +192,99 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll 
 	return j;
 }
 
+/*
+ * The compute nodes by the memory they touch: for each root value, the
+ * compute positions (ascending) of the nodes reading or writing a value of
+ * that root. Memory that overlaps has one root (ir_overlaps), so a compute
+ * node that conflicts with or touches a collective is in the list of a
+ * root of one of the collective's values: the searches below look there
+ * instead of at every compute node.
+ */
+typedef struct {
+	int *start; /* [nvalues + 1]: the list of root r is at[start[r] .. start[r + 1]) */
+	int *at;
+} RootIndex;
+
+static int node_roots(const Graph *g, const Node *n, int *roots)
+{
+	int k = 0;
+	for (int i = 0; i < n->nin; i++)
+		if (n->in[i] >= 0)
+			roots[k++] = ir_root(g, g->values[n->in[i]])->id;
+	if (n->out >= 0)
+		roots[k++] = ir_root(g, g->values[n->out])->id;
+	return k;
+}
+
+static void root_index(Graph *g, Node **comp, int ncomp, RootIndex *ix)
+{
+	int nv = g->nvalues, roots[DP_MAX_IN + 1];
+	ix->start = ir_alloc(g, ((size_t)nv + 2) * sizeof(int));
+	memset(ix->start, 0, ((size_t)nv + 2) * sizeof(int));
+	for (int j = 0; j < ncomp; j++) {
+		int k = node_roots(g, comp[j], roots);
+		for (int i = 0; i < k; i++)
+			ix->start[roots[i] + 2]++;
+	}
+	for (int r = 0; r < nv; r++)
+		ix->start[r + 2] += ix->start[r + 1];
+	ix->at = ir_alloc(g, ((size_t)ix->start[nv + 1] + 1) * sizeof(int));
+	for (int j = 0; j < ncomp; j++) {
+		int k = node_roots(g, comp[j], roots);
+		for (int i = 0; i < k; i++)
+			ix->at[ix->start[roots[i] + 1]++] = j;
+	}
+	/* start[r + 1] is now the end of r's list, start[r] its beginning */
+}
+
+/* The last compute position before `before` in c's programs that conflicts
+ * with c, or -1. */
+static int last_conflict(Graph *g, Node **comp, const RootIndex *ix, const Node *c, int before)
+{
+	int roots[DP_MAX_IN + 1], k = node_roots(g, c, roots), best = -1;
+	for (int i = 0; i < k; i++) {
+		const int *lo = ix->at + ix->start[roots[i]], *hi = ix->at + ix->start[roots[i] + 1];
+		while (lo < hi) { /* the first entry >= before */
+			const int *mid = lo + (hi - lo) / 2;
+			if (*mid < before)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (const int *p = lo - 1; p >= ix->at + ix->start[roots[i]] && *p > best; p--)
+			if (share(comp[*p], c) && conflicts(g, comp[*p], c)) {
+				best = *p;
+				break;
+			}
+	}
+	return best;
+}
+
+/* The first compute position after `after` in c's programs that touches
+ * c's memory, or ncomp. */
+static int first_toucher(Graph *g, Node **comp, int ncomp, const RootIndex *ix, const Node *c,
+			 int after)
+{
+	int roots[DP_MAX_IN + 1], k = node_roots(g, c, roots), best = ncomp;
+	for (int i = 0; i < k; i++) {
+		const int *lo = ix->at + ix->start[roots[i]], *hi = ix->at + ix->start[roots[i] + 1];
+		const int *end = hi;
+		while (lo < hi) { /* the first entry > after */
+			const int *mid = lo + (hi - lo) / 2;
+			if (*mid <= after)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (const int *p = lo; p < end && *p < best; p++)
+			if (share(comp[*p], c) && touches_node(g, comp[*p], c)) {
+				best = *p;
+				break;
+			}
+	}
+	return best;
+}
+
 int sched_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -219,14 +312,11 @@ int sched_run(Graph *g, Diag *d)
 	 * comm stream keeps their order); otherwise collectives may pass each
 	 * other (a prefetched all_gather overtakes a reduce_scatter), and the
 	 * order is the same on every rank because it is fixed here. */
+	RootIndex ix;
+	root_index(g, comp, ncomp, &ix);
 	for (int c = 0; c < ncoll; c++) {
 		Node *n = coll[c].node;
-		int dep = -1;
-		for (int j = at[c] - 1; j >= 0; j--)
-			if (share(comp[j], n) && conflicts(g, comp[j], n)) {
-				dep = j;
-				break;
-			}
+		int dep = last_conflict(g, comp, &ix, n, at[c]);
 		if (gathering(g, n)) {
 			int q = at[c];
 			while (q < ncomp && !share(comp[q], n))
@@ -261,12 +351,7 @@ int sched_run(Graph *g, Diag *d)
 	 * that touches its memory in a common program. */
 	for (int c = 0; c < ncoll; c++) {
 		Coll *k = &coll[c];
-		k->wait = ncomp;
-		for (int j = k->after + 1; j < ncomp; j++)
-			if (share(comp[j], k->node) && touches_node(g, comp[j], k->node)) {
-				k->wait = j;
-				break;
-			}
+		k->wait = first_toucher(g, comp, ncomp, &ix, k->node, k->after);
 		if (k->start >= 0)
 			k->ev_start = g->nevents++;
 		k->ev_done = g->nevents++;
