@@ -340,54 +340,71 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
  * collectives may move (ready), and gives when it posts each of them
  * (posted); a transfer may move once its other end is posted, a pp
  * collective once the last stage posts it. Starting from ready = 0 (a
- * lower bound of every time), every sweep replays the stages with the
- * latest ready (forward and backward sweeps in turn, so that a chain of
- * transfers in either direction settles in one), and the times only grow
- * (every time is a max and sum of the ready times); a sweep in which no
- * ready time changed has replayed every stage with the times its partners
- * give: the co-simulation's answer. Each sweep fixes at least one more
- * transfer of the longest chain, so at most one sweep per paired op (and
- * one to see nothing change) are needed.
+ * lower bound of every time), every sweep replays the stages whose ready
+ * times changed since their last replay, with the latest ones (forward and
+ * backward sweeps in turn, so that a chain of transfers in either
+ * direction settles in one), and the times only grow (every time is a max
+ * and sum of the ready times); when no stage is left to replay, each was
+ * replayed with the times its partners give: the co-simulation's answer.
+ * Each sweep fixes at least one more transfer of the longest chain, so at
+ * most one sweep per paired op are needed.
  */
 int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *link_bw,
 		   int nevents, SimResult *r)
 {
 	double *ready = calloc((size_t)n + 1, sizeof *ready);
 	double *posted = calloc((size_t)p * (size_t)n + 1, sizeof *posted);
-	if (!ready || !posted)
+	/* what each stage's replay feeds: the transfers whose other end it
+	 * runs (from[st] .. from[st + 1] in feed), and the pp collectives */
+	int *from = calloc((size_t)p + 2, sizeof *from), *feed = calloc((size_t)n + 1, sizeof *feed);
+	int *sync = calloc((size_t)n + 1, sizeof *sync), nsync = 0;
+	char *dirty = malloc((size_t)p);
+	if (!ready || !posted || !from || !feed || !sync || !dirty)
 		die("out of memory");
-	int paired = 0;
 	for (int i = 0; i < n; i++)
-		paired += ops[i].peer >= 0 || ops[i].sync;
-	int sweep, changed = 1;
-	for (sweep = 1; changed && sweep <= paired + 2; sweep++) {
-		changed = 0;
+		if (ops[i].peer >= 0)
+			from[ops[ops[i].peer].stage + 2]++;
+		else if (ops[i].sync)
+			sync[nsync++] = i;
+	for (int st = 0; st < p; st++)
+		from[st + 2] += from[st + 1];
+	for (int i = 0; i < n; i++)
+		if (ops[i].peer >= 0)
+			feed[from[ops[ops[i].peer].stage + 1]++] = i;
+	memset(dirty, 1, (size_t)p);
+	int sweep, left = p, bound = n + 2;
+	for (sweep = 1; left && sweep <= bound; sweep++) {
 		for (int k = 0; k < p; k++) {
 			int st = sweep & 1 ? k : p - 1 - k;
+			if (!dirty[st]) /* its ready times are those it was replayed with */
+				continue;
+			dirty[st] = 0, left--;
 			replay(ops, n, 1, executor, link_bw, nevents, st, ready, posted + (size_t)st * (size_t)n,
 			       &r[st]);
-			for (int i = 0; i < n; i++) {
-				const SimOp *o = &ops[i];
-				double want;
-				if (o->peer >= 0) {
-					want = posted[(size_t)ops[o->peer].stage * (size_t)n + (size_t)o->peer];
-				} else if (o->sync) {
-					want = 0;
-					for (int q = 0; q < p; q++)
-						want = fmax(want, posted[(size_t)q * (size_t)n + (size_t)i]);
-				} else {
-					continue;
-				}
+			for (int f = from[st]; f < from[st + 1]; f++) {
+				int i = feed[f];
+				double want = posted[(size_t)st * (size_t)n + (size_t)ops[i].peer];
 				if (want != ready[i]) {
 					ready[i] = want;
-					changed = 1;
+					left += !dirty[ops[i].stage];
+					dirty[ops[i].stage] = 1;
+				}
+			}
+			for (int y = 0; y < nsync; y++) {
+				int i = sync[y];
+				double want = 0;
+				for (int q = 0; q < p; q++)
+					want = fmax(want, posted[(size_t)q * (size_t)n + (size_t)i]);
+				if (want != ready[i]) {
+					ready[i] = want;
+					for (int q = 0; q < p; q++)
+						left += !dirty[q], dirty[q] = 1;
 				}
 			}
 		}
 	}
-	free(ready);
-	free(posted);
-	return changed ? -1 : sweep - 1;
+	free(ready), free(posted), free(from), free(feed), free(sync), free(dirty);
+	return left ? -1 : sweep - 1;
 }
 
 /* ---- the graph's STEP program as SimOps ---- */
