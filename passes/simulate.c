@@ -634,9 +634,13 @@ void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *re
 		r->busy[DP_STREAM_COMPUTE] * ms, 100 * r->busy[DP_STREAM_COMPUTE] / step);
 	fprintf(out, "%-16s %12.4f ms   comm stream busy %.1f %%\n", "communication", r->comm_s * ms,
 		100 * r->busy[DP_STREAM_COMM] / step);
-	fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
-		"exposed comm", r->exposed_s * ms,
-		r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
+	if (rep->nstages > 1) /* a stage also waits for its neighbours' work */
+		fprintf(out, "%-16s %12.4f ms   (the compute stream's waits: communication and the "
+			"pipeline's bubble)\n", "exposed comm", r->exposed_s * ms);
+	else
+		fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
+			"exposed comm", r->exposed_s * ms,
+			r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
 	fprintf(out, "%-16s %12lld B  (%s: the memory plan's arena)\n", "peak memory",
 		(long long)g->peak_bytes, stats_human_bytes(h, sizeof h, (double)g->peak_bytes));
 	if (rep->nstages > 1) {
