@@ -82,9 +82,10 @@ static void usage(FILE *out)
 		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
 		"                      on that GPU from its published peaks, and the MFU\n"
 		"      --simulate[=MACHINE]\n"
-		"                      replay the step one rank runs on a machine model and\n"
-		"                      print its predicted time, compute, communication,\n"
-		"                      exposed communication, streams' use, peak memory and\n"
+		"                      replay the step one rank (each pp stage) runs on a\n"
+		"                      machine model and print its predicted time, compute,\n"
+		"                      communication, exposed communication, streams' use,\n"
+		"                      the pipeline's bubble, peak memory and\n"
 		"                      MFU (passes/simulate.c). MACHINE: a preset (h100-nvlink,\n"
 		"                      the default; a100-nvlink) or a JSON machine file\n"
 		"                      (util/machine.h)\n"
@@ -92,10 +93,12 @@ static void usage(FILE *out)
 		"                      with --simulate: write the predicted timeline as a\n"
 		"                      Perfetto trace, in dpexec --trace's format\n"
 		"      --plan          with --world-size N: compile and simulate every mesh\n"
-		"                      (tp, cp, dp_replicate, dp_shard), strategy, gradient\n"
-		"                      checkpointing and bucket_mb or prefetch, on --simulate's\n"
-		"                      machine; print the 10 fastest that fit --device-memory\n"
-		"                      (compiler/plan.c); -o writes the fastest's step file\n"
+		"                      (pp, tp, cp, dp_replicate, dp_shard), pipeline schedule,\n"
+		"                      strategy, gradient checkpointing and bucket_mb or\n"
+		"                      prefetch, on --simulate's machine, less those the memory\n"
+		"                      bound or dominance rule out; print the 10 fastest that\n"
+		"                      fit --device-memory (compiler/plan.c); -o writes the\n"
+		"                      fastest's step file\n"
 		"      --device-memory=SIZE\n"
 		"                      the device memory of one rank (80GiB, 512MiB, bytes): a\n"
 		"                      plan whose device arena is larger is an error naming its\n"
@@ -382,8 +385,9 @@ static int simulate_graph(const Graph *g, const Machine *mc, const char *trace_p
 	SimReport rep;
 	double t0 = now_ms();
 	if (sim_graph(g, mc, &rep, trace_path != NULL) < 0) {
-		fprintf(stderr, "dpc: --simulate: pp > 1 is not simulated yet (each stage runs its own "
-				"program, and their transfers pair up across ranks)\n");
+		fprintf(stderr, "dpc: --simulate: the pipeline stages' transfers did not pair up (a bug: "
+				"please report it with the .dp file)\n");
+		sim_report_free(&rep);
 		return -1;
 	}
 	double took = now_ms() - t0;

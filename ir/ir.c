@@ -120,12 +120,76 @@ static void *grow(Graph *g, void *arr, int *cap, int need, size_t elem)
 	return na;
 }
 
+/*
+ * Values by name. Passes look values up by name all the time (a 175B
+ * graph has ~10^5 of them), so ir_find_value reads an open-addressed table
+ * of Value pointers keyed by the name each value was entered under: every
+ * value on creation, again on a rename. Entries are never removed: a
+ * renamed value's old entry and a dropped value (ir_drop_value) stay, and
+ * a lookup keeps only the values that are still in the graph under that
+ * name now, the lowest id first, which is what a scan of g->values in
+ * order finds.
+ */
+static uint32_t name_hash(const char *s)
+{
+	uint32_t h = 2166136261u; /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h;
+}
+
+static int in_graph(const Graph *g, const Value *v)
+{
+	return v->id >= 0 && v->id < g->nvalues && g->values[v->id] == v;
+}
+
+static void name_put(Value **tab, int cap, Value *v)
+{
+	uint32_t at = name_hash(v->name) & (uint32_t)(cap - 1);
+	while (tab[at])
+		at = (at + 1) & (uint32_t)(cap - 1);
+	tab[at] = v;
+}
+
+static void name_enter(Graph *g, Value *v)
+{
+	if (2 * (g->by_name_used + 1) > g->by_name_cap) {
+		/* anew: the values in the graph under their names now, a
+		 * quarter full */
+		int cap = 1024;
+		while (cap < 4 * (g->nvalues + 1))
+			cap *= 2;
+		Value **tab = ir_alloc(g, sizeof *tab * (size_t)cap);
+		memset(tab, 0, sizeof *tab * (size_t)cap);
+		for (int i = 0; i < g->nvalues; i++)
+			if (g->values[i] != v)
+				name_put(tab, cap, g->values[i]);
+		g->by_name = tab;
+		g->by_name_cap = cap;
+		g->by_name_used = g->nvalues - (in_graph(g, v) ? 1 : 0);
+	}
+	name_put(g->by_name, g->by_name_cap, v);
+	g->by_name_used++;
+}
+
 Value *ir_find_value(Graph *g, const char *name)
 {
-	for (int i = 0; i < g->nvalues; i++)
-		if (strcmp(g->values[i]->name, name) == 0)
-			return g->values[i];
-	return NULL;
+	if (!g->by_name_cap)
+		return NULL;
+	Value *best = NULL;
+	uint32_t mask = (uint32_t)(g->by_name_cap - 1);
+	for (uint32_t at = name_hash(name) & mask; g->by_name[at]; at = (at + 1) & mask) {
+		Value *v = g->by_name[at];
+		if ((!best || v->id < best->id) && in_graph(g, v) && strcmp(v->name, name) == 0)
+			best = v;
+	}
+	return best;
+}
+
+void ir_rename_value(Graph *g, Value *v, const char *name)
+{
+	v->name = name;
+	name_enter(g, v);
 }
 
 const char *ir_fresh_name(Graph *g, const char *stem)
@@ -160,6 +224,7 @@ Value *ir_value(Graph *g, const char *name, DpDtype dt, int ndim, const int64_t 
 	v->loc = loc;
 	g->values = grow(g, g->values, &g->capvalues, g->nvalues + 1, sizeof(Value *));
 	g->values[g->nvalues++] = v;
+	name_enter(g, v);
 	return v;
 }
 

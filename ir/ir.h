@@ -241,6 +241,10 @@ typedef struct Graph {
 	                              it again in the graph (layout_plan) */
 	int64_t peak_bytes;        /* arena size after memory planning */
 	int64_t persistent_bytes;  /* of which params, grads, optimizer state, data, metrics */
+	/* ir_find_value's index (ir.c): values by the names they were entered
+	 * under, open-addressed, pool memory */
+	Value **by_name;
+	int by_name_cap, by_name_used;
 } Graph;
 
 Graph *ir_new(const char *file);
@@ -255,6 +259,8 @@ Value *ir_value(Graph *g, const char *name, DpDtype dt, int ndim, const int64_t 
 /* A name not used yet, from a stem: "t" -> "t3". */
 const char *ir_fresh_name(Graph *g, const char *stem);
 Value *ir_find_value(Graph *g, const char *name);
+/* Gives v a new name (ir_find_value finds it by it from then on). */
+void ir_rename_value(Graph *g, Value *v, const char *name);
 
 /* New node appended at the end of the program; out may be -1. */
 Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc loc);
@@ -552,6 +558,10 @@ void ir_canonicalize(Graph *g);
  * writes it, nothing views it); the values after it move down one id and
  * every reference follows. */
 void ir_drop_value(Graph *g, int id);
+/* Removes the n distinct values ids[] at once: the ids, graph and
+ * references ir_drop_value gives one at a time, in one pass over the
+ * graph (dropping many one by one is quadratic). */
+void ir_drop_values(Graph *g, const int *ids, int n);
 /* The pass a dump names on its first line, "; dp IR after PASS (FILE)":
  * PASS copied into after (at most len bytes with the NUL), and its 1-based
  * column returned; 0 when the first line names no pass. */

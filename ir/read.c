@@ -1373,16 +1373,28 @@ static void remap_values(Graph *g, const int *to, int nv)
 
 void ir_drop_value(Graph *g, int id)
 {
-	int nv = g->nvalues;
+	ir_drop_values(g, &id, 1);
+}
+
+void ir_drop_values(Graph *g, const int *ids, int n)
+{
+	int nv = g->nvalues, k = 0;
 	int *to = malloc(((size_t)nv + 1) * sizeof(int));
 	if (!to)
 		die("out of memory");
 	for (int i = 0; i < nv; i++)
-		to[i] = i < id ? i : i == id ? -1 : i - 1;
-	memmove(&g->values[id], &g->values[id + 1], (size_t)(nv - id - 1) * sizeof(Value *));
-	g->nvalues--;
-	for (int i = id; i < g->nvalues; i++)
-		g->values[i]->id = i;
+		to[i] = 0;
+	for (int i = 0; i < n; i++)
+		to[ids[i]] = -1;
+	for (int i = 0; i < nv; i++) {
+		if (to[i] < 0)
+			continue;
+		to[i] = k;
+		g->values[k] = g->values[i];
+		g->values[k]->id = k;
+		k++;
+	}
+	g->nvalues = k;
 	remap_values(g, to, nv);
 	free(to);
 }

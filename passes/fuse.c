@@ -26,6 +26,8 @@
  * fused ops as the two kernels they replace (bitwise the same results); on
  * CUDA one cuBLASLt call does both (runtime/cuda/gemm.cu).
  */
+#include <string.h>
+
 #include "passes.h"
 
 /* A temporary written by exactly one node and not a view: the only kind a
@@ -41,14 +43,74 @@ static int same_place(const Node *a, const Node *b)
 	return a->progs == b->progs && a->stream == b->stream && a->flags == b->flags;
 }
 
+/*
+ * The graph as fuse reads it, indexed once so that each candidate costs
+ * its own readers rather than a scan of every node (a pipelined step holds
+ * every micro-batch: ~10^5 candidates in ~10^6 nodes). Fused-away nodes
+ * are marked dead and leave g->nodes in one compaction at the end, so
+ * positions stay put and keep their order.
+ */
+typedef struct {
+	int *start, *at;  /* the positions of value v's readers: at[start[v] .. start[v + 1]) */
+	int *first_write; /* [v]: the first position whose out is v, -1 */
+	char *dead;       /* [position]: fused away */
+	int nvalues;      /* the values indexed */
+} FuseIndex;
+
+/* Is in[q] the first operand slot holding its value? (a reader once) */
+static int first_slot(const int *in, int q)
+{
+	for (int p = 0; p < q; p++)
+		if (in[p] == in[q])
+			return 0;
+	return 1;
+}
+
+static void fuse_index(Graph *g, FuseIndex *ix, char *dead)
+{
+	int nv = g->nvalues, n = g->nnodes;
+	ix->nvalues = nv;
+	ix->dead = dead;
+	ix->start = ir_alloc(g, ((size_t)nv + 2) * sizeof(int));
+	ix->first_write = ir_alloc(g, ((size_t)nv + 1) * sizeof(int));
+	memset(ix->start, 0, ((size_t)nv + 2) * sizeof(int));
+	for (int v = 0; v < nv; v++)
+		ix->first_write[v] = -1;
+	for (int j = 0; j < n; j++) {
+		const Node *nd = g->nodes[j];
+		if (dead[j])
+			continue;
+		for (int q = 0; q < nd->nin; q++) /* each reader once */
+			if (nd->in[q] >= 0 && first_slot(nd->in, q))
+				ix->start[nd->in[q] + 2]++;
+		if (nd->out >= 0 && nd->out < nv && ix->first_write[nd->out] < 0)
+			ix->first_write[nd->out] = j;
+	}
+	for (int v = 0; v < nv; v++)
+		ix->start[v + 2] += ix->start[v + 1];
+	ix->at = ir_alloc(g, ((size_t)ix->start[nv + 1] + 1) * sizeof(int));
+	for (int j = 0; j < n; j++) {
+		const Node *nd = g->nodes[j];
+		if (dead[j])
+			continue;
+		for (int q = 0; q < nd->nin; q++)
+			if (nd->in[q] >= 0 && first_slot(nd->in, q))
+				ix->at[ix->start[nd->in[q] + 1]++] = j;
+	}
+}
+
 /* The one node after position i reading value v as operand k with op, or
  * NULL (none, or another node reads v too: then *others is set). */
-static Node *sole_reader(const Graph *g, int i, int v, IrOp op, int k, int *others)
+static Node *sole_reader(const Graph *g, const FuseIndex *ix, int i, int v, IrOp op, int k,
+			 int *others)
 {
 	Node *found = NULL;
 	*others = 0;
-	for (int j = 0; j < g->nnodes; j++) {
+	for (int p = ix->start[v]; p < ix->start[v + 1]; p++) {
+		int j = ix->at[p];
 		Node *n = g->nodes[j];
+		if (ix->dead[j])
+			continue;
 		for (int q = 0; q < n->nin; q++) {
 			if (n->in[q] != v)
 				continue;
@@ -62,15 +124,18 @@ static Node *sole_reader(const Graph *g, int i, int v, IrOp op, int k, int *othe
 }
 
 /* linear -> gelu: the linear writes both halves, the two values view them. */
-static void fuse_forward(Graph *g, Node *lin, const int *writers)
+static void fuse_forward(Graph *g, const FuseIndex *ix, int i, const int *writers)
 {
-	int h = lin->out;
+	Node *lin = g->nodes[i];
+	int h = lin->out, gj = -1;
 	if (h < 0 || !plain_temp(g, h, writers))
 		return;
 	Node *gelu = NULL;
-	for (int j = ir_node_index(g, lin) + 1; j < g->nnodes && !gelu; j++)
-		if (g->nodes[j]->op == DP_OP_GELU && g->nodes[j]->in[0] == h)
-			gelu = g->nodes[j];
+	for (int p = ix->start[h]; p < ix->start[h + 1] && !gelu; p++) {
+		int j = ix->at[p];
+		if (j > i && !ix->dead[j] && g->nodes[j]->op == DP_OP_GELU && g->nodes[j]->in[0] == h)
+			gelu = g->nodes[j], gj = j;
+	}
 	if (!gelu || !same_place(lin, gelu) || gelu->out < 0 || !plain_temp(g, gelu->out, writers))
 		return;
 	Value *hv = g->values[h], *av = g->values[gelu->out];
@@ -89,18 +154,18 @@ static void fuse_forward(Graph *g, Node *lin, const int *writers)
 	hv->view_offset = 0;
 	av->view_offset = rows * cols;
 	hv->def = av->def = -1;
-	ir_remove_node(g, gelu);
+	ix->dead[gj] = 1;
 }
 
 /* matmul -> gelu_grad: one matmul that multiplies by gelu'(h) as it stores.
  * Returns the matmul's old result, which nothing uses any more, or -1. */
-static int fuse_backward(Graph *g, Node *mm, const int *writers)
+static int fuse_backward(Graph *g, const FuseIndex *ix, int i, const int *writers)
 {
+	Node *mm = g->nodes[i];
 	int da = mm->out, others;
 	if (da < 0 || DP_ATTR(mm, MATMUL, acc) || !plain_temp(g, da, writers))
 		return -1;
-	int i = ir_node_index(g, mm);
-	Node *gg = sole_reader(g, i, da, DP_OP_GELU_GRAD, 0, &others);
+	Node *gg = sole_reader(g, ix, i, da, DP_OP_GELU_GRAD, 0, &others);
 	if (!gg || others || gg->in[1] == da || !same_place(mm, gg) || gg->out < 0 ||
 	    !plain_temp(g, gg->out, writers))
 		return -1;
@@ -109,18 +174,17 @@ static int fuse_backward(Graph *g, Node *mm, const int *writers)
 		return -1;
 	/* h is complete before the matmul: its root's writer comes first */
 	const Value *root = ir_root(g, g->values[gg->in[1]]);
-	int hw = -1;
-	for (int j = 0; j < i && hw < 0; j++)
-		if (g->nodes[j]->out == root->id)
-			hw = j;
-	if (hw < 0)
+	int hw = root->id < ix->nvalues ? ix->first_write[root->id] : -1;
+	if (hw < 0 || hw >= i)
 		return -1;
 	mm->op = DP_OP_MATMUL_GELU_GRAD;
 	mm->in[2] = gg->in[1];
 	mm->nin = 3;
 	mm->out = gg->out;
 	g->values[gg->out]->def = mm->id;
-	ir_remove_node(g, gg);
+	for (int p = ix->start[da]; p < ix->start[da + 1]; p++) /* gg: da's only reader */
+		if (g->nodes[ix->at[p]] == gg)
+			ix->dead[ix->at[p]] = 1;
 	return da;
 }
 
@@ -131,25 +195,28 @@ int fuse_run(Graph *g, Diag *d)
 	for (int i = 0; i < g->nnodes; i++)
 		if (g->nodes[i]->out >= 0)
 			writers[g->nodes[i]->out]++;
-	/* forward first: the backward's h is then a view the matmul reads */
+	/* forward first: the backward's h is then a view the matmul reads
+	 * (indexed again after it: the packs' writers) */
+	char *gone = ir_alloc(g, (size_t)g->nnodes + 1);
+	memset(gone, 0, (size_t)g->nnodes + 1);
+	FuseIndex ix;
+	fuse_index(g, &ix, gone);
 	for (int i = 0; i < g->nnodes; i++)
-		if (g->nodes[i]->op == DP_OP_LINEAR)
-			fuse_forward(g, g->nodes[i], writers);
-	/* the matmuls' old results go last, highest id first: ids stay valid */
+		if (!gone[i] && g->nodes[i]->op == DP_OP_LINEAR)
+			fuse_forward(g, &ix, i, writers);
+	fuse_index(g, &ix, gone);
+	/* the matmuls' old results go last, all at once: ids stay valid */
 	int *dead = ir_alloc(g, (size_t)g->nvalues * sizeof(int) + 1), ndead = 0;
 	for (int i = 0; i < g->nnodes; i++) {
-		int v = g->nodes[i]->op == DP_OP_MATMUL ? fuse_backward(g, g->nodes[i], writers) : -1;
+		int v = !gone[i] && g->nodes[i]->op == DP_OP_MATMUL ? fuse_backward(g, &ix, i, writers) : -1;
 		if (v >= 0)
 			dead[ndead++] = v;
 	}
-	for (int i = 0; i < ndead; i++)
-		for (int j = i + 1; j < ndead; j++)
-			if (dead[j] > dead[i]) {
-				int t = dead[i];
-				dead[i] = dead[j];
-				dead[j] = t;
-			}
-	for (int i = 0; i < ndead; i++)
-		ir_drop_value(g, dead[i]);
+	int k = 0; /* the fused-away nodes leave, the rest keep their order */
+	for (int i = 0; i < g->nnodes; i++)
+		if (!gone[i])
+			g->nodes[k++] = g->nodes[i];
+	g->nnodes = k;
+	ir_drop_values(g, dead, ndead);
 	return 0;
 }

@@ -339,7 +339,7 @@ static int shard_buffer(Graph *g, int f, int64_t full, int64_t ltot, unsigned pa
 	Value *v = g->values[f];
 	const char *name = ir_fmt(g, "%s.shard", v->name);
 	if (!full) {
-		v->name = name;
+		ir_rename_value(g, v, name);
 		v->dims[0] = ltot;
 		place_shard(v);
 		return f;
@@ -395,7 +395,7 @@ static void lay_out_shards(Graph *g, ShardPlan *pl)
 		}
 	if (pl->copy >= 0) {
 		Value *c = g->values[pl->copy];
-		c->name = ir_fmt(g, "%s.%s", g->values[sp]->name, ir_dtype_name(pl->half));
+		ir_rename_value(g, c, ir_fmt(g, "%s.%s", g->values[sp]->name, ir_dtype_name(pl->half)));
 		c->dims[0] = ltot;
 		place_shard(c);
 	}

@@ -159,6 +159,11 @@ typedef struct {
 	double bytes;      /* SIM_COLL: bus bytes */
 	int link;          /* SIM_COLL: MACH_INTRA, MACH_INTER, MACH_P2P */
 	int event;         /* SIM_RECORD, SIM_WAIT */
+	int stage;         /* pp > 1: the stage that runs it; -1: every stage */
+	int peer;          /* a pipeline send or recv: its partner's index; else -1 */
+	int recv;          /* a pipeline recv (the p2p link's inbound direction) */
+	int sync;          /* a collective whose group spans pp: it moves once every
+	                      stage has reached it */
 } SimOp;
 /* A span of the predicted timeline: lane 0 the compute stream (the host on
  * the cpu executor), -1 a wait on it, 1.. the comm lanes. */
@@ -176,23 +181,40 @@ typedef struct {
 	int nspans, capspans;
 } SimResult;
 /* Replays ops[0..n-1] accum times (DP_IF_LAST ops on the last only) on the
- * executor (MACH_GPU, MACH_CPU) with the links' bandwidths (bytes/s). */
+ * executor (MACH_GPU, MACH_CPU) with the links' bandwidths (bytes/s); every
+ * op on the one rank (stage and peer ignored). */
 int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
 	    SimResult *r);
+/* pp > 1: the stages 0..p-1 of one unrolled step program (every
+ * micro-batch in it), each running its own ops and the ops of every stage,
+ * a pipeline transfer moving once both its send and its recv are posted, a
+ * collective spanning pp once every stage has posted it. r[0..p-1]: each
+ * stage's result. Returns the number of sweeps the pairing took to settle,
+ * or -1 when it did not (a bug: the verifier refuses deadlocking orders). */
+int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *link_bw,
+		   int nevents, SimResult *r);
 /* The STEP program's SimOps on machine mc; nodes[k]: ops[k]'s node index. */
 int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **nodes);
 typedef struct {
 	SimOp *ops;
 	int *nodes;
 	int nops;
-	SimResult res;
+	int nstages;                /* pp (1 at pp = 1) */
+	SimResult *stage;           /* [nstages]: each stage's replay */
+	SimResult res;              /* the step: the slowest stage's figures (its spans
+	                               stay in stage[]) */
+	int slowest;                /* that stage */
+	double forecast_bubble;     /* pp > 1: stages_simulate's bubble from the FLOPs
+	                               (--stats'), -1 when it has none */
+	int sweeps;                 /* pp > 1: sim_run_stages' sweeps */
 	double model_flops, tokens; /* per optimizer step (roofline_model_flops) */
 } SimReport;
-/* Simulates g on mc: 0, or -1 when g is not simulated (pp > 1). */
+/* Simulates g on mc: 0, or -1 when it cannot (the pairing did not settle). */
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
 void sim_report_free(SimReport *rep);
 void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *rep);
-/* The predicted timeline as runtime/trace.c's Perfetto JSON (rank 0). */
+/* The predicted timeline as runtime/trace.c's Perfetto JSON: rank 0, at
+ * pp > 1 the first rank of every stage (one process each). */
 void sim_trace(FILE *f, const Graph *g, const SimReport *rep);
 
 #endif

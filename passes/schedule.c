@@ -198,6 +198,101 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll 
 	return j;
 }
 
+/*
+ * The compute nodes by the memory they touch: for each root value, the
+ * compute positions (ascending) of the nodes reading or writing a value of
+ * that root. Memory that overlaps has one root (ir_overlaps), so a compute
+ * node that conflicts with or touches a collective is in the list of a
+ * root of one of the collective's values: the searches below look there
+ * instead of at every compute node.
+ */
+typedef struct {
+	int *start; /* [nvalues + 1]: the list of root r is at[start[r] .. start[r + 1]) */
+	int *at;
+} RootIndex;
+
+static int node_roots(const Graph *g, const Node *n, int *roots)
+{
+	int k = 0;
+	for (int i = 0; i < n->nin; i++)
+		if (n->in[i] >= 0)
+			roots[k++] = ir_root(g, g->values[n->in[i]])->id;
+	if (n->out >= 0)
+		roots[k++] = ir_root(g, g->values[n->out])->id;
+	return k;
+}
+
+static void root_index(Graph *g, Node **comp, int ncomp, RootIndex *ix)
+{
+	int nv = g->nvalues, roots[DP_MAX_IN + 1];
+	ix->start = ir_alloc(g, ((size_t)nv + 2) * sizeof(int));
+	memset(ix->start, 0, ((size_t)nv + 2) * sizeof(int));
+	for (int j = 0; j < ncomp; j++) {
+		int k = node_roots(g, comp[j], roots);
+		for (int i = 0; i < k; i++)
+			ix->start[roots[i] + 2]++;
+	}
+	for (int r = 0; r < nv; r++)
+		ix->start[r + 2] += ix->start[r + 1];
+	ix->at = ir_alloc(g, ((size_t)ix->start[nv + 1] + 1) * sizeof(int));
+	for (int j = 0; j < ncomp; j++) {
+		int k = node_roots(g, comp[j], roots);
+		for (int i = 0; i < k; i++)
+			ix->at[ix->start[roots[i] + 1]++] = j;
+	}
+	/* start[r + 1] is now the end of r's list, start[r] its beginning */
+}
+
+/* The last compute position before `before` in c's programs that conflicts
+ * with c, or -1. */
+static int last_conflict(Graph *g, Node **comp, const RootIndex *ix, const Node *c, int before)
+{
+	int roots[DP_MAX_IN + 1], k = node_roots(g, c, roots), best = -1;
+	for (int i = 0; i < k; i++) {
+		const int *lo = ix->at + ix->start[roots[i]], *hi = ix->at + ix->start[roots[i] + 1];
+		while (lo < hi) { /* the first entry >= before */
+			const int *mid = lo + (hi - lo) / 2;
+			if (*mid < before)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (const int *p = lo - 1; p >= ix->at + ix->start[roots[i]] && *p > best; p--)
+			if (share(comp[*p], c) && conflicts(g, comp[*p], c)) {
+				best = *p;
+				break;
+			}
+	}
+	return best;
+}
+
+/* The first compute position after `after` in c's programs that touches
+ * c's memory (a collective) or conflicts with it (a comm-stream kernel:
+ * offload's D2H), or ncomp. */
+static int first_toucher(Graph *g, Node **comp, int ncomp, const RootIndex *ix, const Node *c,
+			 int after)
+{
+	int roots[DP_MAX_IN + 1], k = node_roots(g, c, roots), best = ncomp;
+	for (int i = 0; i < k; i++) {
+		const int *lo = ix->at + ix->start[roots[i]], *hi = ix->at + ix->start[roots[i] + 1];
+		const int *end = hi;
+		while (lo < hi) { /* the first entry > after */
+			const int *mid = lo + (hi - lo) / 2;
+			if (*mid <= after)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		for (const int *p = lo; p < end && *p < best; p++)
+			if (share(comp[*p], c) &&
+			    (is_collective(c) ? touches_node(g, comp[*p], c) : conflicts(g, comp[*p], c))) {
+				best = *p;
+				break;
+			}
+	}
+	return best;
+}
+
 int sched_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -225,14 +320,11 @@ int sched_run(Graph *g, Diag *d)
 	 * comm stream keeps their order); otherwise collectives may pass each
 	 * other (a prefetched all_gather overtakes a reduce_scatter), and the
 	 * order is the same on every rank because it is fixed here. */
+	RootIndex ix;
+	root_index(g, comp, ncomp, &ix);
 	for (int c = 0; c < ncoll; c++) {
 		Node *n = coll[c].node;
-		int dep = -1;
-		for (int j = at[c] - 1; j >= 0; j--)
-			if (share(comp[j], n) && conflicts(g, comp[j], n)) {
-				dep = j;
-				break;
-			}
+		int dep = last_conflict(g, comp, &ix, n, at[c]);
 		if (gathering(g, n)) {
 			int q = at[c];
 			while (q < ncomp && !share(comp[q], n))
@@ -267,14 +359,7 @@ int sched_run(Graph *g, Diag *d)
 	 * that touches its memory in a common program. */
 	for (int c = 0; c < ncoll; c++) {
 		Coll *k = &coll[c];
-		k->wait = ncomp;
-		for (int j = k->after + 1; j < ncomp; j++)
-			if (share(comp[j], k->node) &&
-			    (is_collective(k->node) ? touches_node(g, comp[j], k->node)
-						    : conflicts(g, comp[j], k->node))) {
-				k->wait = j;
-				break;
-			}
+		k->wait = first_toucher(g, comp, ncomp, &ix, k->node, k->after);
 	}
 	/* A collective whose result a comm-stream kernel reads (offload's D2H
 	 * of a reduce_scatter's result) is done when that kernel is: compute
@@ -296,26 +381,41 @@ int sched_run(Graph *g, Diag *d)
 	 * after the same compute node go in program order. */
 	int cap = n0 + 4 * ncoll;
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
+	/* the collectives by their wait, start and after indices, each list in
+	 * program order (linear, where scanning every collective at every
+	 * compute node was quadratic) */
+	int *head = ir_alloc(g, 3 * ((size_t)ncomp + 2) * sizeof(int));
+	int *next = ir_alloc(g, 3 * ((size_t)ncoll + 1) * sizeof(int));
+	for (int i = 0; i < 3 * (ncomp + 2); i++)
+		head[i] = -1;
+	for (int c = ncoll - 1; c >= 0; c--) {
+		int key[3] = {coll[c].wait, coll[c].ev_start >= 0 ? coll[c].start : -2, coll[c].after};
+		for (int f = 0; f < 3; f++) {
+			if (key[f] < -1)
+				continue;
+			int *h = &head[f * (ncomp + 2) + key[f] + 1];
+			next[f * ncoll + c] = *h;
+			*h = c;
+		}
+	}
+#define COLLS_AT(f, j, c) \
+	for (int c = head[(f) * (ncomp + 2) + (j) + 1]; c >= 0; c = next[(f) * ncoll + c])
 	int k = 0;
 	for (int j = -1; j <= ncomp; j++) {
 		/* before compute node j (j == ncomp: the end): completion waits */
 		if (j >= 0)
-			for (int c = 0; c < ncoll; c++)
-				if (coll[c].wait == j)
-					order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMPUTE,
-							   coll[c].ev_done, coll[c].node);
+			COLLS_AT(0, j, c)
+				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMPUTE,
+						   coll[c].ev_done, coll[c].node);
 		if (j == ncomp)
 			break;
 		if (j >= 0)
 			order[k++] = comp[j];
 		/* after compute node j: start records, then the collectives */
-		for (int c = 0; c < ncoll; c++)
-			if (coll[c].start == j && coll[c].ev_start >= 0)
-				order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
-						   coll[c].ev_start, coll[c].node);
-		for (int c = 0; c < ncoll; c++) {
-			if (coll[c].after != j)
-				continue;
+		COLLS_AT(1, j, c)
+			order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
+					   coll[c].ev_start, coll[c].node);
+		COLLS_AT(2, j, c) {
 			if (coll[c].ev_start >= 0)
 				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMM, coll[c].ev_start,
 						   coll[c].node);
@@ -324,6 +424,7 @@ int sched_run(Graph *g, Diag *d)
 					   coll[c].node);
 		}
 	}
+#undef COLLS_AT
 	if (k != g->nnodes)
 		die("schedule: emitted %d of %d nodes", k, g->nnodes);
 	memcpy(g->nodes, order, (size_t)k * sizeof(Node *));

@@ -93,20 +93,31 @@ void shard_writers(Graph *g, int n, int **first, int **last)
 	int nv = g->nvalues;
 	int *f = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
 	int *l = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
-	for (int v = 0; v < nv; v++) {
+	/* the gradients by their root value (only values of one root overlap):
+	 * each backward node is checked against its output root's gradients */
+	int *head = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
+	int *next = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
+	for (int v = 0; v < nv; v++)
+		f[v] = l[v] = head[v] = -1;
+	for (int v = nv - 1; v >= 0; v--) {
 		const Value *gv = g->values[v];
-		f[v] = l[v] = -1;
 		if (gv->kind != DP_T_GRAD || gv->param < 0)
 			continue;
-		for (int i = 0; i < n; i++) {
-			const Node *nd = g->nodes[i];
-			if (nd->phase == PH_BWD && (nd->progs & IR_IN_STEP) && nd->out >= 0 &&
-			    ir_overlaps(g, g->values[nd->out], gv)) {
+		int r = ir_root(g, gv)->id;
+		next[v] = head[r];
+		head[r] = v;
+	}
+	for (int i = 0; i < n; i++) {
+		const Node *nd = g->nodes[i];
+		if (nd->phase != PH_BWD || !(nd->progs & IR_IN_STEP) || nd->out < 0)
+			continue;
+		const Value *o = g->values[nd->out];
+		for (int v = head[ir_root(g, o)->id]; v >= 0; v = next[v])
+			if (ir_overlaps(g, o, g->values[v])) {
 				if (f[v] < 0)
 					f[v] = i;
 				l[v] = i;
 			}
-		}
 	}
 	*first = f;
 	*last = l;

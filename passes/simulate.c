@@ -9,13 +9,28 @@
  * events between them (passes/schedule.c). One optimizer step is the
  * program run grad_accum times, DP_IF_LAST instructions on the last run
  * only, as runtime/exec.c's exec_step runs it; the streams carry over from
- * one run to the next.
+ * one run to the next. At pp > 1 the program holds every micro-batch
+ * (passes/unroll.c) and runs once; a rank of stage s runs the instructions
+ * of stage s and of every stage (Node.stage -1), and skips the rest.
  *
  * Two steps: sim_build turns each STEP instruction into a SimOp with its
  * cost on the machine (a kernel's seconds; a collective's latency, bus
- * bytes and link), sim_run replays the SimOps. sim_run is the simulator's
- * whole arithmetic, and tests/simulate_test.c checks it on hand-built
- * schedules.
+ * bytes and link; a pipeline send or recv paired with its other end by
+ * tag), sim_run replays the SimOps (sim_run_stages: every stage's, paired
+ * up). They are the simulator's whole arithmetic, and
+ * tests/simulate_test.c checks them on hand-built schedules.
+ *
+ * Pipelines (pp > 1). The stages' replays are coupled: a send and its recv
+ * move once both are posted (MPI's and NCCL's rendezvous), taking the p2p
+ * link's alpha plus their bytes over its bandwidth, full duplex (a stage's
+ * sends and recvs do not share it); a collective whose group spans pp (the
+ * gradients' all_reduce over pp) moves once its last stage posts it.
+ * sim_run_stages finds the times by iterating the stages' replays to a
+ * fixed point (its comment says why that is the co-simulation's answer).
+ * The step is the slowest stage's end; each stage's compute stream idle
+ * over the step is printed beside --stats' bubble from the FLOPs
+ * (stages_simulate), which leaves out the transfers' time and the kernels'
+ * overheads and the once-per-step part.
  *
  * Costs. A kernel: the machine's per-kernel overhead plus the larger of its
  * FLOPs over the rate it runs at and its bytes over the memory bandwidth
@@ -51,13 +66,14 @@
  * compute stream waited on events: the part the schedule did not hide),
  * each stream's utilisation, the peak memory (the memory plan's arena, the
  * exact figure: one allocation per rank) and the MFU (roofline_model_flops
- * over the step time at the machine's bf16 peak).
+ * over the step time at the machine's bf16 peak; at pp > 1 a rank's share,
+ * the step's model FLOPs over the stages).
  *
- * Not simulated: pp > 1 (the stages' programs differ and their transfers
- * pair up across ranks; refused with a message), the host's own time on
- * the gpu executor, and contention between compute and communication for
- * memory bandwidth or SMs.
+ * Not simulated: the host's own time on the gpu executor, contention
+ * between compute and communication for memory bandwidth or SMs, and
+ * stages sharing a node's links (each rank's p2p link is its own).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,10 +87,14 @@ typedef struct {
 	int link, op, micro;
 } Flow;
 
+/* The fluid's lanes: the machine's links, and the p2p link's inbound
+ * direction (a pipeline recv), full duplex beside its sends. */
+enum { LANE_P2P_IN = MACH_NLINK, NLANE };
+
 typedef struct {
 	const SimOp *ops;
 	int executor;
-	const double *link_bw;
+	double link_bw[NLANE];
 	Flow *fl;
 	int nfl, capfl;
 	int first_open; /* flows below are all done */
@@ -102,7 +122,7 @@ static void fluid_step(Sim *s, double t)
 	if (t >= 0 && t <= s->clock)
 		return;
 	for (;;) {
-		int moving[MACH_NLINK] = {0}, any = 0;
+		int moving[NLANE] = {0}, any = 0;
 		double next = INFINITY;
 		for (int i = s->first_open; i < s->nfl; i++) {
 			Flow *f = &s->fl[i];
@@ -161,21 +181,38 @@ static double fluid_wait(Sim *s, int upto)
 	return end;
 }
 
-static void fluid_start(Sim *s, double t, const SimOp *op, int idx, int micro)
+/* A collective posted at t that may not move before ready (its partners'
+ * posting: a pipeline transfer's other end, a pp-spanning group's last
+ * stage): it starts at the later. */
+static void fluid_start(Sim *s, double t, double ready, const SimOp *op, int idx, int micro)
 {
 	fluid_step(s, t);
+	double go = fmax(t, ready);
+	int lane = op->link == MACH_P2P && op->recv ? LANE_P2P_IN : op->link;
 	if (s->nfl == s->capfl) {
 		s->capfl = s->capfl ? 2 * s->capfl : 64;
 		s->fl = realloc(s->fl, sizeof *s->fl * (size_t)s->capfl);
 		if (!s->fl)
 			die("out of memory");
 	}
-	s->fl[s->nfl++] = (Flow){t, t + op->alpha, op->bytes, -1, op->link, idx, micro};
+	s->fl[s->nfl++] = (Flow){go, go + op->alpha, op->bytes, -1, lane, idx, micro};
 }
 
-/* The length of the union of the flows' intervals (they start in order). */
-static double flows_union(const Sim *s)
+static int by_flow_start(const void *a, const void *b)
 {
+	const Flow *x = a, *y = b;
+	return (x->start > y->start) - (x->start < y->start);
+}
+
+/* The length of the union of the flows' intervals (sorted by start first
+ * when a flow waited for its partners past a later one's start). */
+static double flows_union(Sim *s)
+{
+	for (int i = 1; i < s->nfl; i++)
+		if (s->fl[i].start < s->fl[i - 1].start) {
+			qsort(s->fl, (size_t)s->nfl, sizeof *s->fl, by_flow_start);
+			break;
+		}
 	double total = 0, lo = 0, hi = -1;
 	for (int i = 0; i < s->nfl; i++) {
 		const Flow *f = &s->fl[i];
@@ -193,10 +230,16 @@ static double flows_union(const Sim *s)
 	return total;
 }
 
-int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
-	    SimResult *r)
+/* One rank's replay: ops of every stage and of stage (all of them when
+ * stage < 0); a collective moves from ready[i] on (NULL: when posted), and
+ * when each is posted goes to posted[i] (NULL: nowhere; accum 1). */
+static void replay(const SimOp *ops, int n, int accum, int executor, const double *link_bw,
+		   int nevents, int stage, const double *ready, double *posted, SimResult *r)
 {
-	Sim s = {.ops = ops, .executor = executor, .link_bw = link_bw, .r = r};
+	Sim s = {.ops = ops, .executor = executor, .r = r};
+	for (int l = 0; l < MACH_NLINK; l++)
+		s.link_bw[l] = link_bw[l];
+	s.link_bw[LANE_P2P_IN] = link_bw[MACH_P2P];
 	double tail[DP_NSTREAM] = {0, 0}, host = 0;
 	double *ev_time = calloc((size_t)nevents + 1, sizeof *ev_time); /* gpu: when it is reached */
 	int *ev_flows = calloc((size_t)nevents + 1, sizeof *ev_flows);  /* cpu: flows it covers */
@@ -210,6 +253,9 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 			/* compression: the steady state, the compressed path */
 			if (((o->flags & DP_IF_LAST) && mb != accum - 1) || (o->flags & DP_IF_PLAIN))
 				continue;
+			if (stage >= 0 && o->stage >= 0 && o->stage != stage)
+				continue; /* another stage's: skipped by this rank */
+			double rd = ready ? ready[i] : 0;
 			if (executor == MACH_CPU) {
 				switch (o->kind) {
 				case SIM_KERNEL: {
@@ -222,7 +268,9 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 					break;
 				}
 				case SIM_COLL:
-					fluid_start(&s, host, o, i, mb);
+					if (posted)
+						posted[i] = host;
+					fluid_start(&s, host, rd, o, i, mb);
 					break;
 				case SIM_RECORD:
 					ev_flows[o->event] = o->stream == DP_STREAM_COMM ? s.nfl : 0;
@@ -249,7 +297,9 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 					r->busy[DP_STREAM_COMPUTE] += o->dur;
 				break;
 			case SIM_COLL: /* in order on its stream: it moves alone */
-				fluid_start(&s, *t, o, i, mb);
+				if (posted)
+					posted[i] = *t;
+				fluid_start(&s, *t, rd, o, i, mb);
 				*t = fluid_wait(&s, s.nfl);
 				break;
 			case SIM_RECORD:
@@ -275,7 +325,86 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 	free(s.fl);
 	free(ev_time);
 	free(ev_flows);
+}
+
+int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
+	    SimResult *r)
+{
+	replay(ops, n, accum, executor, link_bw, nevents, -1, NULL, NULL, r);
 	return 0;
+}
+
+/*
+ * The stages' replays paired up, by iteration to a fixed point. Each
+ * stage's replay is a function of when its transfers and pp-spanning
+ * collectives may move (ready), and gives when it posts each of them
+ * (posted); a transfer may move once its other end is posted, a pp
+ * collective once the last stage posts it. Starting from ready = 0 (a
+ * lower bound of every time), every sweep replays the stages whose ready
+ * times changed since their last replay, with the latest ones (forward and
+ * backward sweeps in turn, so that a chain of transfers in either
+ * direction settles in one), and the times only grow (every time is a max
+ * and sum of the ready times); when no stage is left to replay, each was
+ * replayed with the times its partners give: the co-simulation's answer.
+ * Each sweep fixes at least one more transfer of the longest chain, so at
+ * most one sweep per paired op are needed.
+ */
+int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *link_bw,
+		   int nevents, SimResult *r)
+{
+	double *ready = calloc((size_t)n + 1, sizeof *ready);
+	double *posted = calloc((size_t)p * (size_t)n + 1, sizeof *posted);
+	/* what each stage's replay feeds: the transfers whose other end it
+	 * runs (from[st] .. from[st + 1] in feed), and the pp collectives */
+	int *from = calloc((size_t)p + 2, sizeof *from), *feed = calloc((size_t)n + 1, sizeof *feed);
+	int *sync = calloc((size_t)n + 1, sizeof *sync), nsync = 0;
+	char *dirty = malloc((size_t)p);
+	if (!ready || !posted || !from || !feed || !sync || !dirty)
+		die("out of memory");
+	for (int i = 0; i < n; i++)
+		if (ops[i].peer >= 0)
+			from[ops[ops[i].peer].stage + 2]++;
+		else if (ops[i].sync)
+			sync[nsync++] = i;
+	for (int st = 0; st < p; st++)
+		from[st + 2] += from[st + 1];
+	for (int i = 0; i < n; i++)
+		if (ops[i].peer >= 0)
+			feed[from[ops[ops[i].peer].stage + 1]++] = i;
+	memset(dirty, 1, (size_t)p);
+	int sweep, left = p, bound = n + 2;
+	for (sweep = 1; left && sweep <= bound; sweep++) {
+		for (int k = 0; k < p; k++) {
+			int st = sweep & 1 ? k : p - 1 - k;
+			if (!dirty[st]) /* its ready times are those it was replayed with */
+				continue;
+			dirty[st] = 0, left--;
+			replay(ops, n, 1, executor, link_bw, nevents, st, ready, posted + (size_t)st * (size_t)n,
+			       &r[st]);
+			for (int f = from[st]; f < from[st + 1]; f++) {
+				int i = feed[f];
+				double want = posted[(size_t)st * (size_t)n + (size_t)ops[i].peer];
+				if (want != ready[i]) {
+					ready[i] = want;
+					left += !dirty[ops[i].stage];
+					dirty[ops[i].stage] = 1;
+				}
+			}
+			for (int y = 0; y < nsync; y++) {
+				int i = sync[y];
+				double want = 0;
+				for (int q = 0; q < p; q++)
+					want = fmax(want, posted[(size_t)q * (size_t)n + (size_t)i]);
+				if (want != ready[i]) {
+					ready[i] = want;
+					for (int q = 0; q < p; q++)
+						left += !dirty[q], dirty[q] = 1;
+				}
+			}
+		}
+	}
+	free(ready), free(posted), free(from), free(feed), free(sync), free(dirty);
+	return left ? -1 : sweep - 1;
 }
 
 /* ---- the graph's STEP program as SimOps ---- */
@@ -328,8 +457,39 @@ static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 	return over + fmax(f / rate, b / bw);
 }
 
+/* The transfers seen so far by tag: the first end of each waits here for
+ * its other end (p2p.c numbers each send/recv pair by its tag). */
+typedef struct {
+	int *first; /* [tag]: the op index + 1 of the end seen, 0: none */
+	int64_t cap;
+} TagIndex;
+
+static void pair_transfer(SimOp *o, int k, int64_t tag, TagIndex *t)
+{
+	if (tag >= t->cap) {
+		int64_t cap = t->cap ? t->cap : 64;
+		while (cap <= tag)
+			cap *= 2;
+		t->first = realloc(t->first, sizeof *t->first * (size_t)cap);
+		if (!t->first)
+			die("out of memory");
+		memset(t->first + t->cap, 0, sizeof *t->first * (size_t)(cap - t->cap));
+		t->cap = cap;
+	}
+	if (!t->first[tag]) {
+		t->first[tag] = k + 1;
+		return;
+	}
+	int other = t->first[tag] - 1;
+	assert(o[other].recv != o[k].recv);
+	o[other].peer = k;
+	o[k].peer = other;
+	t->first[tag] = 0;
+}
+
 int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **nodes)
 {
+	TagIndex tags = {0};
 	int n = 0;
 	for (int i = 0; i < g->nnodes; i++)
 		n += (g->nodes[i]->progs & IR_IN_STEP) != 0;
@@ -346,6 +506,8 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 		which[k++] = i;
 		s->stream = nd->stream;
 		s->flags = nd->flags;
+		s->stage = g->cfg.mesh[DP_AXIS_PP] > 1 ? nd->stage : -1;
+		s->peer = -1;
 		switch (dp_op_class(nd->op)) {
 		case DP_OPC_EVENT:
 			s->kind = nd->op == DP_OP_EVENT_RECORD ? SIM_RECORD : SIM_WAIT;
@@ -356,7 +518,9 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 			if (nd->op == DP_OP_SEND || nd->op == DP_OP_RECV) {
 				const Value *v = g->values[nd->op == DP_OP_SEND ? nd->in[0] : nd->out];
 				s->link = MACH_P2P;
+				s->recv = nd->op == DP_OP_RECV;
 				s->bytes = (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
+				pair_transfer(o, k - 1, DP_TAG(nd), &tags);
 			} else {
 				unsigned axes = (unsigned)DP_AXES(nd);
 				int ranks = stats_group_ranks(g, axes);
@@ -364,6 +528,7 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 				s->bytes = stats_coll_bytes(g, nd) * stats_bus_factor(nd->op, ranks);
 				if (ranks <= 1) /* a group of one moves nothing and waits for no one */
 					break;
+				s->sync = (axes & DP_AXIS_BIT(DP_AXIS_PP)) && g->cfg.mesh[DP_AXIS_PP] > 1;
 			}
 			s->alpha = mc->link[s->link].alpha_s;
 			break;
@@ -385,6 +550,7 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 			s->dur = kernel_seconds(g, nd, mc);
 		}
 	}
+	free(tags.first);
 	*ops = o;
 	*nops = k;
 	*nodes = which;
@@ -396,17 +562,46 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
 {
 	memset(rep, 0, sizeof *rep);
-	if (g->cfg.mesh[DP_AXIS_PP] > 1)
-		return -1;
+	int p = g->cfg.mesh[DP_AXIS_PP] > 1 ? (int)g->cfg.mesh[DP_AXIS_PP] : 1;
 	double bw[MACH_NLINK];
 	for (int l = 0; l < MACH_NLINK; l++)
 		bw[l] = mc->link[l].busbw;
 	sim_build(g, mc, &rep->ops, &rep->nops, &rep->nodes);
-	rep->res.want_spans = want_spans;
+	rep->nstages = p;
+	rep->stage = calloc((size_t)p, sizeof *rep->stage);
+	if (!rep->stage)
+		die("out of memory");
+	for (int s = 0; s < p; s++)
+		rep->stage[s].want_spans = want_spans;
+	/* the step program runs grad_accum times; at pp > 1 once, holding
+	 * every micro-batch (passes/unroll.c) */
+	int copies = stages_micro_copies(g);
 	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
-	sim_run(rep->ops, rep->nops, accum, mc->executor, bw, g->nevents, &rep->res);
+	rep->forecast_bubble = -1;
+	if (p == 1) {
+		sim_run(rep->ops, rep->nops, accum, mc->executor, bw, g->nevents, &rep->stage[0]);
+	} else {
+		assert(copies == accum);
+		rep->sweeps = sim_run_stages(rep->ops, rep->nops, p, mc->executor, bw, g->nevents, rep->stage);
+		if (rep->sweeps < 0)
+			return -1;
+		StageCost *sc = calloc((size_t)p, sizeof *sc);
+		if (!sc)
+			die("out of memory");
+		double bubble;
+		if (stages_account(g, sc) && stages_simulate(sc, p, accum, g->pipeline, &bubble, NULL) >= 0)
+			rep->forecast_bubble = bubble;
+		free(sc);
+	}
+	for (int s = 1; s < p; s++)
+		if (rep->stage[s].step_s > rep->stage[rep->slowest].step_s)
+			rep->slowest = s;
+	rep->res = rep->stage[rep->slowest];
+	rep->res.spans = NULL, rep->res.nspans = rep->res.capspans = 0;
 	double tokens, epi;
-	rep->model_flops = roofline_model_flops(g, &tokens, &epi);
+	/* per rank: at pp > 1 the unrolled program's every stage and copy,
+	 * which roofline counts grad_accum times, shared by the p stages */
+	rep->model_flops = roofline_model_flops(g, &tokens, &epi) / copies / p;
 	rep->tokens = tokens;
 	return 0;
 }
@@ -415,7 +610,9 @@ void sim_report_free(SimReport *rep)
 {
 	free(rep->ops);
 	free(rep->nodes);
-	free(rep->res.spans);
+	for (int s = 0; s < rep->nstages; s++)
+		free(rep->stage[s].spans);
+	free(rep->stage);
 	memset(rep, 0, sizeof *rep);
 }
 
@@ -425,8 +622,11 @@ void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *re
 	char h[64];
 	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
 	double ms = 1e3, step = r->step_s > 0 ? r->step_s : 1e-30;
-	fprintf(out, "simulated on %s (%s executor), per rank, per optimizer step (%d micro-batch%s)\n",
+	fprintf(out, "simulated on %s (%s executor), per rank, per optimizer step (%d micro-batch%s)",
 		mc->name, mc->executor == MACH_CPU ? "cpu" : "gpu", accum, accum == 1 ? "" : "es");
+	if (rep->nstages > 1)
+		fprintf(out, ", pp=%d: the slowest stage's (%d)", rep->nstages, rep->slowest);
+	fprintf(out, "\n");
 	if (mc->source && *mc->source)
 		fprintf(out, "machine: %s\n", mc->source);
 	fprintf(out, "%-16s %12.4f ms\n", "step time", r->step_s * ms);
@@ -434,11 +634,35 @@ void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *re
 		r->busy[DP_STREAM_COMPUTE] * ms, 100 * r->busy[DP_STREAM_COMPUTE] / step);
 	fprintf(out, "%-16s %12.4f ms   comm stream busy %.1f %%\n", "communication", r->comm_s * ms,
 		100 * r->busy[DP_STREAM_COMM] / step);
-	fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
-		"exposed comm", r->exposed_s * ms,
-		r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
+	if (rep->nstages > 1) /* a stage also waits for its neighbours' work */
+		fprintf(out, "%-16s %12.4f ms   (the compute stream's waits: communication and the "
+			"pipeline's bubble)\n", "exposed comm", r->exposed_s * ms);
+	else
+		fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
+			"exposed comm", r->exposed_s * ms,
+			r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
 	fprintf(out, "%-16s %12lld B  (%s: the memory plan's arena)\n", "peak memory",
 		(long long)g->peak_bytes, stats_human_bytes(h, sizeof h, (double)g->peak_bytes));
+	if (rep->nstages > 1) {
+		/* each stage's compute stream idle over the step: the pipeline's
+		 * bubble (with the waits for the once-per-step collectives) */
+		double idle = 0;
+		for (int s = 0; s < rep->nstages; s++) {
+			const SimResult *q = &rep->stage[s];
+			double f = 1 - q->busy[DP_STREAM_COMPUTE] / step;
+			idle += f / rep->nstages;
+			fprintf(out, "%-16s %12.4f ms   compute %.4f ms, exposed comm %.4f ms, idle %.1f %% "
+				"of the step\n", s ? "" : "stages", q->step_s * ms,
+				q->busy[DP_STREAM_COMPUTE] * ms, q->exposed_s * ms, 100 * f);
+		}
+		fprintf(out, "%-16s %12.1f %%    (the stages' idle mean; --stats' forecast from the "
+			"FLOPs ", "bubble", 100 * idle);
+		if (rep->forecast_bubble >= 0)
+			fprintf(out, "%.1f %%", 100 * rep->forecast_bubble);
+		else
+			fprintf(out, "none");
+		fprintf(out, "; pairing settled in %d sweeps)\n", rep->sweeps);
+	}
 	fprintf(out, "%-16s %12.1f %%    (model flops %s over the step at %.1f TFLOP/s bf16", "MFU",
 		100 * rep->model_flops / (step * mc->peak_flops[MACH_BF16]),
 		stats_human_flops(h, sizeof h, rep->model_flops), mc->peak_flops[MACH_BF16] / 1e12);
@@ -485,20 +709,20 @@ static int by_start(const void *a, const void *b)
 	return (x->t0 > y->t0) - (x->t0 < y->t0);
 }
 
-void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
+/* Stage st's timeline as process pid (its first rank, as dpexec's pid). */
+static void trace_stage(FILE *f, const Graph *g, const SimReport *rep, int st, int pid)
 {
-	SimResult *r = (SimResult *)&rep->res;
+	SimResult *r = &rep->stage[st];
 	qsort(r->spans, (size_t)r->nspans, sizeof *r->spans, by_start);
 	double lane_end[64];
 	int nlanes = 0;
 	for (int i = 0; i < r->nspans; i++)
 		if (r->spans[i].lane > 0)
 			r->spans[i].lane = comm_lane(lane_end, &nlanes, r->spans[i].t0, r->spans[i].t1);
-	fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-	int accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
 	/* a span per micro-batch's run around its compute-lane spans, as
-	 * dpexec's "step 1 micro N" */
-	for (int mb = 0; mb < accum; mb++) {
+	 * dpexec's "step 1 micro N" (at pp > 1 one run holds them all) */
+	int runs = rep->nstages > 1 ? 1 : g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
+	for (int mb = 0; mb < runs; mb++) {
 		double t0 = INFINITY, t1 = -INFINITY;
 		for (int i = 0; i < r->nspans; i++)
 			if (r->spans[i].micro == mb && r->spans[i].lane <= 0) {
@@ -506,9 +730,9 @@ void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
 				t1 = fmax(t1, r->spans[i].t1);
 			}
 		if (t0 <= t1)
-			fprintf(f, "{\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"run\","
+			fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"run\","
 				   "\"name\":\"step 1 micro %d\",\"args\":{\"program\":\"step\"}},\n",
-				us(t0), us(t1) - us(t0), mb);
+				pid, us(t0), us(t1) - us(t0), mb);
 	}
 	for (int i = 0; i < r->nspans; i++) {
 		const SimSpan *sp = &r->spans[i];
@@ -516,8 +740,8 @@ void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
 		int coll = dp_is_collective(n->op), wait = sp->lane < 0;
 		const char *cat = wait ? "wait" : coll ? "collective" : dp_op_class(n->op) == DP_OPC_LOAD ? "load"
 							: dp_op_class(n->op) == DP_OPC_SHARD ? "shard" : "kernel";
-		fprintf(f, "{\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
-			wait ? 0 : sp->lane, us(sp->t0), us(sp->t1) - us(sp->t0), cat);
+		fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\","
+			   "\"name\":\"", pid, wait ? 0 : sp->lane, us(sp->t0), us(sp->t1) - us(sp->t0), cat);
 		if (wait)
 			fprintf(f, "wait ev=%lld", (long long)DP_EVENT(n));
 		else if (n->out >= 0) {
@@ -542,13 +766,31 @@ void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
 		}
 		fprintf(f, "}},\n");
 	}
-	/* the names last: the last one closes the list without a comma */
-	fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n");
+	fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
+		   "\"compute\"}},\n", pid);
 	for (int l = 0; l < nlanes; l++) {
-		fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":"
-			   "\"comm", l + 1);
+		fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{"
+			   "\"name\":\"comm", pid, l + 1);
 		fprintf(f, l ? " %d\"}},\n" : "\"}},\n", l + 1);
 	}
-	fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":\"rank 0 "
-		   "(predicted)\"}}\n]}\n");
+}
+
+void sim_trace(FILE *f, const Graph *g, const SimReport *rep)
+{
+	int64_t per_stage = 1; /* ranks per stage: pp is the outermost axis */
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (a != DP_AXIS_PP && g->cfg.mesh[a] > 0)
+			per_stage *= g->cfg.mesh[a];
+	fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+	for (int s = 0; s < rep->nstages; s++)
+		trace_stage(f, g, rep, s, (int)(s * per_stage));
+	/* the names last: the last one closes the list without a comma */
+	for (int s = 0; s < rep->nstages; s++) {
+		fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":"
+			   "\"rank %lld", (int)(s * per_stage), (long long)(s * per_stage));
+		if (rep->nstages > 1)
+			fprintf(f, ", stage %d", s);
+		fprintf(f, " (predicted)\"}}%s\n", s + 1 < rep->nstages ? "," : "");
+	}
+	fprintf(f, "]}\n");
 }

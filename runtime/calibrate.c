@@ -30,7 +30,10 @@
  * A machine file already at the path from a calibration at the same world
  * size keeps what this run did not measure (other models' shapes and ops):
  * calibrating with several step files builds one file.
- * Refused: pp > 1 (a stage's kernels run on its ranks only).
+ * At pp > 1 each rank times its stage's kernels and those of every stage
+ * (a kernel's mean over the ranks that ran it), and the p2p link is
+ * measured between neighbouring stages (time_p2p); at pp = 1 it is the
+ * collectives' figure.
  */
 #include <math.h>
 #include <stdio.h>
@@ -126,29 +129,37 @@ static int time_kernels(Exec *x, double *t, RtErr *e)
 {
 	const DpStep *s = x->s;
 	uint32_t n = s->nprog[DP_PROG_STEP];
-	double *sum = calloc((size_t)n + 1, sizeof *sum);
-	if (!sum)
+	double *sum = calloc(2 * ((size_t)n + 1), sizeof *sum), *cnt = sum + n + 1;
+	double *all = calloc((size_t)n + 1, sizeof *all);
+	if (!sum || !all) {
+		free(sum);
+		free(all);
 		return RT_FAIL(e, "out of memory");
+	}
 	for (int r = -1; r < REPS; r++) { /* the first walk warms */
 		MPI_Barrier(MPI_COMM_WORLD);
 		for (uint32_t i = 0; i < n; i++) {
-			if (dp_op_class(s->prog[DP_PROG_STEP][i].op) != DP_OPC_KERNEL)
+			const DpInstr *in = &s->prog[DP_PROG_STEP][i];
+			/* pp > 1: a stage's kernels on its own ranks, where its data are */
+			if (dp_op_class(in->op) != DP_OPC_KERNEL ||
+			    (in->stage1 && dp_instr_stage(in) != x->pp_stage))
 				continue;
 			double t0 = MPI_Wtime();
 			if (exec_run_kernel(x, DP_PROG_STEP, i, e) < 0) {
 				free(sum);
+				free(all);
 				return -1;
 			}
 			if (r >= 0)
-				sum[i] += MPI_Wtime() - t0;
+				sum[i] += MPI_Wtime() - t0, cnt[i] += 1;
 		}
 	}
-	int world;
-	MPI_Comm_size(MPI_COMM_WORLD, &world);
 	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	MPI_Allreduce(cnt, all, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	for (uint32_t i = 0; i < n; i++)
-		t[i] = dp_op_class(s->prog[DP_PROG_STEP][i].op) == DP_OPC_KERNEL ? t[i] / REPS / world : -1;
+		t[i] = all[i] > 0 ? t[i] / all[i] : -1;
 	free(sum);
+	free(all);
 	return 0;
 }
 
@@ -193,6 +204,49 @@ static void time_collectives(int world, MachLink *l)
 	*l = (MachLink){alpha, 1 / inv};
 	free(a);
 	free(b);
+}
+
+/* pp > 1: alpha and bandwidth of a pipeline transfer, one way between
+ * neighbouring stages: each rank of an even stage and the same rank of the
+ * next stage (pp outermost: per_stage ranks on) ping-pong 64 KiB to 8 MiB,
+ * all pairs at once as a pipeline's transfers run, 5 times each (median
+ * of the slowest pair's half round trip), fitted as the collectives are. */
+static void time_p2p(int rank, int world, int pp, MachLink *l)
+{
+	enum { NSIZE = 4 };
+	static const int64_t sizes[NSIZE] = {64 << 10, 512 << 10, 2 << 20, 8 << 20};
+	double x[NSIZE], y[NSIZE], v[REPS];
+	int per_stage = world / pp, stage = rank / per_stage;
+	int peer = stage % 2 == 0 && stage + 1 < pp ? rank + per_stage : stage % 2 ? rank - per_stage : -1;
+	char *buf = calloc(1, (size_t)(8 << 20));
+	if (!buf) {
+		*l = (MachLink){0, 1e15};
+		return;
+	}
+	for (int s = 0; s < NSIZE; s++) {
+		int cnt = (int)sizes[s];
+		for (int r = -1; r < REPS; r++) {
+			MPI_Barrier(MPI_COMM_WORLD);
+			double t0 = MPI_Wtime();
+			if (peer >= 0 && stage % 2 == 0) {
+				MPI_Send(buf, cnt, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
+				MPI_Recv(buf, cnt, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			} else if (peer >= 0) {
+				MPI_Recv(buf, cnt, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+				MPI_Send(buf, cnt, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
+			}
+			double mine = (MPI_Wtime() - t0) / 2, slow;
+			MPI_Allreduce(&mine, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+			if (r >= 0)
+				v[r] = slow;
+		}
+		x[s] = (double)cnt;
+		y[s] = median(v, REPS);
+	}
+	double alpha, inv;
+	fit_line(x, y, NSIZE, 0, &alpha, &inv);
+	*l = (MachLink){alpha, 1 / inv};
+	free(buf);
 }
 
 static int add_op(Machine *m, const char *name)
@@ -293,9 +347,7 @@ oom:
 int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, int world, RtErr *e)
 {
 	const DpStep *s = x->s;
-	if (s->cfg.mesh[DP_AXIS_PP] > 1)
-		return RT_FAIL(e, "--calibrate: a pp > 1 step file runs each stage's kernels on its ranks "
-			       "only; calibrate with one of pp = 1");
+	int pp = s->cfg.mesh[DP_AXIS_PP] > 1 ? (int)s->cfg.mesh[DP_AXIS_PP] : 1;
 	for (uint64_t k = 0; k < 2; k++)
 		RT_CHECK(exec_step(x, k, e));
 	double *t = malloc(sizeof(double) * ((size_t)s->nprog[DP_PROG_STEP] + 1));
@@ -305,8 +357,11 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 		free(t);
 		return -1;
 	}
-	MachLink link;
+	MachLink link, p2p;
 	time_collectives(world, &link);
+	p2p = link;
+	if (pp > 1)
+		time_p2p(rank, world, pp, &p2p);
 	int rc = 0;
 	if (rank == 0) {
 		Machine m = {0};
@@ -331,7 +386,8 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 		m.source = strdup(src);
 		m.executor = MACH_CPU;
 		m.ranks_per_node = world;
-		m.link[MACH_INTRA] = m.link[MACH_INTER] = m.link[MACH_P2P] = link;
+		m.link[MACH_INTRA] = m.link[MACH_INTER] = link;
+		m.link[MACH_P2P] = p2p;
 		char *text = NULL;
 		if (!m.name || !m.source || fit(&m, s, t) < 0 || !(text = machine_json(&m))) {
 			rc = RT_FAIL(e, "out of memory");
@@ -343,9 +399,12 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 				rc = RT_FAIL(e, "--calibrate: %s", err);
 			else
 				printf("calibrated %s: %d GEMM shapes, %d ops, kernel overhead %.1f us, "
-				       "collectives %.1f us + bytes at %.2f GB/s -> %s\n", name, m.ngemm,
-				       m.nops, m.kernel_overhead_s * 1e6, link.alpha_s * 1e6,
-				       link.busbw / 1e9, path);
+				       "collectives %.1f us + bytes at %.2f GB/s, p2p %.1f us + bytes at "
+				       "%.2f GB/s%s -> %s\n", name, m.ngemm, m.nops,
+				       m.kernel_overhead_s * 1e6, link.alpha_s * 1e6, link.busbw / 1e9,
+				       p2p.alpha_s * 1e6, p2p.busbw / 1e9,
+				       pp > 1 ? " (measured between stages)" : " (the collectives')",
+				       path);
 		}
 		free(text);
 		machine_free(&m);

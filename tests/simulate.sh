@@ -15,14 +15,20 @@
 #    executor runs them one at a time), and all of it is exposed;
 #  - cpu executor: the host walks the program, so the step is compute plus
 #    exposed communication;
+#  - pipeline: gpt2-tiny at pp=2 (zero_bubble) and pp=4 (1f1b) on a machine
+#    where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
+#    their compute streams' idle mean within a point of --stats' bubble
+#    from the stages' FLOPs, the step at least --stats' makespan and within
+#    2 % of it (the once-per-step optimizer after);
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
-#    carrying bytes and axes;
+#    carrying bytes and axes; at pp=2 one process per stage;
 #  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
 #    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
 #    file there that is not one of 1 rank is refused and left as it was;
-#    pp > 1 is refused;
+#    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
+#    link is measured between the stages, and --simulate reads the file;
 #  - plan (compiler/plan.c): mlp at 4 ranks in 2.5 MiB per rank fits only
 #    full_shard on dp_shard=4 (1.95 MiB; ddp needs 3.90), which wins, and
 #    its -o step file is byte for byte the direct compile of the winner's
@@ -30,8 +36,12 @@
 #    fewest bytes (tp=2: mlp's params are not split, nothing to reduce), and
 #    full_shard loses to ddp by its bus bytes over ddp's (its all_gathers and
 #    reduce_scatter against one all_reduce);
+#    on the FLOPs-only machine mlp8 at 2 ranks searches pp=2 (1F1B; its
+#    zero_bubble deadlocks at 2 micro-batches and is refused uncompiled),
+#    which loses to data parallelism by its bubble, and dominance skips
+#    some compiles;
 #    a budget no plan fits is one line naming the smallest plan's memory;
-#  - errors: an unknown machine, a bad machine file (file:line), pp > 1,
+#  - errors: an unknown machine, a bad machine file (file:line),
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
 #    writes no step file unless -o asks.
 set -u
@@ -103,6 +113,44 @@ comm "mlp ddp 2" models/mlp.dp --world-size 2
 comm "mlp zero2 4" models/mlp.dp --world-size 4 --set train.strategy=zero2
 comm "gpt2-tiny full_shard 2" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard
 
+# a machine where only FLOPs cost: 1 GFLOP/s, free memory, links and kernels
+flops_only() {
+	cat >"$T/flops.json" <<EOF
+{"name": "flops-only", "executor": "gpu",
+ "peak_flops": {"f32": 1e9, "bf16": 1e9}, "memory_bw": 1e30, "kernel_overhead_s": 0,
+ "ranks_per_node": 8,
+ "intra": {"alpha_s": 0, "busbw": 1e30}, "inter": {"alpha_s": 0, "busbw": 1e30},
+ "p2p": {"alpha_s": 0, "busbw": 1e30}}
+EOF
+}
+
+# pipeline NAME PP ARGS...: the stages' idle against --stats' bubble
+pipeline() {
+	local name=$1 pp=$2; shift 2
+	case_on "pipeline: $name" || return 0
+	once flops-only flops_only
+	"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --simulate="$T/flops.json" \
+		>"$T/pp.sim" 2>/dev/null &&
+		"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --stats >"$T/pp.stats" 2>/dev/null ||
+		{ fail "pipeline: $name: dpc"; return; }
+	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" <<'EOF'
+import re, sys
+sim, stats, pp = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
+idle = float(re.search(r"^bubble\s+([\d.]+) %", sim, re.M).group(1)) / 100
+m = re.search(r"^bubble: .*from the stages' FLOPs ([\d.]+) \(makespan (\d+) FLOP", stats, re.M)
+forecast, span = float(m.group(1)), float(m.group(2)) / 1e9 * 1e3
+step = float(re.search(r"^step time\s+([\d.]+) ms", sim, re.M).group(1))
+stages = re.findall(r"^(?:stages)?\s+[\d.]+ ms   compute [\d.]+ ms, exposed comm", sim, re.M)
+assert len(stages) == pp, ("stages printed", len(stages))
+assert abs(idle - forecast) <= 0.01, ("idle", idle, "forecast bubble", forecast)
+assert span <= step <= 1.02 * span, ("step ms", step, "makespan ms", span)
+print(f"{pp} stages, idle {idle:.4f} vs the forecast's bubble {forecast:.4f}, step {step:.1f} ms vs makespan {span:.1f}")
+EOF
+	); then ok "pipeline: $name: $out"; else fail "pipeline: $name: $out"; fi
+}
+pipeline "gpt2-tiny pp=2 zero_bubble" 2 --set train.grad_accum=4 --set train.pipeline=zero_bubble
+pipeline "gpt2-tiny pp=4 1f1b" 4 --set train.grad_accum=8
+
 if case_on "cpu executor: step = compute + exposed"; then
 	once starved-cpu starved cpu 1e9
 	"$DPC" models/mlp.dp --world-size 2 --simulate="$T/cpu.json" >"$T/cpu.txt" 2>/dev/null
@@ -130,6 +178,24 @@ assert c and all(e["tid"] > 0 and e["args"]["bytes"] > 0 and "dp_shard" in e["ar
 		ok "trace: $out"
 	else
 		fail "trace: $out"
+	fi
+fi
+
+if case_on "trace: pp=2"; then
+	"$DPC" models/gpt2-tiny.dp --pp 2 --world-size 2 --set train.grad_accum=4 --simulate \
+		--simulate-trace "$T/trace2.json" >/dev/null 2>&1
+	if out=$($PY tests/trace_check.py "$T/trace2.json" 2 1 2>&1) &&
+		$PY -c '
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+p = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+assert p == {0: "rank 0, stage 0 (predicted)", 1: "rank 1, stage 1 (predicted)"}, p
+s = {e["pid"] for e in ev if e.get("cat") == "collective" and e["args"]["axes"] == "pp"}
+assert s == {0, 1}, s
+' "$T/trace2.json"; then
+		ok "trace: pp=2: every stage, its transfers: $out"
+	else
+		fail "trace: pp=2: $out"
 	fi
 fi
 
@@ -168,8 +234,20 @@ assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
 		"$DPEXEC" "$T/mlp1.bin" --device cpu --quiet --calibrate "$T/other.json"
 	grep -q '"not"' "$T/other.json" || fail "calibrate: the refused file was changed"
 	"$DPC" models/mlp8.dp --pp 2 --world-size 2 -o "$T/pp.bin" 2>/dev/null
-	expect "calibrate: pp > 1" "calibrate with one of pp = 1" \
-		mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json"
+	REPRO="mpirun -np 2 $BUILD/dpexec pp.bin --device cpu --calibrate pp.json"
+	mpi 2 "$T/pp.bin" --device cpu --quiet --calibrate "$T/pp.json" >"$T/calpp.txt" 2>&1
+	"$DPC" models/mlp8.dp --pp 2 --world-size 2 --simulate="$T/pp.json" >"$T/simpp.txt" 2>&1
+	if grep -q "(measured between stages)" "$T/calpp.txt" && grep -q "^bubble " "$T/simpp.txt" &&
+		$PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["p2p"]["busbw"] > 0 and m["p2p"] != m["intra"], m["p2p"]
+assert "relu" in m["ops"] and any(k == 32 for g in m["gemm"] for k in [g["k"]]), m["gemm"]
+' "$T/pp.json"; then
+		ok "calibrate: pp=2: each stage's kernels, p2p measured between stages"
+	else
+		fail "calibrate: pp=2"; cat "$T/calpp.txt" "$T/simpp.txt" | head -n 8
+	fi
 fi
 
 if case_on "plan"; then
@@ -206,6 +284,30 @@ EOF2
 	else
 		fail "plan: a starved link: $out"; sed 's/^/      /' "$T/plan2.txt" | head -n 5
 	fi
+	# pp searched: on the FLOPs-only machine a pipeline stage does what a
+	# data-parallel rank does (half the model's FLOPs per micro-batch) and
+	# waits out its bubble besides, so data parallelism wins; mlp8's 2
+	# micro-batches deadlock zero_bubble, refused uncompiled
+	once flops-only flops_only
+	"$DPC" models/mlp8.dp --plan --world-size 2 --simulate="$T/flops.json" >"$T/plan3.txt" 2>&1
+	if out=$($PY - "$T/plan3.txt" <<'EOF2'
+import re, sys
+t = open(sys.argv[1]).read()
+rows = re.findall(r"^\d+ +(.*?) {2,}([\d.]+) +([\d.]+) +([\d.]+) .*?(waiting \(bubble, comm\))?$", t, re.M)
+pp = [r for r in rows if r[0].startswith("pp=2 pipedream_flush")]
+assert pp and pp[0][4], ("a pp=2 1F1B row losing by its waits", rows)
+assert not any("zero_bubble" in r[0] for r in rows), "zero_bubble deadlocks at 2 micro-batches"
+win = re.search(r"^winner: (.*)$", t, re.M).group(1)
+assert not win.startswith("pp="), win
+dom = int(re.search(r"(\d+) by dominance", t).group(1))
+assert dom > 0, "dominance skips some compiles"
+print(f"pp=2 loses by {float(pp[0][1]) - float(rows[0][1]):.3f} ms of bubble; {dom} dominated")
+EOF2
+	); then
+		ok "plan: pp searched, loses to data parallelism by its bubble; $out"
+	else
+		fail "plan: pp searched: $out"; sed 's/^/      /' "$T/plan3.txt" | head -n 12
+	fi
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
@@ -216,7 +318,6 @@ if case_on "errors"; then
 		"$DPC" models/mlp.dp --simulate=h200
 	printf '{"executor": "gpu",\n "peak_flops": {"f32": 1,, }}\n' >"$T/bad.json"
 	expect "bad machine file" "$T/bad.json:2: not valid JSON" "$DPC" models/mlp.dp --simulate="$T/bad.json"
-	expect "pp > 1" "pp > 1 is not simulated yet" "$DPC" models/mlp8.dp --pp 2 --world-size 2 --simulate
 	expect "trace without --simulate" "give --simulate too" \
 		"$DPC" models/mlp.dp --simulate-trace "$T/x.json"
 	(cd "$T" && "$DPC" "$ROOT/models/mlp.dp" --simulate >/dev/null 2>&1)

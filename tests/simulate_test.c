@@ -1,7 +1,8 @@
 /*
  * simulate_test.c - the simulator's arithmetic (passes/simulate.c's
- * sim_run) on hand-built schedules whose times are known by hand, on both
- * executors, and the machine files' reader (util/machine.c): the presets
+ * sim_run, sim_run_stages) on hand-built schedules whose times are known by
+ * hand, on both executors (a pipeline's stages paired by their transfers
+ * among them), and the machine files' reader (util/machine.c): the presets
  * parse, a GEMM rate at a table point is that point's and between two
  * points lies between them, a bad file is one message naming it.
  *
@@ -177,6 +178,108 @@ static void accumulation(int ex)
 	free(r.spans);
 }
 
+/* One stage's op: op on stage st (and not a partner of anything yet). */
+static SimOp ST(int st, SimOp op)
+{
+	op.stage = st;
+	op.peer = -1;
+	return op;
+}
+
+/* A pipeline send on stage `from` (ops[i]) and its recv on stage `to`
+ * (ops[i + 1]), 1 byte on the p2p link. */
+static void transfer(SimOp *ops, int i, int from, int to)
+{
+	ops[i] = ST(from, C(1, 0, MACH_P2P));
+	ops[i + 1] = ST(to, C(1, 0, MACH_P2P));
+	ops[i + 1].recv = 1;
+	ops[i].peer = i + 1;
+	ops[i + 1].peer = i;
+}
+
+/*
+ * A pipeline of two stages, GPipe over two micro-batches, in the order
+ * passes/unroll.c merges the stages' programs: F 1 s, B 2 s, each transfer
+ * 1 byte at 1 B/s moving once both ends are posted, then a 2-byte
+ * collective spanning pp. By hand, on both executors:
+ *   stage 0: F0 0..1, F1 1..2; a0 moves 1..2, a1 2..3 (stage 1's recvs
+ *            are posted at 0 and 2);
+ *   stage 1: waits for a0 until 2, F0' 2..3, B0' 3..5, sends g0 at 5
+ *            (moves 5..6), F1' 5..6, B1' 6..8, sends g1 at 8 (8..9);
+ *   stage 0: waits 2..6 for g0, B0 6..8, waits 8..9 for g1, B1 9..11;
+ *   the pp collective moves once stage 0 posts it (11): 11..13.
+ * Step 13; each stage computes 6 s, so 7 s of each is exposed: stage 0
+ * 4 + 1 + 2, stage 1 2 + 5. Posted recvs that moved at once (no pairing)
+ * would give stage 0 its gradients at 1 and 2: a step of 9.
+ */
+static void pp_stages(int ex)
+{
+	SimOp ops[40];
+	int n = 0;
+	ops[n++] = ST(0, K(CO, 1)); /* F0 */
+	ops[n++] = ST(0, REC(CO, 0));
+	ops[n++] = ST(0, WAIT(CM, 0));
+	transfer(ops, n, 0, 1), n += 2; /* a0 */
+	ops[n++] = ST(1, REC(CM, 1));
+	ops[n++] = ST(0, K(CO, 1)); /* F1 */
+	ops[n++] = ST(0, REC(CO, 2));
+	ops[n++] = ST(0, WAIT(CM, 2));
+	transfer(ops, n, 0, 1), n += 2; /* a1 */
+	ops[n++] = ST(1, REC(CM, 3));
+	ops[n++] = ST(1, WAIT(CO, 1));
+	ops[n++] = ST(1, K(CO, 1)); /* F0' */
+	ops[n++] = ST(1, K(CO, 2)); /* B0' */
+	ops[n++] = ST(1, REC(CO, 4));
+	ops[n++] = ST(1, WAIT(CM, 4));
+	int g0 = n + 1;
+	transfer(ops, n, 1, 0), n += 2;
+	ops[n++] = ST(0, REC(CM, 5));
+	ops[n++] = ST(1, WAIT(CO, 3));
+	ops[n++] = ST(1, K(CO, 1)); /* F1' */
+	ops[n++] = ST(1, K(CO, 2)); /* B1' */
+	ops[n++] = ST(1, REC(CO, 6));
+	ops[n++] = ST(1, WAIT(CM, 6));
+	transfer(ops, n, 1, 0), n += 2; /* g1 */
+	ops[n++] = ST(0, REC(CM, 7));
+	ops[n++] = ST(0, WAIT(CO, 5));
+	ops[n++] = ST(0, K(CO, 2)); /* B0 */
+	ops[n++] = ST(0, WAIT(CO, 7));
+	ops[n++] = ST(0, K(CO, 2)); /* B1 */
+	ops[n++] = ST(-1, REC(CO, 8));
+	ops[n++] = ST(-1, WAIT(CM, 8));
+	int ar = n;
+	ops[n++] = ST(-1, C(2, 0, MACH_INTER)); /* over pp */
+	ops[ar].sync = 1;
+	ops[n++] = ST(-1, REC(CM, 9));
+	ops[n++] = ST(-1, WAIT(CO, 9));
+	SimResult r[2];
+	memset(r, 0, sizeof r);
+	r[0].want_spans = r[1].want_spans = 1;
+	int sweeps = sim_run_stages(ops, n, 2, ex, bw, 10, r);
+	CHECK(sweeps > 0, "%s: pipeline: the pairing settles (%d sweeps)", ex_names[ex], sweeps);
+	for (int s = 0; s < 2; s++)
+		CHECK(NEAR(r[s].step_s, 13) && NEAR(r[s].busy[CO], 6) && NEAR(r[s].exposed_s, 7),
+		      "%s: pipeline stage %d: step %g compute %g exposed %g, want 13 6 7", ex_names[ex],
+		      s, r[s].step_s, r[s].busy[CO], r[s].exposed_s);
+	const SimSpan *t = span_of(&r[0], g0, 0, 0), *a = span_of(&r[1], ar, 0, 0);
+	CHECK(t && NEAR(t->t0, 5) && NEAR(t->t1, 6), "%s: g0 reaches stage 0 over 5..6, not %g..%g",
+	      ex_names[ex], t ? t->t0 : -1, t ? t->t1 : -1);
+	CHECK(a && NEAR(a->t0, 11) && NEAR(a->t1, 13),
+	      "%s: the pp collective moves 11..13 on stage 1 too, not %g..%g", ex_names[ex],
+	      a ? a->t0 : -1, a ? a->t1 : -1);
+	free(r[0].spans);
+	free(r[1].spans);
+	/* the transfers unpaired (each moving once posted): the step the
+	 * pairing prevents */
+	for (int i = 0; i < n; i++)
+		ops[i].peer = -1, ops[i].sync = 0;
+	SimResult u[2];
+	memset(u, 0, sizeof u);
+	sim_run_stages(ops, n, 2, ex, bw, 10, u);
+	CHECK(!NEAR(u[0].step_s, 13), "%s: unpaired transfers change the step (%g)", ex_names[ex],
+	      u[0].step_s);
+}
+
 static void machines(void)
 {
 	Machine m;
@@ -214,6 +317,7 @@ int main(void)
 		two_streams(ex);
 		wait_on_event(ex);
 		accumulation(ex);
+		pp_stages(ex);
 	}
 	contention();
 	cpu_comm_kernel();

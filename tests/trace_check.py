@@ -75,7 +75,7 @@ def main():
                 fail(f"rank {pid}: no collectives on a comm lane")
             for c in colls:
                 if c["cat"] != "collective" or c["args"].get("bytes", 0) <= 0 or \
-                        "dp_" not in c["args"].get("axes", ""):
+                        not any(a in c["args"].get("axes", "") for a in ("dp_", "pp")):
                     fail(f"rank {pid}: a comm-lane span without bytes and axes: {c}")
             if not waits:
                 fail(f"rank {pid}: no wait spans")
