@@ -338,7 +338,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
 	if (gelu_epi) { /* D = gelu(product + bias), aux = product + bias; or D = product * gelu'(aux) */
-		uint32_t dgelu = MUTANT(gelu_deriv) ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DGELU;
+		cublasLtEpilogue_t dgelu = MUTANT(gelu_deriv) ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DGELU;
 		uint32_t epi = bwd_gelu ? dgelu
 			       : pbias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
 		LT(set_epilogue(g->op, epi, pbias, c));
