@@ -23,13 +23,13 @@
 EMU        := build-emu
 EMU_INC    := -Itests/cuda_emu/include
 MPICXX     ?= mpicxx
-# EMU_OPT: the optimisation and debug flags (tests/cuda_emu_mutations.sh
-# builds its mutants' few rebuilt files with -O1 -g0: half the compile time,
-# the same IEEE results, since nothing here contracts or reassociates)
+# EMU_OPT: the optimisation and debug flags
 EMU_OPT    ?= -O2 -g
-EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -fPIC -fvisibility=hidden -D_GNU_SOURCE -Wall -Wextra \
+# DPEMU_MUTANTS: runtime/cuda/mutant.h's mutation points, chosen at run time by
+# DPEMU_MUTANT (tests/cuda_emu_mutations.sh); the real build compiles none
+EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -fPIC -fvisibility=hidden -D_GNU_SOURCE -DDPEMU_MUTANTS -Wall -Wextra \
                 -Wno-unused-parameter -ffp-contract=off -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1
-EMU_CFLAGS := $(EMU_OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC \
+EMU_CFLAGS := $(EMU_OPT) -std=c11 -D_GNU_SOURCE -DDPEMU_MUTANTS -Wall -Wextra -Wno-unused-parameter -fPIC \
               -fvisibility=hidden
 EMU_HDRS   := $(wildcard tests/cuda_emu/*.h tests/cuda_emu/include/*.h)
 EMU_LIB_OBJ := $(patsubst tests/cuda_emu/%.cc,$(EMU)/emu/%.o,$(wildcard tests/cuda_emu/*.cc)) \

@@ -137,7 +137,8 @@ static __device__ __forceinline__ const T *key_of_row(const Geom<T> &g, int64_t 
 static __device__ __forceinline__ float row_sum(float v)
 {
 	v += __shfl_xor_sync(CU_FULL_MASK, v, 1);
-	v += __shfl_xor_sync(CU_FULL_MASK, v, 2);
+	if (!MUTANT(tc_shfl))
+		v += __shfl_xor_sync(CU_FULL_MASK, v, 2);
 	return v;
 }
 
@@ -225,7 +226,8 @@ static __device__ void forward_pass(const Geom<T> &g, int64_t b, int64_t h, int6
 	for (int k = 0; k < per; k++)
 		o[k] = 0;
 	for (int64_t p0 = 0; p0 <= last; p0 += n) {
-		__syncthreads(); /* the previous tile is consumed */
+		if (!MUTANT(attn_sync))
+			__syncthreads(); /* the previous tile is consumed */
 		load_keys<HD>(g, b, h, p0, ks, vs);
 		__syncthreads();
 		float s[n], mt = -INFINITY;
@@ -582,7 +584,8 @@ CU_UNROLL
 CU_UNROLL
 		for (int k = 0; k < HD / 16; k++) {
 			uint32_t yb[4]; /* matrices: rows 8 j (+8 for mi >= 2), dims 16 k (+8 for odd mi) */
-			cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * LD + 16 * k + 8 * (mi & 1));
+			const int ld = MUTANT(tc_stride) ? HD : LD;
+			cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * ld + 16 * k + 8 * (mi & 1));
 			cu_mma_bf16(s[j], a[k], yb);
 			cu_mma_bf16(s[j + 1], a[k], yb + 2);
 		}
@@ -595,8 +598,8 @@ static __device__ __forceinline__ void fa_pack(uint32_t (*pa)[4], const float (*
 {
 CU_UNROLL
 	for (int j = 0; j < N / 8; j++) {
-		pa[j / 2][2 * (j % 2)] = pack_bf16(p[j][0], p[j][1]);
-		pa[j / 2][2 * (j % 2) + 1] = pack_bf16(p[j][2], p[j][3]);
+		pa[j / 2][MUTANT(tc_frag) ? j % 2 : 2 * (j % 2)] = pack_bf16(p[j][0], p[j][1]);
+		pa[j / 2][MUTANT(tc_frag) ? j % 2 + 2 : 2 * (j % 2) + 1] = pack_bf16(p[j][2], p[j][3]);
 	}
 }
 
@@ -612,7 +615,11 @@ CU_UNROLL
 CU_UNROLL
 		for (int n = 0; n < HD / 8; n += 2) {
 			uint32_t yb[4]; /* Y^T's matrices: rows 16 k (+8 for odd mi), dims 8 n (+8 for mi >= 2) */
-			cu_ldsm_t<4>(yb, tile + (16 * k + 8 * (mi & 1) + mr) * LD + 8 * n + 8 * (mi >> 1));
+			const cu_bf16 *y = tile + (16 * k + 8 * (mi & 1) + mr) * LD + 8 * n + 8 * (mi >> 1);
+			if (MUTANT(tc_layout))
+				cu_ldsm<4>(yb, y);
+			else
+				cu_ldsm_t<4>(yb, y);
 			cu_mma_bf16(acc[n], pa[k], yb);
 			cu_mma_bf16(acc[n + 1], pa[k], yb + 2);
 		}
@@ -693,11 +700,12 @@ CU_UNROLL
 	int64_t tiles = last / BC + 1;
 	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, base, 0);
 	for (int64_t it = 0; it < tiles; it++) {
-		__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
+		if (!MUTANT(tc_sync))
+			__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
 		if (it + 1 < tiles)
 			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
 		const int64_t k0 = it * BC;
-		if (k0 > wlast || wfirst >= g.t)
+		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wfirst >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
 		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
 		float s[BC / 8][4]; /* s[j]: the keys k0 + 8 j .. + 7 */
@@ -770,7 +778,7 @@ CU_UNROLL
 	for (int r = 0; r < 2; r++) {
 		if (row[r] >= g.t)
 			continue;
-		if (lse && qd == 0)
+		if (lse && qd == 0 && !MUTANT(tcb_lse))
 			lse[(b * g.h + h) * g.t + row[r]] = m[r] + logf(l[r]);
 		if (out)
 			fa_store_row<HD>(out + (b * g.t + row[r]) * g.c + g.hd * h, o, r, inv[r]);
@@ -845,7 +853,7 @@ CU_UNROLL
 		if (it + 1 < tiles)
 			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
 		const int64_t k0 = it * BC;
-		if (k0 > wlast || wfirst >= g.t)
+		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wfirst >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
 		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
 		float s[BC / 8][4], dp[BC / 8][4];
@@ -913,11 +921,12 @@ CU_UNROLL
 	const int64_t tiles = (g.t - first + BC - 1) / BC;
 	load(first, 0);
 	for (int64_t it = 0; it < tiles; it++) {
-		__syncthreads(); /* query tile it is in; the other buffer's is consumed */
+		if (!MUTANT(tcb_sync))
+			__syncthreads(); /* query tile it is in; the other buffer's is consumed */
 		if (it + 1 < tiles)
 			load(first + (it + 1) * BC, (it + 1) % 2);
 		const int64_t q0 = first + it * BC;
-		if (q0 + BC - 1 < wfirst || wfirst >= g.t)
+		if ((MUTANT(tcb_causal) ? q0 < wfirst + 16 : q0 + BC - 1 < wfirst) || wfirst >= g.t)
 			continue; /* every query before the warp's keys, or keys past T (warp-uniform) */
 		const cu_bf16 *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
 		const float *ls = stats + 2 * BC * (it % 2), *dst = ls + BC;
@@ -1042,7 +1051,8 @@ template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Ge
 		typedef FaShape<HD> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
-			       (cu_bf16 *)cu_p(a, -1), a->fuse->lse, (const cu_bf16 *)0, (float *)0);
+			       (cu_bf16 *)cu_p(a, -1), MUTANT(tcb_stale) ? (float *)0 : a->fuse->lse,
+			       (const cu_bf16 *)0, (float *)0);
 		CU_LAUNCHED(a, e);
 	}
 	return 0;
@@ -1064,7 +1074,7 @@ __global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 
 		for (int k = 16; k > 0; k /= 2)
 			sum += __shfl_xor_sync(CU_FULL_MASK, sum, k);
 		if (lane == 0)
-			dd[i] = sum;
+			dd[i] = MUTANT(tcb_dterm) ? 0 : sum;
 	}
 }
 

@@ -78,6 +78,7 @@
 
 #include "../backend.h"
 #include "kernels.h"
+#include "mutant.h"
 #include "nccl_int.h"
 
 #define CU_BOUNCE_BYTES (16u << 20)    /* pinned bounce buffer per stream (read/write) */
@@ -282,6 +283,14 @@ static void abort_all(CuBackend *x)
 	if (x->aborted)
 		return;
 	double deadline = cu_nccl_now() + CU_NCCL_ABORT_BOUND_S;
+	if (MUTANT(graph_first)) { /* the graph destroyed before the abort flags */
+		if (x->gexec)
+			cudaGraphExecDestroy(x->gexec);
+		if (x->graph)
+			cudaGraphDestroy(x->graph);
+		x->gexec = NULL;
+		x->graph = NULL;
+	}
 	cu_nccl_abort_start(x->nccl);
 	int graphs_stuck = 0;
 	if (x->gexec || x->graph) {
@@ -1014,7 +1023,8 @@ static int cu_stage_push(Backend *b, const void *host, size_t bytes, uint64_t k,
 		CU(cudaEventCreateWithFlags(&r->copied, cudaEventDisableTiming));
 	}
 	/* device copy k % 2 was read by step k-2 */
-	CU(cudaStreamWaitEvent(x->copy_st, x->step_done[par], 0));
+	if (!MUTANT(copy_wait))
+		CU(cudaStreamWaitEvent(x->copy_st, x->step_done[par], 0));
 	if (bytes)
 		CU(cudaMemcpyAsync(r->dev[par], r->host, bytes, cudaMemcpyHostToDevice, x->copy_st));
 	CU(cudaEventRecord(r->copied, x->copy_st));
@@ -1120,14 +1130,19 @@ static int cu_run_end(Backend *b, RtErr *e)
 static int cu_event_record(Backend *b, unsigned stream, unsigned event, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	CU(cudaEventRecord(x->ev[event], x->st[stream]));
+	if (!MUTANT(event_record))
+		CU(cudaEventRecord(x->ev[event], x->st[stream]));
 	return 0;
 }
 
 static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 {
 	CuBackend *x = b->impl;
-	CU(cudaStreamWaitEvent(x->st[stream], x->ev[event], 0));
+	if (MUTANT(p2p_wait) && b->at.instr + 1 < b->s->nprog[b->at.prog] &&
+	    b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)
+		return 0; /* (the wait right before a pipeline send) */
+	if (!MUTANT(event_wait))
+		CU(cudaStreamWaitEvent(x->st[stream], x->ev[event], 0));
 	return 0;
 }
 
@@ -1227,6 +1242,20 @@ static int cu_p2p(Backend *b, const DpInstr *in, RtErr *e)
 
 static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 {
+#ifdef DPEMU_MUTANTS
+	static const DpInstr *held; /* reorder: rank 1's first collective, held */
+	static int reordered;
+	if (MUTANT(reorder) && b->comm->rank == 1 && !reordered) {
+		if (!held) {
+			held = in;
+			return 0;
+		}
+		reordered = 1; /* the second, then the first */
+		if (cu_collective(b, in, e))
+			return -1;
+		return cu_collective(b, held, e);
+	}
+#endif
 	CuBackend *x = b->impl;
 	const DpStep *s = b->s;
 	if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)

@@ -67,6 +67,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "mutant.h"
 #include "nccl_int.h"
 
 #define FINALIZE_DEADLINE_S 60.0 /* teardown: finalize or abort */
@@ -311,6 +312,19 @@ static void *abort_one(void *arg)
 
 void cu_nccl_abort_start(CuNccl *nc)
 {
+	if (MUTANT(abort_serial) && nc && !nc->aborted) { /* one after the other, on this thread */
+		nc->aborted = 1;
+		for (int st = 0; st < DP_NSTREAM; st++)
+			for (unsigned m = 0; m < NMASK; m++)
+				if (nc->comm[st][m]) {
+					ncclCommAbort(nc->comm[st][m]);
+					nc->comm[st][m] = NULL;
+				}
+		if (nc->world_comm)
+			ncclCommAbort(nc->world_comm);
+		nc->world_comm = NULL;
+		return;
+	}
 	if (!nc || nc->aborted)
 		return;
 	nc->aborted = 1;

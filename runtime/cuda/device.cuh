@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "mutant.h"
 
 /* The only two launch forms (a test build may define them otherwise, e.g.
  * a CUDA emulator that runs the kernels on the host). 1-D grids and blocks
@@ -280,7 +281,8 @@ template <typename V> static __device__ V block_sum(V v, V *sh)
 	__syncthreads(); /* sh may still be read by a previous call */
 	if (lane == 0)
 		sh[w] = v;
-	__syncthreads();
+	if (!MUTANT(no_sync))
+		__syncthreads();
 	if (w == 0) {
 		V x = lane < nw ? sh[lane] : (V)0;
 		x = warp_sum(x);

@@ -52,7 +52,7 @@ static __device__ __forceinline__ float gelu_grad(float dy, float x)
 {
 	float th = tanhf(GELU_S * (x + 0.044715f * x * x * x));
 	float du = GELU_S * (1.0f + 3.0f * 0.044715f * x * x);
-	return dy * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+	return dy * ((MUTANT(gelu_map) ? 1.0f : 0.5f) * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
 }
 
 /* silu'(x) = sig(x) * (1 + x * (1 - sig(x))) */

@@ -204,7 +204,8 @@ static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
 	st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
 						  sizeof ws);
 	if (st == CUBLAS_STATUS_SUCCESS &&
-	    (set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g->align[0]) ||
+	    (set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+		      MUTANT(lt_align) ? 256 : g->align[0]) ||
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g->align[1]) ||
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g->align[2]) ||
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g->align[2]) ||
@@ -320,7 +321,9 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int epilogue = pbias && align_of(pbias) >= 16 && !paux;
 	g->bias_rows = pbias && !epilogue && !paux; /* a fused one's: plain_gelu */
 	g->gelu_map = paux && !gelu_epi;
-	g->d_off = fwd_gelu && gelu_epi ? (size_t)(m * n) * dp_dtype_size(s->tensors[in->out].dtype) : 0;
+	g->d_off = fwd_gelu && gelu_epi && !MUTANT(gelu_half)
+			   ? (size_t)(m * n) * dp_dtype_size(s->tensors[in->out].dtype)
+			   : 0;
 	g->beta = g->bias_rows || accumulates(in) ? 1.0f : 0.0f;
 	g->align[0] = align_of(pw);
 	g->align[1] = align_of(px);
@@ -330,17 +333,19 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 
 	LT(cublasLtMatmulDescCreate(&g->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
 				    CUDA_R_32F));
-	int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	int32_t opa = tb != MUTANT(gemm_trans) ? CUBLAS_OP_T : CUBLAS_OP_N;
+	int32_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
 	LT(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
 	if (gelu_epi) { /* D = gelu(product + bias), aux = product + bias; or D = product * gelu'(aux) */
-		uint32_t epi = bwd_gelu ? CUBLASLT_EPILOGUE_DGELU
+		cublasLtEpilogue_t dgelu = MUTANT(gelu_deriv) ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_DGELU;
+		uint32_t epi = bwd_gelu ? dgelu
 			       : pbias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
 		LT(set_epilogue(g->op, epi, pbias, c));
-		LT(set_aux(g->op, paux, n));
+		LT(set_aux(g->op, MUTANT(gelu_aux) ? po : paux, n));
 		epilogue = 1;
 	} else if (epilogue) {
-		uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+		uint32_t epi = MUTANT(lt_bias) ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
 		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
 	}
 	if (fb && c == CUDA_R_32F) { /* the paired bias_grad's sums, C's type */
@@ -348,13 +353,13 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 		if (!g->bgrad)
 			return RT_FAIL(e, "out of device memory (the bias gradient of '%s')",
 				       dpstep_str(s, s->tensors[in->out].name));
-		uint32_t epi = CUBLASLT_EPILOGUE_BGRADA;
+		uint32_t epi = MUTANT(lt_bgrad) ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;
 		LT(set_epilogue(g->op, epi, g->bgrad, CUDA_R_32F));
 		epilogue = 1;
 	}
 	/* row-major [r, c] = column-major c x r, leading dimension c */
 	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
-	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, cw));
+	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, cw + MUTANT(gemm_ld)));
 	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, cx));
 	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, n));
 	if (paux && !gelu_epi)
@@ -580,7 +585,8 @@ template <typename T, typename TO> static int run_bias_grad_t(const CuArgs *a, R
 __global__ void k_bgrad_add(float *o, const float *v, int64_t c, int accumulate)
 {
 	CU_FOR_EACH(j, c)
-		o[j] = accumulate ? o[j] + v[j] : v[j];
+		if (!MUTANT(bgrad_add))
+			o[j] = accumulate ? o[j] + v[j] : v[j];
 }
 
 static int run_bias_grad(const CuArgs *a, RtErr *e)
@@ -615,7 +621,8 @@ __global__ void k_orthogonalize(float *a, int64_t rows, int64_t r)
 				float d = 0;
 				for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
 					d += a[x * r + j] * a[x * r + i];
-				d = block_sum(d, sh);
+				if (!MUTANT(ortho_dot))
+					d = block_sum(d, sh);
 				for (int64_t x = threadIdx.x; x < rows; x += blockDim.x)
 					a[x * r + i] -= d * a[x * r + j];
 			}

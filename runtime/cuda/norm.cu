@@ -42,7 +42,8 @@ static __device__ void row_stats(int rms, const T *x, int64_t c, double eps, dou
 	double m = 0;
 	if (!rms) {
 		double s = 0;
-		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+		const int stride = MUTANT(bf16_stride) ? 1 : W;
+		for (int64_t j = W * threadIdx.x; j < c; j += stride * blockDim.x) {
 			float xv[W];
 			ldw<W>(x + j, xv);
 			for (int k = 0; k < W; k++)

@@ -166,7 +166,7 @@ template <typename G> static __device__ __forceinline__ float clipped(float g, f
 	if (!(coef < 1.0f))
 		return g;
 	g = g * coef;
-	return sizeof(G) == 2 ? cu_from_bf16(cu_to_bf16(g)) : g;
+	return sizeof(G) == 2 && !MUTANT(bf16_clipfold) ? cu_from_bf16(cu_to_bf16(g)) : g;
 }
 
 /* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf,

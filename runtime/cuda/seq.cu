@@ -53,8 +53,11 @@ template <int W, typename T> __global__ void k_softmax(T *o, const T *x, int64_t
 		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
 			float xv[W], ov[W];
 			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++)
+			for (int k = 0; k < W; k++) {
 				ov[k] = expf(xv[k] - mx) * inv;
+				if (MUTANT(bf16_round)) /* truncated */
+					ov[k] = __uint_as_float(__float_as_uint(ov[k]) & 0xffff0000u);
+			}
 			stw<W>(orow + j, ov);
 		}
 	}

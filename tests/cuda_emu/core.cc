@@ -77,6 +77,14 @@ static long long num_env(const char *name, long long def)
 	return x;
 }
 
+/* MUTANT(name) in the emulated backend (runtime/cuda/mutant.h): whether
+ * DPEMU_MUTANT names it; tests/cuda_emu_mutations.sh runs each mutant so */
+extern "C" int dpemu_mutant(const char *name)
+{
+	static const char *const m = getenv("DPEMU_MUTANT");
+	return m && !strncmp(name, "mutant:", 7) && !strcmp(m, name + 7);
+}
+
 const Config &cfg()
 {
 	static Config c;
