@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -203,6 +204,10 @@ int ckpt_rank_load(Ckpt *c, const char *dir, const CkptState *st, char **notes, 
 		const CkptFile *cf = &st->files[nform + r];
 		char p[4200];
 		snprintf(p, sizeof p, "%s/%s", dir, cf->name);
+		if (access(p, F_OK) != 0) {
+			rc = RT_FAIL(e, "checkpoint %s is damaged: %s is missing", dir, p);
+			break;
+		}
 		if ((rc = st_open(&f[r], p, e)))
 			break;
 		nopen++;

@@ -34,6 +34,7 @@
 #     resumed at 1 rank (Q rank 0's, E the sum of the two) is within rtol 1e-5
 #     of it (measured 1.1e-7, what a fresh 1-rank run differs by; without the
 #     rank state the loss is 2.5e-4 off by step 8 and the grad norm 25 %).
+#     A bit flipped in a rank file is refused by its checksum.
 #   per block: `compress none` in block fc1 (fc1.w all_reduced whole), 20
 #     steps from start_step 5, against PyTorch's hook with _should_compress
 #     saying no to fc1.w's shape (torch_powersgd.py --uncompressed fc1):
@@ -61,6 +62,15 @@ losses() { # losses NAME STEPS [ARGS...]: $T/NAME.dp from $T/NAME.bin
 		>"$T/$name.log" 2>&1 || { cat "$T/$name.log"; fail "$name: dpexec"; return 1; }
 }
 plain() { once plain-c compile plain && once plain-r losses plain 10; }
+# told_apart DESC A B: the losses A are not within 2e-4 of B's (so the check
+# of another run against B at that bound can fail)
+told_apart() {
+	if $PY tests/compare.py losses "$2" "$3" --rtol 2e-4 --atol 0 >/dev/null; then
+		fail "$1 (it is as near: the check cannot fail)"
+	else
+		ok "$1"
+	fi
+}
 # dp's initial weights ($T/init.st), and the step file $T/psgd.bin
 initst() {
 	once psgd-c compile psgd --set "$PSGD" &&
@@ -85,12 +95,8 @@ if case_on torch; then
 			fail "torch: losses differ from PyTorch's powerSGD_hook"
 		fi
 		compile nocomp && losses nocomp 50 --init-from "$T/init.st"
-		if $PY tests/compare.py losses "$T/nocomp.dp" "$T/psgd.torch" --rtol 2e-4 --atol 0 \
-			>/dev/null; then
-			fail "torch: plain DDP is as near PowerSGD's PyTorch run (the check cannot fail)"
-		else
-			ok "torch: plain DDP is told apart from PowerSGD's PyTorch run"
-		fi
+		told_apart "torch: plain DDP is told apart from PowerSGD's PyTorch run" "$T/nocomp.dp" \
+			"$T/psgd.torch"
 	else
 		fail "torch: the runs"
 	fi
@@ -185,12 +191,8 @@ if case_on "per block"; then
 			--out "$T/mix.torch"; then
 		check "per block: fc1 'compress none' within 2e-4 of PyTorch's hook leaving fc1.w whole" \
 			$PY tests/compare.py losses "$T/mix.dp" "$T/mix.torch" --rtol 2e-4 --atol 0
-		if $PY tests/compare.py losses "$T/all5.dp" "$T/mix.torch" --rtol 2e-4 --atol 0 \
-			>/dev/null; then
-			fail "per block: every block compressed is as near (the check cannot fail)"
-		else
-			ok "per block: every block compressed is told apart from it"
-		fi
+		told_apart "per block: every block compressed is told apart from it" "$T/all5.dp" \
+			"$T/mix.torch"
 	else
 		fail "per block: the runs"
 	fi
@@ -231,6 +233,13 @@ if case_on resume; then
 	else
 		fail "resume: the runs (or the rank files)"
 	fi
+	# a bit flipped in rank 1's file: refused by its checksum, naming it
+	cp -r "$T/ck/step-000004" "$T/dmg" &&
+		$PY -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(-8, 2); b = f.read(1)[0]
+f.seek(-8, 2); f.write(bytes([b ^ 1]))" "$T/dmg/rank-00001-of-00002.safetensors"
+	expect "resume: a damaged rank file is refused" \
+		"rank-00001-of-00002.safetensors is damaged: bytes" \
+		mpi 2 "$T/start3.bin" --steps 6 --quiet --resume "$T/dmg" --save-dir "$T/dmgs"
 	# at another world size: the 2-rank checkpoint of step 4 at 1 rank
 	if "$DPC" models/mlp.dp --world-size 1 --set "train.compress=powersgd(rank=4,start_step=3)" \
 		-o "$T/one.bin" &&
