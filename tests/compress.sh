@@ -42,7 +42,7 @@
 #     is 8.5e-3 from it by step 20 (the check can fail). The IR: fc1's
 #     buckets keep their one all_reduce, unflagged; its dumps read back give
 #     the direct step file (block compress= in the IR). compress powersgd in
-#     a block when train's is none is an error.
+#     a block when train's is none is an error, compress none a warning.
 #   errors: compress with zero2, full_shard, reduce_dtype bf16; a bad
 #     argument.
 set -u
@@ -207,6 +207,12 @@ if case_on "per block"; then
 		ok "per block: the IR keeps fc1's all_reduce unflagged, compresses fc2's, and reads back"
 	else
 		fail "per block: the IR after compress ($ir)"
+	fi
+	if "$DPC" "$T/mixed.dp" --world-size 2 -o "$T/x.bin" 2>"$T/warn" &&
+		grep -q "warning: compress none in block fc1 has no effect: train does not compress" "$T/warn"; then
+		ok "per block: compress none without train's compress warns"
+	else
+		fail "per block: compress none without train's compress: no warning"; cat "$T/warn"
 	fi
 	sed 's/^  block fc2 {/&\n    compress powersgd/' models/mlp.dp >"$T/bad.dp"
 	expect "per block: powersgd in a block, none in train" "block fc2 compresses with powersgd but train does not" \
