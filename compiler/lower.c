@@ -766,6 +766,20 @@ static void lower_compress(Lower *L)
 {
 	const Graph *g = L->g;
 	const SetVal *v = &L->set[DP_SET_COMPRESS];
+	/* a block's `compress powersgd` takes train's arguments (start_step is
+	 * one for the run): train must say them; its `compress none` then
+	 * changes nothing */
+	for (int b = 0; g->cfg.compress == DP_COMPRESS_NONE && b < g->nblocks; b++)
+		if (g->blocks[b].compress == DP_COMPRESS_NONE)
+			warning_at(L->d, g->blocks[b].compress_loc, "compress none in block %s has no "
+				   "effect: train does not compress", g->blocks[b].name);
+		else if (g->blocks[b].compress == DP_COMPRESS_POWERSGD) {
+			ERR(g->blocks[b].compress_loc, "block %s compresses with powersgd but train does "
+			    "not: its arguments (rank, start_step, min_compression_rate) are train's "
+			    "compress powersgd(...); the blocks to leave out say compress none",
+			    g->blocks[b].name);
+			return;
+		}
 	if (!v->given || !v->ok || g->cfg.compress == DP_COMPRESS_NONE)
 		return;
 	const char *kind = dp_kind_name(DP_SET_COMPRESS, (int)g->cfg.compress);

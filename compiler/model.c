@@ -309,14 +309,16 @@ enum {
 	BS_REDUCE_DTYPE,
 	BS_WEIGHT_DECAY,
 	BS_LR_SCALE,
+	BS_COMPRESS,
 	BS_COUNT
 };
 static const char *const block_settings[BS_COUNT] = {
 	"strategy",     "reshard_after_forward", "recompute",    "stage",   "precision",
-	"param_dtype",  "buffer_dtype",          "reduce_dtype", "weight_decay", "lr_scale"}; /* ORDER BS_ */
+	"param_dtype",  "buffer_dtype",          "reduce_dtype", "weight_decay", "lr_scale",
+	"compress"}; /* ORDER BS_ */
 #define BLOCK_SETTINGS                                                                     \
 	"strategy, reshard_after_forward, recompute, stage, precision, param_dtype, "          \
-	"buffer_dtype, weight_decay, lr_scale"
+	"buffer_dtype, weight_decay, lr_scale, compress"
 
 /* A block's optimizer group: `weight_decay X` (>= 0) replaces the
  * optimizer's weight_decay for the block's parameters (train's no_decay
@@ -400,6 +402,14 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 	AstVal v;
 	if (const_eval_value(L, p->val, &v))
 		return;
+	if (k == BS_COMPRESS) { /* its arguments are train's (compiler/lower.c) */
+		int w = scope_want_word(L, &v, "a block's compress", "none", "powersgd");
+		if (w >= 0) {
+			bl->compress = w == 0 ? DP_COMPRESS_NONE : DP_COMPRESS_POWERSGD;
+			bl->compress_loc = scope_gloc(L, p->name_loc);
+		}
+		return;
+	}
 	if (k >= BS_WEIGHT_DECAY) {
 		block_group(L, k, &v, bl);
 		return;

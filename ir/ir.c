@@ -331,7 +331,7 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 					.reshard = -1, .strategy_loc = loc,
 					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc,
 					.stage = -1, .stage_loc = loc, .weight_decay = -1,
-					.lr_scale = 1};
+					.lr_scale = 1, .compress = -1, .compress_loc = loc};
 	return g->nblocks++;
 }
 
@@ -340,6 +340,13 @@ DpStrategy ir_block_strategy(const Graph *g, int b)
 	if (b >= 0 && b < g->nblocks && g->blocks[b].strategy >= 0)
 		return (DpStrategy)g->blocks[b].strategy;
 	return (DpStrategy)g->cfg.strategy;
+}
+
+int ir_block_compress(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].compress >= 0)
+		return g->blocks[b].compress;
+	return (int)g->cfg.compress;
 }
 
 void ir_param_group(const Graph *g, const Value *p, float *weight_decay, float *lr_scale)

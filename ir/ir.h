@@ -169,6 +169,9 @@ typedef struct {
 	                             optimizer's (no_decay vectors still exempts its 1-D ones) */
 	float lr_scale;           /* the block's parameters are updated with lr * lr_scale
 	                             (1: the schedule's lr) */
+	int compress;             /* DpCompressKind of the block's gradients overriding
+	                             train's (`compress none` in a block), or -1: train's */
+	Loc compress_loc;         /* where the override is written (messages) */
 } Block;
 
 /* A data source of the DSL (the step file's DpSource plus its path text). */
@@ -281,6 +284,9 @@ int ir_add_block(Graph *g, const char *name, Loc loc);
 /* The strategy block b's parameters follow: its override, else train's
  * (b < 0: train's). */
 DpStrategy ir_block_strategy(const Graph *g, int b);
+/* The gradient compression of block b's parameters (DpCompressKind): its
+ * own `compress`, else train's. */
+int ir_block_compress(const Graph *g, int b);
 /* The optimizer group of trained parameter p: its weight decay (the
  * optimizer's, its block's own, 0 for a 1-D parameter under no_decay vectors) and
  * its lr scale (its block's). Parameters with equal pairs update together. */

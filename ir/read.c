@@ -824,7 +824,7 @@ static int parse_events(Reader *r)
 }
 
 /* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] [stage=N]
- * [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] */
+ * [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] [compress=K] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -874,6 +874,12 @@ static int parse_block_decl(Reader *r)
 			if (!(*f >= 0) || isinf(*f) || (key[0] == 'l' && *f == 0))
 				return fail_at(r, x->col, "%s must be %s", key,
 					       key[0] == 'w' ? ">= 0" : "> 0");
+		} else if (strcmp(key, "compress") == 0) {
+			const Tok *x = next(r);
+			b->compress_loc = loc_at(r, k->col);
+			b->compress = x->kind == TK_WORD ? dp_kind_find(DP_SET_COMPRESS, x->text) : -1;
+			if (b->compress < 0)
+				return fail_tok(r, x, "expected a compression (none, powersgd)");
 		} else {
 			return fail_at(r, k->col, "unknown block key '%s'", key);
 		}

@@ -6,7 +6,9 @@
  * all_reduced in place by one call over a view "bucket.rN" of flat.grads,
  * DP_IF_LAST (compiler/lower.c refused every other layout).
  *
- * After, when cfg.compress is powersgd (otherwise nothing changes): that
+ * After, when cfg.compress is powersgd (otherwise nothing changes): a bucket
+ * whose members are all of blocks that say `compress none` keeps its
+ * all_reduce as it is; any other bucket's
  * all_reduce is flagged `plain` (it runs before start_step only) and is
  * followed by the bucket's compressed path, flagged `compressed` (from
  * start_step on), as PyTorch's powerSGD_hook (torch 1.13,
@@ -14,7 +16,8 @@
  * per bucket. A member gradient M viewed as [n, m] (n its first dim, m the
  * rest, the hook's tensor.view(shape[0], -1)) with r = min(n, m, rank) is
  * compressed when (n + m) r * min_compression_rate < n m (the hook's
- * _should_compress); the others (every 1-D one) are all_reduced whole, one
+ * _should_compress) and its block compresses; the others (every 1-D one,
+ * every one of a `compress none` block) are all_reduced whole, one
  * call per run of them next to each other in the bucket. For the
  * compressed ones, in the bucket's order:
  *   accum          M += E                     (error feedback: E its last error)
@@ -114,6 +117,13 @@ static int group_size(const Graph *g, unsigned axes)
 	return w;
 }
 
+/* Is gradient gv's parameter in a block that compresses (its own
+ * `compress`, else train's)? */
+static int compresses(const Graph *g, const Value *gv)
+{
+	return ir_block_compress(g, g->values[gv->param]->block) != DP_COMPRESS_NONE;
+}
+
 /* Classify the bucket's members and make the compressed ones' state views. */
 static Member *members_of(Cx *c, const Bucket *bk)
 {
@@ -126,7 +136,8 @@ static Member *members_of(Cx *c, const Bucket *bk)
 		r = r < m ? r : m;
 		mb[i] = (Member){.grad = gv->id, .mat = gv->id, .n = n, .m = m, .r = 0,
 				 .q = -1, .p = -1, .err = -1};
-		if (gv->ndim < 2 || (double)((n + m) * r) * g->compress_min_rate >= (double)(n * m))
+		if (gv->ndim < 2 || (double)((n + m) * r) * g->compress_min_rate >= (double)(n * m) ||
+		    !compresses(g, gv))
 			continue;
 		mb[i].r = r;
 		const Value *pv = g->values[gv->param];
@@ -261,6 +272,13 @@ int compress_run(Graph *g, Diag *d)
 		if (n->op != DP_OP_ALL_REDUCE || !(n->progs & IR_IN_STEP) || n->bucket < 0 ||
 		    ir_root(g, g->values[n->out])->kind != DP_T_FLAT ||
 		    g->values[n->out]->kind != DP_T_GRAD)
+			continue;
+		/* a bucket of `compress none` blocks only keeps its one all_reduce */
+		const Bucket *bk = &g->buckets[n->bucket];
+		int any = 0;
+		for (int k = 0; k < bk->nmembers && !any; k++)
+			any = compresses(g, g->values[bk->members[k]]);
+		if (!any)
 			continue;
 		n->flags |= DP_IF_PLAIN;
 		compress_bucket(&c, n, g->buckets[n->bucket]);

@@ -279,7 +279,7 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, const 
 							  run->train_samples / gb : 0;
 	cJSON *o = cJSON_CreateObject(), *t;
 	cJSON_AddStringToObject(o, "format", CKPT_FORMAT);
-	cJSON_AddNumberToObject(o, "version", CKPT_VERSION);
+	cJSON_AddNumberToObject(o, "version", c->nrank ? CKPT_VERSION_RANK : CKPT_VERSION);
 	cJSON_AddStringToObject(o, "form", form == CKPT_FULL ? "full" : "sharded");
 	t = cJSON_AddObjectToObject(o, "checksum");
 	cJSON_AddStringToObject(t, "algorithm", CKPT_SUM_ALGORITHM);
@@ -327,6 +327,8 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, const 
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		cJSON_AddItemToArray(mesh, cJSON_CreateNumber(s->cfg.mesh[a]));
 	cJSON_AddStringToObject(t, "strategy", dp_name(dp_strategy_names, DP_NSTRAT, s->cfg.strategy));
+	if (c->nrank)
+		ckpt_rank_json(c, o);
 	cJSON *fl = cJSON_AddArrayToObject(o, "files");
 	char *hex = NULL;
 	for (int i = 0; i < nfiles; i++) {
@@ -354,9 +356,11 @@ static char *state_json(const Ckpt *c, CkptForm form, const CkptRun *run, const 
 
 /* ---- saving a checkpoint ---- */
 
-/* The sharded form: every rank's file (name, size, checksums) to rank 0,
- * into files[0..size). A collective. */
-static int gather_files(Ckpt *c, const CkptFile *mine, CkptFile *files, RtErr *e)
+/* Every rank's file PREFIX-RRRRR-of-WWWWW.safetensors (name, size,
+ * checksums) to rank 0, into files[0..size): the sharded form's shards, the
+ * rank-local state's files. A collective. */
+static int gather_files(Ckpt *c, const char *prefix, const CkptFile *mine, CkptFile *files,
+			RtErr *e)
 {
 	World *w = c->w;
 	size_t len = 3 * sizeof(int64_t) + (size_t)mine->ncrc * 4;
@@ -383,7 +387,7 @@ static int gather_files(Ckpt *c, const CkptFile *mine, CkptFile *files, RtErr *e
 			break;
 		}
 		CkptFile *f = &files[r];
-		snprintf(f->name, sizeof f->name, "shard-%05d-of-%05d.safetensors", r, w->size);
+		snprintf(f->name, sizeof f->name, "%s-%05d-of-%05d.safetensors", prefix, r, w->size);
 		f->bytes = head[1];
 		f->ncrc = head[2];
 		f->crc = malloc((size_t)(f->ncrc ? f->ncrc : 1) * 4);
@@ -418,15 +422,23 @@ int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int k
 	}
 	RT_CHECK(world_sync(w, rc, 0, e));
 
-	int nfiles = form == CKPT_FULL ? (c->ncomp > 1 ? 2 : 1) : w->size;
-	CkptFile *files = calloc((size_t)nfiles, sizeof *files), mine = {0};
+	/* the form's files, then the rank-local state's (ckpt_rank.c) */
+	int nform = form == CKPT_FULL ? (c->ncomp > 1 ? 2 : 1) : w->size;
+	int nfiles = nform + (c->nrank ? w->size : 0);
+	CkptFile *files = calloc((size_t)nfiles, sizeof *files), mine = {0}, rank = {0};
 	if (!files)
 		rc = RT_FAIL(e, "out of memory");
 	else if (form == CKPT_FULL)
 		rc = save_full(c, tmpdir, files, e);
 	else if ((rc = save_shard(c, tmpdir, &mine, e)) == 0)
-		rc = gather_files(c, &mine, files, e);
+		rc = gather_files(c, "shard", &mine, files, e);
+	if (c->nrank) { /* every rank takes part in the syncs, whatever its files did */
+		int ok = world_sync(w, rc, 0, e) == 0 && ckpt_rank_save(c, tmpdir, &rank, e) == 0;
+		if ((rc = world_sync(w, ok ? 0 : -1, 0, e)) == 0)
+			rc = gather_files(c, "rank", &rank, files + nform, e);
+	}
 	free(mine.crc);
+	free(rank.crc);
 	if (world_sync(w, rc, 0, e)) {
 		if (w->rank == 0)
 			ckpt_remove_tree(tmpdir);

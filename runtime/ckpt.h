@@ -17,6 +17,9 @@
  *            parallel: the elements it owns (a replicated element is owned
  *            by the lowest rank holding it) and a table saying which
  *            elements of which whole tensor they are.
+ * State that is each rank's own (gradient compression's error feedback and
+ * Q) is no piece of a whole tensor: every rank writes it to a file of its
+ * own beside either form (ckpt_rank.c).
  * Either form loads at any world size, strategy or tp: every rank reads
  * the pieces of the whole tensors its own tensors hold ("loading
  * reshards"); at the same layout that is an exact copy, so a resumed run

@@ -13,6 +13,7 @@ struct cJSON;
 
 #define CKPT_FORMAT "dp-checkpoint"
 #define CKPT_VERSION 2         /* 2: checksums in state.json; 1 (none) still loads */
+#define CKPT_VERSION_RANK 3    /* 3: a version-2 checkpoint with rank files (ckpt_rank.c) */
 #define CKPT_SUM_ALGORITHM "crc32c"
 #define CKPT_MAX_COMP 3       /* the parameter + up to two optimizer states */
 #define CKPT_STATE "state.json"
@@ -62,6 +63,10 @@ struct Ckpt {
 	int *owned_src;                /* for this rank's: the save segment it lies in */
 	int64_t *owned_off;            /* owned[] of rank r start at owned_off[r] */
 	int64_t *ent_count;            /* [nent * size]: elements rank r owns of entry e */
+	/* rank-local state (ckpt_rank.c): */
+	int32_t *rank_t;               /* its tensors, in step-file order */
+	int nrank;
+	int64_t rank_elems;            /* their elements on this rank */
 	/* the save directory (ckpt_dir.c): */
 	int overwrite;                 /* --overwrite of another run's checkpoints */
 	long long *stale;              /* their steps, removed at the first save */
@@ -104,6 +109,7 @@ typedef struct {
 	ExecAmp amp;         /* loss_scale: fp16's loss scaling state, when have_amp */
 	int have_amp;
 	int world_size;      /* written_by.world_size */
+	int rank_files;      /* rank_state: its files (written_by.world_size), else 0 */
 	CkptFile *files;     /* crc NULL in version 1 */
 	int nfiles;
 } CkptState;
@@ -115,6 +121,23 @@ typedef struct {
 int ckpt_state_check(const Ckpt *c, const char *dir, const struct cJSON *js, CkptState *st,
 		     RtErr *e);
 void ckpt_state_free(CkptState *st);
+
+/* ckpt_rank.c */
+/* Find this rank's rank-local state tensors (c->rank_t). */
+int ckpt_rank_find(Ckpt *c, RtErr *e);
+/* Write this rank's file of rank-local state into tmpdir (every rank,
+ * when c->nrank); *file gets its name, size and checksums. */
+int ckpt_rank_save(Ckpt *c, const char *tmpdir, CkptFile *file, RtErr *e);
+/* state.json's "rank_state" (when c->nrank). */
+void ckpt_rank_json(const Ckpt *c, struct cJSON *o);
+/* Load the rank-local state of the checkpoint in dir (st: its state.json;
+ * its rank files are the last st->rank_files of st->files); what this run
+ * cannot take from it is noted in *notes. Local. */
+int ckpt_rank_load(Ckpt *c, const char *dir, const CkptState *st, char **notes, RtErr *e);
+
+/* ckpt_load.c */
+/* Append a formatted line to *notes (malloc'd text). */
+void ckpt_note(char **notes, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ckpt_dir.c */
 /* Remove a checkpoint directory (flat: files only) or a file. */

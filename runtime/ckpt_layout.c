@@ -534,6 +534,8 @@ int ckpt_new(Ckpt **out, Exec *x, World *w, const char *step_path, RtErr *e)
 	int rc = trace_init(c, &m, e);
 	if (rc == 0)
 		rc = build_segments(c, &m, e);
+	if (rc == 0)
+		rc = ckpt_rank_find(c, e);
 	free(m.v);
 	if (rc) {
 		ckpt_free(c);
@@ -554,6 +556,7 @@ void ckpt_free(Ckpt *c)
 	free(c->ent);
 	free(c->recast);
 	free(c->cast_in);
+	free(c->rank_t);
 	free(c->step_path);
 	free(c->owned);
 	free(c->owned_src);
@@ -572,7 +575,8 @@ int64_t ckpt_params(const Ckpt *c)
 
 int64_t ckpt_bytes(const Ckpt *c)
 {
-	return ckpt_params(c) * 4 * c->ncomp + 64 * 1024; /* + headers, state.json */
+	/* + every rank's rank-local state, headers, state.json */
+	return ckpt_params(c) * 4 * c->ncomp + c->rank_elems * 4 * c->w->size + 64 * 1024;
 }
 
 /* ---- ownership ---- */

@@ -5,7 +5,8 @@
  * ckpt_dir.c's), and every rank reading exactly the pieces of the whole
  * tensors its own tensors hold, from whichever files they are in (pread,
  * every block verified against its CRC-32C), so a checkpoint of any layout
- * loads at any other. What is loaded must be finite.
+ * loads at any other. What is loaded must be finite. The rank-local state
+ * last (ckpt_rank.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -122,8 +123,7 @@ static const char *jstr(const cJSON *o, const char *k)
 }
 
 /* Append a line to a growing text (notes, differences). */
-static void addf(char **text, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void addf(char **text, const char *fmt, ...)
+void ckpt_note(char **text, const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -172,7 +172,7 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 		ckpt_dims_str(a, sizeof a, nd, dims);
 		if (k == c->nent) {
 			if (ndiff++ < 4)
-				addf(&diff, "\n  the checkpoint has a parameter '%s' [%s] that this model does not",
+				ckpt_note(&diff, "\n  the checkpoint has a parameter '%s' [%s] that this model does not",
 				     name, a);
 			continue;
 		}
@@ -182,7 +182,7 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 			same = dims[q] == c->ent[k].dims[q];
 		if (!same && ndiff++ < 4) {
 			ckpt_dims_str(b, sizeof b, c->ent[k].ndim, c->ent[k].dims);
-			addf(&diff, "\n  parameter '%s' is [%s] in the checkpoint, [%s] in this model",
+			ckpt_note(&diff, "\n  parameter '%s' is [%s] in the checkpoint, [%s] in this model",
 			     name, a, b);
 		}
 		if (!same)
@@ -192,7 +192,7 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 		if (!seen[k] && ndiff++ < 4) {
 			char b[128];
 			ckpt_dims_str(b, sizeof b, c->ent[k].ndim, c->ent[k].dims);
-			addf(&diff, "\n  this model's parameter '%s' [%s] is not in the checkpoint",
+			ckpt_note(&diff, "\n  this model's parameter '%s' [%s] is not in the checkpoint",
 			     ckpt_ent_name(c, k), b);
 		}
 	free(seen);
@@ -200,13 +200,13 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 	const char *kind = jstr(opt, "kind");
 	const char *mine = dp_kind_name(DP_SET_OPTIMIZER, (int)s->opt.kind);
 	if (strcmp(kind, mine) && ndiff++ < 5)
-		addf(&diff, "\n  its optimizer is %s, this model's %s", kind, mine);
+		ckpt_note(&diff, "\n  its optimizer is %s, this model's %s", kind, mine);
 	/* the run: the data order depends on the seed and the global batch */
 	if ((uint64_t)jnum(js, "seed", -1) != s->cfg.seed && ndiff++ < 6)
-		addf(&diff, "\n  its seed is %.0f, this step file's %llu", jnum(js, "seed", -1),
+		ckpt_note(&diff, "\n  its seed is %.0f, this step file's %llu", jnum(js, "seed", -1),
 		     (unsigned long long)s->cfg.seed);
 	if ((int64_t)jnum(js, "global_batch", -1) != ckpt_global_batch(s) && ndiff++ < 7)
-		addf(&diff, "\n  its global batch is %.0f, this step file's %lld",
+		ckpt_note(&diff, "\n  its global batch is %.0f, this step file's %lld",
 		     jnum(js, "global_batch", -1), (long long)ckpt_global_batch(s));
 	if (ndiff) {
 		RT_FAIL(e, "cannot resume from %s: it was written for another model or run%s%s%s", dir,
@@ -235,11 +235,11 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 		if (in_sched)
 			sched_differs = 1;
 		else
-			addf(notes, "note: %s is %g in this step file, %g in the checkpoint\n", st->ir_key,
+			ckpt_note(notes, "note: %s is %g in this step file, %g in the checkpoint\n", st->ir_key,
 			     mine_v, v);
 	}
 	if (sched_differs)
-		addf(notes, "note: the lr schedule differs from the checkpoint's\n");
+		ckpt_note(notes, "note: the lr schedule differs from the checkpoint's\n");
 	return 0;
 }
 
@@ -248,7 +248,7 @@ static int check_model(Ckpt *c, const char *dir, const cJSON *js, int32_t **ck_e
 static int open_source(Ckpt *c, const char *dir, const CkptState *st, const int32_t *ck_ent,
 		       int nck, Source *src, RtErr *e)
 {
-	int nf = st->nfiles, full = !st->sharded;
+	int nf = st->nfiles - st->rank_files, full = !st->sharded; /* the form's files */
 	char p[4096];
 	int64_t cap = 0;
 	memset(src, 0, sizeof *src);
@@ -393,7 +393,7 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 	if (rc == 0)
 		rc = check_model(c, dir, js, &ck_ent, &nck, notes, e);
 	if (rc == 0 && st.version < 2)
-		addf(notes, "note: %s was written by an older dpexec: it has no checksums to verify\n",
+		ckpt_note(notes, "note: %s was written by an older dpexec: it has no checksums to verify\n",
 		     dir);
 	Source src = {0};
 	if (rc == 0)
@@ -434,6 +434,8 @@ int ckpt_load(Ckpt *c, const char *dir, CkptRun *run, char **notes, RtErr *e)
 	}
 	for (int i = 0; rc == 0 && i < c->nrecast; i++)
 		rc = exec_run_kernel(c->x, DP_PROG_INIT, c->recast[i], e);
+	if (rc == 0)
+		rc = ckpt_rank_load(c, dir, &st, notes, e);
 	if (rc == 0) {
 		run->step = st.step;
 		run->loss = st.loss;

@@ -151,11 +151,12 @@ static int check_files(const Ctx *x, const cJSON *js, CkptState *st, int nfull)
 {
 	const cJSON *fl = get(js, "files");
 	int n = cJSON_IsArray(fl) ? cJSON_GetArraySize(fl) : -1;
-	int want = st->sharded ? st->world_size : nfull;
+	int nform = st->sharded ? st->world_size : nfull, want = nform + st->rank_files;
 	if (n != want)
-		return bad(x, "lists %d files; a %s checkpoint %s has %d", n < 0 ? 0 : n,
+		return bad(x, "lists %d files; a %s checkpoint %s%s has %d", n < 0 ? 0 : n,
 			   st->sharded ? "sharded" : "full",
-			   st->sharded ? "of written_by.world_size ranks" : "of this optimizer", want);
+			   st->sharded ? "of written_by.world_size ranks" : "of this optimizer",
+			   st->rank_files ? " with rank_state" : "", want);
 	st->files = calloc((size_t)n, sizeof *st->files);
 	if (!st->files)
 		return RT_FAIL(x->e, "out of memory");
@@ -168,7 +169,10 @@ static int check_files(const Ctx *x, const cJSON *js, CkptState *st, int nfull)
 		const char *name = string(x, f, "name", path);
 		if (!name)
 			return -1;
-		if (st->sharded)
+		if (i >= nform) /* the rank-local state's (ckpt_rank.c) */
+			snprintf(expect, sizeof expect, "rank-%05d-of-%05d.safetensors", i - nform,
+				 st->world_size);
+		else if (st->sharded)
 			snprintf(expect, sizeof expect, "shard-%05d-of-%05d.safetensors", i, st->world_size);
 		else
 			snprintf(expect, sizeof expect, "%s", i ? "optimizer.safetensors" : "model.safetensors");
@@ -235,9 +239,9 @@ int ckpt_state_check(const Ckpt *c, const char *dir, const cJSON *js, CkptState 
 	double v, gb, ts, epoch, epoch_sample, seen, ws;
 	memset(st, 0, sizeof *st);
 	RT_CHECK(whole(&x, js, "version", "version", 1, &v));
-	if (v > CKPT_VERSION)
+	if (v > CKPT_VERSION_RANK)
 		return RT_FAIL(e, "%s/%s has checkpoint version %.0f; this dpexec reads versions up to %d",
-			       dir, CKPT_STATE, v, CKPT_VERSION);
+			       dir, CKPT_STATE, v, CKPT_VERSION_RANK);
 	st->version = (int)v;
 	const char *form = string(&x, js, "form", "form");
 	if (!form)
@@ -321,6 +325,14 @@ int ckpt_state_check(const Ckpt *c, const char *dir, const cJSON *js, CkptState 
 	if (ws > 1 << 24)
 		return bad(&x, "has \"written_by.world_size\" %.0f", ws);
 	st->world_size = (int)ws;
+	/* version 3: version 2 with each rank's own state in files of its own */
+	const cJSON *rs = get(js, "rank_state");
+	if ((st->version == CKPT_VERSION_RANK) != (rs != NULL))
+		return bad(&x, "%s", rs ? "has \"rank_state\" but is not version 3"
+					: "is version 3 but has no \"rank_state\"");
+	if (rs && !string(&x, rs, "kind", "rank_state.kind"))
+		return -1;
+	st->rank_files = rs ? st->world_size : 0;
 	double prod = 1;
 	int na = 0;
 	for (const cJSON *a = cJSON_IsArray(mesh) ? mesh->child : NULL; a; a = a->next, na++)

@@ -856,14 +856,6 @@ static int setup_local(Run *r)
 		return RT_FAIL(e, "out of memory");
 	}
 	free(parent);
-	/* compression's state (passes/compress.c: each rank's error feedback,
-	 * the warm-started Q) is not in the checkpoint format: a resumed run
-	 * would not continue the same losses, so none is written or read */
-	if (r->save_dir && s->cfg.compress != DP_COMPRESS_NONE)
-		return RT_FAIL(e, "compress %s: training-state checkpoints (save_every, --save-dir, "
-			       "--resume, --auto-resume) do not hold its error feedback and Q yet; "
-			       "--save-full writes the parameters",
-			       dp_kind_name(DP_SET_COMPRESS, (int)s->cfg.compress));
 	if (r->o.auto_resume && !r->save_dir)
 		return RT_FAIL(e, "--auto-resume continues from the save directory: give --save-dir "
 			       "(or save_every in the model)");

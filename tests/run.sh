@@ -98,7 +98,7 @@ gradcheck              2      -        62
 bf16                   1      -        53
 fp16                   0.5    -        56
 torch_ref              1      -        51
-compress               1      -        70
+compress               1      -       110
 resume                 1      -        43
 schedules              1      -        35
 runtime_errors         0.5    -        34

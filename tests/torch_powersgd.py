@@ -20,6 +20,10 @@ by (seed, "NAME.w.powersgd_q", element): torch_ref.init_normal, the port of
 runtime/init.c), in the order the hook lays its Qs out (the bucket's
 gradients that it compresses, in the bucket's order). The hook then
 orthogonalises them as it does any warm-started Q.
+
+--uncompressed NAME,...: the weights NAME.w are all_reduced whole, as dp's
+`compress none` in block NAME leaves them (the hook's _should_compress says
+no to their shape, which must be no other weight's).
 """
 import argparse
 import os
@@ -89,6 +93,20 @@ def worker(rank, args, store):
                             world_size=args.world)
     weights = torch_ref.read_safetensors(args.init)
     names = args.layers.split(",")
+    if args.uncompressed:
+        whole = {tuple(weights[n + ".w"].shape) for n in args.uncompressed.split(",")}
+        if len(whole) != len(args.uncompressed.split(",")) or any(
+                tuple(weights[n + ".w"].shape) in whole for n in names
+                if n not in args.uncompressed.split(",")):
+            sys.exit("torch_powersgd: --uncompressed weights need shapes of their own")
+        should = psgd._should_compress
+
+        def should_compress(n, m, r, rate):
+            if (n, m) in whole:
+                return False, n * m, (n + m) * r
+            return should(n, m, r, rate)
+
+        psgd._should_compress = should_compress
     model = MLP(names, weights)
     ddp = DDP(model, bucket_cap_mb=25)
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
@@ -138,6 +156,7 @@ def main():
     ap.add_argument("--rank", type=int, default=4, help="matrix_approximation_rank")
     ap.add_argument("--start", type=int, default=10, help="start_powerSGD_iter")
     ap.add_argument("--min-rate", type=float, default=1.0, help="min_compression_rate")
+    ap.add_argument("--uncompressed", default="", help="layers whose weights are not compressed")
     torch_ref.add_train_args(ap, 0.01)
     args = ap.parse_args()
     args.synth_n, args.synth_dim, args.synth_classes = 4096, 784, 10
