@@ -428,9 +428,13 @@ int ckpt_save(Ckpt *c, const char *dir, CkptForm form, const CkptRun *run, int k
 	CkptFile *files = calloc((size_t)nfiles, sizeof *files), mine = {0}, rank = {0};
 	if (!files)
 		rc = RT_FAIL(e, "out of memory");
-	else if (form == CKPT_FULL)
+	/* every rank enters the form's collectives (save_full's gathers, the
+	 * file records' allgather) or none does: a rank that failed alone
+	 * would leave the others waiting in them until --timeout */
+	rc = world_sync(w, rc, 0, e);
+	if (rc == 0 && form == CKPT_FULL)
 		rc = save_full(c, tmpdir, files, e);
-	else if ((rc = save_shard(c, tmpdir, &mine, e)) == 0)
+	else if (rc == 0 && (rc = world_sync(w, save_shard(c, tmpdir, &mine, e), 0, e)) == 0)
 		rc = gather_files(c, "shard", &mine, files, e);
 	if (c->nrank) { /* every rank takes part in the syncs, whatever its files did */
 		int ok = world_sync(w, rc, 0, e) == 0 && ckpt_rank_save(c, tmpdir, &rank, e) == 0;

@@ -24,7 +24,9 @@
 #  6. a token id outside the vocabulary anywhere in a shard: refused at load.
 #  7. ulimit -v 200 MB: a clean error, not a hang in MPI_Init.
 #  8. --timeout: a job stopped (SIGSTOP of every rank) for longer and
-#     continued goes on; one rank stopped: the error is printed once.
+#     continued goes on; one rank stopped: the error is printed once; a
+#     save whose file fails on one rank only (fsync EIO) ends every rank
+#     at once with that rank's error, not at --timeout, leaving nothing.
 #  9. dpc out of memory: exit 1 with a message, not an abort.
 # 10. tests/ckpt_fuzz.c, the checkpoint reader's in-process fuzz target, for
 #     FUZZ_SECONDS (25): no crash, no damaged copy loaded silently.
@@ -321,6 +323,31 @@ if [ -n "$victim" ] && [ "$n" = 1 ]; then
 	ok "--timeout at 2 ranks, one stopped: the error is printed once"
 else
 	fail "--timeout message printed $n times (victim '${victim:-none}')"; tail -n 4 "$T/to.out"
+fi
+fi
+
+# one rank's checkpoint file fails (fsync EIO under strace, that rank
+# only): every rank stops at once with that rank's error, not after
+# --timeout in the file records' gather, and no checkpoint is left
+if case_on save-fails-one-rank; then
+once mlp2 mlp2
+if ! command -v strace >/dev/null || ! strace -o /dev/null true 2>/dev/null; then
+	skip "a save failing on one rank: strace is missing or cannot trace here"
+else
+	rm -rf "$T/one"
+	SECONDS=0
+	env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 1 "$DPEXEC" "$T/mlp2.bin" --quiet --steps 2 \
+		--save-dir "$T/one" --save-form sharded --timeout 30 : -np 1 strace -f -o /dev/null \
+		-e trace=fsync,fdatasync -e inject=fsync,fdatasync:error=EIO "$DPEXEC" "$T/mlp2.bin" \
+		--quiet --steps 2 --save-dir "$T/one" --save-form sharded --timeout 30 >"$T/one.out" 2>&1
+	rc=$? took=$SECONDS
+	if [ "$rc" = 1 ] && [ "$took" -lt 20 ] && unstamp "$T/one.out" |
+		grep -q "error: cannot write .*shard-00001-of-00002.safetensors: Input/output error" &&
+		[ -z "$(ls -A "$T/one" 2>/dev/null)" ]; then
+		ok "a save failing on rank 1 alone: exit 1 in ${took} s naming its file, nothing left"
+	else
+		fail "a save failing on one rank (exit $rc after ${took} s; --timeout 30)"; tail -n 4 "$T/one.out"
+	fi
 fi
 fi
 
