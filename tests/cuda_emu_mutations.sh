@@ -73,6 +73,9 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
+#                 (CuScalars.ls_found) dropped: a step whose gradients
+#                 overflowed is applied, not skipped
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -177,6 +180,7 @@ reference() {
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
+	ls16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	esac
@@ -591,6 +595,17 @@ if mutate bf16_clipfold "runtime/cuda/optim.cu" \
 	check bf16_clipfold r16 2 DPEMU_COMM=late DPEMU_COMM=early
 fi
 unmutated "the reduce_dtype bf16 case" r16 2
+
+# amp_flag: SGD's and AdamW's kernels update on a step whose AMP_CHECK
+# found the gradients overflowed. Case: mlp8 in fp16 at 1 rank with a
+# static scale of 2^26, so every step's gradients overflow f16: unmutated
+# every step is skipped (the CPU's run, parameters unchanged); mutated the
+# first step's inf/NaN gradients reach the weights.
+sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$T/ls16.dp"
+if mutate amp_flag "runtime/cuda/optim.cu" \
+	sed 's|if (sc->ls_found) /\* loss scaling: an overflowing step updates nothing \*/|if (0) /* MUTATION: no flag read */|'; then
+	check amp_flag ls16 1 DPEMU_SEED=1 DPEMU_SEED=2
+fi
 
 echo "  (cuda_emu_mutations took $(($(date +%s) - t_start))s)"
 finish cuda_emu_mutations
