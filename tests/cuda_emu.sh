@@ -150,8 +150,9 @@
 # (tests/fp16.sh's overflow case, small; AdamW, whose t counts only the
 # steps taken): the scale and skipped steps of
 # every step (--log-json) equal the CPU's, the device deciding the skips
-# with no host read inside the step; and that case's graph replay equals
-# --no-graph bitwise.
+# with no host read inside the step; that case's graph replay equals
+# --no-graph bitwise, and 9 steps (the last skipped) + --resume give it
+# bit for bit (the state restored onto the device).
 #
 # SAN=1: skipped (one SKIP line): the emulator's fibers switch stacks under
 # ASan's feet; the emulated build is never sanitized.
@@ -574,6 +575,21 @@ for l in open(sys.argv[1]):
 			ok "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
 		else
 			fail "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3 (not bitwise equal)"
+		fi
+		# the state restored onto the device: 9 steps (the last skipped), a
+		# sharded checkpoint, --resume to 10 == the straight run, bitwise
+		if env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+			--steps 9 --quiet --eval-every 0 --losses "$T/ov.r.loss" --save-dir "$T/ov.ck" \
+			--save-form sharded >"$T/ov.r.log" 2>&1 &&
+			grep -q '"skipped_steps":[[:space:]]*7' "$T/ov.ck/step-000009/state.json" &&
+			env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+				--steps 10 --quiet --eval-every 0 --losses "$T/ov.r.loss" --resume "$T/ov.ck" \
+				--save-full "$T/ov.r.st" >>"$T/ov.r.log" 2>&1 &&
+			cmp -s "$T/ov.r.loss" "$T/ov.graph.loss" && cmp -s "$T/ov.r.st" "$T/ov.graph.st"; then
+			ok "gpt2-tiny fp16 overflow zero2 np=3 on the device: 9 steps (the last skipped) + --resume 1 give the straight run's losses and parameters, bit for bit"
+		else
+			fail "gpt2-tiny fp16 overflow zero2 np=3 on the device: the run resumed after a skipped step differs from the straight one"
+			tail -n 3 "$T/ov.r.log"
 		fi
 	else
 		fail "gpt2-tiny fp16 overflow zero2 np=3: a run failed"

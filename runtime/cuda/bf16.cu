@@ -2,7 +2,7 @@
  * bf16.cu - bf16 and f16 on the CUDA backend (docs/PRECISION.md). f16
  * (precision fp16) is staged as the CPU stages it: CAST and the optimizers'
  * compute copies convert themselves, every other instruction with an f16
- * operand runs on f32 copies (cu_own_half_path), with the CPU's bits
+ * operand runs on f32 copies (rt_own_half_path), with the CPU's bits
  * (cu_to_f16). bf16: storage in bf16,
  * arithmetic in f32, every store rounded to nearest even with the CPU's
  * bits (cu_to_bf16, device.cuh). This file holds the conversions, the CAST
@@ -137,23 +137,7 @@ static int run_cast(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* ---- staging an instruction on f32 copies ---- */
-
-/* The rule of the CPU's cpu_own_half_path (cpu/bf16.c): a row's own 16-bit
- * path (bf16 = 1) is bf16's; an instruction with an f16 operand runs on f32
- * copies, except CAST, and the optimizers' f16 compute copy, which they
- * write themselves (rt_half_staged leaves it out). */
-extern "C" int cu_own_half_path(const DpStep *s, const DpInstr *in)
-{
-	if (in->op == DP_OP_CAST)
-		return 1;
-	for (int j = -1; j < DP_MAX_IN; j++) {
-		int id = j < 0 ? in->out : in->in[j];
-		if (id >= 0 && s->tensors[id].dtype == DP_F16)
-			return 0;
-	}
-	return 1;
-}
+/* ---- staging an instruction on f32 copies (rt_own_half_path decides) ---- */
 
 /* bytes of one f32 copy, 256-byte pieces (every copy float4- and uint4-aligned) */
 static size_t stage_bytes(const DpTensor *t)

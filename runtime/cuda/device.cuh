@@ -154,45 +154,18 @@ static __device__ __forceinline__ float cu_from_bf16(cu_bf16 b)
 static __device__ __forceinline__ float ld(const cu_bf16 *p) { return cu_from_bf16(*p); }
 static __device__ __forceinline__ void st(cu_bf16 *p, float v) { *p = cu_to_bf16(v); }
 
-/* f16 (precision fp16): the bits of runtime/rt.h's rt_to_f16 / rt_from_f16
- * (F16C's vcvtps2ph / vcvtph2ps: nearest even, subnormals, NaN quiet), in
- * integer arithmetic as bf16's, so both backends round alike. Storage is
+/* f16 (precision fp16): runtime/rt.h's integer conversions (F16C's
+ * vcvtps2ph / vcvtph2ps bits: nearest even, subnormals, NaN quiet), the
+ * same code as the CPU's, so both backends round alike. Storage is
  * the bits (cu_f16, not cuda_fp16.h's __half): no kernel computes in f16. */
 typedef uint16_t cu_f16;
 static __device__ __forceinline__ cu_f16 cu_to_f16(float f)
 {
-	uint32_t u = __float_as_uint(f);
-	uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-	uint32_t a = u & 0x7fffffffu;
-	if (a > 0x7f800000u) /* NaN */
-		return (cu_f16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-	if (a >= 0x477ff000u) /* >= 65520: inf */
-		return (cu_f16)(sign | 0x7c00u);
-	if (a >= 0x38800000u) /* a normal half: rebias 127 -> 15, round at bit 13 */
-		return (cu_f16)(sign | ((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13));
-	if (a < 0x33000000u) /* below 2^-25: zero */
-		return (cu_f16)sign;
-	uint32_t m = (a & 0x7fffffu) | 0x800000u, sh = 126u - (a >> 23);
-	uint32_t q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
-	q += rem > half || (rem == half && (q & 1u));
-	return (cu_f16)(sign | q);
+	return rt_f16_bits(__float_as_uint(f));
 }
 static __device__ __forceinline__ float cu_from_f16(cu_f16 h)
 {
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-	if (e == 0x1f)
-		u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
-	else if (e)
-		u = sign | ((e + 112u) << 23) | (m << 13);
-	else if (m == 0)
-		u = sign;
-	else {
-		int s = 0;
-		while (!(m & 0x400u))
-			m <<= 1, s++;
-		u = sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
-	}
-	return __uint_as_float(u);
+	return __uint_as_float(rt_f16_f32_bits(h));
 }
 /* The 16-bit compute copy an optimizer writes: f16 or bf16 (f16 set) */
 static __device__ __forceinline__ uint16_t cu_to_half(int f16, float f)

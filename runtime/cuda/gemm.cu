@@ -318,7 +318,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	 * bias's (the emulator faults below that) */
 	/* a staged GEMM (f16 operands on f32 copies, bf16.cu) has no epilogue:
 	 * its bias and aux pointers would be baked here, not the copies' */
-	int staged = p->own && !cu_own_half_path(p->own, in);
+	int staged = p->own && !rt_own_half_path(p->own, in);
 	int gelu_epi = !staged && paux && n % 8 == 0 && align_of(paux) >= 16 &&
 		       (!pbias || align_of(pbias) >= 16);
 	int epilogue = !staged && pbias && align_of(pbias) >= 16 && !paux;

@@ -170,9 +170,6 @@ typedef struct KernelArgs {
  * back to nearest even. An optimizer's compute copy (dp_writes_in) is never
  * staged: the optimizer writes it itself.
  */
-/* 1: in's kernel may run its own 16-bit path (a row with bf16 = 1: bf16's);
- * 0: an f16 operand, staged whatever the row (bf16.cu; CAST excepted). */
-int cu_own_half_path(const DpStep *s, const DpInstr *in);
 /* Bytes of f32 copies instruction `in` needs (0: nothing is bf16). */
 size_t cu_stage_need(const DpStep *s, const DpInstr *in);
 /* Widen in's bf16 operands into ws (cu_stage_need bytes, 256-byte aligned)
