@@ -745,7 +745,7 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return -1;
 		}
 		break;
-	case DP_OP_AMP_CHECK: /* the executor reads the norm: one f32 */
+	case DP_OP_AMP_CHECK: /* the step's overflow check: one f32 norm */
 		if (p != DP_PROG_STEP)
 			return misplaced(what, "the step program", err, errlen);
 		if (s->opt.loss_scale == DP_LS_NONE) {

@@ -436,6 +436,7 @@ typedef enum {
 	DP_OR_MATMUL_GELU_GRAD, /* as MATMUL, in2 (the pre-activation) the size of out;
 	                      out disjoint from the inputs */
 	DP_OR_ORTHOGONALIZE, /* out f32 [rows, r], r <= rows */
+	DP_OR_FLAG,        /* no out; in0 f32 [1], read into the backend's step state */
 	DP_NOR
 } DpOperandRule;
 

@@ -126,6 +126,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_LINEAR_GELU] = {CD, CD, CD, CD},
 	[DP_OR_MATMUL_GELU_GRAD] = {CD, CD, CD, CD},
 	[DP_OR_ORTHOGONALIZE] = {F32},
+	[DP_OR_FLAG] = {0, F32},
 };
 #undef CD
 #undef CDF
@@ -439,6 +440,11 @@ static int check_gemm(Chk *c, int rule)
 		NEED(cols_of(dy) == cols_of(o) && dp_numel(dy) == dp_numel(ids) * cols_of(o),
 		     "dy's shape does not match ids and table");
 		NEED(disjoint(o, dy) && disjoint(o, ids), "the output overlaps an input");
+		return 0;
+	}
+	case DP_OR_FLAG: {
+		OPND(a, 0, -1);
+		NEED(dp_numel(a) == 1, "the input is not one element");
 		return 0;
 	}
 	case DP_OR_ORTHOGONALIZE: {

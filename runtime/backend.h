@@ -54,11 +54,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "amp.h"
 #include "comm.h"
 #include "rt.h"
 
 /* Bump when BackendOps, Backend, BackendOpts, Comm or the step-file structs change. */
-#define DP_BACKEND_ABI (2000u + DP_STEP_VERSION)
+#define DP_BACKEND_ABI (2100u + DP_STEP_VERSION)
 
 /* BackendOps.flags */
 enum {
@@ -100,11 +101,22 @@ struct Backend {
 	                     NULL without storage; set by init */
 	BackendAt at;
 	void *impl;       /* the backend's own state */
-	/* set by the executor before set_step: */
-	uint64_t opt_t;   /* the optimizer step number, from 1: k + 1 less the steps
-	                     loss scaling skipped (bias correction, momentum) */
-	float loss_scale; /* the step's loss scale (fp16's; 1 without loss scaling) */
+	/* set by the executor before set_step, with loss scaling (amp.h): */
+	int amp_set;      /* 1: set_step takes amp as its loss-scaling state (the first
+	                     step, a resume) and clears it; 0: the backend's own state,
+	                     which every step it ran updated, stands */
+	AmpState amp;
 };
+
+/* What step k left for the host (step_wait): its metrics and, with loss
+ * scaling, what the step did with the scale. */
+typedef struct {
+	float loss;       /* the loss metric (0 when the step file has none) */
+	float grad_norm;  /* the grad-norm metric (0 when none) */
+	float amp_scale;  /* the scale the step ran with */
+	int amp_skip;     /* 1: its AMP_CHECK found the norm not finite: no update */
+	AmpState amp;     /* the loss-scaling state after the step */
+} BackendReport;
 
 struct BackendOps {
 	const char *name; /* "cpu", "cuda": --device names it */
@@ -172,12 +184,12 @@ struct BackendOps {
 	 * whichever step it is replayed as. */
 	int (*stage_push)(Backend *b, const void *host, size_t bytes, uint64_t k, RtErr *e);
 	/* Wait for optimizer step k only (steps launched after it keep running)
-	 * and give its loss and grad-norm metrics (0 when the step file has
-	 * none), which step_tail left where the host reads them without a
-	 * device copy. */
-	int (*step_wait)(Backend *b, uint64_t k, float metrics[2], RtErr *e);
+	 * and give its report (metrics, loss-scaling state), which step_tail
+	 * left where the host reads it without a device copy. */
+	int (*step_wait)(Backend *b, uint64_t k, BackendReport *r, RtErr *e);
 
-	/* ---- the optimizer step's scalars (lr; t = k + 1) ---- */
+	/* ---- the optimizer step's scalars (lr; t = k + 1 less the steps loss
+	 * scaling skipped, counted by the backend) ---- */
 	/* Before step k is started, outside any capture. */
 	int (*set_step)(Backend *b, uint64_t k, double lr, RtErr *e);
 	/* First and last work of a step, in stream order (captured). */

@@ -892,7 +892,7 @@ static int setup_local(Run *r)
 		}
 		free(notes);
 		if (s->opt.loss_scale != DP_LS_NONE && run.have_amp)
-			r->x.amp = run.amp;
+			exec_set_amp(&r->x, run.amp);
 		else if (s->opt.loss_scale != DP_LS_NONE && r->rank == 0)
 			printf("note: the checkpoint has no loss scale (its run had no loss scaling): "
 			       "the scale starts at %g\n", r->x.amp.scale);

@@ -244,16 +244,12 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
 	x->staged_step = -1;
 	x->mstep[0] = x->mstep[1] = -1;
 	x->no_graph = o->no_graph;
-	/* loss scaling decides on the host, inside the step (AMP_CHECK): only a
-	 * backend that runs a step inside its launch can; told after the
-	 * backend's init, which names an fp16 it cannot run first */
-	int amp = s->opt.loss_scale != DP_LS_NONE, inline_be = (ops->flags & BACKEND_INLINE) != 0;
-	x->amp.scale = amp ? s->opt.ls_scale : 1.0f;
+	/* loss scaling: the backend keeps the state (amp.h), from this one */
+	x->amp.scale = s->opt.loss_scale != DP_LS_NONE ? s->opt.ls_scale : 1.0f;
+	x->amp_push = 1;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (amp && in->op == DP_OP_UNSCALE && !inline_be)
-				continue;
 			if (dp_op_class(in->op) == DP_OPC_KERNEL)
 				RT_CHECK(exec_check_kernel(s, ops, in, e));
 			else
@@ -271,11 +267,6 @@ int exec_init(Exec *x, const DpStep *s, Comm *comm, const BackendOps *ops,
 		return -1;
 	}
 	x->have_be = 1;
-	if (amp && !inline_be) {
-		exec_free(x);
-		return RT_FAIL(e, "fp16's loss scaling is implemented on the CPU backend only, not on "
-			       "%s: run with --device cpu", ops->name);
-	}
 	if (stage_init(x, e)) {
 		exec_free(x);
 		return -1;
@@ -422,50 +413,6 @@ static int load(Exec *x, int p, const DpInstr *in, RtErr *e)
 				 (const char *)g->host + (size_t)slot * g->bytes, g->bytes, e);
 }
 
-/* ---- loss scaling (passes/lossscale.c) ---- */
-
-/* What an overflowing step does not run: the clip and the updates (the
- * optimizer's state and step count stay as they were). The rest of the
- * tail runs: the gradients are zeroed, and zero1/zero2's all_gather of the
- * unchanged parameters moves what it moved before. */
-static int amp_skips(unsigned op)
-{
-	return op == DP_OP_CLIP || op == DP_OP_ADAMW || op == DP_OP_SGD;
-}
-
-/* AMP_CHECK: the global norm of the unscaled gradients, the same on every
- * rank, is inf or NaN when any gradient anywhere is (GradScaler's
- * found_inf; a squared norm above f32's range counts too). */
-static int amp_check(Exec *x, const DpInstr *in, RtErr *e)
-{
-	float norm;
-	RT_CHECK(exec_tensor_read(x, in->in[0], &norm, e));
-	x->amp_skip = !isfinite(norm);
-	return 0;
-}
-
-/* After a step, GradScaler.update's rule (torch._amp_update_scale_, in f32):
- * an overflow multiplies the scale by backoff and restarts the count of
- * clean steps; interval clean steps in a row multiply it by growth (when
- * that stays finite). A static scale never changes. */
-static void amp_update(Exec *x)
-{
-	const DpOptim *o = &x->s->opt;
-	ExecAmp *a = &x->amp;
-	int dynamic = o->loss_scale == DP_LS_DYNAMIC;
-	if (x->amp_skip) {
-		a->skipped++;
-		a->clean = 0;
-		if (dynamic)
-			a->scale *= o->ls_backoff;
-	} else if (dynamic && ++a->clean >= o->ls_interval) {
-		float grown = a->scale * o->ls_growth;
-		if (isfinite(grown))
-			a->scale = grown;
-		a->clean = 0;
-	}
-}
-
 /* EVENT_RECORD / EVENT_WAIT: the backend's, after the schedule's own check. */
 static int event(Exec *x, int p, uint32_t i, RtErr *e)
 {
@@ -494,8 +441,6 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 		const DpInstr *in = &s->prog[p][i];
 		if (((in->flags & DP_IF_LAST) && !last) || (in->stage1 && dp_instr_stage(in) != x->pp_stage))
 			continue;
-		if (x->amp_skip && amp_skips(in->op))
-			continue;
 		/* compression: one of the two paths, by the optimizer step */
 		if ((in->flags & DP_IF_COMPRESSED && x->step < s->cfg.compress_start) ||
 		    (in->flags & DP_IF_PLAIN && x->step >= s->cfg.compress_start))
@@ -514,7 +459,7 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 			RT_CHECK(load(x, p, in, e));
 			break;
 		case DP_OPC_HOST:
-			RT_CHECK(in->op == DP_OP_AMP_CHECK ? amp_check(x, in, e) : init_save(x, in, e));
+			RT_CHECK(init_save(x, in, e));
 			break;
 		case DP_OPC_SHARD:
 			RT_CHECK(shard(x, in, e));
@@ -604,13 +549,17 @@ static int capture_step(Exec *x, RtErr *e)
 static int wait_oldest(Exec *x, RtErr *e)
 {
 	uint64_t k = x->inflight[0];
-	float m[2] = {0, 0};
+	BackendReport r = {0};
 	x->inflight[0] = x->inflight[1];
 	x->ninflight--;
-	RT_CHECK(x->be.ops->step_wait(&x->be, k, m, e));
+	RT_CHECK(x->be.ops->step_wait(&x->be, k, &r, e));
 	x->mstep[k & 1] = (int64_t)k;
-	x->mval[k & 1][0] = m[0];
-	x->mval[k & 1][1] = m[1];
+	x->mval[k & 1][0] = r.loss;
+	x->mval[k & 1][1] = r.grad_norm;
+	if (x->s->opt.loss_scale != DP_LS_NONE) {
+		x->mamp[k & 1] = (ExecAmpStep){r.amp_scale, r.amp_skip, r.amp.skipped};
+		x->amp = r.amp; /* steps are waited for in order */
+	}
 	return 0;
 }
 
@@ -622,10 +571,11 @@ int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 		RT_CHECK(wait_oldest(x, e));
 	RT_CHECK(stage_step(x, k, e));
 	x->step = k;
-	b->opt_t = k + 1 - x->amp.skipped;
-	b->loss_scale = x->amp.scale;
-	x->amp_skip = 0;
-	x->mamp[k & 1] = (ExecAmpStep){x->amp.scale, 0, x->amp.skipped};
+	if (x->amp_push) { /* the backend counts from here on */
+		b->amp = x->amp;
+		b->amp_set = 1;
+		x->amp_push = 0;
+	}
 	RT_CHECK(o->set_step(b, k, exec_lr(x->s, k), e));
 	/* compression's two paths (DP_IF_PLAIN, DP_IF_COMPRESSED): a graph
 	 * holds one; at start_step the step is captured again */
@@ -643,11 +593,6 @@ int exec_step_launch(Exec *x, uint64_t k, RtErr *e)
 	} else {
 		RT_CHECK(enqueue_step(x, e)); /* no graphs, --no-graph, or the eager first step */
 		x->warm = 1;
-	}
-	if (x->s->opt.loss_scale != DP_LS_NONE) { /* an inline backend: the step has run */
-		amp_update(x);
-		x->mamp[k & 1].skip = x->amp_skip;
-		x->mamp[k & 1].skipped = x->amp.skipped;
 	}
 	x->inflight[x->ninflight++] = k;
 	return 0;
@@ -671,7 +616,15 @@ int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtEr
 
 ExecAmpStep exec_step_amp(const Exec *x, uint64_t k)
 {
+	if (x->s->opt.loss_scale == DP_LS_NONE)
+		return (ExecAmpStep){1.0f, 0, 0};
 	return x->mamp[k & 1];
+}
+
+void exec_set_amp(Exec *x, ExecAmp a)
+{
+	x->amp = a;
+	x->amp_push = 1;
 }
 
 int exec_synchronous(const Exec *x)

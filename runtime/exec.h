@@ -67,15 +67,8 @@
 typedef int (*ExecInitHook)(void *ctx, int name, int tensor, float *dst, RtErr *e);
 typedef int (*ExecSaveHook)(void *ctx, int name, int tensor, const float *src, RtErr *e);
 
-/* fp16's loss scaling (passes/lossscale.c), GradScaler's state: the scale
- * the next step multiplies its loss gradient by, the clean steps in a row
- * since it last changed (growth_tracker), the steps skipped so far.
- * Training state: in checkpoints, restored by --resume. */
-typedef struct {
-	float scale;      /* f32, as GradScaler's _scale tensor */
-	uint32_t clean;
-	uint64_t skipped;
-} ExecAmp;
+/* fp16's loss scaling (passes/lossscale.c), GradScaler's state (amp.h). */
+typedef AmpState ExecAmp;
 
 /* What one step did: the scale it ran with, whether it was skipped, and
  * the skipped steps after it. */
@@ -127,10 +120,12 @@ typedef struct {
 
 	int8_t *event_set;    /* per run: event recorded in this run? */
 
-	/* loss scaling (cfg's loss_scale not none; an inline backend) */
-	ExecAmp amp;          /* the state before the next step */
-	int amp_skip;         /* this step's AMP_CHECK found the norm not finite: its
-	                         CLIP, ADAMW and SGD are not run */
+	/* loss scaling (cfg's loss_scale not none): the backend keeps the state
+	 * (amp.h); this is its mirror from the reports of the steps waited for */
+	ExecAmp amp;          /* the state after the last step waited for: what a
+	                         checkpoint saves, or what --resume restored */
+	int amp_push;         /* 1: give amp to the backend with the next step (start,
+	                         resume: exec_set_amp) */
 	ExecAmpStep mamp[2];  /* step k's in mamp[k & 1], beside its metrics */
 } Exec;
 
@@ -176,6 +171,8 @@ int exec_step_metrics(Exec *x, uint64_t k, double *loss, double *grad_norm, RtEr
 /* The loss scaling of step k (its metrics read; {1, 0, 0} without loss
  * scaling). */
 ExecAmpStep exec_step_amp(const Exec *x, uint64_t k);
+/* The loss-scaling state the next step starts from (--resume's). */
+void exec_set_amp(Exec *x, ExecAmp a);
 /* 1: the backend runs a step inside exec_step_launch (BACKEND_INLINE) */
 int exec_synchronous(const Exec *x);
 int exec_step_wait(Exec *x, RtErr *e);

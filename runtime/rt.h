@@ -273,10 +273,16 @@ static inline float rt_from_bf16(uint16_t b)
  * result is subnormal (steps of 2^-24), a NaN stays a quiet NaN with the
  * top of its payload. Integer arithmetic only: the bits do not depend on
  * the compiler's or the CPU's rounding mode; tests/f16_test.c checks them. */
-static inline uint16_t rt_to_f16(float f)
+#ifdef __CUDACC__
+#define RT_BITS_FN static inline __host__ __device__
+#else
+#define RT_BITS_FN static inline
+#endif
+/* The bits of an f32 (u) to binary16's, and back: integer arithmetic alone,
+ * so the CUDA backend's device code (cuda/device.cuh's cu_to_f16) computes
+ * the same bits as the CPU's */
+RT_BITS_FN uint16_t rt_f16_bits(uint32_t u)
 {
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
 	uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
 	uint32_t a = u & 0x7fffffffu;
 	if (a > 0x7f800000u) /* NaN */
@@ -295,21 +301,32 @@ static inline uint16_t rt_to_f16(float f)
 	return (uint16_t)(sign | q);
 }
 
+RT_BITS_FN uint32_t rt_f16_f32_bits(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+	if (e == 0x1f) /* inf; a NaN keeps its payload and comes out quiet, as F16C's */
+		return sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
+	if (e)
+		return sign | ((e + 112u) << 23) | (m << 13);
+	if (m == 0)
+		return sign;
+	int s = 0; /* subnormal m * 2^-24: normalise */
+	while (!(m & 0x400u))
+		m <<= 1, s++;
+	return sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
+}
+#undef RT_BITS_FN
+
+static inline uint16_t rt_to_f16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof u);
+	return rt_f16_bits(u);
+}
+
 static inline float rt_from_f16(uint16_t h)
 {
-	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-	if (e == 0x1f) /* inf; a NaN keeps its payload and comes out quiet, as F16C's */
-		u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
-	else if (e)
-		u = sign | ((e + 112u) << 23) | (m << 13);
-	else if (m == 0)
-		u = sign;
-	else { /* subnormal m * 2^-24: normalise */
-		int s = 0;
-		while (!(m & 0x400u))
-			m <<= 1, s++;
-		u = sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
-	}
+	uint32_t u = rt_f16_f32_bits(h);
 	float f;
 	memcpy(&f, &u, sizeof f);
 	return f;
@@ -334,6 +351,24 @@ static inline float rt_from_half(unsigned dt, uint16_t h)
  * and not a tensor an earlier slot already staged? Both compute backends
  * stage by this rule (runtime/cpu/bf16.c, runtime/cuda/bf16.cu).
  */
+static inline int rt_half_staged(const DpStep *s, const DpInstr *in, int j);
+
+/* Does a kernel's own 16-bit path (KernelRow.bf16, run_bf16: bf16's) apply
+ * to `in`? Not when an operand is f16: f16 instructions run on f32 copies on
+ * both backends, except CAST, which converts f16 itself (and the
+ * optimizers' f16 compute copies, which rt_half_staged leaves out). */
+static inline int rt_own_half_path(const DpStep *s, const DpInstr *in)
+{
+	if (in->op == DP_OP_CAST)
+		return 1;
+	for (int j = -1; j < DP_MAX_IN; j++) {
+		int id = j < 0 ? in->out : in->in[j];
+		if (id >= 0 && s->tensors[id].dtype == DP_F16)
+			return 0;
+	}
+	return 1;
+}
+
 static inline int rt_half_staged(const DpStep *s, const DpInstr *in, int j)
 {
 	int id = j < 0 ? in->out : in->in[j];

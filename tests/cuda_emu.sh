@@ -133,6 +133,27 @@
 # (runtime/cpu/gemm.c); the DP_BLAS_CORE=Haswell cases below walk Zen 4's
 # path on any CPU.
 #
+# fp16 cases (precision fp16 with its dynamic loss scaling: gpt2-tiny with
+# SGD at 2 ranks under ddp, zero2 and full_shard) against the CPU's fp16
+# run (SGD: AdamW's first steps turn the f16 roundings that fall otherwise
+# under the attention key bias's ~0 gradient into steps of ~lr, 2.6e-3 apart
+# in the updates under AdamW, 1.8e-5 under SGD, as the bf16 hd64 cases
+# say). The
+# CUDA backend runs every f16 instruction but CAST and the optimizers' copy
+# on f32 copies of its operands (bf16.cu's staging), as the CPU does, so
+# both round at the same places and the bf16 derivation above holds with
+# f16's 11 significant bits (u = 2^-11): sqrt(2u eps) ~ 1e-5 RMS per element
+# at eps 1e-7, 2.8x below bf16's. Bounds: bf16's divided by 2 (a margin of
+# ~2 over the scaled figures' ratio of 2.8): losses rtol 2^-14 = 6.1e-5,
+# updates rtol 2^-10 = 9.8e-4. The loss scaling itself is compared exactly:
+# gpt2-tiny at 3 ranks under zero2 from a scale of 2^26 with interval 2
+# (tests/fp16.sh's overflow case, small; AdamW, whose t counts only the
+# steps taken): the scale and skipped steps of
+# every step (--log-json) equal the CPU's, the device deciding the skips
+# with no host read inside the step; that case's graph replay equals
+# --no-graph bitwise, and 9 steps (the last skipped) + --resume give it
+# bit for bit (the state restored onto the device).
+#
 # SAN=1: skipped (one SKIP line): the emulator's fibers switch stacks under
 # ASan's feet; the emulated build is never sanitized.
 set -u
@@ -144,6 +165,8 @@ STEPS=${STEPS:-3}
 GRAPH_STEPS=${GRAPH_STEPS:-8}
 BF16_LOSS=1.220703125e-4 # 2^-13, bf16 cases (the header derives it)
 BF16_UPDATE=1.953125e-3  # 2^-9
+FP16_LOSS=6.103515625e-5 # 2^-14, fp16 cases (the header derives it)
+FP16_UPDATE=9.765625e-4  # 2^-10
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator suite"; then
 	finish cuda_emu
@@ -334,8 +357,10 @@ model_case() {
 		compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" 1e-5 1e-5 1e-3
 	elif mpi "$np" "$T/$tag.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$tag.init.st" >/dev/null 2>&1; then
+		local lt=$BF16_LOSS ut=$BF16_UPDATE
+		[ "$prec" = fp16 ] && lt=$FP16_LOSS ut=$FP16_UPDATE
 		compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" \
-			"$BF16_LOSS" 0 "$BF16_UPDATE" "$T/$tag.init.st"
+			"$lt" 0 "$ut" "$T/$tag.init.st"
 	else
 		fail "$name: the initial weights"
 	fi
@@ -503,6 +528,74 @@ model_case gpt2-zb ddp 2 "pp=2"
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
+# fp16 with dynamic loss scaling (the header's bounds): f16 on f32 copies,
+# ncclHalf, the optimizers' f16 copies, the scale in device memory
+for s in ddp zero2 full_shard; do
+	PREC=fp16 SGD=1 model_case gpt2-tiny $s 2
+done
+# the overflow case: the device's skips and scale sequence are the CPU's
+if case_on "gpt2-tiny fp16 overflow zero2 np=3"; then
+	sed -e 's/^  global_batch .*/  global_batch 6/' \
+		-e 's/^  strategy .*/  strategy zero2\n  loss_scale dynamic(init=67108864, interval=2)/' \
+		"$T/gpt2-tiny.dp" >"$T/ov.dp"
+	scales() { # the --log-json lines' step, scale and skipped steps
+		$PY -c 'import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if "loss_scale" in j:
+        print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"])' "$1"
+	}
+	ov_emu() { # the graph and the --no-graph run
+		local r
+		for r in graph eager; do
+			env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+				--steps 10 --quiet --eval-every 0 --log-every 1 --log-json "$T/ov.$r.json" \
+				--losses "$T/ov.$r.loss" --save-full "$T/ov.$r.st" \
+				$([ $r = eager ] && echo --no-graph) >"$T/ov.$r.log" 2>&1 || return 1
+		done
+	}
+	# shellcheck disable=SC2086
+	if "$DPC" "$T/ov.dp" --world-size 3 $small --precision fp16 -o "$T/ov.bin" >"$T/ov.dpc" 2>&1 &&
+		mpi 3 "$T/ov.bin" --device cpu --steps 10 --quiet --eval-every 0 --log-every 1 \
+			--log-json "$T/ov.cpu.json" --losses "$T/ov.cpu.loss" >"$T/ov.cpu.log" 2>&1 && ov_emu; then
+		scales "$T/ov.cpu.json" >"$T/ov.cpu.scales"
+		scales "$T/ov.graph.json" >"$T/ov.graph.scales"
+		# a clean step, then a skipped one that halves the scale
+		spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
+			"$T/ov.cpu.scales" | head -n 1)
+		if [ -n "$spike" ] && cmp -s "$T/ov.cpu.scales" "$T/ov.graph.scales" &&
+			$PY tests/compare.py losses "$T/ov.graph.loss" "$T/ov.cpu.loss" --rtol "$FP16_LOSS" \
+				--atol 0 >"$T/ov.cmp"; then
+			ok "gpt2-tiny fp16 overflow zero2 np=3: the device skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ov.cpu.scales")), step $spike's overflow after clean steps; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ov.cmp"))"
+		else
+			paste "$T/ov.cpu.scales" "$T/ov.graph.scales"; cat "$T/ov.cmp" 2>/dev/null
+			fail "gpt2-tiny fp16 overflow zero2 np=3: the scale sequence or the losses differ from the CPU's"
+		fi
+		if cmp -s "$T/ov.graph.loss" "$T/ov.eager.loss" && cmp -s "$T/ov.graph.st" "$T/ov.eager.st"; then
+			ok "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
+		else
+			fail "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3 (not bitwise equal)"
+		fi
+		# the state restored onto the device: 9 steps (the last skipped), a
+		# sharded checkpoint, --resume to 10 == the straight run, bitwise
+		if env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+			--steps 9 --quiet --eval-every 0 --losses "$T/ov.r.loss" --save-dir "$T/ov.ck" \
+			--save-form sharded >"$T/ov.r.log" 2>&1 &&
+			grep -q '"skipped_steps":[[:space:]]*7' "$T/ov.ck/step-000009/state.json" &&
+			env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+				--steps 10 --quiet --eval-every 0 --losses "$T/ov.r.loss" --resume "$T/ov.ck" \
+				--save-full "$T/ov.r.st" >>"$T/ov.r.log" 2>&1 &&
+			cmp -s "$T/ov.r.loss" "$T/ov.graph.loss" && cmp -s "$T/ov.r.st" "$T/ov.graph.st"; then
+			ok "gpt2-tiny fp16 overflow zero2 np=3 on the device: 9 steps (the last skipped) + --resume 1 give the straight run's losses and parameters, bit for bit"
+		else
+			fail "gpt2-tiny fp16 overflow zero2 np=3 on the device: the run resumed after a skipped step differs from the straight one"
+			tail -n 3 "$T/ov.r.log"
+		fi
+	else
+		fail "gpt2-tiny fp16 overflow zero2 np=3: a run failed"
+		tail -n 3 "$T"/ov.*.log
+	fi
+fi
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as
@@ -688,13 +781,17 @@ PROBE_BIN=$T/bf16.bin probe "bf16 on compute capability 7.0" \
 	DPEMU_SM=70
 PROBE_BIN=$T/bf16cl.bin probe "bf16 from dpc --precision on compute capability 7.0" \
 	"mlp8.dp: precision bf16 (dpc --precision bf16): bf16 needs a GPU" DPEMU_SM=70
-# fp16 has no CUDA kernels yet: refused at load on any device (here the
-# emulator's default, 9.0), naming where the .dp file asks for it
+# fp16 needs no more than the build's kernels (f32 arithmetic on f16
+# storage): it runs on a V100 (7.0) built for it, where bf16 is refused
 awk '{print} /^train \{/ {print "  precision fp16"}' "$T/mlp8.dp" >"$T/mlp8h.dp"
-at=$(grep -n "^  precision fp16$" "$T/mlp8h.dp" | cut -d: -f1)
 "$DPC" "$T/mlp8h.dp" --world-size 1 -o "$T/f16.bin" >/dev/null 2>&1
-PROBE_BIN=$T/f16.bin probe "fp16 on the CUDA backend" \
-	"mlp8h.dp:$at:13: fp16 is not implemented on the CUDA backend"
+if ! case_on "probe fp16 on 7.0"; then
+	:
+elif DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/f16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+	ok "an fp16 step (loss scaling on the device) runs on compute capability 7.0 built for it"
+else
+	fail "fp16 on 7.0 with DPEMU_IMAGE_SM=70"; tail -n 3 "$T/probe.out"
+fi
 # a build without kernels for the device (DPEMU_IMAGE_SM: the oldest compute
 # capability the emulated build's kernels run on; dp's default CUDA_ARCH
 # starts at 8.0): an f32 step is refused at load with the rebuild to make,

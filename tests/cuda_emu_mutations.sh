@@ -91,6 +91,9 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
+#                 (CuScalars.ls_found) dropped: a step whose gradients
+#                 overflowed is applied, not skipped
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -213,6 +216,11 @@ MODEL
 # into AdamW), against the CPU's run (bitwise equal unmutated; 6.1e-3 apart
 # in the updates with bf16_clipfold, which this found)
 sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r16.dp"
+# ls16: mlp8 in fp16 at 1 rank with a static loss scale of 2^26, so every
+# step's gradients overflow f16: unmutated every step is skipped (the
+# CPU's run, parameters unchanged); with amp_flag the first step's inf/NaN
+# gradients reach the weights
+sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$T/ls16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
@@ -230,6 +238,7 @@ reference() {
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
+	ls16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	esac
@@ -356,6 +365,7 @@ graph_first   graph_first   stall   4 stall
 bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
+amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),
@@ -415,6 +425,7 @@ unmutated hd8 "the gpt2-hd64 case over 8 steps"
 unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
+unmutated ls16 "the fp16 overflow case"
 
 # points: the table's points are the source's MUTANT(...) points, no more,
 # no fewer (a point that moved out of the code is a failure)

@@ -45,8 +45,10 @@ typedef struct {
 	CpuStep step;
 	CpuStreams *st;
 	uint64_t cur_step; /* set_step's k */
-	int64_t rep_step[2]; /* step_tail: the step whose metrics rep[k % 2] holds, -1: none */
-	float rep[2][2];     /* ... its loss and grad norm */
+	int64_t rep_step[2]; /* step_tail: the step whose report rep[k % 2] holds, -1: none */
+	BackendReport rep[2];
+	AmpState amp;        /* loss scaling's state before the next step (amp.h) */
+	int amp_found;       /* the step's AMP_CHECK found the norm not finite */
 	const CpuVec *vec;
 	CpuPool *pool;
 	/* bf16 instructions of kernels without a bf16 path run on f32 copies
@@ -197,6 +199,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	}
 	c->step.opt = &s->opt;
 	c->step.loss_scale = 1; /* until set_step: a program run outside a step */
+	c->step.amp_found = &c->amp_found;
 	int threads = 1;
 	cpu_blas_init(&c->blas);
 	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
@@ -228,7 +231,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 			const DpInstr *in = &s->prog[p][i];
 			/* oneDNN's matmuls need none; without it they are staged */
 			const KernelRow *k = &c->kern->k[in->op];
-			int own = cpu_own_half_path(s, in);
+			int own = rt_own_half_path(s, in);
 			if (dp_op_class(in->op) == DP_OPC_KERNEL && !(own && k->bf16) &&
 			    !(own && k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
@@ -277,7 +280,7 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
-	int own = cpu_own_half_path(b->s, in);
+	int own = rt_own_half_path(b->s, in);
 	if (!c->ws || (own && k->bf16) || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
 	if (own && k->run_bf16) {
@@ -363,41 +366,52 @@ static int cpu_stage_push(Backend *b, const void *host, size_t bytes, uint64_t k
 static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 {
 	CpuBackend *c = b->impl;
+	if (b->amp_set) {
+		c->amp = b->amp;
+		b->amp_set = 0;
+	}
 	c->step.lr = (float)lr;
-	c->step.t = (int64_t)b->opt_t;
-	c->step.loss_scale = b->loss_scale;
+	c->step.t = (int64_t)(k + 1 - c->amp.skipped);
+	c->step.loss_scale = b->s->opt.loss_scale != DP_LS_NONE ? c->amp.scale : 1.0f;
+	c->amp_found = 0;
 	c->cur_step = k;
 	return 0;
 }
 
-/* lr, t and the loss scale are host values the kernels read (set_step). */
+/* lr, t, the loss scale and the found-inf flag are host values the kernels
+ * read (set_step). */
 static int cpu_step_head(Backend *b, RtErr *e)
 {
 	return 0;
 }
 
-/* The step's metrics into slot k % 2: step k + 1 may run before they are read. */
+/* Loss scaling's update (amp.h), then the step's report into slot k % 2:
+ * step k + 1 may run before it is read. */
 static int cpu_step_tail(Backend *b, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	const DpStep *s = b->s;
 	int slot = (int)(c->cur_step & 1);
+	BackendReport *r = &c->rep[slot];
 	c->rep_step[slot] = (int64_t)c->cur_step;
-	c->rep[slot][0] = s->metrics.loss >= 0 ? *(const float *)b->ptr[s->metrics.loss] : 0;
-	c->rep[slot][1] = s->metrics.grad_norm >= 0 ? *(const float *)b->ptr[s->metrics.grad_norm]
-						    : 0;
+	r->loss = s->metrics.loss >= 0 ? *(const float *)b->ptr[s->metrics.loss] : 0;
+	r->grad_norm = s->metrics.grad_norm >= 0 ? *(const float *)b->ptr[s->metrics.grad_norm] : 0;
+	r->amp_scale = c->amp.scale;
+	r->amp_skip = c->amp_found;
+	if (s->opt.loss_scale != DP_LS_NONE)
+		amp_update(&c->amp, c->amp_found, &s->opt);
+	r->amp = c->amp;
 	return 0;
 }
 
-/* Step k ran inside its launch: its metrics are in its slot. */
-static int cpu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
+/* Step k ran inside its launch: its report is in its slot. */
+static int cpu_step_wait(Backend *b, uint64_t k, BackendReport *r, RtErr *e)
 {
 	CpuBackend *c = b->impl;
 	if (c->rep_step[k & 1] != (int64_t)k)
 		return RT_FAIL(e, "internal error: step %llu's metrics were not kept (slot holds "
 			       "step %lld)", (unsigned long long)k + 1, (long long)c->rep_step[k & 1] + 1);
-	metrics[0] = c->rep[k & 1][0];
-	metrics[1] = c->rep[k & 1][1];
+	*r = c->rep[k & 1];
 	return 0;
 }
 

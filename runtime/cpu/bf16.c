@@ -121,19 +121,7 @@ void cpu_half_load(CpuPool *pool, unsigned dt, float *dst, const uint16_t *src, 
 	cpu_parallel(pool, n, CPU_GRAIN, conv_piece, &c);
 }
 
-/* ---- staging an instruction on f32 copies ---- */
-
-int cpu_own_half_path(const DpStep *s, const DpInstr *in)
-{
-	if (in->op == DP_OP_CAST)
-		return 1;
-	for (int j = -1; j < DP_MAX_IN; j++) {
-		int id = j < 0 ? in->out : in->in[j];
-		if (id >= 0 && s->tensors[id].dtype == DP_F16)
-			return 0;
-	}
-	return 1;
-}
+/* ---- staging an instruction on f32 copies (rt_own_half_path decides) ---- */
 
 static size_t stage_len(const DpTensor *t)
 {

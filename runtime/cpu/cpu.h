@@ -34,6 +34,8 @@ typedef struct {
 	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum);
 	                       steps loss scaling skipped do not count */
 	float loss_scale;   /* the step's loss scale (fp16's; 1 without loss scaling) */
+	int *amp_found;     /* the step's found-inf flag (AMP_CHECK writes it; CLIP, ADAMW
+	                       and SGD do nothing when it is set) */
 } CpuStep;
 
 /* ---- threads (pool.c) ---- */
@@ -211,9 +213,6 @@ void cpu_f16_load(float *dst, const uint16_t *src, int64_t n);
  * threads. */
 void cpu_half_store(CpuPool *pool, unsigned dt, uint16_t *dst, const float *src, int64_t n);
 void cpu_half_load(CpuPool *pool, unsigned dt, float *dst, const uint16_t *src, int64_t n);
-/* Does instruction `in` run through its row's own 16-bit path (KernelRow
- * bf16, run_bf16)? Those paths are bf16's; CAST alone also converts f16. */
-int cpu_own_half_path(const DpStep *s, const DpInstr *in);
 /* Running a 16-bit instruction on f32 copies (a kernel without a path of
  * its own): the workspace floats it needs; its 16-bit operands converted into ws and
  * pointed to by shadow (ptr's copy); what it wrote rounded back and shadow

@@ -80,9 +80,28 @@ static int run_unscale(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+/* This step's AMP_CHECK found an overflow (amp_found NULL: a kernel run
+ * outside a backend, as the kernel tests do) */
+static int amp_skipped(const CpuArgs *k)
+{
+	return k->step->amp_found && *k->step->amp_found;
+}
+
+/* GradScaler's found_inf: the global norm of the unscaled gradients, the
+ * same on every rank, is inf or NaN when any gradient anywhere is (a
+ * squared norm above f32's range counts too); the step's CLIP, ADAMW and
+ * SGD then do nothing (amp.h) */
+static int run_amp_check(const CpuArgs *k, RtErr *e)
+{
+	*k->step->amp_found = !isfinite(cpu_f(k, k->in->in[0])[0]);
+	return 0;
+}
+
 /* torch.nn.utils.clip_grad_norm_: scale only when the coefficient is < 1 */
 static int run_clip(const CpuArgs *k, RtErr *e)
 {
+	if (amp_skipped(k))
+		return 0;
 	float *o = cpu_f(k, k->in->out);
 	int64_t n = cpu_numel(cpu_t(k, k->in->out));
 	float coef = DP_FATTR(k->in, CLIP, max_norm) / (cpu_f(k, k->in->in[0])[0] + 1e-6f);
@@ -97,6 +116,8 @@ static int run_clip(const CpuArgs *k, RtErr *e)
 static int run_sgd(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
+	if (amp_skipped(k))
+		return 0;
 	float *o = cpu_f(k, in->out);
 	const float *a = cpu_f(k, in->in[0]);
 	int64_t n = cpu_numel(cpu_t(k, in->out));
@@ -143,6 +164,8 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpOptim *op = k->step->opt;
+	if (amp_skipped(k))
+		return 0;
 	double lr = dp_group_lr(k->step->lr, DP_FATTR(in, ADAMW, lr_scale));
 	double b1 = op->beta1, b2 = op->beta2;
 	double bc1 = 1.0 - pow(b1, (double)k->step->t), bc2 = 1.0 - pow(b2, (double)k->step->t);
@@ -168,6 +191,7 @@ const KernelRow cpu_optim_rows[] = {
 	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
 	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0},
 	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0},
+	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0},
 	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0},
 	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0},
 	{0},

@@ -28,9 +28,11 @@
  *    cuBLASLt and lazily loaded kernels initialise outside any capture), then
  *    captures one (schedule kernel, zeroed metrics, grad_accum runs of STEP,
  *    report and step-counter increment) into one CUDA Graph, instantiated
- *    once and replayed with one cudaGraphLaunch per step. lr and the step
- *    counter live in device memory (CuScalars), so the graph bakes in no
- *    host value that changes between steps; --no-graph enqueues the same
+ *    once and replayed with one cudaGraphLaunch per step. lr, the step
+ *    counter and fp16's loss-scaling state (the scale, its counters and the
+ *    overflow flag the optimizer kernels read: amp.h) live in device memory
+ *    (CuScalars), so the graph bakes in no host value that changes between
+ *    steps and no host decides a skip; --no-graph enqueues the same
  *    sequence eagerly;
  *  - batches: stage_push copies step k's batches (pinned host memory) on
  *    the copy stream into device buffer k % 2 as soon as step k-2 is done
@@ -38,7 +40,7 @@
  *    (device step counter) % 2, so the graph reads whichever step it is
  *    replayed as, and the host-to-device copy of step k+1 overlaps step k;
  *  - results: the step's last kernel writes the loss and grad-norm metrics,
- *    the device's lr and t and any error a kernel met into mapped pinned
+ *    the device's lr and t, the loss-scaling state and any error a kernel met into mapped pinned
  *    memory (slot k % 2); step_wait(k) polls step k's event and reads them:
  *    no copy, no round trip inside the step, and step k+1 keeps running;
  *  - read/write (INIT, SAVE, checkpoints) go through one pinned bounce
@@ -134,9 +136,13 @@ typedef struct {
 	cublasLtHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
 	void *blas_ws[DP_NSTREAM];       /* its workspace, CU_BLAS_WS_BYTES */
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
-	int staging;                     /* some bf16 instruction runs on f32 copies (bf16.cu) */
+	int staging;                     /* some 16-bit instruction runs on f32 copies (bf16.cu) */
 	void **shadow;                   /* staging: the tensors' addresses with the staged
 	                                    operands' f32 copies in place of theirs */
+	DpStep view;                     /* staging: the step as a staged kernel sees it, its
+	                                    tensors view_t: the staged operands f32 during the
+	                                    call (their sizes and dtypes are the copies') */
+	DpTensor *view_t;
 	unsigned char *bounce[DP_NSTREAM]; /* pinned, CU_BOUNCE_BYTES */
 	int tf32;
 	CuFuse *fuse[DP_NPROG];          /* the planners' entries, per instruction */
@@ -525,8 +531,19 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 	RT_CHECK(cu_plan_clip(&p, e));
 	RT_CHECK(cu_plan_xent(&p, e));
 	RT_CHECK(cu_plan_attn(&p, e));
-	/* cuBLASLt's algorithms, chosen here, outside any capture */
-	return cu_plan_gemm(&p, e);
+	/* cuBLASLt's algorithms, chosen here, outside any capture; a GEMM with
+	 * f16 operands runs on f32 copies of all of them (rt_own_half_path), so
+	 * it is planned as the f32 GEMM it runs */
+	if (!x->view_t)
+		return cu_plan_gemm(&p, e);
+	for (uint32_t t = 0; t < s->ntensors; t++)
+		if (s->tensors[t].dtype == DP_F16)
+			x->view_t[t].dtype = DP_F32;
+	p.s = &x->view;
+	p.own = s;
+	int rc = cu_plan_gemm(&p, e);
+	memcpy(x->view_t, s->tensors, s->ntensors * sizeof *x->view_t);
+	return rc;
 }
 
 /* SHARD is a strided copy kernel: its operands must not overlap. */
@@ -561,10 +578,12 @@ static void half_where(const DpStep *s, const char *prec, char *where, size_t le
 /* The device can run this step: this build has its kernels for the device
  * (CUDA_ARCH in mk/cuda.mk: by default compute capability 8.x, and 9.0 and
  * newer through PTX), and a step with bf16 tensors gets bf16 arithmetic:
- * compute capability 8.0 (A100) or newer. f16 (precision fp16) has no CUDA
- * kernels yet: refused on every device. The errors name where the .dp file
- * asked for the dtype. Both are told at load, not as the first launch's "no
- * kernel image". */
+ * compute capability 8.0 (A100) or newer. f16 (precision fp16) needs
+ * nothing more than the build's kernels: it is stored as bits, converted in
+ * integer arithmetic and computed in f32 (bf16.cu; no half-precision
+ * instruction, which would need 5.3), and NCCL's ncclHalf has no rule of its
+ * own. The errors name where the .dp file asked for the dtype. Both are told
+ * at load, not as the first launch's "no kernel image". */
 static int check_device(const DpStep *s, int dev, RtErr *e)
 {
 	struct cudaDeviceProp p;
@@ -576,13 +595,6 @@ static int check_device(const DpStep *s, int dev, RtErr *e)
 			       dev, cudaGetErrorString(img), cudaGetErrorName(img));
 	(void)cudaGetLastError(); /* the probe's refusal is told here, not at a later launch */
 	char where[600];
-	if (dp_step_has_dtype(s, DP_F16)) {
-		half_where(s, "fp16", where, sizeof where);
-		return RT_FAIL(e,
-			       "%s: fp16 is not implemented on the CUDA backend (CUDA device %d, %s): "
-			       "run on the CPU (--device cpu) or compile in bf16 or f32",
-			       where, dev, p.name);
-	}
 	if (dp_step_has_dtype(s, DP_BF16) && p.major < 8) {
 		half_where(s, "bf16", where, sizeof where);
 		return RT_FAIL(e,
@@ -636,14 +648,15 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			    !cu_nccl_comm(x->nccl, in->stream, (unsigned)DP_AXES(in)))
 				return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s "
 					       "stream", (long long)DP_AXES(in), dp_stream_names[in->stream]);
-			if (dp_op_class(in->op) != DP_OPC_KERNEL)
+			if (dp_op_class(in->op) != DP_OPC_KERNEL || in->op >= DP_NOPS) /* (decoded) */
 				continue;
 			const KernelRow *k = &cu_kernel_table.k[in->op];
+			int own = k->bf16 && rt_own_half_path(s, in);
 			gemm_on[in->stream] |= k->blas;
-			size_t need = stage_at(s, in) + (k->bf16 ? 0 : cu_stage_need(s, in));
+			size_t need = stage_at(s, in) + (own ? 0 : cu_stage_need(s, in));
 			if (need > scratch[in->stream])
 				scratch[in->stream] = need;
-			x->staging |= !k->bf16 && cu_stage_need(s, in) > 0;
+			x->staging |= !own && cu_stage_need(s, in) > 0;
 		}
 
 	/* the collectives' stream at the device's greatest priority: an NCCL
@@ -664,8 +677,14 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	b->ptr = calloc(s->ntensors ? s->ntensors : 1, sizeof *b->ptr);
 	x->ev = calloc(s->nevents ? s->nevents : 1, sizeof *x->ev);
 	x->shadow = x->staging ? calloc(s->ntensors ? s->ntensors : 1, sizeof *x->shadow) : NULL;
-	if (!b->ptr || !x->ev || (x->staging && !x->shadow))
+	x->view_t = x->staging ? calloc(s->ntensors ? s->ntensors : 1, sizeof *x->view_t) : NULL;
+	if (!b->ptr || !x->ev || (x->staging && (!x->shadow || !x->view_t)))
 		return RT_FAIL(e, "out of memory (CUDA backend tables)");
+	if (x->view_t) {
+		memcpy(x->view_t, s->tensors, s->ntensors * sizeof *x->view_t);
+		x->view = *s;
+		x->view.tensors = x->view_t;
+	}
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].nbytes)
 			b->ptr[i] = x->arena + s->tensors[i].offset;
@@ -723,6 +742,7 @@ static void free_host_side(Backend *b, CuBackend *x)
 	free(x->reg);
 	free(x->ev);
 	free(x->shadow);
+	free(x->view_t);
 	free(b->ptr);
 	free(x);
 	b->ptr = NULL;
@@ -864,14 +884,24 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	const KernelRow *k = &cu_kernel_table.k[in->op];
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
-	if (!x->shadow || k->bf16 || !cu_stage_need(b->s, in))
+	if (!x->shadow || (k->bf16 && rt_own_half_path(b->s, in)) || !cu_stage_need(b->s, in))
 		return k->run(&a, e);
-	/* a bf16 instruction of a kernel without a bf16 path: on f32 copies
-	 * after the row's own scratch (bf16.cu) */
+	/* a 16-bit instruction of a kernel without a path of its own for its
+	 * dtype: on f32 copies after the row's own scratch (bf16.cu), which the
+	 * kernel sees as the f32 tensors they are (x->view) */
 	cudaStream_t st = a.st;
 	CU(cu_stage_in(st, b->s, in, b->ptr, x->shadow, (char *)a.scratch + stage_at(b->s, in)));
 	a.ptr = x->shadow;
+	a.s = &x->view;
+	for (int j = -1; j < DP_MAX_IN; j++)
+		if (rt_half_staged(b->s, in, j))
+			x->view_t[j < 0 ? in->out : in->in[j]].dtype = DP_F32;
 	int rc = k->run(&a, e);
+	for (int j = -1; j < DP_MAX_IN; j++)
+		if (rt_half_staged(b->s, in, j)) {
+			int id = j < 0 ? in->out : in->in[j];
+			x->view_t[id].dtype = b->s->tensors[id].dtype;
+		}
 	cudaError_t err = cu_stage_out(st, b->s, in, b->ptr, x->shadow);
 	if (rc)
 		return rc;
@@ -1045,6 +1075,10 @@ static int cu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 		CU(cu_k_set_step(cs, x->sc, k));
 	/* the step's batches are on the device before it starts (outside any capture) */
 	CU(cudaStreamWaitEvent(cs, x->pushed[k & 1], 0));
+	if (b->amp_set) { /* loss scaling's state: the first step, a resume */
+		CU(cu_k_set_amp(cs, x->sc, b->amp));
+		b->amp_set = 0;
+	}
 	x->next_step = k + 1;
 	x->counter_known = 1;
 	x->cur_step = k;
@@ -1073,6 +1107,8 @@ static int cu_step_tail(Backend *b, RtErr *e)
 	const float *loss = s->metrics.loss >= 0 ? b->ptr[s->metrics.loss] : NULL;
 	const float *gn = s->metrics.grad_norm >= 0 ? b->ptr[s->metrics.grad_norm] : NULL;
 	x->in_step = 0;
+	if (s->opt.loss_scale != DP_LS_NONE)
+		CU(cu_k_amp_update(cs, x->sc, s->opt));
 	CU(cu_k_report(cs, x->sc, x->rep_dev, 1, loss, gn));
 	CU(cu_k_step_advance(cs, x->sc));
 	if (!x->capturing)
@@ -1082,8 +1118,8 @@ static int cu_step_tail(Backend *b, RtErr *e)
 
 /* Step k's results from its report; the device's lr and t against the
  * host's schedule (device cos/pow may differ from glibc's in the last bit
- * of a double). */
-static int cu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
+ * of a double; t is k + 1 less the steps loss scaling skipped before k). */
+static int cu_step_wait(Backend *b, uint64_t k, BackendReport *rp, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	char what[64];
@@ -1098,12 +1134,12 @@ static int cu_step_wait(Backend *b, uint64_t k, float metrics[2], RtErr *e)
 			       "steps in flight)", (unsigned long long)k + 1, (long long)r->step + 1);
 	RT_CHECK(report_error(r, e));
 	double want = x->want_lr[k & 1];
-	if (r->t != (int64_t)k + 1 || !(fabs((double)r->lr - want) <= 1e-6 * fabs(want) + 1e-12))
+	int64_t t = (int64_t)k + 1 - (int64_t)(r->amp.skipped - (r->ls_found != 0));
+	if (r->t != t || !(fabs((double)r->lr - want) <= 1e-6 * fabs(want) + 1e-12))
 		return RT_FAIL(e, "step %llu: the device schedule says lr %.9g t %lld, the host "
-			       "lr %.9g t %llu", (unsigned long long)k + 1, r->lr, (long long)r->t,
-			       want, (unsigned long long)k + 1);
-	metrics[0] = r->loss;
-	metrics[1] = r->grad_norm;
+			       "lr %.9g t %lld", (unsigned long long)k + 1, r->lr, (long long)r->t,
+			       want, (long long)t);
+	*rp = (BackendReport){r->loss, r->grad_norm, r->ls_ran, r->ls_found != 0, r->amp};
 	return 0;
 }
 
@@ -1176,6 +1212,12 @@ static int runs_here(const Backend *b, const DpInstr *nx)
 	return !nx->stage1 || dp_instr_stage(nx) == b->comm->coord[DP_AXIS_PP];
 }
 
+/* NCCL's type of a tensor's dtype (the decoder allows f32, bf16, f16) */
+static ncclDataType_t cu_nccl_dtype(unsigned dt)
+{
+	return dt == DP_BF16 ? ncclBfloat16 : dt == DP_F16 ? ncclHalf : ncclFloat32;
+}
+
 /* Is a pipeline transfer like `in` (same stream and axes) the next
  * instruction this rank runs after b->at? Any other instruction ends the
  * group, and so does one of the DP_IF_LAST tail (whether the walk runs it is
@@ -1211,7 +1253,7 @@ static int cu_p2p(Backend *b, const DpInstr *in, RtErr *e)
 	int send = in->op == DP_OP_SEND;
 	int t = send ? in->in[0] : in->out;
 	size_t n = (size_t)dp_numel(&s->tensors[t]);
-	ncclDataType_t dt = s->tensors[t].dtype == DP_BF16 ? ncclBfloat16 : ncclFloat32;
+	ncclDataType_t dt = cu_nccl_dtype(s->tensors[t].dtype);
 	int peer = (int)DP_PEER(in);
 	if (!c) /* the decoder put the peer on another stage: a group of one cannot be */
 		return RT_FAIL(e, "no NCCL communicator for the pipeline's %s of '%s' (axis mask %u)",
@@ -1266,12 +1308,13 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 	void *out = b->ptr[in->out];
 	const void *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;
 	size_t n = (size_t)dp_numel(&s->tensors[in->out]);
-	/* bf16 moves and sums as ncclBfloat16 (NCCL adds in f32 and rounds) */
-	int bf16 = s->tensors[in->out].dtype == DP_BF16;
-	ncclDataType_t dt = bf16 ? ncclBfloat16 : ncclFloat32;
+	/* bf16 and f16 move and sum as ncclBfloat16 and ncclHalf (NCCL adds in
+	 * f32 and rounds) */
+	ncclDataType_t dt = cu_nccl_dtype(s->tensors[in->out].dtype);
 	if (!c) { /* a group of one: all_reduce is nothing, the others a copy */
 		if (in->op != DP_OP_ALL_REDUCE && src != out && n)
-			CU(cudaMemcpyAsync(out, src, n * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, st));
+			CU(cudaMemcpyAsync(out, src, n * dp_dtype_size(s->tensors[in->out].dtype),
+					   cudaMemcpyDeviceToDevice, st));
 		return 0;
 	}
 	switch (in->op) {

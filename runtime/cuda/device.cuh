@@ -155,6 +155,25 @@ static __device__ __forceinline__ float cu_from_bf16(cu_bf16 b)
 static __device__ __forceinline__ float ld(const cu_bf16 *p) { return cu_from_bf16(*p); }
 static __device__ __forceinline__ void st(cu_bf16 *p, float v) { *p = cu_to_bf16(v); }
 
+/* f16 (precision fp16): runtime/rt.h's integer conversions (F16C's
+ * vcvtps2ph / vcvtph2ps bits: nearest even, subnormals, NaN quiet), the
+ * same code as the CPU's, so both backends round alike. Storage is
+ * the bits (cu_f16, not cuda_fp16.h's __half): no kernel computes in f16. */
+typedef uint16_t cu_f16;
+static __device__ __forceinline__ cu_f16 cu_to_f16(float f)
+{
+	return rt_f16_bits(__float_as_uint(f));
+}
+static __device__ __forceinline__ float cu_from_f16(cu_f16 h)
+{
+	return __uint_as_float(rt_f16_f32_bits(h));
+}
+/* The 16-bit compute copy an optimizer writes: f16 or bf16 (f16 set) */
+static __device__ __forceinline__ uint16_t cu_to_half(int f16, float f)
+{
+	return f16 ? cu_to_f16(f) : cu_to_bf16(f);
+}
+
 /* Eight elements at once, 16-byte aligned (callers check): one 128-bit
  * access of eight bf16, or two float4. */
 static __device__ __forceinline__ void ld8(const float *p, float *v)

@@ -317,8 +317,12 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	/* cublasLt.h: the aux's leading dimension a multiple of 8 (and >= D's
 	 * rows, n: it is n); its pointer accessed 16 bytes at a time, as the
 	 * bias's (the emulator faults below that) */
-	int gelu_epi = paux && n % 8 == 0 && align_of(paux) >= 16 && (!pbias || align_of(pbias) >= 16);
-	int epilogue = pbias && align_of(pbias) >= 16 && !paux;
+	/* a staged GEMM (f16 operands on f32 copies, bf16.cu) has no epilogue:
+	 * its bias and aux pointers would be baked here, not the copies' */
+	int staged = p->own && !rt_own_half_path(p->own, in);
+	int gelu_epi = !staged && paux && n % 8 == 0 && align_of(paux) >= 16 &&
+		       (!pbias || align_of(pbias) >= 16);
+	int epilogue = !staged && pbias && align_of(pbias) >= 16 && !paux;
 	g->bias_rows = pbias && !epilogue && !paux; /* a fused one's: plain_gelu */
 	g->gelu_map = paux && !gelu_epi;
 	g->d_off = fwd_gelu && gelu_epi && !MUTANT(gelu_half)
@@ -348,7 +352,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 		uint32_t epi = MUTANT(lt_bias) ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
 		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
 	}
-	if (fb && c == CUDA_R_32F) { /* the paired bias_grad's sums, C's type */
+	if (fb && c == CUDA_R_32F && !staged) { /* the paired bias_grad's sums, C's type */
 		g->bgrad = (float *)p->alloc(p, (size_t)n * sizeof(float));
 		if (!g->bgrad)
 			return RT_FAIL(e, "out of device memory (the bias gradient of '%s')",

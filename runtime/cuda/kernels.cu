@@ -48,9 +48,12 @@ __global__ void k_sched(CuScalars *sc, DpOptim opt, DpSched sched, uint32_t cfg_
 	uint64_t k = sc->step;
 	double lr = sched_lr(&sched, opt.lr, cfg_steps, k);
 	float lrf = (float)lr;
-	double t = (double)(k + 1);
+	int64_t taken = (int64_t)k + 1 - (int64_t)sc->amp.skipped; /* loss scaling's skips */
+	double t = (double)taken;
 	sc->lr = lrf;
-	sc->t = (int64_t)k + 1;
+	sc->t = taken;
+	sc->ls_found = 0;
+	sc->ls_ran = sc->amp.scale;
 	sc->bc1 = 1.0 - pow((double)opt.beta1, t);
 	sc->opt_k[CU_OPT_BC2_SQRT] = (float)sqrt(1.0 - pow((double)opt.beta2, t));
 }
@@ -63,6 +66,17 @@ __global__ void k_set_step(CuScalars *sc, uint64_t step)
 __global__ void k_step_advance(CuScalars *sc)
 {
 	sc->step++;
+}
+
+__global__ void k_set_amp(CuScalars *sc, AmpState amp)
+{
+	sc->amp = amp;
+}
+
+/* GradScaler's update after the step, from the flag AMP_CHECK left */
+__global__ void k_amp_update(CuScalars *sc, DpOptim opt)
+{
+	amp_update(&sc->amp, sc->ls_found, &opt);
 }
 
 /* The report goes to mapped host memory: the fence makes the writes
@@ -80,6 +94,9 @@ __global__ void k_report(const CuScalars *sc, CuReport *rep, int in_step, const 
 	r->err_value = sc->err_value;
 	r->err_index = sc->err_index;
 	r->err_limit = sc->err_limit;
+	r->amp = sc->amp;
+	r->ls_ran = sc->ls_ran;
+	r->ls_found = sc->ls_found;
 	__threadfence_system();
 }
 
@@ -99,6 +116,18 @@ extern "C" cudaError_t cu_k_set_step(cudaStream_t st, CuScalars *sc, uint64_t st
 extern "C" cudaError_t cu_k_step_advance(cudaStream_t st, CuScalars *sc)
 {
 	CU_LAUNCH(k_step_advance, 1, 1, st, sc);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t cu_k_set_amp(cudaStream_t st, CuScalars *sc, AmpState amp)
+{
+	CU_LAUNCH(k_set_amp, 1, 1, st, sc, amp);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t cu_k_amp_update(cudaStream_t st, CuScalars *sc, DpOptim opt)
+{
+	CU_LAUNCH(k_amp_update, 1, 1, st, sc, opt);
 	return cudaGetLastError();
 }
 

@@ -50,6 +50,7 @@
 extern "C" {
 #endif
 
+#include "../amp.h"
 #include "../kernel_table.h"
 #include "../rt.h"
 
@@ -87,6 +88,13 @@ typedef struct {
 	int64_t err_index;      /* its row / position */
 	int64_t err_limit;      /* the bound it broke */
 	double bc1;             /* AdamW's bias correction 1 - beta1^t, in double as the CPU's */
+	/* fp16's loss scaling (amp.h): the state, set from the host at the first
+	 * step and on resume (cu_k_set_amp), then the device's own: t counts the
+	 * steps not skipped, AMP_CHECK sets ls_found, the optimizer kernels do
+	 * nothing on a step that has it, and the step's tail updates the state */
+	AmpState amp;
+	float ls_ran;           /* the scale the step ran with (the report's) */
+	int32_t ls_found;       /* this step's gradients overflowed: no update */
 } CuScalars;
 
 /*
@@ -102,6 +110,9 @@ typedef struct {
 	float grad_norm;        /* the grad-norm metric (0 when absent) */
 	int32_t err;            /* CuScalars.err and its details */
 	int64_t err_value, err_index, err_limit;
+	AmpState amp;           /* loss scaling's state after the step */
+	float ls_ran;           /* ... the scale the step ran with */
+	int32_t ls_found;       /* ... and whether it was skipped */
 } CuReport;
 
 /* Fusions the planners decide at load, one entry per instruction of every
@@ -215,6 +226,8 @@ typedef struct CuPlan {
 	cublasLtHandle_t blas[DP_NSTREAM]; /* per stream, NULL on one without GEMMs */
 	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
 	void *impl;
+	const DpStep *own;      /* the step with its own dtypes, when s is the f32 view of
+	                           staged f16 instructions (cu_plan_gemm); NULL: s is */
 } CuPlan;
 
 /* The clip folded into the optimizers that read its gradients (optim.cu). */
@@ -241,6 +254,10 @@ void cu_gemm_free(CuFuse *f);
 cudaError_t cu_k_sched(cudaStream_t st, CuScalars *sc, DpOptim opt, DpSched sched,
 		       uint32_t cfg_steps);
 cudaError_t cu_k_set_step(cudaStream_t st, CuScalars *sc, uint64_t step);
+/* Loss scaling's state from the host (the first step, a resume), and its
+ * update at a step's tail (amp.h's rule on the device). */
+cudaError_t cu_k_set_amp(cudaStream_t st, CuScalars *sc, AmpState amp);
+cudaError_t cu_k_amp_update(cudaStream_t st, CuScalars *sc, DpOptim opt);
 cudaError_t cu_k_step_advance(cudaStream_t st, CuScalars *sc);
 /* rep[parity of sc->step] (in_step) or rep[2] (otherwise) = the scalars and the
  * metrics (loss, grad_norm: device addresses, NULL when absent). */

@@ -18,7 +18,8 @@
  * float result is the CPU's to within 1 ulp.
  *
  * cross_entropy_grad: d = (float)(scale * (exp(x - M) / S - onehot)) in
- * double, the CPU's formula. When the loss of the same logits ran earlier in
+ * double, the CPU's formula (with loss_scale, scale times fp16's loss
+ * scale, read from device memory: CuScalars). When the loss of the same logits ran earlier in
  * the run (cu_plan_xent), it left M and S per row in persistent memory and
  * the gradient is one read and one write of the logits; otherwise it first
  * computes them (the same one-pass walk). Before: max pass, sum pass (x2:
@@ -175,7 +176,7 @@ __global__ void k_xent_sum(int op, float *o, int64_t rows, float scale, const do
 /* d = scale * (softmax(x) - onehot(label)); stats_in: M and S from the loss. */
 template <int W, typename T>
 __global__ void k_xent_grad(T *o, const T *x, const int32_t *y, int64_t rows, int64_t classes,
-			    float scale, const double *stats, CuScalars *sc)
+			    float scale, int loss_scale, const double *stats, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
@@ -197,7 +198,7 @@ __global__ void k_xent_grad(T *o, const T *x, const int32_t *y, int64_t rows, in
 		} else {
 			row_stats<W>(row, classes, shf, shd, &mx, &sum);
 		}
-		double sc2 = scale;
+		double sc2 = loss_scale ? (double)scale * sc->amp.scale : scale; /* fp16: exact */
 		for (int64_t j = W * threadIdx.x; j < classes; j += W * blockDim.x) {
 			float xv[W], dv[W];
 			ldw<W>(row + j, xv);
@@ -230,7 +231,7 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 			return 0;
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
 		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1), x, y, rows,
-			  classes, scale, stats, a->sc);
+			  classes, scale, (int)DP_ATTR(a->in, XENT_GRAD, loss_scale), stats, a->sc);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}

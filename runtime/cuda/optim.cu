@@ -120,6 +120,41 @@ static int run_sqrt(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* ---- loss scaling (amp.h): unscale, the overflow check ---- */
+
+/* GradScaler.unscale_: grads *= the f32 reciprocal of the step's scale
+ * (computed in double, as the CPU's run_unscale) */
+__global__ void k_unscale(float *o, int64_t n, const CuScalars *sc)
+{
+	float inv = (float)(1.0 / (double)sc->amp.scale);
+	CU_FOR_EACH(i, n)
+		o[i] = o[i] * inv;
+}
+
+static int run_unscale(const CuArgs *a, RtErr *e)
+{
+	int64_t n = cu_numel(cu_t(a, -1));
+	if (n <= 0)
+		return 0;
+	CU_LAUNCH(k_unscale, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->sc);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* found_inf: the global norm is not finite; read on the device by the
+ * optimizer kernels and the step's amp update, never by the host mid-step */
+__global__ void k_amp_check(CuScalars *sc, const float *norm)
+{
+	sc->ls_found = !isfinite(norm[0]);
+}
+
+static int run_amp_check(const CuArgs *a, RtErr *e)
+{
+	CU_LAUNCH(k_amp_check, 1, 1, a->st, a->sc, cu_f(a, 0));
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 /* ---- clip ---- */
 
 /* torch's coefficient; 1 (no scaling) unless it is < 1: NaN and inf norms
@@ -132,8 +167,11 @@ static __device__ __forceinline__ float clip_coef(const float *norm, float max_n
 	return coef < 1.0f ? coef : 1.0f;
 }
 
-template <typename T> __global__ void k_clip(T *o, int64_t n, const float *norm, float max_norm)
+template <typename T>
+__global__ void k_clip(T *o, int64_t n, const float *norm, float max_norm, const CuScalars *sc)
 {
+	if (sc->ls_found) /* loss scaling: an overflowing step clips nothing */
+		return;
 	float coef = clip_coef(norm, max_norm);
 	if (!(coef < 1.0f))
 		return;
@@ -148,10 +186,10 @@ static int run_clip(const CuArgs *a, RtErr *e)
 		return 0;
 	if (cu_t(a, -1)->dtype == DP_BF16)
 		CU_LAUNCH(k_clip<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
-			  cu_f(a, 0), DP_FATTR(a->in, CLIP, max_norm));
+			  cu_f(a, 0), DP_FATTR(a->in, CLIP, max_norm), a->sc);
 	else
 		CU_LAUNCH(k_clip<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, cu_f(a, 0),
-			  DP_FATTR(a->in, CLIP, max_norm));
+			  DP_FATTR(a->in, CLIP, max_norm), a->sc);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -174,10 +212,12 @@ template <typename G> static __device__ __forceinline__ float clipped(float g, f
 
 /* G: the gradient's dtype (f32, or bf16 widened as it is read) */
 template <typename G>
-__global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n, float mom,
-		      float wd, float lr_scale, int nesterov, const CuScalars *sc, const float *norm,
-		      float max_norm)
+__global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int cf16, int64_t n,
+		      float mom, float wd, float lr_scale, int nesterov, const CuScalars *sc,
+		      const float *norm, float max_norm)
 {
+	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
+		return;
 	float lr = dp_group_lr(sc->lr, lr_scale), coef = clip_coef(norm, max_norm);
 	int64_t t = sc->t;
 	CU_FOR_EACH(i, n) {
@@ -192,7 +232,7 @@ __global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int64_t n
 		pi = pi - lr * gi;
 		st(p + i, pi);
 		if (copy)
-			copy[i] = cu_to_bf16(pi);
+			copy[i] = cu_to_half(cf16, pi);
 	}
 }
 
@@ -204,13 +244,14 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	int nesterov = a->s->opt.nesterov != 0;
 	float mom = DP_FATTR(a->in, SGD, momentum), wd = DP_FATTR(a->in, SGD, weight_decay);
 	float ls = DP_FATTR(a->in, SGD, lr_scale);
+	int cf16 = a->in->in[2] >= 0 && cu_t(a, 2)->dtype == DP_F16;
 	if (cu_t(a, 0)->dtype == DP_BF16)
 		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
-			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd,
-			  ls, nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), cf16, n, mom,
+			  wd, ls, nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
 		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
-			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), n, mom, wd, ls, nesterov, a->sc,
+			  cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), cf16, n, mom, wd, ls, nesterov, a->sc,
 			  a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -262,10 +303,12 @@ static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, AdamGroup gr
 }
 
 template <typename G>
-__global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n,
-			AdamGroup gr, float beta1, float beta2, float eps, const CuScalars *sc,
-			const float *norm, float max_norm)
+__global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int cf16,
+			int64_t n, AdamGroup gr, float beta1, float beta2, float eps,
+			const CuScalars *sc, const float *norm, float max_norm)
 {
+	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
+		return;
 	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n) {
 		float pi = ld(p + i), mi = ld(m + i), vi = ld(v + i);
@@ -274,7 +317,7 @@ __global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy,
 		st(m + i, mi);
 		st(v + i, vi);
 		if (copy)
-			copy[i] = cu_to_bf16(pi);
+			copy[i] = cu_to_half(cf16, pi);
 	}
 }
 
@@ -290,10 +333,12 @@ static __device__ __forceinline__ float4 ld4g(const cu_bf16 *g)
 /* n4 groups of four: p, m, v 16-byte aligned, g 16 (f32) or 8 (bf16), the
  * copy 8-byte */
 template <typename G>
-__global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int64_t n4,
-			 AdamGroup gr, float beta1, float beta2, float eps, const CuScalars *sc,
-			 const float *norm, float max_norm)
+__global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int cf16,
+			 int64_t n4, AdamGroup gr, float beta1, float beta2, float eps,
+			 const CuScalars *sc, const float *norm, float max_norm)
 {
+	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
+		return;
 	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
 	CU_FOR_EACH(i, n4) {
 		float4 pp = ld4(p + 4 * i), gg = ld4g(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
@@ -306,8 +351,8 @@ __global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy
 		st4(v + 4 * i, vv);
 		if (copy)
 			*(uint2 *)(copy + 4 * i) =
-				make_uint2(cu_to_bf16(pp.x) | (uint32_t)cu_to_bf16(pp.y) << 16,
-					   cu_to_bf16(pp.z) | (uint32_t)cu_to_bf16(pp.w) << 16);
+				make_uint2(cu_to_half(cf16, pp.x) | (uint32_t)cu_to_half(cf16, pp.y) << 16,
+					   cu_to_half(cf16, pp.z) | (uint32_t)cu_to_half(cf16, pp.w) << 16);
 	}
 }
 
@@ -317,17 +362,18 @@ template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
 	const DpOptim *o = &a->s->opt;
 	float *p = cu_f(a, -1), *m = cu_f(a, 1), *v = cu_f(a, 2);
 	const G *g = (const G *)cu_p(a, 0);
-	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the bf16 compute copy, or NULL */
+	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the 16-bit compute copy, or NULL */
+	int cf16 = copy && cu_t(a, 3)->dtype == DP_F16;
 	AdamGroup gr = {DP_FATTR(a->in, ADAMW, weight_decay), DP_FATTR(a->in, ADAMW, lr_scale)};
 	if (n <= 0)
 		return 0;
 	if (n % 4 == 0 && cu_aligned16(p) && ((uintptr_t)g & (4 * sizeof(G) - 1)) == 0 &&
 	    cu_aligned16(m) && cu_aligned16(v) && ((uintptr_t)copy & 7u) == 0)
-		CU_LAUNCH(k_adamw4<G>, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, n / 4,
-			  gr, o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm,
+		CU_LAUNCH(k_adamw4<G>, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, cf16,
+			  n / 4, gr, o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm,
 			  a->fuse->clip_max);
 	else
-		CU_LAUNCH(k_adamw<G>, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, n, gr,
+		CU_LAUNCH(k_adamw<G>, cu_grid(n), CU_THREADS, a->st, p, g, m, v, copy, cf16, n, gr,
 			  o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -374,6 +420,8 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			if (c->op != DP_OP_CLIP)
 				continue;
 			const DpTensor *grads = &s->tensors[c->out], *norm = &s->tensors[c->in[0]];
+			if (grads->dtype == DP_F16)
+				continue; /* staged (bf16.cu): the clip rounds to f16 before the update */
 			int ok = 0, norm_written = 0, nconsumers = 0;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
@@ -420,5 +468,7 @@ extern "C" const KernelRow cu_optim_rows[] = {
 	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0},
 	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0},
 	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0},
+	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0},
+	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0},
 	{},
 };

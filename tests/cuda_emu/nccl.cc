@@ -32,7 +32,8 @@
  *     the output before an event says it may reads NaN;
  *  3. writes the result when the scheduler decides it completes (as late
  *     or as early as the events allow: DPEMU_COMM).
- * bf16 is summed in fp32 (MPI_FLOAT) and rounded once to nearest even;
+ * bf16 and f16 (ncclHalf, cuda_fp16.h) are summed in fp32 (MPI_FLOAT) and
+ * rounded once to nearest even;
  * NCCL rounds after every step of its ring, so NCCL's bf16 sums differ in
  * the last bit (docs/CUDA-EMU.md).
  *
@@ -276,7 +277,10 @@ struct Flight {
 	MPI_Request req = MPI_REQUEST_NULL;
 };
 
-static bool staged_as_float(ncclDataType_t t) { return t == ncclBfloat16 || t == ncclFloat32; }
+static bool staged_as_float(ncclDataType_t t)
+{
+	return t == ncclBfloat16 || t == ncclFloat16 || t == ncclFloat32;
+}
 static size_t nccl_size(ncclDataType_t t)
 {
 	switch (t) {
@@ -317,6 +321,10 @@ static void stage_in(const void *dev, size_t n, ncclDataType_t t, std::vector<ch
 		float *f = (float *)out.data();
 		for (size_t i = 0; i < n; i++)
 			f[i] = (float)((const __nv_bfloat16 *)dev)[i];
+	} else if (t == ncclFloat16) {
+		float *f = (float *)out.data();
+		for (size_t i = 0; i < n; i++)
+			f[i] = (float)((const __half *)dev)[i];
 	} else {
 		memcpy(out.data(), dev, n * nccl_size(t));
 	}
@@ -328,6 +336,10 @@ static void stage_out(void *dev, size_t n, ncclDataType_t t, const std::vector<c
 		const float *f = (const float *)in.data();
 		for (size_t i = 0; i < n; i++)
 			((__nv_bfloat16 *)dev)[i] = __nv_bfloat16(f[i]);
+	} else if (t == ncclFloat16) {
+		const float *f = (const float *)in.data();
+		for (size_t i = 0; i < n; i++)
+			((__half *)dev)[i] = __half(f[i]);
 	} else {
 		memcpy(dev, in.data(), n * nccl_size(t));
 	}
@@ -662,7 +674,7 @@ static ncclResult_t collective(Kind kind, const void *send, void *recv, size_t c
 	EMU_API_ENTRY(api);
 	if (ncclResult_t r = check_comm(c, api))
 		return r;
-	if ((unsigned)t >= ncclNumTypes || t == ncclFloat16)
+	if ((unsigned)t >= ncclNumTypes)
 		return nfail(ncclInvalidArgument, "%s: data type %d is not emulated", api, (int)t);
 	if ((unsigned)op >= ncclNumOps)
 		return nfail(ncclInvalidArgument, "%s: reduction %d", api, (int)op);
@@ -698,7 +710,7 @@ static ncclResult_t p2p(bool send, void *buf, size_t count, ncclDataType_t t, in
 	EMU_API_ENTRY(api);
 	if (ncclResult_t r = check_comm(c, api))
 		return r;
-	if ((unsigned)t >= ncclNumTypes || t == ncclFloat16)
+	if ((unsigned)t >= ncclNumTypes)
 		return nfail(ncclInvalidArgument, "%s: data type %d is not emulated", api, (int)t);
 	if (peer < 0 || peer >= c->nranks || peer == c->rank)
 		return nfail(ncclInvalidArgument, "%s: peer %d on communicator #%d (rank %d of %d)", api, peer,
