@@ -436,6 +436,10 @@ model_case gpt2-hd64 ddp 1
 model_case gpt2-hd64 ddp 2 "tp=2"
 model_case gpt2-hd64 ddp 2 "cp=2"
 PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
+# ... and at cp=2 (the tensor-core kernels on the gathered keys in position
+# order: a rank's 64 rows are two chunks of 32, so the forward's 64-key
+# tiles, the dQ and dK/dV tiles and the causal bounds cross chunks)
+PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 2 "cp=2"
 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1

@@ -73,6 +73,10 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   tc_cpbound    the tensor-core kernels' query span (fa_query_span) ends
+#                 at the last row's index, not its position: a cp rank's
+#                 second chunk loses its offset in the causal bound (c16:
+#                 a16 at cp=2, both thread orders must catch it)
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -164,6 +168,11 @@ a16_model() {
 	once hd64 hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
+# c16: a16 at cp=2 (tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd ddp np=2 mesh=cp=2")
+c16_model() {
+	once a16src a16_model
+	{ echo "mesh cp=2"; grep -v '^mesh ' "$T/a16.dp"; } >"$T/c16.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
@@ -179,6 +188,7 @@ reference() {
 	r16) prec=bf16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
 	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
@@ -188,7 +198,7 @@ reference() {
 		return 1
 	fi
 	# a16: its training updates are compared, from the initial weights
-	if [ "$1" = a16 ] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	if [[ $1 == [ac]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -414,7 +424,7 @@ tc_mutation() {
 tc_mutation tc_sync sed 's|^\t\t__syncthreads(); /\* tile it is in; .*|\t\t/* MUTATION: no __syncthreads */|'
 tc_mutation tc_layout sed 's|cu_ldsm_t<4>(yb, |cu_ldsm<4>(yb, /* MUTATION */ |'
 tc_mutation tc_stride sed 's|cu_ldsm<4>(yb, tile + (8 \* j + 8 \* (mi >> 1) + mr) \* LD|cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * HD /* MUTATION */|'
-tc_mutation tc_causal sed 's|if (k0 > wlast \|\| wfirst >= g.t)|if (k0 + BC > wlast \|\| wfirst >= g.t) /* MUTATION */|'
+tc_mutation tc_causal sed 's|if (k0 > wlast \|\| wrow >= g.t)|if (k0 + BC > wlast \|\| wrow >= g.t) /* MUTATION */|'
 tc_mutation tc_frag sed -e 's|pa\[j / 2\]\[2 \* (j % 2)\] = |pa[j / 2][j % 2] = /* MUTATION */ |' \
 	-e 's|pa\[j / 2\]\[2 \* (j % 2) + 1\] = |pa[j / 2][j % 2 + 2] = /* MUTATION */ |'
 tc_mutation tc_shfl sed 's|^\tv += __shfl_xor_sync(CU_FULL_MASK, v, 2);|\t/* MUTATION: no xor-2 shuffle */|'
@@ -424,7 +434,11 @@ tc_mutation tcb_lse sed 's|^\t\t\tlse\[(b \* g.h + h) \* g.t + row\[r\]\] = m\[r
 tc_mutation tcb_stale sed 's|(cu_bf16 \*)cu_p(a, -1), a->fuse->lse,|(cu_bf16 *)cu_p(a, -1), (float *)0, /* MUTATION */|'
 tc_mutation tcb_dterm sed 's|^\t\t\tdd\[i\] = sum;|\t\t\tdd[i] = 0; /* MUTATION: D dropped */|'
 tc_mutation tcb_sync sed 's|^\t\t__syncthreads(); /\* query tile it is in; .*|\t\t/* MUTATION: no __syncthreads */|'
-tc_mutation tcb_causal sed 's|if (q0 + BC - 1 < wfirst \|\| wfirst >= g.t)|if (q0 < wfirst + 16 \|\| wfirst >= g.t) /* MUTATION */|'
+tc_mutation tcb_causal sed 's|if (qlast < wfirst \|\| wrow >= g.nkeys)|if (qfirst <= wlast \|\| wrow >= g.nkeys) /* MUTATION */|'
+# 7d: the tensor-core kernels on cp's gathered keys (bf16, cp=2: c16)
+if mutate tc_cpbound "runtime/cuda/attention.cu" sed 's|^\t\*hi = qpos(g, r1);|\t*hi = r1; /* MUTATION: the chunk offset dropped */|'; then
+	check_all tc_cpbound c16 2 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+fi
 # 8: the staged batches' device copies overwritten while a step reads them
 if mutate copy_wait "runtime/cuda/backend_cuda.c" \
 	sed 's|^\tCU(cudaStreamWaitEvent(x->copy_st, x->step_done\[par\], 0));|\t(void)par; /* MUTATION: no wait for step k-2 */|'; then
