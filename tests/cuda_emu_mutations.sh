@@ -73,6 +73,11 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   tcb_unpaired  the forward run again by an unpaired tensor-core
+#                 backward writes each row's D as 0 (u16: a16 with
+#                 attention's output added to the residual directly, so the
+#                 memory plan reuses its bytes and no gradient is paired;
+#                 both thread orders must catch it)
 #   tc_cpbound    the tensor-core kernels' query span (fa_query_span) ends
 #                 at the last row's index, not its position: a cp rank's
 #                 second chunk loses its offset in the causal bound (c16:
@@ -168,6 +173,13 @@ a16_model() {
 	once hd64 hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
+# u16: a16 with no projection after attention: its gradient unpaired
+# (tests/cuda_emu.sh's gpt2-unpaired)
+u16_model() {
+	once a16src a16_model
+	sed 's/x = add(x, linear(attention(\(.*\), heads=heads), wo, bo))/x = add(x, attention(\1, heads=heads))/' \
+		"$T/a16.dp" >"$T/u16.dp"
+}
 # c16: a16 at cp=2 (tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd ddp np=2 mesh=cp=2")
 c16_model() {
 	once a16src a16_model
@@ -188,6 +200,7 @@ reference() {
 	r16) prec=bf16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
@@ -198,7 +211,7 @@ reference() {
 		return 1
 	fi
 	# a16: its training updates are compared, from the initial weights
-	if [[ $1 == [ac]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	if [[ $1 == [acu]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -435,6 +448,10 @@ tc_mutation tcb_stale sed 's|(cu_bf16 \*)cu_p(a, -1), a->fuse->lse,|(cu_bf16 *)c
 tc_mutation tcb_dterm sed 's|^\t\t\tdd\[i\] = sum;|\t\t\tdd[i] = 0; /* MUTATION: D dropped */|'
 tc_mutation tcb_sync sed 's|^\t\t__syncthreads(); /\* query tile it is in; .*|\t\t/* MUTATION: no __syncthreads */|'
 tc_mutation tcb_causal sed 's|if (qlast < wfirst \|\| wrow >= g.nkeys)|if (qfirst <= wlast \|\| wrow >= g.nkeys) /* MUTATION */|'
+# the forward again of an unpaired backward (u16)
+if mutate tcb_unpaired "runtime/cuda/attention.cu" sed 's|^\t\t\t\tdd\[(b \* g.h + h) \* g.t + row\[r\]\] = dsum;|\t\t\t\tdd[(b * g.h + h) * g.t + row[r]] = 0; /* MUTATION */|'; then
+	check_all tcb_unpaired u16 1 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+fi
 # 7d: the tensor-core kernels on cp's gathered keys (bf16, cp=2: c16)
 if mutate tc_cpbound "runtime/cuda/attention.cu" sed 's|^\t\*hi = qpos(g, r1);|\t*hi = r1; /* MUTATION: the chunk offset dropped */|'; then
 	check_all tc_cpbound c16 2 DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
