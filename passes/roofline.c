@@ -19,8 +19,8 @@
  * cuBLASLt runs CUBLAS_COMPUTE_32F). attention: priced at the FLOPs
  * runtime/cuda/attention.cu executes (attn_executed: its backward recomputes
  * more than the op's cost rule counts) on the units it runs them on (tensor
- * cores for bf16 ordinary attention with head dim 32, 64 or 128, else the
- * CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
+ * cores for bf16 attention, ordinary or cp, with head dim 32, 64 or 128,
+ * else the CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
  * tensor cores, so that each part's share shows.
  * optimizer: clip, norms, SGD, AdamW. memory-bound: everything else (norms,
  * activations, the loss, embeddings, casts, copies, bias gradients).
@@ -130,22 +130,30 @@ static int writes_bytes(const Graph *g, const Node *k, int v)
 	return a < d && c < b;
 }
 
-/* Does the CUDA backend pair attention_grad nodes[j] with its forward
- * (cu_plan_attn, runtime/cuda/attention.cu): the latest attention before it
- * in the step on the same qkv, same stream and condition, with nothing
- * between writing qkv or the forward's output? Then the backward takes the
- * forward's lse and O instead of running the forward again. */
+/* Does the CUDA backend pair attention gradient nodes[j] (attention_grad,
+ * attention_cp_grad or _kv) with its forward (cu_plan_attn,
+ * runtime/cuda/attention.cu): the latest forward before it in the step on
+ * the same qkv (cp: and gathered kv and positions), same stream and
+ * condition, with nothing between writing those or the forward's output?
+ * Then the backward takes the forward's lse and O instead of running the
+ * forward again. */
 static int attn_paired(const Graph *g, int j)
 {
 	const Node *n = g->nodes[j];
-	int i = j;
+	IrOp fop = n->op == DP_OP_ATTENTION_GRAD ? DP_OP_ATTENTION : DP_OP_ATTENTION_CP;
+	int nops = fop == DP_OP_ATTENTION_CP ? 3 : 1, i = j; /* operands after dy */
 	while (--i >= 0) {
 		const Node *k = g->nodes[i];
 		if (!(k->progs & IR_IN_STEP))
 			continue;
-		if (k->op == DP_OP_ATTENTION && k->in[0] == n->in[1])
+		int same = k->op == fop, w = 0;
+		for (int o = 0; o < nops; o++) {
+			same = same && k->in[o] == n->in[o + 1];
+			w |= writes_bytes(g, k, n->in[o + 1]);
+		}
+		if (same)
 			break;
-		if (writes_bytes(g, k, n->in[1]))
+		if (w)
 			return 0;
 	}
 	if (i < 0)
@@ -167,10 +175,11 @@ static int attn_paired(const Graph *g, int j)
  * (S, P V); the ordinary backward 9 (the forward again for each row's lse
  * and D, then S, dP, dQ by query tile, then S, dV, dP, dK by key tile), 7
  * on tensor cores when paired with its forward (attn_paired: lse and O
- * kept, no forward again), on tensor cores for bf16 with a head dim of 32,
- * 64 or 128 (the kernels' own rule), else on the CUDA cores; the cp
- * gradients 5 (d qkv) and 6 (d kv), on the CUDA cores. *tensor: on tensor
- * cores. j: the node's index.
+ * kept, no forward again); the cp gradients 5 (d qkv: the forward again,
+ * S, dP, dQ) and 6 (d kv: the forward again, S, dP, dV, dK), 3 and 4 on
+ * tensor cores when paired; on tensor cores for bf16 with a head dim of 32,
+ * 64 or 128 (the kernels' own rule), else on the CUDA cores. *tensor: on
+ * tensor cores. j: the node's index.
  */
 static double attn_executed(const Graph *g, int j, int *tensor)
 {
@@ -180,18 +189,19 @@ static double attn_executed(const Graph *g, int j, int *tensor)
 	double tk = n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD
 			    ? t : t * (double)DP_ATTR(n, ATTENTION_CP, cp);
 	double hd = (double)qkv->dims[2] / 3 / heads, unit = (double)qkv->dims[0] * heads * t * tk * hd;
-	*tensor = qkv->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128) &&
-		  (n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD);
+	*tensor = qkv->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
+	int paired = n->op != DP_OP_ATTENTION && n->op != DP_OP_ATTENTION_CP && *tensor &&
+		     attn_paired(g, j);
 	switch (n->op) {
 	case DP_OP_ATTENTION:
 	case DP_OP_ATTENTION_CP:
 		return 2 * unit;
 	case DP_OP_ATTENTION_GRAD:
-		return (*tensor && attn_paired(g, j) ? 7 : 9) * unit;
+		return (paired ? 7 : 9) * unit;
 	case DP_OP_ATTENTION_CP_GRAD:
-		return 5 * unit;
+		return (paired ? 3 : 5) * unit;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
-		return 6 * unit;
+		return (paired ? 4 : 6) * unit;
 	}
 }
 

@@ -261,6 +261,14 @@ sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.d
 # the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
+# the tensor-core backward not paired with its forward: attention's output
+# added to the residual with no projection (whose weight gradient would keep
+# it), so the memory plan reuses O's bytes before attention_grad and the
+# backward runs the forward again for each row's lse and D (dpc --stats
+# --device h100: 11 causal products, not 9)
+sed 's/x = add(x, linear(attention(\(.*\), heads=heads), wo, bo))/x = add(x, attention(\1, heads=heads))/' \
+	"$T/gpt2-hd64.dp" >"$T/gpt2-unpaired.dp"
+grep -q 'add(x, attention(' "$T/gpt2-unpaired.dp" || fail "gpt2-unpaired: the sed no longer applies to gpt2-tiny.dp"
 # optimizer groups (tests/groups.sh): weight decay 0.1 but none on 1-D params
 # (the model's no_decay vectors), embed's own 0.05, lnf at half the lr
 sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  block embed {/&\n    weight_decay 0.05/' \
@@ -280,7 +288,7 @@ sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-ppfs) echo "$small" ;;
-	gpt2-hd64) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
 	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
@@ -461,6 +469,12 @@ model_case gpt2-hd64 ddp 1
 model_case gpt2-hd64 ddp 2 "tp=2"
 model_case gpt2-hd64 ddp 2 "cp=2"
 PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 1
+# ... and at cp=2 (the tensor-core kernels on the gathered keys in position
+# order: a rank's 64 rows are two chunks of 32, so the forward's 64-key
+# tiles, the dQ and dK/dV tiles and the causal bounds cross chunks)
+PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 2 "cp=2"
+# the tensor-core backward unpaired: the forward again for lse and D
+PREC=bf16 SGD=1 model_case gpt2-unpaired ddp 1
 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1

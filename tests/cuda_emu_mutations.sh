@@ -94,6 +94,15 @@
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
 #                 (CuScalars.ls_found) dropped: a step whose gradients
 #                 overflowed is applied, not skipped
+#   tcb_unpaired  the forward run again by an unpaired tensor-core
+#                 backward writes each row's D as 0 (u16: a16 with
+#                 attention's output added to the residual directly, so the
+#                 memory plan reuses its bytes and no gradient is paired;
+#                 both thread orders must catch it)
+#   tc_cpbound    the tensor-core kernels' query span (fa_query_span) ends
+#                 at the last row's index, not its position: a cp rank's
+#                 second chunk loses its offset in the causal bound (c16:
+#                 a16 at cp=2, both thread orders must catch it)
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -174,6 +183,18 @@ a16_model() {
 	once hd64 hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
+# u16: a16 with no projection after attention: its gradient unpaired
+# (tests/cuda_emu.sh's gpt2-unpaired)
+u16_model() {
+	once a16src a16_model
+	sed 's/x = add(x, linear(attention(\(.*\), heads=heads), wo, bo))/x = add(x, attention(\1, heads=heads))/' \
+		"$T/a16.dp" >"$T/u16.dp"
+}
+# c16: a16 at cp=2 (tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd ddp np=2 mesh=cp=2")
+c16_model() {
+	once a16src a16_model
+	{ echo "mesh cp=2"; grep -v '^mesh ' "$T/a16.dp"; } >"$T/c16.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
@@ -241,6 +262,8 @@ reference() {
 	ls16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
+	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
 	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
@@ -250,7 +273,7 @@ reference() {
 		return 1
 	fi
 	# a16: its training updates are compared, from the initial weights
-	if [ "$1" = a16 ] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	if [[ $1 == [acu]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -359,6 +382,8 @@ tcb_stale     tcb_stale     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_dterm     tcb_dterm     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_causal    tcb_causal    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 copy_wait     copy_wait     hd8     1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
 abort_serial  abort_serial  stall   4 stall
 graph_first   graph_first   stall   4 stall
@@ -423,6 +448,8 @@ unmutated bb16 "the biased bf16 case"
 unmutated hd64 "the gpt2-hd64 case"
 unmutated hd8 "the gpt2-hd64 case over 8 steps"
 unmutated a16 "the gpt2-hd64 bf16 case"
+unmutated u16 "the unpaired attention case"
+unmutated c16 "the cp=2 attention case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case"

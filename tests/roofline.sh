@@ -152,6 +152,26 @@ print(", ".join(out))
 EOF
 		ok "gpt2 attention: $(cat "$T/att.out")" || { fail "gpt2 attention"; cat "$T/att.out"; }
 fi
+# ... and at cp=2 (a rank's ctx/2 queries against the gathered ctx keys):
+# 2 + 3 + 4 such products on tensor cores in bf16 (both cp gradients paired
+# with their forward; 2 + 5 + 6 on the CUDA cores before they ran there)
+if case_on "gpt2 cp=2 attention: executed FLOPs on tensor cores"; then
+	eval "$(sed -n 's/^  \(ctx\|d\|layers\) = \([0-9]*\).*/\1=\2/p' models/gpt2.dp | tr '\n' ' ')"
+	{ echo "mesh cp=2"; grep -v '^mesh ' models/gpt2.dp; } >"$T/gpt2cp.dp"
+	"$DPC" "$T/gpt2cp.dp" --world-size 2 --stats >"$T/attcp.0" 2>/dev/null
+	mb=$(sed -n 's/.*micro_batch \([0-9]*\) x grad_accum.*/\1/p' "$T/attcp.0")
+	ga=$(sed -n 's/.*x grad_accum \([0-9]*\),.*/\1/p' "$T/attcp.0")
+	# shellcheck disable=SC2154
+	roof attcp "$T/gpt2cp.dp" --world-size 2 --precision bf16 &&
+		$PY - "$T/attcp.txt" $((mb * ga * ctx / 2 * ctx * d * layers)) >"$T/attcp.out" 2>&1 <<'EOF' &&
+import re, sys
+ex = re.search(r"^attention executes ([\d.]+) GFLOP on tensor cores,", open(sys.argv[1]).read(), re.M)
+unit = float(sys.argv[2])
+assert ex and abs(float(ex.group(1)) * 1e9 - 9 * unit) <= 0.01 * 9 * unit, (ex and ex.group(1), 9 * unit)
+print(f"{ex.group(1)} GFLOP on tensor cores = 9 x {unit / 1e9:.2f} GFLOP")
+EOF
+		ok "gpt2 cp=2 attention: $(cat "$T/attcp.out")" || { fail "gpt2 cp=2 attention"; cat "$T/attcp.out"; }
+fi
 if case_on "unknown device"; then
 	"$DPC" models/mlp.dp --stats --device a100 >"$T/dev.out" 2>"$T/dev.err"
 	rc=$?

@@ -31,7 +31,7 @@
  *                    in scratch for:
  *   k_attn_bwd_kv<HD> per key tile: over the query tiles that can see it,
  *                    dV = sum p dO, dK = scale * sum ds q.
- *   k_attn_fwd_mma<HD> the forward of bf16 ordinary attention with head dim
+ *   k_attn_fwd_mma<HD> the forward of bf16 attention (ordinary or cp) with head dim
  *                    HD = 32, 64 or 128 on tensor cores (mma.sync and ldmatrix,
  *                    mma_ptx.cuh; FlashAttention-2's structure with S, P and O
  *                    in registers; the comment above it); k_attn_fwd does the rest.
@@ -487,6 +487,14 @@ CU_UNROLL
  *    of Y's rows is B = Y's registers for two 8-dim tiles;
  *  - a row's values are spread over the 4 lanes of a quad (2 per 8-column
  *    tile): a row reduction takes two xor shuffles (1, 2: row_sum, quad_max).
+ *  - cp (attention_cp and its gradients): the same code on positions, not
+ *    rows. Keys go by in position order, each tile row copied from where
+ *    its position lives in the gathered kv (fa_copy_kv: key_at), so a
+ *    tile may cross chunks; a lane masks by its query row's position; the
+ *    causal bounds are the positions of a warp's or block's end rows
+ *    (fa_query_span). dK/dV's blocks are stored rows of the gathered kv
+ *    (key_pos_of_row gives each one's position) and it writes d kv there.
+ *    The ordinary op's positions are its rows: its path is unchanged.
  * Shared memory (dynamic, < 48 KB): the two operands' tiles, two buffers
  * each, rows padded to HD + 8 bf16: every row starts 16-byte aligned
  * (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in 8
@@ -516,18 +524,19 @@ template <int HD> struct FaShape {
 		      "no opt-in to more than 48 KB of shared memory");
 };
 
-/* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) into a
- * padded shared tile of HD columns, bf16 bits copied; rows past `rows` and
- * columns past hd zero. vec8: eight at a time (128 bits). */
-template <int HD>
-static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, int64_t ld,
-				    int64_t r0, int n, int64_t rows, int64_t hd, int vec8)
+/* n rows into a padded shared tile of HD columns (row stride dld), bf16
+ * bits copied: row j from rowp(j) + off (rowp(j) NULL: a zero row), columns
+ * past hd zero. vec8: eight at a time (128 bits). */
+template <int HD, class RowP>
+static __device__ void tc_copy_gather(cu_bf16 *dst, int dld, RowP rowp, int64_t off, int n,
+				      int64_t hd, int vec8)
 {
 	int step = vec8 ? 8 : 1;
 	for (int i = threadIdx.x; i < n * HD / step; i += blockDim.x) {
 		int j = i / (HD / step), d = step * (i % (HD / step));
-		int ok = r0 + j < rows && d < hd;
-		const cu_bf16 *p = src + (r0 + j) * ld + d;
+		const cu_bf16 *row = rowp(j);
+		int ok = row && d < hd;
+		const cu_bf16 *p = row + off + d;
 		cu_bf16 *q = dst + j * dld + d;
 		if (vec8) {
 			uint4 v = ok ? *(const uint4 *)p : make_uint4(0, 0, 0, 0);
@@ -536,6 +545,16 @@ static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, i
 			*q = ok ? *p : (cu_bf16)0;
 		}
 	}
+}
+
+/* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) the same
+ * way; rows past `rows` zero. */
+template <int HD>
+static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, int64_t ld,
+				    int64_t r0, int n, int64_t rows, int64_t hd, int vec8)
+{
+	auto rowp = [&](int j) { return r0 + j < rows ? src + (r0 + j) * ld : (const cu_bf16 *)0; };
+	tc_copy_gather<HD>(dst, dld, rowp, 0, n, hd, vec8);
 }
 
 /* Two floats as a register of two bf16, lo in the low half. */
@@ -551,22 +570,29 @@ static __device__ __forceinline__ uint32_t ld_pair(const cu_bf16 *p, int aligned
 	return aligned ? *(const uint32_t *)p : (uint32_t)p[0] | (uint32_t)p[1] << 16;
 }
 
-/* The A registers of this lane's rows (row[0] = g, row[1] = g + 8 of the
- * warp's 16) of a [*, ld] source: a[k][i] = X[row (i & 1)][16 k + 2 q + 8 (i >> 1) ..+1];
- * rows past `rows` zero. */
+/* The A registers of this lane's rows (row 0 = g, row 1 = g + 8 of the
+ * warp's 16), each at rp[r] + off (rp[r] NULL: a zero row):
+ * a[k][i] = X[row (i & 1)][16 k + 2 q + 8 (i >> 1) ..+1]. */
 template <int HD>
-static __device__ __forceinline__ void fa_load_a(uint32_t (*a)[4], const cu_bf16 *src, int64_t ld,
-						 const int64_t *row, int64_t rows, int aligned)
+static __device__ __forceinline__ void fa_load_a(uint32_t (*a)[4], const cu_bf16 *const *rp,
+						 int64_t off, int aligned)
 {
 	const int qd = threadIdx.x % 4;
 CU_UNROLL
 	for (int k = 0; k < HD / 16; k++)
 CU_UNROLL
 		for (int i = 0; i < 4; i++) {
-			int64_t t = row[i & 1];
-			a[k][i] = t < rows ? ld_pair(src + t * ld + 16 * k + 2 * qd + 8 * (i >> 1), aligned)
-					   : 0u;
+			const cu_bf16 *r = rp[i & 1];
+			a[k][i] = r ? ld_pair(r + off + 16 * k + 2 * qd + 8 * (i >> 1), aligned) : 0u;
 		}
+}
+
+/* This lane's rows of a [*, ld] source (row[r] < rows, else NULL), for fa_load_a. */
+static __device__ __forceinline__ void fa_rows(const cu_bf16 **rp, const cu_bf16 *src, int64_t ld,
+					       const int64_t *row, int64_t rows)
+{
+	for (int r = 0; r < 2; r++)
+		rp[r] = row[r] < rows ? src + row[r] * ld : (const cu_bf16 *)0;
 }
 
 /* s[j] = X Y^T for the warp's 16 rows of X (A registers a) and the 8 rows
@@ -654,61 +680,123 @@ CU_UNROLL
 	}
 }
 
-/* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h) * tiles + tile. */
-static __device__ __forceinline__ void fa_block(const Geom<cu_bf16> &g, int64_t *b, int64_t *h,
-						int64_t *r0)
+/* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h)
+ * * tiles + tile, over `rows` rows per (batch, head): T query rows, or the
+ * nkeys stored key rows of the dK/dV kernel. */
+static __device__ __forceinline__ void fa_block(const Geom<cu_bf16> &g, int64_t rows, int64_t *b,
+						int64_t *h, int64_t *r0)
 {
-	const int64_t tiles = (g.t + 63) / 64, bi = blockIdx.x;
+	const int64_t tiles = (rows + 63) / 64, bi = blockIdx.x;
 	*r0 = bi % tiles * 64;
 	*h = bi / tiles % g.h;
 	*b = bi / (tiles * g.h);
 }
 
-/* K and V rows [k0, k0 + n) of the block's (batch, head) (base: its q
- * columns of row 0) into the shared tiles kv and kv + n LD. */
+/* The keys at positions [p0, p0 + n) of (batch b, head h) into the shared
+ * tiles kv (K) and kv + n LD (V): the ordinary op's rows p0.. of qkv, cp's
+ * gathered rows in position order (key_at); positions past nkeys zero. */
 template <int HD, int LD>
 static __device__ __forceinline__ void fa_copy_kv(cu_bf16 *kv, int n, const Geom<cu_bf16> &g,
-						  const cu_bf16 *base, int64_t k0)
+						  int64_t b, int64_t h, int64_t p0)
 {
-	tc_copy_rows<HD>(kv, LD, base + g.hd, 3 * g.c, k0, n, g.t, g.hd, g.vec8);
-	tc_copy_rows<HD>(kv + n * LD, LD, base + 2 * g.hd, 3 * g.c, k0, n, g.t, g.hd, g.vec8);
+	auto key = [&](int j) {
+		return p0 + j < g.nkeys ? key_at(g, b, h, p0 + j) : (const cu_bf16 *)0;
+	};
+	tc_copy_gather<HD>(kv, LD, key, 0, n, g.hd, g.vec8);
+	tc_copy_gather<HD>(kv + n * LD, LD, key, g.hd, n, g.hd, g.vec8);
 }
 
-template <int HD>
+/* The positions of the queries of a warp's (or block's) local rows [r0, r1]
+ * clamped to T: the least *lo and the greatest *hi. A cp rank's rows ascend
+ * in position (two runs of consecutive positions, the second after the
+ * first: k_cp_check), so they are the positions of the ends. */
+static __device__ __forceinline__ void fa_query_span(const Geom<cu_bf16> &g, int64_t r0, int64_t r1,
+						     int64_t *lo, int64_t *hi)
+{
+	r1 = r1 < g.t - 1 ? r1 : g.t - 1;
+	*lo = qpos(g, r0);
+	*hi = MUTANT(tc_cpbound) ? r1 : qpos(g, r1);
+}
+
+/* The least and greatest positions of stored key rows [s0, s0 + 16) (those
+ * below nkeys; s0 < nkeys): the ordinary op's rows are their positions;
+ * cp's gathered rows are runs of L = T/2 consecutive positions, in no order. */
+static __device__ __forceinline__ void fa_key_span(const Geom<cu_bf16> &g, int64_t s0, int64_t *lo,
+						   int64_t *hi)
+{
+	int64_t s1 = s0 + 15 < g.nkeys - 1 ? s0 + 15 : g.nkeys - 1;
+	if (!g.cp) {
+		*lo = s0;
+		*hi = s1;
+		return;
+	}
+	*lo = *hi = key_pos_of_row(g, s0);
+	for (int64_t s = s0 + 1; s <= s1; s++) {
+		int64_t p = key_pos_of_row(g, s);
+		*lo = p < *lo ? p : *lo;
+		*hi = p > *hi ? p : *hi;
+	}
+}
+
+/* The first local query row whose position is >= p (T: none): the first
+ * such of each run of a cp rank's rows (fa_query_span's order). */
+static __device__ __forceinline__ int64_t fa_first_query(const Geom<cu_bf16> &g, int64_t p)
+{
+	if (!g.cp)
+		return p;
+	const int64_t l = g.t / 2;
+	for (int64_t r0 = 0; r0 < g.t; r0 += l) {
+		int64_t a = qpos(g, r0);
+		if (p < a + l)
+			return p <= a ? r0 : r0 + (p - a);
+	}
+	return g.t;
+}
+
+template <int HD, bool CP>
 __global__ void __launch_bounds__(32 * FaShape<HD>::W)
 k_attn_fwd_mma(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, float *dd)
 {
 	typedef FaShape<HD> S;
+	if (!CP)
+		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BC, TILE = BC * S::LD;
 	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, q0;
-	fa_block(g, &b, &h, &q0);
+	fa_block(g, g.t, &b, &h, &q0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
-	const int64_t wfirst = q0 + 16 * warp, wlast = wfirst + 15;
-	const int64_t row[2] = {wfirst + gr, wfirst + gr + 8}; /* this lane's query rows */
+	const int64_t wrow = q0 + 16 * warp; /* the warp's first row */
+	const int64_t row[2] = {wrow + gr, wrow + gr + 8}; /* this lane's query rows */
+	int64_t qp[2], wfirst = 0, wlast = 0, first, last; /* positions */
+	for (int r = 0; r < 2; r++)
+		qp[r] = row[r] < g.t ? qpos(g, row[r]) : row[r];
+	if (wrow < g.t)
+		fa_query_span(g, wrow, wrow + 15, &wfirst, &wlast);
+	fa_query_span(g, q0, q0 + S::BR - 1, &first, &last); /* causal: the block's last key */
 	uint32_t qa[HD / 16][4];
-	fa_load_a<HD>(qa, base, ld, row, g.t, g.vec8);
+	const cu_bf16 *rp[2];
+	fa_rows(rp, base, ld, row, g.t);
+	fa_load_a<HD>(qa, rp, 0, g.vec8);
 	float o[HD / 8][4]; /* O: o[n][e] = O[row (e >> 1)][8 n + 2 qd + (e & 1)] */
 CU_UNROLL
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
 
-	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
 	int64_t tiles = last / BC + 1;
-	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, base, 0);
+	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, b, h, 0);
 	for (int64_t it = 0; it < tiles; it++) {
 		if (!MUTANT(tc_sync))
 			__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
 		if (it + 1 < tiles)
-			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
+			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, b, h, (it + 1) * BC);
 		const int64_t k0 = it * BC;
-		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wfirst >= g.t)
+		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
 		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
-		float s[BC / 8][4]; /* s[j]: the keys k0 + 8 j .. + 7 */
+		float s[BC / 8][4]; /* s[j]: the keys at positions k0 + 8 j .. + 7 */
 		fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
 
 		/* the online softmax of rows row[0] (s[j][0..1]) and row[1] (s[j][2..3]) */
@@ -719,7 +807,7 @@ CU_UNROLL
 CU_UNROLL
 			for (int e = 0; e < 4; e++) {
 				float v = s[j][e] * g.scale;
-				if (diag && k0 + 8 * j + 2 * qd + (e & 1) > row[e >> 1])
+				if (diag && k0 + 8 * j + 2 * qd + (e & 1) > qp[e >> 1])
 					v = -INFINITY;
 				s[j][e] = v;
 				mt[e >> 1] = v > mt[e >> 1] ? v : mt[e >> 1];
@@ -771,7 +859,7 @@ CU_UNROLL
 			}
 			dsum = row_sum(dsum);
 			if (row[r] < g.t && qd == 0)
-				dd[(b * g.h + h) * g.t + row[r]] = dsum;
+				dd[(b * g.h + h) * g.t + row[r]] = MUTANT(tcb_unpaired) ? 0 : dsum;
 		}
 	}
 CU_UNROLL
@@ -815,24 +903,35 @@ CU_UNROLL
  * query tile and a warp skips query tiles wholly before its keys; only the
  * tiles crossing a warp's diagonal (and the query tile crossing T) are
  * masked. */
-template <int HD>
+template <int HD, bool CP>
 __global__ void __launch_bounds__(32 * FaShape<HD>::W)
 k_attn_bwd_dq_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		  cu_bf16 *dqkv)
+		  cu_bf16 *dqkv, int zero_kv)
 {
 	typedef FaShape<HD> S;
+	if (!CP)
+		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BCB, TILE = BC * S::LD;
 	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, q0;
-	fa_block(g, &b, &h, &q0);
+	fa_block(g, g.t, &b, &h, &q0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
-	const int64_t wfirst = q0 + 16 * warp, wlast = wfirst + 15;
-	const int64_t row[2] = {wfirst + gr, wfirst + gr + 8};
+	const int64_t wrow = q0 + 16 * warp;
+	const int64_t row[2] = {wrow + gr, wrow + gr + 8};
+	int64_t qp[2], wfirst = 0, wlast = 0, first, last; /* positions (the forward's) */
+	for (int r = 0; r < 2; r++)
+		qp[r] = row[r] < g.t ? qpos(g, row[r]) : row[r];
+	if (wrow < g.t)
+		fa_query_span(g, wrow, wrow + 15, &wfirst, &wlast);
+	fa_query_span(g, q0, q0 + S::BR - 1, &first, &last);
 	uint32_t qa[HD / 16][4], da[HD / 16][4];
-	fa_load_a<HD>(qa, base, ld, row, g.t, g.vec8);
-	fa_load_a<HD>(da, dy + b * g.t * g.c + g.hd * h, g.c, row, g.t, g.vec8);
+	const cu_bf16 *rp[2];
+	fa_rows(rp, base, ld, row, g.t);
+	fa_load_a<HD>(qa, rp, 0, g.vec8);
+	fa_rows(rp, dy + b * g.t * g.c + g.hd * h, g.c, row, g.t);
+	fa_load_a<HD>(da, rp, 0, g.vec8);
 	float lr[2], dr[2];
 CU_UNROLL
 	for (int r = 0; r < 2; r++) {
@@ -845,15 +944,14 @@ CU_UNROLL
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0;
 
-	int64_t last = q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1; /* causal */
-	int64_t tiles = last / BC + 1;
-	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, base, 0);
+	int64_t tiles = last / BC + 1; /* causal */
+	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, b, h, 0);
 	for (int64_t it = 0; it < tiles; it++) {
 		__syncthreads(); /* key tile it is in; the other buffer's is consumed */
 		if (it + 1 < tiles)
-			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, base, (it + 1) * BC);
+			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, b, h, (it + 1) * BC);
 		const int64_t k0 = it * BC;
-		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wfirst >= g.t)
+		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
 		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
 		float s[BC / 8][4], dp[BC / 8][4];
@@ -865,7 +963,7 @@ CU_UNROLL
 CU_UNROLL
 			for (int e = 0; e < 4; e++) {
 				int r = e >> 1;
-				float p = diag && k0 + 8 * j + 2 * qd + (e & 1) > row[r]
+				float p = diag && k0 + 8 * j + 2 * qd + (e & 1) > qp[r]
 						  ? 0.0f
 						  : expf(s[j][e] * g.scale - lr[r]);
 				s[j][e] = p * (dp[j][e] - dr[r]); /* dS */
@@ -875,32 +973,48 @@ CU_UNROLL
 		fa_times_tile<HD, BC, S::LD>(dq, dsa, ks); /* dQ += dS K */
 	}
 CU_UNROLL
-	for (int r = 0; r < 2; r++)
-		if (row[r] < g.t)
-			fa_store_row<HD>(dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h, dq, r, g.scale);
+	for (int r = 0; r < 2; r++) {
+		if (row[r] >= g.t)
+			continue;
+		cu_bf16 *dst = dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h;
+		fa_store_row<HD>(dst, dq, r, g.scale);
+		if (zero_kv) /* attention_cp_grad: k and v return through the gathered kv */
+			for (int64_t d = qd; d < 2 * g.hd; d += 4)
+				dst[g.hd + d] = (cu_bf16)0;
+	}
 }
 
-template <int HD>
+template <int HD, bool CP>
 __global__ void __launch_bounds__(32 * FaShape<HD>::W)
 k_attn_bwd_dkv_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		   cu_bf16 *dqkv)
+		   cu_bf16 *out)
 {
 	typedef FaShape<HD> S;
+	if (!CP)
+		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BCB, TILE = BC * S::LD;
 	/* [2][Q, dO][BC][LD], then [2][lse, D][BC] (f32) */
 	extern __shared__ __align__(16) cu_bf16 fa_smem[];
 	float *stats = (float *)(fa_smem + 4 * TILE);
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, k0;
-	fa_block(g, &b, &h, &k0);
+	fa_block(g, g.nkeys, &b, &h, &k0);
 	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const cu_bf16 *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
-	const int64_t wfirst = k0 + 16 * warp;
-	const int64_t key[2] = {wfirst + gr, wfirst + gr + 8}; /* this lane's key rows */
+	const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
+	const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
+	int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
+	const cu_bf16 *rp[2];
+	for (int r = 0; r < 2; r++) {
+		kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
+		rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const cu_bf16 *)0;
+	}
+	if (wrow < g.nkeys)
+		fa_key_span(g, wrow, &wfirst, &wlast);
 	uint32_t ka[HD / 16][4], va[HD / 16][4];
-	fa_load_a<HD>(ka, base + g.hd, ld, key, g.t, g.vec8);
-	fa_load_a<HD>(va, base + 2 * g.hd, ld, key, g.t, g.vec8);
+	fa_load_a<HD>(ka, rp, 0, g.vec8);
+	fa_load_a<HD>(va, rp, g.hd, g.vec8);
 	float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
 	for (int n = 0; n < HD / 8; n++)
@@ -917,7 +1031,15 @@ CU_UNROLL
 			st[BC + i] = q0 + i < g.t ? dd[r] : 0;
 		}
 	};
-	const int64_t first = k0 - k0 % BC; /* causal: no query before k0 sees these keys */
+	/* causal: no query before the block's first key position sees its keys */
+	int64_t kmin = g.nkeys;
+	for (int w = 0; w < S::W; w++) /* (the ordinary op: k0) */
+		if (k0 + 16 * w < g.nkeys) {
+			int64_t lo, hi;
+			fa_key_span(g, k0 + 16 * w, &lo, &hi);
+			kmin = lo < kmin ? lo : kmin;
+		}
+	const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
 	const int64_t tiles = (g.t - first + BC - 1) / BC;
 	load(first, 0);
 	for (int64_t it = 0; it < tiles; it++) {
@@ -926,7 +1048,9 @@ CU_UNROLL
 		if (it + 1 < tiles)
 			load(first + (it + 1) * BC, (it + 1) % 2);
 		const int64_t q0 = first + it * BC;
-		if ((MUTANT(tcb_causal) ? q0 < wfirst + 16 : q0 + BC - 1 < wfirst) || wfirst >= g.t)
+		int64_t qfirst, qlast; /* the tile's query positions */
+		fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
+		if ((MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys)
 			continue; /* every query before the warp's keys, or keys past T (warp-uniform) */
 		const cu_bf16 *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
 		const float *ls = stats + 2 * BC * (it % 2), *dst = ls + BC;
@@ -934,13 +1058,13 @@ CU_UNROLL
 		fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
 		fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
 		/* a query before one of the warp's keys, or past T */
-		const int mask = q0 < wfirst + 15 || q0 + BC > g.t;
+		const int mask = qfirst < wlast || q0 + BC > g.t;
 CU_UNROLL
 		for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
 			for (int e = 0; e < 4; e++) {
-				int c = 8 * j + 2 * qd + (e & 1); /* the query q0 + c */
-				float p = mask && (q0 + c < key[e >> 1] || q0 + c >= g.t)
+				int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
+				float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
 						  ? 0.0f
 						  : expf(s[j][e] * g.scale - ls[c]);
 				s[j][e] = p;                     /* P^T */
@@ -954,10 +1078,12 @@ CU_UNROLL
 	}
 CU_UNROLL
 	for (int r = 0; r < 2; r++)
-		if (key[r] < g.t) {
-			cu_bf16 *dst = dqkv + (b * g.t + key[r]) * ld + 3 * g.hd * h;
-			fa_store_row<HD>(dst + g.hd, dk, r, g.scale);
-			fa_store_row<HD>(dst + 2 * g.hd, dv, r, 1.0f);
+		if (key[r] < g.nkeys) { /* d qkv's k and v columns, or cp's d kv [cp, B, T, 2C] */
+			int64_t s = key[r], blk = s / g.t, j = s - blk * g.t;
+			cu_bf16 *dst = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
+					    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
+			fa_store_row<HD>(dst, dk, r, g.scale);
+			fa_store_row<HD>(dst + g.hd, dv, r, 1.0f);
 		}
 }
 
@@ -969,7 +1095,9 @@ __global__ void k_cp_check(const int32_t *pos, int64_t t, int64_t tg, CuScalars 
 	CU_FOR_EACH(j, t) {
 		int64_t first = j < l ? 0 : l;
 		int64_t p = pos[j];
-		if (p < 0 || p >= tg || p != (int64_t)pos[first] + j - first)
+		/* the second run after the first: the tensor-core kernels' order */
+		if (p < 0 || p >= tg || p != (int64_t)pos[first] + j - first ||
+		    (j == l && j > 0 && p <= (int64_t)pos[l - 1]))
 			cu_report_error(sc, CU_ERR_POSITION, p, j, tg);
 	}
 }
@@ -1036,21 +1164,23 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	return (size_t)(3 * tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1]) * sizeof(float);
 }
 
-/* The forward and the backward run on tensor cores for bf16 ordinary
- * attention with a head dim of 32, 64 or 128 exactly (the rest, f32 and cp
+/* The forward and the backward run on tensor cores for bf16 attention,
+ * ordinary or cp, with a head dim of 32, 64 or 128 exactly (the rest, f32
  * among them, on the kernels above: docs/CUDA.md says why). */
-template <int HD, typename T> static int tensor_cores(const DpInstr *in, const Geom<T> &g)
+template <int HD, typename T> static int tensor_cores(const Geom<T> &g)
 {
-	return sizeof(T) == 2 && (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_GRAD) &&
-	       g.hd == HD && (HD == 32 || HD == 64 || HD == 128);
+	return sizeof(T) == 2 && g.hd == HD && (HD == 32 || HD == 64 || HD == 128);
 }
 
-template <int HD, typename T> static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
+/* CP: the cp ops' instantiation (the ordinary op's has no cp branches:
+ * fewer registers, ptxas's counts in docs/CUDA.md) */
+template <int HD, bool CP, typename T>
+static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
 		typedef FaShape<HD> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
-		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
+		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
 			       (cu_bf16 *)cu_p(a, -1), MUTANT(tcb_stale) ? (float *)0 : a->fuse->lse,
 			       (const cu_bf16 *)0, (float *)0);
 		CU_LAUNCHED(a, e);
@@ -1078,11 +1208,13 @@ __global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 
 	}
 }
 
-/* The backward: each query row's lse and D, then dQ, then dK and dV. lse
- * is the forward's and D = dO . O from its output when the planner paired
- * them (cu_plan_attn); else the forward runs again for both (into scratch,
- * O not written). */
-template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
+/* The backward: each query row's lse and D, then dQ (attention_grad,
+ * attention_cp_grad), then dK and dV (attention_grad, attention_cp_grad_kv).
+ * lse is the forward's and D = dO . O from its output when the planner
+ * paired them (cu_plan_attn); else the forward runs again for both (into
+ * scratch, O not written). */
+template <int HD, bool CP, typename T>
+static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
 	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
 		typedef FaShape<HD> S;
@@ -1090,21 +1222,28 @@ template <int HD, typename T> static int launch_bwd_tc(const CuArgs *a, const Ge
 		const cu_bf16 *dy = (const cu_bf16 *)cu_p(a, 0);
 		cu_bf16 *dqkv = (cu_bf16 *)cu_p(a, -1);
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
+		unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + S::BR - 1) / S::BR));
+		int op = a->in->op;
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
 			CU_LAUNCH(k_attn_rowdot, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g, dy,
 				  (const cu_bf16 *)a->fuse->lse_o, dd);
 		} else {
-			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM, a->st,
-				       g, (cu_bf16 *)0, lse, dy, dd);
+			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM,
+				       a->st, g, (cu_bf16 *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
-		CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM_BWD, a->st,
-			       g, dy, (const float *)lse, (const float *)dd, dqkv);
-		CU_LAUNCHED(a, e);
-		CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD>), blocks, 32 * S::W, (size_t)S::SMEM_BWD, a->st,
-			       g, dy, (const float *)lse, (const float *)dd, dqkv);
-		CU_LAUNCHED(a, e);
+		if (op != DP_OP_ATTENTION_CP_GRAD_KV) {
+			CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM_BWD,
+				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv,
+				       op == DP_OP_ATTENTION_CP_GRAD);
+			CU_LAUNCHED(a, e);
+		}
+		if (op != DP_OP_ATTENTION_CP_GRAD) { /* into d qkv, or cp's d kv */
+			CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD, CP>), kblocks, 32 * S::W, (size_t)S::SMEM_BWD,
+				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv);
+			CU_LAUNCHED(a, e);
+		}
 	}
 	return 0;
 }
@@ -1120,14 +1259,16 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 	switch (in->op) {
 	case DP_OP_ATTENTION:
 	case DP_OP_ATTENTION_CP:
-		if (tensor_cores<HD, T>(in, g))
-			return launch_fwd_tc<HD>(a, g, e);
+		if (tensor_cores<HD, T>(g))
+			return g.cp ? launch_fwd_tc<HD, true>(a, g, e)
+				    : launch_fwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_fwd<HD, T>), qblocks, ATT_THREADS, a->st, g, out);
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DP_OP_ATTENTION_GRAD:
-		if (tensor_cores<HD, T>(in, g))
-			return launch_bwd_tc<HD>(a, g, e);
+		if (tensor_cores<HD, T>(g))
+			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
+				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 0);
 		CU_LAUNCHED(a, e);
@@ -1136,11 +1277,17 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DP_OP_ATTENTION_CP_GRAD:
+		if (tensor_cores<HD, T>(g))
+			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
+				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
+		if (tensor_cores<HD, T>(g))
+			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
+				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, (T *)0, stats,
 			  0, 0);
 		CU_LAUNCHED(a, e);
@@ -1183,23 +1330,44 @@ static int run_attention(const CuArgs *a, RtErr *e)
 
 /* ---- planning: the gradient reuses its forward's lse and output ---- */
 
-/* Does attention (or attention_grad) instruction in run on tensor cores?
- * (tensor_cores' rule on the step file's shapes) */
+/* The forward op of gradient op `op` (-1: not a gradient of attention). */
+static int attn_forward_of(int op)
+{
+	return op == DP_OP_ATTENTION_GRAD ? DP_OP_ATTENTION
+	       : op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ? DP_OP_ATTENTION_CP
+									      : -1;
+}
+
+/* Does a gradient of attention run on tensor cores? (tensor_cores' rule on
+ * the step file's shapes) */
 static int tc_instr(const DpStep *s, const DpInstr *in)
 {
-	const DpTensor *tq = &s->tensors[in->in[in->op == DP_OP_ATTENTION ? 0 : 1]];
+	const DpTensor *tq = &s->tensors[in->in[1]];
 	int64_t heads = DP_ATTR(in, ATTENTION, heads), hd = tq->dims[2] / 3 / heads;
 	return tq->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
 }
 
+/* Is forward instruction k the one gradient g differentiates: the same
+ * qkv (and for cp the same gathered kv and positions)? */
+static int attn_same_operands(const DpInstr *k, const DpInstr *g)
+{
+	int n = k->op == DP_OP_ATTENTION_CP ? 3 : 1;
+	for (int i = 0; i < n; i++)
+		if (k->in[i] != g->in[i + 1])
+			return 0;
+	return 1;
+}
+
 /*
- * For each attention_grad on tensor cores, the latest attention before it
- * in the same program on the same qkv, on the same stream (stream order
- * makes lse visible), run under the same condition (both or neither
- * DP_IF_LAST), with no instruction between them writing qkv or the
- * forward's output O: the forward writes each row's lse into a buffer of
- * the plan, and the gradient reads it and computes D from O, instead of
- * running the forward again (2 of its 9 T^2 hd units). A recomputed
+ * For each attention gradient on tensor cores (attention_grad,
+ * attention_cp_grad, attention_cp_grad_kv), the latest forward before it in
+ * the same program on the same operands (qkv; cp: and kv and pos), on the
+ * same stream (stream order makes lse visible), run under the same
+ * condition (both or neither DP_IF_LAST), with no instruction between them
+ * writing those operands or the forward's output O: the forward writes each
+ * row's lse into a buffer of the plan, and the gradient reads it and
+ * computes D from O, instead of running the forward again (2 of its 9 T^2
+ * hd units; cp's two gradients share one forward's lse). A recomputed
  * forward is the latest, so it is the one paired.
  */
 extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
@@ -1208,21 +1376,26 @@ extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
 			const DpInstr *g = &s->prog[pg][j];
-			if (g->op != DP_OP_ATTENTION_GRAD || !tc_instr(s, g))
+			int fop = attn_forward_of(g->op);
+			if (fop < 0 || !tc_instr(s, g))
 				continue;
+			int nops = fop == DP_OP_ATTENTION_CP ? 3 : 1; /* operands after dy */
 			const DpTensor *tq = &s->tensors[g->in[1]];
 			uint32_t i = j;
 			while (i-- > 0) {
 				const DpInstr *k = &s->prog[pg][i];
-				if ((k->op == DP_OP_ATTENTION && k->in[0] == g->in[1]) || cu_writes(s, k, tq))
+				int w = 0;
+				for (int o = 1; o <= nops; o++)
+					w |= cu_writes(s, k, &s->tensors[g->in[o]]);
+				if ((k->op == fop && attn_same_operands(k, g)) || w)
 					break;
 			}
-			if (i == UINT32_MAX || s->prog[pg][i].op != DP_OP_ATTENTION)
-				continue; /* none, or qkv written since */
+			if (i == UINT32_MAX || s->prog[pg][i].op != fop ||
+			    !attn_same_operands(&s->prog[pg][i], g))
+				continue; /* none, or an operand written since */
 			const DpInstr *k = &s->prog[pg][i];
 			const DpTensor *to = &s->tensors[k->out];
-			if (k->in[0] != g->in[1] || k->stream != g->stream ||
-			    (k->flags & DP_IF_LAST) != (g->flags & DP_IF_LAST))
+			if (k->stream != g->stream || (k->flags & DP_IF_LAST) != (g->flags & DP_IF_LAST))
 				continue;
 			uint32_t m = i + 1;
 			while (m < j && !cu_writes(s, &s->prog[pg][m], to))
