@@ -268,7 +268,7 @@ if case_on resume; then
 	for form in full sharded; do
 		REPRO="dpexec gpt2-tiny pp=2 --steps 10 --save-form $form, then --resume to 20"
 		run "r-$form-a" 2 "$T/gpp.bin" --steps 10 --losses "$T/r-$form.loss" --save-dir "$T/ck-$form" \
-			--save-form $form &&
+			--save-form $form --save-full "$T/pp2-10-$form.st" &&
 		cp "$T/r-$form.loss" "$T/r-$form-10.loss" &&
 		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
 			--save-full "$T/r-$form.st" &&
@@ -279,6 +279,19 @@ if case_on resume; then
 			fail "$what"
 		fi
 	done
+	# each stage keeps its own parameters (passes/stage_params.c): a full
+	# checkpoint holds them all by name and loads at another pp bit for bit
+	REPRO="dpexec gpt2-tiny: a pp=2 checkpoint loaded at 1 rank, a 1-rank one at pp=2"
+	run one-10 1 "$T/g1.bin" --steps 10 --losses "$T/one-10.loss" --save-dir "$T/ck-one" \
+		--save-full "$T/one-10.st" &&
+	run at1 1 "$T/g1.bin" --steps 10 --resume "$T/ck-full/step-000010" --save-full "$T/at1.st" &&
+	run at2 2 "$T/gpp.bin" --steps 10 --resume "$T/ck-one/step-000010" --save-full "$T/at2.st"
+	what="the pp=2 full checkpoint loads at pp=1, the 1-rank one at pp=2: parameters bit for bit"
+	if cmp -s "$T/at1.st" "$T/pp2-10-full.st" && cmp -s "$T/at2.st" "$T/one-10.st"; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
 	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
 	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
 	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps
