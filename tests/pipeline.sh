@@ -54,8 +54,12 @@
 #             and its pending send or recv (peer, tag), or its collective (or,
 #             stopped between steps, the step's sync point)
 #   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
-#             bit for bit (full and sharded checkpoints); the pp=2 full
-#             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
+#             bit for bit (full and sharded checkpoints); each stage keeping
+#             only its own parameters (passes/stage_params.c), the pp=2 full
+#             checkpoint loaded at 1 rank and a 1-rank one loaded at pp=2 give
+#             the saved parameters bit for bit (--save-full at pp=2 gathers
+#             the stages' on rank 0); the pp=2 full checkpoint resumed at pp=1
+#             (1 rank) matches 20 steps on 1 rank
 # The cut's errors are tests/errors/pp_*.dp; the passes are
 # tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
