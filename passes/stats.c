@@ -19,7 +19,10 @@
  * (passes/memplan.c's lifetimes), split into activations, gathered
  * parameters (full_shard's all_gather buffers) and unsharded gradients
  * (reduce_scatter inputs); the region exceeds the live peak by whatever
- * fragmentation the placement left.
+ * fragmentation the placement left. At pp > 1 with each stage keeping its
+ * own parameters (passes/stage_params.c) the persistent rows are the largest
+ * stage's (the one that sets the arena), and the pipeline section prints
+ * under each stage what its ranks hold (`held:`).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -420,10 +423,15 @@ static void print_pipeline(FILE *out, const Graph *g)
 		/* what its ranks hold (passes/stage_params.c): its own and the tied */
 		double held[M_NCAT], host[M_NCAT];
 		held_bytes(g, own, s, held, host);
-		fprintf(out, "  held: params %.0f B (%s), grads %.0f B, optimizer state %.0f B (%s)\n",
+		double all = 0;
+		for (int c = 0; c < M_NCAT; c++)
+			all += held[c] + host[c];
+		fprintf(out, "  held: params %.0f B (%s), grads %.0f B, optimizer state %.0f B (%s); "
+			"persistent in all %.0f B (%s), beside its temporaries (compiled: below)\n",
 			held[M_PARAMS] + held[M_COPIES],
 			stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
-			held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]));
+			held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
+			stats_human_bytes(h3, sizeof h3, all));
 	}
 	free(own);
 	double bubble = 0;
