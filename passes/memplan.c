@@ -9,12 +9,10 @@
  * - Persistent values get their own ranges, first, in this order: flat
  *   buffers (flat.params, then flat.grads: value order), non-view params and
  *   grads, optimizer state, data, metrics, buffers. A parameter, gradient,
- *   flat or optimizer-state root that only some pipeline stages' nodes
- *   touch (pp > 1: passes/stage_params.c's parts, and the tied range on the
- *   stages that read it) comes after those, those of several stages first,
- *   in the same order, each at the lowest offset free on all of its stages
- *   (two stages are never on one rank): the persistent part is the rest
- *   plus the largest stage's. Those in host memory
+ *   flat or optimizer-state root that only one pipeline stage's nodes touch
+ *   (pp > 1: passes/stage_params.c's parts) comes after those, in the same
+ *   order, every stage's from the same offset (never on one rank): the
+ *   persistent part is the rest plus the largest stage's. Those in host memory
  *   (passes/offload.c) get theirs in the same order in the host arena
  *   (cfg.host_arena_bytes; 0 when nothing is offloaded); temporaries are
  *   never there. A view gets its root's offset + view_offset * element
@@ -299,17 +297,17 @@ static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
 	return temps;
 }
 
-/* Per value: the pipeline stages (a mask) whose nodes touch the persistent
+/* Per value: the one pipeline stage whose nodes touch the persistent
  * parameter, gradient, flat or optimizer-state root (passes/stage_params.c's
- * parts, and the tied range on the stages that read it), else 0 (every
- * rank: touched by a node of every rank or by none, or another kind). */
-uint64_t *mem_persistent_stages(const Graph *g)
+ * parts), else -1 (every rank: touched by a node of every rank or of two
+ * stages, by none, or another kind). */
+int *mem_persistent_stages(const Graph *g)
 {
-	int p = (int)g->cfg.mesh[DP_AXIS_PP];
-	uint64_t all = p >= 64 ? ~0ull : (1ull << p) - 1;
-	uint64_t *mask = calloc((size_t)g->nvalues + 1, sizeof *mask);
-	if (!mask)
+	int *stage = malloc(((size_t)g->nvalues + 1) * sizeof *stage);
+	if (!stage)
 		die("out of memory");
+	for (int v = 0; v < g->nvalues; v++)
+		stage[v] = -2; /* untouched so far */
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		for (int k = -1; k < n->nin; k++) {
@@ -317,15 +315,15 @@ uint64_t *mem_persistent_stages(const Graph *g)
 			if (v < 0)
 				continue;
 			int r = ir_root(g, g->values[v])->id;
-			mask[r] |= n->stage >= 0 && n->stage < 64 ? 1ull << n->stage : all;
+			stage[r] = stage[r] == -2 || stage[r] == n->stage ? n->stage : -1;
 		}
 	}
 	for (int v = 0; v < g->nvalues; v++) {
 		int rank = persistent_rank(g->values[v]);
-		if (mask[v] == all || rank < 0 || rank > 3 || p <= 1)
-			mask[v] = 0;
+		if (stage[v] < 0 || rank < 0 || rank > 3)
+			stage[v] = -1;
 	}
-	return mask;
+	return stage;
 }
 
 int mem_run(Graph *g, Diag *d)
@@ -333,18 +331,17 @@ int mem_run(Graph *g, Diag *d)
 	(void)d;
 	int nv = g->nvalues, p = (int)g->cfg.mesh[DP_AXIS_PP];
 	int64_t off = 0, host = 0;
-	uint64_t *stage = mem_persistent_stages(g);
+	int *stage = mem_persistent_stages(g);
 	int64_t *at_stage = calloc((size_t)p + 1, sizeof *at_stage);
 	if (!at_stage)
 		die("out of memory");
 	/* Persistent roots, by rank then value id; host ones in the host arena;
-	 * then those of some pipeline stages only, the ones of several stages
-	 * first, each at the first offset free on all of its stages: two
-	 * stages are never on one rank */
+	 * then those of one pipeline stage, each stage's from the same offset:
+	 * never on one rank */
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
-			if (v->view_of < 0 && persistent_rank(v) == rank && !stage[i]) {
+			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] < 0) {
 				int64_t *at = v->space == DP_SPACE_HOST ? &host : &off;
 				v->offset = *at;
 				v->nbytes = align_up(value_bytes(v));
@@ -354,28 +351,20 @@ int mem_run(Graph *g, Diag *d)
 			}
 		}
 	int64_t staged = 0;
-	for (int several = 1; several >= 0; several--)
-		for (int rank = 0; rank <= 6; rank++)
-			for (int i = 0; i < nv; i++) {
-				Value *v = g->values[i];
-				uint64_t m = stage[i];
-				if (v->view_of >= 0 || persistent_rank(v) != rank || !m ||
-				    (several != ((m & (m - 1)) != 0)))
-					continue;
-				if (v->space == DP_SPACE_HOST)
-					die("memplan: %%%s of some pipeline stages in the host arena", v->name);
-				int64_t at = 0;
-				for (int k = 0; k < p; k++)
-					if (((m >> k) & 1) && at_stage[k] > at)
-						at = at_stage[k];
-				v->offset = off + at;
+	for (int rank = 0; rank <= 6; rank++)
+		for (int i = 0; i < nv; i++) {
+			Value *v = g->values[i];
+			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] >= 0) {
+				if (stage[i] >= p || v->space == DP_SPACE_HOST)
+					die("memplan: %%%s of stage %d at pp=%d in the %s arena", v->name,
+					    stage[i], p, v->space == DP_SPACE_HOST ? "host" : "device");
+				v->offset = off + at_stage[stage[i]];
 				v->nbytes = align_up(value_bytes(v));
-				for (int k = 0; k < p; k++)
-					if ((m >> k) & 1)
-						at_stage[k] = at + v->nbytes;
-				if (at + v->nbytes > staged)
-					staged = at + v->nbytes;
+				at_stage[stage[i]] += v->nbytes;
+				if (at_stage[stage[i]] > staged)
+					staged = at_stage[stage[i]];
 			}
+		}
 	off += staged;
 	free(stage);
 	free(at_stage);

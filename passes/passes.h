@@ -123,10 +123,9 @@ void stages_print_schedule(FILE *out, const Graph *g, int width);
  * returns their total (<= the arena's temporaries region, which also holds
  * fragmentation). */
 enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
-/* passes/memplan.c: per value, the pipeline stages (a mask) whose own
- * persistent root it is (other stages' may share its bytes), else 0: every
- * rank's; malloc'd. */
-uint64_t *mem_persistent_stages(const Graph *g);
+/* passes/memplan.c: per value, the pipeline stage whose own persistent root it
+ * is (memplan gives every stage's the same bytes), else -1; malloc'd. */
+int *mem_persistent_stages(const Graph *g);
 int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank). */

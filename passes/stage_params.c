@@ -15,21 +15,16 @@
  * After: for every stage k that keeps parameters of its own, each flat
  * buffer NAME has a part NAME.ppK (flat.params.pp1, opt.m.pp1, ...) holding
  * its range, and NAME keeps only the tied range (NAME is dropped when there
- * is none), on the stages that read a tied parameter: every node of every
- * rank that touches the tied range (INIT, the update, CLIP, FILL, its
- * bucket's all_reduce) is copied onto each of those stages, its SAVE put on
- * the first; the all_reduce, which still spans pp, also has a copy on each
- * other stage over a FILLed temporary of zeros (%bucket.r0.zeros.pp1), so
- * the sum is the readers' parts. Every view into stage k's range is a view
- * of NAME.ppK at the same place in it. A node that touches a view of stage k's range runs on
+ * is none). Every view into stage k's range is a view of NAME.ppK at the
+ * same place in it. A node that touches a view of stage k's range runs on
  * stage k (`stage=k`: INIT, SAVE, tp's SHARD and all_gather, a bucket's
  * all_reduce, which no longer spans pp: the stage's gradients are its own
  * whole); a node over a whole flat buffer (CLIP, the update, FILL, bf16's
  * CAST) is copied per stage over NAME.ppK on that stage, the original left
- * over the tied range (copied onto its stages as above). The gradient
- * norm: grad_norm.sq is zeroed, then each range's SQNORM adds to it on the
- * stage that keeps it (a tied range, summed over pp and so whole on each
- * stage that keeps it, weighted 1/their number), and it is all_reduced over pp (with tp when tp > 1, as before): the
+ * over the tied range on every rank. The gradient norm: grad_norm.sq is
+ * zeroed, then each range's SQNORM adds to it on the stage that keeps it (a
+ * tied range, summed over pp and so whole on every stage, weighted 1/pp),
+ * and it is all_reduced over pp (with tp when tp > 1, as before): the
  * global norm, so clipping and the logged norm are the 1-stage ones (up to
  * the order of the sum). memplan gives the stages' parts the same bytes
  * (never on one rank); dpexec runs only its stage's INIT, SAVE and update,
@@ -53,8 +48,6 @@ typedef struct {
 	int *roots;      /* the flat buffers cut, value ids */
 	int nroots;
 	int *part;       /* [root index * p + k]: NAME.ppK, or -1 */
-	uint64_t tmask;  /* the stages that read a tied parameter (all: unknown) */
-	int ntied;       /* how many they are */
 } Cut;
 
 /* Element offset of v in its root (a chain of views). */
@@ -120,42 +113,6 @@ static void find_ranges(Cut *c, const Value *flat)
 	free(hi);
 }
 
-/* The stages whose blocks' forward, backward and eval nodes read a tied
- * parameter or touch its gradient; every stage when some node is outside
- * every block (stages_param_stage's rule) or a tied one has no reader. */
-static void tied_stages(Cut *c)
-{
-	Graph *g = c->g;
-	uint64_t all = c->p >= 64 ? ~0ull : (1ull << c->p) - 1, mask = 0;
-	for (int v = 0; v < g->nvalues && mask != all; v++) {
-		const Value *pv = g->values[v];
-		if (pv->kind != DP_T_PARAM || pv->grad < 0 || stages_param_stage(g, v) >= 0)
-			continue;
-		uint64_t own = 0;
-		for (int i = 0; i < g->nnodes && mask != all; i++) {
-			const Node *n = g->nodes[i];
-			if (!(n->progs & (IR_IN_STEP | IR_IN_EVAL)) ||
-			    (n->phase != PH_FWD && n->phase != PH_BWD && n->phase != PH_EVAL))
-				continue;
-			for (int k = -1; k < n->nin; k++) {
-				int x = k < 0 ? n->out : n->in[k];
-				if (x < 0 || (x != v && x != pv->grad))
-					continue;
-				int st = n->block >= 0 && n->block < g->nblocks ? g->blocks[n->block].stage : -1;
-				if (st < 0 || st >= c->p)
-					mask = all;
-				else
-					own |= 1ull << st;
-			}
-		}
-		mask |= own ? own : all;
-	}
-	c->tmask = mask ? mask : all;
-	c->ntied = 0;
-	for (int k = 0; k < c->p; k++)
-		c->ntied += (int)((c->tmask >> k) & 1);
-}
-
 /* The flat buffers (every one as long as flat.params: the params, grads,
  * the 16-bit copy, the optimizer state) and their parts per stage. */
 static void make_parts(Cut *c)
@@ -208,11 +165,11 @@ static void move_views(Cut *c)
 
 /* The stage whose part node n touches through views (-1: none, only tied
  * ranges); whether it names a flat buffer itself (*whole). */
-static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
+static int node_part(const Cut *c, const Node *n, int *whole)
 {
 	const Graph *g = c->g;
 	int stage = -1;
-	*whole = *tied = 0;
+	*whole = 0;
 	for (int k = -1; k < n->nin; k++) {
 		int v = k < 0 ? n->out : n->in[k];
 		if (v < 0)
@@ -222,7 +179,6 @@ static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
 			continue;
 		}
 		const Value *root = ir_root(g, g->values[v]);
-		*tied |= root_index(c, root->id) >= 0;
 		for (int r = 0; r < c->nroots * c->p; r++)
 			if (c->part[r] == root->id) {
 				int s = r % c->p;
@@ -235,19 +191,17 @@ static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
 	return stage;
 }
 
-/* A copy of node n on stage k: over stage k's parts (parts), or over
- * what n touches, out replaced by `out` when that is >= 0. */
-static Node *copy_for_stage(Cut *c, const Node *n, int k, int parts, int out)
+/* A copy of node n over stage k's parts, on stage k. */
+static Node *copy_for_stage(Cut *c, const Node *n, int k)
 {
 	int in[DP_MAX_IN];
 	for (int j = 0; j < n->nin; j++) {
-		int r = n->in[j] >= 0 && parts ? root_index(c, n->in[j]) : -1;
+		int r = n->in[j] >= 0 ? root_index(c, n->in[j]) : -1;
 		in[j] = r >= 0 ? c->part[r * c->p + k] : n->in[j];
 	}
-	int r = n->out >= 0 && parts ? root_index(c, n->out) : -1;
-	if (out < 0)
-		out = r >= 0 ? c->part[r * c->p + k] : n->out;
-	Node *x = ir_node(c->g, n->op, out, n->nin, in, n->phase, n->loc);
+	int r = n->out >= 0 ? root_index(c, n->out) : -1;
+	Node *x = ir_node(c->g, n->op, r >= 0 ? c->part[r * c->p + k] : n->out, n->nin, in, n->phase,
+			  n->loc);
 	memcpy(x->ia, n->ia, sizeof x->ia);
 	memcpy(x->fa, n->fa, sizeof x->fa);
 	x->progs = n->progs;
@@ -272,7 +226,6 @@ int stage_params_run(Graph *g, Diag *d)
 	c.n = ir_alloc(g, (size_t)(c.p + 1) * sizeof(int64_t));
 	memset(c.n, 0, (size_t)(c.p + 1) * sizeof(int64_t));
 	find_ranges(&c, flat);
-	tied_stages(&c);
 	make_parts(&c);
 	move_views(&c);
 
@@ -289,7 +242,7 @@ int stage_params_run(Graph *g, Diag *d)
 		die("out of memory");
 	for (int i = 0; i < n0; i++) {
 		Node *n = old[i];
-		int whole, tied, s = node_part(&c, n, &whole, &tied);
+		int whole, s = node_part(&c, n, &whole);
 		float w = 0; /* a SQNORM's weight, 0 meaning 1 */
 		if (n->op == DP_OP_SQNORM) {
 			if (first_sq < 0)
@@ -297,58 +250,25 @@ int stage_params_run(Graph *g, Diag *d)
 			last_sq = i;
 			DP_ATTR(n, SQNORM, acc) = 1;
 			w = DP_FATTR(n, SQNORM, weight);
-			/* a tied range is whole on each stage that keeps it: each
-			 * adds its share */
+			/* a tied range is whole on every stage: each adds its share */
 			if (s < 0)
-				DP_FATTR(n, SQNORM, weight) = (w != 0 ? w : 1.0f) / (float)c.ntied;
+				DP_FATTR(n, SQNORM, weight) = (w != 0 ? w : 1.0f) / (float)c.p;
 		}
-		if (whole && s >= 0)
-			die("stage_params: node %d (%s) touches a whole flat buffer and a stage's part",
-			    n->id, dp_op_names[n->op]);
-		after[i] = malloc((2 * (size_t)c.p + 1) * sizeof **after);
-		if (!after[i])
-			die("out of memory");
 		if (whole) {
+			if (s >= 0)
+				die("stage_params: node %d (%s) touches a whole flat buffer and a stage's part",
+				    n->id, dp_op_names[n->op]);
+			after[i] = malloc((size_t)c.p * sizeof **after);
+			if (!after[i])
+				die("out of memory");
 			for (int k = 0; k < c.p; k++)
 				if (c.n[1 + k]) {
-					Node *x = copy_for_stage(&c, n, k, 1, -1);
+					Node *x = copy_for_stage(&c, n, k);
 					if (x->op == DP_OP_SQNORM)
 						DP_FATTR(x, SQNORM, weight) = w;
 					after[i][nafter[i]++] = x;
 				}
 			drop[i] = !c.n[0];
-		}
-		if (s < 0 && n->stage < 0 && (tied || (whole && c.n[0])) && c.ntied < c.p) {
-			/* the tied range: on the stages that read it */
-			if (n->op == DP_OP_SAVE) {
-				int first = 0;
-				while (!((c.tmask >> first) & 1))
-					first++;
-				n->stage = first;
-				continue;
-			}
-			drop[i] = 1;
-			for (int k = 0; k < c.p; k++) {
-				if ((c.tmask >> k) & 1) {
-					after[i][nafter[i]++] = copy_for_stage(&c, n, k, 0, -1);
-					continue;
-				}
-				if (!dp_is_collective(n->op) || !(DP_AXES(n) & PPBIT))
-					continue;
-				/* a stage without it takes part in its sum over pp with zeros */
-				const Value *o = g->values[n->out];
-				Value *z = ir_value(g, ir_fresh_name(g, ir_fmt(g, "%s.zeros.pp%d", o->name, k)),
-						    o->dtype, o->ndim, o->dims, DP_T_ACT, o->loc);
-				memcpy(z->place, o->place, sizeof z->place);
-				Node *f = ir_node(g, DP_OP_FILL, z->id, 0, NULL, PH_OPT, n->loc);
-				DP_FATTR(f, FILL, value) = 0;
-				f->progs = n->progs, f->flags = n->flags, f->stage = k;
-				z->def = f->id;
-				after[i][nafter[i]++] = f;
-				Node *x = copy_for_stage(&c, n, k, 0, z->id);
-				x->bucket = -1; /* no bucket's view: nothing of it is kept here */
-				after[i][nafter[i]++] = x;
-			}
 		} else if (s >= 0) {
 			if (n->stage >= 0 && n->stage != s)
 				die("stage_params: node %d (%s) on stage %d touches stage %d's parameters",
@@ -380,6 +300,16 @@ int stage_params_run(Graph *g, Diag *d)
 	} else {
 		Node *ar = shard_comm_node(g, DP_OP_ALL_REDUCE, sq, 0, NULL, PPBIT,
 					   old[last_sq]->flags, old[last_sq]->progs, -1);
+		if (!after[last_sq]) {
+			after[last_sq] = malloc(sizeof **after);
+			if (!after[last_sq])
+				die("out of memory");
+		} else {
+			Node **grown = realloc(after[last_sq], ((size_t)c.p + 1) * sizeof **after);
+			if (!grown)
+				die("out of memory");
+			after[last_sq] = grown;
+		}
 		after[last_sq][nafter[last_sq]++] = ar;
 	}
 	int total = g->nnodes, k = 0;

@@ -249,14 +249,14 @@ static int category(const Graph *g, const Value *v)
 /* The persistent bytes a rank of stage s holds (s = -1: pp = 1, or the
  * ranks of every stage: the roots of every rank only), by category, in
  * the device arena (bytes) and the host arena (host). */
-static void held_bytes(const Graph *g, const uint64_t *stage, int s, double *bytes, double *host)
+static void held_bytes(const Graph *g, const int *stage, int s, double *bytes, double *host)
 {
 	for (int c = 0; c < M_NCAT; c++)
 		bytes[c] = host[c] = 0;
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0 &&
-		    (!stage[i] || (s >= 0 && ((stage[i] >> s) & 1))))
+		    (stage[i] < 0 || stage[i] == s))
 			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
 }
@@ -264,14 +264,14 @@ static void held_bytes(const Graph *g, const uint64_t *stage, int s, double *byt
 /* The stage whose own persistent roots are the largest (they set the
  * arena), or -1 when no stage has any (pp = 1, or every stage keeps every
  * parameter). */
-static int largest_stage(const Graph *g, const uint64_t *stage)
+static int largest_stage(const Graph *g, const int *stage)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], best = -1;
 	double most = 0;
-	for (int s = 0; s < p && s < 64; s++) {
+	for (int s = 0; s < p; s++) {
 		double sum = 0;
 		for (int i = 0; i < g->nvalues; i++)
-			if (((stage[i] >> s) & 1) && g->values[i]->view_of < 0)
+			if (stage[i] == s && g->values[i]->view_of < 0)
 				sum += (double)g->values[i]->nbytes;
 		if (sum > most)
 			most = sum, best = s;
@@ -285,7 +285,7 @@ static void print_memory(FILE *out, const Graph *g)
 						  "gradients", "optimizer state", "compression state",
 						  "data", "metrics"};
 	double bytes[M_NCAT], host[M_NCAT];
-	uint64_t *stage = mem_persistent_stages(g);
+	int *stage = mem_persistent_stages(g);
 	held_bytes(g, stage, largest_stage(g, stage), bytes, host);
 	free(stage);
 	char c1[64];
@@ -402,7 +402,7 @@ static void print_pipeline(FILE *out, const Graph *g)
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
 		"whole tensors, before dp sharding\n",
 		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
-	uint64_t *own = mem_persistent_stages(g);
+	int *own = mem_persistent_stages(g);
 	int split = largest_stage(g, own) >= 0;
 	for (int s = 0; s < p; s++) {
 		const StageCost *c = &sc[s];
@@ -452,8 +452,8 @@ static void print_pipeline(FILE *out, const Graph *g)
 	for (int s = 0; s < p; s++)
 		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
 			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
-	fprintf(out, split ? "; each stage keeps its own parameters, a tied one on the stages that "
-			     "read it, summed over pp\n"
+	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on every stage "
+			     "summed over pp\n"
 			   : "; every stage keeps every parameter, gradients summed over pp\n");
 	free(peak);
 	free(sc);
