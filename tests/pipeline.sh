@@ -274,6 +274,14 @@ if case_on resume; then
 		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
 			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
 	}
+	bitwise() { # bitwise WHAT A B [A B]...: ok when each pair of files is equal
+		local what=$1; shift
+		while [ $# -ge 2 ]; do
+			cmp -s "$1" "$2" || { fail "$what"; return; }
+			shift 2
+		done
+		ok "$what"
+	}
 	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
 	for form in full sharded; do
 		REPRO="dpexec gpt2-tiny pp=2 --steps 10 --save-form $form, then --resume to 20"
@@ -296,12 +304,8 @@ if case_on resume; then
 		--save-full "$T/one-10.st" &&
 	run at1 1 "$T/g1.bin" --steps 10 --resume "$T/ck-full/step-000010" --save-full "$T/at1.st" &&
 	run at2 2 "$T/gpp.bin" --steps 10 --resume "$T/ck-one/step-000010" --save-full "$T/at2.st"
-	what="the pp=2 full checkpoint loads at pp=1, the 1-rank one at pp=2: parameters bit for bit"
-	if cmp -s "$T/at1.st" "$T/pp2-10-full.st" && cmp -s "$T/at2.st" "$T/one-10.st"; then
-		ok "$what"
-	else
-		fail "$what"
-	fi
+	bitwise "the pp=2 full checkpoint loads at pp=1, the 1-rank one at pp=2: parameters bit for bit" \
+		"$T/at1.st" "$T/pp2-10-full.st" "$T/at2.st" "$T/one-10.st"
 	# full_shard blocks in the stages (4 ranks: pp=2 x dp_shard=2), a sharded
 	# checkpoint: each rank's slices of its stage's blocks
 	REPRO="dpexec gpt2-tiny full_shard at pp=2 x dp_shard=2 --steps 10 --save-form sharded, then --resume to 20"
@@ -309,12 +313,8 @@ if case_on resume; then
 	run fs-straight 4 "$T/gfs.bin" --steps 20 --losses "$T/fs-straight.loss" --save-full "$T/fs-straight.st" &&
 		run fs-a 4 "$T/gfs.bin" --steps 10 --losses "$T/fs.loss" --save-dir "$T/ck-fs" --save-form sharded &&
 		run fs-b 4 "$T/gfs.bin" --steps 20 --losses "$T/fs.loss" --resume "$T/ck-fs" --save-full "$T/fs.st"
-	what="full_shard at pp=2 x dp_shard=2, sharded checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit"
-	if cmp -s "$T/fs.loss" "$T/fs-straight.loss" && cmp -s "$T/fs.st" "$T/fs-straight.st"; then
-		ok "$what"
-	else
-		fail "$what"
-	fi
+	bitwise "full_shard at pp=2 x dp_shard=2, sharded checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit" \
+		"$T/fs.loss" "$T/fs-straight.loss" "$T/fs.st" "$T/fs-straight.st"
 	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
 	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
 	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps
