@@ -645,10 +645,10 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	}
 	int stage = dp_instr_stage(in);
 	if (stage >= (int)s->cfg.mesh[DP_AXIS_PP] ||
-	    (stage >= 0 && p != DP_PROG_STEP && p != DP_PROG_EVAL)) {
+	    (stage >= 0 && p == DP_PROG_SAMPLE)) {
 		fail(err, errlen, "%s: stage %d of a mesh with pp=%u%s", what, stage,
 		     s->cfg.mesh[DP_AXIS_PP], stage < (int)s->cfg.mesh[DP_AXIS_PP] ?
-		     " outside the step and eval programs" : "");
+		     " in the sample program" : "");
 		return -1;
 	}
 	for (int k = 0; k < DP_MAX_IN; k++)

@@ -37,8 +37,9 @@
  *    the root.
  *  - events: each EVENT_WAIT follows an EVENT_RECORD of the same event on
  *    another stream, in the same program.
- *  - pipeline stages (pp > 1): a node's stage in range, only in the step
- *    and eval programs; a send or recv on a stage with a neighbouring peer
+ *  - pipeline stages (pp > 1): a node's stage in range, in any program but
+ *    the sample one (INIT and EXPORT: a stage's own parameters,
+ *    passes/stage_params.c); a send or recv on a stage with a neighbouring peer
  *    over axes=pp; and each program's transfers run to the end when every
  *    stage runs its own in order, each send waiting for its recv and a
  *    collective over pp for every stage: a send meets the recv of its tag
@@ -354,8 +355,8 @@ static void check_node(Verifier *vf, const Node *n)
 	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
 	int pp = (int)g->cfg.mesh[DP_AXIS_PP];
-	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & ~(IR_IN_STEP | IR_IN_EVAL))))
-		node_error(vf, n, "stage %d: stages are 0 to %d, in the step and eval programs", n->stage,
+	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & IR_IN_SAMPLE)))
+		node_error(vf, n, "stage %d: stages are 0 to %d, outside the sample program", n->stage,
 			   pp - 1);
 	if ((n->op == DP_OP_SEND || n->op == DP_OP_RECV) &&
 	    (n->stage < 0 || (DP_PEER(n) != n->stage - 1 && DP_PEER(n) != n->stage + 1) ||

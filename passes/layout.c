@@ -37,7 +37,13 @@
  * whose params are in two groups is two units ("h.0" and "h.0.g1": the
  * group's number), and zero1/zero2 keep an open bucket per group. Uncut
  * (ddp) units mix groups: each rank holds them whole.
- * Units are ordered by the completion of their last gradient.
+ * Units are ordered by the completion of their last gradient; when each
+ * pipeline stage keeps only its own parameters (stages_split_params), a
+ * bucket also ends where the stage that keeps its parameters changes
+ * (stages_param_stage: a tied parameter's is every stage's) and the units
+ * are then ordered by that stage, every stage's (tied) first, so each
+ * stage's part of every flat buffer is one range, which the update's group
+ * runs do not cross either (passes/stage_params.c cuts the buffers there).
  *
  * After, when every unit is ddp (uncut): params and grads are views of
  * flat.params / flat.grads at equal offsets, unit after unit in that order
@@ -176,6 +182,7 @@ static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int 
 	int own = block >= 0 ? g->blocks[block].reshard : -1;
 	u->reshard = u->gathered && (own >= 0 ? own : g->reshard_after_forward);
 	u->first = u->last = -1;
+	u->stage = -1;
 	u->foff = u->goff = -1;
 	u->full_p = u->full_g = u->shard_p = u->shard_g = -1;
 	u->gather = u->gather_bwd = u->rs = -1;
@@ -201,10 +208,10 @@ static void unit_add(Graph *g, Unit *u, int p)
 /* Does a bucket end between parameters a and b (completion order)? See
  * "Units" above. coll[i] counts the collectives among the first i nodes. */
 static int bucket_ends(const Graph *g, const ShardPlan *pl, const int *last, const int *coll,
-		       int a, int b)
+		       const int *stage, int a, int b)
 {
 	int la = last[g->values[a]->grad], lb = last[g->values[b]->grad];
-	if ((la >= 0) != (lb >= 0))
+	if ((la >= 0) != (lb >= 0) || stage[a] != stage[b])
 		return 1;
 	if (pl->sharded)
 		return (shard_tp_dim(g, g->values[a]) >= 0) != (shard_tp_dim(g, g->values[b]) >= 0) ||
@@ -223,6 +230,11 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 	int64_t limit = (int64_t)((double)g->bucket_mb * 1024.0 * 1024.0);
 	/* the open bucket of each optimizer group (uncut buckets: all in [0]) */
 	Unit **open = ir_alloc(g, (size_t)pl->ngroups * sizeof(Unit *));
+	/* per param: the pipeline stage that keeps it when each keeps its own */
+	int *stage = ir_alloc(g, (size_t)(g->nvalues ? g->nvalues : 1) * sizeof(int));
+	int split = stages_split_params(g);
+	for (int i = 0; i < np; i++)
+		stage[ps[i]] = split ? stages_param_stage(g, ps[i]) : -1;
 	for (int i = 0; i < np; i++) {
 		const Value *p = g->values[ps[i]];
 		int tp = pl->sharded && shard_tp_dim(g, p) >= 0;
@@ -245,10 +257,11 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 		Unit *bk = open[group];
 		int64_t bytes = ((bk ? bk->elems : 0) + ir_numel(p)) * (int64_t)ir_dtype_size(p->dtype);
 		if (!bk || bytes > limit || strat != bk->strat ||
-		    bucket_ends(g, pl, last, coll, bk->params[bk->nparams - 1], ps[i]))
+		    bucket_ends(g, pl, last, coll, stage, bk->params[bk->nparams - 1], ps[i]))
 			bk = open[group] = new_unit(g, pl, ir_fmt(g, "bucket%d", pl->nu), p->block, tp,
 						    strat, 0);
 		bk->group = group;
+		bk->stage = stage[ps[i]];
 		if (bk->block != p->block)
 			bk->block = -1;
 		unit_add(g, bk, ps[i]);
@@ -260,6 +273,18 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 		Unit t = pl->u[i];
 		int kt = t.last < 0 ? INT32_MAX : t.last, j = i;
 		while (j > 0 && (pl->u[j - 1].last < 0 ? INT32_MAX : pl->u[j - 1].last) > kt) {
+			pl->u[j] = pl->u[j - 1];
+			j--;
+		}
+		pl->u[j] = t;
+	}
+	/* each stage keeping its own: the units of every stage (the tied ones)
+	 * first, then stage by stage, so that each stage's part of every flat
+	 * buffer is one range (passes/stage_params.c cuts them there) */
+	for (int i = 1; split && i < pl->nu; i++) {
+		Unit t = pl->u[i];
+		int j = i;
+		while (j > 0 && pl->u[j - 1].stage > t.stage) {
 			pl->u[j] = pl->u[j - 1];
 			j--;
 		}
@@ -554,19 +579,21 @@ static void attach_copy(Graph *g, const ShardPlan *pl)
 /* A range of the update's buffers and the optimizer group it updates with. */
 typedef struct {
 	int64_t off, n;
-	int group;
+	int group, stage;
 } GroupRange;
 
-static int push_range(Graph *g, GroupRange **r, int n, int64_t off, int64_t len, int group)
+static int push_range(Graph *g, GroupRange **r, int n, int64_t off, int64_t len, int group,
+		      int stage)
 {
-	if (n > 0 && (*r)[n - 1].group == group && (*r)[n - 1].off + (*r)[n - 1].n == off) {
+	if (n > 0 && (*r)[n - 1].group == group && (*r)[n - 1].stage == stage &&
+	    (*r)[n - 1].off + (*r)[n - 1].n == off) {
 		(*r)[n - 1].n += len;
 		return n;
 	}
 	GroupRange *grown = ir_alloc(g, (size_t)(n + 1) * sizeof *grown);
 	if (n)
 		memcpy(grown, *r, (size_t)n * sizeof *grown);
-	grown[n] = (GroupRange){off, len, group};
+	grown[n] = (GroupRange){off, len, group, stage};
 	*r = grown;
 	return n + 1;
 }
@@ -583,14 +610,14 @@ static int group_ranges(Graph *g, const ShardPlan *pl, GroupRange **r)
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
 		if (pl->sharded && u->cut) {
-			n = push_range(g, r, n, u->loff, u->chunk, u->group);
+			n = push_range(g, r, n, u->loff, u->chunk, u->group, u->stage);
 			continue;
 		}
 		if (pl->sharded)
 			off = u->loff;
 		for (int i = 0; i < u->nparams; i++) {
 			int64_t len = ir_numel(g->values[u->params[i]]);
-			n = push_range(g, r, n, off, len, pl->group_of[u->params[i]]);
+			n = push_range(g, r, n, off, len, pl->group_of[u->params[i]], u->stage);
 			off += len;
 		}
 	}

@@ -8,7 +8,11 @@
  * After:
  * - Persistent values get their own ranges, first, in this order: flat
  *   buffers (flat.params, then flat.grads: value order), non-view params and
- *   grads, optimizer state, data, metrics, buffers. Those in host memory
+ *   grads, optimizer state, data, metrics, buffers. A parameter, gradient,
+ *   flat or optimizer-state root that only one pipeline stage's nodes touch
+ *   (pp > 1: passes/stage_params.c's parts) comes after those, in the same
+ *   order, every stage's from the same offset (never on one rank): the
+ *   persistent part is the rest plus the largest stage's. Those in host memory
  *   (passes/offload.c) get theirs in the same order in the host arena
  *   (cfg.host_arena_bytes; 0 when nothing is offloaded); temporaries are
  *   never there. A view gets its root's offset + view_offset * element
@@ -293,16 +297,51 @@ static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
 	return temps;
 }
 
+/* Per value: the one pipeline stage whose nodes touch the persistent
+ * parameter, gradient, flat or optimizer-state root (passes/stage_params.c's
+ * parts), else -1 (every rank: touched by a node of every rank or of two
+ * stages, by none, or another kind). */
+int *mem_persistent_stages(const Graph *g)
+{
+	int *stage = malloc(((size_t)g->nvalues + 1) * sizeof *stage);
+	if (!stage)
+		die("out of memory");
+	for (int v = 0; v < g->nvalues; v++)
+		stage[v] = -2; /* untouched so far */
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		for (int k = -1; k < n->nin; k++) {
+			int v = k < 0 ? n->out : n->in[k];
+			if (v < 0)
+				continue;
+			int r = ir_root(g, g->values[v])->id;
+			stage[r] = stage[r] == -2 || stage[r] == n->stage ? n->stage : -1;
+		}
+	}
+	for (int v = 0; v < g->nvalues; v++) {
+		int rank = persistent_rank(g->values[v]);
+		if (stage[v] < 0 || rank < 0 || rank > 3)
+			stage[v] = -1;
+	}
+	return stage;
+}
+
 int mem_run(Graph *g, Diag *d)
 {
 	(void)d;
-	int nv = g->nvalues;
+	int nv = g->nvalues, p = (int)g->cfg.mesh[DP_AXIS_PP];
 	int64_t off = 0, host = 0;
-	/* Persistent roots, by rank then value id; host ones in the host arena. */
+	int *stage = mem_persistent_stages(g);
+	int64_t *at_stage = calloc((size_t)p + 1, sizeof *at_stage);
+	if (!at_stage)
+		die("out of memory");
+	/* Persistent roots, by rank then value id; host ones in the host arena;
+	 * then those of one pipeline stage, each stage's from the same offset:
+	 * never on one rank */
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
-			if (v->view_of < 0 && persistent_rank(v) == rank) {
+			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] < 0) {
 				int64_t *at = v->space == DP_SPACE_HOST ? &host : &off;
 				v->offset = *at;
 				v->nbytes = align_up(value_bytes(v));
@@ -311,6 +350,24 @@ int mem_run(Graph *g, Diag *d)
 				die("memplan: %%%s is a temporary in host memory", v->name);
 			}
 		}
+	int64_t staged = 0;
+	for (int rank = 0; rank <= 6; rank++)
+		for (int i = 0; i < nv; i++) {
+			Value *v = g->values[i];
+			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] >= 0) {
+				if (stage[i] >= p || v->space == DP_SPACE_HOST)
+					die("memplan: %%%s of stage %d at pp=%d in the %s arena", v->name,
+					    stage[i], p, v->space == DP_SPACE_HOST ? "host" : "device");
+				v->offset = off + at_stage[stage[i]];
+				v->nbytes = align_up(value_bytes(v));
+				at_stage[stage[i]] += v->nbytes;
+				if (at_stage[stage[i]] > staged)
+					staged = at_stage[stage[i]];
+			}
+		}
+	off += staged;
+	free(stage);
+	free(at_stage);
 	g->persistent_bytes = off;
 	g->cfg.host_arena_bytes = (uint64_t)host;
 

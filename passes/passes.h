@@ -56,6 +56,7 @@ int lossscale_run(Graph *g, Diag *d); /* passes/lossscale.c: fp16's loss scaling
 int compress_run(Graph *g, Diag *d);  /* passes/compress.c: PowerSGD gradient compression */
 int p2p_run(Graph *g, Diag *d);       /* passes/p2p.c: the stages' nodes and their sends/recvs */
 int unroll_run(Graph *g, Diag *d);    /* passes/unroll.c: micro-batches in the schedule's order */
+int stage_params_run(Graph *g, Diag *d); /* passes/stage_params.c: each stage's own parameters */
 int offload_run(Graph *g, Diag *d);  /* passes/offload.c: optimizer state and step on the host */
 int sched_run(Graph *g, Diag *d);     /* passes/schedule.c: streams, events, order */
 int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEMM */
@@ -84,6 +85,15 @@ int stages_account(const Graph *g, StageCost *sc);
 /* How many copies of a micro-batch's work the step program holds: grad_accum
  * once passes/unroll.c has run at pp > 1, else 1. */
 int stages_micro_copies(const Graph *g);
+/* Does each pipeline stage keep only its own parameters (passes/stage_params.c)?
+ * pp = 2 with every trained parameter in an uncut (ddp) unit, no offload and
+ * no compression; otherwise every stage keeps every parameter. */
+int stages_split_params(const Graph *g);
+/* The one stage whose forward, backward and eval nodes read parameter p and
+ * touch its gradient (by their blocks' stages), or -1: several stages (a tied
+ * parameter), a node outside every block, or none. The layout pass lays the
+ * flat buffers out by it and passes/stage_params.c cuts them by it. */
+int stages_param_stage(const Graph *g, int p);
 /* Is n weight-gradient work (it writes a gradient: zero_bubble's W)? */
 int stages_wgrad(const Graph *g, const Node *n);
 /* One slot of a stage's schedule: the forward (F), backward (B; under
@@ -113,6 +123,9 @@ void stages_print_schedule(FILE *out, const Graph *g, int width);
  * returns their total (<= the arena's temporaries region, which also holds
  * fragmentation). */
 enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
+/* passes/memplan.c: per value, the pipeline stage whose own persistent root it
+ * is (memplan gives every stage's the same bytes), else -1; malloc'd. */
+int *mem_persistent_stages(const Graph *g);
 int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank);

@@ -73,6 +73,9 @@ typedef struct {
 	int group;         /* the optimizer group of its params (ShardPlan.group_of) when it
 	                      is cut: a cut unit never mixes groups, so every rank's chunk
 	                      of it updates with one group's hyperparameters; 0 when uncut */
+	int stage;         /* the pipeline stage that keeps its params when each stage keeps
+	                      its own (stages_split_params; a unit never mixes stages), -1:
+	                      every stage (a tied parameter's unit; every unit otherwise) */
 	int tp;            /* its params are split over tp (tp > 1): a unit of a sharded
 	                      graph never mixes split and replicated params, so the
 	                      gradient norm can weight its shard as a whole */

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes.h"
+#include "shard.h"
 
 static double node_flops(const Graph *g, const Node *n)
 {
@@ -203,6 +203,43 @@ int stages_wgrad(const Graph *g, const Node *n)
 {
 	return n->phase == PH_BWD && n->out >= 0 && n->out < g->nvalues &&
 	       g->values[n->out]->kind == DP_T_GRAD;
+}
+
+int stages_param_stage(const Graph *g, int p)
+{
+	const Value *pv = g->values[p];
+	int stage = -2; /* -2: no user yet */
+	for (int i = 0; i < g->nnodes && stage != -1; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & (IR_IN_STEP | IR_IN_EVAL)) ||
+		    (n->phase != PH_FWD && n->phase != PH_BWD && n->phase != PH_EVAL))
+			continue;
+		for (int k = -1; k < n->nin && stage != -1; k++) {
+			int v = k < 0 ? n->out : n->in[k];
+			if (v < 0 || (v != p && v != pv->grad))
+				continue;
+			int s = n->block >= 0 && n->block < g->nblocks ? g->blocks[n->block].stage : -1;
+			stage = stage == -2 || stage == s ? s : -1;
+		}
+	}
+	return stage < 0 ? -1 : stage;
+}
+
+int stages_split_params(const Graph *g)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	/* pp = 2 only for now: at pp = 4 the emulated CUDA backend's step
+	 * diverges from the CPU's when clipping (the norm's all_reduce over pp
+	 * shares the transfers' communicator, whose calls differ by stage) */
+	if (p != 2 || g->offload || g->cfg.compress != DP_COMPRESS_NONE)
+		return 0;
+	for (int v = 0; v < g->nvalues; v++) {
+		const Value *pv = g->values[v];
+		if (pv->kind == DP_T_PARAM && pv->grad >= 0 &&
+		    shard_strategies[ir_block_strategy(g, pv->block)].cut)
+			return 0;
+	}
+	return 1;
 }
 
 int stages_micro_copies(const Graph *g)

@@ -19,7 +19,10 @@
  * (passes/memplan.c's lifetimes), split into activations, gathered
  * parameters (full_shard's all_gather buffers) and unsharded gradients
  * (reduce_scatter inputs); the region exceeds the live peak by whatever
- * fragmentation the placement left.
+ * fragmentation the placement left. At pp > 1 with each stage keeping its
+ * own parameters (passes/stage_params.c) the persistent rows are the largest
+ * stage's (the one that sets the arena), and the pipeline section prints
+ * under each stage what its ranks hold (`held:`).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -249,16 +252,46 @@ static const char *const memory_names[M_NCAT] = {"parameters", "parameters, 16-b
 						  "gradients", "optimizer state", "compression state",
 						  "data", "metrics"};
 
-/* The persistent bytes of each arena by what they hold. */
-static void memory_rows(const Graph *g, double bytes[M_NCAT], double host[M_NCAT])
+/* The persistent bytes a rank of stage s holds (s = -1: pp = 1, or the
+ * ranks of every stage: the roots of every rank only), by category, in
+ * the device arena (bytes) and the host arena (host). */
+static void held_bytes(const Graph *g, const int *stage, int s, double *bytes, double *host)
 {
 	for (int c = 0; c < M_NCAT; c++)
 		bytes[c] = host[c] = 0;
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
-		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0)
+		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0 &&
+		    (stage[i] < 0 || stage[i] == s))
 			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
+}
+
+/* The stage whose own persistent roots are the largest (they set the
+ * arena), or -1 when no stage has any (pp = 1, or every stage keeps every
+ * parameter). */
+static int largest_stage(const Graph *g, const int *stage)
+{
+	int p = (int)g->cfg.mesh[DP_AXIS_PP], best = -1;
+	double most = 0;
+	for (int s = 0; s < p; s++) {
+		double sum = 0;
+		for (int i = 0; i < g->nvalues; i++)
+			if (stage[i] == s && g->values[i]->view_of < 0)
+				sum += (double)g->values[i]->nbytes;
+		if (sum > most)
+			most = sum, best = s;
+	}
+	return best;
+}
+
+/* The persistent bytes of each arena by what they hold, on a rank of the
+ * largest stage. */
+static void memory_rows(const Graph *g, double bytes[M_NCAT], double host[M_NCAT])
+{
+	int *stage = mem_persistent_stages(g);
+	held_bytes(g, stage, largest_stage(g, stage), bytes, host);
+	free(stage);
 }
 
 /* --device-memory: does one rank's device arena (peak_bytes: the largest
@@ -393,6 +426,8 @@ static void print_pipeline(FILE *out, const Graph *g)
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
 		"whole tensors, before dp sharding\n",
 		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
+	int *own = mem_persistent_stages(g);
+	int split = largest_stage(g, own) >= 0;
 	for (int s = 0; s < p; s++) {
 		const StageCost *c = &sc[s];
 		int fly = gpipe ? m : (p - s < m ? p - s : m);
@@ -407,7 +442,22 @@ static void print_pipeline(FILE *out, const Graph *g)
 			(long long)c->act_bytes, fly, (long long)c->act_bytes * fly,
 			stats_human_bytes(h2, sizeof h2, (double)c->act_bytes * fly), (long long)c->send_bytes,
 			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
+		if (!split)
+			continue;
+		/* what its ranks hold (passes/stage_params.c): its own and the tied */
+		double held[M_NCAT], host[M_NCAT];
+		held_bytes(g, own, s, held, host);
+		double all = 0;
+		for (int c = 0; c < M_NCAT; c++)
+			all += held[c] + host[c];
+		fprintf(out, "  held: params %.0f B (%s), grads %.0f B, optimizer state %.0f B (%s); "
+			"persistent in all %.0f B (%s), beside its temporaries (compiled: below)\n",
+			held[M_PARAMS] + held[M_COPIES],
+			stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
+			held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
+			stats_human_bytes(h3, sizeof h3, all));
 	}
+	free(own);
 	double bubble = 0;
 	double span = stages_simulate(sc, p, m, g->pipeline, &bubble, NULL);
 	/* zero_bubble's closed form: ZB-H1's (p-1)(F+B-W) idle per stage, F = B = W */
@@ -426,7 +476,9 @@ static void print_pipeline(FILE *out, const Graph *g)
 	for (int s = 0; s < p; s++)
 		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
 			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
-	fprintf(out, "; every stage keeps every parameter, gradients summed over pp\n");
+	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on every stage "
+			     "summed over pp\n"
+			   : "; every stage keeps every parameter, gradients summed over pp\n");
 	free(peak);
 	free(sc);
 }
@@ -452,9 +504,10 @@ void stats_print(FILE *out, const Graph *g, int64_t budget)
 			ir_dtype_name((DpDtype)g->buffer_dtype));
 	fprintf(out, "\n");
 	fprintf(out, "per rank, per optimizer step\n");
-	if (g->cfg.mesh[DP_AXIS_PP] > 1) /* every stage keeps every parameter so far */
-		fprintf(out, "(pp=%u: the tables are the whole model's, uncut; the pipeline section "
-			"below splits it by stage)\n", g->cfg.mesh[DP_AXIS_PP]);
+	if (g->cfg.mesh[DP_AXIS_PP] > 1)
+		fprintf(out, "(pp=%u: the collectives and FLOPs are the whole model's, uncut, the "
+			"memory the largest stage's; the pipeline section below splits them by stage)\n",
+			g->cfg.mesh[DP_AXIS_PP]);
 	fprintf(out, "\n");
 	print_collectives(out, g, accum);
 	fprintf(out, "\n");

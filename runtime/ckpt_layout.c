@@ -3,7 +3,8 @@
  * parameter and of its optimizer state, and which rank owns which element
  * when a checkpoint is written (ckpt.h says what a checkpoint is).
  *
- * The init program is read, not run: an interval map over the arena (in
+ * The init program is read, not run (its instructions of this rank's
+ * pipeline stage and of every rank): an interval map over the arena (in
  * f32 elements) records which elements of which whole parameter each arena
  * range holds after it (INIT: a whole parameter; SHARD: this rank's block,
  * row by row along its dim; COPY, and offload's D2H and H2D; anything else:
@@ -291,6 +292,14 @@ static int add_recast(Ckpt *c, const IvalMap *m, uint32_t i, Ival **tmp, int *ca
 	return 0;
 }
 
+/* Does this rank run instruction in: every rank's, or one of its pipeline
+ * stage's (another stage's parameters share its arena bytes: pp > 1,
+ * passes/stage_params.c)? */
+static int ckpt_runs_here(const Ckpt *c, const DpInstr *in)
+{
+	return !in->stage1 || dp_instr_stage(in) == c->x->pp_stage;
+}
+
 /* Read the init program over the arena (see the top of the file). */
 static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 {
@@ -301,6 +310,15 @@ static int trace_init(Ckpt *c, IvalMap *m, RtErr *e)
 		const DpInstr *in = &s->prog[DP_PROG_INIT][i];
 		if (in->out < 0)
 			continue;
+		if (!ckpt_runs_here(c, in)) {
+			/* another stage's parameter: an entry all the same, so that
+			 * every rank numbers the entries alike */
+			int32_t name = in->in[0] >= 0 ? in->in[0] : in->out;
+			if (in->op == DP_OP_INIT && s->tensors[name].kind == DP_T_PARAM &&
+			    entry_of(c, name, e) < 0)
+				rc = -1;
+			continue;
+		}
 		const DpTensor *o = &s->tensors[in->out];
 		int64_t olo = elem_of(s, o), on = exec_numel(o);
 		ntmp = 0;
@@ -415,7 +433,7 @@ static int find_optimizer(Ckpt *c, OptUse **out, int *nout, RtErr *e)
 	c->comp[0] = "";
 	for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++) {
 		const DpInstr *in = &s->prog[DP_PROG_STEP][i];
-		if (in->op != DP_OP_ADAMW && in->op != DP_OP_SGD)
+		if ((in->op != DP_OP_ADAMW && in->op != DP_OP_SGD) || !ckpt_runs_here(c, in))
 			continue;
 		OptUse *o = realloc(*out, (size_t)(n + 1) * sizeof *o);
 		if (!o) {

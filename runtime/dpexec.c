@@ -650,19 +650,70 @@ static int run_init(Run *r)
 	return rc;
 }
 
+/* A pipeline stage's SAVEs run on its ranks only (pp > 1: each stage keeps
+ * its own parameters, passes/stage_params.c): the lowest rank of each stage
+ * but the first hands rank 0 its tensors, SAVE by SAVE (pp outermost: stage
+ * k's lowest rank is k * world / pp). */
+static int gather_stage_saves(Run *r, StSaved *sv, RtErr *e)
+{
+	const DpStep *s = &r->step;
+	int W = r->w.size, per = W / (int)s->cfg.mesh[DP_AXIS_PP], rc = 0;
+	int *counts = calloc((size_t)W, sizeof *counts), *displs = calloc((size_t)W, sizeof *displs);
+	if (!counts || !displs)
+		rc = RT_FAIL(e, "out of memory");
+	for (uint32_t i = 0; rc == 0 && i < s->nprog[DP_PROG_EXPORT]; i++) {
+		const DpInstr *in = &s->prog[DP_PROG_EXPORT][i];
+		int stage = dp_instr_stage(in);
+		if (in->op != DP_OP_SAVE || stage <= 0)
+			continue;
+		int id = in->in[0], from = stage * per;
+		int64_t n = exec_numel(&s->tensors[id]);
+		if (n > INT32_MAX) {
+			rc = RT_FAIL(e, "--save-full: '%s' has more than 2^31 elements",
+				     dpstep_str(s, s->tensors[id].name));
+			break;
+		}
+		float *recv = r->rank == 0 ? malloc((size_t)(n ? n : 1) * sizeof(float)) : NULL;
+		if (r->rank == 0 && !recv) {
+			rc = RT_FAIL(e, "out of memory");
+			break;
+		}
+		counts[from] = (int)n;
+		rc = world_gatherv_f32(&r->w, r->rank == from ? sv->data[id] : NULL,
+				       r->rank == from ? (int)n : 0, recv, counts, displs, e);
+		counts[from] = 0;
+		if (r->rank == 0 && rc == 0) {
+			free(sv->data[id]);
+			sv->data[id] = recv;
+			sv->name[id] = in->in[1] >= 0 ? in->in[1] : in->in[0];
+		} else {
+			free(recv);
+		}
+	}
+	free(counts);
+	free(displs);
+	return rc;
+}
+
 /* --save-full: every rank runs the export program (under sharded strategies
- * it gathers the parameters, a collective); then rank 0 writes the SAVE'd
- * tensors, in tensor-table order, atomically. */
+ * it gathers the parameters, a collective; a pipeline stage's run on its own
+ * ranks, gathered on rank 0 after); then rank 0 writes the SAVE'd tensors,
+ * in tensor-table order, atomically. */
 static int save_full(Run *r)
 {
 	RtErr *e = &r->e;
 	StSaved sv;
-	RT_CHECK(st_saved_init(&sv, &r->step, r->rank == 0, e));
+	int pp = (int)r->step.cfg.mesh[DP_AXIS_PP], per = r->w.size / (pp > 0 ? pp : 1);
+	RT_CHECK(st_saved_init(&sv, &r->step, r->rank == 0 || (pp > 1 && r->rank % per == 0), e));
 	r->x.save_tensor = st_saved_hook;
 	r->x.hook_ctx = &sv;
 	int rc = exec_run(&r->x, DP_PROG_EXPORT, 1, e);
 	r->x.save_tensor = NULL;
 	r->x.hook_ctx = NULL;
+	if (rc == 0 && pp > 1)
+		rc = gather_stage_saves(r, &sv, e);
+	if (r->rank != 0)
+		sv.keep = 0;
 	int n = 0;
 	if (rc == 0 && sv.keep) {
 		rc = st_saved_write(&sv, r->o.save_full, &n, e);

@@ -27,7 +27,7 @@
 #     and again before its backward) and gpt-pp2xfs-zb (zero_bubble, with
 #     reshard_after_forward false: one gather per micro-batch, kept to the
 #     backward; the reduce_scatter in the W slot) against the same model at 2
-#     ranks;
+#     ranks; gpt-pp2xhs (the same blocks hybrid_shard) against gpt-fs;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
 #     gpt-pp2-recompute (gradient_checkpointing) against 1 rank; gpt-pp2-bf16
 #     (precision bf16) against bf16 on 1 rank; gpt-pp2-ga4 (1f1b),
@@ -54,8 +54,14 @@
 #             and its pending send or recv (peer, tag), or its collective (or,
 #             stopped between steps, the step's sync point)
 #   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
-#             bit for bit (full and sharded checkpoints); the pp=2 full
-#             checkpoint resumed at pp=1 (1 rank) matches 20 steps on 1 rank
+#             bit for bit (full and sharded checkpoints); each stage keeping
+#             only its own parameters (passes/stage_params.c), the pp=2 full
+#             checkpoint loaded at 1 rank and a 1-rank one loaded at pp=2 give
+#             the saved parameters bit for bit (--save-full at pp=2 gathers
+#             the stages' on rank 0); full_shard blocks at pp=2 x dp_shard=2:
+#             10 + --resume 10 steps (sharded checkpoint) equal the straight
+#             20 bit for bit; the pp=2 full checkpoint resumed at pp=1
+#             (1 rank) matches 20 steps on 1 rank
 # The cut's errors are tests/errors/pp_*.dp; the passes are
 # tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
@@ -139,6 +145,9 @@ variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipel
 variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/' 's/^  block embed {/&\n    strategy ddp/'
 pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
+# hybrid_shard inside the stages (a replicate group of one beside dp_shard):
+# at dp_replicate=1 the same sums as full_shard's
+variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xhs.dp" 's/^  strategy full_shard/  strategy hybrid_shard/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -154,7 +163,7 @@ need() {
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
 	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-zero2 | gpt-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
-	gpt-pp2xfs | gpt-pp2xfs-zb) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-pp2xfs | gpt-pp2xfs-zb | gpt-pp2xhs) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
@@ -175,6 +184,7 @@ same_losses() {
 }
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xfs:gpt-fs gpt-pp2xfs-zb:gpt-fs \
+	gpt-pp2xhs:gpt-fs \
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
@@ -264,11 +274,19 @@ if case_on resume; then
 		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
 			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
 	}
+	bitwise() { # bitwise WHAT A B [A B]...: ok when each pair of files is equal
+		local what=$1; shift
+		while [ $# -ge 2 ]; do
+			cmp -s "$1" "$2" || { fail "$what"; return; }
+			shift 2
+		done
+		ok "$what"
+	}
 	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
 	for form in full sharded; do
 		REPRO="dpexec gpt2-tiny pp=2 --steps 10 --save-form $form, then --resume to 20"
 		run "r-$form-a" 2 "$T/gpp.bin" --steps 10 --losses "$T/r-$form.loss" --save-dir "$T/ck-$form" \
-			--save-form $form &&
+			--save-form $form --save-full "$T/pp2-10-$form.st" &&
 		cp "$T/r-$form.loss" "$T/r-$form-10.loss" &&
 		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
 			--save-full "$T/r-$form.st" &&
@@ -279,6 +297,24 @@ if case_on resume; then
 			fail "$what"
 		fi
 	done
+	# each stage keeps its own parameters (passes/stage_params.c): a full
+	# checkpoint holds them all by name and loads at another pp bit for bit
+	REPRO="dpexec gpt2-tiny: a pp=2 checkpoint loaded at 1 rank, a 1-rank one at pp=2"
+	run one-10 1 "$T/g1.bin" --steps 10 --losses "$T/one-10.loss" --save-dir "$T/ck-one" \
+		--save-full "$T/one-10.st" &&
+	run at1 1 "$T/g1.bin" --steps 10 --resume "$T/ck-full/step-000010" --save-full "$T/at1.st" &&
+	run at2 2 "$T/gpp.bin" --steps 10 --resume "$T/ck-one/step-000010" --save-full "$T/at2.st"
+	bitwise "the pp=2 full checkpoint loads at pp=1, the 1-rank one at pp=2: parameters bit for bit" \
+		"$T/at1.st" "$T/pp2-10-full.st" "$T/at2.st" "$T/one-10.st"
+	# full_shard blocks in the stages (4 ranks: pp=2 x dp_shard=2), a sharded
+	# checkpoint: each rank's slices of its stage's blocks
+	REPRO="dpexec gpt2-tiny full_shard at pp=2 x dp_shard=2 --steps 10 --save-form sharded, then --resume to 20"
+	"$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 -o "$T/gfs.bin" 2>/dev/null || fail "resume: dpc full_shard"
+	run fs-straight 4 "$T/gfs.bin" --steps 20 --losses "$T/fs-straight.loss" --save-full "$T/fs-straight.st" &&
+		run fs-a 4 "$T/gfs.bin" --steps 10 --losses "$T/fs.loss" --save-dir "$T/ck-fs" --save-form sharded &&
+		run fs-b 4 "$T/gfs.bin" --steps 20 --losses "$T/fs.loss" --resume "$T/ck-fs" --save-full "$T/fs.st"
+	bitwise "full_shard at pp=2 x dp_shard=2, sharded checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit" \
+		"$T/fs.loss" "$T/fs-straight.loss" "$T/fs.st" "$T/fs-straight.st"
 	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
 	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
 	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps

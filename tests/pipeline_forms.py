@@ -13,7 +13,10 @@ closed forms:
   cut (stages auto)    gpt2-tiny, 4 layers, pp=2: embed..h.1 | h.2..head (the
                        blocks' forward FLOPs are symmetric about the cut)
   params per stage     the blocks' own params, and the tied token embedding
-                       wte (embed's, read by the head) on the last stage too
+                       wte (embed's, read by the head) on the last stage too;
+                       what each stage's ranks hold (passes/stage_params.c):
+                       those, their gradients and AdamW's two moments (2x)
+                       at pp=2; at pp=4 every stage keeps every parameter
   sent per micro-batch micro_batch x ctx x d x 4 bytes over every cut (only
                        the residual stream x crosses; ids and targets are
                        data, read by the stages that use them); 0 after the
@@ -70,6 +73,7 @@ STAGE = re.compile(r"^stage (\d+): blocks (\S+)\.\.(\S+), (\d+) FLOP forward \+ 
                    r"the peak, sends (\d+) B")
 BUBBLE = re.compile(r"^bubble: \(p-1\)/\(3?m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
                     r"([-0-9.]+)")
+HELD = re.compile(r"^  held: params (\d+) B \(.*?\), grads (\d+) B, optimizer state (\d+) B")
 COMPILED = re.compile(r"^compiled: every micro-batch in the step program.*temporaries at the peak:")
 PEAK = re.compile(r"stage (\d+) (\d+) B")
 MICRO = re.compile(r"^micro-batch \(forward \+ backward\)\s+(\d+)")
@@ -90,6 +94,10 @@ def parse(text):
             stages.append(dict(first=g[1], last=g[2], fwd=int(g[3]), bwd=int(g[4]),
                                params=int(g[5]), grads=int(g[6]), act=int(g[7]),
                                fly=int(g[8]), peak=int(g[9]), send=int(g[10])))
+        h = HELD.match(line)
+        if h and stages:
+            stages[-1].update(held=int(h.group(1)), held_grads=int(h.group(2)),
+                              held_opt=int(h.group(3)))
         b = BUBBLE.match(line)
         if b:
             bubble = (float(b.group(1)), float(b.group(2)))
@@ -163,11 +171,21 @@ for sched in ("pipedream_flush", "gpipe"):
         check(stages[0]["params"] == want0 and stages[1]["params"] == want1,
               "gpt2-tiny L=4 pp=2 m=%d %s: params %d | %d = embed + 2 h | 2 h + lnf + tied wte "
               "(%d | %d)" % (m, sched, stages[0]["params"], stages[1]["params"], want0, want1))
+        # passes/stage_params.c: each stage's ranks hold only its parameters
+        # (with the tied wte on both), their gradients and AdamW's two moments
+        held = [(st.get("held"), st.get("held_grads"), st.get("held_opt")) for st in stages]
+        check(held == [(want0, want0, 2 * want0), (want1, want1, 2 * want1)],
+              "gpt2-tiny L=4 pp=2 m=%d %s: held params, grads, optimizer state %s = %s"
+              % (m, sched, held, [(w, w, 2 * w) for w in (want0, want1)]))
         check(stages[0]["send"] == mb * CTX * D * 4,
               "gpt2-tiny L=4 pp=2 m=%d %s: the cut sends x: %d B = %d x %d x %d x 4"
               % (m, sched, stages[0]["send"], mb, CTX, D))
     text = stats("models/gpt2-tiny.dp", 4, 4, 8, sched, ["-D", "layers=4"])
     stages, mb = forms("gpt2-tiny L=4", text, 4, 8, sched)
+    if len(stages) == 4:  # pp > 2: every stage keeps every parameter (no held line)
+        check([st.get("held") for st in stages] == [None] * 4,
+              "gpt2-tiny L=4 pp=4 %s: every stage keeps every parameter (held %s)"
+              % (sched, [st.get("held") for st in stages]))
     for s in range(3):
         if len(stages) == 4:
             check(stages[s]["send"] == mb * CTX * D * 4,

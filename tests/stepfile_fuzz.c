@@ -473,10 +473,10 @@ static void test_pipeline_rules(void)
 	rule("send from stage 0 to 1", DP_PROG_STEP, send, 0, NULL);
 	rule("recv on stage 1 from 0", DP_PROG_STEP, recv, 0, NULL);
 	rule("send in the eval program", DP_PROG_EVAL, send, 0, NULL);
-	rule("send in the init program", DP_PROG_INIT, send, 0, "stage 0 of a mesh with pp=2 outside "
-	     "the step and eval programs");
 	d = relu, d.stage1 = 2;
 	rule("a kernel on stage 1", DP_PROG_STEP, d, 0, NULL);
+	/* each stage initialises and saves its own parameters (passes/stage_params.c) */
+	rule("a kernel on stage 1 in the init program", DP_PROG_INIT, d, 0, NULL);
 	d.stage1 = 3;
 	rule("a kernel on stage 2 of 2", DP_PROG_STEP, d, 0, "stage 2 of a mesh with pp=2");
 	d = send, d.stage1 = 0;
