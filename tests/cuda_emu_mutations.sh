@@ -23,6 +23,9 @@
 #                 dY that its bias_grad adds) made BGRADB: the sums of the
 #                 other operand, X, of another length
 #   bgrad_add     a bias_grad paired with its matmul's BGRADA adds nothing
+#   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
+#                 row (passes/padvocab.c) to its stride, not its classes:
+#                 the padding columns leak into the softmax and the loss
 #   gelu_aux      matmul_gelu_grad's DGELU epilogue told its own output as
 #                 the aux: gelu' of stale values, not of the pre-activation
 #   gelu_half     linear_gelu's D written over its aux (the first half):
@@ -164,6 +167,12 @@ a16_model() {
 	once hd64 hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
+# voc: gpt2-tiny small with a vocabulary of 300 (logits in padded rows of 384)
+voc_model() {
+	text_shard
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/voc.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
@@ -179,6 +188,7 @@ reference() {
 	r16) prec=bf16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	voc) np=1 src=$T/voc.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once vocsrc voc_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
 	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
@@ -312,7 +322,7 @@ fi
 if mutate gemm_trans "runtime/cuda/gemm.cu" sed 's/tb ? CUBLAS_OP_T : CUBLAS_OP_N/tb ? CUBLAS_OP_N : CUBLAS_OP_T/'; then
 	check gemm_trans one 1 DPEMU_SEED=1 DPEMU_SEED=2
 fi
-if mutate gemm_ld "runtime/cuda/gemm.cu" sed 's/(uint64_t)cw, (uint64_t)rw, cw)/(uint64_t)cw, (uint64_t)rw, cw + 1)/'; then
+if mutate gemm_ld "runtime/cuda/gemm.cu" sed 's/(uint64_t)cw, (uint64_t)rw, lw)/(uint64_t)cw, (uint64_t)rw, lw + 1)/'; then
 	check gemm_ld one 1 DPEMU_SEED=1 DPEMU_SEED=2
 fi
 # 4a, 4b: cuBLASLt's epilogue and heuristic (both runs must catch them)
@@ -325,6 +335,10 @@ fi
 # 4c, 4d: the bias gradients from the weight gradients' BGRADA epilogue
 if mutate lt_bgrad "runtime/cuda/gemm.cu" sed 's/uint32_t epi = CUBLASLT_EPILOGUE_BGRADA;/uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;/'; then
 	check_all lt_bgrad biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+fi
+# 4b': the padded vocabulary's row strides (loss.cu)
+if mutate vocab_leak "runtime/cuda/loss.cu" sed 's/classes = cu_cols(cu_t(a, 0)), ldx = dp_ld/classes = dp_ld(cu_t(a, 0)), ldx = dp_ld/'; then
+	check_all vocab_leak voc 1 DPEMU_SEED=1 DPEMU_SEED=2
 fi
 if mutate bgrad_add "runtime/cuda/gemm.cu" sed 's/o\[j\] = accumulate ? o\[j\] + v\[j\] : v\[j\];/(void)v; \/* MUTATION: the sums dropped *\//'; then
 	check_all bgrad_add biased 2 DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
