@@ -87,7 +87,7 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i)
  * DpOptim and DpSched are their settings' fields (dp_record_bytes). */
 enum {
 	METRICS_BYTES = 6 * 4,
-	TENSOR_BYTES = 4 + 5 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8,
+	TENSOR_BYTES = 4 + 5 + 8 * DP_MAX_DIMS + 8 + 8 + DP_MAX_AXES + DP_MAX_AXES + 4 + 4 + 8 + 8,
 	SOURCE_BYTES = 4 + 5 + 4 + 8 + 8 + 4 + 4,
 	INSTR_BYTES = 2 + 1 + 1 + 2 + 4 * DP_MAX_IN + 4 + 8 * DP_NIATTR + 4 * DP_NFATTR,
 };
@@ -201,6 +201,7 @@ static void put_tensor(Put *w, const DpTensor *t)
 	put_f32(w, t->init_a);
 	put_f32(w, t->init_b);
 	put_i64(w, t->init_base);
+	put_i64(w, t->ld);
 }
 
 static void put_source(Put *w, const DpSource *s)
@@ -411,6 +412,7 @@ static void get_tensor(Get *r, DpTensor *t)
 	t->init_a = get_f32(r);
 	t->init_b = get_f32(r);
 	t->init_base = get_i64(r);
+	t->ld = get_i64(r);
 }
 
 static void get_source(Get *r, DpSource *s)
@@ -522,6 +524,15 @@ static int validate_tensor(const DpStep *s, uint32_t i, char *err, size_t errlen
 		fail(err, errlen, "tensor '%s': negative init_base", name);
 		return -1;
 	}
+	int64_t cols = t->ndim ? t->dims[t->ndim - 1] : 1;
+	if (t->ld && (t->ld <= cols || t->ld > ((int64_t)1 << 40) ||
+		      numel / (uint64_t)cols > UINT64_MAX / 8 / (uint64_t)t->ld)) {
+		fail(err, errlen, "tensor '%s': row stride %lld for rows of %lld", name,
+		     (long long)t->ld, (long long)cols);
+		return -1;
+	}
+	if (t->ld)
+		numel = numel / (uint64_t)cols * (uint64_t)t->ld; /* the elements it spans */
 	if (t->nbytes == 0)
 		return 0; /* no storage */
 	size_t es = dp_dtype_size(t->dtype);

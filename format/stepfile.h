@@ -53,8 +53,10 @@
  *    runtime writes before every run, its logits [1, ctx, vocab]; it has no
  *    dropout
  * 17: gradient compression: DpConfig's compress and compress_start, the
- *    DP_IF_COMPRESSED and DP_IF_PLAIN flags, the ORTHOGONALIZE op */
-#define DP_STEP_VERSION 17u
+ *    DP_IF_COMPRESSED and DP_IF_PLAIN flags, the ORTHOGONALIZE op
+ * 18: a tensor's row stride (DpTensor.ld): the classifier's logits and their
+ *    gradient padded to a multiple of pad_vocab (passes/padvocab.c) */
+#define DP_STEP_VERSION 18u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -558,6 +560,10 @@ typedef struct {
 	float init_a, init_b;       /* initialiser parameters */
 	int64_t init_base;          /* element index of this shard's first element in the
 	                               full tensor (init is defined on the full tensor) */
+	int64_t ld;                 /* elements from one row's start to the next's (a row: the
+	                               last dim) when more than the last dim (padded rows:
+	                               passes/padvocab.c; only the ops dp_op_takes_ld names
+	                               read or write such a tensor); 0: dense. dp_ld reads it */
 } DpTensor;
 
 typedef struct {
@@ -661,6 +667,36 @@ static inline int64_t dp_numel(const DpTensor *t)
 	for (int d = 0; d < t->ndim; d++)
 		n *= t->dims[d];
 	return n;
+}
+
+/* A tensor's row length: its last dim (1 for a scalar). */
+static inline int64_t dp_cols(const DpTensor *t)
+{
+	return t->ndim ? t->dims[t->ndim - 1] : 1;
+}
+
+/* A tensor's row stride: ld, or its last dim when ld is 0 (dense). */
+static inline int64_t dp_ld(const DpTensor *t)
+{
+	return t->ld > dp_cols(t) ? t->ld : dp_cols(t);
+}
+
+/* Elements a tensor spans in memory: its rows times its row stride
+ * (dp_numel when dense, more when its rows are padded). */
+static inline int64_t dp_span(const DpTensor *t)
+{
+	return dp_numel(t) / dp_cols(t) * dp_ld(t);
+}
+
+/* May op read or write a tensor with padded rows (ld > its last dim)? The
+ * kernels that walk rows by ld: the GEMMs (leading dimensions) and the
+ * classifier's (passes/padvocab.c). Every other op, the collectives and the
+ * executor's copies included, sees tensors dense: the decoder refuses
+ * anything else. */
+static inline int dp_op_takes_ld(unsigned op)
+{
+	return op == DP_OP_MATMUL || op == DP_OP_XENT || op == DP_OP_XENT_GRAD ||
+	       op == DP_OP_CORRECT;
 }
 
 /* A tensor's address in one space spanning both arenas: the device arena,

@@ -666,12 +666,30 @@ static int check_spaces(const DpStep *s, const DpInstr *in, const char *what, ch
 	return 0;
 }
 
+/* A tensor with padded rows (ld > its last dim) only where dp_op_takes_ld. */
+static int check_ld(const DpStep *s, const DpInstr *in, const char *what, char *err,
+		    size_t errlen)
+{
+	if (dp_op_takes_ld(in->op))
+		return 0;
+	for (int k = -1; k < DP_MAX_IN; k++) {
+		int id = k < 0 ? in->out : in->in[k];
+		if (id >= 0 && dp_ld(&s->tensors[id]) != dp_cols(&s->tensors[id])) {
+			snprintf(err, errlen, "%s: tensor '%s' has padded rows (stride %lld for %lld), "
+				 "which this op does not take", what, tname(s, id),
+				 (long long)s->tensors[id].ld, (long long)dp_cols(&s->tensors[id]));
+			return -1;
+		}
+	}
+	return 0;
+}
+
 int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, char *err,
 			  size_t errlen)
 {
 	Chk c = {s, in, what, err, errlen};
 	int rule = dp_op_rules[in->op];
-	if (check_spaces(s, in, what, err, errlen))
+	if (check_spaces(s, in, what, err, errlen) || check_ld(s, in, what, err, errlen))
 		return -1;
 	if (rule == DP_OR_EXEC)
 		return 0;

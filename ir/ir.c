@@ -285,6 +285,12 @@ int64_t ir_numel(const Value *v)
 	return n;
 }
 
+int64_t ir_span(const Value *v)
+{
+	int64_t cols = v->ndim ? v->dims[v->ndim - 1] : 1;
+	return v->ld > cols && cols > 0 ? ir_numel(v) / cols * v->ld : ir_numel(v);
+}
+
 size_t ir_dtype_size(DpDtype dt)
 {
 	size_t n = dp_dtype_size(dt);

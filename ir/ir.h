@@ -116,7 +116,9 @@ typedef struct Value {
 	int def;                   /* node that produces it (SSA temporaries), or -1 */
 	int space;                 /* DpSpace: the arena it lives in (offload: host) */
 	int64_t offset;            /* byte offset in its space's arena; -1 until memory planning */
-	int64_t nbytes;            /* bytes reserved in the arena (>= numel * size) */
+	int64_t nbytes;            /* bytes reserved in the arena (>= ir_span * size) */
+	int64_t ld;                /* row stride in elements when its rows are padded (> the
+	                              last dim: passes/padvocab.c, printed ld=N); 0: dense */
 	int8_t batch_dim;          /* per-sample values: the dim that indexes samples; -1:
 	                              none (parameters, reductions). Data has it at 0; ops
 	                              carry it (ir_batch_rule). Not printed: the shape pass
@@ -222,6 +224,8 @@ typedef struct Graph {
 	int pipeline;              /* the pipeline schedule over pp stages (train's
 	                              `pipeline`): an IrPipeline (passes/stages.c) */
 	int offload;               /* train's `offload`: 0 none, 1 optimizer (passes/offload.c) */
+	int pad_vocab;             /* train's `pad_vocab`: the logits' rows padded to a
+	                              multiple of it (passes/padvocab.c); 0: not padded */
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
 	                              and reduce_scatter once per step (1), or
 	                              reduce_scatter every micro-batch (0, default) */
@@ -273,6 +277,7 @@ int ir_node_index(Graph *g, const Node *n);
 void ir_remove_node(Graph *g, Node *n);
 
 int64_t ir_numel(const Value *v);
+int64_t ir_span(const Value *v); /* elements it spans: ir_numel, or rows * ld when padded */
 size_t ir_dtype_size(DpDtype dt);
 const char *ir_dtype_name(DpDtype dt);
 /* The value whose memory v lives in (follows view_of to the root). */

@@ -31,7 +31,8 @@
  *
  * Declarations list every value not defined inline by its SSA node, in value
  * order: `%name : type kind attrs`. Value attributes: block=, init=kind(a,b),
- * view=%flat+ELEMS, of=%param (a gradient), source=N, place(axis: shardD |
+ * ld=N (rows padded to N elements: passes/padvocab.c), view=%flat+ELEMS,
+ * of=%param (a gradient), source=N, place(axis: shardD |
  * partial), @OFFSET (arena bytes) and nbytes=N when it differs from the
  * tensor's size. A node line is `[%out : type [place] [@off] =] op ins attrs`
  * for a new SSA temporary, `%out = op ...` when it writes a declared value,
@@ -283,7 +284,7 @@ static int64_t value_bytes(const Value *v)
 {
 	if ((unsigned)v->dtype >= DP_NDTYPE || v->ndim < 0 || v->ndim > DP_MAX_DIMS)
 		return 0;
-	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+	return ir_span(v) * (int64_t)ir_dtype_size(v->dtype);
 }
 
 /* host (the host arena's: offload), @OFFSET, and nbytes=N unless it is what the reader implies: the tensor's
@@ -486,7 +487,7 @@ static const Node *inline_def(const Value *v, const Node *const *byid, int nid)
 	if (v->kind != DP_T_ACT || v->def < 0 || v->def >= nid || !byid[v->def])
 		return NULL;
 	const Node *n = byid[v->def];
-	if (n->out != v->id || v->view_of != -1 || v->grad != -1 || v->param != -1 ||
+	if (n->out != v->id || v->view_of != -1 || v->ld || v->grad != -1 || v->param != -1 ||
 	    v->source != -1 || v->init != DP_INIT_NONE || v->init_a != 0 || v->init_b != 0)
 		return NULL;
 	if (v->block != -1 && v->block != n->block)
@@ -521,6 +522,8 @@ static void decl_line(DeclLine *l, const Graph *g, const Value *v)
 			bputs(&l->rest, ")");
 		}
 	}
+	if (v->ld)
+		bprintf(&l->rest, " ld=%" PRId64, v->ld);
 	if (v->view_of != -1) {
 		bputs(&l->rest, " view=");
 		put_ref(&l->rest, g, v->view_of);

@@ -651,7 +651,7 @@ static void imply_nbytes(Reader *r, Value *v)
 {
 	if (r->nbytes_given || v->offset == -1)
 		return;
-	v->nbytes = ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+	v->nbytes = ir_span(v) * (int64_t)ir_dtype_size(v->dtype);
 }
 
 /* Axis mask: dp_replicate,dp_shard or a number. */
@@ -1061,6 +1061,9 @@ static int parse_decl(Reader *r, Value *v)
 			if (off->kind != TK_WORD || off->text[0] != '+')
 				return fail_tok(r, off, "expected +OFFSET after the viewed value");
 			if (parse_range(r, off, 0, MAX_ELEMS, &v->view_offset) < 0)
+				return -1;
+		} else if (strcmp(key, "ld") == 0) {
+			if (parse_range(r, next(r), 1, MAX_ELEMS, &v->ld) < 0)
 				return -1;
 		} else if (strcmp(key, "of") == 0) {
 			if (parse_ref(r, &v->param, 0) < 0)

@@ -109,6 +109,7 @@ static void fill_tensor(const Graph *g, const Value *v, DpTensor *t, uint32_t na
 	t->init_a = v->init_a;
 	t->init_b = v->init_b;
 	t->init_base = 0;
+	t->ld = v->ld; /* 0: dense */
 	(void)g;
 }
 

@@ -133,7 +133,7 @@ __attribute__((format(printf, 3, 4))) static void value_error(Verifier *vf, int 
 
 static int64_t vbytes(const Value *v)
 {
-	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+	return ir_span(v) * (int64_t)ir_dtype_size(v->dtype);
 }
 
 /* ---- values ---- */
@@ -159,6 +159,10 @@ static int check_value(Verifier *vf, int i, const Node *const *byid, int nid)
 		for (int k = 0; k < v->ndim; k++)
 			if (v->dims[k] < 0)
 				value_error(vf, i, "negative dim %d", k), sane = 0;
+	if (v->ld && (sane && (v->ndim < 1 || v->ld <= v->dims[v->ndim - 1]) ||
+		      v->kind != DP_T_ACT || v->view_of != -1))
+		value_error(vf, i, "ld=%" PRId64 " on a value that is not a temporary with shorter rows",
+			    v->ld);
 	if (v->block < -1 || v->block >= g->nblocks)
 		value_error(vf, i, "block %d out of range", v->block);
 	if (v->source < -1 || v->source >= g->nsources)
@@ -343,6 +347,12 @@ static void check_node(Verifier *vf, const Node *n)
 			node_error(vf, n, "input %d out of range (%d)", k, n->in[k]);
 	if (n->out != -1 && !vok(g, n->out))
 		node_error(vf, n, "output out of range (%d)", n->out);
+	for (int k = -1; k < n->nin && !dp_op_takes_ld(n->op); k++) {
+		int v = k < 0 ? n->out : n->in[k];
+		if (vok(g, v) && g->values[v]->ld)
+			node_error(vf, n, "%s cannot take %%%s: its rows are padded (ld=%" PRId64 ")",
+				   oi->name, vname(g, v), g->values[v]->ld);
+	}
 	if ((unsigned)n->phase > PH_SETUP)
 		node_error(vf, n, "bad phase %d", (int)n->phase);
 	check_dtypes(vf, n);

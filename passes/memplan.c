@@ -64,7 +64,7 @@ static int64_t align_up(int64_t x)
 
 static int64_t value_bytes(const Value *v)
 {
-	return ir_numel(v) * (int64_t)ir_dtype_size(v->dtype);
+	return ir_span(v) * (int64_t)ir_dtype_size(v->dtype);
 }
 
 /* Persistent ranks, in arena order; -1: a temporary. */

@@ -63,6 +63,7 @@ int fuse_run(Graph *g, Diag *d);      /* passes/fuse.c: linear + gelu as one GEM
 int views_run(Graph *g, Diag *d);     /* passes/views.c: copies that only rename bytes */
 int mem_run(Graph *g, Diag *d);       /* passes/memplan.c: arena offsets */
 int sample_run(Graph *g, Diag *d);    /* passes/sample.c: a language model's sample program */
+int padvocab_run(Graph *g, Diag *d);  /* passes/padvocab.c: the logits' rows padded */
 int stages_run(Graph *g, Diag *d);    /* passes/stages.c: pipeline stages of the blocks */
 
 /* passes/stages.c: what each pipeline stage holds and does per micro-batch

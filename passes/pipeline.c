@@ -62,6 +62,8 @@ const Pass pipeline[] = {
 	{"sample", "a language model's sample program: the step's forward up to the logits "
 		   "at batch 1, its per-sample values its own, without loads or dropout",
 	 sample_run},
+	{"padvocab", "the classifier's logits and their gradient have rows padded to a "
+		     "multiple of pad_vocab (a stride: the same results)", padvocab_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
 };
 const int npipeline = sizeof pipeline / sizeof pipeline[0];

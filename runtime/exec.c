@@ -300,7 +300,7 @@ int exec_describe(Exec *x, char *buf, size_t len)
 int64_t exec_tensor_bytes(const DpStep *s, int tensor)
 {
 	const DpTensor *t = &s->tensors[tensor];
-	return exec_numel(t) * (int64_t)dp_dtype_size(t->dtype);
+	return dp_span(t) * (int64_t)dp_dtype_size(t->dtype); /* padded rows included */
 }
 
 static int has_storage(Exec *x, int tensor)

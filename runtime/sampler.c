@@ -83,10 +83,11 @@ int sampler_init(Sampler *sp, const DpStep *s, const SampleOpts *o, RtErr *e)
 	const DpTensor *t = &s->tensors[sp->tokens], *l = &s->tensors[sp->logits];
 	sp->ctx = t->dims[1]; /* [1, ctx]: the decoder checked the one row */
 	sp->vocab = l->dims[l->ndim - 1];
+	sp->ld = dp_ld(l); /* its rows' stride: vocab, or more (passes/padvocab.c) */
 	sp->bytes = sp->vocab <= 256;
 	RT_CHECK(read_prompt(sp, e));
 	sp->win = malloc((size_t)sp->ctx * sizeof *sp->win);
-	sp->lg = malloc((size_t)(sp->ctx * sp->vocab) * sizeof *sp->lg);
+	sp->lg = malloc((size_t)(sp->ctx * sp->ld) * sizeof *sp->lg);
 	sp->p = malloc((size_t)sp->vocab * sizeof *sp->p);
 	sp->order = malloc((size_t)sp->vocab * sizeof *sp->order);
 	if (!sp->win || !sp->lg || !sp->p || !sp->order)
@@ -161,7 +162,7 @@ static int write_logits(const Sampler *sp, RtErr *e)
 	char buf[32];
 	for (int64_t t = 0; t < sp->nprompt; t++)
 		for (int64_t i = 0; i < sp->vocab; i++) {
-			int n = snprintf(buf, sizeof buf, "%.9g%c", sp->lg[t * sp->vocab + i],
+			int n = snprintf(buf, sizeof buf, "%.9g%c", sp->lg[t * sp->ld + i],
 					 i + 1 < sp->vocab ? ' ' : '\n');
 			out_write(&f, buf, (size_t)n);
 		}
@@ -196,11 +197,11 @@ int sampler_generate(Sampler *sp, Exec *x, const World *w, int rank, FILE *out, 
 		RT_CHECK(exec_tensor_read(x, sp->logits, sp->lg, e));
 		unsigned dt = x->s->tensors[sp->logits].dtype;
 		if (dp_is_half(dt)) /* bf16 or f16: widened in place, from the end */
-			for (int64_t i = ctx * sp->vocab - 1; i >= 0; i--)
+			for (int64_t i = ctx * sp->ld - 1; i >= 0; i--)
 				sp->lg[i] = rt_from_half(dt, ((const uint16_t *)sp->lg)[i]);
 		if (k == 0 && rank == 0 && sp->o.logits)
 			RT_CHECK(write_logits(sp, e));
-		int32_t next = rank == 0 ? draw(sp, sp->lg + (n - 1) * sp->vocab) : 0;
+		int32_t next = rank == 0 ? draw(sp, sp->lg + (n - 1) * sp->ld) : 0;
 		RT_CHECK(world_bcast(w, &next, (int)sizeof next, e));
 		sp->seq[sp->nseq++] = next;
 	}

@@ -41,7 +41,7 @@ typedef struct {
 typedef struct {
 	SampleOpts o;
 	int32_t tokens, logits;       /* tensor ids */
-	int64_t ctx, vocab;
+	int64_t ctx, vocab, ld; /* ld: the logits' row stride (padded rows) */
 	int bytes;                    /* byte-level: text in, text out */
 	int32_t *seq;                 /* prompt, then the generated tokens */
 	int64_t nprompt, nseq;

@@ -278,6 +278,10 @@ scalar_variant "$T/gpt2-tiny.dp" "$T/gpt2-scalar.dp"
 # dropout (tests/dropout.sh's variant): the embeddings and both residual
 # branches, the masks from runtime/dropout.h on either backend
 dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
+# a padded vocabulary (passes/padvocab.c): 300 classes, the logits and their
+# gradient in rows of 384 (cuBLASLt's leading dimensions, the classifier's
+# row strides)
+cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
 # pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
 # under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
 # and receives on the emulator's NCCL point-to-point with its pairing checks
@@ -288,6 +292,7 @@ sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-ppfs) echo "$small" ;;
+	gpt2-vocab) echo "$small -D vocab=300" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -533,6 +538,10 @@ PREC=bf16 SGD=1 model_case gpt2-scalar ddp 1
 model_case gpt2-dropout ddp 2
 model_case gpt2-dropout ddp 2 "cp=2"
 PREC=bf16 model_case gpt2-dropout ddp 1
+# the padded vocabulary: f32 at 2 ranks (full_shard: the tied wte's gradient
+# from the padded d.logits, reduce-scattered), bf16 at 1
+model_case gpt2-vocab full_shard 2
+PREC=bf16 model_case gpt2-vocab ddp 1
 # pipeline parallelism: ncclSend/ncclRecv on the pp communicator, in groups,
 # captured in the step graph; 1F1B and zero_bubble, and pp x dp_shard (the
 # gradients' all_reduce over pp and dp_shard beside the transfers; zero2's

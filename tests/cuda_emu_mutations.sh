@@ -41,6 +41,9 @@
 #   bgrad_add     a bias_grad paired with its matmul's BGRADA adds nothing
 #   ortho_dot     PowerSGD's orthogonalize (gemm.cu) leaves a dot product
 #                 unsummed over the block (mlp8 under compress powersgd)
+#   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
+#                 row (passes/padvocab.c) to its stride, not its classes:
+#                 the padding columns leak into the softmax and the loss
 #   gelu_aux      matmul_gelu_grad's DGELU epilogue told its own output as
 #                 the aux: gelu' of stale values, not of the pre-activation
 #   gelu_half     linear_gelu's D written over its aux (the first half):
@@ -183,6 +186,12 @@ a16_model() {
 	once hd64 hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
+# voc: gpt2-tiny small with a vocabulary of 300 (logits in padded rows of 384)
+voc_model() {
+	text_shard
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/voc.dp"
+}
 # u16: a16 with no projection after attention: its gradient unpaired
 # (tests/cuda_emu.sh's gpt2-unpaired)
 u16_model() {
@@ -262,6 +271,7 @@ reference() {
 	ls16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	voc) np=1 src=$T/voc.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once vocsrc voc_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	esac
@@ -360,6 +370,7 @@ gemm_ld       gemm_ld       one     1 one DPEMU_SEED=1 DPEMU_SEED=2
 lt_bias       lt_bias       biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 lt_bias16     lt_bias       bb16    2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 lt_bgrad      lt_bgrad      biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+vocab_leak    vocab_leak    voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
 bgrad_add     bgrad_add     biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
 lt_align      lt_align      two     2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
@@ -450,6 +461,7 @@ unmutated hd8 "the gpt2-hd64 case over 8 steps"
 unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated u16 "the unpaired attention case"
 unmutated c16 "the cp=2 attention case"
+unmutated voc "the padded-vocabulary case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case"

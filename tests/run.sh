@@ -124,6 +124,7 @@ errors                 1      -         6
 layers                 0.5    -         1
 views                  0.5    -         1
 roofline               0.5    -         1
+padvocab               0.5    -        30
 simulate               0.5    -         9
 pipeline               1      -        30
 golden                 0.5    -         1

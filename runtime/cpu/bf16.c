@@ -125,7 +125,7 @@ void cpu_half_load(CpuPool *pool, unsigned dt, float *dst, const uint16_t *src, 
 
 static size_t stage_len(const DpTensor *t)
 {
-	return (size_t)((cpu_numel(t) + 15) / 16 * 16); /* floats, 64-byte pieces */
+	return (size_t)((dp_span(t) + 15) / 16 * 16); /* floats, 64-byte pieces */
 }
 
 size_t cpu_stage_need(const DpStep *s, const DpInstr *in)
@@ -148,7 +148,7 @@ void cpu_stage_in(CpuPool *pool, const DpStep *s, const DpInstr *in, void *const
 		/* the output is read only when the op updates it in place */
 		if (j >= 0 || dp_reads_out(in))
 			cpu_half_load(pool, s->tensors[id].dtype, ws, ptr[id],
-				      cpu_numel(&s->tensors[id]));
+				      dp_span(&s->tensors[id]));
 		ws += stage_len(&s->tensors[id]);
 	}
 }
@@ -162,7 +162,7 @@ void cpu_stage_out(CpuPool *pool, const DpStep *s, const DpInstr *in, void *cons
 		int id = j < 0 ? in->out : in->in[j];
 		if (j < 0 || dp_writes_in(in, j))
 			cpu_half_store(pool, s->tensors[id].dtype, ptr[id], shadow[id],
-				       cpu_numel(&s->tensors[id]));
+				       dp_span(&s->tensors[id]));
 		shadow[id] = ptr[id];
 	}
 }

@@ -124,6 +124,8 @@ static int limit_matmul(const DpStep *s, const DpInstr *in, RtErr *e)
 	int64_t m, k, k2, n;
 	matmul_dims(&s->tensors[in->in[0]], &s->tensors[in->in[1]], in, &m, &k, &k2, &n);
 	CPU_NEED(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, "matrix too large for BLAS");
+	CPU_NEED(dp_ld(&s->tensors[in->in[0]]) <= INT_MAX && dp_ld(&s->tensors[in->in[1]]) <= INT_MAX &&
+		 dp_ld(&s->tensors[in->out]) <= INT_MAX, "row stride too large for BLAS");
 	return 0;
 }
 
@@ -169,12 +171,16 @@ static void gemm_piece(void *ctx, int64_t lo, int64_t hi, int thread)
 		    m, n, g->k, 1.0f, a, g->lda, b, g->ldb, bias ? 1.0f : g->beta, c, g->ldc);
 }
 
-/* C = beta * C + op(A) op(B) (+ bias rows); A is [ra, ca], B [rb, cb] as stored. */
+/* C = beta * C + op(A) op(B) (+ bias rows); A is [ra, ca], B [rb, cb] as stored;
+ * ld: A's, B's and C's row strides (padded rows, passes/padvocab.c), or NULL:
+ * dense. */
 static void sgemm(const CpuArgs *x, const float *a, int64_t ra, int64_t ca, int ta, const float *b,
-		  int64_t rb, int64_t cb, int tb, float *c, float beta, const float *bias)
+		  int64_t rb, int64_t cb, int tb, float *c, float beta, const float *bias,
+		  const int64_t *ld)
 {
 	Gemm g = {a, b, c, bias, ta, tb, (int)(ta ? ca : ra), (int)(tb ? rb : cb), (int)(ta ? ra : ca),
-		  (int)ca, (int)cb, (int)(tb ? rb : cb), 0, beta};
+		  (int)(ld ? ld[0] : ca), (int)(ld ? ld[1] : cb), (int)(ld ? ld[2] : tb ? rb : cb), 0,
+		  beta};
 	g.by_rows = g.m >= g.n || !x->blas->cols;
 	double flops = 2.0 * g.m * g.n * g.k;
 	int64_t items = g.by_rows ? g.m : g.n;
@@ -185,9 +191,10 @@ static int run_matmul(const CpuArgs *k, RtErr *e)
 {
 	const DpInstr *in = k->in;
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
+	int64_t ld[3] = {dp_ld(t0), dp_ld(t1), dp_ld(cpu_t(k, in->out))};
 	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), DP_ATTR(in, MATMUL, transA) != 0,
 	      cpu_f(k, in->in[1]), cpu_rows(t1), cpu_cols(t1), DP_ATTR(in, MATMUL, transB) != 0,
-	      cpu_f(k, in->out), DP_ATTR(in, MATMUL, acc) ? 1.0f : 0.0f, NULL);
+	      cpu_f(k, in->out), DP_ATTR(in, MATMUL, acc) ? 1.0f : 0.0f, NULL, ld);
 	return 0;
 }
 
@@ -207,7 +214,7 @@ static int run_linear(const CpuArgs *k, RtErr *e)
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
 	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), 0, cpu_f(k, in->in[1]),
 	      cpu_rows(t1), cpu_cols(t1), 0, cpu_f(k, in->out), 0.0f,
-	      in->in[2] >= 0 ? cpu_f(k, in->in[2]) : NULL);
+	      in->in[2] >= 0 ? cpu_f(k, in->in[2]) : NULL, NULL);
 	return 0;
 }
 
@@ -237,7 +244,7 @@ static int run_matmul_gelu_grad(const CpuArgs *k, RtErr *e)
 	float *o = cpu_f(k, in->out);
 	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), DP_ATTR(in, MATMUL_GELU_GRAD, transA) != 0,
 	      cpu_f(k, in->in[1]), cpu_rows(t1), cpu_cols(t1), DP_ATTR(in, MATMUL_GELU_GRAD, transB) != 0,
-	      o, 0.0f, NULL);
+	      o, 0.0f, NULL, NULL);
 	cpu_map(k, DP_OP_GELU_GRAD, o, o, cpu_f(k, in->in[2]), 0, cpu_numel(cpu_t(k, in->out)));
 	return 0;
 }

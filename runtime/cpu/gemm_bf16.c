@@ -151,7 +151,7 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, in
 	const DpTensor *bias = in->op == DP_OP_LINEAR && in->in[2] >= 0 ? cpu_t(k, in->in[2]) : NULL;
 	int ta = trans_a(in), tb = trans_b(in);
 	int acc = in->op == DP_OP_MATMUL && DP_ATTR(in, MATMUL, acc);
-	int64_t ca = cpu_cols(a), cb = cpu_cols(b), m, kk, n;
+	int64_t ca = dp_ld(a), cb = dp_ld(b), co = dp_ld(o), m, kk, n; /* row strides */
 	dims_of(k, &m, &kk, &n);
 	int64_t pm = by_rows ? hi - lo : m, pn = by_rows ? n : hi - lo; /* the piece */
 	dnnl_memory_desc_t ad, bd, od, biasd;
@@ -159,7 +159,7 @@ static Prim *prim_of(CpuGemm16 *g, const CpuArgs *k, int by_rows, int64_t lo, in
 	 * A piece keeps the whole tensors' strides (its pointers move). */
 	int bad = desc(&ad, pm, kk, ta ? 1 : ca, ta ? ca : 1, dt_of(a)) ||
 		  desc(&bd, kk, pn, tb ? 1 : cb, tb ? cb : 1, dt_of(b)) ||
-		  desc(&od, pm, pn, n, 1, dt_of(o)) ||
+		  desc(&od, pm, pn, co, 1, dt_of(o)) ||
 		  (bias && desc(&biasd, 1, pn, n, 1, dt_of(bias)));
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
@@ -241,14 +241,14 @@ static void piece(void *ctx, int64_t lo, int64_t hi, int thread)
 	}
 	const DpTensor *a = cpu_t(k, in->in[0]), *b = cpu_t(k, in->in[1]), *o = cpu_t(k, in->out);
 	int ta = trans_a(in), tb = trans_b(in);
-	int64_t n = cpu_cols(o);
-	/* element offsets of the piece in A, B, the output and the bias */
+	/* element offsets of the piece in A, B, the output and the bias (rows
+	 * by their strides: padded rows, passes/padvocab.c) */
 	int64_t off[4] = {0, 0, 0, 0};
 	if (j->by_rows) {
-		off[0] = ta ? lo : lo * cpu_cols(a);
-		off[2] = lo * n;
+		off[0] = ta ? lo : lo * dp_ld(a);
+		off[2] = lo * dp_ld(o);
 	} else {
-		off[1] = tb ? lo * cpu_cols(b) : lo;
+		off[1] = tb ? lo * dp_ld(b) : lo;
 		off[2] = lo;
 		off[3] = lo;
 	}

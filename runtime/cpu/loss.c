@@ -39,6 +39,8 @@ typedef struct {
 	const uint16_t *x16;
 	uint16_t *out16;
 	float *row;
+	int64_t ldx, ldo; /* row strides of the logits and the gradient: classes, or more
+	                     (padded rows, passes/padvocab.c: never read or written) */
 } Xent;
 
 static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
@@ -51,13 +53,13 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 		double total = 0, right = 0, counted = 0;
 		float *buf = j->row ? j->row + (int64_t)thread * 2 * nc : NULL;
 		for (int64_t r = blk * XENT_BLOCK; r < r1; r++) {
-			const float *row = j->x ? j->x + r * nc : buf;
+			const float *row = j->x ? j->x + r * j->ldx : buf;
 			int32_t label = j->y[r];
 			if (j->x16)
 				for (int64_t c = 0; c < nc; c++)
-					buf[c] = cpu_from_bf16(j->x16[r * nc + c]);
+					buf[c] = cpu_from_bf16(j->x16[r * j->ldx + c]);
 			if (j->op == DP_OP_XENT_GRAD) {
-				float *d = j->out16 ? buf + nc : j->out + r * nc;
+				float *d = j->out16 ? buf + nc : j->out + r * j->ldo;
 				if (label < 0) {
 					memset(d, 0, (size_t)nc * sizeof(float));
 				} else {
@@ -68,7 +70,7 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 				}
 				if (j->out16)
 					for (int64_t c = 0; c < nc; c++)
-						j->out16[r * nc + c] = cpu_to_bf16(d[c]);
+						j->out16[r * j->ldo + c] = cpu_to_bf16(d[c]);
 				continue;
 			}
 			if (label < 0)
@@ -101,7 +103,8 @@ static int xent(const CpuArgs *k, RtErr *e)
 	int b16 = t0->dtype == DP_BF16, o16 = to->dtype == DP_BF16;
 	Xent j = {k->vec, in->op, b16 ? NULL : cpu_f(k, in->in[0]), k->ptr[in->in[1]],
 		  o16 ? NULL : cpu_f(k, in->out), cpu_rows(t0), cpu_cols(t0), scale, NULL,
-		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[in->out] : NULL, NULL};
+		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[in->out] : NULL, NULL, dp_ld(t0),
+		  dp_ld(to)};
 	for (int64_t r = 0; r < j.rows; r++)
 		if (j.y[r] >= j.classes)
 			return RT_FAIL(e, "label %d of row %lld is out of range for %lld classes (%s)",

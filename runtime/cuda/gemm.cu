@@ -155,8 +155,9 @@ static int limit_gemm(const DpStep *s, const DpInstr *in, RtErr *e)
 {
 	int64_t m, k, n;
 	gemm_dims(s, in, &m, &k, &n);
-	int64_t la = cu_cols(&s->tensors[in->in[0]]), lb = cu_cols(&s->tensors[in->in[1]]);
-	if (m > INT_MAX || k > INT_MAX || n > INT_MAX || la > INT_MAX || lb > INT_MAX)
+	int64_t la = dp_ld(&s->tensors[in->in[0]]), lb = dp_ld(&s->tensors[in->in[1]]);
+	if (m > INT_MAX || k > INT_MAX || n > INT_MAX || la > INT_MAX || lb > INT_MAX ||
+	    dp_ld(&s->tensors[in->out]) > INT_MAX)
 		return RT_FAIL(e, "step file: %s '%s': a %lld x %lld x %lld product is too large for "
 			       "cuBLASLt (int sizes)", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
@@ -361,11 +362,13 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 		LT(set_epilogue(g->op, epi, g->bgrad, CUDA_R_32F));
 		epilogue = 1;
 	}
-	/* row-major [r, c] = column-major c x r, leading dimension c */
+	/* row-major [r, c] = column-major c x r, leading dimension the row
+	 * stride: c, or more for padded rows (passes/padvocab.c: the logits) */
 	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
-	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, cw + MUTANT(gemm_ld)));
-	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, cx));
-	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, n));
+	int64_t lw = dp_ld(tw), lx = dp_ld(tx), lo = dp_ld(&s->tensors[in->out]);
+	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, lw + MUTANT(gemm_ld)));
+	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, lx));
+	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, lo));
 	if (paux && !gelu_epi)
 		RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));
 
@@ -400,7 +403,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 			       "workspace): %s", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
 			       (long long)n, ab == CUDA_R_16BF ? "bf16" : "fp32", tf32 ? ", tf32" : "",
-			       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)cw, (long long)cx, (long long)n,
+			       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)lw, (long long)lx, (long long)lo,
 			       g->align[0], g->align[1], g->align[2],
 			       pbias ? "bias rows, no epilogue" : "no bias", (size_t)CU_BLAS_WS_BYTES,
 			       hs != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(hs)

@@ -83,14 +83,14 @@ static __device__ void row_stats(const T *row, int64_t classes, float *shf, doub
 /* XENT (part[r] = -log p(label), or 0) and CORRECT (part[r], part[rows + r]);
  * stats (NULL: none): the loss's M and S per row for its gradient. */
 template <int W, typename T>
-__global__ void k_xent_rows(int op, const T *x, const int32_t *y, int64_t rows, int64_t classes,
-			    double *part, double *stats, CuScalars *sc)
+__global__ void k_xent_rows(int op, const T *x, int64_t ldx, const int32_t *y, int64_t rows,
+			    int64_t classes, double *part, double *stats, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
 	__shared__ int64_t shi[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const T *row = x + r * classes;
+		const T *row = x + r * ldx;
 		int64_t label = row_label(y, r, classes, sc);
 		if (op == DP_OP_CORRECT) {
 			/* argmax, first maximum wins: per thread its first best, then the
@@ -175,14 +175,15 @@ __global__ void k_xent_sum(int op, float *o, int64_t rows, float scale, const do
 
 /* d = scale * (softmax(x) - onehot(label)); stats_in: M and S from the loss. */
 template <int W, typename T>
-__global__ void k_xent_grad(T *o, const T *x, const int32_t *y, int64_t rows, int64_t classes,
-			    float scale, int loss_scale, const double *stats, CuScalars *sc)
+__global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const int32_t *y,
+			    int64_t rows, int64_t classes, float scale, int loss_scale,
+			    const double *stats, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const T *row = x + r * classes;
-		T *d = o + r * classes;
+		const T *row = x + r * ldx;
+		T *d = o + r * ldo;
 		int64_t label = row_label(y, r, classes, sc);
 		if (label < 0) {
 			const float zero[W] = {};
@@ -220,7 +221,9 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 {
 	int op = a->in->op;
 	float scale = op == DP_OP_CORRECT ? 0.0f : DP_FATTR(a->in, XENT, scale);
-	int64_t rows = cu_rows(cu_t(a, 0)), classes = cu_cols(cu_t(a, 0));
+	/* rows by their strides: padded rows (passes/padvocab.c) are never touched */
+	int64_t rows = cu_rows(cu_t(a, 0)), classes = MUTANT(vocab_leak) ? dp_ld(cu_t(a, 0)) : cu_cols(cu_t(a, 0)),
+		ldx = dp_ld(cu_t(a, 0));
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? (rows > 0 ? rows : 1) : CU_MAX_GRID);
 	unsigned threads = cu_row_threads_w(classes, W);
 	const T *x = (const T *)cu_p(a, 0);
@@ -230,13 +233,14 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 		if (rows <= 0)
 			return 0;
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
-		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1), x, y, rows,
-			  classes, scale, (int)DP_ATTR(a->in, XENT_GRAD, loss_scale), stats, a->sc);
+		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1),
+			  dp_ld(cu_t(a, -1)), x, ldx, y, rows, classes, scale,
+			  (int)DP_ATTR(a->in, XENT_GRAD, loss_scale), stats, a->sc);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
 	if (rows > 0) {
-		CU_LAUNCH((k_xent_rows<W, T>), grid, threads, a->st, op, x, y, rows, classes, part,
+		CU_LAUNCH((k_xent_rows<W, T>), grid, threads, a->st, op, x, ldx, y, rows, classes, part,
 			  op == DP_OP_XENT ? a->fuse->rowstats : (double *)0, a->sc);
 		CU_LAUNCHED(a, e);
 	}
@@ -253,7 +257,8 @@ static int run_xent(const CuArgs *a, RtErr *e)
 	if (cu_t(a, 0)->dtype != DP_BF16)
 		return launch_xent<1, float>(a, e);
 	const void *o = a->in->op == DP_OP_XENT_GRAD ? cu_p(a, -1) : (const void *)0;
-	if (cu_vec8<cu_bf16>(classes, cu_p(a, 0), o))
+	int strided = dp_ld(cu_t(a, 0)) != classes || (o && dp_ld(cu_t(a, -1)) != classes);
+	if (!strided && cu_vec8<cu_bf16>(classes, cu_p(a, 0), o))
 		return launch_xent<8, cu_bf16>(a, e);
 	return launch_xent<1, cu_bf16>(a, e);
 }

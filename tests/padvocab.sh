@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# tests/padvocab.sh - the padded vocabulary (passes/padvocab.c, train's
+# pad_vocab): the logits and their gradient get rows of a multiple of
+# pad_vocab (a row stride, DpTensor.ld) and nothing else changes.
+#  - ir: GPT-2 124M's logits and d.logits have ld=50304 (50257 padded to a
+#    multiple of 128); pad_vocab 0 pads nothing; a padded value read by an op
+#    that takes no stride is a verifier error (dpc --from-ir).
+#  - bitwise: gpt2-tiny with a vocabulary of 300 (rows of 384: tokens are
+#    bytes, so any vocabulary >= 256 trains the same data), against the
+#    same model with pad_vocab 0: losses, eval lines (cross_entropy and
+#    correct on padded logits) and final parameters byte for byte, at 1
+#    rank (ddp, f32), 2 ranks (ddp, f32) and 2 ranks (full_shard, bf16);
+#    the tied wte is read and written by the three padded GEMMs. And
+#    GPT-2 124M's shape of the head (vocab 50257, one narrow layer) at 1
+#    rank, 2 steps.
+# Against main's binaries the same runs were bitwise too when the pass
+# landed (the report of the commit says so); here pad_vocab 0 is the
+# unpadded reference, which the ir case shows pads nothing.
+set -u
+. "$(dirname "$0")/lib.sh"
+T=$(tmpdir)
+trap 'rm -rf "$T"' EXIT
+cd "$ROOT"
+STEPS=${STEPS:-4}
+
+# ld of value NAME in an IR dump, or nothing
+ld_of() { sed -nE "s/^%${1//./\\.} +: .* ld=([0-9]+) .*/\1/p" "$2"; }
+
+if case_on ir; then
+	"$DPC" models/gpt2.dp --emit=ir >"$T/gpt2.ir" 2>"$T/err" || { cat "$T/err"; fail "dpc gpt2.dp"; }
+	"$DPC" models/gpt2.dp --set train.pad_vocab=0 --emit=ir >"$T/gpt2-0.ir" 2>>"$T/err" ||
+		{ cat "$T/err"; fail "dpc gpt2.dp pad_vocab 0"; }
+	a=$(ld_of logits "$T/gpt2.ir"); b=$(ld_of d.logits "$T/gpt2.ir")
+	if [ "$a" = 50304 ] && [ "$b" = 50304 ] && [ "$(grep -c ' ld=' "$T/gpt2.ir")" = 2 ] &&
+		! grep -q ' ld=' "$T/gpt2-0.ir"; then
+		ok "gpt2.dp: logits and d.logits rows of 50304 (2 padded values); pad_vocab 0: none"
+	else
+		fail "gpt2.dp: ld of logits '$a', d.logits '$b'; $(grep -c ' ld=' "$T/gpt2.ir") padded"
+	fi
+	# a stride on a value an op without strides reads: %t (embedding's
+	# output, read by bias_add) declared with ld=8
+	sed -E -e 's/^(%d\.logits +: .*)$/\1\n%t : f32[2,8,4] act ld=8/' \
+		-e 's/^%t : f32\[2,8,4\] = embedding/%t = embedding/' \
+		tests/passes/padvocab.out.ir >"$T/bad.ir"
+	if ! grep -q '^%t .* ld=8' "$T/bad.ir"; then
+		fail "the edited IR has no ld on %t"
+	elif "$DPC" --from-ir "$T/bad.ir" --passes memplan -o "$T/bad.bin" >"$T/bad.out" 2>&1; then
+		fail "a padded value read by bias_add verified"
+	elif grep -q "cannot take %t: its rows are padded" "$T/bad.out" && [ ! -e "$T/bad.bin" ]; then
+		ok "a padded value read by bias_add: a verifier error, no step file"
+	else
+		cat "$T/bad.out"
+		fail "a padded value read by bias_add: not the verifier's message"
+	fi
+fi
+
+text_shard
+# tiny NAME SETTINGS...: gpt2-tiny with a vocabulary of 300 and the train
+# settings given (one per argument)
+tiny() {
+	local name=$1 extra=""; shift
+	for s in "$@"; do extra="$extra\n  $s"; done
+	sed -e "$data" -e 's/^  vocab = 256 .*/  vocab = 300/' \
+		-e "s/^  strategy .*/&$extra/" models/gpt2-tiny.dp >"$T/$name.dp"
+}
+# run NAME NP ARGS...: compile and run, losses, eval lines and parameters kept
+run() {
+	local name=$1 np=$2; shift 2
+	"$DPC" "$T/$name.dp" --world-size "$np" -o "$T/$name.bin" 2>"$T/$name.log" ||
+		{ cat "$T/$name.log"; fail "$name: dpc"; return 1; }
+	mpi "$np" "$T/$name.bin" --steps "$STEPS" --losses "$T/$name.loss" \
+		--save-full "$T/$name.st" "$@" >"$T/$name.log" 2>&1 ||
+		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec on $np ranks"; return 1; }
+	unstamp "$T/$name.log" | grep '^eval ' >"$T/$name.eval" || true
+}
+# same NAME NP ARGS...: NAME (padded) and NAME-0 (pad_vocab 0) bitwise
+same() {
+	local name=$1 np=$2; shift 2
+	run "$name" "$np" "$@" && run "$name-0" "$np" "$@" || return
+	if ! "$DPC" "$T/$name.dp" --world-size "$np" --emit=ir | grep -q '^%logits .* ld=384 '; then
+		fail "$name: the logits are not padded"
+	elif cmp -s "$T/$name.loss" "$T/$name-0.loss" && cmp -s "$T/$name.st" "$T/$name-0.st" &&
+		cmp -s "$T/$name.eval" "$T/$name-0.eval"; then
+		ok "$name ($np ranks): padded logits bitwise the unpadded ($(($(wc -l <"$T/$name.loss") - 1)) losses, $(wc -l <"$T/$name.eval") eval lines, parameters)"
+	else
+		paste "$T/$name.loss" "$T/$name-0.loss" | head -4
+		fail "$name ($np ranks): padded logits differ from the unpadded"
+	fi
+}
+
+if case_on f32-1; then
+	tiny f32-1 && tiny f32-1-0 "pad_vocab 0"
+	same f32-1 1 --eval-every 2
+fi
+if case_on ddp2; then
+	tiny ddp2 && tiny ddp2-0 "pad_vocab 0"
+	same ddp2 2 --eval-every 0
+fi
+if case_on fs2-bf16; then
+	tiny fs2-bf16 "precision bf16" && tiny fs2-bf16-0 "precision bf16" "pad_vocab 0"
+	sed -i 's/^  strategy .*/  strategy full_shard/' "$T/fs2-bf16.dp" "$T/fs2-bf16-0.dp"
+	same fs2-bf16 2 --eval-every 2
+fi
+if case_on gpt2-head; then
+	# GPT-2 124M's head: vocab 50257 (rows of 50304), one layer of width 64
+	gdata='s|"build/data/train.bin"|"'"$T"'/text.bin"|; s|"build/data/val.bin"|"'"$T"'/val.bin"|'
+	for n in gpt2-head gpt2-head-0; do
+		sed -e "$gdata" -e 's/^  ctx = .*/  ctx = 32/; s/^  d = .*/  d = 64/; s/^  heads = .*/  heads = 2/' \
+			-e 's/^  layers = .*/  layers = 1/; s/^  global_batch .*/  global_batch 2/' \
+			-e 's/^  grad_accum .*/  grad_accum 1/' models/gpt2.dp >"$T/$n.dp"
+	done
+	sed -i 's/^  strategy .*/&\n  pad_vocab 0/' "$T/gpt2-head-0.dp"
+	STEPS=2 run gpt2-head 1 --eval-every 0 && STEPS=2 run gpt2-head-0 1 --eval-every 0 &&
+		if [ "$(ld_of logits <("$DPC" "$T/gpt2-head.dp" --emit=ir))" != 50304 ]; then
+			fail "gpt2-head: the logits are not padded"
+		elif cmp -s "$T/gpt2-head.loss" "$T/gpt2-head-0.loss" &&
+			cmp -s "$T/gpt2-head.st" "$T/gpt2-head-0.st"; then
+			ok "GPT-2's head (vocab 50257, rows of 50304): 2 losses and parameters bitwise the unpadded"
+		else
+			paste "$T/gpt2-head.loss" "$T/gpt2-head-0.loss"
+			fail "GPT-2's head: padded logits differ from the unpadded"
+		fi
+fi
+finish padvocab
