@@ -159,7 +159,7 @@ static int check_value(Verifier *vf, int i, const Node *const *byid, int nid)
 		for (int k = 0; k < v->ndim; k++)
 			if (v->dims[k] < 0)
 				value_error(vf, i, "negative dim %d", k), sane = 0;
-	if (v->ld && (sane && (v->ndim < 1 || v->ld <= v->dims[v->ndim - 1]) ||
+	if (v->ld && ((sane && (v->ndim < 1 || v->ld <= v->dims[v->ndim - 1])) ||
 		      v->kind != DP_T_ACT || v->view_of != -1))
 		value_error(vf, i, "ld=%" PRId64 " on a value that is not a temporary with shorter rows",
 			    v->ld);
