@@ -83,13 +83,17 @@ nvar=$(echo $VARIANTS | wc -w)
 # its seconds, rounded to a half, 0.5 at least; the start order;
 # cuda_emu_mutations and gpu_kit: their old seconds scaled by their CPU
 # seconds after mutants were compiled once and the kit's rehearsal halved
-# its part 4, measured at load ~15: 126 to 154 of 327, 68 of 94)
+# its part 4, measured at load ~15: 126 to 154 of 327, 68 of 94);
+# cuda_emu, cuda_emu_mutations, offload, compress, padvocab, simulate and
+# pipeline: their seconds in the `make test-all` of the merged tree on 2
+# otherwise idle cores, 2026-11-27 (beside the other suites, so the
+# emulator's are longer than alone))
 TABLE="
 durability             0.5    -       212
-cuda_emu               1      -       347
-cuda_emu_mutations     1      -        80
+cuda_emu               1      -       450
+cuda_emu_mutations     1      -       238
 gpu_kit                1      -        75
-offload                0.5    -       149
+offload                0.5    -        60
 faults                 0.5    -       104
 dprun                  0.5    -        66
 hosts                  0.5    -        45
@@ -98,7 +102,7 @@ gradcheck              2      -        62
 bf16                   1      -        53
 fp16                   0.5    -        56
 torch_ref              1      -        51
-compress               1      -       110
+compress               1      -        31
 resume                 1      -        43
 schedules              1      -        35
 runtime_errors         0.5    -        34
@@ -124,9 +128,9 @@ errors                 1      -         6
 layers                 0.5    -         1
 views                  0.5    -         1
 roofline               0.5    -         1
-padvocab               0.5    -        30
-simulate               0.5    -         9
-pipeline               1      -        30
+padvocab               0.5    -         8
+simulate               0.5    -         3
+pipeline               1      -        56
 golden                 0.5    -         1
 "
 # The seconds of each suite under SAN=1 (measured as the table's, less
