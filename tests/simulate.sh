@@ -214,7 +214,7 @@ assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
 assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
 assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
 ' "$T/m.json"; then
-		ok "calibrate: mlp at 1 rank: $(sed -n 's/^calibrated cpu-1-ranks: //p' "$T/cal1.txt" | cut -d, -f1-2)"
+		ok "calibrate: mlp at 1 rank: $(unstamp "$T/cal1.txt" | sed -n 's/^calibrated cpu-1-ranks: //p' | cut -d, -f1-2)"
 	else
 		fail "calibrate: mlp at 1 rank"; cat "$T/cal1.txt" "$T/sim1.txt" | head -n 8
 	fi
