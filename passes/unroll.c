@@ -224,7 +224,6 @@ static int slot_of(const Graph *g, int i, int first_bwd)
 
 int unroll_run(Graph *g, Diag *d)
 {
-	(void)d;
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
 	if (p <= 1)
 		return 0;
@@ -282,8 +281,17 @@ int unroll_run(Graph *g, Diag *d)
 		die("out of memory");
 	stages_account(g, sc);
 	double bubble;
-	if (stages_simulate(sc, p, m, g->pipeline, &bubble, sl) < 0)
-		die("unroll: the %s schedule deadlocks", stages_schedule_name(g->pipeline));
+	if (stages_simulate(sc, p, m, g->pipeline, &bubble, sl) < 0) {
+		/* a user's choice (zero_bubble at grad_accum 1), not a bug */
+		error_at(d, g->mesh_loc,
+			 "the %s pipeline schedule cannot order %d micro-batch%s over pp=%d stages "
+			 "without a deadlock: raise train's grad_accum (its micro-batches), or use "
+			 "another schedule",
+			 stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es", p);
+		free(order), free(pre_done), free(fdone), free(bdone), free(next);
+		free(sl), free(sc), free(old), free(slot), free(c.copy);
+		return -1;
+	}
 	size_t k = 0;
 	for (int left = per * p; left > 0;) {
 		int best = -1;
