@@ -37,33 +37,29 @@ static __device__ __forceinline__ void cu_mma_bf16(float *d, const uint32_t *a, 
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int N> static __device__ __forceinline__ void cu_ldsm(uint32_t *r, const void *p)
-{
-	uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-	if constexpr (N == 1)
-		asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
-			     : "=r"(r[0]) : "r"(s) : "memory");
-	else if constexpr (N == 2)
-		asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-			     : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");
-	else
-		asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-			     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-}
-
-template <int N> static __device__ __forceinline__ void cu_ldsm_t(uint32_t *r, const void *p)
-{
-	uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
-	if constexpr (N == 1)
-		asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
-			     : "=r"(r[0]) : "r"(s) : "memory");
-	else if constexpr (N == 2)
-		asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-			     : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");
-	else
-		asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-			     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
-}
+/* cu_ldsm / cu_ldsm_t: ldmatrix of N (1, 2, 4) 8x8 b16 tiles from shared
+ * memory, as stored / transposed (.trans); one body, the qualifier pasted
+ * into the instruction's text */
+#define CU_LDSM(NAME, TRANS)                                                                      \
+	template <int N> static __device__ __forceinline__ void NAME(uint32_t *r, const void *p)    \
+	{                                                                                         \
+		uint32_t s = (uint32_t)__cvta_generic_to_shared(p);                                 \
+		if constexpr (N == 1)                                                               \
+			asm volatile("ldmatrix.sync.aligned.m8n8.x1" TRANS ".shared.b16 {%0}, [%1];\n" \
+				     : "=r"(r[0]) : "r"(s) : "memory");                               \
+		else if constexpr (N == 2)                                                          \
+			asm volatile("ldmatrix.sync.aligned.m8n8.x2" TRANS                            \
+				     ".shared.b16 {%0, %1}, [%2];\n"                                   \
+				     : "=r"(r[0]), "=r"(r[1]) : "r"(s) : "memory");                   \
+		else                                                                                \
+			asm volatile("ldmatrix.sync.aligned.m8n8.x4" TRANS                            \
+				     ".shared.b16 {%0, %1, %2, %3}, [%4];\n"                           \
+				     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s)          \
+				     : "memory");                                                     \
+	}
+CU_LDSM(cu_ldsm, "")
+CU_LDSM(cu_ldsm_t, ".trans")
+#undef CU_LDSM
 
 #else /* the CUDA emulator: the same layouts, every lane's registers at once;
        * the call's place (GCC's __builtin_FILE/LINE at the caller) names it
