@@ -2,7 +2,7 @@
  * stage_params.c - each pipeline stage keeps only its own parameters,
  * gradients and optimizer state (pass "stage_params", pp > 1).
  *
- * Before (after unroll), when stages_split_params holds (pp = 2, every
+ * Before (after unroll), when stages_split_params holds (pp > 1, every
  * trained parameter in an uncut unit, no offload, no compression):
  * flat.params, flat.grads, the 16-bit compute copy and the optimizer state
  * hold every trained parameter on every rank; the layout pass ordered the
@@ -31,10 +31,7 @@
  * and its checkpoints find each stage's parameters where that stage's
  * ranks hold them (runtime/ckpt_layout.c).
  * When stages_split_params does not hold, nothing changes: every stage
- * keeps every parameter (passes/p2p.c). pp > 2 waits: there the norm's
- * all_reduce over pp shares its communicator with the transfers, whose
- * calls differ by stage, and the emulated CUDA step diverges from the
- * CPU's when clipping.
+ * keeps every parameter (passes/p2p.c).
  */
 #include <stdlib.h>
 #include <string.h>

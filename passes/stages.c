@@ -228,10 +228,7 @@ int stages_param_stage(const Graph *g, int p)
 int stages_split_params(const Graph *g)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
-	/* pp = 2 only for now: at pp = 4 the emulated CUDA backend's step
-	 * diverges from the CPU's when clipping (the norm's all_reduce over pp
-	 * shares the transfers' communicator, whose calls differ by stage) */
-	if (p != 2 || g->offload || g->cfg.compress != DP_COMPRESS_NONE)
+	if (p <= 1 || p > STAGES_MAX_ACCOUNT || g->offload || g->cfg.compress != DP_COMPRESS_NONE)
 		return 0;
 	for (int v = 0; v < g->nvalues; v++) {
 		const Value *pv = g->values[v];

@@ -35,8 +35,9 @@
 #     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
 #     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
 #     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
-#     pipedream_flush (also in bf16) and zero_bubble, and pp=2 x dp_shard=2
-#     under ddp and full_shard); and GPT-2's
+#     pipedream_flush (also in bf16) and zero_bubble, pp=2 x dp_shard=2
+#     under ddp and full_shard, and pp=4, each stage keeping its own
+#     parameters); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -549,6 +550,10 @@ PREC=bf16 model_case gpt2-vocab ddp 1
 model_case gpt2-pp ddp 2 "pp=2"
 model_case gpt2-zb ddp 2 "pp=2"
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
+# pp=4: each stage its own parameters, the stages' parts sharing bytes (the
+# clip fold reads this rank's instructions only), the norm's all_reduce over
+# pp on the communicator of the transfers, a middle stage making more of them
+model_case gpt2-pp ddp 4 "pp=4"
 model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
 # fp16 with dynamic loss scaling (the header's bounds): f16 on f32 copies,

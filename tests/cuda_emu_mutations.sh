@@ -62,6 +62,11 @@
 #   p2p_wait      the comm stream's wait for the compute stream right before
 #                 a pipeline send dropped (mlp8 at pp=2): the send moves an
 #                 activation or gradient the compute stream has not written
+#   clip_stage    the clip fold (optim.cu's cu_plan_clip) reads the other
+#                 pipeline stages' instructions as this rank's: at pp=4 the
+#                 stages' gradient parts share bytes, and an update is paired
+#                 with another stage's clip beside its own (gpp4: gpt2-tiny,
+#                 small, at pp=4; its gradients clipped twice)
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
@@ -171,6 +176,12 @@ cp models/mlp8.dp "$T/mlp8.dp"
 sed 's/^  strategy ddp/  strategy zero2/' "$T/mlp8.dp" >"$T/zero2.dp"
 sed 's/^\(    param b: .*\) init zeros/\1 init normal(0, 0.5)/' "$T/zero2.dp" >"$T/biased.dp"
 { echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
+# gpp4: gpt2-tiny (small, as tests/cuda_emu.sh's gpt2-pp) at pp=4 under
+# 1F1B, each stage keeping its own parameters (passes/stage_params.c)
+gpp4_model() {
+	once hd64 hd64_model
+	{ echo "mesh pp=4"; grep -v '^mesh ' "$T/hd64.dp" | sed 's/^  strategy .*/&\n  grad_accum 2/'; } >"$T/gpp4.dp"
+}
 # psgd: mlp8 under compress powersgd from step 1 (orthogonalize on the device)
 sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1)/' "$T/mlp8.dp" >"$T/psgd.dp"
 # hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
@@ -259,6 +270,7 @@ reference() {
 	one) np=1 src=$T/mlp8.dp ;;
 	two) src=$T/zero2.dp ;;
 	pp2) ;;
+	gpp4) np=4 defs="-D ctx=16 -D d=32 -D heads=2"; once gpp4src gpp4_model ;;
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
@@ -376,6 +388,7 @@ gelu_map      gelu_map      hd64    1 all DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1 DPEMU
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
+clip_stage    clip_stage    gpp4    4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_layout     tc_layout     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
@@ -449,6 +462,7 @@ unmutated() {
 }
 unmutated two "the same case"
 unmutated psgd "the PowerSGD case"
+unmutated gpp4 "gpt2-tiny at pp=4 (stage parts sharing bytes)"
 unmutated biased "the biased case"
 unmutated bb16 "the biased bf16 case"
 unmutated hd64 "the gpt2-hd64 case"

@@ -17,7 +17,10 @@
 #             one pipeline stage; losses rtol 1e-5, final parameters atol 1e-6
 #             + rtol 1e-4, tests/equivalence.sh's bounds and reasons):
 #     mlp8-pp2, mlp8-pp3 (an uneven cut: 9 blocks on 3 stages), gpt-pp2,
-#     gpt-pp4 against 1 rank; gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
+#     gpt-pp4 (clipping, the tied wte on all four stages) against 1 rank;
+#     mlp8-pp4-noclip against mlp8 without clip_grad_norm on 1 rank (each
+#     stage keeping its own parameters: the logged norm sums the four
+#     stages' parts); gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
 #     gpt-pp2xzero2 (pp=2 x dp_shard=2, zero2: the slices reduce_scattered
 #     over dp_shard, then summed over pp) against zero2 at 2 ranks (without
@@ -121,6 +124,9 @@ pp() {
 }
 pp "$M8" 2 "$T/mlp8-pp2.dp"
 pp "$M8" 3 "$T/mlp8-pp3.dp"
+# pp=4 without clipping: the logged norm, summed over four stages' own parts
+variant "$M8" "$T/mlp8-noclip.dp" '/^  clip_grad_norm /d'
+pp "$T/mlp8-noclip.dp" 4 "$T/mlp8-pp4-noclip.dp"
 pp "$M8" 2 "$T/mlp8-zero1pp.dp" 's/^  strategy ddp/  strategy zero1/'
 variant "$M8" "$T/mlp8-zero1.dp" 's/^  strategy ddp/  strategy zero1/'
 variant "$T/gpt.dp" "$T/gpt-zero2.dp" 's/^  strategy ddp/  strategy zero2/'
@@ -154,6 +160,8 @@ need() {
 	mlp8-1) once "$1" eq_run "$1" 1 "$M8" ;;
 	mlp8-pp2) once "$1" eq_run "$1" 2 "$T/mlp8-pp2.dp" ;;
 	mlp8-pp3) once "$1" eq_run "$1" 3 "$T/mlp8-pp3.dp" ;;
+	mlp8-noclip) once "$1" eq_run "$1" 1 "$T/mlp8-noclip.dp" ;;
+	mlp8-pp4-noclip) once "$1" eq_run "$1" 4 "$T/mlp8-pp4-noclip.dp" ;;
 	mlp8-zero1) once "$1" eq_run "$1" 2 "$T/mlp8-zero1.dp" ;;
 	mlp8-pp2xzero1) once "$1" eq_run "$1" 4 "$T/mlp8-zero1pp.dp" ;;
 	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
@@ -182,7 +190,8 @@ same_losses() {
 		fail "$1: losses bit for bit $2's"
 	fi
 }
-for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 gpt-pp2:gpt-1 gpt-pp4:gpt-1 gpt-pp2xdp2:gpt-dp2 \
+for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt-1 gpt-pp4:gpt-1 \
+	gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xfs:gpt-fs gpt-pp2xfs-zb:gpt-fs \
 	gpt-pp2xhs:gpt-fs \
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \

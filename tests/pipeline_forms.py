@@ -15,8 +15,8 @@ closed forms:
   params per stage     the blocks' own params, and the tied token embedding
                        wte (embed's, read by the head) on the last stage too;
                        what each stage's ranks hold (passes/stage_params.c):
-                       those, their gradients and AdamW's two moments (2x)
-                       at pp=2; at pp=4 every stage keeps every parameter
+                       those, their gradients and AdamW's two moments (2x),
+                       and at pp=4 the tied wte on the middle stages too
   sent per micro-batch micro_batch x ctx x d x 4 bytes over every cut (only
                        the residual stream x crosses; ids and targets are
                        data, read by the stages that use them); 0 after the
@@ -182,10 +182,12 @@ for sched in ("pipedream_flush", "gpipe"):
               % (m, sched, stages[0]["send"], mb, CTX, D))
     text = stats("models/gpt2-tiny.dp", 4, 4, 8, sched, ["-D", "layers=4"])
     stages, mb = forms("gpt2-tiny L=4", text, 4, 8, sched)
-    if len(stages) == 4:  # pp > 2: every stage keeps every parameter (no held line)
-        check([st.get("held") for st in stages] == [None] * 4,
-              "gpt2-tiny L=4 pp=4 %s: every stage keeps every parameter (held %s)"
-              % (sched, [st.get("held") for st in stages]))
+    if len(stages) == 4:  # stages 1 and 2 hold their own and the tied wte
+        want = [EMBED + H, H + WTE, H + WTE, H + LNF + WTE]
+        check([st.get("held") for st in stages] == want and
+              [st["params"] for st in stages] == [EMBED + H, H, H, H + LNF + WTE],
+              "gpt2-tiny L=4 pp=4 %s: held params %s = embed + h | h + wte | h + wte | h + lnf "
+              "+ wte %s" % (sched, [st.get("held") for st in stages], want))
     for s in range(3):
         if len(stages) == 4:
             check(stages[s]["send"] == mb * CTX * D * 4,

@@ -520,7 +520,8 @@ static void *plan_alloc(CuPlan *p, size_t bytes)
 static int plan(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
-	CuPlan p = {.s = s, .ptr = b->ptr, .alloc = plan_alloc, .impl = x};
+	CuPlan p = {.s = s, .ptr = b->ptr, .stage = (int)b->comm->coord[DP_AXIS_PP], .alloc = plan_alloc,
+		    .impl = x};
 	memcpy(p.blas, x->blas, sizeof p.blas);
 	for (int g = 0; g < DP_NPROG; g++) {
 		x->fuse[g] = calloc(s->nprog[g] ? s->nprog[g] : 1, sizeof *x->fuse[g]);

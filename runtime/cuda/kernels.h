@@ -218,10 +218,15 @@ extern const KernelRow cu_bf16_rows[];
  * entries of the instructions it fuses, with device memory from alloc
  * (persistent, zeroed, freed by the backend). fuse[p][i] belongs to
  * instruction i of program p; ptr are the tensors' device addresses.
+ * stage is this rank's pipeline stage: the executor skips the other
+ * stages' instructions (cu_plan_runs), whose tensors may share this
+ * stage's bytes (passes/stage_params.c's parts), so a planner that reasons
+ * about what runs between two instructions reads only this rank's.
  */
 typedef struct CuPlan {
 	const DpStep *s;
 	void *const *ptr;
+	int stage;
 	CuFuse *fuse[DP_NPROG];
 	cublasLtHandle_t blas[DP_NSTREAM]; /* per stream, NULL on one without GEMMs */
 	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
@@ -229,6 +234,12 @@ typedef struct CuPlan {
 	const DpStep *own;      /* the step with its own dtypes, when s is the f32 view of
 	                           staged f16 instructions (cu_plan_gemm); NULL: s is */
 } CuPlan;
+
+/* Does this rank run `in` (its stage's, or every rank's)? */
+static inline int cu_plan_runs(const CuPlan *p, const DpInstr *in)
+{
+	return !in->stage1 || dp_instr_stage(in) == p->stage;
+}
 
 /* The clip folded into the optimizers that read its gradients (optim.cu). */
 int cu_plan_clip(CuPlan *p, RtErr *e);

@@ -34,7 +34,12 @@
  * as clip then update, bitwise, with the gradients read once by the norm and once by
  * the update (8 bytes per parameter less: ~1 GB, ~0.3 ms per step on an
  * H100 for GPT-2 124M). The gradients stay unclipped in memory, which is
- * why nothing else may read them before they are zeroed.
+ * why nothing else may read them before they are zeroed. Only this rank's
+ * instructions count (cu_plan_runs): at pp > 1 each stage's gradients are
+ * its own part, and the stages' parts share bytes, so another stage's
+ * clip, update or fill at the same addresses is none of this one's (read
+ * as this stage's, an update was paired with another stage's clip and its
+ * gradients clipped twice: gpt2-tiny at pp=4).
  */
 #include "device.cuh"
 #include "../lr_sched.h"
@@ -417,7 +422,7 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t i = 0; i < s->nprog[pg]; i++) {
 			const DpInstr *c = &s->prog[pg][i];
-			if (c->op != DP_OP_CLIP)
+			if (c->op != DP_OP_CLIP || (!MUTANT(clip_stage) && !cu_plan_runs(p, c)))
 				continue;
 			const DpTensor *grads = &s->tensors[c->out], *norm = &s->tensors[c->in[0]];
 			if (grads->dtype == DP_F16)
@@ -425,6 +430,8 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			int ok = 0, norm_written = 0, nconsumers = 0;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
+				if (!MUTANT(clip_stage) && !cu_plan_runs(p, k))
+					continue; /* another stage's: its parts share these bytes */
 				int is_opt = k->op == DP_OP_ADAMW || k->op == DP_OP_SGD;
 				int out_hits = k->out >= 0 && overlaps(&s->tensors[k->out], grads);
 				if (is_opt && k->in[0] >= 0 && overlaps(&s->tensors[k->in[0]], grads)) {
@@ -449,6 +456,8 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			p->fuse[pg][i].skip = 1;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
+				if (!MUTANT(clip_stage) && !cu_plan_runs(p, k))
+					continue;
 				if ((k->op == DP_OP_ADAMW || k->op == DP_OP_SGD) && k->in[0] >= 0 &&
 				    overlaps(&s->tensors[k->in[0]], grads)) {
 					p->fuse[pg][j].clip_norm = (const float *)p->ptr[c->in[0]];

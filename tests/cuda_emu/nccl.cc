@@ -20,8 +20,9 @@
  * collectives in capture order at each launch), as NCCL does. When its
  * stream and its communicator let it start, the collective:
  *  1. stages its input in host memory and exchanges a descriptor with every
- *     rank (MPI_Iallgather): kind, type, reduction, count, its sequence
- *     number on the communicator and, unless DPEMU_NCCL_SAME_BUFFERS=0, the
+ *     rank (MPI_Iallgather): kind, type, reduction, count, its number among
+ *     the communicator's collectives (its point-to-point calls not counted:
+ *     they pair per peer, below) and, unless DPEMU_NCCL_SAME_BUFFERS=0, the
  *     allocation and offset of its buffers (dp's ranks share one layout,
  *     so a different buffer means a different tensor). Any difference is a
  *     mismatch: every rank reports it and exits, where NCCL would hang or
@@ -125,7 +126,13 @@ struct NcclComm {
 	ncclResult_t async = ncclSuccess;
 	std::deque<Op *> fifo;    /* issued, not started */
 	Op *active = nullptr;     /* started, not finished */
-	uint64_t issued = 0;
+	/* collectives issued: a collective's number, which every rank must
+	 * agree on; the point-to-point calls pair per peer (p2p_seq) and are
+	 * not counted, since the ranks of a pipeline make different numbers of
+	 * them between two collectives of one communicator (NCCL's rule: "the
+	 * same order on all ranks" is the collectives'; a send needs only its
+	 * peer's recv) */
+	uint64_t collectives = 0;
 	int graph_refs = 0;       /* graphs and graph execs that captured it */
 	int launch_refs = 0;      /* launches of such graphs not finished */
 	bool blocking = true;
@@ -368,7 +375,6 @@ struct CommWork : Work {
 	NcclComm *comm() const override { return c; }
 	void issued(Op &op) override
 	{
-		op.comm_seq = c->issued++;
 		if (!c->aborted)
 			c->fifo.push_back(&op);
 	}
@@ -407,6 +413,11 @@ struct CollWork : CommWork {
 	ncclRedOp_t op;
 	int root;
 
+	void issued(Op &op) override
+	{
+		op.comm_seq = c->collectives++;
+		CommWork::issued(op);
+	}
 	size_t in_elems() const { return kind == K_REDUCESCATTER ? count * c->nranks : count; }
 	size_t out_elems() const { return kind == K_ALLGATHER ? count * c->nranks : count; }
 	std::string what() const override
