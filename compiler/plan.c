@@ -106,13 +106,10 @@ static int is_sharded(int strategy)
 	return strategy == DP_STRAT_FULL_SHARD || strategy == DP_STRAT_HYBRID_SHARD;
 }
 
-/* The candidate's settings as --set lines after the user's; sets[] must
- * hold nuser + 4. */
-static int plan_sets(const Plan *p, const PlanOpts *po, FeSet *sets, char buf[3][64])
+/* The candidate's settings as --set lines (at most 4). */
+static int plan_sets(const Plan *p, FeSet *sets, char buf[3][64])
 {
 	int n = 0;
-	for (int i = 0; i < po->nsets; i++)
-		sets[n++] = po->sets[i];
 	snprintf(buf[0], 64, "%s", dp_strategy_names[p->strategy]);
 	sets[n++] = (FeSet){"train.strategy", buf[0], "--plan"};
 	sets[n++] = (FeSet){"train.gradient_checkpointing", p->gc ? "true" : "false", "--plan"};
@@ -131,10 +128,16 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
 	if (!sets)
 		die("out of memory");
 	char buf[3][64];
-	int nsets = plan_sets(p, po, sets, buf);
-	FeOptions fo = {.world_size = po->world, .tp = p->tp, .cp = p->cp, .dp_replicate = p->rep,
-			.pp = p->pp, .defines = po->defines, .ndefines = po->ndefines, .sets = sets,
-			.nsets = nsets};
+	memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
+	int nsets = po->nsets + plan_sets(p, sets + po->nsets, buf);
+	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
+			.sets = sets, .nsets = nsets};
+	if (!po->mesh) { /* `mesh auto` takes the candidate's axes */
+		fo.tp = p->tp;
+		fo.cp = p->cp;
+		fo.dp_replicate = p->rep;
+		fo.pp = p->pp;
+	}
 	Diag d;
 	diag_init(&d, quiet, po->path, NULL);
 	char *src = NULL;
@@ -337,8 +340,8 @@ static void search_mesh(const Search *se, int phase, int m)
 static void progress(Search *se, int phase, int meshes_done, int force)
 {
 	double t = now_s();
-	if (!force && t - se->last < 1)
-		return;
+	if ((!force && t - se->last < 1) || (se->po->brief && t - se->t0 < 1))
+		return; /* strategy auto: quiet when the search is quick */
 	int compiled = 0;
 	for (int i = 0; i < se->n; i++)
 		compiled += se->plans[i].compiled;
@@ -502,10 +505,28 @@ static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard)
 	return n;
 }
 
-int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
+/* What p loses to b by: the larger of its extra compute and its extra
+ * exposed communication (at pp > 1 its waits: transfers and the bubble). */
+static void why_slower(char *why, size_t len, const Plan *p, const Plan *b)
+{
+	char h[64];
+	double dc = p->compute_s - b->compute_s, de = p->exposed_s - b->exposed_s;
+	if (p->step_s - b->step_s <= 1e-4 * b->step_s && p->mem == b->mem)
+		snprintf(why, len, "a tie");
+	else if (p->step_s - b->step_s <= 1e-4 * b->step_s)
+		snprintf(why, len, "as fast, %s more memory",
+			 stats_human_bytes(h, sizeof h, (double)(p->mem - b->mem)));
+	else if (dc >= de)
+		snprintf(why, len, "+%.3f ms compute", 1e3 * dc);
+	else if (p->pp > 1)
+		snprintf(why, len, "+%.3f ms waiting (bubble, comm)", 1e3 * de);
+	else
+		snprintf(why, len, "+%.3f ms exposed comm", 1e3 * de);
+}
+
+int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 {
 	int N = po->world;
-	*winner = NULL;
 	int cap = 64, n = 0;
 	Plan *plans = malloc(sizeof *plans * (size_t)cap);
 	int *mesh_start = NULL, nmesh = 0;
@@ -514,18 +535,20 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 	/* pp where it divides the world (the front end refuses more stages
 	 * than blocks: counted as refused) */
 	for (int pp = 1; pp <= N; pp++) {
-		if (N % pp)
+		if (N % pp || (po->mesh && (uint32_t)pp != po->mesh[DP_AXIS_PP]))
 			continue;
 		int M = N / pp;
 		for (int tp = 1; tp <= M; tp++) {
-			if (M % tp || tp > po->machine->ranks_per_node)
+			if (M % tp || (po->mesh ? (uint32_t)tp != po->mesh[DP_AXIS_TP]
+						: tp > po->machine->ranks_per_node))
 				continue;
 			for (int cp = 1; cp <= M / tp; cp++) {
-				if ((M / tp) % cp || cp > po->machine->ranks_per_node)
+				if ((M / tp) % cp || (po->mesh ? (uint32_t)cp != po->mesh[DP_AXIS_CP]
+							    : cp > po->machine->ranks_per_node))
 					continue;
 				int dp = M / tp / cp;
 				for (int rep = 1; rep <= dp; rep++) {
-					if (dp % rep)
+					if (dp % rep || (po->mesh && (uint32_t)rep != po->mesh[DP_AXIS_REPLICATE]))
 						continue;
 					if (n + 64 > cap) {
 						cap *= 2;
@@ -585,7 +608,8 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 			smallest = p;
 	}
 	char name[160], h[64], h2[64];
-	fprintf(out, "plan search on %s at %d ranks: %d candidates: %d compiled (%d refused by the "
+	if (!po->brief)
+		fprintf(out, "plan search on %s at %d ranks: %d candidates: %d compiled (%d refused by the "
 		"front end, %d checkpointing nothing), %d simulated: %d fit, %d over the device "
 		"memory, %d slower than ten that fit (memory not planned); %d refused uncompiled "
 		"(zero_bubble's order deadlocks), %d pruned by the memory bound, %d by dominance; "
@@ -597,7 +621,8 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 	if (!nfit) {
 		if (smallest) {
 			plan_name(name, sizeof name, smallest);
-			fprintf(stderr, "dpc: --plan: no plan fits in %s per rank; the smallest needs %s (%s)\n",
+			fprintf(stderr, "dpc: %s: no plan fits in %s per rank; the smallest needs %s (%s)\n",
+				po->brief ? "strategy auto" : "--plan",
 				stats_human_bytes(h, sizeof h, (double)po->device_memory),
 				stats_human_bytes(h2, sizeof h2, (double)smallest->mem), name);
 		} else {
@@ -607,31 +632,44 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 		goto out;
 	}
 	qsort(fit, (size_t)nfit, sizeof *fit, by_time);
+	const Plan *w = fit[0];
+	*choice = (PlanChoice){0};
+	choice->nsets = plan_sets(w, choice->sets, choice->buf);
+	for (int i = 0; i < choice->nsets && po->brief; i++)
+		choice->sets[i].what = "strategy auto"; /* for the compile's warnings */
+	if (!po->mesh) {
+		choice->tp = w->tp;
+		choice->cp = w->cp;
+		choice->dp_replicate = w->rep;
+		choice->pp = w->pp;
+	}
+	if (po->brief) { /* `strategy auto`: the choice, and why not the next */
+		plan_name(name, sizeof name, w);
+		fprintf(out, "dpc: strategy auto: %s: %.3f ms a step, %s per rank, on %s (%d of %d "
+			"candidates compiled, %.2f s)\n", name, 1e3 * w->step_s,
+			stats_human_bytes(h, sizeof h, (double)w->mem), po->machine->name, compiled, n,
+			took);
+		if (nfit > 1) {
+			char why[128];
+			why_slower(why, sizeof why, fit[1], w);
+			plan_name(name, sizeof name, fit[1]);
+			fprintf(out, "dpc: strategy auto: runner-up %s: %.3f ms (%s)\n", name,
+				1e3 * fit[1]->step_s, why);
+		}
+		goto out;
+	}
 	fprintf(out, "%-4s %-84s %10s %10s %10s %12s  %s\n", "#", "plan", "step ms", "compute", "exposed",
 		"memory", "against #1");
 	for (int i = 0; i < nfit && i < TOP; i++) {
 		const Plan *p = fit[i], *b = fit[0];
 		plan_name(name, sizeof name, p);
 		char why[128] = "";
-		if (i) {
-			double dc = p->compute_s - b->compute_s, de = p->exposed_s - b->exposed_s;
-			if (p->step_s - b->step_s <= 1e-4 * b->step_s && p->mem == b->mem)
-				snprintf(why, sizeof why, "a tie");
-			else if (p->step_s - b->step_s <= 1e-4 * b->step_s)
-				snprintf(why, sizeof why, "as fast, %s more memory",
-					 stats_human_bytes(h2, sizeof h2, (double)(p->mem - b->mem)));
-			else if (dc >= de)
-				snprintf(why, sizeof why, "+%.3f ms compute", 1e3 * dc);
-			else if (p->pp > 1) /* its waits: transfers and the pipeline's bubble */
-				snprintf(why, sizeof why, "+%.3f ms waiting (bubble, comm)", 1e3 * de);
-			else
-				snprintf(why, sizeof why, "+%.3f ms exposed comm", 1e3 * de);
-		}
+		if (i)
+			why_slower(why, sizeof why, p, b);
 		fprintf(out, "%-4d %-84s %10.3f %10.3f %10.3f %12s  %s\n", i + 1, name, 1e3 * p->step_s,
 			1e3 * p->compute_s, 1e3 * p->exposed_s,
 			stats_human_bytes(h, sizeof h, (double)p->mem), why);
 	}
-	*winner = plan_compile(fit[0], po, quiet, npipeline);
 	plan_name(name, sizeof name, fit[0]);
 	fprintf(out, "winner: %s\n", name);
 out:
