@@ -363,7 +363,8 @@ static void choice_options(FeOptions *fo, const PlanChoice *c, FeSet **sets)
 	*sets = malloc(sizeof **sets * (size_t)(fo->nsets + c->nsets));
 	if (!*sets)
 		die("out of memory");
-	memcpy(*sets, fo->sets, sizeof **sets * (size_t)fo->nsets);
+	if (fo->nsets)
+		memcpy(*sets, fo->sets, sizeof **sets * (size_t)fo->nsets);
 	memcpy(*sets + fo->nsets, c->sets, sizeof **sets * (size_t)c->nsets);
 	fo->sets = *sets;
 	fo->nsets += c->nsets;

@@ -128,7 +128,8 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
 	if (!sets)
 		die("out of memory");
 	char buf[3][64];
-	memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
+	if (po->nsets)
+		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
 	int nsets = po->nsets + plan_sets(p, sets + po->nsets, buf);
 	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
 			.sets = sets, .nsets = nsets};
