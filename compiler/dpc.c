@@ -356,6 +356,26 @@ static int64_t parse_size(const char *s)
 	return -1;
 }
 
+/* The front end's options of a plan the search chose: fo's own sets (the
+ * user's, then the choice's) in *sets, which the caller frees. */
+static void choice_options(FeOptions *fo, const PlanChoice *c, FeSet **sets)
+{
+	*sets = malloc(sizeof **sets * (size_t)(fo->nsets + c->nsets));
+	if (!*sets)
+		die("out of memory");
+	if (fo->nsets)
+		memcpy(*sets, fo->sets, sizeof **sets * (size_t)fo->nsets);
+	memcpy(*sets + fo->nsets, c->sets, sizeof **sets * (size_t)c->nsets);
+	fo->sets = *sets;
+	fo->nsets += c->nsets;
+	if (c->tp) { /* the search chose the mesh: `mesh auto` takes it */
+		fo->tp = c->tp;
+		fo->cp = c->cp;
+		fo->dp_replicate = c->dp_replicate;
+		fo->pp = c->pp;
+	}
+}
+
 /* --plan: the search, then the winner's step file to output (or none). */
 static int run_plan(const char *path, int world, const FeDefine *defines, int ndefines,
 		    const FeSet *sets, int nsets, const Machine *mc, int64_t device_memory,
@@ -363,19 +383,71 @@ static int run_plan(const char *path, int world, const FeDefine *defines, int nd
 {
 	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
 		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory};
-	Graph *g = NULL;
-	int rc = plan_run(&po, stdout, &g) < 0 ? 1 : 0;
-	if (rc == 0 && output) {
-		char err[512];
-		if (!g || ir_write_step(g, output, err, sizeof err) < 0) {
-			fprintf(stderr, "dpc: %s\n", g ? err : "--plan: the winner does not compile again");
-			rc = 1;
-		} else {
-			printf("wrote %s\n", output);
-		}
+	PlanChoice c;
+	if (plan_run(&po, stdout, &c) < 0)
+		return 1;
+	if (!output)
+		return 0;
+	FeOptions fo = {.world_size = world, .defines = defines, .ndefines = ndefines, .sets = sets,
+			.nsets = nsets};
+	FeSet *all;
+	choice_options(&fo, &c, &all);
+	Diag d;
+	diag_init(&d, stderr, path, NULL);
+	char *src = NULL, err[512];
+	Graph *g = lower_compile_opts(path, &fo, &d, &src);
+	PipelineOpts pl = {.verify = 1};
+	int rc = 0;
+	if (!g || d.nerrors || pipeline_run(g, &d, &pl) < 0) {
+		fprintf(stderr, "dpc: --plan: the winner does not compile again\n");
+		rc = 1;
+	} else if (ir_write_step(g, output, err, sizeof err) < 0) {
+		fprintf(stderr, "dpc: %s\n", err);
+		rc = 1;
+	} else {
+		printf("wrote %s\n", output);
 	}
 	ir_free(g);
+	free(src);
+	free(all);
 	return rc;
+}
+
+/* `strategy auto` in *g (the file's graph): the plan search on its mesh
+ * (every mesh of the world under `mesh auto` without axis flags), the
+ * choice printed to stderr, and *g compiled again as the choice (fo then
+ * holds the choice's options: *own_sets its sets for the caller to free,
+ * pointing into *c).
+ * 0, or -1 (no plan fits, or a front-end error through d). */
+static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice *c,
+			 FeSet **own_sets, const char *simulate, const Machine *mc,
+			 int64_t device_memory, Diag *d, char **src)
+{
+	Machine preset = {0};
+	char err[512];
+	if (!simulate && machine_load(&preset, "h100-nvlink", err, sizeof err) < 0)
+		die("strategy auto: %s", err);
+	int world = 1;
+	for (int a = DP_AXIS_PP; a <= DP_AXIS_TP; a++)
+		world *= (int)(*g)->cfg.mesh[a];
+	PlanOpts po = {.path = path, .world = world, .defines = fo->defines, .ndefines = fo->ndefines,
+		       .sets = fo->sets, .nsets = fo->nsets, .machine = simulate ? mc : &preset,
+		       .device_memory = device_memory, .brief = 1};
+	/* the mesh is searched under `mesh auto` without dpc's axis flags */
+	if (!(*g)->mesh_auto || fo->tp || fo->cp || fo->dp_replicate || fo->pp)
+		po.mesh = (*g)->cfg.mesh;
+	int rc = plan_run(&po, stderr, c);
+	machine_free(&preset);
+	if (rc < 0)
+		return -1;
+	ir_free(*g);
+	free(*src);
+	choice_options(fo, c, own_sets);
+	*g = lower_compile_opts(path, fo, d, src);
+	if (!*g || d->nerrors)
+		return -1;
+	d->src = *src;
+	return 0;
 }
 
 /* --simulate: the prediction on stdout, the timeline to trace_path (or
@@ -772,6 +844,8 @@ int main(int argc, char **argv)
 	diag_init(&diag, stderr, path, NULL);
 	char *src = NULL;
 	Graph *g = NULL;
+	FeSet *auto_sets = NULL; /* strategy auto: the front end's sets, the choice's among them */
+	PlanChoice auto_choice;
 	int status = 0;
 	PipelineOpts po = {
 		.dump_dir = dump_dir,
@@ -793,6 +867,11 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		diag.src = src;
+		if (g->strategy_auto && strategy_auto(&g, path, &fo, &auto_choice, &auto_sets, simulate,
+						      &machine, device_memory, &diag, &src) < 0) {
+			status = 1;
+			goto out;
+		}
 		rc = pipeline_run(g, &diag, &po);
 	}
 	if (rc < 0) {
@@ -841,6 +920,7 @@ int main(int argc, char **argv)
 out:
 	machine_free(&machine);
 	ir_free(g);
+	free(auto_sets);
 	free(src);
 	free(default_out);
 	free(defines);

@@ -98,6 +98,7 @@ static void mesh_auto(Lower *L, Loc loc, int world)
 	mesh[DP_AXIS_SHARD] = (uint32_t)(world / fixed);
 	L->cp_loc = loc;
 	L->g->mesh_loc = scope_gloc(L, loc);
+	L->g->mesh_auto = 1;
 	L->mesh_ok = 1;
 }
 
@@ -221,7 +222,11 @@ static void lower_strategy(Lower *L)
 		 dp_name(dp_strategy_names, DP_NSTRAT, g->cfg.strategy));
 	const AstVal *v = settings_val(L, DP_SET_STRATEGY);
 	char why[160];
-	if (v && L->set[DP_SET_STRATEGY].ok && L->mesh_ok &&
+	g->strategy_auto = v && v->kind == V_IDENT && strcmp(v->s, "auto") == 0;
+	if (g->strategy_auto && !L->mesh_ok)
+		ERR(v->loc, "strategy auto searches plans on the mesh: give the mesh, or `mesh auto` "
+			    "and --world-size N");
+	if (v && L->set[DP_SET_STRATEGY].ok && L->mesh_ok && !g->strategy_auto &&
 	    !ir_strategy_fits(g, (int)g->cfg.strategy, why, sizeof why))
 		ERR(v->loc, "%s", why);
 }

@@ -32,6 +32,17 @@
  * one can be slower than #1 and faster than #10). On mlp, mlp8, gpt2-tiny
  * and llama at 4 ranks (h100-nvlink and a calibrated CPU file) the top 10
  * are those of the exhaustive search, with 5 to 71 compiles saved.
+ * The memory plan, the last pass and the costliest at scale, runs only
+ * for a candidate simulated no slower than the tenth fastest plan known to
+ * fit (plan_eval): a slower one cannot rank in the table.
+ *
+ * Order and workers. Three phases, each over every mesh on forked workers
+ * (one per CPU): each mesh's least-memory candidate (the memory bound),
+ * then its probe (no checkpointing, the least sharded strategy: likely
+ * the fastest, so the last phase's dominance and memory-plan thresholds
+ * start low), then the rest, each mesh deciding from what the earlier
+ * phases and it itself found only: the result does not depend on the
+ * number of workers or their timing.
  *
  * Ranked by simulated step time among those that fit; the top 10 printed
  * with their step time, memory, exposed communication and what each loses
@@ -43,6 +54,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "frontend.h"
 #include "plan.h"
@@ -54,6 +69,7 @@ typedef struct {
 	int knob;      /* bucket_mb (ddp, zero1, zero2) or prefetch (sharded) */
 	int sched;     /* pp > 1: the pipeline schedule (IrPipeline), else -1 */
 	int state;     /* PL_* */
+	int compiled;  /* plan_eval ran on it */
 	int zb_stuck;  /* pp > 1, 1F1B: zero_bubble's order deadlocks on these
 	                  stages (passes/unroll.c would stop), so its sibling
 	                  is refused uncompiled */
@@ -71,6 +87,8 @@ enum {
 	               the plan without it */
 	PL_DOMINATED, /* not compiled: a plan that fits is no slower than its
 	                 compute alone can be (the dominance rule) */
+	PL_SLOWER,  /* simulated, slower than ten plans that fit: its memory
+	               not planned (plan_eval) */
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
@@ -88,13 +106,10 @@ static int is_sharded(int strategy)
 	return strategy == DP_STRAT_FULL_SHARD || strategy == DP_STRAT_HYBRID_SHARD;
 }
 
-/* The candidate's settings as --set lines after the user's; sets[] must
- * hold nuser + 4. */
-static int plan_sets(const Plan *p, const PlanOpts *po, FeSet *sets, char buf[3][64])
+/* The candidate's settings as --set lines (at most 4). */
+static int plan_sets(const Plan *p, FeSet *sets, char buf[3][64])
 {
 	int n = 0;
-	for (int i = 0; i < po->nsets; i++)
-		sets[n++] = po->sets[i];
 	snprintf(buf[0], 64, "%s", dp_strategy_names[p->strategy]);
 	sets[n++] = (FeSet){"train.strategy", buf[0], "--plan"};
 	sets[n++] = (FeSet){"train.gradient_checkpointing", p->gc ? "true" : "false", "--plan"};
@@ -105,23 +120,31 @@ static int plan_sets(const Plan *p, const PlanOpts *po, FeSet *sets, char buf[3]
 	return n;
 }
 
-/* Compile p; its graph (NULL when the front end or a pass refused it). */
-static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet)
+/* Compile p through the passes before pipeline[to] (npipeline: all); its
+ * graph (NULL when the front end or a pass refused it). */
+static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int to)
 {
 	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 4));
 	if (!sets)
 		die("out of memory");
 	char buf[3][64];
-	int nsets = plan_sets(p, po, sets, buf);
-	FeOptions fo = {.world_size = po->world, .tp = p->tp, .cp = p->cp, .dp_replicate = p->rep,
-			.pp = p->pp, .defines = po->defines, .ndefines = po->ndefines, .sets = sets,
-			.nsets = nsets};
+	if (po->nsets)
+		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
+	int nsets = po->nsets + plan_sets(p, sets + po->nsets, buf);
+	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
+			.sets = sets, .nsets = nsets};
+	if (!po->mesh) { /* `mesh auto` takes the candidate's axes */
+		fo.tp = p->tp;
+		fo.cp = p->cp;
+		fo.dp_replicate = p->rep;
+		fo.pp = p->pp;
+	}
 	Diag d;
 	diag_init(&d, quiet, po->path, NULL);
 	char *src = NULL;
 	Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
 	PipelineOpts pl = {.verify = 0};
-	if (g && (d.nerrors || pipeline_run(g, &d, &pl) < 0)) {
+	if (g && (d.nerrors || pipeline_run_part(g, &d, &pl, 0, to) < 0)) {
 		ir_free(g);
 		g = NULL;
 	}
@@ -130,14 +153,25 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet)
 	return g;
 }
 
-static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet)
+/*
+ * Compile and simulate p. The memory plan, the last pass (and the most
+ * costly one: 45 % of a compile at GPT-3 175B's shape), runs only when
+ * p's memory matters: when p is simulated no slower than keep_below (the
+ * tenth fastest plan known to fit, so p may rank in the top 10 or win),
+ * else p is PL_SLOWER. Nothing before it depends on it and the simulation
+ * reads only its arena size, which PL_SLOWER leaves unknown.
+ */
+static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_below)
 {
-	Graph *g = plan_compile(p, po, quiet);
+	int memplan = pipeline_find("memplan");
+	if (memplan != npipeline - 1)
+		die("--plan: the memory plan is not the last pass");
+	p->compiled = 1;
+	Graph *g = plan_compile(p, po, quiet, memplan);
 	if (!g) {
 		p->state = PL_REFUSED;
 		return;
 	}
-	p->mem = g->peak_bytes;
 	if (p->pp > 1 && p->sched == IR_PIPE_1F1B) {
 		StageCost *sc = calloc((size_t)p->pp, sizeof *sc);
 		double bubble;
@@ -165,8 +199,20 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet)
 		p->compute_s = 0;
 		for (int s = 0; s < rep.nstages; s++)
 			p->compute_s = fmax(p->compute_s, rep.stage[s].busy[DP_STREAM_COMPUTE]);
-		p->state = po->device_memory > 0 && p->mem > po->device_memory ? PL_TOO_BIG : PL_FITS;
 		sim_report_free(&rep);
+		p->state = PL_SLOWER;
+		if (p->step_s <= keep_below) {
+			Diag d;
+			diag_init(&d, quiet, po->path, NULL);
+			PipelineOpts pl = {.verify = 0};
+			if (pipeline_run_part(g, &d, &pl, memplan, npipeline) < 0) {
+				p->state = PL_REFUSED;
+			} else {
+				p->mem = g->peak_bytes;
+				p->state = po->device_memory > 0 && p->mem > po->device_memory ? PL_TOO_BIG
+												 : PL_FITS;
+			}
+		}
 	}
 	ir_free(g);
 }
@@ -199,10 +245,226 @@ static double compute_bound(const Plan *p, const Plan *mesh, int n)
 		const Plan *q = &mesh[i];
 		if (q == p || q->strategy != p->strategy || (q->gc && !p->gc))
 			continue;
-		if (q->state == PL_FITS || q->state == PL_TOO_BIG)
+		if (q->state == PL_FITS || q->state == PL_TOO_BIG || q->state == PL_SLOWER)
 			lb = fmax(lb, q->compute_s);
 	}
 	return lb;
+}
+
+/* The search's state: the candidates, grouped by mesh, and what the
+ * workers need. */
+typedef struct {
+	Plan *plans;
+	const int *mesh_start; /* mesh m's candidates: [mesh_start[m], mesh_start[m + 1]) */
+	int nmesh, n;
+	const PlanOpts *po;
+	FILE *quiet;
+	double t0, last;       /* progress */
+	int workers;           /* the most that ran at once */
+} Search;
+
+/* The table's length. */
+#define TOP 10
+
+/* fits[0..n-1]: the fastest step times of plans that fit, ascending, at
+ * most TOP; p's added when it fits. Returns the new count. */
+static int keep_fastest(double *fits, int n, const Plan *p)
+{
+	if (p->state != PL_FITS || (n == TOP && fits[TOP - 1] <= p->step_s))
+		return n;
+	int i = n < TOP ? n++ : TOP - 1; /* the slot it takes, then moved up */
+	for (; i > 0 && fits[i - 1] > p->step_s; i--)
+		fits[i] = fits[i - 1];
+	fits[i] = p->step_s;
+	return n;
+}
+
+/* The mesh's probe: the candidate likely fastest (no checkpointing, the
+ * least sharded strategy, its first knob and schedule), or 0. */
+static int mesh_probe(const Plan *mp, int nm)
+{
+	int i = nm - 1;
+	while (i > 0 && !mp[i - 1].gc && mp[i - 1].strategy == mp[nm - 1].strategy)
+		i--;
+	return mp[i].gc ? 0 : i;
+}
+
+/*
+ * Mesh m's part of a phase. Phase 1: its first candidate, the one with the
+ * least memory (the memory bound's anchor). Phase 2: its probe, so that
+ * phase 3 starts from a fast plan that fits. Phase 3: the rest, unless the
+ * memory bound pruned them, each compiled unless the dominance rule rules
+ * it out against the fastest plan that fits among the earlier phases' and
+ * the mesh's own. Only what the mesh itself and the earlier phases found
+ * decides (never another mesh's phase 3), so the search is the same
+ * whichever worker runs which mesh, and in whichever order.
+ */
+static void search_mesh(const Search *se, int phase, int m)
+{
+	Plan *mp = se->plans + se->mesh_start[m];
+	int nm = se->mesh_start[m + 1] - se->mesh_start[m], probe = mesh_probe(mp, nm);
+	if (phase == 1 || (phase == 2 && probe && mp[probe].state != PL_PRUNED)) {
+		plan_eval(&mp[phase == 1 ? 0 : probe], se->po, se->quiet, INFINITY);
+		return;
+	}
+	if (phase == 2)
+		return;
+	double best = INFINITY, fits[TOP]; /* the ten fastest that fit, known here */
+	int nfits = 0;
+	for (int k = 0; k < se->n; k++) {
+		nfits = keep_fastest(fits, nfits, &se->plans[k]);
+		if (se->plans[k].state == PL_FITS)
+			best = fmin(best, se->plans[k].step_s);
+	}
+	for (int i = 1; i < nm; i++) {
+		Plan *p = &mp[i];
+		if (p->state == PL_PRUNED)
+			break; /* the whole mesh is */
+		if (i == probe)
+			continue;
+		if (p->sched == IR_PIPE_ZERO_BUBBLE && mp[i - 1].zb_stuck) {
+			p->state = PL_REFUSED; /* its 1F1B sibling (the one before) found it */
+			continue;
+		}
+		double lb = compute_bound(p, mp, nm);
+		if (lb > 0 && best <= lb) {
+			p->state = PL_DOMINATED;
+			continue;
+		}
+		plan_eval(p, se->po, se->quiet, nfits < TOP ? INFINITY : fits[TOP - 1]);
+		nfits = keep_fastest(fits, nfits, p);
+		if (p->state == PL_FITS)
+			best = fmin(best, p->step_s);
+	}
+}
+
+static void progress(Search *se, int phase, int meshes_done, int force)
+{
+	double t = now_s();
+	if ((!force && t - se->last < 1) || (se->po->brief && t - se->t0 < 1))
+		return; /* strategy auto: quiet when the search is quick */
+	int compiled = 0;
+	for (int i = 0; i < se->n; i++)
+		compiled += se->plans[i].compiled;
+	fprintf(stderr, "dpc: --plan: phase %d: %d of %d meshes, %d of %d candidates compiled, %.1f s\n",
+		phase, meshes_done, se->nmesh, compiled, se->n, t - se->t0);
+	se->last = t;
+}
+
+static void write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len) {
+		ssize_t k = write(fd, p, len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			_exit(2);
+		p += k;
+		len -= (size_t)k;
+	}
+}
+
+/* Reads len bytes; 0, or -1 at the end of the pipe or an error. */
+static int read_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+	while (len) {
+		ssize_t k = read(fd, p, len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		p += k;
+		len -= (size_t)k;
+	}
+	return 0;
+}
+
+/*
+ * One phase over every mesh, on up to `jobs` forked workers (the compiles
+ * are independent: each worker has the parent's memory as it was at the
+ * fork). Worker w takes meshes w, w + W, ...; after each it writes the
+ * mesh's index and its candidates to its pipe, which the parent copies
+ * into se->plans. One worker, or one mesh: in this process.
+ */
+static void search_phase(Search *se, int phase, int jobs)
+{
+	int W = jobs < se->nmesh ? jobs : se->nmesh;
+	if (W < 1)
+		W = 1;
+	if (W > se->workers)
+		se->workers = W;
+	if (W == 1) {
+		for (int m = 0; m < se->nmesh; m++) {
+			search_mesh(se, phase, m);
+			progress(se, phase, m + 1, 0);
+		}
+		progress(se, phase, se->nmesh, 1);
+		return;
+	}
+	fflush(NULL);
+	pid_t *pid = malloc(sizeof *pid * (size_t)W);
+	struct pollfd *fds = malloc(sizeof *fds * (size_t)W);
+	if (!pid || !fds)
+		die("out of memory");
+	for (int w = 0; w < W; w++) {
+		int fd[2];
+		if (pipe(fd) < 0)
+			die("--plan: pipe: %s", strerror(errno));
+		pid[w] = fork();
+		if (pid[w] < 0)
+			die("--plan: fork: %s", strerror(errno));
+		if (pid[w] == 0) {
+			close(fd[0]);
+			for (int k = 0; k < w; k++)
+				close(fds[k].fd);
+			for (int m = w; m < se->nmesh; m += W) {
+				search_mesh(se, phase, m);
+				int lo = se->mesh_start[m], nm = se->mesh_start[m + 1] - lo;
+				write_all(fd[1], &m, sizeof m);
+				write_all(fd[1], se->plans + lo, sizeof *se->plans * (size_t)nm);
+			}
+			_exit(0);
+		}
+		close(fd[1]);
+		fds[w] = (struct pollfd){.fd = fd[0], .events = POLLIN};
+	}
+	int open_fds = W, done = 0;
+	while (open_fds) {
+		if (poll(fds, (nfds_t)W, 1000) < 0 && errno != EINTR)
+			die("--plan: poll: %s", strerror(errno));
+		for (int w = 0; w < W; w++) {
+			if (fds[w].fd < 0 || !(fds[w].revents & (POLLIN | POLLHUP | POLLERR)))
+				continue;
+			int m;
+			if (read_all(fds[w].fd, &m, sizeof m) < 0) { /* the worker is done */
+				close(fds[w].fd);
+				fds[w].fd = -1;
+				open_fds--;
+				continue;
+			}
+			if (m < 0 || m >= se->nmesh || m % W != w)
+				die("--plan: worker %d sent mesh %d", w, m);
+			int lo = se->mesh_start[m], nm = se->mesh_start[m + 1] - lo;
+			if (read_all(fds[w].fd, se->plans + lo, sizeof *se->plans * (size_t)nm) < 0)
+				die("--plan: worker %d stopped in mesh %d", w, m);
+			done++;
+		}
+		progress(se, phase, done, 0);
+	}
+	int failed = 0;
+	for (int w = 0; w < W; w++) {
+		int st;
+		while (waitpid(pid[w], &st, 0) < 0 && errno == EINTR)
+			;
+		failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+	}
+	if (failed || done != se->nmesh)
+		die("--plan: a worker failed (%d of %d meshes searched)", done, se->nmesh);
+	progress(se, phase, done, 1);
+	free(pid);
+	free(fds);
 }
 
 /* Faster first; of equal time, less memory. */
@@ -235,17 +497,37 @@ static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard)
 			for (int k = 0; k < 2; k++)
 				for (int q = 0; q < (pp > 1 ? 2 : 1); q++) {
 					int knob = is_sharded(st) ? 1 + k : k ? 100 : 25;
-					out[n++] = (Plan){pp, tp, cp, rep, shard, st, gc, knob,
-							  pp > 1 ? scheds[q] : -1, PL_TODO, 0, 0, 0, 0, 0};
+					out[n++] = (Plan){.pp = pp, .tp = tp, .cp = cp, .rep = rep,
+							  .shard = shard, .strategy = st, .gc = gc,
+							  .knob = knob, .sched = pp > 1 ? scheds[q] : -1,
+							  .state = PL_TODO};
 				}
 		}
 	return n;
 }
 
-int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
+/* What p loses to b by: the larger of its extra compute and its extra
+ * exposed communication (at pp > 1 its waits: transfers and the bubble). */
+static void why_slower(char *why, size_t len, const Plan *p, const Plan *b)
+{
+	char h[64];
+	double dc = p->compute_s - b->compute_s, de = p->exposed_s - b->exposed_s;
+	if (p->step_s - b->step_s <= 1e-4 * b->step_s && p->mem == b->mem)
+		snprintf(why, len, "a tie");
+	else if (p->step_s - b->step_s <= 1e-4 * b->step_s)
+		snprintf(why, len, "as fast, %s more memory",
+			 stats_human_bytes(h, sizeof h, (double)(p->mem - b->mem)));
+	else if (dc >= de)
+		snprintf(why, len, "+%.3f ms compute", 1e3 * dc);
+	else if (p->pp > 1)
+		snprintf(why, len, "+%.3f ms waiting (bubble, comm)", 1e3 * de);
+	else
+		snprintf(why, len, "+%.3f ms exposed comm", 1e3 * de);
+}
+
+int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 {
 	int N = po->world;
-	*winner = NULL;
 	int cap = 64, n = 0;
 	Plan *plans = malloc(sizeof *plans * (size_t)cap);
 	int *mesh_start = NULL, nmesh = 0;
@@ -254,18 +536,20 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 	/* pp where it divides the world (the front end refuses more stages
 	 * than blocks: counted as refused) */
 	for (int pp = 1; pp <= N; pp++) {
-		if (N % pp)
+		if (N % pp || (po->mesh && (uint32_t)pp != po->mesh[DP_AXIS_PP]))
 			continue;
 		int M = N / pp;
 		for (int tp = 1; tp <= M; tp++) {
-			if (M % tp || tp > po->machine->ranks_per_node)
+			if (M % tp || (po->mesh ? (uint32_t)tp != po->mesh[DP_AXIS_TP]
+						: tp > po->machine->ranks_per_node))
 				continue;
 			for (int cp = 1; cp <= M / tp; cp++) {
-				if ((M / tp) % cp || cp > po->machine->ranks_per_node)
+				if ((M / tp) % cp || (po->mesh ? (uint32_t)cp != po->mesh[DP_AXIS_CP]
+							    : cp > po->machine->ranks_per_node))
 					continue;
 				int dp = M / tp / cp;
 				for (int rep = 1; rep <= dp; rep++) {
-					if (dp % rep)
+					if (dp % rep || (po->mesh && (uint32_t)rep != po->mesh[DP_AXIS_REPLICATE]))
 						continue;
 					if (n + 64 > cap) {
 						cap *= 2;
@@ -287,51 +571,37 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 	FILE *quiet = fopen("/dev/null", "w");
 	if (!quiet)
 		die("--plan: cannot open /dev/null");
-	double t0 = now_s(), last = t0, best = INFINITY; /* the fastest that fits so far */
-	int done = 0, compiled = 0, same = 0;
-	for (int m = 0; m < nmesh; m++) {
-		for (int i = mesh_start[m]; i < mesh_start[m + 1]; i++) {
-			Plan *p = &plans[i];
-			if (p->state == PL_PRUNED)
-				continue;
-			if (p->sched == IR_PIPE_ZERO_BUBBLE && i > mesh_start[m] && plans[i - 1].zb_stuck) {
-				p->state = PL_REFUSED; /* its 1F1B sibling (the one before) found it */
-				continue;
-			}
-			double lb = compute_bound(p, plans + mesh_start[m], i - mesh_start[m]);
-			if (lb > 0 && best <= lb) {
-				p->state = PL_DOMINATED;
-				continue;
-			}
-			plan_eval(p, po, quiet);
-			compiled++;
-			if (p->state == PL_FITS)
-				best = fmin(best, p->step_s);
-			/* the memory bound: the mesh's first compiled candidate needs
-			 * the least memory; when it does not fit, none of the mesh does */
-			same += p->state == PL_SAME;
-			if (p->state == PL_TOO_BIG && i == mesh_start[m])
-				for (int k = i + 1; k < mesh_start[m + 1]; k++)
-					plans[k].state = PL_PRUNED;
-		}
-		done = mesh_start[m + 1];
-		if (now_s() - last > 1 || m == nmesh - 1) {
-			fprintf(stderr, "dpc: --plan: %d of %d candidates (%d compiled), %.1f s\n", done, n,
-				compiled, now_s() - t0);
-			last = now_s();
-		}
+	double t0 = now_s();
+	Search se = {plans, mesh_start, nmesh, n, po, quiet, t0, t0, 0};
+	int jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
+	search_phase(&se, 1, jobs);
+	/* the memory bound: a mesh's first candidate needs the least memory;
+	 * when it does not fit, none of the mesh does */
+	for (int m = 0; m < nmesh; m++)
+		if (plans[mesh_start[m]].state == PL_TOO_BIG)
+			for (int k = mesh_start[m] + 1; k < mesh_start[m + 1]; k++)
+				plans[k].state = PL_PRUNED;
+	search_phase(&se, 2, jobs);
+	search_phase(&se, 3, jobs);
+	int compiled = 0, same = 0;
+	for (int i = 0; i < n; i++) {
+		compiled += plans[i].compiled;
+		same += plans[i].state == PL_SAME;
 	}
 	double took = now_s() - t0;
 	Plan **fit = malloc(sizeof *fit * (size_t)(n + 1));
 	if (!fit)
 		die("out of memory");
-	int nfit = 0, refused = 0, big = 0, pruned = 0, dominated = 0;
+	int nfit = 0, refused = 0, big = 0, pruned = 0, dominated = 0, uncompiled_refused = 0;
+	int slower = 0;
 	const Plan *smallest = NULL;
 	for (int i = 0; i < n; i++) {
 		Plan *p = &plans[i];
 		refused += p->state == PL_REFUSED;
+		uncompiled_refused += p->state == PL_REFUSED && !p->compiled;
 		pruned += p->state == PL_PRUNED;
 		dominated += p->state == PL_DOMINATED;
+		slower += p->state == PL_SLOWER;
 		big += p->state == PL_TOO_BIG;
 		if (p->state == PL_FITS)
 			fit[nfit++] = p;
@@ -339,16 +609,21 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 			smallest = p;
 	}
 	char name[160], h[64], h2[64];
-	fprintf(out, "plan search on %s at %d ranks: %d candidates: %d compiled (%d refused by the "
+	if (!po->brief)
+		fprintf(out, "plan search on %s at %d ranks: %d candidates: %d compiled (%d refused by the "
 		"front end, %d checkpointing nothing), %d simulated: %d fit, %d over the device "
-		"memory; %d pruned by the memory bound, %d by dominance; %.2f s (%.1f ms a "
-		"compile)\n", po->machine->name, N, n, compiled, refused, same, compiled - refused - same,
-		nfit, big, pruned, dominated, took, compiled ? 1e3 * took / compiled : 0.0);
+		"memory, %d slower than ten that fit (memory not planned); %d refused uncompiled "
+		"(zero_bubble's order deadlocks), %d pruned by the memory bound, %d by dominance; "
+		"%.2f s (%.1f ms a compile, %d workers)\n",
+		po->machine->name, N, n, compiled, refused - uncompiled_refused, same,
+		nfit + big + slower, nfit, big, slower, uncompiled_refused, pruned, dominated, took,
+		compiled ? 1e3 * took / compiled : 0.0, se.workers);
 	int rc = 0;
 	if (!nfit) {
 		if (smallest) {
 			plan_name(name, sizeof name, smallest);
-			fprintf(stderr, "dpc: --plan: no plan fits in %s per rank; the smallest needs %s (%s)\n",
+			fprintf(stderr, "dpc: %s: no plan fits in %s per rank; the smallest needs %s (%s)\n",
+				po->brief ? "strategy auto" : "--plan",
 				stats_human_bytes(h, sizeof h, (double)po->device_memory),
 				stats_human_bytes(h2, sizeof h2, (double)smallest->mem), name);
 		} else {
@@ -358,31 +633,44 @@ int plan_run(const PlanOpts *po, FILE *out, Graph **winner)
 		goto out;
 	}
 	qsort(fit, (size_t)nfit, sizeof *fit, by_time);
+	const Plan *w = fit[0];
+	*choice = (PlanChoice){0};
+	choice->nsets = plan_sets(w, choice->sets, choice->buf);
+	for (int i = 0; i < choice->nsets && po->brief; i++)
+		choice->sets[i].what = "strategy auto"; /* for the compile's warnings */
+	if (!po->mesh) {
+		choice->tp = w->tp;
+		choice->cp = w->cp;
+		choice->dp_replicate = w->rep;
+		choice->pp = w->pp;
+	}
+	if (po->brief) { /* `strategy auto`: the choice, and why not the next */
+		plan_name(name, sizeof name, w);
+		fprintf(out, "dpc: strategy auto: %s: %.3f ms a step, %s per rank, on %s (%d of %d "
+			"candidates compiled, %.2f s)\n", name, 1e3 * w->step_s,
+			stats_human_bytes(h, sizeof h, (double)w->mem), po->machine->name, compiled, n,
+			took);
+		if (nfit > 1) {
+			char why[128];
+			why_slower(why, sizeof why, fit[1], w);
+			plan_name(name, sizeof name, fit[1]);
+			fprintf(out, "dpc: strategy auto: runner-up %s: %.3f ms (%s)\n", name,
+				1e3 * fit[1]->step_s, why);
+		}
+		goto out;
+	}
 	fprintf(out, "%-4s %-84s %10s %10s %10s %12s  %s\n", "#", "plan", "step ms", "compute", "exposed",
 		"memory", "against #1");
-	for (int i = 0; i < nfit && i < 10; i++) {
+	for (int i = 0; i < nfit && i < TOP; i++) {
 		const Plan *p = fit[i], *b = fit[0];
 		plan_name(name, sizeof name, p);
 		char why[128] = "";
-		if (i) {
-			double dc = p->compute_s - b->compute_s, de = p->exposed_s - b->exposed_s;
-			if (p->step_s - b->step_s <= 1e-4 * b->step_s && p->mem == b->mem)
-				snprintf(why, sizeof why, "a tie");
-			else if (p->step_s - b->step_s <= 1e-4 * b->step_s)
-				snprintf(why, sizeof why, "as fast, %s more memory",
-					 stats_human_bytes(h2, sizeof h2, (double)(p->mem - b->mem)));
-			else if (dc >= de)
-				snprintf(why, sizeof why, "+%.3f ms compute", 1e3 * dc);
-			else if (p->pp > 1) /* its waits: transfers and the pipeline's bubble */
-				snprintf(why, sizeof why, "+%.3f ms waiting (bubble, comm)", 1e3 * de);
-			else
-				snprintf(why, sizeof why, "+%.3f ms exposed comm", 1e3 * de);
-		}
+		if (i)
+			why_slower(why, sizeof why, p, b);
 		fprintf(out, "%-4d %-84s %10.3f %10.3f %10.3f %12s  %s\n", i + 1, name, 1e3 * p->step_s,
 			1e3 * p->compute_s, 1e3 * p->exposed_s,
 			stats_human_bytes(h, sizeof h, (double)p->mem), why);
 	}
-	*winner = plan_compile(fit[0], po, quiet);
 	plan_name(name, sizeof name, fit[0]);
 	fprintf(out, "winner: %s\n", name);
 out:

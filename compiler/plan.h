@@ -19,11 +19,24 @@ typedef struct {
 	int nsets;
 	const Machine *machine;    /* --simulate's machine */
 	int64_t device_memory;     /* --device-memory bytes per rank, 0: no bound */
+	const uint32_t *mesh;      /* the file's mesh (DpAxis order), searched alone; NULL:
+	                              every mesh of world (the file's is `mesh auto`) */
+	int brief;                 /* print the winner and the runner-up, not the table */
 } PlanOpts;
 
-/* Searches, prints the ranking to out and progress to stderr; *winner: the
- * best plan's compiled graph (the caller frees it). 0, or -1 when no plan
- * fits (a message naming the smallest plan's memory printed). */
-int plan_run(const PlanOpts *po, FILE *out, Graph **winner);
+/* The winner, as the front end's options: the mesh axes for `mesh auto`
+ * (0 when po->mesh fixed it) and --set lines (sets[i].value points into
+ * the struct: keep it in place while they are used). */
+typedef struct {
+	int tp, cp, dp_replicate, pp;
+	FeSet sets[4];
+	int nsets;
+	char buf[3][64];
+} PlanChoice;
+
+/* Searches, prints the ranking (po->brief: the choice) to out and progress
+ * to stderr; *choice: the best plan. 0, or -1 when no plan fits (a message
+ * naming the smallest plan's memory printed). */
+int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice);
 
 #endif

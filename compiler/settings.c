@@ -341,6 +341,10 @@ static int check_value(Lower *L, int id, const AstVal *v, double *out)
 		return dt < 0 ? -1 : 0;
 	}
 	case DP_ST_STRATEGY: {
+		if (id == DP_SET_STRATEGY && v->kind == V_IDENT && strcmp(v->s, "auto") == 0) {
+			*out = DP_STRAT_DDP; /* lower_strategy: dpc plans (g->strategy_auto) */
+			return 0;
+		}
 		int s = scope_strategy_word(L, v);
 		*out = s;
 		return s < 0 ? -1 : 0;

@@ -221,6 +221,9 @@ typedef struct Graph {
 	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
 	Loc mesh_loc;              /* where the mesh statement (or `mesh auto`) is: messages */
+	int mesh_auto;             /* the mesh is `mesh auto`'s (or none, with a world size) */
+	int strategy_auto;         /* train's `strategy auto`: dpc compiles the plan search's
+	                              winner instead (compiler/plan.c); never a pass's input */
 	int pipeline;              /* the pipeline schedule over pp stages (train's
 	                              `pipeline`): an IrPipeline (passes/stages.c) */
 	int offload;               /* train's `offload`: 0 none, 1 optimizer (passes/offload.c) */

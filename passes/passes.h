@@ -33,6 +33,11 @@ typedef struct {
  * verifier found violations (an internal error, already printed to stderr).
  * The front end's graph is verified (and dumped as 00-frontend) first. */
 int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o);
+/* The passes pipeline[from..to-1] of pipeline_run, returning as it does
+ * (from = 0: the front end's graph first); a later call with from = the
+ * earlier to goes on where it stopped (dpc --plan: the memory plan only of
+ * candidates that need it). */
+int pipeline_run_part(Graph *g, Diag *d, const PipelineOpts *o, int from, int to);
 /* Runs the passes pipeline[passes[0..n-1]] in that order on a graph read
  * from IR text (dpc --from-ir), with the same verification and dumps after
  * each; returns as pipeline_run. The graph is verified first: violations

@@ -137,15 +137,20 @@ static int after(Graph *g, const PipelineOpts *o, int nn, const char *name)
 	return bad ? -2 : 0;
 }
 
-int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
+int pipeline_run_part(Graph *g, Diag *d, const PipelineOpts *o, int from, int to)
 {
-	int rc = after(g, o, 0, "frontend");
-	for (int i = 0; rc == 0 && i < npipeline; i++) {
+	int rc = from == 0 ? after(g, o, 0, "frontend") : 0;
+	for (int i = from; rc == 0 && i < to; i++) {
 		if (pipeline[i].run(g, d) < 0 || d->nerrors > 0)
 			return -1;
 		rc = after(g, o, i + 1, pipeline[i].name);
 	}
 	return rc;
+}
+
+int pipeline_run(Graph *g, Diag *d, const PipelineOpts *o)
+{
+	return pipeline_run_part(g, d, o, 0, npipeline);
 }
 
 int pipeline_run_some(Graph *g, Diag *d, const PipelineOpts *o, const int *passes, int n)

@@ -41,6 +41,9 @@
 #    which loses to data parallelism by its bubble, and dominance skips
 #    some compiles;
 #    a budget no plan fits is one line naming the smallest plan's memory;
+#    `strategy auto` (--set train.strategy=auto) compiles the search's
+#    winner (byte for byte the direct compile) and names the runner-up; on
+#    an explicit mesh it searches that mesh only;
 #  - errors: an unknown machine, a bad machine file (file:line),
 #    --simulate-trace without --simulate: one line each, exit 1; --simulate
 #    writes no step file unless -o asks.
@@ -260,6 +263,29 @@ if case_on "plan"; then
 	else
 		fail "plan: only full_shard fits 2.5 MiB"; sed 's/^/      /' "$T/plan.txt" | head -n 8
 	fi
+	# strategy auto: the same search in a compile, its winner compiled
+	"$DPC" models/mlp.dp --world-size 4 --set train.strategy=auto --device-memory 2.5MiB \
+		-o "$T/auto.bin" >"$T/auto.txt" 2>&1
+	if grep -q "^dpc: strategy auto: tp=1 cp=1 dp_replicate=1 dp_shard=4 full_shard prefetch=2: " "$T/auto.txt" &&
+		grep -q "^dpc: strategy auto: runner-up .* full_shard .*ms (" "$T/auto.txt" &&
+		cmp -s "$T/auto.bin" "$T/direct.bin"; then
+		ok "plan: strategy auto compiles the search's winner and names the runner-up"
+	else
+		fail "plan: strategy auto"; sed 's/^/      /' "$T/auto.txt" | head -n 8
+	fi
+	# an explicit mesh: only its strategies and knobs are searched
+	sed 's/^mesh auto$/mesh dp_replicate=2, dp_shard=2/' models/mlp.dp >"$T/mesh.dp"
+	"$DPC" "$T/mesh.dp" --set train.strategy=auto -o "$T/auto2.bin" >"$T/auto2.txt" 2>&1
+	if grep -q "^dpc: strategy auto: tp=1 cp=1 dp_replicate=2 dp_shard=2 " "$T/auto2.txt" &&
+		! grep -q "runner-up tp=[^1]\|runner-up .*dp_replicate=[^2]" "$T/auto2.txt" && [ -s "$T/auto2.bin" ]; then
+		ok "plan: strategy auto on the file's mesh searches that mesh only"
+	else
+		fail "plan: strategy auto on the file's mesh"; sed 's/^/      /' "$T/auto2.txt" | head -n 8
+	fi
+	expect "plan: strategy auto, no plan fits" \
+		"strategy auto: no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
+		"$DPC" models/mlp.dp --world-size 4 --set train.strategy=auto --device-memory 1KiB -o "$T/none.bin"
+	[ ! -e "$T/none.bin" ] || fail "plan: strategy auto that fits nothing wrote a step file"
 	once starved-gpu starved gpu 1e6
 	"$DPC" models/mlp.dp --plan --world-size 2 --simulate="$T/gpu.json" >"$T/plan2.txt" 2>&1
 	# one micro-batch a step: ddp reduces once, full_shard gathers and reduce_scatters
