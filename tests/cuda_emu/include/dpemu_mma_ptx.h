@@ -94,6 +94,25 @@ static inline float f32_of(uint32_t v)
 	return f;
 }
 
+/* Each lane's D registers (the C layout) = A B + C, the sums in float in
+ * k order, once every lane's operands are gathered (m16n8kK) */
+template <int K>
+static inline void mma_scatter(void *const *args, const float (*A)[K], const float (*B)[8],
+			       const float (*C)[8])
+{
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int g = l >> 2, q = l % 4;
+		for (int i = 0; i < 4; i++) {
+			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
+			float s = C[r][n];
+			for (int k = 0; k < K; k++)
+				s += A[r][k] * B[k][n];
+			c->d[i] = s;
+		}
+	}
+}
+
 static inline void mma_tf32_all(void *const *args)
 {
 	float A[16][8], B[8][8], C[16][8];
@@ -115,17 +134,7 @@ static inline void mma_tf32_all(void *const *args)
 		for (int i = 0; i < 4; i++)
 			C[g + 8 * (i >> 1)][2 * q + (i & 1)] = c->d[i];
 	}
-	for (int l = 0; l < 32; l++) {
-		const Call *c = (const Call *)args[l];
-		int g = l >> 2, q = l % 4;
-		for (int i = 0; i < 4; i++) {
-			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-			float s = C[r][n];
-			for (int k = 0; k < 8; k++)
-				s += A[r][k] * B[k][n];
-			c->d[i] = s;
-		}
-	}
+	mma_scatter<8>(args, A, B, C);
 }
 
 static inline void mma_all(void *const *args)
@@ -146,17 +155,7 @@ static inline void mma_all(void *const *args)
 		for (int i = 0; i < 4; i++)
 			C[g + 8 * (i >> 1)][2 * q + (i & 1)] = c->d[i];
 	}
-	for (int l = 0; l < 32; l++) {
-		const Call *c = (const Call *)args[l];
-		int g = l >> 2, q = l % 4;
-		for (int i = 0; i < 4; i++) {
-			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-			float s = C[r][n];
-			for (int k = 0; k < 16; k++)
-				s += A[r][k] * B[k][n];
-			c->d[i] = s;
-		}
-	}
+	mma_scatter<16>(args, A, B, C);
 }
 
 static inline void ldmatrix_all(void *const *args)
