@@ -20,7 +20,8 @@
  * runtime/cuda/attention.cu executes (attn_executed: its backward recomputes
  * more than the op's cost rule counts) on the units it runs them on (tensor
  * cores for bf16 attention, ordinary or cp, with head dim 32, 64 or 128,
- * else the CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
+ * and for f32 attention so under `gemm_math tf32`, at the tf32 rate; else
+ * the CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
  * tensor cores, so that each part's share shows.
  * optimizer: clip, norms, SGD, AdamW. memory-bound: everything else (norms,
  * activations, the loss, embeddings, casts, copies, bias gradients).
@@ -177,9 +178,10 @@ static int attn_paired(const Graph *g, int j)
  * on tensor cores when paired with its forward (attn_paired: lse and O
  * kept, no forward again); the cp gradients 5 (d qkv: the forward again,
  * S, dP, dQ) and 6 (d kv: the forward again, S, dP, dV, dK), 3 and 4 on
- * tensor cores when paired; on tensor cores for bf16 with a head dim of 32,
- * 64 or 128 (the kernels' own rule), else on the CUDA cores. *tensor: on
- * tensor cores. j: the node's index.
+ * tensor cores when paired; on tensor cores for bf16 (and f32 under
+ * gemm_math tf32, in tf32) with a head dim of 32, 64 or 128 (the kernels'
+ * own rule), else on the CUDA cores. *tensor: on tensor cores. j: the
+ * node's index.
  */
 static double attn_executed(const Graph *g, int j, int *tensor)
 {
@@ -189,7 +191,8 @@ static double attn_executed(const Graph *g, int j, int *tensor)
 	double tk = n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_GRAD
 			    ? t : t * (double)DP_ATTR(n, ATTENTION_CP, cp);
 	double hd = (double)qkv->dims[2] / 3 / heads, unit = (double)qkv->dims[0] * heads * t * tk * hd;
-	*tensor = qkv->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
+	int tf32 = qkv->dtype == DP_F32 && g->cfg.gemm_math == DP_GEMM_TF32;
+	*tensor = (qkv->dtype == DP_BF16 || tf32) && (hd == 32 || hd == 64 || hd == 128);
 	int paired = n->op != DP_OP_ATTENTION && n->op != DP_OP_ATTENTION_CP && *tensor &&
 		     attn_paired(g, j);
 	switch (n->op) {
@@ -264,7 +267,8 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			int tensor;
 			run = attn_executed(g, i, &tensor);
 			attn_run += times * run;
-			rate = tensor ? d->bf16 : d->fp32;
+			DpDtype dt = g->values[n->in[n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_CP ? 0 : 1]]->dtype;
+			rate = !tensor ? d->fp32 : dt == DP_F32 ? d->tf32 : d->bf16;
 		}
 		if (c == C_GEMM) { /* the operands' dtype: bf16 or f16 (one tensor-core
 				     rate on these GPUs), or f32 (tf32 when asked) */

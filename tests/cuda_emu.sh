@@ -4,11 +4,13 @@
 # the CPU backend, and, on a machine with a GPU, the same cases on real CUDA.
 #
 #  1. the emulator's own checks (build-emu/selftest): kernels, warps,
-#     atomics, float4, dynamic shared memory, bf16, wmma, cuBLAS, streams, capture
+#     atomics, float4, dynamic shared memory, bf16, wmma, mma.sync (bf16 and
+#     tf32 fragment layouts, cvt.rna.tf32.f32), cuBLAS, streams, capture
 #     and graphs, NCCL over MPI work; and each misuse is caught: a thread
 #     leaving a barrier, a warp mask naming an exited lane or not the caller,
 #     a block deadlock, a wmma call whose ldm is not 16 bytes' multiple or
-#     whose lanes pass different pointers, a misaligned float4, host code touching device
+#     whose lanes pass different pointers, an mma .tf32 operand not
+#     converted to tf32, a misaligned float4, host code touching device
 #     memory, a host pointer passed to a kernel, an out-of-bounds access, a
 #     copy of the wrong kind or past its buffer, a pitch above memPitch,
 #     illegal calls during capture, an unjoined capture, a leading dimension
@@ -43,7 +45,8 @@
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
 #     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
 #     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
-#     dims. gpt2's linear + gelu run fused (passes/fuse.c) through
+#     dims; gpt2-hd64 in precision tf32 (1 rank and cp=2): f32 attention on
+#     the m16n8k8 .tf32 kernels, the GEMMs on cuBLASLt's TF32 path. gpt2's linear + gelu run fused (passes/fuse.c) through
 #     cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, and gpt2-tiny also
 #     without them (DPEMU_LT_EPILOGUE=0: gemm.cu's gelu kernels after the
 #     product), f32 and bf16. Each case runs with its own DPEMU_SEED and DPEMU_COMM
@@ -155,6 +158,23 @@
 # --no-graph bitwise, and 9 steps (the last skipped) + --resume give it
 # bit for bit (the state restored onto the device).
 #
+# tf32 cases (precision tf32: f32 tensors, the GEMMs on cuBLASLt's
+# CUBLAS_COMPUTE_32F_FAST_TF32 and attention on the mma.sync .tf32 kernels,
+# gpt2-hd64 with SGD at 1 rank and cp=2) against the CPU's f32 run (the CPU
+# has no tf32: it ignores gemm_math). Derivation: tf32 keeps 11 significant
+# bits, so each operand is rounded by at most u = 2^-11 = 4.9e-4 relative,
+# uniformly, RMS u/sqrt(3); a product's two roundings give sqrt(2/3) u =
+# 4.0e-4 RMS, independent from term to term, so a GEMM's or attention's
+# output moves by ~4e-4 of its terms' 2-norm (less where they cancel). The
+# step's gradients go through ~3 such products in a row: ~7e-4 relative in
+# the training update (SGD: the update is lr times the momentum sum of the
+# gradients), and the loss, a mean over the batch's 512 tokens of values
+# each ~4e-4 relative off, ~4e-4/sqrt(512) = 1.8e-5. Measured (gpt2-hd64,
+# 3 steps): losses 4.8e-6, updates 2.6e-4 apart. Bounds, with margins of
+# ~3 over the estimates: losses rtol 2^-14 = 6.1e-5, updates rtol 2^-9 =
+# 2.0e-3 (bf16's). A P packed into the wrong tf32 registers moves the
+# losses by 1.1e-3 (tests/cuda_emu_mutations.sh's tf32_frag).
+#
 # SAN=1: skipped (one SKIP line): the emulator's fibers switch stacks under
 # ASan's feet; the emulated build is never sanitized.
 set -u
@@ -168,6 +188,8 @@ BF16_LOSS=1.220703125e-4 # 2^-13, bf16 cases (the header derives it)
 BF16_UPDATE=1.953125e-3  # 2^-9
 FP16_LOSS=6.103515625e-5 # 2^-14, fp16 cases (the header derives it)
 FP16_UPDATE=9.765625e-4  # 2^-10
+TF32_LOSS=6.103515625e-5 # 2^-14, tf32 cases (the header derives it)
+TF32_UPDATE=1.953125e-3  # 2^-9
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator suite"; then
 	finish cuda_emu
@@ -205,7 +227,8 @@ selftest() {
 		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
 	fi
 }
-for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma ldsm mma_ptx mma_ptx_wrong gemm streams graph \
+for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma ldsm mma_ptx mma_ptx_wrong \
+	mma_tf32 mma_tf32_wrong tf32_round gemm streams graph \
 	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
@@ -220,6 +243,7 @@ selftest wmma_diverge "lane 5 passes .*every lane must pass the same"
 selftest ldsm_misaligned "lane 9's row address .* is not 16-byte aligned"
 selftest ldsm_diverge "every lane of the warp must make the same call"
 selftest ldsm_global "lane 0's row address .* is not in shared memory"
+selftest mma_tf32_raw "mma .tf32 at .*: lane 5's a\[2\] = 0x[0-9a-f]* is not a tf32"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"
@@ -373,6 +397,7 @@ model_case() {
 		--save-full "$T/$tag.init.st" >/dev/null 2>&1; then
 		local lt=$BF16_LOSS ut=$BF16_UPDATE
 		[ "$prec" = fp16 ] && lt=$FP16_LOSS ut=$FP16_UPDATE
+		[ "$prec" = tf32 ] && lt=$TF32_LOSS ut=$TF32_UPDATE
 		compare "$name (DPEMU_SEED=$ncase DPEMU_COMM=$comm)" "$T/$tag.emu" "$T/$tag.cpu" \
 			"$lt" 0 "$ut" "$T/$tag.init.st"
 	else
@@ -485,6 +510,10 @@ model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
+# f32 on tensor cores (precision tf32: the m16n8k8 .tf32 kernels, ordinary
+# and cp; the header derives the bounds)
+PREC=tf32 SGD=1 model_case gpt2-hd64 ddp 1
+PREC=tf32 SGD=1 model_case gpt2-hd64 ddp 2 "cp=2"
 # bf16 (precision bf16: cast, bf16 GEMMs, ncclBfloat16 gathers and tp sums,
 # the optimizers' compute copies, the norms, softmax, losses, rope, attention
 # and layout ops on their own bf16 paths, bias_grad too)

@@ -111,6 +111,12 @@
 #                 at the last row's index, not its position: a cp rank's
 #                 second chunk loses its offset in the causal bound (c16:
 #                 a16 at cp=2, both thread orders must catch it)
+#   tf32_frag     the tf32 kernels' P (and dS) packed with a[1] and a[2]
+#                 swapped (C[g][2q+1] taken as A[g+8][q]: the bf16 layout's
+#                 order, not m16n8k8 .tf32's; t32: a16 in precision tf32,
+#                 tests/cuda_emu.sh's "gpt2-hd64 tf32 sgd" case and bounds)
+#   tf32_cvt      the tf32 kernels' tiles and A registers not converted by
+#                 cvt.rna.tf32.f32: the emulator refuses the mma's operand
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
@@ -281,6 +287,7 @@ reference() {
 	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64 hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
+	t32) np=1 src=$T/a16.dp prec=tf32 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
 	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
@@ -289,8 +296,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16: its training updates are compared, from the initial weights
-	if [[ $1 == [acu]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, t32: their training updates are compared, from the initial weights
+	if [[ $1 == [acu]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -321,8 +328,9 @@ run() {
 		return 0
 	fi
 	local lrtol=1e-5 params=(params "$T/$name.st" "$T/$bin.cpu.st" --rtol 1e-3 --atol 1e-5)
-	if [ -f "$T/$bin.init.st" ]; then # bf16: tests/cuda_emu.sh's bounds
+	if [ -f "$T/$bin.init.st" ]; then # bf16 (tf32): tests/cuda_emu.sh's bounds
 		lrtol=1.220703125e-4
+		[ "$bin" = t32 ] && lrtol=6.103515625e-5
 		params=(updates "$T/$bin.init.st" "$T/$name.st" "$T/$bin.cpu.st" --rtol 1.953125e-3)
 	fi
 	if ! $PY tests/compare.py losses "$T/$name.loss" "$T/$bin.cpu.loss" --rtol $lrtol --atol 0 >"$T/$name.cmp" ||
@@ -403,6 +411,8 @@ tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_causal    tcb_causal    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tf32_frag     tf32_frag     t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
+tf32_cvt      tf32_cvt      t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
 copy_wait     copy_wait     hd8     1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
 abort_serial  abort_serial  stall   4 stall
 graph_first   graph_first   stall   4 stall
@@ -470,6 +480,7 @@ unmutated hd8 "the gpt2-hd64 case over 8 steps"
 unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated u16 "the unpaired attention case"
 unmutated c16 "the cp=2 attention case"
+unmutated t32 "the gpt2-hd64 tf32 case"
 unmutated voc "the padded-vocabulary case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"

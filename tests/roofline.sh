@@ -4,7 +4,9 @@
 # the MFU it predicts, checked against what must hold of a roofline:
 #  - gemm's units follow the operands (f32: the CUDA cores; bf16 or
 #    gemm_math tf32: tensor cores; GPT-2 124M's compute-bound GEMMs take
-#    the rates' ratio less time in tf32 than in f32), and its time lies between its FLOPs at
+#    the rates' ratio less time in tf32 than in f32, and its attention runs
+#    on tensor cores at the tf32 rate, fewer FLOPs executed than in f32),
+#    and its time lies between its FLOPs at
 #    that rate and that plus its bytes at 3.35 TB/s (max(a, b) <= a + b),
 #    never below either: a rate from the wrong row of the datasheet or a
 #    node counted twice fails it;
@@ -84,7 +86,9 @@ if case_on "mlp bf16: tensor cores"; then
 fi
 if case_on "gpt2 tf32: tensor cores"; then
 	# gemm_math tf32 runs f32 operands on tensor cores at 494.7 TFLOP/s: GPT-2
-	# 124M's GEMMs are compute-bound, 494.7 / 66.9 faster than in f32
+	# 124M's GEMMs are compute-bound, 494.7 / 66.9 faster than in f32; its
+	# attention runs on the mma .tf32 kernels, priced at their executed
+	# FLOPs (FlashAttention-2's 7 backward units, paired) at the tf32 rate
 	roof gpt2 models/gpt2.dp --world-size 1 && roof gpt2tf models/gpt2.dp --world-size 1 --set train.precision=tf32 &&
 		$PY - "$T/gpt2.txt" "$T/gpt2tf.txt" >"$T/tf32.out" 2>&1 <<'EOF' &&
 import re, sys
@@ -94,7 +98,18 @@ u32, ms32 = gemm(sys.argv[1])
 u, ms = gemm(sys.argv[2])
 r = float(ms32) / float(ms)
 assert u32 == "cuda" and u == "tensor" and 0.9 * 494.7 / 66.9 < r <= 494.7 / 66.9 * 1.01, (u32, u, ms32, ms, r)
-print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' ratio is {494.7 / 66.9:.2f})")
+def attn(p):
+    t = open(p).read()
+    by, unit, ms = re.search(r"^attention\s+\d+\s+\S+ \S+\s+([\d.]+) GiB\s+(\S+)\s+([\d.]+)$", t, re.M).groups()
+    run = re.search(r"^attention executes ([\d.]+) GFLOP on (\S+) cores", t, re.M).groups()
+    return float(by) * 2**30, unit, float(ms), float(run[0]) * 1e9, run[1]
+_, au32, ams32, run32, on32 = attn(sys.argv[1])
+by, au, ams, run, on = attn(sys.argv[2])
+lo, hi = 1e3 * run / 494.7e12, 1e3 * (run / 494.7e12 + by / 3.35e12)
+assert au32 == "cuda" and on32 == "CUDA" and au == "tensor" and on == "tensor", (au32, on32, au, on)
+assert run < run32 and lo * 0.99 <= ams <= hi * 1.01, ("tf32 attention", run, run32, ams, lo, hi)
+print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' ratio is {494.7 / 66.9:.2f}); "
+      f"attention {ams} ms in tf32 ({run / 1e9:.1f} GFLOP executed), {ams32} ms in f32 ({run32 / 1e9:.1f})")
 EOF
 		ok "gpt2 tf32: $(cat "$T/tf32.out")" || { fail "gpt2 tf32"; cat "$T/tf32.out"; }
 fi

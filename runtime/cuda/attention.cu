@@ -34,7 +34,9 @@
  *   k_attn_fwd_mma<HD> the forward of bf16 attention (ordinary or cp) with head dim
  *                    HD = 32, 64 or 128 on tensor cores (mma.sync and ldmatrix,
  *                    mma_ptx.cuh; FlashAttention-2's structure with S, P and O
- *                    in registers; the comment above it); k_attn_fwd does the rest.
+ *                    in registers; the comment above it), and of f32 attention
+ *                    so in tf32 under gemm_math tf32 (mma.sync m16n8k8 .tf32);
+ *                    k_attn_fwd does the rest.
  *                    Paired with its gradient (cu_plan_attn, at the end) it
  *                    leaves each row's lse for it; else the backward runs it
  *                    again for each row's lse and D.
@@ -87,6 +89,8 @@ template <typename T> struct Geom {
 	float scale;
 	int vec8;            /* the tiles load eight bf16 (128 bits) at a time: bf16, hd a
 	                        multiple of 8, qkv, kv and dy 16-byte aligned */
+	int tcvec;           /* the tensor-core tiles copy 16 bytes at a time: vec8, or for
+	                        f32 hd a multiple of 4 and the same alignment */
 };
 
 /* The position of query row t (clamped: a bad position is reported by
@@ -462,12 +466,17 @@ CU_UNROLL
 	}
 }
 
-/* ---- tensor-core attention (bf16, head dims 32, 64, 128) ----
+/* ---- tensor-core attention (bf16, and f32 in tf32; head dims 32, 64, 128) ----
  *
  * FlashAttention-2 on mma.sync (m16n8k16, bf16 operands, f32 accumulators)
  * and ldmatrix, whose register layouts the PTX ISA specifies (mma_ptx.cuh),
- * so that S, P, dP, dS and the accumulators never leave registers. Common
- * to the three kernels below:
+ * so that S, P, dP, dS and the accumulators never leave registers. f32
+ * (gemm_math tf32): the same kernels on m16n8k8 .tf32 (T = float), every
+ * operand converted by cvt.rna.tf32.f32 once (tc_operand: tiles as they
+ * are copied in, A registers as they are loaded, P and dS as they are
+ * packed), B registers by plain 32-bit shared loads (ldmatrix moves 16-bit
+ * elements; the primitives' comments give the layouts). Common to the
+ * three kernels below:
  *  - a block owns 64 rows of one (batch, head) (queries, or keys for
  *    dK/dV), warp w the 16 from r0 + 16 w; lane (g = lane / 4, q = lane % 4)
  *    holds rows g and g + 8 of them (the C layout), and the block's own
@@ -496,9 +505,10 @@ CU_UNROLL
  *    (key_pos_of_row gives each one's position) and it writes d kv there.
  *    The ordinary op's positions are its rows: its path is unchanged.
  * Shared memory (dynamic, < 48 KB): the two operands' tiles, two buffers
- * each, rows padded to HD + 8 bf16: every row starts 16-byte aligned
- * (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in 8
- * different 16-byte bank groups (no bank conflicts).
+ * each, rows padded to HD + 8 bf16 (HD + 4 f32): every row starts 16-byte
+ * aligned (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in
+ * 8 different 16-byte bank groups (no bank conflicts; f32: fa_times_rows'
+ * and fa_times_tile's comments).
  *
  * k_attn_fwd_mma (BC = 64 keys, 32 for head dim 128): S = Q K^T, scaled in
  * f32; the online softmax on the C registers, p = exp(scale s - m')
@@ -511,50 +521,84 @@ CU_UNROLL
  * plan's buffer (cu_plan_attn) when paired with its gradient; run again by
  * an unpaired backward (out NULL), lse and D = dO . O (O in f32, before
  * rounding) into the gradient's scratch. */
-template <int HD> struct FaShape {
+template <int HD, typename T> struct FaShape {
+	static const int E = (int)sizeof(T);       /* bytes per element: bf16 2, f32 (tf32) 4 */
 	static const int W = 4;                    /* warps */
 	static const int BR = 16 * W;              /* the block's rows */
-	static const int BC = HD == 128 ? 32 : 64; /* the forward's keys per tile */
+	/* the forward's keys per tile (f32 at head dims 64, 128: half, for 48 KB) */
+	static const int BC = (HD == 128 ? 32 : 64) / (E == 4 && HD >= 64 ? 2 : 1);
 	static const int BCB = HD == 128 ? 16 : 32; /* the backward's rows per tile */
-	static const int LD = HD + 8;              /* tile rows (bf16) */
-	static const int SMEM = 2 * 2 * BC * LD * 2; /* two operands, double-buffered */
-	static const int SMEM_BWD = 2 * 2 * BCB * LD * 2 + 2 * 2 * BCB * 4; /* + (lse, D) */
-	static_assert(LD * 2 % 16 == 0, "ldmatrix rows are 16-byte aligned");
+	static const int LD = HD + 16 / E;         /* tile rows: 16 bytes of padding */
+	static const int SMEM = 2 * 2 * BC * LD * E; /* two operands, double-buffered */
+	static const int SMEM_BWD = 2 * 2 * BCB * LD * E + 2 * 2 * BCB * 4; /* + (lse, D) */
+	static_assert(LD * E % 16 == 0, "tile rows are 16-byte aligned (ldmatrix, uint4 copies)");
 	static_assert(SMEM <= 48 * 1024 && SMEM_BWD <= 48 * 1024,
 		      "no opt-in to more than 48 KB of shared memory");
 };
 
-/* n rows into a padded shared tile of HD columns (row stride dld), bf16
- * bits copied: row j from rowp(j) + off (rowp(j) NULL: a zero row), columns
- * past hd zero. vec8: eight at a time (128 bits). */
-template <int HD, class RowP>
-static __device__ void tc_copy_gather(cu_bf16 *dst, int dld, RowP rowp, int64_t off, int n,
-				      int64_t hd, int vec8)
+/* An element as the mma takes it: bf16 as it is, f32 rounded to tf32
+ * (cvt.rna.tf32.f32); in bits, for a .b32 register (tf32_bits). */
+static __device__ __forceinline__ cu_bf16 tc_operand(cu_bf16 x) { return x; }
+static __device__ __forceinline__ float tc_operand(float x)
 {
-	int step = vec8 ? 8 : 1;
+	return MUTANT(tf32_cvt) ? x : cu_tf32(x);
+}
+static __device__ __forceinline__ uint32_t tf32_bits(float x) { return __float_as_uint(tc_operand(x)); }
+
+/* 16 bytes of elements as the mma takes them (f32: four, each to tf32) */
+template <typename T> static __device__ __forceinline__ uint4 tc_operand16(uint4 v)
+{
+	if constexpr (sizeof(T) == 4) {
+		v.x = tf32_bits(__uint_as_float(v.x));
+		v.y = tf32_bits(__uint_as_float(v.y));
+		v.z = tf32_bits(__uint_as_float(v.z));
+		v.w = tf32_bits(__uint_as_float(v.w));
+	}
+	return v;
+}
+
+/* x rounded as the mma will take it, as a float (P: l sums exactly the
+ * weights the mma uses) */
+template <typename T> static __device__ __forceinline__ float tc_value(float x)
+{
+	if constexpr (sizeof(T) == 2)
+		return cu_from_bf16(cu_to_bf16(x));
+	else
+		return tc_operand(x);
+}
+
+/* n rows into a padded shared tile of HD columns (row stride dld), each
+ * element as the mma takes it (bf16 bits copied, f32 rounded to tf32): row
+ * j from rowp(j) + off (rowp(j) NULL: a zero row), columns past hd zero.
+ * vec: 16 bytes at a time (8 bf16 or 4 f32: Geom.tcvec). */
+template <int HD, typename T, class RowP>
+static __device__ void tc_copy_gather(T *dst, int dld, RowP rowp, int64_t off, int n, int64_t hd,
+				      int vec)
+{
+	int step = vec ? 16 / (int)sizeof(T) : 1;
 	for (int i = threadIdx.x; i < n * HD / step; i += blockDim.x) {
 		int j = i / (HD / step), d = step * (i % (HD / step));
-		const cu_bf16 *row = rowp(j);
+		const T *row = rowp(j);
 		int ok = row && d < hd;
-		const cu_bf16 *p = row + off + d;
-		cu_bf16 *q = dst + j * dld + d;
-		if (vec8) {
-			uint4 v = ok ? *(const uint4 *)p : make_uint4(0, 0, 0, 0);
+		const T *p = row + off + d;
+		T *q = dst + j * dld + d;
+		if (vec) {
+			uint4 v = ok ? tc_operand16<T>(*(const uint4 *)p) : make_uint4(0, 0, 0, 0);
 			*(uint4 *)q = v;
 		} else {
-			*q = ok ? *p : (cu_bf16)0;
+			*q = ok ? tc_operand(*p) : (T)0;
 		}
 	}
 }
 
 /* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) the same
  * way; rows past `rows` zero. */
-template <int HD>
-static __device__ void tc_copy_rows(cu_bf16 *dst, int dld, const cu_bf16 *src, int64_t ld,
-				    int64_t r0, int n, int64_t rows, int64_t hd, int vec8)
+template <int HD, typename T>
+static __device__ void tc_copy_rows(T *dst, int dld, const T *src, int64_t ld, int64_t r0, int n,
+				    int64_t rows, int64_t hd, int vec)
 {
-	auto rowp = [&](int j) { return r0 + j < rows ? src + (r0 + j) * ld : (const cu_bf16 *)0; };
-	tc_copy_gather<HD>(dst, dld, rowp, 0, n, hd, vec8);
+	auto rowp = [&](int j) { return r0 + j < rows ? src + (r0 + j) * ld : (const T *)0; };
+	tc_copy_gather<HD, T>(dst, dld, rowp, 0, n, hd, vec);
 }
 
 /* Two floats as a register of two bf16, lo in the low half. */
@@ -570,85 +614,142 @@ static __device__ __forceinline__ uint32_t ld_pair(const cu_bf16 *p, int aligned
 	return aligned ? *(const uint32_t *)p : (uint32_t)p[0] | (uint32_t)p[1] << 16;
 }
 
+/* The element type's mma: bf16 on m16n8k16, f32 as tf32 on m16n8k8
+ * (gemm_math tf32). K: the columns of A one mma consumes (a k-step). */
+template <typename T> struct Mma {
+	static const int K = sizeof(T) == 2 ? 16 : 8;
+};
+
 /* The A registers of this lane's rows (row 0 = g, row 1 = g + 8 of the
- * warp's 16), each at rp[r] + off (rp[r] NULL: a zero row):
- * a[k][i] = X[row (i & 1)][16 k + 2 q + 8 (i >> 1) ..+1]. */
-template <int HD>
-static __device__ __forceinline__ void fa_load_a(uint32_t (*a)[4], const cu_bf16 *const *rp,
-						 int64_t off, int aligned)
+ * warp's 16), each at rp[r] + off (rp[r] NULL: a zero row), k-step k:
+ * bf16 a[k][i] = X[row (i & 1)][16 k + 2 q + 8 (i >> 1) ..+1] (aligned: one
+ * 32-bit load), tf32 a[k][i] = X[row (i & 1)][8 k + q + 4 (i >> 1)]. */
+template <int HD, typename T>
+static __device__ __forceinline__ void fa_load_a(uint32_t (*a)[4], const T *const *rp, int64_t off,
+						 int aligned)
 {
 	const int qd = threadIdx.x % 4;
 CU_UNROLL
-	for (int k = 0; k < HD / 16; k++)
+	for (int k = 0; k < HD / Mma<T>::K; k++)
 CU_UNROLL
 		for (int i = 0; i < 4; i++) {
-			const cu_bf16 *r = rp[i & 1];
-			a[k][i] = r ? ld_pair(r + off + 16 * k + 2 * qd + 8 * (i >> 1), aligned) : 0u;
+			const T *r = rp[i & 1];
+			if constexpr (sizeof(T) == 2)
+				a[k][i] = r ? ld_pair(r + off + 16 * k + 2 * qd + 8 * (i >> 1), aligned) : 0u;
+			else
+				a[k][i] = r ? tf32_bits(r[off + 8 * k + qd + 4 * (i >> 1)]) : 0u;
 		}
 }
 
 /* This lane's rows of a [*, ld] source (row[r] < rows, else NULL), for fa_load_a. */
-static __device__ __forceinline__ void fa_rows(const cu_bf16 **rp, const cu_bf16 *src, int64_t ld,
+template <typename T>
+static __device__ __forceinline__ void fa_rows(const T **rp, const T *src, int64_t ld,
 					       const int64_t *row, int64_t rows)
 {
 	for (int r = 0; r < 2; r++)
-		rp[r] = row[r] < rows ? src + row[r] * ld : (const cu_bf16 *)0;
+		rp[r] = row[r] < rows ? src + row[r] * ld : (const T *)0;
 }
 
 /* s[j] = X Y^T for the warp's 16 rows of X (A registers a) and the 8 rows
- * 8 j .. 8 j + 7 of a shared tile of Y (row stride LD), j < N / 8. */
-template <int HD, int N, int LD>
+ * 8 j .. 8 j + 7 of a shared tile of Y (row stride LD), j < N / 8. tf32:
+ * B = Y^T's b[0] = Y[8 j + g][8 k + q], b[1] = its column + 4, plain
+ * 32-bit loads (ldmatrix moves 16-bit elements); LD = HD + 4 puts the 32
+ * lanes' words (rows g, columns q) in 32 different banks. */
+template <int HD, int N, int LD, typename T>
 static __device__ __forceinline__ void fa_times_rows(float (*s)[4], const uint32_t (*a)[4],
-						     const cu_bf16 *tile)
+						     const T *tile)
 {
-	const int lane = threadIdx.x % 32, mi = lane / 8, mr = lane % 8;
+	const int lane = threadIdx.x % 32;
 CU_UNROLL
 	for (int j = 0; j < N / 8; j++)
 		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+	if constexpr (sizeof(T) == 4) {
+		const T *y = tile + (lane / 4) * LD + lane % 4;
 CU_UNROLL
-	for (int j = 0; j < N / 8; j += 2)
+		for (int j = 0; j < N / 8; j++)
 CU_UNROLL
-		for (int k = 0; k < HD / 16; k++) {
-			uint32_t yb[4]; /* matrices: rows 8 j (+8 for mi >= 2), dims 16 k (+8 for odd mi) */
-			const int ld = MUTANT(tc_stride) ? HD : LD;
-			cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * ld + 16 * k + 8 * (mi & 1));
-			cu_mma_bf16(s[j], a[k], yb);
-			cu_mma_bf16(s[j + 1], a[k], yb + 2);
-		}
+			for (int k = 0; k < HD / 8; k++) {
+				const T *yk = y + 8 * j * LD + 8 * k;
+				uint32_t yb[2] = {__float_as_uint(yk[0]), __float_as_uint(yk[4])};
+				cu_mma_tf32(s[j], a[k], yb);
+			}
+	} else {
+		const int mi = lane / 8, mr = lane % 8;
+CU_UNROLL
+		for (int j = 0; j < N / 8; j += 2)
+CU_UNROLL
+			for (int k = 0; k < HD / 16; k++) {
+				uint32_t yb[4]; /* matrices: rows 8 j (+8 for mi >= 2), dims 16 k (+8 for odd mi) */
+				const int ld = MUTANT(tc_stride) ? HD : LD;
+				cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * ld + 16 * k + 8 * (mi & 1));
+				cu_mma_bf16(s[j], a[k], yb);
+				cu_mma_bf16(s[j + 1], a[k], yb + 2);
+			}
+	}
 }
 
-/* p (C registers of N columns) as A registers: pa[k] covers columns
- * 16 k .. 16 k + 15 (C tiles 2 k and 2 k + 1). */
-template <int N>
+/* p (C registers of N columns) as A registers: bf16 pa[k] covers columns
+ * 16 k .. 16 k + 15 (C tiles 2 k and 2 k + 1); tf32 pa[j] the C tile j,
+ * its columns 2 q and 2 q + 1 taken as the k-step's columns q and q + 4
+ * (a[0], a[1] from C[g][2q], C[g+8][2q]; a[2], a[3] from 2 q + 1): a
+ * permutation of the sum's terms that fa_times_tile's B rows follow, so no
+ * register crosses lanes. */
+template <int N, typename T>
 static __device__ __forceinline__ void fa_pack(uint32_t (*pa)[4], const float (*p)[4])
 {
+	if constexpr (sizeof(T) == 4) {
 CU_UNROLL
-	for (int j = 0; j < N / 8; j++) {
-		pa[j / 2][MUTANT(tc_frag) ? j % 2 : 2 * (j % 2)] = pack_bf16(p[j][0], p[j][1]);
-		pa[j / 2][MUTANT(tc_frag) ? j % 2 + 2 : 2 * (j % 2) + 1] = pack_bf16(p[j][2], p[j][3]);
+		for (int j = 0; j < N / 8; j++) {
+			pa[j][0] = tf32_bits(p[j][0]);
+			pa[j][1] = tf32_bits(p[j][MUTANT(tf32_frag) ? 1 : 2]);
+			pa[j][2] = tf32_bits(p[j][MUTANT(tf32_frag) ? 2 : 1]);
+			pa[j][3] = tf32_bits(p[j][3]);
+		}
+	} else {
+CU_UNROLL
+		for (int j = 0; j < N / 8; j++) {
+			pa[j / 2][MUTANT(tc_frag) ? j % 2 : 2 * (j % 2)] = pack_bf16(p[j][0], p[j][1]);
+			pa[j / 2][MUTANT(tc_frag) ? j % 2 + 2 : 2 * (j % 2) + 1] = pack_bf16(p[j][2], p[j][3]);
+		}
 	}
 }
 
 /* acc[n] += P Y for the warp's 16 rows of P (A registers pa, N columns)
- * and the N rows of a shared tile of Y (row stride LD), n < HD / 8. */
-template <int HD, int N, int LD>
+ * and the N rows of a shared tile of Y (row stride LD), n < HD / 8. tf32:
+ * k-step k's columns q and q + 4 are fa_pack's C columns 2 q and 2 q + 1,
+ * so b[0] = Y[8 k + 2 q][8 n + g], b[1] = Y[8 k + 2 q + 1][8 n + g] (banks
+ * 8 q + g at LD = HD + 4: 32 different). */
+template <int HD, int N, int LD, typename T>
 static __device__ __forceinline__ void fa_times_tile(float (*acc)[4], const uint32_t (*pa)[4],
-						     const cu_bf16 *tile)
+						     const T *tile)
 {
-	const int lane = threadIdx.x % 32, mi = lane / 8, mr = lane % 8;
+	const int lane = threadIdx.x % 32;
+	if constexpr (sizeof(T) == 4) {
+		const T *y = tile + 2 * (lane % 4) * LD + lane / 4;
 CU_UNROLL
-	for (int k = 0; k < N / 16; k++)
+		for (int k = 0; k < N / 8; k++)
 CU_UNROLL
-		for (int n = 0; n < HD / 8; n += 2) {
-			uint32_t yb[4]; /* Y^T's matrices: rows 16 k (+8 for odd mi), dims 8 n (+8 for mi >= 2) */
-			const cu_bf16 *y = tile + (16 * k + 8 * (mi & 1) + mr) * LD + 8 * n + 8 * (mi >> 1);
-			if (MUTANT(tc_layout))
-				cu_ldsm<4>(yb, y);
-			else
-				cu_ldsm_t<4>(yb, y);
-			cu_mma_bf16(acc[n], pa[k], yb);
-			cu_mma_bf16(acc[n + 1], pa[k], yb + 2);
-		}
+			for (int n = 0; n < HD / 8; n++) {
+				const T *yk = y + 8 * k * LD + 8 * n;
+				uint32_t yb[2] = {__float_as_uint(yk[0]), __float_as_uint(yk[LD])};
+				cu_mma_tf32(acc[n], pa[k], yb);
+			}
+	} else {
+		const int mi = lane / 8, mr = lane % 8;
+CU_UNROLL
+		for (int k = 0; k < N / 16; k++)
+CU_UNROLL
+			for (int n = 0; n < HD / 8; n += 2) {
+				uint32_t yb[4]; /* Y^T's matrices: rows 16 k (+8 for odd mi), dims 8 n (+8 for mi >= 2) */
+				const T *y = tile + (16 * k + 8 * (mi & 1) + mr) * LD + 8 * n + 8 * (mi >> 1);
+				if (MUTANT(tc_layout))
+					cu_ldsm<4>(yb, y);
+				else
+					cu_ldsm_t<4>(yb, y);
+				cu_mma_bf16(acc[n], pa[k], yb);
+				cu_mma_bf16(acc[n + 1], pa[k], yb + 2);
+			}
+	}
 }
 
 /* The max of a row's values over the lanes of its quad (the sum: row_sum). */
@@ -661,21 +762,30 @@ static __device__ __forceinline__ float quad_max(float v)
 }
 
 /* Row r's (0: g, 1: g + 8) dims of C registers acc (16 x HD), times scale,
- * rounded, to dst (the row's first dim; 4-byte aligned or not). */
-template <int HD>
-static __device__ __forceinline__ void fa_store_row(cu_bf16 *dst, const float (*acc)[4], int r,
+ * rounded (bf16; f32 as they are), to dst (the row's first dim; 4-byte
+ * aligned or not). */
+template <int HD, typename T>
+static __device__ __forceinline__ void fa_store_row(T *dst, const float (*acc)[4], int r,
 						    float scale)
 {
 	dst += 2 * (threadIdx.x % 4);
-	int aligned = (uintptr_t)dst % 4 == 0;
+	if constexpr (sizeof(T) == 4) {
 CU_UNROLL
-	for (int n = 0; n < HD / 8; n++) {
-		uint32_t v = pack_bf16(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
-		if (aligned) {
-			*(uint32_t *)(dst + 8 * n) = v;
-		} else {
-			dst[8 * n] = (cu_bf16)v;
-			dst[8 * n + 1] = (cu_bf16)(v >> 16);
+		for (int n = 0; n < HD / 8; n++) {
+			dst[8 * n] = acc[n][2 * r] * scale;
+			dst[8 * n + 1] = acc[n][2 * r + 1] * scale;
+		}
+	} else {
+		int aligned = (uintptr_t)dst % 4 == 0;
+CU_UNROLL
+		for (int n = 0; n < HD / 8; n++) {
+			uint32_t v = pack_bf16(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+			if (aligned) {
+				*(uint32_t *)(dst + 8 * n) = v;
+			} else {
+				dst[8 * n] = (cu_bf16)v;
+				dst[8 * n + 1] = (cu_bf16)(v >> 16);
+			}
 		}
 	}
 }
@@ -683,7 +793,8 @@ CU_UNROLL
 /* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h)
  * * tiles + tile, over `rows` rows per (batch, head): T query rows, or the
  * nkeys stored key rows of the dK/dV kernel. */
-static __device__ __forceinline__ void fa_block(const Geom<cu_bf16> &g, int64_t rows, int64_t *b,
+template <typename T>
+static __device__ __forceinline__ void fa_block(const Geom<T> &g, int64_t rows, int64_t *b,
 						int64_t *h, int64_t *r0)
 {
 	const int64_t tiles = (rows + 63) / 64, bi = blockIdx.x;
@@ -695,22 +806,21 @@ static __device__ __forceinline__ void fa_block(const Geom<cu_bf16> &g, int64_t 
 /* The keys at positions [p0, p0 + n) of (batch b, head h) into the shared
  * tiles kv (K) and kv + n LD (V): the ordinary op's rows p0.. of qkv, cp's
  * gathered rows in position order (key_at); positions past nkeys zero. */
-template <int HD, int LD>
-static __device__ __forceinline__ void fa_copy_kv(cu_bf16 *kv, int n, const Geom<cu_bf16> &g,
-						  int64_t b, int64_t h, int64_t p0)
+template <int HD, int LD, typename T>
+static __device__ __forceinline__ void fa_copy_kv(T *kv, int n, const Geom<T> &g, int64_t b,
+						  int64_t h, int64_t p0)
 {
-	auto key = [&](int j) {
-		return p0 + j < g.nkeys ? key_at(g, b, h, p0 + j) : (const cu_bf16 *)0;
-	};
-	tc_copy_gather<HD>(kv, LD, key, 0, n, g.hd, g.vec8);
-	tc_copy_gather<HD>(kv + n * LD, LD, key, g.hd, n, g.hd, g.vec8);
+	auto key = [&](int j) { return p0 + j < g.nkeys ? key_at(g, b, h, p0 + j) : (const T *)0; };
+	tc_copy_gather<HD, T>(kv, LD, key, 0, n, g.hd, g.tcvec);
+	tc_copy_gather<HD, T>(kv + n * LD, LD, key, g.hd, n, g.hd, g.tcvec);
 }
 
 /* The positions of the queries of a warp's (or block's) local rows [r0, r1]
  * clamped to T: the least *lo and the greatest *hi. A cp rank's rows ascend
  * in position (two runs of consecutive positions, the second after the
  * first: k_cp_check), so they are the positions of the ends. */
-static __device__ __forceinline__ void fa_query_span(const Geom<cu_bf16> &g, int64_t r0, int64_t r1,
+template <typename T>
+static __device__ __forceinline__ void fa_query_span(const Geom<T> &g, int64_t r0, int64_t r1,
 						     int64_t *lo, int64_t *hi)
 {
 	r1 = r1 < g.t - 1 ? r1 : g.t - 1;
@@ -721,7 +831,8 @@ static __device__ __forceinline__ void fa_query_span(const Geom<cu_bf16> &g, int
 /* The least and greatest positions of stored key rows [s0, s0 + 16) (those
  * below nkeys; s0 < nkeys): the ordinary op's rows are their positions;
  * cp's gathered rows are runs of L = T/2 consecutive positions, in no order. */
-static __device__ __forceinline__ void fa_key_span(const Geom<cu_bf16> &g, int64_t s0, int64_t *lo,
+template <typename T>
+static __device__ __forceinline__ void fa_key_span(const Geom<T> &g, int64_t s0, int64_t *lo,
 						   int64_t *hi)
 {
 	int64_t s1 = s0 + 15 < g.nkeys - 1 ? s0 + 15 : g.nkeys - 1;
@@ -740,7 +851,8 @@ static __device__ __forceinline__ void fa_key_span(const Geom<cu_bf16> &g, int64
 
 /* The first local query row whose position is >= p (T: none): the first
  * such of each run of a cp rank's rows (fa_query_span's order). */
-static __device__ __forceinline__ int64_t fa_first_query(const Geom<cu_bf16> &g, int64_t p)
+template <typename T>
+static __device__ __forceinline__ int64_t fa_first_query(const Geom<T> &g, int64_t p)
 {
 	if (!g.cp)
 		return p;
@@ -753,19 +865,21 @@ static __device__ __forceinline__ int64_t fa_first_query(const Geom<cu_bf16> &g,
 	return g.t;
 }
 
-template <int HD, bool CP>
-__global__ void __launch_bounds__(32 * FaShape<HD>::W)
-k_attn_fwd_mma(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, float *dd)
+template <int HD, bool CP, typename T>
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+k_attn_fwd_mma(Geom<T> g, T *out, float *lse, const T *dy, float *dd)
 {
-	typedef FaShape<HD> S;
+	typedef FaShape<HD, T> S;
+	const int KS = Mma<T>::K;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BC, TILE = BC * S::LD;
-	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
+	extern __shared__ __align__(16) unsigned char fa_raw[];
+	T *fa_smem = (T *)fa_raw; /* [2][K, V][BC][LD] */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, q0;
 	fa_block(g, g.t, &b, &h, &q0);
-	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
 	const int64_t wrow = q0 + 16 * warp; /* the warp's first row */
 	const int64_t row[2] = {wrow + gr, wrow + gr + 8}; /* this lane's query rows */
@@ -775,8 +889,8 @@ k_attn_fwd_mma(Geom<cu_bf16> g, cu_bf16 *out, float *lse, const cu_bf16 *dy, flo
 	if (wrow < g.t)
 		fa_query_span(g, wrow, wrow + 15, &wfirst, &wlast);
 	fa_query_span(g, q0, q0 + S::BR - 1, &first, &last); /* causal: the block's last key */
-	uint32_t qa[HD / 16][4];
-	const cu_bf16 *rp[2];
+	uint32_t qa[HD / KS][4];
+	const T *rp[2];
 	fa_rows(rp, base, ld, row, g.t);
 	fa_load_a<HD>(qa, rp, 0, g.vec8);
 	float o[HD / 8][4]; /* O: o[n][e] = O[row (e >> 1)][8 n + 2 qd + (e & 1)] */
@@ -795,7 +909,7 @@ CU_UNROLL
 		const int64_t k0 = it * BC;
 		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
-		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+		const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
 		float s[BC / 8][4]; /* s[j]: the keys at positions k0 + 8 j .. + 7 */
 		fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
 
@@ -825,7 +939,7 @@ CU_UNROLL
 CU_UNROLL
 			for (int e = 0; e < 4; e++) {
 				float x = mn[e >> 1] == -INFINITY ? 0.0f : expf(s[j][e] - mn[e >> 1]);
-				s[j][e] = cu_from_bf16(cu_to_bf16(x)); /* P as the mma will use it */
+				s[j][e] = tc_value<T>(x); /* P as the mma will use it */
 				lt[e >> 1] += s[j][e];
 			}
 CU_UNROLL
@@ -840,8 +954,8 @@ CU_UNROLL
 			o[n][2] *= corr[1];
 			o[n][3] *= corr[1];
 		}
-		uint32_t pa[BC / 16][4];
-		fa_pack<BC>(pa, s);
+		uint32_t pa[BC / KS][4];
+		fa_pack<BC, T>(pa, s);
 		fa_times_tile<HD, BC, S::LD>(o, pa, vs); /* O += P V */
 	}
 
@@ -851,11 +965,11 @@ CU_UNROLL
 		for (int r = 0; r < 2; r++) {
 			float dsum = 0;
 			if (row[r] < g.t) {
-				const cu_bf16 *dr = dy + (b * g.t + row[r]) * g.c + g.hd * h + 2 * qd;
+				const T *dr = dy + (b * g.t + row[r]) * g.c + g.hd * h + 2 * qd;
 CU_UNROLL
 				for (int n = 0; n < HD / 8; n++)
-					dsum += cu_from_bf16(dr[8 * n]) * (o[n][2 * r] * inv[r]) +
-						cu_from_bf16(dr[8 * n + 1]) * (o[n][2 * r + 1] * inv[r]);
+					dsum += ::ld(dr + 8 * n) * (o[n][2 * r] * inv[r]) +
+						::ld(dr + 8 * n + 1) * (o[n][2 * r + 1] * inv[r]);
 			}
 			dsum = row_sum(dsum);
 			if (row[r] < g.t && qd == 0)
@@ -903,20 +1017,21 @@ CU_UNROLL
  * query tile and a warp skips query tiles wholly before its keys; only the
  * tiles crossing a warp's diagonal (and the query tile crossing T) are
  * masked. */
-template <int HD, bool CP>
-__global__ void __launch_bounds__(32 * FaShape<HD>::W)
-k_attn_bwd_dq_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		  cu_bf16 *dqkv, int zero_kv)
+template <int HD, bool CP, typename T>
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+k_attn_bwd_dq_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *dqkv, int zero_kv)
 {
-	typedef FaShape<HD> S;
+	typedef FaShape<HD, T> S;
+	const int KS = Mma<T>::K;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BCB, TILE = BC * S::LD;
-	extern __shared__ __align__(16) cu_bf16 fa_smem[]; /* [2][K, V][BC][LD] */
+	extern __shared__ __align__(16) unsigned char fa_raw[];
+	T *fa_smem = (T *)fa_raw; /* [2][K, V][BC][LD] */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, q0;
 	fa_block(g, g.t, &b, &h, &q0);
-	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const int64_t ld = 3 * g.c;
 	const int64_t wrow = q0 + 16 * warp;
 	const int64_t row[2] = {wrow + gr, wrow + gr + 8};
@@ -926,8 +1041,8 @@ k_attn_bwd_dq_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const fl
 	if (wrow < g.t)
 		fa_query_span(g, wrow, wrow + 15, &wfirst, &wlast);
 	fa_query_span(g, q0, q0 + S::BR - 1, &first, &last);
-	uint32_t qa[HD / 16][4], da[HD / 16][4];
-	const cu_bf16 *rp[2];
+	uint32_t qa[HD / KS][4], da[HD / KS][4];
+	const T *rp[2];
 	fa_rows(rp, base, ld, row, g.t);
 	fa_load_a<HD>(qa, rp, 0, g.vec8);
 	fa_rows(rp, dy + b * g.t * g.c + g.hd * h, g.c, row, g.t);
@@ -953,7 +1068,7 @@ CU_UNROLL
 		const int64_t k0 = it * BC;
 		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
 			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
-		const cu_bf16 *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+		const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
 		float s[BC / 8][4], dp[BC / 8][4];
 		fa_times_rows<HD, BC, S::LD>(s, qa, ks);  /* S = Q K^T */
 		fa_times_rows<HD, BC, S::LD>(dp, da, vs); /* dP = dO V^T */
@@ -968,51 +1083,52 @@ CU_UNROLL
 						  : expf(s[j][e] * g.scale - lr[r]);
 				s[j][e] = p * (dp[j][e] - dr[r]); /* dS */
 			}
-		uint32_t dsa[BC / 16][4];
-		fa_pack<BC>(dsa, s);
+		uint32_t dsa[BC / KS][4];
+		fa_pack<BC, T>(dsa, s);
 		fa_times_tile<HD, BC, S::LD>(dq, dsa, ks); /* dQ += dS K */
 	}
 CU_UNROLL
 	for (int r = 0; r < 2; r++) {
 		if (row[r] >= g.t)
 			continue;
-		cu_bf16 *dst = dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h;
+		T *dst = dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h;
 		fa_store_row<HD>(dst, dq, r, g.scale);
 		if (zero_kv) /* attention_cp_grad: k and v return through the gathered kv */
 			for (int64_t d = qd; d < 2 * g.hd; d += 4)
-				dst[g.hd + d] = (cu_bf16)0;
+				dst[g.hd + d] = (T)0;
 	}
 }
 
-template <int HD, bool CP>
-__global__ void __launch_bounds__(32 * FaShape<HD>::W)
-k_attn_bwd_dkv_mma(Geom<cu_bf16> g, const cu_bf16 *dy, const float *lse, const float *dd,
-		   cu_bf16 *out)
+template <int HD, bool CP, typename T>
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+k_attn_bwd_dkv_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out)
 {
-	typedef FaShape<HD> S;
+	typedef FaShape<HD, T> S;
+	const int KS = Mma<T>::K;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
 	const int BC = S::BCB, TILE = BC * S::LD;
 	/* [2][Q, dO][BC][LD], then [2][lse, D][BC] (f32) */
-	extern __shared__ __align__(16) cu_bf16 fa_smem[];
+	extern __shared__ __align__(16) unsigned char fa_raw[];
+	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, k0;
 	fa_block(g, g.nkeys, &b, &h, &k0);
-	const cu_bf16 *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
-	const cu_bf16 *dbase = dy + b * g.t * g.c + g.hd * h;
+	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
+	const T *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
 	const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
 	const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
 	int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
-	const cu_bf16 *rp[2];
+	const T *rp[2];
 	for (int r = 0; r < 2; r++) {
 		kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
-		rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const cu_bf16 *)0;
+		rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const T *)0;
 	}
 	if (wrow < g.nkeys)
 		fa_key_span(g, wrow, &wfirst, &wlast);
-	uint32_t ka[HD / 16][4], va[HD / 16][4];
+	uint32_t ka[HD / KS][4], va[HD / KS][4];
 	fa_load_a<HD>(ka, rp, 0, g.vec8);
 	fa_load_a<HD>(va, rp, g.hd, g.vec8);
 	float dk[HD / 8][4], dv[HD / 8][4];
@@ -1021,10 +1137,10 @@ CU_UNROLL
 		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
 
 	auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
-		cu_bf16 *t = fa_smem + 2 * TILE * buf;
+		T *t = fa_smem + 2 * TILE * buf;
 		float *st = stats + 2 * BC * buf;
-		tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.vec8);
-		tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.vec8);
+		tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.tcvec);
+		tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.tcvec);
 		for (int i = threadIdx.x; i < BC; i += blockDim.x) {
 			int64_t r = (b * g.h + h) * g.t + q0 + i;
 			st[i] = q0 + i < g.t ? lse[r] : 0;
@@ -1052,7 +1168,7 @@ CU_UNROLL
 		fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
 		if ((MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys)
 			continue; /* every query before the warp's keys, or keys past T (warp-uniform) */
-		const cu_bf16 *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
+		const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
 		const float *ls = stats + 2 * BC * (it % 2), *dst = ls + BC;
 		float s[BC / 8][4], dp[BC / 8][4];
 		fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
@@ -1070,17 +1186,17 @@ CU_UNROLL
 				s[j][e] = p;                     /* P^T */
 				dp[j][e] = p * (dp[j][e] - dst[c]); /* dS^T */
 			}
-		uint32_t pa[BC / 16][4];
-		fa_pack<BC>(pa, s);
+		uint32_t pa[BC / KS][4];
+		fa_pack<BC, T>(pa, s);
 		fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
-		fa_pack<BC>(pa, dp);
+		fa_pack<BC, T>(pa, dp);
 		fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
 	}
 CU_UNROLL
 	for (int r = 0; r < 2; r++)
 		if (key[r] < g.nkeys) { /* d qkv's k and v columns, or cp's d kv [cp, B, T, 2C] */
 			int64_t s = key[r], blk = s / g.t, j = s - blk * g.t;
-			cu_bf16 *dst = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
+			T *dst = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
 					    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
 			fa_store_row<HD>(dst, dk, r, g.scale);
 			fa_store_row<HD>(dst + g.hd, dv, r, 1.0f);
@@ -1130,7 +1246,10 @@ template <typename T> static Geom<T> geom_of(const CuArgs *a)
 	g.nkeys = cp ? g.cp * g.t : g.t;
 	g.scale = (float)(1.0 / sqrt((double)g.hd));
 	/* every row offset the tiles read is a multiple of hd (or of C = h hd) */
-	g.vec8 = cu_vec8<T>(g.hd, g.qkv, g.kv, q ? cu_p(a, 0) : (const void *)0);
+	const void *dy = q ? cu_p(a, 0) : (const void *)0;
+	g.vec8 = cu_vec8<T>(g.hd, g.qkv, g.kv, dy);
+	g.tcvec = g.vec8 || (sizeof(T) == 4 && g.hd % 4 == 0 && cu_aligned16(g.qkv) &&
+			     (!g.kv || cu_aligned16(g.kv)) && (!dy || cu_aligned16(dy)));
 	return g;
 }
 
@@ -1165,11 +1284,12 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 }
 
 /* The forward and the backward run on tensor cores for bf16 attention,
- * ordinary or cp, with a head dim of 32, 64 or 128 exactly (the rest, f32
- * among them, on the kernels above: docs/CUDA.md says why). */
-template <int HD, typename T> static int tensor_cores(const Geom<T> &g)
+ * and for f32 under gemm_math tf32 (precision tf32: in tf32), ordinary or
+ * cp, with a head dim of 32, 64 or 128 exactly (the rest, exact f32 among
+ * them, on the kernels above: docs/CUDA.md says why). */
+template <int HD, typename T> static int tensor_cores(const Geom<T> &g, int tf32)
 {
-	return sizeof(T) == 2 && g.hd == HD && (HD == 32 || HD == 64 || HD == 128);
+	return (sizeof(T) == 2 || tf32) && g.hd == HD && (HD == 32 || HD == 64 || HD == 128);
 }
 
 /* CP: the cp ops' instantiation (the ordinary op's has no cp branches:
@@ -1177,12 +1297,12 @@ template <int HD, typename T> static int tensor_cores(const Geom<T> &g)
 template <int HD, bool CP, typename T>
 static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
-	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
-		typedef FaShape<HD> S;
+	if constexpr (HD >= 32 && HD <= 128) {
+		typedef FaShape<HD, T> S;
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
-		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
-			       (cu_bf16 *)cu_p(a, -1), MUTANT(tcb_stale) ? (float *)0 : a->fuse->lse,
-			       (const cu_bf16 *)0, (float *)0);
+		CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP, T>), blocks, 32 * S::W, (size_t)S::SMEM, a->st,
+			       g, (T *)cu_p(a, -1), MUTANT(tcb_stale) ? (float *)0 : a->fuse->lse,
+			       (const T *)0, (float *)0);
 		CU_LAUNCHED(a, e);
 	}
 	return 0;
@@ -1191,16 +1311,17 @@ static int launch_fwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 /* D = dO . O per (batch, head, query row) from the forward's output: a
  * warp per row (its head dims in one coalesced read), summed by xor
  * shuffles. */
-__global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 *o, float *dd)
+template <typename T>
+__global__ void k_attn_rowdot(Geom<T> g, const T *dy, const T *o, float *dd)
 {
 	const int lane = threadIdx.x % 32;
 	const int64_t rows = g.b * g.h * g.t, warps = (int64_t)gridDim.x * blockDim.x / 32;
 	for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
 		int64_t t = i % g.t, h = (i / g.t) % g.h, b = i / (g.t * g.h);
-		const cu_bf16 *dr = dy + (b * g.t + t) * g.c + g.hd * h, *orow = o + (dr - dy);
+		const T *dr = dy + (b * g.t + t) * g.c + g.hd * h, *orow = o + (dr - dy);
 		float sum = 0;
 		for (int64_t d = lane; d < g.hd; d += 32)
-			sum += cu_from_bf16(dr[d]) * cu_from_bf16(orow[d]);
+			sum += ld(dr + d) * ld(orow + d);
 		for (int k = 16; k > 0; k /= 2)
 			sum += __shfl_xor_sync(CU_FULL_MASK, sum, k);
 		if (lane == 0)
@@ -1216,31 +1337,31 @@ __global__ void k_attn_rowdot(Geom<cu_bf16> g, const cu_bf16 *dy, const cu_bf16 
 template <int HD, bool CP, typename T>
 static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
-	if constexpr (sizeof(T) == 2 && HD >= 32 && HD <= 128) {
-		typedef FaShape<HD> S;
+	if constexpr (HD >= 32 && HD <= 128) {
+		typedef FaShape<HD, T> S;
 		float *lse = (float *)a->scratch, *dd = lse + g.b * g.h * g.t;
-		const cu_bf16 *dy = (const cu_bf16 *)cu_p(a, 0);
-		cu_bf16 *dqkv = (cu_bf16 *)cu_p(a, -1);
+		const T *dy = (const T *)cu_p(a, 0);
+		T *dqkv = (T *)cu_p(a, -1);
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + S::BR - 1) / S::BR));
 		int op = a->in->op;
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
-			CU_LAUNCH(k_attn_rowdot, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g, dy,
-				  (const cu_bf16 *)a->fuse->lse_o, dd);
+			CU_LAUNCH(k_attn_rowdot<T>, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g,
+				  dy, (const T *)a->fuse->lse_o, dd);
 		} else {
-			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM,
-				       a->st, g, (cu_bf16 *)0, lse, dy, dd);
+			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP, T>), blocks, 32 * S::W, (size_t)S::SMEM,
+				       a->st, g, (T *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
 		if (op != DP_OP_ATTENTION_CP_GRAD_KV) {
-			CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD, CP>), blocks, 32 * S::W, (size_t)S::SMEM_BWD,
+			CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD, CP, T>), blocks, 32 * S::W, (size_t)S::SMEM_BWD,
 				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv,
 				       op == DP_OP_ATTENTION_CP_GRAD);
 			CU_LAUNCHED(a, e);
 		}
 		if (op != DP_OP_ATTENTION_CP_GRAD) { /* into d qkv, or cp's d kv */
-			CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD, CP>), kblocks, 32 * S::W, (size_t)S::SMEM_BWD,
+			CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)S::SMEM_BWD,
 				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv);
 			CU_LAUNCHED(a, e);
 		}
@@ -1259,14 +1380,14 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 	switch (in->op) {
 	case DP_OP_ATTENTION:
 	case DP_OP_ATTENTION_CP:
-		if (tensor_cores<HD, T>(g))
+		if (tensor_cores<HD, T>(g, a->tf32))
 			return g.cp ? launch_fwd_tc<HD, true>(a, g, e)
 				    : launch_fwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_fwd<HD, T>), qblocks, ATT_THREADS, a->st, g, out);
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DP_OP_ATTENTION_GRAD:
-		if (tensor_cores<HD, T>(g))
+		if (tensor_cores<HD, T>(g, a->tf32))
 			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
 				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
@@ -1277,7 +1398,7 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 		CU_LAUNCHED(a, e);
 		return 0;
 	case DP_OP_ATTENTION_CP_GRAD:
-		if (tensor_cores<HD, T>(g))
+		if (tensor_cores<HD, T>(g, a->tf32))
 			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
 				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
@@ -1285,7 +1406,7 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 		CU_LAUNCHED(a, e);
 		return 0;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
-		if (tensor_cores<HD, T>(g))
+		if (tensor_cores<HD, T>(g, a->tf32))
 			return g.cp ? launch_bwd_tc<HD, true>(a, g, e)
 				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, (T *)0, stats,
@@ -1344,7 +1465,8 @@ static int tc_instr(const DpStep *s, const DpInstr *in)
 {
 	const DpTensor *tq = &s->tensors[in->in[1]];
 	int64_t heads = DP_ATTR(in, ATTENTION, heads), hd = tq->dims[2] / 3 / heads;
-	return tq->dtype == DP_BF16 && (hd == 32 || hd == 64 || hd == 128);
+	int tf32 = tq->dtype == DP_F32 && s->cfg.gemm_math == DP_GEMM_TF32;
+	return (tq->dtype == DP_BF16 || tf32) && (hd == 32 || hd == 64 || hd == 128);
 }
 
 /* Is forward instruction k the one gradient g differentiates: the same

@@ -1,10 +1,13 @@
 /*
- * mma_ptx.cuh - the two tensor-core instructions of the attention kernels
+ * mma_ptx.cuh - the tensor-core instructions of the attention kernels
  * (attention.cu), as inline PTX under nvcc (sm_80 and later) and, compiled
  * as host C++ by the CUDA emulator, as its warp-collective emulation with
  * the same register layouts (tests/cuda_emu/include/dpemu_mma_ptx.h):
  *
  *   cu_mma_bf16(d, a, b)   d += a b: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+ *   cu_mma_tf32(d, a, b)   d += a b: mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+ *   cu_tf32(x)             x rounded to tf32 (10 mantissa bits, to nearest with
+ *                          ties away from zero): cvt.rna.tf32.f32, as a float
  *   cu_ldsm<N>(r, p)       ldmatrix.sync.aligned.m8n8.xN.shared.b16
  *   cu_ldsm_t<N>(r, p)     the same, .trans
  *
@@ -17,6 +20,11 @@
  *   C, D (16 x 8, f32): d[0], d[1] = D[g][2q], D[g][2q+1]; d[2], d[3] the same of row g+8
  *   ldmatrix: lanes 8i..8i+7 give the 16-byte-aligned shared addresses of
  *   matrix i's 8 rows; r[i] = matrix i's (g, 2q..2q+1), .trans (2q..2q+1, g).
+ * m16n8k8 .tf32 ("Matrix Fragments for mma.m16n8k8" with .tf32): one
+ * tf32 (an f32 whose 13 low mantissa bits are 0) per .b32 register:
+ *   A (16 x 8): a[0] = A[g][q], a[1] = A[g+8][q], a[2] = A[g][q+4], a[3] = A[g+8][q+4]
+ *   B (8 x 8, k x n): b[0] = B[q][g], b[1] = B[q+4][g]
+ *   C, D: as m16n8k16's.
  * So an 8 x 8 tile read by ldmatrix is an A or B register as it stands:
  * rows of K (keys, head dims contiguous) are B = K^T's registers, rows of V
  * through .trans are B = V's, and the C registers of one mma are, packed
@@ -28,6 +36,21 @@
 #include <stdint.h>
 
 #ifdef __CUDACC__
+
+static __device__ __forceinline__ void cu_mma_tf32(float *d, const uint32_t *a, const uint32_t *b)
+{
+	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+static __device__ __forceinline__ float cu_tf32(float x)
+{
+	uint32_t u;
+	asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(x));
+	return __uint_as_float(u);
+}
 
 static __device__ __forceinline__ void cu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b)
 {
@@ -71,6 +94,17 @@ static inline void cu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b,
 			       const char *file = __builtin_FILE(), int line = __builtin_LINE())
 {
 	dpemu_mma_bf16(d, a, b, file, line);
+}
+
+static inline void cu_mma_tf32(float *d, const uint32_t *a, const uint32_t *b,
+			       const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+	dpemu_mma_tf32(d, a, b, file, line);
+}
+
+static inline float cu_tf32(float x)
+{
+	return dpemu_tf32(x);
 }
 
 template <int N>

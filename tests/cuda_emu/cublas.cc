@@ -28,6 +28,7 @@
 #include "include/cublasLt.h"
 #include "include/cublas_v2.h"
 #include "include/cuda_bf16.h"
+#include "include/dpemu_mma_ptx.h" /* dpemu_tf32: cvt.rna.tf32.f32 */
 
 using namespace emu;
 
@@ -48,18 +49,6 @@ static std::set<cublasContext *> &handles()
 static bool live(cublasHandle_t h)
 {
 	return h && handles().count(h);
-}
-
-static float tf32(float x)
-{
-	uint32_t u;
-	memcpy(&u, &x, 4);
-	if ((u & 0x7f800000u) != 0x7f800000u) {
-		u += 0x1000u; /* half of the 13 dropped bits: ties away from zero */
-		u &= ~0x1fffu;
-	}
-	memcpy(&x, &u, 4);
-	return x;
 }
 
 static size_t esize(cudaDataType t)
@@ -99,7 +88,7 @@ static const float *as_f32(const Operand &o, int b, bool round_tf32, std::vector
 	for (size_t i = 0; i < n; i++) {
 		float v = o.t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)o.at(b))[i]
 					      : ((const float *)o.at(b))[i];
-		tmp[i] = round_tf32 ? tf32(v) : v;
+		tmp[i] = round_tf32 ? dpemu_tf32(v) : v;
 	}
 	return tmp.data();
 }

@@ -609,6 +609,82 @@ static int mma_ptx_case(int wrong)
 static int c_mma_ptx(void) { return mma_ptx_case(0); }
 static int c_mma_ptx_wrong(void) { return mma_ptx_case(1); }
 
+/* ---- mma.sync m16n8k8 .tf32 and cvt.rna.tf32.f32 (dpemu_mma_ptx.h):
+ * a[0] = A[g][q], a[1] = A[g+8][q], a[2] = A[g][q+4], a[3] = A[g+8][q+4];
+ * b[0] = B[q][g], b[1] = B[q+4][g]; C as m16n8k16's. ---- */
+
+/* D = A B + C (16 x 8 by 8 x 8), operands from global memory in those
+ * layouts, each converted by dpemu_tf32; wrong = 1 takes a[1] and a[2]
+ * swapped (the bf16 layout's row-then-column order: a guessed layout);
+ * raw = 1 hands lane 5's a[2] over unconverted */
+__global__ void k_mma_tf32(const float *a, const float *b, float *c, int wrong, int raw)
+{
+	int l = threadIdx.x, g = l / 4, q = l % 4;
+	uint32_t ra[4], rb[2];
+	float d[4];
+	for (int i = 0; i < 4; i++) {
+		int r = g + 8 * (i & 1), k = q + 4 * (i >> 1);
+		if (wrong && (i == 1 || i == 2))
+			r = g + 8 * (i >> 1), k = q + 4 * (i & 1);
+		float x = a[8 * r + k];
+		ra[i] = __float_as_uint(raw && l == 5 && i == 2 ? x : dpemu_tf32(x));
+	}
+	for (int i = 0; i < 2; i++)
+		rb[i] = __float_as_uint(dpemu_tf32(b[8 * (q + 4 * i) + g]));
+	for (int i = 0; i < 4; i++)
+		d[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)];
+	dpemu_mma_tf32(d, ra, rb, __FILE__, __LINE__);
+	for (int i = 0; i < 4; i++)
+		c[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] = d[i];
+}
+
+static int mma_tf32_case(int wrong, int raw)
+{
+	/* A's elements 1 + 2^-12 + small integers: tf32 keeps the integer and
+	 * rounds the 2^-12 away (a product of unrounded operands differs); B
+	 * small integers; every product and sum of the rounded values is exact */
+	float ha[128], hb[64], hc[128], r[128];
+	for (int i = 0; i < 128; i++)
+		ha[i] = (float)(i * 7 % 11 - 5) + (i % 2 ? 0x1p-12f : 0.0f);
+	for (int i = 0; i < 64; i++)
+		hb[i] = (float)(i * 5 % 13 - 6);
+	for (int i = 0; i < 128; i++)
+		hc[i] = (float)(i % 9 - 4);
+	float *a = dev_floats(128), *b = dev_floats(64), *c = dev_floats(128);
+	to_dev(a, ha, 128);
+	to_dev(b, hb, 64);
+	to_dev(c, hc, 128);
+	CU_LAUNCH(k_mma_tf32, 1, 32, 0, a, b, c, wrong, raw);
+	CK(cudaDeviceSynchronize());
+	from_dev(r, c, 128);
+	int bad = 0;
+	for (int i = 0; i < 16; i++)
+		for (int n = 0; n < 8; n++) {
+			float s = hc[8 * i + n];
+			for (int k = 0; k < 8; k++)
+				s += dpemu_tf32(ha[8 * i + k]) * hb[8 * k + n];
+			bad += r[8 * i + n] != s;
+		}
+	EXPECT(wrong ? bad > 0 : bad == 0);
+	return 0;
+}
+
+/* cvt.rna: to nearest, ties away from zero, at 10 mantissa bits */
+static int c_tf32_round(void)
+{
+	EXPECT(dpemu_tf32(1.0f + 0x1p-12f) == 1.0f);              /* below half: down */
+	EXPECT(dpemu_tf32(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);   /* a tie: away from zero */
+	EXPECT(dpemu_tf32(-1.0f - 0x1p-11f) == -1.0f - 0x1p-10f); /* ... on both sides */
+	EXPECT(dpemu_tf32(1.0f + 0x1p-10f + 0x1p-11f) == 1.0f + 0x1p-9f); /* not to even */
+	EXPECT(dpemu_tf32(1.0f + 0x1p-11f + 0x1p-20f) == 1.0f + 0x1p-10f);
+	EXPECT(isinf(dpemu_tf32(INFINITY)) && isnan(dpemu_tf32(NAN)));
+	return 0;
+}
+
+static int c_mma_tf32(void) { return mma_tf32_case(0, 0); }
+static int c_mma_tf32_wrong(void) { return mma_tf32_case(1, 0); }
+static int c_mma_tf32_raw(void) { return mma_tf32_case(0, 1); }
+
 static void naive_gemm(int m, int n, int k, const float *A, int lda, bool ta, const float *B, int ldb,
 		       bool tb, float *C)
 {
@@ -1444,6 +1520,10 @@ static const struct {
 	{"ldsm_global", c_ldsm_global},
 	{"mma_ptx", c_mma_ptx},
 	{"mma_ptx_wrong", c_mma_ptx_wrong},
+	{"mma_tf32", c_mma_tf32},
+	{"mma_tf32_wrong", c_mma_tf32_wrong},
+	{"mma_tf32_raw", c_mma_tf32_raw},
+	{"tf32_round", c_tf32_round},
 	{"gemm", c_gemm},
 	{"gemm_ld_past", c_gemm_ld_past},
 	{"streams", c_streams},

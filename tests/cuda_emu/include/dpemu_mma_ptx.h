@@ -17,6 +17,19 @@
  *    The products of bf16 are exact in float; the sums are float, in k
  *    order (the hardware's order is its own: agreement is to float
  *    rounding, not bits).
+ *  - mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 d, a, b, c
+ *    ("Matrix Fragments for mma.m16n8k8", .tf32): one tf32 per register,
+ *      a[0] = A[g][q]   a[1] = A[g+8][q]   a[2] = A[g][q+4]   a[3] = A[g+8][q+4]
+ *      b[0] = B[q][g]   b[1] = B[q+4][g]   C, D as above.
+ *    An operand of type .tf32 is meant to hold what cvt.rna.tf32.f32 gives
+ *    (the kernels convert every one); the emulator refuses an operand with
+ *    any of its 13 low mantissa bits set (naming the call, the lane and the
+ *    register) rather than guess what a tensor core does with them, so a
+ *    missed conversion fails loudly. Products of tf32 are exact in float;
+ *    the sums are float, in k order.
+ *  - cvt.rna.tf32.f32 (dpemu_tf32): to the nearest tf32, ties away from
+ *    zero (add half of the 13 dropped bits' weight, then clear them); inf
+ *    and NaN unchanged. The emulated cuBLAS rounds TF32 GEMM inputs with it.
  *  - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 r, [p]
  *    (PTX ISA, "Data Movement and Conversion Instructions: ldmatrix"): N
  *    8 x 8 matrices of 16-bit elements; lanes 8i .. 8i+7 give the addresses
@@ -74,6 +87,56 @@ static inline float bf_hi(uint32_t v)
 	return f;
 }
 
+static inline float f32_of(uint32_t v)
+{
+	float f;
+	memcpy(&f, &v, 4);
+	return f;
+}
+
+/* Each lane's D registers (the C layout) = A B + C, the sums in float in
+ * k order, once every lane's operands are gathered (m16n8kK) */
+template <int K>
+static inline void mma_scatter(void *const *args, const float (*A)[K], const float (*B)[8],
+			       const float (*C)[8])
+{
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int g = l >> 2, q = l % 4;
+		for (int i = 0; i < 4; i++) {
+			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
+			float s = C[r][n];
+			for (int k = 0; k < K; k++)
+				s += A[r][k] * B[k][n];
+			c->d[i] = s;
+		}
+	}
+}
+
+static inline void mma_tf32_all(void *const *args)
+{
+	float A[16][8], B[8][8], C[16][8];
+	for (int l = 0; l < 32; l++) {
+		const Call *c = (const Call *)args[l];
+		int g = l >> 2, q = l % 4;
+		for (int i = 0; i < 6; i++) {
+			uint32_t v = i < 4 ? c->a[i] : c->b[i - 4];
+			if ((v & 0x7f800000u) != 0x7f800000u && (v & 0x1fffu))
+				dpemu_kfail("mma .tf32 at %s:%d: lane %d's %c[%d] = 0x%08x is not a tf32 "
+					    "(its 13 low mantissa bits are set): convert it with "
+					    "cvt.rna.tf32.f32 first", c->file, c->line, l,
+					    i < 4 ? 'a' : 'b', i < 4 ? i : i - 4, v);
+		}
+		for (int i = 0; i < 4; i++) /* a[i]: row g (+8 for odd i), column q (+4 for i >= 2) */
+			A[g + 8 * (i & 1)][q + 4 * (i >> 1)] = f32_of(c->a[i]);
+		for (int i = 0; i < 2; i++)
+			B[q + 4 * i][g] = f32_of(c->b[i]);
+		for (int i = 0; i < 4; i++)
+			C[g + 8 * (i >> 1)][2 * q + (i & 1)] = c->d[i];
+	}
+	mma_scatter<8>(args, A, B, C);
+}
+
 static inline void mma_all(void *const *args)
 {
 	float A[16][16], B[16][8], C[16][8];
@@ -92,17 +155,7 @@ static inline void mma_all(void *const *args)
 		for (int i = 0; i < 4; i++)
 			C[g + 8 * (i >> 1)][2 * q + (i & 1)] = c->d[i];
 	}
-	for (int l = 0; l < 32; l++) {
-		const Call *c = (const Call *)args[l];
-		int g = l >> 2, q = l % 4;
-		for (int i = 0; i < 4; i++) {
-			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-			float s = C[r][n];
-			for (int k = 0; k < 16; k++)
-				s += A[r][k] * B[k][n];
-			c->d[i] = s;
-		}
-	}
+	mma_scatter<16>(args, A, B, C);
 }
 
 static inline void ldmatrix_all(void *const *args)
@@ -142,6 +195,27 @@ static inline void dpemu_mma_bf16(float *d, const uint32_t *a, const uint32_t *b
 {
 	dpemu_ptx::Call c{file, line, 0, 0, nullptr, nullptr, d, a, b};
 	dpemu_warp_collective(dpemu_ptx::mma_all, &c, file, line);
+}
+
+/* d = a b + d (m16n8k8, tf32 operands, f32 accumulators) */
+static inline void dpemu_mma_tf32(float *d, const uint32_t *a, const uint32_t *b, const char *file,
+				  int line)
+{
+	dpemu_ptx::Call c{file, line, 0, 0, nullptr, nullptr, d, a, b};
+	dpemu_warp_collective(dpemu_ptx::mma_tf32_all, &c, file, line);
+}
+
+/* cvt.rna.tf32.f32, as a float */
+static inline float dpemu_tf32(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	if ((u & 0x7f800000u) != 0x7f800000u) {
+		u += 0x1000u; /* half of the 13 dropped bits: ties away from zero */
+		u &= ~0x1fffu;
+	}
+	memcpy(&x, &u, 4);
+	return x;
 }
 
 /* r[0 .. n) = ldmatrix .xN (.trans) of the rows whose addresses lanes give */
