@@ -94,6 +94,8 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
+#                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
 #                 (CuScalars.ls_found) dropped: a step whose gradients
 #                 overflowed is applied, not skipped
@@ -245,6 +247,9 @@ sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r
 # CPU's run, parameters unchanged); with amp_flag the first step's inf/NaN
 # gradients reach the weights
 sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$T/ls16.dp"
+# h16: mlp8 in fp16 (default dynamic loss scaling) at 1 rank, its GEMMs on
+# f16 operands (cuBLASLt's CUDA_R_16F), compared as the bf16 cases are
+cp "$T/mlp8.dp" "$T/h16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
@@ -263,6 +268,7 @@ reference() {
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
 	ls16) np=1 prec=fp16 ;;
+	h16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
@@ -277,8 +283,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16: its training updates are compared, from the initial weights
-	if [[ $1 == [acu]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, h16: their training updates are compared, from the initial weights
+	if [[ $1 == [acuh]16 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -397,6 +403,7 @@ bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
 amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
+gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),
