@@ -185,7 +185,7 @@ hd64_model() {
 # a16: hd64 in precision bf16 trained with SGD (AdamW's first steps turn
 # bf16 roundings into steps of ~lr: tests/cuda_emu.sh's header)
 a16_model() {
-	once hd64 hd64_model
+	once hd64src hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
 # u16: a16 with no projection after attention: its gradient unpaired
@@ -269,10 +269,10 @@ reference() {
 	r16) prec=bf16 ;;
 	ls16) np=1 prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
-	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
+	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
-	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64 hd64_model ;;
+	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	esac
