@@ -50,6 +50,8 @@ typedef struct {
 	KernelScratchFn scratch; /* CUDA: bytes of its stream's scratch it needs; NULL: the
 	                            minimum */
 	int blas;                /* CUDA: 1 needs a cuBLASLt handle and workspace on its stream */
+	int f16;                 /* 1: reads and writes f16 operands itself (rt_own_half_path);
+	                            0: an f16 instruction runs on f32 copies of its operands */
 } KernelRow;
 
 typedef struct {

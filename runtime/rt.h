@@ -354,12 +354,14 @@ static inline float rt_from_half(unsigned dt, uint16_t h)
 static inline int rt_half_staged(const DpStep *s, const DpInstr *in, int j);
 
 /* Does a kernel's own 16-bit path (KernelRow.bf16, run_bf16: bf16's) apply
- * to `in`? Not when an operand is f16: f16 instructions run on f32 copies on
- * both backends, except CAST, which converts f16 itself (and the
- * optimizers' f16 compute copies, which rt_half_staged leaves out). */
-static inline int rt_own_half_path(const DpStep *s, const DpInstr *in)
+ * to `in`? Not when an operand is f16 and the kernel's row has no f16 path
+ * of its own (f16, KernelRow.f16): such an instruction runs on f32 copies.
+ * CAST converts f16 itself on both backends, and so do the optimizers' f16
+ * compute copies (rt_half_staged leaves them out); on CUDA also the GEMMs
+ * (cuBLASLt's CUDA_R_16F, runtime/cuda/gemm.cu). */
+static inline int rt_own_half_path(const DpStep *s, const DpInstr *in, int f16)
 {
-	if (in->op == DP_OP_CAST)
+	if (in->op == DP_OP_CAST || f16)
 		return 1;
 	for (int j = -1; j < DP_MAX_IN; j++) {
 		int id = j < 0 ? in->out : in->in[j];

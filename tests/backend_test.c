@@ -167,14 +167,15 @@ static int fake_run(const KernelArgs *a, RtErr *e)
 static void check_merge(void)
 {
 	KernelTable t;
-	const KernelRow fwd[] = {{DP_OP_COPY, fake_run, NULL, 1, NULL, NULL, 0},
-				 {DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 1},
+	const KernelRow fwd[] = {{DP_OP_COPY, fake_run, NULL, 1, NULL, NULL, 0, 1},
+				 {DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 1, 0},
 				 {0}};
 	const KernelRow rev[] = {fwd[1], fwd[0], {0}};
 	const KernelRow *files[2] = {fwd, NULL};
 	kernel_table_merge(&t, files, 1);
 	check(!t.err[0] && kernel_row(&t, DP_OP_COPY) && kernel_row(&t, DP_OP_RELU) &&
 		      t.k[DP_OP_COPY].bf16 == 1 && t.k[DP_OP_RELU].blas == 1 &&
+		      t.k[DP_OP_COPY].f16 == 1 && t.k[DP_OP_RELU].f16 == 0 &&
 		      !kernel_row(&t, DP_OP_ADD),
 	      "merge: two rows give a table of those two ops%s%s", "", "");
 	KernelTable u;
@@ -182,17 +183,17 @@ static void check_merge(void)
 	kernel_table_merge(&u, files, 1);
 	check(!memcmp(&t, &u, sizeof t), "merge: rows in another order give the same table%s%s", "",
 	      "");
-	const KernelRow twice[] = {{DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	const KernelRow twice[] = {{DP_OP_RELU, fake_run, NULL, 0, NULL, NULL, 0, 0}, {0}};
 	files[0] = fwd;
 	files[1] = twice;
 	kernel_table_merge(&t, files, 2);
 	check(strstr(t.err, "two kernel rows for relu") != NULL, "merge: an op claimed twice: '%s'%s",
 	      t.err, "");
-	const KernelRow unknown[] = {{DP_NOPS, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	const KernelRow unknown[] = {{DP_NOPS, fake_run, NULL, 0, NULL, NULL, 0, 0}, {0}};
 	files[1] = unknown;
 	kernel_table_merge(&t, files, 2);
 	check(strstr(t.err, "does not exist") != NULL, "merge: an unknown opcode: '%s'%s", t.err, "");
-	const KernelRow owned[] = {{DP_OP_ALL_REDUCE, fake_run, NULL, 0, NULL, NULL, 0}, {0}};
+	const KernelRow owned[] = {{DP_OP_ALL_REDUCE, fake_run, NULL, 0, NULL, NULL, 0, 0}, {0}};
 	files[1] = owned;
 	kernel_table_merge(&t, files, 2);
 	check(strstr(t.err, "all_reduce") && strstr(t.err, "executor"),

@@ -143,9 +143,12 @@
 # under the attention key bias's ~0 gradient into steps of ~lr, 2.6e-3 apart
 # in the updates under AdamW, 1.8e-5 under SGD, as the bf16 hd64 cases
 # say). The
-# CUDA backend runs every f16 instruction but CAST and the optimizers' copy
-# on f32 copies of its operands (bf16.cu's staging), as the CPU does, so
-# both round at the same places and the bf16 derivation above holds with
+# CPU runs every f16 instruction but CAST and the optimizers' copy on f32
+# copies of its operands; the CUDA backend's kernels read and write f16
+# themselves (__half; the GEMMs CUDA_R_16F: a product of two f16 is exact
+# in f32), computing in f32 and rounding each stored element once, what
+# the f32 kernel on the copies gives (the attention alone runs on copies),
+# so both round at the same places and the bf16 derivation above holds with
 # f16's 11 significant bits (u = 2^-11): sqrt(2u eps) ~ 1e-5 RMS per element
 # at eps 1e-7, 2.8x below bf16's. Bounds: bf16's divided by 2 (a margin of
 # ~2 over the scaled figures' ratio of 2.8): losses rtol 2^-14 = 6.1e-5,
@@ -585,8 +588,8 @@ model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 model_case gpt2-pp ddp 4 "pp=4"
 model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
-# fp16 with dynamic loss scaling (the header's bounds): f16 on f32 copies,
-# ncclHalf, the optimizers' f16 copies, the scale in device memory
+# fp16 with dynamic loss scaling (the header's bounds): the f16 kernels
+# (attention on f32 copies), ncclHalf, the optimizers' f16 copies, the scale in device memory
 for s in ddp zero2 full_shard; do
 	PREC=fp16 SGD=1 model_case gpt2-tiny $s 2
 done

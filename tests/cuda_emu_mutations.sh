@@ -99,6 +99,8 @@
 #                 dO, lse, D copied in, the other buffer free), dropped
 #   tcb_causal    a dK/dV warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them
+#   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
+#                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
 #                 (CuScalars.ls_found) dropped: a step whose gradients
 #                 overflowed is applied, not skipped
@@ -200,7 +202,7 @@ hd64_model() {
 # a16: hd64 in precision bf16 trained with SGD (AdamW's first steps turn
 # bf16 roundings into steps of ~lr: tests/cuda_emu.sh's header)
 a16_model() {
-	once hd64 hd64_model
+	once hd64src hd64_model
 	sed 's/^  optimizer .*/  optimizer sgd(lr=1e-2, momentum=0.9)/' "$T/hd64.dp" >"$T/a16.dp"
 }
 # u16: a16 with no projection after attention: its gradient unpaired
@@ -262,6 +264,9 @@ sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r
 # CPU's run, parameters unchanged); with amp_flag the first step's inf/NaN
 # gradients reach the weights
 sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$T/ls16.dp"
+# h16: mlp8 in fp16 (default dynamic loss scaling) at 1 rank, its GEMMs on
+# f16 operands (cuBLASLt's CUDA_R_16F), compared as the bf16 cases are
+cp "$T/mlp8.dp" "$T/h16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
@@ -281,10 +286,11 @@ reference() {
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
 	ls16) np=1 prec=fp16 ;;
-	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64 hd64_model ;;
+	h16) np=1 prec=fp16 ;;
+	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
-	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64 hd64_model ;;
+	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	t32) np=1 src=$T/a16.dp prec=tf32 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
@@ -296,8 +302,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16, c16, u16, t32: their training updates are compared, from the initial weights
-	if [[ $1 == [acu]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, h16, t32: their training updates are compared, from the initial weights
+	if [[ $1 == [acuh]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -420,6 +426,7 @@ bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
 amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
+gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),

@@ -231,7 +231,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 			const DpInstr *in = &s->prog[p][i];
 			/* oneDNN's matmuls need none; without it they are staged */
 			const KernelRow *k = &c->kern->k[in->op];
-			int own = rt_own_half_path(s, in);
+			int own = rt_own_half_path(s, in, k->f16);
 			if (dp_op_class(in->op) == DP_OPC_KERNEL && !(own && k->bf16) &&
 			    !(own && k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
 				size_t need = cpu_stage_need(s, in);
@@ -280,7 +280,7 @@ static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	const KernelRow *k = &c->kern->k[in->op];
 	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
-	int own = rt_own_half_path(b->s, in);
+	int own = rt_own_half_path(b->s, in, k->f16);
 	if (!c->ws || (own && k->bf16) || !cpu_stage_need(b->s, in))
 		return k->run(&a, e);
 	if (own && k->run_bf16) {

@@ -1538,12 +1538,14 @@ extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h;
+ * f16 0: an fp16 attention runs on f32 copies (bf16.cu's staging: the
+ * tensor-core kernels' mma.sync has no f16 variant here) */
 extern "C" const KernelRow cu_attention_rows[] = {
-	{DP_OP_ATTENTION, run_attention, limit_attention, 1, NULL, NULL, 0},
-	{DP_OP_ATTENTION_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
-	{DP_OP_ATTENTION_CP, run_attention, limit_attention, 1, NULL, NULL, 0},
-	{DP_OP_ATTENTION_CP_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
-	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention, limit_attention, 1, NULL, scratch_attention, 0},
+	{DP_OP_ATTENTION, run_attention, limit_attention, 1, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
+	{DP_OP_ATTENTION_CP, run_attention, limit_attention, 1, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
 	{},
 };

@@ -532,19 +532,9 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 	RT_CHECK(cu_plan_clip(&p, e));
 	RT_CHECK(cu_plan_xent(&p, e));
 	RT_CHECK(cu_plan_attn(&p, e));
-	/* cuBLASLt's algorithms, chosen here, outside any capture; a GEMM with
-	 * f16 operands runs on f32 copies of all of them (rt_own_half_path), so
-	 * it is planned as the f32 GEMM it runs */
-	if (!x->view_t)
-		return cu_plan_gemm(&p, e);
-	for (uint32_t t = 0; t < s->ntensors; t++)
-		if (s->tensors[t].dtype == DP_F16)
-			x->view_t[t].dtype = DP_F32;
-	p.s = &x->view;
-	p.own = s;
-	int rc = cu_plan_gemm(&p, e);
-	memcpy(x->view_t, s->tensors, s->ntensors * sizeof *x->view_t);
-	return rc;
+	/* cuBLASLt's algorithms, chosen here, outside any capture (every GEMM
+	 * reads its operands in their own dtype: f32, bf16 or f16) */
+	return cu_plan_gemm(&p, e);
 }
 
 /* SHARD is a strided copy kernel: its operands must not overlap. */
@@ -652,7 +642,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			if (dp_op_class(in->op) != DP_OPC_KERNEL || in->op >= DP_NOPS) /* (decoded) */
 				continue;
 			const KernelRow *k = &cu_kernel_table.k[in->op];
-			int own = k->bf16 && rt_own_half_path(s, in);
+			int own = k->bf16 && rt_own_half_path(s, in, k->f16);
 			gemm_on[in->stream] |= k->blas;
 			size_t need = stage_at(s, in) + (own ? 0 : cu_stage_need(s, in));
 			if (need > scratch[in->stream])
@@ -885,7 +875,7 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	const KernelRow *k = &cu_kernel_table.k[in->op];
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
-	if (!x->shadow || (k->bf16 && rt_own_half_path(b->s, in)) || !cu_stage_need(b->s, in))
+	if (!x->shadow || (k->bf16 && rt_own_half_path(b->s, in, k->f16)) || !cu_stage_need(b->s, in))
 		return k->run(&a, e);
 	/* a 16-bit instruction of a kernel without a path of its own for its
 	 * dtype: on f32 copies after the row's own scratch (bf16.cu), which the

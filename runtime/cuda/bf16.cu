@@ -1,9 +1,10 @@
 /*
  * bf16.cu - bf16 and f16 on the CUDA backend (docs/PRECISION.md). f16
- * (precision fp16) is staged as the CPU stages it: CAST and the optimizers'
- * compute copies convert themselves, every other instruction with an f16
- * operand runs on f32 copies (rt_own_half_path), with the CPU's bits
- * (cu_to_f16). bf16: storage in bf16,
+ * (precision fp16): the kernels whose row says f16 (all of bf16's but the
+ * attention's: the GEMMs through cuBLASLt's CUDA_R_16F, the rest on
+ * __half) read and write f16 themselves, CAST here; every other
+ * instruction with an f16 operand runs on f32 copies (rt_own_half_path),
+ * with the CPU's bits (cu_to_f16). bf16: storage in bf16,
  * arithmetic in f32, every store rounded to nearest even with the CPU's
  * bits (cu_to_bf16, device.cuh). This file holds the conversions, the CAST
  * kernel, and the staging of bf16 instructions whose kernel has no bf16 path
@@ -191,8 +192,8 @@ extern "C" cudaError_t cu_stage_out(cudaStream_t st, const DpStep *s, const DpIn
 	return err;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_bf16_rows[] = {
-	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0},
+	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };

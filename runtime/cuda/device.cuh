@@ -12,11 +12,11 @@
  *
  * Element types. Kernels read and write tensor elements through ld()/st()
  * (and ld4()/st4() for four at once, ld8()/st8() for eight, ldw/stw for a
- * chunk of 1 or 8), in float (or double), whatever the storage: float or
- * cu_bf16 (the bits; widened exactly on load, rounded to nearest even on
- * store). Kernels with a bf16 path are templated on the storage type; the
- * rest run a bf16 instruction on f32 copies that bf16.cu converts (the
- * CPU's scheme; docs/CUDA.md lists which).
+ * chunk of 1 or 8), in float (or double), whatever the storage: float,
+ * cu_bf16 (the bits) or __half (f16; both widened exactly on load, rounded
+ * to nearest even on store). Kernels with a bf16 (f16) path are templated
+ * on the storage type; the rest run a bf16 (f16) instruction on f32 copies
+ * that bf16.cu converts (the CPU's scheme; docs/CUDA.md lists which).
  */
 #ifndef DP_CU_DEVICE_CUH
 #define DP_CU_DEVICE_CUH
@@ -24,6 +24,8 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <cuda_fp16.h>
 
 #include "kernels.h"
 #include "mutant.h"
@@ -157,8 +159,11 @@ static __device__ __forceinline__ void st(cu_bf16 *p, float v) { *p = cu_to_bf16
 
 /* f16 (precision fp16): runtime/rt.h's integer conversions (F16C's
  * vcvtps2ph / vcvtph2ps bits: nearest even, subnormals, NaN quiet), the
- * same code as the CPU's, so both backends round alike. Storage is
- * the bits (cu_f16, not cuda_fp16.h's __half): no kernel computes in f16. */
+ * same code as the CPU's, so both backends round alike. cu_f16 is the
+ * bits; a kernel with an f16 path of its own is instantiated on
+ * cuda_fp16.h's __half (a type of its own, so ld/st overload on it: bf16
+ * is bits too), read and written through the same conversions: no kernel
+ * computes in f16. */
 typedef uint16_t cu_f16;
 static __device__ __forceinline__ cu_f16 cu_to_f16(float f)
 {
@@ -168,6 +173,14 @@ static __device__ __forceinline__ float cu_from_f16(cu_f16 h)
 {
 	return __uint_as_float(rt_f16_f32_bits(h));
 }
+static __device__ __forceinline__ float ld(const __half *p)
+{
+	return cu_from_f16(__half_as_ushort(*p));
+}
+static __device__ __forceinline__ void st(__half *p, float v)
+{
+	*p = __ushort_as_half(cu_to_f16(v));
+}
 /* The 16-bit compute copy an optimizer writes: f16 or bf16 (f16 set) */
 static __device__ __forceinline__ uint16_t cu_to_half(int f16, float f)
 {
@@ -175,20 +188,30 @@ static __device__ __forceinline__ uint16_t cu_to_half(int f16, float f)
 }
 
 /* Eight elements at once, 16-byte aligned (callers check): one 128-bit
- * access of eight bf16, or two float4. */
+ * access of eight bf16 or f16, or two float4. */
 static __device__ __forceinline__ void ld8(const float *p, float *v)
 {
 	float4 a = ld4(p), b = ld4(p + 4);
 	v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
 	v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
-static __device__ __forceinline__ void ld8(const cu_bf16 *p, float *v)
+/* 16-bit storage H (cu_bf16 or __half): its bits to float and back */
+template <typename H> struct CuHalf;
+template <> struct CuHalf<cu_bf16> {
+	static __device__ __forceinline__ float from(uint16_t b) { return cu_from_bf16(b); }
+	static __device__ __forceinline__ uint16_t to(float f) { return cu_to_bf16(f); }
+};
+template <> struct CuHalf<__half> {
+	static __device__ __forceinline__ float from(uint16_t b) { return cu_from_f16(b); }
+	static __device__ __forceinline__ uint16_t to(float f) { return cu_to_f16(f); }
+};
+template <typename H> static __device__ __forceinline__ void ld8(const H *p, float *v)
 {
 	uint4 w = *(const uint4 *)p;
 	uint32_t u[4] = {w.x, w.y, w.z, w.w};
 	for (int k = 0; k < 4; k++) {
-		v[2 * k] = cu_from_bf16((cu_bf16)u[k]);
-		v[2 * k + 1] = cu_from_bf16((cu_bf16)(u[k] >> 16));
+		v[2 * k] = CuHalf<H>::from((uint16_t)u[k]);
+		v[2 * k + 1] = CuHalf<H>::from((uint16_t)(u[k] >> 16));
 	}
 }
 static __device__ __forceinline__ void st8(float *p, const float *v)
@@ -196,13 +219,14 @@ static __device__ __forceinline__ void st8(float *p, const float *v)
 	st4(p, make_float4(v[0], v[1], v[2], v[3]));
 	st4(p + 4, make_float4(v[4], v[5], v[6], v[7]));
 }
-static __device__ __forceinline__ void st8(cu_bf16 *p, const float *v)
+template <typename H> static __device__ __forceinline__ void st8(H *p, const float *v)
 {
 	uint32_t u[4];
 	for (int k = 0; k < 4; k++)
-		u[k] = cu_to_bf16(v[2 * k]) | (uint32_t)cu_to_bf16(v[2 * k + 1]) << 16;
+		u[k] = CuHalf<H>::to(v[2 * k]) | (uint32_t)CuHalf<H>::to(v[2 * k + 1]) << 16;
 	*(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
 }
+
 
 /* W elements from p (W = 1: one ld; W = 8: one ld8, p 16-byte aligned) into
  * v, and back: lets one loop body serve the scalar path and the 128-bit

@@ -23,7 +23,9 @@
  * maps. bias_add on bf16 likewise: eight elements per thread with 128-bit
  * accesses when the row length is a multiple of 8 and the operands are
  * aligned, else one at a time; one f32 add and one rounding per element,
- * so bitwise what staging gave (the CPU stages it).
+ * so bitwise what staging gave (the CPU stages it). f16 (precision fp16)
+ * takes the same paths on __half (device.cuh), the CPU's f16 bits: one
+ * rounding per stored element, bitwise the CPU's staged f32 maps.
  */
 #include "device.cuh"
 #include "../dropout.h"
@@ -101,9 +103,9 @@ __global__ void k_map4(float *o, const float *a, const float *b, int64_t n4, flo
 	}
 }
 
-/* bf16 operands (TO: the output's type, TA: the inputs'): f32 arithmetic,
- * one rounding per stored element, so the same bits as the CPU's chunked
- * bf16 maps (and as staging). One at a time, or eight per thread with
+/* 16-bit operands (TO: the output's type, TA: the inputs'; bf16 or f16):
+ * f32 arithmetic, one rounding per stored element, so the same bits as the
+ * CPU's chunked bf16 maps (and as staging, f16's on the CPU). One at a time, or eight per thread with
  * 128-bit accesses when n8 groups of eight are 16-byte aligned. */
 template <class F, typename TO, typename TA>
 __global__ void k_map_t(TO *o, const TA *a, const TA *b, int64_t n, float s)
@@ -151,22 +153,23 @@ static void launch_map(const CuArgs *a, TO *o, const TA *x, const TA *y, int64_t
 }
 
 /* The operand rules: every operand of a map has the output's dtype, except
- * accum's (f32 or bf16 each: a sum kept in f32 of bf16 terms, or back). */
-template <class F> static int run_map_bf16(const CuArgs *a, RtErr *e)
+ * accum's (f32 or 16-bit each: a sum kept in f32 of 16-bit terms, or
+ * back). H: the 16-bit type, cu_bf16 or __half. */
+template <class F, typename H> static int run_map_half(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1));
-	int o16 = cu_t(a, -1)->dtype == DP_BF16, x16 = cu_t(a, 0)->dtype == DP_BF16;
+	int o16 = dp_is_half(cu_t(a, -1)->dtype), x16 = dp_is_half(cu_t(a, 0)->dtype);
 	void *o = cu_p(a, -1), *x = cu_p(a, 0), *y = cu_p(a, 1);
 	if (o16 && x16) {
-		launch_map<F>(a, (cu_bf16 *)o, (const cu_bf16 *)x, (const cu_bf16 *)y, n);
+		launch_map<F>(a, (H *)o, (const H *)x, (const H *)y, n);
 	} else {
 		if constexpr (!F::reads_out)
-			return RT_FAIL(e, "%s: mixed f32 and bf16 operands (the decoder allows none)",
+			return RT_FAIL(e, "%s: mixed f32 and 16-bit operands (the decoder allows none)",
 				       dp_op_names[a->in->op]);
 		else if (o16)
-			launch_map<F>(a, (cu_bf16 *)o, (const float *)x, (const float *)NULL, n);
+			launch_map<F>(a, (H *)o, (const float *)x, (const float *)NULL, n);
 		else
-			launch_map<F>(a, (float *)o, (const cu_bf16 *)x, (const cu_bf16 *)NULL, n);
+			launch_map<F>(a, (float *)o, (const H *)x, (const H *)NULL, n);
 	}
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -178,8 +181,10 @@ template <class F> static int run_map(const CuArgs *a, RtErr *e)
 	float *o = cu_f(a, -1), *x = cu_f(a, 0), *y = cu_f(a, 1);
 	if (n <= 0)
 		return 0;
+	if (cu_t(a, -1)->dtype == DP_F16 || cu_t(a, 0)->dtype == DP_F16)
+		return run_map_half<F, __half>(a, e);
 	if (cu_t(a, -1)->dtype == DP_BF16 || cu_t(a, 0)->dtype == DP_BF16)
-		return run_map_bf16<F>(a, e);
+		return run_map_half<F, cu_bf16>(a, e);
 	if (n % 4 == 0 && cu_aligned16(o) && cu_aligned16(x) && (!y || cu_aligned16(y)))
 		CU_LAUNCH(k_map4<F>, cu_grid(n / 4), CU_THREADS, a->st, o, x, y, n / 4, map_s(a->in));
 	else
@@ -204,11 +209,13 @@ int cu_gelu_map(const CuArgs *a, int grad, float *o, const float *x, const float
 	return 0;
 }
 
-/* The bf16 ones from the f32 product v [rows, c] (NULL: zeros): linear_gelu (bias: +
- * bias[col]) h = bf16(v), g = bf16(gelu(v)); matmul_gelu_grad (h read)
- * g = bf16(v * gelu'(h)). cuBLASLt's epilogues' arithmetic, one rounding. */
-__global__ void k_gelu_finish(cu_bf16 *g, cu_bf16 *h, const float *v, const cu_bf16 *bias,
-			      int grad, int64_t n, int64_t c)
+/* The 16-bit ones (T: cu_bf16, or __half in fp16) from the f32 product v
+ * [rows, c] (NULL: zeros): linear_gelu (bias: + bias[col]) h = T(v), g =
+ * T(gelu(v)); matmul_gelu_grad (h read) g = T(v * gelu'(h)). cuBLASLt's
+ * epilogues' arithmetic, one rounding. */
+template <typename T>
+__global__ void k_gelu_finish(T *g, T *h, const float *v, const T *bias, int grad, int64_t n,
+			      int64_t c)
 {
 	CU_FOR_EACH(i, n) {
 		float x = v ? v[i] : 0.0f; /* NULL: an empty sum */
@@ -227,8 +234,12 @@ int cu_gelu_finish(const CuArgs *a, int grad, void *g, void *h, const float *v, 
 {
 	if (n <= 0)
 		return 0;
-	CU_LAUNCH(k_gelu_finish, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)g, (cu_bf16 *)h, v,
-		  (const cu_bf16 *)bias, grad, n, c);
+	if (cu_t(a, -1)->dtype == DP_F16)
+		CU_LAUNCH(k_gelu_finish<__half>, cu_grid(n), CU_THREADS, a->st, (__half *)g,
+			  (__half *)h, v, (const __half *)bias, grad, n, c);
+	else
+		CU_LAUNCH(k_gelu_finish<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)g,
+			  (cu_bf16 *)h, v, (const cu_bf16 *)bias, grad, n, c);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -270,6 +281,20 @@ __global__ void k_bias_add8(T *o, const T *x, const T *bias, int64_t rows, int64
 		}
 }
 
+/* bias_add on 16-bit operands, all three alike (operand rule BIAS_ADD) */
+template <typename H>
+static int bias_add_half(const CuArgs *a, int64_t rows, int64_t c, unsigned grid, RtErr *e)
+{
+	H *o = (H *)cu_p(a, -1);
+	const H *x = (const H *)cu_p(a, 0), *b = (const H *)cu_p(a, 1);
+	if (cu_vec8<H>(c, o, x, b))
+		CU_LAUNCH(k_bias_add8<H>, grid, cu_row_threads_w(c, 8), a->st, o, x, b, rows, c / 8);
+	else
+		CU_LAUNCH(k_bias_add<H>, grid, cu_row_threads(c), a->st, o, x, b, rows, c);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 static int run_bias_add(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, -1)), c = cu_numel(cu_t(a, 1));
@@ -277,17 +302,10 @@ static int run_bias_add(const CuArgs *a, RtErr *e)
 		return 0;
 	int64_t rows = n / c;
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
-	if (cu_t(a, -1)->dtype == DP_BF16) { /* operand rule BIAS_ADD: all three alike */
-		cu_bf16 *o = (cu_bf16 *)cu_p(a, -1);
-		const cu_bf16 *x = (const cu_bf16 *)cu_p(a, 0), *b = (const cu_bf16 *)cu_p(a, 1);
-		if (cu_vec8<cu_bf16>(c, o, x, b))
-			CU_LAUNCH(k_bias_add8<cu_bf16>, grid, cu_row_threads_w(c, 8), a->st, o, x, b,
-				  rows, c / 8);
-		else
-			CU_LAUNCH(k_bias_add<cu_bf16>, grid, cu_row_threads(c), a->st, o, x, b, rows, c);
-		CU_LAUNCHED(a, e);
-		return 0;
-	}
+	if (cu_t(a, -1)->dtype == DP_F16)
+		return bias_add_half<__half>(a, rows, c, grid, e);
+	if (cu_t(a, -1)->dtype == DP_BF16)
+		return bias_add_half<cu_bf16>(a, rows, c, grid, e);
 	float *o = cu_f(a, -1), *x = cu_f(a, 0), *b = cu_f(a, 1);
 	if (c % 4 == 0 && cu_aligned16(o) && cu_aligned16(x) && cu_aligned16(b))
 		CU_LAUNCH(k_bias_add4, grid, cu_row_threads(c), a->st, o, x, b, rows, c / 4);
@@ -327,7 +345,11 @@ static int run_dropout(const CuArgs *a, RtErr *e)
 	const int32_t *keys = (const int32_t *)cu_p(a, 1), *pos = (const int32_t *)cu_p(a, 2);
 	uint32_t site = (uint32_t)DP_ATTR(a->in, DROPOUT, site), thr = dp_dropout_threshold(p);
 	float scale = dp_dropout_scale(p);
-	if (x->dtype == DP_BF16)
+	if (x->dtype == DP_F16)
+		CU_LAUNCH(k_dropout<__half>, cu_grid(n), CU_THREADS, a->st, (__half *)cu_p(a, -1),
+			  (const __half *)cu_p(a, 0), keys, pos, n, per, inner, a->s->cfg.seed, site,
+			  thr, scale);
+	else if (x->dtype == DP_BF16)
 		CU_LAUNCH(k_dropout<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1),
 			  (const cu_bf16 *)cu_p(a, 0), keys, pos, n, per, inner, a->s->cfg.seed, site,
 			  thr, scale);
@@ -338,24 +360,24 @@ static int run_dropout(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_elementwise_rows[] = {
-	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SCALE, run_map<Scale>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_ADD_SCALAR, run_map<AddScalar>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_ADD, run_map<Add>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_MUL, run_map<Mul>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RELU, run_map<Relu>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RELU_GRAD, run_map<ReluGrad>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_GELU, run_map<Gelu>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_GELU_GRAD, run_map<GeluGrad>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_TANH, run_map<Tanh>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_TANH_GRAD, run_map<TanhGrad>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SILU, run_map<Silu>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SILU_GRAD, run_map<SiluGrad>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SIGMOID, run_map<Sigmoid>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SIGMOID_GRAD, run_map<SigmoidGrad>, NULL, 1, NULL, NULL, 0},
-	{DP_OP_BIAS_ADD, run_bias_add, NULL, 1, NULL, NULL, 0},
-	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0},
+	{DP_OP_ACCUM, run_map<Accum>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SCALE, run_map<Scale>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_ADD_SCALAR, run_map<AddScalar>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_ADD, run_map<Add>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_MUL, run_map<Mul>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RELU, run_map<Relu>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RELU_GRAD, run_map<ReluGrad>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_GELU, run_map<Gelu>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_GELU_GRAD, run_map<GeluGrad>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_TANH, run_map<Tanh>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_TANH_GRAD, run_map<TanhGrad>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SILU, run_map<Silu>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SILU_GRAD, run_map<SiluGrad>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SIGMOID, run_map<Sigmoid>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SIGMOID_GRAD, run_map<SigmoidGrad>, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_BIAS_ADD, run_bias_add, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };

@@ -5,8 +5,12 @@
  * linear's bias gradient as a two-stage column sum.
  *
  * matmul, linear: cublasLtMatmul, one path for every dtype: fp32 operands
- * writing fp32, or bf16 operands (CUDA_R_16BF) writing bf16 rounded once to
- * nearest even, or fp32 (a weight gradient accumulated with beta = 1).
+ * writing fp32, or bf16 operands (CUDA_R_16BF) or fp16 ones (CUDA_R_16F:
+ * precision fp16) writing their own dtype rounded once to nearest even, or
+ * fp32 (a weight gradient accumulated with beta = 1). A 16-bit product is
+ * exact in fp32 (8 + 8 or 11 + 11 significant bits), so a 16-bit GEMM
+ * computes what the fp32 GEMM on widened copies computes, in the library's
+ * order, without the copies (f16 ran staged on such copies before).
  * Compute type CUBLAS_COMPUTE_32F (fp32 accumulation; for fp32 operands full
  * fp32 FMA), or CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands when the step
  * file says `precision tf32` (tensor cores with 10-bit mantissa inputs: ~1e-3
@@ -26,13 +30,13 @@
  * planned). One algorithm per instruction and a fixed workspace: cuBLASLt is
  * bitwise reproducible run to run on one GPU model, so graph == eager.
  *
- * One rounding. A bf16 output must be the fp32 result rounded once: the
+ * One rounding. A 16-bit output must be the fp32 result rounded once: the
  * heuristic may pick only split-K schemes that reduce in the compute type
  * (REDUCTION_SCHEME_MASK = COMPUTE_TYPE; INPLACE and OUTPUT_TYPE add
- * partial sums in the output type, bf16). fp32 outputs allow every scheme
+ * partial sums in the output type, bf16 or fp16). fp32 outputs allow every scheme
  * (every partial sum is fp32 anyway).
  *
- * linear's bias: CUBLASLT_EPILOGUE_BIAS, in fp32 and bf16 alike, when the
+ * linear's bias: CUBLASLT_EPILOGUE_BIAS, in fp32, bf16 and fp16 alike, when the
  * bias is 16-byte aligned. The bias has D's type (cuBLASLt's rule for
  * CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) and is "added before applying final
  * postprocessing" (cublasLt.h): to the finished fp32 accumulator, before the
@@ -55,10 +59,11 @@
  * at least D's rows; like the bias it is read 16 bytes at a time. Where that
  * does not hold, or the heuristic has no algorithm with the epilogue, the
  * product runs alone and a kernel of elementwise.cu applies the gelu
- * (plain_gelu): in f32 the unfused kernels' arithmetic, in bf16 from the
- * product kept in f32 (a buffer of the plan), rounded once, as the epilogue.
- * DGELU_BGRAD is not used: its bias gradient has D's type (bf16 in a bf16
- * step, rounded twice); the BGRADA pairing below sums dh in f32.
+ * (plain_gelu): in f32 the unfused kernels' arithmetic, in bf16 and fp16
+ * from the product kept in f32 (a buffer of the plan), rounded once, as the
+ * epilogue. DGELU_BGRAD is not used: its bias gradient has D's type (16-bit
+ * in a bf16 or fp16 step, rounded twice); the BGRADA pairing below sums dh
+ * in f32.
  *
  * bias_grad from the weight gradient's matmul: autodiff gives a linear's
  * weight gradient as `matmul X, dY transA` and its bias gradient as
@@ -83,7 +88,7 @@
  * bias_grad: out[c] = sum_r in0[r, c] (+ out) by cu_colsum (device.cuh):
  * chunks of rows summed in double per column, then the chunks in order,
  * added to the output (or 0), rounded once (to f32, or to bf16 for a bf16
- * output; a bf16 in0 is widened as it is read: no staging). The CPU sums the rows in order in
+ * output; a bf16 or f16 in0 is widened as it is read: no staging). The CPU sums the rows in order in
  * double: the two differ only in the double rounding of the partial sums
  * (~1e-16 relative), which the final float rounding almost always hides
  * (<= 1 ulp). Before, one thread per column walked every row: 24 blocks
@@ -103,7 +108,7 @@ struct CuGemm {
 	int bias_rows;                  /* linear: copy the bias into the rows first */
 	int gelu_map;                   /* linear_gelu, matmul_gelu_grad without cuBLASLt's
 	                                   GELU epilogue: the gelu kernel after the GEMM */
-	float *tmp;                     /* ... in bf16: the f32 product it reads (D) */
+	float *tmp;                     /* ... in bf16, fp16: the f32 product it reads (D) */
 	size_t d_off;                   /* bytes from the output to D: linear_gelu's second
 	                                   half under GELU_AUX(_BIAS), else 0 */
 	float *bgrad;                   /* matmul: BGRADA's column sums of cuBLASLt's A
@@ -165,6 +170,14 @@ static int limit_gemm(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
+/* cuBLASLt's type of a GEMM operand of dtype dt */
+static cudaDataType_t lt_type(unsigned dt)
+{
+	if (dt == DP_F16)
+		return MUTANT(gemm_f16_type) ? CUDA_R_16BF : CUDA_R_16F;
+	return dt == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
 /* The largest power of two up to 256 that divides the address. */
 static uint32_t align_of(const void *p)
 {
@@ -192,7 +205,7 @@ static int set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 
 /* The best algorithm for g's problem with these alignments, within the
  * stream's workspace (res and count are cleared first). */
-static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
+static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int half_out,
 				cublasLtMatmulHeuristicResult_t *res, int *count)
 {
 	memset(res, 0, sizeof *res);
@@ -210,7 +223,7 @@ static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int bf16_out,
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g->align[1]) ||
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g->align[2]) ||
 	     set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g->align[2]) ||
-	     (bf16_out && set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+	     (half_out && set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
 				   CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))))
 		st = CUBLAS_STATUS_INVALID_VALUE;
 	if (st == CUBLAS_STATUS_SUCCESS)
@@ -251,7 +264,7 @@ static cublasStatus_t set_aux(cublasLtMatmulDesc_t op, const void *aux, int64_t 
 /* A fused GEMM (linear_gelu, matmul_gelu_grad) without cuBLASLt's GELU
  * epilogue: the product, then a kernel of elementwise.cu. f32: the product
  * (after linear_gelu's bias rows) into the output, then gelu or gelu_grad,
- * the unfused kernels' arithmetic. bf16: the product in f32 into a buffer of
+ * the unfused kernels' arithmetic. bf16, fp16: the product in f32 into a buffer of
  * the plan (D), then k_gelu_finish adds the bias, applies the gelu and
  * rounds each output once: the epilogues' arithmetic, which the CPU's
  * staged f32 kernels also compute (runtime/cpu/gemm.c). */
@@ -262,7 +275,7 @@ static int plain_gelu(CuPlan *p, const DpInstr *in, CuGemm *g, int64_t m, int64_
 	g->gelu_map = 1;
 	g->d_off = 0;
 	g->align[3] = g->align[4] = 0;
-	if (s->tensors[in->out].dtype != DP_BF16) {
+	if (!dp_is_half(s->tensors[in->out].dtype)) {
 		g->bias_rows = pbias != NULL;
 		g->beta = pbias ? 1.0f : 0.0f;
 		g->align[2] = align_of(po);
@@ -306,10 +319,10 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int fwd_gelu = in->op == DP_OP_LINEAR_GELU, bwd_gelu = in->op == DP_OP_MATMUL_GELU_GRAD;
 	const void *paux = fwd_gelu ? po : bwd_gelu ? p->ptr[in->in[2]] : NULL;
 	int ta = trans_a(in), tb = trans_b(in);
-	/* bf16 operands (both alike: the decoder's rule) with f32 compute; the
-	 * output bf16 (rounded once) or f32 (a weight gradient, `acc`) */
-	cudaDataType_t ab = tx->dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-	cudaDataType_t c = s->tensors[in->out].dtype == DP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+	/* 16-bit operands (both alike: the decoder's rule) with f32 compute; the
+	 * output theirs (rounded once) or f32 (a weight gradient, `acc`) */
+	cudaDataType_t ab = lt_type(tx->dtype);
+	cudaDataType_t c = lt_type(s->tensors[in->out].dtype);
 	int tf32 = s->cfg.gemm_math == DP_GEMM_TF32 && ab == CUDA_R_32F;
 	CuGemm *g = (CuGemm *)calloc(1, sizeof *g);
 	if (!g)
@@ -318,12 +331,8 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	/* cublasLt.h: the aux's leading dimension a multiple of 8 (and >= D's
 	 * rows, n: it is n); its pointer accessed 16 bytes at a time, as the
 	 * bias's (the emulator faults below that) */
-	/* a staged GEMM (f16 operands on f32 copies, bf16.cu) has no epilogue:
-	 * its bias and aux pointers would be baked here, not the copies' */
-	int staged = p->own && !rt_own_half_path(p->own, in);
-	int gelu_epi = !staged && paux && n % 8 == 0 && align_of(paux) >= 16 &&
-		       (!pbias || align_of(pbias) >= 16);
-	int epilogue = !staged && pbias && align_of(pbias) >= 16 && !paux;
+	int gelu_epi = paux && n % 8 == 0 && align_of(paux) >= 16 && (!pbias || align_of(pbias) >= 16);
+	int epilogue = pbias && align_of(pbias) >= 16 && !paux;
 	g->bias_rows = pbias && !epilogue && !paux; /* a fused one's: plain_gelu */
 	g->gelu_map = paux && !gelu_epi;
 	g->d_off = fwd_gelu && gelu_epi && !MUTANT(gelu_half)
@@ -353,7 +362,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 		uint32_t epi = MUTANT(lt_bias) ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
 		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
 	}
-	if (fb && c == CUDA_R_32F && !staged) { /* the paired bias_grad's sums, C's type */
+	if (fb && c == CUDA_R_32F) { /* the paired bias_grad's sums, C's type */
 		g->bgrad = (float *)p->alloc(p, (size_t)n * sizeof(float));
 		if (!g->bgrad)
 			return RT_FAIL(e, "out of device memory (the bias gradient of '%s')",
@@ -380,7 +389,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int count, found = 0;
 	cublasStatus_t hs;
 	for (;;) {
-		hs = heuristic(lt, g, c == CUDA_R_16BF && !g->tmp, &res, &count);
+		hs = heuristic(lt, g, c != CUDA_R_32F && !g->tmp, &res, &count);
 		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
 		if (found || !epilogue || (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED))
 			break;
@@ -402,7 +411,7 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 			       "alignments %u/%u/%u bytes of in1/in0/out, %s, at most %zu bytes of "
 			       "workspace): %s", dp_op_names[in->op],
 			       dpstep_str(s, s->tensors[in->out].name), (long long)m, (long long)k,
-			       (long long)n, ab == CUDA_R_16BF ? "bf16" : "fp32", tf32 ? ", tf32" : "",
+			       (long long)n, dp_dtype_names[tx->dtype], tf32 ? ", tf32" : "",
 			       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)lw, (long long)lx, (long long)lo,
 			       g->align[0], g->align[1], g->align[2],
 			       pbias ? "bias rows, no epilogue" : "no bias", (size_t)CU_BLAS_WS_BYTES,
@@ -477,7 +486,7 @@ extern "C" void cu_gemm_free(CuFuse *f)
 }
 
 /* o[r, :] = bias for every row: linear's start before beta = 1 (T: float,
- * or cu_bf16 when linear is bf16: bias and output alike, an exact copy) */
+ * or the bits of a bf16 or fp16 linear: bias and output alike, an exact copy) */
 template <typename T>
 __global__ void k_bias_rows(T *o, const T *bias, int64_t rows, int64_t cols)
 {
@@ -489,9 +498,9 @@ __global__ void k_bias_rows(T *o, const T *bias, int64_t rows, int64_t cols)
 static int bias_rows(const CuArgs *a, int64_t rows, int64_t cols, RtErr *e)
 {
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
-	if (cu_t(a, -1)->dtype == DP_BF16)
-		CU_LAUNCH(k_bias_rows<cu_bf16>, grid, cu_row_threads(cols), a->st,
-			  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 2), rows, cols);
+	if (dp_is_half(cu_t(a, -1)->dtype))
+		CU_LAUNCH(k_bias_rows<uint16_t>, grid, cu_row_threads(cols), a->st,
+			  (uint16_t *)cu_p(a, -1), (const uint16_t *)cu_p(a, 2), rows, cols);
 	else
 		CU_LAUNCH(k_bias_rows<float>, grid, cu_row_threads(cols), a->st, cu_f(a, -1),
 			  cu_f(a, 2), rows, cols);
@@ -501,14 +510,14 @@ static int bias_rows(const CuArgs *a, int64_t rows, int64_t cols, RtErr *e)
 
 /* The gelu a fused GEMM without cuBLASLt's epilogue runs after its product
  * (plain_gelu): linear_gelu's second half from its first, or
- * matmul_gelu_grad's output times gelu' of the pre-activation; in bf16 from
+ * matmul_gelu_grad's output times gelu' of the pre-activation; in bf16, fp16 from
  * the f32 product v (NULL: an empty sum, 0) plus linear_gelu's bias. */
 static int gelu_after(const CuArgs *a, const float *v, int64_t mn, int64_t n, RtErr *e)
 {
 	char *o = (char *)cu_p(a, -1);
 	int fwd = a->in->op == DP_OP_LINEAR_GELU;
 	char *second = o + (size_t)mn * dp_dtype_size(cu_t(a, -1)->dtype);
-	if (cu_t(a, -1)->dtype == DP_BF16)
+	if (dp_is_half(cu_t(a, -1)->dtype))
 		return cu_gelu_finish(a, !fwd, fwd ? second : o, fwd ? o : cu_p(a, 2), v,
 				      fwd && bias_of(a->in) >= 0 ? cu_p(a, 2) : NULL, mn, n, e);
 	if (fwd)
@@ -525,12 +534,12 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 	int has_bias = bias_of(a->in) >= 0;
 	if (!k) { /* an empty sum: the bias, zeros, or (acc) the output as it is; then
 		     linear_gelu's gelu (matmul_gelu_grad's zeros stay zeros) */
-		int bf16_gelu = a->in->op == DP_OP_LINEAR_GELU && cu_t(a, -1)->dtype == DP_BF16;
-		if (has_bias && !bf16_gelu)
+		int half_gelu = a->in->op == DP_OP_LINEAR_GELU && dp_is_half(cu_t(a, -1)->dtype);
+		if (has_bias && !half_gelu)
 			RT_CHECK(bias_rows(a, m, n, e));
 		else if (accumulates(a->in))
 			return 0;
-		else if (!bf16_gelu)
+		else if (!half_gelu)
 			CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0,
 						 (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype), a->st), e);
 		return a->in->op == DP_OP_LINEAR_GELU ? gelu_after(a, NULL, m * n, n, e) : 0;
@@ -555,7 +564,7 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
 			       dp_op_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
 			       (long long)m, (long long)k, (long long)n,
-			       a->tf32 && cu_t(a, 0)->dtype != DP_BF16 ? ", tf32" : "",
+			       a->tf32 && cu_t(a, 0)->dtype == DP_F32 ? ", tf32" : "",
 			       cublasLtGetStatusString(st));
 	return g->gelu_map ? gelu_after(a, g->tmp, m * n, n, e) : 0;
 }
@@ -605,6 +614,9 @@ static int run_bias_grad(const CuArgs *a, RtErr *e)
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
+	if (cu_t(a, 0)->dtype == DP_F16) /* the output f32 or f16 */
+		return cu_t(a, -1)->dtype == DP_F16 ? run_bias_grad_t<__half, __half>(a, e)
+						    : run_bias_grad_t<__half, float>(a, e);
 	int in16 = cu_t(a, 0)->dtype == DP_BF16, out16 = cu_t(a, -1)->dtype == DP_BF16;
 	if (in16)
 		return out16 ? run_bias_grad_t<cu_bf16, cu_bf16>(a, e) : run_bias_grad_t<cu_bf16, float>(a, e);
@@ -650,13 +662,13 @@ static int run_orthogonalize(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_gemm_rows[] = {
-	{DP_OP_MATMUL, run_gemm, limit_gemm, 1, NULL, NULL, 1},
-	{DP_OP_LINEAR, run_gemm, limit_gemm, 1, NULL, NULL, 1},
-	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 1, NULL, scratch_bias_grad, 0},
-	{DP_OP_LINEAR_GELU, run_gemm, limit_gemm, 1, NULL, NULL, 1},
-	{DP_OP_MATMUL_GELU_GRAD, run_gemm, limit_gemm, 1, NULL, NULL, 1},
-	{DP_OP_ORTHOGONALIZE, run_orthogonalize, NULL, 0, NULL, NULL, 0},
+	{DP_OP_MATMUL, run_gemm, limit_gemm, 1, NULL, NULL, 1, 1},
+	{DP_OP_LINEAR, run_gemm, limit_gemm, 1, NULL, NULL, 1, 1},
+	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 1, NULL, scratch_bias_grad, 0, 1},
+	{DP_OP_LINEAR_GELU, run_gemm, limit_gemm, 1, NULL, NULL, 1, 1},
+	{DP_OP_MATMUL_GELU_GRAD, run_gemm, limit_gemm, 1, NULL, NULL, 1, 1},
+	{DP_OP_ORTHOGONALIZE, run_orthogonalize, NULL, 0, NULL, NULL, 0, 0},
 	{},
 };

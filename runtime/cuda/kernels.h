@@ -193,10 +193,10 @@ cudaError_t cu_kernel_image(void);
 
 /* gemm.cu's fused GEMMs where cuBLASLt's GELU epilogue is not used
  * (elementwise.cu), on a's stream: f32, gelu (grad = 0: o = gelu(x)) or
- * gelu_grad (o = x * gelu'(y)) over n elements; bf16, from the product v
- * in f32 [n / c, c]: linear_gelu (grad = 0) h = bf16(v + bias), g =
- * bf16(gelu(v + bias)) (bias: NULL or bf16 [c]); matmul_gelu_grad g =
- * bf16(v * gelu'(h)). */
+ * gelu_grad (o = x * gelu'(y)) over n elements; bf16 or fp16 (a's output's
+ * dtype: h and g in it), from the product v in f32 [n / c, c]: linear_gelu
+ * (grad = 0) h = half(v + bias), g = half(gelu(v + bias)) (bias: NULL or
+ * [c] in h's dtype); matmul_gelu_grad g = half(v * gelu'(h)). */
 int cu_gelu_map(const CuArgs *a, int grad, float *o, const float *x, const float *y, int64_t n,
 		RtErr *e);
 int cu_gelu_finish(const CuArgs *a, int grad, void *g, void *h, const float *v, const void *bias,
@@ -231,8 +231,6 @@ typedef struct CuPlan {
 	cublasLtHandle_t blas[DP_NSTREAM]; /* per stream, NULL on one without GEMMs */
 	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
 	void *impl;
-	const DpStep *own;      /* the step with its own dtypes, when s is the f32 view of
-	                           staged f16 instructions (cu_plan_gemm); NULL: s is */
 } CuPlan;
 
 /* Does this rank run `in` (its stage's, or every rank's)? */

@@ -22,7 +22,8 @@
  * conversion, bitwise. fill rounds its value once; embedding_grad sums in
  * float from the widened gradients (and the widened output when
  * accumulating), one rounding per stored element (its output may be f32):
- * what the f32 kernels on staged copies gave.
+ * what the f32 kernels on staged copies gave. f16 (precision fp16) the
+ * same: 2-byte moves, fill and embedding_grad on __half.
  */
 #include "device.cuh"
 
@@ -149,8 +150,8 @@ template <typename T> __global__ void k_fill(T *o, int64_t n, T v)
 		o[i] = v;
 }
 
-/* bf16: v rounded once, as the f32 fill of a staged copy rounded back */
-__global__ void k_fill_bf16(cu_bf16 *o, int64_t n, float v)
+/* bf16, f16 (T): v rounded once, as the f32 fill of a staged copy rounded back */
+template <typename T> __global__ void k_fill_half(T *o, int64_t n, float v)
 {
 	CU_FOR_EACH(i, n)
 		st(o + i, v);
@@ -169,7 +170,9 @@ static int run_fill(const CuArgs *a, RtErr *e)
 		CU_OK(a, cudaMemsetAsync(cu_p(a, -1), 0, (size_t)n * dp_dtype_size(cu_t(a, -1)->dtype),
 					 a->st), e);
 	else if (cu_t(a, -1)->dtype == DP_BF16)
-		CU_LAUNCH(k_fill_bf16, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n, v);
+		CU_LAUNCH(k_fill_half<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n, v);
+	else if (cu_t(a, -1)->dtype == DP_F16)
+		CU_LAUNCH(k_fill_half<__half>, cu_grid(n), CU_THREADS, a->st, (__half *)cu_p(a, -1), n, v);
 	else
 		CU_LAUNCH(k_fill<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, v);
 	CU_LAUNCHED(a, e);
@@ -257,7 +260,7 @@ static int run_transpose(const CuArgs *a, RtErr *e)
 	if (n <= 0 || r * c <= 0)
 		return 0;
 	int64_t tr = (r + TILE - 1) / TILE, tcn = (c + TILE - 1) / TILE, batch = n / (r * c);
-	if (t0->dtype == DP_BF16)
+	if (dp_is_half(t0->dtype))
 		CU_LAUNCH(k_transpose<uint16_t>, (unsigned)(batch * tr * tcn), CU_THREADS, a->st,
 			  (uint16_t *)cu_p(a, -1), (const uint16_t *)cu_p(a, 0), r, c, tr, tcn);
 	else
@@ -539,8 +542,15 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 	 * the output is f32 or, with bf16 gradients, bf16 (operand rule
 	 * EMBEDDING_GRAD) */
 	unsigned grid = (unsigned)(rows < CU_MAX_GRID ? rows : CU_MAX_GRID);
-	int o16 = to->dtype == DP_BF16, d16 = cu_t(a, 0)->dtype == DP_BF16;
-	if (o16 && d16)
+	int o16 = dp_is_half(to->dtype), d16 = dp_is_half(cu_t(a, 0)->dtype);
+	if (cu_t(a, 0)->dtype == DP_F16 && o16)
+		CU_LAUNCH((k_emb_sum<__half, __half>), grid, cu_row_threads(d), a->st,
+			  (__half *)cu_p(a, -1), (const __half *)cu_p(a, 0), ids, rows, v, d, cnt,
+			  start, order, 1);
+	else if (cu_t(a, 0)->dtype == DP_F16)
+		CU_LAUNCH((k_emb_sum<float, __half>), grid, cu_row_threads(d), a->st, cu_f(a, -1),
+			  (const __half *)cu_p(a, 0), ids, rows, v, d, cnt, start, order, 1);
+	else if (o16 && d16)
 		CU_LAUNCH((k_emb_sum<cu_bf16, cu_bf16>), grid, cu_row_threads(d), a->st,
 			  (cu_bf16 *)cu_p(a, -1), (const cu_bf16 *)cu_p(a, 0), ids, rows, v, d, cnt,
 			  start, order, 1);
@@ -551,28 +561,28 @@ static int run_embedding_grad(const CuArgs *a, RtErr *e)
 		CU_LAUNCH((k_emb_sum<float, float>), grid, cu_row_threads(d), a->st, cu_f(a, -1),
 			  cu_f(a, 0), ids, rows, v, d, cnt, start, order, 1);
 	else
-		return RT_FAIL(e, "embedding_grad: a bf16 output of f32 gradients (the decoder "
+		return RT_FAIL(e, "embedding_grad: a 16-bit output of f32 gradients (the decoder "
 			       "allows none)");
 	CU_LAUNCHED(a, e);
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_layout_rows[] = {
-	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
-	{DP_OP_FILL, run_fill, NULL, 1, NULL, NULL, 0},
-	{DP_OP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
-	{DP_OP_D2H, run_xfer, NULL, 1, NULL, NULL, 0},
-	{DP_OP_H2D, run_xfer, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
-	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0}, /* bytes: bf16 too */
-	{DP_OP_TRANSPOSE, run_transpose, limit_transpose, 1, NULL, NULL, 0},
-	{DP_OP_SPLIT, run_split, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 1, NULL, NULL, 0},
-	{DP_OP_INTERLEAVE, run_interleave, NULL, 1, NULL, NULL, 0},
-	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0},
-	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, limit_embedding_grad, 1, NULL, scratch_embedding_grad, 0},
-	{DP_OP_KV_PACK, run_kv_pack, NULL, 1, NULL, NULL, 0},
-	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 1, NULL, NULL, 0},
+	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_FILL, run_fill, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0, 1}, /* bytes: 16-bit too */
+	{DP_OP_D2H, run_xfer, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_H2D, run_xfer, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, scratch_copy, 0, 1}, /* bytes: 16-bit too */
+	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0, 1}, /* bytes: 16-bit too */
+	{DP_OP_TRANSPOSE, run_transpose, limit_transpose, 1, NULL, NULL, 0, 1},
+	{DP_OP_SPLIT, run_split, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_INTERLEAVE, run_interleave, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, limit_embedding_grad, 1, NULL, scratch_embedding_grad, 0, 1},
+	{DP_OP_KV_PACK, run_kv_pack, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };

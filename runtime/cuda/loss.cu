@@ -38,6 +38,7 @@
  * elements, so S may differ from the scalar walk's by double rounding
  * (~1e-16 relative; the loss is f32, the gradient bf16: equal unless a
  * value lies that close to a rounding boundary). correct stays exact.
+ * f16 logits (precision fp16) the same, on __half.
  */
 #include "device.cuh"
 
@@ -249,18 +250,25 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* The loss and correct write f32 from f32 or bf16 logits; the gradient
- * writes the logits' dtype (operand rules XENT, XENT_GRAD, CORRECT). */
-static int run_xent(const CuArgs *a, RtErr *e)
+/* 16-bit logits (H: cu_bf16 or __half): eight at a time where the rows allow */
+template <typename H> static int run_xent_half(const CuArgs *a, RtErr *e)
 {
 	int64_t classes = cu_cols(cu_t(a, 0));
-	if (cu_t(a, 0)->dtype != DP_BF16)
-		return launch_xent<1, float>(a, e);
 	const void *o = a->in->op == DP_OP_XENT_GRAD ? cu_p(a, -1) : (const void *)0;
 	int strided = dp_ld(cu_t(a, 0)) != classes || (o && dp_ld(cu_t(a, -1)) != classes);
-	if (!strided && cu_vec8<cu_bf16>(classes, cu_p(a, 0), o))
-		return launch_xent<8, cu_bf16>(a, e);
-	return launch_xent<1, cu_bf16>(a, e);
+	if (!strided && cu_vec8<H>(classes, cu_p(a, 0), o))
+		return launch_xent<8, H>(a, e);
+	return launch_xent<1, H>(a, e);
+}
+
+/* The loss and correct write f32 from f32, bf16 or f16 logits; the
+ * gradient writes the logits' dtype (operand rules XENT, XENT_GRAD,
+ * CORRECT). */
+static int run_xent(const CuArgs *a, RtErr *e)
+{
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_xent_half<__half>(a, e)
+	       : dt == DP_BF16 ? run_xent_half<cu_bf16>(a, e) : launch_xent<1, float>(a, e);
 }
 
 /* ---- planning: the gradient reuses its loss's row statistics ---- */
@@ -307,10 +315,10 @@ extern "C" int cu_plan_xent(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_loss_rows[] = {
-	{DP_OP_XENT, run_xent, NULL, 1, NULL, scratch_xent, 0},
-	{DP_OP_XENT_GRAD, run_xent, NULL, 1, NULL, NULL, 0},
-	{DP_OP_CORRECT, run_xent, NULL, 1, NULL, scratch_xent, 0},
+	{DP_OP_XENT, run_xent, NULL, 1, NULL, scratch_xent, 0, 1},
+	{DP_OP_XENT_GRAD, run_xent, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_CORRECT, run_xent, NULL, 1, NULL, scratch_xent, 0, 1},
 	{},
 };

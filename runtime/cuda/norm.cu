@@ -30,6 +30,7 @@
  * that regroups the double partial sums of the statistics among threads
  * (~1e-16 relative), so a result may move by 1 bf16 ulp where its f32 value
  * straddles a rounding boundary by less than that (~2^-29 per element).
+ * f16 (precision fp16) the same, on __half.
  */
 #include "device.cuh"
 
@@ -238,30 +239,39 @@ template <typename T, typename TO> static int run_grad_g_t(const CuArgs *a, RtEr
 
 static int run_fwd(const CuArgs *a, RtErr *e)
 {
-	return cu_t(a, 0)->dtype == DP_BF16 ? run_fwd_t<cu_bf16>(a, e) : run_fwd_t<float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_fwd_t<__half>(a, e)
+	       : dt == DP_BF16 ? run_fwd_t<cu_bf16>(a, e) : run_fwd_t<float>(a, e);
 }
 
 static int run_bwd(const CuArgs *a, RtErr *e)
 {
-	return cu_t(a, 0)->dtype == DP_BF16 ? run_bwd_t<cu_bf16>(a, e) : run_bwd_t<float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_bwd_t<__half>(a, e)
+	       : dt == DP_BF16 ? run_bwd_t<cu_bf16>(a, e) : run_bwd_t<float>(a, e);
+}
+
+template <typename H> static int run_grad_g_half(const CuArgs *a, RtErr *e)
+{
+	if (dp_is_half(cu_t(a, -1)->dtype))
+		return run_grad_g_t<H, H>(a, e);
+	return run_grad_g_t<H, float>(a, e);
 }
 
 static int run_grad_g(const CuArgs *a, RtErr *e)
 {
-	if (cu_t(a, 0)->dtype != DP_BF16)
-		return run_grad_g_t<float, float>(a, e);
-	if (cu_t(a, -1)->dtype == DP_BF16)
-		return run_grad_g_t<cu_bf16, cu_bf16>(a, e);
-	return run_grad_g_t<cu_bf16, float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_grad_g_half<__half>(a, e)
+	       : dt == DP_BF16 ? run_grad_g_half<cu_bf16>(a, e) : run_grad_g_t<float, float>(a, e);
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_norm_rows[] = {
-	{DP_OP_LAYERNORM, run_fwd, NULL, 1, NULL, NULL, 0},
-	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0},
-	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0},
-	{DP_OP_RMSNORM, run_fwd, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0},
+	{DP_OP_LAYERNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
+	{DP_OP_RMSNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
 	{},
 };

@@ -470,14 +470,14 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_optim_rows[] = {
-	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
-	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0},
-	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0},
-	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0},
-	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0, 0},
 	{},
 };

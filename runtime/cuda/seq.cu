@@ -20,7 +20,7 @@
  * accesses): rope is per element, so bitwise what staging gave; softmax's
  * double sums are regrouped among the threads (~1e-16 relative), which can
  * move an output by 1 bf16 ulp only where its f32 value lies that close to
- * a rounding boundary.
+ * a rounding boundary. f16 (precision fp16) the same, on __half.
  */
 #include "device.cuh"
 
@@ -119,8 +119,9 @@ template <typename T> static int run_softmax_t(const CuArgs *a, RtErr *e)
 
 static int run_softmax(const CuArgs *a, RtErr *e)
 {
-	return cu_t(a, 0)->dtype == DP_BF16 ? run_softmax_t<cu_bf16>(a, e)
-					    : run_softmax_t<float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_softmax_t<__half>(a, e)
+	       : dt == DP_BF16 ? run_softmax_t<cu_bf16>(a, e) : run_softmax_t<float>(a, e);
 }
 
 /* ---- rope ----
@@ -219,13 +220,15 @@ template <typename T> static int run_rope_t(const CuArgs *a, RtErr *e)
 
 static int run_rope(const CuArgs *a, RtErr *e)
 {
-	return cu_t(a, 0)->dtype == DP_BF16 ? run_rope_t<cu_bf16>(a, e) : run_rope_t<float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_rope_t<__half>(a, e)
+	       : dt == DP_BF16 ? run_rope_t<cu_bf16>(a, e) : run_rope_t<float>(a, e);
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_seq_rows[] = {
-	{DP_OP_SOFTMAX, run_softmax, NULL, 1, NULL, NULL, 0},
-	{DP_OP_SOFTMAX_GRAD, run_softmax, NULL, 1, NULL, NULL, 0},
-	{DP_OP_ROPE, run_rope, NULL, 1, NULL, NULL, 0},
+	{DP_OP_SOFTMAX, run_softmax, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SOFTMAX_GRAD, run_softmax, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_ROPE, run_rope, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };

@@ -16,7 +16,9 @@
  * handle, unless NVIDIA_TF32_OVERRIDE=0): A and B are first rounded to 10
  * mantissa bits, to nearest with ties away from zero (cvt.rna.tf32.f32).
  * bf16 inputs are widened to fp32 exactly; a bf16 C is rounded once, to
- * nearest even, from the fp32 result.
+ * nearest even, from the fp32 result. cuBLASLt also takes fp16 (CUDA_R_16F)
+ * wherever it takes bf16, under the same rules: widened exactly, a 16-bit
+ * D rounded once (cuda_fp16.h's rounding, F16C's bits).
  */
 #include <cblas.h>
 #include <math.h>
@@ -28,6 +30,7 @@
 #include "include/cublasLt.h"
 #include "include/cublas_v2.h"
 #include "include/cuda_bf16.h"
+#include "include/cuda_fp16.h"
 #include "include/dpemu_mma_ptx.h" /* dpemu_tf32: cvt.rna.tf32.f32 */
 
 using namespace emu;
@@ -78,6 +81,28 @@ struct Operand {
 	const char *at(int b) const { return (const char *)p + (size_t)b * stride * esize(t); }
 };
 
+/* Element i of a matrix of type t (fp32, bf16, fp16) as fp32: exact. */
+static float elt(cudaDataType t, const void *p, size_t i)
+{
+	if (t == CUDA_R_16BF)
+		return (float)((const __nv_bfloat16 *)p)[i];
+	if (t == CUDA_R_16F)
+		return (float)((const __half *)p)[i];
+	return ((const float *)p)[i];
+}
+
+/* Element i of a matrix of type t set to v (rounded once to nearest even
+ * in a 16-bit type). */
+static void set_elt(cudaDataType t, void *p, size_t i, float v)
+{
+	if (t == CUDA_R_16BF)
+		((__nv_bfloat16 *)p)[i] = __nv_bfloat16(v);
+	else if (t == CUDA_R_16F)
+		((__half *)p)[i] = __half(v);
+	else
+		((float *)p)[i] = v;
+}
+
 /* The operand of batch b as fp32 (a copy when converted). */
 static const float *as_f32(const Operand &o, int b, bool round_tf32, std::vector<float> &tmp)
 {
@@ -86,8 +111,7 @@ static const float *as_f32(const Operand &o, int b, bool round_tf32, std::vector
 	size_t n = o.extent() / esize(o.t);
 	tmp.resize(n ? n : 1);
 	for (size_t i = 0; i < n; i++) {
-		float v = o.t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)o.at(b))[i]
-					      : ((const float *)o.at(b))[i];
+		float v = elt(o.t, o.at(b), i);
 		tmp[i] = round_tf32 ? dpemu_tf32(v) : v;
 	}
 	return tmp.data();
@@ -560,10 +584,11 @@ static cublasStatus_t lt_problem(const char *api, cublasLtMatmulDesc_t d, cublas
 	need_live(D, api, "Ddesc");
 	bool f32 = A->t == CUDA_R_32F && B->t == CUDA_R_32F && D->t == CUDA_R_32F;
 	bool bf = A->t == CUDA_R_16BF && B->t == CUDA_R_16BF && (D->t == CUDA_R_16BF || D->t == CUDA_R_32F);
+	bool hf = A->t == CUDA_R_16F && B->t == CUDA_R_16F && (D->t == CUDA_R_16F || D->t == CUDA_R_32F);
 	bool c32 = d->compute == CUBLAS_COMPUTE_32F || d->compute == CUBLAS_COMPUTE_32F_PEDANTIC;
 	bool fast = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 || d->compute == CUBLAS_COMPUTE_32F_FAST_16BF ||
 		    d->compute == CUBLAS_COMPUTE_32F_FAST_16F;
-	if (C->t != D->t || d->scale != CUDA_R_32F || !((f32 && (c32 || fast)) || (bf && c32)))
+	if (C->t != D->t || d->scale != CUDA_R_32F || !((f32 && (c32 || fast)) || ((bf || hf) && c32)))
 		return lt_unsupported(api, "A %s, B %s, C %s, D %s with compute type %d and scale type %s "
 				      "is not a supported combination", tname(A->t), tname(B->t),
 				      tname(C->t), tname(D->t), (int)d->compute, tname(d->scale));
@@ -656,20 +681,15 @@ static float emu_gelu_grad(float x)
  * out * gelu'(aux), aux read in D's type. D's one rounding follows. */
 static void gelu_epilogue(int kind, float *out, int ld, int m, int n, const Operand &aux)
 {
-	bool b16 = aux.t == CUDA_R_16BF;
 	for (int j = 0; j < n; j++)
 		for (int i = 0; i < m; i++) {
 			float &v = out[(size_t)j * ld + i];
 			size_t at = (size_t)j * aux.ld + i;
 			if (kind == 'F') {
-				if (b16)
-					((__nv_bfloat16 *)aux.p)[at] = __nv_bfloat16(v);
-				else
-					((float *)aux.p)[at] = v;
+				set_elt(aux.t, (void *)aux.p, at, v);
 				v = emu_gelu(v);
 			} else {
-				float x = b16 ? (float)((const __nv_bfloat16 *)aux.p)[at] : ((const float *)aux.p)[at];
-				v *= emu_gelu_grad(x);
+				v *= emu_gelu_grad(elt(aux.t, aux.p, at));
 			}
 		}
 }
@@ -810,7 +830,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
 {
 	if (!l)
 		return CUBLAS_STATUS_INVALID_VALUE;
-	if (t != CUDA_R_32F && t != CUDA_R_16BF)
+	if (t != CUDA_R_32F && t != CUDA_R_16BF && t != CUDA_R_16F)
 		return lt_unsupported("cublasLtMatrixLayoutCreate", "type %s is not emulated", tname(t));
 	if (ld < 0)
 		return bad("cublasLtMatrixLayoutCreate", "ld %lld: only non-negative values are supported",
@@ -1028,9 +1048,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 				for (int j = 0; j < n; j++)
 					for (int i = 0; i < m; i++) {
 						size_t at = (size_t)j * Cop.ld + i;
-						acc[(size_t)j * ld + i] =
-							Cop.t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)C)[at]
-									     : ((const float *)C)[at];
+						acc[(size_t)j * ld + i] = elt(Cop.t, C, at);
 					}
 		}
 		if (k)
@@ -1043,9 +1061,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		if (p.bias) /* the epilogue: + bias[row] in fp32, to the finished product */
 			for (int j = 0; j < n; j++)
 				for (int i = 0; i < m; i++)
-					out[(size_t)j * ld + i] +=
-						p.bias_type == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)Bias.p)[i]
-									   : ((const float *)Bias.p)[i];
+					out[(size_t)j * ld + i] += elt(p.bias_type, Bias.p, i);
 		if (p.gelu) /* the epilogue: on the finished fp32 value (after the bias) */
 			gelu_epilogue(p.gelu, out, ld, m, n, Aux);
 		if (p.bgrad) { /* the epilogue: op(A)'s rows or op(B)'s columns summed over k, in
@@ -1060,10 +1076,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 				for (int l = 0; l < k; l++) /* A: op(A)[i, l]; B: op(B)[l, i] */
 					sum += p.bgrad == 'A' ? (tr ? x[(size_t)i * xo.ld + l] : x[(size_t)l * xo.ld + i])
 							      : (tr ? x[(size_t)l * xo.ld + i] : x[(size_t)i * xo.ld + l]);
-				if (p.bias_type == CUDA_R_16BF)
-					((__nv_bfloat16 *)Bias.p)[i] = __nv_bfloat16(sum);
-				else
-					((float *)Bias.p)[i] = sum;
+				set_elt(p.bias_type, (void *)Bias.p, i, sum);
 			}
 		}
 		if (direct)
@@ -1071,10 +1084,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		for (int j = 0; j < n; j++)
 			for (int i = 0; i < m; i++) {
 				size_t at = (size_t)j * ld + i;
-				if (Dop.t == CUDA_R_16BF)
-					((__nv_bfloat16 *)D)[at] = __nv_bfloat16(acc[at]); /* one rounding */
-				else
-					((float *)D)[at] = acc[at];
+				set_elt(Dop.t, D, at, acc[at]); /* one rounding */
 			}
 	};
 	if (submit(s, std::make_shared<FnWork>(what, run), api))

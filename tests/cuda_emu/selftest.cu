@@ -11,6 +11,7 @@
  */
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <dpemu_mma_ptx.h>
 #include <mma.h>
 #include <mpi.h>
@@ -833,6 +834,52 @@ static int c_gemm(void)
 	EXPECT(cublasLtMatrixLayoutCreate(&lbf, CUDA_R_16BF, 1, 1, 1) == CUBLAS_STATUS_SUCCESS);
 	EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, op_tf, lbf, lbf, lbf, lbf, pref, 1, &res, &count) ==
 	       CUBLAS_STATUS_NOT_SUPPORTED);
+	/* fp16 (CUDA_R_16F) A and B with 32F compute, as bf16: (1 + 2^-10)^2 +
+	 * 2^-11 = 1 + 5 2^-11 + 2^-20, rounded once to a 16F D is 1 + 3 2^-10
+	 * (the product rounded first leaves the tie 1 + 5 2^-11, which goes to
+	 * even, 1 + 2^-9), exact in an fp32 D; 16F with 16BF is no combination */
+	{
+		__half hv[4] = {__float2half(1.0f + 0x1p-10f), __float2half(0x1p-11f),
+				__float2half(1.0f + 0x1p-10f), __float2half(1.0f)}, h16;
+		__half *da, *db, *dd;
+		float *df, f32;
+		CK(cudaMalloc((void **)&da, 2 * sizeof(__half)));
+		CK(cudaMalloc((void **)&db, 2 * sizeof(__half)));
+		CK(cudaMalloc((void **)&dd, sizeof(__half)));
+		CK(cudaMalloc((void **)&df, sizeof(float)));
+		CK(cudaMemcpy(da, hv, 2 * sizeof(__half), cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(db, hv + 2, 2 * sizeof(__half), cudaMemcpyHostToDevice));
+		cublasLtMatmulDesc_t oph;
+		cublasLtMatrixLayout_t ha, hb, hd, hf;
+		EXPECT(cublasLtMatmulDescCreate(&oph, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutCreate(&ha, CUDA_R_16F, 1, 2, 1) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutCreate(&hb, CUDA_R_16F, 2, 1, 2) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutCreate(&hd, CUDA_R_16F, 1, 1, 1) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutCreate(&hf, CUDA_R_32F, 1, 1, 1) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, oph, ha, hb, hd, hd, pref, 1, &res, &count) ==
+		       CUBLAS_STATUS_SUCCESS && count == 1);
+		EXPECT(cublasLtMatmul(lt, oph, &one, da, ha, db, hb, &zero, dd, hd, dd, hd, &res.algo, ws,
+				      ws_bytes, 0) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, oph, ha, hb, hf, hf, pref, 1, &res, &count) ==
+		       CUBLAS_STATUS_SUCCESS && count == 1);
+		EXPECT(cublasLtMatmul(lt, oph, &one, da, ha, db, hb, &zero, df, hf, df, hf, &res.algo, ws,
+				      ws_bytes, 0) == CUBLAS_STATUS_SUCCESS);
+		CK(cudaMemcpy(&h16, dd, sizeof h16, cudaMemcpyDeviceToHost));
+		CK(cudaMemcpy(&f32, df, sizeof f32, cudaMemcpyDeviceToHost));
+		EXPECT(__half2float(h16) == 1.0f + 3 * 0x1p-10f);
+		EXPECT(f32 == 1.0f + 0x1p-9f + 0x1p-11f + 0x1p-20f);
+		EXPECT(cublasLtMatmulAlgoGetHeuristic(lt, oph, ha, lbf, hd, hd, pref, 1, &res, &count) ==
+		       CUBLAS_STATUS_NOT_SUPPORTED);
+		EXPECT(cublasLtMatrixLayoutDestroy(hf) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutDestroy(hd) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutDestroy(hb) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatrixLayoutDestroy(ha) == CUBLAS_STATUS_SUCCESS);
+		EXPECT(cublasLtMatmulDescDestroy(oph) == CUBLAS_STATUS_SUCCESS);
+		CK(cudaFree(df));
+		CK(cudaFree(dd));
+		CK(cudaFree(db));
+		CK(cudaFree(da));
+	}
 	/* a heuristic query during capture invalidates it (dp chooses at load) */
 	cudaStream_t s;
 	cudaGraph_t g;
