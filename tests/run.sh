@@ -143,7 +143,7 @@ golden                 0.5    -         1
 # the SAN_PLAIN cases' seconds where cases moved there), which order a
 # queue of both variants: longest first
 SAN_SECS="
-durability 264 faults 164 dprun 140 offload 113 passes 70 pipeline 54
+durability 204 faults 164 dprun 140 offload 113 passes 70 pipeline 54
 sharding 55 resume 50 bf16 44 tp 43 cp 30 recompute 36 runtime_errors 35
 gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
 fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
@@ -206,6 +206,14 @@ INSIDE="settings:errors"
 #   whose cp path (rope at each token's position, K/V gathered on cp) is
 #   llama-cp2's and tp path tp.sh's and transformer.sh's llama-tp2, all
 #   under SAN=1 (20 s).
+# - durability's syscall-kills: a SIGKILL at each syscall of a save, then
+#   --auto-resume; what it checks is the order in which the save's files
+#   reach the file system, which the sanitizers do not see. Its code paths
+#   run under SAN=1 elsewhere: the save itself in every checkpointing case
+#   (resume.sh, faults.sh, durability's own), the leftovers of a killed save
+#   cleaned and a dangling latest followed in durability's resume-dptmp and
+#   resume-dangling, damaged checkpoints refused in its damage cases
+#   (~48 s of the SAN run's CPU, ~60 s of its wall).
 # - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
 #   restart at 2 ranks as kill9-1, at another random step (8 s).
 SAN_PLAIN="
@@ -216,6 +224,7 @@ gradcheck  gpt skew=*
 gradcheck  llama skew=-1
 cp         llama-cp2?*
 dprun      kill9-[2-9]
+durability syscall-kills*
 groups     torch-no-*
 offload    mlp-ddp-np4
 schedules  torch-*
