@@ -192,6 +192,12 @@ INSIDE="settings:errors"
 #   runs elsewhere: AdamW under ddp at 2 ranks (equivalence.sh), full_shard
 #   with --init-from (sharding.sh's mlp8 cases), SGD with momentum
 #   (offload.sh's mlp-sgd-zero2-np2): 52 s of the SAN run's CPU in all.
+# - compress's torch: 50 steps of PowerSGD (rank 4, from step 10) and 50
+#   of plain ddp from --init-from, against PyTorch's powerSGD_hook. Under
+#   SAN=1 its dp side repeats what compress's path, per, full-rank and
+#   resume cases run (PowerSGD before and after start_step, --init-from,
+#   the orthogonalize and the P and Q all_reduces at 2 ranks); the rest is
+#   PyTorch (~15 s of the SAN run's CPU).
 # - tour's readme-tour: README's tour trains models/mlp.dp for 200 steps at
 #   4 ranks, at 1 and under dprun at 4: the same step programs
 #   equivalence.sh, dprun.sh and durability.sh run under SAN=1 for a few
@@ -222,6 +228,7 @@ bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+compress   torch
 cp         llama-cp2?*
 dprun      kill9-[2-9]
 durability syscall-kills*
