@@ -58,6 +58,18 @@ if case_on ws1; then
 	need ws1
 	if awk '/^#/ {next} !n++ {a=$2} END{exit !($2 < a)}' "$T/ws1.loss"; then ok "loss falls at 1 rank"; else fail "loss falls at 1 rank"; fi
 fi
+# tests/lib.sh's mpi runs one rank as dpexec alone: the same step file
+# started by `mpirun -np 1` trains to the same losses, bit for bit
+if case_on ws1-mpirun; then
+	need ws1
+	if env $MPI_ASAN timeout 300 mpirun --oversubscribe -np 1 "$DPEXEC" "$T/ws1.bin" --steps $STEPS --quiet \
+		--losses "$T/ws1m.loss" --eval-every 0 >"$T/ws1m.log" 2>&1 &&
+		cmp -s <(grep -v '^#' "$T/ws1m.loss") <(grep -v '^#' "$T/ws1.loss"); then
+		ok "ws1 under mpirun -np 1: the losses of dpexec alone, bit for bit"
+	else
+		tail -n 5 "$T/ws1m.log"; fail "ws1 under mpirun -np 1: the losses of dpexec alone"
+	fi
+fi
 case_same ws2 ws1
 case_same ws4 ws1
 case_same mesh2x2 ws1

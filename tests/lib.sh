@@ -165,9 +165,19 @@ par() {
 	while [ "$(jobs -pr | wc -l)" -ge "$n" ]; do wait -n; done
 	"$@" &
 }
-# mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores)
+# mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores).
+# One rank is dpexec alone (MPI's singleton start, as README's `dpexec
+# step.bin`), not under mpirun: the same program, without mpirun's start-up
+# (~0.7 s a run) and its 2 s wait (odls_base_sigkill_timeout) after a rank
+# that exits non-zero, which most of durability.sh's damaged-checkpoint runs
+# do. `mpirun -np 1` itself stays checked: runtime_errors.sh's world-size
+# checks and durability.sh's save-fails-one-rank start one rank under it.
 mpi() {
 	local n=$1; shift
+	if [ "$n" = 1 ]; then
+		env $MPI_ASAN timeout 300 "$DPEXEC" "$@"
+		return
+	fi
 	env $MPI_ASAN timeout 300 mpirun --oversubscribe -np "$n" "$DPEXEC" "$@"
 }
 # wait_lines FILE N: wait (up to 30 s) until FILE has N lines; 0 when it has

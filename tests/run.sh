@@ -16,14 +16,15 @@
 #
 # Scheduling. The suites share the CPUs (JOBS, default nproc). A suite's
 # weight is the CPUs it keeps busy on average: its CPU seconds over its
-# seconds alone (the table's figures, on 2 cores), rounded to a half. About
-# half a CPU for one that mostly waits (the MPI start-up of many short
-# runs, timeouts, Python), 1 to 2 for one that runs 4 or 8 MPI ranks at a
-# time, PyTorch beside dpexec, the CUDA emulator (every GPU thread on the
-# CPU) or runs of its own side by side: it gets DP_JOBS, its weight rounded
-# up (at most the whole CPUs free when it starts), and starts that many at
-# once. Suites start in the table's order, the longest first, so that the
-# last to end are short ones: the next starts when its weight fits in JOBS
+# seconds in a full run (the table says which), to a tenth, 0.2 at least.
+# A suite that mostly waits (on killed, stopped or timed-out runs, the MPI
+# start-up of many short runs, sleeps) weighs a quarter to a half of a
+# CPU, so three or four of them share one CPU beside a busy one, instead of
+# each holding half a CPU it leaves idle. Above 1: a suite that runs 4 or 8
+# MPI ranks at a time, PyTorch beside dpexec, or runs of its own side by
+# side: it gets DP_JOBS, its weight rounded up (at most the whole CPUs free
+# when it starts), and starts that many at once. Suites start in the
+# table's order, the longest first, so that the last to end are short ones: the next starts when its weight fits in JOBS
 # beside those running, when a whole CPU is free (a suite heavier than the
 # room left then shares the CPUs a little over JOBS, rather than leave one
 # idle beside a long suite: the emulator's mutations, one CPU for minutes,
@@ -48,10 +49,10 @@
 # stopped 5 s under --timeout 3 goes on; the error is printed once) count
 # only the time a rank ran, and passed at a load of ~10 beside three other
 # suites. trace.sh prints the cost of tracing without asserting it.
-# durability mostly waits on strace'd and killed runs (half a CPU), and
-# starts first, being the longest of those; the emulator's suites keep one
-# CPU busy each (their cases run one at a time), so two of them run side by
-# side.
+# durability mostly waits on strace'd and killed runs (0.4 of a CPU), and
+# starts first, being the longest of those; the emulator's suites run their
+# cases one at a time and wait on MPI start-up and stalled ranks between
+# (0.7 and 0.4 of a CPU), so two of them run side by side with room left.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -79,8 +80,13 @@ nvar=$(echo $VARIANTS | wc -w)
 [ -n "$given" ] || VBUILD[$VARIANTS]=$BUILD # the variant SAN names: in BUILD
 
 # name               weight  alone  seconds (measured in a full `make test`, JOBS=2, on 2
-# otherwise idle cores, 2026-11-27: the weight is the suite's CPU seconds over
-# its seconds, rounded to a half, 0.5 at least; the start order;
+# otherwise idle cores, 2026-11-27: the start order; the weight, for the
+# suites of weight 1 or less: CPU seconds over seconds, plain and SAN=1
+# together, in the `bash .ci/run` of 2026-11-27 on 2 otherwise idle cores
+# (1437 s), to a tenth, 0.2 at least (a CPU-bound suite measures under 1
+# there, beside others: weighed so, it shares a little over JOBS, which
+# costs nothing but the room it would have left idle); above 1, the
+# rounded figure that sets its DP_JOBS;
 # cuda_emu_mutations and gpu_kit: their old seconds scaled by their CPU
 # seconds after mutants were compiled once and the kit's rehearsal halved
 # its part 4, measured at load ~15: 126 to 154 of 327, 68 of 94);
@@ -89,55 +95,55 @@ nvar=$(echo $VARIANTS | wc -w)
 # otherwise idle cores, 2026-11-27 (beside the other suites, so the
 # emulator's are longer than alone))
 TABLE="
-durability             0.5    -       212
-cuda_emu               1      -       450
-cuda_emu_mutations     1      -       238
-gpu_kit                1      -        75
-offload                0.5    -        60
-faults                 0.5    -       104
-dprun                  0.5    -        66
-hosts                  0.5    -        45
+durability             0.4    -       212
+cuda_emu               0.7    -       450
+cuda_emu_mutations     0.4    -       238
+gpu_kit                0.7    -        75
+offload                0.9    -        60
+faults                 0.3    -       104
+dprun                  0.3    -        66
+hosts                  0.7    -        45
 sharding               1.5    -        63
 gradcheck              2      -        62
-bf16                   1      -        53
-fp16                   0.5    -        56
-torch_ref              1      -        51
-compress               1      -        31
-resume                 1      -        43
-schedules              1      -        35
-runtime_errors         0.5    -        34
-groups                 1      -        34
+bf16                   0.8    -        53
+fp16                   0.6    -        56
+torch_ref              0.8    -        51
+compress               0.9    -        31
+resume                 0.8    -        43
+schedules              0.7    -        35
+runtime_errors         0.4    -        34
+groups                 0.9    -        34
 cp                     1.5    -        25
-tp                     1      -        20
-recompute              1      -        19
-dropout                1      -        25
-sample                 0.5    -        18
-outputs                0.5    -        19
+tp                     0.9    -        20
+recompute              0.9    -        19
+dropout                0.9    -        25
+sample                 0.4    -        18
+outputs                0.4    -        19
 transformer            1.5    -        18
 tour                   1      -        15
-passes                 1      -        13
-stepfile_fuzz          0.5    -        12
+passes                 0.8    -        13
+stepfile_fuzz          0.6    -        12
 signals                0.5    -        11
 equivalence            1.5    -        11
-unit                   1      -        10
-trace                  0.5    -         9
+unit                   0.8    -        10
+trace                  0.8    -         9
 cuda                   0.5    -         8
-logs                   1      alone     7
-data_errors            0.5    -         7
-errors                 1      -         6
+logs                   0.8    alone     7
+data_errors            0.2    -         7
+errors                 0.9    -         6
 layers                 0.5    -         1
 views                  0.5    -         1
 roofline               0.5    -         1
-padvocab               0.5    -         8
-simulate               0.5    -         3
-pipeline               1      -        56
+padvocab               0.7    -         8
+simulate               0.6    -         3
+pipeline               0.7    -        56
 golden                 0.5    -         1
 "
 # The seconds of each suite under SAN=1 (measured as the table's, less
 # the SAN_PLAIN cases' seconds where cases moved there), which order a
 # queue of both variants: longest first
 SAN_SECS="
-durability 264 faults 164 dprun 140 offload 113 passes 70 pipeline 54
+durability 204 faults 164 dprun 140 offload 113 passes 70 pipeline 54
 sharding 55 resume 50 bf16 44 tp 43 cp 30 recompute 36 runtime_errors 35
 gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
 fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
@@ -186,6 +192,12 @@ INSIDE="settings:errors"
 #   runs elsewhere: AdamW under ddp at 2 ranks (equivalence.sh), full_shard
 #   with --init-from (sharding.sh's mlp8 cases), SGD with momentum
 #   (offload.sh's mlp-sgd-zero2-np2): 52 s of the SAN run's CPU in all.
+# - compress's torch: 50 steps of PowerSGD (rank 4, from step 10) and 50
+#   of plain ddp from --init-from, against PyTorch's powerSGD_hook. Under
+#   SAN=1 its dp side repeats what compress's path, per, full-rank and
+#   resume cases run (PowerSGD before and after start_step, --init-from,
+#   the orthogonalize and the P and Q all_reduces at 2 ranks); the rest is
+#   PyTorch (~15 s of the SAN run's CPU).
 # - tour's readme-tour: README's tour trains models/mlp.dp for 200 steps at
 #   4 ranks, at 1 and under dprun at 4: the same step programs
 #   equivalence.sh, dprun.sh and durability.sh run under SAN=1 for a few
@@ -200,6 +212,14 @@ INSIDE="settings:errors"
 #   whose cp path (rope at each token's position, K/V gathered on cp) is
 #   llama-cp2's and tp path tp.sh's and transformer.sh's llama-tp2, all
 #   under SAN=1 (20 s).
+# - durability's syscall-kills: a SIGKILL at each syscall of a save, then
+#   --auto-resume; what it checks is the order in which the save's files
+#   reach the file system, which the sanitizers do not see. Its code paths
+#   run under SAN=1 elsewhere: the save itself in every checkpointing case
+#   (resume.sh, faults.sh, durability's own), the leftovers of a killed save
+#   cleaned and a dangling latest followed in durability's resume-dptmp and
+#   resume-dangling, damaged checkpoints refused in its damage cases
+#   (~48 s of the SAN run's CPU, ~60 s of its wall).
 # - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
 #   restart at 2 ranks as kill9-1, at another random step (8 s).
 SAN_PLAIN="
@@ -208,8 +228,10 @@ bf16       lr-detected
 gradcheck  gpt
 gradcheck  gpt skew=*
 gradcheck  llama skew=-1
+compress   torch
 cp         llama-cp2?*
 dprun      kill9-[2-9]
+durability syscall-kills*
 groups     torch-no-*
 offload    mlp-ddp-np4
 schedules  torch-*
