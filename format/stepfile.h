@@ -362,6 +362,8 @@ DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
+DP_FATTR_SAME(XENT, XENT_FUSED, scale);
+DP_ATTR_SAME(XENT_GRAD, XENT_FUSED, loss_scale);
 DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transA);
 DP_ATTR_SAME(MATMUL, MATMUL_GELU_GRAD, transB);
 DP_ATTR_SAME(SPLIT, SPLIT_GRAD, parts);
@@ -654,6 +656,8 @@ typedef enum {
 	DP_RO_YES, /* out is read too (in place) */
 	DP_RO_ACC, /* out is read when the attribute acc != 0 (accumulating kernels) */
 	DP_RO_UPD, /* YES, and in[1..] are written too (optimizer state, the bf16 copy) */
+	DP_RO_IN0, /* out is only written, and in[0] is written too, in place (the fused
+	              classifier's gradient over its logits) */
 } DpReadsOut;
 
 extern const unsigned char dp_op_classes[DP_NOPS]; /* DpOpClass; ORDER OP */
@@ -696,7 +700,7 @@ static inline int64_t dp_span(const DpTensor *t)
 static inline int dp_op_takes_ld(unsigned op)
 {
 	return op == DP_OP_MATMUL || op == DP_OP_XENT || op == DP_OP_XENT_GRAD ||
-	       op == DP_OP_CORRECT;
+	       op == DP_OP_CORRECT || op == DP_OP_XENT_FUSED;
 }
 
 /* A tensor's address in one space spanning both arenas: the device arena,
@@ -731,8 +735,9 @@ static inline int dp_reads_out(const DpInstr *in)
 /* Does the instruction write its input k (besides its out)? */
 static inline int dp_writes_in(const DpInstr *in, int k)
 {
-	return in->op < DP_NOPS && dp_op_ro[in->op] == DP_RO_UPD && k >= 1 && k < DP_MAX_IN &&
-	       in->in[k] >= 0;
+	unsigned ro = in->op < DP_NOPS ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;
+	return ((ro == DP_RO_UPD && k >= 1) || (ro == DP_RO_IN0 && k == 0)) && k >= 0 &&
+	       k < DP_MAX_IN && in->in[k] >= 0;
 }
 
 /* The collectives: ops that move data between the ranks of the ia0 axes, on

@@ -436,7 +436,8 @@ const char *ir_language_model(const Graph *g, const Node **loss_node)
 	const Node *loss = NULL;
 	for (int i = 0; i < g->nnodes && !loss && g->loss >= 0; i++) {
 		const Node *n = g->nodes[i];
-		if (n->op == DP_OP_XENT && n->out == g->loss && (n->progs & IR_IN_STEP))
+		if ((n->op == DP_OP_XENT || n->op == DP_OP_XENT_FUSED) && n->out == g->loss &&
+		    (n->progs & IR_IN_STEP))
 			loss = n;
 	}
 	if (loss_node)

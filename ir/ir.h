@@ -376,6 +376,8 @@ typedef enum {
 	OP_RO_ACC, /* read only when the attribute acc != 0 (accumulating kernels) */
 	OP_RO_UPD, /* YES, and the inputs from in[1] on are written too (an optimizer's
 	              state, the compute copy it writes): ir_writes_in */
+	OP_RO_IN0, /* out is only written, and in[0] is written too, in place (the fused
+	              classifier's gradient over its logits): ir_writes_in */
 } OpReadsOut;
 
 /* Tensor parallelism (the TP column; passes/tp.c). */

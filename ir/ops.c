@@ -37,7 +37,9 @@ int ir_reads_out(const Node *n)
 
 int ir_writes_in(const Node *n, int k)
 {
-	return ir_ops[n->op].reads_out == OP_RO_UPD && k >= 1 && k < n->nin && n->in[k] >= 0;
+	int ro = ir_ops[n->op].reads_out;
+	return ((ro == OP_RO_UPD && k >= 1) || (ro == OP_RO_IN0 && k == 0)) && k >= 0 &&
+	       k < n->nin && n->in[k] >= 0;
 }
 
 const OpAttr *ir_op_attr(IrOp op, const char *name)
@@ -106,6 +108,14 @@ void ir_cost_per_in(const Graph *g, const Node *n, double *flops, double *bytes)
 {
 	*flops = ir_ops[n->op].cost_k * vnumel(g, n->in[0]);
 	*bytes = io_bytes(g, n);
+}
+
+/* The fused classifier: cross_entropy's and its gradient's flops, the logits
+ * read once and written once in place, the labels and the loss. */
+void ir_cost_xent_fused(const Graph *g, const Node *n, double *flops, double *bytes)
+{
+	*flops = ir_ops[n->op].cost_k * vnumel(g, n->in[0]);
+	*bytes = io_bytes(g, n) + vbytes(g, n->in[0]);
 }
 
 /* One flop (sqrt of a scalar). */

@@ -159,8 +159,13 @@ static int check_value(Verifier *vf, int i, const Node *const *byid, int nid)
 		for (int k = 0; k < v->ndim; k++)
 			if (v->dims[k] < 0)
 				value_error(vf, i, "negative dim %d", k), sane = 0;
+	/* a view of all of a padded temporary (the fused classifier's gradient
+	 * over its logits, passes/padvocab.c) has the root's stride */
+	int alias = v->view_of >= 0 && v->view_of < g->nvalues && v->view_offset == 0 &&
+		    g->values[v->view_of]->ld == v->ld && g->values[v->view_of]->ndim == v->ndim &&
+		    sane && !memcmp(g->values[v->view_of]->dims, v->dims, (size_t)v->ndim * sizeof v->dims[0]);
 	if (v->ld && ((sane && (v->ndim < 1 || v->ld <= v->dims[v->ndim - 1])) ||
-		      v->kind != DP_T_ACT || v->view_of != -1))
+		      v->kind != DP_T_ACT || (v->view_of != -1 && !alias)))
 		value_error(vf, i, "ld=%" PRId64 " on a value that is not a temporary with shorter rows",
 			    v->ld);
 	if (v->block < -1 || v->block >= g->nblocks)

@@ -135,7 +135,8 @@ static int64_t id_limit(const DpStep *s, uint32_t src)
 			const DpInstr *in = &s->prog[p][i];
 			const DpTensor *t = NULL;
 			int k = 0;
-			if ((in->op == DP_OP_XENT || in->op == DP_OP_XENT_GRAD || in->op == DP_OP_CORRECT) &&
+			if ((in->op == DP_OP_XENT || in->op == DP_OP_XENT_GRAD || in->op == DP_OP_CORRECT ||
+			     in->op == DP_OP_XENT_FUSED) &&
 			    in->in[0] >= 0 && holds_source(s, src, in->in[1])) {
 				t = &s->tensors[in->in[0]];
 				k = t->ndim ? t->ndim - 1 : 0;

@@ -347,7 +347,8 @@ static inline float rt_from_half(unsigned dt, uint16_t h)
  * bf16 or f16 on a backend kernel without a path of its own for it
  * (docs/PRECISION.md): the instruction runs on f32 copies. Is operand slot
  * j (-1: out) of `in` one of them: 16-bit, not a compute copy the kernel writes itself (an
- * optimizer's, dp_writes_in), not embedding_grad's table (its shape only),
+ * optimizer's, dp_writes_in of an update; the fused classifier's logits, which it
+ * overwrites with their gradient, are staged in and back), not embedding_grad's table (its shape only),
  * and not a tensor an earlier slot already staged? Both compute backends
  * stage by this rule (runtime/cpu/bf16.c, runtime/cuda/bf16.cu).
  */
@@ -376,7 +377,7 @@ static inline int rt_half_staged(const DpStep *s, const DpInstr *in, int j)
 	int id = j < 0 ? in->out : in->in[j];
 	if (id < 0 || !dp_is_half(s->tensors[id].dtype))
 		return 0;
-	if (j >= 0 && dp_writes_in(in, j))
+	if (j >= 0 && dp_writes_in(in, j) && dp_op_ro[in->op] == DP_RO_UPD)
 		return 0;
 	if (in->op == DP_OP_EMBEDDING_GRAD && j == 2)
 		return 0;

@@ -308,7 +308,8 @@ scalar_variant "$T/gpt2-tiny.dp" "$T/gpt2-scalar.dp"
 dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
 # a padded vocabulary (passes/padvocab.c): 300 classes, the logits and their
 # gradient in rows of 384 (cuBLASLt's leading dimensions, the classifier's
-# row strides)
+# row strides); the classifier is cross_entropy_fused (passes/fuse.c), its
+# gradient written over the padded logits (as in every language-model case)
 cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
 # pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
 # under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends

@@ -3,7 +3,9 @@
 # pad_vocab): the logits and their gradient get rows of a multiple of
 # pad_vocab (a row stride, DpTensor.ld) and nothing else changes.
 #  - ir: GPT-2 124M's logits and d.logits have ld=50304 (50257 padded to a
-#    multiple of 128); pad_vocab 0 pads nothing; a padded value read by an op
+#    multiple of 128); pad_vocab 0 pads nothing; the fused classifier
+#    (cross_entropy_fused, passes/fuse.c) writes d.logits over the padded
+#    logits, a view of them with their stride; a padded value read by an op
 #    that takes no stride is a verifier error (dpc --from-ir).
 #  - bitwise: gpt2-tiny with a vocabulary of 300 (rows of 384: tokens are
 #    bytes, so any vocabulary >= 256 trains the same data), against the
@@ -13,6 +15,10 @@
 #    the tied wte is read and written by the three padded GEMMs. And
 #    GPT-2 124M's shape of the head (vocab 50257, one narrow layer) at 1
 #    rank, 2 steps.
+#  - unfused: the fused classifier (cross_entropy_fused over the padded
+#    logits) bitwise the cross_entropy and cross_entropy_grad it replaces
+#    (the fuse pass left out: dpc --from-ir after schedule), losses, eval
+#    lines and parameters, f32 at 1 rank.
 # Against main's binaries the same runs were bitwise too when the pass
 # landed (the report of the commit says so); here pad_vocab 0 is the
 # unpadded reference, which the ir case shows pads nothing.
@@ -36,6 +42,16 @@ if case_on ir; then
 		ok "gpt2.dp: logits and d.logits rows of 50304 (2 padded values); pad_vocab 0: none"
 	else
 		fail "gpt2.dp: ld of logits '$a', d.logits '$b'; $(grep -c ' ld=' "$T/gpt2.ir") padded"
+	fi
+	# the fused classifier (passes/fuse.c): the loss and its gradient one
+	# cross_entropy_fused, the gradient a view of all of the padded logits
+	if grep -q '^%loss : .* = cross_entropy_fused %logits, %targets ' "$T/gpt2.ir" &&
+		! grep -q 'cross_entropy_grad' "$T/gpt2.ir" &&
+		grep -Eq '^%d\.logits +: .* ld=50304 view=%logits\+0 ' "$T/gpt2.ir"; then
+		ok "gpt2.dp: one cross_entropy_fused, d.logits a view of the padded logits (ld=50304)"
+	else
+		grep -E 'cross_entropy|^%d\.logits ' "$T/gpt2.ir"
+		fail "gpt2.dp: the classifier is not one cross_entropy_fused over the padded logits"
 	fi
 	# a stride on a value an op without strides reads: %t (embedding's
 	# output, read by bias_add) declared with ld=8
@@ -100,6 +116,33 @@ if case_on fs2-bf16; then
 	tiny fs2-bf16 "precision bf16" && tiny fs2-bf16-0 "precision bf16" "pad_vocab 0"
 	sed -i 's/^  strategy .*/  strategy full_shard/' "$T/fs2-bf16.dp" "$T/fs2-bf16-0.dp"
 	same fs2-bf16 2 --eval-every 2
+fi
+# the fused classifier against the unfused pair: the same IR compiled with the
+# fuse pass left out (dpc --from-ir after schedule), padded logits, eval
+# (cross_entropy and correct) on them, f32 at 1 rank. (Not bf16: there the
+# fuse pass's linear_gelu is not bitwise the linear and gelu it replaces on
+# the CPU, so leaving the pass out changes more than the classifier.)
+if case_on unfused; then
+	tiny uf
+	"$DPC" "$T/uf.dp" --dump-after=schedule >"$T/uf.ir" 2>"$T/uf.log" &&
+		"$DPC" --from-ir "$T/uf.ir" --passes views,sample,padvocab,memplan -o "$T/uf-0.bin" \
+			2>>"$T/uf.log" && "$DPC" "$T/uf.dp" -o "$T/uf.bin" 2>>"$T/uf.log" ||
+		{ cat "$T/uf.log"; fail "unfused: dpc"; }
+	for b in uf uf-0; do
+		mpi 1 "$T/$b.bin" --steps "$STEPS" --eval-every 2 --losses "$T/$b.loss" \
+			--save-full "$T/$b.st" >"$T/$b.log" 2>&1 || { tail -n 20 "$T/$b.log"; fail "$b: dpexec"; }
+		unstamp "$T/$b.log" | grep '^eval ' >"$T/$b.eval" || true
+	done
+	if ! grep -q 'cross_entropy_fused' <("$DPC" "$T/uf.dp" --emit=ir) ||
+		grep -q 'cross_entropy_fused' "$T/uf.ir"; then
+		fail "unfused: the direct compile has no cross_entropy_fused, or the dump has one"
+	elif cmp -s "$T/uf.loss" "$T/uf-0.loss" && cmp -s "$T/uf.st" "$T/uf-0.st" &&
+		cmp -s "$T/uf.eval" "$T/uf-0.eval" && [ -s "$T/uf.eval" ]; then
+		ok "unfused: cross_entropy_fused over padded logits bitwise the unfused pair ($(($(wc -l <"$T/uf.loss") - 1)) losses, $(wc -l <"$T/uf.eval") eval lines, parameters)"
+	else
+		paste "$T/uf.loss" "$T/uf-0.loss" | head -4
+		fail "unfused: the fused classifier differs from the unfused pair"
+	fi
 fi
 if case_on gpt2-head; then
 	# GPT-2 124M's head: vocab 50257 (rows of 50304), one layer of width 64

@@ -1,7 +1,8 @@
 /*
  * cpu/loss.c - the CPU kernels of the classification loss: cross entropy
- * (its sum over rows, times its scale), its gradient, and the count of
- * correct argmax predictions. Rows with a negative label are padding
+ * (its sum over rows, times its scale), its gradient, both at once with the
+ * gradient written over the logits (cross_entropy_fused, passes/fuse.c), and
+ * the count of correct argmax predictions. Rows with a negative label are padding
  * (eval's last batch) and count for nothing. The sum of exponentials and the
  * loss sum are in double, so finite differences (--check-grads) and cross-rank
  * comparisons are not drowned in float32 summation noise.
@@ -20,7 +21,9 @@
  * in float, its sum in double, and the label's entry p - 1 in double (no
  * cancellation against 1). Rows go to the threads in blocks of XENT_BLOCK
  * whose partial sums are added in block order: the same loss at any thread
- * count.
+ * count. The fused kernel runs the loss's sweeps and then the gradient's on
+ * the row it holds, in the same order, and writes the gradient over it:
+ * bitwise the two kernels' results.
  */
 #define XENT_BLOCK 64
 
@@ -29,9 +32,9 @@ typedef struct {
 	unsigned op;
 	const float *x;
 	const int32_t *y;
-	float *out;
+	float *out; /* the gradient (cross_entropy_grad; the logits, cross_entropy_fused) */
 	int64_t rows, classes;
-	double scale;
+	double scale, gscale; /* the loss's and the gradient's (times fp16's loss scale) */
 	double *part; /* per block: loss sum, or correct and counted (CORRECT) */
 	/* bf16 logits (x16) and gradient (out16), NULL when f32: each row goes
 	 * through this thread's two f32 rows of `row` (2 * classes floats per
@@ -58,15 +61,19 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 			if (j->x16)
 				for (int64_t c = 0; c < nc; c++)
 					buf[c] = cpu_from_bf16(j->x16[r * j->ldx + c]);
-			if (j->op == DP_OP_XENT_GRAD) {
-				float *d = j->out16 ? buf + nc : j->out + r * j->ldo;
+			if (j->op == DP_OP_XENT_FUSED && label >= 0) {
+				float mx = v->max(row, nc);
+				total += log(v->exp_sum_d(row, mx, nc)) + mx - row[label];
+			}
+			if (j->op == DP_OP_XENT_GRAD || j->op == DP_OP_XENT_FUSED) {
+				float *d = j->out16 ? buf + nc : j->out + r * j->ldo; /* row itself: fused f32 */
 				if (label < 0) {
 					memset(d, 0, (size_t)nc * sizeof(float));
 				} else {
 					double sum = v->exp_shift(d, row, v->max(row, nc), nc);
 					double el = d[label];
-					v->map(DP_OP_SCALE, d, d, NULL, (float)(j->scale / sum), nc);
-					d[label] = (float)(j->scale * (el / sum - 1.0));
+					v->map(DP_OP_SCALE, d, d, NULL, (float)(j->gscale / sum), nc);
+					d[label] = (float)(j->gscale * (el / sum - 1.0));
 				}
 				if (j->out16)
 					for (int64_t c = 0; c < nc; c++)
@@ -96,14 +103,18 @@ static int xent(const CpuArgs *k, RtErr *e)
 {
 	const DpStep *s = k->s;
 	const DpInstr *in = k->in;
-	double scale = in->op == DP_OP_CORRECT ? 0.0 : DP_FATTR(in, XENT, scale);
-	if (in->op == DP_OP_XENT_GRAD && DP_ATTR(in, XENT_GRAD, loss_scale))
-		scale *= k->step->loss_scale; /* a power of 2 here: exact */
-	const DpTensor *t0 = cpu_t(k, in->in[0]), *to = cpu_t(k, in->out);
+	double scale = in->op == DP_OP_CORRECT ? 0.0 : DP_FATTR(in, XENT, scale), gscale = scale;
+	if ((in->op == DP_OP_XENT_GRAD || in->op == DP_OP_XENT_FUSED) &&
+	    DP_ATTR(in, XENT_GRAD, loss_scale))
+		gscale *= k->step->loss_scale; /* a power of 2 here: exact */
+	/* the gradient's tensor: the out of cross_entropy_grad, the logits
+	 * themselves (in place) for cross_entropy_fused */
+	int gid = in->op == DP_OP_XENT_FUSED ? in->in[0] : in->out;
+	const DpTensor *t0 = cpu_t(k, in->in[0]), *to = cpu_t(k, gid);
 	int b16 = t0->dtype == DP_BF16, o16 = to->dtype == DP_BF16;
 	Xent j = {k->vec, in->op, b16 ? NULL : cpu_f(k, in->in[0]), k->ptr[in->in[1]],
-		  o16 ? NULL : cpu_f(k, in->out), cpu_rows(t0), cpu_cols(t0), scale, NULL,
-		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[in->out] : NULL, NULL, dp_ld(t0),
+		  o16 ? NULL : cpu_f(k, gid), cpu_rows(t0), cpu_cols(t0), scale, gscale, NULL,
+		  b16 ? k->ptr[in->in[0]] : NULL, o16 ? k->ptr[gid] : NULL, NULL, dp_ld(t0),
 		  dp_ld(to)};
 	for (int64_t r = 0; r < j.rows; r++)
 		if (j.y[r] >= j.classes)
@@ -126,10 +137,11 @@ static int xent(const CpuArgs *k, RtErr *e)
 	}
 	free(j.part);
 	free(j.row);
-	if (in->op == DP_OP_XENT)
-		j.out[0] = (float)(j.scale * total);
+	float *o = cpu_f(k, in->out);
+	if (in->op == DP_OP_XENT || in->op == DP_OP_XENT_FUSED)
+		o[0] = (float)(j.scale * total);
 	else if (in->op == DP_OP_CORRECT)
-		j.out[0] = (float)total, j.out[1] = (float)counted;
+		o[0] = (float)total, o[1] = (float)counted;
 	return 0;
 }
 
@@ -139,5 +151,6 @@ const KernelRow cpu_loss_rows[] = {
 	{DP_OP_XENT, xent, NULL, 1, NULL, NULL, 0},
 	{DP_OP_XENT_GRAD, xent, NULL, 1, NULL, NULL, 0},
 	{DP_OP_CORRECT, xent, NULL, 1, NULL, NULL, 0},
+	{DP_OP_XENT_FUSED, xent, NULL, 1, NULL, NULL, 0},
 	{0},
 };

@@ -27,6 +27,12 @@
  * the logits; now two reads and a write (1.6 GB of logits per micro-batch
  * for GPT-2 124M at B*T = 8192: ~2 GB less traffic, ~0.7 ms on an H100).
  *
+ * cross_entropy_fused (passes/fuse.c): the gradient's kernel computing M
+ * and S itself, which also writes each row's loss as cross_entropy does, and
+ * its gradient over the logits, in place; then the loss's fixed-tree sum.
+ * One read and one write of the logits where the pair above took two reads,
+ * a write and a second buffer; bitwise the pair's loss and gradient.
+ *
  * correct: argmax with the first maximum winning (the CPU's `>` scan), one
  * flag per row, counted in a fixed tree: exact.
  *
@@ -174,11 +180,15 @@ __global__ void k_xent_sum(int op, float *o, int64_t rows, float scale, const do
 	}
 }
 
-/* d = scale * (softmax(x) - onehot(label)); stats_in: M and S from the loss. */
+/* d = scale * (softmax(x) - onehot(label)); stats_in: M and S from the loss.
+ * part (cross_entropy_fused, NULL otherwise): the row's loss as k_xent_rows
+ * writes it, from the same M and S, and d written over x (o == x): thread 0
+ * reads x[label] before the block's first barrier in row_stats, every
+ * thread writes after it. */
 template <int W, typename T>
 __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const int32_t *y,
 			    int64_t rows, int64_t classes, float scale, int loss_scale,
-			    const double *stats, CuScalars *sc)
+			    const double *stats, double *part, CuScalars *sc)
 {
 	__shared__ float shf[32];
 	__shared__ double shd[32];
@@ -188,10 +198,13 @@ __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const in
 		int64_t label = row_label(y, r, classes, sc);
 		if (label < 0) {
 			const float zero[W] = {};
+			if (part && threadIdx.x == 0)
+				part[r] = 0;
 			for (int64_t j = W * threadIdx.x; j < classes; j += W * blockDim.x)
 				stw<W>(d + j, zero);
 			continue;
 		}
+		float xl = part && threadIdx.x == 0 ? ld(row + label) : 0.0f;
 		float mx;
 		double sum;
 		if (stats) {
@@ -200,6 +213,8 @@ __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const in
 		} else {
 			row_stats<W>(row, classes, shf, shd, &mx, &sum);
 		}
+		if (part && threadIdx.x == 0)
+			part[r] = log(sum) + mx - xl; /* -log p(label), as k_xent_rows */
 		double sc2 = loss_scale ? (double)scale * sc->amp.scale : scale; /* fp16: exact */
 		for (int64_t j = W * threadIdx.x; j < classes; j += W * blockDim.x) {
 			float xv[W], dv[W];
@@ -236,7 +251,19 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 		const double *stats = a->fuse->rowstats_in ? a->fuse->rowstats : (const double *)0;
 		CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, -1),
 			  dp_ld(cu_t(a, -1)), x, ldx, y, rows, classes, scale,
-			  (int)DP_ATTR(a->in, XENT_GRAD, loss_scale), stats, a->sc);
+			  (int)DP_ATTR(a->in, XENT_GRAD, loss_scale), stats, (double *)0, a->sc);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
+	if (op == DP_OP_XENT_FUSED) { /* the gradient over the logits, the rows' losses */
+		if (rows > 0) {
+			CU_LAUNCH((k_xent_grad<W, T>), grid, threads, a->st, (T *)cu_p(a, 0), ldx, x,
+				  ldx, y, rows, classes, scale,
+				  (int)DP_ATTR(a->in, XENT_FUSED, loss_scale), (const double *)0, part,
+				  a->sc);
+			CU_LAUNCHED(a, e);
+		}
+		CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, DP_OP_XENT, cu_f(a, -1), rows, scale, part);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
@@ -320,5 +347,6 @@ extern "C" const KernelRow cu_loss_rows[] = {
 	{DP_OP_XENT, run_xent, NULL, 1, NULL, scratch_xent, 0, 1},
 	{DP_OP_XENT_GRAD, run_xent, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_CORRECT, run_xent, NULL, 1, NULL, scratch_xent, 0, 1},
+	{DP_OP_XENT_FUSED, run_xent, NULL, 1, NULL, scratch_xent, 0, 1},
 	{},
 };
