@@ -726,6 +726,15 @@ static inline DpOpClass dp_op_class(unsigned op)
 	return op < DP_NOPS ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
 }
 
+/* 1: instruction in is a kernel of the host step (offload): its output, so
+ * every operand (the decoder's check_spaces), in the host arena. The copies
+ * between the arenas (D2H, H2D) are the device's. */
+static inline int dp_runs_on_host(const DpStep *s, const DpInstr *in)
+{
+	return dp_op_class(in->op) == DP_OPC_KERNEL && in->op != DP_OP_D2H &&
+	       in->op != DP_OP_H2D && in->out >= 0 && s->tensors[in->out].space == DP_SPACE_HOST;
+}
+
 static inline int dp_reads_out(const DpInstr *in)
 {
 	unsigned ro = in->op < DP_NOPS ? dp_op_ro[in->op] : (unsigned)DP_RO_NO;

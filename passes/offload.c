@@ -34,6 +34,9 @@
  *   space (the step-file decoder checks it), and the updates run the same
  *   kernels on the same f32 values in the same order: the parameters and
  *   losses are bitwise those without offload.
+ * - A collective reads device memory only: a host operand (the EXPORT
+ *   program's all_gather of a master shard kept on the host) comes through
+ *   a device temporary %NAME.dev filled by an H2D right before it.
  * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
  *   their node's phase, flags and programs; the schedule pass orders them
  *   like any compute node.
@@ -114,6 +117,21 @@ static Node *copy_node(Graph *g, IrOp op, int out, int in, const Node *like, int
 static int on_host(const Graph *g, int v)
 {
 	return v >= 0 && ir_root(g, g->values[v])->space == DP_SPACE_HOST;
+}
+
+/* A device temporary shaped like host value v: %NAME.dev, made once. */
+static int device_temp(Graph *g, int v)
+{
+	Value *h = g->values[v];
+	const char *name = ir_fmt(g, "%s.dev", h->name);
+	Value *d = ir_find_value(g, name);
+	if (d)
+		return d->id;
+	h = g->values[v];
+	d = ir_value(g, name, h->dtype, h->ndim, h->dims, DP_T_ACT, h->loc);
+	memcpy(d->place, h->place, sizeof d->place);
+	d->block = h->block;
+	return d->id;
 }
 
 /* Node n (a kernel touching host memory) runs on the host: its device
@@ -394,6 +412,24 @@ int offload_run(Graph *g, Diag *d)
 			host |= on_host(g, n->in[k]);
 		if (host)
 			i += run_on_host(g, n);
+	}
+	/* a collective moves device memory (NCCL reads no unmapped host
+	 * memory): a host operand (the EXPORT program's gather of a master
+	 * shard the host keeps) comes through a device temporary, filled by an
+	 * H2D right before it */
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (!dp_is_collective(n->op))
+			continue;
+		if (on_host(g, n->out))
+			die("offload: %s writes %%%s in host memory", dp_op_names[n->op],
+			    g->values[n->out]->name);
+		for (int k = 0; k < n->nin; k++)
+			if (on_host(g, n->in[k])) {
+				int t = device_temp(g, n->in[k]);
+				copy_node(g, DP_OP_H2D, t, n->in[k], n, i++);
+				n->in[k] = t;
+			}
 	}
 	return 0;
 }

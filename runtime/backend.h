@@ -59,7 +59,7 @@
 #include "rt.h"
 
 /* Bump when BackendOps, Backend, BackendOpts, Comm or the step-file structs change. */
-#define DP_BACKEND_ABI (2100u + DP_STEP_VERSION)
+#define DP_BACKEND_ABI (2200u + DP_STEP_VERSION)
 
 /* BackendOps.flags */
 enum {
@@ -74,6 +74,21 @@ enum {
 typedef struct Backend Backend;
 typedef struct BackendOps BackendOps;
 
+/* The CPU's kernels for a backend's host step (offload, docs/OFFLOAD.md):
+ * the instructions whose operands lie in the host arena (dp_runs_on_host)
+ * run on the host through the CPU backend's own kernel table, inner loops
+ * and threads, so their arithmetic is the CPU backend's bit for bit
+ * (runtime/cpu/core.c). One caller at a time per HostKernels. */
+typedef struct HostKernels HostKernels;
+typedef struct {
+	/* For step s's host instructions over the tensor addresses ptr (the
+	 * backend's: those in the host arena host memory); ptr must outlive it. */
+	int (*open)(HostKernels **out, const DpStep *s, void *const *ptr, RtErr *e);
+	/* One host instruction, with the optimizer step's lr and t (from 1). */
+	int (*run)(HostKernels *h, const DpInstr *in, float lr, int64_t t, RtErr *e);
+	void (*close)(HostKernels *h);
+} HostKernelOps;
+
 /* What the executor tells a backend at init. */
 typedef struct {
 	int local_rank;   /* this rank's index among the ranks of its node: picks the device */
@@ -82,6 +97,8 @@ typedef struct {
 	int no_progress;  /* 1: do not progress collectives between instructions; they advance
 	                     only when waited for (dpexec --no-progress, to measure overlap;
 	                     a backend whose collectives progress by themselves ignores it) */
+	const HostKernelOps *host; /* the CPU's kernels, for a host step (offload); a
+	                              backend whose memory is host memory ignores it */
 } BackendOpts;
 
 /* Where the executor's walk is, set before each instruction's call (valid
@@ -216,6 +233,8 @@ struct BackendOps {
 /* The CPU backend (runtime/cpu/backend_cpu.c). Outside runtime/cpu/ only
  * the registry below names it: the rest asks backend_cpu(). */
 extern const BackendOps cpu_backend;
+/* The CPU's kernels as a host step for other backends (BackendOpts.host). */
+extern const HostKernelOps cpu_host_kernels;
 
 /* Process-wide set-up every backend shares (OpenBLAS's core); dpexec calls
  * it first. */

@@ -847,7 +847,7 @@ static int setup_local(Run *r)
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
 	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout,
-			  .no_progress = r->o.no_progress};
+			  .no_progress = r->o.no_progress, .host = &cpu_host_kernels};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)

@@ -39,7 +39,10 @@
 #     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
 #     pipedream_flush (also in bf16) and zero_bubble, pp=2 x dp_shard=2
 #     under ddp and full_shard, and pp=4, each stage keeping its own
-#     parameters); and GPT-2's
+#     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
+#     full_shard at 2 ranks, gpt2-tiny full_shard in bf16: the pinned host
+#     arena, the host step as host functions running the CPU's kernels, the
+#     copies between the arenas); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -60,7 +63,10 @@
 #     of the CPU's (f32, and gpt2-tiny bf16 full_shard at 2 ranks with SGD). Eight
 #     steps replay the graph six times, so each of the two device copies of
 #     the staged batches is overwritten while the step before still runs
-#     (the copy stream's wait for step k-2 matters from step 4 on);
+#     (the copy stream's wait for step k-2 matters from step 4 on); and
+#     mlp full_shard with offload optimizer (the host step's host nodes
+#     replayed, each in the step its replay is), and the same resumed from
+#     a checkpoint after 2 steps, bit for bit (the host step's counter);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
 #     every rank, with a message naming the step and the pending collective,
 #     and exit 75 as the CPU's --timeout (dprun restarts it);
@@ -71,8 +77,7 @@
 #     the in-flight launch: aborting the communicators one after the other
 #     hangs, docs/CUDA.md); a pipeline stage (pp=2) stalled mid-step ends
 #     every rank the same way, the message naming the stage and its pending
-#     send or recv; a step file with offload (a host arena), which the CUDA
-#     backend does not run yet, is refused at start-up naming --device cpu;
+#     send or recv;
 #  5. the device probe: a driver older than the runtime is a one-line error
 #     naming both versions, and tests/cuda.sh FAILS on it (never a skip); no
 #     driver and no device are one-line errors too; a bf16 step on a device
@@ -356,7 +361,7 @@ gpu_cases=()
 model_case() {
 	local model=$1 strat=$2 np=$3 mesh=${4:-auto} prec=${PREC:-}
 	local kind=${SGD:-}; kind=${kind#1} # SGD=nesterov: "sgd nesterov"
-	local name="$model${prec:+ $prec}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd}${kind:+ $kind}${LR_SCHED:+ $LR_SCHED} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
+	local name="$model${prec:+ $prec}${OFFLOAD:+ offload $OFFLOAD}${REDUCE:+ reduce_dtype $REDUCE}${SGD:+ sgd}${kind:+ $kind}${LR_SCHED:+ $LR_SCHED} $strat np=$np${4:+ mesh=$4}${EMU_ENV:+ $EMU_ENV}${BOTH_ENV:+ $BOTH_ENV}" tag=c$ncase
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
@@ -364,7 +369,7 @@ model_case() {
 	src=$(model_src "$model" "$strat" "$mesh")
 	# shellcheck disable=SC2046
 	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
-		-o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
+		${OFFLOAD:+--set train.offload=$OFFLOAD} -o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
 		CASE_NAME=$name REPRO="" # (its repro line names this case)
 		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
 	fi
@@ -589,6 +594,17 @@ model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 model_case gpt2-pp ddp 4 "pp=4"
 model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
+# offload optimizer (docs/OFFLOAD.md): the optimizer state (in bf16 the f32
+# masters too) in the pinned host arena, the host step as host functions
+# running the CPU's kernels (host nodes of the graph), the gradients' D2H
+# on the comm stream and the H2D of what the host step wrote, against the
+# CPU's run of the same step file (tests/offload.sh: bitwise no offload's)
+for m in mlp gpt2-tiny; do
+	for s in ddp full_shard; do
+		OFFLOAD=optimizer model_case $m $s 2
+	done
+done
+OFFLOAD=optimizer PREC=bf16 model_case gpt2-tiny full_shard 2
 # fp16 with dynamic loss scaling (the header's bounds): the f16 kernels
 # (attention on f32 copies), ncclHalf, the optimizers' f16 copies, the scale in device memory
 for s in ddp zero2 full_shard; do
@@ -711,23 +727,31 @@ graph_eager "gpt2-tiny tp=2 x dp_shard=2" "$T/${TAG[gpt2-tiny ddp np=4 mesh=tp=2
 graph_eager "gpt2-tiny bf16 sgd full_shard np=2" "$T/${TAG[gpt2-tiny bf16 sgd full_shard np=2]}.bin" 2 \
 	"$T/${TAG[gpt2-tiny bf16 sgd full_shard np=2]}.init.st"
 graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1]}.bin" 1
-
-# ---- 4. a stalled rank under --timeout ----
-"$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
-# offload optimizer (docs/OFFLOAD.md): the host step does not run on the
-# CUDA backend yet: refused at start-up naming the host arena and --device cpu
-if case_on offload-refused; then
-	"$DPC" "$ROOT/models/mlp8.dp" --world-size 1 --set train.offload=optimizer -o "$T/off.bin" \
-		2>/dev/null || fail "offload-refused: dpc"
-	timeout 120 "$EMU" "$T/off.bin" --device cuda --steps 2 --quiet >"$T/off.log" 2>&1
-	rc=$?
-	if [ $rc = 1 ] && grep -q "error: step file: the cuda backend does not run offload yet (a host arena of .* MiB: train's offload); use --device cpu" "$T/off.log"; then
-		ok "an offload step file is refused by the CUDA backend at start-up, naming --device cpu"
+# offload: the host step's host nodes replayed, its step counter advanced by
+# one of them (lr and t of the step each replay is)
+graph_eager "mlp offload optimizer full_shard np=2" "$T/${TAG[mlp offload optimizer full_shard np=2]}.bin" 2
+# and its step counter set on a resume: 2 steps, a checkpoint, --resume to
+# 4, against 4 straight steps, bit for bit (the host AdamW's lr and t are
+# the resumed step's)
+if case_on "offload resume mlp full_shard np=2"; then
+	bin=$T/${TAG[mlp offload optimizer full_shard np=2]}.bin
+	orun() { env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 2 "$EMU" "$bin" --device cuda \
+		--quiet --eval-every 0 "$@"; }
+	if orun --steps 4 --losses "$T/or-s.loss" --save-full "$T/or-s.st" >"$T/or.log" 2>&1 &&
+		orun --steps 2 --losses "$T/or-r.loss" --save-dir "$T/or.ck" >>"$T/or.log" 2>&1 &&
+		orun --steps 4 --losses "$T/or-r.loss" --resume "$T/or.ck" --save-full "$T/or-r.st" >>"$T/or.log" 2>&1; then
+		if cmp -s "$T/or-s.loss" "$T/or-r.loss" && cmp -s "$T/or-s.st" "$T/or-r.st"; then
+			ok "offload resume: 2 steps, a checkpoint, --resume to 4 on the emulator: the straight run, bit for bit"
+		else
+			fail "offload resume: the resumed run differs from the straight one"; paste "$T/or-s.loss" "$T/or-r.loss"
+		fi
 	else
-		fail "offload on the CUDA backend (exit $rc)"; tail -n 4 "$T/off.log"
+		fail "offload resume: a run failed"; tail -n 5 "$T/or.log"
 	fi
 fi
 
+# ---- 4. a stalled rank under --timeout ----
+"$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),

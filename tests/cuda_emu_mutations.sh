@@ -122,6 +122,15 @@
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
+#   d2h_wait      offload: a gradient's D2H, which follows its
+#                 reduce_scatter on the comm stream in order, issued on the
+#                 copy stream with no wait for it (off: mlp8 full_shard at 2
+#                 ranks with offload optimizer): the copy reads the shard
+#                 before the collective wrote it
+#   host_on_device offload: a host-step instruction (the host arena's
+#                 AdamW, clip, accumulation) launched as a device kernel on
+#                 the pinned host arena: the emulator refuses the kernel's
+#                 host pointer
 #   abort_serial  cu_nccl_abort_start aborts the communicators one after
 #                 the other on the calling thread, as before issue 21: with
 #                 two communicators in the step graph and a collective stuck
@@ -267,6 +276,9 @@ sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$
 # h16: mlp8 in fp16 (default dynamic loss scaling) at 1 rank, its GEMMs on
 # f16 operands (cuBLASLt's CUDA_R_16F), compared as the bf16 cases are
 cp "$T/mlp8.dp" "$T/h16.dp"
+# off: mlp8 full_shard with offload optimizer (the gradient shards' D2H
+# right after their reduce_scatters on the comm stream, the host step)
+sed 's/^  strategy ddp/  strategy full_shard\n  offload optimizer/' "$T/mlp8.dp" >"$T/off.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
@@ -427,6 +439,8 @@ bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
 amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
 gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
+d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+host_on_device host_on_device off   2 one DPEMU_SEED=1
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),

@@ -17,12 +17,9 @@
  * merged once from the rows of the concept files with the merge every
  * backend uses; an op that two files claim stops init.
  *
- * Init also picks the inner loops for this CPU (cpu_vec_avx512 / avx2 /
- * scalar, vec.c; DP_CPU_ISA forces one) and starts the rank's threads
- * (pool.c): DP_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this
- * process may run on (its affinity mask; an unbound rank of several on a
- * node takes its share). OpenBLAS always runs one thread: gemm.c splits
- * the products over the pool, so one set of threads serves every kernel.
+ * Init also makes its CpuCore (core.c): the inner loops for this CPU, the
+ * rank's threads, the 16-bit workspace; each kernel call is
+ * cpu_core_run's, the one another backend's host step makes too.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -41,93 +38,14 @@ typedef struct {
 	size_t arena_len;
 	unsigned char *host;  /* cfg.host_arena_bytes (offload), the same; NULL: none */
 	size_t host_len;
-	const KernelTable *kern; /* cpu_kernel_table() */
-	CpuStep step;
+	CpuCore k;            /* the kernel table, the step's scalars, loops, threads */
 	CpuStreams *st;
 	uint64_t cur_step; /* set_step's k */
 	int64_t rep_step[2]; /* step_tail: the step whose report rep[k % 2] holds, -1: none */
 	BackendReport rep[2];
 	AmpState amp;        /* loss scaling's state before the next step (amp.h) */
 	int amp_found;       /* the step's AMP_CHECK found the norm not finite */
-	const CpuVec *vec;
-	CpuPool *pool;
-	/* bf16 instructions of kernels without a bf16 path run on f32 copies
-	 * (bf16.c): the workspace they are converted into, and the tensor
-	 * addresses with the staged ones pointing there */
-	float *ws;
-	size_t ws_floats;
-	void **shadow;
-	CpuBlas blas;      /* OpenBLAS's core and cuts */
-	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls */
 } CpuBackend;
-
-/* The inner loops for this CPU, or the ones DP_CPU_ISA names. */
-static int pick_vec(const CpuVec **out, RtErr *e)
-{
-	const CpuVec *all[] = {&cpu_vec_avx512, &cpu_vec_avx2, &cpu_vec_scalar};
-	int ok[3] = {0, 0, 1};
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_cpu_init();
-	ok[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-	ok[0] = ok[1] && __builtin_cpu_supports("avx512f");
-#endif
-	const char *want = getenv("DP_CPU_ISA");
-	for (int i = 0; i < 3; i++) {
-		if (want && *want && strcmp(want, all[i]->isa) != 0)
-			continue;
-		if (!ok[i])
-			return RT_FAIL(e, "DP_CPU_ISA=%s: this CPU does not have it", want);
-		*out = all[i];
-		return 0;
-	}
-	return RT_FAIL(e, "DP_CPU_ISA=%s: not one of avx512, avx2, scalar", want);
-}
-
-/* Threads for this rank (see the top of the file). */
-static int pick_threads(int *out, RtErr *e)
-{
-	const char *names[] = {"DP_NUM_THREADS", "OMP_NUM_THREADS"};
-	for (int i = 0; i < 2; i++) {
-		const char *v = getenv(names[i]);
-		if (!v || !*v)
-			continue;
-		char *end;
-		long n = strtol(v, &end, 10);
-		if (*end || n < 1 || n > 1024)
-			return RT_FAIL(e, "%s=%s: not a thread count in [1, 1024]", names[i], v);
-		*out = (int)n;
-		return 0;
-	}
-	cpu_set_t set;
-	int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-	long online = sysconf(_SC_NPROCESSORS_ONLN);
-	const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-	int local = ls ? atoi(ls) : 1;
-	if (local > 1 && n >= online) /* not bound: the node's ranks share its cores */
-		n /= local;
-	*out = n < 1 ? 1 : n;
-	return 0;
-}
-
-/* Merged on first use (has_kernel is asked before any init), once per
- * process, as the CUDA backend's table is built when its object loads. */
-const KernelTable *cpu_kernel_table(void)
-{
-	static KernelTable t;
-	static int merged;
-	if (!merged) {
-		static KernelRow maps[DP_NOPS + 1];
-		cpu_map_rows(maps);
-		const KernelRow *const files[] = {
-			cpu_layout_rows, cpu_elementwise_rows, maps,          cpu_gemm_rows,
-			cpu_loss_rows,   cpu_optim_rows,       cpu_norm_rows, cpu_seq_rows,
-			cpu_cp_rows,     cpu_bf16_rows,
-		};
-		kernel_table_merge(&t, files, sizeof files / sizeof files[0]);
-		merged = 1;
-	}
-	return &t;
-}
 
 static int cpu_probe(char *why, size_t len)
 {
@@ -169,10 +87,7 @@ static void cpu_free(Backend *b)
 		munmap(c->host, c->host_len);
 	if (c) {
 		cpu_streams_free(c->st);
-		cpu_pool_free(c->pool);
-		free(c->ws);
-		free(c->shadow);
-		cpu_gemm16_free(c->gemm16);
+		cpu_core_free(&c->k);
 	}
 	free(c);
 	free(b->ptr);
@@ -187,27 +102,11 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 	if (!c)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
-	c->kern = cpu_kernel_table();
 	c->rep_step[0] = c->rep_step[1] = -1;
-	if (c->kern->err[0]) {
-		cpu_free(b);
-		return RT_FAIL(e, "internal error: the CPU kernel table: %s", cpu_kernel_table()->err);
-	}
 	if (cpu_streams_new(&c->st, s, b->comm, o->no_progress, e)) {
 		cpu_free(b);
 		return -1;
 	}
-	c->step.opt = &s->opt;
-	c->step.loss_scale = 1; /* until set_step: a program run outside a step */
-	c->step.amp_found = &c->amp_found;
-	int threads = 1;
-	cpu_blas_init(&c->blas);
-	if (pick_vec(&c->vec, e) || pick_threads(&threads, e) || cpu_pool_new(&c->pool, threads, e) ||
-	    cpu_gemm16_new(&c->gemm16, e)) {
-		cpu_free(b);
-		return -1;
-	}
-
 	/* mmap: page-aligned (so 64-byte aligned), zero-filled, and committed only
 	 * as tensors touch it, so a bogus arena size fails here or costs nothing.
 	 * The host arena (offload) is a second one: on the CPU both are host
@@ -226,28 +125,11 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		if (s->tensors[i].nbytes)
 			b->ptr[i] = (s->tensors[i].space == DP_SPACE_HOST ? c->host : c->arena) +
 				    s->tensors[i].offset;
-	for (int p = 0; p < DP_NPROG; p++)
-		for (uint32_t i = 0; i < s->nprog[p]; i++) {
-			const DpInstr *in = &s->prog[p][i];
-			/* oneDNN's matmuls need none; without it they are staged */
-			const KernelRow *k = &c->kern->k[in->op];
-			int own = rt_own_half_path(s, in, k->f16);
-			if (dp_op_class(in->op) == DP_OPC_KERNEL && !(own && k->bf16) &&
-			    !(own && k->run_bf16 && cpu_gemm16_usable(c->gemm16))) {
-				size_t need = cpu_stage_need(s, in);
-				c->ws_floats = need > c->ws_floats ? need : c->ws_floats;
-			}
-		}
-	if (c->ws_floats) {
-		c->ws = aligned_alloc(64, c->ws_floats * sizeof(float));
-		c->shadow = malloc((s->ntensors ? s->ntensors : 1) * sizeof *c->shadow);
-		if (!c->ws || !c->shadow) {
-			cpu_free(b);
-			return RT_FAIL(e, "out of memory: cannot allocate the %.2f MiB 16-bit workspace",
-				       (double)(c->ws_floats * sizeof(float)) / (1 << 20));
-		}
-		memcpy(c->shadow, b->ptr, s->ntensors * sizeof *c->shadow);
+	if (cpu_core_init(&c->k, s, b->ptr, 0, e)) {
+		cpu_free(b);
+		return -1;
 	}
+	c->k.step.amp_found = &c->amp_found;
 	return 0;
 }
 
@@ -256,13 +138,13 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 static int cpu_describe(Backend *b, char *buf, size_t len)
 {
 	CpuBackend *c = b->impl;
-	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->vec->isa,
-			 cpu_pool_size(c->pool), openblas_get_config());
-	if (c->ws_floats && k > 0 && (size_t)k < len)
+	int k = snprintf(buf, len, "CPU (%s, %d threads; %s)", c->k.vec->isa,
+			 cpu_pool_size(c->k.pool), openblas_get_config());
+	if (c->k.ws_floats && k > 0 && (size_t)k < len)
 		snprintf(buf + k, len - (size_t)k, "; %s, 16-bit workspace %.2f MiB",
 			 dp_step_has_dtype(b->s, DP_F16) ? "f16 on f32 copies"
-							 : cpu_gemm16_describe(c->gemm16),
-			 (double)(c->ws_floats * sizeof(float)) / (1 << 20));
+							 : cpu_gemm16_describe(c->k.gemm16),
+			 (double)(c->k.ws_floats * sizeof(float)) / (1 << 20));
 	return dp_step_has_dtype(b->s, DP_BF16) || dp_step_has_dtype(b->s, DP_F16);
 }
 
@@ -277,23 +159,8 @@ static void cpu_abort(Backend *b)
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
-	const KernelRow *k = &c->kern->k[in->op];
-	CpuArgs a = {b->s, in, b->ptr, &c->step, c->vec, c->pool, &c->blas, c->gemm16};
 	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
-	int own = rt_own_half_path(b->s, in, k->f16);
-	if (!c->ws || (own && k->bf16) || !cpu_stage_need(b->s, in))
-		return k->run(&a, e);
-	if (own && k->run_bf16) {
-		int rc = k->run_bf16(&a, e);
-		if (rc <= 0)
-			return rc;
-	}
-	/* a 16-bit instruction of a kernel without a path of its own: on f32 copies */
-	cpu_stage_in(c->pool, b->s, in, b->ptr, c->shadow, c->ws);
-	a.ptr = c->shadow;
-	int rc = k->run(&a, e);
-	cpu_stage_out(c->pool, b->s, in, b->ptr, c->shadow);
-	return rc;
+	return cpu_core_run(&c->k, b->s, in, b->ptr, e);
 }
 
 /* LOAD: straight from the host buffer the executor staged the batch in. */
@@ -370,9 +237,9 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 		c->amp = b->amp;
 		b->amp_set = 0;
 	}
-	c->step.lr = (float)lr;
-	c->step.t = (int64_t)(k + 1 - c->amp.skipped);
-	c->step.loss_scale = b->s->opt.loss_scale != DP_LS_NONE ? c->amp.scale : 1.0f;
+	c->k.step.lr = (float)lr;
+	c->k.step.t = (int64_t)(k + 1 - c->amp.skipped);
+	c->k.step.loss_scale = b->s->opt.loss_scale != DP_LS_NONE ? c->amp.scale : 1.0f;
 	c->amp_found = 0;
 	c->cur_step = k;
 	return 0;

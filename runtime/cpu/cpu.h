@@ -147,6 +147,29 @@ typedef struct KernelArgs {
 	CpuGemm16 *gemm16; /* oneDNN's bf16 matmuls (gemm_bf16.c) */
 } CpuArgs;
 
+/* What running a kernel needs beyond its operands (core.c): the CPU
+ * backend's, and another backend's host step's (cpu_host_kernels). */
+typedef struct {
+	const KernelTable *kern; /* cpu_kernel_table() */
+	CpuStep step;            /* the optimizer step's scalars (set by the owner) */
+	const CpuVec *vec;
+	CpuPool *pool;
+	CpuBlas blas;            /* OpenBLAS's core and cuts */
+	CpuGemm16 *gemm16;       /* oneDNN's bf16 matmuls */
+	/* 16-bit instructions of kernels without a path of their own run on f32
+	 * copies (bf16.c): the workspace they are converted into, and the tensor
+	 * addresses with the staged ones pointing there */
+	float *ws;
+	size_t ws_floats;
+	void **shadow;
+} CpuCore;
+/* For the instructions of s (host_only: those dp_runs_on_host) over the
+ * tensor addresses ptr; on failure cpu_core_free releases what was made. */
+int cpu_core_init(CpuCore *k, const DpStep *s, void *const *ptr, int host_only, RtErr *e);
+void cpu_core_free(CpuCore *k);
+/* Instruction in over ptr: its row, its 16-bit path, or on f32 copies. */
+int cpu_core_run(CpuCore *k, const DpStep *s, const DpInstr *in, void *const *ptr, RtErr *e);
+
 /* vec->map over n elements on the rank's threads (elementwise.c). */
 void cpu_map(const CpuArgs *k, unsigned op, float *o, const float *a, const float *b, float s,
 	     int64_t n);
@@ -164,7 +187,7 @@ extern const KernelRow cpu_norm_rows[];        /* norm.c */
 extern const KernelRow cpu_seq_rows[];         /* seq.c */
 extern const KernelRow cpu_cp_rows[];          /* attention_cp.c */
 extern const KernelRow cpu_bf16_rows[];        /* bf16.c */
-/* The CPU's kernel table, merged from them once (backend_cpu.c); its err
+/* The CPU's kernel table, merged from them once (core.c); its err
  * says why it cannot be used. */
 const KernelTable *cpu_kernel_table(void);
 

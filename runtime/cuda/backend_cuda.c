@@ -1,7 +1,8 @@
 /*
  * backend_cuda.c - the CUDA compute backend: the BackendOps `dp_cuda_backend`
  * that libdpcuda.so exports (backend.h; dpexec loads it with dlopen). Device
- * choice, one cudaMalloc'd arena, three streams with events, NCCL
+ * choice, one cudaMalloc'd arena (and a pinned host arena with offload),
+ * three streams with events, NCCL
  * collectives, the step graph, batches staged on the device ahead of their
  * step, results reported through mapped host memory, the polling wait with
  * its watchdog, and teardown. The kernels and their table are the .cu files
@@ -46,7 +47,14 @@
  *  - read/write (INIT, SAVE, checkpoints) go through one pinned bounce
  *    buffer per stream, on the compute stream after everything issued, and
  *    are waited for by polling: no synchronous copy races the non-blocking
- *    streams.
+ *    streams;
+ *  - offload (docs/OFFLOAD.md): a second arena, pinned and not mapped (no
+ *    kernel can address it), for the tensors whose space is the host's;
+ *    D2H/H2D are cudaMemcpyAsync on their instruction's stream; each
+ *    instruction of the host step (dp_runs_on_host) is a host function on
+ *    its stream (a host node of the graph) that runs the CPU's kernel
+ *    (BackendOpts.host), with lr and t from a host step counter that host
+ *    functions set and advance in stream order, as the device's counter.
  *
  * Operand rules (presence, dtypes, element counts) are the step-file
  * decoder's: this backend relies on them and checks only its own limits at
@@ -79,6 +87,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../backend.h"
+#include "../lr_sched.h"
 #include "kernels.h"
 #include "mutant.h"
 #include "nccl_int.h"
@@ -110,6 +119,14 @@ typedef struct {
 	int micro;
 } Mark;
 
+/* A host instruction's host function argument (offload): fixed at init, so
+ * a captured graph's host node finds it at every replay. */
+typedef struct CuHostCall {
+	struct CuBackend *x;
+	const DpStep *s;
+	const DpInstr *in;
+} CuHostCall;
+
 /* Marks of one kind of run: 0 = the optimizer step, 1 = any other run. */
 typedef struct {
 	Mark *v;
@@ -126,7 +143,7 @@ typedef struct {
 	int pushed;          /* a push happened: loads inside steps read dev[] */
 } Region;
 
-typedef struct {
+typedef struct CuBackend {
 	BackendOpts o;
 	int device;
 	CuNccl *nccl;
@@ -174,6 +191,23 @@ typedef struct {
 	uint32_t p2p_first;              /* the instruction of its first transfer */
 	int aborted;
 	int abort_stuck;                 /* a NCCL abort outlived its bound (abort_all) */
+	/* offload: the pinned host arena and the host step (docs/OFFLOAD.md) */
+	unsigned char *host;             /* cudaHostAlloc'd, cfg.host_arena_bytes; NULL: none */
+	size_t host_bytes;
+	unsigned char *host_zeros;       /* pinned zeros: zero() of a host-arena metric */
+	size_t host_zeros_bytes;
+	HostKernels *hk;                 /* the CPU's kernels (BackendOpts.host) */
+	CuHostCall *hcall[DP_NPROG];     /* [nprog]: each host instruction's argument */
+	pthread_mutex_t host_mu;         /* the host functions (of two streams) one at a time */
+	int host_mu_made;
+	uint64_t host_k;                 /* the optimizer step the host functions are in:
+	                                    set and advanced by host functions, in stream order */
+	struct CuHostJump {
+		struct CuBackend *x;
+		uint64_t k;
+	} host_jump[2];                  /* set_step's k for host_set_k, [k % 2] */
+	int host_failed;                 /* a host kernel failed: host_err says how (host_mu) */
+	RtErr host_err;
 } CuBackend;
 
 static const char *tname(const DpStep *s, int id)
@@ -453,6 +487,68 @@ static int report_error(const CuReport *r, RtErr *e)
 	}
 }
 
+/* ---- the host step (offload) ---- */
+
+/* One host instruction, on the thread CUDA runs host functions on: the
+ * CPU's kernel (BackendOpts.host) with the lr and t of the step its stream
+ * is in, lr from the schedule as the CPU backend's (exec_lr). No CUDA call
+ * here: a host function may make none. After a failure the rest do nothing
+ * and the next wait reports it (host_error). */
+static void host_instr(void *arg)
+{
+	CuHostCall *c = arg;
+	CuBackend *x = c->x;
+	pthread_mutex_lock(&x->host_mu);
+	if (!x->host_failed) {
+		RtErr e = {.rank = -1};
+		uint64_t k = x->host_k;
+		float lr = (float)sched_lr(&c->s->sched, c->s->opt.lr, c->s->cfg.steps, k);
+		if (x->o.host->run(x->hk, c->in, lr, (int64_t)k + 1, &e)) {
+			x->host_err = e;
+			x->host_failed = 1;
+		}
+	}
+	pthread_mutex_unlock(&x->host_mu);
+}
+
+/* The host step's counter, in stream order: set by set_step (a resume, a
+ * jump) and advanced at every step's tail, as the device's (CuScalars.step). */
+static void host_set_k(void *arg)
+{
+	struct CuHostJump *j = arg;
+	pthread_mutex_lock(&j->x->host_mu);
+	j->x->host_k = j->k;
+	pthread_mutex_unlock(&j->x->host_mu);
+}
+
+static void host_advance(void *arg)
+{
+	CuBackend *x = arg;
+	pthread_mutex_lock(&x->host_mu);
+	x->host_k++;
+	pthread_mutex_unlock(&x->host_mu);
+}
+
+/* A host instruction's failure, once the work it was in is waited for. */
+static int host_error(CuBackend *x, RtErr *e)
+{
+	if (!x->hk)
+		return 0;
+	pthread_mutex_lock(&x->host_mu);
+	int failed = x->host_failed;
+	if (failed)
+		RT_FAIL(e, "the host step (offload): %s", x->host_err.msg);
+	pthread_mutex_unlock(&x->host_mu);
+	return failed ? -1 : 0;
+}
+
+/* Does address p lie in the pinned host arena? */
+static int in_host_arena(const CuBackend *x, const void *p)
+{
+	const unsigned char *q = p;
+	return x->host && q >= x->host && q < x->host + x->host_bytes;
+}
+
 /* Wait for everything issued (both streams), then the report of any error a
  * kernel met. */
 static int cu_sync(Backend *b, const char *what, RtErr *e)
@@ -467,6 +563,7 @@ static int cu_sync(Backend *b, const char *what, RtErr *e)
 		x->counter_known = 0;
 		return -1;
 	}
+	RT_CHECK(host_error(x, e));
 	return report_error(&x->rep[2], e);
 }
 
@@ -546,7 +643,8 @@ static int check_shards(const DpStep *s, RtErr *e)
 			if (in->op != DP_OP_SHARD)
 				continue;
 			const DpTensor *a = &s->tensors[in->in[0]], *o = &s->tensors[in->out];
-			if (a->offset < o->offset + o->nbytes && o->offset < a->offset + a->nbytes)
+			uint64_t at = dp_tensor_addr(s, a), ot = dp_tensor_addr(s, o); /* (two arenas) */
+			if (at < ot + o->nbytes && ot < at + a->nbytes)
 				return RT_FAIL(e, "step file: %s program instruction %u: shard of '%s' into "
 					       "'%s': overlapping operands are not supported on CUDA",
 					       dp_prog_names[p], i, tname(s, in->in[0]), tname(s, in->out));
@@ -641,6 +739,8 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 					       "stream", (long long)DP_AXES(in), dp_stream_names[in->stream]);
 			if (dp_op_class(in->op) != DP_OPC_KERNEL || in->op >= DP_NOPS) /* (decoded) */
 				continue;
+			if (dp_runs_on_host(s, in))
+				continue; /* the host step's: host memory, the CPU's kernels */
 			const KernelRow *k = &cu_kernel_table.k[in->op];
 			int own = k->bf16 && rt_own_half_path(s, in, k->f16);
 			gemm_on[in->stream] |= k->blas;
@@ -676,9 +776,41 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 		x->view = *s;
 		x->view.tensors = x->view_t;
 	}
+	/* offload: the host arena is pinned (the D2H/H2D copies are DMA, legal
+	 * in a capture) and not mapped: no kernel can address it */
+	if (s->cfg.host_arena_bytes) {
+		x->host_bytes = (size_t)((s->cfg.host_arena_bytes + 255) / 256 * 256);
+		CU(cudaHostAlloc((void **)&x->host, x->host_bytes, cudaHostAllocDefault));
+		memset(x->host, 0, x->host_bytes);
+		/* a metric's host copy (the grad norm's) is zeroed with the
+		 * metrics before each run: a copy from pinned zeros, in stream order */
+		x->host_zeros_bytes = 256;
+		for (uint32_t i = 0; i < s->ntensors; i++)
+			if (s->tensors[i].space == DP_SPACE_HOST && s->tensors[i].kind == DP_T_METRIC &&
+			    s->tensors[i].nbytes > x->host_zeros_bytes)
+				x->host_zeros_bytes = (size_t)s->tensors[i].nbytes;
+		CU(cudaHostAlloc((void **)&x->host_zeros, x->host_zeros_bytes, cudaHostAllocDefault));
+		memset(x->host_zeros, 0, x->host_zeros_bytes);
+	}
 	for (uint32_t i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].nbytes)
-			b->ptr[i] = x->arena + s->tensors[i].offset;
+			b->ptr[i] = (s->tensors[i].space == DP_SPACE_HOST ? x->host : x->arena) +
+				    s->tensors[i].offset;
+	if (x->host) {
+		if (pthread_mutex_init(&x->host_mu, NULL))
+			return RT_FAIL(e, "pthread_mutex_init failed (the host step)");
+		x->host_mu_made = 1;
+		for (int p = 0; p < DP_NPROG; p++) {
+			x->hcall[p] = calloc(s->nprog[p] ? s->nprog[p] : 1, sizeof *x->hcall[p]);
+			if (!x->hcall[p])
+				return RT_FAIL(e, "out of memory (the host step's table)");
+			for (uint32_t i = 0; i < s->nprog[p]; i++)
+				x->hcall[p][i] = (CuHostCall){x, s, &s->prog[p][i]};
+		}
+		for (int k = 0; k < 2; k++)
+			x->host_jump[k].x = x;
+		RT_CHECK(x->o.host->open(&x->hk, s, b->ptr, e));
+	}
 	if (x->shadow)
 		memcpy(x->shadow, b->ptr, s->ntensors * sizeof *x->shadow);
 
@@ -734,6 +866,10 @@ static void free_host_side(Backend *b, CuBackend *x)
 	free(x->ev);
 	free(x->shadow);
 	free(x->view_t);
+	for (int p = 0; p < DP_NPROG; p++)
+		free(x->hcall[p]);
+	if (x->host_mu_made)
+		pthread_mutex_destroy(&x->host_mu);
 	free(b->ptr);
 	free(x);
 	b->ptr = NULL;
@@ -808,18 +944,28 @@ static void cu_free(Backend *b)
 		cudaFreeHost((void *)x->marks);
 	if (x->arena)
 		cudaFree(x->arena);
+	/* the host step's kernels, then its arena (no host function is left:
+	 * synced above, graphs destroyed) */
+	if (x->hk)
+		x->o.host->close(x->hk);
+	if (x->host)
+		cudaFreeHost(x->host);
+	if (x->host_zeros)
+		cudaFreeHost(x->host_zeros);
 	cudaGetLastError();
 	free_host_side(b, x);
 }
 
 static int cu_init(Backend *b, const BackendOpts *o, RtErr *e)
 {
-	/* offload: the host step (the update over the host arena) runs on the
-	 * CPU's kernels, which this backend does not call yet (docs/OFFLOAD.md) */
-	if (b->s->cfg.host_arena_bytes)
-		return RT_FAIL(e, "step file: the cuda backend does not run offload yet (a host arena "
-			       "of %.2f MiB: train's offload); use --device cpu",
-			       (double)b->s->cfg.host_arena_bytes / (1 << 20));
+	/* offload: the host step runs the CPU's kernels (o->host), which read
+	 * no device state; loss scaling's overflow flag is device state */
+	if (b->s->cfg.host_arena_bytes && !o->host)
+		return RT_FAIL(e, "internal error: a host arena (offload) and no host kernels");
+	if (b->s->cfg.host_arena_bytes && b->s->opt.loss_scale != DP_LS_NONE)
+		return RT_FAIL(e, "step file: the cuda backend does not run offload with loss scaling "
+			       "(fp16): the host step would not see the device's overflow flag; use "
+			       "--device cpu, or precision bf16");
 	CuBackend *x = calloc(1, sizeof *x);
 	if (!x)
 		return RT_FAIL(e, "out of memory (CUDA backend)");
@@ -873,8 +1019,20 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CuBackend *x = b->impl;
 	const KernelRow *k = &cu_kernel_table.k[in->op];
+	/* the host step (offload): a host function in stream order, so it runs
+	 * after what its stream waited for and before what follows it; inside
+	 * a capture, a host node of the graph */
+	if (x->hk && dp_runs_on_host(b->s, in) && !MUTANT(host_on_device)) {
+		CU(cudaLaunchHostFunc(x->st[in->stream], host_instr, &x->hcall[b->at.prog][b->at.instr]));
+		return 0;
+	}
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
+	/* a gradient's D2H follows the collective that made it on the comm
+	 * stream, in order, with no event (docs/OFFLOAD.md); the mutant moves it
+	 * to a stream of its own without the wait that would then need */
+	if (MUTANT(d2h_wait) && in->op == DP_OP_D2H && in->stream == DP_STREAM_COMM)
+		a.st = x->copy_st;
 	if (!x->shadow || (k->bf16 && rt_own_half_path(b->s, in, k->f16)) || !cu_stage_need(b->s, in))
 		return k->run(&a, e);
 	/* a 16-bit instruction of a kernel without a path of its own for its
@@ -939,6 +1097,13 @@ static int cu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, cons
 	CuBackend *x = b->impl;
 	if (!width || !rows || (dst == src && dpitch == spitch))
 		return 0;
+	if (in_host_arena(x, dst) || in_host_arena(x, src)) { /* offload: a DMA copy */
+		enum cudaMemcpyKind kind = in_host_arena(x, src)
+			? (in_host_arena(x, dst) ? cudaMemcpyHostToHost : cudaMemcpyHostToDevice)
+			: cudaMemcpyDeviceToHost;
+		CU(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind, x->st[stream]));
+		return 0;
+	}
 	if (rows == 1 || (dpitch == width && spitch == width))
 		CU(cudaMemcpyAsync(dst, src, width * rows, cudaMemcpyDeviceToDevice, x->st[stream]));
 	else
@@ -949,6 +1114,13 @@ static int cu_copy2d(Backend *b, unsigned stream, void *dst, size_t dpitch, cons
 static int cu_zero(Backend *b, unsigned stream, void *dst, size_t bytes, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	if (bytes && in_host_arena(x, dst)) { /* offload: a metric's host copy */
+		if (bytes > x->host_zeros_bytes)
+			return RT_FAIL(e, "internal error: zeroing %zu bytes of the host arena (%zu "
+				       "of zeros)", bytes, x->host_zeros_bytes);
+		CU(cudaMemcpyAsync(dst, x->host_zeros, bytes, cudaMemcpyHostToHost, x->st[stream]));
+		return 0;
+	}
 	if (bytes)
 		CU(cudaMemsetAsync(dst, 0, bytes, x->st[stream]));
 	return 0;
@@ -963,6 +1135,10 @@ static int cu_read(Backend *b, const void *src, void *host, size_t bytes, RtErr 
 	CuBackend *x = b->impl;
 	unsigned char *bb = x->bounce[DP_STREAM_COMPUTE];
 	RT_CHECK(cu_sync(b, "reading a tensor", e));
+	if (in_host_arena(x, src)) { /* offload: host memory, nothing in flight */
+		memcpy(host, src, bytes);
+		return 0;
+	}
 	for (size_t at = 0; at < bytes; at += CU_BOUNCE_BYTES) {
 		size_t n = bytes - at < CU_BOUNCE_BYTES ? bytes - at : CU_BOUNCE_BYTES;
 		CU(cudaMemcpyAsync(bb, (const unsigned char *)src + at, n, cudaMemcpyDeviceToHost,
@@ -978,6 +1154,10 @@ static int cu_write(Backend *b, void *dst, const void *host, size_t bytes, RtErr
 	CuBackend *x = b->impl;
 	unsigned char *bb = x->bounce[DP_STREAM_COMPUTE];
 	RT_CHECK(cu_sync(b, "writing a tensor", e)); /* the bounce buffer is free */
+	if (in_host_arena(x, dst)) { /* offload: host memory, nothing in flight */
+		memcpy(dst, host, bytes);
+		return 0;
+	}
 	for (size_t at = 0; at < bytes; at += CU_BOUNCE_BYTES) {
 		size_t n = bytes - at < CU_BOUNCE_BYTES ? bytes - at : CU_BOUNCE_BYTES;
 		memcpy(bb, (const unsigned char *)host + at, n);
@@ -1062,8 +1242,13 @@ static int cu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
 	if (x->aborted)
 		return RT_FAIL(e, "the CUDA backend was aborted");
-	if (!x->counter_known || k != x->next_step) /* resume, or a jump: in stream order */
+	if (!x->counter_known || k != x->next_step) { /* resume, or a jump: in stream order */
 		CU(cu_k_set_step(cs, x->sc, k));
+		if (x->hk) {
+			x->host_jump[k & 1].k = k;
+			CU(cudaLaunchHostFunc(cs, host_set_k, &x->host_jump[k & 1]));
+		}
+	}
 	/* the step's batches are on the device before it starts (outside any capture) */
 	CU(cudaStreamWaitEvent(cs, x->pushed[k & 1], 0));
 	if (b->amp_set) { /* loss scaling's state: the first step, a resume */
@@ -1102,6 +1287,8 @@ static int cu_step_tail(Backend *b, RtErr *e)
 		CU(cu_k_amp_update(cs, x->sc, s->opt));
 	CU(cu_k_report(cs, x->sc, x->rep_dev, 1, loss, gn));
 	CU(cu_k_step_advance(cs, x->sc));
+	if (x->hk)
+		CU(cudaLaunchHostFunc(cs, host_advance, x));
 	if (!x->capturing)
 		CU(cudaEventRecord(x->step_done[x->cur_step & 1], cs));
 	return 0;
@@ -1119,6 +1306,7 @@ static int cu_step_wait(Backend *b, uint64_t k, BackendReport *rp, RtErr *e)
 		x->counter_known = 0;
 		return -1;
 	}
+	RT_CHECK(host_error(x, e));
 	const CuReport *r = &x->rep[k & 1];
 	if (r->step != (int64_t)k)
 		return RT_FAIL(e, "step %llu: the device reported step %lld (lost track of the "
