@@ -506,6 +506,8 @@ unmutated voc "the padded-vocabulary case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case"
+unmutated h16 "the fp16 GEMM case"
+unmutated off "the offload optimizer case"
 
 # points: the table's points are the source's MUTANT(...) points, no more,
 # no fewer (a point that moved out of the code is a failure)
