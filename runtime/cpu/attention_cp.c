@@ -238,12 +238,12 @@ static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_cp_rows[] = {
-	{DP_OP_KV_PACK, run_kv_pack, NULL, 0, NULL, NULL, 0},
-	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 0, NULL, NULL, 0},
-	{DP_OP_ATTENTION_CP, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
-	{DP_OP_ATTENTION_CP_GRAD, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
-	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0},
+	{DP_OP_KV_PACK, run_kv_pack, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_KV_UNPACK, run_kv_pack, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_CP, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
 	{0},
 };

@@ -188,6 +188,6 @@ static int run_cast(const CpuArgs *k, RtErr *e)
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h (the
  * decoder checks CAST's operands: f32 or bf16, the same size, disjoint) */
 const KernelRow cpu_bf16_rows[] = {
-	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0},
+	{DP_OP_CAST, run_cast, NULL, 1, NULL, NULL, 0, 0},
 	{0},
 };

@@ -110,7 +110,7 @@ int cpu_core_init(CpuCore *k, const DpStep *s, void *const *ptr, int host_only, 
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (dp_op_class(in->op) != DP_OPC_KERNEL || (host_only && !dp_runs_on_host(s, in)))
+			if (dp_op_class(in->op) != DP_OPC_KERNEL || in->op >= DP_NOPS || (host_only && !dp_runs_on_host(s, in)))
 				continue;
 			/* oneDNN's matmuls need none; without it they are staged */
 			const KernelRow *r = &k->kern->k[in->op];

@@ -189,9 +189,9 @@ static int run_dropout(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_elementwise_rows[] = {
-	{DP_OP_BIAS_ADD, run_bias_add, NULL, 0, NULL, NULL, 0},
-	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0}, /* bf16: its own */
+	{DP_OP_BIAS_ADD, run_bias_add, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_DROPOUT, run_dropout, NULL, 1, NULL, NULL, 0, 0}, /* bf16: its own */
 	{0},
 };

@@ -329,13 +329,13 @@ static int run_gemm16(const CpuArgs *k, RtErr *e)
 	return cpu_gemm16_run(k->gemm16, k, e);
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_gemm_rows[] = {
-	{DP_OP_MATMUL, run_matmul, limit_matmul, 0, run_gemm16, NULL, 0},
-	{DP_OP_LINEAR, run_linear, limit_linear, 0, run_gemm16, NULL, 0},
-	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 0, NULL, NULL, 0},
-	{DP_OP_LINEAR_GELU, run_linear_gelu, limit_linear, 0, NULL, NULL, 0},
-	{DP_OP_MATMUL_GELU_GRAD, run_matmul_gelu_grad, limit_matmul, 0, NULL, NULL, 0},
-	{DP_OP_ORTHOGONALIZE, run_orthogonalize, limit_orthogonalize, 0, NULL, NULL, 0},
+	{DP_OP_MATMUL, run_matmul, limit_matmul, 0, run_gemm16, NULL, 0, 0},
+	{DP_OP_LINEAR, run_linear, limit_linear, 0, run_gemm16, NULL, 0, 0},
+	{DP_OP_BIAS_GRAD, run_bias_grad, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_LINEAR_GELU, run_linear_gelu, limit_linear, 0, NULL, NULL, 0, 0},
+	{DP_OP_MATMUL_GELU_GRAD, run_matmul_gelu_grad, limit_matmul, 0, NULL, NULL, 0, 0},
+	{DP_OP_ORTHOGONALIZE, run_orthogonalize, limit_orthogonalize, 0, NULL, NULL, 0, 0},
 	{0},
 };

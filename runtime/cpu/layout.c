@@ -198,21 +198,21 @@ static int embedding(const CpuArgs *a, int grad, RtErr *e)
 static int run_embedding(const CpuArgs *a, RtErr *e) { return embedding(a, 0, e); }
 static int run_embedding_grad(const CpuArgs *a, RtErr *e) { return embedding(a, 1, e); }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_layout_rows[] = {
-	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0},
-	{DP_OP_FILL, run_fill, NULL, 0, NULL, NULL, 0},
-	{DP_OP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
+	{DP_OP_NOP, run_nop, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_FILL, run_fill, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_COPY, run_copy, NULL, 1, NULL, NULL, 0, 0},
 	/* offload: the host arena is memory like the device arena here */
-	{DP_OP_D2H, run_copy, NULL, 1, NULL, NULL, 0},
-	{DP_OP_H2D, run_copy, NULL, 1, NULL, NULL, 0},
-	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, NULL, 0},
-	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, NULL, 0},
-	{DP_OP_TRANSPOSE, run_transpose, NULL, 0, NULL, NULL, 0},
-	{DP_OP_SPLIT, run_split, NULL, 0, NULL, NULL, 0},
-	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 0, NULL, NULL, 0},
-	{DP_OP_INTERLEAVE, run_interleave, NULL, 0, NULL, NULL, 0},
-	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0},
-	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, NULL, 0, NULL, NULL, 0},
+	{DP_OP_D2H, run_copy, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_H2D, run_copy, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_TRANSPOSE, run_transpose, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_SPLIT, run_split, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_INTERLEAVE, run_interleave, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_EMBEDDING, run_embedding, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_EMBEDDING_GRAD, run_embedding_grad, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

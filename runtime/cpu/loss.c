@@ -148,9 +148,9 @@ static int xent(const CpuArgs *k, RtErr *e)
 /* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h (bf16
  * logits and their gradient row by row: no f32 copy of the logits) */
 const KernelRow cpu_loss_rows[] = {
-	{DP_OP_XENT, xent, NULL, 1, NULL, NULL, 0},
-	{DP_OP_XENT_GRAD, xent, NULL, 1, NULL, NULL, 0},
-	{DP_OP_CORRECT, xent, NULL, 1, NULL, NULL, 0},
-	{DP_OP_XENT_FUSED, xent, NULL, 1, NULL, NULL, 0},
+	{DP_OP_XENT, xent, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_XENT_GRAD, xent, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_CORRECT, xent, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_XENT_FUSED, xent, NULL, 1, NULL, NULL, 0, 0},
 	{0},
 };

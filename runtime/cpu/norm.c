@@ -113,13 +113,13 @@ static int run_grad_g(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_norm_rows[] = {
-	{DP_OP_LAYERNORM, run_fwd, NULL, 0, NULL, NULL, 0},
-	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0},
-	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0},
-	{DP_OP_RMSNORM, run_fwd, NULL, 0, NULL, NULL, 0},
-	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0},
-	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0},
+	{DP_OP_LAYERNORM, run_fwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_RMSNORM, run_fwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

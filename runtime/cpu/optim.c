@@ -185,14 +185,14 @@ static int run_adamw(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_optim_rows[] = {
-	{DP_OP_SQNORM, run_sqnorm, NULL, 0, NULL, NULL, 0},
-	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0},
-	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0},
-	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0},
-	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0},
-	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0},
-	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SQNORM, run_sqnorm, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_CLIP, run_clip, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_SGD, run_sgd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_ADAMW, run_adamw, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

@@ -335,12 +335,12 @@ static int run_rope(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
-/* {op, run, limits, bf16, run_bf16, scratch, blas}: kernel_table.h */
+/* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_seq_rows[] = {
-	{DP_OP_SOFTMAX, run_softmax, NULL, 0, NULL, NULL, 0},
-	{DP_OP_SOFTMAX_GRAD, run_softmax_grad, NULL, 0, NULL, NULL, 0},
-	{DP_OP_ATTENTION, attention, limit_attention, 0, NULL, NULL, 0},
-	{DP_OP_ATTENTION_GRAD, attention, limit_attention, 0, NULL, NULL, 0},
-	{DP_OP_ROPE, run_rope, NULL, 0, NULL, NULL, 0},
+	{DP_OP_SOFTMAX, run_softmax, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_SOFTMAX_GRAD, run_softmax_grad, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION, attention, limit_attention, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_GRAD, attention, limit_attention, 0, NULL, NULL, 0, 0},
+	{DP_OP_ROPE, run_rope, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };
