@@ -143,7 +143,7 @@ golden                 0.5    -         1
 # the SAN_PLAIN cases' seconds where cases moved there), which order a
 # queue of both variants: longest first
 SAN_SECS="
-durability 204 faults 164 dprun 140 offload 113 passes 70 pipeline 54
+durability 204 faults 100 dprun 140 offload 113 passes 70 pipeline 54
 sharding 55 resume 50 bf16 44 tp 43 cp 30 recompute 36 runtime_errors 35
 gradcheck 32 schedules 30 hosts 29 outputs 29 groups 25 stepfile_fuzz 28
 fp16 26 transformer 23 unit 23 dropout 22 sample 20 equivalence 19
