@@ -78,22 +78,33 @@ static int touched_outside_updates(const Graph *g, const Value *v)
 	return 0;
 }
 
+/* Value v's twin %NAME<suffix> of kind `kind`: its dtype, shape, placement
+ * and block; made once. */
+static int twin(Graph *g, int v, const char *suffix, int kind)
+{
+	const char *name = ir_fmt(g, "%s%s", g->values[v]->name, suffix);
+	Value *t = ir_find_value(g, name);
+	if (t)
+		return t->id;
+	const Value *s = g->values[v];
+	t = ir_value(g, name, s->dtype, s->ndim, s->dims, kind, s->loc);
+	s = g->values[v];
+	memcpy(t->place, s->place, sizeof t->place);
+	t->block = s->block;
+	return t->id;
+}
+
 /* The host copy of device value v: %NAME.host, the root's copy or a view of
  * it at v's element offset; made once. */
 static int host_copy(Graph *g, int v)
 {
-	Value *d = g->values[v];
-	const char *name = ir_fmt(g, "%s.host", d->name);
-	Value *h = ir_find_value(g, name);
+	Value *h = ir_find_value(g, ir_fmt(g, "%s.host", g->values[v]->name));
 	if (h)
 		return h->id;
-	int root = -1;
-	if (d->view_of >= 0)
-		root = host_copy(g, d->view_of);
-	d = g->values[v];
-	h = ir_value(g, name, d->dtype, d->ndim, d->dims, d->kind, d->loc);
-	memcpy(h->place, d->place, sizeof h->place);
-	h->block = d->block;
+	int root = g->values[v]->view_of >= 0 ? host_copy(g, g->values[v]->view_of) : -1;
+	int id = twin(g, v, ".host", g->values[v]->kind); /* (may grow g->values) */
+	Value *d = g->values[v];
+	h = g->values[id];
 	h->space = DP_SPACE_HOST;
 	if (root < 0 && h->kind == DP_T_ACT) /* the host arena holds persistent values only */
 		h->kind = DP_T_FLAT;
@@ -117,21 +128,6 @@ static Node *copy_node(Graph *g, IrOp op, int out, int in, const Node *like, int
 static int on_host(const Graph *g, int v)
 {
 	return v >= 0 && ir_root(g, g->values[v])->space == DP_SPACE_HOST;
-}
-
-/* A device temporary shaped like host value v: %NAME.dev, made once. */
-static int device_temp(Graph *g, int v)
-{
-	Value *h = g->values[v];
-	const char *name = ir_fmt(g, "%s.dev", h->name);
-	Value *d = ir_find_value(g, name);
-	if (d)
-		return d->id;
-	h = g->values[v];
-	d = ir_value(g, name, h->dtype, h->ndim, h->dims, DP_T_ACT, h->loc);
-	memcpy(d->place, h->place, sizeof d->place);
-	d->block = h->block;
-	return d->id;
 }
 
 /* Node n (a kernel touching host memory) runs on the host: its device
@@ -426,7 +422,7 @@ int offload_run(Graph *g, Diag *d)
 			    g->values[n->out]->name);
 		for (int k = 0; k < n->nin; k++)
 			if (on_host(g, n->in[k])) {
-				int t = device_temp(g, n->in[k]);
+				int t = twin(g, n->in[k], ".dev", DP_T_ACT);
 				copy_node(g, DP_OP_H2D, t, n->in[k], n, i++);
 				n->in[k] = t;
 			}
