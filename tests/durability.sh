@@ -29,7 +29,7 @@
 #     at once with that rank's error, not at --timeout, leaving nothing.
 #  9. dpc out of memory: exit 1 with a message, not an abort.
 # 10. tests/ckpt_fuzz.c, the checkpoint reader's in-process fuzz target, for
-#     FUZZ_SECONDS (25): no crash, no damaged copy loaded silently.
+#     FUZZ_SECONDS (25; tests/lib.sh's fuzz_budget): no crash, no damaged copy loaded silently.
 # Trial counts are printed. TRIALS_SYSCALLS=0 skips part 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -379,7 +379,7 @@ elif ! "$DPC" tests/faults/tiny.dp --world-size 1 -o "$T/tiny1.bin" >/dev/null 2
 	:
 elif [ -x "$ROOT/$BUILD/tests/ckpt_fuzz" ]; then
 	if (cd "$T" && env $MPI_ASAN TMPDIR="$T" timeout 120 "$ROOT/$BUILD/tests/ckpt_fuzz" "$T/tiny1.bin" \
-		"${FUZZ_SECONDS:-25}" 22) >"$T/fuzz.out" 2>&1; then
+		"${FUZZ_SECONDS:-$(fuzz_budget 25)}" 22) >"$T/fuzz.out" 2>&1; then
 		ok "$(tail -n 1 "$T/fuzz.out")"
 	else
 		fail "ckpt_fuzz"; tail -n 12 "$T/fuzz.out"

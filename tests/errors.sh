@@ -36,7 +36,7 @@
 # words, with "did you mean" for a misspelt long option.
 #
 # Environment: BUILD (build or build-san), DPC (default $BUILD/dpc), DPEXEC
-# (default $BUILD/dpexec), SAN=1, FUZZ_N (mutants, default 2000).
+# (default $BUILD/dpexec), SAN=1, FUZZ_N (mutants, default 2000; tests/lib.sh's fuzz_budget).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -44,8 +44,8 @@ SAN=${SAN:-0}
 BUILD=${BUILD:-build}
 [ "$SAN" = 1 ] && [ "$BUILD" = build ] && BUILD=build-san
 DPC=${DPC:-$BUILD/dpc}
-FUZZ_N=${FUZZ_N:-2000}
-. tests/lib.sh # case_on, repro_lines (this suite keeps its own counters)
+. tests/lib.sh # case_on, repro_lines, fuzz_budget (this suite keeps its own counters)
+FUZZ_N=${FUZZ_N:-$(fuzz_budget 2000)}
 
 pass=0
 fail=0

@@ -34,6 +34,19 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # would without ASan.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
 MPI_ASAN="ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1"
+# fuzz_budget N: a fuzzer's budget (mutants, seconds). N, except in the plain
+# variant of a queue that runs the SAN=1 variant too (make test-all, .ci/run:
+# tests/run.sh sets DP_SAN_TOO): there the same fuzzer runs with the same
+# seeds under ASan/UBSan, which see every crash the plain build would and
+# the memory errors it would not, so the plain run is a fifth of N, a smoke
+# run of its build. `make test` alone, either variant, fuzzes N.
+fuzz_budget() {
+	if [ "${SAN:-0}" != 1 ] && [ "${DP_SAN_TOO:-0}" = 1 ]; then
+		echo $((($1 + 4) / 5))
+	else
+		echo "$1"
+	fi
+}
 
 npass=0
 nfail=0

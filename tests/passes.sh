@@ -26,7 +26,7 @@
 #    stages' transfers deadlock or pair up out of order (the verifier's
 #    simulation, ir/verify.c): a message, exit 1, no output file.
 # 4. The reader fuzzed: $BUILD/tests/fe_fuzz --ir (tests/fe_fuzz.c) reads
-#    FUZZ_N (default 1000) mutants of each input above and of tests/ir/*.ir:
+#    FUZZ_N (default 1000; tests/lib.sh's fuzz_budget) mutants of each input above and of tests/ir/*.ir:
 #    no crash, no sanitizer report (SAN=1), every graph read prints back as
 #    it printed.
 set -u
@@ -193,7 +193,7 @@ fails "pipeline transfers in different orders" "stage 1's send (node 11, %h.pp1,
 	--from-ir "$T/bad.ir" --passes schedule
 
 # ---- 4. the reader fuzzed ----
-FUZZ_N=${FUZZ_N:-1000}
+FUZZ_N=${FUZZ_N:-$(fuzz_budget 1000)}
 if [ -x "$BUILD/tests/fe_fuzz" ]; then
 	for in in tests/passes/*.in.ir tests/ir/*.ir; do
 		case_on "fe_fuzz $in" || continue

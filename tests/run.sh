@@ -222,6 +222,10 @@ INSIDE="settings:errors"
 #   (~48 s of the SAN run's CPU, ~60 s of its wall).
 # - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
 #   restart at 2 ranks as kill9-1, at another random step (8 s).
+# - passes' round trips of gpt2.dp: gpt2-tiny.dp is the same program (the
+#   same blocks, ops, meshes and passes; dims and layer count differ), and
+#   its six round trips stay; gpt2's dumps are the largest IR the reader
+#   parses, ~12 s of the SAN run's CPU for no path gpt2-tiny's leave out.
 SAN_PLAIN="
 bf16       gpt2-tiny-*-np4
 bf16       lr-detected
@@ -234,6 +238,7 @@ dprun      kill9-[2-9]
 durability syscall-kills*
 groups     torch-no-*
 offload    mlp-ddp-np4
+passes     roundtrip gpt2 (*
 schedules  torch-*
 sharding   mlp-*
 torch_ref  adamw-2ranks
@@ -351,10 +356,12 @@ run_suite() { # run_suite ENTRY FREE (the room free when it starts, in tenths)
 	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
-	local plain=""
+	local plain="" santoo=0
+	# (the plain variant beside san: tests/lib.sh's fuzz_budget)
+	[ "${VSAN[$v]}" = 1 ] || [ -z "${VSAN[san]+set}" ] || santoo=1
 	[ "${VSAN[$v]}" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
 	{
-		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain \
+		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain DP_SAN_TOO=$santoo \
 			bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
