@@ -290,10 +290,9 @@ static void lower_loss_scale(Lower *L)
 		ERR(at, "loss_scale needs precision fp16: %s has f32's exponent range, and its "
 			"gradients need no scaling (remove loss_scale)",
 		    L->half_dtype == DP_BF16 || g->param_dtype == DP_BF16 ? "bf16" : "f32");
-	else if (g->cfg.mesh[DP_AXIS_PP] > 1 || g->offload)
-		ERR(at, "fp16's loss scaling is not implemented %s yet: train in bf16, or without "
-			"loss scaling (loss_scale none)",
-		    g->offload ? "with offload optimizer" : "over pipeline stages (pp > 1)");
+	else if (g->offload)
+		ERR(at, "fp16's loss scaling is not implemented with offload optimizer yet: train "
+			"in bf16, or without loss scaling (loss_scale none)");
 }
 
 static void lower_train(Lower *L)

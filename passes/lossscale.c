@@ -24,8 +24,12 @@
  *   its own; every rank reads the same norm and skips the same steps.
  * Neither new node is a collective or changes a buffer's size: the
  * schedule and the memory plan see two in-place kernels and a host read.
- * The front end refuses loss scaling with pp > 1 and offload (their
- * optimizer tails are laid out by later passes).
+ * The front end refuses loss scaling with offload (its optimizer tail is
+ * moved to the host by a later pass). With pp > 1 stage_params copies each
+ * UNSCALE per stage over the stage's own gradients, as it does the clip
+ * and the update, and all_reduces the squared norm over pp: every stage
+ * reads the same norm and skips the same steps (tests/fp16.sh,
+ * overflow-pp2).
  */
 #include "passes.h"
 

@@ -143,7 +143,7 @@
 # path on any CPU.
 #
 # fp16 cases (precision fp16 with its dynamic loss scaling: gpt2-tiny with
-# SGD at 2 ranks under ddp, zero2 and full_shard) against the CPU's fp16
+# SGD at 2 ranks under ddp and full_shard, and zero2 with f16 gradients) against the CPU's fp16
 # run (SGD: AdamW's first steps turn the f16 roundings that fall otherwise
 # under the attention key bias's ~0 gradient into steps of ~lr, 2.6e-3 apart
 # in the updates under AdamW, 1.8e-5 under SGD, as the bf16 hd64 cases
@@ -157,13 +157,22 @@
 # f16's 11 significant bits (u = 2^-11): sqrt(2u eps) ~ 1e-5 RMS per element
 # at eps 1e-7, 2.8x below bf16's. Bounds: bf16's divided by 2 (a margin of
 # ~2 over the scaled figures' ratio of 2.8): losses rtol 2^-14 = 6.1e-5,
-# updates rtol 2^-10 = 9.8e-4. The loss scaling itself is compared exactly:
-# gpt2-tiny at 3 ranks under zero2 from a scale of 2^26 with interval 2
-# (tests/fp16.sh's overflow case, small; AdamW, whose t counts only the
-# steps taken): the scale and skipped steps of
+# updates rtol 2^-10 = 9.8e-4. With f16 gradients (reduce_dtype f16: mlp8
+# ddp with AdamW, gpt2-tiny zero2 with SGD, at 2 ranks) the weight
+# gradients are rounded to f16 too, at the same places on both backends (the
+# accumulating GEMMs' outputs, the unscale, the clip), and a sum of two f16
+# rounds alike in NCCL and in the CPU's MPI user op (a + b = b + a): the
+# same derivation, the same bounds. The loss scaling itself is compared exactly:
+# gpt2-tiny at 3 ranks under zero2 with f16 gradients from a scale of 2^17
+# with interval 2 (tests/fp16.sh's overflow case, small; AdamW, whose t
+# counts only the steps taken; the norm of the f16 gradients is the
+# overflow check, sqnorm's f16 path on each rank's shard; the weight
+# gradients, rounded to f16 before the unscale, overflow at 2^17 on most
+# steps: steps 1, 4 and 7 skip, two clean steps at 2^16 between them grow
+# the scale back): the scale and skipped steps of
 # every step (--log-json) equal the CPU's, the device deciding the skips
 # with no host read inside the step; that case's graph replay equals
-# --no-graph bitwise, and 9 steps (the last skipped) + --resume give it
+# --no-graph bitwise, and 7 steps (the last skipped) + --resume give it
 # bit for bit (the state restored onto the device).
 #
 # tf32 cases (precision tf32: f32 tensors, the GEMMs on cuBLASLt's
@@ -607,13 +616,22 @@ done
 OFFLOAD=optimizer PREC=bf16 model_case gpt2-tiny full_shard 2
 # fp16 with dynamic loss scaling (the header's bounds): the f16 kernels
 # (attention on f32 copies), ncclHalf, the optimizers' f16 copies, the scale in device memory
-for s in ddp zero2 full_shard; do
+# (zero2 runs with f16 gradients below: one case fewer for the CI's budget)
+for s in ddp full_shard; do
 	PREC=fp16 SGD=1 model_case gpt2-tiny $s 2
 done
-# the overflow case: the device's skips and scale sequence are the CPU's
-if case_on "gpt2-tiny fp16 overflow zero2 np=3"; then
+# f16 gradients (reduce_dtype f16): reduce_scatter/all_reduce as ncclHalf,
+# and unscale, sqnorm, clip, AdamW and SGD reading and writing them on
+# their own f16 paths (nothing of the optimizer tail staged); mlp8's clip
+# folded into AdamW rounds g * coef to f16 as clip would store it
+PREC=fp16 REDUCE=f16 model_case mlp8 ddp 2
+PREC=fp16 REDUCE=f16 SGD=1 model_case gpt2-tiny zero2 2
+# the overflow case: the device's skips and scale sequence are the CPU's,
+# with f16 gradients (their norm is the overflow check: a rank that missed
+# an inf would apply it to its zero2 shard, and every loss after be NaN)
+if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3"; then
 	sed -e 's/^  global_batch .*/  global_batch 6/' \
-		-e 's/^  strategy .*/  strategy zero2\n  loss_scale dynamic(init=67108864, interval=2)/' \
+		-e 's/^  strategy .*/  strategy zero2\n  reduce_dtype f16\n  loss_scale dynamic(init=131072, interval=2)/' \
 		"$T/gpt2-tiny.dp" >"$T/ov.dp"
 	scales() { # the --log-json lines' step, scale and skipped steps
 		$PY -c 'import json, sys
@@ -643,33 +661,36 @@ for l in open(sys.argv[1]):
 		if [ -n "$spike" ] && cmp -s "$T/ov.cpu.scales" "$T/ov.graph.scales" &&
 			$PY tests/compare.py losses "$T/ov.graph.loss" "$T/ov.cpu.loss" --rtol "$FP16_LOSS" \
 				--atol 0 >"$T/ov.cmp"; then
-			ok "gpt2-tiny fp16 overflow zero2 np=3: the device skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ov.cpu.scales")), step $spike's overflow after clean steps; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ov.cmp"))"
+			ok "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: the device skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ov.cpu.scales")), step $spike's overflow after clean steps; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ov.cmp"))"
 		else
 			paste "$T/ov.cpu.scales" "$T/ov.graph.scales"; cat "$T/ov.cmp" 2>/dev/null
-			fail "gpt2-tiny fp16 overflow zero2 np=3: the scale sequence or the losses differ from the CPU's"
+			fail "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: the scale sequence or the losses differ from the CPU's"
 		fi
 		if cmp -s "$T/ov.graph.loss" "$T/ov.eager.loss" && cmp -s "$T/ov.graph.st" "$T/ov.eager.st"; then
-			ok "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
+			ok "graph replay == --no-graph on gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
 		else
-			fail "graph replay == --no-graph on gpt2-tiny fp16 overflow zero2 np=3 (not bitwise equal)"
+			fail "graph replay == --no-graph on gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 (not bitwise equal)"
 		fi
-		# the state restored onto the device: 9 steps (the last skipped), a
-		# sharded checkpoint, --resume to 10 == the straight run, bitwise
-		if env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
-			--steps 9 --quiet --eval-every 0 --losses "$T/ov.r.loss" --save-dir "$T/ov.ck" \
+		# the state restored onto the device: R steps (the last skipped: the
+		# CPU's last skipped step before 10, K skipped so far), a sharded
+		# checkpoint, --resume to 10 == the straight run, bitwise
+		read -r R K < <(awk '$3 > s + 0 && $1 < 10 {r = $1; k = $3} {s = $3} END {print r, k}' \
+			"$T/ov.cpu.scales")
+		if [ -n "$R" ] && env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
+			--steps "$R" --quiet --eval-every 0 --losses "$T/ov.r.loss" --save-dir "$T/ov.ck" \
 			--save-form sharded >"$T/ov.r.log" 2>&1 &&
-			grep -q '"skipped_steps":[[:space:]]*7' "$T/ov.ck/step-000009/state.json" &&
+			grep -q "\"skipped_steps\":[[:space:]]*$K\\b" "$T/ov.ck/step-$(printf %06d "$R")/state.json" &&
 			env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
 				--steps 10 --quiet --eval-every 0 --losses "$T/ov.r.loss" --resume "$T/ov.ck" \
 				--save-full "$T/ov.r.st" >>"$T/ov.r.log" 2>&1 &&
 			cmp -s "$T/ov.r.loss" "$T/ov.graph.loss" && cmp -s "$T/ov.r.st" "$T/ov.graph.st"; then
-			ok "gpt2-tiny fp16 overflow zero2 np=3 on the device: 9 steps (the last skipped) + --resume 1 give the straight run's losses and parameters, bit for bit"
+			ok "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 on the device: $R steps (the last skipped, $K so far) + --resume $((10 - R)) give the straight run's losses and parameters, bit for bit"
 		else
-			fail "gpt2-tiny fp16 overflow zero2 np=3 on the device: the run resumed after a skipped step differs from the straight one"
+			fail "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 on the device: the run resumed after a skipped step differs from the straight one"
 			tail -n 3 "$T/ov.r.log"
 		fi
 	else
-		fail "gpt2-tiny fp16 overflow zero2 np=3: a run failed"
+		fail "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: a run failed"
 		tail -n 3 "$T"/ov.*.log
 	fi
 fi

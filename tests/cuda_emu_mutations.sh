@@ -104,6 +104,11 @@
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
 #                 (CuScalars.ls_found) dropped: a step whose gradients
 #                 overflowed is applied, not skipped
+#   amp_norm      sqnorm's 16-bit paths drop the non-finite gradients from
+#                 the norm (a norm made "robust" to overflow): the norm,
+#                 which is the overflow check, stays finite on every rank,
+#                 no rank skips, and the inf/NaN f16 gradients reach the
+#                 weights (ls16: f16 gradients, zero2 at 2 ranks)
 #   tcb_unpaired  the forward run again by an unpaired tensor-core
 #                 backward writes each row's D as 0 (u16: a16 with
 #                 attention's output added to the residual directly, so the
@@ -268,11 +273,14 @@ MODEL
 # into AdamW), against the CPU's run (bitwise equal unmutated; 6.1e-3 apart
 # in the updates with bf16_clipfold, which this found)
 sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r16.dp"
-# ls16: mlp8 in fp16 at 1 rank with a static loss scale of 2^26, so every
-# step's gradients overflow f16: unmutated every step is skipped (the
-# CPU's run, parameters unchanged); with amp_flag the first step's inf/NaN
-# gradients reach the weights
-sed 's/^  strategy ddp/&\n  loss_scale static(scale=67108864)/' "$T/mlp8.dp" >"$T/ls16.dp"
+# ls16: mlp8 in fp16 under zero2 at 2 ranks with f16 gradients
+# (reduce_dtype f16: the f16 reduce_scatter, unscale and sqnorm of each
+# rank's shard, the all_reduced norm) and a static loss scale of 2^26, so
+# every step's gradients overflow f16: unmutated every step is skipped on
+# both ranks (the CPU's run, parameters unchanged); with amp_flag or
+# amp_norm the first step's inf/NaN gradients reach the weights
+sed 's/^  strategy ddp/  strategy zero2\n  reduce_dtype f16\n  loss_scale static(scale=67108864)/' \
+	"$T/mlp8.dp" >"$T/ls16.dp"
 # h16: mlp8 in fp16 (default dynamic loss scaling) at 1 rank, its GEMMs on
 # f16 operands (cuBLASLt's CUDA_R_16F), compared as the bf16 cases are
 cp "$T/mlp8.dp" "$T/h16.dp"
@@ -297,7 +305,7 @@ reference() {
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
-	ls16) np=1 prec=fp16 ;;
+	ls16) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
@@ -437,7 +445,8 @@ graph_first   graph_first   stall   4 stall
 bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
-amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
+amp_flag      amp_flag      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+amp_norm      amp_norm      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
@@ -505,7 +514,7 @@ unmutated t32 "the gpt2-hd64 tf32 case"
 unmutated voc "the padded-vocabulary case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
-unmutated ls16 "the fp16 overflow case"
+unmutated ls16 "the fp16 overflow case (f16 gradients, zero2 at 2 ranks)"
 unmutated h16 "the fp16 GEMM case"
 unmutated off "the offload optimizer case"
 

@@ -28,6 +28,9 @@
 #    every loss after it would be NaN. Then 8 steps (the last one skipped),
 #    a sharded checkpoint, --resume to 10: the straight run's losses and
 #    parameters, bit for bit (the scale and its counters are restored).
+#    The same at pp=2 (two stages, 1F1B): the 3-rank run's scale sequence
+#    exactly, its losses within 2^-12 (a stage that skipped alone would
+#    make every later loss NaN).
 #    A static scale of 2^26 at 1 rank: every step overflows and is skipped,
 #    the scale stays, and the parameters after 3 steps are the initial
 #    ones, bit for bit.
@@ -171,6 +174,13 @@ if case_on resume-full_shard2; then
 	fi
 fi
 # ---- 4. overflow: skipped steps, the scale's sequence, resume ----
+scales() { # scales LOG_JSON: each step's scale and skipped steps (--log-json)
+	$PY -c 'import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if "loss_scale" in j:
+        print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"])' "$1"
+}
 ls_init() { # the initial weights of the overflow runs, and the runs' step file
 	fp16_copy models/gpt2-tiny.dp "$T/ov.dp" zero2
 	sed -i -e 's/^  global_batch .*/  global_batch 6/' \
@@ -189,11 +199,7 @@ if case_on overflow-np3; then
 			--steps 10 --threads 1 $TORCH_OPT --precision fp16 --global-batch 6 \
 			--init-scale 67108864 --interval 2 --scales "$T/ov.tscales" --out "$T/ov.torch" \
 			>"$T/ov.torch.log" 2>&1; then
-		$PY -c 'import json, sys
-for l in open(sys.argv[1]):
-    j = json.loads(l)
-    if "loss_scale" in j:
-        print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"])' "$T/ov.json" >"$T/ov.scales"
+		scales "$T/ov.json" >"$T/ov.scales"
 		# a clean step, then a skipped one whose next scale is half its own
 		spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
 			"$T/ov.scales" | head -n 1)
@@ -220,6 +226,30 @@ if case_on resume-overflow-np3 && once ls-init ls_init; then
 	else
 		tail -n 5 "$T/ov.r.log" 2>/dev/null; grep -A5 '^.."loss_scale"' "$T/ov.ck"/step-*/state.json
 		fail "overflow at 3 ranks: the run resumed after a skipped step differs from the straight one"
+	fi
+fi
+# the same overflow over two pipeline stages (pp=2, 1F1B, grad_accum 2):
+# the norm is all_reduced over pp, so both stages read it and skip the same
+# steps; a stage that did not would apply inf/NaN to its own parameters and
+# every later loss would be NaN. The scale sequence must be the 3-rank run's
+# (PyTorch's, above) exactly, the losses within the world-size bound.
+if case_on overflow-pp2 && once ls-init ls_init; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/ov.dp"; } |
+		sed 's/^  strategy .*/  strategy ddp\n  grad_accum 2/' >"$T/ovp.dp"
+	if "$DPC" "$T/ovp.dp" --world-size 2 -o "$T/ovp.bin" >"$T/ovp.log" 2>&1 &&
+		mpi 2 "$T/ovp.bin" --steps 10 --eval-every 0 --quiet --init-from "$T/ov.init.st" \
+			--losses "$T/ovp.loss" --log-every 1 --log-json "$T/ovp.json" >>"$T/ovp.log" 2>&1; then
+		scales "$T/ovp.json" >"$T/ovp.scales"
+		scales "$T/ov.json" >"$T/ov.scales"
+		if cmp -s "$T/ovp.scales" "$T/ov.scales" && [ "$(awk 'END {print $3}' "$T/ovp.scales")" -gt 0 ] &&
+			$PY tests/compare.py losses "$T/ovp.loss" "$T/ov.loss" --rtol $TOL --atol 0 >"$T/ovp.cmp"; then
+			ok "overflow at pp=2: both stages skipped the 3-rank run's steps with its scales ($(awk 'END {print $3}' "$T/ovp.scales") of 10 skipped, the sequence equal); losses within 2^-12 of it ($(awk '/ loss:/ {print $8}' "$T/ovp.cmp"))"
+		else
+			paste "$T/ovp.scales" "$T/ov.scales"; cat "$T/ovp.cmp" 2>/dev/null
+			fail "overflow at pp=2: the scale sequence or the losses differ from the 3-rank run's"
+		fi
+	else
+		tail -n 5 "$T/ovp.log"; fail "overflow at pp=2: dpc or dpexec"
 	fi
 fi
 if case_on static-overflow && once ls-init ls_init; then

@@ -7,7 +7,7 @@
  * into the optimizers reading its gradients.
  *
  * sqnorm: w * sum in0^2 in double: one block per CU_THREADS loads (float4
- * or eight bf16 when aligned), at most CU_REDUCE_BLOCKS (grid-stride
+ * or eight bf16 / f16 when aligned), at most CU_REDUCE_BLOCKS (grid-stride
  * beyond), block trees, then one block over the partials in order; the CPU
  * sums in order in double: ~1e-16 relative apart, <= 1 ulp after rounding
  * to float. (A fixed 256 blocks left most of them idle on the small
@@ -18,19 +18,27 @@
  * gradients alone, as on the CPU (and in torch 1.13; the NaN loss is then
  * reported by dpexec).
  *
- * precision bf16: SGD (in2) and AdamW (in3) also round each updated master
- * to nearest even into its bf16 compute copy in the same loop (the CPU's
- * bits: cu_to_bf16). Gradients in bf16 (reduce_dtype bf16) are read as bf16
- * by sqnorm (eight per 128-bit load), clip (rounding its result once), SGD
- * and AdamW (four per 64-bit load beside the float4 of the f32 state):
- * widened exactly, so the same arithmetic as the CPU's staged f32 copies.
+ * precision bf16 and fp16: SGD (in2) and AdamW (in3) also round each
+ * updated master to nearest even into its 16-bit compute copy in the same
+ * loop (the CPU's bits: cu_to_bf16, cu_to_f16). Gradients in bf16 or f16
+ * (reduce_dtype bf16 / f16) are read as such by sqnorm (eight per 128-bit
+ * load), unscale and clip (rounding each result once), SGD and AdamW (four
+ * per 64-bit load beside the float4 of the f32 state): widened exactly, so
+ * the same arithmetic as the CPU's staged f32 copies. With f16 gradients
+ * nothing of the optimizer tail is staged (docs/CUDA.md, *fp16*).
+ *
+ * fp16's overflow check is the norm (passes/lossscale.c): sqnorm squares
+ * every widened gradient into its double sum, so one inf or NaN anywhere
+ * makes this rank's partial sum, then the all_reduced squared norm, then
+ * the norm that amp_check reads on every rank, not finite. Nothing may drop
+ * a non-finite term on the way (tests/cuda_emu_mutations.sh's amp_norm).
  *
  * The fold (cu_plan_clip): clip reads and writes every gradient once more
  * between the norm and the optimizer. When the only readers of the clipped
  * gradients are SGD/AdamW instructions (until they are overwritten whole),
  * the clip instruction is skipped and each optimizer multiplies its
- * gradient by the same float coefficient first (rounded to bf16 as clip
- * would store it when the gradients are bf16: clipped<G>): the same values
+ * gradient by the same float coefficient first (rounded to bf16 or f16 as
+ * clip would store it when the gradients are 16-bit: clipped<G>): the same values
  * as clip then update, bitwise, with the gradients read once by the norm and once by
  * the update (8 bytes per parameter less: ~1 GB, ~0.3 ms per step on an
  * H100 for GPT-2 124M). The gradients stay unclipped in memory, which is
@@ -46,7 +54,18 @@
 
 /* ---- sqnorm: out[0] = w * sum in0^2 (+ out[0] if ia2) ---- */
 
-/* T: in0's dtype; vec: f32 four per float4, bf16 eight per 128-bit load */
+/* One gradient's square for the norm. An inf or NaN gradient must reach
+ * the sum: it is fp16's overflow flag (the mutant drops it, as a norm made
+ * "robust" to overflow would, on the 16-bit paths). */
+template <typename T> static __device__ __forceinline__ double sq(float v)
+{
+	if (sizeof(T) == 2 && MUTANT(amp_norm) && !isfinite(v))
+		return 0;
+	return (double)v * v;
+}
+
+/* T: in0's dtype (float, cu_bf16, __half); vec: f32 four per float4,
+ * 16-bit eight per 128-bit load */
 template <typename T> __global__ void k_sqnorm_part(const T *a, int64_t n, int vec, double *part)
 {
 	__shared__ double sh[32];
@@ -56,7 +75,7 @@ template <typename T> __global__ void k_sqnorm_part(const T *a, int64_t n, int v
 			float v[8];
 			ld8(a + 8 * i, v);
 			for (int k = 0; k < 8; k++)
-				s += (double)v[k] * v[k];
+				s += sq<T>(v[k]);
 		}
 	} else if (vec) {
 		CU_FOR_EACH(i, n / 4) {
@@ -67,10 +86,8 @@ template <typename T> __global__ void k_sqnorm_part(const T *a, int64_t n, int v
 			s += (double)v.w * v.w;
 		}
 	} else {
-		CU_FOR_EACH(i, n) {
-			float v = ld(a + i);
-			s += (double)v * v;
-		}
+		CU_FOR_EACH(i, n)
+			s += sq<T>(ld(a + i));
 	}
 	s = block_sum<double>(s, sh);
 	if (threadIdx.x == 0)
@@ -88,23 +105,25 @@ __global__ void k_sqnorm_sum(float *o, const double *part, int nparts, int accum
 		o[0] = (float)((accumulate ? (double)o[0] : 0.0) + (double)w * s);
 }
 
+/* the partial sums of in0 (of type T) into scratch; the blocks launched */
+template <typename T> static unsigned sqnorm_parts(const CuArgs *a, int64_t n)
+{
+	int w = sizeof(T) == 2 ? 8 : 4; /* elements per 128-bit load */
+	int vec = n % w == 0 && cu_aligned16(cu_p(a, 0));
+	unsigned nb = cu_grid(vec ? n / w : n);
+	nb = nb < CU_REDUCE_BLOCKS ? nb : CU_REDUCE_BLOCKS;
+	CU_LAUNCH(k_sqnorm_part<T>, nb, CU_THREADS, a->st, (const T *)cu_p(a, 0), n, vec,
+		  (double *)a->scratch);
+	return nb;
+}
+
 static int run_sqnorm(const CuArgs *a, RtErr *e)
 {
 	int64_t n = cu_numel(cu_t(a, 0));
-	unsigned nb;
-	if (cu_t(a, 0)->dtype == DP_BF16) {
-		int vec = n % 8 == 0 && cu_aligned16(cu_p(a, 0));
-		nb = cu_grid(vec ? n / 8 : n);
-		nb = nb < CU_REDUCE_BLOCKS ? nb : CU_REDUCE_BLOCKS;
-		CU_LAUNCH(k_sqnorm_part<cu_bf16>, nb, CU_THREADS, a->st,
-			  (const cu_bf16 *)cu_p(a, 0), n, vec, (double *)a->scratch);
-	} else {
-		int vec = n % 4 == 0 && cu_aligned16(cu_p(a, 0));
-		nb = cu_grid(vec ? n / 4 : n);
-		nb = nb < CU_REDUCE_BLOCKS ? nb : CU_REDUCE_BLOCKS;
-		CU_LAUNCH(k_sqnorm_part<float>, nb, CU_THREADS, a->st, cu_f(a, 0), n,
-			  vec, (double *)a->scratch);
-	}
+	unsigned dt = cu_t(a, 0)->dtype;
+	unsigned nb = dt == DP_BF16 ? sqnorm_parts<cu_bf16>(a, n)
+		      : dt == DP_F16 ? sqnorm_parts<__half>(a, n)
+				     : sqnorm_parts<float>(a, n);
 	CU_LAUNCHED(a, e);
 	float w = DP_FATTR(a->in, SQNORM, weight); /* tp weight, 0 = 1 */
 	CU_LAUNCH(k_sqnorm_sum, 1, CU_THREADS, a->st, cu_f(a, -1), (const double *)a->scratch,
@@ -128,12 +147,14 @@ static int run_sqrt(const CuArgs *a, RtErr *e)
 /* ---- loss scaling (amp.h): unscale, the overflow check ---- */
 
 /* GradScaler.unscale_: grads *= the f32 reciprocal of the step's scale
- * (computed in double, as the CPU's run_unscale) */
-__global__ void k_unscale(float *o, int64_t n, const CuScalars *sc)
+ * (computed in double, as the CPU's run_unscale), in f32; 16-bit gradients
+ * (reduce_dtype f16) widened on load and rounded once on store, what the
+ * CPU's staged f32 copy computes. T: float, __half (or cu_bf16). */
+template <typename T> __global__ void k_unscale(T *o, int64_t n, const CuScalars *sc)
 {
 	float inv = (float)(1.0 / (double)sc->amp.scale);
 	CU_FOR_EACH(i, n)
-		o[i] = o[i] * inv;
+		st(o + i, ld(o + i) * inv);
 }
 
 static int run_unscale(const CuArgs *a, RtErr *e)
@@ -141,7 +162,15 @@ static int run_unscale(const CuArgs *a, RtErr *e)
 	int64_t n = cu_numel(cu_t(a, -1));
 	if (n <= 0)
 		return 0;
-	CU_LAUNCH(k_unscale, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->sc);
+	unsigned dt = cu_t(a, -1)->dtype;
+	if (dt == DP_F16)
+		CU_LAUNCH(k_unscale<__half>, cu_grid(n), CU_THREADS, a->st, (__half *)cu_p(a, -1), n,
+			  a->sc);
+	else if (dt == DP_BF16)
+		CU_LAUNCH(k_unscale<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1),
+			  n, a->sc);
+	else
+		CU_LAUNCH(k_unscale<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, a->sc);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -192,6 +221,9 @@ static int run_clip(const CuArgs *a, RtErr *e)
 	if (cu_t(a, -1)->dtype == DP_BF16)
 		CU_LAUNCH(k_clip<cu_bf16>, cu_grid(n), CU_THREADS, a->st, (cu_bf16 *)cu_p(a, -1), n,
 			  cu_f(a, 0), DP_FATTR(a->in, CLIP, max_norm), a->sc);
+	else if (cu_t(a, -1)->dtype == DP_F16)
+		CU_LAUNCH(k_clip<__half>, cu_grid(n), CU_THREADS, a->st, (__half *)cu_p(a, -1), n,
+			  cu_f(a, 0), DP_FATTR(a->in, CLIP, max_norm), a->sc);
 	else
 		CU_LAUNCH(k_clip<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n, cu_f(a, 0),
 			  DP_FATTR(a->in, CLIP, max_norm), a->sc);
@@ -199,23 +231,34 @@ static int run_clip(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* f rounded to G and widened back: what a store into G keeps */
+template <typename G> static __device__ __forceinline__ float as_stored(float f) { return f; }
+template <> __device__ __forceinline__ float as_stored<cu_bf16>(float f)
+{
+	return cu_from_bf16(cu_to_bf16(f));
+}
+template <> __device__ __forceinline__ float as_stored<__half>(float f)
+{
+	return cu_from_f16(cu_to_f16(f));
+}
+
 /* The folded clip of one gradient: what clip would have stored (g * coef,
- * rounded to bf16 when the gradients are bf16) and the optimizer then read.
- * Without the rounding a bf16 run would differ from clip-then-update by up
- * to one bf16 ulp per element (measured: 3.6e-3 relative in mlp8's first
- * SGD update with reduce_dtype bf16). */
+ * rounded to bf16 or f16 when the gradients are) and the optimizer then
+ * read. Without the rounding a bf16 run would differ from clip-then-update
+ * by up to one bf16 ulp per element (measured: 3.6e-3 relative in mlp8's
+ * first SGD update with reduce_dtype bf16). */
 template <typename G> static __device__ __forceinline__ float clipped(float g, float coef)
 {
 	if (!(coef < 1.0f))
 		return g;
 	g = g * coef;
-	return sizeof(G) == 2 && !MUTANT(bf16_clipfold) ? cu_from_bf16(cu_to_bf16(g)) : g;
+	return sizeof(G) == 2 && !MUTANT(bf16_clipfold) ? as_stored<G>(g) : g;
 }
 
 /* ---- SGD with momentum: g += wd*p; buf = g (t = 1) or mom*buf + g; p -= lr*buf,
  * or with nesterov p -= lr*(g + mom*buf) ---- */
 
-/* G: the gradient's dtype (f32, or bf16 widened as it is read) */
+/* G: the gradient's dtype (f32, or bf16 / f16 widened as it is read) */
 template <typename G>
 __global__ void k_sgd(float *p, const G *g, float *buf, cu_bf16 *copy, int cf16, int64_t n,
 		      float mom, float wd, float lr_scale, int nesterov, const CuScalars *sc,
@@ -253,6 +296,10 @@ static int run_sgd(const CuArgs *a, RtErr *e)
 	if (cu_t(a, 0)->dtype == DP_BF16)
 		CU_LAUNCH(k_sgd<cu_bf16>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
 			  (const cu_bf16 *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), cf16, n, mom,
+			  wd, ls, nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
+	else if (cu_t(a, 0)->dtype == DP_F16)
+		CU_LAUNCH(k_sgd<__half>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1),
+			  (const __half *)cu_p(a, 0), cu_f(a, 1), (cu_bf16 *)cu_p(a, 2), cf16, n, mom,
 			  wd, ls, nesterov, a->sc, a->fuse->clip_norm, a->fuse->clip_max);
 	else
 		CU_LAUNCH(k_sgd<float>, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), cu_f(a, 0),
@@ -326,17 +373,17 @@ __global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy,
 	}
 }
 
-/* four gradients: a float4, or four bf16 in one 8-byte load */
+/* four gradients: a float4, or four bf16 or f16 in one 8-byte load */
 static __device__ __forceinline__ float4 ld4g(const float *g) { return ld4(g); }
-static __device__ __forceinline__ float4 ld4g(const cu_bf16 *g)
+template <typename H> static __device__ __forceinline__ float4 ld4g(const H *g)
 {
 	uint2 w = *(const uint2 *)g;
-	return make_float4(cu_from_bf16((cu_bf16)w.x), cu_from_bf16((cu_bf16)(w.x >> 16)),
-			   cu_from_bf16((cu_bf16)w.y), cu_from_bf16((cu_bf16)(w.y >> 16)));
+	return make_float4(CuHalf<H>::from((uint16_t)w.x), CuHalf<H>::from((uint16_t)(w.x >> 16)),
+			   CuHalf<H>::from((uint16_t)w.y), CuHalf<H>::from((uint16_t)(w.y >> 16)));
 }
 
-/* n4 groups of four: p, m, v 16-byte aligned, g 16 (f32) or 8 (bf16), the
- * copy 8-byte */
+/* n4 groups of four: p, m, v 16-byte aligned, g 16 (f32) or 8 (16-bit),
+ * the copy 8-byte */
 template <typename G>
 __global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int cf16,
 			 int64_t n4, AdamGroup gr, float beta1, float beta2, float eps,
@@ -386,7 +433,10 @@ template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
 
 static int run_adamw(const CuArgs *a, RtErr *e)
 {
-	return cu_t(a, 0)->dtype == DP_BF16 ? run_adamw_t<cu_bf16>(a, e) : run_adamw_t<float>(a, e);
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_BF16  ? run_adamw_t<cu_bf16>(a, e)
+	       : dt == DP_F16 ? run_adamw_t<__half>(a, e)
+			      : run_adamw_t<float>(a, e);
 }
 
 /* ---- planning: clip folded into the optimizers ---- */
@@ -425,8 +475,6 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			if (c->op != DP_OP_CLIP || (!MUTANT(clip_stage) && !cu_plan_runs(p, c)))
 				continue;
 			const DpTensor *grads = &s->tensors[c->out], *norm = &s->tensors[c->in[0]];
-			if (grads->dtype == DP_F16)
-				continue; /* staged (bf16.cu): the clip rounds to f16 before the update */
 			int ok = 0, norm_written = 0, nconsumers = 0;
 			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
 				const DpInstr *k = &s->prog[pg][j];
@@ -472,12 +520,12 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 
 /* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_optim_rows[] = {
-	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0, 0},
+	{DP_OP_SQNORM, run_sqnorm, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_SQRT, run_sqrt, NULL, 0, NULL, NULL, 0, 0},
-	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0, 0},
-	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0, 0},
-	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0, 0},
-	{DP_OP_UNSCALE, run_unscale, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_CLIP, run_clip, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_SGD, run_sgd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_ADAMW, run_adamw, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_UNSCALE, run_unscale, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_AMP_CHECK, run_amp_check, NULL, 0, NULL, NULL, 0, 0},
 	{},
 };
