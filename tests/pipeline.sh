@@ -29,9 +29,10 @@
 #     each stage keeping only its own parameters under a sharded strategy
 #     (passes/stage_params.c: its flat buffers, shards and optimizer state
 #     its blocks' alone): mlp8-pp2-zero2 and mlp8-pp2-fs (pp=2, 2 ranks,
-#     zero2 and full_shard) against mlp8 on 1 rank, gpt-pp2-zero2 against 1
-#     rank and gpt-pp2-fs (full_shard blocks, the tied embedding ddp,
-#     grad_accum 4) against gpt-ga4 on 1 rank;
+#     zero2 and full_shard) against mlp8 on 1 rank; gpt2-tiny's at
+#     pp=2 x dp_shard=2 are gpt-pp2xzero2 and gpt-pp2xfs above (at 2 ranks
+#     they pass too, left out for CI time: they add no path the 4-rank
+#     runs do not take);
 #     gpt-pp2xfs (full_shard blocks, the tied embedding ddp, grad_accum 4:
 #     each block gathered on its stage per micro-batch, before its forward
 #     and again before its backward) and gpt-pp2xfs-zb (zero_bubble, with
@@ -165,8 +166,6 @@ variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipel
 # embedding (read on the first and the last stage) ddp
 variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/' 's/^  block embed {/&\n    strategy ddp/'
 pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
-cp "$T/gpt-pp2xzero2.dp" "$T/gpt-pp2-zero2.dp"
-cp "$T/gpt-pp2xfs.dp" "$T/gpt-pp2-fs.dp"
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
 # hybrid_shard inside the stages (a replicate group of one beside dp_shard):
 # at dp_replicate=1 the same sums as full_shard's
@@ -182,7 +181,6 @@ need() {
 	mlp8-zero1) once "$1" eq_run "$1" 2 "$T/mlp8-zero1.dp" ;;
 	mlp8-pp2xzero1) once "$1" eq_run "$1" 4 "$T/mlp8-zero1pp.dp" ;;
 	mlp8-pp2-zero2 | mlp8-pp2-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
-	gpt-pp2-zero2 | gpt-pp2-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
 	gpt-dp2) once "$1" eq_run "$1" 2 "$T/gpt.dp" ;;
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
@@ -212,7 +210,7 @@ same_losses() {
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt-1 gpt-pp4:gpt-1 \
 	gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xfs:gpt-fs gpt-pp2xfs-zb:gpt-fs \
-	mlp8-pp2-zero2:mlp8-1 mlp8-pp2-fs:mlp8-1 gpt-pp2-zero2:gpt-1 gpt-pp2-fs:gpt-ga4 \
+	mlp8-pp2-zero2:mlp8-1 mlp8-pp2-fs:mlp8-1 \
 	gpt-pp2xhs:gpt-fs \
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
