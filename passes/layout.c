@@ -38,12 +38,15 @@
  * group's number), and zero1/zero2 keep an open bucket per group. Uncut
  * (ddp) units mix groups: each rank holds them whole.
  * Units are ordered by the completion of their last gradient; when each
- * pipeline stage keeps only its own parameters (stages_split_params), a
- * bucket also ends where the stage that keeps its parameters changes
- * (stages_param_stage: a tied parameter's is every stage's) and the units
+ * pipeline stage keeps only its own parameters (stages_split_params, under
+ * every strategy), a bucket also ends where the stage that keeps its
+ * parameters changes (stages_param_stage: a tied parameter's is every
+ * stage's), a gathered block's unit is its block's stage's, and the units
  * are then ordered by that stage, every stage's (tied) first, so each
- * stage's part of every flat buffer is one range, which the update's group
- * runs do not cross either (passes/stage_params.c cuts the buffers there).
+ * stage's part of every flat buffer is one range (a sharded graph's shard
+ * buffers, its full params and grads alike: their offsets follow the unit
+ * order), which the update's group runs do not cross either
+ * (passes/stage_params.c cuts the buffers there).
  *
  * After, when every unit is ddp (uncut): params and grads are views of
  * flat.params / flat.grads at equal offsets, unit after unit in that order
@@ -248,9 +251,15 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 				if (pl->u[k].gathered && pl->u[k].block == p->block && pl->u[k].tp == tp &&
 				    pl->u[k].group == group)
 					u = &pl->u[k];
-			if (!u)
+			if (!u) {
 				u = new_unit(g, pl, p->block >= 0 ? g->blocks[p->block].name : "model",
 					     p->block, tp, strat, group);
+				u->stage = stage[ps[i]];
+			}
+			/* a block's params on two stages (a tied one, which
+			 * passes/p2p.c refuses in a gathered block) keep it whole */
+			if (u->stage != stage[ps[i]])
+				u->stage = -1;
 			unit_add(g, u, ps[i]);
 			continue;
 		}

@@ -33,8 +33,9 @@
  * transfers in the same order and no stage waits for one that waits for it
  * (ir/verify.c checks both for any IR, hand-written ones too).
  *
- * Parameters, gradients and optimizer state are not cut here (with ddp in
- * every stage passes/stage_params.c cuts them after unroll): every stage keeps
+ * Parameters, gradients and optimizer state are not cut here (under every
+ * strategy but with offload or compression passes/stage_params.c cuts them
+ * after unroll, and drops pp from a stage's own collectives): every stage keeps
  * every parameter and runs the update over all of them, and the gradients'
  * all_reduce spans pp as well as the data-parallel axes (passes/shard.c,
  * shard_dp_axes), where the stages that do not use a parameter add zeros:

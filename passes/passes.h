@@ -92,8 +92,9 @@ int stages_account(const Graph *g, StageCost *sc);
  * once passes/unroll.c has run at pp > 1, else 1. */
 int stages_micro_copies(const Graph *g);
 /* Does each pipeline stage keep only its own parameters (passes/stage_params.c)?
- * pp > 1 with every trained parameter in an uncut (ddp) unit, no offload and
- * no compression; otherwise every stage keeps every parameter. */
+ * pp > 1, under every strategy (the sharded ones shard a stage's own over its
+ * dp group), with no offload and no compression; otherwise every stage keeps
+ * every parameter. */
 int stages_split_params(const Graph *g);
 /* The one stage whose forward, backward and eval nodes read parameter p and
  * touch its gradient (by their blocks' stages), or -1: several stages (a tied

@@ -58,10 +58,11 @@ static unsigned cp_bit(const Graph *g)
 
 /* Pipeline parallelism: every stage keeps every parameter and computes the
  * gradients of its own blocks' uses (zero elsewhere), so the gradients are
- * partial over pp too and summed with the data-parallel ones (passes/p2p.c;
- * passes/stage_params.c then drops pp from a stage's own buckets),
+ * partial over pp too and summed with the data-parallel ones (passes/p2p.c),
  * or, where they are cut over dp_shard (zero2), the slices are summed over
- * pp with dp_replicate's. pp = 1 adds nothing. */
+ * pp with dp_replicate's; passes/stage_params.c then drops pp from a stage's
+ * own buckets and slices (only a tied parameter's keep it). pp = 1 adds
+ * nothing. */
 static unsigned pp_bit(const Graph *g)
 {
 	return g->cfg.mesh[DP_AXIS_PP] > 1 ? DP_AXIS_BIT(DP_AXIS_PP) : 0;

@@ -2,34 +2,53 @@
  * stage_params.c - each pipeline stage keeps only its own parameters,
  * gradients and optimizer state (pass "stage_params", pp > 1).
  *
- * Before (after unroll), when stages_split_params holds (pp > 1, every
- * trained parameter in an uncut unit, no offload, no compression):
- * flat.params, flat.grads, the 16-bit compute copy and the optimizer state
- * hold every trained parameter on every rank; the layout pass ordered the
- * units by the stage that keeps them (stages_param_stage), the tied ones
- * (kept by several stages: GPT-2's wte, the embedding on the first stage
- * and the LM head on the last) first, so each stage's part of every flat
- * buffer is one range; the buckets' all_reduces span pp, where the stages
- * that do not use a parameter add zeros; one norm over the whole gradient.
+ * Before (after unroll), when stages_split_params holds (pp > 1, no
+ * offload, no compression; any strategy): the flat buffers (flat.params,
+ * flat.grads, the 16-bit compute copy, the optimizer state, and under a
+ * sharded strategy their shards: flat.params.shard, flat.grads.shard,
+ * flat.params.shard.bf16) hold every trained parameter on every rank; the
+ * layout pass ordered the units by the stage that keeps them
+ * (stages_param_stage; a unit never mixes stages), the tied ones (kept by
+ * several stages: GPT-2's wte, the embedding on the first stage and the LM
+ * head on the last) first, so each stage's part of every flat buffer is one
+ * range (a sharded unit's chunk of the shard buffers included); the
+ * gradients' all_reduces (ddp buckets, zero2's and the gathered blocks'
+ * slices) span pp, where the stages that do not use a parameter add zeros;
+ * one norm over the whole gradient.
+ *
+ * Classes: every view of a flat buffer is the tied range's or one stage's.
+ * A trained parameter, its gradient and its master (and what they are views
+ * of) are its stage's; to a fixed point, a view nothing placed yet takes
+ * the stage of a node that touches it (p2p's: a gathered block's
+ * reduce_scatter and accumulation), else the one class of the node's other
+ * views (a sharded unit's slice beside its gathered params or its full
+ * gradients), else the class of the range it lies in (an optimizer group's
+ * run). A buffer that nothing views (the optimizer state under one group)
+ * is cut as the buffer beside it in an element-wise node (the update).
  *
  * After: for every stage k that keeps parameters of its own, each flat
- * buffer NAME has a part NAME.ppK (flat.params.pp1, opt.m.pp1, ...) holding
- * its range, and NAME keeps only the tied range (NAME is dropped when there
- * is none). Every view into stage k's range is a view of NAME.ppK at the
- * same place in it. A node that touches a view of stage k's range runs on
- * stage k (`stage=k`: INIT, SAVE, tp's SHARD and all_gather, a bucket's
- * all_reduce, which no longer spans pp: the stage's gradients are its own
- * whole); a node over a whole flat buffer (CLIP, the update, FILL, bf16's
- * CAST) is copied per stage over NAME.ppK on that stage, the original left
- * over the tied range on every rank. The gradient norm: grad_norm.sq is
- * zeroed, then each range's SQNORM adds to it on the stage that keeps it (a
- * tied range, summed over pp and so whole on every stage, weighted 1/pp),
- * and it is all_reduced over pp (with tp when tp > 1, as before): the
- * global norm, so clipping and the logged norm are the 1-stage ones (up to
- * the order of the sum). memplan gives the stages' parts the same bytes
- * (never on one rank); dpexec runs only its stage's INIT, SAVE and update,
- * and its checkpoints find each stage's parameters where that stage's
- * ranks hold them (runtime/ckpt_layout.c).
+ * buffer NAME has a part NAME.ppK (flat.params.pp1, opt.m.pp1,
+ * flat.grads.shard.pp1, ...) holding its range, and NAME keeps only the
+ * tied range (NAME is dropped when there is none). Every view into stage
+ * k's range is a view of NAME.ppK at the same place in it. A node that
+ * touches a value of stage k runs on stage k (`stage=k`: INIT, SAVE, tp's
+ * SHARD and all_gather, a sharded unit's all_gather after the update and
+ * its EXPORT gather, a bucket's all_reduce and zero2's and the gathered
+ * blocks' all_reduce of their slices, which no longer span pp: the stage's
+ * gradients are its own whole); a node over a whole flat buffer (CLIP, the
+ * update, FILL, bf16's CAST) is copied per stage over NAME.ppK on that
+ * stage, the original left over the tied range on every rank. Each stage's
+ * sharded units are sharded over its own dp group (the ranks of its pp
+ * coordinate): a rank holds 1/S of its stage's parameters. The gradient
+ * norm: grad_norm.sq is zeroed, then each range's SQNORM adds to it on the
+ * stage that keeps it (a tied range, summed over pp and so whole on every
+ * stage, weighted 1/pp), and it is all_reduced over pp (with the axes it
+ * was summed over before: tp, a sharded graph's dp_shard): the global
+ * norm, so clipping and the logged norm are the 1-stage ones (up to the
+ * order of the sum). memplan gives the stages' parts the same bytes (never
+ * on one rank); dpexec runs only its stage's INIT, SAVE and update, and its
+ * checkpoints find each stage's parameters where that stage's ranks hold
+ * them (runtime/ckpt_layout.c).
  * When stages_split_params does not hold, nothing changes: every stage
  * keeps every parameter (passes/p2p.c).
  */
@@ -40,13 +59,22 @@
 
 #define PPBIT DP_AXIS_BIT(DP_AXIS_PP)
 
+/* A value's class: what keeps it. */
+enum {
+	CL_UNKNOWN = -1, /* not worked out (yet) */
+	CL_TIED = 0,     /* every stage: a tied parameter's (GPT-2's wte) */
+	/* 1 + k: stage k's own */
+};
+
 typedef struct {
 	Graph *g;
 	int p;
-	int64_t total;   /* elements of every flat buffer */
-	int64_t *lo, *n; /* per class c (0: tied, 1 + k: stage k): its range */
+	int nv;          /* the values before the parts */
+	int *cls;        /* per value: its class (views of the flat buffers; parameters,
+			    gradients and masters and the temporaries they are views of) */
 	int *roots;      /* the flat buffers cut, value ids */
 	int nroots;
+	int64_t *lo, *n; /* [root index * (p + 1) + class]: its range in that buffer */
 	int *part;       /* [root index * p + k]: NAME.ppK, or -1 */
 } Cut;
 
@@ -67,126 +95,298 @@ static int root_index(const Cut *c, int v)
 	return -1;
 }
 
-/* The class (0: tied, 1 + k: stage k) of a range [off, off + len) of a
- * flat buffer, or -1 when it crosses classes. */
-static int class_of(const Cut *c, int64_t off, int64_t len)
+/* Could v be cut: a persistent flat buffer (params, grads, the 16-bit
+ * copy, their shards, the optimizer state)? */
+static int flat_root(const Value *v)
 {
-	for (int k = 0; k <= c->p; k++)
-		if (c->n[k] && off >= c->lo[k] && off + len <= c->lo[k] + c->n[k])
-			return k;
-	return -1;
+	return v->view_of < 0 && v->ndim == 1 && (v->kind == DP_T_FLAT || v->kind == DP_T_OPTSTATE);
 }
 
-/* The ranges of the classes, from the trained parameters' places; every
- * class one range, the tied one at 0. */
-static void find_ranges(Cut *c, const Value *flat)
+/* Is v a view (at any depth) of a flat buffer? */
+static int in_flat(const Graph *g, const Value *v)
+{
+	return v->view_of >= 0 && flat_root(ir_root(g, v));
+}
+
+/* Give value v class k; 1 when that is news. Two classes for one value: a
+ * view across the stages' parts, which the layout never makes. */
+static int set_class(Cut *c, int v, int k)
+{
+	if (c->cls[v] == k)
+		return 0;
+	if (c->cls[v] != CL_UNKNOWN)
+		die("stage_params: %%%s holds parameters of two classes (%d and %d)",
+		    c->g->values[v]->name, c->cls[v], k);
+	c->cls[v] = k;
+	return 1;
+}
+
+/* v and every value it is a view of (below its flat root) class k. */
+static void class_chain(Cut *c, int v, int k)
+{
+	for (const Value *x = c->g->values[v]; x; x = x->view_of >= 0 ? c->g->values[x->view_of] : NULL)
+		if (!flat_root(x))
+			set_class(c, x->id, k);
+}
+
+/* Every class range of root r: the views of it whose class is known. */
+static void root_ranges(Cut *c, int root, int64_t *lo, int64_t *hi)
+{
+	const Graph *g = c->g;
+	for (int k = 0; k <= c->p; k++)
+		lo[k] = INT64_MAX, hi[k] = -1;
+	for (int v = 0; v < c->nv; v++) {
+		const Value *x = g->values[v];
+		if (c->cls[v] < 0 || x->view_of < 0 || ir_root(g, x)->id != root)
+			continue;
+		int64_t off = root_offset(g, x);
+		int k = c->cls[v];
+		if (off < lo[k])
+			lo[k] = off;
+		if (off + ir_numel(x) > hi[k])
+			hi[k] = off + ir_numel(x);
+	}
+}
+
+/* The classes of the views of the flat buffers (see the top of the file):
+ * the trained parameters' own (stages_param_stage), their gradients' and
+ * masters' and what those are views of; then, to a fixed point, a node's
+ * views of unknown class take its stage, or the one class of its other
+ * views (the unit's shard beside its gathered params, the reduce_scatter's
+ * slice beside the full gradients), and a view inside the range of one
+ * class takes it (an update's runs). */
+static void find_classes(Cut *c)
 {
 	Graph *g = c->g;
-	int64_t *hi = calloc((size_t)c->p + 1, sizeof *hi);
-	if (!hi)
-		die("out of memory");
-	for (int k = 0; k <= c->p; k++)
-		c->lo[k] = c->total;
-	for (int v = 0; v < g->nvalues; v++) {
+	for (int v = 0; v < c->nv; v++)
+		c->cls[v] = CL_UNKNOWN;
+	for (int v = 0; v < c->nv; v++) {
 		const Value *pv = g->values[v];
-		if (pv->kind != DP_T_PARAM || pv->grad < 0)
+		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0)
 			continue;
-		if (pv->view_of < 0)
-			die("stage_params: param %s is in no flat buffer", pv->name);
 		int k = 1 + stages_param_stage(g, v);
-		int64_t off = root_offset(g, pv), len = ir_numel(pv);
-		if (off < c->lo[k])
-			c->lo[k] = off;
-		if (off + len > hi[k])
-			hi[k] = off + len;
-		c->n[k] += len;
+		class_chain(c, v, k);
+		class_chain(c, pv->grad, k);
+		for (int m = 0; m < c->nv; m++) { /* "p.master", "p.bwd" */
+			const Value *x = g->values[m];
+			const char *nm = x->name;
+			size_t len = strlen(pv->name);
+			if (x->kind == DP_T_PARAM && x->view_of >= 0 && strncmp(nm, pv->name, len) == 0 &&
+			    (strcmp(nm + len, ".master") == 0 || strcmp(nm + len, ".bwd") == 0))
+				class_chain(c, m, k);
+		}
 	}
-	int64_t sum = 0;
-	for (int k = 0; k <= c->p; k++) {
-		if (c->n[k] && hi[k] - c->lo[k] != c->n[k])
-			die("stage_params: %s's part of stage %d is not one range", flat->name, k - 1);
-		sum += c->n[k];
+	int64_t *lo = malloc(((size_t)c->p + 1) * sizeof *lo);
+	int64_t *hi = malloc(((size_t)c->p + 1) * sizeof *hi);
+	if (!lo || !hi)
+		die("out of memory");
+	for (int news = 1; news;) {
+		news = 0;
+		for (int i = 0; i < g->nnodes; i++) {
+			const Node *n = g->nodes[i];
+			int k = n->stage >= 0 ? 1 + n->stage : CL_UNKNOWN, many = 0;
+			for (int j = -1; j < n->nin && n->stage < 0; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				if (v < 0 || v >= c->nv || c->cls[v] < 0)
+					continue;
+				if (k >= 0 && k != c->cls[v])
+					many = 1;
+				k = c->cls[v];
+			}
+			for (int j = -1; j < n->nin && k >= 0 && !many; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				if (v >= 0 && v < c->nv && c->cls[v] < 0 && in_flat(g, g->values[v]))
+					news |= set_class(c, v, k);
+			}
+		}
+		for (int v = 0; v < c->nv; v++) {
+			const Value *x = g->values[v];
+			if (c->cls[v] >= 0 || !in_flat(g, x))
+				continue;
+			root_ranges(c, ir_root(g, x)->id, lo, hi);
+			int64_t off = root_offset(g, x);
+			for (int k = 0; k <= c->p; k++)
+				if (hi[k] >= 0 && off >= lo[k] && off + ir_numel(x) <= hi[k])
+					news |= set_class(c, v, k);
+		}
 	}
-	if (sum != c->total || (c->n[0] && c->lo[0] != 0))
-		die("stage_params: the stages' parts cover %lld of %lld elements of %s", (long long)sum,
-		    (long long)c->total, flat->name);
-	free(hi);
+	free(lo), free(hi);
 }
 
-/* The flat buffers (every one as long as flat.params: the params, grads,
- * the 16-bit copy, the optimizer state) and their parts per stage. */
+/* The flat buffers with a stage's part and their ranges: from their views'
+ * classes, else (the optimizer state of one optimizer group, which nothing
+ * views) those of the buffer an element-wise node over both wholes reads
+ * or writes beside it. A buffer's classes are one range each, the tied one
+ * at 0 (the layout ordered its units so), together the whole buffer. */
+static void find_roots(Cut *c)
+{
+	Graph *g = c->g;
+	int cap = c->nv ? c->nv : 1;
+	c->roots = ir_alloc(g, (size_t)cap * sizeof(int));
+	c->lo = ir_alloc(g, (size_t)cap * ((size_t)c->p + 1) * sizeof(int64_t));
+	c->n = ir_alloc(g, (size_t)cap * ((size_t)c->p + 1) * sizeof(int64_t));
+	int64_t *hi = malloc(((size_t)c->p + 1) * sizeof *hi);
+	char *seen = calloc((size_t)cap, 1);
+	if (!hi || !seen)
+		die("out of memory");
+	for (int v = 0; v < c->nv; v++) {
+		const Value *x = g->values[v];
+		if (!flat_root(x))
+			continue;
+		int r = c->nroots;
+		int64_t *lo = &c->lo[r * (c->p + 1)], *n = &c->n[r * (c->p + 1)];
+		root_ranges(c, v, lo, hi);
+		int own = 0;
+		for (int k = 0; k <= c->p; k++) {
+			n[k] = hi[k] >= 0 ? hi[k] - lo[k] : 0;
+			own |= k > 0 && n[k];
+		}
+		if (!own)
+			continue;
+		int64_t sum = 0;
+		for (int k = 0; k <= c->p; k++)
+			for (int j = 0; j <= c->p; j++)
+				if (j != k && n[k] && n[j] && lo[k] < lo[j] + n[j] && lo[j] < lo[k] + n[k])
+					die("stage_params: classes %d and %d of %%%s overlap", k, j, x->name);
+		for (int k = 0; k <= c->p; k++)
+			sum += n[k];
+		if (sum != ir_numel(x) || (n[0] && lo[0] != 0))
+			die("stage_params: the stages' parts cover %lld of %lld elements of %%%s",
+			    (long long)sum, (long long)ir_numel(x), x->name);
+		c->roots[c->nroots++] = v;
+		seen[v] = 1;
+	}
+	/* whole buffers beside a cut one in an element-wise node */
+	for (int news = 1; news;) {
+		news = 0;
+		for (int i = 0; i < g->nnodes; i++) {
+			const Node *n = g->nodes[i];
+			if (dp_is_collective(n->op))
+				continue;
+			int from = -1;
+			for (int j = -1; j < n->nin && from < 0; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				if (v >= 0 && v < c->nv && seen[v])
+					from = root_index(c, v);
+			}
+			for (int j = -1; j < n->nin && from >= 0; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				if (v < 0 || v >= c->nv || seen[v] || !flat_root(g->values[v]) ||
+				    ir_numel(g->values[v]) != ir_numel(g->values[c->roots[from]]))
+					continue;
+				int r = c->nroots++;
+				memcpy(&c->lo[r * (c->p + 1)], &c->lo[from * (c->p + 1)],
+				       ((size_t)c->p + 1) * sizeof(int64_t));
+				memcpy(&c->n[r * (c->p + 1)], &c->n[from * (c->p + 1)],
+				       ((size_t)c->p + 1) * sizeof(int64_t));
+				c->roots[r] = v;
+				seen[v] = news = 1;
+			}
+		}
+	}
+	/* in value order, so the parts are made in it */
+	size_t w = (size_t)c->p + 1;
+	int64_t *t = malloc(2 * w * sizeof *t);
+	if (!t)
+		die("out of memory");
+	for (int i = 1; i < c->nroots; i++) {
+		int v = c->roots[i], j = i;
+		memcpy(t, &c->lo[i * w], w * sizeof *t);
+		memcpy(t + w, &c->n[i * w], w * sizeof *t);
+		for (; j > 0 && c->roots[j - 1] > v; j--) {
+			c->roots[j] = c->roots[j - 1];
+			memcpy(&c->lo[j * w], &c->lo[(j - 1) * w], w * sizeof *t);
+			memcpy(&c->n[j * w], &c->n[(j - 1) * w], w * sizeof *t);
+		}
+		c->roots[j] = v;
+		memcpy(&c->lo[j * w], t, w * sizeof *t);
+		memcpy(&c->n[j * w], t + w, w * sizeof *t);
+	}
+	free(t), free(hi), free(seen);
+}
+
+/* Each cut buffer's part per stage that has one. */
 static void make_parts(Cut *c)
 {
 	Graph *g = c->g;
-	int nv = g->nvalues;
-	c->roots = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
-	for (int v = 0; v < nv; v++) {
-		const Value *x = g->values[v];
-		if (x->view_of < 0 && (x->kind == DP_T_FLAT || x->kind == DP_T_OPTSTATE) &&
-		    x->ndim == 1 && x->dims[0] == c->total)
-			c->roots[c->nroots++] = v;
-	}
 	c->part = ir_alloc(g, (size_t)(c->nroots * c->p + 1) * sizeof(int));
 	for (int r = 0; r < c->nroots; r++)
 		for (int k = 0; k < c->p; k++) {
 			int *slot = &c->part[r * c->p + k];
+			int64_t len = c->n[r * (c->p + 1) + 1 + k];
 			*slot = -1;
-			if (!c->n[1 + k])
+			if (!len)
 				continue;
 			const Value *o = g->values[c->roots[r]];
 			Value *x = ir_value(g, ir_fmt(g, "%s.pp%d", o->name, k), o->dtype, 1,
-					    (int64_t[]){c->n[1 + k]}, o->kind, o->loc);
+					    (int64_t[]){len}, o->kind, o->loc);
 			memcpy(x->place, o->place, sizeof x->place);
 			x->space = o->space;
 			*slot = x->id;
 		}
 }
 
-/* Every direct view of a flat buffer inside a stage's range becomes a view
+/* Every direct view of a cut buffer inside a stage's range becomes a view
  * of that stage's part. */
 static void move_views(Cut *c)
 {
 	Graph *g = c->g;
-	for (int v = 0; v < g->nvalues; v++) {
+	for (int v = 0; v < c->nv; v++) {
 		Value *x = g->values[v];
 		int r = x->view_of >= 0 ? root_index(c, x->view_of) : -1;
 		if (r < 0)
 			continue;
-		int k = class_of(c, x->view_offset, ir_numel(x));
+		int k = c->cls[v];
 		if (k < 0)
-			die("stage_params: %%%s crosses the stages' parts of %%%s", x->name,
+			die("stage_params: %%%s, a view of %%%s, is of no stage's part", x->name,
 			    g->values[x->view_of]->name);
-		if (k == 0)
+		if (k == CL_TIED)
 			continue;
 		x->view_of = c->part[r * c->p + k - 1];
-		x->view_offset -= c->lo[k];
+		x->view_offset -= c->lo[r * (c->p + 1) + k];
 	}
 }
 
-/* The stage whose part node n touches through views (-1: none, only tied
- * ranges); whether it names a flat buffer itself (*whole). */
+/* The stage whose values node n touches (-1: none, only tied or every
+ * rank's); the first cut buffer it names whole (*whole: root index, or -1;
+ * several named whole have the same parts). */
 static int node_part(const Cut *c, const Node *n, int *whole)
 {
 	const Graph *g = c->g;
 	int stage = -1;
-	*whole = 0;
+	*whole = -1;
 	for (int k = -1; k < n->nin; k++) {
 		int v = k < 0 ? n->out : n->in[k];
 		if (v < 0)
 			continue;
-		if (root_index(c, v) >= 0) {
-			*whole = 1;
+		int r = root_index(c, v);
+		if (r >= 0) {
+			if (*whole < 0)
+				*whole = r;
+			else if (memcmp(&c->n[r * (c->p + 1)], &c->n[*whole * (c->p + 1)],
+					((size_t)c->p + 1) * sizeof(int64_t)))
+				die("stage_params: node %d (%s) runs over %%%s and %%%s, cut differently",
+				    n->id, dp_op_names[n->op], g->values[c->roots[*whole]]->name,
+				    g->values[v]->name);
 			continue;
 		}
-		const Value *root = ir_root(g, g->values[v]);
-		for (int r = 0; r < c->nroots * c->p; r++)
-			if (c->part[r] == root->id) {
-				int s = r % c->p;
-				if (stage >= 0 && stage != s)
-					die("stage_params: node %d (%s) touches stages %d and %d's parameters",
-					    n->id, dp_op_names[n->op], stage, s);
-				stage = s;
+		int s = -1;
+		for (const Value *x = g->values[v]; x && s < 0;
+		     x = x->view_of >= 0 ? g->values[x->view_of] : NULL) {
+			if (x->id < c->nv && c->cls[x->id] >= 0) {
+				s = c->cls[x->id] - 1;
+				break;
 			}
+			for (int q = 0; q < c->nroots * c->p; q++)
+				if (c->part[q] == x->id)
+					s = q % c->p;
+		}
+		if (s < 0)
+			continue;
+		if (stage >= 0 && stage != s)
+			die("stage_params: node %d (%s) touches stages %d and %d's parameters", n->id,
+			    dp_op_names[n->op], stage, s);
+		stage = s;
 	}
 	return stage;
 }
@@ -218,14 +418,16 @@ int stage_params_run(Graph *g, Diag *d)
 	(void)d;
 	if (!stages_split_params(g))
 		return 0;
-	Value *flat = ir_find_value(g, "flat.params");
-	if (!flat)
-		die("stage_params: flat.params missing (optimizer pass not run?)");
-	Cut c = {.g = g, .p = (int)g->cfg.mesh[DP_AXIS_PP], .total = ir_numel(flat)};
-	c.lo = ir_alloc(g, (size_t)(c.p + 1) * sizeof(int64_t));
-	c.n = ir_alloc(g, (size_t)(c.p + 1) * sizeof(int64_t));
-	memset(c.n, 0, (size_t)(c.p + 1) * sizeof(int64_t));
-	find_ranges(&c, flat);
+	Cut c = {.g = g, .p = (int)g->cfg.mesh[DP_AXIS_PP], .nv = g->nvalues};
+	c.cls = malloc(((size_t)c.nv + 1) * sizeof *c.cls);
+	if (!c.cls)
+		die("out of memory");
+	find_classes(&c);
+	find_roots(&c);
+	if (!c.nroots) { /* every parameter tied: every stage keeps them all */
+		free(c.cls);
+		return 0;
+	}
 	make_parts(&c);
 	move_views(&c);
 
@@ -254,7 +456,8 @@ int stage_params_run(Graph *g, Diag *d)
 			if (s < 0)
 				DP_FATTR(n, SQNORM, weight) = (w != 0 ? w : 1.0f) / (float)c.p;
 		}
-		if (whole) {
+		if (whole >= 0) {
+			const int64_t *len = &c.n[whole * (c.p + 1)];
 			if (s >= 0)
 				die("stage_params: node %d (%s) touches a whole flat buffer and a stage's part",
 				    n->id, dp_op_names[n->op]);
@@ -262,13 +465,13 @@ int stage_params_run(Graph *g, Diag *d)
 			if (!after[i])
 				die("out of memory");
 			for (int k = 0; k < c.p; k++)
-				if (c.n[1 + k]) {
+				if (len[1 + k]) {
 					Node *x = copy_for_stage(&c, n, k);
 					if (x->op == DP_OP_SQNORM)
 						DP_FATTR(x, SQNORM, weight) = w;
 					after[i][nafter[i]++] = x;
 				}
-			drop[i] = !c.n[0];
+			drop[i] = !len[0];
 		} else if (s >= 0) {
 			if (n->stage >= 0 && n->stage != s)
 				die("stage_params: node %d (%s) on stage %d touches stage %d's parameters",
@@ -332,13 +535,17 @@ int stage_params_run(Graph *g, Diag *d)
 			ir_remove_node(g, old[i]);
 
 	/* the flat buffers keep the tied range, else go */
-	for (int r = c.nroots - 1; r >= 0; r--) {
+	int *gone = malloc(((size_t)c.nroots + 1) * sizeof *gone), ngone = 0;
+	if (!gone)
+		die("out of memory");
+	for (int r = 0; r < c.nroots; r++) {
 		Value *x = g->values[c.roots[r]];
-		if (c.n[0])
-			x->dims[0] = c.n[0];
+		if (c.n[r * (c.p + 1)])
+			x->dims[0] = c.n[r * (c.p + 1)];
 		else
-			ir_drop_value(g, c.roots[r]);
+			gone[ngone++] = c.roots[r];
 	}
-	free(old), free(drop), free(after), free(nafter), free(order);
+	ir_drop_values(g, gone, ngone);
+	free(old), free(drop), free(after), free(nafter), free(order), free(gone), free(c.cls);
 	return 0;
 }

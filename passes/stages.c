@@ -228,15 +228,8 @@ int stages_param_stage(const Graph *g, int p)
 int stages_split_params(const Graph *g)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
-	if (p <= 1 || p > STAGES_MAX_ACCOUNT || g->offload || g->cfg.compress != DP_COMPRESS_NONE)
-		return 0;
-	for (int v = 0; v < g->nvalues; v++) {
-		const Value *pv = g->values[v];
-		if (pv->kind == DP_T_PARAM && pv->grad >= 0 &&
-		    shard_strategies[ir_block_strategy(g, pv->block)].cut)
-			return 0;
-	}
-	return 1;
+	return p > 1 && p <= STAGES_MAX_ACCOUNT && !g->offload &&
+	       g->cfg.compress == DP_COMPRESS_NONE;
 }
 
 int stages_micro_copies(const Graph *g)

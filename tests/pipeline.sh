@@ -22,9 +22,17 @@
 #     stage keeping its own parameters: the logged norm sums the four
 #     stages' parts); gpt-pp2xdp2 (4 ranks) against ddp at 2 ranks;
 #     mlp8-pp2xzero1 (pp=2 x dp_shard=2, zero1) against zero1 at 2 ranks;
-#     gpt-pp2xzero2 (pp=2 x dp_shard=2, zero2: the slices reduce_scattered
-#     over dp_shard, then summed over pp) against zero2 at 2 ranks (without
-#     the all_reduce over pp it fails on every parameter, the tied wte too);
+#     gpt-pp2xzero2 (pp=2 x dp_shard=2, zero2: each stage's own slices
+#     reduce_scattered over its dp_shard group, the tied wte's then summed
+#     over pp) against zero2 at 2 ranks (without that all_reduce over pp it
+#     fails on wte);
+#     each stage keeping only its own parameters under a sharded strategy
+#     (passes/stage_params.c: its flat buffers, shards and optimizer state
+#     its blocks' alone): mlp8-pp2-zero2 and mlp8-pp2-fs (pp=2, 2 ranks,
+#     zero2 and full_shard) against mlp8 on 1 rank; gpt2-tiny's at
+#     pp=2 x dp_shard=2 are gpt-pp2xzero2 and gpt-pp2xfs above (at 2 ranks
+#     they pass too, left out for CI time: they add no path the 4-rank
+#     runs do not take);
 #     gpt-pp2xfs (full_shard blocks, the tied embedding ddp, grad_accum 4:
 #     each block gathered on its stage per micro-batch, before its forward
 #     and again before its backward) and gpt-pp2xfs-zb (zero_bubble, with
@@ -47,7 +55,10 @@
 #   fsdp-ir   gpt-pp2xfs's IR: every full_shard block's all_gather on its own
 #             stage over dp_shard, once per micro-batch before its forward
 #             and once before its backward (reshard_after_forward), none
-#             before the backward without it (gpt-pp2xfs-zb)
+#             before the backward without it (gpt-pp2xfs-zb); each stage's
+#             shard buffers and optimizer state its own (.pp0, .pp1), its
+#             blocks' slices summed over its dp group without pp, pp only in
+#             the tied wte's all_reduce
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
@@ -63,8 +74,10 @@
 #             the saved parameters bit for bit (--save-full at pp=2 gathers
 #             the stages' on rank 0); full_shard blocks at pp=2 x dp_shard=2:
 #             10 + --resume 10 steps (sharded checkpoint) equal the straight
-#             20 bit for bit; the pp=2 full checkpoint resumed at pp=1
-#             (1 rank) matches 20 steps on 1 rank
+#             20 bit for bit, and that sharded checkpoint (each stage's
+#             ranks holding slices of its own blocks only) loads at 1 rank
+#             with the saved parameters bit for bit; the pp=2 full checkpoint
+#             resumed at pp=1 (1 rank) matches 20 steps on 1 rank
 # The cut's errors are tests/errors/pp_*.dp; the passes are
 # tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
@@ -133,6 +146,9 @@ variant "$T/gpt.dp" "$T/gpt-zero2.dp" 's/^  strategy ddp/  strategy zero2/'
 pp "$T/gpt.dp" 2 "$T/gpt-pp2.dp"
 pp "$T/gpt.dp" 4 "$T/gpt-pp4.dp"
 pp "$T/gpt-zero2.dp" 2 "$T/gpt-pp2xzero2.dp"
+# each stage's own parameters sharded (2 ranks: dp_shard=1; 4: dp_shard=2)
+pp "$M8" 2 "$T/mlp8-pp2-zero2.dp" 's/^  strategy ddp/  strategy zero2/'
+pp "$M8" 2 "$T/mlp8-pp2-fs.dp" 's/^  strategy ddp/  strategy full_shard/'
 # the compositions: tp and cp inside a stage, recompute, bf16
 { echo "mesh pp=2, tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-pp2xtp2.dp"
 { echo "mesh tp=2"; grep -v '^mesh ' "$T/gpt.dp"; } >"$T/gpt-tp2.dp"
@@ -164,6 +180,7 @@ need() {
 	mlp8-pp4-noclip) once "$1" eq_run "$1" 4 "$T/mlp8-pp4-noclip.dp" ;;
 	mlp8-zero1) once "$1" eq_run "$1" 2 "$T/mlp8-zero1.dp" ;;
 	mlp8-pp2xzero1) once "$1" eq_run "$1" 4 "$T/mlp8-zero1pp.dp" ;;
+	mlp8-pp2-zero2 | mlp8-pp2-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
 	gpt-dp2) once "$1" eq_run "$1" 2 "$T/gpt.dp" ;;
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
@@ -193,6 +210,7 @@ same_losses() {
 for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt-1 gpt-pp4:gpt-1 \
 	gpt-pp2xdp2:gpt-dp2 \
 	mlp8-pp2xzero1:mlp8-zero1 gpt-pp2xzero2:gpt-zero2 gpt-pp2xfs:gpt-fs gpt-pp2xfs-zb:gpt-fs \
+	mlp8-pp2-zero2:mlp8-1 mlp8-pp2-fs:mlp8-1 \
 	gpt-pp2xhs:gpt-fs \
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
@@ -218,6 +236,15 @@ if case_on fsdp-ir; then
 	nb=$(grep -c 'gather\.bwd' "$T/fszb.ag")
 	what="full_shard at pp=2: per micro-batch gathers on their stage (stage 0: $f0 forward, $b0 backward; stage 1: $f1, $b1); without reshard_after_forward $nb backward gathers"
 	if [ "$f0" = 4 ] && [ "$b0" = 4 ] && [ "$f1" = 8 ] && [ "$b1" = 8 ] && [ "$nb" = 0 ]; then ok "$what"; else fail "$what"; fi
+	# each stage's own shards (passes/stage_params.c): the shard buffers and
+	# optimizer state cut per stage, the blocks' slices summed over their
+	# stage's ranks only, pp left only in the tied wte's all_reduce
+	"$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 --emit=ir >"$T/fs.ir" 2>/dev/null
+	parts=$(grep -Ec '^%(flat\.(params|grads)\.shard|opt\.[mv])\.pp[01] +:' "$T/fs.ir")
+	slices=$(grep -Ec '^%(h\.[01]|lnf)\.grad\.shard = all_reduce axes=dp_replicate +comm .* stage=[01] ' "$T/fs.ir")
+	overpp=$(grep -E '^bucket r[0-9]+ all_reduce axes=pp' "$T/fs.ir" | sed 's/.* = //' | tr '\n' ' ')
+	what="full_shard at pp=2: $parts per-stage shard and optimizer buffers, $slices slices summed without pp, pp only in the all_reduce of: $overpp"
+	if [ "$parts" = 8 ] && [ "$slices" = 3 ] && [ "$overpp" = "%grad.embed.wte " ]; then ok "$what"; else fail "$what"; fi
 fi
 
 if case_on tied; then
@@ -320,10 +347,18 @@ if case_on resume; then
 	REPRO="dpexec gpt2-tiny full_shard at pp=2 x dp_shard=2 --steps 10 --save-form sharded, then --resume to 20"
 	"$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 -o "$T/gfs.bin" 2>/dev/null || fail "resume: dpc full_shard"
 	run fs-straight 4 "$T/gfs.bin" --steps 20 --losses "$T/fs-straight.loss" --save-full "$T/fs-straight.st" &&
-		run fs-a 4 "$T/gfs.bin" --steps 10 --losses "$T/fs.loss" --save-dir "$T/ck-fs" --save-form sharded &&
+		run fs-a 4 "$T/gfs.bin" --steps 10 --losses "$T/fs.loss" --save-dir "$T/ck-fs" --save-form sharded \
+			--save-full "$T/fs-10.st" &&
 		run fs-b 4 "$T/gfs.bin" --steps 20 --losses "$T/fs.loss" --resume "$T/ck-fs" --save-full "$T/fs.st"
 	bitwise "full_shard at pp=2 x dp_shard=2, sharded checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit" \
 		"$T/fs.loss" "$T/fs-straight.loss" "$T/fs.st" "$T/fs-straight.st"
+	# each stage's ranks hold slices of its own blocks only: the sharded
+	# checkpoint loads resharded at 1 rank (pp=1, dp_shard=1)
+	REPRO="dpexec gpt2-tiny full_shard at pp=2 x dp_shard=2, its sharded step-10 checkpoint loaded at 1 rank"
+	"$DPC" "$T/gpt-fs.dp" --world-size 1 -o "$T/gfs1.bin" 2>/dev/null || fail "resume: dpc full_shard at 1 rank"
+	run fs-at1 1 "$T/gfs1.bin" --steps 10 --resume "$T/ck-fs/step-000010" --save-full "$T/fs-at1.st" &&
+		bitwise "full_shard at pp=2 x dp_shard=2: its sharded checkpoint loads at 1 rank, parameters bit for bit" \
+			"$T/fs-at1.st" "$T/fs-10.st"
 	REPRO="dpexec gpt2-tiny pp=2 10 steps, --resume at 1 rank to 20"
 	run one 1 "$T/g1.bin" --steps 20 --losses "$T/one.loss" --save-full "$T/one.st"
 	cp "$T/r-full-10.loss" "$T/pp1.loss" # the resumed run appends its steps

@@ -477,6 +477,44 @@ def check_memory(model, text):
                f"{model} {strategy}: params+grads+optimizer per rank {tot[1]} > {tot[2]} > {tot[4]}")
 
 
+HELD = re.compile(r"^\s*held: params (\d+) B .*?, grads (\d+) B, optimizer state (\d+) B")
+
+
+def check_pipeline(model, text):
+    """pp=2 under the sharded strategies (passes/stage_params.c): each stage's
+    ranks hold only its own blocks' parameters, gradients and optimizer
+    state, sharded over its dp_shard group: --stats' `held:` line of stage
+    k is mixed_memory() of stage k's blocks alone (the cut given by a
+    block's `stage 1`, the blocks after it following), exactly up to the
+    256-byte alignment of each buffer; and the largest stage's persistent
+    bytes are below the same dp_shard's at pp=1."""
+    names = [b for b, _ in BLOCKS]
+    cut = len(names) // 2
+    stage_blocks = [BLOCKS[:cut], BLOCKS[cut:]]
+    for s in ("zero1", "zero2", "full_shard", "hybrid_shard"):
+        for S in (1, 2):
+            t = edit(text, s, mesh=f"pp=2, dp_shard={S}",
+                     bucket="0.000001" if s.startswith("zero") else None)
+            out = dpc(edit_blocks(t, {names[cut]: ["stage 1"]}), ["--emit=stats"])
+            held = [tuple(int(x) for x in m.groups()) for m in map(HELD.match, out.splitlines()) if m]
+            if not ok(len(held) == 2, f"{model} {s} pp=2 x dp_shard={S}: a held: line per stage"):
+                continue
+            for k in (0, 1):
+                L, F, G = mixed_memory(stage_blocks[k], {b: s for b, _ in BLOCKS}, S, {})
+                for (rname, lo), got in zip((("params", 4 * (L + F)), ("grads", 4 * (L + G)),
+                                             ("optimizer state", 8 * L)), held[k]):
+                    ok(lo <= got < lo + ALIGN * 2,
+                       f"{model} {s} pp=2 x dp_shard={S} stage {k} ({stage_blocks[k][0][0]}.."
+                       f"{stage_blocks[k][-1][0]}): held {rname} {got} in [{lo}, {lo + ALIGN * 2})")
+            _, mem = parse_stats(dpc(edit(text, s, mesh=f"dp_shard={S}",
+                                          bucket="0.000001" if s.startswith("zero") else None),
+                                     ["--emit=stats"]))
+            one = sum(mem[r] for r in ("parameters", "gradients", "optimizer state"))
+            most = max(sum(h) for h in held)
+            ok(most < one, f"{model} {s} dp_shard={S}: params+grads+optimizer per rank fall with pp: "
+                           f"pp=2's largest stage {most} < pp=1's {one}")
+
+
 def halve(r):
     """A row moving bf16 instead of f32: bytes and bus bytes exactly halved."""
     ranks, calls, buckets, size, bus = r
@@ -732,6 +770,7 @@ def main():
         check_recompute(model, text)
         check_bf16(model, text)
         check_offload(model, text)
+        check_pipeline(model, text)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 
