@@ -46,7 +46,7 @@
 #    search it rules out ddp's candidates (3.90 MiB) and the winner and
 #    -o are as before; with DPC_PLAN_CHECK=1 (every candidate compiled and
 #    memory-planned, dpc stops when a bound is above its plan) over mlp8 at
-#    4 ranks in f32 (pp up to 4), gpt2-tiny at 4 in bf16 (tp, cp, pp) and
+#    2 ranks in f32 (pp=2), gpt2-tiny at 4 in bf16 (tp, cp, pp up to 4) and
 #    llama at 2 in bf16 and mlp at 2 under SGD with momentum (one state
 #    slot): every strategy, checkpointing off and on, and bound <= plan;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
@@ -348,7 +348,7 @@ EOF2
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
 	# the memory bound below every memory plan (dpc stops at one above)
 	bound_ok=1 bounds=""
-	for a in "mlp8 4 train.precision=f32" "gpt2-tiny 4 train.precision=bf16" \
+	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16" \
 		"llama 2 train.precision=bf16" "mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9)"; do
 		set -- $a
 		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" >"$T/bound.txt" 2>&1 &&
