@@ -19,7 +19,12 @@
  * that tp does not divide, a batch that the data-parallel ranks do not) is
  * counted and skipped. The user's -D and --set apply to every candidate.
  *
- * Pruning. The memory bound: on each mesh the candidate with the least
+ * Pruning. The closed-form bound (mem_bound, below): before any compile,
+ * a lower bound of every candidate's memory plan from its mesh, strategy,
+ * the model's parameters at its tp, the dtypes and the optimizer; a
+ * candidate whose bound alone is over the device memory is not compiled
+ * (PL_BOUND), and plan_eval checks the bound against every memory plan it
+ * makes. The memory bound: on each mesh the candidate with the least
  * memory (the most sharded strategy the mesh allows, with gradient
  * checkpointing, 1F1B) is compiled first; when it does not fit the device
  * memory no other candidate of that mesh can, and they are not compiled.
@@ -43,6 +48,12 @@
  * start low), then the rest, each mesh deciding from what the earlier
  * phases and it itself found only: the result does not depend on the
  * number of workers or their timing.
+ *
+ * When no plan fits, the candidates the closed-form bound ruled out are
+ * compiled after all, each mesh's least-memory one (phase 0), so that the
+ * message names the smallest plan's memory as an exhaustive search would.
+ * DPC_PLAN_CHECK=1 (tests) compiles and memory-plans every candidate,
+ * pruning nothing, and prints the bound's range against the plans.
  *
  * Ranked by simulated step time among those that fit; the top 10 printed
  * with their step time, memory, exposed communication and what each loses
@@ -75,6 +86,7 @@ typedef struct {
 	                  is refused uncompiled */
 	double step_s, compute_s, exposed_s; /* compute_s: the busiest stage's */
 	int64_t mem;
+	int64_t bound; /* mem_bound: a lower bound of mem, without a compile (0: none) */
 } Plan;
 
 enum {
@@ -89,6 +101,8 @@ enum {
 	                 compute alone can be (the dominance rule) */
 	PL_SLOWER,  /* simulated, slower than ten plans that fit: its memory
 	               not planned (plan_eval) */
+	PL_BOUND,   /* not compiled: its memory bound (mem_bound) alone is over
+	               the device memory */
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
@@ -154,6 +168,105 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
 }
 
 /*
+ * The memory bound: a lower bound of a candidate's memory plan (its arena,
+ * peak_bytes), in closed form, without compiling it.
+ *
+ * The memory plan gives every persistent value (parameters and their
+ * 16-bit copies, gradients, optimizer state) a range of its own for the
+ * whole step, so the arena is at least their sum; at pp > 1 the arena is
+ * the largest stage's, whose persistent part is what every stage keeps plus
+ * its own share (passes/stage_params.c), at least 1/pp of the whole. From
+ * P, the parameter elements one rank of the candidate's tp holds (the
+ * front end and the tp and shape passes, once per tp), D = dp_replicate x
+ * dp_shard x cp (no strategy cuts a tensor among more ranks than those: the
+ * sharded ones cut over dp_shard x cp, as torchtitan's FSDP does), the
+ * dtype sizes and the optimizer's state slots, per element of P / pp:
+ *
+ *   ddp          params  4 (+ the 16-bit copy's size when computing in 16 bits)
+ *                grads   reduce dtype's size;  state 4 x slots
+ *   zero1, zero2 params  compute dtype's size (the full copy every rank
+ *                        computes with) + 4 / D (the f32 master shard, 16 bits)
+ *                grads   reduce size / D;  state 4 x slots / D
+ *   full_shard,  params  (compute size + 4 (16 bits)) / D
+ *   hybrid_shard grads   reduce size / D;  state 4 x slots / D
+ *
+ * Activations, gathered parameters and buckets (temporaries) are left out:
+ * what the memory plan packs there is known only after a compile. The
+ * bound is 0 (no pruning) where one of its premises does not hold: a
+ * block's strategy or precision of its own, `offload` (the state in host
+ * memory), or a front end that refuses the tp. plan_eval checks the bound
+ * against the memory plan of every candidate it plans (a bound above it
+ * stops the search: a bug, not a plan), and tests/simulate.sh over a
+ * spread of models, strategies, precisions, checkpointing and meshes.
+ */
+static void plan_name(char *buf, size_t len, const Plan *p);
+
+typedef struct {
+	int tp;
+	int ok;              /* the premises hold: the bound applies */
+	int64_t params;      /* P: parameter elements per rank at this tp */
+	int compute, reduce; /* the dtypes' sizes in bytes */
+	int slots;           /* optimizer state values per parameter element */
+} ModelMem;
+
+/* The model's parameters and dtypes at tp (see above): the front end and
+ * the passes up to shape, on tp ranks of tp alone (po->mesh: its mesh). */
+static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
+{
+	ModelMem mm = {.tp = tp};
+	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 1));
+	if (!sets)
+		die("out of memory");
+	if (po->nsets)
+		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
+	sets[po->nsets] = (FeSet){"train.strategy", "ddp", "--plan"}; /* not `auto` */
+	FeOptions fo = {.world_size = po->mesh ? po->world : tp, .defines = po->defines,
+			.ndefines = po->ndefines, .sets = sets, .nsets = po->nsets + 1};
+	if (!po->mesh)
+		fo.tp = tp;
+	Diag d;
+	diag_init(&d, quiet, po->path, NULL);
+	char *src = NULL;
+	Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
+	PipelineOpts pl = {.verify = 0};
+	if (g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, pipeline_find("shape") + 1) >= 0 &&
+	    !g->offload) {
+		mm.ok = 1;
+		for (int b = 0; b < g->nblocks; b++)
+			if (g->blocks[b].strategy >= 0 || g->blocks[b].param_dtype >= 0)
+				mm.ok = 0;
+		for (int i = 0; i < g->nvalues; i++)
+			if (g->values[i]->kind == DP_T_PARAM && g->values[i]->view_of < 0)
+				mm.params += ir_span(g->values[i]);
+		mm.compute = (int)ir_dtype_size((DpDtype)g->param_dtype);
+		mm.reduce = (int)ir_dtype_size((DpDtype)g->reduce_dtype);
+		mm.slots = g->opt.kind == DP_OPT_ADAMW ? 2 : g->opt.momentum != 0;
+	}
+	if (g)
+		ir_free(g);
+	free(src);
+	free(sets);
+	return mm;
+}
+
+/* p's memory bound in bytes (see above), 0 when mm's premises fail. */
+static int64_t mem_bound(const Plan *p, const ModelMem *mm)
+{
+	if (!mm->ok)
+		return 0;
+	double P = (double)mm->params / p->pp, D = (double)p->rep * p->shard * p->cp;
+	double master = mm->compute < 4 ? 4 : 0; /* the f32 masters beside a 16-bit copy */
+	double per; /* bytes per element of P */
+	if (p->strategy == DP_STRAT_DDP)
+		per = 4 + (master ? mm->compute : 0) + mm->reduce + 4.0 * mm->slots;
+	else if (!is_sharded(p->strategy))
+		per = mm->compute + master / D + (mm->reduce + 4.0 * mm->slots) / D;
+	else
+		per = (mm->compute + master + mm->reduce + 4.0 * mm->slots) / D;
+	return (int64_t)floor(P * per);
+}
+
+/*
  * Compile and simulate p. The memory plan, the last pass (and the most
  * costly one: 45 % of a compile at GPT-3 175B's shape), runs only when
  * p's memory matters: when p is simulated no slower than keep_below (the
@@ -209,6 +322,13 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_belo
 				p->state = PL_REFUSED;
 			} else {
 				p->mem = g->peak_bytes;
+				if (p->bound > p->mem) {
+					char name[160];
+					plan_name(name, sizeof name, p);
+					die("--plan: the memory bound %lld B is above the memory plan's "
+					    "%lld B (%s): the bound is wrong", (long long)p->bound,
+					    (long long)p->mem, name);
+				}
 				p->state = po->device_memory > 0 && p->mem > po->device_memory ? PL_TOO_BIG
 												 : PL_FITS;
 			}
@@ -259,6 +379,7 @@ typedef struct {
 	int nmesh, n;
 	const PlanOpts *po;
 	FILE *quiet;
+	int check;             /* DPC_PLAN_CHECK=1: every candidate compiled and planned */
 	double t0, last;       /* progress */
 	int workers;           /* the most that ran at once */
 } Search;
@@ -303,11 +424,22 @@ static void search_mesh(const Search *se, int phase, int m)
 {
 	Plan *mp = se->plans + se->mesh_start[m];
 	int nm = se->mesh_start[m + 1] - se->mesh_start[m], probe = mesh_probe(mp, nm);
-	if (phase == 1 || (phase == 2 && probe && mp[probe].state != PL_PRUNED)) {
+	if (phase == 0) { /* no plan fits: for the message, the mesh's least-memory plan
+			     among those the bound ruled out (the first with a memory plan) */
+		for (int i = 0; i < nm && mp[i].state != PL_FITS && mp[i].state != PL_TOO_BIG; i++)
+			if (mp[i].state == PL_BOUND) {
+				plan_eval(&mp[i], se->po, se->quiet, INFINITY);
+				if (mp[i].state == PL_TOO_BIG)
+					break;
+			}
+		return;
+	}
+	if ((phase == 1 && mp[0].state != PL_BOUND) ||
+	    (phase == 2 && probe && mp[probe].state != PL_PRUNED && mp[probe].state != PL_BOUND)) {
 		plan_eval(&mp[phase == 1 ? 0 : probe], se->po, se->quiet, INFINITY);
 		return;
 	}
-	if (phase == 2)
+	if (phase != 3)
 		return;
 	double best = INFINITY, fits[TOP]; /* the ten fastest that fit, known here */
 	int nfits = 0;
@@ -320,10 +452,14 @@ static void search_mesh(const Search *se, int phase, int m)
 		Plan *p = &mp[i];
 		if (p->state == PL_PRUNED)
 			break; /* the whole mesh is */
-		if (i == probe)
+		if (i == probe || p->state == PL_BOUND)
 			continue;
 		if (p->sched == IR_PIPE_ZERO_BUBBLE && mp[i - 1].zb_stuck) {
 			p->state = PL_REFUSED; /* its 1F1B sibling (the one before) found it */
+			continue;
+		}
+		if (se->check) { /* every candidate's memory plan, against its bound */
+			plan_eval(p, se->po, se->quiet, INFINITY);
 			continue;
 		}
 		double lb = compute_bound(p, mp, nm);
@@ -572,17 +708,65 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!quiet)
 		die("--plan: cannot open /dev/null");
 	double t0 = now_s();
-	Search se = {plans, mesh_start, nmesh, n, po, quiet, t0, t0, 0};
+	/* the memory bound, per tp once: candidates over the device memory by
+	 * it alone are not compiled */
+	ModelMem *mms = malloc(sizeof *mms * (size_t)n);
+	int nmm = 0;
+	if (!mms)
+		die("out of memory");
+	for (int i = 0; i < n; i++) {
+		int k = 0;
+		while (k < nmm && mms[k].tp != plans[i].tp)
+			k++;
+		if (k == nmm)
+			mms[nmm++] = model_mem(po, quiet, plans[i].tp);
+		plans[i].bound = mem_bound(&plans[i], &mms[k]);
+		if (po->device_memory > 0 && plans[i].bound > po->device_memory)
+			plans[i].state = PL_BOUND;
+	}
+	free(mms);
+	if (!po->brief || now_s() - t0 >= 1) {
+		int over = 0;
+		for (int i = 0; i < n; i++)
+			over += plans[i].state == PL_BOUND;
+		fprintf(stderr, "dpc: --plan: memory bound: %d of %d candidates over the device memory "
+			"without a compile, %.1f s\n", over, n, now_s() - t0);
+	}
+	const char *check = getenv("DPC_PLAN_CHECK");
+	Search se = {plans, mesh_start, nmesh, n, po, quiet, check && strcmp(check, "1") == 0, t0, t0, 0};
+	if (se.check) { /* nothing pruned: every bound is checked by plan_eval */
+		for (int i = 0; i < n; i++)
+			if (plans[i].state == PL_BOUND)
+				plans[i].state = PL_TODO;
+	}
 	int jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
 	search_phase(&se, 1, jobs);
 	/* the memory bound: a mesh's first candidate needs the least memory;
 	 * when it does not fit, none of the mesh does */
-	for (int m = 0; m < nmesh; m++)
+	for (int m = 0; m < nmesh && !se.check; m++)
 		if (plans[mesh_start[m]].state == PL_TOO_BIG)
 			for (int k = mesh_start[m] + 1; k < mesh_start[m + 1]; k++)
 				plans[k].state = PL_PRUNED;
 	search_phase(&se, 2, jobs);
 	search_phase(&se, 3, jobs);
+	int any_fit = 0;
+	for (int i = 0; i < n && !any_fit; i++)
+		any_fit = plans[i].state == PL_FITS;
+	if (!any_fit)
+		search_phase(&se, 0, jobs);
+	if (se.check) { /* the bound against every memory plan (all are below it) */
+		double lo = INFINITY, hi = 0;
+		int planned = 0;
+		for (int i = 0; i < n; i++)
+			if (plans[i].mem > 0 && plans[i].bound > 0) {
+				double r = (double)plans[i].bound / (double)plans[i].mem;
+				lo = fmin(lo, r);
+				hi = fmax(hi, r);
+				planned++;
+			}
+		fprintf(out, "memory bound: %d memory plans, bound / plan from %.3f to %.3f\n", planned,
+			planned ? lo : 0.0, hi);
+	}
 	int compiled = 0, same = 0;
 	for (int i = 0; i < n; i++) {
 		compiled += plans[i].compiled;
@@ -593,7 +777,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!fit)
 		die("out of memory");
 	int nfit = 0, refused = 0, big = 0, pruned = 0, dominated = 0, uncompiled_refused = 0;
-	int slower = 0;
+	int slower = 0, bounded = 0;
 	const Plan *smallest = NULL;
 	for (int i = 0; i < n; i++) {
 		Plan *p = &plans[i];
@@ -602,6 +786,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		pruned += p->state == PL_PRUNED;
 		dominated += p->state == PL_DOMINATED;
 		slower += p->state == PL_SLOWER;
+		bounded += p->state == PL_BOUND;
 		big += p->state == PL_TOO_BIG;
 		if (p->state == PL_FITS)
 			fit[nfit++] = p;
@@ -613,10 +798,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		fprintf(out, "plan search on %s at %d ranks: %d candidates: %d compiled (%d refused by the "
 		"front end, %d checkpointing nothing), %d simulated: %d fit, %d over the device "
 		"memory, %d slower than ten that fit (memory not planned); %d refused uncompiled "
-		"(zero_bubble's order deadlocks), %d pruned by the memory bound, %d by dominance; "
+		"(zero_bubble's order deadlocks), %d over the device memory by the closed-form "
+		"bound, %d pruned by the memory bound, %d by dominance; "
 		"%.2f s (%.1f ms a compile, %d workers)\n",
 		po->machine->name, N, n, compiled, refused - uncompiled_refused, same,
-		nfit + big + slower, nfit, big, slower, uncompiled_refused, pruned, dominated, took,
+		nfit + big + slower, nfit, big, slower, uncompiled_refused, bounded, pruned, dominated, took,
 		compiled ? 1e3 * took / compiled : 0.0, se.workers);
 	int rc = 0;
 	if (!nfit) {

@@ -40,7 +40,15 @@
 #    zero_bubble deadlocks at 2 micro-batches and is refused uncompiled),
 #    which loses to data parallelism by its bubble, and dominance skips
 #    some compiles;
-#    a budget no plan fits is one line naming the smallest plan's memory;
+#    a budget no plan fits is one line naming the smallest plan's memory
+#    (the plans the memory bound ruled out compiled for it);
+#    the memory bound (plan.c's mem_bound, no compile): in the 2.5 MiB
+#    search it rules out ddp's candidates (3.90 MiB) and the winner and
+#    -o are as before; with DPC_PLAN_CHECK=1 (every candidate compiled and
+#    memory-planned, dpc stops when a bound is above its plan) over mlp8 at
+#    2 ranks in f32 (pp=2), gpt2-tiny at 4 in bf16 (tp, cp, pp up to 4) and
+#    llama at 2 in bf16 and mlp at 2 under SGD with momentum (one state
+#    slot): every strategy, checkpointing off and on, and bound <= plan;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
 #    winner (byte for byte the direct compile) and names the runner-up; on
 #    an explicit mesh it searches that mesh only;
@@ -258,8 +266,9 @@ if case_on "plan"; then
 	"$DPC" models/mlp.dp --world-size 4 --tp 1 --cp 1 --dp-replicate 1 --set train.strategy=full_shard \
 		--set train.gradient_checkpointing=false --set train.prefetch=2 -o "$T/direct.bin" 2>/dev/null
 	if grep -q "^winner: tp=1 cp=1 dp_replicate=1 dp_shard=4 full_shard prefetch=2$" "$T/plan.txt" &&
-		! grep -E "^[0-9]+ " "$T/plan.txt" | grep -qv "full_shard" && cmp -s "$T/win.bin" "$T/direct.bin"; then
-		ok "plan: only full_shard fits 2.5 MiB, and -o writes it"
+		! grep -E "^[0-9]+ " "$T/plan.txt" | grep -qv "full_shard" && cmp -s "$T/win.bin" "$T/direct.bin" &&
+		grep -Eq " [1-9][0-9]* over the device memory by the closed-form bound" "$T/plan.txt"; then
+		ok "plan: only full_shard fits 2.5 MiB, and -o writes it; $(grep -Eo '[0-9]+ over the device memory by the closed-form bound' "$T/plan.txt")"
 	else
 		fail "plan: only full_shard fits 2.5 MiB"; sed 's/^/      /' "$T/plan.txt" | head -n 8
 	fi
@@ -337,6 +346,20 @@ EOF2
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
+	# the memory bound below every memory plan (dpc stops at one above)
+	bound_ok=1 bounds=""
+	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16" \
+		"llama 2 train.precision=bf16" "mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9)"; do
+		set -- $a
+		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" >"$T/bound.txt" 2>&1 &&
+			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt"); then
+			bounds="$bounds; $1 ${r#memory bound: }"
+		else
+			bound_ok=0
+			fail "plan: memory bound: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
+		fi
+	done
+	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan${bounds}"
 fi
 
 if case_on "errors"; then
