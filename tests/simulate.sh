@@ -304,6 +304,7 @@ if case_on "plan"; then
 		"$DPC" models/mlp.dp --world-size 2 --set train.grad_accum=1 --set train.strategy=$st \
 			--stats >"$T/$st.stats" 2>/dev/null
 	done
+	out="not the winner: $(grep -m1 "^winner:" "$T/plan2.txt")"
 	if grep -q "^winner: tp=2 cp=1 dp_replicate=1 dp_shard=1 ddp" "$T/plan2.txt" &&
 		out=$($PY - "$T" <<'EOF2'
 import re, sys
