@@ -173,12 +173,14 @@ static int attn_paired(const Graph *g, int j)
  * products of one sequence and head (a unit: T x Tk x hd multiply-adds over
  * the lower triangle, T Tk hd FLOPs), which the op's cost rule counts at
  * FlashAttention-2's 2 (forward) and 5 (backward). Executed: the forward 2
- * (S, P V); the ordinary backward 9 (the forward again for each row's lse
- * and D, then S, dP, dQ by query tile, then S, dV, dP, dK by key tile), 7
- * on tensor cores when paired with its forward (attn_paired: lse and O
- * kept, no forward again); the cp gradients 5 (d qkv: the forward again,
- * S, dP, dQ) and 6 (d kv: the forward again, S, dP, dV, dK), 3 and 4 on
- * tensor cores when paired; on tensor cores for bf16 (and f32 under
+ * (S, P V); the ordinary backward 9 on the CUDA cores (the forward again
+ * for each row's lse and D, then S, dP, dQ by query tile, then S, dV, dP,
+ * dK by key tile); on tensor cores one kernel by key tile, S, dP, dV, dK
+ * and dQ (k_attn_bwd_mma: FlashAttention-2's 5), 7 with the forward again
+ * when not paired with its forward (attn_paired: lse and O kept); the cp
+ * gradients 5 (d qkv: the forward again, S, dP, dQ) and 6 (d kv: the
+ * forward again, S, dP, dV, dK), 3 and 4 on tensor cores when paired (two
+ * ops, each running the one kernel for its part); on tensor cores for bf16 (and f32 under
  * gemm_math tf32, in tf32) with a head dim of 32, 64 or 128 (the kernels'
  * own rule), else on the CUDA cores. *tensor: on tensor cores. j: the
  * node's index.
@@ -200,7 +202,7 @@ static double attn_executed(const Graph *g, int j, int *tensor)
 	case DP_OP_ATTENTION_CP:
 		return 2 * unit;
 	case DP_OP_ATTENTION_GRAD:
-		return (paired ? 7 : 9) * unit;
+		return (*tensor ? (paired ? 5 : 7) : 9) * unit;
 	case DP_OP_ATTENTION_CP_GRAD:
 		return (paired ? 3 : 5) * unit;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */

@@ -82,8 +82,8 @@
 #   tc_stride     the tile rows of X Y^T (K in the forward) addressed for
 #                 ldmatrix with the unpadded head dim as the row stride
 #                 (a wrong stride)
-#   tc_causal     a forward or dQ warp skips the key tile holding its
-#                 diagonal as if it were above it (a wrong causal tile bound)
+#   tc_causal     a forward warp skips the key tile holding its diagonal
+#                 as if it were above it (a wrong causal tile bound)
 #   tc_frag       P's C registers packed into the wrong A registers
 #                 (a[1] taken as A[g][2q+8..], not A[g+8][2q..]: a wrong
 #                 fragment index)
@@ -95,10 +95,22 @@
 #                 (stale) lse
 #   tcb_dterm     the backward's D = dO . O written as 0 (dS = P dP: the
 #                 softmax's row term dropped)
-#   tcb_sync      the dK/dV kernel's one __syncthreads per query tile (Q,
-#                 dO, lse, D copied in, the other buffer free), dropped
-#   tcb_causal    a dK/dV warp skips the query tile holding its keys'
-#                 diagonal as if every query were before them
+#   tcb_sync      the backward's (k_attn_bwd_mma's) first __syncthreads
+#                 per query tile (Q, dO, lse, D copied in, the other buffer
+#                 free, dS^T's tile read), dropped
+#   tcb_causal    a backward warp skips the query tile holding its keys'
+#                 diagonal as if every query were before them (dK, dV and
+#                 its dS^T rows for dQ)
+#   tcb_dqadd     the backward's dQ part stored into the f32 sums, not
+#                 added by atomicAdd: a key block's sum overwrites the
+#                 others' (a dropped dQ accumulation; k16: a16 at ctx
+#                 1024, where a row's dQ has up to 16 key blocks' parts)
+#   tcb_dqsync    the backward's second __syncthreads per query tile
+#                 (every warp's dS^T rows stored before dQ = dS K reads
+#                 them), dropped
+#   tcb_dqlayout  dS^T's shared tile read for dQ = dS K by ldmatrix
+#                 without .trans: dS^T's registers where the mma takes
+#                 dS's (a wrong fragment layout)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
@@ -231,6 +243,13 @@ c16_model() {
 	once a16src a16_model
 	{ echo "mesh cp=2"; grep -v '^mesh ' "$T/a16.dp"; } >"$T/c16.dp"
 }
+# k16: a16 at GPT-2's ctx, 1024, one sequence (tests/cuda_emu.sh's
+# "gpt2-ctx1k bf16 sgd"): a query row's dQ sums the parts of up to 16 key
+# blocks (at ctx 128, two: tcb_dqadd's lost part stays within the bounds)
+k16_model() {
+	once a16src a16_model
+	sed 's/^  global_batch .*/  global_batch 1/' "$T/a16.dp" >"$T/k16.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
@@ -313,6 +332,7 @@ reference() {
 	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
+	k16) np=1 src=$T/k16.dp prec=bf16 defs="-D ctx=1024 -D d=128 -D heads=2 -D layers=1"; once k16src k16_model ;;
 	t32) np=1 src=$T/a16.dp prec=tf32 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
@@ -322,8 +342,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16, c16, u16, h16, t32: their training updates are compared, from the initial weights
-	if [[ $1 == [acuh]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, h16, k16, t32: their training updates are compared, from the initial weights
+	if [[ $1 == [acuhk]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -435,6 +455,9 @@ tcb_stale     tcb_stale     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_dterm     tcb_dterm     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_causal    tcb_causal    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqadd     tcb_dqadd     k16     1 one DPEMU_SEED=1
+tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqlayout  tcb_dqlayout  a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tf32_frag     tf32_frag     t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -511,6 +534,7 @@ unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated u16 "the unpaired attention case"
 unmutated c16 "the cp=2 attention case"
 unmutated t32 "the gpt2-hd64 tf32 case"
+unmutated k16 "the gpt2-hd64 bf16 case at ctx 1024"
 unmutated voc "the padded-vocabulary case"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"

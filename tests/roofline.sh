@@ -88,7 +88,10 @@ if case_on "gpt2 tf32: tensor cores"; then
 	# gemm_math tf32 runs f32 operands on tensor cores at 494.7 TFLOP/s: GPT-2
 	# 124M's GEMMs are compute-bound, 494.7 / 66.9 faster than in f32; its
 	# attention runs on the mma .tf32 kernels, priced at their executed
-	# FLOPs (FlashAttention-2's 7 backward units, paired) at the tf32 rate
+	# FLOPs at the tf32 rate: paired, FlashAttention-2's 2 + 5 causal
+	# products (k_attn_bwd_mma: S and dP once for dK, dV and dQ), against
+	# the CUDA-core kernels' 2 + 9 in f32 (the forward again, then S and dP
+	# by query tile and by key tile)
 	roof gpt2 models/gpt2.dp --world-size 1 && roof gpt2tf models/gpt2.dp --world-size 1 --set train.precision=tf32 &&
 		$PY - "$T/gpt2.txt" "$T/gpt2tf.txt" >"$T/tf32.out" 2>&1 <<'EOF' &&
 import re, sys
@@ -108,6 +111,7 @@ by, au, ams, run, on = attn(sys.argv[2])
 lo, hi = 1e3 * run / 494.7e12, 1e3 * (run / 494.7e12 + by / 3.35e12)
 assert au32 == "cuda" and on32 == "CUDA" and au == "tensor" and on == "tensor", (au32, on32, au, on)
 assert run < run32 and lo * 0.99 <= ams <= hi * 1.01, ("tf32 attention", run, run32, ams, lo, hi)
+assert abs(run / run32 - 7 / 11) < 1e-4, ("executed causal products, tensor cores : CUDA cores", run, run32)
 print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' ratio is {494.7 / 66.9:.2f}); "
       f"attention {ams} ms in tf32 ({run / 1e9:.1f} GFLOP executed), {ams32} ms in f32 ({run32 / 1e9:.1f})")
 EOF
@@ -131,8 +135,9 @@ case_on "gpt2-tiny bf16: attention's model FLOPs" && transformer models/gpt2-tin
 case_on "gpt2 bf16: attention's model FLOPs, tensor-core attention" && transformer models/gpt2.dp gpt2
 # attention at GPT-2 124M's shapes: the kernels' executed FLOPs in causal
 # products of T x T x hd per sequence, head and layer: in bf16 (head dim 64)
-# 9 on tensor cores (the forward's 2, the backward's 7: every gradient is
-# paired with its forward, whose output is intact until then), in f32 11 on
+# 7 on tensor cores (the forward's 2, the one-kernel backward's 5,
+# FlashAttention-2's: every gradient is paired with its forward, whose
+# output is intact until then), in f32 11 on
 # the CUDA cores (the backward's 9); its time between those FLOPs at that
 # rate and that plus its bytes
 if case_on "gpt2 attention: executed FLOPs on their units"; then
@@ -151,7 +156,7 @@ def num(s):
     return float(v) * {"GFLOP": 1e9, "TFLOP": 1e12, "MiB": 2**20, "GiB": 2**30}[u]
 unit = float(sys.argv[3])  # sequences x T x T x hd x heads x layers per step
 out = []
-for path, units, rate, k in ((sys.argv[1], "tensor", BF16, 9), (sys.argv[2], "cuda", FP32, 11)):
+for path, units, rate, k in ((sys.argv[1], "tensor", BF16, 7), (sys.argv[2], "cuda", FP32, 11)):
     text = open(path).read()
     row = re.search(r"^attention\s+\d+\s+([\d.]+ \w+)\s+([\d.]+ \w+)\s+(\S+)\s+([\d.]+)$", text, re.M)
     ex = re.search(r"^attention executes ([\d.]+ \w+) on (.*?), its ms", text, re.M)

@@ -40,12 +40,14 @@
  *                    Paired with its gradient (cu_plan_attn, at the end) it
  *                    leaves each row's lse for it; else the backward runs it
  *                    again for each row's lse and D.
- *   k_attn_bwd_dq_mma<HD>, k_attn_bwd_dkv_mma<HD> the backward of the same
- *                    attention on tensor cores from those (FlashAttention-2's
- *                    dQ pass and dK/dV pass; their comment below);
+ *   k_attn_bwd_mma<HD> the backward of the same attention on tensor cores
+ *                    from those, FlashAttention-2's: one kernel per key tile
+ *                    gives dK, dV and (by f32 atomicAdd, then
+ *                    k_attn_dq_store) dQ (its comment below);
  *                    k_attn_bwd_q/kv do the rest.
- * Every output element is written by one thread with a fixed loop order: no
- * atomics, deterministic, graph == eager.
+ * Every output element but the tensor-core backward's dQ is written by one
+ * thread with a fixed loop order: deterministic, graph == eager. That dQ is
+ * summed over key blocks by atomics, in the order the blocks get there.
  *
  * Numerics against the CPU (which does S = scale * Q K^T and P V with
  * sgemm, the softmax with the final max, expf, a double sum and a float
@@ -530,10 +532,8 @@ template <int HD, typename T> struct FaShape {
 	static const int BCB = HD == 128 ? 16 : 32; /* the backward's rows per tile */
 	static const int LD = HD + 16 / E;         /* tile rows: 16 bytes of padding */
 	static const int SMEM = 2 * 2 * BC * LD * E; /* two operands, double-buffered */
-	static const int SMEM_BWD = 2 * 2 * BCB * LD * E + 2 * 2 * BCB * 4; /* + (lse, D) */
 	static_assert(LD * E % 16 == 0, "tile rows are 16-byte aligned (ldmatrix, uint4 copies)");
-	static_assert(SMEM <= 48 * 1024 && SMEM_BWD <= 48 * 1024,
-		      "no opt-in to more than 48 KB of shared memory");
+	static_assert(SMEM <= 48 * 1024, "the forward: no opt-in to more than 48 KB of shared memory");
 };
 
 /* An element as the mma takes it: bf16 as it is, f32 rounded to tf32
@@ -993,125 +993,99 @@ CU_UNROLL
  * D = dO . O (per query row, f32: lse from the forward that cu_plan_attn
  * paired with the gradient and D by k_attn_rowdot from its output O, else
  * both from k_attn_fwd_mma run again), so P = exp(scale s - lse) needs no
- * softmax pass. Two kernels on the primitives above (BCB = 32 rows per
- * tile, 16 for head dim 128: the registers), each writing its outputs once
- * (no atomics: deterministic, graph == eager):
- *   k_attn_bwd_dq_mma   a block per 64 query rows (Q's and dO's A
- *                       registers kept), over the key tiles up to its last
- *                       row: S = Q K^T and dP = dO V^T in C registers,
- *                       dS = P (dP - D) packed to bf16 A registers,
- *                       dQ += dS K; dQ = scale dQ into d qkv's q columns.
- *   k_attn_bwd_dkv_mma  a block per 64 key rows (K's and V's A registers
- *                       kept), over the query tiles from its first key's
- *                       (Q, dO and their rows' lse and D in shared memory):
- *                       S^T = K Q^T, P^T packed to bf16, dV += P^T dO,
- *                       dP^T = V dO^T, dS^T = P^T (dP^T - D) packed,
- *                       dK += dS^T Q; dK = scale dK and dV into the k and v
- *                       columns.
+ * softmax pass. One kernel, k_attn_bwd_mma, a block per (batch, head) and
+ * 64 stored key rows (BCB = 32 query rows per tile, 16 for head dim 128:
+ * the registers):
+ *  - K's and V's A registers are read once and kept, K's rows also copied
+ *    once into shared memory (B of dQ's product);
+ *  - the query tiles from the block's first key's go by double-buffered
+ *    (Q, dO and their rows' lse and D), one barrier per tile as in the
+ *    forward; per warp (16 keys): S^T = K Q^T and dP^T = V dO^T in C
+ *    registers, P^T packed to A registers, dV += P^T dO, dS^T =
+ *    P^T (dP^T - D) packed, dK += dS^T Q, all in registers;
+ *  - dQ: each warp stores its dS^T rows (rounded as the mma takes them)
+ *    into a shared [64 keys][BCB queries] tile, a barrier, and warp w
+ *    computes one 16-row, HD W' / 4-column part of the tile's dQ = dS K
+ *    (A: dS^T's tile through ldmatrix .trans, B: K's rows through
+ *    ldmatrix .trans, as fa_times_tile takes them) and adds it into the
+ *    f32 accumulators dqacc [B, T, C] with atomicAdd (RED.ADD.F32 on a
+ *    GPU: each element once per key block and query tile);
+ *  - after it, k_attn_dq_store writes scale * dqacc into d qkv's q
+ *    columns (rounded once) and, for attention_cp_grad, zeros in k and v.
+ * So S and dP are computed once for all three gradients: 5 T^2 hd units
+ * (S, dP, dV, dK, dQ), not the 7 of a dQ kernel and a dK/dV kernel that
+ * each recompute S and dP. Why atomics rather than a second pass: that
+ * pass is the 2 units saved; FlashAttention-2 and cuDNN do the same. The
+ * price: dQ's sum over key blocks runs in the order the blocks reach
+ * their atomics, so its last bits (and the run's) vary from run to run and
+ * a graph replay is not bit for bit an eager run (docs/CUDA.md); each
+ * element is a sum of nkeys / 64 f32 partial sums, a few ulp apart at most.
+ * The cp gradients run it too: attention_cp_grad with out NULL (dQ only:
+ * S, dP, dQ), attention_cp_grad_kv with dqacc NULL (dK, dV only).
  * P is rounded to bf16 for dV, dS for dK and dQ, as FlashAttention does.
- * dQ in a kernel of its own rather than by f32 atomics from the key-major
- * kernel: atomics would save S and dP's recomputation (2 of the 7 T^2 hd
- * units) but make the sum's order, and so the bits, change from run to
- * run. Causal: the dQ block stops at its last row's key tile and a warp
- * skips tiles above its rows; the dK/dV block starts at its first key's
- * query tile and a warp skips query tiles wholly before its keys; only the
+ * Causal: the block starts at its first key's query tile and a warp skips
+ * query tiles wholly before its keys (its dS^T rows then zero); only the
  * tiles crossing a warp's diagonal (and the query tile crossing T) are
  * masked. */
-template <int HD, bool CP, typename T>
-__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
-k_attn_bwd_dq_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *dqkv, int zero_kv)
-{
+template <int HD, typename T> struct FaBwd {
 	typedef FaShape<HD, T> S;
-	const int KS = Mma<T>::K;
-	if (!CP)
-		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
-	const int BC = S::BCB, TILE = BC * S::LD;
-	extern __shared__ __align__(16) unsigned char fa_raw[];
-	T *fa_smem = (T *)fa_raw; /* [2][K, V][BC][LD] */
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
-	int64_t b, h, q0;
-	fa_block(g, g.t, &b, &h, &q0);
-	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
-	const int64_t ld = 3 * g.c;
-	const int64_t wrow = q0 + 16 * warp;
-	const int64_t row[2] = {wrow + gr, wrow + gr + 8};
-	int64_t qp[2], wfirst = 0, wlast = 0, first, last; /* positions (the forward's) */
-	for (int r = 0; r < 2; r++)
-		qp[r] = row[r] < g.t ? qpos(g, row[r]) : row[r];
-	if (wrow < g.t)
-		fa_query_span(g, wrow, wrow + 15, &wfirst, &wlast);
-	fa_query_span(g, q0, q0 + S::BR - 1, &first, &last);
-	uint32_t qa[HD / KS][4], da[HD / KS][4];
-	const T *rp[2];
-	fa_rows(rp, base, ld, row, g.t);
-	fa_load_a<HD>(qa, rp, 0, g.vec8);
-	fa_rows(rp, dy + b * g.t * g.c + g.hd * h, g.c, row, g.t);
-	fa_load_a<HD>(da, rp, 0, g.vec8);
-	float lr[2], dr[2];
-CU_UNROLL
-	for (int r = 0; r < 2; r++) {
-		int64_t i = (b * g.h + h) * g.t + row[r];
-		lr[r] = row[r] < g.t ? lse[i] : 0;
-		dr[r] = row[r] < g.t ? dd[i] : 0;
-	}
-	float dq[HD / 8][4];
-CU_UNROLL
-	for (int n = 0; n < HD / 8; n++)
-		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0;
+	static const int BC = S::BCB;               /* query rows per tile */
+	static const int KR = S::BR;                /* the block's key rows */
+	static const int LDS = BC + 16 / S::E;      /* dS^T's rows: 16 bytes of padding */
+	static const int RT = BC / 16;              /* 16-row parts of a query tile */
+	static const int HDW = HD * RT / S::W;      /* dQ columns per warp */
+	static const int QTILE = BC * S::LD;        /* elements of a Q (or dO) tile */
+	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K [KR][LD], dS^T [KR][LDS] */
+	static const int SMEM = (4 * QTILE + KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
+	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
+	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
+};
 
-	int64_t tiles = last / BC + 1; /* causal */
-	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, b, h, 0);
-	for (int64_t it = 0; it < tiles; it++) {
-		__syncthreads(); /* key tile it is in; the other buffer's is consumed */
-		if (it + 1 < tiles)
-			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, b, h, (it + 1) * BC);
-		const int64_t k0 = it * BC;
-		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
-			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
-		const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
-		float s[BC / 8][4], dp[BC / 8][4];
-		fa_times_rows<HD, BC, S::LD>(s, qa, ks);  /* S = Q K^T */
-		fa_times_rows<HD, BC, S::LD>(dp, da, vs); /* dP = dO V^T */
-		const int diag = k0 + BC - 1 > wfirst;
+/* A registers of a 16-query part of dS = (dS^T)^T for fa_times_tile's
+ * k-steps over the 64 keys, from dS^T's shared tile [keys][LDS] (rt: the
+ * part's first query, a multiple of 16): bf16 through ldmatrix .x4 .trans
+ * (matrix i: keys 16 k + 8 (i >> 1), queries rt + 8 (i & 1): a[i] =
+ * A[g + 8 (i & 1)][8 (i >> 1) + 2 q ..+1], the A layout); tf32 by 32-bit
+ * loads in fa_pack's column order (a[i] = A[g + 8 (i & 1)][8 k + 2 q +
+ * (i >> 1)]: fa_times_tile's B rows are 8 k + 2 q and + 1; banks 8 q + g
+ * at LDS = BC + 4). */
+template <int N, int LDS, typename T>
+static __device__ __forceinline__ void fa_load_dst(uint32_t (*pa)[4], const T *dst, int rt)
+{
+	const int lane = threadIdx.x % 32;
+	if constexpr (sizeof(T) == 4) {
+		const T *p = dst + 2 * (lane % 4) * LDS + rt + lane / 4;
 CU_UNROLL
-		for (int j = 0; j < BC / 8; j++)
+		for (int k = 0; k < N / 8; k++)
 CU_UNROLL
-			for (int e = 0; e < 4; e++) {
-				int r = e >> 1;
-				float p = diag && k0 + 8 * j + 2 * qd + (e & 1) > qp[r]
-						  ? 0.0f
-						  : expf(s[j][e] * g.scale - lr[r]);
-				s[j][e] = p * (dp[j][e] - dr[r]); /* dS */
-			}
-		uint32_t dsa[BC / KS][4];
-		fa_pack<BC, T>(dsa, s);
-		fa_times_tile<HD, BC, S::LD>(dq, dsa, ks); /* dQ += dS K */
-	}
+			for (int i = 0; i < 4; i++)
+				pa[k][i] = __float_as_uint(p[(8 * k + (i >> 1)) * LDS + 8 * (i & 1)]);
+	} else {
+		const int mi = lane / 8, mr = lane % 8;
 CU_UNROLL
-	for (int r = 0; r < 2; r++) {
-		if (row[r] >= g.t)
-			continue;
-		T *dst = dqkv + (b * g.t + row[r]) * ld + 3 * g.hd * h;
-		fa_store_row<HD>(dst, dq, r, g.scale);
-		if (zero_kv) /* attention_cp_grad: k and v return through the gathered kv */
-			for (int64_t d = qd; d < 2 * g.hd; d += 4)
-				dst[g.hd + d] = (T)0;
+		for (int k = 0; k < N / 16; k++) {
+			const T *p = dst + (16 * k + 8 * (mi >> 1) + mr) * LDS + rt + 8 * (mi & 1);
+			if (MUTANT(tcb_dqlayout))
+				cu_ldsm<4>(pa[k], p);
+			else
+				cu_ldsm_t<4>(pa[k], p);
+		}
 	}
 }
 
 template <int HD, bool CP, typename T>
 __global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
-k_attn_bwd_dkv_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out)
+k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc)
 {
 	typedef FaShape<HD, T> S;
-	const int KS = Mma<T>::K;
+	typedef FaBwd<HD, T> F;
+	const int KS = Mma<T>::K, BC = F::BC, TILE = F::QTILE;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
-	const int BC = S::BCB, TILE = BC * S::LD;
-	/* [2][Q, dO][BC][LD], then [2][lse, D][BC] (f32) */
 	extern __shared__ __align__(16) unsigned char fa_raw[];
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
+	T *ksm = (T *)(stats + 4 * BC), *dst = ksm + F::KR * S::LD;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	int64_t b, h, k0;
 	fa_block(g, g.nkeys, &b, &h, &k0);
@@ -1135,6 +1109,12 @@ k_attn_bwd_dkv_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T 
 CU_UNROLL
 	for (int n = 0; n < HD / 8; n++)
 		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
+	if (dqacc) { /* K's rows, B of dQ = dS K (read after the loop's first barrier) */
+		auto krow = [&](int j) {
+			return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
+		};
+		tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, g.tcvec);
+	}
 
 	auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
 		T *t = fa_smem + 2 * TILE * buf;
@@ -1157,50 +1137,118 @@ CU_UNROLL
 		}
 	const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
 	const int64_t tiles = (g.t - first + BC - 1) / BC;
+	const int rt = 16 * (warp % F::RT), c0 = F::HDW * (warp / F::RT); /* this warp's part of dQ */
 	load(first, 0);
 	for (int64_t it = 0; it < tiles; it++) {
 		if (!MUTANT(tcb_sync))
-			__syncthreads(); /* query tile it is in; the other buffer's is consumed */
+			__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
 		if (it + 1 < tiles)
 			load(first + (it + 1) * BC, (it + 1) % 2);
 		const int64_t q0 = first + it * BC;
 		int64_t qfirst, qlast; /* the tile's query positions */
 		fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
-		if ((MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys)
-			continue; /* every query before the warp's keys, or keys past T (warp-uniform) */
 		const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
-		const float *ls = stats + 2 * BC * (it % 2), *dst = ls + BC;
+		const float *ls = stats + 2 * BC * (it % 2), *dt = ls + BC;
 		float s[BC / 8][4], dp[BC / 8][4];
-		fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
-		fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
-		/* a query before one of the warp's keys, or past T */
-		const int mask = qfirst < wlast || q0 + BC > g.t;
+		/* every query before the warp's keys, or keys past the end (warp-uniform) */
+		const int skip = (MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys;
+		if (!skip) {
+			fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
+			fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
+			/* a query before one of the warp's keys, or past T */
+			const int mask = qfirst < wlast || q0 + BC > g.t;
 CU_UNROLL
-		for (int j = 0; j < BC / 8; j++)
+			for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
-			for (int e = 0; e < 4; e++) {
-				int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
-				float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
-						  ? 0.0f
-						  : expf(s[j][e] * g.scale - ls[c]);
-				s[j][e] = p;                     /* P^T */
-				dp[j][e] = p * (dp[j][e] - dst[c]); /* dS^T */
+				for (int e = 0; e < 4; e++) {
+					int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
+					float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
+							  ? 0.0f
+							  : expf(s[j][e] * g.scale - ls[c]);
+					s[j][e] = p;                       /* P^T */
+					dp[j][e] = p * (dp[j][e] - dt[c]); /* dS^T */
+				}
+			uint32_t pa[BC / KS][4];
+			if (out) { /* uniform over the grid */
+				fa_pack<BC, T>(pa, s);
+				fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
+				fa_pack<BC, T>(pa, dp);
+				fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
 			}
-		uint32_t pa[BC / KS][4];
-		fa_pack<BC, T>(pa, s);
-		fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
-		fa_pack<BC, T>(pa, dp);
-		fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
+		}
+		if (!dqacc)
+			continue; /* uniform over the grid */
+		/* this warp's rows of dS^T, as the mma takes them (zeros: skipped) */
+CU_UNROLL
+		for (int r = 0; r < 2; r++) {
+			T *d = dst + (16 * warp + gr + 8 * r) * F::LDS + 2 * qd;
+CU_UNROLL
+			for (int j = 0; j < BC / 8; j++) {
+				float x0 = skip ? 0.0f : dp[j][2 * r], x1 = skip ? 0.0f : dp[j][2 * r + 1];
+				if constexpr (sizeof(T) == 2) {
+					*(uint32_t *)(d + 8 * j) = pack_bf16(x0, x1);
+				} else {
+					d[8 * j] = tc_value<T>(x0);
+					d[8 * j + 1] = tc_value<T>(x1);
+				}
+			}
+		}
+		if (!MUTANT(tcb_dqsync))
+			__syncthreads(); /* dS^T's rows of every warp are in */
+		uint32_t sa[F::KR / KS][4];
+		fa_load_dst<F::KR, F::LDS>(sa, dst, rt);
+		float acc[F::HDW / 8][4];
+CU_UNROLL
+		for (int n = 0; n < F::HDW / 8; n++)
+			acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+		fa_times_tile<F::HDW, F::KR, S::LD>(acc, sa, ksm + c0); /* this part of dS K */
+CU_UNROLL
+		for (int r = 0; r < 2; r++) {
+			const int64_t t = q0 + rt + gr + 8 * r;
+			if (t >= g.t)
+				continue;
+			float *a = dqacc + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
+CU_UNROLL
+			for (int n = 0; n < F::HDW / 8; n++)
+CU_UNROLL
+				for (int e = 0; e < 2; e++) {
+					if (c0 + 8 * n + 2 * qd + e >= g.hd)
+						continue;
+					if (MUTANT(tcb_dqadd))
+						a[8 * n + e] = acc[n][2 * r + e];
+					else
+						atomicAdd(a + 8 * n + e, acc[n][2 * r + e]);
+				}
+		}
 	}
+	if (!out)
+		return;
 CU_UNROLL
 	for (int r = 0; r < 2; r++)
 		if (key[r] < g.nkeys) { /* d qkv's k and v columns, or cp's d kv [cp, B, T, 2C] */
 			int64_t s = key[r], blk = s / g.t, j = s - blk * g.t;
-			T *dst = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
-					    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
-			fa_store_row<HD>(dst, dk, r, g.scale);
-			fa_store_row<HD>(dst + g.hd, dv, r, 1.0f);
+			T *o = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
+				    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
+			fa_store_row<HD>(o, dk, r, g.scale);
+			fa_store_row<HD>(o + g.hd, dv, r, 1.0f);
 		}
+}
+
+/* d qkv's q columns = scale * dQ's f32 sums (k_attn_bwd_mma's dqacc
+ * [B, T, C]), rounded once; zero_kv (attention_cp_grad): its k and v
+ * columns 0 (they return through the gathered kv). */
+template <typename T>
+__global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, T *dqkv, int zero_kv)
+{
+	CU_FOR_EACH(i, g.b * g.t * g.c) {
+		int64_t bt = i / g.c, c = i - bt * g.c, h = c / g.hd, d = c - h * g.hd;
+		T *row = dqkv + bt * 3 * g.c + 3 * g.hd * h;
+		st(row + d, g.scale * dqacc[i]);
+		if (zero_kv) {
+			st(row + g.hd + d, 0.0f);
+			st(row + 2 * g.hd + d, 0.0f);
+		}
+	}
 }
 
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
@@ -1274,13 +1322,19 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 	return 0;
 }
 
-/* (m, inv, D) per (batch, head, query row); the tensor-core backward: (lse, D) */
+static int tc_instr(const DpStep *s, const DpInstr *in);
+
+/* (m, inv, D) per (batch, head, query row); the tensor-core backward: (lse,
+ * D, unused), then, where it gives dQ, dQ's f32 sums [B, T, C] */
 static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 {
 	if (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP)
 		return 0;
 	const DpTensor *tq = &s->tensors[in->in[1]];
-	return (size_t)(3 * tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1]) * sizeof(float);
+	int64_t rows = tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1];
+	int64_t dq = in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in)
+			     ? tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3) : 0;
+	return (size_t)(3 * rows + dq) * sizeof(float);
 }
 
 /* The forward and the backward run on tensor cores for bf16 attention,
@@ -1329,11 +1383,12 @@ __global__ void k_attn_rowdot(Geom<T> g, const T *dy, const T *o, float *dd)
 	}
 }
 
-/* The backward: each query row's lse and D, then dQ (attention_grad,
- * attention_cp_grad), then dK and dV (attention_grad, attention_cp_grad_kv).
- * lse is the forward's and D = dO . O from its output when the planner
- * paired them (cu_plan_attn); else the forward runs again for both (into
- * scratch, O not written). */
+/* The backward: each query row's lse and D, then k_attn_bwd_mma (dK and
+ * dV: attention_grad, attention_cp_grad_kv; dQ into f32 sums, zeroed
+ * first: attention_grad, attention_cp_grad), then dQ stored. lse is the
+ * forward's and D = dO . O from its output when the planner paired them
+ * (cu_plan_attn); else the forward runs again for both (into scratch, O
+ * not written). Scratch: lse, D, then dQ's sums (scratch_attention). */
 template <int HD, bool CP, typename T>
 static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
@@ -1354,15 +1409,23 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 				       a->st, g, (T *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
-		if (op != DP_OP_ATTENTION_CP_GRAD_KV) {
-			CU_LAUNCH_SMEM((k_attn_bwd_dq_mma<HD, CP, T>), blocks, 32 * S::W, (size_t)S::SMEM_BWD,
-				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv,
-				       op == DP_OP_ATTENTION_CP_GRAD);
-			CU_LAUNCHED(a, e);
-		}
-		if (op != DP_OP_ATTENTION_CP_GRAD) { /* into d qkv, or cp's d kv */
-			CU_LAUNCH_SMEM((k_attn_bwd_dkv_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)S::SMEM_BWD,
-				       a->st, g, dy, (const float *)lse, (const float *)dd, dqkv);
+		float *dqacc = (float *)a->scratch + 3 * g.b * g.h * g.t;
+		size_t dqbytes = (size_t)(g.b * g.t * g.c) * sizeof(float);
+		if (op == DP_OP_ATTENTION_CP_GRAD_KV)
+			dqacc = NULL;
+		else
+			CU_OK(a, cudaMemsetAsync(dqacc, 0, dqbytes, a->st), e);
+		const int smem = FaBwd<HD, T>::SMEM;
+		if (smem > 48 * 1024) /* f32 (tf32) at head dim 128: the opt-in, every launch (cheap) */
+			CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T>,
+						      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
+		CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
+			       dy, (const float *)lse, (const float *)dd,
+			       op == DP_OP_ATTENTION_CP_GRAD ? (T *)0 : dqkv, dqacc);
+		CU_LAUNCHED(a, e);
+		if (dqacc) {
+			CU_LAUNCH(k_attn_dq_store<T>, cu_grid(g.b * g.t * g.c), CU_THREADS, a->st, g,
+				  (const float *)dqacc, dqkv, op == DP_OP_ATTENTION_CP_GRAD);
 			CU_LAUNCHED(a, e);
 		}
 	}
@@ -1488,7 +1551,7 @@ static int attn_same_operands(const DpInstr *k, const DpInstr *g)
  * condition (both or neither DP_IF_LAST), with no instruction between them
  * writing those operands or the forward's output O: the forward writes each
  * row's lse into a buffer of the plan, and the gradient reads it and
- * computes D from O, instead of running the forward again (2 of its 9 T^2
+ * computes D from O, instead of running the forward again (2 of its 7 T^2
  * hd units; cp's two gradients share one forward's lse). A recomputed
  * forward is the latest, so it is the one paired.
  */
