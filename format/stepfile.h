@@ -360,6 +360,8 @@ DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
+DP_FATTR_SAME(LAYERNORM, ADD_LAYERNORM, eps);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_ADD, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
 DP_FATTR_SAME(XENT, XENT_FUSED, scale);
@@ -441,6 +443,10 @@ typedef enum {
 	                      out disjoint from the inputs */
 	DP_OR_ORTHOGONALIZE, /* out f32 [rows, r], r <= rows */
 	DP_OR_FLAG,        /* no out; in0 f32 [1], read into the backend's step state */
+	DP_OR_ADD_NORM,    /* in0, in1 alike (x and the residual), in2 gamma [cols], in3 beta
+	                      [cols], out [2, rows.., cols]: the sum, then its norm; fa0 >= 0;
+	                      disjoint */
+	DP_OR_NORM_GRAD_ADD, /* as NORM_GRAD, and in3 (the residual's gradient) like x */
 	DP_NOR
 } DpOperandRule;
 

@@ -399,13 +399,37 @@ int ir_shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x. */
+/* ADD_LAYERNORM {x, residual, gamma [C], beta [C]} -> [2, rows, C]: the
+ * sum's rows, then the norm's (passes/fuse.c). */
+int ir_shape_add_layernorm(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[0]), *r = V(g, n->in[1]);
+	if (!same_type(x, r)) {
+		error_at(d, n->loc, "%s: x is %s but the residual is %s", op_name(n), IR_TYPE(x),
+			 IR_TYPE(r));
+		return -1;
+	}
+	if (need_float(n, x, "x", d) || need_channel(n, x, V(g, n->in[2]), "gamma", d) ||
+	    need_channel(n, x, V(g, n->in[3]), "beta", d))
+		return -1;
+	copy_type(out, x);
+	set_type(out, x->dtype, 3, (int64_t[]){2, ir_fold_rows(x), ir_fold_cols(x)});
+	return 0;
+}
+
+/* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x;
+ * LAYERNORM_GRAD_ADD {dy, x, gamma, d residual}: the same, d residual like x. */
 int ir_shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);
 	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d) ||
 	    need_channel(n, x, V(g, n->in[2]), "gamma", d))
 		return -1;
+	if (n->nin > 3 && !same_type(V(g, n->in[3]), x)) {
+		error_at(d, n->loc, "%s: x is %s but the residual's gradient is %s", op_name(n),
+			 IR_TYPE(x), IR_TYPE(V(g, n->in[3])));
+		return -1;
+	}
 	return 0;
 }
 

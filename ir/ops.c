@@ -160,6 +160,15 @@ void ir_cost_linear_gelu(const Graph *g, const Node *n, double *flops, double *b
 	*bytes = io_bytes(g, n);
 }
 
+/* ADD_LAYERNORM: cost_k flops per element of a half (the add's one and
+ * layernorm's eight); the two inputs read, the sum and the norm written (the sum's
+ * re-reads for the statistics stay in cache: one pass over memory). */
+void ir_cost_add_layernorm(const Graph *g, const Node *n, double *flops, double *bytes)
+{
+	*flops = ir_ops[n->op].cost_k * vnumel(g, n->out) / 2;
+	*bytes = io_bytes(g, n);
+}
+
 /* MATMUL_GELU_GRAD: the product's flops and cost_k per output element. */
 void ir_cost_matmul_gelu_grad(const Graph *g, const Node *n, double *flops, double *bytes)
 {

@@ -2,8 +2,9 @@
  * fuse.c - a linear and the gelu after it become one GEMM, forward and
  * backward (pass "fuse"): what cuBLASLt's GELU_AUX_BIAS and DGELU epilogues
  * compute in the GEMM's own epilogue, without a pass of the activation
- * through memory (docs/CUDA.md); and the loss and its gradient become one
- * pass over the logits (llm.c's fused_classifier).
+ * through memory (docs/CUDA.md); the loss and its gradient become one
+ * pass over the logits (llm.c's fused_classifier); and a residual add
+ * becomes part of the layernorm after it, forward and backward.
  *
  * Before: the schedule form. A linear h = linear(x, w[, b]) whose
  * pre-activation h is read by one gelu a = gelu(h) (and by the gelu_grad of
@@ -31,16 +32,37 @@
  *    statistics, runtime/cuda/loss.cu) and wrote a second buffer of their
  *    size: GPT-2 124M's bf16 logits are 0.8 GB per micro-batch of 8192
  *    tokens. Eval's cross_entropy and correct (their own program) are left.
+ *  - residual add -> layernorm (GPT-2's x = x + f(x); h = layernorm(x)): a
+ *    sum s = add(a, b) that a layernorm y = layernorm(s, gamma, beta)
+ *    reads becomes, at the layernorm's place (its gamma and beta may be
+ *    gathered after the add: full_shard), `%y.add = add_layernorm(a, b,
+ *    gamma, beta)`, a temporary [2, rows, C] whose first half is s and
+ *    second y; s and y are views of the halves (view=%y.add+0 and
+ *    +rows*C, def -1) and the add is gone. s stays a value, read by the
+ *    next add and by the backward, which the sum written once serves.
+ *    Backward: the layernorm's `dx = layernorm_grad(dy, s, gamma)`
+ *    followed by the autodiff's `accum dx, dres` (the residual stream's
+ *    gradient, which the add passed to s) becomes `dx =
+ *    layernorm_grad_add(dy, s, gamma, dres)` at the layernorm_grad's
+ *    place and the accum is gone: one read of the rows and one write
+ *    where the pair read dx twice and wrote it twice.
  * A pair is fused only when nothing else can tell: both nodes in the same
  * programs, on the same stream, under the same DP_IF_LAST condition; the
  * linear's and gelu's results temporaries with one writer each, not views
  * already, of one dtype; the matmul's result read by nothing but the
- * gelu_grad, and h complete before the matmul runs. The CPU backend runs the
+ * gelu_grad, and h complete before the matmul runs. The residual add: the
+ * sum read by nothing before the layernorm and the add's operands written
+ * by nothing between the two; backward, dx read by nothing before the
+ * accum, written by those two alone, and dres complete before the
+ * layernorm_grad and written by nothing until the accum. The CPU backend runs the
  * fused ops as the two kernels they replace (bitwise the same results); on
  * CUDA one cuBLASLt call does both (runtime/cuda/gemm.cu). The fused
  * classifier's kernels do the loss's row walk and then the gradient's on the
  * row they hold (runtime/cpu/loss.c, runtime/cuda/loss.cu): bitwise both
- * kernels' results on either backend.
+ * kernels' results on either backend. add_layernorm and layernorm_grad_add
+ * do the pair's arithmetic in its order and round the sum and dx to the
+ * storage dtype where the pair stored them (runtime/cpu/norm.c: bitwise the
+ * pair in f32, bf16 and fp16; runtime/cuda/norm.cu: the norms' 1 ulp).
  */
 #include <string.h>
 
@@ -139,6 +161,27 @@ static Node *sole_reader(const Graph *g, const FuseIndex *ix, int i, int v, IrOp
 	return found;
 }
 
+/* Node n now writes a new [2, rows, C] temporary %NAMED.SUFFIX (named's
+ * block and place) whose halves the values first and second (alike) become
+ * views of, neither with a writer of its own. */
+static void new_pack(Graph *g, Node *n, Value *first, Value *second, const Value *named,
+		     const char *suffix)
+{
+	int64_t cols = first->dims[first->ndim - 1], rows = ir_numel(first) / cols;
+	const char *name = ir_fmt(g, "%s.%s", named->name, suffix);
+	if (ir_find_value(g, name))
+		name = ir_fresh_name(g, name);
+	Value *pack = ir_value(g, name, first->dtype, 3, (int64_t[]){2, rows, cols}, DP_T_ACT,
+			       named->loc);
+	pack->block = named->block;
+	pack->def = n->id;
+	n->out = pack->id;
+	first->view_of = second->view_of = pack->id;
+	first->view_offset = 0;
+	second->view_offset = rows * cols;
+	first->def = second->def = -1;
+}
+
 /* linear -> gelu: the linear writes both halves, the two values view them. */
 static void fuse_forward(Graph *g, const FuseIndex *ix, int i, const int *writers)
 {
@@ -157,19 +200,8 @@ static void fuse_forward(Graph *g, const FuseIndex *ix, int i, const int *writer
 	Value *hv = g->values[h], *av = g->values[gelu->out];
 	if (av->dtype != hv->dtype || ir_numel(av) != ir_numel(hv))
 		return;
-	int64_t cols = hv->dims[hv->ndim - 1], rows = ir_numel(hv) / cols;
-	const char *name = ir_fmt(g, "%s.gelu", hv->name);
-	if (ir_find_value(g, name))
-		name = ir_fresh_name(g, name);
-	Value *pack = ir_value(g, name, hv->dtype, 3, (int64_t[]){2, rows, cols}, DP_T_ACT, hv->loc);
-	pack->block = hv->block;
-	pack->def = lin->id;
 	lin->op = DP_OP_LINEAR_GELU;
-	lin->out = pack->id;
-	hv->view_of = av->view_of = pack->id;
-	hv->view_offset = 0;
-	av->view_offset = rows * cols;
-	hv->def = av->def = -1;
+	new_pack(g, lin, hv, av, hv, "gelu");
 	ix->dead[gj] = 1;
 }
 
@@ -260,6 +292,107 @@ static int fuse_classifier(Graph *g, const FuseIndex *ix, int i, const int *writ
 	return gj;
 }
 
+/* Does a node at positions (i, j) write any byte of v's root (its own
+ * value, or a view of the root)? */
+static int root_written_between(const Graph *g, const FuseIndex *ix, int i, int j, int v)
+{
+	const Value *root = ir_root(g, g->values[v]);
+	for (int p = i + 1; p < j; p++) {
+		const Node *n = g->nodes[p];
+		if (ix->dead[p])
+			continue;
+		if (n->out >= 0 && ir_root(g, g->values[n->out]) == root)
+			return 1;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) && ir_root(g, g->values[n->in[k]]) == root)
+				return 1;
+	}
+	return 0;
+}
+
+/* Is any reader of value v at a position before j (other than dead ones)? */
+static int read_before(const FuseIndex *ix, int v, int j)
+{
+	for (int p = ix->start[v]; p < ix->start[v + 1]; p++)
+		if (!ix->dead[ix->at[p]] && ix->at[p] < j)
+			return 1;
+	return 0;
+}
+
+/* add -> layernorm over the sum: the layernorm at position j becomes one
+ * add_layernorm at its own place (its gamma and beta may be gathered after
+ * the add: full_shard), writing the sum into the first half of a [2, rows,
+ * C] temporary and the norm into the second; the sum's and the norm's values
+ * view the halves. Returns the add's position, or -1. */
+static int fuse_add_norm(Graph *g, const FuseIndex *ix, int j, const int *writers)
+{
+	Node *ln = g->nodes[j];
+	int s = ln->in[0];
+	if (s < 0 || s >= ix->nvalues || ln->out < 0 || !plain_temp(g, s, writers) ||
+	    !plain_temp(g, ln->out, writers))
+		return -1;
+	int i = ix->first_write[s];
+	if (i < 0 || i >= j || ix->dead[i])
+		return -1;
+	Node *add = g->nodes[i];
+	if (add->op != DP_OP_ADD || !same_place(add, ln) || add->in[0] == s || add->in[1] == s)
+		return -1;
+	/* the add moves to j: nothing reads the sum before, nothing writes its
+	 * operands between */
+	if (read_before(ix, s, j) || root_written_between(g, ix, i, j, add->in[0]) ||
+	    root_written_between(g, ix, i, j, add->in[1]))
+		return -1;
+	Value *sv = g->values[s], *yv = g->values[ln->out];
+	if (yv->dtype != sv->dtype || ir_numel(yv) != ir_numel(sv))
+		return -1;
+	ln->op = DP_OP_ADD_LAYERNORM;
+	ln->in[3] = ln->in[2];
+	ln->in[2] = ln->in[1];
+	ln->in[0] = add->in[0];
+	ln->in[1] = add->in[1];
+	ln->nin = 4;
+	new_pack(g, ln, sv, yv, yv, "add");
+	ix->dead[i] = 1;
+	return i;
+}
+
+/* layernorm_grad -> the accum that adds the residual stream's gradient to
+ * its dx: one layernorm_grad_add at the layernorm_grad's place. accum_at[v]:
+ * the position of the first accum into v. Returns the accum's position, or
+ * -1. */
+static int fuse_norm_grad_add(Graph *g, const FuseIndex *ix, int i, const int *writers,
+			      const int *accum_at)
+{
+	Node *lg = g->nodes[i];
+	int t = lg->out;
+	if (t < 0 || t >= ix->nvalues || lg->nin != 3)
+		return -1;
+	const Value *tv = g->values[t];
+	if (tv->kind != DP_T_ACT || tv->view_of >= 0 || writers[t] != 2 || ix->first_write[t] != i)
+		return -1;
+	int j = accum_at[t];
+	if (j <= i || ix->dead[j])
+		return -1;
+	Node *acc = g->nodes[j];
+	int r = acc->in[0];
+	if (r < 0 || r == t || !same_place(lg, acc) || read_before(ix, t, j + 1))
+		return -1;
+	const Value *rv = g->values[r];
+	if (rv->dtype != tv->dtype || ir_numel(rv) != ir_numel(tv) ||
+	    rv->dims[rv->ndim - 1] != tv->dims[tv->ndim - 1])
+		return -1;
+	/* the add moves to i: the residual's gradient is complete there (its
+	 * root first written before, nothing writing it until the accum) */
+	const Value *root = ir_root(g, rv);
+	int rw = root->id < ix->nvalues ? ix->first_write[root->id] : -1;
+	if (rw < 0 || rw >= i || root_written_between(g, ix, i - 1, j, r))
+		return -1;
+	lg->op = DP_OP_LAYERNORM_GRAD_ADD;
+	lg->in[3] = r;
+	lg->nin = 4;
+	return j;
+}
+
 int fuse_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -276,7 +409,24 @@ int fuse_run(Graph *g, Diag *d)
 	for (int i = 0; i < g->nnodes; i++)
 		if (!gone[i] && g->nodes[i]->op == DP_OP_LINEAR)
 			fuse_forward(g, &ix, i, writers);
+	for (int j = 0; j < g->nnodes; j++) /* the add's position is marked gone */
+		if (!gone[j] && g->nodes[j]->op == DP_OP_LAYERNORM)
+			fuse_add_norm(g, &ix, j, writers);
 	fuse_index(g, &ix, gone);
+	int *accum_at = ir_alloc(g, (size_t)g->nvalues * sizeof(int) + 1);
+	for (int v = 0; v < g->nvalues; v++)
+		accum_at[v] = -1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!gone[i] && n->op == DP_OP_ACCUM && n->out >= 0 && accum_at[n->out] < 0)
+			accum_at[n->out] = i;
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		int j = !gone[i] && g->nodes[i]->op == DP_OP_LAYERNORM_GRAD
+				? fuse_norm_grad_add(g, &ix, i, writers, accum_at) : -1;
+		if (j >= 0)
+			gone[j] = 1;
+	}
 	/* the matmuls' old results go last, all at once: ids stay valid */
 	int *dead = ir_alloc(g, (size_t)g->nvalues * sizeof(int) + 1), ndead = 0;
 	for (int i = 0; i < g->nnodes; i++) {

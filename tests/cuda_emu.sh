@@ -48,7 +48,9 @@
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
 #     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
 #     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
-#     dims; gpt2-hd64 in precision tf32 (1 rank and cp=2): f32 attention on
+#     dims; GPT-2's width (gpt2-d768: d 768, 12 heads, ctx 16, 1 layer;
+#     f32): its layernorms and the residual adds fused into them at
+#     GPT-2's row length; gpt2-hd64 in precision tf32 (1 rank and cp=2): f32 attention on
 #     the m16n8k8 .tf32 kernels, the GEMMs on cuBLASLt's TF32 path. gpt2's linear + gelu run fused (passes/fuse.c) through
 #     cuBLASLt's GELU_AUX_BIAS and DGELU epilogues, and gpt2-tiny also
 #     without them (DPEMU_LT_EPILOGUE=0: gemm.cu's gelu kernels after the
@@ -303,6 +305,10 @@ sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.d
 # the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd128.dp"
+# GPT-2's width, 768 (12 heads of 64), at ctx 16, one layer: the layernorms
+# and the residual adds folded into them (add_layernorm, layernorm_grad_add:
+# passes/fuse.c) on GPT-2's rows
+cp "$T/gpt2-hd64.dp" "$T/gpt2-d768.dp"
 # the tensor-core backward not paired with its forward: attention's output
 # added to the residual with no projection (whose weight gradient would keep
 # it), so the memory plan reuses O's bytes before attention_grad and the
@@ -340,6 +346,7 @@ dargs() { # extra dpc arguments per model
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
 	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
+	gpt2-d768) echo "-D ctx=16 -D d=768 -D heads=12 -D layers=1" ;;
 	llama) echo "$small -D ffn=96 -D layers=2" ;;
 	esac
 }
@@ -528,6 +535,25 @@ model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-ctx1k ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
+# GPT-2's rows: 2 add_layernorm (ln2, lnf) and 2 layernorm_grad_add (ln1,
+# ln2) in the step, which the f32 case compares with the CPU
+if case_on "gpt2-d768 fused"; then
+	# shellcheck disable=SC2046
+	"$DPC" "$T/gpt2-d768.dp" --world-size 1 $(dargs gpt2-d768) --emit=ir >"$T/d768.ir" 2>&1
+	an=$(grep '= add_layernorm .* fwd ' "$T/d768.ir" | grep -vc ' sample ')
+	ag=$(grep -c '= layernorm_grad_add .* bwd ' "$T/d768.ir")
+	if [ "$an $ag" = "2 2" ]; then
+		ok "gpt2-d768 fused: 2 add_layernorm and 2 layernorm_grad_add on rows of 768"
+	else
+		fail "gpt2-d768 fused: $an add_layernorm and $ag layernorm_grad_add in the step (want 2 2)"
+	fi
+fi
+model_case gpt2-d768 ddp 1
+# (Not in bf16 yet: at d 768 with SGD the training updates land near this
+# suite's bf16 bound whether or not anything is fused: 2.3e-3 and 2.5e-3
+# with no fusion at all, against 2^-9 = 1.95e-3, in one run; 2.6e-4 fused
+# in another with the same seed. The bound's derivation in the header is
+# for d 128; the bf16 fused kernels run in every bf16 gpt2 case above.)
 # f32 on tensor cores (precision tf32: the m16n8k8 .tf32 kernels, ordinary
 # and cp; the header derives the bounds)
 PREC=tf32 SGD=1 model_case gpt2-hd64 ddp 1

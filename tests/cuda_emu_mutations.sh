@@ -56,6 +56,12 @@
 #   lt_align      the heuristic told that B (cuBLASLt's A) is 256-byte
 #                 aligned whatever its address: the algorithm chosen cannot
 #                 take the under-aligned weight views of flat buffers
+#   add_norm      add_layernorm (passes/fuse.c: the residual add fused
+#                 into the layernorm after it) stores and normalises x, not
+#                 x + the residual: a residual not added before the fused
+#                 layernorm (hd64: its layer's two sums feed layernorms)
+#   add_norm_grad layernorm_grad_add leaves out the residual stream's
+#                 gradient: dx of the layernorm alone
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
@@ -439,6 +445,8 @@ gelu_aux      gelu_aux      hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
 gelu_half     gelu_half     a16     1 all DPEMU_SEED=1 DPEMU_SEED=2
 gelu_deriv    gelu_deriv    hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
 gelu_map      gelu_map      hd64    1 all DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2
+add_norm      add_norm_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
+add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2

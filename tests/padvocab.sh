@@ -16,9 +16,13 @@
 #    GPT-2 124M's shape of the head (vocab 50257, one narrow layer) at 1
 #    rank, 2 steps.
 #  - unfused: the fused classifier (cross_entropy_fused over the padded
-#    logits) bitwise the cross_entropy and cross_entropy_grad it replaces
-#    (the fuse pass left out: dpc --from-ir after schedule), losses, eval
-#    lines and parameters, f32 at 1 rank.
+#    logits) bitwise the cross_entropy and cross_entropy_grad it replaces,
+#    and the residual adds folded into the layernorms (add_layernorm,
+#    layernorm_grad_add) bitwise the add, layernorm, layernorm_grad and
+#    accum they replace (the fuse pass left out: dpc --from-ir after
+#    schedule), losses, eval lines and parameters, f32 at 1 rank;
+#    unfused-bf16 the same in precision bf16 (relu for gelu: linear_gelu is
+#    not bitwise on the CPU in bf16).
 # Against main's binaries the same runs were bitwise too when the pass
 # landed (the report of the commit says so); here pad_vocab 0 is the
 # unpadded reference, which the ir case shows pads nothing.
@@ -117,32 +121,56 @@ if case_on fs2-bf16; then
 	sed -i 's/^  strategy .*/  strategy full_shard/' "$T/fs2-bf16.dp" "$T/fs2-bf16-0.dp"
 	same fs2-bf16 2 --eval-every 2
 fi
-# the fused classifier against the unfused pair: the same IR compiled with the
-# fuse pass left out (dpc --from-ir after schedule), padded logits, eval
-# (cross_entropy and correct) on them, f32 at 1 rank. (Not bf16: there the
-# fuse pass's linear_gelu is not bitwise the linear and gelu it replaces on
-# the CPU, so leaving the pass out changes more than the classifier.)
+# the fuse pass's fusions that are bitwise on the CPU against the nodes they
+# replace: the same IR compiled with the fuse pass left out (dpc --from-ir
+# after schedule), padded logits, eval (cross_entropy and correct) on them:
+# the fused classifier (cross_entropy_fused) and the residual adds folded
+# into the layernorms (add_layernorm, layernorm_grad_add: GPT-2's residual
+# stream, 4 + 4 per micro-batch), f32 at 1 rank (`unfused`), and in bf16
+# at 1 rank with relu for gelu (`unfused-bf16`: there the fuse pass's
+# linear_gelu is not bitwise the linear and gelu it replaces on the CPU, so
+# leaving the pass out would change more than these two; relu has no
+# fusion), where the fused kernels round the sum and dx where the pair
+# stored them.
+# unfused NAME: $T/NAME.dp compiled both ways, run and compared
+unfused() {
+	local b=$1
+	"$DPC" "$T/$b.dp" --dump-after=schedule >"$T/$b.ir" 2>"$T/$b.log" &&
+		"$DPC" --from-ir "$T/$b.ir" --passes views,sample,padvocab,memplan -o "$T/$b-0.bin" \
+			2>>"$T/$b.log" && "$DPC" "$T/$b.dp" -o "$T/$b.bin" 2>>"$T/$b.log" &&
+		"$DPC" "$T/$b.dp" --emit=ir >"$T/$b.fused.ir" 2>>"$T/$b.log" ||
+		{ cat "$T/$b.log"; fail "$b: dpc"; return; }
+	for r in "$b" "$b-0"; do
+		mpi 1 "$T/$r.bin" --steps "$STEPS" --eval-every 2 --losses "$T/$r.loss" \
+			--save-full "$T/$r.st" >"$T/$r.log" 2>&1 || { tail -n 20 "$T/$r.log"; fail "$r: dpexec"; return; }
+		unstamp "$T/$r.log" | grep '^eval ' >"$T/$r.eval" || true
+	done
+	# the step's fused nodes: the classifier, and 4 add_layernorm and 4
+	# layernorm_grad_add (gpt2-tiny's 2 layers: ln2 and the next ln1 or lnf
+	# read a sum; the backward of ln1 and ln2 meets the residual's gradient)
+	local xf an ag
+	xf=$(grep -c '= cross_entropy_fused .* fwd step' "$T/$b.fused.ir")
+	an=$(grep '= add_layernorm .* fwd ' "$T/$b.fused.ir" | grep -vc ' sample ')
+	ag=$(grep -c '= layernorm_grad_add .* bwd ' "$T/$b.fused.ir")
+	if [ "$xf $an $ag" != "1 4 4" ] || grep -q 'cross_entropy_fused\|add_layernorm\|layernorm_grad_add' "$T/$b.ir"; then
+		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_layernorm, $ag layernorm_grad_add in the step (want 1 4 4), or the dump has one"
+	elif cmp -s "$T/$b.loss" "$T/$b-0.loss" && cmp -s "$T/$b.st" "$T/$b-0.st" &&
+		cmp -s "$T/$b.eval" "$T/$b-0.eval" && [ -s "$T/$b.eval" ]; then
+		ok "$b: cross_entropy_fused over padded logits, 4 add_layernorm and 4 layernorm_grad_add bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
+	else
+		paste "$T/$b.loss" "$T/$b-0.loss" | head -4
+		fail "$b: the fused nodes differ from the unfused ones"
+	fi
+}
 if case_on unfused; then
 	tiny uf
-	"$DPC" "$T/uf.dp" --dump-after=schedule >"$T/uf.ir" 2>"$T/uf.log" &&
-		"$DPC" --from-ir "$T/uf.ir" --passes views,sample,padvocab,memplan -o "$T/uf-0.bin" \
-			2>>"$T/uf.log" && "$DPC" "$T/uf.dp" -o "$T/uf.bin" 2>>"$T/uf.log" ||
-		{ cat "$T/uf.log"; fail "unfused: dpc"; }
-	for b in uf uf-0; do
-		mpi 1 "$T/$b.bin" --steps "$STEPS" --eval-every 2 --losses "$T/$b.loss" \
-			--save-full "$T/$b.st" >"$T/$b.log" 2>&1 || { tail -n 20 "$T/$b.log"; fail "$b: dpexec"; }
-		unstamp "$T/$b.log" | grep '^eval ' >"$T/$b.eval" || true
-	done
-	if ! grep -q 'cross_entropy_fused' <("$DPC" "$T/uf.dp" --emit=ir) ||
-		grep -q 'cross_entropy_fused' "$T/uf.ir"; then
-		fail "unfused: the direct compile has no cross_entropy_fused, or the dump has one"
-	elif cmp -s "$T/uf.loss" "$T/uf-0.loss" && cmp -s "$T/uf.st" "$T/uf-0.st" &&
-		cmp -s "$T/uf.eval" "$T/uf-0.eval" && [ -s "$T/uf.eval" ]; then
-		ok "unfused: cross_entropy_fused over padded logits bitwise the unfused pair ($(($(wc -l <"$T/uf.loss") - 1)) losses, $(wc -l <"$T/uf.eval") eval lines, parameters)"
-	else
-		paste "$T/uf.loss" "$T/uf-0.loss" | head -4
-		fail "unfused: the fused classifier differs from the unfused pair"
-	fi
+	unfused uf
+fi
+if case_on unfused-bf16; then
+	tiny ufb "precision bf16"
+	sed -i 's/linear(gelu(linear(/linear(relu(linear(/' "$T/ufb.dp"
+	grep -q 'relu(linear(' "$T/ufb.dp" || fail "unfused-bf16: the gelu sed no longer applies to gpt2-tiny.dp"
+	unfused ufb
 fi
 if case_on gpt2-head; then
 	# GPT-2 124M's head: vocab 50257 (rows of 50304), one layer of width 64

@@ -18,6 +18,9 @@
 #    layers x tokens, from its config), and the printed MFU is model FLOPs
 #    over the total time at 989.4 TFLOP/s; attention on tensor cores
 #    predicts a higher MFU than on the CUDA cores;
+#  - gpt2-tiny and GPT-2 124M: the residual adds folded into layernorms
+#    (add_layernorm, layernorm_grad_add) 2 of each per layer and
+#    micro-batch, the line --stats prints;
 #  - an unknown --device is one line naming the known ones, exit 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -117,6 +120,20 @@ print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' rat
 EOF
 		ok "gpt2 tf32: $(cat "$T/tf32.out")" || { fail "gpt2 tf32"; cat "$T/tf32.out"; }
 fi
+# fused NAME N: the residual adds passes/fuse.c folded into layernorms, N
+# of each kind per step (a pre-LayerNorm GPT-2: per layer and micro-batch
+# 2 add_layernorm, ln2's sum and the next ln1's or lnf's, and 2
+# layernorm_grad_add, ln1 and ln2 meeting the residual's gradient)
+fused() {
+	local line
+	line=$(grep "^residual adds in the layernorm's pass " "$T/$1.txt")
+	if [ "$line" = "residual adds in the layernorm's pass $2 (add_layernorm) + $2 (layernorm_grad_add): as many memory-bound kernels and passes over a row fewer" ]; then
+		echo "$2 + $2 residual adds in the layernorms' pass"
+	else
+		echo "want $2 + $2 residual adds fused: '$line'"
+		return 1
+	fi
+}
 # transformer MODEL NAME: model FLOPs are the GEMMs' and 12 T d per token
 # and layer, tokens = micro_batch x ctx x grad_accum (the config's ctx, d
 # and layers; the batch sizes from --stats's header line)
@@ -128,7 +145,8 @@ transformer() {
 	ga=$(sed -n 's/.*x grad_accum \([0-9]*\),.*/\1/p' "$T/$name.0")
 	roof "$name" "$model" --world-size 1 --precision bf16 &&
 		check "$name" tensor $((12 * ctx * d * layers * mb * ctx * ga)) >"$T/$name.out" 2>&1 &&
-		ok "$name bf16 (ctx $ctx, d $d, $layers layers, micro_batch $mb x grad_accum $ga): $(cat "$T/$name.out")" ||
+		fused "$name" $((2 * layers * ga)) >>"$T/$name.out" 2>&1 &&
+		ok "$name bf16 (ctx $ctx, d $d, $layers layers, micro_batch $mb x grad_accum $ga): $(tr "\n" " " <"$T/$name.out")" ||
 		{ fail "$name bf16"; cat "$T/$name.out"; }
 }
 case_on "gpt2-tiny bf16: attention's model FLOPs" && transformer models/gpt2-tiny.dp gpt2-tiny

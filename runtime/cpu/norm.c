@@ -13,7 +13,7 @@
 
 /* The operands every norm kernel reads: in0, in1, in2, out, [rows, cols] of in0. */
 typedef struct {
-	const float *a, *b, *c;
+	const float *a, *b, *c, *d; /* d: in3 (the fused ops' fourth operand) */
 	float *o;
 	int64_t rows, cols;
 	double eps;
@@ -21,16 +21,27 @@ typedef struct {
 	const CpuVec *vec;
 	double *stats; /* grad_g: [rows][2] mean, rstd */
 	int acc;       /* grad_g: add to out */
+	unsigned half; /* the fused ops: the storage dtype when 16-bit (f32 copies
+	                  here), else 0 */
 } Nv;
 
 static Nv nv(const CpuArgs *k, int rms)
 {
 	const DpTensor *t0 = cpu_t(k, k->in->in[0]);
 	int64_t cols = cpu_cols(t0);
+	unsigned dt = cpu_t(k, k->in->out)->dtype;
 	return (Nv){cpu_f(k, k->in->in[0]), cpu_f(k, k->in->in[1]), cpu_f(k, k->in->in[2]),
-		    cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1), cols,
-		    DP_FATTR(k->in, LAYERNORM, eps), rms, k->vec, NULL,
-		    DP_ATTR(k->in, LAYERNORM_GRAD_G, acc) != 0};
+		    cpu_f(k, k->in->in[3]), cpu_f(k, k->in->out), cpu_numel(t0) / (cols ? cols : 1),
+		    cols, DP_FATTR(k->in, LAYERNORM, eps), rms, k->vec, NULL,
+		    DP_ATTR(k->in, LAYERNORM_GRAD_G, acc) != 0, dp_is_half(dt) ? dt : 0};
+}
+
+/* What storing x[0..n) in dtype half and loading it again gives (half 0: x). */
+static void round_to(unsigned half, float *x, int64_t n)
+{
+	if (half)
+		for (int64_t j = 0; j < n; j++)
+			x[j] = rt_from_half(half, rt_to_half(half, x[j]));
 }
 
 /* forward, rows lo..hi (rms: no mean, no beta) */
@@ -55,6 +66,40 @@ static void bwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 		double mean, rstd;
 		v->vec->norm_stats(xr, c, v->rms, v->eps, &mean, &rstd);
 		v->vec->norm_bwd(v->o + r * c, v->a + r * c, xr, v->c, c, v->rms, mean, rstd);
+	}
+}
+
+/* add_layernorm, rows lo..hi: in {x, r, gamma, beta}; the sum's row r at
+ * out + r c, the norm's at out + (rows + r) c. The add is the add kernel's
+ * map (x + r), the norm the forward's loops on the stored sum. */
+static void add_fwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Nv *v = ctx;
+	int64_t c = v->cols;
+	for (int64_t r = lo; r < hi; r++) {
+		float *sr = v->o + r * c;
+		double mean, rstd;
+		v->vec->map(DP_OP_ADD, sr, v->a + r * c, v->b + r * c, 0, c);
+		round_to(v->half, sr, c);
+		v->vec->norm_stats(sr, c, 0, v->eps, &mean, &rstd);
+		v->vec->norm_fwd(v->o + (v->rows + r) * c, sr, v->c, v->d, c, mean, rstd);
+	}
+}
+
+/* layernorm_grad_add, rows lo..hi: in {dy, x, gamma, d residual}: dx as
+ * bwd_rows, stored, then the accum's map (dx + d residual) over it. */
+static void bwd_add_rows(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Nv *v = ctx;
+	int64_t c = v->cols;
+	for (int64_t r = lo; r < hi; r++) {
+		const float *xr = v->b + r * c;
+		float *orow = v->o + r * c;
+		double mean, rstd;
+		v->vec->norm_stats(xr, c, 0, v->eps, &mean, &rstd);
+		v->vec->norm_bwd(orow, v->a + r * c, xr, v->c, c, 0, mean, rstd);
+		round_to(v->half, orow, c);
+		v->vec->map(DP_OP_ACCUM, orow, v->d + r * c, NULL, 0, c);
 	}
 }
 
@@ -101,6 +146,20 @@ static int run_bwd(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+static int run_add_fwd(const CpuArgs *k, RtErr *e)
+{
+	Nv v = nv(k, 0);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), add_fwd_rows, &v);
+	return 0;
+}
+
+static int run_bwd_add(const CpuArgs *k, RtErr *e)
+{
+	Nv v = nv(k, 0);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), bwd_add_rows, &v);
+	return 0;
+}
+
 static int run_grad_g(const CpuArgs *k, RtErr *e)
 {
 	Nv v = nv(k, k->in->op == DP_OP_RMSNORM_GRAD_G);
@@ -121,5 +180,7 @@ const KernelRow cpu_norm_rows[] = {
 	{DP_OP_RMSNORM, run_fwd, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_ADD_LAYERNORM, run_add_fwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd_add, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

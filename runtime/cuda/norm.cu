@@ -31,6 +31,14 @@
  * (~1e-16 relative), so a result may move by 1 bf16 ulp where its f32 value
  * straddles a rounding boundary by less than that (~2^-29 per element).
  * f16 (precision fp16) the same, on __half.
+ *
+ * The residual add fused into the layernorm (passes/fuse.c): add_layernorm
+ * stores s = x + res (rounded to the storage type) into the first half of
+ * its output and the layernorm of the stored s into the second, in one
+ * launch (k_add_norm_fwd); layernorm_grad_add is dx (k_norm_bwd) rounded to
+ * the storage type, + the residual's gradient, before the one store. Both
+ * are the unfused pair's arithmetic in its order: the CPU's to within the
+ * norm kernels' own 1 ulp (tests/cuda_emu.sh).
  */
 #include "device.cuh"
 
@@ -66,36 +74,77 @@ static __device__ void row_stats(int rms, const T *x, int64_t c, double eps, dou
 	*rstd = 1.0 / sqrt(q / (double)c + eps);
 }
 
+/* The forward of one row xr into orow (the block's threads): in {x, g, b}
+ * (rms: no b). */
+template <int W, typename T>
+static __device__ void norm_row_fwd(int rms, T *orow, const T *xr, const T *g, const T *b,
+				    int64_t c, double eps, double *sh)
+{
+	double mean, rstd;
+	row_stats<W>(rms, xr, c, eps, sh, &mean, &rstd);
+	for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+		float xv[W], gv[W], bv[W], ov[W];
+		ldw<W>(xr + j, xv);
+		ldw<W>(g + j, gv);
+		if (!rms)
+			ldw<W>(b + j, bv);
+		for (int k = 0; k < W; k++) {
+			float xh = (float)(((double)xv[k] - mean) * rstd);
+			ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
+		}
+		stw<W>(orow + j, ov);
+	}
+}
+
 /* forward: in {x, g, b} (rms: no b) */
 template <int W, typename T>
 __global__ void k_norm_fwd(int rms, T *o, const T *x, const T *g, const T *b, int64_t rows,
 			   int64_t c, double eps)
 {
 	__shared__ double sh[32];
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		norm_row_fwd<W>(rms, o + r * c, x + r * c, g, b, c, eps, sh);
+}
+
+/* add_layernorm: in {x, res, g, b}; out [2, rows, c]. Row r's sum
+ * s = x + res is stored (rounded to T) at o + r c, and the layernorm of the
+ * stored s at o + (rows + r) c: the add kernel's and the norm's arithmetic,
+ * one launch; the row is read back from L1/L2, not from another kernel's
+ * output in HBM. */
+template <int W, typename T>
+__global__ void k_add_norm_fwd(T *o, const T *x, const T *res, const T *g, const T *b,
+			       int64_t rows, int64_t c, double eps)
+{
+	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const T *xr = x + r * c;
-		T *orow = o + r * c;
-		double mean, rstd;
-		row_stats<W>(rms, xr, c, eps, sh, &mean, &rstd);
+		const T *xr = x + r * c, *rr = res + r * c;
+		T *srow = o + r * c;
 		for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
-			float xv[W], gv[W], bv[W], ov[W];
+			float xv[W], rv[W];
 			ldw<W>(xr + j, xv);
-			ldw<W>(g + j, gv);
-			if (!rms)
-				ldw<W>(b + j, bv);
-			for (int k = 0; k < W; k++) {
-				float xh = (float)(((double)xv[k] - mean) * rstd);
-				ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
-			}
-			stw<W>(orow + j, ov);
+			ldw<W>(rr + j, rv);
+			for (int k = 0; k < W; k++)
+				xv[k] = MUTANT(add_norm_no_residual) ? xv[k] : xv[k] + rv[k];
+			stw<W>(srow + j, xv);
 		}
+		__syncthreads(); /* the stored row, whichever thread wrote it */
+		norm_row_fwd<W>(0, o + (rows + r) * c, srow, g, b, c, eps, sh);
 	}
 }
 
-/* dx: in {dy, x, g} */
+/* v as stored in T and loaded again */
+template <typename T> static __device__ __forceinline__ float as_stored(float v)
+{
+	T t;
+	st(&t, v);
+	return ld(&t);
+}
+
+/* dx: in {dy, x, g}; layernorm_grad_add: in {dy, x, g, res}, dx as stored
+ * (rounded to T) + res, the accum's arithmetic */
 template <int W, typename T>
-__global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, int64_t rows,
-			   int64_t c, double eps)
+__global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, const T *res,
+			   int64_t rows, int64_t c, double eps)
 {
 	__shared__ double sh[32];
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -126,6 +175,12 @@ __global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, i
 			for (int k = 0; k < W; k++) {
 				double xh = ((double)xv[k] - mean) * rstd;
 				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+			}
+			if (res && !MUTANT(norm_grad_no_residual)) {
+				float rv[W];
+				ldw<W>(res + r * c + j, rv);
+				for (int k = 0; k < W; k++)
+					ov[k] = as_stored<T>(ov[k]) + rv[k];
 			}
 			stw<W>(orow + j, ov);
 		}
@@ -193,16 +248,35 @@ template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+template <typename T> static int run_add_fwd_t(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t0 = cu_t(a, 0);
+	int64_t c = cu_cols(t0), rows = cu_rows(t0);
+	T *o = (T *)cu_p(a, -1);
+	const T *x = (const T *)cu_p(a, 0), *res = (const T *)cu_p(a, 1);
+	const T *g = (const T *)cu_p(a, 2), *b = (const T *)cu_p(a, 3);
+	if (rows <= 0 || c <= 0)
+		return 0;
+	/* the second half starts rows * c after o: aligned when o and c are */
+	NORM_LAUNCH(k_add_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, res, g) && cu_vec8<T>(c, b),
+		    o, x, res, g, b, rows, c, (double)DP_FATTR(a->in, ADD_LAYERNORM, eps));
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+/* layernorm_grad, rmsnorm_grad, layernorm_grad_add (in3: the residual's
+ * gradient) */
 template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t1 = cu_t(a, 1);
 	int64_t c = cu_cols(t1), rows = cu_rows(t1);
 	T *o = (T *)cu_p(a, -1);
 	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1), *g = (const T *)cu_p(a, 2);
+	const T *res = a->in->op == DP_OP_LAYERNORM_GRAD_ADD ? (const T *)cu_p(a, 3) : (const T *)0;
 	if (rows <= 0 || c <= 0)
 		return 0;
-	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g),
-		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, rows, c,
+	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res),
+		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, res, rows, c,
 		    (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps));
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -244,6 +318,13 @@ static int run_fwd(const CuArgs *a, RtErr *e)
 	       : dt == DP_BF16 ? run_fwd_t<cu_bf16>(a, e) : run_fwd_t<float>(a, e);
 }
 
+static int run_add_fwd(const CuArgs *a, RtErr *e)
+{
+	unsigned dt = cu_t(a, 0)->dtype;
+	return dt == DP_F16 ? run_add_fwd_t<__half>(a, e)
+	       : dt == DP_BF16 ? run_add_fwd_t<cu_bf16>(a, e) : run_add_fwd_t<float>(a, e);
+}
+
 static int run_bwd(const CuArgs *a, RtErr *e)
 {
 	unsigned dt = cu_t(a, 0)->dtype;
@@ -273,5 +354,7 @@ extern "C" const KernelRow cu_norm_rows[] = {
 	{DP_OP_RMSNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
+	{DP_OP_ADD_LAYERNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };
