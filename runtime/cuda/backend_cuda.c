@@ -1358,9 +1358,25 @@ static int cu_event_record(Backend *b, unsigned stream, unsigned event, RtErr *e
 	return 0;
 }
 
+/* The stream program p records event ev on (the schedule records each
+ * event once per program), or -1. */
+static int record_stream(const DpStep *s, int p, unsigned ev)
+{
+	for (uint32_t i = 0; i < s->nprog[p]; i++)
+		if (s->prog[p][i].op == DP_OP_EVENT_RECORD && DP_EVENT(&s->prog[p][i]) == (int64_t)ev)
+			return s->prog[p][i].stream;
+	return -1;
+}
+
 static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	/* the mutant drops the comm stream's wait for an H2D of a shard on the
+	 * copy stream (offload): its all_gather may read the shard before the
+	 * copy lands */
+	if (MUTANT(h2d_wait) && stream == DP_STREAM_COMM &&
+	    record_stream(b->s, b->at.prog, event) == DP_STREAM_COPY)
+		return 0;
 	if (MUTANT(p2p_wait) && b->at.instr + 1 < b->s->nprog[b->at.prog] &&
 	    b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)
 		return 0; /* (the wait right before a pipeline send) */
