@@ -131,7 +131,10 @@
 #                 shard's H2D (on the copy stream, at the top of the step)
 #                 dropped before the shard's all_gather (o16: off in bf16):
 #                 the gather reads the shard before the copy lands, the
-#                 parameters of the step before
+#                 parameters of the step before (DPEMU_COPY_LATE=1: the
+#                 emulator runs a copy only when nothing else is ready, so
+#                 the gather runs first unless it waits; both runs must
+#                 catch it)
 #   host_on_device offload: a host-step instruction (the host arena's
 #                 AdamW, clip, accumulation) launched as a device kernel on
 #                 the pinned host arena: the emulator refuses the kernel's
@@ -292,7 +295,7 @@ cp "$T/off.dp" "$T/o16.dp"
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
 declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [hd8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
-	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2")
+	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
 # as the emulated cuBLASLt's)
@@ -451,7 +454,7 @@ amp_flag      amp_flag      ls16    1 one DPEMU_SEED=1 DPEMU_SEED=2
 gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
-h2d_wait      h2d_wait      o16     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
+h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),
