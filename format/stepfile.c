@@ -70,7 +70,7 @@ const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export", "
 const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
 						  "hybrid_shard"};
 const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16", "f16"};
-const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm"};
+const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm", "copy"};
 const char *const dp_space_names[DP_NSPACE] = {"device", "host"};
 
 size_t dp_dtype_size(unsigned dt)
@@ -640,6 +640,12 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		 dp_op_names[in->op]);
 	if (in->stream >= DP_NSTREAM) {
 		fail(err, errlen, "%s: bad stream %u", what, in->stream);
+		return -1;
+	}
+	if (in->stream == DP_STREAM_COPY && in->op != DP_OP_D2H && in->op != DP_OP_H2D &&
+	    in->op != DP_OP_EVENT_RECORD && in->op != DP_OP_EVENT_WAIT) {
+		fail(err, errlen, "%s: only host-device copies and events run on the copy stream",
+		     what);
 		return -1;
 	}
 	if (in->flags & ~DP_IF_ALL) {

@@ -55,8 +55,10 @@
  * 17: gradient compression: DpConfig's compress and compress_start, the
  *    DP_IF_COMPRESSED and DP_IF_PLAIN flags, the ORTHOGONALIZE op
  * 18: a tensor's row stride (DpTensor.ld): the classifier's logits and their
- *    gradient padded to a multiple of pad_vocab (passes/padvocab.c) */
-#define DP_STEP_VERSION 18u
+ *    gradient padded to a multiple of pad_vocab (passes/padvocab.c)
+ * 19: the copy stream (DP_STREAM_COPY): offload's H2Ds of the updated
+ *    16-bit shards, at the top of the programs that gather them */
+#define DP_STEP_VERSION 19u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -478,6 +480,8 @@ extern const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN];
 typedef enum {
 	DP_STREAM_COMPUTE, /* kernels */
 	DP_STREAM_COMM,    /* collectives */
+	DP_STREAM_COPY,    /* host<->device copies beside both (offload's H2D of an updated
+	                      shard ahead of its all_gather: passes/offload.c) */
 	DP_NSTREAM
 } DpStream;
 
@@ -771,7 +775,7 @@ extern const char *const dp_op_names[DP_NOPS];   /* ORDER OP */
 extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export", "sample" */
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
 extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16", "f16" */
-extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm" */
+extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm", "copy" */
 extern const char *const dp_space_names[DP_NSPACE];    /* "device", "host" */
 /* Bytes of one element of dtype dt (0 for an unknown dtype). */
 size_t dp_dtype_size(unsigned dt);

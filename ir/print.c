@@ -45,7 +45,7 @@
  * last (DP_IF_LAST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
  * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
- * stream=comm, bucket=rN.
+ * stream=comm or stream=copy (DpStream), bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
  *
@@ -733,6 +733,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bprintf(a, " stage=%d", n->stage);
 	if (n->stream == DP_STREAM_COMM)
 		bputs(a, " stream=comm");
+	else if (n->stream == DP_STREAM_COPY)
+		bputs(a, " stream=copy");
 	else if (n->stream != DP_STREAM_COMPUTE)
 		bprintf(a, " stream=%d", n->stream);
 	if (n->bucket != -1)

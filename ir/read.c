@@ -1153,8 +1153,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 		} else if (strcmp(t->text, "block") == 0) {
 			rc = parse_block_ref(r, &n->block);
 		} else if (strcmp(t->text, "stream") == 0) {
-			if (is_word(val, "comm") || is_word(val, "compute")) {
-				n->stream = is_word(val, "comm") ? DP_STREAM_COMM : DP_STREAM_COMPUTE;
+			if (is_word(val, "comm") || is_word(val, "compute") || is_word(val, "copy")) {
+				n->stream = is_word(val, "comm")   ? DP_STREAM_COMM
+					    : is_word(val, "copy") ? DP_STREAM_COPY
+								   : DP_STREAM_COMPUTE;
 				next(r);
 			} else
 				rc = parse_int(r, next(r), &n->stream);

@@ -39,6 +39,18 @@
  *   completion wait precedes the first compute node that conflicts with it
  *   (a reader of the shard it copies, the sqnorm, runs beside the copy),
  *   and a collective whose result it reads is waited for no later.
+ * - A kernel on the copy stream (DP_STREAM_COPY: offload's H2D of an
+ *   updated 16-bit shard, at the top of the programs that gather it) is
+ *   placed and fenced like a collective on a stream of its own, and a node
+ *   of the comm stream that conflicts with an earlier node of the copy
+ *   stream (the all_gather that reads the shard) is placed no earlier and
+ *   waits for its done event on the comm stream, right before it:
+ *     H2D            copy, before the first compute node it follows
+ *     EVENT_RECORD f copy
+ *     ...
+ *     EVENT_WAIT f   comm, right before the all_gather
+ *     all_gather     comm
+ *   so the copy of bucket i runs beside the all_gather of bucket i-1.
  * - Collectives run in the STEP program, in STEP and EVAL (full_shard's
  *   forward all_gathers) and in EXPORT; a compute node constrains a
  *   collective only when they share a program.
@@ -135,6 +147,17 @@ typedef struct {
 static int share(const Node *a, const Node *b)
 {
 	return (a->progs & b->progs) != 0;
+}
+
+/* Must async node c (on the comm or copy stream) wait for the earlier q
+ * of the other one: they share a program and one writes what the other
+ * touches (offload's H2D of a shard, on the copy stream, and the
+ * all_gather of it on the comm stream)? Placement already puts c no
+ * earlier than q; this is the event between the two streams. */
+static int depends_across(const Graph *g, const Coll *q, const Coll *c)
+{
+	return q->node->stream != c->node->stream && share(q->node, c->node) &&
+	       conflicts(g, q->node, c->node);
 }
 
 /* Is c a gathering all_gather: one that fills a temporary (full_shard's
@@ -307,7 +330,7 @@ int sched_run(Graph *g, Diag *d)
 			die("schedule: the graph is already scheduled (event node %d)", n->id);
 		if (is_collective(n) && n->stream != DP_STREAM_COMM)
 			die("schedule: collective %d is not on the comm stream", n->id);
-		if (n->stream == DP_STREAM_COMM) {
+		if (n->stream != DP_STREAM_COMPUTE) {
 			at[ncoll] = ncomp;
 			coll[ncoll++] = (Coll){n, -1, -1, ncomp, -1, -1};
 		} else {
@@ -367,6 +390,7 @@ int sched_run(Graph *g, Diag *d)
 	for (int c = 0; c < ncoll; c++)
 		for (int q = c + 1; q < ncoll; q++)
 			if (!is_collective(coll[q].node) && is_collective(coll[c].node) &&
+			    coll[q].node->stream == coll[c].node->stream &&
 			    share(coll[c].node, coll[q].node) && conflicts(g, coll[c].node, coll[q].node) &&
 			    coll[q].wait < coll[c].wait && coll[q].after >= coll[c].after)
 				coll[c].wait = coll[q].wait;
@@ -380,6 +404,9 @@ int sched_run(Graph *g, Diag *d)
 	 * a separate array and copied back over g->nodes. Collectives placed
 	 * after the same compute node go in program order. */
 	int cap = n0 + 4 * ncoll;
+	for (int c = 0; c < ncoll; c++)
+		for (int q = 0; q < c; q++)
+			cap += depends_across(g, &coll[q], &coll[c]);
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
 	/* the collectives by their wait, start and after indices, each list in
 	 * program order (linear, where scanning every collective at every
@@ -416,11 +443,17 @@ int sched_run(Graph *g, Diag *d)
 			order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMPUTE,
 					   coll[c].ev_start, coll[c].node);
 		COLLS_AT(2, j, c) {
+			int st = coll[c].node->stream;
 			if (coll[c].ev_start >= 0)
-				order[k++] = event(g, DP_OP_EVENT_WAIT, DP_STREAM_COMM, coll[c].ev_start,
+				order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[c].ev_start,
 						   coll[c].node);
+			/* the earlier nodes of another async stream it depends on */
+			for (int q = 0; q < c; q++)
+				if (depends_across(g, &coll[q], &coll[c]))
+					order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
+							   coll[c].node);
 			order[k++] = coll[c].node;
-			order[k++] = event(g, DP_OP_EVENT_RECORD, DP_STREAM_COMM, coll[c].ev_done,
+			order[k++] = event(g, DP_OP_EVENT_RECORD, st, coll[c].ev_done,
 					   coll[c].node);
 		}
 	}

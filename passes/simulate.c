@@ -47,14 +47,16 @@
  *  - gpu: each stream runs its instructions in order (CUDA streams; the
  *    whole step is one graph launch, so issuing costs nothing); an
  *    EVENT_RECORD marks the stream's time, an EVENT_WAIT holds its stream
- *    until then. The comm stream runs one collective at a time.
+ *    until then. The comm stream runs one collective at a time; the copy
+ *    stream (offload's H2Ds) runs its copies in order beside both, each
+ *    costed like a kernel that moves its bytes.
  *  - cpu (runtime/cpu/streams.c): the host walks the program; a compute
  *    kernel runs when the walk reaches it and holds the host; a collective
  *    starts when reached and runs beside what follows, concurrently with
  *    the other collectives in flight; an EVENT_RECORD on comm covers every
  *    collective started so far and a wait for it on compute holds the host
- *    until they are done; a kernel on the comm stream waits for every
- *    collective before it.
+ *    until they are done; a kernel on the comm or copy stream waits for
+ *    every collective before it.
  * Collectives in flight together share their link's bandwidth equally
  * (a fluid model: each one's bus bytes drain at busbw / the number moving
  * on that link, after its alpha); on the gpu executor only collectives of
@@ -240,12 +242,13 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 	for (int l = 0; l < MACH_NLINK; l++)
 		s.link_bw[l] = link_bw[l];
 	s.link_bw[LANE_P2P_IN] = link_bw[MACH_P2P];
-	double tail[DP_NSTREAM] = {0, 0}, host = 0;
+	double tail[DP_NSTREAM] = {0}, host = 0;
 	double *ev_time = calloc((size_t)nevents + 1, sizeof *ev_time); /* gpu: when it is reached */
 	int *ev_flows = calloc((size_t)nevents + 1, sizeof *ev_flows);  /* cpu: flows it covers */
 	if (!ev_time || !ev_flows)
 		die("out of memory");
-	r->busy[DP_STREAM_COMPUTE] = r->busy[DP_STREAM_COMM] = r->exposed_s = 0;
+	r->busy[DP_STREAM_COMPUTE] = r->busy[DP_STREAM_COMM] = r->busy[DP_STREAM_COPY] = 0;
+	r->exposed_s = 0;
 	r->nspans = 0;
 	for (int mb = 0; mb < accum; mb++) {
 		for (int i = 0; i < n; i++) {
@@ -260,7 +263,7 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 				switch (o->kind) {
 				case SIM_KERNEL: {
 					double t0 = host;
-					if (o->stream == DP_STREAM_COMM) /* after the collectives before it */
+					if (o->stream != DP_STREAM_COMPUTE) /* after the collectives before it */
 						t0 = fmax(t0, fluid_wait(&s, s.nfl));
 					host = t0 + o->dur;
 					r->busy[o->stream] += o->dur;
@@ -293,8 +296,8 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 			case SIM_KERNEL:
 				add_span(r, *t, *t + o->dur, i, mb, o->stream == DP_STREAM_COMM ? 1 : 0);
 				*t += o->dur;
-				if (o->stream == DP_STREAM_COMPUTE)
-					r->busy[DP_STREAM_COMPUTE] += o->dur;
+				if (o->stream != DP_STREAM_COMM) /* (the copy stream's: offload's H2Ds) */
+					r->busy[o->stream] += o->dur;
 				break;
 			case SIM_COLL: /* in order on its stream: it moves alone */
 				if (posted)
@@ -317,7 +320,7 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 			}
 		}
 	}
-	double end = executor == MACH_CPU ? host : fmax(tail[0], tail[1]);
+	double end = executor == MACH_CPU ? host : fmax(fmax(tail[0], tail[1]), tail[2]);
 	end = fmax(end, fluid_wait(&s, s.nfl));
 	r->step_s = end;
 	r->comm_s = flows_union(&s);

@@ -1,13 +1,16 @@
 /*
  * exec.h - the executor: checks a step file against the mesh and a compute
  * backend (backend.h), stages the data batches, and walks a program's
- * instructions with two-stream semantics, whatever the backend.
+ * instructions with the schedule's stream semantics, whatever the backend.
  *
  * Streams. Cross-stream order comes only from events, as on a GPU:
  *   EVENT_RECORD on comm    - the event covers every collective issued so far;
  *   EVENT_WAIT on compute   - compute waits until those collectives have completed;
  *   EVENT_RECORD on compute - marks the compute done so far;
- *   EVENT_WAIT on comm      - later collectives start after that compute.
+ *   EVENT_WAIT on comm      - later collectives start after that compute;
+ *   on the copy stream (offload's H2Ds, in order among themselves), a record
+ *   marks the copies issued so far, and a wait on comm or compute for it
+ *   orders what follows after them.
  * A wait for an event that was not recorded earlier in the run is a schedule
  * error (the executor's check). Each backend implements the streams
  * (backend.h): CUDA with its own streams and events; the CPU inline, with

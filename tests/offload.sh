@@ -29,6 +29,10 @@
 #    rank (bf16, recompute; compile only): without offload the plan is over
 #    budget, a compile error naming the arena's largest rows and values,
 #    and no step file; with `offload optimizer` it fits and --stats says so.
+# 6. The updated bf16 shards come back on the copy stream (full_shard):
+#    one H2D per block's shard at the top of the step, each waited for by
+#    its first all_gather on the comm stream, none left after the update
+#    (compile only; sections 1 and 2 run the schedule).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -143,6 +147,35 @@ for s in ddp full_shard; do
 		fail "d2h-overlap-$s: no gradient D2H on the comm stream during the backward"
 	fi
 done
+
+# ---- 6. the updated shards' H2Ds on the copy stream ----
+# (compile only) gpt2-tiny full_shard in bf16 at 2 ranks: the one H2D of the
+# bf16 shards after the update is gone; each block's shard has its H2D on
+# the copy stream at the top of the step, and the first all_gather of that
+# shard waits for the copy's event on the comm stream (the CPU runs of
+# section 1 and 2 show the result is the same bytes)
+if case_on h2d-copy-stream; then
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=optimizer \
+		--precision bf16 --emit=ir >"$T/h2d.ir" 2>/dev/null || fail "h2d-copy-stream: dpc"
+	read -r ncopy good bad late < <(awk '
+		function evnum(s) { match(s, /ev=[0-9]+/); return substr(s, RSTART + 3, RLENGTH - 3) }
+		/= h2d .*stream=copy/ { pend = $1; ncopy++; next }
+		pend != "" && /event_record ev=/ && /stream=copy/ { ev[pend] = evnum($0); pend = ""; next }
+		/event_wait ev=/ && /stream=comm/ { waits[evnum($0)] = 1; next }
+		/= all_gather / {
+			for (i = 1; i <= NF; i++) if ($i == "all_gather") src = $(i + 1)
+			if (src in ev) { if (ev[src] in waits) good++; else bad++; delete ev[src] }
+		}
+		/stream=comm/ && !/event_/ { delete waits }
+		/= h2d / && / opt / && $1 ~ /bf16/ { late++ }
+		END { print ncopy + 0, good + 0, bad + 0, late + 0 }' "$T/h2d.ir")
+	if [ "$ncopy" -ge 2 ] && [ "$good" = "$ncopy" ] && [ "$bad" = 0 ] && [ "$late" = 0 ]; then
+		ok "h2d-copy-stream: $ncopy shard H2Ds on the copy stream, each waited for by its all_gather on the comm stream; none left after the update"
+	else
+		grep -n "h2d\|all_gather" "$T/h2d.ir" | head
+		fail "h2d-copy-stream: $ncopy copies on the copy stream, $good waited for by their all_gather, $bad not, $late H2Ds left after the update"
+	fi
+fi
 
 # ---- 5. a device memory budget ----
 if case_on device-memory-7b; then

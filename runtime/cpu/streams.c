@@ -1,5 +1,5 @@
 /*
- * cpu/streams.c - the CPU backend's two streams (exec.h says what they
+ * cpu/streams.c - the CPU backend's streams (exec.h says what they
  * mean), its events and its collectives: the members of BackendOps that a
  * GPU gets from CUDA streams, done on the host.
  *
@@ -21,7 +21,10 @@
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
  * runs after the collectives issued before it that touch its memory (stream
- * order, for all that it can observe: conflict_ticket).
+ * order, for all that it can observe: conflict_ticket). The copy stream
+ * (offload's H2D of an updated shard) runs inline too, as the walk reaches
+ * it, after the collectives in flight on its memory; an event recorded on
+ * it is done when recorded.
  *
  * Hazards. What a GPU would race on is an error here: a compute-stream
  * instruction that touches memory of a collective no event has made
@@ -194,7 +197,7 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	RT_CHECK(poll(st, e));
 	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
 		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
-	if (in->stream == DP_STREAM_COMM)
+	if (in->stream != DP_STREAM_COMPUTE) /* a copy on the comm or copy stream */
 		return c->ops->wait(c, conflict_ticket(st, in), e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
@@ -202,7 +205,7 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e)
 {
 	RT_CHECK(poll(st, e));
-	/* comm: every collective issued so far; compute: done now */
+	/* comm: every collective issued so far; compute, copy: done now */
 	st->event_ticket[ev] = stream == DP_STREAM_COMM ? st->comm->issued : -1;
 	return 0;
 }
@@ -211,8 +214,8 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 {
 	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
-	/* a wait on the comm stream orders collectives after compute that has
-	 * already run: nothing to do */
+	/* a wait on the comm or copy stream orders its work after what has
+	 * already run (compute, the copy stream's inline copies): nothing to do */
 	if (stream == DP_STREAM_COMPUTE && st->event_ticket[ev] >= 0) {
 		RT_CHECK(c->ops->wait(c, st->event_ticket[ev], e));
 		retire(st, st->event_ticket[ev]);

@@ -2,7 +2,7 @@
  * backend_cuda.c - the CUDA compute backend: the BackendOps `dp_cuda_backend`
  * that libdpcuda.so exports (backend.h; dpexec loads it with dlopen). Device
  * choice, one cudaMalloc'd arena (and a pinned host arena with offload),
- * three streams with events, NCCL
+ * four streams (the schedule's three, the batches') with events, NCCL
  * collectives, the step graph, batches staged on the device ahead of their
  * step, results reported through mapped host memory, the polling wait with
  * its watchdog, and teardown. The kernels and their table are the .cu files
@@ -10,13 +10,14 @@
  *
  * The model (the executor's walk in exec.c drives it):
  *  - one arena per rank, every tensor a pointer at its offset (Backend.ptr);
- *  - two streams of the schedule (compute, comm), non-blocking;
- *    EVENT_RECORD/EVENT_WAIT are cudaEventRecord/cudaStreamWaitEvent on the
- *    instruction's stream, so the cross-stream order is exactly the
- *    schedule's. Each program run forks the comm stream off the compute
- *    stream (run_begin) and joins it back (run_end): a run sees everything
- *    before it, and everything after it sees the whole run, on both
- *    streams. A third, the copy stream, carries the staged batches;
+ *  - three streams of the schedule (compute, comm, copy: offload's H2Ds of
+ *    the updated shards), non-blocking; EVENT_RECORD/EVENT_WAIT are
+ *    cudaEventRecord/cudaStreamWaitEvent on the instruction's stream, so
+ *    the cross-stream order is exactly the schedule's. Each program run
+ *    forks the comm and copy streams off the compute stream (run_begin)
+ *    and joins them back (run_end): a run sees everything before it, and
+ *    everything after it sees the whole run, on every stream. Another
+ *    stream, copy_st, carries the staged batches;
  *  - kernels: the op's row of cu_kernel_table, with its plan entry (fusions
  *    decided at load by the planners; every GEMM's cuBLASLt algorithm is
  *    chosen there too, before any capture), a cuBLASLt handle and a 32 MiB
@@ -458,10 +459,14 @@ static int wait_event(Backend *b, cudaEvent_t ev, const char *what, int64_t step
 	return 0;
 }
 
-/* The compute stream waits for everything issued on the comm stream. */
+/* The compute stream waits for everything issued on the comm and copy
+ * streams (a wait takes the event's record at the call, so one event serves
+ * both in turn). */
 static int join_comm(CuBackend *x, RtErr *e)
 {
 	CU(cudaEventRecord(x->join, x->st[DP_STREAM_COMM]));
+	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMPUTE], x->join, 0));
+	CU(cudaEventRecord(x->join, x->st[DP_STREAM_COPY]));
 	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMPUTE], x->join, 0));
 	return 0;
 }
@@ -720,8 +725,10 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	x->tf32 = s->cfg.gemm_math == DP_GEMM_TF32;
 
 	/* what the kernel rows need, per stream; a communicator per collective */
-	int gemm_on[DP_NSTREAM] = {0, 0};
-	size_t scratch[DP_NSTREAM] = {CU_SCRATCH_MIN, CU_SCRATCH_MIN};
+	int gemm_on[DP_NSTREAM] = {0};
+	size_t scratch[DP_NSTREAM];
+	for (int k = 0; k < DP_NSTREAM; k++)
+		scratch[k] = CU_SCRATCH_MIN;
 	uint32_t masks[DP_NSTREAM];
 	cu_nccl_masks(s, masks);
 	RT_CHECK(cu_nccl_init(&x->nccl, b->comm, masks,
@@ -1334,6 +1341,7 @@ static int cu_run_begin(Backend *b, DpProgram p, RtErr *e)
 	}
 	CU(cudaEventRecord(x->fork, x->st[DP_STREAM_COMPUTE]));
 	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMM], x->fork, 0));
+	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COPY], x->fork, 0));
 	return 0;
 }
 
@@ -1350,9 +1358,25 @@ static int cu_event_record(Backend *b, unsigned stream, unsigned event, RtErr *e
 	return 0;
 }
 
+/* The stream program p records event ev on (the schedule records each
+ * event once per program), or -1. */
+static int record_stream(const DpStep *s, int p, unsigned ev)
+{
+	for (uint32_t i = 0; i < s->nprog[p]; i++)
+		if (s->prog[p][i].op == DP_OP_EVENT_RECORD && DP_EVENT(&s->prog[p][i]) == (int64_t)ev)
+			return s->prog[p][i].stream;
+	return -1;
+}
+
 static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	/* the mutant drops the comm stream's wait for an H2D of a shard on the
+	 * copy stream (offload): its all_gather may read the shard before the
+	 * copy lands */
+	if (MUTANT(h2d_wait) && stream == DP_STREAM_COMM &&
+	    record_stream(b->s, b->at.prog, event) == DP_STREAM_COPY)
+		return 0;
 	if (MUTANT(p2p_wait) && b->at.instr + 1 < b->s->nprog[b->at.prog] &&
 	    b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)
 		return 0; /* (the wait right before a pipeline send) */

@@ -107,6 +107,7 @@ const Config &cfg()
 	c.nccl_inprogress = pick_env("DPEMU_NCCL_INPROGRESS", "never", "always");
 	c.abort_hang_s = (double)num_env("DPEMU_ABORT_HANG_S", 10);
 	c.trace = (int)num_env("DPEMU_TRACE", 0);
+	c.copy_late = (int)num_env("DPEMU_COPY_LATE", 0);
 	c.profile = (int)num_env("DPEMU_PROFILE", 0);
 	c.stall_ranks = 0;
 	c.stall_at = -1;

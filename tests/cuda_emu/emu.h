@@ -90,6 +90,10 @@ struct Config {
 	                          this long without any device work completing is the
 	                          hang it is on hardware: FATAL */
 	int trace;             /* DPEMU_TRACE (0): print every executed operation */
+	int copy_late;         /* DPEMU_COPY_LATE (0): 1 runs a ready cudaMemcpyAsync only
+	                          when nothing else is ready (a copy as late as the
+	                          events allow: a reader that does not wait for it
+	                          reads the old bytes) */
 	int profile;           /* DPEMU_PROFILE (0): time per kind of work, at exit */
 };
 const Config &cfg();

@@ -157,6 +157,14 @@ static bool step(const std::set<Op *> *prefer)
 				pool.push_back(op);
 	if (pool.empty())
 		pool = ready;
+	if (cfg().copy_late) { /* copies last, while anything else can run */
+		std::vector<Op *> other;
+		for (Op *op : pool)
+			if (op->work->what().compare(0, 15, "cudaMemcpyAsync") != 0)
+				other.push_back(op);
+		if (!other.empty())
+			pool = other;
+	}
 	Pick pc = cfg().comm;
 	bool want_comm = pc == PICK_HIGH || (pc == PICK_RANDOM && rnd(2));
 	std::vector<Op *> cls;
