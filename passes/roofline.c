@@ -22,7 +22,8 @@
  * cores for bf16 attention, ordinary or cp, with head dim 32, 64 or 128,
  * and for f32 attention so under `gemm_math tf32`, at the tf32 rate; else
  * the CUDA cores' scalar FMA); the MFU is printed both so and with all of it on
- * tensor cores, so that each part's share shows.
+ * tensor cores (f32 attention at the tf32 rate, 16-bit at bf16's), so that
+ * each part's share shows.
  * optimizer: clip, norms, SGD, AdamW. memory-bound: everything else (norms,
  * activations, the loss, embeddings, casts, copies, bias gradients); the
  * residual adds passes/fuse.c folded into layernorms (add_layernorm,
@@ -269,12 +270,14 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		int c = class_of(n->op);
 		double rate = d->fp32;
 		double run = f; /* the FLOPs executed: attention's are its kernels', not the rule's */
+		double tc_rate = d->bf16; /* attention's on tensor cores: tf32 for f32 operands */
 		if (c == C_ATTN) {
 			int tensor;
 			run = attn_executed(g, i, &tensor);
 			attn_run += times * run;
 			DpDtype dt = g->values[n->in[n->op == DP_OP_ATTENTION || n->op == DP_OP_ATTENTION_CP ? 0 : 1]]->dtype;
-			rate = !tensor ? d->fp32 : dt == DP_F32 ? d->tf32 : d->bf16;
+			tc_rate = dt == DP_F32 ? d->tf32 : d->bf16;
+			rate = tensor ? tc_rate : d->fp32;
 		}
 		if (c == C_GEMM) { /* the operands' dtype: bf16 or f16 (one tensor-core
 				     rate on these GPUs), or f32 (tf32 when asked) */
@@ -292,7 +295,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		r->tensor |= rate != d->fp32 && f > 0;
 		r->cuda |= rate == d->fp32 && f > 0;
 		if (c == C_ATTN)
-			attn_tc_ms += times * node_ms(d, run, b, d->bf16);
+			attn_tc_ms += times * node_ms(d, run, b, tc_rate);
 	}
 	model = roofline_model_flops(g, &tokens, &epilogue);
 	char c1[64], c2[64];
