@@ -198,6 +198,7 @@
 # ASan's feet; the emulated build is never sanitized.
 set -u
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/cuda_emu/suite.sh"
 cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
@@ -400,7 +401,8 @@ model_case() {
 		>"$T/$tag.cpu.log" 2>&1); then
 		fail "$name: --device cpu"; tail -n 5 "$T/$tag.cpu.log"; return
 	fi
-	env DPEMU_SEED=$ncase DPEMU_COMM=$comm ${BOTH_ENV:-} ${EMU_ENV:-} timeout 300 mpirun --oversubscribe -np "$np" "$EMU" \
+	# shellcheck disable=SC2046 # (the launcher's words)
+	env DPEMU_SEED=$ncase DPEMU_COMM=$comm ${BOTH_ENV:-} ${EMU_ENV:-} timeout 300 $(emu_launch "$np") "$EMU" \
 		"$T/$tag.bin" --device cuda --steps "$STEPS" --quiet --eval-every 0 \
 		--losses "$T/$tag.emu.loss" --save-full "$T/$tag.emu.st" >"$T/$tag.emu.log" 2>&1
 	local rc=$?
@@ -730,7 +732,8 @@ graph_eager() {
 	local name=$1 bin=$2 np=$3 init=${4:-} r
 	case_on "graph replay $name" || return 0
 	for r in graph eager; do
-		env DPEMU_SEED=7 DPEMU_RUN=lazy timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$bin" --device cuda \
+		# shellcheck disable=SC2046 # (the launcher's words)
+		env DPEMU_SEED=7 DPEMU_RUN=lazy timeout 300 $(emu_launch "$np") "$EMU" "$bin" --device cuda \
 			--steps "$GRAPH_STEPS" --quiet --eval-every 0 --losses "$T/ge-$r.loss" \
 			--save-full "$T/ge-$r.st" $([ $r = eager ] && echo --no-graph) >"$T/ge-$r.log" 2>&1 ||
 			{

@@ -205,6 +205,7 @@
 # Runtime: ~1-2 min.
 set -u
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/cuda_emu/suite.sh"
 cd "$ROOT" || exit 1
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
@@ -383,7 +384,8 @@ reference() {
 # failed or disagrees with the CPU (the mutation was caught)
 run() {
 	local name=$1 bin=$2 np=$3; shift 3
-	env "$@" timeout 300 mpirun --oversubscribe -np "$np" "$EMU" "$T/$bin.bin" \
+	# shellcheck disable=SC2046 # (the launcher's words)
+	env "$@" timeout 300 $(emu_launch "$np") "$EMU" "$T/$bin.bin" \
 		--device cuda --steps "${NSTEPS[$bin]:-$STEPS}" --quiet --eval-every 0 --losses "$T/$name.loss" \
 		--save-full "$T/$name.st" >"$T/$name.log" 2>&1
 	local rc=$?

@@ -56,6 +56,7 @@ enum TState : uint8_t { T_NEW, T_READY, T_BAR, T_WARP, T_DONE };
 
 struct Thread {
 	TState st;
+	uint3 tid;         /* threadIdx (set_regs runs at every resume: no divisions there) */
 	void *sp;
 	char *stack;
 	int pred;          /* __syncthreads_count/and/or */
@@ -195,7 +196,7 @@ static void *new_context(char *s, unsigned color)
 
 static void set_regs(int t)
 {
-	dpemu_regs.tid = unflatten((unsigned)t, blk.k->block);
+	dpemu_regs.tid = blk.t[t].tid;
 }
 
 static void yield_to_scheduler()
@@ -539,6 +540,17 @@ static void run_block(const KernelWork &k, unsigned b)
 	blk.arrived = blk.exited = 0;
 	blk.cur = -1;
 	blk.t.assign(n, Thread{});
+	uint3 id = {0, 0, 0}; /* unflatten(i, k.block), counted */
+	for (unsigned i = 0; i < n; i++) {
+		blk.t[i].tid = id;
+		if (++id.x == k.block.x) {
+			id.x = 0;
+			if (++id.y == k.block.y) {
+				id.y = 0;
+				id.z++;
+			}
+		}
+	}
 	blk.w.assign((n + 31) / 32, Warp{0, 0});
 	dpemu_regs.bid = unflatten(b, k.grid);
 	uintptr_t sh0 = (uintptr_t)__start_dpemu_shared, sh1 = (uintptr_t)__stop_dpemu_shared;
