@@ -618,6 +618,13 @@ void settings_warn(Lower *L)
 		SetVal *v = &L->set[i];
 		if (!v->given || !v->ok || dp_settings[i].when != DP_WHEN_APPLIES)
 			continue;
+		/* the planner's own choices (compiler/plan.c: --plan, strategy
+		 * auto) are not the user's to be told of: it sets every knob it
+		 * searches, gradient_checkpointing false on a model without a
+		 * repeat block too */
+		if (v->name_loc.line == 0 && v->name_loc.file &&
+		    (!strcmp(v->name_loc.file, "--plan") || !strcmp(v->name_loc.file, "strategy auto")))
+			continue;
 		const char *why = applies[i](L);
 		if (!why)
 			continue;
