@@ -80,7 +80,9 @@ static void usage(FILE *out)
 		"      --stats         print communication, flops and memory per rank to\n"
 		"                      stdout (and with -o, write the step file too)\n"
 		"      --device=h100   with --stats: the step's roofline time per kernel class\n"
-		"                      on that GPU from its published peaks, and the MFU\n"
+		"                      on that GPU from its published peaks, the MFU, and the\n"
+		"                      largest micro-batch whose memory plan fits its memory\n"
+		"                      (80 GiB; --device-memory's budget when given)\n"
 		"      --simulate[=MACHINE]\n"
 		"                      replay the step one rank (each pp stage) runs on a\n"
 		"                      machine model and print its predicted time, compute,\n"
@@ -854,13 +856,14 @@ int main(int argc, char **argv)
 		.verify = verify,
 	};
 	const char *last = NULL; /* the pass the graph is after (IR input) */
+	FeOptions fo = {0};      /* the front end's options (a .dp input) */
 	int rc;
 	if (from_ir) {
 		rc = run_from_ir(path, passes ? passes : "all", write_step, &po, &diag, &src, &g, &last);
 	} else {
-		FeOptions fo = {.world_size = world, .tp = axis[0], .cp = axis[1],
-				.dp_replicate = axis[2], .pp = axis[3], .defines = defines, .ndefines = ndefines,
-				.sets = sets, .nsets = nsets};
+		fo = (FeOptions){.world_size = world, .tp = axis[0], .cp = axis[1],
+				 .dp_replicate = axis[2], .pp = axis[3], .defines = defines,
+				 .ndefines = ndefines, .sets = sets, .nsets = nsets};
 		g = lower_compile_opts(path, &fo, &diag, &src);
 		if (!g || diag.nerrors) {
 			status = 1;
@@ -885,6 +888,13 @@ int main(int argc, char **argv)
 	if ((emit == EMIT_STATS || stats) && device) {
 		fprintf(stdout, "\n");
 		roofline_print(stdout, g, device);
+		if (!from_ir && g->peak_bytes > 0) { /* compiler/fit.c */
+			char what[96], b[64];
+			int64_t cap = device_memory ? device_memory : roofline_memory(device);
+			snprintf(what, sizeof what, "in %s (%s)", stats_human_bytes(b, sizeof b, (double)cap),
+				 device_memory ? "--device-memory" : device);
+			fit_micro_batch(stdout, path, &fo, g, cap, what);
+		}
 	}
 	if (emit == EMIT_SCHEDULE)
 		stages_print_schedule(stdout, g, 96);

@@ -39,4 +39,12 @@ typedef struct {
  * naming the smallest plan's memory printed). */
 int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice);
 
+/* compiler/fit.c: the largest micro-batch per rank whose memory plan
+ * (arena) is at most cap bytes, the model at path compiled again with fo
+ * at other micro-batches (g: its graph as compiled, through memplan); one
+ * line to out, capwhat naming the budget ("in 80.00 GiB (h100)"). The
+ * micro-batch, or -1 when none fits or g has no memory plan. */
+int fit_micro_batch(FILE *out, const char *path, const FeOptions *fo, const Graph *g, int64_t cap,
+		    const char *capwhat);
+
 #endif

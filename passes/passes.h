@@ -155,6 +155,8 @@ double stats_bus_factor(IrOp op, int n);
 int roofline_known(const char *name);
 const char *roofline_devices(void);
 void roofline_print(FILE *out, const Graph *g, const char *device);
+/* The device's memory in bytes (H100 SXM: 80 GiB); 0 for an unknown name. */
+int64_t roofline_memory(const char *name);
 /* The model FLOPs of one optimizer step, as the MFU counts them: the GEMMs'
  * (without a fused epilogue's, which go to *epilogue) and 12 T d per token
  * and layer of attention, recomputed forwards left out; *tokens: the

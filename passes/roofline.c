@@ -45,13 +45,22 @@ typedef struct {
 	const char *name, *what;
 	double bf16, tf32, fp32; /* FLOP/s: tensor cores bf16 and tf32, CUDA cores fp32 FMA */
 	double bw;               /* memory bandwidth, bytes/s */
+	int64_t mem;             /* device memory, bytes */
 } Device;
 
 static const Device devices[] = {
 	/* NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s bf16 and 494.7 tf32 dense,
-	 * 66.9 fp32, HBM3 3.35 TB/s */
-	{"h100", "H100 SXM", 989.4e12, 494.7e12, 66.9e12, 3.35e12},
+	 * 66.9 fp32, HBM3 3.35 TB/s, 80 GB (five 16 GiB stacks: 80 GiB) */
+	{"h100", "H100 SXM", 989.4e12, 494.7e12, 66.9e12, 3.35e12, (int64_t)80 << 30},
 };
+
+int64_t roofline_memory(const char *name)
+{
+	for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++)
+		if (!strcmp(devices[i].name, name))
+			return devices[i].mem;
+	return 0;
+}
 
 enum { C_GEMM, C_ATTN, C_MEM, C_OPTIM, C_NCLASS };
 

@@ -21,6 +21,9 @@
 #  - gpt2-tiny and GPT-2 124M: the residual adds folded into layernorms
 #    (add_layernorm, layernorm_grad_add) 2 of each per layer and
 #    micro-batch, the line --stats prints;
+#  - the micro-batch that fits the device's memory (80 GiB) or
+#    --device-memory (compiler/fit.c): it compiles within the budget, and
+#    one more is refused as over it;
 #  - an unknown --device is one line naming the known ones, exit 1.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -150,6 +153,37 @@ transformer() {
 		{ fail "$name bf16"; cat "$T/$name.out"; }
 }
 case_on "gpt2-tiny bf16: attention's model FLOPs" && transformer models/gpt2-tiny.dp gpt2-tiny
+# fit NAME MODEL ARGS...: the micro-batch --stats says fits (compiler/fit.c)
+# is what dpc's own budget check says of it: the step compiled at that
+# micro-batch (global_batch = it x grad_accum x dp ranks) within the budget,
+# at one more over it (exit 1, "over --device-memory")
+fit() {
+	local name=$1 model=$2 budget=$3 world=$4 line m ga dp; shift 4
+	"$DPC" "$model" --world-size "$world" --stats --device h100 ${budget:+--device-memory "$budget"} "$@" \
+		>"$T/$name.fit" 2>/dev/null
+	line=$(grep "^micro-batch that fits " "$T/$name.fit")
+	m=$(sed -n 's/.*: \([0-9]*\) per rank (.*/\1/p' <<<"$line")
+	ga=$(sed -n 's/.*x grad_accum \([0-9]*\),.*/\1/p' "$T/$name.fit")
+	dp=$(sed -n 's/.*mesh dp_replicate=\([0-9]*\) dp_shard=\([0-9]*\) .*/\1 * \2/p' "$T/$name.fit")
+	[ -n "$m" ] && [ -n "$ga" ] && [ -n "$dp" ] || { echo "no micro-batch line: '$line'"; return 1; }
+	"$DPC" "$model" --world-size "$world" "$@" --set train.global_batch=$((m * ga * dp)) \
+		--device-memory "${budget:-80GiB}" -o "$T/$name.bin" >/dev/null 2>&1 ||
+		{ echo "$line; but $m does not compile within the budget"; return 1; }
+	if "$DPC" "$model" --world-size "$world" "$@" --set train.global_batch=$(((m + 1) * ga * dp)) \
+		--device-memory "${budget:-80GiB}" -o "$T/$name.bin" >"$T/$name.over" 2>&1 ||
+		! grep -q "over --device-memory" "$T/$name.over"; then
+		echo "$line; but $((m + 1)) is not refused as over the budget"
+		return 1
+	fi
+	echo "$line"
+}
+if case_on "micro-batch fit"; then
+	for c in "gpt2 models/gpt2.dp '' 1 --precision bf16" "gpt2-tiny models/gpt2-tiny.dp 6MiB 1" \
+		"llama models/llama.dp 30MiB 2"; do
+		eval "fit $c" >"$T/fit.out" 2>&1 && ok "micro-batch fit, ${c%% *}: $(cat "$T/fit.out")" ||
+			{ fail "micro-batch fit, ${c%% *}"; cat "$T/fit.out"; }
+	done
+fi
 case_on "gpt2 bf16: attention's model FLOPs, tensor-core attention" && transformer models/gpt2.dp gpt2
 # attention at GPT-2 124M's shapes: the kernels' executed FLOPs in causal
 # products of T x T x hd per sequence, head and layer: in bf16 (head dim 64)
