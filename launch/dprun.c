@@ -162,8 +162,8 @@ static void usage(FILE *f)
 		"  --hostfile F              an Open MPI hostfile (mpirun --hostfile)\n"
 		"  --probe-timeout SEC       after a failure, each host of --hosts or --hostfile\n"
 		"                            must run a probe (mpirun --host H:1 true) within SEC\n"
-		"                            seconds (default 10); the restart leaves out those\n"
-		"                            that do not\n"
+		"                            seconds (default 10; a failed probe is tried again\n"
+		"                            until then); the restart leaves out those that do not\n"
 		"  --launcher auto|mpirun|srun\n"
 		"                            auto (default): srun when SLURM_JOB_ID is set, else\n"
 		"                            mpirun; as root, mpirun gets --allow-run-as-root\n"
@@ -689,33 +689,51 @@ static int hosts_gone(const Dprun *d)
 }
 
 /* After a failure: probe every host not yet gone, all at once, for at most
- * --probe-timeout seconds; a probe that fails or does not end in time
- * marks its host gone (said, once). d->hostarg is then the hosts that
+ * --probe-timeout seconds. A probe that fails is started again (after
+ * PROBE_RETRY_S) while time is left: a host answers when one of its probes
+ * succeeds in time, so one probe's transient failure (mpirun's start-up
+ * racing the failed job's teardown on that host: seen on the hosts test's
+ * surviving host under load) does not cost the job a healthy host. A host
+ * none of whose probes succeeded in time is gone (said, once, with the last
+ * probe's exit status and the tries). d->hostarg is then the hosts that
  * answer (--hosts' list, or a hostfile of their lines in work). Returns
  * their slots; -1 on an error (said). */
+#define PROBE_RETRY_S 0.5
 static int probe_hosts(Dprun *d)
 {
 	pid_t *pid = calloc((size_t)d->nhosts, sizeof *pid);
-	int *rc = calloc((size_t)d->nhosts, sizeof *rc), running = 0;
-	if (!pid || !rc) {
+	int *rc = calloc((size_t)d->nhosts, sizeof *rc), *tries = calloc((size_t)d->nhosts, sizeof *tries);
+	double *again = calloc((size_t)d->nhosts, sizeof *again); /* when to start it again; 0: not */
+	int running = 0;
+	if (!pid || !rc || !tries || !again) {
 		free(pid);
 		free(rc);
+		free(tries);
+		free(again);
 		say("error: out of memory");
 		return -1;
 	}
 	for (int i = 0; i < d->nhosts; i++)
 		if (!d->hosts[i].gone && (pid[i] = start_probe(d, i)) > 0)
-			running++;
+			running++, tries[i] = 1;
 		else
 			rc[i] = d->hosts[i].gone ? 0 : -1; /* could not fork: taken as gone */
 	double deadline = now_s() + d->o.probe_timeout;
-	while (running > 0 && now_s() < deadline && !got_signal) {
+	int waiting = 0; /* failed probes to start again */
+	while ((running > 0 || waiting > 0) && now_s() < deadline && !got_signal) {
 		for (int i = 0; i < d->nhosts; i++) {
 			int st;
 			if (pid[i] > 0 && waitpid(pid[i], &st, WNOHANG) == pid[i]) {
 				rc[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 				pid[i] = 0;
 				running--;
+				if (rc[i] != 0 && now_s() + PROBE_RETRY_S < deadline)
+					again[i] = now_s() + PROBE_RETRY_S, waiting++;
+			} else if (again[i] > 0 && now_s() >= again[i]) {
+				again[i] = 0;
+				waiting--;
+				if ((pid[i] = start_probe(d, i)) > 0)
+					running++, tries[i]++;
 			}
 		}
 		usleep(20000);
@@ -728,14 +746,18 @@ static int probe_hosts(Dprun *d)
 				;
 			if (!got_signal)
 				say("host %s does not answer: the probe (mpirun --host %s:1 true) did not "
-				    "end within --probe-timeout %g s", h->name, h->name, d->o.probe_timeout);
+				    "end within --probe-timeout %g s (%d tries)", h->name, h->name,
+				    d->o.probe_timeout, tries[i]);
 			h->gone = !got_signal;
 		} else if (rc[i] != 0 && !h->gone) {
-			say("host %s does not answer: the probe (mpirun --host %s:1 true) exited %d",
-			    h->name, h->name, rc[i]);
+			say("host %s does not answer: the probe (mpirun --host %s:1 true) exited %d "
+			    "(%d tries in --probe-timeout %g s)", h->name, h->name, rc[i], tries[i],
+			    d->o.probe_timeout);
 			h->gone = 1;
 		}
 	}
+	free(tries);
+	free(again);
 	free(pid);
 	free(rc);
 	/* the launch line's hosts: those that answer */
