@@ -37,29 +37,13 @@ typedef struct {
  * front end or a pass refuses it. */
 static int64_t arena_at(Fit *f, int64_t m)
 {
-	FeSet *sets = malloc(sizeof *sets * (size_t)(f->fo->nsets + 1));
-	if (!sets)
-		die("out of memory");
-	if (f->fo->nsets)
-		memcpy(sets, f->fo->sets, sizeof *sets * (size_t)f->fo->nsets);
 	char value[32];
 	snprintf(value, sizeof value, "%" PRId64, m * f->per_mb);
-	sets[f->fo->nsets] = (FeSet){f->key, value, "--stats"};
-	FeOptions o = *f->fo;
-	o.sets = sets;
-	o.nsets = f->fo->nsets + 1;
-	Diag d;
-	diag_init(&d, f->quiet, f->path, NULL);
-	char *src = NULL;
-	Graph *g = lower_compile_opts(f->path, &o, &d, &src);
-	PipelineOpts pl = {.verify = 0};
-	int64_t a = -1;
-	if (g && !d.nerrors && pipeline_run(g, &d, &pl) >= 0 && g->peak_bytes > 0)
-		a = g->peak_bytes;
+	FeSet batch = {f->key, value, "--stats"};
+	Graph *g = plan_compile_with(f->path, f->fo, &batch, 1, f->quiet, npipeline);
+	int64_t a = g && g->peak_bytes > 0 ? g->peak_bytes : -1;
 	f->compiles++;
 	ir_free(g);
-	free(src);
-	free(sets);
 	return a;
 }
 

@@ -134,29 +134,23 @@ static int plan_sets(const Plan *p, FeSet *sets, char buf[3][64])
 	return n;
 }
 
-/* Compile p through the passes before pipeline[to] (npipeline: all); its
- * graph (NULL when the front end or a pass refused it). */
-static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int to)
+Graph *plan_compile_with(const char *path, const FeOptions *fo, const FeSet *extra, int nextra,
+			 FILE *quiet, int to)
 {
-	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 4));
+	FeSet *sets = malloc(sizeof *sets * (size_t)(fo->nsets + nextra + 1));
 	if (!sets)
 		die("out of memory");
-	char buf[3][64];
-	if (po->nsets)
-		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
-	int nsets = po->nsets + plan_sets(p, sets + po->nsets, buf);
-	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
-			.sets = sets, .nsets = nsets};
-	if (!po->mesh) { /* `mesh auto` takes the candidate's axes */
-		fo.tp = p->tp;
-		fo.cp = p->cp;
-		fo.dp_replicate = p->rep;
-		fo.pp = p->pp;
-	}
+	if (fo->nsets)
+		memcpy(sets, fo->sets, sizeof *sets * (size_t)fo->nsets);
+	if (nextra)
+		memcpy(sets + fo->nsets, extra, sizeof *sets * (size_t)nextra);
+	FeOptions o = *fo;
+	o.sets = sets;
+	o.nsets = fo->nsets + nextra;
 	Diag d;
-	diag_init(&d, quiet, po->path, NULL);
+	diag_init(&d, quiet, path, NULL);
 	char *src = NULL;
-	Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
+	Graph *g = lower_compile_opts(path, &o, &d, &src);
 	PipelineOpts pl = {.verify = 0};
 	if (g && (d.nerrors || pipeline_run_part(g, &d, &pl, 0, to) < 0)) {
 		ir_free(g);
@@ -165,6 +159,24 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
 	free(src);
 	free(sets);
 	return g;
+}
+
+/* Compile p through the passes before pipeline[to] (npipeline: all); its
+ * graph (NULL when the front end or a pass refused it). */
+static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int to)
+{
+	FeSet own[4];
+	char buf[3][64];
+	int nown = plan_sets(p, own, buf);
+	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
+			.sets = po->sets, .nsets = po->nsets};
+	if (!po->mesh) { /* `mesh auto` takes the candidate's axes */
+		fo.tp = p->tp;
+		fo.cp = p->cp;
+		fo.dp_replicate = p->rep;
+		fo.pp = p->pp;
+	}
+	return plan_compile_with(po->path, &fo, own, nown, quiet, to);
 }
 
 /*

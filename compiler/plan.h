@@ -39,6 +39,12 @@ typedef struct {
  * naming the smallest plan's memory printed). */
 int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice);
 
+/* The model at path compiled with fo and the settings extra after its own
+ * (a later one wins), through the passes before pipeline[to] (npipeline:
+ * all), diagnostics to quiet; NULL when the front end or a pass refused it. */
+Graph *plan_compile_with(const char *path, const FeOptions *fo, const FeSet *extra, int nextra,
+			 FILE *quiet, int to);
+
 /* compiler/fit.c: the largest micro-batch per rank whose memory plan
  * (arena) is at most cap bytes, the model at path compiled again with fo
  * at other micro-batches (g: its graph as compiled, through memplan); one
