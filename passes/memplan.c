@@ -39,12 +39,20 @@
  * Asynchronous collectives: a collective runs on the comm stream between the
  * compute point its start event was recorded at and the compute point that
  * waits for its done event, not at its place in the list. So every value a
- * collective touches lives, in STEP order, over that whole window: from the
- * record it waits on (or, with no wait, from where the previous collective
- * may start; the comm stream is serial) to the EVENT_WAIT that completes it
- * (or the end of the program). Persistent gradients make this moot for
- * ddp; gathered parameters and reduce-scatter inputs of later strategies
- * need it. At pp > 1 a stage's comm stream runs only its own nodes and
+ * collective touches lives, in each program's order, over that whole window:
+ * from the record it waits on (or, with no wait, from where the previous
+ * collective may start; the comm stream is serial) to the first compute
+ * EVENT_WAIT that proves it done: a wait for any event recorded on the comm
+ * stream after it, its own or a later collective's (the stream is serial),
+ * that runs whenever it runs (or the end of the program when there is none).
+ * Persistent gradients make this moot for ddp; gathered parameters and
+ * reduce-scatter inputs of later strategies need it. A later record counts
+ * because compute never waits for a collective whose result only another
+ * collective reads (the export program's gather of a unit's f32 masters over
+ * dp_shard, read by the gathers over tp): ending its window at the
+ * program's end kept every unit's masters live at once, an arena 6.6x the
+ * step's live peak at GPT-3 175B's shape (tp=8 x dp_shard=64, full_shard,
+ * checkpointing: 96.8 GiB of temporaries, 17.4 GiB now; docs/SIMULATE.md). At pp > 1 a stage's comm stream runs only its own nodes and
  * every rank's, so the window follows the stage's own events: a recv may
  * fill its buffer as soon as that stage's stream reaches it, before other
  * stages' nodes that come earlier in the one program order (the emulated
@@ -191,6 +199,39 @@ static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int
 		if (n->op == DP_OP_EVENT_WAIT && n->stream == DP_STREAM_COMPUTE)
 			wait[DP_EVENT(n)] = i;
 	}
+	/* The end of each node's window, from the back: the comm stream is
+	 * serial, so compute waiting for any event recorded on it after a
+	 * collective has seen that collective done too (on a GPU by stream
+	 * order; on the CPU an event is a comm ticket covering every collective
+	 * issued before it). done[f] is the earliest compute wait of an event
+	 * recorded on the comm stream at or after position i that runs whenever
+	 * a node with flags f does (its conditional flags a subset of f: a wait
+	 * that only the last micro-batch runs proves nothing in the others), or
+	 * nstep - 1 when there is none (the program's end waits for all). */
+	int done[DP_IF_ALL + 1];
+	for (unsigned f = 0; f <= DP_IF_ALL; f++)
+		done[f] = nstep - 1;
+	for (int i = nstep - 1; i >= 0; i--) {
+		const Node *n = step[i];
+		if (stage >= 0 && n->stage >= 0 && n->stage != stage)
+			continue;
+		if (n->stream != DP_STREAM_COMM)
+			continue;
+		if (n->op == DP_OP_EVENT_RECORD) {
+			int w = wait[DP_EVENT(n)];
+			unsigned rf = n->flags & DP_IF_ALL;
+			for (unsigned f = 0; f <= DP_IF_ALL && w >= 0; f++)
+				if ((rf & ~f) == 0 && w < done[f])
+					done[f] = w;
+			continue;
+		}
+		if (n->op == DP_OP_EVENT_WAIT)
+			continue;
+		/* the collective: until compute has waited for it */
+		int end = done[n->flags & DP_IF_ALL];
+		if (end > hi[i])
+			hi[i] = end;
+	}
 	int comm_start = 0; /* the comm stream is serial: a collective starts no
 	                       earlier than the one before it */
 	int64_t waited = -1; /* record position the comm stream last waited on */
@@ -210,17 +251,6 @@ static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int
 			comm_start = (int)waited;
 		if (comm_start < lo[i])
 			lo[i] = comm_start;
-		if (n->op == DP_OP_EVENT_RECORD)
-			continue;
-		/* the collective: until its done event is waited on by compute */
-		int end = nstep - 1, j = i + 1;
-		while (j < nstep && stage >= 0 && step[j]->stage >= 0 && step[j]->stage != stage)
-			j++; /* the next node of this stage */
-		if (j < nstep && step[j]->op == DP_OP_EVENT_RECORD && step[j]->stream == DP_STREAM_COMM &&
-		    wait[DP_EVENT(step[j])] >= 0)
-			end = wait[DP_EVENT(step[j])];
-		if (end > hi[i])
-			hi[i] = end;
 	}
 }
 

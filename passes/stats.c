@@ -330,6 +330,21 @@ static void print_memory(FILE *out, const Graph *g, int64_t budget)
 		fprintf(out, "%-36s %30s\n", "  live at the sample program's peak",
 			bytes_cell(c1, sizeof c1, (double)sample));
 	}
+	/* the region holds every program's own: its floor is the largest
+	 * program's live peak (the init and export programs' whole parameters,
+	 * full_shard's gathered units, can pass the step's) */
+	int64_t most = 0;
+	int most_prog = DP_PROG_STEP;
+	for (int p = 0; p < DP_NPROG; p++) {
+		int64_t at = mem_live_peak(g, p, split);
+		if (at > most) {
+			most = at;
+			most_prog = p;
+		}
+	}
+	char label[64];
+	snprintf(label, sizeof label, "  live at any program's peak (%s)", dp_prog_names[most_prog]);
+	fprintf(out, "%-36s %30s\n", label, bytes_cell(c1, sizeof c1, (double)most));
 	fprintf(out, "%-36s %30s\n", "total (arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->peak_bytes));
 	if (budget > 0)
@@ -337,7 +352,6 @@ static void print_memory(FILE *out, const Graph *g, int64_t budget)
 	if (!g->cfg.host_arena_bytes)
 		return;
 	/* offload (passes/offload.c): the pinned host arena, persistent only */
-	char label[64];
 	fprintf(out, "\n%-36s %30s\n", "memory (host arena, offload)", "bytes");
 	for (int c = 0; c < M_NCAT; c++)
 		if (host[c] > 0) {

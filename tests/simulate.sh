@@ -8,7 +8,10 @@
 #    machine reader;
 #  - peak memory: the predicted peak is the memory plan's exact figure
 #    (--stats's arena size, the IR's `memory peak=`), under ddp, full_shard
-#    and tp;
+#    and tp; the plan's temporaries within 1.3x of the step's live peak
+#    where the export program's gathers once held 2.57x (gpt2-tiny at 16
+#    layers, tp=2 x dp_shard=2, full_shard bf16), and no less than any
+#    program's live peak;
 #  - collectives: on a machine whose links move 1 MB/s with no latency and
 #    whose kernels are free, the communication time is --stats's bus bytes
 #    over 1 MB/s (every collective counted once, at its link; the gpu
@@ -98,6 +101,27 @@ peak() {
 peak "mlp ddp 2" models/mlp.dp --world-size 2
 peak "mlp full_shard 4" models/mlp.dp --world-size 4 --set train.strategy=full_shard
 peak "gpt2-tiny tp=2" models/gpt2-tiny.dp --world-size 2 --tp 2
+
+# The plan packs temporaries close to what is live (passes/memplan.c): a
+# model whose export program (a full checkpoint: each unit's f32 masters
+# gathered over dp_shard, then over tp) once held every unit's gather to its
+# end (the collectives' windows ran to the program's end when no compute
+# waited for their own event: 2.57x the step's live peak) has its region
+# within 1.3x of the step's live peak, and never below any program's.
+if case_on "peak memory: packed"; then
+	out=$("$DPC" models/gpt2-tiny.dp -D layers=16 -D ctx=24 --world-size 4 --tp 2 \
+		--set train.strategy=full_shard --set train.precision=bf16 --set train.grad_accum=8 \
+		--stats 2>&1)
+	region=$(echo "$out" | sed -n 's/^temporaries (arena region) *\([0-9]*\) .*/\1/p')
+	step=$(echo "$out" | sed -n "s/^  live at the step's peak *\([0-9]*\) .*/\1/p")
+	any=$(echo "$out" | sed -n "s/^  live at any program's peak ([a-z]*) *\([0-9]*\) .*/\1/p")
+	if [ -n "$region" ] && [ -n "$step" ] && [ -n "$any" ] && [ "$step" -gt 0 ] &&
+		[ "$any" -le "$region" ] && [ $((region * 10)) -le $((step * 13)) ]; then
+		ok "peak memory: packed: temporaries $region B, live $step B at the step's peak, $any B at any program's"
+	else
+		fail "peak memory: packed: temporaries '$region' B against '$step' B live at the step's peak (at most 1.3x), '$any' B at any program's (at least)"
+	fi
+fi
 
 # comm NAME MODEL ARGS...: communication == --stats's bus bytes at 1 MB/s
 comm() {
