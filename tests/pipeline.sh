@@ -287,7 +287,7 @@ if case_on interleaved-ir; then
 		cmp -s "$T/il-direct.bin" "$T/il-read.bin"
 	awk '/^send %x.mb0 axes=pp peer=1 /{held=$0; next} {print} /^%h.0.x1.pp0.mb0 = recv/{print held}' \
 		"$T/il.ir" >"$T/il-bad.ir"
-	"$DPC" --from-ir "$T/il-bad.ir" --passes stage_params -o "$T/il-bad.bin" >"$T/il-bad.out" 2>&1
+	"$DPC" --from-ir "$T/il-bad.ir" --passes all -o "$T/il-bad.bin" >"$T/il-bad.out" 2>&1
 	rc=$?
 	if [ $rc = 1 ] && [ ! -e "$T/il-bad.bin" ] && ! cmp -s "$T/il.ir" "$T/il-bad.ir" &&
 		grep -q "the pipeline deadlocks: stage 0 waits at its recv (node [0-9]*, %h.0.x1.pp0.mb0) for stage 1" "$T/il-bad.out"; then
