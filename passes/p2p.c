@@ -54,6 +54,17 @@
  * another stage reads (a tied one) is refused at the block's strategy: each
  * stage gathers its own blocks only.
  *
+ * Under `pipeline interleaved` the stages above are the virtual stages
+ * (passes/stages.c): a node's virtual stage is Node.chunk (printed
+ * `chunk=N`) and Node.stage its rank, chunk mod P. A value read on a rank
+ * that does not hold its current contents travels along the virtual
+ * stages from the one that wrote it, w -> w+1 -> ... -> k (down for a
+ * gradient), each hop between neighbouring ranks on the ring (the last
+ * virtual stage of a round, on rank P-1, sends to rank 0), starting at the
+ * virtual stage nearest k whose rank holds it (a skip between two virtual
+ * stages of one rank sends nothing). A send/recv carries its virtual
+ * stages too, so passes/unroll.c knows the slot it belongs to.
+ *
  * This is one micro-batch's program: passes/unroll.c, next, copies it per
  * micro-batch in the pipeline schedule's order.
  */

@@ -16,6 +16,13 @@
  * slow as its slowest stage. A node outside every block (the loss) belongs
  * to the stage of the block node before it.
  *
+ * Under `pipeline interleaved` (Megatron's virtual stages, train's
+ * stages_per_rank v) the same cut, explicit or auto, is into P x v virtual
+ * stages (a block's `stage N` names one), and each block's virtual stage
+ * (Block.chunk) runs on rank chunk mod P (Block.stage): rank r holds virtual
+ * stages r, r + P, ..., r + (v-1)P. The accounting below is then per
+ * virtual stage, and the schedule's slots per rank over its virtual stages.
+ *
  * The stages' programs are passes/p2p.c's and passes/unroll.c's. This file
  * also forecasts the pipeline (`--stats`: FLOPs, parameters, activations
  * kept per micro-batch, the bytes each cut sends, the bubble of the

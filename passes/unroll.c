@@ -50,6 +50,12 @@
  * (and W) slots run in micro-batch order under every schedule, so every
  * gradient accumulates its micro-batches in the order pp = 1 does.
  *
+ * Under interleaved a slot is a virtual stage's (Node.chunk) F or B of a
+ * micro-batch, the readiness above over the virtual stages (F(c,k) after
+ * F(c-1,k), B(c,k) after B(c+1,k)), and each rank's slots in
+ * passes/stages.c's interleaved_order: on each virtual stage the backwards
+ * still run in micro-batch order.
+ *
  * Eval is not unrolled: a node that both programs shared stays the eval
  * program's, with the original values.
  */
