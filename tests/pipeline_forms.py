@@ -256,14 +256,22 @@ def zb_rules(p, m, s, got):
 
 # --emit=schedule: one row per stage, its slots in the schedule's order, the
 # bubble the one --stats simulates
+def schedule_rows(p, m, sched, extra, tag):
+    """dpc --emit=schedule of gpt2-tiny: the picture and its rows (one per
+    stage, or per rank under interleaved), their count checked."""
+    cmd = [DPC, "models/gpt2-tiny.dp", "--world-size", str(p), "--pp", str(p),
+           "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched] + extra
+    pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
+    head = "rank " if sched == "interleaved" else "stage "
+    rows = [l for l in pic.splitlines() if l.startswith(head)]
+    check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+    return pic, rows
+
+
 for sched in ("pipedream_flush", "gpipe", "zero_bubble"):
     for p, m in ((2, 4), (4, 8), (4, 2)):
-        cmd = [DPC, "models/gpt2-tiny.dp", "-D", "layers=4", "--world-size", str(p), "--pp",
-               str(p), "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched]
-        pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
-        rows = [l for l in pic.splitlines() if l.startswith("stage ")]
         tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
-        check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+        pic, rows = schedule_rows(p, m, sched, ["-D", "layers=4"], tag)
         for s, row in enumerate(rows):
             got = re.findall(r"[FBW]\d+", row.split("|", 1)[1])
             check(zb_rules(p, m, s, got) if sched == "zero_bubble" else got == order(p, m, s, sched),
@@ -310,12 +318,8 @@ IL_RANK = re.compile(r"^rank (\d+): stages [0-9, ]+; activations at the peak: (\
                      r"stage-micro-batches in flight \(closed form (\d+)\)", re.M)
 for p, v, m in ((2, 2, 4), (4, 2, 8), (2, 3, 2), (4, 2, 4)):
     extra = ["-D", "layers=6", "--set", "train.stages_per_rank=%d" % v]
-    cmd = [DPC, "models/gpt2-tiny.dp", "--world-size", str(p), "--pp", str(p),
-           "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=interleaved"] + extra
-    pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
-    rows = [l for l in pic.splitlines() if l.startswith("rank ")]
     tag = "interleaved gpt2-tiny L=6 pp=%d v=%d m=%d" % (p, v, m)
-    check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+    pic, rows = schedule_rows(p, m, "interleaved", extra, tag)
     for r, row in enumerate(rows):
         got = re.findall(r"[FB]\d+\.\d+", row.split("|", 1)[1])
         check(got == order_il(p, v, m, r), "%s rank %d: %s" % (tag, r, " ".join(got)))
