@@ -2,24 +2,28 @@
 # bench/pipeline.sh - the pipelined step's bubble and activation memory per
 # schedule, measured against the compiler's prediction (issue 25).
 #
-# models/gpt2-tiny.dp at -D d=256 -D layers=4 (4 heads of 64; stages auto
-# gives each of the 4 stages a layer) on the GPL-3 text, PP ranks at pp=PP
-# (default 4; PP=2 fits a 2-core machine without oversubscribing), grad_accum
-# M micro-batches (default 8), one thread per rank, under gpipe,
-# 1f1b (pipedream_flush) and zero_bubble:
+# models/gpt2-tiny.dp at -D d=256 -D layers=2*PP (4 heads of 64; stages auto
+# balances about two layers per stage, one per interleaved virtual
+# stage) on the GPL-3 text, PP ranks at pp=PP (default 4; PP=2 fits a
+# 2-core machine without oversubscribing), grad_accum M micro-batches
+# (default 8, a multiple of PP), one thread per rank, under gpipe, 1f1b
+# (pipedream_flush), zero_bubble and interleaved (stages_per_rank 2):
 #   bubble measured   from `dpexec --trace` of steps 2..STEPS: per rank, the
 #                     share of the step (its first instruction to its last)
 #                     in which its compute stream runs no kernel, averaged
 #                     over the ranks (the once-per-step optimizer counts as
 #                     busy, so the figure sits a little under the forecast)
 #   bubble predicted  --stats' `bubble:` line: the closed form (p-1)/(m+p-1)
-#                     ((p-1)/(3m+p-1) for zero_bubble, F = B = W) and the one
-#                     simulated from the stages' FLOPs
+#                     ((p-1)/(3m+p-1) for zero_bubble, F = B = W; (p-1)/(2m+p-1)
+#                     for interleaved, v = 2) and the one simulated from the
+#                     stages' FLOPs
 #   activations       per stage, --stats' closed form (the forward results
 #                     kept per micro-batch x the micro-batches in flight:
 #                     min(p - s, m) under 1f1b and zero_bubble, m under
-#                     gpipe) against the compiled step's temporaries at that
-#                     stage's peak (the memory plan dpexec allocates)
+#                     gpipe; interleaved: each rank's virtual-stage
+#                     micro-batches in flight at its peak in its order) against
+#                     the compiled step's temporaries at that stage's peak (the
+#                     memory plan dpexec allocates)
 # 4 ranks oversubscribe a 2-core machine: waiting ranks poll, then sleep,
 # so absolute times are noisy; read the ordering and the ratios.
 # Not a test: timings move with the machine's load.
@@ -40,9 +44,9 @@ trap 'rm -rf "$T"' EXIT
 sed 's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|' \
 	models/gpt2-tiny.dp >"$T/g.dp"
 
-for sched in gpipe pipedream_flush zero_bubble; do
-	args=("$T/g.dp" -D d=256 -D layers=4 --world-size "$PP" --pp "$PP" --set "train.grad_accum=$M"
-		--set "train.pipeline=$sched")
+for sched in gpipe pipedream_flush zero_bubble interleaved; do
+	args=("$T/g.dp" -D d=256 -D layers=$((2 * PP)) --world-size "$PP" --pp "$PP"
+		--set "train.grad_accum=$M" --set "train.pipeline=$sched")
 	"$BUILD/dpc" "${args[@]}" -o "$T/$sched.bin" 2>/dev/null
 	"$BUILD/dpc" "${args[@]}" --emit=stats 2>/dev/null >"$T/$sched.stats"
 	timeout 600 mpirun --oversubscribe -np "$PP" "$BUILD/dpexec" "$T/$sched.bin" --steps "$STEPS" \
@@ -52,14 +56,15 @@ done
 $PY - "$T" "$M" "$PP" <<'EOF'
 import json, re, sys
 T, m, p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print("gpt2-tiny d=256 layers=4, pp=%d, %d micro-batches" % (p, m))
+print("gpt2-tiny d=256 layers=%d, pp=%d, %d micro-batches" % (2 * p, p, m))
 print("%-16s %10s %10s %10s %10s" % ("schedule", "measured", "closed", "simulated",
                                      "ms/step"))
 mem = {}
-for sched in ("gpipe", "pipedream_flush", "zero_bubble"):
+for sched in ("gpipe", "pipedream_flush", "zero_bubble", "interleaved"):
     stats = open("%s/%s.stats" % (T, sched)).read()
     b = re.search(r"^bubble: \S+ = ([0-9.]+); from the stages' FLOPs ([-0-9.]+)", stats, re.M)
-    closed = re.findall(r"^stage (\d+):.*? = (\d+) B \(.*?\) at the peak", stats, re.M)
+    closed = re.findall(r"^stage (\d+):.*? = (\d+) B \(.*?\) at the peak", stats, re.M) or \
+        re.findall(r"^rank (\d+): stages .*? = (\d+) B \(", stats, re.M)
     comp = re.search(r"temporaries at the peak:(.*?);", stats).group(1)
     mem[sched] = ([int(v) for _, v in closed], [int(v) for v in re.findall(r"stage \d+ (\d+) B", comp)])
     ev = json.load(open("%s/%s.json" % (T, sched)))

@@ -326,6 +326,19 @@ static void lower_train(Lower *L)
 		return;
 	}
 	const SetVal *ga = &L->set[DP_SET_GRAD_ACCUM];
+	/* interleaved's micro-batches go round the ranks in groups of pp
+	 * (passes/stages.c's interleaved_order, as Megatron-LM requires) */
+	const SetVal *pl = &L->set[DP_SET_PIPELINE];
+	if (L->mesh_ok && (!ga->given || ga->ok) && ir_chunks_per_rank(g) > 1 &&
+	    c->grad_accum % c->mesh[DP_AXIS_PP] != 0)
+		ERR(ga->given ? ga->val.loc : pl->val.loc,
+		    "the interleaved pipeline runs its micro-batches in groups of pp=%u, and "
+		    "grad_accum %u is not a multiple of it: set grad_accum to %u (or a multiple)",
+		    c->mesh[DP_AXIS_PP], c->grad_accum,
+		    c->grad_accum < c->mesh[DP_AXIS_PP]
+			    ? c->mesh[DP_AXIS_PP]
+			    : (c->grad_accum + c->mesh[DP_AXIS_PP] - 1) / c->mesh[DP_AXIS_PP] *
+				      c->mesh[DP_AXIS_PP]);
 	if ((ga->given && !ga->ok) || !(mb->given ? mb : gb)->ok || !L->mesh_ok)
 		return; /* the batch arithmetic would only repeat an earlier error */
 	int64_t dp = (int64_t)c->grad_accum * c->mesh[DP_AXIS_REPLICATE] * c->mesh[DP_AXIS_SHARD];

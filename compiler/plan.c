@@ -304,7 +304,7 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_belo
 		if (!sc)
 			die("out of memory");
 		p->zb_stuck = stages_account(g, sc) &&
-			      stages_simulate(sc, p->pp, m, IR_PIPE_ZERO_BUBBLE, &bubble, NULL) < 0;
+			      stages_simulate(sc, p->pp, 1, m, IR_PIPE_ZERO_BUBBLE, &bubble, NULL) < 0;
 		free(sc);
 	}
 	int recomputes = 0;

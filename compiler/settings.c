@@ -561,6 +561,13 @@ static const char *applies_pipelined(Lower *L)
 	return L->g->cfg.mesh[DP_AXIS_PP] > 1 ? NULL : "the mesh has no pp axis (pp=1)";
 }
 
+static const char *applies_interleaved(Lower *L)
+{
+	if (L->g->cfg.mesh[DP_AXIS_PP] <= 1)
+		return "the mesh has no pp axis (pp=1)";
+	return L->g->pipeline == IR_PIPE_INTERLEAVED ? NULL : "the pipeline is not interleaved";
+}
+
 static const char *applies_language_model(Lower *L)
 {
 	const char *why = ir_language_model(L->g, NULL);

@@ -676,12 +676,15 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 	switch (in->op) {
 	case DP_OP_SEND:
 	case DP_OP_RECV:
-		/* a stage's transfer to a neighbouring stage over pp, of one float tensor */
+		/* a stage's transfer to a neighbouring stage over pp, of one float
+		 * tensor; the stages are a ring (an interleaved pipeline's last
+		 * stage of a round, on rank pp-1, sends to rank 0) */
 		if (p != DP_PROG_STEP && p != DP_PROG_EVAL)
 			return misplaced(what, "the step and eval programs", err, errlen);
-		if (DP_AXES(in) != DP_AXIS_BIT(DP_AXIS_PP) || stage < 0 ||
-		    (DP_PEER(in) != stage - 1 && DP_PEER(in) != stage + 1) ||
-		    DP_PEER(in) < 0 || DP_PEER(in) >= (int64_t)s->cfg.mesh[DP_AXIS_PP]) {
+		int64_t npp = (int64_t)s->cfg.mesh[DP_AXIS_PP];
+		if (DP_AXES(in) != DP_AXIS_BIT(DP_AXIS_PP) || stage < 0 || npp < 2 ||
+		    (DP_PEER(in) != (stage + 1) % npp && DP_PEER(in) != (stage + npp - 1) % npp) ||
+		    DP_PEER(in) < 0 || DP_PEER(in) >= npp) {
 			fail(err, errlen, "%s: not a transfer over pp between neighbouring stages (axes %lld, "
 			     "stage %d, peer %lld)", what, (long long)DP_AXES(in), stage,
 			     (long long)DP_PEER(in));

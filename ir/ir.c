@@ -244,6 +244,7 @@ Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc 
 	n->bucket = -1;
 	n->block = -1;
 	n->stage = -1;
+	n->chunk = -1;
 	n->loc = loc;
 	g->nodes = grow(g, g->nodes, &g->capnodes, g->nnodes + 1, sizeof(Node *));
 	g->nodes[g->nnodes++] = n;
@@ -336,7 +337,7 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 	g->blocks[g->nblocks] = (Block){.name = ir_strdup(g, name), .loc = loc, .strategy = -1,
 					.reshard = -1, .strategy_loc = loc,
 					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc,
-					.stage = -1, .stage_loc = loc, .weight_decay = -1,
+					.stage = -1, .stage_loc = loc, .chunk = -1, .weight_decay = -1,
 					.lr_scale = 1, .compress = -1, .compress_loc = loc};
 	return g->nblocks++;
 }
@@ -468,6 +469,14 @@ int ir_world(const Graph *g)
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		w *= (int)g->cfg.mesh[a];
 	return w;
+}
+
+int ir_chunks_per_rank(const Graph *g)
+{
+	return g->cfg.mesh[DP_AXIS_PP] > 1 && g->pipeline == IR_PIPE_INTERLEAVED &&
+			       g->stages_per_rank > 1
+		       ? g->stages_per_rank
+		       : 1;
 }
 
 int64_t ir_global_batch(const Graph *g)

@@ -95,6 +95,7 @@ typedef enum {
 	IR_PIPE_1F1B,        /* pipedream_flush */
 	IR_PIPE_GPIPE,       /* gpipe */
 	IR_PIPE_ZERO_BUBBLE, /* zero_bubble (ZB-H1) */
+	IR_PIPE_INTERLEAVED, /* interleaved (Megatron's virtual stages, stages_per_rank) */
 } IrPipeline;
 
 typedef struct Value {
@@ -145,6 +146,9 @@ typedef struct Node {
 	int block;                /* block it computes for, or -1 */
 	int stage;                /* the pipeline stage that runs it (pp > 1, from passes/p2p.c
 	                             on), or -1: every rank; printed `stage=N` */
+	int chunk;                /* under `pipeline interleaved`: the virtual stage (0 to
+	                             pp x stages_per_rank - 1) whose slot it belongs to, stage
+	                             = chunk mod pp (passes/p2p.c); else -1. Printed `chunk=N` */
 	Loc loc;
 } Node;
 
@@ -167,6 +171,9 @@ typedef struct {
 	                             `stage N`, else -1 until passes/stages.c places it
 	                             (-1 again at pp=1) */
 	Loc stage_loc;            /* where `stage N` is written, else the block (messages) */
+	int chunk;                /* under `pipeline interleaved`: the block's virtual stage
+	                             (its `stage N` there, else stages auto's cut into pp x
+	                             stages_per_rank), stage = chunk mod pp; else -1 */
 	float weight_decay;       /* the weight decay of the block's parameters, or -1: the
 	                             optimizer's (no_decay vectors still exempts its 1-D ones) */
 	float lr_scale;           /* the block's parameters are updated with lr * lr_scale
@@ -226,6 +233,8 @@ typedef struct Graph {
 	                              winner instead (compiler/plan.c); never a pass's input */
 	int pipeline;              /* the pipeline schedule over pp stages (train's
 	                              `pipeline`): an IrPipeline (passes/stages.c) */
+	int stages_per_rank;       /* train's `stages_per_rank`: interleaved's virtual stages
+	                              per rank (ir_chunks_per_rank) */
 	int offload;               /* train's `offload`: 0 none, 1 optimizer (passes/offload.c) */
 	int pad_vocab;             /* train's `pad_vocab`: the logits' rows padded to a
 	                              multiple of it (passes/padvocab.c); 0: not padded */
@@ -333,6 +342,9 @@ const char *ir_language_model(const Graph *g, const Node **loss_node);
 void ir_program_io(const Graph *g, int p, int *in, int *out);
 /* World size = product of the mesh axes. */
 int ir_world(const Graph *g);
+/* The virtual stages each pp rank holds: train's stages_per_rank under
+ * `pipeline interleaved` at pp > 1, else 1. */
+int ir_chunks_per_rank(const Graph *g);
 /* Global batch = micro_batch * grad_accum * dp_replicate * dp_shard. */
 int64_t ir_global_batch(const Graph *g);
 

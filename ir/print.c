@@ -45,6 +45,8 @@
  * last (DP_IF_LAST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
  * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
+ * chunk=N (its virtual stage under `pipeline interleaved`),
+ * chunk=N (its virtual stage under `pipeline interleaved`),
  * stream=comm or stream=copy (DpStream), bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
@@ -358,6 +360,9 @@ static void print_settings(Buf *b, const Graph *g)
 			const void *f = ir_setting_field((Graph *)g, i);
 			if (st->ir_line != line || !f)
 				continue;
+			/* interleaved's alone: the other schedules print as before it */
+			if (i == DP_SET_STAGES_PER_RANK && g->pipeline != IR_PIPE_INTERLEAVED)
+				continue;
 			if (st->ctype == DP_CT_AXES) {
 				/* pp=1 is left out: a model without pipeline
 				 * stages prints as it did before the axis */
@@ -426,6 +431,8 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " recompute=%d", bl->recompute);
 		if (bl->stage >= 0)
 			bprintf(&b, " stage=%d", bl->stage);
+		if (bl->chunk >= 0)
+			bprintf(&b, " chunk=%d", bl->chunk);
 		if (bl->param_dtype >= 0)
 			bprintf(&b, " param_dtype=%s",
 				name_of(dp_dtype_names, DP_NDTYPE, (unsigned)bl->param_dtype));
@@ -731,6 +738,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bprintf(a, " flags=%u", n->flags & ~DP_IF_ALL);
 	if (n->stage != -1)
 		bprintf(a, " stage=%d", n->stage);
+	if (n->chunk != -1)
+		bprintf(a, " chunk=%d", n->chunk);
 	if (n->stream == DP_STREAM_COMM)
 		bputs(a, " stream=comm");
 	else if (n->stream == DP_STREAM_COPY)

@@ -824,7 +824,7 @@ static int parse_events(Reader *r)
 }
 
 /* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] [stage=N]
- * [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] [compress=K] */
+ * [chunk=N] [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] [compress=K] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -861,6 +861,11 @@ static int parse_block_decl(Reader *r)
 			if (parse_range(r, next(r), 0, 1 << 15, &x) < 0)
 				return -1;
 			b->stage = (int)x;
+		} else if (strcmp(key, "chunk") == 0) {
+			int64_t x;
+			if (parse_range(r, next(r), 0, 1 << 15, &x) < 0)
+				return -1;
+			b->chunk = (int)x;
 		} else if (strcmp(key, "param_dtype") == 0 || strcmp(key, "buffer_dtype") == 0) {
 			int dt = expect_float_dtype(r, k);
 			if (dt < 0)
@@ -1172,6 +1177,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 			int64_t st;
 			rc = parse_range(r, next(r), 0, INT16_MAX, &st);
 			n->stage = (int)st;
+		} else if (strcmp(t->text, "chunk") == 0) {
+			int64_t ch;
+			rc = parse_range(r, next(r), 0, INT16_MAX, &ch);
+			n->chunk = (int)ch;
 		} else if (strcmp(t->text, "progs") == 0) {
 			int64_t p;
 			rc = parse_range(r, next(r), 0, UINT32_MAX, &p);

@@ -369,12 +369,20 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "bad program mask %u", n->progs);
 	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
 		node_error(vf, n, "collective not on the comm stream");
-	int pp = (int)g->cfg.mesh[DP_AXIS_PP];
+	int pp = (int)g->cfg.mesh[DP_AXIS_PP], nv = ir_chunks_per_rank(g);
 	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & IR_IN_SAMPLE)))
 		node_error(vf, n, "stage %d: stages are 0 to %d, outside the sample program", n->stage,
 			   pp - 1);
+	/* interleaved: a node's virtual stage is on its rank; the stages are a
+	 * ring (the last of a round, on rank pp-1, sends to rank 0) */
+	if (n->chunk != -1 && (nv == 1 || n->chunk < 0 || n->chunk >= pp * nv ||
+			       n->stage != n->chunk % pp))
+		node_error(vf, n, "chunk %d: an interleaved pipeline's virtual stages are 0 to %d, "
+			   "each on rank chunk mod pp (stage %d)", n->chunk, pp * nv - 1, n->stage);
+	int ring = nv > 1 && n->stage >= 0 &&
+		   (DP_PEER(n) == (n->stage + 1) % pp || DP_PEER(n) == (n->stage + pp - 1) % pp);
 	if ((n->op == DP_OP_SEND || n->op == DP_OP_RECV) &&
-	    (n->stage < 0 || (DP_PEER(n) != n->stage - 1 && DP_PEER(n) != n->stage + 1) ||
+	    (n->stage < 0 || (DP_PEER(n) != n->stage - 1 && DP_PEER(n) != n->stage + 1 && !ring) ||
 	     DP_PEER(n) < 0 || DP_PEER(n) >= pp || DP_AXES(n) != DP_AXIS_BIT(DP_AXIS_PP)))
 		node_error(vf, n, "a %s runs on a stage (%d) and names a neighbouring stage as its peer "
 			   "(%" PRId64 "), over axes=pp", dp_op_names[n->op], n->stage, DP_PEER(n));

@@ -54,6 +54,17 @@
  * another stage reads (a tied one) is refused at the block's strategy: each
  * stage gathers its own blocks only.
  *
+ * Under `pipeline interleaved` the stages above are the virtual stages
+ * (passes/stages.c): a node's virtual stage is Node.chunk (printed
+ * `chunk=N`) and Node.stage its rank, chunk mod P. A value read on a rank
+ * that does not hold its current contents travels along the virtual
+ * stages from the one that wrote it, w -> w+1 -> ... -> k (down for a
+ * gradient), each hop between neighbouring ranks on the ring (the last
+ * virtual stage of a round, on rank P-1, sends to rank 0), starting at the
+ * virtual stage nearest k whose rank holds it (a skip between two virtual
+ * stages of one rank sends nothing). A send/recv carries its virtual
+ * stages too, so passes/unroll.c knows the slot it belongs to.
+ *
  * This is one micro-batch's program: passes/unroll.c, next, copies it per
  * micro-batch in the pipeline schedule's order.
  */
@@ -86,39 +97,50 @@ static int is_temp(const Graph *g, int v)
 	return v >= 0 && g->values[v]->kind == DP_T_ACT;
 }
 
-/* Node.stage of every node (see the top of the file). */
-static void assign_stages(Graph *g)
+/* A block's stage in the schedule: its virtual stage under interleaved. */
+static int block_vstage(const Block *bl)
+{
+	return bl->chunk >= 0 ? bl->chunk : bl->stage;
+}
+
+/* Node.stage (and Node.chunk under interleaved) of every node (see the top
+ * of the file): found over the schedule's stages, the virtual ones under
+ * interleaved, whose rank is the virtual stage mod pp. */
+static void assign_stages(Graph *g, int p, int v)
 {
 	int *def = malloc(((size_t)g->nvalues + 1) * sizeof *def); /* a temporary's producer's stage */
 	if (!def)
 		die("out of memory");
-	for (int v = 0; v < g->nvalues; v++)
-		def[v] = -1;
+	for (int x = 0; x < g->nvalues; x++)
+		def[x] = -1;
 	int cur = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
-		n->stage = -1;
+		n->stage = n->chunk = -1;
+		int at = -1;
 		if (staged_comm(g, n)) {
-			n->stage = g->blocks[n->block].stage;
+			at = block_vstage(&g->blocks[n->block]);
 			if (is_temp(g, n->out) && def[n->out] < 0)
-				def[n->out] = n->stage;
-			continue;
+				def[n->out] = at;
+		} else if (staged_work(n)) {
+			if (n->block >= 0 && g->blocks[n->block].stage >= 0) {
+				cur = block_vstage(&g->blocks[n->block]);
+			} else {
+				int latest = -1;
+				for (int k = 0; k < n->nin; k++)
+					if (is_temp(g, n->in[k]) && def[n->in[k]] > latest)
+						latest = def[n->in[k]];
+				if (latest >= 0)
+					cur = latest;
+			}
+			at = cur;
+			if (is_temp(g, n->out) && def[n->out] < 0)
+				def[n->out] = cur;
 		}
-		if (!staged_work(n))
+		if (at < 0)
 			continue;
-		if (n->block >= 0 && g->blocks[n->block].stage >= 0) {
-			cur = g->blocks[n->block].stage;
-		} else {
-			int latest = -1;
-			for (int k = 0; k < n->nin; k++)
-				if (is_temp(g, n->in[k]) && def[n->in[k]] > latest)
-					latest = def[n->in[k]];
-			if (latest >= 0)
-				cur = latest;
-		}
-		n->stage = cur;
-		if (is_temp(g, n->out) && def[n->out] < 0)
-			def[n->out] = cur;
+		n->stage = at % p;
+		n->chunk = v > 1 ? at : -1;
 	}
 	free(def);
 	/* a load runs on the one stage that reads its data (the tokens on the
@@ -127,20 +149,25 @@ static void assign_stages(Graph *g)
 		Node *ld = g->nodes[i];
 		if (ld->op != DP_OP_LOAD || ld->out < 0)
 			continue;
-		int stage = -2; /* -2: no reader yet */
+		int stage = -2, chunk = -1; /* -2: no reader yet; chunk: the first reader's */
 		for (int j = 0; j < g->nnodes && stage != -1; j++) {
 			const Node *n = g->nodes[j];
 			if (!(n->progs & ld->progs) || n == ld)
 				continue;
 			for (int k = 0; k < n->nin; k++)
-				if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], g->values[ld->out]))
+				if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], g->values[ld->out])) {
 					stage = stage == -2 || stage == n->stage ? n->stage : -1;
+					chunk = chunk < 0 ? n->chunk : chunk;
+				}
 		}
 		ld->stage = stage < 0 ? -1 : stage;
+		ld->chunk = stage < 0 ? -1 : chunk;
 	}
 }
 
-/* One transfer: before node `at`, value v from stage `from` to `to` (neighbours). */
+/* One transfer: before node `at`, value v from stage `from` to `to`
+ * (neighbours); under interleaved from and to are virtual stages, the
+ * ranks from mod p and to mod p. */
 typedef struct {
 	int at, v, from, to;
 	unsigned progs;
@@ -149,7 +176,8 @@ typedef struct {
 typedef struct {
 	Graph *g;
 	Diag *d;
-	int p;
+	int p, v;         /* pp, and virtual stages per rank (1 but under interleaved) */
+	int *wrote;       /* interleaved: per value, the virtual stage that wrote it last */
 	int *home;    /* per value: the stage that writes it first, or -1 */
 	int *copies;  /* per value, p entries: stage k's copy of it (value id), or -1 */
 	Hop *hops;
@@ -178,6 +206,30 @@ static void add_hop(Cut *c, int at, int v, int from, int to, unsigned progs)
 static int reads_operand(const Node *n, int k)
 {
 	return k >= 0 || ir_reads_out(n);
+}
+
+/* Interleaved: node `at` on virtual stage k reads v, whose current contents
+ * are not on its rank. They travel along the virtual stages from the one
+ * that wrote them, w (the pipeline's ring: w -> w+1 -> ... -> k, rank r to
+ * r+1 mod p, the last stage of a round on rank p-1 sending to rank 0; down
+ * for a gradient), from the virtual stage nearest k on that path whose rank
+ * holds them. */
+static void route_virtual(Cut *c, int at, int v, int k, uint64_t *fresh, unsigned prog)
+{
+	int w = c->wrote[v], p = c->p;
+	if (w < 0)
+		die("p2p: %%%s, read on virtual stage %d, was written by every rank",
+		    c->g->values[v]->name, k);
+	int step = w < k ? 1 : -1, from = w;
+	for (int j = k - step; j != w - step; j -= step)
+		if (fresh[v] & (1ull << (j % p))) {
+			from = j;
+			break;
+		}
+	for (int j = from; j != k; j += step) {
+		add_hop(c, at, v, j, j + step, prog);
+		fresh[v] |= 1ull << ((j + step) % p);
+	}
 }
 
 /* The transfers program `prog` needs: every temporary a staged node reads
@@ -216,6 +268,10 @@ static int plan_program(Cut *c, unsigned prog)
 				fresh[v] |= 1ull << n->stage;
 				continue;
 			}
+			if (c->v > 1) {
+				route_virtual(c, i, v, n->chunk, fresh, prog);
+				continue;
+			}
 			/* the nearest stage that holds it, then one neighbour at a time */
 			int from = -1;
 			for (int dist = 1; from < 0 && dist < c->p; dist++)
@@ -232,11 +288,15 @@ static int plan_program(Cut *c, unsigned prog)
 		}
 		/* what it writes is current on its stage only (every stage's when it
 		 * runs on all) */
-		if (is_temp(g, n->out))
+		if (is_temp(g, n->out)) {
 			fresh[n->out] = n->stage < 0 ? all : 1ull << n->stage;
+			c->wrote[n->out] = n->chunk;
+		}
 		for (int k = 0; k < n->nin; k++)
-			if (ir_writes_in(n, k) && is_temp(g, n->in[k]))
+			if (ir_writes_in(n, k) && is_temp(g, n->in[k])) {
 				fresh[n->in[k]] = n->stage < 0 ? all : 1ull << n->stage;
+				c->wrote[n->in[k]] = n->chunk;
+			}
 	}
 	free(fresh);
 	return errs ? -1 : 0;
@@ -295,17 +355,19 @@ int p2p_run(Graph *g, Diag *d)
 		return 0;
 	if (p > 64)
 		die("p2p: pp=%d stages (at most 64)", p);
-	assign_stages(g);
+	int vs = ir_chunks_per_rank(g);
+	assign_stages(g, p, vs);
 	if (check_gathered(g, d) < 0)
 		return -1;
-	Cut c = {.g = g, .d = d, .p = p};
+	Cut c = {.g = g, .d = d, .p = p, .v = vs};
 	int nv = g->nvalues;
 	c.home = malloc(((size_t)nv + 1) * sizeof *c.home);
+	c.wrote = malloc(((size_t)nv + 1) * sizeof *c.wrote);
 	c.copies = malloc(((size_t)nv * (size_t)p + 1) * sizeof *c.copies);
-	if (!c.home || !c.copies)
+	if (!c.home || !c.wrote || !c.copies)
 		die("out of memory");
 	for (int v = 0; v < nv; v++)
-		c.home[v] = -1;
+		c.home[v] = c.wrote[v] = -1;
 	for (size_t i = 0; i < (size_t)nv * (size_t)p; i++)
 		c.copies[i] = -1;
 	for (int i = 0; i < g->nnodes; i++) {
@@ -347,13 +409,17 @@ int p2p_run(Graph *g, Diag *d)
 		for (; h < c.nhops && c.hops[h].at == i; h++) {
 			const Hop *hp = &c.hops[h];
 			const Node *user = old[i];
-			int src = copy_of(&c, hp->v, hp->from), dst = copy_of(&c, hp->v, hp->to);
+			/* ranks: the virtual stages' under interleaved */
+			int from = hp->from % p, to = hp->to % p;
+			int src = copy_of(&c, hp->v, from), dst = copy_of(&c, hp->v, to);
 			Node *s = ir_node(g, DP_OP_SEND, -1, 1, &src, user->phase, user->loc);
 			Node *r = ir_node(g, DP_OP_RECV, dst, 0, NULL, user->phase, user->loc);
 			DP_AXES(s) = DP_AXES(r) = DP_AXIS_BIT(DP_AXIS_PP);
-			DP_PEER(s) = hp->to, DP_PEER(r) = hp->from;
+			DP_PEER(s) = to, DP_PEER(r) = from;
 			DP_TAG(s) = DP_TAG(r) = h % 32768; /* the pair's number (a message tag) */
-			s->stage = hp->from, r->stage = hp->to;
+			s->stage = from, r->stage = to;
+			if (vs > 1)
+				s->chunk = hp->from, r->chunk = hp->to;
 			s->progs = r->progs = hp->progs;
 			s->stream = r->stream = DP_STREAM_COMM;
 			s->block = r->block = user->block;
@@ -367,6 +433,6 @@ int p2p_run(Graph *g, Diag *d)
 			die("p2p: placed %d of %d nodes", k, g->nnodes);
 		memcpy(g->nodes, order, (size_t)k * sizeof *order);
 	}
-	free(old), free(order), free(c.home), free(c.copies), free(c.hops);
+	free(old), free(order), free(c.home), free(c.wrote), free(c.copies), free(c.hops);
 	return rc;
 }

@@ -84,8 +84,9 @@ typedef struct {
 	int64_t send_bytes;          /* forward values live across the cut after it (sent
 	                                forward; their gradients come back) */
 } StageCost;
-/* Fills sc[0..pp-1] and returns pp; 0 at pp = 1 and above
- * STAGES_MAX_ACCOUNT (a stage set is a 64-bit mask). */
+/* Fills sc[0..n-1] and returns n = stages_count (one entry per virtual stage
+ * under interleaved); 0 at pp = 1 and above STAGES_MAX_ACCOUNT (a stage set
+ * is a 64-bit mask). */
 #define STAGES_MAX_ACCOUNT 64
 int stages_account(const Graph *g, StageCost *sc);
 /* How many copies of a micro-batch's work the step program holds: grad_accum
@@ -110,17 +111,22 @@ enum { STAGE_F, STAGE_B, STAGE_W };
 typedef struct {
 	int kind, mb;
 	double start, end;
+	int chunk; /* the virtual stage it runs (interleaved), else its stage */
 } StageSlot;
-/* The slots of each stage under schedule sched (IrPipeline): 2m, 3m for
- * zero_bubble. */
-int stages_slots_per_stage(int m, int sched);
+/* The slots of each stage (rank) under schedule sched (IrPipeline) with v
+ * virtual stages per rank (ir_chunks_per_rank): 2mv, 3m for zero_bubble. */
+int stages_slots_per_stage(int m, int v, int sched);
+/* The stages of the schedule: pp, times stages_per_rank under interleaved
+ * (the virtual stages, StageCost's entries). */
+int stages_count(const Graph *g);
 /* How --stats and --emit=schedule name schedule sched. */
 const char *stages_schedule_name(int sched);
 /* The makespan (in FLOPs) of m micro-batches under schedule sched
- * (g->pipeline) from the stages' costs, and its bubble fraction; -1 if the
- * order deadlocks. slots: NULL, or p x stages_slots_per_stage filled with
- * each stage's slots in order. */
-double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bubble,
+ * (g->pipeline) over p ranks with v virtual stages each from the (virtual)
+ * stages' costs (p x v of them), and its bubble fraction; -1 if the order
+ * deadlocks. slots: NULL, or p x stages_slots_per_stage filled with each
+ * rank's slots in order. */
+double stages_simulate(const StageCost *sc, int p, int v, int m, int sched, double *bubble,
 		       StageSlot *slots);
 /* dpc --emit=schedule: that forecast as a per-stage timeline, width columns. */
 void stages_print_schedule(FILE *out, const Graph *g, int width);

@@ -588,11 +588,12 @@ int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
 		rep->sweeps = sim_run_stages(rep->ops, rep->nops, p, mc->executor, bw, g->nevents, rep->stage);
 		if (rep->sweeps < 0)
 			return -1;
-		StageCost *sc = calloc((size_t)p, sizeof *sc);
+		StageCost *sc = calloc((size_t)stages_count(g), sizeof *sc);
 		if (!sc)
 			die("out of memory");
 		double bubble;
-		if (stages_account(g, sc) && stages_simulate(sc, p, accum, g->pipeline, &bubble, NULL) >= 0)
+		if (stages_account(g, sc) &&
+		    stages_simulate(sc, p, ir_chunks_per_rank(g), accum, g->pipeline, &bubble, NULL) >= 0)
 			rep->forecast_bubble = bubble;
 		free(sc);
 	}

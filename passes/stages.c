@@ -16,6 +16,13 @@
  * slow as its slowest stage. A node outside every block (the loss) belongs
  * to the stage of the block node before it.
  *
+ * Under `pipeline interleaved` (Megatron's virtual stages, train's
+ * stages_per_rank v) the same cut, explicit or auto, is into P x v virtual
+ * stages (a block's `stage N` names one), and each block's virtual stage
+ * (Block.chunk) runs on rank chunk mod P (Block.stage): rank r holds virtual
+ * stages r, r + P, ..., r + (v-1)P. The accounting below is then per
+ * virtual stage, and the schedule's slots per rank over its virtual stages.
+ *
  * The stages' programs are passes/p2p.c's and passes/unroll.c's. This file
  * also forecasts the pipeline (`--stats`: FLOPs, parameters, activations
  * kept per micro-batch, the bytes each cut sends, the bubble of the
@@ -126,8 +133,13 @@ static int check_explicit(Graph *g, Diag *d, int p)
 			continue;
 		}
 		if (bl->stage >= p) {
-			error_at(d, bl->stage_loc, "block '%s' is on stage %d but the mesh has pp=%d "
-				 "(stages 0 to %d)", bl->name, bl->stage, p, p - 1);
+			if (p == (int)g->cfg.mesh[DP_AXIS_PP])
+				error_at(d, bl->stage_loc, "block '%s' is on stage %d but the mesh has "
+					 "pp=%d (stages 0 to %d)", bl->name, bl->stage, p, p - 1);
+			else
+				error_at(d, bl->stage_loc, "block '%s' is on stage %d but the interleaved "
+					 "pipeline has pp x stages_per_rank = %d virtual stages (0 to %d)",
+					 bl->name, bl->stage, p, p - 1);
 			errs++;
 		} else if (bl->stage < prev) {
 			error_at(d, bl->stage_loc, "block '%s' is on stage %d after block '%s' on "
@@ -147,42 +159,93 @@ static int check_explicit(Graph *g, Diag *d, int p)
 	if (prev != p - 1) {
 		const Block *last = &g->blocks[g->nblocks - 1];
 		error_at(d, last->stage_loc, "the last block '%s' is on stage %d, so stage %d has "
-			 "no block: with pp=%d the last block is on stage %d", last->name, prev,
-			 prev + 1, p, p - 1);
+			 "no block: with %s=%d the last block is on stage %d", last->name, prev,
+			 prev + 1, p == (int)g->cfg.mesh[DP_AXIS_PP] ? "pp" : "pp x stages_per_rank",
+			 p, p - 1);
 		return -1;
 	}
 	return 0;
+}
+
+/* Interleaved: the cut was into pp x v virtual stages (chunks); virtual stage
+ * c runs on rank c mod pp. */
+static void deal_chunks(Graph *g, int p)
+{
+	for (int b = 0; b < g->nblocks; b++) {
+		Block *bl = &g->blocks[b];
+		bl->chunk = bl->stage;
+		bl->stage = bl->chunk % p;
+	}
 }
 
 int stages_run(Graph *g, Diag *d)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	for (int b = 0; b < g->nblocks; b++)
+		g->blocks[b].chunk = -1;
 	if (p <= 1) {
 		for (int b = 0; b < g->nblocks; b++)
 			g->blocks[b].stage = -1;
 		return 0;
 	}
-	if (g->nblocks < p) {
-		error_at(d, g->mesh_loc.line > 0 || !g->nblocks ? g->mesh_loc : g->blocks[0].loc,
-			 "pp=%d cuts the model into %d stages of whole blocks, but it has %d "
-			 "block%s: use pp=%d at most, or more blocks",
-			 p, p, g->nblocks, g->nblocks == 1 ? "" : "s", g->nblocks);
+	int v = ir_chunks_per_rank(g), n = p * v;
+	if (p * v > STAGES_MAX_ACCOUNT) {
+		error_at(d, g->mesh_loc, "pp=%d x stages_per_rank %d is %d virtual stages: at most %d",
+			 p, v, p * v, STAGES_MAX_ACCOUNT);
+		return -1;
+	}
+	if (g->nblocks < n) {
+		Loc at = g->mesh_loc.line > 0 || !g->nblocks ? g->mesh_loc : g->blocks[0].loc;
+		if (v > 1)
+			error_at(d, at,
+				 "the interleaved pipeline cuts the model into pp=%d x stages_per_rank %d "
+				 "= %d virtual stages of whole blocks, but it has %d block%s: lower "
+				 "stages_per_rank to %d at most, or use more blocks",
+				 p, v, n, g->nblocks, g->nblocks == 1 ? "" : "s", g->nblocks / p);
+		else
+			error_at(d, at,
+				 "pp=%d cuts the model into %d stages of whole blocks, but it has %d "
+				 "block%s: use pp=%d at most, or more blocks",
+				 p, p, g->nblocks, g->nblocks == 1 ? "" : "s", g->nblocks);
 		return -1;
 	}
 	int given = 0;
 	for (int b = 0; b < g->nblocks; b++)
 		given |= g->blocks[b].stage >= 0;
-	if (given)
-		return check_explicit(g, d, p);
-	balance(g, p);
+	if (given) {
+		if (check_explicit(g, d, n) < 0)
+			return -1;
+	} else {
+		balance(g, n);
+	}
+	if (v > 1)
+		deal_chunks(g, p);
 	return 0;
+}
+
+int stages_count(const Graph *g)
+{
+	return (int)g->cfg.mesh[DP_AXIS_PP] * ir_chunks_per_rank(g);
 }
 
 /* ---- the accounting --stats prints ---- */
 
-/* The stage of every node (by index): the one p2p gave it, else its block's,
- * else the stage of the last node before it that has one (the loss: the last
- * stage's); -1 for nodes that are no pipeline work. */
+/* The stage of the schedule a block or node is on: its virtual stage under
+ * interleaved, else its pipeline stage (-1: none yet). */
+static int block_vstage(const Block *bl)
+{
+	return bl->chunk >= 0 ? bl->chunk : bl->stage;
+}
+
+static int node_vstage(const Node *n)
+{
+	return n->chunk >= 0 ? n->chunk : n->stage;
+}
+
+/* The stage (virtual stage under interleaved) of every node (by index): the
+ * one p2p gave it, else its block's, else the stage of the last node before
+ * it that has one (the loss: the last stage's); -1 for nodes that are no
+ * pipeline work. */
 static void node_stages(const Graph *g, int *stage)
 {
 	int cur = 0;
@@ -191,12 +254,25 @@ static void node_stages(const Graph *g, int *stage)
 		stage[i] = -1;
 		if (!pipeline_work(n))
 			continue;
-		if (n->stage >= 0) /* passes/p2p.c placed it (the unrolled order mixes stages) */
-			cur = n->stage;
-		else if (n->block >= 0 && n->block < g->nblocks && g->blocks[n->block].stage >= 0)
-			cur = g->blocks[n->block].stage;
+		if (node_vstage(n) >= 0) /* passes/p2p.c placed it (the unrolled order mixes stages) */
+			cur = node_vstage(n);
+		else if (n->block >= 0 && n->block < g->nblocks && block_vstage(&g->blocks[n->block]) >= 0)
+			cur = block_vstage(&g->blocks[n->block]);
 		stage[i] = cur;
 	}
+}
+
+/* The stage that reads what send node i sends: its recv's (the next recv of
+ * its tag), else its peer. */
+static int send_reader(const Graph *g, int i)
+{
+	const Node *s = g->nodes[i];
+	for (int j = i + 1; j < g->nnodes; j++) {
+		const Node *r = g->nodes[j];
+		if (r->op == DP_OP_RECV && DP_TAG(r) == DP_TAG(s) && (r->progs & s->progs))
+			return node_vstage(r);
+	}
+	return (int)DP_PEER(s);
 }
 
 int stages_wgrad(const Graph *g, const Node *n)
@@ -247,7 +323,7 @@ int stages_micro_copies(const Graph *g)
 
 int stages_account(const Graph *g, StageCost *sc)
 {
-	int p = (int)g->cfg.mesh[DP_AXIS_PP];
+	int p = stages_count(g);
 	if (p <= 1 || p > STAGES_MAX_ACCOUNT)
 		return 0;
 	int *stage = malloc(((size_t)g->nnodes + 1) * sizeof *stage);
@@ -263,7 +339,7 @@ int stages_account(const Graph *g, StageCost *sc)
 	for (int s = 0; s < p; s++)
 		sc[s].first_block = sc[s].last_block = -1;
 	for (int b = 0; b < g->nblocks; b++) {
-		int s = g->blocks[b].stage;
+		int s = block_vstage(&g->blocks[b]);
 		if (s < 0 || s >= p)
 			continue;
 		if (sc[s].first_block < 0)
@@ -288,7 +364,8 @@ int stages_account(const Graph *g, StageCost *sc)
 		if (n->out >= 0 && def[n->out] < 0 && n->phase == PH_FWD)
 			def[n->out] = s;
 		/* a send reads for the stage it sends to */
-		int rs = n->op == DP_OP_SEND && DP_PEER(n) >= 0 && DP_PEER(n) < p ? (int)DP_PEER(n) : s;
+		int rs = n->op == DP_OP_SEND ? send_reader(g, i) : s;
+		rs = rs >= 0 && rs < p ? rs : s;
 		for (int k = 0; k < n->nin; k++) {
 			int v = n->in[k];
 			if (v < 0 || v >= g->nvalues)
@@ -350,14 +427,47 @@ static void slot_order(int p, int m, int s, int sched, StageSlot *o)
 	int k = 0, f = 0, b = 0;
 	int warm = sched == IR_PIPE_GPIPE ? m : (p - s - 1 < m ? p - s - 1 : m);
 	for (; f < warm; f++)
-		o[k++] = (StageSlot){STAGE_F, f, 0, 0};
+		o[k++] = (StageSlot){STAGE_F, f, 0, 0, s};
 	while (f < m || b < m) {
 		if (f < m)
-			o[k++] = (StageSlot){STAGE_F, f++, 0, 0};
+			o[k++] = (StageSlot){STAGE_F, f++, 0, 0, s};
 		if (sched == IR_PIPE_GPIPE && f < m)
 			continue;
-		o[k++] = (StageSlot){STAGE_B, b++, 0, 0};
+		o[k++] = (StageSlot){STAGE_B, b++, 0, 0, s};
 	}
+}
+
+/* Unit i of rank r's m*v forwards (or backwards) under interleaved: the units
+ * go in groups of p micro-batches per virtual stage, the rank's virtual
+ * stages in turn (the backwards from the last), so unit i is micro-batch
+ * (i / pv) p + i mod p on the rank's virtual stage j = (i mod pv) / p (v-1-j
+ * for a backward), which is stage r + j p. */
+static StageSlot interleaved_unit(int p, int v, int r, int i, int kind)
+{
+	int j = (i % (p * v)) / p;
+	if (kind == STAGE_B)
+		j = v - 1 - j;
+	return (StageSlot){kind, (i / (p * v)) * p + i % p, 0, 0, j * p + r};
+}
+
+/* interleaved (Megatron's interleaved 1F1B, Narayanan et al. 2021, section
+ * 2.2; Megatron-LM's forward_backward_pipelining_with_interleaving): rank r
+ * runs min(2(p-r-1) + (v-1)p, mv) forward units first (all of them when m =
+ * p), then a forward and a backward in turn, then the backwards left; m is
+ * a multiple of p (compiler/lower.c). */
+static void interleaved_order(int p, int v, int m, int r, StageSlot *o)
+{
+	int total = m * v, warm = 2 * (p - r - 1) + (v - 1) * p, k = 0, f = 0, b = 0;
+	if (m == p || warm > total)
+		warm = total;
+	for (; f < warm; f++)
+		o[k++] = interleaved_unit(p, v, r, f, STAGE_F);
+	for (; f < total; f++) {
+		o[k++] = interleaved_unit(p, v, r, f, STAGE_F);
+		o[k++] = interleaved_unit(p, v, r, b++, STAGE_B);
+	}
+	for (; b < total; b++)
+		o[k++] = interleaved_unit(p, v, r, b, STAGE_B);
 }
 
 /* zero_bubble (ZB-H1, Qi et al. 2023): the backward cut into B (input
@@ -398,11 +508,11 @@ static double simulate_zb(const StageCost *sc, int p, int m, StageSlot *slots, d
 			fready = s == 0 ? 0 : fdone[at - (size_t)m + (size_t)nf[s]];
 		StageSlot sl;
 		if (bready >= 0 && bready <= now)
-			sl = (StageSlot){STAGE_B, nb[s]++, now, now + sc[s].bwd_flops - sc[s].wgrad_flops};
+			sl = (StageSlot){STAGE_B, nb[s]++, now, now + sc[s].bwd_flops - sc[s].wgrad_flops, s};
 		else if (fready >= 0 && fready <= now)
-			sl = (StageSlot){STAGE_F, nf[s]++, now, now + sc[s].fwd_flops};
+			sl = (StageSlot){STAGE_F, nf[s]++, now, now + sc[s].fwd_flops, s};
 		else if (nw[s] < nb[s])
-			sl = (StageSlot){STAGE_W, nw[s]++, now, now + sc[s].wgrad_flops};
+			sl = (StageSlot){STAGE_W, nw[s]++, now, now + sc[s].wgrad_flops, s};
 		else {
 			/* nothing to do yet: let a stage free as early decide first,
 			 * else wait for the next thing that happens */
@@ -443,28 +553,31 @@ static double simulate_zb(const StageCost *sc, int p, int m, StageSlot *slots, d
 
 const char *stages_schedule_name(int sched)
 {
-	return sched == IR_PIPE_GPIPE ? "gpipe"
-	       : sched == IR_PIPE_ZERO_BUBBLE ? "zero_bubble (zb-h1)" : "pipedream_flush (1f1b)";
+	return sched == IR_PIPE_GPIPE		? "gpipe"
+	       : sched == IR_PIPE_ZERO_BUBBLE ? "zero_bubble (zb-h1)"
+	       : sched == IR_PIPE_INTERLEAVED ? "interleaved (virtual stages)"
+					      : "pipedream_flush (1f1b)";
 }
 
-int stages_slots_per_stage(int m, int sched)
+int stages_slots_per_stage(int m, int v, int sched)
 {
-	return (sched == IR_PIPE_ZERO_BUBBLE ? 3 : 2) * m;
+	return (sched == IR_PIPE_ZERO_BUBBLE ? 3 : 2) * m * v;
 }
 
-/* The schedule's slots run on each stage in slot_order's order, each as soon
- * as its stage is free and its input has arrived (F from the stage before, B
- * from the stage after; p2p taken as free); zero_bubble's as simulate_zb
- * picks them, its B costing the backward's FLOPs but its weight gradients',
- * which its W costs.
+/* The schedule's slots run on each stage (rank) in slot_order's order
+ * (interleaved_order's), each as soon as its stage is free and its input
+ * has arrived (F from the virtual stage before, B from the one after; p2p
+ * taken as free); zero_bubble's as simulate_zb picks them, its B costing
+ * the backward's FLOPs but its weight gradients', which its W costs. sc has
+ * one entry per virtual stage (p x v; v = 1 but under interleaved).
  * The makespan, in FLOPs, from which bubble = 1 - work / (p x makespan). -1
  * if the order deadlocks (a slot waits for one that waits for it), which the
  * schedules never do. slots (or NULL): p x stages_slots_per_stage, each
  * stage's slots in its order. */
-double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bubble,
+double stages_simulate(const StageCost *sc, int p, int v, int m, int sched, double *bubble,
 		       StageSlot *slots)
 {
-	int n = stages_slots_per_stage(m, sched);
+	int n = stages_slots_per_stage(m, v, sched), nc = p * v;
 	if (sched == IR_PIPE_ZERO_BUBBLE) {
 		StageSlot *own = slots ? slots : malloc((size_t)p * (size_t)n * sizeof *own);
 		double *free_at = calloc((size_t)p, sizeof *free_at);
@@ -485,15 +598,20 @@ double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bub
 		return span;
 	}
 	StageSlot *order = malloc((size_t)p * (size_t)n * sizeof *order);
-	double *fdone = malloc((size_t)p * (size_t)m * sizeof *fdone);
-	double *bdone = malloc((size_t)p * (size_t)m * sizeof *bdone);
+	/* per virtual stage and micro-batch: when its F and its B end */
+	double *fdone = malloc((size_t)nc * (size_t)m * sizeof *fdone);
+	double *bdone = malloc((size_t)nc * (size_t)m * sizeof *bdone);
 	int *next = calloc((size_t)p, sizeof *next);
 	double *free_at = calloc((size_t)p, sizeof *free_at);
 	if (!order || !fdone || !bdone || !next || !free_at)
 		die("out of memory");
-	for (int s = 0; s < p; s++)
-		slot_order(p, m, s, sched, order + (size_t)s * (size_t)n);
-	for (size_t i = 0; i < (size_t)p * (size_t)m; i++)
+	for (int s = 0; s < p; s++) {
+		if (sched == IR_PIPE_INTERLEAVED)
+			interleaved_order(p, v, m, s, order + (size_t)s * (size_t)n);
+		else
+			slot_order(p, m, s, sched, order + (size_t)s * (size_t)n);
+	}
+	for (size_t i = 0; i < (size_t)nc * (size_t)m; i++)
 		fdone[i] = bdone[i] = -1;
 	int left = p * n;
 	for (int progress = 1; left && progress;) {
@@ -501,14 +619,15 @@ double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bub
 		for (int s = 0; s < p; s++) {
 			while (next[s] < n) {
 				StageSlot sl = order[(size_t)s * (size_t)n + (size_t)next[s]];
-				size_t at = (size_t)s * (size_t)m + (size_t)sl.mb;
+				int c = sl.chunk;
+				size_t at = (size_t)c * (size_t)m + (size_t)sl.mb;
 				double ready, cost;
 				if (sl.kind == STAGE_F) {
-					ready = s == 0 ? 0 : fdone[at - (size_t)m];
-					cost = sc[s].fwd_flops;
+					ready = c == 0 ? 0 : fdone[at - (size_t)m];
+					cost = sc[c].fwd_flops;
 				} else {
-					ready = s == p - 1 ? fdone[at] : bdone[at + (size_t)m];
-					cost = sc[s].bwd_flops;
+					ready = c == nc - 1 ? fdone[at] : bdone[at + (size_t)m];
+					cost = sc[c].bwd_flops;
 				}
 				if (ready < 0)
 					break;
@@ -527,10 +646,10 @@ double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bub
 		}
 	}
 	double span = 0, work = 0;
-	for (int s = 0; s < p; s++) {
+	for (int s = 0; s < p; s++)
 		span = free_at[s] > span ? free_at[s] : span;
-		work += (double)m * (sc[s].fwd_flops + sc[s].bwd_flops);
-	}
+	for (int c = 0; c < nc; c++)
+		work += (double)m * (sc[c].fwd_flops + sc[c].bwd_flops);
 	free(order), free(fdone), free(bdone), free(next), free(free_at);
 	if (left)
 		return -1;
@@ -541,36 +660,44 @@ double stages_simulate(const StageCost *sc, int p, int m, int sched, double *bub
 /* dpc --emit=schedule: the forecast as a timeline, one row per stage (the
  * seed's GPipe chart): each slot drawn over the columns its time covers,
  * F<micro-batch> or B<micro-batch> padded with '-' and ended by a space,
- * idle time '.'. Every slot gets at least its label's width and a space, so
+ * idle time '.'; under interleaved one row per rank and F<micro-batch>.<its
+ * virtual stage>. Every slot gets at least its label's width and a space, so
  * a slot shorter than that pushes the rest of its row right rather than
  * vanish; the bubble line gives the exact idle fraction. */
 void stages_print_schedule(FILE *out, const Graph *g, int width)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
-	int sched = g->pipeline, n = stages_slots_per_stage(m, sched);
-	if (p <= 1 || p > STAGES_MAX_ACCOUNT) {
+	int v = ir_chunks_per_rank(g), sched = g->pipeline, n = stages_slots_per_stage(m, v, sched);
+	if (p <= 1 || p * v > STAGES_MAX_ACCOUNT) {
 		fprintf(out, "%s: pp=%d: %s\n", g->file, p,
 			p <= 1 ? "one pipeline stage, nothing to schedule"
 			       : "dpc forecasts pipelines of at most 64 stages");
 		return;
 	}
-	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	StageCost *sc = calloc((size_t)(p * v), sizeof *sc);
 	StageSlot *slots = calloc((size_t)p * (size_t)n, sizeof *slots);
-	char *row = malloc((size_t)width * 4 + 64);
+	char *row = malloc((size_t)width * 4 + (size_t)n * 16 + 64);
 	if (!sc || !slots || !row)
 		die("out of memory");
 	stages_account(g, sc);
-	double bubble = 0, span = stages_simulate(sc, p, m, sched, &bubble, slots);
-	fprintf(out, "%s: pp=%d, %s, %d micro-batch%s; one column = %.4g FLOP\n", g->file, p,
-		stages_schedule_name(sched), m, m == 1 ? "" : "es", span / width);
+	double bubble = 0, span = stages_simulate(sc, p, v, m, sched, &bubble, slots);
+	if (v > 1)
+		fprintf(out, "%s: pp=%d x %d virtual stages per rank, %s, %d micro-batch%s; "
+			"Fm.c: micro-batch m on virtual stage c; one column = %.4g FLOP\n",
+			g->file, p, v, stages_schedule_name(sched), m, m == 1 ? "" : "es", span / width);
+	else
+		fprintf(out, "%s: pp=%d, %s, %d micro-batch%s; one column = %.4g FLOP\n", g->file, p,
+			stages_schedule_name(sched), m, m == 1 ? "" : "es", span / width);
 	for (int s = 0; s < p && span > 0; s++) {
 		int col = 0;
 		for (int k = 0; k < n; k++) {
 			const StageSlot *sl = &slots[(size_t)s * (size_t)n + (size_t)k];
 			int from = (int)(sl->start / span * width + 0.5);
 			int to = (int)(sl->end / span * width + 0.5);
-			char label[16];
-			int len = snprintf(label, sizeof label, "%c%d", "FBW"[sl->kind], sl->mb);
+			char label[24];
+			int len = v > 1 ? snprintf(label, sizeof label, "%c%d.%d", "FBW"[sl->kind], sl->mb,
+						   sl->chunk)
+					: snprintf(label, sizeof label, "%c%d", "FBW"[sl->kind], sl->mb);
 			while (col < from)
 				row[col++] = '.';
 			for (int i = 0; i < len; i++)
@@ -582,10 +709,14 @@ void stages_print_schedule(FILE *out, const Graph *g, int width)
 		while (col > 0 && row[col - 1] == ' ')
 			col--;
 		row[col] = 0;
-		fprintf(out, "stage %-2d |%s\n", s, row);
+		fprintf(out, "%s %-2d |%s\n", v > 1 ? "rank" : "stage", s, row);
 	}
 	int zb = sched == IR_PIPE_ZERO_BUBBLE;
-	fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(%sm+p-1) = %.4f)\n",
-		bubble, zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1));
+	if (v > 1)
+		fprintf(out, "bubble %.4f of the ranks' time idle (closed form (p-1)/(v*m+p-1) = "
+			"%.4f)\n", bubble, (double)(p - 1) / (v * m + p - 1));
+	else
+		fprintf(out, "bubble %.4f of the stages' time idle (closed form (p-1)/(%sm+p-1) = "
+			"%.4f)\n", bubble, zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1));
 	free(sc), free(slots), free(row);
 }

@@ -417,6 +417,95 @@ static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
 	free(first), free(last), free(stage), free(diff);
 }
 
+/* What stage s's ranks hold (passes/stage_params.c): its own parameters and
+ * the tied ones, their gradients and optimizer state. */
+static void print_held(FILE *out, const Graph *g, const int *own, int split, int s)
+{
+	char h1[32], h2[32], h3[32];
+	if (!split)
+		return;
+	double held[M_NCAT], host[M_NCAT];
+	held_bytes(g, own, s, held, host);
+	double all = 0;
+	for (int c = 0; c < M_NCAT; c++)
+		all += held[c] + host[c];
+	fprintf(out, "  held: params %.0f B (%s), grads %.0f B, optimizer state %.0f B (%s); "
+		"persistent in all %.0f B (%s), beside its temporaries (compiled: below)\n",
+		held[M_PARAMS] + held[M_COPIES],
+		stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
+		held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
+		stats_human_bytes(h3, sizeof h3, all));
+}
+
+/* What the step file runs (passes/unroll.c): the schedule's slots, every
+ * micro-batch's temporaries apart while it is in flight. */
+static void print_compiled_peaks(FILE *out, const Graph *g, int p, int split)
+{
+	char h1[32];
+	int64_t *peak = malloc((size_t)p * sizeof *peak);
+	if (!peak)
+		die("out of memory");
+	stage_temp_peaks(g, p, peak);
+	fprintf(out, "compiled: every micro-batch in the step program, in the schedule's order; "
+		"temporaries at the peak:");
+	for (int s = 0; s < p; s++)
+		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
+			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
+	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on every stage "
+			     "summed over pp\n"
+			   : "; every stage keeps every parameter, gradients summed over pp\n");
+	free(peak);
+}
+
+/* Interleaved: each virtual stage's blocks, work, memory and sends per
+ * micro-batch, then each rank's activations at its peak: the virtual
+ * stages' micro-batches its order (passes/stages.c) has forwarded and not
+ * yet backwarded, at most min(2(p-r-1) + (v-1)p + 1, mv) of them (Megatron's
+ * warm-up and one more; every one of them, mv, when m = p). */
+static void print_interleaved(FILE *out, const Graph *g, const StageCost *sc, int p, int v, int m,
+			      const int *own, int split)
+{
+	char h1[32], h2[32], h3[32];
+	for (int c = 0; c < p * v; c++) {
+		const StageCost *x = &sc[c];
+		fprintf(out, "stage %d (rank %d): blocks %s..%s, %.0f FLOP forward + %.0f FLOP backward "
+			"per micro-batch, params %lld B (%s), grads %lld B, activations %lld B (%s) per "
+			"micro-batch, sends %lld B (%s) per micro-batch\n",
+			c, c % p, x->first_block >= 0 ? g->blocks[x->first_block].name : "-",
+			x->last_block >= 0 ? g->blocks[x->last_block].name : "-", x->fwd_flops,
+			x->bwd_flops, (long long)x->param_bytes,
+			stats_human_bytes(h1, sizeof h1, (double)x->param_bytes), (long long)x->grad_bytes,
+			(long long)x->act_bytes, stats_human_bytes(h2, sizeof h2, (double)x->act_bytes),
+			(long long)x->send_bytes, stats_human_bytes(h3, sizeof h3, (double)x->send_bytes));
+	}
+	int n = stages_slots_per_stage(m, v, g->pipeline);
+	StageSlot *slots = calloc((size_t)p * (size_t)n, sizeof *slots);
+	if (!slots)
+		die("out of memory");
+	double bubble;
+	int ok = stages_simulate(sc, p, v, m, g->pipeline, &bubble, slots) >= 0;
+	for (int r = 0; r < p && ok; r++) {
+		int64_t live = 0, top = 0;
+		int fly = 0, most = 0;
+		for (int k = 0; k < n; k++) {
+			const StageSlot *sl = &slots[(size_t)r * (size_t)n + (size_t)k];
+			int sign = sl->kind == STAGE_F ? 1 : -1;
+			live += sign * sc[sl->chunk].act_bytes, fly += sign;
+			top = live > top ? live : top, most = fly > most ? fly : most;
+		}
+		int closed = m == p ? m * v : 2 * (p - r - 1) + (v - 1) * p + 1;
+		closed = closed < m * v ? closed : m * v;
+		fprintf(out, "rank %d: stages", r);
+		for (int j = 0; j < v; j++)
+			fprintf(out, "%s %d", j ? "," : "", j * p + r);
+		fprintf(out, "; activations at the peak: %d stage-micro-batches in flight (closed form "
+			"%d) = %lld B (%s)\n", most, closed, (long long)top,
+			stats_human_bytes(h1, sizeof h1, (double)top));
+		print_held(out, g, own, split, r);
+	}
+	free(slots);
+}
+
 /* pp > 1: each stage's blocks, work, memory and sends per micro-batch, the
  * activations the schedule keeps at its peak (gpipe: every micro-batch; 1f1b:
  * stage s at most p - s, zero_bubble too), and the bubble in closed form and from the stages'
@@ -426,7 +515,8 @@ static void print_pipeline(FILE *out, const Graph *g)
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], m = (int)(g->cfg.grad_accum ? g->cfg.grad_accum : 1);
 	if (p <= 1)
 		return;
-	StageCost *sc = calloc((size_t)p, sizeof *sc);
+	int v = ir_chunks_per_rank(g);
+	StageCost *sc = calloc((size_t)(p * v), sizeof *sc);
 	if (!sc)
 		die("out of memory");
 	if (!stages_account(g, sc)) {
@@ -442,7 +532,9 @@ static void print_pipeline(FILE *out, const Graph *g)
 		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
 	int *own = mem_persistent_stages(g);
 	int split = largest_stage(g, own) >= 0;
-	for (int s = 0; s < p; s++) {
+	if (v > 1)
+		print_interleaved(out, g, sc, p, v, m, own, split);
+	for (int s = 0; s < p && v == 1; s++) {
 		const StageCost *c = &sc[s];
 		int fly = gpipe ? m : (p - s < m ? p - s : m);
 		fprintf(out, "stage %d: blocks %s..%s, %.0f FLOP forward + %.0f FLOP backward per "
@@ -456,44 +548,23 @@ static void print_pipeline(FILE *out, const Graph *g)
 			(long long)c->act_bytes, fly, (long long)c->act_bytes * fly,
 			stats_human_bytes(h2, sizeof h2, (double)c->act_bytes * fly), (long long)c->send_bytes,
 			stats_human_bytes(h3, sizeof h3, (double)c->send_bytes));
-		if (!split)
-			continue;
-		/* what its ranks hold (passes/stage_params.c): its own and the tied */
-		double held[M_NCAT], host[M_NCAT];
-		held_bytes(g, own, s, held, host);
-		double all = 0;
-		for (int c = 0; c < M_NCAT; c++)
-			all += held[c] + host[c];
-		fprintf(out, "  held: params %.0f B (%s), grads %.0f B, optimizer state %.0f B (%s); "
-			"persistent in all %.0f B (%s), beside its temporaries (compiled: below)\n",
-			held[M_PARAMS] + held[M_COPIES],
-			stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
-			held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
-			stats_human_bytes(h3, sizeof h3, all));
+		print_held(out, g, own, split, s);
 	}
 	free(own);
 	double bubble = 0;
-	double span = stages_simulate(sc, p, m, g->pipeline, &bubble, NULL);
-	/* zero_bubble's closed form: ZB-H1's (p-1)(F+B-W) idle per stage, F = B = W */
+	double span = stages_simulate(sc, p, v, m, g->pipeline, &bubble, NULL);
+	/* zero_bubble's closed form: ZB-H1's (p-1)(F+B-W) idle per stage, F = B = W;
+	 * interleaved's: 1F1B's idle divided by v */
 	int zb = g->pipeline == IR_PIPE_ZERO_BUBBLE;
-	fprintf(out, "bubble: (p-1)/(%sm+p-1) = %.4f; from the stages' FLOPs %.4f (makespan %.0f "
-		"FLOP per step)\n", zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1),
-		span < 0 ? -1.0 : bubble, span);
-	/* what the step file runs (passes/unroll.c): the schedule's slots, every
-	 * micro-batch's temporaries apart while it is in flight */
-	int64_t *peak = malloc((size_t)p * sizeof *peak);
-	if (!peak)
-		die("out of memory");
-	stage_temp_peaks(g, p, peak);
-	fprintf(out, "compiled: every micro-batch in the step program, in the schedule's order; "
-		"temporaries at the peak:");
-	for (int s = 0; s < p; s++)
-		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
-			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
-	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on every stage "
-			     "summed over pp\n"
-			   : "; every stage keeps every parameter, gradients summed over pp\n");
-	free(peak);
+	if (v > 1)
+		fprintf(out, "bubble: (p-1)/(v*m+p-1) = %.4f; from the stages' FLOPs %.4f (makespan "
+			"%.0f FLOP per step)\n", (double)(p - 1) / (v * m + p - 1),
+			span < 0 ? -1.0 : bubble, span);
+	else
+		fprintf(out, "bubble: (p-1)/(%sm+p-1) = %.4f; from the stages' FLOPs %.4f (makespan "
+			"%.0f FLOP per step)\n", zb ? "3" : "", (double)(p - 1) / ((zb ? 3 : 1) * m + p - 1),
+			span < 0 ? -1.0 : bubble, span);
+	print_compiled_peaks(out, g, p, split);
 	free(sc);
 }
 

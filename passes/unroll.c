@@ -50,6 +50,12 @@
  * (and W) slots run in micro-batch order under every schedule, so every
  * gradient accumulates its micro-batches in the order pp = 1 does.
  *
+ * Under interleaved a slot is a virtual stage's (Node.chunk) F or B of a
+ * micro-batch, the readiness above over the virtual stages (F(c,k) after
+ * F(c-1,k), B(c,k) after B(c+1,k)), and each rank's slots in
+ * passes/stages.c's interleaved_order: on each virtual stage the backwards
+ * still run in micro-batch order.
+ *
  * Eval is not unrolled: a node that both programs shared stays the eval
  * program's, with the original values.
  */
@@ -132,7 +138,7 @@ static Node *clone_node(Copies *c, const Node *o, int mb, int tag_base)
 	memcpy(n->fa, o->fa, sizeof n->fa);
 	n->progs = IR_IN_STEP;
 	n->flags = o->flags, n->stream = o->stream, n->recompute = o->recompute;
-	n->bucket = o->bucket, n->block = o->block, n->stage = o->stage;
+	n->bucket = o->bucket, n->block = o->block, n->stage = o->stage, n->chunk = o->chunk;
 	if (o->bucket >= 0 && mb_value(c, mb, g->buckets[o->bucket].view) != g->buckets[o->bucket].view) {
 		/* a gathered unit's collective: its micro-batch's own bucket */
 		Bucket b = g->buckets[o->bucket];
@@ -202,6 +208,13 @@ static void mark_copied(Copies *c)
 	free(used);
 }
 
+/* The stage of the schedule a node runs on: its virtual stage under
+ * interleaved (Node.chunk), else its stage. */
+static int vstage(const Node *n)
+{
+	return n->chunk >= 0 ? n->chunk : n->stage;
+}
+
 /* The slot of per-micro-batch node i (first_bwd: the first backward node's index). */
 static int slot_of(const Graph *g, int i, int first_bwd)
 {
@@ -210,16 +223,16 @@ static int slot_of(const Graph *g, int i, int first_bwd)
 	if (n->stage < 0)
 		return SLOT_PRE;
 	if (bwd && g->pipeline == IR_PIPE_ZERO_BUBBLE && stages_wgrad(g, n))
-		return 3 * n->stage + STAGE_W;
+		return 3 * vstage(n) + STAGE_W;
 	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV) {
 		const Node *s = n->op == DP_OP_SEND ? n : g->nodes[i - 1];
 		const Node *r = n->op == DP_OP_SEND ? g->nodes[i + 1] : n;
 		if (s->op != DP_OP_SEND || r->op != DP_OP_RECV || DP_TAG(s) != DP_TAG(r))
 			die("unroll: send/recv pair at node %d is not adjacent", n->id);
-		int with_producer = bwd ? r->stage < s->stage : r->stage > s->stage;
-		return 3 * (with_producer ? s->stage : r->stage) + bwd;
+		int with_producer = bwd ? vstage(r) < vstage(s) : vstage(r) > vstage(s);
+		return 3 * (with_producer ? vstage(s) : vstage(r)) + bwd;
 	}
-	return 3 * n->stage + bwd;
+	return 3 * vstage(n) + bwd;
 }
 
 int unroll_run(Graph *g, Diag *d)
@@ -262,18 +275,20 @@ int unroll_run(Graph *g, Diag *d)
 			continue;
 		for (int k = 0; slot[i] % 3 == STAGE_B && k < n->nin; k++)
 			if (n->in[k] >= 0 && w_wrote[value_root(g, n->in[k])])
-				slot[i] = 3 * n->stage + STAGE_W;
+				slot[i] = 3 * vstage(n) + STAGE_W;
 		if (slot[i] % 3 == STAGE_W && n->out >= 0)
 			w_wrote[value_root(g, n->out)] = 1;
 	}
 	free(w_wrote);
 
-	/* each stage's slots in the schedule's order, merged by the forecast's starts */
-	StageCost *sc = calloc((size_t)p, sizeof *sc);
-	int per = stages_slots_per_stage(m, g->pipeline);
+	/* each stage's slots in the schedule's order, merged by the forecast's
+	 * starts; fdone, bdone per (virtual) stage and micro-batch */
+	int v = ir_chunks_per_rank(g), nc = p * v;
+	StageCost *sc = calloc((size_t)nc, sizeof *sc);
+	int per = stages_slots_per_stage(m, v, g->pipeline);
 	StageSlot *sl = calloc((size_t)p * (size_t)per, sizeof *sl);
 	int *next = calloc((size_t)p, sizeof *next);
-	char *fdone = calloc((size_t)p * (size_t)m, 1), *bdone = calloc((size_t)p * (size_t)m, 1);
+	char *fdone = calloc((size_t)nc * (size_t)m, 1), *bdone = calloc((size_t)nc * (size_t)m, 1);
 	char *pre_done = calloc((size_t)m, 1);
 	size_t cap = (size_t)n0 + (size_t)m * (size_t)n0 + 1;
 	Node **order = malloc(cap * sizeof *order);
@@ -281,7 +296,7 @@ int unroll_run(Graph *g, Diag *d)
 		die("out of memory");
 	stages_account(g, sc);
 	double bubble;
-	if (stages_simulate(sc, p, m, g->pipeline, &bubble, sl) < 0) {
+	if (stages_simulate(sc, p, v, m, g->pipeline, &bubble, sl) < 0) {
 		/* a user's choice (zero_bubble at grad_accum 1), not a bug */
 		error_at(d, g->mesh_loc,
 			 "the %s pipeline schedule cannot order %d micro-batch%s over pp=%d stages "
@@ -299,9 +314,10 @@ int unroll_run(Graph *g, Diag *d)
 			if (next[s] >= per)
 				continue;
 			const StageSlot *x = &sl[(size_t)s * (size_t)per + (size_t)next[s]];
-			size_t at = (size_t)s * (size_t)m + (size_t)x->mb;
-			int ready = x->kind == STAGE_F   ? s == 0 || fdone[at - (size_t)m]
-				    : x->kind == STAGE_B ? fdone[at] && (s == p - 1 || bdone[at + (size_t)m])
+			int ch = x->chunk;
+			size_t at = (size_t)ch * (size_t)m + (size_t)x->mb;
+			int ready = x->kind == STAGE_F   ? ch == 0 || fdone[at - (size_t)m]
+				    : x->kind == STAGE_B ? fdone[at] && (ch == nc - 1 || bdone[at + (size_t)m])
 							 : bdone[at];
 			if (ready && (best < 0 || x->start <
 						     sl[(size_t)best * (size_t)per + (size_t)next[best]].start))
@@ -316,12 +332,12 @@ int unroll_run(Graph *g, Diag *d)
 				if (slot[i] == SLOT_PRE)
 					order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
 		}
-		int want = 3 * best + x->kind;
+		int want = 3 * x->chunk + x->kind;
 		for (int i = 0; i < n0; i++)
 			if (slot[i] == want)
 				order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
 		if (x->kind != STAGE_W)
-			(x->kind == STAGE_F ? fdone : bdone)[(size_t)best * (size_t)m + (size_t)x->mb] = 1;
+			(x->kind == STAGE_F ? fdone : bdone)[(size_t)x->chunk * (size_t)m + (size_t)x->mb] = 1;
 		next[best]++, left--;
 	}
 	/* the eval program's share of the per-micro-batch nodes stays as it was;

@@ -59,6 +59,18 @@
 #             shard buffers and optimizer state its own (.pp0, .pp1), its
 #             blocks' slices summed over its dp group without pp, pp only in
 #             the tied wte's all_reduce
+#   interleaved (pipeline interleaved, stages_per_rank 2; passes/stages.c's
+#             interleaved_order): gpt-pp2-ga4-il (pp=2, 4 virtual stages,
+#             the tied wte between rank 0's virtual stage 0 and rank 1's 3)
+#             against gpt-ga4 on 1 rank, losses bit for bit; gpt-pp2xfs-il
+#             (full_shard blocks at pp=2 x dp_shard=2) against gpt-fs, losses
+#             bit for bit; mlp8-pp3-il (pp=3, 6 virtual stages, rank 2's
+#             stage 2 sending to rank 0's stage 3) against mlp8 at grad_accum
+#             6 on 1 rank (within the bounds: the clip's norm is summed over
+#             the ranks' parts, each rank's two stages' blocks apart);
+#             interleaved-ir: the IR after unroll reads back to the same step
+#             file, and hand-broken (a send moved after the recv that waits
+#             for it) is the verifier's deadlock
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
@@ -170,6 +182,16 @@ variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  
 # hybrid_shard inside the stages (a replicate group of one beside dp_shard):
 # at dp_replicate=1 the same sums as full_shard's
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xhs.dp" 's/^  strategy full_shard/  strategy hybrid_shard/'
+# interleaved (Megatron's virtual stages, stages_per_rank 2): gpt2-tiny's 5
+# blocks on 4 virtual stages (embed | h.0 | h.1 | lnf, head: wte tied
+# between rank 0 and rank 1), alone and with full_shard blocks at
+# dp_shard=2; mlp8's 9 blocks on 6 virtual stages at pp=3 (grad_accum 6:
+# a multiple of pp), where virtual stage 2 on rank 2 sends to stage 3 on
+# rank 0 (the ring's wrap) and the gradients come back over it
+variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-il.dp" 's/^  strategy ddp/&\n  pipeline interleaved\n  stages_per_rank 2/'
+variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-il.dp" 's/^  strategy full_shard/&\n  pipeline interleaved/'
+variant "$M8" "$T/mlp8-ga6.dp" 's/^  grad_accum 2/  grad_accum 6/' 's/^  global_batch 64/  global_batch 48/'
+pp "$T/mlp8-ga6.dp" 3 "$T/mlp8-pp3-il.dp" 's/^  grad_accum 6/&\n  pipeline interleaved/'
 # need NAME: the run NAME, once (eq_run: $T/NAME.loss and .st)
 need() {
 	case $1 in
@@ -194,6 +216,10 @@ need() {
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
 	gpt-pp2-ga4 | gpt-pp2-ga4-gpipe | gpt-pp2-ga4-zb) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-pp2xdp2-ga4) once "$1" eq_run "$1" 4 "$T/gpt-pp2-ga4.dp" ;;
+	gpt-pp2-ga4-il) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
+	gpt-pp2xfs-il) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	mlp8-ga6) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	mlp8-pp3-il) once "$1" eq_run "$1" 3 "$T/$1.dp" ;;
 	esac
 }
 # same_losses NAME REF: the losses of the two runs bit for bit (every
@@ -214,11 +240,12 @@ for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt
 	gpt-pp2xhs:gpt-fs \
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-bf16:gpt-bf16 gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
-	gpt-pp2xdp2-ga4:gpt-dp2-ga4; do
+	gpt-pp2xdp2-ga4:gpt-dp2-ga4 \
+	gpt-pp2-ga4-il:gpt-ga4 gpt-pp2xfs-il:gpt-fs mlp8-pp3-il:mlp8-ga6; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
 	case ${c%%:*} in
-	mlp8-pp[23] | *-ga4*) same_losses "${c%%:*}" "${c#*:}" ;;
+	mlp8-pp[23] | *-ga4* | gpt-pp2xfs-il) same_losses "${c%%:*}" "${c#*:}" ;;
 	esac
 done
 
@@ -245,6 +272,30 @@ if case_on fsdp-ir; then
 	overpp=$(grep -E '^bucket r[0-9]+ all_reduce axes=pp' "$T/fs.ir" | sed 's/.* = //' | tr '\n' ' ')
 	what="full_shard at pp=2: $parts per-stage shard and optimizer buffers, $slices slices summed without pp, pp only in the all_reduce of: $overpp"
 	if [ "$parts" = 8 ] && [ "$slices" = 3 ] && [ "$overpp" = "%grad.embed.wte " ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on interleaved-ir; then
+	# the IR after unroll reads back (chunk=N: each node's virtual stage) to
+	# the direct compile's step file; hand-broken, rank 0 sending micro-batch
+	# 0's %x to virtual stage 1 only after it waits for virtual stage 1's
+	# %h.0.x1 of that micro-batch, it is the verifier's deadlock, no hang
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2-ga4-il.dp --world-size 2 --dump-after=unroll"
+	"$DPC" "$T/gpt-pp2-ga4-il.dp" --world-size 2 --dump-after=unroll >"$T/il.ir" 2>/dev/null
+	"$DPC" "$T/gpt-pp2-ga4-il.dp" --world-size 2 -o "$T/il-direct.bin" 2>/dev/null
+	"$DPC" --from-ir "$T/il.ir" --passes all -o "$T/il-read.bin" >/dev/null 2>&1
+	check "interleaved: the IR after unroll read back gives the direct step file" \
+		cmp -s "$T/il-direct.bin" "$T/il-read.bin"
+	awk '/^send %x.mb0 axes=pp peer=1 /{held=$0; next} {print} /^%h.0.x1.pp0.mb0 = recv/{print held}' \
+		"$T/il.ir" >"$T/il-bad.ir"
+	"$DPC" --from-ir "$T/il-bad.ir" --passes all -o "$T/il-bad.bin" >"$T/il-bad.out" 2>&1
+	rc=$?
+	if [ $rc = 1 ] && [ ! -e "$T/il-bad.bin" ] && ! cmp -s "$T/il.ir" "$T/il-bad.ir" &&
+		grep -q "the pipeline deadlocks: stage 0 waits at its recv (node [0-9]*, %h.0.x1.pp0.mb0) for stage 1" "$T/il-bad.out"; then
+		ok "interleaved: a hand-broken order is the verifier's deadlock ($(grep -o 'the pipeline deadlocks.*' "$T/il-bad.out"))"
+	else
+		head -n 5 "$T/il-bad.out"
+		fail "interleaved: a hand-broken order (exit $rc) is the verifier's deadlock"
+	fi
 fi
 
 if case_on tied; then

@@ -37,6 +37,12 @@ closed forms:
   --emit=schedule      one row per stage whose slots are the schedule's order
                        (order() below, by hand; zero_bubble's by its rules,
                        zb_rules()), its bubble --stats' simulated one
+  interleaved          gpt2-tiny (6 layers) at pp=2, 4 with stages_per_rank
+                       v = 2, 3: --emit=schedule's rows Megatron's order
+                       (order_il(), by hand); bubble (p-1)/(vm+p-1), the
+                       simulated one at least that and below 1f1b's; each
+                       rank's activations at the peak min(2(p-r-1) + (v-1)p
+                       + 1, mv) virtual-stage micro-batches (mv at m = p)
 """
 import os
 import re
@@ -250,14 +256,22 @@ def zb_rules(p, m, s, got):
 
 # --emit=schedule: one row per stage, its slots in the schedule's order, the
 # bubble the one --stats simulates
+def schedule_rows(p, m, sched, extra, tag):
+    """dpc --emit=schedule of gpt2-tiny: the picture and its rows (one per
+    stage, or per rank under interleaved), their count checked."""
+    cmd = [DPC, "models/gpt2-tiny.dp", "--world-size", str(p), "--pp", str(p),
+           "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched] + extra
+    pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
+    head = "rank " if sched == "interleaved" else "stage "
+    rows = [l for l in pic.splitlines() if l.startswith(head)]
+    check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+    return pic, rows
+
+
 for sched in ("pipedream_flush", "gpipe", "zero_bubble"):
     for p, m in ((2, 4), (4, 8), (4, 2)):
-        cmd = [DPC, "models/gpt2-tiny.dp", "-D", "layers=4", "--world-size", str(p), "--pp",
-               str(p), "--set", "train.grad_accum=%d" % m, "--set", "train.pipeline=" + sched]
-        pic = subprocess.run(cmd + ["--emit=schedule"], capture_output=True, text=True).stdout
-        rows = [l for l in pic.splitlines() if l.startswith("stage ")]
         tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
-        check(len(rows) == p, "%s: %d rows" % (tag, len(rows)))
+        pic, rows = schedule_rows(p, m, sched, ["-D", "layers=4"], tag)
         for s, row in enumerate(rows):
             got = re.findall(r"[FBW]\d+", row.split("|", 1)[1])
             check(zb_rules(p, m, s, got) if sched == "zero_bubble" else got == order(p, m, s, sched),
@@ -267,6 +281,68 @@ for sched in ("pipedream_flush", "gpipe", "zero_bubble"):
         check(b is not None and bubble is not None and abs(float(b.group(1)) - bubble[1]) < 1e-4,
               "%s: bubble %s = --stats' simulated %s" % (tag, b and b.group(1),
                                                          bubble and bubble[1]))
+
+
+
+def order_il(p, v, m, r):
+    """interleaved's slots on rank r, by hand from Megatron-LM's
+    forward_backward_pipelining_with_interleaving (Narayanan et al. 2021,
+    2.2): the forwards go through the rank's virtual stages r, r + p, ...
+    in turn, p micro-batches on each before the next; the backwards the
+    same from its last virtual stage down; 2(p - r - 1) + (v - 1)p warm-up
+    forwards (all m*v when m = p), then one forward and one backward in
+    turn, then the backwards left. Labels F<micro-batch>.<virtual stage>."""
+    def unit(i, fwd):
+        group, rnd = i % (p * v), i // (p * v)
+        j = group // p if fwd else v - 1 - group // p
+        return "%s%d.%d" % ("F" if fwd else "B", rnd * p + group % p, j * p + r)
+    total = m * v
+    warm = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+    out = [unit(i, True) for i in range(warm)]
+    b = 0
+    for f in range(warm, total):
+        out += [unit(f, True), unit(b, False)]
+        b += 1
+    return out + [unit(i, False) for i in range(b, total)]
+
+
+# interleaved (stages_per_rank v): gpt2-tiny with 6 layers (9 blocks) on
+# p x v virtual stages. --emit=schedule's rows are the ranks' slots in
+# Megatron's order; the bubble's closed form is 1F1B's with its idle divided
+# by v, (p-1)/(vm+p-1); the simulated one is never below it and is below
+# 1F1B's on the same model; each rank's activations at the peak are
+# min(2(p-r-1) + (v-1)p + 1, mv) virtual-stage micro-batches (mv at m = p)
+IL_BUBBLE = re.compile(r"^bubble: \(p-1\)/\(v\*m\+p-1\) = ([0-9.]+); from the stages' FLOPs "
+                       r"([-0-9.]+)", re.M)
+IL_RANK = re.compile(r"^rank (\d+): stages [0-9, ]+; activations at the peak: (\d+) "
+                     r"stage-micro-batches in flight \(closed form (\d+)\)", re.M)
+for p, v, m in ((2, 2, 4), (4, 2, 8), (2, 3, 2), (4, 2, 4)):
+    extra = ["-D", "layers=6", "--set", "train.stages_per_rank=%d" % v]
+    tag = "interleaved gpt2-tiny L=6 pp=%d v=%d m=%d" % (p, v, m)
+    pic, rows = schedule_rows(p, m, "interleaved", extra, tag)
+    for r, row in enumerate(rows):
+        got = re.findall(r"[FB]\d+\.\d+", row.split("|", 1)[1])
+        check(got == order_il(p, v, m, r), "%s rank %d: %s" % (tag, r, " ".join(got)))
+    text = stats("models/gpt2-tiny.dp", p, p, m, "interleaved", extra)
+    b = IL_BUBBLE.search(text)
+    closed = (p - 1) / (v * m + p - 1)
+    check(b is not None and abs(float(b.group(1)) - closed) < 1e-4,
+          "%s: bubble %s = (p-1)/(vm+p-1) = %.4f" % (tag, b and b.group(1), closed))
+    check(b is not None and float(b.group(2)) >= closed - 1e-4,
+          "%s: simulated bubble %s >= closed form %.4f" % (tag, b and b.group(2), closed))
+    pb = re.search(r"^bubble ([0-9.]+) of the ranks' time idle", pic, re.M)
+    check(pb is not None and b is not None and abs(float(pb.group(1)) - float(b.group(2))) < 1e-4,
+          "%s: --emit=schedule's bubble %s = --stats' %s" % (tag, pb and pb.group(1),
+                                                            b and b.group(2)))
+    _, flat, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, "pipedream_flush",
+                                ["-D", "layers=6"]))
+    check(b is not None and flat is not None and float(b.group(2)) < flat[1],
+          "%s: simulated bubble %s < 1f1b's %s" % (tag, b and b.group(2), flat and flat[1]))
+    fly = IL_RANK.findall(text)
+    want = [m * v if m == p else min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) for r in range(p)]
+    check([int(x[1]) for x in fly] == want and [int(x[2]) for x in fly] == want,
+          "%s: activations at the peak %s stage-micro-batches per rank, closed form %s"
+          % (tag, [x[1] for x in fly], want))
 
 print("pipeline_forms: %d passed, %d failed" % (oks, fails))
 sys.exit(1 if fails else 0)
