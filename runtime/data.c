@@ -54,12 +54,13 @@ int64_t data_bytes(int64_t n, int64_t elems)
 	return n * elems * 4;
 }
 
-int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems)
+int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems, int elem_bytes)
 {
 	int64_t bytes = data_bytes(n, elems);
 	if (bytes < 0)
 		return RT_FAIL(c->e, "data file %s: %lld samples of %lld elements is too large (%s)",
 			       c->path, (long long)n, (long long)elems, c->where);
+	bytes = bytes / 4 * elem_bytes;
 	d->data = malloc((size_t)bytes);
 	if (!d->data)
 		return RT_FAIL(c->e, "out of memory loading data file %s (%lld bytes)", c->path,
@@ -90,6 +91,13 @@ void data_copy_sample(const DataSet *d, const DataSource *ds, int64_t idx, void 
 {
 	if (ds->tokens) {
 		data_token_sample(d, ds, idx, out);
+		return;
+	}
+	if (ds->bytes) { /* IDX images: the conversion data_idx.c describes */
+		const unsigned char *b = (const unsigned char *)ds->data + idx * ds->elems;
+		float *f = out;
+		for (int64_t k = 0; k < ds->elems; k++)
+			f[k] = (float)b[k] / 255.0f;
 		return;
 	}
 	size_t sample_bytes = (size_t)ds->elems * 4;

@@ -5,9 +5,12 @@
  * An IDX file is the magic 00 00 08 ndim, ndim big-endian u32 dims (parsed by
  * util/datafile.c, as dpc does), then u8 data: the first dim is the sample
  * count, the product of the rest must equal the .dp file's elements per
- * sample. Features become (float)byte / 255.0f and need an f32 tensor;
- * labels become int32 and need an i32 one. The bytes are converted in
- * chunks, never held twice.
+ * sample. Features become (float)byte / 255.0f and need an f32 tensor: the
+ * bytes are kept as they are and converted sample by sample as a batch is
+ * filled (data_copy_sample), so a rank holds Fashion-MNIST's 47 MB of
+ * training images, not 188 MB of floats, and loading writes each byte
+ * once. Labels become int32 (converted in chunks, never held twice) and
+ * need an i32 tensor.
  */
 #include <errno.h>
 #include <string.h>
@@ -47,14 +50,17 @@ static int load_idx_body(LoadCtx *c, gzFile gz, const DpSource *rec, DataSource 
 	    df_check_samples(c->path, h.n, h.elems, rec->sample_elems, msg, sizeof msg))
 		return data_df_fail(c, msg);
 	int64_t n = h.n, elems = h.elems;
-	RT_CHECK(data_alloc(c, d, n, elems));
+	d->bytes = rec->role == 0;
+	RT_CHECK(data_alloc(c, d, n, elems, d->bytes ? 1 : 4));
 
-	/* Convert in chunks: the bytes never need a second full-size buffer. */
+	/* Images are read in place; labels converted in chunks, so the bytes
+	 * never need a second full-size buffer. */
 	unsigned char buf[1 << 16];
 	int64_t total = n * elems, done = 0;
 	while (done < total) {
 		int64_t chunk = total - done < (int64_t)sizeof buf ? total - done : (int64_t)sizeof buf;
-		int64_t got = df_gz_read(gz, buf, chunk);
+		unsigned char *to = d->bytes ? (unsigned char *)d->data + done : buf;
+		int64_t got = df_gz_read(gz, to, chunk);
 		if (got < 0)
 			return RT_FAIL(c->e, "cannot read data file %s: %s (%s)", c->path,
 				       df_gz_error(gz), c->where);
@@ -63,11 +69,7 @@ static int load_idx_body(LoadCtx *c, gzFile gz, const DpSource *rec, DataSource 
 				       "data file %s is truncated: %lld samples of %lld bytes need %lld bytes of data, found %lld (%s)",
 				       c->path, (long long)n, (long long)elems, (long long)total,
 				       (long long)(done + got), c->where);
-		if (rec->role == 0) {
-			float *f = (float *)d->data + done;
-			for (int64_t k = 0; k < chunk; k++)
-				f[k] = (float)buf[k] / 255.0f;
-		} else {
+		if (!d->bytes) {
 			int32_t *v = (int32_t *)d->data + done;
 			for (int64_t k = 0; k < chunk; k++)
 				v[k] = buf[k];

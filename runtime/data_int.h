@@ -32,7 +32,9 @@ typedef struct {
 	int64_t first;   /* index of its first sample in the concatenation */
 } TokShard;
 
-/* One loaded source: n samples of `elems` 4-byte elements. */
+/* One loaded source: n samples of `elems` elements, 4 bytes each (float or
+ * int32) or, for IDX images (bytes), one byte each, made floats in [0, 1]
+ * as a batch is filled: a rank holds the file's bytes, not 4x as much. */
 typedef struct {
 	int loaded;    /* belongs to this split */
 	int role;      /* 0 features, 1 labels */
@@ -40,7 +42,8 @@ typedef struct {
 	char where[512]; /* "models/mlp.dp:8", for errors while filling */
 	int64_t n;     /* samples */
 	int64_t elems; /* elements per sample */
-	void *data;    /* n * elems floats or int32s; NULL for tokens */
+	int bytes;     /* 1: data holds unsigned bytes, read as (float)byte / 255.0f */
+	void *data;    /* n * elems floats, int32s or (bytes) unsigned chars; NULL for tokens */
 	/* tokens only: */
 	int tokens;    /* 1: samples come from shards[], not data */
 	int shift;     /* window offset (0 inputs, 1 targets) */
@@ -89,8 +92,9 @@ typedef struct {
 const char *data_dtype_name(int dtype);
 /* n * elems * 4 bytes, or -1 when that overflows or is absurd. */
 int64_t data_bytes(int64_t n, int64_t elems);
-/* d->data for n samples of elems 4-byte elements (sizes checked). */
-int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems);
+/* d->data for n samples of elems elements of elem_bytes (4, or 1 for
+ * d->bytes; sizes checked as 4-byte elements). */
+int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems, int elem_bytes);
 /* Sample idx of any source into out (elems 4-byte elements). */
 void data_copy_sample(const DataSet *d, const DataSource *ds, int64_t idx, void *out);
 /* Keep the first error of a batch fill (data_error reports it). */

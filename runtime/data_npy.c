@@ -28,7 +28,7 @@ static int load_npy_body(LoadCtx *c, gzFile gz, const DpSource *rec, int dtype, 
 		      rec->sample_elems, &esize, &n, msg, sizeof msg))
 		return data_df_fail(c, msg);
 	int64_t elems = rec->sample_elems;
-	RT_CHECK(data_alloc(c, d, n, elems));
+	RT_CHECK(data_alloc(c, d, n, elems, 4));
 
 	int64_t total = n * elems;
 	if (esize == 4) {

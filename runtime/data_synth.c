@@ -43,7 +43,7 @@ int data_load_synthetic(LoadCtx *c, const DpStep *s, const DpSource *rec, int dt
 			return RT_FAIL(c->e, "synthetic features are f32, but the .dp file declares %s (%s)",
 				       data_dtype_name(dtype), c->where);
 		int64_t dim = rec->sample_elems;
-		RT_CHECK(data_alloc(c, d, n, dim));
+		RT_CHECK(data_alloc(c, d, n, dim, 4));
 		init_fill(DP_INIT_NORMAL, 0.0f, 1.0f, DATA_SYNTH_SEED, xname, 0, n * dim, d->data);
 		return 0;
 	}
@@ -66,7 +66,7 @@ int data_load_synthetic(LoadCtx *c, const DpStep *s, const DpSource *rec, int dt
 	if (dim <= 0 || data_bytes(classes, dim) < 0)
 		return RT_FAIL(c->e, "synthetic features of %lld elements are not supported (%s)",
 			       (long long)dim, c->where);
-	RT_CHECK(data_alloc(c, d, n, 1));
+	RT_CHECK(data_alloc(c, d, n, 1, 4));
 	float *w = malloc((size_t)classes * dim * sizeof *w);
 	float *x = malloc((size_t)dim * sizeof *x);
 	if (!w || !x) {

@@ -100,6 +100,7 @@ typedef struct {
 	unsigned char given[DP_NSETTINGS];
 	int64_t value[DP_NSETTINGS];
 	int quiet, verbose, check_grads, no_progress, no_graph;
+	int no_eval;         /* --no-eval: no evaluation, its data never loaded */
 	const char *calibrate; /* --calibrate FILE: measure the machine into FILE and exit */
 	int timestamps;      /* every console line starts with its time (the default;
 	                        --no-timestamps: 0) */
@@ -165,6 +166,9 @@ static void usage(FILE *f)
 		"  --device auto|cpu|cuda\n"
 		"                        compute device (default auto: cuda when a GPU is found)\n"
 		"  --quiet               no per-step log lines\n"
+		"  --no-eval             no evaluation, not even after the last step, and the\n"
+		"                        eval data is never loaded (a run for its losses or\n"
+		"                        parameters alone: a benchmark, a smoke test)\n"
 		"  --verbose             also log communication time per log line, and show the\n"
 		"                        rank, host and source location of an error\n"
 		"  --no-timestamps       do not start every line printed during the run (stdout\n"
@@ -322,7 +326,7 @@ static char *run_record(const Run *r, const char *device)
 static int parse_opts(int argc, char **argv, Opts *o)
 {
 	enum { O_DEVICE = 256, O_SAVE_FULL, O_INIT_FROM,
-	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH,
+	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH, O_NO_EVAL,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
 	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_NO_TIMESTAMPS, O_CALIBRATE,
 	       O_SAMPLE, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_SEED, O_SAMPLE_LOGITS,
@@ -340,6 +344,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"losses", required_argument, NULL, O_LOSSES},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
+		{"no-eval", no_argument, NULL, O_NO_EVAL},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"trace-steps", required_argument, NULL, O_TRACE_STEPS},
@@ -415,6 +420,9 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_NO_PROGRESS:
 			o->no_progress = 1;
+			break;
+		case O_NO_EVAL:
+			o->no_eval = 1;
 			break;
 		case O_NO_GRAPH:
 			o->no_graph = 1;
@@ -552,6 +560,11 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	if ((o->resume != NULL) + o->auto_resume + o->overwrite > 1) {
 		fprintf(stderr, "dpexec: error: --resume, --auto-resume and --overwrite exclude each "
 				"other\n");
+		return -1;
+	}
+	if (o->no_eval && o->given[DP_SET_EVAL_EVERY]) {
+		fprintf(stderr, "dpexec: error: --no-eval and --eval-every exclude each other: "
+				"--no-eval evaluates never, --eval-every 0 after the last step\n");
 		return -1;
 	}
 	if (o->trace_to && !o->trace) {
@@ -883,7 +896,7 @@ static int setup_local(Run *r)
 		has_train = has_eval = 0;
 	if (has_train)
 		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, r->comm->coord[DP_AXIS_CP], &r->train, e));
-	if (has_eval && s->nprog[DP_PROG_EVAL])
+	if (has_eval && s->nprog[DP_PROG_EVAL] && !r->o.no_eval)
 		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, r->comm->coord[DP_AXIS_CP], &r->eval, e));
 	int64_t global_batch = (int64_t)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
 	if (r->train && data_count(r->train) < global_batch)
@@ -1458,6 +1471,12 @@ int main(int argc, char **argv)
 	backend_process_init(); /* OpenBLAS's kernels, for whichever backend runs */
 	/* MPI_Abort without Open MPI's help text (the user's setting wins) */
 	setenv("OMPI_MCA_orte_execute_quiet", "1", 0);
+	/* dpexec started alone (one rank, no mpirun) spawns no processes, so it
+	 * needs no Open MPI daemon: without this its MPI_Init forks and waits
+	 * for one, half the CPU of a small 1-rank run (130 -> 60 ms for
+	 * tests/faults/tiny.dp). Under a launcher the setting is never read; a
+	 * user's value wins. */
+	setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
 	int provided;
 	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
 		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");

@@ -58,7 +58,7 @@ compile() { # compile NAME SET-ARGS...: models/mlp.dp at 2 ranks into $T/NAME.bi
 }
 losses() { # losses NAME STEPS [ARGS...]: $T/NAME.dp from $T/NAME.bin
 	local name=$1 steps=$2; shift 2
-	mpi 2 "$T/$name.bin" --steps "$steps" --eval-every 0 --quiet --losses "$T/$name.dp" "$@" \
+	mpi 2 "$T/$name.bin" --steps "$steps" --no-eval --quiet --losses "$T/$name.dp" "$@" \
 		>"$T/$name.log" 2>&1 || { cat "$T/$name.log"; fail "$name: dpexec"; return 1; }
 }
 plain() { once plain-c compile plain && once plain-r losses plain 10; }
@@ -74,7 +74,7 @@ told_apart() {
 # dp's initial weights ($T/init.st), and the step file $T/psgd.bin
 initst() {
 	once psgd-c compile psgd --set "$PSGD" &&
-		once init-r mpi 2 "$T/psgd.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/init.st" \
+		once init-r mpi 2 "$T/psgd.bin" --steps 0 --no-eval --quiet --save-full "$T/init.st" \
 			>"$T/init.log" 2>&1
 }
 # compressed from step 3, 8 steps
@@ -127,6 +127,13 @@ if case_on path; then
 	else
 		fail "path: the steps before and from start_step"
 		paste "$T/start3.dp" "$T/plain.dp" | head -6
+	fi
+	# (every run here is dpexec --no-eval: Fashion-MNIST's 10000 test images
+	# neither loaded nor evaluated; --eval-every 0 would evaluate them once)
+	if grep -q "test loss" "$T/plain.log" "$T/start3.log"; then
+		fail "path: a run with --no-eval evaluated"; grep "test loss" "$T/plain.log"
+	else
+		ok "path: the runs with --no-eval print no evaluation"
 	fi
 fi
 
@@ -249,7 +256,7 @@ f.seek(-8, 2); f.write(bytes([b ^ 1]))" "$T/dmg/rank-00001-of-00002.safetensors"
 	# at another world size: the 2-rank checkpoint of step 4 at 1 rank
 	if "$DPC" models/mlp.dp --world-size 1 --set "train.compress=powersgd(rank=4,start_step=3)" \
 		-o "$T/one.bin" &&
-		mpi 1 "$T/one.bin" --steps 8 --eval-every 0 --losses "$T/one.dp" \
+		mpi 1 "$T/one.bin" --steps 8 --no-eval --losses "$T/one.dp" \
 			--resume "$T/ck/step-000004" --save-dir "$T/ck4" >"$T/one.log" 2>&1 &&
 		grep -q "written by 2 ranks, loaded by 1" "$T/one.log"; then
 		{ head -1 "$T/start3.dp"; tail -4 "$T/start3.dp"; } >"$T/start3-tail.dp"

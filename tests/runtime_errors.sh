@@ -37,6 +37,8 @@ case_on init-from-missing-2ranks && expect "--init-from a missing file on 2 rank
 	M 2 "$T/mlp2.bin" --init-from "$T/nothere.safetensors" --steps 1
 case_on no-value && expect "option without its value" "option '--steps' needs a value" X "$T/mlp1.bin" --steps
 case_on bad-timeout && expect "bad --timeout" "bad value 'soon' for --timeout" X --timeout soon "$T/mlp1.bin"
+case_on no-eval-eval-every && expect "--no-eval with --eval-every" "--no-eval and --eval-every exclude each other" \
+	X "$T/mlp1.bin" --no-eval --eval-every 5
 # save1: 3 steps saved, loaded and saved again ($T/a.safetensors: the broken
 # checkpoints below are made from it)
 save1() {

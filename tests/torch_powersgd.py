@@ -24,6 +24,11 @@ orthogonalises them as it does any warm-started Q.
 --uncompressed NAME,...: the weights NAME.w are all_reduced whole, as dp's
 `compress none` in block NAME leaves them (the hook's _should_compress says
 no to their shape, which must be no other weight's).
+
+The workers are forked, not spawned, after the data is read: a spawned
+worker imported torch again (1.7 CPU-s each) and read Fashion-MNIST again;
+forked, they share the parent's import and arrays (nothing has started a
+torch thread or a CUDA context before the fork).
 """
 import argparse
 import os
@@ -87,7 +92,7 @@ def hook_with_dp_q(args, weights_names, shapes):
     return hook
 
 
-def worker(rank, args, store):
+def worker(rank, args, store, data):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
                             world_size=args.world)
@@ -115,7 +120,7 @@ def worker(rank, args, store):
                                warm_start=True, orthogonalization_epsilon=0)
     ddp.register_comm_hook(state, hook_with_dp_q(args, [n + ".w" for n in names],
                                                  [weights[n + ".w"].shape for n in names]))
-    x_all, y_all = torch_ref.load_data(args)
+    x_all, y_all = data
     x_all, y_all = torch.tensor(x_all), torch.tensor(y_all, dtype=torch.int64)
     sampler = torch_ref.Sampler(args.seed, x_all.shape[0], args.global_batch)
     params = list(model.parameters())
@@ -160,8 +165,10 @@ def main():
     torch_ref.add_train_args(ap, 0.01)
     args = ap.parse_args()
     args.synth_n, args.synth_dim, args.synth_classes = 4096, 784, 10
+    data = torch_ref.load_data(args)
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(args, os.path.join(d, "store")), nprocs=args.world, join=True)
+        mp.start_processes(worker, args=(args, os.path.join(d, "store"), data), nprocs=args.world,
+                           join=True, start_method="fork")
 
 
 if __name__ == "__main__":

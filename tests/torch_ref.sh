@@ -38,7 +38,7 @@ runs() {
 	"$DPC" "$src" --world-size "$np" -o "$T/$name.bin" || { fail "$name: dpc"; return 1; }
 	# the initial weights go through a safetensors file both ways: dp writes
 	# them (--steps 0 --save-full), PyTorch and the dp run read them back
-	mpi "$np" "$T/$name.bin" --steps 0 --eval-every 0 --quiet --save-full "$T/$name.init.st" \
+	mpi "$np" "$T/$name.bin" --steps 0 --no-eval --quiet --save-full "$T/$name.init.st" \
 		>"$T/$name.log" 2>&1 &&
 	mpi "$np" "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
 		--losses "$T/$name.dp" >>"$T/$name.log" 2>&1 ||
