@@ -33,6 +33,17 @@
  * tests walk Zen 4's path on other machines). The choice depends on the CPU
  * model only, never on a timing.
  *
+ * A CPU newer than the library falls the other way: 0.3.21 matches Intel
+ * CPUs by family and model, and one it does not know (Sapphire and Emerald
+ * Rapids, family 6 model 143 and 207, AVX-512 with AMX) gets "Prescott",
+ * its SSE3 fallback, at about a third of the CPU's sgemm rate. Later
+ * OpenBLAS releases fall back by the CPU's features instead, and so does dp
+ * here: when OpenBLAS took Prescott on a CPU with AVX-512 (F, CD, BW, DQ,
+ * VL: SkylakeX's set) it takes SkylakeX, with AVX2 and FMA Haswell.
+ * Measured on an Emerald Rapids Xeon (2 cores): a 20-step models/mlp.dp run
+ * 1.0 -> 0.67 CPU-s. Results change in their last bits with the kernels,
+ * as between any two machines; the cut points below follow the core.
+ *
  * The choice is the process's, not the CPU backend's: OpenBLAS is one
  * library per process, and whatever else calls it in dpexec must sum as the
  * CPU backend does. dpexec makes it first thing in main (cpu_blas_choose),
@@ -61,6 +72,25 @@ static int zen4(void)
 #endif
 }
 
+/* The core OpenBLAS's fallback should have been on this CPU, by its
+ * features, or NULL (see above). */
+static const char *feature_core(void)
+{
+#if defined(__x86_64__)
+	const char *now = openblas_get_corename();
+	if (!now || strcasecmp(now, "prescott") != 0)
+		return NULL;
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+	    __builtin_cpu_supports("avx512vl"))
+		return "SkylakeX";
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return "Haswell";
+#endif
+	return NULL;
+}
+
 void cpu_blas_choose(void)
 {
 	static int chosen;
@@ -73,6 +103,8 @@ void cpu_blas_choose(void)
 		core = strcmp(keep, "keep") == 0 ? NULL : keep;
 	else if (!(user && *user) && zen4())
 		core = "Haswell";
+	else if (!(user && *user))
+		core = feature_core();
 	if (core && gotoblas_dynamic_init && gotoblas_dynamic_quit) {
 		char *saved = user ? strdup(user) : NULL;
 		setenv("OPENBLAS_CORETYPE", core, 1);
