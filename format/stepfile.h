@@ -364,6 +364,8 @@ DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_G, eps);
 DP_FATTR_SAME(LAYERNORM, ADD_LAYERNORM, eps);
 DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_ADD, eps);
+DP_FATTR_SAME(LAYERNORM, ADD_RMSNORM, eps);
+DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_ADD, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
 DP_FATTR_SAME(XENT, XENT_FUSED, scale);
@@ -449,6 +451,7 @@ typedef enum {
 	                      [cols], out [2, rows.., cols]: the sum, then its norm; fa0 >= 0;
 	                      disjoint */
 	DP_OR_NORM_GRAD_ADD, /* as NORM_GRAD, and in3 (the residual's gradient) like x */
+	DP_OR_ADD_NORM_SCALE, /* as ADD_NORM without beta (in0, in1, in2 gamma) */
 	DP_NOR
 } DpOperandRule;
 

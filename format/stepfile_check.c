@@ -129,6 +129,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_FLAG] = {0, F32},
 	[DP_OR_ADD_NORM] = {CD, CD, CD, CD, CD},
 	[DP_OR_NORM_GRAD_ADD] = {CD, CD, CD, CD, CD},
+	[DP_OR_ADD_NORM_SCALE] = {CD, CD, CD, CD},
 };
 #undef CD
 #undef CDF
@@ -479,18 +480,21 @@ static int check_rows(Chk *c, int rule)
 		DISJOINT();
 		return 0;
 	}
-	case DP_OR_ADD_NORM: {
+	case DP_OR_ADD_NORM:
+	case DP_OR_ADD_NORM_SCALE: {
 		OPND(o, -1, -1);
 		OPND(x, 0, -1);
 		OPND(r, 1, -1);
 		OPND(g, 2, -1);
-		OPND(b, 3, -1);
 		NEED(dp_numel(r) == dp_numel(x) && cols_of(r) == cols_of(x),
 		     "x and the residual differ in shape");
 		NEED(dp_numel(o) == 2 * dp_numel(x) && cols_of(o) == cols_of(x),
 		     "the output is not [2, x's rows, x's cols]");
 		NEED(dp_numel(g) == cols_of(x), "gamma's size does not match x's last dim");
-		NEED(dp_numel(b) == cols_of(x), "beta's size does not match x's last dim");
+		if (rule == DP_OR_ADD_NORM) {
+			OPND(b, 3, -1);
+			NEED(dp_numel(b) == cols_of(x), "beta's size does not match x's last dim");
+		}
 		NEED(DP_FATTR(in, ADD_LAYERNORM, eps) >= 0, "negative eps");
 		DISJOINT();
 		return 0;

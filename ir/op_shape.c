@@ -399,8 +399,9 @@ int ir_shape_norm(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* ADD_LAYERNORM {x, residual, gamma [C], beta [C]} -> [2, rows, C]: the
- * sum's rows, then the norm's (passes/fuse.c). */
+/* ADD_LAYERNORM {x, residual, gamma [C], beta [C]}, ADD_RMSNORM {x,
+ * residual, g [C]} -> [2, rows, C]: the sum's rows, then the norm's
+ * (passes/fuse.c). */
 int ir_shape_add_layernorm(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[0]), *r = V(g, n->in[1]);
@@ -410,7 +411,7 @@ int ir_shape_add_layernorm(Graph *g, Node *n, Value *out, Diag *d)
 		return -1;
 	}
 	if (need_float(n, x, "x", d) || need_channel(n, x, V(g, n->in[2]), "gamma", d) ||
-	    need_channel(n, x, V(g, n->in[3]), "beta", d))
+	    (n->nin > 3 && need_channel(n, x, V(g, n->in[3]), "beta", d)))
 		return -1;
 	copy_type(out, x);
 	set_type(out, x->dtype, 3, (int64_t[]){2, ir_fold_rows(x), ir_fold_cols(x)});
@@ -418,7 +419,8 @@ int ir_shape_add_layernorm(Graph *g, Node *n, Value *out, Diag *d)
 }
 
 /* LAYERNORM_GRAD / RMSNORM_GRAD {dy, x, gamma}: out like x;
- * LAYERNORM_GRAD_ADD {dy, x, gamma, d residual}: the same, d residual like x. */
+ * LAYERNORM_GRAD_ADD / RMSNORM_GRAD_ADD {dy, x, gamma, d residual}: the
+ * same, d residual like x. */
 int ir_shape_norm_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *x = V(g, n->in[1]);

@@ -160,8 +160,8 @@ void ir_cost_linear_gelu(const Graph *g, const Node *n, double *flops, double *b
 	*bytes = io_bytes(g, n);
 }
 
-/* ADD_LAYERNORM: cost_k flops per element of a half (the add's one and
- * layernorm's eight); the two inputs read, the sum and the norm written (the sum's
+/* ADD_LAYERNORM, ADD_RMSNORM: cost_k flops per element of a half (the add's
+ * one and layernorm's eight, rmsnorm's five); the two inputs read, the sum and the norm written (the sum's
  * re-reads for the statistics stay in cache: one pass over memory). */
 void ir_cost_add_layernorm(const Graph *g, const Node *n, double *flops, double *bytes)
 {

@@ -4,7 +4,7 @@
  * compute in the GEMM's own epilogue, without a pass of the activation
  * through memory (docs/CUDA.md); the loss and its gradient become one
  * pass over the logits (llm.c's fused_classifier); and a residual add
- * becomes part of the layernorm after it, forward and backward.
+ * becomes part of the layernorm or rmsnorm after it, forward and backward.
  *
  * Before: the schedule form. A linear h = linear(x, w[, b]) whose
  * pre-activation h is read by one gelu a = gelu(h) (and by the gelu_grad of
@@ -46,6 +46,12 @@
  *    layernorm_grad_add(dy, s, gamma, dres)` at the layernorm_grad's
  *    place and the accum is gone: one read of the rows and one write
  *    where the pair read dx twice and wrote it twice.
+ *  - residual add -> rmsnorm (Llama's x = x + f(x); h = rmsnorm(x)): the
+ *    same, without beta: `%y.add = add_rmsnorm(a, b, g)` and `dx =
+ *    rmsnorm_grad_add(dy, s, g, dres)`. Separate ops rather than a flag on
+ *    the layernorm pair, as layernorm and rmsnorm themselves are: the op
+ *    name says which norm, the arity differs (no beta), and the kernels
+ *    are shared (their rms rows).
  * A pair is fused only when nothing else can tell: both nodes in the same
  * programs, on the same stream, under the same DP_IF_LAST condition; the
  * linear's and gelu's results temporaries with one writer each, not views
@@ -60,7 +66,7 @@
  * classifier's kernels do the loss's row walk and then the gradient's on the
  * row they hold (runtime/cpu/loss.c, runtime/cuda/loss.cu): bitwise both
  * kernels' results on either backend. add_layernorm and layernorm_grad_add
- * do the pair's arithmetic in its order and round the sum and dx to the
+ * (add_rmsnorm, rmsnorm_grad_add) do the pair's arithmetic in its order and round the sum and dx to the
  * storage dtype where the pair stored them (runtime/cpu/norm.c: bitwise the
  * pair in f32, bf16 and fp16; runtime/cuda/norm.cu: the norms' 1 ulp).
  */
@@ -319,8 +325,8 @@ static int read_before(const FuseIndex *ix, int v, int j)
 	return 0;
 }
 
-/* add -> layernorm over the sum: the layernorm at position j becomes one
- * add_layernorm at its own place (its gamma and beta may be gathered after
+/* add -> layernorm (rmsnorm) over the sum: the norm at position j becomes
+ * one add_layernorm (add_rmsnorm) at its own place (its gamma and beta may be gathered after
  * the add: full_shard), writing the sum into the first half of a [2, rows,
  * C] temporary and the norm into the second; the sum's and the norm's values
  * view the halves. Returns the add's position, or -1. */
@@ -345,19 +351,21 @@ static int fuse_add_norm(Graph *g, const FuseIndex *ix, int j, const int *writer
 	Value *sv = g->values[s], *yv = g->values[ln->out];
 	if (yv->dtype != sv->dtype || ir_numel(yv) != ir_numel(sv))
 		return -1;
-	ln->op = DP_OP_ADD_LAYERNORM;
-	ln->in[3] = ln->in[2];
+	int rms = ln->op == DP_OP_RMSNORM; /* {s, g}: no beta */
+	ln->op = rms ? DP_OP_ADD_RMSNORM : DP_OP_ADD_LAYERNORM;
+	ln->in[3] = rms ? -1 : ln->in[2];
 	ln->in[2] = ln->in[1];
 	ln->in[0] = add->in[0];
 	ln->in[1] = add->in[1];
-	ln->nin = 4;
+	ln->nin = rms ? 3 : 4;
 	new_pack(g, ln, sv, yv, yv, "add");
 	ix->dead[i] = 1;
 	return i;
 }
 
-/* layernorm_grad -> the accum that adds the residual stream's gradient to
- * its dx: one layernorm_grad_add at the layernorm_grad's place. accum_at[v]:
+/* layernorm_grad (rmsnorm_grad) -> the accum that adds the residual
+ * stream's gradient to its dx: one layernorm_grad_add (rmsnorm_grad_add) at
+ * the norm gradient's place. accum_at[v]:
  * the position of the first accum into v. Returns the accum's position, or
  * -1. */
 static int fuse_norm_grad_add(Graph *g, const FuseIndex *ix, int i, const int *writers,
@@ -387,7 +395,7 @@ static int fuse_norm_grad_add(Graph *g, const FuseIndex *ix, int i, const int *w
 	int rw = root->id < ix->nvalues ? ix->first_write[root->id] : -1;
 	if (rw < 0 || rw >= i || root_written_between(g, ix, i - 1, j, r))
 		return -1;
-	lg->op = DP_OP_LAYERNORM_GRAD_ADD;
+	lg->op = lg->op == DP_OP_RMSNORM_GRAD ? DP_OP_RMSNORM_GRAD_ADD : DP_OP_LAYERNORM_GRAD_ADD;
 	lg->in[3] = r;
 	lg->nin = 4;
 	return j;
@@ -410,7 +418,7 @@ int fuse_run(Graph *g, Diag *d)
 		if (!gone[i] && g->nodes[i]->op == DP_OP_LINEAR)
 			fuse_forward(g, &ix, i, writers);
 	for (int j = 0; j < g->nnodes; j++) /* the add's position is marked gone */
-		if (!gone[j] && g->nodes[j]->op == DP_OP_LAYERNORM)
+		if (!gone[j] && (g->nodes[j]->op == DP_OP_LAYERNORM || g->nodes[j]->op == DP_OP_RMSNORM))
 			fuse_add_norm(g, &ix, j, writers);
 	fuse_index(g, &ix, gone);
 	int *accum_at = ir_alloc(g, (size_t)g->nvalues * sizeof(int) + 1);
@@ -422,7 +430,8 @@ int fuse_run(Graph *g, Diag *d)
 			accum_at[n->out] = i;
 	}
 	for (int i = 0; i < g->nnodes; i++) {
-		int j = !gone[i] && g->nodes[i]->op == DP_OP_LAYERNORM_GRAD
+		int op = g->nodes[i]->op;
+		int j = !gone[i] && (op == DP_OP_LAYERNORM_GRAD || op == DP_OP_RMSNORM_GRAD)
 				? fuse_norm_grad_add(g, &ix, i, writers, accum_at) : -1;
 		if (j >= 0)
 			gone[j] = 1;

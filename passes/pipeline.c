@@ -58,7 +58,8 @@ const Pass pipeline[] = {
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "
 		 "matmul_gelu_grad (cuBLASLt's epilogues), the loss and its gradient one "
 		 "cross_entropy_fused (the gradient over the logits), a residual add and the "
-		 "layernorm after it one add_layernorm (backward: layernorm_grad_add)",
+		 "layernorm after it one add_layernorm (backward: layernorm_grad_add), and "
+		 "the rmsnorm after it one add_rmsnorm (backward: rmsnorm_grad_add)",
 	 fuse_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"sample", "a language model's sample program: the step's forward up to the logits "

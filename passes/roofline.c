@@ -27,8 +27,9 @@
  * optimizer: clip, norms, SGD, AdamW. memory-bound: everything else (norms,
  * activations, the loss, embeddings, casts, copies, bias gradients); the
  * residual adds passes/fuse.c folded into layernorms (add_layernorm,
- * layernorm_grad_add) are counted on a line of their own: each is one
- * kernel and one pass over the activation fewer than the pair it replaced.
+ * layernorm_grad_add) and rmsnorms (add_rmsnorm, rmsnorm_grad_add) are
+ * counted on a line of their own per norm: each is one kernel and one pass
+ * over the activation fewer than the pair it replaced.
  *
  * MFU = model FLOPs / (time x the dense bf16 peak): the GEMMs' FLOPs (two
  * per multiply-add, forward and backward: PaLM's 6 N per token for the
@@ -269,7 +270,8 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 	double accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
 	Row row[C_NCLASS] = {{0}};
 	double attn_tc_ms = 0, model = 0, tokens = 0, attn_run = 0, epilogue = 0;
-	double fused_add = 0, fused_add_grad = 0; /* passes/fuse.c's residual adds */
+	/* passes/fuse.c's residual adds, [0] layernorm's, [1] rmsnorm's */
+	double fused_add[2] = {0}, fused_add_grad[2] = {0};
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL)
@@ -294,8 +296,10 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 			if (dp_is_half(in0) || g->cfg.gemm_math == DP_GEMM_TF32)
 				rate = dp_is_half(in0) ? d->bf16 : d->tf32;
 		}
-		fused_add += n->op == DP_OP_ADD_LAYERNORM ? times : 0;
-		fused_add_grad += n->op == DP_OP_LAYERNORM_GRAD_ADD ? times : 0;
+		fused_add[0] += n->op == DP_OP_ADD_LAYERNORM ? times : 0;
+		fused_add_grad[0] += n->op == DP_OP_LAYERNORM_GRAD_ADD ? times : 0;
+		fused_add[1] += n->op == DP_OP_ADD_RMSNORM ? times : 0;
+		fused_add_grad[1] += n->op == DP_OP_RMSNORM_GRAD_ADD ? times : 0;
 		Row *r = &row[c];
 		r->n += times;
 		r->flops += times * f;
@@ -345,10 +349,13 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 	if (epilogue > 0)
 		fprintf(out, "gemm epilogue flops %s (the gelu of linear_gelu and matmul_gelu_grad: in "
 			"the gemm row, not in the model flops)\n", stats_human_flops(c1, sizeof c1, epilogue));
-	if (fused_add + fused_add_grad > 0)
-		fprintf(out, "residual adds in the layernorm's pass %.0f (add_layernorm) + %.0f "
-			"(layernorm_grad_add): as many memory-bound kernels and passes over a row "
-			"fewer\n", fused_add, fused_add_grad);
+	for (int k = 0; k < 2; k++) {
+		const char *norm = k ? "rmsnorm" : "layernorm";
+		if (fused_add[k] + fused_add_grad[k] > 0)
+			fprintf(out, "residual adds in the %s's pass %.0f (add_%s) + %.0f "
+				"(%s_grad_add): as many memory-bound kernels and passes over a row "
+				"fewer\n", norm, fused_add[k], norm, fused_add_grad[k], norm);
+	}
 	if (total > 0 && row[C_ATTN].n > 0) /* a token model: its tokens/s too */
 		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention as "
 			"runtime/cuda/attention.cu runs it\n", 100 * model / (total * 1e-3 * d->bf16),

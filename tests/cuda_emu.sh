@@ -28,7 +28,8 @@
 #     any abort, hang);
 #  2. --device cuda (emulated) vs --device cpu, same step file, STEPS steps:
 #     models/mlp.dp (synthetic data), mlp8.dp, gpt2-tiny.dp and llama.dp (also
-#     in bf16)
+#     in bf16; llama's residual adds fused into its rmsnorms, add_rmsnorm
+#     and rmsnorm_grad_add, counted in its IR by case "llama fused")
 #     (small: -D ctx=16 -D d=32 -D heads=2, global_batch 8, on the GPL-3
 #     text), every strategy at 1, 2
 #     and 4 ranks as listed below, tp=2 x dp_shard=2, and context
@@ -508,6 +509,27 @@ done
 model_case gpt2-tiny hybrid_shard 4 "dp_replicate=2, dp_shard=2"
 model_case gpt2-tiny ddp 4 "tp=2, dp_shard=2"
 model_case gpt2-tiny full_shard 4 "tp=2, dp_shard=2"
+# fused_in_ir CASE SRC MODEL NORM N: the step compiled from SRC (with
+# MODEL's dargs) has N add_NORM and N NORM_grad_add (passes/fuse.c's
+# residual adds folded into the norms), which its cases run
+fused_in_ir() {
+	local name=$1 src=$2 model=$3 norm=$4 n=$5 an ag
+	case_on "$name" || return 0
+	# shellcheck disable=SC2046
+	"$DPC" "$src" --world-size 1 $(dargs "$model") --emit=ir >"$T/$model.fused.ir" 2>&1
+	an=$(grep "= add_$norm .* fwd " "$T/$model.fused.ir" | grep -vc ' sample ')
+	ag=$(grep -c "= ${norm}_grad_add .* bwd " "$T/$model.fused.ir")
+	if [ "$an $ag" = "$n $n" ]; then
+		ok "$name: $n add_$norm and $n ${norm}_grad_add in the step"
+	else
+		fail "$name: $an add_$norm and $ag ${norm}_grad_add in the step (want $n $n)"
+	fi
+}
+# Llama's residual adds folded into its rmsnorms: 4 add_rmsnorm (each
+# layer's norm2, layer 1's norm1, the final norm) and 4 rmsnorm_grad_add
+# (norm1 and norm2 of both layers), which every llama case below runs on the
+# emulator against the CPU (f32 and bf16)
+fused_in_ir "llama fused" "$(model_src llama ddp auto)" llama rmsnorm 4
 model_case llama ddp 1
 model_case llama zero1 2
 model_case llama zero2 2
@@ -539,17 +561,7 @@ PREC=bf16 SGD=1 model_case gpt2-hd32 ddp 1
 PREC=bf16 SGD=1 model_case gpt2-hd128 ddp 1
 # GPT-2's rows: 2 add_layernorm (ln2, lnf) and 2 layernorm_grad_add (ln1,
 # ln2) in the step, which the f32 case compares with the CPU
-if case_on "gpt2-d768 fused"; then
-	# shellcheck disable=SC2046
-	"$DPC" "$T/gpt2-d768.dp" --world-size 1 $(dargs gpt2-d768) --emit=ir >"$T/d768.ir" 2>&1
-	an=$(grep '= add_layernorm .* fwd ' "$T/d768.ir" | grep -vc ' sample ')
-	ag=$(grep -c '= layernorm_grad_add .* bwd ' "$T/d768.ir")
-	if [ "$an $ag" = "2 2" ]; then
-		ok "gpt2-d768 fused: 2 add_layernorm and 2 layernorm_grad_add on rows of 768"
-	else
-		fail "gpt2-d768 fused: $an add_layernorm and $ag layernorm_grad_add in the step (want 2 2)"
-	fi
-fi
+fused_in_ir "gpt2-d768 fused" "$T/gpt2-d768.dp" gpt2-d768 layernorm 2
 model_case gpt2-d768 ddp 1
 # (Not in bf16 yet: at d 768 with SGD the training updates land near this
 # suite's bf16 bound whether or not anything is fused: 2.3e-3 and 2.5e-3

@@ -62,6 +62,12 @@
 #                 layernorm (hd64: its layer's two sums feed layernorms)
 #   add_norm_grad layernorm_grad_add leaves out the residual stream's
 #                 gradient: dx of the layernorm alone
+#   add_rms       add_rmsnorm (the same fusion into Llama's rmsnorm)
+#                 stores and normalises x, not x + the residual (ll:
+#                 llama small, 1 rank, f32: each layer's norm2, the next
+#                 norm1 and the final norm read sums)
+#   add_rms_grad  rmsnorm_grad_add leaves out the residual stream's
+#                 gradient: dx of the rmsnorm alone (ll)
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
@@ -267,6 +273,14 @@ k16_model() {
 	once a16src a16_model
 	sed 's/^  global_batch .*/  global_batch 1/' "$T/a16.dp" >"$T/k16.dp"
 }
+# ll: models/llama.dp small (tests/cuda_emu.sh's "llama ddp np=1": ctx 16,
+# d 32, 2 layers), on text: its residual adds folded into the rmsnorms
+# (add_rmsnorm, rmsnorm_grad_add: passes/fuse.c)
+ll_model() {
+	text_shard
+	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/llama.dp |
+		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/ll.dp"
+}
 declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
@@ -348,6 +362,7 @@ reference() {
 	ls16) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
 	o16) prec=bf16 ;;
+	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
 	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
@@ -464,6 +479,8 @@ gelu_deriv    gelu_deriv    hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
 gelu_map      gelu_map      hd64    1 all DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2
 add_norm      add_norm_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
+add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
+add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
@@ -562,6 +579,7 @@ unmutated c16 "the cp=2 attention case"
 unmutated t32 "the gpt2-hd64 tf32 case"
 unmutated k16 "the gpt2-hd64 bf16 case at ctx 512"
 unmutated voc "the padded-vocabulary case"
+unmutated ll "the llama case (add_rmsnorm, rmsnorm_grad_add)"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case (f16 gradients, zero2 at 2 ranks)"

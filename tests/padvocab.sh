@@ -22,7 +22,9 @@
 #    accum they replace (the fuse pass left out: dpc --from-ir after
 #    schedule), losses, eval lines and parameters, f32 at 1 rank;
 #    unfused-bf16 the same in precision bf16 (relu for gelu: linear_gelu is
-#    not bitwise on the CPU in bf16).
+#    not bitwise on the CPU in bf16); unfused-llama the residual adds folded
+#    into Llama's rmsnorms (add_rmsnorm, rmsnorm_grad_add) in bf16 the same
+#    way.
 # Against main's binaries the same runs were bitwise too when the pass
 # landed (the report of the commit says so); here pad_vocab 0 is the
 # unpadded reference, which the ir case shows pads nothing.
@@ -132,9 +134,11 @@ fi
 # leaving the pass out would change more than these two; relu has no
 # fusion), where the fused kernels round the sum and dx where the pair
 # stored them.
-# unfused NAME: $T/NAME.dp compiled both ways, run and compared
+# unfused NAME [NORM WANT]: $T/NAME.dp compiled both ways, run and
+# compared; WANT the fused nodes in the step: cross_entropy_fused,
+# add_NORM and NORM_grad_add (default layernorm "1 4 4")
 unfused() {
-	local b=$1
+	local b=$1 norm=${2:-layernorm} want=${3:-1 4 4}
 	"$DPC" "$T/$b.dp" --dump-after=schedule >"$T/$b.ir" 2>"$T/$b.log" &&
 		"$DPC" --from-ir "$T/$b.ir" --passes views,sample,padvocab,memplan -o "$T/$b-0.bin" \
 			2>>"$T/$b.log" && "$DPC" "$T/$b.dp" -o "$T/$b.bin" 2>>"$T/$b.log" &&
@@ -150,13 +154,13 @@ unfused() {
 	# read a sum; the backward of ln1 and ln2 meets the residual's gradient)
 	local xf an ag
 	xf=$(grep -c '= cross_entropy_fused .* fwd step' "$T/$b.fused.ir")
-	an=$(grep '= add_layernorm .* fwd ' "$T/$b.fused.ir" | grep -vc ' sample ')
-	ag=$(grep -c '= layernorm_grad_add .* bwd ' "$T/$b.fused.ir")
-	if [ "$xf $an $ag" != "1 4 4" ] || grep -q 'cross_entropy_fused\|add_layernorm\|layernorm_grad_add' "$T/$b.ir"; then
-		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_layernorm, $ag layernorm_grad_add in the step (want 1 4 4), or the dump has one"
+	an=$(grep "= add_$norm .* fwd " "$T/$b.fused.ir" | grep -vc ' sample ')
+	ag=$(grep -c "= ${norm}_grad_add .* bwd " "$T/$b.fused.ir")
+	if [ "$xf $an $ag" != "$want" ] || grep -q "cross_entropy_fused\|add_$norm\|${norm}_grad_add" "$T/$b.ir"; then
+		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add in the step (want $want), or the dump has one"
 	elif cmp -s "$T/$b.loss" "$T/$b-0.loss" && cmp -s "$T/$b.st" "$T/$b-0.st" &&
 		cmp -s "$T/$b.eval" "$T/$b-0.eval" && [ -s "$T/$b.eval" ]; then
-		ok "$b: cross_entropy_fused over padded logits, 4 add_layernorm and 4 layernorm_grad_add bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
+		ok "$b: cross_entropy_fused, $an add_$norm and $ag ${norm}_grad_add bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
 	else
 		paste "$T/$b.loss" "$T/$b-0.loss" | head -4
 		fail "$b: the fused nodes differ from the unfused ones"
@@ -171,6 +175,19 @@ if case_on unfused-bf16; then
 	sed -i 's/linear(gelu(linear(/linear(relu(linear(/' "$T/ufb.dp"
 	grep -q 'relu(linear(' "$T/ufb.dp" || fail "unfused-bf16: the gelu sed no longer applies to gpt2-tiny.dp"
 	unfused ufb
+fi
+# unfused-llama: models/llama.dp (2 layers, d 64, ctx 32) in precision bf16
+# (the fused kernels round the sum and dx where the pair stored them; in f32
+# that rounding is none and the arithmetic the same): the residual adds
+# folded into the rmsnorms, 4 add_rmsnorm (norm2 of each layer, the next
+# layer's norm1, the final norm) and 4 rmsnorm_grad_add (norm1 and norm2 of
+# each layer meet the residual's gradient), bitwise the unfused nodes
+if case_on unfused-llama; then
+	sed -e "$data" -e 's/^  ctx = .*/  ctx = 32/; s/^  d = .*/  d = 64/; s/^  layers = .*/  layers = 2/' \
+		-e 's/^  ffn = .*/  ffn = 96/' \
+		-e 's/^  strategy .*/&\n  precision bf16/' models/llama.dp >"$T/ufl.dp"
+	grep -q '^  precision bf16' "$T/ufl.dp" || fail "unfused-llama: the precision sed no longer applies to llama.dp"
+	unfused ufl rmsnorm "1 4 4"
 fi
 if case_on gpt2-head; then
 	# GPT-2 124M's head: vocab 50257 (rows of 50304), one layer of width 64

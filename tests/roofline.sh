@@ -20,7 +20,8 @@
 #    predicts a higher MFU than on the CUDA cores;
 #  - gpt2-tiny and GPT-2 124M: the residual adds folded into layernorms
 #    (add_layernorm, layernorm_grad_add) 2 of each per layer and
-#    micro-batch, the line --stats prints;
+#    micro-batch, the line --stats prints; llama the same with rmsnorms
+#    (add_rmsnorm, rmsnorm_grad_add);
 #  - the micro-batch that fits the device's memory (80 GiB) or
 #    --device-memory (compiler/fit.c): it compiles within the budget, and
 #    one more is refused as over it;
@@ -123,36 +124,40 @@ print(f"gemm {ms} ms on tensor cores, {ms32} ms in f32 ({r:.2f}x; the rates' rat
 EOF
 		ok "gpt2 tf32: $(cat "$T/tf32.out")" || { fail "gpt2 tf32"; cat "$T/tf32.out"; }
 fi
-# fused NAME N: the residual adds passes/fuse.c folded into layernorms, N
-# of each kind per step (a pre-LayerNorm GPT-2: per layer and micro-batch
-# 2 add_layernorm, ln2's sum and the next ln1's or lnf's, and 2
-# layernorm_grad_add, ln1 and ln2 meeting the residual's gradient)
+# fused NAME N [NORM]: the residual adds passes/fuse.c folded into
+# layernorms (rmsnorms), N of each kind per step (a pre-LayerNorm GPT-2: per
+# layer and micro-batch 2 add_layernorm, ln2's sum and the next ln1's or
+# lnf's, and 2 layernorm_grad_add, ln1 and ln2 meeting the residual's
+# gradient; Llama's norm2, the next norm1 or the final norm, and the
+# same with rmsnorm)
 fused() {
-	local line
-	line=$(grep "^residual adds in the layernorm's pass " "$T/$1.txt")
-	if [ "$line" = "residual adds in the layernorm's pass $2 (add_layernorm) + $2 (layernorm_grad_add): as many memory-bound kernels and passes over a row fewer" ]; then
-		echo "$2 + $2 residual adds in the layernorms' pass"
+	local line norm=${3:-layernorm}
+	line=$(grep "^residual adds in the $norm's pass " "$T/$1.txt")
+	if [ "$line" = "residual adds in the $norm's pass $2 (add_$norm) + $2 (${norm}_grad_add): as many memory-bound kernels and passes over a row fewer" ]; then
+		echo "$2 + $2 residual adds in the ${norm}s' pass"
 	else
 		echo "want $2 + $2 residual adds fused: '$line'"
 		return 1
 	fi
 }
-# transformer MODEL NAME: model FLOPs are the GEMMs' and 12 T d per token
-# and layer, tokens = micro_batch x ctx x grad_accum (the config's ctx, d
-# and layers; the batch sizes from --stats's header line)
+# transformer MODEL NAME [NORM]: model FLOPs are the GEMMs' and 12 T d per
+# token and layer, tokens = micro_batch x ctx x grad_accum (the config's
+# ctx, d and layers; the batch sizes from --stats's header line)
 transformer() {
-	local model=$1 name=$2 ctx d layers mb ga
+	local model=$1 name=$2 norm=${3:-layernorm} ctx d layers mb ga
 	eval "$(sed -n 's/^  \(ctx\|d\|layers\) = \([0-9]*\).*/\1=\2/p' "$model" | tr '\n' ' ')"
 	"$DPC" "$model" --stats >"$T/$name.0" 2>/dev/null
 	mb=$(sed -n 's/.*micro_batch \([0-9]*\) x grad_accum.*/\1/p' "$T/$name.0")
 	ga=$(sed -n 's/.*x grad_accum \([0-9]*\),.*/\1/p' "$T/$name.0")
 	roof "$name" "$model" --world-size 1 --precision bf16 &&
 		check "$name" tensor $((12 * ctx * d * layers * mb * ctx * ga)) >"$T/$name.out" 2>&1 &&
-		fused "$name" $((2 * layers * ga)) >>"$T/$name.out" 2>&1 &&
+		fused "$name" $((2 * layers * ga)) "$norm" >>"$T/$name.out" 2>&1 &&
 		ok "$name bf16 (ctx $ctx, d $d, $layers layers, micro_batch $mb x grad_accum $ga): $(tr "\n" " " <"$T/$name.out")" ||
 		{ fail "$name bf16"; cat "$T/$name.out"; }
 }
 case_on "gpt2-tiny bf16: attention's model FLOPs" && transformer models/gpt2-tiny.dp gpt2-tiny
+case_on "llama bf16: attention's model FLOPs, rmsnorm's residual adds" &&
+	transformer models/llama.dp llama rmsnorm
 # fit NAME MODEL ARGS...: the micro-batch --stats says fits (compiler/fit.c)
 # is what dpc's own budget check says of it: the step compiled at that
 # micro-batch (global_batch = it x grad_accum x dp ranks) within the budget,

@@ -13,7 +13,8 @@
 
 /* The operands every norm kernel reads: in0, in1, in2, out, [rows, cols] of in0. */
 typedef struct {
-	const float *a, *b, *c, *d; /* d: in3 (the fused ops' fourth operand) */
+	const float *a, *b, *c, *d; /* d: in3 (the fused ops' fourth operand; NULL
+	                               where there is none) */
 	float *o;
 	int64_t rows, cols;
 	double eps;
@@ -69,9 +70,10 @@ static void bwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 	}
 }
 
-/* add_layernorm, rows lo..hi: in {x, r, gamma, beta}; the sum's row r at
- * out + r c, the norm's at out + (rows + r) c. The add is the add kernel's
- * map (x + r), the norm the forward's loops on the stored sum. */
+/* add_layernorm, rows lo..hi: in {x, r, gamma, beta} (add_rmsnorm: {x, r,
+ * g}, d NULL); the sum's row r at out + r c, the norm's at out + (rows + r)
+ * c. The add is the add kernel's map (x + r), the norm the forward's loops
+ * on the stored sum. */
 static void add_fwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const Nv *v = ctx;
@@ -81,13 +83,15 @@ static void add_fwd_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 		double mean, rstd;
 		v->vec->map(DP_OP_ADD, sr, v->a + r * c, v->b + r * c, 0, c);
 		round_to(v->half, sr, c);
-		v->vec->norm_stats(sr, c, 0, v->eps, &mean, &rstd);
-		v->vec->norm_fwd(v->o + (v->rows + r) * c, sr, v->c, v->d, c, mean, rstd);
+		v->vec->norm_stats(sr, c, v->rms, v->eps, &mean, &rstd);
+		v->vec->norm_fwd(v->o + (v->rows + r) * c, sr, v->c, v->rms ? NULL : v->d, c, mean,
+				 rstd);
 	}
 }
 
-/* layernorm_grad_add, rows lo..hi: in {dy, x, gamma, d residual}: dx as
- * bwd_rows, stored, then the accum's map (dx + d residual) over it. */
+/* layernorm_grad_add (rmsnorm_grad_add: rms), rows lo..hi: in {dy, x,
+ * gamma, d residual}: dx as bwd_rows, stored, then the accum's map (dx + d
+ * residual) over it. */
 static void bwd_add_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 {
 	const Nv *v = ctx;
@@ -96,8 +100,8 @@ static void bwd_add_rows(void *ctx, int64_t lo, int64_t hi, int thread)
 		const float *xr = v->b + r * c;
 		float *orow = v->o + r * c;
 		double mean, rstd;
-		v->vec->norm_stats(xr, c, 0, v->eps, &mean, &rstd);
-		v->vec->norm_bwd(orow, v->a + r * c, xr, v->c, c, 0, mean, rstd);
+		v->vec->norm_stats(xr, c, v->rms, v->eps, &mean, &rstd);
+		v->vec->norm_bwd(orow, v->a + r * c, xr, v->c, c, v->rms, mean, rstd);
 		round_to(v->half, orow, c);
 		v->vec->map(DP_OP_ACCUM, orow, v->d + r * c, NULL, 0, c);
 	}
@@ -148,14 +152,14 @@ static int run_bwd(const CpuArgs *k, RtErr *e)
 
 static int run_add_fwd(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k, 0);
+	Nv v = nv(k, k->in->op == DP_OP_ADD_RMSNORM);
 	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), add_fwd_rows, &v);
 	return 0;
 }
 
 static int run_bwd_add(const CpuArgs *k, RtErr *e)
 {
-	Nv v = nv(k, 0);
+	Nv v = nv(k, k->in->op == DP_OP_RMSNORM_GRAD_ADD);
 	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), bwd_add_rows, &v);
 	return 0;
 }
@@ -182,5 +186,7 @@ const KernelRow cpu_norm_rows[] = {
 	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_ADD_LAYERNORM, run_add_fwd, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd_add, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_ADD_RMSNORM, run_add_fwd, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_RMSNORM_GRAD_ADD, run_bwd_add, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

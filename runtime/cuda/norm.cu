@@ -32,13 +32,15 @@
  * straddles a rounding boundary by less than that (~2^-29 per element).
  * f16 (precision fp16) the same, on __half.
  *
- * The residual add fused into the layernorm (passes/fuse.c): add_layernorm
- * stores s = x + res (rounded to the storage type) into the first half of
- * its output and the layernorm of the stored s into the second, in one
- * launch (k_add_norm_fwd); layernorm_grad_add is dx (k_norm_bwd) rounded to
- * the storage type, + the residual's gradient, before the one store. Both
- * are the unfused pair's arithmetic in its order: the CPU's to within the
- * norm kernels' own 1 ulp (tests/cuda_emu.sh).
+ * The residual add fused into the layernorm or rmsnorm (passes/fuse.c):
+ * add_layernorm (add_rmsnorm: the same kernel's rms row, no beta) stores
+ * s = x + res (rounded to the storage type) into the first half of its
+ * output and the norm of the stored s into the second, in one launch
+ * (k_add_norm_fwd); layernorm_grad_add (rmsnorm_grad_add) is dx
+ * (k_norm_bwd) rounded to the storage type, + the residual's gradient,
+ * before the one store. Both are the unfused pair's arithmetic in its
+ * order: the CPU's to within the norm kernels' own 1 ulp
+ * (tests/cuda_emu.sh).
  */
 #include "device.cuh"
 
@@ -106,16 +108,18 @@ __global__ void k_norm_fwd(int rms, T *o, const T *x, const T *g, const T *b, in
 		norm_row_fwd<W>(rms, o + r * c, x + r * c, g, b, c, eps, sh);
 }
 
-/* add_layernorm: in {x, res, g, b}; out [2, rows, c]. Row r's sum
- * s = x + res is stored (rounded to T) at o + r c, and the layernorm of the
- * stored s at o + (rows + r) c: the add kernel's and the norm's arithmetic,
- * one launch; the row is read back from L1/L2, not from another kernel's
- * output in HBM. */
+/* add_layernorm: in {x, res, g, b}; add_rmsnorm (rms): in {x, res, g}, no
+ * b; out [2, rows, c]. Row r's sum s = x + res is stored (rounded to T) at
+ * o + r c, and the norm of the stored s at o + (rows + r) c: the add
+ * kernel's and the norm's arithmetic, one launch; the row is read back from
+ * L1/L2, not from another kernel's output in HBM. */
 template <int W, typename T>
-__global__ void k_add_norm_fwd(T *o, const T *x, const T *res, const T *g, const T *b,
+__global__ void k_add_norm_fwd(int rms, T *o, const T *x, const T *res, const T *g, const T *b,
 			       int64_t rows, int64_t c, double eps)
 {
 	__shared__ double sh[32];
+	/* (a mutant per norm: each caught by a model with that norm) */
+	const bool drop = rms ? MUTANT(add_rms_no_residual) : MUTANT(add_norm_no_residual);
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const T *xr = x + r * c, *rr = res + r * c;
 		T *srow = o + r * c;
@@ -124,11 +128,11 @@ __global__ void k_add_norm_fwd(T *o, const T *x, const T *res, const T *g, const
 			ldw<W>(xr + j, xv);
 			ldw<W>(rr + j, rv);
 			for (int k = 0; k < W; k++)
-				xv[k] = MUTANT(add_norm_no_residual) ? xv[k] : xv[k] + rv[k];
+				xv[k] = drop ? xv[k] : xv[k] + rv[k];
 			stw<W>(srow + j, xv);
 		}
 		__syncthreads(); /* the stored row, whichever thread wrote it */
-		norm_row_fwd<W>(0, o + (rows + r) * c, srow, g, b, c, eps, sh);
+		norm_row_fwd<W>(rms, o + (rows + r) * c, srow, g, b, c, eps, sh);
 	}
 }
 
@@ -140,13 +144,14 @@ template <typename T> static __device__ __forceinline__ float as_stored(float v)
 	return ld(&t);
 }
 
-/* dx: in {dy, x, g}; layernorm_grad_add: in {dy, x, g, res}, dx as stored
- * (rounded to T) + res, the accum's arithmetic */
+/* dx: in {dy, x, g}; layernorm_grad_add and rmsnorm_grad_add: in {dy, x, g,
+ * res}, dx as stored (rounded to T) + res, the accum's arithmetic */
 template <int W, typename T>
 __global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, const T *res,
 			   int64_t rows, int64_t c, double eps)
 {
 	__shared__ double sh[32];
+	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const T *xr = x + r * c, *dr = dy + r * c;
 		T *orow = o + r * c;
@@ -176,7 +181,7 @@ __global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, c
 				double xh = ((double)xv[k] - mean) * rstd;
 				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
 			}
-			if (res && !MUTANT(norm_grad_no_residual)) {
+			if (res && !drop) {
 				float rv[W];
 				ldw<W>(res + r * c + j, rv);
 				for (int k = 0; k < W; k++)
@@ -252,31 +257,35 @@ template <typename T> static int run_add_fwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
 	int64_t c = cu_cols(t0), rows = cu_rows(t0);
+	int rms = a->in->op == DP_OP_ADD_RMSNORM;
 	T *o = (T *)cu_p(a, -1);
 	const T *x = (const T *)cu_p(a, 0), *res = (const T *)cu_p(a, 1);
-	const T *g = (const T *)cu_p(a, 2), *b = (const T *)cu_p(a, 3);
+	const T *g = (const T *)cu_p(a, 2), *b = rms ? (const T *)0 : (const T *)cu_p(a, 3);
 	if (rows <= 0 || c <= 0)
 		return 0;
 	/* the second half starts rows * c after o: aligned when o and c are */
 	NORM_LAUNCH(k_add_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, res, g) && cu_vec8<T>(c, b),
-		    o, x, res, g, b, rows, c, (double)DP_FATTR(a->in, ADD_LAYERNORM, eps));
+		    rms, o, x, res, g, b, rows, c, (double)DP_FATTR(a->in, ADD_LAYERNORM, eps));
 	CU_LAUNCHED(a, e);
 	return 0;
 }
 
-/* layernorm_grad, rmsnorm_grad, layernorm_grad_add (in3: the residual's
- * gradient) */
+/* layernorm_grad, rmsnorm_grad, layernorm_grad_add and rmsnorm_grad_add
+ * (in3: the residual's gradient) */
 template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t1 = cu_t(a, 1);
 	int64_t c = cu_cols(t1), rows = cu_rows(t1);
 	T *o = (T *)cu_p(a, -1);
 	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1), *g = (const T *)cu_p(a, 2);
-	const T *res = a->in->op == DP_OP_LAYERNORM_GRAD_ADD ? (const T *)cu_p(a, 3) : (const T *)0;
+	unsigned op = a->in->op;
+	int rms = op == DP_OP_RMSNORM_GRAD || op == DP_OP_RMSNORM_GRAD_ADD;
+	const T *res = op == DP_OP_LAYERNORM_GRAD_ADD || op == DP_OP_RMSNORM_GRAD_ADD
+			       ? (const T *)cu_p(a, 3) : (const T *)0;
 	if (rows <= 0 || c <= 0)
 		return 0;
 	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res),
-		    a->in->op == DP_OP_RMSNORM_GRAD, o, dy, x, g, res, rows, c,
+		    rms, o, dy, x, g, res, rows, c,
 		    (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps));
 	CU_LAUNCHED(a, e);
 	return 0;
@@ -356,5 +365,7 @@ extern "C" const KernelRow cu_norm_rows[] = {
 	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
 	{DP_OP_ADD_LAYERNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_ADD_RMSNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RMSNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
 	{},
 };
