@@ -285,6 +285,28 @@ eq_same() {
 		fail "$1 matches $2"
 	fi
 }
+# bf16_same NAME REF INIT [LOSS-RTOL UPDATE-RTOL]: two bf16 eq_runs agree by
+# tests/bf16.sh's derived bounds (its header says why): losses rtol 2^-11,
+# and the whole training update from INIT (a --save-full of the initial
+# weights), |(A - init) - (B - init)| / |B - init|, rtol 2^-6. Not element
+# by element: in bf16 an f32 reordering (a sum over ranks, stages or
+# micro-batches) flips roundings, and AdamW moves an element whose gradient
+# is ~0 by ~lr whatever its sign.
+bf16_same() {
+	local ltol=${4:-4.8828125e-4} urtol=${5:-0.015625}
+	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ] || [ ! -s "$3" ]; then
+		fail "$1 matches $2 in bf16 (a run is missing)"; return
+	fi
+	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol "$ltol" --atol 0 >"$T/$1.cmp" &&
+		$PY tests/compare.py updates "$3" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
+			>>"$T/$1.cmp"; then
+		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
+			END {printf "losses rel %s, updates rel %s", l, u}' "$T/$1.cmp"))"
+	else
+		cat "$T/$1.cmp"
+		fail "$1 matches $2 in bf16"
+	fi
+}
 # variant SRC DST SED-SCRIPT...: a copy of SRC edited by sed, which must change it
 variant() {
 	local src=$1 dst=$2 s a=()
