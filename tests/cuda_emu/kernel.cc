@@ -6,7 +6,11 @@
  * thread. A thread runs until it reaches __syncthreads, a warp primitive or
  * its end; then the next runnable thread runs: in ascending or descending
  * thread order, or a seeded random pick among the runnable ones
- * (DPEMU_THREADS). So code that reads what another thread writes without
+ * (DPEMU_THREADS). The thread that stops picks the next one and switches to
+ * it directly (one switch per stop, not two through run_block), and a
+ * thread that ends runs a next thread that has not started on its own
+ * fiber (no switch at all); only the block's last thread switches back to
+ * run_block. So code that reads what another thread writes without
  * the barrier between them reads stale shared memory (filled with 0xff
  * bytes before every block) for some order.
  *
@@ -56,7 +60,7 @@ enum TState : uint8_t { T_NEW, T_READY, T_BAR, T_WARP, T_DONE };
 
 struct Thread {
 	TState st;
-	uint3 tid;         /* threadIdx (set_regs runs at every resume: no divisions there) */
+	uint3 tid;         /* threadIdx (set_regs runs at every switch: no divisions there) */
 	void *sp;
 	char *stack;
 	int pred;          /* __syncthreads_count/and/or */
@@ -90,8 +94,10 @@ struct Block {
 	unsigned arrived = 0;      /* at __syncthreads */
 	unsigned exited = 0;
 	int bar_result = 0;
+	size_t head = 0;           /* ready[head..]: not yet picked */
 	int cur = -1;              /* running thread */
-	void *sched_sp = nullptr;
+	void *sched_sp = nullptr;  /* run_block's context */
+	char *dead = nullptr;      /* the stack of a thread that ended and switched away */
 	unsigned bid = 0;          /* linear block index */
 };
 
@@ -199,34 +205,124 @@ static void set_regs(int t)
 	dpemu_regs.tid = blk.t[t].tid;
 }
 
-static void yield_to_scheduler()
+static const char *wop_name(int op)
+{
+	static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
+				  "a warp-collective operation (wmma, mma, ldmatrix)"};
+	return op >= 0 && op < 9 ? n[op] : "?";
+}
+
+/* The next thread to run: the head of the ready list in the block's release
+ * order, or (DPEMU_THREADS=random) a seeded random pick among the runnable
+ * ones; made blk.cur. Every thread waiting with none runnable: a deadlock. */
+static int pick_next()
+{
+	unsigned n = blk.n;
+	if (blk.head == blk.ready.size()) {
+		std::string who;
+		for (unsigned i = 0; i < n && who.size() < 600; i++) {
+			const Thread &th = blk.t[i];
+			if (th.st == T_DONE)
+				continue;
+			char b2[160];
+			snprintf(b2, sizeof b2, "%sthread %u at %s (%s:%d)", who.empty() ? "" : "; ", i,
+				 th.st == T_BAR ? "__syncthreads" : wop_name(th.wop), th.file, th.line);
+			who += b2;
+		}
+		blk.cur = -1;
+		kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited,
+		      who.c_str());
+	}
+	if (blk.order == PICK_RANDOM) /* a random runnable thread next */
+		std::swap(blk.ready[blk.head], blk.ready[blk.head + rnd(blk.ready.size() - blk.head)]);
+	int i = blk.ready[blk.head++];
+	if (blk.head > 4096 && blk.head * 2 > blk.ready.size()) {
+		blk.ready.erase(blk.ready.begin(), blk.ready.begin() + (long)blk.head);
+		blk.head = 0;
+	}
+	blk.cur = i;
+	set_regs(i);
+	return i;
+}
+
+/* The stack of a thread that ended goes back to the pool once its fiber
+ * has been left (by whichever context runs next). */
+static void reap()
+{
+	if (blk.dead) {
+		stack_pool.push_back(blk.dead);
+		blk.dead = nullptr;
+	}
+}
+
+/* Switch from the running context (save: where its stack pointer goes) to
+ * thread i, made runnable if it is new. */
+static void switch_to(void **save, int i)
+{
+	Thread &th = blk.t[i];
+	if (th.st == T_NEW) {
+		th.stack = get_stack();
+		th.sp = new_context(th.stack, (unsigned)i);
+		th.st = T_READY;
+	}
+	dpemu_switch(save, th.sp);
+	reap(); /* resumed */
+}
+
+/* The running thread waits (at a barrier or a warp primitive): the next
+ * runnable thread runs, directly; this returns when a thread that releases
+ * this one has itself stopped and picked it. */
+static void wait_for_release()
 {
 	Thread &me = blk.t[blk.cur];
-	dpemu_switch(&me.sp, blk.sched_sp);
-	set_regs(blk.cur); /* resumed */
+	switch_to(&me.sp, pick_next());
 }
 
 static void warp_exit_check(int t);
 
+/* A fiber's life: it runs the thread it was made for, and when that thread
+ * ends, the next one the order picks: on this same fiber and stack if that
+ * thread has not started (the stack run_block would have handed it: the
+ * pool's last), else by a switch to it. The block's last thread switches
+ * back to run_block. */
 static void thread_main(void *)
 {
-	blk.k->body();
-	int t = blk.cur;
-	Thread &me = blk.t[t];
-	me.st = T_DONE;
-	blk.exited++;
-	if (blk.arrived) {
-		int w = -1;
-		for (unsigned i = 0; i < blk.n; i++)
-			if (blk.t[i].st == T_BAR)
-				w = (int)i;
-		kfail("the thread returned while %u thread(s) wait at __syncthreads (thread %d at %s:%d): "
-		      "every thread of the block must reach every __syncthreads", blk.arrived, w,
-		      blk.t[w].file, blk.t[w].line);
+	for (;;) {
+		blk.k->body();
+		int t = blk.cur;
+		Thread &me = blk.t[t];
+		me.st = T_DONE;
+		blk.exited++;
+		if (blk.arrived) {
+			int w = -1;
+			for (unsigned i = 0; i < blk.n; i++)
+				if (blk.t[i].st == T_BAR)
+					w = (int)i;
+			kfail("the thread returned while %u thread(s) wait at __syncthreads (thread %d at "
+			      "%s:%d): every thread of the block must reach every __syncthreads", blk.arrived,
+			      w, blk.t[w].file, blk.t[w].line);
+		}
+		warp_exit_check(t);
+		char *stack = me.stack;
+		me.stack = nullptr;
+		if (blk.exited == blk.n) {
+			blk.cur = -1;
+			blk.dead = stack;
+			dpemu_switch(&me.sp, blk.sched_sp);
+			__builtin_unreachable();
+		}
+		int i = pick_next();
+		Thread &next = blk.t[i];
+		if (next.st == T_NEW) { /* it starts here */
+			next.stack = stack;
+			next.st = T_READY;
+			continue;
+		}
+		blk.dead = stack;
+		dpemu_switch(&me.sp, next.sp);
+		__builtin_unreachable();
 	}
-	warp_exit_check(t);
-	dpemu_switch(&me.sp, blk.sched_sp);
-	__builtin_unreachable();
 }
 
 /* ---- __syncthreads ---- */
@@ -284,7 +380,7 @@ int dpemu_barrier(int kind, int pred, const char *file, int line)
 	blk.arrived++;
 	barrier_complete();
 	if (me.st == T_BAR)
-		yield_to_scheduler();
+		wait_for_release();
 	int count = blk.bar_result;
 	switch (kind) {
 	case DPEMU_BAR_COUNT: return count;
@@ -296,13 +392,6 @@ int dpemu_barrier(int kind, int pred, const char *file, int line)
 
 /* ---- warp primitives ---- */
 
-static const char *wop_name(int op)
-{
-	static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
-				  "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
-				  "a warp-collective operation (wmma, mma, ldmatrix)"};
-	return op >= 0 && op < 9 ? n[op] : "?";
-}
 
 namespace emu {
 static void warp_exit_check(int t)
@@ -378,8 +467,7 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 	}
 	lead->warrived |= 1u << lane;
 	if (lead->warrived != mask) {
-		dpemu_switch(&me.sp, blk.sched_sp); /* the last lane to arrive completes it */
-		set_regs(blk.cur);
+		wait_for_release(); /* the last lane to arrive completes it */
 		return me.wres;
 	}
 	w.leaders &= ~(1u << (lead - &blk.t[base]));
@@ -561,44 +649,12 @@ static void run_block(const KernelWork &k, unsigned b)
 	std::vector<unsigned> order;
 	blk.order = make_order(n, cfg().threads, order);
 	blk.ready.assign(order.begin(), order.end());
-	size_t head = 0;
-	while (blk.exited < n) {
-		if (head == blk.ready.size()) {
-			std::string who;
-			for (unsigned i = 0; i < n && who.size() < 600; i++) {
-				const Thread &th = blk.t[i];
-				if (th.st == T_DONE)
-					continue;
-				char b2[160];
-				snprintf(b2, sizeof b2, "%sthread %u at %s (%s:%d)", who.empty() ? "" : "; ", i,
-					 th.st == T_BAR ? "__syncthreads" : wop_name(th.wop), th.file, th.line);
-				who += b2;
-			}
-			kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited,
-			      who.c_str());
-		}
-		if (blk.order == PICK_RANDOM) /* a random runnable thread next */
-			std::swap(blk.ready[head], blk.ready[head + rnd(blk.ready.size() - head)]);
-		int i = blk.ready[head++];
-		if (head > 4096 && head * 2 > blk.ready.size()) {
-			blk.ready.erase(blk.ready.begin(), blk.ready.begin() + (long)head);
-			head = 0;
-		}
-		Thread &th = blk.t[i];
-		blk.cur = i;
-		set_regs(i);
-		if (th.st == T_NEW) {
-			th.stack = get_stack();
-			th.sp = new_context(th.stack, (unsigned)i);
-			th.st = T_READY;
-		}
-		dpemu_switch(&blk.sched_sp, th.sp);
-		if (th.st == T_DONE) {
-			stack_pool.push_back(th.stack);
-			th.stack = nullptr;
-		}
-		blk.cur = -1;
-	}
+	blk.head = 0;
+	/* the threads switch among themselves; the last one to end returns here */
+	switch_to(&blk.sched_sp, pick_next());
+	if (blk.exited != n)
+		fatal("the emulator's block loop: back in run_block with %u of %u threads ended", blk.exited, n);
+	blk.cur = -1;
 	blk.k = nullptr;
 }
 

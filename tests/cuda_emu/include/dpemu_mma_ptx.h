@@ -95,21 +95,38 @@ static inline float f32_of(uint32_t v)
 }
 
 /* Each lane's D registers (the C layout) = A B + C, the sums in float in
- * k order, once every lane's operands are gathered (m16n8kK) */
+ * k order, once every lane's operands are gathered (m16n8kK). A row of D
+ * is summed as two vectors of 4 columns (GCC's vector extension: SSE, not
+ * left to the auto-vectoriser, which keeps this loop scalar), k outer: each
+ * element is still C + A[r][0] B[0][n] + A[r][1] B[1][n] + ... in that
+ * order, every product rounded on its own (-ffp-contract=off), so the same
+ * bits as one scalar sum per element. */
+typedef float dpemu_f4 __attribute__((vector_size(16)));
 template <int K>
 static inline void mma_scatter(void *const *args, const float (*A)[K], const float (*B)[8],
 			       const float (*C)[8])
 {
+	float D[16][8];
+	for (int r = 0; r < 16; r++) {
+		dpemu_f4 s0, s1, b0, b1;
+		memcpy(&s0, &C[r][0], 16);
+		memcpy(&s1, &C[r][4], 16);
+		for (int k = 0; k < K; k++) {
+			memcpy(&b0, &B[k][0], 16);
+			memcpy(&b1, &B[k][4], 16);
+			dpemu_f4 a = {A[r][k], A[r][k], A[r][k], A[r][k]};
+			dpemu_f4 p0 = a * b0, p1 = a * b1;
+			s0 = s0 + p0;
+			s1 = s1 + p1;
+		}
+		memcpy(&D[r][0], &s0, 16);
+		memcpy(&D[r][4], &s1, 16);
+	}
 	for (int l = 0; l < 32; l++) {
 		const Call *c = (const Call *)args[l];
 		int g = l >> 2, q = l % 4;
-		for (int i = 0; i < 4; i++) {
-			int r = g + 8 * (i >> 1), n = 2 * q + (i & 1);
-			float s = C[r][n];
-			for (int k = 0; k < K; k++)
-				s += A[r][k] * B[k][n];
-			c->d[i] = s;
-		}
+		for (int i = 0; i < 4; i++)
+			c->d[i] = D[g + 8 * (i >> 1)][2 * q + (i & 1)];
 	}
 }
 
