@@ -138,7 +138,7 @@ padvocab               0.7    -         8
 simulate               0.6    -         3
 pipeline               0.7    -        56
 golden                 0.5    -         1
-san_scope              0.5    -         3
+san_scope              0.3    -        20
 "
 # The seconds of each suite under SAN=1 (measured as the table's, less
 # the cases of the SAN_PLAIN list tests/san-scope.txt replaced), which order a
