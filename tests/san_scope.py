@@ -200,7 +200,9 @@ def suites():
 
 
 def list_cases(suite):
-    r = subprocess.run(["bash", f"tests/{suite}.sh"], env=dict(os.environ, DP_LIST="1"),
+    # (not timed, nor counted: the suite's case times and counters are its own runs')
+    env = {k: v for k, v in os.environ.items() if k not in ("DP_CASE_TIMES", "DP_COV_DIR", "CASE")}
+    r = subprocess.run(["bash", f"tests/{suite}.sh"], env=dict(env, DP_LIST="1"),
                        stdin=subprocess.DEVNULL, capture_output=True, text=True)
     names = []
     for line in r.stdout.splitlines():
