@@ -12,6 +12,13 @@ ifeq ($(SAN),1)
 BUILD := build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
+# COV=1: gcc's arc counters (--coverage) in build-cov/, for `make san-scope`
+# (tests/san_scope.py: which cases the SAN=1 variant runs); never with SAN=1
+COV ?= 0
+ifeq ($(COV),1)
+BUILD := build-cov
+SANFLAGS := --coverage
+endif
 
 CC      := gcc
 MPICC   := mpicc
@@ -157,6 +164,21 @@ test-all: all tests
 	$(MAKE) --no-print-directory SAN=1 all tests
 	VARIANTS="plain san" bash tests/run.sh
 
+# tests/san-scope.txt: which cases the SAN=1 variant runs, chosen by coverage
+# (tests/san_scope.py says how): the plain suites once in the coverage build
+# (build-cov/, COV=1), each case's gcc counters apart, then a set cover. The
+# emulator's suites are not run: they are one SKIP under SAN=1. A suite that
+# fails here still counts; its failed cases are kept in. (settings: a case of errors.)
+SCOPE_SKIP := lib run demo demo_gpt cuda_emu cuda_emu_mutations gpu_kit settings
+SCOPE_SUITES = $(subst $(eval) ,$(comma),$(filter-out $(SCOPE_SKIP),$(basename $(notdir $(wildcard tests/*.sh)))))
+comma := ,
+.PHONY: san-scope
+san-scope:
+	$(MAKE) --no-print-directory COV=1 all tests
+	rm -rf build-cov/cov build-cov/test-logs
+	-BUILD=build-cov SAN=0 CASE= DP_COV_DIR=$(CURDIR)/build-cov/cov SUITE=$(SCOPE_SUITES) bash tests/run.sh
+	/usr/bin/python3 tests/san_scope.py choose build-cov -o tests/san-scope.txt
+
 demo: deps all
 	BUILD=$(BUILD) bash tests/demo.sh
 
@@ -181,7 +203,7 @@ deps:
 	fi
 
 clean:
-	rm -rf build build-san build-emu
+	rm -rf build build-san build-cov build-emu
 
 include mk/cuda.mk
 include mk/cuda-emu.mk

@@ -51,8 +51,11 @@ CUDA_HDRS  := $(wildcard runtime/cuda/*.h runtime/cuda/*.cuh) runtime/rt.h runti
 cuda: $(CUDA_SO)
 
 ifeq ($(HAVE_NVCC),1)
+# (not in the sanitized build, nor the coverage build: their suites never load it)
 ifneq ($(SAN),1)
+ifneq ($(COV),1)
 all: cuda
+endif
 endif
 endif
 

@@ -59,7 +59,11 @@ npass=0
 nfail=0
 nskip=0
 ok() { npass=$((npass + 1)); echo "  ok   $*"; }
-fail() { nfail=$((nfail + 1)); echo "  FAIL $*"; repro_lines; }
+fail() {
+	nfail=$((nfail + 1)) && echo "  FAIL $*" && repro_lines
+	# (the coverage run: a case that failed is measured wrong, and stays in SAN=1's set)
+	[ -z "${DP_COV_DIR:-}" ] || printf '%s\n' "$CASE_NAME" >>"$DP_COV_DIR/$SUITE.failed"
+}
 skip() { nskip=$((nskip + 1)); echo "  SKIP $*"; }
 check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
 	local d=$1; shift
@@ -71,7 +75,7 @@ finish() {
 		echo "  (CASE='$CASE': $ncase_on of $((ncase_on + ncase_off)) cases run)"
 	fi
 	[ "$ncase_plain" = 0 ] ||
-		echo "  (SAN=1: $ncase_plain cases run in the plain variant only: tests/run.sh's SAN_PLAIN says why)"
+		echo "  (SAN=1: $ncase_plain cases left to the plain variant: tests/san-scope.txt, chosen by coverage)"
 	if [ "$nskip" -gt 0 ]; then
 		echo "$1: $npass passed, $nfail failed, $nskip skipped"
 	else
@@ -111,19 +115,41 @@ case_clock() {
 		'BEGIN { printf "%6.1f %6.1f %s\n", b - a, d - c, n }' >>"$DP_CASE_TIMES"
 	case_t0=$t case_c0=$c case_timed=${1:--}
 }
-# plain_only NAME: under SAN=1 with no CASE given, NAME matches a glob of
-# DP_PLAIN_ONLY (one a line: tests/run.sh's SAN_PLAIN, which says why each
-# runs in the plain variant only); a CASE that names it runs it anyway
+# plain_only NAME: under SAN=1 with no CASE given, tests/san-scope.txt
+# (`make san-scope`, tests/san_scope.py: chosen by coverage) marks case NAME
+# of this suite "out": the cases it marks "in" execute every line it leaves
+# out, under the sanitizers. A case it does not name (newer than the file)
+# runs; SAN_SCOPE=all runs every case, SAN_SCOPE=FILE reads another file; a
+# CASE that names it runs it anyway.
 ncase_plain=0
-plain_only() {
-	local g
-	[ "${SAN:-0}" = 1 ] && [ -z "${CASE:-}" ] && [ -n "${DP_PLAIN_ONLY:-}" ] || return 1
-	while IFS= read -r g; do
-		# shellcheck disable=SC2053 # (a glob)
-		[ -n "$g" ] && [[ $1 == $g ]] && return 0
-	done <<<"$DP_PLAIN_ONLY"
-	return 1
+declare -A SAN_OUT
+if [ "${SAN:-0}" = 1 ] && [ -z "${CASE:-}" ] && [ "${SAN_SCOPE:-}" != all ] &&
+	[ -f "${SAN_SCOPE:-$ROOT/tests/san-scope.txt}" ]; then
+	while read -r s v name; do
+		[ "$s" = "$SUITE" ] && [ "$v" = out ] && SAN_OUT["$name"]=1
+	done <"${SAN_SCOPE:-$ROOT/tests/san-scope.txt}"
+fi
+plain_only() { [ -n "${SAN_OUT["$1"]+set}" ]; }
+# cov_dir NAME: with DP_COV_DIR set (`make san-scope`'s coverage run, in
+# build-cov/), the gcc counters (.gcda) of the processes started from now on
+# go under a directory of case NAME's own ("": the suite's set-up), named by
+# its number; DP_COV_DIR/SUITE/cases lists "NUMBER<TAB>NAME" (gcc's
+# GCOV_PREFIX, read by each process as it exits: a process inherits it)
+declare -A COV_NUM
+cov_dir() {
+	[ -n "${DP_COV_DIR:-}" ] || return 0
+	local d=$DP_COV_DIR/$SUITE n=setup
+	if [ -n "$1" ]; then
+		if [ -z "${COV_NUM[$1]+set}" ]; then
+			mkdir -p "$d"
+			COV_NUM[$1]=$(($(cat "$d/cases" 2>/dev/null | wc -l) + 1))
+			printf '%s\t%s\n' "${COV_NUM[$1]}" "$1" >>"$d/cases"
+		fi
+		n=c${COV_NUM[$1]}
+	fi
+	export GCOV_PREFIX=$d/$n GCOV_PREFIX_STRIP=$(($(tr -cd / <<<"$ROOT" | wc -c)))
 }
+cov_dir ""
 # case_on NAME: start case NAME; non-zero when CASE leaves it out (or DP_LIST=1)
 case_on() {
 	CASE_NAME=$1 REPRO=""
@@ -131,6 +157,7 @@ case_on() {
 		echo "  case $1"
 		return 1
 	fi
+	if case_match "$1" && ! plain_only "$1"; then cov_dir "$1"; else cov_dir ""; fi
 	if plain_only "$1"; then
 		ncase_plain=$((ncase_plain + 1))
 		case_clock ""
@@ -149,7 +176,7 @@ case_on() {
 # for a check after a case's own function returned (its CASE_NAME again)
 case_ran() {
 	CASE_NAME=$1 REPRO=""
-	[ "${DP_LIST:-0}" != 1 ] && ! plain_only "$1" && case_match "$1"
+	[ "${DP_LIST:-0}" != 1 ] && ! plain_only "$1" && case_match "$1" && cov_dir "$1"
 }
 # repro_lines: how to run the current case again (after a FAIL line)
 repro_lines() {

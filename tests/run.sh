@@ -138,9 +138,10 @@ padvocab               0.7    -         8
 simulate               0.6    -         3
 pipeline               0.7    -        56
 golden                 0.5    -         1
+san_scope              0.3    -        20
 "
 # The seconds of each suite under SAN=1 (measured as the table's, less
-# the SAN_PLAIN cases' seconds where cases moved there), which order a
+# the cases of the SAN_PLAIN list tests/san-scope.txt replaced), which order a
 # queue of both variants: longest first
 SAN_SECS="
 durability 204 faults 100 dprun 140 offload 113 passes 70 pipeline 54
@@ -154,101 +155,12 @@ simulate 7 tour 1
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
 # as its case "settings")
 INSIDE="settings:errors"
-# SAN=1's scope. The ASan/UBSan run is there for memory errors and undefined
-# behaviour: it needs each code path run once under the sanitizers, not each
-# check's every repetition. These cases (SUITE CASE-GLOB, tests/lib.sh's
-# plain_only) run in the plain variant only, each for the reason above it;
-# `make test SAN=1 SUITE=x CASE=y` still runs one when asked by name.
-# - gradcheck's gpt2-tiny checks and llama's zeroed-gradient run (skew=-1):
-#   finite differences evaluate the same forward program hundreds of times;
-#   under SAN=1 transformer.sh trains both models (the same sizes and
-#   programs: forward, backward, AdamW), gradcheck's per-op models run every
-#   op's kernels and --check-grads (runtime/gradcheck.c) with one skew (the
-#   dead case's -1), and llama's shared run (skews 0, 0.2, -0.2) runs its
-#   list of verdicts. gpt2-tiny's runs were ~80% of the SAN run's 211 s of
-#   CPU; llama's -1 run repeats its shared run's evaluations.
-# - sharding's mlp cases: the strategies, world sizes, meshes, --init-from
-#   and per-block strategies of its mlp8 cases at another size (mlp's 4
-#   blocks to mlp8's 8), and mlp8's are the ones with padded shards (fc3 and
-#   head at 2 and 4 ranks), so they run the sharding code's edges that mlp's
-#   do not; mlp.dp itself (its Fashion-MNIST IDX files) runs under SAN=1 in
-#   equivalence.sh, dprun.sh, faults.sh and durability.sh, and the IDX
-#   reader in unit.sh's data_test.
-# - bf16's gpt2-tiny at 4 ranks (ddp, zero2, full_shard): its 2-rank cases
-#   run the same strategies' bf16 paths (bf16 shards of an f32 master, the
-#   reduce-scatters and gathers in bf16, the clip over shards) on the same
-#   model, at another world size.
-# - PyTorch's own runs: Python and torch, none of our code. Under SAN=1 each
-#   suite keeps the cases whose dp runs no other SAN case makes (our side of
-#   the references' I/O: --save-full of the initial weights, --init-from,
-#   the losses file): torch_ref's adamw (1 rank) and sgd-nesterov-2ranks
-#   (the one SAN run of the Nesterov update), groups' torch, bf16's and
-#   fp16's torch-*, transformer's model cases. In the plain variant only:
-#   the detection cases (lr-detected, nesterov-not-momentum, groups'
-#   torch-no-*, schedules' torch-wsd-late: a second PyTorch run against a
-#   dp run the cases above make), schedules' torch-wsd and torch-step (their
-#   dp runs are the closed-form cases', which stay), and torch_ref's
-#   adamw-2ranks, full_shard-2ranks and sgd, whose dp runs repeat what SAN
-#   runs elsewhere: AdamW under ddp at 2 ranks (equivalence.sh), full_shard
-#   with --init-from (sharding.sh's mlp8 cases), SGD with momentum
-#   (offload.sh's mlp-sgd-zero2-np2): 52 s of the SAN run's CPU in all.
-# - compress's torch: 50 steps of PowerSGD (rank 4, from step 10) and 50
-#   of plain ddp from --init-from, against PyTorch's powerSGD_hook. Under
-#   SAN=1 its dp side repeats what compress's path, per, full-rank and
-#   resume cases run (PowerSGD before and after start_step, --init-from,
-#   the orthogonalize and the P and Q all_reduces at 2 ranks); the rest is
-#   PyTorch (~15 s of the SAN run's CPU).
-# - tour's readme-tour: README's tour trains models/mlp.dp for 200 steps at
-#   4 ranks, at 1 and under dprun at 4: the same step programs
-#   equivalence.sh, dprun.sh and durability.sh run under SAN=1 for a few
-#   steps, 600 times over (32 s of the SAN run's CPU); that README's lines
-#   work is the plain variant's check.
-# - offload's mlp-ddp-np4: ddp keeps no shards, so the host update and its
-#   copies are mlp-ddp-np2's at another world size (the np4 cases of zero2
-#   and full_shard stay: their head bucket is padded at 4 ranks, not at 2;
-#   8 s).
-# - cp's llama-cp2dp2, llama-cp2tp2 and llama-cp2tp2fs2: the meshes of
-#   gpt2-tiny's cp2dp2, cp2tp2 and cp2tp2fs2 (which stay) with llama's ops,
-#   whose cp path (rope at each token's position, K/V gathered on cp) is
-#   llama-cp2's and tp path tp.sh's and transformer.sh's llama-tp2, all
-#   under SAN=1 (20 s).
-# - durability's syscall-kills: a SIGKILL at each syscall of a save, then
-#   --auto-resume; what it checks is the order in which the save's files
-#   reach the file system, which the sanitizers do not see. Its code paths
-#   run under SAN=1 elsewhere: the save itself in every checkpointing case
-#   (resume.sh, faults.sh, durability's own), the leftovers of a killed save
-#   cleaned and a dangling latest followed in durability's resume-dptmp and
-#   resume-dangling, damaged checkpoints refused in its damage cases
-#   (~48 s of the SAN run's CPU, ~60 s of its wall).
-# - dprun's kill9-2 (and any later trial): the same kill -9 of a rank and
-#   restart at 2 ranks as kill9-1, at another random step (8 s).
-# - passes' round trips of gpt2.dp: gpt2-tiny.dp is the same program (the
-#   same blocks, ops, meshes and passes; dims and layer count differ), and
-#   its six round trips stay; gpt2's dumps are the largest IR the reader
-#   parses, ~12 s of the SAN run's CPU for no path gpt2-tiny's leave out.
-SAN_PLAIN="
-bf16       gpt2-tiny-*-np4
-bf16       lr-detected
-gradcheck  gpt
-gradcheck  gpt skew=*
-gradcheck  llama skew=-1
-compress   torch
-cp         llama-cp2?*
-dprun      kill9-[2-9]
-durability syscall-kills*
-groups     torch-no-*
-offload    mlp-ddp-np4
-passes     roundtrip gpt2 (*
-schedules  torch-*
-sharding   mlp-*
-torch_ref  adamw-2ranks
-torch_ref  full_shard-2ranks
-torch_ref  sgd
-torch_ref  lr-detected
-torch_ref  nesterov-not-momentum
-tour       readme-tour
-transformer lr-detected
-"
+# SAN=1's scope: tests/san-scope.txt, made by `make san-scope` from each
+# case's coverage (tests/san_scope.py), marks "out" the cases whose lines
+# the cases marked "in" all execute; tests/lib.sh's plain_only leaves those
+# to the plain variant (a case the file does not name runs; SAN_SCOPE=all
+# runs them all; `make test SAN=1 SUITE=x CASE=y` runs one when asked by
+# name). It replaces the hand-made SAN_PLAIN list it was made beside.
 # weights and JOBS in tenths of a CPU (bash counts in integers)
 tenths() { case $1 in *.*) echo $((${1%.*} * 10 + ${1#*.})) ;; *) echo $(($1 * 10)) ;; esac; }
 CAP=$(tenths "$JOBS")
@@ -356,12 +268,11 @@ run_suite() { # run_suite ENTRY FREE (the room free when it starts, in tenths)
 	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
-	local plain="" santoo=0
+	local santoo=0
 	# (the plain variant beside san: tests/lib.sh's fuzz_budget)
 	[ "${VSAN[$v]}" = 1 ] || [ -z "${VSAN[san]+set}" ] || santoo=1
-	[ "${VSAN[$v]}" != 1 ] || plain=$(awk -v n="$name" '$1 == n { sub(/^[^ ]+ +/, ""); print }' <<<"$SAN_PLAIN")
 	{
-		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_PLAIN_ONLY=$plain DP_SAN_TOO=$santoo \
+		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_SAN_TOO=$santoo \
 			bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
