@@ -141,7 +141,7 @@ fi
 
 # ---- 2. world sizes and strategies ----
 eq_bf16() { # NAME REF [LOSS-RTOL UPDATE-RTOL]: losses 2^-11, updates 2^-6 (from the same init)
-	bf16_same "$1" "$2" "$T/init.st" "${3:-$TOL}" "${4:-0.015625}"
+	half_same bf16 "$1" "$2" "$T/init.st" "${3:-$TOL}" "${4:-0.015625}"
 }
 eq_ref() { # the initial weights of the runs below, and the 1-rank ddp run they are compared with
 	"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \

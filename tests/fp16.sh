@@ -121,19 +121,7 @@ torch_case llama llama models/llama.dp $LLAMA_SMALL -- --seq 64
 
 # ---- 2. world sizes and strategies ----
 eq_fp16() { # NAME REF [LOSS-RTOL UPDATE-RTOL]: losses 2^-12, updates 2^-6 (from the same init)
-	local ltol=${3:-$TOL} urtol=${4:-0.015625}
-	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ]; then
-		fail "$1 matches $2 in fp16 (a run is missing)"; return
-	fi
-	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol "$ltol" --atol 0 >"$T/$1.cmp" &&
-		$PY tests/compare.py updates "$T/init.st" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
-			>>"$T/$1.cmp"; then
-		ok "$1 matches $2 in fp16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
-			END {printf "losses rel %s, updates rel %s", l, u}' "$T/$1.cmp"))"
-	else
-		cat "$T/$1.cmp"
-		fail "$1 matches $2 in fp16"
-	fi
+	half_same fp16 "$1" "$2" "$T/init.st" "${3:-$TOL}" "${4:-0.015625}"
 }
 eq_ref() { # the initial weights, and the 1-rank ddp run the others are compared with
 	"$DPC" "$T/eq-ddp.dp" -o "$T/eq-init.bin" && mpi 1 "$T/eq-init.bin" --steps 0 --eval-every 0 \

@@ -312,26 +312,28 @@ eq_same() {
 		fail "$1 matches $2"
 	fi
 }
-# bf16_same NAME REF INIT [LOSS-RTOL UPDATE-RTOL]: two bf16 eq_runs agree by
-# tests/bf16.sh's derived bounds (its header says why): losses rtol 2^-11,
+# half_same PREC NAME REF INIT [LOSS-RTOL UPDATE-RTOL]: two eq_runs in PREC
+# (bf16, fp16) agree by tests/bf16.sh's derived bounds (its header says
+# why; fp16.sh's gives its own loss bound): losses rtol 2^-11 unless given,
 # and the whole training update from INIT (a --save-full of the initial
 # weights), |(A - init) - (B - init)| / |B - init|, rtol 2^-6. Not element
-# by element: in bf16 an f32 reordering (a sum over ranks, stages or
+# by element: in 16 bits an f32 reordering (a sum over ranks, stages or
 # micro-batches) flips roundings, and AdamW moves an element whose gradient
 # is ~0 by ~lr whatever its sign.
-bf16_same() {
-	local ltol=${4:-4.8828125e-4} urtol=${5:-0.015625}
+half_same() {
+	local p=$1 ltol=${5:-4.8828125e-4} urtol=${6:-0.015625}
+	shift
 	if [ ! -s "$T/$1.loss" ] || [ ! -s "$T/$2.loss" ] || [ ! -s "$3" ]; then
-		fail "$1 matches $2 in bf16 (a run is missing)"; return
+		fail "$1 matches $2 in $p (a run is missing)"; return
 	fi
 	if $PY tests/compare.py losses "$T/$1.loss" "$T/$2.loss" --rtol "$ltol" --atol 0 >"$T/$1.cmp" &&
 		$PY tests/compare.py updates "$3" "$T/$1.st" "$T/$2.st" --rtol "$urtol" \
 			>>"$T/$1.cmp"; then
-		ok "$1 matches $2 in bf16 ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
+		ok "$1 matches $2 in $p ($(awk '/ loss:/ {l = $8} / updates:/ {u = $4}
 			END {printf "losses rel %s, updates rel %s", l, u}' "$T/$1.cmp"))"
 	else
 		cat "$T/$1.cmp"
-		fail "$1 matches $2 in bf16"
+		fail "$1 matches $2 in $p"
 	fi
 }
 # variant SRC DST SED-SCRIPT...: a copy of SRC edited by sed, which must change it

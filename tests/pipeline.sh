@@ -249,7 +249,7 @@ for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt
 	esac
 done
 
-# bf16 by bf16's bounds (tests/lib.sh's bf16_same): stage 1's wte gradient
+# bf16 by bf16's bounds (tests/lib.sh's half_same): stage 1's wte gradient
 # summed with stage 0's over pp is an f32 reordering, and reorderings flip
 # bf16 roundings (with OpenBLAS's SkylakeX kernels: params 2.6e-6 apart,
 # past eq_same's f32 atol 1e-6)
@@ -257,7 +257,7 @@ if case_on gpt-pp2-bf16; then
 	# the initial weights: gpt-bf16's step file run for 0 steps
 	need gpt-pp2-bf16 && need gpt-bf16 &&
 		mpi 1 "$T/gpt-bf16.bin" --steps 0 --no-eval --quiet --save-full "$T/gpt-bf16.init.st" >/dev/null 2>&1 &&
-		bf16_same gpt-pp2-bf16 gpt-bf16 "$T/gpt-bf16.init.st"
+		half_same bf16 gpt-pp2-bf16 gpt-bf16 "$T/gpt-bf16.init.st"
 fi
 
 if case_on fsdp-ir; then
