@@ -57,8 +57,9 @@ else
 fi
 # Every step's own time: --log-every 1 at 1 rank, where the CPU runs a step
 # inside its launch and a report can come after the next step ran. Each
-# step's ms_per_step must be its own (the last one is not ~0, none is twice
-# another's), and together they make up the run's elapsed time.
+# step's ms_per_step must be its own (none is ~0, the last one included, as
+# when a step's time went to its neighbour), and together they make up the
+# run's elapsed time.
 each() {
 	"$DPC" "$T/gpt.dp" -o "$T/gpt1.bin" >/dev/null || fail "dpc gpt 1 rank"
 	mpi 1 "$T/gpt1.bin" --steps 8 --log-every 1 --eval-every 0 --log-json "$T/each.json" \
@@ -72,7 +73,10 @@ rows = [r for r in map(json.loads, open(sys.argv[1])) if "run" not in r and "res
 assert [r["step"] for r in rows] == list(range(1, 9)), [r["step"] for r in rows]
 ms = [r["ms_per_step"] for r in rows]
 mid = statistics.median(ms[1:])
-assert all(mid / 3 < m < mid * 3 for m in ms[1:]), ms
+# none near 0 (the last step's time lost); a slow step under load is no fault
+# (one at 4x the median was seen in CI), and a time counted twice shows in
+# the sum below
+assert all(m > mid / 10 for m in ms[1:]), ms
 # the wall time since the loop began against the sum, up to step 7: step 8's
 # row comes after the final eval (--eval-every 0 evaluates once, at the end),
 # whose time is in its elapsed_s and in no step's. Both come from the same
