@@ -1450,6 +1450,14 @@ static int finish(Run *r, int rc)
 	return status;
 }
 
+/* launched: a launcher started this process (Open MPI's mpirun or its
+ * daemons set OMPI_COMM_WORLD_SIZE; srun sets PMIX_RANK or PMI_RANK), so it
+ * is one rank of a job and not MPI's singleton start */
+static int launched(void)
+{
+	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
 int main(int argc, char **argv)
 {
 	static Run run_state; /* zeroed; one per process, not shared state */
@@ -1476,8 +1484,18 @@ int main(int argc, char **argv)
 	 * needs no Open MPI daemon: without this its MPI_Init forks and waits
 	 * for one, half the CPU of a small 1-rank run (130 -> 60 ms for
 	 * tests/faults/tiny.dp). Under a launcher the setting is never read; a
-	 * user's value wins. */
-	setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+	 * user's value wins.
+	 * An isolated singleton is always job [0,1], so every one on the host
+	 * shares the session directory $TMPDIR/ompi.HOST.UID/jf.0/1, which each
+	 * creates at MPI_Init and removes at exit: two started together fail
+	 * MPI_Init ("mkdir ... jf.0/1: File exists"; 13 of 1,200 starts, six at
+	 * a time, measured with Open MPI 4.1.4). It needs no session directory
+	 * (shared memory lives in /dev/shm), so it makes none. That setting is
+	 * read under a launcher too, where the ranks need theirs: only alone. */
+	if (!launched()) {
+		setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+		setenv("OMPI_MCA_orte_create_session_dirs", "0", 0);
+	}
 	int provided;
 	if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
 		fprintf(stderr, "dpexec: error: MPI_Init_thread failed\n");
