@@ -9,8 +9,10 @@
  * divisor of N, the front end refusing more stages than blocks), under
  * the pipeline schedules 1F1B (pipedream_flush) and zero_bubble where pp
  * > 1 (zero_bubble refused uncompiled when its order deadlocks at the
- * model's micro-batches, which its 1F1B sibling's stages tell); on each
- * mesh every strategy
+ * model's micro-batches, which its 1F1B sibling's stages tell), and
+ * interleaved at stages_per_rank v = 2 .. VPR_MAX where the blocks fill
+ * pp x v virtual stages (the front end refusing micro-batches that are not
+ * a multiple of pp: counted as refused); on each mesh every strategy
  * (ddp, zero1, zero2, full_shard; hybrid_shard where dp_replicate > 1;
  * only ddp where there is one data-parallel rank, where they are all the
  * same step), gradient_checkpointing off and on, and the knob of the
@@ -79,6 +81,7 @@ typedef struct {
 	int gc;        /* gradient_checkpointing */
 	int knob;      /* bucket_mb (ddp, zero1, zero2) or prefetch (sharded) */
 	int sched;     /* pp > 1: the pipeline schedule (IrPipeline), else -1 */
+	int vpr;       /* interleaved: stages_per_rank (virtual stages per rank), else 0 */
 	int state;     /* PL_* */
 	int compiled;  /* plan_eval ran on it */
 	int zb_stuck;  /* pp > 1, 1F1B: zero_bubble's order deadlocks on these
@@ -106,7 +109,13 @@ enum {
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
-static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubble"};
+static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubble", "interleaved"};
+
+/* The most virtual stages per rank searched under interleaved: the bubble
+ * is (p-1)/(vm+p-1), so past 4 it gains little (a fifth of 1F1B's) while
+ * every v adds a candidate per strategy and knob to each pp mesh, and the
+ * p2p transfers grow with v. */
+#define VPR_MAX 4
 
 static double now_s(void)
 {
@@ -120,8 +129,8 @@ static int is_sharded(int strategy)
 	return strategy == DP_STRAT_FULL_SHARD || strategy == DP_STRAT_HYBRID_SHARD;
 }
 
-/* The candidate's settings as --set lines (at most 4). */
-static int plan_sets(const Plan *p, FeSet *sets, char buf[3][64])
+/* The candidate's settings as --set lines (at most 5). */
+static int plan_sets(const Plan *p, FeSet *sets, char buf[4][64])
 {
 	int n = 0;
 	snprintf(buf[0], 64, "%s", dp_strategy_names[p->strategy]);
@@ -131,6 +140,10 @@ static int plan_sets(const Plan *p, FeSet *sets, char buf[3][64])
 	sets[n++] = (FeSet){is_sharded(p->strategy) ? "train.prefetch" : "train.bucket_mb", buf[1], "--plan"};
 	if (p->pp > 1)
 		sets[n++] = (FeSet){"train.pipeline", sched_names[p->sched], "--plan"};
+	if (p->vpr) {
+		snprintf(buf[2], 64, "%d", p->vpr);
+		sets[n++] = (FeSet){"train.stages_per_rank", buf[2], "--plan"};
+	}
 	return n;
 }
 
@@ -165,8 +178,8 @@ Graph *plan_compile_with(const char *path, const FeOptions *fo, const FeSet *ext
  * graph (NULL when the front end or a pass refused it). */
 static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int to)
 {
-	FeSet own[4];
-	char buf[3][64];
+	FeSet own[5];
+	char buf[4][64];
 	int nown = plan_sets(p, own, buf);
 	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
 			.sets = po->sets, .nsets = po->nsets};
@@ -219,6 +232,7 @@ typedef struct {
 	int64_t params;      /* P: parameter elements per rank at this tp */
 	int compute, reduce; /* the dtypes' sizes in bytes */
 	int slots;           /* optimizer state values per parameter element */
+	int nblocks;         /* the model's blocks (0: the front end refused it) */
 } ModelMem;
 
 /* The model's parameters and dtypes at tp (see above): the front end and
@@ -241,6 +255,8 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 	char *src = NULL;
 	Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
 	PipelineOpts pl = {.verify = 0};
+	if (g && !d.nerrors)
+		mm.nblocks = g->nblocks;
 	if (g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, pipeline_find("shape") + 1) >= 0 &&
 	    !g->offload) {
 		mm.ok = 1;
@@ -354,6 +370,8 @@ static void plan_name(char *buf, size_t len, const Plan *p)
 	char pp[64] = "";
 	if (p->pp > 1)
 		snprintf(pp, sizeof pp, "pp=%d %s ", p->pp, sched_names[p->sched]);
+	if (p->vpr)
+		snprintf(pp + strlen(pp), sizeof pp - strlen(pp), "v=%d ", p->vpr);
 	snprintf(buf, len, "%stp=%d cp=%d dp_replicate=%d dp_shard=%d %s%s %s=%d", pp, p->tp, p->cp,
 		 p->rep, p->shard, dp_strategy_names[p->strategy], p->gc ? " +ckpt" : "",
 		 is_sharded(p->strategy) ? "prefetch" : "bucket_mb", p->knob);
@@ -367,7 +385,10 @@ static void plan_name(char *buf, size_t len, const Plan *p)
  * group and order the same collectives and kernels; checkpointing adds
  * the recomputed forwards): every stage's compute stream runs at least q's
  * busiest stage's kernels, one after another, so p's step is at least
- * q.compute_s. When a plan that fits is simulated no slower than that
+ * q.compute_s. That needs the same stages: interleaved cuts the blocks
+ * into pp x v virtual stages, another cut whose busiest rank may do less
+ * than 1F1B's busiest stage, so only a q of the same v (0 for the other
+ * schedules, which share the stages auto cut) bounds p. When a plan that fits is simulated no slower than that
  * bound, p cannot be faster: it is dominated and not compiled. 0: no bound.
  */
 static double compute_bound(const Plan *p, const Plan *mesh, int n)
@@ -375,7 +396,7 @@ static double compute_bound(const Plan *p, const Plan *mesh, int n)
 	double lb = 0;
 	for (int i = 0; i < n; i++) {
 		const Plan *q = &mesh[i];
-		if (q == p || q->strategy != p->strategy || (q->gc && !p->gc))
+		if (q == p || q->strategy != p->strategy || (q->gc && !p->gc) || q->vpr != p->vpr)
 			continue;
 		if (q->state == PL_FITS || q->state == PL_TOO_BIG || q->state == PL_SLOWER)
 			lb = fmax(lb, q->compute_s);
@@ -626,8 +647,9 @@ static int by_time(const void *a, const void *b)
 
 /* Append the candidates of one mesh, the least memory first (the most
  * sharded strategy, with checkpointing; at pp > 1 under 1F1B, which keeps
- * fewest micro-batches in flight). */
-static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard)
+ * fewest micro-batches in flight, then zero_bubble, then interleaved at v
+ * = 2 .. vmax, which keeps more). */
+static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard, int vmax)
 {
 	int n = 0, dp = rep * shard;
 	static const int scheds[] = {IR_PIPE_1F1B, IR_PIPE_ZERO_BUBBLE};
@@ -642,13 +664,15 @@ static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard)
 				continue;
 			if (st == DP_STRAT_FULL_SHARD && shard == 1)
 				continue;
-			for (int k = 0; k < 2; k++)
-				for (int q = 0; q < (pp > 1 ? 2 : 1); q++) {
+			for (int k = 0; k < 2; k++) /* zero_bubble right after its 1F1B sibling */
+				for (int q = 0; q < (pp > 1 ? 2 + (vmax > 1 ? vmax - 1 : 0) : 1); q++) {
 					int knob = is_sharded(st) ? 1 + k : k ? 100 : 25;
 					out[n++] = (Plan){.pp = pp, .tp = tp, .cp = cp, .rep = rep,
 							  .shard = shard, .strategy = st, .gc = gc,
-							  .knob = knob, .sched = pp > 1 ? scheds[q] : -1,
-							  .state = PL_TODO};
+							  .knob = knob, .state = PL_TODO,
+							  .sched = pp == 1 ? -1 : q < 2 ? scheds[q]
+									    : IR_PIPE_INTERLEAVED,
+							  .vpr = pp > 1 && q >= 2 ? q : 0};
 				}
 		}
 	return n;
@@ -681,6 +705,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	int *mesh_start = NULL, nmesh = 0;
 	if (!plans)
 		die("out of memory");
+	FILE *quiet = fopen("/dev/null", "w");
+	if (!quiet)
+		die("--plan: cannot open /dev/null");
+	/* the blocks, which bound interleaved's virtual stages */
+	int nblocks = model_mem(po, quiet, po->mesh ? (int)po->mesh[DP_AXIS_TP] : 1).nblocks;
 	/* pp where it divides the world (the front end refuses more stages
 	 * than blocks: counted as refused) */
 	for (int pp = 1; pp <= N; pp++) {
@@ -699,8 +728,10 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 				for (int rep = 1; rep <= dp; rep++) {
 					if (dp % rep || (po->mesh && (uint32_t)rep != po->mesh[DP_AXIS_REPLICATE]))
 						continue;
-					if (n + 64 > cap) {
-						cap *= 2;
+					int vmax = pp > 1 ? nblocks / pp : 0;
+					vmax = vmax > VPR_MAX ? VPR_MAX : vmax;
+					if (n + 32 * (vmax + 2) > cap) { /* a mesh's at most */
+						cap = 2 * cap + 32 * (vmax + 2);
 						plans = realloc(plans, sizeof *plans * (size_t)cap);
 					}
 					int *ms = realloc(mesh_start, sizeof *ms * (size_t)(nmesh + 2));
@@ -708,7 +739,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 						die("out of memory");
 					mesh_start = ms;
 					mesh_start[nmesh++] = n;
-					n += mesh_plans(plans + n, pp, tp, cp, rep, dp / rep);
+					n += mesh_plans(plans + n, pp, tp, cp, rep, dp / rep, vmax);
 				}
 			}
 		}
@@ -716,9 +747,6 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!mesh_start)
 		die("--plan: no mesh");
 	mesh_start[nmesh] = n;
-	FILE *quiet = fopen("/dev/null", "w");
-	if (!quiet)
-		die("--plan: cannot open /dev/null");
 	double t0 = now_s();
 	/* the memory bound, per tp once: candidates over the device memory by
 	 * it alone are not compiled */

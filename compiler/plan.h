@@ -29,9 +29,9 @@ typedef struct {
  * the struct: keep it in place while they are used). */
 typedef struct {
 	int tp, cp, dp_replicate, pp;
-	FeSet sets[4];
+	FeSet sets[5];
 	int nsets;
-	char buf[3][64];
+	char buf[4][64];
 } PlanChoice;
 
 /* Searches, prints the ranking (po->brief: the choice) to out and progress

@@ -37,8 +37,9 @@
 #     groups (gpt2-groups: AdamW full_shard, SGD zero2); scalar operands
 #     (gpt2-scalar: scale and add_scalar, f32 and bf16); dropout
 #     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
-#     parallelism (gpt2-pp, gpt2-zb: grad_accum 2 at pp=2 under
-#     pipedream_flush (also in bf16) and zero_bubble, pp=2 x dp_shard=2
+#     parallelism (gpt2-pp, gpt2-zb, gpt2-il: grad_accum 2 at pp=2 under
+#     pipedream_flush (also in bf16), zero_bubble and interleaved
+#     (stages_per_rank 2: the ring's wrap from rank 1 to rank 0), pp=2 x dp_shard=2
 #     under ddp and full_shard, and pp=4, each stage keeping its own
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
 #     full_shard at 2 ranks, gpt2-tiny full_shard in bf16: the pinned host
@@ -338,11 +339,14 @@ cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
 # and receives on the emulator's NCCL point-to-point with its pairing checks
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$T/gpt2-tiny.dp" >"$T/gpt2-pp.dp"
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.dp" >"$T/gpt2-zb.dp"
+# (interleaved, Megatron's virtual stages: 5 blocks on 4 virtual stages, rank
+# 1's last one sending back to rank 0 over the ring's wrap)
+sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline interleaved\n  stages_per_rank 2/' "$T/gpt2-tiny.dp" >"$T/gpt2-il.dp"
 # (full_shard inside the stages: the tied embedding ddp, tests/pipeline.sh's gpt-fs)
 sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-ppfs) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs) echo "$small" ;;
 	gpt2-vocab) echo "$small -D vocab=300" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
@@ -636,6 +640,7 @@ PREC=bf16 model_case gpt2-vocab ddp 1
 # reduce_scatter then all_reduce over pp is tests/pipeline.sh's on the CPU)
 model_case gpt2-pp ddp 2 "pp=2"
 model_case gpt2-zb ddp 2 "pp=2"
+model_case gpt2-il ddp 2 "pp=2" # (interleaved, stages_per_rank 2: each rank's two virtual stages one program)
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 # pp=4: each stage its own parameters, the stages' parts sharing bytes (the
 # clip fold reads this rank's instructions only), the norm's all_reduce over
