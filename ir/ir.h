@@ -243,6 +243,7 @@ typedef struct Graph {
 	                              reduce_scatter every micro-batch (0, default) */
 	int compress_rank;         /* compress powersgd's rank (passes/collectives.c) */
 	float compress_min_rate;   /* ... and its min_compression_rate */
+	int compress_warm_start;   /* ... and its warm_start (0: a fresh Q every step) */
 	/* mixed precision (DSL precision / param_dtype / reduce_dtype / buffer_dtype,
 	 * passes/precision.c): master weights and optimizer state are always f32 */
 	int param_dtype;           /* DpDtype compute reads parameters in, and activations

@@ -21,7 +21,9 @@
  * call per run of them next to each other in the bucket. For the
  * compressed ones, in the bucket's order:
  *   accum          M += E                     (error feedback: E its last error)
- *   orthogonalize  Q                          (the warm-started Q, as the hook)
+ *   orthogonalize  Q                          (the warm-started Q, as the hook;
+ *                                              warm_start=false: `fresh`, Q
+ *                                              drawn anew for the step first)
  *   matmul         P = M Q
  *   all_reduce     "powersgd.p.rN"            (every P of the bucket: sum n r)
  *   orthogonalize  P
@@ -204,7 +206,8 @@ static void compress_bucket(Cx *c, const Node *ar, Bucket b)
 			continue;
 		int bl = g->values[mb[i].grad]->block;
 		compute(c, DP_OP_ACCUM, mb[i].mat, 1, &mb[i].err, bl);
-		compute(c, DP_OP_ORTHOGONALIZE, mb[i].q, 0, NULL, bl);
+		Node *o = compute(c, DP_OP_ORTHOGONALIZE, mb[i].q, 0, NULL, bl);
+		DP_ATTR(o, ORTHOGONALIZE, fresh) = !g->compress_warm_start;
 		compute(c, DP_OP_MATMUL, mb[i].p, 2, (int[]){mb[i].mat, mb[i].q}, bl);
 	}
 	int64_t pe = c->pn - p0, qe = c->qn - q0;

@@ -19,26 +19,19 @@
  */
 #include <math.h>
 
+#include "powersgd.h"
 #include "rt.h"
 
 #define INIT_GOLDEN 0x9e3779b97f4a7c15ull /* 2^64 / golden ratio, splitmix64's increment */
 
 uint64_t init_mix64(uint64_t x)
 {
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
+	return dp_psgd_mix64(x); /* one definition, device code's too */
 }
 
 uint64_t init_hash_name(const char *name)
 {
-	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis */
-
-	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-		h ^= *p;
-		h *= 0x100000001b3ull; /* FNV-1a 64 prime */
-	}
-	return h;
+	return dp_psgd_hash(name);
 }
 
 /* Two uniforms in (0, 1) from 64 bits; 0 and 1 never occur, so log(u1) is finite. */

@@ -90,7 +90,7 @@ static void ctx_init(Ctx *c)
 	c->s.tensors = c->t;
 	c->opt = (DpOptim){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
 			   .weight_decay = 0.1f};
-	c->step = (CpuStep){&c->opt, 1e-3f, 3, 1, NULL};
+	c->step = (CpuStep){.opt = &c->opt, .lr = 1e-3f, .t = 3, .loss_scale = 1};
 }
 
 static void ctx_free(Ctx *c)

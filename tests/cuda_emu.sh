@@ -739,6 +739,44 @@ for l in open(sys.argv[1]):
 		tail -n 3 "$T"/ov.*.log
 	fi
 fi
+# fp16's loss scaling over two pipeline stages on the device (pp=2, 1F1B,
+# grad_accum 2; the overflow case's model, small, ddp, f16 gradients from
+# 2^17 with interval 2, 8 steps): the grad norm is all_reduced over pp, so
+# each stage's device reads the same found-inf and skips the same steps (a
+# stage that did not would apply inf/NaN to its own parameters and every
+# later loss would be NaN); the scale and skips of every step (--log-json)
+# are the CPU backend's, and an overflow after clean steps halves the
+# scale; losses within 2^-14 (the header's fp16 bound)
+if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2"; then
+	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/gpt2-tiny.dp"; } | sed -e 's/^  global_batch .*/  global_batch 4/' \
+		-e 's/^  strategy .*/  strategy ddp\n  grad_accum 2\n  reduce_dtype f16\n  loss_scale dynamic(init=131072, interval=2)/' \
+		>"$T/ovpp.dp"
+	ppscales() { $PY -c 'import json, sys; [print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"]) for j in map(json.loads, open(sys.argv[1])) if "loss_scale" in j]' "$1"; }
+	# shellcheck disable=SC2086
+	if "$DPC" "$T/ovpp.dp" --world-size 2 $small --precision fp16 -o "$T/ovpp.bin" >"$T/ovpp.dpc" 2>&1 &&
+		mpi 2 "$T/ovpp.bin" --device cpu --steps 8 --quiet --eval-every 0 --log-every 1 \
+			--log-json "$T/ovpp.cpu.json" --losses "$T/ovpp.cpu.loss" >"$T/ovpp.cpu.log" 2>&1 &&
+		env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 2 "$EMU" "$T/ovpp.bin" --device cuda \
+			--steps 8 --quiet --eval-every 0 --log-every 1 --log-json "$T/ovpp.emu.json" \
+			--losses "$T/ovpp.emu.loss" >"$T/ovpp.emu.log" 2>&1; then
+		ppscales "$T/ovpp.cpu.json" >"$T/ovpp.cpu.scales"
+		ppscales "$T/ovpp.emu.json" >"$T/ovpp.emu.scales"
+		spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
+			"$T/ovpp.cpu.scales" | head -n 1)
+		if [ -n "$spike" ] && cmp -s "$T/ovpp.cpu.scales" "$T/ovpp.emu.scales" &&
+			awk -v k="$spike" '$1 == k {s = $2} $1 == k + 1 {exit !($2 == s / 2)}' "$T/ovpp.cpu.scales" &&
+			$PY tests/compare.py losses "$T/ovpp.emu.loss" "$T/ovpp.cpu.loss" --rtol "$FP16_LOSS" \
+				--atol 0 >"$T/ovpp.cmp"; then
+			ok "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: both stages' devices skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ovpp.cpu.scales")), step $spike's overflow after clean steps halving it; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ovpp.cmp"))"
+		else
+			paste "$T/ovpp.cpu.scales" "$T/ovpp.emu.scales"; cat "$T/ovpp.cmp" 2>/dev/null
+			fail "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: the scale sequence or the losses differ from the CPU's"
+		fi
+	else
+		fail "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: a run failed"
+		tail -n 3 "$T"/ovpp.*.log "$T/ovpp.dpc"
+	fi
+fi
 
 # ---- 3. graph replay vs --no-graph, bitwise, over GRAPH_STEPS steps ----
 # graph_eager NAME BIN NP [INIT]: the same seed and policy (device work as

@@ -41,6 +41,9 @@
 #   bgrad_add     a bias_grad paired with its matmul's BGRADA adds nothing
 #   ortho_dot     PowerSGD's orthogonalize (gemm.cu) leaves a dot product
 #                 unsummed over the block (mlp8 under compress powersgd)
+#   psgd_step     warm_start=false's fresh Q (gemm.cu's k_psgd_draw) drawn
+#                 for step 0 at every step, not for the device's step
+#                 (psgdf: mlp8 under powersgd(warm_start=false) from step 1)
 #   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
 #                 row (passes/padvocab.c) to its stride, not its classes:
 #                 the padding columns leak into the softmax and the loss
@@ -239,6 +242,9 @@ gpp4_model() {
 }
 # psgd: mlp8 under compress powersgd from step 1 (orthogonalize on the device)
 sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1)/' "$T/mlp8.dp" >"$T/psgd.dp"
+# psgdf: the same with warm_start=false (a fresh Q drawn on the device every
+# compressed step: runtime/powersgd.h)
+sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1, warm_start=false)/' "$T/mlp8.dp" >"$T/psgdf.dp"
 # hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
 # text; hd8 is the same step file run for 8 steps
 hd64_model() {
@@ -472,6 +478,7 @@ lt_bgrad      lt_bgrad      biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COM
 vocab_leak    vocab_leak    voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
 bgrad_add     bgrad_add     biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
+psgd_step     psgd_step     psgdf   2 one DPEMU_SEED=1 DPEMU_SEED=2
 lt_align      lt_align      two     2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 gelu_aux      gelu_aux      hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
 gelu_half     gelu_half     a16     1 all DPEMU_SEED=1 DPEMU_SEED=2
@@ -568,6 +575,7 @@ unmutated() {
 }
 unmutated two "the same case"
 unmutated psgd "the PowerSGD case"
+unmutated psgdf "the PowerSGD warm_start=false case"
 unmutated gpp4 "gpt2-tiny at pp=4 (stage parts sharing bytes)"
 unmutated biased "the biased case"
 unmutated bb16 "the biased bf16 case"

@@ -8,7 +8,8 @@ weights on the same samples: rank r reads positions r, r + W, ... of the
 global batch, as dp's sampler (runtime/data_sampler.c). DDP's gradients go
 through torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook with
 PowerSGDState(matrix_approximation_rank=--rank, start_powerSGD_iter=--start,
-min_compression_rate=--min-rate, use_error_feedback=True, warm_start=True,
+min_compression_rate=--min-rate, use_error_feedback=True, warm_start=True
+(--no-warm-start: False),
 orthogonalization_epsilon=0). Rank 0 prints "step loss" (%.9g, steps from 0,
 the mean over the global batch before the step's update).
 
@@ -20,6 +21,15 @@ by (seed, "NAME.w.powersgd_q", element): torch_ref.init_normal, the port of
 runtime/init.c), in the order the hook lays its Qs out (the bucket's
 gradients that it compresses, in the bucket's order). The hook then
 orthogonalises them as it does any warm-started Q.
+
+--no-warm-start: PowerSGDState(warm_start=False): the hook draws a new Q at
+every compressed step (torch.manual_seed from its own generator, then
+torch.randn per Q, then orthogonalises it). Here each of those torch.randn
+calls returns dp's draw for that step instead (runtime/powersgd.h): for
+optimizer step k, normal(0, 1) of the counter-based generator keyed by
+(mix64(seed ^ mix64(k + 1)), "NAME.powersgd_q", element), the initial Q's
+scheme with the step's seed (torch_ref.init_normal); the hook's state.iter
+is k while it runs step k's buckets.
 
 --uncompressed NAME,...: the weights NAME.w are all_reduced whole, as dp's
 `compress none` in block NAME leaves them (the hook's _should_compress says
@@ -71,22 +81,57 @@ def hook_with_dp_q(args, weights_names, shapes):
     for n, shp in zip(weights_names, shapes):
         name_of.setdefault(tuple(shp), []).append(n)
 
+    def compressed_names(state, bucket):
+        """(name, m, r) of the bucket's gradients the hook compresses, in
+        its order (one weight per shape: its Qs by shape keep the bucket's)."""
+        out = []
+        for g in bucket.gradients():
+            n, m = g.shape[0], g.numel() // g.shape[0]
+            r = min(n, m, state.matrix_approximation_rank)
+            if g.dim() < 2 or not psgd._should_compress(n, m, r, state.min_compression_rate)[0]:
+                continue
+            names = name_of[tuple(g.shape)]
+            if len(names) != 1:
+                sys.exit(f"torch_powersgd: {len(names)} weights of shape {list(g.shape)}")
+            out.append((names[0], m, r))
+        return out
+
+    def cold_hook(state, bucket):
+        """warm_start=False: the hook's torch.randn per Q returns dp's draw
+        of this step (runtime/powersgd.h)."""
+        if state.iter < state.start_powerSGD_iter:
+            return psgd.powerSGD_hook(state, bucket)
+        ks = torch_ref.mix64_int(args.seed ^ torch_ref.mix64_int(state.iter + 1))
+        draws = [torch.tensor(torch_ref.init_normal(ks, n + ".powersgd_q", 0, m * r)).view(1, m, r)
+                 for n, m, r in compressed_names(state, bucket)]
+        randn = torch.randn
+
+        def dp_randn(*shape, **kw):
+            q = draws.pop(0)
+            if tuple(shape) != tuple(q.shape):
+                sys.exit(f"torch_powersgd: the hook drew {list(shape)}, dp's Q is {list(q.shape)}")
+            return q
+        torch.randn = dp_randn
+        try:
+            fut = psgd.powerSGD_hook(state, bucket)
+        finally:
+            torch.randn = randn
+        if draws:
+            sys.exit(f"torch_powersgd: {len(draws)} of dp's Qs not drawn by the hook")
+        return fut
+
+    if not args.warm_start:
+        return cold_hook
+
     def hook(state, bucket):
         idx = bucket.index()
         if state.iter >= state.start_powerSGD_iter and idx not in state.q_memory_dict:
-            ps, qs = 0, []
-            for g in bucket.gradients():
-                n, m = g.shape[0], g.numel() // g.shape[0]
-                r = min(n, m, state.matrix_approximation_rank)
-                if g.dim() < 2 or not psgd._should_compress(n, m, r, state.min_compression_rate)[0]:
-                    continue
-                names = name_of[tuple(g.shape)]
-                if len(names) != 1:
-                    sys.exit(f"torch_powersgd: {len(names)} weights of shape {list(g.shape)}")
-                qs.append(torch_ref.init_normal(args.seed, names[0] + ".powersgd_q", 0, m * r))
-                ps += n * r
-            state.p_memory_dict[idx] = torch.empty(ps)
-            state.q_memory_dict[idx] = torch.tensor(np.concatenate(qs).astype(np.float32))
+            qs = compressed_names(state, bucket)
+            n_of = {nm: shp[0] for nm, shp in zip(weights_names, shapes)}
+            state.p_memory_dict[idx] = torch.empty(sum(n_of[nm] * r for nm, _, r in qs))
+            state.q_memory_dict[idx] = torch.tensor(np.concatenate(
+                [torch_ref.init_normal(args.seed, nm + ".powersgd_q", 0, m * r)
+                 for nm, m, r in qs]).astype(np.float32))
         return psgd.powerSGD_hook(state, bucket)
 
     return hook
@@ -117,7 +162,7 @@ def worker(rank, args, store, data):
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.rank,
                                start_powerSGD_iter=args.start,
                                min_compression_rate=args.min_rate, use_error_feedback=True,
-                               warm_start=True, orthogonalization_epsilon=0)
+                               warm_start=args.warm_start, orthogonalization_epsilon=0)
     ddp.register_comm_hook(state, hook_with_dp_q(args, [n + ".w" for n in names],
                                                  [weights[n + ".w"].shape for n in names]))
     x_all, y_all = data
@@ -161,6 +206,8 @@ def main():
     ap.add_argument("--rank", type=int, default=4, help="matrix_approximation_rank")
     ap.add_argument("--start", type=int, default=10, help="start_powerSGD_iter")
     ap.add_argument("--min-rate", type=float, default=1.0, help="min_compression_rate")
+    ap.add_argument("--no-warm-start", dest="warm_start", action="store_false",
+                    help="warm_start=False: a fresh Q every compressed step (dp's draw)")
     ap.add_argument("--uncompressed", default="", help="layers whose weights are not compressed")
     torch_ref.add_train_args(ap, 0.01)
     args = ap.parse_args()

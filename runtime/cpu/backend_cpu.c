@@ -239,6 +239,7 @@ static int cpu_set_step(Backend *b, uint64_t k, double lr, RtErr *e)
 	}
 	c->k.step.lr = (float)lr;
 	c->k.step.t = (int64_t)(k + 1 - c->amp.skipped);
+	c->k.step.k = k;
 	c->k.step.loss_scale = b->s->opt.loss_scale != DP_LS_NONE ? c->amp.scale : 1.0f;
 	c->amp_found = 0;
 	c->cur_step = k;

@@ -33,6 +33,7 @@ typedef struct {
 	float lr;           /* learning rate of this optimizer step */
 	int64_t t;          /* optimizer step number, from 1 (bias correction, momentum);
 	                       steps loss scaling skipped do not count */
+	uint64_t k;         /* optimizer step k, from 0 (PowerSGD's fresh Q) */
 	float loss_scale;   /* the step's loss scale (fp16's; 1 without loss scaling) */
 	int *amp_found;     /* the step's found-inf flag (AMP_CHECK writes it; CLIP, ADAMW
 	                       and SGD do nothing when it is set) */

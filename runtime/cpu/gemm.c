@@ -15,6 +15,7 @@
 
 #include <cblas.h>
 
+#include "../powersgd.h"
 #include "cpu.h"
 
 /*
@@ -336,6 +337,12 @@ static int run_orthogonalize(const CpuArgs *k, RtErr *e)
 	const DpTensor *t = cpu_t(k, k->in->out);
 	int rows = (int)cpu_rows(t), r = (int)cpu_cols(t);
 	float *a = cpu_f(k, k->in->out);
+	if (DP_ATTR(k->in, ORTHOGONALIZE, fresh)) { /* warm_start=false: powersgd.h */
+		uint64_t ks = dp_psgd_step_seed(k->s->cfg.seed, k->step->k),
+			 h = dp_psgd_hash(k->s->strings + t->name);
+		for (int64_t i = 0; i < (int64_t)rows * r; i++)
+			a[i] = dp_psgd_normal(ks, h, (uint64_t)i);
+	}
 	for (int i = 0; i < r; i++) {
 		float *col = a + i;
 		for (int pass = 0; pass < 2; pass++)

@@ -97,6 +97,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../powersgd.h"
 #include "device.cuh"
 
 /* One matmul or linear instruction's cuBLASLt call, made at load. */
@@ -654,9 +655,24 @@ __global__ void k_orthogonalize(float *a, int64_t rows, int64_t r)
 	}
 }
 
+/* warm_start=false: Q drawn afresh for the step the device is at
+ * (runtime/powersgd.h), as the CPU draws it */
+__global__ void k_psgd_draw(float *q, int64_t n, uint64_t seed, uint64_t h, const CuScalars *sc)
+{
+	uint64_t ks = dp_psgd_step_seed(seed, MUTANT(psgd_step) ? 0 : sc->step);
+	CU_FOR_EACH(i, n)
+		q[i] = dp_psgd_normal(ks, h, (uint64_t)i);
+}
+
 static int run_orthogonalize(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t = cu_t(a, -1);
+	if (DP_ATTR(a->in, ORTHOGONALIZE, fresh)) {
+		int64_t n = cu_numel(t);
+		CU_LAUNCH(k_psgd_draw, cu_grid(n), CU_THREADS, a->st, cu_f(a, -1), n,
+			  a->s->cfg.seed, dp_psgd_hash(a->s->strings + t->name), a->sc);
+		CU_LAUNCHED(a, e);
+	}
 	CU_LAUNCH(k_orthogonalize, 1, CU_THREADS, a->st, cu_f(a, -1), cu_rows(t), cu_cols(t));
 	CU_LAUNCHED(a, e);
 	return 0;
