@@ -37,7 +37,7 @@ trap 'rm -rf "$T"' EXIT
 STEPS=8      # the strategies against 1 rank, as tests/tp.sh
 TSTEPS=20    # against PyTorch, as tests/transformer.sh
 
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	fail "python3-torch missing (make deps)"; finish groups; exit 1
 fi
 gpt_text "$T/base.dp"

@@ -20,7 +20,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
 STEPS=24
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	echo "schedules: needs python3-torch (make deps)"
 	fail "prerequisites missing"; finish schedules; exit 1
 fi

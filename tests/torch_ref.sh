@@ -26,7 +26,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 FM=/usr/share/datasets/fashion-mnist
 STEPS=50
-if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! $PY -c "import torch" 2>/dev/null; then
+if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! have_torch; then
 	echo "torch_ref: needs dataset-fashion-mnist and python3-torch (make deps)"
 	fail "prerequisites missing"; finish torch_ref; exit 1
 fi

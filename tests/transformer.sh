@@ -37,7 +37,7 @@ trap 'rm -rf "$T"' EXIT
 STEPS=20
 TEXT=/usr/share/common-licenses/GPL-3
 TEXT2SHARD=${TEXT2SHARD:-$ROOT/$BUILD/text2shard}
-if [ ! -e $TEXT ] || ! $PY -c "import torch" 2>/dev/null; then
+if [ ! -e $TEXT ] || ! have_torch; then
 	echo "transformer: needs $TEXT (base-files) and python3-torch (make deps)"
 	fail "prerequisites missing"; finish transformer; exit 1
 fi
