@@ -9,6 +9,17 @@
  * micro-batch)/dp. Then perturb parameter elements, re-run the same program
  * and read the loss metric.
  *
+ * A perturbed point needs the loss only, so it runs the loss's slice: the
+ * step program's kernels the loss metric depends on (by arena bytes, from
+ * the loss backwards), one at a time (exec_run_kernel), without the
+ * backward, which is about two thirds of the step. The data tensors keep
+ * micro-batch 0 from the whole run before (they are persistent), so the
+ * LOADs are not repeated. Before it is used, the slice must give the whole
+ * walk's loss bit for bit with every parameter moved (an instruction it
+ * missed would leave the unmoved point's values behind); where it does not,
+ * or where it would need a collective, every loss comes from the whole
+ * step, as before (said on stderr; DP_GRADCHECK_VERBOSE=1 says which).
+ *
  * What is compared, per parameter:
  *  - candidates: up to GC_CAND elements (all of a small tensor; else the
  *    first, the last and pseudo-random ones, a fixed function of the name);
@@ -105,6 +116,12 @@
 #define GC_RTOL_ELEM 0.1 /* an element's, relative to the sample's largest */
 #define GC_NOISE 2.0     /* rounding noise of one loss value, in float ulps of |L| */
 
+/* The instructions of the step program the loss depends on (see the top). */
+typedef struct {
+	uint32_t *instr; /* kernel instructions, in program order */
+	uint32_t n;
+} Slice;
+
 /* One parameter under test. */
 typedef struct {
 	Exec *x;
@@ -113,6 +130,7 @@ typedef struct {
 	double delta;    /* rounding noise of one loss value */
 	int verbose;
 	const char *name;
+	const Slice *fwd; /* the loss's slice; NULL: the whole program every time */
 } Gc;
 
 /* A finite difference along a direction: value (per unit of step) and its
@@ -152,6 +170,149 @@ static int loss_at(Exec *x, double *loss, RtErr *e)
 	return 0;
 }
 
+/* Arena bytes [lo, hi) of space `space`: what the slice must keep right. */
+typedef struct {
+	uint64_t lo, hi;
+	uint8_t space;
+} Bytes;
+
+static int touches(const Bytes *b, int nb, const DpTensor *t)
+{
+	for (int i = 0; i < nb; i++)
+		if (b[i].space == t->space && t->offset < b[i].hi && b[i].lo < t->offset + t->nbytes)
+			return 1;
+	return 0;
+}
+
+/* Does the walk of micro-batch x->micro of step x->step (last = 0: no
+ * DP_IF_LAST) run instruction in? exec.c's walk decides it the same way. */
+static int walked(const Exec *x, const DpInstr *in)
+{
+	const DpStep *s = x->s;
+	return !(in->flags & DP_IF_LAST) && !(in->stage1 && dp_instr_stage(in) != x->pp_stage) &&
+	       !(in->flags & DP_IF_COMPRESSED && x->step < s->cfg.compress_start) &&
+	       !(in->flags & DP_IF_PLAIN && x->step >= s->cfg.compress_start);
+}
+
+/* The loss's slice: walking the step program backwards from the loss
+ * metric, every instruction that writes arena bytes a later slice member
+ * (or the loss) reads, by bytes rather than tensor ids (a parameter is a
+ * view into its flat buffer; temporaries share bytes). Returns 0 with
+ * sl->n == 0 when there is none to take: the slice would need a collective,
+ * SHARD or host instruction, which only the whole walk runs. LOADs and
+ * events are left out: the data tensors are persistent (passes/memplan.c)
+ * and still hold micro-batch 0 after the unperturbed run, and one kernel
+ * at a time needs no events. */
+static int loss_slice(const Exec *x, Slice *sl, RtErr *e)
+{
+	const DpStep *s = x->s;
+	uint32_t np = s->nprog[DP_PROG_STEP];
+	int cap = 1 + (int)np * (DP_MAX_IN + 1), nb = 0;
+	Bytes *b = malloc((size_t)cap * sizeof *b);
+	sl->instr = malloc((size_t)(np ? np : 1) * sizeof *sl->instr);
+	sl->n = 0;
+	if (!b || !sl->instr) {
+		free(b);
+		return RT_FAIL(e, "out of memory (--check-grads)");
+	}
+	const DpTensor *lt = &s->tensors[s->metrics.loss];
+	b[nb++] = (Bytes){lt->offset, lt->offset + lt->nbytes, lt->space};
+	uint32_t k = np;
+	int whole = 0;
+	for (uint32_t i = np; i-- > 0 && !whole;) {
+		const DpInstr *in = &s->prog[DP_PROG_STEP][i];
+		if (!walked(x, in))
+			continue;
+		int w = in->out >= 0 && touches(b, nb, &s->tensors[in->out]);
+		for (int j = 0; j < DP_MAX_IN && !w; j++)
+			w = dp_writes_in(in, j) && touches(b, nb, &s->tensors[in->in[j]]);
+		if (!w)
+			continue;
+		switch (dp_op_class(in->op)) {
+		case DP_OPC_KERNEL:
+			break;
+		case DP_OPC_LOAD:
+		case DP_OPC_EVENT:
+			continue;
+		default:
+			whole = 1;
+			continue;
+		}
+		sl->instr[--k] = i;
+		for (int j = 0; j < DP_MAX_IN; j++)
+			if (in->in[j] >= 0) {
+				const DpTensor *t = &s->tensors[in->in[j]];
+				b[nb++] = (Bytes){t->offset, t->offset + t->nbytes, t->space};
+			}
+		if (dp_reads_out(in)) {
+			const DpTensor *t = &s->tensors[in->out];
+			b[nb++] = (Bytes){t->offset, t->offset + t->nbytes, t->space};
+		}
+	}
+	free(b);
+	if (!whole) {
+		sl->n = np - k;
+		memmove(sl->instr, sl->instr + k, sl->n * sizeof *sl->instr);
+	}
+	return 0;
+}
+
+/* The loss of micro-batch 0 by the slice alone (no gradients). */
+static int loss_sliced(Exec *x, const Slice *sl, double *loss, RtErr *e)
+{
+	float l;
+	RT_CHECK(exec_zero_metrics(x, e));
+	for (uint32_t i = 0; i < sl->n; i++)
+		RT_CHECK(exec_run_kernel(x, DP_PROG_STEP, sl->instr[i], e));
+	RT_CHECK(exec_tensor_read(x, x->s->metrics.loss, &l, e));
+	*loss = l;
+	return 0;
+}
+
+/* Does the slice give the whole walk's loss, bit for bit, with every
+ * parameter moved (by GC_H relative, alternating signs)? The whole walk runs
+ * first, at the unmoved point: an instruction the slice missed would leave
+ * that point's values where the moved ones belong. *ok is 0 when not. */
+static int slice_agrees(Exec *x, const Slice *sl, int *ok, RtErr *e)
+{
+	const DpStep *s = x->s;
+	float **keep = calloc(s->ntensors, sizeof *keep);
+	double full = 0, part = 0;
+	int rc = keep ? loss_at(x, &full, e) : RT_FAIL(e, "out of memory (--check-grads)");
+	for (uint32_t i = 0; i < s->ntensors && !rc; i++) {
+		const DpTensor *t = &s->tensors[i];
+		if (t->kind != DP_T_PARAM || !t->nbytes)
+			continue;
+		int64_t n = exec_numel(t);
+		float *v = malloc((size_t)n * sizeof *v + 1);
+		if (!v || !(keep[i] = malloc((size_t)n * sizeof *v + 1))) {
+			free(v);
+			rc = RT_FAIL(e, "out of memory (--check-grads)");
+			break;
+		}
+		if (!(rc = exec_tensor_read(x, (int)i, keep[i], e))) {
+			for (int64_t j = 0; j < n; j++)
+				v[j] = (float)(keep[i][j] + (j & 1 ? -GC_H : GC_H) * fmax(1.0, fabs(keep[i][j])));
+			rc = exec_tensor_write(x, (int)i, v, e);
+		}
+		free(v);
+	}
+	if (!rc && !(rc = loss_sliced(x, sl, &part, e)))
+		rc = loss_at(x, &full, e);
+	*ok = !rc && part == full;
+	for (uint32_t i = 0; i < s->ntensors; i++)
+		if (keep && keep[i]) {
+			if (!rc)
+				rc = exec_tensor_write(x, (int)i, keep[i], e);
+			free(keep[i]);
+		}
+	free(keep);
+	if (!rc && !*ok)
+		fprintf(stderr, "gradcheck: the loss's %u instructions give %.9g where the whole step "
+			"gives %.9g: every loss from the whole step\n", sl->n, part, full);
+	return rc;
+}
+
 /* L at p + t * w on elements idx[0..m); *applied gets sum_j w_j * (the
  * shift of element j actually applied in float). p is restored on the host;
  * the next write (or the caller's final one) restores the backend's copy. */
@@ -168,7 +329,9 @@ static int loss_shifted(Gc *c, const int64_t *idx, const double *w, int m, doubl
 	int rc = exec_tensor_write(c->x, c->pt, c->p, e);
 	for (int j = 0; j < m; j++)
 		c->p[idx[j]] = save[j];
-	return rc ? rc : loss_at(c->x, loss, e);
+	if (rc)
+		return rc;
+	return c->fwd ? loss_sliced(c->x, c->fwd, loss, e) : loss_at(c->x, loss, e);
 }
 
 /* One central difference along w at step t: per unit of t. */
@@ -421,9 +584,19 @@ int gradcheck_run(Exec *x, RtErr *e)
 		fac[0] = 1.0;
 	const char *verbose = getenv("DP_GRADCHECK_VERBOSE");
 
-	int count[GC_MAX_SKEWS][3] = {{0}}, nparams = 0, rc = 0;
+	int count[GC_MAX_SKEWS][3] = {{0}}, nparams = 0, rc = 0, agree = 0;
 	float *g = NULL;
 	Gc c = {.x = x, .verbose = verbose && *verbose && strcmp(verbose, "0")};
+	Slice fwd = {0};
+	rc = loss_slice(x, &fwd, e);
+	if (!rc && fwd.n)
+		rc = slice_agrees(x, &fwd, &agree, e);
+	if (agree)
+		c.fwd = &fwd;
+	if (!rc && c.verbose)
+		fprintf(stderr, "gradcheck: the loss from %s (%u of the step's %u instructions)\n",
+			c.fwd ? "its own instructions" : "the whole step", c.fwd ? fwd.n : s->nprog[DP_PROG_STEP],
+			s->nprog[DP_PROG_STEP]);
 	for (uint32_t pi = 0; pi < s->ntensors && !rc; pi++) {
 		const DpTensor *pt = &s->tensors[pi];
 		if (pt->kind != DP_T_PARAM || !pt->nbytes)
@@ -464,6 +637,7 @@ int gradcheck_run(Exec *x, RtErr *e)
 	}
 	free(c.p);
 	free(g);
+	free(fwd.instr);
 	RT_CHECK(rc);
 	RT_CHECK(zero_grads(x, e));
 	RT_CHECK(exec_zero_metrics(x, e));

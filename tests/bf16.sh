@@ -64,7 +64,7 @@ T=$(tmpdir)
 echo "bf16: scratch $T"
 STEPS=20
 TOL=4.8828125e-4 # 2^-11
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	fail "python3-torch missing (make deps)"; finish bf16; exit 1
 fi
 text_shard

@@ -104,7 +104,7 @@ start3() {
 }
 
 if case_on torch; then
-	if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! $PY -c "import torch" 2>/dev/null; then
+	if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! have_torch; then
 		fail "torch: needs dataset-fashion-mnist and python3-torch (make deps)"
 	elif initst && warm_runs; then
 		if $PY tests/compare.py losses "$T/psgd.dp" "$T/psgd.torch" --rtol 2e-4 --atol 0; then
@@ -258,7 +258,7 @@ fi
 if case_on "per block"; then
 	sed 's/^  block fc1 {/&\n    compress none/' models/mlp.dp >"$T/mixed.dp"
 	S5='train.compress=powersgd(rank=4,start_step=5)'
-	if ! $PY -c "import torch" 2>/dev/null || [ ! -e $FM/train-images-idx3-ubyte.gz ]; then
+	if ! have_torch || [ ! -e $FM/train-images-idx3-ubyte.gz ]; then
 		fail "per block: needs dataset-fashion-mnist and python3-torch (make deps)"
 	elif initst && "$DPC" "$T/mixed.dp" --world-size 2 --set "$S5" -o "$T/mix.bin" &&
 		compile all5 --set "$S5" && losses mix 20 --init-from "$T/init.st" &&

@@ -79,7 +79,7 @@ STEPS=20
 TOL=2.44140625e-4 # 2^-12
 OPT=${OPT/lr=2e-3/lr=1e-3} # tests/lib.sh's, at the lr the header says
 TORCH_OPT=${TORCH_OPT/--lr 2e-3/--lr 1e-3}
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	fail "python3-torch missing (make deps)"; finish fp16; exit 1
 fi
 text_shard

@@ -37,7 +37,7 @@ trap 'rm -rf "$T"' EXIT
 STEPS=8      # the strategies against 1 rank, as tests/tp.sh
 TSTEPS=20    # against PyTorch, as tests/transformer.sh
 
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	fail "python3-torch missing (make deps)"; finish groups; exit 1
 fi
 gpt_text "$T/base.dp"
@@ -50,12 +50,14 @@ GROUPS_TORCH=(--block-weight-decay embed=1.0 --lr-scale lnf=0.5)
 
 once_ref() { eq_run ref 1 "$T/g1.dp"; }
 once_ref20() { STEPS=$TSTEPS eq_run ref20 1 "$T/g1.dp"; }
-torch_run() { # torch_run OUT [torch_gpt.py args...]
+torch_run() { # torch_run OUT [torch_gpt.py args...]: queued for tests/torch_jobs.py below
 	local out=$1; shift
 	# shellcheck disable=SC2086
-	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/init.st" --data "$T/text.bin" \
-		--steps $TSTEPS --threads 1 $TORCH_OPT --out "$out" "$@" >"$out.log" 2>&1 ||
-		{ cat "$out.log"; fail "torch_gpt.py"; return 1; }
+	torch_job "$T/torch.jobs" "$out.log" tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/init.st" \
+		--data "$T/text.bin" --steps $TSTEPS --threads 1 $TORCH_OPT --out "$out" "$@"
+}
+torch_ran() { # torch_ran OUT: its queued run succeeded (else its log and a FAIL)
+	[ "$(cat "$1.log.rc" 2>/dev/null)" = 0 ] || { cat "$1.log"; fail "torch_gpt.py"; return 1; }
 }
 torch_init() {
 	"$DPC" "$T/g1.dp" --world-size 1 -o "$T/init.bin" 2>/dev/null &&
@@ -63,36 +65,44 @@ torch_init() {
 		{ fail "the initial weights"; return 1; }
 }
 
-if case_on torch; then
-	# dp from the same initial weights torch reads
-	if once init torch_init && once ref20 once_ref20 &&
-		torch_run "$T/groups.torch" "${GROUPS_TORCH[@]}"; then
-		if $PY tests/compare.py losses "$T/ref20.loss" "$T/groups.torch" --rtol 2e-4 --atol 0 >"$T/torch.cmp"; then
-			ok "1 rank with 4 optimizer groups: $TSTEPS losses agree with PyTorch param groups ($(awk '/ loss:/ {print $8}' "$T/torch.cmp") relative)"
-		else
-			cat "$T/torch.cmp"; paste "$T/ref20.loss" "$T/groups.torch" | head -n 5
-			fail "losses differ from PyTorch's param groups"
-		fi
+# the PyTorch runs of the torch cases (dp's first, from the same initial
+# weights torch reads), in one process: one import of torch
+# (torch-no-groups: none of the rules; torch-no-vectors: decay on the 1-D
+# params; torch-no-block-decay: embed at the optimizer's 0.1;
+# torch-no-lr-scale: lnf at lr)
+torch_case() { # torch_case CASE [torch_gpt.py args...]
+	local name=$1; shift
+	case_on "$name" && once init torch_init && once ref20 once_ref20 && torch_run "$T/$name.torch" "$@"
+}
+torch_case torch "${GROUPS_TORCH[@]}"
+torch_case torch-no-groups --no-decay none
+torch_case torch-no-vectors "${GROUPS_TORCH[@]}" --no-decay none
+torch_case torch-no-block-decay --lr-scale lnf=0.5
+torch_case torch-no-lr-scale --block-weight-decay embed=1.0
+[ ! -s "$T/torch.jobs" ] || $PY tests/torch_jobs.py "$T/torch.jobs" || fail "tests/torch_jobs.py"
+
+if case_ran torch && once init false && once ref20 false && torch_ran "$T/torch.torch"; then
+	if $PY tests/compare.py losses "$T/ref20.loss" "$T/torch.torch" --rtol 2e-4 --atol 0 >"$T/torch.cmp"; then
+		ok "1 rank with 4 optimizer groups: $TSTEPS losses agree with PyTorch param groups ($(awk '/ loss:/ {print $8}' "$T/torch.cmp") relative)"
+	else
+		cat "$T/torch.cmp"; paste "$T/ref20.loss" "$T/torch.torch" | head -n 5
+		fail "losses differ from PyTorch's param groups"
 	fi
 fi
 # each rule must show: PyTorch without it must not match
-# (torch-no-groups: none of them; torch-no-vectors: decay on the 1-D params;
-# torch-no-block-decay: embed at the optimizer's 0.1; torch-no-lr-scale: lnf at lr)
-torch_differs() { # torch_differs CASE WHAT [torch_gpt.py args...]
-	local name=$1 what=$2; shift 2
-	case_on "$name" || return 0
-	if once init torch_init && once ref20 once_ref20 && torch_run "$T/$name.torch" "$@"; then
-		if $PY tests/compare.py losses "$T/ref20.loss" "$T/$name.torch" --rtol 2e-4 --atol 0 >"$T/$name.cmp"; then
-			fail "PyTorch $what matches too: the comparison does not see it"
-		else
-			ok "PyTorch $what is told apart ($(awk '/ loss:/ {print $8}' "$T/$name.cmp") relative)"
-		fi
+torch_differs() { # torch_differs CASE WHAT
+	local name=$1 what=$2
+	case_ran "$name" && once init false && once ref20 false && torch_ran "$T/$name.torch" || return 0
+	if $PY tests/compare.py losses "$T/ref20.loss" "$T/$name.torch" --rtol 2e-4 --atol 0 >"$T/$name.cmp"; then
+		fail "PyTorch $what matches too: the comparison does not see it"
+	else
+		ok "PyTorch $what is told apart ($(awk '/ loss:/ {print $8}' "$T/$name.cmp") relative)"
 	fi
 }
-torch_differs torch-no-groups "with one group" --no-decay none
-torch_differs torch-no-vectors "with decay on the 1-D params" "${GROUPS_TORCH[@]}" --no-decay none
-torch_differs torch-no-block-decay "without embed's own weight_decay" --lr-scale lnf=0.5
-torch_differs torch-no-lr-scale "without lnf's lr_scale" --block-weight-decay embed=1.0
+torch_differs torch-no-groups "with one group"
+torch_differs torch-no-vectors "with decay on the 1-D params"
+torch_differs torch-no-block-decay "without embed's own weight_decay"
+torch_differs torch-no-lr-scale "without lnf's lr_scale"
 
 # eq_case NAME NP SED...: the model under the sed edits at NP ranks equals 1 rank
 eq_case() {

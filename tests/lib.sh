@@ -26,6 +26,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DPC=${DPC:-$ROOT/$BUILD/dpc}
 DPEXEC=${DPEXEC:-$ROOT/$BUILD/dpexec}
 PY=/usr/bin/python3
+# have_torch: is python3-torch installed? Asked of the module finder, not by
+# importing it: `import torch` alone costs ~1.6 CPU-s, and a suite's torch
+# runs still fail loudly if the installed one cannot be imported.
+have_torch() { $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; }
+# torch_job JOBFILE LOG SCRIPT ARGS...: queue `$PY SCRIPT ARGS... >LOG 2>&1` in
+# JOBFILE; `$PY tests/torch_jobs.py JOBFILE` then runs the queue in one
+# process (one import of torch), each job's exit status in LOG.rc
+torch_job() { local f=$1; shift; printf '%q ' "$@" >>"$f"; echo >>"$f"; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # A rank waiting in MPI yields its CPU instead of polling flat out: the

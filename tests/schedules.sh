@@ -20,7 +20,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 cd "$ROOT"
 STEPS=24
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! have_torch; then
 	echo "schedules: needs python3-torch (make deps)"
 	fail "prerequisites missing"; finish schedules; exit 1
 fi
@@ -136,23 +136,30 @@ if [ "${DP_LIST:-0}" != 1 ] && { case_match torch-wsd || case_match torch-step |
 		{ cat "$T/init.log"; fail "--save-full"; }
 fi
 # torch_case NAME TORCH-ARGS...: $T/NAME.torch, the same steps in PyTorch
+# (queued: the three run in one process, tests/torch_jobs.py)
 torch_case() {
 	local name=$1; shift
-	$PY tests/torch_ref.py --init "$T/init.st" --layers fc1,fc2,fc3,head --data synthetic \
-		--synth-n 4096 --seed 1234 --global-batch 128 --steps $STEPS --threads 1 \
-		--optimizer sgd --lr 0.05 --out "$T/$name.torch" "$@" >"$T/$name.tlog" 2>&1 ||
-		{ cat "$T/$name.tlog"; fail "$name: torch_ref.py"; return 1; }
+	torch_job "$T/torch.jobs" "$T/$name.tlog" tests/torch_ref.py --init "$T/init.st" \
+		--layers fc1,fc2,fc3,head --data synthetic --synth-n 4096 --seed 1234 --global-batch 128 \
+		--steps $STEPS --threads 1 --optimizer sgd --lr 0.05 --out "$T/$name.torch" "$@"
 }
-if case_on torch-wsd; then
-	if torch_case wsd --schedule wsd --warmup 2 --stable 6 --decay 10 --min-lr 0.001 &&
+torch_ran() { # torch_ran NAME: its queued run succeeded (else its log and a FAIL)
+	[ "$(cat "$T/$1.tlog.rc" 2>/dev/null)" = 0 ] || { cat "$T/$1.tlog"; fail "$1: torch_ref.py"; return 1; }
+}
+case_on torch-wsd && torch_case wsd --schedule wsd --warmup 2 --stable 6 --decay 10 --min-lr 0.001
+case_on torch-step && torch_case step --schedule step --every 5 --gamma 0.5
+case_on torch-wsd-late && torch_case wsd-late --schedule wsd --warmup 2 --stable 7 --decay 10 --min-lr 0.001
+[ ! -s "$T/torch.jobs" ] || $PY tests/torch_jobs.py "$T/torch.jobs" || fail "tests/torch_jobs.py"
+if case_ran torch-wsd; then
+	if torch_ran wsd &&
 		$PY tests/compare.py losses "$T/wsd.loss" "$T/wsd.torch" --rtol 2e-4 --atol 0 >"$T/wsd.cmp"; then
 		ok "wsd: $STEPS losses agree with PyTorch's under the same schedule"
 	else
 		fail "wsd: losses differ from PyTorch's"; tail -n 3 "$T/wsd.cmp"
 	fi
 fi
-if case_on torch-step; then
-	if torch_case step --schedule step --every 5 --gamma 0.5 &&
+if case_ran torch-step; then
+	if torch_ran step &&
 		$PY tests/compare.py losses "$T/step.loss" "$T/step.torch" --rtol 2e-4 --atol 0 >"$T/step.cmp"; then
 		ok "step: $STEPS losses agree with PyTorch's under the same schedule"
 	else
@@ -160,8 +167,8 @@ if case_on torch-step; then
 	fi
 fi
 # the comparison can fail: the decay one step later
-if case_on torch-wsd-late; then
-	if torch_case wsd-late --schedule wsd --warmup 2 --stable 7 --decay 10 --min-lr 0.001 &&
+if case_ran torch-wsd-late; then
+	if torch_ran wsd-late &&
 		$PY tests/compare.py losses "$T/wsd.loss" "$T/wsd-late.torch" --rtol 2e-4 --atol 0 >/dev/null; then
 		fail "a wsd decay one step later is detected"
 	else

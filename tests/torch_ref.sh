@@ -26,7 +26,7 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 FM=/usr/share/datasets/fashion-mnist
 STEPS=50
-if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! $PY -c "import torch" 2>/dev/null; then
+if [ ! -e $FM/train-images-idx3-ubyte.gz ] || ! have_torch; then
 	echo "torch_ref: needs dataset-fashion-mnist and python3-torch (make deps)"
 	fail "prerequisites missing"; finish torch_ref; exit 1
 fi
@@ -43,15 +43,26 @@ runs() {
 	mpi "$np" "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
 		--losses "$T/$name.dp" >>"$T/$name.log" 2>&1 ||
 		{ cat "$T/$name.log"; fail "$name: dpexec"; return 1; }
-	$PY tests/torch_ref.py --init "$T/$name.init.st" --layers fc1,fc2,fc3,head --data idx \
-		--images $FM/train-images-idx3-ubyte.gz --labels $FM/train-labels-idx1-ubyte.gz \
-		--seed 1234 --global-batch 128 --steps $STEPS --threads 1 --out "$T/$name.torch" "$@" ||
-		{ fail "$name: torch_ref.py"; return 1; }
+	torch_run "$name" "$T/$name.torch" "$@"
 }
-case_run() { # case_run NAME NP DPFILE TORCH-ARGS...: the runs agree
+# torch_run NAME OUT TORCH-ARGS...: queue PyTorch's run from NAME's initial
+# weights for the one process below (tests/torch_jobs.py), its log in OUT.log
+torch_run() {
+	local init=$T/$1.init.st out=$2; shift 2
+	torch_job "$T/torch.jobs" "$out.log" tests/torch_ref.py --init "$init" --layers fc1,fc2,fc3,head \
+		--data idx --images $FM/train-images-idx3-ubyte.gz --labels $FM/train-labels-idx1-ubyte.gz \
+		--seed 1234 --global-batch 128 --steps $STEPS --threads 1 --out "$out" "$@"
+}
+case_run() { # case_run NAME NP DPFILE TORCH-ARGS...: dp's runs, PyTorch's queued
+	case_on "$1" || return 0
+	once "$1" runs "$@"
+}
+case_check() { # case_check NAME: the runs agree (after the queue ran)
 	local name=$1
-	case_on "$name" || return 0
-	once "$name" runs "$@" || return
+	case_ran "$name" || return 0
+	once "$name" false || return # (its runs failed: said)
+	[ "$(cat "$T/$name.torch.log.rc" 2>/dev/null)" = 0 ] ||
+		{ cat "$T/$name.torch.log"; fail "$name: torch_ref.py"; return 1; }
 	if $PY tests/compare.py losses "$T/$name.dp" "$T/$name.torch" --rtol 2e-4 --atol 0; then
 		ok "$name: $STEPS losses agree with PyTorch"
 	else
@@ -76,26 +87,27 @@ grep -q 'nesterov=true' "$T/nesterov.dp" || fail "nesterov copy of models/mlp.dp
 SGDN="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --clip 1 --schedule constant"
 case_run sgd-nesterov-2ranks 2 "$T/nesterov.dp" $SGDN --nesterov
 if case_on nesterov-not-momentum; then
-once sgd-nesterov-2ranks runs sgd-nesterov-2ranks 2 "$T/nesterov.dp" $SGDN --nesterov
-$PY tests/torch_ref.py --init "$T/sgd-nesterov-2ranks.init.st" --layers fc1,fc2,fc3,head --data idx \
-	--images $FM/train-images-idx3-ubyte.gz --labels $FM/train-labels-idx1-ubyte.gz \
-	--seed 1234 --global-batch 128 --steps $STEPS --threads 1 --out "$T/plain.torch" $SGDN \
-	>/dev/null 2>&1
-if $PY tests/compare.py losses "$T/sgd-nesterov-2ranks.dp" "$T/plain.torch" --rtol 2e-4 --atol 0 \
-	>/dev/null; then
-	fail "nesterov differs from plain momentum"
-else
-	ok "nesterov differs from plain momentum"
+	once sgd-nesterov-2ranks runs sgd-nesterov-2ranks 2 "$T/nesterov.dp" $SGDN --nesterov
+	torch_run sgd-nesterov-2ranks "$T/plain.torch" $SGDN
 fi
-fi
-
 # the comparison itself can fail: a reference with a different learning rate must not match
 if case_on lr-detected; then
 	once adamw runs adamw 1 models/mlp.dp $ADAMW
-	$PY tests/torch_ref.py --init "$T/adamw.init.st" --layers fc1,fc2,fc3,head --data idx \
-		--images $FM/train-images-idx3-ubyte.gz --labels $FM/train-labels-idx1-ubyte.gz \
-		--seed 1234 --global-batch 128 --steps $STEPS --threads 1 --out "$T/wrong.torch" \
-		$ADAMW --lr 1.1e-3 >/dev/null 2>&1
+	torch_run adamw "$T/wrong.torch" $ADAMW --lr 1.1e-3
+fi
+
+# every PyTorch run queued above, in one process (one import of torch)
+[ ! -s "$T/torch.jobs" ] || $PY tests/torch_jobs.py "$T/torch.jobs" || fail "tests/torch_jobs.py"
+for name in adamw adamw-2ranks full_shard-2ranks sgd sgd-nesterov-2ranks; do case_check $name; done
+if case_ran nesterov-not-momentum; then
+	if $PY tests/compare.py losses "$T/sgd-nesterov-2ranks.dp" "$T/plain.torch" --rtol 2e-4 --atol 0 \
+		>/dev/null; then
+		fail "nesterov differs from plain momentum"
+	else
+		ok "nesterov differs from plain momentum"
+	fi
+fi
+if case_ran lr-detected; then
 	if $PY tests/compare.py losses "$T/adamw.dp" "$T/wrong.torch" --rtol 2e-4 --atol 0 >/dev/null; then
 		fail "a 10% different learning rate is detected"
 	else

@@ -37,7 +37,7 @@ trap 'rm -rf "$T"' EXIT
 STEPS=20
 TEXT=/usr/share/common-licenses/GPL-3
 TEXT2SHARD=${TEXT2SHARD:-$ROOT/$BUILD/text2shard}
-if [ ! -e $TEXT ] || ! $PY -c "import torch" 2>/dev/null; then
+if [ ! -e $TEXT ] || ! have_torch; then
 	echo "transformer: needs $TEXT (base-files) and python3-torch (make deps)"
 	fail "prerequisites missing"; finish transformer; exit 1
 fi
@@ -78,15 +78,20 @@ runs() {
 		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
 		{ cat "$T/$name.log"; fail "$name: dpexec"; return 1; }
 	# shellcheck disable=SC2086
-	$PY tests/torch_gpt.py --model "$kind" --heads "$heads" --init "$T/$name.init.st" \
-		--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --out "$T/$name.torch" "$@" \
-		>"$T/$name.torch.log" 2>&1 ||
-		{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py"; return 1; }
+	torch_job "$T/torch.jobs" "$T/$name.torch.log" tests/torch_gpt.py --model "$kind" --heads "$heads" \
+		--init "$T/$name.init.st" --data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT \
+		--out "$T/$name.torch" "$@"
 }
-case_run() { # case_run NAME (runs' arguments): the runs agree
+case_run() { # case_run NAME (runs' arguments): dp's runs, PyTorch's queued
+	case_on "$1" || return 0
+	once "$1" runs "$@"
+}
+case_check() { # case_check NAME: the runs agree (after the queue ran)
 	local name=$1
-	case_on "$name" || return 0
-	once "$name" runs "$@" || return
+	case_ran "$name" || return 0
+	once "$name" false || return # (its runs failed: said)
+	[ "$(cat "$T/$name.torch.log.rc" 2>/dev/null)" = 0 ] ||
+		{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py"; return 1; }
 	if $PY tests/compare.py losses "$T/$name.dp.txt" "$T/$name.torch" --rtol 2e-4 --atol 0; then
 		ok "$name: $STEPS losses agree with PyTorch ($(head -n 1 "$T/$name.torch" | cut -d' ' -f2) -> $(tail -n 1 "$T/$name.torch" | cut -d' ' -f2))"
 	else
@@ -104,14 +109,21 @@ case_run llama 1 "" llama 4 models/llama.dp $LLAMA_SMALL -- --seq 64
 case_run gpt2-tiny-tp2 2 "mesh tp=2" gpt2 4 models/gpt2-tiny.dp
 case_run llama-tp2 2 "mesh tp=2" llama 4 models/llama.dp $LLAMA_SMALL -- --seq 64
 }
-
 # the comparison itself can fail: a reference with a 10% larger learning rate must not match
-if ! case_on lr-detected; then
-	:
-elif once gpt2-tiny runs "${GPT_RUNS[@]}"; [ -e "$T/gpt2-tiny.init.st" ] && [ -e "$T/gpt2-tiny.dp.txt" ]; then
+if case_on lr-detected && { once gpt2-tiny runs "${GPT_RUNS[@]}"
+	[ -e "$T/gpt2-tiny.init.st" ] && [ -e "$T/gpt2-tiny.dp.txt" ]; }; then
 	# shellcheck disable=SC2086
-	$PY tests/torch_gpt.py --model gpt2 --heads 4 --init "$T/gpt2-tiny.init.st" --data "$T/text.bin" \
-		--steps $STEPS --threads 1 $TORCH_OPT --lr 2.2e-3 --out "$T/wrong.torch" >/dev/null 2>&1
+	torch_job "$T/torch.jobs" "$T/wrong.log" tests/torch_gpt.py --model gpt2 --heads 4 \
+		--init "$T/gpt2-tiny.init.st" --data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT \
+		--lr 2.2e-3 --out "$T/wrong.torch"
+fi
+# every PyTorch run queued above, in one process (one import of torch)
+[ ! -s "$T/torch.jobs" ] || $PY tests/torch_jobs.py "$T/torch.jobs" || fail "tests/torch_jobs.py"
+for name in gpt2-tiny llama gpt2-tiny-tp2 llama-tp2; do case_check $name; done
+
+if ! case_ran lr-detected; then
+	:
+elif [ -e "$T/gpt2-tiny.init.st" ] && [ -e "$T/gpt2-tiny.dp.txt" ]; then
 	if [ -s "$T/wrong.torch" ] &&
 		! $PY tests/compare.py losses "$T/gpt2-tiny.dp.txt" "$T/wrong.torch" --rtol 2e-4 --atol 0 >/dev/null; then
 		ok "a 10% different learning rate is detected"
