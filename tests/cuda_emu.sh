@@ -47,7 +47,7 @@
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
-#     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
+#     shows only here); gpt2-ctx1k: one head of 64 at ctx 1024 (d 64; f32, bf16), and
 #     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
 #     dims; GPT-2's width (gpt2-d768: d 768, 12 heads, ctx 16, 1 layer;
 #     f32): its layernorms and the residual adds fused into them at
