@@ -22,6 +22,7 @@ emu_launch() {
 case_match() {
 	local pat=${CASE:-}
 	[ -z "$pat" ] && return 0
+	# shellcheck disable=SC2053 # (the pattern is a glob)
 	case $pat in
 	*[*?[]* | *[@!+]\(*) [[ $1 == $pat ]] ;;
 	*) [[ $1 == *"$pat"* ]] ;;
