@@ -48,7 +48,7 @@
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
-#     shows only here); gpt2-ctx1k: the same at ctx 1024 (f32, bf16), and
+#     shows only here); gpt2-ctx1k: one head of 64 at ctx 1024 (d 64; f32, bf16), and
 #     gpt2-hd32 and gpt2-hd128 (bf16): the tensor-core forward's other head
 #     dims; GPT-2's width (gpt2-d768: d 768, 12 heads, ctx 16, 1 layer;
 #     f32): its layernorms and the residual adds fused into them at
@@ -303,7 +303,9 @@ done
 # GPT-2's head dim (64) at ctx 128: four 32-row tiles per sequence
 sed 's/^  global_batch .*/  global_batch 4/' "$T/gpt2-tiny.dp" >"$T/gpt2-hd64.dp"
 # ... and at GPT-2's ctx, 1024: 32 key tiles of the tensor-core forward, 16
-# query blocks, the causal bound met by 16 warps at different tiles
+# query blocks, the causal bound met by 16 warps at different tiles; one
+# head of 64 (d 64: the tiles and bounds are per head, and a second head
+# doubled the case's CPU, 14.9 CPU-s in f32 and 7.0 in bf16 with two)
 sed 's/^  global_batch .*/  global_batch 1/' "$T/gpt2-tiny.dp" >"$T/gpt2-ctx1k.dp"
 # the tensor-core forward's other head dims, 32 and 128 (2 warps per block)
 cp "$T/gpt2-hd64.dp" "$T/gpt2-hd32.dp"
@@ -349,7 +351,7 @@ dargs() { # extra dpc arguments per model
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs) echo "$small" ;;
 	gpt2-vocab) echo "$small -D vocab=300" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
-	gpt2-ctx1k) echo "-D ctx=1024 -D d=128 -D heads=2 -D layers=1" ;;
+	gpt2-ctx1k) echo "-D ctx=1024 -D d=64 -D heads=1 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
 	gpt2-hd128) echo "-D ctx=128 -D d=256 -D heads=2 -D layers=1" ;;
 	gpt2-d768) echo "-D ctx=16 -D d=768 -D heads=12 -D layers=1" ;;
@@ -374,7 +376,25 @@ model_src() { # model_src MODEL STRATEGY MESH -> path
 }
 
 ncase=0
-declare -A TAG # case name -> the tag of its files in $T
+declare -A TAG      # case name -> the tag of its files in $T
+declare -A BIN_SPEC # a model case's tag -> "MODEL|STRATEGY|MESH|NP|PREC|OFFLOAD|REDUCE|SGD|LR_SCHED"
+declare -A BIN_ARGS # another step file's tag -> dpc's arguments
+# step_bin TAG: $T/TAG.bin compiled (once; dpc's messages in $T/TAG.dpc):
+# a model case's from its model_src, else from BIN_ARGS
+step_bin() {
+	[ -e "$T/$1.bin" ] && return 0
+	if [ -n "${BIN_SPEC[$1]+set}" ]; then
+		local m st me np prec off r sg ls src
+		IFS='|' read -r m st me np prec off r sg ls <<<"${BIN_SPEC[$1]}"
+		src=$(REDUCE=$r SGD=$sg LR_SCHED=$ls model_src "$m" "$st" "$me")
+		# shellcheck disable=SC2046 # (words)
+		"$DPC" "$src" --world-size "$np" $(dargs "$m") ${prec:+--precision $prec} \
+			${off:+--set train.offload=$off} -o "$T/$1.bin" 2>"$T/$1.dpc"
+	else
+		# shellcheck disable=SC2086 # (words)
+		"$DPC" ${BIN_ARGS[$1]} -o "$T/$1.bin" 2>"$T/$1.dpc"
+	fi
+}
 agree=$T/agreement.txt
 : >"$agree"
 gpu_cases=()
@@ -387,15 +407,11 @@ model_case() {
 	TAG[$name]=$tag
 	ncase=$((ncase + 1))
 	local comm=late; [ $((ncase % 2)) = 0 ] && comm=early
-	local src
-	src=$(model_src "$model" "$strat" "$mesh")
-	# shellcheck disable=SC2046
-	if ! "$DPC" "$src" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
-		${OFFLOAD:+--set train.offload=$OFFLOAD} -o "$T/$tag.bin" 2>"$T/$tag.dpc"; then
-		CASE_NAME=$name REPRO="" # (its repro line names this case)
-		fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return
-	fi
-	case_on "$name" || return 0 # (compiled all the same: section 3 and 5 read some step files)
+	# (its source written and compiled when a case that runs it asks:
+	# step_bin, section 3's too)
+	BIN_SPEC[$tag]="$model|$strat|$mesh|$np|$prec|${OFFLOAD:-}|${REDUCE:-}|${SGD:-}|${LR_SCHED:-}"
+	case_on "$name" || return 0
+	step_bin "$tag" || { fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return; }
 	gpu_cases+=("$tag|$np|$name")
 	# bf16: the GEMMs on f32 copies, as the emulated cuBLASLt (the header says why)
 	# BOTH_ENV: the environment of both runs (a machine's setting, as a CPU
@@ -786,6 +802,7 @@ fi
 graph_eager() {
 	local name=$1 bin=$2 np=$3 init=${4:-} r
 	case_on "graph replay $name" || return 0
+	step_bin "$(basename "$bin" .bin)" || { fail "graph replay == --no-graph on $name: dpc"; return; }
 	for r in graph eager; do
 		# shellcheck disable=SC2046 # (the launcher's words)
 		env DPEMU_SEED=7 DPEMU_RUN=lazy timeout 300 $(emu_launch "$np") "$EMU" "$bin" --device cuda \
@@ -840,6 +857,7 @@ graph_eager "mlp offload optimizer full_shard np=2" "$T/${TAG[mlp offload optimi
 # the resumed step's)
 if case_on "offload resume mlp full_shard np=2"; then
 	bin=$T/${TAG[mlp offload optimizer full_shard np=2]}.bin
+	step_bin "${TAG[mlp offload optimizer full_shard np=2]}" || fail "offload resume: dpc"
 	orun() { env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 2 "$EMU" "$bin" --device cuda \
 		--quiet --eval-every 0 "$@"; }
 	if orun --steps 4 --losses "$T/or-s.loss" --save-full "$T/or-s.st" >"$T/or.log" 2>&1 &&
@@ -856,7 +874,8 @@ if case_on "offload resume mlp full_shard np=2"; then
 fi
 
 # ---- 4. a stalled rank under --timeout ----
-"$DPC" "$T/mlp8.dp" --world-size 2 -o "$T/stall.bin" >/dev/null 2>&1
+# (the step files of sections 4 and 5, each compiled at its first use)
+BIN_ARGS[stall]="$T/mlp8.dp --world-size 2" BIN_ARGS[one]="$T/mlp8.dp --world-size 1"
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),
@@ -876,7 +895,7 @@ stall_case() {
 		fail "$what under --timeout 3 (exit $rc after ${took}s)"; grep -v "^ \|^$" "$T/$name.log" | tail -n 6
 	fi
 }
-case_on stalled-rank && stall_case stall "$T/stall.bin" 1:8 \
+case_on stalled-rank && step_bin stall && stall_case stall "$T/stall.bin" 1:8 \
 	"step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask" "a stalled rank"
 # A stage whose device stalls mid-pipeline (rank 1, stage 1, stops at its 6th
 # NCCL call, a transfer of step 2): the message names a stage and its pending
@@ -948,7 +967,8 @@ fi
 probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line containing WANT
 	local name=$1 want=$2; shift 2
 	case_on "probe $name" || return 0
-	env "$@" "$EMU" "${PROBE_BIN:-$T/stall.bin}" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
+	step_bin "$(basename "${PROBE_BIN:-one}" .bin)" || { fail "$name: dpc"; return; }
+	env "$@" "$EMU" "${PROBE_BIN:-$T/one.bin}" --device cuda --steps 1 >"$T/probe.out" 2>"$T/probe.err"
 	local rc=$?
 	if [ $rc = 1 ] && [ "$(wc -l <"$T/probe.err")" = 1 ] && grep -q -- "$want" "$T/probe.err"; then
 		ok "$name: $(cut -c1-150 "$T/probe.err")"
@@ -956,7 +976,6 @@ probe() { # probe NAME WANT ENV...: --device cuda must exit 1 with one line cont
 		fail "$name (exit $rc, wanted one line with '$want')"; head -n 3 "$T/probe.err"
 	fi
 }
-"$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/stall.bin" >/dev/null 2>&1
 probe "a driver older than the runtime (12.2 < 13.0)" "older than the CUDA runtime" DPEMU_DRIVER_VERSION=12020
 probe "no CUDA driver" "no CUDA driver is installed" DPEMU_DRIVER_VERSION=0
 probe "no CUDA device" "no CUDA device is visible" DPEMU_DEVICES=0
@@ -964,8 +983,7 @@ probe "no CUDA device" "no CUDA device is visible" DPEMU_DEVICES=0
 # where the .dp file asks for bf16 (the line and column found here by grep)
 awk '{print} /^train \{/ {print "  precision bf16"}' "$T/mlp8.dp" >"$T/mlp8b.dp"
 at=$(grep -n "^  precision bf16$" "$T/mlp8b.dp" | cut -d: -f1)
-"$DPC" "$T/mlp8b.dp" --world-size 1 -o "$T/bf16.bin" >/dev/null 2>&1
-"$DPC" "$T/mlp8.dp" --world-size 1 --precision bf16 -o "$T/bf16cl.bin" >/dev/null 2>&1
+BIN_ARGS[bf16]="$T/mlp8b.dp --world-size 1" BIN_ARGS[bf16cl]="$T/mlp8.dp --world-size 1 --precision bf16"
 PROBE_BIN=$T/bf16.bin probe "bf16 on compute capability 7.0" \
 	"mlp8b.dp:$at:13: bf16 needs a GPU of compute capability 8.0 or newer (A100, H100); CUDA device 0, .*, is 7.0" \
 	DPEMU_SM=70
@@ -974,10 +992,10 @@ PROBE_BIN=$T/bf16cl.bin probe "bf16 from dpc --precision on compute capability 7
 # fp16 needs no more than the build's kernels (f32 arithmetic on f16
 # storage): it runs on a V100 (7.0) built for it, where bf16 is refused
 awk '{print} /^train \{/ {print "  precision fp16"}' "$T/mlp8.dp" >"$T/mlp8h.dp"
-"$DPC" "$T/mlp8h.dp" --world-size 1 -o "$T/f16.bin" >/dev/null 2>&1
+BIN_ARGS[f16]="$T/mlp8h.dp --world-size 1"
 if ! case_on "probe fp16 on 7.0"; then
 	:
-elif DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/f16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+elif step_bin f16 && DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/f16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "an fp16 step (loss scaling on the device) runs on compute capability 7.0 built for it"
 else
 	fail "fp16 on 7.0 with DPEMU_IMAGE_SM=70"; tail -n 3 "$T/probe.out"
@@ -995,14 +1013,14 @@ PROBE_BIN=$T/bf16.bin probe "bf16 on 7.0 with kernels built for it: the advice i
 	"or compile in f32$" DPEMU_SM=70 DPEMU_IMAGE_SM=70
 if ! case_on "probe f32 on 7.0 with kernels for it"; then
 	:
-elif DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+elif step_bin one && DPEMU_SM=70 DPEMU_IMAGE_SM=70 "$EMU" "$T/one.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "an f32 step runs on 7.0 when the build has kernels for it (DPEMU_IMAGE_SM=70)"
 else
 	fail "f32 on 7.0 with DPEMU_IMAGE_SM=70"; tail -n 3 "$T/probe.out"
 fi
 if ! case_on "probe bf16 on 8.0"; then
 	:
-elif DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
+elif step_bin bf16 && DPEMU_SM=80 "$EMU" "$T/bf16.bin" --device cuda --steps 1 >"$T/probe.out" 2>&1; then
 	ok "the same bf16 step file runs on compute capability 8.0"
 else
 	fail "bf16 on compute capability 8.0"; tail -n 3 "$T/probe.out"
@@ -1011,7 +1029,7 @@ fi
 # reports an H100's range, 0..-5), the compute stream at the default
 if ! case_on "collectives' stream priority"; then
 	:
-elif "$EMU" "$T/stall.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
+elif step_bin one && "$EMU" "$T/one.bin" --device cuda --steps 1 >"$T/prio.out" 2>&1 &&
 	unstamp "$T/prio.out" | grep -q "^device: .*collectives' stream priority -5 (0..-5)"; then
 	ok "the collectives' stream has the greatest priority: $(grep -o "collectives' stream priority.*" "$T/prio.out")"
 else
@@ -1042,8 +1060,8 @@ fi
 
 # ---- 6. the same cases on a real GPU ----
 GPU=0
-if [ -f "$ROOT/build/libdpcuda.so" ] &&
-	"$CPU" "$T/stall.bin" --device cuda --steps 0 --quiet >"$T/realgpu.out" 2>&1; then
+if [ "${DP_LIST:-0}" != 1 ] && [ -f "$ROOT/build/libdpcuda.so" ] && step_bin one &&
+	"$CPU" "$T/one.bin" --device cuda --steps 0 --quiet >"$T/realgpu.out" 2>&1; then
 	GPU=1
 else
 	why=$(head -n 1 "$T/realgpu.out" 2>/dev/null)
@@ -1074,7 +1092,7 @@ if [ $GPU = 1 ]; then
 		if ! case_on "compute-sanitizer $tool"; then
 			:
 		elif [ -x "$SAN_BIN" ]; then
-			if "$SAN_BIN" --tool $tool --error-exitcode 9 "$CPU" "$T/${TAG[mlp8 ddp np=1]}.bin" --device cuda --steps 2 \
+			if step_bin "${TAG[mlp8 ddp np=1]}" && "$SAN_BIN" --tool $tool --error-exitcode 9 "$CPU" "$T/${TAG[mlp8 ddp np=1]}.bin" --device cuda --steps 2 \
 				--quiet --eval-every 0 >"$T/san.log" 2>&1; then
 				ok "real GPU: compute-sanitizer $tool clean (mlp8, 1 rank)"
 			else

@@ -204,8 +204,9 @@
 # tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd" case, compared as that suite
 # compares its bf16 cases: losses rtol 2^-13, training updates rtol 2^-9)
 # under ascending and random thread orders, and both must catch each;
-# copy_wait runs it for 8 steps with device work run as late as the host
-# allows (DPEMU_RUN=lazy: the copy then overtakes the step still reading).
+# copy_wait runs g8 (gpt2-tiny small, f32) for 8 steps with device work run
+# as late as the host allows (DPEMU_RUN=lazy: the copy then overtakes the
+# step still reading).
 # Each case's first use also runs it with no mutant on (under the
 # environment in BASE_ENV, the case's "unmutated CASE" check), which must
 # pass: a mutant counts as caught only where the same case passes without
@@ -246,11 +247,20 @@ sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1)/' "$T/mlp8.d
 # compressed step: runtime/powersgd.h)
 sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=1, warm_start=false)/' "$T/mlp8.dp" >"$T/psgdf.dp"
 # hd64: GPT-2's head dim at ctx 128 (tests/cuda_emu.sh's gpt2-hd64), on
-# text; hd8 is the same step file run for 8 steps
+# text
 hd64_model() {
 	text_shard
 	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/gpt2-tiny.dp |
 		sed -e "$data" -e 's/^  global_batch .*/  global_batch 4/' >"$T/hd64.dp"
+}
+# g8: the same model small (ctx 16, d 32, 2 heads: tests/cuda_emu.sh's
+# gpt2-tiny), global batch 8, run for 8 steps: copy_wait's case (a batch
+# copy overtaking the step that reads it is a wrong batch whatever the
+# model's size: caught at 1.0e-2 and 4.4e-3 relative against 1e-5, as
+# hd64's 8 steps were at 5e-4..2e-3, for ~1/6 of their CPU)
+g8_model() {
+	once hd64src hd64_model
+	sed 's/^  global_batch .*/  global_batch 8/' "$T/hd64.dp" >"$T/g8.dp"
 }
 # a16: hd64 in precision bf16 trained with SGD (AdamW's first steps turn
 # bf16 roundings into steps of ~lr: tests/cuda_emu.sh's header)
@@ -287,7 +297,7 @@ ll_model() {
 	awk '/^eval \{/ {skip=1} skip && /^\}/ {skip=0; next} !skip' models/llama.dp |
 		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/ll.dp"
 }
-declare -A NSTEPS=([hd8]=8) # steps per case (else STEPS)
+declare -A NSTEPS=([g8]=8) # steps per case (else STEPS)
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
 # AdamW amplifying bf16 noise), against the CPU's bf16 run with run()'s
@@ -350,7 +360,7 @@ cp "$T/off.dp" "$T/o16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
-declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [hd8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
+declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [g8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
 	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
@@ -369,8 +379,9 @@ reference() {
 	h16) np=1 prec=fp16 ;;
 	o16) prec=bf16 ;;
 	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
-	hd64 | hd8) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
+	hd64) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
+	g8) np=1 src=$T/g8.dp defs="-D ctx=16 -D d=32 -D heads=2"; once g8src g8_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
 	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
@@ -511,7 +522,7 @@ tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tf32_frag     tf32_frag     t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
 tf32_cvt      tf32_cvt      t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
-copy_wait     copy_wait     hd8     1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
+copy_wait     copy_wait     g8      1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
 abort_serial  abort_serial  stall   4 stall
 graph_first   graph_first   stall   4 stall
 bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -580,7 +591,7 @@ unmutated gpp4 "gpt2-tiny at pp=4 (stage parts sharing bytes)"
 unmutated biased "the biased case"
 unmutated bb16 "the biased bf16 case"
 unmutated hd64 "the gpt2-hd64 case"
-unmutated hd8 "the gpt2-hd64 case over 8 steps"
+unmutated g8 "the small gpt2-tiny case over 8 steps"
 unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated u16 "the unpaired attention case"
 unmutated c16 "the cp=2 attention case"
