@@ -11,8 +11,9 @@
 # else fail ...; fi` where a case is one check's if-chain (a check that runs
 # in the background is checked later under `case_ran NAME`, which names the
 # case again without counting it). The environment's CASE selects cases (tests/run.sh,
-# `make test SUITE=x CASE=y`): a shell glob matched against the whole name,
-# or, without glob characters (* ? [), any name that contains it; empty or
+# `make test SUITE=x CASE=y`): a shell glob matched against the whole name
+# (extended globs too: CASE='@(a|b)'), or, without glob characters (* ? [
+# or a group's @( !( +( ), any name that contains it; empty or
 # unset, every case. DP_LIST=1 prints each case's name instead of running it.
 # What several cases need (a reference run they compare with) is run through
 # `once KEY COMMAND...` from each of them, so it runs when, and only when, a
@@ -98,12 +99,15 @@ CASE_NAME=""               # the case running now ("": the suite's set-up)
 REPRO=""                   # the exact command of this case's check, if any
 ncase_on=0
 ncase_off=0
-# case_match NAME: NAME is selected by $CASE
+# case_match NAME: NAME is selected by $CASE: a glob (* ? [, or an extended
+# glob's group: @(a|b), !(x), +(..), *(..), ?(..)) matched against the whole
+# name, else a substring of it
 case_match() {
 	local pat=${CASE:-}
 	[ -z "$pat" ] && return 0
+	# shellcheck disable=SC2053 # (the pattern is a glob)
 	case $pat in
-	*[*?[]*) [[ $1 == $pat ]] ;;
+	*[*?[]* | *[@!+]\(*) [[ $1 == $pat ]] ;;
 	*) [[ $1 == *"$pat"* ]] ;;
 	esac
 }

@@ -13,18 +13,3 @@
 emu_launch() {
 	[ "$1" = 1 ] || echo "mpirun --oversubscribe -np $1"
 }
-
-# case_match NAME (lib.sh's, for these two suites): a CASE with an extended
-# glob's group (@(a|b), !(x), +(..), *(..), ?(..)) is a glob too, matched
-# against the whole name (lib.sh's test for glob characters sees only
-# * ? [, so `CASE='@(selftest warp|selftest gemm)'` looked for that text
-# inside the names and selected nothing); else as lib.sh's
-case_match() {
-	local pat=${CASE:-}
-	[ -z "$pat" ] && return 0
-	# shellcheck disable=SC2053 # (the pattern is a glob)
-	case $pat in
-	*[*?[]* | *[@!+]\(*) [[ $1 == $pat ]] ;;
-	*) [[ $1 == *"$pat"* ]] ;;
-	esac
-}
