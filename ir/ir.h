@@ -598,7 +598,7 @@ int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */
-#define IR_NRESERVED 17
+#define IR_NRESERVED 18
 extern const char *const ir_reserved_words[IR_NRESERVED];
 
 /* ---- verifier (ir/verify.c) ---- */

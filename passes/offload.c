@@ -41,7 +41,8 @@
  * - The updated 16-bit shards come back at the top of the programs that
  *   gather them (full_shard): one H2D per all_gather region, on the copy
  *   stream, right before its first all_gather (early_h2d), in place of the
- *   one H2D after the update.
+ *   one H2D after the update; in the first micro-batch only (DP_IF_FIRST,
+ *   with grad_accum > 1): the device shard keeps it for the others.
  * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
  *   their node's phase, flags and programs; the schedule pass orders them
  *   like any compute node.
@@ -445,7 +446,9 @@ static void early_h2d(Graph *g, Node *upd, Node *back)
 		int x = rd[j]->in[reads_at(g, rd[j], Dv)];
 		Node *c = copy_node(g, DP_OP_H2D, x, host_copy(g, x), rd[j], ir_node_index(g, rd[j]));
 		c->stream = DP_STREAM_COPY;
-		c->flags = 0;
+		/* the device shard keeps what the copy wrote for the step's later
+		 * micro-batches: once per step */
+		c->flags = g->cfg.grad_accum > 1 ? DP_IF_FIRST : 0;
 		c->bucket = -1;
 		copy[j] = c;
 	}

@@ -51,6 +51,8 @@
  *     EVENT_WAIT f   comm, right before the all_gather
  *     all_gather     comm
  *   so the copy of bucket i runs beside the all_gather of bucket i-1.
+ *   The comm stream's wait for a copy flagged DP_IF_FIRST (run in the first
+ *   micro-batch only) is flagged so too.
  *   A copy-stream H2D into a temporary (offload params: a parameter's
  *   transient device copy for one reader) is issued like a gathering
  *   all_gather, `prefetch` block segments before its consumer, so
@@ -453,10 +455,15 @@ int sched_run(Graph *g, Diag *d)
 				order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[c].ev_start,
 						   coll[c].node);
 			/* the earlier nodes of another async stream it depends on */
+			/* (a wait for a first-micro-batch copy is first-only too:
+			 * later micro-batches record no event for it) */
 			for (int q = 0; q < c; q++)
-				if (depends_across(g, &coll[q], &coll[c]))
-					order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
-							   coll[c].node);
+				if (depends_across(g, &coll[q], &coll[c])) {
+					Node *w = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
+							coll[c].node);
+					w->flags |= coll[q].node->flags & DP_IF_FIRST;
+					order[k++] = w;
+				}
 			order[k++] = coll[c].node;
 			order[k++] = event(g, DP_OP_EVENT_RECORD, st, coll[c].ev_done,
 					   coll[c].node);

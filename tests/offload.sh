@@ -35,7 +35,12 @@
 # 6. The updated bf16 shards come back on the copy stream (full_shard):
 #    one H2D per block's shard at the top of the step, each waited for by
 #    its first all_gather on the comm stream, none left after the update
-#    (compile only; sections 1 and 2 run the schedule).
+#    (compile only; sections 1 and 2 run the schedule). With offload params
+#    each all_gather reads a device temporary its own H2D filled, and the
+#    device arena holds no parameter.
+# 7. With grad_accum > 1 those H2Ds run in the first micro-batch only: the
+#    bytes to the device per step are the shard's once (--stats; compile
+#    only).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -213,6 +218,29 @@ for o in optimizer params; do
 		fail "$c: $ngather all_gathers of a temporary for $ncopy H2Ds, or a parameter left in the device arena"
 	fi
 done
+
+# ---- 7. the shards' H2Ds once per step ----
+# (compile only) mlp full_shard in bf16 at 2 ranks, grad_accum 2: the device
+# shard an H2D fills keeps it for the step's later micro-batches, so every
+# copy-stream H2D runs in the first micro-batch only (`first`), and --stats'
+# host-to-device bytes per step are the bf16 shard once (2N, N its
+# elements) and the norm's 4 bytes, not 2 x 2N + 4 (the runs of section 1's
+# mlp-groups-bf16-full_shard-np2, grad_accum 2, show the bytes unchanged)
+if case_on h2d-once-per-step; then
+	a=(--world-size 2 --set train.strategy=full_shard --set train.offload=optimizer --precision bf16)
+	"$DPC" $mlp "${a[@]}" --emit=ir >"$T/once.ir" 2>/dev/null &&
+		"$DPC" $mlp "${a[@]}" --stats -o "$T/once.bin" >"$T/once.stats" 2>/dev/null || fail "h2d-once-per-step: dpc"
+	n=$(sed -n 's/^%flat.params.shard.bf16 *: bf16\[\([0-9]*\)\].*/\1/p' "$T/once.ir")
+	got=$(awk '/^copies per step, host to device/ {print $7}' "$T/once.stats")
+	ncopy=$(grep -c "= h2d .*stream=copy" "$T/once.ir")
+	nfirst=$(grep -c "= h2d .* first stream=copy" "$T/once.ir")
+	if [ -n "$n" ] && [ "$ncopy" -ge 2 ] && [ "$nfirst" = "$ncopy" ] && [ "$got" = $((2 * n + 4)) ]; then
+		ok "h2d-once-per-step: $ncopy shard H2Ds, each first-micro-batch only; $got B to the device per step (2 x $n + 4; per micro-batch it was $((4 * n + 4)))"
+	else
+		grep "copies per step" "$T/once.stats"
+		fail "h2d-once-per-step: $nfirst of $ncopy copies first-only, $got B per step (want $((2 * ${n:-0} + 4)))"
+	fi
+fi
 
 # ---- 5. a device memory budget ----
 if case_on device-memory-7b; then
