@@ -240,7 +240,11 @@ typedef enum {
  * optimizer step k chooses one (passes/collectives.c) */
 #define DP_IF_COMPRESSED 2u /* run only when k >= cfg.compress_start */
 #define DP_IF_PLAIN 4u      /* run only when k < cfg.compress_start */
-#define DP_IF_ALL (DP_IF_LAST | DP_IF_COMPRESSED | DP_IF_PLAIN)
+/* run only on the first micro-batch of the optimizer step (offload's H2D of an
+ * updated shard into its persistent device copy: the later micro-batches read
+ * what it wrote; a runtime before it refuses the flag as unknown) */
+#define DP_IF_FIRST 8u
+#define DP_IF_ALL (DP_IF_LAST | DP_IF_COMPRESSED | DP_IF_PLAIN | DP_IF_FIRST)
 
 /*
  * Opcodes: one row per op in format/ops.def, the only place an op is named, with

@@ -235,7 +235,8 @@ typedef struct Graph {
 	                              `pipeline`): an IrPipeline (passes/stages.c) */
 	int stages_per_rank;       /* train's `stages_per_rank`: interleaved's virtual stages
 	                              per rank (ir_chunks_per_rank) */
-	int offload;               /* train's `offload`: 0 none, 1 optimizer (passes/offload.c) */
+	int offload;               /* train's `offload`: 0 none, 1 optimizer, 2 params
+	                              (passes/offload.c) */
 	int pad_vocab;             /* train's `pad_vocab`: the logits' rows padded to a
 	                              multiple of it (passes/padvocab.c); 0: not padded */
 	int accum_unsharded;       /* full_shard + grad_accum: accumulate unsharded grads
@@ -598,7 +599,7 @@ int ir_read_after(const char *text, char *after, size_t len);
 
 /* Words with a meaning after a node's phase (program words, last, recompute):
  * never read as a block name; the printer quotes a block named like one. */
-#define IR_NRESERVED 17
+#define IR_NRESERVED 18
 extern const char *const ir_reserved_words[IR_NRESERVED];
 
 /* ---- verifier (ir/verify.c) ---- */

@@ -42,7 +42,7 @@
  * below, like "eval"; block=NAME reads too), the programs when not the
  * phase's default (none, step, eval, both = step+eval, init, export; any
  * other mask as progs=N), sample (also in the sample program, passes/sample.c),
- * last (DP_IF_LAST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
+ * last (DP_IF_LAST), first (DP_IF_FIRST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
  * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
  * chunk=N (its virtual stage under `pipeline interleaved`),
@@ -571,7 +571,7 @@ static const char *progs_word(unsigned progs)
 
 const char *const ir_reserved_words[IR_NRESERVED] = {
 	"data", "fwd", "bwd", "comm", "opt", "eval", "setup", "step", "both", "none", "init",
-	"export", "last", "recompute", "sample", "compressed", "plain"};
+	"export", "last", "recompute", "sample", "compressed", "plain", "first"};
 
 /* A block named like a reserved word prints quoted. */
 static int reserved_word(const char *s)
@@ -728,6 +728,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(a, " sample");
 	if (n->flags & DP_IF_LAST)
 		bputs(a, " last");
+	if (n->flags & DP_IF_FIRST)
+		bputs(a, " first");
 	if (n->recompute)
 		bputs(a, " recompute");
 	if (n->flags & DP_IF_COMPRESSED)

@@ -1128,6 +1128,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 				sample = 1; /* added to the programs the other words give */
 			} else if (strcmp(t->text, "last") == 0) {
 				n->flags |= DP_IF_LAST;
+			} else if (strcmp(t->text, "first") == 0) {
+				n->flags |= DP_IF_FIRST;
 			} else if (strcmp(t->text, "compressed") == 0) {
 				n->flags |= DP_IF_COMPRESSED;
 			} else if (strcmp(t->text, "plain") == 0) {

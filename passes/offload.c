@@ -1,6 +1,7 @@
 /*
  * offload.c - host offload of the optimizer (pass "offload"; train's
- * `offload optimizer`, ZeRO-Offload). With `offload none` it changes nothing.
+ * `offload optimizer`, ZeRO-Offload) and of the parameters (`offload
+ * params`, FSDP CPUOffload). With `offload none` it changes nothing.
  *
  * Before: the p2p form: the optimizer tail (PH_OPT, DP_IF_LAST) and the INIT
  * and EXPORT programs, every value in device memory.
@@ -40,10 +41,18 @@
  * - The updated 16-bit shards come back at the top of the programs that
  *   gather them (full_shard): one H2D per all_gather region, on the copy
  *   stream, right before its first all_gather (early_h2d), in place of the
- *   one H2D after the update.
+ *   one H2D after the update; in the first micro-batch only (DP_IF_FIRST,
+ *   with grad_accum > 1): the device shard keeps it for the others.
  * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
  *   their node's phase, flags and programs; the schedule pass orders them
  *   like any compute node.
+ *
+ * After (offload params): all of the above, but the parameters the updates
+ * write (the f32 masters, the 16-bit copy) are in host memory whatever
+ * reads them (no device mirror, no H2D after the update), and every node
+ * of the STEP, EVAL and SAMPLE programs that reads one reads a device
+ * temporary filled by an H2D on the copy stream right before it
+ * (params_in): the device holds no parameter between two uses.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -437,11 +446,73 @@ static void early_h2d(Graph *g, Node *upd, Node *back)
 		int x = rd[j]->in[reads_at(g, rd[j], Dv)];
 		Node *c = copy_node(g, DP_OP_H2D, x, host_copy(g, x), rd[j], ir_node_index(g, rd[j]));
 		c->stream = DP_STREAM_COPY;
-		c->flags = 0;
+		/* the device shard keeps what the copy wrote for the step's later
+		 * micro-batches: once per step */
+		c->flags = g->cfg.grad_accum > 1 ? DP_IF_FIRST : 0;
 		c->bucket = -1;
 		copy[j] = c;
 	}
 	ir_remove_node(g, back);
+}
+
+/*
+ * offload params: the parameter roots the updates write (the f32 masters
+ * and their 16-bit compute copy, isparam[root]) live in host memory only.
+ * Every node outside INIT and the host step that reads one (a gather of a
+ * shard: full_shard's forward and backward all_gathers, zero1/zero2's
+ * gather after the update; compute reading a parameter: ddp) reads a
+ * device temporary %NAME.in (.in2, ...) instead, of the read region's
+ * dtype and shape, filled by an H2D right before it, on the copy stream,
+ * with its flags and programs. The schedule pass issues the copy like a
+ * gathering all_gather (`prefetch` block segments before its consumer, its
+ * start event recorded there) and makes its reader wait for its done
+ * event, so the device holds a parameter only between its copy and its
+ * last reader, and the copy overlaps the compute before. A node reading
+ * the same value twice reads one temporary. Kernels of the host step (the
+ * optimizer tail, INIT) read the host parameters where they are; the
+ * EXPORT program's gathers get their device temporary from the last loop
+ * of offload_run, as with offload optimizer.
+ */
+static void params_in(Graph *g, const char *isparam, int nv)
+{
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		int coll = dp_is_collective(n->op);
+		if (is_update(n) || n->op == DP_OP_D2H || n->op == DP_OP_H2D ||
+		    !(n->progs & (IR_IN_STEP | IR_IN_EVAL | IR_IN_SAMPLE)) || (n->progs & IR_IN_INIT) ||
+		    (!coll && (dp_op_class(n->op) != DP_OPC_KERNEL || n->phase == PH_OPT)))
+			continue;
+		int tmp[DP_MAX_IN];
+		for (int k = 0; k < n->nin; k++) {
+			tmp[k] = -1;
+			int v = n->in[k];
+			if (v < 0)
+				continue;
+			int r = ir_root(g, g->values[v])->id;
+			if (r >= nv || !isparam[r])
+				continue;
+			if (ir_writes_in(n, k))
+				die("offload: %s writes the host parameter %%%s", dp_op_names[n->op],
+				    g->values[v]->name);
+			for (int q = 0; q < k; q++)
+				if (n->in[q] == v && tmp[q] >= 0)
+					tmp[k] = tmp[q];
+			if (tmp[k] < 0) {
+				const char *sfx = ".in";
+				for (int c = 2; ir_find_value(g, ir_fmt(g, "%s%s", g->values[v]->name, sfx));
+				     c++)
+					sfx = ir_fmt(g, ".in%d", c);
+				tmp[k] = twin(g, v, sfx, DP_T_ACT);
+				Node *c = copy_node(g, DP_OP_H2D, tmp[k], v, n, ir_node_index(g, n));
+				c->stream = DP_STREAM_COPY;
+				c->bucket = -1;
+				i++;
+			}
+		}
+		for (int k = 0; k < n->nin; k++)
+			if (tmp[k] >= 0)
+				n->in[k] = tmp[k];
+	}
 }
 
 int offload_run(Graph *g, Diag *d)
@@ -453,6 +524,9 @@ int offload_run(Graph *g, Diag *d)
 	/* what lives in host memory: the updates' state, and masters nothing
 	 * else of the step touches; the other masters get a host copy */
 	int *mirror = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
+	char *isparam = ir_alloc(g, (size_t)(nv ? nv : 1));
+	memset(isparam, 0, (size_t)(nv ? nv : 1));
+	int params = g->offload == 2;
 	for (int i = 0; i < nnodes; i++) {
 		Node *n = g->nodes[i];
 		if (!is_update(n))
@@ -462,10 +536,19 @@ int offload_run(Graph *g, Diag *d)
 			if (n->in[k] >= 0 && k != cc)
 				((Value *)ir_root(g, g->values[n->in[k]]))->space = DP_SPACE_HOST;
 		Value *p = (Value *)ir_root(g, g->values[n->out]);
-		if (touched_outside_updates(g, p))
-			mirror[p->id] = 1;
-		else
+		if (params) { /* the masters and their 16-bit copy: host only */
 			p->space = DP_SPACE_HOST;
+			isparam[p->id] = 1;
+			if (cc >= 0 && n->in[cc] >= 0) {
+				Value *c = (Value *)ir_root(g, g->values[n->in[cc]]);
+				c->space = DP_SPACE_HOST;
+				isparam[c->id] = 1;
+			}
+		} else if (touched_outside_updates(g, p)) {
+			mirror[p->id] = 1;
+		} else {
+			p->space = DP_SPACE_HOST;
+		}
 	}
 	for (int i = 0; i < g->nvalues; i++)
 		if (g->values[i]->view_of < 0 && g->values[i]->space == DP_SPACE_HOST)
@@ -506,6 +589,10 @@ int offload_run(Graph *g, Diag *d)
 		    !host_gradients(g, ir_root(g, g->values[n->in[0]])->id))
 			early_gradients(g, ir_root(g, g->values[n->in[0]])->id);
 	}
+	/* offload params: compute and the gathers read the parameters through
+	 * device temporaries */
+	if (params)
+		params_in(g, isparam, nv);
 	/* every kernel touching host memory runs there */
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];

@@ -52,7 +52,8 @@ const Pass pipeline[] = {
 			 "optimizer state (pp > 1; not with offload or compression)",
 	 stage_params_run},
 	{"offload", "offload optimizer: optimizer state, masters and update in host memory; "
-		    "D2H/H2D copies around the host kernels",
+		    "D2H/H2D copies around the host kernels; offload params: the updated "
+		    "parameters there too, each reader's H2D into a device temporary",
 	 offload_run},
 	{"schedule", "collectives as early as legal on the comm stream, with events", sched_run},
 	{"fuse", "a linear and its gelu are one linear_gelu, a matmul and its gelu_grad one "

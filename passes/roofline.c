@@ -233,7 +233,7 @@ double roofline_model_flops(const Graph *g, double *tokens, double *epilogue)
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL ||
 		    n->recompute)
 			continue;
-		double f = 0, b = 0, times = n->flags & DP_IF_LAST ? 1 : accum;
+		double f = 0, b = 0, times = n->flags & (DP_IF_LAST | DP_IF_FIRST) ? 1 : accum;
 		ir_ops[n->op].cost(g, n, &f, &b);
 		if (class_of(n->op) == C_GEMM) { /* the product's: not a fused epilogue's gelu */
 			model += times * (f - epilogue_flops(g, n));
@@ -276,7 +276,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL)
 			continue;
-		double f = 0, b = 0, times = n->flags & DP_IF_LAST ? 1 : accum;
+		double f = 0, b = 0, times = n->flags & (DP_IF_LAST | DP_IF_FIRST) ? 1 : accum;
 		ir_ops[n->op].cost(g, n, &f, &b);
 		int c = class_of(n->op);
 		double rate = d->fp32;

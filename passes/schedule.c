@@ -51,6 +51,12 @@
  *     EVENT_WAIT f   comm, right before the all_gather
  *     all_gather     comm
  *   so the copy of bucket i runs beside the all_gather of bucket i-1.
+ *   The comm stream's wait for a copy flagged DP_IF_FIRST (run in the first
+ *   micro-batch only) is flagged so too.
+ *   A copy-stream H2D into a temporary (offload params: a parameter's
+ *   transient device copy for one reader) is issued like a gathering
+ *   all_gather, `prefetch` block segments before its consumer, so
+ *   its temporary does not live from the top of the program.
  * - Collectives run in the STEP program, in STEP and EVAL (full_shard's
  *   forward all_gathers) and in EXPORT; a compute node constrains a
  *   collective only when they share a program.
@@ -161,12 +167,13 @@ static int depends_across(const Graph *g, const Coll *q, const Coll *c)
 }
 
 /* Is c a gathering all_gather: one that fills a temporary (full_shard's
- * gathered parameters)? Those are issued just in time, `prefetch` blocks
- * ahead, so gathered memory stays bounded; the others go as early as legal. */
+ * gathered parameters), or a copy-stream H2D that fills one (offload
+ * params)? Those are issued just in time, `prefetch` blocks ahead, so
+ * gathered memory stays bounded; the others go as early as legal. */
 static int gathering(const Graph *g, const Node *c)
 {
-	return c->op == DP_OP_ALL_GATHER && c->out >= 0 &&
-	       ir_root(g, g->values[c->out])->kind == DP_T_ACT;
+	return (c->op == DP_OP_ALL_GATHER || (c->op == DP_OP_H2D && c->stream == DP_STREAM_COPY)) &&
+	       c->out >= 0 && ir_root(g, g->values[c->out])->kind == DP_T_ACT;
 }
 
 static int64_t out_bytes(const Graph *g, const Node *c)
@@ -448,10 +455,15 @@ int sched_run(Graph *g, Diag *d)
 				order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[c].ev_start,
 						   coll[c].node);
 			/* the earlier nodes of another async stream it depends on */
+			/* (a wait for a first-micro-batch copy is first-only too:
+			 * later micro-batches record no event for it) */
 			for (int q = 0; q < c; q++)
-				if (depends_across(g, &coll[q], &coll[c]))
-					order[k++] = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
-							   coll[c].node);
+				if (depends_across(g, &coll[q], &coll[c])) {
+					Node *w = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
+							coll[c].node);
+					w->flags |= coll[q].node->flags & DP_IF_FIRST;
+					order[k++] = w;
+				}
 			order[k++] = coll[c].node;
 			order[k++] = event(g, DP_OP_EVENT_RECORD, st, coll[c].ev_done,
 					   coll[c].node);

@@ -254,7 +254,8 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 		for (int i = 0; i < n; i++) {
 			const SimOp *o = &ops[i];
 			/* compression: the steady state, the compressed path */
-			if (((o->flags & DP_IF_LAST) && mb != accum - 1) || (o->flags & DP_IF_PLAIN))
+			if (((o->flags & DP_IF_LAST) && mb != accum - 1) || ((o->flags & DP_IF_FIRST) && mb != 0) ||
+			    (o->flags & DP_IF_PLAIN))
 				continue;
 			if (stage >= 0 && o->stage >= 0 && o->stage != stage)
 				continue; /* another stage's: skipped by this rank */

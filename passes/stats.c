@@ -360,6 +360,20 @@ static void print_memory(FILE *out, const Graph *g, int64_t budget)
 		}
 	fprintf(out, "%-36s %30s\n", "total (host arena size)",
 		bytes_cell(c1, sizeof c1, (double)g->cfg.host_arena_bytes));
+	/* the copies between the arenas an optimizer step runs: a STEP node
+	 * once per micro-batch, a DP_IF_LAST or DP_IF_FIRST one once */
+	double d2h = 0, h2d = 0, accum = g->cfg.grad_accum ? g->cfg.grad_accum : 1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || (n->op != DP_OP_D2H && n->op != DP_OP_H2D))
+			continue;
+		const Value *v = g->values[n->out];
+		double b = (double)ir_numel(v) * (double)ir_dtype_size(v->dtype) *
+			   (n->flags & (DP_IF_LAST | DP_IF_FIRST) ? 1 : accum);
+		*(n->op == DP_OP_D2H ? &d2h : &h2d) += b;
+	}
+	fprintf(out, "%-36s %30s\n", "copies per step, device to host", bytes_cell(c1, sizeof c1, d2h));
+	fprintf(out, "%-36s %30s\n", "copies per step, host to device", bytes_cell(c1, sizeof c1, h2d));
 }
 
 /* The step program's temporaries live at its peak on each pipeline stage:

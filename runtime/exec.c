@@ -430,7 +430,7 @@ static int event(Exec *x, int p, uint32_t i, RtErr *e)
 }
 
 /* Enqueue program p on the backend's streams, without the final wait. */
-static int walk(Exec *x, DpProgram p, int last, RtErr *e)
+static int walk(Exec *x, DpProgram p, int last, int first, RtErr *e)
 {
 	const DpStep *s = x->s;
 	Backend *b = &x->be;
@@ -439,7 +439,8 @@ static int walk(Exec *x, DpProgram p, int last, RtErr *e)
 	RT_CHECK(o->run_begin(b, p, e));
 	for (uint32_t i = 0; i < s->nprog[p]; i++) {
 		const DpInstr *in = &s->prog[p][i];
-		if (((in->flags & DP_IF_LAST) && !last) || (in->stage1 && dp_instr_stage(in) != x->pp_stage))
+		if (((in->flags & DP_IF_LAST) && !last) || ((in->flags & DP_IF_FIRST) && !first) ||
+		    (in->stage1 && dp_instr_stage(in) != x->pp_stage))
 			continue;
 		/* compression: one of the two paths, by the optimizer step */
 		if ((in->flags & DP_IF_COMPRESSED && x->step < s->cfg.compress_start) ||
@@ -491,7 +492,7 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e)
 	}
 	if (p == DP_PROG_EVAL)
 		RT_CHECK(stage_eval(x, e));
-	RT_CHECK(walk(x, p, last, e));
+	RT_CHECK(walk(x, p, last, 1, e));
 	if (p == DP_PROG_EVAL)
 		snprintf(what, sizeof what, "eval batch %lld", (long long)x->eval_batch);
 	else
@@ -527,7 +528,7 @@ static int enqueue_step(Exec *x, RtErr *e)
 	uint32_t walks = dp_step_unrolled(&s->cfg) ? 1 : s->cfg.grad_accum;
 	for (uint32_t m = 0; m < walks; m++) {
 		x->micro = (int)m;
-		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == walks, e));
+		RT_CHECK(walk(x, DP_PROG_STEP, m + 1 == walks, m == 0, e));
 	}
 	return b->ops->step_tail(b, e);
 }

@@ -675,6 +675,9 @@ for m in mlp gpt2-tiny; do
 	done
 done
 OFFLOAD=optimizer PREC=bf16 model_case gpt2-tiny full_shard 2
+# offload params: no parameter in the device arena; each reader (a gather,
+# ddp's compute) reads a device temporary its H2D on the copy stream filled
+OFFLOAD=params PREC=bf16 model_case gpt2-tiny full_shard 2
 # fp16 with dynamic loss scaling (the header's bounds): the f16 kernels
 # (attention on f32 copies), ncclHalf, the optimizers' f16 copies, the scale in device memory
 # (zero2 runs with f16 gradients below: one case fewer for the CI's budget)

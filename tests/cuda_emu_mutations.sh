@@ -167,6 +167,9 @@
 #                 emulator runs a copy only when nothing else is ready, so
 #                 the gather runs first unless it waits; both runs must
 #                 catch it)
+#   h2d_wait_params  the same point on op16 (o16 with offload params):
+#                 the gather reads its device temporary before the
+#                 shard's H2D has filled it
 #   host_on_device offload: a host-step instruction (the host arena's
 #                 AdamW, clip, accumulation) launched as a device kernel on
 #                 the pinned host arena: the emulator refuses the kernel's
@@ -357,11 +360,15 @@ sed 's/^  strategy ddp/  strategy full_shard\n  offload optimizer/' "$T/mlp8.dp"
 # at the top of the step, each waited for by its all_gather on the comm
 # stream)
 cp "$T/off.dp" "$T/o16.dp"
+# op16: o16 with offload params (every all_gather reads a device temporary
+# its shard's H2D on the copy stream filled, waited for on the comm stream)
+sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
 # DPEMU_SEED=3): the thread order, or the lazy device work, its mutants
 # need to be caught under, passing unmutated
 declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [g8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
-	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3")
+	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3"
+	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
 # as the emulated cuBLASLt's)
@@ -377,7 +384,7 @@ reference() {
 	r16) prec=bf16 ;;
 	ls16) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
-	o16) prec=bf16 ;;
+	o16 | op16) prec=bf16 ;;
 	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
 	hd64) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
@@ -396,8 +403,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16, c16, u16, h16, k16, o16, t32: their training updates are compared, from the initial weights
-	if [[ $1 == [acuhko]16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, h16, k16, o16, op16, t32: their training updates are compared, from the initial weights
+	if [[ $1 == [acuhko]16 || $1 == op16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -534,6 +541,7 @@ gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
+h2d_wait_params h2d_wait    op16    2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 
 # mutant NAME POINT CASE NP RULE ENVS...: the case's reference (once),
@@ -605,6 +613,7 @@ unmutated ls16 "the fp16 overflow case (f16 gradients, zero2 at 2 ranks)"
 unmutated h16 "the fp16 GEMM case"
 unmutated off "the offload optimizer case"
 unmutated o16 "the offload optimizer bf16 case"
+unmutated op16 "the offload params bf16 case"
 
 # points: the table's points are the source's MUTANT(...) points, no more,
 # no fewer (a point that moved out of the code is a failure)

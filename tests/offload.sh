@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # tests/offload.sh - `offload optimizer` (issue 26, docs/OFFLOAD.md): the
 # optimizer state, the f32 masters and the update in the host arena, on the
-# CPU backend where both arenas are host memory and the copies are memcpy.
+# CPU backend where both arenas are host memory and the copies are memcpy;
+# and `offload params` (the updated parameters in the host arena only, an
+# H2D into a device temporary before each reader), in the cases that name
+# it below.
 #
 # 1. Equivalence: the same step file without offload and with it give the
 #    same losses and final parameters BYTE FOR BYTE (the host update is the
@@ -32,7 +35,12 @@
 # 6. The updated bf16 shards come back on the copy stream (full_shard):
 #    one H2D per block's shard at the top of the step, each waited for by
 #    its first all_gather on the comm stream, none left after the update
-#    (compile only; sections 1 and 2 run the schedule).
+#    (compile only; sections 1 and 2 run the schedule). With offload params
+#    each all_gather reads a device temporary its own H2D filled, and the
+#    device arena holds no parameter.
+# 7. With grad_accum > 1 those H2Ds run in the first micro-batch only: the
+#    bytes to the device per step are the shard's once (--stats; compile
+#    only).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -41,45 +49,61 @@ T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=3
 gpt_text "$T/gpt.dp"
+variant models/llama.dp "$T/llama.dp" \
+	's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
 mlp=models/mlp.dp
 
-# pair NAME MODEL NP [dpc args...]: the model without offload and with it,
-# STEPS steps each; ok when both give the same bytes
+# pair NAME MODEL NP [dpc args...]: the model without offload and with it
+# (each mode of $MODES: none and optimizer unless the caller says, e.g.
+# MODES="none optimizer params"), STEPS steps each; ok when every mode gives
+# the bytes of none
 pair() {
-	local n=$1 src=$2 np=$3 o
+	local n=$1 src=$2 np=$3 o modes=${MODES:-none optimizer}
 	shift 3
-	for o in none optimizer; do
+	for o in $modes; do
 		"$DPC" "$src" --world-size "$np" --set train.offload=$o "$@" -o "$T/$n.$o.bin" \
 			2>"$T/$n.$o.log" || { cat "$T/$n.$o.log"; fail "$n: dpc (offload $o)"; return 1; }
 		mpi "$np" "$T/$n.$o.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.$o.loss" \
 			--save-full "$T/$n.$o.st" >>"$T/$n.$o.log" 2>&1 ||
 			{ tail -n 5 "$T/$n.$o.log"; fail "$n: dpexec (offload $o)"; return 1; }
 	done
-	grep -q " host " <("$DPC" "$src" --world-size "$np" --set train.offload=optimizer "$@" \
-		--emit=ir 2>/dev/null) || { fail "$n: nothing in host memory"; return 1; }
-	if cmp -s "$T/$n.none.loss" "$T/$n.optimizer.loss" && cmp -s "$T/$n.none.st" "$T/$n.optimizer.st"; then
-		ok "$n: offload optimizer gives the losses and parameters of no offload, bit for bit"
-	else
-		paste "$T/$n.none.loss" "$T/$n.optimizer.loss" | head -n 5
-		fail "$n: offload optimizer differs from no offload"
-	fi
+	for o in ${modes#none}; do
+		grep -q " host " <("$DPC" "$src" --world-size "$np" --set train.offload=$o "$@" \
+			--emit=ir 2>/dev/null) || { fail "$n: nothing in host memory (offload $o)"; return 1; }
+		if cmp -s "$T/$n.none.loss" "$T/$n.$o.loss" && cmp -s "$T/$n.none.st" "$T/$n.$o.st"; then
+			ok "$n: offload $o gives the losses and parameters of no offload, bit for bit"
+		else
+			paste "$T/$n.none.loss" "$T/$n.$o.loss" | head -n 5
+			fail "$n: offload $o differs from no offload"
+		fi
+	done
 }
+ALL="none optimizer params"
 
 # ---- 1. equivalence ----
+# (offload params too, where the runs of none are made anyway: mlp ddp at 1
+# rank, zero2 at 2, full_shard at 4; gpt2-tiny under the three at 2; llama
+# under the three, ddp at 1 rank; bf16 under ddp, zero2 and full_shard)
 for s in ddp zero2 full_shard; do
 	for np in 1 2 4; do
-		case_on "mlp-$s-np$np" && pair "mlp-$s-np$np" $mlp $np --set train.strategy=$s
+		m="none optimizer"
+		case "$s-$np" in ddp-1 | zero2-2 | full_shard-4) m=$ALL ;; esac
+		case_on "mlp-$s-np$np" && MODES=$m pair "mlp-$s-np$np" $mlp $np --set train.strategy=$s
 	done
-	case_on "gpt2-tiny-$s-np2" && pair "gpt2-tiny-$s-np2" "$T/gpt.dp" 2 --set train.strategy=$s
+	case_on "gpt2-tiny-$s-np2" && MODES=$ALL pair "gpt2-tiny-$s-np2" "$T/gpt.dp" 2 --set train.strategy=$s
+	np=2
+	[ $s = ddp ] && np=1
+	case_on "llama-$s-np$np" && MODES="none params" pair "llama-$s-np$np" "$T/llama.dp" $np \
+		--set train.strategy=$s -D ctx=64 -D d=64 -D layers=2 -D ffn=176
 done
 case_on gpt2-tiny-bf16-zero2-np2 &&
-	pair gpt2-tiny-bf16-zero2-np2 "$T/gpt.dp" 2 --set train.strategy=zero2 --precision bf16
+	MODES=$ALL pair gpt2-tiny-bf16-zero2-np2 "$T/gpt.dp" 2 --set train.strategy=zero2 --precision bf16
 # (d 192: the host arena's offsets of the gradient shards the host
 # accumulates meet those of device buffers of reduce_scatters still in
 # flight, which the CPU's hazard check must tell apart by their arena)
 case_on gpt2-tiny-bf16-full_shard-np2 &&
-	pair gpt2-tiny-bf16-full_shard-np2 "$T/gpt.dp" 2 --set train.strategy=full_shard --precision bf16 -D d=192
-case_on mlp-bf16-ddp-np4 && pair mlp-bf16-ddp-np4 $mlp 4 --precision bf16
+	MODES=$ALL pair gpt2-tiny-bf16-full_shard-np2 "$T/gpt.dp" 2 --set train.strategy=full_shard --precision bf16 -D d=192
+case_on mlp-bf16-ddp-np4 && MODES=$ALL pair mlp-bf16-ddp-np4 $mlp 4 --precision bf16
 case_on mlp-groups-bf16-full_shard-np2 && pair mlp-groups-bf16-full_shard-np2 $mlp 2 \
 	--set train.strategy=full_shard --set train.no_decay=vectors --precision bf16
 case_on mlp-sgd-zero2-np2 && pair mlp-sgd-zero2-np2 $mlp 2 --set train.strategy=zero2 \
@@ -92,7 +116,7 @@ case_on mlp-sgd-zero2-np2 && pair mlp-sgd-zero2-np2 $mlp 2 --set train.strategy=
 across() {
 	local n=$1 src=$2 form=$3 from=$4 to=$5 o
 	shift 5
-	for o in none optimizer; do
+	for o in $from $to none; do
 		[ -s "$T/$n.$o.rbin" ] || "$DPC" "$src" --world-size 2 --set train.offload=$o "$@" \
 			-o "$T/$n.$o.rbin" 2>/dev/null || { fail "$n: dpc (offload $o)"; return 1; }
 	done
@@ -112,9 +136,10 @@ across() {
 		fail "$n: offload $from -> $to across a $form checkpoint differs from the straight run"
 	fi
 }
-for d in optimizer:none none:optimizer; do
+for d in optimizer:none none:optimizer params:none none:params; do
 	case_on "resume-gpt2-tiny-bf16-${d/:/-to-}" &&
 		across gpt-bf16 "$T/gpt.dp" sharded "${d%%:*}" "${d#*:}" --set train.strategy=full_shard --precision bf16
+	case "$d" in *params*) continue ;; esac
 	case_on "resume-mlp-ddp-${d/:/-to-}" && across mlp-ddp $mlp full "${d%%:*}" "${d#*:}"
 done
 
@@ -154,9 +179,15 @@ done
 # the copy stream at the top of the step, and the first all_gather of that
 # shard waits for the copy's event on the comm stream (the CPU runs of
 # section 1 and 2 show the result is the same bytes)
-if case_on h2d-copy-stream; then
-	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=optimizer \
-		--precision bf16 --emit=ir >"$T/h2d.ir" 2>/dev/null || fail "h2d-copy-stream: dpc"
+# With offload params the shards' H2Ds fill device temporaries (%NAME.in),
+# one per all_gather (the backward's re-gathers too), and the device arena
+# keeps no parameter (--stats: its parameters row 0, no 16-bit row).
+for o in optimizer params; do
+	c=h2d-copy-stream
+	[ $o = params ] && c=h2d-copy-stream-params
+	case_on $c || continue
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=$o \
+		--precision bf16 --emit=ir >"$T/h2d.ir" 2>/dev/null || fail "$c: dpc"
 	read -r ncopy good bad late < <(awk '
 		function evnum(s) { match(s, /ev=[0-9]+/); return substr(s, RSTART + 3, RLENGTH - 3) }
 		/= h2d .*stream=copy/ { pend = $1; ncopy++; next }
@@ -170,10 +201,44 @@ if case_on h2d-copy-stream; then
 		/= h2d / && / opt / && $1 ~ /bf16/ { late++ }
 		END { print ncopy + 0, good + 0, bad + 0, late + 0 }' "$T/h2d.ir")
 	if [ "$ncopy" -ge 2 ] && [ "$good" = "$ncopy" ] && [ "$bad" = 0 ] && [ "$late" = 0 ]; then
-		ok "h2d-copy-stream: $ncopy shard H2Ds on the copy stream, each waited for by its all_gather on the comm stream; none left after the update"
+		ok "$c: $ncopy shard H2Ds on the copy stream, each waited for by its all_gather on the comm stream; none left after the update"
 	else
 		grep -n "h2d\|all_gather" "$T/h2d.ir" | head
-		fail "h2d-copy-stream: $ncopy copies on the copy stream, $good waited for by their all_gather, $bad not, $late H2Ds left after the update"
+		fail "$c: $ncopy copies on the copy stream, $good waited for by their all_gather, $bad not, $late H2Ds left after the update"
+	fi
+	[ $o = params ] || continue
+	ngather=$(grep -c "= all_gather %[^ ]*\.in[0-9]* .* stream=comm" "$T/h2d.ir")
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=$o \
+		--precision bf16 --stats -o "$T/h2d.bin" >"$T/h2d.stats" 2>/dev/null || fail "$c: dpc --stats"
+	if [ "$ngather" = "$ncopy" ] && grep -q "^parameters  *0 " "$T/h2d.stats" &&
+		! grep -q "^parameters, 16-bit" "$T/h2d.stats" && grep -q "^host parameters, 16-bit" "$T/h2d.stats"; then
+		ok "$c: every all_gather ($ngather) reads a device temporary its H2D filled; no parameter in the device arena"
+	else
+		grep "parameters" "$T/h2d.stats"
+		fail "$c: $ngather all_gathers of a temporary for $ncopy H2Ds, or a parameter left in the device arena"
+	fi
+done
+
+# ---- 7. the shards' H2Ds once per step ----
+# (compile only) mlp full_shard in bf16 at 2 ranks, grad_accum 2: the device
+# shard an H2D fills keeps it for the step's later micro-batches, so every
+# copy-stream H2D runs in the first micro-batch only (`first`), and --stats'
+# host-to-device bytes per step are the bf16 shard once (2N, N its
+# elements) and the norm's 4 bytes, not 2 x 2N + 4 (the runs of section 1's
+# mlp-groups-bf16-full_shard-np2, grad_accum 2, show the bytes unchanged)
+if case_on h2d-once-per-step; then
+	a=(--world-size 2 --set train.strategy=full_shard --set train.offload=optimizer --precision bf16)
+	"$DPC" $mlp "${a[@]}" --emit=ir >"$T/once.ir" 2>/dev/null &&
+		"$DPC" $mlp "${a[@]}" --stats -o "$T/once.bin" >"$T/once.stats" 2>/dev/null || fail "h2d-once-per-step: dpc"
+	n=$(sed -n 's/^%flat.params.shard.bf16 *: bf16\[\([0-9]*\)\].*/\1/p' "$T/once.ir")
+	got=$(awk '/^copies per step, host to device/ {print $7}' "$T/once.stats")
+	ncopy=$(grep -c "= h2d .*stream=copy" "$T/once.ir")
+	nfirst=$(grep -c "= h2d .* first stream=copy" "$T/once.ir")
+	if [ -n "$n" ] && [ "$ncopy" -ge 2 ] && [ "$nfirst" = "$ncopy" ] && [ "$got" = $((2 * n + 4)) ]; then
+		ok "h2d-once-per-step: $ncopy shard H2Ds, each first-micro-batch only; $got B to the device per step (2 x $n + 4; per micro-batch it was $((4 * n + 4)))"
+	else
+		grep "copies per step" "$T/once.stats"
+		fail "h2d-once-per-step: $nfirst of $ncopy copies first-only, $got B per step (want $((2 * ${n:-0} + 4)))"
 	fi
 fi
 

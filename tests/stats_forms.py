@@ -610,7 +610,7 @@ def check_offload(model, text):
     the device copy of one bucket's host master shard that the EXPORT
     program's all_gather reads (passes/offload.c: NCCL cannot read the host
     arena); in f32 they are planned alike. The host arena is the sum of its
-    rows."""
+    rows. offload params against it: check_offload_params."""
     P = sum(p for _, ps in BLOCKS for p in ps)
     for strategy, bucket in (("ddp", "1024"), ("zero2", "1024"), ("full_shard", None)):
         for prec in ("f32", "bf16"):
@@ -666,6 +666,32 @@ def check_offload(model, text):
                    f"{what}: host arena {m1.get('total (host arena size)')} = its rows")
                 ok(m0.get("total (host arena size)") is None,
                    f"{model} {strategy} n={n} {prec}: no host arena without offload")
+                check_offload_params(m1, parse_stats(dpc(edit(text, strategy, bucket=bucket,
+                                                              extra=extra + ["offload params"]), args))[1],
+                                     f"{model} {strategy} n={n} {prec} offload params", L, prec)
+
+
+def check_offload_params(m1, m2, what, L, prec):
+    """offload params against offload optimizer (m1): the host arena is the
+    same row for row (the masters were there, or their host copy, and the
+    16-bit copy the update writes in bf16); the device arena's persistent
+    part loses exactly the parameters the update writes: in f32 the masters
+    (4L: ddp's whole parameters, zero2's and full_shard's shard; zero2's
+    gathered copy stays, the all_gather's output), in bf16 the 16-bit copy
+    (2L, likewise). The temporaries gain the transient copies the H2Ds fill
+    before each gather or read, which never hold more than what moved."""
+    host = {k: v for k, v in m1.items() if k.startswith("host ") or k.startswith("total (host")}
+    got = {k: m2.get(k) for k in host}
+    if not ok(got == host, f"{what}: host arena rows = offload optimizer's {host}"):
+        print(f"       dpc {got}")
+    row = "parameters" if prec == "f32" else "parameters, 16-bit copies"
+    moved = aligned(4 * L) if prec == "f32" else aligned(2 * L)
+    T = "temporaries (arena region)"
+    ok(m2.get(row, 0) == m1.get(row, 0) - moved and
+       m2["total (arena size)"] - m2[T] == m1["total (arena size)"] - m1[T] - moved and
+       m2[T] <= m1[T] + moved,
+       f"{what}: device {row} {m1.get(row, 0)} -> {m2.get(row, 0)} (-{moved} = the update's), "
+       f"persistent part likewise, temporaries {m1[T]} -> {m2[T]} (at most +{moved})")
 
 
 def check_gpt2_bf16(path):
