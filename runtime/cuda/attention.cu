@@ -9,6 +9,8 @@
  *                        against the gathered keys kv [cp,B,T,2C] (per head [k|v])
  *   attention_cp_grad    d qkv, only the q columns set (k and v columns 0)
  *   attention_cp_grad_kv d kv [cp,B,T,2C] of every gathered key
+ *   attention_cp_grad_both both of the last two, from one backward
+ *                        (passes/fuse.c: d kv, then d qkv, in one output)
  *
  * Keys are walked in position order: for the ordinary op key position p is
  * row p of the batch; for cp it is the zigzag chunk p / L (L = T/2) of the
@@ -1339,12 +1341,12 @@ static int head_dim_class(int64_t hd)
 	return hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 256 ? 256 : 0;
 }
 
-/* The operands of any of the five ops. */
+/* The operands of any of the six ops. */
 template <typename T> static Geom<T> geom_of(const CuArgs *a)
 {
 	const DpInstr *in = a->in;
 	int cp = in->op == DP_OP_ATTENTION_CP || in->op == DP_OP_ATTENTION_CP_GRAD ||
-		 in->op == DP_OP_ATTENTION_CP_GRAD_KV;
+		 in->op == DP_OP_ATTENTION_CP_GRAD_KV || in->op == DP_OP_ATTENTION_CP_GRAD_BOTH;
 	int q = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP ? 0 : 1; /* qkv's operand */
 	const DpTensor *tq = cu_t(a, q);
 	Geom<T> g;
@@ -1401,7 +1403,7 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	int64_t heads = DP_ATTR(in, ATTENTION, heads);
 	int64_t rows = tq->dims[0] * heads * tq->dims[1], dq = 0;
 	if (in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in)) {
-		int64_t keys = tq->dims[1] * (in->op == DP_OP_ATTENTION_CP_GRAD ? DP_ATTR(in, ATTENTION_CP, cp) : 1);
+		int64_t keys = tq->dims[1] * (in->op == DP_OP_ATTENTION_GRAD ? 1 : DP_ATTR(in, ATTENTION_CP, cp));
 		dq = fa_walk(tq->dims[0] * heads, keys, 1).splits * tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3);
 	}
 	return (size_t)(3 * rows + dq) * sizeof(float);
@@ -1467,9 +1469,15 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		typedef FaShape<HD, T> S;
 		float *lse = (float *)a->scratch, *dd = lse + g.b * g.h * g.t;
 		const T *dy = (const T *)cu_p(a, 0);
-		T *dqkv = (T *)cu_p(a, -1);
-		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		int op = a->in->op;
+		/* d kv (or d qkv's k and v columns), d qkv; attention_cp_grad_both:
+		 * d kv [cp, B, T, 2C], then d qkv */
+		T *dkv = (T *)cu_p(a, -1), *dqkv = dkv;
+		if (op == DP_OP_ATTENTION_CP_GRAD_BOTH)
+			dqkv = dkv + g.cp * g.b * g.t * 2 * g.c;
+		else if (op == DP_OP_ATTENTION_CP_GRAD)
+			dkv = (T *)0;
+		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
 			CU_LAUNCH(k_attn_rowdot<T>, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g,
@@ -1492,12 +1500,11 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 			CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T>,
 						      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
 		CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
-			       dy, (const float *)lse, (const float *)dd,
-			       op == DP_OP_ATTENTION_CP_GRAD ? (T *)0 : dqkv, dqacc, walk);
+			       dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
 		CU_LAUNCHED(a, e);
 		if (dqacc) {
 			CU_LAUNCH(k_attn_dq_store<T>, cu_grid(g.b * g.t * g.c), CU_THREADS, a->st, g,
-				  (const float *)dqacc, walk.splits, dqkv, op == DP_OP_ATTENTION_CP_GRAD);
+				  (const float *)dqacc, walk.splits, dqkv, (int)(g.cp != 0));
 			CU_LAUNCHED(a, e);
 		}
 	}
@@ -1538,6 +1545,16 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 1);
+		CU_LAUNCHED(a, e);
+		return 0;
+	case DP_OP_ATTENTION_CP_GRAD_BOTH: /* d kv, then d qkv */
+		if (tensor_cores<HD, T>(g, a->tf32))
+			return launch_bwd_tc<HD, true>(a, g, e);
+		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy,
+			  out + g.cp * g.b * g.t * 2 * g.c, stats, 1, 1);
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH((k_attn_bwd_kv<HD, T>), kblocks, ATT_THREADS, a->st, g, dy, stats,
+			  out, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
@@ -1590,8 +1607,10 @@ static int run_attention(const CuArgs *a, RtErr *e)
 static int attn_forward_of(int op)
 {
 	return op == DP_OP_ATTENTION_GRAD ? DP_OP_ATTENTION
-	       : op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ? DP_OP_ATTENTION_CP
-									      : -1;
+	       : op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ||
+			 op == DP_OP_ATTENTION_CP_GRAD_BOTH
+		       ? DP_OP_ATTENTION_CP
+		       : -1;
 }
 
 /* Does a gradient of attention run on tensor cores? (tensor_cores' rule on
@@ -1682,5 +1701,6 @@ extern "C" const KernelRow cu_attention_rows[] = {
 	{DP_OP_ATTENTION_CP, run_attention, limit_attention, 1, NULL, NULL, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD_BOTH, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
 	{},
 };
