@@ -361,6 +361,8 @@ DP_ATTR_SAME(ATTENTION, KV_PACK, heads);
 DP_ATTR_SAME(ATTENTION, KV_UNPACK, heads);
 DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD, cp);
 DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_KV, cp);
+DP_ATTR_SAME(ATTENTION, ATTENTION_CP_GRAD_BOTH, heads);
+DP_ATTR_SAME(ATTENTION_CP, ATTENTION_CP_GRAD_BOTH, cp);
 DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD, eps);
 DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_G, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM, eps);
@@ -456,6 +458,8 @@ typedef enum {
 	                      disjoint */
 	DP_OR_NORM_GRAD_ADD, /* as NORM_GRAD, and in3 (the residual's gradient) like x */
 	DP_OR_ADD_NORM_SCALE, /* as ADD_NORM without beta (in0, in1, in2 gamma) */
+	DP_OR_ATTENTION_CP_GRAD_BOTH, /* as ATTENTION_CP_GRAD, out flat: like kv, then like
+	                      qkv; disjoint */
 	DP_NOR
 } DpOperandRule;
 

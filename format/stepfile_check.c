@@ -130,6 +130,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_ADD_NORM] = {CD, CD, CD, CD, CD},
 	[DP_OR_NORM_GRAD_ADD] = {CD, CD, CD, CD, CD},
 	[DP_OR_ADD_NORM_SCALE] = {CD, CD, CD, CD},
+	[DP_OR_ATTENTION_CP_GRAD_BOTH] = {CD, CD, CD, CD, I32},
 };
 #undef CD
 #undef CDF
@@ -624,7 +625,8 @@ static int check_transformer(Chk *c, int rule)
 	}
 	case DP_OR_ATTENTION_CP:
 	case DP_OR_ATTENTION_CP_GRAD:
-	case DP_OR_ATTENTION_CP_GRAD_KV: {
+	case DP_OR_ATTENTION_CP_GRAD_KV:
+	case DP_OR_ATTENTION_CP_GRAD_BOTH: {
 		int k = rule == DP_OR_ATTENTION_CP ? 0 : 1; /* where qkv is */
 		OPND(o, -1, -1);
 		OPND(qkv, k, -1);
@@ -644,9 +646,14 @@ static int check_transformer(Chk *c, int rule)
 		} else {
 			OPND(dy, 0, -1);
 			NEED(dp_numel(dy) == b * t * ch && cols_of(dy) == ch, "dy is not [batch, T, C]");
-			const DpTensor *like = rule == DP_OR_ATTENTION_CP_GRAD ? qkv : kv;
-			NEED(dp_numel(o) == dp_numel(like) && cols_of(o) == cols_of(like),
-			     "the output is not shaped like its operand");
+			if (rule == DP_OR_ATTENTION_CP_GRAD_BOTH) { /* d kv, then d qkv */
+				NEED(dp_numel(o) == dp_numel(kv) + dp_numel(qkv),
+				     "the output is not as many elements as kv and qkv together");
+			} else {
+				const DpTensor *like = rule == DP_OR_ATTENTION_CP_GRAD ? qkv : kv;
+				NEED(dp_numel(o) == dp_numel(like) && cols_of(o) == cols_of(like),
+				     "the output is not shaped like its operand");
+			}
 		}
 		DISJOINT();
 		return 0;

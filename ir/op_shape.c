@@ -560,6 +560,17 @@ int ir_shape_attention_cp_grad_kv(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* ATTENTION_CP_GRAD_BOTH {dy, qkv, kv, pos} -> flat [numel(kv) + numel(qkv)]:
+ * d kv, then d qkv (passes/fuse.c makes each a view of its part). */
+int ir_shape_attention_cp_grad_both(Graph *g, Node *n, Value *out, Diag *d)
+{
+	if (ir_shape_attention_cp_grad(g, n, out, d))
+		return -1;
+	const Value *qkv = V(g, n->in[1]), *kv = V(g, n->in[2]);
+	set_type(out, qkv->dtype, 1, (int64_t[]){ir_numel(kv) + ir_numel(qkv)});
+	return 0;
+}
+
 /* ROPE {qkv [B, T, 3C], cos [Tc, hd/2], sin [Tc, hd/2]}: out like qkv; T <= Tc and
  * 3C a multiple of 3 * hd. */
 int ir_shape_rope(Graph *g, Node *n, Value *out, Diag *d)

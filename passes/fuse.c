@@ -46,6 +46,19 @@
  *    layernorm_grad_add(dy, s, gamma, dres)` at the layernorm_grad's
  *    place and the accum is gone: one read of the rows and one write
  *    where the pair read dx twice and wrote it twice.
+ *  - context parallelism's attention backward (passes/cp.c, ir_grad_attention_cp):
+ *    `dq = attention_cp_grad(dy, qkv, kv, pos)` and `dkv =
+ *    attention_cp_grad_kv(dy, qkv, kv, pos)` of one attention_cp (the same
+ *    four operands and heads) become, at the first one's place,
+ *    `%dq.both = attention_cp_grad_both(dy, qkv, kv, pos)`, a flat
+ *    temporary of d kv's elements and then d qkv's; dkv and dq are views
+ *    of the two parts (view=%dq.both+0 and +numel(dkv), def -1) and the
+ *    second node is gone. The two recomputed the same probabilities (S,
+ *    dP) each: on tensor cores one backward kernel now gives dQ, dK and
+ *    dV (runtime/cuda/attention.cu: 5 T^2 hd units where the pair ran 3 +
+ *    4, or 7 where unpaired ran 5 + 6). d kv is written where the pair
+ *    wrote d qkv, before its reduce_scatter as before; its bytes now live
+ *    as long as d qkv's (the pack), until qkv's linear has its gradient.
  *  - residual add -> rmsnorm (Llama's x = x + f(x); h = rmsnorm(x)): the
  *    same, without beta: `%y.add = add_rmsnorm(a, b, g)` and `dx =
  *    rmsnorm_grad_add(dy, s, g, dres)`. Separate ops rather than a flag on
@@ -60,7 +73,11 @@
  * sum read by nothing before the layernorm and the add's operands written
  * by nothing between the two; backward, dx read by nothing before the
  * accum, written by those two alone, and dres complete before the
- * layernorm_grad and written by nothing until the accum. The CPU backend runs the
+ * layernorm_grad and written by nothing until the accum. The cp
+ * gradients: the same stream, programs and condition, d kv written by that
+ * node alone and read by nothing before it, d qkv defined by the first and
+ * then only added into (the autodiff's accums of qkv's other gradients),
+ * the four operands written by nothing between the two. The CPU backend runs the
  * fused ops as the two kernels they replace (bitwise the same results); on
  * CUDA one cuBLASLt call does both (runtime/cuda/gemm.cu). The fused
  * classifier's kernels do the loss's row walk and then the gradient's on the
@@ -405,6 +422,64 @@ static int fuse_add_norm(Graph *g, const FuseIndex *ix, int j, const int *writer
 	return i;
 }
 
+/* attention_cp_grad -> attention_cp_grad_kv of the same attention_cp (the
+ * same dy, qkv, kv, pos and heads): one attention_cp_grad_both at the first
+ * one's place, writing d kv into the first part of a flat temporary and
+ * d qkv into the second; the two gradients' values view the parts. Returns
+ * the position of attention_cp_grad_kv, or -1. */
+static int fuse_cp_grad(Graph *g, const FuseIndex *ix, int i, const int *writers)
+{
+	Node *dq = g->nodes[i];
+	int q = dq->out, dy = dq->in[0];
+	if (q < 0 || q >= ix->nvalues || dy < 0 || dy >= ix->nvalues)
+		return -1;
+	int j = -1;
+	for (int p = ix->start[dy]; p < ix->start[dy + 1] && j < 0; p++) {
+		const Node *n = g->nodes[ix->at[p]];
+		if (ix->at[p] > i && !ix->dead[ix->at[p]] && n->op == DP_OP_ATTENTION_CP_GRAD_KV &&
+		    !memcmp(n->in, dq->in, 4 * sizeof n->in[0]) &&
+		    DP_ATTR(n, ATTENTION_CP_GRAD_KV, heads) == DP_ATTR(dq, ATTENTION_CP_GRAD, heads) &&
+		    DP_ATTR(n, ATTENTION_CP_GRAD_KV, cp) == DP_ATTR(dq, ATTENTION_CP_GRAD, cp))
+			j = ix->at[p];
+	}
+	if (j < 0)
+		return -1;
+	Node *dkv = g->nodes[j];
+	int k = dkv->out;
+	/* d kv: written there alone; d qkv: defined there, then only added
+	 * into (the autodiff's accums of qkv's other gradients) */
+	if (k < 0 || k >= ix->nvalues || !same_place(dq, dkv) || !plain_temp(g, k, writers) ||
+	    g->values[q]->kind != DP_T_ACT || g->values[q]->view_of >= 0 || ix->first_write[q] != i)
+		return -1;
+	for (int p = i + 1; p < g->nnodes; p++)
+		if (!ix->dead[p] && g->nodes[p]->out == q && !ir_reads_out(g->nodes[p]))
+			return -1;
+	/* d kv moves from j to i: its operands are complete at i (nothing
+	 * writes them between), nothing reads it before j */
+	for (int o = 0; o < 4; o++)
+		if (root_written_between(g, ix, i, j, dq->in[o]))
+			return -1;
+	if (read_before(ix, k, j + 1))
+		return -1;
+	Value *qv = g->values[q], *kv = g->values[k];
+	if (qv->dtype != kv->dtype)
+		return -1;
+	const char *name = ir_fmt(g, "%s.both", qv->name);
+	if (ir_find_value(g, name))
+		name = ir_fresh_name(g, name);
+	Value *pack = ir_value(g, name, qv->dtype, 1, (int64_t[]){ir_numel(kv) + ir_numel(qv)},
+			       DP_T_ACT, qv->loc);
+	pack->block = qv->block;
+	pack->def = dq->id;
+	dq->op = DP_OP_ATTENTION_CP_GRAD_BOTH;
+	dq->out = pack->id;
+	kv->view_of = qv->view_of = pack->id;
+	kv->view_offset = 0;
+	qv->view_offset = ir_numel(kv);
+	kv->def = qv->def = -1;
+	return j;
+}
+
 /* layernorm_grad (rmsnorm_grad) -> the accum that adds the residual
  * stream's gradient to its dx: one layernorm_grad_add (rmsnorm_grad_add) at
  * the norm gradient's place. accum_at[v]:
@@ -477,6 +552,12 @@ int fuse_run(Graph *g, Diag *d)
 		int op = g->nodes[i]->op;
 		int j = !gone[i] && (op == DP_OP_LAYERNORM_GRAD || op == DP_OP_RMSNORM_GRAD)
 				? fuse_norm_grad_add(g, &ix, i, writers, accum_at) : -1;
+		if (j >= 0)
+			gone[j] = 1;
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		int j = !gone[i] && g->nodes[i]->op == DP_OP_ATTENTION_CP_GRAD
+				? fuse_cp_grad(g, &ix, i, writers) : -1;
 		if (j >= 0)
 			gone[j] = 1;
 	}

@@ -60,7 +60,8 @@ const Pass pipeline[] = {
 		 "matmul_gelu_grad (cuBLASLt's epilogues), the loss and its gradient one "
 		 "cross_entropy_fused (the gradient over the logits), a residual add and the "
 		 "layernorm after it one add_layernorm (backward: layernorm_grad_add), and "
-		 "the rmsnorm after it one add_rmsnorm (backward: rmsnorm_grad_add)",
+		 "the rmsnorm after it one add_rmsnorm (backward: rmsnorm_grad_add), and cp's "
+		 "attention_cp_grad and attention_cp_grad_kv one attention_cp_grad_both",
 	 fuse_run},
 	{"views", "reshape and tp_copy of a temporary are views of it: no copy kernel", views_run},
 	{"sample", "a language model's sample program: the step's forward up to the logits "

@@ -80,6 +80,7 @@ static int class_of(IrOp op)
 	case DP_OP_ATTENTION_CP:
 	case DP_OP_ATTENTION_CP_GRAD:
 	case DP_OP_ATTENTION_CP_GRAD_KV:
+	case DP_OP_ATTENTION_CP_GRAD_BOTH:
 		return C_ATTN;
 	case DP_OP_SQNORM:
 	case DP_OP_SQRT:
@@ -194,7 +195,8 @@ static int attn_paired(const Graph *g, int j)
  * when not paired with its forward (attn_paired: lse and O kept); the cp
  * gradients 5 (d qkv: the forward again, S, dP, dQ) and 6 (d kv: the
  * forward again, S, dP, dV, dK), 3 and 4 on tensor cores when paired (two
- * ops, each running the one kernel for its part); on tensor cores for bf16 (and f32 under
+ * ops, each running the one kernel for its part), and the two as one
+ * attention_cp_grad_both (passes/fuse.c) as attention_grad; on tensor cores for bf16 (and f32 under
  * gemm_math tf32, in tf32) with a head dim of 32, 64 or 128 (the kernels'
  * own rule), else on the CUDA cores. *tensor: on tensor cores. j: the
  * node's index.
@@ -216,6 +218,7 @@ static double attn_executed(const Graph *g, int j, int *tensor)
 	case DP_OP_ATTENTION_CP:
 		return 2 * unit;
 	case DP_OP_ATTENTION_GRAD:
+	case DP_OP_ATTENTION_CP_GRAD_BOTH:
 		return (*tensor ? (paired ? 5 : 7) : 9) * unit;
 	case DP_OP_ATTENTION_CP_GRAD:
 		return (paired ? 3 : 5) * unit;

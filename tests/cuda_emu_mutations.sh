@@ -116,16 +116,27 @@
 #   tcb_causal    a backward warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them (dK, dV and
 #                 its dS^T rows for dQ)
-#   tcb_dqadd     the backward's dQ part stored into the f32 sums, not
-#                 added by atomicAdd: a key block's sum overwrites the
-#                 others' (a dropped dQ accumulation; k16: a16 at ctx
-#                 512, where a row's dQ has up to 8 key blocks' parts)
+#   tcb_dqadd     the backward's dQ part stored into its run's f32 sums,
+#                 not added: a key block's part overwrites the run's
+#                 earlier ones (a dropped dQ accumulation; det: with runs
+#                 of two key blocks the lost part stays within the
+#                 bounds against the CPU at ctx 512, as at ctx 128 before)
 #   tcb_dqsync    the backward's second __syncthreads per query tile
 #                 (every warp's dS^T rows stored before dQ = dS K reads
 #                 them), dropped
 #   tcb_dqlayout  dS^T's shared tile read for dQ = dS K by ldmatrix
 #                 without .trans: dS^T's registers where the mma takes
 #                 dS's (a wrong fragment layout)
+#   tcb_dqorder   every run of key blocks adds its dQ parts into the first
+#                 run's sums by atomicAdd, as the backward did before
+#                 issue 23's deterministic dQ: the sums' order is the
+#                 blocks' (det: k16 whose reference is the emulator's own
+#                 run in ascending block and thread order, compared bit
+#                 for bit; a run in another block order must differ)
+#   tcb_kbsync    the backward's __syncthreads between two key blocks of a
+#                 run (the last one's K rows and query tile read before
+#                 the next one's are copied over them), dropped (a16: one
+#                 run of both key blocks per sequence and head)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
@@ -283,11 +294,16 @@ c16_model() {
 	once a16src a16_model
 	{ echo "mesh cp=2"; grep -v '^mesh ' "$T/a16.dp"; } >"$T/c16.dp"
 }
-# k16: a16 at ctx 512, one sequence: a query row's dQ sums the parts of up
-# to 8 key blocks (at ctx 128, two: tcb_dqadd's lost part stays within the
-# bounds; caught at 512 with updates 3.4e-3 against 1.95e-3, at ctx 1024
-# with 3.9e-3 for twice the CPU; GPT-2's ctx itself is tests/cuda_emu.sh's
-# "gpt2-ctx1k bf16 sgd")
+# det: k16 (below) compared bit for bit with the emulator's own run in
+# ascending block and thread order (DET_REF), not with the CPU: its base
+# run (descending blocks, random threads) must equal it, so dQ's sums over
+# the key blocks (fa_walk's runs, summed in a fixed order) do not depend on
+# the schedule, and tcb_dqorder's atomics, whose order is the blocks', do
+DET_REF="DPEMU_BLOCKS=asc DPEMU_THREADS=asc DPEMU_SEED=1"
+# k16: a16 at ctx 512, one sequence (det's model): a query row's dQ sums the
+# parts of up to 8 key blocks, in 4 runs of 2 (attention.cu's fa_walk);
+# against the CPU the runs' sums are tests/cuda_emu.sh's "gpt2-ctx1k bf16
+# sgd" (GPT-2's ctx: 16 key blocks, 8 runs)
 k16_model() {
 	once a16src a16_model
 	sed 's/^  global_batch .*/  global_batch 1/' "$T/a16.dp" >"$T/k16.dp"
@@ -368,7 +384,7 @@ sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
 # need to be caught under, passing unmutated
 declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [g8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
 	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3"
-	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3")
+	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [det]="DPEMU_BLOCKS=desc,DPEMU_THREADS=random,DPEMU_SEED=2")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
 # as the emulated cuBLASLt's)
@@ -393,17 +409,24 @@ reference() {
 	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
-	k16) np=1 src=$T/k16.dp prec=bf16 defs="-D ctx=512 -D d=128 -D heads=2 -D layers=1"; once k16src k16_model ;;
+	det) np=1 src=$T/k16.dp prec=bf16 defs="-D ctx=512 -D d=128 -D heads=2 -D layers=1"; once k16src k16_model ;;
 	t32) np=1 src=$T/a16.dp prec=tf32 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
 	esac
 	# shellcheck disable=SC2086 # defs are words
-	if ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
+	if [ "$1" = det ]; then # (the emulator's own run: DET_REF)
+		if ! "$DPC" "$src" $defs --world-size 1 --precision $prec -o "$T/det.bin" >"$T/det.dpc" 2>&1 ||
+			! env $DET_REF timeout 300 "$EMU" "$T/det.bin" --device cuda --steps "$STEPS" --quiet \
+				--eval-every 0 --losses "$T/det.ref.loss" --save-full "$T/det.ref.st" >"$T/det.ref.log" 2>&1; then
+			fail "the reference run of case det ($DET_REF): dpc or the emulator"; tail -n 3 "$T/det.ref.log"
+			return 1
+		fi
+	elif ! "$DPC" "$src" $defs --world-size $np ${prec:+--precision $prec} -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 ||
 		! DP_CPU_BF16_GEMM=${prec:+blas} mpi $np "$T/$1.bin" --device cpu --steps "${NSTEPS[$1]:-$STEPS}" --quiet \
 			--eval-every 0 --losses "$T/$1.cpu.loss" --save-full "$T/$1.cpu.st" >/dev/null 2>&1; then
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16, c16, u16, h16, k16, o16, op16, t32: their training updates are compared, from the initial weights
+	# a16, c16, u16, h16, o16, op16, t32: their training updates are compared, from the initial weights
 	if [[ $1 == [acuhko]16 || $1 == op16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
@@ -433,6 +456,14 @@ run() {
 	if [ $rc != 0 ]; then
 		why=$(grep -m1 -E "FATAL|error:" "$T/$name.log" | sed 's/^cuda-emu: //; s/^dpexec: //' | cut -c1-170)
 		[ -n "$why" ] || why="exit $rc: $(grep -v '^ \|^$\|^---' "$T/$name.log" | tail -n 1 | cut -c1-150)"
+		return 0
+	fi
+	if [ "$bin" = det ]; then # bit for bit the reference's run
+		if cmp -s "$T/$name.loss" "$T/det.ref.loss" && cmp -s "$T/$name.st" "$T/det.ref.st"; then
+			why="passed: losses and parameters bitwise the reference's ($DET_REF)"
+			return 1
+		fi
+		why="not bitwise the reference's run ($DET_REF): $(cmp "$T/$name.st" "$T/det.ref.st" 2>&1 | head -n 1)"
 		return 0
 	fi
 	local lrtol=1e-5 params=(params "$T/$name.st" "$T/$bin.cpu.st" --rtol 1e-3 --atol 1e-5)
@@ -522,9 +553,11 @@ tcb_stale     tcb_stale     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_dterm     tcb_dterm     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_causal    tcb_causal    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_dqadd     tcb_dqadd     k16     1 one DPEMU_SEED=1
+tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqlayout  tcb_dqlayout  a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2
+tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=3
 tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tf32_frag     tf32_frag     t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -604,7 +637,7 @@ unmutated a16 "the gpt2-hd64 bf16 case"
 unmutated u16 "the unpaired attention case"
 unmutated c16 "the cp=2 attention case"
 unmutated t32 "the gpt2-hd64 tf32 case"
-unmutated k16 "the gpt2-hd64 bf16 case at ctx 512"
+unmutated det "the ctx-512 bf16 case bit for bit in another block and thread order than its reference's (dQ deterministic)"
 unmutated voc "the padded-vocabulary case"
 unmutated ll "the llama case (add_rmsnorm, rmsnorm_grad_add)"
 unmutated b16 "the bf16 case"

@@ -3,7 +3,9 @@
  * kv_pack / kv_unpack, and causal attention of this cp rank's queries
  * against the keys and values all_gathered from every cp rank
  * (attention_cp, its q gradient attention_cp_grad and its key/value
- * gradient attention_cp_grad_kv).
+ * gradient attention_cp_grad_kv; attention_cp_grad_both, the two as one
+ * instruction (passes/fuse.c), runs them one after the other into its two
+ * parts: bitwise the two ops' results).
  *
  * Layouts (format/ops.def). qkv [B, T, 3C], per head h [q|k|v] of hd = C/H;
  * kv [B, T, 2C], per head [k|v]; the gathered kv is [cp, B, T, 2C], block r
@@ -183,11 +185,10 @@ static int check_positions(const CpAtt *at, const char *op, RtErr *e)
 	return 0;
 }
 
-static int run_attention_cp(const CpuArgs *a, RtErr *e)
+/* One of the three kernels (kind) into out, n elements. */
+static int cp_run(const CpuArgs *a, int kind, float *out, int64_t n, RtErr *e)
 {
 	const DpInstr *in = a->in;
-	int kind = in->op == DP_OP_ATTENTION_CP ? CP_FWD
-		   : in->op == DP_OP_ATTENTION_CP_GRAD ? CP_DQ : CP_DKV;
 	int q = kind == CP_FWD ? 0 : 1; /* where qkv is */
 	const DpTensor *tq = cpu_t(a, in->in[q]);
 	CpAtt at = {.bsz = tq->dims[0], .t = tq->dims[1], .cp = DP_ATTR(in, ATTENTION_CP, cp),
@@ -198,7 +199,6 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 	at.hd = at.c / at.heads;
 	at.tg = at.cp * at.t;
 	at.scale = (float)(1.0 / sqrt((double)at.hd));
-	float *out = cpu_f(a, in->out);
 	RT_CHECK(check_positions(&at, dp_op_names[in->op], e));
 	int64_t blk = at.t < CP_BLOCK ? at.t : CP_BLOCK;
 	size_t kvn = (size_t)(at.tg * at.hd);
@@ -210,7 +210,7 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 	float *k = buf, *v = k + kvn, *p = v + kvn, *dp = p + blk * at.tg;
 	float *dk = dp + (kind == CP_FWD ? 0 : blk * at.tg), *dv = dk + kvn;
 	if (kind != CP_FWD)
-		memset(out, 0, (size_t)cpu_numel(cpu_t(a, in->out)) * sizeof(float));
+		memset(out, 0, (size_t)n * sizeof(float));
 	for (int64_t b = 0; b < at.bsz; b++)
 		for (int64_t h = 0; h < at.heads; h++) {
 			gather_kv(&at, b, h, k, v);
@@ -229,6 +229,20 @@ static int run_attention_cp(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
+static int run_attention_cp(const CpuArgs *a, RtErr *e)
+{
+	const DpInstr *in = a->in;
+	float *out = cpu_f(a, in->out);
+	int64_t n = cpu_numel(cpu_t(a, in->out));
+	if (in->op == DP_OP_ATTENTION_CP_GRAD_BOTH) { /* d kv, then d qkv */
+		int64_t nkv = cpu_numel(cpu_t(a, in->in[2]));
+		RT_CHECK(cp_run(a, CP_DKV, out, nkv, e));
+		return cp_run(a, CP_DQ, out + nkv, n - nkv, e);
+	}
+	return cp_run(a, in->op == DP_OP_ATTENTION_CP ? CP_FWD
+			 : in->op == DP_OP_ATTENTION_CP_GRAD ? CP_DQ : CP_DKV, out, n, e);
+}
+
 /* BLAS takes int sizes: the whole sequence and the row strides. */
 static int limit_attention_cp(const DpStep *s, const DpInstr *in, RtErr *e)
 {
@@ -245,5 +259,6 @@ const KernelRow cpu_cp_rows[] = {
 	{DP_OP_ATTENTION_CP, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD_BOTH, run_attention_cp, limit_attention_cp, 0, NULL, NULL, 0, 0},
 	{0},
 };

@@ -9,6 +9,8 @@
  *                        against the gathered keys kv [cp,B,T,2C] (per head [k|v])
  *   attention_cp_grad    d qkv, only the q columns set (k and v columns 0)
  *   attention_cp_grad_kv d kv [cp,B,T,2C] of every gathered key
+ *   attention_cp_grad_both both of the last two, from one backward
+ *                        (passes/fuse.c: d kv, then d qkv, in one output)
  *
  * Keys are walked in position order: for the ordinary op key position p is
  * row p of the batch; for cp it is the zigzag chunk p / L (L = T/2) of the
@@ -41,13 +43,13 @@
  *                    leaves each row's lse for it; else the backward runs it
  *                    again for each row's lse and D.
  *   k_attn_bwd_mma<HD> the backward of the same attention on tensor cores
- *                    from those, FlashAttention-2's: one kernel per key tile
- *                    gives dK, dV and (by f32 atomicAdd, then
+ *                    from those, FlashAttention-2's: one kernel walking key
+ *                    blocks gives dK, dV and (into per-run f32 sums, then
  *                    k_attn_dq_store) dQ (its comment below);
  *                    k_attn_bwd_q/kv do the rest.
- * Every output element but the tensor-core backward's dQ is written by one
- * thread with a fixed loop order: deterministic, graph == eager. That dQ is
- * summed over key blocks by atomics, in the order the blocks get there.
+ * Every output element is written by one thread with a fixed loop order,
+ * and the tensor-core backward's dQ is summed over key blocks in an order
+ * fixed by the shapes (no atomics): deterministic, graph == eager.
  *
  * Numerics against the CPU (which does S = scale * Q K^T and P V with
  * sgemm, the softmax with the final max, expf, a double sum and a float
@@ -791,8 +793,8 @@ CU_UNROLL
 }
 
 /* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h)
- * * tiles + tile, over `rows` rows per (batch, head): T query rows, or the
- * nkeys stored key rows of the dK/dV kernel. */
+ * * tiles + tile, over `rows` rows per (batch, head): the forward's T query
+ * rows (the backward walks its key blocks by FaWalk). */
 template <typename T>
 static __device__ __forceinline__ void fa_block(const Geom<T> &g, int64_t rows, int64_t *b,
 						int64_t *h, int64_t *r0)
@@ -994,8 +996,9 @@ CU_UNROLL
  * paired with the gradient and D by k_attn_rowdot from its output O, else
  * both from k_attn_fwd_mma run again), so P = exp(scale s - lse) needs no
  * softmax pass. One kernel, k_attn_bwd_mma, a block per (batch, head) and
- * 64 stored key rows (BCB = 32 query rows per tile, 16 for head dim 128:
- * the registers):
+ * run of key blocks of 64 stored key rows (FaWalk), walked one after the
+ * other (BCB = 32 query rows per tile, 16 for head dim 128: the
+ * registers); per key block:
  *  - K's and V's A registers are read once and kept, K's rows also copied
  *    once into shared memory (B of dQ's product);
  *  - the query tiles from the block's first key's go by double-buffered
@@ -1007,19 +1010,21 @@ CU_UNROLL
  *    into a shared [64 keys][BCB queries] tile, a barrier, and warp w
  *    computes one 16-row, HD W' / 4-column part of the tile's dQ = dS K
  *    (A: dS^T's tile through ldmatrix .trans, B: K's rows through
- *    ldmatrix .trans, as fa_times_tile takes them) and adds it into the
- *    f32 accumulators dqacc [B, T, C] with atomicAdd (RED.ADD.F32 on a
- *    GPU: each element once per key block and query tile);
- *  - after it, k_attn_dq_store writes scale * dqacc into d qkv's q
- *    columns (rounded once) and, for attention_cp_grad, zeros in k and v.
+ *    ldmatrix .trans, as fa_times_tile takes them) and adds it into its
+ *    run's f32 sums dqacc [splits][B, T, C] by a plain load and store: an
+ *    element of a run's sums is only ever this thread's, of this block;
+ *  - after it, k_attn_dq_store sums the runs in order and writes scale *
+ *    dQ into d qkv's q columns (rounded once) and, for attention_cp_grad,
+ *    zeros in k and v.
  * So S and dP are computed once for all three gradients: 5 T^2 hd units
  * (S, dP, dV, dK, dQ), not the 7 of a dQ kernel and a dK/dV kernel that
- * each recompute S and dP. Why atomics rather than a second pass: that
- * pass is the 2 units saved; FlashAttention-2 and cuDNN do the same. The
- * price: dQ's sum over key blocks runs in the order the blocks reach
- * their atomics, so its last bits (and the run's) vary from run to run and
- * a graph replay is not bit for bit an eager run (docs/CUDA.md); each
- * element is a sum of nkeys / 64 f32 partial sums, a few ulp apart at most.
+ * each recompute S and dP. Why runs rather than a second dQ pass: that
+ * pass is the 2 units saved; and rather than f32 atomics over every key
+ * block (FlashAttention-2's default, and what this kernel did): their
+ * order is the order the blocks get there, so dQ's last bits (and the
+ * run's) varied from run to run. The price of the runs: fewer blocks
+ * (batch x heads x splits, not x nkeys / 64), splits x B T C x 4 bytes of
+ * sums zeroed and read once more by k_attn_dq_store (docs/CUDA.md).
  * The cp gradients run it too: attention_cp_grad with out NULL (dQ only:
  * S, dP, dQ), attention_cp_grad_kv with dqacc NULL (dK, dV only).
  * P is rounded to bf16 for dV, dS for dK and dQ, as FlashAttention does.
@@ -1073,9 +1078,53 @@ CU_UNROLL
 	}
 }
 
+/* The backward's walk over key blocks: nkb = ceil(nkeys / 64) blocks of 64
+ * stored key rows per (batch, head), taken in the zigzag order 0, nkb - 1,
+ * 1, nkb - 2, ... (causal: key block j has nkb - j query tiles of work, so
+ * each pair of neighbours in that order has nkb + 1) and cut into `splits`
+ * runs of `per` consecutive ones; a CUDA block walks one run in order, and
+ * adds its dQ parts into the run's own f32 sums (FlashAttention-2's
+ * deterministic backward, flash-attn's `deterministic=True`: dq_accum split
+ * along the keys, each split walked by one block, summed in a fixed order
+ * after). Decided from the shapes alone (never the device), so that the
+ * bits are the same on any GPU and any schedule. */
+struct FaWalk {
+	int nkb;    /* key blocks per (batch, head) */
+	int per;    /* key blocks one CUDA block walks */
+	int splits; /* runs, and dQ's f32 sums [splits][B, T, C] */
+};
+
+/* Blocks enough for two per SM on 132 SMs (an H100 SXM at head dim 64:
+ * docs/CUDA.md): a constant, not the device's count, so the sums' order is
+ * the shapes' alone. */
+#define FA_WALK_BLOCKS 264
+
+/* dq: the walk of a backward that gives dQ (at least two key blocks per
+ * run where there are two: the zigzag pairs; more where batch x heads fill
+ * FA_WALK_BLOCKS without them); without dQ each block takes one key block,
+ * as every block's dK and dV are its own. */
+static FaWalk fa_walk(int64_t bh, int64_t nkeys, int dq)
+{
+	FaWalk w;
+	w.nkb = (int)((nkeys + 63) / 64);
+	int64_t want = dq ? (FA_WALK_BLOCKS + bh - 1) / bh : w.nkb;
+	int64_t most = dq ? (w.nkb + 1) / 2 : w.nkb; /* the zigzag pairs */
+	int64_t splits = want < 1 ? 1 : want > most ? most : want;
+	w.per = (int)((w.nkb + splits - 1) / splits);
+	w.splits = (w.nkb + w.per - 1) / w.per;
+	return w;
+}
+
+/* Key block i of the zigzag order of nkb. */
+static __device__ __forceinline__ int64_t fa_zigzag(int64_t i, int64_t nkb)
+{
+	return i % 2 ? nkb - 1 - i / 2 : i / 2;
+}
+
 template <int HD, bool CP, typename T>
 __global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
-k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc)
+k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc,
+	       FaWalk walk)
 {
 	typedef FaShape<HD, T> S;
 	typedef FaBwd<HD, T> F;
@@ -1087,163 +1136,182 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	float *stats = (float *)(fa_smem + 4 * TILE);
 	T *ksm = (T *)(stats + 4 * BC), *dst = ksm + F::KR * S::LD;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
-	int64_t b, h, k0;
-	fa_block(g, g.nkeys, &b, &h, &k0);
+	const int64_t split = blockIdx.x % walk.splits, h = blockIdx.x / walk.splits % g.h,
+		      b = blockIdx.x / ((int64_t)walk.splits * g.h);
 	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const T *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
-	const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
-	const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
-	int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
-	const T *rp[2];
-	for (int r = 0; r < 2; r++) {
-		kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
-		rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const T *)0;
-	}
-	if (wrow < g.nkeys)
-		fa_key_span(g, wrow, &wfirst, &wlast);
-	uint32_t ka[HD / KS][4], va[HD / KS][4];
-	fa_load_a<HD>(ka, rp, 0, g.vec8);
-	fa_load_a<HD>(va, rp, g.hd, g.vec8);
-	float dk[HD / 8][4], dv[HD / 8][4];
-CU_UNROLL
-	for (int n = 0; n < HD / 8; n++)
-		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
-	if (dqacc) { /* K's rows, B of dQ = dS K (read after the loop's first barrier) */
-		auto krow = [&](int j) {
-			return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
-		};
-		tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, g.tcvec);
-	}
-
-	auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
-		T *t = fa_smem + 2 * TILE * buf;
-		float *st = stats + 2 * BC * buf;
-		tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.tcvec);
-		tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.tcvec);
-		for (int i = threadIdx.x; i < BC; i += blockDim.x) {
-			int64_t r = (b * g.h + h) * g.t + q0 + i;
-			st[i] = q0 + i < g.t ? lse[r] : 0;
-			st[BC + i] = q0 + i < g.t ? dd[r] : 0;
-		}
-	};
-	/* causal: no query before the block's first key position sees its keys */
-	int64_t kmin = g.nkeys;
-	for (int w = 0; w < S::W; w++) /* (the ordinary op: k0) */
-		if (k0 + 16 * w < g.nkeys) {
-			int64_t lo, hi;
-			fa_key_span(g, k0 + 16 * w, &lo, &hi);
-			kmin = lo < kmin ? lo : kmin;
-		}
-	const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
-	const int64_t tiles = (g.t - first + BC - 1) / BC;
+	/* this run's dQ sums: its own, so one block adds into them, in order
+	 * (tcb_dqorder: every run's into the first, by atomics: the order the
+	 * blocks get there) */
+	float *dqrun = dqacc && !MUTANT(tcb_dqorder) ? dqacc + split * g.b * g.t * g.c : dqacc;
 	const int rt = 16 * (warp % F::RT), c0 = F::HDW * (warp / F::RT); /* this warp's part of dQ */
-	load(first, 0);
-	for (int64_t it = 0; it < tiles; it++) {
-		if (!MUTANT(tcb_sync))
-			__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
-		if (it + 1 < tiles)
-			load(first + (it + 1) * BC, (it + 1) % 2);
-		const int64_t q0 = first + it * BC;
-		int64_t qfirst, qlast; /* the tile's query positions */
-		fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
-		const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
-		const float *ls = stats + 2 * BC * (it % 2), *dt = ls + BC;
-		float s[BC / 8][4], dp[BC / 8][4];
-		/* every query before the warp's keys, or keys past the end (warp-uniform) */
-		const int skip = (MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys;
-		if (!skip) {
-			fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
-			fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
-			/* a query before one of the warp's keys, or past T */
-			const int mask = qfirst < wlast || q0 + BC > g.t;
-CU_UNROLL
-			for (int j = 0; j < BC / 8; j++)
-CU_UNROLL
-				for (int e = 0; e < 4; e++) {
-					int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
-					float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
-							  ? 0.0f
-							  : expf(s[j][e] * g.scale - ls[c]);
-					s[j][e] = p;                       /* P^T */
-					dp[j][e] = p * (dp[j][e] - dt[c]); /* dS^T */
-				}
-			uint32_t pa[BC / KS][4];
-			if (out) { /* uniform over the grid */
-				fa_pack<BC, T>(pa, s);
-				fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
-				fa_pack<BC, T>(pa, dp);
-				fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
-			}
-		}
-		if (!dqacc)
-			continue; /* uniform over the grid */
-		/* this warp's rows of dS^T, as the mma takes them (zeros: skipped) */
-CU_UNROLL
+	const int64_t i1 = (split + 1) * walk.per < walk.nkb ? (split + 1) * walk.per : walk.nkb;
+	for (int64_t kbi = split * walk.per; kbi < i1; kbi++) {
+		if (kbi > split * walk.per && !MUTANT(tcb_kbsync))
+			__syncthreads(); /* the last key block's K rows and query tiles read */
+		const int64_t k0 = 64 * fa_zigzag(kbi, walk.nkb);
+		const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
+		const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
+		int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
+		const T *rp[2];
 		for (int r = 0; r < 2; r++) {
-			T *d = dst + (16 * warp + gr + 8 * r) * F::LDS + 2 * qd;
+			kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
+			rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const T *)0;
+		}
+		if (wrow < g.nkeys)
+			fa_key_span(g, wrow, &wfirst, &wlast);
+		uint32_t ka[HD / KS][4], va[HD / KS][4];
+		fa_load_a<HD>(ka, rp, 0, g.vec8);
+		fa_load_a<HD>(va, rp, g.hd, g.vec8);
+		float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
-			for (int j = 0; j < BC / 8; j++) {
-				float x0 = skip ? 0.0f : dp[j][2 * r], x1 = skip ? 0.0f : dp[j][2 * r + 1];
-				if constexpr (sizeof(T) == 2) {
-					*(uint32_t *)(d + 8 * j) = pack_bf16(x0, x1);
-				} else {
-					d[8 * j] = tc_value<T>(x0);
-					d[8 * j + 1] = tc_value<T>(x1);
+		for (int n = 0; n < HD / 8; n++)
+			dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
+		if (dqacc) { /* K's rows, B of dQ = dS K (read after the loop's first barrier) */
+			auto krow = [&](int j) {
+				return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
+			};
+			tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, g.tcvec);
+		}
+
+		auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
+			T *t = fa_smem + 2 * TILE * buf;
+			float *st = stats + 2 * BC * buf;
+			tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.tcvec);
+			tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.tcvec);
+			for (int i = threadIdx.x; i < BC; i += blockDim.x) {
+				int64_t r = (b * g.h + h) * g.t + q0 + i;
+				st[i] = q0 + i < g.t ? lse[r] : 0;
+				st[BC + i] = q0 + i < g.t ? dd[r] : 0;
+			}
+		};
+		/* causal: no query before the block's first key position sees its keys */
+		int64_t kmin = g.nkeys;
+		for (int w = 0; w < S::W; w++) /* (the ordinary op: k0) */
+			if (k0 + 16 * w < g.nkeys) {
+				int64_t lo, hi;
+				fa_key_span(g, k0 + 16 * w, &lo, &hi);
+				kmin = lo < kmin ? lo : kmin;
+			}
+		const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
+		const int64_t tiles = (g.t - first + BC - 1) / BC;
+		load(first, 0);
+		for (int64_t it = 0; it < tiles; it++) {
+			if (!MUTANT(tcb_sync))
+				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
+			if (it + 1 < tiles)
+				load(first + (it + 1) * BC, (it + 1) % 2);
+			const int64_t q0 = first + it * BC;
+			int64_t qfirst, qlast; /* the tile's query positions */
+			fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
+			const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
+			const float *ls = stats + 2 * BC * (it % 2), *dt = ls + BC;
+			float s[BC / 8][4], dp[BC / 8][4];
+			/* every query before the warp's keys, or keys past the end (warp-uniform) */
+			const int skip = (MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys;
+			if (!skip) {
+				fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
+				fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
+				/* a query before one of the warp's keys, or past T */
+				const int mask = qfirst < wlast || q0 + BC > g.t;
+CU_UNROLL
+				for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+					for (int e = 0; e < 4; e++) {
+						int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
+						float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
+								  ? 0.0f
+								  : expf(s[j][e] * g.scale - ls[c]);
+						s[j][e] = p;                       /* P^T */
+						dp[j][e] = p * (dp[j][e] - dt[c]); /* dS^T */
+					}
+				uint32_t pa[BC / KS][4];
+				if (out) { /* uniform over the grid */
+					fa_pack<BC, T>(pa, s);
+					fa_times_tile<HD, BC, S::LD>(dv, pa, ds); /* dV += P^T dO */
+					fa_pack<BC, T>(pa, dp);
+					fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
 				}
 			}
-		}
-		if (!MUTANT(tcb_dqsync))
-			__syncthreads(); /* dS^T's rows of every warp are in */
-		uint32_t sa[F::KR / KS][4];
-		fa_load_dst<F::KR, F::LDS>(sa, dst, rt);
-		float acc[F::HDW / 8][4];
+			if (!dqacc)
+				continue; /* uniform over the grid */
+			/* this warp's rows of dS^T, as the mma takes them (zeros: skipped) */
 CU_UNROLL
-		for (int n = 0; n < F::HDW / 8; n++)
-			acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
-		fa_times_tile<F::HDW, F::KR, S::LD>(acc, sa, ksm + c0); /* this part of dS K */
+			for (int r = 0; r < 2; r++) {
+				T *d = dst + (16 * warp + gr + 8 * r) * F::LDS + 2 * qd;
 CU_UNROLL
-		for (int r = 0; r < 2; r++) {
-			const int64_t t = q0 + rt + gr + 8 * r;
-			if (t >= g.t)
-				continue;
-			float *a = dqacc + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
+				for (int j = 0; j < BC / 8; j++) {
+					float x0 = skip ? 0.0f : dp[j][2 * r], x1 = skip ? 0.0f : dp[j][2 * r + 1];
+					if constexpr (sizeof(T) == 2) {
+						*(uint32_t *)(d + 8 * j) = pack_bf16(x0, x1);
+					} else {
+						d[8 * j] = tc_value<T>(x0);
+						d[8 * j + 1] = tc_value<T>(x1);
+					}
+				}
+			}
+			if (!MUTANT(tcb_dqsync))
+				__syncthreads(); /* dS^T's rows of every warp are in */
+			uint32_t sa[F::KR / KS][4];
+			fa_load_dst<F::KR, F::LDS>(sa, dst, rt);
+			float acc[F::HDW / 8][4];
 CU_UNROLL
 			for (int n = 0; n < F::HDW / 8; n++)
+				acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+			fa_times_tile<F::HDW, F::KR, S::LD>(acc, sa, ksm + c0); /* this part of dS K */
+			/* into the run's sums: each element by this one thread of the
+			 * grid, once per key block of the run, in the run's order */
 CU_UNROLL
-				for (int e = 0; e < 2; e++) {
-					if (c0 + 8 * n + 2 * qd + e >= g.hd)
-						continue;
-					if (MUTANT(tcb_dqadd))
-						a[8 * n + e] = acc[n][2 * r + e];
-					else
-						atomicAdd(a + 8 * n + e, acc[n][2 * r + e]);
-				}
+			for (int r = 0; r < 2; r++) {
+				const int64_t t = q0 + rt + gr + 8 * r;
+				if (t >= g.t)
+					continue;
+				float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
+CU_UNROLL
+				for (int n = 0; n < F::HDW / 8; n++)
+CU_UNROLL
+					for (int e = 0; e < 2; e++) {
+						if (c0 + 8 * n + 2 * qd + e >= g.hd)
+							continue;
+						if (MUTANT(tcb_dqorder))
+							atomicAdd(a + 8 * n + e, acc[n][2 * r + e]);
+						else if (MUTANT(tcb_dqadd))
+							a[8 * n + e] = acc[n][2 * r + e];
+						else
+							a[8 * n + e] += acc[n][2 * r + e];
+					}
+			}
 		}
+		if (!out)
+			continue; /* uniform over the grid */
+CU_UNROLL
+		for (int r = 0; r < 2; r++)
+			if (key[r] < g.nkeys) { /* d qkv's k and v columns, or cp's d kv [cp, B, T, 2C] */
+				int64_t s = key[r], blk = s / g.t, j = s - blk * g.t;
+				T *o = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
+					    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
+				fa_store_row<HD>(o, dk, r, g.scale);
+				fa_store_row<HD>(o + g.hd, dv, r, 1.0f);
+			}
 	}
-	if (!out)
-		return;
-CU_UNROLL
-	for (int r = 0; r < 2; r++)
-		if (key[r] < g.nkeys) { /* d qkv's k and v columns, or cp's d kv [cp, B, T, 2C] */
-			int64_t s = key[r], blk = s / g.t, j = s - blk * g.t;
-			T *o = g.cp ? out + ((blk * g.b + b) * g.t + j) * 2 * g.c + 2 * g.hd * h
-				    : out + (b * g.t + s) * ld + 3 * g.hd * h + g.hd;
-			fa_store_row<HD>(o, dk, r, g.scale);
-			fa_store_row<HD>(o + g.hd, dv, r, 1.0f);
-		}
 }
 
-/* d qkv's q columns = scale * dQ's f32 sums (k_attn_bwd_mma's dqacc
- * [B, T, C]), rounded once; zero_kv (attention_cp_grad): its k and v
- * columns 0 (they return through the gathered kv). */
+/* d qkv's q columns = scale * dQ, the sum of the walk's runs' f32 sums
+ * (k_attn_bwd_mma's dqacc [splits][B, T, C]) in run order, rounded once;
+ * zero_kv (attention_cp_grad): its k and v columns 0 (they return through
+ * the gathered kv). */
 template <typename T>
-__global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, T *dqkv, int zero_kv)
+__global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, int splits, T *dqkv, int zero_kv)
 {
-	CU_FOR_EACH(i, g.b * g.t * g.c) {
+	const int64_t n = g.b * g.t * g.c;
+	CU_FOR_EACH(i, n) {
 		int64_t bt = i / g.c, c = i - bt * g.c, h = c / g.hd, d = c - h * g.hd;
 		T *row = dqkv + bt * 3 * g.c + 3 * g.hd * h;
-		st(row + d, g.scale * dqacc[i]);
+		float sum = dqacc[i];
+		for (int s = 1; s < splits; s++)
+			sum += dqacc[s * n + i];
+		st(row + d, g.scale * sum);
 		if (zero_kv) {
 			st(row + g.hd + d, 0.0f);
 			st(row + 2 * g.hd + d, 0.0f);
@@ -1273,12 +1341,12 @@ static int head_dim_class(int64_t hd)
 	return hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 256 ? 256 : 0;
 }
 
-/* The operands of any of the five ops. */
+/* The operands of any of the six ops. */
 template <typename T> static Geom<T> geom_of(const CuArgs *a)
 {
 	const DpInstr *in = a->in;
 	int cp = in->op == DP_OP_ATTENTION_CP || in->op == DP_OP_ATTENTION_CP_GRAD ||
-		 in->op == DP_OP_ATTENTION_CP_GRAD_KV;
+		 in->op == DP_OP_ATTENTION_CP_GRAD_KV || in->op == DP_OP_ATTENTION_CP_GRAD_BOTH;
 	int q = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP ? 0 : 1; /* qkv's operand */
 	const DpTensor *tq = cu_t(a, q);
 	Geom<T> g;
@@ -1325,15 +1393,19 @@ static int limit_attention(const DpStep *s, const DpInstr *in, RtErr *e)
 static int tc_instr(const DpStep *s, const DpInstr *in);
 
 /* (m, inv, D) per (batch, head, query row); the tensor-core backward: (lse,
- * D, unused), then, where it gives dQ, dQ's f32 sums [B, T, C] */
+ * D, unused), then, where it gives dQ, dQ's f32 sums [splits][B, T, C]
+ * (fa_walk's runs) */
 static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 {
 	if (in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP)
 		return 0;
 	const DpTensor *tq = &s->tensors[in->in[1]];
-	int64_t rows = tq->dims[0] * DP_ATTR(in, ATTENTION, heads) * tq->dims[1];
-	int64_t dq = in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in)
-			     ? tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3) : 0;
+	int64_t heads = DP_ATTR(in, ATTENTION, heads);
+	int64_t rows = tq->dims[0] * heads * tq->dims[1], dq = 0;
+	if (in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in)) {
+		int64_t keys = tq->dims[1] * (in->op == DP_OP_ATTENTION_GRAD ? 1 : DP_ATTR(in, ATTENTION_CP, cp));
+		dq = fa_walk(tq->dims[0] * heads, keys, 1).splits * tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3);
+	}
 	return (size_t)(3 * rows + dq) * sizeof(float);
 }
 
@@ -1384,11 +1456,12 @@ __global__ void k_attn_rowdot(Geom<T> g, const T *dy, const T *o, float *dd)
 }
 
 /* The backward: each query row's lse and D, then k_attn_bwd_mma (dK and
- * dV: attention_grad, attention_cp_grad_kv; dQ into f32 sums, zeroed
- * first: attention_grad, attention_cp_grad), then dQ stored. lse is the
- * forward's and D = dO . O from its output when the planner paired them
- * (cu_plan_attn); else the forward runs again for both (into scratch, O
- * not written). Scratch: lse, D, then dQ's sums (scratch_attention). */
+ * dV: attention_grad, attention_cp_grad_kv; dQ into its runs' f32 sums,
+ * zeroed first: attention_grad, attention_cp_grad), then dQ summed over the
+ * runs and stored. lse is the forward's and D = dO . O from its output when
+ * the planner paired them (cu_plan_attn); else the forward runs again for
+ * both (into scratch, O not written). Scratch: lse, D, then dQ's sums
+ * (scratch_attention). */
 template <int HD, bool CP, typename T>
 static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 {
@@ -1396,10 +1469,15 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		typedef FaShape<HD, T> S;
 		float *lse = (float *)a->scratch, *dd = lse + g.b * g.h * g.t;
 		const T *dy = (const T *)cu_p(a, 0);
-		T *dqkv = (T *)cu_p(a, -1);
-		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
-		unsigned kblocks = (unsigned)(g.b * g.h * ((g.nkeys + S::BR - 1) / S::BR));
 		int op = a->in->op;
+		/* d kv (or d qkv's k and v columns), d qkv; attention_cp_grad_both:
+		 * d kv [cp, B, T, 2C], then d qkv */
+		T *dkv = (T *)cu_p(a, -1), *dqkv = dkv;
+		if (op == DP_OP_ATTENTION_CP_GRAD_BOTH)
+			dqkv = dkv + g.cp * g.b * g.t * 2 * g.c;
+		else if (op == DP_OP_ATTENTION_CP_GRAD)
+			dkv = (T *)0;
+		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
 			CU_LAUNCH(k_attn_rowdot<T>, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g,
@@ -1409,8 +1487,10 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 				       a->st, g, (T *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
+		FaWalk walk = fa_walk(g.b * g.h, g.nkeys, op != DP_OP_ATTENTION_CP_GRAD_KV);
+		unsigned kblocks = (unsigned)(g.b * g.h * walk.splits);
 		float *dqacc = (float *)a->scratch + 3 * g.b * g.h * g.t;
-		size_t dqbytes = (size_t)(g.b * g.t * g.c) * sizeof(float);
+		size_t dqbytes = (size_t)(walk.splits * g.b * g.t * g.c) * sizeof(float);
 		if (op == DP_OP_ATTENTION_CP_GRAD_KV)
 			dqacc = NULL;
 		else
@@ -1420,12 +1500,11 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 			CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T>,
 						      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
 		CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
-			       dy, (const float *)lse, (const float *)dd,
-			       op == DP_OP_ATTENTION_CP_GRAD ? (T *)0 : dqkv, dqacc);
+			       dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
 		CU_LAUNCHED(a, e);
 		if (dqacc) {
 			CU_LAUNCH(k_attn_dq_store<T>, cu_grid(g.b * g.t * g.c), CU_THREADS, a->st, g,
-				  (const float *)dqacc, dqkv, op == DP_OP_ATTENTION_CP_GRAD);
+				  (const float *)dqacc, walk.splits, dqkv, (int)(g.cp != 0));
 			CU_LAUNCHED(a, e);
 		}
 	}
@@ -1466,6 +1545,16 @@ template <int HD, typename T> static int launch(const CuArgs *a, const Geom<T> &
 				    : launch_bwd_tc<HD, false>(a, g, e);
 		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy, out, stats,
 			  1, 1);
+		CU_LAUNCHED(a, e);
+		return 0;
+	case DP_OP_ATTENTION_CP_GRAD_BOTH: /* d kv, then d qkv */
+		if (tensor_cores<HD, T>(g, a->tf32))
+			return launch_bwd_tc<HD, true>(a, g, e);
+		CU_LAUNCH((k_attn_bwd_q<HD, T>), qblocks, ATT_THREADS, a->st, g, dy,
+			  out + g.cp * g.b * g.t * 2 * g.c, stats, 1, 1);
+		CU_LAUNCHED(a, e);
+		CU_LAUNCH((k_attn_bwd_kv<HD, T>), kblocks, ATT_THREADS, a->st, g, dy, stats,
+			  out, 1);
 		CU_LAUNCHED(a, e);
 		return 0;
 	default: /* DP_OP_ATTENTION_CP_GRAD_KV */
@@ -1518,8 +1607,10 @@ static int run_attention(const CuArgs *a, RtErr *e)
 static int attn_forward_of(int op)
 {
 	return op == DP_OP_ATTENTION_GRAD ? DP_OP_ATTENTION
-	       : op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ? DP_OP_ATTENTION_CP
-									      : -1;
+	       : op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ||
+			 op == DP_OP_ATTENTION_CP_GRAD_BOTH
+		       ? DP_OP_ATTENTION_CP
+		       : -1;
 }
 
 /* Does a gradient of attention run on tensor cores? (tensor_cores' rule on
@@ -1610,5 +1701,6 @@ extern "C" const KernelRow cu_attention_rows[] = {
 	{DP_OP_ATTENTION_CP, run_attention, limit_attention, 1, NULL, NULL, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
 	{DP_OP_ATTENTION_CP_GRAD_KV, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
+	{DP_OP_ATTENTION_CP_GRAD_BOTH, run_attention, limit_attention, 1, NULL, scratch_attention, 0, 0},
 	{},
 };
