@@ -291,8 +291,9 @@ static void lower_loss_scale(Lower *L)
 			"gradients need no scaling (remove loss_scale)",
 		    L->half_dtype == DP_BF16 || g->param_dtype == DP_BF16 ? "bf16" : "f32");
 	else if (g->offload)
-		ERR(at, "fp16's loss scaling is not implemented with offload optimizer yet: train "
-			"in bf16, or without loss scaling (loss_scale none)");
+		ERR(at, "fp16's loss scaling is not implemented with offload %s yet: train "
+			"in bf16, or without loss scaling (loss_scale none)",
+		    g->offload == 2 ? "params" : "optimizer");
 }
 
 static void lower_train(Lower *L)
