@@ -240,6 +240,12 @@ typedef struct {
 	int sweeps;                 /* pp > 1: sim_run_stages' sweeps */
 	double model_flops, tokens; /* per optimizer step (roofline_model_flops) */
 } SimReport;
+/* The fastest a GEMM (matmul, linear and their fused forms) of dtype
+ * MACH_F32 / MACH_BF16 (its first operand's) runs on mc: no rate
+ * kernel_seconds gives one is above it (the GEMM table's largest of the
+ * dtype, else the dtype's peak, and the ops' own rates). --plan's time
+ * bound. */
+double sim_gemm_rate_cap(const Machine *mc, int dtype);
 /* Simulates g on mc: 0, or -1 when it cannot (the pairing did not settle). */
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
 void sim_report_free(SimReport *rep);

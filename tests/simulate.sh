@@ -45,13 +45,16 @@
 #    some compiles;
 #    a budget no plan fits is one line naming the smallest plan's memory
 #    (the plans the memory bound ruled out compiled for it);
-#    the memory bound (plan.c's mem_bound, no compile): in the 2.5 MiB
-#    search it rules out ddp's candidates (3.90 MiB) and the winner and
-#    -o are as before; with DPC_PLAN_CHECK=1 (every candidate compiled and
-#    memory-planned, dpc stops when a bound is above its plan) over mlp8 at
-#    2 ranks in f32 (pp=2), gpt2-tiny at 4 in bf16 (tp, cp, pp up to 4) and
-#    llama at 2 in bf16 and mlp at 2 under SGD with momentum (one state
-#    slot): every strategy, checkpointing off and on, and bound <= plan;
+#    the memory bound (plan.c's mem_bound, no compile; persistent bytes
+#    and the saved activations): in the 2.5 MiB search it rules out ddp's
+#    candidates (3.90 MiB) and the winner and -o are as before; with
+#    DPC_PLAN_CHECK=1 (every candidate compiled and memory-planned, dpc
+#    stops when a bound is above its plan or the time bound above its
+#    simulated step) over mlp8 at 2 ranks in f32 (pp=2), gpt2-tiny at 4 in
+#    bf16 (tp, cp, pp up to 4; on the FLOPs-only machine, where the time
+#    bound reaches at least half of a step) and llama at 2 in bf16 and mlp
+#    at 2 under SGD with momentum (one state slot): every strategy,
+#    checkpointing off and on, bound <= plan and time bound <= step;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
 #    winner (byte for byte the direct compile) and names the runner-up; on
 #    an explicit mesh it searches that mesh only;
@@ -371,20 +374,29 @@ EOF2
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
-	# the memory bound below every memory plan (dpc stops at one above)
+	# the memory bound (activations too) below every memory plan and the
+	# time bound below every simulated step (dpc stops at one above); on
+	# the FLOPs-only machine (gpt2-tiny: tp, cp, pp up to 4) the time bound
+	# is also at least half of some step (it bounds something)
 	bound_ok=1 bounds=""
-	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16" \
+	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16 flops" \
 		"llama 2 train.precision=bf16" "mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9)"; do
 		set -- $a
-		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" >"$T/bound.txt" 2>&1 &&
-			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt"); then
+		machine=h100-nvlink
+		[ "${4:-}" = flops ] && machine="$T/flops.json"
+		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" \
+			--simulate="$machine" >"$T/bound.txt" 2>&1 &&
+			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
+			t=$(grep -E "^time bound: [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
+			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ]; }; then
 			bounds="$bounds; $1 ${r#memory bound: }"
+			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }"
 		else
 			bound_ok=0
-			fail "plan: memory bound: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
+			fail "plan: bounds: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
 		fi
 	done
-	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan${bounds}"
+	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan and the time bound below every step${bounds}"
 fi
 
 if case_on "errors"; then
