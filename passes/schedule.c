@@ -184,6 +184,8 @@ static int64_t out_bytes(const Graph *g, const Node *c)
  * bytes gathered for the blocks it passes plus its own stay within
  * gather_limit_mb (0: no limit). prefetch 0 issues it right before its
  * consumer; the comm stream still runs it while earlier compute finishes.
+ * The EXPORT program's gathers take train's export_prefetch: prefetch (as
+ * above) or none (as prefetch 0).
  */
 /* The bytes the gathering all_gathers fill, summed by block, phase and
  * programs (gather_floor's sums, in one pass over the collectives rather
@@ -230,6 +232,8 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, const
 	int64_t limit = (int64_t)((double)g->gather_limit_mb * 1024.0 * 1024.0);
 	int64_t bytes = out_bytes(g, c);
 	int passed = 0, seg_block = comp[q]->block;
+	/* train's export_prefetch none: the checkpoint's gathers one at a time */
+	int ahead = c->progs == IR_IN_EXPORT && g->export_prefetch ? 0 : g->prefetch;
 	int j = q - 1;
 	for (; j >= 0; j--) {
 		const Node *n = comp[j];
@@ -239,7 +243,7 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, const
 			break;
 		if (n->block != seg_block) {
 			/* entering the segment of block n->block */
-			if (passed == g->prefetch)
+			if (passed == ahead)
 				break;
 			int64_t add = block_gather_bytes(g, sum, n->block, c);
 			if (limit > 0 && bytes + add > limit)
