@@ -139,7 +139,7 @@ if case_on "peak memory: export_prefetch none"; then
 		"$DPC" "$T/gx.dp" -D layers=8 -D ctx=8 --world-size 4 --tp 2 \
 			--set train.strategy=full_shard --set train.precision=bf16 --set train.grad_accum=8 \
 			--set train.export_prefetch=$ep --stats -o "$T/ex-$ep.bin" >"$T/ex-$ep.stats" 2>&1 &&
-			mpi 4 "$T/ex-$ep.bin" --steps 2 --quiet --eval-every 0 --losses "$T/ex-$ep.loss" \
+			mpi 4 "$T/ex-$ep.bin" --steps 1 --quiet --eval-every 0 --losses "$T/ex-$ep.loss" \
 				--save-full "$T/ex-$ep.st" >"$T/ex-$ep.log" 2>&1 ||
 			{ ex_ok=0; fail "peak memory: export_prefetch $ep: a run"; tail -n 5 "$T/ex-$ep.log"; }
 	done
