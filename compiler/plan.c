@@ -23,10 +23,15 @@
  *
  * Pruning. The closed-form bound (mem_bound, below): before any compile,
  * a lower bound of every candidate's memory plan from its mesh, strategy,
- * the model's parameters at its tp, the dtypes and the optimizer; a
+ * the model's parameters at its tp, the dtypes and the optimizer, plus the
+ * activations a micro-batch's forward saves for its backward; a
  * candidate whose bound alone is over the device memory is not compiled
  * (PL_BOUND), and plan_eval checks the bound against every memory plan it
- * makes. The memory bound: on each mesh the candidate with the least
+ * makes. The time bound (time_bound): a lower bound of every candidate's
+ * simulated step from its GEMMs' FLOPs at the machine's fastest GEMM rate
+ * (and at pp > 1 the path of a micro-batch through the stages and back); a
+ * candidate whose bound is no faster than a plan that fits is not compiled
+ * (PL_TIME), and plan_eval checks it against every step it simulates. The memory bound: on each mesh the candidate with the least
  * memory (the most sharded strategy the mesh allows, with gradient
  * checkpointing, 1F1B) is compiled first; when it does not fit the device
  * memory no other candidate of that mesh can, and they are not compiled.
@@ -43,12 +48,16 @@
  * for a candidate simulated no slower than the tenth fastest plan known to
  * fit (plan_eval): a slower one cannot rank in the table.
  *
- * Order and workers. Three phases, each over every mesh on forked workers
- * (one per CPU): each mesh's least-memory candidate (the memory bound),
- * then its probe (no checkpointing, the least sharded strategy: likely
+ * Order and workers. A seed, then three phases, each over every mesh on
+ * forked workers (one per CPU). The seed: on the meshes of tp alone with
+ * the rest in dp_shard (pick_seeds), the candidate with the least time
+ * bound, so that the first phases have a plan that fits to hold the time
+ * bound against. Then each mesh's least-memory candidate (the memory
+ * bound), then its probe (no checkpointing, the least sharded strategy: likely
  * the fastest, so the last phase's dominance and memory-plan thresholds
  * start low), then the rest, each mesh deciding from what the earlier
- * phases and it itself found only: the result does not depend on the
+ * phases and it itself found only (phases 1 and 2 hold the time bound
+ * against the phases before them only): the result does not depend on the
  * number of workers or their timing.
  *
  * When no plan fits, the candidates the closed-form bound ruled out are
@@ -90,6 +99,7 @@ typedef struct {
 	double step_s, compute_s, exposed_s; /* compute_s: the busiest stage's */
 	int64_t mem;
 	int64_t bound; /* mem_bound: a lower bound of mem, without a compile (0: none) */
+	double time_bound; /* time_bound: a lower bound of step_s, without a compile (0: none) */
 } Plan;
 
 enum {
@@ -106,6 +116,8 @@ enum {
 	               not planned (plan_eval) */
 	PL_BOUND,   /* not compiled: its memory bound (mem_bound) alone is over
 	               the device memory */
+	PL_TIME,    /* not compiled: its time bound (time_bound) is no faster than a
+	               plan that fits */
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
@@ -215,9 +227,16 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
  *   full_shard,  params  (compute size + 4 (16 bits)) / D
  *   hybrid_shard grads   reduce size / D;  state 4 x slots / D
  *
- * Activations, gathered parameters and buckets (temporaries) are left out:
- * what the memory plan packs there is known only after a compile. The
- * bound is 0 (no pruning) where one of its premises does not hold: a
+ * Plus the activation term (saved_bytes): the temporaries a micro-batch's
+ * forward leaves for its backward, all live at once when that backward
+ * begins, per sample from the model at the candidate's tp and
+ * checkpointing (on one data-parallel rank), times the candidate's
+ * micro-batch (at least that compile's batch over its data-parallel
+ * ranks), over cp (the sequences are cut) and over pp (the largest stage
+ * holds at least the mean; it keeps its persistent and temporary bytes
+ * apart, so the two terms add). Gathered parameters, buckets and the other
+ * temporaries are left out: how the memory plan packs them is known only
+ * after a compile. The bound is 0 (no pruning) where one of its premises does not hold: a
  * block's strategy or precision of its own, `offload` (the state in host
  * memory), or a front end that refuses the tp. plan_eval checks the bound
  * against the memory plan of every candidate it plans (a bound above it
@@ -233,46 +252,172 @@ typedef struct {
 	int compute, reduce; /* the dtypes' sizes in bytes */
 	int slots;           /* optimizer state values per parameter element */
 	int nblocks;         /* the model's blocks (0: the front end refused it) */
+	int64_t micro_batch; /* at one data-parallel rank (model_mem's compile) */
+	double saved[2];     /* the saved activations' bytes per sample, without and
+			        with gradient checkpointing (saved_bytes), 0: none */
+	double chain_s[2], all_s[2]; /* per sample, the GEMMs' least seconds (gemm_seconds):
+					the forward's and input gradients', and all of
+					them (recomputations, weight gradients) */
+	int grad_accum;      /* micro-batches a step */
 } ModelMem;
+
+/*
+ * The activation term: bytes per sample of the temporaries the step's
+ * forward leaves for its backward, on g after the precision pass (stored
+ * dtypes known). A value counts when it is a per-sample temporary (DP_T_ACT
+ * with a batch dim: its size is its elements per sample times the
+ * micro-batch), written by a forward node that is not a recomputation and
+ * read by a backward or recomputing node of the step; values that may
+ * share bytes later (views, and the copies the views pass aliases) count
+ * once, as their root. At the moment the forward of a micro-batch ends and
+ * its backward (or the recomputation before it) begins, every such value
+ * is live at once (1F1B and zero_bubble included: each stage ends a
+ * micro-batch's forward before that micro-batch's backward), so the memory
+ * plan, which gives temporaries bytes of their own apart from the
+ * persistent values, reserves at least their sum. Later passes keep them:
+ * fusion packs a value and its partner into one buffer of both their
+ * sizes, padvocab only widens rows. Parameter-derived values (16-bit
+ * copies, gathers) have no batch dim and are left out.
+ */
+static double saved_bytes(const Graph *g)
+{
+	/* fwd[v]: a forward node of the step (not a recomputation) writes v;
+	 * copy_of[v] - 1: the input of a reshape or tp_copy writing v, which
+	 * the views pass may make v a view of (passes/views.c) */
+	char *fwd = calloc((size_t)g->nvalues + 1, 1), *saved = calloc((size_t)g->nvalues + 1, 1);
+	int *copy_of = calloc((size_t)g->nvalues + 1, sizeof *copy_of);
+	if (!fwd || !saved || !copy_of)
+		die("out of memory");
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->out < 0 || !(n->progs & IR_IN_STEP))
+			continue;
+		if (n->phase == PH_FWD && !n->recompute)
+			fwd[n->out] = 1;
+		if (n->op == DP_OP_RESHAPE || n->op == DP_OP_TP_COPY)
+			copy_of[n->out] = n->in[0] + 1;
+	}
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || (n->phase != PH_BWD && !n->recompute))
+			continue;
+		for (int k = 0; k < n->nin; k++) {
+			int r = ir_root(g, g->values[n->in[k]])->id;
+			if (fwd[n->in[k]] || fwd[r])
+				saved[fwd[r] ? r : n->in[k]] = 1;
+		}
+	}
+	double bytes = 0;
+	char *seen = fwd; /* reused: the roots counted */
+	memset(seen, 0, (size_t)g->nvalues);
+	for (int i = 0; i < g->nvalues; i++) {
+		if (!saved[i])
+			continue;
+		const Value *v = g->values[i];
+		for (;;) { /* the value it may share bytes with */
+			v = ir_root(g, v);
+			if (!copy_of[v->id])
+				break;
+			v = g->values[copy_of[v->id] - 1];
+		}
+		if (seen[v->id] || v->kind != DP_T_ACT || v->batch_dim < 0 || v->ndim <= v->batch_dim)
+			continue;
+		seen[v->id] = 1;
+		bytes += (double)ir_span(v) / (double)v->dims[v->batch_dim] *
+			 (double)ir_dtype_size(v->dtype);
+	}
+	free(fwd);
+	free(saved);
+	free(copy_of);
+	return bytes;
+}
+
+/* The least seconds per sample of g's GEMMs (matmul, linear) in the step,
+ * on mc, after the precision pass (their dtypes known): each one's FLOPs
+ * (its cost rule, the simulator's) over sim_gemm_rate_cap, the fastest
+ * rate the simulator gives a GEMM of its dtype. Into chain: the forward's
+ * and the backward's that are not weight gradients (the path a
+ * micro-batch takes through the stages and back; a recomputation may run
+ * while its stage waits for the gradient, so it is left out); into all:
+ * every one, recomputations and weight gradients too. The other kernels are left out (fusion
+ * may merge them into fewer FLOPs); a GEMM's FLOPs scale with its rows,
+ * the micro-batch's tokens. */
+static void gemm_seconds(const Graph *g, const Machine *mc, double *chain, double *all)
+{
+	*chain = *all = 0;
+	double cap[MACH_NDTYPE];
+	for (int i = 0; i < MACH_NDTYPE; i++)
+		cap[i] = sim_gemm_rate_cap(mc, i);
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		double f = 0, b = 0;
+		if (!(n->progs & IR_IN_STEP) || (n->phase != PH_FWD && n->phase != PH_BWD) ||
+		    (n->op != DP_OP_MATMUL && n->op != DP_OP_LINEAR) || !ir_ops[n->op].cost)
+			continue;
+		ir_ops[n->op].cost(g, n, &f, &b);
+		double r = cap[g->values[n->in[0]]->dtype == DP_BF16 ? MACH_BF16 : MACH_F32];
+		if (r <= 0)
+			continue;
+		*all += f / r;
+		if (!stages_wgrad(g, n) && !n->recompute)
+			*chain += f / r;
+	}
+	double mb = g->cfg.micro_batch ? (double)g->cfg.micro_batch : 1;
+	*chain /= mb;
+	*all /= mb;
+}
+
 
 /* The model's parameters and dtypes at tp (see above): the front end and
  * the passes up to shape, on tp ranks of tp alone (po->mesh: its mesh). */
 static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 {
 	ModelMem mm = {.tp = tp};
-	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 1));
+	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 2));
 	if (!sets)
 		die("out of memory");
 	if (po->nsets)
 		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
 	sets[po->nsets] = (FeSet){"train.strategy", "ddp", "--plan"}; /* not `auto` */
-	FeOptions fo = {.world_size = po->mesh ? po->world : tp, .defines = po->defines,
-			.ndefines = po->ndefines, .sets = sets, .nsets = po->nsets + 1};
-	if (!po->mesh)
-		fo.tp = tp;
-	Diag d;
-	diag_init(&d, quiet, po->path, NULL);
-	char *src = NULL;
-	Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
-	PipelineOpts pl = {.verify = 0};
-	if (g && !d.nerrors)
-		mm.nblocks = g->nblocks;
-	if (g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, pipeline_find("shape") + 1) >= 0 &&
-	    !g->offload) {
-		mm.ok = 1;
-		for (int b = 0; b < g->nblocks; b++)
-			if (g->blocks[b].strategy >= 0 || g->blocks[b].param_dtype >= 0)
-				mm.ok = 0;
-		for (int i = 0; i < g->nvalues; i++)
-			if (g->values[i]->kind == DP_T_PARAM && g->values[i]->view_of < 0)
-				mm.params += ir_span(g->values[i]);
-		mm.compute = (int)ir_dtype_size((DpDtype)g->param_dtype);
-		mm.reduce = (int)ir_dtype_size((DpDtype)g->reduce_dtype);
-		mm.slots = g->opt.kind == DP_OPT_ADAMW ? 2 : g->opt.momentum != 0;
+	int shape = pipeline_find("shape") + 1, precision = pipeline_find("precision") + 1;
+	for (int gc = 0; gc < 2; gc++) {
+		sets[po->nsets + 1] = (FeSet){"train.gradient_checkpointing", gc ? "true" : "false",
+					      "--plan"};
+		FeOptions fo = {.world_size = po->mesh ? po->world : tp, .defines = po->defines,
+				.ndefines = po->ndefines, .sets = sets, .nsets = po->nsets + 2};
+		if (!po->mesh)
+			fo.tp = tp;
+		Diag d;
+		diag_init(&d, quiet, po->path, NULL);
+		char *src = NULL;
+		Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
+		PipelineOpts pl = {.verify = 0};
+		if (gc == 0 && g && !d.nerrors)
+			mm.nblocks = g->nblocks;
+		int ok = g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, shape) >= 0 && !g->offload;
+		if (gc == 0 && ok) {
+			mm.ok = 1;
+			for (int b = 0; b < g->nblocks; b++)
+				if (g->blocks[b].strategy >= 0 || g->blocks[b].param_dtype >= 0)
+					mm.ok = 0;
+			for (int i = 0; i < g->nvalues; i++)
+				if (g->values[i]->kind == DP_T_PARAM && g->values[i]->view_of < 0)
+					mm.params += ir_span(g->values[i]);
+			mm.compute = (int)ir_dtype_size((DpDtype)g->param_dtype);
+			mm.reduce = (int)ir_dtype_size((DpDtype)g->reduce_dtype);
+			mm.slots = g->opt.kind == DP_OPT_ADAMW ? 2 : g->opt.momentum != 0;
+			mm.micro_batch = (int64_t)g->cfg.micro_batch * g->cfg.mesh[DP_AXIS_REPLICATE] *
+					 g->cfg.mesh[DP_AXIS_SHARD];
+		}
+		if (ok && mm.ok && pipeline_run_part(g, &d, &pl, shape, precision) >= 0) {
+			mm.saved[gc] = saved_bytes(g);
+			gemm_seconds(g, po->machine, &mm.chain_s[gc], &mm.all_s[gc]);
+			mm.grad_accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
+		}
+		if (g)
+			ir_free(g);
+		free(src);
 	}
-	if (g)
-		ir_free(g);
-	free(src);
 	free(sets);
 	return mm;
 }
@@ -291,7 +436,40 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
 		per = mm->compute + master / D + (mm->reduce + 4.0 * mm->slots) / D;
 	else
 		per = (mm->compute + master + mm->reduce + 4.0 * mm->slots) / D;
-	return (int64_t)floor(P * per);
+	/* the activation term: a micro-batch's saved activations, over cp (the
+	 * sequence cut) and pp (the largest stage's at least the mean) */
+	double act = mm->saved[p->gc] * (double)mm->micro_batch / ((double)p->rep * p->shard) /
+		     ((double)p->cp * p->pp);
+	return (int64_t)floor(P * per + act);
+}
+
+/*
+ * The time bound: a lower bound of a candidate's simulated step, in closed
+ * form. The simulator charges a GEMM at least its FLOPs over
+ * sim_gemm_rate_cap (gemm_seconds), and a rank's compute stream runs its
+ * kernels one after another. Per micro-batch of one rank (samples: the
+ * micro-batch, at least the model_mem compile's over the data-parallel
+ * ranks; over cp, the sequence cut), the whole model's GEMMs take A
+ * (all_s) and those on a micro-batch's path C (chain_s: forward and input
+ * gradients). At pp = 1 the rank runs all of its m
+ * micro-batches: m A. At pp > 1 the busiest stage runs at least the mean,
+ * m A / pp; and stage s cannot start before the first micro-batch's
+ * forward has crossed the stages before it, nor end its work before the
+ * last micro-batch's backward has gone back through them after its own,
+ * so with s the last stage the step is at least C (every stage's forward
+ * and input gradients once, whatever the cut; the last stage's own m
+ * micro-batches cover its share). So the step is at least
+ * max(m A / pp, C) at pp > 1, m A at pp = 1. Other kernels and the
+ * communication are left out (fusion, overlap). 0 where the memory
+ * bound's premises fail.
+ */
+static double time_bound(const Plan *p, const ModelMem *mm)
+{
+	if (!mm->ok || mm->all_s[p->gc] <= 0)
+		return 0;
+	double samples = (double)mm->micro_batch / ((double)p->rep * p->shard) / p->cp;
+	double A = mm->all_s[p->gc] * samples, C = mm->chain_s[p->gc] * samples;
+	return fmax(mm->grad_accum * A / p->pp, p->pp > 1 ? C : 0);
 }
 
 /*
@@ -337,6 +515,12 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_belo
 	} else {
 		p->step_s = rep.res.step_s;
 		p->exposed_s = rep.res.exposed_s;
+		if (p->time_bound > p->step_s * (1 + 1e-9)) {
+			char name[160];
+			plan_name(name, sizeof name, p);
+			die("--plan: the time bound %.6g s is above the simulated step's %.6g s (%s): "
+			    "the bound is wrong", p->time_bound, p->step_s, name);
+		}
 		p->compute_s = 0;
 		for (int s = 0; s < rep.nstages; s++)
 			p->compute_s = fmax(p->compute_s, rep.stage[s].busy[DP_STREAM_COMPUTE]);
@@ -413,12 +597,21 @@ typedef struct {
 	const PlanOpts *po;
 	FILE *quiet;
 	int check;             /* DPC_PLAN_CHECK=1: every candidate compiled and planned */
+	const char *seed;      /* [mesh]: 1 for the seed phase's meshes */
+	double prior_best;     /* the fastest plan that fits, of the phases before this one */
+	int64_t batch;         /* samples a step at one data-parallel rank (ModelMem's
+				  micro_batch), 0: unknown */
 	double t0, last;       /* progress */
 	int workers;           /* the most that ran at once */
 } Search;
 
 /* The table's length. */
 #define TOP 10
+
+/* The seed phase (before phase 1): on a few meshes, the candidate with the
+ * least time bound (then memory bound), so that phases 1 and 2 start with
+ * a plan that fits to hold the time bounds against. */
+#define PHASE_SEED 4
 
 /* fits[0..n-1]: the fastest step times of plans that fit, ascending, at
  * most TOP; p's added when it fits. Returns the new count. */
@@ -467,9 +660,23 @@ static void search_mesh(const Search *se, int phase, int m)
 			}
 		return;
 	}
-	if ((phase == 1 && mp[0].state != PL_BOUND) ||
-	    (phase == 2 && probe && mp[probe].state != PL_PRUNED && mp[probe].state != PL_BOUND)) {
-		plan_eval(&mp[phase == 1 ? 0 : probe], se->po, se->quiet, INFINITY);
+	if (phase == PHASE_SEED) { /* the mesh's candidate with the least time bound, then memory */
+		int k = -1;
+		for (int i = 0; i < nm && se->seed[m]; i++)
+			if (mp[i].state == PL_TODO &&
+			    (k < 0 || mp[i].time_bound < mp[k].time_bound ||
+			     (mp[i].time_bound == mp[k].time_bound && mp[i].bound < mp[k].bound)))
+				k = i;
+		if (k >= 0)
+			plan_eval(&mp[k], se->po, se->quiet, INFINITY);
+		return;
+	}
+	if ((phase == 1 && mp[0].state == PL_TODO) || (phase == 2 && probe && mp[probe].state == PL_TODO)) {
+		Plan *p = &mp[phase == 1 ? 0 : probe];
+		if (!se->check && p->time_bound > 0 && se->prior_best <= p->time_bound)
+			p->state = PL_TIME; /* a plan of the phases before is no slower */
+		else
+			plan_eval(p, se->po, se->quiet, INFINITY);
 		return;
 	}
 	if (phase != 3)
@@ -485,7 +692,7 @@ static void search_mesh(const Search *se, int phase, int m)
 		Plan *p = &mp[i];
 		if (p->state == PL_PRUNED)
 			break; /* the whole mesh is */
-		if (i == probe || p->state == PL_BOUND)
+		if (p->state != PL_TODO) /* the probe, the seed's, or ruled out by a bound */
 			continue;
 		if (p->sched == IR_PIPE_ZERO_BUBBLE && mp[i - 1].zb_stuck) {
 			p->state = PL_REFUSED; /* its 1F1B sibling (the one before) found it */
@@ -500,10 +707,30 @@ static void search_mesh(const Search *se, int phase, int m)
 			p->state = PL_DOMINATED;
 			continue;
 		}
+		if (p->time_bound > 0 && best <= p->time_bound) {
+			p->state = PL_TIME;
+			continue;
+		}
 		plan_eval(p, se->po, se->quiet, nfits < TOP ? INFINITY : fits[TOP - 1]);
 		nfits = keep_fastest(fits, nfits, p);
 		if (p->state == PL_FITS)
 			best = fmin(best, p->step_s);
+	}
+}
+
+/* The seed phase's meshes: for each tp, the mesh without pipeline stages
+ * (whose bound leaves out the bubble) or cp, every data-parallel rank in
+ * dp_shard (Megatron-LM's tp with ZeRO or FSDP over the rest), unless the
+ * data-parallel ranks do not divide the batch (the front end refuses it
+ * when the file sets global_batch). Its candidate with the least time
+ * bound, then memory bound, among those no bound ruled out, is compiled
+ * (search_mesh). */
+static void pick_seeds(Search *se)
+{
+	for (int m = 0; m < se->nmesh; m++) {
+		const Plan *first = &se->plans[se->mesh_start[m]];
+		((char *)se->seed)[m] = first->pp == 1 && first->cp == 1 && first->rep == 1 &&
+					(!se->batch || se->batch % first->shard == 0);
 	}
 }
 
@@ -515,8 +742,10 @@ static void progress(Search *se, int phase, int meshes_done, int force)
 	int compiled = 0;
 	for (int i = 0; i < se->n; i++)
 		compiled += se->plans[i].compiled;
-	fprintf(stderr, "dpc: --plan: phase %d: %d of %d meshes, %d of %d candidates compiled, %.1f s\n",
-		phase, meshes_done, se->nmesh, compiled, se->n, t - se->t0);
+	char label[32];
+	snprintf(label, sizeof label, phase == PHASE_SEED ? "seed" : "phase %d", phase);
+	fprintf(stderr, "dpc: --plan: %s: %d of %d meshes, %d of %d candidates compiled, %.1f s\n",
+		label, meshes_done, se->nmesh, compiled, se->n, t - se->t0);
 	se->last = t;
 }
 
@@ -559,6 +788,10 @@ static int read_all(int fd, void *buf, size_t len)
  */
 static void search_phase(Search *se, int phase, int jobs)
 {
+	se->prior_best = INFINITY; /* what the time bound holds against in phases 1 and 2 */
+	for (int i = 0; i < se->n; i++)
+		if (se->plans[i].state == PL_FITS)
+			se->prior_best = fmin(se->prior_best, se->plans[i].step_s);
 	int W = jobs < se->nmesh ? jobs : se->nmesh;
 	if (W < 1)
 		W = 1;
@@ -761,9 +994,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		if (k == nmm)
 			mms[nmm++] = model_mem(po, quiet, plans[i].tp);
 		plans[i].bound = mem_bound(&plans[i], &mms[k]);
+		plans[i].time_bound = time_bound(&plans[i], &mms[k]);
 		if (po->device_memory > 0 && plans[i].bound > po->device_memory)
 			plans[i].state = PL_BOUND;
 	}
+	int64_t batch = nmm && mms[0].ok ? mms[0].micro_batch : 0;
 	free(mms);
 	if (!po->brief || now_s() - t0 >= 1) {
 		int over = 0;
@@ -773,13 +1008,19 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			"without a compile, %.1f s\n", over, n, now_s() - t0);
 	}
 	const char *check = getenv("DPC_PLAN_CHECK");
-	Search se = {plans, mesh_start, nmesh, n, po, quiet, check && strcmp(check, "1") == 0, t0, t0, 0};
+	char *seed = calloc((size_t)nmesh, 1);
+	if (!seed)
+		die("out of memory");
+	Search se = {plans, mesh_start, nmesh, n, po, quiet, check && strcmp(check, "1") == 0,
+		     seed, INFINITY, batch, t0, t0, 0};
 	if (se.check) { /* nothing pruned: every bound is checked by plan_eval */
 		for (int i = 0; i < n; i++)
 			if (plans[i].state == PL_BOUND)
 				plans[i].state = PL_TODO;
 	}
 	int jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
+	pick_seeds(&se);
+	search_phase(&se, PHASE_SEED, jobs);
 	search_phase(&se, 1, jobs);
 	/* the memory bound: a mesh's first candidate needs the least memory;
 	 * when it does not fit, none of the mesh does */
@@ -806,6 +1047,17 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			}
 		fprintf(out, "memory bound: %d memory plans, bound / plan from %.3f to %.3f\n", planned,
 			planned ? lo : 0.0, hi);
+		lo = INFINITY, hi = 0;
+		planned = 0;
+		for (int i = 0; i < n; i++)
+			if (plans[i].step_s > 0 && plans[i].time_bound > 0) {
+				double r = plans[i].time_bound / plans[i].step_s;
+				lo = fmin(lo, r);
+				hi = fmax(hi, r);
+				planned++;
+			}
+		fprintf(out, "time bound: %d simulated plans, bound / step from %.3f to %.3f\n", planned,
+			planned ? lo : 0.0, hi);
 	}
 	int compiled = 0, same = 0;
 	for (int i = 0; i < n; i++) {
@@ -817,7 +1069,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!fit)
 		die("out of memory");
 	int nfit = 0, refused = 0, big = 0, pruned = 0, dominated = 0, uncompiled_refused = 0;
-	int slower = 0, bounded = 0;
+	int slower = 0, bounded = 0, timed = 0;
 	const Plan *smallest = NULL;
 	for (int i = 0; i < n; i++) {
 		Plan *p = &plans[i];
@@ -827,6 +1079,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		dominated += p->state == PL_DOMINATED;
 		slower += p->state == PL_SLOWER;
 		bounded += p->state == PL_BOUND;
+		timed += p->state == PL_TIME;
 		big += p->state == PL_TOO_BIG;
 		if (p->state == PL_FITS)
 			fit[nfit++] = p;
@@ -839,10 +1092,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		"front end, %d checkpointing nothing), %d simulated: %d fit, %d over the device "
 		"memory, %d slower than ten that fit (memory not planned); %d refused uncompiled "
 		"(zero_bubble's order deadlocks), %d over the device memory by the closed-form "
-		"bound, %d pruned by the memory bound, %d by dominance; "
+		"bound, %d pruned by the memory bound, %d by dominance, %d by the time bound; "
 		"%.2f s (%.1f ms a compile, %d workers)\n",
 		po->machine->name, N, n, compiled, refused - uncompiled_refused, same,
-		nfit + big + slower, nfit, big, slower, uncompiled_refused, bounded, pruned, dominated, took,
+		nfit + big + slower, nfit, big, slower, uncompiled_refused, bounded, pruned, dominated,
+		timed, took,
 		compiled ? 1e3 * took / compiled : 0.0, se.workers);
 	int rc = 0;
 	if (!nfit) {
@@ -902,6 +1156,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 out:
 	fclose(quiet);
 	free(fit);
+	free(seed);
 	free(plans);
 	free(mesh_start);
 	return rc;

@@ -227,6 +227,8 @@ typedef struct Graph {
 	int reshard_after_forward; /* full_shard: free gathered params after forward (1) */
 	int prefetch;              /* all_gathers issued this many blocks ahead (1) */
 	float gather_limit_mb;     /* bound on gathered bytes in flight; 0 = none */
+	int export_prefetch;       /* the EXPORT program's gathers: 0 `prefetch` ahead (the
+	                              step's), 1 none: each just before its consumer */
 	Loc mesh_loc;              /* where the mesh statement (or `mesh auto`) is: messages */
 	int mesh_auto;             /* the mesh is `mesh auto`'s (or none, with a world size) */
 	int strategy_auto;         /* train's `strategy auto`: dpc compiles the plan search's

@@ -40,7 +40,7 @@
  * Units are ordered by the completion of their last gradient; when each
  * pipeline stage keeps only its own parameters (stages_split_params, under
  * every strategy), a bucket also ends where the stage that keeps its
- * parameters changes (stages_param_stage: a tied parameter's is every
+ * parameters changes (stages_param_stages: a tied parameter's is every
  * stage's), a gathered block's unit is its block's stage's, and the units
  * are then ordered by that stage, every stage's (tied) first, so each
  * stage's part of every flat buffer is one range (a sharded graph's shard
@@ -236,8 +236,11 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 	/* per param: the pipeline stage that keeps it when each keeps its own */
 	int *stage = ir_alloc(g, (size_t)(g->nvalues ? g->nvalues : 1) * sizeof(int));
 	int split = stages_split_params(g);
-	for (int i = 0; i < np; i++)
-		stage[ps[i]] = split ? stages_param_stage(g, ps[i]) : -1;
+	if (split)
+		stages_param_stages(g, stage);
+	else
+		for (int i = 0; i < np; i++)
+			stage[ps[i]] = -1;
 	for (int i = 0; i < np; i++) {
 		const Value *p = g->values[ps[i]];
 		int tp = pl->sharded && shard_tp_dim(g, p) >= 0;

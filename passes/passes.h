@@ -97,11 +97,14 @@ int stages_micro_copies(const Graph *g);
  * dp group), with no offload and no compression; otherwise every stage keeps
  * every parameter. */
 int stages_split_params(const Graph *g);
-/* The one stage whose forward, backward and eval nodes read parameter p and
- * touch its gradient (by their blocks' stages), or -1: several stages (a tied
- * parameter), a node outside every block, or none. The layout pass lays the
- * flat buffers out by it and passes/stage_params.c cuts them by it. */
-int stages_param_stage(const Graph *g, int p);
+/* stage[p], for every parameter p (every value: stage[0..nvalues-1]): the
+ * one stage whose forward, backward and eval nodes read p and touch its
+ * gradient (by their blocks' stages), or -1: several stages (a tied
+ * parameter), a node outside every block, or none. One walk over the nodes
+ * for all of them (a walk per parameter was 68 % of a compile at GPT-3
+ * 175B's shape and pp=16). The layout pass lays the flat buffers out by it
+ * and passes/stage_params.c cuts them by it. */
+void stages_param_stages(const Graph *g, int *stage);
 /* Is n weight-gradient work (it writes a gradient: zero_bubble's W)? */
 int stages_wgrad(const Graph *g, const Node *n);
 /* One slot of a stage's schedule: the forward (F), backward (B; under
@@ -237,6 +240,12 @@ typedef struct {
 	int sweeps;                 /* pp > 1: sim_run_stages' sweeps */
 	double model_flops, tokens; /* per optimizer step (roofline_model_flops) */
 } SimReport;
+/* The fastest a GEMM (matmul, linear and their fused forms) of dtype
+ * MACH_F32 / MACH_BF16 (its first operand's) runs on mc: no rate
+ * kernel_seconds gives one is above it (the GEMM table's largest of the
+ * dtype, else the dtype's peak, and the ops' own rates). --plan's time
+ * bound. */
+double sim_gemm_rate_cap(const Machine *mc, int dtype);
 /* Simulates g on mc: 0, or -1 when it cannot (the pairing did not settle). */
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
 void sim_report_free(SimReport *rep);

@@ -191,8 +191,47 @@ static int64_t out_bytes(const Graph *g, const Node *c)
  * bytes gathered for the blocks it passes plus its own stay within
  * gather_limit_mb (0: no limit). prefetch 0 issues it right before its
  * consumer; the comm stream still runs it while earlier compute finishes.
+ * The EXPORT program's gathers take train's export_prefetch: prefetch (as
+ * above) or none (as prefetch 0).
  */
-static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll *coll, int ncoll)
+/* The bytes the gathering all_gathers fill, summed by block, phase and
+ * programs (gather_floor's sums, in one pass over the collectives rather
+ * than one per block boundary passed: quadratic in the collectives). */
+#define GB_PHASES 8
+#define GB_PROGS 32
+static int64_t *gather_bytes(Graph *g, const Coll *coll, int ncoll)
+{
+	size_t n = ((size_t)g->nblocks + 1) * GB_PHASES * GB_PROGS;
+	int64_t *sum = ir_alloc(g, n * sizeof *sum);
+	memset(sum, 0, n * sizeof *sum);
+	for (int k = 0; k < ncoll; k++) {
+		const Node *x = coll[k].node;
+		if (!gathering(g, x))
+			continue;
+		if (x->block < -1 || x->block >= g->nblocks || (unsigned)x->phase >= GB_PHASES ||
+		    x->progs >= GB_PROGS)
+			die("schedule: all_gather %d: block %d, phase %d, programs %u out of range", x->id,
+			    x->block, (int)x->phase, x->progs);
+		sum[((size_t)(x->block + 1) * GB_PHASES + x->phase) * GB_PROGS + x->progs] +=
+			out_bytes(g, x);
+	}
+	return sum;
+}
+
+/* What the gathering all_gathers of block b in c's phase and a program of
+ * c's fill, c's own left out. */
+static int64_t block_gather_bytes(const Graph *g, const int64_t *sum, int b, const Node *c)
+{
+	int64_t add = 0;
+	if (b < -1 || b >= g->nblocks)
+		return 0;
+	for (unsigned pr = 1; pr < GB_PROGS; pr++)
+		if (pr & c->progs)
+			add += sum[((size_t)(b + 1) * GB_PHASES + c->phase) * GB_PROGS + pr];
+	return c->block == b ? add - out_bytes(g, c) : add;
+}
+
+static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, const int64_t *sum)
 {
 	if (q <= 0)
 		return -1;
@@ -200,6 +239,8 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll 
 	int64_t limit = (int64_t)((double)g->gather_limit_mb * 1024.0 * 1024.0);
 	int64_t bytes = out_bytes(g, c);
 	int passed = 0, seg_block = comp[q]->block;
+	/* train's export_prefetch none: the checkpoint's gathers one at a time */
+	int ahead = c->progs == IR_IN_EXPORT && g->export_prefetch ? 0 : g->prefetch;
 	int j = q - 1;
 	for (; j >= 0; j--) {
 		const Node *n = comp[j];
@@ -209,14 +250,9 @@ static int gather_floor(const Graph *g, Node **comp, int q, const Node *c, Coll 
 			break;
 		if (n->block != seg_block) {
 			/* entering the segment of block n->block */
-			if (passed == g->prefetch)
+			if (passed == ahead)
 				break;
-			int64_t add = 0;
-			for (int k = 0; k < ncoll; k++)
-				if (coll[k].node != c && gathering(g, coll[k].node) &&
-				    coll[k].node->block == n->block && coll[k].node->phase == c->phase &&
-				    share(coll[k].node, c))
-					add += out_bytes(g, coll[k].node);
+			int64_t add = block_gather_bytes(g, sum, n->block, c);
 			if (limit > 0 && bytes + add > limit)
 				break;
 			bytes += add;
@@ -352,6 +388,7 @@ int sched_run(Graph *g, Diag *d)
 	 * order is the same on every rank because it is fixed here. */
 	RootIndex ix;
 	root_index(g, comp, ncomp, &ix);
+	const int64_t *gsum = gather_bytes(g, coll, ncoll);
 	for (int c = 0; c < ncoll; c++) {
 		Node *n = coll[c].node;
 		int dep = last_conflict(g, comp, &ix, n, at[c]);
@@ -360,7 +397,7 @@ int sched_run(Graph *g, Diag *d)
 			while (q < ncomp && !share(comp[q], n))
 				q++;
 			if (q < ncomp) {
-				int f = gather_floor(g, comp, q, n, coll, ncoll);
+				int f = gather_floor(g, comp, q, n, gsum);
 				if (f > dep)
 					dep = f;
 			}
@@ -394,7 +431,16 @@ int sched_run(Graph *g, Diag *d)
 	/* A collective whose result a comm-stream kernel reads (offload's D2H
 	 * of a reduce_scatter's result) is done when that kernel is: compute
 	 * waits for it no later, so its buffers' lifetime ends there too. */
-	for (int c = 0; c < ncoll; c++)
+	/* Both loops over pairs below only find something where the async
+	 * nodes are not all collectives on one stream (offload's copies): skip
+	 * them otherwise (quadratic in the collectives, 30 % of a compile at GPT-3
+	 * 175B's shape and pp=16, for nothing) */
+	int kernels = 0, streams = 0;
+	for (int c = 0; c < ncoll; c++) {
+		kernels |= !is_collective(coll[c].node);
+		streams |= c && coll[c].node->stream != coll[0].node->stream;
+	}
+	for (int c = 0; c < ncoll && kernels; c++)
 		for (int q = c + 1; q < ncoll; q++)
 			if (!is_collective(coll[q].node) && is_collective(coll[c].node) &&
 			    coll[q].node->stream == coll[c].node->stream &&
@@ -411,7 +457,7 @@ int sched_run(Graph *g, Diag *d)
 	 * a separate array and copied back over g->nodes. Collectives placed
 	 * after the same compute node go in program order. */
 	int cap = n0 + 4 * ncoll;
-	for (int c = 0; c < ncoll; c++)
+	for (int c = 0; c < ncoll && streams; c++)
 		for (int q = 0; q < c; q++)
 			cap += depends_across(g, &coll[q], &coll[c]);
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
@@ -457,7 +503,7 @@ int sched_run(Graph *g, Diag *d)
 			/* the earlier nodes of another async stream it depends on */
 			/* (a wait for a first-micro-batch copy is first-only too:
 			 * later micro-batches record no event for it) */
-			for (int q = 0; q < c; q++)
+			for (int q = 0; q < c && streams; q++)
 				if (depends_across(g, &coll[q], &coll[c])) {
 					Node *w = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
 							coll[c].node);

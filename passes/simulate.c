@@ -461,6 +461,27 @@ static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 	return over + fmax(f / rate, b / bw);
 }
 
+double sim_gemm_rate_cap(const Machine *mc, int dtype)
+{
+	double r = 0;
+	int table = 0;
+	for (int i = 0; i < mc->ngemm; i++)
+		if (mc->gemm[i].dtype == dtype) {
+			r = fmax(r, mc->gemm[i].flops_per_s);
+			table = 1;
+		}
+	if (!table) /* machine_gemm_rate's fallback */
+		r = mc->peak_flops[dtype];
+	static const IrOp gemms[] = {DP_OP_MATMUL, DP_OP_LINEAR, DP_OP_LINEAR_GELU,
+				     DP_OP_MATMUL_GELU_GRAD};
+	for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
+		const MachOp *own = machine_op(mc, ir_ops[gemms[i]].name);
+		if (own && own->flops_per_s > 0)
+			r = fmax(r, own->flops_per_s);
+	}
+	return r;
+}
+
 /* The transfers seen so far by tag: the first end of each waits here for
  * its other end (p2p.c numbers each send/recv pair by its tag). */
 typedef struct {

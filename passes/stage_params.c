@@ -8,7 +8,7 @@
  * sharded strategy their shards: flat.params.shard, flat.grads.shard,
  * flat.params.shard.bf16) hold every trained parameter on every rank; the
  * layout pass ordered the units by the stage that keeps them
- * (stages_param_stage; a unit never mixes stages), the tied ones (kept by
+ * (stages_param_stages; a unit never mixes stages), the tied ones (kept by
  * several stages: GPT-2's wte, the embedding on the first stage and the LM
  * head on the last) first, so each stage's part of every flat buffer is one
  * range (a sharded unit's chunk of the shard buffers included); the
@@ -76,6 +76,9 @@ typedef struct {
 	int nroots;
 	int64_t *lo, *n; /* [root index * (p + 1) + class]: its range in that buffer */
 	int *part;       /* [root index * p + k]: NAME.ppK, or -1 */
+	int *flat;       /* per value: 1 + its index among the flat buffers, or 0 */
+	int64_t *rlo, *rhi; /* [flat index * (p + 1) + class]: the range its views of
+			        that class span so far (root_ranges), kept as classes are set */
 } Cut;
 
 /* Element offset of v in its root (a chain of views). */
@@ -118,6 +121,18 @@ static int set_class(Cut *c, int v, int k)
 		die("stage_params: %%%s holds parameters of two classes (%d and %d)",
 		    c->g->values[v]->name, c->cls[v], k);
 	c->cls[v] = k;
+	const Value *x = c->g->values[v];
+	if (x->view_of >= 0) { /* the class's range in its root */
+		const Value *r = ir_root(c->g, x);
+		if (c->flat[r->id]) {
+			int64_t off = root_offset(c->g, x), *lo = &c->rlo[(c->flat[r->id] - 1) * (c->p + 1)];
+			int64_t *hi = &c->rhi[(c->flat[r->id] - 1) * (c->p + 1)];
+			if (off < lo[k])
+				lo[k] = off;
+			if (off + ir_numel(x) > hi[k])
+				hi[k] = off + ir_numel(x);
+		}
+	}
 	return 1;
 }
 
@@ -129,27 +144,20 @@ static void class_chain(Cut *c, int v, int k)
 			set_class(c, x->id, k);
 }
 
-/* Every class range of root r: the views of it whose class is known. */
+/* Every class range of flat buffer root: the views of it whose class is
+ * known (kept by set_class as they become known: a scan of every value per
+ * call was quadratic, 9 % of a compile at GPT-3 175B's shape and pp=16). */
 static void root_ranges(Cut *c, int root, int64_t *lo, int64_t *hi)
 {
-	const Graph *g = c->g;
-	for (int k = 0; k <= c->p; k++)
-		lo[k] = INT64_MAX, hi[k] = -1;
-	for (int v = 0; v < c->nv; v++) {
-		const Value *x = g->values[v];
-		if (c->cls[v] < 0 || x->view_of < 0 || ir_root(g, x)->id != root)
-			continue;
-		int64_t off = root_offset(g, x);
-		int k = c->cls[v];
-		if (off < lo[k])
-			lo[k] = off;
-		if (off + ir_numel(x) > hi[k])
-			hi[k] = off + ir_numel(x);
-	}
+	int f = c->flat[root] - 1;
+	if (f < 0)
+		die("stage_params: %%%s is not a flat buffer", c->g->values[root]->name);
+	memcpy(lo, &c->rlo[f * (c->p + 1)], ((size_t)c->p + 1) * sizeof *lo);
+	memcpy(hi, &c->rhi[f * (c->p + 1)], ((size_t)c->p + 1) * sizeof *hi);
 }
 
 /* The classes of the views of the flat buffers (see the top of the file):
- * the trained parameters' own (stages_param_stage), their gradients' and
+ * the trained parameters' own (stages_param_stages), their gradients' and
  * masters' and what those are views of; then, to a fixed point, a node's
  * views of unknown class take its stage, or the one class of its other
  * views (the unit's shard beside its gathered params, the reduce_scatter's
@@ -160,22 +168,26 @@ static void find_classes(Cut *c)
 	Graph *g = c->g;
 	for (int v = 0; v < c->nv; v++)
 		c->cls[v] = CL_UNKNOWN;
+	int *stage = malloc(((size_t)g->nvalues + 1) * sizeof *stage);
+	if (!stage)
+		die("out of memory");
+	stages_param_stages(g, stage);
 	for (int v = 0; v < c->nv; v++) {
 		const Value *pv = g->values[v];
 		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0)
 			continue;
-		int k = 1 + stages_param_stage(g, v);
+		int k = 1 + stage[v];
 		class_chain(c, v, k);
 		class_chain(c, pv->grad, k);
-		for (int m = 0; m < c->nv; m++) { /* "p.master", "p.bwd" */
-			const Value *x = g->values[m];
-			const char *nm = x->name;
-			size_t len = strlen(pv->name);
-			if (x->kind == DP_T_PARAM && x->view_of >= 0 && strncmp(nm, pv->name, len) == 0 &&
-			    (strcmp(nm + len, ".master") == 0 || strcmp(nm + len, ".bwd") == 0))
-				class_chain(c, m, k);
+		static const char *const suffix[] = {".master", ".bwd"};
+		for (int i = 0; i < 2; i++) { /* "p.master", "p.bwd" (names are unique) */
+			const char *nm = ir_fmt(g, "%s%s", pv->name, suffix[i]);
+			const Value *x = ir_find_value(g, nm);
+			if (x && x->id < c->nv && x->kind == DP_T_PARAM && x->view_of >= 0)
+				class_chain(c, x->id, k);
 		}
 	}
+	free(stage);
 	int64_t *lo = malloc(((size_t)c->p + 1) * sizeof *lo);
 	int64_t *hi = malloc(((size_t)c->p + 1) * sizeof *hi);
 	if (!lo || !hi)
@@ -420,12 +432,23 @@ int stage_params_run(Graph *g, Diag *d)
 		return 0;
 	Cut c = {.g = g, .p = (int)g->cfg.mesh[DP_AXIS_PP], .nv = g->nvalues};
 	c.cls = malloc(((size_t)c.nv + 1) * sizeof *c.cls);
-	if (!c.cls)
+	c.flat = calloc((size_t)c.nv + 1, sizeof *c.flat);
+	if (!c.cls || !c.flat)
 		die("out of memory");
+	int nflat = 0;
+	for (int v = 0; v < c.nv; v++)
+		if (flat_root(g->values[v]))
+			c.flat[v] = ++nflat;
+	c.rlo = malloc(((size_t)nflat + 1) * ((size_t)c.p + 1) * sizeof *c.rlo);
+	c.rhi = malloc(((size_t)nflat + 1) * ((size_t)c.p + 1) * sizeof *c.rhi);
+	if (!c.rlo || !c.rhi)
+		die("out of memory");
+	for (int i = 0; i < nflat * (c.p + 1); i++)
+		c.rlo[i] = INT64_MAX, c.rhi[i] = -1;
 	find_classes(&c);
 	find_roots(&c);
 	if (!c.nroots) { /* every parameter tied: every stage keeps them all */
-		free(c.cls);
+		free(c.cls), free(c.flat), free(c.rlo), free(c.rhi);
 		return 0;
 	}
 	make_parts(&c);
@@ -546,6 +569,7 @@ int stage_params_run(Graph *g, Diag *d)
 			gone[ngone++] = c.roots[r];
 	}
 	ir_drop_values(g, gone, ngone);
-	free(old), free(drop), free(after), free(nafter), free(order), free(gone), free(c.cls);
+	free(old), free(drop), free(after), free(nafter), free(order), free(gone);
+	free(c.cls), free(c.flat), free(c.rlo), free(c.rhi);
 	return 0;
 }

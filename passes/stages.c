@@ -281,24 +281,40 @@ int stages_wgrad(const Graph *g, const Node *n)
 	       g->values[n->out]->kind == DP_T_GRAD;
 }
 
-int stages_param_stage(const Graph *g, int p)
+void stages_param_stages(const Graph *g, int *stage)
 {
-	const Value *pv = g->values[p];
-	int stage = -2; /* -2: no user yet */
-	for (int i = 0; i < g->nnodes && stage != -1; i++) {
+	/* owner[v] - 1: the parameter whose gradient v is */
+	int *owner = calloc((size_t)g->nvalues + 1, sizeof *owner);
+	if (!owner)
+		die("out of memory");
+	for (int v = 0; v < g->nvalues; v++) {
+		stage[v] = -2; /* -2: no user yet */
+		if (g->values[v]->grad >= 0 && g->values[v]->grad < g->nvalues)
+			owner[g->values[v]->grad] = v + 1;
+	}
+	/* one walk over the nodes: each value's users, and its gradient's for
+	 * its parameter; the result does not depend on the order */
+	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & (IR_IN_STEP | IR_IN_EVAL)) ||
 		    (n->phase != PH_FWD && n->phase != PH_BWD && n->phase != PH_EVAL))
 			continue;
-		for (int k = -1; k < n->nin && stage != -1; k++) {
+		int s = n->block >= 0 && n->block < g->nblocks ? g->blocks[n->block].stage : -1;
+		for (int k = -1; k < n->nin; k++) {
 			int v = k < 0 ? n->out : n->in[k];
-			if (v < 0 || (v != p && v != pv->grad))
+			if (v < 0)
 				continue;
-			int s = n->block >= 0 && n->block < g->nblocks ? g->blocks[n->block].stage : -1;
-			stage = stage == -2 || stage == s ? s : -1;
+			stage[v] = stage[v] == -2 || stage[v] == s ? s : -1;
+			if (owner[v]) {
+				int p = owner[v] - 1;
+				stage[p] = stage[p] == -2 || stage[p] == s ? s : -1;
+			}
 		}
 	}
-	return stage < 0 ? -1 : stage;
+	for (int v = 0; v < g->nvalues; v++)
+		if (stage[v] < 0)
+			stage[v] = -1;
+	free(owner);
 }
 
 int stages_split_params(const Graph *g)

@@ -48,13 +48,16 @@
 #    losing by its waits (bubble);
 #    a budget no plan fits is one line naming the smallest plan's memory
 #    (the plans the memory bound ruled out compiled for it);
-#    the memory bound (plan.c's mem_bound, no compile): in the 2.5 MiB
-#    search it rules out ddp's candidates (3.90 MiB) and the winner and
-#    -o are as before; with DPC_PLAN_CHECK=1 (every candidate compiled and
-#    memory-planned, dpc stops when a bound is above its plan) over mlp8 at
-#    2 ranks in f32 (pp=2), gpt2-tiny at 4 in bf16 (tp, cp, pp up to 4) and
-#    llama at 2 in bf16 and mlp at 2 under SGD with momentum (one state
-#    slot): every strategy, checkpointing off and on, and bound <= plan;
+#    the memory bound (plan.c's mem_bound, no compile; persistent bytes
+#    and the saved activations): in the 2.5 MiB search it rules out ddp's
+#    candidates (3.90 MiB) and the winner and -o are as before; with
+#    DPC_PLAN_CHECK=1 (every candidate compiled and memory-planned, dpc
+#    stops when a bound is above its plan or the time bound above its
+#    simulated step) over mlp8 at 2 ranks in f32 (pp=2), gpt2-tiny at 4 in
+#    bf16 (tp, cp, pp up to 4; on the FLOPs-only machine, where the time
+#    bound reaches at least half of a step) and llama at 2 in bf16 and mlp
+#    at 2 under SGD with momentum (one state slot): every strategy,
+#    checkpointing off and on, bound <= plan and time bound <= step;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
 #    winner (byte for byte the direct compile) and names the runner-up; on
 #    an explicit mesh it searches that mesh only;
@@ -123,6 +126,35 @@ if case_on "peak memory: packed"; then
 		ok "peak memory: packed: temporaries $region B, live $step B at the step's peak, $any B at any program's"
 	else
 		fail "peak memory: packed: temporaries '$region' B against '$step' B live at the step's peak (at most 1.3x), '$any' B at any program's (at least)"
+	fi
+fi
+
+# train's export_prefetch none: the checkpoint program gathers one unit at a
+# time, so where its gathers set the temporaries' region (gpt2-tiny at 8
+# layers of 8 tokens: 648.5 KiB for the export program against 378 KiB
+# live at the step's peak) the region comes down to within 1.15x of the
+# step's live peak; the losses and the saved parameters are bitwise the same
+if case_on "peak memory: export_prefetch none"; then
+	text_shard
+	sed -e "$data" models/gpt2-tiny.dp >"$T/gx.dp"
+	ex_ok=1
+	for ep in prefetch none; do
+		"$DPC" "$T/gx.dp" -D layers=8 -D ctx=8 --world-size 4 --tp 2 \
+			--set train.strategy=full_shard --set train.precision=bf16 --set train.grad_accum=8 \
+			--set train.export_prefetch=$ep --stats -o "$T/ex-$ep.bin" >"$T/ex-$ep.stats" 2>&1 &&
+			mpi 4 "$T/ex-$ep.bin" --steps 1 --quiet --eval-every 0 --losses "$T/ex-$ep.loss" \
+				--save-full "$T/ex-$ep.st" >"$T/ex-$ep.log" 2>&1 ||
+			{ ex_ok=0; fail "peak memory: export_prefetch $ep: a run"; tail -n 5 "$T/ex-$ep.log"; }
+	done
+	region() { sed -n 's/^temporaries (arena region) *\([0-9]*\) .*/\1/p' "$1"; }
+	r0=$(region "$T/ex-prefetch.stats") r1=$(region "$T/ex-none.stats")
+	step=$(sed -n "s/^  live at the step's peak *\([0-9]*\) .*/\1/p" "$T/ex-none.stats")
+	if [ $ex_ok = 1 ] && [ -n "$r0" ] && [ -n "$r1" ] && [ -n "$step" ] && [ "$r1" -lt "$r0" ] &&
+		[ $((r1 * 100)) -le $((step * 115)) ] && cmp -s "$T/ex-prefetch.loss" "$T/ex-none.loss" &&
+		cmp -s "$T/ex-prefetch.st" "$T/ex-none.st"; then
+		ok "peak memory: export_prefetch none: temporaries $r0 -> $r1 B ($step B live at the step's peak), losses and saved parameters bitwise"
+	elif [ $ex_ok = 1 ]; then
+		fail "peak memory: export_prefetch none: temporaries '$r0' -> '$r1' B against '$step' B live at the step's peak (at most 1.15x), losses $(cmp -s "$T/ex-prefetch.loss" "$T/ex-none.loss" && echo same || echo differ), parameters $(cmp -s "$T/ex-prefetch.st" "$T/ex-none.st" && echo same || echo differ)"
 	fi
 fi
 
@@ -402,20 +434,29 @@ EOF2
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
-	# the memory bound below every memory plan (dpc stops at one above)
+	# the memory bound (activations too) below every memory plan and the
+	# time bound below every simulated step (dpc stops at one above); on
+	# the FLOPs-only machine (gpt2-tiny: tp, cp, pp up to 4) the time bound
+	# is also at least half of some step (it bounds something)
 	bound_ok=1 bounds=""
-	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16" \
+	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16 flops" \
 		"llama 2 train.precision=bf16" "mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9)"; do
 		set -- $a
-		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" >"$T/bound.txt" 2>&1 &&
-			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt"); then
+		machine=h100-nvlink
+		[ "${4:-}" = flops ] && machine="$T/flops.json"
+		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" \
+			--simulate="$machine" >"$T/bound.txt" 2>&1 &&
+			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
+			t=$(grep -E "^time bound: [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
+			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ]; }; then
 			bounds="$bounds; $1 ${r#memory bound: }"
+			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }"
 		else
 			bound_ok=0
-			fail "plan: memory bound: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
+			fail "plan: bounds: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
 		fi
 	done
-	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan${bounds}"
+	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan and the time bound below every step${bounds}"
 fi
 
 if case_on "errors"; then
