@@ -385,6 +385,25 @@ static int run_plan(const char *path, int world, const FeDefine *defines, int nd
 {
 	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
 		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory};
+	/* a mesh the file writes out (not `mesh auto`) is searched alone, as
+	 * under `strategy auto`: the file's front end once, for its mesh (its
+	 * errors are the search's, printed there) */
+	uint32_t mesh[DP_MAX_AXES];
+	FeOptions f0 = {.world_size = world, .defines = defines, .ndefines = ndefines, .sets = sets,
+			.nsets = nsets};
+	Diag d0;
+	FILE *quiet = fopen("/dev/null", "w");
+	diag_init(&d0, quiet, path, NULL);
+	char *src0 = NULL;
+	Graph *g0 = lower_compile_opts(path, &f0, &d0, &src0);
+	if (g0 && !d0.nerrors && !g0->mesh_auto) {
+		memcpy(mesh, g0->cfg.mesh, sizeof mesh);
+		po.mesh = mesh;
+	}
+	ir_free(g0);
+	free(src0);
+	if (quiet)
+		fclose(quiet);
 	PlanChoice c;
 	if (plan_run(&po, stdout, &c) < 0)
 		return 1;

@@ -457,6 +457,17 @@ EOF2
 		fi
 	done
 	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan and the time bound below every step${bounds}"
+	# a mesh the file writes out is searched alone (as under strategy auto),
+	# not every mesh of the world against it
+	sed 's/^mesh auto$/mesh pp=2, dp_shard=1/' models/mlp8.dp >"$T/mlp8pp.dp"
+	"$DPC" "$T/mlp8pp.dp" --plan --world-size 2 >"$T/fixed.txt" 2>&1
+	rows=$(grep -Ec "^[0-9]+ " "$T/fixed.txt")
+	if [ "$rows" -gt 0 ] && ! grep -E "^[0-9]+ " "$T/fixed.txt" | grep -qv "^[0-9]* *pp=2 .* dp_shard=1 " &&
+		grep -q "(0 refused by the front end" "$T/fixed.txt"; then
+		ok "plan: the file's own mesh (pp=2, dp_shard=1) is the one searched: $rows plans, none refused"
+	else
+		fail "plan: the file's own mesh searched alone"; grep -v "^ \|warning" "$T/fixed.txt" | head -n 6 | sed 's/^/      /'
+	fi
 fi
 
 if case_on "errors"; then
