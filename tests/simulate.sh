@@ -183,16 +183,19 @@ comm "mlp ddp 2" models/mlp.dp --world-size 2
 comm "mlp zero2 4" models/mlp.dp --world-size 4 --set train.strategy=zero2
 comm "gpt2-tiny full_shard 2" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard
 
-# a machine where only FLOPs cost: 1 GFLOP/s, free memory, links and kernels
-flops_only() {
-	cat >"$T/flops.json" <<EOF
-{"name": "flops-only", "executor": "gpu",
+# flops_machine FILE NAME BUSBW: a machine of 1 GFLOP/s with free memory,
+# kernels and p2p link, its collectives at BUSBW bytes/s
+flops_machine() {
+	cat >"$1" <<EOF
+{"name": "$2", "executor": "gpu",
  "peak_flops": {"f32": 1e9, "bf16": 1e9}, "memory_bw": 1e30, "kernel_overhead_s": 0,
  "ranks_per_node": 8,
- "intra": {"alpha_s": 0, "busbw": 1e30}, "inter": {"alpha_s": 0, "busbw": 1e30},
+ "intra": {"alpha_s": 0, "busbw": $3}, "inter": {"alpha_s": 0, "busbw": $3},
  "p2p": {"alpha_s": 0, "busbw": 1e30}}
 EOF
 }
+# a machine where only FLOPs cost: 1 GFLOP/s, free memory, links and kernels
+flops_only() { flops_machine "$T/flops.json" flops-only 1e30; }
 
 # pipeline NAME PP ARGS...: the stages' idle against --stats' bubble
 pipeline() {
@@ -404,13 +407,7 @@ EOF2
 	# interleaved searched and chosen: with collectives at 1 MB/s and a free
 	# p2p link, pp=2 (no gradient to all_reduce) beats data parallelism, and
 	# its bubble, (p-1)/(vm+p-1) at m=2, decides among the schedules
-	cat >"$T/slowcoll.json" <<EOF2
-{"name": "slow-collectives", "executor": "gpu",
- "peak_flops": {"f32": 1e9, "bf16": 1e9}, "memory_bw": 1e30, "kernel_overhead_s": 0,
- "ranks_per_node": 8,
- "intra": {"alpha_s": 0, "busbw": 1e6}, "inter": {"alpha_s": 0, "busbw": 1e6},
- "p2p": {"alpha_s": 0, "busbw": 1e30}}
-EOF2
+	flops_machine "$T/slowcoll.json" slow-collectives 1e6
 	"$DPC" models/mlp8.dp --plan --world-size 2 --simulate="$T/slowcoll.json" >"$T/plan4.txt" 2>&1
 	if out=$($PY - "$T/plan4.txt" <<'EOF2'
 import re, sys
