@@ -37,10 +37,11 @@
 #
 # Suites marked alone run first, one at a time, with nothing beside them:
 # their checks measure time against time. logs.sh's per-step check wants
-# each step's own ms/step within 3x of the median and their sum within 10%
-# of the elapsed time; on a loaded machine the time between steps grows and
-# it fails (it did at a load of 15 on 2 cores), and its bounds are the
-# product's promise, not to be widened for the runner. The others hold
+# each step's own ms/step above a tenth of the median (none lost to its
+# neighbour) and their sum within 1% of the elapsed time (the same clock
+# readings); it had an upper bound too, 3x the median, which a step slowed
+# by load broke even alone (4x, in CI on 2026-11-28): a slow step's time
+# reported as its own is the promise kept, so that bound is gone. The others hold
 # under load: faults.sh's bounds are its --timeout plus 5 s (every rank gone
 # after a SIGSTOP or a kill -9) and an upper bound on the waiting rank's CPU
 # share, which load only lowers, and runtime_errors.sh's and cuda_emu.sh's
