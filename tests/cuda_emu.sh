@@ -690,6 +690,37 @@ done
 # folded into AdamW rounds g * coef to f16 as clip would store it
 PREC=fp16 REDUCE=f16 model_case mlp8 ddp 2
 PREC=fp16 REDUCE=f16 SGD=1 model_case gpt2-tiny zero2 2
+# scales FILE: the --log-json lines' step, scale and skipped steps
+scales() {
+	$PY -c 'import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if "loss_scale" in j:
+        print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"])' "$1"
+}
+# overflow_same NAME P DEV WHO HALVES: the overflow runs $T/P.cpu.* (the
+# CPU backend) and $T/P.DEV.* (the device; --log-json and --losses): the
+# scale and skips of every step the same ($T/P.cpu.scales, $T/P.DEV.scales),
+# a skipped step after clean ones (HALVES=1: that halves the scale), losses
+# within 2^-14; WHO says which devices skipped
+overflow_same() {
+	local name=$1 p=$2 dev=$3 who=$4 halves=$5 spike
+	scales "$T/$p.cpu.json" >"$T/$p.cpu.scales"
+	scales "$T/$p.$dev.json" >"$T/$p.$dev.scales"
+	# a clean step, then a skipped one
+	spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
+		"$T/$p.cpu.scales" | head -n 1)
+	if [ -n "$spike" ] && cmp -s "$T/$p.cpu.scales" "$T/$p.$dev.scales" &&
+		{ [ "$halves" = 0 ] ||
+			awk -v k="$spike" '$1 == k {s = $2} $1 == k + 1 {exit !($2 == s / 2)}' "$T/$p.cpu.scales"; } &&
+		$PY tests/compare.py losses "$T/$p.$dev.loss" "$T/$p.cpu.loss" --rtol "$FP16_LOSS" \
+			--atol 0 >"$T/$p.cmp"; then
+		ok "$name: $who skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/$p.cpu.scales")), step $spike's overflow after clean steps$([ "$halves" = 0 ] || echo " halving it"); losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/$p.cmp"))"
+	else
+		paste "$T/$p.cpu.scales" "$T/$p.$dev.scales"; cat "$T/$p.cmp" 2>/dev/null
+		fail "$name: the scale sequence or the losses differ from the CPU's"
+	fi
+}
 # the overflow case: the device's skips and scale sequence are the CPU's,
 # with f16 gradients (their norm is the overflow check: a rank that missed
 # an inf would apply it to its zero2 shard, and every loss after be NaN)
@@ -697,13 +728,6 @@ if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3"; then
 	sed -e 's/^  global_batch .*/  global_batch 6/' \
 		-e 's/^  strategy .*/  strategy zero2\n  reduce_dtype f16\n  loss_scale dynamic(init=131072, interval=2)/' \
 		"$T/gpt2-tiny.dp" >"$T/ov.dp"
-	scales() { # the --log-json lines' step, scale and skipped steps
-		$PY -c 'import json, sys
-for l in open(sys.argv[1]):
-    j = json.loads(l)
-    if "loss_scale" in j:
-        print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"])' "$1"
-	}
 	ov_emu() { # the graph and the --no-graph run
 		local r
 		for r in graph eager; do
@@ -717,19 +741,7 @@ for l in open(sys.argv[1]):
 	if "$DPC" "$T/ov.dp" --world-size 3 $small --precision fp16 -o "$T/ov.bin" >"$T/ov.dpc" 2>&1 &&
 		mpi 3 "$T/ov.bin" --device cpu --steps 10 --quiet --eval-every 0 --log-every 1 \
 			--log-json "$T/ov.cpu.json" --losses "$T/ov.cpu.loss" >"$T/ov.cpu.log" 2>&1 && ov_emu; then
-		scales "$T/ov.cpu.json" >"$T/ov.cpu.scales"
-		scales "$T/ov.graph.json" >"$T/ov.graph.scales"
-		# a clean step, then a skipped one that halves the scale
-		spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
-			"$T/ov.cpu.scales" | head -n 1)
-		if [ -n "$spike" ] && cmp -s "$T/ov.cpu.scales" "$T/ov.graph.scales" &&
-			$PY tests/compare.py losses "$T/ov.graph.loss" "$T/ov.cpu.loss" --rtol "$FP16_LOSS" \
-				--atol 0 >"$T/ov.cmp"; then
-			ok "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: the device skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ov.cpu.scales")), step $spike's overflow after clean steps; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ov.cmp"))"
-		else
-			paste "$T/ov.cpu.scales" "$T/ov.graph.scales"; cat "$T/ov.cmp" 2>/dev/null
-			fail "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: the scale sequence or the losses differ from the CPU's"
-		fi
+		overflow_same "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3" ov graph "the device" 0
 		if cmp -s "$T/ov.graph.loss" "$T/ov.eager.loss" && cmp -s "$T/ov.graph.st" "$T/ov.eager.st"; then
 			ok "graph replay == --no-graph on gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
 		else
@@ -770,7 +782,6 @@ if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2"; then
 	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/gpt2-tiny.dp"; } | sed -e 's/^  global_batch .*/  global_batch 4/' \
 		-e 's/^  strategy .*/  strategy ddp\n  grad_accum 2\n  reduce_dtype f16\n  loss_scale dynamic(init=131072, interval=2)/' \
 		>"$T/ovpp.dp"
-	ppscales() { $PY -c 'import json, sys; [print(j["step"], "%.9g" % j["loss_scale"], j["skipped_steps"]) for j in map(json.loads, open(sys.argv[1])) if "loss_scale" in j]' "$1"; }
 	# shellcheck disable=SC2086
 	if "$DPC" "$T/ovpp.dp" --world-size 2 $small --precision fp16 -o "$T/ovpp.bin" >"$T/ovpp.dpc" 2>&1 &&
 		mpi 2 "$T/ovpp.bin" --device cpu --steps 8 --quiet --eval-every 0 --log-every 1 \
@@ -778,19 +789,7 @@ if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2"; then
 		env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 2 "$EMU" "$T/ovpp.bin" --device cuda \
 			--steps 8 --quiet --eval-every 0 --log-every 1 --log-json "$T/ovpp.emu.json" \
 			--losses "$T/ovpp.emu.loss" >"$T/ovpp.emu.log" 2>&1; then
-		ppscales "$T/ovpp.cpu.json" >"$T/ovpp.cpu.scales"
-		ppscales "$T/ovpp.emu.json" >"$T/ovpp.emu.scales"
-		spike=$(awk 'NR > 2 && $3 > s1 && s1 == s2 {print $1} {s2 = s1; s1 = $3}' \
-			"$T/ovpp.cpu.scales" | head -n 1)
-		if [ -n "$spike" ] && cmp -s "$T/ovpp.cpu.scales" "$T/ovpp.emu.scales" &&
-			awk -v k="$spike" '$1 == k {s = $2} $1 == k + 1 {exit !($2 == s / 2)}' "$T/ovpp.cpu.scales" &&
-			$PY tests/compare.py losses "$T/ovpp.emu.loss" "$T/ovpp.cpu.loss" --rtol "$FP16_LOSS" \
-				--atol 0 >"$T/ovpp.cmp"; then
-			ok "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: both stages' devices skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/ovpp.cpu.scales")), step $spike's overflow after clean steps halving it; losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/ovpp.cmp"))"
-		else
-			paste "$T/ovpp.cpu.scales" "$T/ovpp.emu.scales"; cat "$T/ovpp.cmp" 2>/dev/null
-			fail "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: the scale sequence or the losses differ from the CPU's"
-		fi
+		overflow_same "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2" ovpp emu "both stages' devices" 1
 	else
 		fail "gpt2-tiny fp16 reduce_dtype f16 overflow pp=2: a run failed"
 		tail -n 3 "$T"/ovpp.*.log "$T/ovpp.dpc"
