@@ -22,7 +22,8 @@
 #     $DP_CHROOT_DEBS), with /proc, /sys, a /dev of its own and /tmp; the
 #     kit copied in; `run.sh OUTDIR` run to its end. It must exit 0, with
 #     every part reported and SKIP only for what needs the hardware or a GPU
-#     tool (compute-sanitizer, ncu, nsys, PyTorch): exactly those ten checks.
+#     tool (compute-sanitizer, ncu, nsys, PyTorch): exactly those eleven
+#     checks.
 #     No chroot (not root, or chroot/mount refused) or no .debs: one loud
 #     SKIP.
 # Runtime: ~20 s to pack the kit (xz -1), ~4-8 min for the rehearsal (the
@@ -73,12 +74,12 @@ else
 fi
 # DP_KIT_PARTS (a rerun of some parts) refuses a part that does not exist
 # before it unpacks or writes anything
-DP_KIT_PARTS="2 7" bash "$KIT/run.sh" "$T/parts-out" >"$T/parts.log" 2>&1
+DP_KIT_PARTS="2 9" bash "$KIT/run.sh" "$T/parts-out" >"$T/parts.log" 2>&1
 rc=$?
-if [ $rc = 2 ] && grep -q "DP_KIT_PARTS: no part '7'" "$T/parts.log" && [ ! -e "$T/parts-out" ]; then
-	ok "DP_KIT_PARTS=\"2 7\": $(head -n 1 "$T/parts.log"), exit 2, nothing written"
+if [ $rc = 2 ] && grep -q "DP_KIT_PARTS: no part '9'" "$T/parts.log" && [ ! -e "$T/parts-out" ]; then
+	ok "DP_KIT_PARTS=\"2 9\": $(head -n 1 "$T/parts.log"), exit 2, nothing written"
 else
-	fail "DP_KIT_PARTS=\"2 7\": exit $rc"; cat "$T/parts.log"
+	fail "DP_KIT_PARTS=\"2 9\": exit $rc"; cat "$T/parts.log"
 fi
 fi
 kits=("$KIT")
@@ -207,10 +208,11 @@ rehearse() {
 	ns=$(grep -c '^- SKIP' "$T/report.md" 2>/dev/null)
 	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|nsys|PyTorch|torch.compile')
 	# PASS: part 1 one, part 2 six, part 4 ten (the emulator's: gpt2-tiny
-	# f32 and llama bf16 in its five layouts), parts 5 and 6 one each
-	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 10 ] && [ "$skips" = 0 ] && [ "$np" = 19 ] &&
-		[ "$(grep -c '^## ' "$T/report.md")" = 6 ]; then
-		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (2), nsys (1), PyTorch (3)"
+	# f32 and llama bf16 in its five layouts), parts 5 and 6 one each, part
+	# 7 five (the emulator's four comparisons and the determinism check)
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 11 ] && [ "$skips" = 0 ] && [ "$np" = 24 ] &&
+		[ "$(grep -c '^## ' "$T/report.md")" = 8 ]; then
+		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (3), nsys (1), PyTorch (3)"
 	else
 		fail "run.sh in the chroot: exit $rc after ${took}s, $np PASS, $nf2 FAIL, $ns SKIP ($skips not the GPU tools')"
 		grep -E '^- (FAIL|SKIP)' "$T/report.md" 2>/dev/null | head -n 12 | cut -c1-220 | sed 's/^/      /'

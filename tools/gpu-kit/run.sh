@@ -6,9 +6,11 @@
 #   build/gpu-kit/run.sh OUTDIR         (on the GPU machine; any folder works)
 #   DP_KIT_PARTS="2 4" build/gpu-kit/run.sh OUTDIR   (those parts alone: a
 #                                        rerun after a fix, in less device time)
+#   DP_KIT_TORCH_MODES=eager ...         (part 5's PyTorch anchors: eager alone,
+#                                        ~50 s less than with torch.compile)
 #
 # It unpacks the kit's payload outside OUTDIR ($DP_KIT_WORK, default
-# /tmp/dp-gpu-kit), then runs six parts, each under a deadline (coreutils'
+# /tmp/dp-gpu-kit), then runs eight parts, each under a deadline (coreutils'
 # timeout), and writes OUTDIR/report.md as it goes: every check is one line,
 # PASS, FAIL or SKIP with its figures, written when the check ends, so a run
 # cut short still reports what it did. SKIP means the hardware or the tool is
@@ -23,8 +25,8 @@
 #      watchdog (one of two ranks stopped: the other ends within --timeout,
 #      exit 75),
 #      a NaN loss in graph mode (both ranks end, naming the step);
-#   3. compute-sanitizer memcheck and racecheck on 3 steps of gpt2-tiny, f32
-#      and bf16;
+#   3. compute-sanitizer memcheck and racecheck on 3 steps of gpt2-tiny at
+#      head dim 64 (bf16: the tensor-core attention kernels), f32 and bf16;
 #   4. gpt2-tiny and llama in f32 and bf16 at 1 rank, and at 2 ranks under
 #      ddp, full_shard, tp=2 and cp=2, against the CPU's losses at 1 rank
 #      (every layout computes the same mathematics; the emulator's rehearsal:
@@ -43,7 +45,19 @@
 #      the ~1,200 of a whole step did not finish in 80 s on the H200);
 #      PyTorch's SDPA at the same shape (bench/gpu_gpt.py --modes sdpa), the
 #      anchor for attention; the top 10 kernels from nsys over 3 steps, where
-#      nsys is installed.
+#      nsys is installed;
+#   7. the paths that came after the first GPU runs, each against the CPU
+#      backend running the same step file at the same ranks (losses, 10
+#      steps): tensor-core attention at head dim 64 (bf16, cp=2's one
+#      backward op, tf32), the deterministic dQ (a graph replay and a
+#      --no-graph run at ctx 1024, bitwise), fp16 with loss scaling at 1 and
+#      2 ranks (ncclHalf), pipelines (pp=2 1F1B in f32 and bf16; pp=2 x
+#      dp_shard=2 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
+#      one graph), offload optimizer and params, PowerSGD;
+#   8. ncu's full sections of one launch each of the tensor-core attention
+#      kernels (GPT-2's attention shape in a one-layer step), as text in
+#      OUTDIR/ncu-KERNEL.txt, and the forward's per-source-line counters
+#      (OUTDIR/ncu-source-fwd.csv): where their time goes.
 #
 # Tolerances (part 4; docs/CUDA.md derives them): on a GPU, f32 losses rtol
 # 1e-4 (the emulator's 1e-5, widened 10x: cuBLASLt sums in its own order and
@@ -54,8 +68,8 @@
 # f32 1e-5 and bf16 2^-11 (a 2-rank run against 1 rank: tests/bf16.sh's).
 #
 # Deadlines (seconds), the GPU's summing to 590 with the unpacking, under 10
-# minutes on one H100 (docs/CUDA.md estimates each part from its FLOPs and
-# the H100's rates); the emulator's (the rehearsal, tests/gpu_kit.sh) are
+# minutes on one H100 (docs/CUDA.md: each about 1.5-2x what the part took on
+# the H200 on 2026-11-28, 330 s for all eight); the emulator's (the rehearsal, tests/gpu_kit.sh) are
 # its own: it runs every GPU thread on a CPU, with the smallest shapes that
 # still exercise each path (DP_KIT_EMU=1, set by an EMU=1 kit).
 set -u
@@ -74,9 +88,9 @@ unstamp() { sed 's/^[0-9][0-9-]*T[0-9:.]*Z //' "$1"; }
 if [ "${1:-}" != --part ]; then
 	# ---- the driver ----
 	[ $# -eq 1 ] || { echo "usage: run.sh OUTDIR" >&2; exit 2; }
-	PARTS=${DP_KIT_PARTS:-1 2 3 4 5 6}
+	PARTS=${DP_KIT_PARTS:-1 2 3 4 5 6 7 8}
 	for p in $PARTS; do
-		case $p in [1-6]) ;; *) echo "run.sh: DP_KIT_PARTS: no part '$p' (parts 1-6)" >&2; exit 2 ;; esac
+		case $p in [1-8]) ;; *) echo "run.sh: DP_KIT_PARTS: no part '$p' (parts 1-8)" >&2; exit 2 ;; esac
 	done
 	mkdir -p "$1" || exit 1
 	OUT=$(cd "$1" && pwd)
@@ -103,12 +117,12 @@ if [ "${1:-}" != --part ]; then
 	echo "unpacked in $(($(date +%s) - t_all)) s into $WORK/kit" >>"$REPORT"
 	MODE=$(cat "$WORK/kit/MODE")
 	if [ "$MODE" = emu ]; then
-		DEADLINES=(0 120 900 60 1500 600 600)
+		DEADLINES=(0 120 900 60 1500 600 600 900 60)
 	else
-		DEADLINES=(0 15 100 70 80 130 180)
+		DEADLINES=(0 10 60 90 75 125 90 60 65)
 	fi
-	echo "mode: $MODE; deadlines (s), parts 1-6: ${DEADLINES[*]:1}" >>"$REPORT"
-	[ "$PARTS" = "1 2 3 4 5 6" ] || echo "parts: $PARTS (DP_KIT_PARTS)" >>"$REPORT"
+	echo "mode: $MODE; deadlines (s), parts 1-8: ${DEADLINES[*]:1}" >>"$REPORT"
+	[ "$PARTS" = "1 2 3 4 5 6 7 8" ] || echo "parts: $PARTS (DP_KIT_PARTS)" >>"$REPORT"
 	: >"$WORK/results"
 	for p in $PARTS; do
 		t0=$(date +%s)
@@ -474,7 +488,7 @@ part2() {
 }
 
 part3() {
-	section "3. compute-sanitizer on 3 steps of gpt2-tiny"
+	section "3. compute-sanitizer on 3 steps of gpt2-tiny at head dim 64"
 	local san
 	san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 	if [ -z "$san" ] || [ $EMU = 1 ]; then
@@ -484,7 +498,11 @@ part3() {
 		return
 	fi
 	model gpt2t gpt2-tiny
-	compile gpt2t-f32 "$R/gpt2t.dp" 1 && compile gpt2t-bf16 "$R/gpt2t.dp" 1 --precision bf16
+	# heads of 64 over two key tiles of 64: bf16 runs the tensor-core
+	# attention kernels (mma.sync, ldmatrix, the shared tiles' double
+	# buffer), f32 the CUDA-core ones
+	local hd64="-D ctx=128 -D d=128 -D heads=2"
+	compile gpt2t-f32 "$R/gpt2t.dp" 1 $hd64 && compile gpt2t-bf16 "$R/gpt2t.dp" 1 $hd64 --precision bf16
 	local t p
 	for t in memcheck racecheck; do
 		for p in f32 bf16; do
@@ -594,7 +612,7 @@ part5() {
 		return
 	fi
 	local mode lim
-	for mode in eager compile; do
+	for mode in ${DP_KIT_TORCH_MODES:-eager compile}; do
 		lim=40
 		[ $mode = compile ] && lim=$(left)
 		[ "$lim" -gt 5 ] || { report FAIL "PyTorch $mode: no time left in the part's deadline"; continue; }
@@ -697,6 +715,126 @@ part6() {
 	fi
 }
 
+# vs_cpu NAME SRC NP RTOL WHAT [dpc args]: the step file at NP ranks on the
+# device against the CPU backend at NP ranks (the same step file), losses
+# within RTOL over part 7's steps
+vs_cpu() {
+	local name=$1 src=$2 np=$3 tol=$4 what=$5 fig
+	shift 5
+	compile "$name" "$src" "$np" "$@" || { report FAIL "$what: dpc: $(tail -n 1 "$L/$name.dpc")"; return; }
+	if [ $EMU = 1 ] && [[ " $EMU7 " != *" $name "* ]]; then
+		note "(the emulator's rehearsal: $name compiled, not run; tests/cuda_emu.sh runs it against the CPU)"
+		return
+	fi
+	cpu "$name-cpu" "$name" "$np" --steps $steps --quiet || { report FAIL "$what: the CPU run failed"; last "$L/$name-cpu.log"; return; }
+	dev "$np" "$name" "$name" --steps $steps --log-every $steps || { report FAIL "$what: the device run failed"; last "$L/$name.log"; return; }
+	if fig=$(losses "$R/$name.loss" "$R/$name-cpu.loss" "$tol"); then
+		report PASS "$what: $fig (rtol $tol); $(ms_step "$L/$name.log") ms/step"
+	else
+		report FAIL "$what: $fig (rtol $tol)"
+	fi
+}
+
+part7() {
+	section "7. Paths new since the last GPU run, against the CPU at the same ranks"
+	local steps=10 f32tol=1e-4 bf16tol=9.765625e-4 tf32tol=1e-3
+	local hd64="-D ctx=128 -D d=128 -D heads=2 -D layers=1" det="-D ctx=1024 -D d=128 -D heads=2 -D layers=1"
+	# the emulator's rehearsal runs these comparisons (every other line of
+	# the part compiles its step file): one of each kind of run, the
+	# cheapest, for CI's time (tests/gpu_kit.sh)
+	local EMU7="a64-bf16 pp2 off-opt psgd"
+	if [ $EMU = 1 ]; then
+		steps=2 f32tol=1e-5 bf16tol=4.8828125e-4 tf32tol=6.103515625e-5
+		hd64="-D ctx=64 -D d=128 -D heads=2 -D layers=1" det="-D ctx=128 -D d=128 -D heads=2 -D layers=1"
+	fi
+	note "losses over $steps steps against the CPU backend running the same step file at the same ranks; rtol f32 $f32tol, bf16 and fp16 $bf16tol, tf32 $tf32tol"
+	model g7 gpt2-tiny -e 's/^  global_batch .*/  global_batch 8/'
+	sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$R/g7.dp" >"$R/g7pp.dp"
+	local src
+	# tensor-core attention (mma.sync) at head dim 64: bf16, tf32, cp=2's one backward op
+	vs_cpu a64-bf16 "$R/g7.dp" 1 $bf16tol "attention on tensor cores, head dim 64, bf16, 1 rank" $hd64 --precision bf16
+	src=$(mesh g7 ddp cp=2)
+	vs_cpu a64-cp "$src" 2 $bf16tol "attention on tensor cores, head dim 64, bf16, cp=2 (attention_cp_grad_both)" $hd64 --precision bf16
+	vs_cpu a64-tf32 "$R/g7.dp" 1 $tf32tol "attention on tensor cores, head dim 64, tf32 (m16n8k8), 1 rank" $hd64 --precision tf32
+	# the deterministic dQ: two device runs (graph replay and --no-graph) bit for bit
+	compile adet "$R/g7.dp" 1 $det --precision bf16
+	if gpu adet-g adet --steps $steps --quiet --save-full "$R/adet-g.st" &&
+		gpu adet-e adet --steps $steps --quiet --save-full "$R/adet-e.st" --no-graph; then
+		if cmp -s "$R/adet-g.loss" "$R/adet-e.loss" && cmp -s "$R/adet-g.st" "$R/adet-e.st"; then
+			report PASS "attention's dQ deterministic (bf16, head dim 64, $(echo "$det" | sed 's/-D //g; s/ layers=1//')): a graph replay and a --no-graph run, losses and parameters bitwise equal over $steps steps"
+		else
+			report FAIL "attention's dQ: a graph replay and a --no-graph run differ"
+		fi
+	else
+		report FAIL "attention's dQ determinism: a run failed"; last "$L/adet-g.log"; last "$L/adet-e.log"
+	fi
+	# fp16 with dynamic loss scaling: the f16 kernels, ncclHalf
+	vs_cpu f16-1 "$R/g7.dp" 1 $bf16tol "fp16 (loss scaling), gpt2-tiny, 1 rank" $small_gpt --precision fp16
+	vs_cpu f16-2 "$R/g7.dp" 2 $bf16tol "fp16 (loss scaling), gpt2-tiny ddp, 2 ranks (ncclHalf)" $small_gpt --precision fp16
+	# pipelines: ncclSend/ncclRecv captured in the step graph, 1F1B
+	src=$(mesh g7pp ddp pp=2)
+	vs_cpu pp2 "$src" 2 $f32tol "pipeline pp=2, 1F1B, gpt2-tiny f32" $small_gpt
+	vs_cpu pp2-bf16 "$src" 2 $bf16tol "pipeline pp=2, 1F1B, gpt2-tiny bf16" $small_gpt --precision bf16
+	src=$(mesh g7pp ddp "pp=2, dp_shard=2")
+	vs_cpu pp2dp2 "$src" 4 $f32tol "pipeline pp=2 x dp_shard=2, 4 ranks on one GPU, gpt2-tiny f32" $small_gpt
+	# two communicators in one graph: hybrid_shard's dp_shard and dp_replicate
+	src=$(mesh g7 hybrid_shard "dp_replicate=2, dp_shard=2")
+	vs_cpu hsdp "$src" 4 $f32tol "hybrid_shard dp_replicate=2 x dp_shard=2, 4 ranks, gpt2-tiny f32" $small_gpt
+	# offload: the host step as host nodes of the graph, the copies on their streams
+	vs_cpu off-opt "$R/g7.dp" 2 $bf16tol "offload optimizer, gpt2-tiny full_shard bf16, 2 ranks" $small_gpt --precision bf16 \
+		--set train.strategy=full_shard --set train.offload=optimizer
+	vs_cpu off-par "$R/g7.dp" 2 $bf16tol "offload params, gpt2-tiny full_shard bf16, 2 ranks" $small_gpt --precision bf16 \
+		--set train.strategy=full_shard --set train.offload=params
+	# PowerSGD: the P/Q all_reduces, orthogonalize on the device
+	mlp_src
+	sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=2)/' "$R/mlp.dp" >"$R/mlp-psgd.dp"
+	vs_cpu psgd "$R/mlp-psgd.dp" 2 $tf32tol "PowerSGD rank 4 from step 2, mlp ddp, 2 ranks" 
+}
+
+# part8: ncu's full sections (occupancy, warp stall reasons, memory
+# workload, source counters) of one launch each of the tensor-core attention
+# kernels, as text in OUTDIR/ncu-KERNEL.txt, then the forward's per-source-
+# line view (OUTDIR/ncu-source-fwd.csv): GPT-2's attention shape (micro-batch
+# 8 x 1024, 12 heads of 64) in a step of one layer and a vocabulary of 1024,
+# so that the arena ncu saves and restores between its ~40 replays is small
+part8() {
+	section "8. ncu's details of the attention kernels (one launch each)"
+	local ncu bin k lim rc
+	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+	if [ $EMU = 1 ] || [ -z "$ncu" ]; then
+		report SKIP "ncu details of the attention kernels: $([ $EMU = 1 ] && echo "the CUDA emulator: no GPU" || echo "ncu is not on this machine")"
+		return
+	fi
+	bin=$R/gpt2-ncu.bin
+	model gpt2-ncu gpt2 -e "s/^  global_batch .*/  global_batch 8/" -e 's/^  grad_accum .*/  grad_accum 1/'
+	compile gpt2-ncu "$R/gpt2-ncu.dp" 1 --precision bf16 -D vocab=1024 -D layers=1 ||
+		{ report FAIL "dpc of gpt2 (one layer): $(tail -n 1 "$L/gpt2-ncu.dpc")"; return; }
+	for k in k_attn_fwd_mma k_attn_bwd_mma; do
+		lim=$(($(left) / 3))
+		[ $lim -gt 40 ] && lim=40
+		timeout $lim "$ncu" --clock-control none --set full --import-source yes --graph-profiling node \
+			--kernel-name-base function --kernel-name "regex:^$k" -c 1 \
+			"$DPEXEC" "$bin" --device cuda --steps 1 --quiet --eval-every 0 >"$OUT/ncu-$k.txt" 2>"$L/ncu-$k.err"
+		rc=$?
+		if grep -q "Duration" "$OUT/ncu-$k.txt"; then
+			report PASS "ncu --set full, $k, 1 launch: $(grep -m1 ' Duration' "$OUT/ncu-$k.txt" | tr -s ' '); OUTDIR/ncu-$k.txt"
+		else
+			report FAIL "ncu --set full, $k (exit $rc): $(grep -v '^==PROF==' "$L/ncu-$k.err" | tail -n 1 | cut -c1-200)"
+		fi
+	done
+	lim=$(left)
+	[ $lim -gt 40 ] && lim=40
+	timeout $lim "$ncu" --clock-control none --section SourceCounters --import-source yes --graph-profiling node \
+		--kernel-name-base function --kernel-name "regex:^k_attn_fwd_mma" -c 1 --page source --csv --print-source cuda,sass \
+		"$DPEXEC" "$bin" --device cuda --steps 1 --quiet --eval-every 0 >"$OUT/ncu-source-fwd.csv" 2>"$L/ncu-source.err"
+	rc=$?
+	if [ -s "$OUT/ncu-source-fwd.csv" ] && [ $rc = 0 ]; then
+		report PASS "ncu --page source, k_attn_fwd_mma: OUTDIR/ncu-source-fwd.csv, $(wc -l <"$OUT/ncu-source-fwd.csv") lines"
+	else
+		report FAIL "ncu --page source (exit $rc): $(grep -v '^==PROF==' "$L/ncu-source.err" | tail -n 1 | cut -c1-200)"
+	fi
+}
+
 # SPLIT_CSV: an awk function splitting a CSV line into f[1..n] (the
 # profilers' kernel names hold commas inside quotes), for their summaries
 SPLIT_CSV='
@@ -765,5 +903,7 @@ case $PART in
 4) part4 ;;
 5) part5 ;;
 6) part6 ;;
+7) part7 ;;
+8) part8 ;;
 esac
 exit 0
