@@ -436,9 +436,13 @@ EOF2
 	# time bound below every simulated step (dpc stops at one above); on
 	# the FLOPs-only machine (gpt2-tiny: tp, cp, pp up to 4) the time bound
 	# is also at least half of some step (it bounds something), and where
-	# the collectives move 1 MB/s (gpt2-tiny again on the gpu executor, mlp
-	# with SGD on the cpu executor) so is its communication term
+	# the collectives move 1 MB/s (gpt2-tiny again on the gpu executor, at 2
+	# ranks a node whose own link moves 10 MB/s, so that groups lie on
+	# both links; mlp with SGD on the cpu executor) so is its communication
+	# term
 	flops_machine "$T/comm.json" comm-bound 1e6
+	sed -i -e 's/"ranks_per_node": 8/"ranks_per_node": 2/' \
+		-e 's/"intra": {"alpha_s": 0, "busbw": 1e6}/"intra": {"alpha_s": 0, "busbw": 1e7}/' "$T/comm.json"
 	flops_machine "$T/commcpu.json" comm-bound-cpu 1e6 cpu
 	bound_ok=1 bounds=""
 	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16 flops" \
