@@ -468,26 +468,6 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
 	return (int64_t)floor(P * per + act);
 }
 
-/*
- * The time bound: a lower bound of a candidate's simulated step, in closed
- * form. The simulator charges a GEMM at least its FLOPs over
- * sim_gemm_rate_cap (gemm_seconds), and a rank's compute stream runs its
- * kernels one after another. Per micro-batch of one rank (samples: the
- * micro-batch, at least the model_mem compile's over the data-parallel
- * ranks; over cp, the sequence cut), the whole model's GEMMs take A
- * (all_s) and those on a micro-batch's path C (chain_s: forward and input
- * gradients). At pp = 1 the rank runs all of its m
- * micro-batches: m A. At pp > 1 the busiest stage runs at least the mean,
- * m A / pp; and stage s cannot start before the first micro-batch's
- * forward has crossed the stages before it, nor end its work before the
- * last micro-batch's backward has gone back through them after its own,
- * so with s the last stage the step is at least C (every stage's forward
- * and input gradients once, whatever the cut; the last stage's own m
- * micro-batches cover its share). So the step is at least
- * max(m A / pp, C) at pp > 1, m A at pp = 1. Other kernels and the
- * communication are left out (fusion, overlap). 0 where the memory
- * bound's premises fail.
- */
 /* Does the group of p's mesh over the axes of mask lie in one node?
  * passes/simulate.c's group_in_node on p's mesh (ranks row-major in DpAxis
  * order, tp fastest). */
@@ -592,6 +572,28 @@ static double comm_bound(const Plan *p, const ModelMem *mm, const Machine *mc)
 	return t;
 }
 
+/*
+ * The time bound: a lower bound of a candidate's simulated step, in closed
+ * form. The simulator charges a GEMM at least its FLOPs over
+ * sim_gemm_rate_cap (gemm_seconds), and a rank's compute stream runs its
+ * kernels one after another. Per micro-batch of one rank (samples: the
+ * micro-batch, at least the model_mem compile's over the data-parallel
+ * ranks; over cp, the sequence cut), the whole model's GEMMs take A
+ * (all_s) and those on a micro-batch's path C (chain_s: forward and input
+ * gradients). At pp = 1 the rank runs all of its m
+ * micro-batches: m A. At pp > 1 the busiest stage runs at least the mean,
+ * m A / pp; and stage s cannot start before the first micro-batch's
+ * forward has crossed the stages before it, nor end its work before the
+ * last micro-batch's backward has gone back through them after its own,
+ * so with s the last stage the step is at least C (every stage's forward
+ * and input gradients once, whatever the cut; the last stage's own m
+ * micro-batches cover its share). So the step is at least
+ * max(m A / pp, C) at pp > 1, m A at pp = 1. Other kernels are left
+ * out (fusion). The bound is the larger of that and comm_bound (above):
+ * compute and communication may overlap, so they are not added. Where
+ * the memory bound's premises fail, comm_bound's only (0 too without
+ * them).
+ */
 static double time_bound(Plan *p, const ModelMem *mm, const Machine *mc)
 {
 	p->comm_bound = comm_bound(p, mm, mc);
