@@ -29,7 +29,9 @@
  * (PL_BOUND), and plan_eval checks the bound against every memory plan it
  * makes. The time bound (time_bound): a lower bound of every candidate's
  * simulated step from its GEMMs' FLOPs at the machine's fastest GEMM rate
- * (and at pp > 1 the path of a micro-batch through the stages and back); a
+ * (and at pp > 1 the path of a micro-batch through the stages and back),
+ * or from the bytes its strategy and tp must move over its links
+ * (comm_bound), the larger; a
  * candidate whose bound is no faster than a plan that fits is not compiled
  * (PL_TIME), and plan_eval checks it against every step it simulates. The memory bound: on each mesh the candidate with the least
  * memory (the most sharded strategy the mesh allows, with gradient
@@ -100,6 +102,7 @@ typedef struct {
 	int64_t mem;
 	int64_t bound; /* mem_bound: a lower bound of mem, without a compile (0: none) */
 	double time_bound; /* time_bound: a lower bound of step_s, without a compile (0: none) */
+	double comm_bound; /* its communication term (comm_bound), 0: none */
 } Plan;
 
 enum {
@@ -259,6 +262,11 @@ typedef struct {
 					the forward's and input gradients', and all of
 					them (recomputations, weight gradients) */
 	int grad_accum;      /* micro-batches a step */
+	int plain_comm;      /* no gradient compression: the collectives move what the
+				strategy says (comm_bound) */
+	double tp_bytes[2];  /* per sample, the bytes the step's tp_reduces move (their
+				outputs, before the bus factor), without and with
+				gradient checkpointing */
 } ModelMem;
 
 /*
@@ -367,6 +375,19 @@ static void gemm_seconds(const Graph *g, const Machine *mc, double *chain, doubl
 	*all /= mb;
 }
 
+/* Bytes per sample of g's step tp_reduces (the forward's, the backward's of
+ * every tp_copy, a recomputation's): each an all_reduce over tp of its
+ * output (passes/tp.c), on the comm stream, every micro-batch. */
+static double tp_reduce_bytes(const Graph *g)
+{
+	double bytes = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if ((n->progs & IR_IN_STEP) && n->op == DP_OP_TP_REDUCE)
+			bytes += stats_coll_bytes(g, n);
+	}
+	return bytes / (g->cfg.micro_batch ? (double)g->cfg.micro_batch : 1);
+}
 
 /* The model's parameters and dtypes at tp (see above): the front end and
  * the passes up to shape, on tp ranks of tp alone (po->mesh: its mesh). */
@@ -412,6 +433,10 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 		if (ok && mm.ok && pipeline_run_part(g, &d, &pl, shape, precision) >= 0) {
 			mm.saved[gc] = saved_bytes(g);
 			gemm_seconds(g, po->machine, &mm.chain_s[gc], &mm.all_s[gc]);
+			mm.tp_bytes[gc] = tp_reduce_bytes(g);
+			mm.plain_comm = 1;
+			for (int b = -1; b < g->nblocks; b++) /* -1: train's */
+				mm.plain_comm &= ir_block_compress(g, b) == DP_COMPRESS_NONE;
 			mm.grad_accum = g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1;
 		}
 		if (g)
@@ -443,6 +468,110 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
 	return (int64_t)floor(P * per + act);
 }
 
+/* Does the group of p's mesh over the axes of mask lie in one node?
+ * passes/simulate.c's group_in_node on p's mesh (ranks row-major in DpAxis
+ * order, tp fastest). */
+static int plan_in_node(const Plan *p, unsigned mask, int ranks_per_node)
+{
+	const int dims[DP_MAX_AXES] = {[DP_AXIS_PP] = p->pp, [DP_AXIS_REPLICATE] = p->rep,
+				       [DP_AXIS_SHARD] = p->shard, [DP_AXIS_CP] = p->cp,
+				       [DP_AXIS_TP] = p->tp};
+	int64_t stride = 1;
+	for (int a = DP_MAX_AXES - 1; a >= 0; a--) {
+		stride *= dims[a];
+		if ((mask & DP_AXIS_BIT(a)) && stride > ranks_per_node)
+			return 0;
+	}
+	return 1;
+}
+
+/* Adds to link[] the least seconds of `calls` collectives op over the
+ * axes of mask, each on bytes (the whole buffer, as stats_coll_bytes): their
+ * bus bytes over the busbw of the link the simulator puts that group on.
+ * At pp > 1 the stage's own groups leave pp out (passes/stage_params.c) but
+ * a tied parameter's keep it, which may move them off the node: the faster
+ * link's bandwidth then. */
+static void comm_add(double *link, const Plan *p, const Machine *mc, IrOp op, unsigned mask,
+		     double bytes, double calls)
+{
+	const int dims[DP_MAX_AXES] = {[DP_AXIS_PP] = 1, [DP_AXIS_REPLICATE] = p->rep,
+				       [DP_AXIS_SHARD] = p->shard, [DP_AXIS_CP] = p->cp,
+				       [DP_AXIS_TP] = p->tp};
+	int ranks = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (mask & DP_AXIS_BIT(a))
+			ranks *= dims[a];
+	int l = plan_in_node(p, mask, mc->ranks_per_node) ? MACH_INTRA : MACH_INTER;
+	double bw = mc->link[l].busbw;
+	if (p->pp > 1)
+		bw = fmax(mc->link[MACH_INTRA].busbw, mc->link[MACH_INTER].busbw);
+	if (bw > 0)
+		link[l] += calls * bytes * stats_bus_factor(op, ranks) / bw;
+}
+
+/*
+ * The communication bound: the least seconds a rank's collectives keep
+ * their links busy in a step, from what the strategy must move
+ * (passes/collectives.c, shard.c's table) on P / pp parameter elements (at
+ * pp > 1 the busiest stage's at least the mean; its own units), m
+ * micro-batches, the reduce (r) and compute (c) dtypes' sizes, cut = the
+ * dp_shard x cp group, dp = dp_replicate x cut:
+ *
+ *   ddp           all_reduce over dp of P r, once a step
+ *   zero1         the same, and all_gather over cut of P c (the update's)
+ *   zero2         reduce_scatter over cut of P r, all_reduce over
+ *                 dp_replicate of P r / cut (when > 1), all_gather of P c
+ *   full_shard,   m all_gathers over cut of P c (each micro-batch's
+ *   hybrid_shard  forward; the backward's again with reshard_after_forward
+ *                 left out), one reduce_scatter over cut of P r (every
+ *                 micro-batch unless accumulated unsharded: once at least),
+ *                 and hybrid_shard's all_reduce over dp_replicate of P r / cut
+ *
+ * and at tp > 1 every micro-batch's tp_reduces (tp_bytes per sample) over
+ * tp. Each collective takes at least its bus bytes (nccl-tests' factor, as
+ * the simulator) over its link's bus bandwidth (the fluid model never
+ * gives one more), and the ones on one link share it: the link is busy at
+ * least the sum. The gpu executor runs one collective at a time on its
+ * comm stream, where all of these are: the sum over the links. The cpu
+ * executor runs them concurrently, each link apart: the busiest link.
+ * Padding, buckets' latency and the norm's all_reduces only add to it.
+ * Every collective sits in the step, so the step is at least this.
+ */
+static double comm_bound(const Plan *p, const ModelMem *mm, const Machine *mc)
+{
+	if (!mm->ok || !mm->plain_comm)
+		return 0;
+	const unsigned R = DP_AXIS_BIT(DP_AXIS_REPLICATE), S = DP_AXIS_BIT(DP_AXIS_SHARD),
+		       CP = DP_AXIS_BIT(DP_AXIS_CP), T = DP_AXIS_BIT(DP_AXIS_TP);
+	double link[MACH_NLINK] = {0};
+	double P = (double)mm->params / p->pp, r = mm->reduce, c = mm->compute;
+	double cut = (double)p->shard * p->cp, m = mm->grad_accum;
+	switch (p->strategy) {
+	case DP_STRAT_DDP:
+	case DP_STRAT_ZERO1: /* the gradients as ddp's, then zero1's gather */
+		comm_add(link, p, mc, DP_OP_ALL_REDUCE, R | S | CP, P * r, 1);
+		if (p->strategy == DP_STRAT_ZERO1)
+			comm_add(link, p, mc, DP_OP_ALL_GATHER, S | CP, P * c, 1);
+		break;
+	case DP_STRAT_ZERO2:
+		comm_add(link, p, mc, DP_OP_ALL_GATHER, S | CP, P * c, 1);
+		comm_add(link, p, mc, DP_OP_REDUCE_SCATTER, S | CP, P * r, 1);
+		comm_add(link, p, mc, DP_OP_ALL_REDUCE, R, P * r / cut, 1);
+		break;
+	default: /* full_shard, hybrid_shard */
+		comm_add(link, p, mc, DP_OP_ALL_GATHER, S | CP, P * c, m);
+		comm_add(link, p, mc, DP_OP_REDUCE_SCATTER, S | CP, P * r, 1);
+		comm_add(link, p, mc, DP_OP_ALL_REDUCE, R, P * r / cut, 1);
+	}
+	double samples = (double)mm->micro_batch / ((double)p->rep * p->shard) / p->cp;
+	if (p->tp > 1)
+		comm_add(link, p, mc, DP_OP_TP_REDUCE, T, mm->tp_bytes[p->gc] * samples / p->pp, m);
+	double t = 0;
+	for (int l = 0; l < MACH_NLINK; l++)
+		t = mc->executor == MACH_GPU ? t + link[l] : fmax(t, link[l]);
+	return t;
+}
+
 /*
  * The time bound: a lower bound of a candidate's simulated step, in closed
  * form. The simulator charges a GEMM at least its FLOPs over
@@ -459,17 +588,21 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
  * so with s the last stage the step is at least C (every stage's forward
  * and input gradients once, whatever the cut; the last stage's own m
  * micro-batches cover its share). So the step is at least
- * max(m A / pp, C) at pp > 1, m A at pp = 1. Other kernels and the
- * communication are left out (fusion, overlap). 0 where the memory
- * bound's premises fail.
+ * max(m A / pp, C) at pp > 1, m A at pp = 1. Other kernels are left
+ * out (fusion). The bound is the larger of that and comm_bound (above):
+ * compute and communication may overlap, so they are not added. Where
+ * the memory bound's premises fail, comm_bound's only (0 too without
+ * them).
  */
-static double time_bound(const Plan *p, const ModelMem *mm)
+static double time_bound(Plan *p, const ModelMem *mm, const Machine *mc)
 {
+	p->comm_bound = comm_bound(p, mm, mc);
 	if (!mm->ok || mm->all_s[p->gc] <= 0)
-		return 0;
+		return p->comm_bound;
 	double samples = (double)mm->micro_batch / ((double)p->rep * p->shard) / p->cp;
 	double A = mm->all_s[p->gc] * samples, C = mm->chain_s[p->gc] * samples;
-	return fmax(mm->grad_accum * A / p->pp, p->pp > 1 ? C : 0);
+	double compute = fmax(mm->grad_accum * A / p->pp, p->pp > 1 ? C : 0);
+	return fmax(compute, p->comm_bound);
 }
 
 /*
@@ -994,7 +1127,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		if (k == nmm)
 			mms[nmm++] = model_mem(po, quiet, plans[i].tp);
 		plans[i].bound = mem_bound(&plans[i], &mms[k]);
-		plans[i].time_bound = time_bound(&plans[i], &mms[k]);
+		plans[i].time_bound = time_bound(&plans[i], &mms[k], po->machine);
 		if (po->device_memory > 0 && plans[i].bound > po->device_memory)
 			plans[i].state = PL_BOUND;
 	}
@@ -1049,15 +1182,21 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			planned ? lo : 0.0, hi);
 		lo = INFINITY, hi = 0;
 		planned = 0;
+		int by_comm = 0; /* plans whose bound is the communication term */
+		double comm_hi = 0;
 		for (int i = 0; i < n; i++)
 			if (plans[i].step_s > 0 && plans[i].time_bound > 0) {
 				double r = plans[i].time_bound / plans[i].step_s;
 				lo = fmin(lo, r);
 				hi = fmax(hi, r);
 				planned++;
+				by_comm += plans[i].comm_bound >= plans[i].time_bound;
+				comm_hi = fmax(comm_hi, plans[i].comm_bound / plans[i].step_s);
 			}
 		fprintf(out, "time bound: %d simulated plans, bound / step from %.3f to %.3f\n", planned,
 			planned ? lo : 0.0, hi);
+		fprintf(out, "communication bound: the bound of %d, up to %.3f of the step\n", by_comm,
+			comm_hi);
 	}
 	int compiled = 0, same = 0;
 	for (int i = 0; i < n; i++) {

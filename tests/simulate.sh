@@ -183,11 +183,12 @@ comm "mlp ddp 2" models/mlp.dp --world-size 2
 comm "mlp zero2 4" models/mlp.dp --world-size 4 --set train.strategy=zero2
 comm "gpt2-tiny full_shard 2" models/gpt2-tiny.dp --world-size 2 --set train.strategy=full_shard
 
-# flops_machine FILE NAME BUSBW: a machine of 1 GFLOP/s with free memory,
-# kernels and p2p link, its collectives at BUSBW bytes/s
+# flops_machine FILE NAME BUSBW [EXECUTOR]: a machine of 1 GFLOP/s with free
+# memory, kernels and p2p link, its collectives at BUSBW bytes/s (gpu executor
+# unless EXECUTOR says cpu)
 flops_machine() {
 	cat >"$1" <<EOF
-{"name": "$2", "executor": "gpu",
+{"name": "$2", "executor": "${4:-gpu}",
  "peak_flops": {"f32": 1e9, "bf16": 1e9}, "memory_bw": 1e30, "kernel_overhead_s": 0,
  "ranks_per_node": 8,
  "intra": {"alpha_s": 0, "busbw": $3}, "inter": {"alpha_s": 0, "busbw": $3},
@@ -434,20 +435,34 @@ EOF2
 	# the memory bound (activations too) below every memory plan and the
 	# time bound below every simulated step (dpc stops at one above); on
 	# the FLOPs-only machine (gpt2-tiny: tp, cp, pp up to 4) the time bound
-	# is also at least half of some step (it bounds something)
+	# is also at least half of some step (it bounds something), and where
+	# the collectives move 1 MB/s (gpt2-tiny again on the gpu executor, at 2
+	# ranks a node whose own link moves 10 MB/s, so that groups lie on
+	# both links; mlp with SGD on the cpu executor) so is its communication
+	# term
+	flops_machine "$T/comm.json" comm-bound 1e6
+	sed -i -e 's/"ranks_per_node": 8/"ranks_per_node": 2/' \
+		-e 's/"intra": {"alpha_s": 0, "busbw": 1e6}/"intra": {"alpha_s": 0, "busbw": 1e7}/' "$T/comm.json"
+	flops_machine "$T/commcpu.json" comm-bound-cpu 1e6 cpu
 	bound_ok=1 bounds=""
 	for a in "mlp8 2 train.precision=f32" "gpt2-tiny 4 train.precision=bf16 flops" \
-		"llama 2 train.precision=bf16" "mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9)"; do
+		"gpt2-tiny 4 train.precision=bf16 comm" "llama 2 train.precision=bf16" \
+		"mlp 2 train.optimizer=sgd(lr=0.1,momentum=0.9) commcpu"; do
 		set -- $a
 		machine=h100-nvlink
-		[ "${4:-}" = flops ] && machine="$T/flops.json"
+		[ -z "${4:-}" ] || machine="$T/$4.json"
 		if DPC_PLAN_CHECK=1 "$DPC" models/$1.dp --plan --world-size $2 --set "$3" \
 			--simulate="$machine" >"$T/bound.txt" 2>&1 &&
 			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
 			t=$(grep -E "^time bound: [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
-			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ]; }; then
+			c=$(grep -E "^communication bound: the bound of [0-9]+, up to [0-9.]+ of the step$" "$T/bound.txt") &&
+			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ]; } &&
+			{ [ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
+			  [ "$(echo "$c" | awk '{print ($(NF-3) >= 0.5 && $6 + 0 > 0)}')" = 1 ]; }; then
 			bounds="$bounds; $1 ${r#memory bound: }"
 			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }"
+			[ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
+				bounds="$bounds, with 1 MB/s collectives ($4) ${c#communication bound: }"
 		else
 			bound_ok=0
 			fail "plan: bounds: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
