@@ -17,7 +17,8 @@
  *   events 4
  *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=,
  *                                              param_dtype=, buffer_dtype=,
- *                                              weight_decay=, lr_scale=, compress=
+ *                                              weight_decay=, lr_scale=, compress=,
+ *                                              offload=
  *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
@@ -445,6 +446,8 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " lr_scale=%.9g", bl->lr_scale);
 		if (bl->compress >= 0)
 			bprintf(&b, " compress=%s", dp_kind_name(DP_SET_COMPRESS, bl->compress));
+		if (bl->offload >= 0)
+			bprintf(&b, " offload=%s", dp_settings[DP_SET_OFFLOAD].words[bl->offload]);
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {
