@@ -20,8 +20,9 @@
  *   of the gradient buffer an update reads gets its D2H right after the
  *   node that last writes it before the optimizer (a shard's accumulation
  *   after its reduce_scatter, a ddp bucket's all_reduce), in the last
- *   micro-batch (DP_IF_LAST), on the comm stream (the schedule pass fences
- *   it with events like a collective), so the copies overlap the rest of
+ *   micro-batch (DP_IF_LAST), on the copy stream (the schedule pass fences
+ *   it with events like a collective, and makes it wait there for its
+ *   collective's event), so the copies overlap the rest of
  *   the backward; the optimizer tail from the clip on works on the host
  *   copy (the clip reads the norm's D2H). Where those regions do not tile
  *   the buffer, the update gets one D2H right before it (below).
@@ -202,7 +203,8 @@ static int by_lo(const void *a, const void *b)
 /* The gradient root G (device) that updates read: each region of it gets
  * its D2H right after the node that last writes it before the optimizer
  * (a shard's accumulation after its reduce_scatter, ddp's all_reduce), on
- * the comm stream and in the last micro-batch only, so the copies overlap
+ * the copy stream (after its collective's event: the schedule pass) and in
+ * the last micro-batch only, so the copies overlap
  * the rest of the backward; the optimizer tail's nodes from the first one
  * that writes G (the clip) on read and write the host copy instead (the
  * sqnorm before it still reads G on the device: the same values). When
@@ -249,7 +251,7 @@ static void early_gradients(Graph *g, int groot)
 		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
 		c->progs = IR_IN_STEP;
 		c->flags = w->flags | DP_IF_LAST;
-		c->stream = DP_STREAM_COMM;
+		c->stream = DP_STREAM_COPY;
 		c->bucket = -1;
 	}
 	/* the optimizer tail from G's first writer on works on the host copy */
@@ -287,8 +289,9 @@ static Node *writer_before(const Graph *g, int i, int v)
  * node that writes it before the optimizer is an accumulation of a
  * collective's device temporary (a shard summing its reduce_scatters over
  * the micro-batches): each such temporary gets a D2H into a host staging
- * buffer right after its collective, on the comm stream (fenced by the
- * schedule pass like a collective), and the accumulation reads the staging
+ * buffer right after its collective, on the copy stream (fenced by the
+ * schedule pass like a collective, waiting there for the collective's
+ * event), and the accumulation reads the staging
  * buffer on the host where it stood, so the device keeps no gradient shard
  * and the compute stream waits where it waited for the reduce_scatter
  * before. The rest of the step that touches G (the sqnorm, the clip, the
@@ -345,7 +348,7 @@ static int host_gradients(Graph *g, int groot)
 		Node *coll = writer_before(g, i, n->in[0]);
 		int x = n->in[0], h = host_copy(g, x);
 		Node *c = copy_node(g, DP_OP_D2H, h, x, coll, ir_node_index(g, coll) + 1);
-		c->stream = DP_STREAM_COMM;
+		c->stream = DP_STREAM_COPY;
 		c->bucket = -1;
 		n->in[0] = h;
 		i = ir_node_index(g, n);
