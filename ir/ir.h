@@ -145,8 +145,8 @@ typedef struct Node {
 	int bucket;               /* bucket index for collectives, or -1 */
 	int offload;              /* an update (ADAMW, SGD): the offload of the blocks it
 	                             updates (the layout pass splits updates where it
-	                             changes); -1: Graph.offload (train's). Not printed: the
-	                             block lines say it */
+	                             changes); -1: Graph.offload (train's). Printed
+	                             `offload=W` where it is not train's */
 	int block;                /* block it computes for, or -1 */
 	int stage;                /* the pipeline stage that runs it (pp > 1, from passes/p2p.c
 	                             on), or -1: every rank; printed `stage=N` */

@@ -46,8 +46,8 @@
  * last (DP_IF_LAST), first (DP_IF_FIRST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
  * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
- * chunk=N (its virtual stage under `pipeline interleaved`),
- * chunk=N (its virtual stage under `pipeline interleaved`),
+ * chunk=N (its virtual stage under `pipeline interleaved`), offload=W (an
+ * update's offload where it is not train's: per-block offload),
  * stream=comm or stream=copy (DpStream), bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
@@ -745,6 +745,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bprintf(a, " stage=%d", n->stage);
 	if (n->chunk != -1)
 		bprintf(a, " chunk=%d", n->chunk);
+	if (n->offload >= 0 && n->offload != g->offload) /* an update's own (per-block offload) */
+		bprintf(a, " offload=%s", dp_settings[DP_SET_OFFLOAD].words[n->offload]);
 	if (n->stream == DP_STREAM_COMM)
 		bputs(a, " stream=comm");
 	else if (n->stream == DP_STREAM_COPY)

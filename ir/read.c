@@ -1189,6 +1189,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 			int64_t ch;
 			rc = parse_range(r, next(r), 0, INT16_MAX, &ch);
 			n->chunk = (int)ch;
+		} else if (strcmp(t->text, "offload") == 0) {
+			n->offload = expect_enum(r, dp_settings[DP_SET_OFFLOAD].words, 3,
+						 "an offload (none, optimizer, params)");
+			rc = n->offload < 0 ? -1 : 0;
 		} else if (strcmp(t->text, "progs") == 0) {
 			int64_t p;
 			rc = parse_range(r, next(r), 0, UINT32_MAX, &p);
