@@ -290,10 +290,14 @@ static void lower_loss_scale(Lower *L)
 		ERR(at, "loss_scale needs precision fp16: %s has f32's exponent range, and its "
 			"gradients need no scaling (remove loss_scale)",
 		    L->half_dtype == DP_BF16 || g->param_dtype == DP_BF16 ? "bf16" : "f32");
-	else if (g->offload)
+	else if (ir_any_offload(g)) {
+		int o = g->offload;
+		for (int b = 0; b < g->nblocks && !o; b++)
+			o = ir_block_offload(g, b);
 		ERR(at, "fp16's loss scaling is not implemented with offload %s yet: train "
 			"in bf16, or without loss scaling (loss_scale none)",
-		    g->offload == 2 ? "params" : "optimizer");
+		    o == 2 ? "params" : "optimizer");
+	}
 }
 
 static void lower_train(Lower *L)

@@ -310,15 +310,16 @@ enum {
 	BS_WEIGHT_DECAY,
 	BS_LR_SCALE,
 	BS_COMPRESS,
+	BS_OFFLOAD,
 	BS_COUNT
 };
 static const char *const block_settings[BS_COUNT] = {
 	"strategy",     "reshard_after_forward", "recompute",    "stage",   "precision",
 	"param_dtype",  "buffer_dtype",          "reduce_dtype", "weight_decay", "lr_scale",
-	"compress"}; /* ORDER BS_ */
+	"compress",     "offload"}; /* ORDER BS_ */
 #define BLOCK_SETTINGS                                                                     \
 	"strategy, reshard_after_forward, recompute, stage, precision, param_dtype, "          \
-	"buffer_dtype, weight_decay, lr_scale, compress"
+	"buffer_dtype, weight_decay, lr_scale, compress, offload"
 
 /* A block's optimizer group: `weight_decay X` (>= 0) replaces the
  * optimizer's weight_decay for the block's parameters (train's no_decay
@@ -408,6 +409,22 @@ static void block_setting(Lower *L, const Stmt *p, int b, unsigned *seen)
 			bl->compress = w == 0 ? DP_COMPRESS_NONE : DP_COMPRESS_POWERSGD;
 			bl->compress_loc = scope_gloc(L, p->name_loc);
 		}
+		return;
+	}
+	if (k == BS_OFFLOAD) { /* train's words (format/settings.def's OFFLOAD) */
+		const char *const *w = dp_settings[DP_SET_OFFLOAD].words;
+		int n = 0, i = -1;
+		while (w[n])
+			n++;
+		for (int j = 0; j < n && v.kind == V_IDENT; j++)
+			if (strcmp(v.s, w[j]) == 0)
+				i = j;
+		const char *near = v.kind == V_IDENT ? suggest_among(v.s, w, n) : NULL;
+		if (i < 0)
+			ERR(v.loc, "a block's offload must be none, optimizer or params%s%s%s",
+			    near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+		else
+			bl->offload = i;
 		return;
 	}
 	if (k >= BS_WEIGHT_DECAY) {

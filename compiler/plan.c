@@ -415,7 +415,7 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 		PipelineOpts pl = {.verify = 0};
 		if (gc == 0 && g && !d.nerrors)
 			mm.nblocks = g->nblocks;
-		int ok = g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, shape) >= 0 && !g->offload;
+		int ok = g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, shape) >= 0 && !ir_any_offload(g);
 		if (gc == 0 && ok) {
 			mm.ok = 1;
 			for (int b = 0; b < g->nblocks; b++)

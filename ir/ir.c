@@ -243,6 +243,7 @@ Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc 
 	n->stream = DP_STREAM_COMPUTE;
 	n->bucket = -1;
 	n->block = -1;
+	n->offload = -1;
 	n->stage = -1;
 	n->chunk = -1;
 	n->loc = loc;
@@ -338,7 +339,8 @@ int ir_add_block(Graph *g, const char *name, Loc loc)
 					.reshard = -1, .strategy_loc = loc,
 					.param_dtype = -1, .buffer_dtype = -1, .precision_loc = loc,
 					.stage = -1, .stage_loc = loc, .chunk = -1, .weight_decay = -1,
-					.lr_scale = 1, .compress = -1, .compress_loc = loc};
+					.lr_scale = 1, .compress = -1, .compress_loc = loc,
+					.offload = -1};
 	return g->nblocks++;
 }
 
@@ -354,6 +356,21 @@ int ir_block_compress(const Graph *g, int b)
 	if (b >= 0 && b < g->nblocks && g->blocks[b].compress >= 0)
 		return g->blocks[b].compress;
 	return (int)g->cfg.compress;
+}
+
+int ir_block_offload(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].offload >= 0)
+		return g->blocks[b].offload;
+	return g->offload;
+}
+
+int ir_any_offload(const Graph *g)
+{
+	for (int b = 0; b < g->nblocks; b++)
+		if (ir_block_offload(g, b))
+			return 1;
+	return g->offload != 0;
 }
 
 void ir_param_group(const Graph *g, const Value *p, float *weight_decay, float *lr_scale)

@@ -143,6 +143,10 @@ typedef struct Node {
 	int recompute;            /* 1: a copy of a forward node, re-run before its block's
 	                             backward (passes/recompute.c); printed `recompute` */
 	int bucket;               /* bucket index for collectives, or -1 */
+	int offload;              /* an update (ADAMW, SGD): the offload of the blocks it
+	                             updates (the layout pass splits updates where it
+	                             changes); -1: Graph.offload (train's). Printed
+	                             `offload=W` where it is not train's */
 	int block;                /* block it computes for, or -1 */
 	int stage;                /* the pipeline stage that runs it (pp > 1, from passes/p2p.c
 	                             on), or -1: every rank; printed `stage=N` */
@@ -178,6 +182,9 @@ typedef struct {
 	                             optimizer's (no_decay vectors still exempts its 1-D ones) */
 	float lr_scale;           /* the block's parameters are updated with lr * lr_scale
 	                             (1: the schedule's lr) */
+	int offload;              /* the block's own `offload`: 0 none, 1 optimizer, 2 params
+	                             (Graph.offload's words), or -1: train's (per-block
+	                             offload, passes/offload.c) */
 	int compress;             /* DpCompressKind of the block's gradients overriding
 	                             train's (`compress none` in a block), or -1: train's */
 	Loc compress_loc;         /* where the override is written (messages) */
@@ -308,6 +315,11 @@ DpStrategy ir_block_strategy(const Graph *g, int b);
 /* The gradient compression of block b's parameters (DpCompressKind): its
  * own `compress`, else train's. */
 int ir_block_compress(const Graph *g, int b);
+/* The offload of block b's parameters (0 none, 1 optimizer, 2 params): its
+ * own, else train's; and whether anything of g is offloaded (train's or a
+ * block's offload). */
+int ir_block_offload(const Graph *g, int b);
+int ir_any_offload(const Graph *g);
 /* The optimizer group of trained parameter p: its weight decay (the
  * optimizer's, its block's own, 0 for a 1-D parameter under no_decay vectors) and
  * its lr scale (its block's). Parameters with equal pairs update together. */

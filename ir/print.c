@@ -17,7 +17,8 @@
  *   events 4
  *   block fc1 strategy=ddp                     strategy=, reshard_after_forward=, recompute=,
  *                                              param_dtype=, buffer_dtype=,
- *                                              weight_decay=, lr_scale=, compress=
+ *                                              weight_decay=, lr_scale=, compress=,
+ *                                              offload=
  *                                              when the block overrides train's
  *   source train idx "PATH" -> %x features sample=784 line=8
  *   bucket r0 all_reduce axes=dp_replicate,dp_shard elems=1290 %bucket.r0 = %g1, %g2
@@ -45,8 +46,8 @@
  * last (DP_IF_LAST), first (DP_IF_FIRST), compressed / plain (DP_IF_COMPRESSED / DP_IF_PLAIN: from
  * compress's start_step on / before it), recompute (a forward node re-run
  * before its block's backward), stage=N (the pipeline stage that runs it),
- * chunk=N (its virtual stage under `pipeline interleaved`),
- * chunk=N (its virtual stage under `pipeline interleaved`),
+ * chunk=N (its virtual stage under `pipeline interleaved`), offload=W (an
+ * update's offload where it is not train's: per-block offload),
  * stream=comm or stream=copy (DpStream), bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
@@ -445,6 +446,8 @@ static void print_directives(FILE *out, const Graph *g)
 			bprintf(&b, " lr_scale=%.9g", bl->lr_scale);
 		if (bl->compress >= 0)
 			bprintf(&b, " compress=%s", dp_kind_name(DP_SET_COMPRESS, bl->compress));
+		if (bl->offload >= 0)
+			bprintf(&b, " offload=%s", dp_settings[DP_SET_OFFLOAD].words[bl->offload]);
 		fprintf(out, "block %s\n", bstr(&b));
 	}
 	for (int i = 0; i < g->nsources; i++) {
@@ -742,6 +745,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bprintf(a, " stage=%d", n->stage);
 	if (n->chunk != -1)
 		bprintf(a, " chunk=%d", n->chunk);
+	if (n->offload >= 0 && n->offload != g->offload) /* an update's own (per-block offload) */
+		bprintf(a, " offload=%s", dp_settings[DP_SET_OFFLOAD].words[n->offload]);
 	if (n->stream == DP_STREAM_COMM)
 		bputs(a, " stream=comm");
 	else if (n->stream == DP_STREAM_COPY)

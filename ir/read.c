@@ -824,7 +824,8 @@ static int parse_events(Reader *r)
 }
 
 /* block NAME [strategy=S] [reshard_after_forward=0|1] [recompute=0|1] [stage=N]
- * [chunk=N] [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] [compress=K] */
+ * [chunk=N] [param_dtype=D] [buffer_dtype=D] [weight_decay=X] [lr_scale=X] [compress=K]
+ * [offload=none|optimizer|params] */
 static int parse_block_decl(Reader *r)
 {
 	const Tok *t = next(r);
@@ -885,6 +886,11 @@ static int parse_block_decl(Reader *r)
 			b->compress = x->kind == TK_WORD ? dp_kind_find(DP_SET_COMPRESS, x->text) : -1;
 			if (b->compress < 0)
 				return fail_tok(r, x, "expected a compression (none, powersgd)");
+		} else if (strcmp(key, "offload") == 0) {
+			b->offload = expect_enum(r, dp_settings[DP_SET_OFFLOAD].words, 3,
+						 "an offload (none, optimizer, params)");
+			if (b->offload < 0)
+				return -1;
 		} else {
 			return fail_at(r, k->col, "unknown block key '%s'", key);
 		}
@@ -1183,6 +1189,10 @@ static int parse_node_attrs(Reader *r, Node *n)
 			int64_t ch;
 			rc = parse_range(r, next(r), 0, INT16_MAX, &ch);
 			n->chunk = (int)ch;
+		} else if (strcmp(t->text, "offload") == 0) {
+			n->offload = expect_enum(r, dp_settings[DP_SET_OFFLOAD].words, 3,
+						 "an offload (none, optimizer, params)");
+			rc = n->offload < 0 ? -1 : 0;
 		} else if (strcmp(t->text, "progs") == 0) {
 			int64_t p;
 			rc = parse_range(r, next(r), 0, UINT32_MAX, &p);

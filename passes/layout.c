@@ -32,7 +32,8 @@
  *     runs between two gradients' completions (a ddp bucket is a run of
  *     gradient all_reduces that follow each other on the comm stream).
  * A cut unit (zero1, zero2, full_shard, hybrid_shard) holds the params of
- * one optimizer group (ir_param_group: weight decay and lr scale), so every
+ * one optimizer group (ir_param_group: weight decay and lr scale; and the
+ * block's offload, ir_block_offload, so each update has one), so every
  * rank's chunk of it updates with one group's values: a gathered block
  * whose params are in two groups is two units ("h.0" and "h.0.g1": the
  * group's number), and zero1/zero2 keep an open bucket per group. Uncut
@@ -94,8 +95,9 @@
  * Optimizer groups: the one update node becomes one per run of a group in
  * the buffers it runs over (a cut unit's chunk, an uncut unit's params),
  * over views "B.runK" of each of its buffers at the same range on every
- * rank, with the group's weight_decay and lr_scale (0 meaning 1); with one
- * group it stays the one node, with that group's attributes.
+ * rank, with the group's weight_decay and lr_scale (0 meaning 1) and offload
+ * (Node.offload, for passes/offload.c); with one group it stays the one
+ * node, with that group's attributes.
  * Hand-written IR with a strategy that does not suit the mesh is reported
  * here (the front end reports it at the DSL setting).
  */
@@ -669,6 +671,7 @@ static void split_update(Graph *g, const ShardPlan *pl)
 	for (int k = 0; k < nr; k++) {
 		Node *n = upd;
 		float wd = pl->group_wd[r[k].group], ls = pl->group_lr_scale[r[k].group];
+		upd->offload = pl->group_offload[r[k].group];
 		if (nr > 1) {
 			int in[DP_MAX_IN];
 			for (int j = 0; j < upd->nin; j++) {
@@ -680,6 +683,7 @@ static void split_update(Graph *g, const ShardPlan *pl)
 				    in, PH_OPT, upd->loc);
 			n->progs = upd->progs;
 			n->flags = upd->flags;
+			n->offload = upd->offload;
 			memcpy(n->fa, upd->fa, sizeof n->fa);
 			ir_move_node(g, n, pos + k);
 		}
@@ -728,8 +732,10 @@ static void param_groups(Graph *g, ShardPlan *pl)
 	pl->group_of = ir_alloc(g, (size_t)(g->nvalues ? g->nvalues : 1) * sizeof(int));
 	pl->group_wd = ir_alloc(g, (size_t)cap * sizeof(float));
 	pl->group_lr_scale = ir_alloc(g, (size_t)cap * sizeof(float));
+	pl->group_offload = ir_alloc(g, (size_t)cap * sizeof(int));
 	pl->group_wd[0] = g->opt.weight_decay;
 	pl->group_lr_scale[0] = 1;
+	pl->group_offload[0] = g->offload;
 	pl->ngroups = 1;
 	for (int v = 0; v < g->nvalues; v++) {
 		pl->group_of[v] = -1;
@@ -737,12 +743,14 @@ static void param_groups(Graph *g, ShardPlan *pl)
 			continue;
 		float wd, ls;
 		ir_param_group(g, g->values[v], &wd, &ls);
-		int k = 0;
-		while (k < pl->ngroups && (pl->group_wd[k] != wd || pl->group_lr_scale[k] != ls))
+		int off = ir_block_offload(g, g->values[v]->block), k = 0;
+		while (k < pl->ngroups && (pl->group_wd[k] != wd || pl->group_lr_scale[k] != ls ||
+					   pl->group_offload[k] != off))
 			k++;
 		if (k == pl->ngroups) {
 			pl->group_wd[k] = wd;
 			pl->group_lr_scale[k] = ls;
+			pl->group_offload[k] = off;
 			pl->ngroups++;
 		}
 		pl->group_of[v] = k;

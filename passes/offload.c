@@ -20,8 +20,9 @@
  *   of the gradient buffer an update reads gets its D2H right after the
  *   node that last writes it before the optimizer (a shard's accumulation
  *   after its reduce_scatter, a ddp bucket's all_reduce), in the last
- *   micro-batch (DP_IF_LAST), on the comm stream (the schedule pass fences
- *   it with events like a collective), so the copies overlap the rest of
+ *   micro-batch (DP_IF_LAST), on the copy stream (the schedule pass fences
+ *   it with events like a collective, and makes it wait there for its
+ *   collective's event), so the copies overlap the rest of
  *   the backward; the optimizer tail from the clip on works on the host
  *   copy (the clip reads the norm's D2H). Where those regions do not tile
  *   the buffer, the update gets one D2H right before it (below).
@@ -115,6 +116,10 @@ static int host_copy(Graph *g, int v)
 	if (h)
 		return h->id;
 	int root = g->values[v]->view_of >= 0 ? host_copy(g, g->values[v]->view_of) : -1;
+	if (root >= 0 && g->values[root]->view_of < 0 &&
+	    ir_numel(g->values[root]) != ir_numel(g->values[g->values[v]->view_of]))
+		die("offload: %%%s lies outside the host window of %%%s", g->values[v]->name,
+		    g->values[g->values[v]->view_of]->name);
 	int id = twin(g, v, ".host", g->values[v]->kind); /* (may grow g->values) */
 	Value *d = g->values[v];
 	h = g->values[id];
@@ -198,7 +203,8 @@ static int by_lo(const void *a, const void *b)
 /* The gradient root G (device) that updates read: each region of it gets
  * its D2H right after the node that last writes it before the optimizer
  * (a shard's accumulation after its reduce_scatter, ddp's all_reduce), on
- * the comm stream and in the last micro-batch only, so the copies overlap
+ * the copy stream (after its collective's event: the schedule pass) and in
+ * the last micro-batch only, so the copies overlap
  * the rest of the backward; the optimizer tail's nodes from the first one
  * that writes G (the clip) on read and write the host copy instead (the
  * sqnorm before it still reads G on the device: the same values). When
@@ -245,7 +251,7 @@ static void early_gradients(Graph *g, int groot)
 		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
 		c->progs = IR_IN_STEP;
 		c->flags = w->flags | DP_IF_LAST;
-		c->stream = DP_STREAM_COMM;
+		c->stream = DP_STREAM_COPY;
 		c->bucket = -1;
 	}
 	/* the optimizer tail from G's first writer on works on the host copy */
@@ -283,8 +289,9 @@ static Node *writer_before(const Graph *g, int i, int v)
  * node that writes it before the optimizer is an accumulation of a
  * collective's device temporary (a shard summing its reduce_scatters over
  * the micro-batches): each such temporary gets a D2H into a host staging
- * buffer right after its collective, on the comm stream (fenced by the
- * schedule pass like a collective), and the accumulation reads the staging
+ * buffer right after its collective, on the copy stream (fenced by the
+ * schedule pass like a collective, waiting there for the collective's
+ * event), and the accumulation reads the staging
  * buffer on the host where it stood, so the device keeps no gradient shard
  * and the compute stream waits where it waited for the reduce_scatter
  * before. The rest of the step that touches G (the sqnorm, the clip, the
@@ -341,7 +348,7 @@ static int host_gradients(Graph *g, int groot)
 		Node *coll = writer_before(g, i, n->in[0]);
 		int x = n->in[0], h = host_copy(g, x);
 		Node *c = copy_node(g, DP_OP_D2H, h, x, coll, ir_node_index(g, coll) + 1);
-		c->stream = DP_STREAM_COMM;
+		c->stream = DP_STREAM_COPY;
 		c->bucket = -1;
 		n->in[0] = h;
 		i = ir_node_index(g, n);
@@ -515,23 +522,240 @@ static void params_in(Graph *g, const char *isparam, int nv)
 	}
 }
 
+/* The offload of update n: the blocks' it updates (Node.offload, set by the
+ * layout pass), else train's. */
+static int update_offload(const Graph *g, const Node *n)
+{
+	return n->offload >= 0 ? n->offload : g->offload;
+}
+
+/* The views of R (direct) that lie in the ranges rg (sorted, disjoint);
+ * 1 when every view lies inside one range or outside all of them, else 0
+ * (a view straddles a range's edge). */
+static int views_fit(const Graph *g, int R, const int64_t *rg, int nr)
+{
+	for (int v = 0; v < g->nvalues; v++) {
+		const Value *x = g->values[v];
+		if (x->view_of != R)
+			continue;
+		int64_t lo = x->view_offset, hi = lo + ir_numel(x);
+		for (int j = 0; j < nr; j++)
+			if (lo < rg[2 * j + 1] && hi > rg[2 * j] && (lo < rg[2 * j] || hi > rg[2 * j + 1]))
+				return 0;
+	}
+	return 1;
+}
+
+/* Where element lo of R lands when the ranges rg are packed in order, or
+ * -1 when it lies in none of them. */
+static int64_t packed_offset(const int64_t *rg, int nr, int64_t lo)
+{
+	int64_t below = 0;
+	for (int j = 0; j < nr; j++) {
+		if (lo >= rg[2 * j] && lo < rg[2 * j + 1])
+			return below + lo - rg[2 * j];
+		below += rg[2 * j + 1] - rg[2 * j];
+	}
+	return -1;
+}
+
+/*
+ * Per-block offload: root R (an update's operand) holds the runs of
+ * updates that offload it and of updates that do not. The offloaded runs,
+ * element ranges rg[2i], rg[2i+1] of R (sorted, disjoint), move to a root
+ * of their own, %R<suffix> (R's kind, dtype and placement), packed in their
+ * order; R keeps the rest, packed. Every view of R must lie inside one
+ * range or outside all of them, and no node may read or write R itself;
+ * otherwise R stays whole (on the device: the updates that offload it
+ * then read and write its runs through host copies, run_on_host, which is
+ * correct and saves no device memory). Returns the new root, or -1.
+ */
+static int split_root(Graph *g, int R, const int64_t *rg, int nr, const char *suffix)
+{
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->out == R)
+			return -1;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] == R)
+				return -1;
+	}
+	if (!views_fit(g, R, rg, nr))
+		return -1;
+	int64_t moved = 0;
+	for (int j = 0; j < nr; j++)
+		moved += rg[2 * j + 1] - rg[2 * j];
+	const Value *r = g->values[R];
+	int64_t len = ir_numel(r);
+	Value *o = ir_value(g, ir_fmt(g, "%s%s", r->name, suffix), r->dtype, 1, (int64_t[]){moved},
+			    r->kind, r->loc);
+	r = g->values[R];
+	memcpy(o->place, r->place, sizeof o->place);
+	o->block = r->block;
+	o->space = r->space;
+	for (int v = 0; v < g->nvalues; v++) {
+		Value *x = g->values[v];
+		if (x->view_of != R)
+			continue;
+		int64_t at = packed_offset(rg, nr, x->view_offset), below = 0;
+		if (at >= 0) {
+			x->view_of = o->id;
+			x->view_offset = at;
+			continue;
+		}
+		for (int j = 0; j < nr; j++)
+			if (rg[2 * j + 1] <= x->view_offset)
+				below += rg[2 * j + 1] - rg[2 * j];
+		x->view_offset -= below;
+	}
+	Value *w = g->values[R];
+	w->ndim = 1;
+	w->dims[0] = len - moved;
+	return o->id;
+}
+
+/* Per-block offload: device root R (the gradients, offload optimizer's
+ * 16-bit copy) whose runs rg the offloaded updates read or write on the
+ * host gets a host copy %R.host of those runs only, packed (a window), and
+ * each view of R inside them its host copy there, so host_copy finds them
+ * and the host arena holds what the host step touches, not all of R.
+ * Where a view straddles a run's edge R keeps its whole host copy. */
+static void host_window(Graph *g, int R, const int64_t *rg, int nr)
+{
+	if (!views_fit(g, R, rg, nr) || ir_find_value(g, ir_fmt(g, "%s.host", g->values[R]->name)))
+		return;
+	int64_t moved = 0;
+	for (int j = 0; j < nr; j++)
+		moved += rg[2 * j + 1] - rg[2 * j];
+	Value *h = g->values[host_copy(g, R)];
+	h->ndim = 1;
+	h->dims[0] = moved;
+	int nv = g->nvalues;
+	for (int v = 0; v < nv; v++) {
+		const Value *x = g->values[v];
+		int64_t at = x->view_of == R ? packed_offset(rg, nr, x->view_offset) : -1;
+		if (at < 0)
+			continue;
+		int c = twin(g, v, ".host", x->kind);
+		Value *t = g->values[c];
+		t->space = DP_SPACE_HOST;
+		t->view_of = h->id;
+		t->view_offset = at;
+	}
+}
+
+/* Per-block offload (updates of more than one offload): each root an
+ * update's state, masters or (offload params) 16-bit copy lies in is split
+ * where the updates that offload it and those that do not meet
+ * (split_root): first the runs of `offload params` updates (%R.offp: the
+ * masters and the 16-bit copy in host memory only), then, of what is left,
+ * those of `offload optimizer` updates (%R.off: the state, and the masters
+ * in host memory or mirrored there), so each root the rest of the pass
+ * places holds the runs of one offload, and what no block offloads stays on
+ * the device. The gradients are not split (a ddp bucket's all_reduce may
+ * span both kinds): an offloaded update reads its run through a D2H right
+ * before it (run_on_host). */
+static void split_mixed(Graph *g)
+{
+	int nn = g->nnodes;
+	int64_t *rg = ir_alloc(g, (size_t)(nn ? nn : 1) * 2 * sizeof *rg);
+	for (int level = 2; level >= 1; level--)
+		for (int slot = -1; slot < DP_MAX_IN; slot++) {
+			/* slot -1: the updated masters (out); else input slot k */
+			int R = -1, nr = 0, mixed = 0;
+			for (int i = 0; i < g->nnodes; i++) {
+				const Node *n = g->nodes[i];
+				int cc = is_update(n) ? compute_copy_slot(n) : -1;
+				int mode = is_update(n) ? update_offload(g, n) : 0;
+				if (!is_update(n) || slot == 0 || slot >= n->nin ||
+				    (slot >= 0 && n->in[slot] < 0) || mode > level)
+					continue;
+				if (slot >= 0 && slot == cc && level == 1)
+					continue; /* offload optimizer keeps the 16-bit copy */
+				int v = slot < 0 ? n->out : n->in[slot];
+				int root = ir_root(g, g->values[v])->id;
+				if (R >= 0 && root != R)
+					die("offload: the updates' operand %d views %%%s and %%%s", slot,
+					    g->values[R]->name, g->values[root]->name);
+				R = root;
+				mixed |= mode < level;
+				if (mode == level) {
+					root_range(g, g->values[v], &rg[2 * nr], &rg[2 * nr + 1]);
+					nr++;
+				}
+			}
+			if (R < 0 || nr == 0 || !mixed)
+				continue;
+			qsort(rg, (size_t)nr, 2 * sizeof *rg, by_lo);
+			split_root(g, R, rg, nr, level == 2 ? ".offp" : ".off");
+		}
+}
+
+/* Per-block offload, once the pass has placed the roots: the device roots
+ * that updates running on the host (an operand in host memory) read or
+ * write through host copies (the gradients; offload optimizer's 16-bit
+ * copy) get host windows of those updates' runs (host_window). An update
+ * of a block without offload runs there too where split_mixed could not
+ * split a root it shares with an offloaded one (ddp's masters, which INIT
+ * casts whole). */
+static void window_mixed(Graph *g)
+{
+	int nn = g->nnodes;
+	int64_t *rg = ir_alloc(g, (size_t)(nn ? nn : 1) * 2 * sizeof *rg);
+	for (int slot = 0; slot < DP_MAX_IN; slot++) {
+		int R = -1, nr = 0;
+		for (int i = 0; i < g->nnodes; i++) {
+			const Node *n = g->nodes[i];
+			if (!is_update(n) || slot >= n->nin || n->in[slot] < 0)
+				continue;
+			int host = on_host(g, n->out), cc = compute_copy_slot(n);
+			for (int k = 0; k < n->nin; k++)
+				host |= k != cc && on_host(g, n->in[k]);
+			if (!host || (slot != 0 && slot != cc) || on_host(g, n->in[slot]))
+				continue;
+			int v = n->in[slot], root = ir_root(g, g->values[v])->id;
+			if (R >= 0 && root != R)
+				return; /* (split_mixed's die covers it) */
+			R = root;
+			root_range(g, g->values[v], &rg[2 * nr], &rg[2 * nr + 1]);
+			nr++;
+		}
+		if (R < 0 || nr == 0)
+			continue;
+		qsort(rg, (size_t)nr, 2 * sizeof *rg, by_lo);
+		host_window(g, R, rg, nr);
+	}
+}
+
 int offload_run(Graph *g, Diag *d)
 {
 	(void)d;
-	if (g->offload == 0)
+	if (!ir_any_offload(g))
 		return 0;
+	/* per-block offload: the updates disagree */
+	int mixed = 0, any = 0, first = -1;
+	for (int i = 0; i < g->nnodes; i++)
+		if (is_update(g->nodes[i])) {
+			int m = update_offload(g, g->nodes[i]);
+			mixed |= first >= 0 && m != first;
+			first = first < 0 ? m : first;
+			any |= m != 0;
+		}
+	if (!any)
+		return 0;
+	if (mixed)
+		split_mixed(g);
 	int nnodes = g->nnodes, nv = g->nvalues;
 	/* what lives in host memory: the updates' state, and masters nothing
 	 * else of the step touches; the other masters get a host copy */
 	int *mirror = ir_alloc(g, (size_t)(nv ? nv : 1) * sizeof(int));
 	char *isparam = ir_alloc(g, (size_t)(nv ? nv : 1));
 	memset(isparam, 0, (size_t)(nv ? nv : 1));
-	int params = g->offload == 2;
 	for (int i = 0; i < nnodes; i++) {
 		Node *n = g->nodes[i];
-		if (!is_update(n))
+		if (!is_update(n) || update_offload(g, n) == 0)
 			continue;
-		int cc = compute_copy_slot(n);
+		int cc = compute_copy_slot(n), params = update_offload(g, n) == 2;
 		for (int k = 1; k < n->nin; k++)
 			if (n->in[k] >= 0 && k != cc)
 				((Value *)ir_root(g, g->values[n->in[k]]))->space = DP_SPACE_HOST;
@@ -574,16 +798,18 @@ int offload_run(Graph *g, Diag *d)
 	}
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];
-		if (!is_update(n) || ir_root(g, g->values[n->out])->id >= nv ||
-		    !mirror[ir_root(g, g->values[n->out])->id])
+		if (!is_update(n) || update_offload(g, n) == 0 ||
+		    ir_root(g, g->values[n->out])->id >= nv || !mirror[ir_root(g, g->values[n->out])->id])
 			continue;
 		int v = n->out, h = host_copy(g, v);
 		n->out = h;
 		copy_node(g, DP_OP_H2D, v, h, n, i + 1);
 	}
+	if (mixed)
+		window_mixed(g);
 	/* the gradients the updates read live on the host, or reach it while
 	 * the backward runs */
-	for (int i = 0; i < g->nnodes; i++) {
+	for (int i = 0; i < g->nnodes && !mixed; i++) {
 		Node *n = g->nodes[i];
 		if (is_update(n) && !on_host(g, n->in[0]) &&
 		    !host_gradients(g, ir_root(g, g->values[n->in[0]])->id))
@@ -591,8 +817,11 @@ int offload_run(Graph *g, Diag *d)
 	}
 	/* offload params: compute and the gathers read the parameters through
 	 * device temporaries */
-	if (params)
-		params_in(g, isparam, nv);
+	for (int v = 0; v < nv; v++)
+		if (isparam[v]) {
+			params_in(g, isparam, nv);
+			break;
+		}
 	/* every kernel touching host memory runs there */
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];

@@ -33,12 +33,18 @@
  *                     collective is still running when the step ends)
  *   Events carry C's flags (DP_IF_LAST) and progs, phase PH_COMM, out=-1,
  *   nin=0. A collective that depends on no compute node gets no e pair.
- * - A kernel a pass put on the comm stream (passes/offload.c's D2H of a
- *   gradient shard) is placed and fenced like a collective: the comm stream
- *   is the copy stream too, in order with the collectives around it. Its
- *   completion wait precedes the first compute node that conflicts with it
- *   (a reader of the shard it copies, the sqnorm, runs beside the copy),
- *   and a collective whose result it reads is waited for no later.
+ * - A kernel a pass put on the comm or copy stream (passes/offload.c's D2H
+ *   of a gradient shard, on the copy stream) is placed and fenced like a
+ *   collective. Its completion wait precedes the first compute node that
+ *   conflicts with it (a reader of the shard it copies, the sqnorm, runs
+ *   beside the copy), and a collective whose result it reads is waited
+ *   for no later. On the copy stream it waits for the collective's done
+ *   event there (depends_across, below), right before it:
+ *     reduce_scatter  comm
+ *     EVENT_RECORD f  comm
+ *     EVENT_WAIT f    copy
+ *     D2H             copy
+ *   so the next collective on the comm stream does not queue behind it.
  * - A kernel on the copy stream (DP_STREAM_COPY: offload's H2D of an
  *   updated 16-bit shard, at the top of the programs that gather it) is
  *   placed and fenced like a collective on a stream of its own, and a node
@@ -428,9 +434,11 @@ int sched_run(Graph *g, Diag *d)
 		Coll *k = &coll[c];
 		k->wait = first_toucher(g, comp, ncomp, &ix, k->node, k->after);
 	}
-	/* A collective whose result a comm-stream kernel reads (offload's D2H
-	 * of a reduce_scatter's result) is done when that kernel is: compute
-	 * waits for it no later, so its buffers' lifetime ends there too. */
+	/* A collective whose result a comm- or copy-stream kernel reads
+	 * (offload's D2H of a reduce_scatter's result) is done when that
+	 * kernel is (in stream order, or by the copy's wait for its event):
+	 * compute waits for it no later, so its buffers' lifetime ends there
+	 * too. */
 	/* Both loops over pairs below only find something where the async
 	 * nodes are not all collectives on one stream (offload's copies): skip
 	 * them otherwise (quadratic in the collectives, 30 % of a compile at GPT-3
@@ -443,7 +451,6 @@ int sched_run(Graph *g, Diag *d)
 	for (int c = 0; c < ncoll && kernels; c++)
 		for (int q = c + 1; q < ncoll; q++)
 			if (!is_collective(coll[q].node) && is_collective(coll[c].node) &&
-			    coll[q].node->stream == coll[c].node->stream &&
 			    share(coll[c].node, coll[q].node) && conflicts(g, coll[c].node, coll[q].node) &&
 			    coll[q].wait < coll[c].wait && coll[q].after >= coll[c].after)
 				coll[c].wait = coll[q].wait;

@@ -128,6 +128,8 @@ typedef struct ShardPlan {
 	 * parameter in value order. */
 	int *group_of;     /* per value id: its group (trained params), else -1 */
 	float *group_wd, *group_lr_scale;
+	int *group_offload; /* the group's offload (ir_block_offload): per-block offload
+			       makes a group of its own, so each update has one */
 	int ngroups;
 	Unit *u;
 	int nu;

@@ -676,7 +676,7 @@ int stats_check_budget(Diag *d, const Graph *g, int64_t budget)
 			stats_human_bytes(h1, sizeof h1, (double)vs[i]->nbytes));
 	fprintf(d->out, "\n");
 	free(vs);
-	if (!g->offload && bytes[M_OPT] > 0)
+	if (!ir_any_offload(g) && bytes[M_OPT] > 0)
 		fprintf(d->out, "%s: note: train's `offload optimizer` keeps the optimizer state (and, "
 			"in bf16, the f32 masters) in host memory\n", file);
 	return -1;

@@ -44,7 +44,9 @@
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
 #     full_shard at 2 ranks, gpt2-tiny full_shard in bf16: the pinned host
 #     arena, the host step as host functions running the CPU's kernels, the
-#     copies between the arenas); and GPT-2's
+#     copies between the arenas; gpt2-offmix: per-block offload, embed's
+#     params, the h.i blocks' optimizer in the host arena, lnf's on the
+#     device, full_shard bf16 at 2 ranks); and GPT-2's
 #     head dim, 64, at ctx 128 (gpt2-hd64: d 128, 2 heads, 1 layer; f32 and
 #     bf16, tp=2, cp=2), where attention's loops run over several key and
 #     query tiles (ctx 16 fits one tile: a barrier missing between tiles
@@ -339,6 +341,10 @@ cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
 # pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
 # under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
 # and receives on the emulator's NCCL point-to-point with its pairing checks
+# per-block offload (docs/OFFLOAD.md): embed's parameters, the h.i blocks'
+# optimizer in the host arena, lnf's on the device
+sed -e 's/^  block embed {/&\n    offload params/' -e 's/^    block h\[i\] {/&\n      offload optimizer/' \
+	"$T/gpt2-tiny.dp" >"$T/gpt2-offmix.dp"
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline pipedream_flush/' "$T/gpt2-tiny.dp" >"$T/gpt2-pp.dp"
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.dp" >"$T/gpt2-zb.dp"
 # (interleaved, Megatron's virtual stages: 5 blocks on 4 virtual stages, rank
@@ -348,7 +354,7 @@ sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline interleaved\n  stages_per_ra
 sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
-	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs) echo "$small" ;;
+	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs | gpt2-offmix) echo "$small" ;;
 	gpt2-vocab) echo "$small -D vocab=300" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=64 -D heads=1 -D layers=1" ;;
@@ -678,6 +684,9 @@ OFFLOAD=optimizer PREC=bf16 model_case gpt2-tiny full_shard 2
 # offload params: no parameter in the device arena; each reader (a gather,
 # ddp's compute) reads a device temporary its H2D on the copy stream filled
 OFFLOAD=params PREC=bf16 model_case gpt2-tiny full_shard 2
+# per-block offload: embed `offload params`, h.i `offload optimizer`, lnf
+# none (the split roots, the host windows, the updates of both kinds)
+PREC=bf16 model_case gpt2-offmix full_shard 2
 # fp16 with dynamic loss scaling (the header's bounds): the f16 kernels
 # (attention on f32 copies), ncclHalf, the optimizers' f16 copies, the scale in device memory
 # (zero2 runs with f16 gradients below: one case fewer for the CI's budget)

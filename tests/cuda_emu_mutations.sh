@@ -165,11 +165,11 @@
 #   copy_wait     stage_push's copy stream no longer waits for step k-2
 #                 before it overwrites device batch copy k % 2 (dpexec
 #                 pushes step k+1 while k-1 may still read it)
-#   d2h_wait      offload: a gradient's D2H, which follows its
-#                 reduce_scatter on the comm stream in order, issued on the
-#                 copy stream with no wait for it (off: mlp8 full_shard at 2
-#                 ranks with offload optimizer): the copy reads the shard
-#                 before the collective wrote it
+#   d2h_wait      offload: the copy stream's wait for a comm-stream event
+#                 dropped (a gradient's D2H waits there for its
+#                 reduce_scatter; off: mlp8 full_shard at 2 ranks with
+#                 offload optimizer): the copy reads the shard before the
+#                 collective wrote it
 #   h2d_wait      offload: the comm stream's wait for an updated bf16
 #                 shard's H2D (on the copy stream, at the top of the step)
 #                 dropped before the shard's all_gather (o16: off in bf16):

@@ -25,9 +25,11 @@
 # 3. The step-file decoder refuses a kernel whose operands are in two
 #    memory spaces (an update reading the device's gradients), naming it.
 # 4. The copies overlap the backward: each gradient shard's D2H is on the
-#    comm stream right after its last write (a shard's accumulation after
-#    its reduce_scatter, a ddp bucket's all_reduce), so in the IR the first
-#    one comes before the last gradient reduction (compile only).
+#    copy stream right after its last write (a shard's accumulation after
+#    its reduce_scatter, a ddp bucket's all_reduce), right after the copy
+#    stream's wait for the event the comm stream recorded after its
+#    collective, so in the IR the first one comes before the last gradient
+#    reduction (compile only).
 # 5. `dpc --device-memory 80GiB` on the issue's Llama-style 7B shape at 1
 #    rank (bf16, recompute; compile only): without offload the plan is over
 #    budget, a compile error naming the arena's largest rows and values,
@@ -41,6 +43,17 @@
 # 7. With grad_accum > 1 those H2Ds run in the first micro-batch only: the
 #    bytes to the device per step are the shard's once (--stats; compile
 #    only).
+# 8. Per-block offload (a block's `offload`): gpt2-tiny with embed `offload
+#    params`, the h.i blocks `offload optimizer`, lnf none (train's), against
+#    gpt2-tiny without offload, byte for byte (losses and parameters) under
+#    full_shard at 1 and 2 ranks, zero2 at 1 and 2 (a bucket per gradient:
+#    an offload change closes a zero1/zero2 bucket as an optimizer group
+#    does, so the runs compared must have the same buckets), full_shard
+#    bf16 at 2; in its IR lnf's optimizer state is on the device, the
+#    h.i's in the host arena (%opt.m.off), embed's masters in it
+#    (%flat.params.shard.offp). A sharded checkpoint of the mixed run
+#    resumes with train-wide `offload optimizer`, and the reverse, bit for
+#    bit (full_shard bf16).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -162,14 +175,20 @@ for s in ddp full_shard; do
 	case_on "d2h-overlap-$s" || continue
 	"$DPC" $mlp --world-size 2 --set train.strategy=$s --set train.offload=optimizer --emit=ir \
 		>"$T/ov.ir" 2>/dev/null || { fail "d2h-overlap-$s: dpc"; continue; }
-	# line of the first D2H on the comm stream, of the last gradient reduction
-	read -r first lastred < <(awk '/= d2h .*stream=comm/ && !f {f = NR}
-		/= (reduce_scatter|all_reduce) / && !/grad_norm/ {l = NR} END {print f + 0, l + 0}' "$T/ov.ir")
-	if [ "$first" -gt 0 ] && [ "$first" -lt "$lastred" ]; then
-		ok "d2h-overlap-$s: the first gradient D2H (IR line $first) is on the comm stream before the last reduction (line $lastred)"
+	# line of the first D2H on the copy stream, of the last gradient
+	# reduction; whether the line before that D2H is the copy stream's wait
+	# for an event the comm stream recorded (its collective's)
+	read -r first lastred waits < <(awk '/^event_record ev=[0-9]+ .*stream=comm/ {
+			split($2, a, "="); comm[a[2]] = 1 }
+		/= d2h .*stream=copy/ && !f { f = NR; w = prev ~ /^event_wait ev=[0-9]+ .*stream=copy/ &&
+			comm[substr(prev, index(prev, "=") + 1) + 0] }
+		/= (reduce_scatter|all_reduce) / && !/grad_norm/ {l = NR} { prev = $0 }
+		END {print f + 0, l + 0, w + 0}' "$T/ov.ir")
+	if [ "$first" -gt 0 ] && [ "$first" -lt "$lastred" ] && [ "$waits" = 1 ]; then
+		ok "d2h-overlap-$s: the first gradient D2H (IR line $first) is on the copy stream, after its wait for the comm stream's event, before the last reduction (line $lastred)"
 	else
 		grep -n "d2h\|reduce_scatter\|all_reduce" "$T/ov.ir" | head
-		fail "d2h-overlap-$s: no gradient D2H on the comm stream during the backward"
+		fail "d2h-overlap-$s: no gradient D2H on the copy stream waiting for its collective during the backward ($first $lastred $waits)"
 	fi
 done
 
@@ -260,6 +279,62 @@ if case_on device-memory-7b; then
 		cat "$T/7b.log"; grep -A1 "total (arena" "$T/7b.stats"
 		fail "device-memory-7b: with offload optimizer the 7B shape should fit 80 GiB"
 	fi
+fi
+
+# ---- 8. per-block offload ----
+sed -e 's/^  block embed {/&\n    offload params/' -e 's/^    block h\[i\] {/&\n      offload optimizer/' \
+	"$T/gpt.dp" >"$T/mix.dp"
+[ "$(grep -c '^ *offload ' "$T/mix.dp")" = 2 ] || fail "per-block offload: the two block settings are not in mix.dp"
+# mix NAME NP BASE [dpc args...]: gpt2-tiny without offload (section 1's
+# run BASE where it made it) and the mix, STEPS steps each, the same bytes
+mix() {
+	local n=$1 np=$2 b=$3 f
+	shift 3
+	for f in gpt mix; do
+		[ $f = gpt ] && [ -s "$T/$b.none.loss" ] && [ -s "$T/$b.none.st" ] && continue
+		"$DPC" "$T/$f.dp" --world-size "$np" "$@" -o "$T/$n.$f.bin" 2>"$T/$n.$f.log" ||
+			{ cat "$T/$n.$f.log"; fail "$n: dpc ($f)"; return 1; }
+		mpi "$np" "$T/$n.$f.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.$f.loss" \
+			--save-full "$T/$n.$f.st" >>"$T/$n.$f.log" 2>&1 ||
+			{ tail -n 5 "$T/$n.$f.log"; fail "$n: dpexec ($f)"; return 1; }
+		[ $f = gpt ] && mv "$T/$n.gpt.loss" "$T/$b.none.loss" && mv "$T/$n.gpt.st" "$T/$b.none.st"
+	done
+	if cmp -s "$T/$b.none.loss" "$T/$n.mix.loss" && cmp -s "$T/$b.none.st" "$T/$n.mix.st"; then
+		ok "$n: per-block offload (embed params, h.i optimizer, lnf none) gives the losses and parameters of no offload, bit for bit"
+	else
+		paste "$T/$b.none.loss" "$T/$n.mix.loss" | head -n 5
+		fail "$n: per-block offload differs from no offload"
+	fi
+}
+for np in 1 2; do
+	case_on "mix-full_shard-np$np" && mix "mix-full_shard-np$np" $np "gpt2-tiny-full_shard-np$np" \
+		--set train.strategy=full_shard
+	case_on "mix-zero2-np$np" && mix "mix-zero2-np$np" $np "mix-zero2-np$np" \
+		--set train.strategy=zero2 --set train.bucket_mb=0.000001
+done
+if case_on mix-bf16-full_shard-np2; then
+	mix mix-bf16-full_shard-np2 2 mix-bf16-full_shard-np2 --set train.strategy=full_shard --precision bf16
+	"$DPC" "$T/mix.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 --emit=ir \
+		-o /dev/null >"$T/mix.ir" 2>&1
+	if grep -q "^%opt.m  *: f32\[64\] .*place(dp_shard: shard0) @" "$T/mix.ir" &&
+		grep -q "^%opt.m.off  *: .* host @" "$T/mix.ir" &&
+		grep -q "^%flat.params.shard.offp  *: .* host @" "$T/mix.ir" &&
+		grep -q "^%flat.params.shard  *: f32\[64\] .*place(dp_shard: shard0) @" "$T/mix.ir"; then
+		ok "mix-bf16-full_shard-np2: lnf's state and masters on the device, h.i's state and embed's masters in the host arena"
+	else
+		grep "^%opt.m\|^%flat.params.shard" "$T/mix.ir" | head
+		fail "mix-bf16-full_shard-np2: the IR does not place the blocks' state by their offload"
+	fi
+fi
+
+# mixed -> optimizer: the mix saves, train-wide offload
+# optimizer resumes; and the reverse. Against across's straight run.
+if case_on resume-mix-optimizer; then
+	for d in mix:optimizer optimizer:mix; do
+		"$DPC" "$T/mix.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 \
+			-o "$T/gpt-bf16.mix.rbin" 2>/dev/null || fail "resume-mix-optimizer: dpc (mix)"
+		across gpt-bf16 "$T/gpt.dp" sharded "${d%%:*}" "${d#*:}" --set train.strategy=full_shard --precision bf16
+	done
 fi
 
 finish offload

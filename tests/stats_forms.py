@@ -65,7 +65,10 @@ bf16 copies 2 bytes per element; GPT-2's activations at the step's peak
 Offload (check_offload): with `offload optimizer` the host arena holds the
 optimizer state 8L, the f32 masters 4L, the gradients' copy 4L and in bf16
 the bf16 copy 2L (each buffer aligned); the device arena shrinks by exactly
-the state (and in bf16 the masters) it no longer holds.
+the state (and in bf16 the masters) it no longer holds. Per-block offload
+(check_offload_mix): the first block `offload optimizer` under full_shard:
+the host rows in L_o (that block's elements per rank) alone, the device's
+optimizer state 8(L - L_o).
 P'_first: the first block's backward never reads its weights (the input x
 needs no gradient: grad.fc1.w = x^T d.t, no d.x), so dp does not gather it
 again for the backward; check_ir() verifies that in the IR.
@@ -671,6 +674,52 @@ def check_offload(model, text):
                                      f"{model} {strategy} n={n} {prec} offload params", L, prec)
 
 
+def check_offload_mix(model, text):
+    """Per-block offload (passes/offload.c's split_mixed and window_mixed):
+    the first block `offload optimizer`, the others train's none, full_shard
+    at n = 1, 2, 4, f32 and bf16, against the same model without offload.
+    L_o = the first block's elements per rank (its P'/n), L = every
+    block's. The host arena holds, each buffer aligned: the first block's
+    optimizer state (8L_o: m and v), its f32 masters (4L_o: bf16 moved
+    from the device, f32 their host copy), the host copy of its gradient
+    run (4L_o: a window of the device's gradients, which stay there) and in
+    bf16 that of its 16-bit copy (2L_o); nothing else (the clip runs on the
+    device). The device keeps the others' state (8(L - L_o)), its masters
+    but the first block's in bf16, its gradients and 16-bit copies
+    unchanged, and its persistent part shrinks by exactly what moved."""
+    first, ps0 = BLOCKS[0]
+    for prec in ("f32", "bf16"):
+        extra = ["precision bf16"] if prec == "bf16" else []
+        for n in (1, 2, 4):
+            args = ["--world-size", str(n), "--emit=stats"]
+            base = edit(text, "full_shard", extra=extra)
+            _, m0 = parse_stats(dpc(base, args))
+            _, m1 = parse_stats(dpc(edit_blocks(base, {first: ["offload optimizer"]}), args))
+            Lo = pad(sum(ps0), n) // n
+            L = sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
+            what = f"{model} full_shard n={n} {prec}, {first} offload optimizer"
+            want = {"host optimizer state": 2 * aligned(4 * Lo), "host parameters": aligned(4 * Lo),
+                    "host gradients": aligned(4 * Lo), "host metrics": None,
+                    "host parameters, 16-bit copies": aligned(2 * Lo) if prec == "bf16" else None}
+            got = {k: m1.get(k) for k in want}
+            if not ok(got == want, f"{what}: host rows = closed form in L_o={Lo} {want}"):
+                print(f"       dpc {got}")
+            ok(m1.get("total (host arena size)") == sum(v for v in want.values() if v),
+               f"{what}: host arena {m1.get('total (host arena size)')} = its rows")
+            params = aligned(4 * (L - Lo)) + (aligned(4 * Lo) if prec == "f32" else 0)
+            dev = {"optimizer state": 2 * aligned(4 * (L - Lo)), "parameters": params,
+                   "gradients": m0["gradients"],
+                   "parameters, 16-bit copies": m0.get("parameters, 16-bit copies")}
+            got = {k: m1.get(k) for k in dev}
+            if not ok(got == dev, f"{what}: device rows = closed form in L={L} {dev}"):
+                print(f"       dpc {got}")
+            T = "temporaries (arena region)"
+            moved = (m0["optimizer state"] - m1["optimizer state"] +
+                     m0["parameters"] - m1["parameters"])
+            ok(m1["total (arena size)"] - m1[T] == m0["total (arena size)"] - m0[T] - moved,
+               f"{what}: device persistent part {m0['total (arena size)'] - m0[T]} - {moved} moved")
+
+
 def check_offload_params(m1, m2, what, L, prec):
     """offload params against offload optimizer (m1): the host arena is the
     same row for row (the masters were there, or their host copy, and the
@@ -796,6 +845,7 @@ def main():
         check_recompute(model, text)
         check_bf16(model, text)
         check_offload(model, text)
+        check_offload_mix(model, text)
         check_pipeline(model, text)
     print(f"stats_forms: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)

@@ -1035,11 +1035,6 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	}
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],
 		    x->scratch[in->stream], x->sc, &x->fuse[b->at.prog][b->at.instr], x->tf32};
-	/* a gradient's D2H follows the collective that made it on the comm
-	 * stream, in order, with no event (docs/OFFLOAD.md); the mutant moves it
-	 * to a stream of its own without the wait that would then need */
-	if (MUTANT(d2h_wait) && in->op == DP_OP_D2H && in->stream == DP_STREAM_COMM)
-		a.st = x->copy_st;
 	if (!x->shadow || (k->bf16 && rt_own_half_path(b->s, in, k->f16)) || !cu_stage_need(b->s, in))
 		return k->run(&a, e);
 	/* a 16-bit instruction of a kernel without a path of its own for its
@@ -1376,6 +1371,12 @@ static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 	 * copy lands */
 	if (MUTANT(h2d_wait) && stream == DP_STREAM_COMM &&
 	    record_stream(b->s, b->at.prog, event) == DP_STREAM_COPY)
+		return 0;
+	/* the mutant drops the copy stream's wait for a comm-stream event (a
+	 * gradient's D2H waits there for its reduce_scatter or all_reduce,
+	 * offload): the copy may read the shard before the collective wrote it */
+	if (MUTANT(d2h_wait) && stream == DP_STREAM_COPY &&
+	    record_stream(b->s, b->at.prog, event) == DP_STREAM_COMM)
 		return 0;
 	if (MUTANT(p2p_wait) && b->at.instr + 1 < b->s->nprog[b->at.prog] &&
 	    b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)
