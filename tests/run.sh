@@ -334,7 +334,7 @@ bonus=0 idle_starts=0 ticker=0 idle_t0=0 idle_j0=0
 idle_sample() { # idle_sample: idle = the idle CPUs since the last call, in tenths
 	local _ u n s i w t j d
 	read -r _ u n s i w _ </proc/stat
-	j=$((i + w)) t=${EPOCHREALTIME/./}
+	j=$((i + w)) t=${EPOCHREALTIME//[!0-9]/} # (microseconds: the decimal point is the locale's)
 	d=$(((t - idle_t0) / 1000))
 	# jiffies are 1/100 s: tenths of a CPU = jiffies * 10 / (100 * s) = jiffies * 100 / ms
 	idle=0
