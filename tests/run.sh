@@ -332,8 +332,8 @@ TICK=${TICK:-2}
 [ "$(grep -c '^cpu[0-9]' /proc/stat 2>/dev/null)" = "$(nproc)" ] || TICK=0
 bonus=0 idle_starts=0 ticker=0 idle_t0=0 idle_j0=0
 idle_sample() { # idle_sample: idle = the idle CPUs since the last call, in tenths
-	local _ u n s i w t j d
-	read -r _ u n s i w _ </proc/stat
+	local _ i w t j d
+	read -r _ _ _ _ i w _ </proc/stat # cpu user nice system idle iowait ...
 	j=$((i + w)) t=${EPOCHREALTIME//[!0-9]/} # (microseconds: the decimal point is the locale's)
 	d=$(((t - idle_t0) / 1000))
 	# jiffies are 1/100 s: tenths of a CPU = jiffies * 10 / (100 * s) = jiffies * 100 / ms
@@ -418,7 +418,7 @@ while :; do
 	# nor beside a suite that runs alone)
 	if [ ${#queue[@]} -gt 0 ] && [ "$CAP" -gt 0 ] && [ "$TICK" != 0 ] && [ $alone_on = 0 ] && [ $ticker = 0 ]; then
 		idle_sample # (from now)
-		sleep "$TICK" </dev/null >/dev/null 2>&1 &
+		sleep "$TICK" >/dev/null 2>&1 &
 		ticker=$!
 	fi
 	wait -n -p pid
