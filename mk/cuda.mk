@@ -16,14 +16,17 @@
 # stay warning-free.
 #
 # Knobs: NVCC (the Makefile's), CUDA_ARCH (default: sm_80 + sm_90 cubins and
-# compute_90 PTX for newer GPUs).
+# compute_90 PTX for newer GPUs), CUDA_DEVICE_OPT (flags added to every nvcc
+# line, default none; .ci/run's "-Xcicc -O0 -Xptxas -O0" builds device code
+# that is only compiled, never run, for a fifth of the CPU: .ci/run says
+# what that keeps and what it does not).
 
 HAVE_NVCC  := $(shell test -x "$(NVCC)" && echo 1)
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 NVCCFLAGS  ?= -O2 -lineinfo
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -Xcompiler=-fPIC,-fvisibility=hidden \
-              -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
+              -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter $(CUDA_DEVICE_OPT)
 # FMA contraction: -fmad=false wherever a kernel repeats the CPU's float
 # expressions operation for operation (a*b+c then rounds twice, as gcc's
 # uncontracted code does, and elementwise ops, the optimizers, rope and the

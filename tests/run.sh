@@ -34,6 +34,10 @@
 # fits may start if it can be expected to end before that room is made (the
 # table's seconds, stretched by how much slower the suites that ended ran):
 # the machine does not idle, and the long suites are not pushed to the end.
+# And while the queue waits, the machine's idle CPUs are sampled every 2 s:
+# when half a CPU or more sat idle, one more suite may start beyond JOBS
+# (idle_sample, below: weights are averages, and several suites that wait
+# leave a CPU idle between them).
 #
 # Suites marked alone run first, one at a time, with nothing beside them:
 # their checks measure time against time. logs.sh's per-step check wants
@@ -306,7 +310,36 @@ room() {
 fits() {
 	[ $alone_on = 0 ] || return 1
 	[ $running = 0 ] && return 0
-	[ "${ALONE[$1]}" = 0 ] && [ $((used + $(room "$1"))) -le "$CAP" ]
+	[ "${ALONE[$1]}" = 0 ] && [ $((used + $(room "$1"))) -le $((CAP + bonus)) ]
+}
+# Idle CPUs. The weights are averages over a suite's life: a suite that
+# waits (on MPI start-up, killed or stopped runs, a timeout) leaves its CPU
+# idle for seconds at a time, and the weights of several such suites
+# together leave a CPU idle while the queue waits (a full run on 2 quiet
+# cores used 1.5-1.8 of them in most half-minutes). So the machine is
+# asked: while the queue waits, a tick of TICK seconds, and /proc/stat's
+# idle time over it (every process on the machine, ours or not); when at
+# least half a CPU sat idle, bonus (tenths) lets that much more weight start
+# beyond CAP, up to half of CAP more, until the next tick: one suite at most
+# (its start spends the bonus; the next tick sees it running). On a machine
+# others keep busy nothing is idle and nothing changes; JOBS=0, TICK=0 (no
+# ticks) and the suites marked alone are unchanged; so is a machine whose
+# /proc/stat counts more CPUs than nproc (a container's share of a host).
+# The total line says how many started so.
+TICK=${TICK:-2}
+# (only where /proc/stat counts the CPUs this runs on: in a container
+# limited to fewer than the host's, its idle is the host's, not ours)
+[ "$(grep -c '^cpu[0-9]' /proc/stat 2>/dev/null)" = "$(nproc)" ] || TICK=0
+bonus=0 idle_starts=0 ticker=0 idle_t0=0 idle_j0=0
+idle_sample() { # idle_sample: idle = the idle CPUs since the last call, in tenths
+	local _ i w t j d
+	read -r _ _ _ _ i w _ </proc/stat # cpu user nice system idle iowait ...
+	j=$((i + w)) t=${EPOCHREALTIME//[!0-9]/} # (microseconds: the decimal point is the locale's)
+	d=$(((t - idle_t0) / 1000))
+	# jiffies are 1/100 s: tenths of a CPU = jiffies * 10 / (100 * s) = jiffies * 100 / ms
+	idle=0
+	[ "$idle_t0" -gt 0 ] && [ $d -gt 0 ] && idle=$(((j - idle_j0) * 100 / d))
+	idle_t0=$t idle_j0=$j
 }
 # The table's seconds, stretched by how much slower than them the suites
 # that ended ran (this machine's speed and load): slow is in tenths, >= 10.
@@ -368,16 +401,35 @@ while :; do
 	while [ ${#queue[@]} -gt 0 ]; do
 		n=$(next)
 		[ -n "$n" ] || break
+		if [ $running -gt 0 ] && [ $((used + $(room "$n"))) -gt "$CAP" ]; then
+			idle_starts=$((idle_starts + 1))
+			bonus=0 # (this tick's idle is spent)
+		fi
 		rest=()
 		for q in "${queue[@]}"; do [ "$q" = "$n" ] || rest+=("$q"); done
 		queue=("${rest[@]}")
-		run_suite "$n" $((CAP - used)) &
+		run_suite "$n" $((CAP + bonus - used)) &
 		PID_OF[$!]=$n START[$n]=$SECONDS
 		running=$((running + 1)) used=$((used + WEIGHT[$n]))
 		[ "${ALONE[$n]}" = 1 ] && alone_on=1
 	done
 	[ $running = 0 ] && break
+	# the queue waits: a tick to look at the idle CPUs (not with JOBS=0,
+	# nor beside a suite that runs alone)
+	if [ ${#queue[@]} -gt 0 ] && [ "$CAP" -gt 0 ] && [ "$TICK" != 0 ] && [ $alone_on = 0 ] && [ $ticker = 0 ]; then
+		idle_sample # (from now)
+		sleep "$TICK" >/dev/null 2>&1 &
+		ticker=$!
+	fi
 	wait -n -p pid
+	if [ "$pid" = "$ticker" ]; then
+		ticker=0
+		idle_sample
+		bonus=0
+		[ "$idle" -lt 5 ] || bonus=$idle
+		[ $bonus -le $((CAP / 2)) ] || bonus=$((CAP / 2))
+		continue
+	fi
 	n=${PID_OF[$pid]}
 	running=$((running - 1)) used=$((used - WEIGHT[$n]))
 	[ "${ALONE[$n]}" = 1 ] && alone_on=0
@@ -387,6 +439,7 @@ while :; do
 	[ $slow -ge 10 ] || slow=10
 	collect "$n"
 done
+[ $ticker = 0 ] || kill "$ticker" 2>/dev/null
 
 echo
 for e in "${failed[@]}"; do
@@ -409,5 +462,5 @@ for v in $VARIANTS; do
 	[ "$nvar" -gt 1 ] || continue
 	echo "$([ "${VSAN[$v]}" = 1 ] && echo "SAN=1" || echo plain): ${VP[$v]:-0} passed, ${VF[$v]:-0} failed, ${VS[$v]:-0} skipped (${VCPU[$v]:-0} s of CPU)"
 done
-echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, $cpu_total s of CPU, JOBS=$JOBS; logs in $logs)"
+echo "total: $tp passed, $tf failed, $ts skipped ($((SECONDS - t_start)) s, $cpu_total s of CPU, JOBS=$JOBS, $idle_starts started on idle CPUs; logs in $logs)"
 [ $tf -eq 0 ] && [ ${#failed[@]} -eq 0 ]
