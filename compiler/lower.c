@@ -779,9 +779,11 @@ static void find_sections(Lower *L)
 		L->mesh = mesh_typo;
 }
 
-/* compress powersgd: what the compression pass (passes/collectives.c) can
- * rewrite: all-ddp graphs (their bucketed all_reduce), without tp or pp (a
- * gradient split or summed over them would be approximated per part), with
+/* compress powersgd: what the compression pass (passes/compress.c) can
+ * rewrite: all-ddp graphs (their bucketed all_reduce) and all-hybrid_shard
+ * ones (the dp_replicate all_reduce of each unit's chunk, a matrix of whole
+ * rows: passes/layout.c), without tp, pp or cp (a gradient split or summed
+ * over them would be approximated per part), with
  * f32 gradients (the factors are f32, as PyTorch's hook computes in the
  * gradients' dtype). Every other layout is an error at the setting. */
 static void lower_compress(Lower *L)
@@ -805,23 +807,34 @@ static void lower_compress(Lower *L)
 	if (!v->given || !v->ok || g->cfg.compress == DP_COMPRESS_NONE)
 		return;
 	const char *kind = dp_kind_name(DP_SET_COMPRESS, (int)g->cfg.compress);
+	int first = -1; /* the first parameter's strategy: every one must have it */
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *p = g->values[i];
-		int st = p->kind == DP_T_PARAM ? ir_block_strategy(g, p->block) : DP_STRAT_DDP;
-		if (st != DP_STRAT_DDP) {
-			ERR(v->val.loc, "compress %s needs every block ddp: %s is %s (its gradients "
-			    "are reduce-scattered, whose shards a low-rank factor of the whole "
-			    "matrix cannot be summed into)", kind,
+		if (p->kind != DP_T_PARAM)
+			continue;
+		int st = ir_block_strategy(g, p->block);
+		if (first < 0)
+			first = st;
+		if ((st != DP_STRAT_DDP && st != DP_STRAT_HYBRID_SHARD) || (first >= 0 && st != first)) {
+			ERR(v->val.loc, "compress %s needs every block ddp, or every block hybrid_shard "
+			    "(its dp_replicate all_reduce): %s is %s (%s)", kind,
 			    p->block >= 0 ? ir_fmt(L->g, "block %s", g->blocks[p->block].name)
 					  : ir_fmt(L->g, "parameter %s", p->name),
-			    dp_name(dp_strategy_names, DP_NSTRAT, (unsigned)st));
+			    dp_name(dp_strategy_names, DP_NSTRAT, (unsigned)st),
+			    st == DP_STRAT_DDP || st == DP_STRAT_HYBRID_SHARD
+				    ? "the blocks mix the two"
+				    : "its gradients are reduce-scattered over every data-parallel rank, "
+				      "whose shards a low-rank factor of the whole matrix cannot be "
+				      "summed into");
 			return;
 		}
 	}
-	if (g->cfg.mesh[DP_AXIS_TP] > 1 || g->cfg.mesh[DP_AXIS_PP] > 1) {
-		ERR(v->val.loc, "compress %s needs tp=1 and pp=1 (the mesh has tp=%u, pp=%u): the "
-		    "gradients are compressed whole, over the data-parallel ranks only", kind,
-		    g->cfg.mesh[DP_AXIS_TP], g->cfg.mesh[DP_AXIS_PP]);
+	if (g->cfg.mesh[DP_AXIS_TP] > 1 || g->cfg.mesh[DP_AXIS_PP] > 1 ||
+	    (first == DP_STRAT_HYBRID_SHARD && g->cfg.mesh[DP_AXIS_CP] > 1)) {
+		ERR(v->val.loc, "compress %s needs tp=1 and pp=1%s (the mesh has tp=%u, pp=%u, cp=%u): "
+		    "the gradients are compressed whole, over the data-parallel ranks only", kind,
+		    first == DP_STRAT_HYBRID_SHARD ? " and, with hybrid_shard, cp=1" : "",
+		    g->cfg.mesh[DP_AXIS_TP], g->cfg.mesh[DP_AXIS_PP], g->cfg.mesh[DP_AXIS_CP]);
 		return;
 	}
 	if (g->reduce_dtype != DP_F32)

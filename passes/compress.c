@@ -4,7 +4,10 @@
  *
  * Before: the collectives form of an all-ddp graph: each bucket's gradients
  * all_reduced in place by one call over a view "bucket.rN" of flat.grads,
- * DP_IF_LAST (compiler/lower.c refused every other layout).
+ * DP_IF_LAST; or of an all-hybrid_shard graph: each block's chunk
+ * "U.grad.shard" all_reduced over dp_replicate after its reduce_scatter
+ * over dp_shard, a bucket of one member (compiler/lower.c refused every
+ * other layout).
  *
  * After, when cfg.compress is powersgd (otherwise nothing changes): a bucket
  * whose members are all of blocks that say `compress none` keeps its
@@ -41,6 +44,13 @@
  * ranks' errors there sum to 0, so the next mean is the same without them,
  * and only the compressed matrices keep one here.
  *
+ * hybrid_shard: the member is the chunk, viewed as "U.grad.shard.matrix"
+ * [c/m, m], m the unit's row length (shard_row; passes/layout.c padded the
+ * unit so that every chunk is whole rows), and its state is named after
+ * the unit ("U.powersgd_q", ...). The state views and the matrix view are
+ * placed replicated: each is this rank's whole value, not a shard of a
+ * larger one. W is the dp_replicate group; the reduce_scatter is untouched.
+ *
  * State: three flat buffers, "powersgd.q" (persistent Q, initialised from the
  * run's seed: normal(0, 1) by (seed, name, element) like a parameter, the
  * same on every rank; a view per matrix "NAME.powersgd_q" [m, r], which
@@ -63,10 +73,12 @@ typedef struct {
 	int grad, mat; /* the gradient, and its 2-D view (itself when 2-D) */
 	int64_t n, m, r;
 	int q, p, err; /* the state views (compressed only) */
+	const char *base; /* what they are named after: the parameter, or a chunk's unit */
 } Member;
 
 typedef struct {
 	Graph *g;
+	const ShardPlan *pl; /* the layout's plan (hybrid_shard's shards), or NULL */
 	Node **out; /* the new program order */
 	int nout;
 	int64_t qn, pn, en; /* elements of the three flat buffers so far */
@@ -82,6 +94,16 @@ static Value *view_of(Graph *g, const char *name, int flat, int64_t off, int ndi
 	v->block = like->block;
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		v->place[a] = like->place[a];
+	return v;
+}
+
+/* A state view of a chunk's (hybrid_shard) is this rank's own whole
+ * [m, r] / [n, r] / [n, m]: not a shard of a larger value. */
+static Value *whole(Value *v)
+{
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if (v->place[a].kind == DP_PL_SHARD)
+			v->place[a] = (Place){DP_PL_REPLICATE, -1};
 	return v;
 }
 
@@ -119,11 +141,22 @@ static int group_size(const Graph *g, unsigned axes)
 	return w;
 }
 
-/* Is gradient gv's parameter in a block that compresses (its own
- * `compress`, else train's)? */
+/* Is gradient gv's parameter (or gv's unit, a shard) in a block that
+ * compresses (its own `compress`, else train's)? */
 static int compresses(const Graph *g, const Value *gv)
 {
-	return ir_block_compress(g, g->values[gv->param]->block) != DP_COMPRESS_NONE;
+	int b = gv->param >= 0 ? g->values[gv->param]->block : gv->block;
+	return b >= 0 && ir_block_compress(g, b) != DP_COMPRESS_NONE;
+}
+
+/* The unit whose chunk of the gradients gv is (hybrid_shard's "U.grad.shard"),
+ * or NULL. */
+static const Unit *shard_unit(const Cx *c, const Value *gv)
+{
+	for (int k = 0; c->pl && k < c->pl->nu; k++)
+		if (c->pl->u[k].cut && c->pl->u[k].shard_g == gv->id)
+			return &c->pl->u[k];
+	return NULL;
 }
 
 /* Classify the bucket's members and make the compressed ones' state views. */
@@ -133,31 +166,38 @@ static Member *members_of(Cx *c, const Bucket *bk)
 	Member *mb = ir_alloc(g, (size_t)bk->nmembers * sizeof(Member));
 	for (int i = 0; i < bk->nmembers; i++) {
 		const Value *gv = g->values[bk->members[i]];
+		/* a hybrid_shard chunk is a matrix of whole rows (passes/layout.c) */
+		const Unit *u = shard_unit(c, gv);
 		int64_t n = gv->dims[0], m = gv->ndim ? ir_numel(gv) / gv->dims[0] : 1;
+		if (u && u->row) {
+			m = u->row;
+			n = ir_numel(gv) / m;
+		}
 		int64_t r = g->compress_rank < n ? g->compress_rank : n;
 		r = r < m ? r : m;
 		mb[i] = (Member){.grad = gv->id, .mat = gv->id, .n = n, .m = m, .r = 0,
 				 .q = -1, .p = -1, .err = -1};
-		if (gv->ndim < 2 || (double)((n + m) * r) * g->compress_min_rate >= (double)(n * m) ||
-		    !compresses(g, gv))
+		if ((gv->ndim < 2 && !(u && u->row)) ||
+		    (double)((n + m) * r) * g->compress_min_rate >= (double)(n * m) || !compresses(g, gv))
 			continue;
 		mb[i].r = r;
-		const Value *pv = g->values[gv->param];
+		/* the state's names: the parameter's, or the unit's for a chunk */
+		const char *base = mb[i].base = u ? u->name : g->values[gv->param]->name;
 		if (gv->ndim != 2)
-			mb[i].mat = view_of(g, ir_fmt(g, "%s.matrix", gv->name), gv->view_of,
-					    gv->view_offset, 2, (int64_t[]){n, m}, DP_T_GRAD, gv)->id;
-		Value *q = view_of(g, ir_fmt(g, "%s.powersgd_q", pv->name), c->qflat, c->qn, 2,
-				   (int64_t[]){m, r}, DP_T_OPTSTATE, gv);
+			mb[i].mat = whole(view_of(g, ir_fmt(g, "%s.matrix", gv->name), gv->view_of,
+						  gv->view_offset, 2, (int64_t[]){n, m}, DP_T_GRAD, gv))->id;
+		Value *q = whole(view_of(g, ir_fmt(g, "%s.powersgd_q", base), c->qflat, c->qn, 2,
+					 (int64_t[]){m, r}, DP_T_OPTSTATE, gv));
 		q->init = DP_INIT_NORMAL;
 		q->init_a = 0;
 		q->init_b = 1;
 		mb[i].q = q->id;
 		c->qn += m * r;
-		mb[i].p = view_of(g, ir_fmt(g, "%s.powersgd_p", pv->name), c->pflat, c->pn, 2,
-				  (int64_t[]){n, r}, DP_T_OPTSTATE, gv)->id;
+		mb[i].p = whole(view_of(g, ir_fmt(g, "%s.powersgd_p", base), c->pflat, c->pn, 2,
+					(int64_t[]){n, r}, DP_T_OPTSTATE, gv))->id;
 		c->pn += n * r;
-		mb[i].err = view_of(g, ir_fmt(g, "%s.powersgd_err", pv->name), c->eflat, c->en, 2,
-				    (int64_t[]){n, m}, DP_T_OPTSTATE, gv)->id;
+		mb[i].err = whole(view_of(g, ir_fmt(g, "%s.powersgd_err", base), c->eflat, c->en, 2,
+					  (int64_t[]){n, m}, DP_T_OPTSTATE, gv))->id;
 		c->en += n * m;
 	}
 	return mb;
@@ -211,8 +251,8 @@ static void compress_bucket(Cx *c, const Node *ar, Bucket b)
 		compute(c, DP_OP_MATMUL, mb[i].p, 2, (int[]){mb[i].mat, mb[i].q}, bl);
 	}
 	int64_t pe = c->pn - p0, qe = c->qn - q0;
-	Value *pv = view_of(g, ir_fmt(g, "powersgd.p.r%d", bk->id), c->pflat, p0, 1, &pe,
-			    DP_T_OPTSTATE, bucket);
+	Value *pv = whole(view_of(g, ir_fmt(g, "powersgd.p.r%d", bk->id), c->pflat, p0, 1, &pe,
+				  DP_T_OPTSTATE, bucket));
 	reduce(c, pv->id, axes, pm, nc, block);
 	for (int i = 0; i < nm; i++) {
 		if (!mb[i].r)
@@ -222,8 +262,8 @@ static void compress_bucket(Cx *c, const Node *ar, Bucket b)
 		Node *mm = compute(c, DP_OP_MATMUL, mb[i].q, 2, (int[]){mb[i].mat, mb[i].p}, bl);
 		DP_ATTR(mm, MATMUL, transA) = 1;
 	}
-	Value *qv = view_of(g, ir_fmt(g, "powersgd.q.r%d", bk->id), c->qflat, q0, 1, &qe,
-			    DP_T_OPTSTATE, bucket);
+	Value *qv = whole(view_of(g, ir_fmt(g, "powersgd.q.r%d", bk->id), c->qflat, q0, 1, &qe,
+				  DP_T_OPTSTATE, bucket));
 	reduce(c, qv->id, axes, qm, nc, block);
 	float share = -1.0f / (float)group_size(g, axes);
 	for (int i = 0; i < nm; i++) {
@@ -234,8 +274,7 @@ static void compress_bucket(Cx *c, const Node *ar, Bucket b)
 		compute(c, DP_OP_COPY, mb[i].err, 1, &mb[i].mat, bl);
 		Node *mm = compute(c, DP_OP_MATMUL, mb[i].mat, 2, (int[]){mb[i].p, mb[i].q}, bl);
 		DP_ATTR(mm, MATMUL, transB) = 1;
-		Value *t = ir_value(g, ir_fmt(g, "%s.powersgd_share",
-					      g->values[g->values[mb[i].grad]->param]->name),
+		Value *t = ir_value(g, ir_fmt(g, "%s.powersgd_share", mb[i].base),
 				    DP_F32, 2, m->dims, DP_T_ACT, m->loc);
 		t->block = bl;
 		Node *sc = compute(c, DP_OP_SCALE, t->id, 1, &mb[i].mat, bl);
@@ -252,12 +291,15 @@ static Value *flat(Graph *g, const char *name, Loc loc)
 
 int compress_run(Graph *g, Diag *d)
 {
-	(void)d;
 	if (g->cfg.compress == DP_COMPRESS_NONE)
 		return 0;
 	int n0 = g->nnodes, nb0 = g->nbuckets;
 	Cx c = {.g = g};
 	Loc loc = {0};
+	/* hybrid_shard's chunks: their units from the layout's plan */
+	for (int b = 0; b < g->nblocks && !c.pl; b++)
+		if (ir_block_strategy(g, b) == DP_STRAT_HYBRID_SHARD && !(c.pl = shard_plan(g, d)))
+			return -1;
 	c.qflat = flat(g, "powersgd.q", loc)->id;
 	c.pflat = flat(g, "powersgd.p", loc)->id;
 	c.eflat = flat(g, "powersgd.err", loc)->id;

@@ -57,7 +57,11 @@
  * After, otherwise (S = dp_shard ranks): a cut unit is padded to a
  * multiple of S (FSDP's flat-parameter padding; a parameter that does not
  * divide is never rejected) and rank s holds elements [s*c, (s+1)*c) of it,
- * c = padded/S; an uncut (ddp) unit is held whole. Buffers:
+ * c = padded/S; an uncut (ddp) unit is held whole. A hybrid_shard unit whose
+ * dp_replicate all_reduce is compressed (shard_row: its first 2-D
+ * parameter's row length m) is padded to a multiple of S m instead, so each
+ * rank's chunk is a whole number of rows of length m, the matrix
+ * [c/m, m] passes/compress.c compresses. Buffers:
  *   "flat.params.shard", "flat.grads.shard" and opt.* (place dp_shard:
  *     shard0): per unit, what this rank updates, at loff: "U.shard" and
  *     "U.grad.shard" views of a cut unit's chunk; "U.params" and "U.grads"
@@ -392,13 +396,15 @@ static int shard_buffer(Graph *g, int f, int64_t full, int64_t ltot, unsigned pa
 
 /* The sizes and offsets of every unit of a sharded graph, and of the
  * buffers they add up to; returns the elements of the shard buffers. */
-static int64_t unit_offsets(ShardPlan *pl)
+static int64_t unit_offsets(const Graph *g, ShardPlan *pl)
 {
 	int64_t ltot = 0;
 	for (int k = 0; k < pl->nu; k++) {
 		Unit *u = &pl->u[k];
 		int parts = u->cut ? pl->S : 1;
 		u->chunk = (u->elems + parts - 1) / parts;
+		if ((u->row = shard_row(g, u)))
+			u->chunk = (u->chunk + u->row - 1) / u->row * u->row;
 		u->padded = u->chunk * parts;
 		u->loff = ltot;
 		ltot += u->chunk;
@@ -422,7 +428,7 @@ static int64_t unit_offsets(ShardPlan *pl)
 static void lay_out_shards(Graph *g, ShardPlan *pl)
 {
 	int fp = pl->flat_params, fg = pl->flat_grads;
-	int64_t ltot = unit_offsets(pl);
+	int64_t ltot = unit_offsets(g, pl);
 	unsigned dp = shard_dp_axes(g);
 
 	int sp = pl->shard_params = shard_buffer(g, fp, pl->ftot, ltot, 0);
@@ -981,7 +987,7 @@ ShardPlan *layout_plan(Graph *g, Diag *d)
 	shard_writers(g, g->nnodes, &first, &last);
 	make_units(g, pl, first, last);
 	int64_t off = 0;
-	if (pl->sharded && (unit_offsets(pl), pl->ftot16))
+	if (pl->sharded && (unit_offsets(g, pl), pl->ftot16))
 		pl->full16 = find(&f, ir_fmt(g, "flat.params.%s", ir_dtype_name(pl->half)));
 	for (int k = 0; k < pl->nu && !f.bad; k++) {
 		Unit *u = &pl->u[k];

@@ -78,6 +78,19 @@ unsigned shard_repl_axes(const Graph *g)
 	return DP_AXIS_BIT(DP_AXIS_REPLICATE) | pp_bit(g);
 }
 
+int64_t shard_row(const Graph *g, const Unit *u)
+{
+	if (g->cfg.compress == DP_COMPRESS_NONE || u->strat != DP_STRAT_HYBRID_SHARD || !u->cut ||
+	    u->block < 0 || ir_block_compress(g, u->block) == DP_COMPRESS_NONE)
+		return 0;
+	for (int i = 0; i < u->nparams; i++) {
+		const Value *p = g->values[u->params[i]];
+		if (p->ndim >= 2)
+			return ir_numel(p) / p->dims[0];
+	}
+	return 0;
+}
+
 unsigned shard_cut_axes(const Graph *g)
 {
 	return DP_AXIS_BIT(DP_AXIS_SHARD) | cp_bit(g);

@@ -80,6 +80,9 @@ typedef struct {
 	                      graph never mixes split and replicated params, so the
 	                      gradient norm can weight its shard as a whole */
 	int64_t elems, padded, chunk; /* chunk = padded / (cut ? S : 1) */
+	int64_t row;       /* compressed hybrid_shard unit: the chunk is a whole number of
+	                      rows this long (shard_row), which passes/compress.c views it
+	                      as a matrix of; 0 otherwise */
 	int64_t loff;      /* element offset of this rank's part (shard buffers, opt.*) */
 	int64_t foff, goff; /* element offsets in the full flat.params / flat.grads, -1 none */
 	int first, last;   /* node indices of the first and last backward writer of
@@ -154,6 +157,9 @@ ShardPlan *layout_plan(Graph *g, Diag *d);
 unsigned shard_dp_axes(const Graph *g);
 unsigned shard_cut_axes(const Graph *g);
 unsigned shard_repl_axes(const Graph *g);
+/* The row length of unit u's chunk when its dp_replicate all_reduce is
+ * compressed (passes/compress.c), else 0 (passes/layout.c pads to it). */
+int64_t shard_row(const Graph *g, const Unit *u);
 
 /* The dim a tensor-parallel parameter is split along over tp, or -1. */
 int shard_tp_dim(const Graph *g, const Value *p);

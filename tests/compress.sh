@@ -57,6 +57,25 @@
 #     buckets keep their one all_reduce, unflagged; its dumps read back give
 #     the direct step file (block compress= in the IR). compress powersgd in
 #     a block when train's is none is an error, compress none a warning.
+#   hybrid: hybrid_shard at 4 ranks (dp_replicate=2 x dp_shard=2), each
+#     block's chunk of its dp_shard cut compressed as a matrix of whole rows
+#     [c/m, m] on the dp_replicate axis (passes/compress.c, passes/layout.c).
+#     The IR: the P and Q all_reduces on dp_replicate alone, the
+#     reduce_scatters on dp_shard the plain run's line for line. --stats:
+#     4 r sum over blocks (ceil((n+1)/2) + m) bytes (the chunk's rows: the
+#     block's n weight rows and its bias row cut in two, padded to whole rows)
+#     and the plain line 4 x the chunks' elements. rank = min(rows, m) on fc1
+#     (393 x 256) and head (51 x 10), fc2 and fc3 `compress none`, from step 0,
+#     reproduces plain hybrid_shard over 6 steps within rtol 1e-5, the
+#     full-rank case's bound (measured 2.7e-8): P spans each chunk's column
+#     space, so P Q^T is the summed chunk up to f32 rounding. Not fc2 and fc3
+#     at full rank: their chunks (129 x 128, 65 x 100) hold fewer non-zero rows
+#     than r (rows of dead relu inputs are exactly zero), so Gram-Schmidt
+#     runs out of directions and normalises rounding noise into columns that
+#     are not orthogonal (measured: the grad norm 5 % off at step 1; a
+#     limitation of the orthogonalisation, not of the rewrite; DDP's [256,
+#     128] fc2 has enough rows). rank 4 on every block differs from plain
+#     (told apart at 2e-4) and trains (the loss falls over the 6 steps).
 #   errors: compress with zero2, full_shard, reduce_dtype bf16; a bad
 #     argument.
 set -u
@@ -243,6 +262,54 @@ if case_on "round trip"; then
 	fi
 fi
 
+if case_on hybrid; then
+	sed -e 's/^  strategy ddp/  strategy hybrid_shard/' -e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' \
+		models/mlp.dp >"$T/hs.dp"
+	sed -e 's/^  block fc[23] {/&\n    compress none/' "$T/hs.dp" >"$T/hsf.dp"
+	HLOW='train.compress=powersgd(rank=4,start_step=0)'
+	hl() { # hl NAME DP [SET]: 6 steps at 4 ranks
+		"$DPC" "$2" --world-size 4 ${3:+--set "$3"} -o "$T/$1.bin" 2>/dev/null &&
+			mpi 4 "$T/$1.bin" --steps 6 --no-eval --quiet --losses "$T/$1.dp" >"$T/$1.log" 2>&1 ||
+			{ fail "hybrid: $1"; cat "$T/$1.log"; }
+	}
+	hl hplain "$T/hs.dp" && hl hlow "$T/hs.dp" "$HLOW" &&
+		hl hfull "$T/hsf.dp" 'train.compress=powersgd(rank=256,start_step=0,min_compression_rate=0.5)'
+	"$DPC" "$T/hs.dp" --world-size 4 --dump-after=schedule >"$T/hplain.ir" 2>/dev/null
+	"$DPC" "$T/hs.dp" --world-size 4 --set "$HLOW" --dump-after=schedule --stats \
+		>"$T/hlow.ir" 2>/dev/null
+	pq=$(grep -cE '^%powersgd\.[pq]\.r[0-9]+ = all_reduce axes=dp_replicate ' "$T/hlow.ir")
+	other=$(grep -E '^%powersgd\.[pq]\.r[0-9]+ = all_reduce' "$T/hlow.ir" | grep -vc 'axes=dp_replicate ')
+	rs() { grep -E '^%[a-z0-9]+\.rs = reduce_scatter' "$1" | sed 's/ *#.*//'; }
+	if [ "$pq" -eq 8 ] && [ "$other" -eq 0 ] && [ -n "$(rs "$T/hplain.ir")" ] &&
+		[ "$(rs "$T/hplain.ir")" = "$(rs "$T/hlow.ir")" ]; then
+		ok "hybrid: 8 P/Q all_reduces, on dp_replicate only; the dp_shard reduce_scatters unchanged"
+	else
+		fail "hybrid: the IR's P/Q all_reduces ($pq on dp_replicate, $other elsewhere)"
+	fi
+	# [784,256] [256,128] [128,100] [100,10] with their biases: rows ceil((n+1)/2)
+	comp=$(( 4 * 4 * ((393 + 256) + (129 + 128) + (65 + 100) + (51 + 10)) ))
+	all=$(( 4 * (393 * 256 + 129 * 128 + 65 * 100 + 51 * 10) ))
+	if grep -qE "^all_reduce +dp_replicate .* ${comp} \(.* ${comp} \(" "$T/hlow.ir" &&
+		grep -qE "^\(powersgd from step 0; before it all_reduce\) +${all} \(" "$T/hlow.ir"; then
+		ok "hybrid: --stats' dp_replicate all_reduce $comp bytes = 16 sum (rows + m), plain $all"
+	else
+		fail "hybrid: --stats: want $comp compressed and $all plain bytes"
+		grep -E "^all_reduce|^\(powersgd" "$T/hlow.ir"
+	fi
+	if [ -s "$T/hfull.dp" ] && [ -s "$T/hplain.dp" ]; then
+		check "hybrid: rank min(n, m) on fc1 and head reproduces plain hybrid_shard (6 losses, rtol 1e-5)" \
+			$PY tests/compare.py losses "$T/hfull.dp" "$T/hplain.dp" --rtol 1e-5 --atol 0
+	fi
+	if [ -s "$T/hlow.dp" ] && [ -s "$T/hplain.dp" ]; then
+		told_apart "hybrid: rank 4 is told apart from plain hybrid_shard" "$T/hlow.dp" "$T/hplain.dp"
+		if awk '/^#/ {next} !n++ {a=$2} END{exit !($2 < a)}' "$T/hlow.dp"; then
+			ok "hybrid: rank 4 trains ($(awk '/^#/ {next} !n++ {a=$2} END{print a " -> " $2}' "$T/hlow.dp"))"
+		else
+			fail "hybrid: rank 4's loss does not fall"; cat "$T/hlow.dp"
+		fi
+	fi
+fi
+
 if case_on errors; then
 	sed 's/^  strategy ddp/  strategy zero2/' models/mlp.dp >"$T/z2.dp"
 	expect "errors: zero2" "needs every block ddp" "$DPC" "$T/z2.dp" --world-size 2 \
@@ -250,6 +317,10 @@ if case_on errors; then
 	sed 's/^  strategy ddp/  strategy full_shard/' models/mlp.dp >"$T/fs.dp"
 	expect "errors: full_shard" "needs every block ddp" "$DPC" "$T/fs.dp" --world-size 2 \
 		--set "$PSGD" -o "$T/x.bin"
+	sed -e 's/^  strategy ddp/  strategy hybrid_shard/' -e 's/^  block fc1 {/&\n    strategy ddp/' \
+		models/mlp.dp >"$T/mix2.dp"
+	expect "errors: ddp and hybrid_shard blocks" "the blocks mix the two" "$DPC" "$T/mix2.dp" \
+		--world-size 4 --set "$PSGD" -o "$T/x.bin"
 	expect "errors: reduce_dtype bf16" "needs f32 gradients" "$DPC" models/mlp.dp --world-size 2 \
 		--precision bf16 --set train.reduce_dtype=bf16 --set "$PSGD" -o "$T/x.bin"
 	expect "errors: a bad rank" "rank" "$DPC" models/mlp.dp --world-size 2 \
