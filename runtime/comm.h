@@ -43,9 +43,11 @@ typedef struct {
 	const char *name;
 	/* Elements of dtype dt (f32 or bf16: a bf16 sum adds in f32 and rounds
 	 * each partial sum to nearest even). */
-	/* buf[0..n) summed in place over the group of `axes`. */
-	int (*all_reduce_start)(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
-				int64_t *ticket, RtErr *e);
+	/* buf[0..n) summed in place over the group of `axes`; with stages != 0
+	 * (ALL_REDUCE's `stages`, axes with pp) only over the ranks of those pp
+	 * stages (bit k: stage k), a sub-group comm_mpi_init made. */
+	int (*all_reduce_start)(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, void *buf,
+				int64_t n, int64_t *ticket, RtErr *e);
 	/* in[0..nout*group) summed over the group; this rank gets its block of nout. */
 	int (*reduce_scatter_start)(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
 				    int64_t nout, int64_t *ticket, RtErr *e);
@@ -86,6 +88,12 @@ struct Comm {
 
 /* Number of ranks in this rank's group for an axis mask (1 for mask 0). */
 int comm_group_size(const Comm *c, unsigned axes);
+/* A sub-group of the pp axis: the group of `axes` (which has pp) restricted
+ * to the ranks of the pp stages in `stages` (bit k: stage k). */
+typedef struct {
+	unsigned axes;
+	uint64_t stages;
+} CommGroup;
 /* This rank's index in its group for an axis mask, in [0, comm_group_size):
  * the row-major index of its coordinates on the masked axes (outermost axis
  * first), which is the order of the group's communicator (MPI_Comm_split with
@@ -96,9 +104,12 @@ int comm_group_rank(const Comm *c, unsigned axes);
 void comm_coords(const uint32_t mesh[DP_MAX_AXES], int rank, int coord[DP_MAX_AXES]);
 
 /* MPI backend. MPI must be initialised. `masks` is a bit set over axis masks
- * (bit m set: the step uses a collective over axis mask m); every rank must
- * pass the same value. The data-parallel mask is always created. */
-int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, RtErr *e);
+ * (bit m set: the step uses a collective over axis mask m), and groups[0..ngroups)
+ * the sub-groups of pp stages it uses (exec_comm_groups); every rank must
+ * pass the same values (MPI_Comm_split is collective). The data-parallel
+ * mask is always created. */
+int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks,
+		  const CommGroup *groups, int ngroups, RtErr *e);
 
 /* The data-parallel axes: gradients and losses are summed over these. */
 #define COMM_DP_AXES (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))

@@ -829,10 +829,11 @@ int main(int argc, char **argv)
 		put32(t + 8, 0);
 		rc = dec(t, len, err, sizeof err, &inv);
 		check(rc != 0 && strstr(err, "not supported"), "older version: '%s'", err);
-		put32(t + 8, DP_STEP_VERSION - 1); /* the previous version */
+		put32(t + 8, DP_STEP_VERSION_MIN - 1); /* the one before the oldest read */
 		rc = dec(t, len, err, sizeof err, &inv);
 		snprintf(want, sizeof want, "step file format version %u is not supported (this "
-			 "dpexec reads %u); recompile with dpc", DP_STEP_VERSION - 1, DP_STEP_VERSION);
+			 "dpexec reads %u to %u); recompile with dpc", DP_STEP_VERSION_MIN - 1,
+			 DP_STEP_VERSION_MIN, DP_STEP_VERSION);
 		check(rc != 0 && strstr(err, want), "previous version: '%s'", err);
 		put32(t + 8, DP_STEP_VERSION);
 		t[len - 1] ^= 1;

@@ -657,6 +657,25 @@ static int check_shards(const DpStep *s, RtErr *e)
 	return 0;
 }
 
+/* An all_reduce over a sub-group of the pipeline stages (ALL_REDUCE's
+ * `stages`: a tied parameter kept on the stages that read it) has no NCCL
+ * communicator here yet (comm_nccl.c splits per axis mask only): refused at
+ * load in one line, never run over the whole pp axis, where the other
+ * stages would not join it. */
+static int check_stage_groups(const DpStep *s, RtErr *e)
+{
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages))
+				return RT_FAIL(e, "step file: %s program instruction %u: all_reduce of '%s' "
+					       "over a sub-group of the pipeline stages is not supported on "
+					       "CUDA yet; run with --device cpu", dp_prog_names[p], i,
+					       tname(s, in->out));
+		}
+	return 0;
+}
+
 /* Where the .dp file asked for a 16-bit dtype (cfg.half_line, dpc's record),
  * as a compile error would name it, or what dpc's flag asked for. */
 static void half_where(const DpStep *s, const char *prec, char *where, size_t len)
@@ -716,6 +735,7 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 	if (cu_kernel_table.err[0])
 		return RT_FAIL(e, "internal error: the CUDA kernel table: %s", cu_kernel_table.err);
 	RT_CHECK(check_shards(s, e));
+	RT_CHECK(check_stage_groups(s, e));
 	CU(cudaGetDeviceCount(&ndev));
 	if (ndev < 1)
 		return RT_FAIL(e, "no CUDA device is visible");
