@@ -73,6 +73,10 @@
 #             for it) is the verifier's deadlock
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   tied-pp4  gpt2-tiny at pp=4: the tied wte held only by stages 0 and 3
+#             (--stats' held: params each stage's own), its gradient summed
+#             by an all_reduce over stages=0,3; gpt-pp4's checkpoint loaded at
+#             1 rank and at pp=2, parameters bit for bit
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
 #   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
