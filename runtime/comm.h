@@ -94,6 +94,35 @@ typedef struct {
 	unsigned axes;
 	uint64_t stages;
 } CommGroup;
+
+/* At most this many sub-groups of pp stages per step (one per tied set). */
+#define COMM_MAX_GROUPS 16
+
+/* The sub-groups of pp stages the step's all_reduces use (`stages`), each
+ * once, in program order, into groups[0..cap): their number, -1 when more
+ * than cap. The same list on every rank: the MPI and NCCL splits match.
+ * (Inline: dpexec and the CUDA backend's library both read it.) */
+static inline int comm_step_groups(const DpStep *s, CommGroup *groups, int cap)
+{
+	int n = 0;
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			uint64_t set = in->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(in, ALL_REDUCE, stages) : 0;
+			if (!set)
+				continue;
+			CommGroup gr = {(unsigned)DP_AXES(in), set};
+			int k = 0;
+			while (k < n && !(groups[k].axes == gr.axes && groups[k].stages == gr.stages))
+				k++;
+			if (k < n)
+				continue;
+			if (n == cap)
+				return -1;
+			groups[n++] = gr;
+		}
+	return n;
+}
 /* This rank's index in its group for an axis mask, in [0, comm_group_size):
  * the row-major index of its coordinates on the masked axes (outermost axis
  * first), which is the order of the group's communicator (MPI_Comm_split with

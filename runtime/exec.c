@@ -48,27 +48,6 @@ uint32_t exec_comm_masks(const DpStep *s)
 	return m;
 }
 
-int exec_comm_groups(const DpStep *s, CommGroup *groups, int cap)
-{
-	int n = 0;
-	for (int p = 0; p < DP_NPROG; p++)
-		for (uint32_t i = 0; i < s->nprog[p]; i++) {
-			const DpInstr *in = &s->prog[p][i];
-			uint64_t set = in->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(in, ALL_REDUCE, stages) : 0;
-			if (!set)
-				continue;
-			CommGroup gr = {(unsigned)DP_AXES(in), set};
-			int k = 0;
-			while (k < n && !(groups[k].axes == gr.axes && groups[k].stages == gr.stages))
-				k++;
-			if (k == n && n < cap)
-				groups[n++] = gr;
-			else if (k == n)
-				return -1;
-		}
-	return n;
-}
-
 int exec_check_instr(const DpStep *s, const Comm *comm, int p, uint32_t i, RtErr *e)
 {
 	const DpInstr *in = &s->prog[p][i];

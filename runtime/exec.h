@@ -144,11 +144,7 @@ int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in,
 double exec_lr(const DpStep *s, uint64_t k);
 /* Axis masks the step's collectives use (bit m for mask m), for comm init. */
 uint32_t exec_comm_masks(const DpStep *s);
-/* The sub-groups of pp stages the step's all_reduces use (`stages`), each
- * once, in program order, into groups[0..cap): their number, -1 when more
- * than cap. */
-#define EXEC_MAX_GROUPS 16
-int exec_comm_groups(const DpStep *s, CommGroup *groups, int cap);
+
 /* Check every instruction against the tensor table, the mesh and the
  * backend `ops`, then initialise the backend (its arena, zeroed, with every
  * tensor pointed into it). */
