@@ -427,6 +427,17 @@ typedef struct {
 	int n, next;
 } StageOps;
 
+/* "0,3": a set of pipeline stages, into buf. */
+static const char *stages_text(uint64_t set, char *buf, size_t len)
+{
+	size_t at = 0;
+	buf[0] = 0;
+	for (int k = 0; k < 64 && at + 4 < len; k++)
+		if (set >> k & 1)
+			at += (size_t)snprintf(buf + at, len - at, "%s%d", at ? "," : "", k);
+	return buf;
+}
+
 /* The sub-group of pp stages an all_reduce spans (bit k: stage k; each of
  * them runs its own copy: passes/stage_params.c's tied range), else 0. */
 static uint64_t stage_group(const Node *n)
@@ -541,6 +552,20 @@ static void check_pipeline_order(Verifier *vf, unsigned prog, int last)
 			continue;
 		const Node *n = st[s].op[st[s].next];
 		int peer = n->op == DP_OP_SEND || n->op == DP_OP_RECV ? (int)DP_PEER(n) : -1;
+		uint64_t set = stage_group(n);
+		for (int t = 0; t < p && t < 64 && set && peer < 0; t++) /* the stage of the group
+									   not at its copy */
+			if (t != s && set >> t & 1 &&
+			    !(st[t].next < st[t].n && stage_group(st[t].op[st[t].next]) == set))
+				peer = t;
+		if (set && peer >= 0) {
+			char sets[256];
+			report(vf, "%s program: stage %d's %s over stages %s (node %d, %%%s) meets no copy of "
+			       "it on stage %d%s", pname, s, dp_op_names[n->op], stages_text(set, sets, sizeof sets), n->id,
+			       vname(g, n->out), peer,
+			       st[peer].next < st[peer].n ? ", which waits at another transfer" : "");
+			break;
+		}
 		const Node *m = peer >= 0 && peer < p && st[peer].next < st[peer].n
 					? st[peer].op[st[peer].next] : NULL;
 		if (m)

@@ -76,7 +76,8 @@
 #   tied-pp4  gpt2-tiny at pp=4: the tied wte held only by stages 0 and 3
 #             (--stats' held: params each stage's own), its gradient summed
 #             by an all_reduce over stages=0,3; gpt-pp4's checkpoint loaded at
-#             1 rank and at pp=2, parameters bit for bit
+#             1 rank and at pp=2, parameters bit for bit; its IR with the
+#             stage 3 copy of that all_reduce deleted is the verifier's error
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
 #   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
@@ -345,6 +346,20 @@ if case_on tied-pp4; then
 		ok "$what"
 	else
 		fail "$what"
+	fi
+	# hand-broken: stage 3's copy of the sub-group's all_reduce removed, the
+	# verifier names the stage that never joins (no step file, no hang)
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp4.dp --world-size 4 --dump-after=stage_params, its stage=3 copy deleted, --from-ir"
+	"$DPC" "$T/gpt-pp4.dp" --world-size 4 --dump-after=stage_params >"$T/pp4sp.ir" 2>/dev/null
+	awk '/ stages=0,3 .* stage=3 / && !done {done = 1; next} {print}' "$T/pp4sp.ir" >"$T/pp4bad.ir"
+	"$DPC" --from-ir "$T/pp4bad.ir" --passes all -o "$T/pp4bad.bin" >"$T/pp4bad.out" 2>&1
+	rc=$?
+	if [ $rc = 1 ] && [ ! -e "$T/pp4bad.bin" ] && ! cmp -s "$T/pp4sp.ir" "$T/pp4bad.ir" &&
+		grep -q "stage 0's all_reduce over stages 0,3 (node [0-9]*, %bucket.r[0-9]*) meets no copy of it on stage 3" "$T/pp4bad.out"; then
+		ok "a sub-group all_reduce without its stage 3 copy is the verifier's error ($(grep -o "stage 0's all_reduce.*" "$T/pp4bad.out"))"
+	else
+		head -n 5 "$T/pp4bad.out"
+		fail "a sub-group all_reduce without its stage 3 copy (exit $rc) is the verifier's error"
 	fi
 	REPRO="dpexec gpt2-tiny pp=4 10 steps --save-dir, loaded at 1 rank and at pp=2"
 	if need gpt-pp4 && "$DPC" "$T/gpt.dp" --world-size 1 -o "$T/t1.bin" 2>/dev/null &&
