@@ -236,11 +236,22 @@ static void put_instr(Put *w, const DpInstr *in)
 
 /* The step file's bytes into b, n bytes long: 0 when they fill it exactly;
  * -1 when they do not (nothing is written past b + n). */
+/* The format a step is written at: 20 when an ALL_REDUCE names a sub-group
+ * of pp stages, else 19 (DP_STEP_VERSION's note). */
+uint32_t dp_step_version(const DpStep *s)
+{
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++)
+			if (s->prog[p][i].op == DP_OP_ALL_REDUCE && DP_ATTR(&s->prog[p][i], ALL_REDUCE, stages))
+				return DP_STEP_VERSION;
+	return DP_STEP_VERSION_MIN;
+}
+
 static int encode_into(const DpStep *s, unsigned char *b, size_t n)
 {
 	Put w = {b, b + n, 0};
 	put_bytes(&w, DP_STEP_MAGIC, 8);
-	put_u32(&w, DP_STEP_VERSION);
+	put_u32(&w, dp_step_version(s));
 	put_u32(&w, 0); /* crc, patched below */
 	put_u64(&w, n);
 
@@ -734,6 +745,19 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 			return misplaced(what, "the step, eval and export programs", err, errlen);
 		if (check_mask(in, what, err, errlen) || check_same_float(s, in, what, err, errlen))
 			return -1;
+		/* a sub-group of pp stages: two or more of the mesh's, over pp, run by
+		 * one of them (each runs its own copy) */
+		if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages)) {
+			uint64_t set = (uint64_t)DP_ATTR(in, ALL_REDUCE, stages);
+			uint32_t npp = s->cfg.mesh[DP_AXIS_PP];
+			if (npp > 64 || (npp < 64 && set >> npp) || !(set & (set - 1)) ||
+			    !(DP_AXES(in) & DP_AXIS_BIT(DP_AXIS_PP)) || stage < 0 || !(set >> stage & 1)) {
+				fail(err, errlen, "%s: stages 0x%llx is not a group of two or more of the "
+				     "%u pipeline stages over pp that holds the instruction's stage %d",
+				     what, (unsigned long long)set, npp, stage);
+				return -1;
+			}
+		}
 		break;
 	case DP_OP_INIT:
 		if (p != DP_PROG_INIT)
@@ -933,9 +957,9 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 		     version, DP_STEP_VERSION);
 		return -1;
 	}
-	if (version < DP_STEP_VERSION) {
-		fail(err, errlen, "step file format version %u is not supported (this dpexec reads %u); recompile with dpc",
-		     version, DP_STEP_VERSION);
+	if (version < DP_STEP_VERSION_MIN) {
+		fail(err, errlen, "step file format version %u is not supported (this dpexec reads %u to %u); recompile with dpc",
+		     version, DP_STEP_VERSION_MIN, DP_STEP_VERSION);
 		return -1;
 	}
 	uint32_t crc_file = get_u32(&r);
@@ -1022,6 +1046,11 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	}
 	if (validate(s, err, errlen))
 		goto bad;
+	if (dp_step_version(s) > version) {
+		fail(err, errlen, "malformed: format %u has no pipeline stage groups, and an all_reduce "
+		     "names one", version);
+		goto bad;
+	}
 	return 0;
 
 truncated:

@@ -57,8 +57,16 @@
  * 18: a tensor's row stride (DpTensor.ld): the classifier's logits and their
  *    gradient padded to a multiple of pad_vocab (passes/padvocab.c)
  * 19: the copy stream (DP_STREAM_COPY): offload's H2Ds of the updated
- *    16-bit shards, at the top of the programs that gather them */
-#define DP_STEP_VERSION 19u
+ *    16-bit shards, at the top of the programs that gather them
+ * 20: ALL_REDUCE's `stages`, a sub-group of the pp axis (a parameter kept on
+ *    the stages that read it, passes/stage_params.c). A file that names no
+ *    such group is written at 19, byte for byte what dpc wrote before (its
+ *    contents mean the same to both); one that does at 20, which an older
+ *    dpexec refuses in one line (a newer format) instead of running a
+ *    collective its ranks would not all join */
+#define DP_STEP_VERSION 20u
+/* The oldest format this dpexec reads and dpc still writes (see 20 above). */
+#define DP_STEP_VERSION_MIN 19u
 /* The release of dpc and dpexec (their --version). */
 #define DP_VERSION "0.1.0"
 #define DP_STEP_HEADER_BYTES 24
@@ -312,6 +320,7 @@ typedef enum {
 #define AKEEP(name, slot, ...) (DP_AT_I_, name, slot)
 #define AINDEX(name, slot, ...) (DP_AT_I_, name, slot)
 #define AAXES(name, slot) (DP_AT_I_, name, slot)
+#define ASTAGES(name, slot) (DP_AT_I_, name, slot)
 #define AFLOAT(name, slot, ...) (DP_AT_F_, name, slot)
 #define ASCALAR(name, slot, ...) (DP_AT_F_, name, slot)
 #define DP_AT_I_(iprefix, fprefix) iprefix
@@ -347,6 +356,7 @@ enum {
 #undef AKEEP
 #undef AINDEX
 #undef AAXES
+#undef ASTAGES
 #undef AFLOAT
 #undef ASCALAR
 
@@ -795,6 +805,8 @@ const char *dp_name(const char *const *names, unsigned n, unsigned i);
 
 /* Serialise s (header, checksum and all) into a malloc'd buffer. 0 or -1 (no memory). */
 int dpstep_encode(const DpStep *s, unsigned char **buf, size_t *len);
+/* The format version s is written at (DP_STEP_VERSION_MIN or DP_STEP_VERSION). */
+uint32_t dp_step_version(const DpStep *s);
 /* Parse and validate buf. 0, or -1 with a one-line reason in err; out is then empty. */
 int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, size_t errlen);
 /* Write through util/outfile.h: atomically (PATH.dptmp, fsync, rename) onto a

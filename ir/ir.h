@@ -450,6 +450,7 @@ typedef enum {
 	IR_ATTR_INT,    /* integer: name=V when non-zero */
 	IR_ATTR_ALWAYS, /* integer: name=V always (event ids, source index: 0 is meaningful) */
 	IR_ATTR_AXES,   /* integer axis mask, name=dp_replicate,dp_shard when non-zero */
+	IR_ATTR_STAGES, /* integer set of pipeline stages (bit k), name=0,3 when non-zero */
 	IR_ATTR_FLOAT,  /* float: name=V when non-zero */
 } IrAttrStyle;
 

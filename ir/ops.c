@@ -249,6 +249,7 @@ void ir_cost_orthogonalize(const Graph *g, const Node *n, double *flops, double 
 	{.name = #n, .style = IR_ATTR_ALWAYS, .slot = (i), .key = (k), .required = (req),  \
 	 .min = (lo), .below = (lim)}
 #define AAXES(n, i) {.name = #n, .style = IR_ATTR_AXES, .slot = (i), .below = -1}
+#define ASTAGES(n, i) {.name = #n, .style = IR_ATTR_STAGES, .slot = (i), .below = -1}
 #define AFLOAT(n, i, k, dflt, above)                                                        \
 	{.name = #n, .style = IR_ATTR_FLOAT, .slot = (i), .key = (k), .def = (dflt),       \
 	 .min = (above), .below = -1}

@@ -260,6 +260,17 @@ static void put_axes(Buf *b, uint64_t mask)
 		}
 }
 
+/* A set of pipeline stages: 0,3 (bit k: stage k). */
+static void put_stages(Buf *b, uint64_t set)
+{
+	int first = 1;
+	for (int k = 0; k < 64; k++)
+		if (set >> k & 1) {
+			bprintf(b, "%s%d", first ? "" : ",", k);
+			first = 0;
+		}
+}
+
 /* place(dp_shard: shard0, tp: partial), only for axes that are not replicated. */
 static void put_place(Buf *b, const Value *v)
 {
@@ -633,6 +644,9 @@ static void collective_comment(Buf *b, const Graph *g, const Node *n)
 	for (int a = 0; a < DP_MAX_AXES; a++)
 		if ((uint64_t)DP_AXES(n) & DP_AXIS_BIT(a))
 			ranks *= g->cfg.mesh[a];
+	uint64_t set = n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
+	if (set && g->cfg.mesh[DP_AXIS_PP] > 0) /* a sub-group of the pp stages */
+		ranks = ranks / g->cfg.mesh[DP_AXIS_PP] * __builtin_popcountll(set);
 	double factor = ranks <= 1 ? 0 : (ranks - 1) / ranks;
 	if (n->op == DP_OP_ALL_REDUCE || n->op == DP_OP_TP_REDUCE)
 		factor *= 2;
@@ -665,6 +679,9 @@ static void op_attrs(Buf *b, const Node *n)
 				bprintf(b, "%" PRId64, x);
 			else
 				put_axes(b, (uint64_t)x);
+		} else if (a->style == IR_ATTR_STAGES) {
+			bprintf(b, " %s=", a->name);
+			put_stages(b, (uint64_t)x);
 		} else
 			bprintf(b, " %s=%" PRId64, a->name, x);
 	}

@@ -672,6 +672,26 @@ static int parse_axes(Reader *r, int64_t *mask)
 	}
 }
 
+/* A set of pipeline stages: 0,3 (bit k: stage k), each below 64. */
+static int parse_stages(Reader *r, int64_t *set)
+{
+	uint64_t m = 0;
+	for (;;) {
+		const Tok *t = next(r);
+		int64_t k;
+		if (parse_i64(r, t, &k) < 0)
+			return -1;
+		if (k < 0 || k > 63)
+			return fail_tok(r, t, "a pipeline stage is 0 to 63");
+		m |= (uint64_t)1 << k;
+		if (!is_punct(peek(r), ","))
+			break;
+		next(r);
+	}
+	*set = (int64_t)m;
+	return 0;
+}
+
 /* ---- directives ---- */
 
 /* The value of a precision key: f32, bf16 or f16, or -1 after reporting. */
@@ -1157,6 +1177,8 @@ static int parse_node_attrs(Reader *r, Node *n)
 			rc = parse_float(r, next(r), &IR_FATTR(n, an));
 		} else if (an && an->style == IR_ATTR_AXES) {
 			rc = parse_axes(r, &IR_ATTR(n, an));
+		} else if (an && an->style == IR_ATTR_STAGES) {
+			rc = parse_stages(r, &IR_ATTR(n, an));
 		} else if (an) {
 			rc = parse_i64(r, next(r), &IR_ATTR(n, an));
 		} else if ((gi = generic_attr(t->text, "ia", DP_NIATTR)) >= 0) {

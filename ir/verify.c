@@ -40,10 +40,12 @@
  *  - pipeline stages (pp > 1): a node's stage in range, in any program but
  *    the sample one (INIT and EXPORT: a stage's own parameters,
  *    passes/stage_params.c); a send or recv on a stage with a neighbouring peer
- *    over axes=pp; and each program's transfers run to the end when every
- *    stage runs its own in order, each send waiting for its recv and a
- *    collective over pp for every stage: a send meets the recv of its tag
- *    and size,
+ *    over axes=pp; an all_reduce over a sub-group of the stages (`stages`)
+ *    over pp, on one of them; and each program's transfers run to the end
+ *    when every stage runs its own in order, each send waiting for its recv
+ *    and a collective over pp for every stage (over a sub-group: for each of
+ *    its stages at its own copy, of the same group and size): a send meets
+ *    the recv of its tag and size,
  *    and a deadlock is an error naming the two nodes that wait for each
  *    other (check_pipeline_order).
  *  - buckets: view and members in range, every member inside the view,
@@ -373,6 +375,11 @@ static void check_node(Verifier *vf, const Node *n)
 	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & IR_IN_SAMPLE)))
 		node_error(vf, n, "stage %d: stages are 0 to %d, outside the sample program", n->stage,
 			   pp - 1);
+	uint64_t set = n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
+	if (set && (pp > 64 || (pp < 64 && set >> pp) || !(set & (set - 1)) || n->stage < 0 ||
+		    !(set >> n->stage & 1) || !(DP_AXES(n) & DP_AXIS_BIT(DP_AXIS_PP))))
+		node_error(vf, n, "stages: a sub-group of two or more of the %d pipeline stages, over "
+			   "pp, one of which runs the node (stage %d)", pp, n->stage);
 	/* interleaved: a node's virtual stage is on its rank; the stages are a
 	 * ring (the last of a round, on rank pp-1, sends to rank 0) */
 	if (n->chunk != -1 && (nv == 1 || n->chunk < 0 || n->chunk >= pp * nv ||
@@ -420,15 +427,36 @@ typedef struct {
 	int n, next;
 } StageOps;
 
-/* Does this node take part in the pipeline's matching: a send, a recv, or a
- * collective every stage runs over pp (it waits for all of them)? */
+/* "0,3": a set of pipeline stages, into buf. */
+static const char *stages_text(uint64_t set, char *buf, size_t len)
+{
+	size_t at = 0;
+	buf[0] = 0;
+	for (int k = 0; k < 64 && at + 4 < len; k++)
+		if (set >> k & 1)
+			at += (size_t)snprintf(buf + at, len - at, "%s%d", at ? "," : "", k);
+	return buf;
+}
+
+/* The sub-group of pp stages an all_reduce spans (bit k: stage k; each of
+ * them runs its own copy: passes/stage_params.c's tied range), else 0. */
+static uint64_t stage_group(const Node *n)
+{
+	return n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
+}
+
+/* Does this node take part in the pipeline's matching: a send, a recv, a
+ * collective every stage runs over pp (it waits for all of them), or one
+ * over a sub-group of the stages (it waits for each stage of it at its own
+ * copy)? */
 static int pipeline_sync(const Node *n, unsigned prog, int last)
 {
 	if (!(n->progs & prog) || ((n->flags & DP_IF_LAST) && !last))
 		return 0;
 	if (n->op == DP_OP_SEND || n->op == DP_OP_RECV)
 		return 1;
-	return dp_is_collective(n->op) && n->stage < 0 && (DP_AXES(n) & DP_AXIS_BIT(DP_AXIS_PP));
+	return dp_is_collective(n->op) && (DP_AXES(n) & DP_AXIS_BIT(DP_AXIS_PP)) &&
+	       (n->stage < 0 || stage_group(n));
 }
 
 static int64_t moved_bytes(const Graph *g, const Node *n)
@@ -499,13 +527,22 @@ static void check_pipeline_order(Verifier *vf, unsigned prog, int last)
 				progress = 1;
 				continue;
 			}
-			/* a collective over pp: every stage at it */
+			/* a collective over pp: every stage at it; over a sub-group of the
+			 * stages: each of them at its copy (the same op, group and bytes) */
+			uint64_t set = stage_group(n);
 			int all_at = 1;
-			for (int t = 0; t < p && all_at; t++)
-				all_at = st[t].next < st[t].n && st[t].op[st[t].next] == n;
+			for (int t = 0; t < p && all_at; t++) {
+				if (set && (t >= 64 || !(set >> t & 1)))
+					continue;
+				const Node *m = st[t].next < st[t].n ? st[t].op[st[t].next] : NULL;
+				all_at = set ? m && m->op == n->op && stage_group(m) == set &&
+						       moved_bytes(g, m) == moved_bytes(g, n)
+					     : m == n;
+			}
 			if (all_at) {
 				for (int t = 0; t < p; t++)
-					st[t].next++;
+					if (!set || (t < 64 && set >> t & 1))
+						st[t].next++;
 				progress = 1;
 			}
 		}
@@ -515,6 +552,20 @@ static void check_pipeline_order(Verifier *vf, unsigned prog, int last)
 			continue;
 		const Node *n = st[s].op[st[s].next];
 		int peer = n->op == DP_OP_SEND || n->op == DP_OP_RECV ? (int)DP_PEER(n) : -1;
+		uint64_t set = stage_group(n);
+		for (int t = 0; t < p && t < 64 && set && peer < 0; t++) /* the stage of the group
+									   not at its copy */
+			if (t != s && set >> t & 1 &&
+			    !(st[t].next < st[t].n && stage_group(st[t].op[st[t].next]) == set))
+				peer = t;
+		if (set && peer >= 0) {
+			char sets[256];
+			report(vf, "%s program: stage %d's %s over stages %s (node %d, %%%s) meets no copy of "
+			       "it on stage %d%s", pname, s, dp_op_names[n->op], stages_text(set, sets, sizeof sets), n->id,
+			       vname(g, n->out), peer,
+			       st[peer].next < st[peer].n ? ", which waits at another transfer" : "");
+			break;
+		}
 		const Node *m = peer >= 0 && peer < p && st[peer].next < st[peer].n
 					? st[peer].op[st[peer].next] : NULL;
 		if (m)

@@ -327,17 +327,19 @@ static Temp *temp_spans(const Graph *g, int *ntemps, Temp ***temp_of_out)
 	return temps;
 }
 
-/* Per value: the one pipeline stage whose nodes touch the persistent
- * parameter, gradient, flat or optimizer-state root (passes/stage_params.c's
- * parts), else -1 (every rank: touched by a node of every rank or of two
- * stages, by none, or another kind). */
-int *mem_persistent_stages(const Graph *g)
+/* Per value: the set of pipeline stages (bit k: stage k) whose nodes touch
+ * the persistent parameter, gradient, flat or optimizer-state root: one
+ * stage for passes/stage_params.c's parts, the stages that read a tied
+ * parameter for the tied range; else 0 (every rank: touched by a node of
+ * every rank, by none, or another kind; pp > 64). */
+uint64_t *mem_persistent_stages(const Graph *g)
 {
-	int *stage = malloc(((size_t)g->nvalues + 1) * sizeof *stage);
-	if (!stage)
+	uint64_t *set = malloc(((size_t)g->nvalues + 1) * sizeof *set);
+	char *every = calloc((size_t)g->nvalues + 1, 1);
+	if (!set || !every)
 		die("out of memory");
 	for (int v = 0; v < g->nvalues; v++)
-		stage[v] = -2; /* untouched so far */
+		set[v] = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		for (int k = -1; k < n->nin; k++) {
@@ -345,15 +347,19 @@ int *mem_persistent_stages(const Graph *g)
 			if (v < 0)
 				continue;
 			int r = ir_root(g, g->values[v])->id;
-			stage[r] = stage[r] == -2 || stage[r] == n->stage ? n->stage : -1;
+			if (n->stage < 0 || n->stage >= 64)
+				every[r] = 1;
+			else
+				set[r] |= (uint64_t)1 << n->stage;
 		}
 	}
 	for (int v = 0; v < g->nvalues; v++) {
 		int rank = persistent_rank(g->values[v]);
-		if (stage[v] < 0 || rank < 0 || rank > 3)
-			stage[v] = -1;
+		if (every[v] || rank < 0 || rank > 3)
+			set[v] = 0;
 	}
-	return stage;
+	free(every);
+	return set;
 }
 
 int mem_run(Graph *g, Diag *d)
@@ -361,17 +367,18 @@ int mem_run(Graph *g, Diag *d)
 	(void)d;
 	int nv = g->nvalues, p = (int)g->cfg.mesh[DP_AXIS_PP];
 	int64_t off = 0, host = 0;
-	int *stage = mem_persistent_stages(g);
+	uint64_t *stage = mem_persistent_stages(g);
 	int64_t *at_stage = calloc((size_t)p + 1, sizeof *at_stage);
 	if (!at_stage)
 		die("out of memory");
 	/* Persistent roots, by rank then value id; host ones in the host arena;
-	 * then those of one pipeline stage, each stage's from the same offset:
-	 * never on one rank */
+	 * then those of a set of pipeline stages, each stage's from the same
+	 * offset (never on one rank): a root of several stages (the tied range)
+	 * where it is free on each of them */
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
-			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] < 0) {
+			if (v->view_of < 0 && persistent_rank(v) == rank && !stage[i]) {
 				int64_t *at = v->space == DP_SPACE_HOST ? &host : &off;
 				v->offset = *at;
 				v->nbytes = align_up(value_bytes(v));
@@ -384,15 +391,22 @@ int mem_run(Graph *g, Diag *d)
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
-			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i] >= 0) {
-				if (stage[i] >= p || v->space == DP_SPACE_HOST)
-					die("memplan: %%%s of stage %d at pp=%d in the %s arena", v->name,
-					    stage[i], p, v->space == DP_SPACE_HOST ? "host" : "device");
-				v->offset = off + at_stage[stage[i]];
+			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i]) {
+				if ((p < 64 && stage[i] >> p) || v->space == DP_SPACE_HOST)
+					die("memplan: %%%s of stages 0x%llx at pp=%d in the %s arena", v->name,
+					    (unsigned long long)stage[i], p,
+					    v->space == DP_SPACE_HOST ? "host" : "device");
+				int64_t at = 0;
+				for (int k = 0; k < p; k++)
+					if (stage[i] >> k & 1 && at_stage[k] > at)
+						at = at_stage[k];
+				v->offset = off + at;
 				v->nbytes = align_up(value_bytes(v));
-				at_stage[stage[i]] += v->nbytes;
-				if (at_stage[stage[i]] > staged)
-					staged = at_stage[stage[i]];
+				for (int k = 0; k < p; k++)
+					if (stage[i] >> k & 1)
+						at_stage[k] = at + v->nbytes;
+				if (at + v->nbytes > staged)
+					staged = at + v->nbytes;
 			}
 		}
 	off += staged;

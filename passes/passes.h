@@ -139,9 +139,11 @@ void stages_print_schedule(FILE *out, const Graph *g, int width);
  * returns their total (<= the arena's temporaries region, which also holds
  * fragmentation). */
 enum { MEM_ACTIVATIONS, MEM_GATHERED, MEM_UNSHARDED_GRADS, MEM_NCLASS };
-/* passes/memplan.c: per value, the pipeline stage whose own persistent root it
- * is (memplan gives every stage's the same bytes), else -1; malloc'd. */
-int *mem_persistent_stages(const Graph *g);
+/* passes/memplan.c: per value, the set of pipeline stages (bit k: stage k)
+ * whose own persistent root it is (a stage's part, or the tied range on the
+ * stages that read it: memplan lets stages' own share bytes), else 0 (every
+ * rank); malloc'd. */
+uint64_t *mem_persistent_stages(const Graph *g);
 int64_t mem_live_peak(const Graph *g, int prog, int64_t split[MEM_NCLASS]);
 
 /* passes/stats.c: the --stats table (collectives, flops, memory per rank);
@@ -157,6 +159,9 @@ const char *stats_human_flops(char *buf, size_t len, double f);
  * collective moves (nccl-tests' S); the bus bytes' factor of S over n ranks
  * (nccl-tests: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n). */
 int stats_group_ranks(const Graph *g, unsigned mask);
+/* The ranks of collective n's group: its axes', over pp only the stages of
+ * an all_reduce's sub-group (`stages`). */
+int stats_node_ranks(const Graph *g, const Node *n);
 double stats_coll_bytes(const Graph *g, const Node *n);
 double stats_bus_factor(IrOp op, int n);
 /* passes/roofline.c: `--stats --device NAME`, the step's roofline time per

@@ -548,12 +548,16 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 				pair_transfer(o, k - 1, DP_TAG(nd), &tags);
 			} else {
 				unsigned axes = (unsigned)DP_AXES(nd);
-				int ranks = stats_group_ranks(g, axes);
+				int ranks = stats_node_ranks(g, nd);
 				s->link = group_in_node(g, axes, mc->ranks_per_node) ? MACH_INTRA : MACH_INTER;
 				s->bytes = stats_coll_bytes(g, nd) * stats_bus_factor(nd->op, ranks);
 				if (ranks <= 1) /* a group of one moves nothing and waits for no one */
 					break;
-				s->sync = (axes & DP_AXIS_BIT(DP_AXIS_PP)) && g->cfg.mesh[DP_AXIS_PP] > 1;
+				/* a sub-group of the stages (each stage its own copy: the tied
+				 * range's gradients) is not paired: the replay does not wait
+				 * for the other stages of it */
+				s->sync = (axes & DP_AXIS_BIT(DP_AXIS_PP)) && g->cfg.mesh[DP_AXIS_PP] > 1 &&
+					  nd->stage < 0;
 			}
 			s->alpha = mc->link[s->link].alpha_s;
 			break;

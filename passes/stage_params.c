@@ -79,6 +79,9 @@ typedef struct {
 	int *flat;       /* per value: 1 + its index among the flat buffers, or 0 */
 	int64_t *rlo, *rhi; /* [flat index * (p + 1) + class]: the range its views of
 			        that class span so far (root_ranges), kept as classes are set */
+	uint64_t tied;   /* the stages that read a tied parameter (bit k: stage k), whose
+			    ranks alone keep the tied range; 0: every rank keeps it */
+	int tied_lo;     /* the lowest of them */
 } Cut;
 
 /* Element offset of v in its root (a chain of views). */
@@ -361,18 +364,21 @@ static void move_views(Cut *c)
 
 /* The stage whose values node n touches (-1: none, only tied or every
  * rank's); the first cut buffer it names whole (*whole: root index, or -1;
- * several named whole have the same parts). */
-static int node_part(const Cut *c, const Node *n, int *whole)
+ * several named whole have the same parts); *tied: whether it touches the
+ * tied range (a view of it, or a whole buffer that keeps one). */
+static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
 {
 	const Graph *g = c->g;
 	int stage = -1;
 	*whole = -1;
+	*tied = 0;
 	for (int k = -1; k < n->nin; k++) {
 		int v = k < 0 ? n->out : n->in[k];
 		if (v < 0)
 			continue;
 		int r = root_index(c, v);
 		if (r >= 0) {
+			*tied |= c->n[r * (c->p + 1)] > 0;
 			if (*whole < 0)
 				*whole = r;
 			else if (memcmp(&c->n[r * (c->p + 1)], &c->n[*whole * (c->p + 1)],
@@ -387,6 +393,7 @@ static int node_part(const Cut *c, const Node *n, int *whole)
 		     x = x->view_of >= 0 ? g->values[x->view_of] : NULL) {
 			if (x->id < c->nv && c->cls[x->id] >= 0) {
 				s = c->cls[x->id] - 1;
+				*tied |= c->cls[x->id] == CL_TIED;
 				break;
 			}
 			for (int q = 0; q < c->nroots * c->p; q++)
@@ -425,6 +432,49 @@ static Node *copy_for_stage(Cut *c, const Node *n, int k)
 	return x;
 }
 
+/* A copy of node n (over the same values) on stage k: the tied range's
+ * nodes, one per stage that keeps it. */
+static Node *copy_on_stage(Graph *g, const Node *n, int k)
+{
+	Node *x = ir_node(g, n->op, n->out, n->nin, n->in, n->phase, n->loc);
+	memcpy(x->ia, n->ia, sizeof x->ia);
+	memcpy(x->fa, n->fa, sizeof x->fa);
+	x->progs = n->progs;
+	x->flags = n->flags;
+	x->stream = n->stream;
+	x->block = n->block;
+	x->bucket = n->bucket;
+	x->chunk = n->chunk;
+	x->stage = k;
+	return x;
+}
+
+/* The stages that read a tied parameter: those of the staged nodes (the
+ * forward, backward and eval slots p2p placed) that touch a view of the tied
+ * class (several tied parameters: the union, where a stage that does not
+ * read one adds zeros to its sum). 0 when fewer than two or every stage
+ * (then every rank keeps the tied range and sums it over all of pp: at
+ * pp=2 GPT-2's wte, and the step file is the one before sub-groups). */
+static uint64_t tied_stages(const Cut *c)
+{
+	const Graph *g = c->g;
+	uint64_t set = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (n->stage < 0 || n->stage >= 64)
+			continue;
+		for (int j = -1; j < n->nin; j++) {
+			int v = j < 0 ? n->out : n->in[j];
+			for (const Value *x = v >= 0 ? g->values[v] : NULL; x;
+			     x = x->view_of >= 0 ? g->values[x->view_of] : NULL)
+				if (x->id < c->nv && c->cls[x->id] == CL_TIED)
+					set |= (uint64_t)1 << n->stage;
+		}
+	}
+	uint64_t all = c->p >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->p) - 1;
+	return set & (set - 1) && set != all ? set : 0;
+}
+
 int stage_params_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -446,6 +496,8 @@ int stage_params_run(Graph *g, Diag *d)
 	for (int i = 0; i < nflat * (c.p + 1); i++)
 		c.rlo[i] = INT64_MAX, c.rhi[i] = -1;
 	find_classes(&c);
+	c.tied = tied_stages(&c);
+	c.tied_lo = c.tied ? __builtin_ctzll(c.tied) : -1;
 	find_roots(&c);
 	if (!c.nroots) { /* every parameter tied: every stage keeps them all */
 		free(c.cls), free(c.flat), free(c.rlo), free(c.rhi);
@@ -467,8 +519,13 @@ int stage_params_run(Graph *g, Diag *d)
 		die("out of memory");
 	for (int i = 0; i < n0; i++) {
 		Node *n = old[i];
-		int whole, s = node_part(&c, n, &whole);
+		int whole, tied, s = node_part(&c, n, &whole, &tied);
 		float w = 0; /* a SQNORM's weight, 0 meaning 1 */
+		/* the tied range's node on the stages that keep it: on the lowest,
+		 * copies on the others after it (a SAVE and the norm's SQNORM on the
+		 * lowest alone: the range is whole and equal on each) */
+		int on_tied = c.tied && tied && n->stage < 0 && s < 0;
+		int copies = on_tied && n->op != DP_OP_SAVE && n->op != DP_OP_SQNORM;
 		if (n->op == DP_OP_SQNORM) {
 			if (first_sq < 0)
 				first_sq = i, sq = n->out;
@@ -476,25 +533,40 @@ int stage_params_run(Graph *g, Diag *d)
 			DP_ATTR(n, SQNORM, acc) = 1;
 			w = DP_FATTR(n, SQNORM, weight);
 			/* a tied range is whole on every stage: each adds its share */
-			if (s < 0)
+			if (s < 0 && !on_tied)
 				DP_FATTR(n, SQNORM, weight) = (w != 0 ? w : 1.0f) / (float)c.p;
+		}
+		after[i] = malloc((2 * (size_t)c.p + 1) * sizeof **after);
+		if (!after[i])
+			die("out of memory");
+		if (on_tied) {
+			n->stage = c.tied_lo;
+			if (n->op == DP_OP_ALL_REDUCE && (DP_AXES(n) & PPBIT))
+				DP_ATTR(n, ALL_REDUCE, stages) = (int64_t)c.tied;
+			else if (dp_is_collective(n->op) && (DP_AXES(n) & PPBIT))
+				die("stage_params: node %d (%s) over pp touches the tied range", n->id,
+				    dp_op_names[n->op]);
 		}
 		if (whole >= 0) {
 			const int64_t *len = &c.n[whole * (c.p + 1)];
 			if (s >= 0)
 				die("stage_params: node %d (%s) touches a whole flat buffer and a stage's part",
 				    n->id, dp_op_names[n->op]);
-			after[i] = malloc((size_t)c.p * sizeof **after);
-			if (!after[i])
-				die("out of memory");
-			for (int k = 0; k < c.p; k++)
+			for (int k = 0; k < c.p; k++) {
+				if (copies && k != c.tied_lo && (c.tied >> k & 1))
+					after[i][nafter[i]++] = copy_on_stage(g, n, k);
 				if (len[1 + k]) {
 					Node *x = copy_for_stage(&c, n, k);
 					if (x->op == DP_OP_SQNORM)
 						DP_FATTR(x, SQNORM, weight) = w;
 					after[i][nafter[i]++] = x;
 				}
+			}
 			drop[i] = !len[0];
+		} else if (copies) {
+			for (int k = c.tied_lo + 1; k < c.p; k++)
+				if (c.tied >> k & 1)
+					after[i][nafter[i]++] = copy_on_stage(g, n, k);
 		} else if (s >= 0) {
 			if (n->stage >= 0 && n->stage != s)
 				die("stage_params: node %d (%s) on stage %d touches stage %d's parameters",
@@ -526,16 +598,10 @@ int stage_params_run(Graph *g, Diag *d)
 	} else {
 		Node *ar = shard_comm_node(g, DP_OP_ALL_REDUCE, sq, 0, NULL, PPBIT,
 					   old[last_sq]->flags, old[last_sq]->progs, -1);
-		if (!after[last_sq]) {
-			after[last_sq] = malloc(sizeof **after);
-			if (!after[last_sq])
-				die("out of memory");
-		} else {
-			Node **grown = realloc(after[last_sq], ((size_t)c.p + 1) * sizeof **after);
-			if (!grown)
-				die("out of memory");
-			after[last_sq] = grown;
-		}
+		Node **grown = realloc(after[last_sq], ((size_t)nafter[last_sq] + 1) * sizeof **after);
+		if (!grown)
+			die("out of memory");
+		after[last_sq] = grown;
 		after[last_sq][nafter[last_sq]++] = ar;
 	}
 	int total = g->nnodes, k = 0;

@@ -97,6 +97,15 @@ double stats_coll_bytes(const Graph *g, const Node *n)
 	return (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
 }
 
+int stats_node_ranks(const Graph *g, const Node *n)
+{
+	int ranks = stats_group_ranks(g, (unsigned)DP_AXES(n));
+	uint64_t set = n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
+	if (set && g->cfg.mesh[DP_AXIS_PP] > 0) /* a sub-group of the stages */
+		ranks = ranks / (int)g->cfg.mesh[DP_AXIS_PP] * __builtin_popcountll(set);
+	return ranks;
+}
+
 double stats_bus_factor(IrOp op, int n)
 {
 	if (n <= 1)
@@ -107,6 +116,7 @@ double stats_bus_factor(IrOp op, int n)
 typedef struct {
 	IrOp op;
 	unsigned axes;
+	uint64_t stages; /* an all_reduce over a sub-group of the pp stages, else 0 */
 	int ranks;
 	double calls, bytes, bus;
 	int buckets;
@@ -114,7 +124,8 @@ typedef struct {
 
 static void print_collectives(FILE *out, const Graph *g, double accum)
 {
-	Row rows[4 << DP_MAX_AXES]; /* at most one per (collective op, axis mask) */
+	Row rows[(4 << DP_MAX_AXES) + 16]; /* one per (collective op, axis mask), and per
+					    sub-group of the stages */
 	int nrows = 0;
 	double plain = 0, plain_bus = 0;
 	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
@@ -136,13 +147,14 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 			continue;
 		}
 		unsigned axes = (unsigned)DP_AXES(n);
+		uint64_t set = n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
 		int r = 0;
-		while (r < nrows && !(rows[r].op == n->op && rows[r].axes == axes))
+		while (r < nrows && !(rows[r].op == n->op && rows[r].axes == axes && rows[r].stages == set))
 			r++;
 		if (r == nrows) {
 			if (nrows == (int)(sizeof rows / sizeof rows[0]))
 				die("stats: too many collective kinds");
-			rows[nrows++] = (Row){n->op, axes, stats_group_ranks(g, axes), 0, 0, 0, 0};
+			rows[nrows++] = (Row){n->op, axes, set, stats_node_ranks(g, n), 0, 0, 0, 0};
 		}
 		double mult = (n->flags & DP_IF_LAST) ? 1 : accum;
 		double s = stats_coll_bytes(g, n);
@@ -161,6 +173,12 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 	double tb = 0, tbus = 0, tcalls = 0;
 	for (int r = 0; r < nrows; r++) {
 		axes_text(ax, sizeof ax, rows[r].axes);
+		for (int k = 0, first = 1; k < 64 && rows[r].stages; k++) /* pp's sub-group */
+			if (rows[r].stages >> k & 1) {
+				size_t at = strlen(ax);
+				snprintf(ax + at, sizeof ax - at, "%s%d", first ? " stages=" : ",", k);
+				first = 0;
+			}
 		fprintf(out, "%-14s %-22s %5d %6.0f %7d %24s %24s\n", ir_ops[rows[r].op].name, ax,
 			rows[r].ranks, rows[r].calls, rows[r].buckets,
 			bytes_cell(c1, sizeof c1, rows[r].bytes), bytes_cell(c2, sizeof c2, rows[r].bus));
@@ -255,29 +273,29 @@ static const char *const memory_names[M_NCAT] = {"parameters", "parameters, 16-b
 /* The persistent bytes a rank of stage s holds (s = -1: pp = 1, or the
  * ranks of every stage: the roots of every rank only), by category, in
  * the device arena (bytes) and the host arena (host). */
-static void held_bytes(const Graph *g, const int *stage, int s, double *bytes, double *host)
+static void held_bytes(const Graph *g, const uint64_t *stage, int s, double *bytes, double *host)
 {
 	for (int c = 0; c < M_NCAT; c++)
 		bytes[c] = host[c] = 0;
 	for (int i = 0; i < g->nvalues; i++) {
 		const Value *v = g->values[i];
 		if (v->view_of < 0 && v->kind != DP_T_ACT && v->offset >= 0 &&
-		    (stage[i] < 0 || stage[i] == s))
+		    (!stage[i] || (s >= 0 && s < 64 && stage[i] >> s & 1)))
 			(v->space == DP_SPACE_HOST ? host : bytes)[category(g, v)] += (double)v->nbytes;
 	}
 }
 
-/* The stage whose own persistent roots are the largest (they set the
- * arena), or -1 when no stage has any (pp = 1, or every stage keeps every
- * parameter). */
-static int largest_stage(const Graph *g, const int *stage)
+/* The stage whose own persistent roots (a tied range on each stage that
+ * keeps it) are the largest (they set the arena), or -1 when no stage has
+ * any (pp = 1, or every stage keeps every parameter). */
+static int largest_stage(const Graph *g, const uint64_t *stage)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP], best = -1;
 	double most = 0;
 	for (int s = 0; s < p; s++) {
 		double sum = 0;
 		for (int i = 0; i < g->nvalues; i++)
-			if (stage[i] == s && g->values[i]->view_of < 0)
+			if (s < 64 && stage[i] >> s & 1 && g->values[i]->view_of < 0)
 				sum += (double)g->values[i]->nbytes;
 		if (sum > most)
 			most = sum, best = s;
@@ -289,7 +307,7 @@ static int largest_stage(const Graph *g, const int *stage)
  * largest stage. */
 static void memory_rows(const Graph *g, double bytes[M_NCAT], double host[M_NCAT])
 {
-	int *stage = mem_persistent_stages(g);
+	uint64_t *stage = mem_persistent_stages(g);
 	held_bytes(g, stage, largest_stage(g, stage), bytes, host);
 	free(stage);
 }
@@ -433,7 +451,7 @@ static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
 
 /* What stage s's ranks hold (passes/stage_params.c): its own parameters and
  * the tied ones, their gradients and optimizer state. */
-static void print_held(FILE *out, const Graph *g, const int *own, int split, int s)
+static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split, int s)
 {
 	char h1[32], h2[32], h3[32];
 	if (!split)
@@ -465,8 +483,8 @@ static void print_compiled_peaks(FILE *out, const Graph *g, int p, int split)
 	for (int s = 0; s < p; s++)
 		fprintf(out, " stage %d %lld B (%s)%s", s, (long long)peak[s],
 			stats_human_bytes(h1, sizeof h1, (double)peak[s]), s + 1 < p ? "," : "");
-	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on every stage "
-			     "summed over pp\n"
+	fprintf(out, split ? "; each stage keeps its own parameters, the tied ones on the stages "
+			     "that read them, summed over those\n"
 			   : "; every stage keeps every parameter, gradients summed over pp\n");
 	free(peak);
 }
@@ -477,7 +495,7 @@ static void print_compiled_peaks(FILE *out, const Graph *g, int p, int split)
  * yet backwarded, at most min(2(p-r-1) + (v-1)p + 1, mv) of them (Megatron's
  * warm-up and one more; every one of them, mv, when m = p). */
 static void print_interleaved(FILE *out, const Graph *g, const StageCost *sc, int p, int v, int m,
-			      const int *own, int split)
+			      const uint64_t *own, int split)
 {
 	char h1[32], h2[32], h3[32];
 	for (int c = 0; c < p * v; c++) {
@@ -544,7 +562,7 @@ static void print_pipeline(FILE *out, const Graph *g)
 	fprintf(out, "\npipeline pp=%d, schedule %s, %d micro-batch%s (grad_accum) per step; "
 		"whole tensors, before dp sharding\n",
 		p, stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es");
-	int *own = mem_persistent_stages(g);
+	uint64_t *own = mem_persistent_stages(g);
 	int split = largest_stage(g, own) >= 0;
 	if (v > 1)
 		print_interleaved(out, g, sc, p, v, m, own, split);

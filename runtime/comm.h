@@ -43,9 +43,11 @@ typedef struct {
 	const char *name;
 	/* Elements of dtype dt (f32 or bf16: a bf16 sum adds in f32 and rounds
 	 * each partial sum to nearest even). */
-	/* buf[0..n) summed in place over the group of `axes`. */
-	int (*all_reduce_start)(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
-				int64_t *ticket, RtErr *e);
+	/* buf[0..n) summed in place over the group of `axes`; with stages != 0
+	 * (ALL_REDUCE's `stages`, axes with pp) only over the ranks of those pp
+	 * stages (bit k: stage k), a sub-group comm_mpi_init made. */
+	int (*all_reduce_start)(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, void *buf,
+				int64_t n, int64_t *ticket, RtErr *e);
 	/* in[0..nout*group) summed over the group; this rank gets its block of nout. */
 	int (*reduce_scatter_start)(Comm *c, unsigned axes, DpDtype dt, const void *in, void *out,
 				    int64_t nout, int64_t *ticket, RtErr *e);
@@ -86,6 +88,41 @@ struct Comm {
 
 /* Number of ranks in this rank's group for an axis mask (1 for mask 0). */
 int comm_group_size(const Comm *c, unsigned axes);
+/* A sub-group of the pp axis: the group of `axes` (which has pp) restricted
+ * to the ranks of the pp stages in `stages` (bit k: stage k). */
+typedef struct {
+	unsigned axes;
+	uint64_t stages;
+} CommGroup;
+
+/* At most this many sub-groups of pp stages per step (one per tied set). */
+#define COMM_MAX_GROUPS 16
+
+/* The sub-groups of pp stages the step's all_reduces use (`stages`), each
+ * once, in program order, into groups[0..cap): their number, -1 when more
+ * than cap. The same list on every rank: the MPI and NCCL splits match.
+ * (Inline: dpexec and the CUDA backend's library both read it.) */
+static inline int comm_step_groups(const DpStep *s, CommGroup *groups, int cap)
+{
+	int n = 0;
+	for (int p = 0; p < DP_NPROG; p++)
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			uint64_t set = in->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(in, ALL_REDUCE, stages) : 0;
+			if (!set)
+				continue;
+			CommGroup gr = {(unsigned)DP_AXES(in), set};
+			int k = 0;
+			while (k < n && !(groups[k].axes == gr.axes && groups[k].stages == gr.stages))
+				k++;
+			if (k < n)
+				continue;
+			if (n == cap)
+				return -1;
+			groups[n++] = gr;
+		}
+	return n;
+}
 /* This rank's index in its group for an axis mask, in [0, comm_group_size):
  * the row-major index of its coordinates on the masked axes (outermost axis
  * first), which is the order of the group's communicator (MPI_Comm_split with
@@ -96,9 +133,12 @@ int comm_group_rank(const Comm *c, unsigned axes);
 void comm_coords(const uint32_t mesh[DP_MAX_AXES], int rank, int coord[DP_MAX_AXES]);
 
 /* MPI backend. MPI must be initialised. `masks` is a bit set over axis masks
- * (bit m set: the step uses a collective over axis mask m); every rank must
- * pass the same value. The data-parallel mask is always created. */
-int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, RtErr *e);
+ * (bit m set: the step uses a collective over axis mask m), and groups[0..ngroups)
+ * the sub-groups of pp stages it uses (exec_comm_groups); every rank must
+ * pass the same values (MPI_Comm_split is collective). The data-parallel
+ * mask is always created. */
+int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks,
+		  const CommGroup *groups, int ngroups, RtErr *e);
 
 /* The data-parallel axes: gradients and losses are summed over these. */
 #define COMM_DP_AXES (DP_AXIS_BIT(DP_AXIS_REPLICATE) | DP_AXIS_BIT(DP_AXIS_SHARD))

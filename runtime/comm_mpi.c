@@ -38,8 +38,16 @@ typedef struct {
 	int32_t tag;
 } ReqInfo;
 
+/* A communicator over a sub-group of the pp stages (comm.h's CommGroup). */
+typedef struct {
+	CommGroup g;
+	MPI_Comm comm; /* MPI_COMM_NULL on a rank outside the group */
+} SubComm;
+
 typedef struct {
 	MPI_Comm comm[NMASK]; /* MPI_COMM_NULL: mask not created or group of one */
+	SubComm *sub;         /* the sub-groups of pp stages */
+	int nsub;
 	MPI_Request *req;     /* req[i] is ticket base + i */
 	ReqInfo *info;        /* info[i]: what req[i] is */
 	int64_t nreq, cap;
@@ -85,9 +93,15 @@ static int mpi_check(int rc, const char *what, RtErr *e)
 	return RT_FAIL(e, "%s failed: %s", what, s);
 }
 
-static MPI_Comm group_comm(Comm *c, unsigned axes)
+static MPI_Comm group_comm(Comm *c, unsigned axes, uint64_t stages)
 {
 	Mpi *m = c->impl;
+	if (stages) {
+		for (int i = 0; i < m->nsub; i++)
+			if (m->sub[i].g.axes == axes && m->sub[i].g.stages == stages)
+				return m->sub[i].comm;
+		return MPI_COMM_NULL;
+	}
 	return axes < NMASK ? m->comm[axes] : MPI_COMM_NULL;
 }
 
@@ -171,16 +185,17 @@ static int mpi_type(DpDtype dt, MPI_Datatype *type, MPI_Op *sum, RtErr *e)
 	return 0;
 }
 
-static int mpi_all_reduce_start(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
-				int64_t *ticket, RtErr *e)
+static int mpi_all_reduce_start(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, void *buf,
+				int64_t n, int64_t *ticket, RtErr *e)
 {
 	MPI_Datatype type;
 	MPI_Op sum;
 	RT_CHECK(mpi_type(dt, &type, &sum, e));
-	MPI_Comm g = group_comm(c, axes);
+	MPI_Comm g = group_comm(c, axes, stages);
 	if (g == MPI_COMM_NULL || n == 0) {
-		if (comm_group_size(c, axes) > 1 && n > 0)
-			return RT_FAIL(e, "no communicator for axis mask %u", axes);
+		if ((stages || comm_group_size(c, axes) > 1) && n > 0)
+			return RT_FAIL(e, "no communicator for axis mask %u over pipeline stages 0x%llx",
+				       axes, (unsigned long long)stages);
 		return done_ticket(c, ticket, e);
 	}
 	RT_CHECK(check_count(n, e));
@@ -200,7 +215,7 @@ static int mpi_reduce_scatter_start(Comm *c, unsigned axes, DpDtype dt, const vo
 	MPI_Datatype type;
 	MPI_Op sum;
 	RT_CHECK(mpi_type(dt, &type, &sum, e));
-	MPI_Comm g = group_comm(c, axes);
+	MPI_Comm g = group_comm(c, axes, 0);
 	if (g == MPI_COMM_NULL || nout == 0) {
 		if (comm_group_size(c, axes) > 1 && nout > 0)
 			return RT_FAIL(e, "no communicator for axis mask %u", axes);
@@ -225,7 +240,7 @@ static int mpi_all_gather_start(Comm *c, unsigned axes, DpDtype dt, const void *
 	MPI_Datatype type;
 	MPI_Op sum;
 	RT_CHECK(mpi_type(dt, &type, &sum, e));
-	MPI_Comm g = group_comm(c, axes);
+	MPI_Comm g = group_comm(c, axes, 0);
 	if (g == MPI_COMM_NULL || nin == 0) {
 		if (comm_group_size(c, axes) > 1 && nin > 0)
 			return RT_FAIL(e, "no communicator for axis mask %u", axes);
@@ -252,7 +267,7 @@ static int mpi_p2p_start(Comm *c, int send, unsigned axes, int peer, int tag, Dp
 	MPI_Datatype type;
 	MPI_Op sum;
 	RT_CHECK(mpi_type(dt, &type, &sum, e));
-	MPI_Comm g = group_comm(c, axes);
+	MPI_Comm g = group_comm(c, axes, 0);
 	if (g == MPI_COMM_NULL || peer < 0 || peer >= comm_group_size(c, axes) ||
 	    peer == comm_group_rank(c, axes))
 		return RT_FAIL(e, "no peer %d to %s over axis mask %u", peer, send ? "send to" :
@@ -350,7 +365,7 @@ static int mpi_progress(Comm *c, RtErr *e)
 /* Blocking collectives go through a request too, so --timeout covers them. */
 static int mpi_allreduce_f64(Comm *c, unsigned axes, double *v, int n, RtErr *e)
 {
-	MPI_Comm g = group_comm(c, axes);
+	MPI_Comm g = group_comm(c, axes, 0);
 	if (g == MPI_COMM_NULL)
 		return 0;
 	RT_CHECK(mpi_wait(c, c->issued, e)); /* keep tickets in order */
@@ -385,6 +400,10 @@ static void mpi_free(Comm *c)
 		for (unsigned k = 0; k < NMASK; k++)
 			if (m->comm[k] != MPI_COMM_NULL)
 				MPI_Comm_free(&m->comm[k]);
+		for (int i = 0; i < m->nsub; i++)
+			if (m->sub[i].comm != MPI_COMM_NULL)
+				MPI_Comm_free(&m->sub[i].comm);
+		free(m->sub);
 		free(m->req);
 		free(m->info);
 		free(m);
@@ -406,7 +425,8 @@ static const CommOps mpi_ops = {
 	.free = mpi_free,
 };
 
-int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, RtErr *e)
+int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks,
+		  const CommGroup *groups, int ngroups, RtErr *e)
 {
 	*out = NULL;
 	Comm *c = calloc(1, sizeof *c);
@@ -435,6 +455,27 @@ int comm_mpi_init(Comm **out, const uint32_t mesh[DP_MAX_AXES], uint32_t masks, 
 			color = color * (int)mesh[a] + ((k & DP_AXIS_BIT(a)) ? 0 : c->coord[a]);
 		if (mpi_check(MPI_Comm_split(MPI_COMM_WORLD, color, c->rank, &m->comm[k]),
 			      "MPI_Comm_split", e)) {
+			mpi_free(c);
+			return -1;
+		}
+	}
+	/* the sub-groups of pp stages, in the list's order on every rank: a rank
+	 * outside a group passes MPI_UNDEFINED and gets MPI_COMM_NULL */
+	m->sub = calloc((size_t)ngroups + 1, sizeof *m->sub);
+	if (!m->sub) {
+		mpi_free(c);
+		return RT_FAIL(e, "out of memory (comm)");
+	}
+	for (int i = 0; i < ngroups; i++) {
+		m->sub[i] = (SubComm){groups[i], MPI_COMM_NULL};
+		m->nsub = i + 1;
+		int in = c->coord[DP_AXIS_PP] < 64 && groups[i].stages >> c->coord[DP_AXIS_PP] & 1;
+		int color = 0;
+		for (int a = 0; a < DP_MAX_AXES; a++)
+			color = color * (int)mesh[a] + ((groups[i].axes & DP_AXIS_BIT(a)) ? 0 : c->coord[a]);
+		if (mpi_check(MPI_Comm_split(MPI_COMM_WORLD, in ? color : MPI_UNDEFINED, c->rank,
+					     &m->sub[i].comm),
+			      "MPI_Comm_split (a sub-group of the pipeline stages)", e)) {
 			mpi_free(c);
 			return -1;
 		}

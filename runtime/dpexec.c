@@ -975,7 +975,11 @@ static int setup(Run *r)
 	RtErr *e = &r->e;
 	int rc = check_outputs(r);
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
-	rc = comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), e);
+	CommGroup groups[COMM_MAX_GROUPS];
+	int ngroups = comm_step_groups(s, groups, COMM_MAX_GROUPS);
+	rc = ngroups < 0 ? RT_FAIL(e, "the step file's all_reduces use more than %d sub-groups of "
+				   "the pipeline stages", COMM_MAX_GROUPS)
+			 : comm_mpi_init(&r->comm, s->cfg.mesh, exec_comm_masks(s), groups, ngroups, e);
 	if (r->comm)
 		r->comm->timeout_s = r->o.timeout;
 	RT_CHECK(world_sync(&r->w, rc, 0, e));

@@ -144,6 +144,7 @@ int exec_check_kernel(const DpStep *s, const BackendOps *ops, const DpInstr *in,
 double exec_lr(const DpStep *s, uint64_t k);
 /* Axis masks the step's collectives use (bit m for mask m), for comm init. */
 uint32_t exec_comm_masks(const DpStep *s);
+
 /* Check every instruction against the tensor table, the mesh and the
  * backend `ops`, then initialise the backend (its arena, zeroed, with every
  * tensor pointed into it). */

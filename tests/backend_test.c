@@ -211,8 +211,8 @@ static struct {
 	int64_t n;
 } fc;
 
-static int fake_all_reduce(Comm *c, unsigned axes, DpDtype dt, void *buf, int64_t n,
-			   int64_t *ticket, RtErr *e)
+static int fake_all_reduce(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, void *buf,
+			   int64_t n, int64_t *ticket, RtErr *e)
 {
 	fc.starts++;
 	fc.buf = buf;

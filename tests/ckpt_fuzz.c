@@ -310,7 +310,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	BackendOpts bo = {0};
-	if (comm_mpi_init(&comm, step.cfg.mesh, exec_comm_masks(&step), &e) ||
+	if (comm_mpi_init(&comm, step.cfg.mesh, exec_comm_masks(&step), NULL, 0, &e) ||
 	    exec_init(&x, &step, comm, backend_cpu(), &bo, &e)) {
 		fprintf(stderr, "ckpt_fuzz: %s\n", e.msg);
 		return 2;

@@ -666,7 +666,10 @@ model_case gpt2-il ddp 2 "pp=2" # (interleaved, stages_per_rank 2: each rank's t
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 # pp=4: each stage its own parameters, the stages' parts sharing bytes (the
 # clip fold reads this rank's instructions only), the norm's all_reduce over
-# pp on the communicator of the transfers, a middle stage making more of them
+# pp on the communicator of the transfers, a middle stage making more of them;
+# the tied wte kept on stages 0 and 3 only, its gradient summed over them on
+# an ncclCommSplit communicator of that sub-group (the middle stages split
+# with NCCL_SPLIT_NOCOLOR)
 model_case gpt2-pp ddp 4 "pp=4"
 model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)

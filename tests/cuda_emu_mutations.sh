@@ -24,6 +24,9 @@
 # ENVS..., RULE `one` for check and `all` for check_all (tc_mutation: CASE
 # a16, NP 1, `all`, the two thread orders).
 #
+#   subgroup      the all_reduce over a sub-group of the pipeline stages
+#                 (gpp4: the tied wte's gradient over stages 0 and 3) not
+#                 issued: each end stage updates wte with its own part only
 #   event_record  backend_cuda.c's EVENT_RECORD records nothing: the waits
 #                 see an older record (or none) and run early
 #   event_wait    backend_cuda.c's EVENT_WAIT waits for nothing: a stream
@@ -541,6 +544,7 @@ no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
 clip_stage    clip_stage    gpp4    4 one DPEMU_SEED=3
+subgroup      subgroup_skipped gpp4 4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_layout     tc_layout     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2

@@ -73,6 +73,11 @@
 #             for it) is the verifier's deadlock
 #   tied      gpt2-tiny at pp=2: the IR reads wte on stage 0 (embedding) and
 #             stage 1 (the LM head's matmul) and sums its gradient over pp
+#   tied-pp4  gpt2-tiny at pp=4: the tied wte held only by stages 0 and 3
+#             (--stats' held: params each stage's own), its gradient summed
+#             by an all_reduce over stages=0,3; gpt-pp4's checkpoint loaded at
+#             1 rank and at pp=2, parameters bit for bit; its IR with the
+#             stage 3 copy of that all_reduce deleted is the verifier's error
 #   loads     gpt2-tiny at pp=2 loads its tokens on stage 0, its targets on 1
 #   eval      gpt2-tiny's eval line at pp=2 is the 1-rank one (loss, accuracy)
 #   stall     a stopped stage (SIGSTOP) of mlp8 at pp=2 under --timeout 5: the
@@ -206,7 +211,7 @@ need() {
 	gpt-1) once "$1" eq_run "$1" 1 "$T/gpt.dp" ;;
 	gpt-dp2) once "$1" eq_run "$1" 2 "$T/gpt.dp" ;;
 	gpt-pp2) once "$1" eq_run "$1" 2 "$T/gpt-pp2.dp" ;;
-	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" ;;
+	gpt-pp4) once "$1" eq_run "$1" 4 "$T/gpt-pp4.dp" --save-dir "$T/ck-pp4" ;;
 	gpt-pp2xdp2) once "$1" eq_run "$1" 4 "$T/gpt-pp2.dp" ;;
 	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-zero2 | gpt-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
@@ -319,6 +324,56 @@ if case_on tied; then
 	ar=$(grep -c '^%bucket.r[0-9]* = all_reduce axes=pp,' "$T/tied.ir")
 	what="wte: embedding on stage 0 ($emb), LM head on stage 1 ($head), its gradient written on both ($gw), summed over pp ($ar buckets)"
 	if [ "$emb" = 2 ] && [ "$head" = 2 ] && [ "$gw" = 2 ] && [ "$ar" -ge 1 ]; then ok "$what"; else fail "$what"; fi
+fi
+
+if case_on tied-pp4; then
+	# at pp=4 the tied wte is kept only on the stages that read it, 0 and 3
+	# (passes/stage_params.c): the middle stages hold none of it (--stats'
+	# held: params are each stage's own, its line's; before, stages 1 and 2
+	# held wte's 64 KiB beside theirs), its gradient summed over the sub-group
+	# of stages 0 and 3 (an all_reduce with stages=0,3, a copy on each); the
+	# pp=4 run's checkpoint (gpt-pp4: 10 steps) loads at 1 rank and at pp=2
+	# with the saved parameters bit for bit (wte written once, by name)
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp4.dp --world-size 4 --stats; --emit=ir | grep stages="
+	"$DPC" "$T/gpt-pp4.dp" --world-size 4 --stats >"$T/pp4.stats" 2>/dev/null
+	"$DPC" "$T/gpt-pp4.dp" --world-size 4 --emit=ir >"$T/pp4.ir" 2>/dev/null
+	own=$(grep -E '^stage [0-3]: ' "$T/pp4.stats" | sed -E 's/.* params ([0-9]+) B .*/\1/' | tr '\n' ' ')
+	held=$(grep -E '^  held: ' "$T/pp4.stats" | sed -E 's/^  held: params ([0-9]+) B .*/\1/' | tr '\n' ' ')
+	grp=$(grep -Ec '^%bucket\.r[0-9]+ = all_reduce axes=pp,[a-z_,]* stages=0,3 .* stage=[03] ' "$T/pp4.ir")
+	wide=$(grep -Ec '^%bucket\.r[0-9]+ = all_reduce axes=pp' "$T/pp4.ir")
+	what="pp=4: each stage holds its own params ($held), its line's ($own), wte's gradient summed by $grp all_reduces over stages=0,3 of $wide over pp"
+	if [ -n "$held" ] && [ "$held" = "$own" ] && [ "${own#* }" != "$own" ] && [ "$grp" = 2 ] && [ "$wide" = 2 ]; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
+	# hand-broken: stage 3's copy of the sub-group's all_reduce removed, the
+	# verifier names the stage that never joins (no step file, no hang)
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp4.dp --world-size 4 --dump-after=stage_params, its stage=3 copy deleted, --from-ir"
+	"$DPC" "$T/gpt-pp4.dp" --world-size 4 --dump-after=stage_params >"$T/pp4sp.ir" 2>/dev/null
+	awk '/ stages=0,3 .* stage=3 / && !done {done = 1; next} {print}' "$T/pp4sp.ir" >"$T/pp4bad.ir"
+	"$DPC" --from-ir "$T/pp4bad.ir" --passes all -o "$T/pp4bad.bin" >"$T/pp4bad.out" 2>&1
+	rc=$?
+	if [ $rc = 1 ] && [ ! -e "$T/pp4bad.bin" ] && ! cmp -s "$T/pp4sp.ir" "$T/pp4bad.ir" &&
+		grep -q "stage 0's all_reduce over stages 0,3 (node [0-9]*, %bucket.r[0-9]*) meets no copy of it on stage 3" "$T/pp4bad.out"; then
+		ok "a sub-group all_reduce without its stage 3 copy is the verifier's error ($(grep -o "stage 0's all_reduce.*" "$T/pp4bad.out"))"
+	else
+		head -n 5 "$T/pp4bad.out"
+		fail "a sub-group all_reduce without its stage 3 copy (exit $rc) is the verifier's error"
+	fi
+	REPRO="dpexec gpt2-tiny pp=4 10 steps --save-dir, loaded at 1 rank and at pp=2"
+	if need gpt-pp4 && "$DPC" "$T/gpt.dp" --world-size 1 -o "$T/t1.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/t2.bin" 2>/dev/null &&
+		mpi 1 "$T/t1.bin" --steps 10 --quiet --eval-every 0 --resume "$T/ck-pp4/step-000010" \
+			--save-full "$T/pp4at1.st" >"$T/pp4at1.out" 2>&1 &&
+		mpi 2 "$T/t2.bin" --steps 10 --quiet --eval-every 0 --resume "$T/ck-pp4/step-000010" \
+			--save-full "$T/pp4at2.st" >"$T/pp4at2.out" 2>&1 &&
+		cmp -s "$T/pp4at1.st" "$T/gpt-pp4.st" && cmp -s "$T/pp4at2.st" "$T/gpt-pp4.st"; then
+		ok "the pp=4 checkpoint (wte on stages 0 and 3) loads at pp=1 and at pp=2: parameters bit for bit"
+	else
+		tail -n 3 "$T/pp4at1.out" "$T/pp4at2.out" 2>/dev/null
+		fail "the pp=4 checkpoint loads at pp=1 and at pp=2 with the parameters bit for bit"
+	fi
 fi
 
 if case_on loads; then

@@ -503,6 +503,23 @@ static void test_pipeline_rules(void)
 	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32, bf16 or f16");
 	d = recv, d.out = -1;
 	rule("a recv without output", DP_PROG_STEP, d, 0, "missing output");
+	/* an all_reduce over a sub-group of the stages (a tied parameter's
+	 * gradient over the stages that keep it: pp=4, stages 0 and 3) */
+	rule_pp = 4;
+	DpInstr ar = base;
+	ar.op = DP_OP_ALL_REDUCE, ar.out = 3, ar.stream = DP_STREAM_COMM, ar.stage1 = 1;
+	DP_AXES(&ar) = DP_AXIS_BIT(DP_AXIS_PP) | AXES_DP, DP_ATTR(&ar, ALL_REDUCE, stages) = 9;
+	rule("an all_reduce over stages 0 and 3, on stage 0", DP_PROG_STEP, ar, 0, NULL);
+	d = ar, d.stage1 = 2;
+	rule("an all_reduce over stages 0 and 3 on stage 1", DP_PROG_STEP, d, 0,
+	     "stages 0x9 is not a group of two or more of the 4 pipeline stages over pp that holds "
+	     "the instruction's stage 1");
+	d = ar, DP_ATTR(&d, ALL_REDUCE, stages) = 1;
+	rule("an all_reduce over a group of one stage", DP_PROG_STEP, d, 0, "stages 0x1 is not a group");
+	d = ar, DP_ATTR(&d, ALL_REDUCE, stages) = 17;
+	rule("an all_reduce over stage 4 of 4", DP_PROG_STEP, d, 0, "stages 0x11 is not a group");
+	d = ar, DP_AXES(&d) = AXES_DP;
+	rule("an all_reduce over stages without pp", DP_PROG_STEP, d, 0, "stages 0x9 is not a group");
 	rule_pp = 1;
 	rule("a send at pp=1", DP_PROG_STEP, send, 0, "(axes 1, stage 0, peer 1)");
 }
@@ -829,10 +846,11 @@ int main(int argc, char **argv)
 		put32(t + 8, 0);
 		rc = dec(t, len, err, sizeof err, &inv);
 		check(rc != 0 && strstr(err, "not supported"), "older version: '%s'", err);
-		put32(t + 8, DP_STEP_VERSION - 1); /* the previous version */
+		put32(t + 8, DP_STEP_VERSION_MIN - 1); /* the one before the oldest read */
 		rc = dec(t, len, err, sizeof err, &inv);
 		snprintf(want, sizeof want, "step file format version %u is not supported (this "
-			 "dpexec reads %u); recompile with dpc", DP_STEP_VERSION - 1, DP_STEP_VERSION);
+			 "dpexec reads %u to %u); recompile with dpc", DP_STEP_VERSION_MIN - 1,
+			 DP_STEP_VERSION_MIN, DP_STEP_VERSION);
 		check(rc != 0 && strstr(err, want), "previous version: '%s'", err);
 		put32(t + 8, DP_STEP_VERSION);
 		t[len - 1] ^= 1;

@@ -260,10 +260,11 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		 * (the schedule's events say so), so copy it and reduce in place */
 		if (ptr[in->in[0]] != out)
 			memmove(out, ptr[in->in[0]], (size_t)n * dp_dtype_size(dt));
-		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
+		RT_CHECK(c->ops->all_reduce_start(c, axes, 0, dt, out, n, &fl.ticket, e));
 		break;
 	case DP_OP_ALL_REDUCE:
-		RT_CHECK(c->ops->all_reduce_start(c, axes, dt, out, n, &fl.ticket, e));
+		RT_CHECK(c->ops->all_reduce_start(c, axes, (uint64_t)DP_ATTR(in, ALL_REDUCE, stages), dt,
+						  out, n, &fl.ticket, e));
 		break;
 	case DP_OP_REDUCE_SCATTER:
 		RT_CHECK(c->ops->reduce_scatter_start(c, axes, dt, ptr[in->in[0]], out, n,

@@ -731,7 +731,12 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 		scratch[k] = CU_SCRATCH_MIN;
 	uint32_t masks[DP_NSTREAM];
 	cu_nccl_masks(s, masks);
-	RT_CHECK(cu_nccl_init(&x->nccl, b->comm, masks,
+	CommGroup groups[COMM_MAX_GROUPS];
+	int ngroups = comm_step_groups(s, groups, COMM_MAX_GROUPS);
+	if (ngroups < 0)
+		return RT_FAIL(e, "the step file's all_reduces use more than %d sub-groups of the "
+			       "pipeline stages", COMM_MAX_GROUPS);
+	RT_CHECK(cu_nccl_init(&x->nccl, b->comm, masks, groups, ngroups,
 			      x->o.timeout_s > 0 ? x->o.timeout_s : CU_INIT_DEADLINE_S, e));
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
@@ -739,7 +744,13 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			if (in->stream >= DP_NSTREAM)
 				return RT_FAIL(e, "step file: %s program instruction %u: bad stream %u",
 					       dp_prog_names[p], i, in->stream);
-			if (dp_is_collective(in->op) &&
+			uint64_t set = in->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(in, ALL_REDUCE, stages) : 0;
+			int pp = b->comm->coord[DP_AXIS_PP];
+			if (set && pp < 64 && set >> pp & 1 && dp_instr_stage(in) == pp &&
+			    !cu_nccl_group_comm(x->nccl, (unsigned)DP_AXES(in), set))
+				return RT_FAIL(e, "no NCCL communicator for axis mask %lld over pipeline "
+					       "stages 0x%llx", (long long)DP_AXES(in), (unsigned long long)set);
+			if (dp_is_collective(in->op) && !set &&
 			    cu_nccl_group_size(b->comm, (unsigned)DP_AXES(in)) > 1 &&
 			    !cu_nccl_comm(x->nccl, in->stream, (unsigned)DP_AXES(in)))
 				return RT_FAIL(e, "no NCCL communicator for axis mask %lld on the %s "
@@ -1508,7 +1519,17 @@ static int cu_collective(Backend *b, const DpInstr *in, RtErr *e)
 		return cu_p2p(b, in, e);
 	cudaStream_t st = x->st[in->stream];
 	unsigned mask = (unsigned)DP_AXES(in);
-	ncclComm_t c = cu_nccl_comm(x->nccl, in->stream, mask);
+	uint64_t stages = in->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(in, ALL_REDUCE, stages) : 0;
+	/* a sub-group of pp stages (a tied parameter's gradient): its own
+	 * communicator, which this rank, one of its stages, must have */
+	if (stages && MUTANT(subgroup_skipped))
+		return 0;
+	ncclComm_t c = stages ? cu_nccl_group_comm(x->nccl, mask, stages)
+			      : cu_nccl_comm(x->nccl, in->stream, mask);
+	if (stages && !c)
+		return RT_FAIL(e, "no NCCL communicator for the all_reduce of '%s' over pipeline "
+			       "stages 0x%llx (axis mask %u)", tname(s, in->out),
+			       (unsigned long long)stages, mask);
 	void *out = b->ptr[in->out];
 	const void *src = in->in[0] >= 0 ? b->ptr[in->in[0]] : out;
 	size_t n = (size_t)dp_numel(&s->tensors[in->out]);

@@ -9,7 +9,13 @@
  * masked axes zeroed (flattened), key = world rank, so NCCL group ranks are
  * the row-major order of the masked coordinates, the same order comm_mpi.c's
  * MPI_Comm_split and comm_group_rank use. A mask whose group is one rank gets
- * no communicator: the backend runs such a collective locally.
+ * no communicator: the backend runs such a collective locally. After them,
+ * on the comm stream, one per sub-group of pp stages an all_reduce names
+ * (ALL_REDUCE's `stages`: a tied parameter's gradient over the stages that
+ * keep it; comm.h's comm_step_groups, the list comm_mpi.c splits too): a
+ * rank of those stages splits with its colour, the others with
+ * NCCL_SPLIT_NOCOLOR (the split is collective over the world communicator)
+ * and get none.
  *
  * Deadlines. Every communicator is non-blocking (ncclConfig_t.blocking = 0):
  * init and split return at once (ncclInProgress) and cu_nccl_settle polls
@@ -73,16 +79,21 @@
 #define FINALIZE_DEADLINE_S 60.0 /* teardown: finalize or abort */
 
 #define NMASK (1u << DP_MAX_AXES)
+/* comm[st][NMASK + i]: the sub-group of pp stages groups[i] (comm stream) */
+#define NSLOT (NMASK + CU_NCCL_MAX_GROUPS)
 
 struct CuNccl {
 	int rank, world;
 	ncclComm_t world_comm;               /* NULL with one rank */
-	ncclComm_t comm[DP_NSTREAM][NMASK];  /* NULL: group of one or unused */
+	ncclComm_t comm[DP_NSTREAM][NSLOT];  /* NULL: group of one, unused, or (a sub-group
+						of pp stages) a rank outside it */
+	CommGroup groups[CU_NCCL_MAX_GROUPS]; /* the sub-groups of pp stages */
+	int ngroups;
 	int aborted;                         /* the aborts are started */
 	int abort_n, abort_started;          /* communicators aborted; threads started */
 	int abort_waited;                    /* cu_nccl_abort has waited (its answer stands) */
 	int abort_stuck;                     /* an abort thread is still running */
-	ncclComm_t aborting[DP_NSTREAM * NMASK + 1]; /* what the threads abort */
+	ncclComm_t aborting[DP_NSTREAM * NSLOT + 1]; /* what the threads abort */
 	atomic_int aborts_done;
 };
 
@@ -100,7 +111,9 @@ void cu_nccl_masks(const DpStep *s, uint32_t masks[DP_NSTREAM])
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (dp_is_collective(in->op))
+			/* (a sub-group of pp stages has its own: cu_nccl_init's groups) */
+			if (dp_is_collective(in->op) &&
+			    !(in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages)))
 				masks[in->stream < DP_NSTREAM ? in->stream : 0] |=
 					1u << (DP_AXES(in) & (NMASK - 1));
 		}
@@ -224,6 +237,19 @@ static int split(ncclComm_t parent, int colour, int key, ncclComm_t *child, doub
 	return cu_nccl_settle(*child, "ncclCommSplit", deadline, e);
 }
 
+/* A split of parent that this rank does not join (NCCL_SPLIT_NOCOLOR: it
+ * gets no communicator): the parent settled, nothing to wait for. */
+static int split_out(ncclComm_t parent, int key, double deadline, RtErr *e)
+{
+	ncclConfig_t sc = NCCL_CONFIG_INITIALIZER;
+	sc.blocking = 0;
+	ncclComm_t none = NULL;
+	ncclResult_t r = ncclCommSplit(parent, NCCL_SPLIT_NOCOLOR, key, &none, &sc);
+	if (r != ncclSuccess && r != ncclInProgress)
+		return cu_nccl_fail(r, "ncclCommSplit (NCCL_SPLIT_NOCOLOR)", e, __FILE__, __LINE__);
+	return cu_nccl_settle(parent, "ncclCommSplit (the parent communicator)", deadline, e);
+}
+
 static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTREAM],
 		     double deadline, RtErr *e)
 {
@@ -247,16 +273,33 @@ static int init_body(CuNccl *nc, const Comm *comm, const uint32_t masks[DP_NSTRE
 			RT_CHECK(split(nc->world_comm, colour_of(comm, m), comm->rank,
 				       &nc->comm[st][m], deadline, e));
 		}
+	/* the sub-groups of pp stages, on the comm stream, in the list's order on
+	 * every rank (each split is collective over the world communicator) */
+	int pp = comm->coord[DP_AXIS_PP];
+	for (int i = 0; i < nc->ngroups; i++) {
+		const CommGroup *g = &nc->groups[i];
+		if (pp < 64 && g->stages >> pp & 1)
+			RT_CHECK(split(nc->world_comm, colour_of(comm, g->axes), comm->rank,
+				       &nc->comm[DP_STREAM_COMM][NMASK + i], deadline, e));
+		else
+			RT_CHECK(split_out(nc->world_comm, comm->rank, deadline, e));
+	}
 	return 0;
 }
 
 int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM],
-		 double deadline_s, RtErr *e)
+		 const CommGroup *groups, int ngroups, double deadline_s, RtErr *e)
 {
 	*out = NULL;
+	if (ngroups < 0 || ngroups > CU_NCCL_MAX_GROUPS)
+		return RT_FAIL(e, "%d sub-groups of the pipeline stages: at most %d", ngroups,
+			       CU_NCCL_MAX_GROUPS);
 	CuNccl *nc = calloc(1, sizeof *nc);
 	if (!nc)
 		return RT_FAIL(e, "out of memory (NCCL state)");
+	for (int i = 0; i < ngroups; i++)
+		nc->groups[i] = groups[i];
+	nc->ngroups = ngroups;
 	nc->rank = comm->rank;
 	nc->world = comm->world;
 	if (init_body(nc, comm, masks, cu_nccl_now() + deadline_s, e)) {
@@ -276,19 +319,29 @@ ncclComm_t cu_nccl_comm(CuNccl *nc, int stream, unsigned mask)
 	return nc->comm[stream][mask];
 }
 
+ncclComm_t cu_nccl_group_comm(CuNccl *nc, unsigned mask, uint64_t stages)
+{
+	for (int i = 0; nc && i < nc->ngroups; i++)
+		if (nc->groups[i].axes == mask && nc->groups[i].stages == stages)
+			return nc->comm[DP_STREAM_COMM][NMASK + i];
+	return NULL;
+}
+
 int cu_nccl_async_error(CuNccl *nc, RtErr *e)
 {
 	if (!nc || nc->aborted)
 		return 0;
 	for (int st = 0; st < DP_NSTREAM; st++)
-		for (unsigned m = 0; m < NMASK; m++) {
+		for (unsigned m = 0; m < NSLOT; m++) {
 			ncclResult_t async = ncclSuccess;
 			if (!nc->comm[st][m])
 				continue;
 			CU_NCCL(ncclCommGetAsyncError(nc->comm[st][m], &async), e);
 			if (async != ncclSuccess && async != ncclInProgress)
 				return RT_FAIL(e, "NCCL asynchronous error on the communicator of axis "
-					       "mask %u (%s stream): %s", m,
+					       "mask %u%s (%s stream): %s",
+					       m < NMASK ? m : nc->groups[m - NMASK].axes,
+					       m < NMASK ? "" : " over a sub-group of the pipeline stages",
 					       st == DP_STREAM_COMM ? "comm" : "compute",
 					       ncclGetErrorString(async));
 		}
@@ -315,7 +368,7 @@ void cu_nccl_abort_start(CuNccl *nc)
 	if (MUTANT(abort_serial) && nc && !nc->aborted) { /* one after the other, on this thread */
 		nc->aborted = 1;
 		for (int st = 0; st < DP_NSTREAM; st++)
-			for (unsigned m = 0; m < NMASK; m++)
+			for (unsigned m = 0; m < NSLOT; m++)
 				if (nc->comm[st][m]) {
 					ncclCommAbort(nc->comm[st][m]);
 					nc->comm[st][m] = NULL;
@@ -330,7 +383,7 @@ void cu_nccl_abort_start(CuNccl *nc)
 	nc->aborted = 1;
 	int n = 0;
 	for (int st = 0; st < DP_NSTREAM; st++)
-		for (unsigned m = 0; m < NMASK; m++)
+		for (unsigned m = 0; m < NSLOT; m++)
 			if (nc->comm[st][m]) {
 				nc->aborting[n++] = nc->comm[st][m];
 				nc->comm[st][m] = NULL;
@@ -397,7 +450,7 @@ void cu_nccl_free(CuNccl *nc)
 		return; /* the abort threads still count in it */
 	double deadline = cu_nccl_now() + FINALIZE_DEADLINE_S;
 	for (int st = 0; st < DP_NSTREAM; st++)
-		for (unsigned m = 0; m < NMASK; m++)
+		for (unsigned m = 0; m < NSLOT; m++)
 			if (nc->comm[st][m])
 				close_comm(nc->comm[st][m], deadline);
 	if (nc->world_comm)

@@ -33,7 +33,13 @@ int cu_nccl_group_size(const Comm *comm, unsigned mask);
  * non-blocking; the whole init must complete within deadline_s seconds, else
  * it fails (and aborts what it made). With one rank no NCCL call is made. */
 int cu_nccl_init(CuNccl **out, const Comm *comm, const uint32_t masks[DP_NSTREAM],
-		 double deadline_s, RtErr *e);
+		 const CommGroup *groups, int ngroups, double deadline_s, RtErr *e);
+/* groups: the sub-groups of pp stages (comm_step_groups), each split on the
+ * comm stream after the masks' (NCCL_SPLIT_NOCOLOR on a rank outside it). */
+#define CU_NCCL_MAX_GROUPS COMM_MAX_GROUPS
+/* The comm stream's communicator of a sub-group of pp stages; NULL on a
+ * rank outside it. */
+ncclComm_t cu_nccl_group_comm(CuNccl *nc, unsigned mask, uint64_t stages);
 /* Poll a non-blocking communicator until it is ready (ncclSuccess), has an
  * error (-1 naming `what`), or the CLOCK_MONOTONIC time `deadline` passes
  * (-1). After any NCCL call on it that returned ncclInProgress. */
