@@ -9,7 +9,7 @@
  * program order, 5 times on every rank at once (so the cores are shared as
  * a step shares them, and a loaded machine's preemptions fall on the
  * kernels as on a step's), and each one's time is its mean over the walks
- * and the ranks.
+ * on the slowest rank (the step waits for it at every collective).
  * From them:
  *  - kernel_overhead_s: the fastest instruction's time (a scalar's sqrt:
  *    the walk and the pool's fork and join, no work);
@@ -35,7 +35,7 @@
  * size keeps what this run did not measure (other models' shapes and ops):
  * calibrating with several step files builds one file.
  * At pp > 1 each rank times its stage's kernels and those of every stage
- * (a kernel's mean over the ranks that ran it), and the p2p link is
+ * (a kernel's mean on the slowest of the ranks that ran it), and the p2p link is
  * measured between neighbouring stages (time_p2p); at pp = 1 it is the
  * collectives' figure.
  */
@@ -126,10 +126,14 @@ static void gemm_mnk(const DpStep *s, const DpInstr *in, double *m, double *n, d
 		     ? arows : acols;
 }
 
-/* The mean time of each STEP kernel (t[i]; -1: not a kernel) over REPS
- * walks of them all in program order, averaged over the ranks: kernels back
- * to back as a step runs them, so a loaded machine's preemptions land on
- * them in proportion, as they do on a step. */
+/* The time of each STEP kernel (t[i]; -1: not a kernel): its mean over
+ * REPS walks of them all in program order (kernels back to back as a step
+ * runs them, so a loaded machine's preemptions land on them in
+ * proportion, as they do on a step), the largest of the ranks' means: the
+ * ranks meet at every collective, so a step goes at its slowest rank's
+ * pace, and on shared cores one rank can be slower throughout (mpirun binds
+ * rank 0 of every job to core 0: llama at tp=2 here, one step, rank 0's
+ * kernels 733 ms, rank 1's 283 ms, rank 1 waiting 742 ms for it). */
 static int time_kernels(Exec *x, double *t, RtErr *e)
 {
 	const DpStep *s = x->s;
@@ -159,10 +163,12 @@ static int time_kernels(Exec *x, double *t, RtErr *e)
 				sum[i] += MPI_Wtime() - t0, cnt[i] += 1;
 		}
 	}
-	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	for (uint32_t i = 0; i < n; i++) /* this rank's mean, 0 where it ran none */
+		sum[i] = cnt[i] > 0 ? sum[i] / cnt[i] : 0;
+	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 	MPI_Allreduce(cnt, all, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	for (uint32_t i = 0; i < n; i++)
-		t[i] = all[i] > 0 ? t[i] / all[i] : -1;
+		t[i] = all[i] > 0 ? t[i] : -1;
 	free(sum);
 	free(all);
 	return 0;
