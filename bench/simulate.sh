@@ -12,12 +12,17 @@
 # measured order, over all configurations and within each (model, N) group.
 # The machine is shared: the ddp runs are measured a second time, and the
 # median |difference| between the two measurements is printed as the noise
-# to set the errors against.
+# to set the errors against, with the machine's load average (the 1-minute
+# figure of /proc/loadavg when each measurement ends: other users' work on
+# the same cores) over the measurements. MODELS and SIZES pick a subset.
 #   STEPS=12 bash bench/simulate.sh
+#   MODELS="mlp" SIZES="2" bash bench/simulate.sh
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-12}
+MODELS=${MODELS:-mlp gpt2-tiny llama}
+SIZES=${SIZES:-1 2 4}
 . tests/lib.sh # the MPI-as-root settings
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -37,6 +42,7 @@ measure() {
 import json, statistics, sys
 v = [json.loads(l)["ms_per_step"] for l in open(sys.argv[1]) if "ms_per_step" in l][2:]
 print(f"{statistics.median(v):.3f}")' "$T/$1.log"
+	cut -d' ' -f1 /proc/loadavg >>"$T/load"
 }
 predict() { # predict NAME MODEL N ARGS...
 	local name=$1 model=$2 n=$3; shift 3
@@ -45,14 +51,14 @@ predict() { # predict NAME MODEL N ARGS...
 }
 
 : >"$T/rows"
-for n in 1 2 4; do
-	for m in mlp gpt2-tiny llama; do
+for n in $SIZES; do
+	for m in $MODELS; do
 		compile "cal-$m-$n" "models/$m.dp" "$n"
 		mpirun --oversubscribe -np "$n" "$DPEXEC" "$T/cal-$m-$n.bin" --device cpu --quiet \
 			--calibrate "$T/cpu-$n.json" | sed 's/^/  /'
 	done
 	cp "$T/cpu-$n.json" "$BUILD/cpu-$n.json"
-	for m in mlp gpt2-tiny llama; do
+	for m in $MODELS; do
 		confs="ddp zero1 zero2 full_shard"
 		[ "$n" = 1 ] && confs="ddp"
 		[ "$n" = 4 ] && confs="ddp zero2 full_shard hybrid_shard"
@@ -74,7 +80,7 @@ for n in 1 2 4; do
 		done
 	done
 done
-$PY - "$T/rows" <<'EOF'
+$PY - "$T/rows" "$T/load" <<'EOF'
 import itertools, statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 def tau(a, b):
@@ -103,6 +109,10 @@ for key, grp in itertools.groupby(rows, key=lambda r: (r[0], r[1])):
         taus.append(t)
         print(f"  {key[0]} at {key[1]} ranks: tau {t:.3f} over {len(g)}")
 noise = [abs(float(r[5]) - float(r[4])) / float(r[4]) for r in rows if r[5] != "-"]
-print(f"noise: the ddp runs measured twice differ by {100 * statistics.median(noise):.1f} % "
-      f"(median), {100 * max(noise):.1f} % at most")
+if noise:
+    print(f"noise: the ddp runs measured twice differ by {100 * statistics.median(noise):.1f} % "
+          f"(median), {100 * max(noise):.1f} % at most")
+load = [float(l) for l in open(sys.argv[2]) if l.strip()]
+print(f"load average (1 min) over the measurements: {min(load):.1f} to {max(load):.1f}, "
+      f"median {statistics.median(load):.1f}, on {__import__('os').cpu_count()} CPUs")
 EOF

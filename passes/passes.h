@@ -243,6 +243,9 @@ typedef struct {
 	double forecast_bubble;     /* pp > 1: stages_simulate's bubble from the FLOPs
 	                               (--stats'), -1 when it has none */
 	int sweeps;                 /* pp > 1: sim_run_stages' sweeps */
+	double sync_s;              /* cpu executor: dpexec's per-step loss all_reduce
+	                               and sync point, in every stage's step, comm and
+	                               exposed comm */
 	double model_flops, tokens; /* per optimizer step (roofline_model_flops) */
 } SimReport;
 /* The fastest a GEMM (matmul, linear and their fused forms) of dtype

@@ -56,7 +56,12 @@
  *    the other collectives in flight; an EVENT_RECORD on comm covers every
  *    collective started so far and a wait for it on compute holds the host
  *    until they are done; a kernel on the comm or copy stream waits for
- *    every collective before it.
+ *    every collective before it. Once per optimizer step, after the
+ *    program, the host waits for dpexec's report of the step: the loss
+ *    all_reduced over every axis but tp, then the sync point over every
+ *    rank (sync_point_s), which the step program does not hold but every
+ *    measured step pays (on a GPU the loop keeps the next step queued
+ *    meanwhile, so they are not counted there).
  * Collectives in flight together share their link's bandwidth equally
  * (a fluid model: each one's bus bytes drain at busbw / the number moving
  * on that link, after its alpha); on the gpu executor only collectives of
@@ -588,6 +593,37 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 
 /* ---- the report and the trace ---- */
 
+/* An 8-byte all_reduce over the axes of mask (0 for a group of one). */
+static double small_allreduce_s(const Graph *g, const Machine *mc, unsigned mask)
+{
+	int ranks = 1;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		if ((mask & DP_AXIS_BIT(a)) && g->cfg.mesh[a] > 1)
+			ranks *= (int)g->cfg.mesh[a];
+	if (ranks <= 1)
+		return 0;
+	const MachLink *l = &mc->link[group_in_node(g, mask, mc->ranks_per_node) ? MACH_INTRA : MACH_INTER];
+	return l->alpha_s + 8.0 * 2 * (ranks - 1) / ranks / l->busbw;
+}
+
+/* cpu executor: the host's waits, once per optimizer step, in dpexec's
+ * report of the step (runtime/dpexec.c's report_step), which the step
+ * program does not hold: the loss all_reduced over every axis but tp (the
+ * ranks that hold samples, and pp), then the sync point over every rank
+ * (runtime/world.c's world_sync), each a few bytes completed by
+ * world_waitall, one after the other and all of them exposed (the loop
+ * does nothing else meanwhile). 0 at one rank, and on the gpu executor,
+ * where the loop keeps the next step queued on the device while it waits. */
+static double sync_point_s(const Graph *g, const Machine *mc)
+{
+	if (mc->executor != MACH_CPU)
+		return 0;
+	unsigned all = 0;
+	for (int a = 0; a < DP_MAX_AXES; a++)
+		all |= DP_AXIS_BIT(a);
+	return small_allreduce_s(g, mc, all & ~DP_AXIS_BIT(DP_AXIS_TP)) + small_allreduce_s(g, mc, all);
+}
+
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
 {
 	memset(rep, 0, sizeof *rep);
@@ -622,6 +658,12 @@ int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
 		    stages_simulate(sc, p, ir_chunks_per_rank(g), accum, g->pipeline, &bubble, NULL) >= 0)
 			rep->forecast_bubble = bubble;
 		free(sc);
+	}
+	rep->sync_s = sync_point_s(g, mc);
+	for (int s = 0; s < p; s++) { /* the host waits for it: exposed communication */
+		rep->stage[s].step_s += rep->sync_s;
+		rep->stage[s].comm_s += rep->sync_s;
+		rep->stage[s].exposed_s += rep->sync_s;
 	}
 	for (int s = 1; s < p; s++)
 		if (rep->stage[s].step_s > rep->stage[rep->slowest].step_s)
@@ -671,6 +713,9 @@ void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *re
 		fprintf(out, "%-16s %12.4f ms   (%.1f %% of the communication hidden behind compute)\n",
 			"exposed comm", r->exposed_s * ms,
 			r->comm_s > 0 ? 100 * (1 - fmin(1, r->exposed_s / r->comm_s)) : 100.0);
+	if (rep->sync_s > 0)
+		fprintf(out, "%-16s %12.4f ms   (dpexec's per-step loss all_reduce and sync point, in "
+			"the exposed comm)\n", "sync point", rep->sync_s * ms);
 	fprintf(out, "%-16s %12lld B  (%s: the memory plan's arena)\n", "peak memory",
 		(long long)g->peak_bytes, stats_human_bytes(h, sizeof h, (double)g->peak_bytes));
 	if (rep->nstages > 1) {

@@ -9,7 +9,7 @@
  * program order, 5 times on every rank at once (so the cores are shared as
  * a step shares them, and a loaded machine's preemptions fall on the
  * kernels as on a step's), and each one's time is its mean over the walks
- * and the ranks.
+ * on the slowest rank (the step waits for it at every collective).
  * From them:
  *  - kernel_overhead_s: the fastest instruction's time (a scalar's sqrt:
  *    the walk and the pool's fork and join, no work);
@@ -23,15 +23,19 @@
  *    kernel overhead;
  *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
  *    GEMM point per dtype (f32's for bf16 when there is none).
- * The collectives: MPI_Allreduce, MPI_Allgather and MPI_Reduce_scatter_block
- * over every rank at 64 KiB to 8 MiB, 5 times each (median), and alpha and
- * busbw by least squares of time = alpha + bus bytes / busbw (nccl-tests'
- * bus bytes), for every link: one host's ranks share one memory.
+ * The collectives: MPI_Iallreduce (in place), MPI_Iallgather and
+ * MPI_Ireduce_scatter_block over every rank at 4 KiB to 8 MiB, each
+ * completed by world_waitall as comm_mpi.c completes a step's (the blocking
+ * calls take other algorithms and spin instead of yielding: on 2 loaded
+ * cores their alpha was a tenth of what a step's collectives take), 5
+ * times each (median of the slowest rank's time), and alpha and busbw by
+ * least squares of time = alpha + bus bytes / busbw (nccl-tests' bus
+ * bytes), for every link: one host's ranks share one memory.
  * A machine file already at the path from a calibration at the same world
  * size keeps what this run did not measure (other models' shapes and ops):
  * calibrating with several step files builds one file.
  * At pp > 1 each rank times its stage's kernels and those of every stage
- * (a kernel's mean over the ranks that ran it), and the p2p link is
+ * (a kernel's mean on the slowest of the ranks that ran it), and the p2p link is
  * measured between neighbouring stages (time_p2p); at pp = 1 it is the
  * collectives' figure.
  */
@@ -46,6 +50,7 @@
 #include "exec.h"
 #include "machine.h"
 #include "outfile.h"
+#include "world.h"
 
 #define REPS 5
 
@@ -121,10 +126,14 @@ static void gemm_mnk(const DpStep *s, const DpInstr *in, double *m, double *n, d
 		     ? arows : acols;
 }
 
-/* The mean time of each STEP kernel (t[i]; -1: not a kernel) over REPS
- * walks of them all in program order, averaged over the ranks: kernels back
- * to back as a step runs them, so a loaded machine's preemptions land on
- * them in proportion, as they do on a step. */
+/* The time of each STEP kernel (t[i]; -1: not a kernel): its mean over
+ * REPS walks of them all in program order (kernels back to back as a step
+ * runs them, so a loaded machine's preemptions land on them in
+ * proportion, as they do on a step), the largest of the ranks' means: the
+ * ranks meet at every collective, so a step goes at its slowest rank's
+ * pace, and on shared cores one rank can be slower throughout (mpirun binds
+ * rank 0 of every job to core 0: llama at tp=2 here, one step, rank 0's
+ * kernels 733 ms, rank 1's 283 ms, rank 1 waiting 742 ms for it). */
 static int time_kernels(Exec *x, double *t, RtErr *e)
 {
 	const DpStep *s = x->s;
@@ -154,20 +163,43 @@ static int time_kernels(Exec *x, double *t, RtErr *e)
 				sum[i] += MPI_Wtime() - t0, cnt[i] += 1;
 		}
 	}
-	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	for (uint32_t i = 0; i < n; i++) /* this rank's mean, 0 where it ran none */
+		sum[i] = cnt[i] > 0 ? sum[i] / cnt[i] : 0;
+	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 	MPI_Allreduce(cnt, all, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	for (uint32_t i = 0; i < n; i++)
-		t[i] = all[i] > 0 ? t[i] / all[i] : -1;
+		t[i] = all[i] > 0 ? t[i] : -1;
 	free(sum);
 	free(all);
 	return 0;
 }
 
-/* alpha and busbw of the world's collectives. */
-static void time_collectives(int world, MachLink *l)
+/* Start one collective as comm_mpi.c does (non-blocking, all_reduce in
+ * place) and complete it as every wait of the runtime is completed
+ * (world_waitall: MPI_Testall with sched_yield, then back-off sleeps). */
+static int one_collective(int kind, float *a, float *b, int cnt, int part, RtErr *e)
 {
-	enum { NSIZE = 4 };
-	static const int64_t sizes[NSIZE] = {64 << 10, 512 << 10, 2 << 20, 8 << 20};
+	MPI_Request req;
+	int rc = kind == 0 ? MPI_Iallreduce(MPI_IN_PLACE, b, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req)
+		 : kind == 1 ? MPI_Iallgather(a, part, MPI_FLOAT, b, part, MPI_FLOAT, MPI_COMM_WORLD, &req)
+			     : MPI_Ireduce_scatter_block(a, b, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+	if (rc != MPI_SUCCESS)
+		return RT_FAIL(e, "--calibrate: a non-blocking collective failed to start");
+	return world_waitall(1, &req, 0, "--calibrate's collectives", NULL, e);
+}
+
+/* alpha and busbw of the world's collectives, issued and waited for as a
+ * step issues and waits for them: MPI_Iallreduce, MPI_Iallgather and
+ * MPI_Ireduce_scatter_block (Open MPI's libnbc, not the blocking calls'
+ * coll/tuned algorithms), each completed by world_waitall's polling, which
+ * yields the core to the other ranks (on oversubscribed cores a collective's
+ * every round waits for its peers to be scheduled: that is its alpha here).
+ * 4 KiB to 8 MiB: a step's collectives run from a few bytes (a norm's
+ * partial sums) to a bucket, and the small ones set the alpha. */
+static int time_collectives(int world, MachLink *l, RtErr *e)
+{
+	enum { NSIZE = 5 };
+	static const int64_t sizes[NSIZE] = {4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20};
 	double x[3 * NSIZE], y[3 * NSIZE], v[REPS];
 	int n = 0;
 	float *a = malloc((size_t)(8 << 20)), *b = malloc((size_t)(8 << 20));
@@ -175,21 +207,21 @@ static void time_collectives(int world, MachLink *l)
 		*l = (MachLink){0, 1e15};
 		free(a);
 		free(b);
-		return;
+		return 0;
 	}
 	memset(a, 0, (size_t)(8 << 20));
+	memset(b, 0, (size_t)(8 << 20));
 	for (int kind = 0; kind < 3; kind++)
 		for (int s = 0; s < NSIZE; s++) {
 			int cnt = (int)(sizes[s] / 4), part = cnt / world;
 			for (int r = -1; r < REPS; r++) {
 				MPI_Barrier(MPI_COMM_WORLD);
 				double t0 = MPI_Wtime();
-				if (kind == 0)
-					MPI_Allreduce(a, b, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-				else if (kind == 1)
-					MPI_Allgather(a, part, MPI_FLOAT, b, part, MPI_FLOAT, MPI_COMM_WORLD);
-				else
-					MPI_Reduce_scatter_block(a, b, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+				if (one_collective(kind, a, b, cnt, part, e) < 0) {
+					free(a);
+					free(b);
+					return -1;
+				}
 				double mine = MPI_Wtime() - t0, slow;
 				MPI_Allreduce(&mine, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 				if (r >= 0)
@@ -204,6 +236,7 @@ static void time_collectives(int world, MachLink *l)
 	*l = (MachLink){alpha, 1 / inv};
 	free(a);
 	free(b);
+	return 0;
 }
 
 /* pp > 1: alpha and bandwidth of a pipeline transfer, one way between
@@ -358,7 +391,10 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 		return -1;
 	}
 	MachLink link, p2p;
-	time_collectives(world, &link);
+	if (time_collectives(world, &link, e) < 0) {
+		free(t);
+		return -1;
+	}
 	p2p = link;
 	if (pp > 1)
 		time_p2p(rank, world, pp, &p2p);

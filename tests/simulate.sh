@@ -17,7 +17,9 @@
 #    over 1 MB/s (every collective counted once, at its link; the gpu
 #    executor runs them one at a time), and all of it is exposed;
 #  - cpu executor: the host walks the program, so the step is compute plus
-#    exposed communication;
+#    exposed communication, which holds dpexec's per-step loss all_reduce
+#    (not over tp) and sync point (two link latencies at dp=2, one at tp=2,
+#    none at 1 rank);
 #  - pipeline: gpt2-tiny at pp=2 (zero_bubble) and pp=4 (1f1b) on a machine
 #    where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
 #    their compute streams' idle mean within a point of --stats' bubble
@@ -227,14 +229,23 @@ pipeline "gpt2-tiny pp=4 1f1b" 4 --set train.grad_accum=8
 
 if case_on "cpu executor: step = compute + exposed"; then
 	once starved-cpu starved cpu 1e9
-	"$DPC" models/mlp.dp --world-size 2 --simulate="$T/cpu.json" >"$T/cpu.txt" 2>/dev/null
-	if out=$($PY - "$T/cpu.txt" <<'EOF'
+	# links with a 1 ms latency: dpexec's per-step sync point costs it once
+	sed 's/"alpha_s": 0,/"alpha_s": 0.001,/g' "$T/cpu.json" >"$T/cpu-alpha.json"
+	"$DPC" models/mlp.dp --world-size 2 --simulate="$T/cpu-alpha.json" >"$T/cpu.txt" 2>/dev/null
+	"$DPC" models/mlp.dp --world-size 1 --simulate="$T/cpu-alpha.json" >"$T/cpu1.txt" 2>/dev/null
+	"$DPC" models/gpt2-tiny.dp --world-size 2 --tp 2 --simulate="$T/cpu-alpha.json" >"$T/cputp.txt" 2>/dev/null
+	if out=$($PY - "$T/cpu.txt" "$T/cpu1.txt" "$T/cputp.txt" <<'EOF'
 import re, sys
-t = open(sys.argv[1]).read()
-g = lambda k: float(re.search(r"^" + k + r"\s+([\d.]+) ms", t, re.M).group(1))
-step, comp, exp = g("step time"), g("compute"), g("exposed comm")
+t, t1, tp = (open(f).read() for f in sys.argv[1:4])
+g = lambda k, t=t: float(re.search(r"^" + k + r"\s+([\d.]+) ms", t, re.M).group(1))
+step, comp, exp, sync = g("step time"), g("compute"), g("exposed comm"), g("sync point")
 assert "cpu executor" in t and exp > 0 and abs(step - comp - exp) <= 2e-4, (step, comp, exp)
-print(f"{step:.4f} ms = {comp:.4f} + {exp:.4f}")
+# the loss over dp and the sync point over the world: two latencies (+ 8 B at 1 GB/s)
+assert abs(sync - 2.0) <= 1e-4 and exp >= sync, (sync, exp)
+assert abs(g("sync point", tp) - 1.0) <= 1e-4, "tp=2: the sync point alone (no loss reduce over tp)"
+assert "sync point" not in t1, "a sync point at 1 rank"
+print(f"{step:.4f} ms = {comp:.4f} + {exp:.4f}, the sync point {sync:.4f} ms among it (tp=2: "
+      f"{g('sync point', tp):.4f})")
 EOF
 	); then ok "cpu executor: $out"; else fail "cpu executor: $out"; fi
 fi
