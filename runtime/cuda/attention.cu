@@ -502,21 +502,23 @@ CU_UNROLL
  *    tile): a row reduction takes two xor shuffles (1, 2: row_sum, quad_max).
  *  - cp (attention_cp and its gradients): the same code on positions, not
  *    rows. Keys go by in position order, each tile row copied from where
- *    its position lives in the gathered kv (fa_copy_kv: key_at), so a
+ *    its position lives in the gathered kv (fa_fetch_kv: key_at), so a
  *    tile may cross chunks; a lane masks by its query row's position; the
  *    causal bounds are the positions of a warp's or block's end rows
  *    (fa_query_span). dK/dV's blocks are stored rows of the gathered kv
  *    (key_pos_of_row gives each one's position) and it writes d kv there.
  *    The ordinary op's positions are its rows: its path is unchanged.
  * Shared memory (dynamic, < 48 KB): the two operands' tiles, two buffers
- * each, rows padded to HD + 8 bf16 (HD + 4 f32): every row starts 16-byte
+ * each (the next tile's loads issued into registers before the current
+ * tile's mma work and stored into the other buffer after it: TcFetch), rows padded to HD + 8 bf16 (HD + 4 f32): every row starts 16-byte
  * aligned (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in
  * 8 different 16-byte bank groups (no bank conflicts; f32: fa_times_rows'
  * and fa_times_tile's comments).
  *
- * k_attn_fwd_mma (BC = 64 keys, 32 for head dim 128): S = Q K^T, scaled in
- * f32; the online softmax on the C registers, p = exp(scale s - m')
- * rounded to bf16, l summing the rounded p (O / l weighs V by exactly the P
+ * k_attn_fwd_mma (BC = 64 keys, 32 for head dim 128): S = Q K^T in f32;
+ * the online softmax on the C registers in unscaled s (m' its running
+ * max), p = exp(scale (s - m')) as exp2f of one FMA (scale log2(e)
+ * folded in: FlashAttention-2's form) rounded to bf16, l summing the rounded p (O / l weighs V by exactly the P
  * the mma used); O += P V with O (16 x HD per warp) in f32 C registers,
  * rescaled in place by exp(m - m') per row. Causal: the block stops at the
  * tile of its last row; a warp skips the tiles wholly above its rows (and
@@ -559,12 +561,29 @@ template <typename T> static __device__ __forceinline__ uint4 tc_operand16(uint4
 	return v;
 }
 
+/* x rounded to bf16 (to nearest even: cu_to_bf16's rounding), as bits:
+ * one cvt.rn.bf16.f32 on the device (cu_to_bf16 is ~6 integer operations,
+ * and it rounded every P and dS: a fifth of the forward's instructions,
+ * ncu); a NaN comes out as the canonical NaN rather than cu_to_bf16's
+ * quieted payload (P and dS are NaN only when the inputs are). The
+ * emulator (no __CUDA_ARCH__) rounds with cu_to_bf16: the same bits. */
+static __device__ __forceinline__ cu_bf16 tc_bf16(float x)
+{
+#ifdef __CUDA_ARCH__
+	unsigned short u;
+	asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(u) : "f"(x));
+	return u;
+#else
+	return cu_to_bf16(x);
+#endif
+}
+
 /* x rounded as the mma will take it, as a float (P: l sums exactly the
  * weights the mma uses) */
 template <typename T> static __device__ __forceinline__ float tc_value(float x)
 {
 	if constexpr (sizeof(T) == 2)
-		return cu_from_bf16(cu_to_bf16(x));
+		return cu_from_bf16(tc_bf16(x));
 	else
 		return tc_operand(x);
 }
@@ -572,7 +591,8 @@ template <typename T> static __device__ __forceinline__ float tc_value(float x)
 /* n rows into a padded shared tile of HD columns (row stride dld), each
  * element as the mma takes it (bf16 bits copied, f32 rounded to tf32): row
  * j from rowp(j) + off (rowp(j) NULL: a zero row), columns past hd zero.
- * vec: 16 bytes at a time (8 bf16 or 4 f32: Geom.tcvec). */
+ * vec: 16 bytes at a time (8 bf16 or 4 f32: Geom.tcvec). The copy where
+ * the rows are not 16-byte aligned; TcFetch below where they are. */
 template <int HD, typename T, class RowP>
 static __device__ void tc_copy_gather(T *dst, int dld, RowP rowp, int64_t off, int n, int64_t hd,
 				      int vec)
@@ -593,6 +613,45 @@ static __device__ void tc_copy_gather(T *dst, int dld, RowP rowp, int64_t off, i
 	}
 }
 
+/* A tile of N rows of HD columns (HD the head dim exactly, rows 16-byte
+ * aligned: Geom.tcvec) fetched into registers, 16 bytes per load, and
+ * later stored into a padded shared tile: the register double-buffering of
+ * the kernels' next tile. fetch() issues all of a thread's loads (PER, a
+ * constant: unrolled and independent, so their latencies overlap) and
+ * returns; the loop does the current tile's mma work; store() then waits
+ * for them and writes shared memory. So the global latency is paid once
+ * per tile and hidden behind the mma work, where tc_copy_gather paid it
+ * once per 16 bytes in turn (its store waits for its load: 29 % of the
+ * forward's stall samples in ncu). NT: the block's threads. */
+template <int HD, int N, int NT, typename T> struct TcFetch {
+	static const int STEP = 16 / (int)sizeof(T);      /* elements per load */
+	static const int CHUNKS = N * HD / STEP;          /* loads per tile */
+	static const int PER = (CHUNKS + NT - 1) / NT;    /* per thread */
+	static const int N_ROWS = N;
+	static_assert(HD % STEP == 0, "rows of whole 16-byte loads");
+	uint4 v[PER];
+
+	/* row j from rowp(j) + off (NULL: a zero row) */
+	template <class RowP> __device__ __forceinline__ void fetch(RowP rowp, int off)
+	{
+CU_UNROLL
+		for (int k = 0; k < PER; k++) {
+			const int i = (int)threadIdx.x + k * NT, j = i / (HD / STEP), d = STEP * (i % (HD / STEP));
+			const T *row = CHUNKS % NT == 0 || i < CHUNKS ? rowp(j) : (const T *)0;
+			v[k] = row ? tc_operand16<T>(*(const uint4 *)(row + off + d)) : make_uint4(0, 0, 0, 0);
+		}
+	}
+	__device__ __forceinline__ void store(T *dst, int dld) const
+	{
+CU_UNROLL
+		for (int k = 0; k < PER; k++) {
+			const int i = (int)threadIdx.x + k * NT, j = i / (HD / STEP), d = STEP * (i % (HD / STEP));
+			if (CHUNKS % NT == 0 || i < CHUNKS)
+				*(uint4 *)(dst + j * dld + d) = v[k];
+		}
+	}
+};
+
 /* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) the same
  * way; rows past `rows` zero. */
 template <int HD, typename T>
@@ -606,7 +665,13 @@ static __device__ void tc_copy_rows(T *dst, int dld, const T *src, int64_t ld, i
 /* Two floats as a register of two bf16, lo in the low half. */
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
-	return (uint32_t)cu_to_bf16(lo) | (uint32_t)cu_to_bf16(hi) << 16;
+#ifdef __CUDA_ARCH__ /* one cvt.rn.bf16x2.f32 (its first operand to the high half) */
+	uint32_t u;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(u) : "f"(hi), "f"(lo));
+	return u;
+#else
+	return (uint32_t)tc_bf16(lo) | (uint32_t)tc_bf16(hi) << 16;
+#endif
 }
 
 /* Two adjacent bf16 at p as such a register; aligned (p 4-byte aligned):
@@ -805,16 +870,39 @@ static __device__ __forceinline__ void fa_block(const Geom<T> &g, int64_t rows, 
 	*b = bi / (tiles * g.h);
 }
 
-/* The keys at positions [p0, p0 + n) of (batch b, head h) into the shared
- * tiles kv (K) and kv + n LD (V): the ordinary op's rows p0.. of qkv, cp's
- * gathered rows in position order (key_at); positions past nkeys zero. */
-template <int HD, int LD, typename T>
-static __device__ __forceinline__ void fa_copy_kv(T *kv, int n, const Geom<T> &g, int64_t b,
-						  int64_t h, int64_t p0)
+/* The keys at positions [p0, p0 + BC) of (batch b, head h) for the shared
+ * tiles kv (K) and kv + BC LD (V): the ordinary op's rows p0.. of qkv
+ * (CP false), cp's gathered rows in position order (key_at); positions
+ * past nkeys zero. tcvec: into the registers of fk and fv (fa_store_kv
+ * writes them to kv later); else copied into kv now. */
+template <int HD, int LD, bool CP, class F, typename T>
+static __device__ __forceinline__ void fa_fetch_kv(F &fk, F &fv, T *kv, const Geom<T> &g,
+						   int64_t b, int64_t h, int p0)
 {
-	auto key = [&](int j) { return p0 + j < g.nkeys ? key_at(g, b, h, p0 + j) : (const T *)0; };
-	tc_copy_gather<HD, T>(kv, LD, key, 0, n, g.hd, g.tcvec);
-	tc_copy_gather<HD, T>(kv + n * LD, LD, key, g.hd, n, g.hd, g.tcvec);
+	const T *kb = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h + g.hd; /* K of the ordinary op's row 0 */
+	const int64_t ld = 3 * g.c;
+	auto key = [&](int j) {
+		const int p = p0 + j;
+		if (p >= g.nkeys)
+			return (const T *)0;
+		return CP ? key_at(g, b, h, p) : kb + p * ld;
+	};
+	if (g.tcvec) {
+		fk.fetch(key, 0);
+		fv.fetch(key, HD);
+	} else {
+		tc_copy_gather<HD, T>(kv, LD, key, 0, F::N_ROWS, g.hd, 0);
+		tc_copy_gather<HD, T>(kv + F::N_ROWS * LD, LD, key, g.hd, F::N_ROWS, g.hd, 0);
+	}
+}
+
+template <int LD, class F, typename T>
+static __device__ __forceinline__ void fa_store_kv(const F &fk, const F &fv, T *kv, const Geom<T> &g)
+{
+	if (g.tcvec) {
+		fk.store(kv, LD);
+		fv.store(kv + F::N_ROWS * LD, LD);
+	}
 }
 
 /* The positions of the queries of a warp's (or block's) local rows [r0, r1]
@@ -901,64 +989,76 @@ CU_UNROLL
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
 
-	int64_t tiles = last / BC + 1;
-	fa_copy_kv<HD, S::LD>(fa_smem, BC, g, b, h, 0);
-	for (int64_t it = 0; it < tiles; it++) {
+	/* 32-bit from here: positions < 2^31 (limit_attention) */
+	const int tiles = (int)(last / BC + 1), wl = (int)wlast, wf = (int)wfirst;
+	const int qpi[2] = {(int)qp[0], (int)qp[1]};
+	const float sl2 = g.scale * 1.4426950408889634f; /* scale log2(e): exp2 of FMAs */
+	/* the next tile's K and V (fa_fetch_kv: registers where the rows are
+	 * 16-byte aligned; else copied at once by tc_copy_gather) */
+	typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
+	Fetch fk, fv;
+	fa_fetch_kv<HD, S::LD, CP>(fk, fv, fa_smem, g, b, h, 0);
+	fa_store_kv<S::LD>(fk, fv, fa_smem, g);
+	for (int it = 0; it < tiles; it++) {
 		if (!MUTANT(tc_sync))
 			__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
+		T *next = fa_smem + 2 * TILE * ((it + 1) % 2);
 		if (it + 1 < tiles)
-			fa_copy_kv<HD, S::LD>(fa_smem + 2 * TILE * ((it + 1) % 2), BC, g, b, h, (it + 1) * BC);
-		const int64_t k0 = it * BC;
-		if ((MUTANT(tc_causal) ? k0 + BC : k0) > wlast || wrow >= g.t)
-			continue; /* above the warp's diagonal, or rows past T (warp-uniform) */
-		const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
-		float s[BC / 8][4]; /* s[j]: the keys at positions k0 + 8 j .. + 7 */
-		fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
+			fa_fetch_kv<HD, S::LD, CP>(fk, fv, next, g, b, h, (it + 1) * BC);
+		const int k0 = it * BC;
+		/* above the warp's diagonal, or rows past T (warp-uniform): no work */
+		if (!((MUTANT(tc_causal) ? k0 + BC : k0) > wl || wrow >= g.t)) {
+			const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+			float s[BC / 8][4]; /* s[j]: the keys at positions k0 + 8 j .. + 7 */
+			fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
 
-		/* the online softmax of rows row[0] (s[j][0..1]) and row[1] (s[j][2..3]) */
-		const int diag = k0 + BC - 1 > wfirst; /* a key after one of the warp's rows */
-		float mt[2] = {-INFINITY, -INFINITY};
+			/* the online softmax of rows row[0] (s[j][0..1]) and row[1]
+			 * (s[j][2..3]), in the unscaled s (scale > 0: the same max) */
+			const int diag = k0 + BC - 1 > wf; /* a key after one of the warp's rows */
+			const int lim[2] = {qpi[0] - k0 - 2 * qd, qpi[1] - k0 - 2 * qd};
+			float mt[2] = {-INFINITY, -INFINITY};
 CU_UNROLL
-		for (int j = 0; j < BC / 8; j++)
+			for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
-			for (int e = 0; e < 4; e++) {
-				float v = s[j][e] * g.scale;
-				if (diag && k0 + 8 * j + 2 * qd + (e & 1) > qp[e >> 1])
-					v = -INFINITY;
-				s[j][e] = v;
-				mt[e >> 1] = v > mt[e >> 1] ? v : mt[e >> 1];
-			}
-		float corr[2], mn[2], lt[2] = {0, 0};
+				for (int e = 0; e < 4; e++) {
+					if (diag && 8 * j + (e & 1) > lim[e >> 1])
+						s[j][e] = -INFINITY;
+					mt[e >> 1] = s[j][e] > mt[e >> 1] ? s[j][e] : mt[e >> 1];
+				}
+			float corr[2], mb[2], lt[2] = {0, 0};
 CU_UNROLL
-		for (int r = 0; r < 2; r++) {
-			mt[r] = quad_max(mt[r]);
-			mn[r] = mt[r] > m[r] ? mt[r] : m[r];
-			/* mn = -inf: nothing visible to the row yet */
-			corr[r] = mn[r] == -INFINITY ? 1.0f : expf(m[r] - mn[r]);
-		}
-CU_UNROLL
-		for (int j = 0; j < BC / 8; j++)
-CU_UNROLL
-			for (int e = 0; e < 4; e++) {
-				float x = mn[e >> 1] == -INFINITY ? 0.0f : expf(s[j][e] - mn[e >> 1]);
-				s[j][e] = tc_value<T>(x); /* P as the mma will use it */
-				lt[e >> 1] += s[j][e];
+			for (int r = 0; r < 2; r++) {
+				mt[r] = quad_max(mt[r]);
+				const float mn = mt[r] > m[r] ? mt[r] : m[r];
+				/* mn = -inf: nothing visible to the row yet (p = exp2(-inf) = 0) */
+				corr[r] = mn == -INFINITY ? 1.0f : exp2f((m[r] - mn) * sl2);
+				mb[r] = mn == -INFINITY ? 0.0f : mn * sl2;
+				m[r] = mn;
 			}
 CU_UNROLL
-		for (int r = 0; r < 2; r++) {
-			l[r] = l[r] * corr[r] + row_sum(lt[r]);
-			m[r] = mn[r];
-		}
+			for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
-		for (int n = 0; n < HD / 8; n++) {
-			o[n][0] *= corr[0];
-			o[n][1] *= corr[0];
-			o[n][2] *= corr[1];
-			o[n][3] *= corr[1];
+				for (int e = 0; e < 4; e++) {
+					/* p = exp(scale (s - m')) */
+					s[j][e] = tc_value<T>(exp2f(fmaf(s[j][e], sl2, -mb[e >> 1])));
+					lt[e >> 1] += s[j][e]; /* P as the mma will use it */
+				}
+CU_UNROLL
+			for (int r = 0; r < 2; r++)
+				l[r] = l[r] * corr[r] + row_sum(lt[r]);
+CU_UNROLL
+			for (int n = 0; n < HD / 8; n++) {
+				o[n][0] *= corr[0];
+				o[n][1] *= corr[0];
+				o[n][2] *= corr[1];
+				o[n][3] *= corr[1];
+			}
+			uint32_t pa[BC / KS][4];
+			fa_pack<BC, T>(pa, s);
+			fa_times_tile<HD, BC, S::LD>(o, pa, vs); /* O += P V */
 		}
-		uint32_t pa[BC / KS][4];
-		fa_pack<BC, T>(pa, s);
-		fa_times_tile<HD, BC, S::LD>(o, pa, vs); /* O += P V */
+		if (it + 1 < tiles)
+			fa_store_kv<S::LD>(fk, fv, next, g); /* after the mma work: the loads had it to land */
 	}
 
 	float inv[2] = {1.0f / l[0], 1.0f / l[1]};
@@ -983,7 +1083,7 @@ CU_UNROLL
 		if (row[r] >= g.t)
 			continue;
 		if (lse && qd == 0 && !MUTANT(tcb_lse))
-			lse[(b * g.h + h) * g.t + row[r]] = m[r] + logf(l[r]);
+			lse[(b * g.h + h) * g.t + row[r]] = m[r] * g.scale + logf(l[r]);
 		if (out)
 			fa_store_row<HD>(out + (b * g.t + row[r]) * g.c + g.hd * h, o, r, inv[r]);
 	}
@@ -994,8 +1094,8 @@ CU_UNROLL
  * FlashAttention-2's backward from the row statistics lse = m + log l and
  * D = dO . O (per query row, f32: lse from the forward that cu_plan_attn
  * paired with the gradient and D by k_attn_rowdot from its output O, else
- * both from k_attn_fwd_mma run again), so P = exp(scale s - lse) needs no
- * softmax pass. One kernel, k_attn_bwd_mma, a block per (batch, head) and
+ * both from k_attn_fwd_mma run again), so P = exp(scale s - lse) (exp2f
+ * of one FMA) needs no softmax pass. One kernel, k_attn_bwd_mma, a block per (batch, head) and
  * run of key blocks of 64 stored key rows (FaWalk), walked one after the
  * other (BCB = 32 query rows per tile, 16 for head dim 128: the
  * registers); per key block:
@@ -1094,10 +1194,13 @@ struct FaWalk {
 	int splits; /* runs, and dQ's f32 sums [splits][B, T, C] */
 };
 
-/* Blocks enough for two per SM on 132 SMs (an H100 SXM at head dim 64:
- * docs/CUDA.md): a constant, not the device's count, so the sums' order is
- * the shapes' alone. */
-#define FA_WALK_BLOCKS 264
+/* Blocks enough for three waves of two per SM on 132 SMs (an H100 SXM at
+ * head dim 64: docs/CUDA.md): a constant, not the device's count, so the
+ * sums' order is the shapes' alone. One wave (264, what it was) left
+ * GPT-2's backward at 1.45 waves (384 blocks: the second wave half idle)
+ * and each block a long serial walk of 8 key blocks; 792 gives it 4 runs
+ * of 4 (768 blocks, 2.9 waves), for twice the f32 sums (4 x B T C). */
+#define FA_WALK_BLOCKS 792
 
 /* dq: the walk of a backward that gives dQ (at least two key blocks per
  * run where there are two: the zigzag pairs; more where batch x heads fill
@@ -1111,6 +1214,8 @@ static FaWalk fa_walk(int64_t bh, int64_t nkeys, int dq)
 	int64_t most = dq ? (w.nkb + 1) / 2 : w.nkb; /* the zigzag pairs */
 	int64_t splits = want < 1 ? 1 : want > most ? most : want;
 	w.per = (int)((w.nkb + splits - 1) / splits);
+	if (dq && w.per % 2 && w.per < w.nkb)
+		w.per++; /* whole zigzag pairs: runs of equal work */
 	w.splits = (w.nkb + w.per - 1) / w.per;
 	return w;
 }
@@ -1131,6 +1236,7 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	const int KS = Mma<T>::K, BC = F::BC, TILE = F::QTILE;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
+	const float sl2 = g.scale * 1.4426950408889634f; /* scale log2(e) */
 	extern __shared__ __align__(16) unsigned char fa_raw[];
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
@@ -1172,18 +1278,51 @@ CU_UNROLL
 			auto krow = [&](int j) {
 				return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
 			};
-			tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, g.tcvec);
+			if (g.tcvec) { /* every load issued before the first store */
+				TcFetch<HD, F::KR, 32 * S::W, T> fk;
+				fk.fetch(krow, 0);
+				fk.store(ksm, S::LD);
+			} else {
+				tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, 0);
+			}
 		}
 
-		auto load = [&](int64_t q0, int buf) { /* query tile from q0 into buffer buf */
+		/* the query tile from q0 (Q, dO and the rows' lse log2(e) and D):
+		 * where the rows are 16-byte aligned, fetched into registers (fq,
+		 * fd, st2) and stored into buffer buf by store() after the current
+		 * tile's mma work (the forward's double-buffering); else copied now */
+		typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
+		Fetch fq, fd;
+		float st2[2] = {0, 0};
+		auto fetch = [&](int q0, int buf) {
+			auto qrow = [&](int j) { return q0 + j < g.t ? base + (q0 + j) * ld : (const T *)0; };
+			auto drow = [&](int j) { return q0 + j < g.t ? dbase + (q0 + j) * g.c : (const T *)0; };
+			const int i = threadIdx.x;
+			if (i < BC) { /* lse in log2 units: P = exp2(s scale log2(e) - lse log2(e)) */
+				const int64_t r = (b * g.h + h) * g.t + q0 + i;
+				st2[0] = q0 + i < g.t ? lse[r] * 1.4426950408889634f : 0;
+				st2[1] = q0 + i < g.t ? dd[r] : 0;
+			}
+			if (g.tcvec) {
+				fq.fetch(qrow, 0);
+				fd.fetch(drow, 0);
+			} else {
+				T *t = fa_smem + 2 * TILE * buf;
+				tc_copy_gather<HD, T>(t, S::LD, qrow, 0, BC, g.hd, 0);
+				tc_copy_gather<HD, T>(t + TILE, S::LD, drow, 0, BC, g.hd, 0);
+			}
+		};
+		auto store = [&](int buf) {
 			T *t = fa_smem + 2 * TILE * buf;
 			float *st = stats + 2 * BC * buf;
-			tc_copy_rows<HD>(t, S::LD, base, ld, q0, BC, g.t, g.hd, g.tcvec);
-			tc_copy_rows<HD>(t + TILE, S::LD, dbase, g.c, q0, BC, g.t, g.hd, g.tcvec);
-			for (int i = threadIdx.x; i < BC; i += blockDim.x) {
-				int64_t r = (b * g.h + h) * g.t + q0 + i;
-				st[i] = q0 + i < g.t ? lse[r] : 0;
-				st[BC + i] = q0 + i < g.t ? dd[r] : 0;
+			const int i = threadIdx.x;
+			if (i < BC) {
+				st[i] = st2[0];
+				st[BC + i] = st2[1];
+			}
+			if (g.tcvec) {
+				fq.store(t, S::LD);
+				fd.store(t + TILE, S::LD);
 			}
 		};
 		/* causal: no query before the block's first key position sees its keys */
@@ -1196,13 +1335,14 @@ CU_UNROLL
 			}
 		const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
 		const int64_t tiles = (g.t - first + BC - 1) / BC;
-		load(first, 0);
-		for (int64_t it = 0; it < tiles; it++) {
+		fetch((int)first, 0);
+		store(0);
+		for (int it = 0; it < tiles; it++) {
 			if (!MUTANT(tcb_sync))
 				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
 			if (it + 1 < tiles)
-				load(first + (it + 1) * BC, (it + 1) % 2);
-			const int64_t q0 = first + it * BC;
+				fetch((int)first + (it + 1) * BC, (it + 1) % 2);
+			const int q0 = (int)first + it * BC;
 			int64_t qfirst, qlast; /* the tile's query positions */
 			fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
 			const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
@@ -1215,14 +1355,15 @@ CU_UNROLL
 				fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
 				/* a query before one of the warp's keys, or past T */
 				const int mask = qfirst < wlast || q0 + BC > g.t;
+				const int kpi[2] = {(int)kp[0], (int)kp[1]};
 CU_UNROLL
 				for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
 					for (int e = 0; e < 4; e++) {
 						int c = 8 * j + 2 * qd + (e & 1); /* the query row q0 + c */
-						float p = mask && (q0 + c >= g.t || qpos(g, q0 + c) < kp[e >> 1])
+						float p = mask && (q0 + c >= g.t || (CP ? (int)qpos(g, q0 + c) : q0 + c) < kpi[e >> 1])
 								  ? 0.0f
-								  : expf(s[j][e] * g.scale - ls[c]);
+								  : exp2f(fmaf(s[j][e], sl2, -ls[c]));
 						s[j][e] = p;                       /* P^T */
 						dp[j][e] = p * (dp[j][e] - dt[c]); /* dS^T */
 					}
@@ -1234,6 +1375,8 @@ CU_UNROLL
 					fa_times_tile<HD, BC, S::LD>(dk, pa, qs); /* dK += dS^T Q */
 				}
 			}
+			if (it + 1 < tiles)
+				store((it + 1) % 2); /* after the mma work: the loads had it to land */
 			if (!dqacc)
 				continue; /* uniform over the grid */
 			/* this warp's rows of dS^T, as the mma takes them (zeros: skipped) */
@@ -1269,18 +1412,21 @@ CU_UNROLL
 					continue;
 				float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
 CU_UNROLL
-				for (int n = 0; n < F::HDW / 8; n++)
-CU_UNROLL
-					for (int e = 0; e < 2; e++) {
-						if (c0 + 8 * n + 2 * qd + e >= g.hd)
-							continue;
-						if (MUTANT(tcb_dqorder))
-							atomicAdd(a + 8 * n + e, acc[n][2 * r + e]);
-						else if (MUTANT(tcb_dqadd))
-							a[8 * n + e] = acc[n][2 * r + e];
-						else
-							a[8 * n + e] += acc[n][2 * r + e];
+				for (int n = 0; n < F::HDW / 8; n++) {
+					/* the lane's two adjacent columns by one 8-byte load and
+					 * store (a quad: one 32-byte sector; HD = hd, even) */
+					float2 *a2 = (float2 *)(a + 8 * n), v = *a2;
+					if (MUTANT(tcb_dqorder)) {
+						atomicAdd(a + 8 * n, acc[n][2 * r]);
+						atomicAdd(a + 8 * n + 1, acc[n][2 * r + 1]);
+						continue;
 					}
+					if (MUTANT(tcb_dqadd))
+						v.x = v.y = 0;
+					v.x += acc[n][2 * r];
+					v.y += acc[n][2 * r + 1];
+					*a2 = v;
+				}
 			}
 		}
 		if (!out)
