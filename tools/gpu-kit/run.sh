@@ -52,7 +52,7 @@
 #      backward op, tf32), the deterministic dQ (a graph replay and a
 #      --no-graph run at ctx 1024, bitwise), fp16 with loss scaling at 1 and
 #      2 ranks (ncclHalf), pipelines (pp=2 1F1B in f32 and bf16; pp=2 x
-#      dp_shard=2 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
+#      dp_shard=2 and pp=4 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
 #      one graph), offload optimizer and params, PowerSGD;
 #   8. ncu's full sections of one launch each of the tensor-core attention
 #      kernels (GPT-2's attention shape in a one-layer step), as text in
@@ -777,6 +777,10 @@ part7() {
 	vs_cpu pp2-bf16 "$src" 2 $bf16tol "pipeline pp=2, 1F1B, gpt2-tiny bf16" $small_gpt --precision bf16
 	src=$(mesh g7pp ddp "pp=2, dp_shard=2")
 	vs_cpu pp2dp2 "$src" 4 $f32tol "pipeline pp=2 x dp_shard=2, 4 ranks on one GPU, gpt2-tiny f32" $small_gpt
+	# pp=4: the tied wte held by stages 0 and 3 alone, its gradient summed
+	# on their own communicator (ncclCommSplit, the middle stages NOCOLOR)
+	src=$(mesh g7pp ddp pp=4)
+	vs_cpu pp4 "$src" 4 $f32tol "pipeline pp=4, the tied wte's all_reduce over stages 0 and 3, gpt2-tiny f32" $small_gpt
 	# two communicators in one graph: hybrid_shard's dp_shard and dp_replicate
 	src=$(mesh g7 hybrid_shard "dp_replicate=2, dp_shard=2")
 	vs_cpu hsdp "$src" 4 $f32tol "hybrid_shard dp_replicate=2 x dp_shard=2, 4 ranks, gpt2-tiny f32" $small_gpt
