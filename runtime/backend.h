@@ -13,10 +13,10 @@
  * sizes, dtypes it cannot do; the operand rules are the step-file
  * decoder's), and the copies between host memory and its memory.
  *
- * One shape for every backend: each fills every member below, except the
- * graph members, which are optional (the one optional group: a backend
- * without graphs has all three NULL, and the executor then enqueues every
- * step). The executor's walk is the same for all: run_begin, each
+ * One shape for every backend: each fills every member below, except two
+ * optional groups: the graph members (a backend without graphs has all
+ * three NULL, and the executor then enqueues every step) and the device
+ * timing members (without them, dpexec --trace wants BACKEND_INLINE). The executor's walk is the same for all: run_begin, each
  * instruction through kernel / upload / copy2d / event_record / event_wait /
  * collective (or read / write for INIT and SAVE), run_end, and sync.
  *  - Streams. Calls enqueue work on the instruction's stream, in order;
@@ -59,7 +59,7 @@
 #include "rt.h"
 
 /* Bump when BackendOps, Backend, BackendOpts, Comm or the step-file structs change. */
-#define DP_BACKEND_ABI (2200u + DP_STEP_VERSION)
+#define DP_BACKEND_ABI (2300u + DP_STEP_VERSION)
 
 /* BackendOps.flags */
 enum {
@@ -228,6 +228,17 @@ struct BackendOps {
 	int (*capture_begin)(Backend *b, RtErr *e);
 	int (*capture_end)(Backend *b, RtErr *e); /* ends the capture even after a failure */
 	int (*replay)(Backend *b, RtErr *e);
+
+	/* ---- device timing: optional (both, or none), for dpexec --trace on a
+	 * backend that is not BACKEND_INLINE (runtime/trace.c); only in eager
+	 * runs, never inside a capture ---- */
+	/* Timing mark `slot` (from 0; the backend keeps one timing event per
+	 * slot, made on first use and reused) recorded on `stream` in stream
+	 * order. */
+	int (*time_mark)(Backend *b, unsigned stream, uint32_t slot, RtErr *e);
+	/* Wait (under the --timeout watchdog) for marks 0..n-1, then ms[i] =
+	 * the device's time from mark 0 to mark i, in milliseconds. */
+	int (*time_read)(Backend *b, uint32_t n, float *ms, RtErr *e);
 };
 
 /* The CPU backend (runtime/cpu/backend_cpu.c). Outside runtime/cpu/ only

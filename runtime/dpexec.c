@@ -203,8 +203,13 @@ static void usage(FILE *f)
 		"                        what the polling buys: bench/overlap.sh)\n"
 		"  --trace FILE          write a Chrome/Perfetto JSON trace of the run (every\n"
 		"                        step, eval and export): a lane per stream, a span per\n"
-		"                        instruction, collectives with bytes and axes, waits\n"
-		"                        (CPU backend; rank 0 writes one file for all ranks)\n"
+		"                        instruction, collectives with bytes and axes, waits;\n"
+		"                        rank 0 writes one file for all ranks and prints a\n"
+		"                        summary: time per op class and the top 15 ops of\n"
+		"                        the step program against the steps' wall time.\n"
+		"                        --device cuda: device times (CUDA events around each\n"
+		"                        instruction on its stream) on lanes of their own;\n"
+		"                        implies --no-graph, and runs one at a time\n"
 		"  --trace-steps A:B     trace only steps A to B (counting from 1, as logged),\n"
 		"                        no eval or export: a window of a long run\n"
 		"\nsampling from a language model (its step file's sample program):\n"
@@ -860,7 +865,10 @@ static int setup_local(Run *r)
 {
 	DpStep *s = &r->step;
 	RtErr *e = &r->e;
-	BackendOpts bo = {.no_graph = r->o.no_graph, .timeout_s = r->o.timeout,
+	/* --trace on a backend with streams of its own times the device with
+	 * timing marks, which a captured graph cannot hold: eager steps */
+	BackendOpts bo = {.no_graph = r->o.no_graph || (r->o.trace && !(r->ops->flags & BACKEND_INLINE)),
+			  .timeout_s = r->o.timeout,
 			  .no_progress = r->o.no_progress, .host = &cpu_host_kernels};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
@@ -1362,9 +1370,14 @@ static int prepare_sampling(Run *r)
 /* The trained run and what follows it, with --trace around them. */
 static int train_and_export(Run *r)
 {
-	if (r->o.trace && !(r->ops->flags & BACKEND_INLINE))
-		return RT_FAIL(&r->e, "--trace times instructions on the host: use --device cpu");
-	if (r->o.trace && trace_open(&r->trace, r->o.trace, r->rank, &r->e))
+	int device = !(r->ops->flags & BACKEND_INLINE);
+	if (r->o.trace && device && !r->ops->time_mark)
+		return RT_FAIL(&r->e, "--trace: the %s backend has no device timing: use --device cpu",
+			       r->ops->name);
+	if (r->o.trace && device && r->rank == 0 && !r->o.quiet)
+		printf("trace: device times from the %s backend's timing marks; steps run eagerly "
+		       "(--no-graph) and one run at a time\n", r->ops->name);
+	if (r->o.trace && trace_open(&r->trace, r->o.trace, r->rank, device, &r->e))
 		return -1;
 	r->x.trace = r->o.trace_to ? NULL : r->trace; /* --trace-steps: set per step */
 	int rc = train(r);

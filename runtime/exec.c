@@ -448,7 +448,7 @@ static int walk(Exec *x, DpProgram p, int last, int first, RtErr *e)
 			continue;
 		b->at = (BackendAt){p, i, x->micro};
 		if (x->trace)
-			trace_mark(x->trace, x, p, i);
+			RT_CHECK(trace_mark(x->trace, x, p, i, e));
 		switch (dp_op_class(in->op)) {
 		case DP_OPC_EVENT:
 			RT_CHECK(event(x, p, i, e));
@@ -469,10 +469,12 @@ static int walk(Exec *x, DpProgram p, int last, int first, RtErr *e)
 			RT_CHECK(o->kernel(b, in, e));
 			break;
 		}
+		if (x->trace)
+			RT_CHECK(trace_after(x->trace, x, p, i, e));
 	}
 	RT_CHECK(o->run_end(b, e));
 	if (x->trace)
-		trace_mark(x->trace, x, p, TRACE_END);
+		RT_CHECK(trace_mark(x->trace, x, p, TRACE_END, e));
 	return 0;
 }
 

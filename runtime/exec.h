@@ -208,11 +208,16 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 /* ---- dpexec --trace (runtime/trace.c): a Chrome/Perfetto trace ---- */
 
 #define TRACE_END UINT32_MAX
-/* Every rank, after exec_init (a barrier sets the common time origin). */
-int trace_open(Trace **t, const char *path, int rank, RtErr *e);
+/* Every rank, after exec_init (a barrier sets the common time origin).
+ * device: also the device's times, from the backend's timing marks (a
+ * backend that is not BACKEND_INLINE; runs must then be eager). */
+int trace_open(Trace **t, const char *path, int rank, int device, RtErr *e);
 /* The walk is at instruction `instr` of program `prog`, or (TRACE_END) past
- * the run's final wait: closes the span of the previous mark. */
-void trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr);
+ * the run's final wait: closes the span of the previous mark (device: at
+ * TRACE_END, waits for the run and reads its device times). */
+int trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr, RtErr *e);
+/* The walk has issued instruction `instr` (device: its mark after it). */
+int trace_after(Trace *t, const Exec *x, int prog, uint32_t instr, RtErr *e);
 /* Every rank: rank 0 gathers the events and writes the file. */
 int trace_close(Trace *t, const Exec *x, RtErr *e);
 void trace_free(Trace *t);

@@ -28,9 +28,27 @@
  * through util/outfile.h like every output (dpexec checks the path before
  * the first step).
  * With no trace the executor's cost is one NULL test per instruction.
- * Host time only: on a backend that does not run its work inline
- * (BACKEND_INLINE) a span would be the time to enqueue, so dpexec refuses
- * --trace there.
+ *
+ * Device times. On a backend that does not run its work inline
+ * (BACKEND_INLINE: the CUDA backend) a host span is only the time to
+ * enqueue, so the trace also asks the backend for device times (its
+ * time_mark / time_read: CUDA events): a timing mark on the compute stream
+ * when a run starts, one on each instruction's stream before and after it
+ * (trace_mark, trace_after), one on the compute stream after the run's
+ * final join; at the run's end the trace waits for them and reads each as
+ * the device's time since the run's first mark. Every instruction then also
+ * has a span on a device lane of its stream (tid 100 + stream: "compute
+ * (device)", "comm (device)", "copy (device)"), placed from the host time
+ * of the run's start, and the run a span on the compute device lane. The
+ * wait for the marks serialises the runs (no run overlaps the next), and
+ * marks cannot be captured, so dpexec runs the trace eagerly (--no-graph).
+ * A backend with neither BACKEND_INLINE nor timing marks is refused.
+ *
+ * The summary (trace_close, rank 0's own events): the step program's
+ * instruction time (the device's where there is one, else the host's) per
+ * op class and per opcode, the top 15, against the runs' wall time; the
+ * difference between the wall and the compute stream's instructions is
+ * the gap: launches and dependencies.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,12 +63,19 @@ enum { EV_RUN, EV_INSTR, EV_WAIT, EV_COLL };
 
 typedef struct {
 	double t0, t1; /* seconds from the origin; t1 < 0: collective not seen complete */
+	double d0, d1; /* device times: the span on the device, seconds from the origin
+	                  (the run's host start + the device's time from its first mark);
+	                  d1 < d0: none */
+	uint32_t slot;   /* device times: the timing mark before the instruction (after: +1) */
 	int64_t ticket;  /* EV_COLL */
 	uint64_t step;
 	int32_t instr;   /* index in the program; EV_RUN: -1 */
 	int32_t micro;   /* step program: micro-batch; eval: batch */
-	uint8_t kind, prog, lane;
+	uint8_t kind, prog, lane, stream;
 } TraceEv;
+
+/* device lanes: tid DEV_TID + stream */
+#define DEV_TID 100
 
 struct Trace {
 	char *path;
@@ -68,6 +93,13 @@ struct Trace {
 	/* collectives not yet seen complete: indices into ev */
 	size_t *fly;
 	int nfly, capfly;
+	/* device times: the backend's timing marks of the run in progress */
+	int dev;
+	uint32_t nmark;  /* marks issued in this run: 0 its start, 1 its end, then 2 per instruction */
+	uint32_t slot;   /* the open instruction's mark before it */
+	size_t run_first; /* the run's first event in ev */
+	float *ms;       /* time_read's answer */
+	uint32_t capms;
 };
 
 static const char *const axis_names[DP_MAX_AXES] = {"pp", "dp_replicate", "dp_shard", "cp",
@@ -95,7 +127,7 @@ static TraceEv *push(Trace *t)
 	return e;
 }
 
-int trace_open(Trace **out, const char *path, int rank, RtErr *e)
+int trace_open(Trace **out, const char *path, int rank, int device, RtErr *e)
 {
 	Trace *t = calloc(1, sizeof *t);
 	if (!t || !(t->path = strdup(path))) {
@@ -103,6 +135,7 @@ int trace_open(Trace **out, const char *path, int rank, RtErr *e)
 		return RT_FAIL(e, "out of memory (--trace)");
 	}
 	t->rank = rank;
+	t->dev = device;
 	MPI_Barrier(MPI_COMM_WORLD);
 	t->origin = MPI_Wtime();
 	*out = t;
@@ -116,6 +149,7 @@ void trace_free(Trace *t)
 	free(t->path);
 	free(t->ev);
 	free(t->fly);
+	free(t->ms);
 	free(t);
 }
 
@@ -143,9 +177,10 @@ static void close_instr(Trace *t, const Exec *x, double at)
 	TraceEv *v = push(t);
 	if (!v)
 		return;
-	*v = (TraceEv){.t0 = t->t, .t1 = at, .step = x->step, .instr = (int32_t)t->instr,
+	*v = (TraceEv){.t0 = t->t, .t1 = at, .d1 = -1, .slot = t->slot, .step = x->step,
+		       .instr = (int32_t)t->instr,
 		       .micro = t->prog == DP_PROG_EVAL ? (int32_t)x->eval_batch : x->micro,
-		       .kind = EV_INSTR, .prog = (uint8_t)t->prog};
+		       .kind = EV_INSTR, .prog = (uint8_t)t->prog, .stream = (uint8_t)in->stream};
 	if (cls == DP_OPC_COLLECTIVE && issued) {
 		v->kind = EV_COLL;
 		v->ticket = t->issued;
@@ -169,28 +204,77 @@ static void close_instr(Trace *t, const Exec *x, double at)
 		v->kind = EV_WAIT;
 }
 
-void trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr)
+/* Device times: the run's end mark, then every mark of the run read and
+ * its events given their device spans. */
+static int read_run(Trace *t, const Exec *x, TraceEv *run, RtErr *e)
 {
+	const Backend *b = &x->be;
+	RT_CHECK(b->ops->time_mark((Backend *)b, DP_STREAM_COMPUTE, 1, e));
+	if (t->nmark > t->capms) {
+		float *p = realloc(t->ms, t->nmark * sizeof *p);
+		if (!p)
+			return RT_FAIL(e, "out of memory (--trace's device times)");
+		t->ms = p;
+		t->capms = t->nmark;
+	}
+	RT_CHECK(b->ops->time_read((Backend *)b, t->nmark, t->ms, e));
+	for (size_t i = t->run_first; i < t->n; i++) {
+		TraceEv *v = &t->ev[i];
+		if (v->kind == EV_RUN || v->slot < 2 || v->slot + 1 >= t->nmark)
+			continue;
+		v->d0 = t->run_t0 + 1e-3 * t->ms[v->slot];
+		v->d1 = t->run_t0 + 1e-3 * t->ms[v->slot + 1];
+	}
+	if (run) {
+		run->d0 = t->run_t0;
+		run->d1 = t->run_t0 + 1e-3 * t->ms[1];
+	}
+	return 0;
+}
+
+int trace_mark(Trace *t, const Exec *x, int prog, uint32_t instr, RtErr *e)
+{
+	Backend *b = (Backend *)&x->be;
 	double at = now(t);
-	if (t->open)
+	if (t->open) {
 		close_instr(t, x, at);
-	else
+	} else {
 		t->run_t0 = at;
+		t->run_first = t->n;
+		t->nmark = 2;
+		if (t->dev && instr != TRACE_END)
+			RT_CHECK(b->ops->time_mark(b, DP_STREAM_COMPUTE, 0, e));
+	}
 	if (instr == TRACE_END) {
 		complete(t, x->comm->completed, at); /* the run's final wait */
 		TraceEv *v = push(t);
 		if (v)
-			*v = (TraceEv){.t0 = t->run_t0, .t1 = at, .step = x->step, .instr = -1,
+			*v = (TraceEv){.t0 = t->run_t0, .t1 = at, .d1 = -1, .step = x->step, .instr = -1,
 				       .micro = prog == DP_PROG_EVAL ? (int32_t)x->eval_batch : x->micro,
 				       .kind = EV_RUN, .prog = (uint8_t)prog};
+		int was_open = t->open;
 		t->open = 0;
-		return;
+		return t->dev && was_open ? read_run(t, x, v, e) : 0;
 	}
 	t->open = 1;
 	t->prog = prog;
 	t->instr = instr;
 	t->t = at;
 	t->issued = x->comm->issued;
+	if (t->dev) {
+		t->slot = t->nmark;
+		t->nmark += 2;
+		RT_CHECK(b->ops->time_mark(b, x->s->prog[prog][instr].stream, t->slot, e));
+	}
+	return 0;
+}
+
+int trace_after(Trace *t, const Exec *x, int prog, uint32_t instr, RtErr *e)
+{
+	if (!t->dev)
+		return 0;
+	Backend *b = (Backend *)&x->be;
+	return b->ops->time_mark(b, x->s->prog[prog][instr].stream, t->slot + 1, e);
 }
 
 /* ---- writing ---- */
@@ -264,6 +348,65 @@ static int place(double stack[MAX_LANES][MAX_DEPTH], int depth[MAX_LANES], int *
 	return MAX_LANES - 1;
 }
 
+/* One span of event v on lane tid over [t0, t1) (seconds); device: a
+ * device lane's span (args.device). */
+static void put_span(Buf *b, const Trace *t, const DpStep *s, const TraceEv *v, int tid, double t0,
+		     double t1, int device)
+{
+	static const char *const cats[] = {[DP_OPC_KERNEL] = "kernel",
+					   [DP_OPC_COLLECTIVE] = "collective",
+					   [DP_OPC_EVENT] = "event",
+					   [DP_OPC_LOAD] = "load",
+					   [DP_OPC_HOST] = "host",
+					   [DP_OPC_SHARD] = "shard"};
+	const char *cat = v->kind == EV_RUN    ? "run"
+			  : v->kind == EV_WAIT ? "wait"
+			  : v->kind == EV_COLL ? "collective"
+					       : cats[dp_op_class(s->prog[v->prog][v->instr].op)];
+	put(b, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
+	    t->rank, tid, t0 * 1e6, (t1 - t0) * 1e6, cat);
+	if (v->kind == EV_RUN) {
+		if (v->prog == DP_PROG_STEP)
+			put(b, "step %llu micro %d", (unsigned long long)v->step + 1, v->micro);
+		else if (v->prog == DP_PROG_EVAL)
+			put(b, "eval batch %d", v->micro);
+		else
+			put(b, "%s program", dp_name(dp_prog_names, DP_NPROG, v->prog));
+		put(b, "\",\"args\":{\"program\":\"%s\"%s}},\n",
+		    dp_name(dp_prog_names, DP_NPROG, v->prog), device ? ",\"device\":1" : "");
+		return;
+	}
+	const DpInstr *in = &s->prog[v->prog][v->instr];
+	const char *op = dp_name(dp_op_names, DP_NOPS, in->op);
+	if (v->kind == EV_WAIT || in->op == DP_OP_EVENT_RECORD)
+		put(b, "%s ev=%lld", v->kind == EV_WAIT ? "wait" : op, (long long)DP_EVENT(in));
+	else if (in->out >= 0) {
+		put(b, "%%");
+		put_name(b, dpstep_str(s, s->tensors[in->out].name));
+		put(b, " = %s", op);
+	} else {
+		put(b, "%s", op);
+	}
+	put(b, "\",\"args\":{\"program\":\"%s\",\"instr\":%d,\"stream\":\"%s\",\"step\":%llu,"
+	    "\"micro\":%d%s", dp_name(dp_prog_names, DP_NPROG, v->prog), v->instr,
+	    dp_name(dp_stream_names, DP_NSTREAM, in->stream), (unsigned long long)v->step + 1,
+	    v->micro, device ? ",\"device\":1" : "");
+	if (v->kind == EV_COLL) {
+		int io = in->op == DP_OP_REDUCE_SCATTER || in->op == DP_OP_SEND ? in->in[0] : in->out;
+		if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)
+			put(b, ",\"stage\":%d,\"peer\":%lld", dp_instr_stage(in), (long long)DP_PEER(in));
+		put(b, ",\"bytes\":%lld,\"axes\":\"",
+		    (long long)exec_numel(&s->tensors[io]) * (long long)dp_dtype_size(s->tensors[io].dtype));
+		for (int a = 0, first = 1; a < DP_MAX_AXES; a++)
+			if (DP_AXES(in) & DP_AXIS_BIT(a)) {
+				put(b, "%s%s", first ? "" : ",", axis_names[a]);
+				first = 0;
+			}
+		put(b, "\"");
+	}
+	put(b, "}},\n");
+}
+
 static void format(const Trace *t, const Exec *x, Buf *b)
 {
 	const DpStep *s = x->s;
@@ -287,67 +430,167 @@ static void format(const Trace *t, const Exec *x, Buf *b)
 	free(comm);
 	put(b, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},\n",
 	    t->rank, t->rank);
-	put(b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n",
-	    t->rank);
+	put(b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}},\n",
+	    t->rank, t->dev ? "compute (host: enqueued)" : "compute");
 	for (int l = 0; l < lanes; l++) {
 		put(b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
 		    "\"args\":{\"name\":\"comm", t->rank, l + 1);
 		put(b, l ? " %d\"}},\n" : "\"}},\n", l + 1);
 	}
+	if (t->dev)
+		for (int k = 0; k < DP_NSTREAM; k++)
+			put(b, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+			    "\"args\":{\"name\":\"%s (device)\"}},\n", t->rank, DEV_TID + k,
+			    dp_stream_names[k]);
 	for (size_t i = 0; i < t->n; i++) {
 		const TraceEv *v = &t->ev[i];
-		static const char *const cats[] = {[DP_OPC_KERNEL] = "kernel",
-						   [DP_OPC_COLLECTIVE] = "collective",
-						   [DP_OPC_EVENT] = "event",
-						   [DP_OPC_LOAD] = "load",
-						   [DP_OPC_HOST] = "host",
-						   [DP_OPC_SHARD] = "shard"};
-		const char *cat = v->kind == EV_RUN    ? "run"
-				  : v->kind == EV_WAIT ? "wait"
-				  : v->kind == EV_COLL ? "collective"
-						       : cats[dp_op_class(s->prog[v->prog][v->instr].op)];
-		put(b, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
-		    t->rank, v->kind == EV_COLL ? v->lane : 0, v->t0 * 1e6, (v->t1 - v->t0) * 1e6, cat);
+		put_span(b, t, s, v, v->kind == EV_COLL ? v->lane : 0, v->t0, v->t1, 0);
+		if (v->d1 >= v->d0)
+			put_span(b, t, s, v, DEV_TID + (v->kind == EV_RUN ? DP_STREAM_COMPUTE : v->stream),
+				 v->d0, v->d1, 1);
+	}
+}
+
+/* ---- the summary ---- */
+
+/* Op classes of the summary: where a step's time goes. */
+enum { K_GEMM, K_ATTN, K_NORM, K_LOSS, K_ELEM, K_OPTIM, K_COLL, K_COPY, K_EVENT, K_HOST, K_N };
+static const char *const class_names[K_N] = {"gemm",      "attention",  "norm", "loss",  "elementwise",
+					     "optimizer", "collective", "copy", "event", "host"};
+
+static int class_of(unsigned op)
+{
+	switch (dp_op_class(op)) {
+	case DP_OPC_COLLECTIVE:
+		return K_COLL;
+	case DP_OPC_EVENT:
+		return K_EVENT; /* a wait: the time its stream was blocked */
+	case DP_OPC_LOAD:
+	case DP_OPC_SHARD:
+		return K_COPY;
+	case DP_OPC_HOST:
+		return K_HOST;
+	default:
+		break;
+	}
+	switch (op) {
+	case DP_OP_MATMUL:
+	case DP_OP_LINEAR:
+	case DP_OP_LINEAR_GELU:
+	case DP_OP_MATMUL_GELU_GRAD:
+	case DP_OP_ORTHOGONALIZE:
+		return K_GEMM;
+	case DP_OP_ATTENTION:
+	case DP_OP_ATTENTION_GRAD:
+	case DP_OP_ATTENTION_CP:
+	case DP_OP_ATTENTION_CP_GRAD:
+	case DP_OP_ATTENTION_CP_GRAD_KV:
+	case DP_OP_ATTENTION_CP_GRAD_BOTH:
+		return K_ATTN;
+	case DP_OP_LAYERNORM:
+	case DP_OP_LAYERNORM_GRAD:
+	case DP_OP_LAYERNORM_GRAD_G:
+	case DP_OP_RMSNORM:
+	case DP_OP_RMSNORM_GRAD:
+	case DP_OP_RMSNORM_GRAD_G:
+	case DP_OP_ADD_LAYERNORM:
+	case DP_OP_LAYERNORM_GRAD_ADD:
+	case DP_OP_ADD_RMSNORM:
+	case DP_OP_RMSNORM_GRAD_ADD:
+		return K_NORM;
+	case DP_OP_XENT:
+	case DP_OP_XENT_GRAD:
+	case DP_OP_XENT_FUSED:
+	case DP_OP_CORRECT:
+		return K_LOSS;
+	case DP_OP_SQNORM:
+	case DP_OP_SQRT:
+	case DP_OP_CLIP:
+	case DP_OP_SGD:
+	case DP_OP_ADAMW:
+	case DP_OP_UNSCALE:
+	case DP_OP_AMP_CHECK:
+		return K_OPTIM;
+	case DP_OP_COPY:
+	case DP_OP_CAST:
+	case DP_OP_TRANSPOSE:
+	case DP_OP_RESHAPE:
+	case DP_OP_SPLIT:
+	case DP_OP_SPLIT_GRAD:
+	case DP_OP_INTERLEAVE:
+	case DP_OP_KV_PACK:
+	case DP_OP_KV_UNPACK:
+	case DP_OP_TP_COPY:
+	case DP_OP_D2H:
+	case DP_OP_H2D:
+		return K_COPY; /* layout, dtype and memory-space copies */
+	default:
+		return K_ELEM;
+	}
+}
+
+typedef struct {
+	double ms;
+	long n;
+	int op;
+} OpSum;
+
+static int by_ms(const void *a, const void *b)
+{
+	const OpSum *x = a, *y = b;
+	return x->ms < y->ms ? 1 : x->ms > y->ms ? -1 : x->op - y->op;
+}
+
+/* Rank 0's step-program time, by class and op, against the runs' wall
+ * time, on stdout (every line starts "trace:"). */
+static void summary(const Trace *t, const Exec *x)
+{
+	const DpStep *s = x->s;
+	OpSum op[DP_NOPS];
+	double cls[K_N] = {0}, stream[DP_NSTREAM] = {0}, wall = 0, sum = 0;
+	long runs = 0, steps = 0;
+	uint64_t last_step = UINT64_MAX;
+	for (int i = 0; i < DP_NOPS; i++)
+		op[i] = (OpSum){0, 0, i};
+	for (size_t i = 0; i < t->n; i++) {
+		const TraceEv *v = &t->ev[i];
+		if (v->prog != DP_PROG_STEP)
+			continue;
+		double a = t->dev ? v->d0 : v->t0, b = t->dev ? v->d1 : v->t1;
+		double ms = b > a ? 1e3 * (b - a) : 0;
 		if (v->kind == EV_RUN) {
-			if (v->prog == DP_PROG_STEP)
-				put(b, "step %llu micro %d", (unsigned long long)v->step + 1, v->micro);
-			else if (v->prog == DP_PROG_EVAL)
-				put(b, "eval batch %d", v->micro);
-			else
-				put(b, "%s program", dp_name(dp_prog_names, DP_NPROG, v->prog));
-			put(b, "\",\"args\":{\"program\":\"%s\"}},\n",
-			    dp_name(dp_prog_names, DP_NPROG, v->prog));
+			wall += ms;
+			runs++;
+			if (v->step != last_step)
+				steps++, last_step = v->step;
 			continue;
 		}
 		const DpInstr *in = &s->prog[v->prog][v->instr];
-		const char *op = dp_name(dp_op_names, DP_NOPS, in->op);
-		if (v->kind == EV_WAIT || in->op == DP_OP_EVENT_RECORD)
-			put(b, "%s ev=%lld", v->kind == EV_WAIT ? "wait" : op, (long long)DP_EVENT(in));
-		else if (in->out >= 0) {
-			put(b, "%%");
-			put_name(b, dpstep_str(s, s->tensors[in->out].name));
-			put(b, " = %s", op);
-		} else {
-			put(b, "%s", op);
-		}
-		put(b, "\",\"args\":{\"instr\":%d,\"stream\":\"%s\",\"step\":%llu,\"micro\":%d", v->instr,
-		    dp_name(dp_stream_names, DP_NSTREAM, in->stream), (unsigned long long)v->step + 1,
-		    v->micro);
-		if (v->kind == EV_COLL) {
-			int io = in->op == DP_OP_REDUCE_SCATTER || in->op == DP_OP_SEND ? in->in[0] : in->out;
-			if (in->op == DP_OP_SEND || in->op == DP_OP_RECV)
-				put(b, ",\"stage\":%d,\"peer\":%lld", dp_instr_stage(in), (long long)DP_PEER(in));
-			put(b, ",\"bytes\":%lld,\"axes\":\"",
-			    (long long)exec_numel(&s->tensors[io]) * (long long)dp_dtype_size(s->tensors[io].dtype));
-			for (int a = 0, first = 1; a < DP_MAX_AXES; a++)
-				if (DP_AXES(in) & DP_AXIS_BIT(a)) {
-					put(b, "%s%s", first ? "" : ",", axis_names[a]);
-					first = 0;
-				}
-			put(b, "\"");
-		}
-		put(b, "}},\n");
+		op[in->op].ms += ms;
+		op[in->op].n++;
+		cls[class_of(in->op)] += ms;
+		stream[in->stream] += ms;
+		sum += ms;
 	}
+	printf("trace: rank 0, %ld step(s), %ld step-program run(s), %s times: wall %.3f ms "
+	       "(runs, first mark to last)\n", steps, runs, t->dev ? "device" : "host", wall);
+	printf("trace: instructions %.3f ms: compute %.3f, comm %.3f, copy %.3f; gap %.3f ms "
+	       "(%.1f%% of the wall): the wall less the compute stream's instructions "
+	       "(launches, dependencies)\n", sum, stream[DP_STREAM_COMPUTE], stream[DP_STREAM_COMM],
+	       stream[DP_STREAM_COPY], wall - stream[DP_STREAM_COMPUTE],
+	       wall > 0 ? 100 * (wall - stream[DP_STREAM_COMPUTE]) / wall : 0.0);
+	printf("trace: by class (ms, %% of the instructions):");
+	for (int k = 0; k < K_N; k++)
+		if (cls[k] > 0)
+			printf(" %s %.3f (%.1f%%)", class_names[k], cls[k], sum > 0 ? 100 * cls[k] / sum : 0);
+	printf("\n");
+	qsort(op, DP_NOPS, sizeof op[0], by_ms);
+	printf("trace: top ops (ms, %% of the instructions, count):\n");
+	for (int i = 0; i < 15 && op[i].n; i++)
+		printf("trace: %3d %-24s %-12s %10.3f %5.1f%% %7ld\n", i + 1,
+		       dp_name(dp_op_names, DP_NOPS, (unsigned)op[i].op), class_names[class_of((unsigned)op[i].op)],
+		       op[i].ms, sum > 0 ? 100 * op[i].ms / sum : 0, op[i].n);
+	fflush(stdout);
 }
 
 int trace_close(Trace *t, const Exec *x, RtErr *e)
@@ -355,6 +598,8 @@ int trace_close(Trace *t, const Exec *x, RtErr *e)
 	Buf b = {0};
 	int world = 1, rc = 0;
 	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	if (t->rank == 0)
+		summary(t, x);
 	format(t, x, &b);
 	if (b.oom || t->oom) {
 		free(b.s);

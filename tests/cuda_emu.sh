@@ -73,6 +73,10 @@
 #     mlp full_shard with offload optimizer (the host step's host nodes
 #     replayed, each in the step its replay is), and the same resumed from
 #     a checkpoint after 2 steps, bit for bit (the host step's counter);
+#     dpexec --trace on the device (mlp8 np=2, grad_accum 2): every
+#     instruction once per micro-batch on its stream's device lane, and a
+#     summary that adds up (tests/trace_check.py; the structure, not the
+#     emulator's times);
 #  4. faults: a rank whose device stalls (DPEMU_STALL) under --timeout ends
 #     every rank, with a message naming the step and the pending collective,
 #     and exit 75 as the CPU's --timeout (dprun restarts it);
@@ -890,6 +894,27 @@ fi
 # ---- 4. a stalled rank under --timeout ----
 # (the step files of sections 4 and 5, each compiled at its first use)
 BIN_ARGS[stall]="$T/mlp8.dp --world-size 2" BIN_ARGS[one]="$T/mlp8.dp --world-size 1"
+# dpexec --trace on the device (runtime/trace.c, before the stalls: their
+# step file): mlp8 at 2 ranks (grad_accum 2: two runs of the step program a
+# step, its all_reduces on the comm stream), 2 steps. The trace parses and
+# nests (tests/trace_check.py); per rank, step and micro-batch every
+# instruction the walk issued is once on the device lane of its stream; the
+# summary's classes and streams add up to rank 0's device spans; and the
+# describe line says the steps ran eagerly. (The emulator's device times are
+# its host's: the structure is tested, not the times.)
+if case_on "trace on the device"; then
+	out=
+	# shellcheck disable=SC2046 # (the launcher's words)
+	if step_bin stall && env DPEMU_SEED=5 timeout 300 $(emu_launch 2) "$EMU" "$T/stall.bin" --device cuda \
+		--steps 2 --eval-every 0 --log-every 2 --trace "$T/dev.json" >"$T/dev.log" 2>&1 &&
+		grep -q "eager (--no-graph)" "$T/dev.log" &&
+		out=$($PY tests/trace_check.py "$T/dev.json" 2 2 "$T/dev.log" 2>&1); then
+		ok "--trace on the emulated device, mlp8 np=2: $out"
+	else
+		fail "--trace on the emulated device, mlp8 np=2"; echo "$out" | sed 's/^/      /'
+		grep -v "^ \|^$" "$T/dev.log" | tail -n 5
+	fi
+fi
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),

@@ -208,9 +208,10 @@ rehearse() {
 	ns=$(grep -c '^- SKIP' "$T/report.md" 2>/dev/null)
 	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|nsys|PyTorch|torch.compile')
 	# PASS: part 1 one, part 2 six, part 4 ten (the emulator's: gpt2-tiny
-	# f32 and llama bf16 in its five layouts), parts 5 and 6 one each, part
-	# 7 five (the emulator's four comparisons and the determinism check)
-	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 11 ] && [ "$skips" = 0 ] && [ "$np" = 24 ] &&
+	# f32 and llama bf16 in its five layouts), part 5 one, part 6 two (the
+	# CPU's trace, the device's), part 7 five (the emulator's four
+	# comparisons and the determinism check)
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 11 ] && [ "$skips" = 0 ] && [ "$np" = 25 ] &&
 		[ "$(grep -c '^## ' "$T/report.md")" = 8 ]; then
 		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (3), nsys (1), PyTorch (3)"
 	else

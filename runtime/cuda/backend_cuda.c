@@ -170,6 +170,8 @@ typedef struct CuBackend {
 	cudaEvent_t fork, join, done;
 	cudaEvent_t step_done[2];        /* after step k (parity k % 2) on the compute stream */
 	cudaEvent_t pushed[2];           /* after the batches of step k were copied */
+	cudaEvent_t *tev;                /* dpexec --trace: one timing event per slot */
+	uint32_t ntev;                   /* made so far (cu_time_mark) */
 	CuScalars *sc;                   /* device */
 	CuReport *rep;                   /* mapped pinned host memory, [3] */
 	CuReport *rep_dev;
@@ -924,6 +926,9 @@ static void cu_free(Backend *b)
 	for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
 		if (evs[i])
 			cudaEventDestroy(evs[i]);
+	for (uint32_t i = 0; i < x->ntev; i++)
+		cudaEventDestroy(x->tev[i]);
+	free(x->tev);
 	for (int i = 0; i < x->nreg; i++) {
 		Region *r = &x->reg[i];
 		if (r->copied)
@@ -1609,6 +1614,50 @@ static int cu_replay(Backend *b, RtErr *e)
 	return 0;
 }
 
+/* ---- device timing (dpexec --trace, runtime/trace.c) ---- */
+
+/* Timing mark `slot` on `stream`: a timing event recorded in stream order.
+ * Eager runs only (the trace implies --no-graph). The events are made on
+ * first use, a slot's event reused by every later run, and destroyed in
+ * cu_free before the streams. */
+static int cu_time_mark(Backend *b, unsigned stream, uint32_t slot, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	if (x->capturing || stream >= DP_NSTREAM)
+		return RT_FAIL(e, "internal error: a timing mark inside a capture or on stream %u",
+			       stream);
+	if (slot >= x->ntev) {
+		uint32_t cap = slot < 128 ? 256 : 2 * slot;
+		cudaEvent_t *p = realloc(x->tev, cap * sizeof *p);
+		if (!p)
+			return RT_FAIL(e, "out of memory (--trace's timing events)");
+		x->tev = p;
+		while (x->ntev < cap) { /* ntev counts the events made: cu_free destroys those */
+			CU(cudaEventCreate(&x->tev[x->ntev]));
+			x->ntev++;
+		}
+	}
+	CU(cudaEventRecord(x->tev[slot], x->st[stream]));
+	return 0;
+}
+
+/* Marks 0..n-1 completed (each waited for under the watchdog), then each
+ * one's device time from mark 0 in ms. */
+static int cu_time_read(Backend *b, uint32_t n, float *ms, RtErr *e)
+{
+	CuBackend *x = b->impl;
+	if (n > x->ntev)
+		return RT_FAIL(e, "internal error: %u timing marks read, %u made", n, x->ntev);
+	for (uint32_t i = 0; i < n; i++) {
+		RT_CHECK(wait_event(b, x->tev[i], "the trace's timing marks", -1, e));
+		if (i == 0)
+			ms[i] = 0;
+		else
+			CU(cudaEventElapsedTime(&ms[i], x->tev[0], x->tev[i]));
+	}
+	return 0;
+}
+
 /* What libdpcuda.so exports; dpexec finds it with dlsym (backend.c). */
 __attribute__((visibility("default"))) const BackendOps dp_cuda_backend = {
 	.name = "cuda",
@@ -1645,4 +1694,6 @@ __attribute__((visibility("default"))) const BackendOps dp_cuda_backend = {
 	.capture_begin = cu_capture_begin,
 	.capture_end = cu_capture_end,
 	.replay = cu_replay,
+	.time_mark = cu_time_mark,
+	.time_read = cu_time_read,
 };

@@ -15,7 +15,8 @@
 # PASS, FAIL or SKIP with its figures, written when the check ends, so a run
 # cut short still reports what it did. SKIP means the hardware or the tool is
 # absent (compute-sanitizer, ncu, PyTorch with CUDA), nothing else. Logs:
-# OUTDIR/logs.tgz (refreshed after every part); OUTDIR/trace-gpt2.json.
+# OUTDIR/logs.tgz (refreshed after every part); OUTDIR/trace-gpt2.json and
+# OUTDIR/trace-gpt2-cuda.json.
 #
 #   1. the environment: nvidia-smi, driver and runtime versions, SM count,
 #      clocks, the CUDA 13 libraries the backend loads;
@@ -36,9 +37,11 @@
 #      ms/step, MFU against 989 TFLOP/s, host us per step; beside PyTorch
 #      eager and torch.compile on the same model, batch, optimizer and dtype
 #      (bench/gpu_gpt.py);
-#   6. a dpexec --trace of 1 step of gpt2 (dpexec times instructions on the
-#      host and refuses --trace on the CUDA backend, so this trace is the CPU
-#      backend's schedule; the device's time is ncu's or nsys's); ncu's
+#   6. a dpexec --trace of 1 step of gpt2 on the CPU backend (the schedule),
+#      and one on the CUDA backend of step 2 of part 5's step file (device
+#      times: CUDA events around each instruction, eager), its summary (device
+#      ms per op class, the top 15 ops, the gap to the step's wall) in the
+#      report, the trace in OUTDIR/trace-gpt2-cuda.json; ncu's
 #      device time of two kernel classes over 1 step of part 5's step file,
 #      the attention kernels (k_attn*) and cuBLASLt's GEMMs, and what is left
 #      of part 5's step time (ncu profiles each kernel alone, ~0.15 s apiece:
@@ -119,7 +122,7 @@ if [ "${1:-}" != --part ]; then
 	if [ "$MODE" = emu ]; then
 		DEADLINES=(0 120 900 60 1500 600 600 900 60)
 	else
-		DEADLINES=(0 10 60 90 75 125 90 60 65)
+		DEADLINES=(0 10 60 85 75 120 105 60 60)
 	fi
 	echo "mode: $MODE; deadlines (s), parts 1-8: ${DEADLINES[*]:1}" >>"$REPORT"
 	[ "$PARTS" = "1 2 3 4 5 6 7 8" ] || echo "parts: $PARTS (DP_KIT_PARTS)" >>"$REPORT"
@@ -630,26 +633,43 @@ part5() {
 }
 
 part6() {
-	section "6. A trace of 1 step of gpt2; the attention and GEMM kernels' device time; PyTorch SDPA"
-	# dpexec --trace is host-timed: refused on the CUDA backend, so the trace
-	# is the CPU backend's (the schedule and the host's time per instruction)
+	section "6. Traces of gpt2 (the CPU's schedule; the device's time per instruction); the attention and GEMM kernels' device time; PyTorch SDPA"
+	# the CPU backend's trace: the schedule and the host's time per instruction
 	local shape="-D vocab=256 -D ctx=32 -D d=32 -D heads=2 -D layers=1"
 	[ $EMU = 0 ] && shape=""
 	model gpt2-t1 gpt2 -e 's/^  global_batch .*/  global_batch 1/' -e 's/^  grad_accum .*/  grad_accum 1/'
 	# shellcheck disable=SC2086
 	compile gpt2-t1 "$R/gpt2-t1.dp" 1 $shape
-	"$DPEXEC" "$R/gpt2-t1.bin" --device cuda --steps 1 --trace "$R/refused.json" >"$L/trace-cuda.log" 2>&1
-	note "dpexec --device cuda --trace: $(grep -m1 'error' "$L/trace-cuda.log" | cut -c1-160)"
 	if "$DPEXEC" "$R/gpt2-t1.bin" --device cpu --steps 1 --eval-every 0 --trace "$OUT/trace-gpt2.json" \
 		>"$L/trace.log" 2>&1 && [ -s "$OUT/trace-gpt2.json" ]; then
 		report PASS "dpexec --trace of 1 step of gpt2 (micro-batch 1, the CPU backend): OUTDIR/trace-gpt2.json, $(wc -c <"$OUT/trace-gpt2.json") bytes, $(grep -o '"ph"' "$OUT/trace-gpt2.json" | wc -l) events"
 	else
 		report FAIL "dpexec --trace of gpt2: $(tail -n 1 "$L/trace.log")"
 	fi
-	# part 5's step file (its micro-batch), else one of its own at 16
+	# part 5's step file (its micro-batch), else one of its own at 16 (the
+	# emulator: the small one above)
 	local bin mb ncu nsys
 	mb=$(cat "$R/bench.mb" 2>/dev/null || echo 16)
 	bin=$R/gpt2-b$mb.bin
+	if [ $EMU = 1 ]; then
+		bin=$R/gpt2-t1.bin
+	elif [ ! -f "$bin" ]; then
+		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
+		compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 || { report FAIL "dpc of gpt2: $(tail -n 1 "$L/gpt2-b$mb.dpc")"; return; }
+	fi
+	# the device's time per instruction: dpexec --trace on the CUDA backend
+	# (a CUDA event before and after each instruction on its stream, eager),
+	# step 2 of 2 (the first makes cuBLASLt's plans); its summary, device ms
+	# per op class and the top 15 ops against the step's wall, into the report
+	if timeout "$(left)" "$DPEXEC" "$bin" --device cuda --steps 2 --trace-steps 2:2 --eval-every 0 \
+		--log-every 2 --trace "$OUT/trace-gpt2-cuda.json" >"$L/trace-cuda.log" 2>&1 &&
+		unstamp "$L/trace-cuda.log" | grep -q '^trace: top'; then
+		report PASS "dpexec --device cuda --trace, step 2 of $(basename "$bin" .bin): OUTDIR/trace-gpt2-cuda.json; its summary (device times, eager):"
+		unstamp "$L/trace-cuda.log" | grep '^trace: ' | sed 's/^trace: /    /' >>"$REPORT"
+	else
+		report FAIL "dpexec --device cuda --trace of $(basename "$bin" .bin): $(unstamp "$L/trace-cuda.log" | grep -m1 'error' | cut -c1-200)"
+		last "$L/trace-cuda.log"
+	fi
 	ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
 	nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1 || true)
 	if [ $EMU = 1 ]; then
@@ -658,10 +678,6 @@ part6() {
 		report SKIP "PyTorch SDPA at gpt2's shape: the CUDA emulator: no GPU"
 		report SKIP "nsys, the top 10 kernels of gpt2: the CUDA emulator: no GPU"
 		return
-	fi
-	if [ ! -f "$bin" ]; then
-		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
-		compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 || { report FAIL "dpc of gpt2: $(tail -n 1 "$L/gpt2-b$mb.dpc")"; return; }
 	fi
 	# ncu profiles each kernel alone (~0.15 s apiece on the H200; ~1,200
 	# per step did not finish in 80 s), so it measures two classes, each
