@@ -410,17 +410,11 @@ static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
 	return stage;
 }
 
-/* A copy of node n over stage k's parts, on stage k. */
-static Node *copy_for_stage(Cut *c, const Node *n, int k)
+/* A node like n (its op, attributes, programs, flags, stream, block and
+ * bucket) over values out and in[], on stage k. */
+static Node *node_like(Graph *g, const Node *n, int out, const int *in, int k)
 {
-	int in[DP_MAX_IN];
-	for (int j = 0; j < n->nin; j++) {
-		int r = n->in[j] >= 0 ? root_index(c, n->in[j]) : -1;
-		in[j] = r >= 0 ? c->part[r * c->p + k] : n->in[j];
-	}
-	int r = n->out >= 0 ? root_index(c, n->out) : -1;
-	Node *x = ir_node(c->g, n->op, r >= 0 ? c->part[r * c->p + k] : n->out, n->nin, in, n->phase,
-			  n->loc);
+	Node *x = ir_node(g, n->op, out, n->nin, in, n->phase, n->loc);
 	memcpy(x->ia, n->ia, sizeof x->ia);
 	memcpy(x->fa, n->fa, sizeof x->fa);
 	x->progs = n->progs;
@@ -432,20 +426,24 @@ static Node *copy_for_stage(Cut *c, const Node *n, int k)
 	return x;
 }
 
+/* A copy of node n over stage k's parts, on stage k. */
+static Node *copy_for_stage(Cut *c, const Node *n, int k)
+{
+	int in[DP_MAX_IN];
+	for (int j = 0; j < n->nin; j++) {
+		int r = n->in[j] >= 0 ? root_index(c, n->in[j]) : -1;
+		in[j] = r >= 0 ? c->part[r * c->p + k] : n->in[j];
+	}
+	int r = n->out >= 0 ? root_index(c, n->out) : -1;
+	return node_like(c->g, n, r >= 0 ? c->part[r * c->p + k] : n->out, in, k);
+}
+
 /* A copy of node n (over the same values) on stage k: the tied range's
  * nodes, one per stage that keeps it. */
 static Node *copy_on_stage(Graph *g, const Node *n, int k)
 {
-	Node *x = ir_node(g, n->op, n->out, n->nin, n->in, n->phase, n->loc);
-	memcpy(x->ia, n->ia, sizeof x->ia);
-	memcpy(x->fa, n->fa, sizeof x->fa);
-	x->progs = n->progs;
-	x->flags = n->flags;
-	x->stream = n->stream;
-	x->block = n->block;
-	x->bucket = n->bucket;
+	Node *x = node_like(g, n, n->out, n->in, k);
 	x->chunk = n->chunk;
-	x->stage = k;
 	return x;
 }
 
