@@ -38,7 +38,8 @@ PAR=${DP_JOBS:-$(nproc)}
 [ "$PAR" -gt 1 ] && export DP_NUM_THREADS=${DP_NUM_THREADS:-1}
 nparams() { unstamp "$1" | grep -c "^gradcheck [^:]*:"; }
 share() { # share min|max FILE: the extreme share of the tolerance over the parameters
-	sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' "$2" | sort -g |
+	# (unstamped: the zeroed gradient's run is a file of its own, with times)
+	unstamp "$2" | sed -nE 's/^gradcheck [^:]*:.*\(([0-9.]+) of the tolerance\).*/\1/p' | sort -g |
 		if [ "$1" = min ]; then head -n 1; else tail -n 1; fi
 }
 # gc OUT STEPFILE [VAR=VALUE...]: GC in the background (PAR at a time), in
