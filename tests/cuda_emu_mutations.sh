@@ -80,11 +80,6 @@
 #   p2p_wait      the comm stream's wait for the compute stream right before
 #                 a pipeline send dropped (mlp8 at pp=2): the send moves an
 #                 activation or gradient the compute stream has not written
-#   clip_stage    the clip fold (optim.cu's cu_plan_clip) reads the other
-#                 pipeline stages' instructions as this rank's: at pp=4 the
-#                 stages' gradient parts share bytes, and an update is paired
-#                 with another stage's clip beside its own (gpp4: gpt2-tiny,
-#                 small, at pp=4; its gradients clipped twice)
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
@@ -543,7 +538,6 @@ add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
-clip_stage    clip_stage    gpp4    4 one DPEMU_SEED=3
 subgroup      subgroup_skipped gpp4 4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
