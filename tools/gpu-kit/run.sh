@@ -492,7 +492,7 @@ part2() {
 }
 
 part3() {
-	section "3. compute-sanitizer on 3 steps of gpt2-tiny at head dim 64"
+	section "3. compute-sanitizer on gpt2-tiny at head dim 64"
 	local san
 	san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 	if [ -z "$san" ] || [ $EMU = 1 ]; then
