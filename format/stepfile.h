@@ -757,6 +757,23 @@ static inline DpOpClass dp_op_class(unsigned op)
 	return op < DP_NOPS ? (DpOpClass)dp_op_classes[op] : DP_OPC_KERNEL;
 }
 
+/* 1: op is a matrix product (a GEMM of the backends' BLAS: cuBLASLt,
+ * OpenBLAS), its fused epilogues included; the cost model's, the
+ * simulator's, calibration's and the trace's GEMM class */
+static inline int dp_op_is_gemm(unsigned op)
+{
+	return op == DP_OP_MATMUL || op == DP_OP_LINEAR || op == DP_OP_LINEAR_GELU ||
+	       op == DP_OP_MATMUL_GELU_GRAD;
+}
+
+/* 1: op is attention, ordinary or context-parallel, forward or gradient */
+static inline int dp_op_is_attention(unsigned op)
+{
+	return op == DP_OP_ATTENTION || op == DP_OP_ATTENTION_GRAD || op == DP_OP_ATTENTION_CP ||
+	       op == DP_OP_ATTENTION_CP_GRAD || op == DP_OP_ATTENTION_CP_GRAD_KV ||
+	       op == DP_OP_ATTENTION_CP_GRAD_BOTH;
+}
+
 /* 1: instruction in is a kernel of the host step (offload): its output, so
  * every operand (the decoder's check_spaces), in the host arena. The copies
  * between the arenas (D2H, H2D) are the device's. */

@@ -69,19 +69,11 @@ static const char *const class_names[C_NCLASS] = {"gemm", "attention", "memory-b
 
 static int class_of(IrOp op)
 {
-	switch (op) {
-	case DP_OP_MATMUL:
-	case DP_OP_LINEAR:
-	case DP_OP_LINEAR_GELU:
-	case DP_OP_MATMUL_GELU_GRAD:
+	if (dp_op_is_gemm(op))
 		return C_GEMM;
-	case DP_OP_ATTENTION:
-	case DP_OP_ATTENTION_GRAD:
-	case DP_OP_ATTENTION_CP:
-	case DP_OP_ATTENTION_CP_GRAD:
-	case DP_OP_ATTENTION_CP_GRAD_KV:
-	case DP_OP_ATTENTION_CP_GRAD_BOTH:
+	if (dp_op_is_attention(op))
 		return C_ATTN;
+	switch (op) {
 	case DP_OP_SQNORM:
 	case DP_OP_SQRT:
 	case DP_OP_CLIP:

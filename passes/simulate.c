@@ -452,8 +452,7 @@ static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 	int dt = n->out >= 0 && g->values[n->out]->dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
 	double rate = mc->peak_flops[dt], bw = mc->memory_bw, over = mc->kernel_overhead_s;
 	const MachOp *own = machine_op(mc, ir_ops[n->op].name);
-	if (n->op == DP_OP_MATMUL || n->op == DP_OP_LINEAR || n->op == DP_OP_LINEAR_GELU ||
-	    n->op == DP_OP_MATMUL_GELU_GRAD) {
+	if (dp_op_is_gemm(n->op)) {
 		double m, nn, k;
 		int gd = gemm_dims(g, n, f, &m, &nn, &k);
 		rate = machine_gemm_rate(mc, gd, m, nn, k);
@@ -477,10 +476,8 @@ double sim_gemm_rate_cap(const Machine *mc, int dtype)
 		}
 	if (!table) /* machine_gemm_rate's fallback */
 		r = mc->peak_flops[dtype];
-	static const IrOp gemms[] = {DP_OP_MATMUL, DP_OP_LINEAR, DP_OP_LINEAR_GELU,
-				     DP_OP_MATMUL_GELU_GRAD};
-	for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
-		const MachOp *own = machine_op(mc, ir_ops[gemms[i]].name);
+	for (unsigned op = 0; op < DP_NOPS; op++) {
+		const MachOp *own = dp_op_is_gemm(op) ? machine_op(mc, ir_ops[op].name) : NULL;
 		if (own && own->flops_per_s > 0)
 			r = fmax(r, own->flops_per_s);
 	}

@@ -90,12 +90,6 @@ static void fit_line(const double *x, const double *y, int n, double a0, double 
 	*b /= n;
 }
 
-static int is_gemm(unsigned op)
-{
-	return op == DP_OP_MATMUL || op == DP_OP_LINEAR || op == DP_OP_LINEAR_GELU ||
-	       op == DP_OP_MATMUL_GELU_GRAD;
-}
-
 static int64_t numel(const DpStep *s, int t)
 {
 	return t < 0 ? 0 : exec_numel(&s->tensors[t]);
@@ -331,7 +325,7 @@ static int fit(Machine *m, const DpStep *s, const double *t)
 	}
 	int nrates = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (t[i] < 0 || !is_gemm(prog[i].op))
+		if (t[i] < 0 || !dp_op_is_gemm(prog[i].op))
 			continue;
 		MachGemm p;
 		gemm_mnk(s, &prog[i], &p.m, &p.n, &p.k);
@@ -343,7 +337,7 @@ static int fit(Machine *m, const DpStep *s, const double *t)
 	for (unsigned op = 0; op < DP_NOPS; op++) {
 		int k = 0;
 		for (uint32_t i = 0; i < n; i++)
-			if (t[i] >= 0 && prog[i].op == op && !is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
+			if (t[i] >= 0 && prog[i].op == op && !dp_op_is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
 				xs[k] = io_bytes(s, &prog[i]);
 				ys[k++] = t[i];
 			}

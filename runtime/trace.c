@@ -473,20 +473,11 @@ static int class_of(unsigned op)
 	default:
 		break;
 	}
-	switch (op) {
-	case DP_OP_MATMUL:
-	case DP_OP_LINEAR:
-	case DP_OP_LINEAR_GELU:
-	case DP_OP_MATMUL_GELU_GRAD:
-	case DP_OP_ORTHOGONALIZE:
+	if (dp_op_is_gemm(op) || op == DP_OP_ORTHOGONALIZE)
 		return K_GEMM;
-	case DP_OP_ATTENTION:
-	case DP_OP_ATTENTION_GRAD:
-	case DP_OP_ATTENTION_CP:
-	case DP_OP_ATTENTION_CP_GRAD:
-	case DP_OP_ATTENTION_CP_GRAD_KV:
-	case DP_OP_ATTENTION_CP_GRAD_BOTH:
+	if (dp_op_is_attention(op))
 		return K_ATTN;
+	switch (op) {
 	case DP_OP_LAYERNORM:
 	case DP_OP_LAYERNORM_GRAD:
 	case DP_OP_LAYERNORM_GRAD_G:
