@@ -468,21 +468,14 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
 	return (int64_t)floor(P * per + act);
 }
 
-/* Does the group of p's mesh over the axes of mask lie in one node?
- * passes/simulate.c's group_in_node on p's mesh (ranks row-major in DpAxis
- * order, tp fastest). */
+/* Does the group of p's mesh over the axes of mask lie in one node? The
+ * simulator's rule (sim_group_in_node) on p's mesh. */
 static int plan_in_node(const Plan *p, unsigned mask, int ranks_per_node)
 {
-	const int dims[DP_MAX_AXES] = {[DP_AXIS_PP] = p->pp, [DP_AXIS_REPLICATE] = p->rep,
-				       [DP_AXIS_SHARD] = p->shard, [DP_AXIS_CP] = p->cp,
-				       [DP_AXIS_TP] = p->tp};
-	int64_t stride = 1;
-	for (int a = DP_MAX_AXES - 1; a >= 0; a--) {
-		stride *= dims[a];
-		if ((mask & DP_AXIS_BIT(a)) && stride > ranks_per_node)
-			return 0;
-	}
-	return 1;
+	const uint32_t dims[DP_MAX_AXES] = {[DP_AXIS_PP] = p->pp, [DP_AXIS_REPLICATE] = p->rep,
+					    [DP_AXIS_SHARD] = p->shard, [DP_AXIS_CP] = p->cp,
+					    [DP_AXIS_TP] = p->tp};
+	return sim_group_in_node(dims, mask, ranks_per_node);
 }
 
 /* Adds to link[] the least seconds of `calls` collectives op over the

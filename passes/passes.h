@@ -254,6 +254,10 @@ typedef struct {
  * dtype, else the dtype's peak, and the ops' own rates). --plan's time
  * bound. */
 double sim_gemm_rate_cap(const Machine *mc, int dtype);
+/* Does the group over the axes of mask of a mesh (ranks row-major in
+ * DpAxis order, tp fastest; a size 0 counts as 1) lie in one node of
+ * ranks_per_node ranks? The simulator's link of a collective, and --plan's. */
+int sim_group_in_node(const uint32_t mesh[DP_MAX_AXES], unsigned mask, int ranks_per_node);
 /* Simulates g on mc: 0, or -1 when it cannot (the pairing did not settle). */
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
 void sim_report_free(SimReport *rep);

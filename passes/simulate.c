@@ -420,15 +420,20 @@ int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *l
 
 /* Does the axis group of mask lie inside one node? Ranks are row-major over
  * the axes in DpAxis order (pp outermost, tp fastest). */
-static int group_in_node(const Graph *g, unsigned mask, int ranks_per_node)
+int sim_group_in_node(const uint32_t mesh[DP_MAX_AXES], unsigned mask, int ranks_per_node)
 {
 	int64_t stride = 1;
 	for (int a = DP_MAX_AXES - 1; a >= 0; a--) {
-		stride *= g->cfg.mesh[a] ? g->cfg.mesh[a] : 1;
+		stride *= mesh[a] ? mesh[a] : 1;
 		if ((mask & DP_AXIS_BIT(a)) && stride > ranks_per_node)
 			return 0;
 	}
 	return 1;
+}
+
+static int group_in_node(const Graph *g, unsigned mask, int ranks_per_node)
+{
+	return sim_group_in_node(g->cfg.mesh, mask, ranks_per_node);
 }
 
 static int gemm_dims(const Graph *g, const Node *n, double f, double *m, double *nn, double *k)
