@@ -30,7 +30,8 @@
 #    carrying bytes and axes; at pp=2 one process per stage;
 #  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
-#    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
+#    points; the ops whose instructions move under 64 KiB an overhead and no
+#    bytes rate); a second step file (mlp8) adds its shapes and keeps mlp's; a
 #    file there that is not one of 1 rank is refused and left as it was;
 #    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
 #    link is measured between the stages, and --simulate reads the file;
@@ -298,6 +299,10 @@ m = json.load(open(sys.argv[1]))
 assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
 assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
 assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
+# ops that only move a few bytes here (the accum of the loss, the sqrt of
+# the norm, the 10-class cross entropy): an overhead, no rate fitted to noise
+for op in ("accum", "sqrt", "cross_entropy_fused"):
+    assert "bytes_per_s" not in m["ops"][op] and m["ops"][op]["overhead_s"] > 0, (op, m["ops"][op])
 ' "$T/m.json"; then
 		ok "calibrate: mlp at 1 rank: $(unstamp "$T/cal1.txt" | sed -n 's/^calibrated cpu-1-ranks: //p' | cut -d, -f1-2)"
 	else
