@@ -145,14 +145,19 @@ static void gemm_mnk(const DpStep *s, const DpInstr *in, double *m, double *n, d
  * fit turned into the op's rate and the simulator charged at every size
  * and call (mlp at 2 ranks, calibrated with its ddp step file: linear's
  * 8 instructions predicted at 7.0 ms a step against 0.55 ms in the
- * measured step's trace). In a step the time slices fall in the waits,
- * where a rank yields its core (world_waitall), not in the kernels: the
- * step's kernels took their walk medians (mlp at 2 ranks, load average
- * 17: linear 0.55 ms predicted against 0.58 to 0.70 measured, matmul
- * 0.47 against 0.40 to 0.59), while spreading the walks' lost time over
- * the kernels (the mean walk over the sum of the medians) put 1.07x on one
- * rank and 4.9x on the other. The load's cost is in the collectives',
- * which are timed through the same waits (time_collectives). */
+ * measured step's trace). A kernel shorter than a time slice keeps its
+ * walk median in a step, the slices falling in the waits where a rank
+ * yields its core (world_waitall): mlp at 2 ranks, load average 17,
+ * linear 0.55 ms predicted against 0.58 to 0.70 measured, matmul 0.47
+ * against 0.40 to 0.59. Longer ones do lose slices in a step too
+ * (gpt2-tiny's matmuls at load 18: 4.3 ms predicted, 12.7 and 16.6 ms
+ * measured on its two ranks), which the median leaves out, so at loads of
+ * many processes per core every prediction is low (docs/SIMULATE.md).
+ * Spreading each walk's lost time over its kernels by their medians (the
+ * mean walk over their sum) did not carry that either: the factor came
+ * out 1.07 on one rank and 4.9 on the other, and the 2-rank validation
+ * was worse with it (MAPE 87.9 and 36.6 % against the median's 42.8 and
+ * 33.4 %, calibrated back to back). */
 static int time_kernels(Exec *x, double *t, RtErr *e)
 {
 	const DpStep *s = x->s;
