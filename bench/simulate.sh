@@ -2,8 +2,10 @@
 # bench/simulate.sh - dpc --simulate against dpexec on this machine.
 #
 # Per world size N (1, 2, 4): calibrate (dpexec --calibrate, runtime/calibrate.c)
-# with the ddp step file of each model (mlp, gpt2-tiny, llama) into one
-# machine file, cpu-N.json; then, for every configuration (the models under
+# with the ddp step file of each model (mlp, gpt2-tiny, llama), and its tp=2
+# and cp=2 step files where the configurations below take them (their own
+# kernels and shapes: tp's halved GEMMs, cp's ring attention, which the ddp
+# file does not run), into one machine file, cpu-N.json; then, for every configuration (the models under
 # ddp, zero1, zero2, full_shard; hybrid_shard on 2x2; tp=2 and cp=2 where the
 # transformers take them, alone at 2 ranks and with dp_shard=2 at 4), predict
 # the step time (dpc --simulate=cpu-N.json) and measure it (dpexec, the
@@ -44,6 +46,15 @@ v = [json.loads(l)["ms_per_step"] for l in open(sys.argv[1]) if "ms_per_step" in
 print(f"{statistics.median(v):.3f}")' "$T/$1.log"
 	cut -d' ' -f1 /proc/loadavg >>"$T/load"
 }
+# conf_args CONF: the dpc flags of a configuration, in $args
+conf_args() {
+	case $1 in
+	tp2) args=(--tp 2) ;;
+	cp2) args=(--cp 2) ;;
+	hybrid_shard) args=(--dp-replicate 2 --set train.strategy=hybrid_shard) ;;
+	*) args=(--set "train.strategy=$1") ;;
+	esac
+}
 predict() { # predict NAME MODEL N ARGS...
 	local name=$1 model=$2 n=$3; shift 3
 	"$DPC" "$model" --world-size "$n" --simulate="$T/cpu-$n.json" "$@" 2>/dev/null |
@@ -53,9 +64,14 @@ predict() { # predict NAME MODEL N ARGS...
 : >"$T/rows"
 for n in $SIZES; do
 	for m in $MODELS; do
-		compile "cal-$m-$n" "models/$m.dp" "$n"
-		mpirun --oversubscribe -np "$n" "$DPEXEC" "$T/cal-$m-$n.bin" --device cpu --quiet \
-			--calibrate "$T/cpu-$n.json" | sed 's/^/  /'
+		cals="ddp"
+		[ "$m" != mlp ] && [ "$n" -gt 1 ] && cals="ddp tp2 cp2"
+		for c in $cals; do
+			conf_args "$c"
+			compile "cal-$m-$n-$c" "models/$m.dp" "$n" "${args[@]}"
+			mpirun --oversubscribe -np "$n" "$DPEXEC" "$T/cal-$m-$n-$c.bin" --device cpu --quiet \
+				--calibrate "$T/cpu-$n.json" | sed 's/^/  /'
+		done
 	done
 	cp "$T/cpu-$n.json" "$BUILD/cpu-$n.json"
 	for m in $MODELS; do
@@ -64,12 +80,7 @@ for n in $SIZES; do
 		[ "$n" = 4 ] && confs="ddp zero2 full_shard hybrid_shard"
 		[ "$m" != mlp ] && [ "$n" -gt 1 ] && confs="$confs tp2 cp2"
 		for c in $confs; do
-			case $c in
-			tp2) args=(--tp 2) ;;
-			cp2) args=(--cp 2) ;;
-			hybrid_shard) args=(--dp-replicate 2 --set train.strategy=hybrid_shard) ;;
-			*) args=(--set "train.strategy=$c") ;;
-			esac
+			conf_args "$c"
 			name="$m-$n-$c"
 			compile "$name" "models/$m.dp" "$n" "${args[@]}" || { echo "  $name: does not compile"; continue; }
 			p=$(predict "$name" "models/$m.dp" "$n" "${args[@]}")

@@ -199,7 +199,12 @@ typedef struct {
 	int peer;          /* a pipeline send or recv: its partner's index; else -1 */
 	int recv;          /* a pipeline recv (the p2p link's inbound direction) */
 	int sync;          /* a collective whose group spans pp: it moves once every
-	                      stage has reached it */
+	                      stage has reached it (stage -1: each runs this op), or
+	                      every stage of its sub-group has reached its own copy
+	                      (stage >= 0: the copies' ring) */
+	int ring;          /* sync at stage >= 0: the next copy of the same collective
+	                      (ops[ring].stage another stage of the sub-group; the
+	                      copies form a ring), else unused */
 } SimOp;
 /* A span of the predicted timeline: lane 0 the compute stream (the host on
  * the cpu executor), -1 a wait on it, 1.. the comm lanes. */
@@ -224,7 +229,8 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
 /* pp > 1: the stages 0..p-1 of one unrolled step program (every
  * micro-batch in it), each running its own ops and the ops of every stage,
  * a pipeline transfer moving once both its send and its recv are posted, a
- * collective spanning pp once every stage has posted it. r[0..p-1]: each
+ * collective spanning pp once every stage has posted it, one over a
+ * sub-group of the stages once every copy of its ring is posted. r[0..p-1]: each
  * stage's result. Returns the number of sweeps the pairing took to settle,
  * or -1 when it did not (a bug: the verifier refuses deadlocking orders). */
 int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *link_bw,

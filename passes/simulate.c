@@ -16,15 +16,20 @@
  * Two steps: sim_build turns each STEP instruction into a SimOp with its
  * cost on the machine (a kernel's seconds; a collective's latency, bus
  * bytes and link; a pipeline send or recv paired with its other end by
- * tag), sim_run replays the SimOps (sim_run_stages: every stage's, paired
- * up). They are the simulator's whole arithmetic, and
+ * tag; the copies of a collective over a sub-group of the stages with one
+ * another, in program order), sim_run replays the SimOps (sim_run_stages:
+ * every stage's, paired up). They are the simulator's whole arithmetic, and
  * tests/simulate_test.c checks them on hand-built schedules.
  *
  * Pipelines (pp > 1). The stages' replays are coupled: a send and its recv
  * move once both are posted (MPI's and NCCL's rendezvous), taking the p2p
  * link's alpha plus their bytes over its bandwidth, full duplex (a stage's
  * sends and recvs do not share it); a collective whose group spans pp (the
- * gradients' all_reduce over pp) moves once its last stage posts it.
+ * gradients' all_reduce over pp) moves once its last stage posts it, and
+ * one over a sub-group of the stages (`stages`: a tied parameter's
+ * gradients on the stages that keep it, each stage running its own copy
+ * over the sub-group's communicator) once the last of those stages posts
+ * its copy; the other stages do not take part.
  * sim_run_stages finds the times by iterating the stages' replays to a
  * fixed point (its comment says why that is the co-simulation's answer).
  * The step is the slowest stage's end; each stage's compute stream idle
@@ -356,7 +361,9 @@ int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link
  * and sum of the ready times); when no stage is left to replay, each was
  * replayed with the times its partners give: the co-simulation's answer.
  * Each sweep fixes at least one more transfer of the longest chain, so at
- * most one sweep per paired op are needed.
+ * most one sweep per paired op are needed. The copies of a sub-group's
+ * collective (each on its own stage, SimOp.ring) wait for the latest of
+ * them as a pp collective waits for every stage.
  */
 int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *link_bw,
 		   int nevents, SimResult *r)
@@ -402,12 +409,17 @@ int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *l
 			for (int y = 0; y < nsync; y++) {
 				int i = sync[y];
 				double want = 0;
-				for (int q = 0; q < p; q++)
-					want = fmax(want, posted[(size_t)q * (size_t)n + (size_t)i]);
+				if (ops[i].stage < 0) /* every stage runs it */
+					for (int q = 0; q < p; q++)
+						want = fmax(want, posted[(size_t)q * (size_t)n + (size_t)i]);
+				else /* a sub-group's copy: the latest copy of its ring */
+					for (int j = i, first = 1; first || j != i; j = ops[j].ring, first = 0)
+						want = fmax(want, posted[(size_t)ops[j].stage * (size_t)n + (size_t)j]);
 				if (want != ready[i]) {
 					ready[i] = want;
 					for (int q = 0; q < p; q++)
-						left += !dirty[q], dirty[q] = 1;
+						if (ops[i].stage < 0 || q == ops[i].stage)
+							left += !dirty[q], dirty[q] = 1;
 				}
 			}
 		}
@@ -519,9 +531,66 @@ static void pair_transfer(SimOp *o, int k, int64_t tag, TagIndex *t)
 	t->first[tag] = 0;
 }
 
+/* The sub-group of pp stages an all_reduce spans (bit k: stage k), else 0. */
+static uint64_t sub_group(const Node *n)
+{
+	return n->op == DP_OP_ALL_REDUCE ? (uint64_t)DP_ATTR(n, ALL_REDUCE, stages) : 0;
+}
+
+/* The copies of sub-group collectives seen so far, not yet in a full ring:
+ * each stage's copies of one sub-group pair with the other stages' in
+ * program order (as their communicator matches them, and the verifier's
+ * check_pipeline_order): the j-th copy of set S on stage s with the j-th
+ * on every other stage of S. */
+typedef struct {
+	uint64_t set;
+	int stage, op; /* the copy's stage and op index */
+	int taken;     /* in a ring already */
+} Copy;
+typedef struct {
+	Copy *c;
+	int n, cap;
+} CopyList;
+
+static void pair_copy(SimOp *o, int k, uint64_t set, CopyList *l)
+{
+	if (l->n == l->cap) {
+		l->cap = l->cap ? 2 * l->cap : 16;
+		l->c = realloc(l->c, sizeof *l->c * (size_t)l->cap);
+		if (!l->c)
+			die("out of memory");
+	}
+	l->c[l->n++] = (Copy){set, o[k].stage, k, 0};
+	/* the first untaken copy of set on each of its stages: a full ring? */
+	int first[64], need = __builtin_popcountll(set), have = 0;
+	for (int st = 0; st < 64; st++)
+		first[st] = -1;
+	for (int i = 0; i < l->n && have < need; i++) {
+		Copy *c = &l->c[i];
+		if (c->set == set && !c->taken && c->stage < 64 && first[c->stage] < 0)
+			first[c->stage] = i, have++;
+	}
+	if (have < need)
+		return;
+	int prev = -1, head = -1;
+	for (int st = 0; st < 64; st++) {
+		if (first[st] < 0)
+			continue;
+		Copy *c = &l->c[first[st]];
+		c->taken = 1;
+		if (prev >= 0)
+			o[prev].ring = c->op;
+		else
+			head = c->op;
+		prev = c->op;
+	}
+	o[prev].ring = head;
+}
+
 int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **nodes)
 {
 	TagIndex tags = {0};
+	CopyList copies = {0};
 	int n = 0;
 	for (int i = 0; i < g->nnodes; i++)
 		n += (g->nodes[i]->progs & IR_IN_STEP) != 0;
@@ -560,11 +629,13 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 				s->bytes = stats_coll_bytes(g, nd) * stats_bus_factor(nd->op, ranks);
 				if (ranks <= 1) /* a group of one moves nothing and waits for no one */
 					break;
-				/* a sub-group of the stages (each stage its own copy: the tied
-				 * range's gradients) is not paired: the replay does not wait
-				 * for the other stages of it */
+				/* over pp: every stage's (stage -1), or a sub-group of the
+				 * stages, each of them running its own copy (the tied range's
+				 * gradients), paired with the others' in program order */
 				s->sync = (axes & DP_AXIS_BIT(DP_AXIS_PP)) && g->cfg.mesh[DP_AXIS_PP] > 1 &&
-					  nd->stage < 0;
+					  (nd->stage < 0 || sub_group(nd));
+				if (s->sync && nd->stage >= 0)
+					pair_copy(o, k - 1, sub_group(nd), &copies);
 			}
 			s->alpha = mc->link[s->link].alpha_s;
 			break;
@@ -587,6 +658,9 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 		}
 	}
 	free(tags.first);
+	for (int i = 0; i < copies.n; i++) /* the verifier pairs every copy */
+		assert(copies.c[i].taken);
+	free(copies.c);
 	*ops = o;
 	*nops = k;
 	*nodes = which;

@@ -7,9 +7,9 @@
  * optimizer steps (warm caches, real data), the STEP program's compute
  * instructions are run one at a time (exec_run_kernel), all of them in
  * program order, 5 times on every rank at once (so the cores are shared as
- * a step shares them, and a loaded machine's preemptions fall on the
- * kernels as on a step's), and each one's time is its mean over the walks
- * on the slowest rank (the step waits for it at every collective).
+ * a step shares them), and each one's time is its median over the walks
+ * on the slowest rank (the step waits for it at every collective; the
+ * median: time_kernels says why).
  * From them:
  *  - kernel_overhead_s: the fastest instruction's time (a scalar's sqrt:
  *    the walk and the pool's fork and join, no work);
@@ -20,7 +20,9 @@
  *    time = overhead + bytes / rate over its instructions (bytes as the cost
  *    rules count them: every input, the output, the output again when it is
  *    read), the overhead kept >= 0; a single size gives the rate at the
- *    kernel overhead;
+ *    kernel overhead; an op whose instructions all move under
+ *    RATE_MIN_BYTES gets its median time as overhead_s and no rate (a
+ *    rate an earlier calibration measured stays);
  *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
  *    GEMM point per dtype (f32's for bf16 when there is none).
  * The collectives: MPI_Iallreduce (in place), MPI_Iallgather and
@@ -53,6 +55,15 @@
 #include "world.h"
 
 #define REPS 5
+/* An op whose instructions all move less than this has no bytes rate here,
+ * only an overhead: its time is the call's (1 to 2 us here; 64 KiB takes
+ * 3 to 20 us at these cores' 3 to 25 GB/s), and a rate fitted to it is
+ * noise that the simulator would charge at every size (mlp's ddp step has
+ * one accum, the loss's 12 bytes: it gave 62 MB/s, and full_shard's ten
+ * gradient accums, up to 1.2 MB each, were predicted at 48 ms a step
+ * against 0.09 ms in its measured trace). The simulator takes the memory
+ * bandwidth for it. */
+#define RATE_MIN_BYTES (64 << 10)
 
 static int by_double(const void *a, const void *b)
 {
@@ -120,22 +131,43 @@ static void gemm_mnk(const DpStep *s, const DpInstr *in, double *m, double *n, d
 		     ? arows : acols;
 }
 
-/* The time of each STEP kernel (t[i]; -1: not a kernel): its mean over
- * REPS walks of them all in program order (kernels back to back as a step
- * runs them, so a loaded machine's preemptions land on them in
- * proportion, as they do on a step), the largest of the ranks' means: the
- * ranks meet at every collective, so a step goes at its slowest rank's
- * pace, and on shared cores one rank can be slower throughout (mpirun binds
- * rank 0 of every job to core 0: llama at tp=2 here, one step, rank 0's
- * kernels 733 ms, rank 1's 283 ms, rank 1 waiting 742 ms for it). */
+/* The time of each STEP kernel (t[i]; -1: not a kernel), from REPS walks
+ * of them all in program order (kernels back to back as a step runs them):
+ * on each rank its median over the walks, then the largest of the ranks'
+ * medians: the ranks meet at every collective, so a step goes at its
+ * slowest rank's pace, and on shared cores one rank can be slower
+ * throughout (mpirun binds rank 0 of every job to core 0: llama at tp=2
+ * here, one step, rank 0's kernels 733 ms, rank 1's 283 ms, rank 1 waiting
+ * 742 ms for it).
+ * The median, not the mean (as before 2026-11-28): on a loaded machine a
+ * walk loses the core for a time slice (4 to 20 ms here) now and then, and
+ * the mean gave that whole slice to the one kernel it fell on, which the
+ * fit turned into the op's rate and the simulator charged at every size
+ * and call (mlp at 2 ranks, calibrated with its ddp step file: linear's
+ * 8 instructions predicted at 7.0 ms a step against 0.55 ms in the
+ * measured step's trace). A kernel shorter than a time slice keeps its
+ * walk median in a step, the slices falling in the waits where a rank
+ * yields its core (world_waitall): mlp at 2 ranks, load average 17,
+ * linear 0.55 ms predicted against 0.58 to 0.70 measured, matmul 0.47
+ * against 0.40 to 0.59. Longer ones do lose slices in a step too
+ * (gpt2-tiny's matmuls at load 18: 4.3 ms predicted, 12.7 and 16.6 ms
+ * measured on its two ranks), which the median leaves out, so at loads of
+ * many processes per core every prediction is low (docs/SIMULATE.md).
+ * Spreading each walk's lost time over its kernels by their medians (the
+ * mean walk over their sum) did not carry that either: the factor came
+ * out 1.07 on one rank and 4.9 on the other, and the 2-rank validation
+ * was worse with it (MAPE 87.9 and 36.6 % against the median's 42.8 and
+ * 33.4 %, calibrated back to back). */
 static int time_kernels(Exec *x, double *t, RtErr *e)
 {
 	const DpStep *s = x->s;
 	uint32_t n = s->nprog[DP_PROG_STEP];
-	double *sum = calloc(2 * ((size_t)n + 1), sizeof *sum), *cnt = sum + n + 1;
-	double *all = calloc((size_t)n + 1, sizeof *all);
-	if (!sum || !all) {
-		free(sum);
+	double *v = calloc((size_t)REPS * ((size_t)n + 1), sizeof *v); /* v[r * n + i] */
+	double *mine = calloc(2 * ((size_t)n + 1), sizeof *mine), *cnt = mine + n + 1;
+	double *all = calloc((size_t)n + 1, sizeof *all), w[REPS];
+	if (!v || !mine || !all) {
+		free(v);
+		free(mine);
 		free(all);
 		return RT_FAIL(e, "out of memory");
 	}
@@ -149,21 +181,30 @@ static int time_kernels(Exec *x, double *t, RtErr *e)
 				continue;
 			double t0 = MPI_Wtime();
 			if (exec_run_kernel(x, DP_PROG_STEP, i, e) < 0) {
-				free(sum);
+				free(v);
+				free(mine);
 				free(all);
 				return -1;
 			}
-			if (r >= 0)
-				sum[i] += MPI_Wtime() - t0, cnt[i] += 1;
+			if (r >= 0) {
+				v[(size_t)r * n + i] = MPI_Wtime() - t0;
+				cnt[i] = 1;
+			}
 		}
 	}
-	for (uint32_t i = 0; i < n; i++) /* this rank's mean, 0 where it ran none */
-		sum[i] = cnt[i] > 0 ? sum[i] / cnt[i] : 0;
-	MPI_Allreduce(sum, t, (int)n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+	for (uint32_t i = 0; i < n; i++) { /* this rank's median, 0 where it ran none */
+		if (!cnt[i])
+			continue;
+		for (int r = 0; r < REPS; r++)
+			w[r] = v[(size_t)r * n + i];
+		mine[i] = median(w, REPS);
+	}
+	MPI_Allreduce(mine, t, (int)n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 	MPI_Allreduce(cnt, all, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	for (uint32_t i = 0; i < n; i++)
 		t[i] = all[i] > 0 ? t[i] : -1;
-	free(sum);
+	free(v);
+	free(mine);
 	free(all);
 	return 0;
 }
@@ -343,11 +384,17 @@ static int fit(Machine *m, const DpStep *s, const double *t)
 			}
 		if (!k)
 			continue;
-		double a, b;
-		fit_line(xs, ys, k, m->kernel_overhead_s, &a, &b);
+		double a, b, largest = 0;
+		for (int j = 0; j < k; j++)
+			largest = fmax(largest, xs[j]);
 		int at = add_op(m, dp_op_names[op]);
 		if (at < 0)
 			goto oom;
+		if (largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
+			m->ops[at].overhead_s = median(ys, k);
+			continue;
+		}
+		fit_line(xs, ys, k, m->kernel_overhead_s, &a, &b);
 		m->ops[at].overhead_s = a;
 		m->ops[at].bytes_per_s = 1 / b;
 		rates[nrates++] = 1 / b;

@@ -24,13 +24,16 @@
 #    where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
 #    their compute streams' idle mean within a point of --stats' bubble
 #    from the stages' FLOPs, the step at least --stats' makespan and within
-#    2 % of it (the once-per-step optimizer after);
+#    2 % of it (the once-per-step optimizer after); at pp=4 the tied wte's
+#    all_reduce over the sub-group of stages 0 and 3 is replayed on those
+#    two stages only, their copies paired (moving together);
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
 #    carrying bytes and axes; at pp=2 one process per stage;
 #  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
-#    points); a second step file (mlp8) adds its shapes and keeps mlp's; a
+#    points; the ops whose instructions move under 64 KiB an overhead and no
+#    bytes rate); a second step file (mlp8) adds its shapes and keeps mlp's; a
 #    file there that is not one of 1 rank is refused and left as it was;
 #    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
 #    link is measured between the stages, and --simulate reads the file;
@@ -206,11 +209,11 @@ pipeline() {
 	case_on "pipeline: $name" || return 0
 	once flops-only flops_only
 	"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --simulate="$T/flops.json" \
-		>"$T/pp.sim" 2>/dev/null &&
+		--simulate-trace "$T/pp.trace" >"$T/pp.sim" 2>/dev/null &&
 		"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --stats >"$T/pp.stats" 2>/dev/null ||
 		{ fail "pipeline: $name: dpc"; return; }
-	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" <<'EOF'
-import re, sys
+	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" "$T/pp.trace" <<'EOF'
+import json, re, sys
 sim, stats, pp = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
 idle = float(re.search(r"^bubble\s+([\d.]+) %", sim, re.M).group(1)) / 100
 m = re.search(r"^bubble: .*from the stages' FLOPs ([\d.]+) \(makespan (\d+) FLOP", stats, re.M)
@@ -220,7 +223,15 @@ stages = re.findall(r"^(?:stages)?\s+[\d.]+ ms   compute [\d.]+ ms, exposed comm
 assert len(stages) == pp, ("stages printed", len(stages))
 assert abs(idle - forecast) <= 0.01, ("idle", idle, "forecast bubble", forecast)
 assert span <= step <= 1.02 * span, ("step ms", step, "makespan ms", span)
-print(f"{pp} stages, idle {idle:.4f} vs the forecast's bubble {forecast:.4f}, step {step:.1f} ms vs makespan {span:.1f}")
+tied = ""
+if pp == 4: # the tied wte's all_reduce over stages 0 and 3 (`stages=0,3`): those
+    # stages' copies only, moving together once the later is posted (stage 0's)
+    ev = [e for e in json.load(open(sys.argv[4]))["traceEvents"] if e.get("cat") == "collective"
+          and "all_reduce" in e["name"] and e["args"]["axes"].startswith("pp,")]
+    assert sorted(e["pid"] for e in ev) == [0, 3], [(e["pid"], e["name"]) for e in ev]
+    assert ev[0]["ts"] == ev[1]["ts"], ("the copies move apart", [(e["pid"], e["ts"]) for e in ev])
+    tied = f", the tied all_reduce on stages 0 and 3 together at {ev[0]['ts'] / 1e3:.1f} ms"
+print(f"{pp} stages, idle {idle:.4f} vs the forecast's bubble {forecast:.4f}, step {step:.1f} ms vs makespan {span:.1f}{tied}")
 EOF
 	); then ok "pipeline: $name: $out"; else fail "pipeline: $name: $out"; fi
 }
@@ -298,6 +309,10 @@ m = json.load(open(sys.argv[1]))
 assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
 assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
 assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
+# ops that only move a few bytes here (the accum of the loss, the sqrt of
+# the norm, the 10-class cross entropy): an overhead, no rate fitted to noise
+for op in ("accum", "sqrt", "cross_entropy_fused"):
+    assert "bytes_per_s" not in m["ops"][op] and m["ops"][op]["overhead_s"] > 0, (op, m["ops"][op])
 ' "$T/m.json"; then
 		ok "calibrate: mlp at 1 rank: $(unstamp "$T/cal1.txt" | sed -n 's/^calibrated cpu-1-ranks: //p' | cut -d, -f1-2)"
 	else

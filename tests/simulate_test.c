@@ -2,7 +2,7 @@
  * simulate_test.c - the simulator's arithmetic (passes/simulate.c's
  * sim_run, sim_run_stages) on hand-built schedules whose times are known by
  * hand, on both executors (a pipeline's stages paired by their transfers
- * among them), and the machine files' reader (util/machine.c): the presets
+ * among them, and a sub-group of the stages by its copies), and the machine files' reader (util/machine.c): the presets
  * parse, a GEMM rate at a table point is that point's and between two
  * points lies between them, a bad file is one message naming it.
  *
@@ -280,6 +280,56 @@ static void pp_stages(int ex)
 	      u[0].step_s);
 }
 
+/*
+ * A collective over a sub-group of the stages (a tied parameter's
+ * gradients on stages 0 and 2 of three, each running its own copy over
+ * their communicator), 2 bytes at 1 B/s, each copy after its stage's
+ * kernel (stage 0: 1 s, stage 2: 3 s; stage 1, outside the group: 1 s).
+ * By hand, on both executors: the copies move together once the later is
+ * posted, 3..5, so stages 0 and 2 end at 5 (stage 0 waiting 1..5, stage 2
+ * 3..5) and stage 1, which does not take part, at 1. Unpaired, stage 0's
+ * copy would move 1..3 alone: a step of 3 there.
+ */
+static void sub_group(int ex)
+{
+	SimOp ops[16];
+	int n = 0, copy[3] = {-1, -1, -1};
+	ops[n++] = ST(0, K(CO, 1));
+	ops[n++] = ST(1, K(CO, 1));
+	ops[n++] = ST(2, K(CO, 3));
+	for (int st = 0; st <= 2; st += 2) {
+		ops[n++] = ST(st, REC(CO, st));
+		ops[n++] = ST(st, WAIT(CM, st));
+		copy[st] = n;
+		ops[n] = ST(st, C(2, 0, MACH_INTER));
+		ops[n++].sync = 1;
+		ops[n++] = ST(st, REC(CM, st + 1));
+		ops[n++] = ST(st, WAIT(CO, st + 1));
+	}
+	ops[copy[0]].ring = copy[2];
+	ops[copy[2]].ring = copy[0];
+	SimResult r[3];
+	memset(r, 0, sizeof r);
+	for (int st = 0; st < 3; st++)
+		r[st].want_spans = 1;
+	CHECK(sim_run_stages(ops, n, 3, ex, bw, 10, r) > 0, "%s: sub-group: the pairing settles",
+	      ex_names[ex]);
+	static const double step[3] = {5, 1, 5}, exposed[3] = {4, 0, 2};
+	for (int st = 0; st < 3; st++)
+		CHECK(NEAR(r[st].step_s, step[st]) && NEAR(r[st].exposed_s, exposed[st]),
+		      "%s: sub-group: stage %d step %g exposed %g, want %g %g", ex_names[ex], st,
+		      r[st].step_s, r[st].exposed_s, step[st], exposed[st]);
+	for (int st = 0; st <= 2; st += 2) {
+		const SimSpan *a = span_of(&r[st], copy[st], 0, 0);
+		CHECK(a && NEAR(a->t0, 3) && NEAR(a->t1, 5), "%s: sub-group: stage %d's copy moves 3..5, "
+		      "not %g..%g", ex_names[ex], st, a ? a->t0 : -1, a ? a->t1 : -1);
+	}
+	CHECK(!span_of(&r[1], copy[0], 0, 0) && !span_of(&r[1], copy[2], 0, 0),
+	      "%s: sub-group: stage 1 runs no copy", ex_names[ex]);
+	for (int st = 0; st < 3; st++)
+		free(r[st].spans);
+}
+
 static void machines(void)
 {
 	Machine m;
@@ -318,6 +368,7 @@ int main(void)
 		wait_on_event(ex);
 		accumulation(ex);
 		pp_stages(ex);
+		sub_group(ex);
 	}
 	contention();
 	cpu_comm_kernel();
