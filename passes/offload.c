@@ -215,6 +215,49 @@ static int by_lo(const void *a, const void *b)
 	return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
+/* n writes the gradients after the writers last[0..nlast-1]: those whose
+ * region it overwrites are no longer last; n is. Returns the new count. */
+static int push_last_writer(const Graph *g, Node **last, int nlast, Node *n)
+{
+	int keep = 0;
+	for (int j = 0; j < nlast; j++)
+		if (!ir_overlaps(g, g->values[last[j]->out], g->values[n->out]))
+			last[keep++] = last[j];
+	last[keep++] = n;
+	return keep;
+}
+
+/* The D2Hs of the gradients' last writers (nodes writing before the
+ * optimizer, last[0..nlast-1]): when their regions tile elements [lo, hi)
+ * of the root exactly (every byte the update reads copied once), each
+ * gets a D2H of what it wrote into its host copy right after it, on the
+ * copy stream, in the last micro-batch only, and 1 is returned; else
+ * nothing is inserted and 0 is returned. */
+static int d2h_after_writers(Graph *g, Node **last, int nlast, int64_t lo, int64_t hi)
+{
+	int64_t *r = ir_alloc(g, (size_t)(nlast ? nlast : 1) * 2 * sizeof *r), end = lo;
+	for (int j = 0; j < nlast; j++)
+		root_range(g, g->values[last[j]->out], &r[2 * j], &r[2 * j + 1]);
+	qsort(r, (size_t)nlast, 2 * sizeof *r, by_lo);
+	for (int j = 0; j < nlast; j++) {
+		if (r[2 * j] != end)
+			return 0;
+		end = r[2 * j + 1];
+	}
+	if (nlast == 0 || end != hi)
+		return 0;
+	for (int j = 0; j < nlast; j++) {
+		Node *w = last[j];
+		int v = w->out;
+		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
+		c->progs = IR_IN_STEP;
+		c->flags = w->flags | DP_IF_LAST;
+		c->stream = DP_STREAM_COPY;
+		c->bucket = -1;
+	}
+	return 1;
+}
+
 /* The gradient root G (device) that updates read: each region of it gets
  * its D2H right after the node that last writes it before the optimizer
  * (a shard's accumulation after its reduce_scatter, ddp's all_reduce), on
@@ -240,35 +283,12 @@ static void early_gradients(Graph *g, int groot)
 				return;
 		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
 			continue;
-		int keep = 0;
-		for (int j = 0; j < nlast; j++)
-			if (!ir_overlaps(g, g->values[last[j]->out], g->values[n->out]))
-				last[keep++] = last[j];
-		nlast = keep;
-		last[nlast++] = n;
+		nlast = push_last_writer(g, last, nlast, n);
 	}
-	/* the regions must tile G exactly: every byte the update reads copied once */
-	int64_t *r = ir_alloc(g, (size_t)(nlast ? nlast : 1) * 2 * sizeof *r), end = 0, glo, ghi;
-	for (int j = 0; j < nlast; j++)
-		root_range(g, g->values[last[j]->out], &r[2 * j], &r[2 * j + 1]);
-	qsort(r, (size_t)nlast, 2 * sizeof *r, by_lo);
+	int64_t glo, ghi;
 	root_range(g, G, &glo, &ghi);
-	for (int j = 0; j < nlast; j++) {
-		if (r[2 * j] != end)
-			return;
-		end = r[2 * j + 1];
-	}
-	if (nlast == 0 || end != ghi)
+	if (!d2h_after_writers(g, last, nlast, glo, ghi))
 		return;
-	for (int j = 0; j < nlast; j++) {
-		Node *w = last[j];
-		int v = w->out;
-		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
-		c->progs = IR_IN_STEP;
-		c->flags = w->flags | DP_IF_LAST;
-		c->stream = DP_STREAM_COPY;
-		c->bucket = -1;
-	}
 	/* the optimizer tail from G's first writer on works on the host copy */
 	int on = 0;
 	for (int i = 0; i < g->nnodes; i++) {
@@ -636,6 +656,73 @@ static void window_mixed(Graph *g)
 	}
 }
 
+/*
+ * Per-block offload: the gradient run an offloaded update reads (a device
+ * view of the gradients, which split_mixed leaves whole) reaches the host
+ * while the backward runs, as early_gradients does for train-wide offload:
+ * each node that last writes part of it before the optimizer (a shard's
+ * accumulation after its reduce_scatter, a bucket's all_reduce) gets a D2H
+ * of what it wrote right after it, on the copy stream, in the last
+ * micro-batch, into the run's host window (host_window); the update reads
+ * the window. The device clip scales the device's gradients after those
+ * copies read them (the schedule pass orders the clip after the copies it
+ * conflicts with), so the run gets its own clip on the host, the same
+ * kernel on the same values: a copy of the step's clip on the window,
+ * before the update (run_on_host brings the norm). Where the last writers
+ * do not lie inside the run and tile it, or have no host copy in the
+ * window, the update keeps its D2H right before it (run_on_host).
+ */
+static void mixed_early_gradients(Graph *g, Node *upd)
+{
+	int gv = upd->in[0];
+	Value *host = ir_find_value(g, ir_fmt(g, "%s.host", g->values[gv]->name));
+	if (!host || host->space != DP_SPACE_HOST)
+		return;
+	int64_t glo, ghi;
+	root_range(g, g->values[gv], &glo, &ghi);
+	int nn = g->nnodes, nlast = 0;
+	Node **last = ir_alloc(g, (size_t)(nn ? nn : 1) * sizeof *last);
+	Node *clip = NULL;
+	for (int i = 0; i < nn; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP))
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) &&
+			    ir_overlaps(g, g->values[n->in[k]], g->values[gv]))
+				return;
+		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], g->values[gv]))
+			continue;
+		if (n->phase == PH_OPT) {
+			if (n->op == DP_OP_CLIP && !clip && ir_node_index(g, n) < ir_node_index(g, upd))
+				clip = n;
+			else if (n->op != DP_OP_FILL)
+				return; /* another writer in the tail: keep the late D2H */
+			continue;
+		}
+		nlast = push_last_writer(g, last, nlast, n);
+	}
+	/* each writer's host copy must be in the run's window (host_window) */
+	for (int j = 0; j < nlast; j++) {
+		Value *h = ir_find_value(g, ir_fmt(g, "%s.host", g->values[last[j]->out]->name));
+		if (!h || ir_root(g, h) != ir_root(g, host))
+			return;
+	}
+	if (!d2h_after_writers(g, last, nlast, glo, ghi))
+		return;
+	upd->in[0] = host->id;
+	if (!clip)
+		return;
+	Node *hc = ir_node(g, clip->op, host->id, clip->nin, clip->in, clip->phase, clip->loc);
+	memcpy(hc->ia, clip->ia, sizeof hc->ia);
+	memcpy(hc->fa, clip->fa, sizeof hc->fa);
+	hc->progs = clip->progs;
+	hc->flags = clip->flags;
+	hc->block = upd->block;
+	hc->stage = clip->stage;
+	ir_move_node(g, hc, ir_node_index(g, upd));
+}
+
 int offload_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -714,8 +801,13 @@ int offload_run(Graph *g, Diag *d)
 		n->out = h;
 		to_copy_stream(copy_node(g, DP_OP_H2D, v, h, n, i + 1));
 	}
-	if (mixed)
+	if (mixed) {
 		window_mixed(g);
+		for (int i = 0; i < g->nnodes; i++)
+			if (is_update(g->nodes[i]) && !on_host(g, g->nodes[i]->in[0]) &&
+			    update_offload(g, g->nodes[i]))
+				mixed_early_gradients(g, g->nodes[i]);
+	}
 	/* the gradients the updates read live on the host, or reach it while
 	 * the backward runs */
 	for (int i = 0; i < g->nnodes && !mixed; i++) {

@@ -52,7 +52,10 @@
 #    does, so the runs compared must have the same buckets), full_shard
 #    bf16 at 2; in its IR lnf's optimizer state is on the device, the
 #    h.i's in the host arena (%opt.m.off), embed's masters in it
-#    (%flat.params.shard.offp). A sharded checkpoint of the mixed run
+#    (%flat.params.shard.offp), and the offloaded blocks' gradients reach
+#    the host during the backward (a D2H on the copy stream after each
+#    one's last write, the run clipped on the host; none in the optimizer
+#    tail). A sharded checkpoint of the mixed run
 #    resumes with train-wide `offload optimizer`, and the reverse, bit for
 #    bit (full_shard bf16).
 set -u
@@ -354,6 +357,22 @@ if case_on mix-bf16-full_shard-np2; then
 	else
 		grep "^%opt.m\|^%flat.params.shard" "$T/mix.ir" | head
 		fail "mix-bf16-full_shard-np2: the IR does not place the blocks' state by their offload"
+	fi
+	# the offloaded blocks' gradient shards reach the host during the
+	# backward: a D2H on the copy stream before the last reduce_scatter for
+	# each offloaded update, which reads its run's host copy (clipped on
+	# the host), and no gradient D2H is left in the optimizer tail
+	read -r early lastrs nupd hostg late < <(awk '
+		/= d2h %[^ ]*(grad\.|grads)[^ ]* .*stream=copy/ && !/ opt / { if (!first) first = NR; early++ }
+		/= reduce_scatter / { lastrs = NR }
+		/= adamw .* offload=/ { nupd++; if ($4 ~ /\.host,$/) hostg++ }
+		/= d2h %[^ ]*(grad\.|grads)[^ ]* .* opt / { late++ }
+		END { print early + 0, (first && first < lastrs) ? 1 : 0, nupd + 0, hostg + 0, late + 0 }' "$T/mix.ir")
+	if [ "$early" -ge 2 ] && [ "$lastrs" = 1 ] && [ "$nupd" -ge 2 ] && [ "$hostg" = "$nupd" ] && [ "$late" = 0 ]; then
+		ok "mix-bf16-full_shard-np2: the offloaded blocks' $early gradient D2Hs are on the copy stream during the backward (the first before the last reduce_scatter); the $nupd offloaded updates read their host copies, no gradient D2H in the optimizer tail"
+	else
+		grep -n "d2h\|adamw\|reduce_scatter %" "$T/mix.ir"
+		fail "mix-bf16-full_shard-np2: $early gradient D2Hs in the backward (before the last reduce_scatter: $lastrs), $hostg of $nupd offloaded updates read host gradients, $late D2Hs in the tail"
 	fi
 fi
 
