@@ -40,7 +40,9 @@
 #    all_gathers after the update wait for their copies on the comm
 #    stream) (compile only; sections 1 and 2 run the schedule). With
 #    offload params each all_gather reads a device temporary its own H2D
-#    filled, and the device arena holds no parameter.
+#    filled, the device arena holds no parameter, and --stats says the
+#    trade of copying each parameter once a step instead (the bytes it
+#    would keep on the device: the 16-bit shard).
 # 7. With grad_accum > 1 those H2Ds run in the last micro-batch only, with
 #    the updates: the bytes to the device per step are the shard's once
 #    (--stats; compile only).
@@ -268,6 +270,19 @@ if case_on h2d-copy-stream-params; then
 	else
 		grep "parameters" "$T/h2d.stats"
 		fail "$c: $ngather all_gathers of a temporary for $ncopy H2Ds, or a parameter left in the device arena"
+	fi
+	# --stats says the trade of copying each parameter once a step and
+	# keeping it: the once-a-step bytes are the host 16-bit shard's (its
+	# row, aligned up to 256 bytes a buffer), less than the per-reader ones
+	read -r per once keep h16 < <(awk '/^  of which parameters, per reader/ { p = $6 }
+		/^  the same, once a step/ { o = $6 } /^  which keeps on the device/ { k = $6 }
+		/^host parameters, 16-bit copies/ { h = $5 } END { print p + 0, o + 0, k + 0, h + 0 }' "$T/h2d.stats")
+	if [ "$once" -gt 0 ] && [ "$per" -gt "$once" ] && [ "$keep" = "$once" ] && [ "$once" -le "$h16" ] &&
+		[ $((h16 - once)) -lt 1024 ]; then
+		ok "$c: --stats: $per B of parameter copies per step, per reader; $once B once a step, keeping $keep B on the device (the host 16-bit row: $h16)"
+	else
+		grep "parameters\|once a step\|keeps" "$T/h2d.stats"
+		fail "$c: --stats' trade: per reader $per, once $once, kept $keep, host 16-bit row $h16"
 	fi
 fi
 
