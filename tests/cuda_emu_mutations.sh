@@ -181,7 +181,8 @@
 #                 copy reads the host bf16 shard before its own update wrote
 #                 it (DPEMU_COPY_EARLY=1: a ready copy runs before anything
 #                 else, so it lands before its update unless it waits for
-#                 it; both runs must catch it)
+#                 it; one run: the copies' order is the knob's, not the
+#                 seed's)
 #   h2d_wait_params  the same point on op16 (off in bf16 with offload params):
 #                 the gather reads its device temporary before the
 #                 shard's H2D has filled it
@@ -580,7 +581,7 @@ gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
-h2d_unit      h2d_unit      o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1 DPEMU_COPY_EARLY=1,DPEMU_COMM=early,DPEMU_SEED=2
+h2d_unit      h2d_unit      o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
 h2d_wait_params h2d_wait    op16    2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 
