@@ -97,7 +97,8 @@
  * only, the masters live as shards), and the gathers read "U.shard.bf16",
  * the copy of the shard. Sharded buckets do not mix dtypes.
  * Optimizer groups: the one update node becomes one per run of a group in
- * the buffers it runs over (a cut unit's chunk, an uncut unit's params),
+ * the buffers it runs over (a cut unit's chunk, an uncut unit's params;
+ * a group with offload: one per unit, the host step's units),
  * over views "B.runK" of each of its buffers at the same range on every
  * rank, with the group's weight_decay and lr_scale (0 meaning 1) and offload
  * (Node.offload, for passes/offload.c); with one group it stays the one
@@ -596,24 +597,26 @@ static void attach_copy(Graph *g, const ShardPlan *pl)
 	upd->nin = at + 1;
 }
 
-/* A range of the update's buffers and the optimizer group it updates with. */
+/* A range of the update's buffers and the optimizer group it updates with;
+ * unit: the unit it lies in when its group offloads (one host update per
+ * unit, below), else -1. */
 typedef struct {
 	int64_t off, n;
-	int group, stage;
+	int group, stage, unit;
 } GroupRange;
 
 static int push_range(Graph *g, GroupRange **r, int n, int64_t off, int64_t len, int group,
-		      int stage)
+		      int stage, int unit)
 {
 	if (n > 0 && (*r)[n - 1].group == group && (*r)[n - 1].stage == stage &&
-	    (*r)[n - 1].off + (*r)[n - 1].n == off) {
+	    (*r)[n - 1].unit == unit && (*r)[n - 1].off + (*r)[n - 1].n == off) {
 		(*r)[n - 1].n += len;
 		return n;
 	}
 	GroupRange *grown = ir_alloc(g, (size_t)(n + 1) * sizeof *grown);
 	if (n)
 		memcpy(grown, *r, (size_t)n * sizeof *grown);
-	grown[n] = (GroupRange){off, len, group, stage};
+	grown[n] = (GroupRange){off, len, group, stage, unit};
 	*r = grown;
 	return n + 1;
 }
@@ -621,7 +624,11 @@ static int push_range(Graph *g, GroupRange **r, int n, int64_t off, int64_t len,
 /* The runs of one optimizer group in what the update runs over, in buffer
  * order: a cut unit's chunk is of its one group; an uncut unit's (and every
  * unit's in an all-ddp graph) params are whole on every rank, each of its
- * own group. The same ranges on every rank. */
+ * own group. The same ranges on every rank. A group that offloads (its
+ * update runs on the host, passes/offload.c) is cut at every unit's edge
+ * too: one host update per unit, so each unit's updated 16-bit copy goes
+ * back to the device as soon as its own update is done, beside the next
+ * unit's update (docs/OFFLOAD.md). */
 static int group_ranges(Graph *g, const ShardPlan *pl, GroupRange **r)
 {
 	int n = 0;
@@ -630,14 +637,17 @@ static int group_ranges(Graph *g, const ShardPlan *pl, GroupRange **r)
 	for (int k = 0; k < pl->nu; k++) {
 		const Unit *u = &pl->u[k];
 		if (pl->sharded && u->cut) {
-			n = push_range(g, r, n, u->loff, u->chunk, u->group, u->stage);
+			n = push_range(g, r, n, u->loff, u->chunk, u->group, u->stage,
+				       pl->group_offload[u->group] ? k : -1);
 			continue;
 		}
 		if (pl->sharded)
 			off = u->loff;
 		for (int i = 0; i < u->nparams; i++) {
 			int64_t len = ir_numel(g->values[u->params[i]]);
-			n = push_range(g, r, n, off, len, pl->group_of[u->params[i]], u->stage);
+			int group = pl->group_of[u->params[i]];
+			n = push_range(g, r, n, off, len, group, u->stage,
+				       pl->group_offload[group] ? k : -1);
 			off += len;
 		}
 	}
@@ -671,9 +681,11 @@ static void split_update(Graph *g, const ShardPlan *pl)
 	if (covered != ir_numel(g->values[upd->out]))
 		die("layout: the optimizer groups cover %lld of %lld elements", (long long)covered,
 		    (long long)ir_numel(g->values[upd->out]));
-	int pos = 0;
+	int pos = 0, offload = 0;
 	while (g->nodes[pos] != upd)
 		pos++;
+	for (int k = 0; k < nr; k++)
+		offload |= r[k].unit >= 0;
 	for (int k = 0; k < nr; k++) {
 		Node *n = upd;
 		float wd = pl->group_wd[r[k].group], ls = pl->group_lr_scale[r[k].group];
@@ -691,7 +703,12 @@ static void split_update(Graph *g, const ShardPlan *pl)
 			n->flags = upd->flags;
 			n->offload = upd->offload;
 			memcpy(n->fa, upd->fa, sizeof n->fa);
-			ir_move_node(g, n, pos + k);
+			/* with offload the host updates run in the forward's order
+			 * (the buffer's reversed): the unit the next step gathers
+			 * last is updated last, so its copy back is the one the
+			 * step's end waits for, and the others run beside the
+			 * updates after theirs */
+			ir_move_node(g, n, offload ? pos : pos + k);
 		}
 		if (adam) {
 			DP_FATTR(n, ADAMW, weight_decay) = wd;

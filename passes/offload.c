@@ -39,11 +39,10 @@
  * - A collective reads device memory only: a host operand (the EXPORT
  *   program's all_gather of a master shard kept on the host) comes through
  *   a device temporary %NAME.dev filled by an H2D right before it.
- * - The updated 16-bit shards come back at the top of the programs that
- *   gather them (full_shard): one H2D per all_gather region, on the copy
- *   stream, right before its first all_gather (early_h2d), in place of the
- *   one H2D after the update; in the first micro-batch only (DP_IF_FIRST,
- *   with grad_accum > 1): the device shard keeps it for the others.
+ * - An offloaded update is one per unit (passes/layout.c), and each
+ *   update's copy back to the device (its 16-bit copy, or a mirrored
+ *   master) is on the copy stream right after it (to_copy_stream): it waits
+ *   for its own unit's update only, and runs beside the next unit's.
  * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
  *   their node's phase, flags and programs; the schedule pass orders them
  *   like any compute node.
@@ -143,6 +142,19 @@ static Node *copy_node(Graph *g, IrOp op, int out, int in, const Node *like, int
 	return c;
 }
 
+/* An update's copy back to the device (its 16-bit copy, a mirrored
+ * master) goes on the copy stream: the schedule pass makes it wait there
+ * for the event the compute stream records after its update, and a later
+ * reader of the device side (zero1/zero2's all_gather, on the comm stream)
+ * for its own copy only. With one update per unit (passes/layout.c's
+ * group_ranges) the copy of unit i runs beside the host update of unit
+ * i+1. */
+static void to_copy_stream(Node *c)
+{
+	c->stream = DP_STREAM_COPY;
+	c->bucket = -1;
+}
+
 static int on_host(const Graph *g, int v)
 {
 	return v >= 0 && ir_root(g, g->values[v])->space == DP_SPACE_HOST;
@@ -165,8 +177,11 @@ static int run_on_host(Graph *g, Node *n)
 			copy_node(g, DP_OP_D2H, h, v, n, at++);
 			before++;
 		}
-		if (ir_writes_in(n, k))
-			copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+		if (ir_writes_in(n, k)) {
+			Node *back = copy_node(g, DP_OP_H2D, v, h, n, at + 1);
+			if (is_update(n))
+				to_copy_stream(back);
+		}
 	}
 	if (n->out >= 0 && !on_host(g, n->out)) {
 		int v = n->out, h = host_copy(g, v);
@@ -200,6 +215,49 @@ static int by_lo(const void *a, const void *b)
 	return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
+/* n writes the gradients after the writers last[0..nlast-1]: those whose
+ * region it overwrites are no longer last; n is. Returns the new count. */
+static int push_last_writer(const Graph *g, Node **last, int nlast, Node *n)
+{
+	int keep = 0;
+	for (int j = 0; j < nlast; j++)
+		if (!ir_overlaps(g, g->values[last[j]->out], g->values[n->out]))
+			last[keep++] = last[j];
+	last[keep++] = n;
+	return keep;
+}
+
+/* The D2Hs of the gradients' last writers (nodes writing before the
+ * optimizer, last[0..nlast-1]): when their regions tile elements [lo, hi)
+ * of the root exactly (every byte the update reads copied once), each
+ * gets a D2H of what it wrote into its host copy right after it, on the
+ * copy stream, in the last micro-batch only, and 1 is returned; else
+ * nothing is inserted and 0 is returned. */
+static int d2h_after_writers(Graph *g, Node **last, int nlast, int64_t lo, int64_t hi)
+{
+	int64_t *r = ir_alloc(g, (size_t)(nlast ? nlast : 1) * 2 * sizeof *r), end = lo;
+	for (int j = 0; j < nlast; j++)
+		root_range(g, g->values[last[j]->out], &r[2 * j], &r[2 * j + 1]);
+	qsort(r, (size_t)nlast, 2 * sizeof *r, by_lo);
+	for (int j = 0; j < nlast; j++) {
+		if (r[2 * j] != end)
+			return 0;
+		end = r[2 * j + 1];
+	}
+	if (nlast == 0 || end != hi)
+		return 0;
+	for (int j = 0; j < nlast; j++) {
+		Node *w = last[j];
+		int v = w->out;
+		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
+		c->progs = IR_IN_STEP;
+		c->flags = w->flags | DP_IF_LAST;
+		c->stream = DP_STREAM_COPY;
+		c->bucket = -1;
+	}
+	return 1;
+}
+
 /* The gradient root G (device) that updates read: each region of it gets
  * its D2H right after the node that last writes it before the optimizer
  * (a shard's accumulation after its reduce_scatter, ddp's all_reduce), on
@@ -225,35 +283,12 @@ static void early_gradients(Graph *g, int groot)
 				return;
 		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
 			continue;
-		int keep = 0;
-		for (int j = 0; j < nlast; j++)
-			if (!ir_overlaps(g, g->values[last[j]->out], g->values[n->out]))
-				last[keep++] = last[j];
-		nlast = keep;
-		last[nlast++] = n;
+		nlast = push_last_writer(g, last, nlast, n);
 	}
-	/* the regions must tile G exactly: every byte the update reads copied once */
-	int64_t *r = ir_alloc(g, (size_t)(nlast ? nlast : 1) * 2 * sizeof *r), end = 0, glo, ghi;
-	for (int j = 0; j < nlast; j++)
-		root_range(g, g->values[last[j]->out], &r[2 * j], &r[2 * j + 1]);
-	qsort(r, (size_t)nlast, 2 * sizeof *r, by_lo);
+	int64_t glo, ghi;
 	root_range(g, G, &glo, &ghi);
-	for (int j = 0; j < nlast; j++) {
-		if (r[2 * j] != end)
-			return;
-		end = r[2 * j + 1];
-	}
-	if (nlast == 0 || end != ghi)
+	if (!d2h_after_writers(g, last, nlast, glo, ghi))
 		return;
-	for (int j = 0; j < nlast; j++) {
-		Node *w = last[j];
-		int v = w->out;
-		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, w, ir_node_index(g, w) + 1);
-		c->progs = IR_IN_STEP;
-		c->flags = w->flags | DP_IF_LAST;
-		c->stream = DP_STREAM_COPY;
-		c->bucket = -1;
-	}
 	/* the optimizer tail from G's first writer on works on the host copy */
 	int on = 0;
 	for (int i = 0; i < g->nnodes; i++) {
@@ -354,112 +389,6 @@ static int host_gradients(Graph *g, int groot)
 		i = ir_node_index(g, n);
 	}
 	return 1;
-}
-
-/* Does n read memory overlapping v (an input)? Which input, or -1. */
-static int reads_at(const Graph *g, const Node *n, const Value *v)
-{
-	for (int k = 0; k < n->nin; k++)
-		if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], v))
-			return k;
-	return -1;
-}
-
-/* Does n write memory overlapping v (its out, or an input it updates)? */
-static int writes_value(const Graph *g, const Node *n, const Value *v)
-{
-	if (n->out >= 0 && ir_overlaps(g, g->values[n->out], v))
-		return 1;
-	for (int k = 0; k < n->nin; k++)
-		if (n->in[k] >= 0 && ir_writes_in(n, k) && ir_overlaps(g, g->values[n->in[k]], v))
-			return 1;
-	return 0;
-}
-
-/*
- * The H2D `back` that brings update upd's 16-bit compute copy D (the bf16
- * shard) to the device at the end of the step moves to the top of the
- * programs that read D, split per reader: when nothing after it in the
- * step reads D, every reader of D outside INIT is an all_gather (full_shard
- * and hybrid_shard: each block's forward gather of its shard), and their
- * regions tile D, each region gets its own H2D from the host copy, on the
- * copy stream (DP_STREAM_COPY), right before its first reader, in the
- * reader's programs (STEP, and EVAL, SAMPLE where they gather too). The
- * schedule pass fences it like a collective: the all_gather waits for its
- * copy's event on the comm stream, so the copy of bucket i runs beside the
- * all_gather of bucket i-1, and the compute stream waits for the copies
- * before the update writes the host copy again. The host copy is the
- * truth; the device shard is filled at the top of every program that
- * gathers it (INIT's H2D after its cast stays, for the first step and a
- * checkpoint's load). Otherwise (zero1, zero2: the same step gathers D
- * after the update; ddp: compute reads it) `back` stays where it is.
- */
-static void early_h2d(Graph *g, Node *upd, Node *back)
-{
-	int D = back->out;
-	const Value *Dv = g->values[D];
-	int at = ir_node_index(g, back);
-	for (int i = at + 1; i < g->nnodes; i++)
-		if ((g->nodes[i]->progs & IR_IN_STEP) && (reads_at(g, g->nodes[i], Dv) >= 0 ||
-							  writes_value(g, g->nodes[i], Dv)))
-			return;
-	int nn = g->nnodes, nrd = 0;
-	Node **rd = ir_alloc(g, (size_t)(nn ? nn : 1) * sizeof *rd);
-	int64_t *r = ir_alloc(g, (size_t)(nn ? nn : 1) * 2 * sizeof *r);
-	for (int i = 0; i < nn; i++) {
-		Node *n = g->nodes[i];
-		if (n == upd || n == back || !(n->progs & ~IR_IN_INIT))
-			continue;
-		if (writes_value(g, n, Dv))
-			return;
-		int k = reads_at(g, n, Dv);
-		if (k < 0)
-			continue;
-		if (n->op != DP_OP_ALL_GATHER || n->progs & IR_IN_INIT)
-			return;
-		root_range(g, g->values[n->in[k]], &r[2 * nrd], &r[2 * nrd + 1]);
-		rd[nrd++] = n;
-	}
-	if (nrd == 0)
-		return;
-	/* the distinct regions must tile D: every byte a reader reads copied */
-	int64_t *u = ir_alloc(g, (size_t)nrd * 2 * sizeof *u), lo, hi, end;
-	memcpy(u, r, (size_t)nrd * 2 * sizeof *u);
-	qsort(u, (size_t)nrd, 2 * sizeof *u, by_lo);
-	root_range(g, Dv, &lo, &hi);
-	end = lo;
-	for (int j = 0; j < nrd; j++) {
-		if (j > 0 && u[2 * j] == u[2 * j - 2] && u[2 * j + 1] == u[2 * j - 1])
-			continue; /* another reader of the same region */
-		if (u[2 * j] != end)
-			return; /* a gap, or regions that overlap without being equal */
-		end = u[2 * j + 1];
-	}
-	if (end != hi)
-		return;
-	/* one copy per region, before its first reader, in its readers' programs */
-	Node **copy = ir_alloc(g, (size_t)nrd * sizeof *copy);
-	for (int j = 0; j < nrd; j++) {
-		copy[j] = NULL;
-		for (int q = 0; q < j; q++)
-			if (r[2 * q] == r[2 * j] && r[2 * q + 1] == r[2 * j + 1]) {
-				copy[j] = copy[q];
-				break;
-			}
-		if (copy[j]) {
-			copy[j]->progs |= rd[j]->progs;
-			continue;
-		}
-		int x = rd[j]->in[reads_at(g, rd[j], Dv)];
-		Node *c = copy_node(g, DP_OP_H2D, x, host_copy(g, x), rd[j], ir_node_index(g, rd[j]));
-		c->stream = DP_STREAM_COPY;
-		/* the device shard keeps what the copy wrote for the step's later
-		 * micro-batches: once per step */
-		c->flags = g->cfg.grad_accum > 1 ? DP_IF_FIRST : 0;
-		c->bucket = -1;
-		copy[j] = c;
-	}
-	ir_remove_node(g, back);
 }
 
 /*
@@ -727,6 +656,73 @@ static void window_mixed(Graph *g)
 	}
 }
 
+/*
+ * Per-block offload: the gradient run an offloaded update reads (a device
+ * view of the gradients, which split_mixed leaves whole) reaches the host
+ * while the backward runs, as early_gradients does for train-wide offload:
+ * each node that last writes part of it before the optimizer (a shard's
+ * accumulation after its reduce_scatter, a bucket's all_reduce) gets a D2H
+ * of what it wrote right after it, on the copy stream, in the last
+ * micro-batch, into the run's host window (host_window); the update reads
+ * the window. The device clip scales the device's gradients after those
+ * copies read them (the schedule pass orders the clip after the copies it
+ * conflicts with), so the run gets its own clip on the host, the same
+ * kernel on the same values: a copy of the step's clip on the window,
+ * before the update (run_on_host brings the norm). Where the last writers
+ * do not lie inside the run and tile it, or have no host copy in the
+ * window, the update keeps its D2H right before it (run_on_host).
+ */
+static void mixed_early_gradients(Graph *g, Node *upd)
+{
+	int gv = upd->in[0];
+	Value *host = ir_find_value(g, ir_fmt(g, "%s.host", g->values[gv]->name));
+	if (!host || host->space != DP_SPACE_HOST)
+		return;
+	int64_t glo, ghi;
+	root_range(g, g->values[gv], &glo, &ghi);
+	int nn = g->nnodes, nlast = 0;
+	Node **last = ir_alloc(g, (size_t)(nn ? nn : 1) * sizeof *last);
+	Node *clip = NULL;
+	for (int i = 0; i < nn; i++) {
+		Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP))
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0 && ir_writes_in(n, k) &&
+			    ir_overlaps(g, g->values[n->in[k]], g->values[gv]))
+				return;
+		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], g->values[gv]))
+			continue;
+		if (n->phase == PH_OPT) {
+			if (n->op == DP_OP_CLIP && !clip && ir_node_index(g, n) < ir_node_index(g, upd))
+				clip = n;
+			else if (n->op != DP_OP_FILL)
+				return; /* another writer in the tail: keep the late D2H */
+			continue;
+		}
+		nlast = push_last_writer(g, last, nlast, n);
+	}
+	/* each writer's host copy must be in the run's window (host_window) */
+	for (int j = 0; j < nlast; j++) {
+		Value *h = ir_find_value(g, ir_fmt(g, "%s.host", g->values[last[j]->out]->name));
+		if (!h || ir_root(g, h) != ir_root(g, host))
+			return;
+	}
+	if (!d2h_after_writers(g, last, nlast, glo, ghi))
+		return;
+	upd->in[0] = host->id;
+	if (!clip)
+		return;
+	Node *hc = ir_node(g, clip->op, host->id, clip->nin, clip->in, clip->phase, clip->loc);
+	memcpy(hc->ia, clip->ia, sizeof hc->ia);
+	memcpy(hc->fa, clip->fa, sizeof hc->fa);
+	hc->progs = clip->progs;
+	hc->flags = clip->flags;
+	hc->block = upd->block;
+	hc->stage = clip->stage;
+	ir_move_node(g, hc, ir_node_index(g, upd));
+}
+
 int offload_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -803,10 +799,15 @@ int offload_run(Graph *g, Diag *d)
 			continue;
 		int v = n->out, h = host_copy(g, v);
 		n->out = h;
-		copy_node(g, DP_OP_H2D, v, h, n, i + 1);
+		to_copy_stream(copy_node(g, DP_OP_H2D, v, h, n, i + 1));
 	}
-	if (mixed)
+	if (mixed) {
 		window_mixed(g);
+		for (int i = 0; i < g->nnodes; i++)
+			if (is_update(g->nodes[i]) && !on_host(g, g->nodes[i]->in[0]) &&
+			    update_offload(g, g->nodes[i]))
+				mixed_early_gradients(g, g->nodes[i]);
+	}
 	/* the gradients the updates read live on the host, or reach it while
 	 * the backward runs */
 	for (int i = 0; i < g->nnodes && !mixed; i++) {
@@ -832,20 +833,6 @@ int offload_run(Graph *g, Diag *d)
 			host |= on_host(g, n->in[k]);
 		if (host)
 			i += run_on_host(g, n);
-	}
-	/* the updated 16-bit shards come back at the top of the next step, each
-	 * before its all_gather, on the copy stream */
-	for (int i = 0; i < g->nnodes; i++) {
-		Node *n = g->nodes[i];
-		int cc = is_update(n) ? compute_copy_slot(n) : -1;
-		if (cc < 0 || n->in[cc] < 0 || i + 1 >= g->nnodes)
-			continue;
-		for (int j = i + 1; j < g->nnodes && g->nodes[j]->op == DP_OP_H2D; j++)
-			if (g->nodes[j]->in[0] == n->in[cc]) {
-				early_h2d(g, n, g->nodes[j]);
-				break;
-			}
-		i = ir_node_index(g, n);
 	}
 	/* a collective moves device memory (NCCL reads no unmapped host
 	 * memory): a host operand (the EXPORT program's gather of a master

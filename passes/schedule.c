@@ -45,18 +45,24 @@
  *     EVENT_WAIT f    copy
  *     D2H             copy
  *   so the next collective on the comm stream does not queue behind it.
- * - A kernel on the copy stream (DP_STREAM_COPY: offload's H2D of an
- *   updated 16-bit shard, at the top of the programs that gather it) is
- *   placed and fenced like a collective on a stream of its own, and a node
- *   of the comm stream that conflicts with an earlier node of the copy
- *   stream (the all_gather that reads the shard) is placed no earlier and
- *   waits for its done event on the comm stream, right before it:
- *     H2D            copy, before the first compute node it follows
+ * - A kernel on the copy stream (DP_STREAM_COPY: offload's H2D of a
+ *   unit's updated 16-bit shard, right after the unit's host update) is
+ *   placed and fenced like a collective on a stream of its own: it waits
+ *   on the copy stream for the event the compute stream records after the
+ *   update it follows (and for the comm events of the gathers that read
+ *   what it overwrites), and a node of the comm stream that conflicts
+ *   with an earlier node of the copy stream (zero1/zero2's all_gather
+ *   that reads the shard) is placed no earlier and waits for its done
+ *   event on the comm stream, right before it:
+ *     update         compute (on the host)
+ *     EVENT_RECORD e compute
+ *     EVENT_WAIT e   copy
+ *     H2D            copy
  *     EVENT_RECORD f copy
- *     ...
  *     EVENT_WAIT f   comm, right before the all_gather
  *     all_gather     comm
- *   so the copy of bucket i runs beside the all_gather of bucket i-1.
+ *   so the copy and the gather of unit i run beside the update of unit
+ *   i+1.
  *   The comm stream's wait for a copy flagged DP_IF_FIRST (run in the first
  *   micro-batch only) is flagged so too.
  *   A copy-stream H2D into a temporary (offload params: a parameter's

@@ -392,6 +392,39 @@ static void print_memory(FILE *out, const Graph *g, int64_t budget)
 	}
 	fprintf(out, "%-36s %30s\n", "copies per step, device to host", bytes_cell(c1, sizeof c1, d2h));
 	fprintf(out, "%-36s %30s\n", "copies per step, host to device", bytes_cell(c1, sizeof c1, h2d));
+	/* offload params: each reader's H2D of a host parameter into a device
+	 * temporary (passes/offload.c's params_in), once per micro-batch the
+	 * reader runs in; against copying each parameter once per step and
+	 * keeping it on the device for the step (what `offload optimizer`
+	 * does with the 16-bit copy), which costs its bytes of device memory
+	 * for the whole step: the trade, said, not made (docs/OFFLOAD.md) */
+	double pin = 0, held = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		if (!(n->progs & IR_IN_STEP) || n->op != DP_OP_H2D || n->stream != DP_STREAM_COPY ||
+		    n->out < 0 || ir_root(g, g->values[n->out])->kind != DP_T_ACT ||
+		    ir_root(g, g->values[n->out])->space == DP_SPACE_HOST)
+			continue;
+		const Value *v = g->values[n->out];
+		double b = (double)ir_numel(v) * (double)ir_dtype_size(v->dtype);
+		pin += b * (n->flags & (DP_IF_LAST | DP_IF_FIRST) ? 1 : accum);
+		int seen = 0;
+		for (int j = 0; j < i && !seen; j++) {
+			const Node *q = g->nodes[j];
+			seen = (q->progs & IR_IN_STEP) && q->op == DP_OP_H2D &&
+			       q->stream == DP_STREAM_COPY && q->in[0] == n->in[0] &&
+			       q->out >= 0 && ir_root(g, g->values[q->out])->kind == DP_T_ACT &&
+			       ir_root(g, g->values[q->out])->space != DP_SPACE_HOST;
+		}
+		if (!seen)
+			held += b;
+	}
+	if (pin > 0) {
+		fprintf(out, "%-36s %30s\n", "  of which parameters, per reader",
+			bytes_cell(c1, sizeof c1, pin));
+		fprintf(out, "%-36s %30s\n", "  the same, once a step", bytes_cell(c1, sizeof c1, held));
+		fprintf(out, "%-36s %30s\n", "  which keeps on the device", bytes_cell(c1, sizeof c1, held));
+	}
 }
 
 /* The step program's temporaries live at its peak on each pipeline stage:

@@ -169,14 +169,21 @@
 #                 offload optimizer): the copy reads the shard before the
 #                 collective wrote it
 #   h2d_wait      offload: the comm stream's wait for an updated bf16
-#                 shard's H2D (on the copy stream, at the top of the step)
-#                 dropped before the shard's all_gather (o16: off in bf16):
-#                 the gather reads the shard before the copy lands, the
-#                 parameters of the step before (DPEMU_COPY_LATE=1: the
-#                 emulator runs a copy only when nothing else is ready, so
-#                 the gather runs first unless it waits; both runs must
-#                 catch it)
-#   h2d_wait_params  the same point on op16 (o16 with offload params):
+#                 shard's H2D (on the copy stream, right after its unit's
+#                 host update) dropped before the shard's all_gather (o16:
+#                 mlp8 zero2 in bf16, a bucket per layer): the gather reads
+#                 the shard before the copy lands, the parameters of the
+#                 step before (DPEMU_COPY_LATE=1: the emulator runs a copy
+#                 only when nothing else is ready, so the gather runs first
+#                 unless it waits; both runs must catch it)
+#   h2d_unit      offload: an updated unit's H2D waits on the copy stream
+#                 for the unit before's host update, not its own (o16): the
+#                 copy reads the host bf16 shard before its own update wrote
+#                 it (DPEMU_COPY_EARLY=1: a ready copy runs before anything
+#                 else, so it lands before its update unless it waits for
+#                 it; one run: the copies' order is the knob's, not the
+#                 seed's)
+#   h2d_wait_params  the same point on op16 (off in bf16 with offload params):
 #                 the gather reads its device temporary before the
 #                 shard's H2D has filled it
 #   host_on_device offload: a host-step instruction (the host arena's
@@ -370,11 +377,13 @@ cp "$T/mlp8.dp" "$T/h16.dp"
 # off: mlp8 full_shard with offload optimizer (the gradient shards' D2H
 # right after their reduce_scatters on the comm stream, the host step)
 sed 's/^  strategy ddp/  strategy full_shard\n  offload optimizer/' "$T/mlp8.dp" >"$T/off.dp"
-# o16: the same in bf16 (the updated bf16 shards' H2Ds on the copy stream
-# at the top of the step, each waited for by its all_gather on the comm
-# stream)
-cp "$T/off.dp" "$T/o16.dp"
-# op16: o16 with offload params (every all_gather reads a device temporary
+# o16: mlp8 zero2 in bf16 with offload optimizer and a bucket per layer:
+# one host update per unit, each unit's updated bf16 shard back by an H2D on
+# the copy stream that waits for its own update, and each all_gather after
+# the update waiting on the comm stream for its copy
+sed -e 's/^  strategy ddp/  strategy zero2\n  offload optimizer/' -e 's/^  bucket_mb .*/  bucket_mb 0.01/' \
+	"$T/mlp8.dp" >"$T/o16.dp"
+# op16: off in bf16 with offload params (every all_gather reads a device temporary
 # its shard's H2D on the copy stream filled, waited for on the comm stream)
 sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
 # BASE_ENV: the environment of each case's run with no mutant on (else
@@ -572,6 +581,7 @@ gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
+h2d_unit      h2d_unit      o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
 h2d_wait_params h2d_wait    op16    2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 
@@ -643,7 +653,7 @@ unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case (f16 gradients, zero2 at 2 ranks)"
 unmutated h16 "the fp16 GEMM case"
 unmutated off "the offload optimizer case"
-unmutated o16 "the offload optimizer bf16 case"
+unmutated o16 "the offload optimizer bf16 case (zero2, an H2D per unit)"
 unmutated op16 "the offload params bf16 case"
 
 # points: the table's points are the source's MUTANT(...) points, no more,

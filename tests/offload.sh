@@ -34,15 +34,18 @@
 #    rank (bf16, recompute; compile only): without offload the plan is over
 #    budget, a compile error naming the arena's largest rows and values,
 #    and no step file; with `offload optimizer` it fits and --stats says so.
-# 6. The updated bf16 shards come back on the copy stream (full_shard):
-#    one H2D per block's shard at the top of the step, each waited for by
-#    its first all_gather on the comm stream, none left after the update
-#    (compile only; sections 1 and 2 run the schedule). With offload params
-#    each all_gather reads a device temporary its own H2D filled, and the
-#    device arena holds no parameter.
-# 7. With grad_accum > 1 those H2Ds run in the first micro-batch only: the
-#    bytes to the device per step are the shard's once (--stats; compile
-#    only).
+# 6. The host update is one update per unit, and each unit's updated bf16
+#    run comes back on the copy stream right after its own update, waiting
+#    for that update's event only (full_shard and zero2; under zero2 the
+#    all_gathers after the update wait for their copies on the comm
+#    stream) (compile only; sections 1 and 2 run the schedule). With
+#    offload params each all_gather reads a device temporary its own H2D
+#    filled, the device arena holds no parameter, and --stats says the
+#    trade of copying each parameter once a step instead (the bytes it
+#    would keep on the device: the 16-bit shard).
+# 7. With grad_accum > 1 those H2Ds run in the last micro-batch only, with
+#    the updates: the bytes to the device per step are the shard's once
+#    (--stats; compile only).
 # 8. Per-block offload (a block's `offload`): gpt2-tiny with embed `offload
 #    params`, the h.i blocks `offload optimizer`, lnf none (train's), against
 #    gpt2-tiny without offload, byte for byte (losses and parameters) under
@@ -51,7 +54,10 @@
 #    does, so the runs compared must have the same buckets), full_shard
 #    bf16 at 2; in its IR lnf's optimizer state is on the device, the
 #    h.i's in the host arena (%opt.m.off), embed's masters in it
-#    (%flat.params.shard.offp). A sharded checkpoint of the mixed run
+#    (%flat.params.shard.offp), and the offloaded blocks' gradients reach
+#    the host during the backward (a D2H on the copy stream after each
+#    one's last write, the run clipped on the host; none in the optimizer
+#    tail). A sharded checkpoint of the mixed run
 #    resumes with train-wide `offload optimizer`, and the reverse, bit for
 #    bit (full_shard bf16).
 set -u
@@ -192,20 +198,50 @@ for s in ddp full_shard; do
 	fi
 done
 
-# ---- 6. the updated shards' H2Ds on the copy stream ----
-# (compile only) gpt2-tiny full_shard in bf16 at 2 ranks: the one H2D of the
-# bf16 shards after the update is gone; each block's shard has its H2D on
-# the copy stream at the top of the step, and the first all_gather of that
-# shard waits for the copy's event on the comm stream (the CPU runs of
-# section 1 and 2 show the result is the same bytes)
+# ---- 6. the updated shards' H2Ds on the copy stream, one per unit ----
+# (compile only) gpt2-tiny in bf16 at 2 ranks, full_shard and zero2: the
+# host update is one adamw per unit, each followed by the H2D of its own
+# bf16 run on the copy stream, and that copy waits on the copy stream for
+# the event the compute stream records right after its own update (not a
+# later one, not the whole host step's end); under zero2 each all_gather of
+# the updated shards waits on the comm stream for a copy's event. The CPU
+# runs of sections 1 and 2 show the bytes are the same.
 # With offload params the shards' H2Ds fill device temporaries (%NAME.in),
 # one per all_gather (the backward's re-gathers too), and the device arena
 # keeps no parameter (--stats: its parameters row 0, no 16-bit row).
-for o in optimizer params; do
-	c=h2d-copy-stream
-	[ $o = params ] && c=h2d-copy-stream-params
+for s in full_shard zero2; do
+	c=h2d-per-unit-$s
 	case_on $c || continue
-	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=$o \
+	# (zero2: buckets of about a block, so there are several units)
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=$s --set train.offload=optimizer \
+		--set train.bucket_mb=0.05 --precision bf16 --emit=ir >"$T/h2d.ir" 2>/dev/null || fail "$c: dpc"
+	read -r nupd ncopy good bad gath gwait < <(awk '
+		function evnum(s) { match(s, /ev=[0-9]+/); return substr(s, RSTART + 3, RLENGTH - 3) }
+		/= adamw / { nupd++; cur = nupd; bf = $NF; for (i = 1; i <= NF; i++) if ($i ~ /bf16.*\.host,?$/) bf = $i
+			sub(/,$/, "", bf); sub(/\.host$/, "", bf); after = 1; next }
+		after && /^event_record ev=/ && !/stream=/ { rec[evnum($0)] = cur; after = 0; next }
+		/^event_wait ev=/ && /stream=copy/ { e = evnum($0); if (e in rec) w = rec[e]; next }
+		/= h2d / && / opt / && /stream=copy/ { ncopy++; if (w == cur && $1 == bf) good++; else bad++
+			w = 0; copyev = 1; next }
+		copyev && /^event_record ev=/ && /stream=copy/ { cp[evnum($0)] = 1; copyev = 0; next }
+		/^event_wait ev=/ && /stream=comm/ { if (evnum($0) in cp) waited = 1; next }
+		/ setup/ { setup = 1 }
+		/= all_gather / && nupd > 0 && !setup { gath++; if (waited) gwait++ }
+		/stream=comm/ && !/event_/ { waited = 0 }
+		END { print nupd + 0, ncopy + 0, good + 0, bad + 0, gath + 0, gwait + 0 }' "$T/h2d.ir")
+	if [ "$nupd" -ge 2 ] && [ "$ncopy" = "$nupd" ] && [ "$good" = "$nupd" ] && [ "$bad" = 0 ] &&
+		{ [ $s = full_shard ] || { [ "$gath" -ge 2 ] && [ "$gwait" = "$gath" ]; }; }; then
+		w=
+		[ $s = zero2 ] && w="; each of the $gath all_gathers after the update waits for a copy"
+		ok "$c: $nupd host updates, each followed by its own run's H2D on the copy stream waiting for that update's event only$w"
+	else
+		grep -n "adamw\|h2d\|all_gather\|stream=copy" "$T/h2d.ir" | tail -30
+		fail "$c: $nupd updates, $ncopy copy-stream H2Ds, $good waiting for their own update, $bad not; $gwait of $gath gathers after the update wait for a copy"
+	fi
+done
+if case_on h2d-copy-stream-params; then
+	c=h2d-copy-stream-params
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=params \
 		--precision bf16 --emit=ir >"$T/h2d.ir" 2>/dev/null || fail "$c: dpc"
 	read -r ncopy good bad late < <(awk '
 		function evnum(s) { match(s, /ev=[0-9]+/); return substr(s, RSTART + 3, RLENGTH - 3) }
@@ -220,14 +256,13 @@ for o in optimizer params; do
 		/= h2d / && / opt / && $1 ~ /bf16/ { late++ }
 		END { print ncopy + 0, good + 0, bad + 0, late + 0 }' "$T/h2d.ir")
 	if [ "$ncopy" -ge 2 ] && [ "$good" = "$ncopy" ] && [ "$bad" = 0 ] && [ "$late" = 0 ]; then
-		ok "$c: $ncopy shard H2Ds on the copy stream, each waited for by its all_gather on the comm stream; none left after the update"
+		ok "$c: $ncopy parameter H2Ds on the copy stream, each waited for by its all_gather on the comm stream; none after the update"
 	else
 		grep -n "h2d\|all_gather" "$T/h2d.ir" | head
-		fail "$c: $ncopy copies on the copy stream, $good waited for by their all_gather, $bad not, $late H2Ds left after the update"
+		fail "$c: $ncopy copies on the copy stream, $good waited for by their all_gather, $bad not, $late H2Ds after the update"
 	fi
-	[ $o = params ] || continue
 	ngather=$(grep -c "= all_gather %[^ ]*\.in[0-9]* .* stream=comm" "$T/h2d.ir")
-	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=$o \
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --set train.offload=params \
 		--precision bf16 --stats -o "$T/h2d.bin" >"$T/h2d.stats" 2>/dev/null || fail "$c: dpc --stats"
 	if [ "$ngather" = "$ncopy" ] && grep -q "^parameters  *0 " "$T/h2d.stats" &&
 		! grep -q "^parameters, 16-bit" "$T/h2d.stats" && grep -q "^host parameters, 16-bit" "$T/h2d.stats"; then
@@ -236,15 +271,28 @@ for o in optimizer params; do
 		grep "parameters" "$T/h2d.stats"
 		fail "$c: $ngather all_gathers of a temporary for $ncopy H2Ds, or a parameter left in the device arena"
 	fi
-done
+	# --stats says the trade of copying each parameter once a step and
+	# keeping it: the once-a-step bytes are the host 16-bit shard's (its
+	# row, aligned up to 256 bytes a buffer), less than the per-reader ones
+	read -r per once keep h16 < <(awk '/^  of which parameters, per reader/ { p = $6 }
+		/^  the same, once a step/ { o = $6 } /^  which keeps on the device/ { k = $6 }
+		/^host parameters, 16-bit copies/ { h = $5 } END { print p + 0, o + 0, k + 0, h + 0 }' "$T/h2d.stats")
+	if [ "$once" -gt 0 ] && [ "$per" -gt "$once" ] && [ "$keep" = "$once" ] && [ "$once" -le "$h16" ] &&
+		[ $((h16 - once)) -lt 1024 ]; then
+		ok "$c: --stats: $per B of parameter copies per step, per reader; $once B once a step, keeping $keep B on the device (the host 16-bit row: $h16)"
+	else
+		grep "parameters\|once a step\|keeps" "$T/h2d.stats"
+		fail "$c: --stats' trade: per reader $per, once $once, kept $keep, host 16-bit row $h16"
+	fi
+fi
 
 # ---- 7. the shards' H2Ds once per step ----
-# (compile only) mlp full_shard in bf16 at 2 ranks, grad_accum 2: the device
-# shard an H2D fills keeps it for the step's later micro-batches, so every
-# copy-stream H2D runs in the first micro-batch only (`first`), and --stats'
-# host-to-device bytes per step are the bf16 shard once (2N, N its
-# elements) and the norm's 4 bytes, not 2 x 2N + 4 (the runs of section 1's
-# mlp-groups-bf16-full_shard-np2, grad_accum 2, show the bytes unchanged)
+# (compile only) mlp full_shard in bf16 at 2 ranks, grad_accum 2: the
+# updates run in the last micro-batch, and so does each update's H2D
+# (`last`); --stats' host-to-device bytes per step are the bf16 shard once
+# (2N, N its elements) and the norm's 4 bytes, not 2 x 2N + 4 (the runs of
+# section 1's mlp-groups-bf16-full_shard-np2, grad_accum 2, show the bytes
+# unchanged)
 if case_on h2d-once-per-step; then
 	a=(--world-size 2 --set train.strategy=full_shard --set train.offload=optimizer --precision bf16)
 	"$DPC" $mlp "${a[@]}" --emit=ir >"$T/once.ir" 2>/dev/null &&
@@ -252,12 +300,12 @@ if case_on h2d-once-per-step; then
 	n=$(sed -n 's/^%flat.params.shard.bf16 *: bf16\[\([0-9]*\)\].*/\1/p' "$T/once.ir")
 	got=$(awk '/^copies per step, host to device/ {print $7}' "$T/once.stats")
 	ncopy=$(grep -c "= h2d .*stream=copy" "$T/once.ir")
-	nfirst=$(grep -c "= h2d .* first stream=copy" "$T/once.ir")
-	if [ -n "$n" ] && [ "$ncopy" -ge 2 ] && [ "$nfirst" = "$ncopy" ] && [ "$got" = $((2 * n + 4)) ]; then
-		ok "h2d-once-per-step: $ncopy shard H2Ds, each first-micro-batch only; $got B to the device per step (2 x $n + 4; per micro-batch it was $((4 * n + 4)))"
+	nlast=$(grep -c "= h2d .* last stream=copy" "$T/once.ir")
+	if [ -n "$n" ] && [ "$ncopy" -ge 2 ] && [ "$nlast" = "$ncopy" ] && [ "$got" = $((2 * n + 4)) ]; then
+		ok "h2d-once-per-step: $ncopy shard H2Ds, each last-micro-batch only; $got B to the device per step (2 x $n + 4; per micro-batch it would be $((4 * n + 4)))"
 	else
 		grep "copies per step" "$T/once.stats"
-		fail "h2d-once-per-step: $nfirst of $ncopy copies first-only, $got B per step (want $((2 * ${n:-0} + 4)))"
+		fail "h2d-once-per-step: $nlast of $ncopy copies last-only, $got B per step (want $((2 * ${n:-0} + 4)))"
 	fi
 fi
 
@@ -324,6 +372,22 @@ if case_on mix-bf16-full_shard-np2; then
 	else
 		grep "^%opt.m\|^%flat.params.shard" "$T/mix.ir" | head
 		fail "mix-bf16-full_shard-np2: the IR does not place the blocks' state by their offload"
+	fi
+	# the offloaded blocks' gradient shards reach the host during the
+	# backward: a D2H on the copy stream before the last reduce_scatter for
+	# each offloaded update, which reads its run's host copy (clipped on
+	# the host), and no gradient D2H is left in the optimizer tail
+	read -r early lastrs nupd hostg late < <(awk '
+		/= d2h %[^ ]*(grad\.|grads)[^ ]* .*stream=copy/ && !/ opt / { if (!first) first = NR; early++ }
+		/= reduce_scatter / { lastrs = NR }
+		/= adamw .* offload=/ { nupd++; if ($4 ~ /\.host,$/) hostg++ }
+		/= d2h %[^ ]*(grad\.|grads)[^ ]* .* opt / { late++ }
+		END { print early + 0, (first && first < lastrs) ? 1 : 0, nupd + 0, hostg + 0, late + 0 }' "$T/mix.ir")
+	if [ "$early" -ge 2 ] && [ "$lastrs" = 1 ] && [ "$nupd" -ge 2 ] && [ "$hostg" = "$nupd" ] && [ "$late" = 0 ]; then
+		ok "mix-bf16-full_shard-np2: the offloaded blocks' $early gradient D2Hs are on the copy stream during the backward (the first before the last reduce_scatter); the $nupd offloaded updates read their host copies, no gradient D2H in the optimizer tail"
+	else
+		grep -n "d2h\|adamw\|reduce_scatter %" "$T/mix.ir"
+		fail "mix-bf16-full_shard-np2: $early gradient D2Hs in the backward (before the last reduce_scatter: $lastrs), $hostg of $nupd offloaded updates read host gradients, $late D2Hs in the tail"
 	fi
 fi
 

@@ -682,9 +682,11 @@ def check_offload_mix(model, text):
     block's. The host arena holds, each buffer aligned: the first block's
     optimizer state (8L_o: m and v), its f32 masters (4L_o: bf16 moved
     from the device, f32 their host copy), the host copy of its gradient
-    run (4L_o: a window of the device's gradients, which stay there) and in
-    bf16 that of its 16-bit copy (2L_o); nothing else (the clip runs on the
-    device). The device keeps the others' state (8(L - L_o)), its masters
+    run (4L_o: a window of the device's gradients, which stay there; the
+    run's D2Hs fill it during the backward), in bf16 that of its 16-bit
+    copy (2L_o), and the gradient norm's host copy (4 bytes, aligned: the
+    run is clipped on the host, by a copy of the step's clip); nothing
+    else. The device keeps the others' state (8(L - L_o)), its masters
     but the first block's in bf16, its gradients and 16-bit copies
     unchanged, and its persistent part shrinks by exactly what moved."""
     first, ps0 = BLOCKS[0]
@@ -699,7 +701,7 @@ def check_offload_mix(model, text):
             L = sum(pad(sum(ps), n) // n for _, ps in BLOCKS)
             what = f"{model} full_shard n={n} {prec}, {first} offload optimizer"
             want = {"host optimizer state": 2 * aligned(4 * Lo), "host parameters": aligned(4 * Lo),
-                    "host gradients": aligned(4 * Lo), "host metrics": None,
+                    "host gradients": aligned(4 * Lo), "host metrics": aligned(4),
                     "host parameters, 16-bit copies": aligned(2 * Lo) if prec == "bf16" else None}
             got = {k: m1.get(k) for k in want}
             if not ok(got == want, f"{what}: host rows = closed form in L_o={Lo} {want}"):

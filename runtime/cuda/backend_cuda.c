@@ -1379,9 +1379,37 @@ static int record_stream(const DpStep *s, int p, unsigned ev)
 	return -1;
 }
 
+#ifdef DPEMU_MUTANTS
+/* The event of the copy-stream wait before instruction `at` of program p
+ * that waits for a compute-stream record (an offloaded unit's update),
+ * or -1: the h2d_unit mutant's wrong event, the unit before's. */
+static int64_t copy_wait_before(const DpStep *s, int p, uint32_t at)
+{
+	for (uint32_t i = at; i-- > 0;) {
+		const DpInstr *in = &s->prog[p][i];
+		if (in->op == DP_OP_EVENT_WAIT && in->stream == DP_STREAM_COPY &&
+		    record_stream(s, p, (unsigned)DP_EVENT(in)) == DP_STREAM_COMPUTE)
+			return DP_EVENT(in);
+	}
+	return -1;
+}
+#endif
+
 static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 {
 	CuBackend *x = b->impl;
+	/* the mutant makes an updated unit's H2D (offload, on the copy stream)
+	 * wait for the unit before's host update, not its own: the copy may
+	 * read the host copy before its own update wrote it */
+#ifdef DPEMU_MUTANTS
+	if (MUTANT(h2d_unit) && stream == DP_STREAM_COPY &&
+	    record_stream(b->s, b->at.prog, event) == DP_STREAM_COMPUTE) {
+		int64_t before = copy_wait_before(b->s, b->at.prog, b->at.instr);
+		if (before < 0)
+			return 0;
+		event = (unsigned)before;
+	}
+#endif
 	/* the mutant drops the comm stream's wait for an H2D of a shard on the
 	 * copy stream (offload): its all_gather may read the shard before the
 	 * copy lands */

@@ -108,6 +108,7 @@ const Config &cfg()
 	c.abort_hang_s = (double)num_env("DPEMU_ABORT_HANG_S", 10);
 	c.trace = (int)num_env("DPEMU_TRACE", 0);
 	c.copy_late = (int)num_env("DPEMU_COPY_LATE", 0);
+	c.copy_early = (int)num_env("DPEMU_COPY_EARLY", 0);
 	c.profile = (int)num_env("DPEMU_PROFILE", 0);
 	c.stall_ranks = 0;
 	c.stall_at = -1;

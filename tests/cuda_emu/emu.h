@@ -94,6 +94,10 @@ struct Config {
 	                          when nothing else is ready (a copy as late as the
 	                          events allow: a reader that does not wait for it
 	                          reads the old bytes) */
+	int copy_early;        /* DPEMU_COPY_EARLY (0): 1 runs a ready cudaMemcpyAsync before
+	                          anything else ready (a copy as early as the events
+	                          allow: a copy that waits for the wrong event reads
+	                          what its producer has not written yet) */
 	int profile;           /* DPEMU_PROFILE (0): time per kind of work, at exit */
 };
 const Config &cfg();

@@ -157,10 +157,11 @@ static bool step(const std::set<Op *> *prefer)
 				pool.push_back(op);
 	if (pool.empty())
 		pool = ready;
-	if (cfg().copy_late) { /* copies last, while anything else can run */
+	if (cfg().copy_late || cfg().copy_early) { /* copies last (or first) */
 		std::vector<Op *> other;
 		for (Op *op : pool)
-			if (op->work->what().compare(0, 15, "cudaMemcpyAsync") != 0)
+			if ((op->work->what().compare(0, 15, "cudaMemcpyAsync") != 0) ==
+			    !cfg().copy_early)
 				other.push_back(op);
 		if (!other.empty())
 			pool = other;
