@@ -57,7 +57,9 @@
 #    stops when a bound is above its plan or the time bound above its
 #    simulated step) over mlp8 at 2 ranks in f32 (pp=2), gpt2-tiny at 4 in
 #    bf16 (tp, cp, pp up to 4; on the FLOPs-only machine, where the time
-#    bound reaches at least half of a step) and llama at 2 in bf16 and mlp
+#    bound reaches at least half of a step, and so does the pipeline term
+#    (stage_bound) on the pipelined plans, the bound of some; tripled,
+#    dpc stops) and llama at 2 in bf16 and mlp
 #    at 2 under SGD with momentum (one state slot): every strategy,
 #    checkpointing off and on, bound <= plan and time bound <= step;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
@@ -467,11 +469,13 @@ EOF2
 			r=$(grep -E "^memory bound: [1-9][0-9]* memory plans, bound / plan from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
 			t=$(grep -E "^time bound: [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
 			c=$(grep -E "^communication bound: the bound of [0-9]+, up to [0-9.]+ of the step$" "$T/bound.txt") &&
-			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ]; } &&
+			pl=$(grep -E "^pipeline bound: [0-9]+ pipelined plans, term / step from [0-9.]+ to (0\.[0-9]+|1\.000|0\.000), the bound of [0-9]+$" "$T/bound.txt") &&
+			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ] &&
+			  [ "$(echo "$pl" | awk '{print ($3 > 0 && $(NF-5) >= 0.5 && $NF > 0)}')" = 1 ]; } &&
 			{ [ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
 			  [ "$(echo "$c" | awk '{print ($(NF-3) >= 0.5 && $6 + 0 > 0)}')" = 1 ]; }; then
 			bounds="$bounds; $1 ${r#memory bound: }"
-			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }"
+			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }, ${pl#pipeline bound: }"
 			[ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
 				bounds="$bounds, with 1 MB/s collectives ($4) ${c#communication bound: }"
 		else
