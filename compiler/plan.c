@@ -15,7 +15,7 @@
  * a multiple of pp: counted as refused), and at pp > 1 grad_accum (the
  * file's, and pp, 2 pp, ... ACCUM_MAX pp micro-batches at the file's
  * global batch, each a group of candidates of its own, searched as a
- * mesh; ACCUM_MAX 0: the file's only); on each mesh every strategy
+ * mesh); on each mesh every strategy
  * (ddp, zero1, zero2, full_shard; hybrid_shard where dp_replicate > 1;
  * only ddp where there is one data-parallel rank, where they are all the
  * same step), gradient_checkpointing off and on, and the knob of the
@@ -145,7 +145,7 @@ static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubb
  * bubble is (p-1)/(m+p-1) under 1F1B, a fifth at 4 pp, while the step
  * program unrolls every micro-batch, so the compile grows with m. */
 #ifndef ACCUM_MAX
-#define ACCUM_MAX 0
+#define ACCUM_MAX 4
 #endif
 
 static double now_s(void)
