@@ -422,8 +422,17 @@ int mem_run(Graph *g, Diag *d)
 	/* Place the used temporaries, largest first. */
 	qsort(temps, (size_t)nt, sizeof(Temp), cmp_size_desc);
 	Range *busy = malloc((size_t)(nt ? nt : 1) * sizeof(Range));
-	if (!busy)
+	/* at[u]: temps[u]'s value's offset in the region, -1: none (its
+	 * value's, kept beside the temps: the loop below over every earlier
+	 * temporary is quadratic, and reading each value through g->values
+	 * was most of a compile at GPT-3 175B's shape with cp and pp) */
+	int64_t *at_of = malloc((size_t)(nt ? nt : 1) * sizeof *at_of);
+	if (!busy || !at_of)
 		die("out of memory");
+	for (int t = 0; t < nt; t++) {
+		const Value *w = g->values[temps[t].value];
+		at_of[t] = w->offset >= 0 ? w->offset - off : -1;
+	}
 	int64_t top = 0; /* end of the temporaries' region, relative */
 	for (int t = 0; t < nt; t++) {
 		Temp *a = &temps[t];
@@ -434,11 +443,9 @@ int mem_run(Graph *g, Diag *d)
 		if (!used)
 			continue;
 		int nb = 0;
-		for (int u = 0; u < t; u++) {
-			const Value *w = g->values[temps[u].value];
-			if (w->offset >= 0 && temps_meet(a, &temps[u]))
-				busy[nb++] = (Range){w->offset - off, w->offset - off + temps[u].bytes};
-		}
+		for (int u = 0; u < t; u++)
+			if (at_of[u] >= 0 && temps_meet(a, &temps[u]))
+				busy[nb++] = (Range){at_of[u], at_of[u] + temps[u].bytes};
 		qsort(busy, (size_t)nb, sizeof(Range), cmp_range);
 		int64_t at = 0;
 		for (int b = 0; b < nb; b++) {
@@ -448,11 +455,13 @@ int mem_run(Graph *g, Diag *d)
 				at = busy[b].hi;
 		}
 		v->offset = off + at;
+		at_of[t] = at;
 		v->nbytes = a->bytes;
 		if (at + a->bytes > top)
 			top = at + a->bytes;
 	}
 	free(busy);
+	free(at_of);
 	free(temps);
 	free(temp_of);
 
