@@ -13,9 +13,9 @@
  * interleaved at stages_per_rank v = 2 .. VPR_MAX where the blocks fill
  * pp x v virtual stages (the front end refusing micro-batches that are not
  * a multiple of pp: counted as refused), and at pp > 1 grad_accum (the
- * file's, and pp, 2 pp, ... ACCUM_MAX pp micro-batches at the file's
- * global batch, each a group of candidates of its own, searched as a
- * mesh); on each mesh every strategy
+ * file's, and pp, 2 pp, ... ACCUM_MAX pp micro-batches, at most
+ * ACCUM_CAP, at the file's global batch, each a group of candidates of
+ * its own, searched as a mesh); on each mesh every strategy
  * (ddp, zero1, zero2, full_shard; hybrid_shard where dp_replicate > 1;
  * only ddp where there is one data-parallel rank, where they are all the
  * same step), gradient_checkpointing off and on, and the knob of the
@@ -147,6 +147,11 @@ static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubb
 #ifndef ACCUM_MAX
 #define ACCUM_MAX 4
 #endif
+
+/* ... and at most ACCUM_CAP micro-batches: a compile unrolls the whole
+ * model's step program m times (at GPT-3 175B's shape pp=64 would take
+ * 256), and 32 leave 1F1B's bubble under a third at pp = 16. */
+#define ACCUM_CAP 32
 
 static double now_s(void)
 {
@@ -1432,7 +1437,8 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 					int accums[ACCUM_MAX + 1], naccum = 0;
 					accums[naccum++] = 0; /* the file's */
 					for (int k = 1; pp > 1 && global && k <= ACCUM_MAX; k *= 2)
-						if (global % ((int64_t)dp * pp * k) == 0 && pp * k != file_accum)
+						if (global % ((int64_t)dp * pp * k) == 0 && pp * k != file_accum &&
+						    pp * k <= ACCUM_CAP)
 							accums[naccum++] = pp * k;
 					for (int a = 0; a < naccum; a++) { /* a group of its own each */
 						if (n + 32 * (vmax + 2) > cap) { /* a group's at most */
