@@ -427,11 +427,32 @@ int mem_run(Graph *g, Diag *d)
 	 * temporary is quadratic, and reading each value through g->values
 	 * was most of a compile at GPT-3 175B's shape with cp and pp) */
 	int64_t *at_of = malloc((size_t)(nt ? nt : 1) * sizeof *at_of);
-	if (!busy || !at_of)
+	/* lo_of[u], hi_of[u]: the extent of temps[u]'s spans with the programs
+	 * laid end to end (program p's position i at p (nnodes + 1) + i): two
+	 * temporaries whose extents miss each other meet in no program, a
+	 * test that spares temps_meet most pairs */
+	int64_t *lo_of = malloc((size_t)(nt ? nt : 1) * sizeof *lo_of);
+	int64_t *hi_of = malloc((size_t)(nt ? nt : 1) * sizeof *hi_of);
+	if (!busy || !at_of || !lo_of || !hi_of)
 		die("out of memory");
 	for (int t = 0; t < nt; t++) {
 		const Value *w = g->values[temps[t].value];
 		at_of[t] = w->offset >= 0 ? w->offset - off : -1;
+		lo_of[t] = INT64_MAX, hi_of[t] = INT64_MIN;
+		for (int p = 0; p < DP_NPROG; p++) {
+			const Span *sp = &temps[t].span[p];
+			if (sp->first > sp->last)
+				continue;
+			if (sp->first < 0 || sp->last > g->nnodes) { /* not a node's place: no filter */
+				lo_of[t] = INT64_MIN, hi_of[t] = INT64_MAX;
+				break;
+			}
+			int64_t base = (int64_t)p * ((int64_t)g->nnodes + 1);
+			if (base + sp->first < lo_of[t])
+				lo_of[t] = base + sp->first;
+			if (base + sp->last > hi_of[t])
+				hi_of[t] = base + sp->last;
+		}
 	}
 	int64_t top = 0; /* end of the temporaries' region, relative */
 	for (int t = 0; t < nt; t++) {
@@ -444,7 +465,8 @@ int mem_run(Graph *g, Diag *d)
 			continue;
 		int nb = 0;
 		for (int u = 0; u < t; u++)
-			if (at_of[u] >= 0 && temps_meet(a, &temps[u]))
+			if (at_of[u] >= 0 && lo_of[u] <= hi_of[t] && lo_of[t] <= hi_of[u] &&
+			    temps_meet(a, &temps[u]))
 				busy[nb++] = (Range){at_of[u], at_of[u] + temps[u].bytes};
 		qsort(busy, (size_t)nb, sizeof(Range), cmp_range);
 		int64_t at = 0;
@@ -462,6 +484,8 @@ int mem_run(Graph *g, Diag *d)
 	}
 	free(busy);
 	free(at_of);
+	free(lo_of);
+	free(hi_of);
 	free(temps);
 	free(temp_of);
 
