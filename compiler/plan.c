@@ -12,7 +12,10 @@
  * model's micro-batches, which its 1F1B sibling's stages tell), and
  * interleaved at stages_per_rank v = 2 .. VPR_MAX where the blocks fill
  * pp x v virtual stages (the front end refusing micro-batches that are not
- * a multiple of pp: counted as refused); on each mesh every strategy
+ * a multiple of pp: counted as refused), and at pp > 1 grad_accum (the
+ * file's, and pp, 2 pp, ... ACCUM_MAX pp micro-batches, at most
+ * ACCUM_CAP, at the file's global batch, each a group of candidates of
+ * its own, searched as a mesh); on each mesh every strategy
  * (ddp, zero1, zero2, full_shard; hybrid_shard where dp_replicate > 1;
  * only ddp where there is one data-parallel rank, where they are all the
  * same step), gradient_checkpointing off and on, and the knob of the
@@ -29,7 +32,9 @@
  * (PL_BOUND), and plan_eval checks the bound against every memory plan it
  * makes. The time bound (time_bound): a lower bound of every candidate's
  * simulated step from its GEMMs' FLOPs at the machine's fastest GEMM rate
- * (and at pp > 1 the path of a micro-batch through the stages and back),
+ * (and at pp > 1 the path of a micro-batch through the stages and back,
+ * and the pipeline's term, stage_bound: each stage's work between the
+ * paths to and from it, over the cuts the stages pass can make),
  * or from the bytes its strategy and tp must move over its links
  * (comm_bound), the larger; a
  * candidate whose bound is no faster than a plan that fits is not compiled
@@ -93,6 +98,8 @@ typedef struct {
 	int knob;      /* bucket_mb (ddp, zero1, zero2) or prefetch (sharded) */
 	int sched;     /* pp > 1: the pipeline schedule (IrPipeline), else -1 */
 	int vpr;       /* interleaved: stages_per_rank (virtual stages per rank), else 0 */
+	int accum;     /* pp > 1: grad_accum, the micro-batches a step (the file's global
+			  batch cut into smaller micro-batches), else 0: the file's */
 	int state;     /* PL_* */
 	int compiled;  /* plan_eval ran on it */
 	int zb_stuck;  /* pp > 1, 1F1B: zero_bubble's order deadlocks on these
@@ -103,6 +110,7 @@ typedef struct {
 	int64_t bound; /* mem_bound: a lower bound of mem, without a compile (0: none) */
 	double time_bound; /* time_bound: a lower bound of step_s, without a compile (0: none) */
 	double comm_bound; /* its communication term (comm_bound), 0: none */
+	double pipe_bound; /* pp > 1: its pipeline term (stage_bound), 0: none */
 } Plan;
 
 enum {
@@ -132,6 +140,19 @@ static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubb
  * p2p transfers grow with v. */
 #define VPR_MAX 4
 
+/* At pp > 1 grad_accum is searched at pp, 2 pp, ... ACCUM_MAX pp micro-batches
+ * (where they divide a data-parallel rank's samples), beside the file's: the
+ * bubble is (p-1)/(m+p-1) under 1F1B, a fifth at 4 pp, while the step
+ * program unrolls every micro-batch, so the compile grows with m. */
+#ifndef ACCUM_MAX
+#define ACCUM_MAX 4
+#endif
+
+/* ... and at most ACCUM_CAP micro-batches: a compile unrolls the whole
+ * model's step program m times (at GPT-3 175B's shape pp=64 would take
+ * 256), and 32 leave 1F1B's bubble under a third at pp = 16. */
+#define ACCUM_CAP 32
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -144,7 +165,7 @@ static int is_sharded(int strategy)
 	return strategy == DP_STRAT_FULL_SHARD || strategy == DP_STRAT_HYBRID_SHARD;
 }
 
-/* The candidate's settings as --set lines (at most 5). */
+/* The candidate's settings as --set lines (at most 6). */
 static int plan_sets(const Plan *p, FeSet *sets, char buf[4][64])
 {
 	int n = 0;
@@ -158,6 +179,10 @@ static int plan_sets(const Plan *p, FeSet *sets, char buf[4][64])
 	if (p->vpr) {
 		snprintf(buf[2], 64, "%d", p->vpr);
 		sets[n++] = (FeSet){"train.stages_per_rank", buf[2], "--plan"};
+	}
+	if (p->accum) {
+		snprintf(buf[3], 64, "%d", p->accum);
+		sets[n++] = (FeSet){"train.grad_accum", buf[3], "--plan"};
 	}
 	return n;
 }
@@ -193,7 +218,7 @@ Graph *plan_compile_with(const char *path, const FeOptions *fo, const FeSet *ext
  * graph (NULL when the front end or a pass refused it). */
 static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int to)
 {
-	FeSet own[5];
+	FeSet own[6];
 	char buf[4][64];
 	int nown = plan_sets(p, own, buf);
 	FeOptions fo = {.world_size = po->world, .defines = po->defines, .ndefines = po->ndefines,
@@ -248,6 +273,21 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
  */
 static void plan_name(char *buf, size_t len, const Plan *p);
 
+/* A block's GEMMs by their place in a micro-batch's pipeline path
+ * (block_seconds). */
+enum {
+	BK_FWD,  /* forward, not a recomputation */
+	BK_RC,   /* recomputation (gradient checkpointing) */
+	BK_BIN,  /* backward, not a weight gradient: the input gradients */
+	BK_W,    /* weight gradients (stages_wgrad) */
+	BK_N
+};
+
+typedef struct StageMemo {
+	int gc, pp, v, balanced;
+	double m, s; /* stage_bound(gc, pp, v, balanced, m) = s */
+} StageMemo;
+
 typedef struct {
 	int tp;
 	int ok;              /* the premises hold: the bound applies */
@@ -267,6 +307,14 @@ typedef struct {
 	double tp_bytes[2];  /* per sample, the bytes the step's tp_reduces move (their
 				outputs, before the bus factor), without and with
 				gradient checkpointing */
+	/* The pipeline term (stage_bound), per block b < nb, per sample: */
+	int nb;              /* blocks with costs below (0: no pipeline term) */
+	int balanced;        /* `stages auto` cuts the blocks (no block has a `stage`):
+				the cut's largest run is the least (fwd_flops) */
+	double *fwd_flops;   /* [b]: forward FLOPs, as stages.c's balance sums them */
+	double *blk_s[2][BK_N]; /* [gc][kind][b]: GEMM seconds (gemm_seconds' rates) */
+	struct StageMemo *memo; /* stage_bound's answers, per (gc, pp, v, balanced, m) */
+	int nmemo;
 } ModelMem;
 
 /*
@@ -375,6 +423,36 @@ static void gemm_seconds(const Graph *g, const Machine *mc, double *chain, doubl
 	*all /= mb;
 }
 
+/* Per block of g (mm->nb of them), the GEMM seconds per sample of each
+ * kind (BK_*) into mm->blk_s[gc], at gemm_seconds' rates; the GEMMs outside
+ * every block are left out (a lower bound still: stage_bound only adds). */
+static void block_seconds(const Graph *g, const Machine *mc, ModelMem *mm, int gc)
+{
+	double cap[MACH_NDTYPE];
+	for (int i = 0; i < MACH_NDTYPE; i++)
+		cap[i] = sim_gemm_rate_cap(mc, i);
+	for (int k = 0; k < BK_N; k++) {
+		mm->blk_s[gc][k] = calloc((size_t)mm->nb, sizeof(double));
+		if (!mm->blk_s[gc][k])
+			die("out of memory");
+	}
+	double mb = g->cfg.micro_batch ? (double)g->cfg.micro_batch : 1;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		double f = 0, b = 0;
+		if (!(n->progs & IR_IN_STEP) || (n->phase != PH_FWD && n->phase != PH_BWD) ||
+		    (n->op != DP_OP_MATMUL && n->op != DP_OP_LINEAR) || !ir_ops[n->op].cost ||
+		    n->block < 0 || n->block >= mm->nb)
+			continue;
+		ir_ops[n->op].cost(g, n, &f, &b);
+		double r = cap[g->values[n->in[0]]->dtype == DP_BF16 ? MACH_BF16 : MACH_F32];
+		if (r <= 0)
+			continue;
+		int k = n->recompute ? BK_RC : n->phase == PH_FWD ? BK_FWD : stages_wgrad(g, n) ? BK_W : BK_BIN;
+		mm->blk_s[gc][k][n->block] += f / r / mb;
+	}
+}
+
 /* Bytes per sample of g's step tp_reduces (the forward's, the backward's of
  * every tp_copy, a recomputation's): each an all_reduce over tp of its
  * output (passes/tp.c), on the comm stream, every micro-batch. */
@@ -416,6 +494,27 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 		if (gc == 0 && g && !d.nerrors)
 			mm.nblocks = g->nblocks;
 		int ok = g && !d.nerrors && pipeline_run_part(g, &d, &pl, 0, shape) >= 0 && !ir_any_offload(g);
+		if (gc == 0 && ok && g->nblocks > 0 && !po->mesh) {
+			/* the stages pass's costs (its balance): at pp = 1, cp = 1, before
+			 * the stages pass, the forward FLOPs of the candidate's blocks over
+			 * its micro-batch (all scale with the samples) */
+			mm.nb = g->nblocks;
+			mm.balanced = 1;
+			mm.fwd_flops = calloc((size_t)mm.nb, sizeof *mm.fwd_flops);
+			if (!mm.fwd_flops)
+				die("out of memory");
+			for (int b = 0; b < g->nblocks; b++)
+				mm.balanced &= g->blocks[b].stage < 0;
+			for (int i = 0; i < g->nnodes; i++) {
+				const Node *n = g->nodes[i];
+				double f = 0, by = 0;
+				if (n->phase == PH_FWD && (n->progs & IR_IN_STEP) && n->block >= 0 &&
+				    n->block < g->nblocks && ir_ops[n->op].cost) {
+					ir_ops[n->op].cost(g, n, &f, &by);
+					mm.fwd_flops[n->block] += f;
+				}
+			}
+		}
 		if (gc == 0 && ok) {
 			mm.ok = 1;
 			for (int b = 0; b < g->nblocks; b++)
@@ -433,6 +532,8 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 		if (ok && mm.ok && pipeline_run_part(g, &d, &pl, shape, precision) >= 0) {
 			mm.saved[gc] = saved_bytes(g);
 			gemm_seconds(g, po->machine, &mm.chain_s[gc], &mm.all_s[gc]);
+			if (mm.nb == g->nblocks)
+				block_seconds(g, po->machine, &mm, gc);
 			mm.tp_bytes[gc] = tp_reduce_bytes(g);
 			mm.plain_comm = 1;
 			for (int b = -1; b < g->nblocks; b++) /* -1: train's */
@@ -445,6 +546,28 @@ static ModelMem model_mem(const PlanOpts *po, FILE *quiet, int tp)
 	}
 	free(sets);
 	return mm;
+}
+
+static void model_mem_free(ModelMem *mm)
+{
+	free(mm->fwd_flops);
+	free(mm->memo);
+	for (int gc = 0; gc < 2; gc++)
+		for (int k = 0; k < BK_N; k++)
+			free(mm->blk_s[gc][k]);
+}
+
+/* p's micro-batches a step, and its micro-batch's samples at one
+ * data-parallel rank (the file's global batch over them). */
+static int plan_accum(const Plan *p, const ModelMem *mm)
+{
+	int m = p->accum ? p->accum : mm->grad_accum;
+	return m > 0 ? m : 1;
+}
+
+static double plan_micro_batch(const Plan *p, const ModelMem *mm)
+{
+	return (double)mm->micro_batch * (mm->grad_accum ? mm->grad_accum : 1) / plan_accum(p, mm);
 }
 
 /* p's memory bound in bytes (see above), 0 when mm's premises fail. */
@@ -463,7 +586,7 @@ static int64_t mem_bound(const Plan *p, const ModelMem *mm)
 		per = (mm->compute + master + mm->reduce + 4.0 * mm->slots) / D;
 	/* the activation term: a micro-batch's saved activations, over cp (the
 	 * sequence cut) and pp (the largest stage's at least the mean) */
-	double act = mm->saved[p->gc] * (double)mm->micro_batch / ((double)p->rep * p->shard) /
+	double act = mm->saved[p->gc] * plan_micro_batch(p, mm) / ((double)p->rep * p->shard) /
 		     ((double)p->cp * p->pp);
 	return (int64_t)floor(P * per + act);
 }
@@ -538,7 +661,7 @@ static double comm_bound(const Plan *p, const ModelMem *mm, const Machine *mc)
 		       CP = DP_AXIS_BIT(DP_AXIS_CP), T = DP_AXIS_BIT(DP_AXIS_TP);
 	double link[MACH_NLINK] = {0};
 	double P = (double)mm->params / p->pp, r = mm->reduce, c = mm->compute;
-	double cut = (double)p->shard * p->cp, m = mm->grad_accum;
+	double cut = (double)p->shard * p->cp, m = plan_accum(p, mm);
 	switch (p->strategy) {
 	case DP_STRAT_DDP:
 	case DP_STRAT_ZERO1: /* the gradients as ddp's, then zero1's gather */
@@ -556,13 +679,187 @@ static double comm_bound(const Plan *p, const ModelMem *mm, const Machine *mc)
 		comm_add(link, p, mc, DP_OP_REDUCE_SCATTER, S | CP, P * r, 1);
 		comm_add(link, p, mc, DP_OP_ALL_REDUCE, R, P * r / cut, 1);
 	}
-	double samples = (double)mm->micro_batch / ((double)p->rep * p->shard) / p->cp;
+	double samples = plan_micro_batch(p, mm) / ((double)p->rep * p->shard) / p->cp;
 	if (p->tp > 1)
 		comm_add(link, p, mc, DP_OP_TP_REDUCE, T, mm->tp_bytes[p->gc] * samples / p->pp, m);
 	double t = 0;
 	for (int l = 0; l < MACH_NLINK; l++)
 		t = mc->executor == MACH_GPU ? t + link[l] : fmax(t, link[l]);
 	return t;
+}
+
+/* The least over contiguous cuts of fl[0..n) into k non-empty runs of the
+ * largest run's sum (stages.c's balance, without its tie-break). */
+static double least_largest_run(const double *fl, int n, int k)
+{
+	double *pre = calloc((size_t)n + 1, sizeof *pre), *best = malloc(sizeof *best * (size_t)(n + 1)),
+	       *next = malloc(sizeof *next * (size_t)(n + 1));
+	if (!pre || !best || !next)
+		die("out of memory");
+	for (int i = 0; i < n; i++)
+		pre[i + 1] = pre[i] + fl[i];
+	for (int i = 0; i <= n; i++)
+		best[i] = i ? pre[i] : 0; /* one run: blocks 0..i-1 */
+	for (int r = 2; r <= k; r++) {
+		for (int i = 0; i <= n; i++) {
+			next[i] = INFINITY;
+			for (int j = r - 1; j < i; j++)
+				next[i] = fmin(next[i], fmax(best[j], pre[i] - pre[j]));
+		}
+		memcpy(best, next, sizeof *best * (size_t)(n + 1));
+	}
+	double f = best[n];
+	free(pre), free(best), free(next);
+	return f;
+}
+
+/*
+ * The pipeline term: a lower bound, in seconds per sample of a rank's
+ * micro-batch, of a pipelined step of m micro-batches on pp ranks of v
+ * virtual stages each (v = 1: 1F1B, zero_bubble; interleaved: v > 1),
+ * from the blocks' GEMM seconds at gemm_seconds' rates. Per block: F (the
+ * forward), R (recomputation), B (input gradients), W (weight gradients).
+ *
+ * Rank r's compute stream runs its kernels one after another. It cannot
+ * start before the first micro-batch's forward has crossed the virtual
+ * stages before its first, 0..r-1 (their F, every GEMM of a forward being
+ * on the path to the activation it sends). Its last input gradient (of
+ * whichever micro-batch is last) comes after every forward, recomputation
+ * and input gradient it runs (each micro-batch's backward follows its own
+ * forward, and that one is the last backward), and after it that
+ * micro-batch's gradient still crosses the virtual stages before, their B
+ * each (every input-gradient GEMM being on the path to the gradient it
+ * sends; the weight gradients, which zero_bubble defers, are not). So
+ *
+ *   step >= F(<r) + B(<r) + m (F + R + B)(rank r)   and
+ *   step >= F(<r) + m (F + R + B + W)(rank r),
+ *
+ * for any schedule: 1F1B's (m + p - 1) (F + B) for equal stages, and the
+ * bubble over v under interleaved, whose virtual stages are v times
+ * smaller. The p2p transfers and the other kernels only add and are left
+ * out. The cut is not compiled, so it is bounded: at v = 1 the least over
+ * every contiguous cut of the blocks into pp non-empty stages of the
+ * largest stage's terms (dynamic programming, O(pp n^2)); when the stages
+ * pass cuts by itself (balanced: no `stage` in the file, and cp = 1, where
+ * the blocks' forward FLOPs at the candidate's micro-batch are those of
+ * model_mem's compile times one factor), only cuts whose largest run of
+ * forward FLOPs is balance's least. At v > 1 rank r holds virtual stages
+ * r, r + pp, ...: its prefix is at least the first s_r blocks, s_r >= r
+ * (non-empty virtual stages) and, balanced, s_r so large that the n - r
+ * virtual stages after it (n = pp v) hold at most (n - r) times the least
+ * largest run of the forward FLOPs; the ranks' own work sums to the whole
+ * model's, so the step is at least the level L where the ranks filled from
+ * their prefixes up to L hold it (water filling): sum_r max(0, L - X_r) =
+ * m x total. 0: no term (no blocks, more stages than blocks).
+ */
+static double stage_bound(ModelMem *mm, int gc, int pp, int v, int balanced, double m)
+{
+	int nb = mm->nb, n = pp * v;
+	if (!nb || !mm->blk_s[gc][0] || n > nb || pp < 2)
+		return 0;
+	balanced = balanced && mm->balanced;
+	for (int i = 0; i < mm->nmemo; i++) {
+		const StageMemo *q = &mm->memo[i];
+		if (q->gc == gc && q->pp == pp && q->v == v && q->balanced == balanced && q->m == m)
+			return q->s;
+	}
+	double *const *bk = mm->blk_s[gc];
+	/* prefix sums over blocks 0..i-1: pb (F + B, the path), pf (F), own (F + R + B),
+	 * all (F + R + B + W), fl (forward FLOPs) */
+	double *pre = calloc(5 * ((size_t)nb + 1), sizeof *pre);
+	if (!pre)
+		die("out of memory");
+	double *pb = pre, *pf = pb + nb + 1, *own = pf + nb + 1, *all = own + nb + 1, *fl = all + nb + 1;
+	for (int b = 0; b < nb; b++) {
+		pf[b + 1] = pf[b] + bk[BK_FWD][b];
+		pb[b + 1] = pb[b] + bk[BK_FWD][b] + bk[BK_BIN][b];
+		own[b + 1] = own[b] + bk[BK_FWD][b] + bk[BK_RC][b] + bk[BK_BIN][b];
+		all[b + 1] = own[b + 1] - own[b] + bk[BK_W][b] + all[b];
+		fl[b + 1] = fl[b] + mm->fwd_flops[b];
+	}
+	/* the largest run balance can leave, with room for rounding (the
+	 * candidate's FLOPs are these times its samples) */
+	double cap = balanced ? least_largest_run(mm->fwd_flops, nb, n) * (1 + 1e-9) : INFINITY;
+	double s;
+	if (v == 1) {
+		/* best[i]: over cuts of blocks 0..i-1 into k stages, the least largest term */
+		double *best = malloc(sizeof *best * (size_t)(nb + 1)),
+		       *next = malloc(sizeof *next * (size_t)(nb + 1));
+		if (!best || !next)
+			die("out of memory");
+		for (int i = 0; i <= nb; i++)
+			best[i] = i ? INFINITY : 0;
+		for (int k = 1; k <= pp; k++) {
+			for (int i = 0; i <= nb; i++) {
+				next[i] = INFINITY;
+				for (int j = i - 1; j >= k - 1; j--) { /* the last stage: blocks j..i-1 */
+					if (fl[i] - fl[j] > cap)
+						break; /* longer runs only grow */
+					if (best[j] == INFINITY)
+						continue;
+					double bwd = pb[i] - pb[j] - (pf[i] - pf[j]); /* B */
+					double first = pf[nb] + (pb[nb] - pf[nb]) - (pb[i] - pf[i]); /* its first backward */
+					double t = fmax(fmax(pb[j] + m * (own[i] - own[j]), pf[j] + m * (all[i] - all[j])),
+							fmax(first + m * bwd + pb[j] - pf[j],
+							     first + m * (bwd + all[i] - all[j] - (own[i] - own[j]))));
+					next[i] = fmin(next[i], fmax(best[j], t));
+				}
+			}
+			memcpy(best, next, sizeof *best * (size_t)(nb + 1));
+		}
+		s = best[nb] == INFINITY ? 0 : best[nb];
+		free(best), free(next);
+	} else {
+		/* rank r's prefix: at least blocks 0..at[r]-1 */
+		int *at = malloc(sizeof *at * (size_t)pp);
+		if (!at)
+			die("out of memory");
+		for (int r = 0; r < pp; r++) {
+			int a = r;
+			if (balanced) /* runs r..n-1 hold at most (n - r) cap */
+				while (a < nb && fl[a] < fl[nb] - (n - r) * cap)
+					a++;
+			at[r] = a;
+		}
+		s = 0;
+		/* the rank's work after the path to it (own), after the forward to it
+		 * (all), its backward after its first backward (rb) and with the tail */
+		double *tail = malloc(sizeof *tail * (size_t)(nb + 1));
+		if (!tail)
+			die("out of memory");
+		for (int b = 0; b <= nb; b++) /* the first backward's time, then B(<r) */
+			tail[b] = pf[nb] + pb[b] - pf[b];
+		for (int term = 0; term < 4; term++) {
+			const double *x = term == 0 ? pb : term == 1 ? pf : tail;
+			double total = m * (term == 0 ? own[nb] : term == 1 ? all[nb] : pb[nb] - pf[nb]);
+			if (term == 3) /* B and W after the first backward, no tail */
+				total = m * (pb[nb] - pf[nb] + all[nb] - own[nb]), x = NULL;
+			/* water filling over the ascending prefixes x[at[r]] */
+			double level = x ? x[at[0]] : pf[nb], below = 0; /* below: sum of level - x over ranks under it */
+			int r = 1;
+			for (;;) {
+				double next_x = r < pp ? (x ? x[at[r]] : pf[nb]) : INFINITY;
+				double need = total - below; /* what is left to fill above `level` over r ranks */
+				if (level + need / r <= next_x) {
+					level += need / r;
+					break;
+				}
+				below += (next_x - level) * r;
+				level = next_x;
+				r++;
+			}
+			s = fmax(s, level);
+		}
+		free(tail);
+		free(at);
+	}
+	free(pre);
+	StageMemo *nm = realloc(mm->memo, sizeof *nm * (size_t)(mm->nmemo + 1));
+	if (!nm)
+		die("out of memory");
+	mm->memo = nm;
+	mm->memo[mm->nmemo++] = (StageMemo){gc, pp, v, balanced, m, s};
+	return s;
 }
 
 /*
@@ -587,14 +884,19 @@ static double comm_bound(const Plan *p, const ModelMem *mm, const Machine *mc)
  * the memory bound's premises fail, comm_bound's only (0 too without
  * them).
  */
-static double time_bound(Plan *p, const ModelMem *mm, const Machine *mc)
+static double time_bound(Plan *p, ModelMem *mm, const Machine *mc)
 {
 	p->comm_bound = comm_bound(p, mm, mc);
 	if (!mm->ok || mm->all_s[p->gc] <= 0)
 		return p->comm_bound;
-	double samples = (double)mm->micro_batch / ((double)p->rep * p->shard) / p->cp;
+	double samples = plan_micro_batch(p, mm) / ((double)p->rep * p->shard) / p->cp;
 	double A = mm->all_s[p->gc] * samples, C = mm->chain_s[p->gc] * samples;
-	double compute = fmax(mm->grad_accum * A / p->pp, p->pp > 1 ? C : 0);
+	int m = plan_accum(p, mm);
+	double compute = fmax(m * A / p->pp, p->pp > 1 ? C : 0);
+	if (p->pp > 1) {
+		p->pipe_bound = samples * stage_bound(mm, p->gc, p->pp, p->vpr ? p->vpr : 1, p->cp == 1, m);
+		compute = fmax(compute, p->pipe_bound);
+	}
 	return fmax(compute, p->comm_bound);
 }
 
@@ -682,6 +984,8 @@ static void plan_name(char *buf, size_t len, const Plan *p)
 		snprintf(pp, sizeof pp, "pp=%d %s ", p->pp, sched_names[p->sched]);
 	if (p->vpr)
 		snprintf(pp + strlen(pp), sizeof pp - strlen(pp), "v=%d ", p->vpr);
+	if (p->accum)
+		snprintf(pp + strlen(pp), sizeof pp - strlen(pp), "grad_accum=%d ", p->accum);
 	snprintf(buf, len, "%stp=%d cp=%d dp_replicate=%d dp_shard=%d %s%s %s=%d", pp, p->tp, p->cp,
 		 p->rep, p->shard, dp_strategy_names[p->strategy], p->gc ? " +ckpt" : "",
 		 is_sharded(p->strategy) ? "prefetch" : "bucket_mb", p->knob);
@@ -995,6 +1299,39 @@ static void search_phase(Search *se, int phase, int jobs)
 	free(fds);
 }
 
+/* Does the file fix the global batch (global_batch), so that another
+ * grad_accum only cuts it into other micro-batches? The front end at
+ * twice the file's grad_accum on one rank: the same global batch. */
+static int global_batch_fixed(const PlanOpts *po, FILE *quiet, int accum)
+{
+	FeSet *sets = malloc(sizeof *sets * (size_t)(po->nsets + 2));
+	char buf[32];
+	if (!sets)
+		die("out of memory");
+	if (po->nsets)
+		memcpy(sets, po->sets, sizeof *sets * (size_t)po->nsets);
+	snprintf(buf, sizeof buf, "%d", 2 * accum);
+	sets[po->nsets] = (FeSet){"train.strategy", "ddp", "--plan"};
+	sets[po->nsets + 1] = (FeSet){"train.grad_accum", buf, "--plan"};
+	int64_t gb[2] = {-1, -2};
+	for (int k = 0; k < 2; k++) {
+		FeOptions fo = {.world_size = po->mesh ? po->world : 1, .defines = po->defines,
+				.ndefines = po->ndefines,
+				.sets = sets, .nsets = po->nsets + 1 + k};
+		Diag d;
+		diag_init(&d, quiet, po->path, NULL);
+		char *src = NULL;
+		Graph *g = lower_compile_opts(po->path, &fo, &d, &src);
+		if (g && !d.nerrors)
+			gb[k] = ir_global_batch(g);
+		if (g)
+			ir_free(g);
+		free(src);
+	}
+	free(sets);
+	return gb[0] == gb[1];
+}
+
 /* Faster first; of equal time, less memory. */
 static int by_time(const void *a, const void *b)
 {
@@ -1008,7 +1345,7 @@ static int by_time(const void *a, const void *b)
  * sharded strategy, with checkpointing; at pp > 1 under 1F1B, which keeps
  * fewest micro-batches in flight, then zero_bubble, then interleaved at v
  * = 2 .. vmax, which keeps more). */
-static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard, int vmax)
+static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard, int vmax, int accum)
 {
 	int n = 0, dp = rep * shard;
 	static const int scheds[] = {IR_PIPE_1F1B, IR_PIPE_ZERO_BUBBLE};
@@ -1031,7 +1368,8 @@ static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard, int
 							  .knob = knob, .state = PL_TODO,
 							  .sched = pp == 1 ? -1 : q < 2 ? scheds[q]
 									    : IR_PIPE_INTERLEAVED,
-							  .vpr = pp > 1 && q >= 2 ? q : 0};
+							  .vpr = pp > 1 && q >= 2 ? q : 0,
+							  .accum = accum};
 				}
 		}
 	return n;
@@ -1068,7 +1406,14 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!quiet)
 		die("--plan: cannot open /dev/null");
 	/* the blocks, which bound interleaved's virtual stages */
-	int nblocks = model_mem(po, quiet, po->mesh ? (int)po->mesh[DP_AXIS_TP] : 1).nblocks;
+	ModelMem first = model_mem(po, quiet, po->mesh ? (int)po->mesh[DP_AXIS_TP] : 1);
+	int nblocks = first.nblocks;
+	/* grad_accum is searched at pp > 1 where the file fixes the global batch
+	 * (global_batch, not micro_batch): 0 where not */
+	int file_accum = first.grad_accum;
+	int64_t global = first.ok && file_accum && global_batch_fixed(po, quiet, file_accum)
+				 ? first.micro_batch * file_accum : 0;
+	model_mem_free(&first);
 	/* pp where it divides the world (the front end refuses more stages
 	 * than blocks: counted as refused) */
 	for (int pp = 1; pp <= N; pp++) {
@@ -1089,16 +1434,24 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 						continue;
 					int vmax = pp > 1 ? nblocks / pp : 0;
 					vmax = vmax > VPR_MAX ? VPR_MAX : vmax;
-					if (n + 32 * (vmax + 2) > cap) { /* a mesh's at most */
-						cap = 2 * cap + 32 * (vmax + 2);
-						plans = realloc(plans, sizeof *plans * (size_t)cap);
+					int accums[ACCUM_MAX + 1], naccum = 0;
+					accums[naccum++] = 0; /* the file's */
+					for (int k = 1; pp > 1 && global && k <= ACCUM_MAX; k *= 2)
+						if (global % ((int64_t)dp * pp * k) == 0 && pp * k != file_accum &&
+						    pp * k <= ACCUM_CAP)
+							accums[naccum++] = pp * k;
+					for (int a = 0; a < naccum; a++) { /* a group of its own each */
+						if (n + 32 * (vmax + 2) > cap) { /* a group's at most */
+							cap = 2 * cap + 32 * (vmax + 2);
+							plans = realloc(plans, sizeof *plans * (size_t)cap);
+						}
+						int *ms = realloc(mesh_start, sizeof *ms * (size_t)(nmesh + 2));
+						if (!plans || !ms)
+							die("out of memory");
+						mesh_start = ms;
+						mesh_start[nmesh++] = n;
+						n += mesh_plans(plans + n, pp, tp, cp, rep, dp / rep, vmax, accums[a]);
 					}
-					int *ms = realloc(mesh_start, sizeof *ms * (size_t)(nmesh + 2));
-					if (!plans || !ms)
-						die("out of memory");
-					mesh_start = ms;
-					mesh_start[nmesh++] = n;
-					n += mesh_plans(plans + n, pp, tp, cp, rep, dp / rep, vmax);
 				}
 			}
 		}
@@ -1125,6 +1478,8 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			plans[i].state = PL_BOUND;
 	}
 	int64_t batch = nmm && mms[0].ok ? mms[0].micro_batch : 0;
+	for (int k = 0; k < nmm; k++)
+		model_mem_free(&mms[k]);
 	free(mms);
 	if (!po->brief || now_s() - t0 >= 1) {
 		int over = 0;
@@ -1132,6 +1487,34 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			over += plans[i].state == PL_BOUND;
 		fprintf(stderr, "dpc: --plan: memory bound: %d of %d candidates over the device memory "
 			"without a compile, %.1f s\n", over, n, now_s() - t0);
+	}
+	const char *against = getenv("DPC_PLAN_AGAINST");
+	if (against) { /* a diagnostic (docs/SIMULATE.md): how many candidates the bounds
+			  leave below a step of that many seconds, without a compile */
+		double best = atof(against);
+		int left[3] = {0}, ppn[3] = {1, 2, 4}; /* pp = 1, 2, 4 and more */
+		int other = 0, least = -1;
+		for (int i = 0; i < n; i++)
+			if (plans[i].state == PL_TODO && plans[i].time_bound < best) {
+				if (least < 0 || plans[i].time_bound < plans[least].time_bound)
+					least = i;
+				int k = plans[i].pp >= 4 ? 2 : plans[i].pp - 1;
+				left[k]++;
+				other += plans[i].pp > 4;
+			}
+		fprintf(out, "against %.4g s: %d candidates fit the memory bound with a time bound below it: "
+			"%d at pp=%d, %d at pp=%d, %d at pp>=%d (%d above pp=4)\n", best,
+			left[0] + left[1] + left[2], left[0], ppn[0], left[1], ppn[1], left[2], ppn[2], other);
+		if (least >= 0) {
+			char nm[160];
+			plan_name(nm, sizeof nm, &plans[least]);
+			fprintf(out, "the least time bound: %.4g s (%s)\n", plans[least].time_bound, nm);
+		}
+		fprintf(stderr, "dpc: --plan: DPC_PLAN_AGAINST: the bounds counted, nothing searched\n");
+		fclose(quiet);
+		free(plans);
+		free(mesh_start);
+		return -1;
 	}
 	const char *check = getenv("DPC_PLAN_CHECK");
 	char *seed = calloc((size_t)nmesh, 1);
@@ -1190,6 +1573,18 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			planned ? lo : 0.0, hi);
 		fprintf(out, "communication bound: the bound of %d, up to %.3f of the step\n", by_comm,
 			comm_hi);
+		int piped = 0, by_pipe = 0; /* pipelined plans; those whose bound is the pipeline term */
+		double pipe_lo = INFINITY, pipe_hi = 0;
+		for (int i = 0; i < n; i++)
+			if (plans[i].step_s > 0 && plans[i].pipe_bound > 0) {
+				double r = plans[i].pipe_bound / plans[i].step_s;
+				piped++;
+				by_pipe += plans[i].pipe_bound >= plans[i].time_bound;
+				pipe_lo = fmin(pipe_lo, r);
+				pipe_hi = fmax(pipe_hi, r);
+			}
+		fprintf(out, "pipeline bound: %d pipelined plans, term / step from %.3f to %.3f, the "
+			"bound of %d\n", piped, piped ? pipe_lo : 0.0, pipe_hi, by_pipe);
 	}
 	int compiled = 0, same = 0;
 	for (int i = 0; i < n; i++) {

@@ -29,7 +29,7 @@ typedef struct {
  * the struct: keep it in place while they are used). */
 typedef struct {
 	int tp, cp, dp_replicate, pp;
-	FeSet sets[5];
+	FeSet sets[6];
 	int nsets;
 	char buf[4][64];
 } PlanChoice;

@@ -422,8 +422,38 @@ int mem_run(Graph *g, Diag *d)
 	/* Place the used temporaries, largest first. */
 	qsort(temps, (size_t)nt, sizeof(Temp), cmp_size_desc);
 	Range *busy = malloc((size_t)(nt ? nt : 1) * sizeof(Range));
-	if (!busy)
+	/* at[u]: temps[u]'s value's offset in the region, -1: none (its
+	 * value's, kept beside the temps: the loop below over every earlier
+	 * temporary is quadratic, and reading each value through g->values
+	 * was most of a compile at GPT-3 175B's shape with cp and pp) */
+	int64_t *at_of = malloc((size_t)(nt ? nt : 1) * sizeof *at_of);
+	/* lo_of[u], hi_of[u]: the extent of temps[u]'s spans with the programs
+	 * laid end to end (program p's position i at p (nnodes + 1) + i): two
+	 * temporaries whose extents miss each other meet in no program, a
+	 * test that spares temps_meet most pairs */
+	int64_t *lo_of = malloc((size_t)(nt ? nt : 1) * sizeof *lo_of);
+	int64_t *hi_of = malloc((size_t)(nt ? nt : 1) * sizeof *hi_of);
+	if (!busy || !at_of || !lo_of || !hi_of)
 		die("out of memory");
+	for (int t = 0; t < nt; t++) {
+		const Value *w = g->values[temps[t].value];
+		at_of[t] = w->offset >= 0 ? w->offset - off : -1;
+		lo_of[t] = INT64_MAX, hi_of[t] = INT64_MIN;
+		for (int p = 0; p < DP_NPROG; p++) {
+			const Span *sp = &temps[t].span[p];
+			if (sp->first > sp->last)
+				continue;
+			if (sp->first < 0 || sp->last > g->nnodes) { /* not a node's place: no filter */
+				lo_of[t] = INT64_MIN, hi_of[t] = INT64_MAX;
+				break;
+			}
+			int64_t base = (int64_t)p * ((int64_t)g->nnodes + 1);
+			if (base + sp->first < lo_of[t])
+				lo_of[t] = base + sp->first;
+			if (base + sp->last > hi_of[t])
+				hi_of[t] = base + sp->last;
+		}
+	}
 	int64_t top = 0; /* end of the temporaries' region, relative */
 	for (int t = 0; t < nt; t++) {
 		Temp *a = &temps[t];
@@ -434,11 +464,10 @@ int mem_run(Graph *g, Diag *d)
 		if (!used)
 			continue;
 		int nb = 0;
-		for (int u = 0; u < t; u++) {
-			const Value *w = g->values[temps[u].value];
-			if (w->offset >= 0 && temps_meet(a, &temps[u]))
-				busy[nb++] = (Range){w->offset - off, w->offset - off + temps[u].bytes};
-		}
+		for (int u = 0; u < t; u++)
+			if (at_of[u] >= 0 && lo_of[u] <= hi_of[t] && lo_of[t] <= hi_of[u] &&
+			    temps_meet(a, &temps[u]))
+				busy[nb++] = (Range){at_of[u], at_of[u] + temps[u].bytes};
 		qsort(busy, (size_t)nb, sizeof(Range), cmp_range);
 		int64_t at = 0;
 		for (int b = 0; b < nb; b++) {
@@ -448,11 +477,15 @@ int mem_run(Graph *g, Diag *d)
 				at = busy[b].hi;
 		}
 		v->offset = off + at;
+		at_of[t] = at;
 		v->nbytes = a->bytes;
 		if (at + a->bytes > top)
 			top = at + a->bytes;
 	}
 	free(busy);
+	free(at_of);
+	free(lo_of);
+	free(hi_of);
 	free(temps);
 	free(temp_of);
 

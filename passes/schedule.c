@@ -428,8 +428,11 @@ int sched_run(Graph *g, Diag *d)
 				q++;
 			after = q - 1;
 		}
+		/* the latest place of an earlier one it conflicts with: the cheap
+		 * test first (quadratic in the collectives: at pp > 1 with cp or
+		 * many micro-batches most of a compile when conflicts() ran first) */
 		for (int k = 0; k < c; k++)
-			if (share(coll[k].node, n) && conflicts(g, coll[k].node, n) && coll[k].after > after)
+			if (coll[k].after > after && share(coll[k].node, n) && conflicts(g, coll[k].node, n))
 				after = coll[k].after;
 		coll[c].start = dep;
 		coll[c].after = after;
