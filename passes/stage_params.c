@@ -20,7 +20,8 @@
  * A trained parameter, its gradient and its master (and what they are views
  * of) are its stage's; to a fixed point, a view nothing placed yet takes
  * the stage of a node that touches it (p2p's: a gathered block's
- * reduce_scatter and accumulation), else the one class of the node's other
+ * reduce_scatter and accumulation; a gathered block's shard that the nodes
+ * of two stages touch is tied, tied_gathered), else the one class of the node's other
  * views (a sharded unit's slice beside its gathered params or its full
  * gradients), else the class of the range it lies in (an optimizer group's
  * run). A buffer that nothing views (the optimizer state under one group)
@@ -159,6 +160,61 @@ static void root_ranges(Cut *c, int root, int64_t *lo, int64_t *hi)
 	memcpy(hi, &c->rhi[f * (c->p + 1)], ((size_t)c->p + 1) * sizeof *hi);
 }
 
+/* A gathered unit read on several stages (passes/p2p.c: each gathers it
+ * itself): its shard and shard gradient, views of the flat buffers that
+ * staged nodes of two stages touch, are tied; so are the temporaries that
+ * the nodes every rank runs (the setup's SHARD, the export's all_gather)
+ * touch beside them, and their views (the unit's parameters in its setup
+ * form), so those nodes run on every stage that keeps the unit. */
+static void tied_gathered(Cut *c)
+{
+	Graph *g = c->g;
+	int *seen = malloc(((size_t)c->nv + 1) * sizeof *seen); /* 1 + the stage that touched it */
+	if (!seen)
+		die("out of memory");
+	for (int v = 0; v < c->nv; v++)
+		seen[v] = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		for (int j = -1; j < n->nin && n->stage >= 0; j++) {
+			int v = j < 0 ? n->out : n->in[j];
+			if (v < 0 || v >= c->nv || !in_flat(g, g->values[v]))
+				continue;
+			if (!seen[v])
+				seen[v] = 1 + n->stage;
+			else if (seen[v] != 1 + n->stage && c->cls[v] != CL_TIED)
+				class_chain(c, v, CL_TIED);
+		}
+	}
+	free(seen);
+	for (int news = 1; news;) {
+		news = 0;
+		for (int i = 0; i < g->nnodes; i++) {
+			const Node *n = g->nodes[i];
+			int tied = 0;
+			for (int j = -1; j < n->nin && n->stage < 0; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				tied |= v >= 0 && v < c->nv && c->cls[v] == CL_TIED && in_flat(g, g->values[v]);
+			}
+			for (int j = -1; j < n->nin && tied; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				const Value *x = v >= 0 && v < c->nv ? g->values[v] : NULL;
+				if (x && x->view_of < 0 && !flat_root(x) && x->kind == DP_T_ACT &&
+				    c->cls[v] == CL_UNKNOWN) {
+					set_class(c, v, CL_TIED);
+					news = 1;
+				}
+			}
+		}
+		for (int v = 0; v < c->nv; v++) {
+			const Value *x = g->values[v];
+			if (x->view_of >= 0 && x->view_of < c->nv && c->cls[x->view_of] == CL_TIED &&
+			    !flat_root(g->values[x->view_of]) && c->cls[v] == CL_UNKNOWN)
+				news |= set_class(c, v, CL_TIED);
+		}
+	}
+}
+
 /* The classes of the views of the flat buffers (see the top of the file):
  * the trained parameters' own (stages_param_stages), their gradients' and
  * masters' and what those are views of; then, to a fixed point, a node's
@@ -175,9 +231,15 @@ static void find_classes(Cut *c)
 	if (!stage)
 		die("out of memory");
 	stages_param_stages(g, stage);
+	tied_gathered(c);
 	for (int v = 0; v < c->nv; v++) {
 		const Value *pv = g->values[v];
-		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0)
+		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0 || c->cls[v] >= 0)
+			continue;
+		/* a view of a gathered temporary read on no stage or several (a
+		 * stage's copy of a tied unit's member it does not read): its
+		 * nodes' stages say where it is */
+		if (stage[v] < 0 && !in_flat(g, pv))
 			continue;
 		int k = 1 + stage[v];
 		class_chain(c, v, k);
