@@ -3,7 +3,7 @@
  * gradients and optimizer state (pass "stage_params", pp > 1).
  *
  * Before (after unroll), when stages_split_params holds (pp > 1, no
- * offload, no compression; any strategy): the flat buffers (flat.params,
+ * compression; any strategy and offload): the flat buffers (flat.params,
  * flat.grads, the 16-bit compute copy, the optimizer state, and under a
  * sharded strategy their shards: flat.params.shard, flat.grads.shard,
  * flat.params.shard.bf16) hold every trained parameter on every rank; the
@@ -50,8 +50,14 @@
  * on one rank); dpexec runs only its stage's INIT, SAVE and update, and its
  * checkpoints find each stage's parameters where that stage's ranks hold
  * them (runtime/ckpt_layout.c).
- * When stages_split_params does not hold, nothing changes: every stage
- * keeps every parameter (passes/p2p.c).
+ * Under offload (passes/offload.c, next) the stages' parts of the optimizer
+ * state and the host copies are cut the same way, each stage's host part
+ * from the same host offset (memplan), but a tied range stays on every
+ * stage (no sub-group: offload's copies of it follow the node they come
+ * after, which the sub-group puts on one stage each).
+ * When stages_split_params does not hold (compress powersgd: its error
+ * feedback and Q state and its factors' all_reduces are not cut by stage),
+ * nothing changes: every stage keeps every parameter (passes/p2p.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +154,18 @@ static void class_chain(Cut *c, int v, int k)
 			set_class(c, x->id, k);
 }
 
+/* class_chain up to the first value whose class is known already (a tied
+ * gathered unit's setup form, tied_gathered). */
+static void class_chain_soft(Cut *c, int v, int k)
+{
+	for (const Value *x = c->g->values[v]; x; x = x->view_of >= 0 ? c->g->values[x->view_of] : NULL)
+		if (!flat_root(x)) {
+			if (c->cls[x->id] != CL_UNKNOWN)
+				return;
+			set_class(c, x->id, k);
+		}
+}
+
 /* Every class range of flat buffer root: the views of it whose class is
  * known (kept by set_class as they become known: a scan of every value per
  * call was quadratic, 9 % of a compile at GPT-3 175B's shape and pp=16). */
@@ -196,10 +214,12 @@ static void tied_gathered(Cut *c)
 				int v = j < 0 ? n->out : n->in[j];
 				tied |= v >= 0 && v < c->nv && c->cls[v] == CL_TIED && in_flat(g, g->values[v]);
 			}
+			tied &= !(n->progs & (IR_IN_STEP | IR_IN_EVAL)); /* setup and export */
 			for (int j = -1; j < n->nin && tied; j++) {
 				int v = j < 0 ? n->out : n->in[j];
 				const Value *x = v >= 0 && v < c->nv ? g->values[v] : NULL;
-				if (x && x->view_of < 0 && !flat_root(x) && x->kind == DP_T_ACT &&
+				if (x && ((x->view_of < 0 && !flat_root(x) && x->kind == DP_T_ACT) ||
+					  in_flat(g, x)) &&
 				    c->cls[v] == CL_UNKNOWN) {
 					set_class(c, v, CL_TIED);
 					news = 1;
@@ -212,6 +232,16 @@ static void tied_gathered(Cut *c)
 			    !flat_root(g->values[x->view_of]) && c->cls[v] == CL_UNKNOWN)
 				news |= set_class(c, v, CL_TIED);
 		}
+	}
+	/* a parameter whose master (bf16: "p.master", in the setup form) is
+	 * tied: the INIT that writes one from the other runs where both are */
+	for (int v = 0; v < c->nv; v++) {
+		const Value *x = g->values[v];
+		if (x->kind != DP_T_PARAM || c->cls[v] != CL_UNKNOWN)
+			continue;
+		const Value *m = ir_find_value(g, ir_fmt(g, "%s.master", x->name));
+		if (m && m->id < c->nv && c->cls[m->id] == CL_TIED)
+			set_class(c, v, CL_TIED);
 	}
 }
 
@@ -242,14 +272,14 @@ static void find_classes(Cut *c)
 		if (stage[v] < 0 && !in_flat(g, pv))
 			continue;
 		int k = 1 + stage[v];
-		class_chain(c, v, k);
-		class_chain(c, pv->grad, k);
+		class_chain_soft(c, v, k);
+		class_chain_soft(c, pv->grad, k);
 		static const char *const suffix[] = {".master", ".bwd"};
 		for (int i = 0; i < 2; i++) { /* "p.master", "p.bwd" (names are unique) */
 			const char *nm = ir_fmt(g, "%s%s", pv->name, suffix[i]);
 			const Value *x = ir_find_value(g, nm);
 			if (x && x->id < c->nv && x->kind == DP_T_PARAM && x->view_of >= 0)
-				class_chain(c, x->id, k);
+				class_chain_soft(c, x->id, k);
 		}
 	}
 	free(stage);
@@ -556,7 +586,10 @@ int stage_params_run(Graph *g, Diag *d)
 	for (int i = 0; i < nflat * (c.p + 1); i++)
 		c.rlo[i] = INT64_MAX, c.rhi[i] = -1;
 	find_classes(&c);
-	c.tied = tied_stages(&c);
+	/* under offload the tied range stays on every stage (its host copies
+	 * and their D2H/H2D are not cut by stage yet: passes/offload.c places
+	 * them after the sub-group's all_reduce copies on one stage only) */
+	c.tied = ir_any_offload(g) ? 0 : tied_stages(&c);
 	c.tied_lo = c.tied ? __builtin_ctzll(c.tied) : -1;
 	find_roots(&c);
 	if (!c.nroots) { /* every parameter tied: every stage keeps them all */
