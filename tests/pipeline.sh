@@ -407,6 +407,41 @@ if case_on tied-pp4; then
 	fi
 fi
 
+# bitwise WHAT A B [A B]...: ok when each pair of files is equal
+bitwise() {
+	local what=$1; shift
+	while [ $# -ge 2 ]; do
+		cmp -s "$1" "$2" || { fail "$what"; return; }
+		shift 2
+	done
+	ok "$what"
+}
+
+if case_on offload; then
+	# each stage keeping its own parameters under offload optimizer
+	# (passes/stage_params.c before passes/offload.c): gpt2-tiny at pp=2
+	# with its optimizer state and master copies in the host arena, each
+	# stage's part of it its own (--stats: a stage's host bytes are its own
+	# parameters' and the tied wte's, as its device ones), and the run bit
+	# for bit gpt-pp2's (tests/offload.sh's rule: the same kernels on the
+	# same values)
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2-off.dp --world-size 2 --stats; dpexec 2 ranks against gpt-pp2"
+	variant "$T/gpt-pp2.dp" "$T/gpt-pp2-off.dp" 's/^  strategy ddp/&\n  offload optimizer/'
+	"$DPC" "$T/gpt-pp2-off.dp" --world-size 2 --stats >"$T/off.stats" 2>/dev/null
+	dev=$(grep -E '^  held: ' "$T/off.stats" | sed -E 's/^  held: params ([0-9]+) B .*/\1/' | tr '\n' ' ')
+	host=$(grep -E '^  held in host memory: ' "$T/off.stats" | sed -E 's/.*: params ([0-9]+) B, grads ([0-9]+) B, optimizer state ([0-9]+) B .*/\1:\2:\3/' | tr '\n' ' ')
+	own=$(for h in $host; do p=${h%%:*}; o=${h##*:}; [ "$o" = $((2 * p)) ] && printf '%s ' "$p"; done)
+	what="pp=2 offload optimizer: each stage's host params:grads:optimizer state ($host) its own, as its device params ($dev)"
+	if [ -n "$dev" ] && [ "${dev#* }" != "$dev" ] && [ "${dev%% *}" != "${dev#* }" ] && [ "$own" = "$dev" ]; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
+	need gpt-pp2 && once gpt-pp2-off eq_run gpt-pp2-off 2 "$T/gpt-pp2-off.dp" &&
+		bitwise "gpt2-tiny at pp=2 with offload optimizer: losses and parameters bit for bit gpt-pp2's" \
+			"$T/gpt-pp2-off.loss" "$T/gpt-pp2.loss" "$T/gpt-pp2-off.st" "$T/gpt-pp2.st"
+fi
+
 if case_on loads; then
 	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir | grep '= load'"
 	"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir 2>/dev/null | grep '= load' >"$T/loads"
@@ -457,14 +492,6 @@ if case_on resume; then
 		local name=$1 np=$2 bin=$3; shift 3
 		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
 			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
-	}
-	bitwise() { # bitwise WHAT A B [A B]...: ok when each pair of files is equal
-		local what=$1; shift
-		while [ $# -ge 2 ]; do
-			cmp -s "$1" "$2" || { fail "$what"; return; }
-			shift 2
-		done
-		ok "$what"
 	}
 	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
 	for form in full sharded; do
