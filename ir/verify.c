@@ -1030,7 +1030,10 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 
 	int *writer = first; /* reused: the defining writer of each temporary */
 	unsigned char *wprogs = calloc(nv1, 1); /* programs that wrote it so far */
-	if (!wprogs)
+	/* per value and program: the stages of its writers (all bits: one every
+	 * rank runs) */
+	uint64_t *wstages = calloc(nv1 * DP_NPROG, sizeof *wstages);
+	if (!wprogs || !wstages)
 		die("out of memory verifying IR");
 	for (int i = 0; i < g->nvalues; i++)
 		writer[i] = -1;
@@ -1055,17 +1058,30 @@ int ir_verify(const Graph *g, const char *after, FILE *out)
 			continue;
 		/* one defining writer per program: full_shard's gathered buffer is
 		 * written by the forward all_gather (step, eval) and by the INIT
-		 * fill and the EXPORT all_gather */
-		if (wprogs[n->out] & n->progs) {
+		 * fill and the EXPORT all_gather; a tied gathered unit's setup form
+		 * is written once on each stage that keeps it (passes/stage_params.c) */
+		uint64_t at = n->stage >= 0 && n->stage < 64 ? (uint64_t)1 << n->stage : ~(uint64_t)0;
+		uint64_t *ws = &wstages[(size_t)n->out * DP_NPROG];
+		int apart = 1; /* each program it shares with earlier writers: on other stages */
+		for (int p = 0; p < DP_NPROG; p++)
+			if ((n->progs >> p & 1) && (wprogs[n->out] >> p & 1) && (ws[p] & at))
+				apart = 0;
+		if ((wprogs[n->out] & n->progs) && apart) {
+			for (int p = 0; p < DP_NPROG; p++)
+				ws[p] |= n->progs >> p & 1 ? at : 0;
+			wprogs[n->out] |= (unsigned char)n->progs;
+		} else if (wprogs[n->out] & n->progs) {
 			node_error(&vf, n, "second writer of SSA temporary %%%s (first: node %d)",
 				   vname(g, n->out), writer[n->out]);
 		} else {
 			if (!wprogs[n->out])
 				writer[n->out] = n->id;
 			wprogs[n->out] |= (unsigned char)n->progs;
+			for (int p = 0; p < DP_NPROG; p++)
+				ws[p] |= n->progs >> p & 1 ? at : 0;
 		}
 	}
-	free(wprogs);
+	free(wprogs), free(wstages);
 	check_buckets(&vf, sane);
 
 	int planned = g->cfg.arena_bytes > 0;

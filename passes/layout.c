@@ -266,8 +266,8 @@ static void make_units(Graph *g, ShardPlan *pl, const int *first, const int *las
 					     p->block, tp, strat, group);
 				u->stage = stage[ps[i]];
 			}
-			/* a block's params on two stages (a tied one, which
-			 * passes/p2p.c refuses in a gathered block) keep it whole */
+			/* a block's params on two stages (a tied one: each of
+			 * them gathers the block, passes/p2p.c) keep it whole */
 			if (u->stage != stage[ps[i]])
 				u->stage = -1;
 			unit_add(g, u, ps[i]);

@@ -13,7 +13,8 @@
  *   (pp > 1: passes/stage_params.c's parts) comes after those, in the same
  *   order, every stage's from the same offset (never on one rank): the
  *   persistent part is the rest plus the largest stage's. Those in host memory
- *   (passes/offload.c) get theirs in the same order in the host arena
+ *   (passes/offload.c) get theirs in the same order in the host arena (a
+ *   stage's own there too from one offset for every stage)
  *   (cfg.host_arena_bytes; 0 when nothing is offloaded); temporaries are
  *   never there. A view gets its root's offset + view_offset * element
  *   size (params, grads, buckets), in its root's arena.
@@ -368,7 +369,7 @@ int mem_run(Graph *g, Diag *d)
 	int nv = g->nvalues, p = (int)g->cfg.mesh[DP_AXIS_PP];
 	int64_t off = 0, host = 0;
 	uint64_t *stage = mem_persistent_stages(g);
-	int64_t *at_stage = calloc((size_t)p + 1, sizeof *at_stage);
+	int64_t *at_stage = calloc(2 * ((size_t)p + 1), sizeof *at_stage); /* device, host */
 	if (!at_stage)
 		die("out of memory");
 	/* Persistent roots, by rank then value id; host ones in the host arena;
@@ -387,29 +388,33 @@ int mem_run(Graph *g, Diag *d)
 				die("memplan: %%%s is a temporary in host memory", v->name);
 			}
 		}
-	int64_t staged = 0;
+	/* the same per arena: a stage's offloaded optimizer state and host
+	 * copies share the host arena's bytes with the other stages' too */
+	int64_t staged[2] = {0, 0}, base[2] = {off, host};
 	for (int rank = 0; rank <= 6; rank++)
 		for (int i = 0; i < nv; i++) {
 			Value *v = g->values[i];
 			if (v->view_of < 0 && persistent_rank(v) == rank && stage[i]) {
-				if ((p < 64 && stage[i] >> p) || v->space == DP_SPACE_HOST)
-					die("memplan: %%%s of stages 0x%llx at pp=%d in the %s arena", v->name,
-					    (unsigned long long)stage[i], p,
-					    v->space == DP_SPACE_HOST ? "host" : "device");
+				int h = v->space == DP_SPACE_HOST;
+				int64_t *ats = &at_stage[h * (p + 1)];
+				if (p < 64 && stage[i] >> p)
+					die("memplan: %%%s of stages 0x%llx at pp=%d", v->name,
+					    (unsigned long long)stage[i], p);
 				int64_t at = 0;
 				for (int k = 0; k < p; k++)
-					if (stage[i] >> k & 1 && at_stage[k] > at)
-						at = at_stage[k];
-				v->offset = off + at;
+					if (stage[i] >> k & 1 && ats[k] > at)
+						at = ats[k];
+				v->offset = base[h] + at;
 				v->nbytes = align_up(value_bytes(v));
 				for (int k = 0; k < p; k++)
 					if (stage[i] >> k & 1)
-						at_stage[k] = at + v->nbytes;
-				if (at + v->nbytes > staged)
-					staged = at + v->nbytes;
+						ats[k] = at + v->nbytes;
+				if (at + v->nbytes > staged[h])
+					staged[h] = at + v->nbytes;
 			}
 		}
-	off += staged;
+	off += staged[0];
+	host += staged[1];
 	free(stage);
 	free(at_stage);
 	g->persistent_bytes = off;

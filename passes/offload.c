@@ -765,7 +765,10 @@ int offload_run(Graph *g, Diag *d)
 				isparam[c->id] = 1;
 			}
 		} else if (touched_outside_updates(g, p)) {
-			mirror[p->id] = 1;
+			/* 2 + the one pipeline stage whose update writes it (a stage's
+			 * part, passes/stage_params.c), else 1 */
+			int m = n->stage >= 0 ? 2 + n->stage : 1;
+			mirror[p->id] = !mirror[p->id] || mirror[p->id] == m ? m : 1;
 		} else {
 			p->space = DP_SPACE_HOST;
 		}
@@ -790,7 +793,8 @@ int offload_run(Graph *g, Diag *d)
 		Node *c = copy_node(g, DP_OP_D2H, host_copy(g, v), v, g->nodes[init_end], init_end + 1);
 		c->progs = IR_IN_INIT;
 		c->flags = 0;
-		c->block = c->stage = -1;
+		c->block = -1;
+		c->stage = mirror[v] >= 2 ? mirror[v] - 2 : -1; /* a stage's part on its ranks */
 	}
 	for (int i = 0; i < g->nnodes; i++) {
 		Node *n = g->nodes[i];

@@ -34,7 +34,7 @@
  * (ir/verify.c checks both for any IR, hand-written ones too).
  *
  * Parameters, gradients and optimizer state are not cut here (under every
- * strategy but with offload or compression passes/stage_params.c cuts them
+ * strategy, offload too, but not with compression passes/stage_params.c cuts them
  * after unroll, and drops pp from a stage's own collectives): every stage keeps
  * every parameter and runs the update over all of them, and the gradients'
  * all_reduce spans pp as well as the data-parallel axes (passes/shard.c,
@@ -50,9 +50,9 @@
  * all_gathers before its forward and backward and its gradients'
  * reduce_scatter, run on its block's stage (`stage=N`), over that stage's
  * dp_shard group (the ranks of one pp coordinate); the slices are summed
- * over pp once per step as zero2's. A parameter of a gathered block that
- * another stage reads (a tied one) is refused at the block's strategy: each
- * stage gathers its own blocks only.
+ * over pp once per step as zero2's. A gathered block whose parameter another
+ * stage reads (a tied one: GPT-2's wte in a full_shard embed) is gathered by
+ * that stage too (tie_gathered, below), so no gathered parameter is sent.
  *
  * Under `pipeline interleaved` the stages above are the virtual stages
  * (passes/stages.c): a node's virtual stage is Node.chunk (printed
@@ -322,30 +322,204 @@ static int copy_of(Cut *c, int v, int s)
 	return *slot;
 }
 
-/* A gathered block (full_shard, hybrid_shard) is gathered on its own stage:
- * a parameter of one read on another stage (a tied one: GPT-2's wte in the
- * LM head) is refused at the block's strategy. */
-static int check_gathered(Graph *g, Diag *d)
+/* ---- a gathered unit read on other stages (a tied parameter) ----
+ *
+ * A gathered block's collectives run on its block's stage. When another
+ * stage reads one of its parameters (GPT-2's wte, gathered with the
+ * embedding on the first stage and read by the LM head on the last), that
+ * stage gets its own copy of the unit's per-micro-batch work: its own
+ * gathered buffer `U.gather.ppK` (and `U.gather.bwd.ppK`) filled by its own
+ * all_gather of the unit's shard over its dp_shard group right before its
+ * first reader, its own gradient buffer `U.grads.ppK` zeroed before its first
+ * writer and reduce_scattered into `U.rs.ppK` after its last, and that slice
+ * accumulated into the unit's shard gradient on the stage. The unit's shard,
+ * its shard gradient and its optimizer state are then kept by every stage
+ * that reads it (passes/stage_params.c: the tied range), and the shard
+ * gradients, each stage's part, are summed by the once-per-step all_reduce
+ * over pp (on the sub-group of those stages when they are not all of pp). */
+
+typedef struct {
+	Graph *g;
+	int p, nv;
+	int *copy; /* [v * p + k]: stage k's copy of a gathered unit's buffer or its view */
+} Tie;
+
+/* Stage k's copy of v (a unit's buffer or a view of one, whose root
+ * `root` has copy `root_k`), made once. */
+static int tie_copy(Tie *t, int v, int root, int root_k, int k)
 {
+	int *slot = &t->copy[(size_t)v * (size_t)t->p + (size_t)k];
+	if (*slot >= 0)
+		return *slot;
+	Graph *g = t->g;
+	const Value *o = g->values[v];
+	Value *x = ir_value(g, ir_fresh_name(g, ir_fmt(g, "%s.pp%d", o->name, k)), o->dtype, o->ndim,
+			    o->dims, o->kind, o->loc);
+	int id = x->id;
+	const char *name = x->name;
+	*x = *g->values[v]; /* kind, place, block, init, links (fixed below) */
+	x->id = id, x->name = name;
+	x->def = -1, x->offset = -1, x->nbytes = 0;
+	x->view_of = v == root ? -1 : root_k;
+	*slot = id;
+	return id;
+}
+
+/* Is v (a view of) buffer b? */
+static int views(const Graph *g, int v, int b)
+{
+	return v >= 0 && (v == b || g->values[v]->view_of == b);
+}
+
+/* The staged nodes of program prog on stage k != home that touch buffer b
+ * or a direct view of it: their number, the first and the last index. */
+static int touches(const Graph *g, int b, int home, unsigned prog, int k, int *first, int *last)
+{
+	int n = 0;
+	*first = *last = -1;
 	for (int i = 0; i < g->nnodes; i++) {
-		const Node *n = g->nodes[i];
-		for (int k = 0; n->stage >= 0 && k < n->nin; k++) {
-			const Value *v = n->in[k] >= 0 ? g->values[n->in[k]] : NULL;
-			if (!v || v->kind != DP_T_PARAM || v->block < 0)
-				continue;
-			const Block *bl = &g->blocks[v->block];
-			DpStrategy st = ir_block_strategy(g, v->block);
-			if (!shard_strategies[st].gathered || bl->stage == n->stage)
-				continue;
-			error_at(d, bl->strategy >= 0 ? bl->strategy_loc : g->mesh_loc,
-				 "block '%s' is %s on pipeline stage %d, and its parameter '%s' is read "
-				 "on stage %d too: a gathered block is gathered on its own stage only; "
-				 "give block '%s' strategy ddp, zero1 or zero2", bl->name,
-				 dp_strategy_names[st], bl->stage, v->name, n->stage, bl->name);
-			return -1;
+		const Node *x = g->nodes[i];
+		if (x->stage != k || k == home || !(x->progs & prog))
+			continue;
+		int hit = views(g, x->out, b);
+		for (int j = 0; j < x->nin && !hit; j++)
+			hit = views(g, x->in[j], b);
+		if (!hit)
+			continue;
+		if (*first < 0)
+			*first = i;
+		*last = i;
+		n++;
+	}
+	return n;
+}
+
+/* Stage k's copy of node n over its copies of the unit's values, at index pos. */
+static Node *tie_node(Tie *t, const Node *n, int k, int chunk, int pos)
+{
+	Graph *g = t->g;
+	int in[DP_MAX_IN], out = n->out;
+	for (int j = 0; j < n->nin; j++) {
+		int v = n->in[j], c = v >= 0 && v < t->nv ? t->copy[(size_t)v * (size_t)t->p + (size_t)k] : -1;
+		in[j] = c >= 0 ? c : v;
+	}
+	if (out >= 0 && out < t->nv && t->copy[(size_t)out * (size_t)t->p + (size_t)k] >= 0)
+		out = t->copy[(size_t)out * (size_t)t->p + (size_t)k];
+	Node *x = ir_node(g, n->op, out, n->nin, in, n->phase, n->loc);
+	memcpy(x->ia, n->ia, sizeof x->ia);
+	memcpy(x->fa, n->fa, sizeof x->fa);
+	x->progs = n->progs, x->flags = n->flags, x->stream = n->stream;
+	x->block = n->block, x->bucket = n->bucket, x->stage = k, x->chunk = chunk;
+	if (n->bucket >= 0) { /* its own bucket record over the copies */
+		Bucket b = g->buckets[n->bucket];
+		int *m = ir_alloc(g, (size_t)(b.nmembers ? b.nmembers : 1) * sizeof(int));
+		for (int j = 0; j < b.nmembers; j++) {
+			int c = t->copy[(size_t)b.members[j] * (size_t)t->p + (size_t)k];
+			m[j] = c >= 0 ? c : b.members[j];
+		}
+		int c = t->copy[(size_t)b.view * (size_t)t->p + (size_t)k];
+		b.view = c >= 0 ? c : b.view;
+		b.members = m;
+		x->bucket = ir_add_bucket(g, &b);
+	}
+	ir_move_node(g, x, pos);
+	return x;
+}
+
+/* Stage k's copies of buffer b and its views; the stage's nodes that touch
+ * them use the copies. */
+static void tie_buffer(Tie *t, int b, int k)
+{
+	Graph *g = t->g;
+	int bk = tie_copy(t, b, b, -1, k);
+	for (int v = 0; v < t->nv; v++)
+		if (g->values[v]->view_of == b)
+			tie_copy(t, v, b, bk, k);
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (n->stage != k)
+			continue;
+		for (int j = -1; j < n->nin; j++) {
+			int *v = j < 0 ? &n->out : &n->in[j];
+			if (views(g, *v, b))
+				*v = t->copy[(size_t)*v * (size_t)t->p + (size_t)k];
 		}
 	}
-	return 0;
+}
+
+/* The node of the program that writes v by op (a FILL of the gradients),
+ * or reads it as its first operand (the ACCUM of the slice). */
+static Node *find_node(Graph *g, IrOp op, int v, int by_input)
+{
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *n = g->nodes[i];
+		if (n->op == op && n->stage >= 0 && (by_input ? n->nin > 0 && n->in[0] == v : n->out == v))
+			return n;
+	}
+	return NULL;
+}
+
+/* Every gathered unit's per-micro-batch collectives copied to each other
+ * stage that reads its parameters or writes their gradients (see above). */
+static void tie_gathered(Graph *g, int p)
+{
+	Tie t = {.g = g, .p = p, .nv = g->nvalues};
+	t.copy = malloc(((size_t)t.nv * (size_t)p + 1) * sizeof *t.copy);
+	if (!t.copy)
+		die("out of memory");
+	for (size_t i = 0; i < (size_t)t.nv * (size_t)p; i++)
+		t.copy[i] = -1;
+	int made = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		Node *x = g->nodes[i];
+		if (!staged_comm(g, x))
+			continue;
+		int home = x->stage;
+		if (x->op == DP_OP_ALL_GATHER) {
+			int b = x->out;
+			for (int k = 0; k < p; k++) {
+				int first, last;
+				if (!touches(g, b, home, x->progs, k, &first, &last))
+					continue;
+				int chunk = g->nodes[first]->chunk;
+				tie_buffer(&t, b, k);
+				tie_node(&t, x, k, chunk, first);
+				made = 1;
+			}
+		} else if (x->op == DP_OP_REDUCE_SCATTER) {
+			int fg = x->in[0], rs = x->out;
+			Node *fill = find_node(g, DP_OP_FILL, fg, 0), *acc = find_node(g, DP_OP_ACCUM, rs, 1);
+			for (int k = 0; k < p; k++) {
+				int first, last;
+				if (!touches(g, fg, home, x->progs, k, &first, &last))
+					continue;
+				if (!fill || !acc)
+					die("p2p: %%%s, reduce_scattered on stage %d, is written on stage %d "
+					    "too, without its fill and accum", g->values[fg]->name, home, k);
+				int c0 = g->nodes[first]->chunk, c1 = g->nodes[last]->chunk;
+				tie_buffer(&t, fg, k);
+				tie_copy(&t, rs, rs, -1, k);
+				tie_node(&t, fill, k, c0, first);
+				Node *r = tie_node(&t, x, k, c1, last + 2); /* after the last, the fill before */
+				tie_node(&t, acc, k, c1, ir_node_index(g, r) + 1);
+				made = 1;
+			}
+		}
+		i = ir_node_index(g, x); /* nodes went in before it */
+	}
+	/* the copies' parameter and gradient views name each other */
+	for (int v = 0; made && v < t.nv; v++)
+		for (int k = 0; k < p; k++) {
+			int c = t.copy[(size_t)v * (size_t)p + (size_t)k];
+			if (c < 0)
+				continue;
+			Value *x = g->values[c], *o = g->values[v];
+			int gc = o->grad >= 0 && o->grad < t.nv ? t.copy[(size_t)o->grad * (size_t)p + (size_t)k] : -1;
+			int pc = o->param >= 0 && o->param < t.nv ? t.copy[(size_t)o->param * (size_t)p + (size_t)k] : -1;
+			x->grad = o->grad >= 0 ? gc : -1;
+			x->param = o->param >= 0 ? pc : -1;
+		}
+	free(t.copy);
 }
 
 int p2p_run(Graph *g, Diag *d)
@@ -357,8 +531,7 @@ int p2p_run(Graph *g, Diag *d)
 		die("p2p: pp=%d stages (at most 64)", p);
 	int vs = ir_chunks_per_rank(g);
 	assign_stages(g, p, vs);
-	if (check_gathered(g, d) < 0)
-		return -1;
+	tie_gathered(g, p);
 	Cut c = {.g = g, .d = d, .p = p, .v = vs};
 	int nv = g->nvalues;
 	c.home = malloc(((size_t)nv + 1) * sizeof *c.home);

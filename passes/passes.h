@@ -94,8 +94,9 @@ int stages_account(const Graph *g, StageCost *sc);
 int stages_micro_copies(const Graph *g);
 /* Does each pipeline stage keep only its own parameters (passes/stage_params.c)?
  * pp > 1, under every strategy (the sharded ones shard a stage's own over its
- * dp group), with no offload and no compression; otherwise every stage keeps
- * every parameter. */
+ * dp group), offload too, with no compression (compress powersgd: its error
+ * and Q state and factor all_reduces are not cut by stage); otherwise every
+ * stage keeps every parameter. */
 int stages_split_params(const Graph *g);
 /* stage[p], for every parameter p (every value: stage[0..nvalues-1]): the
  * one stage whose forward, backward and eval nodes read p and touch its

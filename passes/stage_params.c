@@ -3,7 +3,7 @@
  * gradients and optimizer state (pass "stage_params", pp > 1).
  *
  * Before (after unroll), when stages_split_params holds (pp > 1, no
- * offload, no compression; any strategy): the flat buffers (flat.params,
+ * compression; any strategy and offload): the flat buffers (flat.params,
  * flat.grads, the 16-bit compute copy, the optimizer state, and under a
  * sharded strategy their shards: flat.params.shard, flat.grads.shard,
  * flat.params.shard.bf16) hold every trained parameter on every rank; the
@@ -20,7 +20,8 @@
  * A trained parameter, its gradient and its master (and what they are views
  * of) are its stage's; to a fixed point, a view nothing placed yet takes
  * the stage of a node that touches it (p2p's: a gathered block's
- * reduce_scatter and accumulation), else the one class of the node's other
+ * reduce_scatter and accumulation; a gathered block's shard that the nodes
+ * of two stages touch is tied, tied_gathered), else the one class of the node's other
  * views (a sharded unit's slice beside its gathered params or its full
  * gradients), else the class of the range it lies in (an optimizer group's
  * run). A buffer that nothing views (the optimizer state under one group)
@@ -49,8 +50,14 @@
  * on one rank); dpexec runs only its stage's INIT, SAVE and update, and its
  * checkpoints find each stage's parameters where that stage's ranks hold
  * them (runtime/ckpt_layout.c).
- * When stages_split_params does not hold, nothing changes: every stage
- * keeps every parameter (passes/p2p.c).
+ * Under offload (passes/offload.c, next) the stages' parts of the optimizer
+ * state and the host copies are cut the same way, each stage's host part
+ * from the same host offset (memplan), but a tied range stays on every
+ * stage (no sub-group: offload's copies of it follow the node they come
+ * after, which the sub-group puts on one stage each).
+ * When stages_split_params does not hold (compress powersgd: its error
+ * feedback and Q state and its factors' all_reduces are not cut by stage),
+ * nothing changes: every stage keeps every parameter (passes/p2p.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +154,18 @@ static void class_chain(Cut *c, int v, int k)
 			set_class(c, x->id, k);
 }
 
+/* class_chain up to the first value whose class is known already (a tied
+ * gathered unit's setup form, tied_gathered). */
+static void class_chain_soft(Cut *c, int v, int k)
+{
+	for (const Value *x = c->g->values[v]; x; x = x->view_of >= 0 ? c->g->values[x->view_of] : NULL)
+		if (!flat_root(x)) {
+			if (c->cls[x->id] != CL_UNKNOWN)
+				return;
+			set_class(c, x->id, k);
+		}
+}
+
 /* Every class range of flat buffer root: the views of it whose class is
  * known (kept by set_class as they become known: a scan of every value per
  * call was quadratic, 9 % of a compile at GPT-3 175B's shape and pp=16). */
@@ -157,6 +176,73 @@ static void root_ranges(Cut *c, int root, int64_t *lo, int64_t *hi)
 		die("stage_params: %%%s is not a flat buffer", c->g->values[root]->name);
 	memcpy(lo, &c->rlo[f * (c->p + 1)], ((size_t)c->p + 1) * sizeof *lo);
 	memcpy(hi, &c->rhi[f * (c->p + 1)], ((size_t)c->p + 1) * sizeof *hi);
+}
+
+/* A gathered unit read on several stages (passes/p2p.c: each gathers it
+ * itself): its shard and shard gradient, views of the flat buffers that
+ * staged nodes of two stages touch, are tied; so are the temporaries that
+ * the nodes every rank runs (the setup's SHARD, the export's all_gather)
+ * touch beside them, and their views (the unit's parameters in its setup
+ * form), so those nodes run on every stage that keeps the unit. */
+static void tied_gathered(Cut *c)
+{
+	Graph *g = c->g;
+	int *seen = malloc(((size_t)c->nv + 1) * sizeof *seen); /* 1 + the stage that touched it */
+	if (!seen)
+		die("out of memory");
+	for (int v = 0; v < c->nv; v++)
+		seen[v] = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		for (int j = -1; j < n->nin && n->stage >= 0; j++) {
+			int v = j < 0 ? n->out : n->in[j];
+			if (v < 0 || v >= c->nv || !in_flat(g, g->values[v]))
+				continue;
+			if (!seen[v])
+				seen[v] = 1 + n->stage;
+			else if (seen[v] != 1 + n->stage && c->cls[v] != CL_TIED)
+				class_chain(c, v, CL_TIED);
+		}
+	}
+	free(seen);
+	for (int news = 1; news;) {
+		news = 0;
+		for (int i = 0; i < g->nnodes; i++) {
+			const Node *n = g->nodes[i];
+			int tied = 0;
+			for (int j = -1; j < n->nin && n->stage < 0; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				tied |= v >= 0 && v < c->nv && c->cls[v] == CL_TIED && in_flat(g, g->values[v]);
+			}
+			tied &= !(n->progs & (IR_IN_STEP | IR_IN_EVAL)); /* setup and export */
+			for (int j = -1; j < n->nin && tied; j++) {
+				int v = j < 0 ? n->out : n->in[j];
+				const Value *x = v >= 0 && v < c->nv ? g->values[v] : NULL;
+				if (x && ((x->view_of < 0 && !flat_root(x) && x->kind == DP_T_ACT) ||
+					  in_flat(g, x)) &&
+				    c->cls[v] == CL_UNKNOWN) {
+					set_class(c, v, CL_TIED);
+					news = 1;
+				}
+			}
+		}
+		for (int v = 0; v < c->nv; v++) {
+			const Value *x = g->values[v];
+			if (x->view_of >= 0 && x->view_of < c->nv && c->cls[x->view_of] == CL_TIED &&
+			    !flat_root(g->values[x->view_of]) && c->cls[v] == CL_UNKNOWN)
+				news |= set_class(c, v, CL_TIED);
+		}
+	}
+	/* a parameter whose master (bf16: "p.master", in the setup form) is
+	 * tied: the INIT that writes one from the other runs where both are */
+	for (int v = 0; v < c->nv; v++) {
+		const Value *x = g->values[v];
+		if (x->kind != DP_T_PARAM || c->cls[v] != CL_UNKNOWN)
+			continue;
+		const Value *m = ir_find_value(g, ir_fmt(g, "%s.master", x->name));
+		if (m && m->id < c->nv && c->cls[m->id] == CL_TIED)
+			set_class(c, v, CL_TIED);
+	}
 }
 
 /* The classes of the views of the flat buffers (see the top of the file):
@@ -175,19 +261,25 @@ static void find_classes(Cut *c)
 	if (!stage)
 		die("out of memory");
 	stages_param_stages(g, stage);
+	tied_gathered(c);
 	for (int v = 0; v < c->nv; v++) {
 		const Value *pv = g->values[v];
-		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0)
+		if (pv->kind != DP_T_PARAM || pv->grad < 0 || pv->view_of < 0 || c->cls[v] >= 0)
+			continue;
+		/* a view of a gathered temporary read on no stage or several (a
+		 * stage's copy of a tied unit's member it does not read): its
+		 * nodes' stages say where it is */
+		if (stage[v] < 0 && !in_flat(g, pv))
 			continue;
 		int k = 1 + stage[v];
-		class_chain(c, v, k);
-		class_chain(c, pv->grad, k);
+		class_chain_soft(c, v, k);
+		class_chain_soft(c, pv->grad, k);
 		static const char *const suffix[] = {".master", ".bwd"};
 		for (int i = 0; i < 2; i++) { /* "p.master", "p.bwd" (names are unique) */
 			const char *nm = ir_fmt(g, "%s%s", pv->name, suffix[i]);
 			const Value *x = ir_find_value(g, nm);
 			if (x && x->id < c->nv && x->kind == DP_T_PARAM && x->view_of >= 0)
-				class_chain(c, x->id, k);
+				class_chain_soft(c, x->id, k);
 		}
 	}
 	free(stage);
@@ -494,7 +586,10 @@ int stage_params_run(Graph *g, Diag *d)
 	for (int i = 0; i < nflat * (c.p + 1); i++)
 		c.rlo[i] = INT64_MAX, c.rhi[i] = -1;
 	find_classes(&c);
-	c.tied = tied_stages(&c);
+	/* under offload the tied range stays on every stage (its host copies
+	 * and their D2H/H2D are not cut by stage yet: passes/offload.c places
+	 * them after the sub-group's all_reduce copies on one stage only) */
+	c.tied = ir_any_offload(g) ? 0 : tied_stages(&c);
 	c.tied_lo = c.tied ? __builtin_ctzll(c.tied) : -1;
 	find_roots(&c);
 	if (!c.nroots) { /* every parameter tied: every stage keeps them all */

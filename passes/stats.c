@@ -500,6 +500,14 @@ static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split
 		stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
 		held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
 		stats_human_bytes(h3, sizeof h3, all));
+	double in_host = 0;
+	for (int c = 0; c < M_NCAT; c++)
+		in_host += host[c];
+	if (in_host > 0) /* offload: its own part of the host arena (and the tied range) */
+		fprintf(out, "  held in host memory: params %.0f B, grads %.0f B, optimizer state "
+			"%.0f B (%s); %.0f B (%s) in all\n", host[M_PARAMS] + host[M_COPIES],
+			host[M_GRADS], host[M_OPT], stats_human_bytes(h2, sizeof h2, host[M_OPT]), in_host,
+			stats_human_bytes(h3, sizeof h3, in_host));
 }
 
 /* What the step file runs (passes/unroll.c): the schedule's slots, every

@@ -40,7 +40,8 @@
 #     parallelism (gpt2-pp, gpt2-zb, gpt2-il: grad_accum 2 at pp=2 under
 #     pipedream_flush (also in bf16), zero_bubble and interleaved
 #     (stages_per_rank 2: the ring's wrap from rank 1 to rank 0), pp=2 x dp_shard=2
-#     under ddp and full_shard, and pp=4, each stage keeping its own
+#     under ddp and full_shard (the tied wte gathered by both stages), and
+#     pp=4, each stage keeping its own
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
 #     full_shard at 2 ranks, gpt2-tiny full_shard in bf16: the pinned host
 #     arena, the host step as host functions running the CPU's kernels, the
@@ -354,8 +355,9 @@ sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline zero_bubble/' "$T/gpt2-tiny.
 # (interleaved, Megatron's virtual stages: 5 blocks on 4 virtual stages, rank
 # 1's last one sending back to rank 0 over the ring's wrap)
 sed 's/^  strategy .*/&\n  grad_accum 2\n  pipeline interleaved\n  stages_per_rank 2/' "$T/gpt2-tiny.dp" >"$T/gpt2-il.dp"
-# (full_shard inside the stages: the tied embedding ddp, tests/pipeline.sh's gpt-fs)
-sed 's/^  block embed {/&\n    strategy ddp/' "$T/gpt2-pp.dp" >"$T/gpt2-ppfs.dp"
+# (full_shard inside the stages, tests/pipeline.sh's gpt-fs: the embed block,
+# whose tied wte the LM head on stage 1 reads, gathered by both stages)
+cp "$T/gpt2-pp.dp" "$T/gpt2-ppfs.dp"
 dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs | gpt2-offmix) echo "$small" ;;
@@ -675,7 +677,7 @@ model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
 # an ncclCommSplit communicator of that sub-group (the middle stages split
 # with NCCL_SPLIT_NOCOLOR)
 model_case gpt2-pp ddp 4 "pp=4"
-model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group)
+model_case gpt2-ppfs full_shard 4 "pp=2, dp_shard=2" # (each stage's gathers over its dp_shard group, wte's on both)
 PREC=bf16 model_case gpt2-pp ddp 2 "pp=2" # (bf16 activations sent as ncclBfloat16)
 # offload optimizer (docs/OFFLOAD.md): the optimizer state (in bf16 the f32
 # masters too) in the pinned host arena, the host step as host functions

@@ -33,9 +33,11 @@
 #     pp=2 x dp_shard=2 are gpt-pp2xzero2 and gpt-pp2xfs above (at 2 ranks
 #     they pass too, left out for CI time: they add no path the 4-rank
 #     runs do not take);
-#     gpt-pp2xfs (full_shard blocks, the tied embedding ddp, grad_accum 4:
-#     each block gathered on its stage per micro-batch, before its forward
-#     and again before its backward) and gpt-pp2xfs-zb (zero_bubble, with
+#     gpt-pp2xfs (every block full_shard, grad_accum 4: each block
+#     gathered on its stage per micro-batch, before its forward and again
+#     before its backward; the embed block, whose tied wte the LM head on
+#     the last stage reads, gathered by both stages and its gradient parts
+#     summed over pp) and gpt-pp2xfs-zb (zero_bubble, with
 #     reshard_after_forward false: one gather per micro-batch, kept to the
 #     backward; the reduce_scatter in the W slot) against the same model at 2
 #     ranks; gpt-pp2xhs (the same blocks hybrid_shard) against gpt-fs;
@@ -58,7 +60,10 @@
 #             before the backward without it (gpt-pp2xfs-zb); each stage's
 #             shard buffers and optimizer state its own (.pp0, .pp1), its
 #             blocks' slices summed over its dp group without pp, pp only in
-#             the tied wte's all_reduce
+#             the tied embed's all_reduce; the embed block (wte tied) gathered
+#             per micro-batch, forward and backward, by stage 0 and by the
+#             last stage, each accumulating its part into the slice, summed
+#             over pp at pp=2 and over stages=0,3 at pp=4 x dp_shard=2
 #   interleaved (pipeline interleaved, stages_per_rank 2; passes/stages.c's
 #             interleaved_order): gpt-pp2-ga4-il (pp=2, 4 virtual stages,
 #             the tied wte between rank 0's virtual stage 0 and rank 1's 3)
@@ -179,9 +184,9 @@ variant "$T/gpt.dp" "$T/gpt-ga4.dp" 's/^  strategy ddp/&\n  grad_accum 4/'
 pp "$T/gpt-ga4.dp" 2 "$T/gpt-pp2-ga4.dp"
 variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-gpipe.dp" 's/^  strategy ddp/&\n  pipeline gpipe/'
 variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipeline zero_bubble/'
-# full_shard inside the stages: the transformer blocks gathered, the tied
-# embedding (read on the first and the last stage) ddp
-variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/' 's/^  block embed {/&\n    strategy ddp/'
+# full_shard inside the stages: every block gathered, the tied embedding
+# (read on the first and the last stage) by each of the two (passes/p2p.c)
+variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/'
 pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
 # hybrid_shard inside the stages (a replicate group of one beside dp_shard):
@@ -287,7 +292,33 @@ if case_on fsdp-ir; then
 	slices=$(grep -Ec '^%(h\.[01]|lnf)\.grad\.shard = all_reduce axes=dp_replicate +comm .* stage=[01] ' "$T/fs.ir")
 	overpp=$(grep -E '^bucket r[0-9]+ all_reduce axes=pp' "$T/fs.ir" | sed 's/.* = //' | tr '\n' ' ')
 	what="full_shard at pp=2: $parts per-stage shard and optimizer buffers, $slices slices summed without pp, pp only in the all_reduce of: $overpp"
-	if [ "$parts" = 8 ] && [ "$slices" = 3 ] && [ "$overpp" = "%grad.embed.wte " ]; then ok "$what"; else fail "$what"; fi
+	if [ "$parts" = 8 ] && [ "$slices" = 3 ] && [ "$overpp" = "%embed.grad.shard " ]; then ok "$what"; else fail "$what"; fi
+	# the tied wte in the gathered embed: gathered by each stage that reads
+	# it (stage 0's embedding, the last stage's LM head) per micro-batch,
+	# forward and backward, over its own dp_shard group; each stage's
+	# gradient part reduce_scattered there and accumulated into the unit's
+	# slice, the slices summed over pp (at pp=4 x dp_shard=2 on the sub-group
+	# of stages 0 and 3, one all_reduce copy on each, no middle stage
+	# gathering it)
+	"$DPC" "$T/gpt-fs.dp" --world-size 8 --pp 4 --emit=ir >"$T/fs4.ir" 2>/dev/null
+	t2=""
+	for f in fs fs4; do
+		last=1 && [ $f = fs4 ] && last=3
+		ag0=$(grep -Ec "^%embed\.gather(\.bwd)?\.mb[0-3] = all_gather %embed\.shard axes=dp_shard .* stage=0 " "$T/$f.ir")
+		agl=$(grep -Ec "^%embed\.gather(\.bwd)?\.pp$last\.mb[0-3] = all_gather %embed\.shard axes=dp_shard .* stage=$last " "$T/$f.ir")
+		agall=$(grep -Ec '^%embed\.gather.* = all_gather ' "$T/$f.ir")
+		rs=$(grep -Ec "^%embed\.grad\.shard = accum %embed\.rs(\.pp$last)?\.mb[0-3] .* stage=(0|$last) " "$T/$f.ir")
+		sum=$(grep -E '^%embed\.grad\.shard = all_reduce ' "$T/$f.ir" | sed 's/  *comm .* stage=/ stage=/; s/ stream=.*//' | tr -s ' ' | tr '\n' ';')
+		t2="$t2 $f: $ag0 gathers on stage 0, $agl on stage $last (of $agall, eval and export's included), $rs slices accumulated; $sum"
+	done
+	want0="%embed.grad.shard = all_reduce axes=pp,dp_replicate comm embed last;"
+	want4="%embed.grad.shard = all_reduce axes=pp,dp_replicate stages=0,3 stage=0;%embed.grad.shard = all_reduce axes=pp,dp_replicate stages=0,3 stage=3;"
+	got=$(echo "$t2" | sed 's/ (of [0-9]*, eval and export.s included)//g')
+	if [ "$got" = " fs: 8 gathers on stage 0, 8 on stage 1, 8 slices accumulated; $want0 fs4: 8 gathers on stage 0, 8 on stage 3, 8 slices accumulated; $want4" ]; then
+		ok "tied wte in a full_shard block:$t2"
+	else
+		fail "tied wte in a full_shard block:$t2"
+	fi
 fi
 
 if case_on interleaved-ir; then
@@ -376,6 +407,41 @@ if case_on tied-pp4; then
 	fi
 fi
 
+# bitwise WHAT A B [A B]...: ok when each pair of files is equal
+bitwise() {
+	local what=$1; shift
+	while [ $# -ge 2 ]; do
+		cmp -s "$1" "$2" || { fail "$what"; return; }
+		shift 2
+	done
+	ok "$what"
+}
+
+if case_on offload; then
+	# each stage keeping its own parameters under offload optimizer
+	# (passes/stage_params.c before passes/offload.c): gpt2-tiny at pp=2
+	# with its optimizer state and master copies in the host arena, each
+	# stage's part of it its own (--stats: a stage's host bytes are its own
+	# parameters' and the tied wte's, as its device ones), and the run bit
+	# for bit gpt-pp2's (tests/offload.sh's rule: the same kernels on the
+	# same values)
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2-off.dp --world-size 2 --stats; dpexec 2 ranks against gpt-pp2"
+	variant "$T/gpt-pp2.dp" "$T/gpt-pp2-off.dp" 's/^  strategy ddp/&\n  offload optimizer/'
+	"$DPC" "$T/gpt-pp2-off.dp" --world-size 2 --stats >"$T/off.stats" 2>/dev/null
+	dev=$(grep -E '^  held: ' "$T/off.stats" | sed -E 's/^  held: params ([0-9]+) B .*/\1/' | tr '\n' ' ')
+	host=$(grep -E '^  held in host memory: ' "$T/off.stats" | sed -E 's/.*: params ([0-9]+) B, grads ([0-9]+) B, optimizer state ([0-9]+) B .*/\1:\2:\3/' | tr '\n' ' ')
+	own=$(for h in $host; do p=${h%%:*}; o=${h##*:}; [ "$o" = $((2 * p)) ] && printf '%s ' "$p"; done)
+	what="pp=2 offload optimizer: each stage's host params:grads:optimizer state ($host) its own, as its device params ($dev)"
+	if [ -n "$dev" ] && [ "${dev#* }" != "$dev" ] && [ "${dev%% *}" != "${dev#* }" ] && [ "$own" = "$dev" ]; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
+	need gpt-pp2 && once gpt-pp2-off eq_run gpt-pp2-off 2 "$T/gpt-pp2-off.dp" &&
+		bitwise "gpt2-tiny at pp=2 with offload optimizer: losses and parameters bit for bit gpt-pp2's" \
+			"$T/gpt-pp2-off.loss" "$T/gpt-pp2.loss" "$T/gpt-pp2-off.st" "$T/gpt-pp2.st"
+fi
+
 if case_on loads; then
 	REPRO="${DPC#"$ROOT"/} \$T/gpt.dp --world-size 2 --pp 2 --emit=ir | grep '= load'"
 	"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir 2>/dev/null | grep '= load' >"$T/loads"
@@ -426,14 +492,6 @@ if case_on resume; then
 		local name=$1 np=$2 bin=$3; shift 3
 		mpi "$np" "$bin" --quiet --eval-every 0 "$@" >"$T/$name.out" 2>&1 ||
 			{ fail "$name: dpexec exited $?"; tail -n 5 "$T/$name.out"; return 1; }
-	}
-	bitwise() { # bitwise WHAT A B [A B]...: ok when each pair of files is equal
-		local what=$1; shift
-		while [ $# -ge 2 ]; do
-			cmp -s "$1" "$2" || { fail "$what"; return; }
-			shift 2
-		done
-		ok "$what"
 	}
 	run straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
 	for form in full sharded; do
