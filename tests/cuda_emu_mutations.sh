@@ -50,6 +50,10 @@
 #   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
 #                 row (passes/padvocab.c) to its stride, not its classes:
 #                 the padding columns leak into the softmax and the loss
+#   vocab_k       the head's input gradient (gemm.cu), whose k is the
+#                 padded length (passes/padvocab.c's pad_rows weight),
+#                 describes its padded in0 with the real columns as rows:
+#                 cuBLASLt's B layout no longer matches k
 #   gelu_aux      matmul_gelu_grad's DGELU epilogue told its own output as
 #                 the aux: gelu' of stale values, not of the pre-activation
 #   gelu_half     linear_gelu's D written over its aux (the first half):
@@ -523,6 +527,7 @@ lt_bias       lt_bias       biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COM
 lt_bias16     lt_bias       bb16    2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 lt_bgrad      lt_bgrad      biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 vocab_leak    vocab_leak    voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
+vocab_k       vocab_k       voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
 bgrad_add     bgrad_add     biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
 psgd_step     psgd_step     psgdf   2 one DPEMU_SEED=1 DPEMU_SEED=2

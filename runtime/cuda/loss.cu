@@ -196,6 +196,10 @@ __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const in
 		const T *row = x + r * ldx;
 		T *d = o + r * ldo;
 		int64_t label = row_label(y, r, classes, sc);
+		for (int64_t j = classes + threadIdx.x; j < ldo; j += blockDim.x) {
+			const float zero[1] = {}; /* padding columns: a padded k reads them */
+			stw<1>(d + j, zero);
+		}
 		if (label < 0) {
 			const float zero[W] = {};
 			if (part && threadIdx.x == 0)
