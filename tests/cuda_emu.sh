@@ -342,6 +342,9 @@ dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
 # row strides); the classifier is cross_entropy_fused (passes/fuse.c), its
 # gradient written over the padded logits (as in every language-model case)
 cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
+# ... and GPT-2's vocabulary, 50257 in rows of 50304, one narrow layer: the
+# bf16 classifier's row-in-registers kernel at GPT-2's row length
+cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab50k.dp"
 # pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
 # under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
 # and receives on the emulator's NCCL point-to-point with its pairing checks
@@ -360,6 +363,7 @@ dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs | gpt2-offmix) echo "$small" ;;
 	gpt2-vocab) echo "$small -D vocab=300" ;;
+	gpt2-vocab50k) echo "$small -D vocab=50257 -D layers=1" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=64 -D heads=1 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -660,6 +664,7 @@ PREC=bf16 model_case gpt2-dropout ddp 1
 # from the padded d.logits, reduce-scattered), bf16 at 1
 model_case gpt2-vocab full_shard 2
 PREC=bf16 model_case gpt2-vocab ddp 1
+PREC=bf16 model_case gpt2-vocab50k ddp 1
 # the head's GEMMs as cuBLASLt sees them (DPEMU_TRACE's calls, one bf16
 # step of gpt2-vocab): the forward's vocabulary dimension (its m,
 # column-major) and the input gradient's k are the padded 384, not 300
