@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # tests/padvocab.sh - the padded vocabulary (passes/padvocab.c, train's
 # pad_vocab): the logits and their gradient get rows of a multiple of
-# pad_vocab (a row stride, DpTensor.ld) and nothing else changes.
+# pad_vocab (a row stride, DpTensor.ld), the head's GEMMs read a zero-padded
+# copy of its weight (pad_rows), and nothing else changes.
 #  - ir: GPT-2 124M's logits and d.logits have ld=50304 (50257 padded to a
 #    multiple of 128); pad_vocab 0 pads nothing; the fused classifier
 #    (cross_entropy_fused, passes/fuse.c) writes d.logits over the padded
 #    logits, a view of them with their stride; a padded value read by an op
-#    that takes no stride is a verifier error (dpc --from-ir).
+#    that takes no stride is a verifier error (dpc --from-ir). The head's
+#    forward and input-gradient GEMMs read a pad_rows copy of wte [50304,
+#    768] (none at pad_vocab 0); a pad_rows weight whose extra rows no
+#    padded output covers is refused by the decoder at load.
+#  - layouts: zero2 with the optimizer offloaded and pp=2 (1F1B), padded
+#    bitwise their pad_vocab 0 twins at 2 ranks.
+#  - ckpt: a padded run's checkpoint resumed by the unpadded step file and
+#    the other way: the 4-step parameters and last loss bit for bit, wte in
+#    the user's shape in the checkpoint.
 #  - bitwise: gpt2-tiny with a vocabulary of 300 (rows of 384: tokens are
 #    bytes, so any vocabulary >= 256 trains the same data), against the
 #    same model with pad_vocab 0: losses, eval lines (cross_entropy and
@@ -94,6 +103,20 @@ if case_on ir; then
 	else
 		cat "$T/bad.out"
 		fail "a padded value read by bias_add: not the verifier's message"
+	fi
+	# a pad_rows weight whose extra rows no stride covers (the logits'
+	# ld taken out): the decoder refuses the head's matmul, naming it
+	sed -E 's/^(%logits .*) ld=256 /\1 /; s/^(%d\.logits .*) ld=256 /\1 /' \
+		tests/passes/padvocab.out.ir >"$T/bad2.ir"
+	if grep -q ' ld=' "$T/bad2.ir" || ! grep -q '= pad_rows ' "$T/bad2.ir"; then
+		fail "the edited IR still has an ld, or no pad_rows"
+	elif "$DPC" --from-ir "$T/bad2.ir" --passes memplan -o "$T/bad2.bin" >"$T/bad2.out" 2>&1 &&
+		! "$DPEXEC" "$T/bad2.bin" --steps 1 >"$T/bad2.run" 2>&1 &&
+		grep -q "instruction [0-9]* (matmul) (out logits, in x, embed.wte.pad): the output is not \[16, 256\]" "$T/bad2.run"; then
+		ok "a pad_rows weight with no padded output to take its rows: the step file refused at load, naming the matmul"
+	else
+		cat "$T/bad2.out" "$T/bad2.run" 2>/dev/null | tail -n 5
+		fail "a pad_rows weight with no padded output: not refused by the decoder"
 	fi
 fi
 
