@@ -236,15 +236,21 @@ static void put_instr(Put *w, const DpInstr *in)
 
 /* The step file's bytes into b, n bytes long: 0 when they fill it exactly;
  * -1 when they do not (nothing is written past b + n). */
-/* The format a step is written at: 20 when an ALL_REDUCE names a sub-group
- * of pp stages, else 19 (DP_STEP_VERSION's note). */
+/* The format a step is written at: 21 with a PAD_ROWS, else 20 when an
+ * ALL_REDUCE names a sub-group of pp stages, else 19 (DP_STEP_VERSION's
+ * note). */
 uint32_t dp_step_version(const DpStep *s)
 {
+	uint32_t v = DP_STEP_VERSION_MIN;
 	for (int p = 0; p < DP_NPROG; p++)
-		for (uint32_t i = 0; i < s->nprog[p]; i++)
-			if (s->prog[p][i].op == DP_OP_ALL_REDUCE && DP_ATTR(&s->prog[p][i], ALL_REDUCE, stages))
-				return DP_STEP_VERSION;
-	return DP_STEP_VERSION_MIN;
+		for (uint32_t i = 0; i < s->nprog[p]; i++) {
+			const DpInstr *in = &s->prog[p][i];
+			if (in->op == DP_OP_PAD_ROWS)
+				return 21;
+			if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages))
+				v = 20;
+		}
+	return v;
 }
 
 static int encode_into(const DpStep *s, unsigned char *b, size_t n)

@@ -63,8 +63,12 @@
  *    such group is written at 19, byte for byte what dpc wrote before (its
  *    contents mean the same to both); one that does at 20, which an older
  *    dpexec refuses in one line (a newer format) instead of running a
- *    collective its ranks would not all join */
-#define DP_STEP_VERSION 20u
+ *    collective its ranks would not all join
+ * 21: the PAD_ROWS op, and a matmul whose in1 (its pad_rows copy) has more
+ *    rows than its k or n, which in0's or the output's row stride covers
+ *    (the padded LM head, passes/padvocab.c). A file without one is written
+ *    at 19 or 20 as before, byte for byte; one with it at 21 */
+#define DP_STEP_VERSION 21u
 /* The oldest format this dpexec reads and dpc still writes (see 20 above). */
 #define DP_STEP_VERSION_MIN 19u
 /* The release of dpc and dpexec (their --version). */
@@ -470,6 +474,8 @@ typedef enum {
 	DP_OR_ADD_NORM_SCALE, /* as ADD_NORM without beta (in0, in1, in2 gamma) */
 	DP_OR_ATTENTION_CP_GRAD_BOTH, /* as ATTENTION_CP_GRAD, out flat: like kv, then like
 	                      qkv; disjoint */
+	DP_OR_PAD_ROWS,    /* out [ia0, c] of in0 [r <= ia0, c]'s dtype: in0's rows, then
+	                      zero rows; disjoint */
 	DP_NOR
 } DpOperandRule;
 

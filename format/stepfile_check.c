@@ -131,6 +131,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_NORM_GRAD_ADD] = {CD, CD, CD, CD, CD},
 	[DP_OR_ADD_NORM_SCALE] = {CD, CD, CD, CD},
 	[DP_OR_ATTENTION_CP_GRAD_BOTH] = {CD, CD, CD, CD, I32},
+	[DP_OR_PAD_ROWS] = {CD, CD},
 };
 #undef CD
 #undef CDF
@@ -382,9 +383,16 @@ static int check_gemm(Chk *c, int rule)
 		int64_t ta = DP_ATTR(in, MATMUL, transA), tb = DP_ATTR(in, MATMUL, transB);
 		int64_t m = ta ? cols_of(a) : rows_of(a), k = ta ? rows_of(a) : cols_of(a);
 		int64_t k2 = tb ? cols_of(b) : rows_of(b), n = tb ? rows_of(b) : cols_of(b);
-		NEED(k == k2, "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
-		NEED(dp_numel(o) == m * n && cols_of(o) == n, "the output is not [%lld, %lld]",
-		     (long long)m, (long long)n);
+		/* the padded vocabulary (passes/padvocab.c): in1 may be a pad_rows
+		 * weight with more rows than the product's real k or n, which the
+		 * padded rows of in0 (k) or of the output (n) then cover; the CPU
+		 * computes the real extent, CUDA the padded one (in0's padding
+		 * columns are zero: the classifier's gradient writes them) */
+		NEED(k == k2 || (!ta && !tb && k2 > k && dp_ld(a) >= k2),
+		     "inner dimensions differ (%lld vs %lld)", (long long)k, (long long)k2);
+		NEED(dp_numel(o) == m * cols_of(o) &&
+			     (cols_of(o) == n || (tb && n > cols_of(o) && dp_ld(o) >= n)),
+		     "the output is not [%lld, %lld]", (long long)m, (long long)n);
 		if (rule == DP_OR_MATMUL_GELU_GRAD) {
 			OPND(h, 2, -1);
 			NEED(dp_numel(h) == dp_numel(o), "the pre-activation and the output differ in size");
@@ -607,6 +615,16 @@ static int check_transformer(Chk *c, int rule)
 		     o->dims[o->ndim - 1] == x->dims[x->ndim - 2] &&
 		     o->dims[o->ndim - 2] == x->dims[x->ndim - 1],
 		     "the output is not x with its last two dims swapped");
+		DISJOINT();
+		return 0;
+	}
+	case DP_OR_PAD_ROWS: {
+		OPND(o, -1, -1);
+		OPND(a, 0, -1);
+		NEED(o->dtype == a->dtype && cols_of(o) == cols_of(a) &&
+			     rows_of(o) == DP_ATTR(in, PAD_ROWS, rows) && rows_of(a) <= rows_of(o),
+		     "the output is not in0 [%lld, %lld] padded to %lld rows", (long long)rows_of(a),
+		     (long long)cols_of(a), (long long)DP_ATTR(in, PAD_ROWS, rows));
 		DISJOINT();
 		return 0;
 	}

@@ -484,6 +484,20 @@ int ir_shape_attention_grad(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* PAD_ROWS {w [r, c]} -> [rows, c] (rows >= r; made by passes/padvocab.c). */
+int ir_shape_pad_rows(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *w = V(g, n->in[0]);
+	int64_t rows = DP_ATTR(n, PAD_ROWS, rows);
+	if (w->ndim != 2 || rows < w->dims[0]) {
+		error_at(d, n->loc, "%s: w is %s: give a 2-D w of at most rows=%lld rows", op_name(n),
+			 IR_TYPE(w), (long long)rows);
+		return -1;
+	}
+	set_type(out, w->dtype, 2, (int64_t[]){rows, w->dims[1]});
+	return 0;
+}
+
 /* KV_PACK {qkv [B, T, 3C]} -> [B, T, 2C]; KV_UNPACK {kv [B, T, 2C]} -> [B, T, 3C]. */
 int ir_shape_kv_pack(Graph *g, Node *n, Value *out, Diag *d)
 {

@@ -68,7 +68,8 @@ const Pass pipeline[] = {
 		   "at batch 1, its per-sample values its own, without loads or dropout",
 	 sample_run},
 	{"padvocab", "the classifier's logits and their gradient have rows padded to a "
-		     "multiple of pad_vocab (a stride: the same results)", padvocab_run},
+		     "multiple of pad_vocab (a stride), and the LM head's GEMMs read a pad_rows "
+		     "copy of its weight of that many rows: the same results", padvocab_run},
 	{"memplan", "every tensor has an arena offset; arena size = peak per rank", mem_run},
 };
 const int npipeline = sizeof pipeline / sizeof pipeline[0];

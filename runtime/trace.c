@@ -514,7 +514,8 @@ static int class_of(unsigned op)
 	case DP_OP_TP_COPY:
 	case DP_OP_D2H:
 	case DP_OP_H2D:
-		return K_COPY; /* layout, dtype and memory-space copies */
+	case DP_OP_PAD_ROWS:
+		return K_COPY; /* layout, dtype and memory-space copies (and the padded head's weight) */
 	default:
 		return K_ELEM;
 	}

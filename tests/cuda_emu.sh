@@ -343,6 +343,9 @@ dropout_variant "$T/gpt2-tiny.dp" "$T/gpt2-dropout.dp"
 # row strides); the classifier is cross_entropy_fused (passes/fuse.c), its
 # gradient written over the padded logits (as in every language-model case)
 cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab.dp"
+# ... and GPT-2's vocabulary, 50257 in rows of 50304, one narrow layer: the
+# bf16 classifier's row-in-registers kernel at GPT-2's row length
+cp "$T/gpt2-tiny.dp" "$T/gpt2-vocab50k.dp"
 # pipelines (pp=2 in the cases' meshes): two micro-batches in flight,
 # under pipedream_flush (1F1B) and zero_bubble (its W slots deferred), sends
 # and receives on the emulator's NCCL point-to-point with its pairing checks
@@ -362,6 +365,7 @@ dargs() { # extra dpc arguments per model
 	case $1 in
 	gpt2-tiny | gpt2-groups | gpt2-scalar | gpt2-dropout | gpt2-pp | gpt2-zb | gpt2-il | gpt2-ppfs | gpt2-offmix) echo "$small" ;;
 	gpt2-vocab) echo "$small -D vocab=300" ;;
+	gpt2-vocab50k) echo "$small -D vocab=50257 -D layers=1" ;;
 	gpt2-hd64 | gpt2-unpaired) echo "-D ctx=128 -D d=128 -D heads=2 -D layers=1" ;;
 	gpt2-ctx1k) echo "-D ctx=1024 -D d=64 -D heads=1 -D layers=1" ;;
 	gpt2-hd32) echo "-D ctx=128 -D d=64 -D heads=2 -D layers=1" ;;
@@ -662,6 +666,31 @@ PREC=bf16 model_case gpt2-dropout ddp 1
 # from the padded d.logits, reduce-scattered), bf16 at 1
 model_case gpt2-vocab full_shard 2
 PREC=bf16 model_case gpt2-vocab ddp 1
+PREC=bf16 model_case gpt2-vocab50k ddp 1
+# the head's GEMMs as cuBLASLt sees them (DPEMU_TRACE's calls, one bf16
+# step of gpt2-vocab): the forward's vocabulary dimension (its m,
+# column-major) and the input gradient's k are the padded 384, not 300
+# (passes/padvocab.c's pad_rows copy of wte); the weight gradient's stays 300
+if case_on "gpt2-vocab padded head on cuBLASLt"; then
+	# shellcheck disable=SC2046 # (words)
+	if "$DPC" "$(model_src gpt2-vocab ddp auto)" --world-size 1 $(dargs gpt2-vocab) --precision bf16 \
+		-o "$T/vhead.bin" >"$T/vhead.log" 2>&1 &&
+		DPEMU_TRACE=1 "$EMU" "$T/vhead.bin" --device cuda --steps 1 --eval-every 0 --no-graph \
+			>>"$T/vhead.log" 2>&1; then
+		fwd=$(grep -c 'cublasLtMatmul m 384 n [0-9]* k 32 op TN' "$T/vhead.log")
+		dx=$(grep -c 'cublasLtMatmul m 32 n [0-9]* k 384 op NN' "$T/vhead.log")
+		dw=$(grep -c 'cublasLtMatmul m 32 n 300 k [0-9]* op NT' "$T/vhead.log")
+		if [ "$fwd" -ge 1 ] && [ "$dx" -ge 1 ] && [ "$dw" -ge 1 ] &&
+			! grep -q 'cublasLtMatmul m 300 \|cublasLtMatmul .* k 300 ' "$T/vhead.log"; then
+			ok "gpt2-vocab bf16: cuBLASLt runs the head with m 384 (forward, $fwd) and k 384 (input gradient, $dx), the weight gradient n 300"
+		else
+			grep -o 'cublasLtMatmul m [0-9]* n [0-9]* k [0-9]* op ..' "$T/vhead.log" | sort | uniq -c
+			fail "gpt2-vocab bf16: the head's GEMMs are not padded on cuBLASLt (forward $fwd, dx $dx, dw $dw)"
+		fi
+	else
+		tail -n 5 "$T/vhead.log"; fail "gpt2-vocab bf16: dpc or the traced emulator run"
+	fi
+fi
 # pipeline parallelism: ncclSend/ncclRecv on the pp communicator, in groups,
 # captured in the step graph; 1F1B and zero_bubble, and pp x dp_shard (the
 # gradients' all_reduce over pp and dp_shard beside the transfers; zero2's

@@ -50,6 +50,12 @@
 #   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
 #                 row (passes/padvocab.c) to its stride, not its classes:
 #                 the padding columns leak into the softmax and the loss
+#   vocab_leak16  the same on v16 (voc in bf16): the row-in-registers
+#                 kernel of 16-bit logits (k_xent_grad_rows16) walks them
+#   vocab_k       the head's input gradient (gemm.cu), whose k is the
+#                 padded length (passes/padvocab.c's pad_rows weight),
+#                 describes its padded in0 with the real columns as rows:
+#                 cuBLASLt's B layout no longer matches k
 #   gelu_aux      matmul_gelu_grad's DGELU epilogue told its own output as
 #                 the aux: gelu' of stale values, not of the pre-activation
 #   gelu_half     linear_gelu's D written over its aux (the first half):
@@ -414,6 +420,7 @@ reference() {
 	g8) np=1 src=$T/g8.dp defs="-D ctx=16 -D d=32 -D heads=2"; once g8src g8_model ;;
 	# voc: hd64's model small with a vocabulary of 300 (logits in padded rows of 384)
 	voc) np=1 src=$T/hd64.dp defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
+	v16) np=1 src=$T/hd64.dp prec=bf16 defs="-D ctx=16 -D d=32 -D heads=2 -D vocab=300"; once hd64src hd64_model ;;
 	u16) np=1 src=$T/u16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once u16src u16_model ;;
 	c16) src=$T/c16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once c16src c16_model ;;
 	det) np=1 src=$T/k16.dp prec=bf16 defs="-D ctx=512 -D d=128 -D heads=2 -D layers=1"; once k16src k16_model ;;
@@ -532,6 +539,8 @@ lt_bias       lt_bias       biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COM
 lt_bias16     lt_bias       bb16    2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 lt_bgrad      lt_bgrad      biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 vocab_leak    vocab_leak    voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
+vocab_leak16  vocab_leak    v16     1 all DPEMU_SEED=1 DPEMU_SEED=2
+vocab_k       vocab_k       voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
 bgrad_add     bgrad_add     biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
 psgd_step     psgd_step     psgdf   2 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -647,6 +656,7 @@ unmutated c16 "the cp=2 attention case"
 unmutated t32 "the gpt2-hd64 tf32 case"
 unmutated det "the ctx-512 bf16 case bit for bit in another block and thread order than its reference's (dQ deterministic)"
 unmutated voc "the padded-vocabulary case"
+unmutated v16 "the padded-vocabulary bf16 case"
 unmutated ll "the llama case (add_rmsnorm, rmsnorm_grad_add)"
 unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"

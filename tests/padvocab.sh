@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # tests/padvocab.sh - the padded vocabulary (passes/padvocab.c, train's
 # pad_vocab): the logits and their gradient get rows of a multiple of
-# pad_vocab (a row stride, DpTensor.ld) and nothing else changes.
+# pad_vocab (a row stride, DpTensor.ld), the head's GEMMs read a zero-padded
+# copy of its weight (pad_rows), and nothing else changes.
 #  - ir: GPT-2 124M's logits and d.logits have ld=50304 (50257 padded to a
 #    multiple of 128); pad_vocab 0 pads nothing; the fused classifier
 #    (cross_entropy_fused, passes/fuse.c) writes d.logits over the padded
 #    logits, a view of them with their stride; a padded value read by an op
-#    that takes no stride is a verifier error (dpc --from-ir).
+#    that takes no stride is a verifier error (dpc --from-ir). The head's
+#    forward and input-gradient GEMMs read a pad_rows copy of wte [50304,
+#    768] (none at pad_vocab 0); a pad_rows weight whose extra rows no
+#    padded output covers is refused by the decoder at load.
+#  - layouts: zero2 with the optimizer offloaded and pp=2 (1F1B), padded
+#    bitwise their pad_vocab 0 twins at 2 ranks.
+#  - ckpt: a padded run's checkpoint resumed by the unpadded step file and
+#    the other way: the 4-step parameters and last loss bit for bit, wte in
+#    the user's shape in the checkpoint.
 #  - bitwise: gpt2-tiny with a vocabulary of 300 (rows of 384: tokens are
 #    bytes, so any vocabulary >= 256 trains the same data), against the
 #    same model with pad_vocab 0: losses, eval lines (cross_entropy and
@@ -66,6 +75,20 @@ if case_on ir; then
 		grep -E 'cross_entropy|^%d\.logits ' "$T/gpt2.ir"
 		fail "gpt2.dp: the classifier is not one cross_entropy_fused over the padded logits"
 	fi
+	# the LM head's GEMMs with the vocabulary as n (the logits) or k (their
+	# input gradient) read a pad_rows copy of wte [50304, 768]; the weight
+	# gradient (m) reads none; pad_vocab 0: no copy
+	if grep -Eq '^%embed\.wte\.pad +: f32\[50304,768\] .*= pad_rows %embed\.wte rows=50304 +fwd ' "$T/gpt2.ir" &&
+		grep -Eq '^%logits = matmul %lnf\.x, %embed\.wte\.pad transB ' "$T/gpt2.ir" &&
+		grep -Eq '^%embed\.wte\.pad1 +: f32\[50304,768\] .*= pad_rows %embed\.wte rows=50304 +bwd ' "$T/gpt2.ir" &&
+		grep -Eq '^%d\.lnf\.x +: .*= matmul %d\.logits, %embed\.wte\.pad1 ' "$T/gpt2.ir" &&
+		grep -Eq '^%grad\.embed\.wte = matmul %d\.logits, %lnf\.x transA acc ' "$T/gpt2.ir" &&
+		[ "$(grep -c '= pad_rows ' "$T/gpt2.ir")" = 2 ] && ! grep -q pad_rows "$T/gpt2-0.ir"; then
+		ok "gpt2.dp: the head's forward and input-gradient GEMMs read wte padded to 50304 rows (2 pad_rows); pad_vocab 0: none"
+	else
+		grep -E 'pad_rows|= matmul .*wte' "$T/gpt2.ir"
+		fail "gpt2.dp: the head's GEMMs do not read a pad_rows copy of wte"
+	fi
 	# a stride on a value an op without strides reads: %t (embedding's
 	# output, read by bias_add) declared with ld=8
 	sed -E -e 's/^(%d\.logits +: .*)$/\1\n%t : f32[2,8,4] act ld=8/' \
@@ -80,6 +103,20 @@ if case_on ir; then
 	else
 		cat "$T/bad.out"
 		fail "a padded value read by bias_add: not the verifier's message"
+	fi
+	# a pad_rows weight whose extra rows no stride covers (the logits'
+	# ld taken out): the decoder refuses the head's matmul, naming it
+	sed -E 's/^(%logits .*) ld=256 /\1 /; s/^(%d\.logits .*) ld=256 /\1 /' \
+		tests/passes/padvocab.out.ir >"$T/bad2.ir"
+	if grep -q ' ld=' "$T/bad2.ir" || ! grep -q '= pad_rows ' "$T/bad2.ir"; then
+		fail "the edited IR still has an ld, or no pad_rows"
+	elif "$DPC" --from-ir "$T/bad2.ir" --passes memplan -o "$T/bad2.bin" >"$T/bad2.out" 2>&1 &&
+		! "$DPEXEC" "$T/bad2.bin" --steps 1 >"$T/bad2.run" 2>&1 &&
+		grep -q "instruction [0-9]* (matmul) (out logits, in x, embed.wte.pad): the output is not \[16, 256\]" "$T/bad2.run"; then
+		ok "a pad_rows weight with no padded output to take its rows: the step file refused at load, naming the matmul"
+	else
+		cat "$T/bad2.out" "$T/bad2.run" 2>/dev/null | tail -n 5
+		fail "a pad_rows weight with no padded output: not refused by the decoder"
 	fi
 fi
 
@@ -129,6 +166,43 @@ if case_on fs2-bf16; then
 	tiny fs2-bf16 "precision bf16" && tiny fs2-bf16-0 "precision bf16" "pad_vocab 0"
 	sed -i 's/^  strategy .*/  strategy full_shard/' "$T/fs2-bf16.dp" "$T/fs2-bf16-0.dp"
 	same fs2-bf16 2 --eval-every 2
+fi
+# the padded head under the other layouts, each bitwise its pad_vocab 0
+# twin (2 ranks, 4 steps): zero2 with the optimizer offloaded (flat
+# buffers in the host arena), pp=2 under 1F1B (2 micro-batches; the tied
+# wte on stages 0 and 1, its gradient summed over the pp sub-group).
+# (tp=2 leaves gpt2-tiny's head whole, replicated: ddp2's case)
+if case_on layouts; then
+	tiny z2off "offload optimizer" && tiny z2off-0 "offload optimizer" "pad_vocab 0"
+	sed -i 's/^  strategy .*/  strategy zero2/' "$T/z2off.dp" "$T/z2off-0.dp"
+	same z2off 2 --eval-every 0
+	tiny pp2 "grad_accum 2" "pipeline pipedream_flush" &&
+		tiny pp2-0 "grad_accum 2" "pipeline pipedream_flush" "pad_vocab 0"
+	sed -i '1i mesh pp=2' "$T/pp2.dp" "$T/pp2-0.dp"
+	same pp2 2 --eval-every 0
+fi
+# checkpoints hold the user's shape: 2 steps padded, a checkpoint, --resume
+# unpadded to 4 (and the other way) give the 4-step runs' parameters and
+# last losses bit for bit; wte is [300, 64] in the checkpoint
+if case_on ckpt; then
+	tiny ck && tiny ck-0 "pad_vocab 0"
+	run ck 1 --eval-every 0 && run ck-0 1 --eval-every 0 &&
+		for d in ck:ck-0 ck-0:ck; do
+			a=${d%%:*} b=${d#*:}
+			mpi 1 "$T/$a.bin" --steps 2 --quiet --eval-every 0 --save-dir "$T/$a.ckd" \
+				>"$T/$a.ck.log" 2>&1 &&
+				mpi 1 "$T/$b.bin" --steps "$STEPS" --quiet --eval-every 0 --losses "$T/$a.r.loss" \
+					--resume "$T/$a.ckd" --save-full "$T/$a.r.st" >>"$T/$a.ck.log" 2>&1 ||
+				{ tail -n 5 "$T/$a.ck.log"; fail "$a -> $b: 2 steps, a checkpoint, --resume"; continue; }
+			shape=$(python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n)); print(*[v["shape"] for k,v in h.items() if k.endswith("wte")])' "$T/$a.ckd/$(cat "$T/$a.ckd/latest")/model.safetensors" 2>/dev/null)
+			if [ "$shape" = "[300, 64]" ] && cmp -s "$T/$a.r.st" "$T/ck.st" &&
+				[ "$(tail -n 1 "$T/$a.r.loss")" = "$(tail -n 1 "$T/ck.loss")" ]; then
+				ok "$a -> $b: a checkpoint (wte $shape) resumed by the other gives the 4-step parameters and last loss bit for bit"
+			else
+				paste "$T/$a.r.loss" "$T/ck.loss" | tail -3
+				fail "$a -> $b: resumed run differs (wte in the checkpoint: '$shape')"
+			fi
+		done
 fi
 # the fuse pass's fusions that are bitwise on the CPU against the nodes they
 # replace: the same IR compiled with the fuse pass left out (dpc --from-ir

@@ -225,8 +225,13 @@ static int run_matmul(const CpuArgs *k, RtErr *e)
 	const DpInstr *in = k->in;
 	const DpTensor *t0 = cpu_t(k, in->in[0]), *t1 = cpu_t(k, in->in[1]);
 	int64_t ld[3] = {dp_ld(t0), dp_ld(t1), dp_ld(cpu_t(k, in->out))};
-	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), DP_ATTR(in, MATMUL, transA) != 0,
-	      cpu_f(k, in->in[1]), cpu_rows(t1), cpu_cols(t1), DP_ATTR(in, MATMUL, transB) != 0,
+	int ta = DP_ATTR(in, MATMUL, transA) != 0, tb = DP_ATTR(in, MATMUL, transB) != 0;
+	/* in1's rows the product uses: a pad_rows weight (passes/padvocab.c) has
+	 * zero rows past them, which the CPU leaves out: its sums are those
+	 * without the padding, bitwise */
+	int64_t r1 = tb ? cpu_cols(cpu_t(k, in->out)) : ta ? cpu_rows(t0) : cpu_cols(t0);
+	sgemm(k, cpu_f(k, in->in[0]), cpu_rows(t0), cpu_cols(t0), ta,
+	      cpu_f(k, in->in[1]), r1, cpu_cols(t1), tb,
 	      cpu_f(k, in->out), DP_ATTR(in, MATMUL, acc) ? 1.0f : 0.0f, NULL, ld);
 	return 0;
 }

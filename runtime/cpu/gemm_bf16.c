@@ -134,7 +134,9 @@ static void dims_of(const CpuArgs *k, int64_t *m, int64_t *kk, int64_t *n)
 	int ta = trans_a(in), tb = trans_b(in);
 	*m = ta ? cpu_cols(a) : cpu_rows(a);
 	*kk = ta ? cpu_rows(a) : cpu_cols(a);
-	*n = tb ? cpu_rows(b) : cpu_cols(b);
+	/* the output's columns: a pad_rows in1 (passes/padvocab.c) has zero
+	 * rows past n (or past k, by kk), which the CPU leaves out */
+	*n = tb ? cpu_cols(cpu_t(k, in->out)) : cpu_cols(b);
 }
 
 /* The primitive of piece [lo, hi) of matmul/linear instruction in (rows of

@@ -56,6 +56,16 @@ static int run_copy(const CpuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* pad_rows: in0's rows, then zero rows up to out's (passes/padvocab.c) */
+static int run_pad_rows(const CpuArgs *a, RtErr *e)
+{
+	const DpTensor *to = cpu_t(a, a->in->out), *ti = cpu_t(a, a->in->in[0]);
+	size_t el = to->dtype == DP_F32 ? 4 : 2, real = (size_t)cpu_numel(ti) * el;
+	memcpy(a->ptr[a->in->out], a->ptr[a->in->in[0]], real);
+	memset((char *)a->ptr[a->in->out] + real, 0, (size_t)cpu_numel(to) * el - real);
+	return 0;
+}
+
 /* ---- transpose ---- */
 
 /* [.., r, c] -> [.., c, r] for 4-byte elements, in tiles for the cache. */
@@ -209,6 +219,7 @@ const KernelRow cpu_layout_rows[] = {
 	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, NULL, 0, 0},
 	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, NULL, 0, 0},
 	{DP_OP_TRANSPOSE, run_transpose, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_PAD_ROWS, run_pad_rows, NULL, 1, NULL, NULL, 0, 0},
 	{DP_OP_SPLIT, run_split, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_INTERLEAVE, run_interleave, NULL, 0, NULL, NULL, 0, 0},

@@ -43,7 +43,9 @@ typedef struct {
 	uint16_t *out16;
 	float *row;
 	int64_t ldx, ldo; /* row strides of the logits and the gradient: classes, or more
-	                     (padded rows, passes/padvocab.c: never read or written) */
+	                     (padded rows, passes/padvocab.c: the logits' padding is never
+	                     read; the gradient's is written zero, which a GEMM over the
+	                     padded k reads on CUDA) */
 } Xent;
 
 static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
@@ -78,6 +80,10 @@ static void xent_blocks(void *ctx, int64_t lo, int64_t hi, int thread)
 				if (j->out16)
 					for (int64_t c = 0; c < nc; c++)
 						j->out16[r * j->ldo + c] = cpu_to_bf16(d[c]);
+				if (j->ldo > nc) /* padding columns: zero, for a padded k (pad_rows) */
+					memset(j->out16 ? (void *)(j->out16 + r * j->ldo + nc)
+							: (void *)(j->out + r * j->ldo + nc),
+					       0, (size_t)(j->ldo - nc) * (j->out16 ? 2 : 4));
 				continue;
 			}
 			if (label < 0)

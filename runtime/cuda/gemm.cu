@@ -154,6 +154,13 @@ static void gemm_dims(const DpStep *s, const DpInstr *in, int64_t *m, int64_t *k
 	*m = ta ? cu_cols(a) : cu_rows(a);
 	*k = ta ? cu_rows(a) : cu_cols(a);
 	*n = tb ? cu_rows(b) : cu_cols(b);
+	/* the padded vocabulary (passes/padvocab.c): a pad_rows in1 has more rows
+	 * than in0's columns, which in0's padding columns (zero) cover: k is the
+	 * padded length (50304, not 50257). n is already in1's padded rows, the
+	 * output's padding columns taking the products with its zero rows */
+	int64_t k2 = tb ? cu_cols(b) : cu_rows(b);
+	if (!ta && !tb && k2 > *k)
+		*k = k2;
 }
 
 /* cuBLASLt supports sizes and leading dimensions that fit an int32. */
@@ -377,7 +384,8 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
 	int64_t lw = dp_ld(tw), lx = dp_ld(tx), lo = dp_ld(&s->tensors[in->out]);
 	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, lw + MUTANT(gemm_ld)));
-	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)cx, (uint64_t)rx, lx));
+	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)(ta || MUTANT(vocab_k) ? cx : k), (uint64_t)rx,
+				      lx)); /* !ta: k rows, a padded in0's padded k (gemm_dims) */
 	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, lo));
 	if (paux && !gelu_epi)
 		RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));

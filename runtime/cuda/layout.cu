@@ -225,6 +225,23 @@ static int run_copy(const CuArgs *a, RtErr *e)
 	return 0;
 }
 
+/* pad_rows (passes/padvocab.c): in0's rows, then zero rows up to out's: the
+ * LM head's weight as its GEMMs on tensor cores see it (N or K a multiple of
+ * pad_vocab). Two copies of the stream, captured as memcpy and memset
+ * nodes; bandwidth-bound (GPT-2's bf16 wte: 77 MB read and written) */
+static int run_pad_rows(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *o = cu_t(a, -1), *i = cu_t(a, 0);
+	size_t el = dp_dtype_size(o->dtype), real = (size_t)cu_numel(i) * el,
+	       all = (size_t)cu_numel(o) * el;
+	if (real)
+		CU_OK(a, cudaMemcpyAsync(cu_p(a, -1), cu_p(a, 0), real, cudaMemcpyDeviceToDevice, a->st),
+		      e);
+	if (all > real)
+		CU_OK(a, cudaMemsetAsync((char *)cu_p(a, -1) + real, 0, all - real, a->st), e);
+	return 0;
+}
+
 /* ---- transpose: [.., r, c] -> [.., c, r], 32 x 32 tiles through shared memory ---- */
 
 #define TILE 32
@@ -577,6 +594,7 @@ extern "C" const KernelRow cu_layout_rows[] = {
 	{DP_OP_RESHAPE, run_copy, NULL, 1, NULL, scratch_copy, 0, 1}, /* bytes: 16-bit too */
 	{DP_OP_TP_COPY, run_copy, NULL, 1, NULL, scratch_copy, 0, 1}, /* bytes: 16-bit too */
 	{DP_OP_TRANSPOSE, run_transpose, limit_transpose, 1, NULL, NULL, 0, 1},
+	{DP_OP_PAD_ROWS, run_pad_rows, NULL, 1, NULL, NULL, 0, 1}, /* bytes: 16-bit too */
 	{DP_OP_SPLIT, run_split, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_SPLIT_GRAD, run_split_grad, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_INTERLEAVE, run_interleave, NULL, 1, NULL, NULL, 0, 1},

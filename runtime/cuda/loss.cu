@@ -44,7 +44,10 @@
  * elements, so S may differ from the scalar walk's by double rounding
  * (~1e-16 relative; the loss is f32, the gradient bf16: equal unless a
  * value lies that close to a rounding boundary). correct stays exact.
- * f16 logits (precision fp16) the same, on __half.
+ * f16 logits (precision fp16) the same, on __half. The gradient of 16-bit
+ * logits (cross_entropy_fused, cross_entropy_grad) runs instead on
+ * k_xent_grad_rows16, the row held in registers, wherever its strides are
+ * multiples of 8 (padded rows included) and the row fits (below).
  */
 #include "device.cuh"
 
@@ -196,6 +199,10 @@ __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const in
 		const T *row = x + r * ldx;
 		T *d = o + r * ldo;
 		int64_t label = row_label(y, r, classes, sc);
+		for (int64_t j = classes + threadIdx.x; j < ldo; j += blockDim.x) {
+			const float zero[1] = {}; /* padding columns: a padded k reads them */
+			stw<1>(d + j, zero);
+		}
 		if (label < 0) {
 			const float zero[W] = {};
 			if (part && threadIdx.x == 0)
@@ -226,6 +233,120 @@ __global__ void k_xent_grad(T *o, int64_t ldo, const T *x, int64_t ldx, const in
 	}
 }
 
+/*
+ * The gradient of 16-bit logits with the row in registers (cross_entropy_fused
+ * and cross_entropy_grad on bf16 or f16, rows by a stride of a multiple of
+ * 8): one block of up to XR_THREADS per row; each thread loads its chunks
+ * of eight (16 bytes) into registers once, up to XR_CHUNKS of them, column
+ * q * 8 for chunk q = thread + i * blockDim. Then, from registers: the
+ * row's max M (block_max: the CPU's float max); S = sum expf(x - M), each
+ * chunk's eight summed in f32 and the chunks in double (x - M is exact in
+ * f32: both are 16-bit values); the loss log(S) + M - x[label] in double as
+ * k_xent_rows; the gradient d = e * (scale / S) - scale * onehot in f32,
+ * rounded once to the logits' dtype and stored 16 bytes at a time over
+ * the row (in place for the fused op), the padding columns zero. One read
+ * and one write of the logits, where k_xent_grad reads them twice (once
+ * 2 bytes at a time when the rows are padded) with two double exps per
+ * element. Numerics: e and S in f32 (expf, 2 ulp), so d is within a few
+ * f32 ulp of the double formula before its 16-bit rounding (equal unless
+ * it lies that near a rounding boundary), and the loss within ~1e-6
+ * absolute (tests/cuda_emu.sh's bf16 cases).
+ */
+#define XR_THREADS 1024
+#define XR_CHUNKS 7 /* rows of up to 1024 * 7 * 8 = 57344 elements (GPT-2: 50304) */
+
+/* Eight 16-bit values held in a register (ld8's conversion) */
+template <typename H> static __device__ __forceinline__ void unpack8(uint4 w, float *v)
+{
+	uint32_t u[4] = {w.x, w.y, w.z, w.w};
+	for (int k = 0; k < 4; k++) {
+		v[2 * k] = CuHalf<H>::from((uint16_t)u[k]);
+		v[2 * k + 1] = CuHalf<H>::from((uint16_t)(u[k] >> 16));
+	}
+}
+
+template <typename H>
+__global__ void __launch_bounds__(XR_THREADS, 1)
+k_xent_grad_rows16(H *o, int64_t ldo, const H *x, int64_t ldx, const int32_t *y, int64_t rows,
+		   int64_t classes, float scale, int loss_scale, double *part, CuScalars *sc)
+{
+	__shared__ float shf[32];
+	__shared__ double shd[32];
+	/* chunks: in all, with real columns (int: at most XR_THREADS * XR_CHUNKS) */
+	const int nch = (int)(ldo / 8), nreal = (int)((classes + 7) / 8), cls = (int)classes;
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const H *row = x + r * ldx;
+		H *d = o + r * ldo;
+		int64_t label = row_label(y, r, classes, sc);
+		float xl = part && threadIdx.x == 0 && label >= 0 ? ld(row + label) : 0.0f;
+		uint4 v[XR_CHUNKS];
+		float m = -INFINITY;
+CU_UNROLL
+		for (int i = 0; i < XR_CHUNKS; i++) {
+			int q = (int)threadIdx.x + i * (int)blockDim.x;
+			if (q >= nreal || label < 0)
+				continue;
+			v[i] = *(const uint4 *)(row + q * 8);
+			float xv[8];
+			unpack8<H>(v[i], xv);
+			for (int k = 0; k < 8; k++)
+				if (q * 8 + k < cls)
+					m = max_nan(m, xv[k]);
+		}
+		if (label < 0) { /* padding: a zero gradient, no loss */
+			if (part && threadIdx.x == 0)
+				part[r] = 0;
+			for (int q = (int)threadIdx.x; q < nch; q += (int)blockDim.x)
+				*(uint4 *)(d + q * 8) = make_uint4(0, 0, 0, 0);
+			continue;
+		}
+		float mx = block_max(m, shf);
+		double s = 0;
+CU_UNROLL
+		for (int i = 0; i < XR_CHUNKS; i++) {
+			int q = (int)threadIdx.x + i * (int)blockDim.x;
+			if (q >= nreal)
+				continue;
+			float xv[8], cs = 0;
+			unpack8<H>(v[i], xv);
+			for (int k = 0; k < 8; k++)
+				if (q * 8 + k < cls && !(xv[k] == -INFINITY))
+					cs += expf(xv[k] - mx);
+			s += cs;
+		}
+		double sum = block_sum<double>(s, shd);
+		if (part && threadIdx.x == 0)
+			part[r] = log(sum) + mx - xl; /* -log p(label), as k_xent_rows */
+		double sc2 = loss_scale ? (double)scale * sc->amp.scale : scale; /* fp16: exact */
+		float inv = (float)(sc2 / sum), hot = (float)sc2;
+CU_UNROLL
+		for (int i = 0; i < XR_CHUNKS; i++) {
+			int q = (int)threadIdx.x + i * (int)blockDim.x;
+			if (q >= nch)
+				continue;
+			float xv[8] = {}, dv[8];
+			if (q < nreal)
+				unpack8<H>(v[i], xv);
+			for (int k = 0; k < 8; k++) {
+				int j = q * 8 + k;
+				dv[k] = j < cls ? expf(xv[k] - mx) * inv - (j == label ? hot : 0.0f) : 0.0f;
+			}
+			st8(d + q * 8, dv);
+		}
+	}
+}
+
+/* May the gradient of a 16-bit op run on k_xent_grad_rows16: both strides
+ * a multiple of 8, 16-byte aligned bases, the padded row in the registers
+ * of one block? */
+template <typename H> static int xent_rows16_fits(const CuArgs *a, const void *o, int64_t ldo)
+{
+	int64_t ldx = dp_ld(cu_t(a, 0));
+	return ldx % 8 == 0 && ldo % 8 == 0 && ldo >= cu_cols(cu_t(a, 0)) &&
+	       cu_aligned16(cu_p(a, 0)) && cu_aligned16(o) &&
+	       (ldo / 8 + XR_THREADS - 1) / XR_THREADS <= XR_CHUNKS;
+}
+
 /* part: 2 * rows doubles */
 static size_t scratch_xent(const DpStep *s, const DpInstr *in)
 {
@@ -245,6 +366,25 @@ template <int W, typename T> static int launch_xent(const CuArgs *a, RtErr *e)
 	const T *x = (const T *)cu_p(a, 0);
 	const int32_t *y = (const int32_t *)cu_p(a, 1);
 	double *part = (double *)a->scratch;
+	if constexpr (sizeof(T) == 2) if (op == DP_OP_XENT_GRAD || op == DP_OP_XENT_FUSED) {
+		/* 16-bit: the row in registers when it fits (k_xent_grad_rows16) */
+		T *o = op == DP_OP_XENT_FUSED ? (T *)cu_p(a, 0) : (T *)cu_p(a, -1);
+		int64_t ldo = op == DP_OP_XENT_FUSED ? ldx : dp_ld(cu_t(a, -1));
+		if (rows > 0 && xent_rows16_fits<T>(a, o, ldo)) {
+			int64_t nch = ldo / 8;
+			unsigned t = (unsigned)(nch < XR_THREADS ? (nch + 31) / 32 * 32 : XR_THREADS);
+			CU_LAUNCH((k_xent_grad_rows16<T>), grid, t ? t : 32, a->st, o, ldo, x, ldx, y, rows,
+				  classes, scale, (int)DP_ATTR(a->in, XENT_GRAD, loss_scale),
+				  op == DP_OP_XENT_FUSED ? part : (double *)0, a->sc);
+			CU_LAUNCHED(a, e);
+			if (op == DP_OP_XENT_FUSED) {
+				CU_LAUNCH(k_xent_sum, 1, CU_THREADS, a->st, DP_OP_XENT, cu_f(a, -1), rows,
+					  scale, part);
+				CU_LAUNCHED(a, e);
+			}
+			return 0;
+		}
+	}
 	if (op == DP_OP_XENT_GRAD) {
 		if (rows <= 0)
 			return 0;
