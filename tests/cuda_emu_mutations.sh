@@ -77,6 +77,9 @@
 #   norm_gb_beta  layernorm_grad_gb (passes/fuse.c: LayerNorm's gamma and
 #                 beta gradients in one pass) loses beta's sum over its
 #                 second chunk of rows (hd64: 512 rows, 16 chunks)
+#   emb_tile_sync embedding_grad's tile sort (layout.cu's k_emb_tile) without
+#                 its barrier between zeroing the tile's counts and storing
+#                 its ids and their use: counts and ranks read half written
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
@@ -539,6 +542,7 @@ add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 norm_gb_beta  norm_gb_beta  hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
+emb_tile_sync emb_tile_sync hd64    1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
