@@ -224,8 +224,8 @@ template <typename T> struct NormGTerm {
 /*
  * layernorm_grad_gb: gamma's and beta's gradients in one pass over the rows
  * (both [c], out [2, c]). Stage 1 (k_norm_gb_part): block b takes chunk b
- * of the rows (gb_chunk_rows: at least 32, at most 1024 chunks); its warps
- * compute the chunk's row statistics (a warp per row, row_stats' two
+ * of the rows (gb_chunk_rows: at least 32, at most 1024 chunks); its 8
+ * warps compute the chunk's row statistics (a warp per row, row_stats' two
  * passes with warp butterflies in double) into scratch, then each thread
  * sums its W columns over the chunk's rows in row order, dy * xh and dy,
  * in double: part[b][0, c) gamma's, part[b][c, 2c) beta's. dy and x are
@@ -295,13 +295,6 @@ static int64_t gb_chunk_rows(int64_t rows)
 {
 	int64_t per = (rows + 1023) / 1024;
 	return per < 32 ? 32 : per;
-}
-
-/* A warp per 32 W columns of the row, 32 to 256 threads */
-static unsigned gb_threads(int64_t c, int w)
-{
-	int64_t t = (c / w + 31) / 32 * 32;
-	return (unsigned)(t < 32 ? 32 : t > CU_THREADS ? CU_THREADS : t);
 }
 
 static unsigned row_grid(int64_t rows)
@@ -431,10 +424,10 @@ template <typename T, typename TO> static int run_grad_gb_t(const CuArgs *a, RtE
 		return 0;
 	}
 	if (cu_vec8<T>(c, dy, x))
-		CU_LAUNCH((k_norm_gb_part<8, T>), (unsigned)chunks, gb_threads(c, 8), a->st, dy, x,
+		CU_LAUNCH((k_norm_gb_part<8, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
 			  rows, c, per, eps, stats, part);
 	else
-		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, gb_threads(c, 1), a->st, dy, x,
+		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
 			  rows, c, per, eps, stats, part);
 	CU_LAUNCHED(a, e);
 	CU_LAUNCH(k_colsum_final<TO>, cu_grid(2 * c), CU_THREADS, a->st, o, part, 2 * c, chunks, acc);
