@@ -387,6 +387,8 @@ DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_ADD, eps);
 DP_FATTR_SAME(LAYERNORM, ADD_RMSNORM, eps);
 DP_FATTR_SAME(LAYERNORM, RMSNORM_GRAD_ADD, eps);
 DP_ATTR_SAME(LAYERNORM_GRAD_G, RMSNORM_GRAD_G, acc);
+DP_FATTR_SAME(LAYERNORM, LAYERNORM_GRAD_GB, eps);
+DP_ATTR_SAME(LAYERNORM_GRAD_G, LAYERNORM_GRAD_GB, acc);
 DP_FATTR_SAME(XENT, XENT_GRAD, scale);
 DP_FATTR_SAME(XENT, XENT_FUSED, scale);
 DP_ATTR_SAME(XENT_GRAD, XENT_FUSED, loss_scale);
@@ -476,6 +478,7 @@ typedef enum {
 	                      qkv; disjoint */
 	DP_OR_PAD_ROWS,    /* out [ia0, c] of in0 [r <= ia0, c]'s dtype: in0's rows, then
 	                      zero rows; disjoint */
+	DP_OR_NORM_GRAD_GB, /* in0 dy, in1 x alike, out [2, cols]; fa0 >= 0; disjoint */
 	DP_NOR
 } DpOperandRule;
 

@@ -132,6 +132,7 @@ const unsigned char dp_rule_dtypes[DP_NOR][1 + DP_MAX_IN] = {
 	[DP_OR_ADD_NORM_SCALE] = {CD, CD, CD, CD},
 	[DP_OR_ATTENTION_CP_GRAD_BOTH] = {CD, CD, CD, CD, I32},
 	[DP_OR_PAD_ROWS] = {CD, CD},
+	[DP_OR_NORM_GRAD_GB] = {CDF, CD, CD},
 };
 #undef CD
 #undef CDF
@@ -526,12 +527,15 @@ static int check_rows(Chk *c, int rule)
 		DISJOINT();
 		return 0;
 	}
-	case DP_OR_NORM_GRAD_G: {
+	case DP_OR_NORM_GRAD_G:
+	case DP_OR_NORM_GRAD_GB: {
 		OPND(o, -1, -1);
 		OPND(dy, 0, -1);
 		OPND(x, 1, -1);
 		NEED(dp_numel(dy) == dp_numel(x) && cols_of(dy) == cols_of(x), "dy and x differ in shape");
-		NEED(dp_numel(o) == cols_of(x), "the output's size does not match x's last dim");
+		NEED(dp_numel(o) == (rule == DP_OR_NORM_GRAD_GB ? 2 : 1) * cols_of(x),
+		     rule == DP_OR_NORM_GRAD_GB ? "the output is not [2, x's last dim]"
+						: "the output's size does not match x's last dim");
 		NEED(DP_FATTR(in, LAYERNORM_GRAD_G, eps) >= 0, "negative eps");
 		DISJOINT();
 		return 0;

@@ -332,6 +332,16 @@ int ir_overlaps(const Graph *g, const Value *a, const Value *b)
 	return a0 < b0 + ir_numel(b) && b0 < a0 + ir_numel(a);
 }
 
+int ir_node_touches(const Graph *g, const Node *n, const Value *v)
+{
+	if (n->out >= 0 && ir_overlaps(g, g->values[n->out], v))
+		return 1;
+	for (int k = 0; k < n->nin; k++)
+		if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], v))
+			return 1;
+	return 0;
+}
+
 int ir_add_block(Graph *g, const char *name, Loc loc)
 {
 	g->blocks = grow(g, g->blocks, &g->capblocks, g->nblocks + 1, sizeof(Block));

@@ -307,6 +307,8 @@ const char *ir_dtype_name(DpDtype dt);
 const Value *ir_root(const Graph *g, const Value *v);
 /* Do the memory ranges of a and b overlap (same root, intersecting element ranges)? */
 int ir_overlaps(const Graph *g, const Value *a, const Value *b);
+/* Does node n touch any byte of v (its out or an operand overlaps it)? */
+int ir_node_touches(const Graph *g, const Node *n, const Value *v);
 
 int ir_add_block(Graph *g, const char *name, Loc loc);
 /* The strategy block b's parameters follow: its override, else train's

@@ -445,6 +445,16 @@ int ir_shape_norm_grad_g(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
+/* LAYERNORM_GRAD_GB {dy, x}: [2, C] (gamma's gradient, then beta's). */
+int ir_shape_norm_grad_gb(Graph *g, Node *n, Value *out, Diag *d)
+{
+	const Value *x = V(g, n->in[1]);
+	if (ir_shape_act_grad(g, n, out, d) || need_float(n, x, "x", d))
+		return -1;
+	set_type(out, x->dtype, 2, (int64_t[]){2, ir_fold_cols(x)});
+	return 0;
+}
+
 /* qkv [B, T, 3C] with 3C divisible by 3 * heads. */
 static int check_qkv(Graph *g, Node *n, const Value *qkv, Diag *d)
 {

@@ -80,13 +80,8 @@ static int touched_outside_updates(const Graph *g, const Value *v)
 {
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
-		if (is_update(n) || !(n->progs & (IR_IN_STEP | IR_IN_EVAL)))
-			continue;
-		if (n->out >= 0 && ir_overlaps(g, g->values[n->out], v))
+		if (!is_update(n) && (n->progs & (IR_IN_STEP | IR_IN_EVAL)) && ir_node_touches(g, n, v))
 			return 1;
-		for (int k = 0; k < n->nin; k++)
-			if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], v))
-				return 1;
 	}
 	return 0;
 }

@@ -29,7 +29,9 @@
  * residual adds passes/fuse.c folded into layernorms (add_layernorm,
  * layernorm_grad_add) and rmsnorms (add_rmsnorm, rmsnorm_grad_add) are
  * counted on a line of their own per norm: each is one kernel and one pass
- * over the activation fewer than the pair it replaced.
+ * over the activation fewer than the pair it replaced; so are the
+ * layernorms' gamma and beta gradients in one pass (layernorm_grad_gb): one
+ * kernel and one read of dy fewer than layernorm_grad_g and bias_grad.
  *
  * MFU = model FLOPs / (time x the dense bf16 peak): the GEMMs' FLOPs (two
  * per multiply-add, forward and backward: PaLM's 6 N per token for the
@@ -266,7 +268,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 	Row row[C_NCLASS] = {{0}};
 	double attn_tc_ms = 0, model = 0, tokens = 0, attn_run = 0, epilogue = 0;
 	/* passes/fuse.c's residual adds, [0] layernorm's, [1] rmsnorm's */
-	double fused_add[2] = {0}, fused_add_grad[2] = {0};
+	double fused_add[2] = {0}, fused_add_grad[2] = {0}, fused_gb = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		if (!(n->progs & IR_IN_STEP) || !ir_ops[n->op].cost || dp_op_class(n->op) != DP_OPC_KERNEL)
@@ -295,6 +297,7 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 		fused_add_grad[0] += n->op == DP_OP_LAYERNORM_GRAD_ADD ? times : 0;
 		fused_add[1] += n->op == DP_OP_ADD_RMSNORM ? times : 0;
 		fused_add_grad[1] += n->op == DP_OP_RMSNORM_GRAD_ADD ? times : 0;
+		fused_gb += n->op == DP_OP_LAYERNORM_GRAD_GB ? times : 0;
 		Row *r = &row[c];
 		r->n += times;
 		r->flops += times * f;
@@ -351,6 +354,10 @@ void roofline_print(FILE *out, const Graph *g, const char *device)
 				"(%s_grad_add): as many memory-bound kernels and passes over a row "
 				"fewer\n", norm, fused_add[k], norm, fused_add_grad[k], norm);
 	}
+	if (fused_gb > 0)
+		fprintf(out, "layernorm gamma and beta gradients in one pass %.0f "
+			"(layernorm_grad_gb): as many memory-bound kernels and reads of dy fewer\n",
+			fused_gb);
 	if (total > 0 && row[C_ATTN].n > 0) /* a token model: its tokens/s too */
 		fprintf(out, "predicted MFU %.1f %% (%.0f tokens/s), attention as "
 			"runtime/cuda/attention.cu runs it\n", 100 * model / (total * 1e-3 * d->bf16),

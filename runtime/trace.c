@@ -481,6 +481,7 @@ static int class_of(unsigned op)
 	case DP_OP_LAYERNORM:
 	case DP_OP_LAYERNORM_GRAD:
 	case DP_OP_LAYERNORM_GRAD_G:
+	case DP_OP_LAYERNORM_GRAD_GB:
 	case DP_OP_RMSNORM:
 	case DP_OP_RMSNORM_GRAD:
 	case DP_OP_RMSNORM_GRAD_G:

@@ -34,6 +34,9 @@
  *     q gradient (attention_cp_grad) and, summed over ranks as the
  *     reduce_scatter sums them, the key/value gradients
  *     (attention_cp_grad_kv), unpacked by kv_unpack; tolerance as in 1.
+ *  5. layernorm_grad_gb (passes/fuse.c's gamma and beta gradients in one
+ *     walk) bitwise the layernorm_grad_g and bias_grad it replaces, with
+ *     and without acc, at 768 columns and at 300.
  *
  * Prints "cpu_kernels: N passed, M failed" last.
  */
@@ -670,6 +673,12 @@ static const char *build(int k, Ctx *c, DpInstr *in)
 					      "matmul TT, m < n"};
 		return names[k - 16];
 	}
+	case 20: /* GPT-2's row length; columns cut by the pool */
+		a = tensor(c, DP_F32, 300, 768, 0, 1), x = tensor(c, DP_F32, 300, 768, 0, 3);
+		o = tensor(c, DP_F32, 2, 768, 0, 1);
+		*in = instr(DP_OP_LAYERNORM_GRAD_GB, o, a, x, -1);
+		DP_FATTR(in, LAYERNORM_GRAD_GB, eps) = 1e-5f, DP_ATTR(in, LAYERNORM_GRAD_GB, acc) = 1;
+		return "layernorm_grad_gb";
 	default:
 		return NULL;
 	}
@@ -801,6 +810,39 @@ static void test_isa(const CpuVec *v, int have)
 	check(worst <= 64, "%s gelu: %.1f ulp", v->isa, worst);
 }
 
+/* layernorm_grad_gb (passes/fuse.c: gamma's and beta's gradients in one
+ * walk) bitwise the layernorm_grad_g and bias_grad it replaces, on the same
+ * dy, x and prior output, accumulating and not, at GPT-2's row length and
+ * at a ragged one (the kernels' 256-column blocks) */
+static void test_norm_gb(const CpuVec *vec)
+{
+	static const int64_t shape[][2] = {{300, 768}, {77, 300}};
+	for (int s = 0; s < 2; s++)
+		for (int acc = 0; acc < 2; acc++) {
+			int64_t rows = shape[s][0], cols = shape[s][1];
+			Ctx c;
+			srand(77 + s);
+			ctx_init(&c);
+			int dy = tensor(&c, DP_F32, rows, cols, 0, 1), x = tensor(&c, DP_F32, rows, cols, 0, 3);
+			int gb = tensor(&c, DP_F32, 2, cols, 0, 1), g = tensor(&c, DP_F32, cols, 0, 0, 0);
+			int b = tensor(&c, DP_F32, cols, 0, 0, 0);
+			memcpy(F(&c, g), F(&c, gb), (size_t)cols * 4); /* the prior gradients */
+			memcpy(F(&c, b), F(&c, gb) + cols, (size_t)cols * 4);
+			DpInstr in = instr(DP_OP_LAYERNORM_GRAD_GB, gb, dy, x, -1);
+			DP_FATTR(&in, LAYERNORM_GRAD_GB, eps) = 1e-5f, DP_ATTR(&in, LAYERNORM_GRAD_GB, acc) = acc;
+			DpInstr ig = instr(DP_OP_LAYERNORM_GRAD_G, g, dy, x, -1);
+			DP_FATTR(&ig, LAYERNORM_GRAD_G, eps) = 1e-5f, DP_ATTR(&ig, LAYERNORM_GRAD_G, acc) = acc;
+			DpInstr ib = instr(DP_OP_BIAS_GRAD, b, dy, -1, -1);
+			DP_ATTR(&ib, BIAS_GRAD, acc) = acc;
+			int ran = !run(&c, vec, NULL, in) && !run(&c, vec, NULL, ig) && !run(&c, vec, NULL, ib);
+			check(ran && !memcmp(F(&c, gb), F(&c, g), (size_t)cols * 4) &&
+				      !memcmp(F(&c, gb) + cols, F(&c, b), (size_t)cols * 4),
+			      "layernorm_grad_gb [%lld, %lld]%s bitwise layernorm_grad_g and bias_grad",
+			      (long long)rows, (long long)cols, acc ? " acc" : "");
+			ctx_free(&c);
+		}
+}
+
 int main(void)
 {
 	int avx2 = 0, avx512 = 0;
@@ -819,6 +861,7 @@ int main(void)
 	test_loss_scale(best);
 	test_dropout(best);
 	test_threads(best);
+	test_norm_gb(best);
 	test_isa(&cpu_vec_avx2, avx2);
 	test_isa(&cpu_vec_avx512, avx512);
 	test_isa(&cpu_vec_scalar, 1);

@@ -80,6 +80,12 @@
 #                 norm1 and the final norm read sums)
 #   add_rms_grad  rmsnorm_grad_add leaves out the residual stream's
 #                 gradient: dx of the rmsnorm alone (ll)
+#   norm_gb_beta  layernorm_grad_gb (passes/fuse.c: LayerNorm's gamma and
+#                 beta gradients in one pass) loses beta's sum over its
+#                 second chunk of rows (hd64: 512 rows, 16 chunks)
+#   emb_tile_sync embedding_grad's tile sort (layout.cu's k_emb_tile) without
+#                 its barrier between zeroing the tile's counts and storing
+#                 its ids and their use: counts and ranks read half written
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
@@ -553,6 +559,8 @@ add_norm      add_norm_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
+norm_gb_beta  norm_gb_beta  hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
+emb_tile_sync emb_tile_sync hd64    1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2

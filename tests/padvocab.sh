@@ -28,7 +28,9 @@
 #    logits) bitwise the cross_entropy and cross_entropy_grad it replaces,
 #    and the residual adds folded into the layernorms (add_layernorm,
 #    layernorm_grad_add) bitwise the add, layernorm, layernorm_grad and
-#    accum they replace (the fuse pass left out: dpc --from-ir after
+#    accum they replace, and the gamma and beta gradients in one pass
+#    (layernorm_grad_gb) bitwise the layernorm_grad_g and bias_grad it
+#    replaces (the fuse pass left out: dpc --from-ir after
 #    schedule), losses, eval lines and parameters, f32 at 1 rank;
 #    unfused-bf16 the same in precision bf16 (relu for gelu: linear_gelu is
 #    not bitwise on the CPU in bf16); unfused-llama the residual adds folded
@@ -215,11 +217,14 @@ fi
 # leaving the pass out would change more than these two; relu has no
 # fusion), where the fused kernels round the sum and dx where the pair
 # stored them.
+# The layernorms' gamma and beta gradients in one pass
+# (layernorm_grad_gb: 5 per micro-batch, 2 per layer and lnf) too.
 # unfused NAME [NORM WANT]: $T/NAME.dp compiled both ways, run and
 # compared; WANT the fused nodes in the step: cross_entropy_fused,
-# add_NORM and NORM_grad_add (default layernorm "1 4 4")
+# add_NORM, NORM_grad_add and layernorm_grad_gb (default layernorm
+# "1 4 4 5")
 unfused() {
-	local b=$1 norm=${2:-layernorm} want=${3:-1 4 4}
+	local b=$1 norm=${2:-layernorm} want=${3:-1 4 4 5}
 	"$DPC" "$T/$b.dp" --dump-after=schedule >"$T/$b.ir" 2>"$T/$b.log" &&
 		"$DPC" --from-ir "$T/$b.ir" --passes views,sample,padvocab,memplan -o "$T/$b-0.bin" \
 			2>>"$T/$b.log" && "$DPC" "$T/$b.dp" -o "$T/$b.bin" 2>>"$T/$b.log" &&
@@ -233,15 +238,17 @@ unfused() {
 	# the step's fused nodes: the classifier, and 4 add_layernorm and 4
 	# layernorm_grad_add (gpt2-tiny's 2 layers: ln2 and the next ln1 or lnf
 	# read a sum; the backward of ln1 and ln2 meets the residual's gradient)
-	local xf an ag
+	local xf an ag gb
 	xf=$(grep -c '= cross_entropy_fused .* fwd step' "$T/$b.fused.ir")
 	an=$(grep "= add_$norm .* fwd " "$T/$b.fused.ir" | grep -vc ' sample ')
 	ag=$(grep -c "= ${norm}_grad_add .* bwd " "$T/$b.fused.ir")
-	if [ "$xf $an $ag" != "$want" ] || grep -q "cross_entropy_fused\|add_$norm\|${norm}_grad_add" "$T/$b.ir"; then
-		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add in the step (want $want), or the dump has one"
+	gb=$(grep -c "= layernorm_grad_gb .* bwd " "$T/$b.fused.ir")
+	if [ "$xf $an $ag $gb" != "$want" ] ||
+		grep -q "cross_entropy_fused\|add_$norm\|${norm}_grad_add\|layernorm_grad_gb" "$T/$b.ir"; then
+		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add, $gb layernorm_grad_gb in the step (want $want), or the dump has one"
 	elif cmp -s "$T/$b.loss" "$T/$b-0.loss" && cmp -s "$T/$b.st" "$T/$b-0.st" &&
 		cmp -s "$T/$b.eval" "$T/$b-0.eval" && [ -s "$T/$b.eval" ]; then
-		ok "$b: cross_entropy_fused, $an add_$norm and $ag ${norm}_grad_add bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
+		ok "$b: cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add and $gb layernorm_grad_gb bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
 	else
 		paste "$T/$b.loss" "$T/$b-0.loss" | head -4
 		fail "$b: the fused nodes differ from the unfused ones"
@@ -268,7 +275,7 @@ if case_on unfused-llama; then
 		-e 's/^  ffn = .*/  ffn = 96/' \
 		-e 's/^  strategy .*/&\n  precision bf16/' models/llama.dp >"$T/ufl.dp"
 	grep -q '^  precision bf16' "$T/ufl.dp" || fail "unfused-llama: the precision sed no longer applies to llama.dp"
-	unfused ufl rmsnorm "1 4 4"
+	unfused ufl rmsnorm "1 4 4 0"
 fi
 if case_on fused-memory; then
 	for m in gpt2-tiny llama; do

@@ -140,6 +140,21 @@ fused() {
 		return 1
 	fi
 }
+# fused_gb NAME N: the layernorms' gamma and beta gradients in one pass
+# (passes/fuse.c's layernorm_grad_gb), N per step (GPT-2: 2 per layer and
+# lnf's, per micro-batch); a model without layernorms (N 0) has no line
+fused_gb() {
+	local line
+	line=$(grep "^layernorm gamma and beta gradients in one pass " "$T/$1.txt")
+	if [ "$2" = 0 ] && [ -z "$line" ]; then
+		echo "no layernorm_grad_gb"
+	elif [ "$line" = "layernorm gamma and beta gradients in one pass $2 (layernorm_grad_gb): as many memory-bound kernels and reads of dy fewer" ]; then
+		echo "$2 layernorm_grad_gb"
+	else
+		echo "want $2 layernorm_grad_gb: '$line'"
+		return 1
+	fi
+}
 # transformer MODEL NAME [NORM]: model FLOPs are the GEMMs' and 12 T d per
 # token and layer, tokens = micro_batch x ctx x grad_accum (the config's
 # ctx, d and layers; the batch sizes from --stats's header line)
@@ -152,6 +167,8 @@ transformer() {
 	roof "$name" "$model" --world-size 1 --precision bf16 &&
 		check "$name" tensor $((12 * ctx * d * layers * mb * ctx * ga)) >"$T/$name.out" 2>&1 &&
 		fused "$name" $((2 * layers * ga)) "$norm" >>"$T/$name.out" 2>&1 &&
+		fused_gb "$name" $([ "$norm" = layernorm ] && echo $(((2 * layers + 1) * ga)) || echo 0) \
+			>>"$T/$name.out" 2>&1 &&
 		ok "$name bf16 (ctx $ctx, d $d, $layers layers, micro_batch $mb x grad_accum $ga): $(tr "\n" " " <"$T/$name.out")" ||
 		{ fail "$name bf16"; cat "$T/$name.out"; }
 }

@@ -1,6 +1,7 @@
 /*
  * cpu/norm.c - the CPU kernels of layernorm and rmsnorm over the last dim:
- * forward, dx, and the gamma gradient (column sums). Row statistics,
+ * forward, dx, the gamma gradient (column sums), and gamma's and beta's
+ * gradients in one walk (layernorm_grad_gb). Row statistics,
  * the gradients' dot products and the column sums accumulate in double
  * (vec.c's norm_* loops). Each kernel makes one pass over memory: a row
  * is read once from memory and its sweeps (mean, centred squares, the
@@ -134,6 +135,34 @@ static void gamma_cols(void *ctx, int64_t lo, int64_t hi, int thread)
 	}
 }
 
+/* layernorm_grad_gb, columns lo..hi: gamma's sums as gamma_cols and beta's
+ * as bias_grad's (gemm.c's col_piece: vec.c's col_sum, from the output when
+ * accumulating), in one walk over the rows: each row of dy is read once for
+ * both, and each sum is the separate kernel's sequence of additions. out
+ * [2, cols]: gamma's gradient, then beta's. */
+static void gamma_beta_cols(void *ctx, int64_t lo, int64_t hi, int thread)
+{
+	const Nv *v = ctx;
+	int64_t c = v->cols;
+	float *ob = v->o + c;
+	double sg[256], sb[256];
+	for (int64_t j0 = lo; j0 < hi; j0 += 256) {
+		int64_t w = hi - j0 < 256 ? hi - j0 : 256;
+		memset(sg, 0, sizeof sg);
+		for (int64_t j = 0; j < w; j++)
+			sb[j] = v->acc ? ob[j0 + j] : 0;
+		for (int64_t r = 0; r < v->rows; r++) {
+			v->vec->norm_gamma(sg, v->a + r * c + j0, v->b + r * c + j0, w, v->stats[2 * r],
+					   v->stats[2 * r + 1]);
+			v->vec->col_sum(sb, v->a + r * c + j0, w);
+		}
+		for (int64_t j = 0; j < w; j++) {
+			v->o[j0 + j] = (float)(v->acc ? v->o[j0 + j] + sg[j] : sg[j]);
+			ob[j0 + j] = (float)sb[j];
+		}
+	}
+}
+
 /* Each pair of kernels shares its code: rmsnorm is layernorm without the
  * mean and beta. */
 static int run_fwd(const CpuArgs *k, RtErr *e)
@@ -176,6 +205,19 @@ static int run_grad_g(const CpuArgs *k, RtErr *e)
 	return 0;
 }
 
+static int run_grad_gb(const CpuArgs *k, RtErr *e)
+{
+	Nv v = nv(k, 0);
+	v.stats = malloc((size_t)(2 * v.rows + 1) * sizeof(double));
+	if (!v.stats)
+		return RT_FAIL(e, "out of memory (norm gradient of %lld rows)", (long long)v.rows);
+	cpu_parallel(k->pool, v.rows, cpu_grain_rows(v.cols), stats_rows, &v);
+	cpu_parallel(k->pool, v.cols, v.rows * v.cols < 2 * CPU_GRAIN ? v.cols : 16, gamma_beta_cols,
+		     &v);
+	free(v.stats);
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 const KernelRow cpu_norm_rows[] = {
 	{DP_OP_LAYERNORM, run_fwd, NULL, 0, NULL, NULL, 0, 0},
@@ -188,5 +230,6 @@ const KernelRow cpu_norm_rows[] = {
 	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd_add, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_ADD_RMSNORM, run_add_fwd, NULL, 0, NULL, NULL, 0, 0},
 	{DP_OP_RMSNORM_GRAD_ADD, run_bwd_add, NULL, 0, NULL, NULL, 0, 0},
+	{DP_OP_LAYERNORM_GRAD_GB, run_grad_gb, NULL, 0, NULL, NULL, 0, 0},
 	{0},
 };

@@ -1,6 +1,7 @@
 /*
  * norm.cu - the CUDA kernels of layernorm and rmsnorm over the last dim (the
- * CPU's runtime/cpu/norm.c): forward, dx, and the gamma gradient.
+ * CPU's runtime/cpu/norm.c): forward, dx, the gamma gradient, and gamma's
+ * and beta's gradients in one pass (layernorm_grad_gb, below).
  *
  * One block per row (grid-stride over rows), cu_row_threads(C) threads; the
  * row statistics and the gradient's two dot products are block reductions
@@ -220,6 +221,82 @@ template <typename T> struct NormGTerm {
 	}
 };
 
+/*
+ * layernorm_grad_gb: gamma's and beta's gradients in one pass over the rows
+ * (both [c], out [2, c]). Stage 1 (k_norm_gb_part): block b takes chunk b
+ * of the rows (gb_chunk_rows: at least 32, at most 1024 chunks); its 8
+ * warps compute the chunk's row statistics (a warp per row, row_stats' two
+ * passes with warp butterflies in double) into scratch, then each thread
+ * sums its W columns over the chunk's rows in row order, dy * xh and dy,
+ * in double: part[b][0, c) gamma's, part[b][c, 2c) beta's. dy and x are
+ * read once from memory (the statistics pass leaves the chunk in L1/L2
+ * for the sums). Stage 2: cu_colsum's final stage over the 2c columns:
+ * the chunks in order, + out when accumulating, rounded once. The
+ * partition is the shape's alone, no atomics: deterministic; the CPU's
+ * (row-order sums) to within layernorm_grad_g's and bias_grad's 1 ulp.
+ */
+template <int W, typename T>
+__global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c, int64_t per,
+			       double eps, double *stats, double *part)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	int64_t lo = blockIdx.x * per, hi = lo + per < rows ? lo + per : rows;
+	for (int64_t r = lo + warp; r < hi; r += nw) {
+		const T *xr = x + r * c;
+		double s = 0, q = 0;
+		for (int64_t j = W * lane; j < c; j += 32 * W) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				s += xv[k];
+		}
+		double m = warp_sum(s) / (double)c;
+		for (int64_t j = W * lane; j < c; j += 32 * W) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++) {
+				double d = (double)xv[k] - m;
+				q += d * d;
+			}
+		}
+		q = warp_sum(q);
+		if (lane == 0) {
+			stats[2 * r] = m;
+			stats[2 * r + 1] = 1.0 / sqrt(q / (double)c + eps);
+		}
+	}
+	__syncthreads(); /* the chunk's statistics, whichever warp wrote them */
+	double *pg = part + blockIdx.x * 2 * c, *pb = pg + c;
+	const bool drop = MUTANT(norm_gb_beta) && blockIdx.x == 1; /* a chunk's beta lost */
+	for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+		double sg[W], sb[W];
+		for (int k = 0; k < W; k++)
+			sg[k] = sb[k] = 0;
+		for (int64_t r = lo; r < hi; r++) {
+			float dv[W], xv[W];
+			ldw<W>(dy + r * c + j, dv);
+			ldw<W>(x + r * c + j, xv);
+			double m = stats[2 * r], rs = stats[2 * r + 1];
+			for (int k = 0; k < W; k++) {
+				sg[k] += (double)dv[k] * (((double)xv[k] - m) * rs);
+				sb[k] += dv[k];
+			}
+		}
+		for (int k = 0; k < W; k++) {
+			pg[j + k] = sg[k];
+			pb[j + k] = drop ? 0.0 : sb[k];
+		}
+	}
+}
+
+/* Rows per chunk of k_norm_gb_part: 32, or more so that there are at most
+ * 1024 chunks (the partials' scratch). From the shape only. */
+static int64_t gb_chunk_rows(int64_t rows)
+{
+	int64_t per = (rows + 1023) / 1024;
+	return per < 32 ? 32 : per;
+}
+
 static unsigned row_grid(int64_t rows)
 {
 	return (unsigned)(rows < CU_MAX_GRID ? (rows > 0 ? rows : 1) : CU_MAX_GRID);
@@ -320,6 +397,44 @@ template <typename T, typename TO> static int run_grad_g_t(const CuArgs *a, RtEr
 	return 0;
 }
 
+/* stats (2 per row), then the partials: 2c per chunk */
+static size_t scratch_grad_gb(const DpStep *s, const DpInstr *in)
+{
+	const DpTensor *x = &s->tensors[in->in[1]];
+	int64_t c = cu_cols(x), rows = cu_rows(x), per = gb_chunk_rows(rows);
+	return (size_t)(2 * rows + (rows + per - 1) / per * 2 * c) * sizeof(double);
+}
+
+/* T: dy and x; TO: the output (f32 or T: operand rule NORM_GRAD_GB) */
+template <typename T, typename TO> static int run_grad_gb_t(const CuArgs *a, RtErr *e)
+{
+	const DpTensor *t1 = cu_t(a, 1);
+	int64_t c = cu_cols(t1), rows = cu_rows(t1), per = gb_chunk_rows(rows);
+	int64_t chunks = (rows + per - 1) / per;
+	double *stats = (double *)a->scratch, *part = stats + 2 * rows;
+	const T *dy = (const T *)cu_p(a, 0), *x = (const T *)cu_p(a, 1);
+	TO *o = (TO *)cu_p(a, -1);
+	int acc = DP_ATTR(a->in, LAYERNORM_GRAD_GB, acc) != 0;
+	double eps = (double)DP_FATTR(a->in, LAYERNORM_GRAD_GB, eps);
+	if (c <= 0)
+		return 0;
+	if (rows <= 0) { /* no rows: zero sums (out as it is when accumulating) */
+		if (!acc)
+			CU_OK(a, cudaMemsetAsync(o, 0, (size_t)(2 * c) * sizeof(TO), a->st), e);
+		return 0;
+	}
+	if (cu_vec8<T>(c, dy, x))
+		CU_LAUNCH((k_norm_gb_part<8, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
+			  rows, c, per, eps, stats, part);
+	else
+		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
+			  rows, c, per, eps, stats, part);
+	CU_LAUNCHED(a, e);
+	CU_LAUNCH(k_colsum_final<TO>, cu_grid(2 * c), CU_THREADS, a->st, o, part, 2 * c, chunks, acc);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
 static int run_fwd(const CuArgs *a, RtErr *e)
 {
 	unsigned dt = cu_t(a, 0)->dtype;
@@ -355,6 +470,16 @@ static int run_grad_g(const CuArgs *a, RtErr *e)
 	       : dt == DP_BF16 ? run_grad_g_half<cu_bf16>(a, e) : run_grad_g_t<float, float>(a, e);
 }
 
+static int run_grad_gb(const CuArgs *a, RtErr *e)
+{
+	unsigned dt = cu_t(a, 0)->dtype, half = dp_is_half(cu_t(a, -1)->dtype);
+	if (dt == DP_F16)
+		return half ? run_grad_gb_t<__half, __half>(a, e) : run_grad_gb_t<__half, float>(a, e);
+	if (dt == DP_BF16)
+		return half ? run_grad_gb_t<cu_bf16, cu_bf16>(a, e) : run_grad_gb_t<cu_bf16, float>(a, e);
+	return run_grad_gb_t<float, float>(a, e);
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_norm_rows[] = {
 	{DP_OP_LAYERNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
@@ -367,5 +492,6 @@ extern "C" const KernelRow cu_norm_rows[] = {
 	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_ADD_RMSNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
 	{DP_OP_RMSNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD_GB, run_grad_gb, NULL, 1, NULL, scratch_grad_gb, 0, 1},
 	{},
 };
