@@ -225,6 +225,7 @@ if ! emu_start "the CUDA emulator suite"; then
 fi
 ok "make cuda-emu: build-emu/dpexec, build-emu/libdpcuda.so from runtime/cuda"
 EMU=$ROOT/build-emu/dpexec
+[ "${DP_LIST:-0}" = 1 ] || cmp_start
 CPU=$ROOT/build/dpexec
 SELF=$ROOT/build-emu/selftest
 
@@ -473,7 +474,7 @@ compare() {
 		what="updates rel" within="updates rtol $6"
 		params=(updates "$7" "$2.st" "$3.st" --rtol "$6")
 	fi
-	if $PY tests/compare.py losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 --and "${params[@]}" >"$2.cmp"; then
+	if pycmp "$2.cmp" losses "$2.loss" "$3.loss" --rtol "$4" --atol 0 --and "${params[@]}"; then
 		local fig
 		fig=$(awk -v what="$what" '/ loss:/ {l = $8} / updates:/ {p = $4}
 			/ max abs diff/ && !/ loss:/ {if ($5 + 0 > p) p = $5 + 0}
@@ -729,8 +730,7 @@ overflow_same() {
 	if [ -n "$spike" ] && cmp -s "$T/$p.cpu.scales" "$T/$p.$dev.scales" &&
 		{ [ "$halves" = 0 ] ||
 			awk -v k="$spike" '$1 == k {s = $2} $1 == k + 1 {exit !($2 == s / 2)}' "$T/$p.cpu.scales"; } &&
-		$PY tests/compare.py losses "$T/$p.$dev.loss" "$T/$p.cpu.loss" --rtol "$FP16_LOSS" \
-			--atol 0 >"$T/$p.cmp"; then
+		pycmp "$T/$p.cmp" losses "$T/$p.$dev.loss" "$T/$p.cpu.loss" --rtol "$FP16_LOSS" --atol 0; then
 		ok "$name: $who skipped the CPU's steps with its scales ($(awk '{printf "%s%s:%s/%s", (NR > 1 ? " " : ""), $1, $2, $3}' "$T/$p.cpu.scales")), step $spike's overflow after clean steps$([ "$halves" = 0 ] || echo " halving it"); losses within 2^-14 ($(awk '/ loss:/ {print $8}' "$T/$p.cmp"))"
 	else
 		paste "$T/$p.cpu.scales" "$T/$p.$dev.scales"; cat "$T/$p.cmp" 2>/dev/null
@@ -1153,4 +1153,5 @@ fi
 echo "  agreement, --device cuda (emulated) vs --device cpu over $STEPS steps:"
 sed 's/^/    /' "$agree"
 echo "  (cuda_emu took $(($(date +%s) - t_start))s)"
+cmp_stop
 finish cuda_emu

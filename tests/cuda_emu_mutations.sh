@@ -239,6 +239,7 @@ if ! emu_start "the CUDA emulator's mutation checks"; then
 	exit $?
 fi
 EMU=$ROOT/build-emu/dpexec
+[ "${DP_LIST:-0}" = 1 ] || cmp_start
 
 # the cases: one (mlp8, 1 rank ddp), two (zero2 at 2 ranks), biased (two
 # with biases that are not zero at the start, so a dropped bias shows); b16
@@ -470,8 +471,7 @@ run() {
 		[ "$bin" = t32 ] && lrtol=6.103515625e-5
 		params=(updates "$T/$bin.init.st" "$T/$name.st" "$T/$bin.cpu.st" --rtol 1.953125e-3)
 	fi
-	if ! $PY tests/compare.py losses "$T/$name.loss" "$T/$bin.cpu.loss" --rtol $lrtol --atol 0 >"$T/$name.cmp" ||
-		! $PY tests/compare.py "${params[@]}" >>"$T/$name.cmp"; then
+	if ! pycmp "$T/$name.cmp" losses "$T/$name.loss" "$T/$bin.cpu.loss" --rtol $lrtol --atol 0 --and "${params[@]}"; then
 		why="wrong numbers: $(grep -m1 -E 'EXCEEDS|step count' "$T/$name.cmp" | sed 's/^ *//' | cut -c1-120)"
 		return 0
 	fi
@@ -678,4 +678,5 @@ else
 fi
 
 echo "  (cuda_emu_mutations took $(($(date +%s) - t_start))s)"
+cmp_stop
 finish cuda_emu_mutations
