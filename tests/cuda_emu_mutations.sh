@@ -148,12 +148,11 @@
 #   tcb_unpaired  the forward run again by an unpaired tensor-core
 #                 backward writes each row's D as 0 (u16: a16 with
 #                 attention's output added to the residual directly, so the
-#                 memory plan reuses its bytes and no gradient is paired;
-#                 both thread orders must catch it)
+#                 memory plan reuses its bytes and no gradient is paired)
 #   tc_cpbound    the tensor-core kernels' query span (fa_query_span) ends
 #                 at the last row's index, not its position: a cp rank's
 #                 second chunk loses its offset in the causal bound (c16:
-#                 a16 at cp=2, both thread orders must catch it)
+#                 a16 at cp=2)
 #   tf32_frag     the tf32 kernels' P (and dS) packed with a[1] and a[2]
 #                 swapped (C[g][2q+1] taken as A[g+8][q]: the bf16 layout's
 #                 order, not m16n8k8 .tf32's; t32: a16 in precision tf32,
@@ -201,12 +200,20 @@
 # events allow (DPEMU_COMM=late / early; no_sync with ascending and random
 # thread orders); a mutation is caught when a run fails, and the second run
 # is made only when the first did not catch it (rule `all`: both runs, each
-# must catch it). Cases: mlp8 zero2 at 2
+# must catch it). Rule `all` is for the mutants whose effect depends on the
+# schedule (a dropped barrier, event or wait: attn_sync, tc_sync, tcb_*sync,
+# h2d_wait); a mutant that breaks the arithmetic (a layout, a bound, a lost
+# term or epilogue) is rule `one`: its two runs gave the same figures to
+# the printed digits in the CI run of 2026-11-28 (tc_layout 7.062e-03 and 7.062e-03,
+# tcb_dterm 3.872e-03 twice, tc_cpbound 3.880e-04 twice, ...), so the
+# second run measured nothing new for ~1.7-3.5 CPU-s; every other such row
+# lists its environments the other way round, so both thread orders (and
+# both collective policies) still catch some of them. Cases: mlp8 zero2 at 2
 # ranks (two streams, reduce-scatter and all-gather), mlp8 ddp at 1 rank
 # (no_sync, gemm_*); the cuBLASLt mutations (lt_*) run the 2-rank case
 # (lt_bias: with biases initialised normal(0, 0.5) instead of zeros, else
-# a dropped bias is still ~lr after 3 steps) under both collective
-# policies and must be caught by both runs (lt_bias16 the same model in
+# a dropped bias is still ~lr after 3 steps) under one collective policy,
+# the other when that one does not catch it (lt_bias16 the same model in
 # bf16, bb16). The bf16 cases' CPU references
 # run their GEMMs on f32 copies (DP_CPU_BF16_GEMM=blas), as the emulated
 # cuBLASLt does (tests/cuda_emu.sh's header says why). attn_sync runs
@@ -215,7 +222,8 @@
 # the tc_* mutations run the same model in precision bf16 with SGD (a16:
 # tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd" case, compared as that suite
 # compares its bf16 cases: losses rtol 2^-13, training updates rtol 2^-9)
-# under ascending and random thread orders, and both must catch each;
+# under ascending or random thread orders (the barriers' mutants: both
+# must catch each);
 # copy_wait runs g8 (gpt2-tiny small, f32) for 8 steps with device work run
 # as late as the host allows (DPEMU_RUN=lazy: the copy then overtakes the
 # step still reading).
@@ -519,18 +527,18 @@ event_record  event_record  two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COM
 event_wait    event_wait    two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 gemm_trans    gemm_trans    one     1 one DPEMU_SEED=1 DPEMU_SEED=2
 gemm_ld       gemm_ld       one     1 one DPEMU_SEED=1 DPEMU_SEED=2
-lt_bias       lt_bias       biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
-lt_bias16     lt_bias       bb16    2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
-lt_bgrad      lt_bgrad      biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
-vocab_leak    vocab_leak    voc     1 all DPEMU_SEED=1 DPEMU_SEED=2
-bgrad_add     bgrad_add     biased  2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+lt_bias       lt_bias       biased  2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+lt_bias16     lt_bias       bb16    2 one DPEMU_COMM=early,DPEMU_SEED=2 DPEMU_COMM=late,DPEMU_SEED=1
+lt_bgrad      lt_bgrad      biased  2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+vocab_leak    vocab_leak    voc     1 one DPEMU_SEED=2 DPEMU_SEED=1
+bgrad_add     bgrad_add     biased  2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
 psgd_step     psgd_step     psgdf   2 one DPEMU_SEED=1 DPEMU_SEED=2
-lt_align      lt_align      two     2 all DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
-gelu_aux      gelu_aux      hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
-gelu_half     gelu_half     a16     1 all DPEMU_SEED=1 DPEMU_SEED=2
-gelu_deriv    gelu_deriv    hd64    1 all DPEMU_SEED=1 DPEMU_SEED=2
-gelu_map      gelu_map      hd64    1 all DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2
+lt_align      lt_align      two     2 one DPEMU_COMM=early,DPEMU_SEED=2 DPEMU_COMM=late,DPEMU_SEED=1
+gelu_aux      gelu_aux      hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
+gelu_half     gelu_half     a16     1 one DPEMU_SEED=2 DPEMU_SEED=1
+gelu_deriv    gelu_deriv    hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
+gelu_map      gelu_map      hd64    1 one DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1
 add_norm      add_norm_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -541,23 +549,23 @@ p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_CO
 subgroup      subgroup_skipped gpp4 4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_layout     tc_layout     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_stride     tc_stride     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_causal     tc_causal     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_frag       tc_frag       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_shfl       tc_shfl       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_lse       tcb_lse       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_stale     tcb_stale     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_dterm     tcb_dterm     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_layout     tc_layout     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_stride     tc_stride     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
+tc_causal     tc_causal     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_frag       tc_frag       a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
+tc_shfl       tc_shfl       a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_lse       tcb_lse       a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
+tcb_stale     tcb_stale     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dterm     tcb_dterm     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_causal    tcb_causal    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_causal    tcb_causal    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tcb_dqlayout  tcb_dqlayout  a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqlayout  tcb_dqlayout  a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2
 tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=3
-tcb_unpaired  tcb_unpaired  u16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
-tc_cpbound    tc_cpbound    c16     2 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_unpaired  tcb_unpaired  u16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_cpbound    tc_cpbound    c16     2 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tf32_frag     tf32_frag     t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
 tf32_cvt      tf32_cvt      t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
 copy_wait     copy_wait     g8      1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
