@@ -24,8 +24,8 @@ cmp_start() {
 }
 cmp_stop() {
 	[ -n "${CMPSRV_PID:-}" ] || return 0
-	local pid=$CMPSRV_PID
-	exec {CMPSRV[1]}>&-
+	local pid=$CMPSRV_PID fd=${CMPSRV[1]}
+	exec {fd}>&- # (its stdin: it ends)
 	wait "$pid" 2>/dev/null
 	return 0
 }
