@@ -321,6 +321,13 @@ template <typename V> static __device__ V block_sum(V v, V *sh)
 {
 	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	v = warp_sum(v);
+	/* One warp: warp 0's pass below would sum v and 31 zeros, which is v + 0
+	 * in every lane (the butterfly gives all lanes the same bits); said
+	 * directly, without sh and the three barriers. The + 0 keeps the long
+	 * form's bits: -0 becomes +0. (A row of <= 32 columns: a fifth of the
+	 * emulator's a16 case, issue 20; on hardware three barriers per row.) */
+	if (nw == 1)
+		return v + (V)0;
 	__syncthreads(); /* sh may still be read by a previous call */
 	if (lane == 0)
 		sh[w] = v;
