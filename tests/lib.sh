@@ -44,6 +44,16 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # for bit; Open MPI decides this by the slots it knows of, and with
 # --oversubscribe it knows of none). What a rank computes is unchanged.
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+# And dpexec's own waits (runtime/world.c: every collective's) sleep at once
+# instead of polling with sched_yield for 20 ms first: on cores that the
+# rank it waits for shares with it and with other suites, the yielding
+# rank is scheduled again and again, and its polls were a fifth of the CPU
+# of the suites (system time, in sched_yield). tests/faults/tiny.dp on 2
+# ranks, 100 steps at a load of ~17: 1.48-1.55 CPU-s polling first (0.62
+# user + 0.82-0.93 system), 0.51-0.60 without, the same losses bit for bit.
+# faults.sh's stopped-rank case runs with the default, which the others
+# leave untested.
+export DP_WAIT_SPIN_MS=${DP_WAIT_SPIN_MS:-0}
 # Open MPI's own allocations are not ours to fix: no leak checking inside
 # MPI processes; dpc keeps full leak checking. A huge allocation (a mutated
 # step file asking for terabytes) returns NULL, so dpexec reports it as it
