@@ -1520,8 +1520,8 @@ int main(int argc, char **argv)
 	}
 	MPI_Comm_rank(MPI_COMM_WORLD, &r->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &r->world);
-	world_init(&r->w, r->o.timeout);
+	int rc = world_init(&r->w, r->o.timeout, &r->e);
 	r->e.rank = -1;
 	sig_install();
-	return finish(r, run(r));
+	return finish(r, rc ? rc : run(r));
 }

@@ -22,12 +22,26 @@
  * the moment it was continued - as the launcher continues it to deliver the
  * SIGTERM that ends the job - and printed the error a second time. */
 #define WORLD_STALL_S 1.0
+/* How long a wait polls at full speed before it backs off: WORLD_SPIN_MS,
+ * or DP_WAIT_SPIN_MS from the environment (read by world_init; one value
+ * per process, as the environment is). 0: back off at once, for ranks that
+ * share their cores with busy neighbours (tests/lib.sh says what it saves). */
+static double wait_spin_ms = WORLD_SPIN_MS;
 
-void world_init(World *w, double timeout_s)
+int world_init(World *w, double timeout_s, RtErr *e)
 {
 	MPI_Comm_rank(MPI_COMM_WORLD, &w->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &w->size);
 	w->timeout_s = timeout_s;
+	const char *v = getenv("DP_WAIT_SPIN_MS");
+	if (v) {
+		char *end;
+		double ms = strtod(v, &end);
+		if (end == v || *end || !(ms >= 0 && ms <= 1000))
+			return RT_FAIL(e, "DP_WAIT_SPIN_MS=%s: not a number of milliseconds in [0, 1000]", v);
+		wait_spin_ms = ms;
+	}
+	return 0;
 }
 
 static int mpi_fail(int rc, const char *what, RtErr *e)
@@ -62,7 +76,7 @@ int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,
 			e->lost = 1;
 			return -1;
 		}
-		if (el * 1e3 < WORLD_SPIN_MS) {
+		if (el * 1e3 < wait_spin_ms) {
 			sched_yield(); /* other ranks may share this core */
 			continue;
 		}

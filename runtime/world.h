@@ -11,8 +11,10 @@
  * Waiting. Open MPI's blocking waits spin at 100% CPU, forever if a peer is
  * stopped or gone. world_waitall polls instead: MPI_Testall with
  * sched_yield for the first WORLD_SPIN_MS milliseconds (a normal wait ends
- * there, at full speed), then with a sleep between tests of 1/100 of the
- * time waited so far, from 10 us up to 1 ms (Open MPI advances a collective
+ * there, at full speed; DP_WAIT_SPIN_MS in the environment says another
+ * length, 0 none: on cores shared with busy neighbours the spinning rank
+ * takes the CPU the rank it waits for needs), then with a sleep between
+ * tests of 1/100 of the time waited so far, from 10 us up to 1 ms (Open MPI advances a collective
  * only inside MPI calls, so a long collective is slowed by about 1%, while
  * a stuck peer costs about a thousand cheap tests a second, not a core),
  * and fails after timeout_s seconds (0: never) with a message naming what
@@ -39,7 +41,8 @@ typedef struct {
 } World;
 
 /* MPI is initialised; rank and size of MPI_COMM_WORLD. */
-void world_init(World *w, double timeout_s);
+/* 0, or -1 with e: DP_WAIT_SPIN_MS is not a number of milliseconds in [0, 1000] */
+int world_init(World *w, double timeout_s, RtErr *e);
 /* Complete n requests (see the top of the file). *blocked_s (may be NULL)
  * gets the seconds spent waiting. what: "a collective", ... for messages. */
 int world_waitall(int n, MPI_Request *req, double timeout_s, const char *what,

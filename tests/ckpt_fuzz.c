@@ -304,7 +304,10 @@ int main(int argc, char **argv)
 	Comm *comm = NULL;
 	Exec x;
 	Ckpt *c = NULL;
-	world_init(&w, 60);
+	if (world_init(&w, 60, &e)) {
+		fprintf(stderr, "ckpt_fuzz: %s\n", e.msg);
+		return 2;
+	}
 	if (dpstep_read_file(argv[1], &step, err, sizeof err)) {
 		fprintf(stderr, "ckpt_fuzz: %s\n", err);
 		return 2;

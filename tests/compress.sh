@@ -85,9 +85,13 @@ trap 'rm -rf "$T"' EXIT
 FM=/usr/share/datasets/fashion-mnist
 PSGD='train.compress=powersgd(rank=4,start_step=10)'
 
-compile() { # compile NAME SET-ARGS...: models/mlp.dp at 2 ranks into $T/NAME.bin
+# the runs' mlp.dp reads the uncompressed Fashion-MNIST (tests/lib.sh's
+# mlp_raw: the same data, without each rank decompressing it); the IR and
+# step-file checks below compile models/mlp.dp itself
+mlp_raw "$T/mlp.dp"
+compile() { # compile NAME SET-ARGS...: models/mlp.dp (its mlp_raw copy) at 2 ranks into $T/NAME.bin
 	local name=$1; shift
-	"$DPC" models/mlp.dp --world-size 2 "$@" -o "$T/$name.bin" || { fail "$name: dpc"; return 1; }
+	"$DPC" "$T/mlp.dp" --world-size 2 "$@" -o "$T/$name.bin" || { fail "$name: dpc"; return 1; }
 }
 losses() { # losses NAME STEPS [ARGS...]: $T/NAME.dp from $T/NAME.bin
 	local name=$1 steps=$2; shift 2

@@ -53,7 +53,9 @@ all_gone() {
 
 # ---- SIGSTOP of one rank ----
 if case_on stopped-rank; then
-	( env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 \
+	# (with dpexec's default wait, 20 ms of polling before the back-off,
+	# which tests/lib.sh's DP_WAIT_SPIN_MS=0 skips elsewhere)
+	( env -u DP_WAIT_SPIN_MS $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/mlp2.bin" --steps 100000 \
 		--timeout 4 --log-every 100000 --eval-every 0 >"$T/hang.out" 2>&1; echo "rc=$?" >>"$T/hang.out" ) &
 	job=$!
 	for i in $(seq 100); do unstamp "$T/hang.out" | grep -q "^step 1/" && break; sleep 0.2; done

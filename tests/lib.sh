@@ -44,6 +44,16 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # for bit; Open MPI decides this by the slots it knows of, and with
 # --oversubscribe it knows of none). What a rank computes is unchanged.
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+# And dpexec's own waits (runtime/world.c: every collective's) sleep at once
+# instead of polling with sched_yield for 20 ms first: on cores that the
+# rank it waits for shares with it and with other suites, the yielding
+# rank is scheduled again and again, and its polls were a fifth of the CPU
+# of the suites (system time, in sched_yield). tests/faults/tiny.dp on 2
+# ranks, 100 steps at a load of ~17: 1.48-1.55 CPU-s polling first (0.62
+# user + 0.82-0.93 system), 0.51-0.60 without, the same losses bit for bit.
+# faults.sh's stopped-rank case runs with the default, which the others
+# leave untested.
+export DP_WAIT_SPIN_MS=${DP_WAIT_SPIN_MS:-0}
 # Open MPI's own allocations are not ours to fix: no leak checking inside
 # MPI processes; dpc keeps full leak checking. A huge allocation (a mutated
 # step file asking for terabytes) returns NULL, so dpexec reports it as it
@@ -387,6 +397,29 @@ mixed() {
 		's/^  block head {/&\n    strategy zero2/'
 	[ "$(grep -c '^    strategy \|^    reshard_after_forward' "$2")" = 4 ] ||
 		fail "mixed: the four block settings are not all in $2"
+}
+
+# mlp_raw DST: models/mlp.dp reading uncompressed copies of its four
+# Fashion-MNIST files (made once per suite in $T/fashion-mnist): the same
+# bytes through the same reader (zlib reads a file that is not gzip as it
+# is), so the same losses bit for bit, for the suites whose mlp.dp runs
+# check strategies, offload or compression, not gzip. Every rank of a run
+# decompresses the 26 MB of training images itself: 0.74 CPU-s of a 1-rank
+# 15-step run against 0.35 from the copies (measured at a load of ~30);
+# tests/data_test.c, the tour and the suites that run models/mlp.dp as it
+# is keep the gzip path covered.
+FMNIST=/usr/share/datasets/fashion-mnist
+mlp_raw() {
+	local d=$T/fashion-mnist f
+	if [ "${DP_LIST:-0}" != 1 ]; then
+		mkdir -p "$d" || return 1
+		for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+			[ -s "$d/$f" ] || gzip -dc "$FMNIST/$f.gz" >"$d/$f" ||
+				{ fail "mlp_raw: gzip -dc $FMNIST/$f.gz (dataset-fashion-mnist: make deps)"; return 1; }
+		done
+	fi
+	variant "$ROOT/models/mlp.dp" "$1" 's|"'"$FMNIST"'/\([a-z0-9-]*\)\.gz"|"'"$d"'/\1"|'
+	[ "$(grep -c "from idx(\"$d/" "$1")" = 4 ] || fail "mlp_raw: the four data paths of models/mlp.dp in $1"
 }
 
 # gpt_text DST: models/gpt2-tiny.dp reading byte-level shards of the GPL-3

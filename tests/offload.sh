@@ -70,7 +70,8 @@ STEPS=3
 gpt_text "$T/gpt.dp"
 variant models/llama.dp "$T/llama.dp" \
 	's|"build/data/fortunes.bin"|"'"$T"'/text.bin"|; s|"build/data/fortunes_val.bin"|"'"$T"'/val.bin"|'
-mlp=models/mlp.dp
+mlp=$T/mlp.dp # (uncompressed Fashion-MNIST: tests/lib.sh's mlp_raw)
+mlp_raw "$mlp"
 
 # pair NAME MODEL NP [dpc args...]: the model without offload and with it
 # (each mode of $MODES: none and optimizer unless the caller says, e.g.

@@ -32,19 +32,25 @@
 # only moves losses by >1e-4 within a few steps, and a 10% different
 # learning rate (checked below) is rejected.
 #
-# Runs: ~40 launches of mpirun; mlp.dp's runs dominate (Fashion-MNIST load).
+# Runs: ~40 launches of mpirun; mlp.dp's runs dominate (Fashion-MNIST
+# load, from uncompressed copies: tests/lib.sh's mlp_raw).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 T=$(tmpdir)
 trap 'rm -rf "$T"' EXIT
 STEPS=${STEPS:-15}
+# mlp.dp reads the uncompressed Fashion-MNIST (tests/lib.sh's mlp_raw): the
+# same data, without each rank decompressing it
+mlp_raw "$T/mlp.dp"
+# model_src MODEL: the .dp file of mlp or mlp8
+model_src() { if [ "$1" = mlp ]; then echo "$T/mlp.dp"; else echo "models/$1.dp"; fi; }
 
 # ref MODEL: the 1-rank ddp run every case of MODEL is compared with
-ref() { once "$1-ddp1" eq_run "$1-ddp1" 1 "models/$1.dp"; }
+ref() { once "$1-ddp1" eq_run "$1-ddp1" 1 "$(model_src "$1")"; }
 
 for model in mlp mlp8; do
-	src=models/$model.dp
+	src=$(model_src $model)
 	if case_on "$model-ddp-np1"; then
 		ref $model
 		# the reference must actually train: the loss falls over the steps
@@ -97,7 +103,7 @@ for model in mlp mlp8; do
 	case_on "$model-init_from" || continue
 	ref $model
 	if [ -s "$T/$model-ddp1.st" ]; then
-		eq_run "$model-ddp1-cont" 1 "models/$model.dp" --init-from "$T/$model-ddp1.st" &&
+		eq_run "$model-ddp1-cont" 1 "$(model_src $model)" --init-from "$T/$model-ddp1.st" &&
 		eq_run "$model-fs4-cont" 4 "$T/$model-full_shard.dp" --init-from "$T/$model-ddp1.st" &&
 		eq_same "$model-fs4-cont" "$model-ddp1-cont"
 		# and it really started from the file: its first loss is the
