@@ -93,6 +93,8 @@
 #                 a pipeline send dropped (mlp8 at pp=2): the send moves an
 #                 activation or gradient the compute stream has not written
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
+#                 (row_stats, and layernorm_grad_gb's statistics walk: b16's
+#                 gamma gradients are where it shows)
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
 #   attn_sync     the __syncthreads at the top of attention's forward loop

@@ -244,7 +244,10 @@ __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c,
 	for (int64_t r = lo + warp; r < hi; r += nw) {
 		const T *xr = x + r * c;
 		double s = 0, q = 0;
-		for (int64_t j = W * lane; j < c; j += 32 * W) {
+		/* (the mutant bf16_stride as in row_stats: this walk, not row_stats,
+		 * is the gamma gradient's statistics since layernorm_grad_gb) */
+		const int stride = MUTANT(bf16_stride) ? 1 : W;
+		for (int64_t j = W * lane; j < c; j += 32 * stride) {
 			float xv[W];
 			ldw<W>(xr + j, xv);
 			for (int k = 0; k < W; k++)
