@@ -252,6 +252,20 @@ Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc 
 	return n;
 }
 
+Node *ir_node_like(Graph *g, const Node *n, int out, const int *in, int k)
+{
+	Node *x = ir_node(g, n->op, out, n->nin, in, n->phase, n->loc);
+	memcpy(x->ia, n->ia, sizeof x->ia);
+	memcpy(x->fa, n->fa, sizeof x->fa);
+	x->progs = n->progs;
+	x->flags = n->flags;
+	x->stream = n->stream;
+	x->block = n->block;
+	x->bucket = n->bucket;
+	x->stage = k;
+	return x;
+}
+
 int ir_node_index(Graph *g, const Node *n)
 {
 	for (int i = 0; i < g->nnodes; i++)

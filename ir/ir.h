@@ -294,6 +294,10 @@ void ir_rename_value(Graph *g, Value *v, const char *name);
 
 /* New node appended at the end of the program; out may be -1. */
 Node *ir_node(Graph *g, IrOp op, int out, int nin, const int *in, Phase ph, Loc loc);
+/* New node like n (its op, phase, location, attributes, programs, flags,
+ * stream, block and bucket) over values out and in[] (n->nin of them), on
+ * stage k, appended as ir_node does (chunk and offload not copied). */
+Node *ir_node_like(Graph *g, const Node *n, int out, const int *in, int k);
 /* Insert an existing node (made by ir_node, which appended it) at position pos. */
 void ir_move_node(Graph *g, Node *n, int pos);
 int ir_node_index(Graph *g, const Node *n);

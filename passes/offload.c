@@ -708,13 +708,12 @@ static void mixed_early_gradients(Graph *g, Node *upd)
 	upd->in[0] = host->id;
 	if (!clip)
 		return;
-	Node *hc = ir_node(g, clip->op, host->id, clip->nin, clip->in, clip->phase, clip->loc);
-	memcpy(hc->ia, clip->ia, sizeof hc->ia);
-	memcpy(hc->fa, clip->fa, sizeof hc->fa);
-	hc->progs = clip->progs;
-	hc->flags = clip->flags;
+	/* the clip's copy over the host run: on the compute stream, in no bucket,
+	 * in the update's block */
+	Node *hc = ir_node_like(g, clip, host->id, clip->in, clip->stage);
+	hc->stream = DP_STREAM_COMPUTE;
+	hc->bucket = -1;
 	hc->block = upd->block;
-	hc->stage = clip->stage;
 	ir_move_node(g, hc, ir_node_index(g, upd));
 }
 

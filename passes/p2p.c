@@ -405,11 +405,8 @@ static Node *tie_node(Tie *t, const Node *n, int k, int chunk, int pos)
 	}
 	if (out >= 0 && out < t->nv && t->copy[(size_t)out * (size_t)t->p + (size_t)k] >= 0)
 		out = t->copy[(size_t)out * (size_t)t->p + (size_t)k];
-	Node *x = ir_node(g, n->op, out, n->nin, in, n->phase, n->loc);
-	memcpy(x->ia, n->ia, sizeof x->ia);
-	memcpy(x->fa, n->fa, sizeof x->fa);
-	x->progs = n->progs, x->flags = n->flags, x->stream = n->stream;
-	x->block = n->block, x->bucket = n->bucket, x->stage = k, x->chunk = chunk;
+	Node *x = ir_node_like(g, n, out, in, k);
+	x->chunk = chunk;
 	if (n->bucket >= 0) { /* its own bucket record over the copies */
 		Bucket b = g->buckets[n->bucket];
 		int *m = ir_alloc(g, (size_t)(b.nmembers ? b.nmembers : 1) * sizeof(int));

@@ -502,22 +502,6 @@ static int node_part(const Cut *c, const Node *n, int *whole, int *tied)
 	return stage;
 }
 
-/* A node like n (its op, attributes, programs, flags, stream, block and
- * bucket) over values out and in[], on stage k. */
-static Node *node_like(Graph *g, const Node *n, int out, const int *in, int k)
-{
-	Node *x = ir_node(g, n->op, out, n->nin, in, n->phase, n->loc);
-	memcpy(x->ia, n->ia, sizeof x->ia);
-	memcpy(x->fa, n->fa, sizeof x->fa);
-	x->progs = n->progs;
-	x->flags = n->flags;
-	x->stream = n->stream;
-	x->block = n->block;
-	x->bucket = n->bucket;
-	x->stage = k;
-	return x;
-}
-
 /* A copy of node n over stage k's parts, on stage k. */
 static Node *copy_for_stage(Cut *c, const Node *n, int k)
 {
@@ -527,14 +511,14 @@ static Node *copy_for_stage(Cut *c, const Node *n, int k)
 		in[j] = r >= 0 ? c->part[r * c->p + k] : n->in[j];
 	}
 	int r = n->out >= 0 ? root_index(c, n->out) : -1;
-	return node_like(c->g, n, r >= 0 ? c->part[r * c->p + k] : n->out, in, k);
+	return ir_node_like(c->g, n, r >= 0 ? c->part[r * c->p + k] : n->out, in, k);
 }
 
 /* A copy of node n (over the same values) on stage k: the tied range's
  * nodes, one per stage that keeps it. */
 static Node *copy_on_stage(Graph *g, const Node *n, int k)
 {
-	Node *x = node_like(g, n, n->out, n->in, k);
+	Node *x = ir_node_like(g, n, n->out, n->in, k);
 	x->chunk = n->chunk;
 	return x;
 }
