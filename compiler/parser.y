@@ -19,7 +19,7 @@
  *   annot   := IDENT | IDENT '(' args ')'           nosync, split(tp, col)
  *   type    := IDENT ['[' expr {',' expr} ']']      f32[batch, 784]
  *   expr    := expr ('+' | '-' | '*' | '/') expr | '-' expr | '(' expr ')'
- *            | INT | FLOAT | STRING | IDENT | IDENT '.' IDENT
+ *            | INT | FLOAT | STRING | IDENT | WORD | IDENT '.' IDENT
  *            | IDENT '(' [arg {',' arg}] ')'        arg := expr | (IDENT | init) '=' expr
  *
  * One expression grammar serves op calls, specs, dims and constant
@@ -156,6 +156,7 @@ static Expr *call(ParseState *ps, const char *name, Loc loc, ExprList args)
 
 %token NEWLINE "end of line"
 %token <str> IDENT "identifier"
+%token <str> WORD "word"
 %token <str> STRING "string"
 %token <inum> INT "integer"
 %token <fnum> FLOAT "number"
@@ -338,6 +339,10 @@ primary:
 					$$->name = $1;
 				}
 	| IDENT			{
+					$$ = new_expr(ps, E_NAME, at(ps, @1), 1);
+					$$->name = $1;
+				}
+	| WORD			{
 					$$ = new_expr(ps, E_NAME, at(ps, @1), 1);
 					$$->name = $1;
 				}

@@ -132,7 +132,7 @@ enum {
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
-static const char *const sched_names[] = {"pipedream_flush", "gpipe", "zero_bubble", "interleaved"};
+static const char *const sched_names[] = {"1f1b", "gpipe", "zero_bubble", "interleaved"};
 
 /* The most virtual stages per rank searched under interleaved: the bubble
  * is (p-1)/(vm+p-1), so past 4 it gains little (a fifth of 1F1B's) while

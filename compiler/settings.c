@@ -354,12 +354,16 @@ static int check_value(Lower *L, int id, const AstVal *v, double *out)
 		const char *w = v->kind == V_IDENT ? v->s : "";
 		if (strcmp(w, "fp32") == 0)
 			w = "f32"; /* the spelling fp32 is f32 wherever f32 is */
+		if (id == DP_SET_PIPELINE && strcmp(w, "pipedream_flush") == 0)
+			w = "1f1b"; /* its paper's name (Narayanan et al. 2021), as before 1f1b lexed */
 		for (int k = 0; k < n; k++)
 			if (strcmp(st->words[k], w) == 0) {
 				*out = k;
 				return 0;
 			}
-		ERR(v->loc, "%s must be %s", st->name, word_list(L, st->words, n, " or "));
+		const char *near = *w ? suggest_among(w, st->words, n) : NULL;
+		ERR(v->loc, "%s must be %s%s%s%s", st->name, word_list(L, st->words, n, " or "),
+		    near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
 		return -1;
 	}
 	default:

@@ -148,14 +148,14 @@ static const char *describe(const ParseState *ps, const AstTok *t, char *buf, si
 
 static int expr_start(int t)
 {
-	return t == TK_IDENT || t == TK_INT || t == TK_FLOAT || t == TK_STRING || t == '(' ||
-	       t == '-';
+	return t == TK_IDENT || t == TK_WORD || t == TK_INT || t == TK_FLOAT || t == TK_STRING ||
+	       t == '(' || t == '-';
 }
 
 static int expr_end(int t)
 {
-	return t == TK_IDENT || t == TK_INT || t == TK_FLOAT || t == TK_STRING || t == ')' ||
-	       t == ']';
+	return t == TK_IDENT || t == TK_WORD || t == TK_INT || t == TK_FLOAT || t == TK_STRING ||
+	       t == ')' || t == ']';
 }
 
 static int end_of_stmt(int t)

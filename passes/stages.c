@@ -571,7 +571,7 @@ const char *stages_schedule_name(int sched)
 	return sched == IR_PIPE_GPIPE		? "gpipe"
 	       : sched == IR_PIPE_ZERO_BUBBLE ? "zero_bubble (zb-h1)"
 	       : sched == IR_PIPE_INTERLEAVED ? "interleaved (virtual stages)"
-					      : "pipedream_flush (1f1b)";
+					      : "1f1b (pipedream_flush)";
 }
 
 int stages_slots_per_stage(int m, int v, int sched)

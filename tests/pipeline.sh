@@ -8,7 +8,7 @@
 #   forms     tests/pipeline_forms.py: the stages auto cut of gpt2-tiny, the
 #             parameters per stage with the tied wte on both ends, the bytes
 #             sent over each cut, the activations kept at the peak under
-#             pipedream_flush (1F1B) and gpipe, the bubble's closed form, the
+#             1f1b (PipeDream-flush) and gpipe, the bubble's closed form, the
 #             stages' FLOPs summing to the micro-batch's; --emit=schedule's rows
 #             in each schedule's slot order (by hand), its bubble --stats' one
 #   stage1    a block's `stage` is ignored at pp=1: the step file is byte for

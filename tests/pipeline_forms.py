@@ -162,7 +162,7 @@ def forms(name, text, p, m, sched):
     return stages, mb
 
 
-for sched in ("pipedream_flush", "gpipe"):
+for sched in ("1f1b", "gpipe"):
     for m in (1, 2, 4, 8):
         text = stats("models/gpt2-tiny.dp", 2, 2, m, sched, ["-D", "layers=4"])
         stages, mb = forms("gpt2-tiny L=4", text, 2, m, sched)
@@ -210,14 +210,14 @@ for sched in ("zero_bubble",):
     forms("gpt2-tiny L=4", stats("models/gpt2-tiny.dp", 4, 4, 8, sched, ["-D", "layers=4"]),
           4, 8, sched)
 for key in [k for k in BUBBLES if k[3] == "zero_bubble"]:
-    one = BUBBLES.get(key[:3] + ("pipedream_flush",))
+    one = BUBBLES.get(key[:3] + ("1f1b",))
     check(one is not None and BUBBLES[key] < one,
           "%s pp=%d m=%d: simulated bubble zero_bubble %.4f < 1f1b %s"
           % (key[0], key[1], key[2], BUBBLES[key], one))
 
 # 1F1B holds at most p - s micro-batches, gpipe all m: with m > p the compiled
 # 1f1b program needs less on every stage that keeps activations
-for key in [k for k in COMPILED_PEAKS if k[3] == "pipedream_flush" and k[2] > k[1]]:
+for key in [k for k in COMPILED_PEAKS if k[3] == "1f1b" and k[2] > k[1]]:
     f, g = COMPILED_PEAKS[key], COMPILED_PEAKS.get(key[:3] + ("gpipe",), [])
     for s in range(min(len(f), len(g)) - 1):  # the last stage: one in flight either way
         check(0 < f[s] < g[s], "%s pp=%d m=%d stage %d: compiled peak 1f1b %d < gpipe %d"
@@ -268,7 +268,7 @@ def schedule_rows(p, m, sched, extra, tag):
     return pic, rows
 
 
-for sched in ("pipedream_flush", "gpipe", "zero_bubble"):
+for sched in ("1f1b", "gpipe", "zero_bubble"):
     for p, m in ((2, 4), (4, 8), (4, 2)):
         tag = "schedule gpt2-tiny L=4 pp=%d m=%d %s" % (p, m, sched)
         pic, rows = schedule_rows(p, m, sched, ["-D", "layers=4"], tag)
@@ -334,7 +334,7 @@ for p, v, m in ((2, 2, 4), (4, 2, 8), (2, 3, 2), (4, 2, 4)):
     check(pb is not None and b is not None and abs(float(pb.group(1)) - float(b.group(2))) < 1e-4,
           "%s: --emit=schedule's bubble %s = --stats' %s" % (tag, pb and pb.group(1),
                                                             b and b.group(2)))
-    _, flat, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, "pipedream_flush",
+    _, flat, _, _ = parse(stats("models/gpt2-tiny.dp", p, p, m, "1f1b",
                                 ["-D", "layers=6"]))
     check(b is not None and flat is not None and float(b.group(2)) < flat[1],
           "%s: simulated bubble %s < 1f1b's %s" % (tag, b and b.group(2), flat and flat[1]))
