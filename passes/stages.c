@@ -190,8 +190,9 @@ int stages_run(Graph *g, Diag *d)
 	}
 	int v = ir_chunks_per_rank(g), n = p * v;
 	if (p * v > STAGES_MAX_ACCOUNT) {
-		error_at(d, g->mesh_loc, "pp=%d x stages_per_rank %d is %d virtual stages: at most %d",
-			 p, v, p * v, STAGES_MAX_ACCOUNT);
+		error_at(d, g->mesh_loc, "pp=%d x stages_per_rank %d is %d virtual stages, more than "
+			 "the %d the compiler accounts for: lower stages_per_rank to %d at most",
+			 p, v, p * v, STAGES_MAX_ACCOUNT, STAGES_MAX_ACCOUNT / p);
 		return -1;
 	}
 	if (g->nblocks < n) {
