@@ -58,6 +58,18 @@ cases=(
 	# its activations and gradients cross into and out of it, units split by
 	# dtype, an f32 flat.params beside flat.params.bf16
 	"mlp8-bf16z2-ws4|models/mlp8.dp@bf16z2|--world-size 4|precision layout schedule"
+	# issue 25: one GPT-2 layer at pp=2 (stage 0: embed, h.0, lnf; stage 1:
+	# the tied LM head and the loss), 2 micro-batches, after unroll: each
+	# stage's F, B (and under zero_bubble W) slots in the schedule's order,
+	# every send beside its recv on the neighbouring stage. 1f1b: stage 0
+	# F0 F1 B0 B1 (each F's send at its end, each B after its recv), stage
+	# 1 F0 B0 F1 B1 (both recvs posted first; the LM head's wte gradient
+	# before the send of d.lnf.x); zero_bubble: each B the input gradients
+	# alone, its send right after them, its W (the weight gradients) later:
+	# stage 0 F0 F1 B0 W0 B1 W1 (W0 where it waits for B1's gradient),
+	# stage 1 F0 B0 W0 F1 B1 W1
+	"gpt2-tiny-pp2-1f1b|models/gpt2-tiny.dp@pp2|--world-size 2 -D layers=1 -D d=16 -D ctx=8|unroll"
+	"gpt2-tiny-pp2-zb|models/gpt2-tiny.dp@pp2zb|--world-size 2 -D layers=1 -D d=16 -D ctx=8|unroll"
 )
 
 if [ ! -x "$DPC" ]; then
@@ -89,6 +101,10 @@ for c in "${cases[@]}"; do
 			[ "$v" = bf16z2 ] && st=zero2 && f32=fc3
 			sed -e "s/^  strategy ddp/  strategy $st\n  precision bf16/" \
 				-e "/^  block $f32 {/a\\    param_dtype f32" "$model" >"$tmp/$copy"
+		elif [ "$v" = pp2 ] || [ "$v" = pp2zb ]; then
+			sc=1f1b && [ "$v" = pp2zb ] && sc=zero_bubble
+			{ echo "mesh pp=2"; grep -v '^mesh ' "$model" |
+				sed "s/^  strategy ddp/&\n  grad_accum 2\n  pipeline $sc/"; } >"$tmp/$copy"
 		elif [ "$v" = hsdp2x2 ]; then
 			sed -e 's/^  strategy ddp/  strategy hybrid_shard/' \
 				-e 's/^mesh auto/mesh dp_replicate=2, dp_shard=2/' "$model" >"$tmp/$copy"
