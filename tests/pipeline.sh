@@ -110,8 +110,9 @@
 #     gpt-pp4-schedules  gpt2-tiny at pp=4 under gpipe, zero_bubble and
 #                 interleaved (stages_per_rank 2: 8 virtual stages)
 #     gpt-pp2xtp2xdp2  pp=2 x tp=2 x dp_shard=2 (8 ranks)
-#     resume-pp4  the pp=2 full checkpoint at step 10 resumed at pp=4: losses
-#                 and parameters bit for bit the straight 20 at pp=2
+#     resume-pp4  the pp=2 full and sharded checkpoints at step 10 resumed at
+#                 pp=4: losses and parameters bit for bit the straight 20 at
+#                 pp=2
 #     dsl-1f1b    `pipeline 1f1b`, `pipeline pipedream_flush`, no pipeline
 #                 line and --set train.pipeline=1f1b give one step file,
 #                 gpipe another
@@ -634,8 +635,8 @@ if case_on gpt-pp2xtp2xdp2; then
 	need4 gs-1 1 && need4 gs-pp2xtp2xdp2 8 && eq_same gs-pp2xtp2xdp2 gs-1
 fi
 if case_on resume-pp4; then
-	# gpt2-tiny's pp=2 full checkpoint at step 10 (the resume case's; made
-	# here when it did not run) resumed at pp=4 (stages 0 and 3 holding the
+	# gpt2-tiny's pp=2 full and sharded checkpoints at step 10 (the resume
+	# case's; made here when it did not run) resumed at pp=4 (stages 0 and 3 holding the
 	# tied wte) for 10 more steps, against the straight 20 at pp=2: losses
 	# and parameters bit for bit (each stage accumulates its micro-batch in
 	# the same order; the tied wte's two parts are summed over stages 0,3 as
@@ -654,17 +655,19 @@ if case_on resume-pp4; then
 		"$DPC" "$T/gpt-pp4.dp" --world-size 4 -o "$T/gpp4.bin" 2>/dev/null || fail "resume-pp4: dpc"
 	[ -s "$T/straight.st" ] ||
 		r4 straight 2 "$T/gpp.bin" --steps 20 --losses "$T/straight.loss" --save-full "$T/straight.st"
-	[ -d "$T/ck-full/step-000010" ] ||
-		r4 r-full-a 2 "$T/gpp.bin" --steps 10 --losses "$T/r-full-10.loss" --save-dir "$T/ck-full"
-	cp "$T/r-full-10.loss" "$T/at4.loss"
-	if r4 at4 4 "$T/gpp4.bin" --steps 20 --losses "$T/at4.loss" --resume "$T/ck-full/step-000010" \
-		--save-full "$T/at4.st"; then
-		cp "$T/straight.loss" "$T/pp2-20.loss" && cp "$T/straight.st" "$T/pp2-20.st"
-		eq_same at4 pp2-20
-		same_losses at4 pp2-20
-		bitwise "the pp=2 checkpoint resumed at pp=4: parameters bit for bit the straight pp=2 run's" \
-			"$T/at4.st" "$T/pp2-20.st"
-	fi
+	cp "$T/straight.loss" "$T/pp2-20.loss" && cp "$T/straight.st" "$T/pp2-20.st"
+	for form in full sharded; do
+		[ -d "$T/ck-$form/step-000010" ] ||
+			r4 "r-$form-a" 2 "$T/gpp.bin" --steps 10 --losses "$T/r-$form-10.loss" \
+				--save-dir "$T/ck-$form" --save-form $form
+		cp "$T/r-$form-10.loss" "$T/at4-$form.loss"
+		r4 "at4-$form" 4 "$T/gpp4.bin" --steps 20 --losses "$T/at4-$form.loss" \
+			--resume "$T/ck-$form/step-000010" --save-full "$T/at4-$form.st" || continue
+		eq_same "at4-$form" pp2-20
+		same_losses "at4-$form" pp2-20
+		bitwise "the pp=2 $form checkpoint resumed at pp=4: parameters bit for bit the straight pp=2 run's" \
+			"$T/at4-$form.st" "$T/pp2-20.st"
+	done
 fi
 if case_on dsl-1f1b; then
 	# `pipeline 1f1b` (a word that begins with a digit: compiler/lexer.l),
