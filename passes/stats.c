@@ -483,7 +483,8 @@ static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
 }
 
 /* What stage s's ranks hold (passes/stage_params.c): its own parameters and
- * the tied ones, their gradients and optimizer state. */
+ * the tied ones, their gradients and optimizer state (and compression's
+ * state, on a line of its own). */
 static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split, int s)
 {
 	char h1[32], h2[32], h3[32];
@@ -500,6 +501,9 @@ static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split
 		stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
 		held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
 		stats_human_bytes(h3, sizeof h3, all));
+	if (held[M_COMPRESS] > 0) /* passes/compress.c's P, Q and errors, the stage's own */
+		fprintf(out, "  held compression state: %.0f B (%s)\n", held[M_COMPRESS],
+			stats_human_bytes(h1, sizeof h1, held[M_COMPRESS]));
 	double in_host = 0;
 	for (int c = 0; c < M_NCAT; c++)
 		in_host += host[c];

@@ -64,6 +64,17 @@
 #             per micro-batch, forward and backward, by stage 0 and by the
 #             last stage, each accumulating its part into the slice, summed
 #             over pp at pp=2 and over stages=0,3 at pp=4 x dp_shard=2
+#   gpt-pp2-psgd  compress powersgd(rank=4, start_step=2) at pp=2 (each stage
+#             its own matrices' P, Q and error feedback, passes/stage_params.c)
+#             against the 1-rank compressed run gpt-psgd: losses bit for bit
+#             (each stage's group is one rank, as there), parameters by
+#             eq_same's bounds (the clip norm and wte's two parts summed in
+#             another order); compressed losses are 1e-3 from plain ones by
+#             step 10, and an error share left at pp's -1/2 moves them too
+#   psgd-held --stats of gpt-pp2-psgd: each stage's `held compression
+#             state:` its own matrices' and wte's, the two summing to the
+#             1-rank run's plus wte's once more; the factors' all_reduces on
+#             their stage without pp, wte's over pp
 #   interleaved (pipeline interleaved, stages_per_rank 2; passes/stages.c's
 #             interleaved_order): gpt-pp2-ga4-il (pp=2, 4 virtual stages,
 #             the tied wte between rank 0's virtual stage 0 and rank 1's 3)
@@ -190,6 +201,10 @@ variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipel
 variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/'
 pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
+# compression inside the stages (PowerSGD from step 2): each stage its own
+# matrices' P, Q and error feedback (passes/stage_params.c)
+variant "$T/gpt.dp" "$T/gpt-psgd.dp" 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=2)/'
+pp "$T/gpt-psgd.dp" 2 "$T/gpt-pp2-psgd.dp"
 # hybrid_shard inside the stages (a replicate group of one beside dp_shard):
 # at dp_replicate=1 the same sums as full_shard's
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xhs.dp" 's/^  strategy full_shard/  strategy hybrid_shard/'
@@ -222,6 +237,8 @@ need() {
 	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-zero2 | gpt-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-pp2xfs | gpt-pp2xfs-zb | gpt-pp2xhs) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-psgd) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	gpt-pp2-psgd) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
@@ -252,11 +269,12 @@ for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4 \
-	gpt-pp2-ga4-il:gpt-ga4 gpt-pp2xfs-il:gpt-fs mlp8-pp3-il:mlp8-ga6; do
+	gpt-pp2-ga4-il:gpt-ga4 gpt-pp2xfs-il:gpt-fs mlp8-pp3-il:mlp8-ga6 \
+	gpt-pp2-psgd:gpt-psgd; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
 	case ${c%%:*} in
-	mlp8-pp[23] | *-ga4* | gpt-pp2xfs-il) same_losses "${c%%:*}" "${c#*:}" ;;
+	mlp8-pp[23] | *-ga4* | gpt-pp2xfs-il | gpt-pp2-psgd) same_losses "${c%%:*}" "${c#*:}" ;;
 	esac
 done
 
@@ -319,6 +337,29 @@ if case_on fsdp-ir; then
 		ok "tied wte in a full_shard block:$t2"
 	else
 		fail "tied wte in a full_shard block:$t2"
+	fi
+fi
+
+if case_on psgd-held; then
+	# compression at pp=2: each stage holds its own matrices' state (and the
+	# tied wte's, on both), together the 1-rank run's plus wte's once more;
+	# its factors' all_reduces on their stage without pp, wte's over pp
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2-psgd.dp --world-size 2 --emit=stats | grep compression"
+	"$DPC" "$T/gpt-pp2-psgd.dp" --world-size 2 --emit=stats >"$T/psgd.stats" 2>/dev/null
+	"$DPC" "$T/gpt-psgd.dp" --world-size 1 --emit=stats >"$T/psgd1.stats" 2>/dev/null
+	"$DPC" "$T/gpt-pp2-psgd.dp" --world-size 2 --emit=ir >"$T/psgd.ir" 2>/dev/null
+	held=$(sed -nE 's/^  held compression state: ([0-9]+) B .*/\1/p' "$T/psgd.stats" | tr '\n' ' ')
+	total=$(sed -nE 's/^compression state +([0-9]+) .*/\1/p' "$T/psgd1.stats")
+	tied=$(sed -nE 's/^%powersgd\.(q|p|err) +: f32\[([0-9]+)\].*/\2/p' "$T/psgd.ir" | awk '{s += 4 * $1} END {print s + 0}')
+	own=$(grep -Ec '^%powersgd\.[pq]\.r[0-9]+ = all_reduce axes=dp_replicate,dp_shard .* stage=[01] ' "$T/psgd.ir")
+	overpp=$(grep -Ec '^%powersgd\.[pq]\.r[0-9]+ = all_reduce axes=pp,' "$T/psgd.ir")
+	read -r h0 h1 _ <<<"$held"
+	what="compression at pp=2: held per stage ${held}B of the 1-rank run's ${total:-?} B (wte's $tied B on both); $own factor all_reduces on their stage without pp, $overpp over pp (wte's)"
+	if [ -n "${h1:-}" ] && [ -n "$total" ] && [ $((h0 + h1)) = $((total + tied)) ] && [ "$h0" -lt "$total" ] &&
+		[ "$h1" -lt "$total" ] && [ "$tied" -gt 0 ] && [ "$own" = 4 ] && [ "$overpp" = 2 ]; then
+		ok "$what"
+	else
+		fail "$what"
 	fi
 fi
 
