@@ -4,7 +4,8 @@
  *
  * Collectives: one row per (kind, axis set): calls, buckets, buffer bytes S
  * and bus bytes, per rank, per optimizer step. DP_IF_LAST nodes run once per
- * optimizer step, the others once per micro-batch (x grad_accum). Bus bytes
+ * optimizer step, the others once per micro-batch (x grad_accum; at pp the
+ * step program holds each micro-batch's own copy, passes/unroll.c). Bus bytes
  * follow nccl-tests: all_reduce 2(n-1)/n * S, all_gather and reduce_scatter
  * (n-1)/n * S, where S is the whole (unsharded) buffer and n the number of
  * ranks in the axis group; a group of one rank moves nothing.
@@ -131,6 +132,7 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
 	if (!seen_bucket)
 		die("out of memory");
+	int unrolled = stages_micro_copies(g) > 1;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		/* a pipeline's sends and receives are per stage: the pipeline
@@ -156,7 +158,9 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 				die("stats: too many collective kinds");
 			rows[nrows++] = (Row){n->op, axes, set, stats_node_ranks(g, n), 0, 0, 0, 0};
 		}
-		double mult = (n->flags & DP_IF_LAST) ? 1 : accum;
+		/* at pp the step program holds every micro-batch's copy
+		 * (passes/unroll.c): each node runs once */
+		double mult = (n->flags & DP_IF_LAST) || unrolled ? 1 : accum;
 		double s = stats_coll_bytes(g, n);
 		rows[r].calls += mult;
 		rows[r].bytes += mult * s;

@@ -38,7 +38,7 @@
 #     before its backward; the embed block, whose tied wte the LM head on
 #     the last stage reads, gathered by both stages and its gradient parts
 #     summed over pp) and gpt-pp2xfs-zb (zero_bubble, with
-#     reshard_after_forward false: one gather per micro-batch, kept to the
+#     reshard_after_forward false: one gather per step, kept to the last
 #     backward; the reduce_scatter in the W slot) against the same model at 2
 #     ranks; gpt-pp2xhs (the same blocks hybrid_shard) against gpt-fs;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
@@ -64,6 +64,12 @@
 #             per micro-batch, forward and backward, by stage 0 and by the
 #             last stage, each accumulating its part into the slice, summed
 #             over pp at pp=2 and over stages=0,3 at pp=4 x dp_shard=2
+#   fsdp-once gpt-pp2xfs-zb's IR (reshard_after_forward false): each
+#             full_shard block all_gathered once per step on its stage (the
+#             tied embed by both), not per micro-batch; --stats' all_gather
+#             calls per step 5 against gpt-pp2xfs's 40 (4 micro-batches,
+#             forward and backward); gpt-pp2xfs-zb's run above is the
+#             runtime check (its losses gpt-fs's bit for bit)
 #   gpt-pp2-psgd  compress powersgd(rank=4, start_step=2) at pp=2 (each stage
 #             its own matrices' P, Q and error feedback, passes/stage_params.c)
 #             against the 1-rank compressed run gpt-psgd: losses bit for bit
@@ -337,6 +343,26 @@ if case_on fsdp-ir; then
 		ok "tied wte in a full_shard block:$t2"
 	else
 		fail "tied wte in a full_shard block:$t2"
+	fi
+fi
+
+if case_on fsdp-once; then
+	# reshard_after_forward false (gpt-pp2xfs-zb; passes/unroll.c's
+	# gathered_once): each full_shard block gathered once per step on its
+	# stage into one U.gather that every micro-batch reads (the tied embed
+	# by both stages), where gpt-pp2xfs (reshard_after_forward) gathers per
+	# micro-batch, forward and backward; --stats counts the step's calls
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2xfs-zb.dp --world-size 4 --emit=ir | grep all_gather"
+	once=$("$DPC" "$T/gpt-pp2xfs-zb.dp" --world-size 4 --emit=ir 2>/dev/null |
+		sed -nE 's/^%([^ ]+) = all_gather [^ ]+ axes=dp_shard +comm [^ ]+ stage=([01]) .*/\1@\2/p' | sort | tr '\n' ' ')
+	c1=$("$DPC" "$T/gpt-pp2xfs-zb.dp" --world-size 4 --emit=stats 2>/dev/null | awk '$1 == "all_gather" {print $4}')
+	c2=$("$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 --emit=stats 2>/dev/null | awk '$1 == "all_gather" {print $4}')
+	what="full_shard at pp=2 without reshard_after_forward: the step's gathers $once(--stats: $c1 calls per step; with reshard_after_forward $c2)"
+	if [ "$once" = "embed.gather.pp1@1 embed.gather@0 h.0.gather@0 h.1.gather@1 lnf.gather@1 " ] &&
+		[ "$c1" = 5 ] && [ "$c2" = 40 ]; then
+		ok "$what"
+	else
+		fail "$what"
 	fi
 fi
 
