@@ -782,8 +782,10 @@ static void find_sections(Lower *L)
 /* compress powersgd: what the compression pass (passes/compress.c) can
  * rewrite: all-ddp graphs (their bucketed all_reduce) and all-hybrid_shard
  * ones (the dp_replicate all_reduce of each unit's chunk, a matrix of whole
- * rows: passes/layout.c), without tp, pp or cp (a gradient split or summed
- * over them would be approximated per part), with
+ * rows: passes/layout.c), without tp or cp (a gradient split or summed
+ * over them would be approximated per part; at pp each stage's gradients
+ * are its own whole matrices, passes/stage_params.c, a tied one's parts
+ * summed through the factors' all_reduces as the ranks' are), with
  * f32 gradients (the factors are f32, as PyTorch's hook computes in the
  * gradients' dtype). Every other layout is an error at the setting. */
 static void lower_compress(Lower *L)
@@ -829,12 +831,12 @@ static void lower_compress(Lower *L)
 			return;
 		}
 	}
-	if (g->cfg.mesh[DP_AXIS_TP] > 1 || g->cfg.mesh[DP_AXIS_PP] > 1 ||
+	if (g->cfg.mesh[DP_AXIS_TP] > 1 ||
 	    (first == DP_STRAT_HYBRID_SHARD && g->cfg.mesh[DP_AXIS_CP] > 1)) {
-		ERR(v->val.loc, "compress %s needs tp=1 and pp=1%s (the mesh has tp=%u, pp=%u, cp=%u): "
+		ERR(v->val.loc, "compress %s needs tp=1%s (the mesh has tp=%u, cp=%u): "
 		    "the gradients are compressed whole, over the data-parallel ranks only", kind,
 		    first == DP_STRAT_HYBRID_SHARD ? " and, with hybrid_shard, cp=1" : "",
-		    g->cfg.mesh[DP_AXIS_TP], g->cfg.mesh[DP_AXIS_PP], g->cfg.mesh[DP_AXIS_CP]);
+		    g->cfg.mesh[DP_AXIS_TP], g->cfg.mesh[DP_AXIS_CP]);
 		return;
 	}
 	if (g->reduce_dtype != DP_F32)

@@ -34,7 +34,9 @@
  *   all_reduce     "powersgd.q.rN"            (every Q of the bucket: sum m r)
  *   copy           E = M
  *   matmul         M = P Q^T
- *   scale, accum   E += -1/W M                (W: the data-parallel group)
+ *   scale, accum   E += -1/W M                (W: the data-parallel group;
+ *                                              at pp > 1 the stage's, set by
+ *                                              passes/stage_params.c)
  * The hook divides the summed Q by W because each rank's gradient there is
  * its own mean; here the loss seed already divides by the global batch, so
  * the sum of the ranks' M is the mean and P Q^T is the hook's result as

@@ -34,7 +34,7 @@
  * (ir/verify.c checks both for any IR, hand-written ones too).
  *
  * Parameters, gradients and optimizer state are not cut here (under every
- * strategy, offload too, but not with compression passes/stage_params.c cuts them
+ * strategy, offload and compression too, passes/stage_params.c cuts them
  * after unroll, and drops pp from a stage's own collectives): every stage keeps
  * every parameter and runs the update over all of them, and the gradients'
  * all_reduce spans pp as well as the data-parallel axes (passes/shard.c,

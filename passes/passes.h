@@ -93,10 +93,10 @@ int stages_account(const Graph *g, StageCost *sc);
  * once passes/unroll.c has run at pp > 1, else 1. */
 int stages_micro_copies(const Graph *g);
 /* Does each pipeline stage keep only its own parameters (passes/stage_params.c)?
- * pp > 1, under every strategy (the sharded ones shard a stage's own over its
- * dp group), offload too, with no compression (compress powersgd: its error
- * and Q state and factor all_reduces are not cut by stage); otherwise every
- * stage keeps every parameter. */
+ * pp > 1 (up to STAGES_MAX_ACCOUNT stages), under every strategy (the sharded
+ * ones shard a stage's own over its dp group), offload and compression too
+ * (compress powersgd: a stage keeps its own matrices' P, Q and error
+ * feedback); otherwise every stage keeps every parameter. */
 int stages_split_params(const Graph *g);
 /* stage[p], for every parameter p (every value: stage[0..nvalues-1]): the
  * one stage whose forward, backward and eval nodes read p and touch its

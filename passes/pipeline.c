@@ -49,7 +49,7 @@ const Pass pipeline[] = {
 	{"unroll", "the step's micro-batches unrolled in the pipeline schedule's order, each "
 		   "with its own temporaries (pp > 1)", unroll_run},
 	{"stage_params", "each pipeline stage keeps only its own parameters, gradients and "
-			 "optimizer state (pp > 1; not with compression)",
+			 "optimizer state and compression state (pp > 1)",
 	 stage_params_run},
 	{"offload", "offload optimizer: optimizer state, masters and update in host memory; "
 		    "D2H/H2D copies around the host kernels; offload params: the updated "

@@ -2,11 +2,12 @@
  * stage_params.c - each pipeline stage keeps only its own parameters,
  * gradients and optimizer state (pass "stage_params", pp > 1).
  *
- * Before (after unroll), when stages_split_params holds (pp > 1, no
- * compression; any strategy and offload): the flat buffers (flat.params,
- * flat.grads, the 16-bit compute copy, the optimizer state, and under a
+ * Before (after unroll), when stages_split_params holds (pp > 1; any
+ * strategy, offload and compression): the flat buffers (flat.params,
+ * flat.grads, the 16-bit compute copy, the optimizer state, under a
  * sharded strategy their shards: flat.params.shard, flat.grads.shard,
- * flat.params.shard.bf16) hold every trained parameter on every rank; the
+ * flat.params.shard.bf16, and compression's powersgd.q, .p and .err, laid
+ * out in the buckets' order) hold every trained parameter on every rank; the
  * layout pass ordered the units by the stage that keeps them
  * (stages_param_stages; a unit never mixes stages), the tied ones (kept by
  * several stages: GPT-2's wte, the embedding on the first stage and the LM
@@ -55,10 +56,19 @@
  * from the same host offset (memplan), but a tied range stays on every
  * stage (no sub-group: offload's copies of it follow the node they come
  * after, which the sub-group puts on one stage each).
- * When stages_split_params does not hold (compress powersgd: its error
- * feedback and Q state and its factors' all_reduces are not cut by stage),
- * nothing changes: every stage keeps every parameter (passes/p2p.c).
+ * Compression (passes/compress.c): a matrix's Q, P and error feedback are
+ * its stage's (views that its nodes touch), its P and Q all_reduces its
+ * stage's without pp, and its error share -1/W counts the ranks that now
+ * sum it: W / pp for a stage's own, W / pp x the tied stages for a tied
+ * one (every stage keeping it: W). The errors are then each rank's own
+ * gradient's (the uncut program kept a share -M/W on the stages that add
+ * zeros): the same sums up to rounding, not the same bits after the first
+ * compressed step.
+ * When stages_split_params does not hold (more stages than the forecast
+ * accounts for) nothing changes: every stage keeps every parameter
+ * (passes/p2p.c).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -324,7 +334,9 @@ static void find_classes(Cut *c)
  * classes, else (the optimizer state of one optimizer group, which nothing
  * views) those of the buffer an element-wise node over both wholes reads
  * or writes beside it. A buffer's classes are one range each, the tied one
- * at 0 (the layout ordered its units so), together the whole buffer. */
+ * at 0 where the layout ordered its units so (compression's state follows
+ * its buckets' order, the tied one wherever its gradient completes),
+ * together the whole buffer. */
 static void find_roots(Cut *c)
 {
 	Graph *g = c->g;
@@ -357,7 +369,7 @@ static void find_roots(Cut *c)
 					die("stage_params: classes %d and %d of %%%s overlap", k, j, x->name);
 		for (int k = 0; k <= c->p; k++)
 			sum += n[k];
-		if (sum != ir_numel(x) || (n[0] && lo[0] != 0))
+		if (sum != ir_numel(x))
 			die("stage_params: the stages' parts cover %lld of %lld elements of %%%s",
 			    (long long)sum, (long long)ir_numel(x), x->name);
 		c->roots[c->nroots++] = v;
@@ -447,8 +459,10 @@ static void move_views(Cut *c)
 		if (k < 0)
 			die("stage_params: %%%s, a view of %%%s, is of no stage's part", x->name,
 			    g->values[x->view_of]->name);
-		if (k == CL_TIED)
+		if (k == CL_TIED) { /* NAME keeps the tied range alone */
+			x->view_offset -= c->lo[r * (c->p + 1)];
 			continue;
+		}
 		x->view_of = c->part[r * c->p + k - 1];
 		x->view_offset -= c->lo[r * (c->p + 1) + k];
 	}
@@ -612,6 +626,16 @@ int stage_params_run(Graph *g, Diag *d)
 			/* a tied range is whole on every stage: each adds its share */
 			if (s < 0 && !on_tied)
 				DP_FATTR(n, SQNORM, weight) = (w != 0 ? w : 1.0f) / (float)c.p;
+		}
+		/* compression's error share -1/W (passes/compress.c): W was every
+		 * rank of the matrix's all_reduce, pp among its axes; a stage's own
+		 * matrix is now summed over its stage's ranks alone (the all_reduce
+		 * drops pp below), a tied one over the stages that keep it */
+		if (n->op == DP_OP_SCALE && (n->flags & DP_IF_COMPRESSED) && n->stage < 0 &&
+		    (s >= 0 || tied)) {
+			long w = lrintf(-1.0f / DP_SCALAR(n));
+			int keep = s >= 0 ? 1 : c.tied ? __builtin_popcountll(c.tied) : c.p;
+			DP_SCALAR(n) = -1.0f / (float)(w / c.p * keep);
 		}
 		after[i] = malloc((2 * (size_t)c.p + 1) * sizeof **after);
 		if (!after[i])

@@ -321,7 +321,7 @@ void stages_param_stages(const Graph *g, int *stage)
 int stages_split_params(const Graph *g)
 {
 	int p = (int)g->cfg.mesh[DP_AXIS_PP];
-	return p > 1 && p <= STAGES_MAX_ACCOUNT && g->cfg.compress == DP_COMPRESS_NONE;
+	return p > 1 && p <= STAGES_MAX_ACCOUNT;
 }
 
 int stages_micro_copies(const Graph *g)

@@ -4,7 +4,8 @@
  *
  * Collectives: one row per (kind, axis set): calls, buckets, buffer bytes S
  * and bus bytes, per rank, per optimizer step. DP_IF_LAST nodes run once per
- * optimizer step, the others once per micro-batch (x grad_accum). Bus bytes
+ * optimizer step, the others once per micro-batch (x grad_accum; at pp the
+ * step program holds each micro-batch's own copy, passes/unroll.c). Bus bytes
  * follow nccl-tests: all_reduce 2(n-1)/n * S, all_gather and reduce_scatter
  * (n-1)/n * S, where S is the whole (unsharded) buffer and n the number of
  * ranks in the axis group; a group of one rank moves nothing.
@@ -131,6 +132,7 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 	char *seen_bucket = calloc((size_t)g->nbuckets + 1, 1);
 	if (!seen_bucket)
 		die("out of memory");
+	int unrolled = stages_micro_copies(g) > 1;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *n = g->nodes[i];
 		/* a pipeline's sends and receives are per stage: the pipeline
@@ -156,7 +158,9 @@ static void print_collectives(FILE *out, const Graph *g, double accum)
 				die("stats: too many collective kinds");
 			rows[nrows++] = (Row){n->op, axes, set, stats_node_ranks(g, n), 0, 0, 0, 0};
 		}
-		double mult = (n->flags & DP_IF_LAST) ? 1 : accum;
+		/* at pp the step program holds every micro-batch's copy
+		 * (passes/unroll.c): each node runs once */
+		double mult = (n->flags & DP_IF_LAST) || unrolled ? 1 : accum;
 		double s = stats_coll_bytes(g, n);
 		rows[r].calls += mult;
 		rows[r].bytes += mult * s;
@@ -483,7 +487,8 @@ static void stage_temp_peaks(const Graph *g, int p, int64_t *peak)
 }
 
 /* What stage s's ranks hold (passes/stage_params.c): its own parameters and
- * the tied ones, their gradients and optimizer state. */
+ * the tied ones, their gradients and optimizer state (and compression's
+ * state, on a line of its own). */
 static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split, int s)
 {
 	char h1[32], h2[32], h3[32];
@@ -500,6 +505,9 @@ static void print_held(FILE *out, const Graph *g, const uint64_t *own, int split
 		stats_human_bytes(h1, sizeof h1, held[M_PARAMS] + held[M_COPIES]), held[M_GRADS],
 		held[M_OPT], stats_human_bytes(h2, sizeof h2, held[M_OPT]), all,
 		stats_human_bytes(h3, sizeof h3, all));
+	if (held[M_COMPRESS] > 0) /* passes/compress.c's P, Q and errors, the stage's own */
+		fprintf(out, "  held compression state: %.0f B (%s)\n", held[M_COMPRESS],
+			stats_human_bytes(h1, sizeof h1, held[M_COMPRESS]));
 	double in_host = 0;
 	for (int c = 0; c < M_NCAT; c++)
 		in_host += host[c];

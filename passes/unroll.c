@@ -24,7 +24,12 @@
  * `%h.0.gather.mb1`), linked param to grad copy, and a collective over a
  * copied bucket gets its micro-batch's own bucket record: a gathered block
  * is gathered per micro-batch, before its forward and (with
- * reshard_after_forward) again before its backward. A send/recv pair belongs to the
+ * reshard_after_forward) again before its backward. Without
+ * reshard_after_forward a gathered block whose backward reads its
+ * parameters is gathered once per step instead (gathered_once): one
+ * "U.gather" that every micro-batch reads, its all_gather micro-batch 0's,
+ * before the stage's first forward, live until its last backward (memplan
+ * keeps it so: the memory trade --stats shows). A send/recv pair belongs to the
  * slot that produces what it moves (a forward hop to F(from), a gradient's
  * to B(from)), where it ends the slot, else to the slot that reads it. Tags
  * number the pairs over the micro-batches, so a pair's tag is unique in the
@@ -91,7 +96,41 @@ typedef struct {
 	Graph *g;
 	int m, nv;
 	int *copy; /* (mb, value) -> the micro-batch's copy, or -1 */
+	char *once; /* per value: a gathered copy kept for the whole step (gathered_once) */
 } Copies;
+
+/* The gathered copies kept for the whole step: under reshard_after_forward
+ * false a gathered block's "U.gather", which its stage's backward reads as
+ * well as its forward, is one temporary that every micro-batch reads,
+ * all_gathered once per step before the stage's first forward (micro-batch
+ * 0's), instead of once per micro-batch. With reshard_after_forward the
+ * backward reads its own "U.gather.bwd" and both stay per micro-batch; a
+ * block whose backward does not read its parameters (an embedding's) is
+ * gathered per micro-batch too. */
+static char *gathered_once(const Graph *g, int m)
+{
+	char *once = calloc((size_t)g->nvalues + 1, 1), *fwd = calloc((size_t)g->nvalues + 1, 1);
+	char *bwd = calloc((size_t)g->nvalues + 1, 1);
+	if (!once || !fwd || !bwd)
+		die("out of memory");
+	for (int i = 0; i < g->nnodes && m > 1; i++) {
+		const Node *n = g->nodes[i];
+		if (!per_micro(n) || (n->phase != PH_FWD && n->phase != PH_BWD))
+			continue;
+		for (int k = 0; k < n->nin; k++)
+			if (n->in[k] >= 0)
+				(n->phase == PH_FWD ? fwd : bwd)[value_root(g, n->in[k])] = 1;
+	}
+	for (int i = 0; i < g->nnodes && m > 1; i++) {
+		const Node *n = g->nodes[i];
+		if (per_micro(n) && n->op == DP_OP_ALL_GATHER && n->out >= 0) {
+			int r = value_root(g, n->out);
+			once[r] = g->values[r]->kind == DP_T_ACT && fwd[r] && bwd[r];
+		}
+	}
+	free(fwd), free(bwd);
+	return once;
+}
 
 /* Micro-batch mb's copy of value v (v itself when it is not copied). */
 static int mb_value(Copies *c, int mb, int v)
@@ -170,6 +209,8 @@ static void mark_copied(Copies *c)
 			continue;
 		for (int k = -1; k < n->nin; k++) {
 			int v = k < 0 ? n->out : n->in[k], copied = 0;
+			if (v >= 0 && c->once[value_root(g, v)])
+				continue; /* one copy for the step */
 			for (int r = v; r >= 0; r = g->values[r]->view_of)
 				copied |= copied_kind(g->values[r]);
 			/* a view of a copied root is copied with it, whatever its
@@ -262,7 +303,15 @@ int unroll_run(Graph *g, Diag *d)
 	if (!c.copy || !slot || !old)
 		die("out of memory");
 	memcpy(old, g->nodes, (size_t)n0 * sizeof *old);
+	c.once = gathered_once(g, m);
 	mark_copied(&c);
+	/* per node: 1 for an all_gather of a copy kept for the step, 2 once placed */
+	char *gather_once = calloc((size_t)n0 + 1, 1);
+	if (!gather_once)
+		die("out of memory");
+	for (int i = 0; i < n0; i++)
+		gather_once[i] = old[i]->op == DP_OP_ALL_GATHER && old[i]->out >= 0 &&
+				 per_micro(old[i]) && c.once[value_root(g, old[i]->out)];
 	/* zero_bubble: what reads a W node's result on its stage is W's too (a
 	 * gathered unit's reduce_scatter of the gradients its W nodes write) */
 	char *w_wrote = calloc((size_t)c.nv + 1, 1);
@@ -304,7 +353,7 @@ int unroll_run(Graph *g, Diag *d)
 			 "another schedule",
 			 stages_schedule_name(g->pipeline), m, m == 1 ? "" : "es", p);
 		free(order), free(pre_done), free(fdone), free(bdone), free(next);
-		free(sl), free(sc), free(old), free(slot), free(c.copy);
+		free(sl), free(sc), free(old), free(slot), free(c.copy), free(c.once), free(gather_once);
 		return -1;
 	}
 	size_t k = 0;
@@ -334,8 +383,10 @@ int unroll_run(Graph *g, Diag *d)
 		}
 		int want = 3 * x->chunk + x->kind;
 		for (int i = 0; i < n0; i++)
-			if (slot[i] == want)
+			if (slot[i] == want && gather_once[i] != 2) {
 				order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
+				gather_once[i] *= 2;
+			}
 		if (x->kind != STAGE_W)
 			(x->kind == STAGE_F ? fdone : bdone)[(size_t)x->chunk * (size_t)m + (size_t)x->mb] = 1;
 		next[best]++, left--;
@@ -371,6 +422,6 @@ int unroll_run(Graph *g, Diag *d)
 	memcpy(all + nfirst + k, rest + nfirst, (nrest - nfirst) * sizeof *all);
 	memcpy(g->nodes, all, (size_t)g->nnodes * sizeof *all);
 	free(all), free(rest), free(order), free(pre_done), free(fdone), free(bdone), free(next);
-	free(sl), free(sc), free(old), free(slot), free(c.copy);
+	free(sl), free(sc), free(old), free(slot), free(c.copy), free(c.once), free(gather_once);
 	return 0;
 }

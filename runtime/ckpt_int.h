@@ -64,8 +64,12 @@ struct Ckpt {
 	int64_t *owned_off;            /* owned[] of rank r start at owned_off[r] */
 	int64_t *ent_count;            /* [nent * size]: elements rank r owns of entry e */
 	/* rank-local state (ckpt_rank.c): */
-	int32_t *rank_t;               /* its tensors, in step-file order */
+	int32_t *rank_t;               /* its tensors, in step-file order (every rank's
+	                                  list: pp > 1 included) */
 	int nrank;
+	unsigned char *rank_here;      /* per rank_t: this rank holds it (at pp > 1 a
+	                                  stage's own, passes/stage_params.c) */
+	int *rank_holders;             /* per rank_t: how many ranks of the world hold it */
 	int64_t rank_elems;            /* their elements on this rank */
 	/* the save directory (ckpt_dir.c): */
 	int overwrite;                 /* --overwrite of another run's checkpoints */

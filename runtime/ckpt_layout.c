@@ -575,6 +575,8 @@ void ckpt_free(Ckpt *c)
 	free(c->recast);
 	free(c->cast_in);
 	free(c->rank_t);
+	free(c->rank_here);
+	free(c->rank_holders);
 	free(c->step_path);
 	free(c->owned);
 	free(c->owned_src);

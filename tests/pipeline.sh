@@ -38,7 +38,7 @@
 #     before its backward; the embed block, whose tied wte the LM head on
 #     the last stage reads, gathered by both stages and its gradient parts
 #     summed over pp) and gpt-pp2xfs-zb (zero_bubble, with
-#     reshard_after_forward false: one gather per micro-batch, kept to the
+#     reshard_after_forward false: one gather per step, kept to the last
 #     backward; the reduce_scatter in the W slot) against the same model at 2
 #     ranks; gpt-pp2xhs (the same blocks hybrid_shard) against gpt-fs;
 #     gpt-pp2xtp2 and gpt-pp2xcp2 (4 ranks) against tp=2 and cp=2;
@@ -64,6 +64,23 @@
 #             per micro-batch, forward and backward, by stage 0 and by the
 #             last stage, each accumulating its part into the slice, summed
 #             over pp at pp=2 and over stages=0,3 at pp=4 x dp_shard=2
+#   fsdp-once gpt-pp2xfs-zb's IR (reshard_after_forward false): each
+#             full_shard block all_gathered once per step on its stage (the
+#             tied embed by both), not per micro-batch; --stats' all_gather
+#             calls per step 5 against gpt-pp2xfs's 40 (4 micro-batches,
+#             forward and backward); gpt-pp2xfs-zb's run above is the
+#             runtime check (its losses gpt-fs's bit for bit)
+#   gpt-pp2-psgd  compress powersgd(rank=4, start_step=2) at pp=2 (each stage
+#             its own matrices' P, Q and error feedback, passes/stage_params.c)
+#             against the 1-rank compressed run gpt-psgd: losses bit for bit
+#             (each stage's group is one rank, as there), parameters by
+#             eq_same's bounds (the clip norm and wte's two parts summed in
+#             another order); compressed losses are 1e-3 from plain ones by
+#             step 10, and an error share left at pp's -1/2 moves them too
+#   psgd-held --stats of gpt-pp2-psgd: each stage's `held compression
+#             state:` its own matrices' and wte's, the two summing to the
+#             1-rank run's plus wte's once more; the factors' all_reduces on
+#             their stage without pp, wte's over pp
 #   interleaved (pipeline interleaved, stages_per_rank 2; passes/stages.c's
 #             interleaved_order): gpt-pp2-ga4-il (pp=2, 4 virtual stages,
 #             the tied wte between rank 0's virtual stage 0 and rank 1's 3)
@@ -205,6 +222,10 @@ variant "$T/gpt-pp2-ga4.dp" "$T/gpt-pp2-ga4-zb.dp" 's/^  strategy ddp/&\n  pipel
 variant "$T/gpt-ga4.dp" "$T/gpt-fs.dp" 's/^  strategy ddp/  strategy full_shard/'
 pp "$T/gpt-fs.dp" 2 "$T/gpt-pp2xfs.dp"
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xfs-zb.dp" 's/^  strategy full_shard/&\n  pipeline zero_bubble\n  reshard_after_forward false/'
+# compression inside the stages (PowerSGD from step 2): each stage its own
+# matrices' P, Q and error feedback (passes/stage_params.c)
+variant "$T/gpt.dp" "$T/gpt-psgd.dp" 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=2)/'
+pp "$T/gpt-psgd.dp" 2 "$T/gpt-pp2-psgd.dp"
 # hybrid_shard inside the stages (a replicate group of one beside dp_shard):
 # at dp_replicate=1 the same sums as full_shard's
 variant "$T/gpt-pp2xfs.dp" "$T/gpt-pp2xhs.dp" 's/^  strategy full_shard/  strategy hybrid_shard/'
@@ -237,6 +258,8 @@ need() {
 	gpt-pp2xtp2 | gpt-pp2xcp2 | gpt-pp2xzero2) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
 	gpt-zero2 | gpt-fs) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-pp2xfs | gpt-pp2xfs-zb | gpt-pp2xhs) once "$1" eq_run "$1" 4 "$T/$1.dp" ;;
+	gpt-psgd) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
+	gpt-pp2-psgd) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-tp2 | gpt-cp2 | gpt-pp2-recompute | gpt-pp2-bf16) once "$1" eq_run "$1" 2 "$T/$1.dp" ;;
 	gpt-bf16 | gpt-ga4) once "$1" eq_run "$1" 1 "$T/$1.dp" ;;
 	gpt-dp2-ga4) once "$1" eq_run "$1" 2 "$T/gpt-ga4.dp" ;;
@@ -267,11 +290,12 @@ for c in mlp8-pp2:mlp8-1 mlp8-pp3:mlp8-1 mlp8-pp4-noclip:mlp8-noclip gpt-pp2:gpt
 	gpt-pp2xtp2:gpt-tp2 gpt-pp2xcp2:gpt-cp2 gpt-pp2-recompute:gpt-1 \
 	gpt-pp2-ga4:gpt-ga4 gpt-pp2-ga4-gpipe:gpt-ga4 gpt-pp2-ga4-zb:gpt-ga4 \
 	gpt-pp2xdp2-ga4:gpt-dp2-ga4 \
-	gpt-pp2-ga4-il:gpt-ga4 gpt-pp2xfs-il:gpt-fs mlp8-pp3-il:mlp8-ga6; do
+	gpt-pp2-ga4-il:gpt-ga4 gpt-pp2xfs-il:gpt-fs mlp8-pp3-il:mlp8-ga6 \
+	gpt-pp2-psgd:gpt-psgd; do
 	case_on "${c%%:*}" || continue
 	need "${c%%:*}" && need "${c#*:}" && eq_same "${c%%:*}" "${c#*:}"
 	case ${c%%:*} in
-	mlp8-pp[23] | *-ga4* | gpt-pp2xfs-il) same_losses "${c%%:*}" "${c#*:}" ;;
+	mlp8-pp[23] | *-ga4* | gpt-pp2xfs-il | gpt-pp2-psgd) same_losses "${c%%:*}" "${c#*:}" ;;
 	esac
 done
 
@@ -334,6 +358,49 @@ if case_on fsdp-ir; then
 		ok "tied wte in a full_shard block:$t2"
 	else
 		fail "tied wte in a full_shard block:$t2"
+	fi
+fi
+
+if case_on fsdp-once; then
+	# reshard_after_forward false (gpt-pp2xfs-zb; passes/unroll.c's
+	# gathered_once): each full_shard block gathered once per step on its
+	# stage into one U.gather that every micro-batch reads (the tied embed
+	# by both stages), where gpt-pp2xfs (reshard_after_forward) gathers per
+	# micro-batch, forward and backward; --stats counts the step's calls
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2xfs-zb.dp --world-size 4 --emit=ir | grep all_gather"
+	once=$("$DPC" "$T/gpt-pp2xfs-zb.dp" --world-size 4 --emit=ir 2>/dev/null |
+		sed -nE 's/^%([^ ]+) = all_gather [^ ]+ axes=dp_shard +comm [^ ]+ stage=([01]) .*/\1@\2/p' | sort | tr '\n' ' ')
+	c1=$("$DPC" "$T/gpt-pp2xfs-zb.dp" --world-size 4 --emit=stats 2>/dev/null | awk '$1 == "all_gather" {print $4}')
+	c2=$("$DPC" "$T/gpt-pp2xfs.dp" --world-size 4 --emit=stats 2>/dev/null | awk '$1 == "all_gather" {print $4}')
+	what="full_shard at pp=2 without reshard_after_forward: the step's gathers $once(--stats: $c1 calls per step; with reshard_after_forward $c2)"
+	if [ "$once" = "embed.gather.pp1@1 embed.gather@0 h.0.gather@0 h.1.gather@1 lnf.gather@1 " ] &&
+		[ "$c1" = 5 ] && [ "$c2" = 40 ]; then
+		ok "$what"
+	else
+		fail "$what"
+	fi
+fi
+
+if case_on psgd-held; then
+	# compression at pp=2: each stage holds its own matrices' state (and the
+	# tied wte's, on both), together the 1-rank run's plus wte's once more;
+	# its factors' all_reduces on their stage without pp, wte's over pp
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2-psgd.dp --world-size 2 --emit=stats | grep compression"
+	"$DPC" "$T/gpt-pp2-psgd.dp" --world-size 2 --emit=stats >"$T/psgd.stats" 2>/dev/null
+	"$DPC" "$T/gpt-psgd.dp" --world-size 1 --emit=stats >"$T/psgd1.stats" 2>/dev/null
+	"$DPC" "$T/gpt-pp2-psgd.dp" --world-size 2 --emit=ir >"$T/psgd.ir" 2>/dev/null
+	held=$(sed -nE 's/^  held compression state: ([0-9]+) B .*/\1/p' "$T/psgd.stats" | tr '\n' ' ')
+	total=$(sed -nE 's/^compression state +([0-9]+) .*/\1/p' "$T/psgd1.stats")
+	tied=$(sed -nE 's/^%powersgd\.(q|p|err) +: f32\[([0-9]+)\].*/\2/p' "$T/psgd.ir" | awk '{s += 4 * $1} END {print s + 0}')
+	own=$(grep -Ec '^%powersgd\.[pq]\.r[0-9]+ = all_reduce axes=dp_replicate,dp_shard .* stage=[01] ' "$T/psgd.ir")
+	overpp=$(grep -Ec '^%powersgd\.[pq]\.r[0-9]+ = all_reduce axes=pp,' "$T/psgd.ir")
+	read -r h0 h1 _ <<<"$held"
+	what="compression at pp=2: held per stage ${held}B of the 1-rank run's ${total:-?} B (wte's $tied B on both); $own factor all_reduces on their stage without pp, $overpp over pp (wte's)"
+	if [ -n "${h1:-}" ] && [ -n "$total" ] && [ $((h0 + h1)) = $((total + tied)) ] && [ "$h0" -lt "$total" ] &&
+		[ "$h1" -lt "$total" ] && [ "$tied" -gt 0 ] && [ "$own" = 4 ] && [ "$overpp" = 2 ]; then
+		ok "$what"
+	else
+		fail "$what"
 	fi
 fi
 
