@@ -16,7 +16,11 @@
  *   (f32: compute, or a gather, reads them) the update writes their host
  *   copy %NAME.host, made once by a D2H at the end of INIT, and an H2D
  *   after the update brings the result back.
- * - The reduced gradients reach the host during the backward: each region
+ * - The gradient shards the updates read are in host memory when every
+ *   write to them before the optimizer is a reduce_scatter's result
+ *   (host_gradients): staged by a D2H and summed on the host (full_shard),
+ *   or written by a D2H from the collective's device temporary (zero2).
+ * - Otherwise the reduced gradients reach the host during the backward: each region
  *   of the gradient buffer an update reads gets its D2H right after the
  *   node that last writes it before the optimizer (a shard's accumulation
  *   after its reduce_scatter, a ddp bucket's all_reduce), in the last
@@ -315,17 +319,35 @@ static Node *writer_before(const Graph *g, int i, int v)
 	return NULL;
 }
 
+/* Does n write a region of the gradient root G as a reduce_scatter's
+ * result, from a buffer other than G (zero2's shard, reduced in the last
+ * micro-batch straight into its place)? */
+static int direct_shard_writer(const Graph *g, const Node *n, const Value *G)
+{
+	if (n->op != DP_OP_REDUCE_SCATTER || n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
+		return 0;
+	for (int k = 0; k < n->nin; k++)
+		if (n->in[k] >= 0 && ir_overlaps(g, g->values[n->in[k]], G))
+			return 0;
+	return 1;
+}
+
 /* The gradient root G the updates read lives in host memory when every
- * node that writes it before the optimizer is an accumulation of a
+ * node that writes it before the optimizer is either an accumulation of a
  * collective's device temporary (a shard summing its reduce_scatters over
- * the micro-batches): each such temporary gets a D2H into a host staging
- * buffer right after its collective, on the copy stream (fenced by the
- * schedule pass like a collective, waiting there for the collective's
- * event), and the accumulation reads the staging
- * buffer on the host where it stood, so the device keeps no gradient shard
- * and the compute stream waits where it waited for the reduce_scatter
- * before. The rest of the step that touches G (the sqnorm, the clip, the
- * update, the fill) then runs on the host. Returns 1 when G moved. */
+ * the micro-batches: full_shard) or a reduce_scatter writing its region
+ * straight (zero2, reduced once in the last micro-batch). An accumulated
+ * temporary gets a D2H into a host staging buffer right after its
+ * collective, on the copy stream (fenced by the schedule pass like a
+ * collective, waiting there for the collective's event), and the
+ * accumulation reads the staging buffer on the host where it stood, so the
+ * compute stream waits where it waited for the reduce_scatter before; a
+ * straight reduce_scatter writes a device temporary %NAME.rs instead of
+ * its region, and a D2H on the copy stream right after it fills the
+ * region on the host (the temporary lives until that copy is waited for,
+ * memplan). So the device keeps no gradient shard between two steps. The
+ * rest of the step that touches G (the sqnorm, the clip, the update, the
+ * fill) then runs on the host. Returns 1 when G moved. */
 static int host_gradients(Graph *g, int groot)
 {
 	Value *G = g->values[groot];
@@ -339,6 +361,10 @@ static int host_gradients(Graph *g, int groot)
 				return 0;
 		if (n->out < 0 || !ir_overlaps(g, g->values[n->out], G))
 			continue;
+		if (direct_shard_writer(g, n, G)) {
+			nwriters++;
+			continue;
+		}
 		if (n->op != DP_OP_ACCUM || n->in[0] < 0 ||
 		    ir_root(g, g->values[n->in[0]])->kind != DP_T_ACT)
 			return 0;
@@ -375,6 +401,20 @@ static int host_gradients(Graph *g, int groot)
 		if (!(n->progs & IR_IN_STEP) || n->phase == PH_OPT || n->out < 0 ||
 		    !ir_overlaps(g, g->values[n->out], G))
 			continue;
+		if (direct_shard_writer(g, n, G)) {
+			/* the collective writes a device temporary, the shard's
+			 * region comes from it (NCCL writes device memory only) */
+			int v = n->out, t = twin(g, v, ".rs", DP_T_ACT);
+			g->values[t]->space = DP_SPACE_DEVICE;
+			n->out = t;
+			g->values[t]->def = n->id;
+			Node *c = copy_node(g, DP_OP_D2H, v, t, n, i + 1);
+			c->stream = DP_STREAM_COPY;
+			c->bucket = -1;
+			g->values[v]->def = c->id;
+			i = ir_node_index(g, c);
+			continue;
+		}
 		Node *coll = writer_before(g, i, n->in[0]);
 		int x = n->in[0], h = host_copy(g, x);
 		Node *c = copy_node(g, DP_OP_D2H, h, x, coll, ir_node_index(g, coll) + 1);

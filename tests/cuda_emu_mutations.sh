@@ -196,6 +196,12 @@
 #                 else, so it lands before its update unless it waits for
 #                 it; one run: the copies' order is the knob's, not the
 #                 seed's)
+#   d2h_wait_zero2  the same point as d2h_wait on o16 (zero2: each shard's
+#                 reduce_scatter writes a device temporary that a D2H on the
+#                 copy stream brings to the host shard, passes/offload.c's
+#                 host_gradients): the copy reads the temporary before the
+#                 collective wrote it (DPEMU_COPY_EARLY=1: a ready copy runs
+#                 first, so it does unless it waits)
 #   h2d_wait_params  the same point on op16 (off in bf16 with offload params):
 #                 the gather reads its device temporary before the
 #                 shard's H2D has filled it
@@ -615,6 +621,7 @@ d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COM
 host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 h2d_unit      h2d_unit      o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
+d2h_wait_zero2 d2h_wait     o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
 h2d_wait_params h2d_wait    op16    2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 

@@ -60,6 +60,11 @@
 #    tail). A sharded checkpoint of the mixed run
 #    resumes with train-wide `offload optimizer`, and the reverse, bit for
 #    bit (full_shard bf16).
+# 9. What offload leaves on the device (compile only): gpt2.dp full_shard
+#    at 4 ranks in bf16, the issue's memory goal's configuration, with and
+#    without recompute: offload optimizer's arena is the 16-bit shards and
+#    the temporaries of the run without offload, offload params' the
+#    temporaries alone: the floor of the goal's ratio (docs/OFFLOAD.md).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -399,6 +404,46 @@ if case_on resume-mix-optimizer; then
 		"$DPC" "$T/mix.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 \
 			-o "$T/gpt-bf16.mix.rbin" 2>/dev/null || fail "resume-mix-optimizer: dpc (mix)"
 		across gpt-bf16 "$T/gpt.dp" sharded "${d%%:*}" "${d#*:}" --set train.strategy=full_shard --precision bf16
+	done
+fi
+
+# ---- 9. what offload leaves on the device: the floor ----
+# (compile only) models/gpt2.dp full_shard at 4 ranks in bf16, the issue's
+# memory goal's configuration, with and without gradient_checkpointing:
+# with `offload optimizer` the device arena is the bf16 shards (2N/R bytes,
+# N the parameters, R the ranks), the data, the metrics and the
+# temporaries, and the temporaries are those without offload to the byte
+# (no master, gradient or optimizer-state row left; no device temporary
+# added at the peak); with `offload params` the arena is the temporaries
+# alone, at most the shards' transient copies (2N/R) over those without
+# offload. So the temporaries (activations, gathered blocks, unsharded
+# gradients), which placement does not move, are the floor of the ratio
+# the issue asks to be <= 0.35 (docs/OFFLOAD.md's "The floor").
+if case_on memory-floor-gpt2; then
+	row() { awk -v p="$1" 'index($0, p) == 1 { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) { print $i; exit } }' "$2"; }
+	for rc in false true; do
+		for o in none optimizer params; do
+			"$DPC" models/gpt2.dp --world-size 4 --set train.strategy=full_shard --precision bf16 \
+				--set train.gradient_checkpointing=$rc --set train.offload=$o --stats \
+				>"$T/floor.$o.stats" 2>"$T/floor.$o.log" ||
+				{ cat "$T/floor.$o.log"; fail "memory-floor-gpt2: dpc (offload $o, recompute $rc)"; }
+		done
+		N=124439808 R=4
+		t0=$(row "temporaries (arena region)" "$T/floor.none.stats")
+		a0=$(row "total (arena size)" "$T/floor.none.stats")
+		dm=$(($(row "data " "$T/floor.none.stats") + $(row "metrics " "$T/floor.none.stats")))
+		ao=$(row "total (arena size)" "$T/floor.optimizer.stats")
+		to=$(row "temporaries (arena region)" "$T/floor.optimizer.stats")
+		ap=$(row "total (arena size)" "$T/floor.params.stats")
+		bf=$(row "parameters, 16-bit copies" "$T/floor.optimizer.stats") # 2N/R, each root 256-aligned
+		ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+		if [ -n "$t0" ] && [ "$to" = "$t0" ] && [ "$bf" -ge $((2 * N / R)) ] &&
+			[ "$bf" -lt $((2 * N / R + 4096)) ] && [ "$ao" -eq $((bf + dm + t0)) ] &&
+			[ "$ap" -ge $((dm + t0)) ] && [ "$ap" -le $((dm + t0 + 2 * N / R)) ]; then
+			ok "gpt2.dp full_shard np4 bf16 (recompute $rc): offload optimizer $ao B = 2N/R + temporaries ($(ratio "$ao" "$a0")x of $a0), params $ap B ($(ratio "$ap" "$a0")x); temporaries $t0 B alone $(ratio "$t0" "$a0")x"
+		else
+			fail "memory-floor-gpt2 (recompute $rc): none $a0 (temporaries $t0), optimizer $ao (temporaries $to), params $ap; want optimizer = the 16-bit row $bf (2N/R $((2 * N / R))) + $dm + $t0"
+		fi
 	done
 fi
 

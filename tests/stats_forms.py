@@ -607,7 +607,12 @@ def check_offload(model, text):
     sums its reduce_scatters) the gradient shards themselves live on the
     host: the device's gradients row moves whole (4L), and the host adds a
     staging buffer per block for its reduce_scatter's result (4 P'/n each,
-    aligned) and the sqnorm's copy (one aligned f32). Otherwise the device
+    aligned) and the sqnorm's copy (one aligned f32). Under zero2 (its
+    shard reduced once, in the last micro-batch) the shard lives on the
+    host too: the device's gradients row loses it (4L), the unsharded
+    buffer stays, the host gradients row adds the sqnorm's copy, and the
+    temporaries may grow by the reduce_scatter's device result (4L), which
+    lives until its D2H is waited for. Otherwise (ddp) the device
     keeps its gradients; it keeps its bf16 copies; its arena shrinks by
     exactly what moved, but for the temporaries, which in bf16 may grow by
     the device copy of one bucket's host master shard that the EXPORT
@@ -635,9 +640,12 @@ def check_offload(model, text):
                 if prec == "bf16":
                     want["host parameters, 16-bit copies"] = aligned(2 * L)
                 host_grads = strategy == "full_shard"
+                shard_host = strategy == "zero2"  # its reduce_scatter's shard, D2H'd from a temporary
                 if host_grads:
                     want["host gradients"] += sum(aligned(4 * (pad(sum(ps), n) // n))
                                                   for _, ps in BLOCKS) + aligned(4)
+                if shard_host:
+                    want["host gradients"] += aligned(4)
                 got = {k: m1.get(k) for k in want}
                 if not ok(got == want, f"{what}: host rows = closed form in L={L} {want}"):
                     print(f"       dpc {got}")
@@ -645,11 +653,14 @@ def check_offload(model, text):
                    m1.get("optimizer state") == 0,
                    f"{what}: the optimizer state moved whole ({m0.get('optimizer state')} B)")
                 moved = (m0["optimizer state"] + (m0["parameters"] if prec == "bf16" else 0) +
-                         (m0["gradients"] if host_grads else 0))
-                keep = (["parameters, 16-bit copies"] + ([] if host_grads else ["gradients"]) +
+                         (m0["gradients"] if host_grads else 0) + (aligned(4 * L) if shard_host else 0))
+                keep = (["parameters, 16-bit copies"] + ([] if host_grads or shard_host else ["gradients"]) +
                         (["parameters"] if prec == "f32" else []))
                 ok(not host_grads or (m1.get("gradients") == 0 and m0["gradients"] == aligned(4 * L)),
                    f"{what}: the gradient shards moved whole ({m0['gradients']} B)")
+                ok(not shard_host or m1.get("gradients") == m0["gradients"] - aligned(4 * L),
+                   f"{what}: the gradient shard moved ({m0['gradients']} -> {m1.get('gradients')} B: "
+                   f"the unsharded buffer stays, -4L = {aligned(4 * L)})")
                 # in bf16 the masters' all_gather (EXPORT) reads its host
                 # shard through a device temporary (NCCL cannot read the
                 # host arena): the temporaries may grow by one bucket's
@@ -658,6 +669,10 @@ def check_offload(model, text):
                 T = "temporaries (arena region)"
                 dev = 0 if prec == "f32" else (aligned(4 * L) if strategy != "full_shard" else
                                               max(aligned(4 * (pad(sum(ps), n) // n)) for _, ps in BLOCKS))
+                # zero2: the shard's reduce_scatter writes a device temporary
+                # (4L over one bucket) that lives until its D2H is waited for
+                if shard_host:
+                    dev += aligned(4 * L)
                 ok(all(m1.get(k) == m0.get(k) for k in keep) and
                    (prec == "f32" or m1.get("parameters") == 0) and
                    m1["total (arena size)"] - m1[T] == m0["total (arena size)"] - m0[T] - moved and
