@@ -26,7 +26,9 @@
 #    from the stages' FLOPs, the step at least --stats' makespan and within
 #    2 % of it (the once-per-step optimizer after); at pp=4 the tied wte's
 #    all_reduce over the sub-group of stages 0 and 3 is replayed on those
-#    two stages only, their copies paired (moving together);
+#    two stages only, their copies paired (moving together); every
+#    once-per-step collective of a stage after that stage's last transfer
+#    (gpt2-tiny at 4 layers, pp=2 x dp=2, 10 KB buckets, --emit=ir);
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
 #    carrying bytes and axes; at pp=2 one process per stage;
