@@ -605,8 +605,12 @@ static int plan_in_node(const Plan *p, unsigned mask, int ranks_per_node)
  * axes of mask, each on bytes (the whole buffer, as stats_coll_bytes): their
  * bus bytes over the busbw of the link the simulator puts that group on.
  * At pp > 1 the stage's own groups leave pp out (passes/stage_params.c) but
- * a tied parameter's keep it, which may move them off the node: the faster
- * link's bandwidth then. */
+ * a tied parameter's keep it, which may move them off the node: ranks are
+ * row-major with pp outermost, so adding pp to a group only ever moves it
+ * from the node's link to the inter-node one and adds ranks (bus bytes),
+ * and the link of the group without pp bounds both. (Until 2026-11-28 the
+ * faster link's bandwidth at every pp > 1: 9 times below the inter-node
+ * groups' time on h100-nvlink, so the term ruled out no pipelined mesh.) */
 static void comm_add(double *link, const Plan *p, const Machine *mc, IrOp op, unsigned mask,
 		     double bytes, double calls)
 {
@@ -619,8 +623,6 @@ static void comm_add(double *link, const Plan *p, const Machine *mc, IrOp op, un
 			ranks *= dims[a];
 	int l = plan_in_node(p, mask, mc->ranks_per_node) ? MACH_INTRA : MACH_INTER;
 	double bw = mc->link[l].busbw;
-	if (p->pp > 1)
-		bw = fmax(mc->link[MACH_INTRA].busbw, mc->link[MACH_INTER].busbw);
 	if (bw > 0)
 		link[l] += calls * bytes * stats_bus_factor(op, ranks) / bw;
 }

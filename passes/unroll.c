@@ -46,11 +46,21 @@
  * then a forward and a backward in turn, then the remaining backwards;
  * zero_bubble, 1F1B with each W deferred by P-1-s backwards), as
  * passes/stages.c's slot_order gives them. The stages' sequences are
- * merged into the one program by the forecast's start times
- * (stages_simulate), a slot only after those it needs (F(s,k) after
- * F(s-1,k), B(s,k) after B(s+1,k) and F(s,k)), so the program is one
+ * merged into the one program by the forecast's times (stages_simulate):
+ * a slot's body (its nodes but the transfers it owns as their producer)
+ * at its start, those transfers at its end (before a body starting at the
+ * same time), a slot only after the transfers of those it needs (F(s,k)
+ * after F(s-1,k), B(s,k) after B(s+1,k) and F(s,k)), so the program is one
  * sequential run of every stage's work in which each send meets its recv at
- * once: no stage waits in a cycle (ir/verify.c checks it again). The
+ * once: no stage waits in a cycle (ir/verify.c checks it again). Why the
+ * transfers at the end: a recv waits on its stage's serial comm stream
+ * (NCCL's, runtime/cuda) until its sender posts it, and so does every
+ * collective behind it there; placed with its producer's slot at that
+ * slot's start it came before the tp all_reduces of the slot the
+ * receiving stage runs meanwhile (1F1B's B(s+1,j) beside F(s,k)), which
+ * then waited for F(s,k) to end: at tp > 1 the stages idled above the
+ * forecast (gpt2-tiny at pp=4 x tp=2, 8 micro-batches, on a machine where
+ * only FLOPs cost: 50.3 % against 43.8 %; 43.7 % since). The
  * DP_IF_LAST part follows, once, in its order. On each stage the backward
  * (and W) slots run in micro-batch order under every schedule, so every
  * gradient accumulates its micro-batches in the order pp = 1 does.
@@ -356,41 +366,63 @@ int unroll_run(Graph *g, Diag *d)
 		free(sl), free(sc), free(old), free(slot), free(c.copy), free(c.once), free(gather_once);
 		return -1;
 	}
+	/* a slot's transfers out (the pairs it owns as their producer) and the
+	 * rest, its body: tail[i] for those nodes, has_tail per slot */
+	char *tail = calloc((size_t)n0 + 1, 1), *has_tail = calloc(3 * (size_t)nc + 1, 1);
+	char *body_done = calloc((size_t)p, 1);
+	if (!tail || !has_tail || !body_done)
+		die("out of memory");
+	for (int i = 0; i < n0; i++)
+		if (slot[i] >= 0 && (old[i]->op == DP_OP_SEND || old[i]->op == DP_OP_RECV)) {
+			const Node *snd = old[i]->op == DP_OP_SEND ? old[i] : old[i - 1];
+			if (slot[i] / 3 == vstage(snd))
+				tail[i] = 1, has_tail[slot[i]] = 1;
+		}
 	size_t k = 0;
 	for (int left = per * p; left > 0;) {
+		/* the earliest item: a stage's next slot's body at its start, once
+		 * the slots it needs have sent (ready), or the transfers of the slot
+		 * whose body it ran last at that slot's end (first at a tie) */
 		int best = -1;
+		double best_t = 0;
 		for (int s = 0; s < p; s++) {
 			if (next[s] >= per)
 				continue;
 			const StageSlot *x = &sl[(size_t)s * (size_t)per + (size_t)next[s]];
 			int ch = x->chunk;
 			size_t at = (size_t)ch * (size_t)m + (size_t)x->mb;
-			int ready = x->kind == STAGE_F   ? ch == 0 || fdone[at - (size_t)m]
-				    : x->kind == STAGE_B ? fdone[at] && (ch == nc - 1 || bdone[at + (size_t)m])
-							 : bdone[at];
-			if (ready && (best < 0 || x->start <
-						     sl[(size_t)best * (size_t)per + (size_t)next[best]].start))
-				best = s;
+			int ready = body_done[s] || (x->kind == STAGE_F   ? ch == 0 || fdone[at - (size_t)m]
+						     : x->kind == STAGE_B ? fdone[at] && (ch == nc - 1 || bdone[at + (size_t)m])
+									  : bdone[at]);
+			double t = body_done[s] ? x->end : x->start;
+			if (ready && (best < 0 || t < best_t || (t == best_t && body_done[s] && !body_done[best])))
+				best = s, best_t = t;
 		}
 		if (best < 0)
 			die("unroll: the schedule's slots wait for each other");
 		const StageSlot *x = &sl[(size_t)best * (size_t)per + (size_t)next[best]];
-		if (!pre_done[x->mb]) { /* the loads every stage runs, before the micro-batch */
+		int want = 3 * x->chunk + x->kind, part = body_done[best]; /* 0: body, 1: transfers */
+		if (!part && !pre_done[x->mb]) { /* the loads every stage runs, before the micro-batch */
 			pre_done[x->mb] = 1;
 			for (int i = 0; i < n0; i++)
 				if (slot[i] == SLOT_PRE)
 					order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
 		}
-		int want = 3 * x->chunk + x->kind;
 		for (int i = 0; i < n0; i++)
-			if (slot[i] == want && gather_once[i] != 2) {
+			if (slot[i] == want && tail[i] == part && gather_once[i] != 2) {
 				order[k++] = clone_node(&c, old[i], x->mb, x->mb * ntags);
 				gather_once[i] *= 2;
 			}
+		if (!part && has_tail[want]) {
+			body_done[best] = 1;
+			continue;
+		}
+		body_done[best] = 0;
 		if (x->kind != STAGE_W)
 			(x->kind == STAGE_F ? fdone : bdone)[(size_t)x->chunk * (size_t)m + (size_t)x->mb] = 1;
 		next[best]++, left--;
 	}
+	free(tail), free(has_tail), free(body_done);
 	/* the eval program's share of the per-micro-batch nodes stays as it was;
 	 * everything else (other programs, the once-per-step part) in its order */
 	Node **rest = malloc(((size_t)n0 + 1) * sizeof *rest);

@@ -20,13 +20,15 @@
 #    exposed communication, which holds dpexec's per-step loss all_reduce
 #    (not over tp) and sync point (two link latencies at dp=2, one at tp=2,
 #    none at 1 rank);
-#  - pipeline: gpt2-tiny at pp=2 (zero_bubble) and pp=4 (1f1b) on a machine
-#    where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
+#  - pipeline: gpt2-tiny at pp=2 (zero_bubble) and pp=4 x tp=2 (1f1b) on a
+#    machine where only FLOPs cost (1 GFLOP/s, free links): every stage simulated,
 #    their compute streams' idle mean within a point of --stats' bubble
 #    from the stages' FLOPs, the step at least --stats' makespan and within
 #    2 % of it (the once-per-step optimizer after); at pp=4 the tied wte's
 #    all_reduce over the sub-group of stages 0 and 3 is replayed on those
-#    two stages only, their copies paired (moving together);
+#    two stages only, their copies paired (moving together); every
+#    once-per-step collective of a stage after that stage's last transfer
+#    (gpt2-tiny at 4 layers, pp=2 x dp=2, 10 KB buckets, --emit=ir);
 #  - trace: --simulate-trace is dpexec --trace's format (tests/trace_check.py:
 #    lanes named, spans nest, instructions in program order) with collectives
 #    carrying bytes and axes; at pp=2 one process per stage;
@@ -205,18 +207,21 @@ EOF
 # a machine where only FLOPs cost: 1 GFLOP/s, free memory, links and kernels
 flops_only() { flops_machine "$T/flops.json" flops-only 1e30; }
 
-# pipeline NAME PP ARGS...: the stages' idle against --stats' bubble
+# pipeline NAME PP TP ARGS...: the stages' idle against --stats' bubble (at
+# tp > 1 too: a recv placed before the tp all_reduces of the slot its stage
+# runs meanwhile held them on the serial comm stream, passes/unroll.c)
 pipeline() {
-	local name=$1 pp=$2; shift 2
+	local name=$1 pp=$2 tp=$3; shift 3
 	case_on "pipeline: $name" || return 0
 	once flops-only flops_only
-	"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --simulate="$T/flops.json" \
-		--simulate-trace "$T/pp.trace" >"$T/pp.sim" 2>/dev/null &&
-		"$DPC" models/gpt2-tiny.dp --pp "$pp" --world-size "$pp" "$@" --stats >"$T/pp.stats" 2>/dev/null ||
-		{ fail "pipeline: $name: dpc"; return; }
-	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" "$T/pp.trace" <<'EOF'
+	"$DPC" models/gpt2-tiny.dp --pp "$pp" --tp "$tp" --world-size $((pp * tp)) "$@" \
+		--simulate="$T/flops.json" --simulate-trace "$T/pp.trace" >"$T/pp.sim" 2>/dev/null &&
+		"$DPC" models/gpt2-tiny.dp --pp "$pp" --tp "$tp" --world-size $((pp * tp)) "$@" --stats \
+			>"$T/pp.stats" 2>/dev/null || { fail "pipeline: $name: dpc"; return; }
+	if out=$($PY - "$T/pp.sim" "$T/pp.stats" "$pp" "$T/pp.trace" "$tp" <<'EOF'
 import json, re, sys
 sim, stats, pp = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
+tp = int(sys.argv[5])
 idle = float(re.search(r"^bubble\s+([\d.]+) %", sim, re.M).group(1)) / 100
 m = re.search(r"^bubble: .*from the stages' FLOPs ([\d.]+) \(makespan (\d+) FLOP", stats, re.M)
 forecast, span = float(m.group(1)), float(m.group(2)) / 1e9 * 1e3
@@ -229,16 +234,48 @@ tied = ""
 if pp == 4: # the tied wte's all_reduce over stages 0 and 3 (`stages=0,3`): those
     # stages' copies only, moving together once the later is posted (stage 0's)
     ev = [e for e in json.load(open(sys.argv[4]))["traceEvents"] if e.get("cat") == "collective"
-          and "all_reduce" in e["name"] and e["args"]["axes"].startswith("pp,")]
-    assert sorted(e["pid"] for e in ev) == [0, 3], [(e["pid"], e["name"]) for e in ev]
+          and "all_reduce" in e["name"] and e["name"].startswith("%bucket")
+          and e["args"]["axes"].startswith("pp,")]
+    assert sorted(e["pid"] // tp for e in ev) == [0, 3], [(e["pid"], e["name"]) for e in ev]
     assert ev[0]["ts"] == ev[1]["ts"], ("the copies move apart", [(e["pid"], e["ts"]) for e in ev])
     tied = f", the tied all_reduce on stages 0 and 3 together at {ev[0]['ts'] / 1e3:.1f} ms"
 print(f"{pp} stages, idle {idle:.4f} vs the forecast's bubble {forecast:.4f}, step {step:.1f} ms vs makespan {span:.1f}{tied}")
 EOF
 	); then ok "pipeline: $name: $out"; else fail "pipeline: $name: $out"; fi
 }
-pipeline "gpt2-tiny pp=2 zero_bubble" 2 --set train.grad_accum=4 --set train.pipeline=zero_bubble
-pipeline "gpt2-tiny pp=4 1f1b" 4 --set train.grad_accum=8
+pipeline "gpt2-tiny pp=2 zero_bubble" 2 1 --set train.grad_accum=4 --set train.pipeline=zero_bubble
+pipeline "gpt2-tiny pp=4 tp=2 1f1b" 4 2 --set train.grad_accum=8
+
+# The once-per-step collectives of a stage (its gradients' all_reduces) go
+# after the stage's last pipeline transfer (passes/schedule.c): on the
+# serial comm stream the last send, the gradient the stage before waits
+# for in its last backward, queued behind them (GPT-3 175B's shape at pp=8
+# x tp=8 x dp=16, ddp: 0.44 s a stage added to the drain, 12.04 -> 9.71 s).
+# gpt2-tiny at 4 layers, pp=2 x dp=2, buckets of 10 KB: 16 of its 34 were
+# before.
+if case_on "pipeline: gradient reductions after the last transfer"; then
+	if "$DPC" models/gpt2-tiny.dp -D layers=4 --pp 2 --world-size 4 --set train.grad_accum=4 \
+		--set train.bucket_mb=0.01 --emit=ir >"$T/order.ir" 2>/dev/null &&
+		out=$($PY - "$T/order.ir" <<'EOF'
+import re, sys
+lines = open(sys.argv[1]).read().split("\n")
+last, late, n = {}, [], 0
+for i, l in enumerate(lines): # the step program's transfers (not eval's)
+    st = re.search(r"\bstage=(\d+)", l)
+    if st and re.match(r"(send |%\S+ = recv )", l) and " eval " not in l:
+        last[st.group(1)] = i
+for i, l in enumerate(lines):
+    st = re.search(r"\bstage=(\d+)", l)
+    if st and re.search(r"= (all_reduce|reduce_scatter)\b.*\blast\b", l):
+        n += 1
+        if i < last[st.group(1)]:
+            late.append(l.split()[0])
+assert n >= 8 and not late, (n, "once-per-step collectives, before their stage's last transfer:", late)
+print(f"{n} once-per-step collectives, each after its stage's last transfer")
+EOF
+		); then ok "pipeline: gradient reductions after the last transfer: $out"
+	else fail "pipeline: gradient reductions after the last transfer: ${out:-dpc, or the order (above)}"; fi
+fi
 
 if case_on "cpu executor: step = compute + exposed"; then
 	once starved-cpu starved cpu 1e9
