@@ -791,6 +791,51 @@ CU_UNROLL
 	}
 }
 
+/* fa_times_rows with X's 16 rows in shared memory as well (xs: the
+ * warp's first row, row stride LD), its A registers loaded per k-step and
+ * used for every j (bf16: ldmatrix .x4, matrix i = rows 8 (i & 1), dims
+ * 16 k + 8 (i >> 1): the A layout; tf32: 32-bit loads, a[i] = X[g + 8 (i
+ * & 1)][8 k + q + 4 (i >> 1)]): 4 registers live, not HD / 4 (the
+ * backward's K and V: FlashAttention-2 keeps them in shared memory too).
+ * Each s[j] sums its k-steps in the same order as fa_times_rows. */
+template <int HD, int N, int LD, typename T>
+static __device__ __forceinline__ void fa_times_rows_sm(float (*s)[4], const T *xs, const T *tile)
+{
+	const int lane = threadIdx.x % 32;
+CU_UNROLL
+	for (int j = 0; j < N / 8; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+	if constexpr (sizeof(T) == 4) {
+		const T *x = xs + (lane / 4) * LD + lane % 4, *y = tile + (lane / 4) * LD + lane % 4;
+CU_UNROLL
+		for (int k = 0; k < HD / 8; k++) {
+			const uint32_t a[4] = {__float_as_uint(x[8 * k]), __float_as_uint(x[8 * LD + 8 * k]),
+					       __float_as_uint(x[8 * k + 4]), __float_as_uint(x[8 * LD + 8 * k + 4])};
+CU_UNROLL
+			for (int j = 0; j < N / 8; j++) {
+				const T *yk = y + 8 * j * LD + 8 * k;
+				uint32_t yb[2] = {__float_as_uint(yk[0]), __float_as_uint(yk[4])};
+				cu_mma_tf32(s[j], a, yb);
+			}
+		}
+	} else {
+		const int mi = lane / 8, mr = lane % 8;
+CU_UNROLL
+		for (int k = 0; k < HD / 16; k++) {
+			uint32_t a[4];
+			cu_ldsm<4>(a, xs + (8 * (mi & 1) + mr) * LD + 16 * k + 8 * (mi >> 1));
+CU_UNROLL
+			for (int j = 0; j < N / 8; j += 2) {
+				uint32_t yb[4]; /* as fa_times_rows' */
+				const int ld = MUTANT(tc_stride) ? HD : LD;
+				cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * ld + 16 * k + 8 * (mi & 1));
+				cu_mma_bf16(s[j], a, yb);
+				cu_mma_bf16(s[j + 1], a, yb + 2);
+			}
+		}
+	}
+}
+
 /* p (C registers of N columns) as A registers: bf16 pa[k] covers columns
  * 16 k .. 16 k + 15 (C tiles 2 k and 2 k + 1); tf32 pa[j] the C tile j,
  * its columns 2 q and 2 q + 1 taken as the k-step's columns q and q + 4
@@ -1141,8 +1186,10 @@ CU_UNROLL
  * run of key blocks of 64 stored key rows (FaWalk), walked one after the
  * other (BCB = 32 query rows per tile, 16 for head dim 128: the
  * registers); per key block:
- *  - K's and V's A registers are read once and kept, K's rows also copied
- *    once into shared memory (B of dQ's product);
+ *  - K's and V's rows are copied once into shared memory; a warp loads
+ *    its 16 rows' A registers per k-step where S^T = K Q^T and dP^T =
+ *    V dO^T use them (fa_times_rows_sm: 4 registers live, not 2 HD / 4
+ *    kept across the loop), K's rows are also B of dQ's product;
  *  - the query tiles from the block's first key's go by double-buffered
  *    (Q, dO and their rows' lse and D), one barrier per tile as in the
  *    forward; per warp (16 keys): S^T = K Q^T and dP^T = V dO^T in C
@@ -1182,8 +1229,8 @@ template <int HD, typename T> struct FaBwd {
 	static const int RT = BC / 16;              /* 16-row parts of a query tile */
 	static const int HDW = HD * RT / S::W;      /* dQ columns per warp */
 	static const int QTILE = BC * S::LD;        /* elements of a Q (or dO) tile */
-	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K [KR][LD], dS^T [KR][LDS] */
-	static const int SMEM = (4 * QTILE + KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
+	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K, V [KR][LD], dS^T [KR][LDS] */
+	static const int SMEM = (4 * QTILE + 2 * KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
 	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
 	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
 };
@@ -1282,7 +1329,7 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	extern __shared__ __align__(16) unsigned char fa_raw[];
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
-	T *ksm = (T *)(stats + 4 * BC), *dst = ksm + F::KR * S::LD;
+	T *ksm = (T *)(stats + 4 * BC), *vsm = ksm + F::KR * S::LD, *dst = vsm + F::KR * S::LD;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	const int64_t split = blockIdx.x % walk.splits, h = blockIdx.x / walk.splits % g.h,
 		      b = blockIdx.x / ((int64_t)walk.splits * g.h);
@@ -1302,32 +1349,32 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 		const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
 		const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
 		int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
-		const T *rp[2];
-		for (int r = 0; r < 2; r++) {
+		for (int r = 0; r < 2; r++)
 			kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
-			rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const T *)0;
-		}
 		if (wrow < g.nkeys)
 			fa_key_span(g, wrow, &wfirst, &wlast);
-		uint32_t ka[HD / KS][4], va[HD / KS][4];
-		fa_load_a<HD>(ka, rp, 0, g.vec8);
-		fa_load_a<HD>(va, rp, g.hd, g.vec8);
 		float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
 		for (int n = 0; n < HD / 8; n++)
 			dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
-		if (dqacc) { /* K's rows, B of dQ = dS K (read after the loop's first barrier) */
+		{ /* K's and V's rows: A of S^T = K Q^T and dP^T = V dO^T (each warp its
+		   * 16, fa_times_rows_sm), K's B of dQ = dS K; landed by the loop's
+		   * first tc_wait and barrier (bf16: cp.async, with the first query tile's group) */
 			auto krow = [&](int j) {
 				return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
 			};
-			if (g.tcvec) { /* every load issued before the first store */
-				TcFetch<HD, F::KR, 32 * S::W, T, false> fk;
+			if (g.tcvec) {
+				TcFetch<HD, F::KR, 32 * S::W, T> fk, fv;
 				fk.fetch(krow, 0, ksm, S::LD);
+				fv.fetch(krow, HD, vsm, S::LD);
 				fk.store(ksm, S::LD);
+				fv.store(vsm, S::LD);
 			} else {
 				tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, 0);
+				tc_copy_gather<HD, T>(vsm, S::LD, krow, g.hd, F::KR, g.hd, 0);
 			}
 		}
+		const T *kw = ksm + 16 * warp * S::LD, *vw = vsm + 16 * warp * S::LD; /* the warp's rows */
 
 		/* the query tile from q0 (Q, dO and the rows' lse log2(e) and D)
 		 * for buffer buf: where the rows are 16-byte aligned, by fq and fd
@@ -1399,8 +1446,8 @@ CU_UNROLL
 			/* every query before the warp's keys, or keys past the end (warp-uniform) */
 			const int skip = (MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys;
 			if (!skip) {
-				fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
-				fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
+				fa_times_rows_sm<HD, BC, S::LD>(s, kw, qs);  /* S^T = K Q^T */
+				fa_times_rows_sm<HD, BC, S::LD>(dp, vw, ds); /* dP^T = V dO^T */
 				/* a query before one of the warp's keys, or past T */
 				const int mask = qfirst < wlast || q0 + BC > g.t;
 				const int kpi[2] = {(int)kp[0], (int)kp[1]};
@@ -1477,6 +1524,8 @@ CU_UNROLL
 				}
 			}
 		}
+		if (tiles == 0)
+			tc_wait<T>(); /* K's and V's copies (no query tile sees these keys) */
 		if (!out)
 			continue; /* uniform over the grid */
 CU_UNROLL
