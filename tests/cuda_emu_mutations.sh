@@ -131,6 +131,9 @@
 #                 free, dS^T's tile read), dropped
 #   tcb_cpwait    the backward's cp.async.wait_group before that barrier
 #                 dropped (bf16): the Q and dO tiles' copies never land
+#   tcb_alayout   the backward's K and V A registers (fa_times_rows_sm,
+#                 by ldmatrix from their shared rows) loaded with the
+#                 matrices in B's order: a[1] and a[2] swapped
 #   tcb_causal    a backward warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them (dK, dV and
 #                 its dS^T rows for dQ)
@@ -600,6 +603,7 @@ tcb_stale     tcb_stale     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_dterm     tcb_dterm     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_cpwait    tcb_cpwait    a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
+tcb_alayout   tcb_alayout   a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_causal    tcb_causal    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2

@@ -820,10 +820,13 @@ CU_UNROLL
 		}
 	} else {
 		const int mi = lane / 8, mr = lane % 8;
+		/* (tcb_alayout: the matrices in B's order, rows 8 (i >> 1), dims
+		 * 8 (i & 1): a[1] and a[2] swapped, a wrong A layout) */
+		const int am = MUTANT(tcb_alayout) ? mi >> 1 : mi & 1, ak = MUTANT(tcb_alayout) ? mi & 1 : mi >> 1;
 CU_UNROLL
 		for (int k = 0; k < HD / 16; k++) {
 			uint32_t a[4];
-			cu_ldsm<4>(a, xs + (8 * (mi & 1) + mr) * LD + 16 * k + 8 * (mi >> 1));
+			cu_ldsm<4>(a, xs + (8 * am + mr) * LD + 16 * k + 8 * ak);
 CU_UNROLL
 			for (int j = 0; j < N / 8; j += 2) {
 				uint32_t yb[4]; /* as fa_times_rows' */
