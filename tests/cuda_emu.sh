@@ -264,7 +264,7 @@ selftest() {
 	fi
 }
 for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma ldsm mma_ptx mma_ptx_wrong \
-	mma_tf32 mma_tf32_wrong tf32_round gemm streams graph \
+	mma_tf32 mma_tf32_wrong tf32_round cp_async gemm streams graph \
 	capture_illegal capture_unjoined capture_pageable memcpy_checks host_fn nccl; do
 	selftest $c ok
 done
@@ -280,6 +280,8 @@ selftest ldsm_misaligned "lane 9's row address .* is not 16-byte aligned"
 selftest ldsm_diverge "every lane of the warp must make the same call"
 selftest ldsm_global "lane 0's row address .* is not in shared memory"
 selftest mma_tf32_raw "mma .tf32 at .*: lane 5's a\[2\] = 0x[0-9a-f]* is not a tf32"
+selftest cp_async_nowait "returned with 3 cp.async copies it never waited for"
+selftest cp_async_global "cp.async at .*: the destination .* is not 16-byte aligned shared memory"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"

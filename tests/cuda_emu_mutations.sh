@@ -103,6 +103,10 @@
 #   tc_sync       the tensor-core forward's one __syncthreads per key
 #                 tile (tile i copied in, the buffer of tile i + 1 free),
 #                 dropped
+#   tc_cpwait     the tensor-core forward's cp.async.wait_group before
+#                 that barrier dropped (bf16): the K and V tiles' copies
+#                 never land where the warps read them (stale shared
+#                 memory, and the emulator's in-flight rule at return)
 #   tc_layout     the tile read by ldmatrix without .trans where P Y
 #                 needs Y's registers (V in the forward; K, dO, Q in the
 #                 backward): Y^T's, a wrong fragment layout
@@ -125,6 +129,11 @@
 #   tcb_sync      the backward's (k_attn_bwd_mma's) first __syncthreads
 #                 per query tile (Q, dO, lse, D copied in, the other buffer
 #                 free, dS^T's tile read), dropped
+#   tcb_cpwait    the backward's cp.async.wait_group before that barrier
+#                 dropped (bf16): the Q and dO tiles' copies never land
+#   tcb_alayout   the backward's K and V A registers (fa_times_rows_sm,
+#                 by ldmatrix from their shared rows) loaded with the
+#                 matrices in B's order: a[1] and a[2] swapped
 #   tcb_causal    a backward warp skips the query tile holding its keys'
 #                 diagonal as if every query were before them (dK, dV and
 #                 its dS^T rows for dQ)
@@ -589,6 +598,7 @@ p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_CO
 subgroup      subgroup_skipped gpp4 4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tc_cpwait     tc_cpwait     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_layout     tc_layout     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_stride     tc_stride     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tc_causal     tc_causal     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
@@ -598,6 +608,8 @@ tcb_lse       tcb_lse       a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEM
 tcb_stale     tcb_stale     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dterm     tcb_dterm     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_sync      tcb_sync      a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_cpwait    tcb_cpwait    a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
+tcb_alayout   tcb_alayout   a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_causal    tcb_causal    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2

@@ -487,9 +487,9 @@ CU_UNROLL
  *    operands (Q, dO, or K, V) as A registers, read once from global memory
  *    in the A layout and kept across the loop over the other side's tiles;
  *  - the other side goes by in tiles of BC rows, two operands copied into
- *    shared memory and double-buffered: tile i + 1 is copied (plain loads
- *    and stores, not cp.async) while the warps compute on tile i, one
- *    barrier per tile;
+ *    shared memory and double-buffered: tile i + 1 is copied (bf16 by
+ *    cp.async, f32 by loads into registers and stores after the mma work:
+ *    TcFetch) while the warps compute on tile i, one barrier per tile;
  *  - X Y^T with Y's rows in a tile (fa_times_rows): ldmatrix .x4 (no
  *    .trans) of Y's rows is B = Y^T's registers for two 8-row column
  *    tiles at once; the product stays in C registers;
@@ -509,8 +509,9 @@ CU_UNROLL
  *    (key_pos_of_row gives each one's position) and it writes d kv there.
  *    The ordinary op's positions are its rows: its path is unchanged.
  * Shared memory (dynamic, < 48 KB): the two operands' tiles, two buffers
- * each (the next tile's loads issued into registers before the current
- * tile's mma work and stored into the other buffer after it: TcFetch), rows padded to HD + 8 bf16 (HD + 4 f32): every row starts 16-byte
+ * each (the next tile's copies issued before the current tile's mma work
+ * and landed in the other buffer after it: TcFetch), rows padded to HD + 8
+ * bf16 (HD + 4 f32): every row starts 16-byte
  * aligned (ldmatrix's rule) and the 8 rows of one ldmatrix matrix fall in
  * 8 different 16-byte bank groups (no bank conflicts; f32: fa_times_rows'
  * and fa_times_tile's comments).
@@ -614,43 +615,78 @@ static __device__ void tc_copy_gather(T *dst, int dld, RowP rowp, int64_t off, i
 }
 
 /* A tile of N rows of HD columns (HD the head dim exactly, rows 16-byte
- * aligned: Geom.tcvec) fetched into registers, 16 bytes per load, and
- * later stored into a padded shared tile: the register double-buffering of
- * the kernels' next tile. fetch() issues all of a thread's loads (PER, a
- * constant: unrolled and independent, so their latencies overlap) and
- * returns; the loop does the current tile's mma work; store() then waits
- * for them and writes shared memory. So the global latency is paid once
- * per tile and hidden behind the mma work, where tc_copy_gather paid it
- * once per 16 bytes in turn (its store waits for its load: 29 % of the
- * forward's stall samples in ncu). NT: the block's threads. */
-template <int HD, int N, int NT, typename T> struct TcFetch {
+ * aligned: Geom.tcvec) copied into a padded shared tile [N][dld] 16 bytes
+ * at a time, issued by fetch() before the current tile's mma work and
+ * landed after it: the double-buffering of the kernels' next tile. PER
+ * copies per thread, a constant: unrolled and independent, so their
+ * latencies overlap; the global latency is paid once per tile and hidden
+ * behind the mma work, where tc_copy_gather paid it once per 16 bytes in
+ * turn (its store waits for its load: 29 % of the forward's stall samples
+ * in ncu). NT: the block's threads.
+ *  - ASYNC (bf16: the elements are copied as they are): fetch() issues
+ *    cp.async.cg straight into dst (a zero row by a plain store); the
+ *    copies land at the thread's next tc_wait (cp.async.wait_group 0),
+ *    before the barrier that hands the tile to the other warps. No
+ *    registers hold the tile in flight (GPT-2's: 32 per thread in the
+ *    forward, 16 in the backward, at the register peak).
+ *  - else (f32: each element rounded to tf32 on the way, which cp.async
+ *    cannot do; and the backward's K rows, copied once per key block):
+ *    fetch() loads into registers v, store() writes them into dst after
+ *    the mma work. */
+template <int HD, int N, int NT, typename T, bool ASYNC = sizeof(T) == 2> struct TcFetch {
 	static const int STEP = 16 / (int)sizeof(T);      /* elements per load */
 	static const int CHUNKS = N * HD / STEP;          /* loads per tile */
 	static const int PER = (CHUNKS + NT - 1) / NT;    /* per thread */
 	static const int N_ROWS = N;
 	static_assert(HD % STEP == 0, "rows of whole 16-byte loads");
-	uint4 v[PER];
+	static_assert(!ASYNC || sizeof(T) == 2, "cp.async copies bytes: f32 needs its tf32 rounding");
+	uint4 v[ASYNC ? 1 : PER];
 
-	/* row j from rowp(j) + off (NULL: a zero row) */
-	template <class RowP> __device__ __forceinline__ void fetch(RowP rowp, int off)
+	/* row j from rowp(j) + off (NULL: a zero row), for dst [N][dld] */
+	template <class RowP> __device__ __forceinline__ void fetch(RowP rowp, int off, T *dst, int dld)
 	{
 CU_UNROLL
 		for (int k = 0; k < PER; k++) {
 			const int i = (int)threadIdx.x + k * NT, j = i / (HD / STEP), d = STEP * (i % (HD / STEP));
 			const T *row = CHUNKS % NT == 0 || i < CHUNKS ? rowp(j) : (const T *)0;
-			v[k] = row ? tc_operand16<T>(*(const uint4 *)(row + off + d)) : make_uint4(0, 0, 0, 0);
+			if constexpr (ASYNC) {
+				if (row)
+					cu_cp_async16(dst + j * dld + d, row + off + d, 16);
+				else if (CHUNKS % NT == 0 || i < CHUNKS)
+					*(uint4 *)(dst + j * dld + d) = make_uint4(0, 0, 0, 0);
+			} else {
+				v[k] = row ? tc_operand16<T>(*(const uint4 *)(row + off + d)) : make_uint4(0, 0, 0, 0);
+			}
 		}
 	}
 	__device__ __forceinline__ void store(T *dst, int dld) const
 	{
+		if constexpr (!ASYNC) {
 CU_UNROLL
-		for (int k = 0; k < PER; k++) {
-			const int i = (int)threadIdx.x + k * NT, j = i / (HD / STEP), d = STEP * (i % (HD / STEP));
-			if (CHUNKS % NT == 0 || i < CHUNKS)
-				*(uint4 *)(dst + j * dld + d) = v[k];
+			for (int k = 0; k < PER; k++) {
+				const int i = (int)threadIdx.x + k * NT, j = i / (HD / STEP),
+					  d = STEP * (i % (HD / STEP));
+				if (CHUNKS % NT == 0 || i < CHUNKS)
+					*(uint4 *)(dst + j * dld + d) = v[k];
+			}
 		}
 	}
 };
+
+/* The cp.async copies this thread issued since the last commit (bf16's
+ * TcFetch) become one group; tc_wait: every group has landed (wait_group
+ * 0: at the loop's top only the current tile's is in flight). f32 issues
+ * none. */
+template <typename T> static __device__ __forceinline__ void tc_commit()
+{
+	if constexpr (sizeof(T) == 2)
+		cu_cp_async_commit();
+}
+template <typename T> static __device__ __forceinline__ void tc_wait()
+{
+	if constexpr (sizeof(T) == 2)
+		cu_cp_async_wait<0>();
+}
 
 /* Rows [r0, r0 + n) of a [*, ld] source (row stride, elements) the same
  * way; rows past `rows` zero. */
@@ -752,6 +788,54 @@ CU_UNROLL
 				cu_mma_bf16(s[j], a[k], yb);
 				cu_mma_bf16(s[j + 1], a[k], yb + 2);
 			}
+	}
+}
+
+/* fa_times_rows with X's 16 rows in shared memory as well (xs: the
+ * warp's first row, row stride LD), its A registers loaded per k-step and
+ * used for every j (bf16: ldmatrix .x4, matrix i = rows 8 (i & 1), dims
+ * 16 k + 8 (i >> 1): the A layout; tf32: 32-bit loads, a[i] = X[g + 8 (i
+ * & 1)][8 k + q + 4 (i >> 1)]): 4 registers live, not HD / 4 (the
+ * backward's K and V: FlashAttention-2 keeps them in shared memory too).
+ * Each s[j] sums its k-steps in the same order as fa_times_rows. */
+template <int HD, int N, int LD, typename T>
+static __device__ __forceinline__ void fa_times_rows_sm(float (*s)[4], const T *xs, const T *tile)
+{
+	const int lane = threadIdx.x % 32;
+CU_UNROLL
+	for (int j = 0; j < N / 8; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+	if constexpr (sizeof(T) == 4) {
+		const T *x = xs + (lane / 4) * LD + lane % 4, *y = tile + (lane / 4) * LD + lane % 4;
+CU_UNROLL
+		for (int k = 0; k < HD / 8; k++) {
+			const uint32_t a[4] = {__float_as_uint(x[8 * k]), __float_as_uint(x[8 * LD + 8 * k]),
+					       __float_as_uint(x[8 * k + 4]), __float_as_uint(x[8 * LD + 8 * k + 4])};
+CU_UNROLL
+			for (int j = 0; j < N / 8; j++) {
+				const T *yk = y + 8 * j * LD + 8 * k;
+				uint32_t yb[2] = {__float_as_uint(yk[0]), __float_as_uint(yk[4])};
+				cu_mma_tf32(s[j], a, yb);
+			}
+		}
+	} else {
+		const int mi = lane / 8, mr = lane % 8;
+		/* (tcb_alayout: the matrices in B's order, rows 8 (i >> 1), dims
+		 * 8 (i & 1): a[1] and a[2] swapped, a wrong A layout) */
+		const int am = MUTANT(tcb_alayout) ? mi >> 1 : mi & 1, ak = MUTANT(tcb_alayout) ? mi & 1 : mi >> 1;
+CU_UNROLL
+		for (int k = 0; k < HD / 16; k++) {
+			uint32_t a[4];
+			cu_ldsm<4>(a, xs + (8 * am + mr) * LD + 16 * k + 8 * ak);
+CU_UNROLL
+			for (int j = 0; j < N / 8; j += 2) {
+				uint32_t yb[4]; /* as fa_times_rows' */
+				const int ld = MUTANT(tc_stride) ? HD : LD;
+				cu_ldsm<4>(yb, tile + (8 * j + 8 * (mi >> 1) + mr) * ld + 16 * k + 8 * (mi & 1));
+				cu_mma_bf16(s[j], a, yb);
+				cu_mma_bf16(s[j + 1], a, yb + 2);
+			}
+		}
 	}
 }
 
@@ -873,8 +957,9 @@ static __device__ __forceinline__ void fa_block(const Geom<T> &g, int64_t rows, 
 /* The keys at positions [p0, p0 + BC) of (batch b, head h) for the shared
  * tiles kv (K) and kv + BC LD (V): the ordinary op's rows p0.. of qkv
  * (CP false), cp's gathered rows in position order (key_at); positions
- * past nkeys zero. tcvec: into the registers of fk and fv (fa_store_kv
- * writes them to kv later); else copied into kv now. */
+ * past nkeys zero. tcvec: by fk and fv (bf16: cp.async into kv, landing
+ * at tc_wait; f32: into their registers, which fa_store_kv writes to kv
+ * later); else copied into kv now. */
 template <int HD, int LD, bool CP, class F, typename T>
 static __device__ __forceinline__ void fa_fetch_kv(F &fk, F &fv, T *kv, const Geom<T> &g,
 						   int64_t b, int64_t h, int p0)
@@ -888,8 +973,8 @@ static __device__ __forceinline__ void fa_fetch_kv(F &fk, F &fv, T *kv, const Ge
 		return CP ? key_at(g, b, h, p) : kb + p * ld;
 	};
 	if (g.tcvec) {
-		fk.fetch(key, 0);
-		fv.fetch(key, HD);
+		fk.fetch(key, 0, kv, LD);
+		fv.fetch(key, HD, kv + F::N_ROWS * LD, LD);
 	} else {
 		tc_copy_gather<HD, T>(kv, LD, key, 0, F::N_ROWS, g.hd, 0);
 		tc_copy_gather<HD, T>(kv + F::N_ROWS * LD, LD, key, g.hd, F::N_ROWS, g.hd, 0);
@@ -998,13 +1083,18 @@ CU_UNROLL
 	typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
 	Fetch fk, fv;
 	fa_fetch_kv<HD, S::LD, CP>(fk, fv, fa_smem, g, b, h, 0);
+	tc_commit<T>();
 	fa_store_kv<S::LD>(fk, fv, fa_smem, g);
 	for (int it = 0; it < tiles; it++) {
+		if (!MUTANT(tc_cpwait))
+			tc_wait<T>(); /* this thread's copies of tile it landed (bf16: cp.async) */
 		if (!MUTANT(tc_sync))
 			__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
 		T *next = fa_smem + 2 * TILE * ((it + 1) % 2);
-		if (it + 1 < tiles)
+		if (it + 1 < tiles) {
 			fa_fetch_kv<HD, S::LD, CP>(fk, fv, next, g, b, h, (it + 1) * BC);
+			tc_commit<T>();
+		}
 		const int k0 = it * BC;
 		/* above the warp's diagonal, or rows past T (warp-uniform): no work */
 		if (!((MUTANT(tc_causal) ? k0 + BC : k0) > wl || wrow >= g.t)) {
@@ -1099,8 +1189,10 @@ CU_UNROLL
  * run of key blocks of 64 stored key rows (FaWalk), walked one after the
  * other (BCB = 32 query rows per tile, 16 for head dim 128: the
  * registers); per key block:
- *  - K's and V's A registers are read once and kept, K's rows also copied
- *    once into shared memory (B of dQ's product);
+ *  - K's and V's rows are copied once into shared memory; a warp loads
+ *    its 16 rows' A registers per k-step where S^T = K Q^T and dP^T =
+ *    V dO^T use them (fa_times_rows_sm: 4 registers live, not 2 HD / 4
+ *    kept across the loop), K's rows are also B of dQ's product;
  *  - the query tiles from the block's first key's go by double-buffered
  *    (Q, dO and their rows' lse and D), one barrier per tile as in the
  *    forward; per warp (16 keys): S^T = K Q^T and dP^T = V dO^T in C
@@ -1140,8 +1232,8 @@ template <int HD, typename T> struct FaBwd {
 	static const int RT = BC / 16;              /* 16-row parts of a query tile */
 	static const int HDW = HD * RT / S::W;      /* dQ columns per warp */
 	static const int QTILE = BC * S::LD;        /* elements of a Q (or dO) tile */
-	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K [KR][LD], dS^T [KR][LDS] */
-	static const int SMEM = (4 * QTILE + KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
+	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K, V [KR][LD], dS^T [KR][LDS] */
+	static const int SMEM = (4 * QTILE + 2 * KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
 	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
 	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
 };
@@ -1240,7 +1332,7 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	extern __shared__ __align__(16) unsigned char fa_raw[];
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
-	T *ksm = (T *)(stats + 4 * BC), *dst = ksm + F::KR * S::LD;
+	T *ksm = (T *)(stats + 4 * BC), *vsm = ksm + F::KR * S::LD, *dst = vsm + F::KR * S::LD;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	const int64_t split = blockIdx.x % walk.splits, h = blockIdx.x / walk.splits % g.h,
 		      b = blockIdx.x / ((int64_t)walk.splits * g.h);
@@ -1260,36 +1352,37 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 		const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
 		const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
 		int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
-		const T *rp[2];
-		for (int r = 0; r < 2; r++) {
+		for (int r = 0; r < 2; r++)
 			kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
-			rp[r] = key[r] < g.nkeys ? key_of_row(g, b, h, key[r]) : (const T *)0;
-		}
 		if (wrow < g.nkeys)
 			fa_key_span(g, wrow, &wfirst, &wlast);
-		uint32_t ka[HD / KS][4], va[HD / KS][4];
-		fa_load_a<HD>(ka, rp, 0, g.vec8);
-		fa_load_a<HD>(va, rp, g.hd, g.vec8);
 		float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
 		for (int n = 0; n < HD / 8; n++)
 			dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0;
-		if (dqacc) { /* K's rows, B of dQ = dS K (read after the loop's first barrier) */
+		{ /* K's and V's rows: A of S^T = K Q^T and dP^T = V dO^T (each warp its
+		   * 16, fa_times_rows_sm), K's B of dQ = dS K; landed by the loop's
+		   * first tc_wait and barrier (bf16: cp.async, with the first query tile's group) */
 			auto krow = [&](int j) {
 				return k0 + j < g.nkeys ? key_of_row(g, b, h, k0 + j) : (const T *)0;
 			};
-			if (g.tcvec) { /* every load issued before the first store */
-				TcFetch<HD, F::KR, 32 * S::W, T> fk;
-				fk.fetch(krow, 0);
+			if (g.tcvec) {
+				TcFetch<HD, F::KR, 32 * S::W, T> fk, fv;
+				fk.fetch(krow, 0, ksm, S::LD);
+				fv.fetch(krow, HD, vsm, S::LD);
 				fk.store(ksm, S::LD);
+				fv.store(vsm, S::LD);
 			} else {
 				tc_copy_gather<HD, T>(ksm, S::LD, krow, 0, F::KR, g.hd, 0);
+				tc_copy_gather<HD, T>(vsm, S::LD, krow, g.hd, F::KR, g.hd, 0);
 			}
 		}
+		const T *kw = ksm + 16 * warp * S::LD, *vw = vsm + 16 * warp * S::LD; /* the warp's rows */
 
-		/* the query tile from q0 (Q, dO and the rows' lse log2(e) and D):
-		 * where the rows are 16-byte aligned, fetched into registers (fq,
-		 * fd, st2) and stored into buffer buf by store() after the current
+		/* the query tile from q0 (Q, dO and the rows' lse log2(e) and D)
+		 * for buffer buf: where the rows are 16-byte aligned, by fq and fd
+		 * (bf16: cp.async, landing at tc_wait; f32: into their registers)
+		 * and the statistics into st2, stored by store() after the current
 		 * tile's mma work (the forward's double-buffering); else copied now */
 		typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
 		Fetch fq, fd;
@@ -1303,11 +1396,11 @@ CU_UNROLL
 				st2[0] = q0 + i < g.t ? lse[r] * 1.4426950408889634f : 0;
 				st2[1] = q0 + i < g.t ? dd[r] : 0;
 			}
+			T *t = fa_smem + 2 * TILE * buf;
 			if (g.tcvec) {
-				fq.fetch(qrow, 0);
-				fd.fetch(drow, 0);
+				fq.fetch(qrow, 0, t, S::LD);
+				fd.fetch(drow, 0, t + TILE, S::LD);
 			} else {
-				T *t = fa_smem + 2 * TILE * buf;
 				tc_copy_gather<HD, T>(t, S::LD, qrow, 0, BC, g.hd, 0);
 				tc_copy_gather<HD, T>(t + TILE, S::LD, drow, 0, BC, g.hd, 0);
 			}
@@ -1336,12 +1429,17 @@ CU_UNROLL
 		const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
 		const int64_t tiles = (g.t - first + BC - 1) / BC;
 		fetch((int)first, 0);
+		tc_commit<T>();
 		store(0);
 		for (int it = 0; it < tiles; it++) {
+			if (!MUTANT(tcb_cpwait))
+				tc_wait<T>(); /* this thread's copies of query tile it landed (bf16: cp.async) */
 			if (!MUTANT(tcb_sync))
 				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
-			if (it + 1 < tiles)
+			if (it + 1 < tiles) {
 				fetch((int)first + (it + 1) * BC, (it + 1) % 2);
+				tc_commit<T>();
+			}
 			const int q0 = (int)first + it * BC;
 			int64_t qfirst, qlast; /* the tile's query positions */
 			fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
@@ -1351,8 +1449,8 @@ CU_UNROLL
 			/* every query before the warp's keys, or keys past the end (warp-uniform) */
 			const int skip = (MUTANT(tcb_causal) ? qfirst <= wlast : qlast < wfirst) || wrow >= g.nkeys;
 			if (!skip) {
-				fa_times_rows<HD, BC, S::LD>(s, ka, qs);  /* S^T = K Q^T */
-				fa_times_rows<HD, BC, S::LD>(dp, va, ds); /* dP^T = V dO^T */
+				fa_times_rows_sm<HD, BC, S::LD>(s, kw, qs);  /* S^T = K Q^T */
+				fa_times_rows_sm<HD, BC, S::LD>(dp, vw, ds); /* dP^T = V dO^T */
 				/* a query before one of the warp's keys, or past T */
 				const int mask = qfirst < wlast || q0 + BC > g.t;
 				const int kpi[2] = {(int)kp[0], (int)kp[1]};
@@ -1429,6 +1527,8 @@ CU_UNROLL
 				}
 			}
 		}
+		if (tiles == 0)
+			tc_wait<T>(); /* K's and V's copies (no query tile sees these keys) */
 		if (!out)
 			continue; /* uniform over the grid */
 CU_UNROLL

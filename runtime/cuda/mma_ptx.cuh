@@ -10,6 +10,14 @@
  *                          ties away from zero): cvt.rna.tf32.f32, as a float
  *   cu_ldsm<N>(r, p)       ldmatrix.sync.aligned.m8n8.xN.shared.b16
  *   cu_ldsm_t<N>(r, p)     the same, .trans
+ *   cu_cp_async16(d, s, n) cp.async.cg.shared.global [d], [s], 16, n: 16 bytes
+ *                          from global s to shared d, asynchronously (n = 16,
+ *                          or 0: 16 zero bytes, s not read)
+ *   cu_cp_async_commit()   cp.async.commit_group: the thread's copies issued
+ *                          since the last commit become one group
+ *   cu_cp_async_wait<N>()  cp.async.wait_group N: every group but the N most
+ *                          recently committed has landed (the thread's own
+ *                          copies: other threads see them after a barrier)
  *
  * The layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with
  * floating point type" and "ldmatrix"), g = lane / 4, q = lane % 4; each
@@ -84,6 +92,26 @@ CU_LDSM(cu_ldsm, "")
 CU_LDSM(cu_ldsm_t, ".trans")
 #undef CU_LDSM
 
+/* cp.async (sm_80 and later; PTX ISA, "Data Movement and Conversion
+ * Instructions: cp.async"): .cg (cached in L2 only: the tile is read once
+ * per block), 16 bytes, src-size n (0: zero-fill, the source not read) */
+static __device__ __forceinline__ void cu_cp_async16(void *dst, const void *src, int n)
+{
+	uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" : : "r"(s), "l"(src), "r"(n)
+		     : "memory");
+}
+
+static __device__ __forceinline__ void cu_cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" : : : "memory");
+}
+
+template <int N> static __device__ __forceinline__ void cu_cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" : : "n"(N) : "memory");
+}
+
 #else /* the CUDA emulator: the same layouts, every lane's registers at once;
        * the call's place (GCC's __builtin_FILE/LINE at the caller) names it
        * in the emulator's diagnostics */
@@ -121,6 +149,25 @@ static inline void cu_ldsm_t(uint32_t *r, const void *p, const char *file = __bu
 {
 	static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
 	dpemu_ldmatrix(N, 1, r, p, file, line);
+}
+
+/* cp.async: the copy lands in shared memory only at the wait_group that
+ * covers its group (dpemu_mma_ptx.h) */
+static inline void cu_cp_async16(void *dst, const void *src, int n, const char *file = __builtin_FILE(),
+				 int line = __builtin_LINE())
+{
+	dpemu_cp_async(dst, src, n, file, line);
+}
+
+static inline void cu_cp_async_commit(void)
+{
+	dpemu_cp_async_commit();
+}
+
+template <int N>
+static inline void cu_cp_async_wait(const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+	dpemu_cp_async_wait(N, file, line);
 }
 
 #endif

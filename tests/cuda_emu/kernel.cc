@@ -58,6 +58,16 @@ static const size_t DYN_SMEM = 256 * 1024;
 
 enum TState : uint8_t { T_NEW, T_READY, T_BAR, T_WARP, T_DONE };
 
+/* A cp.async copy issued and not yet landed (dpemu_mma_ptx.h): its 16
+ * bytes as read at the issue, its group (0: not committed yet) */
+struct CpCopy {
+	char *dst;
+	unsigned char bytes[16];
+	unsigned group;
+	const char *file;
+	int line;
+};
+
 struct Thread {
 	TState st;
 	uint3 tid;         /* threadIdx (set_regs runs at every switch: no divisions there) */
@@ -72,6 +82,8 @@ struct Thread {
 	void (*wdone)(void *const *); /* DPEMU_COLLECTIVE: what the last lane runs */
 	const char *file;  /* where it waits */
 	int line;
+	std::vector<CpCopy> cp; /* cp.async copies in flight, in issue order */
+	unsigned cp_groups;     /* commit_groups executed */
 };
 
 /* A warp's bookkeeping: the lanes leading a pending primitive (one per
@@ -303,6 +315,10 @@ static void thread_main(void *)
 			      "%s:%d): every thread of the block must reach every __syncthreads", blk.arrived,
 			      w, blk.t[w].file, blk.t[w].line);
 		}
+		if (!me.cp.empty())
+			kfail("the thread returned with %zu cp.async copies it never waited for (the first "
+			      "issued at %s:%d): a cp.async.wait_group must cover every copy", me.cp.size(),
+			      me.cp[0].file, me.cp[0].line);
 		warp_exit_check(t);
 		char *stack = me.stack;
 		me.stack = nullptr;
@@ -573,6 +589,54 @@ int dpemu_is_shared(const void *p, size_t n)
 	if (sh0 && a >= sh0 && a + n <= sh1)
 		return 1;
 	return blk.k && d0 && a >= d0 && a + n <= d0 + blk.k->smem;
+}
+
+/* ---- cp.async: each thread's copies land at its wait_group ---- */
+
+void dpemu_cp_async(void *dst, const void *src, int n, const char *file, int line)
+{
+	if (blk.cur < 0)
+		fatal("cp.async outside a kernel (%s:%d)", file, line);
+	if (n != 0 && n != 16)
+		kfail("cp.async at %s:%d: src-size %d: the 16-byte .cg copy takes 16 or 0 (zero-fill)",
+		      file, line, n);
+	if ((uintptr_t)dst % 16 || !dpemu_is_shared(dst, 16))
+		kfail("cp.async at %s:%d: the destination %p is not 16-byte aligned shared memory", file,
+		      line, dst);
+	if (n && ((uintptr_t)src % 16 || dpemu_is_shared(src, 16)))
+		kfail("cp.async at %s:%d: the source %p is not 16-byte aligned global memory", file, line,
+		      src);
+	CpCopy c{(char *)dst, {0}, 0, file, line};
+	if (n)
+		memcpy(c.bytes, src, 16); /* a device allocation: the fault handler checks */
+	blk.t[blk.cur].cp.push_back(c);
+}
+
+void dpemu_cp_async_commit(void)
+{
+	if (blk.cur < 0)
+		fatal("cp.async.commit_group outside a kernel");
+	Thread &me = blk.t[blk.cur];
+	me.cp_groups++;
+	for (CpCopy &c : me.cp)
+		if (!c.group)
+			c.group = me.cp_groups;
+}
+
+void dpemu_cp_async_wait(int n, const char *file, int line)
+{
+	if (blk.cur < 0)
+		fatal("cp.async.wait_group outside a kernel (%s:%d)", file, line);
+	Thread &me = blk.t[blk.cur];
+	size_t kept = 0;
+	for (size_t i = 0; i < me.cp.size(); i++) {
+		CpCopy &c = me.cp[i];
+		if (c.group && c.group + (unsigned)n <= me.cp_groups)
+			memcpy(c.dst, c.bytes, 16); /* landed, in issue order */
+		else
+			me.cp[kept++] = c;
+	}
+	me.cp.resize(kept);
 }
 
 long long dpemu_clock(void)

@@ -686,6 +686,72 @@ static int c_mma_tf32(void) { return mma_tf32_case(0, 0); }
 static int c_mma_tf32_wrong(void) { return mma_tf32_case(1, 0); }
 static int c_mma_tf32_raw(void) { return mma_tf32_case(0, 1); }
 
+/* ---- cp.async (dpemu_mma_ptx.h): a copy lands at the wait_group that
+ * covers its group, not before ---- */
+
+static int all_ff(const float *p)
+{
+	uint32_t u[4];
+	memcpy(u, p, 16);
+	return u[0] == ~0u && u[1] == ~0u && u[2] == ~0u && u[3] == ~0u;
+}
+
+/* 64 threads, each its 16 bytes of src into a[tid] (group 1), 16 zeros
+ * (src-size 0) into z[tid] and src2's 16 into b[tid] (group 2); flags[tid]
+ * bit i = check i held: 0 a stale before its group's wait, 1 a landed and
+ * b still stale after wait_group 1, 2 b and z landed after wait_group 0,
+ * 3 the neighbour's a seen after the barrier. Misuses: nowait (no wait at
+ * all: the thread returns with its copies in flight), global (the
+ * destination in global memory) */
+__global__ void k_cp_async(const float *src, const float *src2, int *flags, float *gdst, int nowait,
+			   int global)
+{
+	__shared__ __align__(16) float a[64][4], b[64][4], z[64][4];
+	const int t = threadIdx.x;
+	int f = 0;
+	dpemu_cp_async(global ? gdst + 4 * t : a[t], src + 4 * t, 16, __FILE__, __LINE__);
+	dpemu_cp_async_commit();
+	f |= all_ff(a[t]) << 0;
+	dpemu_cp_async(z[t], src, 0, __FILE__, __LINE__);
+	dpemu_cp_async(b[t], src2 + 4 * t, 16, __FILE__, __LINE__);
+	dpemu_cp_async_commit();
+	if (nowait)
+		return;
+	dpemu_cp_async_wait(1, __FILE__, __LINE__);
+	f |= (!memcmp(a[t], src + 4 * t, 16) && all_ff(b[t])) << 1;
+	dpemu_cp_async_wait(0, __FILE__, __LINE__);
+	f |= (!memcmp(b[t], src2 + 4 * t, 16) && z[t][0] == 0 && z[t][1] == 0 && z[t][2] == 0 &&
+	      z[t][3] == 0) << 2;
+	__syncthreads();
+	f |= !memcmp(a[(t + 1) % 64], src + 4 * ((t + 1) % 64), 16) << 3;
+	flags[t] = f;
+}
+
+static int cp_async_case(int nowait, int global)
+{
+	float h[256], h2[256];
+	int fl[64];
+	for (int i = 0; i < 256; i++) {
+		h[i] = (float)i;
+		h2[i] = (float)(1000 + i);
+	}
+	float *src = dev_floats(256), *src2 = dev_floats(256), *gdst = dev_floats(256);
+	int *flags;
+	CK(cudaMalloc((void **)&flags, sizeof fl));
+	to_dev(src, h, 256);
+	to_dev(src2, h2, 256);
+	CU_LAUNCH(k_cp_async, 1, 64, 0, src, src2, flags, gdst, nowait, global);
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(fl, flags, sizeof fl, cudaMemcpyDeviceToHost));
+	for (int t = 0; t < 64; t++)
+		EXPECT(fl[t] == 15);
+	return 0;
+}
+
+static int c_cp_async(void) { return cp_async_case(0, 0); }
+static int c_cp_async_nowait(void) { return cp_async_case(1, 0); }
+static int c_cp_async_global(void) { return cp_async_case(0, 1); }
+
 static void naive_gemm(int m, int n, int k, const float *A, int lda, bool ta, const float *B, int ldb,
 		       bool tb, float *C)
 {
@@ -1571,6 +1637,9 @@ static const struct {
 	{"mma_tf32_wrong", c_mma_tf32_wrong},
 	{"mma_tf32_raw", c_mma_tf32_raw},
 	{"tf32_round", c_tf32_round},
+	{"cp_async", c_cp_async},
+	{"cp_async_nowait", c_cp_async_nowait},
+	{"cp_async_global", c_cp_async_global},
 	{"gemm", c_gemm},
 	{"gemm_ld_past", c_gemm_ld_past},
 	{"streams", c_streams},

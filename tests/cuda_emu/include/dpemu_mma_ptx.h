@@ -38,7 +38,22 @@
  *    receives in r[i] the elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of
  *    matrix i, low half first; .trans: (2(l%4), l/4) and (2(l%4)+1, l/4).
  *
- * Both are warp-collective (.sync.aligned: every lane of the warp executes
+ *  - cp.async.cg.shared.global [dst], [src], 16, n; cp.async.commit_group;
+ *    cp.async.wait_group N (PTX ISA, "cp.async", "cp.async.commit_group",
+ *    "cp.async.wait_group"): per thread, not warp-collective. The 16 bytes
+ *    (n = 16; n = 0: zeros, src not read) are read at the issue and held
+ *    by the emulated thread; they land in shared memory only when that
+ *    thread executes a wait_group that covers their group (committed, and
+ *    not among the N most recent), never earlier: so a read of the
+ *    destination before that wait sees the bytes that were there (the
+ *    block's 0xff fill, or the previous tile), by this thread or, before
+ *    the barrier after the wait, by any other. Refused (the kernel, block
+ *    and thread named): dst not 16-byte aligned or not in shared memory,
+ *    src not 16-byte aligned or in shared memory, n other than 0 or 16, and
+ *    a thread that returns with copies it never waited for (on a GPU they
+ *    would land at some unknown time: a tile never read, or a missing wait).
+ *
+ * ldmatrix and mma are warp-collective (.sync.aligned: every lane of the warp executes
  * the same instruction): the lanes meet in dpemu_warp_collective, a lane
  * elsewhere ends the process naming the kernel, block and lane, and so do a
  * row address that is not 16-byte aligned or not in shared memory. mma
@@ -234,6 +249,12 @@ static inline float dpemu_tf32(float x)
 	memcpy(&x, &u, 4);
 	return x;
 }
+
+/* cp.async (tests/cuda_emu/kernel.cc): the running thread's copy of 16
+ * bytes, its commit_group and its wait_group n */
+void dpemu_cp_async(void *dst, const void *src, int n, const char *file, int line);
+void dpemu_cp_async_commit(void);
+void dpemu_cp_async_wait(int n, const char *file, int line);
 
 /* r[0 .. n) = ldmatrix .xN (.trans) of the rows whose addresses lanes give */
 static inline void dpemu_ldmatrix(int n, int trans, uint32_t *r, const void *row, const char *file,
