@@ -432,8 +432,9 @@ typedef enum {
 	                      absent with fa0 == 0 */
 	DP_OR_ADAMW,       /* params out, grads in0, m in1, v in2: f32, same size */
 	DP_OR_EMBEDDING,   /* in0 i32 ids, in1 table [V, d], out [ids.., d]; disjoint */
-	DP_OR_EMBEDDING_GRAD, /* in0 dy [ids.., d], in1 i32 ids, in2 table (optional, the
-	                      size of out), out [V, d]; disjoint */
+	DP_OR_EMBEDDING_GRAD, /* in0 dy [ids.., d], in1 i32 ids, in2 absent (step files before
+	                      embedding_grad lost its table operand: the table, as large as
+	                      out; checked, never read), out [V, d]; disjoint */
 	DP_OR_NORM_AFFINE, /* in0 x, in1 gamma [cols], in2 beta [cols], out like x,
 	                      fa0 (eps) >= 0; disjoint */
 	DP_OR_NORM_SCALE,  /* as NORM_AFFINE without beta */

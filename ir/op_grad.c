@@ -143,10 +143,14 @@ void ir_grad_xent(GradCtx *c, Node *n, int dy)
 
 /* ---- gradient rules of the transformer ops ---- */
 
-/* out = table[ids]: the table's gradient is a scatter-add; ids get none. */
+/* out = table[ids]: the table's gradient is a scatter-add of dy's rows into
+ * [vocab, d] (the table's shape, an attribute: not the table, which the
+ * scatter never reads); ids get none. */
 void ir_grad_embedding(GradCtx *c, Node *n, int dy)
 {
-	ir_ad_emit_acc(c, GRAD_OP(n), n->in[1], 3, (int[]){dy, n->in[0], n->in[1]});
+	Node *m = ir_ad_emit_acc(c, GRAD_OP(n), n->in[1], 2, (int[]){dy, n->in[0]});
+	if (m)
+		DP_ATTR(m, EMBEDDING_GRAD, vocab) = c->g->values[n->in[1]]->dims[0];
 }
 
 void ir_grad_layernorm(GradCtx *c, Node *n, int dy)

@@ -346,21 +346,23 @@ static int need_channel(Node *n, const Value *x, const Value *v, const char *rol
 	return -1;
 }
 
-/* EMBEDDING: ids i32 [rows...] (at most 3 dims), table [V, d] -> [rows..., d]. */
-static int check_embedding(Graph *g, Node *n, const Value *ids, const Value *tab, Diag *d)
+/* ids: i32 token ids [rows...] (at most 3 dims). */
+static int check_ids(Graph *g, Node *n, const Value *ids, Diag *d)
 {
+	(void)g;
 	if (ids->dtype != DP_I32 || ids->ndim < 1 || ids->ndim >= DP_MAX_DIMS) {
 		error_at(d, n->loc, "%s: ids must be i32 token ids with 1 to %d dims, got %s",
 			 op_name(n), DP_MAX_DIMS - 1, IR_TYPE(ids));
 		return -1;
 	}
-	return need_dims(n, tab, "table", 2, "a float [vocab, dim] matrix", d);
+	return 0;
 }
 
+/* EMBEDDING: ids [rows...], table [V, d] -> [rows..., d]. */
 int ir_shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 {
 	const Value *ids = V(g, n->in[0]), *tab = V(g, n->in[1]);
-	if (check_embedding(g, n, ids, tab, d))
+	if (check_ids(g, n, ids, d) || need_dims(n, tab, "table", 2, "a float [vocab, dim] matrix", d))
 		return -1;
 	set_type(out, tab->dtype, ids->ndim, ids->dims);
 	out->ndim = ids->ndim + 1;
@@ -368,22 +370,23 @@ int ir_shape_embedding(Graph *g, Node *n, Value *out, Diag *d)
 	return 0;
 }
 
-/* EMBEDDING_GRAD {dy [rows..., d], ids [rows...], table [V, d]} -> [V, d]. */
+/* EMBEDDING_GRAD {dy [rows..., d], ids [rows...]} vocab=V -> [V, d], dy's
+ * dtype (the table's: the embedding wrote dy's shape from it). */
 int ir_shape_embedding_grad(Graph *g, Node *n, Value *out, Diag *d)
 {
-	const Value *dy = V(g, n->in[0]), *ids = V(g, n->in[1]), *tab = V(g, n->in[2]);
-	if (check_embedding(g, n, ids, tab, d))
+	const Value *dy = V(g, n->in[0]), *ids = V(g, n->in[1]);
+	int64_t vocab = DP_ATTR(n, EMBEDDING_GRAD, vocab);
+	if (check_ids(g, n, ids, d))
 		return -1;
-	int ok = dy->ndim == ids->ndim + 1 && dy->dims[ids->ndim] == tab->dims[1] &&
-		 dy->dtype == tab->dtype;
+	int ok = dy->ndim == ids->ndim + 1 && vocab > 0;
 	for (int i = 0; ok && i < ids->ndim; i++)
 		ok = dy->dims[i] == ids->dims[i];
 	if (!ok) {
-		error_at(d, n->loc, "%s: dy is %s but ids is %s and table %s", op_name(n), IR_TYPE(dy),
-			 IR_TYPE(ids), IR_TYPE(tab));
+		error_at(d, n->loc, "%s: dy is %s, ids %s and vocab=%lld: give dy [ids..., dim] and "
+			 "vocab >= 1", op_name(n), IR_TYPE(dy), IR_TYPE(ids), (long long)vocab);
 		return -1;
 	}
-	copy_type(out, tab);
+	set_type(out, dy->dtype, 2, (int64_t[]){vocab, dy->dims[ids->ndim]});
 	return 0;
 }
 
