@@ -474,7 +474,9 @@ rel_sum() {
 # SRC in PREC (precision_copy) compiled as $T/NAME.bin, its initial weights
 # saved ($T/NAME.init.st) and its STEPS losses from them ($T/NAME.dp.txt);
 # then tests/torch_gpt.py (KIND, 4 heads) from the same weights at each of
-# TORCH-PRECS ($T/NAME.torch.PREC). 1 (after a fail) when a run fails.
+# TORCH-PRECS ($T/NAME.torch.PREC), all in one process (tests/torch_jobs.py:
+# one import of torch, ~1.6 CPU-s, not one per precision; its log
+# $T/NAME.torch.PREC.log). 1 (after a fail) when a run fails.
 precision_runs() {
 	local prec=$1 name=$2 kind=$3 src=$4 prs=$5; shift 5
 	local dpc_args=()
@@ -488,13 +490,18 @@ precision_runs() {
 	mpi 1 "$T/$name.bin" --steps $STEPS --eval-every 0 --quiet --init-from "$T/$name.init.st" \
 		--losses "$T/$name.dp.txt" >>"$T/$name.log" 2>&1 ||
 		{ tail -n 20 "$T/$name.log"; fail "$name: dpexec"; return 1; }
-	local pr
+	local pr jobs=$T/$name.torch.jobs
+	rm -f "$jobs"
 	for pr in $prs; do
 		# shellcheck disable=SC2086
-		$PY tests/torch_gpt.py --model "$kind" --heads 4 --init "$T/$name.init.st" \
-			--data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT --precision $pr \
-			--out "$T/$name.torch.$pr" "$@" >"$T/$name.torch.log" 2>&1 ||
-			{ cat "$T/$name.torch.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
+		torch_job "$jobs" "$T/$name.torch.$pr.log" tests/torch_gpt.py --model "$kind" --heads 4 \
+			--init "$T/$name.init.st" --data "$T/text.bin" --steps $STEPS --threads 1 $TORCH_OPT \
+			--precision $pr --out "$T/$name.torch.$pr" "$@"
+	done
+	$PY tests/torch_jobs.py "$jobs" || { fail "$name: tests/torch_jobs.py"; return 1; }
+	for pr in $prs; do
+		[ "$(cat "$T/$name.torch.$pr.log.rc" 2>/dev/null)" = 0 ] ||
+			{ cat "$T/$name.torch.$pr.log"; fail "$name: torch_gpt.py --precision $pr"; return 1; }
 	done
 }
 

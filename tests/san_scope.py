@@ -16,6 +16,14 @@ covers every arc any case covers, and leaves out the rest.
   san_scope.py check [FILE]
       FILE (default tests/san-scope.txt) is well-formed and every case it
       names exists (each suite's LIST=1); tests/san_scope.sh runs it.
+  san_scope.py redundant BUILD_COV SAN_LOGS
+      between two remakes: over a coverage run of some suites
+      (BUILD=BUILD_COV DP_COV_DIR=BUILD_COV/cov SUITE=... bash tests/run.sh),
+      the cases tests/san-scope.txt runs under SAN=1 (marked in, or not
+      named) whose every arc the set-ups and the other such cases of those
+      suites cover, the costliest first by SAN_LOGS/SUITE.cases (a SAN=1
+      run's), each chosen with those chosen before it out: what may be
+      marked out by hand (the file's '# by hand' lines).
 
 Items. gcc's --coverage counts the arcs of each function's control-flow
 graph that are not on its spanning tree (the others follow from them); an
@@ -340,7 +348,8 @@ def choose(build, out):
         "# tests/san-scope.txt - the cases the SAN=1 variant runs (in) and leaves to the",
         "# plain variant (out), chosen by coverage: made by `make san-scope`",
         "# (tests/san_scope.py's header says how), do not edit by hand but to delete",
-        "# the line of a case that is gone.",
+        "# the line of a case that is gone, or to mark out a case a coverage run of",
+        "# some suites showed covered by the cases marked in (a '# by hand' line says which).",
         f"# made {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from commit {commit}"
         f" (the tree may have had changes), in {time.time() - t0:.0f} s",
         f"# arcs (gcc's counted arcs, non-zero in some case or set-up): {n_all} of {items.total};"
@@ -400,6 +409,53 @@ def check(path):
     print(f"{path}: {len(seen)} cases of {len(known)} suites, every one there")
 
 
+def redundant(build, san_logs, scope="tests/san-scope.txt", least=0.8):
+    """(the usage above) print "CPU-S SUITE CASE" of each case that may go out"""
+    root = os.path.join(build, "cov")
+    marked = {}
+    with open(scope) as f:
+        for line in f:
+            m = re.fullmatch(r"(\S+) (in|out) (.+)", line.rstrip("\n"))
+            if m:
+                marked[(m.group(1), m.group(3))] = m.group(2)
+    items = Items()
+    setups, masks, secs = 0, {}, {}
+    for suite in sorted(os.listdir(root)):
+        d = os.path.join(root, suite)
+        if not os.path.isfile(os.path.join(d, "cases")):
+            continue
+        if os.path.isdir(os.path.join(d, "setup")):
+            setups |= covered(os.path.join(d, "setup"), items, root)
+        for name, t in case_secs(san_logs, suite).items():
+            secs[(suite, name)] = t
+        with open(os.path.join(d, "cases")) as f:
+            for line in f:
+                n, name = line.rstrip("\n").split("\t", 1)
+                cd = os.path.join(d, "c" + n)
+                if marked.get((suite, name), "in") != "in":
+                    continue
+                m = covered(cd, items, root) if os.path.isdir(cd) else 0
+                if always(suite, name):  # (never out: its arcs are the set-ups')
+                    setups |= m
+                else:
+                    masks[(suite, name)] = masks.get((suite, name), 0) | m
+    cur = set(masks)
+    while True:
+        for k in sorted(cur, key=lambda k: -secs.get(k, 0)):
+            if secs.get(k, 0) < least:
+                return
+            rest = setups
+            for o in cur:
+                if o != k:
+                    rest |= masks[o]
+            if not masks[k] & ~rest:
+                print(f"{secs.get(k, 0):6.1f} {k[0]} {k[1]}")
+                cur.discard(k)
+                break
+        else:
+            return
+
+
 if __name__ == "__main__":
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     a = sys.argv[1:]
@@ -407,5 +463,7 @@ if __name__ == "__main__":
         choose(a[1], a[3])
     elif a[:1] == ["check"] and len(a) <= 2:
         check(a[1] if len(a) == 2 else "tests/san-scope.txt")
+    elif a[:1] == ["redundant"] and len(a) == 3:
+        redundant(a[1], a[2])
     else:
-        sys.exit("usage: san_scope.py choose BUILD_COV -o FILE | check [FILE]")
+        sys.exit("usage: san_scope.py choose BUILD_COV -o FILE | check [FILE] | redundant BUILD_COV SAN_LOGS")
