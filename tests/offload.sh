@@ -65,7 +65,9 @@
 #    with offload params, byte for byte without offload (section 1's runs
 #    not made again); and offload (optimizer, params) composed with tp=2,
 #    cp=2, pp=2 and gradient_checkpointing, byte for byte the same
-#    composition without it.
+#    composition without it. A sharded checkpoint saved with offload
+#    optimizer or params is the one saved without, byte for byte, and
+#    reshards to 4 ranks as it does.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -455,5 +457,39 @@ case_on compose-cp && MODES=$ALL pair compose-cp2xzero2 "$T/gpt-cp2.dp" 4 --set 
 case_on compose-pp && MODES=$ALL pair compose-pp2-ddp "$T/gpt-pp2.dp" 2
 case_on compose-recompute && MODES=$ALL pair compose-recompute-bf16-fs "$T/gpt.dp" 2 \
 	--set train.strategy=full_shard --precision bf16 --set train.gradient_checkpointing=true
+# Checkpoints are placement-free: 2 steps of gpt2-tiny full_shard in bf16 at
+# 2 ranks without offload, with offload optimizer and with offload params,
+# each saving a sharded checkpoint: the shards' bytes are the same (so
+# resume and reshard mean what they mean without offload), and the
+# params run's checkpoint reshards to 4 ranks without offload, its losses
+# those of the checkpoint without offload resumed there, byte for byte.
+if case_on checkpoint-bytes; then
+	c=checkpoint-bytes
+	a=(--set train.strategy=full_shard --precision bf16)
+	for o in none optimizer params; do
+		rm -rf "$T/cb.$o"
+		"$DPC" "$T/gpt.dp" --world-size 2 "${a[@]}" --set train.offload=$o -o "$T/cb.$o.bin" 2>/dev/null &&
+			mpi 2 "$T/cb.$o.bin" --steps 2 --quiet --eval-every 0 --save-dir "$T/cb.$o" \
+				--save-form sharded >"$T/cb.$o.log" 2>&1 || { tail -n 5 "$T/cb.$o.log"; fail "$c: offload $o"; }
+	done
+	same=0
+	for o in optimizer params; do
+		for f in "$T"/cb.none/step-000002/shard-*.safetensors; do
+			cmp -s "$f" "$T/cb.$o/step-000002/${f##*/}" && same=$((same + 1))
+		done
+	done
+	"$DPC" "$T/gpt.dp" --world-size 4 "${a[@]}" -o "$T/cb4.bin" 2>/dev/null || fail "$c: dpc at 4 ranks"
+	for o in none params; do
+		mpi 4 "$T/cb4.bin" --steps 4 --quiet --eval-every 0 --resume "$T/cb.$o" --losses "$T/cb4.$o.loss" \
+			>"$T/cb4.$o.log" 2>&1 || { tail -n 5 "$T/cb4.$o.log"; fail "$c: --resume at 4 ranks ($o)"; }
+	done
+	if [ $same = 4 ] && [ "$(grep -c '^[34] ' "$T/cb4.params.loss")" = 2 ] &&
+		cmp -s "$T/cb4.none.loss" "$T/cb4.params.loss"; then
+		ok "$c: the sharded checkpoints with offload optimizer and params are no offload's, byte for byte; resharded to 4 ranks, the params one resumes as no offload's"
+	else
+		paste "$T/cb4.none.loss" "$T/cb4.params.loss"
+		fail "$c: $same of 4 shard files equal no offload's, or the resharded resume differs"
+	fi
+fi
 
 finish offload
