@@ -43,7 +43,7 @@
 #     under ddp and full_shard (the tied wte gathered by both stages), and
 #     pp=4, each stage keeping its own
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
-#     full_shard at 2 ranks, gpt2-tiny full_shard in bf16: the pinned host
+#     full_shard at 2 ranks, mlp under zero2, gpt2-tiny full_shard in bf16: the pinned host
 #     arena, the host step as host functions running the CPU's kernels, the
 #     copies between the arenas; gpt2-offmix: per-block offload, embed's
 #     params, the h.i blocks' optimizer in the host arena, lnf's on the
@@ -781,6 +781,13 @@ PREC=fp16 REDUCE=f16 SGD=1 model_case gpt2-tiny zero2 2
 # so the cases before keep their seeds)
 model_case ln768 ddp 1
 PREC=bf16 model_case ln768 ddp 1
+# offload optimizer under zero2 (mlp, grad_accum 2: each micro-batch's
+# reduce_scatter result copied to the host on the copy stream and summed
+# into the host gradient shard there, the update on the host, the shard's
+# H2D before the all_gather reads it), against the CPU's run of the same
+# step file (tests/offload.sh: bitwise no offload's); last, so the cases
+# before keep their seeds
+OFFLOAD=optimizer model_case mlp zero2 2
 # scales FILE: the --log-json lines' step, scale and skipped steps
 scales() {
 	$PY -c 'import json, sys
