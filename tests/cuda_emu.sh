@@ -225,6 +225,9 @@ FP16_LOSS=6.103515625e-5 # 2^-14, fp16 cases (the header derives it)
 FP16_UPDATE=9.765625e-4  # 2^-10
 TF32_LOSS=6.103515625e-5 # 2^-14, tf32 cases (the header derives it)
 TF32_UPDATE=1.953125e-3  # 2^-9
+# two cases at a time (tests/lib.sh's lane: each mostly waits on MPI
+# start-up, stalled ranks and the emulator's fibers; DP_LANES=1: one)
+DP_LANES=${DP_LANES:-2}
 t_start=$(date +%s)
 if ! emu_start "the CUDA emulator suite"; then
 	finish cuda_emu
@@ -240,27 +243,32 @@ SELF=$ROOT/build-emu/selftest
 
 # selftest CASE WANT [ENV...]: WANT is "ok", "race" (exit 3: the race showed
 # as wrong numbers) or a text the FATAL line / output must contain
+nself=0
 selftest() {
-	local c=$1 want=$2 np=1; shift 2
-	case_on "selftest $c${1:+ $*}" || return 0
+	case_on "selftest $1${3:+ ${*:3}}" || return 0
+	nself=$((nself + 1))
+	lane selftest_run "$nself" "$@"
+}
+selftest_run() { # selftest_run N CASE WANT [ENV...]: its output in $T/self.N.out
+	local out=$T/self.$1.out c=$2 want=$3 np=1; shift 3
 	case $c in nccl*) np=2 ;; esac
 	if [ $np = 1 ]; then
-		env "$@" timeout 60 "$SELF" "$c" >"$T/self.out" 2>&1
+		env "$@" timeout 60 "$SELF" "$c" >"$out" 2>&1
 	else
-		env "$@" timeout 60 mpirun --oversubscribe -np 2 "$SELF" "$c" >"$T/self.out" 2>&1
+		env "$@" timeout 60 mpirun --oversubscribe -np 2 "$SELF" "$c" >"$out" 2>&1
 	fi
 	local rc=$?
 	local msg
-	msg=$(grep -m1 -E "FATAL|wrong|ok $c" "$T/self.out" | sed 's/^cuda-emu: //' | cut -c1-160)
+	msg=$(grep -m1 -E "FATAL|wrong|ok $c" "$out" | sed 's/^cuda-emu: //' | cut -c1-160)
 	case $want in
-	ok) [ $rc = 0 ] && grep -q "^ok $c" "$T/self.out" ;;
+	ok) [ $rc = 0 ] && grep -q "^ok $c" "$out" ;;
 	race) [ $rc = 3 ] ;;
-	*) [ $rc = 99 ] && grep -q "FATAL:.*$want" "$T/self.out" ;;
+	*) [ $rc = 99 ] && grep -q "FATAL:.*$want" "$out" ;;
 	esac
 	if [ $? = 0 ]; then
 		ok "emulator: $c${1:+ ($*)}: $msg"
 	else
-		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$T/self.out" | sed 's/^/      /'
+		fail "emulator: $c (exit $rc, wanted $want)"; head -n 8 "$out" | sed 's/^/      /'
 	fi
 }
 for c in reduce warp atomic vec4 dyn_smem dyn_smem_limit dims bf16 wmma ldsm mma_ptx mma_ptx_wrong \
@@ -467,6 +475,14 @@ model_case() {
 	case_on "$name" || return 0
 	step_bin "$tag" || { fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return; }
 	gpu_cases+=("$tag|$np|$name")
+	# (its runs and checks beside another case's: tests/lib.sh's lane)
+	lane model_run "$name" "$tag" "$np" "$prec" "$comm" "$ncase"
+}
+# model_run NAME TAG NP PREC COMM SEED: a model case's two runs (the CPU's,
+# the emulator's) and their comparison, all in $T/TAG.*; EMU_ENV and
+# BOTH_ENV as model_case's
+model_run() {
+	local name=$1 tag=$2 np=$3 prec=$4 comm=$5 ncase=$6
 	# bf16: the GEMMs on f32 copies, as the emulated cuBLASLt (the header says why)
 	# BOTH_ENV: the environment of both runs (a machine's setting, as a CPU
 	# model would decide it for both)
@@ -549,16 +565,7 @@ model_case mlp-psgd ddp 2
 # matmuls without BGRADA (their bias_grads sum their columns themselves),
 # instead of failing the load, and the run still matches
 EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case mlp ddp 2
-if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
-	log=$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log
-	refused=$(grep -c "no algorithm for the bias epilogue" "$log")
-	refused_grad=$(grep -c "no algorithm for the bias gradient epilogue" "$log")
-	if [ "$refused" -gt 0 ] && [ "$refused_grad" -gt 0 ]; then
-		ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias gradient's ($refused_grad), and the plans without them ran"
-	else
-		fail "DPEMU_LT_EPILOGUE=0: refused queries with the bias epilogue: $refused, with the bias gradient's: $refused_grad (each must be > 0, or the case proves nothing)"
-	fi
-fi
+# (its check: after lane_drain, below)
 model_case gpt2-tiny ddp 1
 # the fused linear + gelu GEMMs (passes/fuse.c) without cuBLASLt's GELU
 # epilogues (DPEMU_LT_EPILOGUE=0): the product, then gemm.cu's gelu kernels
@@ -566,16 +573,7 @@ model_case gpt2-tiny ddp 1
 # staged kernels); the other gpt2 cases take the epilogues
 EMU_ENV=DPEMU_LT_EPILOGUE=0 model_case gpt2-tiny ddp 1
 EMU_ENV=DPEMU_LT_EPILOGUE=0 PREC=bf16 model_case gpt2-tiny ddp 1
-for c in "gpt2-tiny ddp np=1 DPEMU_LT_EPILOGUE=0" "gpt2-tiny bf16 ddp np=1 DPEMU_LT_EPILOGUE=0"; do
-	if case_ran "$c"; then
-		refused=$(grep -c "no algorithm for the GELU epilogue" "$T/${TAG[$c]}.emu.log")
-		if [ "$refused" -gt 0 ]; then
-			ok "$c: the heuristic refused the GELU epilogues ($refused queries) and the plans without them ran"
-		else
-			fail "$c: no query with a GELU epilogue was refused (the case proves nothing)"
-		fi
-	fi
-done
+# (their checks: after lane_drain, below)
 model_case gpt2-tiny full_shard 2
 for s in ddp zero1 zero2 full_shard; do
 	model_case gpt2-tiny $s 4
@@ -818,6 +816,28 @@ overflow_same() {
 		fail "$name: the scale sequence or the losses differ from the CPU's"
 	fi
 }
+# the model cases' lanes ended: the checks that read their logs
+lane_drain
+if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
+	log=$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log
+	refused=$(grep -c "no algorithm for the bias epilogue" "$log")
+	refused_grad=$(grep -c "no algorithm for the bias gradient epilogue" "$log")
+	if [ "$refused" -gt 0 ] && [ "$refused_grad" -gt 0 ]; then
+		ok "DPEMU_LT_EPILOGUE=0: the heuristic refused the bias epilogue ($refused queries) and the bias gradient's ($refused_grad), and the plans without them ran"
+	else
+		fail "DPEMU_LT_EPILOGUE=0: refused queries with the bias epilogue: $refused, with the bias gradient's: $refused_grad (each must be > 0, or the case proves nothing)"
+	fi
+fi
+for c in "gpt2-tiny ddp np=1 DPEMU_LT_EPILOGUE=0" "gpt2-tiny bf16 ddp np=1 DPEMU_LT_EPILOGUE=0"; do
+	if case_ran "$c"; then
+		refused=$(grep -c "no algorithm for the GELU epilogue" "$T/${TAG[$c]}.emu.log")
+		if [ "$refused" -gt 0 ]; then
+			ok "$c: the heuristic refused the GELU epilogues ($refused queries) and the plans without them ran"
+		else
+			fail "$c: no query with a GELU epilogue was refused (the case proves nothing)"
+		fi
+	fi
+done
 # the overflow case: the device's skips and scale sequence are the CPU's,
 # with f16 gradients (their norm is the overflow check: a rank that missed
 # an inf would apply it to its zero2 shard, and every loss after be NaN)

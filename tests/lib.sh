@@ -89,6 +89,7 @@ check() { # check DESCRIPTION COMMAND...: ok when the command succeeds
 	if "$@"; then ok "$d"; else fail "$d"; fi
 }
 finish() {
+	lane_drain
 	case_clock ""
 	if [ -n "${CASE:-}" ] && [ "${DP_LIST:-0}" != 1 ]; then
 		echo "  (CASE='$CASE': $ncase_on of $((ncase_on + ncase_off)) cases run)"
@@ -233,6 +234,94 @@ par() {
 	shift
 	while [ "$(jobs -pr | wc -l)" -ge "$n" ]; do wait -n; done
 	"$@" &
+}
+# ---- lanes: a suite's independent cases side by side ----
+# lane FUNC ARGS...: FUNC ARGS (one case's runs and checks, after its
+# case_on) in a background shell, once fewer than DP_LANES lanes run. Its
+# output goes to a file, printed in the order the lanes started once it and
+# every lane before it have ended (lane_flush, at each lane call;
+# lane_drain waits for them all), so the log reads as a serial run's; its
+# ok/FAIL/SKIP are counted then, from the counts the background shell
+# leaves. FUNC must write only files of its own and count only through
+# ok/fail/skip (what else it sets is lost: the suite reads a lane's results
+# from its files, after lane_drain); its stdin is /dev/null. In
+# DP_CASE_TIMES a laned case has two rows: its set-up here, then its lane's
+# own wall and CPU seconds (CASE_NAME's at the call).
+# DP_LANES unset or 1 (`make test SUITE=x` on one CPU, JOBS=0): FUNC runs
+# here, as a plain call. tests/run.sh sets DP_JOBS, the CPUs a suite may
+# keep busy; a suite sets DP_LANES from it (tests/cuda_emu.sh). Why lanes:
+# the emulator's cases each run the CPU's reference and the emulated
+# backend one after the other, waiting on MPI start-up and stalled ranks
+# between, at ~half a CPU (cuda_emu: 410 s for 205 CPU-s in the CI of
+# 2026-11-28, its longest suite).
+LANE_DIR="" lane_seq=0
+lane_q=()  # the lanes not yet printed, in start order: "ID:PID"
+lane() {
+	if [ "${DP_LANES:-1}" -le 1 ] || [ "${DP_LIST:-0}" = 1 ]; then
+		"$@"
+		return
+	fi
+	if [ -z "$LANE_DIR" ]; then
+		LANE_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dplane.XXXXXX") || { "$@"; return; }
+	fi
+	# (the case's set-up here is its row; the wait for a lane and the time
+	# until the next case_on are the main shell's, "-")
+	case_clock ""
+	lane_wait "$DP_LANES"
+	local id=$lane_seq
+	lane_seq=$((lane_seq + 1))
+	(
+		npass=0 nfail=0 nskip=0
+		t0=$EPOCHREALTIME
+		"$@"
+		times >"$LANE_DIR/$id.t"
+		c=$(awk -f "$ROOT/tests/times.awk" "$LANE_DIR/$id.t")
+		[ -z "${DP_CASE_TIMES:-}" ] ||
+			awk -v a="$t0" -v b="$EPOCHREALTIME" -v c="$c" -v n="${CASE_NAME:--}" \
+				'BEGIN { printf "%6.1f %6.1f %s\n", b - a, c, n }' >>"$DP_CASE_TIMES"
+		echo "$npass $nfail $nskip $c" >"$LANE_DIR/$id.n.t" && mv "$LANE_DIR/$id.n.t" "$LANE_DIR/$id.n"
+	) </dev/null >"$LANE_DIR/$id.out" 2>&1 &
+	lane_q+=("$id:$!")
+}
+# lane_wait N: until fewer than N lanes run (printing those that ended)
+lane_wait() {
+	local e pids
+	while :; do
+		lane_flush
+		pids=()
+		for e in "${lane_q[@]}"; do [ -e "$LANE_DIR/${e%%:*}.n" ] || pids+=("${e#*:}"); done
+		[ ${#pids[@]} -ge "$1" ] || return 0
+		wait -n "${pids[@]}" 2>/dev/null
+		# a lane that died before leaving its counts: a failure of its own
+		for e in "${lane_q[@]}"; do
+			[ -e "$LANE_DIR/${e%%:*}.n" ] || kill -0 "${e#*:}" 2>/dev/null ||
+				{ echo "  FAIL a lane ended without its counts (its output: above)" >>"$LANE_DIR/${e%%:*}.out"
+				  echo "0 1 0 0" >"$LANE_DIR/${e%%:*}.n"; }
+		done
+	done
+}
+# lane_flush: print and count the lanes that ended, in start order, up to
+# the first still running
+lane_flush() {
+	local e id p f s c
+	while [ ${#lane_q[@]} -gt 0 ]; do
+		e=${lane_q[0]} id=${lane_q[0]%%:*}
+		[ -e "$LANE_DIR/$id.n" ] || return 0
+		wait "${e#*:}" 2>/dev/null
+		cat "$LANE_DIR/$id.out"
+		read -r p f s c <"$LANE_DIR/$id.n"
+		npass=$((npass + p)) nfail=$((nfail + f)) nskip=$((nskip + s))
+		# (its CPU is in this shell's `times` now: not the next case's too)
+		case_c0=$(awk -v a="$case_c0" -v b="${c:-0}" 'BEGIN { printf "%.3f", a + b }')
+		rm -f "$LANE_DIR/$id".*
+		lane_q=("${lane_q[@]:1}")
+	done
+}
+# lane_drain: wait for every lane and print them
+lane_drain() {
+	[ ${#lane_q[@]} = 0 ] || { lane_wait 1; lane_flush; }
+	[ -z "$LANE_DIR" ] || rm -rf "$LANE_DIR"
+	LANE_DIR=""
 }
 # mpi N ARGS...: dpexec on N ranks (oversubscribed: this machine has 2 cores).
 # One rank is dpexec alone (MPI's singleton start, as README's `dpexec

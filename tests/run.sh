@@ -56,8 +56,9 @@
 # suites. trace.sh prints the cost of tracing without asserting it.
 # durability mostly waits on strace'd and killed runs (0.4 of a CPU), and
 # starts first, being the longest of those; the emulator's suites run their
-# cases one at a time and wait on MPI start-up and stalled ranks between
-# (0.7 and 0.4 of a CPU), so two of them run side by side with room left.
+# cases two at a time (tests/lib.sh's lane), each waiting on MPI start-up
+# and stalled ranks (they were 0.5 and 0.4 of a CPU one at a time, 410 and
+# 261 s in the CI of 2026-11-28), so the two run side by side with room left.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build}
@@ -98,11 +99,15 @@ nvar=$(echo $VARIANTS | wc -w)
 # cuda_emu, cuda_emu_mutations, offload, compress, padvocab, simulate and
 # pipeline: their seconds in the `make test-all` of the merged tree on 2
 # otherwise idle cores, 2026-11-27 (beside the other suites, so the
-# emulator's are longer than alone))
+# emulator's are longer than alone); the emulator's two with their cases in
+# two lanes: a prediction, their serial seconds of 2026-11-28 (410, 261)
+# less half their laned cases' (327 of cuda_emu's 410 s, 226 of the
+# mutations' 261), at 0.8 and 0.6 of a CPU (205 and 92 CPU-s), to be
+# replaced by the next quiet CI's figures)
 TABLE="
 durability             0.4    -       212
-cuda_emu               0.7    -       450
-cuda_emu_mutations     0.4    -       238
+cuda_emu               0.8    -       260
+cuda_emu_mutations     0.6    -       150
 gpu_kit                0.7    -        75
 offload                0.9    -        60
 faults                 0.3    -       104
@@ -300,6 +305,13 @@ tp=0 tf=0 ts=0 ncases=0 cpu_total=0
 declare -A VP VF VS VCPU # per variant
 failed=()
 t_start=$SECONDS
+# the queue's timeline, for tuning the table (a line per start, end and
+# idle tick: seconds since the start, what, the entry, the weight running
+# after it and the bonus; a tick's idle CPUs in tenths): test-logs/run.timeline
+# of the first variant's build
+TIMELINE=${VBUILD[${VARIANTS%% *}]}/test-logs/run.timeline
+: >"$TIMELINE"
+tl() { echo "$((SECONDS - t_start)) $*" >>"$TIMELINE"; }
 # room NAME: the room NAME needs to start (in tenths): its weight, or a whole
 # CPU for the head of the queue (the header says why)
 room() {
@@ -320,13 +332,17 @@ fits() {
 # asked: while the queue waits, a tick of TICK seconds, and /proc/stat's
 # idle time over it (every process on the machine, ours or not); when at
 # least half a CPU sat idle, bonus (tenths) lets that much more weight start
-# beyond CAP, up to half of CAP more, until the next tick: one suite at most
+# beyond CAP, up to IDLE_MAX more (tenths; default half of CAP), until the
+# next tick: one suite at most
 # (its start spends the bonus; the next tick sees it running). On a machine
 # others keep busy nothing is idle and nothing changes; JOBS=0, TICK=0 (no
 # ticks) and the suites marked alone are unchanged; so is a machine whose
 # /proc/stat counts more CPUs than nproc (a container's share of a host).
 # The total line says how many started so.
 TICK=${TICK:-2}
+# (IDLE_MAX: the CI of 2026-11-28 kept its 2 CPUs 82 % busy in its tests
+# with half of CAP; run.timeline's idle ticks say whether more pays)
+IDLE_MAX=${IDLE_MAX:-$((CAP / 2))}
 # (only where /proc/stat counts the CPUs this runs on: in a container
 # limited to fewer than the host's, its idle is the host's, not ours)
 [ "$(grep -c '^cpu[0-9]' /proc/stat 2>/dev/null)" = "$(nproc)" ] || TICK=0
@@ -409,6 +425,7 @@ while :; do
 		for q in "${queue[@]}"; do [ "$q" = "$n" ] || rest+=("$q"); done
 		queue=("${rest[@]}")
 		run_suite "$n" $((CAP + bonus - used)) &
+		tl start "$n" $((used + WEIGHT[$n])) "$bonus"
 		PID_OF[$!]=$n START[$n]=$SECONDS
 		running=$((running + 1)) used=$((used + WEIGHT[$n]))
 		[ "${ALONE[$n]}" = 1 ] && alone_on=1
@@ -425,9 +442,10 @@ while :; do
 	if [ "$pid" = "$ticker" ]; then
 		ticker=0
 		idle_sample
+		tl idle "$idle" "$used"
 		bonus=0
 		[ "$idle" -lt 5 ] || bonus=$idle
-		[ $bonus -le $((CAP / 2)) ] || bonus=$((CAP / 2))
+		[ $bonus -le "$IDLE_MAX" ] || bonus=$IDLE_MAX
 		continue
 	fi
 	n=${PID_OF[$pid]}
@@ -437,6 +455,7 @@ while :; do
 	unset "START[$n]"
 	[ $done_table = 0 ] || slow=$((done_secs * 10 / done_table))
 	[ $slow -ge 10 ] || slow=10
+	tl end "$n" "$used"
 	collect "$n"
 done
 [ $ticker = 0 ] || kill "$ticker" 2>/dev/null

@@ -19,12 +19,26 @@ emu_launch() {
 # ~300 comparisons each paid Python's and numpy's start-up (~0.2 CPU-s, more
 # than a small case's emulated run); cmp_stop ends it and waits for it, so
 # that its CPU is the suite's (tests/run.sh's `times`)
+# With lanes (tests/lib.sh's lane: DP_LANES > 1) the comparisons come from
+# background shells, which a coprocess's fds do not reach: its two pipes
+# are copied to plain fds (CMP_W, CMP_R), which they inherit, and each
+# request and its answer are one turn under a lock (flock on CMP_LOCK), so
+# no lane reads another's answer. cmp_stop waits for the lanes first.
 cmp_start() {
 	coproc CMPSRV { exec "$PY" "$ROOT/tests/cuda_emu/compare_serve.py"; }
+	if [ "${DP_LANES:-1}" -gt 1 ]; then
+		exec {CMP_W}>&"${CMPSRV[1]}" {CMP_R}<&"${CMPSRV[0]}"
+		CMP_LOCK=${T:-/tmp}/cmp.lock
+	fi
 }
 cmp_stop() {
+	lane_drain
 	[ -n "${CMPSRV_PID:-}" ] || return 0
 	local pid=$CMPSRV_PID fd=${CMPSRV[1]}
+	if [ -n "${CMP_W:-}" ]; then
+		exec {CMP_W}>&- {CMP_R}<&-
+		CMP_W=""
+	fi
 	exec {fd}>&- # (its stdin: it ends)
 	wait "$pid" 2>/dev/null
 	return 0
@@ -34,7 +48,12 @@ cmp_stop() {
 pycmp() {
 	local out=$1 rc IFS=$'\x1f'
 	shift
-	if [ -n "${CMPSRV_PID:-}" ] && { printf '%s\n' "$out$IFS$*" >&"${CMPSRV[1]}"; } 2>/dev/null &&
+	if [ -n "${CMP_W:-}" ]; then
+		if { flock 9 && printf '%s\n' "$out$IFS$*" >&"$CMP_W" && read -r rc <&"$CMP_R"; } 9>"$CMP_LOCK" 2>/dev/null &&
+			[ -n "$rc" ]; then
+			return "$rc"
+		fi
+	elif [ -n "${CMPSRV_PID:-}" ] && { printf '%s\n' "$out$IFS$*" >&"${CMPSRV[1]}"; } 2>/dev/null &&
 		read -r rc <&"${CMPSRV[0]}" && [ -n "$rc" ]; then
 		return "$rc"
 	fi
