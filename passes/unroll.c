@@ -25,8 +25,8 @@
  * copied bucket gets its micro-batch's own bucket record: a gathered block
  * is gathered per micro-batch, before its forward and (with
  * reshard_after_forward) again before its backward. Without
- * reshard_after_forward a gathered block whose backward reads its
- * parameters is gathered once per step instead (gathered_once): one
+ * reshard_after_forward a gathered block is gathered once per step
+ * instead (gathered_once): one
  * "U.gather" that every micro-batch reads, its all_gather micro-batch 0's,
  * before the stage's first forward, live until its last backward (memplan
  * keeps it so: the memory trade --stats shows). A send/recv pair belongs to the
@@ -110,35 +110,38 @@ typedef struct {
 } Copies;
 
 /* The gathered copies kept for the whole step: under reshard_after_forward
- * false a gathered block's "U.gather", which its stage's backward reads as
- * well as its forward, is one temporary that every micro-batch reads,
- * all_gathered once per step before the stage's first forward (micro-batch
- * 0's), instead of once per micro-batch. With reshard_after_forward the
- * backward reads its own "U.gather.bwd" and both stay per micro-batch; a
- * block whose backward does not read its parameters (an embedding's) is
- * gathered per micro-batch too. */
+ * false a gathered block's "U.gather", which its stage's forward reads (and
+ * its backward, unless the backward does not read its parameters: an
+ * embedding's, whose gradient is a scatter of dy), is one temporary that
+ * every micro-batch reads, all_gathered once per step before the stage's
+ * first forward (micro-batch 0's), instead of once per micro-batch: the
+ * setting's trade, less traffic for more memory, taken for the whole step
+ * (an embedding's table is the largest block, so the most traffic saved).
+ * With reshard_after_forward the backward reads its own "U.gather.bwd" and
+ * both stay per micro-batch. */
 static char *gathered_once(const Graph *g, int m)
 {
 	char *once = calloc((size_t)g->nvalues + 1, 1), *fwd = calloc((size_t)g->nvalues + 1, 1);
-	char *bwd = calloc((size_t)g->nvalues + 1, 1);
-	if (!once || !fwd || !bwd)
+	if (!once || !fwd)
 		die("out of memory");
 	for (int i = 0; i < g->nnodes && m > 1; i++) {
 		const Node *n = g->nodes[i];
-		if (!per_micro(n) || (n->phase != PH_FWD && n->phase != PH_BWD))
+		if (!per_micro(n) || n->phase != PH_FWD)
 			continue;
 		for (int k = 0; k < n->nin; k++)
 			if (n->in[k] >= 0)
-				(n->phase == PH_FWD ? fwd : bwd)[value_root(g, n->in[k])] = 1;
+				fwd[value_root(g, n->in[k])] = 1;
 	}
 	for (int i = 0; i < g->nnodes && m > 1; i++) {
 		const Node *n = g->nodes[i];
 		if (per_micro(n) && n->op == DP_OP_ALL_GATHER && n->out >= 0) {
-			int r = value_root(g, n->out);
-			once[r] = g->values[r]->kind == DP_T_ACT && fwd[r] && bwd[r];
+			int r = value_root(g, n->out), b = n->block;
+			int own = b >= 0 && b < g->nblocks ? g->blocks[b].reshard : -1;
+			int reshard = own >= 0 ? own : g->reshard_after_forward;
+			once[r] = g->values[r]->kind == DP_T_ACT && fwd[r] && !reshard;
 		}
 	}
-	free(fwd), free(bwd);
+	free(fwd);
 	return once;
 }
 

@@ -140,9 +140,12 @@ fi
 
 # train's export_prefetch none: the checkpoint program gathers one unit at a
 # time, so where its gathers set the temporaries' region (gpt2-tiny at 8
-# layers of 8 tokens: 648.5 KiB for the export program against 378 KiB
+# layers of 8 tokens: 648.5 KiB for the export program against 345 KiB
 # live at the step's peak) the region comes down to within 1.15x of the
-# step's live peak; the losses and the saved parameters are bitwise the same
+# largest program's live peak (the step's, or the export's own one-unit
+# gather where that is larger: since embedding_grad stopped holding the
+# gathered embed, 356 KiB against the step's 345); the losses and the saved
+# parameters are bitwise the same
 if case_on "peak memory: export_prefetch none"; then
 	text_shard
 	sed -e "$data" models/gpt2-tiny.dp >"$T/gx.dp"
@@ -157,13 +160,13 @@ if case_on "peak memory: export_prefetch none"; then
 	done
 	region() { sed -n 's/^temporaries (arena region) *\([0-9]*\) .*/\1/p' "$1"; }
 	r0=$(region "$T/ex-prefetch.stats") r1=$(region "$T/ex-none.stats")
-	step=$(sed -n "s/^  live at the step's peak *\([0-9]*\) .*/\1/p" "$T/ex-none.stats")
+	step=$(sed -n "s/^  live at any program's peak ([a-z]*) *\([0-9]*\) .*/\1/p" "$T/ex-none.stats")
 	if [ $ex_ok = 1 ] && [ -n "$r0" ] && [ -n "$r1" ] && [ -n "$step" ] && [ "$r1" -lt "$r0" ] &&
 		[ $((r1 * 100)) -le $((step * 115)) ] && cmp -s "$T/ex-prefetch.loss" "$T/ex-none.loss" &&
 		cmp -s "$T/ex-prefetch.st" "$T/ex-none.st"; then
-		ok "peak memory: export_prefetch none: temporaries $r0 -> $r1 B ($step B live at the step's peak), losses and saved parameters bitwise"
+		ok "peak memory: export_prefetch none: temporaries $r0 -> $r1 B ($step B live at the largest program's peak), losses and saved parameters bitwise"
 	elif [ $ex_ok = 1 ]; then
-		fail "peak memory: export_prefetch none: temporaries '$r0' -> '$r1' B against '$step' B live at the step's peak (at most 1.15x), losses $(cmp -s "$T/ex-prefetch.loss" "$T/ex-none.loss" && echo same || echo differ), parameters $(cmp -s "$T/ex-prefetch.st" "$T/ex-none.st" && echo same || echo differ)"
+		fail "peak memory: export_prefetch none: temporaries '$r0' -> '$r1' B against '$step' B live at the largest program's peak (at most 1.15x), losses $(cmp -s "$T/ex-prefetch.loss" "$T/ex-none.loss" && echo same || echo differ), parameters $(cmp -s "$T/ex-prefetch.st" "$T/ex-none.st" && echo same || echo differ)"
 	fi
 fi
 
