@@ -107,6 +107,8 @@
 #             job ends with exit 75 and the message naming the waiting stage
 #             and its pending send or recv (peer, tag), or its collective (or,
 #             stopped between steps, the step's sync point)
+#   dies      kill -9 of a stage of mlp8 at pp=2 mid-run: the job ends
+#             non-zero, no rank left, within --timeout + 5 s
 #   resume    gpt2-tiny at pp=2: 10 + --resume 10 steps equal the straight 20
 #             bit for bit (full and sharded checkpoints); each stage keeping
 #             only its own parameters (passes/stage_params.c), the pp=2 full
@@ -121,9 +123,8 @@
 #   issue 25's remaining Tests (4 steps, small shapes: llama ctx 32, d 32,
 #   4 layers; gpt2-tiny ctx 32, d 32, 5 layers, 8 blocks; grad_accum 4;
 #   each against one 1-rank run by eq_same's bounds):
-#     llama-pp    llama (4 layers) at pp=2 under 1f1b, gpipe, zero_bubble and
-#                 interleaved, at pp=4 under 1f1b and interleaved, losses
-#                 also bit for bit
+#     llama-pp    llama (4 layers) at pp=2 and pp=4 under 1f1b, gpipe,
+#                 zero_bubble and interleaved, losses also bit for bit
 #     gpt-pp4-schedules  gpt2-tiny at pp=4 under gpipe, zero_bubble and
 #                 interleaved (stages_per_rank 2: 8 virtual stages)
 #     gpt-pp2xtp2xdp2  pp=2 x tp=2 x dp_shard=2 (8 ranks)
@@ -133,6 +134,12 @@
 #     dsl-1f1b    `pipeline 1f1b`, `pipeline pipedream_flush`, no pipeline
 #                 line and --set train.pipeline=1f1b give one step file,
 #                 gpipe another
+#     tied-grad   the tied wte's summed gradient itself: one SGD step at lr
+#                 1e4 from the same parameters (each moves by -1e4 g) at pp=2
+#                 and pp=4 against 1 rank by eq_same's bounds
+#     trace       dpexec --trace at pp=2: tests/trace_check.py passes, and
+#                 every send/recv span carries its rank's stage and the other
+#                 stage as peer, as many per step as the stage's program has
 # The cut's errors are tests/errors/pp_*.dp; the passes are
 # tests/passes/stages* and p2p (and a deadlocking schedule: tests/passes.sh).
 set -u
@@ -580,6 +587,42 @@ if case_on stall; then
 	fi
 fi
 
+# a stage that dies (kill -9) mid-pipeline: the job ends, non-zero, and no
+# rank is left, within --timeout + 5 s (Open MPI's launcher ends the job
+# when a rank exits on a signal; the survivor's pending recv or send would
+# otherwise end at --timeout, named as in the stall case above)
+if case_on dies; then
+	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank killed with SIGKILL"
+	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/die.bin" 2>/dev/null || fail "dies: dpc"
+	mpi 2 "$T/die.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
+		--losses "$T/die.loss" >"$T/die.out" 2>&1 &
+	job=$!
+	wait_lines "$T/die.loss" 3
+	pids=$(pgrep -f -- "^$DPEXEC $T/die.bin" | tr '\n' ' ')
+	victim=$(echo $pids | awk '{print $NF}')
+	t0=$(date +%s.%N)
+	[ -n "$victim" ] && kill -9 "$victim"
+	wait $job
+	rc=$?
+	left=""
+	for i in $(seq 50); do
+		left=""
+		for p in $pids; do
+			st=$(ps -o stat= -p "$p" 2>/dev/null | tr -d " ")
+			[ -n "$st" ] && [ "${st#Z}" = "$st" ] && left="$left $p"
+		done
+		[ -z "$left" ] && break
+		sleep 0.2
+	done
+	took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+	what="a killed stage (of ranks $pids): exit $rc, every rank gone in $took s${left:+, left:$left}"
+	if [ -n "$victim" ] && [ "$rc" != 0 ] && [ -z "$left" ] && awk -v t="$took" 'BEGIN {exit !(t <= 10)}'; then
+		ok "$what"
+	else
+		fail "$what"; tail -n 3 "$T/die.out"
+	fi
+fi
+
 if case_on resume; then
 	"$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/gpp.bin" 2>/dev/null &&
 		"$DPC" "$T/gpt.dp" --world-size 1 -o "$T/g1.bin" 2>/dev/null || fail "resume: dpc"
@@ -664,7 +707,9 @@ pp "$T/llama.dp" 4 "$T/llama-pp4.dp"
 for sc in gpipe:gpipe zb:zero_bubble il:interleaved; do
 	variant "$T/llama-pp2.dp" "$T/llama-pp2-${sc%%:*}.dp" "s/^  strategy ddp/&\n  pipeline ${sc#*:}/"
 done
-variant "$T/llama-pp4.dp" "$T/llama-pp4-il.dp" 's/^  strategy ddp/&\n  pipeline interleaved/'
+for sc in gpipe:gpipe zb:zero_bubble il:interleaved; do
+	variant "$T/llama-pp4.dp" "$T/llama-pp4-${sc%%:*}.dp" "s/^  strategy ddp/&\n  pipeline ${sc#*:}/"
+done
 for sc in gpipe:gpipe zb:zero_bubble il:interleaved; do
 	pp "$T/gs.dp" 4 "$T/gs-pp4-${sc%%:*}.dp" "s/^  strategy ddp/&\n  pipeline ${sc#*:}/"
 done
@@ -676,13 +721,12 @@ need4() { # need4 NAME NP: the 4-step run NAME of $T/NAME.dp (its reference: $T/
 }
 if case_on llama-pp; then
 	# llama (RMSNorm, RoPE's tables a buffer block every stage's attention
-	# reads, SwiGLU, an untied head) at pp=2 under 1f1b, gpipe, zero_bubble
-	# and interleaved, and at pp=4 under 1f1b and interleaved (8 virtual
-	# stages, rank 3's h.1 sending to rank 0's h.2 over the ring's wrap);
-	# pp=4 gpipe and zero_bubble pass too, left out for CI time (their
-	# orders are gpt-pp4-schedules')
+	# reads, SwiGLU, an untied head) at pp=2 and pp=4 under 1f1b, gpipe,
+	# zero_bubble and interleaved (at pp=4 8 virtual stages, rank 3's h.1
+	# sending to rank 0's h.2 over the ring's wrap)
 	need4 llama-1 1
-	for c in llama-pp2:2 llama-pp2-gpipe:2 llama-pp2-zb:2 llama-pp2-il:2 llama-pp4:4 llama-pp4-il:4; do
+	for c in llama-pp2:2 llama-pp2-gpipe:2 llama-pp2-zb:2 llama-pp2-il:2 \
+		llama-pp4:4 llama-pp4-gpipe:4 llama-pp4-zb:4 llama-pp4-il:4; do
 		need4 "${c%%:*}" "${c#*:}" && eq_same "${c%%:*}" llama-1 && same_losses "${c%%:*}" llama-1
 	done
 fi
@@ -759,6 +803,64 @@ if case_on dsl-1f1b; then
 		ok "$what"
 	else
 		fail "$what"
+	fi
+fi
+# The tied wte's summed gradient itself, not through AdamW (whose first
+# update is about lr * sign(g), blind to a gradient's scale): one step of
+# SGD at lr 1e4 (no momentum, decay or clip, a constant schedule) from the
+# same initial parameters moves each by -1e4 g, so eq_same's bounds on the
+# parameters (rtol 1e-4) bound every gradient element, wte's summed over
+# stages 0 and 1 (embedding and LM head), relatively; gpt2-tiny at pp=2
+# against 1 rank, and at pp=4 (wte on stages 0 and 3, its sub-group's
+# all_reduce)
+if case_on tied-grad; then
+	variant "$T/gpt.dp" "$T/tg.dp" 's/^  optimizer .*/  optimizer sgd(lr=1e4)/' \
+		's/^  schedule .*/  schedule constant/' '/^  clip_grad_norm /d'
+	pp "$T/tg.dp" 2 "$T/tg-pp2.dp"
+	pp "$T/tg.dp" 4 "$T/tg-pp4.dp"
+	STEPS=1 eq_run tg-1 1 "$T/tg.dp" && for c in tg-pp2:2 tg-pp4:4; do
+		STEPS=1 eq_run "${c%%:*}" "${c#*:}" "$T/${c%%:*}.dp" && eq_same "${c%%:*}" tg-1
+	done
+fi
+# dpexec --trace at pp=2 (gpt2-tiny, 2 steps): the trace passes
+# tests/trace_check.py (ranks, lanes, nesting, every instruction inside its
+# run in program order) and each rank's sends and recvs carry its stage and
+# the other stage as their peer, as many per step as its program holds
+if case_on trace; then
+	REPRO="${DPC#"$ROOT"/} \$T/gpt-pp2.dp --world-size 2 -o x.bin; mpirun -np 2 dpexec x.bin --trace t.json"
+	if "$DPC" "$T/gpt-pp2.dp" --world-size 2 -o "$T/tr.bin" 2>/dev/null &&
+		"$DPC" "$T/gpt-pp2.dp" --world-size 2 --emit=ir >"$T/tr.ir" 2>/dev/null &&
+		mpi 2 "$T/tr.bin" --steps 2 --quiet --eval-every 0 --trace "$T/tr.json" >"$T/tr.log" 2>&1 &&
+		out=$($PY tests/trace_check.py "$T/tr.json" 2 2 2>&1); then
+		# the step program's (an eval's are marked `eval`)
+		n0=$(grep -E '^(send|%[^ ]+ = recv) .* stage=0( |$)' "$T/tr.ir" | grep -vc ' eval ')
+		n1=$(grep -E '^(send|%[^ ]+ = recv) .* stage=1( |$)' "$T/tr.ir" | grep -vc ' eval ')
+		if p2p=$($PY - "$T/tr.json" "$n0" "$n1" <<'EOF'
+import collections, json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+want = {0: int(sys.argv[2]), 1: int(sys.argv[3])}
+n = collections.Counter()
+for e in ev:
+    if e.get("ph") != "X" or e.get("cat") == "run" or e.get("args", {}).get("program") != "step":
+        continue
+    name = e["name"]
+    if not (name == "send" or name.endswith("= recv")):
+        continue
+    a, r = e.get("args", {}), e["pid"]
+    assert a.get("stage") == r and a.get("peer") == 1 - r, ("rank", r, name, a)
+    n[r] += 1
+for r in (0, 1):
+    assert n[r] == 2 * want[r] and want[r] > 0, ("rank", r, "p2p spans", n[r], "want 2 steps x", want[r])
+print("p2p spans per rank %d and %d (2 steps), each with its stage and the other as peer" % (n[0], n[1]))
+EOF
+		); then
+			ok "pp=2 trace: $out; $p2p"
+		else
+			fail "pp=2 trace: the p2p spans: $p2p"
+		fi
+	else
+		tail -n 5 "$T/tr.log"; fail "pp=2 trace: ${out:-the run}"
 	fi
 fi
 finish pipeline
