@@ -389,6 +389,13 @@ int ir_block_offload(const Graph *g, int b)
 	return g->offload;
 }
 
+int ir_block_reshard(const Graph *g, int b)
+{
+	if (b >= 0 && b < g->nblocks && g->blocks[b].reshard >= 0)
+		return g->blocks[b].reshard;
+	return g->reshard_after_forward;
+}
+
 int ir_any_offload(const Graph *g)
 {
 	for (int b = 0; b < g->nblocks; b++)

@@ -326,6 +326,9 @@ int ir_block_compress(const Graph *g, int b);
  * block's offload). */
 int ir_block_offload(const Graph *g, int b);
 int ir_any_offload(const Graph *g);
+/* reshard_after_forward for block b's gathered parameters (0 or 1): its
+ * own, else train's. */
+int ir_block_reshard(const Graph *g, int b);
 /* The optimizer group of trained parameter p: its weight decay (the
  * optimizer's, its block's own, 0 for a 1-D parameter under no_decay vectors) and
  * its lr scale (its block's). Parameters with equal pairs update together. */

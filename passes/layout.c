@@ -189,8 +189,7 @@ static Unit *new_unit(Graph *g, ShardPlan *pl, const char *name, int block, int 
 	u->cut = shard_strategies[strat].cut;
 	u->gathered = shard_strategies[strat].gathered;
 	u->full_grads = !u->gathered || g->accum_unsharded;
-	int own = block >= 0 ? g->blocks[block].reshard : -1;
-	u->reshard = u->gathered && (own >= 0 ? own : g->reshard_after_forward);
+	u->reshard = u->gathered && ir_block_reshard(g, block);
 	u->first = u->last = -1;
 	u->stage = -1;
 	u->foff = u->goff = -1;

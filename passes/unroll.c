@@ -135,10 +135,8 @@ static char *gathered_once(const Graph *g, int m)
 	for (int i = 0; i < g->nnodes && m > 1; i++) {
 		const Node *n = g->nodes[i];
 		if (per_micro(n) && n->op == DP_OP_ALL_GATHER && n->out >= 0) {
-			int r = value_root(g, n->out), b = n->block;
-			int own = b >= 0 && b < g->nblocks ? g->blocks[b].reshard : -1;
-			int reshard = own >= 0 ? own : g->reshard_after_forward;
-			once[r] = g->values[r]->kind == DP_T_ACT && fwd[r] && !reshard;
+			int r = value_root(g, n->out);
+			once[r] = g->values[r]->kind == DP_T_ACT && fwd[r] && !ir_block_reshard(g, n->block);
 		}
 	}
 	free(fwd);

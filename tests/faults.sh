@@ -34,20 +34,6 @@ rank_pids() {
 }
 # cpu_ticks PID: user + system clock ticks so far
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-now() { date +%s.%N; }
-# gone PID: no such process, or only its zombie (its parent has not reaped it yet)
-gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null | tr -d " "); [ -z "$st" ] || [ "${st#Z}" != "$st" ]; }
-# all_gone PIDS...: wait (up to 10 s) until every one is gone; 0 when they are
-all_gone() {
-	local p j left
-	for j in $(seq 100); do
-		left=0
-		for p in "$@"; do gone "$p" || left=1; done
-		[ $left = 0 ] && return 0
-		sleep 0.1
-	done
-	return 1
-}
 
 "$DPC" models/mlp.dp --world-size 2 -o "$T/mlp2.bin" >"$T/dpc.out" 2>&1 || fail "dpc mlp.dp"
 

@@ -345,6 +345,21 @@ wait_lines() {
 	return 1
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
+# now: the clock in seconds, with nanoseconds (for took-so-long checks)
+now() { date +%s.%N; }
+# gone PID: no such process, or only its zombie (its parent has not reaped it yet)
+gone() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null | tr -d " "); [ -z "$st" ] || [ "${st#Z}" != "$st" ]; }
+# all_gone PIDS...: wait (up to 10 s) until every one is gone; 0 when they are
+all_gone() {
+	local p j left
+	for j in $(seq 100); do
+		left=0
+		for p in "$@"; do gone "$p" || left=1; done
+		[ $left = 0 ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
 # signal_at NAME LINES SIGNAL TARGET COMMAND...: COMMAND (a launcher: mpirun,
 # dprun) in a session of its own, output in $T/NAME.out; once $T/NAME.loss
 # has LINES lines, SIGNAL goes to it (TARGET pid) or to its whole process

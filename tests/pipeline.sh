@@ -567,14 +567,21 @@ if case_on eval; then
 	if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$what"; else fail "$what, 1 rank: '$b'"; fi
 fi
 
+# pp_victim NAME: mlp8 at pp=2 under --timeout 5 started in the background
+# ($job), past 3 logged steps (the start-up's own waits), $pids its ranks'
+# processes and $victim the last of them (output $T/NAME.out)
+pp_victim() {
+	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/$1.bin" 2>/dev/null || fail "$1: dpc"
+	mpi 2 "$T/$1.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
+		--losses "$T/$1.loss" >"$T/$1.out" 2>&1 &
+	job=$!
+	wait_lines "$T/$1.loss" 3
+	pids=$(pgrep -f -- "^$DPEXEC $T/$1.bin" | tr '\n' ' ')
+	victim=$(echo $pids | awk '{print $NF}')
+}
 if case_on stall; then
 	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank SIGSTOPped"
-	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/stall.bin" 2>/dev/null || fail "stall: dpc"
-	mpi 2 "$T/stall.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
-		--losses "$T/stall.loss" >"$T/stall.out" 2>&1 &
-	job=$!
-	wait_lines "$T/stall.loss" 3 # training: past the start-up's own waits
-	victim=$(pgrep -f -- "^$DPEXEC $T/stall.bin" | tail -n 1)
+	pp_victim stall
 	[ -n "$victim" ] && kill -STOP "$victim"
 	wait $job
 	rc=$?
@@ -593,29 +600,15 @@ fi
 # otherwise end at --timeout, named as in the stall case above)
 if case_on dies; then
 	REPRO="mpirun -np 2 dpexec mlp8-pp2.bin --timeout 5, one rank killed with SIGKILL"
-	"$DPC" "$T/mlp8-pp2.dp" --world-size 2 -o "$T/die.bin" 2>/dev/null || fail "dies: dpc"
-	mpi 2 "$T/die.bin" --steps 100000000 --quiet --eval-every 0 --timeout 5 \
-		--losses "$T/die.loss" >"$T/die.out" 2>&1 &
-	job=$!
-	wait_lines "$T/die.loss" 3
-	pids=$(pgrep -f -- "^$DPEXEC $T/die.bin" | tr '\n' ' ')
-	victim=$(echo $pids | awk '{print $NF}')
-	t0=$(date +%s.%N)
+	pp_victim die
+	t0=$(now)
 	[ -n "$victim" ] && kill -9 "$victim"
 	wait $job
 	rc=$?
-	left=""
-	for i in $(seq 50); do
-		left=""
-		for p in $pids; do
-			st=$(ps -o stat= -p "$p" 2>/dev/null | tr -d " ")
-			[ -n "$st" ] && [ "${st#Z}" = "$st" ] && left="$left $p"
-		done
-		[ -z "$left" ] && break
-		sleep 0.2
-	done
-	took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-	what="a killed stage (of ranks $pids): exit $rc, every rank gone in $took s${left:+, left:$left}"
+	# shellcheck disable=SC2086 # (the pids' words)
+	all_gone $pids && left="" || left=" (a rank is left)"
+	took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+	what="a killed stage (of ranks $pids): exit $rc, every rank gone in $took s$left"
 	if [ -n "$victim" ] && [ "$rc" != 0 ] && [ -z "$left" ] && awk -v t="$took" 'BEGIN {exit !(t <= 10)}'; then
 		ok "$what"
 	else
