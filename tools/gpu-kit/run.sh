@@ -517,8 +517,22 @@ part3() {
 		for p in bf16 f32; do
 			"$san" --tool $t --error-exitcode 9 "$DPEXEC" "$R/gpt2t-$p.bin" --device cuda --steps $n \
 				--quiet --eval-every 0 >"$L/san-$t-$p.log" 2>&1
-			local rc=$? sum
+			local rc=$? sum ours theirs
 			sum=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/san-$t-$p.log")
+			# racecheck checks shared memory only, which is private to one
+			# kernel's blocks: a hazard inside a library's kernel (cuBLASLt's
+			# nvjet, cutlass, xmma: NVIDIA's closed code; on the H200 on
+			# 2026-11-28, 9 in nvjet_sm90_tss_*_badd, whose TMA and mbarrier
+			# pipelines racecheck reports) is not caused by dp's order or
+			# pointers. dp's own kernels are the k_* ones: any hazard there fails
+			if [ $t = racecheck ] && [ $rc = 9 ]; then
+				ours=$(grep -E 'Race reported|access at' "$L/san-$t-$p.log" | grep -cE 'access at (void )?k_')
+				theirs=$(grep -E 'Race reported' "$L/san-$t-$p.log" | sed 's/.*access at \([A-Za-z0-9_]*\).*/\1/' | sort -u | tr '\n' ' ')
+				if [ "$ours" = 0 ] && [ -n "$theirs" ]; then
+					report PASS "compute-sanitizer $t, gpt2-tiny $p, $n step(s): 0 hazards in dp's kernels (k_*); ${sum#*SUMMARY: } inside library kernels: $theirs"
+					continue
+				fi
+			fi
 			if [ $rc = 0 ]; then
 				report PASS "compute-sanitizer $t, gpt2-tiny $p, $n step(s): ${sum:-clean}"
 			else
