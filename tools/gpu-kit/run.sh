@@ -37,7 +37,8 @@
 #      x 1024 (else 8, 4: the largest that fits), graph replay: tokens/s,
 #      ms/step, MFU against 989 TFLOP/s, host us per step; beside PyTorch
 #      eager and torch.compile on the same model, batch, optimizer and dtype
-#      (bench/gpu_gpt.py);
+#      (bench/gpu_gpt.py); then dp and PyTorch eager at micro-batch 64
+#      (DP_KIT_BIG_MB: llm.c's batch for this model);
 #   6. a dpexec --trace of 1 step of gpt2 on the CPU backend (the schedule),
 #      and one on the CUDA backend of step 2 of part 5's step file (device
 #      times: CUDA events around each instruction, eager), its summary (device
@@ -590,66 +591,98 @@ part4() {
 	done
 }
 
-part5() {
-	section "5. The benchmark: GPT-2 124M, bf16, 1 rank, graph replay"
-	local steps=30 every=10 mb peak=989 shape="" fig bench_rc=1
-	[ $EMU = 1 ] && { steps=4; every=2; shape="-D vocab=256 -D ctx=32 -D d=32 -D heads=2 -D layers=1"; }
-	local sizes="16 8 4"
-	[ $EMU = 1 ] && sizes=2
-	for mb in $sizes; do
-		echo "$mb" >"$R/bench.mb"
-		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
-		# shellcheck disable=SC2086
-		compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 $shape || { report FAIL "dpc of gpt2 bf16: $(tail -n 1 "$L/gpt2-b$mb.dpc")"; return; }
-		if gpu bench-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak; then
-			bench_rc=0
-			break
-		fi
-		bench_rc=$?
-		grep -qi 'out of memory' "$L/bench-b$mb.log" || break
-		note "micro-batch $mb does not fit: $(grep -m1 -i 'out of memory' "$L/bench-b$mb.log" | cut -c1-160)"
-	done
+# bench_dp MB: compile models/gpt2.dp at micro-batch MB (grad_accum 1) and
+# run it under graph replay ($steps steps, a figure every $every); the
+# status is dpexec's
+bench_dp() {
+	local mb=$1
+	model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
 	# shellcheck disable=SC2086
-	"$DPC" "$R/gpt2-b$mb.dp" --world-size 1 --precision bf16 $shape --stats >"$L/gpt2-stats.txt" 2>&1
-	local flops ms tps host mfu ctx
-	flops=$(sed -n 's/^optimizer step ([^)]*) *\([0-9]*\).*/\1/p' "$L/gpt2-stats.txt")
+	compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 $shape || { echo "dpc: $(tail -n 1 "$L/gpt2-b$mb.dpc")" >"$L/bench-b$mb.log"; return 2; }
+	gpu bench-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak
+}
+
+# report_dp MB RC WHY: dp's row at micro-batch MB from its log (RC: bench_dp's
+# status), MFU from dpc --stats' FLOPs of that step file; sets $flops
+report_dp() {
+	local mb=$1 rc=$2 why=$3 ms tps host mfu ctx
+	# shellcheck disable=SC2086
+	"$DPC" "$R/gpt2-b$mb.dp" --world-size 1 --precision bf16 $shape --stats >"$L/gpt2-stats-b$mb.txt" 2>&1
+	flops=$(sed -n 's/^optimizer step ([^)]*) *\([0-9]*\).*/\1/p' "$L/gpt2-stats-b$mb.txt")
 	ctx=$(sed -n 's/^  ctx = \([0-9]*\).*/\1/p' "$R/gpt2-b$mb.dp")
 	[ $EMU = 1 ] && ctx=32
 	# (exit status and dpexec's own errors: the machine's PMIx may log "dlopen error" lines)
-	if [ $bench_rc = 0 ] && unstamp "$L/bench-b$mb.log" | grep -q '^step ' &&
+	if [ "$rc" = 0 ] && unstamp "$L/bench-b$mb.log" | grep -q '^step ' &&
 		! unstamp "$L/bench-b$mb.log" | grep -q '^dpexec: error'; then
 		ms=$(ms_step "$L/bench-b$mb.log")
 		tps=$(figure "$L/bench-b$mb.log" tokens/s)
 		host=$(host_us "$L/bench-b$mb.log")
 		mfu=$(awk -v f="$flops" -v ms="$ms" -v p=$peak 'BEGIN {if (ms > 0) printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
-		report PASS "dp, micro-batch $mb x $ctx, CUDA Graph, steps $((steps - every + 1))-$steps: $tps tokens/s, $ms ms/step, MFU $mfu of $peak TFLOP/s ($flops FLOP/step, dpc --stats), host $host us/step"
+		report PASS "dp, micro-batch $mb x $ctx$why, CUDA Graph, steps $((steps - every + 1))-$steps: $tps tokens/s, $ms ms/step, MFU $mfu of $peak TFLOP/s ($flops FLOP/step, dpc --stats), host $host us/step"
 	else
-		report FAIL "dp, gpt2 bf16 micro-batch $mb: the run failed (exit $bench_rc)"; last "$L/bench-b$mb.log"
+		report FAIL "dp, gpt2 bf16 micro-batch $mb$why: the run failed (exit $rc)"; last "$L/bench-b$mb.log"
 	fi
+}
+
+# torch_row MODE MB LIMIT: PyTorch's row (bench/gpu_gpt.py) at micro-batch MB,
+# MFU from $flops (dp's count for the same step)
+torch_row() {
+	local mode=$1 mb=$2 lim=$3 rc a b c mfu
+	timeout "$lim" python3 "$K/bench/gpu_gpt.py" --steps 20 --batch "$mb" --accum 1 --dtype bf16 \
+		--modes "$mode" >"$L/torch-$mode-b$mb.out" 2>"$L/torch-$mode-b$mb.err"
+	rc=$?
+	read -r _ a b c <"$L/torch-$mode-b$mb.out" 2>/dev/null
+	if [ $rc = 0 ] && [ -n "${c:-}" ] && [ "$c" != - ]; then
+		mfu=$(awk -v f="$flops" -v ms="$c" -v p=$peak 'BEGIN {printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
+		report PASS "PyTorch $mode (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)), the same model, batch $mb x 1024, AdamW, bf16 autocast: $a tokens/s, $c ms/step, MFU $mfu, host $b us/step"
+	else
+		report FAIL "PyTorch $mode at micro-batch $mb: exit $rc$([ $rc = 124 ] && echo " (its ${lim} s limit)"): $(tail -n 1 "$L/torch-$mode-b$mb.err" | cut -c1-200)"
+	fi
+}
+
+part5() {
+	section "5. The benchmark: GPT-2 124M, bf16, 1 rank, graph replay"
+	local steps=30 every=10 mb peak=989 shape="" flops bench_rc=1 torch=1
+	[ $EMU = 1 ] && { steps=4; every=2; shape="-D vocab=256 -D ctx=32 -D d=32 -D heads=2 -D layers=1"; }
+	local sizes="16 8 4" big=${DP_KIT_BIG_MB:-64}
+	[ $EMU = 1 ] && { sizes=2; big=4; }
+	for mb in $sizes; do
+		echo "$mb" >"$R/bench.mb"
+		bench_dp "$mb"
+		bench_rc=$?
+		[ $bench_rc = 0 ] && break
+		grep -qi 'out of memory' "$L/bench-b$mb.log" || break
+		note "micro-batch $mb does not fit: $(grep -m1 -i 'out of memory' "$L/bench-b$mb.log" | cut -c1-160)"
+	done
+	report_dp "$mb" $bench_rc ""
 	# the anchor: PyTorch eager, then torch.compile (each under its own limit)
 	if [ $EMU = 1 ] || ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
 		local why="python3 with PyTorch and CUDA is not on this machine"
 		[ $EMU = 1 ] && why="the CUDA emulator: no GPU for PyTorch"
 		report SKIP "PyTorch eager, GPT-2 124M bf16: $why"
 		report SKIP "torch.compile, GPT-2 124M bf16: $why"
-		return
+		torch=0
 	fi
 	local mode lim
-	for mode in ${DP_KIT_TORCH_MODES:-eager compile}; do
+	[ $torch = 1 ] && for mode in ${DP_KIT_TORCH_MODES:-eager compile}; do
 		lim=40
 		[ $mode = compile ] && lim=$(left)
 		[ "$lim" -gt 5 ] || { report FAIL "PyTorch $mode: no time left in the part's deadline"; continue; }
-		timeout $lim python3 "$K/bench/gpu_gpt.py" --steps 20 --batch "$mb" --accum 1 --dtype bf16 \
-			--modes $mode >"$L/torch-$mode.out" 2>"$L/torch-$mode.err"
-		local rc=$? a b c
-		read -r _ a b c <"$L/torch-$mode.out" 2>/dev/null
-		if [ $rc = 0 ] && [ -n "${c:-}" ] && [ "$c" != - ]; then
-			mfu=$(awk -v f="$flops" -v ms="$c" -v p=$peak 'BEGIN {printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
-			report PASS "PyTorch $mode (torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)), the same model, batch $mb x 1024, AdamW, bf16 autocast: $a tokens/s, $c ms/step, MFU $mfu, host $b us/step"
-		else
-			report FAIL "PyTorch $mode: exit $rc$([ $rc = 124 ] && echo " (its ${lim} s limit)"): $(tail -n 1 "$L/torch-$mode.err" | cut -c1-200)"
-		fi
+		torch_row $mode "$mb" $lim
 	done
+	# a larger micro-batch (DP_KIT_BIG_MB, default 64: llm.c's B for GPT-2
+	# 124M; ~40 GiB of arena, within an H100's 80): the per-step costs that
+	# do not grow with the batch (the optimizer, the LM head's weight
+	# gradient) weigh less; beside PyTorch eager at the same batch
+	[ "$big" -gt "$mb" ] || return 0
+	[ "$(left)" -gt 30 ] || { report FAIL "dp at micro-batch $big: no time left in the part's deadline"; return; }
+	bench_dp "$big"
+	report_dp "$big" $? " (DP_KIT_BIG_MB)"
+	[ $torch = 1 ] || return 0
+	lim=$(left)
+	[ "$lim" -gt 40 ] && lim=40
+	[ "$lim" -gt 5 ] || { report FAIL "PyTorch eager at micro-batch $big: no time left in the part's deadline"; return; }
+	torch_row eager "$big" "$lim"
 }
 
 part6() {
