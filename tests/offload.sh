@@ -539,4 +539,38 @@ if case_on checkpoint-bytes; then
 	fi
 fi
 
+
+# ---- 11. the host step's thread count ----
+# The host step (docs/OFFLOAD.md, "Why the host step is bit-identical") is
+# split over the rank's threads in static pieces, elementwise, and its
+# norm summed in double over fixed blocks of 65536 elements added in block
+# order, so its bytes do not depend on how many threads a rank has: the
+# same offloaded step file (gpt2-tiny at d 192, full_shard in bf16 at 2
+# ranks, offload optimizer: each unit's gradient shard accumulated on the
+# host over grad_accum 2, its squared norm, the clip, AdamW and the bf16
+# copy there; an h.i unit's shard is 221k elements, 4 norm blocks) run at
+# 1 and at 3 threads a rank (DP_NUM_THREADS, runtime/cpu/pool.c) gives the
+# same losses and final parameters byte for byte. (The device's kernels
+# run at those counts too, and are the same bytes at any count.) That it
+# can fail: the norm summed in f32 over each thread's piece instead of in
+# double over fixed blocks (runtime/cpu/optim.c's run_sqnorm, by hand)
+# fails it, step 1's grad norm 7.24087429 at 1 thread, 7.24160242 at 3.
+# (A sum in double over each thread's piece is not caught: its six norms
+# here round to the same f32 at both counts.)
+if case_on host-step-threads; then
+	c=host-step-threads
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 -D d=192 \
+		--set train.offload=optimizer -o "$T/$c.bin" 2>"$T/$c.log" || { cat "$T/$c.log"; fail "$c: dpc"; }
+	for n in 1 3; do
+		DP_NUM_THREADS=$n mpi 2 "$T/$c.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$c.$n.loss" \
+			--save-full "$T/$c.$n.st" >>"$T/$c.log" 2>&1 || { tail -n 5 "$T/$c.log"; fail "$c: dpexec at $n threads"; }
+	done
+	if [ -s "$T/$c.1.loss" ] && cmp -s "$T/$c.1.loss" "$T/$c.3.loss" && cmp -s "$T/$c.1.st" "$T/$c.3.st"; then
+		ok "$c: the offloaded step at 1 and 3 threads a rank: the same losses and parameters, bit for bit"
+	else
+		paste "$T/$c.1.loss" "$T/$c.3.loss" | head -n 5
+		fail "$c: the offloaded step at 3 threads a rank differs from 1"
+	fi
+fi
+
 finish offload
