@@ -64,7 +64,9 @@
 #    at 4 ranks in bf16, the issue's memory goal's configuration, with and
 #    without recompute: offload optimizer's arena is the 16-bit shards and
 #    the temporaries of the run without offload, offload params' the
-#    temporaries alone: the floor of the goal's ratio (docs/OFFLOAD.md).
+#    temporaries alone: the floor of the goal's ratio (docs/OFFLOAD.md);
+#    with recompute the step's peak is the head's weight gradient's node,
+#    to the byte of its closed form (what 0.35x would need to cut).
 # 10. The issue's matrix, whole: mlp, gpt2-tiny and llama under ddp, zero2
 #    and full_shard at 1, 2 and 4 ranks, each with offload optimizer and
 #    with offload params, byte for byte without offload (section 1's runs
@@ -451,11 +453,22 @@ if case_on memory-floor-gpt2; then
 		ap=$(row "total (arena size)" "$T/floor.params.stats")
 		bf=$(row "parameters, 16-bit copies" "$T/floor.optimizer.stats") # 2N/R, each root 256-aligned
 		ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+		# with recompute the peak is the head's weight gradient's node, each
+		# term what the rest of the step needs (docs/OFFLOAD.md, "The head's
+		# node"): the tied f32 gradient 4 (V + ctx) d, the bf16 logits'
+		# gradient 2 ctx Vpad, L - 1 checkpoints 2 ctx d, lnf's pair and
+		# d.lnf.x 8 ctx d, lnf's gathered gain and bias 4 d
+		V=50257 Vp=50304 C=1024 D=768 L=12
+		head=$((4 * (V + C) * D + 2 * C * Vp + (L - 1) * 2 * C * D + 8 * C * D + 4 * D))
+		peak=$(row "  live at the step's peak" "$T/floor.optimizer.stats")
 		if [ -n "$t0" ] && [ "$to" = "$t0" ] && [ "$bf" -ge $((2 * N / R)) ] &&
 			[ "$bf" -lt $((2 * N / R + 4096)) ] && [ "$ao" -eq $((bf + dm + t0)) ] &&
-			[ "$ap" -ge $((dm + t0)) ] && [ "$ap" -le $((dm + t0 + 2 * N / R)) ]; then
-			ok "gpt2.dp full_shard np4 bf16 (recompute $rc): offload optimizer $ao B = 2N/R + temporaries ($(ratio "$ao" "$a0")x of $a0), params $ap B ($(ratio "$ap" "$a0")x); temporaries $t0 B alone $(ratio "$t0" "$a0")x"
+			[ "$ap" -ge $((dm + t0)) ] && [ "$ap" -le $((dm + t0 + 2 * N / R)) ] &&
+			{ [ $rc = false ] || [ "$peak" = $head ]; }; then
+			ok "gpt2.dp full_shard np4 bf16 (recompute $rc): offload optimizer $ao B = 2N/R + temporaries ($(ratio "$ao" "$a0")x of $a0), params $ap B ($(ratio "$ap" "$a0")x); temporaries $t0 B alone $(ratio "$t0" "$a0")x${peak:+; the peak $peak B}"
 		else
+			[ $rc = true ] && echo "    the step's peak $peak B, the head's node's closed form $head B"
+
 			fail "memory-floor-gpt2 (recompute $rc): none $a0 (temporaries $t0), optimizer $ao (temporaries $to), params $ap; want optimizer = the 16-bit row $bf (2N/R $((2 * N / R))) + $dm + $t0"
 		fi
 	done
