@@ -75,6 +75,8 @@
 #    composition without it. A sharded checkpoint saved with offload
 #    optimizer or params is the one saved without, byte for byte, and
 #    reshards to 4 ranks as it does.
+# 11. The host step's thread count: one offloaded step file at 1 and 3
+#    threads a rank (DP_NUM_THREADS), byte for byte.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
