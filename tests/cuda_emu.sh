@@ -43,7 +43,9 @@
 #     under ddp and full_shard (the tied wte gathered by both stages), and
 #     pp=4, each stage keeping its own
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
-#     full_shard at 2 ranks, mlp under zero2, gpt2-tiny full_shard in bf16: the pinned host
+#     full_shard at 2 ranks, mlp and gpt2-tiny under zero2, llama at 1 rank
+#     (ddp) and 4 (full_shard), gpt2-tiny full_shard in bf16, offload
+#     params in bf16 under full_shard and zero2: the pinned host
 #     arena, the host step as host functions running the CPU's kernels, the
 #     copies between the arenas; gpt2-offmix: per-block offload, embed's
 #     params, the h.i blocks' optimizer in the host arena, lnf's on the
@@ -786,6 +788,17 @@ PREC=bf16 model_case ln768 ddp 1
 # step file (tests/offload.sh: bitwise no offload's); last, so the cases
 # before keep their seeds
 OFFLOAD=optimizer model_case mlp zero2 2
+# the offload matrix's other corners (after it, so the cases before keep
+# their seeds): llama (rmsnorm, swiglu, untied head) at 1 rank (the host
+# step with nothing reduced: the device's gradients copied whole) and at 4
+# (full_shard: each rank's quarter of every unit staged, accumulated and
+# updated on the host); gpt2-tiny under zero2 (the tied wte's gradient
+# reduce_scattered once and its shard staged), with offload params in bf16
+# (the 16-bit shards on the host, an H2D before each all_gather)
+OFFLOAD=optimizer model_case llama ddp 1
+OFFLOAD=optimizer model_case llama full_shard 4
+OFFLOAD=optimizer model_case gpt2-tiny zero2 2
+OFFLOAD=params PREC=bf16 model_case gpt2-tiny zero2 2
 # scales FILE: the --log-json lines' step, scale and skipped steps
 scales() {
 	$PY -c 'import json, sys

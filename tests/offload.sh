@@ -64,7 +64,9 @@
 #    at 4 ranks in bf16, the issue's memory goal's configuration, with and
 #    without recompute: offload optimizer's arena is the 16-bit shards and
 #    the temporaries of the run without offload, offload params' the
-#    temporaries alone: the floor of the goal's ratio (docs/OFFLOAD.md).
+#    temporaries alone: the floor of the goal's ratio (docs/OFFLOAD.md);
+#    with recompute the step's peak is the head's weight gradient's node,
+#    to the byte of its closed form (what 0.35x would need to cut).
 # 10. The issue's matrix, whole: mlp, gpt2-tiny and llama under ddp, zero2
 #    and full_shard at 1, 2 and 4 ranks, each with offload optimizer and
 #    with offload params, byte for byte without offload (section 1's runs
@@ -73,6 +75,8 @@
 #    composition without it. A sharded checkpoint saved with offload
 #    optimizer or params is the one saved without, byte for byte, and
 #    reshards to 4 ranks as it does.
+# 11. The host step's thread count: one offloaded step file at 1 and 3
+#    threads a rank (DP_NUM_THREADS), byte for byte.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -451,11 +455,22 @@ if case_on memory-floor-gpt2; then
 		ap=$(row "total (arena size)" "$T/floor.params.stats")
 		bf=$(row "parameters, 16-bit copies" "$T/floor.optimizer.stats") # 2N/R, each root 256-aligned
 		ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+		# with recompute the peak is the head's weight gradient's node, each
+		# term what the rest of the step needs (docs/OFFLOAD.md, "The head's
+		# node"): the tied f32 gradient 4 (V + ctx) d, the bf16 logits'
+		# gradient 2 ctx Vpad, L - 1 checkpoints 2 ctx d, lnf's pair and
+		# d.lnf.x 8 ctx d, lnf's gathered gain and bias 4 d
+		V=50257 Vp=50304 C=1024 D=768 L=12
+		head=$((4 * (V + C) * D + 2 * C * Vp + (L - 1) * 2 * C * D + 8 * C * D + 4 * D))
+		peak=$(row "  live at the step's peak" "$T/floor.optimizer.stats")
 		if [ -n "$t0" ] && [ "$to" = "$t0" ] && [ "$bf" -ge $((2 * N / R)) ] &&
 			[ "$bf" -lt $((2 * N / R + 4096)) ] && [ "$ao" -eq $((bf + dm + t0)) ] &&
-			[ "$ap" -ge $((dm + t0)) ] && [ "$ap" -le $((dm + t0 + 2 * N / R)) ]; then
-			ok "gpt2.dp full_shard np4 bf16 (recompute $rc): offload optimizer $ao B = 2N/R + temporaries ($(ratio "$ao" "$a0")x of $a0), params $ap B ($(ratio "$ap" "$a0")x); temporaries $t0 B alone $(ratio "$t0" "$a0")x"
+			[ "$ap" -ge $((dm + t0)) ] && [ "$ap" -le $((dm + t0 + 2 * N / R)) ] &&
+			{ [ $rc = false ] || [ "$peak" = $head ]; }; then
+			ok "gpt2.dp full_shard np4 bf16 (recompute $rc): offload optimizer $ao B = 2N/R + temporaries ($(ratio "$ao" "$a0")x of $a0), params $ap B ($(ratio "$ap" "$a0")x); temporaries $t0 B alone $(ratio "$t0" "$a0")x${peak:+; the peak $peak B}"
 		else
+			[ $rc = true ] && echo "    the step's peak $peak B, the head's node's closed form $head B"
+
 			fail "memory-floor-gpt2 (recompute $rc): none $a0 (temporaries $t0), optimizer $ao (temporaries $to), params $ap; want optimizer = the 16-bit row $bf (2N/R $((2 * N / R))) + $dm + $t0"
 		fi
 	done
@@ -536,6 +551,40 @@ if case_on checkpoint-bytes; then
 	else
 		paste "$T/cb4.none.loss" "$T/cb4.params.loss"
 		fail "$c: $same of 4 shard files equal no offload's, or the resharded resume differs"
+	fi
+fi
+
+
+# ---- 11. the host step's thread count ----
+# The host step (docs/OFFLOAD.md, "Why the host step is bit-identical") is
+# split over the rank's threads in static pieces, elementwise, and its
+# norm summed in double over fixed blocks of 65536 elements added in block
+# order, so its bytes do not depend on how many threads a rank has: the
+# same offloaded step file (gpt2-tiny at d 192, full_shard in bf16 at 2
+# ranks, offload optimizer: each unit's gradient shard accumulated on the
+# host over grad_accum 2, its squared norm, the clip, AdamW and the bf16
+# copy there; an h.i unit's shard is 221k elements, 4 norm blocks) run at
+# 1 and at 3 threads a rank (DP_NUM_THREADS, runtime/cpu/pool.c) gives the
+# same losses and final parameters byte for byte. (The device's kernels
+# run at those counts too, and are the same bytes at any count.) That it
+# can fail: the norm summed in f32 over each thread's piece instead of in
+# double over fixed blocks (runtime/cpu/optim.c's run_sqnorm, by hand)
+# fails it, step 1's grad norm 7.24087429 at 1 thread, 7.24160242 at 3.
+# (A sum in double over each thread's piece is not caught: its six norms
+# here round to the same f32 at both counts.)
+if case_on host-step-threads; then
+	c=host-step-threads
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 -D d=192 \
+		--set train.offload=optimizer -o "$T/$c.bin" 2>"$T/$c.log" || { cat "$T/$c.log"; fail "$c: dpc"; }
+	for n in 1 3; do
+		DP_NUM_THREADS=$n mpi 2 "$T/$c.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$c.$n.loss" \
+			--save-full "$T/$c.$n.st" >>"$T/$c.log" 2>&1 || { tail -n 5 "$T/$c.log"; fail "$c: dpexec at $n threads"; }
+	done
+	if [ -s "$T/$c.1.loss" ] && cmp -s "$T/$c.1.loss" "$T/$c.3.loss" && cmp -s "$T/$c.1.st" "$T/$c.3.st"; then
+		ok "$c: the offloaded step at 1 and 3 threads a rank: the same losses and parameters, bit for bit"
+	else
+		paste "$T/$c.1.loss" "$T/$c.3.loss" | head -n 5
+		fail "$c: the offloaded step at 3 threads a rank differs from 1"
 	fi
 fi
 
