@@ -479,7 +479,7 @@ static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 		bw = own->bytes_per_s > 0 ? own->bytes_per_s : bw;
 		over = own->overhead_s > 0 ? own->overhead_s : over;
 	}
-	return over + fmax(f / rate, b / bw);
+	return mc->node_overhead_s + over + fmax(f / rate, b / bw);
 }
 
 double sim_gemm_rate_cap(const Machine *mc, int dtype)
@@ -644,7 +644,7 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 		case DP_OPC_SHARD: {
 			const Value *v = g->values[nd->out];
 			s->kind = SIM_KERNEL;
-			s->dur = mc->kernel_overhead_s +
+			s->dur = mc->node_overhead_s + mc->kernel_overhead_s +
 				 (double)ir_numel(v) * (double)ir_dtype_size(v->dtype) / mc->memory_bw;
 			break;
 		}

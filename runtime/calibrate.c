@@ -24,7 +24,7 @@
  *    RATE_MIN_BYTES gets its median time as overhead_s and no rate (a
  *    rate an earlier calibration measured stays);
  *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
- *    GEMM point per dtype (f32's for bf16 when there is none).
+ *    GEMM point per dtype (the other dtype's when there is none).
  * The collectives: MPI_Iallreduce (in place), MPI_Iallgather and
  * MPI_Ireduce_scatter_block over every rank at 4 KiB to 8 MiB, each
  * completed by world_waitall as comm_mpi.c completes a step's (the blocking
@@ -40,6 +40,35 @@
  * (a kernel's mean on the slowest of the ranks that ran it), and the p2p link is
  * measured between neighbouring stages (time_p2p); at pp = 1 it is the
  * collectives' figure.
+ *
+ * On a device (a backend that is not BACKEND_INLINE: `--device cuda`;
+ * time_device, docs/SIMULATE.md "Calibrating a GPU") the same machine file,
+ * named "cuda-N-ranks", executor "gpu":
+ *  - each kernel's device time: CUDA events before and after it on its
+ *    stream (the backend's time_mark / time_read, dpexec --trace's
+ *    mechanism), the STEP program's kernels issued eagerly back to back in
+ *    one run (exec_time_instrs), the median of 5 walks after a warm one,
+ *    the slowest rank's; where the device waited for the host in a walk
+ *    (kernels shorter than their launch: more than 5 % of its span in
+ *    gaps), the walks again behind replays of the captured step, which
+ *    give the device a head start, so each span is the kernel's own;
+ *  - node_overhead_s: what a graph replay adds per instruction, the
+ *    replayed step's wall time (up to two steps in flight, as dpexec runs
+ *    them, ~0.5 s of steps) less its kernels' device time, over the
+ *    instructions it runs (at world > 1 less its collectives' too, taken
+ *    as not overlapped), pooled with the file's figure over all the
+ *    instructions measured (node_overhead_n); kernel_overhead_s 0 and each
+ *    op's overhead_s its intercept (a span holds no launch);
+ *  - GEMM points and ops' bytes rates as on the CPU, from the device
+ *    spans (nothing subtracted: a span holds no launch); the attention
+ *    ops by their FLOPs (flops_per_s): compute-bound on a GPU;
+ *  - at world > 1, the links: the step's own all_reduce, tp_reduce,
+ *    all_gather and reduce_scatter instructions at their sizes, one after
+ *    another on the comm stream (NCCL), fitted to alpha and busbw as above.
+ *    Ranks sharing one GPU (the kit's) time-slice its SMs and reach each
+ *    other through NCCL's transport between processes: the file then
+ *    describes that shared GPU, not N of them.
+ * pp > 1 is refused there (no p2p on a device yet).
  */
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +93,12 @@
  * against 0.09 ms in its measured trace). The simulator takes the memory
  * bandwidth for it. */
 #define RATE_MIN_BYTES (64 << 10)
+/* A device's ops fitted to their bytes: flops_per_s so high that the
+ * simulator's FLOPs term (FLOPs over the rate, the dtype's peak without
+ * one) never exceeds the fitted line, which is the measured time
+ * (gpt2-tiny's cross_entropy_fused on the emulator: its FLOPs over the
+ * fastest GEMM's rate were twice its measured time). */
+#define NO_FLOPS_BOUND 1e18
 
 static int by_double(const void *a, const void *b)
 {
@@ -346,16 +381,43 @@ static int add_gemm(Machine *m, MachGemm p)
 	return 0;
 }
 
-/* Fill m from the timings t of s's STEP kernels. */
-static int fit(Machine *m, const DpStep *s, const double *t)
+/* FLOPs of an attention instruction as the cost rules count them
+ * (ir/ops.c: ir_cost_attention, ir_cost_attention_grad; the simulator
+ * divides the same figure by the rate fitted here), 0 for another op. */
+static double attention_flops(const DpStep *s, const DpInstr *in)
+{
+	if (!dp_op_is_attention(in->op))
+		return 0;
+	int fwd = in->op == DP_OP_ATTENTION || in->op == DP_OP_ATTENTION_CP, nin = 0;
+	for (int k = 0; k < DP_MAX_IN; k++)
+		nin += in->in[k] >= 0;
+	const DpTensor *qkv = &s->tensors[in->in[fwd ? 0 : 1]];
+	int64_t h = DP_ATTR(in, ATTENTION, heads);
+	double heads = h > 0 ? (double)h : 1, bh = (double)qkv->dims[0] * heads;
+	double t = (double)qkv->dims[1], hd = (double)qkv->dims[2] / 3 / heads;
+	int64_t cp = nin > 2 ? DP_ATTR(in, ATTENTION_CP, cp) : 1;
+	double tk = t * (cp > 1 ? (double)cp : 1);
+	return fwd ? 2 * bh * t * tk * hd + 5 * bh * t * tk / 2
+		   : 5 * bh * t * tk * hd + 10 * bh * t * tk / 2;
+}
+
+/* Fill m from the timings t of s's STEP kernels. over is the fixed time
+ * inside each measured t and what the simulator adds to every kernel
+ * (kernel_overhead_s: the CPU's walk and fork, the fastest kernel's time;
+ * a device's 0: a CUDA-event span holds no launch, and the graph's cost
+ * is node_overhead_s); an op's fitted overhead_s, which replaces it in the
+ * simulator, is its intercept. device: the attention ops are fitted to
+ * their FLOPs (time = overhead + FLOPs / rate, flops_per_s), not their
+ * bytes: on a GPU (flash-style kernels: the scores never leave the SM)
+ * their time grows with the context squared, their bytes with the context
+ * (docs/SIMULATE.md), where on the CPU the bytes line is the validated
+ * one; and the memory bandwidth and the bytes lines' NO_FLOPS_BOUND are
+ * the device's (below). */
+static int fit(Machine *m, const DpStep *s, const double *t, double over, int device)
 {
 	const DpInstr *prog = s->prog[DP_PROG_STEP];
 	uint32_t n = s->nprog[DP_PROG_STEP];
-	double over = INFINITY;
-	for (uint32_t i = 0; i < n; i++)
-		if (t[i] >= 0)
-			over = fmin(over, t[i]);
-	m->kernel_overhead_s = isfinite(over) ? over : 0;
+	m->kernel_overhead_s = over;
 	double *xs = malloc(sizeof(double) * (n + 1)), *ys = malloc(sizeof(double) * (n + 1));
 	double *rates = malloc(sizeof(double) * (DP_NOPS + 1));
 	if (!xs || !ys || !rates) {
@@ -371,15 +433,15 @@ static int fit(Machine *m, const DpStep *s, const double *t)
 		MachGemm p;
 		gemm_mnk(s, &prog[i], &p.m, &p.n, &p.k);
 		p.dtype = s->tensors[prog[i].in[0]].dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
-		p.flops_per_s = 2 * p.m * p.n * p.k / fmax(t[i] - m->kernel_overhead_s, 0.05 * t[i]);
+		p.flops_per_s = 2 * p.m * p.n * p.k / fmax(t[i] - over, 0.05 * t[i]);
 		if (add_gemm(m, p) < 0)
 			goto oom;
 	}
 	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int k = 0;
+		int k = 0, flops = device && dp_op_is_attention(op);
 		for (uint32_t i = 0; i < n; i++)
 			if (t[i] >= 0 && prog[i].op == op && !dp_op_is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
-				xs[k] = io_bytes(s, &prog[i]);
+				xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
 				ys[k++] = t[i];
 			}
 		if (!k)
@@ -390,23 +452,42 @@ static int fit(Machine *m, const DpStep *s, const double *t)
 		int at = add_op(m, dp_op_names[op]);
 		if (at < 0)
 			goto oom;
-		if (largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
+		if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
 			m->ops[at].overhead_s = median(ys, k);
 			continue;
 		}
-		fit_line(xs, ys, k, m->kernel_overhead_s, &a, &b);
+		fit_line(xs, ys, k, over, &a, &b);
 		m->ops[at].overhead_s = a;
+		if (flops) {
+			m->ops[at].flops_per_s = 1 / b;
+			continue;
+		}
 		m->ops[at].bytes_per_s = 1 / b;
+		if (device) /* its line is its time: no FLOPs term above it */
+			m->ops[at].flops_per_s = NO_FLOPS_BOUND;
 		rates[nrates++] = 1 / b;
 	}
-	if (nrates)
+	/* the memory bandwidth: what a kernel without a line of its own moves
+	 * at, and the bytes term of the GEMMs' roofline. The CPU: the ops'
+	 * median. A device: their largest, the roofline's ceiling: a GPU's
+	 * small kernels (gpt2-tiny's) reach a fraction of its bandwidth, and
+	 * their median as the GEMMs' bytes term put gpt2-tiny's measured GEMM
+	 * points (2.6 ms of matmuls on the emulator) at 622 ms */
+	if (nrates && device) {
+		m->memory_bw = 0;
+		for (int i = 0; i < nrates; i++)
+			m->memory_bw = fmax(m->memory_bw, rates[i]);
+	} else if (nrates) {
 		m->memory_bw = median(rates, nrates);
+	}
 	for (int d = 0; d < MACH_NDTYPE; d++)
 		for (int i = 0; i < m->ngemm; i++)
 			if (m->gemm[i].dtype == d)
 				m->peak_flops[d] = fmax(m->peak_flops[d], m->gemm[i].flops_per_s);
 	if (m->peak_flops[MACH_BF16] <= 0)
 		m->peak_flops[MACH_BF16] = m->peak_flops[MACH_F32];
+	if (m->peak_flops[MACH_F32] <= 0) /* a bf16 step file: its GEMMs are all bf16 */
+		m->peak_flops[MACH_F32] = m->peak_flops[MACH_BF16];
 	free(xs);
 	free(ys);
 	free(rates);
@@ -418,23 +499,229 @@ oom:
 	return -1;
 }
 
+/* ---- on a device (a backend that is not BACKEND_INLINE: CUDA) ---- */
+
+/* What the device calibration measured besides the kernels, for its line. */
+typedef struct {
+	uint32_t replays;   /* step replays before each walk */
+	double gap_share;   /* the last walk's device gaps over its span */
+	double replay_s;    /* a replayed step's wall time */
+	double kernels_s;   /* the kernels' device time in a step */
+	double nodes;       /* instructions a step runs (kernels, loads, shards) */
+	int ncoll;          /* collectives timed */
+} DevFigures;
+
+/* Times of STEP instructions idx[0..n) on the device (exec_time_instrs),
+ * REPS walks after a warm one, every rank at once: t[idx[j]] = the slowest
+ * rank's median, in seconds (the rest of t as it was). replays: replays of
+ * the step before each walk; gap_share: the last walk's gaps over its span
+ * (this rank's). */
+static int device_walks(Exec *x, const uint32_t *idx, uint32_t n, uint32_t replays, double *t,
+			double *gap_share, RtErr *e)
+{
+	uint32_t np = x->s->nprog[DP_PROG_STEP];
+	float *ms = malloc(sizeof *ms * ((size_t)n + 1)), *gap = malloc(sizeof *gap * ((size_t)n + 1));
+	double *v = malloc(sizeof *v * ((size_t)REPS * n + 1)), *mine = calloc(2 * ((size_t)np + 1), sizeof *mine);
+	double *slow = mine + np + 1;
+	double w[REPS];
+	int rc = 0;
+	if (!ms || !gap || !v || !mine)
+		rc = RT_FAIL(e, "out of memory");
+	for (int r = -1; rc == 0 && r < REPS; r++) { /* the first walk warms */
+		MPI_Barrier(MPI_COMM_WORLD);
+		rc = exec_time_instrs(x, DP_PROG_STEP, idx, n, replays, ms, gap, e);
+		for (uint32_t j = 0; rc == 0 && r >= 0 && j < n; j++)
+			v[(size_t)r * n + j] = 1e-3 * ms[j];
+	}
+	if (rc == 0) {
+		double busy = 0, idle = 0;
+		for (uint32_t j = 0; j < n; j++) {
+			busy += ms[j];
+			idle += gap[j];
+			for (int r = 0; r < REPS; r++)
+				w[r] = v[(size_t)r * n + j];
+			mine[idx[j]] = median(w, REPS);
+		}
+		*gap_share = busy + idle > 0 ? idle / (busy + idle) : 0;
+		MPI_Allreduce(mine, slow, (int)np, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		for (uint32_t j = 0; j < n; j++)
+			t[idx[j]] = slow[idx[j]];
+	}
+	free(ms);
+	free(gap);
+	free(v);
+	free(mine);
+	return rc;
+}
+
+/* 1: instruction i of the step program runs in the step now (its flags
+ * against the step's path: compression's two, pp's stage) and how many
+ * times a step runs it (*count: grad_accum walks, once for the DP_IF_LAST
+ * and DP_IF_FIRST parts or an unrolled program). */
+static int runs_in_step(const Exec *x, const DpInstr *in, double *count)
+{
+	const DpStep *s = x->s;
+	if ((in->flags & DP_IF_COMPRESSED && x->step < s->cfg.compress_start) ||
+	    (in->flags & DP_IF_PLAIN && x->step >= s->cfg.compress_start) ||
+	    (in->stage1 && dp_instr_stage(in) != x->pp_stage))
+		return 0;
+	double walks = dp_step_unrolled(&s->cfg) ? 1 : s->cfg.grad_accum ? s->cfg.grad_accum : 1;
+	*count = in->flags & (DP_IF_LAST | DP_IF_FIRST) ? 1 : walks;
+	return 1;
+}
+
+/* The device's kernels (t[i], seconds; -1: not timed) and, at world > 1,
+ * the step's collectives (link: alpha and busbw fitted to them), then the
+ * kernel overhead a graph replay adds per instruction (*over). The
+ * method and why: docs/SIMULATE.md, "Calibrating a GPU". */
+static int time_device(Exec *x, int world, double *t, MachLink *link, double *over,
+		       DevFigures *fig, RtErr *e)
+{
+	const DpStep *s = x->s;
+	const DpInstr *prog = s->prog[DP_PROG_STEP];
+	uint32_t np = s->nprog[DP_PROG_STEP], nk = 0, nc = 0;
+	uint32_t *idx = malloc(sizeof *idx * ((size_t)np + 1)), *cidx = malloc(sizeof *cidx * ((size_t)np + 1));
+	double *ct = calloc((size_t)np + 1, sizeof *ct), cnt;
+	double *xs = malloc(sizeof *xs * ((size_t)np + 1)), *ys = malloc(sizeof *ys * ((size_t)np + 1));
+	int rc = 0;
+	if (!idx || !cidx || !ct || !xs || !ys) {
+		rc = RT_FAIL(e, "out of memory");
+		goto out;
+	}
+	for (uint32_t i = 0; i < np; i++) {
+		const DpInstr *in = &prog[i];
+		t[i] = -1;
+		if (!runs_in_step(x, in, &cnt))
+			continue;
+		if (dp_op_class(in->op) == DP_OPC_KERNEL && !dp_runs_on_host(s, in))
+			idx[nk++] = i;
+		if ((in->op == DP_OP_ALL_REDUCE || in->op == DP_OP_TP_REDUCE ||
+		     in->op == DP_OP_ALL_GATHER || in->op == DP_OP_REDUCE_SCATTER) &&
+		    !(in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages)) &&
+		    comm_group_size(x->comm, (unsigned)DP_AXES(in)) > 1)
+			cidx[nc++] = i;
+	}
+	/* a replayed step's wall time (as dpexec runs steps: up to two in
+	 * flight), on the slowest rank */
+	uint64_t k = x->step + 1;
+	double t0 = MPI_Wtime();
+	if ((rc = exec_step(x, k++, e)) != 0)
+		goto out;
+	double one = MPI_Wtime() - t0;
+	int steps = one > 0 ? (int)fmin(50, fmax(5, 0.5 / one)) : 50; /* about 0.5 s */
+	MPI_Bcast(&steps, 1, MPI_INT, 0, MPI_COMM_WORLD);
+	MPI_Barrier(MPI_COMM_WORLD);
+	t0 = MPI_Wtime();
+	for (int j = 0; j < steps; j++)
+		if ((rc = exec_step_launch(x, k++, e)) != 0)
+			goto out;
+	if ((rc = exec_step_wait(x, e)) != 0)
+		goto out;
+	double mine = (MPI_Wtime() - t0) / steps, slow;
+	MPI_Allreduce(&mine, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+	fig->replay_s = slow;
+	/* a walk of the kernels with nothing before it: its span (kernels and
+	 * the gaps where the device waited for the host) */
+	double share = 0, busy = 0;
+	if ((rc = device_walks(x, idx, nk, 0, t, &share, e)) != 0)
+		goto out;
+	for (uint32_t j = 0; j < nk; j++)
+		busy += t[idx[j]];
+	double span = share < 1 ? busy / (1 - share) : busy;
+	/* where the device waited for the host (kernels shorter than their
+	 * launch), the walks again behind replays of the step graph: a replay
+	 * is one launch for the host and a whole step for the device, so R
+	 * replays of 1.5 x the walk's span let the host enqueue the walk while
+	 * the device still runs them, and each kernel is timed from its own
+	 * start (at most 0.5 s of replays a walk, 100 replays; the same R on
+	 * every rank: the graph holds the step's collectives) */
+	int r = 0;
+	if (share > 0.05 && x->captured && x->be.ops->replay && slow > 0)
+		r = (int)fmin(fmin(100, ceil(0.5 / slow)), ceil(1.5 * span / slow));
+	MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+	fig->replays = (uint32_t)r;
+	if (r > 0 && (rc = device_walks(x, idx, nk, (uint32_t)r, t, &share, e)) != 0)
+		goto out;
+	fig->gap_share = share;
+	/* the step's own collectives, at their sizes, one after another on the
+	 * comm stream: alpha + bus bytes / busbw by least squares */
+	*link = (MachLink){0, 1e15};
+	fig->ncoll = (int)nc;
+	if (world > 1 && nc) {
+		if ((rc = device_walks(x, cidx, nc, fig->replays, ct, &share, e)) != 0)
+			goto out;
+		for (uint32_t j = 0; j < nc; j++) {
+			const DpInstr *in = &prog[cidx[j]];
+			int ranks = comm_group_size(x->comm, (unsigned)DP_AXES(in));
+			double f = in->op == DP_OP_ALL_REDUCE || in->op == DP_OP_TP_REDUCE
+					   ? 2.0 * (ranks - 1) / ranks : (double)(ranks - 1) / ranks;
+			xs[j] = f * (double)exec_tensor_bytes(s, in->op == DP_OP_REDUCE_SCATTER ? in->in[0]
+												: in->out);
+			ys[j] = ct[cidx[j]];
+		}
+		double alpha, inv;
+		fit_line(xs, ys, (int)nc, 0, &alpha, &inv);
+		*link = (MachLink){alpha, 1 / inv};
+	}
+	/* the graph's overhead: the replayed step's wall time less the device
+	 * time of its kernels (and at world > 1 of its collectives, taken as
+	 * not overlapped), over the instructions it runs (kernels, loads,
+	 * shards: what the simulator charges the overhead to) */
+	double kern = 0, coll = 0, nodes = 0;
+	for (uint32_t i = 0; i < np; i++) {
+		const DpInstr *in = &prog[i];
+		int cls = dp_op_class(in->op);
+		if (!runs_in_step(x, in, &cnt))
+			continue;
+		if (cls == DP_OPC_KERNEL || cls == DP_OPC_LOAD || cls == DP_OPC_SHARD)
+			nodes += cnt;
+		if (t[i] > 0)
+			kern += cnt * t[i];
+		if (world > 1 && nc && ct[i] > 0 && dp_op_class(in->op) == DP_OPC_COLLECTIVE)
+			coll += cnt * ct[i];
+	}
+	fig->kernels_s = kern + coll;
+	fig->nodes = nodes;
+	*over = nodes > 0 ? fmax(0, (slow - kern - coll) / nodes) : 0;
+out:
+	free(idx);
+	free(cidx);
+	free(ct);
+	free(xs);
+	free(ys);
+	return rc;
+}
+
 int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, int world, RtErr *e)
 {
 	const DpStep *s = x->s;
 	int pp = s->cfg.mesh[DP_AXIS_PP] > 1 ? (int)s->cfg.mesh[DP_AXIS_PP] : 1;
+	int device = !(x->be.ops->flags & BACKEND_INLINE);
+	if (device && (!x->be.ops->time_mark || !x->be.ops->time_read))
+		return RT_FAIL(e, "--calibrate: the %s backend has no device timing", x->be.ops->name);
+	if (device && pp > 1)
+		return RT_FAIL(e, "--calibrate on the %s backend measures pp = 1 step files (a stage runs "
+			       "the same kernels; the p2p link is not measured on a device yet): "
+			       "%s has pp = %d", x->be.ops->name, step_path, pp);
 	for (uint64_t k = 0; k < 2; k++)
 		RT_CHECK(exec_step(x, k, e));
 	double *t = malloc(sizeof(double) * ((size_t)s->nprog[DP_PROG_STEP] + 1));
 	if (!t)
 		return RT_FAIL(e, "out of memory");
-	if (time_kernels(x, t, e) < 0) {
+	MachLink link, p2p;
+	DevFigures fig = {0};
+	double over = 0;
+	if (device ? time_device(x, world, t, &link, &over, &fig, e) < 0
+		   : time_kernels(x, t, e) < 0 || time_collectives(world, &link, e) < 0) {
 		free(t);
 		return -1;
 	}
-	MachLink link, p2p;
-	if (time_collectives(world, &link, e) < 0) {
-		free(t);
-		return -1;
+	if (!device) { /* the fastest kernel's time: the walk and the pool's fork */
+		over = INFINITY;
+		for (uint32_t i = 0; i < s->nprog[DP_PROG_STEP]; i++)
+			if (t[i] >= 0)
+				over = fmin(over, t[i]);
+		over = isfinite(over) ? over : 0;
 	}
 	p2p = link;
 	if (pp > 1)
@@ -443,7 +730,7 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 	if (rank == 0) {
 		Machine m = {0};
 		char name[64], err[512], src[1024], host[256] = "";
-		snprintf(name, sizeof name, "cpu-%d-ranks", world);
+		snprintf(name, sizeof name, "%s-%d-ranks", device ? x->be.ops->name : "cpu", world);
 		gethostname(host, sizeof host - 1);
 		/* a file from a calibration at this world size: keep what it has */
 		if (access(path, F_OK) == 0 && (machine_load(&m, path, err, sizeof err) < 0 ||
@@ -454,19 +741,28 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 				       "to add to (%s)", path, world, world == 1 ? "" : "s",
 				       m.name ? m.name : err);
 		}
-		snprintf(src, sizeof src, "%s%sdpexec --calibrate on %s at %d rank%s with %s",
-			 m.source ? m.source : "", m.source && *m.source ? "; " : "", host, world,
-			 world == 1 ? "" : "s", step_path);
+		snprintf(src, sizeof src, "%s%sdpexec --calibrate on %s (the %s backend) at %d rank%s with %s",
+			 m.source ? m.source : "", m.source && *m.source ? "; " : "", host,
+			 x->be.ops->name, world, world == 1 ? "" : "s", step_path);
 		free(m.name);
 		free(m.source);
 		m.name = strdup(name);
 		m.source = strdup(src);
-		m.executor = MACH_CPU;
+		m.executor = device ? MACH_GPU : MACH_CPU;
 		m.ranks_per_node = world;
 		m.link[MACH_INTRA] = m.link[MACH_INTER] = link;
 		m.link[MACH_P2P] = p2p;
 		char *text = NULL;
-		if (!m.name || !m.source || fit(&m, s, t) < 0 || !(text = machine_json(&m))) {
+		/* a device: the kernels' own times (no overhead inside a span, none
+		 * added), and the graph's per-instruction cost as node_overhead_s,
+		 * pooled with the file's over all the instructions measured */
+		double n_old = m.node_overhead_n, n_new = device ? fig.nodes : 0;
+		if (n_old + n_new > 0) {
+			m.node_overhead_s = (m.node_overhead_s * n_old + over * n_new) / (n_old + n_new);
+			m.node_overhead_n = n_old + n_new;
+		}
+		if (!m.name || !m.source || fit(&m, s, t, device ? 0 : over, device) < 0 ||
+		    !(text = machine_json(&m))) {
 			rc = RT_FAIL(e, "out of memory");
 		} else {
 			OutFile f;
@@ -474,6 +770,17 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 			    (out_write(&f, text, strlen(text)), out_write(&f, "\n", 1),
 			     out_commit(&f, err, sizeof err)) < 0)
 				rc = RT_FAIL(e, "--calibrate: %s", err);
+			else if (device)
+				printf("calibrated %s: %d GEMM shapes, %d ops, graph overhead %.2f us an "
+				       "instruction (a replayed step %.3f ms, its kernels%s %.3f ms on the "
+				       "device, %.0f instructions; the file's %.2f us over %.0f), device gaps "
+				       "%.1f %% of a walk behind %u step replays, collectives %.1f us + bytes "
+				       "at %.2f GB/s (%d timed) -> %s\n",
+				       name, m.ngemm, m.nops, over * 1e6, fig.replay_s * 1e3,
+				       world > 1 ? " and collectives" : "", fig.kernels_s * 1e3, fig.nodes,
+				       m.node_overhead_s * 1e6, m.node_overhead_n, 100 * fig.gap_share,
+				       fig.replays, link.alpha_s * 1e6, link.busbw / 1e9,
+				       world > 1 ? fig.ncoll : 0, path);
 			else
 				printf("calibrated %s: %d GEMM shapes, %d ops, kernel overhead %.1f us, "
 				       "collectives %.1f us + bytes at %.2f GB/s, p2p %.1f us + bytes at "

@@ -518,6 +518,56 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e)
 	return sync_all(x, "a kernel run alone", e);
 }
 
+int exec_time_instrs(Exec *x, DpProgram p, const uint32_t *idx, uint32_t n, uint32_t replays,
+		     float *ms, float *gap_ms, RtErr *e)
+{
+	Backend *b = &x->be;
+	const BackendOps *o = b->ops;
+	const DpInstr *prog = x->s->prog[p];
+	if (!o->time_mark || !o->time_read)
+		return RT_FAIL(e, "the %s backend has no device timing", o->name);
+	if (replays && (!x->captured || !o->replay))
+		return RT_FAIL(e, "internal error: step replays asked for with no captured step");
+	for (uint32_t j = 0; j < n; j++)
+		if (idx[j] >= x->s->nprog[p] || (dp_op_class(prog[idx[j]].op) != DP_OPC_KERNEL &&
+						 dp_op_class(prog[idx[j]].op) != DP_OPC_COLLECTIVE))
+			return RT_FAIL(e, "internal error: instruction %u timed is neither a kernel "
+				       "nor a collective", idx[j]);
+	float *at = malloc(sizeof *at * (2 * (size_t)n + 1));
+	if (!at)
+		return RT_FAIL(e, "out of memory (device timing)");
+	int rc = exec_step_wait(x, e);
+	for (uint32_t r = 0; rc == 0 && r < replays; r++) /* the device's head start */
+		rc = o->replay(b, e);
+	if (rc == 0)
+		rc = o->run_begin(b, p, e);
+	if (rc == 0)
+		rc = o->time_mark(b, DP_STREAM_COMPUTE, 0, e);
+	for (uint32_t j = 0; rc == 0 && j < n; j++) {
+		const DpInstr *in = &prog[idx[j]];
+		b->at = (BackendAt){p, idx[j], 0};
+		rc = o->time_mark(b, in->stream, 1 + 2 * j, e);
+		if (rc == 0)
+			rc = dp_op_class(in->op) == DP_OPC_KERNEL ? o->kernel(b, in, e)
+								  : o->collective(b, in, e);
+		if (rc == 0)
+			rc = o->time_mark(b, in->stream, 2 + 2 * j, e);
+	}
+	if (rc == 0)
+		rc = o->run_end(b, e);
+	if (rc == 0)
+		rc = o->time_read(b, 2 * n + 1, at, e);
+	if (rc == 0)
+		rc = sync_all(x, "the instructions timed on the device", e);
+	for (uint32_t j = 0; rc == 0 && j < n; j++) {
+		ms[j] = at[2 + 2 * j] - at[1 + 2 * j];
+		if (gap_ms)
+			gap_ms[j] = j ? at[1 + 2 * j] - at[2 * j] : 0;
+	}
+	free(at);
+	return rc;
+}
+
 /* ---- optimizer steps ---- */
 
 /* One optimizer step in stream order: what a graph holds. */

@@ -159,6 +159,21 @@ int exec_run(Exec *x, DpProgram p, int last, RtErr *e);
 /* Run kernel instruction i of program p alone and wait for it (a checkpoint
  * load derives the bf16 copies of the masters it wrote again this way). */
 int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
+/* The device times of instructions idx[0..n) of program p (kernels and
+ * collectives), issued in one run in that order with nothing between them
+ * (no events, loads or waits: each reads whatever its inputs hold), after
+ * `replays` replays of the captured step graph (0: none; else the step must
+ * be captured) that put the device ahead of the host, so that a short
+ * instruction is not timed with the host's launch of it; a timing mark
+ * before and after each on its stream (the backend's time_mark /
+ * time_read: a backend without them is refused), then waited for. ms[j]:
+ * instruction idx[j]'s device time in ms; gap_ms[j] (NULL: not wanted): the
+ * device's time from the previous one's end mark to its start mark (a gap:
+ * the device waited for the host). dpexec --calibrate on a device
+ * (runtime/calibrate.c). Every rank issues the same collectives, and the
+ * same replays (the graph holds the step's). */
+int exec_time_instrs(Exec *x, DpProgram p, const uint32_t *idx, uint32_t n, uint32_t replays,
+		     float *ms, float *gap_ms, RtErr *e);
 /* Optimizer step k (from 0): stage its batches, zero the metrics, run the
  * step program once per micro-batch (DP_IF_LAST parts on the last; once at
  * pp > 1, where it holds every micro-batch: dp_step_unrolled) with

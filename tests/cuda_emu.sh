@@ -1029,6 +1029,50 @@ if case_on "trace on the device"; then
 		grep -v "^ \|^$" "$T/dev.log" | tail -n 5
 	fi
 fi
+# dpexec --device cuda --calibrate (runtime/calibrate.c, device path):
+# gpt2-tiny (small) at 2 ranks under ddp, the kernels timed by the device's
+# marks, the graph replay's overhead per instruction (node_overhead_s,
+# kernel_overhead_s 0), the step's NCCL
+# all_reduces fitted to alpha and busbw; the machine file it writes is
+# dpc --simulate's. The emulator's times are its host's: the structure is
+# tested (the name, the executor, GEMM points, attention priced by FLOPs,
+# a measured link), and that dpc reads the file, not the figures.
+BIN_ARGS[calib]="$T/gpt2-tiny.dp --world-size 2 $small"
+if case_on "calibrate on the device"; then
+	out=
+	# shellcheck disable=SC2046 # (the launcher's words)
+	if step_bin calib && env DPEMU_SEED=6 timeout 300 $(emu_launch 2) "$EMU" "$T/calib.bin" --device cuda \
+		--eval-every 0 --calibrate "$T/cuda-2.json" >"$T/calib.log" 2>&1 &&
+		out=$($PY - "$T/cuda-2.json" <<'PYEOF' 2>&1
+import json, sys
+m = json.load(open(sys.argv[1]))
+ops = m["ops"]
+bad = [w for w, ok in [
+    ("name", m["name"] == "cuda-2-ranks"), ("executor", m["executor"] == "gpu"),
+    ("gemm", len(m["gemm"]) >= 2 and all(g["flops_per_s"] > 0 for g in m["gemm"])),
+    ("attention by FLOPs", ops.get("attention", {}).get("flops_per_s", 0) > 0 and
+     ops.get("attention_grad", {}).get("flops_per_s", 0) > 0 and
+     not ops["attention"].get("bytes_per_s")),
+    ("graph overhead", m["kernel_overhead_s"] == 0 and m.get("node_overhead_s", -1) >= 0 and
+     m.get("node_overhead_n", 0) > 0),
+    ("the link", 0 < m["intra"]["busbw"] < 1e15 and m["intra"]["alpha_s"] >= 0)] if not ok]
+print("bad: " + ", ".join(bad) if bad else
+      "%d GEMM points, %d ops, attention %.3g FLOP/s, graph overhead %.3g s over %d, intra %.3g s + %.3g B/s"
+      % (len(m["gemm"]), len(ops), ops["attention"]["flops_per_s"], m["node_overhead_s"],
+         m["node_overhead_n"],
+         m["intra"]["alpha_s"], m["intra"]["busbw"]))
+sys.exit(1 if bad else 0)
+PYEOF
+) && grep -q 'calibrated cuda-2-ranks: .* collectives .* ([1-9][0-9]* timed)' "$T/calib.log" &&
+		"$DPC" "$T/gpt2-tiny.dp" --world-size 2 $small --simulate="$T/cuda-2.json" >"$T/calib.sim" 2>&1 &&
+		grep -q '^step time' "$T/calib.sim"; then
+		ok "--calibrate on the emulated device, gpt2-tiny np=2: $out; dpc --simulate reads it: $(grep -m1 '^step time' "$T/calib.sim")"
+	else
+		fail "--calibrate on the emulated device, gpt2-tiny np=2: $out"
+		grep -v "^ \|^$" "$T/calib.log" | tail -n 5
+		tail -n 3 "$T/calib.sim" 2>/dev/null
+	fi
+fi
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),

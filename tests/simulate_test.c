@@ -4,7 +4,9 @@
  * hand, on both executors (a pipeline's stages paired by their transfers
  * among them, and a sub-group of the stages by its copies), and the machine files' reader (util/machine.c): the presets
  * parse, a GEMM rate at a table point is that point's and between two
- * points lies between them, a bad file is one message naming it.
+ * points lies between them, a GPU calibration's node_overhead_s and _n
+ * are read and written back (0 where a file has none), a bad file is one
+ * message naming it.
  *
  * Times are in seconds, bandwidths in bytes/s, all small integers, so every
  * expected figure is exact.
@@ -352,6 +354,23 @@ static void machines(void)
 				"{\"alpha_s\": 0, \"busbw\": 1}}", "m.json", err, sizeof err) == 0,
 	      "the least machine file: %s", err);
 	CHECK(NEAR(machine_gemm_rate(&m, MACH_F32, 10, 10, 10), 1), "no table: the peak");
+	CHECK(m.node_overhead_s == 0 && m.node_overhead_n == 0, "no graph overhead unless given");
+	machine_free(&m);
+	/* a GPU's calibration: the graph's overhead per instruction, and the
+	 * instructions it was measured over, written back as read */
+	CHECK(machine_parse(&m, "{\"executor\": \"gpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2},"
+				"\"memory_bw\": 1, \"node_overhead_s\": 2e-6, \"node_overhead_n\": 300,"
+				"\"ranks_per_node\": 1, \"intra\": {\"alpha_s\": 0, \"busbw\": 1}, \"inter\": "
+				"{\"alpha_s\": 0, \"busbw\": 1}, \"p2p\": {\"alpha_s\": 0, \"busbw\": 1}}",
+				"m.json", err, sizeof err) == 0 && NEAR(m.node_overhead_s, 2e-6) &&
+	      NEAR(m.node_overhead_n, 300), "node_overhead_s and _n read: %s", err);
+	char *text = machine_json(&m);
+	Machine back;
+	CHECK(text && machine_parse(&back, text, "back", err, sizeof err) == 0 &&
+	      NEAR(back.node_overhead_s, 2e-6) && NEAR(back.node_overhead_n, 300),
+	      "node_overhead_s and _n written back: %s", err);
+	machine_free(&back);
+	free(text);
 	machine_free(&m);
 	CHECK(machine_parse(&m, "{\"executor\": \"tpu\"}", "m.json", err, sizeof err) < 0 &&
 	      strstr(err, "m.json") && strstr(err, "executor"), "a bad executor: '%s'", err);

@@ -162,6 +162,8 @@ int machine_parse(Machine *m, const char *text, const char *what, char *err, siz
 	double rpn = 0;
 	if (num(root, "memory_bw", &m->memory_bw, 1, what, err, errlen) < 0 ||
 	    num(root, "kernel_overhead_s", &m->kernel_overhead_s, 0, what, err, errlen) < 0 ||
+	    num(root, "node_overhead_s", &m->node_overhead_s, 0, what, err, errlen) < 0 ||
+	    num(root, "node_overhead_n", &m->node_overhead_n, 0, what, err, errlen) < 0 ||
 	    num(root, "ranks_per_node", &rpn, 1, what, err, errlen) < 0)
 		goto out;
 	if (m->memory_bw <= 0 || rpn < 1 || rpn != floor(rpn) || rpn > 1 << 20) {
@@ -312,6 +314,10 @@ char *machine_json(const Machine *m)
 	}
 	cJSON_AddNumberToObject(o, "memory_bw", m->memory_bw);
 	cJSON_AddNumberToObject(o, "kernel_overhead_s", m->kernel_overhead_s);
+	if (m->node_overhead_s > 0 || m->node_overhead_n > 0) {
+		cJSON_AddNumberToObject(o, "node_overhead_s", m->node_overhead_s);
+		cJSON_AddNumberToObject(o, "node_overhead_n", m->node_overhead_n);
+	}
 	cJSON *ops = cJSON_AddObjectToObject(o, "ops");
 	for (int i = 0; i < m->nops; i++) {
 		cJSON *p = cJSON_AddObjectToObject(ops, m->ops[i].op);

@@ -20,11 +20,22 @@
  *                       interpolated between the points of its dtype
  *                       (inverse squared distance in log m, n, k)
  *   memory_bw           bytes/s of a memory-bound kernel
- *   kernel_overhead_s   added to every kernel (launch, or the pool's fork)
+ *   kernel_overhead_s   added to every kernel (launch, or the pool's fork;
+ *                       a GPU's calibration: what a graph replay adds per
+ *                       instruction)
+ *   node_overhead_s     optional (0): added to every kernel, load and
+ *                       shard on top of its own time: what a CUDA Graph
+ *                       replay adds per instruction (a GPU's calibration,
+ *                       runtime/calibrate.c); node_overhead_n, the
+ *                       instructions it was measured over: a later
+ *                       calibration into the file pools its figure with it
  *   ops                 {"OP": {"flops_per_s", "bytes_per_s",
  *                       "overhead_s"}}: an op's own cost (attention, the
- *                       norms, softmax), replacing the defaults above;
- *                       each field optional
+ *                       norms, softmax), replacing the defaults above
+ *                       (overhead_s replaces kernel_overhead_s); each
+ *                       field optional; a kernel takes overhead + the
+ *                       larger of FLOPs / flops_per_s and bytes /
+ *                       bytes_per_s
  *   ranks_per_node      ranks that share the intra-node link
  *   intra, inter        {"alpha_s", "busbw"}: a collective over a group
  *                       inside one node, or spanning nodes, takes
@@ -63,6 +74,7 @@ typedef struct {
 	MachGemm *gemm;
 	int ngemm;
 	double memory_bw, kernel_overhead_s;
+	double node_overhead_s, node_overhead_n; /* 0: none (the CPU's files, the presets) */
 	MachOp *ops;
 	int nops;
 	int ranks_per_node;
