@@ -15,7 +15,8 @@
  * error (the executor's check). Each backend implements the streams
  * (backend.h): CUDA with its own streams and events; the CPU inline, with
  * comm-stream collectives started non-blocking on the MPI comm backend and
- * progressed between instructions while later compute runs (cpu/streams.c).
+ * progressed between instructions while later compute runs, and the copy
+ * stream's copies queued until something waits for them (cpu/streams.c).
  * There a compute instruction that touches memory of a collective no event
  * has made visible yet is a schedule bug (a race on a GPU): the run fails
  * and names both instructions. A collective placed on the compute stream

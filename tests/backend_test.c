@@ -20,8 +20,10 @@
  *    it; progress is polled while a collective is in flight (not with
  *    no_progress); a compute instruction touching memory of a collective
  *    in flight without an event is a schedule error naming both; a kernel
- *    on the comm stream runs after the collectives before it; a wait for an
- *    event not recorded is refused by the walk.
+ *    on the comm stream runs after the collectives before it; a copy on the
+ *    copy stream runs when compute waits for it or touches its memory, not
+ *    where the walk meets it; a wait for an event not recorded is refused
+ *    by the walk.
  *
  * The CUDA backend is inspected in the shared object the build made (its
  * exported BackendOps, loaded as dpexec loads it: $DPEXEC_CUDA_LIB),
@@ -55,7 +57,7 @@ static void check(int ok, const char *fmt, const char *a, const char *b)
 
 #define NT 3 /* tensors of a test step */
 
-/* A step file of tensors t0, t1, t2 (4 f32 each, disjoint), one event and
+/* A step file of tensors t0, t1, t2 (4 f32 each, disjoint), two events and
  * the step program prog[0..n). */
 static void make_step(DpStep *s, DpTensor t[NT], const DpInstr *prog, uint32_t n)
 {
@@ -78,7 +80,7 @@ static void make_step(DpStep *s, DpTensor t[NT], const DpInstr *prog, uint32_t n
 	s->nstrings = sizeof strings;
 	s->tensors = t;
 	s->ntensors = NT;
-	s->nevents = 1;
+	s->nevents = 2;
 	s->metrics.loss = s->metrics.grad_norm = s->metrics.eval_loss = s->metrics.eval_correct = -1;
 	s->prog[DP_PROG_STEP] = (DpInstr *)prog;
 	s->nprog[DP_PROG_STEP] = n;
@@ -207,8 +209,10 @@ static void check_merge(void)
 static struct {
 	int starts, progress, waits;
 	int64_t last_wait; /* upto of the last wait */
-	void *buf;         /* the last all_reduce's buffer */
+	int first_wait;    /* 1 + the progress polls before the first wait; 0: none yet */
+	void *buf;         /* the last all_reduce's buffer (it writes 1s there) */
 	int64_t n;
+	float t2[4];       /* t2 at the end of a run that succeeded */
 } fc;
 
 static int fake_all_reduce(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, void *buf,
@@ -217,6 +221,8 @@ static int fake_all_reduce(Comm *c, unsigned axes, uint64_t stages, DpDtype dt, 
 	fc.starts++;
 	fc.buf = buf;
 	fc.n = n;
+	for (int64_t i = 0; i < n; i++)
+		((float *)buf)[i] = 1;
 	*ticket = c->issued++;
 	return 0;
 }
@@ -225,6 +231,8 @@ static int fake_wait(Comm *c, int64_t upto, RtErr *e)
 {
 	fc.waits++;
 	fc.last_wait = upto;
+	if (!fc.first_wait)
+		fc.first_wait = 1 + fc.progress;
 	if (upto > c->completed)
 		c->completed = upto;
 	return 0;
@@ -257,6 +265,8 @@ static int run_prog(const DpInstr *prog, uint32_t n, int no_progress, RtErr *e)
 	int rc = exec_run(&x, DP_PROG_STEP, 1, e);
 	if (rc == 0 && fc.starts)
 		rc = fc.buf == x.be.ptr[0] && fc.n == 4 ? 0 : RT_FAIL(e, "the collective's buffer");
+	if (rc == 0)
+		memcpy(fc.t2, x.be.ptr[2], sizeof fc.t2);
 	exec_free(&x);
 	return rc;
 }
@@ -307,6 +317,29 @@ static void check_streams(void)
 	check(rc == 0 && fc.waits >= 2 && fc.last_wait == 1,
 	      "cpu streams: a kernel on the comm stream waits for the collectives before it "
 	      "(%s)%s", e.msg, "");
+	/* a D2H on the copy stream after the all_reduce's event runs when
+	 * compute waits for its own event, not where the walk meets it: the
+	 * compute instruction between them (other memory) runs before any
+	 * wait for the collective (progress polls count the instructions:
+	 * the first wait comes after instruction 5's), and t2 reads the
+	 * copied 1s. Run inline, the D2H would wait at its own poll, the
+	 * third (bench/offload.sh's 2-rank skew: docs/OFFLOAD.md) */
+	const DpInstr defer[] = {IA(ALL_REDUCE, COMM, -1, 0, axes, dp), IA(EVENT_RECORD, COMM, -1, -1, ev, 0),
+				 IA(EVENT_WAIT, COPY, -1, -1, ev, 0), I(D2H, COPY, 0, 1),
+				 IA(EVENT_RECORD, COPY, -1, -1, ev, 1), I(COPY, COMPUTE, 2, 2),
+				 IA(EVENT_WAIT, COMPUTE, -1, -1, ev, 0), IA(EVENT_WAIT, COMPUTE, -1, -1, ev, 1),
+				 I(COPY, COMPUTE, 1, 2)};
+	rc = run_prog(defer, 9, 0, &e);
+	check(rc == 0 && fc.first_wait > 5 && fc.t2[0] == 1 && fc.t2[3] == 1,
+	      "cpu streams: a copy-stream D2H runs when compute waits for it, after the compute "
+	      "walked past it (%s)%s", e.msg, "");
+	/* compute reading the copy's destination with no wait (a GPU race) still
+	 * reads the copy: the queued copy runs before it */
+	const DpInstr racing[] = {defer[0], defer[1], defer[2], defer[3], I(COPY, COMPUTE, 1, 2)};
+	rc = run_prog(racing, 5, 0, &e);
+	check(rc == 0 && fc.t2[0] == 1,
+	      "cpu streams: an instruction touching a queued copy's memory runs after it (%s)%s",
+	      e.msg, "");
 	const DpInstr unrecorded[] = {IA(EVENT_WAIT, COMPUTE, -1, -1, ev, 0)};
 	rc = run_prog(unrecorded, 1, 0, &e);
 	check(rc != 0 && strstr(e.msg, "waits for event 0, which was not recorded before it"),

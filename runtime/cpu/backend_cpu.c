@@ -8,7 +8,9 @@
  * streams run inline (BACKEND_INLINE; streams.c says how and why): each
  * call has done its work when it returns, except a collective on the comm
  * stream, which runs beside the compute until an event or the end of the
- * run waits for it. So a step runs inside its launch; step_tail keeps its
+ * run waits for it, and a copy on the copy stream (offload's D2H and H2D),
+ * queued until an event, an instruction touching its memory or the end of
+ * the run needs it. So a step runs inside its launch; step_tail keeps its
  * metrics in one of two slots (step k in slot k % 2, as the CUDA backend's
  * report), which step_wait(k) reads while step k + 1 is launched; staged
  * batches need no copy (stage_push, stage_wait: nothing to do).
@@ -40,6 +42,8 @@ typedef struct {
 	size_t host_len;
 	CpuCore k;            /* the kernel table, the step's scalars, loops, threads */
 	CpuStreams *st;
+	const DpStep *s;      /* the Backend's, for the copies the streams run */
+	void *const *ptr;
 	uint64_t cur_step; /* set_step's k */
 	int64_t rep_step[2]; /* step_tail: the step whose report rep[k % 2] holds, -1: none */
 	BackendReport rep[2];
@@ -95,6 +99,13 @@ static void cpu_free(Backend *b)
 	b->ptr = NULL;
 }
 
+/* A copy-stream instruction, run when the streams need it (streams.c). */
+static int cpu_copy_run(void *ctx, const BackendAt *at, const DpInstr *in, RtErr *e)
+{
+	CpuBackend *c = ctx;
+	return cpu_core_run(&c->k, c->s, in, c->ptr, e);
+}
+
 static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 {
 	const DpStep *s = b->s;
@@ -103,7 +114,7 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		return RT_FAIL(e, "out of memory (CPU backend)");
 	b->impl = c;
 	c->rep_step[0] = c->rep_step[1] = -1;
-	if (cpu_streams_new(&c->st, s, b->comm, o->no_progress, e)) {
+	if (cpu_streams_new(&c->st, s, b->comm, o->no_progress, cpu_copy_run, c, e)) {
 		cpu_free(b);
 		return -1;
 	}
@@ -125,6 +136,8 @@ static int cpu_init(Backend *b, const BackendOpts *o, RtErr *e)
 		if (s->tensors[i].nbytes)
 			b->ptr[i] = (s->tensors[i].space == DP_SPACE_HOST ? c->host : c->arena) +
 				    s->tensors[i].offset;
+	c->s = s;
+	c->ptr = b->ptr;
 	if (cpu_core_init(&c->k, s, b->ptr, 0, e)) {
 		cpu_free(b);
 		return -1;
@@ -156,9 +169,13 @@ static void cpu_abort(Backend *b)
 
 /* ---- work, inline (streams.c: each call starts with the streams' order) ---- */
 
+/* A copy-stream instruction (offload's D2H, H2D) is queued (streams.c). */
 static int cpu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 {
 	CpuBackend *c = b->impl;
+	int queued = cpu_streams_defer(c->st, &b->at, in, e);
+	if (queued)
+		return queued < 0 ? -1 : 0;
 	RT_CHECK(cpu_streams_enter(c->st, &b->at, e));
 	return cpu_core_run(&c->k, b->s, in, b->ptr, e);
 }

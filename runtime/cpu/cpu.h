@@ -198,16 +198,24 @@ const KernelTable *cpu_kernel_table(void);
  * and the hazard check against them. Each int function returns 0 or -1
  * with e filled. */
 typedef struct CpuStreams CpuStreams;
-int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress, RtErr *e);
+/* Runs copy-stream instruction in (enqueued at `at`) when it is needed. */
+typedef int (*CpuCopyRun)(void *ctx, const BackendAt *at, const DpInstr *in, RtErr *e);
+int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress,
+		    CpuCopyRun run_copy, void *run_ctx, RtErr *e);
 void cpu_streams_free(CpuStreams *st);
 /* run_begin, run_end (compute waits for every collective), sync */
 void cpu_streams_begin(CpuStreams *st);
 int cpu_streams_end(CpuStreams *st, RtErr *e);
 int cpu_streams_sync(CpuStreams *st, RtErr *e);
 /* Before the work of instruction `at` (inside a run; nothing outside one):
- * MPI progress, then its stream's order: on comm after every collective
- * issued before it, on compute the hazard check. */
+ * MPI progress, the queued copies it would race with, then its stream's
+ * order: on comm after every collective issued before it, on compute the
+ * hazard check. */
 int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e);
+/* A copy-stream instruction inside a run: enqueued, to run when compute or
+ * comm waits for it, touches its memory, or the run ends (1); else 0: the
+ * caller runs it now (after cpu_streams_enter); -1 with e filled. */
+int cpu_streams_defer(CpuStreams *st, const BackendAt *at, const DpInstr *in, RtErr *e);
 int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
 int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e);
 /* Collective `in` (instruction `at`) over tensors at ptr: started on the

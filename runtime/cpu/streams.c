@@ -21,10 +21,22 @@
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
  * runs after the collectives issued before it that touch its memory (stream
- * order, for all that it can observe: conflict_ticket). The copy stream
- * (offload's H2D of an updated shard) runs inline too, as the walk reaches
- * it, after the collectives in flight on its memory; an event recorded on
- * it is done when recorded.
+ * order, for all that it can observe: conflict_ticket).
+ *
+ * The copy stream (offload's D2H of a reduced gradient, its H2D of an
+ * updated shard) is a queue: the walk enqueues a copy (with the comm
+ * ticket of the collectives in flight on its memory, which it will wait
+ * for) and runs it when something needs it: a wait on compute or comm for
+ * an event recorded on the copy stream after it, an instruction of another
+ * stream that touches its memory (reads what it writes, writes what it
+ * touches: what a GPU would race on, so a schedule has a wait there
+ * anyway), and the run's end. In order, all the copies before it first. An
+ * event recorded on the copy stream covers the copies enqueued so far. Why
+ * a queue and not inline: a D2H sits right after its reduce_scatter, and
+ * run there it would wait for that collective, so the rank would block on
+ * its peers' skew where without offload the next GEMM runs first and the
+ * wait comes later, overlapped (bench/offload.sh, docs/OFFLOAD.md). The
+ * copies are memcpy, so when they run changes no bit.
  *
  * Hazards. What a GPU would race on is an error here: a compute-stream
  * instruction that touches memory of a collective no event has made
@@ -47,26 +59,44 @@ typedef struct {
 	uint32_t instr;    /* its index in the program, for messages */
 } InFlight;
 
+/* A copy-stream instruction enqueued, not yet run. */
+typedef struct {
+	const DpInstr *in;
+	BackendAt at;      /* where the walk enqueued it, for the kernel and messages */
+	int64_t ticket;    /* the comm tickets below it complete before it runs */
+} Copy;
+
 struct CpuStreams {
 	const DpStep *s;
 	Comm *comm;
 	int no_progress;       /* BackendOpts.no_progress */
 	int in_run;            /* between run_begin and run_end: Backend.at is the walk's */
 	int64_t *event_ticket; /* [nevents]: comm ticket the event covers; -1: on compute */
+	int64_t *event_copies; /* [nevents]: copies enqueued when it was recorded on copy; 0: other */
 	InFlight *fl;          /* collectives not yet made visible to compute */
 	int nfl, capfl;
+	Copy *cq;              /* the copy stream's queue: cq[0 .. ncq) enqueued this run */
+	int ncq, capcq;
+	int cq_done;           /* cq[0 .. cq_done) have run */
+	CpuCopyRun run_copy;   /* runs one copy (the backend's kernel call) */
+	void *run_ctx;
 };
 
-int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress, RtErr *e)
+int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress,
+		    CpuCopyRun run_copy, void *run_ctx, RtErr *e)
 {
 	CpuStreams *st = calloc(1, sizeof *st);
-	if (!st || !(st->event_ticket = calloc(s->nevents ? s->nevents : 1, sizeof(int64_t)))) {
-		free(st);
+	size_t nev = s->nevents ? s->nevents : 1;
+	if (!st || !(st->event_ticket = calloc(nev, sizeof(int64_t))) ||
+	    !(st->event_copies = calloc(nev, sizeof(int64_t)))) {
+		cpu_streams_free(st);
 		return RT_FAIL(e, "out of memory (CPU streams)");
 	}
 	st->s = s;
 	st->comm = comm;
 	st->no_progress = no_progress;
+	st->run_copy = run_copy;
+	st->run_ctx = run_ctx;
 	*out = st;
 	return 0;
 }
@@ -76,7 +106,9 @@ void cpu_streams_free(CpuStreams *st)
 	if (!st)
 		return;
 	free(st->event_ticket);
+	free(st->event_copies);
 	free(st->fl);
+	free(st->cq);
 	free(st);
 }
 
@@ -161,6 +193,66 @@ static void retire(CpuStreams *st, int64_t upto)
 	st->nfl = k;
 }
 
+/* Room in array *a (capacity *cap elements of el bytes) for element n. */
+static int room(void **a, int *cap, int n, size_t el, const char *what, RtErr *e)
+{
+	if (n < *cap)
+		return 0;
+	int c = *cap ? 2 * *cap : 32;
+	void *p = realloc(*a, (size_t)c * el);
+	if (!p)
+		return RT_FAIL(e, "out of memory (%s)", what);
+	*a = p;
+	*cap = c;
+	return 0;
+}
+
+/* Do tensors a and b share bytes (in the same arena)? */
+static int touches(const DpStep *s, int a, int b)
+{
+	if (a < 0 || b < 0 || s->tensors[a].space != s->tensors[b].space)
+		return 0;
+	uint64_t alo, ahi, blo, bhi;
+	range_of(s, a, &alo, &ahi);
+	range_of(s, b, &blo, &bhi);
+	return overlap(alo, ahi, blo, bhi);
+}
+
+/* Would instruction in race with copy c on a GPU: it reads what c writes,
+ * or writes what c reads or writes? */
+static int copy_conflict(const DpStep *s, const DpInstr *in, const Copy *c)
+{
+	if (touches(s, in->out, c->in->out) || touches(s, in->out, c->in->in[0]))
+		return 1;
+	for (int k = 0; k < DP_MAX_IN; k++)
+		if (touches(s, in->in[k], c->in->out))
+			return 1;
+	return 0;
+}
+
+/* Run the queued copies cq[cq_done .. upto), in order, each after the
+ * collectives it waits for. */
+static int run_copies(CpuStreams *st, int upto, RtErr *e)
+{
+	Comm *c = st->comm;
+	for (; st->cq_done < upto; st->cq_done++) {
+		const Copy *q = &st->cq[st->cq_done];
+		RT_CHECK(c->ops->wait(c, q->ticket, e));
+		RT_CHECK(st->run_copy(st->run_ctx, &q->at, q->in, e));
+	}
+	return 0;
+}
+
+/* Before instruction in of another stream: the queued copies it races
+ * with have run (and those before them). */
+static int copies_before(CpuStreams *st, const DpInstr *in, RtErr *e)
+{
+	for (int k = st->ncq - 1; k >= st->cq_done; k--)
+		if (copy_conflict(st->s, in, &st->cq[k]))
+			return run_copies(st, k + 1, e);
+	return 0;
+}
+
 /* Between instructions: let the collectives in flight advance. */
 static int poll(CpuStreams *st, RtErr *e)
 {
@@ -171,21 +263,38 @@ static int poll(CpuStreams *st, RtErr *e)
 void cpu_streams_begin(CpuStreams *st)
 {
 	st->nfl = 0;
+	st->ncq = st->cq_done = 0;
 	st->in_run = 1;
 }
 
 int cpu_streams_end(CpuStreams *st, RtErr *e)
 {
 	Comm *c = st->comm;
+	RT_CHECK(run_copies(st, st->ncq, e)); /* compute joins copy */
 	st->in_run = 0;
 	st->nfl = 0;
+	st->ncq = st->cq_done = 0;
 	return c->ops->wait(c, c->issued, e); /* compute joins comm: the run is complete */
 }
 
 int cpu_streams_sync(CpuStreams *st, RtErr *e)
 {
 	Comm *c = st->comm;
+	RT_CHECK(run_copies(st, st->ncq, e));
 	return c->ops->wait(c, c->issued, e);
+}
+
+int cpu_streams_defer(CpuStreams *st, const BackendAt *at, const DpInstr *in, RtErr *e)
+{
+	if (!st->in_run || in->stream != DP_STREAM_COPY)
+		return 0;
+	RT_CHECK(poll(st, e));
+	RT_CHECK(room((void **)&st->cq, &st->capcq, st->ncq, sizeof *st->cq,
+		      "the copy stream's queue", e));
+	/* the collectives in flight on its memory now: those issued later are
+	 * after it in the schedule's order */
+	st->cq[st->ncq++] = (Copy){.in = in, .at = *at, .ticket = conflict_ticket(st, in)};
+	return 1;
 }
 
 int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
@@ -195,9 +304,10 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	const DpInstr *in = &st->s->prog[at->prog][at->instr];
 	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
+	RT_CHECK(copies_before(st, in, e));
 	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
 		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
-	if (in->stream != DP_STREAM_COMPUTE) /* a copy on the comm or copy stream */
+	if (in->stream != DP_STREAM_COMPUTE) /* a copy on the comm stream */
 		return c->ops->wait(c, conflict_ticket(st, in), e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
@@ -205,8 +315,10 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e)
 {
 	RT_CHECK(poll(st, e));
-	/* comm: every collective issued so far; compute, copy: done now */
+	/* comm: every collective issued so far; compute: done now; copy: the
+	 * copies enqueued so far */
 	st->event_ticket[ev] = stream == DP_STREAM_COMM ? st->comm->issued : -1;
+	st->event_copies[ev] = stream == DP_STREAM_COPY ? st->ncq : 0;
 	return 0;
 }
 
@@ -214,8 +326,13 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 {
 	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
-	/* a wait on the comm or copy stream orders its work after what has
-	 * already run (compute, the copy stream's inline copies): nothing to do */
+	/* compute or comm waiting for copies: they run now (the copy stream
+	 * waiting for anything needs nothing: its copies run later, and each
+	 * waits for the collectives on its memory) */
+	if (stream != DP_STREAM_COPY && st->event_copies[ev] > st->cq_done)
+		RT_CHECK(run_copies(st, (int)st->event_copies[ev], e));
+	/* a wait on the comm stream orders its work after what has already run
+	 * (compute): nothing more to do */
 	if (stream == DP_STREAM_COMPUTE && st->event_ticket[ev] >= 0) {
 		RT_CHECK(c->ops->wait(c, st->event_ticket[ev], e));
 		retire(st, st->event_ticket[ev]);
@@ -231,6 +348,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 	unsigned axes = (unsigned)DP_AXES(in);
 	InFlight fl = {.instr = at->instr};
 	RT_CHECK(poll(st, e));
+	RT_CHECK(copies_before(st, in, e));
 	if (in->stream == DP_STREAM_COMPUTE)
 		RT_CHECK(check_hazard(st, at->prog, at->instr, e));
 	range_of(s, in->in[0] >= 0 ? in->in[0] : in->out, &fl.rlo, &fl.rhi);
@@ -277,14 +395,8 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 	}
 	if (in->stream == DP_STREAM_COMPUTE)
 		return c->ops->wait(c, fl.ticket + 1, e); /* synchronous on the compute stream */
-	if (st->nfl == st->capfl) {
-		int cap = st->capfl ? 2 * st->capfl : 32;
-		InFlight *p2 = realloc(st->fl, (size_t)cap * sizeof *p2);
-		if (!p2)
-			return RT_FAIL(e, "out of memory (in-flight collectives)");
-		st->fl = p2;
-		st->capfl = cap;
-	}
+	RT_CHECK(room((void **)&st->fl, &st->capfl, st->nfl, sizeof *st->fl,
+		      "in-flight collectives", e));
 	st->fl[st->nfl++] = fl;
 	return 0;
 }
