@@ -16,8 +16,15 @@
  * take a core from the kernels' pool.
  *
  * Events are comm tickets: EVENT_RECORD on comm remembers the ticket after
- * every collective issued so far, EVENT_WAIT on compute waits for it (and
- * those collectives are then visible to compute); an event recorded on
+ * every collective issued so far, EVENT_WAIT on compute waits for those of
+ * the comm stream among them (and they are then visible to compute). The
+ * p2p stream (the pipeline's sends and receives, DP_STREAM_P2P) is a queue
+ * of its own beside the comm stream, as on a GPU: an event recorded on it
+ * covers its own transfers only, a transfer waits for the transfers before
+ * it and a collective for the collectives before it (each stream's order),
+ * so a send that waits for its receiver holds no tp all_reduce issued after
+ * it (MPI's nonblocking sends never did; the walk's waits on every earlier
+ * ticket did). An event recorded on
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
  * runs after the collectives issued before it that touch its memory (stream
@@ -45,6 +52,7 @@ typedef struct {
 	uint64_t rlo, rhi; /* arena bytes it reads */
 	uint64_t wlo, whi; /* arena bytes it writes */
 	uint32_t instr;    /* its index in the program, for messages */
+	int stream;        /* the stream it runs on (comm or p2p) */
 } InFlight;
 
 struct CpuStreams {
@@ -53,6 +61,7 @@ struct CpuStreams {
 	int no_progress;       /* BackendOpts.no_progress */
 	int in_run;            /* between run_begin and run_end: Backend.at is the walk's */
 	int64_t *event_ticket; /* [nevents]: comm ticket the event covers; -1: on compute */
+	unsigned char *event_stream; /* [nevents]: the stream that recorded it */
 	InFlight *fl;          /* collectives not yet made visible to compute */
 	int nfl, capfl;
 };
@@ -60,7 +69,10 @@ struct CpuStreams {
 int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progress, RtErr *e)
 {
 	CpuStreams *st = calloc(1, sizeof *st);
-	if (!st || !(st->event_ticket = calloc(s->nevents ? s->nevents : 1, sizeof(int64_t)))) {
+	if (!st || !(st->event_ticket = calloc(s->nevents ? s->nevents : 1, sizeof(int64_t))) ||
+	    !(st->event_stream = calloc(s->nevents ? s->nevents : 1, 1))) {
+		if (st)
+			free(st->event_ticket);
 		free(st);
 		return RT_FAIL(e, "out of memory (CPU streams)");
 	}
@@ -76,6 +88,7 @@ void cpu_streams_free(CpuStreams *st)
 	if (!st)
 		return;
 	free(st->event_ticket);
+	free(st->event_stream);
 	free(st->fl);
 	free(st);
 }
@@ -136,27 +149,42 @@ static int check_hazard(CpuStreams *st, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
+/* Until the one collective `ticket` has completed (the comm backend's
+ * wait_one, else every ticket up to it). */
+static int wait_one(Comm *c, int64_t ticket, RtErr *e)
+{
+	return c->ops->wait_one ? c->ops->wait_one(c, ticket, e) : c->ops->wait(c, ticket + 1, e);
+}
+
 /* A kernel on the comm stream (offload's D2H of a gradient) runs after
  * the collectives before it. Inline, it need only wait for those in flight
  * whose memory it conflicts with: the others touch none of its bytes, so
  * running it before they finish is the same (and compute keeps its overlap
- * with, say, a prefetched all_gather). Returns the ticket to wait for
- * (every ticket below it). */
-static int64_t conflict_ticket(const CpuStreams *st, const DpInstr *in)
+ * with, say, a prefetched all_gather). */
+static int wait_conflicts(CpuStreams *st, const DpInstr *in, RtErr *e)
 {
-	int64_t upto = 0;
 	for (int f = 0; f < st->nfl; f++)
-		if (conflict(st->s, in, &st->fl[f]) >= 0 && st->fl[f].ticket + 1 > upto)
-			upto = st->fl[f].ticket + 1;
-	return upto;
+		if (conflict(st->s, in, &st->fl[f]) >= 0)
+			RT_CHECK(wait_one(st->comm, st->fl[f].ticket, e));
+	return 0;
 }
 
-/* The compute stream has waited for every ticket < upto: forget those. */
-static void retire(CpuStreams *st, int64_t upto)
+/* Stream order: the collectives in flight on `stream`, each done. */
+static int wait_stream(CpuStreams *st, int stream, RtErr *e)
+{
+	for (int f = 0; f < st->nfl; f++)
+		if (st->fl[f].stream == stream)
+			RT_CHECK(wait_one(st->comm, st->fl[f].ticket, e));
+	return 0;
+}
+
+/* The compute stream has waited for every ticket < upto of `stream`:
+ * forget those. */
+static void retire(CpuStreams *st, int64_t upto, int stream)
 {
 	int k = 0;
 	for (int f = 0; f < st->nfl; f++)
-		if (st->fl[f].ticket >= upto)
+		if (st->fl[f].ticket >= upto || st->fl[f].stream != stream)
 			st->fl[k++] = st->fl[f];
 	st->nfl = k;
 }
@@ -193,20 +221,22 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	if (!st->in_run)
 		return 0; /* outside a run nothing is in flight */
 	const DpInstr *in = &st->s->prog[at->prog][at->instr];
-	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
-	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
-		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
+	if (in->stream != DP_STREAM_COMPUTE && dp_is_collective(in->op))
+		return wait_stream(st, in->stream, e); /* stream order: after those before it */
 	if (in->stream != DP_STREAM_COMPUTE) /* a copy on the comm or copy stream */
-		return c->ops->wait(c, conflict_ticket(st, in), e);
+		return wait_conflicts(st, in, e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
 
 int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e)
 {
 	RT_CHECK(poll(st, e));
-	/* comm: every collective issued so far; compute, copy: done now */
-	st->event_ticket[ev] = stream == DP_STREAM_COMM ? st->comm->issued : -1;
+	/* comm, p2p: every collective issued so far (of that stream); compute,
+	 * copy: done now */
+	int async = stream == DP_STREAM_COMM || stream == DP_STREAM_P2P;
+	st->event_ticket[ev] = async ? st->comm->issued : -1;
+	st->event_stream[ev] = (unsigned char)stream;
 	return 0;
 }
 
@@ -217,8 +247,11 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 	/* a wait on the comm or copy stream orders its work after what has
 	 * already run (compute, the copy stream's inline copies): nothing to do */
 	if (stream == DP_STREAM_COMPUTE && st->event_ticket[ev] >= 0) {
-		RT_CHECK(c->ops->wait(c, st->event_ticket[ev], e));
-		retire(st, st->event_ticket[ev]);
+		int from = st->event_stream[ev];
+		for (int f = 0; f < st->nfl; f++)
+			if (st->fl[f].stream == from && st->fl[f].ticket < st->event_ticket[ev])
+				RT_CHECK(wait_one(c, st->fl[f].ticket, e));
+		retire(st, st->event_ticket[ev], from);
 	}
 	return 0;
 }
@@ -229,7 +262,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 	const DpStep *s = st->s;
 	Comm *c = st->comm;
 	unsigned axes = (unsigned)DP_AXES(in);
-	InFlight fl = {.instr = at->instr};
+	InFlight fl = {.instr = at->instr, .stream = in->stream};
 	RT_CHECK(poll(st, e));
 	if (in->stream == DP_STREAM_COMPUTE)
 		RT_CHECK(check_hazard(st, at->prog, at->instr, e));
@@ -242,7 +275,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		if (overlap(fl.rlo, fl.rhi, st->fl[f].wlo, st->fl[f].whi) ||
 		    overlap(fl.wlo, fl.whi, st->fl[f].rlo, st->fl[f].rhi) ||
 		    overlap(fl.wlo, fl.whi, st->fl[f].wlo, st->fl[f].whi))
-			RT_CHECK(c->ops->wait(c, st->fl[f].ticket + 1, e));
+			RT_CHECK(wait_one(c, st->fl[f].ticket, e));
 	/* the tensor it moves: out, or a send's in0 */
 	int whole = in->out >= 0 ? in->out : in->in[0];
 	void *out = ptr[whole];
@@ -276,7 +309,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		break;
 	}
 	if (in->stream == DP_STREAM_COMPUTE)
-		return c->ops->wait(c, fl.ticket + 1, e); /* synchronous on the compute stream */
+		return wait_one(c, fl.ticket, e); /* synchronous on the compute stream */
 	if (st->nfl == st->capfl) {
 		int cap = st->capfl ? 2 * st->capfl : 32;
 		InFlight *p2 = realloc(st->fl, (size_t)cap * sizeof *p2);
