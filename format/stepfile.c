@@ -70,7 +70,7 @@ const char *const dp_prog_names[DP_NPROG] = {"step", "eval", "init", "export", "
 const char *const dp_strategy_names[DP_NSTRAT] = {"ddp", "zero1", "zero2", "full_shard",
 						  "hybrid_shard"};
 const char *const dp_dtype_names[DP_NDTYPE] = {"f32", "i32", "bf16", "f16"};
-const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm", "copy"};
+const char *const dp_stream_names[DP_NSTREAM] = {"compute", "comm", "copy", "p2p"};
 const char *const dp_space_names[DP_NSPACE] = {"device", "host"};
 
 size_t dp_dtype_size(unsigned dt)
@@ -236,18 +236,20 @@ static void put_instr(Put *w, const DpInstr *in)
 
 /* The step file's bytes into b, n bytes long: 0 when they fill it exactly;
  * -1 when they do not (nothing is written past b + n). */
-/* The format a step is written at: 21 with a PAD_ROWS, else 20 when an
- * ALL_REDUCE names a sub-group of pp stages, else 19 (DP_STEP_VERSION's
- * note). */
+/* The format a step is written at: 22 with an instruction on the p2p
+ * stream, else 21 with a PAD_ROWS, else 20 when an ALL_REDUCE names a
+ * sub-group of pp stages, else 19 (DP_STEP_VERSION's note). */
 uint32_t dp_step_version(const DpStep *s)
 {
 	uint32_t v = DP_STEP_VERSION_MIN;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->op == DP_OP_PAD_ROWS)
-				return 21;
-			if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages))
+			if (in->stream == DP_STREAM_P2P)
+				return 22;
+			if (in->op == DP_OP_PAD_ROWS && v < 21)
+				v = 21;
+			if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages) && v < 20)
 				v = 20;
 		}
 	return v;
@@ -665,6 +667,12 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		     what);
 		return -1;
 	}
+	if (in->stream == DP_STREAM_P2P && in->op != DP_OP_SEND && in->op != DP_OP_RECV &&
+	    in->op != DP_OP_EVENT_RECORD && in->op != DP_OP_EVENT_WAIT) {
+		fail(err, errlen, "%s: only pipeline sends, receives and events run on the p2p "
+		     "stream", what);
+		return -1;
+	}
 	if (in->flags & ~DP_IF_ALL) {
 		fail(err, errlen, "%s: unknown flags 0x%x", what, in->flags);
 		return -1;
@@ -1053,8 +1061,15 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 	if (validate(s, err, errlen))
 		goto bad;
 	if (dp_step_version(s) > version) {
-		fail(err, errlen, "malformed: format %u has no pipeline stage groups, and an all_reduce "
-		     "names one", version);
+		/* what the newer format added and this file holds (DP_STEP_VERSION's notes) */
+		static const char *const added[] = {
+			"pipeline stage groups, and an all_reduce names one",
+			"pad_rows, and the file holds one",
+			"p2p stream, and an instruction is on it",
+		};
+		uint32_t need = dp_step_version(s);
+		fail(err, errlen, "malformed: format %u has no %s", version,
+		     need >= 20 && need - 20 < sizeof added / sizeof *added ? added[need - 20] : "?");
 		goto bad;
 	}
 	return 0;

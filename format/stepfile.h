@@ -67,8 +67,15 @@
  * 21: the PAD_ROWS op, and a matmul whose in1 (its pad_rows copy) has more
  *    rows than its k or n, which in0's or the output's row stride covers
  *    (the padded LM head, passes/padvocab.c). A file without one is written
- *    at 19 or 20 as before, byte for byte; one with it at 21 */
-#define DP_STEP_VERSION 21u
+ *    at 19 or 20 as before, byte for byte; one with it at 21
+ * 22: the p2p stream (DP_STREAM_P2P): the pipeline's SEND and RECV on a
+ *    stream of their own beside the comm stream (passes/p2p.c), so a send
+ *    waiting for its receiver holds no collective behind it. A file with
+ *    no instruction on it (no pp) is written at 19, 20 or 21 as before,
+ *    byte for byte; one with one at 22, which an older dpexec refuses in
+ *    one line (a newer format). A pp file of 19 to 21 (its transfers on
+ *    the comm stream) still reads and runs as it did */
+#define DP_STEP_VERSION 22u
 /* The oldest format this dpexec reads and dpc still writes (see 20 above). */
 #define DP_STEP_VERSION_MIN 19u
 /* The release of dpc and dpexec (their --version). */
@@ -513,6 +520,9 @@ typedef enum {
 	DP_STREAM_COMM,    /* collectives */
 	DP_STREAM_COPY,    /* host<->device copies beside both (offload's H2D of an updated
 	                      shard ahead of its all_gather: passes/offload.c) */
+	DP_STREAM_P2P,     /* the pipeline's SEND and RECV (version 22), serial among
+	                      themselves, beside the comm stream: a send that waits
+	                      for its receiver holds no collective (passes/p2p.c) */
 	DP_NSTREAM
 } DpStream;
 
@@ -808,7 +818,8 @@ static inline int dp_writes_in(const DpInstr *in, int k)
 }
 
 /* The collectives: ops that move data between the ranks of the ia0 axes, on
- * the comm stream. TP_REDUCE is an out-of-place all_reduce. */
+ * the comm stream (SEND and RECV: on the p2p stream from version 22, the
+ * comm stream before). TP_REDUCE is an out-of-place all_reduce. */
 static inline int dp_is_collective(unsigned op)
 {
 	return dp_op_class(op) == DP_OPC_COLLECTIVE;
@@ -823,7 +834,7 @@ extern const char *const dp_op_names[DP_NOPS];   /* ORDER OP */
 extern const char *const dp_prog_names[DP_NPROG];      /* "step", "eval", "init", "export", "sample" */
 extern const char *const dp_strategy_names[DP_NSTRAT]; /* as the DSL spells them: "ddp", ... */
 extern const char *const dp_dtype_names[DP_NDTYPE];    /* "f32", "i32", "bf16", "f16" */
-extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm", "copy" */
+extern const char *const dp_stream_names[DP_NSTREAM];  /* "compute", "comm", "copy", "p2p" */
 extern const char *const dp_space_names[DP_NSPACE];    /* "device", "host" */
 /* Bytes of one element of dtype dt (0 for an unknown dtype). */
 size_t dp_dtype_size(unsigned dt);

@@ -48,7 +48,7 @@
  * before its block's backward), stage=N (the pipeline stage that runs it),
  * chunk=N (its virtual stage under `pipeline interleaved`), offload=W (an
  * update's offload where it is not train's: per-block offload),
- * stream=comm or stream=copy (DpStream), bucket=rN.
+ * stream=comm, stream=copy or stream=p2p (DpStream), bucket=rN.
  * Phases: data, fwd, bwd, comm, opt, eval, setup (the init and export
  * programs; their default program is init, so an export node says export).
  *
@@ -768,6 +768,8 @@ static void node_line(NodeLine *l, const Graph *g, const Node *n, const Node *co
 		bputs(a, " stream=comm");
 	else if (n->stream == DP_STREAM_COPY)
 		bputs(a, " stream=copy");
+	else if (n->stream == DP_STREAM_P2P)
+		bputs(a, " stream=p2p");
 	else if (n->stream != DP_STREAM_COMPUTE)
 		bprintf(a, " stream=%d", n->stream);
 	if (n->bucket != -1)

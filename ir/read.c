@@ -1188,9 +1188,11 @@ static int parse_node_attrs(Reader *r, Node *n)
 		} else if (strcmp(t->text, "block") == 0) {
 			rc = parse_block_ref(r, &n->block);
 		} else if (strcmp(t->text, "stream") == 0) {
-			if (is_word(val, "comm") || is_word(val, "compute") || is_word(val, "copy")) {
+			if (is_word(val, "comm") || is_word(val, "compute") || is_word(val, "copy") ||
+			    is_word(val, "p2p")) {
 				n->stream = is_word(val, "comm")   ? DP_STREAM_COMM
 					    : is_word(val, "copy") ? DP_STREAM_COPY
+					    : is_word(val, "p2p")  ? DP_STREAM_P2P
 								   : DP_STREAM_COMPUTE;
 				next(r);
 			} else

@@ -15,7 +15,8 @@
  *  - param <-> grad links symmetric.
  *  - nodes: unique ids below next_node_id; op, operands, phase, stream,
  *    block, bucket, program mask in range; nin == ir_ops[op].arity when the
- *    op table has the row; collectives on the comm stream; events below
+ *    op table has the row; collectives on the comm stream (sends and
+ *    receives on the comm or the p2p stream, nothing else on p2p); events below
  *    g->nevents.
  *  - programs of the setup kernels and collectives: INIT only in the init
  *    program, writing a param or a buffer (a view of kind param counts);
@@ -369,8 +370,14 @@ static void check_node(Verifier *vf, const Node *n)
 		node_error(vf, n, "block %d out of range", n->block);
 	if (n->progs & ~IR_ALL_PROGS)
 		node_error(vf, n, "bad program mask %u", n->progs);
-	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM)
-		node_error(vf, n, "collective not on the comm stream");
+	int p2p = n->op == DP_OP_SEND || n->op == DP_OP_RECV;
+	if (dp_is_collective(n->op) && n->stream != DP_STREAM_COMM &&
+	    !(p2p && n->stream == DP_STREAM_P2P))
+		node_error(vf, n, "%s not on the comm stream%s", p2p ? "transfer" : "collective",
+			   p2p ? " or the p2p stream" : "");
+	if (n->stream == DP_STREAM_P2P && !p2p && n->op != DP_OP_EVENT_RECORD &&
+	    n->op != DP_OP_EVENT_WAIT)
+		node_error(vf, n, "only sends, receives and events run on the p2p stream");
 	int pp = (int)g->cfg.mesh[DP_AXIS_PP], nv = ir_chunks_per_rank(g);
 	if (n->stage < -1 || n->stage >= pp || (n->stage >= 0 && (n->progs & IR_IN_SAMPLE)))
 		node_error(vf, n, "stage %d: stages are 0 to %d, outside the sample program", n->stage,

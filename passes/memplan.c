@@ -178,11 +178,13 @@ static void use_node(const Graph *g, const Node *n, int prog, int lo, int hi, Te
 	}
 }
 
-/* The window [lo, hi] in which each collective may run, from the events of
- * the nodes that run on `stage` (-1: every node; else that stage's and
- * every rank's), widened into lo/hi: positions index the program. */
-static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int *rec, int *wait,
-			  int *lo, int *hi)
+/* The window [lo, hi] in which each node of the serial async stream `sm`
+ * (the comm stream, or the p2p stream of the pipeline's transfers) may run,
+ * from the events of the nodes that run on `stage` (-1: every node; else
+ * that stage's and every rank's), widened into lo/hi: positions index the
+ * program. */
+static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int sm, int *rec,
+			  int *wait, int *lo, int *hi)
 {
 	int64_t nev = g->nevents;
 	for (int64_t e = 0; e < nev; e++)
@@ -216,7 +218,7 @@ static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int
 		const Node *n = step[i];
 		if (stage >= 0 && n->stage >= 0 && n->stage != stage)
 			continue;
-		if (n->stream != DP_STREAM_COMM)
+		if (n->stream != sm)
 			continue;
 		if (n->op == DP_OP_EVENT_RECORD) {
 			int w = wait[DP_EVENT(n)];
@@ -240,7 +242,7 @@ static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int
 		const Node *n = step[i];
 		if (stage >= 0 && n->stage >= 0 && n->stage != stage)
 			continue;
-		if (n->stream != DP_STREAM_COMM)
+		if (n->stream != sm)
 			continue;
 		if (n->op == DP_OP_EVENT_WAIT) {
 			int r = rec[DP_EVENT(n)];
@@ -261,7 +263,9 @@ static void stage_windows(const Graph *g, Node **step, int nstep, int stage, int
  * so the windows follow each stage's sequence: a transfer may start as soon
  * as the stage's own comm stream reaches it, however late the other stages'
  * events are in the one program order (the CUDA backend's streams do; the
- * CPU's post it inline). A node every rank runs gets the widest window. */
+ * CPU's post it inline). A node every rank runs gets the widest window.
+ * The p2p stream (the transfers, passes/p2p.c) is a serial stream of its
+ * own: its windows follow its own events the same way. */
 static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, int *hi)
 {
 	int64_t nev = g->nevents;
@@ -273,9 +277,14 @@ static void collective_windows(const Graph *g, Node **step, int nstep, int *lo, 
 		lo[i] = hi[i] = i;
 	int pp = (int)g->cfg.mesh[DP_AXIS_PP];
 	if (pp <= 1)
-		stage_windows(g, step, nstep, -1, rec, wait, lo, hi);
+		stage_windows(g, step, nstep, -1, DP_STREAM_COMM, rec, wait, lo, hi);
+	/* the p2p stream's transfers: serial among themselves, beside the comm
+	 * stream (a wait of one on the other's event only narrows the window,
+	 * so leaving it out is safe) */
+	static const int serial[] = {DP_STREAM_COMM, DP_STREAM_P2P};
 	for (int s = 0; pp > 1 && s < pp; s++)
-		stage_windows(g, step, nstep, s, rec, wait, lo, hi);
+		for (int k = 0; k < 2; k++)
+			stage_windows(g, step, nstep, s, serial[k], rec, wait, lo, hi);
 	free(rec);
 	free(wait);
 }

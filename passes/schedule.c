@@ -15,7 +15,13 @@
  *   collectives in the same order on the serial comm stream.
  * - Pipeline sends and receives (passes/p2p.c) stay where they are, after
  *   the compute node before them: their order is what keeps the stages'
- *   programs free of deadlock. A once-per-step collective (DP_IF_LAST:
+ *   programs free of deadlock. They run on the p2p stream (DP_STREAM_P2P),
+ *   fenced like the collectives: a start event after their producer, a
+ *   done event before their first reader (or writer, for a send's
+ *   buffer); a transfer and a comm-stream collective that conflict (a
+ *   send of an all_reduce's result) are ordered by an event between the
+ *   two streams (depends_across), so the comm stream's tp all_reduces no
+ *   longer queue behind a send that waits for its receiver. A once-per-step collective (DP_IF_LAST:
  *   the gradients' all_reduce or reduce_scatter after the last
  *   micro-batch) goes after its stage's last transfer (every stage's,
  *   for one every stage runs): on the serial comm stream a transfer
@@ -91,6 +97,7 @@
  * Waits go as late as possible so the collective overlaps the compute
  * between; records go as early as possible so the collective can start.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
@@ -378,6 +385,80 @@ static int first_toucher(Graph *g, Node **comp, int ncomp, const RootIndex *ix, 
 	return best;
 }
 
+/*
+ * For each async node c, the earlier ones of another stream it depends on
+ * (depends_across), ascending: dep[dstart[c] .. dstart[c + 1]). Found
+ * through the memory roots the nodes touch (a conflict needs a common
+ * root), per stream, so the cost follows the pairs that share memory, not
+ * every pair: at pp > 1 the p2p stream's transfers and the comm stream's
+ * collectives are both many (tens of thousands at GPT-3 175B's shape),
+ * where scanning every earlier node for every node was quadratic.
+ */
+static void cross_deps(Graph *g, const Coll *coll, int ncoll, int **dstart_out, int **dep_out)
+{
+	int nv = g->nvalues, roots[DP_MAX_IN + 1];
+	size_t nkey = (size_t)nv * DP_NSTREAM;
+	int *start = ir_alloc(g, (nkey + 2) * sizeof(int));
+	memset(start, 0, (nkey + 2) * sizeof(int));
+	for (int c = 0; c < ncoll; c++) {
+		int k = node_roots(g, coll[c].node, roots);
+		for (int i = 0; i < k; i++)
+			start[(size_t)roots[i] * DP_NSTREAM + coll[c].node->stream + 2]++;
+	}
+	for (size_t r = 0; r < nkey; r++)
+		start[r + 2] += start[r + 1];
+	int *at = ir_alloc(g, ((size_t)start[nkey + 1] + 1) * sizeof(int));
+	for (int c = 0; c < ncoll; c++) {
+		int k = node_roots(g, coll[c].node, roots);
+		for (int i = 0; i < k; i++)
+			at[start[(size_t)roots[i] * DP_NSTREAM + coll[c].node->stream + 1]++] = c;
+	}
+	/* start[key + 1] is now the end of key's list, start[key] its beginning */
+	int *seen = ir_alloc(g, ((size_t)ncoll + 1) * sizeof(int));
+	for (int c = 0; c < ncoll; c++)
+		seen[c] = -1;
+	int *dstart = ir_alloc(g, ((size_t)ncoll + 1) * sizeof(int));
+	int cap = 64, n = 0;
+	int *dep = malloc((size_t)cap * sizeof(int));
+	if (!dep)
+		die("out of memory");
+	for (int c = 0; c < ncoll; c++) {
+		dstart[c] = n;
+		int k = node_roots(g, coll[c].node, roots);
+		for (int i = 0; i < k; i++)
+			for (int st = 0; st < DP_NSTREAM; st++) {
+				if (st == coll[c].node->stream)
+					continue;
+				size_t key = (size_t)roots[i] * DP_NSTREAM + st;
+				for (int j = start[key]; j < start[key + 1] && at[j] < c; j++) {
+					int q = at[j];
+					if (seen[q] == c || !depends_across(g, &coll[q], &coll[c]))
+						continue;
+					seen[q] = c;
+					if (n == cap) {
+						cap *= 2;
+						if (!(dep = realloc(dep, (size_t)cap * sizeof(int))))
+							die("out of memory");
+					}
+					dep[n++] = q;
+				}
+			}
+		/* ascending, as the scan over every earlier node found them */
+		for (int a = dstart[c] + 1; a < n; a++)
+			for (int b = a; b > dstart[c] && dep[b - 1] > dep[b]; b--) {
+				int t = dep[b];
+				dep[b] = dep[b - 1];
+				dep[b - 1] = t;
+			}
+	}
+	dstart[ncoll] = n;
+	int *keep = ir_alloc(g, ((size_t)n + 1) * sizeof(int));
+	memcpy(keep, dep, (size_t)n * sizeof(int));
+	free(dep);
+	*dstart_out = dstart;
+	*dep_out = keep;
+}
+
 int sched_run(Graph *g, Diag *d)
 {
 	(void)d;
@@ -390,7 +471,8 @@ int sched_run(Graph *g, Diag *d)
 		Node *n = g->nodes[i];
 		if (is_event(n))
 			die("schedule: the graph is already scheduled (event node %d)", n->id);
-		if (is_collective(n) && n->stream != DP_STREAM_COMM)
+		if (is_collective(n) && n->stream != DP_STREAM_COMM &&
+		    !(is_p2p(n) && n->stream == DP_STREAM_P2P))
 			die("schedule: collective %d is not on the comm stream", n->id);
 		if (n->stream != DP_STREAM_COMPUTE) {
 			at[ncoll] = ncomp;
@@ -496,10 +578,10 @@ int sched_run(Graph *g, Diag *d)
 	/* Emit. Event nodes are appended by ir_node; the final order is built in
 	 * a separate array and copied back over g->nodes. Collectives placed
 	 * after the same compute node go in program order. */
-	int cap = n0 + 4 * ncoll;
-	for (int c = 0; c < ncoll && streams; c++)
-		for (int q = 0; q < c; q++)
-			cap += depends_across(g, &coll[q], &coll[c]);
+	int *dstart = NULL, *dep = NULL;
+	if (streams)
+		cross_deps(g, coll, ncoll, &dstart, &dep);
+	int cap = n0 + 4 * ncoll + (streams ? dstart[ncoll] : 0);
 	Node **order = ir_alloc(g, (size_t)(cap ? cap : 1) * sizeof(Node *));
 	/* the collectives by their wait, start and after indices, each list in
 	 * program order (linear, where scanning every collective at every
@@ -543,13 +625,12 @@ int sched_run(Graph *g, Diag *d)
 			/* the earlier nodes of another async stream it depends on */
 			/* (a wait for a first-micro-batch copy is first-only too:
 			 * later micro-batches record no event for it) */
-			for (int q = 0; q < c && streams; q++)
-				if (depends_across(g, &coll[q], &coll[c])) {
-					Node *w = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done,
-							coll[c].node);
-					w->flags |= coll[q].node->flags & DP_IF_FIRST;
-					order[k++] = w;
-				}
+			for (int d = streams ? dstart[c] : 0; streams && d < dstart[c + 1]; d++) {
+				int q = dep[d];
+				Node *w = event(g, DP_OP_EVENT_WAIT, st, coll[q].ev_done, coll[c].node);
+				w->flags |= coll[q].node->flags & DP_IF_FIRST;
+				order[k++] = w;
+			}
 			order[k++] = coll[c].node;
 			order[k++] = event(g, DP_OP_EVENT_RECORD, st, coll[c].ev_done,
 					   coll[c].node);

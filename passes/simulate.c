@@ -52,15 +52,20 @@
  *  - gpu: each stream runs its instructions in order (CUDA streams; the
  *    whole step is one graph launch, so issuing costs nothing); an
  *    EVENT_RECORD marks the stream's time, an EVENT_WAIT holds its stream
- *    until then. The comm stream runs one collective at a time; the copy
+ *    until then. The comm stream runs one collective at a time, and so
+ *    does the p2p stream (the pipeline's transfers, step format 22: a
+ *    send held until its receiver posts holds no collective of the comm
+ *    stream); each has a fluid of its own (they use different links, and
+ *    each stream's collectives start in its own time order); the copy
  *    stream (offload's H2Ds) runs its copies in order beside both, each
  *    costed like a kernel that moves its bytes.
  *  - cpu (runtime/cpu/streams.c): the host walks the program; a compute
  *    kernel runs when the walk reaches it and holds the host; a collective
  *    starts when reached and runs beside what follows, concurrently with
- *    the other collectives in flight; an EVENT_RECORD on comm covers every
- *    collective started so far and a wait for it on compute holds the host
- *    until they are done; a kernel on the comm or copy stream waits for
+ *    the other collectives in flight; an EVENT_RECORD on comm (p2p) covers
+ *    every collective (transfer) of that stream started so far and a wait
+ *    for it on compute holds the host until they are done; a kernel on the
+ *    comm or copy stream waits for
  *    every collective before it. Once per optimizer step, after the
  *    program, the host waits for dpexec's report of the step: the loss
  *    all_reduced over every axis but tp, then the sync point over every
@@ -70,7 +75,8 @@
  * Collectives in flight together share their link's bandwidth equally
  * (a fluid model: each one's bus bytes drain at busbw / the number moving
  * on that link, after its alpha); on the gpu executor only collectives of
- * other streams could meet, and there is one comm stream.
+ * other streams could meet, and the comm and p2p streams use different
+ * links (the p2p link is the transfers' alone).
  *
  * Reported, per rank and optimizer step: the step time (the later stream's
  * end), compute (the compute stream's busy time), communication (the time
@@ -97,6 +103,7 @@
 typedef struct {
 	double start, lat_end, left, end; /* end < 0: in flight */
 	int link, op, micro;
+	int stream; /* the stream that started it (the comm or the p2p stream) */
 } Flow;
 
 /* The fluid's lanes: the machine's links, and the p2p link's inbound
@@ -112,6 +119,7 @@ typedef struct {
 	int first_open; /* flows below are all done */
 	double done_end; /* the latest end among them */
 	double clock;   /* the fluid's time */
+	int mixed;      /* cpu: flows of both the comm and the p2p stream */
 	SimResult *r;
 } Sim;
 
@@ -193,6 +201,26 @@ static double fluid_wait(Sim *s, int upto)
 	return end;
 }
 
+/* cpu: wait for the flows of `stream` among [0, upto) (an event recorded on
+ * that stream covers its own collectives, not the other stream's): the
+ * time by which they have ended, as fluid_wait. */
+static double fluid_wait_stream(Sim *s, int upto, int stream)
+{
+	if (!s->mixed)
+		return fluid_wait(s, upto);
+	/* the flows below first_open are done, by the fluid's clock, which
+	 * the host's time is not behind after a wait */
+	double end = 0;
+	for (int i = s->first_open; i < upto; i++) {
+		if (s->fl[i].stream != stream)
+			continue;
+		while (s->fl[i].end < 0)
+			fluid_step(s, -1);
+		end = fmax(end, s->fl[i].end);
+	}
+	return end;
+}
+
 /* A collective posted at t that may not move before ready (its partners'
  * posting: a pipeline transfer's other end, a pp-spanning group's last
  * stage): it starts at the later. */
@@ -207,7 +235,8 @@ static void fluid_start(Sim *s, double t, double ready, const SimOp *op, int idx
 		if (!s->fl)
 			die("out of memory");
 	}
-	s->fl[s->nfl++] = (Flow){go, go + op->alpha, op->bytes, -1, lane, idx, micro};
+	s->mixed |= s->nfl && s->fl[0].stream != op->stream;
+	s->fl[s->nfl++] = (Flow){go, go + op->alpha, op->bytes, -1, lane, idx, micro, op->stream};
 }
 
 static int by_flow_start(const void *a, const void *b)
@@ -248,16 +277,28 @@ static double flows_union(Sim *s)
 static void replay(const SimOp *ops, int n, int accum, int executor, const double *link_bw,
 		   int nevents, int stage, const double *ready, double *posted, SimResult *r)
 {
-	Sim s = {.ops = ops, .executor = executor, .r = r};
-	for (int l = 0; l < MACH_NLINK; l++)
-		s.link_bw[l] = link_bw[l];
-	s.link_bw[LANE_P2P_IN] = link_bw[MACH_P2P];
+	/* cpu: one fluid for every collective in flight; gpu: one per stream
+	 * (each stream moves one at a time, in its own time order, and the comm
+	 * and p2p streams use different links, so they never share one) */
+	Sim fs[DP_NSTREAM];
+	for (int k = 0; k < DP_NSTREAM; k++) {
+		fs[k] = (Sim){.ops = ops, .executor = executor, .r = r};
+		for (int l = 0; l < MACH_NLINK; l++)
+			fs[k].link_bw[l] = link_bw[l];
+		fs[k].link_bw[LANE_P2P_IN] = link_bw[MACH_P2P];
+	}
+	Sim *cs = &fs[0]; /* cpu: the one fluid */
 	double tail[DP_NSTREAM] = {0}, host = 0;
 	double *ev_time = calloc((size_t)nevents + 1, sizeof *ev_time); /* gpu: when it is reached */
 	int *ev_flows = calloc((size_t)nevents + 1, sizeof *ev_flows);  /* cpu: flows it covers */
-	if (!ev_time || !ev_flows)
+	int *ev_rec = calloc((size_t)nevents + 1, sizeof *ev_rec);      /* the op recording it */
+	if (!ev_time || !ev_flows || !ev_rec)
 		die("out of memory");
-	r->busy[DP_STREAM_COMPUTE] = r->busy[DP_STREAM_COMM] = r->busy[DP_STREAM_COPY] = 0;
+	for (int i = 0; i < n; i++)
+		if (ops[i].kind == SIM_RECORD && ops[i].event >= 0 && ops[i].event < nevents)
+			ev_rec[ops[i].event] = i;
+	for (int k = 0; k < DP_NSTREAM; k++)
+		r->busy[k] = 0;
 	r->exposed_s = 0;
 	r->nspans = 0;
 	for (int mb = 0; mb < accum; mb++) {
@@ -275,7 +316,7 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 				case SIM_KERNEL: {
 					double t0 = host;
 					if (o->stream != DP_STREAM_COMPUTE) /* after the collectives before it */
-						t0 = fmax(t0, fluid_wait(&s, s.nfl));
+						t0 = fmax(t0, fluid_wait(cs, cs->nfl));
 					host = t0 + o->dur;
 					r->busy[o->stream] += o->dur;
 					add_span(r, t0, host, i, mb, 0);
@@ -284,14 +325,16 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 				case SIM_COLL:
 					if (posted)
 						posted[i] = host;
-					fluid_start(&s, host, rd, o, i, mb);
+					fluid_start(cs, host, rd, o, i, mb);
 					break;
-				case SIM_RECORD:
-					ev_flows[o->event] = o->stream == DP_STREAM_COMM ? s.nfl : 0;
+				case SIM_RECORD: /* the comm or p2p stream's collectives so far */
+					ev_flows[o->event] = o->stream == DP_STREAM_COMM || o->stream == DP_STREAM_P2P
+								     ? cs->nfl : 0;
 					break;
 				case SIM_WAIT:
-					if (o->stream == DP_STREAM_COMPUTE) {
-						double done = fluid_wait(&s, ev_flows[o->event]);
+					if (o->stream == DP_STREAM_COMPUTE && ev_flows[o->event]) {
+						double done = fluid_wait_stream(cs, ev_flows[o->event],
+										ops[ev_rec[o->event]].stream);
 						if (done > host) {
 							add_span(r, host, done, i, mb, -1);
 							r->exposed_s += done - host;
@@ -303,6 +346,7 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 				continue;
 			}
 			double *t = &tail[o->stream];
+			Sim *sf = &fs[o->stream];
 			switch (o->kind) {
 			case SIM_KERNEL:
 				add_span(r, *t, *t + o->dur, i, mb, o->stream == DP_STREAM_COMM ? 1 : 0);
@@ -313,8 +357,8 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 			case SIM_COLL: /* in order on its stream: it moves alone */
 				if (posted)
 					posted[i] = *t;
-				fluid_start(&s, *t, rd, o, i, mb);
-				*t = fluid_wait(&s, s.nfl);
+				fluid_start(sf, *t, rd, o, i, mb);
+				*t = fluid_wait(sf, sf->nfl);
 				break;
 			case SIM_RECORD:
 				ev_time[o->event] = *t;
@@ -331,14 +375,32 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 			}
 		}
 	}
-	double end = executor == MACH_CPU ? host : fmax(fmax(tail[0], tail[1]), tail[2]);
-	end = fmax(end, fluid_wait(&s, s.nfl));
+	double end = host;
+	for (int k = 0; k < DP_NSTREAM && executor != MACH_CPU; k++)
+		end = fmax(end, tail[k]);
+	/* every flow, of every stream's fluid, in one list: their union is the
+	 * time any collective is in flight */
+	for (int k = 0; k < DP_NSTREAM; k++)
+		end = fmax(end, fluid_wait(&fs[k], fs[k].nfl));
+	for (int k = 1; k < DP_NSTREAM; k++) {
+		if (!fs[k].nfl)
+			continue;
+		if (cs->nfl + fs[k].nfl > cs->capfl) {
+			cs->capfl = cs->nfl + fs[k].nfl;
+			if (!(cs->fl = realloc(cs->fl, sizeof *cs->fl * (size_t)cs->capfl)))
+				die("out of memory");
+		}
+		memcpy(cs->fl + cs->nfl, fs[k].fl, sizeof *cs->fl * (size_t)fs[k].nfl);
+		cs->nfl += fs[k].nfl;
+		free(fs[k].fl);
+	}
 	r->step_s = end;
-	r->comm_s = flows_union(&s);
+	r->comm_s = flows_union(cs);
 	r->busy[DP_STREAM_COMM] += r->comm_s;
-	free(s.fl);
+	free(cs->fl);
 	free(ev_time);
 	free(ev_flows);
+	free(ev_rec);
 }
 
 int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,

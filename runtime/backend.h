@@ -21,7 +21,7 @@
  * collective (or read / write for INIT and SAVE), run_end, and sync.
  *  - Streams. Calls enqueue work on the instruction's stream, in order;
  *    cross-stream order comes only from events (exec.h says what they
- *    mean). The fork/join of the two streams around a program run is
+ *    mean). The fork/join of the streams around a program run is
  *    run_begin/run_end; sync() waits for everything issued, under the
  *    --timeout watchdog. A backend chooses how its streams run: the CUDA
  *    backend's are CUDA streams; the CPU backend runs them inline

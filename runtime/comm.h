@@ -64,6 +64,10 @@ typedef struct {
 			  int64_t n, int64_t *ticket, RtErr *e);
 	/* Wait until every collective with a ticket < upto has completed. */
 	int (*wait)(Comm *c, int64_t upto, RtErr *e);
+	/* Wait until the one collective `ticket` has completed, whatever the
+	 * others do (a stream's own, beside another stream's transfer that
+	 * waits for its peer: cpu/streams.c). NULL: wait(ticket + 1). */
+	int (*wait_one)(Comm *c, int64_t ticket, RtErr *e);
 	/* Let pending collectives advance; never blocks. */
 	int (*progress)(Comm *c, RtErr *e);
 	/* Blocking sum of n doubles over the group of `axes` (logging, metrics). */

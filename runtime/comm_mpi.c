@@ -346,6 +346,18 @@ static int mpi_wait(Comm *c, int64_t upto, RtErr *e)
 	return 0;
 }
 
+static int mpi_wait_one(Comm *c, int64_t ticket, RtErr *e)
+{
+	Mpi *m = c->impl;
+	int64_t i = ticket - m->base;
+	if (i < m->first_open || i >= m->nreq)
+		return 0; /* complete (or recycled with every ticket before it) */
+	RT_CHECK(complete(c, i, i + 1, e)); /* a completed request becomes MPI_REQUEST_NULL */
+	while (m->first_open < m->nreq && m->req[m->first_open] == MPI_REQUEST_NULL)
+		m->first_open++;
+	return mpi_wait(c, m->base + m->first_open, e);
+}
+
 static int mpi_progress(Comm *c, RtErr *e)
 {
 	Mpi *m = c->impl;
@@ -419,6 +431,7 @@ static const CommOps mpi_ops = {
 	.send_start = mpi_send_start,
 	.recv_start = mpi_recv_start,
 	.wait = mpi_wait,
+	.wait_one = mpi_wait_one,
 	.progress = mpi_progress,
 	.allreduce_f64 = mpi_allreduce_f64,
 	.all_ok = mpi_all_ok,

@@ -6,6 +6,9 @@
  * Streams. Cross-stream order comes only from events, as on a GPU:
  *   EVENT_RECORD on comm    - the event covers every collective issued so far;
  *   EVENT_WAIT on compute   - compute waits until those collectives have completed;
+ *   on the p2p stream (the pipeline's sends and recvs, step format 22) the
+ *   same, for its transfers alone: a comm event covers no transfer and a p2p
+ *   event no collective, so a send waiting for its peer holds no collective;
  *   EVENT_RECORD on compute - marks the compute done so far;
  *   EVENT_WAIT on comm      - later collectives start after that compute;
  *   on the copy stream (offload's H2Ds, in order among themselves), a record

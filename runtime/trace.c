@@ -567,10 +567,10 @@ static void summary(const Trace *t, const Exec *x)
 	}
 	printf("trace: rank 0, %ld step(s), %ld step-program run(s), %s times: wall %.3f ms "
 	       "(runs, first mark to last)\n", steps, runs, t->dev ? "device" : "host", wall);
-	printf("trace: instructions %.3f ms: compute %.3f, comm %.3f, copy %.3f; gap %.3f ms "
-	       "(%.1f%% of the wall): the wall less the compute stream's instructions "
+	printf("trace: instructions %.3f ms: compute %.3f, comm %.3f, copy %.3f, p2p %.3f; gap "
+	       "%.3f ms (%.1f%% of the wall): the wall less the compute stream's instructions "
 	       "(launches, dependencies)\n", sum, stream[DP_STREAM_COMPUTE], stream[DP_STREAM_COMM],
-	       stream[DP_STREAM_COPY], wall - stream[DP_STREAM_COMPUTE],
+	       stream[DP_STREAM_COPY], stream[DP_STREAM_P2P], wall - stream[DP_STREAM_COMPUTE],
 	       wall > 0 ? 100 * (wall - stream[DP_STREAM_COMPUTE]) / wall : 0.0);
 	printf("trace: by class (ms, %% of the instructions):");
 	for (int k = 0; k < K_N; k++)

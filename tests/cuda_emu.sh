@@ -39,7 +39,9 @@
 #     (gpt2-dropout: the same masks, f32 at 2 ranks and cp=2, bf16); pipeline
 #     parallelism (gpt2-pp, gpt2-zb, gpt2-il: grad_accum 2 at pp=2 under
 #     pipedream_flush (also in bf16), zero_bubble and interleaved
-#     (stages_per_rank 2: the ring's wrap from rank 1 to rank 0), pp=2 x dp_shard=2
+#     (stages_per_rank 2: the ring's wrap from rank 1 to rank 0; and at
+#     pp=2 x tp=2: the p2p stream's transfers beside the comm stream's tp
+#     all_reduces), pp=2 x dp_shard=2
 #     under ddp and full_shard (the tied wte gathered by both stages), and
 #     pp=4, each stage keeping its own
 #     parameters); offload optimizer (mlp and gpt2-tiny under ddp and
@@ -739,6 +741,11 @@ model_case gpt2-pp ddp 2 "pp=2"
 model_case gpt2-zb ddp 2 "pp=2"
 model_case gpt2-il ddp 2 "pp=2" # (interleaved, stages_per_rank 2: each rank's two virtual stages one program)
 model_case gpt2-pp ddp 4 "pp=2, dp_shard=2"
+# pp=2 x tp=2 interleaved: the transfers on the p2p stream's pp communicator
+# beside the tp all_reduces on the comm stream's, both in the step graph,
+# ordered by events only where data flows (step format 22, docs/CUDA.md's
+# "Two NCCL streams")
+model_case gpt2-il ddp 4 "pp=2, tp=2"
 # pp=4: each stage its own parameters, the stages' parts sharing bytes (the
 # clip fold reads this rank's instructions only), the norm's all_reduce over
 # pp on the communicator of the transfers, a middle stage making more of them;
@@ -1096,12 +1103,14 @@ case_on stalled-rank && step_bin stall && stall_case stall "$T/stall.bin" 1:8 \
 	"step [0-9]+ did not finish within --timeout 3 s; pending: [a-z_]+ of '[^']+' over axis mask" "a stalled rank"
 # A stage whose device stalls mid-pipeline (rank 1, stage 1, stops at its 6th
 # NCCL call, a transfer of step 2): the message names a stage and its pending
-# send or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall)
+# send or recv (peer and tag), as the CPU's (tests/pipeline.sh's stall),
+# on the p2p stream; the comm stream's pending collective (the stage's next
+# one, which no longer queues behind the transfer) may be named before it
 if case_on pp-stall; then
 	{ echo "mesh pp=2"; grep -v '^mesh ' "$T/mlp8.dp"; } >"$T/pp2.dp" # (mlp8's grad_accum 2)
 	"$DPC" "$T/pp2.dp" --world-size 2 -o "$T/pp2.bin" 2>/dev/null || fail "pp-stall: dpc"
 	stall_case pp2 "$T/pp2.bin" 1:6 \
-		"pending: pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the comm stream" \
+		"pending: (.*; )?pipeline stage [01]'s (send to|recv from) stage [01] \(tag [0-9]+\) on the p2p stream" \
 		"a stalled pipeline stage, its pending send or recv named,"
 fi
 

@@ -89,9 +89,13 @@
 #   no_sync       block_sum's __syncthreads between the stores into shared
 #                 memory and the reads of them, dropped
 #   reorder       rank 1 issues its first collective after its second
-#   p2p_wait      the comm stream's wait for the compute stream right before
+#   p2p_wait      the p2p stream's wait for the compute stream right before
 #                 a pipeline send dropped (mlp8 at pp=2): the send moves an
 #                 activation or gradient the compute stream has not written
+#   recv_wait     the compute stream's wait for a pipeline recv's done
+#                 event (recorded on the p2p stream) dropped (mlp8 at
+#                 pp=2): the recv's consumer reads its buffer before the
+#                 transfer fills it (the emulator's NaN, under late comm)
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #                 (row_stats, and layernorm_grad_gb's statistics walk: b16's
 #                 gamma gradients are where it shows)
@@ -598,6 +602,7 @@ emb_tile_sync emb_tile_sync hd64    1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 reorder       reorder       two     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 p2p_wait      p2p_wait      pp2     2 one DPEMU_COMM=early,DPEMU_SEED=1 DPEMU_COMM=late,DPEMU_SEED=2
+recv_wait     recv_wait     pp2     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 subgroup      subgroup_skipped gpp4 4 one DPEMU_SEED=3
 attn_sync     attn_sync     hd64    1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_sync       tc_sync       a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
@@ -705,6 +710,7 @@ unmutated two "the same case"
 unmutated psgd "the PowerSGD case"
 unmutated psgdf "the PowerSGD warm_start=false case"
 unmutated gpp4 "gpt2-tiny at pp=4 (stage parts sharing bytes)"
+unmutated pp2 "mlp8 at pp=2 (transfers on the p2p stream)"
 unmutated biased "the biased case"
 unmutated bb16 "the biased bf16 case"
 unmutated hd64 "the gpt2-hd64 case"

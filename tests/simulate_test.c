@@ -283,6 +283,56 @@ static void pp_stages(int ex)
 }
 
 /*
+ * A send that waits for its receiver, and a tp collective after it (issue
+ * 30's third cause). Stage 1 posts its recv after a 5 s kernel; stage 0
+ * sends at 0, then computes 1 s and all_reduces 2 bytes (1..3 at 1 B/s)
+ * whose result its compute stream waits for. On the p2p stream the send
+ * holds nothing else: the collective runs 1..3, 2 s exposed, on both
+ * executors. On the comm stream (the format before 22) the GPU's serial
+ * stream runs the collective after the send moves (5..6): 6..8, 7 s
+ * exposed; the CPU's comm event covered the send too: 1..6, 5 s exposed.
+ * Each stage's step ends with its transfer at 6 (stage 0's gpu: 8).
+ */
+static void held_send(int ex)
+{
+	for (int p2p = 1; p2p >= 0; p2p--) {
+		int ps = p2p ? DP_STREAM_P2P : CM;
+		SimOp ops[16];
+		int n = 0;
+		ops[n++] = ST(1, K(CO, 5));
+		ops[n++] = ST(1, REC(CO, 0));
+		ops[n++] = ST(1, WAIT(ps, 0));
+		transfer(ops, n, 0, 1);
+		ops[n].stream = ops[n + 1].stream = ps;
+		n += 2;
+		ops[n++] = ST(1, REC(ps, 1));
+		ops[n++] = ST(1, WAIT(CO, 1));
+		ops[n++] = ST(0, K(CO, 1));
+		ops[n++] = ST(0, REC(CO, 2));
+		ops[n++] = ST(0, WAIT(CM, 2));
+		int ar = n;
+		ops[n++] = ST(0, C(2, 0, MACH_INTRA));
+		ops[n++] = ST(0, REC(CM, 3));
+		ops[n++] = ST(0, WAIT(CO, 3));
+		SimResult r[2];
+		memset(r, 0, sizeof r);
+		r[0].want_spans = r[1].want_spans = 1;
+		sim_run_stages(ops, n, 2, ex, bw, 4, r);
+		double want = p2p ? 2 : ex == MACH_CPU ? 5 : 7;
+		const SimSpan *a = span_of(&r[0], ar, 0, 0);
+		double a0 = p2p || ex == MACH_CPU ? 1 : 6;
+		CHECK(NEAR(r[0].exposed_s, want) && a && NEAR(a->t0, a0) && NEAR(a->t1, a0 + 2) &&
+		      NEAR(r[1].step_s, 6) && NEAR(r[0].step_s, !p2p && ex == MACH_GPU ? 8 : 6),
+		      "%s: a held send on the %s stream: stage 0 exposed %g (want %g), its all_reduce "
+		      "%g..%g (want %g..%g), steps %g and %g", ex_names[ex], p2p ? "p2p" : "comm",
+		      r[0].exposed_s, want, a ? a->t0 : -1, a ? a->t1 : -1, a0, a0 + 2, r[0].step_s,
+		      r[1].step_s);
+		free(r[0].spans);
+		free(r[1].spans);
+	}
+}
+
+/*
  * A collective over a sub-group of the stages (a tied parameter's
  * gradients on stages 0 and 2 of three, each running its own copy over
  * their communicator), 2 bytes at 1 B/s, each copy after its stage's
@@ -387,6 +437,7 @@ int main(void)
 		wait_on_event(ex);
 		accumulation(ex);
 		pp_stages(ex);
+		held_send(ex);
 		sub_group(ex);
 	}
 	contention();

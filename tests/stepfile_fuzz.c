@@ -503,6 +503,40 @@ static void test_pipeline_rules(void)
 	rule("a send of an i32 tensor", DP_PROG_STEP, d, 0, "input 'y' is not f32, bf16 or f16");
 	d = recv, d.out = -1;
 	rule("a recv without output", DP_PROG_STEP, d, 0, "missing output");
+	/* the p2p stream (version 22) carries the transfers and events only */
+	d = send, d.stream = DP_STREAM_P2P;
+	rule("a send on the p2p stream", DP_PROG_STEP, d, 0, NULL);
+	d = recv, d.stream = DP_STREAM_P2P;
+	rule("a recv on the p2p stream", DP_PROG_STEP, d, 0, NULL);
+	d = relu, d.stream = DP_STREAM_P2P;
+	rule("a kernel on the p2p stream", DP_PROG_STEP, d, 0,
+	     "only pipeline sends, receives and events run on the p2p stream");
+	{ /* written at 22; stamped 21 (what the 21 format cannot say) it is refused */
+		DpStep s = *builtin_step();
+		s.cfg.mesh[DP_AXIS_PP] = 2;
+		DpInstr prog[64];
+		memcpy(prog, s.prog[DP_PROG_STEP], s.nprog[DP_PROG_STEP] * sizeof *prog);
+		prog[s.nprog[DP_PROG_STEP]] = send;
+		prog[s.nprog[DP_PROG_STEP]].stream = DP_STREAM_P2P;
+		s.prog[DP_PROG_STEP] = prog;
+		s.nprog[DP_PROG_STEP]++;
+		unsigned char *b;
+		size_t n;
+		char err[256] = "";
+		DpStep out;
+		check(dp_step_version(&s) == 22 && dpstep_encode(&s, &b, &n) == 0,
+		      "a send on the p2p stream is written at 22");
+		put32(b + 8, 21);
+		fix_crc(b, n);
+		int rc = dpstep_decode(b, n, &out, err, sizeof err);
+		check(rc != 0 && strstr(err, "format 21 has no p2p stream"),
+		      "the p2p stream in a file stamped 21: '%s'", err);
+		if (rc == 0)
+			dpstep_free(&out);
+		free(b);
+		s.prog[DP_PROG_STEP][s.nprog[DP_PROG_STEP] - 1].stream = DP_STREAM_COMM;
+		check(dp_step_version(&s) == 19, "a send on the comm stream is written at 19, as before");
+	}
 	/* an all_reduce over a sub-group of the stages (a tied parameter's
 	 * gradient over the stages that keep it: pp=4, stages 0 and 3) */
 	rule_pp = 4;

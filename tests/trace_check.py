@@ -22,7 +22,7 @@ def fail(msg):
 
 
 DEV_TID = 100
-STREAMS = ["compute", "comm", "copy"]
+STREAMS = ["compute", "comm", "copy", "p2p"]
 
 
 def device_checks(spans, names, log, ranks):
@@ -61,14 +61,14 @@ def device_checks(spans, names, log, ranks):
     if len(tot) != 1 or len(cls) != 1 or not top:
         fail(f"no summary in {log}")
     m = re.match(r"trace: instructions ([0-9.]+) ms: compute ([0-9.]+), comm ([0-9.]+), "
-                 r"copy ([0-9.]+);", tot[0])
+                 r"copy ([0-9.]+), p2p ([0-9.]+);", tot[0])
     total = float(m.group(1))
     parts = [float(x) for x in re.findall(r" [a-z]+ ([0-9.]+) \(", cls[0])]
     spent = sum(e["dur"] for e in dev if e["pid"] == 0 and e["cat"] != "run" and
                 e["args"]["program"] == "step") / 1e3
     slack = 2e-3 * (len(parts) + 3) + 1e-4 * total
     if abs(sum(parts) - total) > slack or \
-            abs(sum(float(m.group(k)) for k in (2, 3, 4)) - total) > slack:
+            abs(sum(float(m.group(k)) for k in (2, 3, 4, 5)) - total) > slack:
         fail(f"the summary does not add up: classes {sum(parts):.3f}, streams, total {total:.3f}")
     if abs(spent - total) > slack + 1e-3 * len(dev):
         fail(f"the summary's total {total:.3f} ms is not rank 0's device spans' {spent:.3f} ms")

@@ -16,17 +16,24 @@
  * take a core from the kernels' pool.
  *
  * Events are comm tickets: EVENT_RECORD on comm remembers the ticket after
- * every collective issued so far, EVENT_WAIT on compute waits for it (and
- * those collectives are then visible to compute); an event recorded on
+ * every collective issued so far, EVENT_WAIT on compute waits for those of
+ * the comm stream among them (and they are then visible to compute). The
+ * p2p stream (the pipeline's sends and receives, DP_STREAM_P2P) is a queue
+ * of its own beside the comm stream, as on a GPU: an event recorded on it
+ * covers its own transfers only, a transfer waits for the transfers before
+ * it and a collective for the collectives before it (each stream's order),
+ * so a send that waits for its receiver holds no tp all_reduce issued after
+ * it (MPI's nonblocking sends never did; the walk's waits on every earlier
+ * ticket did). An event recorded on
  * compute marks work that is already done, and a wait on the comm stream
  * needs nothing (compute before it has run). A kernel on the comm stream
  * runs after the collectives issued before it that touch its memory (stream
- * order, for all that it can observe: conflict_ticket).
+ * order, for all that it can observe: wait_conflicts).
  *
  * The copy stream (offload's D2H of a reduced gradient, its H2D of an
- * updated shard) is a queue: the walk enqueues a copy (with the comm
- * ticket of the collectives in flight on its memory, which it will wait
- * for) and runs it when something needs it: a wait on compute or comm for
+ * updated shard) is a queue: the walk enqueues a copy (with the count of
+ * the collectives issued before it: those of them in flight on its memory
+ * it will wait for) and runs it when something needs it: a wait on compute or comm for
  * an event recorded on the copy stream after it, an instruction of another
  * stream that touches its memory (reads what it writes, writes what it
  * touches: what a GPU would race on, so a schedule has a wait there
@@ -57,13 +64,14 @@ typedef struct {
 	uint64_t rlo, rhi; /* arena bytes it reads */
 	uint64_t wlo, whi; /* arena bytes it writes */
 	uint32_t instr;    /* its index in the program, for messages */
+	int stream;        /* the stream it runs on (comm or p2p) */
 } InFlight;
 
 /* A copy-stream instruction enqueued, not yet run. */
 typedef struct {
 	const DpInstr *in;
 	BackendAt at;      /* where the walk enqueued it, for the kernel and messages */
-	int64_t ticket;    /* the comm tickets below it complete before it runs */
+	int64_t issued;    /* the collectives issued before it: those in flight on its memory complete before it runs */
 } Copy;
 
 struct CpuStreams {
@@ -73,6 +81,7 @@ struct CpuStreams {
 	int in_run;            /* between run_begin and run_end: Backend.at is the walk's */
 	int64_t *event_ticket; /* [nevents]: comm ticket the event covers; -1: on compute */
 	int64_t *event_copies; /* [nevents]: copies enqueued when it was recorded on copy; 0: other */
+	unsigned char *event_stream; /* [nevents]: the stream that recorded it */
 	InFlight *fl;          /* collectives not yet made visible to compute */
 	int nfl, capfl;
 	Copy *cq;              /* the copy stream's queue: cq[0 .. ncq) enqueued this run */
@@ -88,7 +97,8 @@ int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progre
 	CpuStreams *st = calloc(1, sizeof *st);
 	size_t nev = s->nevents ? s->nevents : 1;
 	if (!st || !(st->event_ticket = calloc(nev, sizeof(int64_t))) ||
-	    !(st->event_copies = calloc(nev, sizeof(int64_t)))) {
+	    !(st->event_copies = calloc(nev, sizeof(int64_t))) ||
+	    !(st->event_stream = calloc(nev, 1))) {
 		cpu_streams_free(st);
 		return RT_FAIL(e, "out of memory (CPU streams)");
 	}
@@ -107,6 +117,7 @@ void cpu_streams_free(CpuStreams *st)
 		return;
 	free(st->event_ticket);
 	free(st->event_copies);
+	free(st->event_stream);
 	free(st->fl);
 	free(st->cq);
 	free(st);
@@ -168,27 +179,42 @@ static int check_hazard(CpuStreams *st, int p, uint32_t idx, RtErr *e)
 	return 0;
 }
 
-/* A kernel on the comm stream (offload's D2H of a gradient) runs after
- * the collectives before it. Inline, it need only wait for those in flight
- * whose memory it conflicts with: the others touch none of its bytes, so
- * running it before they finish is the same (and compute keeps its overlap
- * with, say, a prefetched all_gather). Returns the ticket to wait for
- * (every ticket below it). */
-static int64_t conflict_ticket(const CpuStreams *st, const DpInstr *in)
+/* Until the one collective `ticket` has completed (the comm backend's
+ * wait_one, else every ticket up to it). */
+static int wait_one(Comm *c, int64_t ticket, RtErr *e)
 {
-	int64_t upto = 0;
-	for (int f = 0; f < st->nfl; f++)
-		if (conflict(st->s, in, &st->fl[f]) >= 0 && st->fl[f].ticket + 1 > upto)
-			upto = st->fl[f].ticket + 1;
-	return upto;
+	return c->ops->wait_one ? c->ops->wait_one(c, ticket, e) : c->ops->wait(c, ticket + 1, e);
 }
 
-/* The compute stream has waited for every ticket < upto: forget those. */
-static void retire(CpuStreams *st, int64_t upto)
+/* A kernel on the comm or copy stream (offload's D2H of a gradient) runs
+ * after the collectives issued before it (tickets below `issued`). It need
+ * only wait for those in flight whose memory it conflicts with: the others
+ * touch none of its bytes, so running it before they finish is the same
+ * (and compute keeps its overlap with, say, a prefetched all_gather). */
+static int wait_conflicts(CpuStreams *st, const DpInstr *in, int64_t issued, RtErr *e)
+{
+	for (int f = 0; f < st->nfl; f++)
+		if (st->fl[f].ticket < issued && conflict(st->s, in, &st->fl[f]) >= 0)
+			RT_CHECK(wait_one(st->comm, st->fl[f].ticket, e));
+	return 0;
+}
+
+/* Stream order: the collectives in flight on `stream`, each done. */
+static int wait_stream(CpuStreams *st, int stream, RtErr *e)
+{
+	for (int f = 0; f < st->nfl; f++)
+		if (st->fl[f].stream == stream)
+			RT_CHECK(wait_one(st->comm, st->fl[f].ticket, e));
+	return 0;
+}
+
+/* The compute stream has waited for every ticket < upto of `stream`:
+ * forget those. */
+static void retire(CpuStreams *st, int64_t upto, int stream)
 {
 	int k = 0;
 	for (int f = 0; f < st->nfl; f++)
-		if (st->fl[f].ticket >= upto)
+		if (st->fl[f].ticket >= upto || st->fl[f].stream != stream)
 			st->fl[k++] = st->fl[f];
 	st->nfl = k;
 }
@@ -234,10 +260,9 @@ static int copy_conflict(const DpStep *s, const DpInstr *in, const Copy *c)
  * collectives it waits for. */
 static int run_copies(CpuStreams *st, int upto, RtErr *e)
 {
-	Comm *c = st->comm;
 	for (; st->cq_done < upto; st->cq_done++) {
 		const Copy *q = &st->cq[st->cq_done];
-		RT_CHECK(c->ops->wait(c, q->ticket, e));
+		RT_CHECK(wait_conflicts(st, q->in, q->issued, e));
 		RT_CHECK(st->run_copy(st->run_ctx, &q->at, q->in, e));
 	}
 	return 0;
@@ -293,7 +318,7 @@ int cpu_streams_defer(CpuStreams *st, const BackendAt *at, const DpInstr *in, Rt
 		      "the copy stream's queue", e));
 	/* the collectives in flight on its memory now: those issued later are
 	 * after it in the schedule's order */
-	st->cq[st->ncq++] = (Copy){.in = in, .at = *at, .ticket = conflict_ticket(st, in)};
+	st->cq[st->ncq++] = (Copy){.in = in, .at = *at, .issued = st->comm->issued};
 	return 1;
 }
 
@@ -302,22 +327,23 @@ int cpu_streams_enter(CpuStreams *st, const BackendAt *at, RtErr *e)
 	if (!st->in_run)
 		return 0; /* outside a run nothing is in flight */
 	const DpInstr *in = &st->s->prog[at->prog][at->instr];
-	Comm *c = st->comm;
 	RT_CHECK(poll(st, e));
 	RT_CHECK(copies_before(st, in, e));
-	if (in->stream == DP_STREAM_COMM && dp_is_collective(in->op))
-		return c->ops->wait(c, c->issued, e); /* stream order: after those before it */
+	if (in->stream != DP_STREAM_COMPUTE && dp_is_collective(in->op))
+		return wait_stream(st, in->stream, e); /* stream order: after those before it */
 	if (in->stream != DP_STREAM_COMPUTE) /* a copy on the comm stream */
-		return c->ops->wait(c, conflict_ticket(st, in), e);
+		return wait_conflicts(st, in, st->comm->issued, e);
 	return st->nfl ? check_hazard(st, at->prog, at->instr, e) : 0;
 }
 
 int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr *e)
 {
 	RT_CHECK(poll(st, e));
-	/* comm: every collective issued so far; compute: done now; copy: the
-	 * copies enqueued so far */
-	st->event_ticket[ev] = stream == DP_STREAM_COMM ? st->comm->issued : -1;
+	/* comm, p2p: every collective issued so far (of that stream); compute:
+	 * done now; copy: the copies enqueued so far */
+	int async = stream == DP_STREAM_COMM || stream == DP_STREAM_P2P;
+	st->event_ticket[ev] = async ? st->comm->issued : -1;
+	st->event_stream[ev] = (unsigned char)stream;
 	st->event_copies[ev] = stream == DP_STREAM_COPY ? st->ncq : 0;
 	return 0;
 }
@@ -334,8 +360,11 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 	/* a wait on the comm stream orders its work after what has already run
 	 * (compute): nothing more to do */
 	if (stream == DP_STREAM_COMPUTE && st->event_ticket[ev] >= 0) {
-		RT_CHECK(c->ops->wait(c, st->event_ticket[ev], e));
-		retire(st, st->event_ticket[ev]);
+		int from = st->event_stream[ev];
+		for (int f = 0; f < st->nfl; f++)
+			if (st->fl[f].stream == from && st->fl[f].ticket < st->event_ticket[ev])
+				RT_CHECK(wait_one(c, st->fl[f].ticket, e));
+		retire(st, st->event_ticket[ev], from);
 	}
 	return 0;
 }
@@ -346,7 +375,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 	const DpStep *s = st->s;
 	Comm *c = st->comm;
 	unsigned axes = (unsigned)DP_AXES(in);
-	InFlight fl = {.instr = at->instr};
+	InFlight fl = {.instr = at->instr, .stream = in->stream};
 	RT_CHECK(poll(st, e));
 	RT_CHECK(copies_before(st, in, e));
 	if (in->stream == DP_STREAM_COMPUTE)
@@ -360,7 +389,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		if (overlap(fl.rlo, fl.rhi, st->fl[f].wlo, st->fl[f].whi) ||
 		    overlap(fl.wlo, fl.whi, st->fl[f].rlo, st->fl[f].rhi) ||
 		    overlap(fl.wlo, fl.whi, st->fl[f].wlo, st->fl[f].whi))
-			RT_CHECK(c->ops->wait(c, st->fl[f].ticket + 1, e));
+			RT_CHECK(wait_one(c, st->fl[f].ticket, e));
 	/* the tensor it moves: out, or a send's in0 */
 	int whole = in->out >= 0 ? in->out : in->in[0];
 	void *out = ptr[whole];
@@ -394,7 +423,7 @@ int cpu_streams_collective(CpuStreams *st, const BackendAt *at, void *const *ptr
 		break;
 	}
 	if (in->stream == DP_STREAM_COMPUTE)
-		return c->ops->wait(c, fl.ticket + 1, e); /* synchronous on the compute stream */
+		return wait_one(c, fl.ticket, e); /* synchronous on the compute stream */
 	RT_CHECK(room((void **)&st->fl, &st->capfl, st->nfl, sizeof *st->fl,
 		      "in-flight collectives", e));
 	st->fl[st->nfl++] = fl;

@@ -461,15 +461,17 @@ static int wait_event(Backend *b, cudaEvent_t ev, const char *what, int64_t step
 	return 0;
 }
 
-/* The compute stream waits for everything issued on the comm and copy
- * streams (a wait takes the event's record at the call, so one event serves
- * both in turn). */
+/* The compute stream waits for everything issued on the comm, copy and
+ * p2p streams (a wait takes the event's record at the call, so one event
+ * serves each in turn). */
 static int join_comm(CuBackend *x, RtErr *e)
 {
-	CU(cudaEventRecord(x->join, x->st[DP_STREAM_COMM]));
-	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMPUTE], x->join, 0));
-	CU(cudaEventRecord(x->join, x->st[DP_STREAM_COPY]));
-	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMPUTE], x->join, 0));
+	for (int k = 0; k < DP_NSTREAM; k++) {
+		if (k == DP_STREAM_COMPUTE)
+			continue;
+		CU(cudaEventRecord(x->join, x->st[k]));
+		CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMPUTE], x->join, 0));
+	}
 	return 0;
 }
 
@@ -770,16 +772,18 @@ static int init_body(Backend *b, CuBackend *x, RtErr *e)
 			x->staging |= !own && cu_stage_need(s, in) > 0;
 		}
 
-	/* the collectives' stream at the device's greatest priority: an NCCL
-	 * kernel's blocks are scheduled before compute blocks waiting for SMs, so
-	 * the bucket it moves is not stuck behind a GEMM the backward issues
-	 * after it (the captured graph keeps the priority:
+	/* the collectives' streams (comm, and p2p for the pipeline's transfers)
+	 * at the device's greatest priority: an NCCL kernel's blocks are
+	 * scheduled before compute blocks waiting for SMs, so the bucket it
+	 * moves is not stuck behind a GEMM the backward issues after it (the
+	 * captured graph keeps the priority:
 	 * cudaGraphInstantiateFlagUseNodePriority) */
 	int least = 0, greatest = 0;
 	CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
 	for (int k = 0; k < DP_NSTREAM; k++)
 		CU(cudaStreamCreateWithPriority(&x->st[k], cudaStreamNonBlocking,
-						k == DP_STREAM_COMM ? greatest : least));
+						k == DP_STREAM_COMM || k == DP_STREAM_P2P ? greatest
+											   : least));
 	CU(cudaStreamCreateWithFlags(&x->copy_st, cudaStreamNonBlocking));
 	cudaStream_t cs = x->st[DP_STREAM_COMPUTE];
 	size_t bytes = (size_t)((s->cfg.arena_bytes + 255) / 256 * 256);
@@ -1351,8 +1355,9 @@ static int cu_run_begin(Backend *b, DpProgram p, RtErr *e)
 		reset_marks(x, 1);
 	}
 	CU(cudaEventRecord(x->fork, x->st[DP_STREAM_COMPUTE]));
-	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COMM], x->fork, 0));
-	CU(cudaStreamWaitEvent(x->st[DP_STREAM_COPY], x->fork, 0));
+	for (int k = 0; k < DP_NSTREAM; k++)
+		if (k != DP_STREAM_COMPUTE)
+			CU(cudaStreamWaitEvent(x->st[k], x->fork, 0));
 	return 0;
 }
 
@@ -1380,6 +1385,17 @@ static int record_stream(const DpStep *s, int p, unsigned ev)
 }
 
 #ifdef DPEMU_MUTANTS
+/* Is event ev recorded, in program p, right after a pipeline recv (on the
+ * p2p stream: the recv's done event, which its consumer waits for)? The
+ * recv_wait mutant's target. */
+static int recorded_after_recv(const DpStep *s, int p, unsigned ev)
+{
+	for (uint32_t i = 1; i < s->nprog[p]; i++)
+		if (s->prog[p][i].op == DP_OP_EVENT_RECORD && DP_EVENT(&s->prog[p][i]) == (int64_t)ev)
+			return s->prog[p][i - 1].op == DP_OP_RECV;
+	return 0;
+}
+
 /* The event of the copy-stream wait before instruction `at` of program p
  * that waits for a compute-stream record (an offloaded unit's update),
  * or -1: the h2d_unit mutant's wrong event, the unit before's. */
@@ -1425,6 +1441,14 @@ static int cu_event_wait(Backend *b, unsigned stream, unsigned event, RtErr *e)
 	if (MUTANT(p2p_wait) && b->at.instr + 1 < b->s->nprog[b->at.prog] &&
 	    b->s->prog[b->at.prog][b->at.instr + 1].op == DP_OP_SEND)
 		return 0; /* (the wait right before a pipeline send) */
+	/* the mutant drops the compute stream's wait for a pipeline recv's
+	 * done event (recorded on the p2p stream): the recv's consumer reads
+	 * the buffer before the transfer has filled it */
+#ifdef DPEMU_MUTANTS
+	if (MUTANT(recv_wait) && stream == DP_STREAM_COMPUTE &&
+	    recorded_after_recv(b->s, b->at.prog, event))
+		return 0;
+#endif
 	if (!MUTANT(event_wait))
 		CU(cudaStreamWaitEvent(x->st[stream], x->ev[event], 0));
 	return 0;

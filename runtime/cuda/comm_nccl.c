@@ -57,7 +57,19 @@
  *
  * Collectives of one communicator are serialised by NCCL, and two streams
  * issuing on one communicator could deadlock across ranks, so the compute
- * and the comm stream never share one.
+ * and the comm stream never share one. The pipeline's sends and receives
+ * (the p2p stream, step format 22) get communicators of their own over the
+ * pp axis (comm[DP_STREAM_P2P][pp mask]), not the comm stream's: a send
+ * waiting for its peer then holds neither that communicator nor that
+ * stream, and the tp and data-parallel collectives' kernels run beside it.
+ * Each communicator's calls come in one order on every rank (the step
+ * file's, filtered to the rank's stage: its transfers in the pipeline's
+ * order, its collectives in the schedule's). NCCL does not promise that
+ * kernels of two communicators running at once make progress when they are
+ * not all resident on the GPU at the same time (docs/CUDA.md, "Two NCCL
+ * streams"); dp's collectives on the two streams are of different
+ * communicators over different ranks' groups, one NCCL kernel each at a
+ * time per stream, well below an H100's SMs.
  *
  * Several ranks on one GPU: NCCL 2.28 refuses two ranks of one communicator
  * on the same device unless they look like different hosts; run one process
@@ -342,7 +354,7 @@ int cu_nccl_async_error(CuNccl *nc, RtErr *e)
 					       "mask %u%s (%s stream): %s",
 					       m < NMASK ? m : nc->groups[m - NMASK].axes,
 					       m < NMASK ? "" : " over a sub-group of the pipeline stages",
-					       st == DP_STREAM_COMM ? "comm" : "compute",
+					       dp_name(dp_stream_names, DP_NSTREAM, (unsigned)st),
 					       ncclGetErrorString(async));
 		}
 	return 0;

@@ -57,7 +57,8 @@
 #      backward op, tf32), the deterministic dQ (a graph replay and a
 #      --no-graph run at ctx 1024, bitwise), fp16 with loss scaling at 1 and
 #      2 ranks (ncclHalf), pipelines (pp=2 1F1B in f32 and bf16; pp=2 x
-#      dp_shard=2 and pp=4 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
+#      dp_shard=2, pp=2 x tp=2 (the p2p stream's transfers beside the tp
+#      all_reduces) and pp=4 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
 #      one graph), offload optimizer and params, PowerSGD;
 #   8. ncu's full sections of one launch each of the tensor-core attention
 #      kernels (GPT-2's attention shape in a one-layer step), as text in
@@ -875,6 +876,11 @@ part7() {
 	vs_cpu pp2-bf16 "$src" 2 $bf16tol "pipeline pp=2, 1F1B, gpt2-tiny bf16" $small_gpt --precision bf16
 	src=$(mesh g7pp ddp "pp=2, dp_shard=2")
 	vs_cpu pp2dp2 "$src" 4 $f32tol "pipeline pp=2 x dp_shard=2, 4 ranks on one GPU, gpt2-tiny f32" $small_gpt
+	# two NCCL streams in one graph: the transfers on the p2p stream's pp
+	# communicator beside the tp all_reduces on the comm stream's
+	# (docs/CUDA.md, "Two NCCL streams")
+	src=$(mesh g7pp ddp "pp=2, tp=2")
+	vs_cpu pp2tp2 "$src" 4 $f32tol "pipeline pp=2 x tp=2, 4 ranks on one GPU (the p2p and comm streams' communicators in one graph), gpt2-tiny f32" $small_gpt
 	# pp=4: the tied wte held by stages 0 and 3 alone, its gradient summed
 	# on their own communicator (ncclCommSplit, the middle stages NOCOLOR)
 	src=$(mesh g7pp ddp pp=4)
