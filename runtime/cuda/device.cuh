@@ -46,8 +46,10 @@
  * same source, e.g. the emulator's, ignores it). */
 #ifdef __CUDACC__
 #define CU_UNROLL _Pragma("unroll")
+#define CU_UNROLL4 _Pragma("unroll 4") /* a variable trip count: 4 iterations' loads at once */
 #else
 #define CU_UNROLL
+#define CU_UNROLL4
 #endif
 
 #define CU_THREADS 256     /* default block size */
@@ -205,14 +207,18 @@ template <> struct CuHalf<__half> {
 	static __device__ __forceinline__ float from(uint16_t b) { return cu_from_f16(b); }
 	static __device__ __forceinline__ uint16_t to(float f) { return cu_to_f16(f); }
 };
-template <typename H> static __device__ __forceinline__ void ld8(const H *p, float *v)
+/* Eight 16-bit values held in a register, as floats (ld8's conversion) */
+template <typename H> static __device__ __forceinline__ void unpack8(uint4 w, float *v)
 {
-	uint4 w = *(const uint4 *)p;
 	uint32_t u[4] = {w.x, w.y, w.z, w.w};
 	for (int k = 0; k < 4; k++) {
 		v[2 * k] = CuHalf<H>::from((uint16_t)u[k]);
 		v[2 * k + 1] = CuHalf<H>::from((uint16_t)(u[k] >> 16));
 	}
+}
+template <typename H> static __device__ __forceinline__ void ld8(const H *p, float *v)
+{
+	unpack8<H>(*(const uint4 *)p, v);
 }
 static __device__ __forceinline__ void st8(float *p, const float *v)
 {
