@@ -225,12 +225,17 @@ static __device__ __forceinline__ void st8(float *p, const float *v)
 	st4(p, make_float4(v[0], v[1], v[2], v[3]));
 	st4(p + 4, make_float4(v[4], v[5], v[6], v[7]));
 }
-template <typename H> static __device__ __forceinline__ void st8(H *p, const float *v)
+/* Eight floats rounded to 16 bits each, packed as st8 stores them */
+template <typename H> static __device__ __forceinline__ uint4 pack8(const float *v)
 {
 	uint32_t u[4];
 	for (int k = 0; k < 4; k++)
 		u[k] = CuHalf<H>::to(v[2 * k]) | (uint32_t)CuHalf<H>::to(v[2 * k + 1]) << 16;
-	*(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
+	return make_uint4(u[0], u[1], u[2], u[3]);
+}
+template <typename H> static __device__ __forceinline__ void st8(H *p, const float *v)
+{
+	*(uint4 *)p = pack8<H>(v);
 }
 
 

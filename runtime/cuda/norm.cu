@@ -210,7 +210,7 @@ __global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, c
  * TB/s), latency-bound. A warp per row has 8 rows a block of 256 and 64
  * warps an SM in flight, each with its loads issued at once.
  */
-#define NW_CHUNKS 4                  /* chunks of eight a lane holds */
+#define NW_CHUNKS 4                  /* chunks of eight a lane holds, at most */
 #define NW_MAX (32 * 8 * NW_CHUNKS) /* the longest row: 1024 */
 
 /* The first element of a lane's chunk i (bf16_stride: the lane's chunk
@@ -220,70 +220,84 @@ static __device__ __forceinline__ int64_t wcol(int lane, int i)
 	return MUTANT(bf16_stride) ? lane + 32 * i : (int64_t)(lane + 32 * i) * 8;
 }
 
-/* The row's mean and rstd from lane-held values v (the chunks q < nq). */
-static __device__ __forceinline__ void warp_row_stats(int rms, const float (*v)[8], int nq,
-						      int64_t c, double eps, double *mean,
-						      double *rstd)
+/* The row's mean and rstd from the lane's NC packed chunks w (those q < nq).
+ * The row stays packed (16-bit) in registers and is widened at each use: 4
+ * registers a chunk, not 8 (GPT-2's 768: NC = 3). */
+template <typename T, int NC>
+static __device__ __forceinline__ void warp_row_stats(int rms, const uint4 *w, int nq, int64_t c,
+						      double eps, double *mean, double *rstd)
 {
 	int lane = threadIdx.x & 31;
 	double m = 0, q = 0;
 	if (!rms) {
 		double s = 0;
-		for (int i = 0; i < NW_CHUNKS; i++)
-			if (lane + 32 * i < nq)
+CU_UNROLL
+		for (int i = 0; i < NC; i++)
+			if (lane + 32 * i < nq) {
+				float v[8];
+				unpack8<T>(w[i], v);
 				for (int k = 0; k < 8; k++)
-					s += v[i][k];
+					s += v[k];
+			}
 		m = warp_sum(s) / (double)c;
 	}
-	for (int i = 0; i < NW_CHUNKS; i++)
-		if (lane + 32 * i < nq)
+CU_UNROLL
+	for (int i = 0; i < NC; i++)
+		if (lane + 32 * i < nq) {
+			float v[8];
+			unpack8<T>(w[i], v);
 			for (int k = 0; k < 8; k++) {
-				double d = (double)v[i][k] - m;
+				double d = (double)v[k] - m;
 				q += d * d;
 			}
+		}
 	q = warp_sum(q);
 	*mean = m;
 	*rstd = 1.0 / sqrt(q / (double)c + eps);
 }
 
 /* forward: o = norm(s) with s = x (res NULL) or x + res rounded to T and
- * stored at so (add_layernorm's first half) */
-template <typename T>
-__global__ void k_norm_fwd_w(int rms, T *o, T *so, const T *x, const T *res, const T *g,
-			     const T *b, int64_t rows, int64_t c, double eps)
+ * stored at so (add_layernorm's first half); NC chunks a lane */
+template <typename T, int NC>
+__global__ void __launch_bounds__(CU_THREADS)
+k_norm_fwd_w(int rms, T *o, T *so, const T *x, const T *res, const T *g, const T *b, int64_t rows,
+	     int64_t c, double eps)
 {
 	const bool drop = rms ? MUTANT(add_rms_no_residual) : MUTANT(add_norm_no_residual);
 	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
 	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
 	     r += (int64_t)gridDim.x * nw) {
-		float v[NW_CHUNKS][8];
+		uint4 w[NC] = {};
 CU_UNROLL
-		for (int i = 0; i < NW_CHUNKS; i++) {
+		for (int i = 0; i < NC; i++) {
 			int q = lane + 32 * i;
 			if (q >= nq)
 				continue;
-			ld8(x + r * c + wcol(lane, i), v[i]);
+			w[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
 			if (res) {
-				float rv[8];
+				float v[8], rv[8];
+				unpack8<T>(w[i], v);
 				ld8(res + r * c + q * 8, rv);
 				for (int k = 0; k < 8; k++)
-					v[i][k] = as_stored<T>(drop ? v[i][k] : v[i][k] + rv[k]);
-				st8(so + r * c + q * 8, v[i]); /* exact: already T's values */
+					v[k] = drop ? v[k] : v[k] + rv[k];
+				w[i] = pack8<T>(v); /* rounded once, as stored */
+				*(uint4 *)(so + r * c + q * 8) = w[i];
 			}
 		}
 		double mean, rstd;
-		warp_row_stats(rms, v, nq, c, eps, &mean, &rstd);
+		warp_row_stats<T, NC>(rms, w, nq, c, eps, &mean, &rstd);
 CU_UNROLL
-		for (int i = 0; i < NW_CHUNKS; i++) {
+		for (int i = 0; i < NC; i++) {
 			int q = lane + 32 * i;
 			if (q >= nq)
 				continue;
-			float gv[8], bv[8], ov[8];
+			float v[8], gv[8], bv[8], ov[8];
+			unpack8<T>(w[i], v);
 			ld8(g + q * 8, gv);
 			if (!rms)
 				ld8(b + q * 8, bv);
 			for (int k = 0; k < 8; k++) {
-				float xh = (float)(((double)v[i][k] - mean) * rstd);
+				float xh = (float)(((double)v[k] - mean) * rstd);
 				ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
 			}
 			st8(o + r * c + q * 8, ov);
@@ -291,39 +305,40 @@ CU_UNROLL
 	}
 }
 
-/* dx (+ res as k_norm_bwd) with x and dy in registers */
-template <typename T>
-__global__ void k_norm_bwd_w(int rms, T *o, const T *dy, const T *x, const T *g, const T *res,
-			     int64_t rows, int64_t c, double eps)
+/* dx (+ res as k_norm_bwd) with x and dy packed in registers; NC chunks a lane */
+template <typename T, int NC>
+__global__ void __launch_bounds__(CU_THREADS)
+k_norm_bwd_w(int rms, T *o, const T *dy, const T *x, const T *g, const T *res, int64_t rows,
+	     int64_t c, double eps)
 {
 	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
 	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
 	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
 	     r += (int64_t)gridDim.x * nw) {
-		float v[NW_CHUNKS][8];
-		uint4 dw[NW_CHUNKS];
+		uint4 xw[NC] = {}, dw[NC] = {};
 CU_UNROLL
-		for (int i = 0; i < NW_CHUNKS; i++) {
+		for (int i = 0; i < NC; i++) {
 			int q = lane + 32 * i;
 			if (q >= nq)
 				continue;
-			ld8(x + r * c + wcol(lane, i), v[i]);
+			xw[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
 			dw[i] = *(const uint4 *)(dy + r * c + q * 8);
 		}
 		double mean, rstd, sg = 0, sgx = 0;
-		warp_row_stats(rms, v, nq, c, eps, &mean, &rstd);
+		warp_row_stats<T, NC>(rms, xw, nq, c, eps, &mean, &rstd);
 CU_UNROLL
-		for (int i = 0; i < NW_CHUNKS; i++) {
+		for (int i = 0; i < NC; i++) {
 			int q = lane + 32 * i;
 			if (q >= nq)
 				continue;
-			float dv[8], gv[8];
+			float v[8], dv[8], gv[8];
+			unpack8<T>(xw[i], v);
 			unpack8<T>(dw[i], dv);
 			ld8(g + q * 8, gv);
 			for (int k = 0; k < 8; k++) {
 				double gd = (double)dv[k] * gv[k];
 				sg += gd;
-				sgx += gd * ((double)v[i][k] - mean) * rstd;
+				sgx += gd * ((double)v[k] - mean) * rstd;
 			}
 		}
 		sg = warp_sum(sg);
@@ -331,15 +346,16 @@ CU_UNROLL
 		sg = rms ? 0 : sg / (double)c;
 		sgx /= (double)c;
 CU_UNROLL
-		for (int i = 0; i < NW_CHUNKS; i++) {
+		for (int i = 0; i < NC; i++) {
 			int q = lane + 32 * i;
 			if (q >= nq)
 				continue;
-			float dv[8], gv[8], ov[8];
+			float v[8], dv[8], gv[8], ov[8];
+			unpack8<T>(xw[i], v);
 			unpack8<T>(dw[i], dv);
 			ld8(g + q * 8, gv);
 			for (int k = 0; k < 8; k++) {
-				double xh = ((double)v[i][k] - mean) * rstd;
+				double xh = ((double)v[k] - mean) * rstd;
 				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
 			}
 			if (res && !drop) {
@@ -353,12 +369,26 @@ CU_UNROLL
 	}
 }
 
-/* The warp-per-row kernels' launch: 8 rows a block of 256 */
+/* The warp-per-row kernels' launch: 8 rows a block of 256, the kernel
+ * instantiated for the chunks a lane holds (NC = 1..4) */
 static unsigned warp_row_grid(int64_t rows)
 {
 	int64_t b = (rows + 7) / 8;
 	return (unsigned)(b < CU_MAX_GRID ? (b > 0 ? b : 1) : CU_MAX_GRID);
 }
+
+#define WARP_ROW_LAUNCH(K, T, rows, c, ...)                                                   \
+	do {                                                                                  \
+		int nc_ = (int)(((c) / 8 + 31) / 32);                                         \
+		if (nc_ <= 1)                                                                 \
+			CU_LAUNCH((K<T, 1>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else if (nc_ == 2)                                                            \
+			CU_LAUNCH((K<T, 2>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else if (nc_ == 3)                                                            \
+			CU_LAUNCH((K<T, 3>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else                                                                          \
+			CU_LAUNCH((K<T, 4>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+	} while (0)
 
 /* gamma gradient, stage 0: stats[2r] = mean, stats[2r + 1] = rstd */
 template <int W, typename T>
@@ -410,15 +440,15 @@ __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c,
 	int64_t lo = blockIdx.x * per, hi = lo + per < rows ? lo + per : rows;
 	for (int64_t r = lo + warp; r < hi; r += nw) {
 		const T *xr = x + r * c;
-		if constexpr (W == 8) if (c <= NW_MAX) { /* the row in registers, one read */
-			float v[NW_CHUNKS][8];
+		if constexpr (W == 8 && sizeof(T) == 2) if (c <= NW_MAX) { /* the row in registers, one read */
+			uint4 w[NW_CHUNKS];
 			int nq = (int)(c / 8);
 CU_UNROLL
 			for (int i = 0; i < NW_CHUNKS; i++)
 				if (lane + 32 * i < nq)
-					ld8(xr + wcol(lane, i), v[i]);
+					w[i] = *(const uint4 *)(xr + wcol(lane, i));
 			double mean, rstd;
-			warp_row_stats(0, v, nq, c, eps, &mean, &rstd);
+			warp_row_stats<T, NW_CHUNKS>(0, w, nq, c, eps, &mean, &rstd);
 			if (lane == 0) {
 				stats[2 * r] = mean;
 				stats[2 * r + 1] = rstd;
@@ -540,8 +570,8 @@ template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 	if (rows <= 0 || c <= 0)
 		return 0;
 	if constexpr (sizeof(T) == 2) if (cu_vec8<T>(c, o, x, g, b) && c <= NW_MAX) {
-		CU_LAUNCH(k_norm_fwd_w<T>, warp_row_grid(rows), CU_THREADS, a->st, rms, o, (T *)0, x,
-			  (const T *)0, g, b, rows, c, (double)DP_FATTR(a->in, LAYERNORM, eps));
+		WARP_ROW_LAUNCH(k_norm_fwd_w, T, rows, c, rms, o, (T *)0, x, (const T *)0, g, b, rows,
+				c, (double)DP_FATTR(a->in, LAYERNORM, eps));
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
@@ -565,8 +595,8 @@ template <typename T> static int run_add_fwd_t(const CuArgs *a, RtErr *e)
 	int vec = cu_vec8<T>(c, o, x, res, g) && cu_vec8<T>(c, b);
 	double eps = (double)DP_FATTR(a->in, ADD_LAYERNORM, eps);
 	if constexpr (sizeof(T) == 2) if (vec && c <= NW_MAX) {
-		CU_LAUNCH(k_norm_fwd_w<T>, warp_row_grid(rows), CU_THREADS, a->st, rms, o + rows * c,
-			  o, x, res, g, b, rows, c, eps);
+		WARP_ROW_LAUNCH(k_norm_fwd_w, T, rows, c, rms, o + rows * c, o, x, res, g, b, rows, c,
+				eps);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
@@ -592,8 +622,7 @@ template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 	int vec = cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res);
 	double eps = (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps);
 	if constexpr (sizeof(T) == 2) if (vec && c <= NW_MAX) {
-		CU_LAUNCH(k_norm_bwd_w<T>, warp_row_grid(rows), CU_THREADS, a->st, rms, o, dy, x, g,
-			  res, rows, c, eps);
+		WARP_ROW_LAUNCH(k_norm_bwd_w, T, rows, c, rms, o, dy, x, g, res, rows, c, eps);
 		CU_LAUNCHED(a, e);
 		return 0;
 	}
