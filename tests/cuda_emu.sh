@@ -712,7 +712,9 @@ PREC=bf16 model_case gpt2-vocab50k ddp 1
 # the head's GEMMs as cuBLASLt sees them (DPEMU_TRACE's calls, one bf16
 # step of gpt2-vocab): the forward's vocabulary dimension (its m,
 # column-major) and the input gradient's k are the padded 384, not 300
-# (passes/padvocab.c's pad_rows copy of wte); the weight gradient's stays 300
+# (passes/padvocab.c's pad_rows copy of wte); the weight gradient's n (the
+# vocabulary) is split into 256 (a multiple of 128) and 44 (gemm.cu's
+# vocab_split), never 300
 if case_on "gpt2-vocab padded head on cuBLASLt"; then
 	# shellcheck disable=SC2046 # (words)
 	if "$DPC" "$(model_src gpt2-vocab ddp auto)" --world-size 1 $(dargs gpt2-vocab) --precision bf16 \
@@ -721,13 +723,14 @@ if case_on "gpt2-vocab padded head on cuBLASLt"; then
 			>>"$T/vhead.log" 2>&1; then
 		fwd=$(grep -c 'cublasLtMatmul m 384 n [0-9]* k 32 op TN' "$T/vhead.log")
 		dx=$(grep -c 'cublasLtMatmul m 32 n [0-9]* k 384 op NN' "$T/vhead.log")
-		dw=$(grep -c 'cublasLtMatmul m 32 n 300 k [0-9]* op NT' "$T/vhead.log")
-		if [ "$fwd" -ge 1 ] && [ "$dx" -ge 1 ] && [ "$dw" -ge 1 ] &&
-			! grep -q 'cublasLtMatmul m 300 \|cublasLtMatmul .* k 300 ' "$T/vhead.log"; then
-			ok "gpt2-vocab bf16: cuBLASLt runs the head with m 384 (forward, $fwd) and k 384 (input gradient, $dx), the weight gradient n 300"
+		dw=$(grep -c 'cublasLtMatmul m 32 n 256 k [0-9]* op NT' "$T/vhead.log")
+		dw2=$(grep -c 'cublasLtMatmul m 32 n 44 k [0-9]* op NT' "$T/vhead.log")
+		if [ "$fwd" -ge 1 ] && [ "$dx" -ge 1 ] && [ "$dw" -ge 1 ] && [ "$dw2" = "$dw" ] &&
+			! grep -q 'cublasLtMatmul m 300 \|cublasLtMatmul .* k 300 \|cublasLtMatmul m [0-9]* n 300 ' "$T/vhead.log"; then
+			ok "gpt2-vocab bf16: cuBLASLt runs the head with m 384 (forward, $fwd) and k 384 (input gradient, $dx), the weight gradient as n 256 + 44 ($dw)"
 		else
 			grep -o 'cublasLtMatmul m [0-9]* n [0-9]* k [0-9]* op ..' "$T/vhead.log" | sort | uniq -c
-			fail "gpt2-vocab bf16: the head's GEMMs are not padded on cuBLASLt (forward $fwd, dx $dx, dw $dw)"
+			fail "gpt2-vocab bf16: the head's GEMMs are not padded (or split) on cuBLASLt (forward $fwd, dx $dx, dw $dw + $dw2)"
 		fi
 	else
 		tail -n 5 "$T/vhead.log"; fail "gpt2-vocab bf16: dpc or the traced emulator run"

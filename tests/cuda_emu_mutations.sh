@@ -50,8 +50,15 @@
 #   vocab_leak    the classifier's kernels (loss.cu) walk a padded logits
 #                 row (passes/padvocab.c) to its stride, not its classes:
 #                 the padding columns leak into the softmax and the loss
-#   vocab_leak16  the same on v16 (voc in bf16): the row-in-registers
-#                 kernel of 16-bit logits (k_xent_grad_rows16) walks them
+#   vocab_leak16  the same on v16 (voc in bf16): the two-pass kernel of
+#                 16-bit logits (k_xent_grad_rows16) walks them
+#   xent_online   that kernel's online softmax sums the threads' s without
+#                 rescaling each to the row's max (v16): a wrong S, wrong
+#                 losses and gradients
+#   vocab_split   the second call of the LM head's split weight gradient
+#                 (gemm.cu's vocab_split: voc's 300 rows as 256 + 44) reads
+#                 dlogits from column 0, not 256: the last 44 rows of the
+#                 tied wte's gradient wrong
 #   vocab_k       the head's input gradient (gemm.cu), whose k is the
 #                 padded length (passes/padvocab.c's pad_rows weight),
 #                 describes its padded in0 with the real columns as rows:
@@ -74,6 +81,9 @@
 #                 layernorm (hd64: its layer's two sums feed layernorms)
 #   add_norm_grad layernorm_grad_add leaves out the residual stream's
 #                 gradient: dx of the layernorm alone
+#   add_norm16    add_norm on v16 (bf16 rows of 32): the warp-per-row
+#                 kernel (norm.cu's k_norm_fwd_w) the 16-bit rows now take
+#   add_norm_grad16 add_norm_grad on v16: k_norm_bwd_w
 #   add_rms       add_rmsnorm (the same fusion into Llama's rmsnorm)
 #                 stores and normalises x, not x + the residual (ll:
 #                 llama small, 1 rank, f32: each layer's norm2, the next
@@ -97,8 +107,8 @@
 #                 pp=2): the recv's consumer reads its buffer before the
 #                 transfer fills it (the emulator's NaN, under late comm)
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
-#                 (row_stats, and layernorm_grad_gb's statistics walk: b16's
-#                 gamma gradients are where it shows)
+#                 (row_stats, layernorm_grad_gb's statistics walk, and the
+#                 warp-per-row kernels' x loads, wcol: b16's rows of 48)
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
 #   attn_sync     the __syncthreads at the top of attention's forward loop
@@ -584,7 +594,9 @@ lt_bias16     lt_bias       bb16    2 one DPEMU_COMM=early,DPEMU_SEED=2 DPEMU_CO
 lt_bgrad      lt_bgrad      biased  2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 vocab_leak    vocab_leak    voc     1 one DPEMU_SEED=2 DPEMU_SEED=1
 vocab_leak16  vocab_leak    v16     1 one DPEMU_SEED=1 DPEMU_SEED=2
+xent_online   xent_online   v16     1 one DPEMU_SEED=2 DPEMU_SEED=1
 vocab_k       vocab_k       voc     1 one DPEMU_SEED=2 DPEMU_SEED=1
+vocab_split   vocab_split   voc     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bgrad_add     bgrad_add     biased  2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 ortho_dot     ortho_dot     psgd    2 one DPEMU_SEED=1 DPEMU_SEED=2
 psgd_step     psgd_step     psgdf   2 one DPEMU_SEED=1 DPEMU_SEED=2
@@ -595,6 +607,8 @@ gelu_deriv    gelu_deriv    hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
 gelu_map      gelu_map      hd64    1 one DPEMU_LT_EPILOGUE=0,DPEMU_SEED=2 DPEMU_LT_EPILOGUE=0,DPEMU_SEED=1
 add_norm      add_norm_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_norm_grad norm_grad_no_residual hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
+add_norm16    add_norm_no_residual v16 1 one DPEMU_SEED=1 DPEMU_SEED=2
+add_norm_grad16 norm_grad_no_residual v16 1 one DPEMU_SEED=2 DPEMU_SEED=1
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 norm_gb_beta  norm_gb_beta  hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2

@@ -46,8 +46,10 @@
  * same source, e.g. the emulator's, ignores it). */
 #ifdef __CUDACC__
 #define CU_UNROLL _Pragma("unroll")
+#define CU_UNROLL4 _Pragma("unroll 4") /* a variable trip count: 4 iterations' loads at once */
 #else
 #define CU_UNROLL
+#define CU_UNROLL4
 #endif
 
 #define CU_THREADS 256     /* default block size */
@@ -205,26 +207,35 @@ template <> struct CuHalf<__half> {
 	static __device__ __forceinline__ float from(uint16_t b) { return cu_from_f16(b); }
 	static __device__ __forceinline__ uint16_t to(float f) { return cu_to_f16(f); }
 };
-template <typename H> static __device__ __forceinline__ void ld8(const H *p, float *v)
+/* Eight 16-bit values held in a register, as floats (ld8's conversion) */
+template <typename H> static __device__ __forceinline__ void unpack8(uint4 w, float *v)
 {
-	uint4 w = *(const uint4 *)p;
 	uint32_t u[4] = {w.x, w.y, w.z, w.w};
 	for (int k = 0; k < 4; k++) {
 		v[2 * k] = CuHalf<H>::from((uint16_t)u[k]);
 		v[2 * k + 1] = CuHalf<H>::from((uint16_t)(u[k] >> 16));
 	}
 }
+template <typename H> static __device__ __forceinline__ void ld8(const H *p, float *v)
+{
+	unpack8<H>(*(const uint4 *)p, v);
+}
 static __device__ __forceinline__ void st8(float *p, const float *v)
 {
 	st4(p, make_float4(v[0], v[1], v[2], v[3]));
 	st4(p + 4, make_float4(v[4], v[5], v[6], v[7]));
 }
-template <typename H> static __device__ __forceinline__ void st8(H *p, const float *v)
+/* Eight floats rounded to 16 bits each, packed as st8 stores them */
+template <typename H> static __device__ __forceinline__ uint4 pack8(const float *v)
 {
 	uint32_t u[4];
 	for (int k = 0; k < 4; k++)
 		u[k] = CuHalf<H>::to(v[2 * k]) | (uint32_t)CuHalf<H>::to(v[2 * k + 1]) << 16;
-	*(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
+	return make_uint4(u[0], u[1], u[2], u[3]);
+}
+template <typename H> static __device__ __forceinline__ void st8(H *p, const float *v)
+{
+	*(uint4 *)p = pack8<H>(v);
 }
 
 

@@ -116,6 +116,9 @@ struct CuGemm {
 	                                   (our in1) for a paired bias_grad; NULL: none */
 	uint32_t align[5];              /* alignment planned for: A, B, C = D, bias, the
 	                                   GELU epilogue's aux (bytes; 0: none) */
+	int64_t row0, rows;             /* the output's rows (our m) this call writes: all, or
+	                                   a part of a split weight gradient (vocab_split) */
+	struct CuGemm *tail;            /* the split's last rows (a second call), or NULL */
 };
 
 /* A matmul's transpose flags (matmul_gelu_grad's alike) and accumulate
@@ -304,23 +307,68 @@ static int plain_gelu(CuPlan *p, const DpInstr *in, CuGemm *g, int64_t m, int64_
 	return 0;
 }
 
-/* Instruction in's descriptors and algorithm into f->gemm (freed by
- * cu_gemm_free, also when this fails half-way). fb: the fusion entry of the
- * bias_grad paired with this matmul (its column sums by BGRADA), or NULL;
- * its bgrad is set when the epilogue has an algorithm. */
-static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *e)
+/*
+ * The LM head's weight gradient split in two calls: dw = dlogits^T x, with
+ * m the vocabulary (GPT-2: 50257, odd) read from the padded logits
+ * (passes/padvocab.c: in0's stride above its columns). cuBLASLt's heuristic
+ * gave it an sm80 CUTLASS kernel on the H200 (2.46 ms, 516 TFLOP/s) where
+ * the head's other two GEMMs, whose vocabulary size is the padded 50304,
+ * ran sm90 kernels at 725-843 TFLOP/s. The parameter's gradient has the
+ * user's rows and nothing past them (padvocab's reasons), so the rows are
+ * not padded: the first m rounded down to a multiple of VOCAB_SPLIT rows
+ * (50176) are one call with aligned sizes, the last m % VOCAB_SPLIT (81) a
+ * second, small one (2 GFLOP of the 1265). Each output element is still one
+ * dot product over k, computed by one call: only the kernel differs. The
+ * result: the rows of the first part (0: no split).
+ */
+#define VOCAB_SPLIT 128
+
+static int64_t vocab_split(const DpStep *s, const DpInstr *in, const CuFuse *fb)
+{
+	int64_t m, k, n;
+	gemm_dims(s, in, &m, &k, &n);
+	const DpTensor *tx = &s->tensors[in->in[0]];
+	if (in->op != DP_OP_MATMUL || !trans_a(in) || trans_b(in) || fb || !k || !n ||
+	    dp_ld(tx) == cu_cols(tx) || m % VOCAB_SPLIT == 0 || m < VOCAB_SPLIT)
+		return 0;
+	return m / VOCAB_SPLIT * VOCAB_SPLIT;
+}
+
+/* The operands of part g of instruction in's GEMM: in1 (A), in0 (B) and the
+ * output (C = D) from their bases, moved to the part's first row. */
+static void part_ptrs(const DpStep *s, const DpInstr *in, const CuGemm *g, const void *pa,
+		      const void *pb, const void *pc, const void **a, const void **b, void **c)
+{
+	size_t eb = dp_dtype_size(s->tensors[in->in[0]].dtype);
+	size_t ec = dp_dtype_size(s->tensors[in->out].dtype);
+	*a = pa;
+	/* a split is transA's: the output's rows are in0's columns */
+	*b = (const char *)pb + (size_t)(MUTANT(vocab_split) ? 0 : g->row0) * eb;
+	*c = (char *)pc + (size_t)(g->row0 * dp_ld(&s->tensors[in->out])) * ec;
+}
+
+/* Rows [row0, row0 + rows) of instruction in's output into g: its
+ * descriptors and algorithm (freed by cu_gemm_free, also when this fails
+ * half-way). fb: the fusion entry of the bias_grad paired with this matmul
+ * (its column sums by BGRADA), or NULL; its bgrad is set when the epilogue
+ * has an algorithm. */
+static int plan_part(CuPlan *p, const DpInstr *in, CuGemm *g, CuFuse *fb, int64_t row0,
+		     int64_t rows, RtErr *e)
 {
 	const DpStep *s = p->s;
 	int64_t m, k, n;
 	gemm_dims(s, in, &m, &k, &n);
-	if (!m || !n || !k)
-		return 0; /* no product: run_gemm writes zeros or the bias itself */
+	m = rows;
+	g->row0 = row0;
+	g->rows = rows;
 	cublasLtHandle_t lt = p->blas[in->stream];
 	if (!lt)
 		return RT_FAIL(e, "internal error: %s '%s' on a stream without a cuBLASLt handle",
 			       dp_op_names[in->op], dpstep_str(s, s->tensors[in->out].name));
 	const DpTensor *tx = &s->tensors[in->in[0]], *tw = &s->tensors[in->in[1]];
-	const void *px = p->ptr[in->in[0]], *pw = p->ptr[in->in[1]], *po = p->ptr[in->out];
+	const void *px, *pw;
+	void *po;
+	part_ptrs(s, in, g, p->ptr[in->in[1]], p->ptr[in->in[0]], p->ptr[in->out], &pw, &px, &po);
 	const void *pbias = bias_of(in) >= 0 ? p->ptr[bias_of(in)] : NULL;
 	/* the GELU epilogues' aux: linear_gelu's first half (written), or
 	 * matmul_gelu_grad's pre-activation in2 (read); NULL: a plain GEMM */
@@ -332,10 +380,6 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	cudaDataType_t ab = lt_type(tx->dtype);
 	cudaDataType_t c = lt_type(s->tensors[in->out].dtype);
 	int tf32 = s->cfg.gemm_math == DP_GEMM_TF32 && ab == CUDA_R_32F;
-	CuGemm *g = (CuGemm *)calloc(1, sizeof *g);
-	if (!g)
-		return RT_FAIL(e, "out of memory (GEMM plan)");
-	f->gemm = g;
 	/* cublasLt.h: the aux's leading dimension a multiple of 8 (and >= D's
 	 * rows, n: it is n); its pointer accessed 16 bytes at a time, as the
 	 * bias's (the emulator faults below that) */
@@ -384,8 +428,9 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	int64_t cw = cu_cols(tw), rw = cu_rows(tw), cx = cu_cols(tx), rx = cu_rows(tx);
 	int64_t lw = dp_ld(tw), lx = dp_ld(tx), lo = dp_ld(&s->tensors[in->out]);
 	LT(cublasLtMatrixLayoutCreate(&g->a, ab, (uint64_t)cw, (uint64_t)rw, lw + MUTANT(gemm_ld)));
-	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)(ta || MUTANT(vocab_k) ? cx : k), (uint64_t)rx,
-				      lx)); /* !ta: k rows, a padded in0's padded k (gemm_dims) */
+	LT(cublasLtMatrixLayoutCreate(&g->b, ab, (uint64_t)(ta ? m : MUTANT(vocab_k) ? cx : k),
+				      (uint64_t)rx, lx)); /* ta: the part's rows; !ta: k rows, a
+							     padded in0's padded k (gemm_dims) */
 	LT(cublasLtMatrixLayoutCreate(&g->c, c, (uint64_t)n, (uint64_t)m, lo));
 	if (paux && !gelu_epi)
 		RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));
@@ -437,6 +482,27 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 	return 0;
 }
 
+/* Instruction in's GEMM into f->gemm: one call, or the two of vocab_split. */
+static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *e)
+{
+	int64_t m, k, n;
+	gemm_dims(p->s, in, &m, &k, &n);
+	if (!m || !n || !k)
+		return 0; /* no product: run_gemm writes zeros or the bias itself */
+	int64_t head = vocab_split(p->s, in, fb);
+	CuGemm *g = (CuGemm *)calloc(1, sizeof *g);
+	if (!g)
+		return RT_FAIL(e, "out of memory (GEMM plan)");
+	f->gemm = g;
+	RT_CHECK(plan_part(p, in, g, fb, 0, head ? head : m, e));
+	if (!head)
+		return 0;
+	g->tail = (CuGemm *)calloc(1, sizeof *g);
+	if (!g->tail)
+		return RT_FAIL(e, "out of memory (GEMM plan)");
+	return plan_part(p, in, g->tail, NULL, head, m - head, e);
+}
+
 /* The bias_grad whose column sums matmul i of program g can give by BGRADA
  * (the pairing rule in the header), or -1. */
 static int64_t bgrad_pair(const CuPlan *p, int g, uint32_t i)
@@ -476,11 +542,11 @@ extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 	return 0;
 }
 
-extern "C" void cu_gemm_free(CuFuse *f)
+static void gemm_free(CuGemm *g)
 {
-	CuGemm *g = f->gemm;
 	if (!g)
 		return;
+	gemm_free(g->tail);
 	/* teardown: a failure here changes nothing that follows */
 	if (g->c)
 		cublasLtMatrixLayoutDestroy(g->c);
@@ -491,6 +557,11 @@ extern "C" void cu_gemm_free(CuFuse *f)
 	if (g->op)
 		cublasLtMatmulDescDestroy(g->op);
 	free(g);
+}
+
+extern "C" void cu_gemm_free(CuFuse *f)
+{
+	gemm_free(f->gemm);
 	f->gemm = NULL;
 }
 
@@ -553,29 +624,36 @@ static int run_gemm(const CuArgs *a, RtErr *e)
 						 (size_t)(m * n) * dp_dtype_size(cu_t(a, -1)->dtype), a->st), e);
 		return a->in->op == DP_OP_LINEAR_GELU ? gelu_after(a, NULL, m * n, n, e) : 0;
 	}
-	const CuGemm *g = a->fuse->gemm;
-	const void *pa = cu_p(a, 1), *pb = cu_p(a, 0);
-	void *pc = cu_p(a, -1);
-	void *pd = !g ? pc : g->tmp ? (void *)g->tmp : (char *)pc + g->d_off; /* D */
-	if (!g || align_of(pa) < g->align[0] || align_of(pb) < g->align[1] || align_of(pd) < g->align[2] ||
-	    (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]) ||
-	    (g->align[4] && align_of(a->in->op == DP_OP_LINEAR_GELU ? pc : cu_p(a, 2)) < g->align[4]))
-		return RT_FAIL(e, "internal error: %s '%s': %s", dp_op_names[a->in->op],
-			       dpstep_str(a->s, cu_t(a, -1)->name),
-			       g ? "the operands are less aligned than when its cuBLASLt algorithm was "
-				   "chosen" : "no cuBLASLt plan");
-	if (g->bias_rows)
-		RT_CHECK(bias_rows(a, m, n, e));
-	const float one = 1.0f;
-	cublasStatus_t st = cublasLtMatmul(a->blas, g->op, &one, pa, g->a, pb, g->b, &g->beta, pd, g->c,
-					   pd, g->c, &g->algo, a->blas_ws, CU_BLAS_WS_BYTES, a->st);
-	if (st != CUBLAS_STATUS_SUCCESS)
-		return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
-			       dp_op_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
-			       (long long)m, (long long)k, (long long)n,
-			       a->tf32 && cu_t(a, 0)->dtype == DP_F32 ? ", tf32" : "",
-			       cublasLtGetStatusString(st));
-	return g->gelu_map ? gelu_after(a, g->tmp, m * n, n, e) : 0;
+	const CuGemm *g0 = a->fuse->gemm;
+	if (!g0)
+		return RT_FAIL(e, "internal error: %s '%s': no cuBLASLt plan", dp_op_names[a->in->op],
+			       dpstep_str(a->s, cu_t(a, -1)->name));
+	for (const CuGemm *g = g0; g; g = g->tail) { /* one call, or vocab_split's two */
+		const void *pa, *pb;
+		void *pc;
+		part_ptrs(a->s, a->in, g, cu_p(a, 1), cu_p(a, 0), cu_p(a, -1), &pa, &pb, &pc);
+		void *pd = g->tmp ? (void *)g->tmp : (char *)pc + g->d_off; /* D */
+		if (align_of(pa) < g->align[0] || align_of(pb) < g->align[1] ||
+		    align_of(pd) < g->align[2] || (g->align[3] && align_of(cu_p(a, 2)) < g->align[3]) ||
+		    (g->align[4] &&
+		     align_of(a->in->op == DP_OP_LINEAR_GELU ? pc : cu_p(a, 2)) < g->align[4]))
+			return RT_FAIL(e, "internal error: %s '%s': the operands are less aligned than "
+				       "when its cuBLASLt algorithm was chosen", dp_op_names[a->in->op],
+				       dpstep_str(a->s, cu_t(a, -1)->name));
+		if (g->bias_rows)
+			RT_CHECK(bias_rows(a, m, n, e));
+		const float one = 1.0f;
+		cublasStatus_t st = cublasLtMatmul(a->blas, g->op, &one, pa, g->a, pb, g->b, &g->beta,
+						   pd, g->c, pd, g->c, &g->algo, a->blas_ws,
+						   CU_BLAS_WS_BYTES, a->st);
+		if (st != CUBLAS_STATUS_SUCCESS)
+			return RT_FAIL(e, "%s '%s': cublasLtMatmul (%lld x %lld x %lld%s): %s",
+				       dp_op_names[a->in->op], dpstep_str(a->s, cu_t(a, -1)->name),
+				       (long long)g->rows, (long long)k, (long long)n,
+				       a->tf32 && cu_t(a, 0)->dtype == DP_F32 ? ", tf32" : "",
+				       cublasLtGetStatusString(st));
+	}
+	return g0->gelu_map ? gelu_after(a, g0->tmp, m * n, n, e) : 0;
 }
 
 /* ---- bias_grad: two-stage column sums in double ---- */

@@ -193,6 +193,203 @@ __global__ void k_norm_bwd(int rms, T *o, const T *dy, const T *x, const T *g, c
 	}
 }
 
+/*
+ * A warp per row (16-bit rows of c <= NW_MAX elements, c a multiple of 8,
+ * 16-byte aligned operands): layernorm, add_layernorm, layernorm_grad,
+ * layernorm_grad_add and their rmsnorm forms. Lane l holds chunks l,
+ * l + 32, ... of eight (16 bytes) in registers: the row is read from
+ * memory once, every reduction is the warp's butterfly (in double, as
+ * block_sum's), and no barrier is taken. The per-element expressions are
+ * the block kernels' (above); only the double sums' tree differs (~1e-16
+ * relative): the same 1 ulp of the CPU.
+ *
+ * Why (GPT-2 124M on the H200, 16384 rows of 768): the block kernels ran
+ * 96 threads a row (a chunk each) with four block_sums of three barriers
+ * and two or three walks of the row each: add_layernorm 43 us and
+ * layernorm_grad_add 67 us a launch against 21 us of bytes (100 MB at 4.8
+ * TB/s), latency-bound. A warp per row has 8 rows a block of 256 and 64
+ * warps an SM in flight, each with its loads issued at once.
+ */
+#define NW_CHUNKS 4                  /* chunks of eight a lane holds, at most */
+#define NW_MAX (32 * 8 * NW_CHUNKS) /* the longest row: 1024 */
+
+/* The first element of a lane's chunk i (bf16_stride: the lane's chunk
+ * number taken as an element offset, the scalar walk's stride: a wrong walk) */
+static __device__ __forceinline__ int64_t wcol(int lane, int i)
+{
+	return MUTANT(bf16_stride) ? lane + 32 * i : (int64_t)(lane + 32 * i) * 8;
+}
+
+/* The row's mean and rstd from the lane's NC packed chunks w (those q < nq).
+ * The row stays packed (16-bit) in registers and is widened at each use: 4
+ * registers a chunk, not 8 (GPT-2's 768: NC = 3). */
+template <typename T, int NC>
+static __device__ __forceinline__ void warp_row_stats(int rms, const uint4 *w, int nq, int64_t c,
+						      double eps, double *mean, double *rstd)
+{
+	int lane = threadIdx.x & 31;
+	double m = 0, q = 0;
+	if (!rms) {
+		double s = 0;
+CU_UNROLL
+		for (int i = 0; i < NC; i++)
+			if (lane + 32 * i < nq) {
+				float v[8];
+				unpack8<T>(w[i], v);
+				for (int k = 0; k < 8; k++)
+					s += v[k];
+			}
+		m = warp_sum(s) / (double)c;
+	}
+CU_UNROLL
+	for (int i = 0; i < NC; i++)
+		if (lane + 32 * i < nq) {
+			float v[8];
+			unpack8<T>(w[i], v);
+			for (int k = 0; k < 8; k++) {
+				double d = (double)v[k] - m;
+				q += d * d;
+			}
+		}
+	q = warp_sum(q);
+	*mean = m;
+	*rstd = 1.0 / sqrt(q / (double)c + eps);
+}
+
+/* forward: o = norm(s) with s = x (res NULL) or x + res rounded to T and
+ * stored at so (add_layernorm's first half); NC chunks a lane */
+template <typename T, int NC>
+__global__ void __launch_bounds__(CU_THREADS)
+k_norm_fwd_w(int rms, T *o, T *so, const T *x, const T *res, const T *g, const T *b, int64_t rows,
+	     int64_t c, double eps)
+{
+	const bool drop = rms ? MUTANT(add_rms_no_residual) : MUTANT(add_norm_no_residual);
+	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
+	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
+	     r += (int64_t)gridDim.x * nw) {
+		uint4 w[NC] = {};
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			w[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
+			if (res) {
+				float v[8], rv[8];
+				unpack8<T>(w[i], v);
+				ld8(res + r * c + q * 8, rv);
+				for (int k = 0; k < 8; k++)
+					v[k] = drop ? v[k] : v[k] + rv[k];
+				w[i] = pack8<T>(v); /* rounded once, as stored */
+				*(uint4 *)(so + r * c + q * 8) = w[i];
+			}
+		}
+		double mean, rstd;
+		warp_row_stats<T, NC>(rms, w, nq, c, eps, &mean, &rstd);
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], gv[8], bv[8], ov[8];
+			unpack8<T>(w[i], v);
+			ld8(g + q * 8, gv);
+			if (!rms)
+				ld8(b + q * 8, bv);
+			for (int k = 0; k < 8; k++) {
+				float xh = (float)(((double)v[k] - mean) * rstd);
+				ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
+			}
+			st8(o + r * c + q * 8, ov);
+		}
+	}
+}
+
+/* dx (+ res as k_norm_bwd) with x and dy packed in registers; NC chunks a lane */
+template <typename T, int NC>
+__global__ void __launch_bounds__(CU_THREADS)
+k_norm_bwd_w(int rms, T *o, const T *dy, const T *x, const T *g, const T *res, int64_t rows,
+	     int64_t c, double eps)
+{
+	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
+	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
+	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
+	     r += (int64_t)gridDim.x * nw) {
+		uint4 xw[NC] = {}, dw[NC] = {};
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			xw[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
+			dw[i] = *(const uint4 *)(dy + r * c + q * 8);
+		}
+		double mean, rstd, sg = 0, sgx = 0;
+		warp_row_stats<T, NC>(rms, xw, nq, c, eps, &mean, &rstd);
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], dv[8], gv[8];
+			unpack8<T>(xw[i], v);
+			unpack8<T>(dw[i], dv);
+			ld8(g + q * 8, gv);
+			for (int k = 0; k < 8; k++) {
+				double gd = (double)dv[k] * gv[k];
+				sg += gd;
+				sgx += gd * ((double)v[k] - mean) * rstd;
+			}
+		}
+		sg = warp_sum(sg);
+		sgx = warp_sum(sgx);
+		sg = rms ? 0 : sg / (double)c;
+		sgx /= (double)c;
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], dv[8], gv[8], ov[8];
+			unpack8<T>(xw[i], v);
+			unpack8<T>(dw[i], dv);
+			ld8(g + q * 8, gv);
+			for (int k = 0; k < 8; k++) {
+				double xh = ((double)v[k] - mean) * rstd;
+				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+			}
+			if (res && !drop) {
+				float rv[8];
+				ld8(res + r * c + q * 8, rv);
+				for (int k = 0; k < 8; k++)
+					ov[k] = as_stored<T>(ov[k]) + rv[k];
+			}
+			st8(o + r * c + q * 8, ov);
+		}
+	}
+}
+
+/* The warp-per-row kernels' launch: 8 rows a block of 256, the kernel
+ * instantiated for the chunks a lane holds (NC = 1..4) */
+static unsigned warp_row_grid(int64_t rows)
+{
+	int64_t b = (rows + 7) / 8;
+	return (unsigned)(b < CU_MAX_GRID ? (b > 0 ? b : 1) : CU_MAX_GRID);
+}
+
+#define WARP_ROW_LAUNCH(K, T, rows, c, ...)                                                   \
+	do {                                                                                  \
+		int nc_ = (int)(((c) / 8 + 31) / 32);                                         \
+		if (nc_ <= 1)                                                                 \
+			CU_LAUNCH((K<T, 1>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else if (nc_ == 2)                                                            \
+			CU_LAUNCH((K<T, 2>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else if (nc_ == 3)                                                            \
+			CU_LAUNCH((K<T, 3>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+		else                                                                          \
+			CU_LAUNCH((K<T, 4>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
+	} while (0)
+
 /* gamma gradient, stage 0: stats[2r] = mean, stats[2r + 1] = rstd */
 template <int W, typename T>
 __global__ void k_norm_stats(int rms, const T *x, int64_t rows, int64_t c, double eps,
@@ -243,6 +440,21 @@ __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c,
 	int64_t lo = blockIdx.x * per, hi = lo + per < rows ? lo + per : rows;
 	for (int64_t r = lo + warp; r < hi; r += nw) {
 		const T *xr = x + r * c;
+		if constexpr (W == 8 && sizeof(T) == 2) if (c <= NW_MAX) { /* the row in registers, one read */
+			uint4 w[NW_CHUNKS];
+			int nq = (int)(c / 8);
+CU_UNROLL
+			for (int i = 0; i < NW_CHUNKS; i++)
+				if (lane + 32 * i < nq)
+					w[i] = *(const uint4 *)(xr + wcol(lane, i));
+			double mean, rstd;
+			warp_row_stats<T, NW_CHUNKS>(0, w, nq, c, eps, &mean, &rstd);
+			if (lane == 0) {
+				stats[2 * r] = mean;
+				stats[2 * r + 1] = rstd;
+			}
+			continue;
+		}
 		double s = 0, q = 0;
 		/* (the mutant bf16_stride as in row_stats: this walk, not row_stats,
 		 * is the gamma gradient's statistics since layernorm_grad_gb) */
@@ -275,6 +487,7 @@ __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c,
 		double sg[W], sb[W];
 		for (int k = 0; k < W; k++)
 			sg[k] = sb[k] = 0;
+CU_UNROLL4
 		for (int64_t r = lo; r < hi; r++) {
 			float dv[W], xv[W];
 			ldw<W>(dy + r * c + j, dv);
@@ -289,6 +502,35 @@ __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c,
 			pg[j + k] = sg[k];
 			pb[j + k] = drop ? 0.0 : sb[k];
 		}
+	}
+}
+
+/* Stage 2: o[j] (+)= the sum of the chunks' partials of column j (2c
+ * columns: gamma's, beta's). A block of 32 columns x 32 warps: warp w sums
+ * chunks w, w + 32, ... in order, then warp 0 the 32 sums in warp order: a
+ * fixed tree (the shape's alone), rounded once. (k_colsum_final, one thread
+ * per column walking all 512 chunks of GPT-2's 16384 rows, took most of
+ * the 77 us a launch on the H200: 1536 threads, 512 dependent loads each.) */
+#define GB_FINAL_WARPS 32
+template <typename TO>
+__global__ void __launch_bounds__(32 * GB_FINAL_WARPS)
+k_gb_final(TO *o, const double *part, int64_t c2, int64_t chunks, int accumulate)
+{
+	__shared__ double sh[GB_FINAL_WARPS][32];
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	int64_t j = (int64_t)blockIdx.x * 32 + lane;
+	double s = 0;
+	if (j < c2)
+CU_UNROLL4
+		for (int64_t ch = w; ch < chunks; ch += GB_FINAL_WARPS)
+			s += part[ch * c2 + j];
+	sh[w][lane] = s;
+	__syncthreads();
+	if (w == 0 && j < c2) {
+		double t = 0;
+		for (int k = 0; k < GB_FINAL_WARPS; k++)
+			t += sh[k][lane];
+		st(o + j, (float)(accumulate ? (double)ld(o + j) + t : t));
 	}
 }
 
@@ -327,6 +569,12 @@ template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 	const T *b = rms ? (const T *)0 : (const T *)cu_p(a, 2);
 	if (rows <= 0 || c <= 0)
 		return 0;
+	if constexpr (sizeof(T) == 2) if (cu_vec8<T>(c, o, x, g, b) && c <= NW_MAX) {
+		WARP_ROW_LAUNCH(k_norm_fwd_w, T, rows, c, rms, o, (T *)0, x, (const T *)0, g, b, rows,
+				c, (double)DP_FATTR(a->in, LAYERNORM, eps));
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
 	NORM_LAUNCH(k_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, g, b), rms, o, x, g, b, rows, c,
 		    (double)DP_FATTR(a->in, LAYERNORM, eps));
 	CU_LAUNCHED(a, e);
@@ -344,8 +592,15 @@ template <typename T> static int run_add_fwd_t(const CuArgs *a, RtErr *e)
 	if (rows <= 0 || c <= 0)
 		return 0;
 	/* the second half starts rows * c after o: aligned when o and c are */
-	NORM_LAUNCH(k_add_norm_fwd, T, rows, c, cu_vec8<T>(c, o, x, res, g) && cu_vec8<T>(c, b),
-		    rms, o, x, res, g, b, rows, c, (double)DP_FATTR(a->in, ADD_LAYERNORM, eps));
+	int vec = cu_vec8<T>(c, o, x, res, g) && cu_vec8<T>(c, b);
+	double eps = (double)DP_FATTR(a->in, ADD_LAYERNORM, eps);
+	if constexpr (sizeof(T) == 2) if (vec && c <= NW_MAX) {
+		WARP_ROW_LAUNCH(k_norm_fwd_w, T, rows, c, rms, o + rows * c, o, x, res, g, b, rows, c,
+				eps);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
+	NORM_LAUNCH(k_add_norm_fwd, T, rows, c, vec, rms, o, x, res, g, b, rows, c, eps);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -364,9 +619,14 @@ template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 			       ? (const T *)cu_p(a, 3) : (const T *)0;
 	if (rows <= 0 || c <= 0)
 		return 0;
-	NORM_LAUNCH(k_norm_bwd, T, rows, c, cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res),
-		    rms, o, dy, x, g, res, rows, c,
-		    (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps));
+	int vec = cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res);
+	double eps = (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps);
+	if constexpr (sizeof(T) == 2) if (vec && c <= NW_MAX) {
+		WARP_ROW_LAUNCH(k_norm_bwd_w, T, rows, c, rms, o, dy, x, g, res, rows, c, eps);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
+	NORM_LAUNCH(k_norm_bwd, T, rows, c, vec, rms, o, dy, x, g, res, rows, c, eps);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
@@ -433,7 +693,8 @@ template <typename T, typename TO> static int run_grad_gb_t(const CuArgs *a, RtE
 		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
 			  rows, c, per, eps, stats, part);
 	CU_LAUNCHED(a, e);
-	CU_LAUNCH(k_colsum_final<TO>, cu_grid(2 * c), CU_THREADS, a->st, o, part, 2 * c, chunks, acc);
+	CU_LAUNCH(k_gb_final<TO>, (unsigned)((2 * c + 31) / 32), 32 * GB_FINAL_WARPS, a->st, o, part,
+		  2 * c, chunks, acc);
 	CU_LAUNCHED(a, e);
 	return 0;
 }
