@@ -1218,7 +1218,8 @@ CU_UNROLL
  * order is the order the blocks get there, so dQ's last bits (and the
  * run's) varied from run to run. The price of the runs: fewer blocks
  * (batch x heads x splits, not x nkeys / 64), splits x B T C x 4 bytes of
- * sums zeroed and read once more by k_attn_dq_store (docs/CUDA.md).
+ * sums written and read once more by k_attn_dq_store (zeroed first for
+ * cp only: fa_dq_fresh; docs/CUDA.md).
  * The cp gradients run it too: attention_cp_grad with out NULL (dQ only:
  * S, dP, dQ), attention_cp_grad_kv with dqacc NULL (dK, dV only).
  * P is rounded to bf16 for dV, dS for dK and dQ, as FlashAttention does.
@@ -1371,8 +1372,13 @@ static __device__ __forceinline__ int64_t fa_run_row0(int64_t s, const FaWalk &w
 	return 64 * fa_zigzag(s * w.per, w.nkb);
 }
 
+/* 3 blocks per SM (<= 168 registers) for bf16 at head dim 64 (GPT-2's:
+ * ptxas gave it 174, 2 blocks, once dQ's sums went unzeroed) and head dim
+ * 32 (an explicit 1 let ptxas take 180 there, from 136); the rest 1, as
+ * before (docs/CUDA.md's session 15) */
 template <int HD, bool CP, typename T>
-__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W,
+				  HD == 32 || (HD == 64 && sizeof(T) == 2) ? 3 : 1)
 k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc,
 	       FaWalk walk)
 {
@@ -1828,8 +1834,8 @@ CU_UNROLL
 }
 
 /* The backward: each query row's lse and D, then k_attn_bwd_mma (dK and
- * dV: attention_grad, attention_cp_grad_kv; dQ into its runs' f32 sums,
- * zeroed first: attention_grad, attention_cp_grad), then dQ summed over the
+ * dV: attention_grad, attention_cp_grad_kv; dQ into its runs' f32 sums:
+ * attention_grad, attention_cp_grad, zeroed first for cp), then dQ summed over the
  * runs and stored. lse is the forward's and D = dO . O from its output when
  * the planner paired them (cu_plan_attn); else the forward runs again for
  * both (into scratch, O not written). Scratch: lse, D, then dQ's sums
