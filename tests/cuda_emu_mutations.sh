@@ -159,6 +159,17 @@
 #   tcb_dqsync    the backward's second __syncthreads per query tile
 #                 (every warp's dS^T rows stored before dQ = dS K reads
 #                 them), dropped
+#   tcb_dqpre     the backward's cp.async.wait_group and __syncwarp
+#                 before the dQ add (bf16: every lane's copies of the
+#                 tile's run sums into shared memory, fa_dq_part, landed)
+#                 dropped: lanes add into chunks not yet copied
+#   tcb_dqfresh   k_attn_dq_store reads every run's dQ sums from row 0,
+#                 where the runs are not zeroed first (the ordinary op):
+#                 rows before a run's first key block were never written
+#                 (det: 4 runs of 2 key blocks; a16 has one run)
+#   tcb_rowdot    k_attn_rowdot8 (D = dO . O, 8 lanes per row) sums its
+#                 lanes by xor shuffles across the warp's rows (16, 8, 4),
+#                 not within a row (4, 2, 1)
 #   tcb_dqlayout  dS^T's shared tile read for dQ = dS K by ldmatrix
 #                 without .trans: dS^T's registers where the mma takes
 #                 dS's (a wrong fragment layout)
@@ -635,6 +646,9 @@ tcb_alayout   tcb_alayout   a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_T
 tcb_causal    tcb_causal    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqpre     tcb_dqpre     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_dqfresh   tcb_dqfresh   det     1 one DPEMU_SEED=1
+tcb_rowdot    tcb_rowdot    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqlayout  tcb_dqlayout  a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2
 tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=3

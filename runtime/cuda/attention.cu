@@ -1203,8 +1203,10 @@ CU_UNROLL
  *    computes one 16-row, HD W' / 4-column part of the tile's dQ = dS K
  *    (A: dS^T's tile through ldmatrix .trans, B: K's rows through
  *    ldmatrix .trans, as fa_times_tile takes them) and adds it into its
- *    run's f32 sums dqacc [splits][B, T, C] by a plain load and store: an
- *    element of a run's sums is only ever this thread's, of this block;
+ *    run's f32 sums dqacc [splits][B, T, C] (f32: by a plain load and
+ *    store; bf16: copied in by cp.async at the tile's top, added in
+ *    shared memory, stored back, fa_dq_part): an element of a run's sums
+ *    is only ever one thread's, of this block;
  *  - after it, k_attn_dq_store sums the runs in order and writes scale *
  *    dQ into d qkv's q columns (rounded once) and, for attention_cp_grad,
  *    zeros in k and v.
@@ -1216,7 +1218,8 @@ CU_UNROLL
  * order is the order the blocks get there, so dQ's last bits (and the
  * run's) varied from run to run. The price of the runs: fewer blocks
  * (batch x heads x splits, not x nkeys / 64), splits x B T C x 4 bytes of
- * sums zeroed and read once more by k_attn_dq_store (docs/CUDA.md).
+ * sums written and read once more by k_attn_dq_store (zeroed first for
+ * cp only: fa_dq_fresh; docs/CUDA.md).
  * The cp gradients run it too: attention_cp_grad with out NULL (dQ only:
  * S, dP, dQ), attention_cp_grad_kv with dqacc NULL (dK, dV only).
  * P is rounded to bf16 for dV, dS for dK and dQ, as FlashAttention does.
@@ -1232,8 +1235,13 @@ template <int HD, typename T> struct FaBwd {
 	static const int RT = BC / 16;              /* 16-row parts of a query tile */
 	static const int HDW = HD * RT / S::W;      /* dQ columns per warp */
 	static const int QTILE = BC * S::LD;        /* elements of a Q (or dO) tile */
-	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K, V [KR][LD], dS^T [KR][LDS] */
-	static const int SMEM = (4 * QTILE + 2 * KR * S::LD + KR * LDS) * S::E + 4 * BC * 4;
+	/* bf16: dQ's run sums of the tile prefetched by cp.async (fa_dq_part) */
+	static const bool DQPF = S::E == 2;
+	static const int LDQ = HDW + 8;             /* their rows, f32: 32 bytes of padding */
+	/* [2][Q, dO][BC][LD], [2][lse, D][BC] f32, K, V [KR][LD], dS^T [KR][LDS],
+	 * bf16: dQ's sums [W][16][LDQ] f32 */
+	static const int SMEM = (4 * QTILE + 2 * KR * S::LD + KR * LDS) * S::E + 4 * BC * 4 +
+				(DQPF ? S::W * 16 * LDQ * 4 : 0);
 	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
 	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
 };
@@ -1267,6 +1275,32 @@ CU_UNROLL
 			else
 				cu_ldsm_t<4>(pa[k], p);
 		}
+	}
+}
+
+/* A warp's 16-row, HDW-column part of dQ's run sums [rows][ld] f32 (rows:
+ * those before T) and its shared copy sm [16][LDQ] (bf16's backward,
+ * FaBwd::DQPF): chunk i (16 bytes, 4 columns) is lane i % 32's, at row i /
+ * (HDW / 4). GET copies the chunks in by cp.async (issued at the query
+ * tile's top, landed behind the tile's mma work, where the plain load of
+ * the sums in the C layout stalled the warp: ncu's L1TEX scoreboard stalls,
+ * 33 % of the H200's), else they go back out as 16-byte stores. So each
+ * element of the sums is read and written by one fixed thread of the grid
+ * in every key block of the run (its chunk's owner; the C layout's lane
+ * adds in shared memory between): the order of the sums is unchanged. */
+template <int HDW, int LDQ, bool GET>
+static __device__ __forceinline__ void fa_dq_part(float *sm, float *run, int64_t ld, int64_t rows)
+{
+	const int lane = threadIdx.x % 32;
+CU_UNROLL
+	for (int k = 0; k < HDW / 8; k++) {
+		const int i = lane + 32 * k, r = i / (HDW / 4), c = 4 * (i % (HDW / 4));
+		if (r >= rows)
+			continue;
+		if constexpr (GET)
+			cu_cp_async16(sm + r * LDQ + c, run + r * ld + c, 16);
+		else
+			*(float4 *)(run + r * ld + c) = *(const float4 *)(sm + r * LDQ + c);
 	}
 }
 
@@ -1318,8 +1352,33 @@ static __device__ __forceinline__ int64_t fa_zigzag(int64_t i, int64_t nkb)
 	return i % 2 ? nkb - 1 - i / 2 : i / 2;
 }
 
+/* dQ's run sums are not zeroed before the backward (the ordinary op; not
+ * tcb_dqorder's atomics into one run): a run's first key block, zigzag
+ * position s per (even: fa_walk's whole pairs, or the only run), is key
+ * block s per / 2, the run's least (the odd positions' nkb - 1 - i are
+ * past the even ones'), so its query tiles, from its first key row on,
+ * cover every row any key block of the run adds to; it writes 0 + its
+ * part there (the bits a memset's zeros gave), and k_attn_dq_store reads
+ * run s from row fa_run_row0 on (adding 0 before it). cp's key blocks are
+ * positions of gathered chunks, not rows in order: zeroed as before.
+ * Saves the memset of splits x B T C f32 per backward (GPT-2 at batch 16:
+ * 200 MB per layer). */
+template <typename T> static __host__ __device__ __forceinline__ bool fa_dq_fresh(const Geom<T> &g)
+{
+	return !g.cp && !MUTANT(tcb_dqorder);
+}
+static __device__ __forceinline__ int64_t fa_run_row0(int64_t s, const FaWalk &w)
+{
+	return 64 * fa_zigzag(s * w.per, w.nkb);
+}
+
+/* 3 blocks per SM (<= 168 registers) for bf16 at head dim 64 (GPT-2's:
+ * ptxas gave it 174, 2 blocks, once dQ's sums went unzeroed) and head dim
+ * 32 (an explicit 1 let ptxas take 180 there, from 136); the rest 1, as
+ * before (docs/CUDA.md's session 15) */
 template <int HD, bool CP, typename T>
-__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W,
+				  HD == 32 || (HD == 64 && sizeof(T) == 2) ? 3 : 1)
 k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc,
 	       FaWalk walk)
 {
@@ -1333,6 +1392,7 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
 	T *ksm = (T *)(stats + 4 * BC), *vsm = ksm + F::KR * S::LD, *dst = vsm + F::KR * S::LD;
+	float *dqw = (float *)(dst + F::KR * F::LDS) + threadIdx.x / 32 * 16 * F::LDQ; /* DQPF: the warp's */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	const int64_t split = blockIdx.x % walk.splits, h = blockIdx.x / walk.splits % g.h,
 		      b = blockIdx.x / ((int64_t)walk.splits * g.h);
@@ -1344,8 +1404,14 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	 * blocks get there) */
 	float *dqrun = dqacc && !MUTANT(tcb_dqorder) ? dqacc + split * g.b * g.t * g.c : dqacc;
 	const int rt = 16 * (warp % F::RT), c0 = F::HDW * (warp / F::RT); /* this warp's part of dQ */
+	/* bf16: dQ's sums through shared memory (fa_dq_part; tcb_dqorder's atomics: in place) */
+	const bool pf = F::DQPF && !MUTANT(tcb_dqorder);
+	/* not zeroed first (fa_dq_fresh: the ordinary op) */
+	const bool fresh = fa_dq_fresh(g);
 	const int64_t i1 = (split + 1) * walk.per < walk.nkb ? (split + 1) * walk.per : walk.nkb;
 	for (int64_t kbi = split * walk.per; kbi < i1; kbi++) {
+		/* the run's first key block: its parts are the sums' first terms */
+		const bool first1 = fresh && kbi == split * walk.per;
 		if (kbi > split * walk.per && !MUTANT(tcb_kbsync))
 			__syncthreads(); /* the last key block's K rows and query tiles read */
 		const int64_t k0 = 64 * fa_zigzag(kbi, walk.nkb);
@@ -1436,11 +1502,16 @@ CU_UNROLL
 				tc_wait<T>(); /* this thread's copies of query tile it landed (bf16: cp.async) */
 			if (!MUTANT(tcb_sync))
 				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
-			if (it + 1 < tiles) {
-				fetch((int)first + (it + 1) * BC, (it + 1) % 2);
-				tc_commit<T>();
-			}
 			const int q0 = (int)first + it * BC;
+			/* this warp's part of dQ's run sums for the tile (DQPF), then the
+			 * next tile: one group, landed at the wait before the dQ add */
+			float *dqpart = dqacc ? dqrun + (b * g.t + q0 + rt) * g.c + g.hd * h + c0 : (float *)0;
+			if (pf && dqacc && !first1)
+				fa_dq_part<F::HDW, F::LDQ, true>(dqw, dqpart, g.c, g.t - (q0 + rt));
+			if (it + 1 < tiles)
+				fetch((int)first + (it + 1) * BC, (it + 1) % 2);
+			if (pf || it + 1 < tiles)
+				tc_commit<T>();
 			int64_t qfirst, qlast; /* the tile's query positions */
 			fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
 			const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
@@ -1501,29 +1572,55 @@ CU_UNROLL
 			for (int n = 0; n < F::HDW / 8; n++)
 				acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
 			fa_times_tile<F::HDW, F::KR, S::LD>(acc, sa, ksm + c0); /* this part of dS K */
-			/* into the run's sums: each element by this one thread of the
-			 * grid, once per key block of the run, in the run's order */
+			if (pf) { /* bf16: added to the prefetched sums */
+				if (!MUTANT(tcb_dqpre)) {
+					tc_wait<T>(); /* this thread's chunks (and the next tile) landed */
+					__syncwarp(); /* every lane's */
+				}
 CU_UNROLL
-			for (int r = 0; r < 2; r++) {
-				const int64_t t = q0 + rt + gr + 8 * r;
-				if (t >= g.t)
-					continue;
-				float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
-CU_UNROLL
-				for (int n = 0; n < F::HDW / 8; n++) {
-					/* the lane's two adjacent columns by one 8-byte load and
-					 * store (a quad: one 32-byte sector; HD = hd, even) */
-					float2 *a2 = (float2 *)(a + 8 * n), v = *a2;
-					if (MUTANT(tcb_dqorder)) {
-						atomicAdd(a + 8 * n, acc[n][2 * r]);
-						atomicAdd(a + 8 * n + 1, acc[n][2 * r + 1]);
+				for (int r = 0; r < 2; r++) {
+					if (q0 + rt + gr + 8 * r >= g.t)
 						continue;
+CU_UNROLL
+					for (int n = 0; n < F::HDW / 8; n++) {
+						float2 *a2 = (float2 *)(dqw + (gr + 8 * r) * F::LDQ + 8 * n + 2 * qd);
+						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2; /* 0 + part, as zeroed */
+						if (MUTANT(tcb_dqadd))
+							v.x = v.y = 0;
+						v.x += acc[n][2 * r];
+						v.y += acc[n][2 * r + 1];
+						*a2 = v;
 					}
-					if (MUTANT(tcb_dqadd))
-						v.x = v.y = 0;
-					v.x += acc[n][2 * r];
-					v.y += acc[n][2 * r + 1];
-					*a2 = v;
+				}
+				__syncwarp(); /* the sums added, by the C layout's lanes */
+				fa_dq_part<F::HDW, F::LDQ, false>(dqw, dqpart, g.c, g.t - (q0 + rt));
+			} else {
+				/* f32: into the run's sums in place, each element by this one
+				 * thread of the grid, once per key block of the run, in the
+				 * run's order */
+CU_UNROLL
+				for (int r = 0; r < 2; r++) {
+					const int64_t t = q0 + rt + gr + 8 * r;
+					if (t >= g.t)
+						continue;
+					float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
+CU_UNROLL
+					for (int n = 0; n < F::HDW / 8; n++) {
+						/* the lane's two adjacent columns by one 8-byte load and
+						 * store (a quad: one 32-byte sector; HD = hd, even) */
+						float2 *a2 = (float2 *)(a + 8 * n);
+						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2;
+						if (MUTANT(tcb_dqorder)) {
+							atomicAdd(a + 8 * n, acc[n][2 * r]);
+							atomicAdd(a + 8 * n + 1, acc[n][2 * r + 1]);
+							continue;
+						}
+						if (MUTANT(tcb_dqadd))
+							v.x = v.y = 0;
+						v.x += acc[n][2 * r];
+						v.y += acc[n][2 * r + 1];
+						*a2 = v;
+					}
 				}
 			}
 		}
@@ -1548,15 +1645,16 @@ CU_UNROLL
  * zero_kv (attention_cp_grad): its k and v columns 0 (they return through
  * the gathered kv). */
 template <typename T>
-__global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, int splits, T *dqkv, int zero_kv)
+__global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, FaWalk walk, T *dqkv, int zero_kv)
 {
 	const int64_t n = g.b * g.t * g.c;
+	const bool fresh = fa_dq_fresh(g);
 	CU_FOR_EACH(i, n) {
-		int64_t bt = i / g.c, c = i - bt * g.c, h = c / g.hd, d = c - h * g.hd;
+		int64_t bt = i / g.c, c = i - bt * g.c, h = c / g.hd, d = c - h * g.hd, t = bt % g.t;
 		T *row = dqkv + bt * 3 * g.c + 3 * g.hd * h;
 		float sum = dqacc[i];
-		for (int s = 1; s < splits; s++)
-			sum += dqacc[s * n + i];
+		for (int s = 1; s < walk.splits; s++) /* fresh: rows before run s's first, never written */
+			sum += !fresh || t >= (MUTANT(tcb_dqfresh) ? 0 : fa_run_row0(s, walk)) ? dqacc[s * n + i] : 0.0f;
 		st(row + d, g.scale * sum);
 		if (zero_kv) {
 			st(row + g.hd + d, 0.0f);
@@ -1652,7 +1750,7 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 		int64_t keys = tq->dims[1] * (in->op == DP_OP_ATTENTION_GRAD ? 1 : DP_ATTR(in, ATTENTION_CP, cp));
 		dq = fa_walk(tq->dims[0] * heads, keys, 1).splits * tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3);
 	}
-	return (size_t)(3 * rows + dq) * sizeof(float);
+	return (size_t)((3 * rows + 3) / 4 * 4 + dq) * sizeof(float); /* dQ's sums 16-byte aligned */
 }
 
 /* The forward and the backward run on tensor cores for bf16 attention,
@@ -1701,9 +1799,43 @@ __global__ void k_attn_rowdot(Geom<T> g, const T *dy, const T *o, float *dd)
 	}
 }
 
+/* The same for bf16 rows of whole 16-byte pieces (Geom.vec8, O 16-byte
+ * aligned too): 8 lanes per row, 4 rows per warp, each lane one 16-byte
+ * load of dO and of O per 64 head dims, its 8 products summed in order,
+ * then the 8 lanes by xor shuffles (4, 2, 1). The warp-per-row kernel
+ * above read 2 bytes per lane (64-byte loads): the H200 took 58 us per
+ * GPT-2 layer for its 50 MB, ~0.9 TB/s. */
+template <typename T>
+__global__ void k_attn_rowdot8(Geom<T> g, const T *dy, const T *o, float *dd)
+{
+	const int sub = threadIdx.x % 8;
+	const int64_t rows = g.b * g.h * g.t, step = (int64_t)gridDim.x * blockDim.x / 8;
+	/* the loop's bound is the warp's first row: every lane reaches the shuffles */
+	for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * 4; w < rows; w += step) {
+		const int64_t i = w + threadIdx.x % 32 / 8;
+		float sum = 0;
+		if (i < rows) {
+			int64_t t = i % g.t, h = (i / g.t) % g.h, b = i / (g.t * g.h);
+			const T *dr = dy + (b * g.t + t) * g.c + g.hd * h, *orow = o + (dr - dy);
+			for (int64_t d = 8 * sub; d < g.hd; d += 64) {
+				const uint4 x = *(const uint4 *)(dr + d), y = *(const uint4 *)(orow + d);
+				const T *xs = (const T *)&x, *ys = (const T *)&y;
+CU_UNROLL
+				for (int k = 0; k < 8; k++)
+					sum += ld(xs + k) * ld(ys + k);
+			}
+		}
+		/* tcb_rowdot: the shuffles across the warp's rows (16, 8, 4), not its lanes */
+		for (int k = MUTANT(tcb_rowdot) ? 16 : 4; k >= (MUTANT(tcb_rowdot) ? 4 : 1); k /= 2)
+			sum += __shfl_xor_sync(CU_FULL_MASK, sum, k);
+		if (i < rows && sub == 0)
+			dd[i] = MUTANT(tcb_dterm) ? 0 : sum;
+	}
+}
+
 /* The backward: each query row's lse and D, then k_attn_bwd_mma (dK and
- * dV: attention_grad, attention_cp_grad_kv; dQ into its runs' f32 sums,
- * zeroed first: attention_grad, attention_cp_grad), then dQ summed over the
+ * dV: attention_grad, attention_cp_grad_kv; dQ into its runs' f32 sums:
+ * attention_grad, attention_cp_grad, zeroed first for cp), then dQ summed over the
  * runs and stored. lse is the forward's and D = dO . O from its output when
  * the planner paired them (cu_plan_attn); else the forward runs again for
  * both (into scratch, O not written). Scratch: lse, D, then dQ's sums
@@ -1726,8 +1858,14 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		unsigned blocks = (unsigned)(g.b * g.h * ((g.t + S::BR - 1) / S::BR));
 		if (a->fuse->lse_o) {
 			lse = a->fuse->lse;
-			CU_LAUNCH(k_attn_rowdot<T>, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st, g,
-				  dy, (const T *)a->fuse->lse_o, dd);
+			const T *o = (const T *)a->fuse->lse_o;
+			if (g.vec8 && cu_aligned16(o)) {
+				CU_LAUNCH(k_attn_rowdot8<T>, cu_grid(8 * g.b * g.h * g.t), CU_THREADS, a->st,
+					  g, dy, o, dd);
+			} else {
+				CU_LAUNCH(k_attn_rowdot<T>, cu_grid(32 * g.b * g.h * g.t), CU_THREADS, a->st,
+					  g, dy, o, dd);
+			}
 		} else {
 			CU_LAUNCH_SMEM((k_attn_fwd_mma<HD, CP, T>), blocks, 32 * S::W, (size_t)S::SMEM,
 				       a->st, g, (T *)0, lse, dy, dd);
@@ -1735,11 +1873,11 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		CU_LAUNCHED(a, e);
 		FaWalk walk = fa_walk(g.b * g.h, g.nkeys, op != DP_OP_ATTENTION_CP_GRAD_KV);
 		unsigned kblocks = (unsigned)(g.b * g.h * walk.splits);
-		float *dqacc = (float *)a->scratch + 3 * g.b * g.h * g.t;
+		float *dqacc = (float *)a->scratch + (3 * g.b * g.h * g.t + 3) / 4 * 4; /* 16-byte aligned */
 		size_t dqbytes = (size_t)(walk.splits * g.b * g.t * g.c) * sizeof(float);
 		if (op == DP_OP_ATTENTION_CP_GRAD_KV)
 			dqacc = NULL;
-		else
+		else if (!fa_dq_fresh(g)) /* (the ordinary op's runs start themselves) */
 			CU_OK(a, cudaMemsetAsync(dqacc, 0, dqbytes, a->st), e);
 		const int smem = FaBwd<HD, T>::SMEM;
 		if (smem > 48 * 1024) /* f32 (tf32) at head dim 128: the opt-in, every launch (cheap) */
@@ -1750,7 +1888,7 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		CU_LAUNCHED(a, e);
 		if (dqacc) {
 			CU_LAUNCH(k_attn_dq_store<T>, cu_grid(g.b * g.t * g.c), CU_THREADS, a->st, g,
-				  (const float *)dqacc, walk.splits, dqkv, (int)(g.cp != 0));
+				  (const float *)dqacc, walk, dqkv, (int)(g.cp != 0));
 			CU_LAUNCHED(a, e);
 		}
 	}
