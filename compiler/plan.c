@@ -51,15 +51,24 @@
  * one can be slower than #1 and faster than #10). On mlp, mlp8, gpt2-tiny
  * and llama at 4 ranks (h100-nvlink and a calibrated CPU file) the top 10
  * are those of the exhaustive search, with 5 to 71 compiles saved.
+ * The class rule (same_class, below): candidates that differ only in the
+ * data-parallel strategy, its knob and the split of the data-parallel
+ * ranks run the same path (the model's kernels, the transfers, the tp and
+ * cp collectives); one compile's step with only that path
+ * (sim_core_step) bounds all of their steps, and a candidate whose class
+ * bound is no faster than the tenth fastest plan that fits is not
+ * compiled (PL_CLASS), which leaves the table as it was.
  * The memory plan, the last pass and the costliest at scale, runs only
  * for a candidate simulated no slower than the tenth fastest plan known to
  * fit (plan_eval): a slower one cannot rank in the table.
  *
- * Order and workers. A seed, then three phases, each over every mesh on
- * forked workers (one per CPU). The seed: on the meshes of tp alone with
- * the rest in dp_shard (pick_seeds), the candidate with the least time
- * bound, so that the first phases have a plan that fits to hold the time
- * bound against. Then each mesh's least-memory candidate (the memory
+ * Order and workers. A seed, the classes, then three phases, each over
+ * every mesh on forked workers (one per CPU). The seed: on the meshes of
+ * tp alone with the rest in dp_shard (pick_seeds), the candidate with the
+ * least time bound, so that the first phases have a plan that fits to
+ * hold the time bound against. The classes: each class's candidate of
+ * least time bound (unless the time bound rules the class out), so that
+ * its bound holds in every later phase. Then each mesh's least-memory candidate (the memory
  * bound), then its probe (no checkpointing, the least sharded strategy: likely
  * the fastest, so the last phase's dominance and memory-plan thresholds
  * start low), then the rest, each mesh deciding from what the earlier
@@ -111,6 +120,11 @@ typedef struct {
 	double time_bound; /* time_bound: a lower bound of step_s, without a compile (0: none) */
 	double comm_bound; /* its communication term (comm_bound), 0: none */
 	double pipe_bound; /* pp > 1: its pipeline term (stage_bound), 0: none */
+	double core_s;     /* compiled: sim_core_step, its class's bound (0: none) */
+	double class_bound; /* the largest core_s of a compiled candidate of its class
+			       (same_class), a lower bound of step_s (0: none) */
+	int cls;           /* its class's index (same_class) */
+	int class_rep;     /* the class phase compiles it (its class's least time bound) */
 } Plan;
 
 enum {
@@ -129,6 +143,8 @@ enum {
 	               the device memory */
 	PL_TIME,    /* not compiled: its time bound (time_bound) is no faster than a
 	               plan that fits */
+	PL_CLASS,   /* not compiled: its class bound is no faster than the tenth
+	               fastest plan that fits (the class rule) */
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
@@ -272,6 +288,7 @@ static Graph *plan_compile(const Plan *p, const PlanOpts *po, FILE *quiet, int t
  * spread of models, strategies, precisions, checkpointing and meshes.
  */
 static void plan_name(char *buf, size_t len, const Plan *p);
+static int by_time(const void *a, const void *b);
 
 /* A block's GEMMs by their place in a micro-batch's pipeline path
  * (block_seconds). */
@@ -955,6 +972,14 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_belo
 		for (int s = 0; s < rep.nstages; s++)
 			p->compute_s = fmax(p->compute_s, rep.stage[s].busy[DP_STREAM_COMPUTE]);
 		sim_report_free(&rep);
+		if (sim_core_step(g, po->machine, &p->core_s) < 0)
+			p->core_s = 0;
+		if (fmax(p->core_s, p->class_bound) > p->step_s * (1 + 1e-9)) {
+			char name[160];
+			plan_name(name, sizeof name, p);
+			die("--plan: the class bound %.6g s (this plan's own %.6g s) is above the simulated "
+			    "step's %.6g s (%s): the bound is wrong", p->class_bound, p->core_s, p->step_s, name);
+		}
 		p->state = PL_SLOWER;
 		if (p->step_s <= keep_below) {
 			Diag d;
@@ -1020,6 +1045,72 @@ static double compute_bound(const Plan *p, const Plan *mesh, int n)
 	return lb;
 }
 
+/*
+ * The class rule: candidates of the same pp, tp, cp, schedule,
+ * stages_per_rank, grad_accum and checkpointing (same_class) run the same
+ * kernels, transfers and tp and cp collectives on a micro-batch's path,
+ * in the same order, whatever their data-parallel strategy, knob and
+ * split of the data-parallel ranks (dp_replicate x dp_shard, their
+ * product the same): those only add the gradients' and parameters'
+ * collectives, their waits, and kernels outside the path (accumulation,
+ * casts, the update). sim_core_step replays one compiled candidate with
+ * those left out, which no op of the others can make faster, so its
+ * answer is at most every member's simulated step. A member whose class
+ * bound is no faster than the tenth fastest plan that fits cannot enter
+ * the table: it is not compiled (PL_CLASS). Each class's member of least
+ * time bound is compiled first (the class phase), so that its bound is
+ * known before the other phases. plan_eval checks every simulated step
+ * against its class bound, and DPC_PLAN_CHECK every class's bounds
+ * against every member's step.
+ */
+static int same_class(const Plan *a, const Plan *b)
+{
+	return a->pp == b->pp && a->tp == b->tp && a->cp == b->cp && a->sched == b->sched &&
+	       a->vpr == b->vpr && a->accum == b->accum && a->gc == b->gc;
+}
+
+static int by_class(const void *x, const void *y)
+{
+	const Plan *a = *(const Plan *const *)x, *b = *(const Plan *const *)y;
+	int ka[] = {a->pp, a->tp, a->cp, a->sched, a->vpr, a->accum, a->gc};
+	int kb[] = {b->pp, b->tp, b->cp, b->sched, b->vpr, b->accum, b->gc};
+	for (int i = 0; i < 7; i++)
+		if (ka[i] != kb[i])
+			return (ka[i] > kb[i]) - (ka[i] < kb[i]);
+	return (a > b) - (a < b);
+}
+
+/* Every candidate's class index (Plan.cls); returns the number of classes. */
+static int classify(Plan *plans, int n)
+{
+	Plan **by = malloc(sizeof *by * ((size_t)n + 1));
+	if (!by)
+		die("out of memory");
+	for (int i = 0; i < n; i++)
+		by[i] = &plans[i];
+	qsort(by, (size_t)n, sizeof *by, by_class);
+	int ncls = 0;
+	for (int i = 0; i < n; i++) {
+		if (i && !same_class(by[i - 1], by[i]))
+			ncls++;
+		by[i]->cls = ncls;
+	}
+	free(by);
+	return n ? ncls + 1 : 0;
+}
+
+/* Each class's bound: the largest core_s of its compiled members, onto
+ * every member (cb: scratch of ncls). */
+static void class_bounds(Plan *plans, int n, double *cb, int ncls)
+{
+	for (int c = 0; c < ncls; c++)
+		cb[c] = 0;
+	for (int i = 0; i < n; i++)
+		cb[plans[i].cls] = fmax(cb[plans[i].cls], plans[i].core_s);
+	for (int i = 0; i < n; i++)
+		plans[i].class_bound = cb[plans[i].cls];
+}
+
 /* The search's state: the candidates, grouped by mesh, and what the
  * workers need. */
 typedef struct {
@@ -1031,6 +1122,8 @@ typedef struct {
 	int check;             /* DPC_PLAN_CHECK=1: every candidate compiled and planned */
 	const char *seed;      /* [mesh]: 1 for the seed phase's meshes */
 	double prior_best;     /* the fastest plan that fits, of the phases before this one */
+	double prior_tenth;    /* the tenth fastest of them (INFINITY: fewer than ten) */
+	int use_class;         /* the class rule (not under DPC_PLAN_CHECK or DPC_PLAN_NO_CLASS) */
 	int64_t batch;         /* samples a step at one data-parallel rank (ModelMem's
 				  micro_batch), 0: unknown */
 	double t0, last;       /* progress */
@@ -1044,6 +1137,11 @@ typedef struct {
  * least time bound (then memory bound), so that phases 1 and 2 start with
  * a plan that fits to hold the time bounds against. */
 #define PHASE_SEED 4
+
+/* The class phase (after the seed): each class's representative, the
+ * candidate of least time bound, so that phases 1 to 3 hold the class
+ * bound against every member. */
+#define PHASE_CLASS 5
 
 /* fits[0..n-1]: the fastest step times of plans that fit, ascending, at
  * most TOP; p's added when it fits. Returns the new count. */
@@ -1103,10 +1201,26 @@ static void search_mesh(const Search *se, int phase, int m)
 			plan_eval(&mp[k], se->po, se->quiet, INFINITY);
 		return;
 	}
+	if (phase == PHASE_CLASS) { /* the classes' representatives on this mesh */
+		for (int i = 0; i < nm; i++) {
+			Plan *p = &mp[i];
+			if (!p->class_rep || p->state != PL_TODO ||
+			    (p->time_bound > 0 && se->prior_best <= p->time_bound))
+				continue; /* the time bound rules out its whole class: later */
+			if (p->class_bound > 0 && se->prior_tenth <= p->class_bound)
+				p->state = PL_CLASS;
+			else /* its memory planned when it beats the seed's best, else
+				later if it may rank (plan_late_memory) */
+				plan_eval(p, se->po, se->quiet, se->prior_best);
+		}
+		return;
+	}
 	if ((phase == 1 && mp[0].state == PL_TODO) || (phase == 2 && probe && mp[probe].state == PL_TODO)) {
 		Plan *p = &mp[phase == 1 ? 0 : probe];
 		if (!se->check && p->time_bound > 0 && se->prior_best <= p->time_bound)
 			p->state = PL_TIME; /* a plan of the phases before is no slower */
+		else if (se->use_class && p->class_bound > 0 && se->prior_tenth <= p->class_bound)
+			p->state = PL_CLASS; /* nor can it rank among the ten */
 		else
 			plan_eval(p, se->po, se->quiet, INFINITY);
 		return;
@@ -1143,11 +1257,49 @@ static void search_mesh(const Search *se, int phase, int m)
 			p->state = PL_TIME;
 			continue;
 		}
-		plan_eval(p, se->po, se->quiet, nfits < TOP ? INFINITY : fits[TOP - 1]);
+		double tenth = nfits < TOP ? INFINITY : fits[TOP - 1], cb = p->class_bound;
+		for (int k = 0; k < nm && se->use_class; k++) /* and this mesh's own */
+			if (mp[k].cls == p->cls)
+				cb = fmax(cb, mp[k].core_s);
+		if (se->use_class && cb > 0 && tenth <= cb) {
+			p->state = PL_CLASS;
+			continue;
+		}
+		plan_eval(p, se->po, se->quiet, tenth);
 		nfits = keep_fastest(fits, nfits, p);
 		if (p->state == PL_FITS)
 			best = fmin(best, p->step_s);
 	}
+}
+
+/*
+ * The memory plans the class phase put off (it plans a representative's
+ * memory only when it is faster than the seed's plan, since at scale the
+ * memory plan is half to 70 % of a compile): after the class phase (so
+ * that the later phases have ten plans that fit to hold the class bound
+ * against) and after the last, each simulated plan whose memory is not
+ * planned (PL_SLOWER) and that may rank among the ten fastest that fit,
+ * fastest first, compiled again with it. A phase's own PL_SLOWER plans
+ * are slower than ten that fit already.
+ */
+static void plan_late_memory(Search *se)
+{
+	Plan **slow = malloc(sizeof *slow * ((size_t)se->n + 1));
+	double fits[TOP];
+	int nslow = 0, nfits = 0;
+	if (!slow)
+		die("out of memory");
+	for (int i = 0; i < se->n; i++) {
+		if (se->plans[i].state == PL_SLOWER)
+			slow[nslow++] = &se->plans[i];
+		nfits = keep_fastest(fits, nfits, &se->plans[i]);
+	}
+	qsort(slow, (size_t)nslow, sizeof *slow, by_time);
+	for (int i = 0; i < nslow && (nfits < TOP || slow[i]->step_s < fits[TOP - 1]); i++) {
+		plan_eval(slow[i], se->po, se->quiet, INFINITY);
+		nfits = keep_fastest(fits, nfits, slow[i]);
+	}
+	free(slow);
 }
 
 /* The seed phase's meshes: for each tp, the mesh without pipeline stages
@@ -1175,7 +1327,9 @@ static void progress(Search *se, int phase, int meshes_done, int force)
 	for (int i = 0; i < se->n; i++)
 		compiled += se->plans[i].compiled;
 	char label[32];
-	snprintf(label, sizeof label, phase == PHASE_SEED ? "seed" : "phase %d", phase);
+	snprintf(label, sizeof label, phase == PHASE_SEED    ? "seed"
+				      : phase == PHASE_CLASS ? "classes"
+							     : "phase %d", phase);
 	fprintf(stderr, "dpc: --plan: %s: %d of %d meshes, %d of %d candidates compiled, %.1f s\n",
 		label, meshes_done, se->nmesh, compiled, se->n, t - se->t0);
 	se->last = t;
@@ -1221,9 +1375,14 @@ static int read_all(int fd, void *buf, size_t len)
 static void search_phase(Search *se, int phase, int jobs)
 {
 	se->prior_best = INFINITY; /* what the time bound holds against in phases 1 and 2 */
-	for (int i = 0; i < se->n; i++)
+	double fits[TOP];
+	int nfits = 0;
+	for (int i = 0; i < se->n; i++) {
 		if (se->plans[i].state == PL_FITS)
 			se->prior_best = fmin(se->prior_best, se->plans[i].step_s);
+		nfits = keep_fastest(fits, nfits, &se->plans[i]);
+	}
+	se->prior_tenth = se->use_class && nfits == TOP ? fits[TOP - 1] : INFINITY;
 	int W = jobs < se->nmesh ? jobs : se->nmesh;
 	if (W < 1)
 		W = 1;
@@ -1507,6 +1666,20 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		fprintf(out, "against %.4g s: %d candidates fit the memory bound with a time bound below it: "
 			"%d at pp=%d, %d at pp=%d, %d at pp>=%d (%d above pp=4)\n", best,
 			left[0] + left[1] + left[2], left[0], ppn[0], left[1], ppn[1], left[2], ppn[2], other);
+		/* the classes with such a candidate: the class phase's compiles */
+		int ncls = classify(plans, n), nleft = 0, cls_pp[3] = {0};
+		char *has = calloc((size_t)ncls + 1, 1);
+		if (!has)
+			die("out of memory");
+		for (int i = 0; i < n; i++)
+			if (plans[i].state == PL_TODO && plans[i].time_bound < best && !has[plans[i].cls]) {
+				has[plans[i].cls] = 1;
+				nleft++;
+				cls_pp[plans[i].pp >= 4 ? 2 : plans[i].pp - 1]++;
+			}
+		free(has);
+		fprintf(out, "against %.4g s: %d of %d classes have one (%d at pp=1, %d at pp=2, %d at pp>=4)\n",
+			best, nleft, ncls, cls_pp[0], cls_pp[1], cls_pp[2]);
 		if (least >= 0) {
 			char nm[160];
 			plan_name(nm, sizeof nm, &plans[least]);
@@ -1522,8 +1695,16 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	char *seed = calloc((size_t)nmesh, 1);
 	if (!seed)
 		die("out of memory");
-	Search se = {plans, mesh_start, nmesh, n, po, quiet, check && strcmp(check, "1") == 0,
-		     seed, INFINITY, batch, t0, t0, 0};
+	const char *no_class = getenv("DPC_PLAN_NO_CLASS");
+	Search se = {.plans = plans, .mesh_start = mesh_start, .nmesh = nmesh, .n = n, .po = po,
+		     .quiet = quiet, .check = check && strcmp(check, "1") == 0, .seed = seed,
+		     .prior_best = INFINITY, .prior_tenth = INFINITY, .batch = batch, .t0 = t0,
+		     .last = t0};
+	se.use_class = !se.check && !(no_class && strcmp(no_class, "1") == 0);
+	int ncls = classify(plans, n);
+	double *cb = malloc(sizeof *cb * ((size_t)ncls + 1));
+	if (!cb)
+		die("out of memory");
 	if (se.check) { /* nothing pruned: every bound is checked by plan_eval */
 		for (int i = 0; i < n; i++)
 			if (plans[i].state == PL_BOUND)
@@ -1532,7 +1713,29 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	int jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
 	pick_seeds(&se);
 	search_phase(&se, PHASE_SEED, jobs);
+	if (se.use_class) { /* each class's member of least time bound (then index) */
+		int *rep = malloc(sizeof *rep * ((size_t)ncls + 1));
+		if (!rep)
+			die("out of memory");
+		for (int c = 0; c < ncls; c++)
+			rep[c] = -1;
+		for (int i = 0; i < n; i++) {
+			int c = plans[i].cls;
+			if (plans[i].state == PL_TODO &&
+			    (rep[c] < 0 || plans[i].time_bound < plans[rep[c]].time_bound))
+				rep[c] = i;
+		}
+		for (int c = 0; c < ncls; c++)
+			if (rep[c] >= 0)
+				plans[rep[c]].class_rep = 1;
+		free(rep);
+		class_bounds(plans, n, cb, ncls);
+		search_phase(&se, PHASE_CLASS, jobs);
+		plan_late_memory(&se); /* the ten fastest that fit, for the rule's threshold */
+	}
+	class_bounds(plans, n, cb, ncls);
 	search_phase(&se, 1, jobs);
+	class_bounds(plans, n, cb, ncls);
 	/* the memory bound: a mesh's first candidate needs the least memory;
 	 * when it does not fit, none of the mesh does */
 	for (int m = 0; m < nmesh && !se.check; m++)
@@ -1540,7 +1743,9 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			for (int k = mesh_start[m] + 1; k < mesh_start[m + 1]; k++)
 				plans[k].state = PL_PRUNED;
 	search_phase(&se, 2, jobs);
+	class_bounds(plans, n, cb, ncls);
 	search_phase(&se, 3, jobs);
+	plan_late_memory(&se);
 	int any_fit = 0;
 	for (int i = 0; i < n && !any_fit; i++)
 		any_fit = plans[i].state == PL_FITS;
@@ -1587,6 +1792,27 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			}
 		fprintf(out, "pipeline bound: %d pipelined plans, term / step from %.3f to %.3f, the "
 			"bound of %d\n", piped, piped ? pipe_lo : 0.0, pipe_hi, by_pipe);
+		/* the class rule's premise: each class's bound (its members' largest
+		 * core step) below every member's simulated step */
+		class_bounds(plans, n, cb, ncls);
+		lo = INFINITY, hi = 0;
+		planned = 0;
+		for (int i = 0; i < n; i++)
+			if (plans[i].step_s > 0 && plans[i].class_bound > 0) {
+				double r = plans[i].class_bound / plans[i].step_s;
+				if (r > 1 + 1e-9) {
+					char nm[160];
+					plan_name(nm, sizeof nm, &plans[i]);
+					die("--plan: the class bound %.6g s is above the simulated step's "
+					    "%.6g s (%s): the bound is wrong", plans[i].class_bound,
+					    plans[i].step_s, nm);
+				}
+				lo = fmin(lo, r);
+				hi = fmax(hi, r);
+				planned++;
+			}
+		fprintf(out, "class bound: %d classes, %d simulated plans, bound / step from %.3f to "
+			"%.3f\n", ncls, planned, planned ? lo : 0.0, hi);
 	}
 	int compiled = 0, same = 0;
 	for (int i = 0; i < n; i++) {
@@ -1598,7 +1824,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	if (!fit)
 		die("out of memory");
 	int nfit = 0, refused = 0, big = 0, pruned = 0, dominated = 0, uncompiled_refused = 0;
-	int slower = 0, bounded = 0, timed = 0;
+	int slower = 0, bounded = 0, timed = 0, classed = 0;
 	const Plan *smallest = NULL;
 	for (int i = 0; i < n; i++) {
 		Plan *p = &plans[i];
@@ -1609,6 +1835,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		slower += p->state == PL_SLOWER;
 		bounded += p->state == PL_BOUND;
 		timed += p->state == PL_TIME;
+		classed += p->state == PL_CLASS;
 		big += p->state == PL_TOO_BIG;
 		if (p->state == PL_FITS)
 			fit[nfit++] = p;
@@ -1621,11 +1848,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		"front end, %d checkpointing nothing), %d simulated: %d fit, %d over the device "
 		"memory, %d slower than ten that fit (memory not planned); %d refused uncompiled "
 		"(zero_bubble's order deadlocks), %d over the device memory by the closed-form "
-		"bound, %d pruned by the memory bound, %d by dominance, %d by the time bound; "
-		"%.2f s (%.1f ms a compile, %d workers)\n",
+		"bound, %d pruned by the memory bound, %d by dominance, %d by the time bound, "
+		"%d by the class bound (%d classes); %.2f s (%.1f ms a compile, %d workers)\n",
 		po->machine->name, N, n, compiled, refused - uncompiled_refused, same,
 		nfit + big + slower, nfit, big, slower, uncompiled_refused, bounded, pruned, dominated,
-		timed, took,
+		timed, classed, ncls, took,
 		compiled ? 1e3 * took / compiled : 0.0, se.workers);
 	int rc = 0;
 	if (!nfit) {
@@ -1686,6 +1913,7 @@ out:
 	fclose(quiet);
 	free(fit);
 	free(seed);
+	free(cb);
 	free(plans);
 	free(mesh_start);
 	return rc;

@@ -267,6 +267,12 @@ double sim_gemm_rate_cap(const Machine *mc, int dtype);
 int sim_group_in_node(const uint32_t mesh[DP_MAX_AXES], unsigned mask, int ranks_per_node);
 /* Simulates g on mc: 0, or -1 when it cannot (the pairing did not settle). */
 int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans);
+/* --plan's class bound: g's step with only the kernels, transfers and tp
+ * and cp collectives of a micro-batch's path, which every data-parallel
+ * strategy, knob and dp_replicate x dp_shard split of g's other settings
+ * runs alike (simulate.c): at most g's simulated step and theirs. 0 and
+ * *step_s, or -1 (offload, or the pairing did not settle). */
+int sim_core_step(const Graph *g, const Machine *mc, double *step_s);
 void sim_report_free(SimReport *rep);
 void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *rep);
 /* The predicted timeline as runtime/trace.c's Perfetto JSON: rank 0, at

@@ -816,6 +816,147 @@ int sim_graph(const Graph *g, const Machine *mc, SimReport *rep, int want_spans)
 	return 0;
 }
 
+/*
+ * --plan's class bound (compiler/plan.c): the step of g with only what a
+ * micro-batch's path needs on every data-parallel strategy, bucket size,
+ * prefetch depth and split of the data-parallel ranks between
+ * dp_replicate and dp_shard. From sim_build's ops:
+ *
+ *  - kept: the kernels that write a per-sample value (a batch dim: the
+ *    forward, recomputation and input gradients, the loads), at their
+ *    duration; every GEMM (the weight gradients write parameter-shaped
+ *    values) at its overhead and FLOPs alone (its bytes term, and an
+ *    accumulating GEMM's add, depend on where the strategy puts the
+ *    gradient); the pipeline transfers; the collectives over tp and cp
+ *    alone that move a per-sample value (tp_reduce, cp's K/V gathers);
+ *  - removed (a kernel of no time on the compute stream, waiting for
+ *    nothing): every other collective (the gradients' reductions, the
+ *    parameters' gathers, the update's, the loss and norm all_reduces, at
+ *    any bucket size); a comm-stream wait whose next collective on the
+ *    stream is removed (it guards that collective); a wait for an event
+ *    recorded on a comm stream whose last collective before it is removed
+ *    (or none); every other kernel (fills, gradient accumulation, casts of
+ *    parameters, the optimizer's update on its shard).
+ *
+ * The replay's times are maxima and sums of op durations and of the times
+ * the ops wait for (the gpu executor's streams are serial; the cpu
+ * executor's collectives share links, and fewer of them only move faster),
+ * so removing ops and waits, and shortening kernels, never makes an op
+ * end later: the answer is at most g's simulated step. What is kept is
+ * the same ops in the same order for every strategy, knob and split of
+ * the same mesh axes pp, tp, cp, schedule, stages_per_rank, grad_accum and
+ * checkpointing (the passes place the model's kernels, transfers and tp
+ * collectives without looking at the data-parallel strategy), so one
+ * compile's answer bounds the steps of all of them; plan.c checks that
+ * against every candidate it simulates, and tests/simulate.sh against
+ * every candidate of four models (DPC_PLAN_CHECK). -1: g offloads (the
+ * copy stream's ops are the strategy's), else 0 and *step_s.
+ */
+static double core_kernel_s(const Graph *g, const Node *n, const Machine *mc)
+{
+	double f = 0, b = 0;
+	ir_ops[n->op].cost(g, n, &f, &b);
+	if (n->op == DP_OP_MATMUL && DP_ATTR(n, MATMUL, acc))
+		f -= (double)ir_numel(g->values[n->out]); /* the accumulation's add */
+	double m, nn, k;
+	int gd = gemm_dims(g, n, f, &m, &nn, &k);
+	double rate = machine_gemm_rate(mc, gd, m, nn, k), over = mc->kernel_overhead_s;
+	const MachOp *own = machine_op(mc, ir_ops[n->op].name);
+	if (own) {
+		rate = own->flops_per_s > 0 ? own->flops_per_s : rate;
+		over = own->overhead_s > 0 ? own->overhead_s : over;
+	}
+	return over + f / rate;
+}
+
+static int per_sample(const Graph *g, int v)
+{
+	return v >= 0 && g->values[v]->batch_dim >= 0 && g->values[v]->batch_dim < g->values[v]->ndim;
+}
+
+int sim_core_step(const Graph *g, const Machine *mc, double *step_s)
+{
+	if (ir_any_offload(g))
+		return -1;
+	SimOp *o;
+	int n, *which;
+	sim_build(g, mc, &o, &n, &which);
+	const unsigned path_axes = DP_AXIS_BIT(DP_AXIS_TP) | DP_AXIS_BIT(DP_AXIS_CP);
+	char *drop = calloc((size_t)n + 1, 1), *dp_event = calloc((size_t)g->nevents + 1, 1);
+	int *pending = malloc(sizeof *pending * ((size_t)n + 1)), npending = 0;
+	/* per stream and stage (slot st + 1; slot 0 at pp = 1): is the last
+	 * collective before here removed (or is there none)? */
+	int p = g->cfg.mesh[DP_AXIS_PP] > 1 ? (int)g->cfg.mesh[DP_AXIS_PP] : 1;
+	char *last_drop = malloc((size_t)DP_NSTREAM * ((size_t)p + 1));
+	if (!drop || !dp_event || !pending || !last_drop)
+		die("out of memory");
+	memset(last_drop, 1, (size_t)DP_NSTREAM * ((size_t)p + 1));
+	for (int k = 0; k < n; k++) {
+		const Node *nd = g->nodes[which[k]];
+		SimOp *s = &o[k];
+		switch (s->kind) {
+		case SIM_KERNEL:
+			if (dp_op_is_gemm(nd->op) && ir_ops[nd->op].cost)
+				s->dur = core_kernel_s(g, nd, mc);
+			else
+				drop[k] = !per_sample(g, nd->out);
+			break;
+		case SIM_COLL: {
+			int v = nd->out >= 0 ? nd->out : nd->nin ? nd->in[0] : -1;
+			drop[k] = !(nd->op == DP_OP_SEND || nd->op == DP_OP_RECV ||
+				    (!((unsigned)DP_AXES(nd) & ~path_axes) && per_sample(g, v)));
+			/* the waits before it on its stream guard it */
+			int keep = 0;
+			for (int i = 0; i < npending; i++) {
+				const SimOp *w = &o[pending[i]];
+				if (w->stream == s->stream && (w->stage < 0 || s->stage < 0 || w->stage == s->stage))
+					drop[pending[i]] |= drop[k];
+				else
+					pending[keep++] = pending[i];
+			}
+			npending = keep;
+			for (int st = 0; st <= p; st++) /* a collective of every stage: each slot */
+				if (s->stage < 0 || st == s->stage + 1)
+					last_drop[s->stream * (p + 1) + st] = drop[k];
+			break;
+		}
+		case SIM_RECORD: /* of every stage: removed where any stage's is */
+			for (int st = 0; st <= p && s->stream != DP_STREAM_COMPUTE; st++)
+				if (s->stage < 0 ? st > 0 || p == 1 : st == s->stage + 1)
+					dp_event[s->event] |= last_drop[s->stream * (p + 1) + st];
+			break;
+		case SIM_WAIT:
+			if (s->stream == DP_STREAM_COMPUTE)
+				drop[k] = dp_event[s->event];
+			else
+				pending[npending++] = k;
+			break;
+		}
+	}
+	for (int i = 0; i < npending; i++) /* guarding nothing */
+		drop[pending[i]] = 1;
+	for (int k = 0; k < n; k++)
+		if (drop[k])
+			o[k] = (SimOp){.kind = SIM_KERNEL, .stream = DP_STREAM_COMPUTE, .flags = o[k].flags,
+				       .stage = o[k].stage, .peer = -1};
+	double bw[MACH_NLINK];
+	for (int l = 0; l < MACH_NLINK; l++)
+		bw[l] = mc->link[l].busbw;
+	SimResult *r = calloc((size_t)p, sizeof *r);
+	if (!r)
+		die("out of memory");
+	int rc = 0;
+	if (p == 1)
+		sim_run(o, n, g->cfg.grad_accum ? (int)g->cfg.grad_accum : 1, mc->executor, bw, g->nevents, r);
+	else
+		rc = sim_run_stages(o, n, p, mc->executor, bw, g->nevents, r) < 0 ? -1 : 0;
+	*step_s = 0;
+	for (int s = 0; s < p; s++)
+		*step_s = fmax(*step_s, r[s].step_s);
+	free(r), free(o), free(which), free(drop), free(dp_event), free(pending), free(last_drop);
+	return rc;
+}
+
 void sim_report_free(SimReport *rep)
 {
 	free(rep->ops);

@@ -68,7 +68,12 @@
 #    (stage_bound) on the pipelined plans, the bound of some; tripled,
 #    dpc stops) and llama at 2 in bf16 and mlp
 #    at 2 under SGD with momentum (one state slot): every strategy,
-#    checkpointing off and on, bound <= plan and time bound <= step;
+#    checkpointing off and on, bound <= plan and time bound <= step, and
+#    the class bound (sim_core_step: a class's largest core step) <= every
+#    member's step (dpc stops at one above); the class rule leaves the
+#    table, the winner and its -o step file those of the search without
+#    it (DPC_PLAN_NO_CLASS=1) on gpt2-tiny at 4 ranks in bf16, with
+#    candidates not compiled;
 #    `strategy auto` (--set train.strategy=auto) compiles the search's
 #    winner (byte for byte the direct compile) and names the runner-up; on
 #    an explicit mesh it searches that mesh only;
@@ -532,11 +537,12 @@ EOF2
 			t=$(grep -E "^time bound: [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
 			c=$(grep -E "^communication bound: the bound of [0-9]+, up to [0-9.]+ of the step$" "$T/bound.txt") &&
 			pl=$(grep -E "^pipeline bound: [0-9]+ pipelined plans, term / step from [0-9.]+ to (0\.[0-9]+|1\.000|0\.000), the bound of [0-9]+$" "$T/bound.txt") &&
+			cl=$(grep -E "^class bound: [1-9][0-9]* classes, [1-9][0-9]* simulated plans, bound / step from 0\.[0-9]+ to (0\.[0-9]+|1\.000)$" "$T/bound.txt") &&
 			{ [ "${4:-}" != flops ] || [ "$(echo "$t" | awk '{print ($NF >= 0.5)}')" = 1 ] &&
 			  [ "$(echo "$pl" | awk '{print ($3 > 0 && $(NF-5) >= 0.5 && $NF > 0)}')" = 1 ]; } &&
 			{ [ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
 			  [ "$(echo "$c" | awk '{print ($(NF-3) >= 0.5 && $6 + 0 > 0)}')" = 1 ]; }; then
-			bounds="$bounds; $1 ${r#memory bound: }"
+			bounds="$bounds; $1 ${r#memory bound: }, class ${cl#class bound: }"
 			[ "${4:-}" != flops ] || bounds="$bounds, on the FLOPs-only machine time ${t#time bound: }, ${pl#pipeline bound: }"
 			[ "${4:-}" != comm ] && [ "${4:-}" != commcpu ] ||
 				bounds="$bounds, with 1 MB/s collectives ($4) ${c#communication bound: }"
@@ -545,7 +551,25 @@ EOF2
 			fail "plan: bounds: $1"; grep -v "^ \|warning" "$T/bound.txt" | tail -n 3 | sed 's/^/      /'
 		fi
 	done
-	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan and the time bound below every step${bounds}"
+	[ $bound_ok = 0 ] || ok "plan: the memory bound is below every memory plan and the time and class bounds below every step${bounds}"
+	# the class rule (a class's core step bounds its members) leaves the
+	# exhaustive search's table: the same ten rows and winner with the rule
+	# switched off, and compiles saved (plain only: the other searches of
+	# this case run the class phase and sim_core_step under SAN=1 too)
+	if [ "${SAN:-0}" != 1 ]; then
+	"$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 -o "$T/cls.bin" \
+		>"$T/cls.txt" 2>&1
+	DPC_PLAN_NO_CLASS=1 "$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 \
+		-o "$T/nocls.bin" >"$T/nocls.txt" 2>&1
+	classed=$(grep -Eo "[0-9]+ by the class bound" "$T/cls.txt" | cut -d' ' -f1)
+	if [ "${classed:-0}" -gt 0 ] && grep -q "^winner: " "$T/cls.txt" &&
+		diff <(grep -E "^[0-9]+ |^winner: " "$T/cls.txt") <(grep -E "^[0-9]+ |^winner: " "$T/nocls.txt") >/dev/null &&
+		cmp -s "$T/cls.bin" "$T/nocls.bin"; then
+		ok "plan: the class rule keeps the table and winner of the search without it (gpt2-tiny, 4 ranks, bf16): $classed candidates not compiled, $(grep -Eo "[0-9]+ compiled \(" "$T/cls.txt" | cut -d' ' -f1) compiled against $(grep -Eo "[0-9]+ compiled \(" "$T/nocls.txt" | cut -d' ' -f1)"
+	else
+		fail "plan: the class rule changed the table"; diff <(grep -E "^[0-9]+ |^winner: |^plan search" "$T/cls.txt") <(grep -E "^[0-9]+ |^winner: |^plan search" "$T/nocls.txt") | head -n 12 | sed 's/^/      /'
+	fi
+	fi
 	# a mesh the file writes out is searched alone (as under strategy auto),
 	# not every mesh of the world against it
 	sed 's/^mesh auto$/mesh pp=2, dp_shard=1/' models/mlp8.dp >"$T/mlp8pp.dp"
