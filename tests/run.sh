@@ -171,14 +171,14 @@ INSIDE="settings:errors"
 # variant's need "san" (SAN=1's build-san/), the plain suites below the
 # ones they name (emu: make cuda-emu's build-emu/, the emulator's dpexec
 # and libdpcuda.so; cuda: nvcc's build/libdpcuda.so, which those suites
-# load or copy, and which the emulator's suites' `make all cuda-emu`
-# (tests/lib.sh's emu_start) would otherwise build a second time beside
-# .ci/run's make). An entry whose build failed is not run: it is reported
+# load or copy, and which `make all cuda-emu` in tests/lib.sh's emu_start
+# (the emulator's suites, sample's emulated case) would otherwise build a
+# second time beside .ci/run's make). An entry whose build failed is not run: it is reported
 # failed, with the build's log. Unset (make test, make test-all): every
 # build is done before the queue starts. .ci/run builds the plain programs
 # first and the rest beside the plain suites, which fill the CPUs the
 # builds' serial tails (nvcc on one file, a link) leave idle.
-NEEDS="cuda_emu:emu,cuda cuda_emu_mutations:emu,cuda gpu_kit:emu cuda:cuda tour:cuda unit:cuda"
+NEEDS="cuda_emu:emu,cuda cuda_emu_mutations:emu,cuda sample:emu,cuda gpu_kit:emu cuda:cuda tour:cuda unit:cuda"
 declare -A BFILE
 nbuilds=0 # (the count: bash 5.2 with set -u refuses ${#A[@]} of an empty array)
 for b in ${BUILDS:-}; do BFILE[${b%%=*}]=${b#*=} nbuilds=$((nbuilds + 1)); done
