@@ -60,8 +60,11 @@ DPEXEC := $(BUILD)/dpexec
 TEXT2SHARD := $(BUILD)/text2shard
 DPRUN  := $(BUILD)/dprun
 
-.PHONY: all tests test test-all demo demo-gpt deps clean
-all: $(DPC) $(DPEXEC) $(DPRUN) $(TEXT2SHARD)
+.PHONY: all host tests test test-all demo demo-gpt deps clean
+all: host
+# host: the programs without the CUDA backend (which `all` adds where nvcc
+# is: mk/cuda.mk); .ci/run builds them first, the rest beside the suites
+host: $(DPC) $(DPEXEC) $(DPRUN) $(TEXT2SHARD)
 
 $(BUILD)/gen/parser.c $(BUILD)/gen/parser.h &: compiler/parser.y
 	@mkdir -p $(dir $@)

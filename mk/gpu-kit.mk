@@ -22,7 +22,7 @@ KIT_STAGE      := build/gpu-kit.stage
 KIT_CUDA_BUILD := build/gpu-kit-cuda
 KIT_CUDA_ARCH  := -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
 KIT_HOST       := build/dpc build/dpexec build/text2shard
-KIT_XZ         := -6 # the payload's xz preset (tests/gpu_kit.sh: -1 for its rehearsal kit)
+KIT_XZ         := -6 # the payload's xz preset (tests/gpu_kit.sh: -0 for its rehearsal kit)
 
 .PHONY: gpu-kit
 ifeq ($(EMU),1)

@@ -142,12 +142,15 @@ restart_setup() {
 # in $TMPDIR/dprun.*)
 ranks() { pgrep -f "^$ROOT/$BUILD/dpexec $TMPDIR/dprun\.[^ ]*/step-[0-9]*\.bin --save-dir $T/$1\.ck "; }
 # elastic NAME STEPS RESTARTS [dprun options -- dpexec options]: dprun on 4 ranks in
-# the background (pid in $job), losses in $T/NAME.loss, output in $T/NAME.out
+# the background (pid in $job), losses in $T/NAME.loss, output in $T/NAME.out;
+# dpexec's --timeout is ELASTIC_TIMEOUT (30 s unless set: a --timeout among
+# the dpexec options would come before this one, which dpexec then takes)
 elastic() {
 	local name=$1 steps=$2 restarts=$3; shift 3
 	rm -rf "$T/$name.ck" "$T/$name.loss"
 	( env $MPI_ASAN "$DPRUN" -n 4 --max-restarts "$restarts" --save-every 5 --save-dir "$T/$name.ck" "$@" \
-		--steps "$steps" --quiet --eval-every 0 --losses "$T/$name.loss" --timeout 30 >"$T/$name.out" 2>&1
+		--steps "$steps" --quiet --eval-every 0 --losses "$T/$name.loss" --timeout "${ELASTIC_TIMEOUT:-30}" \
+		>"$T/$name.out" 2>&1
 	  echo "rc=$?" >>"$T/$name.out" ) &
 	job=$!
 }
@@ -224,7 +227,10 @@ if case_on data-order; then
 fi
 if case_on sigstop; then
 	once restart restart_setup
-	elastic stop 30 1 --ranks-after-failure 3 "$T/g.dp" -- --timeout 3
+	# (--timeout 3: the stall is found 3 s after the stop; it had been
+	# `-- --timeout 3`, which elastic's own --timeout 30 after it overrode:
+	# the case waited 30 s)
+	ELASTIC_TIMEOUT=3 elastic stop 30 1 --ranks-after-failure 3 "$T/g.dp" --
 	kill_at stop 8 STOP
 	wait $job
 	if grep -q "^$TS dprun: restart 1 of 1: a rank stalled or was lost (a wait passed dpexec's --timeout)" "$T/stop.out" &&

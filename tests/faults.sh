@@ -90,8 +90,11 @@ fi
 # plain variant's ten are the statistic over random moments and victims
 KILL_TRIALS=${KILL_TRIALS:-$([ "${SAN:-0}" = 1 ] && echo 3 || echo 10)}
 "$DPC" tests/faults/tiny.dp --world-size 2 -o "$T/tiny.bin" >/dev/null || fail "dpc tiny.dp"
+# (timeout 600: a guard against a hang, not a check; a whole run of 400
+# steps, each a few collectives whose waits sleep, took 102-177 s at a load
+# of ~19-35 on this 2-core machine, and 120 s cut the reference run short)
 tiny() { # tiny ARGS...: the tiny model on 2 ranks
-	env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/tiny.bin" --quiet --timeout 10 "$@"
+	env $MPI_ASAN timeout 600 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/tiny.bin" --quiet --timeout 10 "$@"
 }
 tiny_ref() { # the uninterrupted run ($T/ref.loss) that the interrupted ones resume to
 	tiny --losses "$T/ref.loss" --save-dir "$T/refck" >"$T/ref.out" 2>&1 ||

@@ -165,6 +165,23 @@ simulate 7 tour 1
 # full run, but SUITE=NAME runs one alone (tests/errors.sh runs settings.sh
 # as its case "settings")
 INSIDE="settings:errors"
+# Builds still running (.ci/run): BUILDS="NAME=FILE ...", each a build that
+# runs beside the suites and writes its exit status to FILE when it ends.
+# An entry starts only when the builds it needs have ended well: the san
+# variant's need "san" (SAN=1's build-san/), the plain suites below the
+# ones they name (emu: make cuda-emu's build-emu/, the emulator's dpexec
+# and libdpcuda.so; cuda: nvcc's build/libdpcuda.so, which those suites
+# load or copy, and which `make all cuda-emu` in tests/lib.sh's emu_start
+# (the emulator's suites, sample's emulated case) would otherwise build a
+# second time beside .ci/run's make). An entry whose build failed is not run: it is reported
+# failed, with the build's log. Unset (make test, make test-all): every
+# build is done before the queue starts. .ci/run builds the plain programs
+# first and the rest beside the plain suites, which fill the CPUs the
+# builds' serial tails (nvcc on one file, a link) leave idle.
+NEEDS="cuda_emu:emu,cuda cuda_emu_mutations:emu,cuda sample:emu,cuda gpu_kit:emu cuda:cuda tour:cuda unit:cuda"
+declare -A BFILE
+nbuilds=0 # (the count: bash 5.2 with set -u refuses ${#A[@]} of an empty array)
+for b in ${BUILDS:-}; do BFILE[${b%%=*}]=${b#*=} nbuilds=$((nbuilds + 1)); done
 # SAN=1's scope: tests/san-scope.txt, made by `make san-scope` from each
 # case's coverage (tests/san_scope.py), marks "out" the cases whose lines
 # the cases marked "in" all execute; tests/lib.sh's plain_only leaves those
@@ -221,7 +238,7 @@ fi
 
 # the queue's entries, VARIANT:NAME: one variant in the table's order, two
 # by their expected seconds (SAN_SECS for san), longest first
-declare -A SSECS
+declare -A SSECS ENEED
 # shellcheck disable=SC2086
 set -- $SAN_SECS
 while [ $# -ge 2 ]; do SSECS[$1]=$2; shift 2; done
@@ -235,7 +252,14 @@ for v in $VARIANTS; do
 		if [ "${VSAN[$v]}" = 1 ]; then
 			SECS[$e]=${SSECS[$n]:-${SECS[$n]}}
 			case $n in cuda_emu* | gpu_kit) WEIGHT[$e]=5 SECS[$e]=0 ;; esac # one SKIP under SAN=1
+			need=san
+		else
+			need=$(for x in $NEEDS; do [ "${x%%:*}" = "$n" ] && echo "${x#*:}"; done)
 		fi
+		# (the builds of BUILDS it needs; an alone entry, every one of them)
+		[ "${ALONE[$n]}" = 0 ] || [ $nbuilds = 0 ] || need=${!BFILE[*]}
+		ENEED[$e]=""
+		for b in ${need//,/ }; do [ -z "${BFILE[$b]+set}" ] || ENEED[$e]="${ENEED[$e]} $b"; done
 	done
 done
 if [ "$nvar" -gt 1 ]; then
@@ -245,7 +269,8 @@ fi
 label() { if [ "$nvar" -gt 1 ] && [ "${VSAN[${1%%:*}]}" = 1 ]; then echo "${1#*:} SAN=1"; else echo "${1#*:}"; fi; }
 
 # the emulated CUDA build, once, before two suites could both start it
-if [ -n "${VSAN[plain]+set}" ] && [[ " ${selected[*]} " == *" cuda_emu"* ]]; then
+# (unless .ci/run builds it beside the suites: BUILDS's emu)
+if [ -n "${VSAN[plain]+set}" ] && [[ " ${selected[*]} " == *" cuda_emu"* ]] && [ -z "${BFILE[emu]+set}" ]; then
 	t0=$SECONDS
 	if ! make -s -j"$(nproc)" cuda-emu >"${VBUILD[plain]}/test-logs/cuda-emu-build.log" 2>&1; then
 		tail -n 30 "${VBUILD[plain]}/test-logs/cuda-emu-build.log"
@@ -298,8 +323,12 @@ run_suite() { # run_suite ENTRY FREE (the room free when it starts, in tenths)
 
 declare -A PID_OF START
 queue=()
-for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
+# (the suites marked alone first; last while builds run beside the suites
+# (BUILDS): they need every build ended, and at the end they cost what
+# they cost first, the CPU that they leave idle beside them)
+[ $nbuilds -gt 0 ] || for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
 for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] || queue+=("$n"); done
+[ $nbuilds = 0 ] || for n in "${entries[@]}"; do [ "${ALONE[$n]}" = 1 ] && queue+=("$n"); done
 running=0 used=0 alone_on=0
 tp=0 tf=0 ts=0 ncases=0 cpu_total=0
 declare -A VP VF VS VCPU # per variant
@@ -316,8 +345,65 @@ tl() { echo "$((SECONDS - t_start)) $*" >>"$TIMELINE"; }
 # CPU for the head of the queue (the header says why)
 room() {
 	local w=${WEIGHT[$1]}
-	[ "$1" = "${queue[0]}" ] && [ "$w" -gt 10 ] && w=10
+	[ "$1" = "$head" ] && [ "$w" -gt 10 ] && w=10
 	echo "$w"
+}
+# built ENTRY: the builds it needs (BUILDS) have ended (FILE is there)
+built() {
+	local b
+	for b in ${ENEED[$1]}; do [ -e "${BFILE[$b]}" ] || return 1; done
+}
+# unbuilt ENTRY: a build it needs ended badly; its name on stdout
+unbuilt() {
+	local b
+	for b in ${ENEED[$1]}; do
+		[ -e "${BFILE[$b]}" ] && [ "$(cat "${BFILE[$b]}")" != 0 ] && { echo "$b"; return 0; }
+	done
+	return 1
+}
+# pending: a build of BUILDS is still running (and the timeline notes
+# each one's end when first seen)
+declare -A BENDED
+pending() {
+	local b r=1
+	[ $nbuilds -gt 0 ] || return 1
+	for b in "${!BFILE[@]}"; do
+		if [ ! -e "${BFILE[$b]}" ]; then
+			r=0
+		elif [ -z "${BENDED[$b]+set}" ]; then
+			BENDED[$b]=1
+			tl built "$b" "$(cat "${BFILE[$b]}")"
+		fi
+	done
+	return $r
+}
+# find_head: head = the queue's first entry whose builds have ended (the
+# others wait for theirs, and the head is the first that can start)
+head=""
+find_head() {
+	local c
+	head=""
+	for c in "${queue[@]}"; do built "$c" && { head=$c; return; }; done
+}
+# drop_unbuilt: the entries whose build failed leave the queue, each
+# reported failed with a log that says which build and where its log is
+drop_unbuilt() {
+	local q b rest=() logs
+	for q in "${queue[@]}"; do
+		if b=$(unbuilt "$q"); then
+			logs=${VBUILD[${q%%:*}]}/test-logs
+			{
+				echo "  FAIL not run: the build it needs ($b) failed: ${BFILE[$b]%.rc}.log"
+				echo "${q#*:}: 0 passed, 1 failed"
+			} >"$logs/${q#*:}.log"
+			echo "1 0 0" >"$logs/${q#*:}.rc"
+			printf '[%s] %s\n' "$(label "$q")" "$(head -n 1 "$logs/${q#*:}.log")"
+			collect "$q"
+		else
+			rest+=("$q")
+		fi
+	done
+	queue=("${rest[@]}")
 }
 fits() {
 	[ $alone_on = 0 ] || return 1
@@ -379,10 +465,12 @@ shadow() {
 # else the first after it that fits and can expect to end before the head
 # could start (it takes nothing from the head, and nothing idles meanwhile)
 next() {
-	local h=${queue[0]} t c
+	local h=$head t c
+	[ -n "$h" ] || return 0
 	fits "$h" && { echo "$h"; return; }
 	t=$(shadow "$h")
-	for c in "${queue[@]:1}"; do
+	for c in "${queue[@]}"; do
+		[ "$c" != "$h" ] && built "$c" || continue # (those before the head wait for builds)
 		if [ "${ALONE[$c]}" = 0 ] && fits "$c" && [ $((SECONDS + $(expect "$c"))) -le "$t" ]; then
 			echo "$c"
 			return
@@ -415,6 +503,9 @@ collect() {
 }
 while :; do
 	while [ ${#queue[@]} -gt 0 ]; do
+		[ $nbuilds = 0 ] || { pending; drop_unbuilt; }
+		[ ${#queue[@]} -gt 0 ] || break
+		find_head
 		n=$(next)
 		[ -n "$n" ] || break
 		if [ $running -gt 0 ] && [ $((used + $(room "$n"))) -gt "$CAP" ]; then
@@ -430,17 +521,24 @@ while :; do
 		running=$((running + 1)) used=$((used + WEIGHT[$n]))
 		[ "${ALONE[$n]}" = 1 ] && alone_on=1
 	done
-	[ $running = 0 ] && break
+	# (nothing runs and nothing can start: done, unless builds the queue
+	# waits for still run)
+	if [ $running = 0 ]; then
+		[ ${#queue[@]} -gt 0 ] && pending || break
+	fi
 	# the queue waits: a tick to look at the idle CPUs (not with JOBS=0,
-	# nor beside a suite that runs alone)
-	if [ ${#queue[@]} -gt 0 ] && [ "$CAP" -gt 0 ] && [ "$TICK" != 0 ] && [ $alone_on = 0 ] && [ $ticker = 0 ]; then
-		idle_sample # (from now)
-		sleep "$TICK" >/dev/null 2>&1 &
+	# nor beside a suite that runs alone), or for a build it waits for
+	ticking=0
+	[ "$CAP" -gt 0 ] && [ "$TICK" != 0 ] && [ $alone_on = 0 ] && ticking=1
+	if [ ${#queue[@]} -gt 0 ] && [ $ticker = 0 ] && { [ $ticking = 1 ] || pending; }; then
+		[ $ticking = 0 ] || idle_sample # (from now)
+		sleep "$([ "$TICK" != 0 ] && echo "$TICK" || echo 1)" >/dev/null 2>&1 &
 		ticker=$!
 	fi
 	wait -n -p pid
 	if [ "$pid" = "$ticker" ]; then
 		ticker=0
+		[ $ticking = 1 ] || continue
 		idle_sample
 		tl idle "$idle" "$used"
 		bonus=0

@@ -8,8 +8,9 @@
 #   DPC=... DPEXEC=... TEXT2SHARD=... [XZ_LEVEL=-6] bash tools/gpu-kit/build.sh
 #
 # XZ_LEVEL is the payload's xz preset: -6 by default (the kit that travels);
-# tests/gpu_kit.sh's rehearsal packs with -1 (a sixth of the CPU time, ~10
-# instead of ~60 s, for 25 instead of 20 MB: the same format to unpack).
+# tests/gpu_kit.sh's rehearsal packs with -0 (the emulator's payload, 101 MB
+# unpacked, at a load of ~30: -0 8.1 CPU-s and 25.3 MB, -1 13.5 CPU-s and
+# 20.5 MB; -6 about a minute: the same format to unpack).
 #
 # The kit (KIT, at most 48 MiB):
 #   run.sh          the run (tools/gpu-kit/run.sh)
