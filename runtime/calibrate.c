@@ -52,15 +52,22 @@
  *    (kernels shorter than their launch: more than 5 % of its span in
  *    gaps), the walks again behind replays of the captured step, which
  *    give the device a head start, so each span is the kernel's own;
+ *    each span less what its two marks cost (on an H200 the spans held
+ *    ~3 us each that a replay does not pay, more than gpt2-tiny's kernels
+ *    take): an empty span (two marks, nothing between them, on the same
+ *    stream) after each instruction in the same walks, their median
+ *    (device_walks; at least 5 % of a span kept);
  *  - node_overhead_s: what a graph replay adds per instruction, the
  *    replayed step's wall time (up to two steps in flight, as dpexec runs
- *    them, ~0.5 s of steps) less its kernels' device time, over the
+ *    them, ~0.5 s of steps) less its kernels' device time so corrected
+ *    (without the correction it came out negative and was floored at 0,
+ *    and every kernel kept the marks' ~3 us: docs/SIMULATE.md), over the
  *    instructions it runs (at world > 1 less its collectives' too, taken
  *    as not overlapped), pooled with the file's figure over all the
  *    instructions measured (node_overhead_n); kernel_overhead_s 0 and each
  *    op's overhead_s its intercept (a span holds no launch);
  *  - GEMM points and ops' bytes rates as on the CPU, from the device
- *    spans (nothing subtracted: a span holds no launch); the attention
+ *    spans less the marks' cost (a span holds no launch); the attention
  *    ops by their FLOPs (flops_per_s): compute-bound on a GPU;
  *  - at world > 1, the links: the step's own all_reduce, tp_reduce,
  *    all_gather and reduce_scatter instructions at their sizes, one after
@@ -93,6 +100,10 @@
  * against 0.09 ms in its measured trace). The simulator takes the memory
  * bandwidth for it. */
 #define RATE_MIN_BYTES (64 << 10)
+/* A device span less its marks' cost (device_walks) keeps at least this
+ * share of itself: a kernel is never free (5 %, the GEMM points' floor in
+ * fit) */
+#define SPAN_FLOOR 0.05
 /* A device's ops fitted to their bytes: flops_per_s so high that the
  * simulator's FLOPs term (FLOPs over the rate, the dtype's peak without
  * one) never exceeds the fitted line, which is the measured time
@@ -506,47 +517,78 @@ typedef struct {
 	uint32_t replays;   /* step replays before each walk */
 	double gap_share;   /* the last walk's device gaps over its span */
 	double replay_s;    /* a replayed step's wall time */
-	double kernels_s;   /* the kernels' device time in a step */
+	double mark_s;      /* the cost of a span's two marks, taken from each kernel's */
+	double kernels_s;   /* the kernels' device time in a step, less those */
+	double over_raw;    /* node_overhead_s before its floor at 0 */
 	double nodes;       /* instructions a step runs (kernels, loads, shards) */
 	int ncoll;          /* collectives timed */
 } DevFigures;
 
+/* What a device walk measured besides the instructions. */
+typedef struct {
+	double mark_s;    /* a span's two marks, the slowest rank's median empty span */
+	double gap_share; /* the last walk's device gaps over its span (this rank's) */
+	double span_s;    /* the last walk's span, gaps and empty spans included */
+} WalkFigures;
+
 /* Times of STEP instructions idx[0..n) on the device (exec_time_instrs),
  * REPS walks after a warm one, every rank at once: t[idx[j]] = the slowest
- * rank's median, in seconds (the rest of t as it was). replays: replays of
- * the step before each walk; gap_share: the last walk's gaps over its span
- * (this rank's). */
+ * rank's median, in seconds, less what a span's two marks cost (the rest
+ * of t as it was). That cost is measured in the same walks: an empty span
+ * (EXEC_TIME_EMPTY: two marks with nothing between them, on the same
+ * stream) after each instruction, its median over every walk (w->mark_s);
+ * an instruction keeps at least SPAN_FLOOR of its span. replays: replays
+ * of the step before each walk. */
 static int device_walks(Exec *x, const uint32_t *idx, uint32_t n, uint32_t replays, double *t,
-			double *gap_share, RtErr *e)
+			WalkFigures *w, RtErr *e)
 {
-	uint32_t np = x->s->nprog[DP_PROG_STEP];
-	float *ms = malloc(sizeof *ms * ((size_t)n + 1)), *gap = malloc(sizeof *gap * ((size_t)n + 1));
-	double *v = malloc(sizeof *v * ((size_t)REPS * n + 1)), *mine = calloc(2 * ((size_t)np + 1), sizeof *mine);
-	double *slow = mine + np + 1;
-	double w[REPS];
+	uint32_t np = x->s->nprog[DP_PROG_STEP], n2 = 2 * n;
+	uint32_t *both = malloc(sizeof *both * ((size_t)n2 + 1));
+	float *ms = malloc(sizeof *ms * ((size_t)n2 + 1)), *gap = malloc(sizeof *gap * ((size_t)n2 + 1));
+	double *v = malloc(sizeof *v * ((size_t)REPS * n2 + 1)), *mine = calloc(2 * ((size_t)np + 2), sizeof *mine);
+	double *slow = mine + np + 2;
+	double reps[REPS];
 	int rc = 0;
-	if (!ms || !gap || !v || !mine)
+	if (!both || !ms || !gap || !v || !mine)
 		rc = RT_FAIL(e, "out of memory");
+	for (uint32_t j = 0; rc == 0 && j < n; j++) { /* each instruction, then an empty span */
+		both[2 * j] = idx[j];
+		both[2 * j + 1] = EXEC_TIME_EMPTY;
+	}
 	for (int r = -1; rc == 0 && r < REPS; r++) { /* the first walk warms */
 		MPI_Barrier(MPI_COMM_WORLD);
-		rc = exec_time_instrs(x, DP_PROG_STEP, idx, n, replays, ms, gap, e);
-		for (uint32_t j = 0; rc == 0 && r >= 0 && j < n; j++)
-			v[(size_t)r * n + j] = 1e-3 * ms[j];
+		rc = exec_time_instrs(x, DP_PROG_STEP, both, n2, replays, ms, gap, e);
+		for (uint32_t j = 0; rc == 0 && r >= 0 && j < n2; j++)
+			v[(size_t)r * n2 + j] = 1e-3 * ms[j];
 	}
 	if (rc == 0) {
 		double busy = 0, idle = 0;
-		for (uint32_t j = 0; j < n; j++) {
+		for (uint32_t j = 0; j < n2; j++) {
 			busy += ms[j];
 			idle += gap[j];
-			for (int r = 0; r < REPS; r++)
-				w[r] = v[(size_t)r * n + j];
-			mine[idx[j]] = median(w, REPS);
 		}
-		*gap_share = busy + idle > 0 ? idle / (busy + idle) : 0;
-		MPI_Allreduce(mine, slow, (int)np, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		w->gap_share = busy + idle > 0 ? idle / (busy + idle) : 0;
+		w->span_s = 1e-3 * (busy + idle);
+		for (uint32_t j = 0; j < n; j++) {
+			for (int r = 0; r < REPS; r++)
+				reps[r] = v[(size_t)r * n2 + 2 * j];
+			mine[idx[j]] = median(reps, REPS);
+		}
+		/* the marks' cost: the median of every walk's empty spans, gathered
+		 * into v's front (the instructions' medians are taken), then
+		 * taken from each instruction's */
+		for (size_t j = 0; j < (size_t)REPS * n; j++)
+			v[j] = v[2 * j + 1];
+		double marks = n ? median(v, REPS * (int)n) : 0;
+		mine[np + 1] = marks;
+		for (uint32_t j = 0; j < n; j++)
+			mine[idx[j]] = fmax(mine[idx[j]] - marks, SPAN_FLOOR * mine[idx[j]]);
+		MPI_Allreduce(mine, slow, (int)np + 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		w->mark_s = slow[np + 1];
 		for (uint32_t j = 0; j < n; j++)
 			t[idx[j]] = slow[idx[j]];
 	}
+	free(both);
 	free(ms);
 	free(gap);
 	free(v);
@@ -620,14 +662,11 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 	double mine = (MPI_Wtime() - t0) / steps, slow;
 	MPI_Allreduce(&mine, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 	fig->replay_s = slow;
-	/* a walk of the kernels with nothing before it: its span (kernels and
-	 * the gaps where the device waited for the host) */
-	double share = 0, busy = 0;
-	if ((rc = device_walks(x, idx, nk, 0, t, &share, e)) != 0)
+	/* a walk of the kernels with nothing before it: its span (kernels, the
+	 * empty spans and the gaps where the device waited for the host) */
+	WalkFigures w = {0}, cw;
+	if ((rc = device_walks(x, idx, nk, 0, t, &w, e)) != 0)
 		goto out;
-	for (uint32_t j = 0; j < nk; j++)
-		busy += t[idx[j]];
-	double span = share < 1 ? busy / (1 - share) : busy;
 	/* where the device waited for the host (kernels shorter than their
 	 * launch), the walks again behind replays of the step graph: a replay
 	 * is one launch for the host and a whole step for the device, so R
@@ -636,19 +675,20 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 	 * start (at most 0.5 s of replays a walk, 100 replays; the same R on
 	 * every rank: the graph holds the step's collectives) */
 	int r = 0;
-	if (share > 0.05 && x->captured && x->be.ops->replay && slow > 0)
-		r = (int)fmin(fmin(100, ceil(0.5 / slow)), ceil(1.5 * span / slow));
+	if (w.gap_share > 0.05 && x->captured && x->be.ops->replay && slow > 0)
+		r = (int)fmin(fmin(100, ceil(0.5 / slow)), ceil(1.5 * w.span_s / slow));
 	MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 	fig->replays = (uint32_t)r;
-	if (r > 0 && (rc = device_walks(x, idx, nk, (uint32_t)r, t, &share, e)) != 0)
+	if (r > 0 && (rc = device_walks(x, idx, nk, (uint32_t)r, t, &w, e)) != 0)
 		goto out;
-	fig->gap_share = share;
+	fig->gap_share = w.gap_share;
+	fig->mark_s = w.mark_s;
 	/* the step's own collectives, at their sizes, one after another on the
 	 * comm stream: alpha + bus bytes / busbw by least squares */
 	*link = (MachLink){0, 1e15};
 	fig->ncoll = (int)nc;
 	if (world > 1 && nc) {
-		if ((rc = device_walks(x, cidx, nc, fig->replays, ct, &share, e)) != 0)
+		if ((rc = device_walks(x, cidx, nc, fig->replays, ct, &cw, e)) != 0)
 			goto out;
 		for (uint32_t j = 0; j < nc; j++) {
 			const DpInstr *in = &prog[cidx[j]];
@@ -682,7 +722,8 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 	}
 	fig->kernels_s = kern + coll;
 	fig->nodes = nodes;
-	*over = nodes > 0 ? fmax(0, (slow - kern - coll) / nodes) : 0;
+	fig->over_raw = nodes > 0 ? (slow - kern - coll) / nodes : 0;
+	*over = fmax(0, fig->over_raw);
 out:
 	free(idx);
 	free(cidx);
@@ -752,7 +793,9 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 		m.ranks_per_node = world;
 		m.link[MACH_INTRA] = m.link[MACH_INTER] = link;
 		m.link[MACH_P2P] = p2p;
-		char *text = NULL;
+		char *text = NULL, neg[64] = "";
+		if (device && fig.over_raw < 0) /* the spans still hold more than a replay */
+			snprintf(neg, sizeof neg, " (%.2f us, floored at 0)", fig.over_raw * 1e6);
 		/* a device: the kernels' own times (no overhead inside a span, none
 		 * added), and the graph's per-instruction cost as node_overhead_s,
 		 * pooled with the file's over all the instructions measured */
@@ -772,12 +815,14 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 				rc = RT_FAIL(e, "--calibrate: %s", err);
 			else if (device)
 				printf("calibrated %s: %d GEMM shapes, %d ops, graph overhead %.2f us an "
-				       "instruction (a replayed step %.3f ms, its kernels%s %.3f ms on the "
-				       "device, %.0f instructions; the file's %.2f us over %.0f), device gaps "
+				       "instruction%s (a replayed step %.3f ms, its kernels%s %.3f ms on the "
+				       "device after an empty span's %.2f us taken from each span, %.0f "
+				       "instructions; the file's %.2f us over %.0f), device gaps "
 				       "%.1f %% of a walk behind %u step replays, collectives %.1f us + bytes "
 				       "at %.2f GB/s (%d timed) -> %s\n",
-				       name, m.ngemm, m.nops, over * 1e6, fig.replay_s * 1e3,
-				       world > 1 ? " and collectives" : "", fig.kernels_s * 1e3, fig.nodes,
+				       name, m.ngemm, m.nops, over * 1e6, neg, fig.replay_s * 1e3,
+				       world > 1 ? " and collectives" : "", fig.kernels_s * 1e3,
+				       fig.mark_s * 1e6, fig.nodes,
 				       m.node_overhead_s * 1e6, m.node_overhead_n, 100 * fig.gap_share,
 				       fig.replays, link.alpha_s * 1e6, link.busbw / 1e9,
 				       world > 1 ? fig.ncoll : 0, path);

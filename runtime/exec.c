@@ -529,8 +529,9 @@ int exec_time_instrs(Exec *x, DpProgram p, const uint32_t *idx, uint32_t n, uint
 	if (replays && (!x->captured || !o->replay))
 		return RT_FAIL(e, "internal error: step replays asked for with no captured step");
 	for (uint32_t j = 0; j < n; j++)
-		if (idx[j] >= x->s->nprog[p] || (dp_op_class(prog[idx[j]].op) != DP_OPC_KERNEL &&
-						 dp_op_class(prog[idx[j]].op) != DP_OPC_COLLECTIVE))
+		if (idx[j] != EXEC_TIME_EMPTY &&
+		    (idx[j] >= x->s->nprog[p] || (dp_op_class(prog[idx[j]].op) != DP_OPC_KERNEL &&
+						  dp_op_class(prog[idx[j]].op) != DP_OPC_COLLECTIVE)))
 			return RT_FAIL(e, "internal error: instruction %u timed is neither a kernel "
 				       "nor a collective", idx[j]);
 	float *at = malloc(sizeof *at * (2 * (size_t)n + 1));
@@ -543,15 +544,18 @@ int exec_time_instrs(Exec *x, DpProgram p, const uint32_t *idx, uint32_t n, uint
 		rc = o->run_begin(b, p, e);
 	if (rc == 0)
 		rc = o->time_mark(b, DP_STREAM_COMPUTE, 0, e);
+	unsigned stream = DP_STREAM_COMPUTE;
 	for (uint32_t j = 0; rc == 0 && j < n; j++) {
-		const DpInstr *in = &prog[idx[j]];
-		b->at = (BackendAt){p, idx[j], 0};
-		rc = o->time_mark(b, in->stream, 1 + 2 * j, e);
-		if (rc == 0)
+		const DpInstr *in = idx[j] == EXEC_TIME_EMPTY ? NULL : &prog[idx[j]];
+		stream = in ? in->stream : stream; /* an empty span: the previous one's */
+		if (in)
+			b->at = (BackendAt){p, idx[j], 0};
+		rc = o->time_mark(b, stream, 1 + 2 * j, e);
+		if (rc == 0 && in)
 			rc = dp_op_class(in->op) == DP_OPC_KERNEL ? o->kernel(b, in, e)
 								  : o->collective(b, in, e);
 		if (rc == 0)
-			rc = o->time_mark(b, in->stream, 2 + 2 * j, e);
+			rc = o->time_mark(b, stream, 2 + 2 * j, e);
 	}
 	if (rc == 0)
 		rc = o->run_end(b, e);

@@ -175,7 +175,11 @@ int exec_run_kernel(Exec *x, DpProgram p, uint32_t i, RtErr *e);
  * device's time from the previous one's end mark to its start mark (a gap:
  * the device waited for the host). dpexec --calibrate on a device
  * (runtime/calibrate.c). Every rank issues the same collectives, and the
- * same replays (the graph holds the step's). */
+ * same replays (the graph holds the step's). An idx entry EXEC_TIME_EMPTY
+ * is an empty span: its two marks with no instruction between them, on the
+ * previous entry's stream (the compute stream's first): what the marks
+ * themselves cost a span, which the calibration subtracts. */
+#define EXEC_TIME_EMPTY UINT32_MAX
 int exec_time_instrs(Exec *x, DpProgram p, const uint32_t *idx, uint32_t n, uint32_t replays,
 		     float *ms, float *gap_ms, RtErr *e);
 /* Optimizer step k (from 0): stage its batches, zero the metrics, run the

@@ -1043,10 +1043,12 @@ fi
 # gpt2-tiny (small) at 2 ranks under ddp, the kernels timed by the device's
 # marks, the graph replay's overhead per instruction (node_overhead_s,
 # kernel_overhead_s 0), the step's NCCL
-# all_reduces fitted to alpha and busbw; the machine file it writes is
-# dpc --simulate's. The emulator's times are its host's: the structure is
-# tested (the name, the executor, GEMM points, attention priced by FLOPs,
-# a measured link), and that dpc reads the file, not the figures.
+# all_reduces fitted to alpha and busbw, each span less the cost of its two
+# marks (an empty span's, measured in the same walks, named on the line);
+# the machine file it writes is dpc --simulate's. The emulator's times are
+# its host's: the structure is tested (the name, the executor, GEMM points,
+# attention priced by FLOPs, a measured link, the marks' cost on the line),
+# and that dpc reads the file, not the figures.
 BIN_ARGS[calib]="$T/gpt2-tiny.dp --world-size 2 $small"
 if case_on "calibrate on the device"; then
 	out=
@@ -1073,10 +1075,10 @@ print("bad: " + ", ".join(bad) if bad else
          m["intra"]["alpha_s"], m["intra"]["busbw"]))
 sys.exit(1 if bad else 0)
 PYEOF
-) && grep -q 'calibrated cuda-2-ranks: .* collectives .* ([1-9][0-9]* timed)' "$T/calib.log" &&
+) && grep -qE "calibrated cuda-2-ranks: .* on the device after an empty span's [0-9]+\.[0-9]{2} us taken from each span, .* collectives .* \([1-9][0-9]* timed\)" "$T/calib.log" &&
 		"$DPC" "$T/gpt2-tiny.dp" --world-size 2 $small --simulate="$T/cuda-2.json" >"$T/calib.sim" 2>&1 &&
 		grep -q '^step time' "$T/calib.sim"; then
-		ok "--calibrate on the emulated device, gpt2-tiny np=2: $out; dpc --simulate reads it: $(grep -m1 '^step time' "$T/calib.sim")"
+		ok "--calibrate on the emulated device, gpt2-tiny np=2: $out, $(grep -om1 "an empty span's [0-9.]* us" "$T/calib.log"); dpc --simulate reads it: $(grep -m1 '^step time' "$T/calib.sim")"
 	else
 		fail "--calibrate on the emulated device, gpt2-tiny np=2: $out"
 		grep -v "^ \|^$" "$T/calib.log" | tail -n 5

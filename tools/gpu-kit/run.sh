@@ -1016,7 +1016,7 @@ part9() {
 	report PASS "dpexec --device cuda --calibrate with $ncal step files in $(($(date +%s) - t0)) s: GPT-2's from$gpt_cal ($held held out) OUTDIR/cuda-1.json, $(wc -c <"$mfile") bytes, the others' logs/cal-*.json; each run's line:"
 	for c in $cfgs; do
 		IFS='|' read -r name src args <<<"$c"
-		[ -f "$L/calib-$name.log" ] && unstamp "$L/calib-$name.log" | grep -m1 'calibrated ' | cut -c1-400 | sed "s/^/    $name: /" >>"$REPORT"
+		[ -f "$L/calib-$name.log" ] && unstamp "$L/calib-$name.log" | grep -m1 'calibrated ' | cut -c1-520 | sed "s/^/    $name: /" >>"$REPORT"
 	done
 	# predict and measure each configuration
 	local pred meas bad=0
