@@ -67,6 +67,13 @@ typedef struct {
 	int stream;        /* the stream it runs on (comm or p2p) */
 } InFlight;
 
+/* What an event recorded covers. */
+typedef struct {
+	int64_t ticket; /* comm or p2p: the tickets issued before it (of that stream); -1: compute or copy */
+	int64_t copies; /* copy: the copies enqueued before it; 0: other streams */
+	int stream;     /* the stream that recorded it */
+} Event;
+
 /* A copy-stream instruction enqueued, not yet run. */
 typedef struct {
 	const DpInstr *in;
@@ -79,9 +86,7 @@ struct CpuStreams {
 	Comm *comm;
 	int no_progress;       /* BackendOpts.no_progress */
 	int in_run;            /* between run_begin and run_end: Backend.at is the walk's */
-	int64_t *event_ticket; /* [nevents]: comm ticket the event covers; -1: on compute */
-	int64_t *event_copies; /* [nevents]: copies enqueued when it was recorded on copy; 0: other */
-	unsigned char *event_stream; /* [nevents]: the stream that recorded it */
+	Event *ev;             /* [nevents]: what each event covers */
 	InFlight *fl;          /* collectives not yet made visible to compute */
 	int nfl, capfl;
 	Copy *cq;              /* the copy stream's queue: cq[0 .. ncq) enqueued this run */
@@ -96,9 +101,7 @@ int cpu_streams_new(CpuStreams **out, const DpStep *s, Comm *comm, int no_progre
 {
 	CpuStreams *st = calloc(1, sizeof *st);
 	size_t nev = s->nevents ? s->nevents : 1;
-	if (!st || !(st->event_ticket = calloc(nev, sizeof(int64_t))) ||
-	    !(st->event_copies = calloc(nev, sizeof(int64_t))) ||
-	    !(st->event_stream = calloc(nev, 1))) {
+	if (!st || !(st->ev = calloc(nev, sizeof *st->ev))) {
 		cpu_streams_free(st);
 		return RT_FAIL(e, "out of memory (CPU streams)");
 	}
@@ -115,9 +118,7 @@ void cpu_streams_free(CpuStreams *st)
 {
 	if (!st)
 		return;
-	free(st->event_ticket);
-	free(st->event_copies);
-	free(st->event_stream);
+	free(st->ev);
 	free(st->fl);
 	free(st->cq);
 	free(st);
@@ -342,9 +343,9 @@ int cpu_streams_event_record(CpuStreams *st, unsigned stream, unsigned ev, RtErr
 	/* comm, p2p: every collective issued so far (of that stream); compute:
 	 * done now; copy: the copies enqueued so far */
 	int async = stream == DP_STREAM_COMM || stream == DP_STREAM_P2P;
-	st->event_ticket[ev] = async ? st->comm->issued : -1;
-	st->event_stream[ev] = (unsigned char)stream;
-	st->event_copies[ev] = stream == DP_STREAM_COPY ? st->ncq : 0;
+	st->ev[ev] = (Event){.ticket = async ? st->comm->issued : -1,
+			     .copies = stream == DP_STREAM_COPY ? st->ncq : 0,
+			     .stream = (int)stream};
 	return 0;
 }
 
@@ -355,16 +356,16 @@ int cpu_streams_event_wait(CpuStreams *st, unsigned stream, unsigned ev, RtErr *
 	/* compute or comm waiting for copies: they run now (the copy stream
 	 * waiting for anything needs nothing: its copies run later, and each
 	 * waits for the collectives on its memory) */
-	if (stream != DP_STREAM_COPY && st->event_copies[ev] > st->cq_done)
-		RT_CHECK(run_copies(st, (int)st->event_copies[ev], e));
+	const Event *v = &st->ev[ev];
+	if (stream != DP_STREAM_COPY && v->copies > st->cq_done)
+		RT_CHECK(run_copies(st, (int)v->copies, e));
 	/* a wait on the comm stream orders its work after what has already run
 	 * (compute): nothing more to do */
-	if (stream == DP_STREAM_COMPUTE && st->event_ticket[ev] >= 0) {
-		int from = st->event_stream[ev];
+	if (stream == DP_STREAM_COMPUTE && v->ticket >= 0) {
 		for (int f = 0; f < st->nfl; f++)
-			if (st->fl[f].stream == from && st->fl[f].ticket < st->event_ticket[ev])
+			if (st->fl[f].stream == v->stream && st->fl[f].ticket < v->ticket)
 				RT_CHECK(wait_one(c, st->fl[f].ticket, e));
-		retire(st, st->event_ticket[ev], from);
+		retire(st, v->ticket, v->stream);
 	}
 	return 0;
 }
