@@ -615,12 +615,18 @@ part4() {
 	done
 }
 
+# gpt2_mb MB: $R/gpt2-bMB.dp, models/gpt2.dp at micro-batch MB (global
+# batch MB, grad_accum 1): parts 5, 6 and 9
+gpt2_mb() {
+	model gpt2-b$1 gpt2 -e "s/^  global_batch .*/  global_batch $1/" -e 's/^  grad_accum .*/  grad_accum 1/'
+}
+
 # bench_dp MB: compile models/gpt2.dp at micro-batch MB (grad_accum 1) and
 # run it under graph replay ($steps steps, a figure every $every); the
 # status is dpexec's
 bench_dp() {
 	local mb=$1
-	model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
+	gpt2_mb "$mb"
 	# shellcheck disable=SC2086
 	compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 $shape || { echo "dpc: $(tail -n 1 "$L/gpt2-b$mb.dpc")" >"$L/bench-b$mb.log"; return 2; }
 	gpu bench-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak
@@ -731,7 +737,7 @@ part6() {
 	if [ $EMU = 1 ]; then
 		bin=$R/gpt2-t1.bin
 	elif [ ! -f "$bin" ]; then
-		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
+		gpt2_mb "$mb"
 		compile gpt2-b$mb "$R/gpt2-b$mb.dp" 1 --precision bf16 || { report FAIL "dpc of gpt2: $(tail -n 1 "$L/gpt2-b$mb.dpc")"; return; }
 	fi
 	# the device's time per instruction: dpexec --trace on the CUDA backend
@@ -978,7 +984,7 @@ part9() {
 	model llama llama
 	local mb
 	for mb in 2 4 8; do
-		model gpt2-b$mb gpt2 -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/'
+		gpt2_mb $mb
 	done
 	local c name src args extra mfile=$OUT/cuda-1.json ncal=0 t0 gpt_cal=""
 	rm -f "$mfile"
