@@ -163,10 +163,13 @@
 #                 before the dQ add (bf16: every lane's copies of the
 #                 tile's run sums into shared memory, fa_dq_part, landed)
 #                 dropped: lanes add into chunks not yet copied
-#   tcb_dqfresh   k_attn_dq_store reads every run's dQ sums from row 0,
+#   tcb_dqfresh   k_attn_dq_store(4) reads every run's dQ sums from row 0,
 #                 where the runs are not zeroed first (the ordinary op):
 #                 rows before a run's first key block were never written
 #                 (det: 4 runs of 2 key blocks; a16 has one run)
+#   tcb_dqvec     k_attn_dq_store4 (dQ's runs summed four columns per
+#                 thread, a block per row) stores its four sums with the
+#                 middle two swapped (a vector's lanes out of order)
 #   tcb_rowdot    k_attn_rowdot8 (D = dO . O, 8 lanes per row) sums its
 #                 lanes by xor shuffles across the warp's rows (16, 8, 4),
 #                 not within a row (4, 2, 1)
@@ -648,6 +651,7 @@ tcb_dqadd     tcb_dqadd     det     1 one DPEMU_SEED=1
 tcb_dqsync    tcb_dqsync    a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqpre     tcb_dqpre     a16     1 all DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqfresh   tcb_dqfresh   det     1 one DPEMU_SEED=1
+tcb_dqvec     tcb_dqvec     a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_rowdot    tcb_rowdot    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqlayout  tcb_dqlayout  a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2

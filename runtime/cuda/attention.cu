@@ -45,6 +45,7 @@
  *   k_attn_bwd_mma<HD> the backward of the same attention on tensor cores
  *                    from those, FlashAttention-2's: one kernel walking key
  *                    blocks gives dK, dV and (into per-run f32 sums, then
+ *                    k_attn_dq_store4, four columns per thread, or
  *                    k_attn_dq_store) dQ (its comment below);
  *                    k_attn_bwd_q/kv do the rest.
  * Every output element is written by one thread with a fixed loop order,
@@ -1663,6 +1664,65 @@ __global__ void k_attn_dq_store(Geom<T> g, const float *dqacc, FaWalk walk, T *d
 	}
 }
 
+/* The same sums, four columns per thread (hd a multiple of 4, d qkv
+ * aligned to 4 elements: every tensor-core shape; launch_bwd_tc checks),
+ * a block per row (batch, t) of [B, T, C]: 16-byte loads of each run's
+ * sums, 8-byte (bf16) or 16-byte stores of the four q columns, the
+ * division by hd once per thread and the run's first row tested once per
+ * row (uniform over the block), where k_attn_dq_store above pays three
+ * int64 divisions and a run test per element. The H200 took 1.56 ms per
+ * GPT-2 step (130 us per layer, ~1.7 TB/s of its ~225 MB) for that
+ * kernel (docs/CUDA.md, "Speed (session 16)"). Each element's sum is the
+ * same f32 adds in the same order (run 0, then 1, 2, ..., + 0 where a run
+ * never wrote the row) and the same rounding (st): the same bits. */
+template <typename T>
+__global__ void k_attn_dq_store4(Geom<T> g, const float *dqacc, FaWalk walk, T *dqkv, int zero_kv)
+{
+	const int64_t n = g.b * g.t * g.c;
+	const bool fresh = fa_dq_fresh(g);
+	const int hd = (int)g.hd, c4 = (int)g.c / 4;
+	for (int64_t bt = blockIdx.x; bt < g.b * g.t; bt += gridDim.x) {
+		const int64_t t = bt % g.t;
+		const float *src = dqacc + bt * g.c;
+		T *row = dqkv + bt * 3 * g.c;
+		for (int j = threadIdx.x; j < c4; j += blockDim.x) {
+			const int c = 4 * j, h = c / hd, d = c - h * hd;
+			float4 sum = ld4(src + c);
+			for (int s = 1; s < walk.splits; s++) { /* fresh: a run's rows before its first: + 0 */
+				const bool in = !fresh || t >= (MUTANT(tcb_dqfresh) ? 0 : fa_run_row0(s, walk));
+				const float4 x = in ? ld4(src + s * n + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+				sum.x += x.x;
+				sum.y += x.y;
+				sum.z += x.z;
+				sum.w += x.w;
+			}
+			/* tcb_dqvec: the four columns stored out of order (the middle two swapped) */
+			const float v[4] = {sum.x, MUTANT(tcb_dqvec) ? sum.z : sum.y,
+					    MUTANT(tcb_dqvec) ? sum.y : sum.z, sum.w};
+			T *q = row + 3 * hd * h + d;
+			union {
+				T e[4];
+				uint2 h; /* bf16's four */
+				uint4 f; /* f32's */
+			} o, z;
+CU_UNROLL
+			for (int k = 0; k < 4; k++) {
+				st(&o.e[k], g.scale * v[k]);
+				st(&z.e[k], 0.0f);
+			}
+			if constexpr (sizeof(T) == 2) {
+				*(uint2 *)q = o.h;
+				if (zero_kv)
+					*(uint2 *)(q + hd) = *(uint2 *)(q + 2 * hd) = z.h;
+			} else {
+				*(uint4 *)q = o.f;
+				if (zero_kv)
+					*(uint4 *)(q + hd) = *(uint4 *)(q + 2 * hd) = z.f;
+			}
+		}
+	}
+}
+
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
 
 __global__ void k_cp_check(const int32_t *pos, int64_t t, int64_t tg, CuScalars *sc)
@@ -1886,7 +1946,14 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 		CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
 			       dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
 		CU_LAUNCHED(a, e);
-		if (dqacc) {
+		if (dqacc && g.hd % 4 == 0 && ((uintptr_t)dqkv & (4 * sizeof(T) - 1)) == 0) {
+			/* a block per row, a thread per 4 columns (C = 768: 192) */
+			const int64_t rows = g.b * g.t, c4 = g.c / 4;
+			const unsigned threads = (unsigned)(c4 < 256 ? (c4 + 31) / 32 * 32 : 256);
+			CU_LAUNCH(k_attn_dq_store4<T>, (unsigned)(rows < (1 << 20) ? rows : 1 << 20), threads,
+				  a->st, g, (const float *)dqacc, walk, dqkv, (int)(g.cp != 0));
+			CU_LAUNCHED(a, e);
+		} else if (dqacc) {
 			CU_LAUNCH(k_attn_dq_store<T>, cu_grid(g.b * g.t * g.c), CU_THREADS, a->st, g,
 				  (const float *)dqacc, walk, dqkv, (int)(g.cp != 0));
 			CU_LAUNCHED(a, e);
