@@ -1376,7 +1376,9 @@ static __device__ __forceinline__ int64_t fa_run_row0(int64_t s, const FaWalk &w
 /* 3 blocks per SM (<= 168 registers) for bf16 at head dim 64 (GPT-2's:
  * ptxas gave it 174, 2 blocks, once dQ's sums went unzeroed) and head dim
  * 32 (an explicit 1 let ptxas take 180 there, from 136); the rest 1, as
- * before (docs/CUDA.md's session 15) */
+ * before (docs/CUDA.md's session 15). With the loop's indices in 32 bits
+ * head dim 64 fits in 165 without the 40-byte spill the bound forced
+ * (session 16). */
 template <int HD, bool CP, typename T>
 __global__ void __launch_bounds__(32 * FaShape<HD, T>::W,
 				  HD == 32 || (HD == 64 && sizeof(T) == 2) ? 3 : 1)
@@ -1395,8 +1397,11 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	T *ksm = (T *)(stats + 4 * BC), *vsm = ksm + F::KR * S::LD, *dst = vsm + F::KR * S::LD;
 	float *dqw = (float *)(dst + F::KR * F::LDS) + threadIdx.x / 32 * 16 * F::LDQ; /* DQPF: the warp's */
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
-	const int64_t split = blockIdx.x % walk.splits, h = blockIdx.x / walk.splits % g.h,
-		      b = blockIdx.x / ((int64_t)walk.splits * g.h);
+	/* 32-bit indices where they fit (limit_attention: keys and blocks in
+	 * int32): fewer registers live across the loop (the spill ptxas made at
+	 * 168, docs/CUDA.md's session 16) */
+	const int split = (int)(blockIdx.x % walk.splits), h = (int)(blockIdx.x / walk.splits % g.h),
+		  b = (int)(blockIdx.x / ((unsigned)walk.splits * (unsigned)g.h));
 	const T *base = g.qkv + b * g.t * 3 * g.c + 3 * g.hd * h;
 	const T *dbase = dy + b * g.t * g.c + g.hd * h;
 	const int64_t ld = 3 * g.c;
@@ -1409,20 +1414,24 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	const bool pf = F::DQPF && !MUTANT(tcb_dqorder);
 	/* not zeroed first (fa_dq_fresh: the ordinary op) */
 	const bool fresh = fa_dq_fresh(g);
-	const int64_t i1 = (split + 1) * walk.per < walk.nkb ? (split + 1) * walk.per : walk.nkb;
-	for (int64_t kbi = split * walk.per; kbi < i1; kbi++) {
+	const int i1 = (split + 1) * walk.per < walk.nkb ? (split + 1) * walk.per : walk.nkb;
+	for (int kbi = split * walk.per; kbi < i1; kbi++) {
 		/* the run's first key block: its parts are the sums' first terms */
 		const bool first1 = fresh && kbi == split * walk.per;
 		if (kbi > split * walk.per && !MUTANT(tcb_kbsync))
 			__syncthreads(); /* the last key block's K rows and query tiles read */
-		const int64_t k0 = 64 * fa_zigzag(kbi, walk.nkb);
-		const int64_t wrow = k0 + 16 * warp; /* the warp's first stored key row */
-		const int64_t key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
-		int64_t kp[2], wfirst = 0, wlast = 0; /* positions */
+		const int k0 = 64 * (int)fa_zigzag(kbi, walk.nkb);
+		const int wrow = k0 + 16 * warp; /* the warp's first stored key row */
+		const int key[2] = {wrow + gr, wrow + gr + 8}; /* this lane's key rows */
+		int kp[2], wfirst = 0, wlast = 0; /* positions */
 		for (int r = 0; r < 2; r++)
-			kp[r] = key[r] < g.nkeys ? key_pos_of_row(g, key[r]) : key[r];
-		if (wrow < g.nkeys)
-			fa_key_span(g, wrow, &wfirst, &wlast);
+			kp[r] = key[r] < g.nkeys ? (int)key_pos_of_row(g, key[r]) : key[r];
+		if (wrow < g.nkeys) {
+			int64_t lo, hi;
+			fa_key_span(g, wrow, &lo, &hi);
+			wfirst = (int)lo;
+			wlast = (int)hi;
+		}
 		float dk[HD / 8][4], dv[HD / 8][4];
 CU_UNROLL
 		for (int n = 0; n < HD / 8; n++)
@@ -1493,8 +1502,8 @@ CU_UNROLL
 				fa_key_span(g, k0 + 16 * w, &lo, &hi);
 				kmin = lo < kmin ? lo : kmin;
 			}
-		const int64_t q1 = fa_first_query(g, kmin), first = q1 - q1 % BC;
-		const int64_t tiles = (g.t - first + BC - 1) / BC;
+		const int q1 = (int)fa_first_query(g, kmin), first = q1 - q1 % BC;
+		const int tiles = (int)((g.t - first + BC - 1) / BC);
 		fetch((int)first, 0);
 		tc_commit<T>();
 		store(0);
@@ -1525,7 +1534,7 @@ CU_UNROLL
 				fa_times_rows_sm<HD, BC, S::LD>(dp, vw, ds); /* dP^T = V dO^T */
 				/* a query before one of the warp's keys, or past T */
 				const int mask = qfirst < wlast || q0 + BC > g.t;
-				const int kpi[2] = {(int)kp[0], (int)kp[1]};
+				const int kpi[2] = {kp[0], kp[1]};
 CU_UNROLL
 				for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
