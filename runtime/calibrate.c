@@ -16,14 +16,21 @@
  *  - gemm: one point per distinct (m, n, k, dtype) of the GEMMs (matmul,
  *    linear and the fused gelu GEMMs), 2 m n k over its time less the
  *    overhead;
- *  - ops: per other op, bytes_per_s and overhead_s by least squares of
- *    time = overhead + bytes / rate over its instructions (bytes as the cost
- *    rules count them: every input, the output, the output again when it is
- *    read), the overhead kept >= 0; a single size gives the rate at the
- *    kernel overhead; an op whose instructions all move under
- *    RATE_MIN_BYTES gets its median time as overhead_s and no rate (a
- *    rate an earlier calibration measured stays);
- *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
+ *  - ops: per other op and dtype (line_dtype: "bf16" when an operand is a
+ *    16-bit float), a line of its own: its points, one per size (bytes as
+ *    the cost rules count them: every input, the output, the output again
+ *    when it is read), the median time of its instructions of that size,
+ *    added to the points the file's line already has (a size measured
+ *    again: the new time), then bytes_per_s and overhead_s by least
+ *    squares of time = overhead + bytes / rate over all of them, the
+ *    overhead kept >= 0; a single size gives the rate at the kernel
+ *    overhead; an op whose points all move under RATE_MIN_BYTES gets their
+ *    median time as overhead_s and no rate. So a bf16 calibration into an
+ *    f32 file adds bf16 lines beside the f32 ones (before 2026-11-28 an
+ *    op had one line, the last calibration's), and step files of one
+ *    model at several sizes give each op's line every size;
+ *  - memory_bw: the median of the file's op lines' bytes rates (every op
+ *    and dtype, this run's and those it kept); peak_flops: the fastest
  *    GEMM point per dtype (the other dtype's when there is none).
  * The collectives: MPI_Iallreduce (in place), MPI_Iallgather and
  * MPI_Ireduce_scatter_block over every rank at 4 KiB to 8 MiB, each
@@ -372,7 +379,7 @@ static int add_op(Machine *m, const char *name)
 	if (!o)
 		return -1;
 	m->ops = o;
-	m->ops[m->nops] = (MachOp){strdup(name), 0, 0, 0};
+	m->ops[m->nops] = (MachOp){.op = strdup(name)};
 	return m->ops[m->nops].op ? m->nops++ : -1;
 }
 
@@ -412,6 +419,88 @@ static double attention_flops(const DpStep *s, const DpInstr *in)
 		   : 5 * bh * t * tk * hd + 10 * bh * t * tk / 2;
 }
 
+/* The dtype of an instruction's op line (util/machine.h): "bf16" when any
+ * operand is a 16-bit float, else "f32"; passes/simulate.c's line_dtype is
+ * the same rule on the graph. */
+static int line_dtype(const DpStep *s, const DpInstr *in)
+{
+	int half = in->out >= 0 && dp_is_half(s->tensors[in->out].dtype);
+	for (int k = 0; k < DP_MAX_IN; k++)
+		half |= in->in[k] >= 0 && dp_is_half(s->tensors[in->in[k]].dtype);
+	return half ? MACH_BF16 : MACH_F32;
+}
+
+/* An op's line of one dtype from its k instructions measured now (x: bytes,
+ * or FLOPs where flops; y: seconds) and the points an earlier calibration
+ * left in it: one point per x, the median of this run's instructions at
+ * it, replacing an earlier point at the same x (points of the other basis
+ * are dropped), then the line refitted over all of them as fit() says.
+ * xs and ys are reordered. */
+static int fit_line_points(MachLine *l, double *xs, double *ys, int k, int flops, double over,
+			   int device)
+{
+	int old = l->by_flops == flops ? l->npts : 0, np = 0;
+	double *xt = malloc(sizeof *xt * 2 * ((size_t)(old + k) + 1));
+	double *px = malloc(sizeof *px * ((size_t)(old + k) + 1));
+	double *py = malloc(sizeof *py * ((size_t)(old + k) + 1));
+	if (!xt || !px || !py) {
+		free(xt);
+		free(px);
+		free(py);
+		return -1;
+	}
+	memcpy(xt, l->pts, sizeof *xt * 2 * (size_t)old);
+	for (int i = 0; i < k; i++) { /* sort this run's by x: equal x together */
+		for (int j = i; j > 0 && xs[j] < xs[j - 1]; j--) {
+			double a = xs[j], b = ys[j];
+			xs[j] = xs[j - 1];
+			ys[j] = ys[j - 1];
+			xs[j - 1] = a;
+			ys[j - 1] = b;
+		}
+	}
+	for (int i = 0, j; i < k; i = j) {
+		for (j = i; j < k && xs[j] == xs[i]; j++)
+			;
+		xt[2 * (old + np)] = xs[i];
+		xt[2 * (old + np) + 1] = median(ys + i, j - i);
+		np++;
+	}
+	int rc = machine_line_points(l, xt, old + np);
+	free(xt);
+	if (rc < 0) {
+		free(px);
+		free(py);
+		return -1;
+	}
+	l->given = 1;
+	l->by_flops = flops;
+	double largest = 0;
+	for (int j = 0; j < l->npts; j++) {
+		px[j] = l->pts[2 * j];
+		py[j] = l->pts[2 * j + 1];
+		largest = fmax(largest, px[j]);
+	}
+	l->flops_per_s = l->bytes_per_s = 0;
+	if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
+		l->overhead_s = median(py, l->npts);
+	} else {
+		double a, b;
+		fit_line(px, py, l->npts, over, &a, &b);
+		l->overhead_s = a;
+		if (flops) {
+			l->flops_per_s = 1 / b;
+		} else {
+			l->bytes_per_s = 1 / b;
+			if (device) /* its line is its time: no FLOPs term above it */
+				l->flops_per_s = NO_FLOPS_BOUND;
+		}
+	}
+	free(px);
+	free(py);
+	return 0;
+}
+
 /* Fill m from the timings t of s's STEP kernels. over is the fixed time
  * inside each measured t and what the simulator adds to every kernel
  * (kernel_overhead_s: the CPU's walk and fork, the fastest kernel's time;
@@ -430,7 +519,7 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 	uint32_t n = s->nprog[DP_PROG_STEP];
 	m->kernel_overhead_s = over;
 	double *xs = malloc(sizeof(double) * (n + 1)), *ys = malloc(sizeof(double) * (n + 1));
-	double *rates = malloc(sizeof(double) * (DP_NOPS + 1));
+	double *rates = malloc(sizeof(double) * ((size_t)(MACH_NDTYPE + 1) * (size_t)m->nops + DP_NOPS * MACH_NDTYPE + 1));
 	if (!xs || !ys || !rates) {
 		free(xs);
 		free(ys);
@@ -448,42 +537,37 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 		if (add_gemm(m, p) < 0)
 			goto oom;
 	}
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int k = 0, flops = device && dp_op_is_attention(op);
-		for (uint32_t i = 0; i < n; i++)
-			if (t[i] >= 0 && prog[i].op == op && !dp_op_is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
-				xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
-				ys[k++] = t[i];
-			}
-		if (!k)
-			continue;
-		double a, b, largest = 0;
-		for (int j = 0; j < k; j++)
-			largest = fmax(largest, xs[j]);
-		int at = add_op(m, dp_op_names[op]);
-		if (at < 0)
-			goto oom;
-		if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
-			m->ops[at].overhead_s = median(ys, k);
-			continue;
+	for (unsigned op = 0; op < DP_NOPS; op++)
+		for (int d = 0; d < MACH_NDTYPE && !dp_op_is_gemm(op); d++) {
+			int k = 0, flops = device && dp_op_is_attention(op);
+			for (uint32_t i = 0; i < n; i++)
+				if (t[i] >= 0 && prog[i].op == op && line_dtype(s, &prog[i]) == d &&
+				    io_bytes(s, &prog[i]) > 0) {
+					xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
+					ys[k++] = t[i];
+				}
+			if (!k)
+				continue;
+			int at = add_op(m, dp_op_names[op]);
+			if (at < 0 || fit_line_points(&m->ops[at].line[d], xs, ys, k, flops, over, device) < 0)
+				goto oom;
 		}
-		fit_line(xs, ys, k, over, &a, &b);
-		m->ops[at].overhead_s = a;
-		if (flops) {
-			m->ops[at].flops_per_s = 1 / b;
-			continue;
-		}
-		m->ops[at].bytes_per_s = 1 / b;
-		if (device) /* its line is its time: no FLOPs term above it */
-			m->ops[at].flops_per_s = NO_FLOPS_BOUND;
-		rates[nrates++] = 1 / b;
-	}
 	/* the memory bandwidth: what a kernel without a line of its own moves
 	 * at, and the bytes term of the GEMMs' roofline. The CPU: the ops'
 	 * median. A device: their largest, the roofline's ceiling: a GPU's
 	 * small kernels (gpt2-tiny's) reach a fraction of its bandwidth, and
 	 * their median as the GEMMs' bytes term put gpt2-tiny's measured GEMM
-	 * points (2.6 ms of matmuls on the emulator) at 622 ms */
+	 * points (2.6 ms of matmuls on the emulator) at 622 ms. Over every
+	 * bytes line of the file (each op and dtype, this run's and those it
+	 * kept: a bf16 calibration into an f32 file, bf16 kernels
+	 * being 3 to 40x slower per byte on these CPUs, gave the file its
+	 * median of a bf16 step's lines alone, 0.95 against 16.5 GB/s, and the
+	 * f32 step's GEMMs that for their bytes term: 3.6 ms predicted became
+	 * 5.5) */
+	for (int i = 0; i < m->nops; i++)
+		for (int d = 0; d <= MACH_NDTYPE; d++)
+			if (m->ops[i].line[d].bytes_per_s > 0)
+				rates[nrates++] = m->ops[i].line[d].bytes_per_s;
 	if (nrates && device) {
 		m->memory_bw = 0;
 		for (int i = 0; i < nrates; i++)
