@@ -523,25 +523,33 @@ static int gemm_dims(const Graph *g, const Node *n, double f, double *m, double 
 	return in0->dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
 }
 
+/* The dtype of n's op lines in a machine file: "bf16" when any operand is a
+ * 16-bit float (bf16 or f16), else "f32" (util/machine.h;
+ * runtime/calibrate.c's line_dtype is the same rule on a step file). */
+static int line_dtype(const Graph *g, const Node *n)
+{
+	int half = n->out >= 0 && dp_is_half(g->values[n->out]->dtype);
+	for (int k = 0; k < n->nin; k++)
+		half |= n->in[k] >= 0 && dp_is_half(g->values[n->in[k]]->dtype);
+	return half ? MACH_BF16 : MACH_F32;
+}
+
 static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 {
 	double f = 0, b = 0;
 	if (ir_ops[n->op].cost)
 		ir_ops[n->op].cost(g, n, &f, &b);
 	int dt = n->out >= 0 && g->values[n->out]->dtype == DP_BF16 ? MACH_BF16 : MACH_F32;
-	double rate = mc->peak_flops[dt], bw = mc->memory_bw, over = mc->kernel_overhead_s;
-	const MachOp *own = machine_op(mc, ir_ops[n->op].name);
-	if (dp_op_is_gemm(n->op)) {
+	double rate = mc->peak_flops[dt];
+	int gemm = dp_op_is_gemm(n->op);
+	if (gemm) {
 		double m, nn, k;
 		int gd = gemm_dims(g, n, f, &m, &nn, &k);
 		rate = machine_gemm_rate(mc, gd, m, nn, k);
 	}
-	if (own) {
-		rate = own->flops_per_s > 0 ? own->flops_per_s : rate;
-		bw = own->bytes_per_s > 0 ? own->bytes_per_s : bw;
-		over = own->overhead_s > 0 ? own->overhead_s : over;
-	}
-	return mc->node_overhead_s + over + fmax(f / rate, b / bw);
+	return mc->node_overhead_s + machine_op_seconds(mc, ir_ops[n->op].name, line_dtype(g, n), gemm,
+							  f, b, rate, mc->memory_bw,
+							  mc->kernel_overhead_s);
 }
 
 double sim_gemm_rate_cap(const Machine *mc, int dtype)
@@ -557,8 +565,8 @@ double sim_gemm_rate_cap(const Machine *mc, int dtype)
 		r = mc->peak_flops[dtype];
 	for (unsigned op = 0; op < DP_NOPS; op++) {
 		const MachOp *own = dp_op_is_gemm(op) ? machine_op(mc, ir_ops[op].name) : NULL;
-		if (own && own->flops_per_s > 0)
-			r = fmax(r, own->flops_per_s);
+		for (int d = 0; own && d <= MACH_NDTYPE; d++) /* any line may price a GEMM */
+			r = fmax(r, own->line[d].flops_per_s);
 	}
 	return r;
 }
@@ -860,12 +868,8 @@ static double core_kernel_s(const Graph *g, const Node *n, const Machine *mc)
 		f -= (double)ir_numel(g->values[n->out]); /* the accumulation's add */
 	double m, nn, k;
 	int gd = gemm_dims(g, n, f, &m, &nn, &k);
-	double rate = machine_gemm_rate(mc, gd, m, nn, k), over = mc->kernel_overhead_s;
-	const MachOp *own = machine_op(mc, ir_ops[n->op].name);
-	if (own) {
-		rate = own->flops_per_s > 0 ? own->flops_per_s : rate;
-		over = own->overhead_s > 0 ? own->overhead_s : over;
-	}
+	double rate = machine_gemm_rate(mc, gd, m, nn, k), over = mc->kernel_overhead_s, bw = 0;
+	machine_op_figures(mc, ir_ops[n->op].name, line_dtype(g, n), &rate, &bw, &over);
 	return over + f / rate;
 }
 
@@ -967,6 +971,30 @@ void sim_report_free(SimReport *rep)
 	memset(rep, 0, sizeof *rep);
 }
 
+/* The ops whose kernels take another dtype's line (util/machine.h: the
+ * op has no line of their dtype, nor one for every dtype), each once. */
+static void print_borrowed(FILE *out, const Graph *g, const Machine *mc)
+{
+	static const char *const dt[MACH_NDTYPE] = {"f32", "bf16"};
+	char seen[DP_NOPS][MACH_NDTYPE] = {{0}};
+	int any = 0;
+	for (int i = 0; i < g->nnodes; i++) {
+		const Node *n = g->nodes[i];
+		int d = line_dtype(g, n), borrowed;
+		if (dp_op_class(n->op) != DP_OPC_KERNEL || seen[n->op][d])
+			continue;
+		seen[n->op][d] = 1;
+		machine_op_line(mc, ir_ops[n->op].name, d, &borrowed);
+		if (!borrowed)
+			continue;
+		fprintf(out, "%s %s (%s) on its %s line", any ? "," : "machine file: no line of their dtype for",
+			ir_ops[n->op].name, dt[d], dt[!d]);
+		any = 1;
+	}
+	if (any)
+		fprintf(out, "\n");
+}
+
 void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *rep)
 {
 	const SimResult *r = &rep->res;
@@ -980,6 +1008,7 @@ void sim_print(FILE *out, const Graph *g, const Machine *mc, const SimReport *re
 	fprintf(out, "\n");
 	if (mc->source && *mc->source)
 		fprintf(out, "machine: %s\n", mc->source);
+	print_borrowed(out, g, mc);
 	fprintf(out, "%-16s %12.4f ms\n", "step time", r->step_s * ms);
 	fprintf(out, "%-16s %12.4f ms   compute stream busy %.1f %%\n", "compute",
 		r->busy[DP_STREAM_COMPUTE] * ms, 100 * r->busy[DP_STREAM_COMPUTE] / step);

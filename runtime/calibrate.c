@@ -16,14 +16,21 @@
  *  - gemm: one point per distinct (m, n, k, dtype) of the GEMMs (matmul,
  *    linear and the fused gelu GEMMs), 2 m n k over its time less the
  *    overhead;
- *  - ops: per other op, bytes_per_s and overhead_s by least squares of
- *    time = overhead + bytes / rate over its instructions (bytes as the cost
- *    rules count them: every input, the output, the output again when it is
- *    read), the overhead kept >= 0; a single size gives the rate at the
- *    kernel overhead; an op whose instructions all move under
- *    RATE_MIN_BYTES gets its median time as overhead_s and no rate (a
- *    rate an earlier calibration measured stays);
- *  - memory_bw: the median of those ops' rates; peak_flops: the fastest
+ *  - ops: per other op and dtype (line_dtype: "bf16" when an operand is a
+ *    16-bit float), a line of its own: its points, one per size (bytes as
+ *    the cost rules count them: every input, the output, the output again
+ *    when it is read), the median time of its instructions of that size,
+ *    added to the points the file's line already has (a size measured
+ *    again: the new time), then bytes_per_s and overhead_s by least
+ *    squares of time = overhead + bytes / rate over all of them, the
+ *    overhead kept >= 0; a single size gives the rate at the kernel
+ *    overhead; an op whose points all move under RATE_MIN_BYTES gets their
+ *    median time as overhead_s and no rate. So a bf16 calibration into an
+ *    f32 file adds bf16 lines beside the f32 ones (before 2026-11-28 an
+ *    op had one line, the last calibration's), and step files of one
+ *    model at several sizes give each op's line every size;
+ *  - memory_bw: the median of the file's op lines' bytes rates (every op
+ *    and dtype, this run's and those it kept); peak_flops: the fastest
  *    GEMM point per dtype (the other dtype's when there is none).
  * The collectives: MPI_Iallreduce (in place), MPI_Iallgather and
  * MPI_Ireduce_scatter_block over every rank at 4 KiB to 8 MiB, each
@@ -56,7 +63,12 @@
  *    ~3 us each that a replay does not pay, more than gpt2-tiny's kernels
  *    take): an empty span (two marks, nothing between them, on the same
  *    stream) after each instruction in the same walks, their median
- *    (device_walks; at least 5 % of a span kept);
+ *    (device_walks; at least 5 % of a span kept); and where the replayed
+ *    step is still shorter than the kernels so corrected (the H200: by
+ *    1.7 to 2.1 us an instruction after the marks' 1.31 us: what an eager
+ *    launch costs the device, which a graph's node does not pay), that
+ *    difference taken from every kernel alike, so they add up to the
+ *    replayed step (time_device's end);
  *  - node_overhead_s: what a graph replay adds per instruction, the
  *    replayed step's wall time (up to two steps in flight, as dpexec runs
  *    them, ~0.5 s of steps) less its kernels' device time so corrected
@@ -372,7 +384,7 @@ static int add_op(Machine *m, const char *name)
 	if (!o)
 		return -1;
 	m->ops = o;
-	m->ops[m->nops] = (MachOp){strdup(name), 0, 0, 0};
+	m->ops[m->nops] = (MachOp){.op = strdup(name)};
 	return m->ops[m->nops].op ? m->nops++ : -1;
 }
 
@@ -412,6 +424,88 @@ static double attention_flops(const DpStep *s, const DpInstr *in)
 		   : 5 * bh * t * tk * hd + 10 * bh * t * tk / 2;
 }
 
+/* The dtype of an instruction's op line (util/machine.h): "bf16" when any
+ * operand is a 16-bit float, else "f32"; passes/simulate.c's line_dtype is
+ * the same rule on the graph. */
+static int line_dtype(const DpStep *s, const DpInstr *in)
+{
+	int half = in->out >= 0 && dp_is_half(s->tensors[in->out].dtype);
+	for (int k = 0; k < DP_MAX_IN; k++)
+		half |= in->in[k] >= 0 && dp_is_half(s->tensors[in->in[k]].dtype);
+	return half ? MACH_BF16 : MACH_F32;
+}
+
+/* An op's line of one dtype from its k instructions measured now (x: bytes,
+ * or FLOPs where flops; y: seconds) and the points an earlier calibration
+ * left in it: one point per x, the median of this run's instructions at
+ * it, replacing an earlier point at the same x (points of the other basis
+ * are dropped), then the line refitted over all of them as fit() says.
+ * xs and ys are reordered. */
+static int fit_line_points(MachLine *l, double *xs, double *ys, int k, int flops, double over,
+			   int device)
+{
+	int old = l->by_flops == flops ? l->npts : 0, np = 0;
+	double *xt = malloc(sizeof *xt * 2 * ((size_t)(old + k) + 1));
+	double *px = malloc(sizeof *px * ((size_t)(old + k) + 1));
+	double *py = malloc(sizeof *py * ((size_t)(old + k) + 1));
+	if (!xt || !px || !py) {
+		free(xt);
+		free(px);
+		free(py);
+		return -1;
+	}
+	memcpy(xt, l->pts, sizeof *xt * 2 * (size_t)old);
+	for (int i = 0; i < k; i++) { /* sort this run's by x: equal x together */
+		for (int j = i; j > 0 && xs[j] < xs[j - 1]; j--) {
+			double a = xs[j], b = ys[j];
+			xs[j] = xs[j - 1];
+			ys[j] = ys[j - 1];
+			xs[j - 1] = a;
+			ys[j - 1] = b;
+		}
+	}
+	for (int i = 0, j; i < k; i = j) {
+		for (j = i; j < k && xs[j] == xs[i]; j++)
+			;
+		xt[2 * (old + np)] = xs[i];
+		xt[2 * (old + np) + 1] = median(ys + i, j - i);
+		np++;
+	}
+	int rc = machine_line_points(l, xt, old + np);
+	free(xt);
+	if (rc < 0) {
+		free(px);
+		free(py);
+		return -1;
+	}
+	l->given = 1;
+	l->by_flops = flops;
+	double largest = 0;
+	for (int j = 0; j < l->npts; j++) {
+		px[j] = l->pts[2 * j];
+		py[j] = l->pts[2 * j + 1];
+		largest = fmax(largest, px[j]);
+	}
+	l->flops_per_s = l->bytes_per_s = 0;
+	if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
+		l->overhead_s = median(py, l->npts);
+	} else {
+		double a, b;
+		fit_line(px, py, l->npts, over, &a, &b);
+		l->overhead_s = a;
+		if (flops) {
+			l->flops_per_s = 1 / b;
+		} else {
+			l->bytes_per_s = 1 / b;
+			if (device) /* its line is its time: no FLOPs term above it */
+				l->flops_per_s = NO_FLOPS_BOUND;
+		}
+	}
+	free(px);
+	free(py);
+	return 0;
+}
+
 /* Fill m from the timings t of s's STEP kernels. over is the fixed time
  * inside each measured t and what the simulator adds to every kernel
  * (kernel_overhead_s: the CPU's walk and fork, the fastest kernel's time;
@@ -430,7 +524,7 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 	uint32_t n = s->nprog[DP_PROG_STEP];
 	m->kernel_overhead_s = over;
 	double *xs = malloc(sizeof(double) * (n + 1)), *ys = malloc(sizeof(double) * (n + 1));
-	double *rates = malloc(sizeof(double) * (DP_NOPS + 1));
+	double *rates = malloc(sizeof(double) * ((size_t)(MACH_NDTYPE + 1) * (size_t)m->nops + DP_NOPS * MACH_NDTYPE + 1));
 	if (!xs || !ys || !rates) {
 		free(xs);
 		free(ys);
@@ -448,42 +542,37 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 		if (add_gemm(m, p) < 0)
 			goto oom;
 	}
-	for (unsigned op = 0; op < DP_NOPS; op++) {
-		int k = 0, flops = device && dp_op_is_attention(op);
-		for (uint32_t i = 0; i < n; i++)
-			if (t[i] >= 0 && prog[i].op == op && !dp_op_is_gemm(op) && io_bytes(s, &prog[i]) > 0) {
-				xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
-				ys[k++] = t[i];
-			}
-		if (!k)
-			continue;
-		double a, b, largest = 0;
-		for (int j = 0; j < k; j++)
-			largest = fmax(largest, xs[j]);
-		int at = add_op(m, dp_op_names[op]);
-		if (at < 0)
-			goto oom;
-		if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
-			m->ops[at].overhead_s = median(ys, k);
-			continue;
+	for (unsigned op = 0; op < DP_NOPS; op++)
+		for (int d = 0; d < MACH_NDTYPE && !dp_op_is_gemm(op); d++) {
+			int k = 0, flops = device && dp_op_is_attention(op);
+			for (uint32_t i = 0; i < n; i++)
+				if (t[i] >= 0 && prog[i].op == op && line_dtype(s, &prog[i]) == d &&
+				    io_bytes(s, &prog[i]) > 0) {
+					xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
+					ys[k++] = t[i];
+				}
+			if (!k)
+				continue;
+			int at = add_op(m, dp_op_names[op]);
+			if (at < 0 || fit_line_points(&m->ops[at].line[d], xs, ys, k, flops, over, device) < 0)
+				goto oom;
 		}
-		fit_line(xs, ys, k, over, &a, &b);
-		m->ops[at].overhead_s = a;
-		if (flops) {
-			m->ops[at].flops_per_s = 1 / b;
-			continue;
-		}
-		m->ops[at].bytes_per_s = 1 / b;
-		if (device) /* its line is its time: no FLOPs term above it */
-			m->ops[at].flops_per_s = NO_FLOPS_BOUND;
-		rates[nrates++] = 1 / b;
-	}
 	/* the memory bandwidth: what a kernel without a line of its own moves
 	 * at, and the bytes term of the GEMMs' roofline. The CPU: the ops'
 	 * median. A device: their largest, the roofline's ceiling: a GPU's
 	 * small kernels (gpt2-tiny's) reach a fraction of its bandwidth, and
 	 * their median as the GEMMs' bytes term put gpt2-tiny's measured GEMM
-	 * points (2.6 ms of matmuls on the emulator) at 622 ms */
+	 * points (2.6 ms of matmuls on the emulator) at 622 ms. Over every
+	 * bytes line of the file (each op and dtype, this run's and those it
+	 * kept: a bf16 calibration into an f32 file, bf16 kernels
+	 * being 3 to 40x slower per byte on these CPUs, gave the file its
+	 * median of a bf16 step's lines alone, 0.95 against 16.5 GB/s, and the
+	 * f32 step's GEMMs that for their bytes term: 3.6 ms predicted became
+	 * 5.5) */
+	for (int i = 0; i < m->nops; i++)
+		for (int d = 0; d <= MACH_NDTYPE; d++)
+			if (m->ops[i].line[d].bytes_per_s > 0)
+				rates[nrates++] = m->ops[i].line[d].bytes_per_s;
 	if (nrates && device) {
 		m->memory_bw = 0;
 		for (int i = 0; i < nrates; i++)
@@ -520,6 +609,7 @@ typedef struct {
 	double mark_s;      /* the cost of a span's two marks, taken from each kernel's */
 	double kernels_s;   /* the kernels' device time in a step, less those */
 	double over_raw;    /* node_overhead_s before its floor at 0 */
+	double launch_s;    /* where that is < 0: taken from each kernel's span besides the marks */
 	double nodes;       /* instructions a step runs (kernels, loads, shards) */
 	int ncoll;          /* collectives timed */
 } DevFigures;
@@ -707,7 +797,7 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 	 * time of its kernels (and at world > 1 of its collectives, taken as
 	 * not overlapped), over the instructions it runs (kernels, loads,
 	 * shards: what the simulator charges the overhead to) */
-	double kern = 0, coll = 0, nodes = 0;
+	double kern = 0, coll = 0, nodes = 0, timed = 0;
 	for (uint32_t i = 0; i < np; i++) {
 		const DpInstr *in = &prog[i];
 		int cls = dp_op_class(in->op);
@@ -715,8 +805,10 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 			continue;
 		if (cls == DP_OPC_KERNEL || cls == DP_OPC_LOAD || cls == DP_OPC_SHARD)
 			nodes += cnt;
-		if (t[i] > 0)
+		if (t[i] > 0) {
 			kern += cnt * t[i];
+			timed += cnt;
+		}
 		if (world > 1 && nc && ct[i] > 0 && dp_op_class(in->op) == DP_OPC_COLLECTIVE)
 			coll += cnt * ct[i];
 	}
@@ -724,6 +816,26 @@ static int time_device(Exec *x, int world, double *t, MachLink *link, double *ov
 	fig->nodes = nodes;
 	fig->over_raw = nodes > 0 ? (slow - kern - coll) / nodes : 0;
 	*over = fmax(0, fig->over_raw);
+	/* the replayed step shorter than its kernels' spans: each span still
+	 * holds what an eager launch costs the device beside its kernel (the
+	 * dispatch from the stream's queue, which a graph's node does not pay).
+	 * On the H200 (2026-11-28, 6 step files) after the marks' 1.31 us that
+	 * was a further 1.7 to 2.1 us a span, nearly constant, and the small
+	 * models were predicted 29 to 49 % high. Taken from every timed kernel
+	 * alike (each keeping SPAN_FLOOR of its span), so that they add up to
+	 * the replayed step less its collectives: the GEMM points and op lines
+	 * are then fitted to a kernel's time in a replay */
+	fig->launch_s = 0;
+	if (fig->over_raw < 0 && timed > 0) {
+		double d = (kern + coll - slow) / timed, after = 0;
+		for (uint32_t i = 0; i < np; i++)
+			if (t[i] > 0 && runs_in_step(x, &prog[i], &cnt)) {
+				t[i] = fmax(t[i] - d, SPAN_FLOOR * t[i]);
+				after += cnt * t[i];
+			}
+		fig->launch_s = d;
+		fig->kernels_s = after + coll;
+	}
 out:
 	free(idx);
 	free(cidx);
@@ -793,9 +905,12 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 		m.ranks_per_node = world;
 		m.link[MACH_INTRA] = m.link[MACH_INTER] = link;
 		m.link[MACH_P2P] = p2p;
-		char *text = NULL, neg[64] = "";
+		char *text = NULL, neg[64] = "", launch[96] = "";
 		if (device && fig.over_raw < 0) /* the spans still hold more than a replay */
 			snprintf(neg, sizeof neg, " (%.2f us, floored at 0)", fig.over_raw * 1e6);
+		if (device && fig.launch_s > 0)
+			snprintf(launch, sizeof launch, " and a further %.2f us from each kernel's (the "
+				 "eager launch)", fig.launch_s * 1e6);
 		/* a device: the kernels' own times (no overhead inside a span, none
 		 * added), and the graph's per-instruction cost as node_overhead_s,
 		 * pooled with the file's over all the instructions measured */
@@ -816,13 +931,13 @@ int calibrate_run(Exec *x, const char *path, const char *step_path, int rank, in
 			else if (device)
 				printf("calibrated %s: %d GEMM shapes, %d ops, graph overhead %.2f us an "
 				       "instruction%s (a replayed step %.3f ms, its kernels%s %.3f ms on the "
-				       "device after an empty span's %.2f us taken from each span, %.0f "
+				       "device after an empty span's %.2f us taken from each span%s, %.0f "
 				       "instructions; the file's %.2f us over %.0f), device gaps "
 				       "%.1f %% of a walk behind %u step replays, collectives %.1f us + bytes "
 				       "at %.2f GB/s (%d timed) -> %s\n",
 				       name, m.ngemm, m.nops, over * 1e6, neg, fig.replay_s * 1e3,
 				       world > 1 ? " and collectives" : "", fig.kernels_s * 1e3,
-				       fig.mark_s * 1e6, fig.nodes,
+				       fig.mark_s * 1e6, launch, fig.nodes,
 				       m.node_overhead_s * 1e6, m.node_overhead_n, 100 * fig.gap_share,
 				       fig.replays, link.alpha_s * 1e6, link.busbw / 1e9,
 				       world > 1 ? fig.ncoll : 0, path);

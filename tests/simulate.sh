@@ -37,7 +37,14 @@
 #  - calibrate: `dpexec --calibrate` (runtime/calibrate.c) at 1 rank writes a
 #    machine file --simulate reads (cpu executor, mlp's GEMM shapes among its
 #    points; the ops whose instructions move under 64 KiB an overhead and no
-#    bytes rate); a second step file (mlp8) adds its shapes and keeps mlp's; a
+#    bytes rate; the op lines are f32 lines with their measured points); a
+#    second step file (mlp8) adds its shapes and op points and keeps mlp's;
+#    mlp in bf16 then adds bf16 lines and keeps every f32 point (relu's f32
+#    line, all bf16 in that step, as it was; the f32 step predicted within
+#    10 % of the file before it: its kernels on the same lines, those the
+#    bf16 step runs in f32 re-measured), and the bf16
+#    step is priced on them, where the file before it names the ops whose
+#    bf16 kernels took f32 lines; a
 #    file there that is not one of 1 rank is refused and left as it was;
 #    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
 #    link is measured between the stages, and --simulate reads the file;
@@ -362,26 +369,69 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 assert m["executor"] == "cpu" and m["name"] == "cpu-1-ranks", m["name"]
 assert any((g["m"], g["n"], g["k"]) == (64, 256, 784) for g in m["gemm"]), m["gemm"]
-assert "relu" in m["ops"] and m["ops"]["relu"]["bytes_per_s"] > 0
+# an f32 step file: f32 lines with their points, no line for every dtype
+relu = m["ops"]["relu"]
+assert list(relu) == ["f32"] and relu["f32"]["bytes_per_s"] > 0 and relu["f32"]["points"], relu
 # ops that only move a few bytes here (the accum of the loss, the sqrt of
 # the norm, the 10-class cross entropy): an overhead, no rate fitted to noise
 for op in ("accum", "sqrt", "cross_entropy_fused"):
-    assert "bytes_per_s" not in m["ops"][op] and m["ops"][op]["overhead_s"] > 0, (op, m["ops"][op])
+    l = m["ops"][op]["f32"]
+    assert "bytes_per_s" not in l and l["overhead_s"] > 0, (op, l)
 ' "$T/m.json"; then
 		ok "calibrate: mlp at 1 rank: $(unstamp "$T/cal1.txt" | sed -n 's/^calibrated cpu-1-ranks: //p' | cut -d, -f1-2)"
 	else
 		fail "calibrate: mlp at 1 rank"; cat "$T/cal1.txt" "$T/sim1.txt" | head -n 8
 	fi
+	cp "$T/m.json" "$T/m1.json"
 	"$DPEXEC" "$T/mlp8.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal2.txt" 2>&1
 	if $PY -c '
 import json, sys
-m = json.load(open(sys.argv[1]))
+m, m1 = (json.load(open(f)) for f in sys.argv[1:3])
 shapes = {(g["m"], g["n"], g["k"]) for g in m["gemm"]}
 assert (64, 256, 784) in shapes and any(k == 32 for _, _, k in shapes), shapes
-' "$T/m.json"; then
-		ok "calibrate: a second step file adds its shapes"
+# the op points: mlp8 adds its sizes to mlp'"'"'s (a size both run: the new one)
+x0 = {x for x, _ in m1["ops"]["relu"]["f32"]["points"]}
+x = {x for x, _ in m["ops"]["relu"]["f32"]["points"]}
+assert x0 < x, (x0, x)
+' "$T/m.json" "$T/m1.json"; then
+		ok "calibrate: a second step file adds its shapes and op points"
 	else
-		fail "calibrate: a second step file adds its shapes"; cat "$T/cal2.txt"
+		fail "calibrate: a second step file adds its shapes and op points"; cat "$T/cal2.txt"
+	fi
+	# a bf16 calibration into the f32 file adds bf16 lines and leaves the
+	# f32 ones: the f32 step predicted alike from both files (only the
+	# machine's defaults, the last calibration's, move), the bf16 step on
+	# its own lines; from the f32 file alone it is on the f32 lines, said
+	cp "$T/m.json" "$T/m2.json"
+	"$DPC" models/mlp.dp --world-size 1 --precision bf16 -o "$T/mlp1b.bin" 2>/dev/null
+	REPRO="$BUILD/dpexec mlp1b.bin --device cpu --calibrate m.json (after mlp1.bin, mlp8.bin)"
+	"$DPEXEC" "$T/mlp1b.bin" --device cpu --quiet --calibrate "$T/m.json" >"$T/cal3.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --simulate="$T/m2.json" >"$T/sim_f2.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --simulate="$T/m.json" >"$T/sim_f3.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --precision bf16 --simulate="$T/m2.json" >"$T/sim_b2.txt" 2>&1
+	"$DPC" models/mlp.dp --world-size 1 --precision bf16 --simulate="$T/m.json" >"$T/sim_b3.txt" 2>&1
+	st() { sed -n 's/^step time *\([0-9.]*\) ms/\1/p' "$1"; }
+	if out=$($PY -c '
+import json, sys
+m, m2 = (json.load(open(f)) for f in sys.argv[1:3])
+before, after = (float(v) for v in sys.argv[3:5])
+# the f32 lines keep every point (the bf16 step'"'"'s f32 kernels, its
+# optimizer'"'"'s on the f32 master, add theirs); relu'"'"'s, all bf16 there, as it was
+for op, l in m2["ops"].items():
+    xs = {x for x, _ in m["ops"][op].get("f32", {}).get("points", [])}
+    assert all(x in xs for x, _ in l.get("f32", {}).get("points", [])), (op, "f32 points lost")
+assert m["ops"]["relu"]["f32"] == m2["ops"]["relu"]["f32"], "relu f32 line changed"
+relu = m["ops"]["relu"]
+assert set(relu) == {"f32", "bf16"} and relu["bf16"]["points"] and relu["bf16"]["bytes_per_s"] > 0, relu
+assert abs(after / before - 1) < 0.10, (before, after)
+n = len(relu["bf16"]["points"])
+print(f"the f32 step {after:.3f} ms against {before:.3f} before it, relu bf16 {n} points")
+' "$T/m.json" "$T/m2.json" "$(st "$T/sim_f2.txt")" "$(st "$T/sim_f3.txt")" 2>&1) &&
+		grep -q "^machine file: no line of their dtype for .*relu (bf16) on its f32 line" "$T/sim_b2.txt" &&
+		! grep -q "no line of their dtype" "$T/sim_b3.txt" "$T/sim_f3.txt" && [ -n "$(st "$T/sim_b3.txt")" ]; then
+		ok "calibrate: a bf16 step file adds bf16 lines beside the f32 ones: $out"
+	else
+		fail "calibrate: a bf16 step file adds bf16 lines: $out"; cat "$T/cal3.txt"; head -n 4 "$T/sim_b2.txt" "$T/sim_b3.txt"
 	fi
 	echo '{"not": "a machine"}' >"$T/other.json"
 	expect "calibrate: refuses another file" "is there and is not a machine file of 1 rank" \

@@ -5,8 +5,10 @@
  * among them, and a sub-group of the stages by its copies), and the machine files' reader (util/machine.c): the presets
  * parse, a GEMM rate at a table point is that point's and between two
  * points lies between them, a GPU calibration's node_overhead_s and _n
- * are read and written back (0 where a file has none), a bad file is one
- * message naming it.
+ * are read and written back (0 where a file has none), an op's lines per
+ * dtype (a file's line for every dtype, a dtype's line and its points, the
+ * other dtype's borrowed) price a kernel as util/machine.h says and are
+ * written back as read, a bad file is one message naming it.
  *
  * Times are in seconds, bandwidths in bytes/s, all small integers, so every
  * expected figure is exact.
@@ -382,6 +384,81 @@ static void sub_group(int ex)
 		free(r[st].spans);
 }
 
+#define LINKS                                                                                       \
+	"\"ranks_per_node\": 1, \"intra\": {\"alpha_s\": 0, \"busbw\": 1}, \"inter\": {\"alpha_s\": 0, " \
+	"\"busbw\": 1}, \"p2p\": {\"alpha_s\": 0, \"busbw\": 1}"
+
+/* An op's lines per dtype (util/machine.h): "old" has the one line for
+ * every dtype of a file written before them; "norm" that and an f32 line
+ * with points (given out of order, x = 8 twice: the later one counts);
+ * "soft" a bf16 line only; "attn" a bf16 line fitted by FLOPs. Each kernel
+ * below: machine defaults rate 1, bw 1, overhead 1. */
+static void op_lines(void)
+{
+	Machine m, back;
+	char err[512];
+	CHECK(machine_parse(&m, "{\"executor\": \"cpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2},"
+				"\"memory_bw\": 1, \"kernel_overhead_s\": 1, " LINKS ", \"ops\": {"
+				"\"old\": {\"bytes_per_s\": 2, \"overhead_s\": 3},"
+				"\"norm\": {\"bytes_per_s\": 2, \"f32\": {\"bytes_per_s\": 4, \"overhead_s\": 1,"
+				"  \"points\": [[8, 5], [4, 2], [16, 7], [8, 6]]}},"
+				"\"soft\": {\"bf16\": {\"bytes_per_s\": 10, \"overhead_s\": 2}},"
+				"\"attn\": {\"bf16\": {\"flops_per_s\": 1, \"fit\": \"flops\","
+				"  \"points\": [[2, 3], [4, 5]]}}}}", "m.json", err, sizeof err) == 0,
+	      "per-dtype op lines read: %s", err);
+	for (int pass = 0; pass < 2; pass++) { /* as read, then written and read back */
+		const Machine *x = pass ? &back : &m;
+		const char *when = pass ? "written back" : "read";
+		int b;
+#define T(op, d, f, by) machine_op_seconds(x, op, d, 0, f, by, 1, 1, 1)
+		CHECK(NEAR(T("old", MACH_F32, 0, 10), 8) && NEAR(T("old", MACH_BF16, 0, 10), 8) &&
+		      machine_op_line(x, "old", MACH_BF16, &b) && !b,
+		      "%s: a file's line for every dtype prices both: %g", when, T("old", MACH_F32, 0, 10));
+		CHECK(NEAR(T("norm", MACH_F32, 0, 8), 6) && NEAR(T("norm", MACH_F32, 0, 4), 2) &&
+		      NEAR(T("norm", MACH_F32, 0, 12), 6.5),
+		      "%s: the f32 line's points: %g %g %g", when, T("norm", MACH_F32, 0, 8),
+		      T("norm", MACH_F32, 0, 4), T("norm", MACH_F32, 0, 12));
+		/* beyond the points: the line 1 + x / 4 through the nearest point
+		 * (16, 7): 7 * 9 / 5 at 32; below (4, 2): 2 * 1.5 / 2 at 2 */
+		CHECK(NEAR(T("norm", MACH_F32, 0, 32), 12.6) && NEAR(T("norm", MACH_F32, 0, 2), 1.5),
+		      "%s: outside the points: %g %g", when, T("norm", MACH_F32, 0, 32), T("norm", MACH_F32, 0, 2));
+		CHECK(NEAR(T("norm", MACH_F32, 100, 8), 101), "%s: the FLOPs term still bounds the points", when);
+		CHECK(NEAR(T("norm", MACH_BF16, 0, 10), 6) && machine_op_line(x, "norm", MACH_BF16, &b) && !b,
+		      "%s: no bf16 line: the line for every dtype, the default overhead: %g", when,
+		      T("norm", MACH_BF16, 0, 10));
+		CHECK(NEAR(T("soft", MACH_BF16, 0, 10), 3) && NEAR(T("soft", MACH_F32, 0, 10), 3) &&
+		      machine_op_line(x, "soft", MACH_F32, &b) && b,
+		      "%s: an op with the other dtype's line only borrows it, said: %g", when,
+		      T("soft", MACH_F32, 0, 10));
+		CHECK(NEAR(T("attn", MACH_BF16, 3, 1), 4) && NEAR(T("attn", MACH_BF16, 3, 100), 101),
+		      "%s: a line fitted by FLOPs: its points at the FLOPs, the bytes bound beside: %g", when,
+		      T("attn", MACH_BF16, 3, 1));
+		CHECK(NEAR(machine_op_seconds(x, "norm", MACH_F32, 1, 0, 8, 1, 1, 1), 3),
+		      "%s: a GEMM's op line takes no points", when);
+#undef T
+		if (pass)
+			break;
+		char *text = machine_json(&m);
+		CHECK(text && machine_parse(&back, text, "back", err, sizeof err) == 0, "written back: %s", err);
+		const MachOp *o = machine_op(&back, "norm");
+		CHECK(o && o->line[MACH_F32].npts == 3 && !o->line[MACH_BF16].given && o->line[MACH_ANY].given &&
+		      machine_op(&back, "attn")->line[MACH_BF16].by_flops &&
+		      !machine_op(&back, "old")->line[MACH_F32].given,
+		      "the lines written back as read");
+		free(text);
+	}
+	machine_free(&back);
+	machine_free(&m);
+	CHECK(machine_parse(&m, "{\"executor\": \"cpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2},"
+				"\"memory_bw\": 1, " LINKS ", \"ops\": {\"relu\": {\"points\": [[1, 1]]}}}",
+				"m.json", err, sizeof err) < 0 && strstr(err, "m.json") && strstr(err, "\"relu\""),
+	      "points outside a dtype's line refused: '%s'", err);
+	CHECK(machine_parse(&m, "{\"executor\": \"cpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2},"
+				"\"memory_bw\": 1, " LINKS ", \"ops\": {\"relu\": {\"bf16\": {\"points\": [[1, -1]]}}}}",
+				"m.json", err, sizeof err) < 0 && strstr(err, "\"relu\" \"bf16\"") &&
+	      strstr(err, "points"), "bad points named by op and dtype: '%s'", err);
+}
+
 static void machines(void)
 {
 	Machine m;
@@ -422,6 +499,7 @@ static void machines(void)
 	machine_free(&back);
 	free(text);
 	machine_free(&m);
+	op_lines();
 	CHECK(machine_parse(&m, "{\"executor\": \"tpu\"}", "m.json", err, sizeof err) < 0 &&
 	      strstr(err, "m.json") && strstr(err, "executor"), "a bad executor: '%s'", err);
 	CHECK(machine_parse(&m, "{\n\"executor\": \"gpu\",,\n}", "m.json", err, sizeof err) < 0 &&

@@ -101,6 +101,7 @@ static int dtype_of(const char *s)
 	return !strcmp(s, "f32") ? MACH_F32 : !strcmp(s, "bf16") ? MACH_BF16 : -1;
 }
 
+
 static int link_of(const cJSON *root, const char *key, MachLink *l, const char *what, char *err,
 		   size_t errlen)
 {
@@ -113,6 +114,97 @@ static int link_of(const cJSON *root, const char *key, MachLink *l, const char *
 	if (l->busbw <= 0)
 		return fail(err, errlen, what, "\"%s\" has a busbw of 0", key);
 	return 0;
+}
+
+static const char *const dtype_names[MACH_NDTYPE] = {"f32", "bf16"};
+
+/* (x, input order, seconds) triples by x, then input order */
+static int by_pair(const void *a, const void *b)
+{
+	const double *x = a, *y = b;
+	return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int machine_line_points(MachLine *l, const double *xt, int npts)
+{
+	double *p = malloc(sizeof *p * 2 * ((size_t)npts + 1));
+	if (!p)
+		return -1;
+	memcpy(p, xt, sizeof *p * 2 * (size_t)npts);
+	/* stable for a repeated x: sort by x, then keep each x's last pair in
+	 * the input order (qsort is not stable: mark the order first) */
+	double *q = malloc(sizeof *q * 3 * ((size_t)npts + 1));
+	if (!q) {
+		free(p);
+		return -1;
+	}
+	for (int i = 0; i < npts; i++) {
+		q[3 * i] = p[2 * i];
+		q[3 * i + 1] = i;
+		q[3 * i + 2] = p[2 * i + 1];
+	}
+	qsort(q, (size_t)npts, 3 * sizeof *q, by_pair);
+	int n = 0;
+	for (int i = 0; i < npts; i++) {
+		if (n && p[2 * (n - 1)] == q[3 * i])
+			n--; /* the same x again, later in the input: it replaces */
+		p[2 * n] = q[3 * i];
+		p[2 * n + 1] = q[3 * i + 2];
+		n++;
+	}
+	free(q);
+	free(l->pts);
+	l->pts = p;
+	l->npts = n;
+	return 0;
+}
+
+/* An op's line (the one for every dtype: the op's object itself, dt "";
+ * else its "f32" or "bf16" object) from o. */
+static int line_of(const cJSON *o, const char *op, const char *dt, MachLine *l, const char *what,
+		   char *err, size_t errlen)
+{
+	if (num(o, "flops_per_s", &l->flops_per_s, 0, what, err, errlen) < 0 ||
+	    num(o, "bytes_per_s", &l->bytes_per_s, 0, what, err, errlen) < 0 ||
+	    num(o, "overhead_s", &l->overhead_s, 0, what, err, errlen) < 0)
+		return -1;
+	char key[160];
+	snprintf(key, sizeof key, "%s%s%s", op, *dt ? "\" \"" : "", dt);
+	const cJSON *fit = cJSON_GetObjectItemCaseSensitive(o, "fit");
+	if (fit && (!cJSON_IsString(fit) || (strcmp(fit->valuestring, "bytes") &&
+					      strcmp(fit->valuestring, "flops"))))
+		return fail(err, errlen, what, "op \"%s\": \"fit\" is not \"bytes\" or \"flops\"", key);
+	l->by_flops = fit && !strcmp(fit->valuestring, "flops");
+	l->given = *dt || l->flops_per_s > 0 || l->bytes_per_s > 0 || l->overhead_s > 0;
+	const cJSON *pts = cJSON_GetObjectItemCaseSensitive(o, "points"), *p;
+	if (!pts)
+		return 0;
+	if (!*dt)
+		return fail(err, errlen, what, "op \"%s\": \"points\" belong in its \"f32\" or "
+			    "\"bf16\" line", key);
+	int n = cJSON_IsArray(pts) ? cJSON_GetArraySize(pts) : -1, i = 0;
+	double *xt = malloc(sizeof *xt * 2 * ((size_t)(n > 0 ? n : 0) + 1));
+	if (!xt)
+		return fail(err, errlen, what, "%s", "out of memory");
+	const cJSON *list = n >= 0 ? pts : NULL;
+	cJSON_ArrayForEach(p, list)
+	{
+		const cJSON *a = cJSON_GetArrayItem(p, 0), *b = cJSON_GetArrayItem(p, 1);
+		if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) != 2 || !cJSON_IsNumber(a) ||
+		    !cJSON_IsNumber(b) || !(a->valuedouble > 0) || !(b->valuedouble > 0) ||
+		    !isfinite(a->valuedouble) || !isfinite(b->valuedouble)) {
+			n = -1;
+			break;
+		}
+		xt[2 * i] = a->valuedouble;
+		xt[2 * i + 1] = b->valuedouble;
+		i++;
+	}
+	int rc = n < 0 ? fail(err, errlen, what, "op \"%s\": \"points\" is not an array of [x, seconds] "
+			      "pairs of numbers > 0", key)
+	       : machine_line_points(l, xt, n) < 0 ? fail(err, errlen, what, "%s", "out of memory") : 0;
+	free(xt);
+	return rc;
 }
 
 static char *dup_or_null(const char *s)
@@ -225,10 +317,23 @@ int machine_parse(Machine *m, const char *text, const char *what, char *err, siz
 			goto out;
 		}
 		op->op = strdup(e->string);
-		if (!op->op || num(e, "flops_per_s", &op->flops_per_s, 0, what, err, errlen) < 0 ||
-		    num(e, "bytes_per_s", &op->bytes_per_s, 0, what, err, errlen) < 0 ||
-		    num(e, "overhead_s", &op->overhead_s, 0, what, err, errlen) < 0)
+		if (!op->op) {
+			fail(err, errlen, what, "%s", "out of memory");
 			goto out;
+		}
+		if (line_of(e, e->string, "", &op->line[MACH_ANY], what, err, errlen) < 0)
+			goto out;
+		for (int d = 0; d < MACH_NDTYPE; d++) {
+			const cJSON *dl = cJSON_GetObjectItemCaseSensitive(e, dtype_names[d]);
+			if (dl && !cJSON_IsObject(dl)) {
+				char key[160];
+				snprintf(key, sizeof key, "%s\" \"%s", e->string, dtype_names[d]);
+				fail(err, errlen, what, "op \"%s\" is not an object", key);
+				goto out;
+			}
+			if (dl && line_of(dl, e->string, dtype_names[d], &op->line[d], what, err, errlen) < 0)
+				goto out;
+		}
 	}
 	rc = 0;
 out:
@@ -275,8 +380,11 @@ int machine_load(Machine *m, const char *spec, char *err, size_t errlen)
 
 void machine_free(Machine *m)
 {
-	for (int i = 0; m->ops && i < m->nops; i++)
+	for (int i = 0; m->ops && i < m->nops; i++) {
 		free(m->ops[i].op);
+		for (int d = 0; d <= MACH_NDTYPE; d++)
+			free(m->ops[i].line[d].pts);
+	}
 	free(m->ops);
 	free(m->gemm);
 	free(m->name);
@@ -292,9 +400,30 @@ static cJSON *link_json(const MachLink *l)
 	return o;
 }
 
+static void line_json(cJSON *p, const MachLine *l)
+{
+	if (l->flops_per_s > 0)
+		cJSON_AddNumberToObject(p, "flops_per_s", l->flops_per_s);
+	if (l->bytes_per_s > 0)
+		cJSON_AddNumberToObject(p, "bytes_per_s", l->bytes_per_s);
+	if (l->overhead_s > 0)
+		cJSON_AddNumberToObject(p, "overhead_s", l->overhead_s);
+	if (l->by_flops)
+		cJSON_AddStringToObject(p, "fit", "flops");
+	if (l->npts) {
+		cJSON *a = cJSON_AddArrayToObject(p, "points");
+		for (int j = 0; j < l->npts; j++) {
+			cJSON *q = cJSON_CreateArray();
+			cJSON_AddItemToArray(q, cJSON_CreateNumber(l->pts[2 * j]));
+			cJSON_AddItemToArray(q, cJSON_CreateNumber(l->pts[2 * j + 1]));
+			cJSON_AddItemToArray(a, q);
+		}
+	}
+}
+
 char *machine_json(const Machine *m)
 {
-	static const char *const dt[MACH_NDTYPE] = {"f32", "bf16"};
+	const char *const *dt = dtype_names;
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "name", m->name ? m->name : "");
 	cJSON_AddStringToObject(o, "source", m->source ? m->source : "");
@@ -321,12 +450,10 @@ char *machine_json(const Machine *m)
 	cJSON *ops = cJSON_AddObjectToObject(o, "ops");
 	for (int i = 0; i < m->nops; i++) {
 		cJSON *p = cJSON_AddObjectToObject(ops, m->ops[i].op);
-		if (m->ops[i].flops_per_s > 0)
-			cJSON_AddNumberToObject(p, "flops_per_s", m->ops[i].flops_per_s);
-		if (m->ops[i].bytes_per_s > 0)
-			cJSON_AddNumberToObject(p, "bytes_per_s", m->ops[i].bytes_per_s);
-		if (m->ops[i].overhead_s > 0)
-			cJSON_AddNumberToObject(p, "overhead_s", m->ops[i].overhead_s);
+		line_json(p, &m->ops[i].line[MACH_ANY]);
+		for (int d = 0; d < MACH_NDTYPE; d++)
+			if (m->ops[i].line[d].given)
+				line_json(cJSON_AddObjectToObject(p, dt[d]), &m->ops[i].line[d]);
 	}
 	cJSON_AddNumberToObject(o, "ranks_per_node", m->ranks_per_node);
 	cJSON_AddItemToObject(o, "intra", link_json(&m->link[MACH_INTRA]));
@@ -360,4 +487,77 @@ const MachOp *machine_op(const Machine *m, const char *op)
 		if (!strcmp(m->ops[i].op, op))
 			return &m->ops[i];
 	return NULL;
+}
+
+const MachLine *machine_op_line(const Machine *m, const char *op, int dtype, int *borrowed)
+{
+	const MachOp *o = machine_op(m, op);
+	*borrowed = 0;
+	if (!o)
+		return NULL;
+	if (o->line[dtype].given)
+		return &o->line[dtype];
+	if (o->line[MACH_ANY].given)
+		return &o->line[MACH_ANY];
+	*borrowed = o->line[!dtype].given;
+	return *borrowed ? &o->line[!dtype] : NULL;
+}
+
+void machine_op_figures(const Machine *m, const char *op, int dtype, double *flops_per_s,
+			double *bytes_per_s, double *overhead_s)
+{
+	const MachOp *o = machine_op(m, op);
+	if (!o)
+		return;
+	/* the order of precedence: the dtype's line, the line for every
+	 * dtype; the other dtype's only where the op has neither */
+	const MachLine *l[3] = {&o->line[dtype], &o->line[MACH_ANY], NULL};
+	if (!l[0]->given && !l[1]->given)
+		l[2] = &o->line[!dtype];
+	double *v[3] = {flops_per_s, bytes_per_s, overhead_s};
+	for (int f = 0; f < 3; f++)
+		for (int k = 0; k < 3; k++) {
+			if (!l[k])
+				continue;
+			double x = f == 0 ? l[k]->flops_per_s : f == 1 ? l[k]->bytes_per_s : l[k]->overhead_s;
+			if (x > 0) {
+				*v[f] = x;
+				break;
+			}
+		}
+}
+
+double machine_points_seconds(const MachLine *l, double x, double overhead, double rate)
+{
+	const double *p = l->pts;
+	int n = l->npts, lo = 0, hi = n - 1;
+	if (x <= p[0] || x >= p[2 * hi]) { /* outside: the line through the nearest point */
+		int e = x <= p[0] ? 0 : hi;
+		double at = overhead + p[2 * e] / rate;
+		return at > 0 ? p[2 * e + 1] * (overhead + x / rate) / at : p[2 * e + 1];
+	}
+	while (hi - lo > 1) { /* p[2 lo] < x < p[2 hi] */
+		int mid = (lo + hi) / 2;
+		if (p[2 * mid] <= x)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	double w = (x - p[2 * lo]) / (p[2 * hi] - p[2 * lo]);
+	return p[2 * lo + 1] + w * (p[2 * hi + 1] - p[2 * lo + 1]);
+}
+
+double machine_op_seconds(const Machine *m, const char *op, int dtype, int gemm, double flops,
+			  double bytes, double rate, double bw, double overhead)
+{
+	machine_op_figures(m, op, dtype, &rate, &bw, &overhead);
+	int borrowed;
+	const MachLine *l = machine_op_line(m, op, dtype, &borrowed);
+	if (gemm || !l || !l->npts) /* the line */
+		return overhead + fmax(flops / rate, bytes / bw);
+	/* the points give the fitted term (with its overhead), the other
+	 * term stays a roofline bound beside it */
+	if (l->by_flops)
+		return fmax(machine_points_seconds(l, flops, overhead, rate), overhead + bytes / bw);
+	return fmax(machine_points_seconds(l, bytes, overhead, bw), overhead + flops / rate);
 }

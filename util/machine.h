@@ -29,13 +29,35 @@
  *                       runtime/calibrate.c); node_overhead_n, the
  *                       instructions it was measured over: a later
  *                       calibration into the file pools its figure with it
- *   ops                 {"OP": {"flops_per_s", "bytes_per_s",
- *                       "overhead_s"}}: an op's own cost (attention, the
- *                       norms, softmax), replacing the defaults above
- *                       (overhead_s replaces kernel_overhead_s); each
- *                       field optional; a kernel takes overhead + the
- *                       larger of FLOPs / flops_per_s and bytes /
- *                       bytes_per_s
+ *   ops                 {"OP": LINE}: an op's own cost (attention, the
+ *                       norms, softmax), replacing the defaults above.
+ *                       LINE: {"flops_per_s", "bytes_per_s", "overhead_s",
+ *                       "f32": DLINE, "bf16": DLINE}, each field optional;
+ *                       the three figures are the op's line for every
+ *                       dtype (the presets' form, and every file written
+ *                       before 2026-11-28, which so reads as it did),
+ *                       "f32" and "bf16" its lines for the instructions of
+ *                       that dtype (an instruction is "bf16" when any of
+ *                       its operands is a 16-bit float, bf16 or f16, else
+ *                       "f32"). DLINE: {"flops_per_s", "bytes_per_s",
+ *                       "overhead_s", "fit", "points"}: the line, and the
+ *                       calibration's measured points [[x, seconds], ...]
+ *                       (x: bytes, or FLOPs where "fit" is "flops"; one
+ *                       point per size, the median of its instructions)
+ *                       that a later calibration refits with its own.
+ *                       An instruction takes each figure from its dtype's
+ *                       line, else from the op's line for every dtype,
+ *                       else the machine's default (overhead_s replaces
+ *                       kernel_overhead_s); an op with neither of those
+ *                       lines but one of the other dtype takes that one
+ *                       (dpc --simulate names such ops). A kernel takes
+ *                       overhead + the larger of FLOPs / flops_per_s and
+ *                       bytes / bytes_per_s; where its dtype's line has
+ *                       points (not a GEMM's: their points are "gemm"),
+ *                       the fitted term is the points' piecewise-linear
+ *                       interpolation at the kernel's x instead (the
+ *                       measured time at a measured size), outside their
+ *                       range the line scaled to meet the nearest point
  *   ranks_per_node      ranks that share the intra-node link
  *   intra, inter        {"alpha_s", "busbw"}: a collective over a group
  *                       inside one node, or spanning nodes, takes
@@ -51,6 +73,7 @@
 
 enum { MACH_GPU, MACH_CPU };           /* Machine.executor */
 enum { MACH_F32, MACH_BF16, MACH_NDTYPE };
+#define MACH_ANY MACH_NDTYPE           /* MachOp.line[MACH_ANY]: every dtype */
 enum { MACH_INTRA, MACH_INTER, MACH_P2P, MACH_NLINK };
 
 typedef struct {
@@ -59,8 +82,16 @@ typedef struct {
 } MachGemm;
 
 typedef struct {
+	double flops_per_s, bytes_per_s, overhead_s; /* 0: not given (the next line's, the default) */
+	int given;                     /* the file has this line */
+	int by_flops;                  /* "fit": "flops": the points' x is FLOPs, else bytes */
+	double *pts;                   /* npts pairs (x, seconds), x strictly ascending */
+	int npts;
+} MachLine;
+
+typedef struct {
 	char *op;                      /* the op's IR name */
-	double flops_per_s, bytes_per_s, overhead_s; /* 0: the machine's default */
+	MachLine line[MACH_NDTYPE + 1]; /* per dtype, and [MACH_ANY] */
 } MachOp;
 
 typedef struct {
@@ -97,5 +128,27 @@ char *machine_json(const Machine *m);
 double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk);
 /* The op's own entry, or NULL. */
 const MachOp *machine_op(const Machine *m, const char *op);
+/* The line an instruction of op and dtype takes its figures from first:
+ * its dtype's, else the line for every dtype, else the other dtype's
+ * (*borrowed = 1 then, else 0); NULL: none. */
+const MachLine *machine_op_line(const Machine *m, const char *op, int dtype, int *borrowed);
+/* An instruction's cost figures: each from op's line for dtype, else its
+ * line for every dtype, else the other dtype's where the op has neither,
+ * else left as given (the machine's defaults). */
+void machine_op_figures(const Machine *m, const char *op, int dtype, double *flops_per_s,
+			double *bytes_per_s, double *overhead_s);
+/* A kernel of op and dtype doing flops and moving bytes: overhead + the
+ * larger of flops / rate and bytes / bw, the figures given (the machine's
+ * defaults, a GEMM's table rate) replaced by the op's lines' as above, the
+ * fitted term by its dtype line's points where it has some and gemm is 0. */
+double machine_op_seconds(const Machine *m, const char *op, int dtype, int gemm, double flops,
+			  double bytes, double rate, double bw, double overhead);
+/* The time at x of a line with points (l->npts > 0): their piecewise-
+ * linear interpolation, and outside their range the line overhead +
+ * x / rate scaled to meet the nearest point. */
+double machine_points_seconds(const MachLine *l, double x, double overhead, double rate);
+/* Sets l's points to the npts pairs (x, seconds) at xt (copied, sorted,
+ * a repeated x keeping its last). 0, or -1 out of memory. */
+int machine_line_points(MachLine *l, const double *xt, int npts);
 
 #endif

@@ -956,12 +956,12 @@ part8() {
 # --simulate=FILE) and measured (dpexec, graph replay, the median ms/step of
 # steps 3..N from --log-json); each error, the MAPE, the largest error and
 # Kendall's tau between the predicted and measured order, the table in the
-# report (and logs/simulate-gpu.txt). A machine file per model and dtype
-# (a file keeps one line per op, not per dtype or size range: one file
-# across gpt2-tiny and GPT-2 124M put the small model's ops on the large
-# one's lines, docs/SIMULATE.md): GPT-2 124M's from its step files at
+# report (and logs/simulate-gpu.txt). A machine file per model, both of
+# its dtypes in it (an op has a line per dtype with its measured points,
+# docs/SIMULATE.md "Op lines per dtype": gpt2-tiny's f32 and bf16 runs
+# predicted from one file, as llama's): GPT-2 124M's from its step files at
 # micro-batch 2 and 8, OUTDIR/cuda-1.json, with micro-batch 4 held out (its
-# shapes interpolated), the others' in logs/. One rank: ranks sharing the
+# shapes and op sizes interpolated between the two), the others' in logs/. One rank: ranks sharing the
 # one GPU time-slice its SMs and talk over loopback sockets (a NCCL_HOSTID
 # each), which is not the machine the simulator models (docs/SIMULATE.md,
 # "Validation on a GPU").
@@ -1003,9 +1003,11 @@ part9() {
 		echo "$extra ${args//_/ }" >"$R/sim-$name.args"
 	done
 	# calibrate: one dpexec per step file, into its model's file
-	# ($R/cal-FAMILY.json: gpt2-b* share one, OUTDIR/cuda-1.json)
+	# ($R/cal-MODEL.json, f32 and bf16 together; gpt2-b* share
+	# OUTDIR/cuda-1.json)
 	t0=$(date +%s)
-	fam() { case $1 in gpt2-b*) echo "$OUT/cuda-1.json" ;; *) echo "$R/cal-$1.json" ;; esac; }
+	fam() { case $1 in gpt2-b*) echo "$OUT/cuda-1.json" ;; *) echo "$R/cal-${1%-*}.json" ;; esac; }
+	rm -f "$R"/cal-*.json
 	for c in $cfgs; do
 		IFS='|' read -r name src args <<<"$c"
 		[ "$name" = "$held" ] && continue
