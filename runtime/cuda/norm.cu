@@ -522,8 +522,8 @@ template <typename T> struct NormGTerm {
 /*
  * layernorm_grad_gb: gamma's and beta's gradients in one pass over the rows
  * (both [c], out [2, c]). Stage 1 (k_norm_gb_part): block b takes chunk b
- * of the rows (gb_chunk_rows: at least 32, at most 1024 chunks); its 8
- * warps compute the chunk's row statistics (a warp per row, row_stats' two
+ * of the rows (gb_chunk_rows: at least 32, at most 1024 chunks); its 4
+ * warps (GB_THREADS) compute the chunk's row statistics (a warp per row, row_stats' two
  * passes with warp butterflies in double) into scratch, then each thread
  * sums its W columns over the chunk's rows in row order, dy * xh and dy,
  * in double: part[b][0, c) gamma's, part[b][c, 2c) beta's. dy and x are
@@ -661,6 +661,15 @@ CU_UNROLL4
 		st(o + j, (float)(accumulate ? (double)ld(o + j) + t : t));
 	}
 }
+
+/* k_norm_gb_part's block: 4 warps. Its column phase takes c / W threads
+ * (96 at GPT-2's 768): with 256 threads 160 of them idled there, and at 80
+ * registers 3 blocks an SM held GPT-2's 512 chunks in 1.3 waves (a tail
+ * round of one block an SM). At 128 threads an SM holds 6 (registers): the
+ * 512 chunks in one wave, twice the column phase's warps an SM. The
+ * chunks, their rows and every sum's order are the shape's, as before:
+ * bitwise the 256-thread launch. */
+#define GB_THREADS 128
 
 /* Rows per chunk of k_norm_gb_part: 32, or more so that there are at most
  * 1024 chunks (the partials' scratch). From the shape only. */
@@ -815,10 +824,10 @@ template <typename T, typename TO> static int run_grad_gb_t(const CuArgs *a, RtE
 		return 0;
 	}
 	if (cu_vec8<T>(c, dy, x))
-		CU_LAUNCH((k_norm_gb_part<8, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
+		CU_LAUNCH((k_norm_gb_part<8, T>), (unsigned)chunks, GB_THREADS, a->st, dy, x,
 			  rows, c, per, eps, stats, part);
 	else
-		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, CU_THREADS, a->st, dy, x,
+		CU_LAUNCH((k_norm_gb_part<1, T>), (unsigned)chunks, GB_THREADS, a->st, dy, x,
 			  rows, c, per, eps, stats, part);
 	CU_LAUNCHED(a, e);
 	CU_LAUNCH(k_gb_final<TO>, (unsigned)((2 * c + 31) / 32), 32 * GB_FINAL_WARPS, a->st, o, part,
