@@ -98,7 +98,7 @@
 #                 layernorm_grad_gb's statistics and sums on finite rows)
 #                 scales by 2^895 instead of 2^896: every widened value
 #                 halved (v16: bf16 rows of 32)
-#   bias_seg      bias_add's tiles (elementwise.cu's bias_tile) all start
+#   bias_seg      bias_add's tiles (elementwise.cu's BiasTiles) all start
 #                 at column 0: a row longer than a block's groups is added
 #                 in its first segment only (hd64: the position embedding
 #                 [128, 128] over each sample, 16 segments of 256 float4)
