@@ -234,19 +234,29 @@ static void put_instr(Put *w, const DpInstr *in)
 		put_f32(w, in->fa[i]);
 }
 
+/* dp_runs_on_host, for an instruction whose out is not validated yet. */
+static int host_kernel(const DpStep *s, const DpInstr *in)
+{
+	return in->op < DP_NOPS && in->out >= 0 && (uint32_t)in->out < s->ntensors &&
+	       dp_runs_on_host(s, in);
+}
+
 /* The step file's bytes into b, n bytes long: 0 when they fill it exactly;
  * -1 when they do not (nothing is written past b + n). */
-/* The format a step is written at: 22 with an instruction on the p2p
- * stream, else 21 with a PAD_ROWS, else 20 when an ALL_REDUCE names a
- * sub-group of pp stages, else 19 (DP_STEP_VERSION's note). */
+/* The format a step is written at: 23 with a host kernel on the copy
+ * stream, else 22 with an instruction on the p2p stream, else 21 with a
+ * PAD_ROWS, else 20 when an ALL_REDUCE names a sub-group of pp stages,
+ * else 19 (DP_STEP_VERSION's note). */
 uint32_t dp_step_version(const DpStep *s)
 {
 	uint32_t v = DP_STEP_VERSION_MIN;
 	for (int p = 0; p < DP_NPROG; p++)
 		for (uint32_t i = 0; i < s->nprog[p]; i++) {
 			const DpInstr *in = &s->prog[p][i];
-			if (in->stream == DP_STREAM_P2P)
-				return 22;
+			if (in->stream == DP_STREAM_COPY && host_kernel(s, in))
+				return 23;
+			if (in->stream == DP_STREAM_P2P && v < 22)
+				v = 22;
 			if (in->op == DP_OP_PAD_ROWS && v < 21)
 				v = 21;
 			if (in->op == DP_OP_ALL_REDUCE && DP_ATTR(in, ALL_REDUCE, stages) && v < 20)
@@ -662,9 +672,9 @@ static int validate_instr(const DpStep *s, int p, uint32_t i, char *err, size_t 
 		return -1;
 	}
 	if (in->stream == DP_STREAM_COPY && in->op != DP_OP_D2H && in->op != DP_OP_H2D &&
-	    in->op != DP_OP_EVENT_RECORD && in->op != DP_OP_EVENT_WAIT) {
-		fail(err, errlen, "%s: only host-device copies and events run on the copy stream",
-		     what);
+	    in->op != DP_OP_EVENT_RECORD && in->op != DP_OP_EVENT_WAIT && !host_kernel(s, in)) {
+		fail(err, errlen, "%s: only host-device copies, host kernels and events run on the "
+		     "copy stream", what);
 		return -1;
 	}
 	if (in->stream == DP_STREAM_P2P && in->op != DP_OP_SEND && in->op != DP_OP_RECV &&
@@ -1066,6 +1076,7 @@ int dpstep_decode(const unsigned char *buf, size_t len, DpStep *out, char *err, 
 			"pipeline stage groups, and an all_reduce names one",
 			"pad_rows, and the file holds one",
 			"p2p stream, and an instruction is on it",
+			"host kernel on the copy stream, and the file holds one",
 		};
 		uint32_t need = dp_step_version(s);
 		fail(err, errlen, "malformed: format %u has no %s", version,

@@ -74,8 +74,14 @@
  *    no instruction on it (no pp) is written at 19, 20 or 21 as before,
  *    byte for byte; one with one at 22, which an older dpexec refuses in
  *    one line (a newer format). A pp file of 19 to 21 (its transfers on
- *    the comm stream) still reads and runs as it did */
-#define DP_STEP_VERSION 22u
+ *    the comm stream) still reads and runs as it did
+ * 23: a kernel of the host step (dp_runs_on_host) on the copy stream: an
+ *    offloaded update without clipping, run beside the backward as soon as
+ *    its unit's gradient is on the host (passes/offload.c,
+ *    updates_beside_backward). A file without one is written at 19 to 22
+ *    as before, byte for byte; one with one at 23, which an older dpexec
+ *    refuses in one line (a newer format) */
+#define DP_STEP_VERSION 23u
 /* The oldest format this dpexec reads and dpc still writes (see 20 above). */
 #define DP_STEP_VERSION_MIN 19u
 /* The release of dpc and dpexec (their --version). */

@@ -47,6 +47,11 @@
  *   update's copy back to the device (its 16-bit copy, or a mirrored
  *   master) is on the copy stream right after it (to_copy_stream): it waits
  *   for its own unit's update only, and runs beside the next unit's.
+ * - Without clipping (no CLIP node: an update reads only its own unit's
+ *   gradient) each update that runs on the host is on the copy stream too
+ *   (updates_beside_backward), before its copy back in stream order, so
+ *   the schedule places it right after its gradient reaches the host,
+ *   beside the rest of the backward (step format 23).
  * - The other copies are DP_OP_D2H / DP_OP_H2D on the compute stream with
  *   their node's phase, flags and programs; the schedule pass orders them
  *   like any compute node.
@@ -194,6 +199,32 @@ static int run_on_host(Graph *g, Node *n)
 			g->values[v]->def = back->id;
 	}
 	return before;
+}
+
+/* Without clipping an update reads nothing of the step but its own unit's
+ * gradient (no global norm: the sqnorm only logs it), so it may run as
+ * soon as that gradient is on the host, beside the rest of the backward:
+ * each update that runs on the host goes on the copy stream, after the
+ * D2H of its gradient there (stream order) or the compute stream's event
+ * after the host accumulation that sums it (full_shard), and its copy back
+ * (to_copy_stream, right after it) follows it in stream order. The
+ * schedule pass places it, like every copy-stream kernel, right after the
+ * last node it conflicts with (its gradient's last writer), and the
+ * compute stream waits for its done event at its first conflicting node
+ * (the sqnorm on the host copy, or the gradients' fill) or at the step's
+ * end. On a GPU the host function then runs on CUDA's callback thread
+ * while the device goes on with the earlier blocks' backward. With a clip
+ * the update reads the clipped gradient, which needs the norm of the
+ * whole step's last gradient: it stays on the compute stream after the
+ * clip (docs/OFFLOAD.md, "The host step beside the backward"). */
+static void updates_beside_backward(Graph *g)
+{
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->op == DP_OP_CLIP && (g->nodes[i]->progs & IR_IN_STEP))
+			return;
+	for (int i = 0; i < g->nnodes; i++)
+		if (is_update(g->nodes[i]) && on_host(g, g->nodes[i]->out))
+			to_copy_stream(g->nodes[i]);
 }
 
 /* The element range of v inside its root. */
@@ -872,6 +903,7 @@ int offload_run(Graph *g, Diag *d)
 		if (host)
 			i += run_on_host(g, n);
 	}
+	updates_beside_backward(g);
 	/* a collective moves device memory (NCCL reads no unmapped host
 	 * memory): a host operand (the EXPORT program's gather of a master
 	 * shard the host keeps) comes through a device temporary, filled by an

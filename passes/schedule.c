@@ -75,7 +75,11 @@
  *     EVENT_WAIT f   comm, right before the all_gather
  *     all_gather     comm
  *   so the copy and the gather of unit i run beside the update of unit
- *   i+1.
+ *   i+1. Without clipping the update is on the copy stream too
+ *   (passes/offload.c's updates_beside_backward) and placed the same way:
+ *   right after the last node it conflicts with (its gradient's D2H, in
+ *   stream order, or the host accumulation, by its event), inside the
+ *   backward; its H2D follows it in stream order.
  *   The comm stream's wait for a copy flagged DP_IF_FIRST (run in the first
  *   micro-batch only) is flagged so too.
  *   A copy-stream H2D into a temporary (offload params: a parameter's

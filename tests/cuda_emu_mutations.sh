@@ -251,6 +251,14 @@
 #   h2d_wait_params  the same point on op16 (off in bf16 with offload params):
 #                 the gather reads its device temporary before the
 #                 shard's H2D has filled it
+#   host_stream   offload without clipping: an update's host function,
+#                 on the copy stream after its gradient's D2H and before
+#                 its bf16 shard's H2D (on16: o16 with clip_grad_norm 0),
+#                 launched on the compute stream at its place in the
+#                 backward instead: it no longer waits for the D2H, nor the
+#                 H2D for it (DPEMU_COPY_EARLY=1: the H2D lands first and
+#                 the gather reads the step before's shard; DPEMU_COPY_LATE=1:
+#                 the update reads the gradient before its D2H lands)
 #   host_on_device offload: a host-step instruction (the host arena's
 #                 AdamW, clip, accumulation) launched as a device kernel on
 #                 the pinned host arena: the emulator refuses the kernel's
@@ -467,6 +475,11 @@ sed 's/^  strategy ddp/  strategy full_shard\n  offload optimizer/' "$T/mlp8.dp"
 # the update waiting on the comm stream for its copy
 sed -e 's/^  strategy ddp/  strategy zero2\n  offload optimizer/' -e 's/^  bucket_mb .*/  bucket_mb 0.01/' \
 	"$T/mlp8.dp" >"$T/o16.dp"
+# on16: o16 without clipping: each unit's host update on the copy stream
+# right after its gradient's D2H there, beside the rest of the backward,
+# and its H2D after it in stream order (passes/offload.c's
+# updates_beside_backward)
+sed 's/^  clip_grad_norm .*/  clip_grad_norm 0/' "$T/o16.dp" >"$T/on16.dp"
 # op16: off in bf16 with offload params (every all_gather reads a device temporary
 # its shard's H2D on the copy stream filled, waited for on the comm stream)
 sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
@@ -475,7 +488,7 @@ sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
 # need to be caught under, passing unmutated
 declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [g8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
 	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3"
-	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [det]="DPEMU_BLOCKS=desc,DPEMU_THREADS=random,DPEMU_SEED=2")
+	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [on16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [det]="DPEMU_BLOCKS=desc,DPEMU_THREADS=random,DPEMU_SEED=2")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
 # as the emulated cuBLASLt's)
@@ -491,7 +504,7 @@ reference() {
 	r16) prec=bf16 ;;
 	ls16) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
-	o16 | op16) prec=bf16 ;;
+	o16 | op16 | on16) prec=bf16 ;;
 	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
 	hd64) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
@@ -518,8 +531,8 @@ reference() {
 		fail "the CPU reference of case $1: dpc or dpexec"; head -n 5 "$T/$1.dpc"
 		return 1
 	fi
-	# a16, c16, u16, h16, o16, op16, t32: their training updates are compared, from the initial weights
-	if [[ $1 == [acuhko]16 || $1 == op16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+	# a16, c16, u16, h16, o16, op16, on16, t32: their training updates are compared, from the initial weights
+	if [[ $1 == [acuhko]16 || $1 == op16 || $1 == on16 || $1 == t32 ]] && ! mpi $np "$T/$1.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$1.init.st" >/dev/null 2>&1; then
 		fail "the initial weights of case $1"
 		return 1
@@ -685,6 +698,7 @@ host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 h2d_unit      h2d_unit      o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
 d2h_wait_zero2 d2h_wait     o16     2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1
+host_stream   host_stream   on16    2 all DPEMU_COPY_EARLY=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_SEED=2
 h2d_wait_params h2d_wait    op16    2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
 "
 
@@ -773,6 +787,38 @@ unmutated h16 "the fp16 GEMM case"
 unmutated off "the offload optimizer case"
 unmutated o16 "the offload optimizer bf16 case (zero2, an H2D per unit)"
 unmutated op16 "the offload params bf16 case"
+unmutated on16 "the offload optimizer bf16 case without clipping (the updates on the copy stream)"
+# on16 at 1 rank under DPEMU_TRACE=1 (2 steps): the host step beside the
+# backward. In the trace of the last step a host function on the copy
+# stream (stream 3: an update) runs before the backward's last GEMM on the
+# compute stream (stream 1: fc1's weight gradient). The emulator runs any
+# ready work in a seeded order (DPEMU_COPY_EARLY=1: a ready copy first, so
+# each gradient's D2H lands as soon as it can), and at 1 rank no other
+# rank's timing moves it: the updates come between the GEMMs of the
+# earlier layers; serialised after the backward again (on the compute
+# stream after it, or waiting for its end) none does.
+if case_on "on16 overlap"; then
+	if "$DPC" "$T/on16.dp" --world-size 1 --precision bf16 -o "$T/on16n1.bin" >"$T/on16n1.dpc" 2>&1 &&
+		env DPEMU_TRACE=1 DPEMU_COPY_EARLY=1 DPEMU_SEED=3 timeout 300 "$EMU" "$T/on16n1.bin" --device cuda \
+			--steps 2 --quiet --eval-every 0 >"$T/on16n1.log" 2>&1; then
+		n=$(grep -oE 'run #[0-9]+ \(stream [0-9]\): (host function|cublasLtMatmul|kernel k_step_advance)' "$T/on16n1.log" |
+			awk '{ n++; l[n] = $0 }
+			END {
+				for (i = n; i > 0 && l[i] !~ /k_step_advance/; i--) ;
+				for (j = i - 1; j > 0 && l[j] !~ /k_step_advance/; j--) ;
+				for (k = i; k > j; k--) if (l[k] ~ /stream 1\).*cublasLtMatmul/) { last = k; break }
+				for (k = j + 1; k < i; k++) if (l[k] ~ /stream 3\): host function/) { t++; if (k < last) c++ }
+				print c + 0, t + 0
+			}')
+		if [ "${n% *}" -gt 0 ]; then
+			ok "on16 overlap: ${n% *} of the step's ${n#* } updates run on the copy stream before the backward's last GEMM (the emulator's trace of step 2, 1 rank)"
+		else
+			fail "on16 overlap: no update on the copy stream before the backward's last GEMM in step 2's trace: the host step is serialised after the backward"
+		fi
+	else
+		fail "on16 overlap: dpc or the emulator at 1 rank"; tail -n 3 "$T/on16n1.log"
+	fi
+fi
 
 # points: the table's points are the source's MUTANT(...) points, no more,
 # no fewer (a point that moved out of the code is a failure)

@@ -77,6 +77,11 @@
 #    reshards to 4 ranks as it does.
 # 11. The host step's thread count: one offloaded step file at 1 and 3
 #    threads a rank (DP_NUM_THREADS), byte for byte.
+# 12. The host step beside the backward: without clipping each update runs
+#    on the copy stream right after its unit's gradient reaches the host,
+#    while the backward goes on: byte for byte no offload (full_shard bf16,
+#    zero2, ddp, pp=2), and in the IR every update on the copy stream, the
+#    first before the backward's last GEMM (with clipping none).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -585,6 +590,61 @@ if case_on host-step-threads; then
 	else
 		paste "$T/$c.1.loss" "$T/$c.3.loss" | head -n 5
 		fail "$c: the offloaded step at 3 threads a rank differs from 1"
+	fi
+fi
+# ---- 12. the host step beside the backward (no clipping) ----
+# Without clip_grad_norm an update reads no global norm, only its own
+# unit's gradient, so each offloaded update runs on the copy stream as soon
+# as that gradient is on the host (after its D2H there, or the host
+# accumulation's event), beside the rest of the backward, its H2D after it
+# in stream order (passes/offload.c's updates_beside_backward). Byte for
+# byte no offload without clipping: gpt2-tiny full_shard in bf16 at 2
+# ranks (d 192: each shard accumulated on the host over grad_accum 2, then
+# updated there while the earlier blocks' backward runs), mlp zero2 and
+# ddp in f32 at 2 ranks (the f32 masters mirrored on the device: compute
+# or the all_gathers read them, so each H2D of an updated master waits for
+# the backward's last reader of its unit), gpt2-tiny at pp=2 (each stage's
+# updates), with offload optimizer and, for gpt2-tiny full_shard, offload
+# params. In each offload step file's IR every update is on the copy stream
+# and the first comes before the backward's last GEMM; with clipping
+# (section 1's gpt2-tiny full_shard bf16) none is (the update reads the
+# clipped gradient). That the runs can fail: the CPU's queue runs an update
+# late, at the first wait for its event; a wrong wait (an update before its
+# gradient's D2H, a shard's H2D before its update) gives another step's
+# bytes (the emulator's host_stream mutant, tests/cuda_emu_mutations.sh).
+if case_on host-step-beside-backward; then
+	c=host-step-beside-backward
+	nc=(--set train.clip_grad_norm=0)
+	MODES=$ALL pair noclip-gpt2-tiny-bf16-full_shard-np2 "$T/gpt.dp" 2 --set train.strategy=full_shard \
+		--precision bf16 -D d=192 "${nc[@]}"
+	pair noclip-mlp-zero2-np2 $mlp 2 --set train.strategy=zero2 "${nc[@]}"
+	pair noclip-mlp-ddp-np2 $mlp 2 --set train.strategy=ddp "${nc[@]}"
+	pair noclip-pp2-ddp "$T/gpt-pp2.dp" 2 "${nc[@]}"
+	# overlap SRC NP ARGS...: the updates on the copy stream, the first before the backward's last GEMM
+	overlap() {
+		local src=$1 np=$2
+		shift 2
+		"$DPC" "$src" --world-size "$np" "$@" --emit=ir 2>/dev/null | awk '
+			/ = (adamw|sgd) / { n++; if ($0 !~ /stream=copy/) bad++; if (!first) first = NR }
+			/ = matmul .* bwd / { last = NR }
+			END { exit !(n > 0 && !bad && first < last) }'
+	}
+	bad=
+	for a in "$T/gpt.dp 2 --set train.strategy=full_shard --precision bf16 -D d=192 --set train.offload=optimizer" \
+		"$T/gpt.dp 2 --set train.strategy=full_shard --precision bf16 -D d=192 --set train.offload=params" \
+		"$mlp 2 --set train.strategy=zero2 --set train.offload=optimizer" \
+		"$mlp 2 --set train.strategy=ddp --set train.offload=optimizer" \
+		"$T/gpt-pp2.dp 2 --set train.offload=optimizer"; do
+		# shellcheck disable=SC2086 # (a's words)
+		overlap $a "${nc[@]}" || bad="$bad; $a"
+	done
+	"$DPC" "$T/gpt.dp" --world-size 2 --set train.strategy=full_shard --precision bf16 -D d=192 \
+		--set train.offload=optimizer --emit=ir 2>/dev/null | grep -q ' = adamw .*stream=copy' &&
+		bad="$bad; with clipping an update is on the copy stream"
+	if [ -z "$bad" ]; then
+		ok "$c: without clipping every update is on the copy stream, the first before the backward's last GEMM; with clipping none"
+	else
+		fail "$c: ${bad#; }"
 	fi
 fi
 

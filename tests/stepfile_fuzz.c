@@ -405,15 +405,16 @@ static void test_program_rules(void)
 	rule("all_gather in the init program", DP_PROG_INIT, ag, 0, "allowed only in the step, eval");
 	rule("all_gather in the export program", DP_PROG_EXPORT, ag, DP_STRAT_FULL_SHARD, NULL);
 	rule("all_gather in the eval program", DP_PROG_EVAL, ag, DP_STRAT_FULL_SHARD, NULL);
-	/* the copy stream (version 19) carries host-device copies and events only */
+	/* the copy stream (version 19) carries host-device copies and events only,
+	 * and from 23 the host step's kernels (a shard on it writes device memory) */
 	d = ag;
 	d.stream = DP_STREAM_COPY;
 	rule("all_gather on the copy stream", DP_PROG_EVAL, d, DP_STRAT_FULL_SHARD,
-	     "only host-device copies and events run on the copy stream");
+	     "only host-device copies, host kernels and events run on the copy stream");
 	d = shard;
 	d.stream = DP_STREAM_COPY;
 	rule("shard on the copy stream", DP_PROG_INIT, d, DP_STRAT_FULL_SHARD,
-	     "only host-device copies and events run on the copy stream");
+	     "only host-device copies, host kernels and events run on the copy stream");
 }
 
 /* The sample program (version 14; one row since 16) and its tokens and

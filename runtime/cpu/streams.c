@@ -31,7 +31,8 @@
  * order, for all that it can observe: wait_conflicts).
  *
  * The copy stream (offload's D2H of a reduced gradient, its H2D of an
- * updated shard) is a queue: the walk enqueues a copy (with the count of
+ * updated shard and, without clipping, the host update between them) is a
+ * queue: the walk enqueues a copy (with the count of
  * the collectives issued before it: those of them in flight on its memory
  * it will wait for) and runs it when something needs it: a wait on compute or comm for
  * an event recorded on the copy stream after it, an instruction of another
@@ -245,16 +246,28 @@ static int touches(const DpStep *s, int a, int b)
 	return overlap(alo, ahi, blo, bhi);
 }
 
-/* Would instruction in race with copy c on a GPU: it reads what c writes,
- * or writes what c reads or writes? */
+/* Does instruction a write (its out, an input it updates) memory b touches? */
+static int writes_into(const DpStep *s, const DpInstr *a, const DpInstr *b)
+{
+	for (int w = -1; w < DP_MAX_IN; w++) {
+		int t = w < 0 ? a->out : dp_writes_in(a, w) ? a->in[w] : -1;
+		if (t < 0)
+			continue;
+		if (touches(s, t, b->out))
+			return 1;
+		for (int k = 0; k < DP_MAX_IN; k++)
+			if (touches(s, t, b->in[k]))
+				return 1;
+	}
+	return 0;
+}
+
+/* Would instruction in race with queued c on a GPU: one writes what the
+ * other touches? (A copy writes its out and reads its in0; a host update
+ * on the copy stream, offload without clipping, also writes its state.) */
 static int copy_conflict(const DpStep *s, const DpInstr *in, const Copy *c)
 {
-	if (touches(s, in->out, c->in->out) || touches(s, in->out, c->in->in[0]))
-		return 1;
-	for (int k = 0; k < DP_MAX_IN; k++)
-		if (touches(s, in->in[k], c->in->out))
-			return 1;
-	return 0;
+	return writes_into(s, c->in, in) || writes_into(s, in, c->in);
 }
 
 /* Run the queued copies cq[cq_done .. upto), in order, each after the

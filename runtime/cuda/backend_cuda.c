@@ -1050,7 +1050,12 @@ static int cu_kernel(Backend *b, const DpInstr *in, RtErr *e)
 	 * after what its stream waited for and before what follows it; inside
 	 * a capture, a host node of the graph */
 	if (x->hk && dp_runs_on_host(b->s, in) && !MUTANT(host_on_device)) {
-		CU(cudaLaunchHostFunc(x->st[in->stream], host_instr, &x->hcall[b->at.prog][b->at.instr]));
+		/* (an update without clipping is on the copy stream, after its
+		 * gradient's D2H there and before its H2D: the mutant launches it
+		 * on the compute stream, where it waits for neither) */
+		int copy = in->stream == DP_STREAM_COPY;
+		cudaStream_t st = x->st[MUTANT(host_stream) && copy ? DP_STREAM_COMPUTE : in->stream];
+		CU(cudaLaunchHostFunc(st, host_instr, &x->hcall[b->at.prog][b->at.instr]));
 		return 0;
 	}
 	CuArgs a = {b->s, in, b->ptr, x->st[in->stream], x->blas[in->stream], x->blas_ws[in->stream],

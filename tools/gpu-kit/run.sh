@@ -59,7 +59,9 @@
 #      2 ranks (ncclHalf), pipelines (pp=2 1F1B in f32 and bf16; pp=2 x
 #      dp_shard=2, pp=2 x tp=2 (the p2p stream's transfers beside the tp
 #      all_reduces) and pp=4 at 4 ranks), hybrid_shard at 4 ranks (two communicators in
-#      one graph), offload optimizer and params, PowerSGD;
+#      one graph), offload optimizer and params (and offload optimizer
+#      without clipping: the updates as host nodes on the copy stream),
+#      PowerSGD;
 #   8. ncu's full sections of one launch each of the tensor-core attention
 #      kernels (GPT-2's attention shape in a one-layer step), as text in
 #      OUTDIR/ncu-KERNEL.txt, and the forward's per-source-line counters
@@ -899,6 +901,10 @@ part7() {
 		--set train.strategy=full_shard --set train.offload=optimizer
 	vs_cpu off-par "$R/g7.dp" 2 $bf16tol "offload params, gpt2-tiny full_shard bf16, 2 ranks" $small_gpt --precision bf16 \
 		--set train.strategy=full_shard --set train.offload=params
+	# without clipping each update is a host node on the copy stream, beside
+	# the backward (docs/OFFLOAD.md, "The host step beside the backward")
+	vs_cpu off-noclip "$R/g7.dp" 2 $bf16tol "offload optimizer without clipping (the updates on the copy stream), gpt2-tiny full_shard bf16, 2 ranks" \
+		$small_gpt --precision bf16 --set train.strategy=full_shard --set train.offload=optimizer --set train.clip_grad_norm=0
 	# PowerSGD: the P/Q all_reduces, orthogonalize on the device
 	mlp_src
 	sed 's/^  strategy ddp/&\n  compress powersgd(rank=4, start_step=2)/' "$R/mlp.dp" >"$R/mlp-psgd.dp"
