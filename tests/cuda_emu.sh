@@ -1155,6 +1155,37 @@ if case_on "gemm tuning cache round trip"; then
 		grep -hE "EXCEEDS|error" "$T/tune16.cmp" "$T/tune16.log" 2>/dev/null | head -n 3 | sed 's/^/      /'
 	fi
 fi
+# dpexec --gemm-tune's agreement over the job (gemm.cu: rank 0 times,
+# every rank takes its choices, one all_ok bit at a time): mlp8 at 2
+# ranks, tuned with the heuristic's first slowed (on both ranks; only rank
+# 0 times), one eager step traced (DPEMU_TRACE: each cuBLASLt call names
+# the candidate it runs when not the first). Both ranks' steps run the same
+# multiset of calls and candidates, some not the first: a rank that kept
+# its own plan would run the first everywhere
+if case_on "gemm tuning agreed across ranks"; then
+	rm -rf "$T/agree"
+	if step_bin stall && env DPEMU_SEED=7 DPEMU_LT_SLOW=0 DPEMU_TRACE=1 timeout 300 mpirun --oversubscribe \
+		--output-filename "$T/agree" -np 2 "$EMU" "$T/stall.bin" --device cuda --steps 1 --eval-every 0 \
+		--no-graph --quiet --gemm-tune on >"$T/agree.log" 2>&1; then
+		# (the step's calls: after its first event wait, the streams' fork;
+		# rank 0's timing calls come before it)
+		for r in 0 1; do # (each rank's own file: mpirun --output-filename)
+			cat "$T/agree/1/rank.$r/stderr" "$T/agree/1/rank.$r/stdout" 2>/dev/null | grep -o 'run #[0-9]* (stream [0-9]*): .*' |
+				awk '/: event wait/ {f = 1} f && /: cublasLtMatmul m / {sub(/^run #[0-9]* /, ""); print}' |
+				sort >"$T/agree.$r"
+		done
+		nc=$(grep -c ' candidate [1-9]' "$T/agree.0")
+		if [ -s "$T/agree.0" ] && [ "$nc" -ge 1 ] && cmp -s "$T/agree.0" "$T/agree.1"; then
+			ok "gemm tuning agreed across ranks (mlp8 np=2): the same $(wc -l <"$T/agree.0") cuBLASLt calls on both, $nc on a candidate other than the first"
+		else
+			fail "gemm tuning across ranks: the ranks ran other candidates (or none but the first: $nc)"
+			diff "$T/agree.0" "$T/agree.1" | head -n 6 | sed 's/^/      /'
+		fi
+	else
+		fail "gemm tuning across ranks: the 2-rank tuned run failed"
+		grep -v "^ \|^$" "$T/agree.log" | grep -v "run #\|finish #" | tail -n 3 | sed 's/^/      /'
+	fi
+fi
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),

@@ -1084,10 +1084,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	bool tf = p.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && p.ab == CUDA_R_32F &&
 		  !(tf_env && !strcmp(tf_env, "0"));
 	char what[200];
-	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s", api, p.m, p.n, p.k,
+	char cand[24] = ""; /* (the heuristic's first: nothing, as before) */
+	if (splits > 1)
+		snprintf(cand, sizeof cand, " candidate %d", splits - 1);
+	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s%s", api, p.m, p.n, p.k,
 		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "",
 		 p.gelu == 'D' ? " dgelu" : p.gelu ? (p.bias ? " +bias gelu_aux" : " gelu_aux")
-		 : p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "");
+		 : p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "", cand);
 	auto run = [=]() {
 		int m = p.m, n = p.n, k = p.k;
 		std::vector<float> ta_, tb_, acc;
