@@ -59,7 +59,7 @@
 #include "rt.h"
 
 /* Bump when BackendOps, Backend, BackendOpts, Comm or the step-file structs change. */
-#define DP_BACKEND_ABI (2300u + DP_STEP_VERSION)
+#define DP_BACKEND_ABI (2400u + DP_STEP_VERSION)
 
 /* BackendOps.flags */
 enum {
@@ -99,6 +99,9 @@ typedef struct {
 	                     a backend whose collectives progress by themselves ignores it) */
 	const HostKernelOps *host; /* the CPU's kernels, for a host step (offload); a
 	                              backend whose memory is host memory ignores it */
+	int gemm_tune;              /* dpexec --gemm-tune: 1 on (a backend with a choice of
+	                               GEMM algorithms times them at load), 0 off */
+	const char *gemm_tune_file; /* ... and its cache file, or NULL */
 } BackendOpts;
 
 /* Where the executor's walk is, set before each instruction's call (valid

@@ -102,6 +102,8 @@ typedef struct {
 	int quiet, verbose, check_grads, no_progress, no_graph;
 	int no_eval;         /* --no-eval: no evaluation, its data never loaded */
 	const char *calibrate; /* --calibrate FILE: measure the machine into FILE and exit */
+	int gemm_tune;       /* --gemm-tune: 0 off, 1 on (the CUDA backend's CU_TUNE_*) */
+	const char *gemm_tune_file; /* --gemm-tune FILE: the cache of its choices */
 	int timestamps;      /* every console line starts with its time (the default;
 	                        --no-timestamps: 0) */
 	double timeout;      /* seconds, 0: none; default WORLD_DEFAULT_TIMEOUT */
@@ -214,6 +216,15 @@ static void usage(FILE *f)
 		"                        implies --no-graph, and runs one at a time\n"
 		"  --trace-steps A:B     trace only steps A to B (counting from 1, as logged),\n"
 		"                        no eval or export: a window of a long run\n"
+		"  --gemm-tune off|on|FILE\n"
+		"                        --device cuda: each distinct GEMM's cuBLASLt algorithm\n"
+		"                        (default off: the heuristic's first, the same every\n"
+		"                        run) or the fastest of up to 9 candidates timed at\n"
+		"                        load on scratch operands (on: may differ run to run\n"
+		"                        where two time alike), or on with FILE as a cache:\n"
+		"                        read, what it lacks timed and written back, so runs\n"
+		"                        reproduce bit for bit. Rank 0 times; every rank takes\n"
+		"                        its choices. The device line says what it cost\n"
 		"\nsampling from a language model (its step file's sample program):\n"
 		"  --sample PROMPT       with --init-from or --resume: print PROMPT and the tokens\n"
 		"                        the model continues it with, then exit; otherwise the\n"
@@ -337,7 +348,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 	       O_QUIET, O_VERBOSE, O_CHECK_GRADS, O_LOSSES, O_TIMEOUT, O_NO_PROGRESS, O_NO_GRAPH, O_NO_EVAL,
 	       O_TRACE, O_TRACE_STEPS, O_LOG_JSON, O_PEAK, O_SAVE_DIR, O_SAVE_FORM,
 	       O_RESUME, O_AUTO_RESUME, O_OVERWRITE, O_VERSION, O_TIMESTAMPS, O_NO_TIMESTAMPS, O_CALIBRATE,
-	       O_SAMPLE, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_SEED, O_SAMPLE_LOGITS,
+	       O_SAMPLE, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_SEED, O_SAMPLE_LOGITS, O_GEMM_TUNE,
 	       O_SETTING /* + the setting's id: its dpexec flag */ };
 	static const struct option fixed[] = {
 		{"device", required_argument, NULL, O_DEVICE},
@@ -354,6 +365,7 @@ static int parse_opts(int argc, char **argv, Opts *o)
 		{"no-progress", no_argument, NULL, O_NO_PROGRESS},
 		{"no-eval", no_argument, NULL, O_NO_EVAL},
 		{"no-graph", no_argument, NULL, O_NO_GRAPH},
+		{"gemm-tune", required_argument, NULL, O_GEMM_TUNE},
 		{"trace", required_argument, NULL, O_TRACE},
 		{"trace-steps", required_argument, NULL, O_TRACE_STEPS},
 		{"log-json", required_argument, NULL, O_LOG_JSON},
@@ -434,6 +446,14 @@ static int parse_opts(int argc, char **argv, Opts *o)
 			break;
 		case O_NO_GRAPH:
 			o->no_graph = 1;
+			break;
+		case O_GEMM_TUNE: /* off, on, or a file (./on for a file named on) */
+			o->gemm_tune = strcmp(optarg, "off") != 0;
+			o->gemm_tune_file = strcmp(optarg, "off") && strcmp(optarg, "on") ? optarg : NULL;
+			if (!*optarg) {
+				fprintf(stderr, "dpexec: --gemm-tune: expected off, on or a file name\n");
+				return -1;
+			}
 			break;
 		case O_LOSSES:
 			o->losses = optarg;
@@ -871,7 +891,8 @@ static int setup_local(Run *r)
 	 * timing marks, which a captured graph cannot hold: eager steps */
 	BackendOpts bo = {.no_graph = r->o.no_graph || (r->o.trace && !(r->ops->flags & BACKEND_INLINE)),
 			  .timeout_s = r->o.timeout,
-			  .no_progress = r->o.no_progress, .host = &cpu_host_kernels};
+			  .no_progress = r->o.no_progress, .host = &cpu_host_kernels,
+			  .gemm_tune = r->o.gemm_tune, .gemm_tune_file = r->o.gemm_tune_file};
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)

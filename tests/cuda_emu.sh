@@ -1088,6 +1088,107 @@ PYEOF
 		tail -n 3 "$T/calib.sim" 2>/dev/null
 	fi
 fi
+# dpexec --gemm-tune (runtime/cuda/gemm.cu's tuner): gpt2-tiny (small) at
+# 1 rank, its GEMMs with the bias, GELU_AUX_BIAS and DGELU epilogues (their
+# vector and aux moved to scratch for the timing and back). The emulated
+# heuristic offers split-K candidates (other summation orders: other bits)
+# and DPEMU_LT_SLOW=N makes candidate N sleep 2 ms a call. In f32: run 1
+# (the first slowed: it must lose) times into a cache file, must change
+# algorithms and stay within the f32 bounds of the CPU; run 2 reads the
+# file under DPEMU_LT_SLOW=1 (timing again would choose otherwise), times
+# nothing, leaves the file as it was and is run 1 bit for bit; a file with
+# a broken line fails the load naming FILE:LINE. In bf16 (a 16-bit D: the
+# COMPUTE_TYPE split-K candidates) a tuned run's losses within the bf16
+# bound; its updates are not compared at BF16_UPDATE, which holds because
+# the untuned emulator sums each GEMM in the CPU's order (the header):
+# another order flips bf16 roundings (8.6e-3 of the updates, measured)
+BIN_ARGS[tune]="$T/gpt2-tiny.dp --world-size 1 $small"
+BIN_ARGS[tune16]="$T/gpt2-tiny.dp --world-size 1 $small --precision bf16"
+if case_on "gemm tuning cache round trip"; then
+	tn=$T/tune.txt
+	rm -f "$tn"
+	# shellcheck disable=SC2046 # (the launcher's words)
+	if ! step_bin tune || ! mpi 1 "$T/tune.bin" --device cpu --steps "$STEPS" --quiet \
+		--eval-every 0 --losses "$T/tune.cpu.loss" --save-full "$T/tune.cpu.st" >"$T/tune.cpu.log" 2>&1; then
+		fail "gemm tuning: dpc or the CPU reference"
+	elif ! env DPEMU_SEED=4 DPEMU_LT_SLOW=0 timeout 300 $(emu_launch 1) "$EMU" "$T/tune.bin" --device cuda \
+		--steps "$STEPS" --log-every 100 --eval-every 0 --gemm-tune "$tn" --losses "$T/tune.emu.loss" \
+		--save-full "$T/tune.emu.st" >"$T/tune.1.log" 2>&1 ||
+		! grep -qE "GEMM tuning: [0-9]+ distinct GEMMs, [1-9][0-9]* timed.* [1-9][0-9]* of the plan's calls changed" "$T/tune.1.log"; then
+		fail "gemm tuning: run 1 (timing into $tn) failed or changed no algorithm"
+		grep -v "^ \|^$" "$T/tune.1.log" | grep -E "error|GEMM tuning" | tail -n 3 | sed 's/^/      /'
+	else
+		compare "gemm tuning f32 run 1 vs the CPU (DPEMU_LT_SLOW=0)" "$T/tune.emu" "$T/tune.cpu" 1e-5 1e-5 1e-3
+		cp "$tn" "$T/tune.kept"
+		# shellcheck disable=SC2046 # (the launcher's words)
+		if env DPEMU_SEED=4 DPEMU_LT_SLOW=1 timeout 300 $(emu_launch 1) "$EMU" "$T/tune.bin" --device cuda \
+			--steps "$STEPS" --log-every 100 --eval-every 0 --gemm-tune "$tn" --losses "$T/tune.2.loss" \
+			--save-full "$T/tune.2.st" >"$T/tune.2.log" 2>&1 &&
+			grep -qE "GEMM tuning: [0-9]+ distinct GEMMs, 0 timed.*, [1-9][0-9]* from " "$T/tune.2.log" &&
+			cmp -s "$tn" "$T/tune.kept" && cmp -s "$T/tune.2.loss" "$T/tune.emu.loss" &&
+			cmp -s "$T/tune.2.st" "$T/tune.emu.st"; then
+			ok "gemm tuning: the cache file round trip ($(grep -c $'\t' "$tn") GEMMs): nothing timed, the file unchanged, losses and parameters bitwise run 1's"
+		else
+			fail "gemm tuning: the second run from $tn is not run 1's (timed again, file changed, or other bits)"
+			grep -oE "GEMM tuning: [^;]*" "$T/tune.2.log" | head -n 1 | sed 's/^/      /'
+		fi
+		sed '3s/\t\(.\).*/\t\1zz/' "$T/tune.kept" >"$T/tune.bad"
+		# shellcheck disable=SC2046 # (the launcher's words)
+		if ! env DPEMU_SEED=5 timeout 300 $(emu_launch 1) "$EMU" "$T/tune.bin" --device cuda --steps 1 \
+			--quiet --eval-every 0 --gemm-tune "$T/tune.bad" >"$T/tune.3.log" 2>&1 &&
+			grep -q "tune.bad:3: error: expected a GEMM's key" "$T/tune.3.log"; then
+			ok "gemm tuning: a broken cache line fails the load naming it (FILE:3)"
+		else
+			fail "gemm tuning: a broken cache line was not refused by FILE:LINE"
+			grep -v "^ \|^$" "$T/tune.3.log" | tail -n 2 | sed 's/^/      /'
+		fi
+	fi
+	# shellcheck disable=SC2046 # (the launcher's words)
+	if ! step_bin tune16 || ! DP_CPU_BF16_GEMM=blas mpi 1 "$T/tune16.bin" --device cpu --steps "$STEPS" \
+		--quiet --eval-every 0 --losses "$T/tune16.cpu.loss" >"$T/tune16.cpu.log" 2>&1; then
+		fail "gemm tuning bf16: dpc or the CPU reference"
+	elif env DPEMU_SEED=6 DPEMU_LT_SLOW=0 timeout 300 $(emu_launch 1) "$EMU" "$T/tune16.bin" --device cuda \
+		--steps "$STEPS" --log-every 100 --eval-every 0 --gemm-tune on --losses "$T/tune16.emu.loss" \
+		>"$T/tune16.log" 2>&1 &&
+		grep -qE "GEMM tuning: .* [1-9][0-9]* of the plan's calls changed" "$T/tune16.log" &&
+		pycmp "$T/tune16.cmp" losses "$T/tune16.emu.loss" "$T/tune16.cpu.loss" --rtol "$BF16_LOSS" --atol 0; then
+		ok "gemm tuning bf16 (--gemm-tune on, DPEMU_LT_SLOW=0): algorithms changed, losses within rtol $BF16_LOSS of the CPU's"
+	else
+		fail "gemm tuning bf16: the tuned run failed, changed nothing, or its losses are outside rtol $BF16_LOSS"
+		grep -hE "EXCEEDS|error" "$T/tune16.cmp" "$T/tune16.log" 2>/dev/null | head -n 3 | sed 's/^/      /'
+	fi
+fi
+# dpexec --gemm-tune's agreement over the job (gemm.cu: rank 0 times,
+# every rank takes its choices, one all_ok bit at a time): mlp8 at 2
+# ranks, tuned with the heuristic's first slowed (on both ranks; only rank
+# 0 times), one eager step traced (DPEMU_TRACE: each cuBLASLt call names
+# the candidate it runs when not the first). Both ranks' steps run the same
+# multiset of calls and candidates, some not the first: a rank that kept
+# its own plan would run the first everywhere
+if case_on "gemm tuning agreed across ranks"; then
+	rm -rf "$T/agree"
+	if step_bin stall && env DPEMU_SEED=7 DPEMU_LT_SLOW=0 DPEMU_TRACE=1 timeout 300 mpirun --oversubscribe \
+		--output-filename "$T/agree" -np 2 "$EMU" "$T/stall.bin" --device cuda --steps 1 --eval-every 0 \
+		--no-graph --quiet --gemm-tune on >"$T/agree.log" 2>&1; then
+		# (the step's calls: after its first event wait, the streams' fork;
+		# rank 0's timing calls come before it)
+		for r in 0 1; do # (each rank's own file: mpirun --output-filename)
+			cat "$T/agree/1/rank.$r/stderr" "$T/agree/1/rank.$r/stdout" 2>/dev/null | grep -o 'run #[0-9]* (stream [0-9]*): .*' |
+				awk '/: event wait/ {f = 1} f && /: cublasLtMatmul m / {sub(/^run #[0-9]* /, ""); print}' |
+				sort >"$T/agree.$r"
+		done
+		nc=$(grep -c ' candidate [1-9]' "$T/agree.0")
+		if [ -s "$T/agree.0" ] && [ "$nc" -ge 1 ] && cmp -s "$T/agree.0" "$T/agree.1"; then
+			ok "gemm tuning agreed across ranks (mlp8 np=2): the same $(wc -l <"$T/agree.0") cuBLASLt calls on both, $nc on a candidate other than the first"
+		else
+			fail "gemm tuning across ranks: the ranks ran other candidates (or none but the first: $nc)"
+			diff "$T/agree.0" "$T/agree.1" | head -n 6 | sed 's/^/      /'
+		fi
+	else
+		fail "gemm tuning across ranks: the 2-rank tuned run failed"
+		grep -v "^ \|^$" "$T/agree.log" | grep -v "run #\|finish #" | tail -n 3 | sed 's/^/      /'
+	fi
+fi
 # stall_case NAME BIN STALL WANT WHAT: 2 ranks of BIN on the emulator, the
 # devices of DPEMU_STALL=STALL stopping, under --timeout 3: every rank must
 # end within 60 s, exit 75 (as the CPU's --timeout: a launcher restarts it),

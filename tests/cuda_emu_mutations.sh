@@ -195,6 +195,10 @@
 #                 run (the last one's K rows and query tile read before
 #                 the next one's are copied over them), dropped (a16: one
 #                 run of both key blocks per sequence and head)
+#   tune_key      dpexec --gemm-tune's choice (gemm.cu's tuner) given to the
+#                 plan entries of the next distinct GEMM problem, not their
+#                 own: an algorithm chosen for another problem (tune2: biased
+#                 at 2 ranks, tuned, the first candidate made slow)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
@@ -414,6 +418,8 @@ ll_model() {
 		sed -e "$data" -e 's/^  global_batch .*/  global_batch 8/' >"$T/ll.dp"
 }
 declare -A NSTEPS=([g8]=5 [det]=2) # steps per case (else STEPS)
+# dpexec's own flags per case (tune2: the GEMMs tuned at load)
+declare -A XARGS=([tune2]="--gemm-tune on")
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
 # AdamW amplifying bf16 noise), against the CPU's bf16 run with run()'s
@@ -488,7 +494,8 @@ sed 's/^  offload optimizer/  offload params/' "$T/off.dp" >"$T/op16.dp"
 # need to be caught under, passing unmutated
 declare -A BASE_ENV=([hd64]="DPEMU_THREADS=random,DPEMU_SEED=2" [g8]="DPEMU_RUN=lazy,DPEMU_SEED=7"
 	[a16]="DPEMU_THREADS=random,DPEMU_SEED=2" [o16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3"
-	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [on16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [det]="DPEMU_BLOCKS=desc,DPEMU_THREADS=random,DPEMU_SEED=2")
+	[op16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [on16]="DPEMU_COPY_LATE=1,DPEMU_SEED=3" [det]="DPEMU_BLOCKS=desc,DPEMU_THREADS=random,DPEMU_SEED=2"
+	[tune2]="DPEMU_LT_SLOW=0,DPEMU_SEED=3")
 # reference CASE: its step file ($T/CASE.bin) and the CPU's run, which the
 # mutated backend's runs are compared with (bf16: the GEMMs on f32 copies,
 # as the emulated cuBLASLt's)
@@ -497,6 +504,7 @@ reference() {
 	case $1 in
 	one) np=1 src=$T/mlp8.dp ;;
 	two) src=$T/zero2.dp ;;
+	tune2) src=$T/biased.dp ;;
 	pp2) ;;
 	gpp4) np=4 defs="-D ctx=16 -D d=32 -D heads=2"; once gpp4src gpp4_model ;;
 	b16) np=1 prec=bf16 ;;
@@ -554,7 +562,8 @@ reference() {
 run() {
 	local name=$1 bin=$2 np=$3; shift 3
 	# shellcheck disable=SC2046 # (the launcher's words)
-	env "$@" timeout 300 $(emu_launch "$np") "$EMU" "$T/$bin.bin" \
+	# shellcheck disable=SC2086 # (XARGS: words)
+	env "$@" timeout 300 $(emu_launch "$np") "$EMU" "$T/$bin.bin" ${XARGS[$bin]:-} \
 		--device cuda --steps "${NSTEPS[$bin]:-$STEPS}" --quiet --eval-every 0 --losses "$T/$name.loss" \
 		--save-full "$T/$name.st" >"$T/$name.log" 2>&1
 	local rc=$?
@@ -693,6 +702,7 @@ bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
 amp_flag      amp_flag      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 amp_norm      amp_norm      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
+tune_key      tune_key      tune2   2 one DPEMU_LT_SLOW=0,DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_LT_SLOW=0,DPEMU_COMM=early,DPEMU_SEED=2
 d2h_wait      d2h_wait      off     2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 host_on_device host_on_device off   2 one DPEMU_SEED=1
 h2d_wait      h2d_wait      o16     2 all DPEMU_COPY_LATE=1,DPEMU_SEED=1 DPEMU_COPY_LATE=1,DPEMU_COMM=early,DPEMU_SEED=2
@@ -784,6 +794,7 @@ unmutated b16 "the bf16 case"
 unmutated r16 "the reduce_dtype bf16 case"
 unmutated ls16 "the fp16 overflow case (f16 gradients, zero2 at 2 ranks)"
 unmutated h16 "the fp16 GEMM case"
+unmutated tune2 "the tuned GEMMs case (--gemm-tune on at 2 ranks, the heuristic's first slowed)"
 unmutated off "the offload optimizer case"
 unmutated o16 "the offload optimizer bf16 case (zero2, an H2D per unit)"
 unmutated op16 "the offload params bf16 case"

@@ -89,6 +89,7 @@
 
 #include "../backend.h"
 #include "../lr_sched.h"
+#include "gemm.h"
 #include "kernels.h"
 #include "mutant.h"
 #include "nccl_int.h"
@@ -153,6 +154,7 @@ typedef struct CuBackend {
 	cudaStream_t copy_st;            /* staged batches */
 	cublasLtHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
 	void *blas_ws[DP_NSTREAM];       /* its workspace, CU_BLAS_WS_BYTES */
+	char tune_line[320];             /* --gemm-tune's account (gemm.h), for the device line */
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
 	int staging;                     /* some 16-bit instruction runs on f32 copies (bf16.cu) */
 	void **shadow;                   /* staging: the tensors' addresses with the staged
@@ -623,6 +625,13 @@ static void *plan_alloc(CuPlan *p, size_t bytes)
 	return d;
 }
 
+/* The GEMM tuner's agreement (gemm.h): over every rank of the job. */
+static int tune_all_ok(void *ctx, int ok, int *all, RtErr *e)
+{
+	Comm *c = ((Backend *)ctx)->comm;
+	return c->ops->all_ok(c, ok, all, e);
+}
+
 static int plan(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
@@ -639,8 +648,17 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 	RT_CHECK(cu_plan_xent(&p, e));
 	RT_CHECK(cu_plan_attn(&p, e));
 	/* cuBLASLt's algorithms, chosen here, outside any capture (every GEMM
-	 * reads its operands in their own dtype: f32, bf16 or f16) */
-	return cu_plan_gemm(&p, e);
+	 * reads its operands in their own dtype: f32, bf16 or f16), then
+	 * (--gemm-tune) timed: every rank gets to the tuner, also one whose
+	 * GEMM plan failed, since the tuner agrees with the other ranks */
+	int rc = cu_plan_gemm(&p, e);
+	CuTune t = {.mode = x->o.gemm_tune ? CU_TUNE_ON : CU_TUNE_OFF, .file = x->o.gemm_tune_file,
+		    .rank = b->comm->rank, .world = b->comm->world, .all_ok = tune_all_ok, .ctx = b};
+	memcpy(t.st, x->st, sizeof t.st);
+	memcpy(t.ws, x->blas_ws, sizeof t.ws);
+	rc = cu_tune_gemm(&p, &t, rc, e);
+	memcpy(x->tune_line, t.summary, sizeof x->tune_line);
+	return rc;
 }
 
 /* SHARD is a strided copy kernel: its operands must not overlap. */
@@ -1031,6 +1049,10 @@ static int cu_describe(Backend *b, char *buf, size_t len)
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "", prio, least, greatest);
+	if (x->tune_line[0]) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, len - l, "; %s", x->tune_line);
+	}
 	return 1;
 }
 

@@ -85,6 +85,36 @@
  * ulp of f32 apart, within every tolerance of the CUDA cases (a few 1e-7
  * relative at 1024 rows).
  *
+ * Tuning (dpexec --gemm-tune on|FILE; gemm.h; docs/CUDA.md "Choosing
+ * cuBLASLt's algorithm by timing"): after the plan above and before any
+ * capture, each distinct GEMM problem (tune_key: types, compute type,
+ * transposes, layouts, epilogue, beta, the planned alignments, the
+ * reduction-scheme rule) asks the heuristic for up to TUNE_CANDIDATES
+ * algorithms under the same preference (alignments, the 32 MiB workspace,
+ * COMPUTE_TYPE split-K for a 16-bit D), and rank 0 times the plan's own
+ * first and each other one: a warm-up call, then TUNE_REPS calls between
+ * two CUDA events, on the GEMM's stream and workspace, on scratch operands
+ * (one cudaMalloc per problem, freed after it; the arena is never touched:
+ * a weight gradient's beta = 1 would change it) of the planned extents
+ * with each address's offset within 256 bytes kept (so the alignments the
+ * algorithms assume hold), filled with a finite non-zero pattern. The
+ * epilogue's vector and aux are pointed at the scratch for the timing and
+ * back after. A candidate cuBLASLt refuses is skipped; another replaces
+ * the first only when TUNE_MARGIN (2 %) faster, so noise does not move a
+ * GEMM off the heuristic's choice; no scratch memory: the first stays.
+ * GPT-2's 12 identical layers share their problems: each is timed once.
+ * Determinism: an algorithm is chosen once per run, so every replay is
+ * the same; across runs two candidates within noise may swap, which
+ * --gemm-tune FILE pins (the algorithm's 64 bytes per problem, which
+ * cuBLASLt documents as serialisable for the same library version; the
+ * header names the library and the device, and a file of another is
+ * refused naming FILE:1; a loaded algorithm must pass
+ * cublasLtMatmulAlgoCheck). Ranks: rank 0 times and every rank takes its
+ * choice (one all_ok bit at a time over the job): replicated compute
+ * (tp, or a parameter's gradient computed alike on every replica) keeps
+ * the same bits on every rank. Off is the default: the heuristic's first,
+ * as before, the same bits every run without a file.
+ *
  * bias_grad: out[c] = sum_r in0[r, c] (+ out) by cu_colsum (device.cuh):
  * chunks of rows summed in double per column, then the chunks in order,
  * added to the output (or 0), rounded once (to f32, or to bf16 for a bf16
@@ -94,11 +124,19 @@
  * (<= 1 ulp). Before, one thread per column walked every row: 24 blocks
  * for d = 768; now about 1024 blocks read the gradient once, coalesced.
  */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../powersgd.h"
 #include "device.cuh"
+#include "gemm.h"
+
+/* the tuner's name of a GEMM problem (tune_key), at most this long */
+#define TUNE_KEY 240
 
 /* One matmul or linear instruction's cuBLASLt call, made at load. */
 struct CuGemm {
@@ -119,7 +157,21 @@ struct CuGemm {
 	int64_t row0, rows;             /* the output's rows (our m) this call writes: all, or
 	                                   a part of a split weight gradient (vocab_split) */
 	struct CuGemm *tail;            /* the split's last rows (a second call), or NULL */
+	/* for the tuner (--gemm-tune): */
+	char key[TUNE_KEY];             /* the problem, as the tuner tells GEMMs apart */
+	int half_out;                   /* the heuristic's reduction-scheme rule (16-bit D) */
+	uint32_t epi;                   /* the epilogue planned (CUBLASLT_EPILOGUE_*) */
+	const void *at[5];              /* the addresses planned with: A, B, D, the epilogue's
+	                                   vector, the GELU aux (NULL: none) ... */
+	size_t bytes[5];                /* ... and the bytes from each that a call may touch */
 };
+
+/* The ops whose instruction is one cuBLASLt call (or vocab_split's two). */
+static int is_gemm(unsigned op)
+{
+	return op == DP_OP_MATMUL || op == DP_OP_LINEAR || op == DP_OP_LINEAR_GELU ||
+	       op == DP_OP_MATMUL_GELU_GRAD;
+}
 
 /* A matmul's transpose flags (matmul_gelu_grad's alike) and accumulate
  * flag; a linear (linear_gelu) has none. */
@@ -217,9 +269,9 @@ static int set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 /* The best algorithm for g's problem with these alignments, within the
  * stream's workspace (res and count are cleared first). */
 static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int half_out,
-				cublasLtMatmulHeuristicResult_t *res, int *count)
+				cublasLtMatmulHeuristicResult_t *res, int want, int *count)
 {
-	memset(res, 0, sizeof *res);
+	memset(res, 0, (size_t)want * sizeof *res);
 	*count = 0;
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
@@ -238,7 +290,7 @@ static cublasStatus_t heuristic(cublasLtHandle_t lt, CuGemm *g, int half_out,
 				   CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))))
 		st = CUBLAS_STATUS_INVALID_VALUE;
 	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(lt, g->op, g->a, g->b, g->c, g->c, pref, 1, res,
+		st = cublasLtMatmulAlgoGetHeuristic(lt, g->op, g->a, g->b, g->c, g->c, pref, want, res,
 						    count);
 	cublasStatus_t st2 = cublasLtMatmulPreferenceDestroy(pref);
 	return st != CUBLAS_STATUS_SUCCESS ? st : st2;
@@ -408,11 +460,15 @@ static int plan_part(CuPlan *p, const DpInstr *in, CuGemm *g, CuFuse *fb, int64_
 		uint32_t epi = bwd_gelu ? dgelu
 			       : pbias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
 		LT(set_epilogue(g->op, epi, pbias, c));
-		LT(set_aux(g->op, MUTANT(gelu_aux) ? po : paux, n));
+		const void *aux_at = MUTANT(gelu_aux) ? po : paux;
+		LT(set_aux(g->op, aux_at, n));
+		g->at[4] = aux_at;
 		epilogue = 1;
+		g->epi = epi;
 	} else if (epilogue) {
 		uint32_t epi = MUTANT(lt_bias) ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
 		LT(set_epilogue(g->op, epi, pbias, c)); /* D's type: cuBLASLt's rule for a bias */
+		g->epi = epi;
 	}
 	if (fb && c == CUDA_R_32F) { /* the paired bias_grad's sums, C's type */
 		g->bgrad = (float *)p->alloc(p, (size_t)n * sizeof(float));
@@ -422,6 +478,7 @@ static int plan_part(CuPlan *p, const DpInstr *in, CuGemm *g, CuFuse *fb, int64_
 		uint32_t epi = MUTANT(lt_bgrad) ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;
 		LT(set_epilogue(g->op, epi, g->bgrad, CUDA_R_32F));
 		epilogue = 1;
+		g->epi = epi;
 	}
 	/* row-major [r, c] = column-major c x r, leading dimension the row
 	 * stride: c, or more for padded rows (passes/padvocab.c: the logits) */
@@ -443,12 +500,14 @@ static int plan_part(CuPlan *p, const DpInstr *in, CuGemm *g, CuFuse *fb, int64_
 	int count, found = 0;
 	cublasStatus_t hs;
 	for (;;) {
-		hs = heuristic(lt, g, c != CUDA_R_32F && !g->tmp, &res, &count);
+		g->half_out = c != CUDA_R_32F && !g->tmp;
+		hs = heuristic(lt, g, g->half_out, &res, 1, &count);
 		found = hs == CUBLAS_STATUS_SUCCESS && count >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
 		if (found || !epilogue || (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED))
 			break;
 		uint32_t epi = CUBLASLT_EPILOGUE_DEFAULT; /* once more, as an under-aligned bias goes */
 		LT(set_epilogue(g->op, epi, NULL, 0));
+		g->epi = epi;
 		epilogue = 0;
 		if (paux) {
 			RT_CHECK(plain_gelu(p, in, g, m, n, po, pbias, e));
@@ -479,6 +538,34 @@ static int plan_part(CuPlan *p, const DpInstr *in, CuGemm *g, CuFuse *fb, int64_
 	g->algo = res.algo;
 	if (fb && g->bgrad)
 		fb->bgrad = g->bgrad;
+	/* what the tuner needs: the addresses and extents a call touches (a
+	 * column-major r x c with leading dimension ld: ld * c elements at
+	 * most), and the problem's name */
+	size_t eab = dp_dtype_size(tx->dtype), ed = g->tmp ? sizeof(float) : dp_dtype_size(s->tensors[in->out].dtype);
+	int64_t ldd = g->tmp ? n : lo;
+	g->at[0] = pw;
+	g->bytes[0] = (size_t)(lw * rw) * eab;
+	g->at[1] = px;
+	g->bytes[1] = (size_t)(lx * rx) * eab;
+	g->at[2] = g->tmp ? (const void *)g->tmp : (const char *)po + g->d_off;
+	g->bytes[2] = (size_t)(ldd * m) * ed;
+	int vec = g->epi == CUBLASLT_EPILOGUE_BIAS || g->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+	g->at[3] = g->bgrad ? (const void *)g->bgrad : vec ? pbias : NULL;
+	g->bytes[3] = g->bgrad ? (size_t)n * sizeof(float) : vec ? (size_t)n * ed : 0;
+	int aux = g->epi == CUBLASLT_EPILOGUE_GELU_AUX || g->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+		  g->epi == CUBLASLT_EPILOGUE_DGELU;
+	g->at[4] = aux ? g->at[4] : NULL;
+	g->bytes[4] = aux ? (size_t)(n * m) * ed : 0;
+	static const char *tn[] = {"f32", "bf16", "f16"};
+	int ti = ab == CUDA_R_16BF ? 1 : ab == CUDA_R_16F ? 2 : 0;
+	int to = g->tmp ? 0 : c == CUDA_R_16BF ? 1 : c == CUDA_R_16F ? 2 : 0;
+	snprintf(g->key, sizeof g->key,
+		 "%s%s>%s %c%c A%lldx%lld/%lld B%lldx%lld/%lld D%lldx%lld/%lld epi%u beta%d "
+		 "align%u.%u.%u.%u.%u red%d", tn[ti], tf32 ? "(tf32)" : "", tn[to],
+		 tb != MUTANT(gemm_trans) ? 'T' : 'N', ta ? 'T' : 'N', (long long)cw, (long long)rw,
+		 (long long)lw, (long long)(ta ? m : k), (long long)rx, (long long)lx, (long long)n,
+		 (long long)m, (long long)ldd, g->epi, g->beta != 0.0f, g->align[0], g->align[1],
+		 g->align[2], g->align[3], g->align[4], g->half_out);
 	return 0;
 }
 
@@ -533,8 +620,7 @@ extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)
 	for (int g = 0; g < DP_NPROG; g++)
 		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
 			const DpInstr *in = &p->s->prog[g][i];
-			if (in->op != DP_OP_MATMUL && in->op != DP_OP_LINEAR &&
-			    in->op != DP_OP_LINEAR_GELU && in->op != DP_OP_MATMUL_GELU_GRAD)
+			if (!is_gemm(in->op))
 				continue;
 			int64_t j = bgrad_pair(p, g, i);
 			RT_CHECK(plan_one(p, in, &p->fuse[g][i], j >= 0 ? &p->fuse[g][j] : NULL, e));
@@ -563,6 +649,501 @@ extern "C" void cu_gemm_free(CuFuse *f)
 {
 	gemm_free(f->gemm);
 	f->gemm = NULL;
+}
+
+/* ---- Tuning: the heuristic's candidates timed at load (--gemm-tune) ---- */
+
+#define TUNE_CANDIDATES 8  /* asked of the heuristic, beside the plan's own first */
+#define TUNE_REPS 5        /* timed calls per candidate (their mean), after one warm-up */
+#define TUNE_MARGIN 0.02f  /* another candidate replaces the first only when >= 2 % faster */
+#define TUNE_FORMAT 1      /* the cache file's format */
+
+/* One distinct GEMM problem: its candidates, its choice. */
+typedef struct {
+	char key[TUNE_KEY];
+	CuGemm *g;                 /* the first plan entry with this key (its descriptors) */
+	int line;                  /* the cache file's line it came from, 0: none */
+	cublasLtMatmulAlgo_t algo; /* the choice (the file's, or the timed one) */
+	cublasLtMatmulAlgo_t cand[TUNE_CANDIDATES + 1];
+	int ncand;                 /* cand[0]: the plan's (the heuristic's first) */
+	int choice;                /* index in cand, -1: the file's algorithm */
+	int timed;                 /* this rank timed it */
+	float ms_first, ms;        /* per call: the first's and the choice's (0: not timed) */
+	int uses;                  /* calls with this key in the plan */
+} TuneEntry;
+
+typedef struct {
+	TuneEntry *e;
+	int n, cap;
+	char head[512]; /* this run's header line: the library and the device */
+} TuneCache;
+
+static double tune_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static TuneEntry *tune_add(TuneCache *c, const char *key, RtErr *e)
+{
+	if (c->n == c->cap) {
+		int cap = c->cap ? 2 * c->cap : 32;
+		TuneEntry *v = (TuneEntry *)realloc(c->e, (size_t)cap * sizeof *v);
+		if (!v) {
+			RT_FAIL(e, "out of memory (GEMM tuning)");
+			return NULL;
+		}
+		c->e = v;
+		c->cap = cap;
+	}
+	TuneEntry *t = &c->e[c->n++];
+	memset(t, 0, sizeof *t);
+	snprintf(t->key, sizeof t->key, "%s", key);
+	t->choice = -1;
+	return t;
+}
+
+static int tune_find(const TuneCache *c, const char *key)
+{
+	for (int i = 0; i < c->n; i++)
+		if (!strcmp(c->e[i].key, key))
+			return i;
+	return -1;
+}
+
+/* The cache file: a header naming cuBLASLt's version and the device (an
+ * algorithm is only meaningful to the library and GPU that chose it;
+ * cublasLtMatmulAlgo_t "can be trivially serialized and later restored
+ * for use with the same version of cuBLAS"), then one line per GEMM
+ * problem: KEY <tab> the algorithm's 64 bytes as 8 hex words <tab> the
+ * timing (a comment). A file that does not exist is an empty cache. */
+static int tune_load(TuneCache *c, const char *path, RtErr *e)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		if (errno == ENOENT)
+			return 0;
+		return RT_FAIL(e, "%s: cannot read the GEMM tuning file: %s", path, strerror(errno));
+	}
+	char buf[1024];
+	int line = 0, rc = 0;
+	while (!rc && fgets(buf, sizeof buf, f)) {
+		line++;
+		size_t len = strlen(buf);
+		if (len && buf[len - 1] == '\n')
+			buf[--len] = 0;
+		else if (!feof(f)) {
+			rc = RT_FAIL(e, "%s:%d: error: line too long for a GEMM tuning file", path, line);
+			break;
+		}
+		if (line == 1) {
+			if (strcmp(buf, c->head))
+				rc = RT_FAIL(e, "%s:1: error: %s '%s', this run is '%s' (an algorithm belongs to "
+					     "the cuBLASLt and GPU that chose it: tune again into another file)",
+					     path, strncmp(buf, "# dp gemm-tune ", 15) ? "not a GEMM tuning file:"
+					     : "tuned under", buf, c->head);
+			continue;
+		}
+		if (!len || buf[0] == '#')
+			continue;
+		char *tab = strchr(buf, '\t'), *hex = tab ? tab + 1 : NULL;
+		cublasLtMatmulAlgo_t a;
+		int ok = tab && (size_t)(tab - buf) < TUNE_KEY && strlen(hex) >= 128 &&
+			 (hex[128] == 0 || hex[128] == '\t');
+		for (int w = 0; ok && w < 8; w++) {
+			uint64_t v = 0;
+			for (int d = 0; d < 16; d++) {
+				char ch = hex[16 * w + d];
+				int x = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+				if (x < 0)
+					ok = 0;
+				v = v << 4 | (uint64_t)(x & 15);
+			}
+			a.data[w] = v;
+		}
+		if (!ok) {
+			rc = RT_FAIL(e, "%s:%d: error: expected a GEMM's key, a tab and its algorithm as 128 "
+				     "hex digits", path, line);
+			break;
+		}
+		*tab = 0;
+		if (tune_find(c, buf) >= 0) {
+			rc = RT_FAIL(e, "%s:%d: error: a second line for GEMM '%s'", path, line, buf);
+			break;
+		}
+		TuneEntry *t = tune_add(c, buf, e);
+		if (!t) {
+			rc = -1;
+			break;
+		}
+		t->line = line;
+		t->algo = a;
+	}
+	if (!rc && ferror(f))
+		rc = RT_FAIL(e, "%s: read error", path);
+	fclose(f);
+	return rc;
+}
+
+/* Every entry, the file's first and then this run's, into path (whole:
+ * a temporary file renamed over it, so a failure leaves the old one). */
+static int tune_save(const TuneCache *c, const char *path, RtErr *e)
+{
+	size_t n = strlen(path) + 32;
+	char *tmp = (char *)malloc(n);
+	if (!tmp)
+		return RT_FAIL(e, "out of memory (GEMM tuning)");
+	snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+	FILE *f = fopen(tmp, "w");
+	int bad = !f;
+	if (f) {
+		fprintf(f, "%s\n# KEY<tab>cublasLtMatmulAlgo_t (8 hex words)<tab>timing, per call "
+			"(dpexec --gemm-tune; runtime/cuda/gemm.cu)\n", c->head);
+		for (int i = 0; i < c->n; i++) {
+			const TuneEntry *t = &c->e[i];
+			fprintf(f, "%s\t", t->key);
+			for (int w = 0; w < 8; w++)
+				fprintf(f, "%016llx", (unsigned long long)t->algo.data[w]);
+			if (t->timed)
+				fprintf(f, "\tcandidate %d of %d, %.4f ms (the heuristic's first %.4f ms)",
+					t->choice, t->ncand, t->ms, t->ms_first);
+			fputc('\n', f);
+		}
+		bad = ferror(f) != 0;
+		bad |= fclose(f) != 0;
+	}
+	if (bad || rename(tmp, path)) {
+		int err = errno;
+		remove(tmp);
+		free(tmp);
+		return RT_FAIL(e, "%s: cannot write the GEMM tuning file: %s", path, strerror(err));
+	}
+	free(tmp);
+	return 0;
+}
+
+/* Fills buf (bytes) with a finite, non-zero pattern: 0x3c3c is 0.0115 in
+ * bf16, 0x3c3c3c3c 0.0115 in f32 (fp16's 1.06; zeros would let the tensor
+ * cores idle in a way real operands do not). */
+#define TUNE_FILL 0x3c
+
+/* The candidates of entry t: the plan's algorithm first, then the
+ * heuristic's others (state SUCCESS, within the workspace, each once). */
+static int tune_candidates(cublasLtHandle_t lt, TuneEntry *t, RtErr *e)
+{
+	CuGemm *g = t->g;
+	cublasLtMatmulHeuristicResult_t res[TUNE_CANDIDATES];
+	int count = 0;
+	t->cand[0] = g->algo;
+	t->ncand = 1;
+	cublasStatus_t st = heuristic(lt, g, g->half_out, res, TUNE_CANDIDATES, &count);
+	if (st == CUBLAS_STATUS_NOT_SUPPORTED)
+		return 0; /* (it answered before, for one; the plan's stays) */
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return RT_FAIL(e, "GEMM tuning: cublasLtMatmulAlgoGetHeuristic for '%s': %s", t->key,
+			       cublasLtGetStatusString(st));
+	for (int i = 0; i < count && i < TUNE_CANDIDATES; i++) {
+		if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > CU_BLAS_WS_BYTES)
+			continue;
+		int seen = 0;
+		for (int j = 0; j < t->ncand; j++)
+			seen |= !memcmp(&t->cand[j], &res[i].algo, sizeof res[i].algo);
+		if (!seen)
+			t->cand[t->ncand++] = res[i].algo;
+	}
+	return 0;
+}
+
+/* Times t's candidates on scratch operands of the planned sizes and
+ * alignments (each address's offset within 256 bytes kept), on the GEMM's
+ * stream with its workspace. A candidate the library refuses is skipped;
+ * the fastest wins if it beats the first by TUNE_MARGIN. *skipped: no
+ * scratch memory (the first stays). A CUDA error fails the load. */
+static int tune_time(cublasLtHandle_t lt, cudaStream_t st, void *ws,
+		     TuneEntry *t, int *skipped, RtErr *e)
+{
+	CuGemm *g = t->g;
+	size_t off[5], total = 0;
+	for (int i = 0; i < 5; i++) {
+		off[i] = (total + 255) / 256 * 256 + (g->at[i] ? (uintptr_t)g->at[i] % 256 : 0);
+		total = off[i] + g->bytes[i];
+	}
+	char *base = NULL;
+	if (cudaMalloc((void **)&base, total ? total : 1) != cudaSuccess) {
+		cudaGetLastError(); /* (out of memory: not sticky) */
+		*skipped = 1;
+		return 0;
+	}
+	void *at[5];
+	for (int i = 0; i < 5; i++)
+		at[i] = g->at[i] ? base + off[i] : NULL;
+	cudaEvent_t ev[2] = {NULL, NULL};
+	int rc = 0;
+	float best = 0.0f;
+	cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
+#define TUNE_CU(call)                                                                            \
+	do {                                                                                     \
+		cudaError_t ce_ = (call);                                                        \
+		if (ce_ != cudaSuccess && !rc)                                                   \
+			rc = RT_FAIL(e, "GEMM tuning of '%s': %s: %s", t->key, #call,            \
+				     cudaGetErrorString(ce_));                                   \
+	} while (0)
+	TUNE_CU(cudaMemsetAsync(base, TUNE_FILL, total, st));
+	TUNE_CU(cudaEventCreate(&ev[0]));
+	TUNE_CU(cudaEventCreate(&ev[1]));
+	if (!rc && at[3])
+		ls = cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &at[3],
+						    sizeof at[3]);
+	if (!rc && ls == CUBLAS_STATUS_SUCCESS && at[4])
+		ls = cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+						    &at[4], sizeof at[4]);
+	if (!rc && ls != CUBLAS_STATUS_SUCCESS)
+		rc = RT_FAIL(e, "GEMM tuning of '%s': cublasLtMatmulDescSetAttribute: %s", t->key,
+			     cublasLtGetStatusString(ls));
+	const float one = 1.0f;
+	for (int c = 0; !rc && c < t->ncand; c++) {
+		/* the warm-up call: a refusal (NOT_SUPPORTED for these operands,
+		 * say) skips the candidate */
+		if (cublasLtMatmul(lt, g->op, &one, at[0], g->a, at[1], g->b, &g->beta, at[2], g->c,
+				   at[2], g->c, &t->cand[c], ws, CU_BLAS_WS_BYTES, st) != CUBLAS_STATUS_SUCCESS)
+			continue;
+		TUNE_CU(cudaEventRecord(ev[0], st));
+		int ok = 1;
+		for (int r = 0; ok && r < TUNE_REPS; r++)
+			ok = cublasLtMatmul(lt, g->op, &one, at[0], g->a, at[1], g->b, &g->beta, at[2], g->c,
+					    at[2], g->c, &t->cand[c], ws, CU_BLAS_WS_BYTES, st) ==
+			     CUBLAS_STATUS_SUCCESS;
+		TUNE_CU(cudaEventRecord(ev[1], st));
+		TUNE_CU(cudaEventSynchronize(ev[1]));
+		TUNE_CU(cudaGetLastError());
+		float ms = 0.0f;
+		TUNE_CU(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+		if (rc || !ok)
+			continue;
+		ms /= TUNE_REPS;
+		if (c == 0) {
+			t->ms_first = ms;
+			t->choice = 0;
+			best = ms;
+		} else if (t->choice < 0 || (ms < best && (t->choice > 0 || ms < best * (1.0f - TUNE_MARGIN)))) {
+			t->choice = c;
+			best = ms;
+		}
+	}
+	t->ms = best;
+	/* the planned vector and aux back into the descriptor */
+	if (at[3] && cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->at[3],
+						    sizeof g->at[3]) != CUBLAS_STATUS_SUCCESS && !rc)
+		rc = RT_FAIL(e, "GEMM tuning of '%s': restoring the epilogue's vector", t->key);
+	if (at[4] && cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+						    &g->at[4], sizeof g->at[4]) != CUBLAS_STATUS_SUCCESS && !rc)
+		rc = RT_FAIL(e, "GEMM tuning of '%s': restoring the GELU aux", t->key);
+	TUNE_CU(cudaStreamSynchronize(st));
+	for (int i = 0; i < 2; i++)
+		if (ev[i])
+			TUNE_CU(cudaEventDestroy(ev[i]));
+	TUNE_CU(cudaFree(base));
+#undef TUNE_CU
+	if (!rc && t->choice < 0)
+		t->choice = 0; /* every candidate refused: the plan's stays (the run will say why) */
+	t->timed = !rc;
+	return rc;
+}
+
+/* The GEMM plan entries in a fixed order (programs, instructions, head and
+ * tail): the same slots on every rank, whatever its plan did. */
+static int tune_slots(const DpStep *s)
+{
+	int n = 0;
+	for (int g = 0; g < DP_NPROG; g++)
+		for (uint32_t i = 0; i < s->nprog[g]; i++)
+			n += 2 * is_gemm(s->prog[g][i].op);
+	return n;
+}
+
+/* slot k's plan entry (NULL: none, or a plan that failed before it) */
+static CuGemm *tune_slot(const CuPlan *p, int k)
+{
+	int n = 0;
+	for (int g = 0; g < DP_NPROG; g++)
+		for (uint32_t i = 0; i < p->s->nprog[g]; i++) {
+			if (!is_gemm(p->s->prog[g][i].op))
+				continue;
+			if (n == k || n + 1 == k) {
+				CuGemm *h = p->fuse[g] ? p->fuse[g][i].gemm : NULL;
+				return h && n + 1 == k ? h->tail : h;
+			}
+			n += 2;
+		}
+	return NULL;
+}
+
+static int tune_run(CuPlan *p, CuTune *tn, TuneCache *c, int *timed, int *skipped, RtErr *e)
+{
+	int rc = 0;
+	int nslot = tune_slots(p->s);
+	/* the distinct problems, with the plan entry that describes each */
+	for (int k = 0; !rc && k < nslot; k++) {
+		CuGemm *g = tune_slot(p, k);
+		if (!g)
+			continue;
+		int i = tune_find(c, g->key);
+		TuneEntry *t = i >= 0 ? &c->e[i] : tune_add(c, g->key, e);
+		if (!t)
+			return -1;
+		if (!t->g)
+			t->g = g;
+		t->uses++;
+	}
+	for (int i = 0; !rc && i < c->n; i++) {
+		TuneEntry *t = &c->e[i];
+		if (!t->g)
+			continue; /* another step's GEMM: kept for the file */
+		const DpInstr *in = NULL;
+		int stream = 0;
+		for (int g = 0; g < DP_NPROG && !in; g++) /* the first instruction with this entry */
+			for (uint32_t j = 0; j < p->s->nprog[g] && !in; j++)
+				if (p->fuse[g] && (p->fuse[g][j].gemm == t->g ||
+						   (p->fuse[g][j].gemm && p->fuse[g][j].gemm->tail == t->g)))
+					in = &p->s->prog[g][j];
+		stream = in ? in->stream : 0;
+		cublasLtHandle_t lt = p->blas[stream];
+		if (t->line) { /* the file's: cuBLASLt must take it for this problem */
+			cublasLtMatmulHeuristicResult_t r;
+			memset(&r, 0, sizeof r);
+			cublasStatus_t st = cublasLtMatmulAlgoCheck(lt, t->g->op, t->g->a, t->g->b, t->g->c,
+								    t->g->c, &t->algo, &r);
+			if (st != CUBLAS_STATUS_SUCCESS || r.workspaceSize > CU_BLAS_WS_BYTES)
+				rc = RT_FAIL(e, "%s:%d: error: cuBLASLt refuses the algorithm for GEMM '%s' "
+					     "(%s): the file does not belong to this step's operands",
+					     tn->file, t->line, t->key,
+					     st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st)
+					     : "it needs more than the 32 MiB workspace");
+			continue;
+		}
+		rc = tune_candidates(lt, t, e);
+		if (!rc && tn->rank == 0) {
+			int sk = 0;
+			rc = tune_time(lt, tn->st[stream], tn->ws[stream], t, &sk, e);
+			*timed += !rc && !sk;
+			*skipped += sk;
+		}
+		if (!rc)
+			t->algo = t->cand[t->choice > 0 ? t->choice : 0];
+	}
+	return rc;
+}
+
+/* *out = rank 0's v (bits low bits of it) on every rank: one all_ok (a
+ * minimum over the ranks) per bit, the other ranks giving 1. */
+static int tune_bcast(const CuTune *tn, int v, int bits, int *out, RtErr *e)
+{
+	*out = 0;
+	for (int b = 0; b < bits; b++) {
+		int all = 0;
+		RT_CHECK(tn->all_ok(tn->ctx, tn->rank == 0 ? (v >> b) & 1 : 1, &all, e));
+		*out |= (all != 0) << b;
+	}
+	return 0;
+}
+
+extern "C" int cu_tune_gemm(CuPlan *p, CuTune *tn, int plan_rc, RtErr *e)
+{
+	tn->summary[0] = 0;
+	if (tn->mode == CU_TUNE_OFF)
+		return plan_rc;
+	double t0 = tune_now();
+	TuneCache c;
+	memset(&c, 0, sizeof c);
+	int dev = 0;
+	struct cudaDeviceProp prop;
+	int rc = plan_rc;
+	if (!rc && (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)) {
+		cudaGetLastError();
+		rc = RT_FAIL(e, "GEMM tuning: the device's properties");
+	}
+	if (!rc)
+		snprintf(c.head, sizeof c.head, "# dp gemm-tune %d: cuBLASLt %zu, %s, sm_%d%d", TUNE_FORMAT,
+			 cublasLtGetVersion(), prop.name, prop.major, prop.minor);
+	if (!rc && tn->file)
+		rc = tune_load(&c, tn->file, e);
+	int timed = 0, skipped = 0;
+	if (!rc)
+		rc = tune_run(p, tn, &c, &timed, &skipped, e);
+	/* rank 0's choices to every rank, after agreeing that every rank's
+	 * plan and tuning succeeded and that they have the same problems */
+	if (tn->world > 1 && tn->all_ok) {
+		int all = 0;
+		int src = tn->all_ok(tn->ctx, rc == 0, &all, e);
+		if (!rc && src)
+			rc = src;
+		if (!rc && !all)
+			rc = RT_FAIL(e, "GEMM tuning: another rank's GEMM plan or tuning failed");
+		int n0 = 0;
+		if (!rc)
+			rc = tune_bcast(tn, c.n, 24, &n0, e);
+		if (!rc && (src = tn->all_ok(tn->ctx, n0 == c.n, &all, e)) != 0)
+			rc = src;
+		if (!rc && !all)
+			rc = RT_FAIL(e, "GEMM tuning: the ranks have different GEMM problems (%d here, %d on "
+				     "rank 0: a --gemm-tune file that differs between nodes?)", c.n, n0);
+		for (int i = 0; !rc && i < c.n; i++) {
+			TuneEntry *t = &c.e[i];
+			int want = 0; /* rank 0's candidate + 1; 0: each keeps its own (the file's) */
+			rc = tune_bcast(tn, t->g && !t->line ? 1 + (t->choice > 0 ? t->choice : 0) : 0, 4,
+					&want, e);
+			if (rc || tn->rank == 0 || want == 0)
+				continue;
+			if (want > t->ncand)
+				rc = RT_FAIL(e, "GEMM tuning of '%s': rank 0 chose candidate %d, this rank's "
+					     "heuristic gave %d", t->key, want - 1, t->ncand);
+			else
+				t->algo = t->cand[want - 1];
+		}
+	}
+	if (rc) {
+		free(c.e);
+		return rc;
+	}
+	int nslot = tune_slots(p->s);
+	/* every plan entry takes its problem's choice */
+	int changed = 0;
+	double first_ms = 0, tuned_ms = 0;
+	for (int k = 0; !rc && k < nslot; k++) {
+		CuGemm *g = tune_slot(p, k);
+		if (!g)
+			continue;
+		int i = tune_find(&c, g->key);
+		if (MUTANT(tune_key) && c.n > 1) /* another problem's algorithm */
+			i = (i + 1) % c.n;
+		changed += memcmp(&g->algo, &c.e[i].algo, sizeof g->algo) != 0;
+		g->algo = c.e[i].algo;
+		first_ms += c.e[i].ms_first;
+		tuned_ms += c.e[i].timed ? c.e[i].ms : c.e[i].ms_first;
+	}
+	if (!rc && tn->file && tn->rank == 0 && timed)
+		rc = tune_save(&c, tn->file, e);
+	if (!rc) {
+		int from_file = 0, distinct = 0;
+		for (int i = 0; i < c.n; i++) {
+			from_file += c.e[i].line && c.e[i].uses;
+			distinct += c.e[i].uses > 0;
+		}
+		snprintf(tn->summary, sizeof tn->summary,
+			 "GEMM tuning: %d distinct GEMMs, %d timed (up to %d candidates each)%s, %d from %s; "
+			 "%d of the plan's calls changed algorithm; %.2f s", distinct, timed,
+			 TUNE_CANDIDATES + 1, skipped ? " (some skipped: no scratch memory)" : "", from_file,
+			 tn->file ? tn->file : "no file", changed, tune_now() - t0);
+		if (tn->rank == 0 && timed) {
+			size_t l = strlen(tn->summary);
+			snprintf(tn->summary + l, sizeof tn->summary - l,
+				 "; one call of each planned GEMM: %.3f ms with the heuristic's first, "
+				 "%.3f ms tuned", first_ms, tuned_ms);
+		}
+	}
+	free(c.e);
+	return rc;
 }
 
 /* o[r, :] = bias for every row: linear's start before beta = 1 (T: float,

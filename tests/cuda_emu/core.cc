@@ -104,6 +104,7 @@ const Config &cfg()
 	c.sm = (int)num_env("DPEMU_SM", 90);
 	c.image_sm = (int)num_env("DPEMU_IMAGE_SM", 80);
 	c.lt_epilogue = (int)num_env("DPEMU_LT_EPILOGUE", 1);
+	c.lt_slow = (int)num_env("DPEMU_LT_SLOW", -1);
 	c.nccl_inprogress = pick_env("DPEMU_NCCL_INPROGRESS", "never", "always");
 	c.abort_hang_s = (double)num_env("DPEMU_ABORT_HANG_S", 10);
 	c.trace = (int)num_env("DPEMU_TRACE", 0);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "emu.h"
 #include "include/cublasLt.h"
@@ -527,7 +528,13 @@ template <typename T> static void need_live(T *p, const char *api, const char *w
 
 #define LT_ALGO_MAGIC 0x44504c54414c474full /* "DPLTALGO" */
 /* What the emulated heuristic decided, kept in cublasLtMatmulAlgo_t.data. */
-enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION, ALGO_BIAS_ALIGN, ALGO_AUX_ALIGN };
+enum { ALGO_MAGIC, ALGO_PROBLEM, ALGO_ALIGN, ALGO_WS, ALGO_REDUCTION, ALGO_BIAS_ALIGN, ALGO_AUX_ALIGN,
+       ALGO_CANDIDATE /* the heuristic's index: j > 0 splits k into j + 1 parts */ };
+
+/* How many candidates the emulated heuristic offers at most: its first
+ * (lt_choose's), then split-K variants of it (the heuristic's comment
+ * below). */
+#define LT_CANDIDATES 4
 
 /* One matmul as the descriptors describe it. */
 struct LtProblem {
@@ -919,6 +926,56 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 	res[0].state = CUBLAS_STATUS_SUCCESS;
 	res[0].wavesCount = 1.0f;
 	*count = 1;
+	/* more candidates when asked (dpexec --gemm-tune): candidate j splits k
+	 * into j + 1 parts (k >= 2 (j + 1)), each part's product in f32 added
+	 * to the first's in order: the same product in another summation
+	 * order (other bits, as a real candidate's tile or split-K gives),
+	 * needing m n 4 j bytes of workspace for the partial sums, offered only
+	 * where the preference's workspace and reduction schemes allow it (a
+	 * 16-bit D: COMPUTE_TYPE, f32 partial sums, the only scheme gemm.cu
+	 * allows it) */
+	bool split_ok = pref->reduction_mask & (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+						CUBLASLT_REDUCTION_SCHEME_INPLACE);
+	for (int j = 1; j < requested && j < LT_CANDIDATES && split_ok; j++) {
+		size_t need = (size_t)p.m * (size_t)p.n * 4 * (size_t)j;
+		if (p.k < 2 * (j + 1) || need > pref->max_ws)
+			break;
+		res[j] = res[0];
+		res[j].algo.data[ALGO_CANDIDATE] = (uint64_t)j;
+		res[j].algo.data[ALGO_WS] = need;
+		res[j].workspaceSize = need;
+		*count = j + 1;
+	}
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Whether algo (a heuristic's, perhaps from a file) fits this problem:
+ * cublasLt.h's INVALID_VALUE when the descriptors do not match the ones it
+ * was chosen for, else its workspace. */
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+				       cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+				       cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+				       const cublasLtMatmulAlgo_t *algo,
+				       cublasLtMatmulHeuristicResult_t *result)
+{
+	const char *api = "cublasLtMatmulAlgoCheck";
+	EMU_API_ENTRY(api);
+	if (!lt_live(h))
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (!algo || !result)
+		return bad(api, "algo %p, result %p", (const void *)algo, (void *)result);
+	LtProblem p;
+	if (cublasStatus_t st = lt_problem(api, d, A, B, C, D, &p))
+		return st;
+	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC || algo->data[ALGO_CANDIDATE] >= LT_CANDIDATES)
+		return bad(api, "the algorithm is not one cublasLtMatmulAlgoGetHeuristic returned");
+	if (algo->data[ALGO_PROBLEM] != p.signature())
+		return bad(api, "the algorithm was chosen for another problem");
+	memset(result, 0, sizeof *result);
+	result->algo = *algo;
+	result->workspaceSize = (size_t)algo->data[ALGO_WS];
+	result->state = CUBLAS_STATUS_SUCCESS;
+	result->wavesCount = 1.0f;
 	return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -947,8 +1004,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 		chosen.data[ALGO_AUX_ALIGN] = p.gelu ? lt_align_of(d->aux) : 0;
 		algo = &chosen;
 	}
-	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC)
+	if (algo->data[ALGO_MAGIC] != LT_ALGO_MAGIC || algo->data[ALGO_CANDIDATE] >= LT_CANDIDATES)
 		return bad(api, "the algorithm is not one cublasLtMatmulAlgoGetHeuristic returned");
+	int splits = (int)algo->data[ALGO_CANDIDATE] + 1;
+	bool slow = cfg().lt_slow == (int)algo->data[ALGO_CANDIDATE];
 	if (algo->data[ALGO_PROBLEM] != p.signature())
 		return bad(api, "the algorithm was chosen for another problem (types, sizes, transposes or "
 			   "epilogue changed since the heuristic query)");
@@ -1025,10 +1084,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 	bool tf = p.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && p.ab == CUDA_R_32F &&
 		  !(tf_env && !strcmp(tf_env, "0"));
 	char what[200];
-	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s", api, p.m, p.n, p.k,
+	char cand[24] = ""; /* (the heuristic's first: nothing, as before) */
+	if (splits > 1)
+		snprintf(cand, sizeof cand, " candidate %d", splits - 1);
+	snprintf(what, sizeof what, "%s m %d n %d k %d op %c%c%s%s%s", api, p.m, p.n, p.k,
 		 p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', tf ? " tf32" : "",
 		 p.gelu == 'D' ? " dgelu" : p.gelu ? (p.bias ? " +bias gelu_aux" : " gelu_aux")
-		 : p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "");
+		 : p.bias ? " +bias" : p.bgrad == 'A' ? " bgradA" : p.bgrad == 'B' ? " bgradB" : "", cand);
 	auto run = [=]() {
 		int m = p.m, n = p.n, k = p.k;
 		std::vector<float> ta_, tb_, acc;
@@ -1051,7 +1113,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 						acc[(size_t)j * ld + i] = elt(Cop.t, C, at);
 					}
 		}
-		if (k)
+		if (slow) /* DPEMU_LT_SLOW: this candidate loses the timing */
+			usleep(2000);
+		if (k && splits > 1) { /* split-K: part 0 with C, the others added in order */
+			std::vector<float> part((size_t)ld * n);
+			for (int q = 0; q < splits; q++) {
+				int kb = (int)((long long)k * q / splits), kn = (int)((long long)k * (q + 1) / splits) - kb;
+				const float *aq = a + (p.ta == CUBLAS_OP_N ? (size_t)kb * Aop.ld : (size_t)kb);
+				const float *bq = b + (p.tb == CUBLAS_OP_N ? (size_t)kb : (size_t)kb * Bop.ld);
+				cblas_sgemm(CblasColMajor, cb(p.ta), cb(p.tb), m, n, kn, av, aq, Aop.ld, bq,
+					    Bop.ld, q ? 0.0f : bv, q ? part.data() : out, ld);
+				for (int j = 0; q && j < n; j++)
+					for (int i = 0; i < m; i++)
+						out[(size_t)j * ld + i] += part[(size_t)j * ld + i];
+			}
+		} else if (k)
 			cblas_sgemm(CblasColMajor, cb(p.ta), cb(p.tb), m, n, k, av, a, Aop.ld, b, Bop.ld, bv,
 				    out, ld);
 		else

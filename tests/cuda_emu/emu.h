@@ -79,6 +79,9 @@ struct Config {
 	int sm;                /* DPEMU_SM (90): the compute capability, major * 10 + minor */
 	int lt_epilogue;       /* DPEMU_LT_EPILOGUE (1); 0: cuBLASLt's heuristic has no
 	                          algorithm for a bias epilogue (CUBLAS_STATUS_NOT_SUPPORTED) */
+	int lt_slow;           /* DPEMU_LT_SLOW (-1): the heuristic's candidate of this index
+	                          (0: its first) sleeps 2 ms per call, so that timing them
+	                          (dpexec --gemm-tune) has a loser to avoid */
 	int image_sm;          /* DPEMU_IMAGE_SM (80): the oldest compute capability the
 	                          build's kernels run on (mk/cuda.mk's default CUDA_ARCH:
 	                          sm_80 and sm_90 cubins, compute_90 PTX) */

@@ -37,7 +37,10 @@
 #      x 1024 (else 8, 4: the largest that fits), graph replay: tokens/s,
 #      ms/step, MFU against 989 TFLOP/s, host us per step; beside PyTorch
 #      eager and torch.compile on the same model, batch, optimizer and dtype
-#      (bench/gpu_gpt.py); then dp and PyTorch eager at micro-batch 64
+#      (bench/gpu_gpt.py); dp again with --gemm-tune FILE (each GEMM's
+#      cuBLASLt algorithm timed at load: ms/step beside the untuned row,
+#      the tuning's start-up seconds) and once more from FILE (nothing
+#      timed, losses bitwise); then dp and PyTorch eager at micro-batch 64
 #      (DP_KIT_BIG_MB: llm.c's batch for this model);
 #   6. a dpexec --trace of 1 step of gpt2 on the CPU backend (the schedule),
 #      and one on the CUDA backend of step 2 of part 5's step file (device
@@ -83,10 +86,11 @@
 # noise under the bf16 roundings); on the emulator the emulator's own,
 # f32 1e-5 and bf16 2^-11 (a 2-rank run against 1 rank: tests/bf16.sh's).
 #
-# Deadlines (seconds), parts 1-8 summing to 590 with the unpacking, under 10
-# minutes on one H100 (docs/CUDA.md: each about 1.5-2x what the part took on
+# Deadlines (seconds), parts 1-8 summing to 620 with the unpacking (part 5's
+# 150 holds 30 for its two --gemm-tune runs; before them 590, under 10
+# minutes on one H100) (docs/CUDA.md: each about 1.5-2x what the part took on
 # the H200 on 2026-11-28, 330 s for all eight); part 9's 90 s makes all nine
-# 680 s, over a device call's 600, so the driver starts part 9 only when
+# 710 s, over a device call's 600, so the driver starts part 9 only when
 # its deadline ends within the run's budget (DP_KIT_BUDGET, 560 s; on the
 # H200 parts 1-8 took 330 s, leaving part 9 its 90), and says so when it
 # leaves it out; DP_KIT_PARTS=9 runs it alone (~100 s with the unpacking);
@@ -140,7 +144,7 @@ if [ "${1:-}" != --part ]; then
 	if [ "$MODE" = emu ]; then
 		DEADLINES=(0 120 900 60 1500 600 600 900 60 600)
 	else
-		DEADLINES=(0 10 60 85 75 120 105 60 60 90)
+		DEADLINES=(0 10 60 85 75 150 105 60 60 90)
 	fi
 	echo "mode: $MODE; deadlines (s), parts 1-9: ${DEADLINES[*]:1}" >>"$REPORT"
 	[ "$PARTS" = "1 2 3 4 5 6 7 8 9" ] || echo "parts: $PARTS (DP_KIT_PARTS)" >>"$REPORT"
@@ -672,6 +676,43 @@ torch_row() {
 	fi
 }
 
+# tuned_dp MB: part 5's step file at micro-batch MB again with dpexec
+# --gemm-tune FILE (runtime/cuda/gemm.cu's tuner: each distinct GEMM's
+# cuBLASLt algorithm the fastest of the heuristic's candidates, timed at
+# load), beside the untuned row's ms/step, with the tuner's own line (its
+# start-up seconds, and one call of every planned GEMM with the
+# heuristic's first and tuned); then once more from the file: nothing
+# timed, the same algorithms, the losses bit for bit the tuned run's
+# (cuBLASLt's algorithm restored from its bytes). OUTDIR/gemm-tune-bMB.txt:
+# the choices, with each one's time against the heuristic's first.
+tuned_dp() {
+	local mb=$1 base ms tps mfu line rc tf=$R/gemm-tune-b$1.txt
+	base=$(ms_step "$L/bench-b$mb.log")
+	rm -f "$tf"
+	gpu bench-tune-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak --gemm-tune "$tf"
+	rc=$?
+	line=$(unstamp "$L/bench-tune-b$mb.log" | grep -o 'GEMM tuning: .*' | head -n 1)
+	if [ $rc != 0 ] || ! unstamp "$L/bench-tune-b$mb.log" | grep -q '^step '; then
+		report FAIL "dp with --gemm-tune, micro-batch $mb: the run failed (exit $rc)"; last "$L/bench-tune-b$mb.log"
+		return
+	fi
+	ms=$(ms_step "$L/bench-tune-b$mb.log")
+	tps=$(figure "$L/bench-tune-b$mb.log" tokens/s)
+	mfu=$(awk -v f="$flops" -v ms="$ms" -v p=$peak 'BEGIN {if (ms > 0) printf "%.1f%%", f / (ms * 1e-3) / (p * 1e12) * 100}')
+	report PASS "dp with --gemm-tune (GEMM algorithms timed at load), micro-batch $mb: $tps tokens/s, $ms ms/step, MFU $mfu; untuned $base ms/step: $(awk -v a="$base" -v b="$ms" 'BEGIN {if (b > 0) printf "%.3fx", a / b}'); $line"
+	cp "$tf" "$OUT/gemm-tune-b$mb.txt" 2>/dev/null
+	[ "$(left)" -gt 20 ] || { report FAIL "dp from the --gemm-tune file: no time left in the part's deadline"; return; }
+	gpu bench-tune2-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak --gemm-tune "$tf"
+	rc=$?
+	line=$(unstamp "$L/bench-tune2-b$mb.log" | grep -o 'GEMM tuning: .*' | head -n 1)
+	if [ $rc = 0 ] && echo "$line" | grep -q ' 0 timed' && cmp -s "$R/bench-tune2-b$mb.loss" "$R/bench-tune-b$mb.loss"; then
+		report PASS "dp from the --gemm-tune file, micro-batch $mb: nothing timed, losses bitwise the tuned run's ($steps steps), $(ms_step "$L/bench-tune2-b$mb.log") ms/step; $line"
+	else
+		report FAIL "dp from the --gemm-tune file, micro-batch $mb (exit $rc): $([ $rc = 0 ] && ! cmp -s "$R/bench-tune2-b$mb.loss" "$R/bench-tune-b$mb.loss" && echo "losses differ from the tuned run's; ")$line"
+		last "$L/bench-tune2-b$mb.log"
+	fi
+}
+
 part5() {
 	section "5. The benchmark: GPT-2 124M, bf16, 1 rank, graph replay"
 	local steps=30 every=10 mb peak=989 shape="" flops bench_rc=1 torch=1
@@ -687,6 +728,7 @@ part5() {
 		note "micro-batch $mb does not fit: $(grep -m1 -i 'out of memory' "$L/bench-b$mb.log" | cut -c1-160)"
 	done
 	report_dp "$mb" $bench_rc ""
+	[ $bench_rc = 0 ] && tuned_dp "$mb"
 	# the anchor: PyTorch eager, then torch.compile (each under its own limit)
 	if [ $EMU = 1 ] || ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
 		local why="python3 with PyTorch and CUDA is not on this machine"

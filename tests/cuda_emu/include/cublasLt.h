@@ -130,6 +130,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
 					      cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
 					      int *returnAlgoCount);
 
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t lightHandle,
+				       cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+				       cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc,
+				       cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+				       cublasLtMatmulHeuristicResult_t *result);
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
 			      const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
 			      const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
