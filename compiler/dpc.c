@@ -101,6 +101,9 @@ static void usage(FILE *out)
 		"                      bound or dominance rule out; print the 10 fastest that\n"
 		"                      fit --device-memory (compiler/plan.c); -o writes the\n"
 		"                      fastest's step file\n"
+		"      --jobs=N        with --plan (and strategy auto): compile the candidates\n"
+		"                      on N worker processes (default: the online CPUs); the\n"
+		"                      table, winner and step file are the same for any N\n"
 		"      --device-memory=SIZE\n"
 		"                      the device memory of one rank (80GiB, 512MiB, bytes): a\n"
 		"                      plan whose device arena is larger is an error naming its\n"
@@ -381,10 +384,11 @@ static void choice_options(FeOptions *fo, const PlanChoice *c, FeSet **sets)
 /* --plan: the search, then the winner's step file to output (or none). */
 static int run_plan(const char *path, int world, const FeDefine *defines, int ndefines,
 		    const FeSet *sets, int nsets, const Machine *mc, int64_t device_memory,
-		    const char *output)
+		    int jobs, const char *output)
 {
 	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
-		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory};
+		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory,
+		       .jobs = jobs};
 	/* a mesh the file writes out (not `mesh auto`) is searched alone, as
 	 * under `strategy auto`: the file's front end once, for its mesh (its
 	 * errors are the search's, printed there) */
@@ -442,7 +446,7 @@ static int run_plan(const char *path, int world, const FeDefine *defines, int nd
  * 0, or -1 (no plan fits, or a front-end error through d). */
 static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice *c,
 			 FeSet **own_sets, const char *simulate, const Machine *mc,
-			 int64_t device_memory, Diag *d, char **src)
+			 int64_t device_memory, int jobs, Diag *d, char **src)
 {
 	Machine preset = {0};
 	char err[512];
@@ -453,7 +457,7 @@ static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice 
 		world *= (int)(*g)->cfg.mesh[a];
 	PlanOpts po = {.path = path, .world = world, .defines = fo->defines, .ndefines = fo->ndefines,
 		       .sets = fo->sets, .nsets = fo->nsets, .machine = simulate ? mc : &preset,
-		       .device_memory = device_memory, .brief = 1};
+		       .device_memory = device_memory, .brief = 1, .jobs = jobs};
 	/* the mesh is searched under `mesh auto` without dpc's axis flags */
 	if (!(*g)->mesh_auto || fo->tp || fo->cp || fo->dp_replicate || fo->pp)
 		po.mesh = (*g)->cfg.mesh;
@@ -530,6 +534,7 @@ enum {
 	OPT_SIMULATE_TRACE,
 	OPT_PLAN,
 	OPT_DEVICE_MEMORY,
+	OPT_JOBS,
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
@@ -601,6 +606,7 @@ int main(int argc, char **argv)
 		{"simulate-trace", required_argument, NULL, OPT_SIMULATE_TRACE},
 		{"plan", no_argument, NULL, OPT_PLAN},
 		{"device-memory", required_argument, NULL, OPT_DEVICE_MEMORY},
+		{"jobs", required_argument, NULL, OPT_JOBS},
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
@@ -613,7 +619,7 @@ int main(int argc, char **argv)
 	int axis[4] = {0, 0, 0, 0}; /* --tp, --cp, --dp-replicate, --pp */
 	const char *from_ir = NULL, *passes = NULL;
 	const char *simulate = NULL, *sim_trace_path = NULL; /* --simulate's machine */
-	int plan = 0;
+	int plan = 0, jobs = 0; /* jobs: --jobs, 0: the online CPUs */
 	int64_t device_memory = 0; /* --device-memory, bytes; 0: none */
 	static const char shortopts[] = "o:vhD:";
 	int c;
@@ -734,6 +740,17 @@ int main(int argc, char **argv)
 				return 1;
 			}
 			break;
+		case OPT_JOBS: {
+			char *end;
+			long j = strtol(optarg, &end, 10);
+			if (end == optarg || *end || j < 1 || j > 1024) {
+				fprintf(stderr, "dpc: --jobs wants a number of worker processes from 1 to "
+						"1024, not '%s'\n", optarg);
+				return 1;
+			}
+			jobs = (int)j;
+			break;
+		}
 		case OPT_NO_VERIFY:
 			verify = 0;
 			break;
@@ -834,7 +851,7 @@ int main(int argc, char **argv)
 			  !simulate);
 	if (plan) { /* the search compiles; -o writes the winner */
 		int prc = run_plan(path, world, defines, ndefines, sets, nsets, &machine, device_memory,
-				   output);
+				   jobs, output);
 		machine_free(&machine);
 		free(defines);
 		free_sets(sets, nsets);
@@ -890,7 +907,7 @@ int main(int argc, char **argv)
 		}
 		diag.src = src;
 		if (g->strategy_auto && strategy_auto(&g, path, &fo, &auto_choice, &auto_sets, simulate,
-						      &machine, device_memory, &diag, &src) < 0) {
+						      &machine, device_memory, jobs, &diag, &src) < 0) {
 			status = 1;
 			goto out;
 		}

@@ -16,7 +16,7 @@
  * file's, and pp, 2 pp, ... ACCUM_MAX pp micro-batches, at most
  * ACCUM_CAP, at the file's global batch, each a group of candidates of
  * its own, searched as a mesh); on each mesh every strategy
- * (ddp, zero1, zero2, full_shard; hybrid_shard where dp_replicate > 1;
+ * (ddp, zero1, zero2, full_shard where dp_replicate = 1; hybrid_shard where dp_replicate > 1;
  * only ddp where there is one data-parallel rank, where they are all the
  * same step), gradient_checkpointing off and on, and the knob of the
  * strategy: bucket_mb 25 or 100 (ddp, zero1, zero2), prefetch 1 or 2
@@ -63,7 +63,8 @@
  * fit (plan_eval): a slower one cannot rank in the table.
  *
  * Order and workers. A seed, the classes, then three phases, each over
- * every mesh on forked workers (one per CPU). The seed: on the meshes of
+ * every mesh on forked workers (po->jobs, --jobs; one per online CPU by
+ * default). The seed: on the meshes of
  * tp alone with the rest in dp_shard (pick_seeds), the candidate with the
  * least time bound, so that the first phases have a plan that fits to
  * hold the time bound against. The classes: each class's candidate of
@@ -94,6 +95,7 @@
 #include <time.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,7 +168,9 @@ static const char *const sched_names[] = {"1f1b", "gpipe", "zero_bubble", "inter
 
 /* ... and at most ACCUM_CAP micro-batches: a compile unrolls the whole
  * model's step program m times (at GPT-3 175B's shape pp=64 would take
- * 256), and 32 leave 1F1B's bubble under a third at pp = 16. */
+ * 256; Megatron-LM's 96 at pp=8 compile in 59 CPU-s against 6.8 for 32 at
+ * pp=16, docs/SIMULATE.md), and 32 leave 1F1B's bubble under a third at
+ * pp = 16. */
 #define ACCUM_CAP 32
 
 static double now_s(void)
@@ -1111,6 +1115,9 @@ static void class_bounds(Plan *plans, int n, double *cb, int ncls)
 		plans[i].class_bound = cb[plans[i].cls];
 }
 
+/* The table's length. */
+#define TOP 10
+
 /* The search's state: the candidates, grouped by mesh, and what the
  * workers need. */
 typedef struct {
@@ -1123,15 +1130,14 @@ typedef struct {
 	const char *seed;      /* [mesh]: 1 for the seed phase's meshes */
 	double prior_best;     /* the fastest plan that fits, of the phases before this one */
 	double prior_tenth;    /* the tenth fastest of them (INFINITY: fewer than ten) */
+	double prior_fits[TOP]; /* the ten fastest of them, ascending (keep_fastest) */
+	int prior_nfits;
 	int use_class;         /* the class rule (not under DPC_PLAN_CHECK or DPC_PLAN_NO_CLASS) */
 	int64_t batch;         /* samples a step at one data-parallel rank (ModelMem's
 				  micro_batch), 0: unknown */
 	double t0, last;       /* progress */
 	int workers;           /* the most that ran at once */
 } Search;
-
-/* The table's length. */
-#define TOP 10
 
 /* The seed phase (before phase 1): on a few meshes, the candidate with the
  * least time bound (then memory bound), so that phases 1 and 2 start with
@@ -1227,13 +1233,13 @@ static void search_mesh(const Search *se, int phase, int m)
 	}
 	if (phase != 3)
 		return;
-	double best = INFINITY, fits[TOP]; /* the ten fastest that fit, known here */
-	int nfits = 0;
-	for (int k = 0; k < se->n; k++) {
-		nfits = keep_fastest(fits, nfits, &se->plans[k]);
-		if (se->plans[k].state == PL_FITS)
-			best = fmin(best, se->plans[k].step_s);
-	}
+	/* the ten fastest that fit, known here: the earlier phases' and this
+	 * mesh's own (not the other meshes' of this phase that this process
+	 * happened to run before, which would make the work depend on the
+	 * workers) */
+	double best = se->prior_best, fits[TOP];
+	int nfits = se->prior_nfits;
+	memcpy(fits, se->prior_fits, sizeof fits);
 	for (int i = 1; i < nm; i++) {
 		Plan *p = &mp[i];
 		if (p->state == PL_PRUNED)
@@ -1368,9 +1374,14 @@ static int read_all(int fd, void *buf, size_t len)
 /*
  * One phase over every mesh, on up to `jobs` forked workers (the compiles
  * are independent: each worker has the parent's memory as it was at the
- * fork). Worker w takes meshes w, w + W, ...; after each it writes the
- * mesh's index and its candidates to its pipe, which the parent copies
- * into se->plans. One worker, or one mesh: in this process.
+ * fork). The workers take the meshes in order from a counter they share
+ * (a page mapped shared before the fork), each the next one not taken, so
+ * that a worker given costly meshes (the pipelined ones, the unrolled
+ * micro-batches) or less of a loaded machine's CPU holds up no other;
+ * after each mesh a worker writes its index and its candidates to its
+ * pipe, which the parent copies into se->plans. Which worker runs which
+ * mesh changes nothing: a mesh decides from the earlier phases and itself
+ * only (search_mesh). One worker, or one mesh: in this process.
  */
 static void search_phase(Search *se, int phase, int jobs)
 {
@@ -1383,6 +1394,8 @@ static void search_phase(Search *se, int phase, int jobs)
 		nfits = keep_fastest(fits, nfits, &se->plans[i]);
 	}
 	se->prior_tenth = se->use_class && nfits == TOP ? fits[TOP - 1] : INFINITY;
+	memcpy(se->prior_fits, fits, sizeof fits);
+	se->prior_nfits = nfits;
 	int W = jobs < se->nmesh ? jobs : se->nmesh;
 	if (W < 1)
 		W = 1;
@@ -1397,6 +1410,10 @@ static void search_phase(Search *se, int phase, int jobs)
 		return;
 	}
 	fflush(NULL);
+	int *next = mmap(NULL, sizeof *next, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (next == MAP_FAILED)
+		die("--plan: mmap: %s", strerror(errno));
+	*next = 0;
 	pid_t *pid = malloc(sizeof *pid * (size_t)W);
 	struct pollfd *fds = malloc(sizeof *fds * (size_t)W);
 	if (!pid || !fds)
@@ -1412,7 +1429,7 @@ static void search_phase(Search *se, int phase, int jobs)
 			close(fd[0]);
 			for (int k = 0; k < w; k++)
 				close(fds[k].fd);
-			for (int m = w; m < se->nmesh; m += W) {
+			for (int m; (m = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < se->nmesh;) {
 				search_mesh(se, phase, m);
 				int lo = se->mesh_start[m], nm = se->mesh_start[m + 1] - lo;
 				write_all(fd[1], &m, sizeof m);
@@ -1437,7 +1454,7 @@ static void search_phase(Search *se, int phase, int jobs)
 				open_fds--;
 				continue;
 			}
-			if (m < 0 || m >= se->nmesh || m % W != w)
+			if (m < 0 || m >= se->nmesh)
 				die("--plan: worker %d sent mesh %d", w, m);
 			int lo = se->mesh_start[m], nm = se->mesh_start[m + 1] - lo;
 			if (read_all(fds[w].fd, se->plans + lo, sizeof *se->plans * (size_t)nm) < 0)
@@ -1456,6 +1473,7 @@ static void search_phase(Search *se, int phase, int jobs)
 	if (failed || done != se->nmesh)
 		die("--plan: a worker failed (%d of %d meshes searched)", done, se->nmesh);
 	progress(se, phase, done, 1);
+	munmap(next, sizeof *next);
 	free(pid);
 	free(fds);
 }
@@ -1519,7 +1537,16 @@ static int mesh_plans(Plan *out, int pp, int tp, int cp, int rep, int shard, int
 				continue; /* one data-parallel rank: every strategy is ddp */
 			if (st == DP_STRAT_HYBRID_SHARD && (rep == 1 || shard == 1))
 				continue;
-			if (st == DP_STRAT_FULL_SHARD && shard == 1)
+			/* full_shard shards over dp_shard only: the front end refuses
+			 * it at dp_replicate > 1 (ir_strategy_fits: hybrid_shard's
+			 * mesh). Not a candidate there: as one it was refused in
+			 * 2 ms, but it came first in its mesh and its class, so it
+			 * was the mesh's least-memory anchor (a refused anchor
+			 * prunes nothing) and, its time bound tying hybrid_shard's,
+			 * often its class's representative (a refused one bounds
+			 * nothing): at GPT-3 175B's shape on 512 ranks 113 of the
+			 * class phase's first 177 compiles. */
+			if (st == DP_STRAT_FULL_SHARD && (shard == 1 || rep > 1))
 				continue;
 			for (int k = 0; k < 2; k++) /* zero_bubble right after its 1F1B sibling */
 				for (int q = 0; q < (pp > 1 ? 2 + (vmax > 1 ? vmax - 1 : 0) : 1); q++) {
@@ -1710,7 +1737,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			if (plans[i].state == PL_BOUND)
 				plans[i].state = PL_TODO;
 	}
-	int jobs = (int)sysconf(_SC_NPROCESSORS_ONLN);
+	int jobs = po->jobs > 0 ? po->jobs : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	pick_seeds(&se);
 	search_phase(&se, PHASE_SEED, jobs);
 	if (se.use_class) { /* each class's member of least time bound (then index) */

@@ -22,6 +22,8 @@ typedef struct {
 	const uint32_t *mesh;      /* the file's mesh (DpAxis order), searched alone; NULL:
 	                              every mesh of world (the file's is `mesh auto`) */
 	int brief;                 /* print the winner and the runner-up, not the table */
+	int jobs;                  /* worker processes (--jobs), 0: the online CPUs; the
+	                              result is the same for any number */
 } PlanOpts;
 
 /* The winner, as the front end's options: the mesh axes for `mesh auto`

@@ -272,10 +272,14 @@ static double flows_union(Sim *s)
 }
 
 /* One rank's replay: ops of every stage and of stage (all of them when
- * stage < 0); a collective moves from ready[i] on (NULL: when posted), and
- * when each is posted goes to posted[i] (NULL: nowhere; accum 1). */
-static void replay(const SimOp *ops, int n, int accum, int executor, const double *link_bw,
-		   int nevents, int stage, const double *ready, double *posted, SimResult *r)
+ * stage < 0), which are own[0..nown) in order where own is not NULL (the
+ * others are skipped either way: at pp = 16 a stage's replay visited 16
+ * times the ops it runs); a collective moves from ready[i] on (NULL: when
+ * posted), and when each is posted goes to posted[i] (NULL: nowhere;
+ * accum 1). */
+static void replay(const SimOp *ops, int n, const int *own, int nown, int accum, int executor,
+		   const double *link_bw, int nevents, int stage, const double *ready, double *posted,
+		   SimResult *r)
 {
 	/* cpu: one fluid for every collective in flight; gpu: one per stream
 	 * (each stream moves one at a time, in its own time order, and the comm
@@ -302,7 +306,8 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 	r->exposed_s = 0;
 	r->nspans = 0;
 	for (int mb = 0; mb < accum; mb++) {
-		for (int i = 0; i < n; i++) {
+		for (int k = 0; k < (own ? nown : n); k++) {
+			int i = own ? own[k] : k;
 			const SimOp *o = &ops[i];
 			/* compression: the steady state, the compressed path */
 			if (((o->flags & DP_IF_LAST) && mb != accum - 1) || ((o->flags & DP_IF_FIRST) && mb != 0) ||
@@ -406,7 +411,7 @@ static void replay(const SimOp *ops, int n, int accum, int executor, const doubl
 int sim_run(const SimOp *ops, int n, int accum, int executor, const double *link_bw, int nevents,
 	    SimResult *r)
 {
-	replay(ops, n, accum, executor, link_bw, nevents, -1, NULL, NULL, r);
+	replay(ops, n, NULL, 0, accum, executor, link_bw, nevents, -1, NULL, NULL, r);
 	return 0;
 }
 
@@ -437,8 +442,28 @@ int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *l
 	int *from = calloc((size_t)p + 2, sizeof *from), *feed = calloc((size_t)n + 1, sizeof *feed);
 	int *sync = calloc((size_t)n + 1, sizeof *sync), nsync = 0;
 	char *dirty = malloc((size_t)p);
-	if (!ready || !posted || !from || !feed || !sync || !dirty)
+	/* each stage's ops (own[at[st]] .. own[at[st + 1]]: those of every
+	 * stage and its own, in order) */
+	int *at = calloc((size_t)p + 1, sizeof *at), nshared = 0;
+	if (!ready || !posted || !from || !feed || !sync || !dirty || !at)
 		die("out of memory");
+	for (int i = 0; i < n; i++)
+		if (ops[i].stage < 0)
+			nshared++;
+		else if (ops[i].stage < p)
+			at[ops[i].stage + 1]++;
+	for (int st = 0; st < p; st++)
+		at[st + 1] += at[st] + nshared;
+	int *own = malloc(sizeof *own * ((size_t)at[p] + 1)), *fill = malloc(sizeof *fill * ((size_t)p + 1));
+	if (!own || !fill)
+		die("out of memory");
+	memcpy(fill, at, sizeof *fill * (size_t)p);
+	for (int i = 0; i < n; i++)
+		if (ops[i].stage < 0)
+			for (int st = 0; st < p; st++)
+				own[fill[st]++] = i;
+		else if (ops[i].stage < p)
+			own[fill[ops[i].stage]++] = i;
 	for (int i = 0; i < n; i++)
 		if (ops[i].peer >= 0)
 			from[ops[ops[i].peer].stage + 2]++;
@@ -457,8 +482,8 @@ int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *l
 			if (!dirty[st]) /* its ready times are those it was replayed with */
 				continue;
 			dirty[st] = 0, left--;
-			replay(ops, n, 1, executor, link_bw, nevents, st, ready, posted + (size_t)st * (size_t)n,
-			       &r[st]);
+			replay(ops, n, own + at[st], at[st + 1] - at[st], 1, executor, link_bw, nevents, st,
+			       ready, posted + (size_t)st * (size_t)n, &r[st]);
 			for (int f = from[st]; f < from[st + 1]; f++) {
 				int i = feed[f];
 				double want = posted[(size_t)st * (size_t)n + (size_t)ops[i].peer];
@@ -487,6 +512,7 @@ int sim_run_stages(const SimOp *ops, int n, int p, int executor, const double *l
 		}
 	}
 	free(ready), free(posted), free(from), free(feed), free(sync), free(dirty);
+	free(at), free(own), free(fill);
 	return left ? -1 : sweep - 1;
 }
 

@@ -562,6 +562,8 @@ EOF2
 	expect "plan: no plan fits" "no plan fits in 1.00 KiB per rank; the smallest needs 1.95 MiB" \
 		"$DPC" models/mlp.dp --plan --world-size 4 --device-memory 1KiB
 	expect "plan: needs --world-size" "give it a .dp file and --world-size" "$DPC" models/mlp.dp --plan
+	expect "plan: --jobs 0" "dpc: --jobs wants a number of worker processes from 1 to 1024, not '0'" \
+		"$DPC" models/mlp.dp --plan --world-size 2 --jobs 0
 	# the memory bound (activations too) below every memory plan and the
 	# time bound below every simulated step (dpc stops at one above); on
 	# the FLOPs-only machine (gpt2-tiny: tp, cp, pp up to 4) the time bound
@@ -611,6 +613,21 @@ EOF2
 		>"$T/cls.txt" 2>&1
 	DPC_PLAN_NO_CLASS=1 "$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 \
 		-o "$T/nocls.bin" >"$T/nocls.txt" 2>&1
+	# ... and another number of workers searches as the default's (a
+	# worker per CPU): --jobs 1 (in this process), or 3 on a 1-CPU
+	# machine; the same table, winner, step file and counts (the summary
+	# line but its time)
+	jobs=3; [ "$(nproc)" -ge 2 ] && jobs=1
+	"$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 --jobs $jobs \
+		-o "$T/jobs.bin" >"$T/jobs.txt" 2>&1
+	summary() { grep -E "^[0-9]+ |^winner: |^plan search" "$1" |
+		sed 's/; [0-9.]* s ([0-9.]* ms a compile, [0-9]* workers)$//'; }
+	if grep -q "^winner: " "$T/jobs.txt" && diff <(summary "$T/cls.txt") <(summary "$T/jobs.txt") >/dev/null &&
+		cmp -s "$T/cls.bin" "$T/jobs.bin"; then
+		ok "plan: the search is the same on $(grep -Eo "[0-9]+ workers" "$T/cls.txt") and on $(grep -Eo "[0-9]+ workers" "$T/jobs.txt") (table, winner, step file, counts)"
+	else
+		fail "plan: --jobs $jobs changed the search"; diff <(summary "$T/cls.txt") <(summary "$T/jobs.txt") | head -n 8 | sed 's/^/      /'
+	fi
 	classed=$(grep -Eo "[0-9]+ by the class bound" "$T/cls.txt" | cut -d' ' -f1)
 	if [ "${classed:-0}" -gt 0 ] && grep -q "^winner: " "$T/cls.txt" &&
 		diff <(grep -E "^[0-9]+ |^winner: " "$T/cls.txt") <(grep -E "^[0-9]+ |^winner: " "$T/nocls.txt") >/dev/null &&
