@@ -389,7 +389,12 @@ c16_model() {
 # Two steps (NSTEPS): tcb_dqadd, tcb_kbsync (both runs) and tcb_dqorder (its
 # descending-blocks run) leave parameters that differ from the reference's
 # at 2 steps as at 3; at 1 step tcb_dqorder's descending-blocks run came
-# out bitwise the reference's (its random-blocks run caught it)
+# out bitwise the reference's (its random-blocks run caught it).
+# tcb_kbsync's second run (ascending blocks, random threads) catches it for
+# some seeds only: the random thread order draws from one stream over the
+# whole run, so a kernel before the backward with fewer warp primitives
+# (session 16's forward) hands the backward another schedule; with it seed
+# 3 (the row's until then) and 4 missed the race, 5 catches it
 DET_REF="DPEMU_BLOCKS=asc DPEMU_THREADS=asc DPEMU_SEED=1"
 # k16: a16 at ctx 512, one sequence (det's model): a query row's dQ sums the
 # parts of up to 8 key blocks, in 4 runs of 2 (attention.cu's fa_walk);
@@ -665,7 +670,7 @@ tcb_dqfresh   tcb_dqfresh   det     1 one DPEMU_SEED=1
 tcb_rowdot    tcb_rowdot    a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcb_dqlayout  tcb_dqlayout  a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2
-tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=3
+tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=5
 tcb_unpaired  tcb_unpaired  u16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tc_order      tc_order      a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
