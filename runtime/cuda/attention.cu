@@ -519,16 +519,20 @@ CU_UNROLL
  *
  * k_attn_fwd_mma (BC = 64 keys, 32 for head dim 128): S = Q K^T in f32;
  * the online softmax on the C registers in unscaled s (m' its running
- * max), p = exp(scale (s - m')) as exp2f of one FMA (scale log2(e)
- * folded in: FlashAttention-2's form) rounded to bf16, l summing the rounded p (O / l weighs V by exactly the P
- * the mma used); O += P V with O (16 x HD per warp) in f32 C registers,
- * rescaled in place by exp(m - m') per row. Causal: the block stops at the
- * tile of its last row; a warp skips the tiles wholly above its rows (and
- * a warp wholly past T all of them) and masks only the tiles that cross
- * its diagonal. out = O / l, rounded once; lse = m + log l per row into the
- * plan's buffer (cu_plan_attn) when paired with its gradient; run again by
- * an unpaired backward (out NULL), lse and D = dO . O (O in f32, before
- * rounding) into the gradient's scratch. */
+ * max, by FMNMX), p = exp(scale (s - m')) as 2^x of one FMA (scale
+ * log2(e) folded in: FlashAttention-2's form; fa_exp2, one MUFU.EX2)
+ * rounded to bf16, l summing the rounded p (O / l weighs V by exactly the
+ * P the mma used; bf16: l += P 1 on the tensor cores, fa_sum_mma); O += P V
+ * with O (16 x HD per warp) in f32 C registers, rescaled in place by
+ * exp(m - m') per row. Causal: the block stops at the tile of its last
+ * row; a warp skips the tiles wholly above its rows (and a warp wholly
+ * past T all of them) and masks only the tiles that cross its diagonal.
+ * The blocks run the longest row tiles first (fa_block); the ordinary
+ * op's bf16 whole tiles are copied by FaKvTile. out = O / l, rounded once;
+ * lse = m + log l per row into the plan's buffer (cu_plan_attn) when
+ * paired with its gradient; run again by an unpaired backward (out NULL),
+ * lse and D = dO . O (O in f32, before rounding) into the gradient's
+ * scratch. */
 template <int HD, typename T> struct FaShape {
 	static const int E = (int)sizeof(T);       /* bytes per element: bf16 2, f32 (tf32) 4 */
 	static const int W = 4;                    /* warps */
@@ -942,17 +946,25 @@ CU_UNROLL
 	}
 }
 
-/* The block's (batch, head) and first row of 64 in blockIdx.x = ((b * H) + h)
- * * tiles + tile, over `rows` rows per (batch, head): the forward's T query
- * rows (the backward walks its key blocks by FaWalk). */
+/* The block's (batch, head) and first row of 64 in blockIdx.x, over `rows`
+ * rows per (batch, head): the forward's T query rows (the backward walks
+ * its key blocks by FaWalk). The last row tile first: blockIdx.x = (tiles
+ * - 1 - tile) * B H + b H + h. A causal block's work grows with its rows
+ * (tile i walks i + 1 key tiles), and the GPU starts blocks roughly in
+ * index order, so the longest start first and the last wave holds the
+ * short ones (longest-first scheduling: ncu found the SMs' active cycles
+ * 18 % below to 19 % above their mean with the tiles of one (batch,
+ * head) in order, 2.9 waves). Each block's work and bits are the same in
+ * any order. (tc_order: the reversed tile index one too large, tile 0
+ * never run and one past the end run instead) */
 template <typename T>
 static __device__ __forceinline__ void fa_block(const Geom<T> &g, int64_t rows, int64_t *b,
 						int64_t *h, int64_t *r0)
 {
-	const int64_t tiles = (rows + 63) / 64, bi = blockIdx.x;
-	*r0 = bi % tiles * 64;
-	*h = bi / tiles % g.h;
-	*b = bi / (tiles * g.h);
+	const int64_t tiles = (rows + 63) / 64, bh = g.b * g.h, bi = blockIdx.x;
+	*r0 = (tiles - (MUTANT(tc_order) ? 0 : 1) - bi / bh) * 64;
+	*h = bi % bh % g.h;
+	*b = bi % bh / g.h;
 }
 
 /* The keys at positions [p0, p0 + BC) of (batch b, head h) for the shared
@@ -989,6 +1001,80 @@ static __device__ __forceinline__ void fa_store_kv(const F &fk, const F &fv, T *
 		fk.store(kv, LD);
 		fv.store(kv + F::N_ROWS * LD, LD);
 	}
+}
+
+/* The forward's K and V tile of BC keys at rows p0.. of the ordinary op
+ * (bf16, rows 16-byte aligned: Geom.tcvec, and p0 + BC <= T: every tile but
+ * a short last one, which fa_fetch_kv copies) by cp.async into kv (K) and
+ * kv + BC LD (V). Thread t copies the 16-byte pieces t, t + NT, ... of each:
+ * row t / (HD / 8) + i ROWS, dims 8 (t % (HD / 8)).., the same piece of K
+ * and of V; its source and shared offsets are computed once per kernel,
+ * so a piece costs its two cp.async and one add. fa_fetch_kv's general
+ * copy (a row pointer per piece through key_at's lambda, a bound and a
+ * zero row test) was a quarter of the forward's instructions (ncu's source
+ * counters, GPT-2 at batch 8: ~86 per thread and tile for 8 pieces).
+ * (tc_kvrows: the source stepped per pass by the shared tile's row
+ * stride LD, not the global one) */
+template <int HD, int BC, int LD, int NT> struct FaKvTile {
+	static const int PIECES = HD / 8;     /* 16-byte pieces per row */
+	static const int ROWS = NT / PIECES;  /* rows per pass of the block's threads */
+	static const int PASSES = BC / ROWS;  /* pieces of K (and of V) per thread */
+	static_assert(NT % PIECES == 0 && BC % ROWS == 0, "whole rows per pass, whole passes per tile");
+	const cu_bf16 *src; /* this thread's first piece of K in row 0 */
+	int dst;            /* ... and its offset in the tile (elements) */
+
+	__device__ __forceinline__ FaKvTile(const cu_bf16 *k0, int64_t ld)
+	{
+		const int t = (int)threadIdx.x;
+		src = k0 + (int64_t)(t / PIECES) * ld + 8 * (t % PIECES);
+		dst = t / PIECES * LD + 8 * (t % PIECES);
+	}
+	__device__ __forceinline__ void fetch(cu_bf16 *kv, int p0, int64_t ld) const
+	{
+		const cu_bf16 *s = src + (int64_t)p0 * ld;
+		const int64_t step = (int64_t)ROWS * (MUTANT(tc_kvrows) ? LD : ld);
+CU_UNROLL
+		for (int i = 0; i < PASSES; i++, s += step) {
+			cu_cp_async16(kv + dst + i * ROWS * LD, s, 16);
+			cu_cp_async16(kv + BC * LD + dst + i * ROWS * LD, s + HD, 16);
+		}
+	}
+};
+
+/* 2^x on the MUFU alone: ex2.approx.ftz.f32 (the forward's p and its
+ * rescale; x <= 0, -inf gives 0). CUDA's exp2f is the same MUFU.EX2
+ * wrapped for subnormal results (a compare and two multiplies per call: a
+ * tenth of the forward's instructions, ncu); .ftz flushes a p below 2^-126
+ * to 0 instead, a weight that rounds to nothing beside the row's largest,
+ * which is 1. The emulator calls exp2f (its bits are the previous
+ * build's); the two differ only there. */
+static __device__ __forceinline__ float fa_exp2(float x)
+{
+#ifdef __CUDA_ARCH__
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
+#else
+	return exp2f(x);
+#endif
+}
+
+/* l += P 1 on the tensor cores (bf16): the row sums of the bf16 P the
+ * mma multiplies V by, as m16n8k16 products of P's A registers pa and a B
+ * of ones (1.0 is 0x3f80 in bf16), one per k-step of 16 keys. Every C
+ * column is the row's sum, so lc[0] (lc[1]) is row g's and lc[2] (lc[3])
+ * row g + 8's, in every lane of the quad: no shuffle, no unpacking of P,
+ * no add per p. The sums are f32 sums of exact products, in the tensor
+ * core's order (the order of O's own sums), not the order of the lanes'
+ * adds. (tc_lsum: the ones in the B row of k 0..7 only, keys 8..15 of
+ * each k-step not counted) */
+template <int BC>
+static __device__ __forceinline__ void fa_sum_mma(float *lc, const uint32_t (*pa)[4])
+{
+	const uint32_t ones[2] = {0x3f803f80u, MUTANT(tc_lsum) ? 0u : 0x3f803f80u};
+CU_UNROLL
+	for (int k = 0; k < BC / 16; k++)
+		cu_mma_bf16(lc, pa[k], ones);
 }
 
 /* The positions of the queries of a warp's (or block's) local rows [r0, r1]
@@ -1074,6 +1160,7 @@ CU_UNROLL
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+	float lc[4] = {0, 0, 0, 0}; /* bf16: l as C registers (fa_sum_mma): lc[0] row g's, lc[2] g + 8's */
 
 	/* 32-bit from here: positions < 2^31 (limit_attention) */
 	const int tiles = (int)(last / BC + 1), wl = (int)wlast, wf = (int)wfirst;
@@ -1083,7 +1170,17 @@ CU_UNROLL
 	 * 16-byte aligned; else copied at once by tc_copy_gather) */
 	typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
 	Fetch fk, fv;
-	fa_fetch_kv<HD, S::LD, CP>(fk, fv, fa_smem, g, b, h, 0);
+	/* the ordinary op's bf16 whole tiles: FaKvTile (fast: every tile but a
+	 * short last one) */
+	constexpr bool FAST = !CP && sizeof(T) == 2;
+	const FaKvTile<HD, BC, S::LD, 32 * S::W> fast((const cu_bf16 *)base + g.hd, ld);
+	auto fetch = [&](T *kv, int p0) {
+		if (FAST && g.tcvec && p0 + BC <= g.nkeys)
+			fast.fetch((cu_bf16 *)kv, p0, ld);
+		else
+			fa_fetch_kv<HD, S::LD, CP>(fk, fv, kv, g, b, h, p0);
+	};
+	fetch(fa_smem, 0);
 	tc_commit<T>();
 	fa_store_kv<S::LD>(fk, fv, fa_smem, g);
 	for (int it = 0; it < tiles; it++) {
@@ -1093,7 +1190,7 @@ CU_UNROLL
 			__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
 		T *next = fa_smem + 2 * TILE * ((it + 1) % 2);
 		if (it + 1 < tiles) {
-			fa_fetch_kv<HD, S::LD, CP>(fk, fv, next, g, b, h, (it + 1) * BC);
+			fetch(next, (it + 1) * BC);
 			tc_commit<T>();
 		}
 		const int k0 = it * BC;
@@ -1104,39 +1201,62 @@ CU_UNROLL
 			fa_times_rows<HD, BC, S::LD>(s, qa, ks); /* S = Q K^T */
 
 			/* the online softmax of rows row[0] (s[j][0..1]) and row[1]
-			 * (s[j][2..3]), in the unscaled s (scale > 0: the same max) */
-			const int diag = k0 + BC - 1 > wf; /* a key after one of the warp's rows */
-			const int lim[2] = {qpi[0] - k0 - 2 * qd, qpi[1] - k0 - 2 * qd};
+			 * (s[j][2..3]), in the unscaled s (scale > 0: the same max);
+			 * the mask only in a tile that crosses the warp's diagonal
+			 * (a key after one of its rows; tc_diag: after its last) */
+			if (k0 + BC - 1 > (MUTANT(tc_diag) ? wl : wf)) {
+				const int lim[2] = {qpi[0] - k0 - 2 * qd, qpi[1] - k0 - 2 * qd};
+CU_UNROLL
+				for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+					for (int e = 0; e < 4; e++)
+						if (8 * j + (e & 1) > lim[e >> 1])
+							s[j][e] = -INFINITY;
+			}
 			float mt[2] = {-INFINITY, -INFINITY};
 CU_UNROLL
 			for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
-				for (int e = 0; e < 4; e++) {
-					if (diag && 8 * j + (e & 1) > lim[e >> 1])
-						s[j][e] = -INFINITY;
-					mt[e >> 1] = s[j][e] > mt[e >> 1] ? s[j][e] : mt[e >> 1];
-				}
-			float corr[2], mb[2], lt[2] = {0, 0};
+				for (int e = 0; e < 4; e++)
+					mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]); /* FMNMX */
+			float corr[2], mb[2];
 CU_UNROLL
 			for (int r = 0; r < 2; r++) {
 				mt[r] = quad_max(mt[r]);
 				const float mn = mt[r] > m[r] ? mt[r] : m[r];
 				/* mn = -inf: nothing visible to the row yet (p = exp2(-inf) = 0) */
-				corr[r] = mn == -INFINITY ? 1.0f : exp2f((m[r] - mn) * sl2);
+				corr[r] = mn == -INFINITY ? 1.0f : fa_exp2((m[r] - mn) * sl2);
 				mb[r] = mn == -INFINITY ? 0.0f : mn * sl2;
 				m[r] = mn;
 			}
+			uint32_t pa[BC / KS][4];
+			if constexpr (sizeof(T) == 2) {
+				/* p = exp(scale (s - m')), packed to bf16 for the mma;
+				 * l = l corr + P 1 on the tensor cores (fa_sum_mma) */
 CU_UNROLL
-			for (int j = 0; j < BC / 8; j++)
+				for (int j = 0; j < BC / 8; j++)
 CU_UNROLL
-				for (int e = 0; e < 4; e++) {
-					/* p = exp(scale (s - m')) */
-					s[j][e] = tc_value<T>(exp2f(fmaf(s[j][e], sl2, -mb[e >> 1])));
-					lt[e >> 1] += s[j][e]; /* P as the mma will use it */
-				}
+					for (int e = 0; e < 4; e++)
+						s[j][e] = fa_exp2(fmaf(s[j][e], sl2, -mb[e >> 1]));
+				fa_pack<BC, T>(pa, s);
 CU_UNROLL
-			for (int r = 0; r < 2; r++)
-				l[r] = l[r] * corr[r] + row_sum(lt[r]);
+				for (int e = 0; e < 4; e++)
+					lc[e] *= corr[e >> 1];
+				fa_sum_mma<BC>(lc, pa);
+			} else {
+				float lt[2] = {0, 0};
+CU_UNROLL
+				for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+					for (int e = 0; e < 4; e++) {
+						s[j][e] = tc_value<T>(fa_exp2(fmaf(s[j][e], sl2, -mb[e >> 1])));
+						lt[e >> 1] += s[j][e]; /* P as the mma will use it */
+					}
+				fa_pack<BC, T>(pa, s);
+CU_UNROLL
+				for (int r = 0; r < 2; r++)
+					l[r] = l[r] * corr[r] + row_sum(lt[r]);
+			}
 CU_UNROLL
 			for (int n = 0; n < HD / 8; n++) {
 				o[n][0] *= corr[0];
@@ -1144,14 +1264,16 @@ CU_UNROLL
 				o[n][2] *= corr[1];
 				o[n][3] *= corr[1];
 			}
-			uint32_t pa[BC / KS][4];
-			fa_pack<BC, T>(pa, s);
 			fa_times_tile<HD, BC, S::LD>(o, pa, vs); /* O += P V */
 		}
 		if (it + 1 < tiles)
 			fa_store_kv<S::LD>(fk, fv, next, g); /* after the mma work: the loads had it to land */
 	}
 
+	if constexpr (sizeof(T) == 2) {
+		l[0] = lc[0];
+		l[1] = lc[2];
+	}
 	float inv[2] = {1.0f / l[0], 1.0f / l[1]};
 	if (dd) { /* D = dO . O, O in f32 (the quad's lanes: a quarter of the dims each) */
 CU_UNROLL
