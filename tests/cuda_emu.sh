@@ -809,6 +809,14 @@ OFFLOAD=optimizer model_case llama ddp 1
 OFFLOAD=optimizer model_case llama full_shard 4
 OFFLOAD=optimizer model_case gpt2-tiny zero2 2
 OFFLOAD=params PREC=bf16 model_case gpt2-tiny zero2 2
+# the split dQ pass (DP_ATTN_DQ=split, docs/CUDA.md's experiment:
+# k_attn_dq_mma by query tile, k_attn_bwd_mma without dQ) within the same
+# bounds as the runs' cases above: head dims 64, 32, 128 in bf16 (tf32's
+# instantiation was compared once, docs/CUDA.md, and left out for CI's
+# time; cp keeps the runs under it; last, so the cases before keep their seeds)
+for hd in 64 32 128; do
+	EMU_ENV=DP_ATTN_DQ=split PREC=bf16 SGD=1 model_case gpt2-hd$hd ddp 1
+done
 # scales FILE: the --log-json lines' step, scale and skipped steps
 scales() {
 	$PY -c 'import json, sys

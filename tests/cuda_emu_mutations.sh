@@ -200,6 +200,11 @@
 #                 plan entries of the next distinct GEMM problem, not their
 #                 own: an algorithm chosen for another problem (tune2: biased
 #                 at 2 ranks, tuned, the first candidate made slow)
+#   tcq_lse       the split dQ pass (k_attn_dq_mma, DP_ATTN_DQ=split in
+#                 its runs' environment) reads each row's lse from the next
+#                 row (a16 under the variant: tests/cuda_emu.sh's case
+#                 "gpt2-hd64 bf16 sgd ddp np=1 DP_ATTN_DQ=split" is its
+#                 unmutated run, within the same bounds)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
@@ -709,6 +714,7 @@ tcb_dqlayout  tcb_dqlayout  a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEM
 tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_BLOCKS=random,DPEMU_SEED=2
 tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=5
 tcb_unpaired  tcb_unpaired  u16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
+tcq_lse       tcq_lse       a16     1 one DP_ATTN_DQ=split,DPEMU_THREADS=asc,DPEMU_SEED=1 DP_ATTN_DQ=split,DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tc_order      tc_order      a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_kvrows     tc_kvrows     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1

@@ -23,7 +23,7 @@
 #     $DP_CHROOT_DEBS), with /proc, /sys, a /dev of its own and /tmp; the
 #     kit copied in; `run.sh OUTDIR` run to its end. It must exit 0, with
 #     every part reported and SKIP only for what needs the hardware or a GPU
-#     tool (compute-sanitizer, ncu, nsys, PyTorch): exactly those eleven
+#     tool (compute-sanitizer, ncu, nsys, PyTorch): exactly those twelve
 #     checks.
 #     No chroot (not root, or chroot/mount refused) or no .debs: one loud
 #     SKIP.
@@ -218,9 +218,9 @@ rehearse() {
 	# CPU's trace, the device's), part 7 five (the emulator's four
 	# comparisons and the determinism check), part 9 two (the calibration,
 	# the validation's table)
-	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 11 ] && [ "$skips" = 0 ] && [ "$np" = 30 ] &&
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 12 ] && [ "$skips" = 0 ] && [ "$np" = 30 ] &&
 		[ "$(grep -c '^## ' "$T/report.md")" = 9 ]; then
-		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (3), nsys (1), PyTorch (3)"
+		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (4), nsys (1), PyTorch (3)"
 	else
 		fail "run.sh in the chroot: exit $rc after ${took}s, $np PASS, $nf2 FAIL, $ns SKIP ($skips not the GPU tools')"
 		grep -E '^- (FAIL|SKIP)' "$T/report.md" 2>/dev/null | head -n 12 | cut -c1-220 | sed 's/^/      /'

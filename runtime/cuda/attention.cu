@@ -48,6 +48,9 @@
  *                    k_attn_dq_store4, four columns per thread, or
  *                    k_attn_dq_store) dQ (its comment below);
  *                    k_attn_bwd_q/kv do the rest.
+ *   k_attn_dq_mma<HD> under DP_ATTN_DQ=split (an experiment, docs/CUDA.md):
+ *                    dQ by query tile in a pass of its own, beside
+ *                    k_attn_bwd_mma<.., DQ false>'s dK and dV (the ordinary op).
  * Every output element is written by one thread with a fixed loop order,
  * and the tensor-core backward's dQ is summed over key blocks in an order
  * fixed by the shapes (no atomics): deterministic, graph == eager.
@@ -71,6 +74,9 @@
  */
 #include "device.cuh"
 #include "mma_ptx.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define ATT_ROWS 64                       /* query (or key) rows per block */
 #define ATT_LANES 4                       /* threads per row */
@@ -1365,6 +1371,8 @@ template <int HD, typename T> struct FaBwd {
 	 * bf16: dQ's sums [W][16][LDQ] f32 */
 	static const int SMEM = (4 * QTILE + 2 * KR * S::LD + KR * LDS) * S::E + 4 * BC * 4 +
 				(DQPF ? S::W * 16 * LDQ * 4 : 0);
+	/* without dQ (k_attn_bwd_mma's DQ false): the layout's prefix, no dS^T tile or sums */
+	static const int SMEM_KV = (4 * QTILE + 2 * KR * S::LD) * S::E + 4 * BC * 4;
 	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
 	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
 };
@@ -1501,7 +1509,7 @@ static __device__ __forceinline__ int64_t fa_run_row0(int64_t s, const FaWalk &w
  * before (docs/CUDA.md's session 15). With the loop's indices in 32 bits
  * head dim 64 fits in 165 without the 40-byte spill the bound forced
  * (session 16). */
-template <int HD, bool CP, typename T>
+template <int HD, bool CP, typename T, bool DQ = true>
 __global__ void __launch_bounds__(32 * FaShape<HD, T>::W,
 				  HD == 32 || (HD == 64 && sizeof(T) == 2) ? 3 : 1)
 k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc,
@@ -1509,6 +1517,8 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 {
 	typedef FaShape<HD, T> S;
 	typedef FaBwd<HD, T> F;
+	if (!DQ) /* DP_ATTN_DQ=split: dK and dV only, dQ by k_attn_dq_mma (its code compiled out) */
+		dqacc = (float *)0;
 	const int KS = Mma<T>::K, BC = F::BC, TILE = F::QTILE;
 	if (!CP)
 		g.cp = 0; /* a constant: the ordinary op compiled without cp's branches */
@@ -1854,6 +1864,121 @@ CU_UNROLL
 	}
 }
 
+/* ---- the split dQ pass (DP_ATTN_DQ=split: an experiment, docs/CUDA.md) ----
+ *
+ * dQ by query tile, as the forward walks: a block per (batch, head) and 64
+ * query rows (a warp's 16), the heaviest tiles (the last, causal) first;
+ * each warp keeps its rows' Q and dO as A registers and their lse (log2
+ * units) and D = dO . O (k_attn_rowdot8's, or the forward's again), and
+ * walks the key tiles up to its last row (the forward's BC keys, K and V
+ * double-buffered by fa_fetch_kv): S = Q K^T and dP = dO V^T in C
+ * registers, P = exp2(s scale log2(e) - lse log2(e)) (0 past the
+ * diagonal), dS = P (dP - D) rounded as the mma takes it (bf16: as
+ * k_attn_bwd_mma's dS^T), dQ += dS K in f32 C registers; written once as
+ * scale dQ, rounded once, into d qkv's q columns. One block owns a row's
+ * dQ and sums its key tiles in order: deterministic with no f32 sums in
+ * memory and no store pass, for 2 T^2 hd units more (S and dP again: 7 in
+ * all with k_attn_bwd_mma<.., DQ false>'s dK and dV, against the runs'
+ * 5). The ordinary op only (attention_grad, not cp: the cp ops keep the
+ * runs). */
+template <int HD, typename T>
+__global__ void __launch_bounds__(32 * FaShape<HD, T>::W)
+k_attn_dq_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *dqkv)
+{
+	typedef FaShape<HD, T> S;
+	const int KS = Mma<T>::K, BC = S::BC, TILE = BC * S::LD;
+	g.cp = 0; /* the ordinary op: no cp branches */
+	extern __shared__ __align__(16) unsigned char fa_raw[];
+	T *fa_smem = (T *)fa_raw; /* [2][K, V][BC][LD] */
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
+	/* block i: query tile ntq - 1 - i / (B H) of (batch, head) i % (B H) */
+	const int bhn = (int)(g.b * g.h), ntq = (int)((g.t + S::BR - 1) / S::BR);
+	const int bh = (int)(blockIdx.x % (unsigned)bhn), b = bh / (int)g.h, h = bh % (int)g.h;
+	const int q0 = (ntq - 1 - (int)(blockIdx.x / (unsigned)bhn)) * S::BR;
+	const int64_t ld = 3 * g.c;
+	const T *base = g.qkv + (int64_t)b * g.t * ld + 3 * g.hd * h;
+	const T *dbase = dy + (int64_t)b * g.t * g.c + g.hd * h;
+	const int wrow = q0 + 16 * warp; /* the warp's first row */
+	const int64_t row[2] = {wrow + gr, wrow + gr + 8}; /* this lane's query rows */
+	uint32_t qa[HD / KS][4], da[HD / KS][4];
+	const T *rp[2];
+	fa_rows(rp, base, ld, row, g.t);
+	fa_load_a<HD>(qa, rp, 0, g.vec8);
+	fa_rows(rp, dbase, g.c, row, g.t);
+	fa_load_a<HD>(da, rp, 0, g.vec8);
+	float l2[2], dr[2]; /* the rows' lse log2(e) (past T: +inf, so P = 0) and D */
+CU_UNROLL
+	for (int r = 0; r < 2; r++) {
+		/* (tcq_lse: the next row's lse) */
+		const int64_t i = ((int64_t)b * g.h + h) * g.t + row[r] +
+				  (MUTANT(tcq_lse) && row[r] + 1 < g.t ? 1 : 0);
+		l2[r] = row[r] < g.t ? lse[i] * 1.4426950408889634f : INFINITY;
+		dr[r] = row[r] < g.t ? dd[i] : 0.0f;
+	}
+	float acc[HD / 8][4]; /* dQ: acc[n][e] = dQ[row (e >> 1)][8 n + 2 qd + (e & 1)] */
+CU_UNROLL
+	for (int n = 0; n < HD / 8; n++)
+		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+	const int tlast = (int)(q0 + S::BR - 1 < g.t - 1 ? q0 + S::BR - 1 : g.t - 1); /* the block's */
+	const int wl = (int)(wrow + 15 < g.t - 1 ? wrow + 15 : g.t - 1);           /* the warp's */
+	const int tiles = tlast / BC + 1, lim0 = (int)row[0] - 2 * qd, lim1 = (int)row[1] - 2 * qd;
+	const float sl2 = g.scale * 1.4426950408889634f; /* scale log2(e) */
+	typedef TcFetch<HD, BC, 32 * S::W, T> Fetch;
+	Fetch fk, fv;
+	fa_fetch_kv<HD, S::LD, false>(fk, fv, fa_smem, g, b, h, 0);
+	tc_commit<T>();
+	fa_store_kv<S::LD>(fk, fv, fa_smem, g);
+	for (int it = 0; it < tiles; it++) {
+		tc_wait<T>();    /* this thread's copies of tile it landed (bf16: cp.async) */
+		__syncthreads(); /* tile it is in; the other buffer's tile is consumed */
+		T *next = fa_smem + 2 * TILE * ((it + 1) % 2);
+		if (it + 1 < tiles) {
+			fa_fetch_kv<HD, S::LD, false>(fk, fv, next, g, b, h, (it + 1) * BC);
+			tc_commit<T>();
+		}
+		const int k0 = it * BC;
+		/* above the warp's diagonal, or rows past T (warp-uniform): no work */
+		if (!(k0 > wl || wrow >= g.t)) {
+			const T *ks = fa_smem + 2 * TILE * (it % 2), *vs = ks + TILE;
+			float s[BC / 8][4], dp[BC / 8][4]; /* [j]: the keys k0 + 8 j .. + 7 */
+			fa_times_rows<HD, BC, S::LD>(s, qa, ks);  /* S = Q K^T */
+			fa_times_rows<HD, BC, S::LD>(dp, da, vs); /* dP = dO V^T */
+			const int diag = k0 + BC - 1 > wrow; /* a key after one of the warp's rows */
+			const int lim[2] = {lim0 - k0, lim1 - k0};
+CU_UNROLL
+			for (int j = 0; j < BC / 8; j++)
+CU_UNROLL
+				for (int e = 0; e < 4; e++) {
+					const float p = diag && 8 * j + (e & 1) > lim[e >> 1]
+								? 0.0f
+								: exp2f(fmaf(s[j][e], sl2, -l2[e >> 1]));
+					dp[j][e] = p * (dp[j][e] - dr[e >> 1]); /* dS */
+				}
+			uint32_t pa[BC / KS][4];
+			fa_pack<BC, T>(pa, dp);
+			fa_times_tile<HD, BC, S::LD>(acc, pa, ks); /* dQ += dS K */
+		}
+		if (it + 1 < tiles)
+			fa_store_kv<S::LD>(fk, fv, next, g); /* after the mma work */
+	}
+CU_UNROLL
+	for (int r = 0; r < 2; r++)
+		if (row[r] < g.t)
+			fa_store_row<HD>(dqkv + ((int64_t)b * g.t + row[r]) * ld + 3 * g.hd * h, acc, r, g.scale);
+}
+
+/* DP_ATTN_DQ, read once (cu_plan_attn reads it first, at plan build):
+ * unset, empty or "runs" 0, "split" 1, else -1. */
+static int fa_dq_split = -2;
+extern "C" int cu_attn_dq_split(void)
+{
+	if (fa_dq_split == -2) {
+		const char *v = getenv("DP_ATTN_DQ");
+		fa_dq_split = !v || !*v || !strcmp(v, "runs") ? 0 : !strcmp(v, "split") ? 1 : -1;
+	}
+	return fa_dq_split;
+}
+
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
 
 __global__ void k_cp_check(const int32_t *pos, int64_t t, int64_t tg, CuScalars *sc)
@@ -2062,6 +2187,26 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 				       a->st, g, (T *)0, lse, dy, dd);
 		}
 		CU_LAUNCHED(a, e);
+		if constexpr (!CP) {
+			if (op == DP_OP_ATTENTION_GRAD && cu_attn_dq_split() == 1) {
+				/* DP_ATTN_DQ=split: dK and dV by key block (one each, no dQ),
+				 * then dQ by query tile (k_attn_dq_mma) */
+				FaWalk kw = fa_walk(g.b * g.h, g.nkeys, 0);
+				const int ksmem = FaBwd<HD, T>::SMEM_KV;
+				if (ksmem > 48 * 1024)
+					CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, false, T, false>,
+								      cudaFuncAttributeMaxDynamicSharedMemorySize,
+								      ksmem), e);
+				CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, false, T, false>), (unsigned)(g.b * g.h * kw.splits),
+					       32 * S::W, (size_t)ksmem, a->st, g, dy, (const float *)lse,
+					       (const float *)dd, dkv, (float *)0, kw);
+				CU_LAUNCHED(a, e);
+				CU_LAUNCH_SMEM((k_attn_dq_mma<HD, T>), blocks, 32 * S::W, (size_t)S::SMEM, a->st, g,
+					       dy, (const float *)lse, (const float *)dd, dqkv);
+				CU_LAUNCHED(a, e);
+				return 0;
+			}
+		}
 		FaWalk walk = fa_walk(g.b * g.h, g.nkeys, op != DP_OP_ATTENTION_CP_GRAD_KV);
 		unsigned kblocks = (unsigned)(g.b * g.h * walk.splits);
 		float *dqacc = (float *)a->scratch + (3 * g.b * g.h * g.t + 3) / 4 * 4; /* 16-byte aligned */
@@ -2231,6 +2376,9 @@ static int attn_same_operands(const DpInstr *k, const DpInstr *g)
 extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
 {
 	const DpStep *s = p->s;
+	if (cu_attn_dq_split() < 0)
+		return RT_FAIL(e, "DP_ATTN_DQ=%s: the attention backward's dQ is 'runs' (the default) or "
+			       "'split' (docs/CUDA.md)", getenv("DP_ATTN_DQ"));
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
 			const DpInstr *g = &s->prog[pg][j];

@@ -246,6 +246,10 @@ int cu_plan_xent(CuPlan *p, RtErr *e);
 /* Attention's row log-sum-exp and output shared with its gradient
  * (attention.cu). */
 int cu_plan_attn(CuPlan *p, RtErr *e);
+/* The tensor-core backward's dQ variant, DP_ATTN_DQ read once (attention.cu,
+ * docs/CUDA.md's experiment): 0 the runs (the default), 1 "split" (a dQ pass
+ * of its own), -1 a value that is neither (cu_plan_attn refuses it). */
+int cu_attn_dq_split(void);
 /* Every GEMM's cuBLASLt descriptors and algorithm (heuristic query with the
  * operands' real addresses), before any capture (gemm.cu). */
 int cu_plan_gemm(CuPlan *p, RtErr *e);

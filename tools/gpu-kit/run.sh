@@ -48,7 +48,8 @@
 #      ms per op class, the top 15 ops, the gap to the step's wall) in the
 #      report, the trace in OUTDIR/trace-gpt2-cuda.json; ncu's
 #      device time of two kernel classes over 1 step of part 5's step file,
-#      the attention kernels (k_attn*) and cuBLASLt's GEMMs, and what is left
+#      the attention kernels (k_attn*; again under DP_ATTN_DQ=split, the
+#      backward's split dQ pass, docs/CUDA.md) and cuBLASLt's GEMMs, and what is left
 #      of part 5's step time (ncu profiles each kernel alone, ~0.15 s apiece:
 #      the ~1,200 of a whole step did not finish in 80 s on the H200);
 #      PyTorch's SDPA at the same shape (bench/gpu_gpt.py --modes sdpa), the
@@ -801,6 +802,7 @@ part6() {
 	nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1 || true)
 	if [ $EMU = 1 ]; then
 		report SKIP "ncu, the attention kernels' time over 1 step of gpt2: the CUDA emulator: no GPU"
+		report SKIP "ncu, the attention kernels' time under DP_ATTN_DQ=split: the CUDA emulator: no GPU"
 		report SKIP "ncu, the GEMMs' time over 1 step of gpt2: the CUDA emulator: no GPU"
 		report SKIP "PyTorch SDPA at gpt2's shape: the CUDA emulator: no GPU"
 		report SKIP "nsys, the top 10 kernels of gpt2: the CUDA emulator: no GPU"
@@ -813,6 +815,11 @@ part6() {
 	# the rest of part 5's step time is the other kernels and the gaps
 	local attn_ms="" gemm_ms=""
 	attn_ms=$(ncu_class attn "k_attn" 100 "$ncu" "$bin" "dp's attention kernels")
+	# the same under the split dQ pass (DP_ATTN_DQ=split, docs/CUDA.md's
+	# experiment: k_attn_dq_mma by query tile, k_attn_bwd_mma<.., false>
+	# without dQ, no k_attn_dq_store4): the same table, for the two side by side
+	DP_ATTN_DQ=split ncu_class attn-split "k_attn" 100 "$ncu" "$bin" \
+		"dp's attention kernels under DP_ATTN_DQ=split" >/dev/null
 	# the library's kernels by what they are not: every dp kernel is named
 	# k_* (runtime/cuda), so the rest are cuBLASLt's (a 1-rank step has no
 	# NCCL). A list of cuBLASLt's names (nvjet|gemm|xmma|cutlass) missed
