@@ -93,11 +93,6 @@
 #   norm_gb_beta  layernorm_grad_gb (passes/fuse.c: LayerNorm's gamma and
 #                 beta gradients in one pass) loses beta's sum over its
 #                 second chunk of rows (hd64: 512 rows, 16 chunks)
-#   widen_bias    the norms' float-to-double widening from the bits
-#                 (norm.cu's WidenBits: k_norm_fwd_w, k_norm_bwd_w and
-#                 layernorm_grad_gb's statistics and sums on finite rows)
-#                 scales by 2^895 instead of 2^896: every widened value
-#                 halved (v16: bf16 rows of 32)
 #   bias_seg      bias_add's tiles (elementwise.cu's BiasTiles) all start
 #                 at column 0: a row longer than a block's groups is added
 #                 in its first segment only (hd64: the position embedding
@@ -681,7 +676,6 @@ add_norm_grad16 norm_grad_no_residual v16 1 one DPEMU_SEED=2 DPEMU_SEED=1
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 norm_gb_beta  norm_gb_beta  hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
-widen_bias    widen_bias    v16     1 one DPEMU_SEED=2 DPEMU_SEED=1
 bias_seg      bias_seg      hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
 emb_tile_sync emb_tile_sync hd64    1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2

@@ -220,56 +220,10 @@ static __device__ __forceinline__ int64_t wcol(int lane, int i)
 	return MUTANT(bf16_stride) ? lane + 32 * i : (int64_t)(lane + 32 * i) * 8;
 }
 
-/*
- * Widening a float to double, the warp kernels' every (double)v. nvcc's
- * conversion (F2F.F64.F32) issues at 16 a clock per SM on sm_80 and sm_90,
- * a quarter of the DADD/DMUL rate (64), and the warp kernels made 4 to 9
- * of them per element: FP64-pipe-bound, not byte-bound (docs/CUDA.md, "The
- * norms' FP64 pipe"). WidenBits builds the same double from the float's
- * bits: sign, exponent and mantissa moved into double's fields with the
- * exponent still float's bias (two integer ops on the high word), then one
- * DMUL by 2^896 (1023 - 127) puts the bias right. Exact for every finite
- * float, zero and float subnormals included (a subnormal lands as a double
- * subnormal whose product is the float's value, m 2^-149); Inf and NaN (the
- * exponent all ones) would come out finite, so a row holding one takes
- * WidenCvt, the conversion itself (rows_finite below). Bitwise the same
- * doubles either way: the kernels' results do not change.
- */
-struct WidenCvt {
-	static __device__ __forceinline__ double w(float f) { return (double)f; }
-};
-struct WidenBits {
-	static __device__ __forceinline__ double w(float f)
-	{
-		/* bits 0-22 (mantissa) to 29-51, 23-30 (exponent) to 52-59; the
-		 * sign extension fills 60-63: keep 63 (the sign), clear 60-62 */
-		uint64_t d = ((uint64_t)(int64_t)__float_as_int(f) << 29) & 0x8fffffffffffffffull;
-		return __longlong_as_double((long long)d) * (MUTANT(widen_bias) ? 0x1p895 : 0x1p896);
-	}
-};
-
-/* Nonzero when one of the two 16-bit values of u (bf16 or f16) is Inf or
- * NaN: its exponent all ones, i.e. a zero half in ~u & the exponents' mask
- * (the zero-half test (x - 0x00010001) & ~x & 0x80008000; bit 15 of each
- * half of x is 0, so it is exact) */
-template <typename T> struct ExpMask2;
-template <> struct ExpMask2<cu_bf16> { static const uint32_t m = 0x7f807f80u; };
-template <> struct ExpMask2<__half> { static const uint32_t m = 0x7c007c00u; };
-template <typename T> static __device__ __forceinline__ uint32_t nonfinite2(uint32_t u)
-{
-	const uint32_t m = ExpMask2<T>::m;
-	uint32_t x = ~u & m;
-	return (x - 0x00010001u) & ~x & 0x80008000u;
-}
-template <typename T> static __device__ __forceinline__ uint32_t nonfinite8(uint4 w)
-{
-	return nonfinite2<T>(w.x) | nonfinite2<T>(w.y) | nonfinite2<T>(w.z) | nonfinite2<T>(w.w);
-}
-
 /* The row's mean and rstd from the lane's NC packed chunks w (those q < nq).
  * The row stays packed (16-bit) in registers and is widened at each use: 4
  * registers a chunk, not 8 (GPT-2's 768: NC = 3). */
-template <typename T, int NC, typename Wd>
+template <typename T, int NC>
 static __device__ __forceinline__ void warp_row_stats(int rms, const uint4 *w, int nq, int64_t c,
 						      double eps, double *mean, double *rstd)
 {
@@ -283,7 +237,7 @@ CU_UNROLL
 				float v[8];
 				unpack8<T>(w[i], v);
 				for (int k = 0; k < 8; k++)
-					s += Wd::w(v[k]);
+					s += v[k];
 			}
 		m = warp_sum(s) / (double)c;
 	}
@@ -293,60 +247,13 @@ CU_UNROLL
 			float v[8];
 			unpack8<T>(w[i], v);
 			for (int k = 0; k < 8; k++) {
-				double d = Wd::w(v[k]) - m;
+				double d = (double)v[k] - m;
 				q += d * d;
 			}
 		}
 	q = warp_sum(q);
 	*mean = m;
 	*rstd = 1.0 / sqrt(q / (double)c + eps);
-}
-
-/* Whether any of the lane's NC packed chunks w (those q < nq) holds an Inf
- * or a NaN */
-template <typename T, int NC>
-static __device__ __forceinline__ uint32_t chunks_nonfinite(const uint4 *w, int nq)
-{
-	int lane = threadIdx.x & 31;
-	uint32_t bad = 0;
-CU_UNROLL
-	for (int i = 0; i < NC; i++)
-		if (lane + 32 * i < nq)
-			bad |= nonfinite8<T>(w[i]);
-	return bad;
-}
-
-/* Whether the warp's row (the lanes' bad, as chunks_nonfinite) takes the
- * conversion: a row with an Inf or NaN in it (warp-uniform) */
-static __device__ __forceinline__ bool row_needs_cvt(uint32_t bad)
-{
-	return __any_sync(CU_FULL_MASK, bad != 0);
-}
-
-/* The forward of a row held packed in w (NC chunks a lane), into orow */
-template <typename T, int NC, typename Wd>
-static __device__ __forceinline__ void fwd_row_w(int rms, T *orow, const uint4 *w, const T *g,
-						 const T *b, int nq, int64_t c, double eps)
-{
-	int lane = threadIdx.x & 31;
-	double mean, rstd;
-	warp_row_stats<T, NC, Wd>(rms, w, nq, c, eps, &mean, &rstd);
-CU_UNROLL
-	for (int i = 0; i < NC; i++) {
-		int q = lane + 32 * i;
-		if (q >= nq)
-			continue;
-		float v[8], gv[8], bv[8], ov[8];
-		unpack8<T>(w[i], v);
-		ld8(g + q * 8, gv);
-		if (!rms)
-			ld8(b + q * 8, bv);
-		for (int k = 0; k < 8; k++) {
-			float xh = (float)((Wd::w(v[k]) - mean) * rstd);
-			ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
-		}
-		st8(orow + q * 8, ov);
-	}
 }
 
 /* forward: o = norm(s) with s = x (res NULL) or x + res rounded to T and
@@ -377,63 +284,24 @@ CU_UNROLL
 				*(uint4 *)(so + r * c + q * 8) = w[i];
 			}
 		}
-		/* g and b are used in float: only the row is widened */
-		if (row_needs_cvt(chunks_nonfinite<T, NC>(w, nq)))
-			fwd_row_w<T, NC, WidenCvt>(rms, o + r * c, w, g, b, nq, c, eps);
-		else
-			fwd_row_w<T, NC, WidenBits>(rms, o + r * c, w, g, b, nq, c, eps);
-	}
-}
-
-/* dx of a row whose x and dy are held packed in xw, dw (+ the residual's
- * gradient rrow unless NULL), into orow */
-template <typename T, int NC, typename Wd>
-static __device__ __forceinline__ void bwd_row_w(int rms, T *orow, const uint4 *xw,
-						 const uint4 *dw, const T *g, const T *rrow,
-						 int nq, int64_t c, double eps)
-{
-	int lane = threadIdx.x & 31;
-	double mean, rstd, sg = 0, sgx = 0;
-	warp_row_stats<T, NC, Wd>(rms, xw, nq, c, eps, &mean, &rstd);
+		double mean, rstd;
+		warp_row_stats<T, NC>(rms, w, nq, c, eps, &mean, &rstd);
 CU_UNROLL
-	for (int i = 0; i < NC; i++) {
-		int q = lane + 32 * i;
-		if (q >= nq)
-			continue;
-		float v[8], dv[8], gv[8];
-		unpack8<T>(xw[i], v);
-		unpack8<T>(dw[i], dv);
-		ld8(g + q * 8, gv);
-		for (int k = 0; k < 8; k++) {
-			double gd = Wd::w(dv[k]) * Wd::w(gv[k]);
-			sg += gd;
-			sgx += gd * (Wd::w(v[k]) - mean) * rstd;
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], gv[8], bv[8], ov[8];
+			unpack8<T>(w[i], v);
+			ld8(g + q * 8, gv);
+			if (!rms)
+				ld8(b + q * 8, bv);
+			for (int k = 0; k < 8; k++) {
+				float xh = (float)(((double)v[k] - mean) * rstd);
+				ov[k] = rms ? xh * gv[k] : xh * gv[k] + bv[k];
+			}
+			st8(o + r * c + q * 8, ov);
 		}
-	}
-	sg = warp_sum(sg);
-	sgx = warp_sum(sgx);
-	sg = rms ? 0 : sg / (double)c;
-	sgx /= (double)c;
-CU_UNROLL
-	for (int i = 0; i < NC; i++) {
-		int q = lane + 32 * i;
-		if (q >= nq)
-			continue;
-		float v[8], dv[8], gv[8], ov[8];
-		unpack8<T>(xw[i], v);
-		unpack8<T>(dw[i], dv);
-		ld8(g + q * 8, gv);
-		for (int k = 0; k < 8; k++) {
-			double xh = (Wd::w(v[k]) - mean) * rstd;
-			ov[k] = (float)(rstd * (Wd::w(dv[k]) * Wd::w(gv[k]) - sg - xh * sgx));
-		}
-		if (rrow) {
-			float rv[8];
-			ld8(rrow + q * 8, rv);
-			for (int k = 0; k < 8; k++)
-				ov[k] = as_stored<T>(ov[k]) + rv[k];
-		}
-		st8(orow + q * 8, ov);
 	}
 }
 
@@ -445,11 +313,6 @@ k_norm_bwd_w(int rms, T *o, const T *dy, const T *x, const T *g, const T *res, i
 {
 	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
 	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
-	uint32_t gbad = 0; /* g is widened too: checked once */
-CU_UNROLL
-	for (int i = 0; i < NC; i++)
-		if (lane + 32 * i < nq)
-			gbad |= nonfinite8<T>(*(const uint4 *)(g + (lane + 32 * i) * 8));
 	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
 	     r += (int64_t)gridDim.x * nw) {
 		uint4 xw[NC] = {}, dw[NC] = {};
@@ -461,12 +324,48 @@ CU_UNROLL
 			xw[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
 			dw[i] = *(const uint4 *)(dy + r * c + q * 8);
 		}
-		const T *rrow = res && !drop ? res + r * c : (const T *)0;
-		uint32_t bad = gbad | chunks_nonfinite<T, NC>(xw, nq) | chunks_nonfinite<T, NC>(dw, nq);
-		if (row_needs_cvt(bad))
-			bwd_row_w<T, NC, WidenCvt>(rms, o + r * c, xw, dw, g, rrow, nq, c, eps);
-		else
-			bwd_row_w<T, NC, WidenBits>(rms, o + r * c, xw, dw, g, rrow, nq, c, eps);
+		double mean, rstd, sg = 0, sgx = 0;
+		warp_row_stats<T, NC>(rms, xw, nq, c, eps, &mean, &rstd);
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], dv[8], gv[8];
+			unpack8<T>(xw[i], v);
+			unpack8<T>(dw[i], dv);
+			ld8(g + q * 8, gv);
+			for (int k = 0; k < 8; k++) {
+				double gd = (double)dv[k] * gv[k];
+				sg += gd;
+				sgx += gd * ((double)v[k] - mean) * rstd;
+			}
+		}
+		sg = warp_sum(sg);
+		sgx = warp_sum(sgx);
+		sg = rms ? 0 : sg / (double)c;
+		sgx /= (double)c;
+CU_UNROLL
+		for (int i = 0; i < NC; i++) {
+			int q = lane + 32 * i;
+			if (q >= nq)
+				continue;
+			float v[8], dv[8], gv[8], ov[8];
+			unpack8<T>(xw[i], v);
+			unpack8<T>(dw[i], dv);
+			ld8(g + q * 8, gv);
+			for (int k = 0; k < 8; k++) {
+				double xh = ((double)v[k] - mean) * rstd;
+				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+			}
+			if (res && !drop) {
+				float rv[8];
+				ld8(res + r * c + q * 8, rv);
+				for (int k = 0; k < 8; k++)
+					ov[k] = as_stored<T>(ov[k]) + rv[k];
+			}
+			st8(o + r * c + q * 8, ov);
+		}
 	}
 }
 
@@ -533,71 +432,29 @@ template <typename T> struct NormGTerm {
  * partition is the shape's alone, no atomics: deterministic; the CPU's
  * (row-order sums) to within layernorm_grad_g's and bias_grad's 1 ulp.
  */
-/* Stage 1's sums: each thread its W columns over rows [lo, hi) in row
- * order, dy * xh into pg[0, c), dy into pg[c, 2c) */
-template <int W, typename T, typename Wd>
-static __device__ __forceinline__ void gb_columns(const T *dy, const T *x, int64_t lo, int64_t hi,
-						  int64_t c, const double *stats, double *pg)
-{
-	double *pb = pg + c;
-	const bool drop = MUTANT(norm_gb_beta) && blockIdx.x == 1; /* a chunk's beta lost */
-	for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
-		double sg[W], sb[W];
-		for (int k = 0; k < W; k++)
-			sg[k] = sb[k] = 0;
-CU_UNROLL4
-		for (int64_t r = lo; r < hi; r++) {
-			float dv[W], xv[W];
-			ldw<W>(dy + r * c + j, dv);
-			ldw<W>(x + r * c + j, xv);
-			double m = stats[2 * r], rs = stats[2 * r + 1];
-			for (int k = 0; k < W; k++) {
-				double d = Wd::w(dv[k]);
-				sg[k] += d * ((Wd::w(xv[k]) - m) * rs);
-				sb[k] += d;
-			}
-		}
-		for (int k = 0; k < W; k++) {
-			pg[j + k] = sg[k];
-			pb[j + k] = drop ? 0.0 : sb[k];
-		}
-	}
-}
-
 template <int W, typename T>
 __global__ void k_norm_gb_part(const T *dy, const T *x, int64_t rows, int64_t c, int64_t per,
 			       double eps, double *stats, double *part)
 {
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
 	int64_t lo = blockIdx.x * per, hi = lo + per < rows ? lo + per : rows;
-	uint32_t bad = 0; /* an Inf or NaN in the chunk's x or dy (or not checked) */
 	for (int64_t r = lo + warp; r < hi; r += nw) {
 		const T *xr = x + r * c;
 		if constexpr (W == 8 && sizeof(T) == 2) if (c <= NW_MAX) { /* the row in registers, one read */
-			uint4 w[NW_CHUNKS], dw[NW_CHUNKS] = {};
+			uint4 w[NW_CHUNKS];
 			int nq = (int)(c / 8);
 CU_UNROLL
 			for (int i = 0; i < NW_CHUNKS; i++)
-				if (lane + 32 * i < nq) {
+				if (lane + 32 * i < nq)
 					w[i] = *(const uint4 *)(xr + wcol(lane, i));
-					dw[i] = *(const uint4 *)(dy + r * c + (lane + 32 * i) * 8);
-				}
-			/* dy's row only checked here (then in L1/L2 for the sums) */
-			bad |= chunks_nonfinite<T, NW_CHUNKS>(dw, nq);
 			double mean, rstd;
-			uint32_t xbad = chunks_nonfinite<T, NW_CHUNKS>(w, nq);
-			bad |= xbad;
-			if (row_needs_cvt(xbad))
-				warp_row_stats<T, NW_CHUNKS, WidenCvt>(0, w, nq, c, eps, &mean, &rstd);
-			else
-				warp_row_stats<T, NW_CHUNKS, WidenBits>(0, w, nq, c, eps, &mean, &rstd);
+			warp_row_stats<T, NW_CHUNKS>(0, w, nq, c, eps, &mean, &rstd);
 			if (lane == 0) {
 				stats[2 * r] = mean;
 				stats[2 * r + 1] = rstd;
 			}
 			continue;
 		}
-		bad = 1;
 		double s = 0, q = 0;
 		/* (the mutant bf16_stride as in row_stats: this walk, not row_stats,
 		 * is the gamma gradient's statistics since layernorm_grad_gb) */
@@ -623,14 +480,29 @@ CU_UNROLL
 			stats[2 * r + 1] = 1.0 / sqrt(q / (double)c + eps);
 		}
 	}
-	/* the chunk's statistics, whichever warp wrote them; the widening the
-	 * sums take (block-uniform) */
-	bool cvt = __syncthreads_or(bad != 0);
-	double *pg = part + blockIdx.x * 2 * c;
-	if (cvt)
-		gb_columns<W, T, WidenCvt>(dy, x, lo, hi, c, stats, pg);
-	else
-		gb_columns<W, T, WidenBits>(dy, x, lo, hi, c, stats, pg);
+	__syncthreads(); /* the chunk's statistics, whichever warp wrote them */
+	double *pg = part + blockIdx.x * 2 * c, *pb = pg + c;
+	const bool drop = MUTANT(norm_gb_beta) && blockIdx.x == 1; /* a chunk's beta lost */
+	for (int64_t j = W * threadIdx.x; j < c; j += W * blockDim.x) {
+		double sg[W], sb[W];
+		for (int k = 0; k < W; k++)
+			sg[k] = sb[k] = 0;
+CU_UNROLL4
+		for (int64_t r = lo; r < hi; r++) {
+			float dv[W], xv[W];
+			ldw<W>(dy + r * c + j, dv);
+			ldw<W>(x + r * c + j, xv);
+			double m = stats[2 * r], rs = stats[2 * r + 1];
+			for (int k = 0; k < W; k++) {
+				sg[k] += (double)dv[k] * (((double)xv[k] - m) * rs);
+				sb[k] += dv[k];
+			}
+		}
+		for (int k = 0; k < W; k++) {
+			pg[j + k] = sg[k];
+			pb[j + k] = drop ? 0.0 : sb[k];
+		}
+	}
 }
 
 /* Stage 2: o[j] (+)= the sum of the chunks' partials of column j (2c
