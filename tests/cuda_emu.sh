@@ -296,6 +296,10 @@ selftest cp_async_nowait "returned with 3 cp.async copies it never waited for"
 selftest cp_async_global "cp.async at .*: the destination .* is not 16-byte aligned shared memory"
 selftest misaligned "misaligned address"
 selftest host_touch "host code touched device memory"
+# (device memory closed by a protection key where the CPU has them, the
+# default; by mprotect without: tests/cuda_emu/core.cc's top)
+selftest host_touch "host code touched device memory" DPEMU_PKEY=0
+selftest out_of_bounds "illegal device address" DPEMU_PKEY=0
 selftest kernel_host_ptr "argument 1 is .*pageable host memory"
 selftest out_of_bounds "illegal device address"
 selftest gemm_ld_past "matrix A .* is not inside one device buffer"
