@@ -459,6 +459,38 @@ static void op_lines(void)
 	      strstr(err, "points"), "bad points named by op and dtype: '%s'", err);
 }
 
+/* The GEMM table between two micro-batches' points (GPT-2 124M's
+ * micro-batch 4 between 2 and 8 on the H200): the shape between its own
+ * two points, which differ from it in m only, takes their log-midpoint
+ * (4 and 16 at m 2048 and 8192: 8 at 4096), where the inverse squared
+ * distance in log m, n, k let a far slow shape (768 x 768 x 2048 at 1)
+ * pull it to 6.8 */
+static void gemm_table(void)
+{
+	Machine m;
+	char err[512];
+	CHECK(machine_parse(&m, "{\"executor\": \"gpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2},"
+				"\"memory_bw\": 1, " LINKS ", \"gemm\": ["
+				"{\"dtype\": \"bf16\", \"m\": 2048, \"n\": 768, \"k\": 3072, \"flops_per_s\": 4},"
+				"{\"dtype\": \"bf16\", \"m\": 8192, \"n\": 768, \"k\": 3072, \"flops_per_s\": 16},"
+				"{\"dtype\": \"bf16\", \"m\": 768, \"n\": 768, \"k\": 2048, \"flops_per_s\": 1},"
+				"{\"dtype\": \"f32\", \"m\": 4096, \"n\": 768, \"k\": 3072, \"flops_per_s\": 3}]}",
+				"m.json", err, sizeof err) == 0, "a GEMM table read: %s", err);
+	double mid = machine_gemm_rate(&m, MACH_BF16, 4096, 768, 3072);
+	CHECK(NEAR(mid, 8), "between its own two points in m: their log-midpoint, 8: %g", mid);
+	double q = machine_gemm_rate(&m, MACH_BF16, 2896.3, 768, 3072), w = log(2896.3 / 2048) / log(4);
+	CHECK(NEAR(q, exp(log(4) + w * log(4))), "log rate linear in log m: %g", q);
+	CHECK(NEAR(machine_gemm_rate(&m, MACH_BF16, 4096, 768, 3093.5), 8) &&
+	      NEAR(machine_gemm_rate(&m, MACH_BF16, 8192, 768, 3093.5), 16),
+	      "the other axes the same to 1 %% (a fused GELU GEMM's k from its FLOPs): %g %g",
+	      machine_gemm_rate(&m, MACH_BF16, 4096, 768, 3093.5),
+	      machine_gemm_rate(&m, MACH_BF16, 8192, 768, 3093.5));
+	double off = machine_gemm_rate(&m, MACH_BF16, 4096, 1024, 3072);
+	CHECK(off > 1 && off < 8, "off the points on two axes: the inverse-distance blend: %g", off);
+	CHECK(NEAR(machine_gemm_rate(&m, MACH_F32, 4096, 768, 3072), 3), "each dtype its own points");
+	machine_free(&m);
+}
+
 static void machines(void)
 {
 	Machine m;
@@ -500,6 +532,7 @@ static void machines(void)
 	free(text);
 	machine_free(&m);
 	op_lines();
+	gemm_table();
 	CHECK(machine_parse(&m, "{\"executor\": \"tpu\"}", "m.json", err, sizeof err) < 0 &&
 	      strstr(err, "m.json") && strstr(err, "executor"), "a bad executor: '%s'", err);
 	CHECK(machine_parse(&m, "{\n\"executor\": \"gpu\",,\n}", "m.json", err, sizeof err) < 0 &&

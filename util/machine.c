@@ -464,9 +464,60 @@ char *machine_json(const Machine *m)
 	return text;
 }
 
+/* The rate at q of the points of dtype that bracket q on one axis with the
+ * other two the same (to 1 %: a fused GELU GEMM's k, derived from FLOPs that
+ * count its GELU, is 0.7 % above the k its point was measured at), log rate
+ * linear in the log of that axis between the nearest two; 0 where no axis
+ * has such a pair. A model calibrated at two micro-batches holds each GEMM
+ * at both, differing in the tokens only (m, or k for a weight gradient):
+ * a size between them is that GEMM between its own two points, which the
+ * inverse-distance rule below blends with every other shape of the table
+ * (at GPT-2 124M's micro-batch 4 between 2 and 8, the 768 x 768 weight
+ * gradients' 190-300 TFLOP/s pulled the 4096 x 768 x 3072 product from
+ * its points' 677 to 519 TFLOP/s: docs/SIMULATE.md, "Validation on a
+ * GPU"). */
+static double gemm_bracketed(const Machine *m, int dtype, const double q[3])
+{
+	for (int a = 0; a < 3; a++) {
+		const MachGemm *lo = NULL, *hi = NULL;
+		double xlo = 0, xhi = 0;
+		for (int i = 0; i < m->ngemm; i++) {
+			const MachGemm *g = &m->gemm[i];
+			double p[3] = {g->m, g->n, g->k};
+			int same = g->dtype == dtype;
+			for (int b = 0; b < 3 && same; b++)
+				same = b == a || fabs(log(q[b] / p[b])) < 0.01;
+			if (!same)
+				continue;
+			if (p[a] < q[a] && (!lo || p[a] > xlo)) {
+				lo = g;
+				xlo = p[a];
+			} else if (p[a] > q[a] && (!hi || p[a] < xhi)) {
+				hi = g;
+				xhi = p[a];
+			}
+		}
+		if (lo && hi) {
+			double w = log(q[a] / xlo) / log(xhi / xlo);
+			return exp(log(lo->flops_per_s) + w * (log(hi->flops_per_s) - log(lo->flops_per_s)));
+		}
+	}
+	return 0;
+}
+
 double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk)
 {
 	double wsum = 0, lsum = 0;
+	for (int i = 0; i < m->ngemm; i++) { /* a point of its own shape (to 1 %): its rate */
+		const MachGemm *g = &m->gemm[i];
+		if (g->dtype == dtype && fabs(log(mm / g->m)) < 0.01 && fabs(log(nn / g->n)) < 0.01 &&
+		    fabs(log(kk / g->k)) < 0.01)
+			return g->flops_per_s;
+	}
+	const double q[3] = {mm, nn, kk};
+	double r = gemm_bracketed(m, dtype, q);
+	if (r > 0)
+		return r;
 	for (int i = 0; i < m->ngemm; i++) {
 		const MachGemm *g = &m->gemm[i];
 		if (g->dtype != dtype)

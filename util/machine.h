@@ -17,8 +17,11 @@
  *                       denominator is the bf16 one
  *   gemm                [{"dtype": "f32"|"bf16", "m", "n", "k", "flops_per_s"}]:
  *                       measured GEMM rates; a product's rate is
- *                       interpolated between the points of its dtype
- *                       (inverse squared distance in log m, n, k)
+ *                       interpolated between the points of its dtype:
+ *                       between the two nearest that differ from its
+ *                       shape on one axis only (the other two within
+ *                       1 %), log rate linear in that axis's log, else
+ *                       inverse squared distance in log m, n, k
  *   memory_bw           bytes/s of a memory-bound kernel
  *   kernel_overhead_s   added to every kernel (launch, or the pool's fork;
  *                       a GPU's calibration: what a graph replay adds per
@@ -123,8 +126,10 @@ void machine_free(Machine *m);
 /* The machine as a JSON machine file (malloc'd text, NULL when out of
  * memory): what machine_parse reads back. */
 char *machine_json(const Machine *m);
-/* The GEMM rate for an m x k by k x n product of dtype: the table's
- * interpolation, else the dtype's peak. */
+/* The GEMM rate for an m x k by k x n product of dtype: a point of its
+ * shape's rate; else between the two nearest points that differ from it on
+ * one axis only, log rate linear in that axis's log; else the table's
+ * inverse squared distance in log m, n, k; else the dtype's peak. */
 double machine_gemm_rate(const Machine *m, int dtype, double mm, double nn, double kk);
 /* The op's own entry, or NULL. */
 const MachOp *machine_op(const Machine *m, const char *op);
