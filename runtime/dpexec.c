@@ -893,6 +893,9 @@ static int setup_local(Run *r)
 			  .timeout_s = r->o.timeout,
 			  .no_progress = r->o.no_progress, .host = &cpu_host_kernels,
 			  .gemm_tune = r->o.gemm_tune, .gemm_tune_file = r->o.gemm_tune_file};
+	if (r->o.gemm_tune && (r->ops->flags & BACKEND_INLINE) && r->rank == 0)
+		fprintf(stderr, "dpexec: note: --gemm-tune chooses cuBLASLt's algorithms (--device "
+				"cuda); this backend's GEMMs have no choice to time: ignored\n");
 	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
 				&node) != MPI_SUCCESS)
