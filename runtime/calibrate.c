@@ -454,7 +454,8 @@ static int fit_line_points(MachLine *l, double *xs, double *ys, int k, int flops
 		free(py);
 		return -1;
 	}
-	memcpy(xt, l->pts, sizeof *xt * 2 * (size_t)old);
+	if (old) /* (a line without points has pts NULL) */
+		memcpy(xt, l->pts, sizeof *xt * 2 * (size_t)old);
 	for (int i = 0; i < k; i++) { /* sort this run's by x: equal x together */
 		for (int j = i; j > 0 && xs[j] < xs[j - 1]; j--) {
 			double a = xs[j], b = ys[j];

@@ -423,10 +423,12 @@ for op, l in m2["ops"].items():
 assert m["ops"]["relu"]["f32"] == m2["ops"]["relu"]["f32"], "relu f32 line changed"
 relu = m["ops"]["relu"]
 assert set(relu) == {"f32", "bf16"} and relu["bf16"]["points"] and relu["bf16"]["bytes_per_s"] > 0, relu
-assert abs(after / before - 1) < 0.10, (before, after)
+# (10 %; 20 % under SAN=1, whose instrumented kernels time less steadily:
+# the one-line-per-op rule it guards against moved it +28 %)
+assert abs(after / before - 1) < (0.20 if sys.argv[5] == "1" else 0.10), (before, after)
 n = len(relu["bf16"]["points"])
 print(f"the f32 step {after:.3f} ms against {before:.3f} before it, relu bf16 {n} points")
-' "$T/m.json" "$T/m2.json" "$(st "$T/sim_f2.txt")" "$(st "$T/sim_f3.txt")" 2>&1) &&
+' "$T/m.json" "$T/m2.json" "$(st "$T/sim_f2.txt")" "$(st "$T/sim_f3.txt")" "${SAN:-0}" 2>&1) &&
 		grep -q "^machine file: no line of their dtype for .*relu (bf16) on its f32 line" "$T/sim_b2.txt" &&
 		! grep -q "no line of their dtype" "$T/sim_b3.txt" "$T/sim_f3.txt" && [ -n "$(st "$T/sim_b3.txt")" ]; then
 		ok "calibrate: a bf16 step file adds bf16 lines beside the f32 ones: $out"

@@ -130,7 +130,8 @@ int machine_line_points(MachLine *l, const double *xt, int npts)
 	double *p = malloc(sizeof *p * 2 * ((size_t)npts + 1));
 	if (!p)
 		return -1;
-	memcpy(p, xt, sizeof *p * 2 * (size_t)npts);
+	if (npts)
+		memcpy(p, xt, sizeof *p * 2 * (size_t)npts);
 	/* stable for a repeated x: sort by x, then keep each x's last pair in
 	 * the input order (qsort is not stable: mark the order first) */
 	double *q = malloc(sizeof *q * 3 * ((size_t)npts + 1));
