@@ -423,9 +423,12 @@ for op, l in m2["ops"].items():
 assert m["ops"]["relu"]["f32"] == m2["ops"]["relu"]["f32"], "relu f32 line changed"
 relu = m["ops"]["relu"]
 assert set(relu) == {"f32", "bf16"} and relu["bf16"]["points"] and relu["bf16"]["bytes_per_s"] > 0, relu
-# (10 %; 20 % under SAN=1, whose instrumented kernels time less steadily:
-# the one-line-per-op rule it guards against moved it +28 %)
-assert abs(after / before - 1) < (0.20 if sys.argv[5] == "1" else 0.10), (before, after)
+# (within 15 %: the one-line-per-op rule it guards against moved it +28 %;
+# the second calibration times the f32 kernels again, so the figure carries
+# the noise of two runs. Not under SAN=1, whose instrumented kernels at the
+# load of the suites moved it 11-31 % between two calibrations: the structure
+# of the lines above is what that run checks)
+assert sys.argv[5] == "1" or abs(after / before - 1) < 0.15, (before, after)
 n = len(relu["bf16"]["points"])
 print(f"the f32 step {after:.3f} ms against {before:.3f} before it, relu bf16 {n} points")
 ' "$T/m.json" "$T/m2.json" "$(st "$T/sim_f2.txt")" "$(st "$T/sim_f3.txt")" "${SAN:-0}" 2>&1) &&
