@@ -2062,7 +2062,10 @@ static size_t scratch_attention(const DpStep *s, const DpInstr *in)
 	const DpTensor *tq = &s->tensors[in->in[1]];
 	int64_t heads = DP_ATTR(in, ATTENTION, heads);
 	int64_t rows = tq->dims[0] * heads * tq->dims[1], dq = 0;
-	if (in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in)) {
+	/* dQ's run sums: the tensor-core backward's, but not under
+	 * DP_ATTN_DQ=split, whose dQ pass writes dQ itself (run_attention) */
+	if (in->op != DP_OP_ATTENTION_CP_GRAD_KV && tc_instr(s, in) &&
+	    !(in->op == DP_OP_ATTENTION_GRAD && cu_attn_dq_split() == 1)) {
 		int64_t keys = tq->dims[1] * (in->op == DP_OP_ATTENTION_GRAD ? 1 : DP_ATTR(in, ATTENTION_CP, cp));
 		dq = fa_walk(tq->dims[0] * heads, keys, 1).splits * tq->dims[0] * tq->dims[1] * (tq->dims[2] / 3);
 	}
