@@ -867,4 +867,29 @@ int dpstep_check_operands(const DpStep *s, const DpInstr *in, const char *what, 
 /* Name of a string-table offset, "" when out of range. */
 const char *dpstep_str(const DpStep *s, uint32_t off);
 
+/* ---- kernel kinds (format/kernel_kind.c) ----
+ * Which of an op's CUDA kernels an instruction runs, where the CUDA backend
+ * chooses between kernels of very different costs by a rule on the step
+ * file alone (so the compiler sees it too): the calibration keys each
+ * measured point of an op line by it and the simulator prices an
+ * instruction among the points of its own kind (util/machine.h, "points").
+ * Kind 0 is an op's general kernel; an op with one kernel has only kind 0
+ * and no name. */
+enum { DP_KIND_MAX = 2 };
+/* The kind of instruction i of program prog (0 for an op with one kernel). */
+int dp_kernel_kind(const DpStep *s, int prog, uint32_t i);
+/* The kinds of every instruction of program prog into kind[0..nprog) (what
+ * dp_kernel_kind gives each, the pairs found once). */
+void dp_kernel_kinds(const DpStep *s, int prog, int *kind);
+/* The kind's name in machine files ("paired", "colsum", ...); NULL: op has
+ * one kernel, its points carry no kind. */
+const char *dp_kernel_kind_name(unsigned op, int kind);
+/* The bias_grad whose column sums the weight-gradient matmul i of program
+ * prog gives by cuBLASLt's BGRADA epilogue (runtime/cuda/gemm.cu's pairing
+ * rule: the first bias_grad after it reading its in1, same stream and
+ * DP_IF_LAST, f32 outputs, nothing writing in1 between), or -1. The CUDA
+ * backend pairs exactly these (unless cuBLASLt has no algorithm with the
+ * epilogue, which only the device knows). */
+int64_t dp_bgrad_pair(const DpStep *s, int prog, uint32_t i);
+
 #endif

@@ -639,5 +639,11 @@ int ir_verify(const Graph *g, const char *after, FILE *out);
 int ir_write_step(const Graph *g, const char *path, char *err, size_t errlen);
 /* Builds the in-memory DpStep (tensor ids = value ids); caller frees with dpstep_free. */
 int ir_build_step(const Graph *g, DpStep *out, char *err, size_t errlen);
+/* Program prog of g as a DpStep holding only what the rules of
+ * format/kernel_kind.c read: every tensor (no names; offsets where memory
+ * is planned, else 0 bytes) and that program's instructions (the nodes in
+ * prog, in order: ir_build_step's); the rest empty. Free with dpstep_free.
+ * The simulator's view of the kernels' kinds, a plan or none. */
+void ir_build_program(const Graph *g, int prog, DpStep *out);
 
 #endif

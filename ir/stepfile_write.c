@@ -202,6 +202,30 @@ oom:
 	return -1;
 }
 
+void ir_build_program(const Graph *g, int prog, DpStep *s)
+{
+	memset(s, 0, sizeof *s);
+	s->cfg = g->cfg;
+	s->ntensors = (uint32_t)g->nvalues;
+	s->tensors = calloc(s->ntensors ? s->ntensors : 1, sizeof(DpTensor));
+	uint32_t n = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		n += (g->nodes[i]->progs & IR_PROG_BIT(prog)) != 0;
+	s->prog[prog] = calloc(n ? n : 1, sizeof(DpInstr));
+	if (!s->tensors || !s->prog[prog])
+		die("out of memory");
+	for (int i = 0; i < g->nvalues; i++) {
+		fill_tensor(g, g->values[i], &s->tensors[i], 0);
+		if (g->values[i]->offset < 0 || g->peak_bytes <= 0) /* no plan: no bytes */
+			s->tensors[i].offset = s->tensors[i].nbytes = 0;
+	}
+	s->nprog[prog] = n;
+	n = 0;
+	for (int i = 0; i < g->nnodes; i++)
+		if (g->nodes[i]->progs & IR_PROG_BIT(prog))
+			fill_instr(g->nodes[i], &s->prog[prog][n++]);
+}
+
 int ir_write_step(const Graph *g, const char *path, char *err, size_t errlen)
 {
 	DpStep s;

@@ -41,7 +41,8 @@ CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lnc
               -lcudart_static -lstdc++ -ldl -lrt -lpthread -lz -lm
 
 # the step-file codec's name tables and op classes (and what it links in)
-CUDA_PIC_SRC := format/stepfile.c format/stepfile_check.c format/settings.c util/outfile.c
+CUDA_PIC_SRC := format/stepfile.c format/stepfile_check.c format/settings.c format/kernel_kind.c \
+                util/outfile.c
 CUDA_CU    := $(wildcard runtime/cuda/*.cu)
 CUDA_OBJ   := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_CU)) $(BUILD)/runtime/cuda/backend_cuda.o \
               $(BUILD)/runtime/cuda/comm_nccl.o $(BUILD)/runtime/cuda/pic/err.o \

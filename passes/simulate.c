@@ -42,7 +42,10 @@
  * (the op registry's cost rule, as --stats counts them): a GEMM's rate is
  * the machine's GEMM table at its m, n, k and operand dtype, an op with an
  * entry of its own in the machine file (attention, norms) takes that
- * entry's rates, anything else the dtype's peak. A collective: alpha plus
+ * entry's rates (its points: the measured time at the kernel's size, among
+ * the points of the kernel's own kind where the file keys them by kind:
+ * sim_build then works out each instruction's kind by format/kernel_kind.c,
+ * the CUDA backend's own rule), anything else the dtype's peak. A collective: alpha plus
  * its bus bytes (nccl-tests' factor of the whole buffer, as --stats) over
  * the link of its axis group: intra-node when the group's ranks lie in one
  * node (rank layout row-major, pp outermost, tp fastest), else inter-node;
@@ -560,7 +563,9 @@ static int line_dtype(const Graph *g, const Node *n)
 	return half ? MACH_BF16 : MACH_F32;
 }
 
-static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
+/* kind: the CUDA kernel n runs where its op has several (format/kernel_kind.c's
+ * name, NULL: not worked out, the machine file naming no kinds) */
+static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc, const char *kind)
 {
 	double f = 0, b = 0;
 	if (ir_ops[n->op].cost)
@@ -575,7 +580,7 @@ static double kernel_seconds(const Graph *g, const Node *n, const Machine *mc)
 	}
 	return mc->node_overhead_s + machine_op_seconds(mc, ir_ops[n->op].name, line_dtype(g, n), gemm,
 							  f, b, rate, mc->memory_bw,
-							  mc->kernel_overhead_s);
+							  mc->kernel_overhead_s, kind);
 }
 
 double sim_gemm_rate_cap(const Machine *mc, int dtype)
@@ -694,6 +699,19 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 	int *which = calloc((size_t)n + 1, sizeof *which);
 	if (!o || !which)
 		die("out of memory");
+	/* a machine file whose op points name their kernels' kinds: each
+	 * kernel's kind by the CUDA backend's own rule on the program as the
+	 * step file holds it (the STEP program is these nodes in this order) */
+	int *kind = NULL;
+	if (machine_has_kinds(mc)) {
+		DpStep view;
+		ir_build_program(g, DP_PROG_STEP, &view);
+		kind = calloc((size_t)n + 1, sizeof *kind);
+		if (!kind)
+			die("out of memory");
+		dp_kernel_kinds(&view, DP_PROG_STEP, kind);
+		dpstep_free(&view);
+	}
 	int k = 0;
 	for (int i = 0; i < g->nnodes; i++) {
 		const Node *nd = g->nodes[i];
@@ -750,10 +768,11 @@ int sim_build(const Graph *g, const Machine *mc, SimOp **ops, int *nops, int **n
 			break;
 		default:
 			s->kind = SIM_KERNEL;
-			s->dur = kernel_seconds(g, nd, mc);
+			s->dur = kernel_seconds(g, nd, mc, kind ? dp_kernel_kind_name(nd->op, kind[k - 1]) : NULL);
 		}
 	}
 	free(tags.first);
+	free(kind);
 	for (int i = 0; i < copies.n; i++) /* the verifier pairs every copy */
 		assert(copies.c[i].taken);
 	free(copies.c);

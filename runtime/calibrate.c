@@ -28,7 +28,11 @@
  *    median time as overhead_s and no rate. So a bf16 calibration into an
  *    f32 file adds bf16 lines beside the f32 ones (before 2026-11-28 an
  *    op had one line, the last calibration's), and step files of one
- *    model at several sizes give each op's line every size;
+ *    model at several sizes give each op's line every size; an op with
+ *    several CUDA kernels (format/kernel_kind.c: bias_grad paired with its
+ *    GEMM or a column sum, the norms' warp or block rows, the classifier's
+ *    rows16) keys each point by its instructions' kind, one point per kind
+ *    and size, and fits its line over its general kernel's points;
  *  - memory_bw: the median of the file's op lines' bytes rates (every op
  *    and dtype, this run's and those it kept); peak_flops: the fastest
  *    GEMM point per dtype (the other dtype's when there is none).
@@ -436,44 +440,58 @@ static int line_dtype(const DpStep *s, const DpInstr *in)
 }
 
 /* An op's line of one dtype from its k instructions measured now (x: bytes,
- * or FLOPs where flops; y: seconds) and the points an earlier calibration
- * left in it: one point per x, the median of this run's instructions at
- * it, replacing an earlier point at the same x (points of the other basis
- * are dropped), then the line refitted over all of them as fit() says.
- * xs and ys are reordered. */
-static int fit_line_points(MachLine *l, double *xs, double *ys, int k, int flops, double over,
-			   int device)
+ * or FLOPs where flops; y: seconds; kd: each one's kernel kind, an index in
+ * l->kinds, or -1 for an op of one kernel) and the points an earlier
+ * calibration left in it: one point per kind and x, the median of this
+ * run's instructions at it, replacing an earlier point of the same kind and
+ * x (points of the other basis are dropped), then the line refitted as
+ * fit() says over the points of the op's general kernel (kind 0, and those
+ * without a kind) where it has some, else over all: a paired bias_grad's
+ * ~1.5 us at any size is no bytes rate (format/kernel_kind.c). xs, ys and
+ * kd are reordered. */
+static int fit_line_points(MachLine *l, double *xs, double *ys, int *kd, int k, int flops,
+			   double over, int device, int general)
 {
 	int old = l->by_flops == flops ? l->npts : 0, np = 0;
 	double *xt = malloc(sizeof *xt * 2 * ((size_t)(old + k) + 1));
+	int *kt = malloc(sizeof *kt * ((size_t)(old + k) + 1));
 	double *px = malloc(sizeof *px * ((size_t)(old + k) + 1));
 	double *py = malloc(sizeof *py * ((size_t)(old + k) + 1));
-	if (!xt || !px || !py) {
+	if (!xt || !kt || !px || !py) {
 		free(xt);
+		free(kt);
 		free(px);
 		free(py);
 		return -1;
 	}
-	if (old) /* (a line without points has pts NULL) */
+	if (old) { /* (a line without points has pts NULL) */
 		memcpy(xt, l->pts, sizeof *xt * 2 * (size_t)old);
-	for (int i = 0; i < k; i++) { /* sort this run's by x: equal x together */
-		for (int j = i; j > 0 && xs[j] < xs[j - 1]; j--) {
+		memcpy(kt, l->kind, sizeof *kt * (size_t)old);
+	}
+	for (int i = 0; i < k; i++) { /* sort this run's by kind and x: equal ones together */
+		for (int j = i; j > 0 && (kd[j] < kd[j - 1] || (kd[j] == kd[j - 1] && xs[j] < xs[j - 1]));
+		     j--) {
 			double a = xs[j], b = ys[j];
+			int c = kd[j];
 			xs[j] = xs[j - 1];
 			ys[j] = ys[j - 1];
+			kd[j] = kd[j - 1];
 			xs[j - 1] = a;
 			ys[j - 1] = b;
+			kd[j - 1] = c;
 		}
 	}
 	for (int i = 0, j; i < k; i = j) {
-		for (j = i; j < k && xs[j] == xs[i]; j++)
+		for (j = i; j < k && xs[j] == xs[i] && kd[j] == kd[i]; j++)
 			;
 		xt[2 * (old + np)] = xs[i];
 		xt[2 * (old + np) + 1] = median(ys + i, j - i);
+		kt[old + np] = kd[i];
 		np++;
 	}
-	int rc = machine_line_points(l, xt, old + np);
+	int rc = machine_line_points(l, xt, kt, old + np);
 	free(xt);
+	free(kt);
 	if (rc < 0) {
 		free(px);
 		free(py);
@@ -482,17 +500,20 @@ static int fit_line_points(MachLine *l, double *xs, double *ys, int k, int flops
 	l->given = 1;
 	l->by_flops = flops;
 	double largest = 0;
-	for (int j = 0; j < l->npts; j++) {
-		px[j] = l->pts[2 * j];
-		py[j] = l->pts[2 * j + 1];
-		largest = fmax(largest, px[j]);
-	}
+	int nfit = 0;
+	for (int pass = 0; pass < 2 && !nfit; pass++)
+		for (int j = 0; j < l->npts; j++)
+			if (pass || l->kind[j] < 0 || l->kind[j] == general) {
+				px[nfit] = l->pts[2 * j];
+				py[nfit] = l->pts[2 * j + 1];
+				largest = fmax(largest, px[nfit++]);
+			}
 	l->flops_per_s = l->bytes_per_s = 0;
 	if (!flops && largest < RATE_MIN_BYTES) { /* all overhead: its time, no rate */
-		l->overhead_s = median(py, l->npts);
+		l->overhead_s = median(py, nfit);
 	} else {
 		double a, b;
-		fit_line(px, py, l->npts, over, &a, &b);
+		fit_line(px, py, nfit, over, &a, &b);
 		l->overhead_s = a;
 		if (flops) {
 			l->flops_per_s = 1 / b;
@@ -526,10 +547,13 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 	m->kernel_overhead_s = over;
 	double *xs = malloc(sizeof(double) * (n + 1)), *ys = malloc(sizeof(double) * (n + 1));
 	double *rates = malloc(sizeof(double) * ((size_t)(MACH_NDTYPE + 1) * (size_t)m->nops + DP_NOPS * MACH_NDTYPE + 1));
-	if (!xs || !ys || !rates) {
+	int *kinds = malloc(sizeof(int) * (n + 1)), *kd = malloc(sizeof(int) * (n + 1));
+	if (!xs || !ys || !rates || !kinds || !kd) {
 		free(xs);
 		free(ys);
 		free(rates);
+		free(kinds);
+		free(kd);
 		return -1;
 	}
 	int nrates = 0;
@@ -543,19 +567,35 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 		if (add_gemm(m, p) < 0)
 			goto oom;
 	}
+	dp_kernel_kinds(s, DP_PROG_STEP, kinds);
 	for (unsigned op = 0; op < DP_NOPS; op++)
 		for (int d = 0; d < MACH_NDTYPE && !dp_op_is_gemm(op); d++) {
-			int k = 0, flops = device && dp_op_is_attention(op);
+			int k = 0, flops = device && dp_op_is_attention(op), at = -1, general = -1;
 			for (uint32_t i = 0; i < n; i++)
 				if (t[i] >= 0 && prog[i].op == op && line_dtype(s, &prog[i]) == d &&
 				    io_bytes(s, &prog[i]) > 0) {
 					xs[k] = flops ? attention_flops(s, &prog[i]) : io_bytes(s, &prog[i]);
+					kd[k] = -1;
 					ys[k++] = t[i];
 				}
 			if (!k)
 				continue;
-			int at = add_op(m, dp_op_names[op]);
-			if (at < 0 || fit_line_points(&m->ops[at].line[d], xs, ys, k, flops, over, device) < 0)
+			if ((at = add_op(m, dp_op_names[op])) < 0)
+				goto oom;
+			/* an op of several kernels: each point keyed by its kernel's kind
+			 * (format/kernel_kind.c), which the simulator works out alike */
+			MachLine *l = &m->ops[at].line[d];
+			if (dp_kernel_kind_name(op, 0)) {
+				general = machine_line_kind(l, dp_kernel_kind_name(op, 0));
+				for (uint32_t i = 0, j = 0; i < n && general >= 0; i++)
+					if (t[i] >= 0 && prog[i].op == op && line_dtype(s, &prog[i]) == d &&
+					    io_bytes(s, &prog[i]) > 0 &&
+					    (kd[j++] = machine_line_kind(l, dp_kernel_kind_name(op, kinds[i]))) < 0)
+						general = -1;
+				if (general < 0)
+					goto oom;
+			}
+			if (fit_line_points(l, xs, ys, kd, k, flops, over, device, general) < 0)
 				goto oom;
 		}
 	/* the memory bandwidth: what a kernel without a line of its own moves
@@ -592,11 +632,15 @@ static int fit(Machine *m, const DpStep *s, const double *t, double over, int de
 	free(xs);
 	free(ys);
 	free(rates);
+	free(kinds);
+	free(kd);
 	return 0;
 oom:
 	free(xs);
 	free(ys);
 	free(rates);
+	free(kinds);
+	free(kd);
 	return -1;
 }
 

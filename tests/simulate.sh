@@ -48,6 +48,17 @@
 #    file there that is not one of 1 rank is refused and left as it was;
 #    at pp=2 (mlp8) each stage's kernels are timed on its ranks and the p2p
 #    link is measured between the stages, and --simulate reads the file;
+#  - kinds (format/kernel_kind.c): on a hand-made file whose bias_grad
+#    points interleave the paired kind (1 us) and the column sum (1 ms) by
+#    bytes, gpt2-tiny's 8 paired bias_grads take 1 us and the position
+#    embedding's column sum 1 ms, where the same points without kinds (the
+#    old rule, and a file from before kinds, read as it was) price all 9 at
+#    1 ms; a CPU calibration of gpt2-tiny keys its bias_grad and norm points
+#    (the other ops' points keep no kind), the file with its kinds stripped
+#    still predicts, and a calibration into it keeps its points and adds
+#    keyed ones; the H200's micro-batch 4 (bias_grad's points as
+#    docs/SIMULATE.md lists them): 1.442 ms of bias_grad without kinds,
+#    ~0.105 with, micro-batch 2 and 8 unchanged;
 #  - plan (compiler/plan.c): mlp at 4 ranks in 2.5 MiB per rank fits only
 #    full_shard on dp_shard=4 (1.95 MiB; ddp needs 3.90), which wins, and
 #    its -o step file is byte for byte the direct compile of the winner's
@@ -377,6 +388,11 @@ assert list(relu) == ["f32"] and relu["f32"]["bytes_per_s"] > 0 and relu["f32"][
 for op in ("accum", "sqrt", "cross_entropy_fused"):
     l = m["ops"][op]["f32"]
     assert "bytes_per_s" not in l and l["overhead_s"] > 0, (op, l)
+# kernel kinds (format/kernel_kind.c): every bias_grad of mlp pairs with its
+# weight gradient on the CUDA backend, and its points say so; relu has one
+# kernel, its points no kind
+assert all(p[2:] == ["paired"] for p in m["ops"]["bias_grad"]["f32"]["points"]), m["ops"]["bias_grad"]
+assert all(len(p) == 2 for p in relu["f32"]["points"]), relu
 ' "$T/m.json"; then
 		ok "calibrate: mlp at 1 rank: $(unstamp "$T/cal1.txt" | sed -n 's/^calibrated cpu-1-ranks: //p' | cut -d, -f1-2)"
 	else
@@ -418,8 +434,8 @@ before, after = (float(v) for v in sys.argv[3:5])
 # the f32 lines keep every point (the bf16 step'"'"'s f32 kernels, its
 # optimizer'"'"'s on the f32 master, add theirs); relu'"'"'s, all bf16 there, as it was
 for op, l in m2["ops"].items():
-    xs = {x for x, _ in m["ops"][op].get("f32", {}).get("points", [])}
-    assert all(x in xs for x, _ in l.get("f32", {}).get("points", [])), (op, "f32 points lost")
+    xs = {tuple(p[::2]) for p in m["ops"][op].get("f32", {}).get("points", [])}
+    assert all(tuple(p[::2]) in xs for p in l.get("f32", {}).get("points", [])), (op, "f32 points lost")
 assert m["ops"]["relu"]["f32"] == m2["ops"]["relu"]["f32"], "relu f32 line changed"
 relu = m["ops"]["relu"]
 assert set(relu) == {"f32", "bf16"} and relu["bf16"]["points"] and relu["bf16"]["bytes_per_s"] > 0, relu
@@ -456,6 +472,149 @@ assert "relu" in m["ops"] and any(k == 32 for g in m["gemm"] for k in [g["k"]]),
 		ok "calibrate: pp=2: each stage's kernels, p2p measured between stages"
 	else
 		fail "calibrate: pp=2"; cat "$T/calpp.txt" "$T/simpp.txt" | head -n 8
+	fi
+fi
+
+# kernel kinds (format/kernel_kind.c, docs/SIMULATE.md "Kernel kinds"):
+# bias_grad's points interleaved by bytes, 1 us for the kind paired with its
+# weight gradient's GEMM (BGRADA) and 1 ms for the column sum, at x 1 and
+# 1e13 (paired) and 2 and 1e12 (colsum). Keyed, gpt2-tiny's 8 linear
+# bias_grads take 1 us and the position embedding's (no GEMM) 1 ms; the
+# same points without kinds (a file from before kinds: read as it was)
+# price all 9 between the two column-sum points, 1 ms (the H200's
+# micro-batch 4 misprice, docs/SIMULATE.md). Then a CPU calibration of
+# gpt2-tiny writes both kinds (its layernorms f32: "block"), the same file
+# without kinds predicts, and mlp calibrated into that file keeps its
+# points and adds keyed ones beside them.
+if case_on "kinds"; then
+	for v in keyed old; do
+		P=', "paired"' C=', "colsum"'
+		[ $v = old ] && P= C=
+		cat >"$T/k-$v.json" <<EOF
+{"name": "$v", "executor": "gpu", "peak_flops": {"f32": 1e12, "bf16": 1e12}, "memory_bw": 1e12,
+ "kernel_overhead_s": 0, "ranks_per_node": 1, "intra": {"alpha_s": 0, "busbw": 1e12},
+ "inter": {"alpha_s": 0, "busbw": 1e12}, "p2p": {"alpha_s": 0, "busbw": 1e12},
+ "ops": {"bias_grad": {"f32": {"bytes_per_s": 1e12,
+   "points": [[1, 1e-6$P], [2, 1e-3$C], [1e12, 1e-3$C], [1e13, 1e-6$P]]}}}}
+EOF
+		"$DPC" models/gpt2-tiny.dp --world-size 1 --simulate="$T/k-$v.json" \
+			--simulate-trace "$T/k-$v.trace" >"$T/k-$v.sim" 2>&1
+	done
+	REPRO="$BUILD/dpc models/gpt2-tiny.dp --world-size 1 --simulate=k-keyed.json --simulate-trace t.json"
+	if out=$($PY -c '
+import json, sys
+def spans(f):
+    t = json.load(open(f))
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    return {e["name"].split(" = ")[0]: e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")}
+k, o = spans(sys.argv[1]), spans(sys.argv[2])
+assert len(k) == 9 and set(k) == set(o), (k, o)
+assert k.pop("%grad.embed.wpe") == 1000 and all(d == 1 for d in k.values()), k
+assert all(d == 1000 for d in o.values()), o
+print(f"{len(k)} paired at 1 us, the position embedding column sum at 1 ms; without kinds all 9 at 1 ms")
+' "$T/k-keyed.trace" "$T/k-old.trace" 2>&1); then
+		ok "kinds: bias_grad priced among its own kind's points: $out"
+	else
+		fail "kinds: bias_grad priced among its own kind's points: $out"; head -n 3 "$T/k-keyed.sim" "$T/k-old.sim"
+	fi
+	text_shard
+	sed "$data" models/gpt2-tiny.dp >"$T/g1.dp"
+	"$DPC" "$T/g1.dp" --world-size 1 -o "$T/g1.bin" 2>/dev/null
+	"$DPC" models/mlp.dp --world-size 1 -o "$T/km1.bin" 2>/dev/null
+	REPRO="$BUILD/dpexec g1.bin --device cpu --calibrate kc.json"
+	"$DPEXEC" "$T/g1.bin" --device cpu --quiet --calibrate "$T/kc.json" >"$T/kc.txt" 2>&1
+	# the same file without its kinds, then mlp calibrated into a copy
+	$PY -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+for op in m["ops"].values():
+    for l in op.values():
+        if isinstance(l, dict) and "points" in l:
+            l["points"] = [p[:2] for p in l["points"]]
+json.dump(m, open(sys.argv[2], "w"))
+' "$T/kc.json" "$T/kc-old.json"
+	cp "$T/kc-old.json" "$T/kc-mix.json"
+	"$DPEXEC" "$T/km1.bin" --device cpu --quiet --calibrate "$T/kc-mix.json" >"$T/kc2.txt" 2>&1
+	for f in kc kc-old kc-mix; do
+		"$DPC" models/gpt2-tiny.dp --world-size 1 --simulate="$T/$f.json" >"$T/$f.sim" 2>&1
+	done
+	if out=$($PY -c '
+import json, sys
+m, old, mix = (json.load(open(f)) for f in sys.argv[1:4])
+pts = m["ops"]["bias_grad"]["f32"]["points"]
+kinds = sorted(p[2] for p in pts)
+assert kinds.count("colsum") == 1 and kinds.count("paired") >= 1 and len(kinds) == len(pts), pts
+for op in ("layernorm", "add_layernorm", "layernorm_grad", "layernorm_grad_add"):
+    if op in m["ops"]:
+        assert all(p[2] == "block" for p in m["ops"][op]["f32"]["points"]), (op, "f32 rows: a block each")
+keyed = ("bias_grad", "layernorm", "add_layernorm", "layernorm_grad", "layernorm_grad_add",
+         "rmsnorm", "add_rmsnorm", "rmsnorm_grad", "rmsnorm_grad_add", "cross_entropy_grad", "cross_entropy_fused")
+for op, o in m["ops"].items():
+    if op not in keyed:
+        assert all(len(p) == 2 for l in o.values() if isinstance(l, dict) for p in l.get("points", [])), (op, "one kernel, no kind")
+npaired = kinds.count("paired")
+mp = mix["ops"]["bias_grad"]["f32"]["points"]
+plain = [p for p in mp if len(p) == 2]
+assert sorted(map(tuple, plain)) == sorted(map(tuple, old["ops"]["bias_grad"]["f32"]["points"])), "old points kept"
+assert any(len(p) == 3 and p[2] == "paired" for p in mp), "mlp keyed points beside them"
+print(f"{len(pts)} bias_grad points ({npaired} paired, 1 colsum); "
+      f"mlp into the file without kinds: {len(plain)} kept, {len(mp) - len(plain)} keyed added")
+' "$T/kc.json" "$T/kc-old.json" "$T/kc-mix.json" 2>&1) && grep -q '^step time' "$T/kc.sim" &&
+		grep -q '^step time' "$T/kc-old.sim" && grep -q '^step time' "$T/kc-mix.sim"; then
+		ok "kinds: a CPU calibration of gpt2-tiny keys its points: $out"
+	else
+		fail "kinds: a CPU calibration of gpt2-tiny keys its points: $out"; cat "$T/kc.txt" "$T/kc2.txt" | head -n 6
+	fi
+fi
+
+# the H200's held-out micro-batch 4 (docs/SIMULATE.md, "The held-out
+# micro-batch 4"): bias_grad's bf16 points of GPT-2 124M at micro-batches 2
+# and 8 as the doc lists them (three of the paired times, not listed, set
+# within its 1.29-1.57 us so that micro-batch 2 and 8 sum to its 0.100 and
+# 0.122 ms), without kinds and with them. Without, micro-batch 4's bias_grads
+# sum to the run's 1.442 ms; with them, to ~0.105 ms (its estimate's 0.107),
+# micro-batch 2 and 8 unchanged (their own points).
+if case_on "kinds: the H200's micro-batch 4"; then
+	for v in keyed old; do
+		P=', "paired"' C=', "colsum"'
+		[ $v = old ] && P= C=
+		cat >"$T/h200-$v.json" <<EOF
+{"name": "h200-bias-grad-$v", "executor": "gpu", "peak_flops": {"f32": 1e15, "bf16": 1e15},
+ "memory_bw": 1e13, "kernel_overhead_s": 0, "ranks_per_node": 1,
+ "intra": {"alpha_s": 0, "busbw": 1e12}, "inter": {"alpha_s": 0, "busbw": 1e12},
+ "p2p": {"alpha_s": 0, "busbw": 1e12},
+ "ops": {"bias_grad": {"bf16": {"bytes_per_s": 1e13, "points": [
+   [3151872, 1.29e-6$P], [9437184, 37.5e-6$C], [9455616, 1.29e-6$P], [12589056, 1.55e-6$P],
+   [12607488, 1.34e-6$P], [18874368, 48.5e-6$C], [37767168, 1.46e-6$P], [50356224, 1.565e-6$P]]}}}}
+EOF
+		for mb in 2 4 8; do
+			sed -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/' \
+				models/gpt2.dp >"$T/gpt2-b$mb.dp"
+			"$DPC" "$T/gpt2-b$mb.dp" --world-size 1 --precision bf16 --simulate="$T/h200-$v.json" \
+				--simulate-trace "$T/b$mb-$v.trace" >"$T/b$mb-$v.sim" 2>&1
+		done
+	done
+	REPRO="$BUILD/dpc gpt2-b4.dp --world-size 1 --precision bf16 --simulate=h200-keyed.json --simulate-trace t.json"
+	if out=$($PY -c '
+import json, sys
+def ms(f):
+    t = json.load(open(f))
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    b = [e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")]
+    assert len(b) == 49, (f, len(b))
+    return sum(b) / 1e3
+d = sys.argv[1]
+s = {(v, mb): ms(f"{d}/b{mb}-{v}.trace") for v in ("old", "keyed") for mb in (2, 4, 8)}
+assert abs(s["old", 4] - 1.442) < 0.001, s
+for mb in (2, 8):
+    assert abs(s["old", mb] - s["keyed", mb]) < 1e-9 and abs(s["old", mb] - (0.100, 0.122)[mb > 2]) < 0.0006, s
+assert 0.100 < s["keyed", 4] < 0.110, s
+o4, k4 = s["old", 4], s["keyed", 4]
+print(f"micro-batch 4: {o4:.4f} ms without kinds, {k4:.4f} with")
+' "$T" 2>&1); then
+		ok "kinds: the H200's micro-batch 4: bias_grad $out"
+	else
+		fail "kinds: the H200's micro-batch 4: $out"; head -n 3 "$T/b4-keyed.sim"
 	fi
 fi
 

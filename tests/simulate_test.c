@@ -8,7 +8,11 @@
  * are read and written back (0 where a file has none), an op's lines per
  * dtype (a file's line for every dtype, a dtype's line and its points, the
  * other dtype's borrowed) price a kernel as util/machine.h says and are
- * written back as read, a bad file is one message naming it.
+ * written back as read, a bad file is one message naming it; points keyed
+ * by their kernel's kind (the H200's bias_grad, paired and column sums)
+ * price an instruction among its own kind's, the same points without kinds
+ * as before; the CUDA backend's pairing rule (format/kernel_kind.c) on a
+ * hand-built program.
  *
  * Times are in seconds, bandwidths in bytes/s, all small integers, so every
  * expected figure is exact.
@@ -410,7 +414,7 @@ static void op_lines(void)
 		const Machine *x = pass ? &back : &m;
 		const char *when = pass ? "written back" : "read";
 		int b;
-#define T(op, d, f, by) machine_op_seconds(x, op, d, 0, f, by, 1, 1, 1)
+#define T(op, d, f, by) machine_op_seconds(x, op, d, 0, f, by, 1, 1, 1, NULL)
 		CHECK(NEAR(T("old", MACH_F32, 0, 10), 8) && NEAR(T("old", MACH_BF16, 0, 10), 8) &&
 		      machine_op_line(x, "old", MACH_BF16, &b) && !b,
 		      "%s: a file's line for every dtype prices both: %g", when, T("old", MACH_F32, 0, 10));
@@ -433,7 +437,7 @@ static void op_lines(void)
 		CHECK(NEAR(T("attn", MACH_BF16, 3, 1), 4) && NEAR(T("attn", MACH_BF16, 3, 100), 101),
 		      "%s: a line fitted by FLOPs: its points at the FLOPs, the bytes bound beside: %g", when,
 		      T("attn", MACH_BF16, 3, 1));
-		CHECK(NEAR(machine_op_seconds(x, "norm", MACH_F32, 1, 0, 8, 1, 1, 1), 3),
+		CHECK(NEAR(machine_op_seconds(x, "norm", MACH_F32, 1, 0, 8, 1, 1, 1, NULL), 3),
 		      "%s: a GEMM's op line takes no points", when);
 #undef T
 		if (pass)
@@ -491,6 +495,142 @@ static void gemm_table(void)
 	machine_free(&m);
 }
 
+/* Kernel kinds (format/kernel_kind.c, util/machine.h): the H200's bias_grad
+ * points of GPT-2 124M bf16 at micro-batches 2 and 8 (x bytes, times in us;
+ * docs/SIMULATE.md, "The held-out micro-batch 4"), the paired ones (BGRADA,
+ * ~1.3-1.6 us at any size) and the position embedding's column sums (37.5
+ * and 48.5 us) interleaved by bytes. Micro-batch 4's paired bias_grads
+ * (6,297,600, 18,892,800 and 25,190,400 bytes) keyed by their kind take
+ * their own kind's points; the same points without kinds (a file written
+ * before them, and the old rule) are read as they were: between a paired
+ * and a column-sum point (19.4, 48.4 and 32.8 us, the H200's misprice):
+ * the last check, which the first two of the loop's fail. */
+#define BIAS_POINTS(P, C)                                                                    \
+	"[[3151872, 1.29" P "], [9437184, 37.5" C "], [9455616, 1.29" P "], [12589056, 1.34" P \
+	"], [12607488, 1.40" P "], [18874368, 48.5" C "], [37767168, 1.46" P "], [50356224, 1.57" P "]]"
+static void op_kinds(void)
+{
+	Machine m, old, back;
+	char err[512];
+	const char *head = "{\"executor\": \"gpu\", \"peak_flops\": {\"f32\": 1, \"bf16\": 2}, \"memory_bw\": 1e12, "
+			   LINKS ", \"ops\": {\"bias_grad\": {\"bf16\": {\"bytes_per_s\": 1e12, \"points\": ";
+	char text[2048];
+	snprintf(text, sizeof text, "%s%s}}}}", head, BIAS_POINTS(", \"paired\"", ", \"colsum\""));
+	CHECK(machine_parse(&m, text, "m.json", err, sizeof err) == 0 && machine_has_kinds(&m),
+	      "points with kinds read: %s", err);
+	snprintf(text, sizeof text, "%s%s}}}}", head, BIAS_POINTS("", ""));
+	CHECK(machine_parse(&old, text, "old.json", err, sizeof err) == 0 && !machine_has_kinds(&old),
+	      "the same points without kinds read: %s", err);
+	char *json = machine_json(&m);
+	CHECK(json && machine_parse(&back, json, "back", err, sizeof err) == 0 && strstr(json, "\"paired\"") &&
+	      machine_op(&back, "bias_grad")->line[MACH_BF16].npts == 8, "kinds written back: %s", err);
+	free(json);
+#define B(x, mc, k) machine_op_seconds(mc, "bias_grad", MACH_BF16, 0, 0, x, 1e18, 1e12, 0, k)
+#define REL(a, b) (fabs((a) - (b)) < 1e-6 * fabs(b))
+	for (int pass = 0; pass < 2; pass++) {
+		const Machine *x = pass ? &back : &m;
+		const char *when = pass ? "written back" : "read";
+		double p768 = B(6297600, x, "paired"), p2304 = B(18892800, x, "paired");
+		double p3072 = B(25190400, x, "paired");
+		CHECK(REL(p768, 1.29), "%s: b4's paired 768 between its kind's 1.29 and 1.29: %g", when, p768);
+		CHECK(REL(p2304, 1.40 + 0.06 * (18892800.0 - 12607488) / (37767168 - 12607488)),
+		      "%s: b4's paired 2304 between its kind's 1.40 and 1.46: %g", when, p2304);
+		CHECK(p3072 > 1.40 && p3072 < 1.46, "%s: b4's paired 3072: %g", when, p3072);
+		double col = B(12582912, x, "colsum");
+		CHECK(REL(col, 37.5 + 11.0 / 3), "%s: b4's column sum between 37.5 and 48.5, a third: %g", when, col);
+		CHECK(REL(B(9437184, x, "colsum"), 37.5) && REL(B(9455616, x, "paired"), 1.29),
+		      "%s: a measured size and kind takes its point", when);
+		/* outside its kind's points: the line scaled to meet the nearest */
+		CHECK(REL(B(100663296, x, "colsum"), 48.5 * 100663296 / 18874368),
+		      "%s: beyond the column sums: %g", when, B(100663296, x, "colsum"));
+		/* a kind the line has no point of, or none worked out: the line */
+		CHECK(REL(B(1e6, x, "rows16"), 1e-6) && REL(B(1e6, x, NULL), 1e-6),
+		      "%s: no point of its kind: the line: %g", when, B(1e6, x, NULL));
+	}
+	/* the file before kinds: priced as it was, whatever the kind */
+	double o768 = B(6297600, &old, "paired"), o2304 = B(18892800, &old, "paired");
+	double o3072 = B(25190400, &old, NULL), ocol = B(12582912, &old, "colsum");
+	CHECK(fabs(o768 - 19.41) < 0.01 && fabs(o2304 - 48.45) < 0.01 && fabs(o3072 - 32.77) < 0.01 &&
+	      ocol > 1.29 && ocol < 1.34,
+	      "without kinds as before: 19.41 48.45 32.77 and the column sum ~1.3: %g %g %g %g", o768,
+	      o2304, o3072, ocol);
+#undef B
+#undef REL
+	machine_free(&back);
+	machine_free(&old);
+	machine_free(&m);
+	snprintf(text, sizeof text, "%s[[1, 1, 7]]}}}}", head);
+	CHECK(machine_parse(&m, text, "m.json", err, sizeof err) < 0 && strstr(err, "\"bias_grad\" \"bf16\"") &&
+	      strstr(err, "kind"), "a kind that is not a string refused: '%s'", err);
+	snprintf(text, sizeof text, "%s[[1, 1, \"a\"], [1, 2, \"b\"], [1, 3, \"c\"], [1, 4, \"d\"], "
+		 "[1, 5, \"e\"], [1, 6, \"f\"], [1, 7, \"g\"], [1, 8, \"h\"], [1, 9, \"i\"]]}}}}", head);
+	CHECK(machine_parse(&m, text, "m.json", err, sizeof err) < 0 && strstr(err, "more than 8 kinds"),
+	      "more than 8 kinds refused: '%s'", err);
+}
+
+/* The CUDA backend's pairing rule on a step program (format/kernel_kind.c,
+ * which runtime/cuda/gemm.cu pairs by): a weight gradient `matmul X, dY
+ * transA` and the first bias_grad of dY after it on its stream, f32 out,
+ * pair; a bias_grad of another dY, on another stream, or after dY is
+ * written again, or into bf16, sums its columns. */
+static void kernel_kinds(void)
+{
+	DpTensor t[8] = {0};
+	for (int i = 0; i < 8; i++) {
+		t[i].dtype = DP_F32;
+		t[i].ndim = 2;
+		t[i].dims[0] = 4;
+		t[i].dims[1] = 3;
+		t[i].offset = 64 * (uint64_t)i;
+		t[i].nbytes = 48;
+	}
+	t[2].dims[0] = 1; /* the bias gradients [1, 3]: dY's columns */
+	t[3].dims[0] = 1;
+	t[7].dims[0] = 1;
+	t[7].dtype = DP_BF16;
+	t[7].nbytes = 6;
+	DpInstr p[7];
+	memset(p, 0, sizeof p);
+	for (int i = 0; i < 7; i++)
+		for (int k = 0; k < DP_MAX_IN; k++)
+			p[i].in[k] = -1;
+	/* 0: dW = X^T dY (X t0, dY t1, dW t4); 1: relu into t5; 2: bias_grad t1 -> t2
+	 * (paired); 3: bias_grad t1 -> t3 (a second one: colsum); 4: dW' = X^T t5
+	 * (t6) on the comm stream, 5: bias_grad t5 -> t7 bf16 (colsum); 6: a
+	 * bias_grad of t0 (no matmul: colsum) */
+	p[0].op = DP_OP_MATMUL, p[0].in[0] = 0, p[0].in[1] = 1, p[0].out = 4;
+	DP_ATTR(&p[0], MATMUL, transA) = 1;
+	p[1].op = DP_OP_RELU, p[1].in[0] = 0, p[1].out = 5;
+	p[2].op = DP_OP_BIAS_GRAD, p[2].in[0] = 1, p[2].out = 2;
+	p[3].op = DP_OP_BIAS_GRAD, p[3].in[0] = 1, p[3].out = 3;
+	p[4] = p[0], p[4].in[1] = 5, p[4].out = 6;
+	p[5].op = DP_OP_BIAS_GRAD, p[5].in[0] = 5, p[5].out = 7;
+	p[6].op = DP_OP_BIAS_GRAD, p[6].in[0] = 0, p[6].out = 3;
+	DpStep s = {0};
+	s.tensors = t;
+	s.ntensors = 8;
+	s.prog[DP_PROG_STEP] = p;
+	s.nprog[DP_PROG_STEP] = 7;
+	int kind[7];
+	dp_kernel_kinds(&s, DP_PROG_STEP, kind);
+	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 0) == 2 && kind[2] == 1 && kind[3] == 0 && kind[5] == 0 &&
+	      kind[6] == 0 && dp_bgrad_pair(&s, DP_PROG_STEP, 4) == -1,
+	      "pairing: %lld %d %d %d %d", (long long)dp_bgrad_pair(&s, DP_PROG_STEP, 0), kind[2], kind[3],
+	      kind[5], kind[6]);
+	for (int i = 0; i < 7; i++)
+		CHECK(kind[i] == dp_kernel_kind(&s, DP_PROG_STEP, (uint32_t)i), "instruction %d: one rule", i);
+	CHECK(!strcmp(dp_kernel_kind_name(DP_OP_BIAS_GRAD, kind[2]), "paired") &&
+	      !strcmp(dp_kernel_kind_name(DP_OP_BIAS_GRAD, 0), "colsum") && !dp_kernel_kind_name(DP_OP_RELU, 0),
+	      "the kinds' names");
+	t[7].dtype = DP_F32; /* t5 -> f32 t7 but on another stream: colsum */
+	p[5].stream = DP_STREAM_COMM;
+	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 4) == -1, "another stream: no pair");
+	p[5].stream = p[4].stream;
+	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 4) == 5, "the same stream, f32: paired");
+	p[1].out = 1; /* dY written between the matmul and its bias_grad */
+	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 0) == -1, "dY written between: no pair");
+}
+
 static void machines(void)
 {
 	Machine m;
@@ -532,6 +672,8 @@ static void machines(void)
 	free(text);
 	machine_free(&m);
 	op_lines();
+	op_kinds();
+	kernel_kinds();
 	gemm_table();
 	CHECK(machine_parse(&m, "{\"executor\": \"tpu\"}", "m.json", err, sizeof err) < 0 &&
 	      strstr(err, "m.json") && strstr(err, "executor"), "a bad executor: '%s'", err);

@@ -118,44 +118,60 @@ static int link_of(const cJSON *root, const char *key, MachLink *l, const char *
 
 static const char *const dtype_names[MACH_NDTYPE] = {"f32", "bf16"};
 
-/* (x, input order, seconds) triples by x, then input order */
-static int by_pair(const void *a, const void *b)
+/* (kind, x, input order, seconds) by kind, x, then input order */
+static int by_point(const void *a, const void *b)
 {
 	const double *x = a, *y = b;
-	return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+	for (int i = 0; i < 3; i++)
+		if (x[i] != y[i])
+			return (x[i] > y[i]) - (x[i] < y[i]);
+	return 0;
 }
 
-int machine_line_points(MachLine *l, const double *xt, int npts)
+int machine_line_kind(MachLine *l, const char *name)
+{
+	for (int i = 0; i < l->nkinds; i++)
+		if (!strcmp(l->kinds[i], name))
+			return i;
+	if (l->nkinds == MACH_NKIND || !(l->kinds[l->nkinds] = strdup(name)))
+		return -1;
+	return l->nkinds++;
+}
+
+int machine_line_points(MachLine *l, const double *xt, const int *kind, int npts)
 {
 	double *p = malloc(sizeof *p * 2 * ((size_t)npts + 1));
-	if (!p)
-		return -1;
-	if (npts)
-		memcpy(p, xt, sizeof *p * 2 * (size_t)npts);
-	/* stable for a repeated x: sort by x, then keep each x's last pair in
-	 * the input order (qsort is not stable: mark the order first) */
-	double *q = malloc(sizeof *q * 3 * ((size_t)npts + 1));
-	if (!q) {
+	int *pk = malloc(sizeof *pk * ((size_t)npts + 1));
+	/* stable for a repeated (kind, x): sort, then keep each one's last
+	 * pair in the input order (qsort is not stable: mark the order first) */
+	double *q = malloc(sizeof *q * 4 * ((size_t)npts + 1));
+	if (!p || !pk || !q) {
 		free(p);
+		free(pk);
+		free(q);
 		return -1;
 	}
 	for (int i = 0; i < npts; i++) {
-		q[3 * i] = p[2 * i];
-		q[3 * i + 1] = i;
-		q[3 * i + 2] = p[2 * i + 1];
+		q[4 * i] = kind ? kind[i] : -1;
+		q[4 * i + 1] = xt[2 * i];
+		q[4 * i + 2] = i;
+		q[4 * i + 3] = xt[2 * i + 1];
 	}
-	qsort(q, (size_t)npts, 3 * sizeof *q, by_pair);
+	qsort(q, (size_t)npts, 4 * sizeof *q, by_point);
 	int n = 0;
 	for (int i = 0; i < npts; i++) {
-		if (n && p[2 * (n - 1)] == q[3 * i])
-			n--; /* the same x again, later in the input: it replaces */
-		p[2 * n] = q[3 * i];
-		p[2 * n + 1] = q[3 * i + 2];
+		if (n && pk[n - 1] == (int)q[4 * i] && p[2 * (n - 1)] == q[4 * i + 1])
+			n--; /* the same kind and x again, later in the input: it replaces */
+		pk[n] = (int)q[4 * i];
+		p[2 * n] = q[4 * i + 1];
+		p[2 * n + 1] = q[4 * i + 3];
 		n++;
 	}
 	free(q);
 	free(l->pts);
+	free(l->kind);
 	l->pts = p;
+	l->kind = pk;
 	l->npts = n;
 	return 0;
 }
@@ -183,28 +199,43 @@ static int line_of(const cJSON *o, const char *op, const char *dt, MachLine *l, 
 	if (!*dt)
 		return fail(err, errlen, what, "op \"%s\": \"points\" belong in its \"f32\" or "
 			    "\"bf16\" line", key);
-	int n = cJSON_IsArray(pts) ? cJSON_GetArraySize(pts) : -1, i = 0;
+	int n = cJSON_IsArray(pts) ? cJSON_GetArraySize(pts) : -1, i = 0, full = 0;
 	double *xt = malloc(sizeof *xt * 2 * ((size_t)(n > 0 ? n : 0) + 1));
-	if (!xt)
+	int *kind = malloc(sizeof *kind * ((size_t)(n > 0 ? n : 0) + 1));
+	if (!xt || !kind) {
+		free(xt);
+		free(kind);
 		return fail(err, errlen, what, "%s", "out of memory");
+	}
 	const cJSON *list = n >= 0 ? pts : NULL;
 	cJSON_ArrayForEach(p, list)
 	{
+		/* [x, seconds] or, a kernel's kind beside them, [x, seconds, "KIND"] */
 		const cJSON *a = cJSON_GetArrayItem(p, 0), *b = cJSON_GetArrayItem(p, 1);
-		if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) != 2 || !cJSON_IsNumber(a) ||
-		    !cJSON_IsNumber(b) || !(a->valuedouble > 0) || !(b->valuedouble > 0) ||
-		    !isfinite(a->valuedouble) || !isfinite(b->valuedouble)) {
+		const cJSON *k = cJSON_GetArrayItem(p, 2);
+		int len = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+		if ((len != 2 && len != 3) || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
+		    !(a->valuedouble > 0) || !(b->valuedouble > 0) || !isfinite(a->valuedouble) ||
+		    !isfinite(b->valuedouble) || (len == 3 && (!cJSON_IsString(k) || !*k->valuestring))) {
 			n = -1;
 			break;
 		}
 		xt[2 * i] = a->valuedouble;
 		xt[2 * i + 1] = b->valuedouble;
+		kind[i] = len == 3 ? machine_line_kind(l, k->valuestring) : -1;
+		if (len == 3 && kind[i] < 0) {
+			full = 1;
+			break;
+		}
 		i++;
 	}
-	int rc = n < 0 ? fail(err, errlen, what, "op \"%s\": \"points\" is not an array of [x, seconds] "
-			      "pairs of numbers > 0", key)
-	       : machine_line_points(l, xt, n) < 0 ? fail(err, errlen, what, "%s", "out of memory") : 0;
+	int rc = full ? fail(err, errlen, what, "op \"%s\": \"points\" name more than 8 kinds (or out of "
+			     "memory)", key)
+	       : n < 0 ? fail(err, errlen, what, "op \"%s\": \"points\" is not an array of [x, seconds] "
+			      "or [x, seconds, \"kind\"] with numbers > 0", key)
+	       : machine_line_points(l, xt, kind, n) < 0 ? fail(err, errlen, what, "%s", "out of memory") : 0;
 	free(xt);
+	free(kind);
 	return rc;
 }
 
@@ -383,8 +414,13 @@ void machine_free(Machine *m)
 {
 	for (int i = 0; m->ops && i < m->nops; i++) {
 		free(m->ops[i].op);
-		for (int d = 0; d <= MACH_NDTYPE; d++)
-			free(m->ops[i].line[d].pts);
+		for (int d = 0; d <= MACH_NDTYPE; d++) {
+			MachLine *l = &m->ops[i].line[d];
+			free(l->pts);
+			free(l->kind);
+			for (int k = 0; k < l->nkinds; k++)
+				free(l->kinds[k]);
+		}
 	}
 	free(m->ops);
 	free(m->gemm);
@@ -417,6 +453,8 @@ static void line_json(cJSON *p, const MachLine *l)
 			cJSON *q = cJSON_CreateArray();
 			cJSON_AddItemToArray(q, cJSON_CreateNumber(l->pts[2 * j]));
 			cJSON_AddItemToArray(q, cJSON_CreateNumber(l->pts[2 * j + 1]));
+			if (l->kind && l->kind[j] >= 0)
+				cJSON_AddItemToArray(q, cJSON_CreateString(l->kinds[l->kind[j]]));
 			cJSON_AddItemToArray(a, q);
 		}
 	}
@@ -579,10 +617,33 @@ void machine_op_figures(const Machine *m, const char *op, int dtype, double *flo
 		}
 }
 
-double machine_points_seconds(const MachLine *l, double x, double overhead, double rate)
+/* The points of l an instruction of kind (NULL: none) is priced among: its
+ * kind's where the line has some, else those without a kind (a line
+ * written before kinds has only those: priced as it was). [*lo, *hi): none
+ * when *lo == *hi. The points are sorted by kind, so each kind's are a run. */
+static void kind_points(const MachLine *l, const char *kind, int *lo, int *hi)
 {
-	const double *p = l->pts;
-	int n = l->npts, lo = 0, hi = n - 1;
+	int want = -1;
+	for (int k = 0; kind && k < l->nkinds; k++)
+		if (!strcmp(l->kinds[k], kind))
+			want = k;
+	for (int pass = 0; pass < 2; pass++, want = -1) {
+		*lo = *hi = 0;
+		while (*lo < l->npts && l->kind[*lo] != want)
+			(*lo)++;
+		*hi = *lo;
+		while (*hi < l->npts && l->kind[*hi] == want)
+			(*hi)++;
+		if (*hi > *lo)
+			return;
+	}
+}
+
+/* The time at x of the n points p: their piecewise-linear interpolation,
+ * outside them the line scaled to meet the nearest point. */
+static double points_seconds(const double *p, int n, double x, double overhead, double rate)
+{
+	int lo = 0, hi = n - 1;
 	if (x <= p[0] || x >= p[2 * hi]) { /* outside: the line through the nearest point */
 		int e = x <= p[0] ? 0 : hi;
 		double at = overhead + p[2 * e] / rate;
@@ -599,8 +660,26 @@ double machine_points_seconds(const MachLine *l, double x, double overhead, doub
 	return p[2 * lo + 1] + w * (p[2 * hi + 1] - p[2 * lo + 1]);
 }
 
+double machine_points_seconds(const MachLine *l, double x, double overhead, double rate,
+			      const char *kind)
+{
+	int lo, hi;
+	kind_points(l, kind, &lo, &hi);
+	return hi > lo ? points_seconds(l->pts + 2 * lo, hi - lo, x, overhead, rate) : overhead + x / rate;
+}
+
+int machine_has_kinds(const Machine *m)
+{
+	for (int i = 0; i < m->nops; i++)
+		for (int d = 0; d <= MACH_NDTYPE; d++)
+			for (int j = 0; j < m->ops[i].line[d].npts; j++)
+				if (m->ops[i].line[d].kind[j] >= 0)
+					return 1;
+	return 0;
+}
+
 double machine_op_seconds(const Machine *m, const char *op, int dtype, int gemm, double flops,
-			  double bytes, double rate, double bw, double overhead)
+			  double bytes, double rate, double bw, double overhead, const char *kind)
 {
 	machine_op_figures(m, op, dtype, &rate, &bw, &overhead);
 	int borrowed;
@@ -610,6 +689,6 @@ double machine_op_seconds(const Machine *m, const char *op, int dtype, int gemm,
 	/* the points give the fitted term (with its overhead), the other
 	 * term stays a roofline bound beside it */
 	if (l->by_flops)
-		return fmax(machine_points_seconds(l, flops, overhead, rate), overhead + bytes / bw);
-	return fmax(machine_points_seconds(l, bytes, overhead, bw), overhead + flops / rate);
+		return fmax(machine_points_seconds(l, flops, overhead, rate, kind), overhead + bytes / bw);
+	return fmax(machine_points_seconds(l, bytes, overhead, bw, kind), overhead + flops / rate);
 }

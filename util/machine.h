@@ -47,7 +47,17 @@
  *                       calibration's measured points [[x, seconds], ...]
  *                       (x: bytes, or FLOPs where "fit" is "flops"; one
  *                       point per size, the median of its instructions)
- *                       that a later calibration refits with its own.
+ *                       that a later calibration refits with its own; a
+ *                       point of an op with several CUDA kernels carries
+ *                       its kernel's kind, [x, seconds, "KIND"]
+ *                       (format/kernel_kind.c: bias_grad's "paired" and
+ *                       "colsum", ...; one point per kind and size): an
+ *                       instruction is priced among the points of its own
+ *                       kind (by the same rule on the compiled program),
+ *                       else among the points without a kind (files
+ *                       written before kinds: as they were read), else by
+ *                       the line alone; a line with no kind in its points
+ *                       prices every instruction as before kinds.
  *                       An instruction takes each figure from its dtype's
  *                       line, else from the op's line for every dtype,
  *                       else the machine's default (overhead_s replaces
@@ -78,6 +88,7 @@ enum { MACH_GPU, MACH_CPU };           /* Machine.executor */
 enum { MACH_F32, MACH_BF16, MACH_NDTYPE };
 #define MACH_ANY MACH_NDTYPE           /* MachOp.line[MACH_ANY]: every dtype */
 enum { MACH_INTRA, MACH_INTER, MACH_P2P, MACH_NLINK };
+#define MACH_NKIND 8                   /* kinds of kernel a line's points may name */
 
 typedef struct {
 	int dtype;                     /* MACH_F32 / MACH_BF16 */
@@ -88,8 +99,11 @@ typedef struct {
 	double flops_per_s, bytes_per_s, overhead_s; /* 0: not given (the next line's, the default) */
 	int given;                     /* the file has this line */
 	int by_flops;                  /* "fit": "flops": the points' x is FLOPs, else bytes */
-	double *pts;                   /* npts pairs (x, seconds), x strictly ascending */
+	double *pts;                   /* npts pairs (x, seconds), by kind then x ascending */
+	int *kind;                     /* npts: the point's index in kinds, -1: none (before kinds) */
 	int npts;
+	char *kinds[MACH_NKIND];       /* the kinds' names ("paired", ...) */
+	int nkinds;
 } MachLine;
 
 typedef struct {
@@ -145,15 +159,27 @@ void machine_op_figures(const Machine *m, const char *op, int dtype, double *flo
 /* A kernel of op and dtype doing flops and moving bytes: overhead + the
  * larger of flops / rate and bytes / bw, the figures given (the machine's
  * defaults, a GEMM's table rate) replaced by the op's lines' as above, the
- * fitted term by its dtype line's points where it has some and gemm is 0. */
+ * fitted term by its dtype line's points where it has some and gemm is 0:
+ * those of kind (the kernel's kind name, NULL: none) where the line has
+ * some, else those without a kind, else none (the line). */
 double machine_op_seconds(const Machine *m, const char *op, int dtype, int gemm, double flops,
-			  double bytes, double rate, double bw, double overhead);
-/* The time at x of a line with points (l->npts > 0): their piecewise-
- * linear interpolation, and outside their range the line overhead +
- * x / rate scaled to meet the nearest point. */
-double machine_points_seconds(const MachLine *l, double x, double overhead, double rate);
-/* Sets l's points to the npts pairs (x, seconds) at xt (copied, sorted,
- * a repeated x keeping its last). 0, or -1 out of memory. */
-int machine_line_points(MachLine *l, const double *xt, int npts);
+			  double bytes, double rate, double bw, double overhead, const char *kind);
+/* The time at x of a line with points (l->npts > 0), among those of kind
+ * (as machine_op_seconds chooses them; none: the line overhead + x / rate):
+ * their piecewise-linear interpolation, and outside their range the line
+ * scaled to meet the nearest point. */
+double machine_points_seconds(const MachLine *l, double x, double overhead, double rate,
+			      const char *kind);
+/* 1: some op line of m has a point with a kind (the simulator then works
+ * out its instructions' kinds). */
+int machine_has_kinds(const Machine *m);
+/* The index of kind name in l->kinds, added when absent; -1: no room
+ * (MACH_NKIND) or no memory. */
+int machine_line_kind(MachLine *l, const char *name);
+/* Sets l's points to the npts pairs (x, seconds) at xt with their kinds
+ * (indices in l->kinds, -1: none; kind NULL: none of them has one), copied,
+ * sorted by kind then x, a repeated (kind, x) keeping its last. 0, or -1
+ * out of memory. */
+int machine_line_points(MachLine *l, const double *xt, const int *kind, int npts);
 
 #endif

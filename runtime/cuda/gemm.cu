@@ -591,28 +591,13 @@ static int plan_one(CuPlan *p, const DpInstr *in, CuFuse *f, CuFuse *fb, RtErr *
 }
 
 /* The bias_grad whose column sums matmul i of program g can give by BGRADA
- * (the pairing rule in the header), or -1. */
+ * (the pairing rule in the header: format/kernel_kind.c's dp_bgrad_pair, the
+ * rule the calibration and the simulator key bias_grad's points by), or -1
+ * when another matmul's epilogue gives them already. */
 static int64_t bgrad_pair(const CuPlan *p, int g, uint32_t i)
 {
-	const DpStep *s = p->s;
-	const DpInstr *mm = &s->prog[g][i];
-	if (mm->op != DP_OP_MATMUL || !trans_a(mm) || trans_b(mm) ||
-	    s->tensors[mm->out].dtype != DP_F32)
-		return -1;
-	const DpTensor *dy = &s->tensors[mm->in[1]];
-	for (uint32_t j = i + 1; j < s->nprog[g]; j++) {
-		const DpInstr *k = &s->prog[g][j];
-		if (k->op == DP_OP_BIAS_GRAD && k->in[0] == mm->in[1]) {
-			if (k->stream != mm->stream || (k->flags & DP_IF_LAST) != (mm->flags & DP_IF_LAST) ||
-			    s->tensors[k->out].dtype != DP_F32 || p->fuse[g][j].bgrad ||
-			    cu_numel(&s->tensors[k->out]) != cu_cols(dy))
-				return -1;
-			return j;
-		}
-		if (cu_writes(s, k, dy))
-			return -1;
-	}
-	return -1;
+	int64_t j = dp_bgrad_pair(p->s, g, i);
+	return j >= 0 && !p->fuse[g][j].bgrad ? j : -1;
 }
 
 extern "C" int cu_plan_gemm(CuPlan *p, RtErr *e)

@@ -1076,7 +1076,18 @@ part9() {
 		case $name in gpt2-b*) gpt_cal="$gpt_cal ${name%-bf16}" ;; esac
 	done
 	cp "$R"/cal-*.json "$L/" 2>/dev/null
-	report PASS "dpexec --device cuda --calibrate with $ncal step files in $(($(date +%s) - t0)) s: GPT-2's from$gpt_cal ($held held out) OUTDIR/cuda-1.json, $(wc -c <"$mfile") bytes, the others' logs/cal-*.json; each run's line:"
+	# the points keyed by their kernel's kind (docs/SIMULATE.md, "Kernel
+	# kinds"): GPT-2's bias_grads paired with their weight gradient's GEMM
+	# and the position embedding's column sum, which interleaved by bytes
+	# put micro-batch 4 24 % high on the H200
+	local kinds
+	kinds=$(grep -o '"paired"\|"colsum"\|"warp"\|"block"\|"rows16"\|"rows"' "$mfile" | sort | uniq -c |
+		while read -r n k; do printf '%s%s %s' "${kinds:+, }" "$n" "$k"; kinds=1; done)
+	if ! grep -q '"paired"' "$mfile" || ! grep -q '"colsum"' "$mfile"; then
+		report FAIL "part 9: GPT-2's calibration keyed no bias_grad point by its kernel (\"paired\" and \"colsum\", docs/SIMULATE.md \"Kernel kinds\"): ${kinds:-no kinds}"
+		return
+	fi
+	report PASS "dpexec --device cuda --calibrate with $ncal step files in $(($(date +%s) - t0)) s: GPT-2's from$gpt_cal ($held held out) OUTDIR/cuda-1.json, $(wc -c <"$mfile") bytes, its points by kernel kind: $kinds; the others' logs/cal-*.json; each run's line:"
 	for c in $cfgs; do
 		IFS='|' read -r name src args <<<"$c"
 		[ -f "$L/calib-$name.log" ] && unstamp "$L/calib-$name.log" | grep -m1 'calibrated ' | cut -c1-520 | sed "s/^/    $name: /" >>"$REPORT"
