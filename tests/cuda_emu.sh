@@ -1060,7 +1060,8 @@ fi
 # the machine file it writes is dpc --simulate's. The emulator's times are
 # its host's: the structure is tested (the name, the executor, GEMM points,
 # attention priced by FLOPs on its f32 line with its points, a measured
-# link, the marks' cost on the line),
+# link, the marks' cost on the line, bias_grad's points keyed paired and
+# colsum by format/kernel_kind.c, the rule the backend pairs by),
 # and that dpc reads the file, not the figures.
 BIN_ARGS[calib]="$T/gpt2-tiny.dp --world-size 2 $small"
 if case_on "calibrate on the device"; then
@@ -1082,12 +1083,23 @@ bad = [w for w, ok in [
      f32("attention").get("points") and not f32("attention").get("bytes_per_s")),
     ("graph overhead", m["kernel_overhead_s"] == 0 and m.get("node_overhead_s", -1) >= 0 and
      m.get("node_overhead_n", 0) > 0),
-    ("the link", 0 < m["intra"]["busbw"] < 1e15 and m["intra"]["alpha_s"] >= 0)] if not ok]
+    ("the link", 0 < m["intra"]["busbw"] < 1e15 and m["intra"]["alpha_s"] >= 0),
+    # kernel kinds (format/kernel_kind.c): the linears' bias_grads paired
+    # with their weight gradients' GEMMs, the position embedding's a column
+    # sum, the f32 norms a block per row; one-kernel ops no kind
+    ("kernel kinds", sorted({p[2] for p in f32("bias_grad").get("points", [[0, 0]])
+                             if len(p) == 3}) == ["colsum", "paired"] and
+     all(len(p) == 3 for p in f32("bias_grad")["points"]) and
+     all(p[2:] == ["block"] for p in f32("add_layernorm").get("points", []) + f32("layernorm").get("points", [])) and
+     all(len(p) == 2 for p in f32("attention").get("points", [])))] if not ok]
+kinds = {}
+for p in f32("bias_grad").get("points", []):
+    kinds[p[-1]] = kinds.get(p[-1], 0) + 1
 print("bad: " + ", ".join(bad) if bad else
-      "%d GEMM points, %d ops, attention %.3g FLOP/s, graph overhead %.3g s over %d, intra %.3g s + %.3g B/s"
+      "%d GEMM points, %d ops, attention %.3g FLOP/s, graph overhead %.3g s over %d, intra %.3g s + %.3g B/s, bias_grad points %s"
       % (len(m["gemm"]), len(ops), f32("attention")["flops_per_s"], m["node_overhead_s"],
          m["node_overhead_n"],
-         m["intra"]["alpha_s"], m["intra"]["busbw"]))
+         m["intra"]["alpha_s"], m["intra"]["busbw"], kinds))
 sys.exit(1 if bad else 0)
 PYEOF
 ) && grep -qE "calibrated cuda-2-ranks: .* on the device after an empty span's [0-9]+\.[0-9]{2} us taken from each span( and a further [0-9]+\.[0-9]{2} us from each kernel's \(the eager launch\))?, .* collectives .* \([1-9][0-9]* timed\)" "$T/calib.log" &&

@@ -486,28 +486,41 @@ fi
 # gpt2-tiny writes both kinds (its layernorms f32: "block"), the same file
 # without kinds predicts, and mlp calibrated into that file keeps its
 # points and adds keyed ones beside them.
-if case_on "kinds"; then
+# bias_machine NAME DTYPE FIGURE POINTS: $T/NAME-keyed.json and
+# $T/NAME-old.json, gpu machines whose peaks and bandwidths are FIGURE and
+# whose one op line is bias_grad's DTYPE line with POINTS ([x, seconds,
+# "paired"|"colsum"] each): with the kinds, and without them
+bias_machine() {
+	local name=$1 dt=$2 fig=$3 pts v
 	for v in keyed old; do
-		P=', "paired"' C=', "colsum"'
-		[ $v = old ] && P= C=
-		cat >"$T/k-$v.json" <<EOF
-{"name": "$v", "executor": "gpu", "peak_flops": {"f32": 1e12, "bf16": 1e12}, "memory_bw": 1e12,
- "kernel_overhead_s": 0, "ranks_per_node": 1, "intra": {"alpha_s": 0, "busbw": 1e12},
- "inter": {"alpha_s": 0, "busbw": 1e12}, "p2p": {"alpha_s": 0, "busbw": 1e12},
- "ops": {"bias_grad": {"f32": {"bytes_per_s": 1e12,
-   "points": [[1, 1e-6$P], [2, 1e-3$C], [1e12, 1e-3$C], [1e13, 1e-6$P]]}}}}
+		pts=$4
+		[ $v = old ] && pts=$(echo "$pts" | sed 's/, "\(paired\|colsum\)"//g')
+		cat >"$T/$name-$v.json" <<EOF
+{"name": "$name-$v", "executor": "gpu", "peak_flops": {"f32": $fig, "bf16": $fig}, "memory_bw": $fig,
+ "kernel_overhead_s": 0, "ranks_per_node": 1, "intra": {"alpha_s": 0, "busbw": $fig},
+ "inter": {"alpha_s": 0, "busbw": $fig}, "p2p": {"alpha_s": 0, "busbw": $fig},
+ "ops": {"bias_grad": {"$dt": {"bytes_per_s": $fig, "points": $pts}}}}
 EOF
+	done
+}
+# the kinds cases' python: each bias_grad's span (us) by its value's name,
+# from a --simulate-trace file
+bias_spans='
+import json, sys
+def bias_spans(f):
+    t = json.load(open(f))
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    return {e["name"].split(" = ")[0]: e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")}
+'
+if case_on "kinds"; then
+	bias_machine k f32 1e12 '[[1, 1e-6, "paired"], [2, 1e-3, "colsum"], [1e12, 1e-3, "colsum"], [1e13, 1e-6, "paired"]]'
+	for v in keyed old; do
 		"$DPC" models/gpt2-tiny.dp --world-size 1 --simulate="$T/k-$v.json" \
 			--simulate-trace "$T/k-$v.trace" >"$T/k-$v.sim" 2>&1
 	done
 	REPRO="$BUILD/dpc models/gpt2-tiny.dp --world-size 1 --simulate=k-keyed.json --simulate-trace t.json"
-	if out=$($PY -c '
-import json, sys
-def spans(f):
-    t = json.load(open(f))
-    ev = t["traceEvents"] if isinstance(t, dict) else t
-    return {e["name"].split(" = ")[0]: e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")}
-k, o = spans(sys.argv[1]), spans(sys.argv[2])
+	if out=$($PY -c "$bias_spans"'
+k, o = bias_spans(sys.argv[1]), bias_spans(sys.argv[2])
 assert len(k) == 9 and set(k) == set(o), (k, o)
 assert k.pop("%grad.embed.wpe") == 1000 and all(d == 1 for d in k.values()), k
 assert all(d == 1000 for d in o.values()), o
@@ -575,18 +588,10 @@ fi
 # sum to the run's 1.442 ms; with them, to ~0.105 ms (its estimate's 0.107),
 # micro-batch 2 and 8 unchanged (their own points).
 if case_on "kinds: the H200's micro-batch 4"; then
+	bias_machine h200 bf16 1e15 '[[3151872, 1.29e-6, "paired"], [9437184, 37.5e-6, "colsum"],
+		[9455616, 1.29e-6, "paired"], [12589056, 1.55e-6, "paired"], [12607488, 1.34e-6, "paired"],
+		[18874368, 48.5e-6, "colsum"], [37767168, 1.46e-6, "paired"], [50356224, 1.565e-6, "paired"]]'
 	for v in keyed old; do
-		P=', "paired"' C=', "colsum"'
-		[ $v = old ] && P= C=
-		cat >"$T/h200-$v.json" <<EOF
-{"name": "h200-bias-grad-$v", "executor": "gpu", "peak_flops": {"f32": 1e15, "bf16": 1e15},
- "memory_bw": 1e13, "kernel_overhead_s": 0, "ranks_per_node": 1,
- "intra": {"alpha_s": 0, "busbw": 1e12}, "inter": {"alpha_s": 0, "busbw": 1e12},
- "p2p": {"alpha_s": 0, "busbw": 1e12},
- "ops": {"bias_grad": {"bf16": {"bytes_per_s": 1e13, "points": [
-   [3151872, 1.29e-6$P], [9437184, 37.5e-6$C], [9455616, 1.29e-6$P], [12589056, 1.55e-6$P],
-   [12607488, 1.34e-6$P], [18874368, 48.5e-6$C], [37767168, 1.46e-6$P], [50356224, 1.565e-6$P]]}}}}
-EOF
 		for mb in 2 4 8; do
 			sed -e "s/^  global_batch .*/  global_batch $mb/" -e 's/^  grad_accum .*/  grad_accum 1/' \
 				models/gpt2.dp >"$T/gpt2-b$mb.dp"
@@ -595,12 +600,9 @@ EOF
 		done
 	done
 	REPRO="$BUILD/dpc gpt2-b4.dp --world-size 1 --precision bf16 --simulate=h200-keyed.json --simulate-trace t.json"
-	if out=$($PY -c '
-import json, sys
+	if out=$($PY -c "$bias_spans"'
 def ms(f):
-    t = json.load(open(f))
-    ev = t["traceEvents"] if isinstance(t, dict) else t
-    b = [e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")]
+    b = list(bias_spans(f).values())
     assert len(b) == 49, (f, len(b))
     return sum(b) / 1e3
 d = sys.argv[1]
