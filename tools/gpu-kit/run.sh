@@ -1081,7 +1081,7 @@ part9() {
 	# and the position embedding's column sum, which interleaved by bytes
 	# put micro-batch 4 24 % high on the H200
 	local kinds
-	kinds=$(grep -o '"paired"\|"colsum"\|"warp"\|"block"\|"rows16"\|"rows"' "$mfile" | sort | uniq -c |
+	kinds=$(grep -oE '"(paired|colsum|warp|block|rows16|rows)"' "$mfile" | sort | uniq -c |
 		while read -r n k; do printf '%s%s %s' "${kinds:+, }" "$n" "$k"; kinds=1; done)
 	if ! grep -q '"paired"' "$mfile" || ! grep -q '"colsum"' "$mfile"; then
 		report FAIL "part 9: GPT-2's calibration keyed no bias_grad point by its kernel (\"paired\" and \"colsum\", docs/SIMULATE.md \"Kernel kinds\"): ${kinds:-no kinds}"
