@@ -1112,6 +1112,43 @@ PYEOF
 		tail -n 3 "$T/calib.sim" 2>/dev/null
 	fi
 fi
+# kernel kinds against the backend (format/kernel_kind.c): the bias_grads
+# the simulator keys "paired" in gpt2-tiny (small, 1 rank: a hand-made file
+# whose paired points cost 1 us and column sums 1 ms, read back from
+# --simulate-trace) are as many as the emulated backend's cuBLASLt calls
+# with the BGRADA epilogue in one eager step (DPEMU_TRACE), and the
+# position embedding's is the one column sum
+if case_on "kinds: the simulator's paired bias_grads are the backend's BGRADA GEMMs"; then
+	cat >"$T/kinds.json" <<EOF
+{"name": "kinds", "executor": "gpu", "peak_flops": {"f32": 1e12, "bf16": 1e12}, "memory_bw": 1e12,
+ "ranks_per_node": 1, "intra": {"alpha_s": 0, "busbw": 1e12}, "inter": {"alpha_s": 0, "busbw": 1e12},
+ "p2p": {"alpha_s": 0, "busbw": 1e12}, "ops": {"bias_grad": {"f32": {"bytes_per_s": 1e12,
+ "points": [[1, 1e-6, "paired"], [2, 1e-3, "colsum"], [1e12, 1e-3, "colsum"], [1e13, 1e-6, "paired"]]}}}}
+EOF
+	kinds=
+	# shellcheck disable=SC2086 # (words)
+	if "$DPC" "$T/gpt2-tiny.dp" --world-size 1 $small -o "$T/kinds.bin" >"$T/kinds.dpc" 2>&1 &&
+		"$DPC" "$T/gpt2-tiny.dp" --world-size 1 $small --simulate="$T/kinds.json" \
+			--simulate-trace "$T/kinds.trace" >>"$T/kinds.dpc" 2>&1 &&
+		DPEMU_TRACE=1 timeout 300 "$EMU" "$T/kinds.bin" --device cuda --steps 1 --eval-every 0 \
+			--no-graph >"$T/kinds.log" 2>&1 &&
+		kinds=$($PY -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = t["traceEvents"] if isinstance(t, dict) else t
+d = {e["name"].split(" = ")[0]: e["dur"] for e in ev if e.get("name", "").endswith("= bias_grad")}
+col = [k for k, v in d.items() if v == 1000]
+assert col == ["%grad.embed.wpe"], d
+print(sum(v == 1 for v in d.values()))
+' "$T/kinds.trace" 2>&1) &&
+		bgrad=$(grep -c 'run #.*cublasLtMatmul .* bgradA' "$T/kinds.log") && [ "$kinds" = "$bgrad" ] &&
+		[ "$bgrad" -gt 0 ]; then
+		ok "kinds: gpt2-tiny (small): $kinds bias_grads keyed paired by the simulator, $bgrad cuBLASLt GEMMs with BGRADA on the backend, the position embedding's a column sum"
+	else
+		fail "kinds: the simulator's paired bias_grads ($kinds) against the backend's BGRADA GEMMs (${bgrad:-?})"
+		tail -n 3 "$T/kinds.dpc" "$T/kinds.log"
+	fi
+fi
 # dpexec --gemm-tune (runtime/cuda/gemm.cu's tuner): gpt2-tiny (small) at
 # 1 rank, its GEMMs with the bias, GELU_AUX_BIAS and DGELU epilogues (their
 # vector and aux moved to scratch for the timing and back). The emulated
