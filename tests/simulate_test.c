@@ -11,7 +11,8 @@
  * written back as read, a bad file is one message naming it; points keyed
  * by their kernel's kind (the H200's bias_grad, paired and column sums)
  * price an instruction among its own kind's, the same points without kinds
- * as before; the CUDA backend's pairing rule (format/kernel_kind.c) on a
+ * as before; the CUDA backend's pairing rule, its norms' warp rows and its
+ * classifier's rows16 (format/kernel_kind.c) on a
  * hand-built program.
  *
  * Times are in seconds, bandwidths in bytes/s, all small integers, so every
@@ -629,6 +630,60 @@ static void kernel_kinds(void)
 	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 4) == 5, "the same stream, f32: paired");
 	p[1].out = 1; /* dY written between the matmul and its bias_grad */
 	CHECK(dp_bgrad_pair(&s, DP_PROG_STEP, 0) == -1, "dY written between: no pair");
+
+	/* the norms' warp rows (16-bit, c <= 1024 and a multiple of 8, every
+	 * operand 16-byte aligned) and the classifier's rows16 (16-bit logits,
+	 * strides of a multiple of 8, aligned) */
+	DpTensor u[4] = {0};
+	for (int i = 0; i < 4; i++) {
+		u[i].dtype = DP_BF16;
+		u[i].ndim = 2;
+		u[i].dims[0] = 4;
+		u[i].dims[1] = 768;
+		u[i].offset = 16384 * (uint64_t)i;
+		u[i].nbytes = 4 * 768 * 2;
+	}
+	u[3].dtype = DP_I32;
+	u[3].dims[1] = 1;
+	DpInstr q = {0};
+	for (int k = 0; k < DP_MAX_IN; k++)
+		q.in[k] = -1;
+	q.op = DP_OP_LAYERNORM, q.in[0] = 0, q.in[1] = 1, q.in[2] = 2, q.out = 1;
+	DpStep v = {0};
+	v.tensors = u;
+	v.ntensors = 4;
+	v.prog[DP_PROG_STEP] = &q;
+	v.nprog[DP_PROG_STEP] = 1;
+#define K() dp_kernel_kind(&v, DP_PROG_STEP, 0)
+	int w768 = K();
+	u[0].dims[1] = 4096; /* a row too long for a warp */
+	int w4096 = K();
+	u[0].dims[1] = 1004; /* not a multiple of 8 */
+	int w1004 = K();
+	u[0].dims[1] = 768;
+	u[2].offset += 8; /* beta misaligned */
+	int wmis = K();
+	u[2].offset -= 8;
+	u[0].dtype = DP_F32;
+	int wf32 = K();
+	u[0].dtype = DP_BF16;
+	CHECK(w768 == 1 && !w4096 && !w1004 && !wmis && !wf32 &&
+	      !strcmp(dp_kernel_kind_name(DP_OP_LAYERNORM, 1), "warp"),
+	      "norms: warp at 768 bf16 (%d), block at 4096, 1004, misaligned, f32 (%d %d %d %d)", w768,
+	      w4096, w1004, wmis, wf32);
+	q.op = DP_OP_XENT_GRAD, q.in[0] = 0, q.in[1] = 3, q.in[2] = -1, q.out = 1;
+	int r16 = K();
+	u[0].dims[1] = u[1].dims[1] = 300; /* a vocabulary of 300, unpadded */
+	int r300 = K();
+	u[0].ld = u[1].ld = 384; /* padded to 384 (passes/padvocab.c) */
+	int r384 = K();
+	u[0].dtype = u[1].dtype = DP_F32;
+	int rf32 = K();
+#undef K
+	CHECK(r16 == 1 && !r300 && r384 == 1 && !rf32 &&
+	      !strcmp(dp_kernel_kind_name(DP_OP_XENT_GRAD, 1), "rows16"),
+	      "classifier: rows16 at 768 and padded 384, rows at 300 and in f32 (%d %d %d %d)", r16, r300,
+	      r384, rf32);
 }
 
 static void machines(void)
