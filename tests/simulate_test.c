@@ -574,17 +574,24 @@ static void op_kinds(void)
  * transA` and the first bias_grad of dY after it on its stream, f32 out,
  * pair; a bias_grad of another dY, on another stream, or after dY is
  * written again, or into bf16, sums its columns. */
-static void kernel_kinds(void)
+/* n tensors of dtype, [4, cols] each, planned apart (stride bytes each) */
+static void tensors(DpTensor *t, int n, unsigned dtype, int64_t cols, uint64_t stride)
 {
-	DpTensor t[8] = {0};
-	for (int i = 0; i < 8; i++) {
-		t[i].dtype = DP_F32;
+	memset(t, 0, sizeof *t * (size_t)n);
+	for (int i = 0; i < n; i++) {
+		t[i].dtype = (uint8_t)dtype;
 		t[i].ndim = 2;
 		t[i].dims[0] = 4;
-		t[i].dims[1] = 3;
-		t[i].offset = 64 * (uint64_t)i;
-		t[i].nbytes = 48;
+		t[i].dims[1] = cols;
+		t[i].offset = stride * (uint64_t)i;
+		t[i].nbytes = 4 * (uint64_t)cols * dp_dtype_size(dtype);
 	}
+}
+
+static void kernel_kinds(void)
+{
+	DpTensor t[8];
+	tensors(t, 8, DP_F32, 3, 64);
 	t[2].dims[0] = 1; /* the bias gradients [1, 3]: dY's columns */
 	t[3].dims[0] = 1;
 	t[7].dims[0] = 1;
@@ -634,15 +641,8 @@ static void kernel_kinds(void)
 	/* the norms' warp rows (16-bit, c <= 1024 and a multiple of 8, every
 	 * operand 16-byte aligned) and the classifier's rows16 (16-bit logits,
 	 * strides of a multiple of 8, aligned) */
-	DpTensor u[4] = {0};
-	for (int i = 0; i < 4; i++) {
-		u[i].dtype = DP_BF16;
-		u[i].ndim = 2;
-		u[i].dims[0] = 4;
-		u[i].dims[1] = 768;
-		u[i].offset = 16384 * (uint64_t)i;
-		u[i].nbytes = 4 * 768 * 2;
-	}
+	DpTensor u[4];
+	tensors(u, 4, DP_BF16, 768, 16384);
 	u[3].dtype = DP_I32;
 	u[3].dims[1] = 1;
 	DpInstr q = {0};
