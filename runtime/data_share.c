@@ -49,7 +49,6 @@
  * the environment makes every rank load its own copy (tests compare the
  * two).
  */
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +60,11 @@
 #include "data_share.h"
 #include "world.h"
 
-/* The leaders can wait this long at least for a load: loading is one rank's
- * work, not a collective, and a --timeout of seconds (the tests') must not
- * cut a 26 MB inflate short on a loaded machine. */
+/* The other ranks wait this long at least for the leader's load (and it
+ * for their mapping): loading is one rank's work, not a collective, and a
+ * --timeout of seconds (the tests') must not cut a 26 MB inflate short on a
+ * loaded machine. A leader stopped or gone while it loads ends the others
+ * after this, not after a shorter --timeout. */
 #define DATA_SHARE_MIN_WAIT_S 120.0
 
 enum {
