@@ -27,7 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_int.h"
+#include <sys/mman.h>
+
+#include "data_share.h"
 
 static const char *source_name(const DpStep *s, const DpSource *rec)
 {
@@ -61,7 +63,11 @@ int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems, int elem_byt
 		return RT_FAIL(c->e, "data file %s: %lld samples of %lld elements is too large (%s)",
 			       c->path, (long long)n, (long long)elems, c->where);
 	bytes = bytes / 4 * elem_bytes;
-	d->data = malloc((size_t)bytes);
+	d->data = c->seg ? data_share_create(c->seg, bytes) : NULL;
+	if (d->data)
+		d->mapped = (size_t)bytes;
+	else
+		d->data = malloc((size_t)bytes);
 	if (!d->data)
 		return RT_FAIL(c->e, "out of memory loading data file %s (%lld bytes)", c->path,
 			       (long long)bytes);
@@ -179,11 +185,27 @@ static int check_labels(const LoadCtx *c, const DataSource *d)
 	return 0;
 }
 
+/* An IDX or .npy file: the kinds a node loads once (data_share.c). */
+static int is_file(const DpSource *rec)
+{
+	return rec->kind == DP_SRC_IDX || rec->kind == DP_SRC_NPY;
+}
+
+int data_load_file(LoadCtx *c, DataSource *d)
+{
+	int rc = c->rec->kind == DP_SRC_IDX ? data_load_idx(c, c->rec, c->dtype, d)
+					    : data_load_npy(c, c->rec, c->dtype, d);
+	return rc ? rc : check_labels(c, d);
+}
+
+/* Source idx into d: a file through the node's leader when share is given
+ * (every node rank calls it, skip set on a rank that has failed before). */
 static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const DataSet *set,
-		       DataSource *d, RtErr *e)
+		       const DataShare *share, int skip, DataSource *d, RtErr *e)
 {
 	const DpSource *rec = &s->sources[idx];
-	LoadCtx c = {.path = source_name(s, rec), .e = e, .cp = set->cp, .cp_rank = set->cp_rank};
+	LoadCtx c = {.path = source_name(s, rec), .e = e, .cp = set->cp, .cp_rank = set->cp_rank,
+		     .rec = rec};
 
 	format_where(c.where, sizeof c.where, dp_file, rec->src_line);
 	if (rec->tensor < 0 || (uint32_t)rec->tensor >= s->ntensors)
@@ -195,24 +217,23 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const
 		return RT_FAIL(e, "data source %u declares %lld elements per sample (%s)", idx,
 			       (long long)rec->sample_elems, c.where);
 	int dtype = s->tensors[rec->tensor].dtype;
+	c.dtype = dtype;
 	d->role = rec->role;
 	d->loaded = 1;
 	d->limit = dtype == DP_I32 ? id_limit(s, idx) : 0;
 	snprintf(d->where, sizeof d->where, "%s", c.where);
-	int rc;
+	if (share)
+		return data_share_load(&c, share, skip, d);
 	switch (rec->kind) {
 	case DP_SRC_IDX:
-		rc = data_load_idx(&c, rec, dtype, d);
-		break;
 	case DP_SRC_NPY:
-		rc = data_load_npy(&c, rec, dtype, d);
-		break;
-	case DP_SRC_SYNTHETIC:
-		rc = data_load_synthetic(&c, s, rec, dtype, d);
-		break;
+		return data_load_file(&c, d);
+	case DP_SRC_SYNTHETIC: {
+		int rc = data_load_synthetic(&c, s, rec, dtype, d);
+		return rc ? rc : check_labels(&c, d);
+	}
 	case DP_SRC_TOKENS:
-		rc = data_load_tokens(&c, rec, dtype, d);
-		break;
+		return data_load_tokens(&c, rec, dtype, d);
 	case DP_SRC_POSITIONS:
 		return data_load_positions(&c, idx, rec, dtype, d);
 	case DP_SRC_SAMPLE_KEYS:
@@ -220,38 +241,59 @@ static int load_source(const DpStep *s, uint32_t idx, const char *dp_file, const
 	default:
 		return RT_FAIL(e, "data source %u has unknown kind %u (%s)", idx, rec->kind, c.where);
 	}
-	return rc ? rc : check_labels(&c, d);
 }
 
 int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, DataSet **out,
 	      RtErr *e)
 {
-	DataSet *d = calloc(1, sizeof *d);
-	int first = -1;
+	return data_open_node(s, split, dp_file, cp_rank, NULL, out, e);
+}
+
+int data_open_node(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank,
+		   const DataShare *share, DataSet **out, RtErr *e)
+{
+	/* A rank that cannot allocate d still takes part in the node's
+	 * exchanges, with `none` for d and a slot of its own */
+	DataSet *d = calloc(1, sizeof *d), none = {.split = split};
+	DataSource slot;
+	int first = -1, rc = 0;
 
 	*out = NULL;
-	if (!d)
-		return RT_FAIL(e, "out of memory");
 	if (!dp_file && *dpstep_str(s, s->source))
 		dp_file = dpstep_str(s, s->source);
-	d->split = split;
-	d->cp = (int)s->cfg.mesh[DP_AXIS_CP];
-	d->cp_rank = cp_rank;
-	d->nsources = s->nsources;
-	d->src = calloc(s->nsources ? s->nsources : 1, sizeof *d->src);
-	d->st = calloc(1, sizeof *d->st);
-	if (!d->src || !d->st) {
+	if (d) {
+		d->split = split;
+		d->nsources = s->nsources;
+		d->src = calloc(s->nsources ? s->nsources : 1, sizeof *d->src);
+		d->st = calloc(1, sizeof *d->st);
+	}
+	if (!d || !d->src || !d->st) {
+		rc = RT_FAIL(e, "out of memory");
 		data_free(d);
-		return RT_FAIL(e, "out of memory");
+		d = NULL;
+	}
+	DataSet *set = d ? d : &none;
+	set->cp = (int)s->cfg.mesh[DP_AXIS_CP];
+	set->cp_rank = cp_rank;
+	/* With a node to share with, its files first: every node rank takes part
+	 * in each one's exchange, also after an error of its own (skip). */
+	for (int pass = share ? 0 : 1; pass < 2; pass++)
+		for (uint32_t i = 0; i < s->nsources; i++) {
+			int shared = share && is_file(&s->sources[i]);
+			if (s->sources[i].split != split || shared != (pass == 0) || (rc && !shared))
+				continue;
+			DataSource *to = d ? &d->src[i] : memset(&slot, 0, sizeof slot);
+			if (load_source(s, i, dp_file, set, shared ? share : NULL, rc != 0, to, e))
+				rc = -1;
+		}
+	if (rc) {
+		data_free(d);
+		return -1;
 	}
 	int64_t longest = 1; /* token sample, for the read buffer */
 	for (uint32_t i = 0; i < s->nsources; i++) {
 		if (s->sources[i].split != split)
 			continue;
-		if (load_source(s, i, dp_file, d, &d->src[i], e) != 0) {
-			data_free(d);
-			return -1;
-		}
 		if (d->src[i].tokens && d->src[i].window > longest)
 			longest = d->src[i].window;
 		if (d->src[i].positions || d->src[i].keys)
@@ -287,13 +329,31 @@ int data_open(const DpStep *s, DpSplit split, const char *dp_file, int cp_rank, 
 	return 0;
 }
 
+int64_t data_node_bytes(const DataSet *d, int *sharers)
+{
+	int64_t b = 0;
+	*sharers = 0;
+	for (uint32_t i = 0; d && i < d->nsources; i++) {
+		const DataSource *ds = &d->src[i];
+		if (!ds->mapped)
+			continue;
+		b += (int64_t)ds->mapped;
+		if (!*sharers || ds->sharers < *sharers)
+			*sharers = ds->sharers;
+	}
+	return b;
+}
+
 void data_free(DataSet *d)
 {
 	if (!d)
 		return;
 	if (d->src)
 		for (uint32_t i = 0; i < d->nsources; i++) {
-			free(d->src[i].data);
+			if (d->src[i].mapped)
+				munmap(d->src[i].data, d->src[i].mapped);
+			else
+				free(d->src[i].data);
 			data_close_shards(&d->src[i]);
 		}
 	free(d->src);

@@ -11,6 +11,7 @@
  *   data_positions.c  token positions (and the zigzag cut of context parallelism),
  *                     and the sample keys of dropout
  *   data_sampler.c    the DistributedSampler order and the batch fills
+ *   data_share.c      IDX and .npy sources loaded once per node (data_share.h)
  * The formats' headers are parsed by util/datafile.c, which dpc uses too.
  */
 #ifndef DP_DATA_INT_H
@@ -44,6 +45,9 @@ typedef struct {
 	int64_t elems; /* elements per sample */
 	int bytes;     /* 1: data holds unsigned bytes, read as (float)byte / 255.0f */
 	void *data;    /* n * elems floats, int32s or (bytes) unsigned chars; NULL for tokens */
+	size_t mapped; /* bytes of data mapped from the node's shared copy (data_share.c;
+	                  munmap), 0: malloc'd */
+	int sharers;   /* on the node's first rank: the ranks that map its copy */
 	/* tokens only: */
 	int tokens;    /* 1: samples come from shards[], not data */
 	int shift;     /* window offset (0 inputs, 1 targets) */
@@ -79,12 +83,23 @@ struct DataSet {
 	DataState *st;
 };
 
+/* The shared-memory file a node's leader loads a source into
+ * (data_share.c). */
+typedef struct {
+	int fd;        /* memfd_create's, while made */
+	int made;      /* data_alloc made it (else its memory is malloc'd) */
+	int64_t size;  /* bytes */
+} ShareSeg;
+
 /* Context of one source load: for messages. */
 typedef struct {
 	const char *path;  /* file path, or "synthetic" */
 	char where[512];   /* "models/mlp.dp:8" */
 	RtErr *e;
 	int cp, cp_rank;   /* the DataSet's */
+	const DpSource *rec; /* the source */
+	int dtype;         /* of its tensor */
+	ShareSeg *seg;     /* non-NULL: data_alloc puts the data in a node-shared file */
 } LoadCtx;
 
 /* ---- data.c: the data set ---- */
@@ -93,8 +108,11 @@ const char *data_dtype_name(int dtype);
 /* n * elems * 4 bytes, or -1 when that overflows or is absurd. */
 int64_t data_bytes(int64_t n, int64_t elems);
 /* d->data for n samples of elems elements of elem_bytes (4, or 1 for
- * d->bytes; sizes checked as 4-byte elements). */
+ * d->bytes; sizes checked as 4-byte elements): in c->seg's shared object
+ * when there is one and it can be made, else malloc'd. */
 int data_alloc(LoadCtx *c, DataSource *d, int64_t n, int64_t elems, int elem_bytes);
+/* An IDX or .npy source (c->rec) loaded into d, its labels checked. */
+int data_load_file(LoadCtx *c, DataSource *d);
 /* Sample idx of any source into out (elems 4-byte elements). */
 void data_copy_sample(const DataSet *d, const DataSource *ds, int64_t idx, void *out);
 /* Keep the first error of a batch fill (data_error reports it). */

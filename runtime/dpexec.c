@@ -62,6 +62,7 @@
 #include "rt.h"
 #include "sampler.h"
 #include "stamp.h"
+#include "data_share.h"
 #include "world.h"
 
 /* MFU on the CPU is measured against this per-rank peak unless
@@ -124,6 +125,8 @@ typedef struct {
 	void *dl;              /* dlopen handle of a loaded backend */
 	Exec x;
 	int have_exec;
+	MPI_Comm node;       /* the ranks of this node (MPI_COMM_TYPE_SHARED), with have_node */
+	int have_node;
 	DataSet *train, *eval;
 	Sampler sp;          /* --sample or sample_every: ready after load_step */
 	FILE *text;          /* --sample's text alone (no timestamps): the process's own stdout */
@@ -172,7 +175,8 @@ static void usage(FILE *f)
 		"                        eval data is never loaded (a run for its losses or\n"
 		"                        parameters alone: a benchmark, a smoke test)\n"
 		"  --verbose             also log communication time per log line, and show the\n"
-		"                        rank, host and source location of an error\n"
+		"                        rank, host and source location of an error, and the\n"
+		"                        data each node loads once for its ranks\n"
 		"  --no-timestamps       do not start every line printed during the run (stdout\n"
 		"                        and stderr, every rank's) with the UTC time it was\n"
 		"                        printed (2026-11-27T04:21:52.123Z, the default;\n"
@@ -896,12 +900,13 @@ static int setup_local(Run *r)
 	if (r->o.gemm_tune && (r->ops->flags & BACKEND_INLINE) && r->rank == 0)
 		fprintf(stderr, "dpexec: note: --gemm-tune chooses cuBLASLt's algorithms (--device "
 				"cuda); this backend's GEMMs have no choice to time: ignored\n");
-	MPI_Comm node; /* the ranks of this node pick devices by their index in it */
+	/* the ranks of this node pick devices by their index in it, and share
+	 * the data (setup_data) */
 	if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r->rank, MPI_INFO_NULL,
-				&node) != MPI_SUCCESS)
+				&r->node) != MPI_SUCCESS)
 		return RT_FAIL(e, "MPI_Comm_split_type failed");
-	MPI_Comm_rank(node, &bo.local_rank);
-	MPI_Comm_free(&node);
+	r->have_node = 1;
+	MPI_Comm_rank(r->node, &bo.local_rank);
 	RT_CHECK(exec_init(&r->x, s, r->comm, r->ops, &bo, e));
 	r->have_exec = 1;
 	if (r->rank == 0 && !r->o.quiet) {
@@ -921,24 +926,54 @@ static int setup_local(Run *r)
 		if (exec_describe(&r->x, d, sizeof d) || r->o.verbose)
 			printf("device: %s\n", d);
 	}
-	RT_CHECK(run_init(r));
-	int has_train = 0, has_eval = 0;
-	for (uint32_t i = 0; i < s->nsources; i++) {
-		has_train |= s->sources[i].split == DP_SPLIT_TRAIN;
-		has_eval |= s->sources[i].split == DP_SPLIT_EVAL;
-	}
+	return run_init(r);
+}
+
+/* The data of one split, once every rank has set up (setup_local): the
+ * ranks of a node load each IDX and .npy file once between them
+ * (runtime/data_share.c), which takes every one of them, so each split is
+ * a phase between two sync points (a rank that failed on the train split
+ * does not leave the others waiting in the eval split's exchanges). */
+static int setup_data(Run *r, DpSplit split)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
+	DataShare share = {.node = r->node, .timeout_s = r->o.timeout};
+	MPI_Comm_rank(r->node, &share.rank);
+	MPI_Comm_size(r->node, &share.size);
+	const DataShare *sh = share.size > 1 && data_share_wanted() ? &share : NULL;
+	int has = 0;
+	for (uint32_t i = 0; i < s->nsources; i++)
+		has |= s->sources[i].split == split;
 	if (r->o.sample_only) /* the prompt is the data */
-		has_train = has_eval = 0;
-	if (has_train)
-		RT_CHECK(data_open(s, DP_SPLIT_TRAIN, NULL, r->comm->coord[DP_AXIS_CP], &r->train, e));
-	if (has_eval && s->nprog[DP_PROG_EVAL] && !r->o.no_eval)
-		RT_CHECK(data_open(s, DP_SPLIT_EVAL, NULL, r->comm->coord[DP_AXIS_CP], &r->eval, e));
+		has = 0;
+	if (split == DP_SPLIT_EVAL && (!s->nprog[DP_PROG_EVAL] || r->o.no_eval))
+		has = 0;
+	if (!has)
+		return 0;
+	DataSet **d = split == DP_SPLIT_TRAIN ? &r->train : &r->eval;
+	RT_CHECK(data_open_node(s, split, NULL, r->comm->coord[DP_AXIS_CP], sh, d, e));
+	if (sh && r->o.verbose && share.rank == 0) {
+		int k;
+		int64_t b = data_node_bytes(*d, &k);
+		printf("data: the %s split's %.1f MB (%lld bytes) loaded once, mapped by %d of the %d "
+		       "ranks of rank %d's node\n", split == DP_SPLIT_TRAIN ? "train" : "eval",
+		       b / 1e6, (long long)b, k, share.size, r->rank);
+	}
 	int64_t global_batch = (int64_t)s->cfg.micro_batch * s->cfg.grad_accum * r->x.dp_size;
-	if (r->train && data_count(r->train) < global_batch)
+	if (split == DP_SPLIT_TRAIN && data_count(r->train) < global_batch)
 		return RT_FAIL(e, "the training data has %lld samples, fewer than one global batch "
 			       "of %lld", (long long)data_count(r->train), (long long)global_batch);
 	r->x.train = r->train;
 	r->x.eval = r->eval;
+	return 0;
+}
+
+/* What follows the data: checkpoints, resume, then the run itself. */
+static int setup_run(Run *r)
+{
+	DpStep *s = &r->step;
+	RtErr *e = &r->e;
 	if (r->o.check_grads || r->o.calibrate)
 		return 0;
 
@@ -1018,6 +1053,12 @@ static int setup(Run *r)
 		r->comm->timeout_s = r->o.timeout;
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	rc = setup_local(r);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	rc = setup_data(r, DP_SPLIT_TRAIN);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	rc = setup_data(r, DP_SPLIT_EVAL);
+	RT_CHECK(world_sync(&r->w, rc, 0, e));
+	rc = setup_run(r);
 	RT_CHECK(world_sync(&r->w, rc, 0, e));
 	/* the save directory, once every rank has loaded what it resumes from
 	 * (which may be what a killed save left): leftovers, and room */
@@ -1291,6 +1332,8 @@ static void run_free(Run *r)
 		dlclose(r->dl);
 	if (r->comm)
 		r->comm->ops->free(r->comm);
+	if (r->have_node)
+		MPI_Comm_free(&r->node);
 	if (r->have_step)
 		dpstep_free(&r->step);
 }

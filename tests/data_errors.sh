@@ -39,16 +39,11 @@ compiled() {
 	"$DPC" "$T/$1.dp" -o "$T/$1.bin" >"$T/$1.dpc" 2>&1 || return 1
 	ln -s "${2:-$T}" "$T/at_$1"
 }
-model() { # model NAME XFILE YFILE [XDECL]
-	cat >"$T/$1.dp" <<DP
-mesh dp_replicate=1, dp_shard=1
-data {
-  x: f32[batch, ${4:-6}] from npy("$T/at_$1/$(basename "$2")")
-  y: i32[batch]    from npy("$T/at_$1/$(basename "$3")")
-}
+body() { # body N: the model and train sections of a model with N inputs per sample
+	cat <<DP
 model {
   block fc {
-    param w: f32[${4:-6}, 5] init normal(0, 0.1)
+    param w: f32[$1, 5] init normal(0, 0.1)
     param b: f32[5]
     logits = linear(x, w, b)
   }
@@ -60,6 +55,16 @@ train {
   micro_batch 8
 }
 DP
+}
+model() { # model NAME XFILE YFILE [XDECL]
+	{ cat <<DP
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: f32[batch, ${4:-6}] from npy("$T/at_$1/$(basename "$2")")
+  y: i32[batch]    from npy("$T/at_$1/$(basename "$3")")
+}
+DP
+	body "${4:-6}"; } >"$T/$1.dp"
 	compiled "$1" || { fail "$1: dpc"; cat "$T/$1.dpc"; }
 }
 expect_fail() { # expect_fail NAME SUBSTRING
@@ -105,6 +110,95 @@ if [ -e "$IDX" ]; then
 		-e "s|$T/at_good/|$T/at_idxshape/|g" "$T/good.dp" >"$T/idxshape.dp"
 	mkdir "$T/idx" && ln -s "$IDX" "$T/y.npy" "$T/idx/"
 	compiled idxshape "$T/idx" && expect_fail idxshape "train-images-idx3-ubyte.gz"
+fi
+# ---- one copy per node (runtime/data_share.c): the node's first rank loads
+# each IDX and .npy file into shared memory, the others map it ----
+$PY - "$T" <<'PYEOF'
+import sys, gzip, struct, numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(2)
+def idx(path, a):
+    gzip.open(path, "wb").write(bytes([0, 0, 8, a.ndim]) + b"".join(struct.pack(">I", n) for n in a.shape) + a.tobytes())
+idx(f"{d}/sx.gz", rng.integers(0, 256, (512, 6)).astype(np.uint8))
+idx(f"{d}/sy.gz", rng.integers(0, 5, 512).astype(np.uint8))
+idx(f"{d}/ex.gz", rng.integers(0, 256, (100, 6)).astype(np.uint8))
+idx(f"{d}/ey.gz", rng.integers(0, 5, 100).astype(np.uint8))
+g = open(f"{d}/sx.gz", "rb").read()
+open(f"{d}/sx_trunc.gz", "wb").write(g[: len(g) // 2])
+PYEOF
+sharemodel() { # sharemodel NAME XFILE [DIR]: 2 ranks, gzip IDX train and eval data
+	{ cat <<DP
+mesh dp_replicate=1, dp_shard=2
+data {
+  x: f32[batch, 6] from idx("$T/at_$1/$2")
+  y: i32[batch]    from idx("$T/at_$1/sy.gz")
+}
+eval {
+  x from idx("$T/at_$1/ex.gz")
+  y from idx("$T/at_$1/ey.gz")
+}
+DP
+	body 6; } >"$T/$1.dp"
+	compiled "$1" "${3:-}" || { fail "$1: dpc"; cat "$T/$1.dpc"; }
+}
+sharemodel share sx.gz
+if case_on share-same; then
+	env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/share.bin" --steps 40 \
+		--no-timestamps --verbose --losses "$T/share.loss" >"$T/share.out" 2>&1
+	rc1=$?
+	env $MPI_ASAN DP_DATA_SHARE=0 timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/share.bin" \
+		--steps 40 --no-timestamps --verbose --losses "$T/own.loss" >"$T/own.out" 2>&1
+	rc2=$?
+	if [ $rc1 = 0 ] && [ $rc2 = 0 ] && [ "$(wc -l <"$T/share.loss")" = 41 ] &&
+		cmp -s "$T/share.loss" "$T/own.loss" &&
+		[ "$(grep -c '^eval' "$T/share.out")" -ge 1 ] &&
+		cmp -s <(grep '^eval' "$T/share.out") <(grep '^eval' "$T/own.out") &&
+		grep -q "^data: the train split's 0.0 MB (5120 bytes) loaded once, mapped by 2 of the 2 ranks of rank 0's node" "$T/share.out" &&
+		grep -q "^data: the eval split's 0.0 MB (1000 bytes) loaded once, mapped by 2 of the 2" "$T/share.out" &&
+		! grep -q "^data:" "$T/own.out"; then
+		ok "share-same: 2 ranks on one node load the gzip IDX files once: losses and eval bitwise those of a copy per rank (DP_DATA_SHARE=0)"
+	else
+		fail "share-same: exit $rc1/$rc2, losses or eval differ, or no 'data:' lines"
+		sed 's/^/      /' "$T/share.out" | head -n 8; diff "$T/share.loss" "$T/own.loss" | head -n 4
+	fi
+fi
+# the leader's read fails: every rank's error, the message naming the file once, no rank waits
+sharemodel sharetrunc sx_trunc.gz
+if case_on share-trunc; then
+	t0=$(now)
+	env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 2 "$DPEXEC" "$T/sharetrunc.bin" --steps 2 \
+		--no-timestamps >"$T/sharetrunc.out" 2>&1
+	rc=$?
+	took=$(echo "$(now) - $t0" | bc)
+	if [ $rc -ne 0 ] && [ $rc -lt 124 ] && [ "$(grep -c "sx_trunc.gz" "$T/sharetrunc.out")" = 1 ] &&
+		grep -q "^dpexec: error: .*data file $T/at_sharetrunc/sx_trunc.gz.*($T/sharetrunc.dp:3)" "$T/sharetrunc.out" &&
+		! grep -q "AddressSanitizer\|runtime error:" "$T/sharetrunc.out" &&
+		[ "$(echo "$took < 60" | bc)" = 1 ]; then
+		ok "share-trunc: a truncated .gz read by the node's first rank ends both ranks (exit $rc, ${took%.*} s), the file named once"
+	else
+		fail "share-trunc: exit $rc after ${took%.*} s, want non-zero and the file named once"
+		sed 's/^/      /' "$T/sharetrunc.out" | head -n 8
+	fi
+fi
+# a rank whose path names another file (its own working directory) reads its own:
+# rank 1's sx.gz is cut short, so the job fails, where mapping rank 0's would train;
+# rank 1 maps rank 0's sy.gz, the same file
+if case_on share-own; then
+	mkdir -p "$T/wa/d" "$T/wb/d"
+	for f in sx.gz sy.gz ex.gz ey.gz; do ln -s "$T/$f" "$T/wa/d/$f"; ln -s "$T/$f" "$T/wb/d/$f"; done
+	rm "$T/wb/d/sx.gz" && cp "$T/sx_trunc.gz" "$T/wb/d/sx.gz"
+	sed "s|$T/at_share/|d/|" "$T/share.dp" >"$T/wa/own.dp"
+	(cd "$T/wa" && "$DPC" own.dp -o "$T/own.bin" >"$T/ownc.out" 2>&1) || { fail "share-own: dpc"; cat "$T/ownc.out"; }
+	env $MPI_ASAN timeout 120 mpirun --oversubscribe -np 1 -wdir "$T/wa" "$DPEXEC" "$T/own.bin" --steps 2 \
+		--no-timestamps --verbose : -np 1 -wdir "$T/wb" "$DPEXEC" "$T/own.bin" --steps 2 --no-timestamps \
+		--verbose >"$T/ownrun.out" 2>&1
+	rc=$?
+	if [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q "dpexec: error: .*data file d/sx.gz is truncated" "$T/ownrun.out" &&
+		grep -q "^data: the train split's .* mapped by 1 of the 2 ranks" "$T/ownrun.out"; then
+		ok "share-own: a rank whose path is another file loads that file (exit $rc)"
+	else
+		fail "share-own: exit $rc, want non-zero naming d/sx.gz, and sy.gz mapped by 1 of 2"; sed 's/^/      /' "$T/ownrun.out" | head -n 8
+	fi
 fi
 # ---- token shards through dpexec ----
 TEXT2SHARD=$ROOT/$BUILD/text2shard
