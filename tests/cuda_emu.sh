@@ -1017,9 +1017,10 @@ graph_eager "mlp offload optimizer full_shard np=2" "$T/${TAG[mlp offload optimi
 # update one run per group, each followed by the events its all_gather
 # waits for, so no two are consecutive and each keeps its launch); the
 # default run within the model cases' tolerances of the CPU's run
+# MT_TRAIN=LINE: one more train line (a loss_scale), named in the case
 mt_case() {
 	local model=$1 strat=$2 np=$3 clip=$4 prec=${5:-}
-	local name="multi-tensor adamw $model${prec:+ $prec} $strat np=$np $clip" tag=mt$ncase
+	local name="multi-tensor adamw $model${prec:+ $prec} $strat np=$np $clip${MT_TRAIN:+ ${MT_TRAIN%%(*}}" tag=mt$ncase
 	ncase=$((ncase + 1))
 	case_on "$name" || return 0
 	local src
@@ -1027,13 +1028,16 @@ mt_case() {
 	grep -v '^  clip_grad_norm ' "$src" >"$T/$tag.dp"
 	[ "$clip" = noclip ] || sed -i 's/^  strategy .*/&\n  clip_grad_norm 1.0/' "$T/$tag.dp"
 	grep -q '^  no_decay ' "$T/$tag.dp" || sed -i 's/^  optimizer .*/&\n  no_decay vectors/' "$T/$tag.dp"
+	[ -z "${MT_TRAIN:-}" ] || sed -i "s/^  strategy .*/&\n  $MT_TRAIN/" "$T/$tag.dp"
 	# shellcheck disable=SC2046 # (words)
 	"$DPC" "$T/$tag.dp" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
 		-o "$T/$tag.bin" 2>"$T/$tag.dpc" || { fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return; }
-	lane mt_run "$name" "$tag" "$np" "$prec" "$ncase" "${MT_APART:-0}"
+	lane mt_run "$name" "$tag" "$np" "$prec" "$ncase" "${MT_APART:-0}" "${MT_TRAIN:+params}"
 }
+# (a run whose every step is skipped has no update to compare: its
+# parameters are compared, as tests/cuda_emu_mutations.sh's ls16)
 mt_run() {
-	local name=$1 tag=$2 np=$3 prec=$4 seed=$5 apart=$6 r line nu nl
+	local name=$1 tag=$2 np=$3 prec=$4 seed=$5 apart=$6 how=${7:-} r line nu nl
 	for r in on off; do
 		# shellcheck disable=SC2046 # (the launcher's words)
 		env DP_MULTI_TENSOR=$r DPEMU_SEED=$seed timeout 300 $(emu_launch "$np") "$EMU" "$T/$tag.bin" \
@@ -1058,11 +1062,13 @@ mt_run() {
 	DP_CPU_BF16_GEMM=${prec:+blas} mpi "$np" "$T/$tag.bin" --device cpu --steps "$STEPS" --quiet \
 		--eval-every 0 --losses "$T/$tag.cpu.loss" --save-full "$T/$tag.cpu.st" >"$T/$tag.cpu.log" 2>&1 ||
 		{ fail "$name: --device cpu"; tail -n 5 "$T/$tag.cpu.log"; return; }
-	if [ -z "$prec" ]; then
+	if [ -z "$prec" ] || [ "$how" = params ]; then
 		compare "$name vs the CPU" "$T/$tag.on" "$T/$tag.cpu" 1e-5 1e-5 1e-3
 	elif mpi "$np" "$T/$tag.bin" --device cpu --steps 0 --quiet --eval-every 0 \
 		--save-full "$T/$tag.init.st" >/dev/null 2>&1; then
-		compare "$name vs the CPU" "$T/$tag.on" "$T/$tag.cpu" "$BF16_LOSS" 0 "$BF16_UPDATE" "$T/$tag.init.st"
+		local lt=$BF16_LOSS ut=$BF16_UPDATE
+		[ "$prec" = fp16 ] && lt=$FP16_LOSS ut=$FP16_UPDATE
+		compare "$name vs the CPU" "$T/$tag.on" "$T/$tag.cpu" "$lt" 0 "$ut" "$T/$tag.init.st"
 	else
 		fail "$name: the initial weights"
 	fi
@@ -1081,6 +1087,11 @@ done
 # their rounding)
 mt_case gpt2-groups full_shard 2 clip bf16
 REDUCE=bf16 mt_case mlp8 ddp 2 clip bf16
+# fp16: the f16 copies, dynamic loss scaling; and a static scale of 2^26 on
+# f16 gradients that overflows every step: the run's launch must skip every
+# update (the device's flag), as the CPU's run does
+mt_case mlp8 ddp 2 clip fp16
+REDUCE=f16 MT_TRAIN="loss_scale static(scale=67108864)" mt_case mlp8 ddp 2 clip fp16
 # GPT-2 124M's updates: gpt2-tiny at 12 layers with gpt2.dp's weight decay
 # has gpt2.dp's runs (its adamw instructions, counted in both IRs; the
 # widths do not change them): the AdamW kernels the emulator ran
