@@ -1006,6 +1006,128 @@ graph_eager "gpt2-hd64 np=1 (ctx 128, head dim 64)" "$T/${TAG[gpt2-hd64 ddp np=1
 # offload: the host step's host nodes replayed, its step counter advanced by
 # one of them (lr and t of the step each replay is)
 graph_eager "mlp offload optimizer full_shard np=2" "$T/${TAG[mlp offload optimizer full_shard np=2]}.bin" 2
+# ---- the multi-tensor AdamW (runtime/cuda/optim.cu's cu_plan_adamw) ----
+# mt_case MODEL STRATEGY NP CLIP [PREC]: the step file of MODEL (its dargs;
+# with `no_decay vectors`, so that the update is one run per group, as
+# GPT-2's) with clip_grad_norm (CLIP=clip) or without (noclip), run on the
+# emulator with the runs of updates as multi-tensor launches (the default)
+# and with DP_MULTI_TENSOR=off (one k_adamw4 / k_adamw launch per update,
+# as before): losses and parameters bitwise equal; the device line must say
+# that fewer launches than updates ran (MT_APART=1: as many: zero1/zero2
+# update one run per group, each followed by the events its all_gather
+# waits for, so no two are consecutive and each keeps its launch); the
+# default run within the model cases' tolerances of the CPU's run
+# MT_TRAIN=LINE: one more train line (a loss_scale), named in the case
+mt_case() {
+	local model=$1 strat=$2 np=$3 clip=$4 prec=${5:-}
+	local name="multi-tensor adamw $model${prec:+ $prec} $strat np=$np $clip${MT_TRAIN:+ ${MT_TRAIN%%(*}}" tag=mt$ncase
+	ncase=$((ncase + 1))
+	case_on "$name" || return 0
+	local src
+	src=$(model_src "$model" "$strat" auto)
+	grep -v '^  clip_grad_norm ' "$src" >"$T/$tag.dp"
+	[ "$clip" = noclip ] || sed -i 's/^  strategy .*/&\n  clip_grad_norm 1.0/' "$T/$tag.dp"
+	grep -q '^  no_decay ' "$T/$tag.dp" || sed -i 's/^  optimizer .*/&\n  no_decay vectors/' "$T/$tag.dp"
+	[ -z "${MT_TRAIN:-}" ] || sed -i "s/^  strategy .*/&\n  $MT_TRAIN/" "$T/$tag.dp"
+	# shellcheck disable=SC2046 # (words)
+	"$DPC" "$T/$tag.dp" --world-size "$np" $(dargs "$model") ${prec:+--precision $prec} \
+		-o "$T/$tag.bin" 2>"$T/$tag.dpc" || { fail "$name: dpc"; head -n 5 "$T/$tag.dpc"; return; }
+	lane mt_run "$name" "$tag" "$np" "$prec" "$ncase" "${MT_APART:-0}" "${MT_TRAIN:+params}"
+}
+# (a run whose every step is skipped has no update to compare: its
+# parameters are compared, as tests/cuda_emu_mutations.sh's ls16)
+mt_run() {
+	local name=$1 tag=$2 np=$3 prec=$4 seed=$5 apart=$6 how=${7:-} r line nu nl
+	for r in on off; do
+		# shellcheck disable=SC2046 # (the launcher's words)
+		env DP_MULTI_TENSOR=$r DPEMU_SEED=$seed timeout 300 $(emu_launch "$np") "$EMU" "$T/$tag.bin" \
+			--device cuda --steps "$STEPS" --eval-every 0 --log-every 1000 --losses "$T/$tag.$r.loss" \
+			--save-full "$T/$tag.$r.st" >"$T/$tag.$r.log" 2>&1 ||
+			{ fail "$name: the DP_MULTI_TENSOR=$r run failed"; tail -n 5 "$T/$tag.$r.log"; return; }
+	done
+	line=$(grep -o 'AdamW: [0-9]* updates* in [0-9]* launch[a-z]* ([0-9]* multi-tensor)' "$T/$tag.on.log")
+	read -r _ nu _ _ nl _ _ <<<"$line"
+	if [ -z "$line" ] || { [ "$apart" = 0 ] && [ "$nl" -ge "$nu" ]; } || { [ "$apart" = 1 ] && [ "$nl" != "$nu" ]; } ||
+		! grep -q "AdamW: $nu updates* in $nu launch[a-z]* (DP_MULTI_TENSOR=off)" "$T/$tag.off.log"; then
+		fail "$name: the device lines do not show the updates $([ "$apart" = 1 ] && echo "apart" || echo fused) (${line:-no AdamW line}; off: $(grep -o 'AdamW: [^;]*' "$T/$tag.off.log"))"
+		return
+	fi
+	if cmp -s "$T/$tag.on.loss" "$T/$tag.off.loss" && cmp -s "$T/$tag.on.st" "$T/$tag.off.st"; then
+		ok "$name: $line, losses and parameters bitwise DP_MULTI_TENSOR=off's ($nu launches)"
+	else
+		fail "$name: $line, not bitwise DP_MULTI_TENSOR=off's"
+		diff "$T/$tag.on.loss" "$T/$tag.off.loss" | head -n 4
+		return
+	fi
+	DP_CPU_BF16_GEMM=${prec:+blas} mpi "$np" "$T/$tag.bin" --device cpu --steps "$STEPS" --quiet \
+		--eval-every 0 --losses "$T/$tag.cpu.loss" --save-full "$T/$tag.cpu.st" >"$T/$tag.cpu.log" 2>&1 ||
+		{ fail "$name: --device cpu"; tail -n 5 "$T/$tag.cpu.log"; return; }
+	if [ -z "$prec" ] || [ "$how" = params ]; then
+		compare "$name vs the CPU" "$T/$tag.on" "$T/$tag.cpu" 1e-5 1e-5 1e-3
+	elif mpi "$np" "$T/$tag.bin" --device cpu --steps 0 --quiet --eval-every 0 \
+		--save-full "$T/$tag.init.st" >/dev/null 2>&1; then
+		local lt=$BF16_LOSS ut=$BF16_UPDATE
+		[ "$prec" = fp16 ] && lt=$FP16_LOSS ut=$FP16_UPDATE
+		compare "$name vs the CPU" "$T/$tag.on" "$T/$tag.cpu" "$lt" 0 "$ut" "$T/$tag.init.st"
+	else
+		fail "$name: the initial weights"
+	fi
+}
+# (gpt2-groups: gpt2-tiny with weight decay, none on its vectors, embed's
+# own and lnf's lr_scale: each update of a run its own group)
+for m in mlp gpt2-groups llama; do
+	mt_case $m ddp 1 clip
+	mt_case $m ddp 2 noclip
+	mt_case $m full_shard 2 clip
+	mt_case $m full_shard 2 noclip
+	MT_APART=1 mt_case $m zero2 2 clip
+done
+# the 16-bit copies (bf16: each update's compute copy written by the run's
+# launch) and reduce_dtype bf16 (16-bit gradients, the clip folded with
+# their rounding)
+mt_case gpt2-groups full_shard 2 clip bf16
+REDUCE=bf16 mt_case mlp8 ddp 2 clip bf16
+# fp16: the f16 copies, dynamic loss scaling; and a static scale of 2^26 on
+# f16 gradients that overflows every step: the run's launch must skip every
+# update (the device's flag), as the CPU's run does
+mt_case mlp8 ddp 2 clip fp16
+REDUCE=f16 MT_TRAIN="loss_scale static(scale=67108864)" mt_case mlp8 ddp 2 clip fp16
+# GPT-2 124M's updates: gpt2-tiny at 12 layers with gpt2.dp's weight decay
+# has gpt2.dp's runs (its adamw instructions, counted in both IRs; the
+# widths do not change them): the AdamW kernels the emulator ran
+# (DPEMU_TRACE) in one step, counted
+if case_on "multi-tensor adamw gpt2 launches"; then
+	sed -e 's/weight_decay=0.0/weight_decay=0.1/' -e 's/^  global_batch .*/  global_batch 1/' \
+		-e 's/^  grad_accum .*/  grad_accum 1/' "$T/gpt2-tiny.dp" >"$T/mt-gpt2.dp"
+	# shellcheck disable=SC2086 # (words)
+	"$DPC" "$T/mt-gpt2.dp" --world-size 1 $small -D layers=12 -o "$T/mt-gpt2.bin" 2>"$T/mt-gpt2.dpc"
+	# shellcheck disable=SC2086
+	want=$("$DPC" "$T/mt-gpt2.dp" --world-size 1 $small -D layers=12 --emit=ir 2>/dev/null | grep -c ' = adamw ')
+	full=$("$DPC" models/gpt2.dp --world-size 1 --emit=ir 2>/dev/null | grep -c ' = adamw ')
+	declare -A MTL=()
+	for r in on off; do
+		DP_MULTI_TENSOR=$r DPEMU_TRACE=1 "$EMU" "$T/mt-gpt2.bin" --device cuda --steps 1 --eval-every 0 \
+			>"$T/mt-gpt2.$r.log" 2>&1
+		MTL[$r]=$(grep -c 'run .*k_adamw' "$T/mt-gpt2.$r.log")
+	done
+	if [ "$want" = "$full" ] && [ "${MTL[on]}" = 1 ] && [ "${MTL[off]}" = "$want" ]; then
+		ok "multi-tensor adamw, GPT-2's $full updates (gpt2.dp's): ${MTL[off]} AdamW launches a step with DP_MULTI_TENSOR=off, ${MTL[on]} multi-tensor"
+	else
+		fail "multi-tensor adamw, GPT-2's updates ($want here, $full in gpt2.dp): ${MTL[on]} AdamW launches (want 1), DP_MULTI_TENSOR=off ${MTL[off]} (want $want)"
+	fi
+fi
+# an A/B switch that is neither on nor off is refused at load
+if case_on "multi-tensor adamw switch refused"; then
+	"$DPC" "$T/mlp8.dp" --world-size 1 -o "$T/mt-bad.bin" 2>"$T/mt-bad.dpc"
+	if DP_MULTI_TENSOR=maybe "$EMU" "$T/mt-bad.bin" --device cuda --steps 1 --eval-every 0 \
+		>"$T/mt-bad.log" 2>&1; then
+		fail "DP_MULTI_TENSOR=maybe: the run did not fail"
+	elif grep -q 'DP_MULTI_TENSOR=maybe: expected on or off' "$T/mt-bad.log"; then
+		ok "DP_MULTI_TENSOR=maybe refused: $(grep -m1 -o 'DP_MULTI_TENSOR=maybe[^"]*' "$T/mt-bad.log")"
+	else
+		fail "DP_MULTI_TENSOR=maybe: not the switch's message"; tail -n 3 "$T/mt-bad.log"
+	fi
+fi
 # and its step counter set on a resume: 2 steps, a checkpoint, --resume to
 # 4, against 4 straight steps, bit for bit (the host AdamW's lr and t are
 # the resumed step's)

@@ -202,9 +202,16 @@
 #                 unmutated run, within the same bounds)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
+#   mt_chunk      the multi-tensor AdamW's chunk ends one element short
+#                 (mt: the last element, or group of four, of every update
+#                 left as it was)
+#   mt_group      the multi-tensor AdamW takes the run's first update's
+#                 group (weight_decay, lr_scale) for every update (mt: fc2's
+#                 half lr lost)
 #   amp_flag      the optimizers' read of fp16 loss scaling's overflow flag
 #                 (CuScalars.ls_found) dropped: a step whose gradients
-#                 overflowed is applied, not skipped
+#                 overflowed is applied, not skipped (amp_flag_mt: the
+#                 same point in the multi-tensor AdamW's launch, case mtls)
 #   amp_norm      sqnorm's 16-bit paths drop the non-finite gradients from
 #                 the norm (a norm made "robust" to overflow): the norm,
 #                 which is the overflow check, stays finite on every rank,
@@ -480,6 +487,15 @@ MODEL
 # into AdamW), against the CPU's run (bitwise equal unmutated; 6.1e-3 apart
 # in the updates with bf16_clipfold, which this found)
 sed 's/^  strategy ddp/  strategy ddp\n  reduce_dtype bf16/' "$T/mlp8.dp" >"$T/r16.dp"
+# mt: mlp8 with its vectors out of weight decay (no_decay vectors) and fc2
+# at half the lr: 16 updates of three groups, one multi-tensor AdamW launch
+# (runtime/cuda/optim.cu's cu_plan_adamw)
+sed -e 's/^  optimizer .*/&\n  no_decay vectors/' -e 's/^  block fc2 {/&\n    lr_scale 0.5/' \
+	"$T/mlp8.dp" >"$T/mt.dp"
+# mtls: mt in fp16 with f16 gradients and a static loss scale of 2^26, as
+# ls16 (every step's gradients overflow f16, every step skipped), its 16
+# updates one multi-tensor launch: amp_flag there too
+sed 's/^  strategy ddp/&\n  reduce_dtype f16\n  loss_scale static(scale=67108864)/' "$T/mt.dp" >"$T/mtls.dp"
 # ls16: mlp8 in fp16 under zero2 at 2 ranks with f16 gradients
 # (reduce_dtype f16: the f16 reduce_scatter, unscale and sqnorm of each
 # rank's shard, the all_reduced norm) and a static loss scale of 2^26, so
@@ -529,7 +545,7 @@ reference() {
 	b16) np=1 prec=bf16 ;;
 	bb16) prec=bf16 src=$T/biased.dp ;;
 	r16) prec=bf16 ;;
-	ls16) prec=fp16 ;;
+	ls16 | mtls) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
 	o16 | op16 | on16) prec=bf16 ;;
 	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
@@ -722,7 +738,10 @@ graph_first   graph_first   stall   4 stall
 bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
+mt_chunk      mt_chunk      mt      2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+mt_group      mt_group      mt      2 one DPEMU_COMM=early,DPEMU_SEED=2 DPEMU_COMM=late,DPEMU_SEED=1
 amp_flag      amp_flag      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
+amp_flag_mt   amp_flag      mtls    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 amp_norm      amp_norm      ls16    2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2
 gemm_f16      gemm_f16_type h16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 tune_key      tune_key      tune2   2 one DPEMU_LT_SLOW=0,DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_LT_SLOW=0,DPEMU_COMM=early,DPEMU_SEED=2

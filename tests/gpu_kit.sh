@@ -212,13 +212,14 @@ rehearse() {
 	ns=$(grep -c '^- SKIP' "$T/report.md" 2>/dev/null)
 	skips=$(grep '^- SKIP' "$T/report.md" 2>/dev/null | grep -cvE 'compute-sanitizer|ncu|nsys|PyTorch|torch.compile')
 	# PASS: part 1 one, part 2 six, part 4 ten (the emulator's: gpt2-tiny
-	# f32 and llama bf16 in its five layouts), part 5 four (micro-batch 2,
-	# again with --gemm-tune into a file and once more from it, and the
+	# f32 and llama bf16 in its five layouts), part 5 five (micro-batch 2,
+	# again under DP_MULTI_TENSOR=off (the multi-tensor AdamW's A/B), again
+	# with --gemm-tune into a file and once more from it, and the
 	# larger DP_KIT_BIG_MB row at 4), part 6 two (the
 	# CPU's trace, the device's), part 7 five (the emulator's four
 	# comparisons and the determinism check), part 9 two (the calibration,
 	# the validation's table)
-	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 12 ] && [ "$skips" = 0 ] && [ "$np" = 30 ] &&
+	if [ $rc = 0 ] && [ "$nf2" = 0 ] && [ "$ns" = 12 ] && [ "$skips" = 0 ] && [ "$np" = 31 ] &&
 		[ "$(grep -c '^## ' "$T/report.md")" = 9 ]; then
 		ok "run.sh in the chroot: $(tail -n 1 "$T/rehearsal.log") (${took}s): $np PASS, SKIP only compute-sanitizer (4), ncu (4), nsys (1), PyTorch (3)"
 	else

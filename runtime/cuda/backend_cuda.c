@@ -155,6 +155,7 @@ typedef struct CuBackend {
 	cublasLtHandle_t blas[DP_NSTREAM]; /* NULL on a stream without GEMMs */
 	void *blas_ws[DP_NSTREAM];       /* its workspace, CU_BLAS_WS_BYTES */
 	char tune_line[320];             /* --gemm-tune's account (gemm.h), for the device line */
+	char adamw_line[96];             /* the multi-tensor AdamW's launches (optim.cu), for it too */
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
 	int staging;                     /* some 16-bit instruction runs on f32 copies (bf16.cu) */
 	void **shadow;                   /* staging: the tensors' addresses with the staged
@@ -625,6 +626,16 @@ static void *plan_alloc(CuPlan *p, size_t bytes)
 	return d;
 }
 
+/* A planner's table into its device memory, on the compute stream after
+ * plan_alloc's zeroing there, waited for: the host buffer may go. */
+static cudaError_t plan_upload(CuPlan *p, void *dev, const void *host, size_t bytes)
+{
+	CuBackend *x = p->impl;
+	cudaStream_t st = x->st[DP_STREAM_COMPUTE];
+	cudaError_t err = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, st);
+	return err != cudaSuccess ? err : cudaStreamSynchronize(st);
+}
+
 /* The GEMM tuner's agreement (gemm.h): over every rank of the job. */
 static int tune_all_ok(void *ctx, int ok, int *all, RtErr *e)
 {
@@ -636,7 +647,7 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 {
 	const DpStep *s = b->s;
 	CuPlan p = {.s = s, .ptr = b->ptr, .stage = (int)b->comm->coord[DP_AXIS_PP], .alloc = plan_alloc,
-		    .impl = x};
+		    .upload = plan_upload, .impl = x};
 	memcpy(p.blas, x->blas, sizeof p.blas);
 	for (int g = 0; g < DP_NPROG; g++) {
 		x->fuse[g] = calloc(s->nprog[g] ? s->nprog[g] : 1, sizeof *x->fuse[g]);
@@ -645,6 +656,8 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 		p.fuse[g] = x->fuse[g];
 	}
 	RT_CHECK(cu_plan_clip(&p, e));
+	RT_CHECK(cu_plan_adamw(&p, e)); /* (after the clip's fold, which its runs share) */
+	cu_plan_adamw_line(&p, x->adamw_line, sizeof x->adamw_line);
 	RT_CHECK(cu_plan_xent(&p, e));
 	RT_CHECK(cu_plan_attn(&p, e));
 	/* cuBLASLt's algorithms, chosen here, outside any capture (every GEMM
@@ -1050,6 +1063,10 @@ static int cu_describe(Backend *b, char *buf, size_t len)
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "", prio, least, greatest,
 		 cu_attn_dq_split() == 1 ? ", attention dQ split (DP_ATTN_DQ=split: an experiment)" : "");
+	if (x->adamw_line[0]) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, len - l, "; %s", x->adamw_line);
+	}
 	if (x->tune_line[0]) {
 		size_t l = strlen(buf);
 		snprintf(buf + l, len - l, "; %s", x->tune_line);

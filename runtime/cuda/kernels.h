@@ -135,6 +135,13 @@ typedef struct {
 	                           (attention.cu); NULL: none */
 	const void *lse_o;      /* attention_grad reading lse: its forward's output O,
 	                           intact until the gradient (D = dO . O from it) */
+	const struct CuMtTensor *mt; /* adamw: the first of a run of updates that one
+	                           multi-tensor launch does (optim.cu's cu_plan_adamw): the
+	                           run's table of tensors; the others of the run have skip;
+	                           NULL: none */
+	const uint32_t *mt_chunk; /* ... per block of that launch, (update, chunk) */
+	uint32_t mt_nchunk;     /* ... the blocks: chunks of every update of the run */
+	uint32_t mt_n;          /* ... the updates of the run */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's
@@ -230,6 +237,9 @@ typedef struct CuPlan {
 	CuFuse *fuse[DP_NPROG];
 	cublasLtHandle_t blas[DP_NSTREAM]; /* per stream, NULL on one without GEMMs */
 	void *(*alloc)(struct CuPlan *p, size_t bytes); /* NULL when out of memory */
+	/* host bytes into device memory from alloc, complete on return (the
+	 * host buffer may go); a CUDA error, else cudaSuccess */
+	cudaError_t (*upload)(struct CuPlan *p, void *dev, const void *host, size_t bytes);
 	void *impl;
 } CuPlan;
 
@@ -241,6 +251,13 @@ static inline int cu_plan_runs(const CuPlan *p, const DpInstr *in)
 
 /* The clip folded into the optimizers that read its gradients (optim.cu). */
 int cu_plan_clip(CuPlan *p, RtErr *e);
+/* Runs of consecutive AdamW updates as one multi-tensor launch each
+ * (optim.cu; DP_MULTI_TENSOR=off keeps one launch per update). */
+int cu_plan_adamw(CuPlan *p, RtErr *e);
+/* What cu_plan_adamw made of this rank's updates, for the device line:
+ * "AdamW: N updates in M launches (multi-tensor)", or "" when there is no
+ * AdamW update. */
+void cu_plan_adamw_line(const CuPlan *p, char *buf, size_t len);
 /* Cross entropy's row statistics shared with its gradient (loss.cu). */
 int cu_plan_xent(CuPlan *p, RtErr *e);
 /* Attention's row log-sum-exp and output shared with its gradient

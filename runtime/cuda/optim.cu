@@ -52,6 +52,10 @@
 #include "device.cuh"
 #include "../lr_sched.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 /* ---- sqnorm: out[0] = w * sum in0^2 (+ out[0] if ia2) ---- */
 
 /* One gradient's square for the norm. An inf or NaN gradient must reach
@@ -354,6 +358,21 @@ static __device__ __forceinline__ AdamK adam_k(const CuScalars *sc, AdamGroup gr
 	return k;
 }
 
+/* Element i of one update: the CPU's arithmetic (k_adamw, and the
+ * multi-tensor kernel's unaligned updates) */
+template <typename G>
+static __device__ __forceinline__ void adamw_at(const AdamK &k, float *p, const G *g, float *m,
+						float *v, cu_bf16 *copy, int cf16, int64_t i)
+{
+	float pi = ld(p + i), mi = ld(m + i), vi = ld(v + i);
+	pi = adam_one(k, clipped<G>(ld(g + i), k.coef), &pi, &mi, &vi);
+	st(p + i, pi);
+	st(m + i, mi);
+	st(v + i, vi);
+	if (copy)
+		copy[i] = cu_to_half(cf16, pi);
+}
+
 template <typename G>
 __global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int cf16,
 			int64_t n, AdamGroup gr, float beta1, float beta2, float eps,
@@ -362,15 +381,8 @@ __global__ void k_adamw(float *p, const G *g, float *m, float *v, cu_bf16 *copy,
 	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
 		return;
 	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
-	CU_FOR_EACH(i, n) {
-		float pi = ld(p + i), mi = ld(m + i), vi = ld(v + i);
-		pi = adam_one(k, clipped<G>(ld(g + i), k.coef), &pi, &mi, &vi);
-		st(p + i, pi);
-		st(m + i, mi);
-		st(v + i, vi);
-		if (copy)
-			copy[i] = cu_to_half(cf16, pi);
-	}
+	CU_FOR_EACH(i, n)
+		adamw_at<G>(k, p, g, m, v, copy, cf16, i);
 }
 
 /* four gradients: a float4, or four bf16 or f16 in one 8-byte load */
@@ -382,8 +394,28 @@ template <typename H> static __device__ __forceinline__ float4 ld4g(const H *g)
 			   CuHalf<H>::from((uint16_t)w.y), CuHalf<H>::from((uint16_t)(w.y >> 16)));
 }
 
-/* n4 groups of four: p, m, v 16-byte aligned, g 16 (f32) or 8 (16-bit),
- * the copy 8-byte */
+/* Elements 4 i .. 4 i + 3 of one update, the same arithmetic per element
+ * as adamw_at: p, m, v 16-byte aligned, g 16 (f32) or 8 (16-bit), the copy
+ * 8-byte (k_adamw4, and the multi-tensor kernel's aligned updates) */
+template <typename G>
+static __device__ __forceinline__ void adamw_at4(const AdamK &k, float *p, const G *g, float *m,
+						 float *v, cu_bf16 *copy, int cf16, int64_t i)
+{
+	float4 pp = ld4(p + 4 * i), gg = ld4g(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
+	pp.x = adam_one(k, clipped<G>(gg.x, k.coef), &pp.x, &mm.x, &vv.x);
+	pp.y = adam_one(k, clipped<G>(gg.y, k.coef), &pp.y, &mm.y, &vv.y);
+	pp.z = adam_one(k, clipped<G>(gg.z, k.coef), &pp.z, &mm.z, &vv.z);
+	pp.w = adam_one(k, clipped<G>(gg.w, k.coef), &pp.w, &mm.w, &vv.w);
+	st4(p + 4 * i, pp);
+	st4(m + 4 * i, mm);
+	st4(v + 4 * i, vv);
+	if (copy)
+		*(uint2 *)(copy + 4 * i) =
+			make_uint2(cu_to_half(cf16, pp.x) | (uint32_t)cu_to_half(cf16, pp.y) << 16,
+				   cu_to_half(cf16, pp.z) | (uint32_t)cu_to_half(cf16, pp.w) << 16);
+}
+
+/* n4 groups of four (adamw_at4's alignment) */
 template <typename G>
 __global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy, int cf16,
 			 int64_t n4, AdamGroup gr, float beta1, float beta2, float eps,
@@ -392,20 +424,85 @@ __global__ void k_adamw4(float *p, const G *g, float *m, float *v, cu_bf16 *copy
 	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
 		return;
 	AdamK k = adam_k(sc, gr, beta1, beta2, eps, norm, max_norm);
-	CU_FOR_EACH(i, n4) {
-		float4 pp = ld4(p + 4 * i), gg = ld4g(g + 4 * i), mm = ld4(m + 4 * i), vv = ld4(v + 4 * i);
-		pp.x = adam_one(k, clipped<G>(gg.x, k.coef), &pp.x, &mm.x, &vv.x);
-		pp.y = adam_one(k, clipped<G>(gg.y, k.coef), &pp.y, &mm.y, &vv.y);
-		pp.z = adam_one(k, clipped<G>(gg.z, k.coef), &pp.z, &mm.z, &vv.z);
-		pp.w = adam_one(k, clipped<G>(gg.w, k.coef), &pp.w, &mm.w, &vv.w);
-		st4(p + 4 * i, pp);
-		st4(m + 4 * i, mm);
-		st4(v + 4 * i, vv);
-		if (copy)
-			*(uint2 *)(copy + 4 * i) =
-				make_uint2(cu_to_half(cf16, pp.x) | (uint32_t)cu_to_half(cf16, pp.y) << 16,
-					   cu_to_half(cf16, pp.z) | (uint32_t)cu_to_half(cf16, pp.w) << 16);
-	}
+	CU_FOR_EACH(i, n4)
+		adamw_at4<G>(k, p, g, m, v, copy, cf16, i);
+}
+
+/*
+ * ---- multi-tensor AdamW: a run of updates in one launch ----
+ *
+ * GPT-2 124M's optimizer is 99 adamw instructions (the flat buffer's runs
+ * of one optimizer group: each layer's weights with weight decay, its
+ * biases and norms without, passes/layout.c), which ran as 99 launches:
+ * 1.45 ms a step on an H200 (the fifth GPU session's trace) against ~0.73
+ * ms of bytes, the small runs' launches and every launch's tail wave the
+ * difference. cu_plan_adamw finds, at load, each run of adamw instructions
+ * that this rank walks one after another (no other instruction of its
+ * between them), on one stream, with the same flags (so the executor runs
+ * all or none of them), the same gradient dtype and the same folded clip,
+ * none of them writing memory another reads or writes (so no order among
+ * them matters), none a host step (offload). A run of two or more becomes
+ * one launch at its first instruction: a table of its updates (CuMtTensor:
+ * addresses, sizes, the group's weight_decay and lr_scale, the copy and its
+ * dtype, whether the 16-byte path's alignment holds) and of its chunks
+ * (MT_CHUNK elements of one update a block, (update, chunk) per block),
+ * built once into device memory: the captured graph replays the same
+ * launch with no host-to-device copy per step, since the addresses are
+ * the arena's and the per-step values (lr, bias corrections, the clip's
+ * norm, the overflow flag) are read from the device as k_adamw reads them.
+ * The other instructions of the run have skip and launch nothing.
+ *
+ * Per element the arithmetic is k_adamw's (adamw_at, adamw_at4: the same
+ * functions), each update's AdamK from its own group: bitwise today's
+ * per-update kernels (tests/cuda_emu.sh's multi-tensor cases compare the
+ * two, DP_MULTI_TENSOR=off giving the per-update launches). A runtime
+ * grouping rather than a compiler op: the step file, the CPU backend, the
+ * checkpoints' layout (find_optimizer reads each update instruction) and
+ * the IR stay as they are, and a multi-tensor op would need operands past
+ * DP_MAX_IN.
+ */
+#define MT_CHUNK 8192 /* elements of one update per block: 32 a thread at 256 */
+
+struct CuMtTensor {
+	float *p, *m, *v;
+	const void *g;       /* the gradient, of the run's dtype G */
+	cu_bf16 *copy;       /* the 16-bit compute copy, or NULL */
+	int64_t n;
+	AdamGroup gr;
+	int cf16;            /* the copy is f16 */
+	int vec;             /* adamw_at4's alignment holds, n % 4 == 0 */
+};
+
+template <typename G>
+__global__ void k_adamw_mt(const CuMtTensor *ts, const uint32_t *chunk, float beta1, float beta2,
+			   float eps, const CuScalars *sc, const float *norm, float max_norm)
+{
+	if (sc->ls_found && !MUTANT(amp_flag)) /* loss scaling: an overflowing step updates nothing */
+		return;
+	const CuMtTensor *t = ts + chunk[2 * blockIdx.x];
+	int64_t lo = (int64_t)chunk[2 * blockIdx.x + 1] * MT_CHUNK;
+	int64_t hi = lo + MT_CHUNK < t->n ? lo + MT_CHUNK : t->n;
+	hi -= MUTANT(mt_chunk) ? 1 : 0; /* (the mutant: every chunk's end one short) */
+	float *p = t->p, *m = t->m, *v = t->v;
+	const G *g = (const G *)t->g;
+	cu_bf16 *copy = t->copy;
+	int cf16 = t->cf16;
+	AdamK k = adam_k(sc, MUTANT(mt_group) ? ts[0].gr : t->gr, beta1, beta2, eps, norm, max_norm);
+	if (t->vec)
+		for (int64_t i = lo / 4 + threadIdx.x; i < hi / 4; i += blockDim.x)
+			adamw_at4<G>(k, p, g, m, v, copy, cf16, i);
+	else
+		for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+			adamw_at<G>(k, p, g, m, v, copy, cf16, i);
+}
+
+/* k_adamw4's (and adamw_at4's) alignment */
+template <typename G>
+static int adamw_vec(const float *p, const G *g, const float *m, const float *v, const cu_bf16 *copy,
+		     int64_t n)
+{
+	return n % 4 == 0 && cu_aligned16(p) && ((uintptr_t)g & (4 * sizeof(G) - 1)) == 0 &&
+	       cu_aligned16(m) && cu_aligned16(v) && ((uintptr_t)copy & 7u) == 0;
 }
 
 template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
@@ -417,10 +514,18 @@ template <typename G> static int run_adamw_t(const CuArgs *a, RtErr *e)
 	cu_bf16 *copy = (cu_bf16 *)cu_p(a, 3); /* the 16-bit compute copy, or NULL */
 	int cf16 = copy && cu_t(a, 3)->dtype == DP_F16;
 	AdamGroup gr = {DP_FATTR(a->in, ADAMW, weight_decay), DP_FATTR(a->in, ADAMW, lr_scale)};
+	if (a->fuse->skip) /* a multi-tensor launch before it did it */
+		return 0;
+	if (a->fuse->mt) {
+		CU_LAUNCH(k_adamw_mt<G>, a->fuse->mt_nchunk, CU_THREADS, a->st, a->fuse->mt,
+			  a->fuse->mt_chunk, o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm,
+			  a->fuse->clip_max);
+		CU_LAUNCHED(a, e);
+		return 0;
+	}
 	if (n <= 0)
 		return 0;
-	if (n % 4 == 0 && cu_aligned16(p) && ((uintptr_t)g & (4 * sizeof(G) - 1)) == 0 &&
-	    cu_aligned16(m) && cu_aligned16(v) && ((uintptr_t)copy & 7u) == 0)
+	if (adamw_vec<G>(p, g, m, v, copy, n))
 		CU_LAUNCH(k_adamw4<G>, cu_grid(n / 4), CU_THREADS, a->st, p, g, m, v, copy, cf16,
 			  n / 4, gr, o->beta1, o->beta2, o->eps, a->sc, a->fuse->clip_norm,
 			  a->fuse->clip_max);
@@ -523,6 +628,194 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 			}
 		}
 	return 0;
+}
+
+/* ---- planning: runs of AdamW updates as one multi-tensor launch ---- */
+
+/* DP_MULTI_TENSOR: unset, empty, "on" or "1": 1 (the default); "off" or
+ * "0": 0 (one launch per update, the A/B switch of docs/CUDA.md); else -1 */
+static int mt_switch(const char **v)
+{
+	*v = getenv("DP_MULTI_TENSOR");
+	if (!*v || !**v || !strcmp(*v, "on") || !strcmp(*v, "1"))
+		return 1;
+	return !strcmp(*v, "off") || !strcmp(*v, "0") ? 0 : -1;
+}
+
+/* Does a (an update) write bytes that any operand of b lies on? Device
+ * addresses: the planner's view is the arena's, whatever the tensors' names. */
+static int mt_writes_into(const CuPlan *p, const DpInstr *a, const DpInstr *b)
+{
+	const int wa[4] = {a->out, a->in[1], a->in[2], a->in[3]}; /* p, m, v, the copy */
+	const int ob[5] = {b->out, b->in[0], b->in[1], b->in[2], b->in[3]};
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 5; j++) {
+			if (wa[i] < 0 || ob[j] < 0)
+				continue;
+			const char *x = (const char *)p->ptr[wa[i]], *y = (const char *)p->ptr[ob[j]];
+			if (x < y + p->s->tensors[ob[j]].nbytes && y < x + p->s->tensors[wa[i]].nbytes)
+				return 1;
+		}
+	return 0;
+}
+
+/* May update k join the run that starts with update h (members so far:
+ * mem[0..nm))? The executor must run all of them or none, on one stream,
+ * and no member may see another's writes. */
+static int mt_joins(const CuPlan *p, int pg, const uint32_t *mem, int nm, uint32_t j)
+{
+	const DpStep *s = p->s;
+	const DpInstr *h = &s->prog[pg][mem[0]], *k = &s->prog[pg][j];
+	const CuFuse *fh = &p->fuse[pg][mem[0]], *fk = &p->fuse[pg][j];
+	if (k->op != DP_OP_ADAMW || dp_runs_on_host(s, k) || fk->skip || k->stream != h->stream ||
+	    k->flags != h->flags || s->tensors[k->in[0]].dtype != s->tensors[h->in[0]].dtype ||
+	    fk->clip_norm != fh->clip_norm || fk->clip_max != fh->clip_max)
+		return 0;
+	for (int q = 0; q < nm; q++) {
+		const DpInstr *o = &s->prog[pg][mem[q]];
+		if (mt_writes_into(p, k, o) || mt_writes_into(p, o, k))
+			return 0;
+	}
+	return 1;
+}
+
+/* The run mem[0..nm) as one launch at mem[0]: its tables into device memory. */
+static int mt_build(CuPlan *p, int pg, const uint32_t *mem, int nm, RtErr *e)
+{
+	const DpStep *s = p->s;
+	uint64_t nchunk = 0;
+	for (int q = 0; q < nm; q++) {
+		int64_t n = cu_numel(&s->tensors[s->prog[pg][mem[q]].out]);
+		nchunk += n > 0 ? (uint64_t)((n + MT_CHUNK - 1) / MT_CHUNK) : 0;
+	}
+	CuMtTensor *ts = (CuMtTensor *)calloc((size_t)nm, sizeof *ts);
+	uint32_t *ch = (uint32_t *)calloc((size_t)nchunk * 2 + 2, sizeof *ch);
+	if (!ts || !ch) {
+		free(ts);
+		free(ch);
+		return RT_FAIL(e, "out of memory (the multi-tensor AdamW's tables)");
+	}
+	uint64_t c = 0;
+	for (int q = 0; q < nm; q++) {
+		const DpInstr *in = &s->prog[pg][mem[q]];
+		CuMtTensor *t = &ts[q];
+		t->p = (float *)p->ptr[in->out];
+		t->g = p->ptr[in->in[0]];
+		t->m = (float *)p->ptr[in->in[1]];
+		t->v = (float *)p->ptr[in->in[2]];
+		t->copy = in->in[3] >= 0 ? (cu_bf16 *)p->ptr[in->in[3]] : NULL;
+		t->cf16 = t->copy && s->tensors[in->in[3]].dtype == DP_F16;
+		t->n = cu_numel(&s->tensors[in->out]);
+		t->gr = {DP_FATTR(in, ADAMW, weight_decay), DP_FATTR(in, ADAMW, lr_scale)};
+		unsigned dt = s->tensors[in->in[0]].dtype;
+		t->vec = dt == DP_BF16   ? adamw_vec(t->p, (const cu_bf16 *)t->g, t->m, t->v, t->copy, t->n)
+			 : dt == DP_F16 ? adamw_vec(t->p, (const __half *)t->g, t->m, t->v, t->copy, t->n)
+					: adamw_vec(t->p, (const float *)t->g, t->m, t->v, t->copy, t->n);
+		for (int64_t k = 0; k * MT_CHUNK < t->n; k++, c++) {
+			ch[2 * c] = (uint32_t)q;
+			ch[2 * c + 1] = (uint32_t)k;
+		}
+	}
+	CuFuse *f = &p->fuse[pg][mem[0]];
+	void *dts = p->alloc(p, (size_t)nm * sizeof *ts), *dch = p->alloc(p, (size_t)nchunk * 8);
+	cudaError_t err = !dts || !dch ? cudaErrorMemoryAllocation
+			  : p->upload(p, dts, ts, (size_t)nm * sizeof *ts);
+	if (err == cudaSuccess)
+		err = p->upload(p, dch, ch, (size_t)nchunk * 8);
+	free(ts);
+	free(ch);
+	if (err != cudaSuccess)
+		return RT_FAIL(e, "the multi-tensor AdamW's tables (%s program, instructions %u..%u): %s (%s)",
+			       dp_prog_names[pg], mem[0], mem[nm - 1], cudaGetErrorString(err),
+			       cudaGetErrorName(err));
+	f->mt = (const CuMtTensor *)dts;
+	f->mt_chunk = (const uint32_t *)dch;
+	f->mt_nchunk = (uint32_t)nchunk;
+	f->mt_n = (uint32_t)nm;
+	for (int q = 1; q < nm; q++)
+		p->fuse[pg][mem[q]].skip = 1;
+	return 0;
+}
+
+/*
+ * The runs of the multi-tensor AdamW (the kernel's comment above): in each
+ * program, from an update this rank runs, the updates after it that this
+ * rank runs with none of its other instructions between them and that
+ * mt_joins accepts. A run of one stays k_adamw4 / k_adamw, and so does
+ * everything under DP_MULTI_TENSOR=off. Zero-sized updates (launching
+ * nothing either way) count as members without chunks.
+ */
+extern "C" int cu_plan_adamw(CuPlan *p, RtErr *e)
+{
+	const DpStep *s = p->s;
+	const char *v;
+	int on = mt_switch(&v);
+	if (on < 0)
+		return RT_FAIL(e, "DP_MULTI_TENSOR=%.60s: expected on or off (the multi-tensor AdamW)", v);
+	if (!on)
+		return 0;
+	for (int pg = 0; pg < DP_NPROG; pg++) {
+		uint32_t *mem = (uint32_t *)calloc(s->nprog[pg] ? s->nprog[pg] : 1, sizeof *mem);
+		if (!mem)
+			return RT_FAIL(e, "out of memory (the multi-tensor AdamW's plan)");
+		uint32_t i = 0;
+		while (i < s->nprog[pg]) {
+			const DpInstr *h = &s->prog[pg][i];
+			int nm = 0;
+			uint64_t chunks = 0;
+			if (h->op != DP_OP_ADAMW || !cu_plan_runs(p, h) || dp_runs_on_host(s, h)) {
+				i++;
+				continue;
+			}
+			mem[nm++] = i;
+			chunks += (uint64_t)((cu_numel(&s->tensors[h->out]) + MT_CHUNK - 1) / MT_CHUNK);
+			uint32_t j = i + 1;
+			for (; j < s->nprog[pg]; j++) {
+				const DpInstr *k = &s->prog[pg][j];
+				if (!cu_plan_runs(p, k))
+					continue;
+				int64_t n = cu_numel(&s->tensors[k->out]);
+				chunks += n > 0 ? (uint64_t)((n + MT_CHUNK - 1) / MT_CHUNK) : 0;
+				if (chunks > INT32_MAX || !mt_joins(p, pg, mem, nm, j))
+					break;
+				mem[nm++] = j;
+			}
+			int sized = 0;
+			for (int q = 0; q < nm; q++)
+				sized += cu_numel(&s->tensors[s->prog[pg][mem[q]].out]) > 0;
+			if (sized >= 2 && mt_build(p, pg, mem, nm, e)) {
+				free(mem);
+				return -1;
+			}
+			i = j;
+		}
+		free(mem);
+	}
+	return 0;
+}
+
+extern "C" void cu_plan_adamw_line(const CuPlan *p, char *buf, size_t len)
+{
+	const DpStep *s = p->s;
+	unsigned updates = 0, launches = 0, runs = 0;
+	for (int pg = 0; pg < DP_NPROG; pg++)
+		for (uint32_t i = 0; i < s->nprog[pg]; i++) {
+			const DpInstr *in = &s->prog[pg][i];
+			if (in->op != DP_OP_ADAMW || !cu_plan_runs(p, in) || dp_runs_on_host(s, in))
+				continue;
+			updates++;
+			launches += !p->fuse[pg][i].skip;
+			runs += p->fuse[pg][i].mt != NULL;
+		}
+	const char *v;
+	if (!updates)
+		buf[0] = 0;
+	else if (mt_switch(&v) == 0)
+		snprintf(buf, len, "AdamW: %u update%s in %u launch%s (DP_MULTI_TENSOR=off)", updates,
+			 updates == 1 ? "" : "s", launches, launches == 1 ? "" : "es");
+	else
+		snprintf(buf, len, "AdamW: %u update%s in %u launch%s (%u multi-tensor)", updates,
+			 updates == 1 ? "" : "s", launches, launches == 1 ? "" : "es", runs);
 }
 
 /* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */

@@ -37,7 +37,9 @@
 #      x 1024 (else 8, 4: the largest that fits), graph replay: tokens/s,
 #      ms/step, MFU against 989 TFLOP/s, host us per step; beside PyTorch
 #      eager and torch.compile on the same model, batch, optimizer and dtype
-#      (bench/gpu_gpt.py); dp again with --gemm-tune FILE (each GEMM's
+#      (bench/gpu_gpt.py); dp again under DP_MULTI_TENSOR=off (AdamW one
+#      launch per update: the multi-tensor AdamW's A/B, ms/step beside the
+#      default's, losses bitwise); dp again with --gemm-tune FILE (each GEMM's
 #      cuBLASLt algorithm timed at load: ms/step beside the untuned row,
 #      the tuning's start-up seconds) and once more from FILE (nothing
 #      timed, losses bitwise); then dp and PyTorch eager at micro-batch 64
@@ -677,6 +679,31 @@ torch_row() {
 	fi
 }
 
+# mt_ab MB: part 5's step file at micro-batch MB again under
+# DP_MULTI_TENSOR=off (runtime/cuda/optim.cu: one AdamW launch per update,
+# as before the multi-tensor AdamW of issue 24), beside the default row's
+# ms/step, with both runs' "AdamW: N updates in M launches" from their
+# device lines; the losses must be bitwise the default's (the same
+# arithmetic per element, docs/CUDA.md)
+mt_ab() {
+	local mb=$1 base ms rc on off
+	base=$(ms_step "$L/bench-b$mb.log")
+	DP_MULTI_TENSOR=off gpu bench-mtoff-b$mb gpt2-b$mb --steps $steps --log-every $every --verbose --peak-tflops $peak
+	rc=$?
+	if [ $rc != 0 ] || ! unstamp "$L/bench-mtoff-b$mb.log" | grep -q '^step '; then
+		report FAIL "dp with DP_MULTI_TENSOR=off, micro-batch $mb: the run failed (exit $rc)"; last "$L/bench-mtoff-b$mb.log"
+		return
+	fi
+	ms=$(ms_step "$L/bench-mtoff-b$mb.log")
+	on=$(unstamp "$L/bench-b$mb.log" | grep -o 'AdamW: [^;]*' | head -n 1)
+	off=$(unstamp "$L/bench-mtoff-b$mb.log" | grep -o 'AdamW: [^;]*' | head -n 1)
+	if cmp -s "$R/bench-mtoff-b$mb.loss" "$R/bench-b$mb.loss"; then
+		report PASS "dp with DP_MULTI_TENSOR=off (one AdamW launch per update), micro-batch $mb: $ms ms/step against the multi-tensor default's $base ms/step (the default $(awk -v a="$ms" -v b="$base" 'BEGIN {if (b > 0) printf "%.3fx", a / b}') as fast); losses bitwise the default's ($steps steps); default: ${on:-no AdamW line}; off: ${off:-no AdamW line}"
+	else
+		report FAIL "dp with DP_MULTI_TENSOR=off, micro-batch $mb: losses differ from the multi-tensor default's ($ms against $base ms/step)"
+	fi
+}
+
 # tuned_dp MB: part 5's step file at micro-batch MB again with dpexec
 # --gemm-tune FILE (runtime/cuda/gemm.cu's tuner: each distinct GEMM's
 # cuBLASLt algorithm the fastest of the heuristic's candidates, timed at
@@ -729,6 +756,9 @@ part5() {
 		note "micro-batch $mb does not fit: $(grep -m1 -i 'out of memory' "$L/bench-b$mb.log" | cut -c1-160)"
 	done
 	report_dp "$mb" $bench_rc ""
+	# (the A/B of the multi-tensor AdamW, ~10 s, only while the tuned runs
+	# keep their 30)
+	[ $bench_rc = 0 ] && [ "$(left)" -gt 50 ] && mt_ab "$mb"
 	[ $bench_rc = 0 ] && tuned_dp "$mb"
 	# the anchor: PyTorch eager, then torch.compile (each under its own limit)
 	if [ $EMU = 1 ] || ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
