@@ -135,6 +135,10 @@ typedef struct {
 	                           (attention.cu); NULL: none */
 	const void *lse_o;      /* attention_grad reading lse: its forward's output O,
 	                           intact until the gradient (D = dO . O from it) */
+	const DpInstr *norm_gb; /* a norm's dx (layernorm_grad[_add], rmsnorm_grad[_add]):
+	                           the layernorm_grad_gb, layernorm_grad_g or rmsnorm_grad_g
+	                           of the same dy and x whose sums its kernel also makes
+	                           (that instruction skipped; norm.cu); NULL: none */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's
@@ -243,6 +247,8 @@ static inline int cu_plan_runs(const CuPlan *p, const DpInstr *in)
 int cu_plan_clip(CuPlan *p, RtErr *e);
 /* Cross entropy's row statistics shared with its gradient (loss.cu). */
 int cu_plan_xent(CuPlan *p, RtErr *e);
+/* A norm's gamma (and beta) gradient made by its dx's kernel (norm.cu). */
+int cu_plan_norm(CuPlan *p, RtErr *e);
 /* Attention's row log-sum-exp and output shared with its gradient
  * (attention.cu). */
 int cu_plan_attn(CuPlan *p, RtErr *e);
