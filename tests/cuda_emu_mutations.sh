@@ -460,35 +460,8 @@ declare -A XARGS=([tune2]="--gemm-tune on")
 # (tests/cuda_emu.sh's lnrms768; llama's AdamW moves its first steps by
 # lr * sign(g), which a lost quarter of a gradient's rows leaves as it was):
 # rmsnorm_grad_add and rmsnorm_grad_g, which norm.cu pairs
-cat >"$T/lrms.dp" <<'MODEL'
-mesh dp_replicate=1, dp_shard=1
-data {
-  x: f32[batch, 768] from synthetic(n=128, classes=4)
-  y: i32[batch]      from synthetic(n=128, classes=4)
-}
-model {
-  block pre {
-    param p: f32[768] init normal(0, 0.3)
-    s = add(x, p)
-  }
-  block ln {
-    param g: f32[768] init normal(1, 0.3)
-    h = add(s, rmsnorm(s, g))
-  }
-  block head {
-    param w: f32[768, 4] init normal(0, 0.05)
-    logits = linear(h, w)
-  }
-  loss = cross_entropy(logits, y)
-}
-train {
-  strategy ddp
-  optimizer sgd(lr=0.1)
-  micro_batch 128
-  seed 3
-}
-MODEL
-sed 's/768/2048/g' "$T/lrms.dp" >"$T/l2k16.dp"
+norm_res_model rmsnorm 768 >"$T/lrms.dp"
+norm_res_model rmsnorm 2048 >"$T/l2k16.dp"
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
 # AdamW amplifying bf16 noise), against the CPU's bf16 run with run()'s

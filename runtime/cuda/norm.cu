@@ -631,6 +631,11 @@ static unsigned row_grid(int64_t rows)
  */
 #define GB_WARPS 4      /* warps a block of k_norm_bwd_gb, at most */
 #define GB_SMEM 49152   /* their slices' bytes, at most (no opt-in needed) */
+/* Warps a block must hold for cu_plan_norm to pair: at one (a layernorm
+ * wider than 1536, an rmsnorm wider than 3072, e.g. Llama 7B's 4096: a
+ * 32 KB slice) at most 7 warps an SM would run the rows, under half of
+ * GPT-2's 16; those keep the unpaired kernels (not measured either way) */
+#define GB_MIN_WARPS 2
 
 /* Warps a block of k_norm_bwd_gb for nc columns of sums (0: too long a row
  * for one warp's slice: not paired) */
@@ -1045,9 +1050,10 @@ static int norm_gb_on(void)
  * program that computes the same norm's gamma gradient from the same dy and
  * x (layernorm_grad_gb or layernorm_grad_g after a layernorm's dx,
  * rmsnorm_grad_g after an rmsnorm's), on the same stream, under the same
- * conditions (DP_IF_*), with the same eps, its sums' row fitting one
- * warp's shared slice (gb_warps), not paired already. Its work moves up to
- * the dx: so no instruction between them (of this rank) writes dy or x,
+ * conditions (DP_IF_*), with the same eps, two warps' slices of its sums
+ * fitting a block (gb_warps, GB_MIN_WARPS), not paired already. Its work
+ * moves up to the dx: so no instruction between them (of this rank) writes
+ * dy or x,
  * reads or writes any byte of the gradient (an optimizer, a collective, a
  * fill; its acc reads it as it would at its place), and no event_wait on
  * their stream lies between (the wait may be for a reader of the
@@ -1086,7 +1092,7 @@ extern "C" int cu_plan_norm(CuPlan *p, RtErr *e)
 					if (k->stream == d->stream &&
 					    (k->flags & DP_IF_ALL) == (d->flags & DP_IF_ALL) &&
 					    DP_FATTR(k, LAYERNORM_GRAD_G, eps) == DP_FATTR(d, LAYERNORM_GRAD, eps) &&
-					    cu_numel(go) == nc && gb_warps(nc) > 0 &&
+					    cu_numel(go) == nc && gb_warps(nc) >= GB_MIN_WARPS &&
 					    !p->fuse[pg][j].skip && !overlap(&s->tensors[d->out], go) &&
 					    (dp_is_half(go->dtype) ? go->dtype == x->dtype : go->dtype == DP_F32)) {
 						p->fuse[pg][i].norm_gb = k;
