@@ -324,6 +324,44 @@ template <int W> static __device__ __forceinline__ int64_t gb_slot(int64_t j, in
 		return j;
 }
 
+/* The dx row functions' per-element steps (k_norm_bwd's expressions), for
+ * W elements from column j: the dot products' terms dy g and dy g xh; dx
+ * (rounded to float), and with GB the gamma terms dy xh (layernorm_grad_gb's
+ * expression) and beta's dy added into gsh at gb_slot<W>; the residual
+ * added to dx as stored */
+template <int W>
+static __device__ __forceinline__ void bwd_dots(const float *v, const float *dv, const float *gv,
+						double mean, double rstd, double *sg, double *sgx)
+{
+	for (int k = 0; k < W; k++) {
+		double gd = (double)dv[k] * gv[k];
+		*sg += gd;
+		*sgx += gd * ((double)v[k] - mean) * rstd;
+	}
+}
+template <int W, bool GB>
+static __device__ __forceinline__ void bwd_out(const float *v, const float *dv, const float *gv,
+					       double mean, double rstd, double sg, double sgx,
+					       float *ov, double *gsh, int64_t j, int64_t c, int beta)
+{
+	for (int k = 0; k < W; k++) {
+		double xh = ((double)v[k] - mean) * rstd;
+		ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+		if constexpr (GB) {
+			int64_t sl = gb_slot<W>(j + k, c);
+			gsh[sl] += (double)dv[k] * xh;
+			if (beta)
+				gsh[c + sl] += dv[k];
+		}
+	}
+}
+template <int W, typename T>
+static __device__ __forceinline__ void bwd_res(float *ov, const float *rv)
+{
+	for (int k = 0; k < W; k++)
+		ov[k] = as_stored<T>(ov[k]) + rv[k];
+}
+
 /* dx of row r (+ res as k_norm_bwd) with x and dy packed in registers; NC
  * chunks a lane. GB: the row's gamma terms dy * xh (and, beta, dy) are also
  * added into the warp's shared slice gsh (gb_slot<8>: gamma's at [0, c),
@@ -355,11 +393,7 @@ CU_UNROLL
 		unpack8<T>(xw[i], v);
 		unpack8<T>(dw[i], dv);
 		ld8(g + q * 8, gv);
-		for (int k = 0; k < 8; k++) {
-			double gd = (double)dv[k] * gv[k];
-			sg += gd;
-			sgx += gd * ((double)v[k] - mean) * rstd;
-		}
+		bwd_dots<8>(v, dv, gv, mean, rstd, &sg, &sgx);
 	}
 	sg = warp_sum(sg);
 	sgx = warp_sum(sgx);
@@ -374,21 +408,11 @@ CU_UNROLL
 		unpack8<T>(xw[i], v);
 		unpack8<T>(dw[i], dv);
 		ld8(g + q * 8, gv);
-		for (int k = 0; k < 8; k++) {
-			double xh = ((double)v[k] - mean) * rstd;
-			ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
-			if constexpr (GB) { /* layernorm_grad_gb's terms, in its expression */
-				int64_t sl = (int64_t)k * nq + q;
-				gsh[sl] += (double)dv[k] * xh;
-				if (beta)
-					gsh[c + sl] += dv[k];
-			}
-		}
+		bwd_out<8, GB>(v, dv, gv, mean, rstd, sg, sgx, ov, gsh, (int64_t)q * 8, c, beta);
 		if (res && !drop) {
 			float rv[8];
 			ld8(res + r * c + q * 8, rv);
-			for (int k = 0; k < 8; k++)
-				ov[k] = as_stored<T>(ov[k]) + rv[k];
+			bwd_res<8, T>(ov, rv);
 		}
 		st8(o + r * c + q * 8, ov);
 	}
@@ -684,11 +708,7 @@ static __device__ void norm_bwd_row_walk(int rms, T *o, const T *dy, const T *x,
 		ldw<W>(xr + j, xv);
 		ldw<W>(dr + j, dv);
 		ldw<W>(g + j, gv);
-		for (int k = 0; k < W; k++) {
-			double gd = (double)dv[k] * gv[k];
-			sg += gd;
-			sgx += gd * ((double)xv[k] - m) * rstd;
-		}
+		bwd_dots<W>(xv, dv, gv, m, rstd, &sg, &sgx);
 	}
 	sg = warp_sum(sg);
 	sgx = warp_sum(sgx);
@@ -699,19 +719,11 @@ static __device__ void norm_bwd_row_walk(int rms, T *o, const T *dy, const T *x,
 		ldw<W>(xr + j, xv);
 		ldw<W>(dr + j, dv);
 		ldw<W>(g + j, gv);
-		for (int k = 0; k < W; k++) {
-			double xh = ((double)xv[k] - m) * rstd;
-			ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
-			int64_t sl = gb_slot<W>(j + k, c);
-			gsh[sl] += (double)dv[k] * xh;
-			if (beta)
-				gsh[c + sl] += dv[k];
-		}
+		bwd_out<W, true>(xv, dv, gv, m, rstd, sg, sgx, ov, gsh, j, c, beta);
 		if (res && !drop) {
 			float rv[W];
 			ldw<W>(res + r * c + j, rv);
-			for (int k = 0; k < W; k++)
-				ov[k] = as_stored<T>(ov[k]) + rv[k];
+			bwd_res<W, T>(ov, rv);
 		}
 		stw<W>(o + r * c + j, ov);
 	}
