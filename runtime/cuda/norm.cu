@@ -452,6 +452,41 @@ static unsigned warp_row_grid(int64_t rows)
 			CU_LAUNCH((K<T, 4>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
 	} while (0)
 
+/* mean and rstd of the row xr by one warp walking it (lane's chunks of W at
+ * W lane + 32 W t; rms: mean 0): row_stats' sums with warp butterflies.
+ * (bf16_stride as in row_stats: this walk, not row_stats, is the gamma
+ * gradient's statistics since layernorm_grad_gb, and the paired norm
+ * backward's rows longer than NW_MAX) */
+template <int W, typename T>
+static __device__ __forceinline__ void warp_walk_stats(int rms, const T *xr, int64_t c, double eps,
+						       double *mean, double *rstd)
+{
+	int lane = threadIdx.x & 31;
+	const int stride = MUTANT(bf16_stride) ? 1 : W;
+	double m = 0, q = 0;
+	if (!rms) {
+		double s = 0;
+		for (int64_t j = W * lane; j < c; j += 32 * stride) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				s += xv[k];
+		}
+		m = warp_sum(s) / (double)c;
+	}
+	for (int64_t j = W * lane; j < c; j += 32 * stride) {
+		float xv[W];
+		ldw<W>(xr + j, xv);
+		for (int k = 0; k < W; k++) {
+			double d = (double)xv[k] - m;
+			q += d * d;
+		}
+	}
+	q = warp_sum(q);
+	*mean = m;
+	*rstd = 1.0 / sqrt(q / (double)c + eps);
+}
+
 /* gamma gradient, stage 0: stats[2r] = mean, stats[2r + 1] = rstd */
 template <int W, typename T>
 __global__ void k_norm_stats(int rms, const T *x, int64_t rows, int64_t c, double eps,
@@ -517,29 +552,11 @@ CU_UNROLL
 			}
 			continue;
 		}
-		double s = 0, q = 0;
-		/* (the mutant bf16_stride as in row_stats: this walk, not row_stats,
-		 * is the gamma gradient's statistics since layernorm_grad_gb) */
-		const int stride = MUTANT(bf16_stride) ? 1 : W;
-		for (int64_t j = W * lane; j < c; j += 32 * stride) {
-			float xv[W];
-			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++)
-				s += xv[k];
-		}
-		double m = warp_sum(s) / (double)c;
-		for (int64_t j = W * lane; j < c; j += 32 * W) {
-			float xv[W];
-			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++) {
-				double d = (double)xv[k] - m;
-				q += d * d;
-			}
-		}
-		q = warp_sum(q);
+		double m, rs;
+		warp_walk_stats<W>(0, xr, c, eps, &m, &rs);
 		if (lane == 0) {
 			stats[2 * r] = m;
-			stats[2 * r + 1] = 1.0 / sqrt(q / (double)c + eps);
+			stats[2 * r + 1] = rs;
 		}
 	}
 	__syncthreads(); /* the chunk's statistics, whichever warp wrote them */
@@ -679,30 +696,8 @@ static __device__ void norm_bwd_row_walk(int rms, T *o, const T *dy, const T *x,
 {
 	int lane = threadIdx.x & 31;
 	const T *xr = x + r * c, *dr = dy + r * c;
-	double m = 0;
-	if (!rms) {
-		double s = 0;
-		for (int64_t j = W * lane; j < c; j += 32 * W) {
-			float xv[W];
-			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++)
-				s += xv[k];
-		}
-		m = warp_sum(s) / (double)c;
-	}
-	double q = 0;
-	/* (bf16_stride as in row_stats, on the sweep rmsnorm has too) */
-	const int stride = MUTANT(bf16_stride) ? 1 : W;
-	for (int64_t j = W * lane; j < c; j += 32 * stride) {
-		float xv[W];
-		ldw<W>(xr + j, xv);
-		for (int k = 0; k < W; k++) {
-			double d = (double)xv[k] - m;
-			q += d * d;
-		}
-	}
-	q = warp_sum(q);
-	double rstd = 1.0 / sqrt(q / (double)c + eps), sg = 0, sgx = 0;
+	double m, rstd, sg = 0, sgx = 0;
+	warp_walk_stats<W>(rms, xr, c, eps, &m, &rstd);
 	for (int64_t j = W * lane; j < c; j += 32 * W) {
 		float xv[W], dv[W], gv[W];
 		ldw<W>(xr + j, xv);
