@@ -375,6 +375,20 @@ train {
   seed 3
 }
 LN768
+# LayerNorm's backward in one pass (issue 24; norm.cu's k_norm_bwd_gb): a
+# layernorm of 768 whose input is learned (pre's bias) and whose output is
+# added back to it, so that its dx is a layernorm_grad_add and its gamma's
+# and beta's gradients the layernorm_grad_gb that the CUDA backend makes in
+# the same kernel (cu_plan_norm): 128 rows, 4 chunks of 32, 8 rows a warp,
+# f32 on the row walk, bf16 on the register rows; lnrms768 the same with
+# an rmsnorm (rmsnorm_grad_add and rmsnorm_grad_g: Llama's pair)
+norm_res_model layernorm 768 >"$T/lnres768.dp"
+norm_res_model rmsnorm 768 >"$T/lnrms768.dp"
+# ... and at 2048 (Llama's rows are 4096): longer than a warp's registers
+# hold: the fused kernel's walk, 128-bit in bf16 (3 warps a block: 16 KB of
+# gamma sums each). (Six cases here: the later cases keep their DPEMU_COMM
+# parity.)
+norm_res_model rmsnorm 2048 >"$T/lnrms2k.dp"
 # the tensor-core backward not paired with its forward: attention's output
 # added to the residual with no projection (whose weight gradient would keep
 # it), so the memory plan reuses O's bytes before attention_grad and the
@@ -791,6 +805,55 @@ done
 # folded into AdamW rounds g * coef to f16 as clip would store it
 PREC=fp16 REDUCE=f16 model_case mlp8 ddp 2
 PREC=fp16 REDUCE=f16 SGD=1 model_case gpt2-tiny zero2 2
+# the norms' backward in one pass at GPT-2's row length (lnres768 and
+# lnrms768, above): the pair in the step file, and the emulated backend's
+# device line counting the one dx that makes its gamma sums
+norm_pair_in_ir() { # norm_pair_in_ir MODEL DX G
+	local ir=$T/$1.pair.ir
+	if ! "$DPC" "$T/$1.dp" --world-size 1 --emit=ir >"$ir" 2>"$T/$1.pair.dpc"; then
+		fail "$1: dpc --emit=ir"; head -n 5 "$T/$1.pair.dpc"; return
+	fi
+	local a b
+	a=$(grep -c "= $2 " "$ir"); b=$(grep -c "= $3 " "$ir")
+	if [ "$a $b" = "1 1" ]; then
+		ok "$1: one $2 and one $3 in the step (the pair norm.cu fuses)"
+	else
+		fail "$1: $a $2 and $b $3 in the step (want 1 1)"
+	fi
+}
+if case_on "norm backward pairs"; then
+	norm_pair_in_ir lnres768 layernorm_grad_add layernorm_grad_gb
+	norm_pair_in_ir lnrms768 rmsnorm_grad_add rmsnorm_grad_g
+	if "$DPC" "$T/lnres768.dp" --world-size 1 -o "$T/lnres768.pair.bin" 2>/dev/null &&
+		DPEMU_SEED=3 timeout 120 "$EMU" "$T/lnres768.pair.bin" --device cuda --steps 1 \
+			--eval-every 0 >"$T/lnres768.pair.log" 2>&1 &&
+		DP_NORM_GB=apart DPEMU_SEED=3 timeout 120 "$EMU" "$T/lnres768.pair.bin" --device cuda \
+			--steps 1 --eval-every 0 >"$T/lnres768.apart.log" 2>&1; then
+		if grep -q "1 norm backward with its gamma sums" "$T/lnres768.pair.log" &&
+			! grep -q "norm backward" "$T/lnres768.apart.log"; then
+			ok "lnres768: the device line counts 1 norm backward with its gamma sums, none under DP_NORM_GB=apart"
+		else
+			fail "lnres768: the device line does not count the pair (or DP_NORM_GB=apart does not undo it)"
+			grep -i "cuda\|device" "$T/lnres768.pair.log" | head -n 3
+		fi
+	else
+		fail "lnres768: dpc or the emulator's one step"; tail -n 5 "$T/lnres768.pair.log"
+	fi
+	if DP_NORM_GB=maybe timeout 60 "$EMU" "$T/lnres768.pair.bin" --device cuda --steps 1 \
+		>"$T/lnres768.bad.log" 2>&1; then
+		fail "lnres768: DP_NORM_GB=maybe accepted"
+	elif grep -q "DP_NORM_GB=maybe: expected 'fused'" "$T/lnres768.bad.log"; then
+		ok "lnres768: DP_NORM_GB=maybe refused with its name"
+	else
+		fail "lnres768: DP_NORM_GB=maybe not refused by name"; tail -n 3 "$T/lnres768.bad.log"
+	fi
+fi
+model_case lnres768 ddp 1
+PREC=bf16 model_case lnres768 ddp 1
+model_case lnrms768 ddp 1
+PREC=bf16 model_case lnrms768 ddp 1
+model_case lnrms2k ddp 1
+PREC=bf16 model_case lnrms2k ddp 1
 # layernorm_grad_gb at GPT-2's row length, f32 and bf16 (ln768, above; last,
 # so the cases before keep their seeds)
 model_case ln768 ddp 1

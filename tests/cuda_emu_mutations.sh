@@ -93,6 +93,17 @@
 #   norm_gb_beta  layernorm_grad_gb (passes/fuse.c: LayerNorm's gamma and
 #                 beta gradients in one pass) loses beta's sum over its
 #                 second chunk of rows (hd64: 512 rows, 16 chunks)
+#   norm_bwd_gb   the norms' backward in one pass (norm.cu's k_norm_bwd_gb,
+#                 paired by cu_plan_norm: dx and the gamma and beta sums of
+#                 layernorm_grad_add + layernorm_grad_gb) loses its last
+#                 warp's partial sums, its rows' dx kept (hd64: f32, the
+#                 row walk, 4 warps of 8 rows a chunk)
+#   norm_bwd_gb16 the same on v16 (bf16 rows of 32: the register rows)
+#   rms_bwd_gb    the same in rmsnorm_grad_add + rmsnorm_grad_g (lrms: an
+#                 rmsnorm of 768 trained by SGD, f32; on ll, llama's
+#                 AdamW steps of lr * sign(g) hid it)
+#   (norm_gb_beta's case runs under DP_NORM_GB=apart: layernorm_grad_gb's
+#   own kernel, which the pairing skips on hd64)
 #   bias_seg      bias_add's tiles (elementwise.cu's BiasTiles) all start
 #                 at column 0: a row longer than a block's groups is added
 #                 in its first segment only (hd64: the position embedding
@@ -112,7 +123,13 @@
 #                 transfer fills it (the emulator's NaN, under late comm)
 #   bf16_stride   a norm's 128-bit row walk (bf16) steps by the scalar stride
 #                 (row_stats, layernorm_grad_gb's statistics walk, and the
-#                 warp-per-row kernels' x loads, wcol: b16's rows of 48)
+#                 warp-per-row kernels' x loads, wcol: b16's rows of 48,
+#                 under DP_NORM_GB=apart: paired, its layernorm's gradients
+#                 take the fused kernel's scalar walk, its gamma being a
+#                 view not 16-byte aligned)
+#   bf16_stride_gb the same in the paired norm backward's walk (l2k16: an
+#                 rmsnorm of 2048 in bf16, longer than a warp's registers
+#                 hold, between a learned bias and a residual add, SGD)
 #   bf16_round    softmax's bf16 stores truncate instead of rounding
 #   bf16_clipfold the clip folded into AdamW skips clip's bf16 rounding
 #   attn_sync     the __syncthreads at the top of attention's forward loop
@@ -446,6 +463,12 @@ ll_model() {
 declare -A NSTEPS=([g8]=5 [det]=2) # steps per case (else STEPS)
 # dpexec's own flags per case (tune2: the GEMMs tuned at load)
 declare -A XARGS=([tune2]="--gemm-tune on")
+# lrms: an rmsnorm of 768 between a learned bias and a residual add, SGD
+# (tests/cuda_emu.sh's lnrms768; llama's AdamW moves its first steps by
+# lr * sign(g), which a lost quarter of a gradient's rows leaves as it was):
+# rmsnorm_grad_add and rmsnorm_grad_g, which norm.cu pairs
+norm_res_model rmsnorm 768 >"$T/lrms.dp"
+norm_res_model rmsnorm 2048 >"$T/l2k16.dp"
 # b16: a small model in precision bf16 whose layernorm and softmax rows are
 # 48 wide (the 128-bit path) beside 20-wide ones (the scalar path), SGD (no
 # AdamW amplifying bf16 noise), against the CPU's bf16 run with run()'s
@@ -548,6 +571,8 @@ reference() {
 	ls16 | mtls) prec=fp16 ;;
 	h16) np=1 prec=fp16 ;;
 	o16 | op16 | on16) prec=bf16 ;;
+	lrms) np=1 ;;
+	l2k16) np=1 prec=bf16 ;;
 	ll) np=1 defs="-D ctx=16 -D d=32 -D heads=2 -D ffn=96 -D layers=2"; once llsrc ll_model ;;
 	hd64) np=1 src=$T/hd64.dp defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once hd64src hd64_model ;;
 	a16) np=1 src=$T/a16.dp prec=bf16 defs="-D ctx=128 -D d=128 -D heads=2 -D layers=1"; once a16src a16_model ;;
@@ -691,7 +716,10 @@ add_norm16    add_norm_no_residual v16 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_norm_grad16 norm_grad_no_residual v16 1 one DPEMU_SEED=2 DPEMU_SEED=1
 add_rms       add_rms_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
 add_rms_grad  rms_grad_no_residual ll 1 one DPEMU_SEED=1 DPEMU_SEED=2
-norm_gb_beta  norm_gb_beta  hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
+norm_gb_beta  norm_gb_beta  hd64    1 one DP_NORM_GB=apart,DPEMU_SEED=1 DP_NORM_GB=apart,DPEMU_SEED=2
+norm_bwd_gb   norm_bwd_gb_warp hd64 1 one DPEMU_SEED=1 DPEMU_SEED=2
+norm_bwd_gb16 norm_bwd_gb_warp v16  1 one DPEMU_SEED=2 DPEMU_SEED=1
+rms_bwd_gb    norm_bwd_gb_warp lrms 1 one DPEMU_SEED=1 DPEMU_SEED=2
 bias_seg      bias_seg      hd64    1 one DPEMU_SEED=1 DPEMU_SEED=2
 emb_tile_sync emb_tile_sync hd64    1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 no_sync       no_sync       one     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
@@ -735,7 +763,8 @@ tf32_cvt      tf32_cvt      t32     1 one DPEMU_SEED=1 DPEMU_SEED=2
 copy_wait     copy_wait     g8      1 one DPEMU_RUN=lazy,DPEMU_SEED=1 DPEMU_RUN=lazy,DPEMU_SEED=7
 abort_serial  abort_serial  stall   4 stall
 graph_first   graph_first   stall   4 stall
-bf16_stride   bf16_stride   b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
+bf16_stride   bf16_stride   b16     1 one DP_NORM_GB=apart,DPEMU_SEED=1 DP_NORM_GB=apart,DPEMU_SEED=2
+bf16_stride_gb bf16_stride  l2k16   1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_round    bf16_round    b16     1 one DPEMU_SEED=1 DPEMU_SEED=2
 bf16_clipfold bf16_clipfold r16     2 one DPEMU_COMM=late DPEMU_COMM=early
 mt_chunk      mt_chunk      mt      2 one DPEMU_COMM=late,DPEMU_SEED=1 DPEMU_COMM=early,DPEMU_SEED=2

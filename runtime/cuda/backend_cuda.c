@@ -156,6 +156,8 @@ typedef struct CuBackend {
 	void *blas_ws[DP_NSTREAM];       /* its workspace, CU_BLAS_WS_BYTES */
 	char tune_line[320];             /* --gemm-tune's account (gemm.h), for the device line */
 	char adamw_line[96];             /* the multi-tensor AdamW's launches (optim.cu), for it too */
+	int norm_pairs;                  /* norm dx instructions that make their gamma sums
+	                                    (cu_plan_norm), for the device line */
 	void *scratch[DP_NSTREAM];       /* per stream: kernels of two streams never share */
 	int staging;                     /* some 16-bit instruction runs on f32 copies (bf16.cu) */
 	void **shadow;                   /* staging: the tensors' addresses with the staged
@@ -660,6 +662,10 @@ static int plan(Backend *b, CuBackend *x, RtErr *e)
 	cu_plan_adamw_line(&p, x->adamw_line, sizeof x->adamw_line);
 	RT_CHECK(cu_plan_xent(&p, e));
 	RT_CHECK(cu_plan_attn(&p, e));
+	RT_CHECK(cu_plan_norm(&p, e));
+	for (int g = 0; g < DP_NPROG; g++)
+		for (uint32_t i = 0; i < s->nprog[g]; i++)
+			x->norm_pairs += p.fuse[g][i].norm_gb != NULL;
 	/* cuBLASLt's algorithms, chosen here, outside any capture (every GEMM
 	 * reads its operands in their own dtype: f32, bf16 or f16), then
 	 * (--gemm-tune) timed: every rank gets to the tuner, also one whose
@@ -1063,6 +1069,11 @@ static int cu_describe(Backend *b, char *buf, size_t len)
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "", prio, least, greatest,
 		 cu_attn_dq_split() == 1 ? ", attention dQ split (DP_ATTN_DQ=split: an experiment)" : "");
+	if (x->norm_pairs) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, len - l, ", %d norm backward%s with %s gamma sums (DP_NORM_GB)",
+			 x->norm_pairs, x->norm_pairs == 1 ? "" : "s", x->norm_pairs == 1 ? "its" : "their");
+	}
 	if (x->adamw_line[0]) {
 		size_t l = strlen(buf);
 		snprintf(buf + l, len - l, "; %s", x->adamw_line);

@@ -142,6 +142,10 @@ typedef struct {
 	const uint32_t *mt_chunk; /* ... per block of that launch, (update, chunk) */
 	uint32_t mt_nchunk;     /* ... the blocks: chunks of every update of the run */
 	uint32_t mt_n;          /* ... the updates of the run */
+	const DpInstr *norm_gb; /* a norm's dx (layernorm_grad[_add], rmsnorm_grad[_add]):
+	                           the layernorm_grad_gb, layernorm_grad_g or rmsnorm_grad_g
+	                           of the same dy and x whose sums its kernel also makes
+	                           (that instruction skipped; norm.cu); NULL: none */
 } CuFuse;
 
 /* One kernel call: the instruction, device addresses, its stream's
@@ -260,6 +264,8 @@ int cu_plan_adamw(CuPlan *p, RtErr *e);
 void cu_plan_adamw_line(const CuPlan *p, char *buf, size_t len);
 /* Cross entropy's row statistics shared with its gradient (loss.cu). */
 int cu_plan_xent(CuPlan *p, RtErr *e);
+/* A norm's gamma (and beta) gradient made by its dx's kernel (norm.cu). */
+int cu_plan_norm(CuPlan *p, RtErr *e);
 /* Attention's row log-sum-exp and output shared with its gradient
  * (attention.cu). */
 int cu_plan_attn(CuPlan *p, RtErr *e);

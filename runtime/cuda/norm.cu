@@ -33,6 +33,10 @@
  * straddles a rounding boundary by less than that (~2^-29 per element).
  * f16 (precision fp16) the same, on __half.
  *
+ * A norm's dx and its gamma (and beta) gradient in one kernel when the
+ * backend pairs the two instructions at load (cu_plan_norm, k_norm_bwd_gb:
+ * below).
+ *
  * The residual add fused into the layernorm or rmsnorm (passes/fuse.c):
  * add_layernorm (add_rmsnorm: the same kernel's rms row, no beta) stores
  * s = x + res (rounded to the storage type) into the first half of its
@@ -43,6 +47,9 @@
  * order: the CPU's to within the norm kernels' own 1 ulp
  * (tests/cuda_emu.sh).
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "device.cuh"
 
 /* mean and rstd of one row (every thread gets them); rms: mean 0. Chunks of
@@ -305,6 +312,112 @@ CU_UNROLL
 	}
 }
 
+/* Where a warp's partial sum of column j lies in its shared slice (the
+ * fused backward's gamma and beta sums, below): W = 8, a lane's chunk of
+ * eight columns spread over eight runs of c / 8, so that the 32 lanes'
+ * k-th columns are 32 consecutive doubles (no bank conflicts); W = 1 as is. */
+template <int W> static __device__ __forceinline__ int64_t gb_slot(int64_t j, int64_t c)
+{
+	if constexpr (W == 8)
+		return (j & 7) * (c >> 3) + (j >> 3);
+	else
+		return j;
+}
+
+/* The dx row functions' per-element steps (k_norm_bwd's expressions), for
+ * W elements from column j: the dot products' terms dy g and dy g xh; dx
+ * (rounded to float), and with GB the gamma terms dy xh (layernorm_grad_gb's
+ * expression) and beta's dy added into gsh at gb_slot<W>; the residual
+ * added to dx as stored */
+template <int W>
+static __device__ __forceinline__ void bwd_dots(const float *v, const float *dv, const float *gv,
+						double mean, double rstd, double *sg, double *sgx)
+{
+	for (int k = 0; k < W; k++) {
+		double gd = (double)dv[k] * gv[k];
+		*sg += gd;
+		*sgx += gd * ((double)v[k] - mean) * rstd;
+	}
+}
+template <int W, bool GB>
+static __device__ __forceinline__ void bwd_out(const float *v, const float *dv, const float *gv,
+					       double mean, double rstd, double sg, double sgx,
+					       float *ov, double *gsh, int64_t j, int64_t c, int beta)
+{
+	for (int k = 0; k < W; k++) {
+		double xh = ((double)v[k] - mean) * rstd;
+		ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
+		if constexpr (GB) {
+			int64_t sl = gb_slot<W>(j + k, c);
+			gsh[sl] += (double)dv[k] * xh;
+			if (beta)
+				gsh[c + sl] += dv[k];
+		}
+	}
+}
+template <int W, typename T>
+static __device__ __forceinline__ void bwd_res(float *ov, const float *rv)
+{
+	for (int k = 0; k < W; k++)
+		ov[k] = as_stored<T>(ov[k]) + rv[k];
+}
+
+/* dx of row r (+ res as k_norm_bwd) with x and dy packed in registers; NC
+ * chunks a lane. GB: the row's gamma terms dy * xh (and, beta, dy) are also
+ * added into the warp's shared slice gsh (gb_slot<8>: gamma's at [0, c),
+ * beta's at [c, 2c)), in double, the warp's rows one after another. */
+template <typename T, int NC, bool GB>
+static __device__ __forceinline__ void norm_bwd_row_w(int rms, T *o, const T *dy, const T *x,
+						      const T *g, const T *res, int64_t r,
+						      int64_t c, double eps, bool drop,
+						      double *gsh, int beta)
+{
+	int lane = threadIdx.x & 31, nq = (int)(c / 8);
+	uint4 xw[NC] = {}, dw[NC] = {};
+CU_UNROLL
+	for (int i = 0; i < NC; i++) {
+		int q = lane + 32 * i;
+		if (q >= nq)
+			continue;
+		xw[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
+		dw[i] = *(const uint4 *)(dy + r * c + q * 8);
+	}
+	double mean, rstd, sg = 0, sgx = 0;
+	warp_row_stats<T, NC>(rms, xw, nq, c, eps, &mean, &rstd);
+CU_UNROLL
+	for (int i = 0; i < NC; i++) {
+		int q = lane + 32 * i;
+		if (q >= nq)
+			continue;
+		float v[8], dv[8], gv[8];
+		unpack8<T>(xw[i], v);
+		unpack8<T>(dw[i], dv);
+		ld8(g + q * 8, gv);
+		bwd_dots<8>(v, dv, gv, mean, rstd, &sg, &sgx);
+	}
+	sg = warp_sum(sg);
+	sgx = warp_sum(sgx);
+	sg = rms ? 0 : sg / (double)c;
+	sgx /= (double)c;
+CU_UNROLL
+	for (int i = 0; i < NC; i++) {
+		int q = lane + 32 * i;
+		if (q >= nq)
+			continue;
+		float v[8], dv[8], gv[8], ov[8];
+		unpack8<T>(xw[i], v);
+		unpack8<T>(dw[i], dv);
+		ld8(g + q * 8, gv);
+		bwd_out<8, GB>(v, dv, gv, mean, rstd, sg, sgx, ov, gsh, (int64_t)q * 8, c, beta);
+		if (res && !drop) {
+			float rv[8];
+			ld8(res + r * c + q * 8, rv);
+			bwd_res<8, T>(ov, rv);
+		}
+		st8(o + r * c + q * 8, ov);
+	}
+}
+
 /* dx (+ res as k_norm_bwd) with x and dy packed in registers; NC chunks a lane */
 template <typename T, int NC>
 __global__ void __launch_bounds__(CU_THREADS)
@@ -312,61 +425,10 @@ k_norm_bwd_w(int rms, T *o, const T *dy, const T *x, const T *g, const T *res, i
 	     int64_t c, double eps)
 {
 	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
-	int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nq = (int)(c / 8);
+	int nw = blockDim.x >> 5;
 	for (int64_t r = (int64_t)blockIdx.x * nw + (threadIdx.x >> 5); r < rows;
-	     r += (int64_t)gridDim.x * nw) {
-		uint4 xw[NC] = {}, dw[NC] = {};
-CU_UNROLL
-		for (int i = 0; i < NC; i++) {
-			int q = lane + 32 * i;
-			if (q >= nq)
-				continue;
-			xw[i] = *(const uint4 *)(x + r * c + wcol(lane, i));
-			dw[i] = *(const uint4 *)(dy + r * c + q * 8);
-		}
-		double mean, rstd, sg = 0, sgx = 0;
-		warp_row_stats<T, NC>(rms, xw, nq, c, eps, &mean, &rstd);
-CU_UNROLL
-		for (int i = 0; i < NC; i++) {
-			int q = lane + 32 * i;
-			if (q >= nq)
-				continue;
-			float v[8], dv[8], gv[8];
-			unpack8<T>(xw[i], v);
-			unpack8<T>(dw[i], dv);
-			ld8(g + q * 8, gv);
-			for (int k = 0; k < 8; k++) {
-				double gd = (double)dv[k] * gv[k];
-				sg += gd;
-				sgx += gd * ((double)v[k] - mean) * rstd;
-			}
-		}
-		sg = warp_sum(sg);
-		sgx = warp_sum(sgx);
-		sg = rms ? 0 : sg / (double)c;
-		sgx /= (double)c;
-CU_UNROLL
-		for (int i = 0; i < NC; i++) {
-			int q = lane + 32 * i;
-			if (q >= nq)
-				continue;
-			float v[8], dv[8], gv[8], ov[8];
-			unpack8<T>(xw[i], v);
-			unpack8<T>(dw[i], dv);
-			ld8(g + q * 8, gv);
-			for (int k = 0; k < 8; k++) {
-				double xh = ((double)v[k] - mean) * rstd;
-				ov[k] = (float)(rstd * ((double)dv[k] * gv[k] - sg - xh * sgx));
-			}
-			if (res && !drop) {
-				float rv[8];
-				ld8(res + r * c + q * 8, rv);
-				for (int k = 0; k < 8; k++)
-					ov[k] = as_stored<T>(ov[k]) + rv[k];
-			}
-			st8(o + r * c + q * 8, ov);
-		}
-	}
+	     r += (int64_t)gridDim.x * nw)
+		norm_bwd_row_w<T, NC, false>(rms, o, dy, x, g, res, r, c, eps, drop, (double *)0, 0);
 }
 
 /* The warp-per-row kernels' launch: 8 rows a block of 256, the kernel
@@ -389,6 +451,41 @@ static unsigned warp_row_grid(int64_t rows)
 		else                                                                          \
 			CU_LAUNCH((K<T, 4>), warp_row_grid(rows), CU_THREADS, a->st, __VA_ARGS__); \
 	} while (0)
+
+/* mean and rstd of the row xr by one warp walking it (lane's chunks of W at
+ * W lane + 32 W t; rms: mean 0): row_stats' sums with warp butterflies.
+ * (bf16_stride as in row_stats: this walk, not row_stats, is the gamma
+ * gradient's statistics since layernorm_grad_gb, and the paired norm
+ * backward's rows longer than NW_MAX) */
+template <int W, typename T>
+static __device__ __forceinline__ void warp_walk_stats(int rms, const T *xr, int64_t c, double eps,
+						       double *mean, double *rstd)
+{
+	int lane = threadIdx.x & 31;
+	const int stride = MUTANT(bf16_stride) ? 1 : W;
+	double m = 0, q = 0;
+	if (!rms) {
+		double s = 0;
+		for (int64_t j = W * lane; j < c; j += 32 * stride) {
+			float xv[W];
+			ldw<W>(xr + j, xv);
+			for (int k = 0; k < W; k++)
+				s += xv[k];
+		}
+		m = warp_sum(s) / (double)c;
+	}
+	for (int64_t j = W * lane; j < c; j += 32 * stride) {
+		float xv[W];
+		ldw<W>(xr + j, xv);
+		for (int k = 0; k < W; k++) {
+			double d = (double)xv[k] - m;
+			q += d * d;
+		}
+	}
+	q = warp_sum(q);
+	*mean = m;
+	*rstd = 1.0 / sqrt(q / (double)c + eps);
+}
 
 /* gamma gradient, stage 0: stats[2r] = mean, stats[2r + 1] = rstd */
 template <int W, typename T>
@@ -455,29 +552,11 @@ CU_UNROLL
 			}
 			continue;
 		}
-		double s = 0, q = 0;
-		/* (the mutant bf16_stride as in row_stats: this walk, not row_stats,
-		 * is the gamma gradient's statistics since layernorm_grad_gb) */
-		const int stride = MUTANT(bf16_stride) ? 1 : W;
-		for (int64_t j = W * lane; j < c; j += 32 * stride) {
-			float xv[W];
-			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++)
-				s += xv[k];
-		}
-		double m = warp_sum(s) / (double)c;
-		for (int64_t j = W * lane; j < c; j += 32 * W) {
-			float xv[W];
-			ldw<W>(xr + j, xv);
-			for (int k = 0; k < W; k++) {
-				double d = (double)xv[k] - m;
-				q += d * d;
-			}
-		}
-		q = warp_sum(q);
+		double m, rs;
+		warp_walk_stats<W>(0, xr, c, eps, &m, &rs);
 		if (lane == 0) {
 			stats[2 * r] = m;
-			stats[2 * r + 1] = 1.0 / sqrt(q / (double)c + eps);
+			stats[2 * r + 1] = rs;
 		}
 	}
 	__syncthreads(); /* the chunk's statistics, whichever warp wrote them */
@@ -568,6 +647,174 @@ static unsigned row_grid(int64_t rows)
 				  __VA_ARGS__);                                              \
 	} while (0)
 
+/*
+ * A norm's backward in one pass (issue 24): dx and the gamma (and beta)
+ * gradients from one read of dy and x. cu_plan_norm (below) pairs a dx
+ * instruction (layernorm_grad[_add], rmsnorm_grad[_add]) with the
+ * layernorm_grad_gb, layernorm_grad_g or rmsnorm_grad_g of the same dy and
+ * x after it; the dx instruction runs k_norm_bwd_gb and k_gb_final, the
+ * gradient instruction is skipped. Block b owns chunk b of the rows
+ * (gb_chunk_rows, as layernorm_grad_gb's chunks), its nw warps (gb_warps:
+ * at most 4) the chunk's rows lo + w, lo + w + nw, ...: each warp makes a
+ * row's dx exactly as the unpaired kernels do (the register rows of
+ * k_norm_bwd_w for 16-bit rows up to NW_MAX, else a walk of the row) and
+ * adds the row's dy * xh (and dy) into its own slice of shared memory, nc
+ * doubles (2c with beta, c without; GPT-2: 12 KB a warp, 48 KB a block).
+ * Then the block's threads sum the warps' slices in warp order into
+ * part[b][nc] (the stream's scratch), and k_gb_final sums the chunks in its
+ * fixed tree into the gradient (+ itself when acc), rounded once. Every sum
+ * is in double in an order fixed by the shape: deterministic, and the
+ * CPU's row-order sums to within layernorm_grad_gb's 1 ulp. dx on the
+ * register rows is k_norm_bwd_w's bits; the walk's row sums are a warp's
+ * butterfly where k_norm_bwd's are a block's: the same 1 ulp of the CPU.
+ * Why, and what it should take on the H200: docs/CUDA.md, "LayerNorm's
+ * backward in one pass".
+ */
+#define GB_WARPS 4      /* warps a block of k_norm_bwd_gb, at most */
+#define GB_SMEM 49152   /* their slices' bytes, at most (no opt-in needed) */
+/* Warps a block must hold for cu_plan_norm to pair: at one (a layernorm
+ * wider than 1536, an rmsnorm wider than 3072, e.g. Llama 7B's 4096: a
+ * 32 KB slice) at most 7 warps an SM would run the rows, under half of
+ * GPT-2's 16; those keep the unpaired kernels (not measured either way) */
+#define GB_MIN_WARPS 2
+
+/* Warps a block of k_norm_bwd_gb for nc columns of sums (0: too long a row
+ * for one warp's slice: not paired) */
+static int gb_warps(int64_t nc)
+{
+	int64_t w = nc > 0 ? GB_SMEM / (nc * (int64_t)sizeof(double)) : 0;
+	return (int)(w > GB_WARPS ? GB_WARPS : w);
+}
+
+/* dx of row r with the warp walking it (lane's chunks of W at W lane +
+ * 32 W t: read from memory once, the later sweeps from L1), k_norm_bwd's
+ * arithmetic; the row's terms into gsh as norm_bwd_row_w's GB */
+template <int W, typename T>
+static __device__ void norm_bwd_row_walk(int rms, T *o, const T *dy, const T *x, const T *g,
+					 const T *res, int64_t r, int64_t c, double eps, bool drop,
+					 double *gsh, int beta)
+{
+	int lane = threadIdx.x & 31;
+	const T *xr = x + r * c, *dr = dy + r * c;
+	double m, rstd, sg = 0, sgx = 0;
+	warp_walk_stats<W>(rms, xr, c, eps, &m, &rstd);
+	for (int64_t j = W * lane; j < c; j += 32 * W) {
+		float xv[W], dv[W], gv[W];
+		ldw<W>(xr + j, xv);
+		ldw<W>(dr + j, dv);
+		ldw<W>(g + j, gv);
+		bwd_dots<W>(xv, dv, gv, m, rstd, &sg, &sgx);
+	}
+	sg = warp_sum(sg);
+	sgx = warp_sum(sgx);
+	sg = rms ? 0 : sg / (double)c;
+	sgx /= (double)c;
+	for (int64_t j = W * lane; j < c; j += 32 * W) {
+		float xv[W], dv[W], gv[W], ov[W];
+		ldw<W>(xr + j, xv);
+		ldw<W>(dr + j, dv);
+		ldw<W>(g + j, gv);
+		bwd_out<W, true>(xv, dv, gv, m, rstd, sg, sgx, ov, gsh, j, c, beta);
+		if (res && !drop) {
+			float rv[W];
+			ldw<W>(res + r * c + j, rv);
+			bwd_res<W, T>(ov, rv);
+		}
+		stw<W>(o + r * c + j, ov);
+	}
+}
+
+/* dx of the chunk's rows and the chunk's partial sums part[b][nc] (gamma's
+ * [0, c), beta's [c, 2c) when beta); NC > 0: the register rows (16-bit, W
+ * 8), NC = 0: the walk. Dynamic shared memory: nw * nc doubles. */
+template <int W, typename T, int NC>
+__global__ void __launch_bounds__(32 * GB_WARPS)
+k_norm_bwd_gb(int rms, T *o, const T *dy, const T *x, const T *g, const T *res, int64_t rows,
+	      int64_t c, double eps, int64_t per, int beta, double *part)
+{
+	extern __shared__ __align__(16) unsigned char gb_raw[];
+	double *sh = (double *)gb_raw;
+	const bool drop = rms ? MUTANT(rms_grad_no_residual) : MUTANT(norm_grad_no_residual);
+	int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	int64_t nc = beta ? 2 * c : c;
+	for (int64_t k = threadIdx.x; k < nw * nc; k += blockDim.x)
+		sh[k] = 0;
+	__syncthreads();
+	double *gsh = sh + warp * nc;
+	int64_t lo = blockIdx.x * per, hi = lo + per < rows ? lo + per : rows;
+	for (int64_t r = lo + warp; r < hi; r += nw) {
+		if constexpr (NC > 0)
+			norm_bwd_row_w<T, NC, true>(rms, o, dy, x, g, res, r, c, eps, drop, gsh, beta);
+		else
+			norm_bwd_row_walk<W>(rms, o, dy, x, g, res, r, c, eps, drop, gsh, beta);
+	}
+	__syncthreads(); /* every warp's slice, whichever thread sums a column */
+	/* (norm_bwd_gb_warp: the last warp's partials lost, its rows' dx kept) */
+	const int used = MUTANT(norm_bwd_gb_warp) ? nw - 1 : nw;
+	for (int64_t col = threadIdx.x; col < nc; col += blockDim.x) {
+		int64_t sl = col < c ? gb_slot<W>(col, c) : c + gb_slot<W>(col - c, c);
+		double t = 0;
+		for (int w = 0; w < used; w++)
+			t += sh[w * nc + sl];
+		part[blockIdx.x * nc + col] = t;
+	}
+}
+
+/* The fused backward's launch, NC chunks a lane when the rows are 16-bit
+ * registers' (rows of at most NW_MAX), else the walk */
+#define GB_LAUNCH(NC)                                                                        \
+	CU_LAUNCH_SMEM((k_norm_bwd_gb<8, T, NC>), (unsigned)chunks, 32 * nw, smem, a->st, rms, o, \
+		       dy, x, g, res, rows, c, eps, per, beta, part)
+
+/* dx and the paired instruction's sums (a->fuse->norm_gb); TO: its output */
+template <typename T, typename TO>
+static int run_bwd_gb_t(const CuArgs *a, int rms, T *o, const T *dy, const T *x, const T *g,
+			const T *res, int64_t rows, int64_t c, double eps, int vec, RtErr *e)
+{
+	const DpInstr *gi = a->fuse->norm_gb;
+	int beta = gi->op == DP_OP_LAYERNORM_GRAD_GB, acc = DP_ACC(gi) != 0;
+	int64_t nc = beta ? 2 * c : c, per = gb_chunk_rows(rows), chunks = (rows + per - 1) / per;
+	int nw = gb_warps(nc);
+	size_t smem = (size_t)nw * (size_t)nc * sizeof(double);
+	double *part = (double *)a->scratch;
+	if (vec && c <= NW_MAX) {
+		if constexpr (sizeof(T) == 2) {
+			int ncq = (int)((c / 8 + 31) / 32);
+			if (ncq <= 1)
+				GB_LAUNCH(1);
+			else if (ncq == 2)
+				GB_LAUNCH(2);
+			else if (ncq == 3)
+				GB_LAUNCH(3);
+			else
+				GB_LAUNCH(4);
+		}
+	} else if (vec) {
+		GB_LAUNCH(0);
+	} else {
+		CU_LAUNCH_SMEM((k_norm_bwd_gb<1, T, 0>), (unsigned)chunks, 32 * nw, smem, a->st, rms, o,
+			       dy, x, g, res, rows, c, eps, per, beta, part);
+	}
+	CU_LAUNCHED(a, e);
+	CU_LAUNCH(k_gb_final<TO>, (unsigned)((nc + 31) / 32), 32 * GB_FINAL_WARPS, a->st,
+		  (TO *)a->ptr[gi->out], part, nc, chunks, acc);
+	CU_LAUNCHED(a, e);
+	return 0;
+}
+
+template <typename T>
+static int run_bwd_gb(const CuArgs *a, int rms, T *o, const T *dy, const T *x, const T *g,
+		      const T *res, int64_t rows, int64_t c, double eps, int vec, RtErr *e)
+{
+	if (dp_is_half(a->s->tensors[a->fuse->norm_gb->out].dtype)) {
+		if constexpr (sizeof(T) == 2)
+			return run_bwd_gb_t<T, T>(a, rms, o, dy, x, g, res, rows, c, eps, vec, e);
+		return RT_FAIL(e, "%s: a 16-bit gamma gradient of f32 rows (norm.cu's pairing)",
+			       dp_op_names[a->in->op]);
+	}
+	return run_bwd_gb_t<T, float>(a, rms, o, dy, x, g, res, rows, c, eps, vec, e);
+}
+
 template <typename T> static int run_fwd_t(const CuArgs *a, RtErr *e)
 {
 	const DpTensor *t0 = cu_t(a, 0);
@@ -630,6 +877,8 @@ template <typename T> static int run_bwd_t(const CuArgs *a, RtErr *e)
 		return 0;
 	int vec = cu_vec8<T>(c, o, dy, x, g) && cu_vec8<T>(c, res);
 	double eps = (double)DP_FATTR(a->in, LAYERNORM_GRAD, eps);
+	if (a->fuse && a->fuse->norm_gb) /* (cu_plan_norm: rows and c > 0) */
+		return run_bwd_gb<T>(a, rms, o, dy, x, g, res, rows, c, eps, vec, e);
 	if constexpr (sizeof(T) == 2) if (vec && c <= NW_MAX) {
 		WARP_ROW_LAUNCH(k_norm_bwd_w, T, rows, c, rms, o, dy, x, g, res, rows, c, eps);
 		CU_LAUNCHED(a, e);
@@ -738,6 +987,8 @@ template <typename H> static int run_grad_g_half(const CuArgs *a, RtErr *e)
 
 static int run_grad_g(const CuArgs *a, RtErr *e)
 {
+	if (a->fuse && a->fuse->skip) /* its dx's kernel made the sums (cu_plan_norm) */
+		return 0;
 	unsigned dt = cu_t(a, 0)->dtype;
 	return dt == DP_F16 ? run_grad_g_half<__half>(a, e)
 	       : dt == DP_BF16 ? run_grad_g_half<cu_bf16>(a, e) : run_grad_g_t<float, float>(a, e);
@@ -745,6 +996,8 @@ static int run_grad_g(const CuArgs *a, RtErr *e)
 
 static int run_grad_gb(const CuArgs *a, RtErr *e)
 {
+	if (a->fuse && a->fuse->skip) /* its dx's kernel made the sums (cu_plan_norm) */
+		return 0;
 	unsigned dt = cu_t(a, 0)->dtype, half = dp_is_half(cu_t(a, -1)->dtype);
 	if (dt == DP_F16)
 		return half ? run_grad_gb_t<__half, __half>(a, e) : run_grad_gb_t<__half, float>(a, e);
@@ -753,18 +1006,142 @@ static int run_grad_gb(const CuArgs *a, RtErr *e)
 	return run_grad_gb_t<float, float>(a, e);
 }
 
+/* dx's scratch: the fused backward's partial sums when paired (nc doubles
+ * a chunk; 2c is the most any pairing needs) */
+static size_t scratch_bwd(const DpStep *s, const DpInstr *in)
+{
+	const DpTensor *x = &s->tensors[in->in[1]];
+	int64_t c = cu_cols(x), rows = cu_rows(x), per = gb_chunk_rows(rows);
+	return (size_t)((rows + per - 1) / per * 2 * c) * sizeof(double);
+}
+
+/* ---- planning: a norm's gradient sums made by its dx's kernel ---- */
+
+static int is_norm_dx(unsigned op)
+{
+	return op == DP_OP_LAYERNORM_GRAD || op == DP_OP_LAYERNORM_GRAD_ADD ||
+	       op == DP_OP_RMSNORM_GRAD || op == DP_OP_RMSNORM_GRAD_ADD;
+}
+
+static int overlap(const DpTensor *a, const DpTensor *b)
+{
+	return a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes;
+}
+
+/* Does instruction k read or write any byte of t? */
+static int touches(const DpStep *s, const DpInstr *k, const DpTensor *t)
+{
+	if (k->out >= 0 && overlap(&s->tensors[k->out], t))
+		return 1;
+	for (int q = 0; q < DP_MAX_IN; q++)
+		if (k->in[q] >= 0 && overlap(&s->tensors[k->in[q]], t))
+			return 1;
+	return 0;
+}
+
+/* DP_NORM_GB, read once: unset, empty or "fused" 1 (pair), "apart" 0 (the
+ * kit's A/B switch: the two instructions as before), else -1 (refused) */
+static int norm_gb_mode = -2;
+static int norm_gb_on(void)
+{
+	if (norm_gb_mode == -2) {
+		const char *v = getenv("DP_NORM_GB");
+		norm_gb_mode = !v || !*v || !strcmp(v, "fused") ? 1 : !strcmp(v, "apart") ? 0 : -1;
+	}
+	return norm_gb_mode;
+}
+
+/*
+ * For each dx instruction of a norm (layernorm_grad[_add] or
+ * rmsnorm_grad[_add]) this rank runs: the first later instruction of the
+ * program that computes the same norm's gamma gradient from the same dy and
+ * x (layernorm_grad_gb or layernorm_grad_g after a layernorm's dx,
+ * rmsnorm_grad_g after an rmsnorm's), on the same stream, under the same
+ * conditions (DP_IF_*), with the same eps, two warps' slices of its sums
+ * fitting a block (gb_warps, GB_MIN_WARPS), not paired already. Its work
+ * moves up to the dx: so no instruction between them (of this rank) writes
+ * dy or x,
+ * reads or writes any byte of the gradient (an optimizer, a collective, a
+ * fill; its acc reads it as it would at its place), and no event_wait on
+ * their stream lies between (the wait may be for a reader of the
+ * gradient's previous bytes on another stream). The dx instruction then
+ * makes the sums (k_norm_bwd_gb) and the gradient instruction is skipped:
+ * its --trace span stays, empty.
+ */
+extern "C" int cu_plan_norm(CuPlan *p, RtErr *e)
+{
+	const DpStep *s = p->s;
+	int on = norm_gb_on();
+	if (on < 0)
+		return RT_FAIL(e, "DP_NORM_GB=%s: expected 'fused' (the default) or 'apart' "
+			       "(docs/CUDA.md)", getenv("DP_NORM_GB"));
+	if (!on)
+		return 0;
+	for (int pg = 0; pg < DP_NPROG; pg++)
+		for (uint32_t i = 0; i < s->nprog[pg]; i++) {
+			const DpInstr *d = &s->prog[pg][i];
+			if (!is_norm_dx(d->op) || !cu_plan_runs(p, d))
+				continue;
+			int rms = d->op == DP_OP_RMSNORM_GRAD || d->op == DP_OP_RMSNORM_GRAD_ADD;
+			const DpTensor *dy = &s->tensors[d->in[0]], *x = &s->tensors[d->in[1]];
+			int64_t c = cu_cols(x), rows = cu_rows(x);
+			if (c <= 0 || rows <= 0)
+				continue;
+			for (uint32_t j = i + 1; j < s->nprog[pg]; j++) {
+				const DpInstr *k = &s->prog[pg][j];
+				if (!cu_plan_runs(p, k))
+					continue;
+				int gop = rms ? k->op == DP_OP_RMSNORM_GRAD_G
+					      : k->op == DP_OP_LAYERNORM_GRAD_GB || k->op == DP_OP_LAYERNORM_GRAD_G;
+				if (gop && k->in[0] == d->in[0] && k->in[1] == d->in[1]) {
+					int64_t nc = k->op == DP_OP_LAYERNORM_GRAD_GB ? 2 * c : c;
+					const DpTensor *go = &s->tensors[k->out];
+					if (k->stream == d->stream &&
+					    (k->flags & DP_IF_ALL) == (d->flags & DP_IF_ALL) &&
+					    DP_FATTR(k, LAYERNORM_GRAD_G, eps) == DP_FATTR(d, LAYERNORM_GRAD, eps) &&
+					    cu_numel(go) == nc && gb_warps(nc) >= GB_MIN_WARPS &&
+					    !p->fuse[pg][j].skip && !overlap(&s->tensors[d->out], go) &&
+					    (dp_is_half(go->dtype) ? go->dtype == x->dtype : go->dtype == DP_F32)) {
+						p->fuse[pg][i].norm_gb = k;
+						p->fuse[pg][j].skip = 1;
+					}
+					break;
+				}
+				if (cu_writes(s, k, dy) || cu_writes(s, k, x) ||
+				    (k->op == DP_OP_EVENT_WAIT && k->stream == d->stream) ||
+				    (gop && (k->in[0] == d->in[0] || k->in[1] == d->in[1])))
+					break;
+			}
+		}
+	/* nothing between a pair may touch its gradient: checked once the pairs are known */
+	for (int pg = 0; pg < DP_NPROG; pg++)
+		for (uint32_t i = 0; i < s->nprog[pg]; i++) {
+			const DpInstr *k = p->fuse[pg][i].norm_gb;
+			if (!k)
+				continue;
+			const DpTensor *go = &s->tensors[k->out];
+			for (const DpInstr *m = &s->prog[pg][i + 1]; m < k; m++)
+				if (cu_plan_runs(p, m) && touches(s, m, go)) {
+					p->fuse[pg][i].norm_gb = NULL;
+					p->fuse[pg][k - s->prog[pg]].skip = 0;
+					break;
+				}
+		}
+	return 0;
+}
+
 /* {op, run, limits, bf16, run_bf16, scratch, blas, f16}: kernel_table.h */
 extern "C" const KernelRow cu_norm_rows[] = {
 	{DP_OP_LAYERNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
-	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD, run_bwd, NULL, 1, NULL, scratch_bwd, 0, 1},
 	{DP_OP_LAYERNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
 	{DP_OP_RMSNORM, run_fwd, NULL, 1, NULL, NULL, 0, 1},
-	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RMSNORM_GRAD, run_bwd, NULL, 1, NULL, scratch_bwd, 0, 1},
 	{DP_OP_RMSNORM_GRAD_G, run_grad_g, NULL, 1, NULL, scratch_grad_g, 0, 1},
 	{DP_OP_ADD_LAYERNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
-	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_LAYERNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, scratch_bwd, 0, 1},
 	{DP_OP_ADD_RMSNORM, run_add_fwd, NULL, 1, NULL, NULL, 0, 1},
-	{DP_OP_RMSNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, NULL, 0, 1},
+	{DP_OP_RMSNORM_GRAD_ADD, run_bwd, NULL, 1, NULL, scratch_bwd, 0, 1},
 	{DP_OP_LAYERNORM_GRAD_GB, run_grad_gb, NULL, 1, NULL, scratch_grad_gb, 0, 1},
 	{},
 };

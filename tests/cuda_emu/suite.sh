@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # tests/cuda_emu/suite.sh - what the emulator's two suites share (sourced by
 # tests/cuda_emu.sh and tests/cuda_emu_mutations.sh after tests/lib.sh):
-# how they start build-emu/dpexec, and their one compare process.
+# how they start build-emu/dpexec, their one compare process, and the model
+# of the norms' paired backward.
 
 # emu_launch NP: the launcher words for NP ranks of build-emu/dpexec: none
 # for one rank (MPI's singleton start, as lib.sh's mpi() starts the CPU's
@@ -59,4 +60,43 @@ pycmp() {
 	fi
 	IFS=$' \t\n'
 	$PY "$ROOT/tests/compare.py" "$@" >"$out"
+}
+
+# norm_res_model NORM C > FILE: a norm (layernorm or rmsnorm) of C columns
+# between a learned bias and a residual add, trained by SGD on 128 rows of
+# synthetic data: its dx is a layernorm_grad_add (rmsnorm_grad_add) beside
+# the layernorm_grad_gb (rmsnorm_grad_g) that runtime/cuda/norm.cu pairs
+# with it (docs/CUDA.md, "LayerNorm's backward in one pass")
+norm_res_model() {
+	local call="layernorm(s, g, b)" beta="    param b: f32[$2] init normal(0, 0.3)"
+	[ "$1" = rmsnorm ] && call="rmsnorm(s, g)" beta=
+	cat <<MODEL
+mesh dp_replicate=1, dp_shard=1
+data {
+  x: f32[batch, $2] from synthetic(n=128, classes=4)
+  y: i32[batch]      from synthetic(n=128, classes=4)
+}
+model {
+  block pre {
+    param p: f32[$2] init normal(0, 0.3)
+    s = add(x, p)
+  }
+  block ln {
+    param g: f32[$2] init normal(1, 0.3)
+${beta:+$beta
+}    h = add(s, $call)
+  }
+  block head {
+    param w: f32[$2, 4] init normal(0, 0.05)
+    logits = linear(h, w)
+  }
+  loss = cross_entropy(logits, y)
+}
+train {
+  strategy ddp
+  optimizer sgd(lr=0.1)
+  micro_batch 128
+  seed 3
+}
+MODEL
 }
