@@ -884,6 +884,20 @@ OFFLOAD=params PREC=bf16 model_case gpt2-tiny zero2 2
 for hd in 64 32 128; do
 	EMU_ENV=DP_ATTN_DQ=split PREC=bf16 SGD=1 model_case gpt2-hd$hd ddp 1
 done
+# the backward with one barrier per query tile (DP_ATTN_BWD=pipe,
+# docs/CUDA.md's experiment: a tile's dQ after the next tile's barrier, from
+# double-buffered dS^T tiles and dQ sums) within the same bounds: head dims
+# 64, 32, 128 in bf16, tf32, and bf16 at cp=2 (the cp gradients run the same
+# kernel); after lane_drain, each also bit for bit its default's case (the
+# same products and adds, in the same order); last, so the cases before
+# keep their seeds
+pipe_cases=("gpt2-hd64 bf16 sgd ddp np=1" "gpt2-hd32 bf16 sgd ddp np=1" "gpt2-hd128 bf16 sgd ddp np=1"
+	"gpt2-hd64 tf32 sgd ddp np=1" "gpt2-hd64 bf16 sgd ddp np=2 mesh=cp=2")
+for hd in 64 32 128; do
+	EMU_ENV=DP_ATTN_BWD=pipe PREC=bf16 SGD=1 model_case gpt2-hd$hd ddp 1
+done
+EMU_ENV=DP_ATTN_BWD=pipe PREC=tf32 SGD=1 model_case gpt2-hd64 ddp 1
+EMU_ENV=DP_ATTN_BWD=pipe PREC=bf16 SGD=1 model_case gpt2-hd64 ddp 2 "cp=2"
 # scales FILE: the --log-json lines' step, scale and skipped steps
 scales() {
 	$PY -c 'import json, sys
@@ -916,6 +930,23 @@ overflow_same() {
 }
 # the model cases' lanes ended: the checks that read their logs
 lane_drain
+for c in "${pipe_cases[@]}"; do
+	p="$c DP_ATTN_BWD=pipe"
+	if [ -z "${TAG[$c]:-}" ] || [ -z "${TAG[$p]:-}" ]; then
+		fail "$p: no such case (pipe_cases)"
+		continue
+	fi
+	# (both ran: CASE='gpt2-hd64 bf16 sgd ddp np=1*' takes the pair)
+	if ! case_ran "$c" || ! [ -s "$T/${TAG[$c]}.emu.st" ] || ! case_ran "$p"; then
+		continue
+	fi
+	if cmp -s "$T/${TAG[$c]}.emu.loss" "$T/${TAG[$p]}.emu.loss" &&
+		cmp -s "$T/${TAG[$c]}.emu.st" "$T/${TAG[$p]}.emu.st"; then
+		ok "$p: losses and state bit for bit the default's"
+	else
+		fail "$p: not bit for bit the default's ($T/${TAG[$c]}.emu.st, $T/${TAG[$p]}.emu.st)"
+	fi
+done
 if case_ran "mlp ddp np=2 DPEMU_LT_EPILOGUE=0"; then
 	log=$T/${TAG[mlp ddp np=2 DPEMU_LT_EPILOGUE=0]}.emu.log
 	refused=$(grep -c "no algorithm for the bias epilogue" "$log")

@@ -217,6 +217,15 @@
 #                 row (a16 under the variant: tests/cuda_emu.sh's case
 #                 "gpt2-hd64 bf16 sgd ddp np=1 DP_ATTN_DQ=split" is its
 #                 unmutated run, within the same bounds)
+#   tcb_pipebuf   the one-barrier backward (k_attn_bwd_mma's PIPE,
+#                 DP_ATTN_BWD=pipe in its runs' environment) takes a query
+#                 tile's dQ from the dS^T tile the next one writes, which
+#                 holds the tile before it (a16 under the variant:
+#                 tests/cuda_emu.sh's "gpt2-hd64 bf16 sgd ddp np=1
+#                 DP_ATTN_BWD=pipe" is its unmutated run)
+#   tcb_pipetail  the same variant without the last query tile's dQ after
+#                 its loop (a16 under the variant: every key block's dQ
+#                 parts of rows 96-127 lost)
 #   gemm_f16      the GEMMs' fp16 operands described to cuBLASLt as
 #                 CUDA_R_16BF (h16: mlp8 in fp16, its f16 bits read as bf16)
 #   mt_chunk      the multi-tensor AdamW's chunk ends one element short
@@ -753,6 +762,8 @@ tcb_dqorder   tcb_dqorder   det     1 one DPEMU_BLOCKS=desc,DPEMU_SEED=1 DPEMU_B
 tcb_kbsync    tcb_kbsync    det     1 all DPEMU_THREADS=random,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_BLOCKS=asc,DPEMU_SEED=5
 tcb_unpaired  tcb_unpaired  u16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tcq_lse       tcq_lse       a16     1 one DP_ATTN_DQ=split,DPEMU_THREADS=asc,DPEMU_SEED=1 DP_ATTN_DQ=split,DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_pipebuf   tcb_pipebuf   a16     1 one DP_ATTN_BWD=pipe,DPEMU_THREADS=asc,DPEMU_SEED=1 DP_ATTN_BWD=pipe,DPEMU_THREADS=random,DPEMU_SEED=2
+tcb_pipetail  tcb_pipetail  a16     1 one DP_ATTN_BWD=pipe,DPEMU_THREADS=asc,DPEMU_SEED=1 DP_ATTN_BWD=pipe,DPEMU_THREADS=random,DPEMU_SEED=2
 tc_cpbound    tc_cpbound    c16     2 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1
 tc_order      tc_order      a16     1 one DPEMU_THREADS=asc,DPEMU_SEED=1 DPEMU_THREADS=random,DPEMU_SEED=2
 tc_kvrows     tc_kvrows     a16     1 one DPEMU_THREADS=random,DPEMU_SEED=2 DPEMU_THREADS=asc,DPEMU_SEED=1

@@ -51,6 +51,9 @@
  *   k_attn_dq_mma<HD> under DP_ATTN_DQ=split (an experiment, docs/CUDA.md):
  *                    dQ by query tile in a pass of its own, beside
  *                    k_attn_bwd_mma<.., DQ false>'s dK and dV (the ordinary op).
+ *                    Under DP_ATTN_BWD=pipe (another experiment) the
+ *                    backward runs k_attn_bwd_mma<.., PIPE true>: one
+ *                    barrier per query tile, the default's bits.
  * Every output element is written by one thread with a fixed loop order,
  * and the tensor-core backward's dQ is summed over key blocks in an order
  * fixed by the shapes (no atomics): deterministic, graph == eager.
@@ -1373,6 +1376,10 @@ template <int HD, typename T> struct FaBwd {
 				(DQPF ? S::W * 16 * LDQ * 4 : 0);
 	/* without dQ (k_attn_bwd_mma's DQ false): the layout's prefix, no dS^T tile or sums */
 	static const int SMEM_KV = (4 * QTILE + 2 * KR * S::LD) * S::E + 4 * BC * 4;
+	/* DP_ATTN_BWD=pipe (k_attn_bwd_mma's PIPE): dS^T's tile and the warps'
+	 * dQ sums double-buffered, a query tile's dQ taken after the next
+	 * tile's barrier (bf16 at head dim 64: 66.5 KB, 3 blocks per SM) */
+	static const int SMEM_PIPE = SMEM + KR * LDS * S::E + (DQPF ? S::W * 16 * LDQ * 4 : 0);
 	static_assert(HDW % 16 == 0 && HD % HDW == 0, "dQ's columns split into the warps in pairs of 8");
 	static_assert((LDS * S::E) % 16 == 0, "dS^T's rows 16-byte aligned (ldmatrix)");
 };
@@ -1508,8 +1515,14 @@ static __device__ __forceinline__ int64_t fa_run_row0(int64_t s, const FaWalk &w
  * 32 (an explicit 1 let ptxas take 180 there, from 136); the rest 1, as
  * before (docs/CUDA.md's session 15). With the loop's indices in 32 bits
  * head dim 64 fits in 165 without the 40-byte spill the bound forced
- * (session 16). */
-template <int HD, bool CP, typename T, bool DQ = true>
+ * (session 16).
+ * PIPE (DP_ATTN_BWD=pipe, an experiment: docs/CUDA.md's "One barrier per
+ * query tile"): the barrier between the dS^T stores and dQ = dS K goes; a
+ * tile's dQ is taken after the next tile's top barrier (which then also
+ * says that every warp's dS^T rows are in), from the other of two dS^T
+ * tiles and dQ sums regions, and the last tile's after the loop. The same
+ * products, adds and order: the default's bits. */
+template <int HD, bool CP, typename T, bool DQ = true, bool PIPE = false>
 __global__ void __launch_bounds__(32 * FaShape<HD, T>::W,
 				  HD == 32 || (HD == 64 && sizeof(T) == 2) ? 3 : 1)
 k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out, float *dqacc,
@@ -1527,7 +1540,11 @@ k_attn_bwd_mma(Geom<T> g, const T *dy, const float *lse, const float *dd, T *out
 	T *fa_smem = (T *)fa_raw;
 	float *stats = (float *)(fa_smem + 4 * TILE);
 	T *ksm = (T *)(stats + 4 * BC), *vsm = ksm + F::KR * S::LD, *dst = vsm + F::KR * S::LD;
-	float *dqw = (float *)(dst + F::KR * F::LDS) + threadIdx.x / 32 * 16 * F::LDQ; /* DQPF: the warp's */
+	/* PIPE: two of each, query tile it's the (it % 2)-th */
+	const int NDS = PIPE ? 2 : 1;
+	float *dqw = (float *)(dst + NDS * F::KR * F::LDS) + threadIdx.x / 32 * 16 * F::LDQ; /* DQPF: the warp's */
+	auto dst_of = [&](int it) { return PIPE ? dst + it % 2 * F::KR * F::LDS : dst; };
+	auto dqw_of = [&](int it) { return PIPE ? dqw + it % 2 * S::W * 16 * F::LDQ : dqw; };
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, qd = lane % 4;
 	/* 32-bit indices where they fit (limit_attention: keys and blocks in
 	 * int32): fewer registers live across the loop (the spill ptxas made at
@@ -1626,6 +1643,72 @@ CU_UNROLL
 				fd.store(t + TILE, S::LD);
 			}
 		};
+		/* this warp's part of query tile q0's dQ = dS K (dS^T's tile dsb, all
+		 * warps' rows in) added into its run's sums (bf16: through dqb, the
+		 * warp's region its chunks were prefetched into; wait: for them
+		 * here, else they landed at the loop's wait and barrier) */
+		auto dq_tile = [&](int q0, const T *dsb, float *dqb, bool wait) {
+			typedef FaBwd<HD, T> FB; /* (not F: g++ 12's internal error on the enclosing typedef) */
+			uint32_t sa[FB::KR / Mma<T>::K][4];
+			fa_load_dst<FB::KR, FB::LDS>(sa, dsb, rt);
+			float acc[FB::HDW / 8][4];
+CU_UNROLL
+			for (int n = 0; n < FB::HDW / 8; n++)
+				acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+			fa_times_tile<FB::HDW, FB::KR, FB::S::LD>(acc, sa, ksm + c0); /* this part of dS K */
+			if (pf) { /* bf16: added to the prefetched sums */
+				float *dqpart = dqrun + (b * g.t + q0 + rt) * g.c + g.hd * h + c0;
+				if (wait && !MUTANT(tcb_dqpre)) {
+					tc_wait<T>(); /* this thread's chunks (and the next tile) landed */
+					__syncwarp(); /* every lane's */
+				}
+CU_UNROLL
+				for (int r = 0; r < 2; r++) {
+					if (q0 + rt + gr + 8 * r >= g.t)
+						continue;
+CU_UNROLL
+					for (int n = 0; n < FB::HDW / 8; n++) {
+						float2 *a2 = (float2 *)(dqb + (gr + 8 * r) * FB::LDQ + 8 * n + 2 * qd);
+						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2; /* 0 + part, as zeroed */
+						if (MUTANT(tcb_dqadd))
+							v.x = v.y = 0;
+						v.x += acc[n][2 * r];
+						v.y += acc[n][2 * r + 1];
+						*a2 = v;
+					}
+				}
+				__syncwarp(); /* the sums added, by the C layout's lanes */
+				fa_dq_part<FB::HDW, FB::LDQ, false>(dqb, dqpart, g.c, g.t - (q0 + rt));
+			} else {
+				/* f32: into the run's sums in place, each element by this one
+				 * thread of the grid, once per key block of the run, in the
+				 * run's order */
+CU_UNROLL
+				for (int r = 0; r < 2; r++) {
+					const int64_t t = q0 + rt + gr + 8 * r;
+					if (t >= g.t)
+						continue;
+					float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
+CU_UNROLL
+					for (int n = 0; n < FB::HDW / 8; n++) {
+						/* the lane's two adjacent columns by one 8-byte load and
+						 * store (a quad: one 32-byte sector; HD = hd, even) */
+						float2 *a2 = (float2 *)(a + 8 * n);
+						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2;
+						if (MUTANT(tcb_dqorder)) {
+							atomicAdd(a + 8 * n, acc[n][2 * r]);
+							atomicAdd(a + 8 * n + 1, acc[n][2 * r + 1]);
+							continue;
+						}
+						if (MUTANT(tcb_dqadd))
+							v.x = v.y = 0;
+						v.x += acc[n][2 * r];
+						v.y += acc[n][2 * r + 1];
+						*a2 = v;
+					}
+				}
+			}
+		};
 		/* causal: no query before the block's first key position sees its keys */
 		int64_t kmin = g.nkeys;
 		for (int w = 0; w < S::W; w++) /* (the ordinary op: k0) */
@@ -1643,17 +1726,26 @@ CU_UNROLL
 			if (!MUTANT(tcb_cpwait))
 				tc_wait<T>(); /* this thread's copies of query tile it landed (bf16: cp.async) */
 			if (!MUTANT(tcb_sync))
-				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read */
+				__syncthreads(); /* query tile it is in; the other buffer's is consumed; dS^T read
+						  * (PIPE: tile it - 1's dS^T rows in, tile it - 2's read) */
 			const int q0 = (int)first + it * BC;
 			/* this warp's part of dQ's run sums for the tile (DQPF), then the
-			 * next tile: one group, landed at the wait before the dQ add */
+			 * next tile: one group, landed at the wait before the dQ add
+			 * (PIPE: at the next tile's top, its dQ after that barrier) */
 			float *dqpart = dqacc ? dqrun + (b * g.t + q0 + rt) * g.c + g.hd * h + c0 : (float *)0;
 			if (pf && dqacc && !first1)
-				fa_dq_part<F::HDW, F::LDQ, true>(dqw, dqpart, g.c, g.t - (q0 + rt));
+				fa_dq_part<F::HDW, F::LDQ, true>(dqw_of(it), dqpart, g.c, g.t - (q0 + rt));
 			if (it + 1 < tiles)
 				fetch((int)first + (it + 1) * BC, (it + 1) % 2);
 			if (pf || it + 1 < tiles)
 				tc_commit<T>();
+			if constexpr (PIPE) {
+				/* the previous tile's dQ: every warp's dS^T rows and this
+				 * thread's sums landed before the barrier above (tcb_pipebuf:
+				 * the dS^T copy this tile writes, which holds tile it - 2's) */
+				if (dqacc && it > 0)
+					dq_tile(q0 - BC, dst_of(MUTANT(tcb_pipebuf) ? it : it - 1), dqw_of(it - 1), false);
+			}
 			int64_t qfirst, qlast; /* the tile's query positions */
 			fa_query_span(g, q0, q0 + BC - 1, &qfirst, &qlast);
 			const T *qs = fa_smem + 2 * TILE * (it % 2), *ds = qs + TILE;
@@ -1693,7 +1785,7 @@ CU_UNROLL
 			/* this warp's rows of dS^T, as the mma takes them (zeros: skipped) */
 CU_UNROLL
 			for (int r = 0; r < 2; r++) {
-				T *d = dst + (16 * warp + gr + 8 * r) * F::LDS + 2 * qd;
+				T *d = dst_of(it) + (16 * warp + gr + 8 * r) * F::LDS + 2 * qd;
 CU_UNROLL
 				for (int j = 0; j < BC / 8; j++) {
 					float x0 = skip ? 0.0f : dp[j][2 * r], x1 = skip ? 0.0f : dp[j][2 * r + 1];
@@ -1705,65 +1797,18 @@ CU_UNROLL
 					}
 				}
 			}
-			if (!MUTANT(tcb_dqsync))
-				__syncthreads(); /* dS^T's rows of every warp are in */
-			uint32_t sa[F::KR / KS][4];
-			fa_load_dst<F::KR, F::LDS>(sa, dst, rt);
-			float acc[F::HDW / 8][4];
-CU_UNROLL
-			for (int n = 0; n < F::HDW / 8; n++)
-				acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
-			fa_times_tile<F::HDW, F::KR, S::LD>(acc, sa, ksm + c0); /* this part of dS K */
-			if (pf) { /* bf16: added to the prefetched sums */
-				if (!MUTANT(tcb_dqpre)) {
-					tc_wait<T>(); /* this thread's chunks (and the next tile) landed */
-					__syncwarp(); /* every lane's */
-				}
-CU_UNROLL
-				for (int r = 0; r < 2; r++) {
-					if (q0 + rt + gr + 8 * r >= g.t)
-						continue;
-CU_UNROLL
-					for (int n = 0; n < F::HDW / 8; n++) {
-						float2 *a2 = (float2 *)(dqw + (gr + 8 * r) * F::LDQ + 8 * n + 2 * qd);
-						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2; /* 0 + part, as zeroed */
-						if (MUTANT(tcb_dqadd))
-							v.x = v.y = 0;
-						v.x += acc[n][2 * r];
-						v.y += acc[n][2 * r + 1];
-						*a2 = v;
-					}
-				}
-				__syncwarp(); /* the sums added, by the C layout's lanes */
-				fa_dq_part<F::HDW, F::LDQ, false>(dqw, dqpart, g.c, g.t - (q0 + rt));
-			} else {
-				/* f32: into the run's sums in place, each element by this one
-				 * thread of the grid, once per key block of the run, in the
-				 * run's order */
-CU_UNROLL
-				for (int r = 0; r < 2; r++) {
-					const int64_t t = q0 + rt + gr + 8 * r;
-					if (t >= g.t)
-						continue;
-					float *a = dqrun + (b * g.t + t) * g.c + g.hd * h + c0 + 2 * qd;
-CU_UNROLL
-					for (int n = 0; n < F::HDW / 8; n++) {
-						/* the lane's two adjacent columns by one 8-byte load and
-						 * store (a quad: one 32-byte sector; HD = hd, even) */
-						float2 *a2 = (float2 *)(a + 8 * n);
-						float2 v = first1 ? make_float2(0.0f, 0.0f) : *a2;
-						if (MUTANT(tcb_dqorder)) {
-							atomicAdd(a + 8 * n, acc[n][2 * r]);
-							atomicAdd(a + 8 * n + 1, acc[n][2 * r + 1]);
-							continue;
-						}
-						if (MUTANT(tcb_dqadd))
-							v.x = v.y = 0;
-						v.x += acc[n][2 * r];
-						v.y += acc[n][2 * r + 1];
-						*a2 = v;
-					}
-				}
+			if constexpr (!PIPE) {
+				if (!MUTANT(tcb_dqsync))
+					__syncthreads(); /* dS^T's rows of every warp are in */
+				dq_tile(q0, dst, dqw, true);
+			}
+		}
+		if constexpr (PIPE) {
+			if (dqacc && tiles > 0) { /* the last tile's dQ (uniform over the block) */
+				tc_wait<T>();
+				__syncthreads(); /* its dS^T rows of every warp; its sums */
+				if (!MUTANT(tcb_pipetail))
+					dq_tile((int)first + (tiles - 1) * BC, dst_of(tiles - 1), dqw_of(tiles - 1), false);
 			}
 		}
 		if (tiles == 0)
@@ -1967,16 +2012,31 @@ CU_UNROLL
 			fa_store_row<HD>(dqkv + ((int64_t)b * g.t + row[r]) * ld + 3 * g.hd * h, acc, r, g.scale);
 }
 
-/* DP_ATTN_DQ, read once (cu_plan_attn reads it first, at plan build):
- * unset, empty or "runs" 0, "split" 1, else -1. */
+/* An experiment's variable, read once into *seen (cu_plan_attn reads each
+ * first, at plan build): unset, empty or the default's name 0, the
+ * variant's 1, else -1 (refused there). */
+static int fa_env_choice(int *seen, const char *name, const char *dflt, const char *variant)
+{
+	if (*seen == -2) {
+		const char *v = getenv(name);
+		*seen = !v || !*v || !strcmp(v, dflt) ? 0 : !strcmp(v, variant) ? 1 : -1;
+	}
+	return *seen;
+}
+
+/* DP_ATTN_DQ: "runs" 0, "split" 1 */
 static int fa_dq_split = -2;
 extern "C" int cu_attn_dq_split(void)
 {
-	if (fa_dq_split == -2) {
-		const char *v = getenv("DP_ATTN_DQ");
-		fa_dq_split = !v || !*v || !strcmp(v, "runs") ? 0 : !strcmp(v, "split") ? 1 : -1;
-	}
-	return fa_dq_split;
+	return fa_env_choice(&fa_dq_split, "DP_ATTN_DQ", "runs", "split");
+}
+
+/* DP_ATTN_BWD: "sync2" 0 (the default: two barriers per query tile),
+ * "pipe" 1 (k_attn_bwd_mma's PIPE: one) */
+static int fa_bwd_pipe = -2;
+extern "C" int cu_attn_bwd_pipe(void)
+{
+	return fa_env_choice(&fa_bwd_pipe, "DP_ATTN_BWD", "sync2", "pipe");
 }
 
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */
@@ -2218,12 +2278,21 @@ static int launch_bwd_tc(const CuArgs *a, const Geom<T> &g, RtErr *e)
 			dqacc = NULL;
 		else if (!fa_dq_fresh(g)) /* (the ordinary op's runs start themselves) */
 			CU_OK(a, cudaMemsetAsync(dqacc, 0, dqbytes, a->st), e);
-		const int smem = FaBwd<HD, T>::SMEM;
-		if (smem > 48 * 1024) /* f32 (tf32) at head dim 128: the opt-in, every launch (cheap) */
-			CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T>,
-						      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
-		CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
-			       dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
+		if (cu_attn_bwd_pipe() == 1) { /* DP_ATTN_BWD=pipe: one barrier per query tile */
+			const int smem = FaBwd<HD, T>::SMEM_PIPE;
+			if (smem > 48 * 1024)
+				CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T, true, true>,
+							      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
+			CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T, true, true>), kblocks, 32 * S::W, (size_t)smem,
+				       a->st, g, dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
+		} else {
+			const int smem = FaBwd<HD, T>::SMEM;
+			if (smem > 48 * 1024) /* f32 (tf32) at head dim 128: the opt-in, every launch (cheap) */
+				CU_OK(a, cudaFuncSetAttribute((const void *)k_attn_bwd_mma<HD, CP, T>,
+							      cudaFuncAttributeMaxDynamicSharedMemorySize, smem), e);
+			CU_LAUNCH_SMEM((k_attn_bwd_mma<HD, CP, T>), kblocks, 32 * S::W, (size_t)smem, a->st, g,
+				       dy, (const float *)lse, (const float *)dd, dkv, dqacc, walk);
+		}
 		CU_LAUNCHED(a, e);
 		if (dqacc && g.hd % 4 == 0 && ((uintptr_t)dqkv & (4 * sizeof(T) - 1)) == 0) {
 			/* a block per row, a thread per 4 columns (C = 768: 192) */
@@ -2382,6 +2451,9 @@ extern "C" int cu_plan_attn(CuPlan *p, RtErr *e)
 	if (cu_attn_dq_split() < 0)
 		return RT_FAIL(e, "DP_ATTN_DQ=%s: the attention backward's dQ is 'runs' (the default) or "
 			       "'split' (docs/CUDA.md)", getenv("DP_ATTN_DQ"));
+	if (cu_attn_bwd_pipe() < 0)
+		return RT_FAIL(e, "DP_ATTN_BWD=%s: the attention backward is 'sync2' (the default) or "
+			       "'pipe' (docs/CUDA.md)", getenv("DP_ATTN_BWD"));
 	for (int pg = 0; pg < DP_NPROG; pg++)
 		for (uint32_t j = 0; j < s->nprog[pg]; j++) {
 			const DpInstr *g = &s->prog[pg][j];

@@ -1063,12 +1063,14 @@ static int cu_describe(Backend *b, char *buf, size_t len)
 		cudaGetLastError();
 	snprintf(buf, len,
 		 "%s (sm_%d%d, %d SMs, %.1f GiB), driver %d.%d, runtime %d.%d, NCCL %d, %s%s, "
-		 "collectives' stream priority %d (%d..%d)%s",
+		 "collectives' stream priority %d (%d..%d)%s%s",
 		 p.name, p.major, p.minor, p.multiProcessorCount,
 		 (double)p.totalGlobalMem / (1u << 30), drv / 1000, drv % 1000 / 10, rtv / 1000,
 		 rtv % 1000 / 10, nv, x->o.no_graph ? "eager (--no-graph)" : "CUDA Graph",
 		 x->tf32 ? ", TF32 GEMMs" : "", prio, least, greatest,
-		 cu_attn_dq_split() == 1 ? ", attention dQ split (DP_ATTN_DQ=split: an experiment)" : "");
+		 cu_attn_dq_split() == 1 ? ", attention dQ split (DP_ATTN_DQ=split: an experiment)" : "",
+		 cu_attn_bwd_pipe() == 1 ? ", attention backward one barrier per query tile (DP_ATTN_BWD=pipe: an experiment)"
+					 : "");
 	if (x->norm_pairs) {
 		size_t l = strlen(buf);
 		snprintf(buf + l, len - l, ", %d norm backward%s with %s gamma sums (DP_NORM_GB)",

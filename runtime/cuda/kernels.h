@@ -273,6 +273,11 @@ int cu_plan_attn(CuPlan *p, RtErr *e);
  * docs/CUDA.md's experiment): 0 the runs (the default), 1 "split" (a dQ pass
  * of its own), -1 a value that is neither (cu_plan_attn refuses it). */
 int cu_attn_dq_split(void);
+/* The tensor-core backward's barriers, DP_ATTN_BWD read once (attention.cu,
+ * docs/CUDA.md's experiment): 0 two per query tile (the default), 1 "pipe"
+ * (one: a tile's dQ after the next tile's barrier), -1 neither (refused by
+ * cu_plan_attn). */
+int cu_attn_bwd_pipe(void);
 /* Every GEMM's cuBLASLt descriptors and algorithm (heuristic query with the
  * operands' real addresses), before any capture (gemm.cu). */
 int cu_plan_gemm(CuPlan *p, RtErr *e);

@@ -51,7 +51,8 @@
 #      report, the trace in OUTDIR/trace-gpt2-cuda.json; ncu's
 #      device time of two kernel classes over 1 step of part 5's step file,
 #      the attention kernels (k_attn*; again under DP_ATTN_DQ=split, the
-#      backward's split dQ pass, docs/CUDA.md) and cuBLASLt's GEMMs, and what is left
+#      backward's split dQ pass, and under DP_ATTN_BWD=pipe, its one barrier
+#      per query tile: docs/CUDA.md) and cuBLASLt's GEMMs, and what is left
 #      of part 5's step time (ncu profiles each kernel alone, ~0.15 s apiece:
 #      the ~1,200 of a whole step did not finish in 80 s on the H200);
 #      PyTorch's SDPA at the same shape (bench/gpu_gpt.py --modes sdpa), the
@@ -832,7 +833,7 @@ part6() {
 	nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1 || true)
 	if [ $EMU = 1 ]; then
 		report SKIP "ncu, the attention kernels' time over 1 step of gpt2: the CUDA emulator: no GPU"
-		report SKIP "ncu, the attention kernels' time under DP_ATTN_DQ=split: the CUDA emulator: no GPU"
+		report SKIP "ncu, the attention kernels' time under DP_ATTN_DQ=split and under DP_ATTN_BWD=pipe: the CUDA emulator: no GPU"
 		report SKIP "ncu, the GEMMs' time over 1 step of gpt2: the CUDA emulator: no GPU"
 		report SKIP "PyTorch SDPA at gpt2's shape: the CUDA emulator: no GPU"
 		report SKIP "nsys, the top 10 kernels of gpt2: the CUDA emulator: no GPU"
@@ -850,6 +851,11 @@ part6() {
 	# without dQ, no k_attn_dq_store4): the same table, for the two side by side
 	DP_ATTN_DQ=split ncu_class attn-split "k_attn" 100 "$ncu" "$bin" \
 		"dp's attention kernels under DP_ATTN_DQ=split" >/dev/null
+	# and under the backward's one barrier per query tile (DP_ATTN_BWD=pipe,
+	# docs/CUDA.md's "One barrier per query tile": the same kernel names,
+	# k_attn_bwd_mma the line to set beside the default table's)
+	DP_ATTN_BWD=pipe ncu_class attn-pipe "k_attn" 100 "$ncu" "$bin" \
+		"dp's attention kernels under DP_ATTN_BWD=pipe" >/dev/null
 	# the library's kernels by what they are not: every dp kernel is named
 	# k_* (runtime/cuda), so the rest are cuBLASLt's (a 1-rank step has no
 	# NCCL). A list of cuBLASLt's names (nvjet|gemm|xmma|cutlass) missed
@@ -1008,17 +1014,22 @@ part8() {
 	model gpt2-ncu gpt2 -e "s/^  global_batch .*/  global_batch 8/" -e 's/^  grad_accum .*/  grad_accum 1/'
 	compile gpt2-ncu "$R/gpt2-ncu.dp" 1 --precision bf16 -D vocab=1024 -D layers=1 ||
 		{ report FAIL "dpc of gpt2 (one layer): $(tail -n 1 "$L/gpt2-ncu.dpc")"; return; }
-	for k in k_attn_fwd_mma k_attn_bwd_mma; do
+	# (k_attn_bwd_mma-pipe: the backward under DP_ATTN_BWD=pipe, its one
+	# barrier per query tile, docs/CUDA.md: the row beside the default's)
+	local kv kenv
+	for kv in k_attn_fwd_mma k_attn_bwd_mma k_attn_bwd_mma-pipe; do
+		k=${kv%-pipe} kenv=DP_ATTN_BWD=
+		[ "$kv" = "$k" ] || kenv=DP_ATTN_BWD=pipe
 		lim=$(($(left) / 3))
 		[ $lim -gt 40 ] && lim=40
-		timeout $lim "$ncu" --clock-control none --set full --import-source yes --graph-profiling node \
+		env "$kenv" timeout $lim "$ncu" --clock-control none --set full --import-source yes --graph-profiling node \
 			--kernel-name-base function --kernel-name "regex:^$k" -c 1 \
-			"$DPEXEC" "$bin" --device cuda --steps 1 --quiet --eval-every 0 >"$OUT/ncu-$k.txt" 2>"$L/ncu-$k.err"
+			"$DPEXEC" "$bin" --device cuda --steps 1 --quiet --eval-every 0 >"$OUT/ncu-$kv.txt" 2>"$L/ncu-$kv.err"
 		rc=$?
-		if grep -q "Duration" "$OUT/ncu-$k.txt"; then
-			report PASS "ncu --set full, $k, 1 launch: $(grep -m1 ' Duration' "$OUT/ncu-$k.txt" | tr -s ' '); OUTDIR/ncu-$k.txt"
+		if grep -q "Duration" "$OUT/ncu-$kv.txt"; then
+			report PASS "ncu --set full, $k, 1 launch$([ "$kv" = "$k" ] || echo " under $kenv"): $(grep -m1 ' Duration' "$OUT/ncu-$kv.txt" | tr -s ' '); OUTDIR/ncu-$kv.txt"
 		else
-			report FAIL "ncu --set full, $k (exit $rc): $(grep -v '^==PROF==' "$L/ncu-$k.err" | tail -n 1 | cut -c1-200)"
+			report FAIL "ncu --set full, $kv (exit $rc): $(grep -v '^==PROF==' "$L/ncu-$kv.err" | tail -n 1 | cut -c1-200)"
 		fi
 	done
 	lim=$(left)
