@@ -104,6 +104,12 @@ static void usage(FILE *out)
 		"      --jobs=N        with --plan (and strategy auto): compile the candidates\n"
 		"                      on N worker processes (default: the online CPUs); the\n"
 		"                      table, winner and step file are the same for any N\n"
+		"      --plan-classes=N|all\n"
+		"                      with --plan: compile at most N classes' representatives\n"
+		"                      (the fewest micro-batches first; default 128) and search\n"
+		"                      no member of the other classes: the output says so and\n"
+		"                      whether an unsearched plan could beat the winner; all:\n"
+		"                      exhaustive\n"
 		"      --device-memory=SIZE\n"
 		"                      the device memory of one rank (80GiB, 512MiB, bytes): a\n"
 		"                      plan whose device arena is larger is an error naming its\n"
@@ -384,11 +390,11 @@ static void choice_options(FeOptions *fo, const PlanChoice *c, FeSet **sets)
 /* --plan: the search, then the winner's step file to output (or none). */
 static int run_plan(const char *path, int world, const FeDefine *defines, int ndefines,
 		    const FeSet *sets, int nsets, const Machine *mc, int64_t device_memory,
-		    int jobs, const char *output)
+		    int jobs, int max_classes, const char *output)
 {
 	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
 		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory,
-		       .jobs = jobs};
+		       .jobs = jobs, .max_classes = max_classes};
 	/* a mesh the file writes out (not `mesh auto`) is searched alone, as
 	 * under `strategy auto`: the file's front end once, for its mesh (its
 	 * errors are the search's, printed there) */
@@ -535,6 +541,7 @@ enum {
 	OPT_PLAN,
 	OPT_DEVICE_MEMORY,
 	OPT_JOBS,
+	OPT_PLAN_CLASSES,
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
@@ -607,6 +614,7 @@ int main(int argc, char **argv)
 		{"plan", no_argument, NULL, OPT_PLAN},
 		{"device-memory", required_argument, NULL, OPT_DEVICE_MEMORY},
 		{"jobs", required_argument, NULL, OPT_JOBS},
+		{"plan-classes", required_argument, NULL, OPT_PLAN_CLASSES},
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
@@ -620,6 +628,7 @@ int main(int argc, char **argv)
 	const char *from_ir = NULL, *passes = NULL;
 	const char *simulate = NULL, *sim_trace_path = NULL; /* --simulate's machine */
 	int plan = 0, jobs = 0; /* jobs: --jobs, 0: the online CPUs */
+	int max_classes = 0;    /* --plan-classes, 0: PLAN_CLASSES, -1: all */
 	int64_t device_memory = 0; /* --device-memory, bytes; 0: none */
 	static const char shortopts[] = "o:vhD:";
 	int c;
@@ -751,6 +760,17 @@ int main(int argc, char **argv)
 			jobs = (int)j;
 			break;
 		}
+		case OPT_PLAN_CLASSES: {
+			char *end = optarg;
+			long k = strcmp(optarg, "all") ? strtol(optarg, &end, 10) : -1;
+			if (strcmp(optarg, "all") && (end == optarg || *end || k < 1 || k > 1000000)) {
+				fprintf(stderr, "dpc: --plan-classes wants a number of classes from 1 to "
+						"1000000, or all, not '%s'\n", optarg);
+				return 1;
+			}
+			max_classes = (int)k;
+			break;
+		}
 		case OPT_NO_VERIFY:
 			verify = 0;
 			break;
@@ -851,7 +871,7 @@ int main(int argc, char **argv)
 			  !simulate);
 	if (plan) { /* the search compiles; -o writes the winner */
 		int prc = run_plan(path, world, defines, ndefines, sets, nsets, &machine, device_memory,
-				   jobs, output);
+				   jobs, max_classes, output);
 		machine_free(&machine);
 		free(defines);
 		free_sets(sets, nsets);
