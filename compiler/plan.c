@@ -61,6 +61,11 @@
  * The memory plan, the last pass and the costliest at scale, runs only
  * for a candidate simulated no slower than the tenth fastest plan known to
  * fit (plan_eval): a slower one cannot rank in the table.
+ * Beyond a bound the search is not exhaustive, and says so (limit_classes,
+ * --plan-classes): when the class phase would compile more classes than
+ * the bound, the members of the classes past it (the most micro-batches a
+ * step first) are not searched (PL_UNSEARCHED), and a line after the
+ * winner says how many, where, and whether one could beat the winner.
  *
  * Order and workers. A seed, the classes, then three phases, each over
  * every mesh on forked workers (po->jobs, --jobs; one per online CPU by
