@@ -105,8 +105,9 @@ static void usage(FILE *out)
 		"                      on N worker processes (default: the online CPUs); the\n"
 		"                      table, winner and step file are the same for any N\n"
 		"      --plan-classes=N|all\n"
-		"                      with --plan: compile at most N classes' representatives\n"
-		"                      (the fewest micro-batches first; default 128) and search\n"
+		"                      with --plan (and strategy auto): compile at most N\n"
+		"                      classes' representatives (the fewest micro-batches\n"
+		"                      first; default 128) and search\n"
 		"                      no member of the other classes: the output says so and\n"
 		"                      whether an unsearched plan could beat the winner; all:\n"
 		"                      exhaustive\n"
@@ -452,7 +453,7 @@ static int run_plan(const char *path, int world, const FeDefine *defines, int nd
  * 0, or -1 (no plan fits, or a front-end error through d). */
 static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice *c,
 			 FeSet **own_sets, const char *simulate, const Machine *mc,
-			 int64_t device_memory, int jobs, Diag *d, char **src)
+			 int64_t device_memory, int jobs, int max_classes, Diag *d, char **src)
 {
 	Machine preset = {0};
 	char err[512];
@@ -463,7 +464,8 @@ static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice 
 		world *= (int)(*g)->cfg.mesh[a];
 	PlanOpts po = {.path = path, .world = world, .defines = fo->defines, .ndefines = fo->ndefines,
 		       .sets = fo->sets, .nsets = fo->nsets, .machine = simulate ? mc : &preset,
-		       .device_memory = device_memory, .brief = 1, .jobs = jobs};
+		       .device_memory = device_memory, .brief = 1, .jobs = jobs,
+		       .max_classes = max_classes};
 	/* the mesh is searched under `mesh auto` without dpc's axis flags */
 	if (!(*g)->mesh_auto || fo->tp || fo->cp || fo->dp_replicate || fo->pp)
 		po.mesh = (*g)->cfg.mesh;
@@ -927,7 +929,8 @@ int main(int argc, char **argv)
 		}
 		diag.src = src;
 		if (g->strategy_auto && strategy_auto(&g, path, &fo, &auto_choice, &auto_sets, simulate,
-						      &machine, device_memory, jobs, &diag, &src) < 0) {
+						      &machine, device_memory, jobs, max_classes, &diag,
+						      &src) < 0) {
 			status = 1;
 			goto out;
 		}
