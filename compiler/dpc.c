@@ -104,6 +104,13 @@ static void usage(FILE *out)
 		"      --jobs=N        with --plan (and strategy auto): compile the candidates\n"
 		"                      on N worker processes (default: the online CPUs); the\n"
 		"                      table, winner and step file are the same for any N\n"
+		"      --plan-classes=N|all\n"
+		"                      with --plan (and strategy auto): compile at most N\n"
+		"                      classes' representatives (the fewest micro-batches\n"
+		"                      first; default 128) and search\n"
+		"                      no member of the other classes: the output says so and\n"
+		"                      whether an unsearched plan could beat the winner; all:\n"
+		"                      exhaustive\n"
 		"      --device-memory=SIZE\n"
 		"                      the device memory of one rank (80GiB, 512MiB, bytes): a\n"
 		"                      plan whose device arena is larger is an error naming its\n"
@@ -384,11 +391,11 @@ static void choice_options(FeOptions *fo, const PlanChoice *c, FeSet **sets)
 /* --plan: the search, then the winner's step file to output (or none). */
 static int run_plan(const char *path, int world, const FeDefine *defines, int ndefines,
 		    const FeSet *sets, int nsets, const Machine *mc, int64_t device_memory,
-		    int jobs, const char *output)
+		    int jobs, int max_classes, const char *output)
 {
 	PlanOpts po = {.path = path, .world = world, .defines = defines, .ndefines = ndefines,
 		       .sets = sets, .nsets = nsets, .machine = mc, .device_memory = device_memory,
-		       .jobs = jobs};
+		       .jobs = jobs, .max_classes = max_classes};
 	/* a mesh the file writes out (not `mesh auto`) is searched alone, as
 	 * under `strategy auto`: the file's front end once, for its mesh (its
 	 * errors are the search's, printed there) */
@@ -446,7 +453,7 @@ static int run_plan(const char *path, int world, const FeDefine *defines, int nd
  * 0, or -1 (no plan fits, or a front-end error through d). */
 static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice *c,
 			 FeSet **own_sets, const char *simulate, const Machine *mc,
-			 int64_t device_memory, int jobs, Diag *d, char **src)
+			 int64_t device_memory, int jobs, int max_classes, Diag *d, char **src)
 {
 	Machine preset = {0};
 	char err[512];
@@ -457,7 +464,8 @@ static int strategy_auto(Graph **g, const char *path, FeOptions *fo, PlanChoice 
 		world *= (int)(*g)->cfg.mesh[a];
 	PlanOpts po = {.path = path, .world = world, .defines = fo->defines, .ndefines = fo->ndefines,
 		       .sets = fo->sets, .nsets = fo->nsets, .machine = simulate ? mc : &preset,
-		       .device_memory = device_memory, .brief = 1, .jobs = jobs};
+		       .device_memory = device_memory, .brief = 1, .jobs = jobs,
+		       .max_classes = max_classes};
 	/* the mesh is searched under `mesh auto` without dpc's axis flags */
 	if (!(*g)->mesh_auto || fo->tp || fo->cp || fo->dp_replicate || fo->pp)
 		po.mesh = (*g)->cfg.mesh;
@@ -535,6 +543,7 @@ enum {
 	OPT_PLAN,
 	OPT_DEVICE_MEMORY,
 	OPT_JOBS,
+	OPT_PLAN_CLASSES,
 	OPT_SETTING, /* + a setting's id: its dpc flag */
 };
 
@@ -607,6 +616,7 @@ int main(int argc, char **argv)
 		{"plan", no_argument, NULL, OPT_PLAN},
 		{"device-memory", required_argument, NULL, OPT_DEVICE_MEMORY},
 		{"jobs", required_argument, NULL, OPT_JOBS},
+		{"plan-classes", required_argument, NULL, OPT_PLAN_CLASSES},
 	};
 	/* the fixed options, then a flag per setting that has a dpc flag */
 	struct option longopts[sizeof fixed / sizeof fixed[0] + DP_NSETTINGS + 1];
@@ -620,6 +630,7 @@ int main(int argc, char **argv)
 	const char *from_ir = NULL, *passes = NULL;
 	const char *simulate = NULL, *sim_trace_path = NULL; /* --simulate's machine */
 	int plan = 0, jobs = 0; /* jobs: --jobs, 0: the online CPUs */
+	int max_classes = 0;    /* --plan-classes, 0: PLAN_CLASSES, -1: all */
 	int64_t device_memory = 0; /* --device-memory, bytes; 0: none */
 	static const char shortopts[] = "o:vhD:";
 	int c;
@@ -751,6 +762,17 @@ int main(int argc, char **argv)
 			jobs = (int)j;
 			break;
 		}
+		case OPT_PLAN_CLASSES: {
+			char *end = optarg;
+			long k = strcmp(optarg, "all") ? strtol(optarg, &end, 10) : -1;
+			if (strcmp(optarg, "all") && (end == optarg || *end || k < 1 || k > 1000000)) {
+				fprintf(stderr, "dpc: --plan-classes wants a number of classes from 1 to "
+						"1000000, or all, not '%s'\n", optarg);
+				return 1;
+			}
+			max_classes = (int)k;
+			break;
+		}
 		case OPT_NO_VERIFY:
 			verify = 0;
 			break;
@@ -851,7 +873,7 @@ int main(int argc, char **argv)
 			  !simulate);
 	if (plan) { /* the search compiles; -o writes the winner */
 		int prc = run_plan(path, world, defines, ndefines, sets, nsets, &machine, device_memory,
-				   jobs, output);
+				   jobs, max_classes, output);
 		machine_free(&machine);
 		free(defines);
 		free_sets(sets, nsets);
@@ -907,7 +929,8 @@ int main(int argc, char **argv)
 		}
 		diag.src = src;
 		if (g->strategy_auto && strategy_auto(&g, path, &fo, &auto_choice, &auto_sets, simulate,
-						      &machine, device_memory, jobs, &diag, &src) < 0) {
+						      &machine, device_memory, jobs, max_classes, &diag,
+						      &src) < 0) {
 			status = 1;
 			goto out;
 		}

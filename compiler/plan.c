@@ -61,6 +61,11 @@
  * The memory plan, the last pass and the costliest at scale, runs only
  * for a candidate simulated no slower than the tenth fastest plan known to
  * fit (plan_eval): a slower one cannot rank in the table.
+ * Beyond a bound the search is not exhaustive, and says so (limit_classes,
+ * --plan-classes): when the class phase would compile more classes than
+ * the bound, the members of the classes past it (the most micro-batches a
+ * step first) are not searched (PL_UNSEARCHED), and a line after the
+ * winner says how many, where, and whether one could beat the winner.
  *
  * Order and workers. A seed, the classes, then three phases, each over
  * every mesh on forked workers (po->jobs, --jobs; one per online CPU by
@@ -117,6 +122,8 @@ typedef struct {
 	                  stages (passes/unroll.c would stop), so its sibling
 	                  is refused uncompiled */
 	double step_s, compute_s, exposed_s; /* compute_s: the busiest stage's */
+	double mfu;    /* simulated: the model's FLOPs over the step at the machine's bf16
+			  peak, as --simulate prints it */
 	int64_t mem;
 	int64_t bound; /* mem_bound: a lower bound of mem, without a compile (0: none) */
 	double time_bound; /* time_bound: a lower bound of step_s, without a compile (0: none) */
@@ -147,6 +154,8 @@ enum {
 	               plan that fits */
 	PL_CLASS,   /* not compiled: its class bound is no faster than the tenth
 	               fastest plan that fits (the class rule) */
+	PL_UNSEARCHED, /* not compiled: its class is past --plan-classes (limit_classes);
+	                  the search is not exhaustive and says so */
 };
 
 /* The schedules searched at pp > 1 (IrPipeline, settings.def's words). */
@@ -966,6 +975,7 @@ static void plan_eval(Plan *p, const PlanOpts *po, FILE *quiet, double keep_belo
 	} else {
 		p->step_s = rep.res.step_s;
 		p->exposed_s = rep.res.exposed_s;
+		p->mfu = p->step_s > 0 ? rep.model_flops / (p->step_s * po->machine->peak_flops[MACH_BF16]) : 0;
 		if (p->time_bound > p->step_s * (1 + 1e-9)) {
 			char name[160];
 			plan_name(name, sizeof name, p);
@@ -1113,6 +1123,129 @@ static void class_bounds(Plan *plans, int n, double *cb, int ncls)
 		cb[plans[i].cls] = fmax(cb[plans[i].cls], plans[i].core_s);
 	for (int i = 0; i < n; i++)
 		plans[i].class_bound = cb[plans[i].cls];
+}
+
+/*
+ * --plan-classes: a search that is not exhaustive beyond a bound, and says
+ * so. At GPT-3 175B's shape on 512 ranks the class phase alone would
+ * compile ~1,550 representatives, ~1,000 of them pipelined at 1 to 7 CPU-s
+ * each (the unrolled micro-batches): the search does not finish on a
+ * loaded 2-core machine. When the class phase would compile more than
+ * max classes (those with a representative the seed's plan does not rule
+ * out by its time bound), it compiles the max whose compiles are cheapest,
+ * the fewest micro-batches a step (what a compile unrolls; the time bound
+ * cannot order them: at that shape it is 8.7 to 16 s against plans of 17
+ * s, and pp = 1's classes rank 505th and after by it), then of least time
+ * bound, then in class order, and no member of the others is searched in
+ * any phase (PL_UNSEARCHED). The output names how many were left out, where (by
+ * pp), and their least time bound: when that is no faster than the
+ * winner's step, no left-out candidate can beat the winner, which is then
+ * the exhaustive search's (and the table's, when no faster than its
+ * tenth). Below the bound (every search of tests/simulate.sh) the search
+ * is exhaustive and its output as before.
+ */
+typedef struct {
+	int max;        /* the limit (0: not applied, every class searched) */
+	int wanted;     /* the classes the class phase would have compiled */
+	int left_out;   /* those not searched */
+	int candidates; /* their members, PL_UNSEARCHED */
+	int by_pp[3];   /* of those, at pp = 1, 2 and >= 4 */
+	double least;   /* their least time bound (0: one has none) */
+} ClassLimit;
+
+typedef struct {
+	int m;     /* micro-batches a step: what a compile unrolls */
+	double tb; /* the representative's time bound */
+	int cls;
+} ClassKey;
+
+static int by_key(const void *x, const void *y)
+{
+	const ClassKey *a = x, *b = y;
+	if (a->m != b->m)
+		return (a->m > b->m) - (a->m < b->m);
+	if (a->tb != b->tb)
+		return (a->tb > b->tb) - (a->tb < b->tb);
+	return (a->cls > b->cls) - (a->cls < b->cls);
+}
+
+/* rep[c]: class c's representative (-1: none); max: --plan-classes. */
+static ClassLimit limit_classes(Plan *plans, int n, const int *rep, int ncls, int max, int file_accum)
+{
+	ClassLimit cl = {0};
+	if (max < 0)
+		return cl;
+	if (!max)
+		max = PLAN_CLASSES;
+	double best = INFINITY; /* the seed's plan: what the class phase holds time bounds against */
+	for (int i = 0; i < n; i++)
+		if (plans[i].state == PL_FITS)
+			best = fmin(best, plans[i].step_s);
+	ClassKey *k = malloc(sizeof *k * ((size_t)ncls + 1));
+	char *out = calloc((size_t)ncls + 1, 1);
+	if (!k || !out)
+		die("out of memory");
+	int nk = 0;
+	for (int c = 0; c < ncls; c++) {
+		const Plan *r = rep[c] >= 0 ? &plans[rep[c]] : NULL;
+		if (r && !(r->time_bound > 0 && best <= r->time_bound))
+			k[nk++] = (ClassKey){r->accum ? r->accum : file_accum, r->time_bound, c};
+	}
+	if (nk > max) {
+		qsort(k, (size_t)nk, sizeof *k, by_key);
+		cl.max = max;
+		cl.wanted = nk;
+		cl.left_out = nk - max;
+		for (int j = max; j < nk; j++)
+			out[k[j].cls] = 1;
+		cl.least = INFINITY;
+		for (int i = 0; i < n; i++) {
+			Plan *p = &plans[i];
+			if (!out[p->cls] || p->state != PL_TODO)
+				continue;
+			p->state = PL_UNSEARCHED;
+			p->class_rep = 0;
+			cl.candidates++;
+			cl.by_pp[p->pp >= 4 ? 2 : p->pp - 1]++;
+			cl.least = p->time_bound > 0 ? fmin(cl.least, p->time_bound) : 0;
+		}
+	}
+	free(k);
+	free(out);
+	return cl;
+}
+
+/* The line that says a search was not exhaustive, and what that can
+ * change: best, the winner's step (INFINITY: none fits), tenth the
+ * table's tenth (INFINITY: fewer). A left-out candidate can beat a plan
+ * only when its time bound is below that plan's step (or it has none).
+ * Nothing when every class was searched. */
+static void limit_note(FILE *out, const ClassLimit *cl, const Plan *plans, int n, double best,
+		       double tenth)
+{
+	if (!cl->max)
+		return;
+	int below_best = 0, below_tenth = 0;
+	for (int i = 0; i < n; i++)
+		if (plans[i].state == PL_UNSEARCHED) {
+			below_best += plans[i].time_bound < best;
+			below_tenth += plans[i].time_bound < tenth;
+		}
+	fprintf(out, "not exhaustive (--plan-classes=%d): the class phase compiled the %d of %d classes "
+		"with the fewest micro-batches, then least time bound; %d candidates of the other %d not "
+		"searched (%d at pp=1, %d at pp=2, %d at pp>=4), their least time bound %.3f ms: ",
+		cl->max, cl->max, cl->wanted, cl->candidates, cl->left_out, cl->by_pp[0], cl->by_pp[1],
+		cl->by_pp[2], 1e3 * cl->least);
+	if (best == INFINITY)
+		fprintf(out, "one of them may fit (--plan-classes=all searches them)\n");
+	else if (!below_tenth)
+		fprintf(out, "none can beat the tenth plan, the table is the exhaustive search's\n");
+	else if (!below_best)
+		fprintf(out, "none can beat the winner, which is the exhaustive search's (%d may rank "
+			"below it)\n", below_tenth);
+	else
+		fprintf(out, "%d have a time bound below the winner's step and may be faster "
+			"(--plan-classes=all searches them)\n", below_best);
 }
 
 /* The table's length. */
@@ -1738,6 +1871,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 				plans[i].state = PL_TODO;
 	}
 	int jobs = po->jobs > 0 ? po->jobs : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	ClassLimit limit = {0};
 	pick_seeds(&se);
 	search_phase(&se, PHASE_SEED, jobs);
 	if (se.use_class) { /* each class's member of least time bound (then index) */
@@ -1755,6 +1889,11 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		for (int c = 0; c < ncls; c++)
 			if (rep[c] >= 0)
 				plans[rep[c]].class_rep = 1;
+		limit = limit_classes(plans, n, rep, ncls, po->max_classes, file_accum > 0 ? file_accum : 1);
+		if (limit.max)
+			fprintf(stderr, "dpc: --plan: %d classes to compile, more than --plan-classes=%d: "
+				"the %d with the fewest micro-batches searched, %d candidates of the others not\n",
+				limit.wanted, limit.max, limit.max, limit.candidates);
 		free(rep);
 		class_bounds(plans, n, cb, ncls);
 		search_phase(&se, PHASE_CLASS, jobs);
@@ -1892,6 +2031,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 		} else {
 			fprintf(stderr, "dpc: --plan: the front end refused every candidate at %d ranks\n", N);
 		}
+		limit_note(stderr, &limit, plans, n, INFINITY, INFINITY);
 		rc = -1;
 		goto out;
 	}
@@ -1920,6 +2060,7 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 			fprintf(out, "dpc: strategy auto: runner-up %s: %.3f ms (%s)\n", name,
 				1e3 * fit[1]->step_s, why);
 		}
+		limit_note(out, &limit, plans, n, w->step_s, nfit >= TOP ? fit[TOP - 1]->step_s : INFINITY);
 		goto out;
 	}
 	fprintf(out, "%-4s %-84s %10s %10s %10s %12s  %s\n", "#", "plan", "step ms", "compute", "exposed",
@@ -1936,6 +2077,9 @@ int plan_run(const PlanOpts *po, FILE *out, PlanChoice *choice)
 	}
 	plan_name(name, sizeof name, fit[0]);
 	fprintf(out, "winner: %s\n", name);
+	fprintf(out, "winner's MFU: %.1f %% (the model's FLOPs over its simulated step at %.1f TFLOP/s "
+		"bf16 a rank)\n", 100 * fit[0]->mfu, po->machine->peak_flops[MACH_BF16] / 1e12);
+	limit_note(out, &limit, plans, n, fit[0]->step_s, nfit >= TOP ? fit[TOP - 1]->step_s : INFINITY);
 out:
 	fclose(quiet);
 	free(fit);

@@ -24,7 +24,15 @@ typedef struct {
 	int brief;                 /* print the winner and the runner-up, not the table */
 	int jobs;                  /* worker processes (--jobs), 0: the online CPUs; the
 	                              result is the same for any number */
+	int max_classes;           /* --plan-classes: the class phase compiles at most this
+	                              many classes' representatives, the fewest micro-
+	                              batches a step first, and the members of the others are not searched
+	                              (the output says so); 0: PLAN_CLASSES, -1: all */
 } PlanOpts;
+
+/* --plan-classes' default: a search whose class phase would compile more
+ * classes than this is not exhaustive (docs/SIMULATE.md). */
+#define PLAN_CLASSES 128
 
 /* The winner, as the front end's options: the mesh axes for `mesh auto`
  * (0 when po->mesh fixed it) and --set lines (sets[i].value points into

@@ -812,6 +812,57 @@ EOF2
 	else
 		fail "plan: the class rule changed the table"; diff <(grep -E "^[0-9]+ |^winner: |^plan search" "$T/cls.txt") <(grep -E "^[0-9]+ |^winner: |^plan search" "$T/nocls.txt") | head -n 12 | sed 's/^/      /'
 	fi
+	# --plan-classes (plan.c's limit_classes): a search whose class phase
+	# would compile more classes than the limit is not exhaustive and says
+	# so. Below the default limit (every search here) it is exhaustive: the
+	# same table, winner, counts and step file as --plan-classes=all. Under
+	# a limit of 32 (of gpt2-tiny's 100 classes at 4 ranks) the plans it
+	# does compile simulate as in the exhaustive search (every row the two
+	# tables share is the same line), its winner is no faster than the
+	# exhaustive one, and its note never claims a winner or table that the
+	# exhaustive search does not have
+	"$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 --plan-classes=all \
+		-o "$T/all.bin" >"$T/all.txt" 2>&1
+	"$DPC" models/gpt2-tiny.dp --plan --world-size 4 --set train.precision=bf16 --plan-classes=32 \
+		>"$T/lim.txt" 2>&1
+	if grep -q "^winner: " "$T/all.txt" && diff <(summary "$T/cls.txt") <(summary "$T/all.txt") >/dev/null &&
+		cmp -s "$T/cls.bin" "$T/all.bin" && ! grep -q "not exhaustive" "$T/cls.txt"; then
+		ok "plan: --plan-classes: below the default limit the search is exhaustive (the same table, winner, counts and step file as --plan-classes=all)"
+	else
+		fail "plan: --plan-classes=all changed a small search"; diff <(summary "$T/cls.txt") <(summary "$T/all.txt") | head -n 8 | sed 's/^/      /'
+	fi
+	if out=$($PY - "$T/all.txt" "$T/lim.txt" <<'EOF2'
+import re, sys
+full, lim = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+def rows(t):
+    return {m.group(1): m.group(2, 3, 4, 5) for m in
+            re.finditer(r"^\d+ +(\S.*?) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+ \S+)(?:  .*)?$", t, re.M)}
+def win(t):
+    name = re.search(r"^winner: (.*)$", t, re.M).group(1)
+    return name, float(re.search(r"^\d+ +" + re.escape(name) + r" +([\d.]+) ", t, re.M).group(1))
+note = re.search(r"^not exhaustive \(--plan-classes=32\): the class phase compiled the 32 of (\d+) classes.*?; (\d+) candidates of the other (\d+) not searched.*?ms: (.*)$", lim, re.M)
+assert note, "no note"
+fr, lr = rows(full), rows(lim)
+shared = [k for k in lr if k in fr]
+for k in shared:
+    assert fr[k] == lr[k], (k, fr[k], lr[k])
+(fw, fs), (lw, ls) = win(full), win(lim)
+assert ls >= fs, ("limited winner faster than the exhaustive", lw, ls, fw, fs)
+verdict = note.group(4)
+if lw != fw:
+    assert re.match(r"\d+ have a time bound below", verdict), ("claims exactness, wrong", verdict)
+if verdict.startswith("none can beat the tenth"):
+    assert list(lr) == list(fr), "claims the table"
+print(f"{note.group(2)} candidates of {note.group(3)} of {note.group(1)} classes not searched; "
+      f"winner {lw} {ls} ms against the exhaustive {fs} ms; {len(shared)} rows shared, the same; note: {verdict[:60]}")
+EOF2
+	); then
+		ok "plan: --plan-classes=32 says it is not exhaustive and keeps what it compiled exact: $out"
+	else
+		fail "plan: --plan-classes=32: $out"; grep -E "^winner|^not exhaustive" "$T/lim.txt" | sed 's/^/      /'
+	fi
+	expect "plan: --plan-classes 0" "dpc: --plan-classes wants a number of classes from 1 to 1000000, or all, not '0'" \
+		"$DPC" models/mlp.dp --plan --world-size 2 --plan-classes 0
 	fi
 	# a mesh the file writes out is searched alone (as under strategy auto),
 	# not every mesh of the world against it
