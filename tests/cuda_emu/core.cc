@@ -93,9 +93,10 @@ static long long num_env(const char *name, long long def)
 
 /* MUTANT(name) in the emulated backend (runtime/cuda/mutant.h): whether
  * DPEMU_MUTANT names it; tests/cuda_emu_mutations.sh runs each mutant so */
+extern "C" const char *const dpemu_mutant_env = getenv("DPEMU_MUTANT");
 extern "C" int dpemu_mutant(const char *name)
 {
-	static const char *const m = getenv("DPEMU_MUTANT");
+	const char *m = dpemu_mutant_env;
 	return m && !strncmp(name, "mutant:", 7) && !strcmp(m, name + 7);
 }
 

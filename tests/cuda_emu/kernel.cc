@@ -68,20 +68,35 @@ struct CpCopy {
 	int line;
 };
 
-struct Thread {
-	TState st;
-	uint3 tid;         /* threadIdx (set_regs runs at every switch: no divisions there) */
+/* An emulated thread: what dpemu_warp, pick_next and the switch touch at
+ * every stop, in one 64-byte line (a warp's 32 lanes span 32 lines, not the
+ * 64 of a 128-byte Thread). What a stop does not touch (the stack, cp.async
+ * copies, which few kernels make) lives apart in ThreadCold, so a block's
+ * threads are plain bytes, assigned without constructors. */
+struct alignas(64) Thread {
 	void *sp;
-	char *stack;
-	int pred;          /* __syncthreads_count/and/or */
-	int wop;           /* warp primitive waited at */
+	uint64_t wval, wres;
 	unsigned wmask;
 	unsigned warrived; /* a group's leader: the lanes of wmask that have arrived */
-	int warg, wwidth;
-	uint64_t wval, wres;
+	int warg;
+	int line;          /* where it waits */
+	const char *file;
 	void (*wdone)(void *const *); /* DPEMU_COLLECTIVE: what the last lane runs */
-	const char *file;  /* where it waits */
-	int line;
+	uint32_t tid;      /* threadIdx packed x | y << 10 | z << 20 (block.x, y <= 1024,
+	                      z <= 64): set_regs runs at every switch, no divisions there */
+	TState st;
+	uint8_t wop;       /* warp primitive waited at */
+	uint8_t wwidth;    /* its width (1..32: checked before it is stored) */
+	uint8_t pred;      /* __syncthreads_count/and/or */
+};
+static_assert(sizeof(Thread) == 64, "a Thread is one cache line");
+
+/* The rest of a thread, index for index with Block::t, kept across blocks:
+ * every thread of a block ends with no stack (thread_main hands it on) and
+ * no cp.async copy in flight (or the kernel fails), so a block's start
+ * allocates nothing here. */
+struct ThreadCold {
+	char *stack;
 	std::vector<CpCopy> cp; /* cp.async copies in flight, in issue order */
 	unsigned cp_groups;     /* commit_groups executed */
 };
@@ -100,6 +115,7 @@ struct Block {
 	const KernelWork *k = nullptr;
 	unsigned n = 0;            /* threads */
 	std::vector<Thread> t;
+	std::vector<ThreadCold> cold; /* the rest of t, index for index */
 	std::vector<Warp> w;
 	std::vector<int> ready;    /* threads that can run (new or released) */
 	Pick order;                /* ascending / descending release order, or random picks */
@@ -214,7 +230,8 @@ static void *new_context(char *s, unsigned color)
 
 static void set_regs(int t)
 {
-	dpemu_regs.tid = blk.t[t].tid;
+	uint32_t p = blk.t[t].tid;
+	dpemu_regs.tid = uint3{p & 1023, p >> 10 & 1023, p >> 20};
 }
 
 static const char *wop_name(int op)
@@ -228,24 +245,26 @@ static const char *wop_name(int op)
 /* The next thread to run: the head of the ready list in the block's release
  * order, or (DPEMU_THREADS=random) a seeded random pick among the runnable
  * ones; made blk.cur. Every thread waiting with none runnable: a deadlock. */
-static int pick_next()
+[[noreturn]] static void __attribute__((noinline, cold)) deadlock()
 {
-	unsigned n = blk.n;
-	if (blk.head == blk.ready.size()) {
-		std::string who;
-		for (unsigned i = 0; i < n && who.size() < 600; i++) {
-			const Thread &th = blk.t[i];
-			if (th.st == T_DONE)
-				continue;
-			char b2[160];
-			snprintf(b2, sizeof b2, "%sthread %u at %s (%s:%d)", who.empty() ? "" : "; ", i,
-				 th.st == T_BAR ? "__syncthreads" : wop_name(th.wop), th.file, th.line);
-			who += b2;
-		}
-		blk.cur = -1;
-		kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited,
-		      who.c_str());
+	std::string who;
+	for (unsigned i = 0; i < blk.n && who.size() < 600; i++) {
+		const Thread &th = blk.t[i];
+		if (th.st == T_DONE)
+			continue;
+		char b2[160];
+		snprintf(b2, sizeof b2, "%sthread %u at %s (%s:%d)", who.empty() ? "" : "; ", i,
+			 th.st == T_BAR ? "__syncthreads" : wop_name(th.wop), th.file, th.line);
+		who += b2;
 	}
+	blk.cur = -1;
+	kfail("deadlock: no thread of the block can go on (%u returned): %s", blk.exited, who.c_str());
+}
+
+static inline __attribute__((always_inline)) int pick_next()
+{
+	if (__builtin_expect(blk.head == blk.ready.size(), 0))
+		deadlock();
 	if (blk.order == PICK_RANDOM) /* a random runnable thread next */
 		std::swap(blk.ready[blk.head], blk.ready[blk.head + rnd(blk.ready.size() - blk.head)]);
 	int i = blk.ready[blk.head++];
@@ -270,12 +289,12 @@ static void reap()
 
 /* Switch from the running context (save: where its stack pointer goes) to
  * thread i, made runnable if it is new. */
-static void switch_to(void **save, int i)
+static inline __attribute__((always_inline)) void switch_to(void **save, int i)
 {
 	Thread &th = blk.t[i];
 	if (th.st == T_NEW) {
-		th.stack = get_stack();
-		th.sp = new_context(th.stack, (unsigned)i);
+		char *stack = blk.cold[i].stack = get_stack();
+		th.sp = new_context(stack, (unsigned)i);
 		th.st = T_READY;
 	}
 	dpemu_switch(save, th.sp);
@@ -285,7 +304,7 @@ static void switch_to(void **save, int i)
 /* The running thread waits (at a barrier or a warp primitive): the next
  * runnable thread runs, directly; this returns when a thread that releases
  * this one has itself stopped and picked it. */
-static void wait_for_release()
+static inline __attribute__((always_inline)) void wait_for_release()
 {
 	Thread &me = blk.t[blk.cur];
 	switch_to(&me.sp, pick_next());
@@ -315,13 +334,14 @@ static void thread_main(void *)
 			      "%s:%d): every thread of the block must reach every __syncthreads", blk.arrived,
 			      w, blk.t[w].file, blk.t[w].line);
 		}
-		if (!me.cp.empty())
+		const std::vector<CpCopy> &cp = blk.cold[t].cp;
+		if (!cp.empty())
 			kfail("the thread returned with %zu cp.async copies it never waited for (the first "
-			      "issued at %s:%d): a cp.async.wait_group must cover every copy", me.cp.size(),
-			      me.cp[0].file, me.cp[0].line);
+			      "issued at %s:%d): a cp.async.wait_group must cover every copy", cp.size(),
+			      cp[0].file, cp[0].line);
 		warp_exit_check(t);
-		char *stack = me.stack;
-		me.stack = nullptr;
+		char *stack = blk.cold[t].stack;
+		blk.cold[t].stack = nullptr;
 		if (blk.exited == blk.n) {
 			blk.cur = -1;
 			blk.dead = stack;
@@ -331,7 +351,7 @@ static void thread_main(void *)
 		int i = pick_next();
 		Thread &next = blk.t[i];
 		if (next.st == T_NEW) { /* it starts here */
-			next.stack = stack;
+			blk.cold[i].stack = stack;
 			next.st = T_READY;
 			continue;
 		}
@@ -423,6 +443,28 @@ static void warp_exit_check(int t)
 	}
 }
 
+/* The last lane of a warp collective (DPEMU_COLLECTIVE) to arrive: every
+ * lane must be at the same call; it does the warp's work on all the lanes'
+ * arguments while they wait. Out of line: its 32 arguments would otherwise
+ * widen dpemu_warp's frame, which every stop of every lane touches (the
+ * fibers' stacks are the emulator's cache misses). */
+static void __attribute__((noinline)) warp_collective_run(int base, int lane, void (*done)(void *const *),
+							   const char *file, int line)
+{
+	void *args[32];
+	for (int i = 0; i < 32; i++) {
+		Thread &o = blk.t[base + i];
+		/* the same call site: the same file pointer, almost always (one
+		 * string per translation unit), so strcmp only when they differ */
+		if (o.wdone != done || o.line != line || (o.file != file && strcmp(o.file, file)))
+			kfail("lane %d is at %s (%s:%d) while lane %d is at another one (%s:%d): every "
+			      "lane of the warp must make the same call", lane, wop_name(DPEMU_COLLECTIVE),
+			      file, line, i, o.file, o.line);
+		args[i] = (void *)(uintptr_t)o.wval;
+	}
+	done(args);
+}
+
 /* Threads become runnable in the block's release order. */
 static void release(int t)
 {
@@ -487,50 +529,36 @@ uint64_t dpemu_warp(int op, unsigned mask, uint64_t value, int arg, int width, c
 		return me.wres;
 	}
 	w.leaders &= ~(1u << (lead - &blk.t[base]));
-	if (op == DPEMU_COLLECTIVE) {
-		/* every lane must be at the same call; the last to arrive does the
-		 * warp's work on all the lanes' arguments while they wait */
-		void *args[32];
-		for (int i = 0; i < 32; i++) {
+	if (op == DPEMU_COLLECTIVE)
+		warp_collective_run(base, lane, me.wdone, file, line);
+	if (op >= DPEMU_SYNCWARP) { /* __syncwarp, a warp collective: every lane reads 0 */
+		for (unsigned m = mask; m; m &= m - 1)
+			blk.t[base + __builtin_ctz(m)].wres = 0;
+	} else if (op >= DPEMU_BALLOT) { /* __ballot/__any/__all_sync */
+		uint64_t ballot = 0;
+		for (unsigned m = mask; m; m &= m - 1) {
+			int i = __builtin_ctz(m);
+			if (blk.t[base + i].wval)
+				ballot |= 1ull << i;
+		}
+		uint64_t r = op == DPEMU_BALLOT ? ballot : op == DPEMU_ANY ? ballot != 0 : ballot == mask;
+		for (unsigned m = mask; m; m &= m - 1)
+			blk.t[base + __builtin_ctz(m)].wres = r;
+	} else { /* the shuffles: each lane reads its source lane's value */
+		for (unsigned m = mask; m; m &= m - 1) {
+			int i = __builtin_ctz(m);
 			Thread &o = blk.t[base + i];
-			if (o.wdone != me.wdone || o.line != line || strcmp(o.file, file))
-				kfail("lane %d is at %s (%s:%d) while lane %d is at another one (%s:%d): "
-				      "every lane of the warp must make the same call", lane, wop_name(op),
-				      file, line, i, o.file, o.line);
-			args[i] = (void *)(uintptr_t)o.wval;
-		}
-		me.wdone(args);
-	}
-	uint64_t ballot = 0;
-	for (unsigned m = mask; m; m &= m - 1) {
-		int i = __builtin_ctz(m);
-		if (blk.t[base + i].wval)
-			ballot |= 1ull << i;
-	}
-	for (unsigned m = mask; m; m &= m - 1) {
-		int i = __builtin_ctz(m);
-		Thread &o = blk.t[base + i];
-		int wd = o.wwidth, seg = i & ~(wd - 1), src = i;
-		switch (op) {
-		case DPEMU_SHFL_IDX: src = seg + (o.warg & (wd - 1)); break;
-		case DPEMU_SHFL_UP: src = i - o.warg >= seg ? i - o.warg : i; break;
-		case DPEMU_SHFL_DOWN: src = i + o.warg < seg + wd ? i + o.warg : i; break;
-		case DPEMU_SHFL_XOR: src = (i ^ o.warg) >= seg && (i ^ o.warg) < seg + wd ? i ^ o.warg : i; break;
-		default: break;
-		}
-		if (op <= DPEMU_SHFL_XOR) {
+			int wd = o.wwidth, seg = i & ~(wd - 1), src = i;
+			switch (op) {
+			case DPEMU_SHFL_IDX: src = seg + (o.warg & (wd - 1)); break;
+			case DPEMU_SHFL_UP: src = i - o.warg >= seg ? i - o.warg : i; break;
+			case DPEMU_SHFL_DOWN: src = i + o.warg < seg + wd ? i + o.warg : i; break;
+			default: src = (i ^ o.warg) >= seg && (i ^ o.warg) < seg + wd ? i ^ o.warg : i; break;
+			}
 			if (!(mask >> src & 1))
 				kfail("%s at %s:%d: lane %d reads lane %d, which is not in the mask 0x%08x "
 				      "(an undefined value on a GPU)", wop_name(op), file, line, i, src, mask);
 			o.wres = blk.t[base + src].wval;
-		} else if (op == DPEMU_BALLOT) {
-			o.wres = ballot;
-		} else if (op == DPEMU_ANY) {
-			o.wres = ballot != 0;
-		} else if (op == DPEMU_ALL) {
-			o.wres = ballot == mask;
-		} else {
-			o.wres = 0;
 		}
 	}
 	/* the others run again in the block's order; this lane goes on */
@@ -609,14 +637,14 @@ void dpemu_cp_async(void *dst, const void *src, int n, const char *file, int lin
 	CpCopy c{(char *)dst, {0}, 0, file, line};
 	if (n)
 		memcpy(c.bytes, src, 16); /* a device allocation: the fault handler checks */
-	blk.t[blk.cur].cp.push_back(c);
+	blk.cold[blk.cur].cp.push_back(c);
 }
 
 void dpemu_cp_async_commit(void)
 {
 	if (blk.cur < 0)
 		fatal("cp.async.commit_group outside a kernel");
-	Thread &me = blk.t[blk.cur];
+	ThreadCold &me = blk.cold[blk.cur];
 	me.cp_groups++;
 	for (CpCopy &c : me.cp)
 		if (!c.group)
@@ -627,7 +655,7 @@ void dpemu_cp_async_wait(int n, const char *file, int line)
 {
 	if (blk.cur < 0)
 		fatal("cp.async.wait_group outside a kernel (%s:%d)", file, line);
-	Thread &me = blk.t[blk.cur];
+	ThreadCold &me = blk.cold[blk.cur];
 	size_t kept = 0;
 	for (size_t i = 0; i < me.cp.size(); i++) {
 		CpCopy &c = me.cp[i];
@@ -692,9 +720,13 @@ static void run_block(const KernelWork &k, unsigned b)
 	blk.arrived = blk.exited = 0;
 	blk.cur = -1;
 	blk.t.assign(n, Thread{});
+	if (blk.cold.size() < n)
+		blk.cold.resize(n); /* no stack, no copies: every thread before ended so */
+	for (unsigned i = 0; i < n; i++)
+		blk.cold[i].cp_groups = 0;
 	uint3 id = {0, 0, 0}; /* unflatten(i, k.block), counted */
 	for (unsigned i = 0; i < n; i++) {
-		blk.t[i].tid = id;
+		blk.t[i].tid = id.x | id.y << 10 | id.z << 20;
 		if (++id.x == k.block.x) {
 			id.x = 0;
 			if (++id.y == k.block.y) {
