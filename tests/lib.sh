@@ -273,6 +273,9 @@ lane() {
 	(
 		npass=0 nfail=0 nskip=0
 		t0=$EPOCHREALTIME
+		# (Open MPI's session directories apart from the other lanes':
+		# tests/run.sh's run_suite says why)
+		mkdir -p "$LANE_DIR/$id.ompi" && export OMPI_MCA_orte_tmpdir_base=$LANE_DIR/$id.ompi
 		"$@"
 		times >"$LANE_DIR/$id.t"
 		c=$(awk -f "$ROOT/tests/times.awk" "$LANE_DIR/$id.t")
@@ -313,7 +316,7 @@ lane_flush() {
 		npass=$((npass + p)) nfail=$((nfail + f)) nskip=$((nskip + s))
 		# (its CPU is in this shell's `times` now: not the next case's too)
 		case_c0=$(awk -v a="$case_c0" -v b="${c:-0}" 'BEGIN { printf "%.3f", a + b }')
-		rm -f "$LANE_DIR/$id".*
+		rm -rf "$LANE_DIR/$id".*
 		lane_q=("${lane_q[@]:1}")
 	done
 }

@@ -303,17 +303,29 @@ run_suite() { # run_suite ENTRY FREE (the room free when it starts, in tenths)
 	[ $((jobs * 10)) -le "$2" ] || jobs=$(($2 / 10))
 	[ "$jobs" -ge 1 ] || jobs=1
 	rm -f "$LOGS/$name.cases"
-	local santoo=0
+	local santoo=0 ompi
 	# (the plain variant beside san: tests/lib.sh's fuzz_budget)
 	[ "${VSAN[$v]}" = 1 ] || [ -z "${VSAN[san]+set}" ] || santoo=1
+	# Open MPI's session directories under a directory of the suite's own:
+	# every mpirun makes $TMPDIR/ompi.HOST.UID and a job directory in it,
+	# and removes the top one when it is empty on the way out, so one
+	# suite's mpirun ending while another's starts could take the top
+	# directory from under it ("ORTE_ERROR_LOG: Error in file
+	# ../../../orte/util/session_dir.c at line 107", the resume suite's
+	# mlp-full-b in a CI run of 2026-11-28; open-mpi/ompi#8510: several
+	# small jobs at once on one node). tests/lib.sh's lanes take one each
+	# too. A path in /tmp: the session directory holds PMIx's Unix sockets,
+	# whose paths must stay under 108 bytes
+	ompi=$(mktemp -d "${TMPDIR:-/tmp}/dpompi.XXXXXX") || ompi=""
 	{
 		(BUILD=${VBUILD[$v]} SAN=${VSAN[$v]} DP_JOBS=$jobs DP_CASE_TIMES=$LOGS/$name.cases DP_SAN_TOO=$santoo \
-			bash "tests/$name.sh" </dev/null 2>&1
+			OMPI_MCA_orte_tmpdir_base=${ompi:-${TMPDIR:-/tmp}} bash "tests/$name.sh" </dev/null 2>&1
 		rc=$?
 		times >"$LOGS/$name.times"
 		exit $rc)
 		echo $? >"$LOGS/$name.rc"
 	} | stream "$(label "$1")" "$LOGS/$name.log"
+	[ -z "$ompi" ] || rm -rf "$ompi"
 	local cpu
 	cpu=$(sed -n 2p "$LOGS/$name.times" | awk -f tests/times.awk)
 	cpu=$(printf '%.0f' "${cpu:-0}")
