@@ -2012,23 +2012,11 @@ CU_UNROLL
 			fa_store_row<HD>(dqkv + ((int64_t)b * g.t + row[r]) * ld + 3 * g.hd * h, acc, r, g.scale);
 }
 
-/* An experiment's variable, read once into *seen (cu_plan_attn reads each
- * first, at plan build): unset, empty or the default's name 0, the
- * variant's 1, else -1 (refused there). */
-static int fa_env_choice(int *seen, const char *name, const char *dflt, const char *variant)
-{
-	if (*seen == -2) {
-		const char *v = getenv(name);
-		*seen = !v || !*v || !strcmp(v, dflt) ? 0 : !strcmp(v, variant) ? 1 : -1;
-	}
-	return *seen;
-}
-
 /* DP_ATTN_DQ: "runs" 0, "split" 1 */
 static int fa_dq_split = -2;
 extern "C" int cu_attn_dq_split(void)
 {
-	return fa_env_choice(&fa_dq_split, "DP_ATTN_DQ", "runs", "split");
+	return cu_env_choice(&fa_dq_split, "DP_ATTN_DQ", "runs", "split");
 }
 
 /* DP_ATTN_BWD: "sync2" 0 (the default: two barriers per query tile),
@@ -2036,7 +2024,7 @@ extern "C" int cu_attn_dq_split(void)
 static int fa_bwd_pipe = -2;
 extern "C" int cu_attn_bwd_pipe(void)
 {
-	return fa_env_choice(&fa_bwd_pipe, "DP_ATTN_BWD", "sync2", "pipe");
+	return cu_env_choice(&fa_bwd_pipe, "DP_ATTN_BWD", "sync2", "pipe");
 }
 
 /* ---- the cp positions: the zigzag layout the kernels assume ---- */

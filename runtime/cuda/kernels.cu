@@ -6,6 +6,9 @@
  * the per-step schedule, the step counter, the report of the scalars and
  * metrics into mapped host memory, and the watchdog's progress mark.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "device.cuh"
 #include "../lr_sched.h"
 
@@ -151,4 +154,28 @@ extern "C" cudaError_t cu_k_mark(cudaStream_t st, volatile int64_t *slot, int64_
 {
 	CU_LAUNCH(k_mark, 1, 1, st, slot, seq, sc);
 	return cudaGetLastError();
+}
+
+/* one of the '|'-separated names in names */
+static int env_named(const char *v, const char *names)
+{
+	size_t n = strlen(v);
+	for (const char *p = names;;) {
+		const char *bar = strchr(p, '|');
+		size_t len = bar ? (size_t)(bar - p) : strlen(p);
+		if (len == n && !strncmp(v, p, n))
+			return 1;
+		if (!bar)
+			return 0;
+		p = bar + 1;
+	}
+}
+
+extern "C" int cu_env_choice(int *seen, const char *name, const char *dflt, const char *variant)
+{
+	if (*seen == -2) {
+		const char *v = getenv(name);
+		*seen = !v || !*v || env_named(v, dflt) ? 0 : env_named(v, variant) ? 1 : -1;
+	}
+	return *seen;
 }

@@ -269,6 +269,12 @@ int cu_plan_norm(CuPlan *p, RtErr *e);
 /* Attention's row log-sum-exp and output shared with its gradient
  * (attention.cu). */
 int cu_plan_attn(CuPlan *p, RtErr *e);
+/* An A/B switch of the environment (the kit's experiments: DP_ATTN_DQ,
+ * DP_ATTN_BWD, DP_NORM_GB, DP_MULTI_TENSOR), read once into *seen (-2
+ * before; each switch its own static): unset, empty or one of dflt's names
+ * 0, one of variant's names 1, else -1 (its planner refuses it at load).
+ * dflt and variant are names separated by '|' ("off|0"). (kernels.cu) */
+int cu_env_choice(int *seen, const char *name, const char *dflt, const char *variant);
 /* The tensor-core backward's dQ variant, DP_ATTN_DQ read once (attention.cu,
  * docs/CUDA.md's experiment): 0 the runs (the default), 1 "split" (a dQ pass
  * of its own), -1 a value that is neither (cu_plan_attn refuses it). */

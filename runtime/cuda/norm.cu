@@ -1044,11 +1044,8 @@ static int touches(const DpStep *s, const DpInstr *k, const DpTensor *t)
 static int norm_gb_mode = -2;
 static int norm_gb_on(void)
 {
-	if (norm_gb_mode == -2) {
-		const char *v = getenv("DP_NORM_GB");
-		norm_gb_mode = !v || !*v || !strcmp(v, "fused") ? 1 : !strcmp(v, "apart") ? 0 : -1;
-	}
-	return norm_gb_mode;
+	int c = cu_env_choice(&norm_gb_mode, "DP_NORM_GB", "fused", "apart");
+	return c < 0 ? -1 : !c;
 }
 
 /*

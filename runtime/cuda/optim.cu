@@ -634,12 +634,12 @@ extern "C" int cu_plan_clip(CuPlan *p, RtErr *e)
 
 /* DP_MULTI_TENSOR: unset, empty, "on" or "1": 1 (the default); "off" or
  * "0": 0 (one launch per update, the A/B switch of docs/CUDA.md); else -1 */
+static int mt_mode = -2;
 static int mt_switch(const char **v)
 {
 	*v = getenv("DP_MULTI_TENSOR");
-	if (!*v || !**v || !strcmp(*v, "on") || !strcmp(*v, "1"))
-		return 1;
-	return !strcmp(*v, "off") || !strcmp(*v, "0") ? 0 : -1;
+	int c = cu_env_choice(&mt_mode, "DP_MULTI_TENSOR", "on|1", "off|0");
+	return c < 0 ? -1 : !c;
 }
 
 /* Does a (an update) write bytes that any operand of b lies on? Device
