@@ -191,7 +191,7 @@ for c in g-full_shard2:sharded g-zero22:full g-tp2:sharded m8-zero22:full; do
 	n=${c%%:*} form=${c#*:}
 	case_on "resume-${n#g-}" || continue
 	once "resumed $n" resumed "$n" "$form" || continue
-	if cmp -s "$T/$n.r.loss" "$T/$n.loss" && cmp -s "$T/$n.r.st" "$T/$n.st"; then
+	if same_run "$T/$n.r" "$T/$n"; then
 		ok "${n#g-} bf16, $form checkpoint: 10 + --resume 10 steps give the straight run's losses and parameters, bit for bit"
 	else
 		paste "$T/$n.r.loss" "$T/$n.loss" | sed -n 10,13p

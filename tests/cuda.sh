@@ -174,7 +174,7 @@ fi
 # 2. graph replay == eager, bitwise
 if case_on graph-vs-eager && { once gpu1 gpu gpu1 "$T/w1.bin"; gpu eager1 "$T/w1.bin" --no-graph; } &&
 	[ -f "$T/gpu1.loss" ]; then
-	if cmp -s "$T/gpu1.loss" "$T/eager1.loss" && cmp -s "$T/gpu1.st" "$T/eager1.st"; then
+	if same_run "$T/gpu1" "$T/eager1"; then
 		ok "graph replay and --no-graph are bitwise equal"
 	else
 		fail "graph replay and --no-graph are bitwise equal"

@@ -988,7 +988,7 @@ if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3"; then
 		mpi 3 "$T/ov.bin" --device cpu --steps 10 --quiet --eval-every 0 --log-every 1 \
 			--log-json "$T/ov.cpu.json" --losses "$T/ov.cpu.loss" >"$T/ov.cpu.log" 2>&1 && ov_emu; then
 		overflow_same "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3" ov graph "the device" 0
-		if cmp -s "$T/ov.graph.loss" "$T/ov.eager.loss" && cmp -s "$T/ov.graph.st" "$T/ov.eager.st"; then
+		if same_run "$T/ov.graph" "$T/ov.eager"; then
 			ok "graph replay == --no-graph on gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3: losses and parameters bitwise equal (the skips decided on the device)"
 		else
 			fail "graph replay == --no-graph on gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 (not bitwise equal)"
@@ -1005,7 +1005,7 @@ if case_on "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3"; then
 			env DPEMU_SEED=5 timeout 300 mpirun --oversubscribe -np 3 "$EMU" "$T/ov.bin" --device cuda \
 				--steps 10 --quiet --eval-every 0 --losses "$T/ov.r.loss" --resume "$T/ov.ck" \
 				--save-full "$T/ov.r.st" >>"$T/ov.r.log" 2>&1 &&
-			cmp -s "$T/ov.r.loss" "$T/ov.graph.loss" && cmp -s "$T/ov.r.st" "$T/ov.graph.st"; then
+			same_run "$T/ov.r" "$T/ov.graph"; then
 			ok "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 on the device: $R steps (the last skipped, $K so far) + --resume $((10 - R)) give the straight run's losses and parameters, bit for bit"
 		else
 			fail "gpt2-tiny fp16 reduce_dtype f16 overflow zero2 np=3 on the device: the run resumed after a skipped step differs from the straight one"
@@ -1066,7 +1066,7 @@ graph_eager() {
 				return
 			}
 	done
-	if cmp -s "$T/ge-graph.loss" "$T/ge-eager.loss" && cmp -s "$T/ge-graph.st" "$T/ge-eager.st"; then
+	if same_run "$T/ge-graph" "$T/ge-eager"; then
 		ok "graph replay == --no-graph on $name over $GRAPH_STEPS steps: losses and parameters bitwise equal"
 	else
 		fail "graph replay == --no-graph on $name over $GRAPH_STEPS steps (not bitwise equal)"
@@ -1146,7 +1146,7 @@ mt_run() {
 		fail "$name: the device lines do not show the updates $([ "$apart" = 1 ] && echo "apart" || echo fused) (${line:-no AdamW line}; off: $(grep -o 'AdamW: [^;]*' "$T/$tag.off.log"))"
 		return
 	fi
-	if cmp -s "$T/$tag.on.loss" "$T/$tag.off.loss" && cmp -s "$T/$tag.on.st" "$T/$tag.off.st"; then
+	if same_run "$T/$tag.on" "$T/$tag.off"; then
 		ok "$name: $line, losses and parameters bitwise DP_MULTI_TENSOR=off's ($nu launches)"
 	else
 		fail "$name: $line, not bitwise DP_MULTI_TENSOR=off's"
@@ -1233,7 +1233,7 @@ if case_on "offload resume mlp full_shard np=2"; then
 	if orun --steps 4 --losses "$T/or-s.loss" --save-full "$T/or-s.st" >"$T/or.log" 2>&1 &&
 		orun --steps 2 --losses "$T/or-r.loss" --save-dir "$T/or.ck" >>"$T/or.log" 2>&1 &&
 		orun --steps 4 --losses "$T/or-r.loss" --resume "$T/or.ck" --save-full "$T/or-r.st" >>"$T/or.log" 2>&1; then
-		if cmp -s "$T/or-s.loss" "$T/or-r.loss" && cmp -s "$T/or-s.st" "$T/or-r.st"; then
+		if same_run "$T/or-s" "$T/or-r"; then
 			ok "offload resume: 2 steps, a checkpoint, --resume to 4 on the emulator: the straight run, bit for bit"
 		else
 			fail "offload resume: the resumed run differs from the straight one"; paste "$T/or-s.loss" "$T/or-r.loss"

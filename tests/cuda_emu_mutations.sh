@@ -642,7 +642,7 @@ run() {
 		return 0
 	fi
 	if [ "$bin" = det ]; then # bit for bit the reference's run
-		if cmp -s "$T/$name.loss" "$T/det.ref.loss" && cmp -s "$T/$name.st" "$T/det.ref.st"; then
+		if same_run "$T/$name" "$T/det.ref"; then
 			why="passed: losses and parameters bitwise the reference's ($DET_REF)"
 			return 1
 		fi

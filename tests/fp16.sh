@@ -154,7 +154,7 @@ if case_on resume-full_shard2; then
 			--init-from "$T/init.st" --save-dir "$T/$n.ck" --save-form sharded >"$T/$n.r.log" 2>&1 &&
 		mpi 2 "$T/$n.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$n.r.loss" \
 			--resume "$T/$n.ck" --save-full "$T/$n.r.st" >>"$T/$n.r.log" 2>&1 &&
-		cmp -s "$T/$n.r.loss" "$T/$n.loss" && cmp -s "$T/$n.r.st" "$T/$n.st"; then
+		same_run "$T/$n.r" "$T/$n"; then
 		ok "full_shard2 fp16, sharded checkpoint: 10 + --resume 10 steps give the straight run's losses and parameters, bit for bit"
 	else
 		tail -n 5 "$T/$n.r.log" 2>/dev/null
@@ -209,7 +209,7 @@ if case_on resume-overflow-np3 && once ls-init ls_init; then
 		grep -q '"skipped_steps":[[:space:]]*5' "$T/ov.ck/step-000008/state.json" &&
 		mpi 3 "$T/ov.bin" --steps 10 --quiet --eval-every 0 --losses "$T/ov.r.loss" \
 			--resume "$T/ov.ck" --save-full "$T/ov.r.st" >>"$T/ov.r.log" 2>&1 &&
-		cmp -s "$T/ov.r.loss" "$T/ov.loss" && cmp -s "$T/ov.r.st" "$T/ov.st"; then
+		same_run "$T/ov.r" "$T/ov"; then
 		ok "overflow at 3 ranks: 8 steps (the last skipped) + --resume 2 give the straight run's losses and parameters, bit for bit"
 	else
 		tail -n 5 "$T/ov.r.log" 2>/dev/null; grep -A5 '^.."loss_scale"' "$T/ov.ck"/step-*/state.json

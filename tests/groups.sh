@@ -130,7 +130,7 @@ if case_on resume; then
 			>>"$T/rs.log" 2>&1 &&
 		mpi 2 "$T/rs.bin" --steps 20 --quiet --eval-every 0 --losses "$T/rs.loss" --resume "$T/rs" \
 			--save-full "$T/rs.st" >>"$T/rs.log" 2>&1; then
-		if cmp -s "$T/rs.loss" "$T/rs-straight.loss" && cmp -s "$T/rs.st" "$T/rs-straight.st"; then
+		if same_run "$T/rs" "$T/rs-straight"; then
 			ok "full_shard with groups: 10 + --resume 10 steps are the straight 20, bit for bit"
 		else
 			paste "$T/rs.loss" "$T/rs-straight.loss" | tail -n 5

@@ -348,6 +348,9 @@ wait_lines() {
 	return 1
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/dptest.XXXXXX"; }
+# same_run A B: the runs whose --losses and --save-full files are A.loss,
+# A.st and B.loss, B.st gave the same losses and parameters, bit for bit
+same_run() { cmp -s "$1.loss" "$2.loss" && cmp -s "$1.st" "$2.st"; }
 # now: the clock in seconds, with nanoseconds (for took-so-long checks)
 now() { date +%s.%N; }
 # gone PID: no such process, or only its zombie (its parent has not reaped it yet)

@@ -116,7 +116,7 @@ pair() {
 		case "$new " in *" $o "*) ;; *) continue ;; esac
 		grep -q " host " <("$DPC" "$src" --world-size "$np" --set train.offload=$o "$@" \
 			--emit=ir 2>/dev/null) || { fail "$n: nothing in host memory (offload $o)"; return 1; }
-		if cmp -s "$T/$n.none.loss" "$T/$n.$o.loss" && cmp -s "$T/$n.none.st" "$T/$n.$o.st"; then
+		if same_run "$T/$n.none" "$T/$n.$o"; then
 			ok "$n: offload $o gives the losses and parameters of no offload, bit for bit"
 		else
 			paste "$T/$n.none.loss" "$T/$n.$o.loss" | head -n 5
@@ -175,7 +175,7 @@ across() {
 		mpi 2 "$T/$n.$to.rbin" --steps 4 --quiet --eval-every 0 --losses "$T/$n.r.loss" \
 			--resume "$T/$n.ck" --save-full "$T/$n.r.st" >>"$T/$n.r.log" 2>&1 ||
 		{ tail -n 5 "$T/$n.r.log"; fail "$n: offload $from, a $form checkpoint, --resume with offload $to"; return 1; }
-	if cmp -s "$T/$n.r.loss" "$T/$n.straight.loss" && cmp -s "$T/$n.r.st" "$T/$n.straight.st"; then
+	if same_run "$T/$n.r" "$T/$n.straight"; then
 		ok "$n: 2 steps with offload $from, a $form checkpoint, --resume to 4 with offload $to: the straight run, bit for bit"
 	else
 		paste "$T/$n.r.loss" "$T/$n.straight.loss"
@@ -376,7 +376,7 @@ mix() {
 			{ tail -n 5 "$T/$n.$f.log"; fail "$n: dpexec ($f)"; return 1; }
 		[ $f = gpt ] && mv "$T/$n.gpt.loss" "$T/$b.none.loss" && mv "$T/$n.gpt.st" "$T/$b.none.st"
 	done
-	if cmp -s "$T/$b.none.loss" "$T/$n.mix.loss" && cmp -s "$T/$b.none.st" "$T/$n.mix.st"; then
+	if same_run "$T/$b.none" "$T/$n.mix"; then
 		ok "$n: per-block offload (embed params, h.i optimizer, lnf none) gives the losses and parameters of no offload, bit for bit"
 	else
 		paste "$T/$b.none.loss" "$T/$n.mix.loss" | head -n 5
@@ -585,7 +585,7 @@ if case_on host-step-threads; then
 		DP_NUM_THREADS=$n mpi 2 "$T/$c.bin" --steps $STEPS --quiet --eval-every 0 --losses "$T/$c.$n.loss" \
 			--save-full "$T/$c.$n.st" >>"$T/$c.log" 2>&1 || { tail -n 5 "$T/$c.log"; fail "$c: dpexec at $n threads"; }
 	done
-	if [ -s "$T/$c.1.loss" ] && cmp -s "$T/$c.1.loss" "$T/$c.3.loss" && cmp -s "$T/$c.1.st" "$T/$c.3.st"; then
+	if [ -s "$T/$c.1.loss" ] && same_run "$T/$c.1" "$T/$c.3"; then
 		ok "$c: the offloaded step at 1 and 3 threads a rank: the same losses and parameters, bit for bit"
 	else
 		paste "$T/$c.1.loss" "$T/$c.3.loss" | head -n 5

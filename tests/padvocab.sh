@@ -147,7 +147,7 @@ same() {
 	run "$name" "$np" "$@" && run "$name-0" "$np" "$@" || return
 	if ! "$DPC" "$T/$name.dp" --world-size "$np" --emit=ir | grep -q '^%logits .* ld=384 '; then
 		fail "$name: the logits are not padded"
-	elif cmp -s "$T/$name.loss" "$T/$name-0.loss" && cmp -s "$T/$name.st" "$T/$name-0.st" &&
+	elif same_run "$T/$name" "$T/$name-0" &&
 		cmp -s "$T/$name.eval" "$T/$name-0.eval"; then
 		ok "$name ($np ranks): padded logits bitwise the unpadded ($(($(wc -l <"$T/$name.loss") - 1)) losses, $(wc -l <"$T/$name.eval") eval lines, parameters)"
 	else
@@ -246,7 +246,7 @@ unfused() {
 	if [ "$xf $an $ag $gb" != "$want" ] ||
 		grep -q "cross_entropy_fused\|add_$norm\|${norm}_grad_add\|layernorm_grad_gb" "$T/$b.ir"; then
 		fail "$b: the direct compile has $xf cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add, $gb layernorm_grad_gb in the step (want $want), or the dump has one"
-	elif cmp -s "$T/$b.loss" "$T/$b-0.loss" && cmp -s "$T/$b.st" "$T/$b-0.st" &&
+	elif same_run "$T/$b" "$T/$b-0" &&
 		cmp -s "$T/$b.eval" "$T/$b-0.eval" && [ -s "$T/$b.eval" ]; then
 		ok "$b: cross_entropy_fused, $an add_$norm, $ag ${norm}_grad_add and $gb layernorm_grad_gb bitwise the unfused nodes ($(($(wc -l <"$T/$b.loss") - 1)) losses, $(wc -l <"$T/$b.eval") eval lines, parameters)"
 	else

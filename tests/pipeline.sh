@@ -633,7 +633,7 @@ if case_on resume; then
 		run "r-$form-b" 2 "$T/gpp.bin" --steps 20 --losses "$T/r-$form.loss" --resume "$T/ck-$form" \
 			--save-full "$T/r-$form.st" &&
 		what="pp=2, $form checkpoint: 10 + --resume 10 steps are the straight 20, bit for bit (losses and parameters)"
-		if cmp -s "$T/r-$form.loss" "$T/straight.loss" && cmp -s "$T/r-$form.st" "$T/straight.st"; then
+		if same_run "$T/r-$form" "$T/straight"; then
 			ok "$what"
 		else
 			fail "$what"

@@ -41,7 +41,7 @@ same() {
 	eq_run "$name-rc" "$np" "$T/$name-rc.dp" || return
 	if ! "$DPC" "$T/$name-rc.dp" --world-size "$np" --emit=ir | grep -q ' recompute '; then
 		fail "$name: the recompute run has no recomputed node"
-	elif cmp -s "$T/$name.loss" "$T/$name-rc.loss" && cmp -s "$T/$name.st" "$T/$name-rc.st"; then
+	elif same_run "$T/$name" "$T/$name-rc"; then
 		ok "$name ($np ranks, $strat): recompute is bitwise equal ($(wc -l <"$T/$name.loss") losses, parameters)"
 	else
 		paste "$T/$name.loss" "$T/$name-rc.loss" | head -3
@@ -63,7 +63,7 @@ variant models/llama.dp "$T/llama.dp" "$data"
 variant "$T/llama.dp" "$T/llama-rc.dp" '0,/^    block h\[i\] {/s//    block h[i] {\n      recompute true/'
 if case_on llama; then
 	eq_run llama 2 "$T/llama.dp" && eq_run llama-rc 2 "$T/llama-rc.dp" &&
-		if cmp -s "$T/llama.loss" "$T/llama-rc.loss" && cmp -s "$T/llama.st" "$T/llama-rc.st"; then
+		if same_run "$T/llama" "$T/llama-rc"; then
 			ok "llama (2 ranks): a block's own recompute is bitwise equal"
 		else
 			fail "llama (2 ranks): recompute differs"
